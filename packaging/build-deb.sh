@@ -1,0 +1,101 @@
+#!/usr/bin/env bash
+# Build dist/vllmwatch_<version>_<arch>.deb from this repository.
+#
+#   packaging/build-deb.sh            # then: lintian dist/vllmwatch_*.deb
+#
+# The package holds vllmwatch in its own virtualenv under /opt/vllmwatch/venv (built here with
+# pip from the repo; the build machine needs PyPI or a pip index for the dependencies), the
+# systemd units, /etc/vllmwatch/vllmwatch.toml as a conffile (etc/vllmwatch.toml as is), the
+# `vllmwatch` system user (sysusers.d) and a `systemctl daemon-reload` on install; it starts
+# and enables nothing. vLLM itself stays the user's own install: the config points at it.
+#
+# The virtualenv links to the build machine's /usr/bin/python3, so build on the Debian release
+# you ship to (Depends pins that Python minor version).
+#
+# Environment:
+#   VLLMWATCH_DEB_PYTHON      interpreter for the virtualenv (default /usr/bin/python3)
+#   VLLMWATCH_DEB_CONFIG      config shipped as the conffile (default etc/vllmwatch.toml)
+#   VLLMWATCH_DEB_MAINTAINER  Maintainer field (default below)
+#   VLLMWATCH_DEB_OUT         output folder (default dist/)
+set -euo pipefail
+
+REPO=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
+PKG=vllmwatch
+PREFIX=/opt/vllmwatch
+PYTHON=${VLLMWATCH_DEB_PYTHON:-/usr/bin/python3}
+CONFIG_SRC=${VLLMWATCH_DEB_CONFIG:-$REPO/etc/vllmwatch.toml}
+MAINTAINER=${VLLMWATCH_DEB_MAINTAINER:-vllmwatch maintainers <vllmwatch@lists.example.org>}
+OUTDIR=${VLLMWATCH_DEB_OUT:-$REPO/dist}
+
+say() { printf '[build-deb] %s\n' "$*"; }
+die() { printf '[build-deb] ERROR: %s\n' "$*" >&2; exit 1; }
+
+for tool in dpkg-deb dpkg strip; do
+    command -v "$tool" >/dev/null || die "$tool not found (apt-get install dpkg binutils)"
+done
+[[ -x $PYTHON ]] || die "$PYTHON not found; set VLLMWATCH_DEB_PYTHON"
+[[ -f $CONFIG_SRC ]] || die "$CONFIG_SRC not found: the package ships it as /etc/vllmwatch/vllmwatch.toml"
+
+VERSION=$("$PYTHON" -c 'import sys, tomllib; print(tomllib.load(open(sys.argv[1], "rb"))["project"]["version"])' "$REPO/pyproject.toml")
+ARCH=$(dpkg --print-architecture)
+PYVER=$("$PYTHON" -c 'import sys; print(f"{sys.version_info[0]}.{sys.version_info[1]}")')
+PYNEXT=$("$PYTHON" -c 'import sys; print(f"{sys.version_info[0]}.{sys.version_info[1] + 1}")')
+BUILD=$REPO/build/deb
+ROOT=$BUILD/root
+VENV=$ROOT$PREFIX/venv
+DEB=$OUTDIR/${PKG}_${VERSION}_${ARCH}.deb
+say "vllmwatch $VERSION for $ARCH with Python $PYVER"
+
+rm -rf "$BUILD"
+mkdir -p "$ROOT/DEBIAN" "$OUTDIR"
+
+# 1. The virtualenv, built in the staging tree and then moved to its final path below. pip
+#    comes from the build Python; the shipped venv carries none (nothing installs into it).
+export PIP_DISABLE_PIP_VERSION_CHECK=1 PIP_NO_INPUT=1 PIP_ROOT_USER_ACTION=ignore
+"$PYTHON" -m venv --without-pip "$VENV"
+"$PYTHON" -m pip --python "$VENV/bin/python" install --quiet --no-compile \
+    --no-warn-script-location "$REPO"
+# Scripts and activate files name the staging path: point them at /opt, as dh-virtualenv does.
+grep -rlI --null -F "$VENV" "$VENV" | xargs -0 -r sed -i "s|$VENV|$PREFIX/venv|g"
+sed -i '/^command = /d' "$VENV/pyvenv.cfg"
+find "$VENV" -name direct_url.json -delete   # records the build machine's checkout path
+find "$VENV" \( -name __pycache__ -o -name '*.pyc' \) -prune -exec rm -rf {} +
+find "$VENV" -name '*.so' -exec strip --strip-unneeded {} +
+grep -rlI -F "$BUILD" "$ROOT" && die "staging path left in the files above"
+
+mkdir -p "$ROOT$PREFIX/bin" "$ROOT/usr/bin"
+ln -s ../venv/bin/vllmwatch "$ROOT$PREFIX/bin/vllmwatch"
+ln -s $PREFIX/bin/vllmwatch "$ROOT/usr/bin/vllmwatch"
+
+# 2. Units, sysusers.d, config, docs.
+install -D -m 0644 "$REPO/systemd/vllmwatch.service" "$ROOT/lib/systemd/system/vllmwatch.service"
+install -D -m 0644 "$REPO/systemd/vllmwatch@.service" "$ROOT/lib/systemd/system/vllmwatch@.service"
+install -D -m 0644 "$REPO/systemd/sysusers.d/vllmwatch.conf" "$ROOT/usr/lib/sysusers.d/vllmwatch.conf"
+install -D -m 0644 "$CONFIG_SRC" "$ROOT/etc/vllmwatch/vllmwatch.toml"
+DOC=$ROOT/usr/share/doc/$PKG
+install -d "$DOC"
+[[ -f $REPO/docs/OPERATIONS.md ]] && install -m 0644 "$REPO/docs/OPERATIONS.md" "$DOC/"
+"$PYTHON" "$REPO/packaging/copyright.py" "$VENV" > "$DOC/copyright"
+DATE=$(date -R -d "@${SOURCE_DATE_EPOCH:-$(git -C "$REPO" log -1 --format=%ct 2>/dev/null || date +%s)}")
+printf '%s (%s) unstable; urgency=medium\n\n  * Package built from the vllmwatch repository.\n\n -- %s  %s\n' \
+    "$PKG" "$VERSION" "$MAINTAINER" "$DATE" | gzip -9n > "$DOC/changelog.gz"
+install -D -m 0644 "$REPO/packaging/lintian-overrides" "$ROOT/usr/share/lintian/overrides/$PKG"
+
+# 3. Control files.
+for script in postinst prerm postrm; do
+    install -m 0755 "$REPO/packaging/debian/$script" "$ROOT/DEBIAN/$script"
+done
+echo /etc/vllmwatch/vllmwatch.toml > "$ROOT/DEBIAN/conffiles"
+SIZE=$(du -sk --exclude=DEBIAN "$ROOT" | cut -f1)
+sed -e "s|@VERSION@|$VERSION|" -e "s|@ARCH@|$ARCH|" -e "s|@SIZE@|$SIZE|" \
+    -e "s|@MAINTAINER@|$MAINTAINER|" -e "s|@PYVER@|$PYVER|" -e "s|@PYNEXT@|$PYNEXT|" \
+    "$REPO/packaging/debian/control.in" > "$ROOT/DEBIAN/control"
+(cd "$ROOT" && find . -type f ! -path './DEBIAN/*' -printf '%P\0' | LC_ALL=C sort -z \
+    | xargs -0 md5sum) > "$ROOT/DEBIAN/md5sums"
+
+# 4. Build: root-owned files, directories 0755, files 0644 unless executable.
+find "$ROOT" -type d -exec chmod 0755 {} +
+find "$ROOT" -type f ! -perm -u+x -exec chmod 0644 {} +
+find "$ROOT" -type f -perm -u+x -exec chmod 0755 {} +
+dpkg-deb --build -Zxz --root-owner-group "$ROOT" "$DEB" >/dev/null
+say "built $DEB ($(du -h "$DEB" | cut -f1))"

@@ -1,0 +1,5 @@
+"""python -m vllmwatch."""
+
+from vllmwatch.cli import main
+
+raise SystemExit(main())

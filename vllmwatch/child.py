@@ -1,0 +1,168 @@
+"""The child process: spawn in a new session, signal its group, reap, sweep what is left."""
+
+from __future__ import annotations
+
+import contextlib
+import hashlib
+import os
+import signal
+import socket
+import subprocess
+import time
+from dataclasses import dataclass
+from typing import IO
+
+import psutil
+
+from vllmwatch.command import ChildCommand
+from vllmwatch.events import ChildExited, SweepDone
+from vllmwatch.policy import signal_name
+
+MARKER = "VLLMWATCH_INSTANCE"
+# How vLLM's processes look in a process list (FACTS: comm is truncated; match the cmdline).
+_VLLM_SIGNS = ("VLLM::", "vllm serve", "vllm.entrypoints", "vllm.v1.engine")
+
+
+def instance_id(config_path: str) -> str:
+    """A stable id per config file, inherited by every process of our tree via MARKER."""
+    return hashlib.sha256(os.path.abspath(config_path).encode()).hexdigest()[:16]
+
+
+@dataclass
+class Child:
+    """A running child: its Popen, and a pidfd that becomes readable when it exits."""
+
+    proc: subprocess.Popen[bytes]
+    pidfd: int | None
+
+    @property
+    def pid(self) -> int:
+        """The child's pid, which is also its process group id (new session)."""
+        return self.proc.pid
+
+    @property
+    def stdout(self) -> IO[bytes]:
+        """The child's stdout and stderr, merged."""
+        assert self.proc.stdout is not None
+        return self.proc.stdout
+
+    def close(self) -> None:
+        """Release the pidfd."""
+        if self.pidfd is not None:
+            os.close(self.pidfd)
+            self.pidfd = None
+
+
+def spawn(cmd: ChildCommand, marker: str) -> Child:
+    """Start the child in a new session (its own process group) with our marker in its env."""
+    env = dict(cmd.env)
+    env[MARKER] = marker
+    proc = subprocess.Popen(  # noqa: S603 - argv list, never a shell
+        list(cmd.argv), env=env, stdin=subprocess.DEVNULL, stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT, start_new_session=True, close_fds=True)
+    pidfd = None
+    with contextlib.suppress(OSError, AttributeError):
+        pidfd = os.pidfd_open(proc.pid)
+    return Child(proc, pidfd)
+
+
+def signal_group(pgid: int, signame: str) -> bool:
+    """Signal a whole process group; False when nothing was there."""
+    try:
+        os.killpg(pgid, getattr(signal, signame))
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return False
+    return True
+
+
+def reap(child: Child, last_lines: tuple[str, ...] = ()) -> ChildExited | None:
+    """Collect the exit status if the child has exited; None while it runs."""
+    code = child.proc.poll()
+    if code is None:
+        return None
+    child.close()
+    if code < 0:
+        return ChildExited(child.pid, None, signal_name(-code), last_lines)
+    return ChildExited(child.pid, code, None, last_lines)
+
+
+def _is_ours(proc: psutil.Process, marker: str) -> bool:
+    with contextlib.suppress(psutil.Error, OSError):
+        return proc.environ().get(MARKER) == marker
+    return False
+
+
+def _looks_like_vllm(proc: psutil.Process) -> bool:
+    with contextlib.suppress(psutil.Error, OSError):
+        line = " ".join(proc.cmdline())
+        return any(sign in line for sign in _VLLM_SIGNS)
+    return False
+
+
+def _describe(proc: psutil.Process) -> str:
+    with contextlib.suppress(psutil.Error):
+        return f"pid {proc.pid} ({' '.join(proc.cmdline())[:80] or proc.name()})"
+    return f"pid {proc.pid}"
+
+
+def find_tree(pgid: int | None, marker: str) -> tuple[list[psutil.Process], list[psutil.Process]]:
+    """Our processes (in the group or carrying our marker) and vLLM-looking foreign ones."""
+    ours, foreign = [], []
+    me = os.getpid()
+    for proc in psutil.process_iter():
+        if proc.pid == me:
+            continue
+        in_group = False
+        if pgid is not None:
+            with contextlib.suppress(OSError):
+                in_group = os.getpgid(proc.pid) == pgid
+        if in_group or _is_ours(proc, marker):
+            ours.append(proc)
+        elif _looks_like_vllm(proc):
+            foreign.append(proc)
+    return ours, foreign
+
+
+def port_holder(host: str, port: int, ignore: set[int]) -> str | None:
+    """Who listens on the port, or None when it is free."""
+    with contextlib.suppress(psutil.Error, OSError):
+        for conn in psutil.net_connections(kind="inet"):
+            if conn.status == psutil.CONN_LISTEN and conn.laddr and conn.laddr.port == port:
+                if conn.pid in ignore:
+                    continue
+                if conn.pid is None:
+                    return "an unknown process (not visible to this user)"
+                with contextlib.suppress(psutil.Error):
+                    return _describe(psutil.Process(conn.pid))
+                return f"pid {conn.pid}"
+    return _connect_probe(host, port)
+
+
+def _connect_probe(host: str, port: int) -> str | None:
+    target = "127.0.0.1" if host in ("", "0.0.0.0") else "::1" if host == "::" else host
+    try:
+        with socket.create_connection((target, port), timeout=0.5):
+            return "an unknown process (it accepts connections)"
+    except OSError:
+        return None
+
+
+def sweep(pgid: int | None, marker: str, host: str, port: int, grace: float = 5.0) -> SweepDone:
+    """Kill everything left of our tree and check the port; bounded by a few seconds."""
+    ours, foreign = find_tree(pgid, marker)
+    for proc in ours:  # the normal ladder already sent SIGTERM; leftovers get no more patience
+        with contextlib.suppress(psutil.Error):
+            proc.kill()
+    _, alive = psutil.wait_procs(ours, timeout=grace)
+    killed = tuple(p.pid for p in ours if p not in alive)
+    holder = None
+    deadline = time.monotonic() + grace
+    while True:  # the kernel may need a moment to release a dead listener's socket
+        holder = port_holder(host, port, ignore=set())
+        if holder is None or time.monotonic() >= deadline:
+            break
+        time.sleep(0.2)
+    return SweepDone(killed=killed, remaining=tuple(p.pid for p in alive), port_holder=holder,
+                     foreign_vllm=tuple(_describe(p) for p in foreign))

@@ -1,0 +1,100 @@
+"""Command line: parse arguments, wire the real implementations, map outcomes to exit codes."""
+
+from __future__ import annotations
+
+import argparse
+import os
+import sys
+from collections.abc import Sequence
+
+from vllmwatch import __version__
+from vllmwatch.config import Config, ConfigError, config_path, load
+
+EXIT_OK = 0
+EXIT_FAILURE = 1  # a check failed, or the daemon hit an error it cannot recover from
+EXIT_CONFIG = 2  # bad config or usage: fix the file, restarting will not help
+EXIT_GAVE_UP = 3  # crash-loop guard: too many restarts in the window
+EXIT_START = 4  # cannot start: e.g. a foreign process holds the port
+
+
+def _parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(
+        prog="vllmwatch", description="Keep one vLLM server healthy under systemd.")
+    parser.add_argument("--version", action="version", version=f"vllmwatch {__version__}")
+    parser.add_argument("--config", "-c", help="config file (default: $VLLMWATCH_CONFIG or "
+                        "/etc/vllmwatch/vllmwatch.toml)")
+    sub = parser.add_subparsers(dest="command", metavar="COMMAND")
+    run = sub.add_parser("run", help="supervise vLLM (the daemon)")
+    run.add_argument("--log-format", choices=("auto", "journal", "json", "console"),
+                     help="override log.format")
+    run.add_argument("--no-prewarm", action="store_true", help="skip the pre-warm steps")
+    check = sub.add_parser("check", help="run the deployment checklist")
+    check.add_argument("--json", action="store_true", help="machine-readable output")
+    check.add_argument("--fast", action="store_true",
+                       help="skip slow steps (checksums, vLLM version); for ExecStartPre")
+    sub.add_parser("print-command", help="print the vLLM command line, secrets redacted")
+    status = sub.add_parser("status", help="show the running daemon's status")
+    status.add_argument("--json", action="store_true", help="print the raw /status JSON")
+    status.add_argument("--url", help="status endpoint (default: from the config's "
+                        "status.listen)")
+    prewarm = sub.add_parser("prewarm", help="run the pre-warm steps now and report")
+    prewarm.add_argument("--json", action="store_true", help="machine-readable output")
+    return parser
+
+
+def load_config(path: str | None) -> Config:
+    """Load the config named on the command line or in the environment."""
+    return load(config_path(path))
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    """Entry point of the `vllmwatch` console script."""
+    args = _parser().parse_args(argv)
+    if args.command is None:
+        _parser().print_help()
+        return EXIT_CONFIG
+    try:
+        return _dispatch(args)
+    except ConfigError as exc:
+        print(f"vllmwatch: config error: {exc}", file=sys.stderr)
+        return EXIT_CONFIG
+    except KeyboardInterrupt:
+        return 130
+
+
+def _dispatch(args: argparse.Namespace) -> int:
+    if args.command == "status":
+        from vllmwatch import status_cli
+
+        return status_cli.main(args.config, args.url, args.json)
+    if args.command == "check":
+        from vllmwatch import check
+
+        return check.main(config_path(args.config), as_json=args.json, fast=args.fast)
+    config = load_config(args.config)
+    if args.command == "print-command":
+        return _print_command(config)
+    if args.command == "prewarm":
+        from vllmwatch import prewarm
+
+        return prewarm.main(config, as_json=args.json)
+    from vllmwatch import daemon
+
+    return daemon.main(config, log_format=args.log_format, prewarm=not args.no_prewarm)
+
+
+def _print_command(config: Config) -> int:
+    from vllmwatch import command, vllminfo
+
+    api_key = command.read_api_key(config)
+    version = vllminfo.version(config.vllm.command)
+    cmd = command.build(config, os.environ, api_key=api_key, vllm_version=version,
+                        extra_env=_cache_env(config))
+    print(cmd.display())
+    return EXIT_OK
+
+
+def _cache_env(config: Config) -> dict[str, str]:
+    from vllmwatch import prewarm
+
+    return prewarm.cache_env(config, os.environ)

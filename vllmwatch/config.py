@@ -1,0 +1,389 @@
+"""The typed, frozen configuration: TOML loading, validation and the only home of defaults."""
+
+from __future__ import annotations
+
+import dataclasses
+import difflib
+import hashlib
+import os
+import sys
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from vllmwatch import units
+
+if sys.version_info >= (3, 11):
+    import tomllib
+else:  # pragma: no cover - exercised on Python 3.10 only
+    import tomli as tomllib
+
+DEFAULT_PATH = "/etc/vllmwatch/vllmwatch.toml"
+
+
+class ConfigError(Exception):
+    """A config problem a person can act on: file, key, value and what is accepted."""
+
+    def __init__(self, path: str, key: str, problem: str) -> None:
+        self.path, self.key, self.problem = path, key, problem
+        where = f"{path}: {key}" if key else path
+        super().__init__(f"{where}: {problem}")
+
+
+Converter = Callable[[object], object]
+
+
+def _conv(kind: str, default: object, **extra: Any) -> Any:
+    """A dataclass field carrying how to convert and describe its TOML value."""
+    if isinstance(default, (list, dict)):
+        # A fresh copy per instance; frozen dataclasses still share mutable defaults otherwise.
+        return field(default_factory=lambda: type(default)(default),
+                     metadata={"kind": kind, **extra})
+    return field(default=default, metadata={"kind": kind, **extra})
+
+
+@dataclass(frozen=True)
+class VllmConfig:
+    """How to launch the supervised vLLM server."""
+
+    model: str = _conv("str", "")
+    command: list[str] = _conv("str_list", ["vllm", "serve"])
+    served_model_name: str = _conv("str", "")
+    host: str = _conv("str", "127.0.0.1")
+    port: int = _conv("port", 8000)
+    gpus: list[int] | None = _conv("gpus", None)
+    env: dict[str, str] = _conv("str_table", {})
+    args: dict[str, object] = _conv("args_table", {})
+    extra_args: list[str] = _conv("str_list", [])
+    api_key_file: str = _conv("str", "")
+
+    @property
+    def model_name(self) -> str:
+        """The name clients (and our canary) use for the model."""
+        return self.served_model_name or self.model
+
+    @property
+    def uses_gpu(self) -> bool:
+        """False only for a config that says `gpus = []` (a CPU deployment)."""
+        return self.gpus is None or len(self.gpus) > 0
+
+
+@dataclass(frozen=True)
+class StartupConfig:
+    """Limits on a start: total time and time without log progress."""
+
+    timeout: float = _conv("duration", 1800.0)
+    stall_timeout: float = _conv("duration", 300.0)
+
+
+@dataclass(frozen=True)
+class ProbeConfig:
+    """Health, metrics and canary probing."""
+
+    interval: float = _conv("duration", 5.0)
+    timeout: float = _conv("duration", 5.0)
+    failure_threshold: int = _conv("pos_int", 3)
+    metrics_interval: float = _conv("duration", 15.0)
+    canary_interval: float = _conv("duration", 60.0)
+    canary_timeout: float = _conv("duration", 30.0)
+    canary_prompt: str = _conv("str", "Hello")
+    stall_timeout: float = _conv("duration", 300.0)
+
+
+@dataclass(frozen=True)
+class MemoryConfig:
+    """Memory sampling and the leak rules; a limit left at 0 is off."""
+
+    sample_interval: float = _conv("duration", 10.0)
+    pss_interval: float = _conv("duration", 60.0)
+    gpu_limit: float = _conv("size", 0.0)
+    gpu_growth_limit: float = _conv("size", 0.0)
+    gpu_growth_rate: float = _conv("rate", 0.0)
+    host_limit: float = _conv("size", 0.0)
+    host_growth_limit: float = _conv("size", 0.0)
+    host_growth_rate: float = _conv("rate", 0.0)
+    baseline_delay: float = _conv("duration", 600.0)
+    slope_window: float = _conv("duration", 21600.0)
+    sustain: int = _conv("pos_int", 3)
+
+
+@dataclass(frozen=True)
+class RestartConfig:
+    """The restart ladder, backoff and crash-loop guard."""
+
+    drain_timeout: float = _conv("duration", 30.0)
+    stop_timeout: float = _conv("duration", 30.0)
+    backoff_initial: float = _conv("duration", 5.0)
+    backoff_max: float = _conv("duration", 300.0)
+    backoff_multiplier: float = _conv("pos_float", 2.0)
+    backoff_jitter: float = _conv("fraction", 0.2)
+    stable_after: float = _conv("duration", 600.0)
+    max_restarts: int = _conv("pos_int", 5)
+    window: float = _conv("duration", 1800.0)
+    kill_stale: bool = _conv("bool", True)
+    quiet_hours: str = _conv("quiet_hours", "")
+    gpu_release_timeout: float = _conv("duration", 60.0)
+    gpu_release_tolerance: float = _conv("size", 512.0)
+
+
+@dataclass(frozen=True)
+class PrewarmConfig:
+    """What to do before a start so that it is fast."""
+
+    enabled: bool = _conv("bool", True)
+    cache_dir: str = _conv("str", "/var/cache/vllmwatch")
+    page_cache: bool = _conv("bool", True)
+    page_cache_max_fraction: float = _conv("fraction", 0.5)
+    page_cache_workers: int = _conv("pos_int", 4)
+    kernels: bool = _conv("bool", True)
+    warmup_request: bool = _conv("bool", True)
+    timeout: float = _conv("duration", 600.0)
+    required: bool = _conv("bool", False)
+
+
+@dataclass(frozen=True)
+class StatusConfig:
+    """The read-only HTTP status listener."""
+
+    listen: str = _conv("str", "127.0.0.1:9101")
+    allow_remote: bool = _conv("bool", False)
+
+
+@dataclass(frozen=True)
+class LogConfig:
+    """Logging of our events and of the child's lines."""
+
+    level: str = _conv("choice", "info", choices=("debug", "info", "warning", "error"))
+    format: str = _conv("choice", "auto", choices=("auto", "journal", "json", "console"))
+    child_lines: bool = _conv("bool", True)
+
+
+@dataclass(frozen=True)
+class Config:
+    """The whole configuration, plus where it came from."""
+
+    vllm: VllmConfig = field(default_factory=VllmConfig)
+    startup: StartupConfig = field(default_factory=StartupConfig)
+    probe: ProbeConfig = field(default_factory=ProbeConfig)
+    memory: MemoryConfig = field(default_factory=MemoryConfig)
+    restart: RestartConfig = field(default_factory=RestartConfig)
+    prewarm: PrewarmConfig = field(default_factory=PrewarmConfig)
+    status: StatusConfig = field(default_factory=StatusConfig)
+    log: LogConfig = field(default_factory=LogConfig)
+    path: str = ""
+    sha256: str = ""
+
+
+SECTIONS: dict[str, type] = {
+    "vllm": VllmConfig,
+    "startup": StartupConfig,
+    "probe": ProbeConfig,
+    "memory": MemoryConfig,
+    "restart": RestartConfig,
+    "prewarm": PrewarmConfig,
+    "status": StatusConfig,
+    "log": LogConfig,
+}
+
+
+def config_path(cli_value: str | None) -> str:
+    """The config file to read: --config, then $VLLMWATCH_CONFIG, then the default."""
+    return cli_value or os.environ.get("VLLMWATCH_CONFIG") or DEFAULT_PATH
+
+
+def load(path: str) -> Config:
+    """Read, parse and validate a config file; raise ConfigError on any problem."""
+    try:
+        raw = Path(path).read_bytes()
+    except FileNotFoundError:
+        raise ConfigError(path, "", "file not found (pass --config PATH or set "
+                          "VLLMWATCH_CONFIG)") from None
+    except OSError as exc:
+        raise ConfigError(path, "", f"cannot read: {exc.strerror}") from None
+    try:
+        data = tomllib.loads(raw.decode("utf-8"))
+    except UnicodeDecodeError as exc:
+        raise ConfigError(path, "", f"not UTF-8 text ({exc.reason} at byte {exc.start})") from None
+    except tomllib.TOMLDecodeError as exc:
+        raise ConfigError(path, "", f"invalid TOML: {exc}") from None
+    config = from_dict(data, path)
+    return dataclasses.replace(config, sha256=hashlib.sha256(raw).hexdigest())
+
+
+def from_dict(data: Mapping[str, object], path: str = "<config>") -> Config:
+    """Validate a parsed TOML document into a Config."""
+    _reject_unknown(data.keys(), SECTIONS.keys(), path, "", "section")
+    sections: dict[str, object] = {}
+    for name, cls in SECTIONS.items():
+        table = data.get(name, {})
+        if not isinstance(table, dict):
+            raise ConfigError(path, name, f"expected a table [{name}], got {_show(table)}")
+        sections[name] = _section(cls, table, path, name)
+    config = Config(path=path, **sections)  # type: ignore[arg-type]
+    _cross_checks(config, path)
+    return config
+
+
+def _section(cls: type, table: dict[str, object], path: str, section: str) -> object:
+    fields = {f.name: f for f in dataclasses.fields(cls)}
+    _reject_unknown(table.keys(), fields.keys(), path, section + ".", "key")
+    values = {}
+    for name, value in table.items():
+        meta = fields[name].metadata
+        key = f"{section}.{name}"
+        values[name] = _convert(meta["kind"], value, path, key, meta)
+    return cls(**values)
+
+
+def _reject_unknown(got: Any, known: Any, path: str, prefix: str, what: str) -> None:
+    for name in got:
+        if name not in known:
+            close = difflib.get_close_matches(name, list(known), n=1, cutoff=0.6)
+            hint = f"; did you mean {prefix}{close[0]}?" if close else (
+                f"; known: {', '.join(sorted(known))}")
+            raise ConfigError(path, prefix + name, f"unknown {what}{hint}")
+
+
+def _show(value: object) -> str:
+    if isinstance(value, str):
+        return repr(value)
+    if isinstance(value, bool):
+        return "true" if value else "false"
+    if isinstance(value, dict):
+        return "a table"
+    if isinstance(value, list):
+        return "an array"
+    return repr(value)
+
+
+def _convert(kind: str, value: object, path: str, key: str, meta: Mapping[str, Any]) -> object:
+    converter, accepted = _CONVERTERS[kind]
+    try:
+        return converter(value) if kind != "choice" else _choice(value, meta["choices"])
+    except (ValueError, TypeError) as exc:
+        wanted = accepted if kind != "choice" else "one of " + ", ".join(
+            repr(c) for c in meta["choices"])
+        detail = f" ({exc})" if str(exc) and "not a" not in str(exc) else ""
+        raise ConfigError(path, key, f"bad value {_show(value)}{detail}; expected {wanted}") \
+            from None
+
+
+def _choice(value: object, choices: tuple[str, ...]) -> str:
+    if not isinstance(value, str) or value.lower() not in choices:
+        raise ValueError("")
+    return value.lower()
+
+
+def _str(value: object) -> str:
+    if not isinstance(value, str):
+        raise TypeError("")
+    return value
+
+
+def _bool(value: object) -> bool:
+    if not isinstance(value, bool):
+        raise TypeError("")
+    return value
+
+
+def _int_in(low: int, high: int) -> Converter:
+    def conv(value: object) -> int:
+        if isinstance(value, bool) or not isinstance(value, int) or not low <= value <= high:
+            raise ValueError("")
+        return value
+
+    return conv
+
+
+def _pos_float(value: object) -> float:
+    if isinstance(value, bool) or not isinstance(value, (int, float)) or value <= 0:
+        raise ValueError("")
+    return float(value)
+
+
+def _fraction(value: object) -> float:
+    if isinstance(value, bool) or not isinstance(value, (int, float)) or not 0 <= value <= 1:
+        raise ValueError("")
+    return float(value)
+
+
+def _str_list(value: object) -> list[str]:
+    if not isinstance(value, list) or not all(isinstance(v, str) for v in value):
+        raise TypeError("")
+    return list(value)
+
+
+def _str_table(value: object) -> dict[str, str]:
+    if not isinstance(value, dict):
+        raise TypeError("")
+    out = {}
+    for k, v in value.items():
+        if isinstance(v, bool) or not isinstance(v, (str, int, float)):
+            raise ValueError(f"{k} must be a string or number")
+        out[str(k)] = str(v)
+    return out
+
+
+def _args_table(value: object) -> dict[str, object]:
+    if not isinstance(value, dict):
+        raise TypeError("")
+    for k in value:
+        if str(k).startswith("-"):
+            raise ValueError(f"write flag names without dashes: {str(k).lstrip('-')!r}")
+    return dict(value)
+
+
+def _gpus(value: object) -> list[int] | None:
+    if isinstance(value, str) and value.lower() == "all":
+        return None
+    if isinstance(value, int) and not isinstance(value, bool) and value >= 0:
+        return [value]
+    if isinstance(value, list) and all(
+        isinstance(v, int) and not isinstance(v, bool) and v >= 0 for v in value
+    ):
+        if len(set(value)) != len(value):
+            raise ValueError("a GPU is listed twice")
+        return list(value)
+    raise ValueError("")
+
+
+def _quiet_hours(value: object) -> str:
+    from vllmwatch.quiet import parse_window
+
+    text = _str(value).strip()
+    if text:
+        parse_window(text)
+    return text
+
+
+_CONVERTERS: dict[str, tuple[Converter, str]] = {
+    "str": (_str, "a string"),
+    "bool": (_bool, "true or false"),
+    "port": (_int_in(1, 65535), "a port number 1-65535"),
+    "pos_int": (_int_in(1, 1_000_000), "a whole number >= 1"),
+    "pos_float": (_pos_float, "a number > 0"),
+    "fraction": (_fraction, "a number from 0 to 1"),
+    "duration": (units.parse_duration, units.DURATION_HELP),
+    "size": (units.parse_size_mib, units.SIZE_HELP + ", or 0 for off"),
+    "rate": (units.parse_rate_mib_per_h, units.RATE_HELP + ", or 0 for off"),
+    "str_list": (_str_list, "an array of strings"),
+    "str_table": (_str_table, "a table of names to strings"),
+    "args_table": (_args_table, "a table of vLLM flag names (no dashes) to values"),
+    "gpus": (_gpus, 'an array of GPU indexes such as [0, 1], [] for CPU only, or "all"'),
+    "quiet_hours": (_quiet_hours, 'a local time window "HH:MM-HH:MM" such as "02:00-05:00"'),
+    "choice": (_str, ""),
+}
+
+
+def _cross_checks(config: Config, path: str) -> None:
+    if not config.vllm.model:
+        raise ConfigError(path, "vllm.model", "missing; set it to a local model directory "
+                          "or a hub id, e.g. model = \"/srv/models/Qwen3.5-9B\"")
+    if not config.vllm.command:
+        raise ConfigError(path, "vllm.command", 'empty; expected e.g. ["vllm", "serve"]')
+    if config.restart.backoff_max < config.restart.backoff_initial:
+        raise ConfigError(path, "restart.backoff_max", "must be >= restart.backoff_initial "
+                          f"({config.restart.backoff_initial:g}s)")
+    if config.probe.canary_timeout <= 0:
+        raise ConfigError(path, "probe.canary_timeout", "must be > 0")

@@ -1,0 +1,64 @@
+"""`vllmwatch run`: wire the real implementations around the loop and run it."""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Mapping
+
+from vllmwatch import __version__
+from vllmwatch.clock import SystemClock
+from vllmwatch.config import Config, load
+from vllmwatch.effects import RealEffects
+from vllmwatch.logs import setup
+from vllmwatch.loop import Loop
+from vllmwatch.notify import SystemdNotifier
+from vllmwatch.snapshot import Snapshot
+
+
+def main(config: Config, log_format: str | None = None, prewarm: bool = True,
+         environ: Mapping[str, str] | None = None) -> int:
+    """Run the daemon until it is told to stop or gives up; return the exit code."""
+    env = dict(os.environ if environ is None else environ)
+    if not prewarm:
+        from dataclasses import replace
+
+        config = replace(config, prewarm=replace(config.prewarm, enabled=False))
+    log = setup(log_format or config.log.format, config.log.level, environ=env)
+    log("info", "daemon.version", version=__version__, pid=os.getpid(), config=config.path)
+    notifier = SystemdNotifier(log, env)
+    holder: dict[str, Snapshot] = {"snap": Snapshot()}
+    server = _status_server(config, log, lambda: holder["snap"])
+
+    def publish(snap: Snapshot) -> None:
+        holder["snap"] = snap  # one reference swap: readers never see a half-built snapshot
+
+    fx = RealEffects(config, log, notifier, env, publish=publish)
+
+    def reload() -> Config:
+        new = load(config.path)
+        log_new = setup(log_format or new.log.format, new.log.level, environ=env)
+        fx.log = log_new
+        return new
+
+    loop = Loop(config, fx, SystemClock(), reload_config=reload, environ=env)
+    try:
+        return loop.run()
+    finally:
+        if server is not None:
+            server.stop()
+
+
+def _status_server(config: Config, log: object, get: object) -> object | None:
+    from vllmwatch.status import StatusListenError, StatusServer
+
+    if not config.status.listen:
+        return None
+    server = StatusServer(config.status.listen, config.status.allow_remote, get,  # type: ignore[arg-type]
+                          log)  # type: ignore[arg-type]
+    try:
+        server.start()
+    except StatusListenError as exc:
+        log("error", "status.listen_failed", error=str(exc),  # type: ignore[operator]
+            detail="running without the status endpoint; fix status.listen")
+        return None
+    return server

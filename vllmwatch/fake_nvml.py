@@ -1,0 +1,134 @@
+"""A fake of the `pynvml` module for tests: same function names, same error classes.
+
+Pass an instance where the real module would go (`make_sampler(..., nvml=FakeNvml(...))`).
+Figures are set in MiB and reported in bytes, as NVML does.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from types import SimpleNamespace
+from typing import Any
+
+_MIB = 1024 * 1024
+
+
+class NVMLError(Exception):
+    """Base of the fake NVML errors; `value` is the NVML return code, as in pynvml."""
+
+    value = 999
+
+    def __str__(self) -> str:
+        return f"{type(self).__name__} (code {self.value})"
+
+
+class NVMLError_NotSupported(NVMLError):  # pynvml's name
+    """NVML_ERROR_NOT_SUPPORTED (3): e.g. memory info on a unified-memory GPU."""
+
+    value = 3
+
+
+class NVMLError_LibraryNotFound(NVMLError):  # pynvml's name
+    """NVML_ERROR_LIBRARY_NOT_FOUND (12): no libnvidia-ml.so."""
+
+    value = 12
+
+
+class NVMLError_DriverNotLoaded(NVMLError):  # pynvml's name
+    """NVML_ERROR_DRIVER_NOT_LOADED (9)."""
+
+    value = 9
+
+
+class NVMLError_GpuIsLost(NVMLError):  # pynvml's name
+    """NVML_ERROR_GPU_IS_LOST (15)."""
+
+    value = 15
+
+
+@dataclass
+class FakeGpu:
+    """One device. `used_mib=None` makes memory info NOT_SUPPORTED (DGX Spark).
+
+    `procs` maps pid -> MiB (None = NVML does not know the figure) for compute processes,
+    `graphics` the same for graphics processes.
+    """
+
+    name: str = "NVIDIA H200"
+    total_mib: float = 143771.0
+    used_mib: float | None = 0.0
+    procs: dict[int, float | None] = field(default_factory=dict)
+    graphics: dict[int, float | None] = field(default_factory=dict)
+
+
+class FakeNvml:  # method names are pynvml's (camelCase)
+    """Stands in for the pynvml module; mutate `gpus`, `fail` and `init_error` freely."""
+
+    NVMLError = NVMLError
+    NVMLError_NotSupported = NVMLError_NotSupported
+    NVMLError_LibraryNotFound = NVMLError_LibraryNotFound
+    NVMLError_DriverNotLoaded = NVMLError_DriverNotLoaded
+    NVMLError_GpuIsLost = NVMLError_GpuIsLost
+
+    def __init__(self, gpus: list[FakeGpu] | None = None, init_error: Exception | None = None,
+                 driver: str = "580.159") -> None:
+        self.gpus = gpus if gpus is not None else [FakeGpu()]
+        self.init_error = init_error
+        self.driver = driver
+        self.fail: dict[str, Exception] = {}  # function name -> error it raises
+        self.calls: list[str] = []
+        self.initialized = False
+
+    def _enter(self, name: str) -> None:
+        self.calls.append(name)
+        if name in self.fail:
+            raise self.fail[name]
+
+    def nvmlInit(self) -> None:
+        self._enter("nvmlInit")
+        if self.init_error is not None:
+            raise self.init_error
+        self.initialized = True
+
+    def nvmlShutdown(self) -> None:
+        self._enter("nvmlShutdown")
+        self.initialized = False
+
+    def nvmlSystemGetDriverVersion(self) -> str:
+        self._enter("nvmlSystemGetDriverVersion")
+        return self.driver
+
+    def nvmlDeviceGetCount(self) -> int:
+        self._enter("nvmlDeviceGetCount")
+        return len(self.gpus)
+
+    def nvmlDeviceGetHandleByIndex(self, index: int) -> int:
+        self._enter("nvmlDeviceGetHandleByIndex")
+        if not 0 <= index < len(self.gpus):
+            raise NVMLError_GpuIsLost()
+        return index
+
+    def nvmlDeviceGetName(self, handle: int) -> str:
+        self._enter("nvmlDeviceGetName")
+        return self.gpus[handle].name
+
+    def nvmlDeviceGetMemoryInfo(self, handle: int) -> Any:
+        self._enter("nvmlDeviceGetMemoryInfo")
+        gpu = self.gpus[handle]
+        if gpu.used_mib is None:
+            raise NVMLError_NotSupported()
+        total, used = int(gpu.total_mib * _MIB), int(gpu.used_mib * _MIB)
+        return SimpleNamespace(total=total, used=used, free=total - used)
+
+    def nvmlDeviceGetComputeRunningProcesses(self, handle: int) -> list[Any]:
+        self._enter("nvmlDeviceGetComputeRunningProcesses")
+        return _procs(self.gpus[handle].procs)
+
+    def nvmlDeviceGetGraphicsRunningProcesses(self, handle: int) -> list[Any]:
+        self._enter("nvmlDeviceGetGraphicsRunningProcesses")
+        return _procs(self.gpus[handle].graphics)
+
+
+def _procs(table: dict[int, float | None]) -> list[Any]:
+    return [SimpleNamespace(pid=pid, usedGpuMemory=None if mib is None else int(mib * _MIB))
+            for pid, mib in table.items()]

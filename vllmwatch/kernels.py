@@ -1,0 +1,204 @@
+"""Attention kernels warmed once in a throwaway subprocess of the vLLM venv's Python."""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+import signal
+import subprocess
+import time
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+MARKER = "VLLMWATCH_KERNELS "
+
+# Runs in the vLLM venv. argv[1] is a JSON spec; prints one MARKER line of JSON.
+SCRIPT = r'''
+import json, os, sys, time
+spec = json.loads(sys.argv[1])
+out = {"requested": spec["backend"], "head_dim": spec["head_dim"], "dtype": spec["dtype"]}
+def emit(**kw):
+    out.update(kw)
+    print("VLLMWATCH_KERNELS " + json.dumps(out), flush=True)
+t0 = time.monotonic()
+try:
+    import torch
+except Exception as exc:
+    emit(ok=False, error="import torch: %s: %s" % (type(exc).__name__, exc)); sys.exit(0)
+out["torch"] = torch.__version__
+out["import_torch_s"] = round(time.monotonic() - t0, 3)
+dev = spec.get("device", "cuda")
+if dev == "cuda":
+    if not torch.cuda.is_available():
+        emit(ok=False, error="torch sees no CUDA device"); sys.exit(0)
+    out["gpu"] = torch.cuda.get_device_name(0)
+dtype = getattr(torch, spec["dtype"])
+hq, hk, d, n = spec["num_heads"], spec["num_kv_heads"], spec["head_dim"], 16
+def qkv(shape_q, shape_k):
+    return (torch.randn(*shape_q, dtype=dtype, device=dev),
+            torch.randn(*shape_k, dtype=dtype, device=dev),
+            torch.randn(*shape_k, dtype=dtype, device=dev))
+def flash_attn():
+    from vllm.vllm_flash_attn import flash_attn_varlen_func
+    q, k, v = qkv((n, hq, d), (n, hk, d))
+    cu = torch.tensor([0, n], dtype=torch.int32, device=dev)
+    return lambda: flash_attn_varlen_func(q=q, k=k, v=v, cu_seqlens_q=cu, cu_seqlens_k=cu,
+                                          max_seqlen_q=n, max_seqlen_k=n, causal=True)
+def flashinfer():
+    import flashinfer
+    q, k, v = qkv((n, hq, d), (n, hk, d))
+    return lambda: flashinfer.single_prefill_with_kv_cache(q, k, v, causal=True)
+def sdpa():
+    import torch.nn.functional as F
+    q, k, v = qkv((1, hq, n, d), (1, hq, n, d))
+    return lambda: F.scaled_dot_product_attention(q, k, v, is_causal=True)
+def triton():
+    import triton  # vLLM's Triton kernels need the paged-KV layout; load Triton itself
+    out["triton"] = triton.__version__
+    return sdpa()
+backends = {"flash_attn": flash_attn, "flashinfer": flashinfer, "triton": triton, "sdpa": sdpa}
+order = [spec["backend"]] if spec["backend"] != "auto" else ["flash_attn", "flashinfer", "sdpa"]
+if "sdpa" not in order:
+    order.append("sdpa")
+tried = {}
+for name in order:
+    try:
+        t1 = time.monotonic()
+        call = backends[name]()
+        out["import_s"] = round(time.monotonic() - t1, 3)
+        t2 = time.monotonic(); call()
+        if dev == "cuda": torch.cuda.synchronize()
+        out["first_call_s"] = round(time.monotonic() - t2, 3)
+        t3 = time.monotonic(); call()
+        if dev == "cuda": torch.cuda.synchronize()
+        out["second_call_s"] = round(time.monotonic() - t3, 3)
+        emit(ok=True, backend=name, tried=tried, total_s=round(time.monotonic() - t0, 3))
+        sys.exit(0)
+    except Exception as exc:
+        tried[name] = "%s: %s" % (type(exc).__name__, str(exc)[:300])
+emit(ok=False, tried=tried, error="no attention backend ran")
+'''
+
+# vLLM backend names (VLLM_ATTENTION_BACKEND / --attention-backend) -> what the script runs.
+_BACKENDS = {"FLASH_ATTN": "flash_attn", "FLASHINFER": "flashinfer", "TRITON_ATTN": "triton",
+             "TORCH_SDPA": "sdpa", "TRITON": "triton", "FLASH_ATTN_VLLM_V1": "flash_attn"}
+_DTYPES = {"bfloat16": "bfloat16", "float16": "float16", "half": "float16", "fp16": "float16",
+           "float32": "float32", "float": "float32", "bf16": "bfloat16"}
+
+
+@dataclass(frozen=True)
+class KernelOutcome:
+    """What the kernel step did: status, a one-line detail, and the script's JSON."""
+
+    status: str  # ok | skipped | warn
+    detail: str
+    data: dict[str, Any] = field(default_factory=dict)
+
+
+def gpu_count() -> int:
+    """NVIDIA GPUs NVML can see; 0 when NVML is missing or fails (no driver, no GPU)."""
+    try:
+        import pynvml
+
+        pynvml.nvmlInit()
+    except Exception:  # any NVML problem (no library, no driver) means no usable GPU here
+        return 0
+    try:
+        return int(pynvml.nvmlDeviceGetCount())
+    except Exception:
+        return 0
+    finally:
+        with contextlib.suppress(Exception):
+            pynvml.nvmlShutdown()
+
+
+def model_shape(model_dir: Path | None) -> dict[str, Any]:
+    """Head size, head counts and dtype from the model's config.json (defaults if unreadable)."""
+    spec: dict[str, Any] = {"head_dim": 128, "num_heads": 8, "num_kv_heads": 8,
+                            "dtype": "bfloat16", "from_config": False}
+    try:
+        raw = json.loads((model_dir / "config.json").read_text()) if model_dir else None
+    except (OSError, ValueError):
+        raw = None
+    if not isinstance(raw, dict):
+        return spec
+    # Multimodal configs nest the language model's under text_config.
+    cfg: dict[str, Any] = raw["text_config"] if isinstance(raw.get("text_config"), dict) else raw
+    heads = cfg.get("num_attention_heads")
+    head_dim = cfg.get("head_dim") or (cfg["hidden_size"] // heads
+                                       if heads and cfg.get("hidden_size") else None)
+    if isinstance(head_dim, int) and isinstance(heads, int):
+        spec.update(head_dim=head_dim, num_heads=heads, from_config=True,
+                    num_kv_heads=cfg.get("num_key_value_heads") or heads)
+    dtype = str(cfg.get("torch_dtype") or cfg.get("dtype") or "")
+    spec["dtype"] = _DTYPES.get(dtype, spec["dtype"])
+    return spec
+
+
+def pick_backend(env: Mapping[str, str], args: Mapping[str, object]) -> str:
+    """The attention backend the configured vLLM will use, or "auto" to try them in order."""
+    name = env.get("VLLM_ATTENTION_BACKEND") or ""
+    for key in ("attention-backend", "attention_backend"):
+        if isinstance(args.get(key), str):
+            name = str(args[key])
+    return _BACKENDS.get(name.upper(), "auto") if name else "auto"
+
+
+def args_dtype(args: Mapping[str, object]) -> str | None:
+    """The dtype given in [vllm.args], unless it is "auto"."""
+    value = args.get("dtype")
+    return _DTYPES.get(value) if isinstance(value, str) else None
+
+
+def run_script(python: str, spec: Mapping[str, Any], env: Mapping[str, str], timeout: float,
+               script: str = SCRIPT) -> KernelOutcome:
+    """Run the warm script in its own session; kill the whole group at the time limit."""
+    start = time.monotonic()
+    try:
+        proc = subprocess.Popen([python, "-c", script, json.dumps(spec)], env=dict(env),
+                                stdin=subprocess.DEVNULL, stdout=subprocess.PIPE,
+                                stderr=subprocess.PIPE, text=True, start_new_session=True)
+    except OSError as exc:
+        return KernelOutcome("warn", f"cannot run {python}: {exc.strerror or exc}")
+    try:
+        stdout, stderr = proc.communicate(timeout=max(0.1, timeout))
+    except subprocess.TimeoutExpired:
+        _kill_group(proc)
+        return KernelOutcome("warn", f"timed out after {time.monotonic() - start:.1f}s; killed",
+                             {"timeout_s": round(timeout, 3)})
+    return _parse(stdout, stderr, proc.returncode)
+
+
+def _kill_group(proc: subprocess.Popen[str]) -> None:
+    with contextlib.suppress(ProcessLookupError, PermissionError):
+        os.killpg(proc.pid, signal.SIGKILL)
+    # A grandchild in another session could hold the pipes open; stop waiting after 5 s.
+    with contextlib.suppress(subprocess.TimeoutExpired):
+        proc.communicate(timeout=5)
+
+
+def _parse(stdout: str, stderr: str, code: int) -> KernelOutcome:
+    for line in reversed(stdout.splitlines()):
+        if line.startswith(MARKER):
+            try:
+                data = json.loads(line[len(MARKER):])
+            except ValueError:
+                break
+            if data.get("ok"):
+                return KernelOutcome("ok", f"{data.get('backend')} head_dim={data.get('head_dim')} "
+                                     f"{data.get('dtype')} first call {data.get('first_call_s')}s",
+                                     data)
+            return KernelOutcome("warn", str(data.get("error")) + _tried(data), data)
+    tail = (stderr.strip().splitlines() or ["no output"])[-1][:300]
+    return KernelOutcome("warn", f"warm script exited {code}: {tail}", {"exit_code": code})
+
+
+def _tried(data: Mapping[str, Any]) -> str:
+    tried = data.get("tried") or {}
+    return ("; tried " + "; ".join(f"{k}: {v}" for k, v in tried.items())) if tried else ""
+
+
+GpuCounter = Callable[[], int]

@@ -1,0 +1,124 @@
+"""Logging: events as one line each, for journald (with <N> priorities), JSON or a console."""
+
+from __future__ import annotations
+
+import json
+import os
+import sys
+import threading
+import time
+from collections.abc import Mapping
+from typing import IO, Any, Protocol
+
+import structlog
+
+LEVELS = {"debug": 10, "info": 20, "warning": 30, "error": 40, "critical": 50}
+_PRIORITY = {"debug": 7, "info": 6, "warning": 4, "error": 3, "critical": 2}
+
+
+class LogFn(Protocol):
+    """log(level, event, **fields)."""
+
+    def __call__(self, level: str, event: str, **fields: Any) -> None: ...
+
+
+def under_journald(environ: Mapping[str, str], stream: IO[str]) -> bool:
+    """True when stderr is connected to journald (JOURNAL_STREAM names its device:inode)."""
+    value = environ.get("JOURNAL_STREAM", "")
+    try:
+        dev, ino = (int(x) for x in value.split(":"))
+        st = os.fstat(stream.fileno())
+    except (ValueError, OSError, AttributeError):
+        return False
+    return st.st_dev == dev and st.st_ino == ino
+
+
+def choose_format(wanted: str, environ: Mapping[str, str], stream: IO[str]) -> str:
+    """Resolve "auto": journal under journald, console on a TTY, else journal-style lines."""
+    if wanted != "auto":
+        return wanted
+    if under_journald(environ, stream):
+        return "journal"
+    return "console" if stream.isatty() else "journal"
+
+
+def _kv(fields: Mapping[str, Any]) -> str:
+    parts = []
+    for key, value in fields.items():
+        if isinstance(value, str):
+            text = value if value and " " not in value and '"' not in value and "=" not in \
+                value else json.dumps(value, ensure_ascii=False)
+        else:
+            text = json.dumps(value, ensure_ascii=False, default=str, separators=(",", ":"))
+        parts.append(f"{key}={text}")
+    return " ".join(parts)
+
+
+class Renderer:
+    """Render one event dict to one line in the chosen format."""
+
+    def __init__(self, fmt: str, color: bool = False) -> None:
+        self.fmt = fmt
+        self.color = color
+
+    def __call__(self, _logger: Any, _name: str, event: dict[str, Any]) -> str:
+        """structlog's renderer protocol."""
+        level = event.pop("level", "info")
+        name = event.pop("event", "")
+        stamp = event.pop("timestamp", None)
+        if self.fmt == "json":
+            return json.dumps({"ts": stamp, "level": level, "event": name, **event},
+                              ensure_ascii=False, default=str)
+        if name == "child.line":  # vLLM's own line, passed through and marked as the child's
+            body = f"vllm| {event.get('text', '')}"
+        else:
+            body = f"{name} {_kv(event)}".rstrip()
+        if self.fmt == "journal":
+            return f"<{_PRIORITY.get(level, 6)}>{body}"
+        clock = time.strftime("%H:%M:%S", time.localtime(stamp or time.time()))
+        tag = level.upper()[:4]
+        if self.color:
+            colour = {"WARN": "33", "ERRO": "31", "CRIT": "31", "DEBU": "2"}.get(tag, "32")
+            tag = f"\x1b[{colour}m{tag}\x1b[0m"
+        return f"{clock} {tag} {body}"
+
+
+class _Writer:
+    """A line writer that never interleaves two lines from different threads."""
+
+    def __init__(self, stream: IO[str]) -> None:
+        self._stream = stream
+        self._lock = threading.Lock()
+
+    def msg(self, message: str) -> None:
+        with self._lock:
+            try:
+                self._stream.write(message + "\n")
+                self._stream.flush()
+            except (OSError, ValueError):
+                pass  # stderr gone (journald restarted): never crash the supervisor on it
+
+    log = debug = info = warning = error = critical = msg
+
+
+def setup(fmt: str = "auto", level: str = "info", stream: IO[str] | None = None,
+          environ: Mapping[str, str] | None = None) -> LogFn:
+    """Configure structlog and return log(level, event, **fields)."""
+    out = stream if stream is not None else sys.stderr
+    env = os.environ if environ is None else environ
+    resolved = choose_format(fmt, env, out)
+    color = resolved == "console" and out.isatty() and "NO_COLOR" not in env
+    writer = _Writer(out)
+    threshold = LEVELS.get(level, 20)
+    structlog.configure(
+        processors=[structlog.processors.TimeStamper(fmt=None), Renderer(resolved, color)],
+        logger_factory=lambda *_: writer,
+        cache_logger_on_first_use=False,
+    )
+    logger = structlog.get_logger()
+
+    def log(lvl: str, event: str, **fields: Any) -> None:
+        if LEVELS.get(lvl, 20) >= threshold:
+            logger.msg(event, level=lvl, **fields)
+
+    return log

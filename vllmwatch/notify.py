@@ -1,0 +1,81 @@
+"""sd_notify: READY, STATUS, WATCHDOG, EXTEND_TIMEOUT_USEC, RELOADING, STOPPING."""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Callable, Mapping
+from typing import Any, Protocol
+
+import sdnotify
+
+LogFn = Callable[..., None]
+
+
+class Notifier(Protocol):
+    """Where sd_notify messages go."""
+
+    def send(self, message: str) -> bool:
+        """Send one message (several NAME=value lines); False when it could not be sent."""
+        ...
+
+
+class SystemdNotifier:
+    """sdnotify's socket, with errors surfaced once and UTF-8 instead of Latin-1.
+
+    sdnotify 0.3.2 swallows every error unless debug=True and encodes as Latin-1, silently
+    dropping a STATUS with other characters; systemd itself takes UTF-8.
+    """
+
+    def __init__(self, log: LogFn, environ: Mapping[str, str] | None = None) -> None:
+        env = os.environ if environ is None else environ
+        self._log = log
+        self._warned = False
+        self._sock: Any = None
+        self.enabled = bool(env.get("NOTIFY_SOCKET"))
+        if not self.enabled:
+            return
+        try:
+            self._sock = sdnotify.SystemdNotifier(debug=True).socket
+        except Exception as exc:  # noqa: BLE001 - any failure means: cannot notify
+            self._fail(exc)
+
+    def send(self, message: str) -> bool:
+        """Send a message; log the first failure and keep going."""
+        if self._sock is None:
+            return False
+        try:
+            self._sock.sendall(message.encode("utf-8", "replace"))
+        except OSError as exc:
+            self._fail(exc)
+            return False
+        return True
+
+    def _fail(self, exc: BaseException) -> None:
+        if not self._warned:
+            self._warned = True
+            self._log("warning", "notify.failed", error=str(exc),
+                      detail="systemd will not see READY/STATUS/WATCHDOG; check NotifyAccess=")
+
+
+def watchdog_interval(environ: Mapping[str, str], pid: int) -> float | None:
+    """Seconds between WATCHDOG=1 pings (half of WATCHDOG_USEC), or None when not asked.
+
+    Honour WATCHDOG_PID: the variable may have been inherited from a parent unit.
+    """
+    usec = environ.get("WATCHDOG_USEC")
+    wpid = environ.get("WATCHDOG_PID")
+    if not usec:
+        return None
+    if wpid and wpid.strip() != str(pid):
+        return None
+    try:
+        value = int(usec)
+    except ValueError:
+        return None
+    return value / 2e6 if value > 0 else None
+
+
+def status_line(text: str) -> str:
+    """A STATUS= message: one line, bounded."""
+    one = " ".join(text.split())
+    return "STATUS=" + (one[:200] + "..." if len(one) > 200 else one)

