@@ -60,7 +60,10 @@ grep -rlI --null -F "$VENV" "$VENV" | xargs -0 -r sed -i "s|$VENV|$PREFIX/venv|g
 sed -i '/^command = /d' "$VENV/pyvenv.cfg"
 find "$VENV" -name direct_url.json -delete   # records the build machine's checkout path
 find "$VENV" \( -name __pycache__ -o -name '*.pyc' \) -prune -exec rm -rf {} +
-find "$VENV" -name '*.so' -exec strip --strip-unneeded {} +
+find "$VENV" -name '*.so' -exec strip --strip-unneeded --remove-section=.comment {} +
+# Library modules that start with "#!/usr/bin/env python" are never run as scripts here.
+find "$VENV/lib" -name '*.py' ! -perm -u+x -exec sed -i '1{/^#!/d}' {} +
+find "$VENV" -type d -empty -delete
 grep -rlI -F "$BUILD" "$ROOT" && die "staging path left in the files above"
 
 mkdir -p "$ROOT$PREFIX/bin" "$ROOT/usr/bin"
@@ -79,6 +82,8 @@ install -d "$DOC"
 DATE=$(date -R -d "@${SOURCE_DATE_EPOCH:-$(git -C "$REPO" log -1 --format=%ct 2>/dev/null || date +%s)}")
 printf '%s (%s) unstable; urgency=medium\n\n  * Package built from the vllmwatch repository.\n\n -- %s  %s\n' \
     "$PKG" "$VERSION" "$MAINTAINER" "$DATE" | gzip -9n > "$DOC/changelog.gz"
+install -D -m 0644 "$REPO/packaging/vllmwatch.8" "$ROOT/usr/share/man/man8/vllmwatch.8"
+gzip -9n "$ROOT/usr/share/man/man8/vllmwatch.8"
 install -D -m 0644 "$REPO/packaging/lintian-overrides" "$ROOT/usr/share/lintian/overrides/$PKG"
 
 # 3. Control files.

@@ -8,7 +8,9 @@ License, or the classifiers), so the file stays true when the dependencies chang
 
 from __future__ import annotations
 
+import os
 import sys
+import time
 from email.parser import HeaderParser
 from pathlib import Path
 
@@ -20,7 +22,7 @@ Comment: vllmwatch ships in its own virtualenv under /opt/vllmwatch/venv togethe
  listed below; the full texts are in the .dist-info folders of the virtualenv.
 
 Files: *
-Copyright: the vllmwatch authors
+Copyright: {year} the vllmwatch authors
 License: Apache-2.0
  On Debian systems the full text of the Apache License 2.0 is in
  /usr/share/common-licenses/Apache-2.0.
@@ -39,7 +41,8 @@ def _license(meta: dict[str, str], classifiers: list[str]) -> str:
 
 
 def main(venv: str) -> int:
-    out = [HEADER]
+    year = time.gmtime(int(os.environ.get("SOURCE_DATE_EPOCH", time.time()))).tm_year
+    out = [HEADER.format(year=year)]
     for meta_path in sorted(Path(venv).glob("lib/python*/site-packages/*.dist-info/METADATA")):
         msg = HeaderParser().parsestr(meta_path.read_text(errors="replace"))
         name, version = msg.get("Name", "?"), msg.get("Version", "?")

@@ -13,11 +13,13 @@ import time
 import urllib.error
 import urllib.request
 from collections.abc import Callable, Iterator
-from contextlib import contextmanager
+from contextlib import contextmanager, suppress
 from pathlib import Path
 from typing import Any, TypeVar
 
 import pytest
+
+from vllmwatch.fake_vllm import parse_args
 
 ROOT = Path(__file__).resolve().parents[1]
 T = TypeVar("T")
@@ -138,10 +140,8 @@ def fake(tmp_path: Path, *flags: str, ready: int = 200) -> Iterator[Fake]:
             f.wait_ready(ready)
         yield f
     finally:
-        try:
+        with suppress(ProcessLookupError):
             os.killpg(proc.pid, signal.SIGKILL)
-        except ProcessLookupError:
-            pass
         proc.wait()
         assert proc.stderr is not None
         proc.stderr.close()
@@ -232,7 +232,7 @@ def test_engine_crash_after(tmp_path: Path) -> None:
 
 def test_sigterm_exits_0_and_leaves_no_children(tmp_path: Path) -> None:
     with fake(tmp_path, "--workers", "2") as f:
-        tree = wait_for(lambda: len(children(f.proc.pid)) == 3 and children(f.proc.pid))
+        tree = wait_for(lambda: [] if len(kids := children(f.proc.pid)) < 3 else kids)
         start = time.monotonic()
         f.proc.send_signal(signal.SIGTERM)
         assert f.proc.wait(timeout=5) == 0
@@ -281,7 +281,7 @@ def test_stall_reports_requests_but_freezes_tokens(tmp_path: Path) -> None:
     with fake(tmp_path, "--stall-after", "0", "--busy") as f:
         tokens = f.metrics()["vllm:generation_tokens_total"]
         assert completion(f.port, timeout=0.3)[0] == 0
-        m = wait_for(lambda: (m := f.metrics())["vllm:num_requests_waiting"] >= 1 and m)
+        m = wait_for(lambda: m if (m := f.metrics())["vllm:num_requests_waiting"] else {})
         assert m["vllm:num_requests_running"] > 0
         assert m["vllm:generation_tokens_total"] == tokens
         assert f.health() == 200
@@ -305,3 +305,11 @@ def test_leak_grows_rss(tmp_path: Path) -> None:
         rss = f.metrics()["process_resident_memory_bytes"]
         wait_for(lambda: f.metrics()["process_resident_memory_bytes"] > rss + 50 * 2**20,
                  timeout=3, what="RSS growth")
+
+
+def test_unknown_vllm_flags_are_ignored_and_key_comes_from_env(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("VLLM_API_KEY", "secret")
+    a = parse_args(["serve", "--model", "m", "--port=9", "--max-model-len", "2048",
+                    "--enforce-eager", "--hf-overrides", '{"a": 1}', "-tp", "2"])
+    assert (a.model, a.port, a.api_key, a.workers, a.role) == ("m", 9, "secret", None, "api")

@@ -23,21 +23,29 @@ def _parser() -> argparse.ArgumentParser:
     parser.add_argument("--version", action="version", version=f"vllmwatch {__version__}")
     parser.add_argument("--config", "-c", help="config file (default: $VLLMWATCH_CONFIG or "
                         "/etc/vllmwatch/vllmwatch.toml)")
+    # --config is accepted before or after the sub-command; SUPPRESS keeps an absent one
+    # after it from overriding one given before it.
+    common = argparse.ArgumentParser(add_help=False)
+    common.add_argument("--config", "-c", default=argparse.SUPPRESS, help="config file")
     sub = parser.add_subparsers(dest="command", metavar="COMMAND")
-    run = sub.add_parser("run", help="supervise vLLM (the daemon)")
+
+    def add(name: str, help: str) -> argparse.ArgumentParser:  # noqa: A002 - argparse's word
+        return sub.add_parser(name, help=help, parents=[common])
+
+    run = add("run", "supervise vLLM (the daemon)")
     run.add_argument("--log-format", choices=("auto", "journal", "json", "console"),
                      help="override log.format")
     run.add_argument("--no-prewarm", action="store_true", help="skip the pre-warm steps")
-    check = sub.add_parser("check", help="run the deployment checklist")
+    check = add("check", "run the deployment checklist")
     check.add_argument("--json", action="store_true", help="machine-readable output")
     check.add_argument("--fast", action="store_true",
                        help="skip slow steps (checksums, vLLM version); for ExecStartPre")
-    sub.add_parser("print-command", help="print the vLLM command line, secrets redacted")
-    status = sub.add_parser("status", help="show the running daemon's status")
+    add("print-command", "print the vLLM command line, secrets redacted")
+    status = add("status", "show the running daemon's status")
     status.add_argument("--json", action="store_true", help="print the raw /status JSON")
     status.add_argument("--url", help="status endpoint (default: from the config's "
                         "status.listen)")
-    prewarm = sub.add_parser("prewarm", help="run the pre-warm steps now and report")
+    prewarm = add("prewarm", "run the pre-warm steps now and report")
     prewarm.add_argument("--json", action="store_true", help="machine-readable output")
     return parser
 

@@ -146,7 +146,9 @@ def accepts_shutdown_timeout(version: str | None) -> bool:
     if not version:
         return False
     match = re.match(r"(\d+)\.(\d+)", version)
-    return bool(match) and (int(match.group(1)), int(match.group(2))) >= (0, 18)
+    if match is None:
+        return False
+    return (int(match.group(1)), int(match.group(2))) >= (0, 18)
 
 
 def build(config: Config, base_env: Mapping[str, str], api_key: str | None = None,
@@ -166,6 +168,9 @@ def build(config: Config, base_env: Mapping[str, str], api_key: str | None = Non
         argv += ["--shutdown-timeout", str(int(config.restart.drain_timeout))]
     shown: dict[str, str] = {}
     if v.gpus is not None:
+        # NVML numbers GPUs by PCI bus; CUDA by default fastest-first. Make them agree so
+        # that CUDA_VISIBLE_DEVICES and our NVML sampling name the same devices.
+        shown["CUDA_DEVICE_ORDER"] = "PCI_BUS_ID"
         shown["CUDA_VISIBLE_DEVICES"] = ",".join(str(g) for g in v.gpus)
     shown.update(extra_env or {})
     shown.update(v.env)

@@ -1,0 +1,20 @@
+#!/usr/bin/env bash
+# The test command (README, .ci/run): install what the tests need, then lint, type-check and
+# run the whole suite: pure tables, the loop with a fake vLLM, a real vLLM on CPU, and a real
+# systemd booted in systemd-nspawn (root only). Extra arguments go to pytest.
+set -euo pipefail
+REPO=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
+cd "$REPO"
+bash scripts/bootstrap.sh
+bash scripts/setup_vllm.sh
+if [[ $(id -u) == 0 ]] && command -v apt-get >/dev/null \
+        && ! { command -v systemd-nspawn && command -v lintian && command -v fakeroot; } >/dev/null; then
+    echo "[test] installing systemd-container, lintian and fakeroot for the systemd tests"
+    apt-get update -qq >/dev/null && \
+        DEBIAN_FRONTEND=noninteractive apt-get install -y -qq systemd-container lintian \
+        fakeroot >/dev/null || echo "[test] apt-get failed: the systemd tests will skip"
+fi
+echo "[test] ruff"; .venv/bin/ruff check vllmwatch tests bench scripts
+echo "[test] mypy --strict"; .venv/bin/mypy
+echo "[test] pytest"
+exec .venv/bin/python -m pytest -ra "$@"
