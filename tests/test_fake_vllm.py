@@ -218,7 +218,7 @@ def test_engine_death_turns_health_503_then_exits_0(tmp_path: Path) -> None:
         os.kill(engine_pid(f.proc.pid), signal.SIGKILL)
         killed = time.monotonic()
         wait_for(lambda: f.health() == 503, timeout=2, what="/health 503")
-        assert time.monotonic() - killed < 0.5
+        assert time.monotonic() - killed < 1.0  # ~ms in practice; slack for a loaded CI
         assert completion(f.port)[0] == 500
         assert f.proc.wait(timeout=5) == 0
         assert "died unexpectedly" in f.log.read_text()

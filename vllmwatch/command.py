@@ -41,7 +41,8 @@ class ChildCommand:
 
     def display(self) -> str:
         """The command line for humans and logs, with secrets redacted."""
-        prefix = " ".join(f"{k}={shlex.quote(v)}" for k, v in sorted(self.shown_env.items()))
+        prefix = " ".join(f"{k}={v if v == REDACTED else shlex.quote(v)}"
+                          for k, v in sorted(self.shown_env.items()))
         return (prefix + " " if prefix else "") + shlex.join(redact_argv(self.argv))
 
 

@@ -1,0 +1,137 @@
+"""The vLLM command builder: flag translation, refused legacy flags, environment, secrets."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from vllmwatch.command import (
+    REDACTED, CommandError, accepts_shutdown_timeout, args_to_argv, build, redact_argv,
+)
+from vllmwatch.config import from_dict
+
+
+def cfg(**vllm: Any) -> Any:
+    return from_dict({"vllm": {"model": "/m", **vllm}})
+
+
+def test_argv_layout_and_no_shell() -> None:
+    cmd = build(cfg(served_model_name="qwen", port=8001), {})
+    assert cmd.argv[:2] == ("vllm", "serve")
+    assert cmd.argv[2:] == ("--model", "/m", "--served-model-name", "qwen", "--host",
+                            "127.0.0.1", "--port", "8001")
+
+
+def test_flag_translation() -> None:
+    argv = args_to_argv({
+        "enforce_eager": True, "enable-prefix-caching": False, "max-model-len": 32768,
+        "gpu-memory-utilization": 0.9, "dtype": "bfloat16",
+        "hf-overrides": {"rope_parameters": {"rope_type": "dynamic", "factor": 4.0}},
+        "allowed-origins": ["a", "b"]})
+    assert argv == [
+        "--enforce-eager", "--no-enable-prefix-caching", "--max-model-len", "32768",
+        "--gpu-memory-utilization", "0.9", "--dtype", "bfloat16",
+        "--hf-overrides", '{"rope_parameters":{"rope_type":"dynamic","factor":4.0}}',
+        "--allowed-origins", '["a","b"]']
+    assert json.loads(argv[-3])["rope_parameters"]["factor"] == 4.0
+
+
+def test_extra_args_verbatim_after_args() -> None:
+    cmd = build(cfg(args={"dtype": "half"}, extra_args=["--seed", "1", "--trust-remote-code"]),
+                {})
+    assert cmd.argv[-5:] == ("--dtype", "half", "--seed", "1", "--trust-remote-code")
+
+
+@pytest.mark.parametrize(("where", "value", "words"), [
+    ("args", {"rope-scaling": {"type": "yarn"}}, ["removed", "hf-overrides", "rope_parameters"]),
+    ("args", {"rope_theta": 1e6}, ["removed", "hf-overrides"]),
+    ("args", {"enforce-eager": "False"}, ["boolean flag", "enforce-eager = false"]),
+    ("args", {"kv-cache-dtype": "fp16"}, ["fp16 is not a choice", "auto"]),
+    ("args", {"disable-logprobs-during-spec-decoding": True}, ["removed"]),
+    ("args", {"device": "cuda"}, ["removed", "vllm.gpus"]),
+    ("args", {"port": 9000}, ["set by vllmwatch", "vllm.port"]),
+    ("args", {"api-key": "sk-1"}, ["api_key_file"]),
+    ("extra_args", ["--enforce-eager", "False"], ["boolean flag"]),
+    ("extra_args", ["--enforce-eager=False"], ["boolean flag"]),
+    ("extra_args", ["--rope-scaling", '{"type":"yarn"}'], ["removed"]),
+    ("extra_args", ["--kv-cache-dtype", "fp16"], ["not accepted"]),
+    ("extra_args", ["--device", "cpu"], ["removed"]),
+    ("extra_args", ["--hf-overrides", '{"rope_parameters": {'], ["bad JSON"]),
+    ("extra_args", ["--compilation-config={'level': 3}"], ["bad JSON"]),
+    ("args", {"speculative-config": '{"method": ngram'}, ["bad JSON"]),
+])
+def test_known_broken_flags_are_refused_with_their_replacement(
+        where: str, value: Any, words: list[str]) -> None:
+    with pytest.raises(CommandError) as err:
+        build(cfg(**{where: value}), {})
+    for word in words:
+        assert word in str(err.value)
+    assert err.value.key.startswith("vllm.")
+
+
+def test_fine_values_of_watched_flags_pass() -> None:
+    cmd = build(cfg(args={"kv-cache-dtype": "fp8", "enforce-eager": False}), {})
+    assert "--no-enforce-eager" in cmd.argv and "fp8" in cmd.argv
+
+
+def test_environment_strips_systemd_variables_and_sets_gpus() -> None:
+    base = {"PATH": "/usr/bin", "NOTIFY_SOCKET": "/run/x", "WATCHDOG_USEC": "1",
+            "WATCHDOG_PID": "5", "HOME": "/root"}
+    cmd = build(cfg(gpus=[0, 1], env={"VLLM_LOGGING_LEVEL": "DEBUG"}), base)
+    assert "NOTIFY_SOCKET" not in cmd.env and "WATCHDOG_USEC" not in cmd.env
+    assert "WATCHDOG_PID" not in cmd.env
+    assert cmd.env["CUDA_VISIBLE_DEVICES"] == "0,1"
+    assert cmd.env["CUDA_DEVICE_ORDER"] == "PCI_BUS_ID"
+    assert cmd.env["VLLM_LOGGING_LEVEL"] == "DEBUG" and cmd.env["PATH"] == "/usr/bin"
+    assert "CUDA_VISIBLE_DEVICES" not in build(cfg(), base).env
+
+
+def test_api_key_goes_through_env_never_argv_or_display() -> None:
+    cmd = build(cfg(), {}, api_key="sk-secret-123")
+    assert cmd.env["VLLM_API_KEY"] == "sk-secret-123"
+    assert all("sk-secret" not in a for a in cmd.argv)
+    assert "sk-secret" not in cmd.display()
+    assert f"VLLM_API_KEY={REDACTED}" in cmd.display()
+
+
+def test_secret_looking_env_and_flags_are_redacted_in_display() -> None:
+    cmd = build(cfg(env={"HF_TOKEN": "hf_abc"}, extra_args=["--hf-token", "hf_abc"]), {})
+    assert "hf_abc" not in cmd.display()
+    assert redact_argv(["--x-api-key=abc", "--token", "t", "--n", "1"]) == [
+        f"--x-api-key={REDACTED}", "--token", REDACTED, "--n", "1"]
+
+
+def test_shutdown_timeout_passed_only_to_versions_that_take_it() -> None:
+    assert accepts_shutdown_timeout("0.18.0") and accepts_shutdown_timeout("0.32.0+cpu")
+    assert not accepts_shutdown_timeout("0.11.2") and not accepts_shutdown_timeout(None)
+    c = from_dict({"vllm": {"model": "/m"}, "restart": {"drain_timeout": "20s"}})
+    assert build(c, {}, vllm_version="0.32.0").argv[-2:] == ("--shutdown-timeout", "20")
+    assert "--shutdown-timeout" not in build(c, {}, vllm_version="0.11.0").argv
+    user = from_dict({"vllm": {"model": "/m", "args": {"shutdown-timeout": 5}}})
+    assert build(user, {}, vllm_version="0.32.0").argv.count("--shutdown-timeout") == 1
+
+
+def test_print_command_reads_key_file_and_redacts(tmp_path: Path) -> None:
+    key = tmp_path / "key"
+    key.write_text("sk-very-secret\n")
+    conf = tmp_path / "c.toml"
+    conf.write_text(f'[vllm]\nmodel = "/m"\napi_key_file = "{key}"\n[prewarm]\nenabled = false\n')
+    out = subprocess.run([sys.executable, "-m", "vllmwatch", "print-command", "--config",
+                          str(conf)], capture_output=True, text=True, check=True)
+    assert "sk-very-secret" not in out.stdout
+    assert f"VLLM_API_KEY={REDACTED}" in out.stdout
+    assert "--model /m" in out.stdout
+
+
+def test_unreadable_key_file_is_a_config_error(tmp_path: Path) -> None:
+    conf = tmp_path / "c.toml"
+    conf.write_text(f'[vllm]\nmodel = "/m"\napi_key_file = "{tmp_path}/missing"\n')
+    out = subprocess.run([sys.executable, "-m", "vllmwatch", "print-command", "--config",
+                          str(conf)], capture_output=True, text=True, check=False)
+    assert out.returncode == 2
+    assert "vllm.api_key_file" in out.stderr and "Traceback" not in out.stderr
