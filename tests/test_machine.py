@@ -1,0 +1,297 @@
+"""The pure core driven with a fake world and a fake clock: every path of the supervisor."""
+
+from __future__ import annotations
+
+import pytest
+
+from vllmwatch import policy
+from vllmwatch.config import Config, RestartConfig, from_dict
+from vllmwatch.events import ReloadRequested, RestartRequested, StopRequested
+from vllmwatch.state import S, TransitionError, WatchState, goto
+from vllmwatch.testing import Driver, World, config_with
+
+BASE = from_dict({
+    "vllm": {"model": "/m", "gpus": []},
+    "probe": {"interval": 5, "failure_threshold": 3, "canary_interval": 60,
+              "canary_timeout": 30, "metrics_interval": 15, "stall_timeout": 120},
+    "restart": {"backoff_initial": 5, "backoff_max": 60, "backoff_jitter": 0.0,
+                "max_restarts": 5, "window": 3600, "drain_timeout": 30, "stop_timeout": 30,
+                "stable_after": 600},
+    "prewarm": {"enabled": False},
+    "memory": {"sample_interval": 10, "pss_interval": 10},
+})
+
+
+def ready(d: Driver) -> bool:
+    return d.state.state == S.READY
+
+
+def up(config: Config = BASE, world: World | None = None) -> Driver:
+    d = Driver(config, world=world)
+    assert d.run_until(lambda: ready(d), 120)
+    return d
+
+
+def restarts(d: Driver) -> list[str]:
+    return [f["reason"] for f in d.events("restart.begin")]
+
+
+def test_ready_only_after_health_and_a_real_completion() -> None:
+    d = Driver(BASE, world=World(canary_ok=False))
+    d.run_for(30)
+    assert d.state.state == S.STARTING
+    assert d.notifier.sent("READY=1") == []
+    assert d.notifier.sent("EXTEND_TIMEOUT_USEC=")  # systemd keeps waiting while we start
+    d.world.canary_ok = True
+    assert d.run_until(lambda: ready(d), 10)
+    assert len(d.notifier.sent("READY=1")) == 1
+    assert "canary" in d.state.phases and "ready" in d.state.phases
+
+
+def test_warmup_request_runs_before_ready_when_enabled() -> None:
+    c = config_with(BASE, prewarm={"enabled": True, "kernels": False, "page_cache": False})
+    d = up(c)
+    assert "warmup" in d.state.probe_seconds
+    assert any(log.event == "state.changed" and log.fields["to"] == "prewarming"
+               for log in d.logs)
+
+
+def test_crash_with_exit_code_zero_is_a_crash_and_recovers() -> None:
+    d = up()
+    d.kill_child(code=0)
+    assert restarts(d) == ["crash"]
+    assert "without being asked" in d.events("child.exited")[-1]["detail"]
+    assert d.state.state == S.BACKOFF
+    assert d.run_until(lambda: ready(d), 60)
+    assert d.world.spawns == 2
+
+
+def test_health_failures_restart_only_at_the_threshold() -> None:
+    d = up()
+    d.world.health_ok = False
+    d.run_for(11)  # two probes at 5 s intervals
+    assert restarts(d) == []
+    assert len(d.events("probe.failed")) == 2
+    d.run_for(5)
+    assert restarts(d) == ["health"]
+    assert d.world.signals[0] == "SIGTERM"
+
+
+def test_hang_is_a_canary_timeout_with_frozen_counters() -> None:
+    d = up()
+    d.world.canary_timeout = True
+    d.run_for(61)
+    assert restarts(d) == ["hang"]
+
+
+def test_busy_engine_is_not_hung() -> None:
+    d = up(world=World(running=4, waiting=10, tokens_per_scrape=500))
+    d.world.canary_timeout = True
+    d.run_for(61)
+    assert restarts(d) == []
+    assert d.events("probe.canary_busy")
+
+
+def test_stall_work_queued_but_no_tokens() -> None:
+    d = up()
+    d.world.running, d.world.waiting = 2, 3
+    d.run_for(100)
+    assert restarts(d) == []
+    d.run_for(60)
+    assert restarts(d) == ["stall"]
+
+
+def test_start_that_never_becomes_healthy_stalls_out() -> None:
+    c = config_with(BASE, startup={"stall_timeout": 60, "timeout": 600})
+    d = Driver(c, world=World(health_ok=False))
+    d.run_for(70)
+    assert restarts(d) == ["start_stall"]
+
+
+def test_start_timeout() -> None:
+    c = config_with(BASE, startup={"stall_timeout": 1000, "timeout": 100})
+    d = Driver(c, world=World(canary_ok=False))
+    d.run_for(101)
+    assert restarts(d) == ["start_timeout"]
+
+
+def test_backoff_grows_and_resets_after_a_stable_period() -> None:
+    d = up()
+    delays = []
+    for _ in range(3):
+        d.kill_child()
+        delays.append(d.events("restart.backoff")[-1]["delay_s"])
+        assert d.run_until(lambda: ready(d), 120)
+    assert delays == [5.0, 10.0, 20.0]
+    d.run_for(700)  # stable for longer than stable_after
+    d.kill_child()
+    assert d.events("restart.backoff")[-1]["delay_s"] == 5.0
+
+
+@pytest.mark.parametrize(("failures", "expected"), [(0, 0.0), (1, 5.0), (2, 10.0), (3, 20.0),
+                                                    (4, 40.0), (5, 60.0), (9, 60.0)])
+def test_backoff_table(failures: int, expected: float) -> None:
+    assert policy.backoff_delay(BASE.restart, failures, 0.5) == expected
+
+
+def test_backoff_jitter_stays_within_its_fraction() -> None:
+    cfg = RestartConfig(backoff_initial=10, backoff_max=100, backoff_jitter=0.2)
+    values = [policy.backoff_delay(cfg, 1, r / 10) for r in range(10)]
+    assert min(values) == pytest.approx(8.0) and max(values) <= 12.0
+    assert len(set(values)) == 10
+
+
+def test_crash_loop_gives_up_with_exit_code_3() -> None:
+    d = up()
+    for _ in range(10):
+        if d.exit_code is not None:
+            break
+        d.kill_child(code=1)
+        d.run_until(lambda: ready(d) or d.exit_code is not None, 600)
+    assert d.exit_code == 3
+    assert d.events("crashloop.gave_up")
+    assert len(restarts(d)) == 5
+    assert d.state.state == S.FAILED
+
+
+def test_arguments_rejected_during_start_is_a_config_error() -> None:
+    d = Driver(BASE, world=World(canary_ok=False))
+    d.run_for(2)
+    d.kill_child(code=2)
+    assert d.exit_code == 2
+    assert d.events("child.rejected_arguments")
+
+
+def test_stop_terminates_the_child_and_exits_0() -> None:
+    d = up()
+    d.send(StopRequested("SIGTERM"))
+    assert d.exit_code == 0
+    assert d.world.signals == ["SIGTERM"]
+    assert d.notifier.sent("STOPPING=1")
+    assert d.state.state == S.STOPPED
+
+
+def test_stop_escalates_to_sigkill_after_the_grace_period() -> None:
+    d = up(world=World(ignore_sigterm=True))
+    d.send(StopRequested("SIGTERM"))
+    d.run_for(29)
+    assert d.world.signals == ["SIGTERM"] and d.exit_code is None
+    d.run_for(2)
+    assert d.world.signals == ["SIGTERM", "SIGKILL"]
+    assert d.exit_code == 0
+
+
+def test_second_stop_signal_kills_at_once() -> None:
+    d = up(world=World(ignore_sigterm=True))
+    d.send(StopRequested("SIGTERM"))
+    d.send(StopRequested("SIGINT"))
+    assert d.world.signals == ["SIGTERM", "SIGKILL"]
+    assert d.exit_code == 0
+
+
+def test_foreign_process_on_the_port_is_a_start_error() -> None:
+    d = Driver(BASE, world=World(port_holder="pid 77 (nginx)"))
+    assert d.exit_code == 4
+    assert d.events("port.busy")[0]["holder"] == "pid 77 (nginx)"
+    assert d.world.spawns == 0
+
+
+def test_leftovers_are_reported() -> None:
+    d = up(world=World(leftovers=(11, 12)))
+    assert d.events("leftovers.killed")[0]["pids"] == [11, 12]
+
+
+def test_gpu_limit_drains_then_restarts() -> None:
+    c = config_with(BASE, vllm={"gpus": [0]}, memory={"gpu_limit": 70000, "sustain": 2,
+                                                      "sample_interval": 10})
+    d = up(c, World(gpu_mib=50000, running=1))
+    d.world.gpu_mib = 75000
+    d.run_for(25)
+    assert restarts(d) == ["gpu_memory"]
+    assert d.state.state == S.DRAINING
+    assert d.notifier.sent("READY=1") and not d.world.signals
+    d.world.running = 0
+    d.run_for(2)
+    assert d.events("drain.done")
+    assert d.world.signals == ["SIGTERM"]
+    assert d.run_until(lambda: ready(d), 60)
+
+
+def test_growth_rule_waits_for_quiet_hours() -> None:
+    c = config_with(BASE, memory={"host_growth_limit": 500, "baseline_delay": 0, "sustain": 2},
+                    restart={"quiet_hours": "02:00-05:00"})
+    d = up(c)
+    d.world.host_mib = 2000
+    d.run_for(40)
+    assert restarts(d) == [] and d.events("memory.rule_held")
+    d.clock.minute = 3 * 60
+    d.run_for(11)
+    assert restarts(d) == ["host_memory"]
+
+
+def test_gpu_release_gate_waits_then_gives_up_with_a_warning() -> None:
+    c = config_with(BASE, vllm={"gpus": [0]}, restart={"gpu_release_timeout": 20})
+    d = up(c, World(gpu_mib=1000))
+    d.run_for(11)  # one memory sample: the tree's pids are known
+    d.world.released = False
+    d.kill_child()
+    d.run_for(15)
+    assert d.state.state == S.CLEANUP
+    d.run_for(10)
+    assert d.events("gpu.release_timeout")
+
+
+def test_reload_invalid_keeps_running() -> None:
+    d = up()
+    d.send(ReloadRequested(None, "x.toml: probe.interval: bad value"))
+    assert d.events("config.reload_failed")
+    assert ready(d)
+    assert d.notifier.sent("RELOADING=1") and len(d.notifier.sent("READY=1")) == 2
+
+
+def test_reload_of_probe_settings_applies_live() -> None:
+    d = up()
+    new = config_with(BASE, probe={"interval": 1})
+    d.send(ReloadRequested(new))
+    assert d.state.config.probe.interval == 1 and restarts(d) == []
+
+
+def test_reload_of_the_vllm_command_restarts_gracefully() -> None:
+    d = up()
+    new = config_with(BASE, vllm={"args": {"max-model-len": 1024}})
+    d.send(ReloadRequested(new))
+    assert restarts(d) == ["reload"]
+    d.run_until(lambda: ready(d), 60)
+    assert d.world.spawns == 2
+
+
+def test_manual_restart_is_not_a_failure() -> None:
+    d = up()
+    d.send(RestartRequested())
+    assert restarts(d) == ["manual"]
+    assert d.run_until(lambda: ready(d), 60)
+    assert d.state.failures == 0 and d.state.restart_times == ()
+    assert d.events("restart.backoff") == []
+
+
+def test_transition_table_refuses_what_it_does_not_list() -> None:
+    s = WatchState(config=BASE)
+    with pytest.raises(TransitionError):
+        goto(s, S.READY, 0.0, "skip the start")
+
+
+@pytest.mark.parametrize(("code", "sig", "asked", "words"), [
+    (0, None, False, "without being asked"), (None, "SIGKILL", False, "OOM killer"),
+    (2, None, False, "rejected its arguments"), (1, None, True, "code 1")])
+def test_exit_explanations(code: int | None, sig: str | None, asked: bool, words: str) -> None:
+    assert words in policy.explain_exit(code, sig, asked)
+
+
+def test_busy_and_stall_policies() -> None:
+    p0 = policy.Progress(0, 1, 0, 100)
+    assert policy.is_busy(p0, policy.Progress(10, 1, 0, 150))
+    assert not policy.is_busy(p0, policy.Progress(10, 1, 0, 100))
+    assert not policy.is_busy(p0, policy.Progress(10, 0, 0, 150))
+    assert policy.stalled_since(None, p0, policy.Progress(10, 1, 0, 100)) == 0
+    assert policy.stalled_since(0, p0, policy.Progress(10, 1, 0, 101)) is None
+    assert policy.stalled_since(None, p0, policy.Progress(10, 0, 0, 100)) is None
