@@ -21,10 +21,12 @@ from vllmwatch.logs import LogFn
 # FACTS.md: vLLM's start milestones, in order; the name is the phase that ends there.
 MILESTONES: tuple[tuple[str, str], ...] = (
     ("Starting to load model", "load_start"),
+    ("Initializing model took", "model_init"),  # CPU builds
     ("Loading weights took", "weights"),
     ("Model loading took", "model_loaded"),
     ("torch.compile took", "compile"),
     ("Available KV cache memory", "kv_cache"),
+    ("CPU KV cache size", "kv_cache"),  # CPU builds
     ("Capturing CUDA graphs", "graphs_start"),
     ("Graph capturing finished", "graphs"),
     ("init engine", "engine_init"),
