@@ -88,6 +88,17 @@ def reap(child: Child, last_lines: tuple[str, ...] = ()) -> ChildExited | None:
     return ChildExited(child.pid, code, None, last_lines)
 
 
+def _alive(proc: psutil.Process) -> bool:
+    """Running and not a zombie: a zombie holds no memory and no port, it only waits for its
+    parent (often PID 1, which may reap late) to collect it."""
+    try:
+        return proc.status() != psutil.STATUS_ZOMBIE
+    except psutil.NoSuchProcess:
+        return False
+    except psutil.Error:
+        return True
+
+
 def _is_ours(proc: psutil.Process, marker: str) -> bool:
     with contextlib.suppress(psutil.Error, OSError):
         return proc.environ().get(MARKER) == marker
@@ -112,7 +123,7 @@ def find_tree(pgid: int | None, marker: str) -> tuple[list[psutil.Process], list
     ours, foreign = [], []
     me = os.getpid()
     for proc in psutil.process_iter():
-        if proc.pid == me:
+        if proc.pid == me or not _alive(proc):
             continue
         in_group = False
         if pgid is not None:
@@ -155,7 +166,12 @@ def sweep(pgid: int | None, marker: str, host: str, port: int, grace: float = 5.
     for proc in ours:  # the normal ladder already sent SIGTERM; leftovers get no more patience
         with contextlib.suppress(psutil.Error):
             proc.kill()
-    _, alive = psutil.wait_procs(ours, timeout=grace)
+    # Not psutil.wait_procs: it counts a zombie as alive until someone reaps it.
+    deadline = time.monotonic() + grace
+    alive = [p for p in ours if _alive(p)]
+    while alive and time.monotonic() < deadline:
+        time.sleep(0.05)
+        alive = [p for p in alive if _alive(p)]
     killed = tuple(p.pid for p in ours if p not in alive)
     holder = None
     deadline = time.monotonic() + grace

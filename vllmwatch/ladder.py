@@ -24,8 +24,9 @@ def spawn(s: WatchState, now: float) -> Result:
                    deadline=now + s.config.startup.timeout)
     s = s.with_(gen=s.gen + 1, pid=None, child_started=now, ready_at=None, killed=False,
                 pending=None, last_progress=now, last_milestone_at=None, phases={},
-                canary_ok=False, warmed_up=False, health_failures=0, hang_suspect=False,
-                progress=None, stall_since=None, leak=None, compile_cache_hit=False,
+                canary_ok=False, warmed_up=False, health_failures=0, canary_failures=0,
+                hang_suspect=False, progress=None, stall_since=None, leak=None,
+                compile_cache_hit=False,
                 timers={"health": now + 1.0, "memory": now + 1.0}, running=None,
                 waiting=None, kv_cache_usage=None)
     return s, [*acts, Spawn(s.config)]

@@ -43,9 +43,12 @@ def health(s: WatchState, ev: HealthResult, now: float) -> Result:
 
 
 def _probe_failed(s: WatchState, now: float, kind: str, error: str) -> Result:
-    n = s.health_failures + 1
+    # One counter per probe: a canary that still succeeds must not hide a /health that
+    # keeps failing (and the other way round), so neither resets the other's streak.
+    field = "health_failures" if kind == "health" else "canary_failures"
+    n = getattr(s, field) + 1
     fails = {**s.probe_failures, kind: s.probe_failures.get(kind, 0) + 1}
-    s = s.with_(health_failures=n, probe_failures=fails)
+    s = s.with_(probe_failures=fails, **{field: n})
     threshold = s.config.probe.failure_threshold
     acts: list[Action] = [Log("warning", "probe.failed", {
         "probe": kind, "error": error, "consecutive": n, "threshold": threshold})]
@@ -65,7 +68,7 @@ def canary(s: WatchState, ev: CanaryResult, now: float) -> Result:
     if s.state != S.READY or ev.warmup:
         return s, []
     if ev.ok:
-        return s.with_(health_failures=0), []
+        return s.with_(canary_failures=0), []
     if ev.timed_out:
         # Health says 200 but a 1-token completion did not come back: hung, or merely busy.
         # A fresh scrape decides (policy.is_busy).
@@ -99,7 +102,7 @@ def _become_ready(s: WatchState, now: float, acts: list[Action]) -> Result:
     timers = {"health": now + p.interval, "canary": now + p.canary_interval,
               "metrics": now, "memory": now}
     s = s.with_(ready_at=now, ever_ready=True, phases=phases, timers=timers,
-                leak=leak.new_state(now), health_failures=0)
+                leak=leak.new_state(now), health_failures=0, canary_failures=0)
     log = Log("info", "child.ready", {"pid": s.pid, "startup_s": round(took, 2),
                                       "phases": phases, "compile_cache_hit": s.compile_cache_hit})
     return s, [*acts, *more, log, Notify(ready=True)]

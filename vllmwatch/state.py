@@ -90,7 +90,8 @@ class WatchState:
     warmed_up: bool = False
     inflight: frozenset[str] = frozenset()
     timers: dict[str, float] = field(default_factory=dict)  # probe kind -> next due time
-    health_failures: int = 0
+    health_failures: int = 0  # consecutive /health failures; only /health 200 resets it
+    canary_failures: int = 0  # consecutive canary errors (not timeouts); only a canary resets
     hang_suspect: bool = False
     progress: Progress | None = None
     stall_since: float | None = None

@@ -244,7 +244,10 @@ class Daemon:
         assert self.proc is not None
         if self.proc.poll() is None:
             self.proc.send_signal(sig)
-        return self.proc.wait(timeout)
+        code = self.proc.wait(timeout)
+        with self._cond:  # let the reader take in the last lines (daemon.exit)
+            self._cond.wait_for(lambda: self.log_closed, timeout=5)
+        return code
 
     @property
     def running(self) -> bool:

@@ -86,7 +86,8 @@ def main() -> int:
     a = p.parse_args()
     sampler = make_sampler([int(g) for g in a.gpus.split(",")], lambda *x, **k: None)
     emit("header", date=datetime.datetime.now(datetime.timezone.utc).isoformat(),
-         gpus=a.gpus, device_used_mib_before=sampler.device_used_mib(), **sampler.describe())
+         requested_gpus=a.gpus, device_used_mib_before=sampler.device_used_mib(),
+         **sampler.describe())
     with tempfile.TemporaryDirectory() as tmp:
         conf = Path(tmp) / "gpu.toml"
         conf.write_text(config_text(a))
@@ -103,6 +104,7 @@ def run(a: argparse.Namespace, conf: str, sampler: Any) -> int:
         for line in daemon.stderr:
             ev = parse(line)
             if ev is None:
+                print(line, end="", file=sys.stderr)  # not an event: a traceback, say
                 continue
             name = ev.get("event", "")
             if name.startswith(KEEP):

