@@ -76,7 +76,7 @@ def is_complete(out: Path) -> bool:
             return False
     except OSError:
         return False
-    return all((out / name).is_file() for name in MODEL_FILES + ["sha256sums.txt"])
+    return all((out / name).is_file() for name in [*MODEL_FILES, "sha256sums.txt"])
 
 
 def build_tokenizer(tmp: Path) -> int:
@@ -208,7 +208,7 @@ def main() -> int:
 
         out.mkdir(parents=True, exist_ok=True)
         (out / STAMP).unlink(missing_ok=True)
-        for n in MODEL_FILES + ["sha256sums.txt"]:
+        for n in [*MODEL_FILES, "sha256sums.txt"]:
             (tmp / n).chmod(0o644)
             os.replace(tmp / n, out / n)
         (out / STAMP).write_text(RECIPE + "\n")  # last: marks the model complete

@@ -11,7 +11,12 @@ from typing import Any
 import pytest
 
 from vllmwatch.command import (
-    REDACTED, CommandError, accepts_shutdown_timeout, args_to_argv, build, redact_argv,
+    REDACTED,
+    CommandError,
+    accepts_shutdown_timeout,
+    args_to_argv,
+    build,
+    redact_argv,
 )
 from vllmwatch.config import from_dict
 

@@ -57,7 +57,7 @@ def spawn(cmd: ChildCommand, marker: str) -> Child:
     """Start the child in a new session (its own process group) with our marker in its env."""
     env = dict(cmd.env)
     env[MARKER] = marker
-    proc = subprocess.Popen(  # noqa: S603 - argv list, never a shell
+    proc = subprocess.Popen(
         list(cmd.argv), env=env, stdin=subprocess.DEVNULL, stdout=subprocess.PIPE,
         stderr=subprocess.STDOUT, start_new_session=True, close_fds=True)
     pidfd = None

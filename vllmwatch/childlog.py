@@ -57,7 +57,7 @@ def level_of(line: str, previous: str) -> str:
     match = _LEVEL.search(line[:80])
     if match:
         return _LEVEL_MAP[match.group(1)]
-    if line.startswith("Traceback") or previous == "error" and line[:1] in (" ", "\t"):
+    if line.startswith("Traceback") or (previous == "error" and line[:1] in (" ", "\t")):
         return "error"
     if re.match(r"^\w*(Error|Exception)\b", line) or line.startswith("vllm: error"):
         return "error"

@@ -29,7 +29,7 @@ def _parser() -> argparse.ArgumentParser:
     common.add_argument("--config", "-c", default=argparse.SUPPRESS, help="config file")
     sub = parser.add_subparsers(dest="command", metavar="COMMAND")
 
-    def add(name: str, help: str) -> argparse.ArgumentParser:  # noqa: A002 - argparse's word
+    def add(name: str, help: str) -> argparse.ArgumentParser:
         return sub.add_parser(name, help=help, parents=[common])
 
     run = add("run", "supervise vLLM (the daemon)")

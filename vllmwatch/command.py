@@ -96,7 +96,8 @@ def _check_json(text: str, path: str, key: str) -> None:
     except json.JSONDecodeError as exc:
         raise CommandError(path, key, f"bad JSON {text!r}: {exc.msg} at column {exc.colno}; "
                            "in [vllm.args] write it as a TOML table instead, e.g. "
-                           "hf-overrides = { rope_parameters = { rope_type = \"yarn\" } }") from None
+                           "hf-overrides = { rope_parameters = { rope_type = \"yarn\" } }"
+                           ) from None
 
 
 def _refuse_legacy(name: str, value: object, path: str, key: str) -> None:

@@ -3,16 +3,17 @@
 from __future__ import annotations
 
 import os
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 
 from vllmwatch import __version__
 from vllmwatch.clock import SystemClock
 from vllmwatch.config import Config, load
 from vllmwatch.effects import RealEffects
-from vllmwatch.logs import setup
+from vllmwatch.logs import LogFn, setup
 from vllmwatch.loop import Loop
 from vllmwatch.notify import SystemdNotifier
 from vllmwatch.snapshot import Snapshot
+from vllmwatch.status import StatusListenError, StatusServer
 
 
 def main(config: Config, log_format: str | None = None, prewarm: bool = True,
@@ -48,17 +49,15 @@ def main(config: Config, log_format: str | None = None, prewarm: bool = True,
             server.stop()
 
 
-def _status_server(config: Config, log: object, get: object) -> object | None:
-    from vllmwatch.status import StatusListenError, StatusServer
-
+def _status_server(config: Config, log: LogFn, get: Callable[[], Snapshot]
+                   ) -> StatusServer | None:
     if not config.status.listen:
         return None
-    server = StatusServer(config.status.listen, config.status.allow_remote, get,  # type: ignore[arg-type]
-                          log)  # type: ignore[arg-type]
+    server = StatusServer(config.status.listen, config.status.allow_remote, get, log)
     try:
         server.start()
     except StatusListenError as exc:
-        log("error", "status.listen_failed", error=str(exc),  # type: ignore[operator]
+        log("error", "status.listen_failed", error=str(exc),
             detail="running without the status endpoint; fix status.listen")
         return None
     return server

@@ -12,7 +12,13 @@ from vllmwatch import command, gpu_release, prewarm, vllminfo
 from vllmwatch.childlog import ChildLog
 from vllmwatch.config import Config, ConfigError
 from vllmwatch.events import (
-    ChildExited, Event, PrewarmDone, ReleaseChecked, Spawned, SpawnFailed, SweepDone,
+    ChildExited,
+    Event,
+    PrewarmDone,
+    ReleaseChecked,
+    Spawned,
+    SpawnFailed,
+    SweepDone,
 )
 from vllmwatch.logs import LogFn
 from vllmwatch.memory import MemorySample, MemorySampler, make_sampler
@@ -129,7 +135,7 @@ class RealEffects:
             result = prober.metrics()
         else:
             result = prober.canary(warmup=kind == "warmup")
-        return replace(result, gen=gen)  # type: ignore[type-var]
+        return replace(result, gen=gen)
 
     def sample_memory(self, with_pss: bool) -> MemorySample:
         """Sample the current child's tree."""

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Any, Union
+from typing import Any
 
 from vllmwatch.config import Config
 
@@ -142,11 +142,11 @@ class ReloadRequested:
     error: str = ""
 
 
-Event = Union[
-    Tick, PrewarmDone, Spawned, SpawnFailed, ChildExited, ChildOutput, HealthResult,
-    CanaryResult, MetricsResult, MemorySampled, SweepDone, ReleaseChecked, StopRequested,
-    RestartRequested, ReloadRequested,
-]
+Event = (
+    Tick | PrewarmDone | Spawned | SpawnFailed | ChildExited | ChildOutput | HealthResult
+    | CanaryResult | MetricsResult | MemorySampled | SweepDone | ReleaseChecked | StopRequested
+    | RestartRequested | ReloadRequested
+)
 
 # ---- actions: what to do (the shell executes them) ----
 
@@ -226,5 +226,5 @@ class Exit:
     code: int
 
 
-Action = Union[Log, Notify, DoPrewarm, Spawn, SignalGroup, Probe, SampleMemory, Sweep,
-               CheckRelease, Exit]
+Action = (Log | Notify | DoPrewarm | Spawn | SignalGroup | Probe | SampleMemory | Sweep
+          | CheckRelease | Exit)

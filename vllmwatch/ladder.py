@@ -4,7 +4,16 @@ from __future__ import annotations
 
 from vllmwatch import policy
 from vllmwatch.events import (
-    Action, CheckRelease, DoPrewarm, Exit, Log, Notify, Probe, SignalGroup, Spawn, Sweep,
+    Action,
+    CheckRelease,
+    DoPrewarm,
+    Exit,
+    Log,
+    Notify,
+    Probe,
+    SignalGroup,
+    Spawn,
+    Sweep,
 )
 from vllmwatch.state import CHILD_STATES, FAILURE_REASONS, S, WatchState, goto, next_random
 

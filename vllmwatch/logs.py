@@ -7,7 +7,7 @@ import os
 import sys
 import threading
 import time
-from collections.abc import Mapping
+from collections.abc import Mapping, MutableMapping
 from typing import IO, Any, Protocol
 
 import structlog
@@ -61,7 +61,7 @@ class Renderer:
         self.fmt = fmt
         self.color = color
 
-    def __call__(self, _logger: Any, _name: str, event: dict[str, Any]) -> str:
+    def __call__(self, _logger: Any, _name: str, event: MutableMapping[str, Any]) -> str:
         """structlog's renderer protocol."""
         level = event.pop("level", "info")
         name = event.pop("event", "")
@@ -117,8 +117,8 @@ def setup(fmt: str = "auto", level: str = "info", stream: IO[str] | None = None,
     )
     logger = structlog.get_logger()
 
-    def log(lvl: str, event: str, **fields: Any) -> None:
-        if LEVELS.get(lvl, 20) >= threshold:
-            logger.msg(event, level=lvl, **fields)
+    def log(level: str, event: str, **fields: Any) -> None:
+        if LEVELS.get(level, 20) >= threshold:
+            logger.msg(event, level=level, **fields)
 
     return log

@@ -16,8 +16,22 @@ from vllmwatch.clock import Clock
 from vllmwatch.config import Config
 from vllmwatch.effects import Effects
 from vllmwatch.events import (
-    Action, CheckRelease, DoPrewarm, Event, Exit, Log, MemorySampled, Notify, Probe,
-    ReloadRequested, RestartRequested, SampleMemory, SignalGroup, Spawn, StopRequested, Sweep,
+    Action,
+    CheckRelease,
+    DoPrewarm,
+    Event,
+    Exit,
+    Log,
+    MemorySampled,
+    Notify,
+    Probe,
+    ReloadRequested,
+    RestartRequested,
+    SampleMemory,
+    SignalGroup,
+    Spawn,
+    StopRequested,
+    Sweep,
     Tick,
 )
 from vllmwatch.notify import status_line, watchdog_interval
@@ -137,7 +151,7 @@ class Loop:
             return ReloadRequested(None, "no config file to reload")
         try:
             config = self._reload_config()
-        except Exception as exc:  # noqa: BLE001 - any bad config must keep the old one
+        except Exception as exc:
             return ReloadRequested(None, str(exc))
         self.fx.reconfigure(config)
         return ReloadRequested(config)
@@ -155,7 +169,7 @@ class Loop:
 
     # ---- actions ----
 
-    def _execute(self, action: Action) -> int | None:  # noqa: PLR0911 - a dispatch table
+    def _execute(self, action: Action) -> int | None:
         fx = self.fx
         if isinstance(action, Log):
             fx.log(action.level, action.event, **action.fields)

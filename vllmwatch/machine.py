@@ -5,9 +5,26 @@ from __future__ import annotations
 from vllmwatch import ladder, serving
 from vllmwatch.config import Config
 from vllmwatch.events import (
-    Action, CanaryResult, ChildExited, ChildOutput, Event, HealthResult, Log, MemorySampled,
-    MetricsResult, Notify, PrewarmDone, ReleaseChecked, ReloadRequested, RestartRequested,
-    SampleMemory, Spawned, SpawnFailed, StopRequested, SweepDone, Tick,
+    Action,
+    CanaryResult,
+    ChildExited,
+    ChildOutput,
+    Event,
+    HealthResult,
+    Log,
+    MemorySampled,
+    MetricsResult,
+    Notify,
+    PrewarmDone,
+    ReleaseChecked,
+    ReloadRequested,
+    RestartRequested,
+    SampleMemory,
+    Spawned,
+    SpawnFailed,
+    StopRequested,
+    SweepDone,
+    Tick,
 )
 from vllmwatch.ladder import Result
 from vllmwatch.policy import explain_exit
@@ -33,7 +50,7 @@ def step(s: WatchState, ev: Event, now: float) -> Result:
     return s, acts
 
 
-def _apply(s: WatchState, ev: Event, now: float) -> Result:  # noqa: PLR0911 - a dispatch table
+def _apply(s: WatchState, ev: Event, now: float) -> Result:
     if isinstance(ev, Tick):
         if s.state == S.INIT:
             s, acts = ladder.sweep(s, now, "look for leftovers before the first start")
@@ -188,10 +205,10 @@ def _due(s: WatchState, now: float) -> Result:
         if now >= at and s.state not in FINAL:
             s, more = _fire(s, kind, now)
             acts += more
-    if not s.ever_ready or s.exit_code is not None:
-        if now >= s.next_extend and s.state not in FINAL:
-            s = s.with_(next_extend=now + EXTEND_EVERY)
-            acts.append(Notify(extend_usec=int(EXTEND_BY * 1e6)))
+    waiting = not s.ever_ready or s.exit_code is not None  # systemd waits on a start or stop
+    if waiting and now >= s.next_extend and s.state not in FINAL:
+        s = s.with_(next_extend=now + EXTEND_EVERY)
+        acts.append(Notify(extend_usec=int(EXTEND_BY * 1e6)))
     return s, acts
 
 

@@ -36,7 +36,7 @@ class SystemdNotifier:
             return
         try:
             self._sock = sdnotify.SystemdNotifier(debug=True).socket
-        except Exception as exc:  # noqa: BLE001 - any failure means: cannot notify
+        except Exception as exc:
             self._fail(exc)
 
     def send(self, message: str) -> bool:

@@ -4,7 +4,14 @@ from __future__ import annotations
 
 from vllmwatch import leak, policy
 from vllmwatch.events import (
-    Action, CanaryResult, ChildOutput, HealthResult, Log, MemorySampled, MetricsResult, Notify,
+    Action,
+    CanaryResult,
+    ChildOutput,
+    HealthResult,
+    Log,
+    MemorySampled,
+    MetricsResult,
+    Notify,
 )
 from vllmwatch.ladder import Result, begin_restart, probe, stop_child
 from vllmwatch.quiet import in_window

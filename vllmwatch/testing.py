@@ -19,9 +19,28 @@ from typing import Any
 from vllmwatch import machine
 from vllmwatch.config import Config
 from vllmwatch.events import (
-    Action, CanaryResult, CheckRelease, ChildExited, DoPrewarm, Event, Exit, HealthResult, Log,
-    MemorySampled, MetricsResult, Notify, PrewarmDone, Probe, ReleaseChecked, SampleMemory,
-    SignalGroup, Spawn, Spawned, Sweep, SweepDone, Tick,
+    Action,
+    CanaryResult,
+    CheckRelease,
+    ChildExited,
+    DoPrewarm,
+    Event,
+    Exit,
+    HealthResult,
+    Log,
+    MemorySampled,
+    MetricsResult,
+    Notify,
+    PrewarmDone,
+    Probe,
+    ReleaseChecked,
+    SampleMemory,
+    SignalGroup,
+    Spawn,
+    Spawned,
+    Sweep,
+    SweepDone,
+    Tick,
 )
 from vllmwatch.memory import MemorySample
 from vllmwatch.state import WatchState
@@ -147,7 +166,7 @@ class Driver:
 
     # ---- the fake world ----
 
-    def _do(self, action: Action) -> None:  # noqa: PLR0912 - a dispatch table
+    def _do(self, action: Action) -> None:
         w = self.world
         if isinstance(action, Log):
             self.logs.append(action)

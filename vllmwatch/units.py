@@ -85,7 +85,7 @@ def format_duration(seconds: float) -> str:
     """Format seconds compactly for humans: 95 -> "1m35s"."""
     if seconds < 60:
         return f"{seconds:.1f}s" if seconds < 10 and seconds != int(seconds) else f"{seconds:.0f}s"
-    minutes, secs = divmod(int(round(seconds)), 60)
+    minutes, secs = divmod(round(seconds), 60)
     if minutes < 60:
         return f"{minutes}m{secs:02d}s"
     hours, minutes = divmod(minutes, 60)

@@ -19,7 +19,7 @@ import pytest
 
 sys.path.insert(0, str(Path(__file__).parent))
 
-from harness import Bind, SystemdResult, run_in_systemd, unavailable_reason  # noqa: E402
+from harness import Bind, SystemdResult, run_in_systemd, unavailable_reason
 
 REPO = Path(__file__).resolve().parents[2]
 
