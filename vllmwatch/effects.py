@@ -82,7 +82,7 @@ class RealEffects:
             api_key = command.read_api_key(config)
             cmd = command.build(config, self._environ, api_key=api_key,
                                 vllm_version=self._version,
-                                extra_env=prewarm.cache_env(config, self._environ))
+                                extra_env=self._cache_env(config))
         except ConfigError as exc:
             return SpawnFailed(str(exc), fatal=True)
         self._before_launch = self.sampler.device_used_mib() if config.vllm.uses_gpu else {}
@@ -98,6 +98,22 @@ class RealEffects:
                                   forward=config.log.child_lines)
         self._childlog.start()
         return Spawned(child.pid, cmd.display())
+
+    def _cache_env(self, config: Config) -> dict[str, str]:
+        """The persistent cache variables whose directories we can create; vLLM would crash
+        on one it cannot write (e.g. `vllmwatch run` by hand without /var/cache access)."""
+        usable = {}
+        for name, path in prewarm.cache_env(config, self._environ).items():
+            try:
+                os.makedirs(path, mode=0o700, exist_ok=True)
+            except OSError as exc:
+                self.log("warning", "prewarm.cache_unusable", variable=name, path=path,
+                         error=exc.strerror, detail="vLLM keeps its default cache location; "
+                         "set prewarm.cache_dir to a writable directory")
+                continue
+            if os.access(path, os.W_OK):
+                usable[name] = path
+        return usable
 
     def child_fd(self) -> int | None:
         """The pidfd of the live child, for select()."""
@@ -190,4 +206,3 @@ class RealEffects:
             self._child.proc.wait(10)
         if self._child is not None:
             self._child.close()
-        _ = os.getpid()
