@@ -17,7 +17,7 @@ from typing import Any
 
 import pytest
 
-from vllmwatch import check, checks_gpu
+from vllmwatch import check, checks_gpu, checks_model
 from vllmwatch.check import FAIL, PASS, SKIP, WARN, CheckResult
 
 REPO = Path(__file__).resolve().parents[1]
@@ -232,7 +232,7 @@ def test_sharded_index_names_a_missing_shard(tmp_path: Path) -> None:
     ({"n_positions": 1024, "max_position_embeddings": 2048}, 1024),
 ])
 def test_model_max_len(cfg: dict[str, Any], limit: int) -> None:
-    found = check.model_max_len(cfg)
+    found = checks_model.model_max_len(cfg)
     assert found is not None and found[0] == limit
 
 
@@ -240,7 +240,7 @@ def test_model_max_len(cfg: dict[str, Any], limit: int) -> None:
     (4096, 4096), ("4096", 4096), ("32k", 32000), ("32K", 32768), ("1m", 10**6), (-1, None),
     ("auto", None)])
 def test_parse_len(raw: object, want: int | None) -> None:
-    assert check.parse_len(raw) == want
+    assert checks_model.parse_len(raw) == want
 
 
 def test_hf_overrides_rope_raise_the_limit(tmp_path: Path) -> None:
@@ -362,7 +362,7 @@ def test_sha256_progress_for_big_files(tmp_path: Path) -> None:
     f = tmp_path / "big"
     f.write_bytes(bytes(1000))
     out = io.StringIO()
-    check.sha256_file(f, out, progress_min=0)
+    checks_model.sha256_file(f, out, progress_min=0)
     assert "sha256 big: 100%" in out.getvalue()
 
 
@@ -370,7 +370,8 @@ def test_read_sums_gnu_and_bsd_styles(tmp_path: Path) -> None:
     a, b = "a" * 64, "B" * 64
     f = tmp_path / "SHA256SUMS"
     f.write_text(f"# comment\n{a}  x.safetensors\n{a} *bin mode.bin\nSHA256 (y.json) = {b}\n")
-    assert check.read_sums(f) == [(a, "x.safetensors"), (a, "bin mode.bin"), (b.lower(), "y.json")]
+    assert checks_model.read_sums(f) == [(a, "x.safetensors"), (a, "bin mode.bin"),
+                                         (b.lower(), "y.json")]
 
 
 def test_cli_never_prints_a_traceback_for_broken_toml(tmp_path: Path) -> None:

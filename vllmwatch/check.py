@@ -1,16 +1,15 @@
 """The preflight checklist (`vllmwatch check`): small checks, each returning CheckResults.
 
 A check never raises: the runner turns an unexpected error into a FAIL carrying its text.
-GPU checks live in checks_gpu.py; this module holds the runner, the output and the rest.
+GPU checks live in checks_gpu.py, model directory and max-model-len checks in checks_model.py;
+this module holds the runner, the output and the config, vLLM, port and cache checks.
 """
 
 from __future__ import annotations
 
 import errno
-import hashlib
 import json
 import os
-import re
 import shlex
 import socket
 import sys
@@ -26,14 +25,6 @@ from vllmwatch import command, vllminfo
 from vllmwatch.config import Config, ConfigError, load
 
 PASS, WARN, FAIL, SKIP = "PASS", "WARN", "FAIL", "SKIP"
-_CHUNK = 8 << 20
-PROGRESS_MIN_BYTES = 256 << 20  # files smaller than this hash too fast to need progress
-_SUMS_FILES = ("sha256sums.txt", "SHA256SUMS")
-_SUM_LINE = re.compile(r"^([0-9a-fA-F]{64})\s+\*?(.+)$")
-_BSD_SUM_LINE = re.compile(r"^SHA256 \((.+)\) = ([0-9a-fA-F]{64})$")
-# The keys vLLM reads for a model's context length; it takes the smallest one present.
-_LEN_KEYS = ("max_position_embeddings", "n_positions", "max_seq_len", "seq_length",
-             "max_sequence_length", "max_seq_length", "seq_len", "model_max_length")
 
 
 @dataclass(frozen=True)
@@ -150,340 +141,6 @@ def check_vllm(ctx: Context) -> CheckResult:
     return CheckResult("vllm", PASS, f"{exe} (vLLM {ver})" if ver else f"{exe} (version unknown)")
 
 
-# --- the model -------------------------------------------------------------------------------
-
-def local_model_dir(model: str) -> Path | None:
-    """The model as a local path when it exists, else None (a hub id)."""
-    p = Path(model).expanduser()
-    return p if p.exists() else None
-
-
-def hub_cache_dir(env: Mapping[str, str]) -> Path:
-    """The Hugging Face hub cache vLLM would use with this environment."""
-    if env.get("HF_HUB_CACHE"):
-        return Path(env["HF_HUB_CACHE"]).expanduser()
-    if env.get("HF_HOME"):
-        return Path(env["HF_HOME"]).expanduser() / "hub"
-    base = env.get("XDG_CACHE_HOME") or str(Path(env.get("HOME", "~")) / ".cache")
-    return Path(base).expanduser() / "huggingface" / "hub"
-
-
-def hub_snapshot(model: str, env: Mapping[str, str]) -> Path | None:
-    """The cached snapshot of a hub id (refs/main first, else the newest), or None."""
-    repo = hub_cache_dir(env) / ("models--" + model.replace("/", "--"))
-    snaps = repo / "snapshots"
-    ref = repo / "refs" / "main"
-    if ref.is_file() and (snaps / ref.read_text().strip()).is_dir():
-        return snaps / ref.read_text().strip()
-    found = sorted(snaps.iterdir(), key=lambda p: p.stat().st_mtime) if snaps.is_dir() else []
-    return found[-1] if found else None
-
-
-def check_model(ctx: Context) -> list[CheckResult]:
-    """A local model directory has config, tokenizer, whole weights and matching checksums."""
-    model = ctx.config.vllm.model
-    path = local_model_dir(model)
-    if path is None and (model.startswith(("/", ".", "~")) or model.count("/") > 1):
-        return [CheckResult("model", FAIL, f"{model} does not exist (vllm.model is a path, not "
-                            "a hub id \"org/name\"); fix the path or download the model")]
-    if path is None:
-        return [_check_hub_model(model, ctx.env)]
-    if path.is_file():
-        status = PASS if path.suffix == ".gguf" else WARN
-        return [CheckResult("model", status, f"{path} is a single file "
-                            f"({path.stat().st_size / 2**30:.2f} GiB), not a model directory")]
-    return [_check_model_config(path), _check_tokenizer(path, ctx.config.vllm.args),
-            _check_weights(path), _check_checksums(path, ctx)]
-
-
-def _check_hub_model(model: str, env: Mapping[str, str]) -> CheckResult:
-    offline = env.get("HF_HUB_OFFLINE", "").lower() in ("1", "true", "yes")
-    snap = hub_snapshot(model, env)
-    if snap is not None and (any(snap.glob("*.safetensors")) or any(snap.glob("*.bin"))):
-        return CheckResult("model", PASS, f"{model!r} is not a local path; found in the "
-                           f"Hugging Face cache at {snap}")
-    where = hub_cache_dir(env)
-    if offline:
-        return CheckResult("model", FAIL, f"{model!r} is not a local path and not in the "
-                           f"Hugging Face cache ({where}) while HF_HUB_OFFLINE=1; download it "
-                           "first or point vllm.model at a local directory")
-    return CheckResult("model", WARN, f"{model!r} is not a local path and not in the Hugging "
-                       f"Face cache ({where}): vLLM will download it at start (slow first "
-                       "start); pre-download it or point vllm.model at a local directory")
-
-
-def _read_json(path: Path) -> Any:
-    return json.loads(path.read_text(encoding="utf-8"))
-
-
-def _check_model_config(path: Path) -> CheckResult:
-    cfg = path / "config.json"
-    if not cfg.is_file():
-        if (path / "params.json").is_file():
-            return CheckResult("model.config", WARN, f"no config.json in {path}, only "
-                               "params.json (Mistral format): set config-format = \"mistral\", "
-                               "load-format and tokenizer-mode too, in [vllm.args]")
-        return CheckResult("model.config", FAIL, f"no config.json in {path}; is vllm.model "
-                           "the model's top directory (the one holding config.json)?")
-    try:
-        data = _read_json(cfg)
-    except (OSError, UnicodeDecodeError, json.JSONDecodeError) as exc:
-        return CheckResult("model.config", FAIL, f"{cfg} is not valid JSON ({exc}); "
-                           "re-download it")
-    if not isinstance(data, dict):
-        return CheckResult("model.config", FAIL, f"{cfg} is not a JSON object")
-    arch = ", ".join(data.get("architectures") or []) or "architecture not named"
-    return CheckResult("model.config", PASS, f"{cfg}: {arch} "
-                       f"(model_type {data.get('model_type', '?')})")
-
-
-def _check_tokenizer(path: Path, args: Mapping[str, object]) -> CheckResult:
-    flags = {command.flag_name(k): v for k, v in args.items()}
-    if flags.get("skip-tokenizer-init") is True:
-        return CheckResult("model.tokenizer", SKIP, "skip-tokenizer-init is set")
-    other = flags.get("tokenizer")
-    if isinstance(other, str) and other:
-        local = local_model_dir(other)
-        if local is None:
-            return CheckResult("model.tokenizer", PASS, f"from vllm.args.tokenizer = {other!r}")
-        path = local
-    names = ["tokenizer.json", "tokenizer.model", "tekken.json", "vocab.txt", "vocab.json"]
-    found = [n for n in names if (path / n).is_file() and (path / n).stat().st_size > 0]
-    found += [p.name for p in path.glob("*.tiktoken")]
-    if "vocab.json" in found and not (path / "merges.txt").is_file() and len(found) == 1:
-        return CheckResult("model.tokenizer", FAIL, f"{path} has vocab.json but no merges.txt; "
-                           "re-download the tokenizer files")
-    if not found:
-        return CheckResult("model.tokenizer", FAIL, f"no tokenizer in {path} (tokenizer.json, "
-                           "tokenizer.model or vocab files); re-download them or set "
-                           "tokenizer = \"PATH\" in [vllm.args]")
-    return CheckResult("model.tokenizer", PASS, ", ".join(found))
-
-
-def _check_weights(path: Path) -> CheckResult:
-    shards: list[Path] = []
-    missing: list[str] = []
-    for index in sorted(path.glob("*.index.json")):
-        try:
-            names = set(_read_json(index).get("weight_map", {}).values())
-        except (OSError, UnicodeDecodeError, json.JSONDecodeError, AttributeError) as exc:
-            return CheckResult("model.weights", FAIL, f"{index.name} is not a valid index "
-                               f"({exc}); re-download it")
-        missing += sorted(n for n in names if not (path / n).is_file())
-    if missing:
-        return CheckResult("model.weights", FAIL, f"{len(missing)} shard(s) named in the index "
-                           f"missing: {_few(missing)}; the download is incomplete")
-    for pattern in ("*.safetensors", "*.bin", "*.pt", "*.gguf"):
-        shards += sorted(path.glob(pattern))
-    if not shards:
-        return CheckResult("model.weights", FAIL, f"no weights (*.safetensors, *.bin) in "
-                           f"{path}; the download is incomplete")
-    bad = [msg for p in shards if p.suffix == ".safetensors" and (msg := safetensors_problem(p))]
-    if bad:
-        return CheckResult("model.weights", FAIL, "; ".join(bad[:3]) + (
-            f"; and {len(bad) - 3} more" if len(bad) > 3 else "") + "; re-download")
-    size = sum(p.stat().st_size for p in shards)
-    return CheckResult("model.weights", PASS, f"{len(shards)} file(s), {size / 2**30:.2f} GiB; "
-                       "safetensors headers match the file sizes")
-
-
-def _few(names: Sequence[str], n: int = 5) -> str:
-    return ", ".join(names[:n]) + (f" and {len(names) - n} more" if len(names) > n else "")
-
-
-def safetensors_problem(path: Path) -> str | None:
-    """Why a safetensors file is cut short or malformed, or None when its size adds up."""
-    size = path.stat().st_size
-    with path.open("rb") as fh:
-        head = fh.read(8)
-        if len(head) < 8:
-            return f"{path.name} is truncated: {size} bytes, shorter than its 8-byte header"
-        hlen = int.from_bytes(head, "little")
-        if hlen > 100 << 20:
-            return f"{path.name} is not a safetensors file (header length {hlen})"
-        if size < 8 + hlen:
-            return f"{path.name} is truncated: {size} bytes, its header alone needs {8 + hlen}"
-        try:
-            header = json.loads(fh.read(hlen))
-            end = max((int(v["data_offsets"][1]) for k, v in header.items()
-                       if k != "__metadata__"), default=0)
-        except (ValueError, TypeError, KeyError, IndexError, AttributeError) as exc:
-            return f"{path.name} has a malformed header ({type(exc).__name__}: {exc})"
-    if size < 8 + hlen + end:
-        return (f"{path.name} is truncated: {size} bytes, its header says "
-                f"{8 + hlen + end}")
-    return None
-
-
-def read_sums(path: Path) -> list[tuple[str, str]]:
-    """(sha256, file name) pairs of a sha256sum (GNU or BSD style) file."""
-    pairs = []
-    for line in path.read_text(encoding="utf-8").splitlines():
-        line = line.strip()
-        if (m := _SUM_LINE.match(line)):
-            pairs.append((m.group(1).lower(), m.group(2)))
-        elif (m := _BSD_SUM_LINE.match(line)):
-            pairs.append((m.group(2).lower(), m.group(1)))
-    return pairs
-
-
-def sha256_file(path: Path, progress: TextIO | None = None,
-                progress_min: int = PROGRESS_MIN_BYTES) -> str:
-    """Stream a file through sha256; report every 10% to progress for big files."""
-    digest, size, done, mark = hashlib.sha256(), path.stat().st_size, 0, 0.1
-    tty = progress is not None and progress.isatty()
-    show = progress is not None and size >= progress_min
-    with path.open("rb") as fh:
-        while chunk := fh.read(_CHUNK):
-            digest.update(chunk)
-            done += len(chunk)
-            if show and progress is not None and done >= mark * size:
-                progress.write(f"{chr(13) if tty else ''}sha256 {path.name}: "
-                               f"{100 * done // size}% of {size / 2**30:.2f} GiB"
-                               + ("" if tty else "\n"))
-                progress.flush()
-                mark = done / size + 0.1
-    if show and tty and progress is not None:
-        progress.write("\n")
-    return digest.hexdigest()
-
-
-def _check_checksums(path: Path, ctx: Context) -> CheckResult:
-    sums = next((path / n for n in _SUMS_FILES if (path / n).is_file()), None)
-    if sums is None:
-        return CheckResult("model.checksums", SKIP, f"no {' or '.join(_SUMS_FILES)} in {path}")
-    pairs = read_sums(sums)
-    if not pairs:
-        return CheckResult("model.checksums", WARN, f"{sums.name} lists no sha256 lines")
-    if ctx.fast:
-        return CheckResult("model.checksums", SKIP, f"{sums.name} lists {len(pairs)} files; "
-                           "not verified with --fast")
-    missing, wrong = [], []
-    for want, name in pairs:
-        target = path / name
-        if not target.is_file():
-            missing.append(name)
-        elif sha256_file(target, ctx.progress) != want:
-            wrong.append(name)
-    if wrong or missing:
-        parts = ([f"checksum mismatch: {_few(wrong)}"] if wrong else []) + (
-            [f"missing: {_few(missing)}"] if missing else [])
-        return CheckResult("model.checksums", FAIL, f"{'; '.join(parts)} (per {sums.name}); "
-                           "re-download those files")
-    return CheckResult("model.checksums", PASS, f"{len(pairs)} files match {sums.name}")
-
-
-# --- max-model-len ---------------------------------------------------------------------------
-
-def _flags(ctx: Context) -> dict[str, object]:
-    """[vllm.args] and extra_args as one {flag-name: value} table (extra_args win)."""
-    flags: dict[str, object] = {command.flag_name(k): v for k, v in ctx.config.vllm.args.items()}
-    extra = ctx.config.vllm.extra_args
-    for i, token in enumerate(extra):
-        if token.startswith("--"):
-            name, eq, inline = token[2:].partition("=")
-            nxt = extra[i + 1] if i + 1 < len(extra) and not extra[i + 1].startswith("--") \
-                else True
-            flags[command.flag_name(name)] = inline if eq else nxt
-    return flags
-
-
-def parse_len(value: object) -> int | None:
-    """vLLM's max-model-len syntax: 4096, "32k" (x1000), "32K" (x1024), "1m"; -1/auto = None."""
-    if isinstance(value, int) and not isinstance(value, bool):
-        return value if value > 0 else None
-    text = str(value).strip()
-    m = re.fullmatch(r"(\d+(?:\.\d+)?)([kKmMgG]?)", text)
-    if not m:
-        return None
-    mult = {"": 1, "k": 1000, "K": 1024, "m": 10**6, "M": 2**20, "g": 10**9, "G": 2**30}
-    return int(float(m.group(1)) * mult[m.group(2)])
-
-
-def _apply_overrides(cfg: dict[str, Any], overrides: Mapping[str, Any]) -> dict[str, Any]:
-    """hf-overrides as vLLM applies them: sub-configs (*_config) merge, other keys replace."""
-    out = dict(cfg)
-    for key, value in overrides.items():
-        if key.endswith("_config") and isinstance(value, dict) and isinstance(out.get(key), dict):
-            out[key] = _apply_overrides(out[key], value)
-        else:
-            out[key] = value
-    return out
-
-
-def model_max_len(cfg: Mapping[str, Any]) -> tuple[int, str] | None:
-    """The longest context the model config supports (rope scaling included), and why."""
-    text = cfg.get("text_config")
-    if isinstance(text, dict) and not any(k in cfg for k in _LEN_KEYS):
-        cfg = text
-    found = {k: int(cfg[k]) for k in _LEN_KEYS if isinstance(cfg.get(k), (int, float))}
-    if not found:
-        return None
-    key = min(found, key=lambda k: found[k])
-    limit, why = found[key], f"{key} {found[key]}"
-    rope = cfg.get("rope_parameters") or cfg.get("rope_scaling")
-    if isinstance(rope, dict) and isinstance(rope.get("full_attention"), dict):
-        rope = rope["full_attention"]  # per-layer-type rope parameters
-    if isinstance(rope, dict):
-        kind = str(rope.get("rope_type", rope.get("type", "default")))
-        factor = rope.get("factor")
-        if kind not in ("su", "longrope", "llama3", "default") and isinstance(
-                factor, (int, float)):
-            if kind == "yarn" and isinstance(rope.get("original_max_position_embeddings"), int):
-                limit = rope["original_max_position_embeddings"]
-                why = f"original_max_position_embeddings {limit}"
-            limit = int(limit * factor)
-            why += f" x {kind} rope factor {factor:g}"
-    return limit, why
-
-
-def _find_model_config(ctx: Context) -> Path | None:
-    model = ctx.config.vllm.model
-    local = local_model_dir(model)
-    base = local if local is not None else hub_snapshot(model, ctx.env)
-    cfg = base / "config.json" if base is not None and base.is_dir() else None
-    return cfg if cfg is not None and cfg.is_file() else None
-
-
-def check_max_model_len(ctx: Context) -> CheckResult:
-    """A max-model-len set in the args fits the model's context (rope scaling included)."""
-    flags = _flags(ctx)
-    raw = flags.get("max-model-len")
-    cfg_path = _find_model_config(ctx)
-    if cfg_path is None:
-        return CheckResult("max-model-len", SKIP, "the model's config.json is not available "
-                           "locally")
-    try:
-        cfg = _read_json(cfg_path)
-        overrides = flags.get("hf-overrides")
-        if isinstance(overrides, str):
-            overrides = json.loads(overrides)
-    except (UnicodeDecodeError, json.JSONDecodeError):
-        return CheckResult("max-model-len", SKIP, "config.json or hf-overrides is not valid "
-                           "JSON (reported above)")
-    if isinstance(overrides, dict) and isinstance(cfg, dict):
-        cfg = _apply_overrides(cfg, overrides)
-    found = model_max_len(cfg) if isinstance(cfg, dict) else None
-    if found is None:
-        return CheckResult("max-model-len", SKIP, f"{cfg_path} names no context length")
-    limit, why = found
-    wanted = parse_len(raw) if raw is not None else None
-    if wanted is None:
-        return CheckResult("max-model-len", PASS, f"not set; vLLM uses the model's {limit} "
-                           f"({why})")
-    if wanted <= limit:
-        return CheckResult("max-model-len", PASS, f"{wanted} <= the model's {limit} ({why})")
-    allow = ctx.env.get("VLLM_ALLOW_LONG_MAX_MODEL_LEN", "").lower() in ("1", "true")
-    text = (f"max-model-len {wanted} exceeds the model's {limit} ({why}): lower it to <= "
-            f"{limit}, or extend the context with hf-overrides = {{ rope_parameters = "
-            f"{{ rope_type = \"yarn\", factor = {-(-wanted // limit)}.0, "
-            f"original_max_position_embeddings = {limit} }} }} in [vllm.args]")
-    if allow:
-        return CheckResult("max-model-len", WARN, text + " (allowed by "
-                           "VLLM_ALLOW_LONG_MAX_MODEL_LEN=1; output quality may suffer)")
-    return CheckResult("max-model-len", FAIL, text)
-
-
 # --- port and caches -------------------------------------------------------------------------
 
 def describe_pid(pid: int | None) -> str:
@@ -575,6 +232,18 @@ def check_prewarm_cache(ctx: Context) -> CheckResult:
                        "created")
 
 
+def _check_model(ctx: Context) -> list[CheckResult]:
+    from vllmwatch import checks_model  # imports this module: keep it out of the import cycle
+
+    return checks_model.check_model(ctx)
+
+
+def _check_max_model_len(ctx: Context) -> CheckResult:
+    from vllmwatch import checks_model  # imports this module: keep it out of the import cycle
+
+    return checks_model.check_max_model_len(ctx)
+
+
 def _check_gpus(ctx: Context) -> list[CheckResult]:
     from vllmwatch import checks_gpu  # imports this module: keep it out of the import cycle
 
@@ -584,8 +253,8 @@ def _check_gpus(ctx: Context) -> list[CheckResult]:
 CHECKS: tuple[tuple[str, Check], ...] = (
     ("config", check_config),
     ("vllm", check_vllm),
-    ("model", check_model),
-    ("max-model-len", check_max_model_len),
+    ("model", _check_model),
+    ("max-model-len", _check_max_model_len),
     ("port", check_port),
     ("gpu", _check_gpus),
     ("prewarm.cache_dir", check_prewarm_cache),
