@@ -17,6 +17,7 @@
 #   VLLMWATCH_DEB_CONFIG      config shipped as the conffile (default etc/vllmwatch.toml)
 #   VLLMWATCH_DEB_MAINTAINER  Maintainer field (default below)
 #   VLLMWATCH_DEB_OUT         output folder (default dist/)
+#   VLLMWATCH_DEB_BUILD       scratch folder, emptied first (default build/deb/)
 set -euo pipefail
 
 REPO=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
@@ -40,7 +41,7 @@ VERSION=$("$PYTHON" -c 'import sys, tomllib; print(tomllib.load(open(sys.argv[1]
 ARCH=$(dpkg --print-architecture)
 PYVER=$("$PYTHON" -c 'import sys; print(f"{sys.version_info[0]}.{sys.version_info[1]}")')
 PYNEXT=$("$PYTHON" -c 'import sys; print(f"{sys.version_info[0]}.{sys.version_info[1] + 1}")')
-BUILD=$REPO/build/deb
+BUILD=${VLLMWATCH_DEB_BUILD:-$REPO/build/deb}
 ROOT=$BUILD/root
 VENV=$ROOT$PREFIX/venv
 DEB=$OUTDIR/${PKG}_${VERSION}_${ARCH}.deb

@@ -100,7 +100,8 @@ def deb(tmp_path_factory: pytest.TempPathFactory) -> Path:
     if given:
         return Path(given)
     out = tmp_path_factory.mktemp("deb")
-    env = {**os.environ, "VLLMWATCH_DEB_OUT": str(out)}
+    env = {**os.environ, "VLLMWATCH_DEB_OUT": str(out),
+           "VLLMWATCH_DEB_BUILD": str(tmp_path_factory.mktemp("deb-build"))}
     proc = subprocess.run([str(REPO / "packaging" / "build-deb.sh")], env=env, text=True,
                           capture_output=True, timeout=900)
     assert proc.returncode == 0, f"build-deb.sh failed:\n{proc.stdout}\n{proc.stderr}"
@@ -113,11 +114,12 @@ Boot = Callable[..., SystemdResult]
 
 
 @pytest.fixture
-def boot(deb: Path, tmp_path: Path) -> Boot:
+def boot(request: pytest.FixtureRequest, tmp_path: Path) -> Boot:
     """boot(script, units=None, timeout=120, install=True) -> SystemdResult, in a container."""
     reason = unavailable_reason()
     if reason:
         pytest.skip(reason)
+    deb: Path = request.getfixturevalue("deb")  # built only when a container can boot
     debdir = tmp_path / "debdir"
     debdir.mkdir()
     shutil.copy(deb, debdir / "vllmwatch.deb")

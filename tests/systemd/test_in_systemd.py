@@ -256,7 +256,10 @@ enabled = false
 [status]
 listen = "127.0.0.1:{STATUS}"
 """
+    # The test venv may be built from a pyenv Python under /root (0700): let the service user
+    # through, in the container's overlay only.
     r = boot(write(CONF, config) + f"""
+chmod o+x /root
 systemctl start vllmwatch; echo $? > start.rc
 prop vllmwatch ActiveState > state.txt
 readyz {STATUS} > readyz.txt
