@@ -64,6 +64,8 @@ def test_crash_with_exit_code_zero_is_a_crash_and_recovers() -> None:
     assert d.state.state == S.BACKOFF
     assert d.run_until(lambda: ready(d), 60)
     assert d.world.spawns == 2
+    done = d.events("restart.done")
+    assert [f["reason"] for f in done] == ["crash"] and done[0]["downtime_s"] > 0
 
 
 def test_health_failures_restart_only_at_the_threshold() -> None:

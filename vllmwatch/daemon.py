@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import faulthandler
 import os
 from collections.abc import Callable, Mapping
 
@@ -19,6 +20,9 @@ from vllmwatch.status import StatusListenError, StatusServer
 def main(config: Config, log_format: str | None = None, prewarm: bool = True,
          environ: Mapping[str, str] | None = None) -> int:
     """Run the daemon until it is told to stop or gives up; return the exit code."""
+    # A vllmwatch frozen long enough for systemd's watchdog gets SIGABRT: leave a traceback
+    # of every thread in the journal for the post-mortem.
+    faulthandler.enable()
     env = dict(os.environ if environ is None else environ)
     if not prewarm:
         from dataclasses import replace

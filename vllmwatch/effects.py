@@ -88,6 +88,10 @@ class RealEffects:
         self._before_launch = self.sampler.device_used_mib() if config.vllm.uses_gpu else {}
         try:
             child = childmod.spawn(cmd, self.marker)
+        except (FileNotFoundError, PermissionError) as exc:
+            # A missing or non-executable vLLM is a config problem: retrying cannot help.
+            return SpawnFailed(f"{cmd.argv[0]}: {exc.strerror or exc}; check vllm.command",
+                               fatal=True)
         except OSError as exc:
             return SpawnFailed(f"{cmd.argv[0]}: {exc.strerror or exc}")
         p = config.probe

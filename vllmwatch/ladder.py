@@ -34,7 +34,7 @@ def spawn(s: WatchState, now: float) -> Result:
     s = s.with_(gen=s.gen + 1, pid=None, child_started=now, ready_at=None, killed=False,
                 pending=None, last_progress=now, last_milestone_at=None, phases={},
                 canary_ok=False, warmed_up=False, health_failures=0, canary_failures=0,
-                hang_suspect=False, progress=None, stall_since=None, leak=None,
+                hang_suspect=False, progress=None, canary_ref=None, stall_since=None, leak=None,
                 compile_cache_hit=False,
                 timers={"health": now + 1.0, "memory": now + 1.0}, running=None,
                 waiting=None, kv_cache_usage=None)
@@ -54,7 +54,7 @@ def begin_restart(s: WatchState, now: float, reason: str, detail: str, drain: bo
     counts = dict(s.restarts_by_reason)
     counts[reason] = counts.get(reason, 0) + 1
     s = s.with_(pending=(reason, detail), restarts_by_reason=counts, last_reason=reason,
-                last_detail=detail, last_restart_at=now)
+                last_detail=detail, last_restart_at=now, recovering=True)
     if failure and policy.crash_loop(s.restart_times, s.config.restart):
         r = s.config.restart
         acts.append(Log("error", "crashloop.gave_up", {

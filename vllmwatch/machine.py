@@ -241,7 +241,11 @@ def _fire(s: WatchState, kind: str, now: float) -> Result:
         return ladder.probe(s.with_(timers={**s.timers, "health": now + wait}), "health", now)
     if kind == "canary":
         s = s.with_(timers={**s.timers, "canary": now + p.canary_interval})
-        return ladder.probe(s, "canary", now) if s.state == S.READY else (s, [])
+        if s.state != S.READY:
+            return s, []
+        if "canary" not in s.inflight:  # busy-or-hung compares against this point
+            s = s.with_(canary_ref=s.progress)
+        return ladder.probe(s, "canary", now)
     if kind == "metrics":
         wait = serving.DRAIN_POLL if s.state == S.DRAINING else p.metrics_interval
         return ladder.probe(s.with_(timers={**s.timers, "metrics": now + wait}), "metrics", now)

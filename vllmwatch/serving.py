@@ -112,7 +112,12 @@ def _become_ready(s: WatchState, now: float, acts: list[Action]) -> Result:
                 leak=leak.new_state(now), health_failures=0, canary_failures=0)
     log = Log("info", "child.ready", {"pid": s.pid, "startup_s": round(took, 2),
                                       "phases": phases, "compile_cache_hit": s.compile_cache_hit})
-    return s, [*acts, *more, log, Notify(ready=True)]
+    acts = [*acts, *more, log]
+    if s.recovering and s.last_restart_at is not None:
+        acts.append(Log("info", "restart.done", {
+            "reason": s.last_reason, "downtime_s": round(now - s.last_restart_at, 2)}))
+        s = s.with_(recovering=False)
+    return s, [*acts, Notify(ready=True)]
 
 
 def metrics(s: WatchState, ev: MetricsResult, now: float) -> Result:
@@ -145,7 +150,10 @@ def _judge_progress(s: WatchState, prev: policy.Progress | None, cur: policy.Pro
                     now: float) -> Result:
     if s.hang_suspect:
         s = s.with_(hang_suspect=False)
-        if not policy.is_busy(prev, cur):
+        # Against the scrape from before the canary was sent, not the last one: that may be
+        # only milliseconds older than this one, too close for any counter to have moved.
+        ref = s.canary_ref if s.canary_ref is not None else prev
+        if not policy.is_busy(ref, cur):
             return begin_restart(s, now, "hang", "canary timed out while /health said 200 "
                                  "and token counters did not move", drain=False)
         acts: list[Action] = [Log("info", "probe.canary_busy", {

@@ -73,6 +73,7 @@ class WatchState:
     killed: bool = False  # SIGKILL already sent to this child
     exit_code: int | None = None  # set when vllmwatch itself is shutting down
     pending: tuple[str, str] | None = None  # (reason, detail) of the restart under way
+    recovering: bool = False  # a restart began and no child has been READY since
     old_pids: tuple[int, ...] = ()
     release_deadline: float | None = None
     backoff_until: float | None = None
@@ -94,6 +95,7 @@ class WatchState:
     canary_failures: int = 0  # consecutive canary errors (not timeouts); only a canary resets
     hang_suspect: bool = False
     progress: Progress | None = None
+    canary_ref: Progress | None = None  # progress when the canary in flight was sent
     stall_since: float | None = None
     running: float | None = None
     waiting: float | None = None
