@@ -56,9 +56,16 @@ def port_free(port: int, host: str = "127.0.0.1") -> bool:
     return True
 
 
+# Deadlines are upper bounds, so stretching them costs nothing when all goes well; on a
+# loaded 2-core machine (a real vLLM next door) a daemon start alone can take seconds.
+TIMEOUT_SCALE = float(os.environ.get("VLLMWATCH_TEST_TIMEOUT_SCALE", "3"))
+
+
 def wait_for(pred: Callable[[], Any], timeout: float, what: str = "condition",
              poll: float = 0.02) -> Any:
-    """Poll pred() until it returns something truthy; fail with `what` after timeout s."""
+    """Poll pred() until it returns something truthy; fail with `what` after
+    timeout * TIMEOUT_SCALE seconds."""
+    timeout *= TIMEOUT_SCALE
     deadline = time.monotonic() + timeout
     while True:
         got = pred()
