@@ -153,13 +153,17 @@ def write_config(path: Path, port: int, status_port: int, cache_dir: Path,
 class Watch:
     """A `vllmwatch run` in its own session; its JSON events are collected with arrival times."""
 
-    def __init__(self, config: Path, logfile: Path | None = None) -> None:
+    def __init__(self, config: Path | None, logfile: Path | None = None,
+                 argv: list[str] | None = None) -> None:
+        """Run vllmwatch on `config`, or any `argv` that writes JSON events on stderr."""
         self.events: list[tuple[float, dict[str, Any]]] = []
+        self.port = 0  # the vLLM port, for the caller's bookkeeping
         self._lock = threading.Lock()
         self._log = logfile.open("w") if logfile else None
+        if argv is None:
+            argv = [PY, "-m", "vllmwatch", "run", "--config", str(config), "--log-format", "json"]
         self.proc = subprocess.Popen(
-            [PY, "-m", "vllmwatch", "run", "--config", str(config), "--log-format", "json"],
-            cwd=REPO, stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL,
+            argv, cwd=REPO, stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL,
             stderr=subprocess.PIPE, text=True, start_new_session=True, env=vllm_env())
         track_group(self.proc.pid)
         self._reader = threading.Thread(target=self._read, daemon=True)
@@ -203,7 +207,7 @@ class Watch:
     def child_pid(self) -> int | None:
         with self._lock:
             for _, e in reversed(self.events):
-                if e.get("event") == "child.started":
+                if e.get("event") in ("child.started", "started"):
                     return int(e["pid"])
         return None
 

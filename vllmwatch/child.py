@@ -8,6 +8,7 @@ import os
 import signal
 import socket
 import subprocess
+import tempfile
 import time
 from dataclasses import dataclass
 from typing import IO
@@ -118,21 +119,59 @@ def _describe(proc: psutil.Process) -> str:
     return f"pid {proc.pid}"
 
 
+def group_file(marker: str) -> str:
+    """Where the live child's process group is remembered, for a vllmwatch that was killed."""
+    base = os.environ.get("STATE_DIRECTORY", "").split(":")[0] or tempfile.gettempdir()
+    return os.path.join(base, f"vllmwatch-{marker}.pgid")
+
+
+def remember_group(marker: str, pgid: int | None) -> None:
+    """Record (or with None, forget) the child's process group; best effort."""
+    path = group_file(marker)
+    with contextlib.suppress(OSError):
+        if pgid is None:
+            os.unlink(path)
+        else:
+            with open(path, "w", encoding="ascii") as fh:
+                fh.write(str(pgid))
+
+
+def _remembered_group(marker: str) -> int | None:
+    with contextlib.suppress(OSError, ValueError), open(group_file(marker), encoding="ascii") as fh:
+        return int(fh.read().strip())
+    return None
+
+
+def _ids(pid: int) -> tuple[int, int]:
+    try:
+        return os.getpgid(pid), os.getsid(pid)
+    except OSError:
+        return -1, -1
+
+
 def find_tree(pgid: int | None, marker: str) -> tuple[list[psutil.Process], list[psutil.Process]]:
-    """Our processes (in the group or carrying our marker) and vLLM-looking foreign ones."""
-    ours, foreign = [], []
+    """Our processes and vLLM-looking foreign ones.
+
+    Ours: the child's group, anything carrying our marker, and anything in the group or
+    session of a marked process. vLLM's process titles (VLLM::EngineCore) overwrite the
+    environment block, so orphaned engines lose the marker; they keep the session of the
+    child, which we started with setsid and vLLM never leaves. A group remembered from an
+    earlier vllmwatch counts only for vLLM-looking processes in that session (pids recycle).
+    """
     me = os.getpid()
-    for proc in psutil.process_iter():
-        if proc.pid == me or not _alive(proc):
-            continue
-        in_group = False
-        if pgid is not None:
-            with contextlib.suppress(OSError):
-                in_group = os.getpgid(proc.pid) == pgid
-        if in_group or _is_ours(proc, marker):
+    procs = [(p, *_ids(p.pid)) for p in psutil.process_iter() if p.pid != me and _alive(p)]
+    marked = {p.pid for p, _, _ in procs if _is_ours(p, marker)}
+    groups = {g for p, g, _ in procs if p.pid in marked and g > 0}
+    if pgid is not None:
+        groups.add(pgid)
+    old = _remembered_group(marker) if pgid is None else None
+    ours: list[psutil.Process] = []
+    foreign: list[psutil.Process] = []
+    for proc, group, session in procs:
+        if group in groups or session in groups or proc.pid in marked:
             ours.append(proc)
         elif _looks_like_vllm(proc):
-            foreign.append(proc)
+            (ours if old is not None and session == old else foreign).append(proc)
     return ours, foreign
 
 
@@ -173,6 +212,8 @@ def sweep(pgid: int | None, marker: str, host: str, port: int, grace: float = 5.
         time.sleep(0.05)
         alive = [p for p in alive if _alive(p)]
     killed = tuple(p.pid for p in ours if p not in alive)
+    if not alive:
+        remember_group(marker, None)
     holder = None
     deadline = time.monotonic() + grace
     while True:  # the kernel may need a moment to release a dead listener's socket

@@ -84,10 +84,15 @@ class ChildLog:
         self._writer.start()
         self._reader.start()
 
-    def join(self, timeout: float = 2.0) -> None:
-        """Wait until the pipe is drained (after the child exited)."""
-        self._reader.join(timeout)
-        self._writer.join(timeout)
+    def join(self, timeout: float = 0.3) -> None:
+        """Wait briefly for the pipe to drain after the child exited.
+
+        Orphans (EngineCore, workers) may hold the pipe open for ever: one short shared
+        deadline, never a long wait in the loop; the sweep kills them and closes the pipe.
+        """
+        deadline = time.monotonic() + timeout
+        self._reader.join(max(0.0, deadline - time.monotonic()))
+        self._writer.join(max(0.0, deadline - time.monotonic()))
 
     def _read(self) -> None:
         level = "info"

@@ -98,6 +98,7 @@ class RealEffects:
         self._prober = HttpProber(config.vllm.host, config.vllm.port, config.vllm.model_name,
                                   p.timeout, p.canary_timeout, p.canary_prompt, api_key)
         self._child = child
+        childmod.remember_group(self.marker, child.pid)
         self._childlog = ChildLog(child.stdout, child.pid, post, self.log,
                                   forward=config.log.child_lines)
         self._childlog.start()
@@ -131,7 +132,7 @@ class RealEffects:
             return None
         lines: tuple[str, ...] = ()
         if self._childlog is not None:
-            self._childlog.join(2.0)
+            self._childlog.join(0.3)
             lines = tuple(self._childlog.last_lines)
         exited = childmod.reap(self._child, lines)
         self._child = self._childlog = None

@@ -19,16 +19,16 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from e2e_harness import (
+from daemon_harness import Daemon, free_port, port_free
+
+from e2e.e2e_harness import (
     REPO,
     SERVED_NAME,
     TIMES,
     TIMES_FILE,
-    Daemon,
     describe,
-    free_port,
+    group_leftovers,
     kill_all,
-    port_is_free,
 )
 
 VENV = Path(os.environ.get("VLLMWATCH_VLLM_VENV", REPO / ".cache" / "vllm-venv"))
@@ -67,7 +67,7 @@ def real_vllm_config(venv: Path, model: Path, workdir: Path) -> dict[str, Any]:
                     "VLLM_CPU_KVCACHE_SPACE": "1"},
             "args": {"max-model-len": 2048, "enforce-eager": True, "dtype": "bfloat16"},
         },
-        "startup": {"timeout": "5m", "stall_timeout": "2m"},
+        "startup": {"timeout": "5m", "stall_timeout": "3m"},
         "probe": {"interval": "1s", "timeout": "2s", "failure_threshold": 3,
                   "metrics_interval": "2s", "canary_interval": "3s", "canary_timeout": "5s"},
         "memory": {"sample_interval": "1s", "pss_interval": "1s"},
@@ -80,6 +80,7 @@ def real_vllm_config(venv: Path, model: Path, workdir: Path) -> dict[str, Any]:
 
 
 def _merge(base: dict[str, Any], over: Mapping[str, Any]) -> dict[str, Any]:
+    """A deep merge: nested tables ([vllm.env]) are merged key by key."""
     out = copy.deepcopy(base)
     for key, value in over.items():
         if isinstance(value, Mapping) and isinstance(out.get(key), dict):
@@ -95,45 +96,50 @@ def start_daemon(tmp_path: Path, vllm_venv: Path, tiny_model: Path
     """Start vllmwatch over the real vLLM; afterwards check that it stops and leaves nothing."""
     daemons: list[Daemon] = []
 
-    def start(overrides: Mapping[str, Any] | None = None) -> Daemon:
-        config = _merge(real_vllm_config(vllm_venv, tiny_model, tmp_path), overrides or {})
-        daemon = Daemon(config, tmp_path)
+    def start(overrides: Mapping[str, Any] | None = None,
+              config: dict[str, Any] | None = None) -> Daemon:
+        """Start one; `config` reuses another daemon's config (same file, same marker)."""
+        if config is None:
+            config = _merge(real_vllm_config(vllm_venv, tiny_model, tmp_path), overrides or {})
+        daemon = Daemon(tmp_path, config)
         daemons.append(daemon)
-        daemon.start()
-        return daemon
+        return daemon.start()
 
     yield start
-    problems = [p for d in daemons for p in _tear_down(d)]
+    # Newest first: a later daemon on the same config shares the marker of an earlier one,
+    # and must stop its own tree before the earlier one's leftover check looks.
+    problems = [p for d in reversed(daemons) for p in _tear_down(d)]
     if problems:
         pytest.fail("teardown: " + "\n".join(problems), pytrace=False)
 
 
 def _tear_down(daemon: Daemon) -> list[str]:
+    """SIGTERM -> exit 0; then nothing of any tree it started, and the port free."""
     problems = []
+    if daemon.proc is not None and daemon.proc.poll() is None:
+        daemon.signal(signal.SIGTERM)
+        try:
+            code = daemon.proc.wait(60)
+        except subprocess.TimeoutExpired:
+            daemon.proc.kill()
+            code = daemon.proc.wait()
+            problems.append("vllmwatch did not exit within 60 s of SIGTERM")
+        if code != 0:
+            problems.append(f"vllmwatch exited {code} on SIGTERM, expected 0")
     try:
-        if daemon.running:
-            try:
-                code = daemon.stop(signal.SIGTERM, timeout=60)
-            except subprocess.TimeoutExpired:
-                assert daemon.proc is not None
-                daemon.proc.kill()
-                daemon.proc.wait()
-                problems.append("vllmwatch did not exit within 60 s of SIGTERM")
-            else:
-                if code != 0:
-                    problems.append(f"vllmwatch exited {code} on SIGTERM, expected 0")
-        left = daemon.leftovers()
-        deadline = time.monotonic() + 5  # a process may still be on its way out
-        while left and time.monotonic() < deadline:
-            time.sleep(0.2)
-            left = daemon.leftovers()
-        if left:
-            problems.append("vLLM processes left behind (now killed):\n" + describe(left))
-            kill_all(left)
-        if not port_is_free(daemon.port):
-            problems.append(f"port {daemon.port} is still held after vllmwatch exited")
-    finally:
-        daemon.close()
+        daemon.close(check=True)  # the shared harness: marker and port checks
+    except AssertionError as exc:
+        problems.append(str(exc)[:2000])
+    left = group_leftovers(daemon)  # orphans that lost the marker (setproctitle)
+    deadline = time.monotonic() + 5
+    while left and time.monotonic() < deadline:
+        time.sleep(0.2)
+        left = group_leftovers(daemon)
+    if left:
+        problems.append("vLLM processes left behind (now killed):\n" + describe(left))
+        kill_all(left)
+    if not port_free(daemon.port):
+        problems.append(f"port {daemon.port} is still held after vllmwatch exited")
     return problems
 
 

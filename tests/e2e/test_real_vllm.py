@@ -19,38 +19,41 @@ from typing import Any
 
 import psutil
 import pytest
-from e2e_harness import (
+from daemon_harness import TIMEOUT_SCALE, Daemon, port_free, wait_for
+
+from e2e.e2e_harness import (
     LEAK_DIR,
     SERVED_NAME,
-    Daemon,
+    after,
+    base_url,
     cmdline,
     find_in_tree,
+    group_leftovers,
     http,
-    port_is_free,
+    kill_all,
     record_times,
+    status,
     tree,
-    wait_until,
 )
 
 pytestmark = pytest.mark.e2e
 
-STARTUP = 300.0  # a start is ~30 s here; leave room for a loaded CI box
-DETECT = 90.0
+# Deadlines in seconds; the shared harness stretches its waits by TIMEOUT_SCALE, undone here.
+STARTUP = 300.0 / TIMEOUT_SCALE  # a start is ~30 s here; room for a loaded CI box
+DETECT = 90.0 / TIMEOUT_SCALE
+SHORT = 10.0 / TIMEOUT_SCALE
 
 StartDaemon = Callable[..., Daemon]
 
 
 def _ready(d: Daemon) -> dict[str, Any]:
     """Wait for the first READY; return the child.ready event."""
-    ev = d.wait_event("child.ready", STARTUP)
-    wait_until(lambda: d.notify.times("READY=1"), 10, "READY=1 on the NOTIFY_SOCKET")
-    d.child_tree(ev["pid"])
-    return ev
+    return d.wait_ready(STARTUP)
 
 
 def _complete(d: Daemon) -> dict[str, Any]:
     """A real completion through the supervised server."""
-    code, body = http("POST", d.base_url + "/v1/completions",
+    code, body = http("POST", base_url(d) + "/v1/completions",
                       {"model": SERVED_NAME, "prompt": "Hello", "max_tokens": 4}, timeout=60)
     assert code == 200, f"/v1/completions answered {code}: {body}"
     assert isinstance(body["choices"][0]["text"], str)
@@ -65,16 +68,20 @@ def _gone(proc: psutil.Process) -> bool:
         return True
 
 
-def _recover(d: Daemon, name: str, fault_at: float, after: int, reasons: Collection[str],
+def _alive(pid: int) -> bool:
+    try:
+        return not _gone(psutil.Process(pid))
+    except psutil.NoSuchProcess:
+        return False
+
+
+def _recover(d: Daemon, name: str, fault_at: float, since: int, reasons: Collection[str],
              **extra: Any) -> dict[str, Any]:
     """Wait for the restart and READY again; record fault -> restart.begin -> child.ready."""
-    begin = d.wait_event("restart.begin", DETECT, after=after)
+    begin = d.wait_event("restart.begin", DETECT, since)
     assert begin["reason"] in reasons, f"restart reason {begin['reason']!r}: {begin['detail']}"
-    started = d.wait_event("child.started", STARTUP, after=begin["_index"])
-    ready = d.wait_event("child.ready", STARTUP, after=started["_index"])
-    wait_until(lambda: [t for t in d.notify.times("READY=1") if t >= begin["ts"]], 10,
-               "READY=1 again on the NOTIFY_SOCKET")
-    d.child_tree(ready["pid"])
+    started = d.wait_event("child.started", STARTUP, after(d, begin))
+    ready = d.wait_ready(STARTUP, after(d, started))
     _complete(d)
     figures = {
         "reason": begin["reason"],
@@ -94,24 +101,24 @@ def test_ready_serves_and_sigterm_leaves_nothing(start_daemon: StartDaemon) -> N
     """READY=1 after health and a real completion; phases logged; SIGTERM -> 0, nothing left."""
     d = start_daemon()
     ready = _ready(d)
-    phases = [ev["phase"] for ev in d.all("startup.phase")]
+    phases = [ev["phase"] for ev in d.named("startup.phase")]
     assert "api_ready" in phases, phases
     assert len(phases) >= 3, f"too few start phases logged: {phases}"
     assert {"canary", "ready"} <= set(ready["phases"]), ready["phases"]
     body = _complete(d)
-    status = d.status()
-    assert status["state"] == "ready" and status["ready"] is True, status
-    assert status["child_pid"] == ready["pid"]
+    doc = status(d)
+    assert doc["state"] == "ready" and doc["ready"] is True, doc
+    assert doc["child_pid"] == ready["pid"]
     assert find_in_tree(ready["pid"], "VLLM::EngineCore"), "no VLLM::EngineCore in the tree"
 
-    t0 = time.time()
-    code = d.stop(signal.SIGTERM, timeout=60)
+    t0 = d.signal(signal.SIGTERM)
+    code = d.wait_exit(60 / TIMEOUT_SCALE)
     stop_s = time.time() - t0
     assert code == 0
-    assert d.notify.times("STOPPING=1"), "no STOPPING=1 sent"
-    assert d.find("daemon.exit", code=0) is not None, d.recent()
-    assert not d.leftovers()
-    assert port_is_free(d.port)
+    assert d.notify is not None and d.notify.with_prefix("STOPPING=1"), "no STOPPING=1 sent"
+    assert d.named("daemon.exit", code=0), d.dump()
+    assert not d.leftovers() and not group_leftovers(d)
+    assert port_free(d.port)
     record_times("ready_then_sigterm", {
         "startup_s": ready["startup_s"], "phases_s": ready["phases"],
         "phases_logged": phases, "sigterm_to_exit_s": round(stop_s, 2),
@@ -140,7 +147,7 @@ def test_engine_sigstop_is_hang(start_daemon: StartDaemon) -> None:
     mark, fault_at = d.mark(), time.time()
     target.suspend()  # SIGSTOP; the fixture's teardown SIGCONTs and kills what is left
     got = _recover(d, "engine_sigstop", fault_at, mark, {"hang"}, stopped=title)
-    assert d.find("probe.canary_timeout", after=mark) is not None
+    assert d.named("probe.canary_timeout", mark)
     assert _gone(target), f"the stopped {title} (pid {target.pid}) survived the restart"
     assert got["ready"]["pid"] != pid
 
@@ -149,7 +156,7 @@ def test_api_server_sigkill_reaps_orphans(start_daemon: StartDaemon) -> None:
     """SIGKILL of the API server: EngineCore and Worker are orphans; they are killed."""
     d = start_daemon()
     pid = _ready(d)["pid"]
-    orphans = [p for p in d.child_tree(pid) if p.pid != pid]
+    orphans = [p for p in tree(pid) if p.pid != pid]
     titles = {p.pid: cmdline(p)[:40] for p in orphans}
     engine = [p.pid for p in orphans if "VLLM::EngineCore" in titles[p.pid]]
     assert engine, titles
@@ -158,10 +165,10 @@ def test_api_server_sigkill_reaps_orphans(start_daemon: StartDaemon) -> None:
     got = _recover(d, "apiserver_sigkill", fault_at, mark, {"crash"})
     survivors = [f"{p.pid} {titles[p.pid]}" for p in orphans if not _gone(p)]
     assert not survivors, f"orphans of the killed API server still run: {survivors}"
-    killed = d.find("leftovers.killed", after=mark)
-    assert killed is not None and set(engine) <= set(killed["pids"]), (
+    killed = d.wait_event("leftovers.killed", SHORT, mark)
+    assert set(engine) <= set(killed["pids"]), (
         f"the sweep did not report killing EngineCore {engine}: {killed}")
-    assert killed["_index"] < got["started"]["_index"], "orphans killed after the new launch"
+    assert after(d, killed) < after(d, got["started"]), "orphans killed after the new launch"
     record_times("apiserver_sigkill", {**_times(got), "orphans_killed": sorted(killed["pids"]),
                                        "orphans": sorted(titles.values())})
 
@@ -186,8 +193,8 @@ def _compare_host_memory(d: Daemon, root: int, rounds: int = 3) -> dict[str, Any
     rows = []
     for _ in range(rounds):
         before = _direct_host_mib(root)
-        mem = wait_until(lambda: (m := d.status()["memory"])["host_rss_mib"] and m, 10,
-                         "a host memory sample in /status")
+        mem = wait_for(lambda: (m := status(d)["memory"])["host_rss_mib"] and m, SHORT,
+                       "a host memory sample in /status")
         after = _direct_host_mib(root)
         rows.append((mem["host_rss_mib"], mem.get("host_pss_mib"), before, after))
         time.sleep(1.1)  # the next sample (memory.sample_interval = 1 s)
@@ -227,10 +234,10 @@ def test_host_memory_leak_restarts(start_daemon: StartDaemon, tmp_path: Path) ->
 
     mark = d.mark()
     trigger.write_text("leak\n")
-    claimed = wait_until(lambda: claimed_file.exists() and json.loads(claimed_file.read_text()),
-                         10, "the API server to start leaking")
+    claimed = wait_for(lambda: claimed_file.exists() and json.loads(claimed_file.read_text()),
+                       SHORT, "the API server to start leaking")
     assert claimed["pid"] == pid, f"leaking in pid {claimed['pid']}, not the API server {pid}"
-    fired = d.wait_event("memory.rule_fired", DETECT, after=mark)
+    fired = d.wait_event("memory.rule_fired", DETECT, mark)
     assert fired["rule"] == "host_growth_limit", fired
     assert fired["value_mib"] > 200
     got = _recover(d, "host_memory_leak", claimed["time"], mark, {"host_memory"})
@@ -239,3 +246,23 @@ def test_host_memory_leak_restarts(start_daemon: StartDaemon, tmp_path: Path) ->
         **_times(got), "leak_mib_per_s": rate, "rule": fired["rule"],
         "growth_at_fire_mib": fired["value_mib"], "fired_after_s":
         round(fired["ts"] - claimed["time"], 2), "memory_match": match})
+
+
+def test_leftovers_of_a_killed_vllmwatch_are_killed_at_start(start_daemon: StartDaemon) -> None:
+    """vllmwatch SIGKILLed (no systemd to clean up): the next one kills the whole old tree."""
+    first = start_daemon()
+    pid = _ready(first)["pid"]
+    old = {p.pid: cmdline(p)[:40] for p in tree(pid)}
+    first.signal(signal.SIGKILL)
+    first.wait_exit(SHORT)
+    try:
+        second = start_daemon(config=first.config)
+        ready = _ready(second)
+        assert ready["pid"] not in old
+        survivors = {p: t for p, t in old.items() if _alive(p)}
+        stale = second.named("leftovers.killed")
+        assert not survivors, (f"left running by the new vllmwatch: {survivors}; it killed "
+                               f"{stale}; foreign: {second.named('leftovers.foreign')}")
+    finally:
+        # Whatever the new vllmwatch missed (not its own new tree, which has our marker too).
+        kill_all(psutil.Process(p) for p in old if _alive(p))

