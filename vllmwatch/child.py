@@ -199,19 +199,31 @@ def _connect_probe(host: str, port: int) -> str | None:
         return None
 
 
-def sweep(pgid: int | None, marker: str, host: str, port: int, grace: float = 5.0) -> SweepDone:
-    """Kill everything left of our tree and check the port; bounded by a few seconds."""
-    ours, foreign = find_tree(pgid, marker)
-    for proc in ours:  # the normal ladder already sent SIGTERM; leftovers get no more patience
-        with contextlib.suppress(psutil.Error):
-            proc.kill()
-    # Not psutil.wait_procs: it counts a zombie as alive until someone reaps it.
-    deadline = time.monotonic() + grace
-    alive = [p for p in ours if _alive(p)]
+def _wait_gone(procs: list[psutil.Process], seconds: float) -> list[psutil.Process]:
+    """Wait until the processes are gone; the ones still alive. Not psutil.wait_procs: it
+    counts a zombie as alive until someone reaps it."""
+    deadline = time.monotonic() + seconds
+    alive = [p for p in procs if _alive(p)]
     while alive and time.monotonic() < deadline:
         time.sleep(0.05)
         alive = [p for p in alive if _alive(p)]
-    killed = tuple(p.pid for p in ours if p not in alive)
+    return alive
+
+
+def sweep(pgid: int | None, marker: str, host: str, port: int, grace: float = 5.0,
+          settle: float = 0.0) -> SweepDone:
+    """Kill everything left of our tree and check the port; bounded by a few seconds.
+
+    `settle`: after a stop we asked for, vLLM's engine and workers are still exiting on
+    their own when the API server is gone; give them that long before calling them leftovers.
+    """
+    ours, foreign = find_tree(pgid, marker)
+    stragglers = _wait_gone(ours, settle) if settle > 0 else ours
+    for proc in stragglers:
+        with contextlib.suppress(psutil.Error):
+            proc.kill()
+    alive = _wait_gone(stragglers, grace)
+    killed = tuple(p.pid for p in stragglers if p not in alive)
     if not alive:
         remember_group(marker, None)
     holder = None

@@ -39,7 +39,7 @@ class Effects(Protocol):
     def signal_group(self, signame: str) -> None: ...
     def probe(self, kind: str, gen: int) -> Event: ...
     def sample_memory(self, with_pss: bool) -> MemorySample: ...
-    def sweep(self, pgid: int | None) -> SweepDone: ...
+    def sweep(self, pgid: int | None, settle: float = 0.0) -> SweepDone: ...
     def check_release(self, old_pids: tuple[int, ...]) -> ReleaseChecked: ...
     def prewarm(self, config: Config) -> PrewarmDone: ...
     def reconfigure(self, config: Config) -> None: ...
@@ -163,12 +163,12 @@ class RealEffects:
         pid = self._child.pid if self._child is not None else None
         return self.sampler.sample(pid, with_pss)
 
-    def sweep(self, pgid: int | None) -> SweepDone:
+    def sweep(self, pgid: int | None, settle: float = 0.0) -> SweepDone:
         """Kill leftovers of our tree and check the port; at start honour kill_stale."""
         v = self.config.vllm
         kill = pgid is not None or self.config.restart.kill_stale
         if kill:
-            return childmod.sweep(pgid, self.marker, v.host, v.port)
+            return childmod.sweep(pgid, self.marker, v.host, v.port, settle=settle)
         ours, foreign = childmod.find_tree(pgid, self.marker)
         holder = childmod.port_holder(v.host, v.port, ignore=set())
         return SweepDone((), tuple(p.pid for p in ours), holder,
@@ -187,8 +187,12 @@ class RealEffects:
         return PrewarmDone(report.ok, "; ".join(failed))
 
     def reconfigure(self, config: Config) -> None:
-        """Apply settings that can change live (probes); the command waits for a restart."""
-        if self._prober is not None:
+        """Apply settings that can change live (probes); the command waits for a restart.
+
+        A changed [vllm] means a restart: the running child keeps being probed where it
+        listens (a drain must see its queue), and the next spawn builds a new prober.
+        """
+        if self._prober is not None and config.vllm == self.config.vllm:
             p = config.probe
             api_key = self._prober.api_key if isinstance(self._prober, HttpProber) else None
             self._prober = HttpProber(config.vllm.host, config.vllm.port,

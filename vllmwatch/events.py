@@ -210,6 +210,7 @@ class Sweep:
     """Kill what is left of our old tree (group and marked processes) and look at the port."""
 
     pgid: int | None
+    settle: float = 0.0  # seconds to let a tree we asked to stop finish exiting by itself
 
 
 @dataclass(frozen=True)

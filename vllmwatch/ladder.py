@@ -19,6 +19,7 @@ from vllmwatch.state import CHILD_STATES, FAILURE_REASONS, S, WatchState, goto, 
 
 KILL_WAIT = 10.0  # after SIGKILL, how long to wait for the exit before sweeping anyway
 RELEASE_POLL = 1.0
+SETTLE = 3.0  # after a requested stop, how long the engine may take to follow the API server
 EXIT_GAVE_UP = 3
 EXIT_START = 4
 EXIT_CONFIG = 2
@@ -113,12 +114,13 @@ def stopping_deadline(s: WatchState, now: float) -> Result:
 def sweep(s: WatchState, now: float, reason: str) -> Result:
     """Kill what is left of the old tree, and look at the port."""
     old_pgid = s.pgid
+    settle = SETTLE if s.state == S.STOPPING else 0.0
     # The tree's pids from the last sample: the GPU release gate waits until NVML drops them.
     old = tuple(getattr(s.memory, "tree_pids", ()) or ())
     s, acts = goto(s, S.CLEANUP, now, reason)
     s = s.with_(pid=None, pgid=None, inflight=frozenset(), timers={}, old_pids=old,
                 memory=None)
-    acts.append(Sweep(old_pgid))
+    acts.append(Sweep(old_pgid, settle))
     return s, acts
 
 

@@ -187,8 +187,8 @@ class Loop:
             self._submit(lambda: MemorySampled(fx.sample_memory(pss), self.clock.minute_of_day(),
                                                gen))
         elif isinstance(action, Sweep):
-            pgid = action.pgid
-            self._submit(lambda: fx.sweep(pgid))
+            pgid, settle = action.pgid, action.settle
+            self._submit(lambda: fx.sweep(pgid, settle))
         elif isinstance(action, CheckRelease):
             old = action.old_pids
             self._submit(lambda: fx.check_release(old))
