@@ -96,6 +96,15 @@ def test_bad_values_name_file_key_value_and_what_is_accepted(
         assert word in message
 
 
+def test_bad_key_errors_name_their_line(tmp_path: Path) -> None:
+    path = write(tmp_path, '[vllm]\nmodel = "/m"\n\n[probe]\ninterval = 5\n'
+                 '[memory]\nsample_interval = 1\ngpu_limit = "lots"\n')
+    with pytest.raises(ConfigError) as err:
+        load(path)
+    assert err.value.line == 8
+    assert str(err.value).startswith(f"{path}:8: memory.gpu_limit:")
+
+
 def test_malformed_toml_names_its_line(tmp_path: Path) -> None:
     path = write(tmp_path, '[vllm]\nmodel = "/m"\nport = \n')
     with pytest.raises(ConfigError) as err:

@@ -6,6 +6,7 @@ import dataclasses
 import difflib
 import hashlib
 import os
+import re
 import sys
 from collections.abc import Mapping
 from dataclasses import dataclass, field
@@ -25,9 +26,10 @@ DEFAULT_PATH = "/etc/vllmwatch/vllmwatch.toml"
 class ConfigError(Exception):
     """A config problem a person can act on: file, key, value and what is accepted."""
 
-    def __init__(self, path: str, key: str, problem: str) -> None:
-        self.path, self.key, self.problem = path, key, problem
-        where = f"{path}: {key}" if key else path
+    def __init__(self, path: str, key: str, problem: str, line: int | None = None) -> None:
+        self.path, self.key, self.problem, self.line = path, key, problem, line
+        place = f"{path}:{line}" if line else path
+        where = f"{place}: {key}" if key else place
         super().__init__(f"{where}: {problem}")
 
 
@@ -204,8 +206,36 @@ def load(path: str) -> Config:
         raise ConfigError(path, "", f"not UTF-8 text ({exc.reason} at byte {exc.start})") from None
     except tomllib.TOMLDecodeError as exc:
         raise ConfigError(path, "", f"invalid TOML: {exc}") from None
-    config = from_dict(data, path)
+    try:
+        config = from_dict(data, path)
+    except ConfigError as exc:
+        if exc.line is None and exc.key:
+            line = line_of(raw.decode("utf-8"), exc.key)
+            if line is not None:
+                raise ConfigError(exc.path, exc.key, exc.problem, line) from None
+        raise
     return dataclasses.replace(config, sha256=hashlib.sha256(raw).hexdigest())
+
+
+def line_of(text: str, key: str) -> int | None:
+    """The line that sets a dotted key ("memory.gpu_limit") or opens a table ("memory")."""
+    section, _, name = key.partition(".")
+    name = re.split(r"[.\[]", name)[0]
+    current = ""
+    for number, line in enumerate(text.splitlines(), 1):
+        stripped = line.strip()
+        header = re.match(r"^\[\s*([\w.-]+)\s*\]", stripped)
+        if header:
+            current = header.group(1)
+            if not name and current == section:
+                return number
+            continue
+        if name and current.split(".")[0] == section and re.match(
+                rf"^[\"']?{re.escape(name)}[\"']?\s*=", stripped):
+            return number
+        if not current and re.match(rf"^{re.escape(section)}\s*=", stripped):
+            return number
+    return None
 
 
 def from_dict(data: Mapping[str, object], path: str = "<config>") -> Config:

@@ -10,6 +10,7 @@ Converter = Callable[[object], object]
 
 
 def show(value: object) -> str:
+    """A TOML value as a person wrote it, for error messages."""
     if isinstance(value, str):
         return repr(value)
     if isinstance(value, bool):
@@ -22,6 +23,7 @@ def show(value: object) -> str:
 
 
 def choice(value: object, choices: tuple[str, ...]) -> str:
+    """One of the choices, case-insensitive; ValueError otherwise."""
     if not isinstance(value, str) or value.lower() not in choices:
         raise ValueError("")
     return value.lower()
