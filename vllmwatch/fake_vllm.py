@@ -3,6 +3,8 @@
 An API server spawns a ``VLLM::EngineCore`` child (and ``VLLM::Worker_TP{i}`` grandchildren)
 in its own process group and serves completions through it, so stopping or killing the
 engine looks to a supervisor as it does with real vLLM. Fault flags: see ``parse_args``.
+This module is the API server and the one entry point for all roles; the engine and worker
+roles live in ``vllmwatch.fake_engine``.
 """
 
 from __future__ import annotations
@@ -12,22 +14,34 @@ import contextlib
 import json
 import math
 import os
-import select
 import signal
 import socket
 import subprocess
 import sys
 import threading
 import time
-from dataclasses import dataclass
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from types import FrameType
 from typing import Any, BinaryIO, NoReturn
 
-_OUT = threading.Lock()
-_PREFIX = "APIServer"
-_CHILD_EXTRA = 7  # argv items that _spawn appends after the user's flags
-_BUSY_SEQS = 4  # synthetic sequences that --busy keeps running
+if not __spec__:  # run by file path: make our package importable from the folder above it
+    sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+
+from vllmwatch.fake_engine import (
+    CHILD_EXTRA,
+    after,
+    emit,
+    engine_main,
+    leak,
+    log,
+    spawn,
+    worker_main,
+    write_traceback,
+)
+
+# How children run this module again: -m when we were run so, as a script this file's folder
+# would shadow stdlib modules; else by file path.
+_ENTRY = ["-m", __spec__.name] if __spec__ else [os.path.abspath(__file__)]
 _METRICS = [  # (name, type, help, key in the engine's stats)
     ("num_requests_running", "gauge", "Number of requests in model execution batches.", "run"),
     ("num_requests_waiting", "gauge", "Number of requests waiting to be processed.", "wait"),
@@ -36,18 +50,6 @@ _METRICS = [  # (name, type, help, key in the engine's stats)
     ("generation_tokens_total", "counter", "Number of generation tokens processed.", "gen"),
     ("num_preemptions_total", "counter", "Cumulative number of preemption from the engine.", ""),
 ]
-
-
-def emit(text: str) -> None:
-    """Write one ``(Role pid=N)``-prefixed line to stdout and flush; never raise."""
-    with _OUT, contextlib.suppress(OSError, ValueError):
-        sys.stdout.write(f"({_PREFIX} pid={os.getpid()}) {text}\n")
-        sys.stdout.flush()
-
-
-def log(level: str, msg: str, where: str = "fake_vllm.py:1") -> None:
-    """Emit a vLLM-style line: ``INFO 11-29 17:00:00 [file.py:1] msg``."""
-    emit(f"{level} {time.strftime('%m-%d %H:%M:%S')} [{where}] {msg}")
 
 
 def parse_args(argv: list[str]) -> argparse.Namespace:
@@ -73,41 +75,6 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
         p.add_argument(f"--{name}", action="store_true")
     p.add_argument("--role", choices=("api", "engine", "worker"), default="api")
     return p.parse_known_args(argv)[0]
-
-
-def _spawn(marker: str, role: str, flags: list[str], rank: int = 0
-           ) -> tuple[subprocess.Popen[bytes], socket.socket]:
-    """Run this file as a child ``role`` (same process group), linked by a socketpair."""
-    mine, theirs = socket.socketpair()
-    # -m when we were run so: as a script, this file's folder would shadow stdlib modules
-    entry = ["-m", __spec__.name] if __spec__ else [os.path.abspath(__file__)]
-    argv = [sys.executable, *entry, *flags, marker,
-            "--role", role, "--fd", str(theirs.fileno()), "--rank", str(rank)]
-    proc = subprocess.Popen(argv, pass_fds=(theirs.fileno(),))
-    theirs.close()
-    return proc, mine
-
-
-def _leak(a: argparse.Namespace, where: str) -> None:
-    """Start a thread that grows RSS by --leak-mib-per-s, touching every page."""
-    def grow(hoard: list[bytearray], due: float) -> None:
-        while True:
-            hoard.append(bytearray(b"\xa5") * int(a.leak_mib_per_s * 2**20 / 10))
-            due += 0.1
-            time.sleep(max(0.0, due - time.monotonic()))
-    if a.leak_mib_per_s > 0 and a.leak_in == where:
-        threading.Thread(target=grow, args=([], time.monotonic()), daemon=True).start()
-
-
-def _traceback(error: str, where: str) -> None:
-    sys.stderr.write(f'Traceback (most recent call last):\n  File "{where}", line 1, in run\n'
-                     f"{error}\n")
-    sys.stderr.flush()
-
-
-def _after(seconds: float | None) -> float:
-    """A fault delay, or never when the flag is unset (0 means at once)."""
-    return math.inf if seconds is None else seconds
 
 
 def _error(message: str, kind: str, code: int) -> dict[str, Any]:
@@ -163,9 +130,9 @@ class Api:
     def health(self) -> int:
         """Status code of GET /health."""
         a, age = self.args, time.monotonic() - self.ready_at
-        if self.dead_at is not None or age >= _after(a.unhealthy_after):
+        if self.dead_at is not None or age >= after(a.unhealthy_after):
             return 503
-        return 500 if age >= _after(a.health_fail_after) else 200
+        return 500 if age >= after(a.health_fail_after) else 200
 
     def metrics(self) -> str:
         """Prometheus text shaped like vLLM's /metrics (a small subset)."""
@@ -301,7 +268,7 @@ def _watch(a: argparse.Namespace, api: Api) -> int:
     while True:
         time.sleep(0.05)
         now = time.monotonic()
-        if now - api.ready_at >= _after(a.exit_after):
+        if now - api.ready_at >= after(a.exit_after):
             log("WARNING", f"Injected fault: exit with code {a.exit_code} (--exit-after)")
             return int(a.exit_code)
         if api.dead_at is not None and now - api.dead_at >= a.engine_death_exit_delay:
@@ -322,13 +289,13 @@ def api_main(a: argparse.Namespace, flags: list[str]) -> int:
     try:
         server = _Server((a.host, a.port), _Handler, bind_and_activate=False)
         server.server_bind()  # like vLLM: take the port before the engine starts
-        engine, sock = _spawn("VLLM::EngineCore", "engine", flags)
+        engine, sock = spawn(_ENTRY, "VLLM::EngineCore", "engine", flags)
         server.api = api = Api(sock, a)
         rfile = sock.makefile("rb")
         if not rfile.readline():
-            _traceback("RuntimeError: Engine core initialization failed. See root cause above. "
-                       f"Failed core proc(s): {{'EngineCore_DP0': {engine.wait()}}}",
-                       "vllm/entrypoints/openai/api_server.py")
+            write_traceback("RuntimeError: Engine core initialization failed. See root cause "
+                            f"above. Failed core proc(s): {{'EngineCore_DP0': {engine.wait()}}}",
+                            "vllm/entrypoints/openai/api_server.py")
             return 1
         log("INFO", f"Starting vLLM server on http://{a.host}:{a.port}", "api_server.py:2")
         server.server_activate()
@@ -338,178 +305,10 @@ def api_main(a: argparse.Namespace, flags: list[str]) -> int:
                     "startup.", "Application startup complete."):
             log("INFO", msg, "launcher.py:1")
         api.ready_at = time.monotonic()
-        _leak(a, "api")
+        leak(a, "api")
         _shutdown(engine, api, _watch(a, api))
     except _Stop:
         _shutdown(engine, api, 0, a.shutdown_timeout)
-
-
-@dataclass
-class _Req:
-    id: int
-    prompt: int
-    max_tokens: int
-    done: int = 0
-    start: float = 0.0
-
-
-class Engine:
-    """EngineCore: admits requests, makes tokens, reports stats; engine faults live here."""
-
-    def __init__(self, a: argparse.Namespace) -> None:
-        self.a, self.api = a, socket.socket(fileno=a.fd)
-        self.workers: list[tuple[subprocess.Popen[bytes], socket.socket]] = []
-        self.waiting: list[_Req] = []
-        self.running: list[_Req] = []
-        self.prompt = self.gen = self.ok = 0
-        self.buf, self.sent_at = b"", 0.0
-        self.orphan_at: float | None = None
-
-    def on_term(self, signum: int, frame: FrameType | None) -> None:
-        """SIGTERM: stop the workers, then exit 0."""
-        for proc, _ in self.workers:
-            proc.terminate()
-        for proc, _ in self.workers:
-            with contextlib.suppress(subprocess.TimeoutExpired):
-                proc.wait(0.3)
-            proc.kill()
-        os._exit(0)
-
-    def start(self, flags: list[str], workers: int) -> None:
-        """Spawn workers and print the startup milestones over --startup-seconds."""
-        a, s = self.a, self.a.startup_seconds
-        self.workers = [_spawn(f"VLLM::Worker_TP{i}", "worker", flags, i) for i in range(workers)]
-        lines = [("gpu_model_runner.py:1", f"Starting to load model {a.model}..."),
-                 ("default_loader.py:1", f"Loading weights took {s * 0.2:.2f} seconds"),
-                 ("gpu_model_runner.py:2", f"Model loading took 0.1 GiB and {s * 0.3:.2f} sec"),
-                 ("monitor.py:1", f"torch.compile took {s * 0.2:.2f} s in total"),
-                 ("gpu_worker.py:1", "Available KV cache memory: 1.0 GiB"),
-                 ("gpu_model_runner.py:3", "Capturing CUDA graphs (decode, FULL): 100%"),
-                 ("gpu_model_runner.py:4", "Graph capturing finished in 1 secs, took 0.05 GiB"),
-                 ("core.py:1", f"init engine (profile, create kv cache, warmup model) took "
-                  f"{s:.2f} seconds")]
-        t0 = time.monotonic()
-        crash_at = t0 + _after(a.crash_during_start)
-        for i, (where, msg) in enumerate(lines):
-            log("INFO", msg, where)
-            time.sleep(max(0.0, min(t0 + s * (i + 1) / len(lines), crash_at) - time.monotonic()))
-            if time.monotonic() >= crash_at:
-                break
-        if crash_at < math.inf:
-            time.sleep(max(0.0, crash_at - time.monotonic()))
-            self.crash("EngineCore failed to start.", "injected crash (--crash-during-start)")
-        if not all(sock.recv(1) for _, sock in self.workers):  # each says "ready" once
-            self.crash("EngineCore failed to start.", "a worker died during startup")
-
-    def crash(self, msg: str, why: str) -> NoReturn:
-        """Log an engine error with a traceback-like message and exit 1."""
-        log("ERROR", msg, "core.py:2")
-        _traceback(f"RuntimeError: {why}", "vllm/v1/engine/core.py")
-        os._exit(1)
-
-    def run(self) -> NoReturn:
-        """Serve requests until a fault, SIGTERM, or the end of an orphanhood."""
-        a, ready, stalled = self.a, time.monotonic(), False
-        self.send([])  # the first message tells the API server we are ready
-        _leak(a, "engine")
-        while True:
-            age = time.monotonic() - ready
-            if age >= _after(a.engine_crash_after):
-                self.crash("EngineCore encountered a fatal error.", "injected crash "
-                           "(--engine-crash-after)")
-            if age >= _after(a.hang_after):
-                log("WARNING", "Injected fault: engine hang (--hang-after)")
-                while True:
-                    time.sleep(3600)
-            if time.monotonic() - _after(self.orphan_at) >= a.orphan_timeout:
-                os._exit(0)
-            if not stalled and age >= _after(a.stall_after):
-                stalled = True
-                log("WARNING", "Injected fault: engine stall (--stall-after)")
-            self.receive(0.01 if self.running or self.waiting or a.busy else 0.05)
-            done = [] if stalled else self.step(time.monotonic())
-            if done or time.monotonic() - self.sent_at >= 0.1:
-                self.send(done)
-
-    def receive(self, timeout: float) -> None:
-        """Queue new requests from the API server; notice when it is gone."""
-        if self.orphan_at is not None or not select.select([self.api], [], [], timeout)[0]:
-            time.sleep(timeout if self.orphan_at is not None else 0)
-            return
-        try:
-            data = self.api.recv(65536)
-        except OSError:
-            data = b""
-        if not data:
-            self.orphan_at = time.monotonic()
-            log("WARNING", "API server is gone; EngineCore keeps running (orphaned)")
-        *lines, self.buf = (self.buf + data).split(b"\n")
-        self.waiting += [_Req(m["id"], m["prompt"], m["max"]) for m in map(json.loads, lines)]
-
-    def step(self, now: float) -> list[_Req]:
-        """One scheduler step through the workers; return the finished requests."""
-        while self.waiting and len(self.running) < self.a.max_num_seqs:
-            req = self.waiting.pop(0)
-            req.start, self.prompt = now, self.prompt + req.prompt
-            self.running.append(req)
-        if not (self.running or self.a.busy):
-            return []
-        try:  # a stopped worker blocks the step, as a hung TP worker blocks real vLLM
-            for _, sock in self.workers:
-                sock.sendall(b"s")
-            ok = all(sock.recv(1) for _, sock in self.workers)
-        except OSError:
-            ok = False
-        if not ok:
-            self.crash("Worker proc died unexpectedly, shutting down executor.", "worker died")
-        slow, finished, keep = self.a.slow_completion, list[_Req](), list[_Req]()
-        for req in self.running:
-            frac = 1.0 if slow <= 0 else min(1.0, (now - req.start) / slow)
-            target = int(req.max_tokens * frac)
-            self.gen, req.done = self.gen + target - req.done, target
-            (finished if frac >= 1.0 else keep).append(req)
-        self.running, self.ok = keep, self.ok + len(finished)
-        self.gen += _BUSY_SEQS if self.a.busy else 0
-        return finished
-
-    def send(self, finished: list[_Req]) -> None:
-        """Send stats (first, so counters are current) and then the finished requests."""
-        run = len(self.running) + (_BUSY_SEQS if self.a.busy else 0)
-        msgs: list[dict[str, Any]] = [{"run": run, "wait": len(self.waiting), "ok": self.ok,
-                                       "prompt": self.prompt, "gen": self.gen,
-                                       "kv": min(1.0, 0.05 * run)}]
-        msgs += [{"done": r.id, "tokens": r.done} for r in finished]
-        if self.orphan_at is None:
-            with contextlib.suppress(OSError):
-                self.api.sendall(b"".join(json.dumps(m).encode() + b"\n" for m in msgs))
-        self.sent_at = time.monotonic()
-
-
-def engine_main(a: argparse.Namespace, flags: list[str]) -> int:
-    """EngineCore process: workers, startup milestones, then the request loop."""
-    global _PREFIX
-    _PREFIX, engine = "EngineCore", Engine(a)
-    signal.signal(signal.SIGINT, signal.SIG_IGN)  # the API server handles Ctrl-C
-    signal.signal(signal.SIGTERM, signal.SIG_IGN if a.ignore_sigterm else engine.on_term)
-    tp = a.tensor_parallel_size
-    engine.start(flags, a.workers if a.workers is not None else (tp if tp > 1 else 0))
-    engine.run()
-
-
-def worker_main(a: argparse.Namespace) -> int:
-    """A TP worker: answer each engine step; exit when the engine goes away."""
-    global _PREFIX
-    _PREFIX = "Worker"
-    signal.signal(signal.SIGINT, signal.SIG_IGN)
-    if a.ignore_sigterm:
-        signal.signal(signal.SIGTERM, signal.SIG_IGN)
-    log("INFO", f"Worker_TP{a.rank} started for model {a.model}", "gpu_worker.py:2")
-    sock = socket.socket(fileno=a.fd)
-    with contextlib.suppress(OSError):
-        sock.sendall(b"r")
-        while sock.recv(1):
-            sock.sendall(b"k")
-    return 0
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -517,7 +316,7 @@ def main(argv: list[str] | None = None) -> int:
     argv = sys.argv[1:] if argv is None else argv
     a = parse_args(argv)
     if a.role == "engine":
-        return engine_main(a, argv[:-_CHILD_EXTRA])
+        return engine_main(a, argv[:-CHILD_EXTRA], _ENTRY)
     return worker_main(a) if a.role == "worker" else api_main(a, argv)
 
 

@@ -3,30 +3,26 @@
 It runs in daemon threads and never touches the loop's state: it reads the immutable snapshot
 that the loop replaces wholesale. Each connection is one request (HTTP/1.0) with a hard deadline
 for reading and writing, and the number of handler threads is capped; excess clients get 503.
+That plumbing lives in vllmwatch.http_guard; this module holds the endpoints.
 """
 
 from __future__ import annotations
 
-import io
 import ipaddress
 import json
 import socket
-import socketserver
-import sys
 import threading
 import time
 from collections.abc import Callable
-from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from typing import Any
 from urllib.parse import urlsplit
 
 from vllmwatch import metrics
+from vllmwatch.http_guard import GuardedHandler, GuardedServer, Slots
 from vllmwatch.snapshot import Snapshot
 
 Response = tuple[int, str, bytes]
 TEXT = "text/plain; charset=utf-8"
-_BUSY = (b"HTTP/1.0 503 Service Unavailable\r\nContent-Type: text/plain; charset=utf-8\r\n"
-         b"Content-Length: 5\r\nRetry-After: 1\r\nConnection: close\r\n\r\nbusy\n")
 
 
 class StatusListenError(Exception):
@@ -79,9 +75,9 @@ class StatusServer:
         self.now = now
         self.stale_after = stale_after
         self.client_timeout = client_timeout
-        self.slots = _Slots(max_clients)
+        self.slots = Slots(max_clients)
         self.registry = metrics.build_registry(get_snapshot)
-        self._httpd: _HTTPServer | None = None
+        self._httpd: GuardedServer[StatusServer] | None = None
         self._thread: threading.Thread | None = None
 
     @property
@@ -96,7 +92,7 @@ class StatusServer:
         """Bind and serve; raise StatusListenError if the address is bad, taken or remote."""
         family, sockaddr = self._resolve()
         try:
-            self._httpd = _HTTPServer(family, sockaddr, self)
+            self._httpd = GuardedServer(family, sockaddr, _Handler, self)
         except OSError as exc:
             raise StatusListenError(
                 f"status.listen = {self.listen!r}: cannot listen on {_show(sockaddr)}: "
@@ -176,90 +172,10 @@ class StatusServer:
         return family, sockaddr
 
 
-class _Slots:
-    """A counted, non-blocking cap on handler threads."""
-
-    def __init__(self, limit: int) -> None:
-        self.limit = limit
-        self.active = 0
-        self.rejected = 0
-        self._lock = threading.Lock()
-
-    def take(self) -> bool:
-        with self._lock:
-            if self.active >= self.limit:
-                self.rejected += 1
-                return False
-            self.active += 1
-            return True
-
-    def give(self) -> None:
-        with self._lock:
-            self.active -= 1
-
-
-class _HTTPServer(ThreadingHTTPServer):
-    daemon_threads = True
-    block_on_close = False  # stop() must not wait for slow clients
-    request_queue_size = 128
-
-    def __init__(self, family: socket.AddressFamily, sockaddr: tuple[Any, ...],
-                 app: StatusServer) -> None:
-        self.address_family = family
-        self.app = app
-        super().__init__(sockaddr, _Handler)
-
-    def server_bind(self) -> None:
-        # HTTPServer.server_bind asks DNS for the FQDN, which can stall start-up offline.
-        socketserver.TCPServer.server_bind(self)
-        self.server_name, self.server_port = str(self.server_address[0]), self.server_address[1]
-
-    def process_request(self, request: Any, client_address: Any) -> None:
-        if not self.app.slots.take():
-            _reject(request)
-            self.shutdown_request(request)
-            return
-        try:
-            super().process_request(request, client_address)
-        except BaseException:
-            self.app.slots.give()
-            raise
-
-    def process_request_thread(self, request: Any, client_address: Any) -> None:
-        try:
-            super().process_request_thread(request, client_address)
-        finally:
-            self.app.slots.give()
-
-    def handle_error(self, request: Any, client_address: Any) -> None:
-        # Clients that hang up or stall are routine; anything else is worth an event.
-        exc = sys.exc_info()[1]
-        if not isinstance(exc, (ConnectionError, TimeoutError)):
-            self.app.log("warning", "status.request_failed", client=str(client_address[0]),
-                         error=repr(exc))
-
-
-def _reject(sock: socket.socket) -> None:
-    """Answer 503 without blocking the accept thread; drain what arrived so close sends no RST."""
-    try:
-        sock.setblocking(False)
-        sock.send(_BUSY)
-        sock.recv(65536)
-    except OSError:
-        pass
-
-
-class _Handler(BaseHTTPRequestHandler):
-    server: _HTTPServer
-    protocol_version = "HTTP/1.0"  # one request per connection: nothing for a client to hold
+class _Handler(GuardedHandler):
+    server: GuardedServer[StatusServer]
     server_version = "vllmwatch"
     sys_version = ""
-
-    def setup(self) -> None:
-        super().setup()
-        self._deadline = time.monotonic() + self.server.app.client_timeout
-        self.rfile.close()
-        self.rfile = io.BufferedReader(_DeadlineReader(self.connection, self._deadline))
 
     def do_GET(self) -> None:
         self._serve(send_body=True)
@@ -274,8 +190,8 @@ class _Handler(BaseHTTPRequestHandler):
         raise AttributeError(name)
 
     def _not_allowed(self) -> None:
-        self._reply(405, TEXT, b"method not allowed: read-only, use GET or HEAD\n", True,
-                    {"Allow": "GET, HEAD"})
+        self.reply(405, TEXT, b"method not allowed: read-only, use GET or HEAD\n", True,
+                   {"Allow": "GET, HEAD"})
 
     def _serve(self, send_body: bool) -> None:
         path = urlsplit(self.path).path
@@ -285,42 +201,7 @@ class _Handler(BaseHTTPRequestHandler):
         except Exception as exc:
             app.log("error", "status.handler_failed", path=path, error=repr(exc))
             code, content_type, body = 500, TEXT, b"internal error; see the vllmwatch log\n"
-        self._reply(code, content_type, body, send_body)
-
-    def _reply(self, code: int, content_type: str, body: bytes, send_body: bool,
-               headers: dict[str, str] | None = None) -> None:
-        # Writing gets what is left of the deadline, so a client that never reads is cut off.
-        self.connection.settimeout(max(0.1, self._deadline - time.monotonic()))
-        self.send_response(code)
-        self.send_header("Content-Type", content_type)
-        self.send_header("Content-Length", str(len(body)))
-        self.send_header("Cache-Control", "no-store")
-        for key, value in (headers or {}).items():
-            self.send_header(key, value)
-        self.end_headers()
-        if send_body:
-            self.wfile.write(body)
-
-    def log_message(self, format: str, *args: Any) -> None:
-        """Access logs would flood the journal; requests are not logged."""
-
-
-class _DeadlineReader(io.RawIOBase):
-    """Socket reads that all share one deadline, so a byte-by-byte trickle cannot last."""
-
-    def __init__(self, sock: socket.socket, deadline: float) -> None:
-        self._sock = sock
-        self._deadline = deadline
-
-    def readable(self) -> bool:
-        return True
-
-    def readinto(self, buffer: Any) -> int:
-        remaining = self._deadline - time.monotonic()
-        if remaining <= 0:
-            raise TimeoutError("request not received before the deadline")
-        self._sock.settimeout(remaining)
-        return self._sock.recv_into(buffer)
+        self.reply(code, content_type, body, send_body)
 
 
 def _is_loopback(host: str) -> bool:
