@@ -28,7 +28,7 @@ REPO = Path(__file__).resolve().parent.parent
 PY = str(REPO / ".venv" / "bin" / "python")
 VLLM_VENV = Path(os.environ.get("VLLMWATCH_VLLM_VENV", REPO / ".cache" / "vllm-venv"))
 VLLM = str(VLLM_VENV / "bin" / "vllm")
-MODEL = str(REPO / ".cache" / "tiny-model")
+MODEL = os.environ.get("VLLMWATCH_BENCH_MODEL", str(REPO / ".cache" / "tiny-model"))
 RESULTS = REPO / "bench" / "results"
 SERVED = "tiny"
 

@@ -17,6 +17,8 @@ Writes bench/results/startup.json.
 from __future__ import annotations
 
 import argparse
+import contextlib
+import re
 import shutil
 import sys
 import tempfile
@@ -24,12 +26,12 @@ import time
 from pathlib import Path
 from typing import Any
 
-from _common import RESULTS, Watch, free_port, machine, save, say, stats, write_config
+from _common import MODEL, RESULTS, Watch, free_port, machine, save, say, stats, write_config
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 from vllmwatch import pagecache
 
-MODEL_DIR = Path(__file__).resolve().parent.parent / ".cache" / "tiny-model"
+MODEL_DIR = Path(MODEL)  # VLLMWATCH_BENCH_MODEL overrides the tiny model
 
 
 def one_start(tag: str, cache: Path, eager: bool, page_cache: bool) -> dict[str, Any]:
@@ -40,6 +42,8 @@ def one_start(tag: str, cache: Path, eager: bool, page_cache: bool) -> dict[str,
                                              "page_cache": page_cache}})
     w = Watch(cfg, RESULTS / "logs" / f"startup-{tag}.jsonl")
     t0 = time.monotonic()
+    res: dict[str, Any] = {"tag": tag}
+    rdy = None
     try:
         rdy = w.wait_event("child.ready", t0, 400)
         started = w.wait_event("child.started", t0, 1)
@@ -47,16 +51,40 @@ def one_start(tag: str, cache: Path, eager: bool, page_cache: bool) -> dict[str,
                                  "detail": str(e.get("detail"))[:120]}
                  for _, e in w.since(t0, "prewarm.step")}
         if rdy is None:
-            return {"tag": tag, "error": "not ready in 400 s", "prewarm": steps}
-        e = rdy[1]
-        return {"tag": tag, "startup_s": e.get("startup_s"),
-                "total_s": round(rdy[0] - t0, 2),
-                "prewarm_s": round(started[0] - t0, 2) if started else None,
-                "compile_cache_hit": e.get("compile_cache_hit"),
-                "phases": e.get("phases"), "prewarm": steps}
+            res.update({"error": "not ready in 400 s", "prewarm": steps})
+        else:
+            e = rdy[1]
+            res.update({"startup_s": e.get("startup_s"), "total_s": round(rdy[0] - t0, 2),
+                        "prewarm_s": round(started[0] - t0, 2) if started else None,
+                        "compile_cache_hit": e.get("compile_cache_hit"),
+                        "phases": e.get("phases"), "prewarm": steps})
     finally:
         w.stop()
         shutil.rmtree(tmp, ignore_errors=True)
+        if rdy is not None:
+            res.update(from_log(RESULTS / "logs" / f"startup-{tag}.jsonl"))
+    return res
+
+
+_INIT = re.compile(r"init engine \(profile, create kv cache, warmup model\) took ([0-9.]+) s")
+
+
+def from_log(log: Path) -> dict[str, Any]:
+    """vLLM's own figures from the forwarded child lines: engine init time, cache reuse."""
+    out: dict[str, Any] = {"engine_init_s": None, "compile_cache_load_failed": False,
+                           "compile_cache_loaded": False}
+    with contextlib.suppress(OSError):
+        for line in log.read_text(errors="replace").splitlines():
+            if '"child.line"' not in line:
+                continue
+            m = _INIT.search(line)
+            if m:
+                out["engine_init_s"] = float(m.group(1))
+            if "Compiling model again due to a load failure" in line:
+                out["compile_cache_load_failed"] = True
+            if "Directly load the compiled graph" in line or "loaded AOT compiled" in line:
+                out["compile_cache_loaded"] = True
+    return out
 
 
 def du_mib(path: Path) -> float:
@@ -118,6 +146,8 @@ def summary(rows: dict[str, list[dict[str, Any]]], a: str, b: str) -> dict[str, 
     s: dict[str, Any] = {}
     for k, v in rows.items():
         s[k] = {"startup_s": stats([r["startup_s"] for r in v if r.get("startup_s")]),
+                "engine_init_s": stats([r["engine_init_s"] for r in v
+                                        if r.get("engine_init_s")]),
                 "total_s": stats([r["total_s"] for r in v if r.get("total_s")]),
                 "compile_cache_hit": [r.get("compile_cache_hit") for r in v]}
     ma, mb = s[a]["startup_s"].get("median"), s[b]["startup_s"].get("median")

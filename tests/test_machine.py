@@ -183,6 +183,17 @@ def test_stop_escalates_to_sigkill_after_the_grace_period() -> None:
     assert d.exit_code == 0
 
 
+def test_a_hung_engine_gets_a_short_grace() -> None:
+    d = up(world=World(ignore_sigterm=True))
+    d.world.canary_timeout = True
+    d.run_for(61)
+    assert restarts(d) == ["hang"]
+    assert d.events("child.stopping")[-1]["grace_s"] == 5.0
+    d.run_for(6)
+    assert d.world.signals == ["SIGTERM", "SIGKILL"]
+    assert "from vllmwatch" in d.events("child.exited")[-1]["detail"]
+
+
 def test_second_stop_signal_kills_at_once() -> None:
     d = up(world=World(ignore_sigterm=True))
     d.send(StopRequested("SIGTERM"))

@@ -20,6 +20,8 @@ from vllmwatch.state import CHILD_STATES, FAILURE_REASONS, S, WatchState, goto, 
 KILL_WAIT = 10.0  # after SIGKILL, how long to wait for the exit before sweeping anyway
 RELEASE_POLL = 1.0
 SETTLE = 3.0  # after a requested stop, how long the engine may take to follow the API server
+STUCK_REASONS = frozenset({"hang", "stall"})
+STUCK_GRACE = 5.0  # SIGTERM -> SIGKILL for an engine known to be stuck
 EXIT_GAVE_UP = 3
 EXIT_START = 4
 EXIT_CONFIG = 2
@@ -88,11 +90,16 @@ def take_down(s: WatchState, now: float, drain: bool) -> Result:
 
 
 def stop_child(s: WatchState, now: float) -> Result:
-    """SIGTERM the group and give it restart.stop_timeout."""
-    s, acts = goto(s, S.STOPPING, now, "stop child", deadline=now + s.config.restart.stop_timeout)
+    """SIGTERM the group and give it restart.stop_timeout (less when the engine is stuck)."""
+    grace = s.config.restart.stop_timeout
+    if s.pending is not None and s.pending[0] in STUCK_REASONS:
+        # Measured: the API server of a hung engine waits on it and ignores SIGTERM, so the
+        # full grace would only add downtime; nothing in flight can finish anyway.
+        grace = min(grace, STUCK_GRACE)
+    s, acts = goto(s, S.STOPPING, now, "stop child", deadline=now + grace)
     acts.append(SignalGroup("SIGTERM"))
     acts.append(Log("info", "child.stopping", {"pid": s.pid, "signal": "SIGTERM",
-                                               "grace_s": s.config.restart.stop_timeout}))
+                                               "grace_s": grace}))
     if s.exit_code is not None:
         acts.append(Notify(extend_usec=int((s.config.restart.stop_timeout + KILL_WAIT + 15) * 1e6)))
     return s, acts

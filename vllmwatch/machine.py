@@ -115,7 +115,7 @@ def _spawn_failed(s: WatchState, ev: SpawnFailed, now: float) -> Result:
 def _child_exited(s: WatchState, ev: ChildExited, now: float) -> Result:
     asked = s.state == S.STOPPING
     uptime = round(now - s.child_started, 2) if s.child_started is not None else None
-    why = explain_exit(ev.code, ev.signal, asked)
+    why = explain_exit(ev.code, ev.signal, asked, killed_by_us=asked and s.killed)
     acts: list[Action] = [Log("info" if asked else "warning", "child.exited", {
         "pid": ev.pid, "code": ev.code, "signal": ev.signal, "uptime_s": uptime,
         "expected": asked, "detail": why, "last_lines": list(ev.last_lines[-5:])})]

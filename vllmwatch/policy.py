@@ -75,8 +75,11 @@ def stalled_since(last_advance: float | None, prev: Progress | None, cur: Progre
     return last_advance if last_advance is not None else prev.at
 
 
-def explain_exit(code: int | None, signame: str | None, requested: bool) -> str:
+def explain_exit(code: int | None, signame: str | None, requested: bool,
+                 killed_by_us: bool = False) -> str:
     """A human reason for a child exit, with the likely cause."""
+    if signame == "SIGKILL" and killed_by_us:
+        return "killed by SIGKILL from vllmwatch (it did not exit after SIGTERM)"
     if signame is not None:
         hint = {
             "SIGKILL": " (OOM killer? see `journalctl -k | grep -i oom`)",
