@@ -8,12 +8,14 @@ from event timestamps and printed (`pytest -s` shows them).
 
 from __future__ import annotations
 
+import glob
 import itertools
 import json
 import os
 import signal
 import socket
 import subprocess
+import tempfile
 import threading
 import time
 import urllib.error
@@ -323,6 +325,12 @@ def test_stop_signal_exits_0_and_reaps(daemon: Factory, sig: int) -> None:
         psutil.Process(ready["pid"]).status() == psutil.STATUS_ZOMBIE
     assert d.notify is not None and d.notify.with_prefix("STOPPING=1")
     report(f"{signal.Signals(sig).name} -> exit", ts_of(d.named("daemon.exit")[0]) - sent)
+    # The child ran with a TMPDIR of its own (vLLM leaves IPC socket files there when it
+    # is killed), and that directory is gone with it.
+    marker = instance_id(str(d.config_path))
+    assert f"TMPDIR={tempfile.gettempdir()}/vllmwatch-{marker}-" in \
+        d.named("child.started")[0]["command"]
+    assert glob.glob(f"{tempfile.gettempdir()}/vllmwatch-{marker}-*") == []
 
 
 # ---- leftovers and the port ----

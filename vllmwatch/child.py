@@ -3,8 +3,10 @@
 from __future__ import annotations
 
 import contextlib
+import glob
 import hashlib
 import os
+import shutil
 import signal
 import socket
 import subprocess
@@ -113,10 +115,23 @@ def _looks_like_vllm(proc: psutil.Process) -> bool:
     return False
 
 
-def _describe(proc: psutil.Process) -> str:
+def describe(proc: psutil.Process) -> str:
+    """pid and command line, for logs."""
     with contextlib.suppress(psutil.Error):
         return f"pid {proc.pid} ({' '.join(proc.cmdline())[:80] or proc.name()})"
     return f"pid {proc.pid}"
+
+
+def child_tmpdir(marker: str) -> str:
+    """A fresh TMPDIR for one child generation: vLLM leaves its ZMQ IPC socket files in the
+    temp directory when it is killed; a directory of its own is removed after the sweep."""
+    return tempfile.mkdtemp(prefix=f"vllmwatch-{marker}-")
+
+
+def remove_tmpdirs(marker: str) -> None:
+    """Remove the TMPDIRs of our earlier children (call only when none of them is alive)."""
+    for path in glob.glob(os.path.join(tempfile.gettempdir(), f"vllmwatch-{marker}-*")):
+        shutil.rmtree(path, ignore_errors=True)
 
 
 def group_file(marker: str) -> str:
@@ -185,7 +200,7 @@ def port_holder(host: str, port: int, ignore: set[int]) -> str | None:
                 if conn.pid is None:
                     return "an unknown process (not visible to this user)"
                 with contextlib.suppress(psutil.Error):
-                    return _describe(psutil.Process(conn.pid))
+                    return describe(psutil.Process(conn.pid))
                 return f"pid {conn.pid}"
     return _connect_probe(host, port)
 
@@ -234,4 +249,4 @@ def sweep(pgid: int | None, marker: str, host: str, port: int, grace: float = 5.
             break
         time.sleep(0.2)
     return SweepDone(killed=killed, remaining=tuple(p.pid for p in alive), port_holder=holder,
-                     foreign_vllm=tuple(_describe(p) for p in foreign))
+                     foreign_vllm=tuple(describe(p) for p in foreign))

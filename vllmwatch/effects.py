@@ -80,9 +80,11 @@ class RealEffects:
         self.config = config
         try:
             api_key = command.read_api_key(config)
+            extra = self._cache_env(config)
+            if "TMPDIR" not in config.vllm.env:
+                extra["TMPDIR"] = childmod.child_tmpdir(self.marker)
             cmd = command.build(config, self._environ, api_key=api_key,
-                                vllm_version=self._version,
-                                extra_env=self._cache_env(config))
+                                vllm_version=self._version, extra_env=extra)
         except ConfigError as exc:
             return SpawnFailed(str(exc), fatal=True)
         self._before_launch = self.sampler.device_used_mib() if config.vllm.uses_gpu else {}
@@ -168,11 +170,14 @@ class RealEffects:
         v = self.config.vllm
         kill = pgid is not None or self.config.restart.kill_stale
         if kill:
-            return childmod.sweep(pgid, self.marker, v.host, v.port, settle=settle)
+            done = childmod.sweep(pgid, self.marker, v.host, v.port, settle=settle)
+            if not done.remaining:
+                childmod.remove_tmpdirs(self.marker)
+            return done
         ours, foreign = childmod.find_tree(pgid, self.marker)
         holder = childmod.port_holder(v.host, v.port, ignore=set())
         return SweepDone((), tuple(p.pid for p in ours), holder,
-                         tuple(childmod._describe(p) for p in foreign))
+                         tuple(childmod.describe(p) for p in foreign))
 
     def check_release(self, old_pids: tuple[int, ...]) -> ReleaseChecked:
         """Has the GPU given back the old tree's memory?"""
