@@ -17,6 +17,7 @@ from typing import IO
 
 from vllmwatch.events import ChildOutput
 from vllmwatch.logs import LogFn
+from vllmwatch.prewarm import compile_cache_hit
 
 # FACTS.md: vLLM's start milestones, in order; the name is the phase that ends there.
 MILESTONES: tuple[tuple[str, str], ...] = (
@@ -36,7 +37,6 @@ MILESTONES: tuple[tuple[str, str], ...] = (
 _LEVEL = re.compile(r"\b(DEBUG|INFO|WARNING|WARN|ERROR|CRITICAL)\b")
 _LEVEL_MAP = {"DEBUG": "debug", "INFO": "info", "WARNING": "warning", "WARN": "warning",
               "ERROR": "error", "CRITICAL": "error"}
-_CACHE_HIT = re.compile(r"Directly load the compiled graph", re.IGNORECASE)
 # Our own successful probes in vLLM's access log: 17k lines a day of noise, not forwarded.
 _OWN_PROBE = re.compile(r'"GET /(health|metrics) HTTP/1\.[01]" 200')
 PROGRESS_EVERY = 0.5  # at most this often a plain line is posted to the loop as progress
@@ -104,7 +104,7 @@ class ChildLog:
                     continue
                 level = level_of(line, level)
                 self.last_lines.append(line)
-                milestone, hit = milestone_of(line), bool(_CACHE_HIT.search(line))
+                milestone, hit = milestone_of(line), compile_cache_hit(line)
                 now = time.monotonic()
                 if milestone or hit or now - last_post >= PROGRESS_EVERY:
                     self._post(ChildOutput(milestone, hit))

@@ -36,7 +36,6 @@ from vllmwatch.events import (
 )
 from vllmwatch.notify import status_line, watchdog_interval
 from vllmwatch.snapshot import Snapshot
-from vllmwatch.state import WatchState
 from vllmwatch.statusline import snapshot_of, summary
 
 _SIGNALS = (signal.SIGTERM, signal.SIGINT, signal.SIGHUP, signal.SIGUSR1, signal.SIGCHLD)
@@ -237,8 +236,3 @@ class Loop:
         for fd in (self._wake_r, self._wake_w):
             with contextlib.suppress(OSError):
                 os.close(fd)
-
-    @property
-    def core(self) -> WatchState:
-        """The current state of the pure core (for tests)."""
-        return self.state

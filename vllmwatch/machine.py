@@ -28,7 +28,7 @@ from vllmwatch.events import (
 )
 from vllmwatch.ladder import Result
 from vllmwatch.policy import explain_exit
-from vllmwatch.state import CHILD_STATES, FINAL, S, WatchState, goto
+from vllmwatch.state import FINAL, S, WatchState, goto
 
 EXTEND_EVERY = 10.0  # how often EXTEND_TIMEOUT_USEC is sent while systemd waits for us
 EXTEND_BY = 60.0
@@ -276,8 +276,3 @@ def next_wakeup(s: WatchState) -> float | None:
     if not s.ever_ready or s.exit_code is not None:
         times.append(s.next_extend)
     return min(times) if times else None
-
-
-def is_child_state(s: WatchState) -> bool:
-    """True while a child generation is alive or being stopped."""
-    return s.state in CHILD_STATES
