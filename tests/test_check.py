@@ -17,7 +17,7 @@ from typing import Any
 
 import pytest
 
-from vllmwatch import check, checks_gpu, checks_model
+from vllmwatch import check, checks_gpu, checks_maxlen, checks_model
 from vllmwatch.check import FAIL, PASS, SKIP, WARN, CheckResult
 
 REPO = Path(__file__).resolve().parents[1]
@@ -232,7 +232,7 @@ def test_sharded_index_names_a_missing_shard(tmp_path: Path) -> None:
     ({"n_positions": 1024, "max_position_embeddings": 2048}, 1024),
 ])
 def test_model_max_len(cfg: dict[str, Any], limit: int) -> None:
-    found = checks_model.model_max_len(cfg)
+    found = checks_maxlen.model_max_len(cfg)
     assert found is not None and found[0] == limit
 
 
@@ -240,7 +240,7 @@ def test_model_max_len(cfg: dict[str, Any], limit: int) -> None:
     (4096, 4096), ("4096", 4096), ("32k", 32000), ("32K", 32768), ("1m", 10**6), (-1, None),
     ("auto", None)])
 def test_parse_len(raw: object, want: int | None) -> None:
-    assert checks_model.parse_len(raw) == want
+    assert checks_maxlen.parse_len(raw) == want
 
 
 def test_hf_overrides_rope_raise_the_limit(tmp_path: Path) -> None:

@@ -1,8 +1,9 @@
 """The preflight checklist (`vllmwatch check`): small checks, each returning CheckResults.
 
 A check never raises: the runner turns an unexpected error into a FAIL carrying its text.
-GPU checks live in checks_gpu.py, model directory and max-model-len checks in checks_model.py;
-this module holds the runner, the output and the config, vLLM, port and cache checks.
+GPU checks live in checks_gpu.py, model directory checks in checks_model.py, max-model-len
+in checks_maxlen.py; this module holds the runner, the output and the config, vLLM, port
+and cache checks.
 """
 
 from __future__ import annotations
@@ -239,9 +240,9 @@ def _check_model(ctx: Context) -> list[CheckResult]:
 
 
 def _check_max_model_len(ctx: Context) -> CheckResult:
-    from vllmwatch import checks_model  # imports this module: keep it out of the import cycle
+    from vllmwatch import checks_maxlen  # imports this module: keep it out of the import cycle
 
-    return checks_model.check_max_model_len(ctx)
+    return checks_maxlen.check_max_model_len(ctx)
 
 
 def _check_gpus(ctx: Context) -> list[CheckResult]:
