@@ -300,6 +300,16 @@ def stats(xs: list[float], nd: int = 2) -> dict[str, Any]:
             "min": round(min(xs), nd), "max": round(max(xs), nd)}
 
 
+def timeit(fn: Any, n: int) -> dict[str, Any]:
+    """Call fn n times; stats of the durations in ms."""
+    xs = []
+    for _ in range(n):
+        t = time.perf_counter()
+        fn()
+        xs.append((time.perf_counter() - t) * 1000)
+    return stats(xs, 3)
+
+
 def fmt(s: dict[str, Any], unit: str = "") -> str:
     if not s.get("n"):
         return "n/a"

@@ -37,6 +37,7 @@ from _common import (
     say,
     start_bare,
     stats,
+    timeit,
     wait_completion,
     write_config,
 )
@@ -51,15 +52,6 @@ FAST = {
     "probe": {"interval": "1s", "metrics_interval": "1s", "canary_interval": "1s"},
     "memory": {"sample_interval": "1s", "pss_interval": "1s"},
 }
-
-
-def timeit(fn: Any, n: int) -> dict[str, Any]:
-    xs = []
-    for _ in range(n):
-        t = time.perf_counter()
-        fn()
-        xs.append((time.perf_counter() - t) * 1000)
-    return stats(xs, 3)
 
 
 def pieces(port: int, child: int) -> dict[str, Any]:

@@ -27,7 +27,7 @@ import time
 from pathlib import Path
 from typing import Any
 
-from _common import free_port, kill_group, machine, save, say, stats, track_group
+from _common import free_port, kill_group, machine, save, say, timeit, track_group
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 from vllmwatch.fake_nvml import FakeGpu, FakeNvml
@@ -71,15 +71,6 @@ def body(target_kb: int, shape: str) -> str:
         parts.append(hist_head)
         parts += by_name["vllm:e2e_request_latency_seconds_bucket"]
     return "".join(parts)
-
-
-def timeit(fn: Any, n: int) -> dict[str, Any]:
-    xs = []
-    for _ in range(n):
-        t = time.perf_counter()
-        fn()
-        xs.append((time.perf_counter() - t) * 1000)
-    return stats(xs, 3)
 
 
 def metrics_scale() -> list[dict[str, Any]]:
