@@ -13,7 +13,7 @@ from pathlib import Path
 counter, crashes, rest = Path(sys.argv[1]), int(sys.argv[2]), sys.argv[3:]
 n = int(counter.read_text() or "0") + 1 if counter.exists() else 1
 counter.write_text(str(n))
-args = [sys.executable, "-m", "vllmwatch.fake_vllm", *rest, "--startup-seconds", "2"]
+args = [sys.executable, "-m", "vllmwatch.testing.fake_vllm", *rest, "--startup-seconds", "2"]
 if n <= crashes:
     args += ["--crash-during-start", "1.0"]
 os.execv(sys.executable, args)

@@ -44,9 +44,9 @@ from _common import (
 from _load import run_load
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
-from vllmwatch.memory import host_memory, make_sampler, tree_pids
-from vllmwatch.probes import HttpProber, parse_metrics
-from vllmwatch.probes import text_string_to_metric_families as full_parse
+from vllmwatch.shell.memory import host_memory, make_sampler, tree_pids
+from vllmwatch.shell.probes import HttpProber, parse_metrics
+from vllmwatch.shell.probes import text_string_to_metric_families as full_parse
 
 FAST = {
     "probe": {"interval": "1s", "metrics_interval": "1s", "canary_interval": "1s"},

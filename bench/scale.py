@@ -10,7 +10,7 @@
    body from a loopback HTTP server (fetch + parse).
 2. Process tree: a shell with N sleeping children (N = 4 .. 1024): tree walk, RSS sum,
    RSS+PSS sum (smaps_rollup), the sampler's RSS sample.
-3. GPUs: vllmwatch.fake_nvml.FakeNvml with 1..8 GPUs, each listing P compute processes
+3. GPUs: vllmwatch.testing.fake_nvml.FakeNvml with 1..8 GPUs, each listing P compute processes
    (P = 8, 64); the NVML sampling path of NvmlSampler.sample() with no tree (the Python cost
    of our code; a real NVML adds its call latency, see docs/BENCHMARKS.md).
 Writes bench/results/scale.json.
@@ -30,10 +30,10 @@ from typing import Any
 from _common import free_port, kill_group, machine, save, say, timeit, track_group
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
-from vllmwatch.fake_nvml import FakeGpu, FakeNvml
-from vllmwatch.memory import host_memory, make_sampler, tree_pids
-from vllmwatch.probes import HttpProber, parse_metrics
-from vllmwatch.probes import text_string_to_metric_families as full_parse
+from vllmwatch.shell.memory import host_memory, make_sampler, tree_pids
+from vllmwatch.shell.probes import HttpProber, parse_metrics
+from vllmwatch.shell.probes import text_string_to_metric_families as full_parse
+from vllmwatch.testing.fake_nvml import FakeGpu, FakeNvml
 
 SIZES_KB = (50, 200, 1000, 5000)
 GAUGES = ("vllm:num_requests_running", "vllm:num_requests_waiting",

@@ -29,7 +29,7 @@ from typing import Any
 from _common import MODEL, RESULTS, Watch, free_port, machine, save, say, stats, write_config
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
-from vllmwatch import pagecache
+from vllmwatch.prewarm import pagecache
 
 MODEL_DIR = Path(MODEL)  # VLLMWATCH_BENCH_MODEL overrides the tiny model
 

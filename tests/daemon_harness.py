@@ -31,7 +31,7 @@ from typing import Any
 
 import psutil
 
-from vllmwatch.child import MARKER, instance_id
+from vllmwatch.shell.child import MARKER, instance_id
 
 PYTHON = sys.executable
 REPO = Path(__file__).resolve().parent.parent

@@ -17,8 +17,11 @@ from typing import Any
 
 import pytest
 
-from vllmwatch import check, checks_gpu, checks_maxlen, checks_model
-from vllmwatch.check import FAIL, PASS, SKIP, WARN, CheckResult
+from vllmwatch.check import gpu as checks_gpu
+from vllmwatch.check import maxlen as checks_maxlen
+from vllmwatch.check import model as checks_model
+from vllmwatch.check import runner as check
+from vllmwatch.check.runner import FAIL, PASS, SKIP, WARN, CheckResult
 
 REPO = Path(__file__).resolve().parents[1]
 VLLM_VENV_PY = REPO / ".cache" / "vllm-venv" / "bin" / "python"

@@ -10,7 +10,7 @@ from typing import Any
 
 import pytest
 
-from vllmwatch.command import (
+from vllmwatch.config.command import (
     REDACTED,
     CommandError,
     accepts_shutdown_timeout,
@@ -18,7 +18,7 @@ from vllmwatch.command import (
     build,
     redact_argv,
 )
-from vllmwatch.config import from_dict
+from vllmwatch.config.schema import from_dict
 
 
 def cfg(**vllm: Any) -> Any:

@@ -8,8 +8,8 @@ from pathlib import Path
 
 import pytest
 
-from vllmwatch import units
-from vllmwatch.config import ConfigError, config_path, from_dict, load
+from vllmwatch.config import units
+from vllmwatch.config.schema import ConfigError, config_path, from_dict, load
 
 REPO = Path(__file__).resolve().parent.parent
 

@@ -19,7 +19,7 @@ from typing import Any, TypeVar
 
 import pytest
 
-from vllmwatch.fake_vllm import parse_args
+from vllmwatch.testing.fake_vllm import parse_args
 
 ROOT = Path(__file__).resolve().parents[1]
 T = TypeVar("T")
@@ -128,7 +128,7 @@ class Fake:
 @contextmanager
 def fake(tmp_path: Path, *flags: str, ready: int = 200) -> Iterator[Fake]:
     port, log = free_port(), tmp_path / "fake.log"
-    argv = [sys.executable, "-m", "vllmwatch.fake_vllm", "serve", "--model", "org/m",
+    argv = [sys.executable, "-m", "vllmwatch.testing.fake_vllm", "serve", "--model", "org/m",
             "--served-model-name", "fake", "--host", "127.0.0.1", "--port", str(port),
             "--startup-seconds", "0.1", "--disable-log-requests", *flags]
     with log.open("wb") as out:

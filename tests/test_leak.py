@@ -8,9 +8,9 @@ from collections.abc import Callable
 
 import pytest
 
-from vllmwatch import leak
-from vllmwatch.config import MemoryConfig
-from vllmwatch.leak import LeakVerdict, figures, new_state, observe, slope_per_hour
+from vllmwatch.config.schema import MemoryConfig
+from vllmwatch.core import leak
+from vllmwatch.core.leak import LeakVerdict, figures, new_state, observe, slope_per_hour
 
 H = 3600.0
 Series = Callable[[float], float]

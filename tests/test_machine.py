@@ -4,10 +4,10 @@ from __future__ import annotations
 
 import pytest
 
-from vllmwatch import policy
-from vllmwatch.config import Config, RestartConfig, from_dict
-from vllmwatch.events import ReloadRequested, RestartRequested, StopRequested
-from vllmwatch.state import S, TransitionError, WatchState, goto
+from vllmwatch.config.schema import Config, RestartConfig, from_dict
+from vllmwatch.core import policy
+from vllmwatch.core.events import ReloadRequested, RestartRequested, StopRequested
+from vllmwatch.core.state import S, TransitionError, WatchState, goto
 from vllmwatch.testing import Driver, World, config_with
 
 BASE = from_dict({

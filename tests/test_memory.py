@@ -12,9 +12,16 @@ from typing import Any
 import psutil
 import pytest
 
-from vllmwatch import gpu_release
-from vllmwatch.fake_nvml import FakeGpu, FakeNvml, NVMLError_GpuIsLost, NVMLError_LibraryNotFound
-from vllmwatch.memory import GpuProcess, MemorySample, make_sampler, tree_pids
+from vllmwatch.core import release as gpu_release
+from vllmwatch.core.samples import GpuProcess, MemorySample
+from vllmwatch.shell import memory
+from vllmwatch.shell.memory import make_sampler, tree_pids
+from vllmwatch.testing.fake_nvml import (
+    FakeGpu,
+    FakeNvml,
+    NVMLError_GpuIsLost,
+    NVMLError_LibraryNotFound,
+)
 
 MIB = 1024 * 1024
 
@@ -272,8 +279,8 @@ def test_release_check_reads_the_sampler(tree: tuple[int, int]) -> None:
     grandchild = tree[1]
     nvml = FakeNvml([FakeGpu(used_mib=20000, procs={grandchild: 19000})])
     sampler = make_sampler(None, Events(), nvml=nvml)
-    assert gpu_release.check(sampler, {grandchild}, {0: 1000.0}, 512.0)[0] is False
+    assert memory.release_check(sampler, {grandchild}, {0: 1000.0}, 512.0)[0] is False
     nvml.gpus[0] = FakeGpu(used_mib=1100, procs={})
-    assert gpu_release.check(sampler, {grandchild}, {0: 1000.0}, 512.0) == (
+    assert memory.release_check(sampler, {grandchild}, {0: 1000.0}, 512.0) == (
         True, "no old process on the GPU; device memory back within 512 MiB on GPU 0")
 

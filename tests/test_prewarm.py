@@ -13,8 +13,9 @@ from typing import Any
 import psutil
 import pytest
 
-from vllmwatch import kernels, pagecache, prewarm
-from vllmwatch.config import Config, from_dict
+from vllmwatch.config.schema import Config, from_dict
+from vllmwatch.prewarm import kernels, pagecache
+from vllmwatch.prewarm import runner as prewarm
 
 REPO = Path(__file__).resolve().parents[1]
 VLLM_PYTHON = REPO / ".cache" / "vllm-venv" / "bin" / "python"

@@ -17,9 +17,9 @@ from typing import Any
 import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
-from vllmwatch import status_cli
-from vllmwatch.snapshot import MemoryFigures, Snapshot
-from vllmwatch.status import StatusListenError, StatusServer, parse_listen
+from vllmwatch.status import cli as status_cli
+from vllmwatch.status.server import StatusListenError, StatusServer, parse_listen
+from vllmwatch.status.snapshot import MemoryFigures, Snapshot
 
 T0 = 1000.0
 

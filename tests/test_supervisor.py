@@ -28,9 +28,9 @@ import psutil
 import pytest
 from daemon_harness import PYTHON, REPO, Daemon, free_port, merge, ts_of, wait_for, wait_for_value
 
-from vllmwatch.child import MARKER, instance_id
+from vllmwatch.shell.child import MARKER, instance_id
 
-FAKE = [PYTHON, "-m", "vllmwatch.fake_vllm", "--startup-seconds", "0.3"]
+FAKE = [PYTHON, "-m", "vllmwatch.testing.fake_vllm", "--startup-seconds", "0.3"]
 
 
 def base_config(port: int, status_port: int, fake_args: list[str] | None = None

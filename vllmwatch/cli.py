@@ -8,7 +8,7 @@ import sys
 from collections.abc import Sequence
 
 from vllmwatch import __version__
-from vllmwatch.config import Config, ConfigError, config_path, load
+from vllmwatch.config.schema import Config, ConfigError, config_path, load
 
 EXIT_OK = 0
 EXIT_FAILURE = 1  # a check failed, or the daemon hit an error it cannot recover from
@@ -72,18 +72,18 @@ def main(argv: Sequence[str] | None = None) -> int:
 
 def _dispatch(args: argparse.Namespace) -> int:
     if args.command == "status":
-        from vllmwatch import status_cli
+        from vllmwatch.status import cli as status_cli
 
         return status_cli.main(args.config, args.url, args.json)
     if args.command == "check":
-        from vllmwatch import check
+        from vllmwatch.check import runner as check
 
         return check.main(config_path(args.config), as_json=args.json, fast=args.fast)
     config = load_config(args.config)
     if args.command == "print-command":
         return _print_command(config)
     if args.command == "prewarm":
-        from vllmwatch import prewarm
+        from vllmwatch.prewarm import runner as prewarm
 
         return prewarm.main(config, as_json=args.json)
     from vllmwatch import daemon
@@ -92,7 +92,7 @@ def _dispatch(args: argparse.Namespace) -> int:
 
 
 def _print_command(config: Config) -> int:
-    from vllmwatch import command, vllminfo
+    from vllmwatch.config import command, vllminfo
 
     api_key = command.read_api_key(config)
     version = vllminfo.version(config.vllm.command)
@@ -103,6 +103,6 @@ def _print_command(config: Config) -> int:
 
 
 def _cache_env(config: Config) -> dict[str, str]:
-    from vllmwatch import prewarm
+    from vllmwatch.prewarm import runner as prewarm
 
     return prewarm.cache_env(config, os.environ)

@@ -7,14 +7,14 @@ import os
 from collections.abc import Callable, Mapping
 
 from vllmwatch import __version__
-from vllmwatch.clock import SystemClock
-from vllmwatch.config import Config, load
-from vllmwatch.effects import RealEffects
-from vllmwatch.logs import LogFn, setup
-from vllmwatch.loop import Loop
-from vllmwatch.notify import SystemdNotifier
-from vllmwatch.snapshot import Snapshot
-from vllmwatch.status import StatusListenError, StatusServer
+from vllmwatch.config.schema import Config, load
+from vllmwatch.shell.clock import SystemClock
+from vllmwatch.shell.effects import RealEffects
+from vllmwatch.shell.logs import LogFn, setup
+from vllmwatch.shell.loop import Loop
+from vllmwatch.shell.notify import SystemdNotifier
+from vllmwatch.status.server import StatusListenError, StatusServer
+from vllmwatch.status.snapshot import Snapshot
 
 
 def main(config: Config, log_format: str | None = None, prewarm: bool = True,

@@ -13,7 +13,7 @@ from pathlib import Path
 
 import pytest
 
-from vllmwatch.child import find_tree, instance_id
+from vllmwatch.shell.child import find_tree, instance_id
 
 REPO = Path(__file__).resolve().parents[2]
 VENV = Path(os.environ.get("VLLMWATCH_VLLM_VENV", REPO / ".cache" / "vllm-venv"))

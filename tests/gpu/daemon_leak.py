@@ -28,8 +28,8 @@ from typing import Any
 REPO = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(REPO))
 
-from vllmwatch.child import MARKER, instance_id  # noqa: E402 - after the path fix
-from vllmwatch.memory import make_sampler  # noqa: E402
+from vllmwatch.shell.child import MARKER, instance_id  # noqa: E402 - after the path fix
+from vllmwatch.shell.memory import make_sampler  # noqa: E402
 
 KEEP = ("daemon.", "child.started", "child.ready", "child.exited", "restart.", "memory.",
         "gpu.", "state.changed", "leftovers.", "crashloop.")

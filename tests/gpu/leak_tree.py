@@ -4,7 +4,7 @@
 Needs an NVIDIA GPU, torch with CUDA and nvidia-ml-py; no vLLM, no network. Three roles:
 
   leak_tree.py [run] --gpus 0,1 ...   the runner: starts the tree, samples it every second
-                                      with vllmwatch.memory.make_sampler, applies the leak
+                                      with vllmwatch.shell.memory.make_sampler, applies the leak
                                       rules, stops the tree when one fires and waits on the
                                       GPU release gate; prints JSON lines on stdout.
   leak_tree.py serve [--port P] ...   the child (an API server): one leaking grandchild per
@@ -37,9 +37,10 @@ from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[2]))  # run from a checkout
 
-from vllmwatch import gpu_release, leak  # after the path fix above
-from vllmwatch.config import MemoryConfig
-from vllmwatch.memory import make_sampler
+from vllmwatch.config.schema import MemoryConfig
+from vllmwatch.core import leak  # after the path fix above
+from vllmwatch.shell import memory
+from vllmwatch.shell.memory import make_sampler
 
 THIS = str(Path(__file__).resolve())
 
@@ -227,7 +228,7 @@ def release_loop(a: argparse.Namespace, sampler: Any, old: set[int],
                  before: dict[int, float]) -> bool:
     start = time.monotonic()
     while True:
-        ok, detail = gpu_release.check(sampler, old, before, a.tolerance_mib)
+        ok, detail = memory.release_check(sampler, old, before, a.tolerance_mib)
         waited = round(time.monotonic() - start, 3)
         emit("release.check", released=ok, detail=detail, seconds=waited,
              device_used_mib=sampler.device_used_mib())

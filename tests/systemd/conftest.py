@@ -54,7 +54,7 @@ def fake_config(port: int, status_port: int, startup_s: float = 1.0,
     return f"""\
 [vllm]
 model = "fake-model"
-command = ["/opt/vllmwatch/venv/bin/python", "-m", "vllmwatch.fake_vllm"]
+command = ["/opt/vllmwatch/venv/bin/python", "-m", "vllmwatch.testing.fake_vllm"]
 port = {port}
 gpus = []
 

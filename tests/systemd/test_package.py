@@ -35,7 +35,7 @@ def test_contents(deb: Path) -> None:
                  "/opt/vllmwatch/bin/vllmwatch", "/opt/vllmwatch/venv/bin/vllmwatch",
                  "/usr/bin/vllmwatch", "/usr/share/doc/vllmwatch/copyright"):
         assert path in files, path
-    assert any(f.endswith("/site-packages/vllmwatch/fake_vllm.py") for f in files)
+    assert any(f.endswith("/site-packages/vllmwatch/testing/fake_vllm.py") for f in files)
     assert not [f for f in files if "__pycache__" in f or f.endswith(".pyc")]
     conffiles = subprocess.run(["dpkg-deb", "-f", str(deb), "Package"], capture_output=True,
                                text=True, check=True).stdout.strip()

@@ -1,0 +1,126 @@
+"""The max-model-len check of `vllmwatch check`: the configured length against the context
+length of the model's config.json, rope scaling and hf-overrides included."""
+
+from __future__ import annotations
+
+import json
+import re
+from collections.abc import Mapping
+from pathlib import Path
+from typing import Any
+
+from vllmwatch.check.model import hub_snapshot, local_model_dir, read_json
+from vllmwatch.check.runner import FAIL, PASS, SKIP, WARN, CheckResult, Context
+from vllmwatch.config import command
+
+# The keys vLLM reads for a model's context length; it takes the smallest one present.
+_LEN_KEYS = ("max_position_embeddings", "n_positions", "max_seq_len", "seq_length",
+             "max_sequence_length", "max_seq_length", "seq_len", "model_max_length")
+
+def _flags(ctx: Context) -> dict[str, object]:
+    """[vllm.args] and extra_args as one {flag-name: value} table (extra_args win)."""
+    flags: dict[str, object] = {command.flag_name(k): v for k, v in ctx.config.vllm.args.items()}
+    extra = ctx.config.vllm.extra_args
+    for i, token in enumerate(extra):
+        if token.startswith("--"):
+            name, eq, inline = token[2:].partition("=")
+            nxt = extra[i + 1] if i + 1 < len(extra) and not extra[i + 1].startswith("--") \
+                else True
+            flags[command.flag_name(name)] = inline if eq else nxt
+    return flags
+
+
+def parse_len(value: object) -> int | None:
+    """vLLM's max-model-len syntax: 4096, "32k" (x1000), "32K" (x1024), "1m"; -1/auto = None."""
+    if isinstance(value, int) and not isinstance(value, bool):
+        return value if value > 0 else None
+    text = str(value).strip()
+    m = re.fullmatch(r"(\d+(?:\.\d+)?)([kKmMgG]?)", text)
+    if not m:
+        return None
+    mult = {"": 1, "k": 1000, "K": 1024, "m": 10**6, "M": 2**20, "g": 10**9, "G": 2**30}
+    return int(float(m.group(1)) * mult[m.group(2)])
+
+
+def _apply_overrides(cfg: dict[str, Any], overrides: Mapping[str, Any]) -> dict[str, Any]:
+    """hf-overrides as vLLM applies them: sub-configs (*_config) merge, other keys replace."""
+    out = dict(cfg)
+    for key, value in overrides.items():
+        if key.endswith("_config") and isinstance(value, dict) and isinstance(out.get(key), dict):
+            out[key] = _apply_overrides(out[key], value)
+        else:
+            out[key] = value
+    return out
+
+
+def model_max_len(cfg: Mapping[str, Any]) -> tuple[int, str] | None:
+    """The longest context the model config supports (rope scaling included), and why."""
+    text = cfg.get("text_config")
+    if isinstance(text, dict) and not any(k in cfg for k in _LEN_KEYS):
+        cfg = text
+    found = {k: int(cfg[k]) for k in _LEN_KEYS if isinstance(cfg.get(k), (int, float))}
+    if not found:
+        return None
+    key = min(found, key=lambda k: found[k])
+    limit, why = found[key], f"{key} {found[key]}"
+    rope = cfg.get("rope_parameters") or cfg.get("rope_scaling")
+    if isinstance(rope, dict) and isinstance(rope.get("full_attention"), dict):
+        rope = rope["full_attention"]  # per-layer-type rope parameters
+    if isinstance(rope, dict):
+        kind = str(rope.get("rope_type", rope.get("type", "default")))
+        factor = rope.get("factor")
+        if kind not in ("su", "longrope", "llama3", "default") and isinstance(
+                factor, (int, float)):
+            if kind == "yarn" and isinstance(rope.get("original_max_position_embeddings"), int):
+                limit = rope["original_max_position_embeddings"]
+                why = f"original_max_position_embeddings {limit}"
+            limit = int(limit * factor)
+            why += f" x {kind} rope factor {factor:g}"
+    return limit, why
+
+
+def _find_model_config(ctx: Context) -> Path | None:
+    model = ctx.config.vllm.model
+    local = local_model_dir(model)
+    base = local if local is not None else hub_snapshot(model, ctx.env)
+    cfg = base / "config.json" if base is not None and base.is_dir() else None
+    return cfg if cfg is not None and cfg.is_file() else None
+
+
+def check_max_model_len(ctx: Context) -> CheckResult:
+    """A max-model-len set in the args fits the model's context (rope scaling included)."""
+    flags = _flags(ctx)
+    raw = flags.get("max-model-len")
+    cfg_path = _find_model_config(ctx)
+    if cfg_path is None:
+        return CheckResult("max-model-len", SKIP, "the model's config.json is not available "
+                           "locally")
+    try:
+        cfg = read_json(cfg_path)
+        overrides = flags.get("hf-overrides")
+        if isinstance(overrides, str):
+            overrides = json.loads(overrides)
+    except (UnicodeDecodeError, json.JSONDecodeError):
+        return CheckResult("max-model-len", SKIP, "config.json or hf-overrides is not valid "
+                           "JSON (reported above)")
+    if isinstance(overrides, dict) and isinstance(cfg, dict):
+        cfg = _apply_overrides(cfg, overrides)
+    found = model_max_len(cfg) if isinstance(cfg, dict) else None
+    if found is None:
+        return CheckResult("max-model-len", SKIP, f"{cfg_path} names no context length")
+    limit, why = found
+    wanted = parse_len(raw) if raw is not None else None
+    if wanted is None:
+        return CheckResult("max-model-len", PASS, f"not set; vLLM uses the model's {limit} "
+                           f"({why})")
+    if wanted <= limit:
+        return CheckResult("max-model-len", PASS, f"{wanted} <= the model's {limit} ({why})")
+    allow = ctx.env.get("VLLM_ALLOW_LONG_MAX_MODEL_LEN", "").lower() in ("1", "true")
+    text = (f"max-model-len {wanted} exceeds the model's {limit} ({why}): lower it to <= "
+            f"{limit}, or extend the context with hf-overrides = {{ rope_parameters = "
+            f"{{ rope_type = \"yarn\", factor = {-(-wanted // limit)}.0, "
+            f"original_max_position_embeddings = {limit} }} }} in [vllm.args]")
+    if allow:
+        return CheckResult("max-model-len", WARN, text + " (allowed by "
+                           "VLLM_ALLOW_LONG_MAX_MODEL_LEN=1; output quality may suffer)")
+    return CheckResult("max-model-len", FAIL, text)

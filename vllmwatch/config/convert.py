@@ -1,0 +1,130 @@
+"""Converters from TOML values to typed config values, with what each accepts."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+
+from vllmwatch.config import units
+
+Converter = Callable[[object], object]
+
+
+def show(value: object) -> str:
+    """A TOML value as a person wrote it, for error messages."""
+    if isinstance(value, str):
+        return repr(value)
+    if isinstance(value, bool):
+        return "true" if value else "false"
+    if isinstance(value, dict):
+        return "a table"
+    if isinstance(value, list):
+        return "an array"
+    return repr(value)
+
+
+def choice(value: object, choices: tuple[str, ...]) -> str:
+    """One of the choices, case-insensitive; ValueError otherwise."""
+    if not isinstance(value, str) or value.lower() not in choices:
+        raise ValueError("")
+    return value.lower()
+
+
+def _str(value: object) -> str:
+    if not isinstance(value, str):
+        raise TypeError("")
+    return value
+
+
+def _bool(value: object) -> bool:
+    if not isinstance(value, bool):
+        raise TypeError("")
+    return value
+
+
+def _int_in(low: int, high: int) -> Converter:
+    def conv(value: object) -> int:
+        if isinstance(value, bool) or not isinstance(value, int) or not low <= value <= high:
+            raise ValueError("")
+        return value
+
+    return conv
+
+
+def _pos_float(value: object) -> float:
+    if isinstance(value, bool) or not isinstance(value, (int, float)) or value <= 0:
+        raise ValueError("")
+    return float(value)
+
+
+def _fraction(value: object) -> float:
+    if isinstance(value, bool) or not isinstance(value, (int, float)) or not 0 <= value <= 1:
+        raise ValueError("")
+    return float(value)
+
+
+def _str_list(value: object) -> list[str]:
+    if not isinstance(value, list) or not all(isinstance(v, str) for v in value):
+        raise TypeError("")
+    return list(value)
+
+
+def _str_table(value: object) -> dict[str, str]:
+    if not isinstance(value, dict):
+        raise TypeError("")
+    out = {}
+    for k, v in value.items():
+        if isinstance(v, bool) or not isinstance(v, (str, int, float)):
+            raise ValueError(f"{k} must be a string or number")
+        out[str(k)] = str(v)
+    return out
+
+
+def _args_table(value: object) -> dict[str, object]:
+    if not isinstance(value, dict):
+        raise TypeError("")
+    for k in value:
+        if str(k).startswith("-"):
+            raise ValueError(f"write flag names without dashes: {str(k).lstrip('-')!r}")
+    return dict(value)
+
+
+def _gpus(value: object) -> list[int] | None:
+    if isinstance(value, str) and value.lower() == "all":
+        return None
+    if isinstance(value, int) and not isinstance(value, bool) and value >= 0:
+        return [value]
+    if isinstance(value, list) and all(
+        isinstance(v, int) and not isinstance(v, bool) and v >= 0 for v in value
+    ):
+        if len(set(value)) != len(value):
+            raise ValueError("a GPU is listed twice")
+        return list(value)
+    raise ValueError("")
+
+
+def _quiet_hours(value: object) -> str:
+    from vllmwatch.config.quiet import parse_window
+
+    text = _str(value).strip()
+    if text:
+        parse_window(text)
+    return text
+
+
+CONVERTERS: dict[str, tuple[Converter, str]] = {
+    "str": (_str, "a string"),
+    "bool": (_bool, "true or false"),
+    "port": (_int_in(1, 65535), "a port number 1-65535"),
+    "pos_int": (_int_in(1, 1_000_000), "a whole number >= 1"),
+    "pos_float": (_pos_float, "a number > 0"),
+    "fraction": (_fraction, "a number from 0 to 1"),
+    "duration": (units.parse_duration, units.DURATION_HELP),
+    "size": (units.parse_size_mib, units.SIZE_HELP + ", or 0 for off"),
+    "rate": (units.parse_rate_mib_per_h, units.RATE_HELP + ", or 0 for off"),
+    "str_list": (_str_list, "an array of strings"),
+    "str_table": (_str_table, "a table of names to strings"),
+    "args_table": (_args_table, "a table of vLLM flag names (no dashes) to values"),
+    "gpus": (_gpus, 'an array of GPU indexes such as [0, 1], [] for CPU only, or "all"'),
+    "quiet_hours": (_quiet_hours, 'a local time window "HH:MM-HH:MM" such as "02:00-05:00"'),
+    "choice": (_str, ""),
+}

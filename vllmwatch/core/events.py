@@ -1,0 +1,231 @@
+"""Plain data crossing the boundary of the pure core: events in, actions out."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any
+
+from vllmwatch.config.schema import Config
+
+# ---- events: what happened (the shell observed it and hands it to step()) ----
+
+
+@dataclass(frozen=True)
+class Tick:
+    """A deadline may have passed; nothing else happened."""
+
+
+@dataclass(frozen=True)
+class PrewarmDone:
+    """The pre-warm steps finished; ok is False only when a required step failed."""
+
+    ok: bool
+    detail: str = ""
+
+
+@dataclass(frozen=True)
+class Spawned:
+    """The child process started."""
+
+    pid: int
+    argv_display: str = ""
+
+
+@dataclass(frozen=True)
+class SpawnFailed:
+    """The child could not be started at all (e.g. executable missing, bad api key file)."""
+
+    error: str
+    fatal: bool = False  # a config error: retrying cannot help
+
+
+@dataclass(frozen=True)
+class ChildExited:
+    """The child (the API server) exited and was reaped."""
+
+    pid: int
+    code: int | None  # exit status, or None when killed by a signal
+    signal: str | None  # e.g. "SIGKILL"
+    last_lines: tuple[str, ...] = ()
+
+
+@dataclass(frozen=True)
+class ChildOutput:
+    """The child printed a line; milestone is set when it marks a start phase."""
+
+    milestone: str | None = None
+    compile_cache_hit: bool = False
+
+
+@dataclass(frozen=True)
+class HealthResult:
+    """One /health probe."""
+
+    ok: bool
+    status: int | None
+    seconds: float
+    error: str = ""
+    gen: int = 0  # which child this was about; results about an older child are ignored
+
+
+@dataclass(frozen=True)
+class CanaryResult:
+    """One real completion (the canary) or the warm-up request."""
+
+    ok: bool
+    timed_out: bool
+    seconds: float
+    error: str = ""
+    warmup: bool = False
+    gen: int = 0
+
+
+@dataclass(frozen=True)
+class MetricsResult:
+    """The few /metrics series the policies need; ok False when the scrape failed."""
+
+    ok: bool
+    seconds: float = 0.0
+    running: float | None = None
+    waiting: float | None = None
+    kv_cache_usage: float | None = None
+    prompt_tokens: float | None = None
+    generation_tokens: float | None = None
+    error: str = ""
+    gen: int = 0
+
+
+@dataclass(frozen=True)
+class MemorySampled:
+    """A memory sample of the child tree (see memory.MemorySample)."""
+
+    sample: Any  # memory.MemorySample; Any keeps this module free of the sampler's imports
+    minute_of_day: int = 0  # local time, for quiet hours
+    gen: int = 0
+
+
+@dataclass(frozen=True)
+class SweepDone:
+    """The old tree is gone (or not) and the port is free (or held)."""
+
+    killed: tuple[int, ...]
+    remaining: tuple[int, ...]
+    port_holder: str | None  # "pid 123 (nginx)" when a foreign process holds the port
+    foreign_vllm: tuple[str, ...] = ()  # vLLM-looking processes that are not ours
+
+
+@dataclass(frozen=True)
+class ReleaseChecked:
+    """A look at the GPUs after a stop: has the old tree's memory been given back?"""
+
+    released: bool
+    detail: str
+
+
+@dataclass(frozen=True)
+class StopRequested:
+    """SIGTERM or SIGINT to vllmwatch."""
+
+    signal: str
+
+
+@dataclass(frozen=True)
+class RestartRequested:
+    """SIGUSR1: a graceful restart now."""
+
+
+@dataclass(frozen=True)
+class ReloadRequested:
+    """SIGHUP: the shell re-read the config; config is None when it was invalid."""
+
+    config: Config | None
+    error: str = ""
+
+
+Event = (
+    Tick | PrewarmDone | Spawned | SpawnFailed | ChildExited | ChildOutput | HealthResult
+    | CanaryResult | MetricsResult | MemorySampled | SweepDone | ReleaseChecked | StopRequested
+    | RestartRequested | ReloadRequested
+)
+
+# ---- actions: what to do (the shell executes them) ----
+
+
+@dataclass(frozen=True)
+class Log:
+    """Emit an event to the log."""
+
+    level: str  # debug | info | warning | error
+    event: str
+    fields: dict[str, Any] = field(default_factory=dict)
+
+
+@dataclass(frozen=True)
+class Notify:
+    """Tell systemd something (sd_notify)."""
+
+    ready: bool = False
+    stopping: bool = False
+    reloading: bool = False
+    extend_usec: int | None = None
+
+
+@dataclass(frozen=True)
+class DoPrewarm:
+    """Run the pre-warm steps."""
+
+
+@dataclass(frozen=True)
+class Spawn:
+    """Start the child with this config."""
+
+    config: Config
+
+
+@dataclass(frozen=True)
+class SignalGroup:
+    """Send a signal to the child's whole process group."""
+
+    signal: str  # "SIGTERM" | "SIGKILL"
+
+
+@dataclass(frozen=True)
+class Probe:
+    """Start a probe in the background: health, canary, warmup or metrics."""
+
+    kind: str
+    gen: int = 0
+
+
+@dataclass(frozen=True)
+class SampleMemory:
+    """Sample the memory of the child tree."""
+
+    with_pss: bool
+    gen: int = 0
+
+
+@dataclass(frozen=True)
+class Sweep:
+    """Kill what is left of our old tree (group and marked processes) and look at the port."""
+
+    pgid: int | None
+    settle: float = 0.0  # seconds to let a tree we asked to stop finish exiting by itself
+
+
+@dataclass(frozen=True)
+class CheckRelease:
+    """Look whether the GPUs gave back the old tree's memory."""
+
+    old_pids: tuple[int, ...]
+
+
+@dataclass(frozen=True)
+class Exit:
+    """Leave the loop with this exit code."""
+
+    code: int
+
+
+Action = (Log | Notify | DoPrewarm | Spawn | SignalGroup | Probe | SampleMemory | Sweep
+          | CheckRelease | Exit)

@@ -1,0 +1,201 @@
+"""Pure leak rules over memory samples: absolute limit, growth above a baseline, growth rate.
+
+No I/O and no clock reads: the loop passes `now` (monotonic seconds) and the figures (MiB).
+Each rule is off at 0 and fires only after it has held for `memory.sustain` consecutive
+samples. Why the growth rate is spike- and step-resistant:
+- it is a least-squares slope over a median-filtered series (width 2*sustain+1), so a spike
+  shorter than `sustain` points cannot move it;
+- it needs the window at least half full and points after the baseline only, so the start-up
+  ramp is never read as a leak;
+- both halves of the window must also grow at >= half the rate, so a one-off step (a cache
+  filling once) does not look like steady growth; the growth limit is the rule for steps.
+"""
+
+from __future__ import annotations
+
+import statistics
+from collections.abc import Sequence
+from dataclasses import dataclass, replace
+
+from vllmwatch.config.schema import MemoryConfig
+
+MAX_POINTS = 1024  # points kept per series: the window is sampled at window/MAX_POINTS at most
+_MAX_HALF_WIDTH = 10  # cap on the median filter's half width (sustain may be large)
+
+Point = tuple[float, float]  # (monotonic seconds, MiB)
+
+
+@dataclass(frozen=True)
+class SeriesState:
+    """One figure's history: baseline, slope window, and the streak of each rule."""
+
+    baseline: float | None = None
+    points: tuple[Point, ...] = ()
+    slope: float | None = None  # MiB/h over the whole window, filtered
+    half_slopes: tuple[float, float] | None = None  # MiB/h of the older and newer half
+    limit_streak: int = 0
+    growth_streak: int = 0
+    rate_streak: int = 0
+
+
+@dataclass(frozen=True)
+class LeakState:
+    """Leak-rule state of one child run; make a new one at each READY."""
+
+    ready_at: float
+    gpu: SeriesState = SeriesState()
+    host: SeriesState = SeriesState()
+
+
+@dataclass(frozen=True)
+class LeakVerdict:
+    """A rule that has held for `sustain` samples: restart with `reason`."""
+
+    reason: str  # gpu_memory | host_memory
+    rule: str  # gpu_limit | gpu_growth_limit | gpu_growth_rate | host_... (the config key)
+    value: float  # MiB, MiB above baseline, or MiB/h
+    limit: float
+    waits_for_quiet_hours: bool  # absolute limits never wait
+    detail: str
+
+
+@dataclass(frozen=True)
+class _Rules:
+    kind: str  # gpu | host
+    limit: float
+    growth_limit: float
+    rate: float
+
+
+def new_state(ready_at: float) -> LeakState:
+    """Fresh state for a child that became READY at monotonic time ready_at."""
+    return LeakState(ready_at=ready_at)
+
+
+def observe(state: LeakState, cfg: MemoryConfig, now: float, gpu_mib: float | None,
+            host_mib: float | None) -> tuple[LeakState, LeakVerdict | None]:
+    """Take one sample (None: unknown, leaves that series as it was); return a verdict if any.
+
+    A verdict that must not wait (absolute limit) wins over one that may; GPU before host.
+    """
+    gpu, gpu_v = _observe_one(state.gpu, _rules(cfg, "gpu"), cfg, state.ready_at, now, gpu_mib)
+    host, host_v = _observe_one(state.host, _rules(cfg, "host"), cfg, state.ready_at, now,
+                                host_mib)
+    verdicts = gpu_v + host_v
+    urgent = [v for v in verdicts if not v.waits_for_quiet_hours]
+    chosen = (urgent or verdicts)[:1]
+    return replace(state, gpu=gpu, host=host), chosen[0] if chosen else None
+
+
+def figures(state: LeakState) -> tuple[float | None, float | None, float | None, float | None]:
+    """(gpu_baseline, host_baseline, gpu_slope, host_slope) for MemoryFigures; MiB and MiB/h."""
+    return state.gpu.baseline, state.host.baseline, state.gpu.slope, state.host.slope
+
+
+def slope_per_hour(points: Sequence[Point]) -> float | None:
+    """Least-squares slope in MiB/h of (seconds, MiB) points; None under 2 distinct times."""
+    n = len(points)
+    if n < 2:
+        return None
+    t_mean = sum(t for t, _ in points) / n
+    v_mean = sum(v for _, v in points) / n
+    # Centred sums: monotonic seconds are large, so uncentred ones would lose precision.
+    sxx = sum((t - t_mean) ** 2 for t, _ in points)
+    if sxx <= 0.0:
+        return None
+    sxy = sum((t - t_mean) * (v - v_mean) for t, v in points)
+    return sxy / sxx * 3600.0
+
+
+def median_filter(points: Sequence[Point], half: int) -> list[Point]:
+    """Centred running median of width 2*half+1; the `half` points at each end are dropped."""
+    if half <= 0:
+        return list(points)
+    values = [v for _, v in points]
+    return [(points[i][0], statistics.median(values[i - half:i + half + 1]))
+            for i in range(half, len(points) - half)]
+
+
+def _rules(cfg: MemoryConfig, kind: str) -> _Rules:
+    if kind == "gpu":
+        return _Rules("gpu", cfg.gpu_limit, cfg.gpu_growth_limit, cfg.gpu_growth_rate)
+    return _Rules("host", cfg.host_limit, cfg.host_growth_limit, cfg.host_growth_rate)
+
+
+def _observe_one(s: SeriesState, rules: _Rules, cfg: MemoryConfig, ready_at: float, now: float,
+                 value: float | None) -> tuple[SeriesState, list[LeakVerdict]]:
+    if value is None:
+        return s, []
+    if s.baseline is None and now >= ready_at + cfg.baseline_delay:
+        s = replace(s, baseline=value)
+    if s.baseline is not None:
+        s = _add_point(s, cfg, now, value)
+    growth = None if s.baseline is None else value - s.baseline
+    s = replace(
+        s,
+        limit_streak=_streak(s.limit_streak, rules.limit > 0 and value > rules.limit),
+        growth_streak=_streak(s.growth_streak, rules.growth_limit > 0 and growth is not None
+                              and growth > rules.growth_limit),
+        rate_streak=_streak(s.rate_streak, rules.rate > 0 and _rate_holds(s, rules.rate)),
+    )
+    return s, _verdicts(s, rules, cfg.sustain, value, growth)
+
+
+def _streak(old: int, holds: bool) -> int:
+    return old + 1 if holds else 0
+
+
+def _rate_holds(s: SeriesState, rate: float) -> bool:
+    if s.slope is None or s.half_slopes is None:
+        return False
+    return s.slope > rate and min(s.half_slopes) > rate / 2
+
+
+def _add_point(s: SeriesState, cfg: MemoryConfig, now: float, value: float) -> SeriesState:
+    """Append a point (at most one per window/MAX_POINTS), trim to the window, refit."""
+    window = cfg.slope_window
+    if s.points and now - s.points[-1][0] < window / MAX_POINTS:
+        return s
+    points = (*(p for p in s.points if p[0] >= now - window), (now, value))
+    points = points[-2 * MAX_POINTS:]  # a bound even if the clock misbehaves
+    slope, halves = _fit(points, window, min(cfg.sustain, _MAX_HALF_WIDTH))
+    return replace(s, points=points, slope=slope, half_slopes=halves)
+
+
+def _fit(points: Sequence[Point], window: float, half: int
+         ) -> tuple[float | None, tuple[float, float] | None]:
+    """Slope of the whole window and of each half, once the window is at least half full."""
+    if len(points) < 3 or points[-1][0] - points[0][0] < window / 2:
+        return None, None
+    smooth = median_filter(points, half)
+    if len(smooth) < 6:
+        return None, None
+    mid = len(smooth) // 2
+    slope, older, newer = (slope_per_hour(smooth), slope_per_hour(smooth[:mid]),
+                           slope_per_hour(smooth[mid:]))
+    if slope is None or older is None or newer is None:
+        return None, None
+    return slope, (older, newer)
+
+
+def _verdicts(s: SeriesState, rules: _Rules, sustain: int, value: float,
+              growth: float | None) -> list[LeakVerdict]:
+    reason, k, what = f"{rules.kind}_memory", rules.kind, f"{rules.kind.upper()} memory"
+    held = f"for {sustain} samples"
+    out = []
+    if s.limit_streak >= sustain:
+        out.append(LeakVerdict(reason, f"{k}_limit", value, rules.limit, False,
+                               f"{what} {value:.0f} MiB > {k}_limit {rules.limit:g} MiB {held}"))
+    if s.growth_streak >= sustain and growth is not None:
+        out.append(LeakVerdict(
+            reason, f"{k}_growth_limit", growth, rules.growth_limit, True,
+            f"{what} {value:.0f} MiB is {growth:.0f} MiB above its baseline "
+            f"{s.baseline:.0f} MiB > {k}_growth_limit {rules.growth_limit:g} MiB {held}"))
+    if s.rate_streak >= sustain and s.slope is not None and s.half_slopes is not None:
+        span_h = (s.points[-1][0] - s.points[0][0]) / 3600
+        out.append(LeakVerdict(
+            reason, f"{k}_growth_rate", s.slope, rules.rate, True,
+            f"{what} grows {s.slope:.3g} MiB/h over the last {span_h:.2f} h (halves "
+            f"{s.half_slopes[0]:.3g}, {s.half_slopes[1]:.3g} MiB/h) > {k}_growth_rate "
+            f"{rules.rate:g} MiB/h {held}"))
+    return out

@@ -1,0 +1,103 @@
+"""Pure decisions over numbers and sample series: backoff, crash-loop budget, busy vs hung."""
+
+from __future__ import annotations
+
+import signal as _signal
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+from vllmwatch.config.schema import RestartConfig
+
+
+def backoff_delay(cfg: RestartConfig, failures: int, rand: float) -> float:
+    """Seconds to wait before launch number `failures` after a failure (1 = first retry).
+
+    Exponential with a cap and +/- jitter (rand in [0, 1)), like tenacity's
+    wait_exponential_jitter, so that a fleet of restarting boxes does not move in step.
+    """
+    if failures <= 0:
+        return 0.0
+    base = min(cfg.backoff_max, cfg.backoff_initial * cfg.backoff_multiplier ** (failures - 1))
+    jitter = base * cfg.backoff_jitter * (2.0 * rand - 1.0)
+    return max(0.0, min(cfg.backoff_max, base + jitter))
+
+
+def prune_window(times: Sequence[float], now: float, window: float) -> tuple[float, ...]:
+    """The restart times that still fall inside the crash-loop window."""
+    return tuple(t for t in times if now - t < window)
+
+
+def crash_loop(times: Sequence[float], cfg: RestartConfig) -> bool:
+    """True when more than max_restarts restarts fall in the window (times already pruned)."""
+    return len(times) > cfg.max_restarts
+
+
+@dataclass(frozen=True)
+class Progress:
+    """Token counters and queue sizes from one /metrics scrape."""
+
+    at: float
+    running: float
+    waiting: float
+    tokens: float  # prompt + generation tokens, both counters
+
+
+def progress_of(at: float, running: float | None, waiting: float | None,
+                prompt: float | None, generation: float | None) -> Progress | None:
+    """A Progress point, or None when the scrape lacked the series."""
+    if running is None or waiting is None or (prompt is None and generation is None):
+        return None
+    return Progress(at, running, waiting, (prompt or 0.0) + (generation or 0.0))
+
+
+def is_busy(before: Progress | None, after: Progress | None) -> bool:
+    """A busy engine has requests queued or running AND its token counters are advancing.
+
+    Used when a canary times out: a busy engine is slow, not hung. Counters that froze
+    (FACTS: a hung engine freezes its gauges) are not busy.
+    """
+    if before is None or after is None:
+        return False
+    return (after.running + after.waiting) > 0 and after.tokens > before.tokens
+
+
+def stalled_since(last_advance: float | None, prev: Progress | None, cur: Progress
+                  ) -> float | None:
+    """When the engine started to stall: work queued while tokens do not move.
+
+    Returns the time the current stall began, or None when there is no stall (idle, or
+    tokens advancing). `last_advance` is the previous answer.
+    """
+    if cur.running + cur.waiting <= 0:
+        return None
+    if prev is None or cur.tokens > prev.tokens:
+        return None
+    return last_advance if last_advance is not None else prev.at
+
+
+def explain_exit(code: int | None, signame: str | None, requested: bool,
+                 killed_by_us: bool = False) -> str:
+    """A human reason for a child exit, with the likely cause."""
+    if signame == "SIGKILL" and killed_by_us:
+        return "killed by SIGKILL from vllmwatch (it did not exit after SIGTERM)"
+    if signame is not None:
+        hint = {
+            "SIGKILL": " (OOM killer? see `journalctl -k | grep -i oom`)",
+            "SIGSEGV": " (a crash in native code; see the child's last lines)",
+            "SIGABRT": " (aborted; often a CUDA error, see the child's last lines)",
+            "SIGTERM": "",
+        }.get(signame, "")
+        return f"killed by {signame}{hint}"
+    if code == 0 and not requested:
+        return "exited with code 0 without being asked (vLLM does this when its engine dies)"
+    if code == 2:
+        return "exited with code 2 (vLLM rejected its arguments; see `vllm: error:` above)"
+    return f"exited with code {code}"
+
+
+def signal_name(signum: int) -> str:
+    """SIGKILL for 9, or SIG<n> for numbers Python does not know."""
+    try:
+        return _signal.Signals(signum).name
+    except ValueError:
+        return f"SIG{signum}"

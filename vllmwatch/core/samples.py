@@ -1,0 +1,45 @@
+"""Memory sample types: what the sampler reads and the leak rules judge. Plain data."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+
+@dataclass(frozen=True)
+class GpuProcess:
+    """One process NVML lists on a configured GPU; used_mib None when NVML does not know it."""
+
+    pid: int
+    gpu_index: int
+    used_mib: float | None
+
+
+@dataclass(frozen=True)
+class MemorySample:
+    """One reading of the child tree. `source` names the figure the GPU rules use."""
+
+    source: str  # nvml-process | nvml-device | host | none
+    tree_pids: tuple[int, ...]
+    gpu_tree_mib: float | None
+    gpu_tree_by_gpu_mib: dict[int, float] = field(default_factory=dict)
+    device_used_mib: dict[int, float] = field(default_factory=dict)
+    device_total_mib: dict[int, float] = field(default_factory=dict)
+    host_rss_mib: float = 0.0
+    host_pss_mib: float | None = None
+
+    @property
+    def gpu_rule_mib(self) -> float | None:
+        """The figure the GPU rules watch, chosen by `source`; None turns them off."""
+        if self.source == "nvml-process":
+            return self.gpu_tree_mib
+        if self.source == "nvml-device":
+            return sum(self.device_used_mib.values())
+        if self.source == "host":
+            # Unified memory (DGX Spark): GPU allocations are host memory.
+            return self.host_pss_mib if self.host_pss_mib is not None else self.host_rss_mib
+        return None
+
+    @property
+    def host_rule_mib(self) -> float:
+        """The figure the host rules watch: PSS when this sample has it, else RSS."""
+        return self.host_pss_mib if self.host_pss_mib is not None else self.host_rss_mib

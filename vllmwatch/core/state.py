@@ -1,0 +1,132 @@
+"""The supervisor's named states, the one table of allowed transitions, and its state record."""
+
+from __future__ import annotations
+
+import dataclasses
+from dataclasses import dataclass, field
+from enum import Enum
+from typing import Any
+
+from vllmwatch.config.schema import Config
+from vllmwatch.core.events import Action, Log
+from vllmwatch.core.policy import Progress
+
+
+class State(str, Enum):
+    """Where the supervisor is; the value is what logs, STATUS and /status show."""
+
+    INIT = "init"
+    PREWARMING = "prewarming"
+    STARTING = "starting"
+    READY = "ready"
+    DRAINING = "draining"
+    STOPPING = "stopping"
+    CLEANUP = "cleanup"
+    BACKOFF = "backoff"
+    STOPPED = "stopped"
+    FAILED = "failed"
+
+    def __str__(self) -> str:
+        return self.value
+
+
+S = State
+TRANSITIONS: dict[State, frozenset[State]] = {
+    S.INIT: frozenset({S.CLEANUP}),
+    S.CLEANUP: frozenset({S.PREWARMING, S.STARTING, S.BACKOFF, S.STOPPED, S.FAILED}),
+    S.PREWARMING: frozenset({S.STARTING, S.CLEANUP, S.FAILED}),
+    S.STARTING: frozenset({S.READY, S.STOPPING, S.CLEANUP}),
+    S.READY: frozenset({S.DRAINING, S.STOPPING, S.CLEANUP}),
+    S.DRAINING: frozenset({S.STOPPING, S.CLEANUP}),
+    S.STOPPING: frozenset({S.CLEANUP}),
+    S.BACKOFF: frozenset({S.STARTING, S.CLEANUP}),
+    S.STOPPED: frozenset(),
+    S.FAILED: frozenset(),
+}
+FINAL = frozenset({S.STOPPED, S.FAILED})
+CHILD_STATES = frozenset({S.STARTING, S.READY, S.DRAINING, S.STOPPING})
+
+# Restarts that mean something went wrong: they feed backoff and the crash-loop guard.
+FAILURE_REASONS = frozenset({"crash", "health", "hang", "stall", "start_timeout",
+                             "start_stall", "gpu_memory", "host_memory"})
+
+
+class TransitionError(RuntimeError):
+    """A bug: the core asked for a transition the table does not allow."""
+
+
+@dataclass(frozen=True)
+class WatchState:
+    """Everything the pure core knows. Replaced, never mutated."""
+
+    config: Config
+    state: State = S.INIT
+    since: float = 0.0
+    deadline: float | None = None  # the current state's time limit
+    gen: int = 0  # child generation; probe results about older children are dropped
+    pid: int | None = None  # the live child, None once it exited
+    pgid: int | None = None  # its process group, kept until the sweep is done
+    child_started: float | None = None
+    ready_at: float | None = None
+    ever_ready: bool = False
+    prewarmed: bool = False
+    killed: bool = False  # SIGKILL already sent to this child
+    exit_code: int | None = None  # set when vllmwatch itself is shutting down
+    pending: tuple[str, str] | None = None  # (reason, detail) of the restart under way
+    recovering: bool = False  # a restart began and no child has been READY since
+    old_pids: tuple[int, ...] = ()
+    release_deadline: float | None = None
+    backoff_until: float | None = None
+    failures: int = 0  # consecutive failures, for backoff
+    restart_times: tuple[float, ...] = ()
+    restarts_by_reason: dict[str, int] = field(default_factory=dict)
+    last_reason: str | None = None
+    last_detail: str | None = None
+    last_restart_at: float | None = None
+    last_progress: float = 0.0  # last child output line during start
+    last_milestone_at: float | None = None
+    phases: dict[str, float] = field(default_factory=dict)
+    compile_cache_hit: bool = False
+    canary_ok: bool = False
+    warmed_up: bool = False
+    inflight: frozenset[str] = frozenset()
+    timers: dict[str, float] = field(default_factory=dict)  # probe kind -> next due time
+    health_failures: int = 0  # consecutive /health failures; only /health 200 resets it
+    canary_failures: int = 0  # consecutive canary errors (not timeouts); only a canary resets
+    hang_suspect: bool = False
+    progress: Progress | None = None
+    canary_ref: Progress | None = None  # progress when the canary in flight was sent
+    stall_since: float | None = None
+    running: float | None = None
+    waiting: float | None = None
+    kv_cache_usage: float | None = None
+    probe_seconds: dict[str, float] = field(default_factory=dict)
+    probe_failures: dict[str, int] = field(default_factory=dict)
+    leak: Any = None  # leak.LeakState of the current child once READY
+    memory: Any = None  # the last memory.MemorySample
+    pss_seen: bool = False
+    next_extend: float = 0.0
+    rng: int = 0x2545F4914F6CDD1D
+
+    def with_(self, **changes: Any) -> WatchState:
+        """A copy with some fields changed."""
+        return dataclasses.replace(self, **changes)
+
+
+def goto(s: WatchState, to: State, now: float, reason: str, deadline: float | None = None
+         ) -> tuple[WatchState, list[Action]]:
+    """The one place that changes state: validates against TRANSITIONS and logs the change."""
+    if to not in TRANSITIONS[s.state]:
+        raise TransitionError(f"{s.state} -> {to} is not allowed ({reason})")
+    log = Log("info", "state.changed", {"from": str(s.state), "to": str(to), "reason": reason,
+                                        "after_s": round(now - s.since, 3)})
+    return s.with_(state=to, since=now, deadline=deadline), [log]
+
+
+def next_random(s: WatchState) -> tuple[WatchState, float]:
+    """A pure pseudo-random number in [0, 1) for jitter (xorshift64)."""
+    x = s.rng
+    x ^= (x << 13) & 0xFFFFFFFFFFFFFFFF
+    x ^= x >> 7
+    x ^= (x << 17) & 0xFFFFFFFFFFFFFFFF
+    return s.with_(rng=x), x / 2.0**64

@@ -1,0 +1,281 @@
+"""Pre-warm before a start: persistent caches, weights in the page cache, attention kernels."""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import sys
+import time
+from collections.abc import Callable, Mapping
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Any
+
+from vllmwatch.config.schema import Config
+from vllmwatch.prewarm import kernels, pagecache
+
+Log = Callable[..., None]  # log(event, **fields)
+
+# Variable -> subdirectory of the cache root. FlashInfer keeps its JIT cache under
+# $FLASHINFER_WORKSPACE_BASE/.cache/flashinfer (flashinfer/jit/env.py).
+CACHE_VARS = {"VLLM_CACHE_ROOT": "vllm", "TRITON_CACHE_DIR": "triton",
+              "FLASHINFER_WORKSPACE_BASE": "flashinfer", "HF_HOME": "huggingface"}
+RESIDENT_ENOUGH = 0.9
+
+# vLLM's compilation backend, on loading a graph compiled by an earlier start, logs e.g.
+# "Directly load the compiled graph(s) for compile range (1, 8192) from the cache, took 0.7 s"
+# (older: "... for dynamic shape ..." / "... for shape N ..."), and with AOT compilation
+# "Directly load AOT compilation from path ...".
+_HIT = re.compile(r"Directly load (the compiled graph\(s\) for .* from the cache"
+                  r"|AOT compilation from path)")
+
+
+@dataclass(frozen=True)
+class StepResult:
+    """One pre-warm step: ok | skipped | warn | failed, a one-line detail, and figures."""
+
+    name: str
+    status: str
+    detail: str
+    seconds: float
+    data: dict[str, Any] = field(default_factory=dict)
+
+
+@dataclass(frozen=True)
+class PrewarmReport:
+    """All steps; ok is False only when a step failed and prewarm.required is set."""
+
+    steps: tuple[StepResult, ...]
+    ok: bool
+
+    def to_dict(self) -> dict[str, Any]:
+        """Plain data for JSON output and /status."""
+        return {"ok": self.ok, "steps": [asdict(s) for s in self.steps]}
+
+
+@dataclass(frozen=True)
+class Hooks:
+    """Seams for tests: GPU detection, the reader, the kernel script and interpreter."""
+
+    gpu_count: Callable[[], int] = kernels.gpu_count
+    reader: pagecache.Reader | None = None
+    python: str | None = None
+    kernel_script: str = kernels.SCRIPT
+    progress_every: float = 5.0
+
+
+def cache_root(config: Config, environ: Mapping[str, str]) -> str:
+    """systemd's $CACHE_DIRECTORY (first entry) when set, else prewarm.cache_dir."""
+    first = environ.get("CACHE_DIRECTORY", "").split(":")[0]
+    return first or config.prewarm.cache_dir
+
+
+def cache_env(config: Config, environ: Mapping[str, str]) -> dict[str, str]:
+    """Cache variables to add to the child's environment, never overriding the user's. Pure."""
+    if not config.prewarm.enabled:
+        return {}
+    root = cache_root(config, environ)
+    return {var: os.path.join(root, sub) for var, sub in CACHE_VARS.items()
+            if var not in config.vllm.env and var not in environ}
+
+
+def _cache_dirs(config: Config, environ: Mapping[str, str]) -> dict[str, Path]:
+    """Where the child's caches live: config env, then environ, then ours, then defaults."""
+    env = {**environ, **cache_env(config, environ), **config.vllm.env}
+    home = Path(env.get("HOME") or str(Path.home()))
+    xdg = Path(env.get("XDG_CACHE_HOME") or home / ".cache")
+    vllm = Path(env.get("VLLM_CACHE_ROOT") or xdg / "vllm")
+    fi_base = Path(env.get("FLASHINFER_WORKSPACE_BASE") or home)
+    return {"vllm": vllm, "torch_compile": vllm / "torch_compile_cache",
+            "triton": Path(env.get("TRITON_CACHE_DIR") or home / ".triton" / "cache"),
+            "flashinfer": fi_base / ".cache" / "flashinfer",
+            "huggingface": Path(env.get("HF_HOME") or xdg / "huggingface")}
+
+
+def _du(path: Path, deadline: float) -> dict[str, Any]:
+    """Size and file count of a tree, without following links; stops at the deadline."""
+    size = files = 0
+    stack = [path]
+    while stack:
+        if time.monotonic() >= deadline:
+            return {"bytes": size, "files": files, "partial": True}
+        try:
+            with os.scandir(stack.pop()) as it:
+                for entry in it:
+                    if entry.is_dir(follow_symlinks=False):
+                        stack.append(Path(entry.path))
+                    elif entry.is_file(follow_symlinks=False):
+                        size += entry.stat(follow_symlinks=False).st_blocks * 512
+                        files += 1
+        except OSError:
+            continue
+    return {"bytes": size, "files": files, "partial": False}
+
+
+def cache_report(config: Config, environ: Mapping[str, str],
+                 time_limit: float = 2.0) -> dict[str, Any]:
+    """Each cache's path, whether it exists, its size on disk and file count (like du)."""
+    deadline = time.monotonic() + time_limit
+    out: dict[str, Any] = {}
+    for name, path in _cache_dirs(config, environ).items():
+        entry: dict[str, Any] = {"path": str(path), "exists": path.is_dir()}
+        if entry["exists"]:
+            entry.update(_du(path, deadline))
+        out[name] = entry
+    return out
+
+
+def compile_cache_hit(line: str) -> bool:
+    """True for vLLM's log line that says a start loaded compiled graphs from the cache."""
+    return _HIT.search(line) is not None
+
+
+def _step_caches(config: Config, environ: Mapping[str, str], deadline: float
+                 ) -> tuple[str, str, dict[str, Any]]:
+    ours = cache_env(config, environ)
+    problems = []
+    for var, path in ours.items():
+        try:
+            os.makedirs(path, mode=0o700, exist_ok=True)  # the umask narrows it further
+        except OSError as exc:
+            problems.append(f"{var}={path}: {exc.strerror or exc}")
+    report = cache_report(config, environ, max(0.0, min(10.0, deadline - time.monotonic())))
+    data = {"env": ours, "caches": report, "env_usable": not problems}
+    total = sum(c.get("bytes", 0) for k, c in report.items() if k != "torch_compile")
+    compiled = report["torch_compile"].get("bytes", 0)
+    if problems:
+        return "warn", (f"cannot create cache dirs under prewarm.cache_dir "
+                        f"{cache_root(config, environ)!r}: " + "; ".join(problems)), data
+    placed = ", ".join(ours) if ours else "none (all set by the user)"
+    return "ok", (f"placed {placed}; caches {_mib(total)}, "
+                  f"compile cache {_mib(compiled)}"), data
+
+
+def _mib(n: int) -> str:
+    return f"{n / 2**20:.1f} MiB"
+
+
+def model_dir(config: Config, environ: Mapping[str, str]) -> Path | None:
+    """The local directory (or file) of the model: a path, or a hub id already downloaded."""
+    path = Path(config.vllm.model).expanduser()
+    if path.exists():
+        return path
+    if config.vllm.model.count("/") == 1 and not config.vllm.model.startswith(("/", ".")):
+        env = {**environ, **cache_env(config, environ), **config.vllm.env}
+        return pagecache.hub_snapshot(config.vllm.model, pagecache.hub_cache_dir(env))
+    return None
+
+
+def _step_page_cache(config: Config, environ: Mapping[str, str], deadline: float, log: Log,
+                     hooks: Hooks) -> tuple[str, str, dict[str, Any]]:
+    where = model_dir(config, environ)
+    files = pagecache.weight_files(where) if where else []
+    if not files:
+        return "skipped", f"no local weight files for vllm.model {config.vllm.model!r}", {}
+    total = sum(p.stat().st_size for p in files)
+    before = pagecache.residency(files)
+    data: dict[str, Any] = {"files": len(files), "total_bytes": total, "resident_before": before}
+    if before is not None and before >= RESIDENT_ENOUGH:
+        return "skipped", f"already resident ({before:.0%} of {_mib(total)})", data
+    import psutil
+
+    budget = psutil.virtual_memory().available * config.prewarm.page_cache_max_fraction
+    data["budget_bytes"] = int(budget)
+    if total > budget:
+        return "skipped", (f"{_mib(total)} of weights would not fit in "
+                           f"prewarm.page_cache_max_fraction = "
+                           f"{config.prewarm.page_cache_max_fraction:g} of available memory "
+                           f"({_mib(int(budget))})"), data
+    extra = {"reader": hooks.reader} if hooks.reader else {}
+    res = pagecache.warm(files, config.prewarm.page_cache_workers, deadline, log,
+                         progress_every=hooks.progress_every, **extra)
+    rate = res.read_bytes / 2**20 / res.seconds if res.seconds > 0 else 0.0
+    data.update(read_bytes=res.read_bytes, mib_per_s=round(rate, 1), errors=list(res.errors),
+                resident_after=pagecache.residency(files))
+    if res.errors:
+        return "warn", f"read errors: {'; '.join(res.errors[:3])}", data
+    if not res.finished:
+        return "warn", (f"prewarm.timeout reached after {_mib(res.read_bytes)} of "
+                        f"{_mib(total)}; stopped reading"), data
+    return "ok", f"read {_mib(total)} in {len(files)} files at {rate:.0f} MiB/s", data
+
+
+def _step_kernels(config: Config, environ: Mapping[str, str], deadline: float,
+                  hooks: Hooks) -> tuple[str, str, dict[str, Any]]:
+    if not config.vllm.uses_gpu or hooks.gpu_count() == 0:
+        return "skipped", "skipped: no GPU", {}
+    from vllmwatch.config import command, vllminfo
+
+    python = hooks.python or vllminfo.interpreter(config.vllm.command)
+    if python is None:
+        return "warn", f"cannot find the Python of vllm.command {config.vllm.command!r}", {}
+    try:
+        env = dict(command.build(config, environ, extra_env=cache_env(config, environ)).env)
+    except Exception:  # a bad command is `check`'s to report, not ours
+        env = {**environ, **cache_env(config, environ), **config.vllm.env}
+    spec = kernels.model_shape(model_dir(config, environ))
+    spec["dtype"] = kernels.args_dtype(config.vllm.args) or spec["dtype"]
+    spec["backend"] = kernels.pick_backend(env, config.vllm.args)
+    out = kernels.run_script(python, spec, env, deadline - time.monotonic(),
+                             script=hooks.kernel_script)
+    return out.status, out.detail, {**out.data, "spec": spec}
+
+
+def run(config: Config, log: Log, environ: Mapping[str, str],
+        hooks: Hooks | None = None) -> PrewarmReport:
+    """Run every enabled step within prewarm.timeout overall; problems warn unless required."""
+    hooks = hooks or Hooks()
+    p = config.prewarm
+    deadline = time.monotonic() + p.timeout
+    steps: list[tuple[str, bool, Callable[[], tuple[str, str, dict[str, Any]]]]] = [
+        ("caches", p.enabled, lambda: _step_caches(config, environ, deadline)),
+        ("page_cache", p.enabled and p.page_cache,
+         lambda: _step_page_cache(config, environ, deadline, log, hooks)),
+        ("kernels", p.enabled and p.kernels,
+         lambda: _step_kernels(config, environ, deadline, hooks)),
+    ]
+    results = tuple(_one(name, on, fn, deadline, p.required, log) for name, on, fn in steps)
+    ok = not any(r.status == "failed" for r in results)
+    return PrewarmReport(results, ok)
+
+
+def _one(name: str, enabled: bool, fn: Callable[[], tuple[str, str, dict[str, Any]]],
+         deadline: float, required: bool, log: Log) -> StepResult:
+    start = time.monotonic()
+    data: dict[str, Any]
+    if not enabled:
+        status, detail, data = "skipped", "disabled in [prewarm]", {}
+    elif start >= deadline:
+        status, detail, data = "warn", "prewarm.timeout used up before this step", {}
+    else:
+        log("prewarm.step.start", step=name)
+        try:
+            status, detail, data = fn()
+        except Exception as exc:  # a pre-warm bug must never stop a start
+            status, detail, data = "warn", f"{type(exc).__name__}: {exc}", {}
+    if status == "warn" and required:
+        status = "failed"
+    result = StepResult(name, status, detail, round(time.monotonic() - start, 3), data)
+    log("prewarm.step", step=name, status=status, detail=detail, seconds=result.seconds)
+    return result
+
+
+def _stderr_log(event: str, **fields: Any) -> None:
+    kv = " ".join(f"{k}={v}" for k, v in fields.items())
+    print(f"{event} {kv}".rstrip(), file=sys.stderr, flush=True)
+
+
+def main(config: Config, as_json: bool = False) -> int:
+    """`vllmwatch prewarm`: run the steps now, print a report; 1 if a required step failed."""
+    report = run(config, _stderr_log, os.environ)
+    if as_json:
+        print(json.dumps(report.to_dict(), indent=2, default=str))
+    else:
+        for s in report.steps:
+            print(f"{s.name:<11} {s.status:<8} {s.seconds:7.1f}s  {s.detail}")
+        for name, c in cache_report(config, os.environ).items():
+            size = _mib(c["bytes"]) + (" (partial)" if c.get("partial") else "") \
+                if c["exists"] else "absent"
+            print(f"cache {name:<14} {size:>14}  {c['path']}")
+    return 0 if report.ok else 1

@@ -1,0 +1,252 @@
+"""The child process: spawn in a new session, signal its group, reap, sweep what is left."""
+
+from __future__ import annotations
+
+import contextlib
+import glob
+import hashlib
+import os
+import shutil
+import signal
+import socket
+import subprocess
+import tempfile
+import time
+from dataclasses import dataclass
+from typing import IO
+
+import psutil
+
+from vllmwatch.config.command import ChildCommand
+from vllmwatch.core.events import ChildExited, SweepDone
+from vllmwatch.core.policy import signal_name
+
+MARKER = "VLLMWATCH_INSTANCE"
+# How vLLM's processes look in a process list (FACTS: comm is truncated; match the cmdline).
+_VLLM_SIGNS = ("VLLM::", "vllm serve", "vllm.entrypoints", "vllm.v1.engine")
+
+
+def instance_id(config_path: str) -> str:
+    """A stable id per config file, inherited by every process of our tree via MARKER."""
+    return hashlib.sha256(os.path.abspath(config_path).encode()).hexdigest()[:16]
+
+
+@dataclass
+class Child:
+    """A running child: its Popen, and a pidfd that becomes readable when it exits."""
+
+    proc: subprocess.Popen[bytes]
+    pidfd: int | None
+
+    @property
+    def pid(self) -> int:
+        """The child's pid, which is also its process group id (new session)."""
+        return self.proc.pid
+
+    @property
+    def stdout(self) -> IO[bytes]:
+        """The child's stdout and stderr, merged."""
+        assert self.proc.stdout is not None
+        return self.proc.stdout
+
+    def close(self) -> None:
+        """Release the pidfd."""
+        if self.pidfd is not None:
+            os.close(self.pidfd)
+            self.pidfd = None
+
+
+def spawn(cmd: ChildCommand, marker: str) -> Child:
+    """Start the child in a new session (its own process group) with our marker in its env."""
+    env = dict(cmd.env)
+    env[MARKER] = marker
+    proc = subprocess.Popen(
+        list(cmd.argv), env=env, stdin=subprocess.DEVNULL, stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT, start_new_session=True, close_fds=True)
+    pidfd = None
+    with contextlib.suppress(OSError, AttributeError):
+        pidfd = os.pidfd_open(proc.pid)
+    return Child(proc, pidfd)
+
+
+def signal_group(pgid: int, signame: str) -> bool:
+    """Signal a whole process group; False when nothing was there."""
+    try:
+        os.killpg(pgid, getattr(signal, signame))
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return False
+    return True
+
+
+def reap(child: Child, last_lines: tuple[str, ...] = ()) -> ChildExited | None:
+    """Collect the exit status if the child has exited; None while it runs."""
+    code = child.proc.poll()
+    if code is None:
+        return None
+    child.close()
+    if code < 0:
+        return ChildExited(child.pid, None, signal_name(-code), last_lines)
+    return ChildExited(child.pid, code, None, last_lines)
+
+
+def _alive(proc: psutil.Process) -> bool:
+    """Running and not a zombie: a zombie holds no memory and no port, it only waits for its
+    parent (often PID 1, which may reap late) to collect it."""
+    try:
+        return proc.status() != psutil.STATUS_ZOMBIE
+    except psutil.NoSuchProcess:
+        return False
+    except psutil.Error:
+        return True
+
+
+def _is_ours(proc: psutil.Process, marker: str) -> bool:
+    with contextlib.suppress(psutil.Error, OSError):
+        return proc.environ().get(MARKER) == marker
+    return False
+
+
+def _looks_like_vllm(proc: psutil.Process) -> bool:
+    with contextlib.suppress(psutil.Error, OSError):
+        line = " ".join(proc.cmdline())
+        return any(sign in line for sign in _VLLM_SIGNS)
+    return False
+
+
+def describe(proc: psutil.Process) -> str:
+    """pid and command line, for logs."""
+    with contextlib.suppress(psutil.Error):
+        return f"pid {proc.pid} ({' '.join(proc.cmdline())[:80] or proc.name()})"
+    return f"pid {proc.pid}"
+
+
+def child_tmpdir(marker: str) -> str:
+    """A fresh TMPDIR for one child generation: vLLM leaves its ZMQ IPC socket files in the
+    temp directory when it is killed; a directory of its own is removed after the sweep."""
+    return tempfile.mkdtemp(prefix=f"vllmwatch-{marker}-")
+
+
+def remove_tmpdirs(marker: str) -> None:
+    """Remove the TMPDIRs of our earlier children (call only when none of them is alive)."""
+    for path in glob.glob(os.path.join(tempfile.gettempdir(), f"vllmwatch-{marker}-*")):
+        shutil.rmtree(path, ignore_errors=True)
+
+
+def group_file(marker: str) -> str:
+    """Where the live child's process group is remembered, for a vllmwatch that was killed."""
+    base = os.environ.get("STATE_DIRECTORY", "").split(":")[0] or tempfile.gettempdir()
+    return os.path.join(base, f"vllmwatch-{marker}.pgid")
+
+
+def remember_group(marker: str, pgid: int | None) -> None:
+    """Record (or with None, forget) the child's process group; best effort."""
+    path = group_file(marker)
+    with contextlib.suppress(OSError):
+        if pgid is None:
+            os.unlink(path)
+        else:
+            with open(path, "w", encoding="ascii") as fh:
+                fh.write(str(pgid))
+
+
+def _remembered_group(marker: str) -> int | None:
+    with contextlib.suppress(OSError, ValueError), open(group_file(marker), encoding="ascii") as fh:
+        return int(fh.read().strip())
+    return None
+
+
+def _ids(pid: int) -> tuple[int, int]:
+    try:
+        return os.getpgid(pid), os.getsid(pid)
+    except OSError:
+        return -1, -1
+
+
+def find_tree(pgid: int | None, marker: str) -> tuple[list[psutil.Process], list[psutil.Process]]:
+    """Our processes and vLLM-looking foreign ones.
+
+    Ours: the child's group, anything carrying our marker, and anything in the group or
+    session of a marked process. vLLM's process titles (VLLM::EngineCore) overwrite the
+    environment block, so orphaned engines lose the marker; they keep the session of the
+    child, which we started with setsid and vLLM never leaves. A group remembered from an
+    earlier vllmwatch counts only for vLLM-looking processes in that session (pids recycle).
+    """
+    me = os.getpid()
+    procs = [(p, *_ids(p.pid)) for p in psutil.process_iter() if p.pid != me and _alive(p)]
+    marked = {p.pid for p, _, _ in procs if _is_ours(p, marker)}
+    groups = {g for p, g, _ in procs if p.pid in marked and g > 0}
+    if pgid is not None:
+        groups.add(pgid)
+    old = _remembered_group(marker) if pgid is None else None
+    ours: list[psutil.Process] = []
+    foreign: list[psutil.Process] = []
+    for proc, group, session in procs:
+        if group in groups or session in groups or proc.pid in marked:
+            ours.append(proc)
+        elif _looks_like_vllm(proc):
+            (ours if old is not None and session == old else foreign).append(proc)
+    return ours, foreign
+
+
+def port_holder(host: str, port: int, ignore: set[int]) -> str | None:
+    """Who listens on the port, or None when it is free."""
+    with contextlib.suppress(psutil.Error, OSError):
+        for conn in psutil.net_connections(kind="inet"):
+            if conn.status == psutil.CONN_LISTEN and conn.laddr and conn.laddr.port == port:
+                if conn.pid in ignore:
+                    continue
+                if conn.pid is None:
+                    return "an unknown process (not visible to this user)"
+                with contextlib.suppress(psutil.Error):
+                    return describe(psutil.Process(conn.pid))
+                return f"pid {conn.pid}"
+    return _connect_probe(host, port)
+
+
+def _connect_probe(host: str, port: int) -> str | None:
+    target = "127.0.0.1" if host in ("", "0.0.0.0") else "::1" if host == "::" else host
+    try:
+        with socket.create_connection((target, port), timeout=0.5):
+            return "an unknown process (it accepts connections)"
+    except OSError:
+        return None
+
+
+def _wait_gone(procs: list[psutil.Process], seconds: float) -> list[psutil.Process]:
+    """Wait until the processes are gone; the ones still alive. Not psutil.wait_procs: it
+    counts a zombie as alive until someone reaps it."""
+    deadline = time.monotonic() + seconds
+    alive = [p for p in procs if _alive(p)]
+    while alive and time.monotonic() < deadline:
+        time.sleep(0.05)
+        alive = [p for p in alive if _alive(p)]
+    return alive
+
+
+def sweep(pgid: int | None, marker: str, host: str, port: int, grace: float = 5.0,
+          settle: float = 0.0) -> SweepDone:
+    """Kill everything left of our tree and check the port; bounded by a few seconds.
+
+    `settle`: after a stop we asked for, vLLM's engine and workers are still exiting on
+    their own when the API server is gone; give them that long before calling them leftovers.
+    """
+    ours, foreign = find_tree(pgid, marker)
+    stragglers = _wait_gone(ours, settle) if settle > 0 else ours
+    for proc in stragglers:
+        with contextlib.suppress(psutil.Error):
+            proc.kill()
+    alive = _wait_gone(stragglers, grace)
+    killed = tuple(p.pid for p in stragglers if p not in alive)
+    if not alive:
+        remember_group(marker, None)
+    holder = None
+    deadline = time.monotonic() + grace
+    while True:  # the kernel may need a moment to release a dead listener's socket
+        holder = port_holder(host, port, ignore=set())
+        if holder is None or time.monotonic() >= deadline:
+            break
+        time.sleep(0.2)
+    return SweepDone(killed=killed, remaining=tuple(p.pid for p in alive), port_holder=holder,
+                     foreign_vllm=tuple(describe(p) for p in foreign))

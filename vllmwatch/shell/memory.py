@@ -1,0 +1,241 @@
+"""Memory sampling of the vLLM child tree: NVML per process and per device, psutil on the host.
+
+The leak rules (leak.py) are pure; this module is the I/O behind them. Nothing here raises on
+an NVML failure: the figure becomes unknown and the first failure of each kind is logged.
+`log` is called as `log(event, level="info"|"warning", **fields)`.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Any, Protocol
+
+import psutil
+
+from vllmwatch.core import release
+from vllmwatch.core.samples import GpuProcess, MemorySample
+
+_MIB = 1024.0 * 1024.0
+
+Log = Callable[..., None]
+
+
+class MemorySampler(Protocol):
+    """What the loop needs from a sampler; the real one and fakes implement it."""
+
+    def sample(self, root_pid: int | None, with_pss: bool) -> MemorySample:
+        """Read the tree rooted at root_pid (None: no child) on the configured GPUs."""
+        ...
+
+    def gpu_processes(self) -> list[GpuProcess] | None:
+        """All compute and graphics processes on the configured GPUs; None when unknown."""
+        ...
+
+    def device_used_mib(self) -> dict[int, float]:
+        """Used memory per configured GPU; empty where NVML cannot say."""
+        ...
+
+
+def tree_pids(root_pid: int | None) -> tuple[int, ...]:
+    """The root and all its descendants that exist now; () when the root is gone."""
+    if root_pid is None:
+        return ()
+    try:
+        root = psutil.Process(root_pid)
+        kids = root.children(recursive=True)
+    except (psutil.NoSuchProcess, psutil.AccessDenied):
+        return ()
+    return (root_pid, *(k.pid for k in kids))
+
+
+def host_memory(pids: tuple[int, ...], with_pss: bool) -> tuple[float, float | None]:
+    """RSS summed over pids, and PSS when asked and readable for every live one (MiB).
+
+    A partial PSS would understate the tree, so one unreadable process makes it None.
+    """
+    rss = 0.0
+    pss: float | None = 0.0 if with_pss else None
+    for pid in pids:
+        try:
+            proc = psutil.Process(pid)
+            if pss is not None:
+                try:
+                    full = proc.memory_full_info()
+                except psutil.AccessDenied:
+                    pss = None  # smaps of another user's process: fall through to RSS
+                else:
+                    rss += full.rss / _MIB
+                    got = getattr(full, "pss", None)  # Linux only
+                    pss = None if got is None else pss + got / _MIB
+                    continue
+            rss += proc.memory_info().rss / _MIB
+        except (psutil.NoSuchProcess, psutil.AccessDenied):
+            continue  # exited between the walk and now, or unreadable: nothing to add
+    return rss, pss
+
+
+class NvmlSampler:
+    """The real sampler: NVML when `nvml` is given, host memory (psutil) always."""
+
+    def __init__(self, nvml: Any | None, handles: dict[int, Any], log: Log) -> None:
+        self._nvml = nvml
+        self._handles = handles
+        self._log = log
+        self._warned: set[str] = set()
+        self._source: str | None = None
+
+    def sample(self, root_pid: int | None, with_pss: bool) -> MemorySample:
+        """Read the tree; see MemorySample."""
+        pids = tree_pids(root_pid)
+        rss, pss = host_memory(pids, with_pss)
+        procs = self._processes() if self._nvml is not None else None
+        used, total = self._device_memory()
+        by_gpu = _tree_by_gpu(procs, set(pids))
+        tree = None if by_gpu is None else sum(by_gpu.values())
+        source = self._choose(tree, used)
+        return MemorySample(source=source, tree_pids=pids, gpu_tree_mib=tree,
+                            gpu_tree_by_gpu_mib=by_gpu or {}, device_used_mib=used,
+                            device_total_mib=total, host_rss_mib=rss, host_pss_mib=pss)
+
+    def gpu_processes(self) -> list[GpuProcess] | None:
+        """All compute and graphics processes on the configured GPUs; None when unknown."""
+        return self._processes() if self._nvml is not None else None
+
+    def device_used_mib(self) -> dict[int, float]:
+        """Used memory per configured GPU; empty where NVML cannot say."""
+        return self._device_memory()[0]
+
+    def describe(self) -> dict[str, Any]:
+        """Driver version and GPU names by index, for reports; {} without NVML."""
+        if self._nvml is None:
+            return {}
+        try:
+            return {"driver": _text(self._nvml.nvmlSystemGetDriverVersion()),
+                    "gpus": {i: _text(self._nvml.nvmlDeviceGetName(h))
+                             for i, h in self._handles.items()}}
+        except Exception:  # a report can do without these
+            return {}
+
+    def _choose(self, tree: float | None, used: dict[int, float]) -> str:
+        if self._nvml is None:
+            source = "none"
+        elif tree is not None:
+            source = "nvml-process"
+        elif len(used) == len(self._handles) and used:
+            source = "nvml-device"
+        else:
+            source = "host"
+        if source != self._source:
+            self._log("memory.source", level="info", source=source, previous=self._source,
+                      gpus=sorted(self._handles))
+            self._source = source
+        return source
+
+    def _processes(self) -> list[GpuProcess] | None:
+        """Processes on every configured GPU, or None when any GPU's list is unknown."""
+        out: dict[tuple[int, int], GpuProcess] = {}
+        for index, handle in self._handles.items():
+            for fn in ("nvmlDeviceGetComputeRunningProcesses",
+                       "nvmlDeviceGetGraphicsRunningProcesses"):
+                listed = self._call(fn, index, handle)
+                if listed is None:
+                    if fn.startswith("nvmlDeviceGetGraphics"):
+                        continue  # compute is what vLLM uses; graphics is a bonus
+                    return None
+                for p in listed:
+                    mib = None if p.usedGpuMemory is None else p.usedGpuMemory / _MIB
+                    # A process may be in both lists with the same figure: count it once.
+                    old = out.get((p.pid, index))
+                    if old is None or (mib is not None and (old.used_mib or 0.0) < mib):
+                        out[(p.pid, index)] = GpuProcess(int(p.pid), index, mib)
+        return list(out.values())
+
+    def _device_memory(self) -> tuple[dict[int, float], dict[int, float]]:
+        used: dict[int, float] = {}
+        total: dict[int, float] = {}
+        if self._nvml is None:
+            return used, total
+        for index, handle in self._handles.items():
+            info = self._call("nvmlDeviceGetMemoryInfo", index, handle)
+            if info is not None:
+                used[index], total[index] = info.used / _MIB, info.total / _MIB
+        return used, total
+
+    def _call(self, fn: str, index: int, handle: Any) -> Any:
+        """Call one NVML function; on failure warn once per (function, GPU) and return None."""
+        assert self._nvml is not None
+        try:
+            return getattr(self._nvml, fn)(handle)
+        except Exception as exc:  # a sampling failure must never stop the daemon
+            key = f"{fn}:{index}"
+            if key not in self._warned:
+                self._warned.add(key)
+                unsupported = isinstance(exc, _not_supported(self._nvml))
+                self._log("memory.nvml_call_failed", level="info" if unsupported else "warning",
+                          call=fn, gpu=index, error=str(exc), not_supported=unsupported)
+            return None
+
+
+def _not_supported(nvml: Any) -> type[BaseException] | tuple[()]:
+    cls = getattr(nvml, "NVMLError_NotSupported", None)
+    return cls if isinstance(cls, type) else ()
+
+
+def _tree_by_gpu(procs: list[GpuProcess] | None, pids: set[int]) -> dict[int, float] | None:
+    """Tree memory per GPU; None when NVML lists a tree process without a figure."""
+    if procs is None:
+        return None
+    by_gpu: dict[int, float] = {}
+    for p in procs:
+        if p.pid not in pids:
+            continue
+        if p.used_mib is None:
+            return None
+        by_gpu[p.gpu_index] = by_gpu.get(p.gpu_index, 0.0) + p.used_mib
+    return by_gpu
+
+
+def _load_nvml() -> Any:
+    import pynvml  # lazy: the package is optional at run time on CPU hosts
+
+    return pynvml
+
+
+def _open(nvml: Any, gpus: list[int] | None) -> dict[int, Any]:
+    """nvmlInit and map configured indexes (None = all) to handles; raises on failure."""
+    nvml.nvmlInit()
+    indexes = list(range(nvml.nvmlDeviceGetCount())) if gpus is None else gpus
+    return {i: nvml.nvmlDeviceGetHandleByIndex(i) for i in indexes}
+
+
+def make_sampler(gpus: list[int] | None, log: Log, nvml: Any | None = None) -> NvmlSampler:
+    """The real sampler: NVML on the configured GPUs when it works, else host memory only.
+
+    `gpus` is None for all devices, [] for a CPU deployment (NVML is not touched). `nvml`
+    replaces the pynvml module (tests pass a FakeNvml).
+    """
+    if gpus == []:
+        return NvmlSampler(None, {}, log)
+    try:
+        module = nvml if nvml is not None else _load_nvml()
+        handles = _open(module, gpus)
+    except Exception as exc:  # import, library or driver: all mean "no NVML"
+        log("memory.nvml_unavailable", level="warning", error=f"{type(exc).__name__}: {exc}",
+            gpus=gpus, effect="GPU memory rules are off; host memory rules still apply")
+        return NvmlSampler(None, {}, log)
+    if not handles:
+        log("memory.nvml_unavailable", level="warning", error="NVML lists no GPU", gpus=gpus,
+            effect="GPU memory rules are off; host memory rules still apply")
+        return NvmlSampler(None, {}, log)
+    return NvmlSampler(module, handles, log)
+
+
+def _text(value: object) -> str:
+    return value.decode() if isinstance(value, bytes) else str(value)
+
+
+def release_check(sampler: MemorySampler, old_pids: set[int], before_launch: dict[int, float],
+                  tolerance_mib: float) -> tuple[bool, str]:
+    """Read the sampler once and apply the pure release decision."""
+    return release.released(old_pids, sampler.gpu_processes(), sampler.device_used_mib(),
+                            before_launch, tolerance_mib)

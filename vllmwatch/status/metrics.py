@@ -1,0 +1,148 @@
+"""Prometheus exposition of the latest Snapshot, through a private prometheus_client registry."""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterable, Iterator, Mapping
+
+from prometheus_client.core import (
+    CounterMetricFamily,
+    GaugeMetricFamily,
+    InfoMetricFamily,
+    Metric,
+)
+from prometheus_client.exposition import choose_encoder
+from prometheus_client.process_collector import ProcessCollector
+from prometheus_client.registry import Collector, CollectorRegistry
+
+from vllmwatch.status.snapshot import Snapshot
+
+MIB = 2**20
+
+# Every state gets a series (0 or 1), so dashboards and alerts see a stable set of labels.
+KNOWN_STATES = (
+    "init", "prewarming", "starting", "ready", "draining", "stopping", "backoff", "stopped",
+    "failed",
+)
+
+
+class SnapshotCollector(Collector):
+    """Turns the snapshot of the moment into metric families; series with no value are omitted."""
+
+    def __init__(self, get_snapshot: Callable[[], Snapshot]) -> None:
+        self._get_snapshot = get_snapshot
+
+    def describe(self) -> Iterable[Metric]:
+        """Nothing up front: registering must not call collect()."""
+        return []
+
+    def collect(self) -> Iterator[Metric]:
+        """All vllmwatch_* families for the current snapshot."""
+        snap = self._get_snapshot()
+        yield from _state(snap)
+        yield from _child(snap)
+        yield from _memory(snap)
+        yield from _probes(snap)
+        yield from _vllm(snap)
+        info = InfoMetricFamily("vllmwatch", "vllmwatch and vLLM versions, config hash")
+        info.add_metric([], {
+            "version": snap.vllmwatch_version,
+            "vllm_version": snap.vllm_version or "",
+            "config_sha256": snap.config_sha256,
+        })
+        yield info
+
+
+def build_registry(get_snapshot: Callable[[], Snapshot]) -> CollectorRegistry:
+    """A private registry: the snapshot collector plus our own process (CPU, RSS, fds)."""
+    registry = CollectorRegistry()
+    registry.register(SnapshotCollector(get_snapshot))
+    ProcessCollector(registry=registry)
+    return registry
+
+
+def render(registry: CollectorRegistry, accept: str = "") -> tuple[bytes, str]:
+    """The exposition body and its content type, negotiated from the Accept header."""
+    encoder, content_type = choose_encoder(accept)
+    return encoder(registry), content_type
+
+
+def _state(snap: Snapshot) -> Iterator[Metric]:
+    state = GaugeMetricFamily("vllmwatch_state", "1 for the current state, 0 for the others",
+                              labels=["state"])
+    names = KNOWN_STATES if snap.state in KNOWN_STATES else (*KNOWN_STATES, snap.state)
+    for name in names:
+        state.add_metric([name], 1.0 if name == snap.state else 0.0)
+    yield state
+    yield GaugeMetricFamily("vllmwatch_ready", "1 when ready and not draining (as /readyz)",
+                            value=1.0 if snap.ready and not snap.draining else 0.0)
+
+
+def _child(snap: Snapshot) -> Iterator[Metric]:
+    yield _labelled(CounterMetricFamily, "vllmwatch_restarts", "Restarts of vLLM by reason",
+                    "reason", snap.restarts_by_reason)
+    if snap.child_uptime_s is not None:
+        yield GaugeMetricFamily("vllmwatch_child_uptime_seconds",
+                                "Seconds since the vLLM child was spawned",
+                                value=snap.child_uptime_s)
+    yield _labelled(GaugeMetricFamily, "vllmwatch_startup_seconds",
+                    "Duration of each phase of the last start", "phase", snap.start_phases_s)
+
+
+def _memory(snap: Snapshot) -> Iterator[Metric]:
+    mem = snap.memory
+    yield _labelled(GaugeMetricFamily, "vllmwatch_gpu_memory_bytes",
+                    "GPU memory used by the vLLM process tree", "gpu",
+                    _bytes(mem.gpu_tree_by_gpu_mib))
+    yield _labelled(GaugeMetricFamily, "vllmwatch_gpu_device_used_bytes",
+                    "GPU memory used on the device, all processes", "gpu",
+                    _bytes(mem.device_used_mib))
+    yield _labelled(GaugeMetricFamily, "vllmwatch_gpu_device_total_bytes",
+                    "GPU memory of the device", "gpu", _bytes(mem.device_total_mib))
+    yield _labelled(GaugeMetricFamily, "vllmwatch_host_memory_bytes",
+                    "Host memory of the vLLM process tree", "kind",
+                    _bytes({"rss": mem.host_rss_mib, "pss": mem.host_pss_mib}))
+    yield _labelled(GaugeMetricFamily, "vllmwatch_memory_baseline_bytes",
+                    "Memory baseline the leak rules compare against", "kind",
+                    _bytes({"gpu": mem.gpu_baseline_mib, "host": mem.host_baseline_mib}))
+    yield _labelled(GaugeMetricFamily, "vllmwatch_memory_slope_bytes_per_hour",
+                    "Fitted growth of memory use", "kind",
+                    _bytes({"gpu": mem.gpu_slope_mib_per_h, "host": mem.host_slope_mib_per_h}))
+
+
+def _probes(snap: Snapshot) -> Iterator[Metric]:
+    yield _labelled(GaugeMetricFamily, "vllmwatch_probe_duration_seconds",
+                    "Duration of the last probe of each kind", "probe", snap.probe_seconds)
+    yield _labelled(CounterMetricFamily, "vllmwatch_probe_failures",
+                    "Failed probes by kind", "probe", snap.probe_failures)
+
+
+def _vllm(snap: Snapshot) -> Iterator[Metric]:
+    figures = (
+        ("vllmwatch_vllm_requests_running", "Requests running in vLLM (last scrape)",
+         snap.vllm_running),
+        ("vllmwatch_vllm_requests_waiting", "Requests waiting in vLLM (last scrape)",
+         snap.vllm_waiting),
+        ("vllmwatch_vllm_kv_cache_usage_ratio", "vLLM KV-cache usage, 0 to 1 (last scrape)",
+         snap.vllm_kv_cache_usage),
+    )
+    for name, doc, value in figures:
+        if value is not None:
+            yield GaugeMetricFamily(name, doc, value=value)
+
+
+def _labelled(
+    family: type[GaugeMetricFamily] | type[CounterMetricFamily],
+    name: str,
+    doc: str,
+    label: str,
+    values: Mapping[str, float | None] | Mapping[int, float],
+) -> Metric:
+    metric = family(name, doc, labels=[label])
+    for key, value in sorted(values.items(), key=lambda kv: str(kv[0])):
+        if value is not None:
+            metric.add_metric([str(key)], float(value))
+    return metric
+
+
+def _bytes(values: Mapping[str, float | None] | Mapping[int, float]) -> dict[str, float | None]:
+    return {str(k): None if v is None else v * MIB for k, v in values.items()}

@@ -1,0 +1,216 @@
+"""Read-only HTTP status listener over the latest Snapshot: /livez, /readyz, /status, /metrics.
+
+It runs in daemon threads and never touches the loop's state: it reads the immutable snapshot
+that the loop replaces wholesale. Each connection is one request (HTTP/1.0) with a hard deadline
+for reading and writing, and the number of handler threads is capped; excess clients get 503.
+That plumbing lives in vllmwatch.status.http_guard; this module holds the endpoints.
+"""
+
+from __future__ import annotations
+
+import ipaddress
+import json
+import socket
+import threading
+import time
+from collections.abc import Callable
+from typing import Any
+from urllib.parse import urlsplit
+
+from vllmwatch.status import metrics
+from vllmwatch.status.http_guard import GuardedHandler, GuardedServer, Slots
+from vllmwatch.status.snapshot import Snapshot
+
+Response = tuple[int, str, bytes]
+TEXT = "text/plain; charset=utf-8"
+
+
+class StatusListenError(Exception):
+    """The status listener cannot start; the message names status.listen and the address."""
+
+
+def parse_listen(text: str) -> tuple[str, int] | None:
+    """Split status.listen into (host, port); "" disables (None), ":9101" is all interfaces.
+
+    Raises ValueError with a message saying what is accepted.
+    """
+    text = text.strip()
+    if not text:
+        return None
+    accepted = 'expected "HOST:PORT", e.g. "127.0.0.1:9101", "[::1]:9101" or ":9101"'
+    if text.startswith("["):
+        host, bracket, rest = text[1:].partition("]")
+        if not bracket or not rest.startswith(":"):
+            raise ValueError(accepted)
+        port_text = rest[1:]
+    else:
+        host, colon, port_text = text.rpartition(":")
+        if not colon:
+            raise ValueError(f"no port; {accepted}")
+        if ":" in host:
+            raise ValueError(f"write an IPv6 address in brackets; {accepted}")
+    if not port_text.isdigit() or int(port_text) > 65535:
+        raise ValueError(f"port {port_text!r} is not a number from 0 to 65535; {accepted}")
+    return host, int(port_text)
+
+
+class StatusServer:
+    """The status listener; start() binds and serves in a daemon thread, stop() ends it."""
+
+    def __init__(
+        self,
+        listen: str,
+        allow_remote: bool,
+        get_snapshot: Callable[[], Snapshot],
+        log: Callable[..., None],  # log(level, event, **fields), as logs.setup() returns
+        now: Callable[[], float] = time.monotonic,
+        stale_after: float = 30.0,
+        max_clients: int = 32,
+        client_timeout: float = 5.0,
+    ) -> None:
+        self.listen = listen
+        self.allow_remote = allow_remote
+        self.get_snapshot = get_snapshot
+        self.log = log
+        self.now = now
+        self.stale_after = stale_after
+        self.client_timeout = client_timeout
+        self.slots = Slots(max_clients)
+        self.registry = metrics.build_registry(get_snapshot)
+        self._httpd: GuardedServer[StatusServer] | None = None
+        self._thread: threading.Thread | None = None
+
+    @property
+    def address(self) -> tuple[str, int]:
+        """The address actually bound (host, port)."""
+        if self._httpd is None:
+            raise RuntimeError("status server not started")
+        host, port = self._httpd.server_address[:2]
+        return str(host), int(port)
+
+    def start(self) -> None:
+        """Bind and serve; raise StatusListenError if the address is bad, taken or remote."""
+        family, sockaddr = self._resolve()
+        try:
+            self._httpd = GuardedServer(family, sockaddr, _Handler, self)
+        except OSError as exc:
+            raise StatusListenError(
+                f"status.listen = {self.listen!r}: cannot listen on {_show(sockaddr)}: "
+                f"{exc.strerror or exc} (another vllmwatch or service on that port? "
+                f"choose another port, or \"\" to disable)") from None
+        self._thread = threading.Thread(target=self._httpd.serve_forever, args=(0.2,),
+                                        name="vllmwatch-status", daemon=True)
+        self._thread.start()
+        self.log("info", "status.listening", address=_show(self.address),
+                 allow_remote=self.allow_remote)
+
+    def stop(self) -> None:
+        """Stop accepting and close the socket; handler threads end by their own deadline."""
+        httpd, self._httpd = self._httpd, None
+        if httpd is None:
+            return
+        httpd.shutdown()
+        httpd.server_close()
+        if self._thread is not None:
+            self._thread.join(timeout=5.0)
+        self.log("info", "status.stopped")
+
+    def respond(self, path: str, accept: str = "") -> Response:
+        """The response for a GET of path: (code, content type, body)."""
+        snap = self.get_snapshot()
+        if path == "/livez":
+            age = self.now() - snap.loop_heartbeat
+            if age <= self.stale_after:
+                return 200, TEXT, b"ok\n"
+            return 503, TEXT, f"stale: the loop last turned {age:.1f}s ago\n".encode()
+        if path == "/readyz":
+            if snap.ready and not snap.draining:
+                return 200, TEXT, b"ready\n"
+            why = f"not ready: state={snap.state} draining={str(snap.draining).lower()}\n"
+            return 503, TEXT, why.encode()
+        if path == "/status":
+            return 200, "application/json", (json.dumps(self.status_json(snap)) + "\n").encode()
+        if path == "/metrics":
+            body, content_type = metrics.render(self.registry, accept)
+            return 200, content_type, body
+        if path == "/":
+            return 200, TEXT, b"vllmwatch status: /livez /readyz /status /metrics\n"
+        return 404, TEXT, b"not found; try /livez /readyz /status /metrics\n"
+
+    def status_json(self, snap: Snapshot) -> dict[str, Any]:
+        """The /status document: the snapshot plus how long the state has lasted."""
+        out = snap.to_json()
+        if snap.state_since_monotonic is not None:
+            out["state_for_s"] = max(0.0, self.now() - snap.state_since_monotonic)
+        elif snap.state_since:
+            # Display only, when the loop publishes no monotonic stamp.
+            out["state_for_s"] = max(0.0, time.time() - snap.state_since)
+        else:
+            out["state_for_s"] = None
+        return out
+
+    def _resolve(self) -> tuple[socket.AddressFamily, tuple[Any, ...]]:
+        try:
+            parsed = parse_listen(self.listen)
+        except ValueError as exc:
+            raise StatusListenError(f"status.listen = {self.listen!r}: {exc}") from None
+        if parsed is None:
+            raise StatusListenError('status.listen = "": the status listener is disabled')
+        host, port = parsed
+        try:
+            infos = socket.getaddrinfo(host or "0.0.0.0", port, type=socket.SOCK_STREAM,
+                                       flags=socket.AI_PASSIVE)
+        except (socket.gaierror, UnicodeError) as exc:
+            raise StatusListenError(
+                f"status.listen = {self.listen!r}: cannot resolve {host!r}: {exc}") from None
+        family, _, _, _, sockaddr = infos[0]
+        if not self.allow_remote and not _is_loopback(str(sockaddr[0])):
+            raise StatusListenError(
+                f"status.listen = {self.listen!r} resolves to {_show(sockaddr)}, which is not "
+                f"a loopback address; use 127.0.0.1:{port} or [::1]:{port}, or set "
+                "status.allow_remote = true to serve other hosts")
+        return family, sockaddr
+
+
+class _Handler(GuardedHandler):
+    server: GuardedServer[StatusServer]
+    server_version = "vllmwatch"
+    sys_version = ""
+
+    def do_GET(self) -> None:
+        self._serve(send_body=True)
+
+    def do_HEAD(self) -> None:
+        self._serve(send_body=False)
+
+    def __getattr__(self, name: str) -> Any:
+        # Any other method (POST, PUT, DELETE, made-up ones) is refused; the body is not read.
+        if name.startswith("do_"):
+            return self._not_allowed
+        raise AttributeError(name)
+
+    def _not_allowed(self) -> None:
+        self.reply(405, TEXT, b"method not allowed: read-only, use GET or HEAD\n", True,
+                   {"Allow": "GET, HEAD"})
+
+    def _serve(self, send_body: bool) -> None:
+        path = urlsplit(self.path).path
+        app = self.server.app
+        try:
+            code, content_type, body = app.respond(path, self.headers.get("Accept", ""))
+        except Exception as exc:
+            app.log("error", "status.handler_failed", path=path, error=repr(exc))
+            code, content_type, body = 500, TEXT, b"internal error; see the vllmwatch log\n"
+        self.reply(code, content_type, body, send_body)
+
+
+def _is_loopback(host: str) -> bool:
+    try:
+        return ipaddress.ip_address(host.split("%", 1)[0]).is_loopback
+    except ValueError:
+        return False
+
+
+def _show(sockaddr: tuple[Any, ...]) -> str:
+    host, port = str(sockaddr[0]), int(sockaddr[1])
+    return f"[{host}]:{port}" if ":" in host else f"{host}:{port}"

@@ -1,0 +1,324 @@
+"""A fake ``vllm serve`` for fast fault-injection tests; stdlib only, Linux.
+
+An API server spawns a ``VLLM::EngineCore`` child (and ``VLLM::Worker_TP{i}`` grandchildren)
+in its own process group and serves completions through it, so stopping or killing the
+engine looks to a supervisor as it does with real vLLM. Fault flags: see ``parse_args``.
+This module is the API server and the one entry point for all roles; the engine and worker
+roles live in ``vllmwatch.testing.fake_engine``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import json
+import math
+import os
+import signal
+import socket
+import subprocess
+import sys
+import threading
+import time
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from types import FrameType
+from typing import Any, BinaryIO, NoReturn
+
+if not __spec__:  # run by file path: make our package importable from the folder above it
+    sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+
+from vllmwatch.testing.fake_engine import (
+    CHILD_EXTRA,
+    after,
+    emit,
+    engine_main,
+    leak,
+    log,
+    spawn,
+    worker_main,
+    write_traceback,
+)
+
+# How children run this module again: -m when we were run so, as a script this file's folder
+# would shadow stdlib modules; else by file path.
+_ENTRY = ["-m", __spec__.name] if __spec__ else [os.path.abspath(__file__)]
+_METRICS = [  # (name, type, help, key in the engine's stats)
+    ("num_requests_running", "gauge", "Number of requests in model execution batches.", "run"),
+    ("num_requests_waiting", "gauge", "Number of requests waiting to be processed.", "wait"),
+    ("kv_cache_usage_perc", "gauge", "KV-cache usage. 1 means 100 percent usage.", "kv"),
+    ("prompt_tokens_total", "counter", "Number of prefill tokens processed.", "prompt"),
+    ("generation_tokens_total", "counter", "Number of generation tokens processed.", "gen"),
+    ("num_preemptions_total", "counter", "Cumulative number of preemption from the engine.", ""),
+]
+
+
+def parse_args(argv: list[str]) -> argparse.Namespace:
+    """Parse the flags the fake knows (times in s from ready); other flags are ignored."""
+    p = argparse.ArgumentParser(prog="vllm serve", allow_abbrev=False)
+    p.add_argument("--model", default="facebook/opt-125m")
+    p.add_argument("--host", default="127.0.0.1")
+    p.add_argument("--served-model-name", nargs="+")
+    p.add_argument("--api-key", default=os.environ.get("VLLM_API_KEY"))
+    p.add_argument("--leak-in", choices=("api", "engine"), default="api")
+    p.add_argument("--workers", type=int, help="TP workers (default: TP size if > 1, else 0)")
+    for name, number in (("port", 8000), ("tensor-parallel-size", 1), ("max-num-seqs", 256),
+                         ("exit-code", 0), ("fd", -1), ("rank", 0)):
+        p.add_argument(f"--{name}", type=int, default=number)
+    for name, seconds in (("startup-seconds", 0.5), ("engine-death-exit-delay", 3.0),
+                          ("orphan-timeout", 120.0), ("slow-completion", 0.0),
+                          ("leak-mib-per-s", 0.0), ("shutdown-timeout", 0.0)):
+        p.add_argument(f"--{name}", type=float, default=seconds)
+    for name in ("hang-after", "stall-after", "exit-after", "engine-crash-after",
+                 "crash-during-start", "health-fail-after", "unhealthy-after"):
+        p.add_argument(f"--{name}", type=float)
+    for name in ("busy", "ignore-sigterm", "fail-start", "disable-uvicorn-access-log"):
+        p.add_argument(f"--{name}", action="store_true")
+    p.add_argument("--role", choices=("api", "engine", "worker"), default="api")
+    return p.parse_known_args(argv)[0]
+
+
+def _error(message: str, kind: str, code: int) -> dict[str, Any]:
+    return {"object": "error", "message": message, "type": kind, "param": None, "code": code}
+
+
+class Api:
+    """API-server side of the engine link: pending requests, last engine stats, death."""
+
+    def __init__(self, sock: socket.socket, args: argparse.Namespace) -> None:
+        self.sock, self.args, self.names = sock, args, args.served_model_name or [args.model]
+        self.lock = threading.Lock()
+        self.pending: dict[int, tuple[threading.Event, list[int]]] = {}
+        self.next_id, self.ready_at, self.stopping = 0, math.inf, False
+        self.dead_at: float | None = None
+        self.stats: dict[str, Any] = dict.fromkeys(("run", "wait", "kv", "prompt", "gen", "ok"), 0)
+
+    def submit(self, prompt: int, max_tokens: int) -> int | None:
+        """Queue one request on the engine and wait for it; None if the engine is gone."""
+        event, box = threading.Event(), list[int]()
+        with self.lock:
+            if self.dead_at is not None or self.stopping:
+                return None
+            self.next_id += 1
+            self.pending[self.next_id] = (event, box)
+            msg = {"id": self.next_id, "prompt": prompt, "max": max_tokens}
+            try:
+                self.sock.sendall(json.dumps(msg).encode() + b"\n")
+            except OSError:
+                return None
+        event.wait()
+        return box[0] if box else None
+
+    def read_loop(self, rfile: BinaryIO) -> None:
+        """Apply engine stats and replies until EOF, then mark the engine dead."""
+        with contextlib.suppress(OSError, ValueError):
+            for msg in map(json.loads, rfile):
+                if "done" not in msg:
+                    self.stats = msg
+                    continue
+                with self.lock:
+                    event, box = self.pending.pop(msg["done"], (threading.Event(), []))
+                box.append(msg["tokens"])
+                event.set()
+        with self.lock:
+            self.dead_at = time.monotonic()
+            for event, _ in self.pending.values():
+                event.set()
+        if not self.stopping:
+            log("ERROR", "Engine core proc EngineCore_DP0 died unexpectedly, shutting down "
+                "client.", "core_client.py:1")
+
+    def health(self) -> int:
+        """Status code of GET /health."""
+        a, age = self.args, time.monotonic() - self.ready_at
+        if self.dead_at is not None or age >= after(a.unhealthy_after):
+            return 503
+        return 500 if age >= after(a.health_fail_after) else 200
+
+    def metrics(self) -> str:
+        """Prometheus text shaped like vLLM's /metrics (a small subset)."""
+        s, lab = self.stats, f'engine="0",model_name="{self.names[0]}"'
+        with open("/proc/self/statm") as f:
+            rss = int(f.read().split()[1]) * os.sysconf("SC_PAGE_SIZE")
+        out = ["# HELP process_resident_memory_bytes Resident memory size in bytes.",
+               "# TYPE process_resident_memory_bytes gauge", f"process_resident_memory_bytes {rss}"]
+        for name, kind, text, key in _METRICS:
+            out += [f"# HELP vllm:{name} {text}", f"# TYPE vllm:{name} {kind}",
+                    f"vllm:{name}{{{lab}}} {float(s.get(key, 0))}"]
+        name = "vllm:request_success_total"
+        out += [f"# HELP {name} Count of successfully processed requests.",
+                f"# TYPE {name} counter"]
+        out += [f'{name}{{{lab},finished_reason="{r}"}} {float(s["ok"] if r == "length" else 0)}'
+                for r in ("stop", "length", "abort")]
+        return "\n".join(out) + "\n"
+
+    def complete(self, body: dict[str, Any], chat: bool) -> tuple[int, dict[str, Any]]:
+        """Run an OpenAI (chat) completion through the engine: (status, JSON reply)."""
+        model = body.get("model") or self.names[0]
+        if model not in self.names:
+            return 404, _error(f"The model `{model}` does not exist.", "NotFoundError", 404)
+        text = (" ".join(str(m.get("content", "")) for m in body.get("messages", [])) if chat
+                else str(body.get("prompt", "")))
+        prompt = max(1, len(text.split()))
+        got = self.submit(prompt, int(body.get("max_tokens") or 16))
+        if got is None and self.stopping:
+            return 503, _error("The server is shutting down.", "ServiceUnavailableError", 503)
+        if got is None:
+            return 500, _error("EngineCore encountered an issue. See stack trace for the root "
+                               "cause.", "InternalServerError", 500)
+        out = " ".join(["fake"] * got)
+        choice = {"index": 0, "finish_reason": "length", "logprobs": None,
+                  **({"message": {"role": "assistant", "content": out}} if chat else {"text": out})}
+        usage = {"prompt_tokens": prompt, "completion_tokens": got, "total_tokens": prompt + got}
+        return 200, {"id": f"cmpl-{time.monotonic_ns()}", "model": model, "choices": [choice],
+                     "object": "chat.completion" if chat else "text_completion",
+                     "created": int(time.time()), "usage": usage}
+
+
+class _Server(ThreadingHTTPServer):
+    daemon_threads = True
+    api: Api
+
+    def handle_error(self, request: Any, client_address: Any) -> None:
+        """Clients that hang up on a slow reply are normal here; stay quiet."""
+
+
+class _Handler(BaseHTTPRequestHandler):
+    server: _Server
+
+    def _send(self, code: int, reply: Any, ctype: str = "application/json") -> None:
+        body = reply if isinstance(reply, bytes) else json.dumps(reply).encode()
+        self.send_response(code)
+        self.send_header("Content-Type", ctype)
+        self.send_header("Content-Length", str(len(body)))
+        self.end_headers()
+        self.wfile.write(body)
+
+    def do_GET(self) -> None:
+        """Serve /health, /v1/models and /metrics."""
+        api, path = self.server.api, self.path.split("?")[0]
+        if path == "/health":
+            self._send(api.health(), b"")
+        elif path == "/v1/models":
+            self._send(200, {"object": "list", "data": [
+                {"id": n, "object": "model", "created": 0, "owned_by": "vllm",
+                 "root": api.args.model, "parent": None, "max_model_len": 2048}
+                for n in api.names]})
+        elif path == "/metrics":
+            self._send(200, api.metrics().encode(), "text/plain; version=0.0.4; charset=utf-8")
+        else:
+            self._send(404, {"detail": "Not Found"})
+
+    def do_POST(self) -> None:
+        """Serve /v1/completions and /v1/chat/completions."""
+        api, path = self.server.api, self.path.split("?")[0]
+        key = api.args.api_key
+        if path not in ("/v1/completions", "/v1/chat/completions"):
+            return self._send(404, {"detail": "Not Found"})
+        if key and self.headers.get("Authorization") != f"Bearer {key}":
+            return self._send(401, {"error": "Unauthorized"})
+        try:
+            body = json.loads(self.rfile.read(int(self.headers.get("Content-Length") or 0)))
+        except ValueError:
+            body = None
+        if not isinstance(body, dict):
+            return self._send(400, _error("Invalid JSON body", "BadRequestError", 400))
+        self._send(*api.complete(body, chat=path.endswith("chat/completions")))
+
+    def log_request(self, code: int | str = "-", size: int | str = "-") -> None:
+        """Log accesses like uvicorn does, unless --disable-uvicorn-access-log."""
+        if not self.server.api.args.disable_uvicorn_access_log:
+            host, port = self.client_address[:2]
+            emit(f'INFO:     {host}:{port} - "{self.requestline}" {code}')
+
+    def log_message(self, *args: Any, **kwargs: Any) -> None:
+        """Silence http.server's own stderr lines."""
+
+
+class _Stop(BaseException):
+    """Raised by the SIGTERM/SIGINT handler to unwind the API server's main thread."""
+
+
+def _raise_stop(signum: int, frame: FrameType | None) -> None:
+    raise _Stop
+
+
+def _shutdown(engine: subprocess.Popen[bytes] | None, api: Api | None, code: int,
+              drain: float = 0.0) -> NoReturn:
+    """Drain if asked (--shutdown-timeout), stop the engine and its workers, exit ``code``."""
+    for sig in (signal.SIGTERM, signal.SIGINT):
+        signal.signal(sig, signal.SIG_IGN)
+    if api is not None:
+        api.stopping, deadline = True, time.monotonic() + drain
+        while api.pending and api.dead_at is None and time.monotonic() < deadline:
+            time.sleep(0.02)
+    log("INFO", "Shutting down", "launcher.py:1")
+    if engine is not None:
+        engine.terminate()
+        try:
+            engine.wait(0.4)
+        except subprocess.TimeoutExpired:
+            engine.kill()
+            engine.wait()
+    log("INFO", "Application shutdown complete.", "launcher.py:2")
+    os._exit(code)
+
+
+def _watch(a: argparse.Namespace, api: Api) -> int:
+    """Tick until --exit-after fires or the engine has been dead long enough; the exit code."""
+    while True:
+        time.sleep(0.05)
+        now = time.monotonic()
+        if now - api.ready_at >= after(a.exit_after):
+            log("WARNING", f"Injected fault: exit with code {a.exit_code} (--exit-after)")
+            return int(a.exit_code)
+        if api.dead_at is not None and now - api.dead_at >= a.engine_death_exit_delay:
+            return 0
+
+
+def api_main(a: argparse.Namespace, flags: list[str]) -> int:
+    """The API server: start the engine, wait for it, serve HTTP, exit like vLLM."""
+    if a.fail_start:
+        sys.stderr.write("usage: vllm serve [model_tag] [options]\n"
+                         "vllm: error: unrecognized arguments: --fail-start\n")
+        return 2
+    log("INFO", "vLLM API server version 0.0.0+fake", "api_server.py:1")
+    log("INFO", f"non-default args: {{'model': '{a.model}', 'port': {a.port}}}", "utils.py:1")
+    engine, api = None, None
+    signal.signal(signal.SIGTERM, signal.SIG_IGN if a.ignore_sigterm else _raise_stop)
+    signal.signal(signal.SIGINT, _raise_stop)
+    try:
+        server = _Server((a.host, a.port), _Handler, bind_and_activate=False)
+        server.server_bind()  # like vLLM: take the port before the engine starts
+        engine, sock = spawn(_ENTRY, "VLLM::EngineCore", "engine", flags)
+        server.api = api = Api(sock, a)
+        rfile = sock.makefile("rb")
+        if not rfile.readline():
+            write_traceback("RuntimeError: Engine core initialization failed. See root cause "
+                            f"above. Failed core proc(s): {{'EngineCore_DP0': {engine.wait()}}}",
+                            "vllm/entrypoints/openai/api_server.py")
+            return 1
+        log("INFO", f"Starting vLLM server on http://{a.host}:{a.port}", "api_server.py:2")
+        server.server_activate()
+        threading.Thread(target=server.serve_forever, daemon=True).start()
+        threading.Thread(target=api.read_loop, args=(rfile,), daemon=True).start()
+        for msg in (f"Started server process [{os.getpid()}]", "Waiting for application "
+                    "startup.", "Application startup complete."):
+            log("INFO", msg, "launcher.py:1")
+        api.ready_at = time.monotonic()
+        leak(a, "api")
+        _shutdown(engine, api, _watch(a, api))
+    except _Stop:
+        _shutdown(engine, api, 0, a.shutdown_timeout)
+
+
+def main(argv: list[str] | None = None) -> int:
+    """Entry point for all three roles: API server, engine, worker."""
+    argv = sys.argv[1:] if argv is None else argv
+    a = parse_args(argv)
+    if a.role == "engine":
+        return engine_main(a, argv[:-CHILD_EXTRA], _ENTRY)
+    return worker_main(a) if a.role == "worker" else api_main(a, argv)
+
+
+if __name__ == "__main__":
+    sys.exit(main())
