@@ -13,6 +13,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from vllmwatch.config.address import parse_address
 from vllmwatch.config.convert import CONVERTERS, choice, show
 
 if sys.version_info >= (3, 11):
@@ -158,6 +159,28 @@ class LogConfig:
     child_lines: bool = _conv("bool", True)
 
 
+# --- [drain] and [gate] (issue 15: restarts that clients do not see) ---------------------
+
+
+@dataclass(frozen=True)
+class DrainConfig:
+    """How a planned restart leaves a load balancer: /readyz 503, then wait, then drain."""
+
+    # A balancer stops routing after interval x fall failed checks (e.g. 2 s x 3 = 6 s);
+    # 10 s covers that with a margin. 0 stops as soon as nothing is in flight.
+    deregister_delay: float = _conv("duration", 10.0)
+
+
+@dataclass(frozen=True)
+class GateConfig:
+    """The optional front door: hold requests while vLLM (re)starts instead of failing them."""
+
+    enabled: bool = _conv("bool", False)
+    listen: str = _conv("str", "")  # the public HOST:PORT; vllm.port becomes the private one
+    hold_timeout: float = _conv("duration", 120.0)
+    retry_after: float = _conv("duration", 10.0)
+
+
 @dataclass(frozen=True)
 class Config:
     """The whole configuration, plus where it came from."""
@@ -170,6 +193,8 @@ class Config:
     prewarm: PrewarmConfig = field(default_factory=PrewarmConfig)
     status: StatusConfig = field(default_factory=StatusConfig)
     log: LogConfig = field(default_factory=LogConfig)
+    drain: DrainConfig = field(default_factory=DrainConfig)
+    gate: GateConfig = field(default_factory=GateConfig)
     path: str = ""
     sha256: str = ""
 
@@ -183,6 +208,8 @@ SECTIONS: dict[str, type] = {
     "prewarm": PrewarmConfig,
     "status": StatusConfig,
     "log": LogConfig,
+    "drain": DrainConfig,
+    "gate": GateConfig,
 }
 
 
@@ -295,3 +322,20 @@ def _cross_checks(config: Config, path: str) -> None:
                           f"({config.restart.backoff_initial:g}s)")
     if config.probe.canary_timeout <= 0:
         raise ConfigError(path, "probe.canary_timeout", "must be > 0")
+    _gate_checks(config, path)
+
+
+def _gate_checks(config: Config, path: str) -> None:
+    g = config.gate
+    if not g.enabled:
+        return
+    try:
+        where = parse_address(g.listen)
+    except ValueError as exc:
+        raise ConfigError(path, "gate.listen", f"bad value {show(g.listen)}: {exc}") from None
+    if where[1] == config.vllm.port and where[0] in ("", "0.0.0.0", "::", config.vllm.host):
+        raise ConfigError(path, "gate.listen", f"port {where[1]} is vllm.port; the gate takes "
+                          "the public port and vLLM moves to a private one: set vllm.port to "
+                          "another port, e.g. 8001")
+    if g.hold_timeout <= 0:
+        raise ConfigError(path, "gate.hold_timeout", "must be > 0 with gate.enabled = true")

@@ -66,7 +66,8 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
         p.add_argument(f"--{name}", type=int, default=number)
     for name, seconds in (("startup-seconds", 0.5), ("engine-death-exit-delay", 3.0),
                           ("orphan-timeout", 120.0), ("slow-completion", 0.0),
-                          ("leak-mib-per-s", 0.0), ("shutdown-timeout", 0.0)):
+                          ("leak-mib-per-s", 0.0), ("shutdown-timeout", 0.0),
+                          ("stream-interval", 0.01)):  # between SSE chunks of stream=true
         p.add_argument(f"--{name}", type=float, default=seconds)
     for name in ("hang-after", "stall-after", "exit-after", "engine-crash-after",
                  "crash-during-start", "health-fail-after", "unhealthy-after"):
@@ -222,7 +223,27 @@ class _Handler(BaseHTTPRequestHandler):
             body = None
         if not isinstance(body, dict):
             return self._send(400, _error("Invalid JSON body", "BadRequestError", 400))
-        self._send(*api.complete(body, chat=path.endswith("chat/completions")))
+        code, reply = api.complete(body, chat=path.endswith("chat/completions"))
+        if code == 200 and body.get("stream"):
+            return self._stream(reply)
+        self._send(code, reply)
+
+    def _stream(self, reply: dict[str, Any]) -> None:
+        """Send the finished reply as SSE, one token a chunk, like vLLM with stream=true."""
+        self.send_response(200)
+        self.send_header("Content-Type", "text/event-stream; charset=utf-8")
+        self.end_headers()  # HTTP/1.0 without a length: the body ends when we close
+        choice = reply["choices"][0]
+        text = choice.get("text", choice.get("message", {}).get("content", ""))
+        for token in text.split(" "):
+            delta = {**choice, "text": token + " ", "finish_reason": None}
+            delta.pop("message", None)
+            chunk = {"id": reply["id"], "object": reply["object"], "model": reply["model"],
+                     "choices": [delta]}
+            self.wfile.write(b"data: " + json.dumps(chunk).encode() + b"\n\n")
+            self.wfile.flush()
+            time.sleep(self.server.api.args.stream_interval)
+        self.wfile.write(b"data: [DONE]\n\n")
 
     def log_request(self, code: int | str = "-", size: int | str = "-") -> None:
         """Log accesses like uvicorn does, unless --disable-uvicorn-access-log."""

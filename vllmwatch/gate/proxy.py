@@ -1,0 +1,144 @@
+"""The forwarding handler: hold at the door, forward once, stream the answer back chunk by chunk.
+
+A request is sent to vLLM at most once. Only a connection that vLLM refused (nothing was
+sent) is tried again, after waiting at the door; one that fails after it was sent (vLLM died
+mid-request) is answered 502, or cut if the answer had begun, and counted: completions are
+not idempotent, so the client decides whether to repeat it.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import math
+from dataclasses import dataclass
+
+import aiohttp
+from aiohttp import web
+from multidict import CIMultiDict
+
+from vllmwatch.gate.door import Door, Readiness
+
+# RFC 9110 7.6.1: meaningful for one connection only, never forwarded.
+HOP_BY_HOP = frozenset({"connection", "keep-alive", "proxy-authenticate", "proxy-authorization",
+                        "te", "trailer", "transfer-encoding", "upgrade", "host",
+                        "content-length"})
+REFUSED_HOLD = 0.5  # after vLLM refused a connection, hold this long before trying again
+MAX_BODY = 256 * 2**20  # prompts with images can be large; aiohttp's default is 1 MiB
+
+
+@dataclass
+class GateStats:
+    """Counters of the gate; written on its event loop only, read from any thread."""
+
+    forwarded: int = 0  # requests sent to vLLM
+    held: int = 0  # requests that had to wait at the door
+    hold_timeouts: int = 0  # answered 503 after gate.hold_timeout
+    refused_closed: int = 0  # answered 503 because vllmwatch is stopping or gave up
+    failed_midrequest: int = 0  # vLLM went away after the request was sent (not retried)
+    connect_retries: int = 0  # vLLM refused the connection; held again, then sent
+    holding: int = 0  # waiting at the door now
+    in_flight: int = 0  # forwarded and not yet answered
+
+
+def _error(status: int, message: str, retry_after: float | None = None) -> web.Response:
+    headers = {"Retry-After": str(math.ceil(retry_after))} if retry_after is not None else {}
+    body = {"object": "error", "message": message, "type": "ServiceUnavailableError"
+            if status == 503 else "BadGatewayError", "param": None, "code": status}
+    return web.json_response(body, status=status, headers=headers)
+
+
+class Forwarder:
+    """Owns the client session to vLLM and handles every request of the gate's server."""
+
+    def __init__(self, door: Door, upstream: str, hold_timeout: float, retry_after: float,
+                 stats: GateStats) -> None:
+        self.door, self.upstream, self.stats = door, upstream.rstrip("/"), stats
+        self.hold_timeout, self.retry_after = hold_timeout, retry_after
+        self.session: aiohttp.ClientSession | None = None
+
+    async def open(self) -> None:
+        """Create the client session (on the gate's loop)."""
+        self.session = aiohttp.ClientSession(
+            connector=aiohttp.TCPConnector(limit=0),  # vLLM queues; we must not
+            timeout=aiohttp.ClientTimeout(total=None, connect=5.0),
+            auto_decompress=False)
+
+    async def close(self) -> None:
+        """Close the client session."""
+        if self.session is not None:
+            await self.session.close()
+
+    async def handle(self, request: web.Request) -> web.StreamResponse:
+        """Hold while vLLM is not ready, then forward once."""
+        body = await request.read()
+        loop = asyncio.get_running_loop()
+        deadline = loop.time() + self.hold_timeout
+        counted = False
+        while True:
+            verdict = await self._wait_at_door(deadline - loop.time(), counted)
+            if verdict is not None:
+                return verdict
+            try:
+                return await self._forward(request, body)
+            except aiohttp.ClientConnectorError:
+                # Refused before anything was sent: vLLM is not up (yet); safe to try again.
+                self.stats.connect_retries += 1
+                self.door.suspect(REFUSED_HOLD)
+                counted = True
+                self.stats.held += 1
+
+    async def _wait_at_door(self, timeout: float, counted: bool) -> web.Response | None:
+        self.door.refresh()
+        if not counted and (self.door.state != Readiness.OPEN or self.door.waiting):
+            self.stats.held += 1
+        self.stats.holding += 1
+        try:
+            passed = await self.door.enter(max(0.0, timeout))
+        finally:
+            self.stats.holding -= 1
+        if passed is None:
+            self.stats.hold_timeouts += 1
+            return _error(503, f"vLLM is not ready after {self.hold_timeout:g}s "
+                          "(gate.hold_timeout); it is starting or restarting", self.retry_after)
+        if not passed:
+            self.stats.refused_closed += 1
+            return _error(503, "vllmwatch is stopping; vLLM will not come back on this "
+                          "instance", self.retry_after)
+        return None
+
+    async def _forward(self, request: web.Request, body: bytes) -> web.StreamResponse:
+        assert self.session is not None
+        headers = CIMultiDict((k, v) for k, v in request.headers.items()
+                              if k.lower() not in HOP_BY_HOP)
+        url = self.upstream + request.rel_url.raw_path_qs
+        self.stats.forwarded += 1
+        self.stats.in_flight += 1
+        response: web.StreamResponse | None = None
+        try:
+            async with self.session.request(request.method, url, headers=headers,
+                                            data=body or None, allow_redirects=False) as up:
+                response = web.StreamResponse(status=up.status, reason=up.reason)
+                for k, v in up.headers.items():
+                    if k.lower() not in HOP_BY_HOP:
+                        response.headers.add(k, v)
+                if up.content_length is not None:
+                    response.content_length = up.content_length
+                await response.prepare(request)
+                async for chunk in up.content.iter_any():  # as it arrives: SSE stays live
+                    await response.write(chunk)
+                await response.write_eof()
+                return response
+        except aiohttp.ClientConnectorError:
+            self.stats.forwarded -= 1  # nothing was sent; the caller tries again
+            raise
+        except (aiohttp.ClientError, asyncio.TimeoutError) as exc:
+            self.stats.failed_midrequest += 1
+            if response is not None and response.prepared:
+                # The answer had begun: cut the connection so the client sees it incomplete.
+                if request.transport is not None:
+                    request.transport.close()
+                return response
+            return _error(502, f"vLLM failed during the request ({type(exc).__name__}); it "
+                          "was not retried: send it again if it is safe to repeat")
+        finally:
+            self.stats.in_flight -= 1

@@ -1,0 +1,115 @@
+"""The gate's thread: its own asyncio event loop, so client traffic never blocks the watchdog.
+
+The daemon starts it, hands it a readiness getter over its latest snapshot, and reads its
+counters and error (if the gate dies, the daemon says so loudly; /status shows it).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import dataclasses
+import threading
+from collections.abc import Callable
+from typing import Any
+
+from aiohttp import web
+
+from vllmwatch.config.address import parse_address
+from vllmwatch.gate.door import Door, Readiness
+from vllmwatch.gate.proxy import MAX_BODY, Forwarder, GateStats
+
+START_TIMEOUT = 10.0
+
+
+class GateError(Exception):
+    """The gate could not start (e.g. gate.listen is taken); the message says what to fix."""
+
+
+class Gate:
+    """The front door: start() binds gate.listen and serves in a thread; stop() ends it."""
+
+    def __init__(self, listen: str, upstream: str, get_readiness: Callable[[], Readiness],
+                 hold_timeout: float, retry_after: float,
+                 on_error: Callable[[str], None] | None = None) -> None:
+        self.host, self.port = parse_address(listen)
+        self.listen = listen
+        self.stats = GateStats()
+        self.door = Door(get_readiness)
+        self.forwarder = Forwarder(self.door, upstream, hold_timeout, retry_after, self.stats)
+        self.error: str | None = None
+        self._on_error = on_error
+        self._loop: asyncio.AbstractEventLoop | None = None
+        self._stop: asyncio.Event | None = None
+        self._started = threading.Event()
+        self._thread = threading.Thread(target=self._run, name="vllmwatch-gate", daemon=True)
+
+    def start(self) -> None:
+        """Bind and serve; raise GateError if it cannot."""
+        self._thread.start()
+        if not self._started.wait(START_TIMEOUT):
+            raise GateError(f"gate.listen {self.listen}: not serving after {START_TIMEOUT:g}s")
+        if self.error is not None:
+            raise GateError(self.error)
+
+    def stop(self, timeout: float = 10.0) -> None:
+        """Stop serving (in-flight requests are cut) and join the thread, bounded."""
+        loop, stop = self._loop, self._stop
+        if loop is not None and stop is not None and not loop.is_closed():
+            with contextlib.suppress(RuntimeError):  # the loop closed in between
+                loop.call_soon_threadsafe(stop.set)
+        if self._thread.is_alive():
+            self._thread.join(timeout)
+
+    @property
+    def running(self) -> bool:
+        """Whether the gate thread is alive and has not failed."""
+        return self._thread.is_alive() and self.error is None
+
+    def snapshot(self) -> dict[str, Any]:
+        """Counters and health for /status and the metrics (any thread)."""
+        out: dict[str, Any] = dataclasses.asdict(self.stats)
+        out.update(listen=self.listen, running=self.running, error=self.error)
+        return out
+
+    def _run(self) -> None:
+        try:
+            asyncio.run(self._main())
+        except BaseException as exc:  # any failure must reach the daemon
+            self._fail(f"{type(exc).__name__}: {exc}")
+        finally:
+            self._started.set()
+
+    def _fail(self, error: str) -> None:
+        if self.error is None:
+            self.error = error
+            if self._on_error is not None and self._started.is_set():
+                self._on_error(error)
+
+    async def _main(self) -> None:
+        self._loop = asyncio.get_running_loop()
+        self._stop = asyncio.Event()
+        app = web.Application(client_max_size=MAX_BODY)
+        app.router.add_route("*", "/{tail:.*}", self.forwarder.handle)
+        runner = web.AppRunner(app, access_log=None, handler_cancellation=True)
+        await runner.setup()
+        await self.forwarder.open()
+        watcher = asyncio.create_task(self.door.watch())
+        try:
+            site = web.TCPSite(runner, self.host or None, self.port, reuse_address=True)
+            try:
+                await site.start()
+            except OSError as exc:
+                self.error = (f"gate.listen {self.listen}: cannot listen ({exc.strerror}); "
+                              "choose a free port or stop what holds it")
+                return
+            self._started.set()
+            stopping = asyncio.create_task(self._stop.wait())
+            await asyncio.wait({stopping, watcher}, return_when=asyncio.FIRST_COMPLETED)
+            if watcher.done():
+                watcher.result()  # the readiness watcher died: raise its error
+                raise RuntimeError("the readiness watcher ended")
+        finally:
+            watcher.cancel()
+            await runner.cleanup()
+            await self.forwarder.close()
