@@ -1,0 +1,148 @@
+"""The [gate] front door: its cost when all is well, and failed requests over a restart.
+
+    .venv/bin/python bench/gate.py [--rounds 3] [--runs 3] [--requests 120]
+
+One `vllmwatch run` with gate.enabled on a real CPU vLLM; every figure is measured side by
+side in this one run against the same vLLM: "direct" is vLLM's private port, "gate" the
+gate's public port.
+  throughput  closed loop, 8 clients, --requests completions of 16 tokens per round,
+              rounds alternate direct/gate; req/s per round, gate/direct ratio of medians
+  latency     one client, 40 completions of 1 token: p50 per request
+  streaming   one client, 10 streamed completions of 32 tokens: p50 time to first chunk
+              and p50 gap between chunks (per streamed token)
+  restart     a paced client (4/s, 8 tokens) during a SIGUSR1 restart, --runs times through
+              the gate and --runs times direct; counted from SIGUSR1 until vLLM serves again
+              plus 5 s
+Writes bench/results/gate.json and prints Markdown tables.
+"""
+
+from __future__ import annotations
+
+import argparse
+import http.client
+import itertools
+import json
+import signal
+import statistics
+import sys
+import tempfile
+import time
+from pathlib import Path
+from typing import Any
+
+from _common import RESULTS, SERVED, Watch, free_port, machine, save, say, write_config
+from _lb import Client, percentiles, wait_until
+from _load import run_load
+
+
+def stream_once(port: int, max_tokens: int = 32) -> tuple[float, list[float]]:
+    """(time to first chunk, gaps between chunks) in s for one streamed completion."""
+    body = json.dumps({"model": SERVED, "prompt": "The quick brown fox", "temperature": 0,
+                       "max_tokens": max_tokens, "stream": True, "ignore_eos": True})
+    conn = http.client.HTTPConnection("127.0.0.1", port, timeout=60)
+    t0 = time.monotonic()
+    conn.request("POST", "/v1/completions", body, {"Content-Type": "application/json"})
+    resp = conn.getresponse()
+    arrivals: list[float] = []
+    seen = 0
+    buf = b""
+    while chunk := resp.read1(65536):
+        buf += chunk
+        n = buf.count(b"data: ")
+        arrivals += [time.monotonic()] * (n - seen)
+        seen = n
+    conn.close()
+    gaps = [b - a for a, b in itertools.pairwise(arrivals) if b > a]
+    return arrivals[0] - t0, gaps
+
+
+def cost(direct: int, gate: int, rounds: int, requests: int) -> dict[str, Any]:
+    """Throughput, latency and streaming, alternating direct and gate."""
+    tput: dict[str, list[float]] = {"direct": [], "gate": []}
+    for r in range(rounds):
+        for name, port in (("direct", direct), ("gate", gate)):
+            res = run_load(port, concurrency=8, requests=requests, max_tokens=16)
+            say(f"throughput round {r + 1} {name}: {res}")
+            tput[name].append(res["req_per_s"])
+    lat = {name: run_load(port, concurrency=1, requests=40, max_tokens=1)["lat_p50_ms"]
+           for name, port in (("direct", direct), ("gate", gate))}
+    stream: dict[str, dict[str, float]] = {}
+    for name, port in (("direct", direct), ("gate", gate)):
+        firsts, gaps = [], []
+        for _ in range(10):
+            first, g = stream_once(port)
+            firsts.append(first)
+            gaps += g
+        stream[name] = {"first_chunk_p50_ms": round(1000 * statistics.median(firsts), 2),
+                        "chunk_gap_p50_ms": round(1000 * statistics.median(gaps), 3)}
+    ratio = statistics.median(tput["gate"]) / statistics.median(tput["direct"])
+    return {"throughput_req_per_s": tput, "gate_over_direct": round(ratio, 4),
+            "latency_p50_ms": lat, "streaming": stream}
+
+
+def restart(w: Watch, port: int, status_port: int, runs: int) -> list[dict[str, Any]]:
+    """Failed requests through `port` over a SIGUSR1 restart, `runs` times."""
+    rows = []
+    for i in range(runs):
+        if not wait_until(lambda: _ready(status_port), 600, 1.0):
+            raise RuntimeError("vLLM did not become ready")
+        client = Client(port, 4.0)
+        client.start()
+        time.sleep(3.0)
+        t0 = time.monotonic()
+        w.proc.send_signal(signal.SIGUSR1)
+        done = w.wait_event("restart.done", t0, 600)
+        time.sleep(5.0)
+        client.stop()
+        window = [r for r in client.results if r[0] >= t0]
+        failed = [r for r in window if r[2] != "ok"]
+        rows.append({"run": i + 1, "requests": len(window), "failed": len(failed),
+                     "errors": sorted({r[2] for r in failed}),
+                     "downtime_s": done[1].get("downtime_s") if done else None,
+                     "latency_ms": percentiles([r[1] for r in window if r[2] == "ok"])})
+        say(f"restart run {i + 1} via port {port}: {rows[-1]}")
+    return rows
+
+
+def _ready(status_port: int) -> bool:
+    from _common import http_get
+
+    try:
+        return http_get(status_port, "/readyz", 1.0)[0] == 200
+    except OSError:
+        return False
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--rounds", type=int, default=3)
+    ap.add_argument("--runs", type=int, default=3)
+    ap.add_argument("--requests", type=int, default=120)
+    ap.add_argument("--skip-cost", action="store_true")
+    args = ap.parse_args()
+    out: dict[str, Any] = {"machine": machine()}
+    with tempfile.TemporaryDirectory(prefix="vw-gate-") as t:
+        tmp = Path(t)
+        port, gate_port, status_port = free_port(), free_port(), free_port()
+        cfg = write_config(tmp / "vw.toml", port, status_port, tmp / "cache", sections={
+            "gate": {"enabled": True, "listen": f"127.0.0.1:{gate_port}"},
+            "drain": {"deregister_delay": "0s"},
+            "restart": {"stable_after": "20s", "max_restarts": 50},
+            "prewarm": {"enabled": False}})
+        w = Watch(cfg, RESULTS / "logs" / "gate-vllmwatch.jsonl")
+        try:
+            if not wait_until(lambda: _ready(status_port), 600, 1.0):
+                raise RuntimeError("vLLM did not become ready")
+            if not args.skip_cost:
+                out["cost"] = cost(port, gate_port, args.rounds, args.requests)
+            out["restart_gate"] = restart(w, gate_port, status_port, args.runs)
+            out["restart_direct"] = restart(w, port, status_port, args.runs)
+        finally:
+            w.stop()
+    save("gate", out)
+    print(json.dumps({k: v for k, v in out.items() if k != "machine"}, indent=1))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
