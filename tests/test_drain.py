@@ -7,8 +7,12 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
+from vllmwatch.config.schema import from_dict
 from vllmwatch.core import drain, sleep
 from vllmwatch.core.drain import Phase, Verdict
+from vllmwatch.core.events import RestartRequested
+from vllmwatch.core.state import S
+from vllmwatch.testing import Driver, World
 
 # drain.deregister_delay=10, restart.drain_timeout=30, started at t=100
 D = drain.begin(100.0, 10.0, 30.0)
@@ -125,3 +129,67 @@ def test_sleep_rule(when_sent: bool | None, now: bool | None, send: bool,
     assert sleep.send_canary(now) is send
     assert sleep.judge_canary(when_sent, now) is judge
     assert sleep.judge_stall(now) is (now is not True)
+
+
+# ---- the drain through the real loop (Driver: fake clock, fake vLLM world) ----
+
+CONFIG = from_dict({
+    "vllm": {"model": "/m", "gpus": []},
+    "restart": {"drain_timeout": 30, "stop_timeout": 30, "backoff_jitter": 0.0},
+    "drain": {"deregister_delay": 10},
+    "prewarm": {"enabled": False},
+})
+
+
+def serving(world: World | None = None) -> Driver:
+    d = Driver(CONFIG, world=world)
+    assert d.run_until(lambda: d.state.state == S.READY, 120)
+    return d
+
+
+def sigterm_after(d: Driver, limit: float = 120) -> float:
+    """Fake seconds from now until the loop sent SIGTERM."""
+    t0 = d.clock.now
+    assert d.run_until(lambda: "SIGTERM" in d.world.signals, limit)
+    return d.clock.now - t0
+
+
+def test_planned_restart_waits_the_deregistration_delay_even_when_idle() -> None:
+    d = serving()
+    d.send(RestartRequested())
+    assert d.state.state == S.DRAINING and d.world.signals == []
+    took = sigterm_after(d)
+    assert 10.0 <= took <= 12.0
+    done = d.events("drain.done")[-1]
+    assert done["phases_s"]["deregistering"] == 10.0
+
+
+def test_after_the_delay_in_flight_requests_finish_first() -> None:
+    d = serving(World(running=2, waiting=1))
+    d.send(RestartRequested())
+    d.run_for(25)
+    assert d.world.signals == [] and d.state.state == S.DRAINING
+    d.world.running, d.world.waiting = 0, 0
+    took = sigterm_after(d)
+    assert took <= 2.0
+    d.kill_child()
+    assert d.run_until(lambda: d.state.last_drain != {}, 30)
+    phases = d.state.last_drain
+    assert phases["deregistering"] == 10.0 and phases["draining"] >= 15.0
+    assert "stopping" in phases
+
+
+def test_drain_timeout_bounds_the_wait_after_the_delay() -> None:
+    d = serving(World(running=5))
+    d.send(RestartRequested())
+    took = sigterm_after(d)
+    assert 39.0 <= took <= 41.0  # deregister_delay 10 + drain_timeout 30
+    assert d.events("drain.timeout")
+
+
+def test_a_crash_skips_the_drain() -> None:
+    d = serving(World(running=5))
+    d.kill_child(code=1)
+    assert d.events("restart.begin")[-1]["reason"] == "crash"
+    assert not d.events("drain.begin")
+    assert d.run_until(lambda: d.state.state == S.READY, 120)

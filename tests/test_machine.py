@@ -19,6 +19,7 @@ BASE = from_dict({
                 "stable_after": 600},
     "prewarm": {"enabled": False},
     "memory": {"sample_interval": 10, "pss_interval": 10},
+    "drain": {"deregister_delay": 0},  # tests/test_drain.py covers the deregistration delay
 })
 
 

@@ -2,7 +2,8 @@
 
 from __future__ import annotations
 
-from vllmwatch.core import exitcodes, policy
+from vllmwatch.core import drain as drains
+from vllmwatch.core import exitcodes, policy, probing
 from vllmwatch.core.events import (
     Action,
     CheckRelease,
@@ -87,20 +88,34 @@ def take_down(s: WatchState, now: float, drain: bool) -> Result:
     if s.state == S.STOPPING:
         return s, []
     if _has_child(s):
-        if drain and s.state == S.READY and s.config.restart.drain_timeout > 0:
-            s, acts = goto(s, S.DRAINING, now, "drain before restart",
-                           deadline=now + s.config.restart.drain_timeout)
-            assert s.child is not None
-            s = s.with_child(timers={**s.child.timers, "metrics": now})
-            return s, acts
+        dereg, timeout = drains.plan(drain, s.state == S.READY,
+                                     s.config.drain.deregister_delay,
+                                     s.config.restart.drain_timeout)
+        if dereg + timeout > 0:
+            return begin_drain(s, now, dereg, timeout)
         return stop_child(s, now)
     if s.state == S.CLEANUP:
         return s, []  # the sweep under way ends in after_cleanup, which sees the new plan
     return sweep(s, now, "no child to stop")
 
 
+def begin_drain(s: WatchState, now: float, dereg: float, timeout: float) -> Result:
+    """/readyz turns 503 now; stop once deregistered and idle (core/drain.py)."""
+    d = drains.begin(now, dereg, timeout)
+    s, acts = goto(s, S.DRAINING, now, "drain before restart", deadline=drains.deadline(d))
+    assert s.child is not None
+    s = s.with_child(drain=d, timers={**s.child.timers,
+                                      "metrics": drains.next_check(d, now, probing.DRAIN_POLL)})
+    acts.append(Log("info", "drain.begin", {"phase": str(drains.phase(d, now)),
+                                            "deregister_delay_s": dereg,
+                                            "drain_timeout_s": timeout}))
+    return s, acts
+
+
 def stop_child(s: WatchState, now: float) -> Result:
     """SIGTERM the group and give it restart.stop_timeout (less when the engine is stuck)."""
+    if s.child is not None and s.child.drain is not None:
+        s = s.with_child(drain=drains.stopping(s.child.drain, now))
     grace = s.config.restart.stop_timeout
     if s.pending is not None and s.pending[0] in STUCK_REASONS:
         # Measured: the API server of a hung engine waits on it and ignores SIGTERM, so the
@@ -137,6 +152,10 @@ def sweep(s: WatchState, now: float, reason: str) -> Result:
     old = c.memory.tree_pids if c is not None and c.memory is not None else ()
     deadline = now + SWEEP_WAIT if s.exit_code is not None else None
     s, acts = goto(s, S.CLEANUP, now, reason, deadline=deadline)
+    if c is not None and c.drain is not None:  # the drain ends with the child
+        phases = drains.durations(drains.exited(c.drain, now), now)
+        s = s.with_(last_drain=phases).with_child(drain=None)
+        acts.append(Log("info", "drain.finished", {"phases_s": phases}))
     if c is not None:
         s = s.with_child(pid=None, pgid=None, inflight=frozenset(), timers={}, memory=None)
     s = s.with_(old_pids=tuple(old), sweeping=True, release_at=None, release_deadline=None)

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from vllmwatch.config.quiet import in_window
+from vllmwatch.core import drain as drains
 from vllmwatch.core import leak, policy, probing
 from vllmwatch.core.events import (
     Action,
@@ -144,20 +145,30 @@ def metrics(s: WatchState, ev: MetricsResult, now: float) -> Result:
             return begin_restart(s, now, "hang", "canary timed out and /metrics failed: "
                                  + ev.error, drain=False)
         if s.state == S.DRAINING:
-            s = probing.set_timer(s, "metrics", now + probing.DRAIN_POLL)
+            return _drain_look(s, now, None, None)
         return s, [Log("debug", "probe.metrics_failed", {"error": ev.error})]
     s = s.with_child(running=ev.running, waiting=ev.waiting, kv_cache_usage=ev.kv_cache_usage)
     cur = policy.progress_of(now, ev.running, ev.waiting, ev.prompt_tokens,
                              ev.generation_tokens)
     prev = c.progress
     if s.state == S.DRAINING:
-        if (ev.running or 0) + (ev.waiting or 0) <= 0:
-            s, acts = stop_child(s, now)
-            return s, [Log("info", "drain.done", {"after_s": round(now - s.since, 2)}), *acts]
-        return probing.set_timer(s, "metrics", now + probing.DRAIN_POLL), []
+        return _drain_look(s, now, ev.running, ev.waiting)
     if s.state != S.READY or cur is None:
         return s.with_child(progress=cur or prev), []
     return _judge_progress(s.with_child(progress=cur), prev, cur, now)
+
+
+def _drain_look(s: WatchState, now: float, running: float | None,
+                waiting: float | None) -> Result:
+    """While DRAINING: stop once deregistered and idle, else look again (core/drain.py)."""
+    c = _run(s)
+    d = c.drain if c.drain is not None else drains.begin(s.since, 0.0, 0.0)
+    if drains.decide(d, now, running, waiting) == drains.Verdict.WAIT:
+        return probing.set_timer(s, "metrics", drains.next_check(d, now, probing.DRAIN_POLL)), []
+    phases = drains.durations(d, now)
+    s, acts = stop_child(s, now)
+    return s, [Log("info", "drain.done", {"after_s": round(now - d.started, 2),
+                                          "phases_s": phases}), *acts]
 
 
 def _judge_progress(s: WatchState, prev: policy.Progress | None, cur: policy.Progress,

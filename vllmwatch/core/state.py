@@ -8,6 +8,7 @@ from enum import Enum
 from typing import Any
 
 from vllmwatch.config.schema import Config, VllmConfig
+from vllmwatch.core.drain import Drain
 from vllmwatch.core.events import Action, Log
 from vllmwatch.core.leak import LeakState
 from vllmwatch.core.policy import Progress
@@ -96,6 +97,9 @@ class ChildRun:
     memory: MemorySample | None = None  # the last memory sample
     pss_seen: bool = False
     stale: tuple[str, ...] = ()  # probe kinds whose results are overdue
+    drain: Drain | None = None  # the drain before a planned restart (core/drain.py)
+    asleep: bool | None = None  # vLLM sleep mode, from the last scrape (core/sleep.py)
+    canary_asleep: bool | None = None  # ... when the canary in flight was sent
 
     def with_(self, **changes: Any) -> ChildRun:
         """A copy with some fields changed."""
@@ -130,6 +134,7 @@ class WatchState:
     last_restart_at: float | None = None
     probe_seconds: dict[str, float] = field(default_factory=dict)
     probe_failures: dict[str, int] = field(default_factory=dict)
+    last_drain: dict[str, float] = field(default_factory=dict)  # phase -> s, last drain
     next_extend: float = 0.0
     rng: int = 0x2545F4914F6CDD1D
 
