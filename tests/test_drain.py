@@ -8,10 +8,11 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from vllmwatch.config.schema import from_dict
-from vllmwatch.core import drain, sleep
+from vllmwatch.core import drain, machine, sleep
 from vllmwatch.core.drain import Phase, Verdict
 from vllmwatch.core.events import RestartRequested
 from vllmwatch.core.state import S
+from vllmwatch.shell import probes
 from vllmwatch.testing import Driver, World
 
 # drain.deregister_delay=10, restart.drain_timeout=30, started at t=100
@@ -193,3 +194,72 @@ def test_a_crash_skips_the_drain() -> None:
     assert d.events("restart.begin")[-1]["reason"] == "crash"
     assert not d.events("drain.begin")
     assert d.run_until(lambda: d.state.state == S.READY, 120)
+
+
+# ---- the sleep-state rule through the real loop ----
+
+SLEEPY = from_dict({
+    "vllm": {"model": "/m", "gpus": []},
+    "probe": {"canary_interval": 60, "canary_timeout": 30, "metrics_interval": 15,
+              "failure_threshold": 3, "stall_timeout": 120},
+    "prewarm": {"enabled": False},
+})
+
+
+def restarts(d: Driver) -> list[str]:
+    return [f["reason"] for f in d.events("restart.begin")]
+
+
+@pytest.mark.parametrize("fault", ["timeout", "error"])
+def test_an_engine_asleep_is_not_restarted(fault: str) -> None:
+    d = Driver(SLEEPY, world=World(asleep=False))
+    assert d.run_until(lambda: d.state.state == S.READY, 120)
+    d.world.asleep = True  # POST /sleep: completions fail or wait, /health stays 200
+    d.world.canary_timeout = fault == "timeout"
+    d.world.canary_ok = False
+    d.run_for(30)  # a scrape sees it asleep
+    assert d.events("vllm.sleep_state")[-1]["asleep"] is True
+    sent = len([a for a in d.fx.logs if a.event == "probe.failed"])
+    d.run_for(3600)
+    assert restarts(d) == [] and d.state.state == S.READY
+    assert len([a for a in d.fx.logs if a.event == "probe.failed"]) == sent
+    assert machine.watchdog_ok(d.state)  # the skipped canary is not a stale probe
+    d.world.asleep = False  # woken up, and still failing: now it counts
+    d.run_for(600)
+    assert restarts(d)[0] in ("hang", "health")
+
+
+def test_a_canary_in_flight_when_it_fell_asleep_is_not_judged() -> None:
+    d = Driver(SLEEPY, world=World(asleep=False))
+    assert d.run_until(lambda: d.state.state == S.READY, 120)
+    d.run_for(55 - (d.clock.now - d.state.since))  # just before the first canary
+    d.world.canary_timeout = True
+    d.world.asleep = True  # the last scrape said awake; the one after the timeout says asleep
+    d.run_for(10)
+    assert restarts(d) == []
+    assert d.events("probe.canary_asleep")
+
+
+def test_without_the_sleep_metric_hangs_are_judged_as_before() -> None:
+    d = Driver(SLEEPY)  # asleep=None: an older vLLM
+    assert d.run_until(lambda: d.state.state == S.READY, 120)
+    d.world.canary_timeout = True
+    d.run_for(61)
+    assert restarts(d) == ["hang"]
+
+
+VLLM_SLEEP_TEXT = """# HELP vllm:engine_sleep_state Engine sleep state; awake = 0 means sleeping
+# TYPE vllm:engine_sleep_state gauge
+vllm:engine_sleep_state{{engine="0",model_name="m",sleep_state="awake"}} {awake}
+vllm:engine_sleep_state{{engine="0",model_name="m",sleep_state="weights_offloaded"}} {level1}
+vllm:engine_sleep_state{{engine="0",model_name="m",sleep_state="discard_all"}} 0.0
+vllm:num_requests_running{{engine="0",model_name="m"}} 0.0
+"""
+
+
+@pytest.mark.parametrize(("awake", "level1", "want"), [
+    ("1.0", "0.0", False), ("0.0", "1.0", True)])
+def test_the_sleep_series_as_vllm_writes_it(awake: str, level1: str, want: bool) -> None:
+    text = VLLM_SLEEP_TEXT.format(awake=awake, level1=level1)
+    assert sleep.asleep_from_awake(probes.awake_values(text)) is want
+    assert probes.awake_values("vllm:num_requests_running 0\n") == []

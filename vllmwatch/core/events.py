@@ -95,6 +95,7 @@ class MetricsResult:
     generation_tokens: float | None = None
     error: str = ""
     gen: int = 0
+    asleep: bool | None = None  # vLLM sleep mode (core/sleep.py); None: not reported
 
 
 @dataclass(frozen=True)

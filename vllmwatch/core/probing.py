@@ -8,6 +8,7 @@ so and stops vouching for itself to systemd's watchdog.
 
 from __future__ import annotations
 
+from vllmwatch.core import sleep
 from vllmwatch.core.events import Action, Log, Probe, SampleMemory
 from vllmwatch.core.state import Result, S, WatchState
 
@@ -53,8 +54,10 @@ def fire(s: WatchState, kind: str, now: float) -> Result:
         assert c is not None
         if s.state != S.READY:
             return s, []
+        if not sleep.send_canary(c.asleep):  # asleep on purpose: nothing to prove
+            return s.with_child(probe_done_at={**c.probe_done_at, "canary": now}), []
         if "canary" not in c.inflight:  # busy-or-hung compares against this point
-            s = s.with_child(canary_ref=c.progress)
+            s = s.with_child(canary_ref=c.progress, canary_asleep=c.asleep)
         return start(s, "canary", now)
     if kind == "metrics":
         wait = DRAIN_POLL if s.state == S.DRAINING else p.metrics_interval

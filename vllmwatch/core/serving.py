@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from vllmwatch.config.quiet import in_window
 from vllmwatch.core import drain as drains
-from vllmwatch.core import leak, policy, probing
+from vllmwatch.core import leak, policy, probing, sleep
 from vllmwatch.core.events import (
     Action,
     CanaryResult,
@@ -88,6 +88,10 @@ def canary(s: WatchState, ev: CanaryResult, now: float) -> Result:
         return s, []
     if ev.ok:
         return s.with_child(canary_failures=0), []
+    c = _run(s)
+    if not sleep.judge_canary(c.canary_asleep, c.asleep):
+        return s, [Log("info", "probe.canary_asleep", {
+            "error": ev.error or "timed out", "detail": "vLLM is in sleep mode; not judged"})]
     if ev.timed_out:
         # Health says 200 but a 1-token completion did not come back: hung, or merely busy.
         # A fresh scrape decides (policy.is_busy).
@@ -147,15 +151,23 @@ def metrics(s: WatchState, ev: MetricsResult, now: float) -> Result:
         if s.state == S.DRAINING:
             return _drain_look(s, now, None, None)
         return s, [Log("debug", "probe.metrics_failed", {"error": ev.error})]
-    s = s.with_child(running=ev.running, waiting=ev.waiting, kv_cache_usage=ev.kv_cache_usage)
+    acts: list[Action] = []
+    if ev.asleep != c.asleep and (ev.asleep or c.asleep):
+        acts.append(Log("info", "vllm.sleep_state", {
+            "asleep": ev.asleep, "detail": "put to sleep: no canary, no hang or stall verdict "
+            "until it wakes" if ev.asleep else "awake again"}))
+    s = s.with_child(running=ev.running, waiting=ev.waiting, kv_cache_usage=ev.kv_cache_usage,
+                     asleep=ev.asleep)
     cur = policy.progress_of(now, ev.running, ev.waiting, ev.prompt_tokens,
                              ev.generation_tokens)
     prev = c.progress
     if s.state == S.DRAINING:
-        return _drain_look(s, now, ev.running, ev.waiting)
-    if s.state != S.READY or cur is None:
-        return s.with_child(progress=cur or prev), []
-    return _judge_progress(s.with_child(progress=cur), prev, cur, now)
+        s, more = _drain_look(s, now, ev.running, ev.waiting)
+    elif s.state != S.READY or cur is None:
+        s, more = s.with_child(progress=cur or prev), []
+    else:
+        s, more = _judge_progress(s.with_child(progress=cur), prev, cur, now)
+    return s, acts + more
 
 
 def _drain_look(s: WatchState, now: float, running: float | None,
@@ -175,7 +187,11 @@ def _judge_progress(s: WatchState, prev: policy.Progress | None, cur: policy.Pro
                     now: float) -> Result:
     c = _run(s)
     acts: list[Action] = []
-    if c.hang_suspect:
+    if c.hang_suspect and not sleep.judge_canary(c.canary_asleep, c.asleep):
+        s = s.with_child(hang_suspect=False)
+        acts.append(Log("info", "probe.canary_asleep", {
+            "error": "timed out", "detail": "vLLM is in sleep mode; not judged"}))
+    elif c.hang_suspect:
         s = s.with_child(hang_suspect=False)
         # Against the scrape from before the canary was sent, not the last one: that may be
         # only milliseconds older than this one, too close for any counter to have moved.
@@ -188,7 +204,8 @@ def _judge_progress(s: WatchState, prev: policy.Progress | None, cur: policy.Pro
             "detail": "canary slow but the engine is busy and making progress"}))
     stall = policy.stalled_since(c.stall_since, prev, cur)
     s = s.with_child(stall_since=stall)
-    if stall is not None and now - stall >= s.config.probe.stall_timeout:
+    if stall is not None and now - stall >= s.config.probe.stall_timeout \
+            and sleep.judge_stall(c.asleep):
         s, more = begin_restart(s, now, "stall", f"{cur.running:g} running and {cur.waiting:g} "
                                 f"waiting, but no token generated for {now - stall:.0f}s",
                                 drain=False)

@@ -10,6 +10,7 @@ from typing import Protocol
 
 from prometheus_client.parser import text_string_to_metric_families
 
+from vllmwatch.core import sleep
 from vllmwatch.core.events import CanaryResult, HealthResult, MetricsResult
 
 # Only these series are parsed; filtering the 48 KB text first cuts a ~7 ms parse to ~0.2 ms.
@@ -116,7 +117,8 @@ class HttpProber:
             kv_cache_usage=values.get("vllm:kv_cache_usage_perc",
                                       values.get("vllm:gpu_cache_usage_perc")),
             prompt_tokens=values.get("vllm:prompt_tokens_total"),
-            generation_tokens=values.get("vllm:generation_tokens_total"))
+            generation_tokens=values.get("vllm:generation_tokens_total"),
+            asleep=sleep.asleep_from_awake(awake_values(body.decode("utf-8", "replace"))))
 
 
 def filter_lines(text: str, wanted: Iterable[str] = _WANTED) -> str:
@@ -132,6 +134,15 @@ def parse_metrics(text: str) -> dict[str, float]:
         for sample in family.samples:
             if sample.name in _WANTED:
                 out[sample.name] = out.get(sample.name, 0.0) + float(sample.value)
+    return out
+
+
+def awake_values(text: str) -> list[float]:
+    """The `awake` sample of vllm:engine_sleep_state for each engine (none on older vLLM)."""
+    out = []
+    for family in text_string_to_metric_families(filter_lines(text, (sleep.SERIES,))):
+        out += [float(x.value) for x in family.samples
+                if x.name == sleep.SERIES and x.labels.get("sleep_state") == "awake"]
     return out
 
 

@@ -105,6 +105,7 @@ class World:
     next_pid: int = 100
     child_alive: bool = False
     engine_gone: bool = False  # /health failures report the engine process gone
+    asleep: bool | None = None  # vLLM sleep mode as /metrics reports it (None: not reported)
     signals: list[str] = field(default_factory=list)
     spawns: int = 0
 
@@ -216,7 +217,7 @@ class WorldEffects:
         if kind == "metrics":
             w.tokens += w.tokens_per_scrape
             return MetricsResult(True, 0.002, w.running, w.waiting, 0.1, w.tokens / 2,
-                                 w.tokens / 2, gen=gen)
+                                 w.tokens / 2, gen=gen, asleep=w.asleep)
         if w.canary_timeout:
             return CanaryResult(False, True, 30.0, "timed out", warm, gen=gen)
         return CanaryResult(w.canary_ok, False, 0.01, "" if w.canary_ok else "HTTP 500", warm,
