@@ -32,7 +32,14 @@ def main(config: Config, log_format: str | None = None, prewarm: bool = True,
     log("info", "daemon.version", version=__version__, pid=os.getpid(), config=config.path)
     notifier = SystemdNotifier(log, env)
     holder: dict[str, Snapshot] = {"snap": Snapshot()}
-    server = _status_server(config, log, lambda: holder["snap"])
+    gate = None
+    if config.gate.enabled:  # aiohttp is imported only when the front door is on
+        from vllmwatch.gate.attach import start_gate, with_gate
+
+        gate = start_gate(config, log, lambda: holder["snap"])
+        server = _status_server(config, log, lambda: with_gate(holder["snap"], gate))
+    else:
+        server = _status_server(config, log, lambda: holder["snap"])
 
     def publish(snap: Snapshot) -> None:
         holder["snap"] = snap  # one reference swap: readers never see a half-built snapshot
@@ -51,6 +58,8 @@ def main(config: Config, log_format: str | None = None, prewarm: bool = True,
     finally:
         if server is not None:
             server.stop()
+        if gate is not None:
+            gate.stop()
 
 
 def _status_server(config: Config, log: LogFn, get: Callable[[], Snapshot]

@@ -24,6 +24,16 @@ KNOWN_STATES = (
     "failed",
 )
 
+DRAIN_PHASES = ("deregistering", "draining", "stopping")
+GATE_COUNTERS = {
+    "forwarded": "Requests the gate sent to vLLM",
+    "held": "Requests that waited at the gate for vLLM to be ready",
+    "hold_timeouts": "Requests answered 503 after gate.hold_timeout",
+    "refused_closed": "Requests answered 503 because vllmwatch is stopping",
+    "failed_midrequest": "Requests that failed because vLLM went away mid-request (not retried)",
+    "connect_retries": "Connections vLLM refused; the request waited and was sent later",
+}
+
 
 class SnapshotCollector(Collector):
     """Turns the snapshot of the moment into metric families; series with no value are omitted."""
@@ -43,6 +53,8 @@ class SnapshotCollector(Collector):
         yield from _memory(snap)
         yield from _probes(snap)
         yield from _vllm(snap)
+        yield from _drain(snap)
+        yield from _gate(snap)
         info = InfoMetricFamily("vllmwatch", "vllmwatch and vLLM versions, config hash")
         info.add_metric([], {
             "version": snap.vllmwatch_version,
@@ -128,6 +140,33 @@ def _vllm(snap: Snapshot) -> Iterator[Metric]:
     for name, doc, value in figures:
         if value is not None:
             yield GaugeMetricFamily(name, doc, value=value)
+
+
+def _drain(snap: Snapshot) -> Iterator[Metric]:
+    phase = GaugeMetricFamily("vllmwatch_drain_phase", "1 for the drain phase under way "
+                              "(deregistering, draining, stopping)", labels=["phase"])
+    for name in DRAIN_PHASES:
+        phase.add_metric([name], 1.0 if name == snap.drain_phase else 0.0)
+    yield phase
+    yield _labelled(GaugeMetricFamily, "vllmwatch_drain_phase_seconds",
+                    "Seconds in each phase of the drain under way, else of the last one",
+                    "phase", snap.drain_phases_s)
+    if snap.vllm_asleep is not None:
+        yield GaugeMetricFamily("vllmwatch_vllm_asleep", "1 while vLLM is in sleep mode",
+                                value=1.0 if snap.vllm_asleep else 0.0)
+
+
+def _gate(snap: Snapshot) -> Iterator[Metric]:
+    g = snap.gate
+    if g is None:
+        return
+    yield GaugeMetricFamily("vllmwatch_gate_up", "1 while the [gate] front door serves",
+                            value=1.0 if g.get("running") else 0.0)
+    for key, doc in GATE_COUNTERS.items():
+        yield CounterMetricFamily(f"vllmwatch_gate_{key}", doc, value=float(g.get(key, 0)))
+    for key, doc in (("holding", "Requests waiting at the gate now"),
+                     ("in_flight", "Requests forwarded by the gate and not yet answered")):
+        yield GaugeMetricFamily(f"vllmwatch_gate_{key}", doc, value=float(g.get(key, 0)))
 
 
 def _labelled(

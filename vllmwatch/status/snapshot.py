@@ -53,6 +53,10 @@ class Snapshot:
     config_sha256: str = ""
     vllmwatch_version: str = __version__
     vllm_version: str | None = None
+    drain_phase: str | None = None  # deregistering | draining | stopping, while draining
+    drain_phases_s: dict[str, float] = field(default_factory=dict)  # this or the last drain
+    vllm_asleep: bool | None = None  # vLLM sleep mode; None: not reported
+    gate: dict[str, Any] | None = None  # the [gate] front door's counters, when enabled
     loop_heartbeat: float = 0.0  # monotonic time of the loop's last turn
 
     @property

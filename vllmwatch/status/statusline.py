@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from vllmwatch.config.units import format_duration, format_mib
+from vllmwatch.core import drain as drains
 from vllmwatch.core import leak
 from vllmwatch.core.state import ChildRun, S, WatchState
 from vllmwatch.status.snapshot import MemoryFigures, Snapshot
@@ -47,7 +48,10 @@ def snapshot_of(s: WatchState, now: float, wall: float, prev: Snapshot,
         stale_probes=c.stale if c is not None else (),
         probe_seconds=dict(s.probe_seconds), probe_failures=dict(s.probe_failures),
         config_path=s.config.path, config_sha256=s.config.sha256,
-        vllm_version=vllm_version, loop_heartbeat=now)
+        vllm_version=vllm_version, loop_heartbeat=now,
+        drain_phase=str(drains.phase(c.drain, now)) if c and c.drain else None,
+        drain_phases_s=drains.durations(c.drain, now) if c and c.drain else dict(s.last_drain),
+        vllm_asleep=c.asleep if c else None)
 
 
 def summary(snap: Snapshot) -> str:

@@ -1,0 +1,51 @@
+"""How the daemon attaches the gate: readiness from its snapshot, failures logged loudly."""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Callable
+from typing import Any
+
+from vllmwatch.config.schema import Config
+from vllmwatch.gate.door import Readiness, readiness_of
+from vllmwatch.gate.runner import Gate, GateError
+from vllmwatch.status.snapshot import Snapshot
+
+LogFn = Callable[..., None]
+
+
+def start_gate(config: Config, log: LogFn, get_snapshot: Callable[[], Snapshot]
+               ) -> Gate | None:
+    """Start the [gate] front door if enabled; None when off or when it could not start."""
+    g = config.gate
+    if not g.enabled:
+        return None
+    host = config.vllm.host if config.vllm.host not in ("", "0.0.0.0", "::") else "127.0.0.1"
+    upstream = f"http://{'[' + host + ']' if ':' in host else host}:{config.vllm.port}"
+
+    def readiness() -> Readiness:
+        snap = get_snapshot()
+        return readiness_of(snap.state, snap.ready, snap.draining)
+
+    def failed(error: str) -> None:
+        log("error", "gate.failed", error=error, listen=g.listen,
+            hint="clients on gate.listen get connection errors now; vLLM itself still runs "
+                 "on vllm.port; restart vllmwatch (systemctl restart vllmwatch)")
+
+    gate = Gate(g.listen, upstream, readiness, g.hold_timeout, g.retry_after, failed)
+    try:
+        gate.start()
+    except GateError as exc:
+        failed(str(exc))
+        return gate  # kept, so /status and the metrics show the error
+    log("info", "gate.listening", listen=g.listen, upstream=upstream,
+        hold_timeout_s=g.hold_timeout)
+    return gate
+
+
+def with_gate(snap: Snapshot, gate: Gate | None) -> Snapshot:
+    """The snapshot with the gate's live counters (for /status and the metrics)."""
+    if gate is None:
+        return snap
+    info: dict[str, Any] = gate.snapshot()
+    return dataclasses.replace(snap, gate=info)
