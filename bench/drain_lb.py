@@ -24,7 +24,7 @@ from pathlib import Path
 from typing import Any
 
 from _common import RESULTS, Watch, machine, save, say
-from _lb import Balancer, Instance, haproxy_path, make_instances, planned_restart, wait_until
+from _lb import Instance, balancer, haproxy_path, make_instances, planned_restart, wait_until
 
 
 def set_delay(a: Instance, tmp: Path, delay: float) -> None:
@@ -68,7 +68,7 @@ def main() -> int:
         insts = make_instances(tmp, delays[0], trigger)
         for inst in insts:
             inst.watch = Watch(inst.config, RESULTS / "logs" / f"drain_lb-{inst.name}.jsonl")
-        lb = Balancer(binary, tmp, insts)
+        lb = balancer(binary, tmp, insts)
         try:
             if not wait_until(lambda: all(i.ready() for i in insts), 600, 1.0):
                 raise RuntimeError("the two instances did not become ready")
@@ -77,7 +77,7 @@ def main() -> int:
                 for how in args.hows.split(","):
                     for run in range(1, args.runs + 1):
                         say(f"deregister_delay={delay:g}s {how} run {run}")
-                        r = planned_restart(lb, insts[0], insts[1], how, trigger, args.rate)
+                        r = planned_restart(lb, insts[0], how, trigger, args.rate)
                         rows.append({"delay": delay, "run": run, **r})
                         say(f"  {r['requests']} requests, {r['failed']} failed {r['errors']}, "
                             f"latency {r['latency_ms']}")

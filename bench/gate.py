@@ -31,8 +31,10 @@ from pathlib import Path
 from typing import Any
 
 from _common import RESULTS, SERVED, Watch, free_port, machine, save, say, write_config
-from _lb import Client, percentiles, wait_until
+from _lb import wait_until
 from _load import run_load
+
+from vllmwatch.testing.lb import PacedClient, percentiles
 
 
 def stream_once(port: int, max_tokens: int = 32) -> tuple[float, list[float]]:
@@ -86,7 +88,7 @@ def restart(w: Watch, port: int, status_port: int, runs: int) -> list[dict[str, 
     for i in range(runs):
         if not wait_until(lambda: _ready(status_port), 600, 1.0):
             raise RuntimeError("vLLM did not become ready")
-        client = Client(port, 4.0)
+        client = PacedClient(port, SERVED, 4.0)
         client.start()
         time.sleep(3.0)
         t0 = time.monotonic()

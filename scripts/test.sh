@@ -14,6 +14,11 @@ if [[ $(id -u) == 0 ]] && command -v apt-get >/dev/null \
         DEBIAN_FRONTEND=noninteractive apt-get install -y -qq systemd-container lintian \
         fakeroot >/dev/null || echo "[test] apt-get failed: the systemd tests will skip"
 fi
+if [[ $(id -u) == 0 ]] && command -v apt-get >/dev/null && ! command -v haproxy >/dev/null; then
+    echo "[test] installing haproxy for the load-balancer drain test"
+    { apt-get update -qq >/dev/null && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq \
+        haproxy >/dev/null; } || echo "[test] apt-get failed: the haproxy test will skip"
+fi
 echo "[test] ruff"; .venv/bin/ruff check vllmwatch tests bench scripts
 echo "[test] mypy --strict"; .venv/bin/mypy
 echo "[test] pytest"
