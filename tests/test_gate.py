@@ -259,3 +259,30 @@ def test_a_dying_gate_reports_its_error() -> None:
     wait_for(lambda: g.error is not None, what="the gate's error")
     assert "snapshot unreadable" in (g.error or "") and not g.running
     g.stop()
+
+
+@pytest.mark.parametrize(("gate", "key", "text"), [
+    ({"enabled": True}, "gate.listen", "empty"),
+    ({"enabled": True, "listen": "8000"}, "gate.listen", "no port"),
+    ({"enabled": True, "listen": "0.0.0.0:99999"}, "gate.listen", "1 to 65535"),
+    ({"enabled": True, "listen": "0.0.0.0:8000"}, "gate.listen", "is vllm.port"),
+    ({"enabled": True, "listen": ":9000", "hold_timeout": "0s"}, "gate.hold_timeout", "> 0"),
+    ({"enabled": "yes"}, "gate.enabled", "bad value"),
+    ({"hold": "1s"}, "gate.hold", "unknown key"),
+])
+def test_gate_config_errors_name_the_key(gate: dict[str, Any], key: str, text: str) -> None:
+    from vllmwatch.config.schema import ConfigError, from_dict
+
+    with pytest.raises(ConfigError) as err:
+        from_dict({"vllm": {"model": "/m", "port": 8000}, "gate": gate}, "/etc/vw.toml")
+    assert err.value.key == key and text in str(err.value), str(err.value)
+
+
+def test_gate_config_accepted_and_off_by_default() -> None:
+    from vllmwatch.config.schema import from_dict
+
+    assert from_dict({"vllm": {"model": "/m"}}).gate.enabled is False
+    assert from_dict({"vllm": {"model": "/m"}}).drain.deregister_delay == 10.0
+    c = from_dict({"vllm": {"model": "/m", "port": 8001},
+                   "gate": {"enabled": True, "listen": "0.0.0.0:8000"}})
+    assert c.gate.listen == "0.0.0.0:8000" and c.gate.hold_timeout == 120.0
