@@ -1,6 +1,6 @@
 """The [gate] front door: its cost when all is well, and failed requests over a restart.
 
-    .venv/bin/python bench/gate.py [--rounds 3] [--runs 3] [--requests 120]
+    .venv/bin/python bench/gate.py [--rounds 3] [--runs 3] [--requests 120] [--only cost]
 
 One `vllmwatch run` with gate.enabled on a real CPU vLLM; every figure is measured side by
 side in this one run against the same vLLM: "direct" is vLLM's private port, "gate" the
@@ -61,6 +61,8 @@ def stream_once(port: int, max_tokens: int = 32) -> tuple[float, list[float]]:
 def cost(direct: int, gate: int, rounds: int, requests: int) -> dict[str, Any]:
     """Throughput, latency and streaming, alternating direct and gate."""
     tput: dict[str, list[float]] = {"direct": [], "gate": []}
+    for port in (direct, gate):  # warm-up, not counted: first requests are slow
+        run_load(port, concurrency=8, requests=requests // 2, max_tokens=16)
     for r in range(rounds):
         for name, port in (("direct", direct), ("gate", gate)):
             res = run_load(port, concurrency=8, requests=requests, max_tokens=16)
@@ -120,7 +122,7 @@ def main() -> int:
     ap.add_argument("--rounds", type=int, default=3)
     ap.add_argument("--runs", type=int, default=3)
     ap.add_argument("--requests", type=int, default=120)
-    ap.add_argument("--skip-cost", action="store_true")
+    ap.add_argument("--only", choices=("cost", "restart"), help="one part only")
     args = ap.parse_args()
     out: dict[str, Any] = {"machine": machine()}
     with tempfile.TemporaryDirectory(prefix="vw-gate-") as t:
@@ -135,13 +137,14 @@ def main() -> int:
         try:
             if not wait_until(lambda: _ready(status_port), 600, 1.0):
                 raise RuntimeError("vLLM did not become ready")
-            if not args.skip_cost:
+            if args.only != "restart":
                 out["cost"] = cost(port, gate_port, args.rounds, args.requests)
-            out["restart_gate"] = restart(w, gate_port, status_port, args.runs)
-            out["restart_direct"] = restart(w, port, status_port, args.runs)
+            if args.only != "cost":
+                out["restart_gate"] = restart(w, gate_port, status_port, args.runs)
+                out["restart_direct"] = restart(w, port, status_port, args.runs)
         finally:
             w.stop()
-    save("gate", out)
+    save("gate" if args.only is None else f"gate-{args.only}", out)
     print(json.dumps({k: v for k, v in out.items() if k != "machine"}, indent=1))
     return 0
 

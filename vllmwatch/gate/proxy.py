@@ -23,6 +23,7 @@ HOP_BY_HOP = frozenset({"connection", "keep-alive", "proxy-authenticate", "proxy
                         "te", "trailer", "transfer-encoding", "upgrade", "host",
                         "content-length"})
 REFUSED_HOLD = 0.5  # after vLLM refused a connection, hold this long before trying again
+WHOLE_BODY = 4 * 2**20  # sized answers up to this are read whole, larger ones streamed
 MAX_BODY = 256 * 2**20  # prompts with images can be large; aiohttp's default is 1 MiB
 
 
@@ -117,10 +118,15 @@ class Forwarder:
         try:
             async with self.session.request(request.method, url, headers=headers,
                                             data=body or None, allow_redirects=False) as up:
-                response = web.StreamResponse(status=up.status, reason=up.reason)
-                for k, v in up.headers.items():
-                    if k.lower() not in HOP_BY_HOP:
-                        response.headers.add(k, v)
+                headers = CIMultiDict((k, v) for k, v in up.headers.items()
+                                      if k.lower() not in HOP_BY_HOP)
+                if up.content_length is not None and up.content_length <= WHOLE_BODY:
+                    # A sized answer (not SSE): one read, one write; cheaper than chunks.
+                    data = await up.read()
+                    return web.Response(body=data, status=up.status, reason=up.reason,
+                                        headers=headers)
+                response = web.StreamResponse(status=up.status, reason=up.reason,
+                                              headers=headers)
                 if up.content_length is not None:
                     response.content_length = up.content_length
                 await response.prepare(request)
