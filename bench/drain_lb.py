@@ -79,6 +79,8 @@ def main() -> int:
                         say(f"deregister_delay={delay:g}s {how} run {run}")
                         r = planned_restart(lb, insts[0], how, trigger, args.rate)
                         rows.append({"delay": delay, "run": run, **r})
+                        save("drain_lb", {"machine": machine(), "rate": args.rate,
+                                          "rows": rows})  # after each run: partial results
                         say(f"  {r['requests']} requests, {r['failed']} failed {r['errors']}, "
                             f"latency {r['latency_ms']}")
         finally:
