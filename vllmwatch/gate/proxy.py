@@ -74,9 +74,13 @@ class Forwarder:
         body = await request.read()
         loop = asyncio.get_running_loop()
         deadline = loop.time() + self.hold_timeout
-        counted = False
+        held = False  # counted once per request, however often it waits
         while True:
-            verdict = await self._wait_at_door(deadline - loop.time(), counted)
+            self.door.refresh()
+            if not held and (self.door.state != Readiness.OPEN or self.door.waiting):
+                held = True
+                self.stats.held += 1
+            verdict = await self._wait_at_door(deadline - loop.time())
             if verdict is not None:
                 return verdict
             try:
@@ -85,13 +89,8 @@ class Forwarder:
                 # Refused before anything was sent: vLLM is not up (yet); safe to try again.
                 self.stats.connect_retries += 1
                 self.door.suspect(REFUSED_HOLD)
-                counted = True
-                self.stats.held += 1
 
-    async def _wait_at_door(self, timeout: float, counted: bool) -> web.Response | None:
-        self.door.refresh()
-        if not counted and (self.door.state != Readiness.OPEN or self.door.waiting):
-            self.stats.held += 1
+    async def _wait_at_door(self, timeout: float) -> web.Response | None:
         self.stats.holding += 1
         try:
             passed = await self.door.enter(max(0.0, timeout))
