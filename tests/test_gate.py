@@ -286,3 +286,17 @@ def test_gate_config_accepted_and_off_by_default() -> None:
     c = from_dict({"vllm": {"model": "/m", "port": 8001},
                    "gate": {"enabled": True, "listen": "0.0.0.0:8000"}})
     assert c.gate.listen == "0.0.0.0:8000" and c.gate.hold_timeout == 120.0
+
+
+def test_stop_with_requests_held_is_bounded() -> None:
+    g = Gate(f"127.0.0.1:{free_port()}", "http://127.0.0.1:1", Switch(Readiness.HOLD), 300, 1)
+    g.start()
+    out, threads = in_threads(2, lambda: post(g.port, BODY, timeout=30))
+    wait_for(lambda: g.stats.holding == 2, what="2 requests held")
+    t0 = time.monotonic()
+    g.stop()
+    assert time.monotonic() - t0 < 9 and not g._thread.is_alive()
+    for t in threads:
+        t.join(10)
+    assert sorted(r[0] for r in out) != [200, 200]  # cut, never forwarded
+    assert g.stats.forwarded == 0

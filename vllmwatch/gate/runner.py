@@ -20,6 +20,7 @@ from vllmwatch.gate.door import Door, Readiness
 from vllmwatch.gate.proxy import MAX_BODY, Forwarder, GateStats
 
 START_TIMEOUT = 10.0
+SHUTDOWN_GRACE = 3.0
 
 
 class GateError(Exception):
@@ -91,7 +92,9 @@ class Gate:
         self._stop = asyncio.Event()
         app = web.Application(client_max_size=MAX_BODY)
         app.router.add_route("*", "/{tail:.*}", self.forwarder.handle)
-        runner = web.AppRunner(app, access_log=None, handler_cancellation=True)
+        # On stop, in-flight and held requests get SHUTDOWN_GRACE s, then are cut.
+        runner = web.AppRunner(app, access_log=None, handler_cancellation=True,
+                               shutdown_timeout=SHUTDOWN_GRACE)
         await runner.setup()
         await self.forwarder.open()
         watcher = asyncio.create_task(self.door.watch())
