@@ -1,7 +1,7 @@
 #!/usr/bin/env python3
 """Make a tiny random-weight Qwen3 model that a real vLLM (CPU) can serve.
 
-    <vllm-venv>/bin/python scripts/make_tiny_model.py OUTDIR [--force]
+    <vllm-venv>/bin/python scripts/make_tiny_model.py OUTDIR [--force] [--kind embed]
 
 Offline and deterministic (fixed seed, fixed corpus): the same library versions give the
 same bytes. Needs torch, transformers, tokenizers and safetensors (the venv made by
@@ -12,6 +12,11 @@ The model (see FACTS.md, "Running a real vLLM on a machine without a GPU"):
   (vLLM's CPU attention rejects head_dim 16), max_position_embeddings 4096, tied embeddings,
   bfloat16 safetensors; a byte-level BPE tokenizer trained on a few sentences, eos
   <|im_end|>, ChatML chat template. It writes gibberish, through the real engine.
+
+`--kind embed` makes an embedding model instead: Qwen2 weights of the same size and
+tokenizer, declared as a `Qwen2Model`. vLLM picks the pooling runner for a `*Model`
+architecture by itself, so it serves /v1/embeddings (and /pooling, /v1/score) and answers
+/v1/completions with 404.
 
 Files in OUTDIR: config.json, generation_config.json, model.safetensors, tokenizer.json,
 tokenizer_config.json, special_tokens_map.json, chat_template.jinja, sha256sums.txt
@@ -33,6 +38,7 @@ import time
 from pathlib import Path
 
 RECIPE = "tiny-qwen3-v1"  # bump when anything below changes the output
+RECIPES = {"generate": RECIPE, "embed": "tiny-qwen2-embed-v2"}
 STAMP = ".vllmwatch-tiny-model"
 SEED = 0
 MAX_POSITIONS = 4096
@@ -69,10 +75,10 @@ def log(msg: str) -> None:
     print(f"[make_tiny_model] {msg}", flush=True)
 
 
-def is_complete(out: Path) -> bool:
+def is_complete(out: Path, recipe: str = RECIPE) -> bool:
     stamp = out / STAMP
     try:
-        if stamp.read_text().strip() != RECIPE:
+        if stamp.read_text().strip() != recipe:
             return False
     except OSError:
         return False
@@ -118,6 +124,32 @@ def build_tokenizer(tmp: Path) -> int:
     return tok.get_vocab_size()
 
 
+def build_embed_model(tmp: Path, tok_vocab: int) -> int:
+    """A Qwen2 embedding model: the Qwen3 one's shape (head_dim 128 / 2 heads = 64).
+
+    Saved from Qwen2ForCausalLM (weights under `model.`, as vLLM's Qwen2 loader names them;
+    the tied LM head is not stored) with architectures ["Qwen2Model"], which makes vLLM
+    choose the pooling runner.
+    """
+    import torch
+    from transformers import Qwen2Config, Qwen2ForCausalLM
+
+    config = Qwen2Config(
+        vocab_size=(tok_vocab + 63) // 64 * 64, hidden_size=128, intermediate_size=256,
+        num_hidden_layers=2, num_attention_heads=2, num_key_value_heads=1,
+        max_position_embeddings=MAX_POSITIONS, rms_norm_eps=1e-6, tie_word_embeddings=True,
+        bos_token_id=0, eos_token_id=2, pad_token_id=0, use_cache=True)
+    torch.manual_seed(SEED)
+    model = Qwen2ForCausalLM(config).to(torch.bfloat16).eval()
+    model.save_pretrained(str(tmp), safe_serialization=True)
+    saved = json.loads((tmp / "config.json").read_text())  # save_pretrained sets its own
+    saved["architectures"] = ["Qwen2Model"]
+    (tmp / "config.json").write_text(json.dumps(saved, indent=2, sort_keys=True) + "\n")
+    (tmp / "generation_config.json").write_text(json.dumps({
+        "bos_token_id": 0, "eos_token_id": [2, 0], "pad_token_id": 0}, indent=2) + "\n")
+    return sum(p.numel() for p in model.parameters())
+
+
 def build_model(tmp: Path, tok_vocab: int) -> int:
     import torch
     from transformers import Qwen3Config, Qwen3ForCausalLM
@@ -159,12 +191,15 @@ def sha256(path: Path) -> str:
     return h.hexdigest()
 
 
-def check(tmp: Path) -> None:
+def check(tmp: Path, kind: str = "generate") -> None:
     """Load the result back the way vLLM will (AutoConfig / AutoTokenizer)."""
     from transformers import AutoConfig, AutoTokenizer
 
     cfg = AutoConfig.from_pretrained(str(tmp), local_files_only=True)
-    assert cfg.model_type == "qwen3" and cfg.head_dim == 64, cfg
+    if kind == "embed":
+        assert cfg.model_type == "qwen2" and cfg.architectures == ["Qwen2Model"], cfg
+    else:
+        assert cfg.model_type == "qwen3" and cfg.head_dim == 64, cfg
     tok = AutoTokenizer.from_pretrained(str(tmp), local_files_only=True)
     assert tok.eos_token == "<|im_end|>", tok.eos_token
     text = tok.apply_chat_template(
@@ -178,11 +213,14 @@ def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("outdir", type=Path)
     ap.add_argument("--force", action="store_true", help="rebuild even if complete")
+    ap.add_argument("--kind", choices=sorted(RECIPES), default="generate",
+                    help="generate (Qwen3ForCausalLM, default) or embed (Qwen2Model)")
     args = ap.parse_args()
     out: Path = args.outdir.resolve()
+    recipe = RECIPES[args.kind]
 
-    if not args.force and is_complete(out):
-        log(f"{out} already has a complete model ({RECIPE}); nothing to do")
+    if not args.force and is_complete(out, recipe):
+        log(f"{out} already has a complete model ({recipe}); nothing to do")
         return 0
 
     os.environ.setdefault("HF_HUB_OFFLINE", "1")
@@ -194,8 +232,9 @@ def main() -> int:
     tmp = Path(tempfile.mkdtemp(prefix=f".{out.name}.tmp-", dir=out.parent))
     try:
         tok_vocab = build_tokenizer(tmp)
-        n_params = build_model(tmp, tok_vocab)
-        check(tmp)
+        build = build_embed_model if args.kind == "embed" else build_model
+        n_params = build(tmp, tok_vocab)
+        check(tmp, args.kind)
         # Keep exactly the files we describe (drop anything else save_pretrained added).
         for p in tmp.iterdir():
             if p.name not in MODEL_FILES:
@@ -211,7 +250,7 @@ def main() -> int:
         for n in [*MODEL_FILES, "sha256sums.txt"]:
             (tmp / n).chmod(0o644)
             os.replace(tmp / n, out / n)
-        (out / STAMP).write_text(RECIPE + "\n")  # last: marks the model complete
+        (out / STAMP).write_text(recipe + "\n")  # last: marks the model complete
     finally:
         shutil.rmtree(tmp, ignore_errors=True)
     log(f"wrote {out}: {n_params} params, tokenizer vocab {tok_vocab}, "

@@ -88,6 +88,12 @@ class ProbeConfig:
     canary_timeout: float = _conv("duration", 30.0)
     canary_prompt: str = _conv("str", "Hello")
     stall_timeout: float = _conv("duration", 300.0)
+    # The canary follows the model (issue 16): see core/canary.py and _canary_checks below.
+    canary: str = _conv("choice", "auto", choices=("auto", "completions", "chat", "embeddings",
+                                                   "score", "rerank", "classify", "pooling",
+                                                   "custom"))
+    canary_path: str = _conv("str", "")
+    canary_body: str = _conv("str", "")
 
 
 @dataclass(frozen=True)
@@ -122,6 +128,7 @@ class RestartConfig:
     window: float = _conv("duration", 1800.0)
     kill_stale: bool = _conv("bool", True)
     quiet_hours: str = _conv("quiet_hours", "")
+    quiet_hours_spread: float = _conv("fraction", 0.5)  # per-host start offset (issue 16)
     gpu_release_timeout: float = _conv("duration", 60.0)
     gpu_release_tolerance: float = _conv("size", 512.0)
 
@@ -295,3 +302,28 @@ def _cross_checks(config: Config, path: str) -> None:
                           f"({config.restart.backoff_initial:g}s)")
     if config.probe.canary_timeout <= 0:
         raise ConfigError(path, "probe.canary_timeout", "must be > 0")
+    _canary_checks(config, path)
+
+
+# ---- issue 16 (canary kinds); kept apart from the checks above ----
+
+def _canary_checks(config: Config, path: str) -> None:
+    """probe.canary = "custom" needs a path; a body, when given, is a JSON object."""
+    import json
+
+    p = config.probe
+    if p.canary == "custom" and not p.canary_path.startswith("/"):
+        raise ConfigError(path, "probe.canary_path", f"bad value {show(p.canary_path)}; "
+                          'probe.canary = "custom" needs a path such as "/v1/embeddings"')
+    if p.canary_body:
+        try:
+            body = json.loads(p.canary_body)
+        except ValueError as exc:
+            raise ConfigError(path, "probe.canary_body", f"not JSON ({exc}); expected a JSON "
+                              'object such as \'{"model": "m", "input": "Hello"}\'') from None
+        if not isinstance(body, dict):
+            raise ConfigError(path, "probe.canary_body", f"bad value {show(p.canary_body)}; "
+                              "expected a JSON object")
+    if (p.canary_path or p.canary_body) and p.canary != "custom":
+        raise ConfigError(path, "probe.canary", f"is {show(p.canary)} but canary_path or "
+                          'canary_body is set; set probe.canary = "custom" to use them')
