@@ -13,10 +13,10 @@ The model (see FACTS.md, "Running a real vLLM on a machine without a GPU"):
   bfloat16 safetensors; a byte-level BPE tokenizer trained on a few sentences, eos
   <|im_end|>, ChatML chat template. It writes gibberish, through the real engine.
 
-`--kind embed` makes an embedding model instead: Qwen2 weights of the same size and
-tokenizer, declared as a `Qwen2Model`. vLLM picks the pooling runner for a `*Model`
-architecture by itself, so it serves /v1/embeddings (and /pooling, /v1/score) and answers
-/v1/completions with 404.
+`--kind embed` makes an embedding model instead: the same weights laid out as a
+sentence-transformers model (modules.json, 1_Pooling/config.json: last-token pooling, as
+Qwen3-Embedding). vLLM then picks the pooling runner by itself: it serves /v1/embeddings
+(and /pooling, /v1/score) and answers /v1/completions with 404.
 
 Files in OUTDIR: config.json, generation_config.json, model.safetensors, tokenizer.json,
 tokenizer_config.json, special_tokens_map.json, chat_template.jinja, sha256sums.txt
@@ -38,7 +38,8 @@ import time
 from pathlib import Path
 
 RECIPE = "tiny-qwen3-v1"  # bump when anything below changes the output
-RECIPES = {"generate": RECIPE, "embed": "tiny-qwen2-embed-v2"}
+RECIPES = {"generate": RECIPE, "embed": "tiny-qwen3-embed-v1"}
+EMBED_FILES = ["modules.json", "1_Pooling/config.json"]
 STAMP = ".vllmwatch-tiny-model"
 SEED = 0
 MAX_POSITIONS = 4096
@@ -75,6 +76,10 @@ def log(msg: str) -> None:
     print(f"[make_tiny_model] {msg}", flush=True)
 
 
+def files_of(recipe: str) -> list[str]:
+    return MODEL_FILES + (EMBED_FILES if recipe == RECIPES["embed"] else [])
+
+
 def is_complete(out: Path, recipe: str = RECIPE) -> bool:
     stamp = out / STAMP
     try:
@@ -82,7 +87,7 @@ def is_complete(out: Path, recipe: str = RECIPE) -> bool:
             return False
     except OSError:
         return False
-    return all((out / name).is_file() for name in [*MODEL_FILES, "sha256sums.txt"])
+    return all((out / name).is_file() for name in [*files_of(recipe), "sha256sums.txt"])
 
 
 def build_tokenizer(tmp: Path) -> int:
@@ -125,29 +130,24 @@ def build_tokenizer(tmp: Path) -> int:
 
 
 def build_embed_model(tmp: Path, tok_vocab: int) -> int:
-    """A Qwen2 embedding model: the Qwen3 one's shape (head_dim 128 / 2 heads = 64).
+    """The same Qwen3 model, laid out as a sentence-transformers embedding model.
 
-    Saved from Qwen2ForCausalLM (weights under `model.`, as vLLM's Qwen2 loader names them;
-    the tied LM head is not stored) with architectures ["Qwen2Model"], which makes vLLM
-    choose the pooling runner.
+    modules.json with a Pooling module (last token, as Qwen3-Embedding) and a Normalize one:
+    vLLM reads them and picks the pooling runner by itself, with no --runner flag.
     """
-    import torch
-    from transformers import Qwen2Config, Qwen2ForCausalLM
-
-    config = Qwen2Config(
-        vocab_size=(tok_vocab + 63) // 64 * 64, hidden_size=128, intermediate_size=256,
-        num_hidden_layers=2, num_attention_heads=2, num_key_value_heads=1,
-        max_position_embeddings=MAX_POSITIONS, rms_norm_eps=1e-6, tie_word_embeddings=True,
-        bos_token_id=0, eos_token_id=2, pad_token_id=0, use_cache=True)
-    torch.manual_seed(SEED)
-    model = Qwen2ForCausalLM(config).to(torch.bfloat16).eval()
-    model.save_pretrained(str(tmp), safe_serialization=True)
-    saved = json.loads((tmp / "config.json").read_text())  # save_pretrained sets its own
-    saved["architectures"] = ["Qwen2Model"]
-    (tmp / "config.json").write_text(json.dumps(saved, indent=2, sort_keys=True) + "\n")
-    (tmp / "generation_config.json").write_text(json.dumps({
-        "bos_token_id": 0, "eos_token_id": [2, 0], "pad_token_id": 0}, indent=2) + "\n")
-    return sum(p.numel() for p in model.parameters())
+    n_params = build_model(tmp, tok_vocab)
+    (tmp / "modules.json").write_text(json.dumps([
+        {"idx": 0, "name": "0", "path": "", "type": "sentence_transformers.models.Transformer"},
+        {"idx": 1, "name": "1", "path": "1_Pooling",
+         "type": "sentence_transformers.models.Pooling"},
+        {"idx": 2, "name": "2", "path": "2_Normalize",
+         "type": "sentence_transformers.models.Normalize"},
+    ], indent=2) + "\n")
+    (tmp / "1_Pooling").mkdir()
+    (tmp / "1_Pooling" / "config.json").write_text(json.dumps({
+        "word_embedding_dimension": 128, "pooling_mode_lasttoken": True,
+        "include_prompt": True}, indent=2) + "\n")
+    return n_params
 
 
 def build_model(tmp: Path, tok_vocab: int) -> int:
@@ -196,10 +196,10 @@ def check(tmp: Path, kind: str = "generate") -> None:
     from transformers import AutoConfig, AutoTokenizer
 
     cfg = AutoConfig.from_pretrained(str(tmp), local_files_only=True)
+    assert cfg.model_type == "qwen3" and cfg.head_dim == 64, cfg
     if kind == "embed":
-        assert cfg.model_type == "qwen2" and cfg.architectures == ["Qwen2Model"], cfg
-    else:
-        assert cfg.model_type == "qwen3" and cfg.head_dim == 64, cfg
+        modules = json.loads((tmp / "modules.json").read_text())
+        assert modules[1]["type"].endswith(".Pooling"), modules
     tok = AutoTokenizer.from_pretrained(str(tmp), local_files_only=True)
     assert tok.eos_token == "<|im_end|>", tok.eos_token
     text = tok.apply_chat_template(
@@ -236,19 +236,22 @@ def main() -> int:
         n_params = build(tmp, tok_vocab)
         check(tmp, args.kind)
         # Keep exactly the files we describe (drop anything else save_pretrained added).
+        files = files_of(recipe)
+        tops = {n.split("/")[0] for n in files}
         for p in tmp.iterdir():
-            if p.name not in MODEL_FILES:
+            if p.name not in tops:
                 p.unlink() if p.is_file() else shutil.rmtree(p)
-        missing = [n for n in MODEL_FILES if not (tmp / n).is_file()]
+        missing = [n for n in files if not (tmp / n).is_file()]
         if missing:
             raise SystemExit(f"missing after build: {missing}")
         (tmp / "sha256sums.txt").write_text(
-            "".join(f"{sha256(tmp / n)}  {n}\n" for n in sorted(MODEL_FILES)))
+            "".join(f"{sha256(tmp / n)}  {n}\n" for n in sorted(files)))
 
         out.mkdir(parents=True, exist_ok=True)
         (out / STAMP).unlink(missing_ok=True)
-        for n in [*MODEL_FILES, "sha256sums.txt"]:
+        for n in [*files, "sha256sums.txt"]:
             (tmp / n).chmod(0o644)
+            (out / n).parent.mkdir(parents=True, exist_ok=True)
             os.replace(tmp / n, out / n)
         (out / STAMP).write_text(recipe + "\n")  # last: marks the model complete
     finally:
