@@ -11,9 +11,12 @@ from __future__ import annotations
 
 from collections.abc import Iterable
 
+from vllmwatch.core import exitcodes, ladder
+from vllmwatch.core.events import Action, Log, Notify
 from vllmwatch.core.samples import GpuFault
+from vllmwatch.core.state import Result, WatchState
 
-EXIT_GPU_FAULT = 5
+EXIT_GPU_FAULT = exitcodes.GPU_FAULT
 
 # Xids that mean the hardware (or its firmware), not the program: NVIDIA's Xid catalogue.
 # Others (13, 31, 43, 45: a program's fault) end with vLLM exiting, which the ladder handles.
@@ -56,3 +59,26 @@ def describe(fault: GpuFault) -> str:
     else:
         what = fault.kind.replace("_", " ")
     return f"GPU {fault.gpu_index}: {what}" + (f": {fault.detail}" if fault.detail else "")
+
+
+def react(s: WatchState, faults: Iterable[GpuFault], now: float) -> tuple[Result, bool]:
+    """Log every fault; on a fatal one stop vLLM and leave with EXIT_GPU_FAULT.
+
+    Returns (result, ends): `ends` is True when supervision is over (no leak rules then).
+    """
+    faults = tuple(faults)
+    acts: list[Action] = [Log("warning", "gpu.fault", {
+        "gpu": f.gpu_index, "kind": f.kind, "xid": f.xid, "detail": describe(f),
+        "fatal": False}) for f in faults if not is_fatal(f)]
+    bad = fatal(faults)
+    if not bad:
+        return (s, acts), False
+    detail = "; ".join(describe(f) for f in bad)
+    acts.append(Log("critical", "gpu.fault", {
+        "gpus": sorted({f.gpu_index for f in bad}), "kinds": sorted({f.kind for f in bad}),
+        "detail": detail, "fatal": True, "exit_code": EXIT_GPU_FAULT, "action": NEXT_STEP}))
+    s, more = ladder.begin_restart(s, now, "gpu_fault", detail, drain=False)
+    if s.exit_code is None:  # a stop already under way keeps its own code
+        s = s.with_(exit_code=EXIT_GPU_FAULT)
+        acts.append(Notify(stopping=True))
+    return (s, acts + more), True

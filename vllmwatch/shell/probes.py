@@ -16,7 +16,7 @@ from prometheus_client.parser import text_string_to_metric_families
 
 from vllmwatch.config.schema import Config
 from vllmwatch.core import canary as kinds
-from vllmwatch.core.events import CanaryResult, HealthResult, MetricsResult
+from vllmwatch.core.events import CanaryResult, HealthResult, MetricsResult, Probe
 
 # Only these series are parsed; filtering the 48 KB text first cuts a ~7 ms parse to ~0.2 ms.
 _WANTED = ("vllm:num_requests_running", "vllm:num_requests_waiting", "vllm:kv_cache_usage_perc",
@@ -60,6 +60,30 @@ def prober_for(config: Config, api_key: str | None, log: Callable[..., None] | N
                       log=log)
 
 
+class CanaryMemory:
+    """The canary kind `auto` found for each child run (by gen), for the probers after it.
+
+    Probers are made per probe; without this each canary of a pooling model would first
+    ask /v1/completions again.
+    """
+
+    def __init__(self) -> None:
+        self._kinds: dict[int, str] = {}
+
+    def prober(self, action: Probe, api_key: str | None,
+               log: Callable[..., None] | None = None) -> HttpProber:
+        """A prober for this probe action, starting from what earlier canaries found."""
+        p, gen = action.probe, action.gen
+
+        def remember(kind: str) -> None:
+            self._kinds = {gen: kind}  # one child at a time: older runs are forgotten
+
+        return HttpProber(action.host, action.port, action.model_name, p.timeout,
+                          p.canary_timeout, p.canary_prompt, api_key, canary=p.canary,
+                          canary_path=p.canary_path, canary_body=p.canary_body, log=log,
+                          chosen=self._kinds.get(gen), on_choose=remember)
+
+
 class HttpProber:
     """Probes over plain HTTP/1.1, one connection per request (no shared state)."""
 
@@ -67,14 +91,16 @@ class HttpProber:
                  prompt: str = "Hello", api_key: str | None = None, *, canary: str = "auto",
                  canary_path: str = "", canary_body: str = "",
                  vllm_args: Mapping[str, object] | None = None, extra_args: Sequence[str] = (),
-                 log: Callable[..., None] | None = None) -> None:
+                 log: Callable[..., None] | None = None, chosen: str | None = None,
+                 on_choose: Callable[[str], None] | None = None) -> None:
         self.host, self.port, self.model = probe_host(host), port, model
         self.timeout, self.canary_timeout, self.prompt = timeout, canary_timeout, prompt
         self.api_key = api_key
         self.canary_kind, self.canary_path, self.canary_body = canary, canary_path, canary_body
         self._order = kinds.order(canary, vllm_args, extra_args)
-        self.chosen: str | None = None if canary == "auto" else canary  # auto: found later
-        self._log = log
+        # auto: found by the first canary that answers, then kept (`chosen`, `on_choose`).
+        self.chosen: str | None = chosen if canary == "auto" else canary
+        self._log, self._on_choose = log, on_choose
 
     def _request(self, method: str, path: str, timeout: float, body: bytes | None = None
                  ) -> tuple[int, bytes]:
@@ -120,6 +146,8 @@ class HttpProber:
 
     def _choose(self, kind: str) -> None:
         self.chosen = kind
+        if self._on_choose is not None:
+            self._on_choose(kind)
         if self._log is not None:
             self._log("info", "probe.canary_chosen", kind=kind, path=kinds.PATHS.get(kind))
 
