@@ -7,7 +7,9 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from daemon_harness import Daemon, free_port, wait_for
 from test_fake_vllm import fake
+from test_supervisor import base_config
 
 from vllmwatch.config.schema import ConfigError, from_dict
 from vllmwatch.core import canary
@@ -138,3 +140,23 @@ def test_config_errors(probe: dict[str, object], key: str, says: str) -> None:
     with pytest.raises(ConfigError) as err:
         from_dict(_cfg(probe))
     assert err.value.key == key and says in str(err.value)
+
+
+def test_the_daemon_finds_an_embedding_models_canary(tmp_path: Path) -> None:
+    """The real daemon over the fake vLLM as a pooling model: READY, canary on embeddings."""
+    d = Daemon(tmp_path, base_config(free_port(), free_port(), ["--runner", "pooling"]))
+    d.start()
+    try:
+        d.wait_ready(30)
+        d.wait_event("probe.canary_chosen", 10)
+        assert [e["kind"] for e in d.named("probe.canary_chosen")] == ["embeddings"]
+
+        def posts(path: str) -> int:  # the fake logs each request it serves, like uvicorn
+            return sum(f'"POST {path} ' in e.get("text", "") for e in d.named("child.line"))
+
+        # Later canaries (every 1 s) go straight to /v1/embeddings: completions was asked once.
+        wait_for(lambda: posts("/v1/embeddings") >= 4, 20, "four canaries on /v1/embeddings")
+        assert posts("/v1/completions") == 1
+        assert not d.named("probe.failed") and not d.named("restart.begin")
+    finally:
+        d.close()

@@ -45,9 +45,7 @@ def test_embedding_model_becomes_ready(start_daemon: Callable[..., Daemon],
     assert code == 404, body  # a pooling model: no completions route at all
     code, body = http("POST", url + "/v1/embeddings", {"model": SERVED_NAME, "input": "Hi"})
     assert code == 200 and len(body["data"][0]["embedding"]) == 128, body
-    chosen = d.named("probe.canary_chosen")
-    if chosen:  # logged where the prober gets the daemon's log (wired in effects)
-        assert chosen[0]["kind"] == "embeddings"
+    assert [e["kind"] for e in d.named("probe.canary_chosen")] == ["embeddings"], d.dump()
     # The periodic canary (every 3 s) keeps passing: no restart, no canary failure.
     wait_for(lambda: (status(d).get("child_uptime_s") or 0) > 10, 60 / TIMEOUT_SCALE,
              "10 s of uptime after READY", poll=0.5)
