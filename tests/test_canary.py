@@ -143,8 +143,8 @@ def test_config_errors(probe: dict[str, object], key: str, says: str) -> None:
 
 
 def test_the_daemon_finds_an_embedding_models_canary(tmp_path: Path) -> None:
-    """The real daemon over the fake vLLM as a pooling model: READY, canary on embeddings."""
-    d = Daemon(tmp_path, base_config(free_port(), free_port(), ["--runner", "pooling"]))
+    """An embedding model no flag reveals: auto finds /v1/embeddings after one 404."""
+    d = Daemon(tmp_path, base_config(free_port(), free_port(), ["--fake-embedding-model"]))
     d.start()
     try:
         d.wait_ready(30)
@@ -158,5 +158,19 @@ def test_the_daemon_finds_an_embedding_models_canary(tmp_path: Path) -> None:
         wait_for(lambda: posts("/v1/embeddings") >= 4, 20, "four canaries on /v1/embeddings")
         assert posts("/v1/completions") == 1
         assert not d.named("probe.failed") and not d.named("restart.begin")
+    finally:
+        d.close()
+
+
+def test_the_daemon_takes_the_hint_from_vllm_args(tmp_path: Path) -> None:
+    """`runner = "pooling"` in [vllm.args]: auto tries embeddings first, never completions."""
+    config = base_config(free_port(), free_port())
+    config["vllm"]["args"] = {"runner": "pooling"}
+    d = Daemon(tmp_path, config)
+    d.start()
+    try:
+        d.wait_ready(30)
+        assert [e["kind"] for e in d.named("probe.canary_chosen")] == ["embeddings"]
+        assert not [e for e in d.named("child.line") if '"POST /v1/completions ' in e["text"]]
     finally:
         d.close()

@@ -117,6 +117,7 @@ class RealEffects:
 
     def spawn(self, config: Config, post: Callable[[Event], None]) -> Event:
         """Build the command (refusing known-broken flags) and start the child."""
+        self._canaries.expect(config.vllm.args, config.vllm.extra_args)  # auto's first guess
         if self._version_of != config.vllm.command:
             self._version = vllminfo.version(config.vllm.command)
             self._version_of = list(config.vllm.command)

@@ -69,6 +69,11 @@ class CanaryMemory:
 
     def __init__(self) -> None:
         self._kinds: dict[int, str] = {}
+        self._args: tuple[Mapping[str, object], Sequence[str]] = ({}, ())
+
+    def expect(self, vllm_args: Mapping[str, object], extra_args: Sequence[str]) -> None:
+        """The vLLM arguments of the child being launched (`--runner pooling` and co.)."""
+        self._args = (dict(vllm_args), tuple(extra_args))
 
     def prober(self, action: Probe, api_key: str | None,
                log: Callable[..., None] | None = None) -> HttpProber:
@@ -81,6 +86,7 @@ class CanaryMemory:
         return HttpProber(action.host, action.port, action.model_name, p.timeout,
                           p.canary_timeout, p.canary_prompt, api_key, canary=p.canary,
                           canary_path=p.canary_path, canary_body=p.canary_body, log=log,
+                          vllm_args=self._args[0], extra_args=self._args[1],
                           chosen=self._kinds.get(gen), on_choose=remember)
 
 

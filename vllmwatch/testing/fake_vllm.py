@@ -77,6 +77,8 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
     # A pooling model has no completion routes (vLLM registers only its tasks' routes).
     p.add_argument("--runner", choices=("auto", "generate", "pooling"), default="auto")
     p.add_argument("--convert", choices=("auto", "none", "embed", "classify"), default="auto")
+    # The model itself says pooling (sentence-transformers modules.json): no flag shows it.
+    p.add_argument("--fake-embedding-model", action="store_true")
     return p.parse_known_args(argv)[0]
 
 
@@ -93,7 +95,8 @@ def routes(a: argparse.Namespace) -> tuple[str, ...]:
     """The POST routes this model has: completions, or its pooling task's routes."""
     if a.convert == "classify":
         return _POOLING["classify"]
-    return _POOLING["embed"] if a.runner == "pooling" or a.convert == "embed" else _GENERATE
+    embed = a.runner == "pooling" or a.convert == "embed" or a.fake_embedding_model
+    return _POOLING["embed"] if embed else _GENERATE
 
 
 class Api:
