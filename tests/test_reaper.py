@@ -53,9 +53,19 @@ while time.monotonic() < deadline:
     if orphan in {p for p, _ in reaped} and {kept.pid, mine.pid} <= zombies:
         break
     time.sleep(0.05)
+kept_code, mine_code = kept.wait(), mine.wait()
+# A helper whose owner never waits for it: reaped once its grace has passed.
+abandoned = subprocess.Popen([sys.executable, "-c", "raise SystemExit(3)"])
+late = reaper.Reaper(lambda level, event, **kw: None, grace=0.0)
+deadline = time.monotonic() + 20
+late_reaped = []
+while not late_reaped and time.monotonic() < deadline:
+    late_reaped = late.reap()
+    time.sleep(0.05)
 print(json.dumps({"orphan": orphan, "reaped": reaped, "events": events,
                   "zombies": sorted(zombies), "kept": kept.pid, "mine": mine.pid,
-                  "kept_code": kept.wait(), "mine_code": mine.wait(),
+                  "kept_code": kept_code, "mine_code": mine_code,
+                  "abandoned": [abandoned.pid, 3], "late": late_reaped,
                   "left": [z.pid for z in reaper.zombie_children(os.getpid())]}))
 """
 
@@ -70,4 +80,5 @@ def test_reaps_orphans_but_never_a_child_someone_waits_for() -> None:
     # The loop's own child (keep) and a Popen child (same session) keep their exit status.
     assert got["kept"] in got["zombies"] and got["mine"] in got["zombies"], got
     assert (got["kept_code"], got["mine_code"]) == (5, 7)
+    assert got["late"] == [got["abandoned"]]  # nobody waited: reaped after the grace
     assert got["left"] == []
