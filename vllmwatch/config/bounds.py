@@ -41,7 +41,7 @@ class Bounds:
         if steps is None:
             return f"{value:g}"
         for name, size in steps:
-            if value >= size and value % size == 0 or name == steps[-1][0]:
+            if (value >= size and value % size == 0) or name == steps[-1][0]:
                 suffix = "/h" if self.unit == "MiB/h" else ""
                 return f"{value / size:g}{name}{suffix}"
         return f"{value:g}"  # pragma: no cover - the last step always matches

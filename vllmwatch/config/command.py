@@ -11,7 +11,7 @@ from pathlib import Path
 
 from vllmwatch.config import flags
 from vllmwatch.config.errors import Problem
-from vllmwatch.config.flags import flag_name
+from vllmwatch.config.flags import flag_name as flag_name  # re-exported for callers
 from vllmwatch.config.schema import Config, ConfigError
 
 # Variables that belong to our own unit and must never reach the child: a child that could

@@ -25,7 +25,7 @@ else:  # pragma: no cover - exercised on Python 3.10 only
 
 DEFAULT_PATH = "/etc/vllmwatch/vllmwatch.toml"
 HOUR = 3600.0
-__all__ = ["ConfigError", "Problem", "line_of", "load", "from_dict", "config_path", "Config"]
+__all__ = ["Config", "ConfigError", "Problem", "config_path", "from_dict", "line_of", "load"]
 
 
 def _conv(kind: str, default: object, **extra: Any) -> Any:
