@@ -21,7 +21,7 @@ from vllmwatch.config import flags, private, vllminfo
 from vllmwatch.config.errors import Problem
 from vllmwatch.config.schema import Config
 
-ASK_TIMEOUT_S = 60.0
+ASK_TIMEOUT_S = 120.0  # importing torch on a loaded 2-core box took 38 s
 _MARK = "VLLMWATCH_FLAGS "
 # vLLM moved make_arg_parser between releases; try the known homes, newest first.
 _PROBE = """
@@ -141,10 +141,10 @@ def _flag_problem(name: str, value: object, key: str, known: FlagSet) -> Problem
         hint = ("; did you mean " + " or ".join(close) + "?") if close else (
             "; see `vllm serve --help=all` for the flags it accepts")
         return Problem(key, f"--{base} is not a flag of vLLM {known.version}{hint}")
-    if value is False and f"no-{base}" not in known.flags:
+    if value is False and f"no-{base}" not in known.flags and "." not in name:
         return Problem(key, f"--{base} has no --no-{base} form in vLLM {known.version}; "
                        "delete the key (off is the default)")
-    if base in known.switches and value not in (True, False) and "." not in name:
+    if base in known.switches and not isinstance(value, bool) and "." not in name:
         return Problem(key, f"--{base} takes no value in vLLM {known.version}; write "
                        f"{base} = true")
     return None
