@@ -202,3 +202,27 @@ def test_real_vllm_flags_typo_and_removed_flag(tmp_path: Path) -> None:
     good = vllm_config({"max-model-len": 4096, "enforce-eager": True})
     assert check_vllm.check_vllm_args(Context(good, fast=True, flags_cache=str(tmp_path))  # type: ignore[arg-type]
                                       ).status == PASS
+
+
+def test_daemon_refusal_uses_the_cache_only_and_never_blocks(tmp_path: Path) -> None:
+    from vllmwatch.shell import flagcheck
+
+    command = [sys.executable]
+    config = from_dict({"vllm": {"model": "/m", "command": command,
+                                 "args": {"max-model-length": 5}},
+                        "prewarm": {"cache_dir": str(tmp_path)}})
+    events: list[str] = []
+    started = time.monotonic()
+    # Not cached: goes ahead at once (the background question fails: no vLLM here).
+    assert flagcheck.refusal(config, {}, "0.99.0", lambda lvl, ev, **kw: events.append(ev)) \
+        is None
+    assert time.monotonic() - started < 1.0
+    assert wait_until(lambda: "vllm.flags_unknown" in events, timeout=60)
+    cache = vllmflags.default_cache_dir(config, {})
+    python = vllminfo.interpreter(command)
+    import hashlib
+    key = hashlib.sha256(f"0.99.0\0{python}".encode()).hexdigest()[:16]
+    Path(cache, f"{key}.json").write_text(json.dumps(
+        {"version": "0.99.0", "flags": ["max-model-len"], "switches": []}))
+    why = flagcheck.refusal(config, {}, "0.99.0", lambda *a, **k: None)
+    assert why is not None and "did you mean max-model-len" in why
