@@ -135,7 +135,7 @@ class PrewarmConfig:
     page_cache_workers: int = _conv("pos_int", 4)
     kernels: bool = _conv("bool", True)
     warmup_request: bool = _conv("bool", True)
-    timeout: float = _conv("duration", 600.0, low=1.0, high=DAY)
+    timeout: float = _conv("duration", 600.0, high=DAY)
     required: bool = _conv("bool", False)
 
 
