@@ -39,7 +39,7 @@ class Bounds:
     def _fmt(self, value: float) -> str:
         steps = {"s": _DURATION_STEPS, "MiB": _SIZE_STEPS, "MiB/h": _SIZE_STEPS}.get(self.unit)
         if steps is None:
-            return f"{value:g}"
+            return str(int(value)) if value == int(value) else f"{value:g}"
         for name, size in steps:
             if (value >= size and value % size == 0) or name == steps[-1][0]:
                 suffix = "/h" if self.unit == "MiB/h" else ""
@@ -70,6 +70,8 @@ DEFAULTS: dict[str, Bounds] = {
     "rate": Bounds(1.0, MIB_PER_PIB, zero="off", unit="MiB/h"),
     "fraction": Bounds(0.0, 1.0),
     "pos_float": Bounds(1.0, 100.0),
+    "pos_int": Bounds(1.0, 1_000_000.0),
+    "port": Bounds(1.0, 65535.0),
 }
 
 

@@ -132,7 +132,7 @@ class PrewarmConfig:
     page_cache: bool = _conv("bool", True)
     page_cache_max_fraction: float = _conv("fraction", 0.5,
                                            zero="never read weights into the page cache")
-    page_cache_workers: int = _conv("pos_int", 4)
+    page_cache_workers: int = _conv("pos_int", 4, high=256)
     kernels: bool = _conv("bool", True)
     warmup_request: bool = _conv("bool", True)
     timeout: float = _conv("duration", 600.0, high=DAY)
