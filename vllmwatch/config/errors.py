@@ -49,6 +49,7 @@ class ConfigError(Exception):
         placed = [p if p.line is not None or not p.key else Problem(p.key, p.problem,
                                                                     _nearest_line(text, p.key))
                   for p in self.problems]
+        placed.sort(key=lambda p: p.line if p.line is not None else 1 << 30)  # file order
         return type(self).of(self.path, placed)
 
 
