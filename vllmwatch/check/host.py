@@ -3,6 +3,7 @@ recognising this instance's own running vLLM), and the pre-warm cache directory 
 
 from __future__ import annotations
 
+import contextlib
 import os
 import tempfile
 from pathlib import Path
@@ -10,20 +11,24 @@ from pathlib import Path
 import psutil
 
 from vllmwatch.check.base import FAIL, PASS, SKIP, WARN, CheckResult, Context
-from vllmwatch.shell import child, groupfile, ports
+from vllmwatch.shell import child, ports
 
 
 def _own_child(pid: int | None, marker: str) -> bool:
-    """The listener belongs to the vLLM tree of this instance (a running deployment)."""
+    """The listener belongs to the vLLM tree of this instance (a running deployment): it or
+    its session leader (the child vllmwatch spawned) carries the instance marker, or its
+    session is the remembered group. Only a verdict for the checklist, never a reason to
+    kill, so the marker counts whichever user runs the check (root, the service user)."""
     if pid is None:
         return False
     try:
-        proc = psutil.Process(pid)
         session = os.getsid(pid)
-    except (psutil.Error, OSError):
+    except OSError:
         return False
-    if groupfile.carries_marker(proc, marker):
-        return True
+    for candidate in {pid, session}:
+        with contextlib.suppress(psutil.Error, OSError):
+            if psutil.Process(candidate).environ().get(child.MARKER) == marker:
+                return True
     return session == child.remembered_group(marker)
 
 

@@ -21,7 +21,7 @@ from vllmwatch.config.command import ChildCommand
 from vllmwatch.core.events import ChildExited, SweepDone
 from vllmwatch.core.policy import signal_name
 from vllmwatch.shell import groupfile, ports
-from vllmwatch.shell.groupfile import MARKER
+from vllmwatch.shell.groupfile import MARKER as MARKER  # re-exported: the env marker
 
 LogFn = Callable[..., None]  # log(level, event, **fields)
 # How vLLM's processes look in a process list (FACTS: comm is truncated; match the cmdline).
