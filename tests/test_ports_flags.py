@@ -226,3 +226,19 @@ def test_daemon_refusal_uses_the_cache_only_and_never_blocks(tmp_path: Path) -> 
         {"version": "0.99.0", "flags": ["max-model-len"], "switches": []}))
     why = flagcheck.refusal(config, {}, "0.99.0", lambda *a, **k: None)
     assert why is not None and "did you mean max-model-len" in why
+
+
+@pytest.mark.parametrize(("listen", "allow_remote", "status", "words"), [
+    ("127.0.0.1:9101", False, PASS, ["127.0.0.1:9101"]),
+    ("localhost:9101", False, PASS, [":9101"]),
+    ("", False, WARN, ["vllmwatch status` will not work"]),
+    ("no-such-host.invalid:9101", False, FAIL, ["cannot resolve"]),
+])
+def test_check_status_listen(listen: str, allow_remote: bool, status: str,
+                             words: list[str]) -> None:
+    config = from_dict({"vllm": {"model": "/m"},
+                        "status": {"listen": listen, "allow_remote": allow_remote}})
+    r = check_vllm.check_status_listen(Context(config))
+    assert r.status == status, r
+    for word in words:
+        assert word in r.detail

@@ -53,11 +53,13 @@ class FlagSet:
 
 def default_cache_dir(config: Config, environ: Mapping[str, str]) -> str:
     """$CACHE_DIRECTORY or prewarm.cache_dir when usable, else $XDG_CACHE_HOME/vllmwatch."""
+    # Per user: a directory root made would be refused (not ours) by the service user.
+    name = f"vllm-flags-{os.geteuid()}"
     root = environ.get("CACHE_DIRECTORY", "").split(":")[0] or config.prewarm.cache_dir
     if root and os.access(root, os.W_OK | os.X_OK):
-        return os.path.join(root, "vllm-flags")
+        return os.path.join(root, name)
     xdg = environ.get("XDG_CACHE_HOME") or os.path.join(str(Path.home()), ".cache")
-    return os.path.join(xdg, "vllmwatch", "vllm-flags")
+    return os.path.join(xdg, "vllmwatch", name)
 
 
 def known_flags(command: list[str] | tuple[str, ...], version: str | None,
