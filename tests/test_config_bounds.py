@@ -140,3 +140,26 @@ def test_remote_listen_accepted_with_allow_remote() -> None:
     c = from_dict({"vllm": {"model": "/m"}, "status": {"listen": "0.0.0.0:9101",
                                                         "allow_remote": True}})
     assert c.status.allow_remote
+
+
+@settings(max_examples=150, deadline=None)
+@given(st.sampled_from(NUMERIC), st.floats(allow_nan=True, allow_infinity=True)
+       | st.integers(min_value=-(2**63), max_value=2**63 - 1))
+def test_the_same_through_a_toml_file(tmp_path_factory: pytest.TempPathFactory,
+                                      field: tuple[str, str, str, object],
+                                      value: float) -> None:
+    section, name, _, bounds = field
+    text = repr(value).replace("+", "")  # TOML: 1e300, nan, inf, -inf
+    extra = 'backoff_max = "1d"\n' if (section, name) == ("restart", "backoff_initial") else ""
+    path = tmp_path_factory.mktemp("c") / "c.toml"
+    header = "" if section == "vllm" else f"[{section}]\n"
+    path.write_text(f'[vllm]\nmodel = "/m"\n{header}{name} = {text}\n{extra}')
+    try:
+        config = load(str(path))
+    except ConfigError as exc:
+        assert [p.key for p in exc.problems] == [f"{section}.{name}"], str(exc)
+        assert exc.problems[0].line == (3 if section == "vllm" else 4)
+        return
+    got = getattr(getattr(config, section), name)
+    assert math.isfinite(got)
+    assert (got == 0 and bounds.zero is not None) or bounds.low <= got <= bounds.high  # type: ignore[attr-defined]
