@@ -8,23 +8,14 @@ import os
 import pwd
 import socket
 import subprocess
-import time
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 from pathlib import Path
 
 import psutil
 import pytest
+from waiting import wait_until
 
 from vllmwatch.shell import child, groupfile
-
-
-def wait_until(predicate: Callable[[], bool], timeout: float = 10.0) -> bool:
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        if predicate():
-            return True
-        time.sleep(0.02)
-    return predicate()
 
 
 def free_port() -> int:
@@ -39,7 +30,7 @@ def foreign() -> Iterator[psutil.Process]:
     proc = subprocess.Popen(["bash", "-c", 'exec -a "vllm serve forged" sleep 300'],
                             start_new_session=True, env={"PATH": os.environ["PATH"]})
     ps = psutil.Process(proc.pid)
-    assert wait_until(lambda: "vllm serve" in " ".join(ps.cmdline()))
+    wait_until(lambda: "vllm serve" in " ".join(ps.cmdline()), 10, "the forged title")
     yield ps
     proc.kill()
     proc.wait(timeout=10)
@@ -177,7 +168,7 @@ def test_a_marker_set_by_another_user_does_not_make_a_process_ours(marker: str) 
                             env={"PATH": os.environ["PATH"], child.MARKER: marker})
     try:
         ps = psutil.Process(proc.pid)
-        assert wait_until(lambda: ps.environ().get(child.MARKER) == marker)
+        wait_until(lambda: ps.environ().get(child.MARKER) == marker, 10, "the marker")
         assert not groupfile.carries_marker(ps, marker)
         assert proc.pid not in [p.pid for p in child.find_tree(None, marker)[0]]
     finally:

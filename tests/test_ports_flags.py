@@ -10,10 +10,11 @@ import socket
 import subprocess
 import sys
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
+from waiting import wait_until
 
 from vllmwatch.check import host as check_host
 from vllmwatch.check import vllm as check_vllm
@@ -24,15 +25,6 @@ from vllmwatch.shell import child, ports
 
 REPO = Path(__file__).resolve().parent.parent
 VLLM = REPO / ".cache" / "vllm-venv" / "bin" / "vllm"
-
-
-def wait_until(predicate: Callable[[], bool], timeout: float = 10.0) -> bool:
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        if predicate():
-            return True
-        time.sleep(0.02)
-    return predicate()
 
 
 def free_port() -> int:
@@ -217,7 +209,7 @@ def test_daemon_refusal_uses_the_cache_only_and_never_blocks(tmp_path: Path) -> 
     assert flagcheck.refusal(config, {}, "0.99.0", lambda lvl, ev, **kw: events.append(ev)) \
         is None
     assert time.monotonic() - started < 1.0
-    assert wait_until(lambda: "vllm.flags_unknown" in events, timeout=60)
+    wait_until(lambda: "vllm.flags_unknown" in events, 60, "the background question")
     cache = vllmflags.default_cache_dir(config, {})
     python = vllminfo.interpreter(command)
     import hashlib
