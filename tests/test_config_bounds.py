@@ -163,3 +163,18 @@ def test_the_same_through_a_toml_file(tmp_path_factory: pytest.TempPathFactory,
     got = getattr(getattr(config, section), name)
     assert math.isfinite(got)
     assert (got == 0 and bounds.zero is not None) or bounds.low <= got <= bounds.high  # type: ignore[attr-defined]
+
+
+@settings(max_examples=300, deadline=None)
+@given(st.text(alphabet="0123456789abcdef.:[]- x", max_size=24), st.booleans())
+def test_any_status_listen_is_refused_by_name_or_usable(listen: str, allow_remote: bool) -> None:
+    from vllmwatch.config.hosts import parse_listen
+
+    try:
+        config = from_dict({"vllm": {"model": "/m"},
+                            "status": {"listen": listen, "allow_remote": allow_remote}})
+    except ConfigError as exc:
+        assert [p.key for p in exc.problems] == ["status.listen"], str(exc)
+        return
+    parsed = parse_listen(config.status.listen)
+    assert parsed is None or 1 <= parsed[1] <= 65535
