@@ -234,3 +234,14 @@ def test_check_status_listen(listen: str, allow_remote: bool, status: str,
     assert r.status == status, r
     for word in words:
         assert word in r.detail
+
+
+def test_check_port_names_a_foreign_address_and_a_privileged_port(tmp_path: Path) -> None:
+    config = from_dict({"vllm": {"model": "/m", "host": "192.0.2.77", "port": free_port()}})
+    r = check_host.check_port(Context(config))
+    assert r.status == FAIL and "not an address of this machine" in r.detail
+    if os.geteuid() == 0:
+        return  # root may bind any port; nothing more to show
+    low = from_dict({"vllm": {"model": "/m", "port": 80}})
+    r = check_host.check_port(Context(low))
+    assert r.status == FAIL and ("CAP_NET_BIND_SERVICE" in r.detail or "in use" in r.detail)

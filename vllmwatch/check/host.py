@@ -4,6 +4,7 @@ recognising this instance's own running vLLM), and the pre-warm cache directory 
 from __future__ import annotations
 
 import contextlib
+import errno
 import os
 import tempfile
 from pathlib import Path
@@ -41,7 +42,7 @@ def check_port(ctx: Context) -> CheckResult:
                            "127.0.0.1, 0.0.0.0 or one of this machine's addresses")
     found = ports.holders(host, port)
     if not found:
-        return CheckResult("port", PASS, f"{where} is free")
+        return _bindable(host, port, where)
     marker = child.instance_id(ctx.config.path)
     if all(_own_child(h.pid, marker) for h in found):
         pids = ", ".join(child.describe_pid(h.pid) for h in found)
@@ -53,6 +54,19 @@ def check_port(ctx: Context) -> CheckResult:
     return CheckResult("port", FAIL, f"{where} is in use by "
                        f"{', '.join(child.describe_pid(h.pid) for h in found)}; stop it or "
                        "change vllm.port")
+
+
+def _bindable(host: str, port: int, where: str) -> CheckResult:
+    err = ports.bind_error(host, port)
+    if err is None:
+        return CheckResult("port", PASS, f"{where} is free")
+    if err.errno == errno.EADDRNOTAVAIL:
+        return CheckResult("port", FAIL, f"vllm.host {host!r} is not an address of this "
+                           "machine; use 127.0.0.1, 0.0.0.0 or one of its addresses")
+    if err.errno == errno.EACCES:
+        return CheckResult("port", FAIL, f"binding {where} is not permitted (a port below "
+                           "1024 needs CAP_NET_BIND_SERVICE); use a port >= 1024")
+    return CheckResult("port", FAIL, f"cannot bind {where}: {err.strerror or err}")
 
 
 def check_prewarm_cache(ctx: Context) -> CheckResult:

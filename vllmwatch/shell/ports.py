@@ -76,7 +76,8 @@ def holders(host: str, port: int, ignore: frozenset[int] | set[int] = frozenset(
     return found
 
 
-def _bind_refused(host: str, port: int) -> bool:
+def bind_error(host: str, port: int) -> OSError | None:
+    """Why vLLM could not bind host:port right now (SO_REUSEADDR, as uvicorn binds), or None."""
     target = host if host else "0.0.0.0"
     family = socket.AF_INET6 if ":" in target else socket.AF_INET
     try:
@@ -84,5 +85,10 @@ def _bind_refused(host: str, port: int) -> bool:
             sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
             sock.bind((target, port))
     except OSError as exc:
-        return exc.errno == errno.EADDRINUSE
-    return False
+        return exc
+    return None
+
+
+def _bind_refused(host: str, port: int) -> bool:
+    err = bind_error(host, port)
+    return err is not None and err.errno == errno.EADDRINUSE
