@@ -174,3 +174,25 @@ def test_a_marker_set_by_another_user_does_not_make_a_process_ours(marker: str) 
     finally:
         proc.kill()
         proc.wait(timeout=10)
+
+
+def test_forged_file_of_another_user_in_the_default_place_is_ignored(
+        foreign: psutil.Process, marker: str, monkeypatch: pytest.MonkeyPatch) -> None:
+    """No $STATE_DIRECTORY: the fallback place, with a forged file another user owns."""
+    if os.geteuid() != 0:
+        pytest.skip("needs root to give a file to another user")
+    for var in ("STATE_DIRECTORY", "RUNTIME_DIRECTORY"):
+        monkeypatch.delenv(var, raising=False)
+    path = Path(groupfile.path_of(marker) or "")
+    assert path.parent == Path("/run/vllmwatch")
+    tmp_name = Path("/tmp") / path.name
+    try:
+        for place in (path, tmp_name):
+            place.write_text(forged(foreign, marker))
+            place.chmod(0o600)
+            os.chown(place, pwd.getpwnam("nobody").pw_uid, -1)
+        assert groupfile.read(marker) is None
+        assert survives_sweep(foreign, marker)
+    finally:
+        path.unlink(missing_ok=True)
+        tmp_name.unlink(missing_ok=True)
