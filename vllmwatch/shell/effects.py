@@ -220,11 +220,11 @@ class RealEffects:
         """Kill leftovers of our tree and check the port; at start honour kill_stale."""
         if action.pgid is not None or action.kill_stale:
             done = childmod.sweep(action.pgid, self.marker, action.host, action.port,
-                                  settle=action.settle)
+                                  settle=action.settle, log=self.log)
             if not done.remaining:
                 childmod.remove_tmpdirs(self.marker)
             return done
-        ours, foreign = childmod.find_tree(action.pgid, self.marker)
+        ours, foreign = childmod.find_tree(action.pgid, self.marker, self.log)
         holder = childmod.port_holder(action.host, action.port, ignore=set())
         return SweepDone((), tuple(p.pid for p in ours), holder,
                          tuple(childmod.describe(p) for p in foreign))
