@@ -14,6 +14,7 @@ from typing import Protocol
 
 from prometheus_client.parser import text_string_to_metric_families
 
+from vllmwatch.config.hosts import connect_host
 from vllmwatch.config.schema import Config
 from vllmwatch.core import canary as kinds
 from vllmwatch.core.events import CanaryResult, HealthResult, MetricsResult, Probe
@@ -41,13 +42,7 @@ class Prober(Protocol):
         ...
 
 
-def probe_host(host: str) -> str:
-    """Where to connect for a server bound to `host` (a wildcard means loopback)."""
-    if host in ("", "0.0.0.0"):
-        return "127.0.0.1"
-    if host == "::":
-        return "::1"
-    return host
+probe_host = connect_host  # one home for the wildcard-to-loopback rule: config/hosts.py
 
 
 def prober_for(config: Config, api_key: str | None, log: Callable[..., None] | None = None
