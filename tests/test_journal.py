@@ -203,3 +203,20 @@ class _Tty(io.StringIO):
 ])
 def test_choose_format(wanted: str, stream: io.StringIO, expected: str) -> None:
     assert logs.choose_format(wanted, {}, stream) == expected
+
+
+def test_auto_under_journald_sends_native_entries(fake_journald: tuple[str, socket.socket],
+                                                  tmp_path: Path) -> None:
+    """JOURNAL_STREAM naming our stderr (as systemd sets it) picks the native protocol."""
+    path, sock = fake_journald
+    with (tmp_path / "stderr").open("w") as stream:
+        st = os.fstat(stream.fileno())
+        env = {"JOURNAL_STREAM": f"{st.st_dev}:{st.st_ino}"}
+        log = logs.setup("auto", "info", stream=stream, environ=env, journal_socket=path)
+        log("info", "child.ready", startup_s=31.5)
+    got = _receive(sock)
+    assert got["MESSAGE_ID"] == journal.MESSAGE_IDS["child.ready"].encode()
+    assert got["VLLMWATCH_STARTUP_S"] == b"31.5"
+    assert (tmp_path / "stderr").read_text() == ""
+    # Another stderr (the variable inherited by a child process): not journald.
+    assert logs.choose_format("auto", {"JOURNAL_STREAM": "1:2"}, _Pipe()) == "json"
