@@ -91,6 +91,20 @@ def test_auto_finds_the_models_kind(tmp_path: Path, flags: tuple[str, ...], chos
                                                "path": canary.PATHS[chosen]})]
 
 
+@pytest.mark.parametrize("kind,flags", [
+    ("completions", ()), ("chat", ()), ("embeddings", ("--runner", "pooling")),
+    ("score", ("--runner", "pooling")), ("rerank", ("--convert", "classify")),
+    ("classify", ("--convert", "classify")), ("pooling", ("--runner", "pooling")),
+])
+def test_every_fixed_kind_serves_its_model(tmp_path: Path, kind: str,
+                                           flags: tuple[str, ...]) -> None:
+    with fake(tmp_path, *flags) as f:
+        prober = _prober(f.port, canary=kind)
+        got, warm = prober.canary(), prober.canary(warmup=True)
+        assert got.ok and warm.ok, (got.error, warm.error)
+        assert prober.chosen == kind
+
+
 def test_a_fixed_kind_does_not_wander(tmp_path: Path) -> None:
     with fake(tmp_path, "--runner", "pooling") as f:
         got = _prober(f.port, canary="completions").canary()
