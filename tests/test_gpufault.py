@@ -14,7 +14,13 @@ from vllmwatch.core.samples import GpuFault, MemorySample
 from vllmwatch.core.state import S
 from vllmwatch.shell.memory import make_sampler
 from vllmwatch.testing import Driver
-from vllmwatch.testing.fake_nvml import FakeGpu, FakeNvml, NVMLError_NotSupported
+from vllmwatch.testing.fake_nvml import (
+    FakeGpu,
+    FakeNvml,
+    NVMLError_GpuIsLost,
+    NVMLError_NotSupported,
+    NVMLError_ResetRequired,
+)
 
 
 @pytest.mark.parametrize("fault,fatal", [
@@ -114,6 +120,20 @@ def test_a_lost_gpu_is_reported_once() -> None:
     assert [(f.gpu_index, f.kind) for f in faults] == [(0, "gpu_lost")]
     assert gpufault.fatal(faults)
     assert sampler.sample(os.getpid(), False).gpu_faults == ()
+
+
+@pytest.mark.parametrize("call", ["nvmlDeviceGetMemoryInfo", "nvmlDeviceGetTotalEccErrors",
+                                  "nvmlDeviceGetRemappedRows", "nvmlEventSetWait_v2"])
+@pytest.mark.parametrize("error,kind", [(NVMLError_GpuIsLost, "gpu_lost"),
+                                        (NVMLError_ResetRequired, "reset_required")])
+def test_any_call_can_find_the_gpu_gone(call: str, error: type[Exception], kind: str) -> None:
+    nvml = FakeNvml([FakeGpu()])
+    sampler = make_sampler(None, Logs(), nvml=nvml)
+    assert sampler.sample(os.getpid(), False).gpu_faults == ()
+    nvml.fail[call] = error()
+    faults = sampler.sample(os.getpid(), False).gpu_faults
+    assert [(f.gpu_index, f.kind) for f in faults] == [(0, kind)]
+    assert gpufault.fatal(faults)
 
 
 def test_ecc_counts_only_a_rise_and_pending_pages() -> None:
