@@ -216,7 +216,9 @@ def _step_kernels(config: Config, environ: Mapping[str, str], deadline: float,
         env = {**environ, **cache_env(config, environ), **config.vllm.env}
     spec = kernels.model_shape(model_dir(config, environ))
     spec["dtype"] = kernels.args_dtype(config.vllm.args) or spec["dtype"]
-    spec["backend"] = kernels.pick_backend(env, config.vllm.args)
+    gpu = config.vllm.gpus[0] if config.vllm.gpus else 0  # vLLM's first (rank 0) GPU
+    spec = kernels.plan(spec, env, config.vllm.args, vllminfo.version(config.vllm.command),
+                        kernels.gpu_capability(gpu))
     out = kernels.run_script(python, spec, env, deadline - time.monotonic(),
                              script=hooks.kernel_script)
     return out.status, out.detail, {**out.data, "spec": spec}
