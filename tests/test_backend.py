@@ -104,3 +104,10 @@ def test_plan_gives_the_script_fa3_on_hopper() -> None:
     unknown_gpu = kernels.plan(spec, {}, {"attention-backend": "TRITON_ATTN"}, None, None)
     assert unknown_gpu["backend"] == "triton"
     assert kernels.plan(spec, {}, {}, None, None)["backend"] == "auto"
+
+
+def test_the_kernel_step_is_off_by_default() -> None:
+    """On an H200 it cost ~13 s before each start and won nothing (docs/GPU.md)."""
+    from vllmwatch.config.schema import PrewarmConfig
+
+    assert PrewarmConfig().kernels is False

@@ -247,8 +247,16 @@ def ours() -> list[dict[str, Any]]:
             continue
         g = ids(int(p))
         if g and g[2] >= MY_START and (g[0] in OWN_PGIDS or g[1] in OWN_SIDS):
-            out.append({"pid": int(p), "title": title(int(p))})
+            out.append({"pid": int(p), "title": title(int(p)), "state": state(int(p))})
     return out
+
+
+def state(pid: int) -> str:
+    """The state letter of /proc/PID/stat (Z = zombie: exited, not yet reaped)."""
+    try:
+        return Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0]
+    except (OSError, IndexError):
+        return "?"
 
 
 def vllm_like() -> list[dict[str, Any]]:
@@ -659,8 +667,9 @@ class Daemon:
         if idx >= 0:
             emit(self.phase, "completion_after_recovery", **completion(port, model))
 
-    def stop(self) -> None:
-        """SIGTERM vllmwatch: exit code, time, leftovers, GPU memory."""
+    def stop(self, sweep_after: bool = True) -> None:
+        """SIGTERM vllmwatch: exit code, time, leftovers, GPU memory; then sweep what is ours
+        (sweep_after=False when another daemon of ours still runs)."""
         if self.p.poll() is None:
             ts = time.monotonic()
             self.p.send_signal(signal.SIGTERM)
@@ -683,7 +692,8 @@ class Daemon:
              stopping=[{k: e.get(k) for k in ("t", "event", "reason", "code", "signal")}
                        for e in self.log.named("child.stopping") + self.log.named("child.kill")
                        + self.log.named("child.exited")][-4:])
-        sweep(self.phase)
+        if sweep_after:
+            sweep(self.phase)
 
 
 def memory_view(d: Daemon, phase: str) -> None:

@@ -153,11 +153,19 @@ def fault(d: D.Daemon, phase: str, what: str, port: int, model: str, target: int
         D.emit(phase, what + "_first_request", **ttft(port, model))
 
 
-def stop_and_check(d: D.Daemon) -> None:
+def stop_and_check(d: D.Daemon, sweep_after: bool = True) -> None:
     """SIGTERM the daemon, then: nothing of its tree left, every GPU back to idle."""
     old = tree(d)
-    d.stop()
-    D.emit(d.phase, "after_stop", **leftovers_report(old), gpu=D.wait_idle_gpu(30))
+    d.stop(sweep_after)
+    D.emit(d.phase, "after_stop", **leftovers_report(old),
+           gpu=D.wait_idle_gpu(30) if sweep_after else D.NV.snapshot())
+
+
+def titled(prefix: str, root: int) -> int | None:
+    """The process under root whose whole command line (its vLLM title) starts with prefix.
+    (drive.find_titled also matches the 15-character comm, which cannot tell
+    VLLM::Worker_TP1 from VLLM::Worker_TP0.)"""
+    return next((pid for pid in D.descendants(root) if D.title(pid).startswith(prefix)), None)
 
 
 # -------------------------------------------------------------------------------- phases
@@ -280,11 +288,11 @@ def phase_tp2() -> None:
         time.sleep(7)
         D.memory_view(d, "tp2")
         fault(d, "tp2", "worker_kill9", 8105, "tiny",
-              D.find_titled("VLLM::Worker_TP1", d.p.pid), signal.SIGKILL)
+              titled("VLLM::Worker_TP1", d.p.pid), signal.SIGKILL)
         if D.left() > 150:
             time.sleep(3)
             fault(d, "tp2", "worker_sigstop", 8105, "tiny",
-                  D.find_titled("VLLM::Worker_TP1", d.p.pid), signal.SIGSTOP)
+                  titled("VLLM::Worker_TP1", d.p.pid), signal.SIGSTOP)
     finally:
         stop_and_check(d)
 
@@ -324,9 +332,9 @@ def phase_pergpu() -> None:
                if idx >= 0 else None, b_load=stats, gpu_before=before,
                gpu_after=D.NV.snapshot(), a_gpu_released=a.log.named("gpu.released", mark)[:1],
                b_restarts=b.log.named("restart.begin"))
-    finally:
-        for d, _ in daemons:
-            stop_and_check(d)
+    finally:  # no sweep until both are stopped: it would SIGKILL the other daemon's tree
+        for i, (d, _) in enumerate(daemons):
+            stop_and_check(d, sweep_after=i == len(daemons) - 1)
 
 
 D.PHASES.update(matrix=phase_matrix, faults=phase_faults, tp2=phase_tp2, pergpu=phase_pergpu)

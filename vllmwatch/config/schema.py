@@ -135,7 +135,7 @@ class PrewarmConfig:
     page_cache: bool = _conv("bool", True)
     page_cache_max_fraction: float = _conv("fraction", 0.5)
     page_cache_workers: int = _conv("pos_int", 4)
-    kernels: bool = _conv("bool", True)
+    kernels: bool = _conv("bool", False)  # off: ~13 s before each start, no gain (docs/GPU.md)
     warmup_request: bool = _conv("bool", True)
     timeout: float = _conv("duration", 600.0)
     required: bool = _conv("bool", False)

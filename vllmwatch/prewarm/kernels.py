@@ -222,9 +222,10 @@ def _parse(stdout: str, stderr: str, code: int) -> KernelOutcome:
             except ValueError:
                 break
             if data.get("ok"):
-                return KernelOutcome("ok", f"{data.get('backend')} head_dim={data.get('head_dim')} "
-                                     f"{data.get('dtype')} first call {data.get('first_call_s')}s",
-                                     data)
+                fa = f" FA{data['fa_version']}" if data.get("backend") == "flash_attn" else ""
+                return KernelOutcome("ok", f"{data.get('backend')}{fa} head_dim="
+                                     f"{data.get('head_dim')} {data.get('dtype')} first call "
+                                     f"{data.get('first_call_s')}s", data)
             return KernelOutcome("warn", str(data.get("error")) + _tried(data), data)
     tail = (stderr.strip().splitlines() or ["no output"])[-1][:300]
     return KernelOutcome("warn", f"warm script exited {code}: {tail}", {"exit_code": code})
