@@ -67,7 +67,7 @@ REPO=${VLLM_H200_REPO:-$PWD}                     # the project checkout root (he
 GPU=$REPO/.gpu                                  # ignored by git; sent explicitly
 VW_DIR=${VW_DIR:-$REPO}                         # holds vllmwatch/, bench/gpu/, scripts/
 VLLM_VERSION=0.26.0
-PART_SIZE=${PART_SIZE:-60M}                     # split size: < 64 MiB with room for the rest
+PART_SIZE=${PART_SIZE:-48M}                     # split size: a part + the checkout + .gpu/vw < 64 MiB
 WORK=${VLLM_H200_WORK:-/tmp/vllm_h200}          # working folder on the H200 machine
 SITE=$WORK/site                                 # there: the unpacked packages
 
