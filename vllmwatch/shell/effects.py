@@ -9,8 +9,6 @@ from collections.abc import Callable, Mapping
 from dataclasses import replace
 from typing import Any, Protocol
 
-import psutil
-
 from vllmwatch.config import command, vllminfo
 from vllmwatch.config.schema import Config, ConfigError
 from vllmwatch.core.events import (
@@ -31,6 +29,7 @@ from vllmwatch.prewarm import runner as prewarm
 from vllmwatch.shell import child as childmod
 from vllmwatch.shell import flagcheck
 from vllmwatch.shell.childlog import ChildLog
+from vllmwatch.shell.engines import EngineWatch
 from vllmwatch.shell.logs import LogFn
 from vllmwatch.shell.memory import MemorySampler, make_sampler, release_check
 from vllmwatch.shell.notify import Notifier
@@ -69,29 +68,6 @@ def event_log(log: LogFn) -> Callable[..., None]:
     return adapter
 
 
-def engine_gone(root_pid: int, seen_engine: bool) -> tuple[bool, bool]:
-    """(gone, seen): whether the tree under root_pid has lost the engine process it had.
-
-    vLLM's API server runs its engine as a child titled VLLM::EngineCore (TP workers under
-    it); the fake vLLM's engine says so in its command line. Only a tree that once had one can
-    have lost it.
-    """
-    try:
-        kids = psutil.Process(root_pid).children(recursive=True)
-        has = any(_is_engine(p) for p in kids)
-    except psutil.Error:
-        return False, seen_engine
-    return (seen_engine and not has), (seen_engine or has)
-
-
-def _is_engine(proc: psutil.Process) -> bool:
-    try:
-        cmd = " ".join(proc.cmdline())
-    except psutil.Error:
-        return False
-    return "EngineCore" in cmd or "--role engine" in cmd
-
-
 class RealEffects:
     """Real processes, HTTP, NVML, psutil and sd_notify."""
 
@@ -107,7 +83,7 @@ class RealEffects:
         self._child: childmod.Child | None = None
         self._childlog: ChildLog | None = None
         self._api_key: str | None = None
-        self._seen_engine = False
+        self._engines = EngineWatch()
         self._before_launch: dict[int, float] = {}
         # Read at the first launch, and again whenever vllm.command changes (SIGHUP).
         self._version: str | None = None
@@ -140,7 +116,8 @@ class RealEffects:
                                fatal=True)
         except OSError as exc:
             return SpawnFailed(f"{cmd.argv[0]}: {exc.strerror or exc}")
-        self._api_key, self._seen_engine = api_key, False
+        self._api_key = api_key
+        self._engines.reset()
         self._child = child
         childmod.remember_group(self.marker, child.pid)
         self._childlog = ChildLog(child.stdout, child.pid, post, self.log,
@@ -200,11 +177,11 @@ class RealEffects:
         if action.kind == "health":
             health = prober.health()
             child = self._child
-            if not health.ok and health.status is not None and child is not None:
-                gone, self._seen_engine = engine_gone(child.pid, self._seen_engine)
-                health = replace(health, engine_gone=gone)
-            elif child is not None and not self._seen_engine:
-                _, self._seen_engine = engine_gone(child.pid, False)
+            gone = self._engines.look(child.pid) if child is not None else []
+            if gone:  # fatal for vLLM whatever /health says yet
+                said = health.error or f"/health {health.status}"
+                health = replace(health, ok=False, engine_gone=True,
+                                 error=f"{said}; engine process gone: {', '.join(gone)}")
             result = health
         elif action.kind == "metrics":
             result = prober.metrics()
