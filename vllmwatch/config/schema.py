@@ -105,6 +105,15 @@ class MemoryConfig:
     baseline_delay: float = _conv("duration", 600.0)
     slope_window: float = _conv("duration", 21600.0)
     sustain: int = _conv("pos_int", 3)
+    # -- unified memory (DGX Spark): detection, the start guard, memory-failure retries --
+    unified: str = _conv("auto_bool", "auto")  # "auto" | "true" | "false"
+    guard: bool = _conv("bool", True)  # the start guard on unified memory (never on discrete)
+    guard_floor: float = _conv("size", 0.0)  # MemFree floor; 0 = max(4 GiB, 5% of MemTotal)
+    guard_interval: float = _conv("duration", 1.0)
+    guard_min_gap: float = _conv("duration", 5.0)  # between two actions of the guard
+    guard_drop_caches: bool = _conv("bool", False)  # echo 1 > /proc/sys/vm/drop_caches (root)
+    guard_compact: bool = _conv("bool", False)  # echo 1 > /proc/sys/vm/compact_memory (root)
+    start_memory_retries: int = _conv("pos_int", 2)  # memory-failed starts retried, then stop
 
 
 @dataclass(frozen=True)
