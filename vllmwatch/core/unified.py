@@ -142,7 +142,7 @@ _NUM = r"([\d.]+)"
 # (F/T GiB) on startup ...'.
 _FREE_CHECK = re.compile(
     r"Free memory on device\s*\S*\s*\(" + _NUM + r"/" + _NUM + r" GiB\) on startup is less "
-    r"than (?:desired GPU memory utilization|the engine's budget[^(]*)\(" + _NUM + r", "
+    r"than (?:desired GPU memory utilization\s*|the engine's budget[^(]*)\(" + _NUM + r", "
     + _NUM + r" GiB\)")
 # Out of memory while loading or profiling. torch: 'torch.OutOfMemoryError: CUDA out of memory.
 # Tried to allocate 2.00 GiB. GPU 0 has a total capacity of ...'; the CUDA runtime/driver:
