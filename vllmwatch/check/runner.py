@@ -257,6 +257,12 @@ def _check_gpus(ctx: Context) -> list[CheckResult]:
     return checks_gpu.check_gpus(ctx.config.vllm.gpus, ctx.nvml or checks_gpu.load_nvml)
 
 
+def _check_platform(ctx: Context) -> list[CheckResult]:
+    from vllmwatch.check import unified  # imports this module: keep it out of the import cycle
+
+    return unified.check_platform(ctx)
+
+
 CHECKS: tuple[tuple[str, Check], ...] = (
     ("config", check_config),
     ("vllm", check_vllm),
@@ -264,5 +270,6 @@ CHECKS: tuple[tuple[str, Check], ...] = (
     ("max-model-len", _check_max_model_len),
     ("port", check_port),
     ("gpu", _check_gpus),
+    ("platform", _check_platform),
     ("prewarm.cache_dir", check_prewarm_cache),
 )

@@ -217,8 +217,9 @@ def memory_verdict(d: Diagnosis, failures_in_a_row: int, retries: int,
     if failures_in_a_row <= retries:
         return "retry", "evicting the checkpoint from the page cache and starting again" \
             if unified else "starting again"
-    advice = ("set vllm.args.kv-cache-memory-bytes (e.g. \"40GiB\") instead of "
-              "gpu-memory-utilization" if unified else
+    advice = ("set vllm.args.kv-cache-memory-bytes (e.g. \"40G\") and lower "
+              "gpu-memory-utilization to what the model needs (vLLM's start-up check still "
+              "wants utilization x total free)" if unified else
               "lower vllm.args.gpu-memory-utilization or set kv-cache-memory-bytes")
     return "stop", (f"vLLM failed to start for memory {failures_in_a_row} times in a row "
                     f"({d.cause}): {advice}; check other tenants' memory (nvidia-smi, "
