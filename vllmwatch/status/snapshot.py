@@ -48,6 +48,7 @@ class Snapshot:
     vllm_kv_cache_usage: float | None = None
     probe_seconds: dict[str, float] = field(default_factory=dict)  # last duration per probe
     probe_failures: dict[str, int] = field(default_factory=dict)  # totals per probe kind
+    stale_probes: tuple[str, ...] = ()  # probe kinds with no result within their bound
     config_path: str = ""
     config_sha256: str = ""
     vllmwatch_version: str = __version__

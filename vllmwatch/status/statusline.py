@@ -3,19 +3,18 @@
 from __future__ import annotations
 
 from vllmwatch.config.units import format_duration, format_mib
-from vllmwatch.core.state import S, WatchState
+from vllmwatch.core import leak
+from vllmwatch.core.state import ChildRun, S, WatchState
 from vllmwatch.status.snapshot import MemoryFigures, Snapshot
 
 
-def _memory(s: WatchState) -> MemoryFigures:
-    m = s.memory
-    if m is None:
+def _memory(c: ChildRun | None) -> MemoryFigures:
+    m = c.memory if c is not None else None
+    if c is None or m is None:
         return MemoryFigures()
     gpu_base = host_base = gpu_slope = host_slope = None
-    if s.leak is not None:
-        from vllmwatch.core import leak
-
-        gpu_base, host_base, gpu_slope, host_slope = leak.figures(s.leak)
+    if c.leak is not None:
+        gpu_base, host_base, gpu_slope, host_slope = leak.figures(c.leak)
     return MemoryFigures(
         source=m.source, gpu_tree_mib=m.gpu_tree_mib,
         gpu_tree_by_gpu_mib=dict(m.gpu_tree_by_gpu_mib), device_used_mib=dict(m.device_used_mib),
@@ -31,17 +30,21 @@ def snapshot_of(s: WatchState, now: float, wall: float, prev: Snapshot,
         return None if t is None else wall - (now - t)
 
     state_since = to_wall(s.since) or wall
+    c = s.child
+    alive = c is not None and c.pid is not None
     return Snapshot(
         state=str(s.state), state_since=state_since, state_since_monotonic=s.since,
         ready=s.state == S.READY,
         draining=s.state == S.DRAINING, child_pid=s.pid,
-        child_started=to_wall(s.child_started) if s.pid else None,
-        child_uptime_s=round(now - s.child_started, 3) if s.pid and s.child_started else None,
+        child_started=to_wall(c.started) if c is not None and alive else None,
+        child_uptime_s=round(now - c.started, 3) if c is not None and alive else None,
         restarts_by_reason=dict(s.restarts_by_reason), last_reason=s.last_reason,
         last_reason_detail=s.last_detail, last_restart_at=to_wall(s.last_restart_at),
-        start_phases_s=dict(s.phases),
-        memory=_memory(s),
-        vllm_running=s.running, vllm_waiting=s.waiting, vllm_kv_cache_usage=s.kv_cache_usage,
+        start_phases_s=dict(c.phases) if c is not None else {},
+        memory=_memory(c),
+        vllm_running=c.running if c else None, vllm_waiting=c.waiting if c else None,
+        vllm_kv_cache_usage=c.kv_cache_usage if c else None,
+        stale_probes=c.stale if c is not None else (),
         probe_seconds=dict(s.probe_seconds), probe_failures=dict(s.probe_failures),
         config_path=s.config.path, config_sha256=s.config.sha256,
         vllm_version=vllm_version, loop_heartbeat=now)
