@@ -171,9 +171,13 @@ def test_guard_thread_starts_and_stops(tmp_path: Path) -> None:
     guard = StartGuard(FILES, config(guard_interval=0.01, guard_min_gap=0), log, w.io())
     guard.start()
     wait_for(lambda: len(w.evictions) >= 3, what="the guard's evictions")
+    assert guard.running
     guard.stop("exited")
-    assert guard._thread is not None and not guard._thread.is_alive()
-    assert log.named("guard.stopped")[0]["why"] == "exited"
+    guard.stop("exited")  # idempotent: one guard.stopped line
+    thread = guard._thread
+    assert thread is not None and not guard.running
+    wait_for(lambda: not thread.is_alive(), what="the guard thread to end")
+    assert [e["why"] for e in log.named("guard.stopped")] == ["exited"]
 
 
 def test_make_guard_is_off_on_discrete_and_when_disabled(tmp_path: Path) -> None:

@@ -234,3 +234,17 @@ def test_messages_match_installed_vllm(relpath: str, needle: str) -> None:
     # Join the implicitly concatenated string literals the message is written as.
     text = re.sub(r"\"\s*\n\s*f?\"", "", (VLLM_SRC[0] / relpath).read_text())
     assert needle in text
+
+
+# ---- the per-line pre-filter the child log uses ----------------------------------------------
+
+@pytest.mark.parametrize("line", [FREE_026, FREE_032_EXTERNAL, FREE_OLD, TORCH_OOM, CUDA_ERR,
+                                  DRIVER_ERR, NV_ERR, LOAD_FAIL, NO_KV, KV_SMALL,
+                                  "cudaErrorMemoryAllocation: out of memory"])
+def test_is_memory_line_keeps_every_diagnosed_line(line: str) -> None:
+    assert u.is_memory_line(line) and u.diagnose([line]) is not None
+
+
+@given(st.text(max_size=200))
+def test_is_memory_line_agrees_with_diagnose(line: str) -> None:
+    assert u.is_memory_line(line) == (u.diagnose([line]) is not None)

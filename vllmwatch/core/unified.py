@@ -20,9 +20,6 @@ GIB_MIB = 1024.0
 # streamed from NVMe at 3-6 GB/s fills ~6 GiB in one or two of the guard's 1 s samples.
 AUTO_FLOOR_MIN_MIB = 4 * GIB_MIB
 AUTO_FLOOR_FRACTION = 0.05
-# Exit code when vLLM's start keeps failing for memory on unified memory: distinct from
-# ladder's 1-4 so that systemd (RestartPreventExitStatus=) and operators can tell it apart.
-EXIT_START_MEMORY = 5
 # Device names of unified-memory NVIDIA parts: GB10 (DGX Spark), GH200/GB200 superchips
 # present the CPU memory coherently too, but they also have their own HBM that NVML reports,
 # so only a NotSupported answer decides for them.
@@ -171,6 +168,13 @@ class Diagnosis:
     total_gib: float | None = None
     utilization: float | None = None
     requested_gib: float | None = None
+
+
+def is_memory_line(line: str) -> bool:
+    """Whether a child line is one diagnose() would use (cheap enough for every line)."""
+    if "emory" not in line and "NV_ERR" not in line and "cudaError" not in line:
+        return False
+    return bool(_FREE_CHECK.search(line) or _OOM.search(line) or _NO_KV.search(line))
 
 
 def diagnose(lines: Iterable[str]) -> Diagnosis | None:

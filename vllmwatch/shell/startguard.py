@@ -74,11 +74,19 @@ class StartGuard:
         self._thread = threading.Thread(target=self._run, name="start-guard", daemon=True)
         self._thread.start()
 
-    def stop(self, why: str, timeout: float = 2.0) -> None:
-        """Stop sampling (READY or the child exited) and log what the guard did."""
+    @property
+    def running(self) -> bool:
+        """Started and not told to stop."""
+        return self._thread is not None and not self._stop.is_set()
+
+    def stop(self, why: str) -> None:
+        """Stop sampling (READY or the child exited) and log what the guard did.
+
+        Never waits: the loop calls it, and an eviction in progress finishes on its own.
+        """
+        if self._stop.is_set():
+            return
         self._stop.set()
-        if self._thread is not None and self._thread is not threading.current_thread():
-            self._thread.join(timeout)
         s = self.summary
         self._log("guard.stopped", level="info", why=why, actions=s.actions,
                   evicted_mib=round(s.evicted_mib, 1),
