@@ -222,7 +222,7 @@ def make_sampler(gpus: list[int] | None, log: Log, nvml: Any | None = None,
     memory (source "unified").
     """
     if gpus == []:
-        return NvmlSampler(None, {}, log)
+        return NvmlSampler(None, {}, log, unified=bool(unified))
     try:
         module = nvml if nvml is not None else _load_nvml()
         handles = _open(module, gpus)
