@@ -113,9 +113,13 @@ def _startup_line(ctx: Context, info: MemInfo, res: tuple[float, float] | None
                            "number; vLLM will refuse it")
     want = util * info.total_mib
     after = info.free_mib + (res[0] if res else 0.0)
+    # vLLM 0.26/0.32 utils/mem_utils.py MemorySnapshot.measure() reads MemAvailable instead
+    # when torch says the GPU is integrated; cudaMemGetInfo (MemFree) otherwise.
     text = (f"vLLM will want {want / _GIB:.1f} GiB free (gpu-memory-utilization {util:g} x "
             f"{info.total_mib / _GIB:.1f} GiB) and see MemFree {info.free_mib / _GIB:.1f} GiB "
-            f"now, about {after / _GIB:.1f} GiB after vllmwatch evicts the model")
+            f"now, about {after / _GIB:.1f} GiB after vllmwatch evicts the model "
+            f"(MemAvailable {info.available_mib / _GIB:.1f} GiB where torch reports the GPU "
+            "as integrated)")
     if after >= want:
         return CheckResult("unified.startup-check", PASS, text)
     return CheckResult("unified.startup-check", WARN, text + "; it will refuse to start unless "

@@ -270,7 +270,9 @@ class RealEffects:
 
     def prewarm(self, config: Config) -> PrewarmDone:
         """Run the pre-warm steps (worker thread)."""
-        report = prewarm.run(config, event_log(self.log), self._environ)
+        unified = self.platform.unified  # decided once; prewarm evicts instead of warming
+        report = prewarm.run(config, event_log(self.log), self._environ,
+                             prewarm.Hooks(unified=lambda _c: unified))
         failed = [s.name + ": " + s.detail for s in report.steps if s.status == "failed"]
         return PrewarmDone(report.ok, "; ".join(failed))
 
