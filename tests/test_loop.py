@@ -234,3 +234,25 @@ def test_after_sighup_the_next_child_uses_the_new_config() -> None:
     assert d.run_until(lambda: ready(d) and d.world.spawns == 2, 300)
     assert d.state.child is not None and d.state.child.vllm.port == 8123
     assert [f["reason"] for f in d.events("restart.begin")] == ["reload"]
+
+
+def test_a_changed_vllm_command_rereads_the_vllm_version(monkeypatch: pytest.MonkeyPatch,
+                                                         tmp_path: object) -> None:
+    from vllmwatch.config import vllminfo
+    from vllmwatch.shell import effects
+
+    asked: list[list[str]] = []
+
+    def fake_version(command: list[str]) -> str:
+        asked.append(list(command))
+        return "0.26.0" if "old" in command[0] else "0.32.0"
+
+    monkeypatch.setattr(vllminfo, "version", fake_version)
+    fx = effects.RealEffects(BASE, lambda *a, **k: None, FakeNotifier(), {})
+    old = config_with(BASE, vllm={"command": ["/nonexistent/old-vllm", "serve"]})
+    new = config_with(BASE, vllm={"command": ["/nonexistent/new-vllm", "serve"]})
+    fx.spawn(old, lambda _e: None)  # fails to launch (no such file) after reading the version
+    fx.spawn(old, lambda _e: None)
+    assert fx.vllm_version() == "0.26.0" and len(asked) == 1  # read once per command
+    fx.spawn(new, lambda _e: None)
+    assert fx.vllm_version() == "0.32.0" and len(asked) == 2
