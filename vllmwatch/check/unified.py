@@ -6,7 +6,7 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import Any
 
-from vllmwatch.check.runner import PASS, WARN, CheckResult, Context
+from vllmwatch.check.base import PASS, WARN, CheckResult, Context
 from vllmwatch.config import command
 from vllmwatch.core.unified import GuardSettings, MemInfo, Platform, decide_platform, floor_for
 from vllmwatch.shell import platform as plat
