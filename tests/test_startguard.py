@@ -168,7 +168,7 @@ def test_guard_root_actions_only_when_configured_and_permitted() -> None:
 
 def test_guard_thread_starts_and_stops(tmp_path: Path) -> None:
     w, log = World(free_gib=1.0), Events()
-    guard = StartGuard(FILES, config(guard_interval=0.01, guard_min_gap=0), log, w.io())
+    guard = StartGuard(FILES, config(guard_interval=0.1, guard_min_gap=0), log, w.io())
     guard.start()
     wait_for(lambda: len(w.evictions) >= 3, what="the guard's evictions")
     assert guard.running
