@@ -294,6 +294,7 @@ class RealEffects:
 
     def close(self) -> None:
         """Last resort on the way out: never leave a child behind."""
+        self._stop_guard("daemon_exit")
         if self._child is not None and self._child.proc.poll() is None:
             childmod.signal_group(self._child.pid, "SIGKILL")
             self._child.proc.wait(10)
