@@ -5,13 +5,15 @@ the daemon stops with exit 5 and advice instead of crash-looping."""
 from __future__ import annotations
 
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from vllmwatch.config.schema import from_dict
-from vllmwatch.core import exitcodes
+from vllmwatch.core import exitcodes, startmem
 from vllmwatch.core.events import ChildExited, Tick
-from vllmwatch.core.state import S
+from vllmwatch.core.state import ChildRun, S, WatchState
 from vllmwatch.status.statusline import summary
-from vllmwatch.testing import Driver, World
+from vllmwatch.testing import Driver, World, config_with
 
 CONFIG = from_dict({
     "vllm": {"model": "/m", "gpus": []},
@@ -105,3 +107,30 @@ def test_discrete_gpu_names_the_cause_without_page_cache(lines: tuple[str, ...],
     [fail] = d.events("start.memory_failure")
     assert fail["cause"] == cause and fail["unified"] is False
     assert "page cache" not in d.events("restart.begin")[0]["detail"]
+
+
+# ---- the counting invariant, on the pure glue --------------------------------------------
+
+@given(st.lists(st.booleans(), min_size=1, max_size=12), st.integers(1, 4))
+@settings(max_examples=200, deadline=None)
+def test_stop_exactly_after_retries_plus_one_memory_failures_in_a_row(
+        memory: list[bool], retries: int) -> None:
+    """Generations 1..n fail, each for memory or not: the verdict is "stop" exactly at the
+    first generation that closes a run of retries + 1 consecutive memory failures."""
+    cfg = config_with(CONFIG, memory={"start_memory_retries": retries})
+    s = WatchState(config=cfg)
+    run = 0
+    for gen, is_memory in enumerate(memory, start=1):
+        s = s.with_(child=ChildRun(gen=gen, started=0.0, vllm=cfg.vllm, pid=gen))
+        ev = ChildExited(gen, 1, None, memory_lines=(OOM,) if is_memory else ())
+        got = startmem.start_failed(s, ev)
+        run = run + 1 if is_memory else 0
+        if not is_memory:
+            assert got is None
+            continue
+        assert got is not None
+        s, _, _ = got
+        assert s.memory_failures == (run, gen)
+        assert (s.exit_code == exitcodes.START_MEMORY) == (run > retries)
+        if s.exit_code is not None:
+            break
