@@ -59,6 +59,8 @@ def test_guard_runs_from_launch_to_ready(tmp_path: Path, made: list[Daemon]) -> 
     status = json.loads(urllib.request.urlopen(
         f"http://{d.status_listen}/status", timeout=5).read())
     assert status["unified_memory"] is True and status["platform_reason"] == "config"
+    metrics = urllib.request.urlopen(f"http://{d.status_listen}/metrics", timeout=5).read()
+    assert b"\nvllmwatch_unified_memory 1.0\n" in metrics
     assert any(e.get("source") == "unified" for e in d.named("memory.source"))
 
 
