@@ -21,8 +21,8 @@ def test_parse_stat(line: str, want: tuple[int, str, str, int, int]) -> None:
 
 
 @pytest.mark.parametrize("env,pid,want", [
-    ({}, 1, True), ({}, 4242, False), ({"VLLMWATCH_SUBREAPER": "1"}, 4242, True),
-    ({"VLLMWATCH_SUBREAPER": "0"}, 4242, False),
+    ({}, 1, True), ({}, 4242, True), ({"VLLMWATCH_SUBREAPER": "1"}, 4242, True),
+    ({"VLLMWATCH_SUBREAPER": "0"}, 4242, False), ({"VLLMWATCH_SUBREAPER": "0"}, 1, True),
 ])
 def test_wanted(env: dict[str, str], pid: int, want: bool) -> None:
     assert reaper.wanted(env, pid) is want

@@ -285,3 +285,5 @@ class RealEffects:
             self._child.proc.wait(10)
         if self._child is not None:
             self._child.close()
+        if self.reaper is not None:  # orphans that died meanwhile: not left as zombies
+            self.reaper.reap(keep=())

@@ -32,8 +32,16 @@ class Zombie:
 
 
 def wanted(environ: Mapping[str, str], pid: int) -> bool:
-    """Reap orphans as PID 1 (a container) or when VLLMWATCH_SUBREAPER=1 asks for it."""
-    return pid == 1 or environ.get("VLLMWATCH_SUBREAPER", "") in ("1", "true", "yes")
+    """Reap orphans always as PID 1 (a container), and by default elsewhere too:
+    VLLMWATCH_SUBREAPER=0 turns it off.
+
+    Why by default: an orphaned engine or resource tracker that dies after the sweep would
+    otherwise be reparented to init, and in a container whose init does not reap it stays a
+    zombie in the process table (seen on the H200 machine: 4 stops of 6 left one behind).
+    """
+    if pid == 1:
+        return True
+    return environ.get("VLLMWATCH_SUBREAPER", "1").lower() not in ("0", "false", "no")
 
 
 def become_subreaper() -> bool:
