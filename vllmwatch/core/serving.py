@@ -2,9 +2,11 @@
 
 from __future__ import annotations
 
+from dataclasses import replace
+
 from vllmwatch.config.quiet import in_window
 from vllmwatch.core import drain as drains
-from vllmwatch.core import leak, policy, probing, sleep
+from vllmwatch.core import gpufault, leak, policy, probing, sleep
 from vllmwatch.core.events import (
     Action,
     CanaryResult,
@@ -54,10 +56,10 @@ def health(s: WatchState, ev: HealthResult, now: float) -> Result:
         return s.with_child(health_failures=0), []
     if ev.engine_gone:
         # Measured: EngineCore dead -> /health 503 within 0.2 s and the API server exits 0
-        # seconds later. With the engine process gone nothing can recover: do not wait for
-        # failure_threshold probes.
-        return begin_restart(s, now, "health", "the engine process is gone and /health says "
-                             f"{ev.error or ev.status}", drain=False)
+        # seconds later; a dead TP worker -> 503 only ~4 s later. With an engine process gone
+        # nothing can recover: do not wait for failure_threshold probes.
+        return begin_restart(s, now, "health", f"the engine process is gone: {ev.error}",
+                             drain=False)
     return _probe_failed(s, now, "health", ev.error or f"HTTP {ev.status}")
 
 
@@ -219,6 +221,12 @@ def memory(s: WatchState, ev: MemorySampled, now: float) -> Result:
     if sample is None:
         return s, [Log("warning", "memory.sample_failed", {"error": ev.error})]
     s = s.with_child(memory=sample)
+    if sample.gpu_faults:  # issue 16: a hardware fault ends supervision, not a crash loop
+        (s, fault_acts), ends = gpufault.react(s, sample.gpu_faults, now)
+        if ends:
+            return s, fault_acts
+        s, rest = memory(s, replace(ev, sample=replace(sample, gpu_faults=())), now)
+        return s, [*fault_acts, *rest]
     c = _run(s)
     if s.state != S.READY or c.leak is None:
         return s, []

@@ -87,6 +87,10 @@ def _state(snap: Snapshot) -> Iterator[Metric]:
     yield state
     yield GaugeMetricFamily("vllmwatch_ready", "1 when ready and not draining (as /readyz)",
                             value=1.0 if snap.ready and not snap.draining else 0.0)
+    if snap.unified_memory is not None:
+        yield GaugeMetricFamily("vllmwatch_unified_memory", "1 when GPU memory is system "
+                                "memory (DGX Spark): start guard on, rules on the tree",
+                                value=1.0 if snap.unified_memory else 0.0)
 
 
 def _child(snap: Snapshot) -> Iterator[Metric]:

@@ -58,6 +58,8 @@ class Snapshot:
     vllm_asleep: bool | None = None  # vLLM sleep mode; None: not reported
     gate: dict[str, Any] | None = None  # the [gate] front door's counters, when enabled
     loop_heartbeat: float = 0.0  # monotonic time of the loop's last turn
+    unified_memory: bool | None = None  # DGX Spark: GPU memory is system memory (None: unknown)
+    platform_reason: str = ""  # why (core/unified.py decide_platform)
 
     @property
     def restarts_total(self) -> int:
