@@ -95,8 +95,8 @@ class Logs:
     def __init__(self) -> None:
         self.events: list[tuple[str, dict[str, Any]]] = []
 
-    def __call__(self, event: str, **fields: Any) -> None:
-        self.events.append((event, fields))
+    def __call__(self, level: str, event: str, **fields: Any) -> None:
+        self.events.append((event, {"level": level, **fields}))
 
 
 def _sample(nvml: FakeNvml, log: Logs | None = None) -> tuple[GpuFault, ...]:

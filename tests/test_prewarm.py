@@ -28,8 +28,8 @@ class Events:
     def __init__(self) -> None:
         self.items: list[tuple[str, dict[str, Any]]] = []
 
-    def __call__(self, event: str, **fields: Any) -> None:
-        self.items.append((event, fields))
+    def __call__(self, level: str, event: str, **fields: Any) -> None:
+        self.items.append((event, {"level": level, **fields}))
 
     def named(self, event: str) -> list[dict[str, Any]]:
         return [f for e, f in self.items if e == event]
