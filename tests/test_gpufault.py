@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import os
-from typing import Any
 
 import pytest
 
@@ -13,7 +12,7 @@ from vllmwatch.core.events import MemorySampled
 from vllmwatch.core.samples import GpuFault, MemorySample
 from vllmwatch.core.state import S
 from vllmwatch.shell.memory import make_sampler
-from vllmwatch.testing import Driver
+from vllmwatch.testing import Driver, LogCapture
 from vllmwatch.testing.fake_nvml import (
     FakeGpu,
     FakeNvml,
@@ -91,12 +90,7 @@ def test_a_warning_fault_keeps_serving() -> None:
     assert d.state.state == S.READY and d.exit_code is None
 
 
-class Logs:
-    def __init__(self) -> None:
-        self.events: list[tuple[str, dict[str, Any]]] = []
-
-    def __call__(self, event: str, **fields: Any) -> None:
-        self.events.append((event, fields))
+Logs = LogCapture
 
 
 def _sample(nvml: FakeNvml, log: Logs | None = None) -> tuple[GpuFault, ...]:
@@ -159,7 +153,7 @@ def test_a_driver_without_these_calls_is_quiet() -> None:
     sampler = make_sampler(None, logs, nvml=nvml)
     assert sampler.sample(os.getpid(), False).gpu_faults == ()
     sampler.sample(os.getpid(), False)
-    assert not [e for e, _ in logs.events if e.startswith("gpu.")]
+    assert not [e for e, _ in logs.got if e.startswith("gpu.")]
     # NOT_SUPPORTED once: never asked again.
     assert nvml.calls.count("nvmlDeviceGetTotalEccErrors") == 1
 

@@ -6,7 +6,6 @@ import os
 import subprocess
 import sys
 from collections.abc import Callable, Iterator
-from typing import Any
 
 import psutil
 import pytest
@@ -16,6 +15,7 @@ from vllmwatch.core import release as gpu_release
 from vllmwatch.core.samples import GpuProcess, MemorySample
 from vllmwatch.shell import memory
 from vllmwatch.shell.memory import make_sampler, tree_pids
+from vllmwatch.testing import LogCapture
 from vllmwatch.testing.fake_nvml import (
     FakeGpu,
     FakeNvml,
@@ -39,17 +39,7 @@ _CHILD = (
 )
 
 
-class Events:
-    """Captures log(event, **fields) calls."""
-
-    def __init__(self) -> None:
-        self.got: list[tuple[str, dict[str, Any]]] = []
-
-    def __call__(self, event: str, **fields: Any) -> None:
-        self.got.append((event, fields))
-
-    def named(self, event: str) -> list[dict[str, Any]]:
-        return [f for e, f in self.got if e == event]
+Events = LogCapture
 
 
 def wait_for(cond: Callable[[], bool], timeout: float = 30.0, what: str = "") -> None:

@@ -16,23 +16,14 @@ import pytest
 from vllmwatch.config.schema import Config, from_dict
 from vllmwatch.prewarm import kernels, pagecache
 from vllmwatch.prewarm import runner as prewarm
+from vllmwatch.testing import LogCapture
 
 REPO = Path(__file__).resolve().parents[1]
 VLLM_PYTHON = REPO / ".cache" / "vllm-venv" / "bin" / "python"
 MIB = 1 << 20
 
 
-class Events:
-    """A log callable that keeps (event, fields) pairs."""
-
-    def __init__(self) -> None:
-        self.items: list[tuple[str, dict[str, Any]]] = []
-
-    def __call__(self, event: str, **fields: Any) -> None:
-        self.items.append((event, fields))
-
-    def named(self, event: str) -> list[dict[str, Any]]:
-        return [f for e, f in self.items if e == event]
+Events = LogCapture
 
 
 def make_config(model: Path | str, **prewarm_keys: Any) -> Config:

@@ -18,22 +18,13 @@ from vllmwatch.prewarm import evict, pagecache
 from vllmwatch.prewarm import runner as prewarm
 from vllmwatch.shell import platform
 from vllmwatch.shell.startguard import GuardIO, StartGuard, make_guard
+from vllmwatch.testing import LogCapture
 from vllmwatch.testing.fake_nvml import FakeGpu, FakeNvml, NVMLError_LibraryNotFound
 
 MIB = 1 << 20
 
 
-class Events:
-    """Captures log(event, **fields) calls."""
-
-    def __init__(self) -> None:
-        self.got: list[tuple[str, dict[str, Any]]] = []
-
-    def __call__(self, event: str, **fields: Any) -> None:
-        self.got.append((event, fields))
-
-    def named(self, event: str) -> list[dict[str, Any]]:
-        return [f for e, f in self.got if e == event]
+Events = LogCapture
 
 
 def config(model: str = "/nonexistent/model", **memory: Any) -> Config:

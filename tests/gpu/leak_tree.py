@@ -167,7 +167,7 @@ def stop_tree(child: subprocess.Popen[bytes], grace: float) -> str:
 
 def run_main(a: argparse.Namespace) -> int:
     gpus = [int(g) for g in a.gpus.split(",")]
-    sampler = make_sampler(gpus, emit)
+    sampler = make_sampler(gpus, lambda level, event, **f: emit(event, level=level, **f))
     emit("header", **header(sampler), gpus_configured=gpus, args=vars(a))
     before = sampler.device_used_mib()
     env = dict(os.environ, CUDA_VISIBLE_DEVICES=a.gpus, CUDA_DEVICE_ORDER="PCI_BUS_ID")

@@ -68,7 +68,7 @@ def main() -> int:
     args = ap.parse_args()
     ok = True
     config = from_dict({"vllm": {"model": "/m", "gpus": args.gpus}})
-    got = platform.detect(config, lambda event, **f: emit("log", event=event, **f))
+    got = platform.detect(config, lambda level, event, **f: emit("log", event=event, **f))
     emit("detect", unified=got.unified, reason=got.reason, device=got.device)
     ok &= not got.unified and got.reason == "nvml-memory-info"  # a real NVML answered
     with tempfile.TemporaryDirectory() as tmp:

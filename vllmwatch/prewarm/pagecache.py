@@ -13,6 +13,8 @@ from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
+from vllmwatch.logfn import LogFn
+
 WEIGHT_SUFFIXES = (".safetensors", ".bin", ".pt", ".gguf")
 PAGE = mmap.PAGESIZE
 READ_CHUNK = 8 << 20  # one read call; large enough for sequential throughput
@@ -20,7 +22,6 @@ ITEM_SIZE = 256 << 20  # one unit of work, so that one big file still spreads ov
 _MAX_SAMPLED_PAGES = 1 << 18  # pages per file handed to mincore (1 GiB of 4 KiB pages)
 _WINDOW_PAGES = 256  # a sampled window of a large file (1 MiB)
 
-Log = Callable[..., None]
 
 
 def weight_files(model_dir: Path) -> list[Path]:
@@ -252,7 +253,7 @@ def _items(paths: Iterable[Path]) -> tuple[list[tuple[Path, int, int]], int]:
     return items, total
 
 
-def warm(paths: Sequence[Path], workers: int, deadline: float, log: Log,
+def warm(paths: Sequence[Path], workers: int, deadline: float, log: LogFn,
          progress_every: float = 5.0, reader: Reader = _pread) -> WarmResult:
     """Read the files with `workers` threads until done or `deadline` (monotonic); never hangs.
 
@@ -280,8 +281,9 @@ def warm(paths: Sequence[Path], workers: int, deadline: float, log: Log,
     return WarmResult(state.read_bytes, total, seconds, finished, tuple(state.errors))
 
 
-def _progress(log: Log, done: int, total: int, seconds: float) -> None:
-    log("prewarm.page_cache.progress", percent=round(100.0 * done / total, 1) if total else 100.0,
+def _progress(log: LogFn, done: int, total: int, seconds: float) -> None:
+    log("info", "prewarm.page_cache.progress",
+        percent=round(100.0 * done / total, 1) if total else 100.0,
         read_mib=round(done / 2**20), total_mib=round(total / 2**20),
         mib_per_s=round(done / 2**20 / seconds, 1) if seconds > 0 else None)
 

@@ -13,9 +13,8 @@ from pathlib import Path
 from typing import Any
 
 from vllmwatch.config.schema import Config
+from vllmwatch.logfn import LogFn
 from vllmwatch.prewarm import kernels, pagecache
-
-Log = Callable[..., None]  # log(event, **fields)
 
 # Variable -> subdirectory of the cache root. FlashInfer keeps its JIT cache under
 # $FLASHINFER_WORKSPACE_BASE/.cache/flashinfer (flashinfer/jit/env.py).
@@ -176,12 +175,12 @@ def _is_unified(config: Config, hooks: Hooks) -> bool:
     return platform.detect(config, None).unified
 
 
-def _step_evict(files: list[Path], log: Log) -> tuple[str, str, dict[str, Any]]:
+def _step_evict(files: list[Path], log: LogFn) -> tuple[str, str, dict[str, Any]]:
     """Unified memory: the page cache is what vLLM's start-up check counts as used."""
     from vllmwatch.prewarm import evict
 
     res = evict.evict_measured(files)
-    log("prewarm.page_cache.evicted", **res.fields())
+    log("info", "prewarm.page_cache.evicted", **res.fields())
     data: dict[str, Any] = {"unified": True, **res.fields()}
     if res.before_bytes is None:
         return "ok", (f"unified memory: evicted {len(files)} weight files from the page "
@@ -191,7 +190,7 @@ def _step_evict(files: list[Path], log: Log) -> tuple[str, str, dict[str, Any]]:
                   "freed)"), data
 
 
-def _step_page_cache(config: Config, environ: Mapping[str, str], deadline: float, log: Log,
+def _step_page_cache(config: Config, environ: Mapping[str, str], deadline: float, log: LogFn,
                      hooks: Hooks) -> tuple[str, str, dict[str, Any]]:
     where = model_dir(config, environ)
     files = pagecache.weight_files(where) if where else []
@@ -250,7 +249,7 @@ def _step_kernels(config: Config, environ: Mapping[str, str], deadline: float,
     return out.status, out.detail, {**out.data, "spec": spec}
 
 
-def run(config: Config, log: Log, environ: Mapping[str, str],
+def run(config: Config, log: LogFn, environ: Mapping[str, str],
         hooks: Hooks | None = None) -> PrewarmReport:
     """Run every enabled step within prewarm.timeout overall; problems warn unless required."""
     hooks = hooks or Hooks()
@@ -269,7 +268,7 @@ def run(config: Config, log: Log, environ: Mapping[str, str],
 
 
 def _one(name: str, enabled: bool, fn: Callable[[], tuple[str, str, dict[str, Any]]],
-         deadline: float, required: bool, log: Log) -> StepResult:
+         deadline: float, required: bool, log: LogFn) -> StepResult:
     start = time.monotonic()
     data: dict[str, Any]
     if not enabled:
@@ -277,7 +276,7 @@ def _one(name: str, enabled: bool, fn: Callable[[], tuple[str, str, dict[str, An
     elif start >= deadline:
         status, detail, data = "warn", "prewarm.timeout used up before this step", {}
     else:
-        log("prewarm.step.start", step=name)
+        log("info", "prewarm.step.start", step=name)
         try:
             status, detail, data = fn()
         except Exception as exc:  # a pre-warm bug must never stop a start
@@ -285,13 +284,14 @@ def _one(name: str, enabled: bool, fn: Callable[[], tuple[str, str, dict[str, An
     if status == "warn" and required:
         status = "failed"
     result = StepResult(name, status, detail, round(time.monotonic() - start, 3), data)
-    log("prewarm.step", step=name, status=status, detail=detail, seconds=result.seconds)
+    log("info", "prewarm.step", step=name, status=status, detail=detail, seconds=result.seconds)
     return result
 
 
-def _stderr_log(event: str, **fields: Any) -> None:
+def _stderr_log(level: str, event: str, **fields: Any) -> None:
     kv = " ".join(f"{k}={v}" for k, v in fields.items())
-    print(f"{event} {kv}".rstrip(), file=sys.stderr, flush=True)
+    tag = "" if level == "info" else f"{level.upper()} "
+    print(f"{tag}{event} {kv}".rstrip(), file=sys.stderr, flush=True)
 
 
 def main(config: Config, as_json: bool = False) -> int:

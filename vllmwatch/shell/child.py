@@ -11,7 +11,6 @@ import signal
 import subprocess
 import tempfile
 import time
-from collections.abc import Callable
 from dataclasses import dataclass
 from typing import IO
 
@@ -20,10 +19,10 @@ import psutil
 from vllmwatch.config.command import ChildCommand
 from vllmwatch.core.events import ChildExited, SweepDone
 from vllmwatch.core.policy import signal_name
+from vllmwatch.logfn import LogFn
 from vllmwatch.shell import groupfile, ports
 from vllmwatch.shell.groupfile import MARKER as MARKER  # re-exported: the env marker
 
-LogFn = Callable[..., None]  # log(level, event, **fields)
 # How vLLM's processes look in a process list (FACTS: comm is truncated; match the cmdline).
 _VLLM_SIGNS = ("VLLM::", "vllm serve", "vllm.entrypoints", "vllm.v1.engine")
 

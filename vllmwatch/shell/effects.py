@@ -8,7 +8,7 @@ import os
 import time
 from collections.abc import Callable, Mapping
 from dataclasses import replace
-from typing import Any, Protocol
+from typing import Protocol
 
 from vllmwatch.config import command, vllminfo
 from vllmwatch.config.schema import Config, ConfigError
@@ -64,14 +64,6 @@ class Effects(Protocol):
     def close(self) -> None: ...
 
 
-def event_log(log: LogFn) -> Callable[..., None]:
-    """Adapt log(level, event, **f) to the log(event, level=..., **f) the samplers use."""
-    def adapter(event: str, level: str = "info", **fields: Any) -> None:
-        log(level, event, **fields)
-
-    return adapter
-
-
 class RealEffects:
     """Real processes, HTTP, NVML, psutil and sd_notify."""
 
@@ -84,9 +76,9 @@ class RealEffects:
         self.marker = childmod.instance_id(config.path)
         self._gpus = config.vllm.gpus
         # Unified memory (DGX Spark): decided and logged once (platform.detected).
-        self.platform = platform or platformmod.detect(config, event_log(log))
+        self.platform = platform or platformmod.detect(config, log)
         self._guard: startguard.StartGuard | None = None
-        self.sampler = sampler or make_sampler(config.vllm.gpus, event_log(log),
+        self.sampler = sampler or make_sampler(config.vllm.gpus, log,
                                                unified=self.platform.unified)
         self._fixed_sampler = sampler is not None
         self._publish = publish
@@ -143,7 +135,7 @@ class RealEffects:
         """Unified memory only: evict the checkpoint now and watch MemFree until READY."""
         self._stop_guard("new_launch")
         self._guard = startguard.make_guard(config, self.platform.unified,
-                                            event_log(self.log), self._environ, time.monotonic)
+                                            self.log, self._environ, time.monotonic)
         if self._guard is not None:
             self._guard.start()
 
@@ -231,7 +223,7 @@ class RealEffects:
         """Sample the current child's tree on the child's GPUs."""
         gpus = list(action.gpus) if action.gpus is not None else None
         if gpus != self._gpus and not self._fixed_sampler:
-            self.sampler = make_sampler(gpus, event_log(self.log),
+            self.sampler = make_sampler(gpus, self.log,
                                         unified=self.platform.unified)
             self._gpus = gpus
         pid = self._child.pid if self._child is not None else None
@@ -260,7 +252,7 @@ class RealEffects:
     def prewarm(self, config: Config) -> PrewarmDone:
         """Run the pre-warm steps (worker thread)."""
         unified = self.platform.unified  # decided once; prewarm evicts instead of warming
-        report = prewarm.run(config, event_log(self.log), self._environ,
+        report = prewarm.run(config, self.log, self._environ,
                              prewarm.Hooks(unified=lambda _c: unified))
         failed = [s.name + ": " + s.detail for s in report.steps if s.status == "failed"]
         return PrewarmDone(report.ok, "; ".join(failed))

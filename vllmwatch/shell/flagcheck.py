@@ -10,12 +10,11 @@ and fills the cache, and the launch goes ahead unchecked (logged): the next laun
 from __future__ import annotations
 
 import threading
-from collections.abc import Callable, Mapping
+from collections.abc import Mapping
 
 from vllmwatch.config import vllmflags
 from vllmwatch.config.schema import Config
-
-LogFn = Callable[..., None]  # log(level, event, **fields)
+from vllmwatch.logfn import LogFn
 
 _asking: set[tuple[str, ...]] = set()
 _lock = threading.Lock()

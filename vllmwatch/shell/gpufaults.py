@@ -7,12 +7,11 @@ NOT_SUPPORTED; nothing here raises.
 
 from __future__ import annotations
 
-from collections.abc import Callable
 from typing import Any
 
 from vllmwatch.core.samples import GpuFault
+from vllmwatch.logfn import LogFn
 
-Log = Callable[..., None]
 _GPU_IS_LOST, _RESET_REQUIRED, _NOT_SUPPORTED, _TIMEOUT = 15, 16, 3, 10
 _XID_CRITICAL = 0x8  # nvmlEventTypeXidCriticalError
 _UNCORRECTED, _VOLATILE = 1, 0  # NVML_MEMORY_ERROR_TYPE_UNCORRECTED, NVML_VOLATILE_ECC
@@ -26,7 +25,7 @@ def _code(exc: BaseException) -> int | None:
 class FaultWatch:
     """Hardware-fault reader over the configured GPUs' NVML handles."""
 
-    def __init__(self, nvml: Any, handles: dict[int, Any], log: Log) -> None:
+    def __init__(self, nvml: Any, handles: dict[int, Any], log: LogFn) -> None:
         self._nvml, self._handles, self._log = nvml, handles, log
         self._unsupported: set[tuple[str, int]] = set()
         self._ecc: dict[int, int] = {}  # first reading: only a rise is news
@@ -107,7 +106,7 @@ class FaultWatch:
             if code != _TIMEOUT:
                 self._unsupported.add((fn, index))
                 if not quiet and code != _NOT_SUPPORTED:
-                    self._log("gpu.fault_check_failed", level="info", call=fn, gpu=index,
+                    self._log("info", "gpu.fault_check_failed", call=fn, gpu=index,
                               error=str(exc))
             return None
         return result

@@ -12,20 +12,18 @@ import sys
 import threading
 import time
 from collections.abc import Mapping, MutableMapping
-from typing import IO, Any, Protocol
+from typing import IO, Any
 
 import structlog
+
+from vllmwatch.logfn import LogFn
+
+__all__ = ["LogFn", "setup"]
 
 from vllmwatch.shell import journal
 
 LEVELS = {"debug": 10, "info": 20, "warning": 30, "error": 40, "critical": 50}
 _PRIORITY = {"debug": 7, "info": 6, "warning": 4, "error": 3, "critical": 2}
-
-
-class LogFn(Protocol):
-    """log(level, event, **fields)."""
-
-    def __call__(self, level: str, event: str, **fields: Any) -> None: ...
 
 
 def under_journald(environ: Mapping[str, str], stream: IO[str]) -> bool:

@@ -7,18 +7,17 @@ an NVML failure: the figure becomes unknown and the first failure of each kind i
 
 from __future__ import annotations
 
-from collections.abc import Callable
 from typing import Any, Protocol
 
 import psutil
 
 from vllmwatch.core import release
 from vllmwatch.core.samples import GpuProcess, MemorySample
+from vllmwatch.logfn import LogFn
 from vllmwatch.shell.gpufaults import FaultWatch
 
 _MIB = 1024.0 * 1024.0
 
-Log = Callable[..., None]
 
 
 class MemorySampler(Protocol):
@@ -78,7 +77,7 @@ def host_memory(pids: tuple[int, ...], with_pss: bool) -> tuple[float, float | N
 class NvmlSampler:
     """The real sampler: NVML when `nvml` is given, host memory (psutil) always."""
 
-    def __init__(self, nvml: Any | None, handles: dict[int, Any], log: Log,
+    def __init__(self, nvml: Any | None, handles: dict[int, Any], log: LogFn,
                  unified: bool = False) -> None:
         self._nvml = nvml
         self._handles = handles
@@ -134,7 +133,7 @@ class NvmlSampler:
         else:
             source = "host"
         if source != self._source:
-            self._log("memory.source", level="info", source=source, previous=self._source,
+            self._log("info", "memory.source", source=source, previous=self._source,
                       gpus=sorted(self._handles))
             self._source = source
         return source
@@ -179,7 +178,7 @@ class NvmlSampler:
             if key not in self._warned:
                 self._warned.add(key)
                 unsupported = isinstance(exc, _not_supported(self._nvml))
-                self._log("memory.nvml_call_failed", level="info" if unsupported else "warning",
+                self._log("info" if unsupported else "warning", "memory.nvml_call_failed",
                           call=fn, gpu=index, error=str(exc), not_supported=unsupported)
             return None
 
@@ -216,7 +215,7 @@ def _open(nvml: Any, gpus: list[int] | None) -> dict[int, Any]:
     return {i: nvml.nvmlDeviceGetHandleByIndex(i) for i in indexes}
 
 
-def make_sampler(gpus: list[int] | None, log: Log, nvml: Any | None = None,
+def make_sampler(gpus: list[int] | None, log: LogFn, nvml: Any | None = None,
                  unified: bool | None = None) -> NvmlSampler:
     """The real sampler: NVML on the configured GPUs when it works, else host memory only.
 
@@ -231,12 +230,12 @@ def make_sampler(gpus: list[int] | None, log: Log, nvml: Any | None = None,
         module = nvml if nvml is not None else _load_nvml()
         handles = _open(module, gpus)
     except Exception as exc:  # import, library or driver: all mean "no NVML"
-        log("memory.nvml_unavailable", level="warning", error=f"{type(exc).__name__}: {exc}",
+        log("warning", "memory.nvml_unavailable", error=f"{type(exc).__name__}: {exc}",
             gpus=gpus, effect="GPU memory rules are off; host memory rules still apply"
             if not unified else "unified memory: the GPU rules watch the tree's PSS/RSS")
         return NvmlSampler(None, {}, log, unified=bool(unified))
     if not handles:
-        log("memory.nvml_unavailable", level="warning", error="NVML lists no GPU", gpus=gpus,
+        log("warning", "memory.nvml_unavailable", error="NVML lists no GPU", gpus=gpus,
             effect="GPU memory rules are off; host memory rules still apply")
         return NvmlSampler(None, {}, log, unified=bool(unified))
     if unified is None:

@@ -3,12 +3,12 @@
 from __future__ import annotations
 
 import os
-from collections.abc import Callable, Mapping
+from collections.abc import Mapping
 from typing import Any, Protocol
 
 import sdnotify
 
-LogFn = Callable[..., None]
+from vllmwatch.logfn import LogFn
 
 
 class Notifier(Protocol):

@@ -7,13 +7,12 @@ from __future__ import annotations
 
 import contextlib
 import os
-from collections.abc import Callable
 from typing import Any
 
 from vllmwatch.config.schema import Config
 from vllmwatch.core.unified import MemInfo, Platform, decide_platform, parse_meminfo
+from vllmwatch.logfn import LogFn
 
-Log = Callable[..., None]  # log(event, level=..., **fields)
 MEMINFO = "/proc/meminfo"
 DROP_CACHES = "/proc/sys/vm/drop_caches"
 COMPACT_MEMORY = "/proc/sys/vm/compact_memory"
@@ -56,7 +55,7 @@ def nvml_answers(nvml: Any, gpus: list[int] | None) -> tuple[list[str], list[boo
             nvml.nvmlShutdown()
 
 
-def detect(config: Config, log: Log | None, nvml: Any | None = None) -> Platform:
+def detect(config: Config, log: LogFn | None, nvml: Any | None = None) -> Platform:
     """Decide unified vs discrete and log `platform.detected` (when log is given); never
     raises. The daemon calls it once with its log; others (prewarm, check) pass None."""
     setting = config.memory.unified
@@ -76,7 +75,7 @@ def detect(config: Config, log: Log | None, nvml: Any | None = None) -> Platform
         fields["nvml_error"] = error
         fields["hint"] = "set memory.unified = true on a DGX Spark if NVML is not reachable"
     if log is not None:
-        log("platform.detected", level="info", **fields)
+        log("info", "platform.detected", **fields)
     return platform
 
 

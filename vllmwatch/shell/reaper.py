@@ -16,10 +16,11 @@ import time
 from collections.abc import Callable, Collection, Mapping
 from dataclasses import dataclass
 
+from vllmwatch.logfn import LogFn
+
 PR_SET_CHILD_SUBREAPER = 36  # <linux/prctl.h>
 GRACE_S = 30.0  # how long a child we may have started keeps its zombie for its own waiter
 
-Log = Callable[..., None]
 
 
 @dataclass(frozen=True)
@@ -93,7 +94,7 @@ class Reaper:
     nothing to reap: one waitid() peek.
     """
 
-    def __init__(self, log: Log, clock: Callable[[], float] = time.monotonic,
+    def __init__(self, log: LogFn, clock: Callable[[], float] = time.monotonic,
                  me: int | None = None, grace: float = GRACE_S) -> None:
         self._log, self._clock, self._grace = log, clock, grace
         self._me = os.getpid() if me is None else me
@@ -127,7 +128,7 @@ class Reaper:
         return reaped
 
 
-def start(environ: Mapping[str, str], log: Log) -> Reaper | None:
+def start(environ: Mapping[str, str], log: LogFn) -> Reaper | None:
     """A Reaper when wanted (PID 1 or asked), after becoming the child subreaper."""
     if not wanted(environ, os.getpid()):
         return None

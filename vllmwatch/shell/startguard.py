@@ -17,10 +17,9 @@ from typing import Any
 
 from vllmwatch.config.schema import Config
 from vllmwatch.core.unified import GuardSettings, MemInfo, floor_for, guard_actions
+from vllmwatch.logfn import LogFn
 from vllmwatch.prewarm.evict import EvictResult, evict_measured
 from vllmwatch.shell import platform
-
-Log = Callable[..., None]  # log(event, level=..., **fields)
 
 
 @dataclass
@@ -60,7 +59,7 @@ class GuardSummary:
 class StartGuard:
     """Evicts the checkpoint at launch, then whenever MemFree falls under the floor."""
 
-    def __init__(self, files: Sequence[Path], config: Config, log: Log, io: GuardIO) -> None:
+    def __init__(self, files: Sequence[Path], config: Config, log: LogFn, io: GuardIO) -> None:
         self._files, self._log, self._io = list(files), log, io
         self._interval = config.memory.guard_interval
         self._settings = settings_of(config, io.may_write_vm())
@@ -88,7 +87,7 @@ class StartGuard:
             return
         self._stop.set()
         s = self.summary
-        self._log("guard.stopped", level="info", why=why, actions=s.actions,
+        self._log("info", "guard.stopped", why=why, actions=s.actions,
                   evicted_mib=round(s.evicted_mib, 1),
                   min_free_mib=None if s.min_free_mib is None else round(s.min_free_mib))
 
@@ -98,14 +97,14 @@ class StartGuard:
             while not self._stop.wait(self._interval):
                 self.tick()
         except Exception as exc:  # the guard must never take the daemon down
-            self._log("guard.failed", level="warning", error=f"{type(exc).__name__}: {exc}")
+            self._log("warning", "guard.failed", error=f"{type(exc).__name__}: {exc}")
 
     def launch(self) -> None:
         """At spawn: record the memory picture and evict the checkpoint once."""
         reading = self._io.read_meminfo()
         self.summary.launch = reading
         floor = floor_for(self._settings, reading.total_mib) if reading else None
-        self._log("guard.started", level="info", files=len(self._files),
+        self._log("info", "guard.started", files=len(self._files),
                   floor_mib=None if floor is None else round(floor),
                   interval_s=self._interval, **_mem(reading),
                   drop_caches=self._settings.drop_caches and self._settings.may_write_proc,
@@ -125,7 +124,7 @@ class StartGuard:
         if not acts:
             return ()
         self._last_action = now
-        self._log("guard.low_memory", level="warning", **_mem(reading),
+        self._log("warning", "guard.low_memory", **_mem(reading),
                   floor_mib=round(floor_for(self._settings, reading.total_mib)),
                   actions=",".join(acts))
         for act in acts:
@@ -142,7 +141,7 @@ class StartGuard:
         self.summary.actions += 1
         self.summary.evicted_mib += (res.freed_bytes or 0) / 2**20
         after = self._io.read_meminfo()
-        self._log("guard.evict", level="info", why=why, **res.fields(),
+        self._log("info", "guard.evict", why=why, **res.fields(),
                   memfree_before_mib=None if reading is None else round(reading.free_mib),
                   memfree_after_mib=None if after is None else round(after.free_mib))
 
@@ -154,7 +153,7 @@ class StartGuard:
         self.summary.actions += 1
         if error:
             self.summary.errors.append(error)
-        self._log(f"guard.{act}", level="warning" if error else "info", error=error,
+        self._log("warning" if error else "info", f"guard.{act}", error=error,
                   memfree_before_mib=None if before is None else round(before.free_mib),
                   memfree_after_mib=None if after is None else round(after.free_mib))
 
@@ -167,7 +166,7 @@ def _mem(reading: MemInfo | None) -> dict[str, Any]:
             "total_mib": round(reading.total_mib)}
 
 
-def make_guard(config: Config, unified: bool, log: Log, environ: dict[str, str],
+def make_guard(config: Config, unified: bool, log: LogFn, environ: dict[str, str],
                monotonic: Callable[[], float]) -> StartGuard | None:
     """The guard for one start, or None: off on discrete GPUs and with memory.guard = false."""
     if not unified or not config.memory.guard:
@@ -178,7 +177,7 @@ def make_guard(config: Config, unified: bool, log: Log, environ: dict[str, str],
     where = model_dir(config, environ)
     files = weight_files(where) if where else []
     if not files:
-        log("guard.no_files", level="warning", model=config.vllm.model,
+        log("warning", "guard.no_files", model=config.vllm.model,
             effect="only MemFree is watched; nothing of ours to evict (is vllm.model a "
                    "local directory or a downloaded hub id?)")
     return StartGuard(files, config, log, GuardIO(monotonic))

@@ -66,6 +66,20 @@ class FakeClock:
         self.now += seconds
 
 
+class LogCapture:
+    """A log(level, event, **fields) that keeps what it is given, for tests to look at."""
+
+    def __init__(self) -> None:
+        self.got: list[tuple[str, dict[str, Any]]] = []
+
+    def __call__(self, level: str, event: str, **fields: Any) -> None:
+        self.got.append((event, {"level": level, **fields}))
+
+    def named(self, event: str) -> list[dict[str, Any]]:
+        """The fields (with their level) of every event of that name."""
+        return [f for e, f in self.got if e == event]
+
+
 class FakeNotifier:
     """Records sd_notify messages."""
 
