@@ -9,9 +9,8 @@ from typing import Any
 from vllmwatch.config.schema import Config
 from vllmwatch.gate.door import Readiness, readiness_of
 from vllmwatch.gate.runner import Gate, GateError
+from vllmwatch.logfn import LogFn
 from vllmwatch.status.snapshot import Snapshot
-
-LogFn = Callable[..., None]
 
 
 def start_gate(config: Config, log: LogFn, get_snapshot: Callable[[], Snapshot]
