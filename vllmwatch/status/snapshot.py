@@ -23,6 +23,10 @@ class MemoryFigures:
     host_baseline_mib: float | None = None
     gpu_slope_mib_per_h: float | None = None
     host_slope_mib_per_h: float | None = None
+    gpu_rule_mib: float | None = None  # the figure the GPU rules compare with gpu_limit
+    host_rule_mib: float | None = None  # the figure the host rules compare with host_limit
+    gpu_limit_mib: float | None = None  # memory.gpu_limit; None when off
+    host_limit_mib: float | None = None  # memory.host_limit; None when off
 
 
 @dataclass(frozen=True)
@@ -48,11 +52,17 @@ class Snapshot:
     vllm_kv_cache_usage: float | None = None
     probe_seconds: dict[str, float] = field(default_factory=dict)  # last duration per probe
     probe_failures: dict[str, int] = field(default_factory=dict)  # totals per probe kind
+    # Wall-clock time each probe kind last completed (ok or not): the watchdog's freshness.
+    probe_last_completed: dict[str, float] = field(default_factory=dict)
+    model: str = ""  # the name clients use for the served model
     config_path: str = ""
     config_sha256: str = ""
     vllmwatch_version: str = __version__
     vllm_version: str | None = None
     loop_heartbeat: float = 0.0  # monotonic time of the loop's last turn
+    # What the last snapshot was built from, to tell a new probe result from an old one;
+    # never shown (see statusline.completions).
+    seen: tuple[object, ...] = field(default=(), compare=False, repr=False)
 
     @property
     def restarts_total(self) -> int:
@@ -61,9 +71,10 @@ class Snapshot:
 
     def to_json(self) -> dict[str, Any]:
         """A JSON-ready dict for /status."""
-        from dataclasses import asdict
+        from dataclasses import asdict, replace
 
-        out = asdict(self)
+        out = asdict(replace(self, seen=()))
+        del out["seen"]
         out["restarts_total"] = self.restarts_total
         out["memory"]["gpu_tree_by_gpu_mib"] = {
             str(k): v for k, v in self.memory.gpu_tree_by_gpu_mib.items()}

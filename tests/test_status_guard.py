@@ -1,0 +1,190 @@
+"""The status endpoint cannot be starved: probes answer whatever holds the handler slots.
+
+Idle, trickling and flooding loopback clients, and handlers stuck on slow readers, must never
+make /livez or /readyz late or wrong; every refusal is counted in
+vllmwatch_status_rejected_total{reason} and logged at a bounded rate.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import http.client
+import socket
+import threading
+import time
+from collections.abc import Callable, Iterator
+from contextlib import ExitStack, contextmanager
+from typing import Any
+
+import pytest
+from prometheus_client.parser import text_string_to_metric_families
+
+from vllmwatch.status.http_guard import Rejections
+from vllmwatch.status.server import StatusServer
+from vllmwatch.status.snapshot import Snapshot
+
+T0 = 1000.0
+PROBE_DEADLINE_S = 1.0  # a kubelet probe's default timeoutSeconds
+
+
+class Gated:
+    """A server whose handler threads (not the front thread) block until `gate` is set."""
+
+    def __init__(self, **kwargs: Any) -> None:
+        self.snap = Snapshot(state="ready", ready=True, loop_heartbeat=T0)
+        self.gate = threading.Event()
+        self.events: list[tuple[str, dict[str, Any]]] = []
+        self.server = StatusServer("127.0.0.1:0", False, self._get,
+                                   lambda level, event, **kw: self.events.append((event, kw)),
+                                   now=lambda: T0, **kwargs)
+
+    def _get(self) -> Snapshot:
+        if threading.current_thread().name == "vllmwatch-status-handler":
+            self.gate.wait(20)
+        return self.snap
+
+    def request(self, path: str, timeout: float = 5.0) -> tuple[int, bytes, float]:
+        """(status, body, seconds taken)."""
+        began = time.monotonic()
+        conn = http.client.HTTPConnection(*self.server.address, timeout=timeout)
+        try:
+            conn.request("GET", path)
+            resp = conn.getresponse()
+            return resp.status, resp.read(), time.monotonic() - began
+        finally:
+            conn.close()
+
+    def rejected(self) -> dict[str, float]:
+        self.gate.set()
+        wait_for(lambda: self.server.slots.active == 0)  # the held handlers finish first
+        body = self.request("/metrics")[1].decode()
+        return {s.labels["reason"]: s.value for f in text_string_to_metric_families(body)
+                if f.name == "vllmwatch_status_rejected" for s in f.samples}
+
+
+@contextmanager
+def gated(**kwargs: Any) -> Iterator[Gated]:
+    g = Gated(**kwargs)
+    g.server.start()
+    try:
+        yield g
+    finally:
+        g.gate.set()
+        g.server.stop()
+
+
+def wait_for(condition: Callable[[], bool], deadline_s: float = 5.0) -> None:
+    end = time.monotonic() + deadline_s
+    while not condition():
+        assert time.monotonic() < end, "condition not met before the deadline"
+        time.sleep(0.01)
+
+
+def _idle(address: tuple[str, int], n: int, stack: ExitStack) -> list[socket.socket]:
+    """n connections that connect and say nothing."""
+    return [stack.enter_context(socket.create_connection(address, timeout=5)) for _ in range(n)]
+
+
+def _assert_probes(g: Gated, ready: bool) -> None:
+    code, body, took = g.request("/livez")
+    assert (code, body) == (200, b"ok\n") and took < PROBE_DEADLINE_S, (code, body, took)
+    code, body, took = g.request("/readyz")
+    assert code == (200 if ready else 503) and took < PROBE_DEADLINE_S, (code, body, took)
+    assert body.startswith(b"ready" if ready else b"not ready")
+
+
+@pytest.mark.parametrize("slots", [1, 4])
+def test_probes_answer_while_every_slot_and_many_idle_clients_are_held(slots: int) -> None:
+    with gated(max_clients=slots, client_timeout=1.0) as g, ExitStack() as stack:
+        holders = [threading.Thread(target=g.request, args=("/status", 20.0), daemon=True)
+                   for _ in range(slots)]
+        for t in holders:
+            t.start()
+        wait_for(lambda: g.server.slots.active == slots)
+        _idle(g.server.address, slots * 10 + 5, stack)
+        _assert_probes(g, ready=True)
+        g.snap = dataclasses.replace(g.snap, ready=False, state="starting")
+        _assert_probes(g, ready=False)
+        g.snap = dataclasses.replace(g.snap, ready=True, draining=True, state="draining")
+        _assert_probes(g, ready=False)
+        code, body, took = g.request("/status")  # no slot: refused at once, not queued
+        assert (code, body) == (503, b"busy\n") and took < PROBE_DEADLINE_S
+        # The idle clients are cut at their deadline, each counted once.
+        wait_for(lambda: g.server.rejections.snapshot()["timeout"] >= slots * 10 + 5)
+        g.snap = dataclasses.replace(g.snap, ready=True, draining=False, state="ready")
+        _assert_probes(g, ready=True)
+        counts = g.rejected()  # sets the gate: the held handlers finish
+        for t in holders:
+            t.join(5)
+        assert not any(t.is_alive() for t in holders)
+    assert counts["busy"] >= 1 and counts["timeout"] >= slots * 10 + 5
+    logged = [kw for event, kw in g.events if event == "status.rejected"]
+    assert 1 <= len(logged) <= 2, logged  # the first at once, the rest at stop (rate-limited)
+    assert sum(sum(kw["counts"].values()) for kw in logged) == sum(counts.values())
+
+
+def test_a_flood_of_idle_clients_overflows_oldest_first_and_probes_still_answer() -> None:
+    with gated(max_clients=2, client_timeout=10.0, max_pending=8) as g, ExitStack() as stack:
+        _idle(g.server.address, 30, stack)
+        wait_for(lambda: g.server.rejections.snapshot()["overflow"] >= 22)
+        _assert_probes(g, ready=True)
+        assert g.rejected()["overflow"] >= 22
+
+
+def test_a_trickled_probe_is_still_answered() -> None:
+    with gated(max_clients=1, client_timeout=3.0) as g, \
+            socket.create_connection(g.server.address, timeout=5) as sock:
+        for byte in b"GET /readyz HTTP/1.0\r\n\r\n":
+            sock.send(bytes([byte]))
+            time.sleep(0.01)  # the trickle itself, not a wait for a condition
+        assert sock.recv(4096).startswith(b"HTTP/1.0 200 OK\r\n")
+
+
+def test_an_oversized_head_is_refused_and_counted() -> None:
+    with gated() as g:
+        with socket.create_connection(g.server.address, timeout=5) as sock:
+            sock.sendall(b"GET /status HTTP/1.0\r\nX: " + b"a" * 20000)
+            assert sock.recv(4096).startswith(b"HTTP/1.0 431 ")
+        assert g.rejected()["too_large"] == 1
+
+
+def test_head_requests_to_probes_have_no_body() -> None:
+    with gated() as g, socket.create_connection(g.server.address, timeout=5) as sock:
+        sock.sendall(b"HEAD /livez HTTP/1.0\r\n\r\n")
+        reply = b""
+        while chunk := sock.recv(4096):
+            reply += chunk
+        assert reply.startswith(b"HTTP/1.0 200 OK\r\n") and reply.endswith(b"\r\n\r\n")
+        assert b"Content-Length: 3\r\n" in reply
+
+
+class _Clock:
+    def __init__(self) -> None:
+        self.t = 0.0
+
+    def __call__(self) -> float:
+        return self.t
+
+
+@pytest.mark.parametrize(("times", "expected"), [
+    # (when each refusal happens) -> (when an event is logged, how many it reports)
+    ([0.0], [(0.0, 1)]),
+    ([0.0, 1.0, 2.0], [(0.0, 1), (None, 2)]),
+    ([0.0, 30.0, 59.0, 60.0], [(0.0, 1), (60.0, 3)]),
+    ([5.0, 200.0, 201.0], [(5.0, 1), (200.0, 1), (None, 1)]),
+    ([float(t) for t in range(0, 300)], [(0.0, 1), (60.0, 60), (120.0, 60), (180.0, 60),
+                                          (240.0, 60), (None, 59)]),
+])
+def test_rejections_are_logged_once_a_minute_with_their_count(
+        times: list[float], expected: list[tuple[float | None, int]]) -> None:
+    clock = _Clock()
+    logged: list[tuple[float | None, int]] = []
+    rej = Rejections(lambda level, event, **kw: logged.append(
+        (clock.t, sum(kw["counts"].values()))), every=60.0, clock=clock)
+    for t in times:
+        clock.t = t
+        rej.count("timeout")
+    clock.t = 1000.0
+    rej.flush(clock.t, force=True)  # what stop() does
+    assert [(None if t == 1000.0 else t, n) for t, n in logged] == expected
+    assert rej.snapshot()["timeout"] == len(times)
