@@ -45,7 +45,8 @@ def test_ready_only_after_health_and_a_real_completion() -> None:
     d.world.canary_ok = True
     assert d.run_until(lambda: ready(d), 10)
     assert len(d.notifier.sent("READY=1")) == 1
-    assert "canary" in d.state.phases and "ready" in d.state.phases
+    phases = d.state.child.phases if d.state.child else {}
+    assert "canary" in phases and "ready" in phases
 
 
 def test_warmup_request_runs_before_ready_when_enabled() -> None:

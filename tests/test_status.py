@@ -43,6 +43,7 @@ def make_snapshot(**changes: Any) -> Snapshot:
         vllm_running=3.0, vllm_waiting=1.0, vllm_kv_cache_usage=0.25,
         probe_seconds={"health": 0.012, "canary": 0.4}, probe_failures={"health": 2},
         probe_last_completed={"health": 1.7e9, "canary": 1.7e9 - 30}, model="tiny-model",
+        stale_probes=("memory",),
         config_path="/etc/vllmwatch/vllmwatch.toml", config_sha256="ab" * 32,
         vllm_version="0.6.3", loop_heartbeat=T0)
     return dataclasses.replace(base, **changes)
@@ -235,6 +236,9 @@ def test_metrics_parse_back_with_the_values() -> None:
         ("vllmwatch_memory_limit_bytes", (("kind", "gpu"),)): 70 * gib}
     assert fam["vllmwatch_probe_last_completed_timestamp_seconds"][
         ("vllmwatch_probe_last_completed_timestamp_seconds", (("probe", "health"),))] == 1.7e9
+    assert fam["vllmwatch_probe_stale"] == {
+        ("vllmwatch_probe_stale", (("probe", k),)): 1.0 if k == "memory" else 0.0
+        for k in ("canary", "health", "memory", "metrics")}
     assert fam["vllmwatch_status_rejected"] == {
         ("vllmwatch_status_rejected_total", (("reason", r),)): 0.0
         for r in ("busy", "timeout", "overflow", "too_large")}
@@ -503,3 +507,23 @@ def test_cli_renders_a_sparse_document() -> None:
     text = status_cli.render({"state": "init"})
     assert "child     none" in text
     assert "vLLM" in text and "no scrape yet" in text
+
+
+# --- the snapshot's probe freshness -----------------------------------------------------------
+
+def test_probe_completions_are_wall_clock_and_outlive_their_child() -> None:
+    from vllmwatch.config.schema import VllmConfig
+    from vllmwatch.core.state import ChildRun
+    from vllmwatch.status.statusline import completions
+
+    def to_wall(t: float) -> float:
+        return 1.7e9 + t  # monotonic 0 was this wall-clock time
+
+    old = ChildRun(gen=1, started=0.0, vllm=VllmConfig(),
+                   probe_done_at={"health": 10.0, "canary": 12.0})
+    first = completions(old, Snapshot(), to_wall)
+    assert first == {"health": 1.7e9 + 10, "canary": 1.7e9 + 12}
+    new = ChildRun(gen=2, started=50.0, vllm=VllmConfig(), probe_done_at={"health": 60.0})
+    second = completions(new, Snapshot(probe_last_completed=first), to_wall)
+    assert second == {"health": 1.7e9 + 60, "canary": 1.7e9 + 12}  # canary: from the old child
+    assert completions(None, Snapshot(probe_last_completed=second), to_wall) == second

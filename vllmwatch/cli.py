@@ -8,13 +8,13 @@ import sys
 from collections.abc import Sequence
 
 from vllmwatch import __version__
+from vllmwatch.config import command, vllminfo
 from vllmwatch.config.schema import Config, ConfigError, config_path, load
+from vllmwatch.core import exitcodes
+from vllmwatch.prewarm import runner as prewarm
 
-EXIT_OK = 0
-EXIT_FAILURE = 1  # a check failed, or the daemon hit an error it cannot recover from
-EXIT_CONFIG = 2  # bad config or usage: fix the file, restarting will not help
-EXIT_GAVE_UP = 3  # crash-loop guard: too many restarts in the window
-EXIT_START = 4  # cannot start: e.g. a foreign process holds the port
+# The sub-commands' own modules are imported when chosen: `status` and `check` should not pay
+# for the daemon's imports (prometheus_client, structlog, the thread pool) on every call.
 
 
 def _parser() -> argparse.ArgumentParser:
@@ -60,12 +60,12 @@ def main(argv: Sequence[str] | None = None) -> int:
     args = _parser().parse_args(argv)
     if args.command is None:
         _parser().print_help()
-        return EXIT_CONFIG
+        return exitcodes.CONFIG
     try:
         return _dispatch(args)
     except ConfigError as exc:
         print(f"vllmwatch: config error: {exc}", file=sys.stderr)
-        return EXIT_CONFIG
+        return exitcodes.CONFIG
     except KeyboardInterrupt:
         return 130
 
@@ -83,8 +83,6 @@ def _dispatch(args: argparse.Namespace) -> int:
     if args.command == "print-command":
         return _print_command(config)
     if args.command == "prewarm":
-        from vllmwatch.prewarm import runner as prewarm
-
         return prewarm.main(config, as_json=args.json)
     from vllmwatch import daemon
 
@@ -92,17 +90,13 @@ def _dispatch(args: argparse.Namespace) -> int:
 
 
 def _print_command(config: Config) -> int:
-    from vllmwatch.config import command, vllminfo
-
     api_key = command.read_api_key(config)
     version = vllminfo.version(config.vllm.command)
     cmd = command.build(config, os.environ, api_key=api_key, vllm_version=version,
                         extra_env=_cache_env(config))
     print(cmd.display())
-    return EXIT_OK
+    return exitcodes.OK
 
 
 def _cache_env(config: Config) -> dict[str, str]:
-    from vllmwatch.prewarm import runner as prewarm
-
     return prewarm.cache_env(config, os.environ)

@@ -42,7 +42,8 @@ install_deb() {
 prop() { systemctl show -P "$2" "$1"; }
 is_state() { [ "$(systemctl show -P ActiveState "$1")" = "$2" ]; }
 readyz() { curl -s -o /dev/null -w '%{http_code}' --max-time 2 "http://127.0.0.1:$1/readyz"; }
-vllm_pids() { pgrep -f 'vllmwatch[.]testing[.]fake_vllm|VLLM::|vllm serve' | sort -n | tr '\n' ' '; }
+vllm_pids() { pgrep -f 'vllmwatch[.]testing[.]fake_vllm|VLLM::|vllm serve' \
+    | sort -n | tr '\n' ' '; }
 """
 
 

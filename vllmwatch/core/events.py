@@ -5,7 +5,8 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any
 
-from vllmwatch.config.schema import Config
+from vllmwatch.config.schema import Config, ProbeConfig
+from vllmwatch.core.samples import MemorySample
 
 # ---- events: what happened (the shell observed it and hands it to step()) ----
 
@@ -59,13 +60,14 @@ class ChildOutput:
 
 @dataclass(frozen=True)
 class HealthResult:
-    """One /health probe."""
+    """One /health probe; engine_gone when the shell saw the engine process disappear."""
 
     ok: bool
     status: int | None
     seconds: float
     error: str = ""
     gen: int = 0  # which child this was about; results about an older child are ignored
+    engine_gone: bool = False
 
 
 @dataclass(frozen=True)
@@ -99,9 +101,10 @@ class MetricsResult:
 class MemorySampled:
     """A memory sample of the child tree (see memory.MemorySample)."""
 
-    sample: Any  # memory.MemorySample; Any keeps this module free of the sampler's imports
+    sample: MemorySample | None  # None when the sampler failed (see error)
     minute_of_day: int = 0  # local time, for quiet hours
     gen: int = 0
+    error: str = ""
 
 
 @dataclass(frozen=True)
@@ -112,6 +115,7 @@ class SweepDone:
     remaining: tuple[int, ...]
     port_holder: str | None  # "pid 123 (nginx)" when a foreign process holds the port
     foreign_vllm: tuple[str, ...] = ()  # vLLM-looking processes that are not ours
+    error: str = ""  # the sweep itself failed: what is left is unknown
 
 
 @dataclass(frozen=True)
@@ -172,7 +176,9 @@ class Notify:
 
 @dataclass(frozen=True)
 class DoPrewarm:
-    """Run the pre-warm steps."""
+    """Run the pre-warm steps for this config."""
+
+    config: Config
 
 
 @dataclass(frozen=True)
@@ -191,10 +197,18 @@ class SignalGroup:
 
 @dataclass(frozen=True)
 class Probe:
-    """Start a probe in the background: health, canary, warmup or metrics."""
+    """Start a probe in the background: health, canary, warmup or metrics.
+
+    It names where the child listens (the child's own [vllm], which a reload does not move)
+    and the probe settings in force now.
+    """
 
     kind: str
-    gen: int = 0
+    gen: int
+    host: str
+    port: int
+    model_name: str
+    probe: ProbeConfig
 
 
 @dataclass(frozen=True)
@@ -203,6 +217,7 @@ class SampleMemory:
 
     with_pss: bool
     gen: int = 0
+    gpus: tuple[int, ...] | None = None  # the child's GPUs; None = every GPU
 
 
 @dataclass(frozen=True)
@@ -210,6 +225,9 @@ class Sweep:
     """Kill what is left of our old tree (group and marked processes) and look at the port."""
 
     pgid: int | None
+    host: str
+    port: int
+    kill_stale: bool = True  # with no pgid: kill leftovers of ours found by marker/session
     settle: float = 0.0  # seconds to let a tree we asked to stop finish exiting by itself
 
 
@@ -218,6 +236,7 @@ class CheckRelease:
     """Look whether the GPUs gave back the old tree's memory."""
 
     old_pids: tuple[int, ...]
+    tolerance_mib: float
 
 
 @dataclass(frozen=True)
@@ -229,3 +248,28 @@ class Exit:
 
 Action = (Log | Notify | DoPrewarm | Spawn | SignalGroup | Probe | SampleMemory | Sweep
           | CheckRelease | Exit)
+
+
+AsyncAction = Probe | SampleMemory | Sweep | CheckRelease | DoPrewarm
+
+
+def failure_result(action: AsyncAction, error: str) -> Event:
+    """The result event that stands for a worker that raised: every effect the loop submits
+    posts exactly one result, so no probe stays marked in flight for good.
+
+    A failed probe counts as that probe failing; a failed sweep leaves what remains unknown.
+    """
+    if isinstance(action, Probe):
+        if action.kind == "health":
+            return HealthResult(False, None, 0.0, error, gen=action.gen)
+        if action.kind == "metrics":
+            return MetricsResult(False, error=error, gen=action.gen)
+        return CanaryResult(False, False, 0.0, error, warmup=action.kind == "warmup",
+                            gen=action.gen)
+    if isinstance(action, SampleMemory):
+        return MemorySampled(None, gen=action.gen, error=error)
+    if isinstance(action, Sweep):
+        return SweepDone((), (), None, error=error)
+    if isinstance(action, CheckRelease):
+        return ReleaseChecked(False, f"the GPU check failed: {error}")
+    return PrewarmDone(not action.config.prewarm.required, f"pre-warm crashed: {error}")

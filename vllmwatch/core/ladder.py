@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from vllmwatch.core import policy
+from vllmwatch.core import exitcodes, policy
 from vllmwatch.core.events import (
     Action,
     CheckRelease,
@@ -10,48 +10,49 @@ from vllmwatch.core.events import (
     Exit,
     Log,
     Notify,
-    Probe,
     SignalGroup,
     Spawn,
     Sweep,
 )
-from vllmwatch.core.state import CHILD_STATES, FAILURE_REASONS, S, WatchState, goto, next_random
+from vllmwatch.core.state import (
+    CHILD_STATES,
+    FAILURE_REASONS,
+    ChildRun,
+    Result,
+    S,
+    WatchState,
+    goto,
+    next_random,
+)
 
 KILL_WAIT = 10.0  # after SIGKILL, how long to wait for the exit before sweeping anyway
+SWEEP_WAIT = 20.0  # on the way out, how long a sweep may take before we leave regardless
 RELEASE_POLL = 1.0
 SETTLE = 3.0  # after a requested stop, how long the engine may take to follow the API server
 STUCK_REASONS = frozenset({"hang", "stall"})
 STUCK_GRACE = 5.0  # SIGTERM -> SIGKILL for an engine known to be stuck
-EXIT_GAVE_UP = 3
-EXIT_START = 4
-EXIT_CONFIG = 2
-EXIT_FAILURE = 1
-
-Result = tuple[WatchState, list[Action]]
+FIRST_POLL = 1.0  # the first /health and memory look after a launch
 
 
 def spawn(s: WatchState, now: float) -> Result:
-    """Launch a new child generation."""
+    """Launch a new child generation: a fresh ChildRun replaces the last one whole."""
     s, acts = goto(s, S.STARTING, now, s.pending[0] if s.pending else "launch",
                    deadline=now + s.config.startup.timeout)
-    s = s.with_(gen=s.gen + 1, pid=None, child_started=now, ready_at=None, killed=False,
-                pending=None, last_progress=now, last_milestone_at=None, phases={},
-                canary_ok=False, warmed_up=False, health_failures=0, canary_failures=0,
-                hang_suspect=False, progress=None, canary_ref=None, stall_since=None, leak=None,
-                compile_cache_hit=False,
-                timers={"health": now + 1.0, "memory": now + 1.0}, running=None,
-                waiting=None, kv_cache_usage=None)
+    run = ChildRun(gen=s.gen + 1, started=now, vllm=s.config.vllm, last_progress=now,
+                   timers={"health": now + FIRST_POLL, "memory": now + FIRST_POLL})
+    s = s.with_(gen=run.gen, child=run, pending=None, release_at=None, release_deadline=None)
     return s, [*acts, Spawn(s.config)]
 
 
 def begin_restart(s: WatchState, now: float, reason: str, detail: str, drain: bool) -> Result:
-    """Record a restart and start taking the child down."""
+    """Record a restart and start taking the child down (once: a restart under way wins)."""
     if s.exit_code is not None or s.pending is not None:
         return s, []
     acts: list[Action] = []
     failure = reason in FAILURE_REASONS
     if failure:
-        stable = s.ready_at is not None and now - s.ready_at >= s.config.restart.stable_after
+        ready_at = s.child.ready_at if s.child is not None else None
+        stable = ready_at is not None and now - ready_at >= s.config.restart.stable_after
         times = (*policy.prune_window(s.restart_times, now, s.config.restart.window), now)
         s = s.with_(restart_times=times, failures=1 if stable else s.failures + 1)
     counts = dict(s.restarts_by_reason)
@@ -65,7 +66,7 @@ def begin_restart(s: WatchState, now: float, reason: str, detail: str, drain: bo
             "max_restarts": r.max_restarts,
             "hint": "vLLM keeps failing; read its last lines above, fix the cause, then "
                     "`systemctl restart vllmwatch`"}))
-        s = s.with_(exit_code=EXIT_GAVE_UP)
+        s = s.with_(exit_code=exitcodes.GAVE_UP)
         drain = False
     else:
         acts.append(Log("warning", "restart.begin", {
@@ -75,17 +76,26 @@ def begin_restart(s: WatchState, now: float, reason: str, detail: str, drain: bo
     return s, acts + more
 
 
+def _has_child(s: WatchState) -> bool:
+    """A child is running, or its launch is out and not yet answered."""
+    c = s.child
+    return s.state in CHILD_STATES and c is not None and (c.pid is not None or not c.spawned)
+
+
 def take_down(s: WatchState, now: float, drain: bool) -> Result:
     """Drain if asked and possible, else stop the child; with no child, sweep at once."""
-    if s.state in CHILD_STATES and s.pid is not None:
+    if s.state == S.STOPPING:
+        return s, []
+    if _has_child(s):
         if drain and s.state == S.READY and s.config.restart.drain_timeout > 0:
             s, acts = goto(s, S.DRAINING, now, "drain before restart",
                            deadline=now + s.config.restart.drain_timeout)
-            s = s.with_(timers={**s.timers, "metrics": now})
+            assert s.child is not None
+            s = s.with_child(timers={**s.child.timers, "metrics": now})
             return s, acts
         return stop_child(s, now)
-    if s.state == S.STOPPING:
-        return s, []
+    if s.state == S.CLEANUP:
+        return s, []  # the sweep under way ends in after_cleanup, which sees the new plan
     return sweep(s, now, "no child to stop")
 
 
@@ -101,17 +111,17 @@ def stop_child(s: WatchState, now: float) -> Result:
     acts.append(Log("info", "child.stopping", {"pid": s.pid, "signal": "SIGTERM",
                                                "grace_s": grace}))
     if s.exit_code is not None:
-        acts.append(Notify(extend_usec=int((s.config.restart.stop_timeout + KILL_WAIT + 15) * 1e6)))
+        acts.append(Notify(extend_usec=int((grace + KILL_WAIT + SWEEP_WAIT) * 1e6)))
     return s, acts
 
 
 def stopping_deadline(s: WatchState, now: float) -> Result:
     """The grace period ran out: SIGKILL; after that, sweep whatever is left."""
-    if not s.killed:
+    if s.child is not None and not s.child.killed:
         acts: list[Action] = [SignalGroup("SIGKILL"), Log("warning", "child.kill", {
             "pid": s.pid, "after_s": round(now - s.since, 1),
             "detail": "did not exit after SIGTERM; sent SIGKILL to its process group"})]
-        return s.with_(killed=True, deadline=now + KILL_WAIT), acts
+        return s.with_child(killed=True).with_(deadline=now + KILL_WAIT), acts
     s2, acts = sweep(s, now, "child did not exit after SIGKILL")
     acts.insert(0, Log("error", "child.unkillable", {"pid": s.pid, "hint": "the process may "
                        "be stuck in the kernel (D state); check `ps -o stat,wchan -p PID`"}))
@@ -120,21 +130,29 @@ def stopping_deadline(s: WatchState, now: float) -> Result:
 
 def sweep(s: WatchState, now: float, reason: str) -> Result:
     """Kill what is left of the old tree, and look at the port."""
-    old_pgid = s.pgid
+    c = s.child
+    old_pgid = c.pgid if c is not None else None
     settle = SETTLE if s.state == S.STOPPING else 0.0
     # The tree's pids from the last sample: the GPU release gate waits until NVML drops them.
-    old = tuple(getattr(s.memory, "tree_pids", ()) or ())
-    s, acts = goto(s, S.CLEANUP, now, reason)
-    s = s.with_(pid=None, pgid=None, inflight=frozenset(), timers={}, old_pids=old,
-                memory=None)
-    acts.append(Sweep(old_pgid, settle))
+    old = c.memory.tree_pids if c is not None and c.memory is not None else ()
+    deadline = now + SWEEP_WAIT if s.exit_code is not None else None
+    s, acts = goto(s, S.CLEANUP, now, reason, deadline=deadline)
+    if c is not None:
+        s = s.with_child(pid=None, pgid=None, inflight=frozenset(), timers={}, memory=None)
+    s = s.with_(old_pids=tuple(old), sweeping=True, release_at=None, release_deadline=None)
+    v = c.vllm if c is not None else s.config.vllm
+    acts.append(Sweep(old_pgid, v.host, v.port, s.config.restart.kill_stale, settle))
     return s, acts
 
 
 def swept(s: WatchState, now: float, killed: tuple[int, ...], remaining: tuple[int, ...],
-          port_holder: str | None, foreign: tuple[str, ...]) -> Result:
+          port_holder: str | None, foreign: tuple[str, ...], error: str = "") -> Result:
     """The sweep reported back; decide between fail, release gate, prewarm, backoff, launch."""
+    s = s.with_(sweeping=False)
     acts: list[Action] = []
+    if error:
+        acts.append(Log("error", "leftovers.sweep_failed", {"error": error, "detail":
+                        "could not verify that the old vLLM tree is gone"}))
     if killed:
         acts.append(Log("warning", "leftovers.killed", {"pids": list(killed),
                         "detail": "vLLM processes of an earlier child were still running"}))
@@ -149,12 +167,11 @@ def swept(s: WatchState, now: float, killed: tuple[int, ...], remaining: tuple[i
         acts.append(Log("error", "port.busy", {
             "port": s.config.vllm.port, "holder": port_holder,
             "hint": "another process holds vllm.port; stop it or choose another port"}))
-        return finish(s.with_(exit_code=EXIT_START), now, acts)
+        return finish(s.with_(exit_code=exitcodes.START), now, acts)
     if killed:
         s = s.with_(old_pids=tuple(sorted({*s.old_pids, *killed})))
     if s.old_pids and s.config.vllm.uses_gpu and s.config.restart.gpu_release_timeout > 0:
-        s = s.with_(release_deadline=now + s.config.restart.gpu_release_timeout,
-                    timers={"release": now})
+        s = s.with_(release_deadline=now + s.config.restart.gpu_release_timeout, release_at=now)
         return s, acts
     s, more = after_cleanup(s, now)
     return s, acts + more
@@ -163,21 +180,22 @@ def swept(s: WatchState, now: float, killed: tuple[int, ...], remaining: tuple[i
 def release_checked(s: WatchState, now: float, released: bool, detail: str) -> Result:
     """The GPU release gate: wait until the old tree's GPU memory is back, bounded."""
     if released:
-        s = s.with_(old_pids=(), release_deadline=None, timers={})
+        s = s.with_(old_pids=(), release_deadline=None, release_at=None)
         s, acts = after_cleanup(s, now)
         return s, [Log("info", "gpu.released", {"detail": detail}), *acts]
     if s.release_deadline is not None and now >= s.release_deadline:
-        s = s.with_(old_pids=(), release_deadline=None, timers={})
+        s = s.with_(old_pids=(), release_deadline=None, release_at=None)
         s, acts = after_cleanup(s, now)
         return s, [Log("warning", "gpu.release_timeout", {
             "detail": detail, "hint": "GPU memory of the old vLLM is still held; the next "
             "start may fail with out-of-memory"}), *acts]
-    return s.with_(timers={"release": now + RELEASE_POLL}), []
+    return s.with_(release_at=now + RELEASE_POLL), []
 
 
-def check_release(s: WatchState) -> list[Action]:
-    """Ask the shell to look at the GPUs."""
-    return [CheckRelease(s.old_pids)]
+def check_release(s: WatchState) -> Result:
+    """Ask the shell to look at the GPUs (one look in flight at a time)."""
+    s = s.with_(release_at=None)
+    return s, [CheckRelease(s.old_pids, s.config.restart.gpu_release_tolerance)]
 
 
 def after_cleanup(s: WatchState, now: float) -> Result:
@@ -186,7 +204,7 @@ def after_cleanup(s: WatchState, now: float) -> Result:
         return finish(s, now, [])
     if not s.prewarmed and s.config.prewarm.enabled:
         s, acts = goto(s, S.PREWARMING, now, "first start")
-        return s.with_(prewarmed=True), [*acts, DoPrewarm()]
+        return s.with_(prewarmed=True), [*acts, DoPrewarm(s.config)]
     planned = s.pending is not None and s.pending[0] not in FAILURE_REASONS
     s, rand = next_random(s)
     delay = 0.0 if planned else policy.backoff_delay(s.config.restart, s.failures, rand)
@@ -204,13 +222,7 @@ def finish(s: WatchState, now: float, acts: list[Action]) -> Result:
     to = S.STOPPED if code == 0 else S.FAILED
     s, more = goto(s, to, now, "exit" if code == 0 else f"exit code {code}")
     acts += more
-    acts.append(Log("info" if code == 0 else "error", "daemon.exit", {"code": code}))
+    acts.append(Log("info" if code == 0 else "error", "daemon.exit", {
+        "code": code, "meaning": exitcodes.MEANING.get(code, "")}))
     acts.append(Exit(code))
     return s, acts
-
-
-def probe(s: WatchState, kind: str, now: float) -> tuple[WatchState, list[Action]]:
-    """Start a probe unless one of that kind is already in flight."""
-    if kind in s.inflight:
-        return s, []
-    return s.with_(inflight=s.inflight | {kind}), [Probe(kind, s.gen)]

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from vllmwatch.config.schema import Config
-from vllmwatch.core import ladder, serving
+from vllmwatch.core import exitcodes, ladder, probing, serving
 from vllmwatch.core.events import (
     Action,
     CanaryResult,
@@ -19,24 +19,25 @@ from vllmwatch.core.events import (
     ReleaseChecked,
     ReloadRequested,
     RestartRequested,
-    SampleMemory,
+    SignalGroup,
     Spawned,
     SpawnFailed,
     StopRequested,
     SweepDone,
     Tick,
 )
-from vllmwatch.core.ladder import Result
 from vllmwatch.core.policy import explain_exit
-from vllmwatch.core.state import FINAL, S, WatchState, goto
+from vllmwatch.core.state import CHILD_STATES, FINAL, Result, S, WatchState, goto, seeded
 
 EXTEND_EVERY = 10.0  # how often EXTEND_TIMEOUT_USEC is sent while systemd waits for us
 EXTEND_BY = 60.0
 
 
-def initial(config: Config, now: float) -> WatchState:
-    """The state before anything ran."""
-    return WatchState(config=config, since=now)
+def initial(config: Config, now: float, seed: int = 0) -> WatchState:
+    """The state before anything ran; `seed` feeds the backoff jitter (the shell passes an OS
+    random number so a fleet does not restart in lock-step; tests pass a fixed one)."""
+    s = WatchState(config=config, since=now)
+    return s.with_(rng=seeded(seed)) if seed else s
 
 
 def step(s: WatchState, ev: Event, now: float) -> Result:
@@ -61,18 +62,18 @@ def _apply(s: WatchState, ev: Event, now: float) -> Result:
     if isinstance(ev, ChildOutput):
         return serving.child_output(s, ev, now)
     if isinstance(ev, Spawned):
-        return s.with_(pid=ev.pid, pgid=ev.pid), [Log("info", "child.started", {
-            "pid": ev.pid, "gen": s.gen, "command": ev.argv_display})]
+        return _spawned(s, ev)
     if isinstance(ev, SpawnFailed):
         return _spawn_failed(s, ev, now)
     if isinstance(ev, ChildExited):
         return _child_exited(s, ev, now)
     if isinstance(ev, SweepDone):
-        if s.state != S.CLEANUP:
+        if s.state != S.CLEANUP or not s.sweeping:
             return s, []
-        return ladder.swept(s, now, ev.killed, ev.remaining, ev.port_holder, ev.foreign_vllm)
+        return ladder.swept(s, now, ev.killed, ev.remaining, ev.port_holder, ev.foreign_vllm,
+                            ev.error)
     if isinstance(ev, ReleaseChecked):
-        if s.state != S.CLEANUP or not s.old_pids:
+        if s.state != S.CLEANUP or s.release_deadline is None:
             return s, []
         return ladder.release_checked(s, now, ev.released, ev.detail)
     if isinstance(ev, PrewarmDone):
@@ -84,42 +85,73 @@ def _apply(s: WatchState, ev: Event, now: float) -> Result:
     return _reload(s, ev, now)
 
 
-def _result(s: WatchState, ev: Event, now: float) -> Result:
-    kind = ("memory" if isinstance(ev, MemorySampled) else "metrics"
-            if isinstance(ev, MetricsResult) else "health" if isinstance(ev, HealthResult)
-            else "warmup" if isinstance(ev, CanaryResult) and ev.warmup else "canary")
-    s = s.with_(inflight=s.inflight - {kind})
-    if getattr(ev, "gen", s.gen) != s.gen:
-        return s, []
+def _kind(ev: HealthResult | CanaryResult | MetricsResult | MemorySampled) -> str:
+    if isinstance(ev, MemorySampled):
+        return "memory"
+    if isinstance(ev, MetricsResult):
+        return "metrics"
+    if isinstance(ev, HealthResult):
+        return "health"
+    return "warmup" if ev.warmup else "canary"
+
+
+def _result(s: WatchState, ev: HealthResult | CanaryResult | MetricsResult | MemorySampled,
+            now: float) -> Result:
+    if s.child is None or ev.gen != s.child.gen:
+        return s, []  # about an older child: its run is over
+    s = probing.landed(s, _kind(ev), ev.gen, now)
     if isinstance(ev, HealthResult):
         return serving.health(s, ev, now)
     if isinstance(ev, CanaryResult):
         return serving.canary(s, ev, now)
     if isinstance(ev, MetricsResult):
         return serving.metrics(s, ev, now)
-    assert isinstance(ev, MemorySampled)
     return serving.memory(s, ev, now)
 
 
+def _spawned(s: WatchState, ev: Spawned) -> Result:
+    c = s.child
+    if c is None or c.spawned:
+        return s, []
+    s = s.with_child(pid=ev.pid, pgid=ev.pid, spawned=True)
+    acts: list[Action] = [Log("info", "child.started", {"pid": ev.pid, "gen": c.gen,
+                                                          "command": ev.argv_display})]
+    if s.state == S.STOPPING:  # a stop or restart came while the launch was out
+        acts.append(SignalGroup("SIGKILL" if c.killed else "SIGTERM"))
+    elif s.state not in CHILD_STATES:  # the run was given up while the launch was out
+        s = s.with_child(pgid=ev.pid)
+        acts.append(SignalGroup("SIGKILL"))
+    return s, acts
+
+
 def _spawn_failed(s: WatchState, ev: SpawnFailed, now: float) -> Result:
+    if s.child is not None:
+        s = s.with_child(spawned=True)
     acts: list[Action] = [Log("error", "child.spawn_failed", {"error": ev.error})]
-    if ev.fatal:
-        s = s.with_(exit_code=ladder.EXIT_CONFIG)
+    if ev.fatal and s.exit_code is None:
+        s = s.with_(exit_code=exitcodes.CONFIG)
+    if s.state not in CHILD_STATES:
+        return s, acts
     s, more = ladder.begin_restart(s, now, "crash", f"could not start: {ev.error}", drain=False)
-    if s.state != S.CLEANUP:
+    if s.state in CHILD_STATES:
         s, sweep = ladder.sweep(s, now, "spawn failed")
         more += sweep
     return s, acts + more
 
 
 def _child_exited(s: WatchState, ev: ChildExited, now: float) -> Result:
+    c = s.child
+    if c is None or c.pid is None or ev.pid != c.pid:
+        return s, [Log("debug", "child.exit_ignored", {"pid": ev.pid})]
     asked = s.state == S.STOPPING
-    uptime = round(now - s.child_started, 2) if s.child_started is not None else None
-    why = explain_exit(ev.code, ev.signal, asked, killed_by_us=asked and s.killed)
+    uptime = round(now - c.started, 2)
+    why = explain_exit(ev.code, ev.signal, asked, killed_by_us=asked and c.killed)
     acts: list[Action] = [Log("info" if asked else "warning", "child.exited", {
         "pid": ev.pid, "code": ev.code, "signal": ev.signal, "uptime_s": uptime,
         "expected": asked, "detail": why, "last_lines": list(ev.last_lines[-5:])})]
-    s = s.with_(pid=None)
+    s = s.with_child(pid=None)
+    if s.state not in CHILD_STATES:
+        return s, acts
     if asked or s.pending is not None or s.exit_code is not None:
         s, more = ladder.sweep(s, now, "child exited")
         return s, acts + more
@@ -128,10 +160,10 @@ def _child_exited(s: WatchState, ev: ChildExited, now: float) -> Result:
         acts.append(Log("error", "child.rejected_arguments", {
             "error": hint, "hint": "vLLM refused its command line; fix [vllm] in the config "
             "(see `vllmwatch print-command` and `vllmwatch check`)"}))
-        s = s.with_(exit_code=ladder.EXIT_CONFIG)
+        s = s.with_(exit_code=exitcodes.CONFIG)
     detail = ("during start: " if s.state == S.STARTING else "") + why
     s, more = ladder.begin_restart(s, now, "crash", detail, drain=False)
-    if s.state != S.CLEANUP:
+    if s.state in CHILD_STATES:
         s, sweep = ladder.sweep(s, now, "child exited")
         more += sweep
     return s, acts + more
@@ -141,37 +173,45 @@ def _prewarm_done(s: WatchState, ev: PrewarmDone, now: float) -> Result:
     if s.state != S.PREWARMING:
         return s, []
     if not ev.ok:
-        s, acts = goto(s.with_(exit_code=ladder.EXIT_FAILURE), S.CLEANUP, now,
+        s, acts = goto(s.with_(exit_code=exitcodes.FAILURE), S.CLEANUP, now,
                        "a required pre-warm step failed")
         acts.append(Log("error", "prewarm.failed", {"detail": ev.detail}))
         return ladder.finish(s, now, acts)
-    if s.exit_code is not None:
-        s, acts = goto(s, S.CLEANUP, now, "stop requested")
-        return ladder.finish(s, now, acts)
+    if ev.detail:
+        s, acts = ladder.spawn(s, now)
+        return s, [Log("warning", "prewarm.failed", {"detail": ev.detail}), *acts]
     return ladder.spawn(s, now)
 
 
 def _stop_requested(s: WatchState, ev: StopRequested, now: float) -> Result:
-    if s.exit_code is not None:
-        if s.state == S.STOPPING and not s.killed:  # a second signal: no more patience
-            return ladder.stopping_deadline(s, now)
-        return s, []
-    s = s.with_(exit_code=0)
-    acts: list[Action] = [Notify(stopping=True), Log("info", "daemon.stopping", {
-        "signal": ev.signal, "state": str(s.state)})]
-    if s.state in (S.STARTING, S.READY, S.DRAINING) and s.pid is not None:
-        s, more = ladder.stop_child(s, now)
+    """Honoured in every state; repeated or combined signals never lose it."""
+    acts: list[Action] = []
+    if s.exit_code is None:
+        s = s.with_(exit_code=0)
+        acts += [Notify(stopping=True), Log("info", "daemon.stopping", {
+            "signal": ev.signal, "state": str(s.state)})]
+    elif s.state == S.STOPPING and s.child is not None and not s.child.killed:
+        return ladder.stopping_deadline(s, now)  # a second signal: no more patience
+    if s.state in (S.STARTING, S.READY, S.DRAINING):
+        s, more = ladder.take_down(s, now, drain=False)
     elif s.state in (S.BACKOFF, S.PREWARMING):
         s, more = ladder.sweep(s, now, "stop requested")
-    else:  # STOPPING and CLEANUP finish on their own and then see exit_code
+    elif s.state == S.CLEANUP and not s.sweeping:
+        s, more = ladder.finish(s, now, [])  # the release gate need not hold up an exit
+    elif s.state == S.CLEANUP and s.deadline is None:
+        s, more = s.with_(deadline=now + ladder.SWEEP_WAIT), []
+    else:  # STOPPING finishes on its own (grace, then SIGKILL) and then sees exit_code
         more = []
     return s, acts + more
 
 
 def _manual_restart(s: WatchState, now: float) -> Result:
+    if s.exit_code is not None:
+        return s, [Log("info", "restart.ignored", {"state": str(s.state),
+                                                    "detail": "vllmwatch is stopping"})]
     if s.state == S.BACKOFF:
         return ladder.spawn(s, now)
-    if s.state not in (S.READY, S.STARTING):
+    if s.state not in (S.READY, S.STARTING) or s.pending is not None:
         return s, [Log("info", "restart.ignored", {"state": str(s.state),
                                                     "detail": "a restart is already under way"})]
     return ladder.begin_restart(s, now, "manual", "SIGUSR1", drain=True)
@@ -190,7 +230,7 @@ def _reload(s: WatchState, ev: ReloadRequested, now: float) -> Result:
                                                 "sha256": ev.config.sha256[:12],
                                                 "restart_needed": relaunch}))
     acts.append(Notify(ready=True))
-    if relaunch and s.state in (S.READY, S.STARTING):
+    if relaunch and s.state in (S.READY, S.STARTING) and s.exit_code is None:
         s, more = ladder.begin_restart(s, now, "reload", "the vLLM command or environment "
                                        "changed", drain=True)
         acts += more
@@ -201,10 +241,17 @@ def _due(s: WatchState, now: float) -> Result:
     acts: list[Action] = []
     if s.deadline is not None and now >= s.deadline:
         s, acts = _deadline(s, now)
-    for kind, at in sorted(s.timers.items(), key=lambda kv: kv[1]):
-        if now >= at and s.state not in FINAL:
-            s, more = _fire(s, kind, now)
-            acts += more
+    if s.state == S.CLEANUP and s.release_at is not None and now >= s.release_at:
+        s, more = ladder.check_release(s)
+        acts += more
+    c = s.child
+    if c is not None and s.state in CHILD_STATES:
+        for kind, at in sorted(c.timers.items(), key=lambda kv: kv[1]):
+            if kind != "pss" and now >= at and s.state in CHILD_STATES:
+                s, more = _fire(s, kind, now)
+                acts += more
+        s, more = probing.freshness(s, now)
+        acts += more
     waiting = not s.ever_ready or s.exit_code is not None  # systemd waits on a start or stop
     if waiting and now >= s.next_extend and s.state not in FINAL:
         s = s.with_(next_extend=now + EXTEND_EVERY)
@@ -219,60 +266,48 @@ def _deadline(s: WatchState, now: float) -> Result:
                                     drain=False)
     if s.state == S.DRAINING:
         s, acts = ladder.stop_child(s, now)
-        return s, [Log("warning", "drain.timeout", {"running": s.running,
-                                                     "waiting": s.waiting}), *acts]
+        c = s.child
+        return s, [Log("warning", "drain.timeout", {
+            "running": c.running if c else None, "waiting": c.waiting if c else None}), *acts]
     if s.state == S.STOPPING:
         return ladder.stopping_deadline(s, now)
     if s.state == S.BACKOFF:
         return ladder.spawn(s.with_(deadline=None), now)
+    if s.state == S.CLEANUP and s.exit_code is not None:
+        return ladder.finish(s, now, [Log("error", "daemon.sweep_timeout", {
+            "detail": "leaving without confirmation that the old vLLM tree is gone"})])
     return s.with_(deadline=None), []
 
 
 def _fire(s: WatchState, kind: str, now: float) -> Result:
-    p = s.config.probe
-    if kind == "release":
-        return s.with_(timers={}), ladder.check_release(s)
-    if kind == "health":
-        if s.state == S.STARTING and now - s.last_progress >= s.config.startup.stall_timeout:
-            return ladder.begin_restart(s, now, "start_stall", "no output and no progress for "
-                                        f"{now - s.last_progress:.0f}s (startup.stall_timeout)",
-                                        drain=False)
-        wait = p.interval if s.state == S.READY else serving.STARTUP_POLL
-        return ladder.probe(s.with_(timers={**s.timers, "health": now + wait}), "health", now)
-    if kind == "canary":
-        s = s.with_(timers={**s.timers, "canary": now + p.canary_interval})
-        if s.state != S.READY:
-            return s, []
-        if "canary" not in s.inflight:  # busy-or-hung compares against this point
-            s = s.with_(canary_ref=s.progress)
-        return ladder.probe(s, "canary", now)
-    if kind == "metrics":
-        wait = serving.DRAIN_POLL if s.state == S.DRAINING else p.metrics_interval
-        return ladder.probe(s.with_(timers={**s.timers, "metrics": now + wait}), "metrics", now)
-    if kind == "memory":
-        return _sample_memory(s, now)
-    return s, []
-
-
-def _sample_memory(s: WatchState, now: float) -> Result:
-    m = s.config.memory
-    timers = {**s.timers, "memory": now + m.sample_interval}
-    pss_due = now >= s.timers.get("pss", 0.0)
-    if pss_due:
-        timers["pss"] = now + m.pss_interval
-    s = s.with_(timers=timers)
-    if "memory" in s.inflight or s.pid is None:
-        return s, []
-    return s.with_(inflight=s.inflight | {"memory"}), [SampleMemory(pss_due, s.gen)]
+    c = s.child
+    assert c is not None
+    stalled = now - c.last_progress >= s.config.startup.stall_timeout
+    if kind == "health" and s.state == S.STARTING and stalled:
+        return ladder.begin_restart(s, now, "start_stall", "no output and no progress for "
+                                    f"{now - c.last_progress:.0f}s (startup.stall_timeout)",
+                                    drain=False)
+    return probing.fire(s, kind, now)
 
 
 def next_wakeup(s: WatchState) -> float | None:
     """The earliest time at which step() has something to do without a new event."""
     if s.state in FINAL:
         return None
-    times = [t for k, t in s.timers.items() if k != "pss"]
+    times: list[float] = []
+    if s.state in CHILD_STATES:
+        due = probing.next_due(s)
+        if due is not None:
+            times.append(due)
+    if s.state == S.CLEANUP and s.release_at is not None:
+        times.append(s.release_at)
     if s.deadline is not None:
         times.append(s.deadline)
     if not s.ever_ready or s.exit_code is not None:
         times.append(s.next_extend)
     return min(times) if times else None
+
+
+def watchdog_ok(s: WatchState) -> bool:
+    """Whether vllmwatch may vouch for itself to systemd (WATCHDOG=1): not with a stale probe."""
+    return s.child is None or not s.child.stale or s.state != S.READY

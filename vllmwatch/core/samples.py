@@ -41,5 +41,18 @@ class MemorySample:
 
     @property
     def host_rule_mib(self) -> float:
-        """The figure the host rules watch: PSS when this sample has it, else RSS."""
-        return self.host_pss_mib if self.host_pss_mib is not None else self.host_rss_mib
+        """The host figure of this sample alone: PSS when it has it, else RSS."""
+        value, _ = host_figure(self, pss_seen=False)
+        assert value is not None
+        return value
+
+
+def host_figure(sample: MemorySample, pss_seen: bool) -> tuple[float | None, bool]:
+    """The figure the host rules watch, and whether PSS has now been seen.
+
+    PSS (shared pages counted once) is the right figure but sampled slowly; RSS stands in only
+    while PSS was never readable for this child, so one series never mixes the two.
+    """
+    if sample.host_pss_mib is not None:
+        return sample.host_pss_mib, True
+    return (None if pss_seen else sample.host_rss_mib), pss_seen

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from vllmwatch.config.quiet import in_window
-from vllmwatch.core import leak, policy
+from vllmwatch.core import leak, policy, probing
 from vllmwatch.core.events import (
     Action,
     CanaryResult,
@@ -14,48 +14,59 @@ from vllmwatch.core.events import (
     MetricsResult,
     Notify,
 )
-from vllmwatch.core.ladder import Result, begin_restart, probe, stop_child
-from vllmwatch.core.state import S, WatchState, goto
+from vllmwatch.core.ladder import begin_restart, stop_child
+from vllmwatch.core.samples import host_figure
+from vllmwatch.core.state import ChildRun, Result, S, WatchState, goto
 
-STARTUP_POLL = 1.0  # how often /health is asked while starting
-DRAIN_POLL = 1.0
+
+def _run(s: WatchState) -> ChildRun:
+    assert s.child is not None, "a result without a child run"
+    return s.child
 
 
 def child_output(s: WatchState, ev: ChildOutput, now: float) -> Result:
     """Any line is progress while starting; milestones are start phases with durations."""
-    if s.state != S.STARTING:
+    if s.state != S.STARTING or s.child is None:
         return s, []
-    s = s.with_(last_progress=now, compile_cache_hit=s.compile_cache_hit or ev.compile_cache_hit)
-    if ev.milestone is None or ev.milestone in s.phases or s.child_started is None:
+    c = s.child
+    s = s.with_child(last_progress=now, compile_cache_hit=c.compile_cache_hit
+                     or ev.compile_cache_hit)
+    if ev.milestone is None or ev.milestone in c.phases:
         return s, []
-    since_start = now - s.child_started
-    prev = s.last_milestone_at if s.last_milestone_at is not None else s.child_started
-    phases = {**s.phases, ev.milestone: round(since_start, 3)}
+    since_start = now - c.started
+    prev = c.last_milestone_at if c.last_milestone_at is not None else c.started
+    phases = {**c.phases, ev.milestone: round(since_start, 3)}
     log = Log("info", "startup.phase", {"phase": ev.milestone, "at_s": round(since_start, 2),
                                         "took_s": round(now - prev, 2)})
-    return s.with_(phases=phases, last_milestone_at=now), [log]
+    return s.with_child(phases=phases, last_milestone_at=now), [log]
 
 
 def health(s: WatchState, ev: HealthResult, now: float) -> Result:
     """A /health answer: readiness step while starting, failure counting while serving."""
     s = s.with_(probe_seconds={**s.probe_seconds, "health": ev.seconds})
     if s.state == S.STARTING:
-        s = s.with_(timers={**s.timers, "health": now + STARTUP_POLL})
-        return probe(s, "canary", now) if ev.ok else (s, [])
+        s = probing.set_timer(s, "health", now + probing.STARTUP_POLL)
+        return probing.start(s, "canary", now) if ev.ok else (s, [])
     if s.state != S.READY:
         return s, []
     if ev.ok:
-        return s.with_(health_failures=0), []
+        return s.with_child(health_failures=0), []
+    if ev.engine_gone:
+        # Measured: EngineCore dead -> /health 503 within 0.2 s and the API server exits 0
+        # seconds later. With the engine process gone nothing can recover: do not wait for
+        # failure_threshold probes.
+        return begin_restart(s, now, "health", "the engine process is gone and /health says "
+                             f"{ev.error or ev.status}", drain=False)
     return _probe_failed(s, now, "health", ev.error or f"HTTP {ev.status}")
 
 
 def _probe_failed(s: WatchState, now: float, kind: str, error: str) -> Result:
     # One counter per probe: a canary that still succeeds must not hide a /health that
     # keeps failing (and the other way round), so neither resets the other's streak.
-    field = "health_failures" if kind == "health" else "canary_failures"
-    n = getattr(s, field) + 1
-    fails = {**s.probe_failures, kind: s.probe_failures.get(kind, 0) + 1}
-    s = s.with_(probe_failures=fails, **{field: n})
+    c = _run(s)
+    n = (c.health_failures if kind == "health" else c.canary_failures) + 1
+    s = s.with_(probe_failures={**s.probe_failures, kind: s.probe_failures.get(kind, 0) + 1})
+    s = s.with_child(health_failures=n) if kind == "health" else s.with_child(canary_failures=n)
     threshold = s.config.probe.failure_threshold
     acts: list[Action] = [Log("warning", "probe.failed", {
         "probe": kind, "error": error, "consecutive": n, "threshold": threshold})]
@@ -75,11 +86,11 @@ def canary(s: WatchState, ev: CanaryResult, now: float) -> Result:
     if s.state != S.READY or ev.warmup:
         return s, []
     if ev.ok:
-        return s.with_(canary_failures=0), []
+        return s.with_child(canary_failures=0), []
     if ev.timed_out:
         # Health says 200 but a 1-token completion did not come back: hung, or merely busy.
         # A fresh scrape decides (policy.is_busy).
-        s = s.with_(hang_suspect=True, timers={**s.timers, "metrics": now})
+        s = probing.set_timer(s.with_child(hang_suspect=True), "metrics", now)
         return s, [Log("warning", "probe.canary_timeout", {
             "timeout_s": s.config.probe.canary_timeout,
             "detail": "checking whether the engine is busy or hung"})]
@@ -87,31 +98,33 @@ def canary(s: WatchState, ev: CanaryResult, now: float) -> Result:
 
 
 def _starting_canary(s: WatchState, ev: CanaryResult, now: float) -> Result:
+    c = _run(s)
     if not ev.ok:
         if ev.warmup:  # a failed warm-up is worth a warning, not a failed start
-            s = s.with_(warmed_up=True)
-            return _become_ready(s, now, [Log("warning", "startup.warmup_failed",
-                                              {"error": ev.error})])
+            return _become_ready(s.with_child(warmed_up=True), now, [
+                Log("warning", "startup.warmup_failed", {"error": ev.error})])
         return s, [Log("debug", "startup.canary_not_yet", {"error": ev.error})]
     if not ev.warmup:
-        phases = {**s.phases, "canary": round(now - (s.child_started or now), 3)}
-        s = s.with_(canary_ok=True, phases=phases)
+        phases = {**c.phases, "canary": round(now - c.started, 3)}
+        s = s.with_child(canary_ok=True, phases=phases)
         if s.config.prewarm.enabled and s.config.prewarm.warmup_request:
-            return probe(s, "warmup", now)
-    return _become_ready(s.with_(warmed_up=True), now, [])
+            return probing.start(s, "warmup", now)
+    return _become_ready(s.with_child(warmed_up=True), now, [])
 
 
 def _become_ready(s: WatchState, now: float, acts: list[Action]) -> Result:
-    took = now - (s.child_started or now)
-    phases = {**s.phases, "ready": round(took, 3)}
+    c = _run(s)
+    took = now - c.started
+    phases = {**c.phases, "ready": round(took, 3)}
     s, more = goto(s, S.READY, now, "health 200 and a real completion succeeded")
     p = s.config.probe
     timers = {"health": now + p.interval, "canary": now + p.canary_interval,
               "metrics": now, "memory": now}
-    s = s.with_(ready_at=now, ever_ready=True, phases=phases, timers=timers,
-                leak=leak.new_state(now), health_failures=0, canary_failures=0)
-    log = Log("info", "child.ready", {"pid": s.pid, "startup_s": round(took, 2),
-                                      "phases": phases, "compile_cache_hit": s.compile_cache_hit})
+    s = s.with_(ever_ready=True).with_child(
+        ready_at=now, phases=phases, timers=timers, leak=leak.new_state(now), health_failures=0,
+        canary_failures=0, probe_done_at={k: now for k in probing.bounds(s)}, stale=())
+    log = Log("info", "child.ready", {"pid": c.pid, "startup_s": round(took, 2),
+                                      "phases": phases, "compile_cache_hit": c.compile_cache_hit})
     acts = [*acts, *more, log]
     if s.recovering and s.last_restart_at is not None:
         acts.append(Log("info", "restart.done", {
@@ -123,46 +136,47 @@ def _become_ready(s: WatchState, now: float, acts: list[Action]) -> Result:
 def metrics(s: WatchState, ev: MetricsResult, now: float) -> Result:
     """A /metrics scrape: busy-vs-hung, stall detection, and the drain's end."""
     s = s.with_(probe_seconds={**s.probe_seconds, "metrics": ev.seconds})
+    c = _run(s)
     if not ev.ok:
-        fails = {**s.probe_failures, "metrics": s.probe_failures.get("metrics", 0) + 1}
-        s = s.with_(probe_failures=fails)
-        if s.state == S.READY and s.hang_suspect:
+        s = s.with_(probe_failures={**s.probe_failures,
+                                    "metrics": s.probe_failures.get("metrics", 0) + 1})
+        if s.state == S.READY and c.hang_suspect:
             return begin_restart(s, now, "hang", "canary timed out and /metrics failed: "
                                  + ev.error, drain=False)
         if s.state == S.DRAINING:
-            s = s.with_(timers={**s.timers, "metrics": now + DRAIN_POLL})
+            s = probing.set_timer(s, "metrics", now + probing.DRAIN_POLL)
         return s, [Log("debug", "probe.metrics_failed", {"error": ev.error})]
-    s = s.with_(running=ev.running, waiting=ev.waiting, kv_cache_usage=ev.kv_cache_usage)
+    s = s.with_child(running=ev.running, waiting=ev.waiting, kv_cache_usage=ev.kv_cache_usage)
     cur = policy.progress_of(now, ev.running, ev.waiting, ev.prompt_tokens,
                              ev.generation_tokens)
-    prev = s.progress
+    prev = c.progress
     if s.state == S.DRAINING:
         if (ev.running or 0) + (ev.waiting or 0) <= 0:
             s, acts = stop_child(s, now)
             return s, [Log("info", "drain.done", {"after_s": round(now - s.since, 2)}), *acts]
-        return s.with_(timers={**s.timers, "metrics": now + DRAIN_POLL}), []
+        return probing.set_timer(s, "metrics", now + probing.DRAIN_POLL), []
     if s.state != S.READY or cur is None:
-        return s.with_(progress=cur or prev), []
-    return _judge_progress(s.with_(progress=cur), prev, cur, now)
+        return s.with_child(progress=cur or prev), []
+    return _judge_progress(s.with_child(progress=cur), prev, cur, now)
 
 
 def _judge_progress(s: WatchState, prev: policy.Progress | None, cur: policy.Progress,
                     now: float) -> Result:
-    if s.hang_suspect:
-        s = s.with_(hang_suspect=False)
+    c = _run(s)
+    acts: list[Action] = []
+    if c.hang_suspect:
+        s = s.with_child(hang_suspect=False)
         # Against the scrape from before the canary was sent, not the last one: that may be
         # only milliseconds older than this one, too close for any counter to have moved.
-        ref = s.canary_ref if s.canary_ref is not None else prev
+        ref = c.canary_ref if c.canary_ref is not None else prev
         if not policy.is_busy(ref, cur):
             return begin_restart(s, now, "hang", "canary timed out while /health said 200 "
                                  "and token counters did not move", drain=False)
-        acts: list[Action] = [Log("info", "probe.canary_busy", {
+        acts.append(Log("info", "probe.canary_busy", {
             "running": cur.running, "waiting": cur.waiting,
-            "detail": "canary slow but the engine is busy and making progress"})]
-    else:
-        acts = []
-    stall = policy.stalled_since(s.stall_since, prev, cur)
-    s = s.with_(stall_since=stall)
+            "detail": "canary slow but the engine is busy and making progress"}))
+    stall = policy.stalled_since(c.stall_since, prev, cur)
+    s = s.with_child(stall_since=stall)
     if stall is not None and now - stall >= s.config.probe.stall_timeout:
         s, more = begin_restart(s, now, "stall", f"{cur.running:g} running and {cur.waiting:g} "
                                 f"waiting, but no token generated for {now - stall:.0f}s",
@@ -174,17 +188,16 @@ def _judge_progress(s: WatchState, prev: policy.Progress | None, cur: policy.Pro
 def memory(s: WatchState, ev: MemorySampled, now: float) -> Result:
     """A memory sample: feed the leak rules while serving."""
     sample = ev.sample
-    s = s.with_(memory=sample)
-    if s.state != S.READY or s.leak is None:
+    if sample is None:
+        return s, [Log("warning", "memory.sample_failed", {"error": ev.error})]
+    s = s.with_child(memory=sample)
+    c = _run(s)
+    if s.state != S.READY or c.leak is None:
         return s, []
-    # PSS (shared pages counted once) is the right host figure but sampled slowly; RSS only
-    # stands in where PSS is never readable, so one series never mixes the two.
-    if sample.host_pss_mib is not None:
-        host, s = sample.host_pss_mib, s.with_(pss_seen=True)
-    else:
-        host = None if s.pss_seen else sample.host_rss_mib
-    state, verdict = leak.observe(s.leak, s.config.memory, now, sample.gpu_rule_mib, host)
-    s = s.with_(leak=state)
+    host, pss_seen = host_figure(sample, c.pss_seen)
+    s = s.with_child(pss_seen=pss_seen)
+    state, verdict = leak.observe(c.leak, s.config.memory, now, sample.gpu_rule_mib, host)
+    s = s.with_child(leak=state)
     if verdict is None:
         return s, []
     if verdict.waits_for_quiet_hours and not in_window(s.config.restart.quiet_hours,

@@ -7,9 +7,11 @@ from dataclasses import dataclass, field
 from enum import Enum
 from typing import Any
 
-from vllmwatch.config.schema import Config
+from vllmwatch.config.schema import Config, VllmConfig
 from vllmwatch.core.events import Action, Log
+from vllmwatch.core.leak import LeakState
 from vllmwatch.core.policy import Progress
+from vllmwatch.core.samples import MemorySample
 
 
 class State(str, Enum):
@@ -56,33 +58,22 @@ class TransitionError(RuntimeError):
 
 
 @dataclass(frozen=True)
-class WatchState:
-    """Everything the pure core knows. Replaced, never mutated."""
+class ChildRun:
+    """One child generation: created whole at spawn, never patched field by field across runs.
 
-    config: Config
-    state: State = S.INIT
-    since: float = 0.0
-    deadline: float | None = None  # the current state's time limit
-    gen: int = 0  # child generation; probe results about older children are dropped
-    pid: int | None = None  # the live child, None once it exited
-    pgid: int | None = None  # its process group, kept until the sweep is done
-    child_started: float | None = None
+    `pid` is None between the Spawn action and its Spawned result, and again once the child
+    exited; `vllm` is the [vllm] section it was launched with (a SIGHUP may change the
+    config's, but this child keeps listening where it was started).
+    """
+
+    gen: int
+    started: float
+    vllm: VllmConfig
+    pid: int | None = None
+    pgid: int | None = None
+    spawned: bool = False  # the shell confirmed the launch (Spawned)
     ready_at: float | None = None
-    ever_ready: bool = False
-    prewarmed: bool = False
     killed: bool = False  # SIGKILL already sent to this child
-    exit_code: int | None = None  # set when vllmwatch itself is shutting down
-    pending: tuple[str, str] | None = None  # (reason, detail) of the restart under way
-    recovering: bool = False  # a restart began and no child has been READY since
-    old_pids: tuple[int, ...] = ()
-    release_deadline: float | None = None
-    backoff_until: float | None = None
-    failures: int = 0  # consecutive failures, for backoff
-    restart_times: tuple[float, ...] = ()
-    restarts_by_reason: dict[str, int] = field(default_factory=dict)
-    last_reason: str | None = None
-    last_detail: str | None = None
-    last_restart_at: float | None = None
     last_progress: float = 0.0  # last child output line during start
     last_milestone_at: float | None = None
     phases: dict[str, float] = field(default_factory=dict)
@@ -91,6 +82,7 @@ class WatchState:
     warmed_up: bool = False
     inflight: frozenset[str] = frozenset()
     timers: dict[str, float] = field(default_factory=dict)  # probe kind -> next due time
+    probe_done_at: dict[str, float] = field(default_factory=dict)  # kind -> last result
     health_failures: int = 0  # consecutive /health failures; only /health 200 resets it
     canary_failures: int = 0  # consecutive canary errors (not timeouts); only a canary resets
     hang_suspect: bool = False
@@ -100,17 +92,63 @@ class WatchState:
     running: float | None = None
     waiting: float | None = None
     kv_cache_usage: float | None = None
+    leak: LeakState | None = None  # the leak rules' state once READY
+    memory: MemorySample | None = None  # the last memory sample
+    pss_seen: bool = False
+    stale: tuple[str, ...] = ()  # probe kinds whose results are overdue
+
+    def with_(self, **changes: Any) -> ChildRun:
+        """A copy with some fields changed."""
+        return dataclasses.replace(self, **changes)
+
+
+@dataclass(frozen=True)
+class WatchState:
+    """Everything the pure core knows for the daemon's lifetime. Replaced, never mutated."""
+
+    config: Config
+    state: State = S.INIT
+    since: float = 0.0
+    deadline: float | None = None  # the current state's time limit
+    gen: int = 0  # child generations launched; results about older children are dropped
+    child: ChildRun | None = None  # the current (or last) child generation
+    ever_ready: bool = False
+    prewarmed: bool = False
+    exit_code: int | None = None  # set when vllmwatch itself is shutting down
+    pending: tuple[str, str] | None = None  # (reason, detail) of the restart under way
+    recovering: bool = False  # a restart began and no child has been READY since
+    old_pids: tuple[int, ...] = ()
+    release_deadline: float | None = None
+    release_at: float | None = None  # next look at the GPUs while the release gate waits
+    sweeping: bool = False  # a Sweep is out and its SweepDone not yet back
+    backoff_until: float | None = None
+    failures: int = 0  # consecutive failures, for backoff
+    restart_times: tuple[float, ...] = ()
+    restarts_by_reason: dict[str, int] = field(default_factory=dict)
+    last_reason: str | None = None
+    last_detail: str | None = None
+    last_restart_at: float | None = None
     probe_seconds: dict[str, float] = field(default_factory=dict)
     probe_failures: dict[str, int] = field(default_factory=dict)
-    leak: Any = None  # leak.LeakState of the current child once READY
-    memory: Any = None  # the last memory.MemorySample
-    pss_seen: bool = False
     next_extend: float = 0.0
     rng: int = 0x2545F4914F6CDD1D
 
     def with_(self, **changes: Any) -> WatchState:
         """A copy with some fields changed."""
         return dataclasses.replace(self, **changes)
+
+    def with_child(self, **changes: Any) -> WatchState:
+        """A copy whose current child record has some fields changed."""
+        assert self.child is not None, "no child record"
+        return dataclasses.replace(self, child=self.child.with_(**changes))
+
+    @property
+    def pid(self) -> int | None:
+        """The live child's pid, if any."""
+        return self.child.pid if self.child is not None else None
+
+
+Result = tuple[WatchState, list[Action]]  # what every core function returns
 
 
 def goto(s: WatchState, to: State, now: float, reason: str, deadline: float | None = None
@@ -121,6 +159,11 @@ def goto(s: WatchState, to: State, now: float, reason: str, deadline: float | No
     log = Log("info", "state.changed", {"from": str(s.state), "to": str(to), "reason": reason,
                                         "after_s": round(now - s.since, 3)})
     return s.with_(state=to, since=now, deadline=deadline), [log]
+
+
+def seeded(seed: int) -> int:
+    """A valid xorshift64 state from any integer (zero is a fixed point, so avoid it)."""
+    return (seed & 0xFFFFFFFFFFFFFFFF) or 0x2545F4914F6CDD1D
 
 
 def next_random(s: WatchState) -> tuple[WatchState, float]:

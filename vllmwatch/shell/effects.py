@@ -1,50 +1,60 @@
-"""The effect seams the loop uses, bundled; RealEffects does real I/O, testing.py fakes it."""
+"""The effect seams the loop uses, bundled; RealEffects does real I/O, vllmwatch.testing fakes
+it. Actions carry what they need (where the child listens, the sweep's port, the release
+tolerance), so nothing here keeps a copy of the config that a SIGHUP could leave stale."""
 
 from __future__ import annotations
 
 import os
-import threading
 from collections.abc import Callable, Mapping
+from dataclasses import replace
 from typing import Any, Protocol
+
+import psutil
 
 from vllmwatch.config import command, vllminfo
 from vllmwatch.config.schema import Config, ConfigError
 from vllmwatch.core.events import (
+    CheckRelease,
     ChildExited,
     Event,
+    MemorySampled,
     PrewarmDone,
+    Probe,
     ReleaseChecked,
+    SampleMemory,
     Spawned,
     SpawnFailed,
+    Sweep,
     SweepDone,
 )
-from vllmwatch.core.samples import MemorySample
 from vllmwatch.prewarm import runner as prewarm
 from vllmwatch.shell import child as childmod
 from vllmwatch.shell.childlog import ChildLog
 from vllmwatch.shell.logs import LogFn
 from vllmwatch.shell.memory import MemorySampler, make_sampler, release_check
 from vllmwatch.shell.notify import Notifier
-from vllmwatch.shell.probes import HttpProber, Prober
+from vllmwatch.shell.probes import HttpProber
 from vllmwatch.status.snapshot import Snapshot
 
 
 class Effects(Protocol):
     """Everything the loop does to the world."""
 
-    log: LogFn
-    notifier: Notifier
+    @property
+    def log(self) -> LogFn: ...
+    @property
+    def notifier(self) -> Notifier: ...
 
     def spawn(self, config: Config, post: Callable[[Event], None]) -> Event: ...
     def child_fd(self) -> int | None: ...
     def poll_child(self) -> ChildExited | None: ...
+    def child_exit_pending(self) -> bool: ...
     def signal_group(self, signame: str) -> None: ...
-    def probe(self, kind: str, gen: int) -> Event: ...
-    def sample_memory(self, with_pss: bool) -> MemorySample: ...
-    def sweep(self, pgid: int | None, settle: float = 0.0) -> SweepDone: ...
-    def check_release(self, old_pids: tuple[int, ...]) -> ReleaseChecked: ...
+    def probe(self, action: Probe) -> Event: ...
+    def sample_memory(self, action: SampleMemory, minute_of_day: int) -> MemorySampled: ...
+    def sweep(self, action: Sweep) -> SweepDone: ...
+    def check_release(self, action: CheckRelease) -> ReleaseChecked: ...
     def prewarm(self, config: Config) -> PrewarmDone: ...
-    def reconfigure(self, config: Config) -> None: ...
     def vllm_version(self) -> str | None: ...
     def publish(self, snapshot: Snapshot) -> None: ...
     def close(self) -> None: ...
@@ -58,6 +68,29 @@ def event_log(log: LogFn) -> Callable[..., None]:
     return adapter
 
 
+def engine_gone(root_pid: int, seen_engine: bool) -> tuple[bool, bool]:
+    """(gone, seen): whether the tree under root_pid has lost the engine process it had.
+
+    vLLM's API server runs its engine as a child titled VLLM::EngineCore (TP workers under
+    it); the fake vLLM's engine says so in its command line. Only a tree that once had one can
+    have lost it.
+    """
+    try:
+        kids = psutil.Process(root_pid).children(recursive=True)
+        has = any(_is_engine(p) for p in kids)
+    except psutil.Error:
+        return False, seen_engine
+    return (seen_engine and not has), (seen_engine or has)
+
+
+def _is_engine(proc: psutil.Process) -> bool:
+    try:
+        cmd = " ".join(proc.cmdline())
+    except psutil.Error:
+        return False
+    return "EngineCore" in cmd or "--role engine" in cmd
+
+
 class RealEffects:
     """Real processes, HTTP, NVML, psutil and sd_notify."""
 
@@ -65,21 +98,25 @@ class RealEffects:
                  environ: Mapping[str, str], sampler: MemorySampler | None = None,
                  publish: Callable[[Snapshot], None] | None = None) -> None:
         self.log, self.notifier, self._environ = log, notifier, dict(environ)
-        self.config = config
         self.marker = childmod.instance_id(config.path)
+        self._gpus = config.vllm.gpus
         self.sampler = sampler or make_sampler(config.vllm.gpus, event_log(log))
+        self._fixed_sampler = sampler is not None
         self._publish = publish
         self._child: childmod.Child | None = None
         self._childlog: ChildLog | None = None
-        self._prober: Prober | None = None
-        self._gen = 0
+        self._api_key: str | None = None
+        self._seen_engine = False
         self._before_launch: dict[int, float] = {}
-        self._version: str | None = vllminfo.version(config.vllm.command)
-        self._lock = threading.Lock()
+        # Read at the first launch, and again whenever vllm.command changes (SIGHUP).
+        self._version: str | None = None
+        self._version_of: list[str] | None = None
 
     def spawn(self, config: Config, post: Callable[[Event], None]) -> Event:
         """Build the command (refusing known-broken flags) and start the child."""
-        self.config = config
+        if self._version_of != config.vllm.command:
+            self._version = vllminfo.version(config.vllm.command)
+            self._version_of = list(config.vllm.command)
         try:
             api_key = command.read_api_key(config)
             extra = self._cache_env(config)
@@ -98,9 +135,7 @@ class RealEffects:
                                fatal=True)
         except OSError as exc:
             return SpawnFailed(f"{cmd.argv[0]}: {exc.strerror or exc}")
-        p = config.probe
-        self._prober = HttpProber(config.vllm.host, config.vllm.port, config.vllm.model_name,
-                                  p.timeout, p.canary_timeout, p.canary_prompt, api_key)
+        self._api_key, self._seen_engine = api_key, False
         self._child = child
         childmod.remember_group(self.marker, child.pid)
         self._childlog = ChildLog(child.stdout, child.pid, post, self.log,
@@ -128,6 +163,10 @@ class RealEffects:
         """The pidfd of the live child, for select()."""
         return self._child.pidfd if self._child is not None else None
 
+    def child_exit_pending(self) -> bool:
+        """Whether the child has exited and poll_child would reap it."""
+        return self._child is not None and self._child.proc.poll() is not None
+
     def poll_child(self) -> ChildExited | None:
         """Reap the child if it exited; drain its output first so the last lines are known."""
         if self._child is None:
@@ -147,44 +186,53 @@ class RealEffects:
         if self._child is not None:
             childmod.signal_group(self._child.pid, signame)
 
-    def probe(self, kind: str, gen: int) -> Event:
-        """Run one probe against the current child (in a worker thread)."""
-        from dataclasses import replace
-
-        prober = self._prober
-        assert prober is not None, "probe before spawn"
+    def probe(self, action: Probe) -> Event:
+        """Run one probe against the child where it listens (in a worker thread)."""
+        p = action.probe
+        prober = HttpProber(action.host, action.port, action.model_name, p.timeout,
+                            p.canary_timeout, p.canary_prompt, self._api_key)
         result: Event
-        if kind == "health":
-            result = prober.health()
-        elif kind == "metrics":
+        if action.kind == "health":
+            health = prober.health()
+            child = self._child
+            if not health.ok and health.status is not None and child is not None:
+                gone, self._seen_engine = engine_gone(child.pid, self._seen_engine)
+                health = replace(health, engine_gone=gone)
+            elif child is not None and not self._seen_engine:
+                _, self._seen_engine = engine_gone(child.pid, False)
+            result = health
+        elif action.kind == "metrics":
             result = prober.metrics()
         else:
-            result = prober.canary(warmup=kind == "warmup")
-        return replace(result, gen=gen)
+            result = prober.canary(warmup=action.kind == "warmup")
+        return replace(result, gen=action.gen)
 
-    def sample_memory(self, with_pss: bool) -> MemorySample:
-        """Sample the current child's tree."""
+    def sample_memory(self, action: SampleMemory, minute_of_day: int) -> MemorySampled:
+        """Sample the current child's tree on the child's GPUs."""
+        gpus = list(action.gpus) if action.gpus is not None else None
+        if gpus != self._gpus and not self._fixed_sampler:
+            self.sampler, self._gpus = make_sampler(gpus, event_log(self.log)), gpus
         pid = self._child.pid if self._child is not None else None
-        return self.sampler.sample(pid, with_pss)
+        return MemorySampled(self.sampler.sample(pid, action.with_pss), minute_of_day,
+                             action.gen)
 
-    def sweep(self, pgid: int | None, settle: float = 0.0) -> SweepDone:
+    def sweep(self, action: Sweep) -> SweepDone:
         """Kill leftovers of our tree and check the port; at start honour kill_stale."""
-        v = self.config.vllm
-        kill = pgid is not None or self.config.restart.kill_stale
-        if kill:
-            done = childmod.sweep(pgid, self.marker, v.host, v.port, settle=settle)
+        if action.pgid is not None or action.kill_stale:
+            done = childmod.sweep(action.pgid, self.marker, action.host, action.port,
+                                  settle=action.settle)
             if not done.remaining:
                 childmod.remove_tmpdirs(self.marker)
             return done
-        ours, foreign = childmod.find_tree(pgid, self.marker)
-        holder = childmod.port_holder(v.host, v.port, ignore=set())
+        ours, foreign = childmod.find_tree(action.pgid, self.marker)
+        holder = childmod.port_holder(action.host, action.port, ignore=set())
         return SweepDone((), tuple(p.pid for p in ours), holder,
                          tuple(childmod.describe(p) for p in foreign))
 
-    def check_release(self, old_pids: tuple[int, ...]) -> ReleaseChecked:
+    def check_release(self, action: CheckRelease) -> ReleaseChecked:
         """Has the GPU given back the old tree's memory?"""
-        ok, detail = release_check(self.sampler, set(old_pids), self._before_launch,
-                                   self.config.restart.gpu_release_tolerance)
+        ok, detail = release_check(self.sampler, set(action.old_pids), self._before_launch,
+                                   action.tolerance_mib)
         return ReleaseChecked(ok, detail)
 
     def prewarm(self, config: Config) -> PrewarmDone:
@@ -193,21 +241,8 @@ class RealEffects:
         failed = [s.name + ": " + s.detail for s in report.steps if s.status == "failed"]
         return PrewarmDone(report.ok, "; ".join(failed))
 
-    def reconfigure(self, config: Config) -> None:
-        """Apply settings that can change live (probes); the command waits for a restart.
-
-        A changed [vllm] means a restart: the running child keeps being probed where it
-        listens (a drain must see its queue), and the next spawn builds a new prober.
-        """
-        if self._prober is not None and config.vllm == self.config.vllm:
-            p = config.probe
-            api_key = self._prober.api_key if isinstance(self._prober, HttpProber) else None
-            self._prober = HttpProber(config.vllm.host, config.vllm.port,
-                                      config.vllm.model_name, p.timeout, p.canary_timeout,
-                                      p.canary_prompt, api_key)
-
     def vllm_version(self) -> str | None:
-        """The configured vLLM's version, read once at start."""
+        """The launched vLLM's version (read at launch, again after vllm.command changed)."""
         return self._version
 
     def publish(self, snapshot: Snapshot) -> None:

@@ -7,20 +7,22 @@ import os
 import queue
 import select
 import signal
+import traceback
+import weakref
 from collections.abc import Callable
-from concurrent.futures import Future, ThreadPoolExecutor
+from concurrent.futures import Executor, Future, ThreadPoolExecutor
 from typing import Any
 
 from vllmwatch.config.schema import Config
-from vllmwatch.core import machine
+from vllmwatch.core import exitcodes, machine
 from vllmwatch.core.events import (
     Action,
+    AsyncAction,
     CheckRelease,
     DoPrewarm,
     Event,
     Exit,
     Log,
-    MemorySampled,
     Notify,
     Probe,
     ReloadRequested,
@@ -31,6 +33,7 @@ from vllmwatch.core.events import (
     StopRequested,
     Sweep,
     Tick,
+    failure_result,
 )
 from vllmwatch.shell.clock import Clock
 from vllmwatch.shell.effects import Effects
@@ -40,21 +43,50 @@ from vllmwatch.status.statusline import snapshot_of, summary
 
 _SIGNALS = (signal.SIGTERM, signal.SIGINT, signal.SIGHUP, signal.SIGUSR1, signal.SIGCHLD)
 STATUS_EVERY = 10.0
+MAX_SLEEP = 5.0  # wake at least this often, whatever the core says
+
+# wait(fds, timeout): block until one of fds is readable or the timeout passes.
+Waiter = Callable[[list[int], float], None]
+
+
+def select_waiter(fds: list[int], timeout: float) -> None:
+    """The real waiter: select() on the self-pipe and the child's pidfd."""
+    with contextlib.suppress(InterruptedError):
+        select.select(fds, [], [], timeout)
+
+
+def _close_fds(*fds: int) -> None:
+    for fd in fds:
+        with contextlib.suppress(OSError):
+            os.close(fd)
 
 
 class Loop:
-    """One loop owns all mutable state; worker threads only do I/O and post events back."""
+    """One loop owns all mutable state; worker threads only do I/O and post events back.
+
+    Every effect it submits posts exactly one result: the worker's own, or, when the worker
+    raised, the action's failure result (events.failure_result) — so no probe stays in flight
+    for good. An unexpected error in the loop itself is logged once with its traceback, the
+    vLLM tree is killed, and run() returns exitcodes.INTERNAL.
+    """
 
     def __init__(self, config: Config, fx: Effects, clock: Clock,
                  reload_config: Callable[[], Config] | None = None,
-                 environ: dict[str, str] | None = None) -> None:
+                 environ: dict[str, str] | None = None, *, seed: int | None = None,
+                 executor: Executor | None = None, waiter: Waiter | None = None,
+                 install_signals: bool = True) -> None:
         self.fx, self.clock, self._reload_config = fx, clock, reload_config
         self._events: queue.SimpleQueue[Event] = queue.SimpleQueue()
         self._wake_r, self._wake_w = os.pipe()
         os.set_blocking(self._wake_r, False)
         os.set_blocking(self._wake_w, False)
-        self._pool = ThreadPoolExecutor(max_workers=8, thread_name_prefix="vllmwatch-io")
-        self.state = machine.initial(config, clock.monotonic())
+        weakref.finalize(self, _close_fds, self._wake_r, self._wake_w)
+        self._pool = executor or ThreadPoolExecutor(max_workers=8,
+                                                    thread_name_prefix="vllmwatch-io")
+        self._wait_fn = waiter or select_waiter
+        self._install = install_signals
+        rng = seed if seed is not None else int.from_bytes(os.urandom(8), "little")
+        self.state = machine.initial(config, clock.monotonic(), rng)
         self.snapshot = Snapshot(config_path=config.path, config_sha256=config.sha256)
         env = environ if environ is not None else dict(os.environ)
         self._watchdog = watchdog_interval(env, os.getpid())
@@ -62,6 +94,7 @@ class Loop:
         self._next_status = 0.0
         self._last_status = ""
         self._pending_signals: list[int] = []
+        self.exit_code: int | None = None
 
     # ---- plumbing ----
 
@@ -71,50 +104,83 @@ class Loop:
         with contextlib.suppress(BlockingIOError, OSError):
             os.write(self._wake_w, b"\0")
 
-    def _submit(self, fn: Callable[[], Event]) -> None:
+    def _submit(self, action: AsyncAction, fn: Callable[[], Event]) -> None:
         def done(fut: Future[Event]) -> None:
+            if fut.cancelled():
+                return  # only on the way out, when nobody waits for results any more
             exc = fut.exception()
-            if exc is not None:
-                self.fx.log("error", "io.failed", error=f"{type(exc).__name__}: {exc}")
+            if exc is None:
+                self.post(fut.result())
                 return
-            self.post(fut.result())
+            self.fx.log("error", "io.failed", action=type(action).__name__,
+                        error=f"{type(exc).__name__}: {exc}",
+                        traceback="".join(traceback.format_exception(exc)))
+            self.post(failure_result(action, f"{type(exc).__name__}: {exc}"))
 
-        self._pool.submit(fn).add_done_callback(done)
+        try:
+            self._pool.submit(fn).add_done_callback(done)
+        except RuntimeError as exc:  # the pool is shut down: still one result
+            self.post(failure_result(action, str(exc)))
+
+    def deliver_signal(self, signum: int, _frame: Any = None) -> None:
+        """The signal handler: only record and wake (gunicorn #3198: no logging here)."""
+        self._pending_signals.append(signum)
+        with contextlib.suppress(BlockingIOError, OSError):
+            os.write(self._wake_w, b"\0")
 
     def _install_signals(self) -> None:
         signal.set_wakeup_fd(self._wake_w, warn_on_full_buffer=False)
         for sig in _SIGNALS:
-            signal.signal(sig, self._on_signal)
-
-    def _on_signal(self, signum: int, _frame: Any) -> None:
-        # Only record; the loop does the work (gunicorn #3198: no logging in handlers).
-        self._pending_signals.append(signum)
+            signal.signal(sig, self.deliver_signal)
 
     # ---- the loop ----
 
     def run(self) -> int:
         """Run until the core says Exit; return its exit code."""
-        self._install_signals()
+        if self._install:
+            self._install_signals()
         try:
-            code = self._turn([Tick()])
+            code = self.start()
             while code is None:
-                self._wait()
-                code = self._turn(self._collect())
+                code = self.turn()
             return code
+        except Exception as exc:
+            self.fx.log("critical", "daemon.crashed", error=f"{type(exc).__name__}: {exc}",
+                        traceback="".join(traceback.format_exception(exc)),
+                        hint="a bug in vllmwatch; the vLLM tree was killed. Please report it "
+                        "with this traceback")
+            return exitcodes.INTERNAL
         finally:
-            self._close()
+            self.close()
 
-    def _wait(self) -> None:
-        now = self.clock.monotonic()
+    def has_work(self) -> bool:
+        """Whether events or signals are waiting (for drivers that step the loop by hand)."""
+        return bool(self._pending_signals) or not self._events.empty() \
+            or self.fx.child_exit_pending()
+
+    def start(self) -> int | None:
+        """The first turn: the core's opening Tick."""
+        return self._turn([Tick()])
+
+    def turn(self) -> int | None:
+        """Wait for something to happen (or the next deadline), then act on it."""
+        self._wait()
+        return self._turn(self._collect())
+
+    def next_deadline(self) -> float | None:
+        """The earliest moment the loop must wake by itself."""
         due = [t for t in (machine.next_wakeup(self.state), self._next_ping_due(),
                            self._next_status) if t is not None]
-        timeout = max(0.0, min(due) - now) if due else 1.0
+        return min(due) if due else None
+
+    def _wait(self) -> None:
+        due = self.next_deadline()
+        timeout = 1.0 if due is None else max(0.0, due - self.clock.monotonic())
         fds = [self._wake_r]
         pidfd = self.fx.child_fd()
         if pidfd is not None:
             fds.append(pidfd)
-        with contextlib.suppress(InterruptedError):
-            select.select(fds, [], [], min(timeout, 5.0))
+        self._wait_fn(fds, min(timeout, MAX_SLEEP))
 
     def _collect(self) -> list[Event]:
         with contextlib.suppress(BlockingIOError, OSError):
@@ -152,50 +218,47 @@ class Loop:
             config = self._reload_config()
         except Exception as exc:
             return ReloadRequested(None, str(exc))
-        self.fx.reconfigure(config)
         return ReloadRequested(config)
 
     def _turn(self, events: list[Event]) -> int | None:
-        code = None
-        for ev in events:
+        pending = list(events)
+        while pending and self.exit_code is None:
+            ev = pending.pop(0)
             self.state, actions = machine.step(self.state, ev, self.clock.monotonic())
             for action in actions:
-                result = self._execute(action)
-                if result is not None:
-                    code = result
+                # A launch's answer is handled before anything else that was waiting, so
+                # no event can see a launch that is out but unanswered by mistake.
+                now_ev = self._execute(action)
+                if now_ev is not None:
+                    pending.insert(0, now_ev)
         self._publish()
-        return code
+        return self.exit_code
 
     # ---- actions ----
 
-    def _execute(self, action: Action) -> int | None:
+    def _execute(self, action: Action) -> Event | None:
         fx = self.fx
         if isinstance(action, Log):
             fx.log(action.level, action.event, **action.fields)
         elif isinstance(action, Notify):
             self._notify(action)
         elif isinstance(action, Spawn):
-            self.post(fx.spawn(action.config, self.post))
+            return fx.spawn(action.config, self.post)
         elif isinstance(action, SignalGroup):
             fx.signal_group(action.signal)
         elif isinstance(action, Probe):
-            kind, gen = action.kind, action.gen
-            self._submit(lambda: fx.probe(kind, gen))
+            self._submit(action, lambda: fx.probe(action))
         elif isinstance(action, SampleMemory):
-            pss, gen = action.with_pss, action.gen
-            self._submit(lambda: MemorySampled(fx.sample_memory(pss), self.clock.minute_of_day(),
-                                               gen))
+            minute = self.clock.minute_of_day()
+            self._submit(action, lambda: fx.sample_memory(action, minute))
         elif isinstance(action, Sweep):
-            pgid, settle = action.pgid, action.settle
-            self._submit(lambda: fx.sweep(pgid, settle))
+            self._submit(action, lambda: fx.sweep(action))
         elif isinstance(action, CheckRelease):
-            old = action.old_pids
-            self._submit(lambda: fx.check_release(old))
+            self._submit(action, lambda: fx.check_release(action))
         elif isinstance(action, DoPrewarm):
-            config = self.state.config
-            self._submit(lambda: fx.prewarm(config))
+            self._submit(action, lambda: fx.prewarm(action.config))
         elif isinstance(action, Exit):
-            return action.code
+            self.exit_code = action.code
         return None
 
     def _notify(self, action: Notify) -> None:
@@ -226,13 +289,14 @@ class Loop:
             self.fx.notifier.send(status_line(text))
             self._last_status, self._next_status = text, now + STATUS_EVERY
         if self._watchdog is not None and now >= self._next_ping:
-            self.fx.notifier.send("WATCHDOG=1")
+            # A stale probe means we can no longer vouch for vLLM: let systemd's watchdog act.
+            if machine.watchdog_ok(self.state):
+                self.fx.notifier.send("WATCHDOG=1")
             self._next_ping = now + self._watchdog
 
-    def _close(self) -> None:
-        signal.set_wakeup_fd(-1)
+    def close(self) -> None:
+        """Restore signals, stop the workers, and never leave a child behind."""
+        if self._install:
+            signal.set_wakeup_fd(-1)
         self._pool.shutdown(wait=False, cancel_futures=True)
         self.fx.close()
-        for fd in (self._wake_r, self._wake_w):
-            with contextlib.suppress(OSError):
-                os.close(fd)

@@ -31,6 +31,8 @@ MIB = 2**20
 
 # Every state gets a series (0 or 1), so dashboards and alerts see a stable set of labels.
 KNOWN_STATES = tuple(str(s) for s in State)
+# The probe kinds the core's freshness guard watches (core/probing.bounds), same reason.
+GUARDED_PROBES = ("health", "canary", "metrics", "memory")
 
 
 class SnapshotCollector(Collector):
@@ -176,6 +178,13 @@ def _probes(snap: Snapshot) -> Iterator[Metric]:
                     "Unix time each probe kind last completed (success or failure); the "
                     "watchdog is blind to that signal when this stops moving", "probe",
                     snap.probe_last_completed)
+    stale = GaugeMetricFamily("vllmwatch_probe_stale",
+                              "1 while a probe kind has no result within its bound (the "
+                              "freshness guard; vllmwatch then stops sending WATCHDOG=1)",
+                              labels=["probe"])
+    for kind in sorted({*GUARDED_PROBES, *snap.stale_probes}):
+        stale.add_metric([kind], 1.0 if kind in snap.stale_probes else 0.0)
+    yield stale
 
 
 def _vllm(snap: Snapshot) -> Iterator[Metric]:

@@ -55,14 +55,12 @@ class Snapshot:
     # Wall-clock time each probe kind last completed (ok or not): the watchdog's freshness.
     probe_last_completed: dict[str, float] = field(default_factory=dict)
     model: str = ""  # the name clients use for the served model
+    stale_probes: tuple[str, ...] = ()  # probe kinds with no result within their bound
     config_path: str = ""
     config_sha256: str = ""
     vllmwatch_version: str = __version__
     vllm_version: str | None = None
     loop_heartbeat: float = 0.0  # monotonic time of the loop's last turn
-    # What the last snapshot was built from, to tell a new probe result from an old one;
-    # never shown (see statusline.completions).
-    seen: tuple[object, ...] = field(default=(), compare=False, repr=False)
 
     @property
     def restarts_total(self) -> int:
@@ -71,10 +69,9 @@ class Snapshot:
 
     def to_json(self) -> dict[str, Any]:
         """A JSON-ready dict for /status."""
-        from dataclasses import asdict, replace
+        from dataclasses import asdict
 
-        out = asdict(replace(self, seen=()))
-        del out["seen"]
+        out = asdict(self)
         out["restarts_total"] = self.restarts_total
         out["memory"]["gpu_tree_by_gpu_mib"] = {
             str(k): v for k, v in self.memory.gpu_tree_by_gpu_mib.items()}

@@ -13,37 +13,33 @@ from __future__ import annotations
 
 import dataclasses
 from collections.abc import Callable
+from concurrent.futures import Executor, Future
 from dataclasses import dataclass, field
 from typing import Any
 
 from vllmwatch.config.schema import Config
-from vllmwatch.core import machine
 from vllmwatch.core.events import (
-    Action,
     CanaryResult,
     CheckRelease,
     ChildExited,
-    DoPrewarm,
     Event,
-    Exit,
     HealthResult,
     Log,
     MemorySampled,
     MetricsResult,
-    Notify,
     PrewarmDone,
     Probe,
     ReleaseChecked,
     SampleMemory,
-    SignalGroup,
-    Spawn,
     Spawned,
+    SpawnFailed,
     Sweep,
     SweepDone,
-    Tick,
 )
 from vllmwatch.core.samples import MemorySample
 from vllmwatch.core.state import WatchState
+from vllmwatch.shell.loop import Loop
+from vllmwatch.status.snapshot import Snapshot
 
 
 class FakeClock:
@@ -108,34 +104,214 @@ class World:
     spawn_fails: str | None = None
     next_pid: int = 100
     child_alive: bool = False
+    engine_gone: bool = False  # /health failures report the engine process gone
     signals: list[str] = field(default_factory=list)
     spawns: int = 0
 
 
+class SyncExecutor(Executor):
+    """Runs each submitted function at once, on the caller's thread (for the Driver)."""
+
+    def submit(self, fn: Callable[..., Any], /, *args: Any, **kwargs: Any) -> Future[Any]:
+        fut: Future[Any] = Future()
+        try:
+            fut.set_result(fn(*args, **kwargs))
+        except Exception as exc:
+            fut.set_exception(exc)
+        return fut
+
+
+class HeldExecutor(Executor):
+    """Queues submitted functions until the test runs them: a worker that is busy."""
+
+    def __init__(self) -> None:
+        self.held: list[tuple[Future[Any], Callable[[], Any]]] = []
+
+    def submit(self, fn: Callable[..., Any], /, *args: Any, **kwargs: Any) -> Future[Any]:
+        fut: Future[Any] = Future()
+        self.held.append((fut, lambda: fn(*args, **kwargs)))
+        return fut
+
+    def release(self, count: int | None = None) -> int:
+        """Run the oldest `count` (default: all) held functions; return how many ran."""
+        n = len(self.held) if count is None else min(count, len(self.held))
+        batch, self.held = self.held[:n], self.held[n:]
+        for fut, fn in batch:
+            try:
+                fut.set_result(fn())
+            except Exception as exc:
+                fut.set_exception(exc)
+        return n
+
+
+def no_wait(_fds: list[int], _timeout: float) -> None:
+    """A waiter for the fake clock: the test moves time, nothing blocks."""
+
+
+class WorldEffects:
+    """The Effects seam against a scripted World, synchronously: what the real daemon does to
+    processes, HTTP and NVML, reduced to flipping fields."""
+
+    def __init__(self, world: World, notifier: FakeNotifier) -> None:
+        self.world, self.notifier = world, notifier
+        self.logs: list[Log] = []
+        self.exited: ChildExited | None = None
+        self.snapshot: Snapshot | None = None
+        self.raise_on: set[str] = set()  # action names whose worker raises, for fault tests
+
+    def log(self, level: str, event: str, **fields: Any) -> None:
+        """Record a log event."""
+        self.logs.append(Log(level, event, fields))
+
+    def spawn(self, config: Config, post: Callable[[Event], None]) -> Event:
+        """Start the fake child (or fail as told)."""
+        w = self.world
+        w.spawns += 1
+        if w.spawn_fails:
+            return SpawnFailed(w.spawn_fails)
+        w.child_alive = True
+        w.next_pid += 1
+        return Spawned(w.next_pid - 1)
+
+    def child_fd(self) -> int | None:
+        """No pidfd: exits are polled."""
+        return None
+
+    def child_exit_pending(self) -> bool:
+        """Whether an exit waits to be polled."""
+        return self.exited is not None
+
+    def poll_child(self) -> ChildExited | None:
+        """The child's exit, once."""
+        exited, self.exited = self.exited, None
+        return exited
+
+    def signal_group(self, signame: str) -> None:
+        """The child obeys SIGKILL always, SIGTERM unless told to ignore it."""
+        w = self.world
+        w.signals.append(signame)
+        if w.child_alive and (signame == "SIGKILL" or not w.ignore_sigterm):
+            w.child_alive = False
+            sig = "SIGKILL" if signame == "SIGKILL" else None
+            self.exited = ChildExited(w.next_pid - 1, None if sig else w.exit_code_on_term, sig)
+
+    def _maybe_raise(self, name: str) -> None:
+        if name in self.raise_on:
+            raise RuntimeError(f"injected failure in {name}")
+
+    def probe(self, action: Probe) -> Event:
+        """Answer a probe from the World's fields."""
+        self._maybe_raise("probe:" + action.kind)
+        w, gen, kind = self.world, action.gen, action.kind
+        warm = kind == "warmup"
+        if not w.child_alive:
+            if kind == "health":
+                return HealthResult(False, None, 0.001, "connection refused", gen=gen)
+            if kind == "metrics":
+                return MetricsResult(False, error="refused", gen=gen)
+            return CanaryResult(False, False, 0.0, "refused", warm, gen=gen)
+        if kind == "health":
+            return HealthResult(w.health_ok, 200 if w.health_ok else 503, 0.001, gen=gen,
+                                engine_gone=w.engine_gone)
+        if kind == "metrics":
+            w.tokens += w.tokens_per_scrape
+            return MetricsResult(True, 0.002, w.running, w.waiting, 0.1, w.tokens / 2,
+                                 w.tokens / 2, gen=gen)
+        if w.canary_timeout:
+            return CanaryResult(False, True, 30.0, "timed out", warm, gen=gen)
+        return CanaryResult(w.canary_ok, False, 0.01, "" if w.canary_ok else "HTTP 500", warm,
+                            gen=gen)
+
+    def sample_memory(self, action: SampleMemory, minute_of_day: int) -> MemorySampled:
+        """A sample with the World's GPU and host figures."""
+        self._maybe_raise("sample_memory")
+        w = self.world
+        sample = MemorySample(source="nvml-process" if w.gpu_mib is not None else "none",
+                              tree_pids=(w.next_pid - 1,), gpu_tree_mib=w.gpu_mib,
+                              host_rss_mib=w.host_mib,
+                              host_pss_mib=w.host_mib if action.with_pss else None)
+        return MemorySampled(sample, minute_of_day, action.gen)
+
+    def sweep(self, action: Sweep) -> SweepDone:
+        """Report (and forget) the World's leftovers and port holder."""
+        self._maybe_raise("sweep")
+        w = self.world
+        done = SweepDone(w.leftovers, (), w.port_holder)
+        w.leftovers = ()
+        return done
+
+    def check_release(self, action: CheckRelease) -> ReleaseChecked:
+        """Released as the World says."""
+        self._maybe_raise("check_release")
+        return ReleaseChecked(self.world.released, "fake")
+
+    def prewarm(self, config: Config) -> PrewarmDone:
+        """Pre-warm as the World says."""
+        self._maybe_raise("prewarm")
+        ok = self.world.prewarm_ok
+        return PrewarmDone(ok, "" if ok else "fake")
+
+    def vllm_version(self) -> str | None:
+        """No version."""
+        return None
+
+    def publish(self, snapshot: Snapshot) -> None:
+        """Keep the latest snapshot."""
+        self.snapshot = snapshot
+
+    def close(self) -> None:
+        """Nothing to clean up."""
+
+
 class Driver:
-    """Runs step() and executes its actions against World, synchronously."""
+    """The real Loop (the same action dispatch as the daemon) over WorldEffects, a FakeClock
+    and a synchronous executor: a whole supervisor scenario runs in milliseconds."""
 
     def __init__(self, config: Config, clock: FakeClock | None = None,
-                 world: World | None = None) -> None:
+                 world: World | None = None, executor: Executor | None = None) -> None:
         self.clock = clock or FakeClock()
         self.world = world or World()
-        self.state: WatchState = machine.initial(config, self.clock.now)
         self.notifier = FakeNotifier()
-        self.logs: list[Log] = []
-        self.exit_code: int | None = None
-        self._queue: list[Event] = []
-        self.send(Tick())
+        self.fx = WorldEffects(self.world, self.notifier)
+        self.loop = Loop(config, self.fx, self.clock, environ={}, seed=1,
+                         executor=executor or SyncExecutor(), waiter=no_wait,
+                         install_signals=False)
+        self.loop.start()
+        self._settle()
+
+    @property
+    def state(self) -> WatchState:
+        """The core's current state."""
+        return self.loop.state
+
+    @property
+    def logs(self) -> list[Log]:
+        """Every logged event so far."""
+        return self.fx.logs
+
+    @property
+    def exit_code(self) -> int | None:
+        """The exit code once the core said Exit."""
+        return self.loop.exit_code
 
     # ---- driving ----
 
+    def _settle(self) -> None:
+        for _ in range(100_000):
+            if self.exit_code is not None or not self.loop.has_work():
+                return
+            self.loop.turn()
+        raise RuntimeError("the loop never settled")
+
     def send(self, event: Event) -> None:
-        """Step one event and everything it causes."""
-        self._queue.append(event)
-        while self._queue and self.exit_code is None:
-            ev = self._queue.pop(0)
-            self.state, actions = machine.step(self.state, ev, self.clock.now)
-            for action in actions:
-                self._do(action)
+        """Post one event and run the loop until everything it caused is done."""
+        self.loop.post(event)
+        self._settle()
+
+    def signal(self, signum: int) -> None:
+        """Deliver a signal as the OS would (the handler only records it)."""
+        self.loop.deliver_signal(signum)
+        self._settle()
 
     def run_until(self, pred: Callable[[], bool], max_seconds: float = 3600.0) -> bool:
         """Advance the fake clock deadline by deadline until pred() or the limit."""
@@ -143,10 +319,11 @@ class Driver:
         while not pred():
             if self.exit_code is not None or self.clock.now >= end:
                 return pred()
-            due = machine.next_wakeup(self.state)
+            due = self.loop.next_deadline()
             step = 1.0 if due is None else max(0.0, min(due, end) - self.clock.now)
             self.clock.advance(max(step, 1e-3))
-            self.send(Tick())
+            self.loop.turn()
+            self._settle()
         return True
 
     def run_for(self, seconds: float) -> None:
@@ -158,80 +335,12 @@ class Driver:
         """The child dies by itself."""
         if self.world.child_alive:
             self.world.child_alive = False
-            self.send(ChildExited(self.world.next_pid - 1, code, signal))
+            self.fx.exited = ChildExited(self.world.next_pid - 1, code, signal)
+            self._settle()
 
     def events(self, name: str) -> list[dict[str, Any]]:
         """The fields of every logged event of that name."""
         return [log.fields for log in self.logs if log.event == name]
-
-    # ---- the fake world ----
-
-    def _do(self, action: Action) -> None:
-        w = self.world
-        if isinstance(action, Log):
-            self.logs.append(action)
-        elif isinstance(action, Notify):
-            self._notify(action)
-        elif isinstance(action, Spawn):
-            w.spawns += 1
-            if w.spawn_fails:
-                from vllmwatch.core.events import SpawnFailed
-
-                self._queue.append(SpawnFailed(w.spawn_fails))
-                return
-            w.child_alive = True
-            self._queue.append(Spawned(w.next_pid))
-            w.next_pid += 1
-        elif isinstance(action, SignalGroup):
-            w.signals.append(action.signal)
-            if w.child_alive and (action.signal == "SIGKILL" or not w.ignore_sigterm):
-                w.child_alive = False
-                sig = "SIGKILL" if action.signal == "SIGKILL" else None
-                code = None if sig else w.exit_code_on_term
-                self._queue.append(ChildExited(w.next_pid - 1, code, sig))
-        elif isinstance(action, Probe):
-            self._queue.append(self._probe(action))
-        elif isinstance(action, SampleMemory):
-            sample = MemorySample(source="nvml-process" if w.gpu_mib is not None else "none",
-                                  tree_pids=(w.next_pid - 1,), gpu_tree_mib=w.gpu_mib,
-                                  host_rss_mib=w.host_mib,
-                                  host_pss_mib=w.host_mib if action.with_pss else None)
-            self._queue.append(MemorySampled(sample, self.clock.minute, action.gen))
-        elif isinstance(action, Sweep):
-            self._queue.append(SweepDone(w.leftovers, (), w.port_holder))
-            w.leftovers = ()
-        elif isinstance(action, CheckRelease):
-            self._queue.append(ReleaseChecked(w.released, "fake"))
-        elif isinstance(action, DoPrewarm):
-            self._queue.append(PrewarmDone(w.prewarm_ok, "" if w.prewarm_ok else "fake"))
-        elif isinstance(action, Exit):
-            self.exit_code = action.code
-
-    def _notify(self, action: Notify) -> None:
-        parts = [k.upper() + "=1" for k in ("ready", "stopping", "reloading")
-                 if getattr(action, k)]
-        if action.extend_usec is not None:
-            parts.append(f"EXTEND_TIMEOUT_USEC={action.extend_usec}")
-        self.notifier.send("\n".join(parts))
-
-    def _probe(self, action: Probe) -> Event:
-        w, gen = self.world, action.gen
-        if not w.child_alive:
-            return HealthResult(False, None, 0.001, "connection refused", gen=gen) \
-                if action.kind == "health" else MetricsResult(False, error="refused", gen=gen) \
-                if action.kind == "metrics" else CanaryResult(False, False, 0.0, "refused",
-                                                              action.kind == "warmup", gen=gen)
-        if action.kind == "health":
-            return HealthResult(w.health_ok, 200 if w.health_ok else 503, 0.001, gen=gen)
-        if action.kind == "metrics":
-            w.tokens += w.tokens_per_scrape
-            return MetricsResult(True, 0.002, w.running, w.waiting, 0.1, w.tokens / 2,
-                                 w.tokens / 2, gen=gen)
-        warm = action.kind == "warmup"
-        if w.canary_timeout:
-            return CanaryResult(False, True, 30.0, "timed out", warm, gen=gen)
-        return CanaryResult(w.canary_ok, False, 0.01, "" if w.canary_ok else "HTTP 500", warm,
-                            gen=gen)
 
 
 def config_with(base: Config, **sections: dict[str, Any]) -> Config:

@@ -1,0 +1,19 @@
+"""The one table of `vllmwatch` exit codes (README, OPERATIONS.md and the units rely on it)."""
+
+from __future__ import annotations
+
+OK = 0  # stopped on request; `check` all passed
+FAILURE = 1  # a check failed, a required pre-warm step failed, or an internal error
+CONFIG = 2  # bad config or vLLM refused its arguments: restarting will not help
+GAVE_UP = 3  # crash-loop guard: too many failed restarts in restart.window
+START = 4  # cannot start: a foreign process holds vllm.port
+INTERNAL = 70  # an unexpected error inside vllmwatch (EX_SOFTWARE); the vLLM tree was killed
+
+MEANING = {
+    OK: "stopped on request",
+    FAILURE: "failure",
+    CONFIG: "bad config, or vLLM refused its arguments (restarting will not help)",
+    GAVE_UP: "crash-loop guard gave up",
+    START: "cannot start: a foreign process holds the port",
+    INTERNAL: "internal error in vllmwatch (a bug: please report the logged traceback)",
+}
