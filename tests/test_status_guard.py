@@ -85,12 +85,14 @@ def _idle(address: tuple[str, int], n: int, stack: ExitStack) -> list[socket.soc
     return [stack.enter_context(socket.create_connection(address, timeout=5)) for _ in range(n)]
 
 
-def _assert_probes(g: Gated, ready: bool) -> None:
-    code, body, took = g.request("/livez")
-    assert (code, body) == (200, b"ok\n") and took < PROBE_DEADLINE_S, (code, body, took)
-    code, body, took = g.request("/readyz")
-    assert code == (200 if ready else 503) and took < PROBE_DEADLINE_S, (code, body, took)
+def _assert_probes(g: Gated, ready: bool) -> float:
+    """Both probes answer right, within the deadline; returns the slower one's seconds."""
+    code, body, live_s = g.request("/livez")
+    assert (code, body) == (200, b"ok\n") and live_s < PROBE_DEADLINE_S, (code, body, live_s)
+    code, body, ready_s = g.request("/readyz")
+    assert code == (200 if ready else 503) and ready_s < PROBE_DEADLINE_S, (code, body, ready_s)
     assert body.startswith(b"ready" if ready else b"not ready")
+    return max(live_s, ready_s)
 
 
 @pytest.mark.parametrize("slots", [1, 4])
@@ -102,11 +104,13 @@ def test_probes_answer_while_every_slot_and_many_idle_clients_are_held(slots: in
             t.start()
         wait_for(lambda: g.server.slots.active == slots)
         _idle(g.server.address, slots * 10 + 5, stack)
-        _assert_probes(g, ready=True)
+        took = [_assert_probes(g, ready=True)]
         g.snap = dataclasses.replace(g.snap, ready=False, state="starting")
-        _assert_probes(g, ready=False)
+        took.append(_assert_probes(g, ready=False))
         g.snap = dataclasses.replace(g.snap, ready=True, draining=True, state="draining")
-        _assert_probes(g, ready=False)
+        took.append(_assert_probes(g, ready=False))
+        print(f"\n[timing] probes with {slots} slots held and {slots * 10 + 5} idle clients: "
+              f"slowest {max(took) * 1000:.1f} ms")
         code, body, took = g.request("/status")  # no slot: refused at once, not queued
         assert (code, body) == (503, b"busy\n") and took < PROBE_DEADLINE_S
         # The idle clients are cut at their deadline, each counted once.
@@ -156,6 +160,21 @@ def test_head_requests_to_probes_have_no_body() -> None:
             reply += chunk
         assert reply.startswith(b"HTTP/1.0 200 OK\r\n") and reply.endswith(b"\r\n\r\n")
         assert b"Content-Length: 3\r\n" in reply
+
+
+def test_a_probe_whose_snapshot_fails_is_a_500_and_the_front_door_stays_open() -> None:
+    with gated() as g:
+        good = g.server.get_snapshot
+
+        def broken() -> Snapshot:
+            raise RuntimeError("boom")
+
+        g.server.get_snapshot = broken
+        assert g.request("/livez")[0] == 500
+        g.server.get_snapshot = good
+        _assert_probes(g, ready=True)
+    assert ("status.handler_failed", {"path": "/livez", "error": "RuntimeError('boom')"}) \
+        in g.events
 
 
 class _Clock:

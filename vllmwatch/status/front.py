@@ -102,7 +102,11 @@ class Front:
     def _run(self) -> None:
         try:
             while not self._stopping.is_set():
-                self._turn()
+                try:
+                    self._turn()
+                except Exception as exc:  # never end the front door: the probes live here
+                    self.app.log("error", "status.front_failed", error=repr(exc))
+                    self._stopping.wait(0.1)
         finally:
             self._close_all()
 
