@@ -14,7 +14,9 @@ from __future__ import annotations
 import json
 import re
 import shutil
+import socket
 import subprocess
+import time
 import urllib.parse
 import urllib.request
 from collections.abc import Iterator
@@ -230,3 +232,16 @@ def test_operations_doc_names_every_metric_and_alert(exposed: set[str]) -> None:
     assert not undocumented, f"metrics missing from OPERATIONS.md: {sorted(undocumented)}"
     alerts = {r["alert"] for g in yaml.safe_load(RULES.read_text())["groups"] for r in g["rules"]}
     assert not {a for a in alerts if f"`{a}`" not in chapter}
+
+
+def test_the_real_daemon_answers_probes_past_a_crowd_of_idle_clients(daemon: Daemon) -> None:
+    host, port = daemon.status_listen.rsplit(":", 1)
+    crowd = [socket.create_connection((host, int(port)), timeout=5) for _ in range(100)]
+    try:
+        for path, expected in (("/livez", 200), ("/readyz", 200)):
+            began = time.monotonic()
+            assert daemon.http_get(path, timeout=2.0)[0] == expected
+            assert time.monotonic() - began < 1.0, path
+    finally:
+        for sock in crowd:
+            sock.close()

@@ -104,7 +104,7 @@ App = TypeVar("App", bound=Guarded)
 class GuardedServer(HTTPServer, Generic[App]):
     """An HTTP server whose accept thread only accepts and whose handlers are capped."""
 
-    request_queue_size = 128
+    request_queue_size = 1024  # the kernel caps it at net.core.somaxconn
 
     def __init__(self, family: socket.AddressFamily, sockaddr: tuple[Any, ...],
                  handler: type[GuardedHandler], app: App, max_pending: int = 512) -> None:
