@@ -30,6 +30,7 @@ from pathlib import Path
 from typing import Any
 
 import psutil
+from waiting import holds_within, wait_until
 
 from vllmwatch.shell.child import MARKER, instance_id
 
@@ -65,15 +66,7 @@ def wait_for(pred: Callable[[], Any], timeout: float, what: str = "condition",
              poll: float = 0.02) -> Any:
     """Poll pred() until it returns something truthy; fail with `what` after
     timeout * TIMEOUT_SCALE seconds."""
-    timeout *= TIMEOUT_SCALE
-    deadline = time.monotonic() + timeout
-    while True:
-        got = pred()
-        if got:
-            return got
-        if time.monotonic() >= deadline:
-            raise AssertionError(f"timed out after {timeout:.1f}s waiting for {what}")
-        time.sleep(poll)
+    return wait_until(pred, timeout * TIMEOUT_SCALE, what, poll)
 
 
 def _toml_value(value: Any) -> str:
@@ -362,23 +355,13 @@ class Daemon:
 def wait_for_gone(get: Callable[[], list[psutil.Process]], timeout: float
                   ) -> list[psutil.Process]:
     """Poll get() until it is empty or timeout; return what is still there."""
-    deadline = time.monotonic() + timeout
-    while True:
-        left = get()
-        if not left or time.monotonic() >= deadline:
-            return left
-        time.sleep(0.05)
+    holds_within(lambda: not get(), timeout)
+    return get()
 
 
 def wait_for_value(pred: Callable[[], bool], timeout: float) -> bool:
-    """Poll pred() until True or timeout; return its last value."""
-    deadline = time.monotonic() + timeout
-    while True:
-        if pred():
-            return True
-        if time.monotonic() >= deadline:
-            return False
-        time.sleep(0.05)
+    """Poll pred() until True or timeout; return whether it held."""
+    return holds_within(pred, timeout)
 
 
 def ts_of(event: Event) -> float:

@@ -18,6 +18,7 @@ from pathlib import Path
 from typing import Any, TypeVar
 
 import pytest
+from waiting import wait_until
 
 from vllmwatch.testing.fake_vllm import parse_args
 
@@ -33,14 +34,7 @@ def free_port() -> int:
 
 def wait_for(check: Callable[[], T], timeout: float = 5.0, what: str = "condition") -> T:
     """Poll ``check`` until it returns something truthy, or fail after ``timeout``."""
-    deadline = time.monotonic() + timeout
-    while True:
-        value = check()
-        if value:
-            return value
-        if time.monotonic() > deadline:
-            raise AssertionError(f"timed out after {timeout}s waiting for {what}")
-        time.sleep(0.02)
+    return wait_until(check, timeout, what)
 
 
 def http(port: int, path: str, body: dict[str, Any] | None = None, key: str | None = None,

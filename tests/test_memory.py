@@ -5,12 +5,12 @@ from __future__ import annotations
 import os
 import subprocess
 import sys
-import time
 from collections.abc import Callable, Iterator
 from typing import Any
 
 import psutil
 import pytest
+from waiting import wait_until
 
 from vllmwatch.core import release as gpu_release
 from vllmwatch.core.samples import GpuProcess, MemorySample
@@ -53,11 +53,7 @@ class Events:
 
 
 def wait_for(cond: Callable[[], bool], timeout: float = 30.0, what: str = "") -> None:
-    deadline = time.monotonic() + timeout
-    while not cond():
-        if time.monotonic() > deadline:
-            raise AssertionError(f"timed out waiting for {what}")
-        time.sleep(0.02)
+    wait_until(cond, timeout, what)
 
 
 @pytest.fixture(scope="module")

@@ -202,6 +202,24 @@ def test_engine_crash_is_crash_or_health(daemon: Factory) -> None:
     report("engine crash: restart.begin -> READY", ts_of(ready) - ts_of(begin))
 
 
+def test_engine_death_restarts_at_the_first_503_not_after_the_threshold(
+        daemon: Factory) -> None:
+    # The API server lives on for 30 s answering 503 (as vLLM's does for seconds); with the
+    # engine process gone one probe is enough, not failure_threshold (5 here, 0.5 s apart).
+    d = daemon(["--engine-crash-after", "1", "--engine-death-exit-delay", "30"],
+               {"probe": {"failure_threshold": 5}})
+    d.wait_ready()
+    since = d.mark()
+    begin = wait_for(lambda: d.named("restart.begin", since), 10.0, "restart.begin")[0]
+    assert begin["reason"] == "health" and "engine process is gone" in begin["detail"]
+    assert not d.named("probe.failed", since)  # no threshold counting was needed
+    crashed = fault_at(d, "EngineCore encountered a fatal error", since)
+    report("engine death (API server alive, 503): fault -> restart.begin",
+           ts_of(begin) - crashed)
+    assert ts_of(begin) - crashed < 5.0
+    d.wait_ready(15.0, since=d.events.index(begin))
+
+
 def test_health_failures_restart_after_threshold(daemon: Factory) -> None:
     # The canary keeps succeeding: /health failing alone must still restart.
     d = daemon(["--health-fail-after", "1"])

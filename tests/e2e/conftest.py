@@ -13,13 +13,13 @@ import copy
 import os
 import signal
 import subprocess
-import time
 from collections.abc import Callable, Iterator, Mapping
 from pathlib import Path
 from typing import Any
 
 import pytest
 from daemon_harness import Daemon, free_port, port_free
+from waiting import holds_within
 
 from e2e.e2e_harness import (
     REPO,
@@ -130,11 +130,9 @@ def _tear_down(daemon: Daemon) -> list[str]:
         daemon.close(check=True)  # the shared harness: marker and port checks
     except AssertionError as exc:
         problems.append(str(exc)[:2000])
-    left = group_leftovers(daemon)  # orphans that lost the marker (setproctitle)
-    deadline = time.monotonic() + 5
-    while left and time.monotonic() < deadline:
-        time.sleep(0.2)
-        left = group_leftovers(daemon)
+    # orphans that lost the marker (setproctitle), given 5 s to finish exiting
+    holds_within(lambda: not group_leftovers(daemon), 5.0, poll=0.2)
+    left = group_leftovers(daemon)
     if left:
         problems.append("vLLM processes left behind (now killed):\n" + describe(left))
         kill_all(left)

@@ -197,7 +197,8 @@ def _compare_host_memory(d: Daemon, root: int, rounds: int = 3) -> dict[str, Any
                        "a host memory sample in /status")
         after = _direct_host_mib(root)
         rows.append((mem["host_rss_mib"], mem.get("host_pss_mib"), before, after))
-        time.sleep(1.1)  # the next sample (memory.sample_interval = 1 s)
+        beat = status(d)["loop_heartbeat"]  # the next sample (memory.sample_interval = 1 s)
+        wait_for(lambda b=beat: status(d)["loop_heartbeat"] >= b + 1.0, SHORT, "next sample")
     root_rss = psutil.Process(root).memory_info().rss / 2**20
     for sampled_rss, sampled_pss, before, after in rows:
         direct_rss = (before[0] + after[0]) / 2

@@ -183,7 +183,11 @@ class DoPrewarm:
 
 @dataclass(frozen=True)
 class Spawn:
-    """Start the child with this config."""
+    """Start the child with this config.
+
+    The one synchronous action: the shell answers it (Spawned or SpawnFailed) before any other
+    event is stepped, so the core never sees a launch that is out but unanswered.
+    """
 
     config: Config
 

@@ -132,11 +132,17 @@ def _spawn_failed(s: WatchState, ev: SpawnFailed, now: float) -> Result:
         s = s.with_(exit_code=exitcodes.CONFIG)
     if s.state not in CHILD_STATES:
         return s, acts
-    s, more = ladder.begin_restart(s, now, "crash", f"could not start: {ev.error}", drain=False)
-    if s.state in CHILD_STATES:
-        s, sweep = ladder.sweep(s, now, "spawn failed")
-        more += sweep
+    s, more = _crashed(s, now, f"could not start: {ev.error}", "spawn failed")
     return s, acts + more
+
+
+def _crashed(s: WatchState, now: float, detail: str, why: str) -> Result:
+    """The child is gone unasked: a crash restart, and the sweep at once (nothing to stop)."""
+    s, acts = ladder.begin_restart(s, now, "crash", detail, drain=False)
+    if s.state in CHILD_STATES:
+        s, more = ladder.sweep(s, now, why)
+        acts += more
+    return s, acts
 
 
 def _child_exited(s: WatchState, ev: ChildExited, now: float) -> Result:
@@ -162,10 +168,7 @@ def _child_exited(s: WatchState, ev: ChildExited, now: float) -> Result:
             "(see `vllmwatch print-command` and `vllmwatch check`)"}))
         s = s.with_(exit_code=exitcodes.CONFIG)
     detail = ("during start: " if s.state == S.STARTING else "") + why
-    s, more = ladder.begin_restart(s, now, "crash", detail, drain=False)
-    if s.state in CHILD_STATES:
-        s, sweep = ladder.sweep(s, now, "child exited")
-        more += sweep
+    s, more = _crashed(s, now, detail, "child exited")
     return s, acts + more
 
 
