@@ -10,12 +10,13 @@ import select
 import socket
 import threading
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 from contextlib import contextmanager
 from typing import Any
 
 import pytest
 from prometheus_client.parser import text_string_to_metric_families
+from waiting import wait_until
 
 from vllmwatch.status import cli as status_cli
 from vllmwatch.status import metrics
@@ -87,12 +88,6 @@ def running(snap: Snapshot | None = None, **kwargs: Any) -> Iterator[Harness]:
     finally:
         harness.server.stop()
 
-
-def wait_for(condition: Callable[[], bool], deadline_s: float = 5.0) -> None:
-    end = time.monotonic() + deadline_s
-    while not condition():
-        assert time.monotonic() < end, "condition not met before the deadline"
-        time.sleep(0.01)
 
 
 # --- parse_listen and binding ---------------------------------------------------------------
@@ -356,7 +351,7 @@ def test_a_slow_client_is_cut_off_at_the_deadline() -> None:
         port = h.server.address[1]
         assert (_slowloris(port, idle=False, limit_s=5) or 99) < 1.5
         assert (_slowloris(port, idle=True, limit_s=5) or 99) < 1.5
-        wait_for(lambda: h.server.slots.active == 0)
+        wait_until(lambda: h.server.slots.active == 0, 5, "handler slots to be free")
         assert h.request("/livez")[0] == 200
 
 
@@ -415,7 +410,7 @@ def test_stress_never_stalls_the_loop() -> None:
         stop.set()
         threads[0].join(timeout=2)
         assert not any(t.is_alive() for t in threads)
-        wait_for(lambda: h.server.slots.active == 0, 3)
+        wait_until(lambda: h.server.slots.active == 0, 3, "handler slots to be free")
     assert time.monotonic() - began < 15
     assert failures == []
     assert len(latencies) == 400

@@ -12,12 +12,13 @@ import http.client
 import socket
 import threading
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 from contextlib import ExitStack, contextmanager
 from typing import Any
 
 import pytest
 from prometheus_client.parser import text_string_to_metric_families
+from waiting import wait_until
 
 from vllmwatch.status.http_guard import Rejections
 from vllmwatch.status.server import StatusServer
@@ -56,7 +57,7 @@ class Gated:
 
     def rejected(self) -> dict[str, float]:
         self.gate.set()
-        wait_for(lambda: self.server.slots.active == 0)  # the held handlers finish first
+        wait_until(lambda: self.server.slots.active == 0, 5, "the held handlers to finish")
         body = self.request("/metrics")[1].decode()
         return {s.labels["reason"]: s.value for f in text_string_to_metric_families(body)
                 if f.name == "vllmwatch_status_rejected" for s in f.samples}
@@ -72,12 +73,6 @@ def gated(**kwargs: Any) -> Iterator[Gated]:
         g.gate.set()
         g.server.stop()
 
-
-def wait_for(condition: Callable[[], bool], deadline_s: float = 5.0) -> None:
-    end = time.monotonic() + deadline_s
-    while not condition():
-        assert time.monotonic() < end, "condition not met before the deadline"
-        time.sleep(0.01)
 
 
 def _idle(address: tuple[str, int], n: int, stack: ExitStack) -> list[socket.socket]:
@@ -102,7 +97,7 @@ def test_probes_answer_while_every_slot_and_many_idle_clients_are_held(slots: in
                    for _ in range(slots)]
         for t in holders:
             t.start()
-        wait_for(lambda: g.server.slots.active == slots)
+        wait_until(lambda: g.server.slots.active == slots, 5, "every slot to be held")
         _idle(g.server.address, slots * 10 + 5, stack)
         took = [_assert_probes(g, ready=True)]
         g.snap = dataclasses.replace(g.snap, ready=False, state="starting")
@@ -114,7 +109,8 @@ def test_probes_answer_while_every_slot_and_many_idle_clients_are_held(slots: in
         code, body, took = g.request("/status")  # no slot: refused at once, not queued
         assert (code, body) == (503, b"busy\n") and took < PROBE_DEADLINE_S
         # The idle clients are cut at their deadline, each counted once.
-        wait_for(lambda: g.server.rejections.snapshot()["timeout"] >= slots * 10 + 5)
+        wait_until(lambda: g.server.rejections.snapshot()["timeout"] >= slots * 10 + 5, 5,
+                   "the idle clients to be cut at their deadline")
         g.snap = dataclasses.replace(g.snap, ready=True, draining=False, state="ready")
         _assert_probes(g, ready=True)
         counts = g.rejected()  # sets the gate: the held handlers finish
@@ -130,7 +126,8 @@ def test_probes_answer_while_every_slot_and_many_idle_clients_are_held(slots: in
 def test_a_flood_of_idle_clients_overflows_oldest_first_and_probes_still_answer() -> None:
     with gated(max_clients=2, client_timeout=10.0, max_pending=8) as g, ExitStack() as stack:
         _idle(g.server.address, 30, stack)
-        wait_for(lambda: g.server.rejections.snapshot()["overflow"] >= 22)
+        wait_until(lambda: g.server.rejections.snapshot()["overflow"] >= 22, 5,
+                   "the oldest idle clients to be dropped")
         _assert_probes(g, ready=True)
         assert g.rejected()["overflow"] >= 22
 
