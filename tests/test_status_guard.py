@@ -7,6 +7,7 @@ vllmwatch_status_rejected_total{reason} and logged at a bounded rate.
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import http.client
 import socket
@@ -17,6 +18,8 @@ from contextlib import ExitStack, contextmanager
 from typing import Any
 
 import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
 from prometheus_client.parser import text_string_to_metric_families
 from waiting import wait_until
 
@@ -204,3 +207,68 @@ def test_rejections_are_logged_once_a_minute_with_their_count(
     rej.flush(clock.t, force=True)  # what stop() does
     assert [(None if t == 1000.0 else t, n) for t, n in logged] == expected
     assert rej.snapshot()["timeout"] == len(times)
+
+
+# --- property: whatever the crowd does, probes answer and nothing is left held -------------
+
+_CROWD = st.lists(st.sampled_from(["idle", "partial", "hangup", "garbage", "oversize",
+                                   "status", "metrics"]), max_size=40)
+
+
+def _crowd_member(address: tuple[str, int], kind: str, stack: ExitStack) -> socket.socket | None:
+    sock = socket.create_connection(address, timeout=5)
+    if kind == "hangup":
+        sock.close()
+        return None
+    stack.enter_context(sock)
+    payload = {"idle": b"", "partial": b"GET /livez HTTP/1.1\r\nHost: x\r\n",
+               "garbage": b"\x16\x03\x01 not http \r\n\r\n", "oversize": b"X" * 20000,
+               "status": b"GET /status HTTP/1.0\r\n\r\n",
+               "metrics": b"GET /metrics HTTP/1.0\r\n\r\n"}[kind]
+    with contextlib.suppress(OSError):  # the server may already have refused it
+        sock.sendall(payload)
+    return sock
+
+
+def _closed_by_server(sock: socket.socket) -> bool:
+    try:
+        sock.setblocking(False)
+        while sock.recv(65536):
+            pass
+        return True  # EOF
+    except BlockingIOError:
+        return False  # still open, nothing to read
+    except OSError:
+        return True  # reset
+
+
+@settings(max_examples=12, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(crowd=_CROWD, chunks=st.integers(1, 6),
+       state=st.sampled_from([(True, False), (False, False), (True, True)]))
+def test_probes_answer_whatever_the_crowd_does(crowd: list[str], chunks: int,
+                                               state: tuple[bool, bool]) -> None:
+    ready, draining = state
+    with gated(max_clients=2, client_timeout=0.5, max_pending=16) as g, ExitStack() as stack:
+        g.gate.set()  # handlers run freely: the crowd is what holds things
+        g.snap = dataclasses.replace(g.snap, ready=ready, draining=draining)
+        members = [_crowd_member(g.server.address, kind, stack) for kind in crowd]
+        request = b"GET /readyz HTTP/1.0\r\n\r\n"
+        with socket.create_connection(g.server.address, timeout=5) as probe:
+            began = time.monotonic()
+            step = -(-len(request) // chunks)
+            for i in range(0, len(request), step):  # the probe itself arrives in pieces
+                probe.sendall(request[i:i + step])
+            reply = probe.recv(4096)
+            took = time.monotonic() - began
+        want = b"200" if ready and not draining else b"503"
+        assert reply.split(b" ", 2)[1] == want and took < PROBE_DEADLINE_S, (reply, took)
+        _assert_probes(g, ready=ready and not draining)
+        # Every crowd member is answered or cut within its deadline; nothing stays held.
+        open_ones = [s for s in members if s is not None]
+        wait_until(lambda: all(_closed_by_server(s) for s in open_ones), 3,
+                   "the server to close every crowd connection")
+        wait_until(lambda: g.server.slots.active == 0 and g.server.waiting == 0, 3,
+                   "slots and pending connections to drain")
+    refused = sum(g.server.rejections.snapshot().values())
+    assert refused <= len(crowd)
+    assert [kw for ev, kw in g.events if ev == "status.front_failed"] == []

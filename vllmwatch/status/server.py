@@ -104,6 +104,11 @@ class StatusServer:
         host, port = self._httpd.server_address[:2]
         return str(host), int(port)
 
+    @property
+    def waiting(self) -> int:
+        """Connections whose request head has not arrived yet (0 when not started)."""
+        return self._httpd.front.waiting if self._httpd is not None else 0
+
     def start(self) -> None:
         """Bind and serve; raise StatusListenError if the address is bad, taken or remote."""
         family, sockaddr = self._resolve()
