@@ -135,6 +135,41 @@ def test_a_flood_of_idle_clients_overflows_oldest_first_and_probes_still_answer(
         assert g.rejected()["overflow"] >= 22
 
 
+def test_probes_answer_through_a_storm_of_new_connections() -> None:
+    """A client opening connections as fast as it can, holding 300 at a time (below the
+    pending cap: the flood test above covers overflow; 600 sockets stay under a 1024 fd limit)."""
+    with gated(client_timeout=5.0) as g:
+        stop = threading.Event()
+        opened = [0]
+
+        def storm() -> None:
+            held: list[socket.socket] = []
+            while not stop.is_set():
+                held.append(socket.create_connection(g.server.address, timeout=5))
+                opened[0] += 1
+                time.sleep(0.001)  # pacing (~1000/s): one process shares its GIL with the server
+                if len(held) > 300:
+                    held.pop(0).close()
+            for sock in held:
+                sock.close()
+
+        flood = threading.Thread(target=storm, daemon=True)
+        flood.start()
+        try:
+            wait_until(lambda: opened[0] > 200, 10, "the storm to start")
+            before, took = opened[0], []
+            end = time.monotonic() + 30
+            while opened[0] - before < 300:  # probe all along 300 new connections
+                took.append(_assert_probes(g, ready=True))
+                assert time.monotonic() < end, "the storm stalled"
+            during, slowest = opened[0] - before, max(took)
+        finally:
+            stop.set()
+            flood.join(10)
+        print(f"\n[timing] {len(took)} probe pairs during a storm ({during} connections "
+              f"opened meanwhile): slowest {slowest * 1000:.1f} ms")
+
+
 def test_a_trickled_probe_is_still_answered() -> None:
     with gated(max_clients=1, client_timeout=3.0) as g, \
             socket.create_connection(g.server.address, timeout=5) as sock:

@@ -111,9 +111,11 @@ class Front:
             self._close_all()
 
     def _turn(self) -> None:
-        for key, _ in self._sel.select(self._timeout()):
+        ready = self._sel.select(self._timeout())
+        # Heads that arrived are read before newcomers are taken in, so that a flood of new
+        # connections cannot evict a probe whose request is already here.
+        for key, _ in ready:
             if key.fileobj is self._wake_r:
-                self._take_incoming()
                 continue
             try:
                 self._read(key.data)
@@ -121,6 +123,8 @@ class Front:
                 self.app.log("error", "status.front_failed", error=repr(exc))
                 self._drop(key.data)
                 key.data.sock.close()
+        if any(key.fileobj is self._wake_r for key, _ in ready):
+            self._take_incoming()
         now = self.clock()
         self._expire(now)
         self.app.tick(now)
