@@ -150,8 +150,12 @@ class Front:
                 oldest = next(iter(self._pending))
                 self._drop(oldest)
                 self.app.reject("overflow", oldest, None)
-            pending.sock.setblocking(False)
-            self._sel.register(pending.sock, selectors.EVENT_READ, pending)
+            try:
+                pending.sock.setblocking(False)
+                self._sel.register(pending.sock, selectors.EVENT_READ, pending)
+            except (OSError, ValueError):  # closed under us: nothing to read or answer
+                pending.sock.close()
+                continue
             self._pending[pending] = None
 
     def _read(self, pending: Pending) -> None:
