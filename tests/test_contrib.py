@@ -7,6 +7,7 @@
   package, which scripts/test.sh installs when root; skipped with the reason otherwise.
 - Every dashboard query is accepted by a real Prometheus scraping that daemon (the
   `prometheus` binary of the same package), so a PromQL typo cannot ship.
+- The daemon's exposition passes `promtool check metrics` (Prometheus naming lint).
 """
 
 from __future__ import annotations
@@ -255,3 +256,12 @@ def test_the_real_daemon_answers_probes_past_a_crowd_of_idle_clients(daemon: Dae
     finally:
         for sock in crowd:
             sock.close()
+
+
+def test_exposition_passes_promtools_naming_lint(daemon: Daemon) -> None:
+    """`promtool check metrics`: base units, _total on counters, no reserved suffixes."""
+    code, body = daemon.http_get("/metrics")
+    assert code == 200
+    out = subprocess.run([_tool("promtool"), "check", "metrics"], input=body,
+                         capture_output=True, timeout=60, check=False)
+    assert out.returncode == 0 and not out.stdout.strip(), (out.stdout + out.stderr).decode()
