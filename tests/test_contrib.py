@@ -265,3 +265,22 @@ def test_exposition_passes_promtools_naming_lint(daemon: Daemon) -> None:
     out = subprocess.run([_tool("promtool"), "check", "metrics"], input=body,
                          capture_output=True, timeout=60, check=False)
     assert out.returncode == 0 and not out.stdout.strip(), (out.stdout + out.stderr).decode()
+
+
+def test_dashboard_layout_is_sound() -> None:
+    """Unique panel ids, every panel inside the 24-column grid, no two panels overlapping,
+    every query panel on the data source variable."""
+    dash = json.loads(DASHBOARD.read_text())
+    panels = dash["panels"]
+    ids = [p["id"] for p in panels]
+    assert len(ids) == len(set(ids))
+    cells: dict[tuple[int, int], str] = {}
+    for p in panels:
+        g = p["gridPos"]
+        assert g["x"] >= 0 and g["x"] + g["w"] <= 24 and g["h"] > 0, p["title"]
+        for x in range(g["x"], g["x"] + g["w"]):
+            for y in range(g["y"], g["y"] + g["h"]):
+                assert (x, y) not in cells, f"{p['title']} overlaps {cells[(x, y)]}"
+                cells[(x, y)] = p["title"]
+        if p["type"] != "row":
+            assert p["datasource"]["uid"] == "${datasource}" and p["targets"], p["title"]
