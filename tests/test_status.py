@@ -522,3 +522,22 @@ def test_probe_completions_are_wall_clock_and_outlive_their_child() -> None:
     second = completions(new, Snapshot(probe_last_completed=first), to_wall)
     assert second == {"health": 1.7e9 + 60, "canary": 1.7e9 + 12}  # canary: from the old child
     assert completions(None, Snapshot(probe_last_completed=second), to_wall) == second
+
+
+@pytest.mark.parametrize(("cgroup", "unit"), [
+    ("0::/system.slice/vllmwatch.service\n", "vllmwatch.service"),
+    ("0::/system.slice/system-vllmwatch.slice/vllmwatch@gpu1.service\n", "vllmwatch@gpu1.service"),
+    ("12:pids:/system.slice/vllmwatch.service\n11:cpu:/\n", "vllmwatch.service"),
+    ("0::/user.slice/user-1000.slice/user@1000.service/app.slice/term.scope\n", ""),
+    ("0::/kubepods.slice/kubepods-pod1.slice/cri-containerd-abc.scope\n", ""),
+    ("0::/\n", ""),
+    ("", ""),
+])
+def test_the_unit_label_comes_from_our_own_cgroup(cgroup: str, unit: str) -> None:
+    assert metrics.systemd_unit(cgroup) == unit
+
+
+def test_instance_name_prefers_the_environment() -> None:
+    assert metrics.host_identity({"VLLMWATCH_INSTANCE_NAME": "pod-7"})["instance_name"] == "pod-7"
+    ident = metrics.host_identity({})
+    assert ident["instance_name"] in (ident["host"], f"{ident['host']}/{ident['unit']}")

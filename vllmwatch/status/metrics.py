@@ -84,17 +84,25 @@ def host_identity(environ: Mapping[str, str] = os.environ) -> dict[str, str]:
     return {"instance_name": name, "host": host, "unit": unit}
 
 
+def systemd_unit(cgroup_text: str) -> str:
+    """The service unit whose cgroup we are in ("" when none), from /proc/self/cgroup text.
+
+    Only the innermost component counts: a shell in user@1000.service/app.slice/... is not
+    running as that unit.
+    """
+    for line in cgroup_text.splitlines():
+        last = line.rpartition(":")[2].rstrip("/").rpartition("/")[2]
+        if last.endswith(".service"):
+            return last
+    return ""
+
+
 def _systemd_unit() -> str:
     try:
         with open("/proc/self/cgroup", encoding="utf-8") as f:
-            lines = f.read().splitlines()
+            return systemd_unit(f.read())
     except OSError:
         return ""
-    for line in lines:
-        for part in reversed(line.rpartition(":")[2].split("/")):
-            if part.endswith(".service"):
-                return part
-    return ""
 
 
 def build_registry(get_snapshot: Callable[[], Snapshot],
