@@ -224,6 +224,17 @@ def test_dashboard_queries_run_in_prometheus(daemon: Daemon, tmp_path: Path) -> 
             assert not [e for e in empty if name in e], (name, empty)
         up = _query(port, 'up{job="vllmwatch"}')["data"]["result"]
         assert [r["value"][1] for r in up] == ["1"]
+        # The alerts' joins match real series (their thresholds left out).
+        joins = {
+            'vllmwatch_memory_rule_bytes{kind="host"} / on(instance, job, kind) '
+            'vllmwatch_memory_limit_bytes{kind="host"}': 1,
+            '(time() - vllmwatch_probe_last_completed_timestamp_seconds'
+            '{probe=~"health|canary|metrics|memory"}) and on(instance, job) '
+            'vllmwatch_ready == 1': 4,
+            "vllmwatch_probe_stale": 4,
+        }
+        for expr, series in joins.items():
+            assert len(_query(port, expr)["data"]["result"]) == series, expr
     finally:
         proc.terminate()
         try:
