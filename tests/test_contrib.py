@@ -256,17 +256,31 @@ def test_operations_doc_names_every_metric_and_alert(exposed: set[str]) -> None:
     assert not {a for a in alerts if f"`{a}`" not in chapter}
 
 
+def _rejected(daemon: Daemon, reason: str) -> float:
+    body = daemon.http_get("/metrics")[1].decode()
+    match = re.search(rf'^vllmwatch_status_rejected_total{{reason="{reason}"}} (\S+)$', body,
+                      re.MULTILINE)
+    return float(match.group(1)) if match else -1.0
+
+
 def test_the_real_daemon_answers_probes_past_a_crowd_of_idle_clients(daemon: Daemon) -> None:
+    """Wired as in production: probes in time, the idle clients cut, counted and logged once."""
     host, port = daemon.status_listen.rsplit(":", 1)
+    since, before = daemon.mark(), _rejected(daemon, "timeout")
     crowd = [socket.create_connection((host, int(port)), timeout=5) for _ in range(100)]
     try:
         for path, expected in (("/livez", 200), ("/readyz", 200)):
             began = time.monotonic()
             assert daemon.http_get(path, timeout=2.0)[0] == expected
             assert time.monotonic() - began < 1.0, path
+        wait_for(lambda: _rejected(daemon, "timeout") >= before + 100, 10.0,
+                 "the idle clients to be cut at the 5 s deadline and counted")
     finally:
         for sock in crowd:
             sock.close()
+    logged = daemon.named("status.rejected", since)
+    assert len(logged) == 1, logged  # the first at once, the rest within the minute's limit
+    assert logged[0]["counts"] == {"timeout": 1}
 
 
 def test_exposition_passes_promtools_naming_lint(daemon: Daemon) -> None:
