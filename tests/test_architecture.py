@@ -116,8 +116,6 @@ def _cycles(graph: dict[str, set[str]]) -> list[list[str]]:
     return out
 
 
-@pytest.mark.xfail(strict=True, reason="the check/ circle (runner <-> checks) is being removed on "
-                   "the `cfg` branch (issue 11): remove this marker when it is gone")
 def test_no_import_circle() -> None:
     # Package __init__ files hold only docstrings (testing/ aside), so edges into a package
     # are edges into its modules; a circle through them is a real one.

@@ -16,9 +16,10 @@ from vllmwatch.config.command import (
     accepts_shutdown_timeout,
     args_to_argv,
     build,
+    read_api_key,
     redact_argv,
 )
-from vllmwatch.config.schema import from_dict
+from vllmwatch.config.schema import ConfigError, from_dict
 
 
 def cfg(**vllm: Any) -> Any:
@@ -60,7 +61,8 @@ def test_extra_args_verbatim_after_args() -> None:
     ("args", {"disable-logprobs-during-spec-decoding": True}, ["removed"]),
     ("args", {"device": "cuda"}, ["removed", "vllm.gpus"]),
     ("args", {"port": 9000}, ["set by vllmwatch", "vllm.port"]),
-    ("args", {"api-key": "sk-1"}, ["api_key_file"]),
+    ("args", {"disable-log-requests": True}, ["removed", "enable-log-requests"]),
+    ("extra_args", ["--disable-log-requests"], ["removed"]),
     ("extra_args", ["--enforce-eager", "False"], ["boolean flag"]),
     ("extra_args", ["--enforce-eager=False"], ["boolean flag"]),
     ("extra_args", ["--rope-scaling", '{"type":"yarn"}'], ["removed"]),
@@ -140,3 +142,66 @@ def test_unreadable_key_file_is_a_config_error(tmp_path: Path) -> None:
                           str(conf)], capture_output=True, text=True, check=False)
     assert out.returncode == 2
     assert "vllm.api_key_file" in out.stderr and "Traceback" not in out.stderr
+
+
+@pytest.mark.parametrize(("where", "value", "variable"), [
+    ("args", {"hf-token": "hf_secret1"}, "HF_TOKEN"),
+    ("args", {"hf_token": "hf_secret1"}, "HF_TOKEN"),
+    ("args", {"api-key": "hf_secret1"}, "VLLM_API_KEY"),
+    ("extra_args", ["--hf-token", "hf_secret1"], "HF_TOKEN"),
+    ("extra_args", ["--hf-token=hf_secret1"], "HF_TOKEN"),
+    ("extra_args", ["--api-key", "hf_secret1", "--seed", "1"], "VLLM_API_KEY"),
+])
+def test_secret_flags_move_from_argv_to_the_environment(
+        where: str, value: Any, variable: str) -> None:
+    cmd = build(cfg(**{where: value}), {})
+    assert cmd.env[variable] == "hf_secret1"
+    assert not any("hf_secret1" in a for a in cmd.argv)
+    assert "--hf-token" not in cmd.argv and "--api-key" not in cmd.argv
+    assert "hf_secret1" not in cmd.display()
+    assert f"{variable}={REDACTED}" in cmd.display()
+
+
+def test_bare_hf_token_flag_stays_and_redaction_spares_the_next_flag() -> None:
+    cmd = build(cfg(extra_args=["--hf-token", "--seed", "1"]), {})
+    assert "--hf-token" in cmd.argv and "HF_TOKEN" not in cmd.env
+    assert redact_argv(["--hf-token", "--seed", "1"]) == ["--hf-token", "--seed", "1"]
+
+
+def test_api_key_in_args_reaches_the_canary_and_conflicts_with_the_file(tmp_path: Path) -> None:
+    assert read_api_key(cfg(args={"api-key": "k1"})) == "k1"
+    (tmp_path / "k").write_text("k2")
+    with pytest.raises(ConfigError, match="set twice"):
+        read_api_key(cfg(args={"api-key": "k1"}, api_key_file=str(tmp_path / "k")))
+
+
+@pytest.mark.parametrize("name", ["HF_TOKEN", "MY_API_KEY", "DB_PASSWORD", "AWS_SECRET_X",
+                                  "HUGGING_FACE_HUB_TOKEN", "GCP_CREDENTIALS", "X_AUTH"])
+def test_secret_like_env_names_are_redacted_in_display(name: str) -> None:
+    cmd = build(cfg(env={name: "s3cr3t-value", "VLLM_LOGGING_LEVEL": "INFO"}), {})
+    assert cmd.env[name] == "s3cr3t-value"
+    assert "s3cr3t-value" not in cmd.display()
+    assert "VLLM_LOGGING_LEVEL=INFO" in cmd.display()
+
+
+def test_print_command_never_shows_secrets(tmp_path: Path) -> None:
+    conf = tmp_path / "c.toml"
+    conf.write_text('[vllm]\nmodel = "/m"\n[vllm.env]\nHF_TOKEN = "hf_envsecret"\n'
+                    '[vllm.args]\nhf-token = "hf_argsecret"\n[prewarm]\nenabled = false\n')
+    out = subprocess.run([sys.executable, "-m", "vllmwatch", "print-command", "--config",
+                          str(conf)], capture_output=True, text=True, check=True)
+    assert "hf_envsecret" not in out.stdout and "hf_argsecret" not in out.stdout
+    assert "--hf-token" not in out.stdout
+
+
+def test_a_guides_whole_set_of_bad_flags_is_refused_in_one_message() -> None:
+    with pytest.raises(CommandError) as err:
+        build(cfg(args={"rope-scaling": {"type": "yarn"}, "device": "cuda",
+                        "enforce-eager": "False", "kv-cache-dtype": "fp16",
+                        "disable-log-requests": True},
+                  extra_args=["--disable-logprobs-during-spec-decoding", "--port", "1"]), {})
+    keys = [p.key for p in err.value.problems]
+    assert keys == ["vllm.args.rope-scaling", "vllm.args.device", "vllm.args.enforce-eager",
+                    "vllm.args.kv-cache-dtype", "vllm.args.disable-log-requests",
+                    "vllm.extra_args[0]", "vllm.extra_args[1]"]
+    assert str(err.value).startswith("<config>: 7 problems:")

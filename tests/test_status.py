@@ -473,10 +473,9 @@ def test_cli_url_from_config(tmp_path: Any, capsys: pytest.CaptureFixture[str]) 
         assert status_cli.main(str(path), None, as_json=True) == 0
     assert json.loads(capsys.readouterr().out)["state"] == "ready"
     path.write_text('[vllm]\nmodel = "m"\n[status]\nlisten = ""\n')
-    assert status_cli.main(str(path), None, as_json=False) == 1
+    assert status_cli.main(str(path), None, as_json=False) == 2
     assert "disables the status listener" in capsys.readouterr().err
-    assert status_cli.url_from_config(str(tmp_path / "missing.toml")) == status_cli.DEFAULT_URL
-    path.write_text('[vllm]\nmodel = "m"\n[status]\nlisten = ":9101"\n')
+    path.write_text('[vllm]\nmodel = "m"\n[status]\nlisten = ":9101"\nallow_remote = true\n')
     assert status_cli.url_from_config(str(path)) == "http://127.0.0.1:9101"
     path.write_text('[vllm]\nmodel = "m"\n[status]\nlisten = "[::1]:9102"\n')
     assert status_cli.url_from_config(str(path)) == "http://[::1]:9102"

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import copy
 import os
+import shutil
 import signal
 import subprocess
 from collections.abc import Callable, Iterator, Mapping
@@ -30,6 +31,7 @@ from e2e.e2e_harness import (
     group_leftovers,
     kill_all,
 )
+from vllmwatch.config import vllmflags, vllminfo
 
 VENV = Path(os.environ.get("VLLMWATCH_VLLM_VENV", REPO / ".cache" / "vllm-venv"))
 MODEL = Path(os.environ.get("VLLMWATCH_TINY_MODEL", REPO / ".cache" / "tiny-model"))
@@ -51,6 +53,16 @@ def tiny_model(vllm_venv: Path) -> Path:
     subprocess.run([str(vllm_venv / "bin" / "python"), str(REPO / "scripts" /
                     "make_tiny_model.py"), str(MODEL)], check=True, timeout=600)
     return MODEL
+
+
+@pytest.fixture(scope="session")
+def vllm_flags(vllm_venv: Path) -> Path:
+    """vLLM's own list of `serve` flags, asked once (it imports torch: 15-40 s here) and kept
+    under .cache; each daemon's cache gets a copy, so no launch asks in the background."""
+    command = [str(vllm_venv / "bin" / "vllm"), "serve"]
+    where = REPO / ".cache" / "e2e-vllm-flags"
+    vllmflags.known_flags(command, vllminfo.version(command), str(where))
+    return where
 
 
 def real_vllm_config(venv: Path, model: Path, workdir: Path) -> dict[str, Any]:
@@ -91,7 +103,7 @@ def _merge(base: dict[str, Any], over: Mapping[str, Any]) -> dict[str, Any]:
 
 
 @pytest.fixture
-def start_daemon(tmp_path: Path, vllm_venv: Path, tiny_model: Path
+def start_daemon(tmp_path: Path, vllm_venv: Path, tiny_model: Path, vllm_flags: Path
                  ) -> Iterator[Callable[..., Daemon]]:
     """Start vllmwatch over the real vLLM; afterwards check that it stops and leaves nothing."""
     daemons: list[Daemon] = []
@@ -101,6 +113,8 @@ def start_daemon(tmp_path: Path, vllm_venv: Path, tiny_model: Path
         """Start one; `config` reuses another daemon's config (same file, same marker)."""
         if config is None:
             config = _merge(real_vllm_config(vllm_venv, tiny_model, tmp_path), overrides or {})
+        shutil.copytree(vllm_flags, tmp_path / "cache" / f"vllm-flags-{os.geteuid()}",
+                        dirs_exist_ok=True)
         daemon = Daemon(tmp_path, config)
         daemons.append(daemon)
         return daemon.start()

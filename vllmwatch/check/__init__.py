@@ -1,5 +1,6 @@
-"""The preflight checklist (`vllmwatch check`): base types and the runner, then one module per
-group of checks (model, max-model-len, GPUs).
+"""The preflight checklist (`vllmwatch check`): base types (base.py), the runner, then one
+module per group of checks (vllm, model, max-model-len, host: port and caches, GPUs).
 
-May import: config, shell (child/port helpers), prewarm (cache locations).
+Checks import base.py, never the runner; the runner imports every check at the top.
+May import: config, shell (child, port and group-file helpers), prewarm (cache locations).
 """

@@ -11,7 +11,8 @@ import contextlib
 from collections.abc import Callable
 from typing import Any
 
-from vllmwatch.check.runner import FAIL, PASS, WARN, CheckResult, describe_pid
+from vllmwatch.check.base import FAIL, PASS, WARN, CheckResult
+from vllmwatch.shell.child import describe_pid
 
 _MIB = 1 << 20
 # Device memory used with no visible process above this is someone else's (another

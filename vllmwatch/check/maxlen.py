@@ -9,8 +9,8 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
+from vllmwatch.check.base import FAIL, PASS, SKIP, WARN, CheckResult, Context
 from vllmwatch.check.model import hub_snapshot, local_model_dir, read_json
-from vllmwatch.check.runner import FAIL, PASS, SKIP, WARN, CheckResult, Context
 from vllmwatch.config import command
 
 # The keys vLLM reads for a model's context length; it takes the smallest one present.

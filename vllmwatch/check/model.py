@@ -14,7 +14,7 @@ from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any, TextIO
 
-from vllmwatch.check.runner import FAIL, PASS, SKIP, WARN, CheckResult, Context
+from vllmwatch.check.base import FAIL, PASS, SKIP, WARN, CheckResult, Context
 from vllmwatch.config import command
 
 _CHUNK = 8 << 20

@@ -1,5 +1,7 @@
-"""Configuration: the typed, frozen Config, TOML loading and validation, value converters,
-units, quiet hours, the vLLM command builder and vLLM version info.
+"""Configuration: the typed, frozen Config, TOML loading and validation (schema, errors, the
+numeric bounds of every key, converters, units, addresses), quiet hours, the vLLM command
+builder and its flag rules (command, flags), vLLM version info and its accepted flags
+(vllminfo, vllmflags), and trusted private files (private).
 
 May import: the stdlib and third-party parsers only; nothing else of vllmwatch.
 """

@@ -9,21 +9,18 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from vllmwatch.config import flags
+from vllmwatch.config.errors import Problem
+from vllmwatch.config.flags import flag_name as flag_name  # re-exported for callers
 from vllmwatch.config.schema import Config, ConfigError
 
 # Variables that belong to our own unit and must never reach the child: a child that could
 # notify systemd or ping our watchdog would let a dead vllmwatch look alive.
 _STRIP_ENV = ("NOTIFY_SOCKET", "WATCHDOG_USEC", "WATCHDOG_PID", "LISTEN_FDS", "LISTEN_PID",
               "LISTEN_FDNAMES", "VLLMWATCH_CONFIG")
-_OWNED_FLAGS = {
-    "model": "vllm.model",
-    "port": "vllm.port",
-    "host": "vllm.host",
-    "served-model-name": "vllm.served_model_name",
-    "api-key": "vllm.api_key_file (the key is passed through the environment, not argv)",
-}
-_SECRET_WORDS = ("key", "token", "secret", "password")
-_KV_CACHE_DTYPES = ("auto", "bfloat16", "fp8", "fp8_e4m3", "fp8_e5m2", "fp8_inc", "fp8_ds_mla")
+# Substrings of variable and flag names whose values are secret: shown as <redacted>.
+_SECRET_WORDS = ("key", "token", "secret", "password", "passwd", "credential", "auth",
+                 "private")
 REDACTED = "<redacted>"
 
 
@@ -46,17 +43,15 @@ class ChildCommand:
         return (prefix + " " if prefix else "") + shlex.join(redact_argv(self.argv))
 
 
-def flag_name(key: str) -> str:
-    """Normalise a flag name: no dashes in front, dashes instead of underscores."""
-    return key.lstrip("-").replace("_", "-")
-
-
 def args_to_argv(args: Mapping[str, object], path: str = "<config>") -> list[str]:
-    """Translate the [vllm.args] table to flags: true -> --f, false -> --no-f, tables -> JSON."""
+    """Translate the [vllm.args] table to flags: true -> --f, false -> --no-f, tables -> JSON.
+
+    Raises CommandError listing every refused flag.
+    """
+    _raise(path, flags.args_problems(args, ()))
     out: list[str] = []
     for key, value in args.items():
         name = flag_name(key)
-        _refuse_legacy(name, value, path, f"vllm.args.{key}")
         if value is True:
             out.append(f"--{name}")
         elif value is False:
@@ -69,67 +64,48 @@ def args_to_argv(args: Mapping[str, object], path: str = "<config>") -> list[str
 
 
 def check_extra_args(extra: list[str], path: str = "<config>") -> None:
-    """Refuse legacy flags and malformed JSON among verbatim extra_args."""
-    for i, token in enumerate(extra):
-        key = f"vllm.extra_args[{i}]"
-        if token.startswith("--"):
-            name, _, inline = token[2:].partition("=")
-            value: object = inline if inline else _next_value(extra, i)
-            _refuse_legacy(flag_name(name), value, path, key)
-        elif token.lstrip().startswith(("{", "[")):
-            _check_json(token, path, key)
-        if "=" in token and token.startswith("--"):
-            inline = token.partition("=")[2]
-            if inline.lstrip().startswith(("{", "[")):
-                _check_json(inline, path, key)
+    """Refuse legacy flags and malformed JSON among verbatim extra_args (all at once)."""
+    _raise(path, flags.args_problems({}, extra))
 
 
-def _next_value(extra: list[str], i: int) -> object:
-    if i + 1 < len(extra) and not extra[i + 1].startswith("--"):
-        return extra[i + 1]
-    return True
+def _raise(path: str, problems: list[Problem]) -> None:
+    if problems:
+        first, *rest = problems
+        raise CommandError(path, first.key, first.problem, first.line, rest)
 
 
-def _check_json(text: str, path: str, key: str) -> None:
-    try:
-        json.loads(text)
-    except json.JSONDecodeError as exc:
-        raise CommandError(path, key, f"bad JSON {text!r}: {exc.msg} at column {exc.colno}; "
-                           "in [vllm.args] write it as a TOML table instead, e.g. "
-                           "hf-overrides = { rope_parameters = { rope_type = \"yarn\" } }"
-                           ) from None
+def split_secrets(argv: list[str]) -> tuple[list[str], dict[str, str]]:
+    """Move the values of secret flags (--hf-token, --api-key) from argv to the environment.
 
-
-def _refuse_legacy(name: str, value: object, path: str, key: str) -> None:
-    """The flags a widely copied guide gets wrong, each with its modern replacement."""
-    if name in _OWNED_FLAGS:
-        raise CommandError(path, key, f"--{name} is set by vllmwatch; use {_OWNED_FLAGS[name]}")
-    if name in ("rope-scaling", "rope-theta"):
-        raise CommandError(path, key, f"--{name} was removed from vLLM; use hf-overrides = "
-                           "{ rope_parameters = { rope_type = \"yarn\", factor = 4.0, "
-                           "original_max_position_embeddings = 32768 } } in [vllm.args]")
-    if name == "disable-logprobs-during-spec-decoding":
-        raise CommandError(path, key, "--disable-logprobs-during-spec-decoding was removed from "
-                           "vLLM; delete it (nothing replaces it)")
-    if name == "device":
-        raise CommandError(path, key, "--device was removed from vLLM, which picks the platform "
-                           "itself; choose GPUs with vllm.gpus = [0, 1] instead")
-    if name == "kv-cache-dtype" and isinstance(value, str) and value not in _KV_CACHE_DTYPES:
-        hint = " (fp16 is not a choice: \"auto\" keeps the model's dtype)" if value in (
-            "fp16", "float16", "half") else ""
-        raise CommandError(path, key, f"--kv-cache-dtype {value!r} is not accepted{hint}; "
-                           f"choose one of {', '.join(_KV_CACHE_DTYPES)}")
-    if isinstance(value, str) and value.strip().lower() in ("true", "false"):
-        raise CommandError(path, key, f"--{name} is a boolean flag and takes no value "
-                           f"{value!r}; in [vllm.args] write {name} = true (--{name}) or "
-                           f"{name} = false (--no-{name})")
-    if isinstance(value, str) and value.lstrip().startswith(("{", "[")):
-        _check_json(value, path, key)
+    A bare flag (--hf-token with no value: use the cached login) stays in argv.
+    """
+    out: list[str] = []
+    env: dict[str, str] = {}
+    skip = False
+    for i, token in enumerate(argv):
+        if skip:
+            skip = False
+            continue
+        name, eq, inline = token[2:].partition("=") if token.startswith("--") else ("", "", "")
+        variable = flags.SECRET_FLAGS.get(flag_name(name)) if name else None
+        value = inline if eq else flags.next_value(argv, i)
+        if variable is None or value is True:
+            out.append(token)
+            continue
+        env[variable] = str(value)
+        skip = not eq
+    return out, env
 
 
 def read_api_key(config: Config) -> str | None:
     """Read vllm.api_key_file; None when no key is configured."""
     path = config.vllm.api_key_file
+    in_args = {flag_name(k): v for k, v in config.vllm.args.items()}.get("api-key")
+    if path and in_args is not None:
+        raise ConfigError(config.path, "vllm.args.api-key", "set twice: also by "
+                          "vllm.api_key_file; keep one (the file keeps the key out of the config)")
+    if isinstance(in_args, str) and in_args:
+        return in_args
     if not path:
         return None
     try:
@@ -162,9 +138,9 @@ def build(config: Config, base_env: Mapping[str, str], api_key: str | None = Non
     if v.served_model_name:
         argv += ["--served-model-name", v.served_model_name]
     argv += ["--host", v.host, "--port", str(v.port)]
-    argv += args_to_argv(v.args, config.path)
-    check_extra_args(v.extra_args, config.path)
-    argv += v.extra_args
+    _raise(config.path, flags.args_problems(v.args, v.extra_args, vllm_version))
+    user, secret_env = split_secrets([*args_to_argv(v.args, config.path), *v.extra_args])
+    argv += user
     given = {flag_name(a.partition("=")[0]) for a in argv if a.startswith("--")}
     if accepts_shutdown_timeout(vllm_version) and "shutdown-timeout" not in given:
         argv += ["--shutdown-timeout", str(int(config.restart.drain_timeout))]
@@ -179,6 +155,9 @@ def build(config: Config, base_env: Mapping[str, str], api_key: str | None = Non
     env = {k: val for k, val in base_env.items() if k not in _STRIP_ENV}
     env.update(shown)
     env.setdefault("PYTHONUNBUFFERED", "1")
+    for name, value in secret_env.items():
+        env[name] = value
+        shown[name] = REDACTED
     if api_key is not None:
         env["VLLM_API_KEY"] = api_key
         shown["VLLM_API_KEY"] = REDACTED
@@ -194,7 +173,7 @@ def redact_argv(argv: tuple[str, ...] | list[str]) -> list[str]:
     """Replace the values of secret-looking flags (api-key, token, ...) with <redacted>."""
     out: list[str] = []
     hide_next = False
-    for token in argv:
+    for i, token in enumerate(argv):
         if hide_next:
             out.append(REDACTED)
             hide_next = False
@@ -202,7 +181,7 @@ def redact_argv(argv: tuple[str, ...] | list[str]) -> list[str]:
         if token.startswith("--") and _is_secret(token):
             name, eq, _ = token.partition("=")
             out.append(f"{name}={REDACTED}" if eq else token)
-            hide_next = not eq
+            hide_next = not eq and flags.next_value(list(argv), i) is not True
             continue
         out.append(token)
     return out

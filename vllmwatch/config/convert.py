@@ -50,14 +50,9 @@ def _int_in(low: int, high: int) -> Converter:
     return conv
 
 
-def _pos_float(value: object) -> float:
-    if isinstance(value, bool) or not isinstance(value, (int, float)) or value <= 0:
-        raise ValueError("")
-    return float(value)
-
-
-def _fraction(value: object) -> float:
-    if isinstance(value, bool) or not isinstance(value, (int, float)) or not 0 <= value <= 1:
+def _number(value: object) -> float:
+    # Range checks are in bounds.py, per key; here only the type.
+    if isinstance(value, bool) or not isinstance(value, (int, float)):
         raise ValueError("")
     return float(value)
 
@@ -116,11 +111,11 @@ CONVERTERS: dict[str, tuple[Converter, str]] = {
     "bool": (_bool, "true or false"),
     "port": (_int_in(1, 65535), "a port number 1-65535"),
     "pos_int": (_int_in(1, 1_000_000), "a whole number >= 1"),
-    "pos_float": (_pos_float, "a number > 0"),
-    "fraction": (_fraction, "a number from 0 to 1"),
+    "pos_float": (_number, "a number"),
+    "fraction": (_number, "a number"),
     "duration": (units.parse_duration, units.DURATION_HELP),
-    "size": (units.parse_size_mib, units.SIZE_HELP + ", or 0 for off"),
-    "rate": (units.parse_rate_mib_per_h, units.RATE_HELP + ", or 0 for off"),
+    "size": (units.parse_size_mib, units.SIZE_HELP),
+    "rate": (units.parse_rate_mib_per_h, units.RATE_HELP),
     "str_list": (_str_list, "an array of strings"),
     "str_table": (_str_table, "a table of names to strings"),
     "args_table": (_args_table, "a table of vLLM flag names (no dashes) to values"),

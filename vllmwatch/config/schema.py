@@ -6,14 +6,17 @@ import dataclasses
 import difflib
 import hashlib
 import os
-import re
 import sys
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from vllmwatch.config import flags
+from vllmwatch.config.bounds import DAY, bounds_of
 from vllmwatch.config.convert import CONVERTERS, choice, show
+from vllmwatch.config.errors import ConfigError, Problem, line_of, raise_all
+from vllmwatch.config.hosts import listen_problem
 
 if sys.version_info >= (3, 11):
     import tomllib
@@ -21,16 +24,8 @@ else:  # pragma: no cover - exercised on Python 3.10 only
     import tomli as tomllib
 
 DEFAULT_PATH = "/etc/vllmwatch/vllmwatch.toml"
-
-
-class ConfigError(Exception):
-    """A config problem a person can act on: file, key, value and what is accepted."""
-
-    def __init__(self, path: str, key: str, problem: str, line: int | None = None) -> None:
-        self.path, self.key, self.problem, self.line = path, key, problem, line
-        place = f"{path}:{line}" if line else path
-        where = f"{place}: {key}" if key else place
-        super().__init__(f"{where}: {problem}")
+HOUR = 3600.0
+__all__ = ["Config", "ConfigError", "Problem", "config_path", "from_dict", "line_of", "load"]
 
 
 def _conv(kind: str, default: object, **extra: Any) -> Any:
@@ -72,8 +67,8 @@ class VllmConfig:
 class StartupConfig:
     """Limits on a start: total time and time without log progress."""
 
-    timeout: float = _conv("duration", 1800.0)
-    stall_timeout: float = _conv("duration", 300.0)
+    timeout: float = _conv("duration", 1800.0, low=1.0)
+    stall_timeout: float = _conv("duration", 300.0, low=1.0)
 
 
 @dataclass(frozen=True)
@@ -81,13 +76,13 @@ class ProbeConfig:
     """Health, metrics and canary probing."""
 
     interval: float = _conv("duration", 5.0)
-    timeout: float = _conv("duration", 5.0)
+    timeout: float = _conv("duration", 5.0, high=HOUR)
     failure_threshold: int = _conv("pos_int", 3)
     metrics_interval: float = _conv("duration", 15.0)
     canary_interval: float = _conv("duration", 60.0)
-    canary_timeout: float = _conv("duration", 30.0)
+    canary_timeout: float = _conv("duration", 30.0, high=HOUR)
     canary_prompt: str = _conv("str", "Hello")
-    stall_timeout: float = _conv("duration", 300.0)
+    stall_timeout: float = _conv("duration", 300.0, low=1.0)
 
 
 @dataclass(frozen=True)
@@ -102,8 +97,8 @@ class MemoryConfig:
     host_limit: float = _conv("size", 0.0)
     host_growth_limit: float = _conv("size", 0.0)
     host_growth_rate: float = _conv("rate", 0.0)
-    baseline_delay: float = _conv("duration", 600.0)
-    slope_window: float = _conv("duration", 21600.0)
+    baseline_delay: float = _conv("duration", 600.0, zero="take the baseline at READY")
+    slope_window: float = _conv("duration", 21600.0, low=10.0)
     sustain: int = _conv("pos_int", 3)
 
 
@@ -111,19 +106,21 @@ class MemoryConfig:
 class RestartConfig:
     """The restart ladder, backoff and crash-loop guard."""
 
-    drain_timeout: float = _conv("duration", 30.0)
-    stop_timeout: float = _conv("duration", 30.0)
-    backoff_initial: float = _conv("duration", 5.0)
-    backoff_max: float = _conv("duration", 300.0)
+    drain_timeout: float = _conv("duration", 30.0, high=DAY, zero="no drain: stop at once")
+    stop_timeout: float = _conv("duration", 30.0, high=HOUR)
+    backoff_initial: float = _conv("duration", 5.0, high=DAY)
+    backoff_max: float = _conv("duration", 300.0, high=DAY)
     backoff_multiplier: float = _conv("pos_float", 2.0)
-    backoff_jitter: float = _conv("fraction", 0.2)
-    stable_after: float = _conv("duration", 600.0)
+    backoff_jitter: float = _conv("fraction", 0.2, zero="no jitter")
+    stable_after: float = _conv("duration", 600.0, low=1.0)
     max_restarts: int = _conv("pos_int", 5)
-    window: float = _conv("duration", 1800.0)
+    window: float = _conv("duration", 1800.0, low=1.0)
     kill_stale: bool = _conv("bool", True)
     quiet_hours: str = _conv("quiet_hours", "")
-    gpu_release_timeout: float = _conv("duration", 60.0)
-    gpu_release_tolerance: float = _conv("size", 512.0)
+    gpu_release_timeout: float = _conv("duration", 60.0, high=DAY,
+                                       zero="do not wait for the GPU to release memory")
+    gpu_release_tolerance: float = _conv("size", 512.0,
+                                         zero="device memory must return to its exact level")
 
 
 @dataclass(frozen=True)
@@ -133,11 +130,12 @@ class PrewarmConfig:
     enabled: bool = _conv("bool", True)
     cache_dir: str = _conv("str", "/var/cache/vllmwatch")
     page_cache: bool = _conv("bool", True)
-    page_cache_max_fraction: float = _conv("fraction", 0.5)
-    page_cache_workers: int = _conv("pos_int", 4)
+    page_cache_max_fraction: float = _conv("fraction", 0.5,
+                                           zero="never read weights into the page cache")
+    page_cache_workers: int = _conv("pos_int", 4, high=256)
     kernels: bool = _conv("bool", True)
     warmup_request: bool = _conv("bool", True)
-    timeout: float = _conv("duration", 600.0)
+    timeout: float = _conv("duration", 600.0, high=DAY)
     required: bool = _conv("bool", False)
 
 
@@ -192,7 +190,7 @@ def config_path(cli_value: str | None) -> str:
 
 
 def load(path: str) -> Config:
-    """Read, parse and validate a config file; raise ConfigError on any problem."""
+    """Read, parse and validate a config file; raise ConfigError listing every problem."""
     try:
         raw = Path(path).read_bytes()
     except FileNotFoundError:
@@ -201,7 +199,8 @@ def load(path: str) -> Config:
     except OSError as exc:
         raise ConfigError(path, "", f"cannot read: {exc.strerror}") from None
     try:
-        data = tomllib.loads(raw.decode("utf-8"))
+        text = raw.decode("utf-8")
+        data = tomllib.loads(text)
     except UnicodeDecodeError as exc:
         raise ConfigError(path, "", f"not UTF-8 text ({exc.reason} at byte {exc.start})") from None
     except tomllib.TOMLDecodeError as exc:
@@ -209,89 +208,96 @@ def load(path: str) -> Config:
     try:
         config = from_dict(data, path)
     except ConfigError as exc:
-        if exc.line is None and exc.key:
-            line = line_of(raw.decode("utf-8"), exc.key)
-            if line is not None:
-                raise ConfigError(exc.path, exc.key, exc.problem, line) from None
-        raise
+        raise exc.with_lines(text) from None
     return dataclasses.replace(config, sha256=hashlib.sha256(raw).hexdigest())
 
 
-def line_of(text: str, key: str) -> int | None:
-    """The line that sets a dotted key ("memory.gpu_limit") or opens a table ("memory")."""
-    section, _, name = key.partition(".")
-    name = re.split(r"[.\[]", name)[0]
-    current = ""
-    for number, line in enumerate(text.splitlines(), 1):
-        stripped = line.strip()
-        header = re.match(r"^\[\s*([\w.-]+)\s*\]", stripped)
-        if header:
-            current = header.group(1)
-            if not name and current == section:
-                return number
-            continue
-        if name and current.split(".")[0] == section and re.match(
-                rf"^[\"']?{re.escape(name)}[\"']?\s*=", stripped):
-            return number
-        if not current and re.match(rf"^{re.escape(section)}\s*=", stripped):
-            return number
-    return None
-
-
 def from_dict(data: Mapping[str, object], path: str = "<config>") -> Config:
-    """Validate a parsed TOML document into a Config."""
-    _reject_unknown(data.keys(), SECTIONS.keys(), path, "", "section")
+    """Validate a parsed TOML document into a Config; one ConfigError lists all problems."""
+    problems = _unknown(data.keys(), SECTIONS.keys(), "", "section")
     sections: dict[str, object] = {}
     for name, cls in SECTIONS.items():
         table = data.get(name, {})
         if not isinstance(table, dict):
-            raise ConfigError(path, name, f"expected a table [{name}], got {show(table)}")
-        sections[name] = _section(cls, table, path, name)
+            problems.append(Problem(name, f"expected a table [{name}], got {show(table)}"))
+            table = {}
+        sections[name] = _section(cls, table, name, problems)
     config = Config(path=path, **sections)  # type: ignore[arg-type]
-    _cross_checks(config, path)
+    problems += _cross_checks(config)
+    if problems:
+        # Report the refused flags too, so that one edit cycle fixes the whole file.
+        vllm = data.get("vllm")
+        if isinstance(vllm, dict):
+            problems += flags.args_problems(config.vllm.args, config.vllm.extra_args)
+    raise_all(path, problems)
     return config
 
 
-def _section(cls: type, table: dict[str, object], path: str, section: str) -> object:
+def _section(cls: type, table: dict[str, object], section: str, problems: list[Problem]
+             ) -> object:
     fields = {f.name: f for f in dataclasses.fields(cls)}
-    _reject_unknown(table.keys(), fields.keys(), path, section + ".", "key")
+    problems += _unknown(table.keys(), fields.keys(), section + ".", "key")
     values = {}
     for name, value in table.items():
+        if name not in fields:
+            continue
         meta = fields[name].metadata
         key = f"{section}.{name}"
-        values[name] = _convert(meta["kind"], value, path, key, meta)
+        try:
+            values[name] = _convert(meta["kind"], value, key, meta)
+        except _Refused as exc:
+            problems.append(exc.problem)
     return cls(**values)
 
 
-def _reject_unknown(got: Any, known: Any, path: str, prefix: str, what: str) -> None:
+def _unknown(got: Any, known: Any, prefix: str, what: str) -> list[Problem]:
+    out = []
     for name in got:
         if name not in known:
             close = difflib.get_close_matches(name, list(known), n=1, cutoff=0.6)
             hint = f"; did you mean {prefix}{close[0]}?" if close else (
                 f"; known: {', '.join(sorted(known))}")
-            raise ConfigError(path, prefix + name, f"unknown {what}{hint}")
+            out.append(Problem(prefix + name, f"unknown {what}{hint}"))
+    return out
 
 
-def _convert(kind: str, value: object, path: str, key: str, meta: Mapping[str, Any]) -> object:
+class _Refused(Exception):
+    def __init__(self, problem: Problem) -> None:
+        super().__init__(problem.problem)
+        self.problem = problem
+
+
+def _convert(kind: str, value: object, key: str, meta: Mapping[str, Any]) -> object:
     converter, accepted = CONVERTERS[kind]
+    bounds = bounds_of(kind, meta)
+    wanted = accepted if kind != "choice" else "one of " + ", ".join(
+        repr(c) for c in meta["choices"])
+    if bounds is not None:
+        wanted += f"; accepted: {bounds.describe()}"
     try:
-        return converter(value) if kind != "choice" else choice(value, meta["choices"])
-    except (ValueError, TypeError) as exc:
-        wanted = accepted if kind != "choice" else "one of " + ", ".join(
-            repr(c) for c in meta["choices"])
+        out = converter(value) if kind != "choice" else choice(value, meta["choices"])
+    except (ValueError, TypeError, OverflowError) as exc:
         detail = f" ({exc})" if str(exc) and "not a" not in str(exc) else ""
-        raise ConfigError(path, key, f"bad value {show(value)}{detail}; expected {wanted}") \
-            from None
+        raise _Refused(Problem(key, f"bad value {show(value)}{detail}; expected {wanted}")
+                       ) from None
+    if bounds is not None and isinstance(out, (int, float)):
+        why = bounds.problem(float(out))
+        if why is not None:
+            raise _Refused(Problem(key, f"bad value {show(value)}: {why}; expected {wanted}"))
+    return out
 
 
-def _cross_checks(config: Config, path: str) -> None:
+def _cross_checks(config: Config) -> list[Problem]:
+    out = []
     if not config.vllm.model:
-        raise ConfigError(path, "vllm.model", "missing; set it to a local model directory "
-                          "or a hub id, e.g. model = \"/srv/models/Qwen3.5-9B\"")
+        out.append(Problem("vllm.model", "missing; set it to a local model directory "
+                           "or a hub id, e.g. model = \"/srv/models/Qwen3.5-9B\""))
     if not config.vllm.command:
-        raise ConfigError(path, "vllm.command", 'empty; expected e.g. ["vllm", "serve"]')
+        out.append(Problem("vllm.command", 'empty; expected e.g. ["vllm", "serve"]'))
     if config.restart.backoff_max < config.restart.backoff_initial:
-        raise ConfigError(path, "restart.backoff_max", "must be >= restart.backoff_initial "
-                          f"({config.restart.backoff_initial:g}s)")
-    if config.probe.canary_timeout <= 0:
-        raise ConfigError(path, "probe.canary_timeout", "must be > 0")
+        out.append(Problem("restart.backoff_max", "must be >= restart.backoff_initial "
+                           f"({config.restart.backoff_initial:g}s)"))
+    why = listen_problem(config.status.listen, config.status.allow_remote)
+    if why is not None:
+        out.append(Problem("status.listen", f"bad value {config.status.listen!r}: {why}"))
+    return out

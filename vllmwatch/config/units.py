@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import math
 import re
 
 _DURATION_UNITS = {"ms": 0.001, "s": 1.0, "m": 60.0, "h": 3600.0, "d": 86400.0}
@@ -36,9 +37,7 @@ def parse_duration(value: object) -> float:
     if isinstance(value, bool):
         raise ValueError("a boolean is not a duration")
     if isinstance(value, (int, float)):
-        if value < 0:
-            raise ValueError("must not be negative")
-        return float(value)
+        return _finite(float(value))
     if not isinstance(value, str):
         raise ValueError("not a duration")
     text = value.strip().lower()
@@ -52,7 +51,7 @@ def parse_duration(value: object) -> float:
         pos = match.end()
     if pos == 0 or text[pos:].strip():
         raise ValueError("not a duration")
-    return total
+    return _finite(total)
 
 
 def parse_size_mib(value: object) -> float:
@@ -60,9 +59,7 @@ def parse_size_mib(value: object) -> float:
     if isinstance(value, bool):
         raise ValueError("a boolean is not a size")
     if isinstance(value, (int, float)):
-        if value < 0:
-            raise ValueError("must not be negative")
-        return float(value)
+        return _finite(float(value))
     if not isinstance(value, str):
         raise ValueError("not a size")
     match = _SIZE.match(value)
@@ -71,7 +68,16 @@ def parse_size_mib(value: object) -> float:
     unit = match.group(2).lower() or "mib"
     if unit not in _SIZE_UNITS_MIB:
         raise ValueError(f"unknown unit {match.group(2)!r}")
-    return float(match.group(1)) * _SIZE_UNITS_MIB[unit]
+    return _finite(float(match.group(1)) * _SIZE_UNITS_MIB[unit])
+
+
+def _finite(value: float) -> float:
+    """nan and inf switch rules off or overflow timers: never a valid duration or size."""
+    if not math.isfinite(value):
+        raise ValueError("must be a finite number, not nan or inf")
+    if value < 0:
+        raise ValueError("must not be negative")
+    return value
 
 
 def parse_rate_mib_per_h(value: object) -> float:

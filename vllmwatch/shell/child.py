@@ -8,10 +8,10 @@ import hashlib
 import os
 import shutil
 import signal
-import socket
 import subprocess
 import tempfile
 import time
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import IO
 
@@ -20,8 +20,10 @@ import psutil
 from vllmwatch.config.command import ChildCommand
 from vllmwatch.core.events import ChildExited, SweepDone
 from vllmwatch.core.policy import signal_name
+from vllmwatch.shell import groupfile, ports
+from vllmwatch.shell.groupfile import MARKER as MARKER  # re-exported: the env marker
 
-MARKER = "VLLMWATCH_INSTANCE"
+LogFn = Callable[..., None]  # log(level, event, **fields)
 # How vLLM's processes look in a process list (FACTS: comm is truncated; match the cmdline).
 _VLLM_SIGNS = ("VLLM::", "vllm serve", "vllm.entrypoints", "vllm.v1.engine")
 
@@ -103,9 +105,7 @@ def _alive(proc: psutil.Process) -> bool:
 
 
 def _is_ours(proc: psutil.Process, marker: str) -> bool:
-    with contextlib.suppress(psutil.Error, OSError):
-        return proc.environ().get(MARKER) == marker
-    return False
+    return groupfile.carries_marker(proc, marker)
 
 
 def _looks_like_vllm(proc: psutil.Process) -> bool:
@@ -122,6 +122,16 @@ def describe(proc: psutil.Process) -> str:
     return f"pid {proc.pid}"
 
 
+def describe_pid(pid: int | None) -> str:
+    """'pid 123 (vllm serve ...)', tolerating vanished processes and ones we may not see."""
+    if pid is None:
+        return "a process not visible to this user (another user's?)"
+    try:
+        return describe(psutil.Process(pid))
+    except psutil.Error:
+        return f"pid {pid}"
+
+
 def child_tmpdir(marker: str) -> str:
     """A fresh TMPDIR for one child generation: vLLM leaves its ZMQ IPC socket files in the
     temp directory when it is killed; a directory of its own is removed after the sweep."""
@@ -134,26 +144,22 @@ def remove_tmpdirs(marker: str) -> None:
         shutil.rmtree(path, ignore_errors=True)
 
 
-def group_file(marker: str) -> str:
-    """Where the live child's process group is remembered, for a vllmwatch that was killed."""
-    base = os.environ.get("STATE_DIRECTORY", "").split(":")[0] or tempfile.gettempdir()
-    return os.path.join(base, f"vllmwatch-{marker}.pgid")
-
-
 def remember_group(marker: str, pgid: int | None) -> None:
     """Record (or with None, forget) the child's process group; best effort."""
-    path = group_file(marker)
-    with contextlib.suppress(OSError):
-        if pgid is None:
-            os.unlink(path)
-        else:
-            with open(path, "w", encoding="ascii") as fh:
-                fh.write(str(pgid))
+    groupfile.remember(marker, pgid)
 
 
-def _remembered_group(marker: str) -> int | None:
-    with contextlib.suppress(OSError, ValueError), open(group_file(marker), encoding="ascii") as fh:
-        return int(fh.read().strip())
+def remembered_group(marker: str, log: LogFn | None = None) -> int | None:
+    """The group an earlier vllmwatch of this instance left running, when provably ours."""
+    got = groupfile.read(marker)
+    if got is None:
+        return None
+    why = groupfile.proven(got)
+    if why is None:
+        return got.pgid
+    if log is not None:
+        log("warning", "child.group_unproven", pgid=got.pgid, reason=why,
+            detail="the remembered process group is left alone")
     return None
 
 
@@ -164,14 +170,15 @@ def _ids(pid: int) -> tuple[int, int]:
         return -1, -1
 
 
-def find_tree(pgid: int | None, marker: str) -> tuple[list[psutil.Process], list[psutil.Process]]:
+def find_tree(pgid: int | None, marker: str, log: LogFn | None = None
+              ) -> tuple[list[psutil.Process], list[psutil.Process]]:
     """Our processes and vLLM-looking foreign ones.
 
-    Ours: the child's group, anything carrying our marker, and anything in the group or
-    session of a marked process. vLLM's process titles (VLLM::EngineCore) overwrite the
-    environment block, so orphaned engines lose the marker; they keep the session of the
-    child, which we started with setsid and vLLM never leaves. A group remembered from an
-    earlier vllmwatch counts only for vLLM-looking processes in that session (pids recycle).
+    Ours: the child's group, anything of our user carrying our marker, and anything in the
+    group or session of such a process. vLLM's process titles (VLLM::EngineCore) overwrite
+    the environment block, so orphaned engines lose the marker; they keep the session of
+    the child, which we started with setsid and vLLM never leaves. A group remembered from
+    an earlier vllmwatch counts only when provably ours (see groupfile).
     """
     me = os.getpid()
     procs = [(p, *_ids(p.pid)) for p in psutil.process_iter() if p.pid != me and _alive(p)]
@@ -179,39 +186,28 @@ def find_tree(pgid: int | None, marker: str) -> tuple[list[psutil.Process], list
     groups = {g for p, g, _ in procs if p.pid in marked and g > 0}
     if pgid is not None:
         groups.add(pgid)
-    old = _remembered_group(marker) if pgid is None else None
+    old = remembered_group(marker, log) if pgid is None else None
+    if old is not None:
+        groups.add(old)
     ours: list[psutil.Process] = []
     foreign: list[psutil.Process] = []
     for proc, group, session in procs:
         if group in groups or session in groups or proc.pid in marked:
             ours.append(proc)
         elif _looks_like_vllm(proc):
-            (ours if old is not None and session == old else foreign).append(proc)
+            foreign.append(proc)
     return ours, foreign
 
 
 def port_holder(host: str, port: int, ignore: set[int]) -> str | None:
-    """Who listens on the port, or None when it is free."""
-    with contextlib.suppress(psutil.Error, OSError):
-        for conn in psutil.net_connections(kind="inet"):
-            if conn.status == psutil.CONN_LISTEN and conn.laddr and conn.laddr.port == port:
-                if conn.pid in ignore:
-                    continue
-                if conn.pid is None:
-                    return "an unknown process (not visible to this user)"
-                with contextlib.suppress(psutil.Error):
-                    return describe(psutil.Process(conn.pid))
-                return f"pid {conn.pid}"
-    return _connect_probe(host, port)
-
-
-def _connect_probe(host: str, port: int) -> str | None:
-    target = "127.0.0.1" if host in ("", "0.0.0.0") else "::1" if host == "::" else host
-    try:
-        with socket.create_connection((target, port), timeout=0.5):
-            return "an unknown process (it accepts connections)"
-    except OSError:
+    """Who listens where vLLM will bind, or None when it is free (the rule: shell/ports.py)."""
+    found = ports.holders(host, port, ignore)
+    if not found:
         return None
+    first = found[0]
+    if first.pid is None:
+        return f"an unknown process on {first.address} (not visible to this user)"
+    return describe_pid(first.pid)
 
 
 def _wait_gone(procs: list[psutil.Process], seconds: float) -> list[psutil.Process]:
@@ -226,13 +222,13 @@ def _wait_gone(procs: list[psutil.Process], seconds: float) -> list[psutil.Proce
 
 
 def sweep(pgid: int | None, marker: str, host: str, port: int, grace: float = 5.0,
-          settle: float = 0.0) -> SweepDone:
+          settle: float = 0.0, log: LogFn | None = None) -> SweepDone:
     """Kill everything left of our tree and check the port; bounded by a few seconds.
 
     `settle`: after a stop we asked for, vLLM's engine and workers are still exiting on
     their own when the API server is gone; give them that long before calling them leftovers.
     """
-    ours, foreign = find_tree(pgid, marker)
+    ours, foreign = find_tree(pgid, marker, log)
     stragglers = _wait_gone(ours, settle) if settle > 0 else ours
     for proc in stragglers:
         with contextlib.suppress(psutil.Error):

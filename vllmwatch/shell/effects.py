@@ -29,6 +29,7 @@ from vllmwatch.core.events import (
 )
 from vllmwatch.prewarm import runner as prewarm
 from vllmwatch.shell import child as childmod
+from vllmwatch.shell import flagcheck
 from vllmwatch.shell.childlog import ChildLog
 from vllmwatch.shell.logs import LogFn
 from vllmwatch.shell.memory import MemorySampler, make_sampler, release_check
@@ -126,6 +127,10 @@ class RealEffects:
                                 vllm_version=self._version, extra_env=extra)
         except ConfigError as exc:
             return SpawnFailed(str(exc), fatal=True)
+        # [vllm.args] against the flags this vLLM accepts (cache only: never blocks the loop).
+        refused = flagcheck.refusal(config, self._environ, self._version, self.log)
+        if refused is not None:
+            return SpawnFailed(refused, fatal=True)
         self._before_launch = self.sampler.device_used_mib() if config.vllm.uses_gpu else {}
         try:
             child = childmod.spawn(cmd, self.marker)
@@ -220,11 +225,11 @@ class RealEffects:
         """Kill leftovers of our tree and check the port; at start honour kill_stale."""
         if action.pgid is not None or action.kill_stale:
             done = childmod.sweep(action.pgid, self.marker, action.host, action.port,
-                                  settle=action.settle)
+                                  settle=action.settle, log=self.log)
             if not done.remaining:
                 childmod.remove_tmpdirs(self.marker)
             return done
-        ours, foreign = childmod.find_tree(action.pgid, self.marker)
+        ours, foreign = childmod.find_tree(action.pgid, self.marker, self.log)
         holder = childmod.port_holder(action.host, action.port, ignore=set())
         return SweepDone((), tuple(p.pid for p in ours), holder,
                          tuple(childmod.describe(p) for p in foreign))

@@ -1,8 +1,14 @@
-"""`vllmwatch status`: ask the running daemon's /status and print a summary (or the raw JSON)."""
+"""`vllmwatch status`: ask the running daemon's /status and print a summary (or the raw JSON).
+
+Whatever the URL, the network or the answer, it prints one line saying what went wrong and
+exits with a documented code; never a traceback.
+"""
 
 from __future__ import annotations
 
+import http.client
 import json
+import math
 import os
 import sys
 import time
@@ -12,13 +18,16 @@ from collections.abc import Mapping
 from typing import Any, TextIO
 from urllib.parse import urlsplit
 
+from vllmwatch.config.hosts import connect_host, parse_listen, url_host
 from vllmwatch.config.schema import ConfigError, config_path, load
 from vllmwatch.config.units import format_duration, format_mib
-from vllmwatch.status.server import parse_listen
 
-DEFAULT_URL = "http://127.0.0.1:9101"
 TIMEOUT_S = 3.0
-EXIT_OK, EXIT_ERROR, EXIT_NOT_RUNNING = 0, 1, 3  # 3 as in `systemctl status`: not running
+MAX_BODY = 1 << 20
+# 3 as in `systemctl status`: not running; 2 as everywhere in vllmwatch: fix config or usage.
+EXIT_OK, EXIT_ERROR, EXIT_USAGE, EXIT_NOT_RUNNING = 0, 1, 2, 3
+# Keys every vllmwatch /status document has; JSON without them is someone else's.
+REQUIRED_KEYS = ("state", "ready", "vllmwatch_version", "restarts_by_reason")
 
 _COLOURS = {"green": "32", "yellow": "33", "red": "31"}
 _STATE_COLOUR = {"ready": "green", "failed": "red"}
@@ -26,56 +35,74 @@ for _state in ("prewarming", "starting", "draining", "stopping", "backoff"):
     _STATE_COLOUR[_state] = "yellow"
 
 
+class StatusError(Exception):
+    """A problem to report in one line, with the exit code it means."""
+
+    def __init__(self, message: str, code: int = EXIT_ERROR) -> None:
+        super().__init__(message)
+        self.code = code
+
+
 def main(config_arg: str | None, url: str | None, as_json: bool) -> int:
-    """Fetch /status and print it; 3 when the daemon does not answer, 1 on other errors."""
+    """Fetch /status and print it; 3 when the daemon does not answer, 2 for a bad config or
+    --url, 1 on other errors (including an answer that is not vllmwatch's)."""
     try:
-        base = url or url_from_config(config_arg)
-    except ValueError as exc:
-        print(f"vllmwatch status: {exc}", file=sys.stderr)
-        return EXIT_ERROR
-    target = status_url(base)
-    try:
+        target = status_url(url) if url else status_url(url_from_config(config_arg))
         body = fetch(target)
-    except ConnectionRefusedError:
-        print(f"vllmwatch is not running (no answer at {target}); start it with "
-              "`systemctl start vllmwatch`", file=sys.stderr)
-        return EXIT_NOT_RUNNING
-    except (OSError, ValueError) as exc:
-        print(f"vllmwatch status: cannot read {target}: {_reason(exc)}", file=sys.stderr)
+        data = parse(body, target)
+        text = body if as_json else render(data, colour=use_colour(sys.stdout))
+    except StatusError as exc:
+        prefix = "" if exc.code == EXIT_NOT_RUNNING else "vllmwatch status: "
+        print(f"{prefix}{exc}", file=sys.stderr)
+        return exc.code
+    except Exception as exc:  # a last net: the one line, never a traceback
+        print(f"vllmwatch status: unexpected error: {type(exc).__name__}: {exc}",
+              file=sys.stderr)
         return EXIT_ERROR
-    if as_json:
-        sys.stdout.write(body if body.endswith("\n") else body + "\n")
-        return EXIT_OK
     try:
-        data = json.loads(body)
-    except ValueError as exc:
-        print(f"vllmwatch status: {target} did not return JSON: {exc}", file=sys.stderr)
-        return EXIT_ERROR
-    print(render(data, colour=use_colour(sys.stdout)))
+        sys.stdout.write(text if text.endswith("\n") else text + "\n")
+        sys.stdout.flush()
+    except BrokenPipeError:  # `vllmwatch status | head`: the reader left
+        pass
     return EXIT_OK
 
 
 def url_from_config(config_arg: str | None) -> str:
-    """The base URL from the config's status.listen; the default when the config won't load."""
+    """The base URL from the config's status.listen; StatusError when it cannot be had."""
+    path = config_path(config_arg)
     try:
-        config = load(config_path(config_arg))
-    except ConfigError:
-        return DEFAULT_URL
+        config = load(path)
+    except ConfigError as exc:
+        raise StatusError(f"cannot load the config, so the status address is unknown: {exc}"
+                          "\n(fix the config, or pass --url http://HOST:PORT)", EXIT_USAGE
+                          ) from None
     parsed = parse_listen(config.status.listen)
     if parsed is None:
-        raise ValueError(f'{config.path}: status.listen = "" disables the status listener; '
-                         "set it (e.g. \"127.0.0.1:9101\") or pass --url")
+        raise StatusError(f'{config.path}: status.listen = "" disables the status listener; '
+                          "set it (e.g. \"127.0.0.1:9101\") or pass --url", EXIT_USAGE)
     host, port = parsed
-    # A wildcard bind answers on loopback too.
-    host = {"": "127.0.0.1", "0.0.0.0": "127.0.0.1", "::": "::1"}.get(host, host)
-    return f"http://[{host}]:{port}" if ":" in host else f"http://{host}:{port}"
+    return f"http://{url_host(connect_host(host))}:{port}"
 
 
 def status_url(base: str) -> str:
-    """Accept a bare base URL ("http://host:port") or the full /status URL."""
-    if "://" not in base:
-        base = "http://" + base
-    return base.rstrip("/") + "/status" if urlsplit(base).path in ("", "/") else base
+    """Accept a bare base URL ("http://host:port", "host:port") or the full /status URL;
+    StatusError for anything else."""
+    text = base.strip()
+    if "://" not in text:
+        text = "http://" + text
+    try:
+        parts = urlsplit(text)
+        port = parts.port
+    except ValueError as exc:
+        raise StatusError(f"bad --url {base!r}: {exc}; expected e.g. "
+                          "http://127.0.0.1:9101", EXIT_USAGE) from None
+    if parts.scheme not in ("http", "https") or not parts.hostname or any(
+            c.isspace() for c in text):
+        raise StatusError(f"bad --url {base!r}: expected http://HOST:PORT, e.g. "
+                          "http://127.0.0.1:9101", EXIT_USAGE)
+    if port == 0:
+        raise StatusError(f"bad --url {base!r}: port 0", EXIT_USAGE)
+    return text.rstrip("/") + "/status" if parts.path in ("", "/") else text
 
 
 def fetch(url: str) -> str:
@@ -83,14 +110,40 @@ def fetch(url: str) -> str:
     opener = urllib.request.build_opener(urllib.request.ProxyHandler({}))
     try:
         with opener.open(url, timeout=TIMEOUT_S) as response:
-            return str(response.read().decode("utf-8"))
-    except urllib.error.HTTPError:
-        raise
+            raw = response.read(MAX_BODY + 1)
+    except urllib.error.HTTPError as exc:
+        raise StatusError(f"cannot read {url}: HTTP {exc.code} {exc.reason}") from None
     except urllib.error.URLError as exc:
-        # Unwrap so that callers can tell "refused" (not running) from the rest.
-        if isinstance(exc.reason, OSError):
-            raise exc.reason from None
-        raise
+        if isinstance(exc.reason, ConnectionRefusedError):
+            raise StatusError(f"vllmwatch is not running (no answer at {url}); start it "
+                              "with `systemctl start vllmwatch`", EXIT_NOT_RUNNING) from None
+        raise StatusError(f"cannot read {url}: {_reason(exc.reason)}") from None
+    except (OSError, ValueError, http.client.HTTPException) as exc:
+        raise StatusError(f"cannot read {url}: {_reason(exc)}") from None
+    if len(raw) > MAX_BODY:
+        raise StatusError(f"{url} answered more than {MAX_BODY} bytes; that is not "
+                          "vllmwatch's /status")
+    try:
+        return str(raw.decode("utf-8"))
+    except UnicodeDecodeError:
+        raise StatusError(f"{url} did not answer UTF-8 text; is another service on this "
+                          "port?") from None
+
+
+def parse(body: str, url: str) -> dict[str, Any]:
+    """The /status document; StatusError for non-JSON or JSON that is not vllmwatch's."""
+    try:
+        data = json.loads(body)
+    except ValueError as exc:
+        raise StatusError(f"{url} did not return JSON ({exc}); is another service on this "
+                          "port?") from None
+    missing = [k for k in REQUIRED_KEYS if not isinstance(data, dict) or k not in data]
+    if missing or not isinstance(data.get("state"), str):
+        raise StatusError(f"{url} returned JSON that is not vllmwatch's /status (missing "
+                          f"{', '.join(missing) or 'a text state'}); is another service on "
+                          "this port? Pass --url to the vllmwatch status listener")
+    document: dict[str, Any] = data
+    return document
 
 
 def use_colour(stream: TextIO) -> bool:
@@ -98,9 +151,48 @@ def use_colour(stream: TextIO) -> bool:
     return stream.isatty() and "NO_COLOR" not in os.environ
 
 
+_NUMBERS = ("state_for_s", "child_pid", "child_uptime_s", "last_restart_at", "vllm_running",
+            "vllm_waiting", "vllm_kv_cache_usage")
+_TABLES = ("restarts_by_reason", "start_phases_s")
+
+
+def _num(value: object) -> float | None:
+    if isinstance(value, bool) or not isinstance(value, (int, float)):
+        return None
+    return float(value) if math.isfinite(value) else None
+
+
+def _table(value: object) -> dict[str, float]:
+    if not isinstance(value, dict):
+        return {}
+    return {str(k): n for k, v in value.items() if (n := _num(v)) is not None}
+
+
+def clean(data: Mapping[str, Any]) -> dict[str, Any]:
+    """The document in the shapes render expects: a field of the wrong type counts as absent
+    (a newer or older daemon, or a hand-made answer, must not crash the summary)."""
+    out: dict[str, Any] = {k: v if isinstance(v, (str, bool)) or v is None else str(v)
+                           for k, v in data.items() if k not in _NUMBERS + _TABLES}
+    out.update({k: _num(data.get(k)) for k in _NUMBERS})
+    out.update({k: _table(data.get(k)) for k in _TABLES})
+    if out.get("child_pid") is not None:
+        out["child_pid"] = int(out["child_pid"])
+    mem = data.get("memory")
+    mem = mem if isinstance(mem, dict) else {}
+    out["memory"] = {k: (_table(v) if isinstance(v, dict) else _num(v)) for k, v in mem.items()
+                     if k != "source"}
+    out["memory"] = {k: v for k, v in out["memory"].items() if v is not None}
+    out["memory"]["source"] = str(mem.get("source", "none"))
+    for key in ("gpu_tree_by_gpu_mib", "device_used_mib", "device_total_mib"):
+        table = out["memory"].get(key)
+        out["memory"][key] = {g: v for g, v in (table or {}).items() if g.isdigit()}
+    return out
+
+
 def render(data: Mapping[str, Any], colour: bool = False, now: float | None = None) -> str:
-    """The human summary of a /status document; tolerant of missing fields."""
+    """The human summary of a /status document; tolerant of missing and odd fields."""
     now = time.time() if now is None else now
+    data = clean(data)
     state = str(data.get("state", "?"))
     shown = _paint(state, _STATE_COLOUR.get(state), colour)
     for_s = data.get("state_for_s")
@@ -126,10 +218,10 @@ def render(data: Mapping[str, Any], colour: bool = False, now: float | None = No
 
 
 def _restart_rows(data: Mapping[str, Any], now: float) -> list[tuple[str, str]]:
-    by_reason: Mapping[str, int] = data.get("restarts_by_reason") or {}
+    by_reason: Mapping[str, float] = data["restarts_by_reason"]
     total = sum(by_reason.values())
-    detail = ", ".join(f"{k} {v}" for k, v in sorted(by_reason.items()))
-    rows = [("restarts", f"{total}" + (f" ({detail})" if detail else ""))]
+    detail = ", ".join(f"{k} {v:.0f}" for k, v in sorted(by_reason.items()))
+    rows = [("restarts", f"{total:.0f}" + (f" ({detail})" if detail else ""))]
     reason = data.get("last_reason")
     if reason:
         line = str(reason)
@@ -144,8 +236,8 @@ def _restart_rows(data: Mapping[str, Any], now: float) -> list[tuple[str, str]]:
 
 def _memory_rows(mem: Mapping[str, Any]) -> list[tuple[str, str]]:
     rows = [("memory", f"source {mem.get('source', 'none')}")]
-    tree = mem.get("gpu_tree_by_gpu_mib") or {}
-    used, total = mem.get("device_used_mib") or {}, mem.get("device_total_mib") or {}
+    tree, used = mem["gpu_tree_by_gpu_mib"], mem["device_used_mib"]
+    total = mem["device_total_mib"]
     for gpu in sorted(set(tree) | set(used) | set(total), key=lambda g: int(g)):
         parts = []
         if gpu in tree:
@@ -192,9 +284,7 @@ def _paint(text: str, colour: str | None, enabled: bool) -> str:
     return f"\033[{_COLOURS[colour]}m{text}\033[0m"
 
 
-def _reason(exc: BaseException) -> str:
-    if isinstance(exc, urllib.error.HTTPError):
-        return f"HTTP {exc.code} {exc.reason}"
+def _reason(exc: object) -> str:
     if isinstance(exc, TimeoutError):
         return f"no answer within {TIMEOUT_S:.0f}s"
-    return str(exc)
+    return str(exc) or type(exc).__name__

@@ -20,6 +20,7 @@ from collections.abc import Callable
 from typing import Any
 from urllib.parse import urlsplit
 
+from vllmwatch.config.hosts import parse_listen
 from vllmwatch.status import metrics
 from vllmwatch.status.front import Pending
 from vllmwatch.status.http_guard import (
@@ -32,37 +33,13 @@ from vllmwatch.status.http_guard import (
 )
 from vllmwatch.status.snapshot import Snapshot
 
+__all__ = ["StatusListenError", "StatusServer", "parse_listen"]
 Response = tuple[int, str, bytes]
 TEXT = "text/plain; charset=utf-8"
 
 
 class StatusListenError(Exception):
     """The status listener cannot start; the message names status.listen and the address."""
-
-
-def parse_listen(text: str) -> tuple[str, int] | None:
-    """Split status.listen into (host, port); "" disables (None), ":9101" is all interfaces.
-
-    Raises ValueError with a message saying what is accepted.
-    """
-    text = text.strip()
-    if not text:
-        return None
-    accepted = 'expected "HOST:PORT", e.g. "127.0.0.1:9101", "[::1]:9101" or ":9101"'
-    if text.startswith("["):
-        host, bracket, rest = text[1:].partition("]")
-        if not bracket or not rest.startswith(":"):
-            raise ValueError(accepted)
-        port_text = rest[1:]
-    else:
-        host, colon, port_text = text.rpartition(":")
-        if not colon:
-            raise ValueError(f"no port; {accepted}")
-        if ":" in host:
-            raise ValueError(f"write an IPv6 address in brackets; {accepted}")
-    if not port_text.isdigit() or int(port_text) > 65535:
-        raise ValueError(f"port {port_text!r} is not a number from 0 to 65535; {accepted}")
-    return host, int(port_text)
 
 
 class StatusServer:

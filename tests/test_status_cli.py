@@ -1,0 +1,138 @@
+"""`vllmwatch status` under bad input: one clear line and a documented exit code, never a
+traceback (bad --url, refused, not JSON, foreign JSON, odd shapes, an unloadable config)."""
+
+from __future__ import annotations
+
+import http.server
+import json
+import socket
+import subprocess
+import sys
+import threading
+from collections.abc import Iterator
+from contextlib import contextmanager
+from pathlib import Path
+from typing import Any
+
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from vllmwatch.status import cli as status_cli
+from vllmwatch.status.snapshot import Snapshot
+
+GOOD = Snapshot(state="ready", ready=True).to_json()
+
+
+@contextmanager
+def serving(body: bytes, status: int = 200,
+            content_type: str = "application/json") -> Iterator[str]:
+    """A one-purpose HTTP server on loopback answering every GET with body."""
+
+    class Handler(http.server.BaseHTTPRequestHandler):
+        def do_GET(self) -> None:
+            self.send_response(status)
+            self.send_header("Content-Type", content_type)
+            self.send_header("Content-Length", str(len(body)))
+            self.end_headers()
+            self.wfile.write(body)
+
+        def log_message(self, *args: Any) -> None:
+            pass
+
+    server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+    thread = threading.Thread(target=server.serve_forever, daemon=True)
+    thread.start()
+    try:
+        yield f"http://127.0.0.1:{server.server_address[1]}"
+    finally:
+        server.shutdown()
+        server.server_close()
+        thread.join(timeout=5)
+
+
+def run_cli(capsys: pytest.CaptureFixture[str], url: str | None, config: str | None = None,
+            as_json: bool = False) -> tuple[int, str, str]:
+    code = status_cli.main(config, url, as_json)
+    out = capsys.readouterr()
+    assert "Traceback" not in out.err + out.out
+    return code, out.out, out.err
+
+
+@pytest.mark.parametrize("url", ["http://[::1", "ftp://127.0.0.1:9101", "http://:9101",
+                                 "http://127.0.0.1:99999", "http://127.0.0.1:port",
+                                 "http://127.0.0.1:0", "a b:9101", "http://"])
+def test_bad_url_is_a_usage_error(capsys: pytest.CaptureFixture[str], url: str) -> None:
+    code, _, err = run_cli(capsys, url)
+    assert code == 2 and "bad --url" in err
+
+
+def test_refused_means_not_running(capsys: pytest.CaptureFixture[str]) -> None:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    code, _, err = run_cli(capsys, f"127.0.0.1:{port}")
+    assert code == 3 and "not running" in err
+
+
+@pytest.mark.parametrize("body", [b"<html>hello</html>", b"\xff\xfe\x00", b""])
+def test_non_json_answer(capsys: pytest.CaptureFixture[str], body: bytes) -> None:
+    with serving(body, content_type="text/html") as url:
+        code, _, err = run_cli(capsys, url)
+    assert code == 1 and "another service" in err
+
+
+@pytest.mark.parametrize("doc", [[], 5, "ready", None, {"status": "ok"},
+                                 {"state": "ready", "ready": True},
+                                 {**GOOD, "state": 3}])
+@pytest.mark.parametrize("as_json", [False, True])
+def test_foreign_json_is_refused(capsys: pytest.CaptureFixture[str], doc: object,
+                                 as_json: bool) -> None:
+    with serving(json.dumps(doc).encode()) as url:
+        code, out, err = run_cli(capsys, url, as_json=as_json)
+    assert code == 1 and "not vllmwatch's /status" in err and out == ""
+
+
+@settings(max_examples=150, deadline=None)
+@given(st.dictionaries(st.sampled_from([*sorted(GOOD), "state_for_s", "extra"]),
+                       st.recursive(st.none() | st.booleans() | st.floats() | st.integers()
+                                    | st.text(max_size=5),
+                                    lambda inner: st.lists(inner, max_size=3)
+                                    | st.dictionaries(st.text(max_size=3), inner, max_size=3),
+                                    max_leaves=8)))
+def test_render_survives_any_shape(fields: dict[str, Any]) -> None:
+    text = status_cli.render({**GOOD, **fields})
+    assert text.startswith("state")
+
+
+def test_odd_shapes_render_through_main(capsys: pytest.CaptureFixture[str]) -> None:
+    doc = {**GOOD, "restarts_by_reason": {"hang": "two"}, "memory": [1, 2],
+           "child_pid": "x", "state_for_s": float("inf"), "start_phases_s": None}
+    with serving(json.dumps(doc).encode()) as url:
+        code, out, _ = run_cli(capsys, url)
+    assert code == 0 and "ready" in out
+
+
+def test_unloadable_config_is_reported_not_replaced_by_the_default(
+        capsys: pytest.CaptureFixture[str], tmp_path: Path) -> None:
+    path = tmp_path / "c.toml"
+    path.write_text('[vllm]\nmodel = "/m"\n[probe]\ninterval = nan\n')
+    code, _, err = run_cli(capsys, None, str(path))
+    assert code == 2 and "probe.interval" in err and "--url" in err
+    code, _, err = run_cli(capsys, None, str(tmp_path / "missing.toml"))
+    assert code == 2 and "file not found" in err
+
+
+def test_url_wins_over_a_broken_config(capsys: pytest.CaptureFixture[str],
+                                       tmp_path: Path) -> None:
+    path = tmp_path / "c.toml"
+    path.write_text("not toml [")
+    with serving(json.dumps(GOOD).encode()) as url:
+        code, out, _ = run_cli(capsys, url, str(path))
+    assert code == 0 and "ready" in out
+
+
+def test_the_command_line_never_prints_a_traceback(tmp_path: Path) -> None:
+    out = subprocess.run([sys.executable, "-m", "vllmwatch", "status", "--url", "http://[::1"],
+                         capture_output=True, text=True, timeout=60, check=False)
+    assert out.returncode == 2 and "Traceback" not in out.stderr and "bad --url" in out.stderr

@@ -1,0 +1,93 @@
+"""Checks of this machine: vllm.host:vllm.port is free (by the same rule `run` uses, and
+recognising this instance's own running vLLM), and the pre-warm cache directory is usable."""
+
+from __future__ import annotations
+
+import contextlib
+import errno
+import os
+import tempfile
+from pathlib import Path
+
+import psutil
+
+from vllmwatch.check.base import FAIL, PASS, SKIP, WARN, CheckResult, Context
+from vllmwatch.shell import child, ports
+
+
+def _own_child(pid: int | None, marker: str) -> bool:
+    """The listener belongs to the vLLM tree of this instance (a running deployment): it or
+    its session leader (the child vllmwatch spawned) carries the instance marker, or its
+    session is the remembered group. Only a verdict for the checklist, never a reason to
+    kill, so the marker counts whichever user runs the check (root, the service user)."""
+    if pid is None:
+        return False
+    try:
+        session = os.getsid(pid)
+    except OSError:
+        return False
+    for candidate in {pid, session}:
+        with contextlib.suppress(psutil.Error, OSError):
+            if psutil.Process(candidate).environ().get(child.MARKER) == marker:
+                return True
+    return session == child.remembered_group(marker)
+
+
+def check_port(ctx: Context) -> CheckResult:
+    """vllm.host:vllm.port is free for vLLM; if not, name who holds it."""
+    host, port = ctx.config.vllm.host, ctx.config.vllm.port
+    where = f"{host}:{port}"
+    if host and not ports.bind_addresses(host):
+        return CheckResult("port", FAIL, f"vllm.host {host!r} does not resolve; use "
+                           "127.0.0.1, 0.0.0.0 or one of this machine's addresses")
+    found = ports.holders(host, port)
+    if not found:
+        return _bindable(host, port, where)
+    marker = child.instance_id(ctx.config.path)
+    if all(_own_child(h.pid, marker) for h in found):
+        pids = ", ".join(child.describe_pid(h.pid) for h in found)
+        return CheckResult("port", PASS, f"{where} is held by this instance's own vLLM "
+                           f"({pids}): vllmwatch is running this deployment")
+    if any(h.pid is None for h in found):
+        return CheckResult("port", FAIL, f"{where} is in use by a process not visible here; "
+                           f"find it with: ss -ltnp 'sport = :{port}' (as root)")
+    return CheckResult("port", FAIL, f"{where} is in use by "
+                       f"{', '.join(child.describe_pid(h.pid) for h in found)}; stop it or "
+                       "change vllm.port")
+
+
+def _bindable(host: str, port: int, where: str) -> CheckResult:
+    err = ports.bind_error(host, port)
+    if err is None:
+        return CheckResult("port", PASS, f"{where} is free")
+    if err.errno == errno.EADDRNOTAVAIL:
+        return CheckResult("port", FAIL, f"vllm.host {host!r} is not an address of this "
+                           "machine; use 127.0.0.1, 0.0.0.0 or one of its addresses")
+    if err.errno == errno.EACCES:
+        return CheckResult("port", FAIL, f"binding {where} is not permitted (a port below "
+                           "1024 needs CAP_NET_BIND_SERVICE); use a port >= 1024")
+    return CheckResult("port", FAIL, f"cannot bind {where}: {err.strerror or err}")
+
+
+def check_prewarm_cache(ctx: Context) -> CheckResult:
+    """prewarm.cache_dir is writable, or can be created."""
+    pre = ctx.config.prewarm
+    if not pre.enabled:
+        return CheckResult("prewarm.cache_dir", SKIP, "prewarm.enabled = false")
+    path = Path(pre.cache_dir).expanduser()
+    if path.is_dir():
+        try:
+            with tempfile.TemporaryFile(dir=path):
+                pass
+        except OSError as exc:
+            return CheckResult("prewarm.cache_dir", WARN, f"{path} is not writable "
+                               f"({exc.strerror}); caches will be cold after every restart: "
+                               "make it writable for the service user (CacheDirectory=)")
+        return CheckResult("prewarm.cache_dir", PASS, f"{path} is writable")
+    parent = next((p for p in path.parents if p.exists()), Path("/"))
+    if path.exists() or not os.access(parent, os.W_OK | os.X_OK):
+        return CheckResult("prewarm.cache_dir", WARN, f"{path} is not a directory and cannot "
+                           f"be created here ({parent} is not writable); create it for the "
+                           "service user (systemd CacheDirectory=vllmwatch does)")
+    return CheckResult("prewarm.cache_dir", PASS, f"{path} does not exist yet; it can be "
+                       "created")

@@ -1,0 +1,85 @@
+"""Checks of the config itself and of the vLLM it launches: the command builds, vLLM is
+installed, [vllm.args] holds only flags that this vLLM accepts, status.listen is usable."""
+
+from __future__ import annotations
+
+import shlex
+import socket
+
+from vllmwatch.check.base import FAIL, PASS, SKIP, WARN, CheckResult, Context
+from vllmwatch.config import command, hosts, vllmflags, vllminfo
+from vllmwatch.config.schema import ConfigError
+
+
+def check_config(ctx: Context) -> CheckResult:
+    """The config loads (done by run), the api key file reads and the command builds."""
+    c = ctx.config
+    try:
+        cmd = command.build(c, ctx.env, api_key=command.read_api_key(c))
+    except ConfigError as exc:
+        return CheckResult("config", FAIL, str(exc))
+    return CheckResult("config", PASS,
+                       f"{c.path}: {shlex.join(command.redact_argv(cmd.argv))}")
+
+
+def check_vllm(ctx: Context) -> CheckResult:
+    """The vLLM program is on PATH; its version from package metadata unless --fast."""
+    cmd = ctx.config.vllm.command
+    exe = vllminfo.executable(cmd)
+    if exe is None:
+        return CheckResult("vllm", FAIL, f"{cmd[0]!r} not found on PATH; install vLLM "
+                           "(pip install vllm) or set vllm.command to its full path")
+    if ctx.fast:
+        return CheckResult("vllm", PASS, exe)
+    ver = vllminfo.version(cmd)
+    return CheckResult("vllm", PASS, f"{exe} (vLLM {ver})" if ver else f"{exe} (version unknown)")
+
+
+def check_vllm_args(ctx: Context) -> CheckResult:
+    """Every [vllm.args] key and extra_args flag is one this vLLM accepts (asked of vLLM once
+    and cached; with --fast only a cached answer is used)."""
+    c = ctx.config
+    version = vllminfo.version(c.vllm.command)
+    if version is None:
+        return CheckResult("vllm.args", WARN, "cannot tell which vLLM runs "
+                           f"{shlex.join(c.vllm.command)}; [vllm.args] is not checked against "
+                           "its flags")
+    cache = ctx.flags_cache or vllmflags.default_cache_dir(c, ctx.env)
+    known = vllmflags.known_flags(c.vllm.command, version, cache, ask=not ctx.fast)
+    if known is None and ctx.fast:
+        return CheckResult("vllm.args", SKIP, "vLLM's flag list is not cached yet; run "
+                           "`vllmwatch check` without --fast once")
+    if known is None:
+        return CheckResult("vllm.args", WARN, f"cannot ask vLLM {version} for its flags "
+                           "(import failed or took too long); [vllm.args] is not checked")
+    problems = vllmflags.validate_args(c, known)
+    if problems:
+        return CheckResult("vllm.args", FAIL, "; ".join(f"{p.key}: {p.problem}"
+                                                        for p in problems))
+    given = len(c.vllm.args) + sum(t.startswith("--") for t in c.vllm.extra_args)
+    return CheckResult("vllm.args", PASS, f"{given} flag(s) accepted by vLLM {version}")
+
+
+def check_status_listen(ctx: Context) -> CheckResult:
+    """status.listen is well formed (load checks that), resolves, and its port is free."""
+    s = ctx.config.status
+    try:
+        parsed = hosts.parse_listen(s.listen)
+    except ValueError as exc:
+        return CheckResult("status.listen", FAIL, f"{s.listen!r}: {exc}")
+    if parsed is None:
+        return CheckResult("status.listen", WARN, 'status.listen = "": no /livez, /readyz, '
+                           "/status or /metrics; `vllmwatch status` will not work")
+    host, port = parsed
+    try:
+        infos = socket.getaddrinfo(host or None, port, type=socket.SOCK_STREAM,
+                                   flags=socket.AI_PASSIVE)
+    except (socket.gaierror, UnicodeError) as exc:
+        return CheckResult("status.listen", FAIL, f"{s.listen!r}: cannot resolve {host!r} "
+                           f"({exc}); use an address such as 127.0.0.1:{port}")
+    address = str(infos[0][4][0])
+    if not s.allow_remote and not hosts.is_loopback(address):
+        return CheckResult("status.listen", FAIL, f"{s.listen!r} resolves to {address}, not "
+                           f"a loopback address; use 127.0.0.1:{port} or set "
+                           "status.allow_remote = true")
+    return CheckResult("status.listen", PASS, f"{hosts.url_host(address)}:{port}")

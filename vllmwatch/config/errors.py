@@ -1,0 +1,95 @@
+"""ConfigError: every problem of a config file, each with file:line, key, value and remedy."""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+
+@dataclass(frozen=True)
+class Problem:
+    """One thing wrong with a config: the dotted key, what is wrong, and the line if known."""
+
+    key: str
+    problem: str
+    line: int | None = None
+
+    def render(self, path: str) -> str:
+        """'path:line: key: problem', the form editors jump to."""
+        place = f"{path}:{self.line}" if self.line else path
+        return f"{place}: {self.key}: {self.problem}" if self.key else f"{place}: {self.problem}"
+
+
+class ConfigError(Exception):
+    """A config a person must fix. It carries every problem found, so one edit cycle is enough.
+
+    `key`, `problem` and `line` name the first problem; `problems` holds all of them.
+    """
+
+    def __init__(self, path: str, key: str, problem: str, line: int | None = None,
+                 more: Sequence[Problem] = ()) -> None:
+        self.path, self.key, self.problem, self.line = path, key, problem, line
+        self.problems: tuple[Problem, ...] = (Problem(key, problem, line), *more)
+        if len(self.problems) == 1:
+            text = self.problems[0].render(path)
+        else:
+            text = f"{path}: {len(self.problems)} problems:\n" + "\n".join(
+                "  " + p.render(path) for p in self.problems)
+        super().__init__(text)
+
+    @classmethod
+    def of(cls, path: str, problems: Sequence[Problem]) -> ConfigError:
+        """One error for several problems (at least one)."""
+        first, *rest = problems
+        return cls(path, first.key, first.problem, first.line, rest)
+
+    def with_lines(self, text: str) -> ConfigError:
+        """The same problems, each placed at the line of the file text that sets its key."""
+        placed = [p if p.line is not None or not p.key else Problem(p.key, p.problem,
+                                                                    _nearest_line(text, p.key))
+                  for p in self.problems]
+        placed.sort(key=lambda p: p.line if p.line is not None else 1 << 30)  # file order
+        return type(self).of(self.path, placed)
+
+
+def raise_all(path: str, problems: Sequence[Problem]) -> None:
+    """Raise one ConfigError listing all problems; do nothing when there are none."""
+    if problems:
+        raise ConfigError.of(path, problems)
+
+
+def _nearest_line(text: str, key: str) -> int | None:
+    """The line of the key, else of the table that holds it (an inline table, say)."""
+    while key:
+        line = line_of(text, key)
+        if line is not None:
+            return line
+        key = key.rpartition(".")[0]
+    return None
+
+
+def line_of(text: str, key: str) -> int | None:
+    """The line that sets a dotted key ("memory.gpu_limit") or opens a table ("memory").
+
+    Also finds keys inside sub-tables such as "vllm.args.max-model-len".
+    """
+    parts = re.split(r"\.(?![^\[]*\])", key)
+    name = re.split(r"\[", parts[-1])[0] if len(parts) > 1 else ""
+    table = ".".join(parts[:-1]) if len(parts) > 1 else parts[0]
+    section = parts[0]
+    current = ""
+    for number, line in enumerate(text.splitlines(), 1):
+        stripped = line.strip()
+        header = re.match(r"^\[\s*([\w.-]+)\s*\]", stripped)
+        if header:
+            current = header.group(1)
+            if current == key:
+                return number
+            continue
+        if name and current in (table, section) and re.match(
+                rf"^[\"']?{re.escape(name)}[\"']?\s*=", stripped):
+            return number
+        if not current and re.match(rf"^{re.escape(section)}\s*=", stripped):
+            return number
+    return None

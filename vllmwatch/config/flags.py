@@ -1,0 +1,98 @@
+"""Pure: the vLLM flags we refuse before launch, and the secret ones we move to the environment.
+
+Every function here returns Problems instead of raising, so that a config carrying a guide's
+whole set of bad flags is refused once, with all of them listed.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Mapping, Sequence
+
+from vllmwatch.config.errors import Problem
+
+OWNED_FLAGS = {
+    "model": "vllm.model",
+    "port": "vllm.port",
+    "host": "vllm.host",
+    "served-model-name": "vllm.served_model_name",
+}
+# Secret flags and the variable vLLM (or huggingface_hub) reads instead: argv is public (ps,
+# /proc/PID/cmdline), the environment is readable only by the process owner and root.
+SECRET_FLAGS = {"hf-token": "HF_TOKEN", "api-key": "VLLM_API_KEY"}
+KV_CACHE_DTYPES = ("auto", "bfloat16", "fp8", "fp8_e4m3", "fp8_e5m2", "fp8_inc", "fp8_ds_mla")
+# Flags removed from vLLM, with what to do instead.
+REMOVED = {
+    "rope-scaling": "use hf-overrides = { rope_parameters = { rope_type = \"yarn\", factor = "
+                    "4.0, original_max_position_embeddings = 32768 } } in [vllm.args]",
+    "disable-logprobs-during-spec-decoding": "delete it (nothing replaces it)",
+    "device": "vLLM picks the platform itself; choose GPUs with vllm.gpus = [0, 1] instead",
+    "disable-log-requests": "delete it: request logging is off by default; "
+                            "enable-log-requests = true turns it on",
+}
+REMOVED["rope-theta"] = REMOVED["rope-scaling"]
+
+
+def flag_name(key: str) -> str:
+    """Normalise a flag name: no dashes in front, dashes instead of underscores."""
+    return key.lstrip("-").replace("_", "-")
+
+
+def json_problem(text: str, key: str) -> Problem | None:
+    """A Problem when text is not valid JSON."""
+    try:
+        json.loads(text)
+    except json.JSONDecodeError as exc:
+        return Problem(key, f"bad JSON {text!r}: {exc.msg} at column {exc.colno}; in "
+                       "[vllm.args] write it as a TOML table instead, e.g. hf-overrides = "
+                       "{ rope_parameters = { rope_type = \"yarn\" } }")
+    return None
+
+
+def flag_problem(name: str, value: object, key: str, version: str | None = None
+                 ) -> Problem | None:
+    """The flags a widely copied guide gets wrong, each with its modern replacement."""
+    if name in OWNED_FLAGS:
+        return Problem(key, f"--{name} is set by vllmwatch; use {OWNED_FLAGS[name]}")
+    if name in REMOVED:
+        where = f"vLLM {version}" if version else "vLLM"
+        return Problem(key, f"--{name} was removed from {where}; {REMOVED[name]}")
+    if name == "kv-cache-dtype" and isinstance(value, str) and value not in KV_CACHE_DTYPES:
+        hint = " (fp16 is not a choice: \"auto\" keeps the model's dtype)" if value in (
+            "fp16", "float16", "half") else ""
+        return Problem(key, f"--kv-cache-dtype {value!r} is not accepted{hint}; "
+                       f"choose one of {', '.join(KV_CACHE_DTYPES)}")
+    if isinstance(value, str) and value.strip().lower() in ("true", "false"):
+        return Problem(key, f"--{name} is a boolean flag and takes no value {value!r}; in "
+                       f"[vllm.args] write {name} = true (--{name}) or {name} = false "
+                       f"(--no-{name})")
+    if isinstance(value, str) and value.lstrip().startswith(("{", "[")):
+        return json_problem(value, key)
+    return None
+
+
+def args_problems(args: Mapping[str, object], extra: Sequence[str],
+                  version: str | None = None) -> list[Problem]:
+    """Every refused flag in [vllm.args] and vllm.extra_args."""
+    out = [flag_problem(flag_name(k), v, f"vllm.args.{k}", version) for k, v in args.items()]
+    for i, token in enumerate(extra):
+        key = f"vllm.extra_args[{i}]"
+        if token.startswith("--"):
+            name, eq, inline = token[2:].partition("=")
+            value: object = inline if eq else next_value(extra, i)
+            out.append(flag_problem(flag_name(name), value, key, version))
+        elif token.lstrip().startswith(("{", "[")) and not _is_value_of_flag(extra, i):
+            out.append(json_problem(token, key))
+    return [p for p in out if p is not None]
+
+
+def _is_value_of_flag(extra: Sequence[str], i: int) -> bool:
+    # The value after a flag was already judged with the flag.
+    return i > 0 and extra[i - 1].startswith("--") and "=" not in extra[i - 1]
+
+
+def next_value(extra: Sequence[str], i: int) -> object:
+    """The value that follows flag i in an argv list, or True for a bare flag."""
+    if i + 1 < len(extra) and not extra[i + 1].startswith("--"):
+        return extra[i + 1]
+    return True

@@ -1,0 +1,87 @@
+"""Addresses: parse status.listen, and the one wildcard-to-loopback mapping of the code base."""
+
+from __future__ import annotations
+
+import ipaddress
+import re
+
+LISTEN_HELP = 'expected "HOST:PORT", e.g. "127.0.0.1:9101", "[::1]:9101" or ":9101"'
+_HOSTNAME = re.compile(r"^(?=.{1,253}$)[A-Za-z0-9]([A-Za-z0-9-]{0,61}[A-Za-z0-9])?"
+                       r"(\.[A-Za-z0-9]([A-Za-z0-9-]{0,61}[A-Za-z0-9])?)*$")
+# A server bound to a wildcard answers on loopback; connect there.
+_WILDCARD_TO_LOOPBACK = {"": "127.0.0.1", "0.0.0.0": "127.0.0.1", "::": "::1"}
+
+
+def parse_listen(text: str) -> tuple[str, int] | None:
+    """Split status.listen into (host, port); "" disables (None), ":9101" is all interfaces.
+
+    Raises ValueError with a message saying what is accepted.
+    """
+    text = text.strip()
+    if not text:
+        return None
+    if text.startswith("["):
+        host, bracket, rest = text[1:].partition("]")
+        if not bracket or not rest.startswith(":"):
+            raise ValueError(LISTEN_HELP)
+        port_text = rest[1:]
+    else:
+        host, colon, port_text = text.rpartition(":")
+        if not colon:
+            raise ValueError(f"no port; {LISTEN_HELP}")
+        if ":" in host:
+            raise ValueError(f"write an IPv6 address in brackets; {LISTEN_HELP}")
+    if not port_text.isdigit() or int(port_text) > 65535:
+        raise ValueError(f"port {port_text!r} is not a number from 0 to 65535; {LISTEN_HELP}")
+    return host, int(port_text)
+
+
+def connect_host(host: str) -> str:
+    """Where to connect to reach a server bound to `host` (a wildcard means loopback)."""
+    return _WILDCARD_TO_LOOPBACK.get(host, host)
+
+
+def url_host(host: str) -> str:
+    """The host as it goes in a URL or host:port text (IPv6 in brackets)."""
+    return f"[{host}]" if ":" in host else host
+
+
+def is_loopback(host: str) -> bool:
+    """True for a loopback address or the name localhost; False for a wildcard."""
+    if host.lower() == "localhost":
+        return True
+    try:
+        return ipaddress.ip_address(host).is_loopback
+    except ValueError:
+        return False
+
+
+def listen_problem(text: str, allow_remote: bool) -> str | None:
+    """Why status.listen is unusable without asking the network, or None when it looks right."""
+    try:
+        parsed = parse_listen(text)
+    except ValueError as exc:
+        return str(exc)
+    if parsed is None:
+        return None
+    host, port = parsed
+    if port == 0:
+        return f"port 0 picks a random port that `vllmwatch status` cannot find; {LISTEN_HELP}"
+    if host and not _HOSTNAME.match(host):
+        try:
+            ipaddress.ip_address(host)
+        except ValueError:
+            return f"host {host!r} is neither an IP address nor a host name; {LISTEN_HELP}"
+    literal = host in ("", "0.0.0.0", "::") or _is_ip(host)
+    if literal and not allow_remote and not is_loopback(host):
+        return (f"{host or 'all interfaces'} is not a loopback address; use "
+                f"127.0.0.1:{port} or [::1]:{port}, or set status.allow_remote = true")
+    return None
+
+
+def _is_ip(host: str) -> bool:
+    try:
+        ipaddress.ip_address(host)
+    except ValueError:
+        return False
+    return True
