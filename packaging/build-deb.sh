@@ -18,6 +18,14 @@
 #   VLLMWATCH_DEB_MAINTAINER  Maintainer field (default below)
 #   VLLMWATCH_DEB_OUT         output folder (default dist/)
 #   VLLMWATCH_DEB_BUILD       scratch folder, emptied first (default build/deb/)
+#   VLLMWATCH_DEB_ARCH        Debian architecture to build for (default: this machine's).
+#                             Another one (arm64 for a DGX Spark, from an amd64 builder) is a
+#                             cross build: pure-Python wheels are built here, binary ones are
+#                             taken from the index for that platform only (pip --platform
+#                             manylinux2014_aarch64 --only-binary=:all:), so the venv holds
+#                             no code of this machine's architecture. The target needs the same
+#                             Python minor version as VLLMWATCH_DEB_PYTHON (Debian 12: 3.11,
+#                             Ubuntu 24.04 / DGX OS 7: 3.12; build with a matching interpreter).
 set -euo pipefail
 
 REPO=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
@@ -37,8 +45,36 @@ done
 [[ -x $PYTHON ]] || die "$PYTHON not found; set VLLMWATCH_DEB_PYTHON"
 [[ -f $CONFIG_SRC ]] || die "$CONFIG_SRC not found: the package ships it as /etc/vllmwatch/vllmwatch.toml"
 
+# A venv for another architecture: every wheel must be for that platform or pure Python.
+cross_install() {
+    local wheels=$BUILD/wheels site
+    site=$VENV/lib/python$PYVER/site-packages
+    say "cross build: wheels for ${PIP_PLATFORMS[*]}, CPython $PYVER"
+    # Pure-Python wheels of vllmwatch and of dependencies published only as sdists (sdnotify).
+    "$PYTHON" -m pip wheel --quiet --no-deps -w "$wheels" "$REPO"
+    "$PYTHON" -m pip wheel --quiet -w "$wheels/all" "$REPO"
+    find "$wheels/all" -name '*-none-any.whl' -exec mv {} "$wheels/" \;
+    rm -rf "$wheels/all"
+    local plat=() p
+    for p in "${PIP_PLATFORMS[@]}"; do plat+=(--platform "$p"); done
+    "$PYTHON" -m pip install --quiet --no-compile --no-warn-script-location \
+        --target "$site" "${plat[@]}" --implementation cp --python-version "$PYVER" \
+        --only-binary=:all: --find-links "$wheels" "$wheels"/vllmwatch-*.whl
+    rm -rf "$site/bin"   # scripts pip wrote for this machine's Python; ours is below
+    printf '#!%s/venv/bin/python\nimport sys\n\nfrom vllmwatch.cli import main\n\nif __name__ == "__main__":\n    sys.exit(main())\n' \
+        "$PREFIX" > "$VENV/bin/vllmwatch"
+    chmod 0755 "$VENV/bin/vllmwatch"
+}
+
 VERSION=$("$PYTHON" -c 'import sys, tomllib; print(tomllib.load(open(sys.argv[1], "rb"))["project"]["version"])' "$REPO/pyproject.toml")
-ARCH=$(dpkg --print-architecture)
+HOST_ARCH=$(dpkg --print-architecture)
+ARCH=${VLLMWATCH_DEB_ARCH:-$HOST_ARCH}
+case $ARCH in
+    "$HOST_ARCH") PIP_PLATFORMS=() ;;
+    arm64) PIP_PLATFORMS=(manylinux2014_aarch64 manylinux_2_28_aarch64 linux_aarch64) ;;
+    amd64) PIP_PLATFORMS=(manylinux2014_x86_64 manylinux_2_28_x86_64 linux_x86_64) ;;
+    *) die "VLLMWATCH_DEB_ARCH=$ARCH: cross builds know arm64 and amd64" ;;
+esac
 PYVER=$("$PYTHON" -c 'import sys; print(f"{sys.version_info[0]}.{sys.version_info[1]}")')
 PYNEXT=$("$PYTHON" -c 'import sys; print(f"{sys.version_info[0]}.{sys.version_info[1] + 1}")')
 BUILD=${VLLMWATCH_DEB_BUILD:-$REPO/build/deb}
@@ -54,14 +90,26 @@ mkdir -p "$ROOT/DEBIAN" "$OUTDIR"
 #    comes from the build Python; the shipped venv carries none (nothing installs into it).
 export PIP_DISABLE_PIP_VERSION_CHECK=1 PIP_NO_INPUT=1 PIP_ROOT_USER_ACTION=ignore
 "$PYTHON" -m venv --without-pip "$VENV"
-"$PYTHON" -m pip --python "$VENV/bin/python" install --quiet --no-compile \
-    --no-warn-script-location "$REPO"
+if [[ ${#PIP_PLATFORMS[@]} -eq 0 ]]; then
+    "$PYTHON" -m pip --python "$VENV/bin/python" install --quiet --no-compile \
+        --no-warn-script-location "$REPO"
+else
+    cross_install
+fi
 # Scripts and activate files name the staging path: point them at /opt, as dh-virtualenv does.
 grep -rlI --null -F "$VENV" "$VENV" | xargs -0 -r sed -i "s|$VENV|$PREFIX/venv|g"
 sed -i '/^command = /d' "$VENV/pyvenv.cfg"
 find "$VENV" -name direct_url.json -delete   # records the build machine's checkout path
 find "$VENV" \( -name __pycache__ -o -name '*.pyc' \) -prune -exec rm -rf {} +
-find "$VENV" -name '*.so' -exec strip --strip-unneeded --remove-section=.comment {} +
+STRIP=strip
+if [[ $ARCH != "$HOST_ARCH" ]]; then
+    case $ARCH in arm64) STRIP=aarch64-linux-gnu-strip ;; amd64) STRIP=x86_64-linux-gnu-strip ;; esac
+fi
+if command -v "$STRIP" >/dev/null; then
+    find "$VENV" -name '*.so' -exec "$STRIP" --strip-unneeded --remove-section=.comment {} +
+else
+    say "$STRIP not found (apt-get install binutils-aarch64-linux-gnu): .so files left unstripped"
+fi
 # Library modules that start with "#!/usr/bin/env python" are never run as scripts here.
 find "$VENV/lib" -name '*.py' ! -perm -u+x -exec sed -i '1{/^#!/d}' {} +
 find "$VENV" -type d -empty -delete

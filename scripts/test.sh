@@ -14,6 +14,16 @@ if [[ $(id -u) == 0 ]] && command -v apt-get >/dev/null \
         DEBIAN_FRONTEND=noninteractive apt-get install -y -qq systemd-container lintian \
         fakeroot >/dev/null || echo "[test] apt-get failed: the systemd tests will skip"
 fi
+# The arm64 package tests (tests/systemd/test_package_arm64.py): strip for aarch64, and
+# qemu-user + debootstrap to run `vllmwatch check` in an arm64 root file system.
+if [[ $(id -u) == 0 ]] && command -v apt-get >/dev/null \
+        && ! { command -v qemu-aarch64-static && command -v debootstrap \
+               && command -v aarch64-linux-gnu-strip; } >/dev/null; then
+    echo "[test] installing qemu-user-static, debootstrap and binutils-aarch64-linux-gnu"
+    apt-get update -qq >/dev/null && \
+        DEBIAN_FRONTEND=noninteractive apt-get install -y -qq qemu-user-static debootstrap \
+        binutils-aarch64-linux-gnu >/dev/null || echo "[test] apt-get failed: arm64 tests skip"
+fi
 # promtool and prometheus test contrib/prometheus (tests/test_contrib.py); Debian ships both.
 if [[ $(id -u) == 0 ]] && command -v apt-get >/dev/null \
         && ! { command -v promtool && command -v prometheus; } >/dev/null; then

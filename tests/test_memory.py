@@ -140,7 +140,9 @@ def test_unified_memory_not_supported_uses_per_process(tree: tuple[int, int]) ->
     log = Events()
     sampler = make_sampler(None, log, nvml=nvml)
     sample = sampler.sample(child, with_pss=False)
-    assert sample.source == "nvml-process" and sample.gpu_tree_mib == 4096
+    # Unified memory: the tree's own memory, NVML's per-process figure on top of its RSS.
+    assert sample.source == "unified" and sample.gpu_tree_mib == 4096
+    assert sample.gpu_rule_mib == sample.host_rss_mib + 4096
     assert sample.device_used_mib == {} and sample.device_total_mib == {}
     assert sampler.device_used_mib() == {}
     sampler.sample(child, with_pss=False)
@@ -161,7 +163,7 @@ def test_unified_and_no_per_process_figure_falls_back_to_host(tree: tuple[int, i
     child, grandchild = tree
     nvml = FakeNvml([FakeGpu(used_mib=None, procs={grandchild: None})])
     sample = make_sampler(None, Events(), nvml=nvml).sample(child, with_pss=True)
-    assert sample.source == "host" and sample.gpu_tree_mib is None
+    assert sample.source == "unified" and sample.gpu_tree_mib is None
     assert sample.gpu_rule_mib == sample.host_pss_mib and sample.host_pss_mib is not None
 
 

@@ -285,21 +285,24 @@ def test_hub_id_resolves_to_the_downloaded_snapshot(tmp_path: Path) -> None:
 def test_kernels_skip_without_a_gpu(tmp_path: Path) -> None:
     if kernels.gpu_count() > 0:
         pytest.skip("this machine has an NVIDIA GPU")
-    config = make_config(tmp_path, cache_dir=str(tmp_path / "cache"), page_cache=False)
+    config = make_config(tmp_path, cache_dir=str(tmp_path / "cache"), page_cache=False,
+                         kernels=True)
     report = prewarm.run(config, Events(), {})
     assert step(report, "kernels").status == "skipped"
     assert step(report, "kernels").detail == "skipped: no GPU"
 
 
 def test_kernels_skip_for_a_cpu_config_even_with_a_gpu(tmp_path: Path) -> None:
-    config = make_config(tmp_path, cache_dir=str(tmp_path / "cache"), gpus=[], required=True)
+    config = make_config(tmp_path, cache_dir=str(tmp_path / "cache"), gpus=[], required=True,
+                         kernels=True)
     report = prewarm.run(config, Events(), {}, prewarm.Hooks(gpu_count=lambda: 8))
     assert step(report, "kernels").detail == "skipped: no GPU"
     assert report.ok
 
 
 def test_kernel_script_failure_is_a_warning(tmp_path: Path) -> None:
-    config = make_config(tmp_path, cache_dir=str(tmp_path / "cache"), page_cache=False)
+    config = make_config(tmp_path, cache_dir=str(tmp_path / "cache"), page_cache=False,
+                         kernels=True)
     hooks = prewarm.Hooks(gpu_count=lambda: 1, python=sys.executable,
                           kernel_script="import sys; sys.exit('boom: no torch here')")
     k = step(prewarm.run(config, Events(), {}, hooks), "kernels")
@@ -314,7 +317,7 @@ def test_kernel_time_out_kills_the_process_group(tmp_path: Path) -> None:
               f"open({str(pidfile)!r}, 'w').write(str(p.pid))\n"
               "time.sleep(600)\n")
     config = make_config(tmp_path, cache_dir=str(tmp_path / "cache"), page_cache=False,
-                         timeout=3, required=True)
+                         timeout=3, required=True, kernels=True)
     hooks = prewarm.Hooks(gpu_count=lambda: 1, python=sys.executable, kernel_script=script)
     start = time.monotonic()
     report = prewarm.run(config, Events(), {}, hooks)

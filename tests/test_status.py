@@ -267,7 +267,7 @@ def test_metrics_omit_unknown_values_and_keep_odd_states() -> None:
     assert fam["vllmwatch_ready"] == {("vllmwatch_ready", ()): 0.0}
     for name in ("vllmwatch_child_uptime_seconds", "vllmwatch_vllm_requests_running",
                  "vllmwatch_vllm_kv_cache_usage_ratio"):
-        assert name not in fam
+        assert fam[name] == {}  # declared, without a sample: unknown is not 0
     for name in ("vllmwatch_gpu_memory_bytes", "vllmwatch_host_memory_bytes",
                  "vllmwatch_restarts"):
         assert not fam.get(name)

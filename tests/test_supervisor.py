@@ -221,6 +221,22 @@ def test_engine_death_restarts_at_the_first_503_not_after_the_threshold(
     d.wait_ready(15.0, since=d.events.index(begin))
 
 
+def test_a_dead_tp_worker_is_a_restart_at_the_next_probe(daemon: Factory) -> None:
+    # Threshold 5 probes 0.5 s apart: waiting for it would take 2.5 s after /health fails.
+    d = daemon(["--tensor-parallel-size", "2"], {"probe": {"failure_threshold": 5}})
+    root = psutil.Process(d.wait_ready()["pid"])
+    workers = wait_for(lambda: [p for p in root.children(recursive=True)
+                                if "--role worker" in " ".join(p.cmdline())], 10, "TP workers")
+    since = d.mark()
+    killed_at = time.time()
+    workers[-1].kill()
+    begin = wait_for(lambda: d.named("restart.begin", since), 10.0, "restart.begin")[0]
+    assert begin["reason"] == "health" and "engine process is gone" in begin["detail"]
+    assert "Worker" in begin["detail"]
+    report("TP worker kill -9: fault -> restart.begin", ts_of(begin) - killed_at)
+    d.wait_ready(15.0, since=d.events.index(begin))
+
+
 def test_health_failures_restart_after_threshold(daemon: Factory) -> None:
     # The canary keeps succeeding: /health failing alone must still restart.
     d = daemon(["--health-fail-after", "1"])

@@ -14,7 +14,7 @@ from collections.abc import Callable, Mapping, Sequence
 from dataclasses import asdict
 from typing import Any, TextIO
 
-from vllmwatch.check import gpu, host, maxlen, model, vllm
+from vllmwatch.check import gpu, host, maxlen, model, neighbours, unified, vllm
 from vllmwatch.check.base import (
     FAIL,
     PASS,
@@ -117,5 +117,7 @@ CHECKS: tuple[tuple[str, Check], ...] = (
     ("port", host.check_port),
     ("status.listen", vllm.check_status_listen),
     ("gpu", _check_gpus),
+    ("platform", unified.check_platform),
     ("prewarm.cache_dir", host.check_prewarm_cache),
+    ("instances", neighbours.check_neighbours),
 )

@@ -106,6 +106,15 @@ def _quiet_hours(value: object) -> str:
     return text
 
 
+def _auto_bool(value: object) -> str:
+    """"auto", or a boolean (TOML true/false or the strings "true"/"false"), as a string."""
+    if isinstance(value, bool):
+        return "true" if value else "false"
+    if isinstance(value, str) and value.lower() in ("auto", "true", "false"):
+        return value.lower()
+    raise ValueError("")
+
+
 CONVERTERS: dict[str, tuple[Converter, str]] = {
     "str": (_str, "a string"),
     "bool": (_bool, "true or false"),
@@ -122,4 +131,5 @@ CONVERTERS: dict[str, tuple[Converter, str]] = {
     "gpus": (_gpus, 'an array of GPU indexes such as [0, 1], [] for CPU only, or "all"'),
     "quiet_hours": (_quiet_hours, 'a local time window "HH:MM-HH:MM" such as "02:00-05:00"'),
     "choice": (_str, ""),
+    "auto_bool": (_auto_bool, '"auto", true or false'),
 }

@@ -100,6 +100,15 @@ class MemoryConfig:
     baseline_delay: float = _conv("duration", 600.0, zero="take the baseline at READY")
     slope_window: float = _conv("duration", 21600.0, low=10.0)
     sustain: int = _conv("pos_int", 3)
+    # -- unified memory (DGX Spark): detection, the start guard, memory-failure retries --
+    unified: str = _conv("auto_bool", "auto")  # "auto" | "true" | "false"
+    guard: bool = _conv("bool", True)  # the start guard on unified memory (never on discrete)
+    guard_floor: float = _conv("size", 0.0, zero="auto: max(4GiB, 5% of MemTotal)")
+    guard_interval: float = _conv("duration", 1.0, high=60.0)
+    guard_min_gap: float = _conv("duration", 5.0, high=HOUR, zero="act at every sample")
+    guard_drop_caches: bool = _conv("bool", False)  # echo 1 > /proc/sys/vm/drop_caches (root)
+    guard_compact: bool = _conv("bool", False)  # echo 1 > /proc/sys/vm/compact_memory (root)
+    start_memory_retries: int = _conv("pos_int", 2, high=100)  # memory-failed starts retried
 
 
 @dataclass(frozen=True)
@@ -133,7 +142,7 @@ class PrewarmConfig:
     page_cache_max_fraction: float = _conv("fraction", 0.5,
                                            zero="never read weights into the page cache")
     page_cache_workers: int = _conv("pos_int", 4, high=256)
-    kernels: bool = _conv("bool", True)
+    kernels: bool = _conv("bool", False)  # off: ~13 s before each start, no gain (docs/GPU.md)
     warmup_request: bool = _conv("bool", True)
     timeout: float = _conv("duration", 600.0, high=DAY)
     required: bool = _conv("bool", False)

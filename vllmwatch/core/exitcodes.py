@@ -7,6 +7,7 @@ FAILURE = 1  # a check failed, a required pre-warm step failed, or an internal e
 CONFIG = 2  # bad config or vLLM refused its arguments: restarting will not help
 GAVE_UP = 3  # crash-loop guard: too many failed restarts in restart.window
 START = 4  # cannot start: a foreign process holds vllm.port
+START_MEMORY = 5  # vLLM's start kept failing for memory (diagnosed; see core/unified.py)
 INTERNAL = 70  # an unexpected error inside vllmwatch (EX_SOFTWARE); the vLLM tree was killed
 
 MEANING = {
@@ -15,5 +16,6 @@ MEANING = {
     CONFIG: "bad config, or vLLM refused its arguments (restarting will not help)",
     GAVE_UP: "crash-loop guard gave up",
     START: "cannot start: a foreign process holds the port",
+    START_MEMORY: "vLLM's start kept failing for memory (see start.memory_gave_up)",
     INTERNAL: "internal error in vllmwatch (a bug: please report the logged traceback)",
 }

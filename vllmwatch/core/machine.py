@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from vllmwatch.config.schema import Config
-from vllmwatch.core import exitcodes, ladder, probing, serving
+from vllmwatch.core import exitcodes, ladder, probing, serving, startmem
 from vllmwatch.core.events import (
     Action,
     CanaryResult,
@@ -136,9 +136,10 @@ def _spawn_failed(s: WatchState, ev: SpawnFailed, now: float) -> Result:
     return s, acts + more
 
 
-def _crashed(s: WatchState, now: float, detail: str, why: str) -> Result:
+def _crashed(s: WatchState, now: float, detail: str, why: str, reason: str = "crash"
+             ) -> Result:
     """The child is gone unasked: a crash restart, and the sweep at once (nothing to stop)."""
-    s, acts = ladder.begin_restart(s, now, "crash", detail, drain=False)
+    s, acts = ladder.begin_restart(s, now, reason, detail, drain=False)
     if s.state in CHILD_STATES:
         s, more = ladder.sweep(s, now, why)
         acts += more
@@ -167,8 +168,14 @@ def _child_exited(s: WatchState, ev: ChildExited, now: float) -> Result:
             "error": hint, "hint": "vLLM refused its command line; fix [vllm] in the config "
             "(see `vllmwatch print-command` and `vllmwatch check`)"}))
         s = s.with_(exit_code=exitcodes.CONFIG)
-    detail = ("during start: " if s.state == S.STARTING else "") + why
-    s, more = _crashed(s, now, detail, "child exited")
+    reason, detail = "crash", ("during start: " if s.state == S.STARTING else "") + why
+    mem = startmem.start_failed(s, ev) if s.state == S.STARTING and s.exit_code is None \
+        else None
+    if mem is not None:  # vLLM said it ran out of memory: name it, stop if it repeats
+        s, logs, detail = mem
+        acts += logs
+        reason = startmem.REASON
+    s, more = _crashed(s, now, detail, "child exited", reason)
     return s, acts + more
 
 

@@ -18,7 +18,7 @@ class GpuProcess:
 class MemorySample:
     """One reading of the child tree. `source` names the figure the GPU rules use."""
 
-    source: str  # nvml-process | nvml-device | host | none
+    source: str  # nvml-process | nvml-device | unified | host | none
     tree_pids: tuple[int, ...]
     gpu_tree_mib: float | None
     gpu_tree_by_gpu_mib: dict[int, float] = field(default_factory=dict)
@@ -34,9 +34,14 @@ class MemorySample:
             return self.gpu_tree_mib
         if self.source == "nvml-device":
             return sum(self.device_used_mib.values())
+        if self.source == "unified":
+            # Unified memory (DGX Spark): the tree's own memory. CUDA allocations live in
+            # system RAM but are the driver's pages, not the process's RSS, so NVML's
+            # per-process figure (where the driver reports one) is added to PSS/RSS. The
+            # device-wide figure never counts: it would include the page cache and tenants.
+            return self.host_rule_mib + (self.gpu_tree_mib or 0.0)
         if self.source == "host":
-            # Unified memory (DGX Spark): GPU allocations are host memory.
-            return self.host_pss_mib if self.host_pss_mib is not None else self.host_rss_mib
+            return self.host_rule_mib
         return None
 
     @property

@@ -53,10 +53,10 @@ def health(s: WatchState, ev: HealthResult, now: float) -> Result:
         return s.with_child(health_failures=0), []
     if ev.engine_gone:
         # Measured: EngineCore dead -> /health 503 within 0.2 s and the API server exits 0
-        # seconds later. With the engine process gone nothing can recover: do not wait for
-        # failure_threshold probes.
-        return begin_restart(s, now, "health", "the engine process is gone and /health says "
-                             f"{ev.error or ev.status}", drain=False)
+        # seconds later; a dead TP worker -> 503 only ~4 s later. With an engine process gone
+        # nothing can recover: do not wait for failure_threshold probes.
+        return begin_restart(s, now, "health", f"the engine process is gone: {ev.error}",
+                             drain=False)
     return _probe_failed(s, now, "health", ev.error or f"HTTP {ev.status}")
 
 

@@ -50,7 +50,7 @@ CHILD_STATES = frozenset({S.STARTING, S.READY, S.DRAINING, S.STOPPING})
 
 # Restarts that mean something went wrong: they feed backoff and the crash-loop guard.
 FAILURE_REASONS = frozenset({"crash", "health", "hang", "stall", "start_timeout",
-                             "start_stall", "gpu_memory", "host_memory"})
+                             "start_stall", "gpu_memory", "host_memory", "start_memory"})
 
 
 class TransitionError(RuntimeError):
@@ -132,6 +132,7 @@ class WatchState:
     probe_failures: dict[str, int] = field(default_factory=dict)
     next_extend: float = 0.0
     rng: int = 0x2545F4914F6CDD1D
+    memory_failures: tuple[int, int] = (0, 0)  # (starts failed for memory in a row, last gen)
 
     def with_(self, **changes: Any) -> WatchState:
         """A copy with some fields changed."""

@@ -13,6 +13,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from vllmwatch.prewarm import backend
+
 MARKER = "VLLMWATCH_KERNELS "
 
 # Runs in the vLLM venv. argv[1] is a JSON spec; prints one MARKER line of JSON.
@@ -45,8 +47,11 @@ def flash_attn():
     from vllm.vllm_flash_attn import flash_attn_varlen_func
     q, k, v = qkv((n, hq, d), (n, hk, d))
     cu = torch.tensor([0, n], dtype=torch.int32, device=dev)
+    # Without fa_version the interface runs FA2; vLLM runs FA3 on Hopper (spec says which).
+    extra = {"fa_version": spec["fa_version"]} if spec.get("fa_version") else {}
+    out["fa_version"] = spec.get("fa_version") or 2
     return lambda: flash_attn_varlen_func(q=q, k=k, v=v, cu_seqlens_q=cu, cu_seqlens_k=cu,
-                                          max_seqlen_q=n, max_seqlen_k=n, causal=True)
+                                          max_seqlen_q=n, max_seqlen_k=n, causal=True, **extra)
 def flashinfer():
     import flashinfer
     q, k, v = qkv((n, hq, d), (n, hk, d))
@@ -82,9 +87,9 @@ for name in order:
 emit(ok=False, tried=tried, error="no attention backend ran")
 '''
 
-# vLLM backend names (VLLM_ATTENTION_BACKEND / --attention-backend) -> what the script runs.
+# vLLM backend names (backend.choose) -> what the script runs.
 _BACKENDS = {"FLASH_ATTN": "flash_attn", "FLASHINFER": "flashinfer", "TRITON_ATTN": "triton",
-             "TORCH_SDPA": "sdpa", "TRITON": "triton", "FLASH_ATTN_VLLM_V1": "flash_attn"}
+             "TORCH_SDPA": "sdpa", "FLEX_ATTENTION": "sdpa"}
 _DTYPES = {"bfloat16": "bfloat16", "float16": "float16", "half": "float16", "fp16": "float16",
            "float32": "float32", "float": "float32", "bf16": "bfloat16"}
 
@@ -138,13 +143,42 @@ def model_shape(model_dir: Path | None) -> dict[str, Any]:
     return spec
 
 
-def pick_backend(env: Mapping[str, str], args: Mapping[str, object]) -> str:
-    """The attention backend the configured vLLM will use, or "auto" to try them in order."""
-    name = env.get("VLLM_ATTENTION_BACKEND") or ""
-    for key in ("attention-backend", "attention_backend"):
-        if isinstance(args.get(key), str):
-            name = str(args[key])
-    return _BACKENDS.get(name.upper(), "auto") if name else "auto"
+def pick_backend(env: Mapping[str, str], args: Mapping[str, object],
+                 version: str | None = None) -> str:
+    """The backend set in the configuration (script name), or "auto" to try them in order."""
+    name, _ = backend.requested(args, env, backend.parse_version(version))
+    return _BACKENDS.get(name or "", "auto")
+
+
+def gpu_capability(index: int = 0) -> tuple[int, int] | None:
+    """Compute capability of NVML's GPU `index`; None without NVML or that GPU."""
+    try:
+        import pynvml
+
+        pynvml.nvmlInit()
+    except Exception:  # no library or no driver: no GPU to ask
+        return None
+    try:
+        major, minor = pynvml.nvmlDeviceGetCudaComputeCapability(
+            pynvml.nvmlDeviceGetHandleByIndex(index))
+        return int(major), int(minor)
+    except Exception:
+        return None
+    finally:
+        with contextlib.suppress(Exception):
+            pynvml.nvmlShutdown()
+
+
+def plan(spec: Mapping[str, Any], env: Mapping[str, str], args: Mapping[str, object],
+         version: str | None, cc: tuple[int, int] | None) -> dict[str, Any]:
+    """The script spec for what vLLM `version` will run here (backend.choose), with why."""
+    choice = backend.choose(cc, int(spec["head_dim"]), str(spec["dtype"]),
+                            backend.parse_version(version), args, env)
+    script = _BACKENDS.get(choice.backend, "auto") if cc is not None else pick_backend(
+        env, args, version)
+    return {**spec, "backend": script, "fa_version": choice.fa_version,
+            "vllm_backend": choice.backend, "why": choice.reason, "capability": cc,
+            "vllm_version": version}
 
 
 def args_dtype(args: Mapping[str, object]) -> str | None:
@@ -188,9 +222,10 @@ def _parse(stdout: str, stderr: str, code: int) -> KernelOutcome:
             except ValueError:
                 break
             if data.get("ok"):
-                return KernelOutcome("ok", f"{data.get('backend')} head_dim={data.get('head_dim')} "
-                                     f"{data.get('dtype')} first call {data.get('first_call_s')}s",
-                                     data)
+                fa = f" FA{data['fa_version']}" if data.get("backend") == "flash_attn" else ""
+                return KernelOutcome("ok", f"{data.get('backend')}{fa} head_dim="
+                                     f"{data.get('head_dim')} {data.get('dtype')} first call "
+                                     f"{data.get('first_call_s')}s", data)
             return KernelOutcome("warn", str(data.get("error")) + _tried(data), data)
     tail = (stderr.strip().splitlines() or ["no output"])[-1][:300]
     return KernelOutcome("warn", f"warm script exited {code}: {tail}", {"exit_code": code})

@@ -148,11 +148,18 @@ def residency(paths: Iterable[Path]) -> float | None:
 
 
 def evict(paths: Iterable[Path]) -> None:
-    """Ask the kernel to drop the files from the page cache (used by tests and benchmarks)."""
+    """Ask the kernel to drop the files' clean pages (POSIX_FADV_DONTNEED; no root needed).
+
+    fdatasync first: dirty pages (a checkpoint just written) would survive the advice.
+    Pages mapped by a running process (vLLM mmaps safetensors) stay until it unmaps them.
+    """
     for path in paths:
-        fd = os.open(path, os.O_RDONLY | os.O_CLOEXEC)
         try:
-            os.fdatasync(fd)
+            fd = os.open(path, os.O_RDONLY | os.O_CLOEXEC)
+        except OSError:
+            continue
+        try:
+            os.fdatasync(fd)  # a no-op for clean files
             os.posix_fadvise(fd, 0, 0, os.POSIX_FADV_DONTNEED)
         except OSError:
             pass

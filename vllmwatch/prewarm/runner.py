@@ -63,6 +63,7 @@ class Hooks:
     python: str | None = None
     kernel_script: str = kernels.SCRIPT
     progress_every: float = 5.0
+    unified: Callable[[Config], bool] | None = None  # None: detect (shell.platform)
 
 
 def cache_root(config: Config, environ: Mapping[str, str]) -> str:
@@ -167,12 +168,37 @@ def model_dir(config: Config, environ: Mapping[str, str]) -> Path | None:
     return None
 
 
+def _is_unified(config: Config, hooks: Hooks) -> bool:
+    if hooks.unified is not None:
+        return hooks.unified(config)
+    from vllmwatch.shell import platform  # NVML; only when a page-cache step runs
+
+    return platform.detect(config, None).unified
+
+
+def _step_evict(files: list[Path], log: Log) -> tuple[str, str, dict[str, Any]]:
+    """Unified memory: the page cache is what vLLM's start-up check counts as used."""
+    from vllmwatch.prewarm import evict
+
+    res = evict.evict_measured(files)
+    log("prewarm.page_cache.evicted", **res.fields())
+    data: dict[str, Any] = {"unified": True, **res.fields()}
+    if res.before_bytes is None:
+        return "ok", (f"unified memory: evicted {len(files)} weight files from the page "
+                      "cache (residency not measurable here)"), data
+    return "ok", (f"unified memory: evicted the weights from the page cache "
+                  f"({_mib(res.before_bytes)} resident before, {_mib(res.freed_bytes or 0)} "
+                  "freed)"), data
+
+
 def _step_page_cache(config: Config, environ: Mapping[str, str], deadline: float, log: Log,
                      hooks: Hooks) -> tuple[str, str, dict[str, Any]]:
     where = model_dir(config, environ)
     files = pagecache.weight_files(where) if where else []
     if not files:
         return "skipped", f"no local weight files for vllm.model {config.vllm.model!r}", {}
+    if _is_unified(config, hooks):
+        return _step_evict(files, log)
     total = sum(p.stat().st_size for p in files)
     before = pagecache.residency(files)
     data: dict[str, Any] = {"files": len(files), "total_bytes": total, "resident_before": before}
@@ -216,7 +242,9 @@ def _step_kernels(config: Config, environ: Mapping[str, str], deadline: float,
         env = {**environ, **cache_env(config, environ), **config.vllm.env}
     spec = kernels.model_shape(model_dir(config, environ))
     spec["dtype"] = kernels.args_dtype(config.vllm.args) or spec["dtype"]
-    spec["backend"] = kernels.pick_backend(env, config.vllm.args)
+    gpu = config.vllm.gpus[0] if config.vllm.gpus else 0  # vLLM's first (rank 0) GPU
+    spec = kernels.plan(spec, env, config.vllm.args, vllminfo.version(config.vllm.command),
+                        kernels.gpu_capability(gpu))
     out = kernels.run_script(python, spec, env, deadline - time.monotonic(),
                              script=hooks.kernel_script)
     return out.status, out.detail, {**out.data, "spec": spec}

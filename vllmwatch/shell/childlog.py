@@ -16,6 +16,7 @@ from collections.abc import Callable
 from typing import IO
 
 from vllmwatch.core.events import ChildOutput
+from vllmwatch.core.unified import is_memory_line
 from vllmwatch.prewarm.runner import compile_cache_hit
 from vllmwatch.shell.logs import LogFn
 
@@ -73,6 +74,9 @@ class ChildLog:
         self._forward = forward
         self._queue: queue.Queue[tuple[str, str] | None] = queue.Queue(maxsize=capacity)
         self.last_lines: collections.deque[str] = collections.deque(maxlen=30)
+        # Memory-failure lines of the whole run (core/unified.py): vLLM's traceback after
+        # them can be longer than last_lines.
+        self.memory_lines: collections.deque[str] = collections.deque(maxlen=5)
         self.dropped = 0
         self._reader = threading.Thread(target=self._read, name=f"child-{pid}-reader",
                                         daemon=True)
@@ -104,6 +108,8 @@ class ChildLog:
                     continue
                 level = level_of(line, level)
                 self.last_lines.append(line)
+                if is_memory_line(line):
+                    self.memory_lines.append(line)
                 milestone, hit = milestone_of(line), compile_cache_hit(line)
                 now = time.monotonic()
                 if milestone or hit or now - last_post >= PROGRESS_EVERY:

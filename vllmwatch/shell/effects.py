@@ -5,11 +5,10 @@ tolerance), so nothing here keeps a copy of the config that a SIGHUP could leave
 from __future__ import annotations
 
 import os
+import time
 from collections.abc import Callable, Mapping
 from dataclasses import replace
 from typing import Any, Protocol
-
-import psutil
 
 from vllmwatch.config import command, vllminfo
 from vllmwatch.config.schema import Config, ConfigError
@@ -27,10 +26,13 @@ from vllmwatch.core.events import (
     Sweep,
     SweepDone,
 )
+from vllmwatch.core.unified import Platform
 from vllmwatch.prewarm import runner as prewarm
 from vllmwatch.shell import child as childmod
-from vllmwatch.shell import flagcheck
+from vllmwatch.shell import flagcheck, startguard
+from vllmwatch.shell import platform as platformmod
 from vllmwatch.shell.childlog import ChildLog
+from vllmwatch.shell.engines import EngineWatch
 from vllmwatch.shell.logs import LogFn
 from vllmwatch.shell.memory import MemorySampler, make_sampler, release_check
 from vllmwatch.shell.notify import Notifier
@@ -69,45 +71,27 @@ def event_log(log: LogFn) -> Callable[..., None]:
     return adapter
 
 
-def engine_gone(root_pid: int, seen_engine: bool) -> tuple[bool, bool]:
-    """(gone, seen): whether the tree under root_pid has lost the engine process it had.
-
-    vLLM's API server runs its engine as a child titled VLLM::EngineCore (TP workers under
-    it); the fake vLLM's engine says so in its command line. Only a tree that once had one can
-    have lost it.
-    """
-    try:
-        kids = psutil.Process(root_pid).children(recursive=True)
-        has = any(_is_engine(p) for p in kids)
-    except psutil.Error:
-        return False, seen_engine
-    return (seen_engine and not has), (seen_engine or has)
-
-
-def _is_engine(proc: psutil.Process) -> bool:
-    try:
-        cmd = " ".join(proc.cmdline())
-    except psutil.Error:
-        return False
-    return "EngineCore" in cmd or "--role engine" in cmd
-
-
 class RealEffects:
     """Real processes, HTTP, NVML, psutil and sd_notify."""
 
     def __init__(self, config: Config, log: LogFn, notifier: Notifier,
                  environ: Mapping[str, str], sampler: MemorySampler | None = None,
-                 publish: Callable[[Snapshot], None] | None = None) -> None:
+                 publish: Callable[[Snapshot], None] | None = None,
+                 platform: Platform | None = None) -> None:
         self.log, self.notifier, self._environ = log, notifier, dict(environ)
         self.marker = childmod.instance_id(config.path)
         self._gpus = config.vllm.gpus
-        self.sampler = sampler or make_sampler(config.vllm.gpus, event_log(log))
+        # Unified memory (DGX Spark): decided and logged once (platform.detected).
+        self.platform = platform or platformmod.detect(config, event_log(log))
+        self._guard: startguard.StartGuard | None = None
+        self.sampler = sampler or make_sampler(config.vllm.gpus, event_log(log),
+                                               unified=self.platform.unified)
         self._fixed_sampler = sampler is not None
         self._publish = publish
         self._child: childmod.Child | None = None
         self._childlog: ChildLog | None = None
         self._api_key: str | None = None
-        self._seen_engine = False
+        self._engines = EngineWatch()
         self._before_launch: dict[int, float] = {}
         # Read at the first launch, and again whenever vllm.command changes (SIGHUP).
         self._version: str | None = None
@@ -132,21 +116,37 @@ class RealEffects:
         if refused is not None:
             return SpawnFailed(refused, fatal=True)
         self._before_launch = self.sampler.device_used_mib() if config.vllm.uses_gpu else {}
+        self._start_guard(config)
         try:
             child = childmod.spawn(cmd, self.marker)
         except (FileNotFoundError, PermissionError) as exc:
+            self._stop_guard("spawn_failed")
             # A missing or non-executable vLLM is a config problem: retrying cannot help.
             return SpawnFailed(f"{cmd.argv[0]}: {exc.strerror or exc}; check vllm.command",
                                fatal=True)
         except OSError as exc:
+            self._stop_guard("spawn_failed")
             return SpawnFailed(f"{cmd.argv[0]}: {exc.strerror or exc}")
-        self._api_key, self._seen_engine = api_key, False
+        self._api_key = api_key
+        self._engines.reset()
         self._child = child
         childmod.remember_group(self.marker, child.pid)
         self._childlog = ChildLog(child.stdout, child.pid, post, self.log,
                                   forward=config.log.child_lines)
         self._childlog.start()
         return Spawned(child.pid, cmd.display())
+
+    def _start_guard(self, config: Config) -> None:
+        """Unified memory only: evict the checkpoint now and watch MemFree until READY."""
+        self._stop_guard("new_launch")
+        self._guard = startguard.make_guard(config, self.platform.unified,
+                                            event_log(self.log), self._environ, time.monotonic)
+        if self._guard is not None:
+            self._guard.start()
+
+    def _stop_guard(self, why: str) -> None:
+        if self._guard is not None:
+            self._guard.stop(why)
 
     def _cache_env(self, config: Config) -> dict[str, str]:
         """The persistent cache variables whose directories we can create; vLLM would crash
@@ -179,11 +179,18 @@ class RealEffects:
         if self._child.proc.poll() is None:
             return None
         lines: tuple[str, ...] = ()
+        memory_lines: tuple[str, ...] = ()
         if self._childlog is not None:
             self._childlog.join(0.3)
             lines = tuple(self._childlog.last_lines)
+            memory_lines = tuple(self._childlog.memory_lines)
         exited = childmod.reap(self._child, lines)
         self._child = self._childlog = None
+        self._stop_guard("exited")
+        if exited is not None:
+            exited = replace(exited, memory_lines=memory_lines, unified=self.platform.unified,
+                             page_cache_gib=self._guard.summary.page_cache_gib()
+                             if self._guard is not None else None)
         return exited
 
     def signal_group(self, signame: str) -> None:
@@ -200,11 +207,11 @@ class RealEffects:
         if action.kind == "health":
             health = prober.health()
             child = self._child
-            if not health.ok and health.status is not None and child is not None:
-                gone, self._seen_engine = engine_gone(child.pid, self._seen_engine)
-                health = replace(health, engine_gone=gone)
-            elif child is not None and not self._seen_engine:
-                _, self._seen_engine = engine_gone(child.pid, False)
+            gone = self._engines.look(child.pid) if child is not None else []
+            if gone:  # fatal for vLLM whatever /health says yet
+                said = health.error or f"/health {health.status}"
+                health = replace(health, ok=False, engine_gone=True,
+                                 error=f"{said}; engine process gone: {', '.join(gone)}")
             result = health
         elif action.kind == "metrics":
             result = prober.metrics()
@@ -216,7 +223,9 @@ class RealEffects:
         """Sample the current child's tree on the child's GPUs."""
         gpus = list(action.gpus) if action.gpus is not None else None
         if gpus != self._gpus and not self._fixed_sampler:
-            self.sampler, self._gpus = make_sampler(gpus, event_log(self.log)), gpus
+            self.sampler = make_sampler(gpus, event_log(self.log),
+                                        unified=self.platform.unified)
+            self._gpus = gpus
         pid = self._child.pid if self._child is not None else None
         return MemorySampled(self.sampler.sample(pid, action.with_pss), minute_of_day,
                              action.gen)
@@ -242,7 +251,9 @@ class RealEffects:
 
     def prewarm(self, config: Config) -> PrewarmDone:
         """Run the pre-warm steps (worker thread)."""
-        report = prewarm.run(config, event_log(self.log), self._environ)
+        unified = self.platform.unified  # decided once; prewarm evicts instead of warming
+        report = prewarm.run(config, event_log(self.log), self._environ,
+                             prewarm.Hooks(unified=lambda _c: unified))
         failed = [s.name + ": " + s.detail for s in report.steps if s.status == "failed"]
         return PrewarmDone(report.ok, "; ".join(failed))
 
@@ -252,11 +263,15 @@ class RealEffects:
 
     def publish(self, snapshot: Snapshot) -> None:
         """Hand the latest snapshot to readers (the status server)."""
+        if self._guard is not None and snapshot.state != "starting":
+            self._stop_guard("ready" if snapshot.ready else snapshot.state)  # the start is over
         if self._publish is not None:
-            self._publish(snapshot)
+            self._publish(replace(snapshot, unified_memory=self.platform.unified,
+                                  platform_reason=self.platform.reason))
 
     def close(self) -> None:
         """Last resort on the way out: never leave a child behind."""
+        self._stop_guard("daemon_exit")
         if self._child is not None and self._child.proc.poll() is None:
             childmod.signal_group(self._child.pid, "SIGKILL")
             self._child.proc.wait(10)

@@ -77,12 +77,14 @@ def host_memory(pids: tuple[int, ...], with_pss: bool) -> tuple[float, float | N
 class NvmlSampler:
     """The real sampler: NVML when `nvml` is given, host memory (psutil) always."""
 
-    def __init__(self, nvml: Any | None, handles: dict[int, Any], log: Log) -> None:
+    def __init__(self, nvml: Any | None, handles: dict[int, Any], log: Log,
+                 unified: bool = False) -> None:
         self._nvml = nvml
         self._handles = handles
         self._log = log
         self._warned: set[str] = set()
         self._source: str | None = None
+        self._unified = unified  # GPU memory is system memory (DGX Spark)
 
     def sample(self, root_pid: int | None, with_pss: bool) -> MemorySample:
         """Read the tree; see MemorySample."""
@@ -117,7 +119,9 @@ class NvmlSampler:
             return {}
 
     def _choose(self, tree: float | None, used: dict[int, float]) -> str:
-        if self._nvml is None:
+        if self._unified:
+            source = "unified"
+        elif self._nvml is None:
             source = "none"
         elif tree is not None:
             source = "nvml-process"
@@ -208,26 +212,45 @@ def _open(nvml: Any, gpus: list[int] | None) -> dict[int, Any]:
     return {i: nvml.nvmlDeviceGetHandleByIndex(i) for i in indexes}
 
 
-def make_sampler(gpus: list[int] | None, log: Log, nvml: Any | None = None) -> NvmlSampler:
+def make_sampler(gpus: list[int] | None, log: Log, nvml: Any | None = None,
+                 unified: bool | None = None) -> NvmlSampler:
     """The real sampler: NVML on the configured GPUs when it works, else host memory only.
 
     `gpus` is None for all devices, [] for a CPU deployment (NVML is not touched). `nvml`
-    replaces the pynvml module (tests pass a FakeNvml).
+    replaces the pynvml module (tests pass a FakeNvml). `unified` (the platform decision;
+    None: memory info NotSupported on every GPU) makes the GPU rules watch the tree's own
+    memory (source "unified").
     """
     if gpus == []:
-        return NvmlSampler(None, {}, log)
+        return NvmlSampler(None, {}, log, unified=bool(unified))
     try:
         module = nvml if nvml is not None else _load_nvml()
         handles = _open(module, gpus)
     except Exception as exc:  # import, library or driver: all mean "no NVML"
         log("memory.nvml_unavailable", level="warning", error=f"{type(exc).__name__}: {exc}",
-            gpus=gpus, effect="GPU memory rules are off; host memory rules still apply")
-        return NvmlSampler(None, {}, log)
+            gpus=gpus, effect="GPU memory rules are off; host memory rules still apply"
+            if not unified else "unified memory: the GPU rules watch the tree's PSS/RSS")
+        return NvmlSampler(None, {}, log, unified=bool(unified))
     if not handles:
         log("memory.nvml_unavailable", level="warning", error="NVML lists no GPU", gpus=gpus,
             effect="GPU memory rules are off; host memory rules still apply")
-        return NvmlSampler(None, {}, log)
-    return NvmlSampler(module, handles, log)
+        return NvmlSampler(None, {}, log, unified=bool(unified))
+    if unified is None:
+        unified = _memory_info_unsupported(module, handles)
+    return NvmlSampler(module, handles, log, unified=unified)
+
+
+def _memory_info_unsupported(nvml: Any, handles: dict[int, Any]) -> bool:
+    """True when nvmlDeviceGetMemoryInfo answers NotSupported on every GPU (unified memory)."""
+    cls = _not_supported(nvml)
+    for handle in handles.values():
+        try:
+            nvml.nvmlDeviceGetMemoryInfo(handle)
+            return False
+        except Exception as exc:  # classified: only NotSupported means unified
+            if not cls or not isinstance(exc, cls):
+                return False
+    return True
 
 
 def _text(value: object) -> str:

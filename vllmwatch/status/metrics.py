@@ -36,7 +36,8 @@ GUARDED_PROBES = ("health", "canary", "metrics", "memory")
 
 
 class SnapshotCollector(Collector):
-    """Turns the snapshot of the moment into metric families; series with no value are omitted."""
+    """Turns the snapshot of the moment into metric families; series with no value are omitted
+    (the family is still declared)."""
 
     def __init__(self, get_snapshot: Callable[[], Snapshot],
                  rejected: Callable[[], Mapping[str, int]] | None = None,
@@ -130,18 +131,19 @@ def _state(snap: Snapshot) -> Iterator[Metric]:
     yield state
     yield GaugeMetricFamily("vllmwatch_ready", "1 when ready and not draining (as /readyz)",
                             value=1.0 if snap.ready and not snap.draining else 0.0)
-    if snap.state_since:
-        yield GaugeMetricFamily("vllmwatch_state_since_timestamp_seconds",
-                                "Unix time the current state began", value=snap.state_since)
+    yield _gauge("vllmwatch_state_since_timestamp_seconds", "Unix time the current state began",
+                 snap.state_since or None)
+    if snap.unified_memory is not None:
+        yield GaugeMetricFamily("vllmwatch_unified_memory", "1 when GPU memory is system "
+                                "memory (DGX Spark): start guard on, rules on the tree",
+                                value=1.0 if snap.unified_memory else 0.0)
 
 
 def _child(snap: Snapshot) -> Iterator[Metric]:
     yield _labelled(CounterMetricFamily, "vllmwatch_restarts", "Restarts of vLLM by reason",
                     "reason", snap.restarts_by_reason)
-    if snap.child_uptime_s is not None:
-        yield GaugeMetricFamily("vllmwatch_child_uptime_seconds",
-                                "Seconds since the vLLM child was spawned",
-                                value=snap.child_uptime_s)
+    yield _gauge("vllmwatch_child_uptime_seconds", "Seconds since the vLLM child was spawned",
+                 snap.child_uptime_s)
     yield _labelled(GaugeMetricFamily, "vllmwatch_startup_phase_reached_seconds",
                     "Seconds from spawn until each startup phase was reached, in the last "
                     "start (cumulative; phase=\"ready\" is the time to READY)", "phase",
@@ -205,8 +207,16 @@ def _vllm(snap: Snapshot) -> Iterator[Metric]:
          snap.vllm_kv_cache_usage),
     )
     for name, doc, value in figures:
-        if value is not None:
-            yield GaugeMetricFamily(name, doc, value=value)
+        yield _gauge(name, doc, value)
+
+
+def _gauge(name: str, doc: str, value: float | None) -> Metric:
+    """An unlabelled gauge; declared without a sample when the value is unknown, so that the
+    set of family names a scrape shows does not depend on the moment."""
+    family = GaugeMetricFamily(name, doc, labels=[])
+    if value is not None:
+        family.add_metric([], value)
+    return family
 
 
 def _labelled(

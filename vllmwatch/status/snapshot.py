@@ -61,6 +61,8 @@ class Snapshot:
     vllmwatch_version: str = __version__
     vllm_version: str | None = None
     loop_heartbeat: float = 0.0  # monotonic time of the loop's last turn
+    unified_memory: bool | None = None  # DGX Spark: GPU memory is system memory (None: unknown)
+    platform_reason: str = ""  # why (core/unified.py decide_platform)
 
     @property
     def restarts_total(self) -> int:

@@ -82,7 +82,10 @@ def summary(snap: Snapshot) -> str:
     if snap.child_uptime_s is not None:
         parts.append(f"up {format_duration(snap.child_uptime_s)}")
     parts.append(f"restarts {snap.restarts_total}")
-    if snap.last_reason:
+    if snap.last_reason == "start_memory" and snap.last_reason_detail:
+        # The operator's next step depends on the numbers ("page cache held N GiB at start").
+        parts.append(f"last start_memory: {snap.last_reason_detail}")
+    elif snap.last_reason:
         parts.append(f"last {snap.last_reason}")
     mem = snap.memory
     if mem.gpu_tree_mib is not None:

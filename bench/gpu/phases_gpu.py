@@ -1,0 +1,342 @@
+"""Phases for issues 13 and 17 on the H200 machine(s), registered into drive.PHASES.
+
+  matrix   8B-shaped model: cold start (fresh caches) and a warm restart (SIGUSR1) in one
+           daemon, then a daemon with the kernel step on, then one without the warm-up request;
+           each: READY, startup phases, TTFT of the first request after READY
+  faults   8B-shaped model under one daemon: EngineCore SIGSTOP, API server SIGKILL (engine
+           orphaned), a GPU leak injected into EngineCore (gpuleak/sitecustomize.py)
+  tp2      tiny model, tensor-parallel 2 on GPUs 0,1: memory per GPU vs NVML, kill -9 of one
+           TP worker, SIGSTOP of one TP worker
+  pergpu   two daemons, tiny model, one per GPU; SIGUSR1 to one under load on the other
+
+Every fault line records NVML before/after, the detect time (restart.begin after the fault),
+the GPU release (gpu.released), READY again, and which processes of the old tree survived.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import http.client
+import json
+import os
+import shutil
+import signal
+import threading
+import time
+from pathlib import Path
+from typing import Any
+
+import drive as D  # the running driver module (drive.py registers itself under this name)
+
+PROMPT = ("The operator restarted the inference server after the nightly deploy, and the "
+          "first user asked a long question about the weather in the mountains. ") * 12
+HOOK_DIR = D.HERE / "gpuleak"
+LEAK_TRIGGER = D.WORK / "gpuleak.trigger"
+
+
+# ------------------------------------------------------------------------------- requests
+def ttft(port: int, model: str, max_tokens: int = 16, timeout: float = 120) -> dict[str, Any]:
+    """A streamed completion: seconds to the first token chunk and to the end."""
+    body = json.dumps({"model": model, "prompt": PROMPT, "max_tokens": max_tokens,
+                       "temperature": 0, "stream": True})
+    t = time.monotonic()
+    try:
+        conn = http.client.HTTPConnection("127.0.0.1", port, timeout=timeout)
+        conn.request("POST", "/v1/completions", body, {"Content-Type": "application/json"})
+        r = conn.getresponse()
+        first, chunks = None, 0
+        while True:
+            line = r.readline()
+            if not line:
+                break
+            if line.startswith(b"data: ") and line.strip() != b"data: [DONE]":
+                chunks += 1
+                if first is None:
+                    first = time.monotonic() - t
+        conn.close()
+        return {"status": r.status, "ttft_s": round(first, 4) if first else None,
+                "total_s": round(time.monotonic() - t, 4), "chunks": chunks}
+    except Exception as exc:
+        return {"error": f"{type(exc).__name__}: {exc}", "after_s": round(time.monotonic() - t, 2)}
+
+
+# ------------------------------------------------------------------------------ processes
+def tree(d: D.Daemon) -> list[tuple[int, float, str]]:
+    """(pid, start time, title) of every process under the daemon, the daemon excluded."""
+    import psutil
+
+    out = []
+    for pid in D.descendants(d.p.pid):
+        with contextlib.suppress(psutil.Error):
+            out.append((pid, psutil.Process(pid).create_time(), D.title(pid)))
+    return out
+
+
+def survivors(old: list[tuple[int, float, str]]) -> list[dict[str, Any]]:
+    """Processes of an old tree still alive (same pid and start time), zombies named."""
+    import psutil
+
+    left = []
+    for pid, started, name in old:
+        with contextlib.suppress(psutil.Error):
+            p = psutil.Process(pid)
+            if p.create_time() == started:
+                left.append({"pid": pid, "title": name, "status": p.status()})
+    return left
+
+
+def leftovers_report(old: list[tuple[int, float, str]]) -> dict[str, Any]:
+    """Survivors of the old tree at +1 s and +5 s (the resource tracker used to linger)."""
+    time.sleep(1)
+    at1 = survivors(old)
+    if at1:
+        time.sleep(4)
+    return {"old_tree_size": len(old), "alive_after_1s": at1,
+            "alive_after_5s": survivors(old) if at1 else []}
+
+
+def events_after(d: D.Daemon, mark: int, t_fault: float, *names: str) -> dict[str, Any]:
+    """First event of each name after the mark, its time relative to the fault."""
+    out: dict[str, Any] = {}
+    for name in names:
+        evs = d.log.named(name, mark)
+        if evs:
+            e = evs[0]
+            out[name] = {**{k: e.get(k) for k in ("reason", "detail", "code", "signal",
+                                                  "message", "pids", "rule") if k in e},
+                         "after_fault_s": round(e["t"] - t_fault, 2)}
+    return out
+
+
+def fault(d: D.Daemon, phase: str, what: str, port: int, model: str, target: int | None,
+          sig: int, timeout: float = 420) -> None:
+    """Send sig to target; report detect, release, READY again, survivors, NVML around it."""
+    if target is None:
+        D.emit(phase, what, error="target process not found",
+               tree=[t for _, _, t in tree(d)])
+        return
+    old = tree(d)
+    name = D.title(target)
+    before = D.NV.snapshot()
+    mark = d.log.count()
+    t_fault = d.now()
+    health: list[tuple[float, int | None]] = []
+    stop = threading.Event()
+
+    def watch_health() -> None:
+        last: object = "x"
+        while not stop.is_set():
+            h = D.http("GET", f"http://127.0.0.1:{port}/health", timeout=1)[0]
+            if h != last:
+                health.append((round(d.now() - t_fault, 2), h))
+                last = h
+            time.sleep(0.2)
+
+    os.kill(target, sig)
+    th = threading.Thread(target=watch_health, daemon=True)
+    th.start()
+    idx, t_ready, ev = d.ready(mark, timeout=min(timeout, max(30.0, D.left() - 25)))
+    stop.set()
+    th.join(3)
+    after = D.NV.snapshot()
+    D.emit(phase, what, target_pid=target, target_title=name,
+           target_alive=Path(f"/proc/{target}").exists(), signal=sig, gpu_before=before,
+           gpu_at_ready=after, ready_again_after_fault_s=round(t_ready - t_fault, 2)
+           if idx >= 0 and ev.get("event") == "child.ready" else None, ready_event=ev,
+           events=events_after(d, mark, t_fault, "probe.failed", "child.exited",
+                               "restart.begin", "child.stopping", "child.kill",
+                               "leftovers.killed", "leftovers.remaining", "gpu.released",
+                               "gpu.release_timeout", "child.started"),
+           health=health[:12], old_tree=survivors(old),
+           old_tree_size=len(old))
+    if idx >= 0 and ev.get("event") == "child.ready":
+        D.emit(phase, what + "_first_request", **ttft(port, model))
+
+
+def stop_and_check(d: D.Daemon, sweep_after: bool = True) -> None:
+    """SIGTERM the daemon, then: nothing of its tree left, every GPU back to idle."""
+    old = tree(d)
+    d.stop(sweep_after)
+    D.emit(d.phase, "after_stop", **leftovers_report(old),
+           gpu=D.wait_idle_gpu(30) if sweep_after else D.NV.snapshot())
+
+
+def titled(prefix: str, root: int) -> int | None:
+    """The process under root whose whole command line (its vLLM title) starts with prefix.
+    (drive.find_titled also matches the 15-character comm, which cannot tell
+    VLLM::Worker_TP1 from VLLM::Worker_TP0.)"""
+    return next((pid for pid in D.descendants(root) if D.title(pid).startswith(prefix)), None)
+
+
+# -------------------------------------------------------------------------------- phases
+def start(d: D.Daemon, what: str, port: int, model: str, since: int = 0,
+          timeout: float = 480) -> bool:
+    idx, t, ev = d.ready(since, timeout=timeout)
+    d.start_report(what, since, idx, t, ev)
+    if idx < 0 or ev.get("event") != "child.ready":
+        D.emit(d.phase, what + "_failed", event=ev)
+        return False
+    D.emit(d.phase, what + "_first_request", **ttft(port, model))
+    D.emit(d.phase, what + "_second_request", **ttft(port, model))
+    return True
+
+
+def big_config(name: str, port: int, status_port: int, cache: Path, **kw: Any) -> Path:
+    return D.watch_config(name, D.BIG, "q8b", port, status_port, cache,
+                          {"max-model-len": 8192, "gpu-memory-utilization": 0.90,
+                           "dtype": "bfloat16"}, **kw)
+
+
+def ensure_big() -> None:
+    if not (D.BIG / ".complete").is_file():
+        D.phase_biggen()
+
+
+def phase_matrix() -> None:
+    ensure_big()
+    cache = D.WORK / "cache8b"
+    shutil.rmtree(cache, ignore_errors=True)  # cold: nothing compiled yet
+    runs = [("cold", {"kernels": False, "warmup_request": True}),
+            ("kernels_on", {"kernels": True, "warmup_request": True}),
+            ("no_warmup_request", {"kernels": False, "warmup_request": False})]
+    for i, (name, kw) in enumerate(runs):
+        if i and D.left() < 130:
+            D.emit("matrix", "skipped", run=name, left_s=round(D.left()))
+            continue
+        conf = big_config(f"matrix-{name}", 8103, 9113, cache, **kw)
+        D.emit("matrix", f"start_{name}", gpu=D.wait_idle_gpu(), cache_mib=D.du_mib(cache),
+               **kw)
+        d = D.Daemon("matrix", conf, f"matrix-{name}-vllmwatch.log")
+        try:
+            if not start(d, name, 8103, "q8b"):
+                continue
+            if i == 0:
+                D.emit("matrix", "cache_after_cold", compile_cache_mib=D.du_mib(cache / "vllm"),
+                       triton_mib=D.du_mib(cache / "triton"))
+                old, mark, ts = tree(d), d.log.count(), d.now()
+                d.p.send_signal(signal.SIGUSR1)  # warm restart: caches kept
+                if start(d, "warm_restart", 8103, "q8b", since=mark):
+                    D.emit("matrix", "warm_restart_breakdown",
+                           sigusr1_to_ready_s=round(d.log.named("child.ready", mark)[0]["t"]
+                                                    - ts, 2),
+                           restart_begin=d.log.named("restart.begin", mark)[:1],
+                           gpu_released=d.log.named("gpu.released", mark)[:1],
+                           old_tree=survivors(old))
+            if i == len(runs) - 1 and D.left() > 150:
+                d.kill_engine(8103, "q8b")
+        finally:
+            stop_and_check(d)
+
+
+def phase_faults() -> None:
+    ensure_big()
+    LEAK_TRIGGER.unlink(missing_ok=True)
+    conf = big_config("faults", 8104, 9114, D.WORK / "cache8b",
+                      env={"PYTHONPATH": str(HOOK_DIR),
+                           "VLLMWATCH_GPU_LEAK_TRIGGER": str(LEAK_TRIGGER),
+                           "VLLMWATCH_GPU_LEAK_MIB": "1024",
+                           "VLLMWATCH_GPU_LEAK_STEPS": "8"},
+                      memory='gpu_growth_limit = "4GiB"\nsustain = 3')
+    D.emit("faults", "start", gpu=D.wait_idle_gpu())
+    d = D.Daemon("faults", conf, "faults-vllmwatch.log")
+    try:
+        if not start(d, "ready", 8104, "q8b"):
+            return
+        time.sleep(6)  # baseline (baseline_delay 5 s)
+        D.memory_view(d, "faults")
+        fault(d, "faults", "engine_kill9", 8104, "q8b",
+              D.find_titled("VLLM::EngineCore", d.p.pid), signal.SIGKILL)
+        if D.left() > 150:
+            fault(d, "faults", "engine_sigstop", 8104, "q8b",
+                  D.find_titled("VLLM::EngineCore", d.p.pid), signal.SIGSTOP)
+        if D.left() > 120:
+            api = next((x for x in D.descendants(d.p.pid) if " serve " in f" {D.title(x)} "),
+                       None)
+            fault(d, "faults", "api_server_sigkill", 8104, "q8b", api, signal.SIGKILL)
+        if D.left() > 120:
+            time.sleep(6)  # a new baseline after the last restart
+            mark, t0 = d.log.count(), d.now()
+            engine = D.find_titled("VLLM::EngineCore", d.p.pid)
+            LEAK_TRIGGER.write_text("go")
+            idx, t_ready, _ = d.ready(mark, timeout=min(150.0, max(30.0, D.left() - 25)))
+            D.emit("faults", "gpu_leak", engine_pid=engine,
+                   events=events_after(d, mark, t0, "memory.rule_held", "memory.rule_fired",
+                                       "restart.begin", "gpu.released", "gpu.release_timeout",
+                                       "child.started"),
+                   ready_again_after_trigger_s=round(t_ready - t0, 2) if idx >= 0 else None,
+                   gpu_at_ready=D.NV.snapshot(), trigger_left=LEAK_TRIGGER.exists())
+    finally:
+        LEAK_TRIGGER.unlink(missing_ok=True)
+        stop_and_check(d)
+
+
+def tiny_args() -> dict[str, Any]:
+    """Eager (no compile, no CUDA graphs): these phases test supervision, not start speed."""
+    return {"max-model-len": 2048, "kv-cache-memory-bytes": D.TINY_KV, "dtype": "bfloat16",
+            "enforce-eager": True}
+
+
+def phase_tp2() -> None:
+    D.ensure_tiny()
+    conf = D.watch_config("tp2", D.TINY, "tiny", 8105, 9115, D.WORK / "cache-tp2",
+                          {**tiny_args(), "tensor-parallel-size": 2}, gpus=(0, 1))
+    D.emit("tp2", "start", gpu=D.wait_idle_gpu())
+    d = D.Daemon("tp2", conf, "tp2-vllmwatch.log")
+    try:
+        if not start(d, "ready", 8105, "tiny"):
+            return
+        time.sleep(7)
+        D.memory_view(d, "tp2")
+        fault(d, "tp2", "worker_kill9", 8105, "tiny",
+              titled("VLLM::Worker_TP1", d.p.pid), signal.SIGKILL)
+        if D.left() > 150:
+            time.sleep(3)
+            fault(d, "tp2", "worker_sigstop", 8105, "tiny",
+                  titled("VLLM::Worker_TP1", d.p.pid), signal.SIGSTOP)
+    finally:
+        stop_and_check(d)
+
+
+def load(port: int, model: str, stop: threading.Event, out: dict[str, Any]) -> None:
+    """Completions back to back until stop: counts of ok and failed, worst latency."""
+    while not stop.is_set():
+        r = D.completion(port, model, max_tokens=8, timeout=30)
+        key = "ok" if r.get("status") == 200 else "failed"
+        out[key] = out.get(key, 0) + 1
+        out["worst_s"] = max(out.get("worst_s", 0.0), r["seconds"])
+        if key == "failed" and len(out.setdefault("errors", [])) < 3:
+            out["errors"].append(r)
+
+
+def phase_pergpu() -> None:
+    D.ensure_tiny()
+    daemons = []
+    for name, gpu, port in (("a", 0, 8106), ("b", 1, 8107)):
+        conf = D.watch_config(f"pergpu-{name}", D.TINY, "tiny", port, 9116 + gpu,
+                              D.WORK / f"cache-pergpu-{name}", tiny_args(), gpus=(gpu,))
+        daemons.append((D.Daemon("pergpu", conf, f"pergpu-{name}-vllmwatch.log"), port))
+    try:
+        for (d, port), name in zip(daemons, "ab", strict=True):
+            if not start(d, f"ready_{name}", port, "tiny"):
+                return
+        (a, _), (b, port_b) = daemons
+        stop, stats = threading.Event(), dict[str, Any]()
+        th = threading.Thread(target=load, args=(port_b, "tiny", stop, stats), daemon=True)
+        th.start()
+        before, mark, ts = D.NV.snapshot(), a.log.count(), a.now()
+        a.p.send_signal(signal.SIGUSR1)
+        idx, t, _ = a.ready(mark, timeout=min(300.0, max(30.0, D.left() - 25)))
+        stop.set()
+        th.join(40)
+        D.emit("pergpu", "restart_a_while_b_serves", a_ready_again_s=round(t - ts, 2)
+               if idx >= 0 else None, b_load=stats, gpu_before=before,
+               gpu_after=D.NV.snapshot(), a_gpu_released=a.log.named("gpu.released", mark)[:1],
+               b_restarts=b.log.named("restart.begin"))
+    finally:  # no sweep until both are stopped: it would SIGKILL the other daemon's tree
+        for i, (d, _) in enumerate(daemons):
+            stop_and_check(d, sweep_after=i == len(daemons) - 1)
+
+
+D.PHASES.update(matrix=phase_matrix, faults=phase_faults, tp2=phase_tp2, pergpu=phase_pergpu)
+D.ORDER[:] = ["probe", "matrix", "faults", "tp2", "pergpu"]
+D.EST.update(probe=60, matrix=400, faults=300, tp2=200, pergpu=150)

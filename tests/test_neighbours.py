@@ -1,0 +1,45 @@
+"""`check` refuses two vllmwatch instances that claim the same GPU or port (issue 17)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from vllmwatch.check import neighbours
+from vllmwatch.check.base import FAIL, PASS, Context
+from vllmwatch.config.schema import load
+
+
+def _write(path: Path, port: int, status: int, gpus: str | None) -> Path:
+    lines = ["[vllm]", 'model = "/m"', f"port = {port}"]
+    if gpus is not None:
+        lines.append(f"gpus = {gpus}")
+    lines += ["[status]", f'listen = "127.0.0.1:{status}"']
+    path.write_text("\n".join(lines) + "\n")
+    return path
+
+
+@pytest.mark.parametrize(("mine", "theirs", "status", "needle"), [
+    ((8000, 9101, "[0]"), (8001, 9102, "[1]"), PASS, "no clash with 1"),
+    ((8000, 9101, "[0]"), (8000, 9102, "[1]"), FAIL, "port 8000"),
+    ((8000, 9101, "[0]"), (8001, 9101, "[1]"), FAIL, "port 9101"),
+    ((8000, 9101, "[0]"), (8001, 9102, "[0, 1]"), FAIL, "GPU 0"),
+    ((8000, 9101, None), (8001, 9102, "[1]"), FAIL, "takes every GPU"),
+    ((8000, 9101, "[]"), (8001, 9102, None), PASS, "no clash"),  # a CPU instance
+    ((8000, 9101, "[0]"), (9101, 9102, "[1]"), FAIL, "vllm.port here, status.listen there"
+     .replace("vllm.port here, status.listen there", "port 9101")),
+])
+def test_two_instances(tmp_path: Path, mine: tuple[int, int, str | None],
+                       theirs: tuple[int, int, str | None], status: str, needle: str) -> None:
+    a = _write(tmp_path / "a.toml", *mine)
+    _write(tmp_path / "b.toml", *theirs)
+    got = neighbours.check_neighbours(Context(load(str(a))))
+    assert got.status == status and needle in got.detail, got
+
+
+def test_a_file_that_is_not_a_config_is_named_not_fatal(tmp_path: Path) -> None:
+    a = _write(tmp_path / "a.toml", 8000, 9101, "[0]")
+    (tmp_path / "notes.toml").write_text("this is = = not toml\n")
+    got = neighbours.check_neighbours(Context(load(str(a))))
+    assert got.status == PASS and "notes.toml" in got.detail
