@@ -1,7 +1,7 @@
 #!/usr/bin/env python3
 """Make a tiny random-weight Qwen3 model that a real vLLM (CPU) can serve.
 
-    <vllm-venv>/bin/python scripts/make_tiny_model.py OUTDIR [--force]
+    <vllm-venv>/bin/python scripts/make_tiny_model.py OUTDIR [--force] [--kind embed]
 
 Offline and deterministic (fixed seed, fixed corpus): the same library versions give the
 same bytes. Needs torch, transformers, tokenizers and safetensors (the venv made by
@@ -12,6 +12,11 @@ The model (see FACTS.md, "Running a real vLLM on a machine without a GPU"):
   (vLLM's CPU attention rejects head_dim 16), max_position_embeddings 4096, tied embeddings,
   bfloat16 safetensors; a byte-level BPE tokenizer trained on a few sentences, eos
   <|im_end|>, ChatML chat template. It writes gibberish, through the real engine.
+
+`--kind embed` makes an embedding model instead: the same weights laid out as a
+sentence-transformers model (modules.json, 1_Pooling/config.json: last-token pooling, as
+Qwen3-Embedding). vLLM then picks the pooling runner by itself: it serves /v1/embeddings
+(and /pooling, /v1/score) and answers /v1/completions with 404.
 
 Files in OUTDIR: config.json, generation_config.json, model.safetensors, tokenizer.json,
 tokenizer_config.json, special_tokens_map.json, chat_template.jinja, sha256sums.txt
@@ -33,6 +38,8 @@ import time
 from pathlib import Path
 
 RECIPE = "tiny-qwen3-v1"  # bump when anything below changes the output
+RECIPES = {"generate": RECIPE, "embed": "tiny-qwen3-embed-v1"}
+EMBED_FILES = ["modules.json", "1_Pooling/config.json"]
 STAMP = ".vllmwatch-tiny-model"
 SEED = 0
 MAX_POSITIONS = 4096
@@ -69,14 +76,18 @@ def log(msg: str) -> None:
     print(f"[make_tiny_model] {msg}", flush=True)
 
 
-def is_complete(out: Path) -> bool:
+def files_of(recipe: str) -> list[str]:
+    return MODEL_FILES + (EMBED_FILES if recipe == RECIPES["embed"] else [])
+
+
+def is_complete(out: Path, recipe: str = RECIPE) -> bool:
     stamp = out / STAMP
     try:
-        if stamp.read_text().strip() != RECIPE:
+        if stamp.read_text().strip() != recipe:
             return False
     except OSError:
         return False
-    return all((out / name).is_file() for name in [*MODEL_FILES, "sha256sums.txt"])
+    return all((out / name).is_file() for name in [*files_of(recipe), "sha256sums.txt"])
 
 
 def build_tokenizer(tmp: Path) -> int:
@@ -116,6 +127,27 @@ def build_tokenizer(tmp: Path) -> int:
     }, indent=2) + "\n")
     (tmp / "chat_template.jinja").write_text(CHAT_TEMPLATE)
     return tok.get_vocab_size()
+
+
+def build_embed_model(tmp: Path, tok_vocab: int) -> int:
+    """The same Qwen3 model, laid out as a sentence-transformers embedding model.
+
+    modules.json with a Pooling module (last token, as Qwen3-Embedding) and a Normalize one:
+    vLLM reads them and picks the pooling runner by itself, with no --runner flag.
+    """
+    n_params = build_model(tmp, tok_vocab)
+    (tmp / "modules.json").write_text(json.dumps([
+        {"idx": 0, "name": "0", "path": "", "type": "sentence_transformers.models.Transformer"},
+        {"idx": 1, "name": "1", "path": "1_Pooling",
+         "type": "sentence_transformers.models.Pooling"},
+        {"idx": 2, "name": "2", "path": "2_Normalize",
+         "type": "sentence_transformers.models.Normalize"},
+    ], indent=2) + "\n")
+    (tmp / "1_Pooling").mkdir()
+    (tmp / "1_Pooling" / "config.json").write_text(json.dumps({
+        "word_embedding_dimension": 128, "pooling_mode_lasttoken": True,
+        "include_prompt": True}, indent=2) + "\n")
+    return n_params
 
 
 def build_model(tmp: Path, tok_vocab: int) -> int:
@@ -159,12 +191,15 @@ def sha256(path: Path) -> str:
     return h.hexdigest()
 
 
-def check(tmp: Path) -> None:
+def check(tmp: Path, kind: str = "generate") -> None:
     """Load the result back the way vLLM will (AutoConfig / AutoTokenizer)."""
     from transformers import AutoConfig, AutoTokenizer
 
     cfg = AutoConfig.from_pretrained(str(tmp), local_files_only=True)
     assert cfg.model_type == "qwen3" and cfg.head_dim == 64, cfg
+    if kind == "embed":
+        modules = json.loads((tmp / "modules.json").read_text())
+        assert modules[1]["type"].endswith(".Pooling"), modules
     tok = AutoTokenizer.from_pretrained(str(tmp), local_files_only=True)
     assert tok.eos_token == "<|im_end|>", tok.eos_token
     text = tok.apply_chat_template(
@@ -178,11 +213,14 @@ def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("outdir", type=Path)
     ap.add_argument("--force", action="store_true", help="rebuild even if complete")
+    ap.add_argument("--kind", choices=sorted(RECIPES), default="generate",
+                    help="generate (Qwen3ForCausalLM, default) or embed (Qwen2Model)")
     args = ap.parse_args()
     out: Path = args.outdir.resolve()
+    recipe = RECIPES[args.kind]
 
-    if not args.force and is_complete(out):
-        log(f"{out} already has a complete model ({RECIPE}); nothing to do")
+    if not args.force and is_complete(out, recipe):
+        log(f"{out} already has a complete model ({recipe}); nothing to do")
         return 0
 
     os.environ.setdefault("HF_HUB_OFFLINE", "1")
@@ -194,24 +232,28 @@ def main() -> int:
     tmp = Path(tempfile.mkdtemp(prefix=f".{out.name}.tmp-", dir=out.parent))
     try:
         tok_vocab = build_tokenizer(tmp)
-        n_params = build_model(tmp, tok_vocab)
-        check(tmp)
+        build = build_embed_model if args.kind == "embed" else build_model
+        n_params = build(tmp, tok_vocab)
+        check(tmp, args.kind)
         # Keep exactly the files we describe (drop anything else save_pretrained added).
+        files = files_of(recipe)
+        tops = {n.split("/")[0] for n in files}
         for p in tmp.iterdir():
-            if p.name not in MODEL_FILES:
+            if p.name not in tops:
                 p.unlink() if p.is_file() else shutil.rmtree(p)
-        missing = [n for n in MODEL_FILES if not (tmp / n).is_file()]
+        missing = [n for n in files if not (tmp / n).is_file()]
         if missing:
             raise SystemExit(f"missing after build: {missing}")
         (tmp / "sha256sums.txt").write_text(
-            "".join(f"{sha256(tmp / n)}  {n}\n" for n in sorted(MODEL_FILES)))
+            "".join(f"{sha256(tmp / n)}  {n}\n" for n in sorted(files)))
 
         out.mkdir(parents=True, exist_ok=True)
         (out / STAMP).unlink(missing_ok=True)
-        for n in [*MODEL_FILES, "sha256sums.txt"]:
+        for n in [*files, "sha256sums.txt"]:
             (tmp / n).chmod(0o644)
+            (out / n).parent.mkdir(parents=True, exist_ok=True)
             os.replace(tmp / n, out / n)
-        (out / STAMP).write_text(RECIPE + "\n")  # last: marks the model complete
+        (out / STAMP).write_text(recipe + "\n")  # last: marks the model complete
     finally:
         shutil.rmtree(tmp, ignore_errors=True)
     log(f"wrote {out}: {n_params} params, tokenizer vocab {tok_vocab}, "

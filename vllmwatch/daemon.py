@@ -8,8 +8,10 @@ from collections.abc import Callable, Mapping
 
 from vllmwatch import __version__
 from vllmwatch.config.schema import Config, load
+from vllmwatch.shell import reaper
 from vllmwatch.shell.clock import SystemClock
 from vllmwatch.shell.effects import RealEffects
+from vllmwatch.shell.fleet import spread_config
 from vllmwatch.shell.logs import LogFn, setup
 from vllmwatch.shell.loop import Loop
 from vllmwatch.shell.notify import SystemdNotifier
@@ -30,6 +32,7 @@ def main(config: Config, log_format: str | None = None, prewarm: bool = True,
         config = replace(config, prewarm=replace(config.prewarm, enabled=False))
     log = setup(log_format or config.log.format, config.log.level, environ=env)
     log("info", "daemon.version", version=__version__, pid=os.getpid(), config=config.path)
+    config = spread_config(config, log)  # this host's slot in the quiet hours (fleets)
     notifier = SystemdNotifier(log, env)
     holder: dict[str, Snapshot] = {"snap": Snapshot()}
     server = _status_server(config, log, lambda: holder["snap"])
@@ -37,13 +40,15 @@ def main(config: Config, log_format: str | None = None, prewarm: bool = True,
     def publish(snap: Snapshot) -> None:
         holder["snap"] = snap  # one reference swap: readers never see a half-built snapshot
 
-    fx = RealEffects(config, log, notifier, env, publish=publish)
+    # As PID 1 of a container (or with VLLMWATCH_SUBREAPER=1): orphans come to us; reap them.
+    fx = RealEffects(config, log, notifier, env, publish=publish,
+                     reaper=reaper.start(env, log))
 
     def reload() -> Config:
         new = load(config.path)
         log_new = setup(log_format or new.log.format, new.log.level, environ=env)
         fx.log = log_new
-        return new
+        return spread_config(new, log_new)
 
     loop = Loop(config, fx, SystemClock(), reload_config=reload, environ=env)
     try:

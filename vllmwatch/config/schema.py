@@ -83,6 +83,12 @@ class ProbeConfig:
     canary_timeout: float = _conv("duration", 30.0, high=HOUR)
     canary_prompt: str = _conv("str", "Hello")
     stall_timeout: float = _conv("duration", 300.0, low=1.0)
+    # The canary follows the model (issue 16): see core/canary.py and _canary_checks below.
+    canary: str = _conv("choice", "auto", choices=("auto", "completions", "chat", "embeddings",
+                                                   "score", "rerank", "classify", "pooling",
+                                                   "custom"))
+    canary_path: str = _conv("str", "")
+    canary_body: str = _conv("str", "")
 
 
 @dataclass(frozen=True)
@@ -126,6 +132,7 @@ class RestartConfig:
     window: float = _conv("duration", 1800.0, low=1.0)
     kill_stale: bool = _conv("bool", True)
     quiet_hours: str = _conv("quiet_hours", "")
+    quiet_hours_spread: float = _conv("fraction", 0.5, zero="no spread: the window as written")
     gpu_release_timeout: float = _conv("duration", 60.0, high=DAY,
                                        zero="do not wait for the GPU to release memory")
     gpu_release_tolerance: float = _conv("size", 512.0,
@@ -309,4 +316,30 @@ def _cross_checks(config: Config) -> list[Problem]:
     why = listen_problem(config.status.listen, config.status.allow_remote)
     if why is not None:
         out.append(Problem("status.listen", f"bad value {config.status.listen!r}: {why}"))
+    return out + _canary_checks(config)
+
+
+# ---- issue 16 (canary kinds); kept apart from the checks above ----
+
+def _canary_checks(config: Config) -> list[Problem]:
+    """probe.canary = "custom" needs a path; a body, when given, is a JSON object."""
+    import json
+
+    p, out = config.probe, []
+    if p.canary == "custom" and not p.canary_path.startswith("/"):
+        out.append(Problem("probe.canary_path", f"bad value {show(p.canary_path)}; "
+                           'probe.canary = "custom" needs a path such as "/v1/embeddings"'))
+    if p.canary_body:
+        try:
+            body = json.loads(p.canary_body)
+        except ValueError as exc:
+            body = {}  # reported here; not again below
+            out.append(Problem("probe.canary_body", f"not JSON ({exc}); expected a JSON "
+                               'object such as \'{"model": "m", "input": "Hello"}\''))
+        if not isinstance(body, dict):
+            out.append(Problem("probe.canary_body", f"bad value {show(p.canary_body)}; "
+                               "expected a JSON object"))
+    if (p.canary_path or p.canary_body) and p.canary != "custom":
+        out.append(Problem("probe.canary", f"is {show(p.canary)} but canary_path or "
+                           'canary_body is set; set probe.canary = "custom" to use them'))
     return out

@@ -8,6 +8,7 @@ CONFIG = 2  # bad config or vLLM refused its arguments: restarting will not help
 GAVE_UP = 3  # crash-loop guard: too many failed restarts in restart.window
 START = 4  # cannot start: a foreign process holds vllm.port
 START_MEMORY = 5  # vLLM's start kept failing for memory (diagnosed; see core/unified.py)
+GPU_FAULT = 6  # a GPU hardware fault (lost, Xid, ECC): a person is needed, not a restart
 INTERNAL = 70  # an unexpected error inside vllmwatch (EX_SOFTWARE); the vLLM tree was killed
 
 MEANING = {
@@ -17,5 +18,6 @@ MEANING = {
     GAVE_UP: "crash-loop guard gave up",
     START: "cannot start: a foreign process holds the port",
     START_MEMORY: "vLLM's start kept failing for memory (see start.memory_gave_up)",
+    GPU_FAULT: "GPU hardware fault: a person is needed (see the gpu.fault event)",
     INTERNAL: "internal error in vllmwatch (a bug: please report the logged traceback)",
 }

@@ -15,6 +15,20 @@ class GpuProcess:
 
 
 @dataclass(frozen=True)
+class GpuFault:
+    """A hardware fault NVML reports on a configured GPU (core/gpufault.py judges it).
+
+    kind: gpu_lost | reset_required | xid | ecc_uncorrectable | row_remap_failed |
+    pages_pending (a reset is due, nothing has failed yet).
+    """
+
+    gpu_index: int
+    kind: str
+    detail: str = ""
+    xid: int | None = None
+
+
+@dataclass(frozen=True)
 class MemorySample:
     """One reading of the child tree. `source` names the figure the GPU rules use."""
 
@@ -26,6 +40,7 @@ class MemorySample:
     device_total_mib: dict[int, float] = field(default_factory=dict)
     host_rss_mib: float = 0.0
     host_pss_mib: float | None = None
+    gpu_faults: tuple[GpuFault, ...] = ()  # new since the previous sample
 
     @property
     def gpu_rule_mib(self) -> float | None:

@@ -2,8 +2,10 @@
 
 from __future__ import annotations
 
+from dataclasses import replace
+
 from vllmwatch.config.quiet import in_window
-from vllmwatch.core import leak, policy, probing
+from vllmwatch.core import gpufault, leak, policy, probing
 from vllmwatch.core.events import (
     Action,
     CanaryResult,
@@ -191,6 +193,12 @@ def memory(s: WatchState, ev: MemorySampled, now: float) -> Result:
     if sample is None:
         return s, [Log("warning", "memory.sample_failed", {"error": ev.error})]
     s = s.with_child(memory=sample)
+    if sample.gpu_faults:  # issue 16: a hardware fault ends supervision, not a crash loop
+        (s, fault_acts), ends = gpufault.react(s, sample.gpu_faults, now)
+        if ends:
+            return s, fault_acts
+        s, rest = memory(s, replace(ev, sample=replace(sample, gpu_faults=())), now)
+        return s, [*fault_acts, *rest]
     c = _run(s)
     if s.state != S.READY or c.leak is None:
         return s, []

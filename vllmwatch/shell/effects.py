@@ -36,7 +36,8 @@ from vllmwatch.shell.engines import EngineWatch
 from vllmwatch.shell.logs import LogFn
 from vllmwatch.shell.memory import MemorySampler, make_sampler, release_check
 from vllmwatch.shell.notify import Notifier
-from vllmwatch.shell.probes import HttpProber
+from vllmwatch.shell.probes import CanaryMemory
+from vllmwatch.shell.reaper import Reaper
 from vllmwatch.status.snapshot import Snapshot
 
 
@@ -77,8 +78,9 @@ class RealEffects:
     def __init__(self, config: Config, log: LogFn, notifier: Notifier,
                  environ: Mapping[str, str], sampler: MemorySampler | None = None,
                  publish: Callable[[Snapshot], None] | None = None,
-                 platform: Platform | None = None) -> None:
+                 platform: Platform | None = None, reaper: Reaper | None = None) -> None:
         self.log, self.notifier, self._environ = log, notifier, dict(environ)
+        self.reaper, self._canaries = reaper, CanaryMemory()  # orphans (PID 1); canary kind
         self.marker = childmod.instance_id(config.path)
         self._gpus = config.vllm.gpus
         # Unified memory (DGX Spark): decided and logged once (platform.detected).
@@ -99,6 +101,7 @@ class RealEffects:
 
     def spawn(self, config: Config, post: Callable[[Event], None]) -> Event:
         """Build the command (refusing known-broken flags) and start the child."""
+        self._canaries.expect(config.vllm.args, config.vllm.extra_args)  # auto's first guess
         if self._version_of != config.vllm.command:
             self._version = vllminfo.version(config.vllm.command)
             self._version_of = list(config.vllm.command)
@@ -173,6 +176,13 @@ class RealEffects:
         return self._child is not None and self._child.proc.poll() is not None
 
     def poll_child(self) -> ChildExited | None:
+        """Reap the child if it exited, then (as PID 1 or subreaper) any orphaned zombie."""
+        exited = self._poll_own_child()
+        if self.reaper is not None:
+            self.reaper.reap(keep=() if self._child is None else (self._child.pid,))
+        return exited
+
+    def _poll_own_child(self) -> ChildExited | None:
         """Reap the child if it exited; drain its output first so the last lines are known."""
         if self._child is None:
             return None
@@ -200,9 +210,7 @@ class RealEffects:
 
     def probe(self, action: Probe) -> Event:
         """Run one probe against the child where it listens (in a worker thread)."""
-        p = action.probe
-        prober = HttpProber(action.host, action.port, action.model_name, p.timeout,
-                            p.canary_timeout, p.canary_prompt, self._api_key)
+        prober = self._canaries.prober(action, self._api_key, self.log)
         result: Event
         if action.kind == "health":
             health = prober.health()
@@ -277,3 +285,5 @@ class RealEffects:
             self._child.proc.wait(10)
         if self._child is not None:
             self._child.close()
+        if self.reaper is not None:  # orphans that died meanwhile: not left as zombies
+            self.reaper.reap(keep=())

@@ -1,4 +1,8 @@
-"""Logging: events as one line each, for journald (with <N> priorities), JSON or a console."""
+"""Logging: events as native journal entries with fields, or one line each (JSON, console).
+
+Under journald each event is an entry with VLLMWATCH_* fields (shell/journal.py); where the
+native socket is missing or a send fails, the same event goes to stderr as a `<N>` line.
+"""
 
 from __future__ import annotations
 
@@ -11,6 +15,8 @@ from collections.abc import Mapping, MutableMapping
 from typing import IO, Any, Protocol
 
 import structlog
+
+from vllmwatch.shell import journal
 
 LEVELS = {"debug": 10, "info": 20, "warning": 30, "error": 40, "critical": 50}
 _PRIORITY = {"debug": 7, "info": 6, "warning": 4, "error": 3, "critical": 2}
@@ -34,12 +40,12 @@ def under_journald(environ: Mapping[str, str], stream: IO[str]) -> bool:
 
 
 def choose_format(wanted: str, environ: Mapping[str, str], stream: IO[str]) -> str:
-    """Resolve "auto": journal under journald, console on a TTY, else journal-style lines."""
+    """Resolve "auto": journal under journald, console on a TTY, else JSON (containers)."""
     if wanted != "auto":
         return wanted
     if under_journald(environ, stream):
         return "journal"
-    return "console" if stream.isatty() else "journal"
+    return "console" if stream.isatty() else "json"
 
 
 def _kv(fields: Mapping[str, Any]) -> str:
@@ -52,6 +58,13 @@ def _kv(fields: Mapping[str, Any]) -> str:
             text = json.dumps(value, ensure_ascii=False, default=str, separators=(",", ":"))
         parts.append(f"{key}={text}")
     return " ".join(parts)
+
+
+def message_text(name: str, fields: Mapping[str, Any]) -> str:
+    """The human text of an event: `name key=value ...`; vLLM's own lines marked `vllm|`."""
+    if name == "child.line":
+        return f"vllm| {fields.get('text', '')}"
+    return f"{name} {_kv(fields)}".rstrip()
 
 
 class Renderer:
@@ -69,10 +82,7 @@ class Renderer:
         if self.fmt == "json":
             return json.dumps({"ts": stamp, "level": level, "event": name, **event},
                               ensure_ascii=False, default=str)
-        if name == "child.line":  # vLLM's own line, passed through and marked as the child's
-            body = f"vllm| {event.get('text', '')}"
-        else:
-            body = f"{name} {_kv(event)}".rstrip()
+        body = message_text(name, event)
         if self.fmt == "journal":
             return f"<{_PRIORITY.get(level, 6)}>{body}"
         clock = time.strftime("%H:%M:%S", time.localtime(stamp or time.time()))
@@ -102,8 +112,12 @@ class _Writer:
 
 
 def setup(fmt: str = "auto", level: str = "info", stream: IO[str] | None = None,
-          environ: Mapping[str, str] | None = None) -> LogFn:
-    """Configure structlog and return log(level, event, **fields)."""
+          environ: Mapping[str, str] | None = None,
+          journal_socket: str = journal.SOCKET) -> LogFn:
+    """Configure structlog and return log(level, event, **fields).
+
+    In the journal format, events go to `journal_socket` as native entries while it exists.
+    """
     out = stream if stream is not None else sys.stderr
     env = os.environ if environ is None else environ
     resolved = choose_format(fmt, env, out)
@@ -116,9 +130,15 @@ def setup(fmt: str = "auto", level: str = "info", stream: IO[str] | None = None,
         cache_logger_on_first_use=False,
     )
     logger = structlog.get_logger()
+    native = journal.JournalSender(journal_socket) if (
+        resolved == "journal" and journal.available(journal_socket)) else None
 
     def log(level: str, event: str, **fields: Any) -> None:
-        if LEVELS.get(level, 20) >= threshold:
-            logger.msg(event, level=level, **fields)
+        if LEVELS.get(level, 20) < threshold:
+            return
+        if native is not None and native.send(journal.encode(journal.entry_fields(
+                level, event, message_text(event, fields), fields))):
+            return
+        logger.msg(event, level=level, **fields)  # no journal: the same event on stderr
 
     return log

@@ -14,6 +14,7 @@ import psutil
 
 from vllmwatch.core import release
 from vllmwatch.core.samples import GpuProcess, MemorySample
+from vllmwatch.shell.gpufaults import FaultWatch
 
 _MIB = 1024.0 * 1024.0
 
@@ -85,6 +86,7 @@ class NvmlSampler:
         self._warned: set[str] = set()
         self._source: str | None = None
         self._unified = unified  # GPU memory is system memory (DGX Spark)
+        self._faults = FaultWatch(nvml, handles, log) if nvml is not None else None
 
     def sample(self, root_pid: int | None, with_pss: bool) -> MemorySample:
         """Read the tree; see MemorySample."""
@@ -95,9 +97,11 @@ class NvmlSampler:
         by_gpu = _tree_by_gpu(procs, set(pids))
         tree = None if by_gpu is None else sum(by_gpu.values())
         source = self._choose(tree, used)
+        faults = self._faults.poll() if self._faults is not None else ()
         return MemorySample(source=source, tree_pids=pids, gpu_tree_mib=tree,
                             gpu_tree_by_gpu_mib=by_gpu or {}, device_used_mib=used,
-                            device_total_mib=total, host_rss_mib=rss, host_pss_mib=pss)
+                            device_total_mib=total, host_rss_mib=rss, host_pss_mib=pss,
+                            gpu_faults=faults)
 
     def gpu_processes(self) -> list[GpuProcess] | None:
         """All compute and graphics processes on the configured GPUs; None when unknown."""

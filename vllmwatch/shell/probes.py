@@ -1,17 +1,23 @@
-"""HTTP probes of the vLLM server: /health, /metrics (a few series), a real completion."""
+"""HTTP probes of the vLLM server: /health, /metrics (a few series), a real request (canary).
+
+The canary's kind follows the model (core/canary.py): `auto` finds the first kind whose
+route the server has and keeps it for the life of this prober (one child).
+"""
 
 from __future__ import annotations
 
 import http.client
 import json
 import time
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from typing import Protocol
 
 from prometheus_client.parser import text_string_to_metric_families
 
 from vllmwatch.config.hosts import connect_host
-from vllmwatch.core.events import CanaryResult, HealthResult, MetricsResult
+from vllmwatch.config.schema import Config
+from vllmwatch.core import canary as kinds
+from vllmwatch.core.events import CanaryResult, HealthResult, MetricsResult, Probe
 
 # Only these series are parsed; filtering the 48 KB text first cuts a ~7 ms parse to ~0.2 ms.
 _WANTED = ("vllm:num_requests_running", "vllm:num_requests_waiting", "vllm:kv_cache_usage_perc",
@@ -28,7 +34,7 @@ class Prober(Protocol):
         ...
 
     def canary(self, warmup: bool = False) -> CanaryResult:
-        """A real 1-token completion (or a short chat warm-up request)."""
+        """A real request of the model's kind (or the warm-up request)."""
         ...
 
     def metrics(self) -> MetricsResult:
@@ -39,14 +45,63 @@ class Prober(Protocol):
 probe_host = connect_host  # one home for the wildcard-to-loopback rule: config/hosts.py
 
 
+def prober_for(config: Config, api_key: str | None, log: Callable[..., None] | None = None
+               ) -> HttpProber:
+    """The prober for a config: where vLLM listens, the model, which canary."""
+    v, p = config.vllm, config.probe
+    return HttpProber(v.host, v.port, v.model_name, p.timeout, p.canary_timeout,
+                      p.canary_prompt, api_key, canary=p.canary, canary_path=p.canary_path,
+                      canary_body=p.canary_body, vllm_args=v.args, extra_args=v.extra_args,
+                      log=log)
+
+
+class CanaryMemory:
+    """The canary kind `auto` found for each child run (by gen), for the probers after it.
+
+    Probers are made per probe; without this each canary of a pooling model would first
+    ask /v1/completions again.
+    """
+
+    def __init__(self) -> None:
+        self._kinds: dict[int, str] = {}
+        self._args: tuple[Mapping[str, object], Sequence[str]] = ({}, ())
+
+    def expect(self, vllm_args: Mapping[str, object], extra_args: Sequence[str]) -> None:
+        """The vLLM arguments of the child being launched (`--runner pooling` and co.)."""
+        self._args = (dict(vllm_args), tuple(extra_args))
+
+    def prober(self, action: Probe, api_key: str | None,
+               log: Callable[..., None] | None = None) -> HttpProber:
+        """A prober for this probe action, starting from what earlier canaries found."""
+        p, gen = action.probe, action.gen
+
+        def remember(kind: str) -> None:
+            self._kinds = {gen: kind}  # one child at a time: older runs are forgotten
+
+        return HttpProber(action.host, action.port, action.model_name, p.timeout,
+                          p.canary_timeout, p.canary_prompt, api_key, canary=p.canary,
+                          canary_path=p.canary_path, canary_body=p.canary_body, log=log,
+                          vllm_args=self._args[0], extra_args=self._args[1],
+                          chosen=self._kinds.get(gen), on_choose=remember)
+
+
 class HttpProber:
     """Probes over plain HTTP/1.1, one connection per request (no shared state)."""
 
     def __init__(self, host: str, port: int, model: str, timeout: float, canary_timeout: float,
-                 prompt: str = "Hello", api_key: str | None = None) -> None:
+                 prompt: str = "Hello", api_key: str | None = None, *, canary: str = "auto",
+                 canary_path: str = "", canary_body: str = "",
+                 vllm_args: Mapping[str, object] | None = None, extra_args: Sequence[str] = (),
+                 log: Callable[..., None] | None = None, chosen: str | None = None,
+                 on_choose: Callable[[str], None] | None = None) -> None:
         self.host, self.port, self.model = probe_host(host), port, model
         self.timeout, self.canary_timeout, self.prompt = timeout, canary_timeout, prompt
         self.api_key = api_key
+        self.canary_kind, self.canary_path, self.canary_body = canary, canary_path, canary_body
+        self._order = kinds.order(canary, vllm_args, extra_args)
+        # auto: found by the first canary that answers, then kept (`chosen`, `on_choose`).
+        self.chosen: str | None = chosen if canary == "auto" else canary
+        self._log, self._on_choose = log, on_choose
 
     def _request(self, method: str, path: str, timeout: float, body: bytes | None = None
                  ) -> tuple[int, bytes]:
@@ -72,27 +127,52 @@ class HttpProber:
                             "" if status == 200 else f"HTTP {status}")
 
     def canary(self, warmup: bool = False) -> CanaryResult:
-        """POST a 1-token completion (warmup: a short chat completion)."""
-        if warmup:
-            path = "/v1/chat/completions"
-            payload: dict[str, object] = {"model": self.model, "max_tokens": 8,
-                                          "messages": [{"role": "user", "content": WARMUP_PROMPT}]}
-        else:
-            path = "/v1/completions"
-            payload = {"model": self.model, "prompt": self.prompt, "max_tokens": 1,
-                       "temperature": 0}
+        """One real request of the model's kind (auto: the first kind the server has)."""
         t0 = time.monotonic()
+        if self.chosen is not None:
+            kind = kinds.warmup_kind(self.chosen) if warmup else self.chosen
+            result, _ = self._try(kind, warmup, t0)
+            return result
+        missing = []
+        for kind in self._order:
+            result, absent = self._try(kind, warmup, t0)
+            if not absent:
+                if result.ok:
+                    self._choose(kind)
+                return result
+            missing.append(kinds.PATHS.get(kind, kind))
+        return CanaryResult(False, False, time.monotonic() - t0,
+                            f"no canary route: {', '.join(missing)} answered 404; set "
+                            "probe.canary (and canary_path/canary_body for custom)", warmup)
+
+    def _choose(self, kind: str) -> None:
+        self.chosen = kind
+        if self._on_choose is not None:
+            self._on_choose(kind)
+        if self._log is not None:
+            self._log("info", "probe.canary_chosen", kind=kind, path=kinds.PATHS.get(kind))
+
+    def _try(self, kind: str, warmup: bool, t0: float) -> tuple[CanaryResult, bool]:
+        """(result, route missing) of one request of `kind`."""
+        prompt = WARMUP_PROMPT if warmup else self.prompt
+        path, payload = kinds.request(kind, self.model, prompt, self.canary_path,
+                                      self.canary_body)
+        if warmup and kind == "chat":
+            payload["max_tokens"] = 8
         try:
             status, body = self._request("POST", path, self.canary_timeout,
                                          json.dumps(payload).encode())
         except TimeoutError:
-            return CanaryResult(False, True, time.monotonic() - t0, "timed out", warmup)
+            return CanaryResult(False, True, time.monotonic() - t0, "timed out", warmup), False
         except (OSError, http.client.HTTPException) as exc:
-            return CanaryResult(False, False, time.monotonic() - t0, _describe(exc), warmup)
+            return (CanaryResult(False, False, time.monotonic() - t0, _describe(exc), warmup),
+                    False)
         took = time.monotonic() - t0
         if status != 200:
-            return CanaryResult(False, False, took, f"HTTP {status}: {body[:200]!r}", warmup)
-        return CanaryResult(True, False, took, "", warmup)
+            absent = kinds.route_missing(status, body) and self.canary_kind == "auto"
+            return CanaryResult(False, False, took, f"HTTP {status} from {path}: "
+                                f"{body[:200]!r}", warmup), absent
+        return CanaryResult(True, False, took, "", warmup), False
 
     def metrics(self) -> MetricsResult:
         """GET /metrics and pick the queue, KV-cache and token series."""

@@ -46,6 +46,18 @@ class NVMLError_GpuIsLost(NVMLError):  # pynvml's name
     value = 15
 
 
+class NVMLError_Timeout(NVMLError):  # pynvml's name
+    """NVML_ERROR_TIMEOUT (10): no event pending."""
+
+    value = 10
+
+
+class NVMLError_ResetRequired(NVMLError):  # pynvml's name
+    """NVML_ERROR_RESET_REQUIRED (16)."""
+
+    value = 16
+
+
 @dataclass
 class FakeGpu:
     """One device. `used_mib=None` makes memory info NOT_SUPPORTED (DGX Spark).
@@ -59,6 +71,13 @@ class FakeGpu:
     used_mib: float | None = 0.0
     procs: dict[int, float | None] = field(default_factory=dict)
     graphics: dict[int, float | None] = field(default_factory=dict)
+    # Hardware faults: `lost` makes every device call raise GPU_IS_LOST; `xids` are pending
+    # Xid events (taken by nvmlEventSetWait_v2); ECC/row-remap/page figures as NVML gives.
+    lost: bool = False
+    xids: list[int] = field(default_factory=list)
+    ecc_uncorrected: int = 0
+    remapped_rows: tuple[int, int, int, int] = (0, 0, 0, 0)  # corr, unc, pending, failure
+    pages_pending: int = 0
 
 
 class FakeNvml:  # method names are pynvml's (camelCase)
@@ -69,6 +88,8 @@ class FakeNvml:  # method names are pynvml's (camelCase)
     NVMLError_LibraryNotFound = NVMLError_LibraryNotFound
     NVMLError_DriverNotLoaded = NVMLError_DriverNotLoaded
     NVMLError_GpuIsLost = NVMLError_GpuIsLost
+    NVMLError_Timeout = NVMLError_Timeout
+    NVMLError_ResetRequired = NVMLError_ResetRequired
 
     def __init__(self, gpus: list[FakeGpu] | None = None, init_error: Exception | None = None,
                  driver: str = "580.159") -> None:
@@ -79,10 +100,12 @@ class FakeNvml:  # method names are pynvml's (camelCase)
         self.calls: list[str] = []
         self.initialized = False
 
-    def _enter(self, name: str) -> None:
+    def _enter(self, name: str, handle: int | None = None) -> None:
         self.calls.append(name)
         if name in self.fail:
             raise self.fail[name]
+        if handle is not None and self.gpus[handle].lost:
+            raise NVMLError_GpuIsLost()
 
     def nvmlInit(self) -> None:
         self._enter("nvmlInit")
@@ -109,11 +132,11 @@ class FakeNvml:  # method names are pynvml's (camelCase)
         return index
 
     def nvmlDeviceGetName(self, handle: int) -> str:
-        self._enter("nvmlDeviceGetName")
+        self._enter("nvmlDeviceGetName", handle)
         return self.gpus[handle].name
 
     def nvmlDeviceGetMemoryInfo(self, handle: int) -> Any:
-        self._enter("nvmlDeviceGetMemoryInfo")
+        self._enter("nvmlDeviceGetMemoryInfo", handle)
         gpu = self.gpus[handle]
         if gpu.used_mib is None:
             raise NVMLError_NotSupported()
@@ -121,12 +144,42 @@ class FakeNvml:  # method names are pynvml's (camelCase)
         return SimpleNamespace(total=total, used=used, free=total - used)
 
     def nvmlDeviceGetComputeRunningProcesses(self, handle: int) -> list[Any]:
-        self._enter("nvmlDeviceGetComputeRunningProcesses")
+        self._enter("nvmlDeviceGetComputeRunningProcesses", handle)
         return _procs(self.gpus[handle].procs)
 
     def nvmlDeviceGetGraphicsRunningProcesses(self, handle: int) -> list[Any]:
-        self._enter("nvmlDeviceGetGraphicsRunningProcesses")
+        self._enter("nvmlDeviceGetGraphicsRunningProcesses", handle)
         return _procs(self.gpus[handle].graphics)
+
+    def nvmlEventSetCreate(self) -> list[int]:
+        self._enter("nvmlEventSetCreate")
+        return []
+
+    def nvmlDeviceRegisterEvents(self, handle: int, types: int, event_set: list[int]) -> None:
+        self._enter("nvmlDeviceRegisterEvents", handle)
+        event_set.append(handle)
+
+    def nvmlEventSetWait_v2(self, event_set: list[int], timeout_ms: int) -> Any:
+        self._enter("nvmlEventSetWait_v2")
+        for handle in event_set:
+            if self.gpus[handle].lost:
+                raise NVMLError_GpuIsLost()
+            if self.gpus[handle].xids:
+                return SimpleNamespace(device=handle, eventType=0x8,
+                                       eventData=self.gpus[handle].xids.pop(0))
+        raise NVMLError_Timeout()
+
+    def nvmlDeviceGetTotalEccErrors(self, handle: int, error_type: int, counter: int) -> int:
+        self._enter("nvmlDeviceGetTotalEccErrors", handle)
+        return self.gpus[handle].ecc_uncorrected
+
+    def nvmlDeviceGetRemappedRows(self, handle: int) -> tuple[int, int, int, int]:
+        self._enter("nvmlDeviceGetRemappedRows", handle)
+        return self.gpus[handle].remapped_rows
+
+    def nvmlDeviceGetRetiredPagesPendingStatus(self, handle: int) -> int:
+        self._enter("nvmlDeviceGetRetiredPagesPendingStatus", handle)
+        return self.gpus[handle].pages_pending
 
 
 def _procs(table: dict[int, float | None]) -> list[Any]:

@@ -74,11 +74,29 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
     for name in ("busy", "ignore-sigterm", "fail-start", "disable-uvicorn-access-log"):
         p.add_argument(f"--{name}", action="store_true")
     p.add_argument("--role", choices=("api", "engine", "worker"), default="api")
+    # A pooling model has no completion routes (vLLM registers only its tasks' routes).
+    p.add_argument("--runner", choices=("auto", "generate", "pooling"), default="auto")
+    p.add_argument("--convert", choices=("auto", "none", "embed", "classify"), default="auto")
+    # The model itself says pooling (sentence-transformers modules.json): no flag shows it.
+    p.add_argument("--fake-embedding-model", action="store_true")
     return p.parse_known_args(argv)[0]
 
 
 def _error(message: str, kind: str, code: int) -> dict[str, Any]:
     return {"object": "error", "message": message, "type": kind, "param": None, "code": code}
+
+
+_GENERATE = ("/v1/completions", "/v1/chat/completions")
+_POOLING = {"embed": ("/v1/embeddings", "/v1/score", "/v1/rerank", "/pooling"),
+            "classify": ("/v1/score", "/v1/rerank", "/classify", "/pooling")}
+
+
+def routes(a: argparse.Namespace) -> tuple[str, ...]:
+    """The POST routes this model has: completions, or its pooling task's routes."""
+    if a.convert == "classify":
+        return _POOLING["classify"]
+    embed = a.runner == "pooling" or a.convert == "embed" or a.fake_embedding_model
+    return _POOLING["embed"] if embed else _GENERATE
 
 
 class Api:
@@ -151,6 +169,19 @@ class Api:
                 for r in ("stop", "length", "abort")]
         return "\n".join(out) + "\n"
 
+    def pool(self, body: dict[str, Any], path: str) -> tuple[int, dict[str, Any]]:
+        """An embedding, score or class through the engine (one engine step)."""
+        model = body.get("model") or self.names[0]
+        if model not in self.names:
+            return 404, _error(f"The model `{model}` does not exist.", "NotFoundError", 404)
+        if self.submit(1, 1) is None:
+            return 500, _error("EngineCore encountered an issue.", "InternalServerError", 500)
+        data = ([{"index": 0, "object": "score", "score": 0.5}] if "score" in path or
+                "rerank" in path else [{"index": 0, "object": "embedding",
+                                        "embedding": [0.6, 0.8]}])
+        return 200, {"id": f"embd-{time.monotonic_ns()}", "object": "list", "model": model,
+                     "data": data, "usage": {"prompt_tokens": 1, "total_tokens": 1}}
+
     def complete(self, body: dict[str, Any], chat: bool) -> tuple[int, dict[str, Any]]:
         """Run an OpenAI (chat) completion through the engine: (status, JSON reply)."""
         model = body.get("model") or self.names[0]
@@ -209,10 +240,10 @@ class _Handler(BaseHTTPRequestHandler):
             self._send(404, {"detail": "Not Found"})
 
     def do_POST(self) -> None:
-        """Serve /v1/completions and /v1/chat/completions."""
+        """Serve the completion routes, or a pooling model's routes (--runner pooling)."""
         api, path = self.server.api, self.path.split("?")[0]
         key = api.args.api_key
-        if path not in ("/v1/completions", "/v1/chat/completions"):
+        if path not in routes(api.args):
             return self._send(404, {"detail": "Not Found"})
         if key and self.headers.get("Authorization") != f"Bearer {key}":
             return self._send(401, {"error": "Unauthorized"})
@@ -222,6 +253,8 @@ class _Handler(BaseHTTPRequestHandler):
             body = None
         if not isinstance(body, dict):
             return self._send(400, _error("Invalid JSON body", "BadRequestError", 400))
+        if path not in _GENERATE:
+            return self._send(*api.pool(body, path))
         self._send(*api.complete(body, chat=path.endswith("chat/completions")))
 
     def log_request(self, code: int | str = "-", size: int | str = "-") -> None:

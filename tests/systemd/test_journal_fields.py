@@ -1,0 +1,52 @@
+"""Events are journal entries with fields under a real systemd 252: query them by field and id.
+
+Root and systemd-nspawn are needed; without them the test skips with the reason.
+"""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+from conftest import Boot, dropin, fake_config
+from test_in_systemd import CONF, FAST, PORT, STATUS, ok, write
+
+from vllmwatch.shell.journal import MESSAGE_IDS
+
+pytestmark = pytest.mark.systemd
+
+
+def _entries(text: str) -> list[dict[str, object]]:
+    return [json.loads(line) for line in text.splitlines() if line.startswith("{")]
+
+
+def test_events_are_queryable_by_field_and_message_id(boot: Boot) -> None:
+    begin_id = MESSAGE_IDS["restart.begin"]
+    ready_id = MESSAGE_IDS["child.ready"]
+    r = boot(write(CONF, fake_config(PORT, STATUS, extra_args={"exit-after": 3})) + f"""
+systemctl start vllmwatch
+wait_for 60 sh -c 'journalctl -u vllmwatch VLLMWATCH_EVENT=restart.begin -o cat | grep -q .'
+journalctl -u vllmwatch VLLMWATCH_EVENT=restart.begin -o json --no-pager > begin.json
+journalctl MESSAGE_ID={begin_id} -o json --no-pager > by-id.json
+journalctl MESSAGE_ID={ready_id} -o json --no-pager > ready.json
+journalctl -u vllmwatch VLLMWATCH_SOURCE=vllm VLLM_PROCESS=APIServer -o json --no-pager \
+    > vllm.json
+systemctl stop vllmwatch
+""", units={FAST: dropin(RestartSec="1s")})
+    ok(r)
+    begin = _entries(r.read("begin.json"))
+    assert begin, r.explain()
+    first = begin[0]
+    assert first["_SYSTEMD_UNIT"] == "vllmwatch.service"
+    assert first["MESSAGE_ID"] == begin_id
+    assert first["PRIORITY"] == "4"
+    assert first["SYSLOG_IDENTIFIER"] == "vllmwatch"
+    assert first["VLLMWATCH_REASON"]
+    assert str(first["MESSAGE"]).startswith("restart.begin ")
+    by_id = _entries(r.read("by-id.json"))
+    assert [e["__CURSOR"] for e in by_id] == [e["__CURSOR"] for e in begin]
+    assert all(e["VLLMWATCH_EVENT"] == "child.ready" for e in _entries(r.read("ready.json")))
+    assert _entries(r.read("ready.json")), r.explain()
+    lines = _entries(r.read("vllm.json"))
+    assert lines, r.explain()
+    assert all(str(e["MESSAGE"]).startswith("vllm| (APIServer pid=") for e in lines)

@@ -1,0 +1,84 @@
+"""The orphan reaper: /proc parsing, and a real subreaper reaping an orphaned grandchild."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+
+import pytest
+
+from vllmwatch.shell import reaper
+
+
+@pytest.mark.parametrize("line,want", [
+    ("42 (python3) S 1 42 42 0 -1", (42, "python3", "S", 1, 42)),
+    ("7 (VLLM::EngineCore) Z 1 5 5 0", (7, "VLLM::EngineCore", "Z", 1, 5)),
+    ("9 (a b) c)) Z 3 4 6 0", (9, "a b) c)", "Z", 3, 6)),
+])
+def test_parse_stat(line: str, want: tuple[int, str, str, int, int]) -> None:
+    assert reaper.parse_stat(line) == want
+
+
+@pytest.mark.parametrize("env,pid,want", [
+    ({}, 1, True), ({}, 4242, True), ({"VLLMWATCH_SUBREAPER": "1"}, 4242, True),
+    ({"VLLMWATCH_SUBREAPER": "0"}, 4242, False), ({"VLLMWATCH_SUBREAPER": "0"}, 1, True),
+])
+def test_wanted(env: dict[str, str], pid: int, want: bool) -> None:
+    assert reaper.wanted(env, pid) is want
+
+
+# Runs in its own process: becoming a subreaper must not change the pytest process.
+_SCENARIO = r"""
+import json, os, subprocess, sys, time
+from vllmwatch.shell import reaper
+assert reaper.become_subreaper()
+events = []
+r = reaper.Reaper(lambda level, event, **kw: events.append(event), grace=60.0)
+# An orphan in another session (like EngineCore after its API server was killed): the
+# middle process starts it in its own session, then exits.
+mid = subprocess.Popen([sys.executable, "-c",
+    "import os, subprocess, sys; os.setsid(); "
+    "p = subprocess.Popen([sys.executable, '-c', 'import time; time.sleep(0.3)']); "
+    "print(p.pid, flush=True)"], stdout=subprocess.PIPE, text=True)
+orphan = int(mid.stdout.readline())
+mid.wait()
+kept = subprocess.Popen([sys.executable, "-c", "raise SystemExit(5)"], start_new_session=True)
+mine = subprocess.Popen([sys.executable, "-c", "raise SystemExit(7)"])
+deadline = time.monotonic() + 20
+reaped = []
+while time.monotonic() < deadline:
+    reaped += r.reap(keep={kept.pid})
+    zombies = {z.pid for z in reaper.zombie_children(os.getpid())}
+    if orphan in {p for p, _ in reaped} and {kept.pid, mine.pid} <= zombies:
+        break
+    time.sleep(0.05)
+kept_code, mine_code = kept.wait(), mine.wait()
+# A helper whose owner never waits for it: reaped once its grace has passed.
+abandoned = subprocess.Popen([sys.executable, "-c", "raise SystemExit(3)"])
+late = reaper.Reaper(lambda level, event, **kw: None, grace=0.0)
+deadline = time.monotonic() + 20
+late_reaped = []
+while not late_reaped and time.monotonic() < deadline:
+    late_reaped = late.reap()
+    time.sleep(0.05)
+print(json.dumps({"orphan": orphan, "reaped": reaped, "events": events,
+                  "zombies": sorted(zombies), "kept": kept.pid, "mine": mine.pid,
+                  "kept_code": kept_code, "mine_code": mine_code,
+                  "abandoned": [abandoned.pid, 3], "late": late_reaped,
+                  "left": [z.pid for z in reaper.zombie_children(os.getpid())]}))
+"""
+
+
+def test_reaps_orphans_but_never_a_child_someone_waits_for() -> None:
+    out = subprocess.run([sys.executable, "-c", _SCENARIO], capture_output=True, text=True,
+                         timeout=60)
+    assert out.returncode == 0, out.stderr
+    got = json.loads(out.stdout)
+    assert [got["orphan"], 0] in got["reaped"], got
+    assert "reaper.reaped" in got["events"]
+    # The loop's own child (keep) and a Popen child (same session) keep their exit status.
+    assert got["kept"] in got["zombies"] and got["mine"] in got["zombies"], got
+    assert (got["kept_code"], got["mine_code"]) == (5, 7)
+    assert got["late"] == [got["abandoned"]]  # nobody waited: reaped after the grace
+    assert got["left"] == []

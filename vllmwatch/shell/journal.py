@@ -1,0 +1,150 @@
+"""journald's native protocol: one event, one journal entry with fields.
+
+The protocol (systemd.io/JOURNAL_NATIVE_PROTOCOL) is a datagram of `NAME=value\\n` fields to
+/run/systemd/journal/socket; a value with a newline is sent as `NAME\\n` + its length as a
+64-bit little-endian integer + the bytes + `\\n`. An entry too big for a datagram goes in a
+sealed memfd passed with SCM_RIGHTS. No library is needed for that, and the one binding
+(systemd-python) needs libsystemd headers to build.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import errno
+import fcntl
+import json
+import os
+import re
+import socket
+import stat
+import struct
+from collections.abc import Iterable, Mapping
+from typing import Any
+
+SOCKET = "/run/systemd/journal/socket"
+IDENTIFIER = "vllmwatch"
+PRIORITY = {"debug": 7, "info": 6, "warning": 4, "error": 3, "critical": 2}
+MAX_VALUE = 64 * 1024  # per field: a runaway value must not make every entry a memfd
+
+# A fixed 128-bit id per event an operator searches for: `journalctl MESSAGE_ID=...` finds
+# it whatever the text says. Never change one; add new ones at the end. Listed in
+# docs/OPERATIONS.md.
+MESSAGE_IDS = {
+    "restart.begin": "07d6cdd7e18741f9a79ea8dc22cdeeb2",
+    "restart.done": "aa2dc97b526d441f8a290404284c52a8",
+    "crashloop.gave_up": "57f6ce21a5bf4076820b14c11450232e",
+    "child.ready": "df1acc190c274016a93635d85a3522ac",
+    "memory.rule_fired": "12b837451e544b70b94622a4f6fbd431",
+    "daemon.exit": "b863c3f0e13d4b459a01ca7e21f6b59f",
+    "child.exited": "5aa774d547c14a23a1b8c58c8e51d954",
+    "probe.canary_timeout": "48009a55df4e4892a6d5b1d06e03503f",
+    "gpu.fault": "ef725ad401a24551bd6a6e64800d79df",
+    "daemon.start": "ee299afd57b34af38ff92ce175201de3",
+    "child.unkillable": "bad50f4217d7483fabd3045ba125ec82",
+    "reaper.reaped": "16ce271460bf4f6f98ebe343270061f7",
+}
+
+# vLLM prefixes its lines with the process that wrote them: "(EngineCore pid=123) ...".
+_VLLM_PREFIX = re.compile(r"^\s*\((?P<proc>[A-Za-z_][\w.-]*) pid=(?P<pid>\d+)\)")
+_BAD = re.compile(r"[^A-Z0-9_]")
+
+
+def field_name(key: str, prefix: str = "VLLMWATCH_") -> str:
+    """A journal field name for `key`: uppercase A-Z, 0-9, _; no leading _; <= 64 chars."""
+    name = prefix + _BAD.sub("_", key.upper())
+    name = name.lstrip("_") or "FIELD"
+    if name[0].isdigit():
+        name = "F" + name
+    return name[:64]
+
+
+def text_of(value: Any) -> str:
+    """A field value as text: strings as they are, everything else as compact JSON."""
+    if isinstance(value, str):
+        return value
+    return json.dumps(value, ensure_ascii=False, default=str, separators=(",", ":"))
+
+
+def entry_fields(level: str, event: str, message: str, fields: Mapping[str, Any],
+                 identifier: str = IDENTIFIER) -> list[tuple[str, str]]:
+    """The journal fields of one event, in order; MESSAGE first."""
+    out = [("MESSAGE", message), ("PRIORITY", str(PRIORITY.get(level, 6))),
+           ("SYSLOG_IDENTIFIER", identifier), ("VLLMWATCH_EVENT", event)]
+    if event in MESSAGE_IDS:
+        out.append(("MESSAGE_ID", MESSAGE_IDS[event]))
+    if event == "child.line":
+        out.append(("VLLMWATCH_SOURCE", "vllm"))
+        match = _VLLM_PREFIX.match(str(fields.get("text", "")))
+        if match:
+            out += [("VLLM_PROCESS", match["proc"]), ("VLLM_PID", match["pid"])]
+    else:
+        out.append(("VLLMWATCH_SOURCE", "vllmwatch"))
+    taken = {name for name, _ in out}
+    for key, value in fields.items():
+        name = field_name(key)
+        if name not in taken:  # a key that sanitises onto another keeps the first
+            taken.add(name)
+            out.append((name, text_of(value)))
+    return out
+
+
+def encode(fields: Iterable[tuple[str, str]]) -> bytes:
+    """The native-protocol datagram for these fields (binary-safe, values capped)."""
+    parts: list[bytes] = []
+    for name, value in fields:
+        data = value.encode("utf-8", "replace")
+        if len(data) > MAX_VALUE:
+            data = data[:MAX_VALUE - 15] + b" [truncated]"
+        key = name.encode("ascii")
+        if b"\n" in data:
+            parts.append(key + b"\n" + struct.pack("<Q", len(data)) + data + b"\n")
+        else:
+            parts.append(key + b"=" + data + b"\n")
+    return b"".join(parts)
+
+
+def available(path: str = SOCKET) -> bool:
+    """True when journald's native socket exists here."""
+    with contextlib.suppress(OSError):
+        return stat.S_ISSOCK(os.stat(path).st_mode)
+    return False
+
+
+class JournalSender:
+    """Send entries to journald; `send` returns False so the caller can fall back."""
+
+    def __init__(self, path: str = SOCKET) -> None:
+        self.path = path
+        self._sock = socket.socket(socket.AF_UNIX, socket.SOCK_DGRAM | socket.SOCK_CLOEXEC)
+
+    def send(self, data: bytes) -> bool:
+        """One entry; a datagram, or a sealed memfd when it is too big for one."""
+        try:
+            self._sock.sendto(data, self.path)
+            return True
+        except OSError as exc:
+            if exc.errno not in (errno.EMSGSIZE, errno.ENOBUFS):  # too big for a datagram
+                return False
+        return self._send_memfd(data)
+
+    def _send_memfd(self, data: bytes) -> bool:
+        try:
+            fd = os.memfd_create("vllmwatch-journal", os.MFD_CLOEXEC | os.MFD_ALLOW_SEALING)
+        except (OSError, AttributeError):
+            return False
+        try:
+            os.write(fd, data)
+            # journald only accepts a memfd that can no longer change.
+            fcntl.fcntl(fd, fcntl.F_ADD_SEALS, fcntl.F_SEAL_SHRINK | fcntl.F_SEAL_GROW
+                        | fcntl.F_SEAL_WRITE | fcntl.F_SEAL_SEAL)
+            self._sock.sendmsg([], [(socket.SOL_SOCKET, socket.SCM_RIGHTS,
+                                     struct.pack("i", fd))], 0, self.path)
+            return True
+        except OSError:
+            return False
+        finally:
+            os.close(fd)
+
+    def close(self) -> None:
+        """Close the socket."""
+        self._sock.close()
