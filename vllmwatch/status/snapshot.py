@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import asdict, dataclass, field
 from typing import Any
 
 from vllmwatch import __version__
@@ -71,8 +71,6 @@ class Snapshot:
 
     def to_json(self) -> dict[str, Any]:
         """A JSON-ready dict for /status."""
-        from dataclasses import asdict
-
         out = asdict(self)
         out["restarts_total"] = self.restarts_total
         out["memory"]["gpu_tree_by_gpu_mib"] = {
