@@ -29,6 +29,18 @@ if [[ $(id -u) == 0 ]] && command -v apt-get >/dev/null \
         DEBIAN_FRONTEND=noninteractive apt-get install -y -qq qemu-user-static debootstrap \
         binutils-aarch64-linux-gnu >/dev/null || echo "[test] apt-get failed: arm64 tests skip"
 fi
+# promtool and prometheus test contrib/prometheus (tests/test_contrib.py); Debian ships both.
+if [[ $(id -u) == 0 ]] && command -v apt-get >/dev/null \
+        && ! { command -v promtool && command -v prometheus; } >/dev/null; then
+    echo "[test] installing prometheus (promtool) for the alert-rule tests"
+    { apt-get update -qq >/dev/null && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq \
+        --no-install-recommends prometheus >/dev/null; } \
+        || echo "[test] apt-get failed: the promtool tests will skip"
+    # The package starts a Prometheus service where an init system runs; tests start their own.
+    if command -v systemctl >/dev/null && systemctl is-active -q prometheus 2>/dev/null; then
+        systemctl disable --now prometheus >/dev/null 2>&1 || true
+    fi
+fi
 echo "[test] ruff"; .venv/bin/ruff check vllmwatch tests bench scripts
 echo "[test] mypy --strict"; .venv/bin/mypy
 echo "[test] pytest"

@@ -124,3 +124,32 @@ def test_no_import_circle() -> None:
 
 def test_cycle_finder_finds_a_circle() -> None:
     assert _cycles({"a": {"b"}, "b": {"c"}, "c": {"a"}, "d": {"a"}}) == [["a", "b", "c"]]
+
+
+# Which package may import which (besides itself, the package root and logfn): the layers of
+# docs/DESIGN.md. Entry points (cli, daemon, __main__) and testing/ wire everything.
+MAY_IMPORT = {
+    "config": set(),
+    "core": {"config"},
+    "prewarm": {"config"},
+    "status": {"config", "core"},
+    "shell": {"config", "core", "prewarm", "status"},
+    "check": {"config", "core", "prewarm", "shell"},
+    "gate": {"config", "core", "status"},
+}
+
+
+def _package(module: str) -> str:
+    parts = module.split(".")
+    return parts[1] if len(parts) > 1 else ""
+
+
+@pytest.mark.parametrize("package", sorted(MAY_IMPORT))
+def test_packages_import_only_their_layers(package: str) -> None:
+    allowed = MAY_IMPORT[package] | {package, "", "logfn"}
+    for module, deps in _graph().items():
+        if _package(module) != package:
+            continue
+        for dep in deps:
+            assert _package(dep) in allowed, f"{module} imports {dep}: {package}/ may import " \
+                f"only {sorted(MAY_IMPORT[package])}"

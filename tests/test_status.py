@@ -10,14 +10,16 @@ import select
 import socket
 import threading
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 from contextlib import contextmanager
 from typing import Any
 
 import pytest
 from prometheus_client.parser import text_string_to_metric_families
+from waiting import wait_until
 
 from vllmwatch.status import cli as status_cli
+from vllmwatch.status import metrics
 from vllmwatch.status.server import StatusListenError, StatusServer, parse_listen
 from vllmwatch.status.snapshot import MemoryFigures, Snapshot
 
@@ -37,9 +39,12 @@ def make_snapshot(**changes: Any) -> Snapshot:
             gpu_tree_by_gpu_mib={0: 35000.0, 1: 35000.0},
             device_used_mib={0: 36000.0, 1: 36500.0}, device_total_mib={0: 81559.0, 1: 81559.0},
             host_rss_mib=4096.0, host_pss_mib=3900.0, gpu_baseline_mib=69000.0,
-            host_baseline_mib=3800.0, gpu_slope_mib_per_h=12.0, host_slope_mib_per_h=None),
+            host_baseline_mib=3800.0, gpu_slope_mib_per_h=12.0, host_slope_mib_per_h=None,
+            gpu_rule_mib=70000.0, host_rule_mib=3900.0, gpu_limit_mib=70 * 1024.0),
         vllm_running=3.0, vllm_waiting=1.0, vllm_kv_cache_usage=0.25,
         probe_seconds={"health": 0.012, "canary": 0.4}, probe_failures={"health": 2},
+        probe_last_completed={"health": 1.7e9, "canary": 1.7e9 - 30}, model="tiny-model",
+        stale_probes=("memory",),
         config_path="/etc/vllmwatch/vllmwatch.toml", config_sha256="ab" * 32,
         vllm_version="0.6.3", loop_heartbeat=T0)
     return dataclasses.replace(base, **changes)
@@ -83,12 +88,6 @@ def running(snap: Snapshot | None = None, **kwargs: Any) -> Iterator[Harness]:
     finally:
         harness.server.stop()
 
-
-def wait_for(condition: Callable[[], bool], deadline_s: float = 5.0) -> None:
-    end = time.monotonic() + deadline_s
-    while not condition():
-        assert time.monotonic() < end, "condition not met before the deadline"
-        time.sleep(0.01)
 
 
 # --- parse_listen and binding ---------------------------------------------------------------
@@ -208,7 +207,7 @@ def test_metrics_parse_back_with_the_values() -> None:
     gib = 2.0**30
     assert fam["vllmwatch_state"][("vllmwatch_state", (("state", "ready"),))] == 1.0
     assert sum(fam["vllmwatch_state"].values()) == 1.0
-    assert len(fam["vllmwatch_state"]) == 9
+    assert len(fam["vllmwatch_state"]) == 10
     assert fam["vllmwatch_ready"] == {("vllmwatch_ready", ()): 1.0}
     assert fam["vllmwatch_restarts"] == {
         ("vllmwatch_restarts_total", (("reason", "hang"),)): 1.0,
@@ -223,14 +222,28 @@ def test_metrics_parse_back_with_the_values() -> None:
     assert fam["vllmwatch_memory_baseline_bytes"][
         ("vllmwatch_memory_baseline_bytes", (("kind", "gpu"),))] == 69000 * 2**20
     # host slope is None: that series is omitted, not reported as 0
-    assert fam["vllmwatch_memory_slope_bytes_per_hour"] == {
-        ("vllmwatch_memory_slope_bytes_per_hour", (("kind", "gpu"),)): 12 * 2**20}
+    assert fam["vllmwatch_memory_slope_bytes_per_second"] == {
+        ("vllmwatch_memory_slope_bytes_per_second", (("kind", "gpu"),)): 12 * 2**20 / 3600}
+    assert fam["vllmwatch_memory_rule_bytes"] == {
+        ("vllmwatch_memory_rule_bytes", (("kind", "gpu"),)): 70000 * 2**20,
+        ("vllmwatch_memory_rule_bytes", (("kind", "host"),)): 3900 * 2**20}
+    assert fam["vllmwatch_memory_limit_bytes"] == {
+        ("vllmwatch_memory_limit_bytes", (("kind", "gpu"),)): 70 * gib}
+    assert fam["vllmwatch_probe_last_completed_timestamp_seconds"][
+        ("vllmwatch_probe_last_completed_timestamp_seconds", (("probe", "health"),))] == 1.7e9
+    assert fam["vllmwatch_probe_stale"] == {
+        ("vllmwatch_probe_stale", (("probe", k),)): 1.0 if k == "memory" else 0.0
+        for k in ("canary", "health", "memory", "metrics")}
+    assert fam["vllmwatch_status_rejected"] == {
+        ("vllmwatch_status_rejected_total", (("reason", r),)): 0.0
+        for r in ("busy", "timeout", "overflow", "too_large")}
     assert fam["vllmwatch_probe_duration_seconds"][
         ("vllmwatch_probe_duration_seconds", (("probe", "canary"),))] == 0.4
     assert fam["vllmwatch_probe_failures"] == {
         ("vllmwatch_probe_failures_total", (("probe", "health"),)): 2.0}
-    assert fam["vllmwatch_startup_seconds"][
-        ("vllmwatch_startup_seconds", (("phase", "load"),))] == 41.5
+    assert fam["vllmwatch_startup_phase_reached_seconds"][
+        ("vllmwatch_startup_phase_reached_seconds", (("phase", "load"),))] == 41.5
+    assert "vllmwatch_startup_seconds" not in fam  # renamed: it never held durations
     assert fam["vllmwatch_vllm_requests_running"] == {
         ("vllmwatch_vllm_requests_running", ()): 3.0}
     assert fam["vllmwatch_vllm_requests_waiting"] == {
@@ -240,7 +253,8 @@ def test_metrics_parse_back_with_the_values() -> None:
     ((name, labels), value), = fam["vllmwatch_info"].items()
     assert (name, value) == ("vllmwatch_info", 1.0)
     assert dict(labels) == {"version": h.snap.vllmwatch_version, "vllm_version": "0.6.3",
-                            "config_sha256": "ab" * 32}
+                            "config_sha256": "ab" * 32, "model": "tiny-model",
+                            **metrics.host_identity()}
     assert ("process_resident_memory_bytes", ()) in fam["process_resident_memory_bytes"]
 
 
@@ -253,7 +267,7 @@ def test_metrics_omit_unknown_values_and_keep_odd_states() -> None:
     assert fam["vllmwatch_ready"] == {("vllmwatch_ready", ()): 0.0}
     for name in ("vllmwatch_child_uptime_seconds", "vllmwatch_vllm_requests_running",
                  "vllmwatch_vllm_kv_cache_usage_ratio"):
-        assert name not in fam
+        assert fam[name] == {}  # declared, without a sample: unknown is not 0
     for name in ("vllmwatch_gpu_memory_bytes", "vllmwatch_host_memory_bytes",
                  "vllmwatch_restarts"):
         assert not fam.get(name)
@@ -337,25 +351,7 @@ def test_a_slow_client_is_cut_off_at_the_deadline() -> None:
         port = h.server.address[1]
         assert (_slowloris(port, idle=False, limit_s=5) or 99) < 1.5
         assert (_slowloris(port, idle=True, limit_s=5) or 99) < 1.5
-        wait_for(lambda: h.server.slots.active == 0)
-        assert h.request("/livez")[0] == 200
-
-
-def test_excess_clients_get_503_not_a_thread() -> None:
-    with running(max_clients=1, client_timeout=5.0) as h:
-        hog = socket.create_connection(h.server.address, timeout=5)
-        try:
-            hog.send(b"GET /status HTTP/1.0\r\n")  # and never finishes
-            wait_for(lambda: h.server.slots.active == 1)
-            try:
-                code, headers, body = h.request("/livez")
-                assert (code, body, headers["Retry-After"]) == (503, b"busy\n", "1")
-            except ConnectionResetError:
-                pass  # the 503 raced the request's own bytes; refused either way
-            assert h.server.slots.rejected >= 1
-        finally:
-            hog.close()
-        wait_for(lambda: h.server.slots.active == 0)
+        wait_until(lambda: h.server.slots.active == 0, 5, "handler slots to be free")
         assert h.request("/livez")[0] == 200
 
 
@@ -414,7 +410,7 @@ def test_stress_never_stalls_the_loop() -> None:
         stop.set()
         threads[0].join(timeout=2)
         assert not any(t.is_alive() for t in threads)
-        wait_for(lambda: h.server.slots.active == 0, 3)
+        wait_until(lambda: h.server.slots.active == 0, 3, "handler slots to be free")
     assert time.monotonic() - began < 15
     assert failures == []
     assert len(latencies) == 400
@@ -505,3 +501,42 @@ def test_cli_renders_a_sparse_document() -> None:
     text = status_cli.render({"state": "init"})
     assert "child     none" in text
     assert "vLLM" in text and "no scrape yet" in text
+
+
+# --- the snapshot's probe freshness -----------------------------------------------------------
+
+def test_probe_completions_are_wall_clock_and_outlive_their_child() -> None:
+    from vllmwatch.config.schema import VllmConfig
+    from vllmwatch.core.state import ChildRun
+    from vllmwatch.status.statusline import completions
+
+    def to_wall(t: float) -> float:
+        return 1.7e9 + t  # monotonic 0 was this wall-clock time
+
+    old = ChildRun(gen=1, started=0.0, vllm=VllmConfig(),
+                   probe_done_at={"health": 10.0, "canary": 12.0})
+    first = completions(old, Snapshot(), to_wall)
+    assert first == {"health": 1.7e9 + 10, "canary": 1.7e9 + 12}
+    new = ChildRun(gen=2, started=50.0, vllm=VllmConfig(), probe_done_at={"health": 60.0})
+    second = completions(new, Snapshot(probe_last_completed=first), to_wall)
+    assert second == {"health": 1.7e9 + 60, "canary": 1.7e9 + 12}  # canary: from the old child
+    assert completions(None, Snapshot(probe_last_completed=second), to_wall) == second
+
+
+@pytest.mark.parametrize(("cgroup", "unit"), [
+    ("0::/system.slice/vllmwatch.service\n", "vllmwatch.service"),
+    ("0::/system.slice/system-vllmwatch.slice/vllmwatch@gpu1.service\n", "vllmwatch@gpu1.service"),
+    ("12:pids:/system.slice/vllmwatch.service\n11:cpu:/\n", "vllmwatch.service"),
+    ("0::/user.slice/user-1000.slice/user@1000.service/app.slice/term.scope\n", ""),
+    ("0::/kubepods.slice/kubepods-pod1.slice/cri-containerd-abc.scope\n", ""),
+    ("0::/\n", ""),
+    ("", ""),
+])
+def test_the_unit_label_comes_from_our_own_cgroup(cgroup: str, unit: str) -> None:
+    assert metrics.systemd_unit(cgroup) == unit
+
+
+def test_instance_name_prefers_the_environment() -> None:
+    assert metrics.host_identity({"VLLMWATCH_INSTANCE_NAME": "pod-7"})["instance_name"] == "pod-7"
+    ident = metrics.host_identity({})
+    assert ident["instance_name"] in (ident["host"], f"{ident['host']}/{ident['unit']}")

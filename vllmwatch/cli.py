@@ -12,6 +12,7 @@ from vllmwatch.config import command, vllminfo
 from vllmwatch.config.schema import Config, ConfigError, config_path, load
 from vllmwatch.core import exitcodes
 from vllmwatch.prewarm import runner as prewarm
+from vllmwatch.shell import platform
 
 # The sub-commands' own modules are imported when chosen: `status` and `check` should not pay
 # for the daemon's imports (prometheus_client, structlog, the thread pool) on every call.
@@ -83,7 +84,8 @@ def _dispatch(args: argparse.Namespace) -> int:
     if args.command == "print-command":
         return _print_command(config)
     if args.command == "prewarm":
-        return prewarm.main(config, as_json=args.json)
+        return prewarm.main(config, as_json=args.json,
+                            unified=platform.detect(config, None).unified)
     from vllmwatch import daemon
 
     return daemon.main(config, log_format=args.log_format, prewarm=not args.no_prewarm)

@@ -5,6 +5,7 @@ from __future__ import annotations
 import faulthandler
 import os
 from collections.abc import Callable, Mapping
+from dataclasses import replace
 
 from vllmwatch import __version__
 from vllmwatch.config.schema import Config, load
@@ -27,8 +28,6 @@ def main(config: Config, log_format: str | None = None, prewarm: bool = True,
     faulthandler.enable()
     env = dict(os.environ if environ is None else environ)
     if not prewarm:
-        from dataclasses import replace
-
         config = replace(config, prewarm=replace(config.prewarm, enabled=False))
     log = setup(log_format or config.log.format, config.log.level, environ=env)
     log("info", "daemon.version", version=__version__, pid=os.getpid(), config=config.path)

@@ -9,6 +9,8 @@ from typing import Any
 from vllmwatch.check.base import PASS, WARN, CheckResult, Context
 from vllmwatch.config import command
 from vllmwatch.core.unified import GuardSettings, MemInfo, Platform, decide_platform, floor_for
+from vllmwatch.prewarm import evict, pagecache
+from vllmwatch.prewarm.runner import model_dir
 from vllmwatch.shell import platform as plat
 
 _GIB = 1024.0
@@ -70,9 +72,6 @@ def check_platform(ctx: Context, meminfo: Callable[[], MemInfo | None] = plat.re
 
 def _model_resident(ctx: Context) -> tuple[float, float] | None:
     """(resident, total) MiB of the model's weight files in the page cache."""
-    from vllmwatch.prewarm import evict, pagecache
-    from vllmwatch.prewarm.runner import model_dir
-
     where = model_dir(ctx.config, ctx.env)
     files = pagecache.weight_files(where) if where else []
     got = evict.resident_bytes(files) if files else None

@@ -5,6 +5,7 @@ from __future__ import annotations
 from collections.abc import Callable
 
 from vllmwatch.config import units
+from vllmwatch.config.quiet import parse_window
 
 Converter = Callable[[object], object]
 
@@ -98,8 +99,6 @@ def _gpus(value: object) -> list[int] | None:
 
 
 def _quiet_hours(value: object) -> str:
-    from vllmwatch.config.quiet import parse_window
-
     text = _str(value).strip()
     if text:
         parse_window(text)

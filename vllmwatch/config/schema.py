@@ -5,6 +5,7 @@ from __future__ import annotations
 import dataclasses
 import difflib
 import hashlib
+import json
 import os
 import sys
 from collections.abc import Mapping
@@ -351,8 +352,6 @@ def _cross_checks(config: Config) -> list[Problem]:
 
 def _canary_checks(config: Config) -> list[Problem]:
     """probe.canary = "custom" needs a path; a body, when given, is a JSON object."""
-    import json
-
     p, out = config.probe, []
     if p.canary == "custom" and not p.canary_path.startswith("/"):
         out.append(Problem("probe.canary_path", f"bad value {show(p.canary_path)}; "

@@ -8,7 +8,7 @@ import os
 import signal
 import subprocess
 import time
-from collections.abc import Callable, Mapping
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -235,5 +235,3 @@ def _tried(data: Mapping[str, Any]) -> str:
     tried = data.get("tried") or {}
     return ("; tried " + "; ".join(f"{k}: {v}" for k, v in tried.items())) if tried else ""
 
-
-GpuCounter = Callable[[], int]

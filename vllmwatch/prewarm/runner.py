@@ -12,9 +12,12 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
+import psutil
+
+from vllmwatch.config import command, vllminfo
 from vllmwatch.config.schema import Config
 from vllmwatch.logfn import LogFn
-from vllmwatch.prewarm import kernels, pagecache
+from vllmwatch.prewarm import evict, kernels, pagecache
 
 # Variable -> subdirectory of the cache root. FlashInfer keeps its JIT cache under
 # $FLASHINFER_WORKSPACE_BASE/.cache/flashinfer (flashinfer/jit/env.py).
@@ -62,7 +65,7 @@ class Hooks:
     python: str | None = None
     kernel_script: str = kernels.SCRIPT
     progress_every: float = 5.0
-    unified: Callable[[Config], bool] | None = None  # None: detect (shell.platform)
+    unified: Callable[[Config], bool] | None = None  # None: discrete memory
 
 
 def cache_root(config: Config, environ: Mapping[str, str]) -> str:
@@ -168,17 +171,13 @@ def model_dir(config: Config, environ: Mapping[str, str]) -> Path | None:
 
 
 def _is_unified(config: Config, hooks: Hooks) -> bool:
-    if hooks.unified is not None:
-        return hooks.unified(config)
-    from vllmwatch.shell import platform  # NVML; only when a page-cache step runs
-
-    return platform.detect(config, None).unified
+    # The caller decides (the daemon's one platform decision; the CLI asks shell.platform):
+    # prewarm/ does not reach into the shell.
+    return hooks.unified(config) if hooks.unified is not None else False
 
 
 def _step_evict(files: list[Path], log: LogFn) -> tuple[str, str, dict[str, Any]]:
     """Unified memory: the page cache is what vLLM's start-up check counts as used."""
-    from vllmwatch.prewarm import evict
-
     res = evict.evict_measured(files)
     log("info", "prewarm.page_cache.evicted", **res.fields())
     data: dict[str, Any] = {"unified": True, **res.fields()}
@@ -203,8 +202,6 @@ def _step_page_cache(config: Config, environ: Mapping[str, str], deadline: float
     data: dict[str, Any] = {"files": len(files), "total_bytes": total, "resident_before": before}
     if before is not None and before >= RESIDENT_ENOUGH:
         return "skipped", f"already resident ({before:.0%} of {_mib(total)})", data
-    import psutil
-
     budget = psutil.virtual_memory().available * config.prewarm.page_cache_max_fraction
     data["budget_bytes"] = int(budget)
     if total > budget:
@@ -230,8 +227,6 @@ def _step_kernels(config: Config, environ: Mapping[str, str], deadline: float,
                   hooks: Hooks) -> tuple[str, str, dict[str, Any]]:
     if not config.vllm.uses_gpu or hooks.gpu_count() == 0:
         return "skipped", "skipped: no GPU", {}
-    from vllmwatch.config import command, vllminfo
-
     python = hooks.python or vllminfo.interpreter(config.vllm.command)
     if python is None:
         return "warn", f"cannot find the Python of vllm.command {config.vllm.command!r}", {}
@@ -294,9 +289,12 @@ def _stderr_log(level: str, event: str, **fields: Any) -> None:
     print(f"{tag}{event} {kv}".rstrip(), file=sys.stderr, flush=True)
 
 
-def main(config: Config, as_json: bool = False) -> int:
-    """`vllmwatch prewarm`: run the steps now, print a report; 1 if a required step failed."""
-    report = run(config, _stderr_log, os.environ)
+def main(config: Config, as_json: bool = False, unified: bool = False) -> int:
+    """`vllmwatch prewarm`: run the steps now, print a report; 1 if a required step failed.
+
+    `unified`: the box has unified memory (the caller asks shell.platform): evict, not warm.
+    """
+    report = run(config, _stderr_log, os.environ, Hooks(unified=lambda _c: unified))
     if as_json:
         print(json.dumps(report.to_dict(), indent=2, default=str))
     else:

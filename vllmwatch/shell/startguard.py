@@ -19,6 +19,8 @@ from vllmwatch.config.schema import Config
 from vllmwatch.core.unified import GuardSettings, MemInfo, floor_for, guard_actions
 from vllmwatch.logfn import LogFn
 from vllmwatch.prewarm.evict import EvictResult, evict_measured
+from vllmwatch.prewarm.pagecache import weight_files
+from vllmwatch.prewarm.runner import model_dir
 from vllmwatch.shell import platform
 
 
@@ -171,9 +173,6 @@ def make_guard(config: Config, unified: bool, log: LogFn, environ: dict[str, str
     """The guard for one start, or None: off on discrete GPUs and with memory.guard = false."""
     if not unified or not config.memory.guard:
         return None
-    from vllmwatch.prewarm.pagecache import weight_files
-    from vllmwatch.prewarm.runner import model_dir
-
     where = model_dir(config, environ)
     files = weight_files(where) if where else []
     if not files:

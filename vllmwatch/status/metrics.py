@@ -1,7 +1,17 @@
-"""Prometheus exposition of the latest Snapshot, through a private prometheus_client registry."""
+"""Prometheus exposition of the latest Snapshot, through a private prometheus_client registry.
+
+Names follow Prometheus conventions: base units (seconds, bytes), `_total` on counters,
+`_timestamp_seconds` on Unix times. Series carry no per-instance label of their own: the
+scrape adds `instance` and `job` to every series, and `vllmwatch_info` (value 1) carries
+`instance_name`, `host`, `unit`, `model`, `version`, `vllm_version` and `config_sha256` to join
+on, e.g. `vllmwatch_ready * on(instance, job) group_left(model, instance_name) vllmwatch_info`.
+docs/OPERATIONS.md ("Running many boxes") documents the scheme.
+"""
 
 from __future__ import annotations
 
+import os
+import socket
 from collections.abc import Callable, Iterable, Iterator, Mapping
 
 from prometheus_client.core import (
@@ -14,15 +24,15 @@ from prometheus_client.exposition import choose_encoder
 from prometheus_client.process_collector import ProcessCollector
 from prometheus_client.registry import Collector, CollectorRegistry
 
+from vllmwatch.core.state import State
 from vllmwatch.status.snapshot import Snapshot
 
 MIB = 2**20
 
 # Every state gets a series (0 or 1), so dashboards and alerts see a stable set of labels.
-KNOWN_STATES = (
-    "init", "prewarming", "starting", "ready", "draining", "stopping", "backoff", "stopped",
-    "failed",
-)
+KNOWN_STATES = tuple(str(s) for s in State)
+# The probe kinds the core's freshness guard watches (core/probing.bounds), same reason.
+GUARDED_PROBES = ("health", "canary", "metrics", "memory")
 
 DRAIN_PHASES = ("deregistering", "draining", "stopping")
 GATE_COUNTERS = {
@@ -36,10 +46,15 @@ GATE_COUNTERS = {
 
 
 class SnapshotCollector(Collector):
-    """Turns the snapshot of the moment into metric families; series with no value are omitted."""
+    """Turns the snapshot of the moment into metric families; series with no value are omitted
+    (the family is still declared)."""
 
-    def __init__(self, get_snapshot: Callable[[], Snapshot]) -> None:
+    def __init__(self, get_snapshot: Callable[[], Snapshot],
+                 rejected: Callable[[], Mapping[str, int]] | None = None,
+                 identity: Mapping[str, str] | None = None) -> None:
         self._get_snapshot = get_snapshot
+        self._rejected = rejected
+        self._identity = dict(identity or {})
 
     def describe(self) -> Iterable[Metric]:
         """Nothing up front: registering must not call collect()."""
@@ -55,19 +70,60 @@ class SnapshotCollector(Collector):
         yield from _vllm(snap)
         yield from _drain(snap)
         yield from _gate(snap)
-        info = InfoMetricFamily("vllmwatch", "vllmwatch and vLLM versions, config hash")
+        if self._rejected is not None:
+            yield _labelled(CounterMetricFamily, "vllmwatch_status_rejected",
+                            "Status connections refused, by reason (busy, timeout, overflow, "
+                            "too_large); probes are never refused", "reason", self._rejected())
+        info = InfoMetricFamily("vllmwatch", "Who this vllmwatch is: join on instance, job")
         info.add_metric([], {
             "version": snap.vllmwatch_version,
             "vllm_version": snap.vllm_version or "",
             "config_sha256": snap.config_sha256,
+            "model": snap.model,
+            **self._identity,
         })
         yield info
 
 
-def build_registry(get_snapshot: Callable[[], Snapshot]) -> CollectorRegistry:
+def host_identity(environ: Mapping[str, str] = os.environ) -> dict[str, str]:
+    """instance_name, host and unit labels for vllmwatch_info.
+
+    instance_name is $VLLMWATCH_INSTANCE_NAME when set, else host, or host/unit under systemd
+    (the unit read from /proc/self/cgroup, e.g. vllmwatch@a.service).
+    """
+    host = socket.gethostname()
+    unit = _systemd_unit()
+    name = environ.get("VLLMWATCH_INSTANCE_NAME") or (f"{host}/{unit}" if unit else host)
+    return {"instance_name": name, "host": host, "unit": unit}
+
+
+def systemd_unit(cgroup_text: str) -> str:
+    """The service unit whose cgroup we are in ("" when none), from /proc/self/cgroup text.
+
+    Only the innermost component counts: a shell in user@1000.service/app.slice/... is not
+    running as that unit.
+    """
+    for line in cgroup_text.splitlines():
+        last = line.rpartition(":")[2].rstrip("/").rpartition("/")[2]
+        if last.endswith(".service"):
+            return last
+    return ""
+
+
+def _systemd_unit() -> str:
+    try:
+        with open("/proc/self/cgroup", encoding="utf-8") as f:
+            return systemd_unit(f.read())
+    except OSError:
+        return ""
+
+
+def build_registry(get_snapshot: Callable[[], Snapshot],
+                   rejected: Callable[[], Mapping[str, int]] | None = None,
+                   identity: Mapping[str, str] | None = None) -> CollectorRegistry:
     """A private registry: the snapshot collector plus our own process (CPU, RSS, fds)."""
     registry = CollectorRegistry()
-    registry.register(SnapshotCollector(get_snapshot))
+    registry.register(SnapshotCollector(get_snapshot, rejected, identity))
     ProcessCollector(registry=registry)
     return registry
 
@@ -87,6 +143,8 @@ def _state(snap: Snapshot) -> Iterator[Metric]:
     yield state
     yield GaugeMetricFamily("vllmwatch_ready", "1 when ready and not draining (as /readyz)",
                             value=1.0 if snap.ready and not snap.draining else 0.0)
+    yield _gauge("vllmwatch_state_since_timestamp_seconds", "Unix time the current state began",
+                 snap.state_since or None)
     if snap.unified_memory is not None:
         yield GaugeMetricFamily("vllmwatch_unified_memory", "1 when GPU memory is system "
                                 "memory (DGX Spark): start guard on, rules on the tree",
@@ -96,12 +154,12 @@ def _state(snap: Snapshot) -> Iterator[Metric]:
 def _child(snap: Snapshot) -> Iterator[Metric]:
     yield _labelled(CounterMetricFamily, "vllmwatch_restarts", "Restarts of vLLM by reason",
                     "reason", snap.restarts_by_reason)
-    if snap.child_uptime_s is not None:
-        yield GaugeMetricFamily("vllmwatch_child_uptime_seconds",
-                                "Seconds since the vLLM child was spawned",
-                                value=snap.child_uptime_s)
-    yield _labelled(GaugeMetricFamily, "vllmwatch_startup_seconds",
-                    "Duration of each phase of the last start", "phase", snap.start_phases_s)
+    yield _gauge("vllmwatch_child_uptime_seconds", "Seconds since the vLLM child was spawned",
+                 snap.child_uptime_s)
+    yield _labelled(GaugeMetricFamily, "vllmwatch_startup_phase_reached_seconds",
+                    "Seconds from spawn until each startup phase was reached, in the last "
+                    "start (cumulative; phase=\"ready\" is the time to READY)", "phase",
+                    snap.start_phases_s)
 
 
 def _memory(snap: Snapshot) -> Iterator[Metric]:
@@ -117,12 +175,20 @@ def _memory(snap: Snapshot) -> Iterator[Metric]:
     yield _labelled(GaugeMetricFamily, "vllmwatch_host_memory_bytes",
                     "Host memory of the vLLM process tree", "kind",
                     _bytes({"rss": mem.host_rss_mib, "pss": mem.host_pss_mib}))
+    yield _labelled(GaugeMetricFamily, "vllmwatch_memory_rule_bytes",
+                    "The figure the memory rules compare with their limits (kind gpu: as "
+                    "memory.source says; kind host: PSS where sampled, else RSS)", "kind",
+                    _bytes({"gpu": mem.gpu_rule_mib, "host": mem.host_rule_mib}))
+    yield _labelled(GaugeMetricFamily, "vllmwatch_memory_limit_bytes",
+                    "memory.gpu_limit and memory.host_limit (absent when off)", "kind",
+                    _bytes({"gpu": mem.gpu_limit_mib, "host": mem.host_limit_mib}))
     yield _labelled(GaugeMetricFamily, "vllmwatch_memory_baseline_bytes",
                     "Memory baseline the leak rules compare against", "kind",
                     _bytes({"gpu": mem.gpu_baseline_mib, "host": mem.host_baseline_mib}))
-    yield _labelled(GaugeMetricFamily, "vllmwatch_memory_slope_bytes_per_hour",
+    yield _labelled(GaugeMetricFamily, "vllmwatch_memory_slope_bytes_per_second",
                     "Fitted growth of memory use", "kind",
-                    _bytes({"gpu": mem.gpu_slope_mib_per_h, "host": mem.host_slope_mib_per_h}))
+                    _bytes({"gpu": _per_s(mem.gpu_slope_mib_per_h),
+                            "host": _per_s(mem.host_slope_mib_per_h)}))
 
 
 def _probes(snap: Snapshot) -> Iterator[Metric]:
@@ -130,6 +196,17 @@ def _probes(snap: Snapshot) -> Iterator[Metric]:
                     "Duration of the last probe of each kind", "probe", snap.probe_seconds)
     yield _labelled(CounterMetricFamily, "vllmwatch_probe_failures",
                     "Failed probes by kind", "probe", snap.probe_failures)
+    yield _labelled(GaugeMetricFamily, "vllmwatch_probe_last_completed_timestamp_seconds",
+                    "Unix time each probe kind last completed (success or failure); the "
+                    "watchdog is blind to that signal when this stops moving", "probe",
+                    snap.probe_last_completed)
+    stale = GaugeMetricFamily("vllmwatch_probe_stale",
+                              "1 while a probe kind has no result within its bound (the "
+                              "freshness guard; vllmwatch then stops sending WATCHDOG=1)",
+                              labels=["probe"])
+    for kind in sorted({*GUARDED_PROBES, *snap.stale_probes}):
+        stale.add_metric([kind], 1.0 if kind in snap.stale_probes else 0.0)
+    yield stale
 
 
 def _vllm(snap: Snapshot) -> Iterator[Metric]:
@@ -142,8 +219,16 @@ def _vllm(snap: Snapshot) -> Iterator[Metric]:
          snap.vllm_kv_cache_usage),
     )
     for name, doc, value in figures:
-        if value is not None:
-            yield GaugeMetricFamily(name, doc, value=value)
+        yield _gauge(name, doc, value)
+
+
+def _gauge(name: str, doc: str, value: float | None) -> Metric:
+    """An unlabelled gauge; declared without a sample when the value is unknown, so that the
+    set of family names a scrape shows does not depend on the moment."""
+    family = GaugeMetricFamily(name, doc, labels=[])
+    if value is not None:
+        family.add_metric([], value)
+    return family
 
 
 def _drain(snap: Snapshot) -> Iterator[Metric]:
@@ -178,13 +263,17 @@ def _labelled(
     name: str,
     doc: str,
     label: str,
-    values: Mapping[str, float | None] | Mapping[int, float],
+    values: Mapping[str, float | None] | Mapping[int, float] | Mapping[str, int],
 ) -> Metric:
     metric = family(name, doc, labels=[label])
     for key, value in sorted(values.items(), key=lambda kv: str(kv[0])):
         if value is not None:
             metric.add_metric([str(key)], float(value))
     return metric
+
+
+def _per_s(per_hour: float | None) -> float | None:
+    return None if per_hour is None else per_hour / 3600.0
 
 
 def _bytes(values: Mapping[str, float | None] | Mapping[int, float]) -> dict[str, float | None]:

@@ -2,8 +2,11 @@
 
 It runs in daemon threads and never touches the loop's state: it reads the immutable snapshot
 that the loop replaces wholesale. Each connection is one request (HTTP/1.0) with a hard deadline
-for reading and writing, and the number of handler threads is capped; excess clients get 503.
-That plumbing lives in vllmwatch.status.http_guard; this module holds the endpoints.
+for reading and writing. /livez and /readyz are answered by the thread that reads request heads,
+so they never wait for a handler slot; /status and /metrics take one of a capped number of
+handler threads, and get 503 when none is free. Refusals are counted
+(vllmwatch_status_rejected_total) and logged at a bounded rate. That plumbing lives in
+vllmwatch.status.front and vllmwatch.status.http_guard; this module holds the endpoints.
 """
 
 from __future__ import annotations
@@ -19,7 +22,15 @@ from urllib.parse import urlsplit
 
 from vllmwatch.config.hosts import parse_listen
 from vllmwatch.status import metrics
-from vllmwatch.status.http_guard import GuardedHandler, GuardedServer, Slots
+from vllmwatch.status.front import Pending
+from vllmwatch.status.http_guard import (
+    GuardedHandler,
+    GuardedServer,
+    Rejections,
+    Slots,
+    raw_response,
+    send_and_close,
+)
 from vllmwatch.status.snapshot import Snapshot
 
 __all__ = ["StatusListenError", "StatusServer", "parse_listen"]
@@ -44,6 +55,8 @@ class StatusServer:
         stale_after: float = 30.0,
         max_clients: int = 32,
         client_timeout: float = 5.0,
+        max_pending: int = 512,
+        reject_log_every: float = 60.0,
     ) -> None:
         self.listen = listen
         self.allow_remote = allow_remote
@@ -52,8 +65,11 @@ class StatusServer:
         self.now = now
         self.stale_after = stale_after
         self.client_timeout = client_timeout
+        self.max_pending = max_pending
         self.slots = Slots(max_clients)
-        self.registry = metrics.build_registry(get_snapshot)
+        self.rejections = Rejections(log, reject_log_every)
+        self.registry = metrics.build_registry(get_snapshot, self.rejections.snapshot,
+                                               metrics.host_identity())
         self._httpd: GuardedServer[StatusServer] | None = None
         self._thread: threading.Thread | None = None
 
@@ -65,11 +81,16 @@ class StatusServer:
         host, port = self._httpd.server_address[:2]
         return str(host), int(port)
 
+    @property
+    def waiting(self) -> int:
+        """Connections whose request head has not arrived yet (0 when not started)."""
+        return self._httpd.front.waiting if self._httpd is not None else 0
+
     def start(self) -> None:
         """Bind and serve; raise StatusListenError if the address is bad, taken or remote."""
         family, sockaddr = self._resolve()
         try:
-            self._httpd = GuardedServer(family, sockaddr, _Handler, self)
+            self._httpd = GuardedServer(family, sockaddr, _Handler, self, self.max_pending)
         except OSError as exc:
             raise StatusListenError(
                 f"status.listen = {self.listen!r}: cannot listen on {_show(sockaddr)}: "
@@ -90,7 +111,30 @@ class StatusServer:
         httpd.server_close()
         if self._thread is not None:
             self._thread.join(timeout=5.0)
+        self.rejections.flush(time.monotonic(), force=True)
         self.log("info", "status.stopped")
+
+    # ---- the front thread's hooks (vllmwatch.status.front.FrontApp) ----
+
+    def inline(self, method: str, path: str) -> bytes | None:
+        """The probes, answered from the front thread without a slot; None for the rest."""
+        if method not in ("GET", "HEAD") or path not in ("/livez", "/readyz"):
+            return None
+        try:
+            code, content_type, body = self.respond(path)
+        except Exception as exc:
+            self.log("error", "status.handler_failed", path=path, error=repr(exc))
+            code, content_type, body = 500, TEXT, b"internal error; see the vllmwatch log\n"
+        return raw_response(code, content_type, body, send_body=method == "GET")
+
+    def reject(self, reason: str, pending: Pending, response: bytes | None) -> None:
+        """Count a refused connection, answer it where there is an answer, and close it."""
+        self.rejections.count(reason)
+        send_and_close(pending.sock, response)
+
+    def tick(self, now: float) -> None:
+        """Log refusals not yet logged once the rate limit allows."""
+        self.rejections.flush(now)
 
     def respond(self, path: str, accept: str = "") -> Response:
         """The response for a GET of path: (code, content type, body)."""

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import asdict, dataclass, field
 from typing import Any
 
 from vllmwatch import __version__
@@ -23,6 +23,10 @@ class MemoryFigures:
     host_baseline_mib: float | None = None
     gpu_slope_mib_per_h: float | None = None
     host_slope_mib_per_h: float | None = None
+    gpu_rule_mib: float | None = None  # the figure the GPU rules compare with gpu_limit
+    host_rule_mib: float | None = None  # the figure the host rules compare with host_limit
+    gpu_limit_mib: float | None = None  # memory.gpu_limit; None when off
+    host_limit_mib: float | None = None  # memory.host_limit; None when off
 
 
 @dataclass(frozen=True)
@@ -48,6 +52,9 @@ class Snapshot:
     vllm_kv_cache_usage: float | None = None
     probe_seconds: dict[str, float] = field(default_factory=dict)  # last duration per probe
     probe_failures: dict[str, int] = field(default_factory=dict)  # totals per probe kind
+    # Wall-clock time each probe kind last completed (ok or not): the watchdog's freshness.
+    probe_last_completed: dict[str, float] = field(default_factory=dict)
+    model: str = ""  # the name clients use for the served model
     stale_probes: tuple[str, ...] = ()  # probe kinds with no result within their bound
     config_path: str = ""
     config_sha256: str = ""
@@ -68,8 +75,6 @@ class Snapshot:
 
     def to_json(self) -> dict[str, Any]:
         """A JSON-ready dict for /status."""
-        from dataclasses import asdict
-
         out = asdict(self)
         out["restarts_total"] = self.restarts_total
         out["memory"]["gpu_tree_by_gpu_mib"] = {

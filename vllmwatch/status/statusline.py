@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from collections.abc import Callable
+
 from vllmwatch.config.units import format_duration, format_mib
 from vllmwatch.core import drain as drains
 from vllmwatch.core import leak
@@ -9,10 +11,27 @@ from vllmwatch.core.state import ChildRun, S, WatchState
 from vllmwatch.status.snapshot import MemoryFigures, Snapshot
 
 
-def _memory(c: ChildRun | None) -> MemoryFigures:
+def _limit(mib: float) -> float | None:
+    return mib if mib > 0 else None  # 0 turns a limit off
+
+
+def completions(c: ChildRun | None, prev: Snapshot, to_wall: Callable[[float], float]
+                ) -> dict[str, float]:
+    """When each probe kind last completed (wall clock): the current child's results over
+    those of earlier children, so a restart does not make the figures vanish."""
+    done = dict(prev.probe_last_completed)
+    if c is not None:
+        done.update({kind: round(to_wall(t), 3) for kind, t in c.probe_done_at.items()})
+    return done
+
+
+def _memory(s: WatchState) -> MemoryFigures:
+    c = s.child
     m = c.memory if c is not None else None
+    cfg = s.config.memory
+    gpu_limit, host_limit = _limit(cfg.gpu_limit), _limit(cfg.host_limit)
     if c is None or m is None:
-        return MemoryFigures()
+        return MemoryFigures(gpu_limit_mib=gpu_limit, host_limit_mib=host_limit)
     gpu_base = host_base = gpu_slope = host_slope = None
     if c.leak is not None:
         gpu_base, host_base, gpu_slope, host_slope = leak.figures(c.leak)
@@ -21,7 +40,9 @@ def _memory(c: ChildRun | None) -> MemoryFigures:
         gpu_tree_by_gpu_mib=dict(m.gpu_tree_by_gpu_mib), device_used_mib=dict(m.device_used_mib),
         device_total_mib=dict(m.device_total_mib), host_rss_mib=m.host_rss_mib,
         host_pss_mib=m.host_pss_mib, gpu_baseline_mib=gpu_base, host_baseline_mib=host_base,
-        gpu_slope_mib_per_h=gpu_slope, host_slope_mib_per_h=host_slope)
+        gpu_slope_mib_per_h=gpu_slope, host_slope_mib_per_h=host_slope,
+        gpu_rule_mib=m.gpu_rule_mib, host_rule_mib=m.host_rule_mib, gpu_limit_mib=gpu_limit,
+        host_limit_mib=host_limit)
 
 
 def snapshot_of(s: WatchState, now: float, wall: float, prev: Snapshot,
@@ -29,6 +50,9 @@ def snapshot_of(s: WatchState, now: float, wall: float, prev: Snapshot,
     """Build the immutable snapshot that /status, /metrics and STATUS= show."""
     def to_wall(t: float | None) -> float | None:
         return None if t is None else wall - (now - t)
+
+    def at_wall(t: float) -> float:
+        return wall - (now - t)
 
     state_since = to_wall(s.since) or wall
     c = s.child
@@ -42,13 +66,15 @@ def snapshot_of(s: WatchState, now: float, wall: float, prev: Snapshot,
         restarts_by_reason=dict(s.restarts_by_reason), last_reason=s.last_reason,
         last_reason_detail=s.last_detail, last_restart_at=to_wall(s.last_restart_at),
         start_phases_s=dict(c.phases) if c is not None else {},
-        memory=_memory(c),
+        memory=_memory(s),
         vllm_running=c.running if c else None, vllm_waiting=c.waiting if c else None,
         vllm_kv_cache_usage=c.kv_cache_usage if c else None,
         stale_probes=c.stale if c is not None else (),
         probe_seconds=dict(s.probe_seconds), probe_failures=dict(s.probe_failures),
         config_path=s.config.path, config_sha256=s.config.sha256,
         vllm_version=vllm_version, loop_heartbeat=now,
+        probe_last_completed=completions(c, prev, at_wall),
+        model=(c.vllm if c else s.config.vllm).model_name,
         drain_phase=str(drains.phase(c.drain, now)) if c and c.drain else None,
         drain_phases_s=drains.durations(c.drain, now) if c and c.drain else dict(s.last_drain),
         vllm_asleep=c.asleep if c else None)

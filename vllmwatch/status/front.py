@@ -1,0 +1,232 @@
+"""The front door of the status listener: every request head is read without a thread per client.
+
+One thread multiplexes (selectors) all connections that have not yet sent a complete request
+head, each with its deadline. Probes (/livez, /readyz) are answered right there from the
+snapshot, so no number of idle, trickling or slow clients can make a kubelet or load balancer
+wait for a handler slot. Other requests go to `dispatch`, which takes a handler slot or answers
+503 at once. An idle client costs one entry here, never a thread, and is closed at its deadline;
+when `max_pending` connections wait, the oldest is dropped so that a new one can be read.
+"""
+
+from __future__ import annotations
+
+import collections
+import contextlib
+import queue
+import selectors
+import socket
+import threading
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Protocol
+from urllib.parse import urlsplit
+
+MAX_HEAD = 16 * 1024  # bytes of request line + headers; a probe sends about 100
+
+
+@dataclass(eq=False)
+class Pending:
+    """A connection whose request head is being read; `head` holds what has arrived."""
+
+    sock: socket.socket
+    addr: tuple[object, ...]
+    deadline: float
+    head: bytearray = field(default_factory=bytearray)
+
+
+class FrontApp(Protocol):
+    """What the front door needs from the listener it serves."""
+
+    client_timeout: float
+    log: Callable[..., None]  # log(level, event, **fields), as logs.setup() returns
+
+    def inline(self, method: str, path: str) -> bytes | None:
+        """A complete raw response to send at once, or None to hand the request to a slot."""
+
+    def reject(self, reason: str, pending: Pending, response: bytes | None) -> None:
+        """Count and answer (where response is given) a refused connection, then close it."""
+
+    def tick(self, now: float) -> None:
+        """Called at least once a second from the front thread (rate-limited logs)."""
+
+
+class Front:
+    """The selector thread that reads request heads; start(), add() from the accept thread."""
+
+    def __init__(self, app: FrontApp, dispatch: Callable[[Pending], None],
+                 max_pending: int = 512, clock: Callable[[], float] = time.monotonic) -> None:
+        self.app = app
+        self.dispatch = dispatch
+        self.max_pending = max_pending
+        self.clock = clock
+        self._incoming: queue.SimpleQueue[Pending] = queue.SimpleQueue()
+        self._wake_r, self._wake_w = socket.socketpair()
+        self._wake_r.setblocking(False)
+        self._wake_w.setblocking(False)
+        self._sel = selectors.DefaultSelector()
+        self._sel.register(self._wake_r, selectors.EVENT_READ)
+        self._pending: collections.OrderedDict[Pending, None] = collections.OrderedDict()
+        self._stopping = threading.Event()
+        self._thread = threading.Thread(target=self._run, name="vllmwatch-status-front",
+                                        daemon=True)
+
+    @property
+    def waiting(self) -> int:
+        """Connections whose request head has not arrived yet (approximate, for metrics)."""
+        return len(self._pending)
+
+    def start(self) -> None:
+        """Start the front thread."""
+        self._thread.start()
+
+    def add(self, sock: socket.socket, addr: tuple[object, ...]) -> None:
+        """Take a freshly accepted connection; never blocks the accept thread."""
+        self._incoming.put(Pending(sock, addr, self.clock() + self.app.client_timeout))
+        self._wake()
+
+    def stop(self) -> None:
+        """End the thread and close every connection still waiting."""
+        self._stopping.set()
+        if self._thread.ident is None:  # never started (the bind failed)
+            self._close_all()
+            return
+        self._wake()
+        self._thread.join(timeout=5.0)
+
+    def _wake(self) -> None:
+        # A full buffer means a wake-up is already pending; closed means we are stopping.
+        with contextlib.suppress(OSError):
+            self._wake_w.send(b"x")
+
+    def _run(self) -> None:
+        try:
+            while not self._stopping.is_set():
+                try:
+                    self._turn()
+                except Exception as exc:  # never end the front door: the probes live here
+                    self.app.log("error", "status.front_failed", error=repr(exc))
+                    self._stopping.wait(0.1)
+        finally:
+            self._close_all()
+
+    def _turn(self) -> None:
+        ready = self._sel.select(self._timeout())
+        # Heads that arrived are read before newcomers are taken in, so that a flood of new
+        # connections cannot evict a probe whose request is already here.
+        for key, _ in ready:
+            if key.fileobj is self._wake_r:
+                continue
+            try:
+                self._read(key.data)
+            except Exception as exc:  # one bad connection must not end the front door
+                self.app.log("error", "status.front_failed", error=repr(exc))
+                self._drop(key.data)
+                key.data.sock.close()
+        if any(key.fileobj is self._wake_r for key, _ in ready):
+            self._take_incoming()
+        now = self.clock()
+        self._expire(now)
+        self.app.tick(now)
+
+    def _timeout(self) -> float:
+        if not self._pending:
+            return 1.0
+        first = next(iter(self._pending))
+        return min(1.0, max(0.0, first.deadline - self.clock()))
+
+    def _take_incoming(self) -> None:
+        try:
+            while self._wake_r.recv(4096):
+                pass
+        except BlockingIOError:
+            pass
+        while True:
+            try:
+                pending = self._incoming.get_nowait()
+            except queue.Empty:
+                return
+            while len(self._pending) >= self.max_pending:
+                oldest = next(iter(self._pending))
+                self._drop(oldest)
+                self.app.reject("overflow", oldest, None)
+            try:
+                pending.sock.setblocking(False)
+                self._sel.register(pending.sock, selectors.EVENT_READ, pending)
+            except (OSError, ValueError):  # closed under us: nothing to read or answer
+                pending.sock.close()
+                continue
+            self._pending[pending] = None
+
+    def _read(self, pending: Pending) -> None:
+        try:
+            data = pending.sock.recv(4096)
+        except BlockingIOError:
+            return
+        except OSError:
+            data = b""
+        if not data:  # the client hung up before asking anything: nothing to answer
+            self._drop(pending)
+            pending.sock.close()
+            return
+        pending.head += data
+        end = _head_end(pending.head)
+        if end < 0:
+            if len(pending.head) > MAX_HEAD:
+                self._drop(pending)
+                self.app.reject("too_large", pending, _TOO_LARGE)
+            return
+        self._drop(pending)
+        method, path = _request_line(bytes(pending.head[:end]))
+        answer = self.app.inline(method, path)
+        if answer is None:
+            self.dispatch(pending)
+            return
+        with contextlib.suppress(OSError):
+            pending.sock.send(answer)  # a few hundred bytes: fits an empty socket buffer
+        pending.sock.close()
+
+    def _expire(self, now: float) -> None:
+        while self._pending:
+            first = next(iter(self._pending))
+            if first.deadline > now:
+                return
+            self._drop(first)
+            self.app.reject("timeout", first, None)
+
+    def _drop(self, pending: Pending) -> None:
+        """Stop watching a connection (it stays open: the caller answers or closes it)."""
+        if pending in self._pending:
+            del self._pending[pending]
+            self._sel.unregister(pending.sock)
+
+    def _close_all(self) -> None:
+        for pending in list(self._pending):
+            self._drop(pending)
+            pending.sock.close()
+        while True:
+            try:
+                self._incoming.get_nowait().sock.close()
+            except queue.Empty:
+                break
+        self._sel.close()
+        self._wake_r.close()
+        self._wake_w.close()
+
+
+_TOO_LARGE = (b"HTTP/1.0 431 Request Header Fields Too Large\r\nContent-Length: 0\r\n"
+              b"Connection: close\r\n\r\n")
+
+
+def _head_end(buf: bytearray) -> int:
+    """Where the request head ends (index of its blank line), or -1 while incomplete."""
+    ends = [i for i in (buf.find(b"\r\n\r\n"), buf.find(b"\n\n")) if i >= 0]
+    return min(ends) if ends else -1
+
+
+def _request_line(head: bytes) -> tuple[str, str]:
+    """(method, path) of a request head; ("", "") when the line is not one we could answer."""
+    words = head.split(b"\n", 1)[0].decode("latin-1").split()
+    if len(words) != 3 or not words[2].startswith("HTTP/"):
+        return "", ""
+    return words[0], urlsplit(words[1]).path
