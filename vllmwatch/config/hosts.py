@@ -31,9 +31,21 @@ def parse_listen(text: str) -> tuple[str, int] | None:
             raise ValueError(f"no port; {LISTEN_HELP}")
         if ":" in host:
             raise ValueError(f"write an IPv6 address in brackets; {LISTEN_HELP}")
+    # 0 (any free port) parses, for servers in tests; a config refuses it (listen_problem).
     if not port_text.isdigit() or int(port_text) > 65535:
-        raise ValueError(f"port {port_text!r} is not a number from 0 to 65535; {LISTEN_HELP}")
+        raise ValueError(f"port {port_text!r} is not a number from 1 to 65535; {LISTEN_HELP}")
     return host, int(port_text)
+
+
+def parse_address(text: str) -> tuple[str, int]:
+    """Split a required "HOST:PORT" (gate.listen) into (host, port); an empty host means all
+    interfaces. Raises ValueError saying what is accepted."""
+    parsed = parse_listen(text)
+    if parsed is None:
+        raise ValueError(f"empty; {LISTEN_HELP}")
+    if parsed[1] == 0:
+        raise ValueError(f"port 0 is not a number from 1 to 65535; {LISTEN_HELP}")
+    return parsed
 
 
 def connect_host(host: str) -> str:

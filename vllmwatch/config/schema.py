@@ -14,11 +14,10 @@ from pathlib import Path
 from typing import Any
 
 from vllmwatch.config import flags
-from vllmwatch.config.address import parse_address
 from vllmwatch.config.bounds import DAY, bounds_of
 from vllmwatch.config.convert import CONVERTERS, choice, show
 from vllmwatch.config.errors import ConfigError, Problem, line_of, raise_all
-from vllmwatch.config.hosts import listen_problem
+from vllmwatch.config.hosts import listen_problem, parse_address
 
 if sys.version_info >= (3, 11):
     import tomllib

@@ -15,7 +15,7 @@ from typing import Any
 
 from aiohttp import web
 
-from vllmwatch.config.address import parse_address
+from vllmwatch.config.hosts import parse_address
 from vllmwatch.gate.door import Door, Readiness
 from vllmwatch.gate.proxy import MAX_BODY, Forwarder, GateStats
 
