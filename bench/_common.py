@@ -24,6 +24,8 @@ from typing import Any
 
 import psutil
 
+from vllmwatch.testing.lb import http_get  # noqa: F401  (re-exported for the bench scripts)
+
 REPO = Path(__file__).resolve().parent.parent
 PY = str(REPO / ".venv" / "bin" / "python")
 VLLM_VENV = Path(os.environ.get("VLLMWATCH_VLLM_VENV", REPO / ".cache" / "vllm-venv"))
@@ -255,15 +257,6 @@ def completion(port: int, timeout: float = 2.0, max_tokens: int = 1,
     finally:
         conn.close()
 
-
-def http_get(port: int, path: str, timeout: float = 2.0) -> tuple[int, bytes]:
-    conn = http.client.HTTPConnection("127.0.0.1", port, timeout=timeout)
-    try:
-        conn.request("GET", path)
-        resp = conn.getresponse()
-        return resp.status, resp.read()
-    finally:
-        conn.close()
 
 
 def wait_completion(port: int, timeout: float, every: float = 0.5) -> float | None:

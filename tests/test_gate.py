@@ -18,6 +18,7 @@ from contextlib import contextmanager, suppress
 from typing import Any, TypeVar
 
 import pytest
+from waiting import wait_until
 
 from vllmwatch.gate.door import Door, Readiness, readiness_of
 from vllmwatch.gate.runner import Gate, GateError
@@ -32,14 +33,7 @@ def free_port() -> int:
 
 
 def wait_for(check: Callable[[], T], timeout: float = 10.0, what: str = "condition") -> T:
-    deadline = time.monotonic() + timeout
-    while True:
-        value = check()
-        if value:
-            return value
-        if time.monotonic() > deadline:
-            raise AssertionError(f"timed out after {timeout}s waiting for {what}")
-        time.sleep(0.02)
+    return wait_until(check, timeout, what)
 
 
 def post(port: int, body: dict[str, Any], timeout: float = 20.0

@@ -11,6 +11,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from waiting import wait_until
 
 from vllmwatch.config.schema import Config, from_dict
 from vllmwatch.core.unified import MemInfo, parse_meminfo
@@ -39,11 +40,7 @@ def meminfo(free_gib: float, total_gib: float = 121.6, cached_gib: float = 90.0)
 
 
 def wait_for(cond: Callable[[], bool], timeout: float = 10.0, what: str = "") -> None:
-    deadline = time.monotonic() + timeout
-    while not cond():
-        if time.monotonic() > deadline:
-            raise AssertionError(f"timed out waiting for {what}")
-        time.sleep(0.01)
+    wait_until(cond, timeout, what)
 
 
 # ---- platform detection ----------------------------------------------------------------------

@@ -7,11 +7,11 @@ import os
 import signal
 import socket
 import subprocess
-import time
 import urllib.request
 from pathlib import Path
 
 import pytest
+from waiting import holds_within, wait_until
 
 from vllmwatch.shell.child import find_tree, instance_id
 
@@ -51,19 +51,17 @@ def test_demo_reaches_ready_serves_and_ctrl_c_leaves_nothing() -> None:
                             stderr=subprocess.DEVNULL)
     marker = instance_id(str(REPO / ".cache" / "demo.toml"))
     try:
-        deadline = time.monotonic() + 420
-        while get(f"http://127.0.0.1:{status}/readyz")[0] != 200:
+        def ready() -> bool:
             assert demo.poll() is None, f"demo exited with {demo.returncode}"
-            assert time.monotonic() < deadline, "demo not READY in 420 s"
-            time.sleep(0.5)
+            return get(f"http://127.0.0.1:{status}/readyz")[0] == 200
+
+        wait_until(ready, 420, "the demo to be READY", poll=0.5)
         code, body = get(f"http://127.0.0.1:{port}/v1/completions", json.dumps(
             {"model": "tiny", "prompt": "Hello", "max_tokens": 3}).encode())
         assert code == 200 and json.loads(body)["choices"]
         os.killpg(demo.pid, signal.SIGINT)  # what Ctrl-C sends to the foreground group
         assert demo.wait(90) == 0
-        end = time.monotonic() + 30
-        while ours(marker) and time.monotonic() < end:
-            time.sleep(0.2)
+        holds_within(lambda: not ours(marker), 30, poll=0.2)
         assert ours(marker) == []
         assert get(f"http://127.0.0.1:{port}/health")[0] == 0
     finally:

@@ -55,7 +55,8 @@ class Backend:
     status_port: int
 
 
-def _get(port: int, path: str, timeout: float = 2.0) -> tuple[int, bytes]:
+def http_get(port: int, path: str, timeout: float = 2.0) -> tuple[int, bytes]:
+    """GET http://127.0.0.1:PORT/PATH -> (status, body); one connection per call."""
     conn = http.client.HTTPConnection("127.0.0.1", port, timeout=timeout)
     try:
         conn.request("GET", path)
@@ -83,7 +84,7 @@ class Balancer:
     def servers(self) -> dict[str, str]:
         """Backend name -> HAProxy's view of it (UP, DOWN, ...); {} while it cannot say."""
         try:
-            code, body = _get(self.stats_port, "/stats;csv")
+            code, body = http_get(self.stats_port, "/stats;csv")
         except (OSError, http.client.HTTPException):
             return {}
         rows = [r.split(",") for r in body.decode().splitlines() if r.startswith("vllm,")]
