@@ -29,6 +29,11 @@ from vllmwatch.config.schema import from_dict  # noqa: E402 - after the path fix
 from vllmwatch.shell import platform  # noqa: E402
 
 
+def _pythonpath() -> str:
+    """This checkout first, then whatever the caller put on the path (the deps there)."""
+    return os.pathsep.join(filter(None, [str(REPO), os.environ.get("PYTHONPATH", "")]))
+
+
 def emit(kind: str, **fields: Any) -> None:
     print(json.dumps({"kind": kind, **fields}, default=str), flush=True)
 
@@ -41,7 +46,7 @@ def toml(gpus: list[int], port: int, model: Path) -> str:
 
 
 def run_daemon(cfg: Path, timeout: float = 60.0) -> list[dict[str, Any]]:
-    env = {**os.environ, "PYTHONPATH": str(REPO)}
+    env = {**os.environ, "PYTHONPATH": _pythonpath()}
     proc = subprocess.Popen([sys.executable, "-m", "vllmwatch", "run", "--config", str(cfg),
                              "--log-format", "json"], stderr=subprocess.PIPE, env=env,
                             stdout=subprocess.DEVNULL)
@@ -79,7 +84,7 @@ def main() -> int:
         cfg.write_text(toml(args.gpus, 18123, model))
         check = subprocess.run([sys.executable, "-m", "vllmwatch", "check", "--fast",
                                 "--config", str(cfg)], capture_output=True, text=True,
-                               env={**os.environ, "PYTHONPATH": str(REPO)})
+                               env={**os.environ, "PYTHONPATH": _pythonpath()})
         line = next((ln for ln in check.stdout.splitlines() if " platform " in ln), "")
         emit("check", line=line)
         ok &= "discrete GPU memory" in line and "start guard off" in line
