@@ -100,6 +100,8 @@ fi
 grep -rlI --null -F "$VENV" "$VENV" | xargs -0 -r sed -i "s|$VENV|$PREFIX/venv|g"
 sed -i '/^command = /d' "$VENV/pyvenv.cfg"
 find "$VENV" -name direct_url.json -delete   # records the build machine's checkout path
+# Console scripts of the dependencies (e.g. idna's): nothing runs them; only ours is shipped.
+find "$VENV/bin" -maxdepth 1 -type f -perm -u+x ! -name vllmwatch -delete
 find "$VENV" \( -name __pycache__ -o -name '*.pyc' \) -prune -exec rm -rf {} +
 STRIP=strip
 if [[ $ARCH != "$HOST_ARCH" ]]; then
