@@ -9,25 +9,12 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
-from vllmwatch.check.base import FAIL, PASS, SKIP, WARN, CheckResult, Context
+from vllmwatch.check.base import FAIL, PASS, SKIP, WARN, CheckResult, Context, vllm_flags
 from vllmwatch.check.model import hub_snapshot, local_model_dir, read_json
-from vllmwatch.config import command
 
 # The keys vLLM reads for a model's context length; it takes the smallest one present.
 _LEN_KEYS = ("max_position_embeddings", "n_positions", "max_seq_len", "seq_length",
              "max_sequence_length", "max_seq_length", "seq_len", "model_max_length")
-
-def _flags(ctx: Context) -> dict[str, object]:
-    """[vllm.args] and extra_args as one {flag-name: value} table (extra_args win)."""
-    flags: dict[str, object] = {command.flag_name(k): v for k, v in ctx.config.vllm.args.items()}
-    extra = ctx.config.vllm.extra_args
-    for i, token in enumerate(extra):
-        if token.startswith("--"):
-            name, eq, inline = token[2:].partition("=")
-            nxt = extra[i + 1] if i + 1 < len(extra) and not extra[i + 1].startswith("--") \
-                else True
-            flags[command.flag_name(name)] = inline if eq else nxt
-    return flags
 
 
 def parse_len(value: object) -> int | None:
@@ -89,7 +76,7 @@ def _find_model_config(ctx: Context) -> Path | None:
 
 def check_max_model_len(ctx: Context) -> CheckResult:
     """A max-model-len set in the args fits the model's context (rope scaling included)."""
-    flags = _flags(ctx)
+    flags = vllm_flags(ctx)
     raw = flags.get("max-model-len")
     cfg_path = _find_model_config(ctx)
     if cfg_path is None:

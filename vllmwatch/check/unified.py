@@ -6,8 +6,7 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import Any
 
-from vllmwatch.check.base import PASS, WARN, CheckResult, Context
-from vllmwatch.config import command
+from vllmwatch.check.base import PASS, WARN, CheckResult, Context, vllm_flags
 from vllmwatch.core.unified import GuardSettings, MemInfo, Platform, decide_platform, floor_for
 from vllmwatch.prewarm import evict, pagecache
 from vllmwatch.prewarm.runner import model_dir
@@ -16,17 +15,6 @@ from vllmwatch.shell import platform as plat
 _GIB = 1024.0
 VLLM_DEFAULT_UTILIZATION = 0.9  # vLLM's --gpu-memory-utilization default (0.26, 0.32)
 
-
-def _flags(ctx: Context) -> dict[str, object]:
-    """[vllm.args] and `--flag value` pairs of extra_args, by normalised flag name."""
-    flags: dict[str, object] = {command.flag_name(k): v for k, v in ctx.config.vllm.args.items()}
-    extra = ctx.config.vllm.extra_args
-    for i, token in enumerate(extra):
-        if token.startswith("--"):
-            name, eq, inline = token[2:].partition("=")
-            nxt = extra[i + 1] if i + 1 < len(extra) else ""
-            flags[command.flag_name(name)] = inline if eq else nxt
-    return flags
 
 
 def platform_of(ctx: Context) -> tuple[Platform, str | None]:
@@ -92,8 +80,11 @@ def _memory_line(ctx: Context, info: MemInfo, res: tuple[float, float] | None) -
 
 
 def _utilization(flags: dict[str, Any]) -> float | None:
+    value = flags.get("gpu-memory-utilization", VLLM_DEFAULT_UTILIZATION)
+    if isinstance(value, bool):  # the flag without a value: vLLM would refuse it
+        return None
     try:
-        return float(flags.get("gpu-memory-utilization", VLLM_DEFAULT_UTILIZATION))
+        return float(value)
     except (TypeError, ValueError):
         return None
 
@@ -105,7 +96,7 @@ def _startup_line(ctx: Context, info: MemInfo, res: tuple[float, float] | None
     The check runs with kv-cache-memory-bytes set too (vLLM 0.26/0.32 gpu_worker.py
     init_device -> request_memory), so the utilization still gates the start.
     """
-    flags = _flags(ctx)
+    flags = vllm_flags(ctx)
     util = _utilization(flags)
     if util is None:
         return CheckResult("unified.startup-check", WARN, "gpu-memory-utilization is not a "
@@ -127,7 +118,7 @@ def _startup_line(ctx: Context, info: MemInfo, res: tuple[float, float] | None
 
 
 def _kv_line(ctx: Context) -> CheckResult:
-    flags = _flags(ctx)
+    flags = vllm_flags(ctx)
     if "kv-cache-memory-bytes" in flags:
         return CheckResult("unified.kv-cache", PASS, "kv-cache-memory-bytes = "
                            f"{flags['kv-cache-memory-bytes']}: starts are repeatable")
