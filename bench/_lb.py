@@ -16,7 +16,14 @@ from typing import Any
 
 from _common import REPO, SERVED, Watch, free_port, http_get, track_group, write_config
 
-from vllmwatch.testing.lb import Backend, Balancer, PacedClient, haproxy_path, percentiles
+from vllmwatch.testing.lb import (
+    Backend,
+    Balancer,
+    PacedClient,
+    haproxy_path,
+    omp_binds,
+    percentiles,
+)
 
 __all__ = ["Instance", "balancer", "haproxy_path", "make_instances", "planned_restart",
            "wait_until"]
@@ -64,7 +71,10 @@ def make_instances(tmp: Path, deregister_delay: float, leak_trigger: Path,
     a_sections = {**common, "memory": {"host_limit": f"{HOST_LIMIT_MIB}MiB",
                                        "sample_interval": "2s", "pss_interval": "2s"}}
     out = []
-    for name, sections, env in (("a", a_sections, leak_env), ("b", common, {})):
+    binds = omp_binds(2)  # each worker on its own CPUs (vllmwatch.testing.lb.omp_binds says why)
+    for (name, sections, env), bind in zip((("a", a_sections, leak_env), ("b", common, {})),
+                                           binds, strict=True):
+        env = {**env, "VLLM_CPU_OMP_THREADS_BIND": bind}
         inst = Instance(name, free_port(), free_port(), tmp / f"vw-{name}.toml", sections, env)
         inst.write(tmp, deregister_delay)
         out.append(inst)

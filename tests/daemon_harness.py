@@ -328,16 +328,16 @@ class Daemon:
         """The sequence of states entered so far."""
         return [str(e["to"]) for e in self.named("state.changed")]
 
-    def dump(self, last: int = 60) -> str:
-        """The last events and raw lines, for failure messages."""
-        lines = []
-        for e in self.events[-last:]:
-            e = dict(e)
-            if e.get("event") == "child.line":
-                lines.append(f"  child| {e.get('text', '')}"[:200])
-                continue
-            lines.append("  " + json.dumps(e)[:300])
+    def dump(self, last: int = 40, own: int = 80) -> str:
+        """The last child and raw lines, then vllmwatch's own events (the story: restarts and
+        their reasons), for failure messages; a CI log keeps only the tail of a failure, so
+        the story comes last, after the child's traceback."""
+        kids = [e for e in self.events if e.get("event") == "child.line"]
+        lines = [f"  child| {e.get('text', '')}"[:200] for e in kids[-last:]]
         lines += ["  raw| " + r for r in self.raw[-20:]]
+        lines.append("  --- vllmwatch's own events ---")
+        mine = [e for e in self.events if e.get("event") != "child.line"]
+        lines += ["  " + json.dumps(dict(e))[:300] for e in mine[-own:]]
         return "daemon events:\n" + "\n".join(lines)
 
     # ---- the status endpoint ----

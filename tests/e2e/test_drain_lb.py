@@ -14,7 +14,7 @@ from daemon_harness import Daemon, free_port, wait_for
 
 from e2e.conftest import _merge, _tear_down, real_vllm_config
 from e2e.e2e_harness import SERVED_NAME
-from vllmwatch.testing.lb import Backend, Balancer, PacedClient, haproxy_path
+from vllmwatch.testing.lb import Backend, Balancer, PacedClient, haproxy_path, omp_binds
 
 pytestmark = pytest.mark.e2e
 
@@ -33,10 +33,13 @@ def pair(tmp_path: Path, vllm_venv: Path, tiny_model: Path) -> Iterator[list[Dae
     """Two vllmwatch + real vLLM, each in its own folder (own config, own marker)."""
     daemons: list[Daemon] = []
     try:
-        for name in ("a", "b"):
+        # Each vLLM worker on its own CPUs: with vLLM's "auto" binding both sit on one core
+        # and b's idle spinning starves a's restart (a CI run gave up after 5 start stalls).
+        for name, bind in zip(("a", "b"), omp_binds(2), strict=True):
             workdir = tmp_path / name
             workdir.mkdir()
             cfg = _merge(real_vllm_config(vllm_venv, tiny_model, workdir), {
+                "vllm": {"env": {"VLLM_CPU_OMP_THREADS_BIND": bind}},
                 "drain": {"deregister_delay": "6s"},  # HAProxy: inter 1s x fall 2 + margin
                 "restart": {"drain_timeout": "20s"},
                 "probe": {"canary_interval": "10s", "metrics_interval": "2s"},

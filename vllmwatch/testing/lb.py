@@ -46,6 +46,21 @@ def haproxy_path() -> str | None:
         (p for p in ("/usr/sbin/haproxy", "/usr/local/sbin/haproxy") if Path(p).exists()), None)
 
 
+def omp_binds(count: int) -> list[str]:
+    """One VLLM_CPU_OMP_THREADS_BIND value per CPU vLLM sharing this host, on distinct CPUs.
+
+    vLLM's CPU build binds its worker to CPUs it picks itself ("auto"), the same ones for every
+    instance: two instances on one box put both workers on one core, and an idle worker's
+    spinning OpenMP threads starve the other's start (measured here: 46 threads against 1, the
+    starting worker got ~2 % of the core and its start stalled). Giving each its own CPUs
+    keeps their starts apart.
+    """
+    cpus = sorted(os.sched_getaffinity(0))
+    per = max(1, len(cpus) // count)
+    return [",".join(str(cpus[(i * per + j) % len(cpus)]) for j in range(per))
+            for i in range(count)]
+
+
 @dataclass(frozen=True)
 class Backend:
     """One vllmwatch + vLLM: requests go to `port`, health checks to `status_port`/readyz."""
