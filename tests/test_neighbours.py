@@ -7,14 +7,17 @@ from pathlib import Path
 import pytest
 
 from vllmwatch.check import neighbours
-from vllmwatch.check.base import FAIL, PASS, Context
+from vllmwatch.check.base import FAIL, PASS, WARN, Context
 from vllmwatch.config.schema import load
 
 
-def _write(path: Path, port: int, status: int, gpus: str | None) -> Path:
+def _write(path: Path, port: int, status: int, gpus: str | None, bind: str | None = None
+           ) -> Path:
     lines = ["[vllm]", 'model = "/m"', f"port = {port}"]
     if gpus is not None:
         lines.append(f"gpus = {gpus}")
+    if bind is not None:
+        lines += ["[vllm.env]", f'VLLM_CPU_OMP_THREADS_BIND = "{bind}"']
     lines += ["[status]", f'listen = "127.0.0.1:{status}"']
     path.write_text("\n".join(lines) + "\n")
     return path
@@ -27,6 +30,7 @@ def _write(path: Path, port: int, status: int, gpus: str | None) -> Path:
     ((8000, 9101, "[0]"), (8001, 9102, "[0, 1]"), FAIL, "GPU 0"),
     ((8000, 9101, None), (8001, 9102, "[1]"), FAIL, "takes every GPU"),
     ((8000, 9101, "[]"), (8001, 9102, None), PASS, "no clash"),  # a CPU instance
+    ((8000, 9101, "[]"), (8001, 9102, "[]"), WARN, "VLLM_CPU_OMP_THREADS_BIND"),  # both auto
     ((8000, 9101, "[0]"), (9101, 9102, "[1]"), FAIL, "vllm.port here, status.listen there"
      .replace("vllm.port here, status.listen there", "port 9101")),
 ])
@@ -43,3 +47,28 @@ def test_a_file_that_is_not_a_config_is_named_not_fatal(tmp_path: Path) -> None:
     (tmp_path / "notes.toml").write_text("this is = = not toml\n")
     got = neighbours.check_neighbours(Context(load(str(a))))
     assert got.status == PASS and "notes.toml" in got.detail
+
+
+@pytest.mark.parametrize(("mine", "theirs", "status", "needle"), [
+    ("0-3", "4-7", PASS, "no clash"),
+    ("0-3", "3,8", WARN, "CPU 3"),
+    ("0|1", "1", WARN, "CPU 1"),  # one list per TP rank, "|" between them
+    ("nobind", "nobind", PASS, "no clash"),  # unbound: the scheduler spreads them
+    ("0-3", None, WARN, "not set to distinct CPUs"),  # the other is "auto"
+    ("auto", "4-7", WARN, "not set to distinct CPUs"),
+    ("zero", "4-7", WARN, "not set to distinct CPUs"),  # unreadable: vLLM decides
+])
+def test_two_cpu_instances_must_not_share_cores(tmp_path: Path, mine: str, theirs: str | None,
+                                                 status: str, needle: str) -> None:
+    """vLLM's CPU workers of two instances on one core: the idle one's spinning starves the
+    other's start (seen in CI), so `check` warns unless each has its own CPUs."""
+    a = _write(tmp_path / "a.toml", 8000, 9101, "[]", mine)
+    _write(tmp_path / "b.toml", 8001, 9102, "[]", theirs)
+    got = neighbours.check_neighbours(Context(load(str(a))))
+    assert got.status == status and needle in got.detail, got
+
+
+def test_cpu_binding_is_not_asked_of_gpu_instances(tmp_path: Path) -> None:
+    a = _write(tmp_path / "a.toml", 8000, 9101, "[0]")
+    _write(tmp_path / "b.toml", 8001, 9102, "[1]")
+    assert neighbours.check_neighbours(Context(load(str(a)))).status == PASS

@@ -3,14 +3,16 @@
 The template unit (`vllmwatch@NAME`) reads /etc/vllmwatch/NAME.toml, so the neighbours of a
 config are the other *.toml files in its directory. Two instances on one GPU starve each
 other's KV cache (and each one's release gate would wait on the other's memory); two on one
-port make the second fail to start.
+port make the second fail to start. Two CPU instances (`gpus = []`) whose vLLM workers bind to
+the same cores starve each other's start (vLLM's default "auto" binding picks the same cores
+for every instance): a WARN, since the binding may also come from the unit's environment.
 """
 
 from __future__ import annotations
 
 from pathlib import Path
 
-from vllmwatch.check.base import FAIL, PASS, SKIP, CheckResult, Context
+from vllmwatch.check.base import FAIL, PASS, SKIP, WARN, CheckResult, Context
 from vllmwatch.config.hosts import parse_listen
 from vllmwatch.config.schema import Config, ConfigError, load
 
@@ -45,12 +47,45 @@ def clashes(mine: Config, other: Config) -> list[str]:
     return out
 
 
+BIND = "VLLM_CPU_OMP_THREADS_BIND"
+
+
+def cpu_binding(c: Config) -> set[int] | None:
+    """The CPUs a CPU instance's vLLM workers bind to; None when vLLM picks ("auto", unset,
+    or a value we cannot read); an empty set for "nobind" (no binding, nothing to share)."""
+    value = c.vllm.env.get(BIND, "auto").strip()
+    if value == "nobind":
+        return set()
+    cpus: set[int] = set()
+    try:
+        for part in value.replace("|", ",").split(","):
+            lo, _, hi = part.strip().partition("-")
+            cpus.update(range(int(lo), int(hi or lo) + 1))
+    except ValueError:
+        return None
+    return cpus
+
+
+def shared_cpus(mine: Config, other: Config) -> str | None:
+    """Why two CPU instances' workers would share cores, or None."""
+    if mine.vllm.uses_gpu or other.vllm.uses_gpu:
+        return None
+    a, b = cpu_binding(mine), cpu_binding(other)
+    if a is None or b is None:
+        return (f"both run vLLM on the CPU and {BIND} is not set to distinct CPUs in [vllm.env] "
+                "(vLLM's \"auto\" binds every instance to the same cores)")
+    if a & b:
+        return f"both bind vLLM's CPU workers to CPU {', '.join(str(x) for x in sorted(a & b))}"
+    return None
+
+
 def check_neighbours(ctx: Context) -> CheckResult:
     """FAIL when another config in the same directory claims one of our GPUs or ports."""
     here = Path(ctx.config.path) if ctx.config.path else None
     if here is None or not here.parent.is_dir():
         return CheckResult("instances", SKIP, "the config has no directory to look in")
     found: list[str] = []
+    cores: list[str] = []
     unreadable: list[str] = []
     others = sorted(p for p in here.parent.glob("*.toml") if p.resolve() != here.resolve())
     for path in others:
@@ -60,9 +95,16 @@ def check_neighbours(ctx: Context) -> CheckResult:
             unreadable.append(path.name)
             continue
         found += [f"{path.name}: {what}" for what in clashes(ctx.config, other)]
+        why = shared_cpus(ctx.config, other)
+        if why is not None:
+            cores.append(f"{path.name}: {why}")
     if found:
         return CheckResult("instances", FAIL, "shared with another instance: " + "; ".join(found)
                            + " (each vllmwatch@NAME needs its own GPUs and ports)")
+    if cores:
+        return CheckResult("instances", WARN, "; ".join(cores) + f": set {BIND} in [vllm.env] "
+                           "of each to its own CPUs (e.g. \"0-7\" and \"8-15\"), or an idle "
+                           "instance's spinning worker starves the other's start")
     detail = f"no clash with {len(others) - len(unreadable)} other config(s) in {here.parent}"
     if unreadable:
         detail += f" ({', '.join(unreadable)} not readable as vllmwatch configs: not compared)"
