@@ -242,9 +242,9 @@ def start_bare(port: int, log: Path, eager: bool = True,
 
 
 def completion(port: int, timeout: float = 2.0, max_tokens: int = 1,
-               prompt: str = "Hello") -> bool:
+               prompt: str = "Hello", ignore_eos: bool = False) -> bool:
     body = json.dumps({"model": SERVED, "prompt": prompt, "max_tokens": max_tokens,
-                       "temperature": 0}).encode()
+                       "temperature": 0, "ignore_eos": ignore_eos}).encode()
     conn = http.client.HTTPConnection("127.0.0.1", port, timeout=timeout)
     try:
         conn.request("POST", "/v1/completions", body=body,

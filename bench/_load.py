@@ -12,7 +12,7 @@ from _common import completion
 
 def run_load(port: int, concurrency: int = 4, requests: int | None = 200,
              duration: float | None = None, max_tokens: int = 16,
-             hard_limit: float = 600.0) -> dict[str, Any]:
+             hard_limit: float = 600.0, ignore_eos: bool = False) -> dict[str, Any]:
     """Send `requests` completions (or run for `duration` s) at `concurrency`; bounded."""
     lock = threading.Lock()
     lat: list[float] = []
@@ -29,7 +29,7 @@ def run_load(port: int, concurrency: int = 4, requests: int | None = 200,
                     return
                 issued += 1
             s = time.monotonic()
-            ok = completion(port, timeout=30.0, max_tokens=max_tokens,
+            ok = completion(port, timeout=30.0, max_tokens=max_tokens, ignore_eos=ignore_eos,
                             prompt="The quick brown fox jumps over the lazy dog")
             d = time.monotonic() - s
             with lock:

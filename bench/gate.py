@@ -5,8 +5,9 @@
 One `vllmwatch run` with gate.enabled on a real CPU vLLM; every figure is measured side by
 side in this one run against the same vLLM: "direct" is vLLM's private port, "gate" the
 gate's public port.
-  throughput  closed loop, 8 clients, --requests completions of 16 tokens per round,
-              rounds alternate direct/gate; req/s per round, gate/direct ratio of medians
+  throughput  closed loop, 8 clients, --requests completions per round of each length in
+              --tokens (16: the worst case, 128: a typical answer; ignore_eos), rounds
+              alternate direct/gate; req/s per round, gate/direct ratio of medians
   latency     one client, 40 completions of 1 token: p50 per request
   streaming   one client, 10 streamed completions of 32 tokens: p50 time to first chunk
               and p50 gap between chunks (per streamed token)
@@ -31,7 +32,19 @@ import time
 from pathlib import Path
 from typing import Any
 
-from _common import RESULTS, SERVED, Watch, free_port, machine, save, say, write_config
+import psutil
+from _common import (
+    MODEL,
+    PY,
+    RESULTS,
+    SERVED,
+    Watch,
+    free_port,
+    machine,
+    save,
+    say,
+    write_config,
+)
 from _lb import wait_until
 from _load import run_load
 
@@ -65,16 +78,34 @@ def stream_once(port: int, max_tokens: int = 32) -> tuple[float, float, int]:
     return arrivals[0] - t0, arrivals[-1] - t0, len(arrivals)
 
 
-def cost(direct: int, gate: int, rounds: int, requests: int) -> dict[str, Any]:
-    """Throughput, latency and streaming, alternating direct and gate."""
-    tput: dict[str, list[float]] = {"direct": [], "gate": []}
-    for port in (direct, gate):  # warm-up, not counted: first requests are slow
-        run_load(port, concurrency=8, requests=requests // 2, max_tokens=16)
-    for r in range(rounds):
-        for name, port in (("direct", direct), ("gate", gate)):
-            res = run_load(port, concurrency=8, requests=requests, max_tokens=16)
-            say(f"throughput round {r + 1} {name}: {res}")
-            tput[name].append(res["req_per_s"])
+def cost(direct: int, gate: int, rounds: int, requests: int, tokens: list[int], daemon: int,
+         concurrency: int = 8) -> dict[str, Any]:
+    """Throughput (per completion length), latency and streaming, alternating direct and gate;
+    and the daemon's CPU per request through the gate (its CPU in gate rounds less its CPU in
+    direct rounds, where it only polls), a figure this noisy box cannot blur much."""
+    proc = psutil.Process(daemon)
+    tput: dict[str, dict[str, list[float]]] = {}
+    ratios: dict[str, float] = {}
+    cpu_ms: dict[str, list[float]] = {}
+    for n in tokens:
+        per: dict[str, list[float]] = {"direct": [], "gate": []}
+        for port in (direct, gate):  # warm-up, not counted: first requests are slow
+            run_load(port, concurrency=concurrency, requests=requests // 2, max_tokens=n,
+                     ignore_eos=True)
+        spent = {"direct": 0.0, "gate": 0.0}
+        for r in range(rounds):
+            for name, port in (("direct", direct), ("gate", gate)):
+                before = sum(proc.cpu_times()[:2])
+                res = run_load(port, concurrency=concurrency, requests=requests, max_tokens=n,
+                               ignore_eos=True)
+                spent[name] += sum(proc.cpu_times()[:2]) - before
+                say(f"throughput {n} tokens, round {r + 1} {name}: {res}")
+                per[name].append(res["req_per_s"])
+        cpu_ms[f"{n}_tokens"] = [round(1000 * (spent["gate"] - spent["direct"])
+                                       / (rounds * requests), 3)]
+        tput[f"{n}_tokens"] = per
+        ratios[f"{n}_tokens"] = round(statistics.median(per["gate"])
+                                      / statistics.median(per["direct"]), 4)
     lat = {name: run_load(port, concurrency=1, requests=40, max_tokens=1)["lat_p50_ms"]
            for name, port in (("direct", direct), ("gate", gate))}
     stream: dict[str, dict[str, float]] = {}
@@ -86,8 +117,8 @@ def cost(direct: int, gate: int, rounds: int, requests: int) -> dict[str, Any]:
                         "events": statistics.median(r[2] for r in runs)}
     added = stream["gate"]["last_chunk_p50_ms"] - stream["direct"]["last_chunk_p50_ms"]
     stream["added_per_token_ms"] = {"p50": round(added / max(1, stream["direct"]["events"]), 3)}
-    ratio = statistics.median(tput["gate"]) / statistics.median(tput["direct"])
-    return {"throughput_req_per_s": tput, "gate_over_direct": round(ratio, 4),
+    return {"throughput_req_per_s": tput, "gate_over_direct": ratios,
+            "gate_cpu_ms_per_request": cpu_ms,
             "latency_p50_ms": lat, "streaming": stream}
 
 
@@ -130,6 +161,13 @@ def main() -> int:
     ap.add_argument("--rounds", type=int, default=3)
     ap.add_argument("--runs", type=int, default=3)
     ap.add_argument("--requests", type=int, default=120)
+    ap.add_argument("--engine-latency", type=float, metavar="S",
+                    help="GPU-shaped: supervise the fake vLLM, whose batching engine answers "
+                         "every completion S s after it arrives and spends no host CPU on it "
+                         "(the model's time is on the GPU); the real CPU vLLM otherwise")
+    ap.add_argument("--concurrency", type=int, default=8, help="closed-loop clients")
+    ap.add_argument("--tokens", default="16,128",
+                    help="completion lengths of the throughput part (ignore_eos), comma list")
     ap.add_argument("--runs-direct", type=int, help="restarts without the gate (default --runs)")
     ap.add_argument("--only", choices=("cost", "restart"), help="one part only")
     args = ap.parse_args()
@@ -137,25 +175,34 @@ def main() -> int:
     with tempfile.TemporaryDirectory(prefix="vw-gate-") as t:
         tmp = Path(t)
         port, gate_port, status_port = free_port(), free_port(), free_port()
-        cfg = write_config(tmp / "vw.toml", port, status_port, tmp / "cache", sections={
+        fake = args.engine_latency is not None
+        cfg = write_config(tmp / "vw.toml", port, status_port, tmp / "cache", command=[
+            PY, "-m", "vllmwatch.testing.fake_vllm", "--slow-completion",
+            str(args.engine_latency), "--disable-uvicorn-access-log"] if fake else None,
+            model="tiny-fake" if fake else MODEL, sections={
             "gate": {"enabled": True, "listen": f"127.0.0.1:{gate_port}",
                      "hold_timeout": f"{HOLD}s"},
             "drain": {"deregister_delay": "0s"},
             "restart": {"stable_after": "20s", "max_restarts": 50},
             "prewarm": {"enabled": False}})
-        w = Watch(cfg, RESULTS / "logs" / f"gate-{args.only or 'all'}-vllmwatch.jsonl")
+        name = f"gate-{args.only or 'all'}{'-fake' if fake else ''}"
+        w = Watch(cfg, RESULTS / "logs" / f"{name}-vllmwatch.jsonl")
         try:
             if not wait_until(lambda: _ready(status_port), 600, 1.0):
                 raise RuntimeError("vLLM did not become ready")
             if args.only != "restart":
-                out["cost"] = cost(port, gate_port, args.rounds, args.requests)
+                out["cost"] = cost(port, gate_port, args.rounds, args.requests,
+                                   [int(n) for n in args.tokens.split(",")], w.proc.pid,
+                                   args.concurrency)
+                out["cost"]["engine"] = (f"fake, {args.engine_latency:g} s per completion"
+                                         if fake else "real CPU vLLM, tiny model")
             if args.only != "cost":
                 out["restart_gate"] = restart(w, gate_port, status_port, args.runs)
                 out["restart_direct"] = restart(w, port, status_port,
                                                 args.runs_direct or args.runs)
         finally:
             w.stop()
-    save("gate" if args.only is None else f"gate-{args.only}", out)
+    save(name.replace("gate-all", "gate"), out)
     print(json.dumps({k: v for k, v in out.items() if k != "machine"}, indent=1))
     return 0
 

@@ -20,10 +20,20 @@ from typing import Any, TypeVar
 import pytest
 from waiting import wait_until
 
+from vllmwatch.gate import runner
 from vllmwatch.gate.door import Door, Readiness, readiness_of
 from vllmwatch.gate.runner import Gate, GateError
 
 T = TypeVar("T")
+
+
+@pytest.fixture(autouse=True, params=["asyncio", "uvloop"])
+def loop_kind(request: pytest.FixtureRequest, monkeypatch: pytest.MonkeyPatch) -> str:
+    """Every gate test on both event loops the gate can run on (uvloop when installed)."""
+    if request.param == "uvloop":
+        pytest.importorskip("uvloop", reason="uvloop not installed: the gate runs on asyncio")
+    monkeypatch.setenv("VLLMWATCH_GATE_UVLOOP", "1" if request.param == "uvloop" else "0")
+    return str(request.param)
 
 
 def free_port() -> int:
@@ -101,6 +111,21 @@ def gate(upstream_port: int, switch: Switch, hold: float = 10.0,
     finally:
         g.stop()
         assert not g._thread.is_alive()
+
+
+def test_the_gate_runs_on_the_chosen_loop(loop_kind: str) -> None:
+    port = free_port()
+    with fake_vllm(port), gate(port, Switch(Readiness.OPEN)) as g:
+        assert post(g.port, BODY)[0] == 200
+        assert g.snapshot()["loop"] == loop_kind == runner.loop_name()
+        assert g._loop is not None and ("uvloop" in type(g._loop).__module__) == \
+            (loop_kind == "uvloop")
+
+
+def test_without_uvloop_the_gate_runs_on_asyncio(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("VLLMWATCH_GATE_UVLOOP", "1")
+    monkeypatch.setitem(sys.modules, "uvloop", None)  # import uvloop raises ImportError
+    assert runner.loop_factory() is None and runner.loop_name() == "asyncio"
 
 
 def in_threads(n: int, fn: Callable[[], T]) -> tuple[list[T], list[threading.Thread]]:

@@ -38,7 +38,7 @@ def start_gate(config: Config, log: LogFn, get_snapshot: Callable[[], Snapshot]
         failed(str(exc))
         return gate  # kept, so /status and the metrics show the error
     log("info", "gate.listening", listen=g.listen, upstream=upstream,
-        hold_timeout_s=g.hold_timeout)
+        hold_timeout_s=g.hold_timeout, loop=gate.loop)
     return gate
 
 

@@ -9,6 +9,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import dataclasses
+import os
 import threading
 from collections.abc import Callable
 from typing import Any
@@ -21,6 +22,34 @@ from vllmwatch.gate.proxy import MAX_BODY, Forwarder, GateStats
 
 START_TIMEOUT = 10.0
 SHUTDOWN_GRACE = 3.0
+
+
+def loop_factory() -> Callable[[], asyncio.AbstractEventLoop] | None:
+    """uvloop's event loop when it is installed (less CPU per forwarded request: measured in
+    docs/BENCHMARKS.md section 7); asyncio's own otherwise, or with VLLMWATCH_GATE_UVLOOP=0."""
+    if os.environ.get("VLLMWATCH_GATE_UVLOOP", "1") == "0":
+        return None
+    try:
+        import uvloop
+    except ImportError:
+        return None
+    return uvloop.new_event_loop
+
+
+def loop_name() -> str:
+    """"uvloop" or "asyncio": what the gate runs on here (shown in /status)."""
+    return "asyncio" if loop_factory() is None else "uvloop"
+
+
+def _run_on_loop(main: Callable[[], Any]) -> None:
+    factory = loop_factory()
+    loop = factory() if factory is not None else asyncio.new_event_loop()
+    try:
+        loop.run_until_complete(main())
+    finally:
+        with contextlib.suppress(Exception):
+            loop.run_until_complete(loop.shutdown_asyncgens())
+        loop.close()
 
 
 class GateError(Exception):
@@ -39,6 +68,7 @@ class Gate:
         self.door = Door(get_readiness)
         self.forwarder = Forwarder(self.door, upstream, hold_timeout, retry_after, self.stats)
         self.error: str | None = None
+        self.loop = loop_name()
         self._on_error = on_error
         self._loop: asyncio.AbstractEventLoop | None = None
         self._stop: asyncio.Event | None = None
@@ -70,12 +100,12 @@ class Gate:
     def snapshot(self) -> dict[str, Any]:
         """Counters and health for /status and the metrics (any thread)."""
         out: dict[str, Any] = dataclasses.asdict(self.stats)
-        out.update(listen=self.listen, running=self.running, error=self.error)
+        out.update(listen=self.listen, running=self.running, error=self.error, loop=self.loop)
         return out
 
     def _run(self) -> None:
         try:
-            asyncio.run(self._main())
+            _run_on_loop(self._main)
         except BaseException as exc:  # any failure must reach the daemon
             self._fail(f"{type(exc).__name__}: {exc}")
         finally:

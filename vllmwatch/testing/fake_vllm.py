@@ -208,6 +208,7 @@ class Api:
 
 class _Server(ThreadingHTTPServer):
     daemon_threads = True
+    request_queue_size = 2048  # uvicorn's backlog; socketserver's 5 refuses bursts of clients
     api: Api
 
     def handle_error(self, request: Any, client_address: Any) -> None:
