@@ -10,8 +10,9 @@ import asyncio
 import contextlib
 import dataclasses
 import os
+import sys
 import threading
-from collections.abc import Callable
+from collections.abc import Callable, Coroutine
 from typing import Any
 
 from aiohttp import web
@@ -25,9 +26,10 @@ SHUTDOWN_GRACE = 3.0
 
 
 def loop_factory() -> Callable[[], asyncio.AbstractEventLoop] | None:
-    """uvloop's event loop when it is installed (less CPU per forwarded request: measured in
-    docs/BENCHMARKS.md section 7); asyncio's own otherwise, or with VLLMWATCH_GATE_UVLOOP=0."""
-    if os.environ.get("VLLMWATCH_GATE_UVLOOP", "1") == "0":
+    """uvloop's event loop when it is installed (~1 point more of direct throughput at high
+    request rates: docs/BENCHMARKS.md section 7) on Python >= 3.11 (asyncio.Runner takes a loop
+    factory); asyncio's own otherwise, or with VLLMWATCH_GATE_UVLOOP=0."""
+    if os.environ.get("VLLMWATCH_GATE_UVLOOP", "1") == "0" or sys.version_info < (3, 11):
         return None
     try:
         import uvloop
@@ -41,15 +43,14 @@ def loop_name() -> str:
     return "asyncio" if loop_factory() is None else "uvloop"
 
 
-def _run_on_loop(main: Callable[[], Any]) -> None:
+def _run_on_loop(main: Callable[[], Coroutine[Any, Any, None]]) -> None:
+    """asyncio.run(main()) on the chosen loop: same cancellation of leftover tasks at the end."""
     factory = loop_factory()
-    loop = factory() if factory is not None else asyncio.new_event_loop()
-    try:
-        loop.run_until_complete(main())
-    finally:
-        with contextlib.suppress(Exception):
-            loop.run_until_complete(loop.shutdown_asyncgens())
-        loop.close()
+    if factory is None or sys.version_info < (3, 11):
+        asyncio.run(main())
+        return
+    with asyncio.Runner(loop_factory=factory) as runner:
+        runner.run(main())
 
 
 class GateError(Exception):
