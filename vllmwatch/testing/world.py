@@ -1,0 +1,227 @@
+"""A scripted world for the in-process daemon: the fake clock, notifier and log capture, the
+World's fields, and the Effects seam that turns actions into flips of those fields."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Any
+
+from vllmwatch.config.schema import Config
+from vllmwatch.core.events import (
+    CanaryResult,
+    CheckRelease,
+    ChildExited,
+    Event,
+    HealthResult,
+    Log,
+    MemorySampled,
+    MetricsResult,
+    PrewarmDone,
+    Probe,
+    ReleaseChecked,
+    SampleMemory,
+    Spawned,
+    SpawnFailed,
+    Sweep,
+    SweepDone,
+)
+from vllmwatch.core.samples import MemorySample
+from vllmwatch.status.snapshot import Snapshot
+
+
+class FakeClock:
+    """A clock that moves only when told to (like trio's MockClock.jump)."""
+
+    def __init__(self, start: float = 1000.0, wall: float = 1.7e9, minute: int = 12 * 60
+                 ) -> None:
+        self.now, self._wall0, self._start, self.minute = start, wall, start, minute
+
+    def monotonic(self) -> float:
+        """The fake monotonic time."""
+        return self.now
+
+    def wall(self) -> float:
+        """Wall time moving with the monotonic time."""
+        return self._wall0 + (self.now - self._start)
+
+    def minute_of_day(self) -> int:
+        """The local minute of day, set by the test."""
+        return self.minute
+
+    def advance(self, seconds: float) -> None:
+        """Jump forward."""
+        self.now += seconds
+
+
+class LogCapture:
+    """A log(level, event, **fields) that keeps what it is given, for tests to look at."""
+
+    def __init__(self) -> None:
+        self.got: list[tuple[str, dict[str, Any]]] = []
+
+    def __call__(self, level: str, event: str, **fields: Any) -> None:
+        self.got.append((event, {"level": level, **fields}))
+
+    def named(self, event: str) -> list[dict[str, Any]]:
+        """The fields (with their level) of every event of that name."""
+        return [f for e, f in self.got if e == event]
+
+
+class FakeNotifier:
+    """Records sd_notify messages."""
+
+    def __init__(self) -> None:
+        self.messages: list[str] = []
+
+    def send(self, message: str) -> bool:
+        """Record and succeed."""
+        self.messages.append(message)
+        return True
+
+    def sent(self, prefix: str) -> list[str]:
+        """Every message line that starts with prefix."""
+        return [ln for m in self.messages for ln in m.splitlines() if ln.startswith(prefix)]
+
+
+@dataclass
+class World:
+    """What the fake vLLM and machine do; tests flip these fields to inject faults."""
+
+    health_ok: bool = True
+    canary_ok: bool = True
+    canary_timeout: bool = False  # the canary hangs until its timeout
+    running: float = 0.0
+    waiting: float = 0.0
+    tokens: float = 0.0
+    tokens_per_scrape: float = 0.0  # how much the counters move between scrapes
+    gpu_mib: float | None = None
+    host_mib: float = 1000.0
+    ignore_sigterm: bool = False
+    exit_code_on_term: int = 0
+    port_holder: str | None = None
+    leftovers: tuple[int, ...] = ()
+    released: bool = True
+    prewarm_ok: bool = True
+    spawn_fails: str | None = None
+    next_pid: int = 100
+    child_alive: bool = False
+    engine_gone: bool = False  # /health failures report the engine process gone
+    asleep: bool | None = None  # vLLM sleep mode as /metrics reports it (None: not reported)
+    signals: list[str] = field(default_factory=list)
+    spawns: int = 0
+
+
+class WorldEffects:
+    """The Effects seam against a scripted World, synchronously: what the real daemon does to
+    processes, HTTP and NVML, reduced to flipping fields."""
+
+    def __init__(self, world: World, notifier: FakeNotifier) -> None:
+        self.world, self.notifier = world, notifier
+        self.logs: list[Log] = []
+        self.exited: ChildExited | None = None
+        self.snapshot: Snapshot | None = None
+        self.raise_on: set[str] = set()  # action names whose worker raises, for fault tests
+
+    def log(self, level: str, event: str, **fields: Any) -> None:
+        """Record a log event."""
+        self.logs.append(Log(level, event, fields))
+
+    def spawn(self, config: Config, post: Callable[[Event], None]) -> Event:
+        """Start the fake child (or fail as told)."""
+        w = self.world
+        w.spawns += 1
+        if w.spawn_fails:
+            return SpawnFailed(w.spawn_fails)
+        w.child_alive = True
+        w.next_pid += 1
+        return Spawned(w.next_pid - 1)
+
+    def child_fd(self) -> int | None:
+        """No pidfd: exits are polled."""
+        return None
+
+    def child_exit_pending(self) -> bool:
+        """Whether an exit waits to be polled."""
+        return self.exited is not None
+
+    def poll_child(self) -> ChildExited | None:
+        """The child's exit, once."""
+        exited, self.exited = self.exited, None
+        return exited
+
+    def signal_group(self, signame: str) -> None:
+        """The child obeys SIGKILL always, SIGTERM unless told to ignore it."""
+        w = self.world
+        w.signals.append(signame)
+        if w.child_alive and (signame == "SIGKILL" or not w.ignore_sigterm):
+            w.child_alive = False
+            sig = "SIGKILL" if signame == "SIGKILL" else None
+            self.exited = ChildExited(w.next_pid - 1, None if sig else w.exit_code_on_term, sig)
+
+    def _maybe_raise(self, name: str) -> None:
+        if name in self.raise_on:
+            raise RuntimeError(f"injected failure in {name}")
+
+    def probe(self, action: Probe) -> Event:
+        """Answer a probe from the World's fields."""
+        self._maybe_raise("probe:" + action.kind)
+        w, gen, kind = self.world, action.gen, action.kind
+        warm = kind == "warmup"
+        if not w.child_alive:
+            if kind == "health":
+                return HealthResult(False, None, 0.001, "connection refused", gen=gen)
+            if kind == "metrics":
+                return MetricsResult(False, error="refused", gen=gen)
+            return CanaryResult(False, False, 0.0, "refused", warm, gen=gen)
+        if kind == "health":
+            return HealthResult(w.health_ok, 200 if w.health_ok else 503, 0.001, gen=gen,
+                                engine_gone=w.engine_gone)
+        if kind == "metrics":
+            w.tokens += w.tokens_per_scrape
+            return MetricsResult(True, 0.002, w.running, w.waiting, 0.1, w.tokens / 2,
+                                 w.tokens / 2, gen=gen, asleep=w.asleep)
+        if w.canary_timeout:
+            return CanaryResult(False, True, 30.0, "timed out", warm, gen=gen)
+        return CanaryResult(w.canary_ok, False, 0.01, "" if w.canary_ok else "HTTP 500", warm,
+                            gen=gen)
+
+    def sample_memory(self, action: SampleMemory, minute_of_day: int) -> MemorySampled:
+        """A sample with the World's GPU and host figures."""
+        self._maybe_raise("sample_memory")
+        w = self.world
+        sample = MemorySample(source="nvml-process" if w.gpu_mib is not None else "none",
+                              tree_pids=(w.next_pid - 1,), gpu_tree_mib=w.gpu_mib,
+                              host_rss_mib=w.host_mib,
+                              host_pss_mib=w.host_mib if action.with_pss else None)
+        return MemorySampled(sample, minute_of_day, action.gen)
+
+    def sweep(self, action: Sweep) -> SweepDone:
+        """Report (and forget) the World's leftovers and port holder."""
+        self._maybe_raise("sweep")
+        w = self.world
+        done = SweepDone(w.leftovers, (), w.port_holder)
+        w.leftovers = ()
+        return done
+
+    def check_release(self, action: CheckRelease) -> ReleaseChecked:
+        """Released as the World says."""
+        self._maybe_raise("check_release")
+        return ReleaseChecked(self.world.released, "fake")
+
+    def prewarm(self, config: Config) -> PrewarmDone:
+        """Pre-warm as the World says."""
+        self._maybe_raise("prewarm")
+        ok = self.world.prewarm_ok
+        return PrewarmDone(ok, "" if ok else "fake")
+
+    def vllm_version(self) -> str | None:
+        """No version."""
+        return None
+
+    def publish(self, snapshot: Snapshot) -> None:
+        """Keep the latest snapshot."""
+        self.snapshot = snapshot
+
+    def close(self) -> None:
+        """Nothing to clean up."""
