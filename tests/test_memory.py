@@ -6,11 +6,14 @@ import os
 import subprocess
 import sys
 from collections.abc import Callable, Iterator
+from dataclasses import replace
 
 import psutil
 import pytest
 from waiting import wait_until
 
+from vllmwatch.config.schema import MemoryConfig
+from vllmwatch.core import leak
 from vllmwatch.core import release as gpu_release
 from vllmwatch.core.samples import GpuProcess, MemorySample
 from vllmwatch.shell import memory
@@ -114,6 +117,37 @@ def test_discrete_gpus_sum_the_tree_per_process(tree: tuple[int, int]) -> None:
         {"level": "info", "source": "nvml-process", "previous": None, "gpus": [0, 1]}]
     assert sampler.describe() == {"driver": "580.159", "gpus": {0: "NVIDIA H200",
                                                                 1: "NVIDIA H200"}}
+
+
+def test_a_leak_in_one_tp_worker_fires_the_growth_rule_on_the_tree_sum(
+        tree: tuple[int, int]) -> None:
+    """TP=2 (issue 17): a worker per GPU; one leaks, the other is flat. The sampler's rule
+    figure is the tree's sum over both GPUs, and the pure growth rule fires on it after
+    `sustain` samples over the limit, naming the GPU figure; a foreign process growing on
+    the same GPU does not count."""
+    child, grandchild = tree  # the "engine" on GPU 1, the "worker" on GPU 0
+    nvml = FakeNvml([FakeGpu(used_mib=40000, procs={grandchild: 30000, 424242: 5000}),
+                     FakeGpu(used_mib=31000, procs={child: 30000})])
+    sampler = make_sampler(None, Events(), nvml=nvml)
+    cfg = replace(MemoryConfig(), sample_interval=10, baseline_delay=0, sustain=3,
+                  gpu_growth_limit=1024.0)
+    state, fired, sums = leak.new_state(0.0), None, []
+    for i in range(12):
+        sample = sampler.sample(child, with_pss=False)
+        assert sample.gpu_tree_by_gpu_mib is not None
+        sums.append((sample.gpu_rule_mib, dict(sample.gpu_tree_by_gpu_mib)))
+        state, verdict = leak.observe(state, cfg, 10.0 * i, sample.gpu_rule_mib, None)
+        if verdict is not None:
+            fired = (i, verdict)
+            break
+        nvml.gpus[0].procs[grandchild] = 30000 + 400.0 * (i + 1)  # the worker leaks
+        nvml.gpus[0].procs[424242] = 5000 + 9000.0 * (i + 1)  # a neighbour grows more
+    assert sums[0] == (60000, {0: 30000, 1: 30000})
+    assert fired is not None, sums
+    i, verdict = fired
+    # Over 1024 MiB from the 3rd growth step (+1200), held for 3 samples: index 5.
+    assert (i, verdict.reason, verdict.rule) == (5, "gpu_memory", "gpu_growth_limit"), verdict
+    assert sums[-1] == (62000, {0: 32000, 1: 30000})
 
 
 def test_configured_gpu_subset_only(tree: tuple[int, int]) -> None:
