@@ -112,6 +112,31 @@ def test_start_that_never_becomes_healthy_stalls_out() -> None:
     assert restarts(d) == ["start_stall"]
 
 
+@pytest.mark.parametrize(("share", "words"), [
+    (0.95, "95% of one CPU over the last 55s: busy without output"),
+    (0.02, "2% of one CPU over the last 55s: waiting or starved"),
+    (None, None),  # no CPU figure (a sampler that cannot read it): the plain detail
+])
+def test_a_start_stall_says_whether_the_silent_tree_was_busy_or_starved(
+        share: float | None, words: str | None) -> None:
+    """A CI run's restart stalled because another vLLM spun on its core: the detail must
+    tell a starved start from one busy compiling, so the operator knows what to fix."""
+    c = config_with(BASE, startup={"stall_timeout": 60, "timeout": 600},
+                    memory={"sample_interval": 5})
+    d = Driver(c, world=World(health_ok=False, tree_cpu_s=None if share is None else 0.0))
+    for _ in range(15):
+        d.run_for(5)
+        if share is not None and d.world.tree_cpu_s is not None:
+            d.world.tree_cpu_s += 5 * share
+    (begin,) = d.events("restart.begin")
+    assert begin["reason"] == "start_stall"
+    assert begin["detail"].startswith("no output and no progress for")
+    if words is None:
+        assert "CPU" not in begin["detail"]
+    else:
+        assert words in begin["detail"], begin["detail"]
+
+
 def test_start_timeout() -> None:
     c = config_with(BASE, startup={"stall_timeout": 1000, "timeout": 100})
     d = Driver(c, world=World(canary_ok=False))

@@ -85,6 +85,14 @@ def test_real_tree_host_memory_matches_psutil(tree: tuple[int, int]) -> None:
     assert sample.host_rule_mib == sample.host_pss_mib
 
 
+def test_real_tree_cpu_seconds(tree: tuple[int, int]) -> None:
+    child, grandchild = tree
+    sample = make_sampler([], Events()).sample(child, with_pss=False)
+    direct = sum(sum(psutil.Process(p).cpu_times()[:2]) for p in (child, grandchild))
+    assert sample.tree_cpu_s is not None and 0 < sample.tree_cpu_s <= direct + 0.5
+    assert make_sampler([], Events()).sample(None, with_pss=False).tree_cpu_s is None
+
+
 def test_real_tree_without_pss_and_without_root(tree: tuple[int, int]) -> None:
     sampler = make_sampler([], Events())
     assert sampler.sample(tree[0], with_pss=False).host_pss_mib is None

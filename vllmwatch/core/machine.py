@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from vllmwatch.config.schema import Config
-from vllmwatch.core import exitcodes, ladder, probing, serving, startmem
+from vllmwatch.core import exitcodes, ladder, probing, serving, stalls, startmem
 from vllmwatch.core.events import (
     Action,
     CanaryResult,
@@ -295,7 +295,8 @@ def _fire(s: WatchState, kind: str, now: float) -> Result:
     stalled = now - c.last_progress >= s.config.startup.stall_timeout
     if kind == "health" and s.state == S.STARTING and stalled:
         return ladder.begin_restart(s, now, "start_stall", "no output and no progress for "
-                                    f"{now - c.last_progress:.0f}s (startup.stall_timeout)",
+                                    f"{now - c.last_progress:.0f}s (startup.stall_timeout)"
+                                    + stalls.hint(c.cpu_since_progress, c.last_progress),
                                     drain=False)
     return probing.fire(s, kind, now)
 

@@ -41,6 +41,7 @@ class MemorySample:
     host_rss_mib: float = 0.0
     host_pss_mib: float | None = None
     gpu_faults: tuple[GpuFault, ...] = ()  # new since the previous sample
+    tree_cpu_s: float | None = None  # user+system CPU of the tree's live processes, s
 
     @property
     def gpu_rule_mib(self) -> float | None:

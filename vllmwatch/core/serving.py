@@ -6,7 +6,7 @@ from dataclasses import replace
 
 from vllmwatch.config.quiet import in_window
 from vllmwatch.core import drain as drains
-from vllmwatch.core import gpufault, leak, policy, probing, sleep
+from vllmwatch.core import gpufault, leak, policy, probing, sleep, stalls
 from vllmwatch.core.events import (
     Action,
     CanaryResult,
@@ -228,6 +228,10 @@ def memory(s: WatchState, ev: MemorySampled, now: float) -> Result:
         s, rest = memory(s, replace(ev, sample=replace(sample, gpu_faults=())), now)
         return s, [*fault_acts, *rest]
     c = _run(s)
+    if s.state == S.STARTING and sample.tree_cpu_s is not None:
+        s = s.with_child(cpu_since_progress=stalls.mark_cpu(c.cpu_since_progress,
+                                                            c.last_progress, now,
+                                                            sample.tree_cpu_s))
     if s.state != S.READY or c.leak is None:
         return s, []
     host, pss_seen = host_figure(sample, c.pss_seen)

@@ -76,6 +76,8 @@ class ChildRun:
     ready_at: float | None = None
     killed: bool = False  # SIGKILL already sent to this child
     last_progress: float = 0.0  # last child output line during start
+    # (time, tree CPU s) of the first and the latest memory sample since last_progress
+    cpu_since_progress: tuple[tuple[float, float], tuple[float, float]] | None = None
     last_milestone_at: float | None = None
     phases: dict[str, float] = field(default_factory=dict)
     compile_cache_hit: bool = False

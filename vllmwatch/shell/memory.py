@@ -48,6 +48,21 @@ def tree_pids(root_pid: int | None) -> tuple[int, ...]:
     return (root_pid, *(k.pid for k in kids))
 
 
+def tree_cpu_seconds(pids: tuple[int, ...]) -> float | None:
+    """User + system CPU seconds of the live processes in pids; None when there are none.
+
+    Exited processes drop out, so the sum can fall; the core only compares readings taken
+    while nothing printed (a start that makes no progress)."""
+    total, seen = 0.0, False
+    for pid in pids:
+        try:
+            t = psutil.Process(pid).cpu_times()
+        except (psutil.NoSuchProcess, psutil.AccessDenied):
+            continue
+        total, seen = total + t.user + t.system, True
+    return total if seen else None
+
+
 def host_memory(pids: tuple[int, ...], with_pss: bool) -> tuple[float, float | None]:
     """RSS summed over pids, and PSS when asked and readable for every live one (MiB).
 
@@ -100,7 +115,7 @@ class NvmlSampler:
         return MemorySample(source=source, tree_pids=pids, gpu_tree_mib=tree,
                             gpu_tree_by_gpu_mib=by_gpu or {}, device_used_mib=used,
                             device_total_mib=total, host_rss_mib=rss, host_pss_mib=pss,
-                            gpu_faults=faults)
+                            gpu_faults=faults, tree_cpu_s=tree_cpu_seconds(pids))
 
     def gpu_processes(self) -> list[GpuProcess] | None:
         """All compute and graphics processes on the configured GPUs; None when unknown."""

@@ -97,6 +97,7 @@ class World:
     tokens_per_scrape: float = 0.0  # how much the counters move between scrapes
     gpu_mib: float | None = None
     host_mib: float = 1000.0
+    tree_cpu_s: float | None = None  # the tree's CPU seconds, as memory samples carry it
     ignore_sigterm: bool = False
     exit_code_on_term: int = 0
     port_holder: str | None = None
@@ -193,7 +194,8 @@ class WorldEffects:
         sample = MemorySample(source="nvml-process" if w.gpu_mib is not None else "none",
                               tree_pids=(w.next_pid - 1,), gpu_tree_mib=w.gpu_mib,
                               host_rss_mib=w.host_mib,
-                              host_pss_mib=w.host_mib if action.with_pss else None)
+                              host_pss_mib=w.host_mib if action.with_pss else None,
+                              tree_cpu_s=w.tree_cpu_s)
         return MemorySampled(sample, minute_of_day, action.gen)
 
     def sweep(self, action: Sweep) -> SweepDone:
