@@ -43,10 +43,10 @@ def loop_name() -> str:
     return "asyncio" if loop_factory() is None else "uvloop"
 
 
-def _run_on_loop(main: Callable[[], Coroutine[Any, Any, None]]) -> None:
-    """asyncio.run(main()) on the chosen loop: same cancellation of leftover tasks at the end."""
-    factory = loop_factory()
-    if factory is None or sys.version_info < (3, 11):
+def _run_on_loop(main: Callable[[], Coroutine[Any, Any, None]],
+                 factory: Callable[[], asyncio.AbstractEventLoop] | None) -> None:
+    """asyncio.run(main()) on `factory`'s loop: same cancellation of leftover tasks at the end."""
+    if factory is None or sys.version_info < (3, 11):  # the version test narrows for mypy
         asyncio.run(main())
         return
     with asyncio.Runner(loop_factory=factory) as runner:
@@ -69,7 +69,8 @@ class Gate:
         self.door = Door(get_readiness)
         self.forwarder = Forwarder(self.door, upstream, hold_timeout, retry_after, self.stats)
         self.error: str | None = None
-        self.loop = loop_name()
+        self._factory = loop_factory()  # chosen once: what /status says is what runs
+        self.loop = "asyncio" if self._factory is None else "uvloop"
         self._on_error = on_error
         self._loop: asyncio.AbstractEventLoop | None = None
         self._stop: asyncio.Event | None = None
@@ -106,7 +107,7 @@ class Gate:
 
     def _run(self) -> None:
         try:
-            _run_on_loop(self._main)
+            _run_on_loop(self._main, self._factory)
         except BaseException as exc:  # any failure must reach the daemon
             self._fail(f"{type(exc).__name__}: {exc}")
         finally:

@@ -48,31 +48,23 @@ def tree_pids(root_pid: int | None) -> tuple[int, ...]:
     return (root_pid, *(k.pid for k in kids))
 
 
-def tree_cpu_seconds(pids: tuple[int, ...]) -> float | None:
-    """User + system CPU seconds of the live processes in pids; None when there are none.
+def host_memory(pids: tuple[int, ...], with_pss: bool
+                ) -> tuple[float, float | None, float | None]:
+    """RSS summed over pids, PSS when asked and readable for every live one (MiB), and the
+    user + system CPU seconds of the live ones (None when none is left), in one pass.
 
-    Exited processes drop out, so the sum can fall; the core only compares readings taken
-    while nothing printed (a start that makes no progress)."""
-    total, seen = 0.0, False
-    for pid in pids:
-        try:
-            t = psutil.Process(pid).cpu_times()
-        except (psutil.NoSuchProcess, psutil.AccessDenied):
-            continue
-        total, seen = total + t.user + t.system, True
-    return total if seen else None
-
-
-def host_memory(pids: tuple[int, ...], with_pss: bool) -> tuple[float, float | None]:
-    """RSS summed over pids, and PSS when asked and readable for every live one (MiB).
-
-    A partial PSS would understate the tree, so one unreadable process makes it None.
+    A partial PSS would understate the tree, so one unreadable process makes it None. Exited
+    processes drop out of the CPU sum, so it can fall; the core only compares readings taken
+    while nothing printed (core/stalls.py).
     """
     rss = 0.0
     pss: float | None = 0.0 if with_pss else None
+    cpu: float | None = None
     for pid in pids:
         try:
             proc = psutil.Process(pid)
+            times = proc.cpu_times()
+            cpu = (cpu or 0.0) + times.user + times.system
             if pss is not None:
                 try:
                     full = proc.memory_full_info()
@@ -86,7 +78,7 @@ def host_memory(pids: tuple[int, ...], with_pss: bool) -> tuple[float, float | N
             rss += proc.memory_info().rss / _MIB
         except (psutil.NoSuchProcess, psutil.AccessDenied):
             continue  # exited between the walk and now, or unreadable: nothing to add
-    return rss, pss
+    return rss, pss, cpu
 
 
 class NvmlSampler:
@@ -105,7 +97,7 @@ class NvmlSampler:
     def sample(self, root_pid: int | None, with_pss: bool) -> MemorySample:
         """Read the tree; see MemorySample."""
         pids = tree_pids(root_pid)
-        rss, pss = host_memory(pids, with_pss)
+        rss, pss, cpu = host_memory(pids, with_pss)
         procs = self._processes() if self._nvml is not None else None
         used, total = self._device_memory()
         by_gpu = _tree_by_gpu(procs, set(pids))
@@ -115,7 +107,7 @@ class NvmlSampler:
         return MemorySample(source=source, tree_pids=pids, gpu_tree_mib=tree,
                             gpu_tree_by_gpu_mib=by_gpu or {}, device_used_mib=used,
                             device_total_mib=total, host_rss_mib=rss, host_pss_mib=pss,
-                            gpu_faults=faults, tree_cpu_s=tree_cpu_seconds(pids))
+                            gpu_faults=faults, tree_cpu_s=cpu)
 
     def gpu_processes(self) -> list[GpuProcess] | None:
         """All compute and graphics processes on the configured GPUs; None when unknown."""
