@@ -8,6 +8,12 @@
   tp2      tiny model, tensor-parallel 2 on GPUs 0,1: memory per GPU vs NVML, kill -9 of one
            TP worker, SIGSTOP of one TP worker
   pergpu   two daemons, tiny model, one per GPU; SIGUSR1 to one under load on the other
+  pair     which shape (1/2): two daemons, 8B-shaped model, one per GPU, behind the load
+           generator's round robin: throughput and latency at 16 and 128 clients, then
+           kill -9 of one EngineCore under load (recovery, what clients saw)
+  tp2big   which shape (2/2): one daemon, 8B-shaped model, tensor-parallel 2: the same loads;
+           a GPU leak injected into Worker_TP1 (the growth rule on the tree's sum), kill -9
+           of Worker_TP1 under load, kill -9 of EngineCore
 
 Every fault line records NVML before/after, the detect time (restart.begin after the fault),
 the GPU release (gpu.released), READY again, and which processes of the old tree survived.
@@ -27,6 +33,7 @@ from pathlib import Path
 from typing import Any
 
 import drive as D  # the running driver module (drive.py registers itself under this name)
+import loadgen as LG
 
 PROMPT = ("The operator restarted the inference server after the nightly deploy, and the "
           "first user asked a long question about the weather in the mountains. ") * 12
@@ -181,10 +188,11 @@ def start(d: D.Daemon, what: str, port: int, model: str, since: int = 0,
     return True
 
 
-def big_config(name: str, port: int, status_port: int, cache: Path, **kw: Any) -> Path:
+def big_config(name: str, port: int, status_port: int, cache: Path,
+               args: dict[str, Any] | None = None, **kw: Any) -> Path:
     return D.watch_config(name, D.BIG, "q8b", port, status_port, cache,
                           {"max-model-len": 8192, "gpu-memory-utilization": 0.90,
-                           "dtype": "bfloat16"}, **kw)
+                           "dtype": "bfloat16", **(args or {})}, **kw)
 
 
 def ensure_big() -> None:
@@ -337,6 +345,115 @@ def phase_pergpu() -> None:
             stop_and_check(d, sweep_after=i == len(daemons) - 1)
 
 
-D.PHASES.update(matrix=phase_matrix, faults=phase_faults, tp2=phase_tp2, pergpu=phase_pergpu)
-D.ORDER[:] = ["probe", "matrix", "faults", "tp2", "pergpu"]
-D.EST.update(probe=60, matrix=400, faults=300, tp2=200, pergpu=150)
+# ------------------------------------------------------------- which shape (issue 17 item 3)
+LEVELS = (16, 128)   # total concurrent clients, the same for both shapes
+LOAD_S, WARM_S = 30.0, 5.0
+
+
+def measure_levels(phase: str, ports: list[int], model: str) -> None:
+    """Closed-loop streamed load at each level: 128 tokens out per request (ignore_eos)."""
+    for c in LEVELS:
+        if D.left() < LOAD_S + 40:
+            D.emit(phase, f"load_c{c}_skipped", left_s=round(D.left()))
+            continue
+        ld = LG.Load(ports, model, c).start()
+        t0 = time.monotonic()
+        time.sleep(LOAD_S)
+        t1 = time.monotonic()
+        recs = ld.stop()
+        D.emit(phase, f"load_c{c}", concurrency=c, backends=len(ports), max_tokens=128,
+               prompt_chars=len(LG.PROMPT), **LG.summary(recs, t0 + WARM_S, t1),
+               gpu=D.NV.snapshot())
+
+
+def fault_under_load(d: D.Daemon, phase: str, what: str, ports: list[int], model: str,
+                     target: int | None, sig: int, clients: int = 16) -> None:
+    """fault() while `clients` clients load every backend; then what they saw, from the
+    fault until 10 s after READY again."""
+    ld = LG.Load(ports, model, clients).start()
+    time.sleep(8)
+    t_fault = time.monotonic()
+    fault(d, phase, what, ports[0], model, target, sig)
+    time.sleep(10)
+    t_end = time.monotonic()
+    recs = ld.stop()
+    D.emit(phase, what + "_clients", clients=clients, backends=len(ports),
+           before_fault=LG.summary(recs, t_fault - 6, t_fault),
+           after_fault=LG.outage(recs, t_fault, t_end))
+
+
+def phase_pair() -> None:
+    ensure_big()
+    daemons = []
+    for name, gpu in (("a", 0), ("b", 1)):
+        conf = big_config(f"pair-{name}", 8108 + gpu, 9118 + gpu, D.WORK / f"cache8b-{name}",
+                          gpus=(gpu,))
+        daemons.append(D.Daemon("pair", conf, f"pair-{name}-vllmwatch.log"))
+    D.emit("pair", "start", gpu=D.NV.snapshot())
+    try:
+        for i, d in enumerate(daemons):
+            if not start(d, "ready_" + "ab"[i], 8108 + i, "q8b"):
+                return
+        time.sleep(6)
+        for d in daemons:
+            D.memory_view(d, "pair")
+        measure_levels("pair", [8108, 8109], "q8b")
+        if D.left() > 130:
+            a = daemons[0]
+            fault_under_load(a, "pair", "engine_kill9_a", [8108, 8109], "q8b",
+                             D.find_titled("VLLM::EngineCore", a.p.pid), signal.SIGKILL)
+            D.emit("pair", "b_restarts", events=daemons[1].log.named("restart.begin"))
+    finally:  # no sweep until both are stopped: it would SIGKILL the other daemon's tree
+        for i, d in enumerate(daemons):
+            stop_and_check(d, sweep_after=i == len(daemons) - 1)
+
+
+def phase_tp2big() -> None:
+    ensure_big()
+    LEAK_TRIGGER.unlink(missing_ok=True)
+    conf = big_config("tp2big", 8110, 9120, D.WORK / "cache8b-tp2",
+                      {"tensor-parallel-size": 2}, gpus=(0, 1),
+                      env={"PYTHONPATH": str(HOOK_DIR),
+                           "VLLMWATCH_GPU_LEAK_TRIGGER": str(LEAK_TRIGGER),
+                           "VLLMWATCH_GPU_LEAK_TITLE": "VLLM::Worker_TP1",
+                           "VLLMWATCH_GPU_LEAK_DEVICE": "cuda:1",
+                           "VLLMWATCH_GPU_LEAK_MIB": "1024",
+                           "VLLMWATCH_GPU_LEAK_STEPS": "8"},
+                      memory='gpu_growth_limit = "4GiB"\nsustain = 3')
+    D.emit("tp2big", "start", gpu=D.wait_idle_gpu())
+    d = D.Daemon("tp2big", conf, "tp2big-vllmwatch.log")
+    try:
+        if not start(d, "ready", 8110, "q8b"):
+            return
+        time.sleep(6)
+        D.memory_view(d, "tp2big")
+        measure_levels("tp2big", [8110], "q8b")
+        if D.left() > 110:
+            mark, t0 = d.log.count(), d.now()
+            worker = titled("VLLM::Worker_TP1", d.p.pid)
+            before = D.NV.snapshot()
+            LEAK_TRIGGER.write_text("go")
+            idx, t_ready, _ = d.ready(mark, timeout=min(150.0, max(30.0, D.left() - 25)))
+            D.emit("tp2big", "gpu_leak_in_worker_tp1", worker_pid=worker, gpu_before=before,
+                   events=events_after(d, mark, t0, "memory.rule_held", "memory.rule_fired",
+                                       "restart.begin", "gpu.released", "gpu.release_timeout",
+                                       "child.started"),
+                   ready_again_after_trigger_s=round(t_ready - t0, 2) if idx >= 0 else None,
+                   gpu_at_ready=D.NV.snapshot(), trigger_left=LEAK_TRIGGER.exists(),
+                   leak_lines=[ln for ln in d.log.lines if "[gpuleak]" in ln[1]][:10])
+        if D.left() > 120:
+            time.sleep(3)
+            fault_under_load(d, "tp2big", "worker_tp1_kill9", [8110], "q8b",
+                             titled("VLLM::Worker_TP1", d.p.pid), signal.SIGKILL)
+        if D.left() > 110:
+            fault(d, "tp2big", "engine_kill9", 8110, "q8b",
+                  D.find_titled("VLLM::EngineCore", d.p.pid), signal.SIGKILL)
+    finally:
+        LEAK_TRIGGER.unlink(missing_ok=True)
+        stop_and_check(d)
+
+
+D.PHASES.update(matrix=phase_matrix, faults=phase_faults, tp2=phase_tp2, pergpu=phase_pergpu,
+                pair=phase_pair, tp2big=phase_tp2big)
+D.ORDER[:] = ["probe", "matrix", "faults", "tp2", "pergpu", "pair", "tp2big"]
+D.EST.update(probe=60, matrix=400, faults=300, tp2=200, pergpu=150, pair=320, tp2big=500)

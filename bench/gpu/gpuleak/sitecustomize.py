@@ -4,7 +4,9 @@ Loaded into every Python of the vLLM tree through PYTHONPATH ([vllm.env]); acts 
 process whose title becomes VLLM::EngineCore (or VLLMWATCH_GPU_LEAK_TITLE). When the file
 named by VLLMWATCH_GPU_LEAK_TRIGGER appears, that process deletes it and allocates
 VLLMWATCH_GPU_LEAK_MIB MiB of CUDA memory every second, VLLMWATCH_GPU_LEAK_STEPS times, and
-never frees it: a GPU leak inside the engine, as NVML sees it.
+never frees it: a GPU leak inside the engine, as NVML sees it. VLLMWATCH_GPU_LEAK_DEVICE
+(default "cuda") names the device: this thread does not inherit the device a TP worker set
+for its own thread, so a Worker_TP1 leak on its GPU needs "cuda:1".
 """
 
 import os
@@ -14,6 +16,7 @@ import time
 
 _TRIGGER = os.environ.get("VLLMWATCH_GPU_LEAK_TRIGGER", "")
 _TITLE = os.environ.get("VLLMWATCH_GPU_LEAK_TITLE", "VLLM::EngineCore")
+_DEVICE = os.environ.get("VLLMWATCH_GPU_LEAK_DEVICE", "cuda")
 _HELD: list = []
 
 
@@ -38,9 +41,9 @@ def _watch() -> None:
 
         mib = int(os.environ.get("VLLMWATCH_GPU_LEAK_MIB", "1024"))
         for i in range(int(os.environ.get("VLLMWATCH_GPU_LEAK_STEPS", "8"))):
-            _HELD.append(torch.ones(mib << 20, dtype=torch.uint8, device="cuda"))
-            print(f"[gpuleak] pid {os.getpid()} leaked {(i + 1) * mib} MiB", file=sys.stderr,
-                  flush=True)
+            _HELD.append(torch.ones(mib << 20, dtype=torch.uint8, device=_DEVICE))
+            print(f"[gpuleak] pid {os.getpid()} leaked {(i + 1) * mib} MiB on {_DEVICE}",
+                  file=sys.stderr, flush=True)
             time.sleep(1)
         return
 
