@@ -14,6 +14,8 @@
   tp2big   which shape (2/2): one daemon, 8B-shaped model, tensor-parallel 2: the same loads;
            a GPU leak injected into Worker_TP1 (the growth rule on the tree's sum), kill -9
            of Worker_TP1 under load, kill -9 of EngineCore
+  tp2api   tp2big's loads with two API server processes (--api-server-count 2), then kill -9
+           of EngineCore under load
 
 Every fault line records NVML before/after, the detect time (restart.begin after the fault),
 the GPU release (gpu.released), READY again, and which processes of the old tree survived.
@@ -453,7 +455,29 @@ def phase_tp2big() -> None:
         stop_and_check(d)
 
 
+def phase_tp2api() -> None:
+    """TP=2 with two API server processes (--api-server-count 2): is the single API server
+    what held TP=2 at 128 clients (vLLM's stats said ~64 running of 128 sent)?"""
+    ensure_big()
+    conf = big_config("tp2api", 8111, 9121, D.WORK / "cache8b-tp2",
+                      {"tensor-parallel-size": 2, "api-server-count": 2}, gpus=(0, 1))
+    D.emit("tp2api", "start", gpu=D.wait_idle_gpu())
+    d = D.Daemon("tp2api", conf, "tp2api-vllmwatch.log")
+    try:
+        if not start(d, "ready", 8111, "q8b"):
+            return
+        time.sleep(6)
+        D.memory_view(d, "tp2api")
+        measure_levels("tp2api", [8111], "q8b")
+        if D.left() > 110:
+            fault_under_load(d, "tp2api", "engine_kill9", [8111], "q8b",
+                             D.find_titled("VLLM::EngineCore", d.p.pid), signal.SIGKILL)
+    finally:
+        stop_and_check(d)
+
+
 D.PHASES.update(matrix=phase_matrix, faults=phase_faults, tp2=phase_tp2, pergpu=phase_pergpu,
-                pair=phase_pair, tp2big=phase_tp2big)
-D.ORDER[:] = ["probe", "matrix", "faults", "tp2", "pergpu", "pair", "tp2big"]
-D.EST.update(probe=60, matrix=400, faults=300, tp2=200, pergpu=150, pair=320, tp2big=500)
+                pair=phase_pair, tp2big=phase_tp2big, tp2api=phase_tp2api)
+D.ORDER[:] = ["probe", "matrix", "faults", "tp2", "pergpu", "pair", "tp2big", "tp2api"]
+D.EST.update(probe=60, matrix=400, faults=300, tp2=200, pergpu=150, pair=320, tp2big=500,
+               tp2api=350)
