@@ -237,6 +237,28 @@ def test_a_dead_tp_worker_is_a_restart_at_the_next_probe(daemon: Factory) -> Non
     d.wait_ready(15.0, since=d.events.index(begin))
 
 
+def test_a_dead_engine_is_a_restart_at_the_next_probe_while_health_hangs(
+        daemon: Factory) -> None:
+    # vLLM 0.26 with --api-server-count 2 on the H200: after EngineCore's kill -9 /health gave
+    # no answer until the probe timed out. Here it hangs 60 s and the probe timeout is 20 s:
+    # the restart must come from the engine watch at the next probe, not from either timeout.
+    d = daemon(["--engine-death-exit-delay", "60", "--health-stall-after-engine-death", "60"],
+               {"probe": {"failure_threshold": 5, "timeout": "20s"}})
+    root = psutil.Process(d.wait_ready()["pid"])
+    engine = wait_for(lambda: [p for p in root.children(recursive=True)
+                               if "--role engine" in " ".join(p.cmdline())], 10, "EngineCore")[0]
+    since = d.mark()
+    killed_at = time.time()
+    engine.kill()
+    begin = wait_for(lambda: d.named("restart.begin", since), 15.0, "restart.begin")[0]
+    assert begin["reason"] == "health" and "engine process gone" in begin["detail"], begin
+    assert "/health not asked" in begin["detail"], begin
+    assert ts_of(begin) - killed_at < 10.0  # well inside the 20 s probe timeout
+    report("EngineCore kill -9, /health hanging: fault -> restart.begin",
+           ts_of(begin) - killed_at)
+    d.wait_ready(20.0, since=d.events.index(begin))
+
+
 def test_health_failures_restart_after_threshold(daemon: Factory) -> None:
     # The canary keeps succeeding: /health failing alone must still restart.
     d = daemon(["--health-fail-after", "1"])

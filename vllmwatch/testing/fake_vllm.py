@@ -67,7 +67,10 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
     for name, seconds in (("startup-seconds", 0.5), ("engine-death-exit-delay", 3.0),
                           ("orphan-timeout", 120.0), ("slow-completion", 0.0),
                           ("leak-mib-per-s", 0.0), ("shutdown-timeout", 0.0),
-                          ("stream-interval", 0.01)):  # between SSE chunks of stream=true
+                          ("stream-interval", 0.01),  # between SSE chunks of stream=true
+                          # with the engine dead, /health hangs this long, then the connection
+                          # drops (vLLM 0.26 with --api-server-count 2, seen on the H200)
+                          ("health-stall-after-engine-death", 0.0)):
         p.add_argument(f"--{name}", type=float, default=seconds)
     for name in ("hang-after", "stall-after", "exit-after", "engine-crash-after",
                  "crash-during-start", "health-fail-after", "unhealthy-after"):
@@ -230,6 +233,11 @@ class _Handler(BaseHTTPRequestHandler):
         """Serve /health, /v1/models and /metrics."""
         api, path = self.server.api, self.path.split("?")[0]
         if path == "/health":
+            stall = api.args.health_stall_after_engine_death
+            if api.dead_at is not None and stall > 0:
+                time.sleep(stall)
+                self.close_connection = True  # no answer: the client sees the socket close
+                return
             self._send(api.health(), b"")
         elif path == "/v1/models":
             self._send(200, {"object": "list", "data": [
