@@ -16,6 +16,7 @@
            of Worker_TP1 under load, kill -9 of EngineCore
   tp2api   tp2big's loads with two API server processes (--api-server-count 2), then kill -9
            of EngineCore under load
+  tp2apikill  tp2api's faults only, eager: EngineCore kill -9, then APIServer_1 kill -9
 
 Every fault line records NVML before/after, the detect time (restart.begin after the fault),
 the GPU release (gpu.released), READY again, and which processes of the old tree survived.
@@ -476,8 +477,34 @@ def phase_tp2api() -> None:
         stop_and_check(d)
 
 
+def phase_tp2apikill() -> None:
+    """tp2api's faults only, eager (a faster start; detection does not depend on compiling):
+    EngineCore kill -9 under load (re-run after the engine-watch fix), then kill -9 of one of
+    the two API server processes."""
+    ensure_big()
+    conf = big_config("tp2apikill", 8112, 9122, D.WORK / "cache8b-tp2e",
+                      {"tensor-parallel-size": 2, "api-server-count": 2,
+                       "enforce-eager": True}, gpus=(0, 1))
+    D.emit("tp2apikill", "start", gpu=D.wait_idle_gpu())
+    d = D.Daemon("tp2apikill", conf, "tp2apikill-vllmwatch.log")
+    try:
+        if not start(d, "ready", 8112, "q8b"):
+            return
+        time.sleep(6)
+        fault_under_load(d, "tp2apikill", "engine_kill9", [8112], "q8b",
+                         D.find_titled("VLLM::EngineCore", d.p.pid), signal.SIGKILL)
+        if D.left() > 90:
+            time.sleep(3)
+            fault_under_load(d, "tp2apikill", "apiserver1_kill9", [8112], "q8b",
+                             titled("VLLM::APIServer_1", d.p.pid), signal.SIGKILL)
+    finally:
+        stop_and_check(d)
+
+
 D.PHASES.update(matrix=phase_matrix, faults=phase_faults, tp2=phase_tp2, pergpu=phase_pergpu,
-                pair=phase_pair, tp2big=phase_tp2big, tp2api=phase_tp2api)
-D.ORDER[:] = ["probe", "matrix", "faults", "tp2", "pergpu", "pair", "tp2big", "tp2api"]
+                pair=phase_pair, tp2big=phase_tp2big, tp2api=phase_tp2api,
+                tp2apikill=phase_tp2apikill)
+D.ORDER[:] = ["probe", "matrix", "faults", "tp2", "pergpu", "pair", "tp2big", "tp2api",
+              "tp2apikill"]
 D.EST.update(probe=60, matrix=400, faults=300, tp2=200, pergpu=150, pair=320, tp2big=500,
-               tp2api=350)
+               tp2api=350, tp2apikill=250)
