@@ -221,6 +221,25 @@ def test_a_hung_engine_gets_a_short_grace() -> None:
     assert "from vllmwatch" in d.events("child.exited")[-1]["detail"]
 
 
+def test_a_gone_engine_gets_a_short_grace() -> None:
+    # vLLM with --api-server-count 2 ignored SIGTERM for 20 s after its EngineCore died.
+    d = up(world=World(ignore_sigterm=True))
+    d.world.health_ok, d.world.engine_gone = False, True
+    d.run_for(6)  # one probe (every 5 s), not failure_threshold of them
+    assert restarts(d) == ["health"]
+    assert d.events("child.stopping")[-1]["grace_s"] == 5.0
+    d.run_for(6)
+    assert d.world.signals == ["SIGTERM", "SIGKILL"]
+
+
+def test_a_failing_health_alone_keeps_the_full_grace() -> None:
+    d = up(world=World(ignore_sigterm=True))
+    d.world.health_ok = False
+    d.run_for(16)  # three probes 5 s apart
+    assert restarts(d) == ["health"]
+    assert d.events("child.stopping")[-1]["grace_s"] == BASE.restart.stop_timeout
+
+
 def test_second_stop_signal_kills_at_once() -> None:
     d = up(world=World(ignore_sigterm=True))
     d.send(StopRequested("SIGTERM"))

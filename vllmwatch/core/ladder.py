@@ -113,13 +113,17 @@ def begin_drain(s: WatchState, now: float, dereg: float, timeout: float) -> Resu
 
 
 def stop_child(s: WatchState, now: float) -> Result:
-    """SIGTERM the group and give it restart.stop_timeout (less when the engine is stuck)."""
+    """SIGTERM the group and give it restart.stop_timeout (less when the engine is stuck
+    or gone)."""
     if s.child is not None and s.child.drain is not None:
         s = s.with_child(drain=drains.stopping(s.child.drain, now))
     grace = s.config.restart.stop_timeout
-    if s.pending is not None and s.pending[0] in STUCK_REASONS:
-        # Measured: the API server of a hung engine waits on it and ignores SIGTERM, so the
-        # full grace would only add downtime; nothing in flight can finish anyway.
+    stuck = s.pending is not None and s.pending[0] in STUCK_REASONS
+    if stuck or (s.child is not None and s.child.engine_gone):
+        # Measured: the API server of a hung engine waits on it and ignores SIGTERM, and with
+        # --api-server-count 2 vLLM's launcher outlived a dead EngineCore's SIGTERM for the
+        # whole 20 s (2 x H200). The full grace would only add downtime; nothing in flight
+        # can finish anyway.
         grace = min(grace, STUCK_GRACE)
     s, acts = goto(s, S.STOPPING, now, "stop child", deadline=now + grace)
     acts.append(SignalGroup("SIGTERM"))

@@ -58,8 +58,8 @@ def health(s: WatchState, ev: HealthResult, now: float) -> Result:
         # Measured: EngineCore dead -> /health 503 within 0.2 s and the API server exits 0
         # seconds later; a dead TP worker -> 503 only ~4 s later. With an engine process gone
         # nothing can recover: do not wait for failure_threshold probes.
-        return begin_restart(s, now, "health", f"the engine process is gone: {ev.error}",
-                             drain=False)
+        return begin_restart(s.with_child(engine_gone=True), now, "health",
+                             f"the engine process is gone: {ev.error}", drain=False)
     return _probe_failed(s, now, "health", ev.error or f"HTTP {ev.status}")
 
 

@@ -89,6 +89,7 @@ class ChildRun:
     health_failures: int = 0  # consecutive /health failures; only /health 200 resets it
     canary_failures: int = 0  # consecutive canary errors (not timeouts); only a canary resets
     hang_suspect: bool = False
+    engine_gone: bool = False  # an engine or worker process of this child is gone
     progress: Progress | None = None
     canary_ref: Progress | None = None  # progress when the canary in flight was sent
     stall_since: float | None = None

@@ -12,8 +12,10 @@ from __future__ import annotations
 import psutil
 
 # vLLM titles its processes VLLM::EngineCore and VLLM::Worker_TP<n> (setproctitle; /proc's comm
-# keeps 15 characters, so match the command line). The fake vLLM names its roles in argv.
-_TITLES = ("VLLM::EngineCore", "VLLM::Worker")
+# keeps 15 characters, so match the command line), and with --api-server-count > 1 its API
+# servers VLLM::APIServer_<n>: vLLM tears the whole server down when one of those dies, but
+# on the H200 /health hung for 10 s before the engine went. The fake names its roles in argv.
+_TITLES = ("VLLM::EngineCore", "VLLM::Worker", "VLLM::APIServer")
 _FAKE_ROLES = ("--role engine", "--role worker")
 
 
