@@ -13,6 +13,7 @@ from pathlib import Path
 from types import ModuleType
 
 import pytest
+from daemon_harness import free_port
 from waiting import wait_until
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -28,12 +29,6 @@ def _loadgen() -> ModuleType:
 
 
 LG = _loadgen()
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
 
 
 def answers(port: int) -> bool:
