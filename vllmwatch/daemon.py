@@ -53,8 +53,10 @@ def main(config: Config, log_format: str | None = None, prewarm: bool = True,
     def reload() -> Config:
         new = load(config.path)
         log_new = setup(log_format or new.log.format, new.log.level, environ=env)
-        fx.log = log_new
-        return spread_config(new, log_new)
+        fx.log = fx.launcher.log = log_new
+        new = spread_config(new, log_new)
+        fx.reconfigure(new)  # a standby built for another command or environment goes
+        return new
 
     loop = Loop(config, fx, SystemClock(), reload_config=reload, environ=env)
     try:

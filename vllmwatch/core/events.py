@@ -30,6 +30,7 @@ class Spawned:
 
     pid: int
     argv_display: str = ""
+    launch: str = "fresh"  # fresh (Popen) | standby (a pre-imported interpreter took it)
 
 
 @dataclass(frozen=True)

@@ -31,7 +31,11 @@ SWEEP_WAIT = 20.0  # on the way out, how long a sweep may take before we leave r
 RELEASE_POLL = 1.0
 SETTLE = 3.0  # after a requested stop, how long the engine may take to follow the API server
 STUCK_REASONS = frozenset({"hang", "stall"})
-STUCK_GRACE = 5.0  # SIGTERM -> SIGKILL for an engine known to be stuck
+# Restarts where nothing in flight can finish: a stuck or faulted engine, a start that never
+# served (issue 28: the seconds around a launch). A failing /health alone keeps the full
+# grace: a busy server may still finish what it holds.
+NOTHING_TO_DRAIN = STUCK_REASONS | {"gpu_fault", "start_timeout", "start_stall"}
+STUCK_GRACE = 5.0  # SIGTERM -> SIGKILL where nothing can drain
 FIRST_POLL = 1.0  # the first /health and memory look after a launch
 
 
@@ -118,12 +122,12 @@ def stop_child(s: WatchState, now: float) -> Result:
     if s.child is not None and s.child.drain is not None:
         s = s.with_child(drain=drains.stopping(s.child.drain, now))
     grace = s.config.restart.stop_timeout
-    stuck = s.pending is not None and s.pending[0] in STUCK_REASONS
-    if stuck or (s.child is not None and s.child.engine_gone):
+    stuck = s.pending is not None and s.pending[0] in NOTHING_TO_DRAIN
+    if stuck or s.state == S.STARTING or (s.child is not None and s.child.engine_gone):
         # Measured: the API server of a hung engine waits on it and ignores SIGTERM, and with
         # --api-server-count 2 vLLM's launcher outlived a dead EngineCore's SIGTERM for the
         # whole 20 s (2 x H200). The full grace would only add downtime; nothing in flight
-        # can finish anyway.
+        # can finish anyway (nor in a start that never served).
         grace = min(grace, STUCK_GRACE)
     s, acts = goto(s, S.STOPPING, now, "stop child", deadline=now + grace)
     acts.append(SignalGroup("SIGTERM"))
@@ -230,7 +234,10 @@ def after_cleanup(s: WatchState, now: float) -> Result:
         return s.with_(prewarmed=True), [*acts, DoPrewarm(s.config)]
     planned = s.pending is not None and s.pending[0] not in FAILURE_REASONS
     s, rand = next_random(s)
-    delay = 0.0 if planned else policy.backoff_delay(s.config.restart, s.failures, rand)
+    # The first failure in a row relaunches at once: after a stable run one crash says
+    # nothing about the next start, and every second of backoff is an outage (issue 28).
+    # The crash-loop backoff starts at the second failure in a row.
+    delay = 0.0 if planned else policy.backoff_delay(s.config.restart, s.failures - 1, rand)
     if delay <= 0:
         return spawn(s.with_(prewarmed=True), now)
     s, acts = goto(s, S.BACKOFF, now, f"wait {delay:.1f}s before restart", deadline=now + delay)

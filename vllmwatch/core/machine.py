@@ -115,7 +115,8 @@ def _spawned(s: WatchState, ev: Spawned) -> Result:
         return s, []
     s = s.with_child(pid=ev.pid, pgid=ev.pid, spawned=True)
     acts: list[Action] = [Log("info", "child.started", {"pid": ev.pid, "gen": c.gen,
-                                                          "command": ev.argv_display})]
+                                                          "command": ev.argv_display,
+                                                          "launch": ev.launch})]
     if s.state == S.STOPPING:  # a stop or restart came while the launch was out
         acts.append(SignalGroup("SIGKILL" if c.killed else "SIGTERM"))
     elif s.state not in CHILD_STATES:  # the run was given up while the launch was out

@@ -169,7 +169,8 @@ def _ids(pid: int) -> tuple[int, int]:
         return -1, -1
 
 
-def find_tree(pgid: int | None, marker: str, log: LogFn | None = None
+def find_tree(pgid: int | None, marker: str, log: LogFn | None = None,
+              exempt: frozenset[int] = frozenset()
               ) -> tuple[list[psutil.Process], list[psutil.Process]]:
     """Our processes and vLLM-looking foreign ones.
 
@@ -177,10 +178,12 @@ def find_tree(pgid: int | None, marker: str, log: LogFn | None = None
     group or session of such a process. vLLM's process titles (VLLM::EngineCore) overwrite
     the environment block, so orphaned engines lose the marker; they keep the session of
     the child, which we started with setsid and vLLM never leaves. A group remembered from
-    an earlier vllmwatch counts only when provably ours (see groupfile).
+    an earlier vllmwatch counts only when provably ours (see groupfile). `exempt`: pids
+    that are ours but no child's (the standby), left out by pid, never by their shape.
     """
     me = os.getpid()
-    procs = [(p, *_ids(p.pid)) for p in psutil.process_iter() if p.pid != me and _alive(p)]
+    procs = [(p, *_ids(p.pid)) for p in psutil.process_iter()
+             if p.pid != me and p.pid not in exempt and _alive(p)]
     marked = {p.pid for p, _, _ in procs if _is_ours(p, marker)}
     groups = {g for p, g, _ in procs if p.pid in marked and g > 0}
     if pgid is not None:
@@ -221,13 +224,14 @@ def _wait_gone(procs: list[psutil.Process], seconds: float) -> list[psutil.Proce
 
 
 def sweep(pgid: int | None, marker: str, host: str, port: int, grace: float = 5.0,
-          settle: float = 0.0, log: LogFn | None = None) -> SweepDone:
+          settle: float = 0.0, log: LogFn | None = None,
+          exempt: frozenset[int] = frozenset()) -> SweepDone:
     """Kill everything left of our tree and check the port; bounded by a few seconds.
 
     `settle`: after a stop we asked for, vLLM's engine and workers are still exiting on
     their own when the API server is gone; give them that long before calling them leftovers.
     """
-    ours, foreign = find_tree(pgid, marker, log)
+    ours, foreign = find_tree(pgid, marker, log, exempt)
     stragglers = _wait_gone(ours, settle) if settle > 0 else ours
     for proc in stragglers:
         with contextlib.suppress(psutil.Error):

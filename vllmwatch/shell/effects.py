@@ -34,6 +34,7 @@ from vllmwatch.shell import flagcheck, startguard
 from vllmwatch.shell import platform as platformmod
 from vllmwatch.shell.childlog import ChildLog
 from vllmwatch.shell.engines import EngineWatch
+from vllmwatch.shell.launcher import Launcher
 from vllmwatch.shell.logs import LogFn
 from vllmwatch.shell.memory import MemorySampler, make_sampler, release_check
 from vllmwatch.shell.notify import Notifier
@@ -91,20 +92,19 @@ class RealEffects:
         # Read at the first launch, and again whenever vllm.command changes (SIGHUP).
         self._version: str | None = None
         self._version_of: list[str] | None = None
+        self._config = config  # the latest: for the standby built between launches
+        self.launcher = Launcher(log, self.marker, self._gpu_pids)
 
     def spawn(self, config: Config, post: Callable[[Event], None]) -> Event:
         """Build the command (refusing known-broken flags) and start the child."""
         self._canaries.expect(config.vllm.args, config.vllm.extra_args)  # auto's first guess
+        self._config = config
         if self._version_of != config.vllm.command:
             self._version = vllminfo.version(config.vllm.command)
             self._version_of = list(config.vllm.command)
         try:
             api_key = command.read_api_key(config)
-            extra = self._cache_env(config)
-            if "TMPDIR" not in config.vllm.env:
-                extra["TMPDIR"] = childmod.child_tmpdir(self.marker)
-            cmd = command.build(config, self._environ, api_key=api_key,
-                                vllm_version=self._version, extra_env=extra)
+            cmd = self._command(config, api_key, fresh_tmpdir=True)
         except ConfigError as exc:
             return SpawnFailed(str(exc), fatal=True)
         # [vllm.args] against the flags this vLLM accepts (cache only: never blocks the loop).
@@ -114,7 +114,7 @@ class RealEffects:
         self._before_launch = self.sampler.device_used_mib() if config.vllm.uses_gpu else {}
         self._start_guard(config)
         try:
-            child = childmod.spawn(cmd, self.marker)
+            child = self.launcher.launch(config, cmd, self.platform.unified)
         except (FileNotFoundError, PermissionError) as exc:
             self._stop_guard("spawn_failed")
             # A missing or non-executable vLLM is a config problem: retrying cannot help.
@@ -130,7 +130,33 @@ class RealEffects:
         self._childlog = ChildLog(child.stdout, child.pid, post, self.log,
                                   forward=config.log.child_lines)
         self._childlog.start()
-        return Spawned(child.pid, cmd.display())
+        return Spawned(child.pid, cmd.display(), launch=self.launcher.last_launch)
+
+    def _command(self, config: Config, api_key: str | None, fresh_tmpdir: bool
+                 ) -> command.ChildCommand:
+        """The launch's argv and environment (raises ConfigError)."""
+        extra = self._cache_env(config)
+        if "TMPDIR" not in config.vllm.env and fresh_tmpdir:
+            extra["TMPDIR"] = childmod.child_tmpdir(self.marker)
+        return command.build(config, self._environ, api_key=api_key,
+                             vllm_version=self._version, extra_env=extra)
+
+    def _next_command(self, config: Config) -> command.ChildCommand | None:
+        """What the next launch would run, for the standby (no TMPDIR made for it)."""
+        try:
+            return self._command(config, command.read_api_key(config), fresh_tmpdir=False)
+        except ConfigError:
+            return None
+
+    def reconfigure(self, config: Config) -> None:
+        """A SIGHUP loaded `config`: a standby built for another command goes."""
+        self._config = config
+        self.launcher.reconfigure(config, lambda: self._next_command(config),
+                                  self.platform.unified)
+
+    def _gpu_pids(self) -> set[int] | None:
+        procs = self.sampler.gpu_processes()
+        return None if procs is None else {p.pid for p in procs}
 
     def _start_guard(self, config: Config) -> None:
         """Unified memory only: evict the checkpoint now and watch MemFree until READY."""
@@ -172,7 +198,10 @@ class RealEffects:
         """Reap the child if it exited, then (as PID 1 or subreaper) any orphaned zombie."""
         exited = self._poll_own_child()
         if self.reaper is not None:
-            self.reaper.reap(keep=() if self._child is None else (self._child.pid,))
+            keep = set(self.launcher.exempt())
+            if self._child is not None:
+                keep.add(self._child.pid)
+            self.reaper.reap(keep=keep)
         return exited
 
     def _poll_own_child(self) -> ChildExited | None:
@@ -242,11 +271,13 @@ class RealEffects:
         """Kill leftovers of our tree and check the port; at start honour kill_stale."""
         if action.pgid is not None or action.kill_stale:
             done = childmod.sweep(action.pgid, self.marker, action.host, action.port,
-                                  settle=action.settle, log=self.log)
+                                  settle=action.settle, log=self.log,
+                                  exempt=self.launcher.exempt())
             if not done.remaining:
                 childmod.remove_tmpdirs(self.marker)
             return done
-        ours, foreign = childmod.find_tree(action.pgid, self.marker, self.log)
+        ours, foreign = childmod.find_tree(action.pgid, self.marker, self.log,
+                                           exempt=self.launcher.exempt())
         holder = childmod.port_holder(action.host, action.port, ignore=set())
         return SweepDone((), tuple(p.pid for p in ours), holder,
                          tuple(childmod.describe(p) for p in foreign))
@@ -273,13 +304,20 @@ class RealEffects:
         """Hand the latest snapshot to readers (the status server)."""
         if self._guard is not None and snapshot.state != "starting":
             self._stop_guard("ready" if snapshot.ready else snapshot.state)  # the start is over
+        self.launcher.watch()
+        if snapshot.state == "ready" and not snapshot.draining:
+            config = self._config
+            self.launcher.prepare(config, snapshot.child_pid,
+                                  lambda: self._next_command(config), self.platform.unified)
         if self._publish is not None:
             self._publish(replace(snapshot, unified_memory=self.platform.unified,
-                                  platform_reason=self.platform.reason))
+                                  platform_reason=self.platform.reason,
+                                  **self.launcher.info()))
 
     def close(self) -> None:
         """Last resort on the way out: never leave a child behind."""
         self._stop_guard("daemon_exit")
+        self.launcher.close()
         if self._child is not None and self._child.proc.poll() is None:
             childmod.signal_group(self._child.pid, "SIGKILL")
             self._child.proc.wait(10)

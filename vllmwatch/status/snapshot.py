@@ -67,6 +67,13 @@ class Snapshot:
     loop_heartbeat: float = 0.0  # monotonic time of the loop's last turn
     unified_memory: bool | None = None  # DGX Spark: GPU memory is system memory (None: unknown)
     platform_reason: str = ""  # why (core/unified.py decide_platform)
+    # How the current child was launched, and the standby for the next one (shell/launcher).
+    launch: str = ""  # standby | fresh
+    launches: dict[str, int] = field(default_factory=dict)
+    standby_state: str = "off"  # off | importing | waiting
+    standby_pid: int | None = None
+    standby_rss_mib: float | None = None
+    standby_reason: str = ""  # why it is off, or why the last one was discarded
 
     @property
     def restarts_total(self) -> int:
