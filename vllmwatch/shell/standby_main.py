@@ -45,13 +45,13 @@ def _prctl(option: int, value: int | bytes) -> None:
         ctypes.CDLL(None, use_errno=True).prctl(option, value, 0, 0, 0)
 
 
-def set_title(title: str) -> None:
-    """The process title: setproctitle where vLLM's venv has it (vLLM depends on it), else
-    only /proc/PID/comm (15 characters)."""
+def set_title(title: str, comm: str) -> None:
+    """The process title: setproctitle where vLLM's venv has it (vLLM depends on it); and
+    /proc/PID/comm (15 characters), which is all there is without it."""
+    _prctl(_PR_SET_NAME, comm.encode()[:15])
     try:
         import setproctitle  # type: ignore[import-not-found,unused-ignore]
     except ImportError:
-        _prctl(_PR_SET_NAME, title.encode()[:15])
         return
     setproctitle.setproctitle(title)
 
@@ -198,7 +198,7 @@ class Standby:
         # sys.path[0] as a plain launch has it: the script's folder, or the directory for -m.
         sys.path.insert(0, os.path.dirname(entry["target"]) if entry["kind"] == "path"
                         else os.getcwd())
-        set_title(" ".join(argv))
+        set_title(" ".join(argv), os.path.basename(argv[0]))  # as an exec would name it
         run_entry(entry, argv)
 
 
@@ -242,7 +242,7 @@ def main() -> None:
         os._exit(0)  # vllmwatch died before the death signal was armed
     if int(spec.get("status_fd", -1)) >= 0:
         os.set_inheritable(int(spec["status_fd"]), False)  # never into vLLM's children
-    set_title(TITLE)
+    set_title(TITLE, TITLE)
     standby = Standby(spec)
     standby.report("importing")
     threading.Thread(target=standby.read_handover, name="handover", daemon=True).start()
