@@ -15,9 +15,9 @@ from vllmwatch.core.events import (
     Spawn,
     Sweep,
 )
+from vllmwatch.core.names import FAILURE_REASONS, STUCK_REASONS, ProbeKind, Reason
 from vllmwatch.core.state import (
     CHILD_STATES,
-    FAILURE_REASONS,
     ChildRun,
     Result,
     S,
@@ -30,7 +30,6 @@ KILL_WAIT = 10.0  # after SIGKILL, how long to wait for the exit before sweeping
 SWEEP_WAIT = 20.0  # on the way out, how long a sweep may take before we leave regardless
 RELEASE_POLL = 1.0
 SETTLE = 3.0  # after a requested stop, how long the engine may take to follow the API server
-STUCK_REASONS = frozenset({"hang", "stall"})
 STUCK_GRACE = 5.0  # SIGTERM -> SIGKILL for an engine known to be stuck
 FIRST_POLL = 1.0  # the first /health and memory look after a launch
 
@@ -40,12 +39,14 @@ def spawn(s: WatchState, now: float) -> Result:
     s, acts = goto(s, S.STARTING, now, s.pending[0] if s.pending else "launch",
                    deadline=now + s.config.startup.timeout)
     run = ChildRun(gen=s.gen + 1, started=now, vllm=s.config.vllm, last_progress=now,
-                   timers={"health": now + FIRST_POLL, "memory": now + FIRST_POLL})
+                   timers={ProbeKind.HEALTH: now + FIRST_POLL,
+                           ProbeKind.MEMORY: now + FIRST_POLL})
     s = s.with_(gen=run.gen, child=run, pending=None, release_at=None, release_deadline=None)
     return s, [*acts, Spawn(s.config)]
 
 
-def begin_restart(s: WatchState, now: float, reason: str, detail: str, drain: bool) -> Result:
+def begin_restart(s: WatchState, now: float, reason: Reason, detail: str, drain: bool
+                  ) -> Result:
     """Record a restart and start taking the child down (once: a restart under way wins)."""
     if s.exit_code is not None or s.pending is not None:
         return s, []
@@ -105,7 +106,8 @@ def begin_drain(s: WatchState, now: float, dereg: float, timeout: float) -> Resu
     s, acts = goto(s, S.DRAINING, now, "drain before restart", deadline=drains.deadline(d))
     assert s.child is not None
     s = s.with_child(drain=d, timers={**s.child.timers,
-                                      "metrics": drains.next_check(d, now, probing.DRAIN_POLL)})
+                                      ProbeKind.METRICS: drains.next_check(d, now,
+                                                                           probing.DRAIN_POLL)})
     acts.append(Log("info", "drain.begin", {"phase": str(drains.phase(d, now)),
                                             "deregister_delay_s": dereg,
                                             "drain_timeout_s": timeout}))

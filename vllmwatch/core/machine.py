@@ -26,6 +26,8 @@ from vllmwatch.core.events import (
     SweepDone,
     Tick,
 )
+from vllmwatch.core.names import PROBES, Reason
+from vllmwatch.core.names import ProbeKind as K
 from vllmwatch.core.policy import explain_exit
 from vllmwatch.core.state import CHILD_STATES, FINAL, Result, S, WatchState, goto, seeded
 
@@ -85,14 +87,14 @@ def _apply(s: WatchState, ev: Event, now: float) -> Result:
     return _reload(s, ev, now)
 
 
-def _kind(ev: HealthResult | CanaryResult | MetricsResult | MemorySampled) -> str:
+def _kind(ev: HealthResult | CanaryResult | MetricsResult | MemorySampled) -> K:
     if isinstance(ev, MemorySampled):
-        return "memory"
+        return K.MEMORY
     if isinstance(ev, MetricsResult):
-        return "metrics"
+        return K.METRICS
     if isinstance(ev, HealthResult):
-        return "health"
-    return "warmup" if ev.warmup else "canary"
+        return K.HEALTH
+    return K.WARMUP if ev.warmup else K.CANARY
 
 
 def _result(s: WatchState, ev: HealthResult | CanaryResult | MetricsResult | MemorySampled,
@@ -136,8 +138,8 @@ def _spawn_failed(s: WatchState, ev: SpawnFailed, now: float) -> Result:
     return s, acts + more
 
 
-def _crashed(s: WatchState, now: float, detail: str, why: str, reason: str = "crash"
-             ) -> Result:
+def _crashed(s: WatchState, now: float, detail: str, why: str,
+             reason: Reason = Reason.CRASH) -> Result:
     """The child is gone unasked: a crash restart, and the sweep at once (nothing to stop)."""
     s, acts = ladder.begin_restart(s, now, reason, detail, drain=False)
     if s.state in CHILD_STATES:
@@ -168,7 +170,7 @@ def _child_exited(s: WatchState, ev: ChildExited, now: float) -> Result:
             "error": hint, "hint": "vLLM refused its command line; fix [vllm] in the config "
             "(see `vllmwatch print-command` and `vllmwatch check`)"}))
         s = s.with_(exit_code=exitcodes.CONFIG)
-    reason, detail = "crash", ("during start: " if s.state == S.STARTING else "") + why
+    reason, detail = Reason.CRASH, ("during start: " if s.state == S.STARTING else "") + why
     mem = startmem.start_failed(s, ev) if s.state == S.STARTING and s.exit_code is None \
         else None
     if mem is not None:  # vLLM said it ran out of memory: name it, stop if it repeats
@@ -224,7 +226,7 @@ def _manual_restart(s: WatchState, now: float) -> Result:
     if s.state not in (S.READY, S.STARTING) or s.pending is not None:
         return s, [Log("info", "restart.ignored", {"state": str(s.state),
                                                     "detail": "a restart is already under way"})]
-    return ladder.begin_restart(s, now, "manual", "SIGUSR1", drain=True)
+    return ladder.begin_restart(s, now, Reason.MANUAL, "SIGUSR1", drain=True)
 
 
 def _reload(s: WatchState, ev: ReloadRequested, now: float) -> Result:
@@ -241,7 +243,7 @@ def _reload(s: WatchState, ev: ReloadRequested, now: float) -> Result:
                                                 "restart_needed": relaunch}))
     acts.append(Notify(ready=True))
     if relaunch and s.state in (S.READY, S.STARTING) and s.exit_code is None:
-        s, more = ladder.begin_restart(s, now, "reload", "the vLLM command or environment "
+        s, more = ladder.begin_restart(s, now, Reason.RELOAD, "the vLLM command or environment "
                                        "changed", drain=True)
         acts += more
     return s, acts
@@ -257,7 +259,7 @@ def _due(s: WatchState, now: float) -> Result:
     c = s.child
     if c is not None and s.state in CHILD_STATES:
         for kind, at in sorted(c.timers.items(), key=lambda kv: kv[1]):
-            if kind != "pss" and now >= at and s.state in CHILD_STATES:
+            if not PROBES[kind].timer_only and now >= at and s.state in CHILD_STATES:
                 s, more = _fire(s, kind, now)
                 acts += more
         s, more = probing.freshness(s, now)
@@ -271,7 +273,7 @@ def _due(s: WatchState, now: float) -> Result:
 
 def _deadline(s: WatchState, now: float) -> Result:
     if s.state == S.STARTING:
-        return ladder.begin_restart(s, now, "start_timeout", "not ready after "
+        return ladder.begin_restart(s, now, Reason.START_TIMEOUT, "not ready after "
                                     f"{s.config.startup.timeout:.0f}s (startup.timeout)",
                                     drain=False)
     if s.state == S.DRAINING:
@@ -289,12 +291,12 @@ def _deadline(s: WatchState, now: float) -> Result:
     return s.with_(deadline=None), []
 
 
-def _fire(s: WatchState, kind: str, now: float) -> Result:
+def _fire(s: WatchState, kind: K, now: float) -> Result:
     c = s.child
     assert c is not None
     stalled = now - c.last_progress >= s.config.startup.stall_timeout
-    if kind == "health" and s.state == S.STARTING and stalled:
-        return ladder.begin_restart(s, now, "start_stall", "no output and no progress for "
+    if kind == K.HEALTH and s.state == S.STARTING and stalled:
+        return ladder.begin_restart(s, now, Reason.START_STALL, "no output and no progress for "
                                     f"{now - c.last_progress:.0f}s (startup.stall_timeout)"
                                     + stalls.hint(c.cpu_since_progress, c.last_progress),
                                     drain=False)

@@ -18,6 +18,8 @@ from vllmwatch.core.events import (
     Notify,
 )
 from vllmwatch.core.ladder import begin_restart, stop_child
+from vllmwatch.core.names import ProbeKind as K
+from vllmwatch.core.names import Reason
 from vllmwatch.core.samples import host_figure
 from vllmwatch.core.state import ChildRun, Result, S, WatchState, goto
 
@@ -46,10 +48,10 @@ def child_output(s: WatchState, ev: ChildOutput, now: float) -> Result:
 
 def health(s: WatchState, ev: HealthResult, now: float) -> Result:
     """A /health answer: readiness step while starting, failure counting while serving."""
-    s = s.with_(probe_seconds={**s.probe_seconds, "health": ev.seconds})
+    s = s.with_(probe_seconds={**s.probe_seconds, K.HEALTH: ev.seconds})
     if s.state == S.STARTING:
-        s = probing.set_timer(s, "health", now + probing.STARTUP_POLL)
-        return probing.start(s, "canary", now) if ev.ok else (s, [])
+        s = probing.set_timer(s, K.HEALTH, now + probing.STARTUP_POLL)
+        return probing.start(s, K.CANARY, now) if ev.ok else (s, [])
     if s.state != S.READY:
         return s, []
     if ev.ok:
@@ -58,23 +60,23 @@ def health(s: WatchState, ev: HealthResult, now: float) -> Result:
         # Measured: EngineCore dead -> /health 503 within 0.2 s and the API server exits 0
         # seconds later; a dead TP worker -> 503 only ~4 s later. With an engine process gone
         # nothing can recover: do not wait for failure_threshold probes.
-        return begin_restart(s.with_child(engine_gone=True), now, "health",
+        return begin_restart(s.with_child(engine_gone=True), now, Reason.HEALTH,
                              f"the engine process is gone: {ev.error}", drain=False)
-    return _probe_failed(s, now, "health", ev.error or f"HTTP {ev.status}")
+    return _probe_failed(s, now, K.HEALTH, ev.error or f"HTTP {ev.status}")
 
 
-def _probe_failed(s: WatchState, now: float, kind: str, error: str) -> Result:
+def _probe_failed(s: WatchState, now: float, kind: K, error: str) -> Result:
     # One counter per probe: a canary that still succeeds must not hide a /health that
     # keeps failing (and the other way round), so neither resets the other's streak.
     c = _run(s)
-    n = (c.health_failures if kind == "health" else c.canary_failures) + 1
+    n = (c.health_failures if kind == K.HEALTH else c.canary_failures) + 1
     s = s.with_(probe_failures={**s.probe_failures, kind: s.probe_failures.get(kind, 0) + 1})
-    s = s.with_child(health_failures=n) if kind == "health" else s.with_child(canary_failures=n)
+    s = s.with_child(health_failures=n) if kind == K.HEALTH else s.with_child(canary_failures=n)
     threshold = s.config.probe.failure_threshold
     acts: list[Action] = [Log("warning", "probe.failed", {
         "probe": kind, "error": error, "consecutive": n, "threshold": threshold})]
     if n >= threshold:
-        s, more = begin_restart(s, now, "health", f"{kind} failed {n} times in a row: {error}",
+        s, more = begin_restart(s, now, Reason.HEALTH, f"{kind} failed {n} times in a row: {error}",
                                 drain=False)
         acts += more
     return s, acts
@@ -82,7 +84,7 @@ def _probe_failed(s: WatchState, now: float, kind: str, error: str) -> Result:
 
 def canary(s: WatchState, ev: CanaryResult, now: float) -> Result:
     """A real completion: the last step to READY, and the hang detector while serving."""
-    kind = "warmup" if ev.warmup else "canary"
+    kind = K.WARMUP if ev.warmup else K.CANARY
     s = s.with_(probe_seconds={**s.probe_seconds, kind: ev.seconds})
     if s.state == S.STARTING:
         return _starting_canary(s, ev, now)
@@ -97,11 +99,11 @@ def canary(s: WatchState, ev: CanaryResult, now: float) -> Result:
     if ev.timed_out:
         # Health says 200 but a 1-token completion did not come back: hung, or merely busy.
         # A fresh scrape decides (policy.is_busy).
-        s = probing.set_timer(s.with_child(hang_suspect=True), "metrics", now)
+        s = probing.set_timer(s.with_child(hang_suspect=True), K.METRICS, now)
         return s, [Log("warning", "probe.canary_timeout", {
             "timeout_s": s.config.probe.canary_timeout,
             "detail": "checking whether the engine is busy or hung"})]
-    return _probe_failed(s, now, "canary", ev.error)
+    return _probe_failed(s, now, K.CANARY, ev.error)
 
 
 def _starting_canary(s: WatchState, ev: CanaryResult, now: float) -> Result:
@@ -115,7 +117,7 @@ def _starting_canary(s: WatchState, ev: CanaryResult, now: float) -> Result:
         phases = {**c.phases, "canary": round(now - c.started, 3)}
         s = s.with_child(canary_ok=True, phases=phases)
         if s.config.prewarm.enabled and s.config.prewarm.warmup_request:
-            return probing.start(s, "warmup", now)
+            return probing.start(s, K.WARMUP, now)
     return _become_ready(s.with_child(warmed_up=True), now, [])
 
 
@@ -125,8 +127,8 @@ def _become_ready(s: WatchState, now: float, acts: list[Action]) -> Result:
     phases = {**c.phases, "ready": round(took, 3)}
     s, more = goto(s, S.READY, now, "health 200 and a real completion succeeded")
     p = s.config.probe
-    timers = {"health": now + p.interval, "canary": now + p.canary_interval,
-              "metrics": now, "memory": now}
+    timers = {K.HEALTH: now + p.interval, K.CANARY: now + p.canary_interval,
+              K.METRICS: now, K.MEMORY: now}
     s = s.with_(ever_ready=True).with_child(
         ready_at=now, phases=phases, timers=timers, leak=leak.new_state(now), health_failures=0,
         canary_failures=0, probe_done_at={k: now for k in probing.bounds(s)}, stale=())
@@ -142,13 +144,13 @@ def _become_ready(s: WatchState, now: float, acts: list[Action]) -> Result:
 
 def metrics(s: WatchState, ev: MetricsResult, now: float) -> Result:
     """A /metrics scrape: busy-vs-hung, stall detection, and the drain's end."""
-    s = s.with_(probe_seconds={**s.probe_seconds, "metrics": ev.seconds})
+    s = s.with_(probe_seconds={**s.probe_seconds, K.METRICS: ev.seconds})
     c = _run(s)
     if not ev.ok:
         s = s.with_(probe_failures={**s.probe_failures,
-                                    "metrics": s.probe_failures.get("metrics", 0) + 1})
+                                    K.METRICS: s.probe_failures.get(K.METRICS, 0) + 1})
         if s.state == S.READY and c.hang_suspect:
-            return begin_restart(s, now, "hang", "canary timed out and /metrics failed: "
+            return begin_restart(s, now, Reason.HANG, "canary timed out and /metrics failed: "
                                  + ev.error, drain=False)
         if s.state == S.DRAINING:
             return _drain_look(s, now, None, None)
@@ -178,7 +180,7 @@ def _drain_look(s: WatchState, now: float, running: float | None,
     c = _run(s)
     d = c.drain if c.drain is not None else drains.begin(s.since, 0.0, 0.0)
     if drains.decide(d, now, running, waiting) == drains.Verdict.WAIT:
-        return probing.set_timer(s, "metrics", drains.next_check(d, now, probing.DRAIN_POLL)), []
+        return probing.set_timer(s, K.METRICS, drains.next_check(d, now, probing.DRAIN_POLL)), []
     phases = drains.durations(d, now)
     s, acts = stop_child(s, now)
     return s, [Log("info", "drain.done", {"after_s": round(now - d.started, 2),
@@ -199,7 +201,7 @@ def _judge_progress(s: WatchState, prev: policy.Progress | None, cur: policy.Pro
         # only milliseconds older than this one, too close for any counter to have moved.
         ref = c.canary_ref if c.canary_ref is not None else prev
         if not policy.is_busy(ref, cur):
-            return begin_restart(s, now, "hang", "canary timed out while /health said 200 "
+            return begin_restart(s, now, Reason.HANG, "canary timed out while /health said 200 "
                                  "and token counters did not move", drain=False)
         acts.append(Log("info", "probe.canary_busy", {
             "running": cur.running, "waiting": cur.waiting,
@@ -208,9 +210,9 @@ def _judge_progress(s: WatchState, prev: policy.Progress | None, cur: policy.Pro
     s = s.with_child(stall_since=stall)
     if stall is not None and now - stall >= s.config.probe.stall_timeout \
             and sleep.judge_stall(c.asleep):
-        s, more = begin_restart(s, now, "stall", f"{cur.running:g} running and {cur.waiting:g} "
-                                f"waiting, but no token generated for {now - stall:.0f}s",
-                                drain=False)
+        s, more = begin_restart(s, now, Reason.STALL,
+                                f"{cur.running:g} running and {cur.waiting:g} waiting, but "
+                                f"no token generated for {now - stall:.0f}s", drain=False)
         acts += more
     return s, acts
 

@@ -9,10 +9,11 @@ from __future__ import annotations
 
 from vllmwatch.core import exitcodes
 from vllmwatch.core.events import Action, ChildExited, Log
+from vllmwatch.core.names import Reason
 from vllmwatch.core.state import WatchState
 from vllmwatch.core.unified import diagnose, memory_verdict, reason_detail
 
-REASON = "start_memory"
+REASON = Reason.START_MEMORY
 
 
 def start_failed(s: WatchState, ev: ChildExited

@@ -11,6 +11,7 @@ from vllmwatch.config.schema import Config, VllmConfig
 from vllmwatch.core.drain import Drain
 from vllmwatch.core.events import Action, Log
 from vllmwatch.core.leak import LeakState
+from vllmwatch.core.names import ProbeKind, Reason
 from vllmwatch.core.policy import Progress
 from vllmwatch.core.samples import MemorySample
 
@@ -49,9 +50,6 @@ TRANSITIONS: dict[State, frozenset[State]] = {
 FINAL = frozenset({S.STOPPED, S.FAILED})
 CHILD_STATES = frozenset({S.STARTING, S.READY, S.DRAINING, S.STOPPING})
 
-# Restarts that mean something went wrong: they feed backoff and the crash-loop guard.
-FAILURE_REASONS = frozenset({"crash", "health", "hang", "stall", "start_timeout",
-                             "start_stall", "gpu_memory", "host_memory", "start_memory"})
 
 
 class TransitionError(RuntimeError):
@@ -83,9 +81,9 @@ class ChildRun:
     compile_cache_hit: bool = False
     canary_ok: bool = False
     warmed_up: bool = False
-    inflight: frozenset[str] = frozenset()
-    timers: dict[str, float] = field(default_factory=dict)  # probe kind -> next due time
-    probe_done_at: dict[str, float] = field(default_factory=dict)  # kind -> last result
+    inflight: frozenset[ProbeKind] = frozenset()
+    timers: dict[ProbeKind, float] = field(default_factory=dict)  # kind -> next due time
+    probe_done_at: dict[ProbeKind, float] = field(default_factory=dict)  # kind -> last result
     health_failures: int = 0  # consecutive /health failures; only /health 200 resets it
     canary_failures: int = 0  # consecutive canary errors (not timeouts); only a canary resets
     hang_suspect: bool = False
@@ -99,7 +97,7 @@ class ChildRun:
     leak: LeakState | None = None  # the leak rules' state once READY
     memory: MemorySample | None = None  # the last memory sample
     pss_seen: bool = False
-    stale: tuple[str, ...] = ()  # probe kinds whose results are overdue
+    stale: tuple[ProbeKind, ...] = ()  # probe kinds whose results are overdue
     drain: Drain | None = None  # the drain before a planned restart (core/drain.py)
     asleep: bool | None = None  # vLLM sleep mode, from the last scrape (core/sleep.py)
     canary_asleep: bool | None = None  # ... when the canary in flight was sent
@@ -122,7 +120,7 @@ class WatchState:
     ever_ready: bool = False
     prewarmed: bool = False
     exit_code: int | None = None  # set when vllmwatch itself is shutting down
-    pending: tuple[str, str] | None = None  # (reason, detail) of the restart under way
+    pending: tuple[Reason, str] | None = None  # (reason, detail) of the restart under way
     recovering: bool = False  # a restart began and no child has been READY since
     old_pids: tuple[int, ...] = ()
     release_deadline: float | None = None
@@ -131,12 +129,12 @@ class WatchState:
     backoff_until: float | None = None
     failures: int = 0  # consecutive failures, for backoff
     restart_times: tuple[float, ...] = ()
-    restarts_by_reason: dict[str, int] = field(default_factory=dict)
-    last_reason: str | None = None
+    restarts_by_reason: dict[Reason, int] = field(default_factory=dict)
+    last_reason: Reason | None = None
     last_detail: str | None = None
     last_restart_at: float | None = None
-    probe_seconds: dict[str, float] = field(default_factory=dict)
-    probe_failures: dict[str, int] = field(default_factory=dict)
+    probe_seconds: dict[ProbeKind, float] = field(default_factory=dict)
+    probe_failures: dict[ProbeKind, int] = field(default_factory=dict)
     last_drain: dict[str, float] = field(default_factory=dict)  # phase -> s, last drain
     next_extend: float = 0.0
     rng: int = 0x2545F4914F6CDD1D
