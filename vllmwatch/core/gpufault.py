@@ -10,6 +10,7 @@ Kubernetes) does not restart it into the same wall.
 from __future__ import annotations
 
 from collections.abc import Iterable
+from dataclasses import replace
 
 from vllmwatch.core import exitcodes, ladder
 from vllmwatch.core.events import Action, Log, Notify
@@ -80,6 +81,6 @@ def react(s: WatchState, faults: Iterable[GpuFault], now: float) -> tuple[Result
         "detail": detail, "fatal": True, "exit_code": EXIT_GPU_FAULT, "action": NEXT_STEP}))
     s, more = ladder.begin_restart(s, now, Reason.GPU_FAULT, detail, drain=False)
     if s.exit_code is None:  # a stop already under way keeps its own code
-        s = s.with_(exit_code=EXIT_GPU_FAULT)
+        s = replace(s, exit_code=EXIT_GPU_FAULT)
         acts.append(Notify(stopping=True))
     return (s, acts + more), True

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from dataclasses import replace
+
 from vllmwatch.core import drain as drains
 from vllmwatch.core import exitcodes, policy, probing
 from vllmwatch.core.events import (
@@ -16,6 +18,7 @@ from vllmwatch.core.events import (
     Sweep,
 )
 from vllmwatch.core.names import FAILURE_REASONS, STUCK_REASONS, ProbeKind, Reason
+from vllmwatch.core.release import ReleaseGate
 from vllmwatch.core.state import (
     CHILD_STATES,
     ChildRun,
@@ -41,7 +44,7 @@ def spawn(s: WatchState, now: float) -> Result:
     run = ChildRun(gen=s.gen + 1, started=now, vllm=s.config.vllm, last_progress=now,
                    timers={ProbeKind.HEALTH: now + FIRST_POLL,
                            ProbeKind.MEMORY: now + FIRST_POLL})
-    s = s.with_(gen=run.gen, child=run, pending=None, release_at=None, release_deadline=None)
+    s = replace(s, gen=run.gen, child=run, pending=None, release=None)
     return s, [*acts, Spawn(s.config)]
 
 
@@ -56,10 +59,10 @@ def begin_restart(s: WatchState, now: float, reason: Reason, detail: str, drain:
         ready_at = s.child.ready_at if s.child is not None else None
         stable = ready_at is not None and now - ready_at >= s.config.restart.stable_after
         times = (*policy.prune_window(s.restart_times, now, s.config.restart.window), now)
-        s = s.with_(restart_times=times, failures=1 if stable else s.failures + 1)
+        s = replace(s, restart_times=times, failures=1 if stable else s.failures + 1)
     counts = dict(s.restarts_by_reason)
     counts[reason] = counts.get(reason, 0) + 1
-    s = s.with_(pending=(reason, detail), restarts_by_reason=counts, last_reason=reason,
+    s = replace(s, pending=(reason, detail), restarts_by_reason=counts, last_reason=reason,
                 last_detail=detail, last_restart_at=now, recovering=True)
     if failure and policy.crash_loop(s.restart_times, s.config.restart):
         r = s.config.restart
@@ -68,7 +71,7 @@ def begin_restart(s: WatchState, now: float, reason: Reason, detail: str, drain:
             "max_restarts": r.max_restarts,
             "hint": "vLLM keeps failing; read its last lines above, fix the cause, then "
                     "`systemctl restart vllmwatch`"}))
-        s = s.with_(exit_code=exitcodes.GAVE_UP)
+        s = replace(s, exit_code=exitcodes.GAVE_UP)
         drain = False
     else:
         acts.append(Log("warning", "restart.begin", {
@@ -104,10 +107,8 @@ def begin_drain(s: WatchState, now: float, dereg: float, timeout: float) -> Resu
     """/readyz turns 503 now; stop once deregistered and idle (core/drain.py)."""
     d = drains.begin(now, dereg, timeout)
     s, acts = goto(s, S.DRAINING, now, "drain before restart", deadline=drains.deadline(d))
-    assert s.child is not None
-    s = s.with_child(drain=d, timers={**s.child.timers,
-                                      ProbeKind.METRICS: drains.next_check(d, now,
-                                                                           probing.DRAIN_POLL)})
+    look = drains.next_check(d, now, probing.DRAIN_POLL)
+    s = replace(s, child=replace(s.run, drain=d, timers={**s.run.timers, ProbeKind.METRICS: look}))
     acts.append(Log("info", "drain.begin", {"phase": str(drains.phase(d, now)),
                                             "deregister_delay_s": dereg,
                                             "drain_timeout_s": timeout}))
@@ -118,7 +119,7 @@ def stop_child(s: WatchState, now: float) -> Result:
     """SIGTERM the group and give it restart.stop_timeout (less when the engine is stuck
     or gone)."""
     if s.child is not None and s.child.drain is not None:
-        s = s.with_child(drain=drains.stopping(s.child.drain, now))
+        s = replace(s, child=replace(s.run, drain=drains.stopping(s.child.drain, now)))
     grace = s.config.restart.stop_timeout
     stuck = s.pending is not None and s.pending[0] in STUCK_REASONS
     if stuck or (s.child is not None and s.child.engine_gone):
@@ -142,7 +143,8 @@ def stopping_deadline(s: WatchState, now: float) -> Result:
         acts: list[Action] = [SignalGroup("SIGKILL"), Log("warning", "child.kill", {
             "pid": s.pid, "after_s": round(now - s.since, 1),
             "detail": "did not exit after SIGTERM; sent SIGKILL to its process group"})]
-        return s.with_child(killed=True).with_(deadline=now + KILL_WAIT), acts
+        s = replace(s, child=replace(s.run, killed=True))
+        return replace(s, deadline=now + KILL_WAIT), acts
     s2, acts = sweep(s, now, "child did not exit after SIGKILL")
     acts.insert(0, Log("error", "child.unkillable", {"pid": s.pid, "hint": "the process may "
                        "be stuck in the kernel (D state); check `ps -o stat,wchan -p PID`"}))
@@ -160,11 +162,13 @@ def sweep(s: WatchState, now: float, reason: str) -> Result:
     s, acts = goto(s, S.CLEANUP, now, reason, deadline=deadline)
     if c is not None and c.drain is not None:  # the drain ends with the child
         phases = drains.durations(drains.exited(c.drain, now), now)
-        s = s.with_(last_drain=phases).with_child(drain=None)
+        s = replace(s, last_drain=phases)
+        s = replace(s, child=replace(s.run, drain=None))
         acts.append(Log("info", "drain.finished", {"phases_s": phases}))
     if c is not None:
-        s = s.with_child(pid=None, pgid=None, inflight=frozenset(), timers={}, memory=None)
-    s = s.with_(old_pids=tuple(old), sweeping=True, release_at=None, release_deadline=None)
+        s = replace(s, child=replace(s.run, pid=None, pgid=None, inflight=frozenset(),
+                                     timers={}, memory=None))
+    s = replace(s, old_pids=tuple(old), sweeping=True, release=None)
     v = c.vllm if c is not None else s.config.vllm
     acts.append(Sweep(old_pgid, v.host, v.port, s.config.restart.kill_stale, settle))
     return s, acts
@@ -173,7 +177,7 @@ def sweep(s: WatchState, now: float, reason: str) -> Result:
 def swept(s: WatchState, now: float, killed: tuple[int, ...], remaining: tuple[int, ...],
           port_holder: str | None, foreign: tuple[str, ...], error: str = "") -> Result:
     """The sweep reported back; decide between fail, release gate, prewarm, backoff, launch."""
-    s = s.with_(sweeping=False)
+    s = replace(s, sweeping=False)
     acts: list[Action] = []
     if error:
         acts.append(Log("error", "leftovers.sweep_failed", {"error": error, "detail":
@@ -192,35 +196,38 @@ def swept(s: WatchState, now: float, killed: tuple[int, ...], remaining: tuple[i
         acts.append(Log("error", "port.busy", {
             "port": s.config.vllm.port, "holder": port_holder,
             "hint": "another process holds vllm.port; stop it or choose another port"}))
-        return finish(s.with_(exit_code=exitcodes.START), now, acts)
+        return finish(replace(s, exit_code=exitcodes.START), now, acts)
     if killed:
-        s = s.with_(old_pids=tuple(sorted({*s.old_pids, *killed})))
+        s = replace(s, old_pids=tuple(sorted({*s.old_pids, *killed})))
     if s.old_pids and s.config.vllm.uses_gpu and s.config.restart.gpu_release_timeout > 0:
-        s = s.with_(release_deadline=now + s.config.restart.gpu_release_timeout, release_at=now)
-        return s, acts
+        gate = ReleaseGate(s.old_pids, now + s.config.restart.gpu_release_timeout, look_at=now)
+        return replace(s, old_pids=(), release=gate), acts
     s, more = after_cleanup(s, now)
     return s, acts + more
 
 
 def release_checked(s: WatchState, now: float, released: bool, detail: str) -> Result:
     """The GPU release gate: wait until the old tree's GPU memory is back, bounded."""
-    if released:
-        s = s.with_(old_pids=(), release_deadline=None, release_at=None)
+    gate = s.release
+    if released or gate is None:
+        s = replace(s, release=None)
         s, acts = after_cleanup(s, now)
         return s, [Log("info", "gpu.released", {"detail": detail}), *acts]
-    if s.release_deadline is not None and now >= s.release_deadline:
-        s = s.with_(old_pids=(), release_deadline=None, release_at=None)
+    if now >= gate.deadline:
+        s = replace(s, release=None)
         s, acts = after_cleanup(s, now)
         return s, [Log("warning", "gpu.release_timeout", {
             "detail": detail, "hint": "GPU memory of the old vLLM is still held; the next "
             "start may fail with out-of-memory"}), *acts]
-    return s.with_(release_at=now + RELEASE_POLL), []
+    return replace(s, release=replace(gate, look_at=now + RELEASE_POLL)), []
 
 
 def check_release(s: WatchState) -> Result:
     """Ask the shell to look at the GPUs (one look in flight at a time)."""
-    s = s.with_(release_at=None)
-    return s, [CheckRelease(s.old_pids, s.config.restart.gpu_release_tolerance)]
+    gate = s.release
+    assert gate is not None, "no release gate to look for"
+    s = replace(s, release=replace(gate, look_at=None))
+    return s, [CheckRelease(gate.old_pids, s.config.restart.gpu_release_tolerance)]
 
 
 def after_cleanup(s: WatchState, now: float) -> Result:
@@ -229,16 +236,16 @@ def after_cleanup(s: WatchState, now: float) -> Result:
         return finish(s, now, [])
     if not s.prewarmed and s.config.prewarm.enabled:
         s, acts = goto(s, S.PREWARMING, now, "first start")
-        return s.with_(prewarmed=True), [*acts, DoPrewarm(s.config)]
+        return replace(s, prewarmed=True), [*acts, DoPrewarm(s.config)]
     planned = s.pending is not None and s.pending[0] not in FAILURE_REASONS
     s, rand = next_random(s)
     delay = 0.0 if planned else policy.backoff_delay(s.config.restart, s.failures, rand)
     if delay <= 0:
-        return spawn(s.with_(prewarmed=True), now)
+        return spawn(replace(s, prewarmed=True), now)
     s, acts = goto(s, S.BACKOFF, now, f"wait {delay:.1f}s before restart", deadline=now + delay)
     acts.append(Log("info", "restart.backoff", {"delay_s": round(delay, 2),
                                                  "failures_in_row": s.failures}))
-    return s.with_(backoff_until=now + delay), acts
+    return s, acts
 
 
 def finish(s: WatchState, now: float, acts: list[Action]) -> Result:

@@ -2,8 +2,10 @@
 
 from __future__ import annotations
 
+from dataclasses import replace
+
 from vllmwatch.config.schema import Config
-from vllmwatch.core import exitcodes, ladder, probing, serving, stalls, startmem
+from vllmwatch.core import exitcodes, ladder, probing, release, serving, stalls, startmem
 from vllmwatch.core.events import (
     Action,
     CanaryResult,
@@ -39,7 +41,7 @@ def initial(config: Config, now: float, seed: int = 0) -> WatchState:
     """The state before anything ran; `seed` feeds the backoff jitter (the shell passes an OS
     random number so a fleet does not restart in lock-step; tests pass a fixed one)."""
     s = WatchState(config=config, since=now)
-    return s.with_(rng=seeded(seed)) if seed else s
+    return replace(s, rng=seeded(seed)) if seed else s
 
 
 def step(s: WatchState, ev: Event, now: float) -> Result:
@@ -75,7 +77,7 @@ def _apply(s: WatchState, ev: Event, now: float) -> Result:
         return ladder.swept(s, now, ev.killed, ev.remaining, ev.port_holder, ev.foreign_vllm,
                             ev.error)
     if isinstance(ev, ReleaseChecked):
-        if s.state != S.CLEANUP or s.release_deadline is None:
+        if s.state != S.CLEANUP or s.release is None:
             return s, []
         return ladder.release_checked(s, now, ev.released, ev.detail)
     if isinstance(ev, PrewarmDone):
@@ -115,23 +117,23 @@ def _spawned(s: WatchState, ev: Spawned) -> Result:
     c = s.child
     if c is None or c.spawned:
         return s, []
-    s = s.with_child(pid=ev.pid, pgid=ev.pid, spawned=True)
+    s = replace(s, child=replace(s.run, pid=ev.pid, pgid=ev.pid, spawned=True))
     acts: list[Action] = [Log("info", "child.started", {"pid": ev.pid, "gen": c.gen,
                                                           "command": ev.argv_display})]
     if s.state == S.STOPPING:  # a stop or restart came while the launch was out
         acts.append(SignalGroup("SIGKILL" if c.killed else "SIGTERM"))
     elif s.state not in CHILD_STATES:  # the run was given up while the launch was out
-        s = s.with_child(pgid=ev.pid)
+        s = replace(s, child=replace(s.run, pgid=ev.pid))
         acts.append(SignalGroup("SIGKILL"))
     return s, acts
 
 
 def _spawn_failed(s: WatchState, ev: SpawnFailed, now: float) -> Result:
     if s.child is not None:
-        s = s.with_child(spawned=True)
+        s = replace(s, child=replace(s.run, spawned=True))
     acts: list[Action] = [Log("error", "child.spawn_failed", {"error": ev.error})]
     if ev.fatal and s.exit_code is None:
-        s = s.with_(exit_code=exitcodes.CONFIG)
+        s = replace(s, exit_code=exitcodes.CONFIG)
     if s.state not in CHILD_STATES:
         return s, acts
     s, more = _crashed(s, now, f"could not start: {ev.error}", "spawn failed")
@@ -158,7 +160,7 @@ def _child_exited(s: WatchState, ev: ChildExited, now: float) -> Result:
     acts: list[Action] = [Log("info" if asked else "warning", "child.exited", {
         "pid": ev.pid, "code": ev.code, "signal": ev.signal, "uptime_s": uptime,
         "expected": asked, "detail": why, "last_lines": list(ev.last_lines[-5:])})]
-    s = s.with_child(pid=None)
+    s = replace(s, child=replace(s.run, pid=None))
     if s.state not in CHILD_STATES:
         return s, acts
     if asked or s.pending is not None or s.exit_code is not None:
@@ -169,7 +171,7 @@ def _child_exited(s: WatchState, ev: ChildExited, now: float) -> Result:
         acts.append(Log("error", "child.rejected_arguments", {
             "error": hint, "hint": "vLLM refused its command line; fix [vllm] in the config "
             "(see `vllmwatch print-command` and `vllmwatch check`)"}))
-        s = s.with_(exit_code=exitcodes.CONFIG)
+        s = replace(s, exit_code=exitcodes.CONFIG)
     reason, detail = Reason.CRASH, ("during start: " if s.state == S.STARTING else "") + why
     mem = startmem.start_failed(s, ev) if s.state == S.STARTING and s.exit_code is None \
         else None
@@ -185,7 +187,7 @@ def _prewarm_done(s: WatchState, ev: PrewarmDone, now: float) -> Result:
     if s.state != S.PREWARMING:
         return s, []
     if not ev.ok:
-        s, acts = goto(s.with_(exit_code=exitcodes.FAILURE), S.CLEANUP, now,
+        s, acts = goto(replace(s, exit_code=exitcodes.FAILURE), S.CLEANUP, now,
                        "a required pre-warm step failed")
         acts.append(Log("error", "prewarm.failed", {"detail": ev.detail}))
         return ladder.finish(s, now, acts)
@@ -199,7 +201,7 @@ def _stop_requested(s: WatchState, ev: StopRequested, now: float) -> Result:
     """Honoured in every state; repeated or combined signals never lose it."""
     acts: list[Action] = []
     if s.exit_code is None:
-        s = s.with_(exit_code=0)
+        s = replace(s, exit_code=0)
         acts += [Notify(stopping=True), Log("info", "daemon.stopping", {
             "signal": ev.signal, "state": str(s.state)})]
     elif s.state == S.STOPPING and s.child is not None and not s.child.killed:
@@ -211,7 +213,7 @@ def _stop_requested(s: WatchState, ev: StopRequested, now: float) -> Result:
     elif s.state == S.CLEANUP and not s.sweeping:
         s, more = ladder.finish(s, now, [])  # the release gate need not hold up an exit
     elif s.state == S.CLEANUP and s.deadline is None:
-        s, more = s.with_(deadline=now + ladder.SWEEP_WAIT), []
+        s, more = replace(s, deadline=now + ladder.SWEEP_WAIT), []
     else:  # STOPPING finishes on its own (grace, then SIGKILL) and then sees exit_code
         more = []
     return s, acts + more
@@ -237,7 +239,7 @@ def _reload(s: WatchState, ev: ReloadRequested, now: float) -> Result:
         return s, acts
     old = s.config
     relaunch = old.vllm != ev.config.vllm or old.prewarm.cache_dir != ev.config.prewarm.cache_dir
-    s = s.with_(config=ev.config)
+    s = replace(s, config=ev.config)
     acts.append(Log("info", "config.reloaded", {"path": ev.config.path,
                                                 "sha256": ev.config.sha256[:12],
                                                 "restart_needed": relaunch}))
@@ -253,7 +255,7 @@ def _due(s: WatchState, now: float) -> Result:
     acts: list[Action] = []
     if s.deadline is not None and now >= s.deadline:
         s, acts = _deadline(s, now)
-    if s.state == S.CLEANUP and s.release_at is not None and now >= s.release_at:
+    if s.state == S.CLEANUP and release.due(s.release, now):
         s, more = ladder.check_release(s)
         acts += more
     c = s.child
@@ -266,7 +268,7 @@ def _due(s: WatchState, now: float) -> Result:
         acts += more
     waiting = not s.ever_ready or s.exit_code is not None  # systemd waits on a start or stop
     if waiting and now >= s.next_extend and s.state not in FINAL:
-        s = s.with_(next_extend=now + EXTEND_EVERY)
+        s = replace(s, next_extend=now + EXTEND_EVERY)
         acts.append(Notify(extend_usec=int(EXTEND_BY * 1e6)))
     return s, acts
 
@@ -284,11 +286,11 @@ def _deadline(s: WatchState, now: float) -> Result:
     if s.state == S.STOPPING:
         return ladder.stopping_deadline(s, now)
     if s.state == S.BACKOFF:
-        return ladder.spawn(s.with_(deadline=None), now)
+        return ladder.spawn(replace(s, deadline=None), now)
     if s.state == S.CLEANUP and s.exit_code is not None:
         return ladder.finish(s, now, [Log("error", "daemon.sweep_timeout", {
             "detail": "leaving without confirmation that the old vLLM tree is gone"})])
-    return s.with_(deadline=None), []
+    return replace(s, deadline=None), []
 
 
 def _fire(s: WatchState, kind: K, now: float) -> Result:
@@ -312,8 +314,8 @@ def next_wakeup(s: WatchState) -> float | None:
         due = probing.next_due(s)
         if due is not None:
             times.append(due)
-    if s.state == S.CLEANUP and s.release_at is not None:
-        times.append(s.release_at)
+    if s.state == S.CLEANUP and s.release is not None and s.release.look_at is not None:
+        times.append(s.release.look_at)
     if s.deadline is not None:
         times.append(s.deadline)
     if not s.ever_ready or s.exit_code is not None:

@@ -8,6 +8,8 @@ so and stops vouching for itself to systemd's watchdog.
 
 from __future__ import annotations
 
+from dataclasses import replace
+
 from vllmwatch.core import sleep
 from vllmwatch.core.events import Action, Log, Probe, SampleMemory
 from vllmwatch.core.names import PROBES, ProbeKind
@@ -26,7 +28,7 @@ def start(s: WatchState, kind: ProbeKind, now: float) -> Result:
         return s, []
     v = c.vllm
     act = Probe(kind, c.gen, v.host, v.port, v.model_name, s.config.probe)
-    return s.with_child(inflight=c.inflight | {kind}), [act]
+    return replace(s, child=replace(s.run, inflight=c.inflight | {kind})), [act]
 
 
 def landed(s: WatchState, kind: ProbeKind, gen: int, now: float) -> WatchState:
@@ -34,14 +36,14 @@ def landed(s: WatchState, kind: ProbeKind, gen: int, now: float) -> WatchState:
     c = s.child
     if c is None or c.gen != gen:
         return s
-    return s.with_child(inflight=c.inflight - {kind}, probe_done_at={**c.probe_done_at,
-                                                                     kind: now})
+    return replace(s, child=replace(c, inflight=c.inflight - {kind},
+                                    probe_done_at={**c.probe_done_at, kind: now}))
 
 
 def set_timer(s: WatchState, kind: ProbeKind, at: float) -> WatchState:
     """Schedule a probe kind for the current child."""
     assert s.child is not None
-    return s.with_child(timers={**s.child.timers, kind: at})
+    return replace(s, child=replace(s.run, timers={**s.child.timers, kind: at}))
 
 
 def fire(s: WatchState, kind: ProbeKind, now: float) -> Result:
@@ -57,9 +59,10 @@ def fire(s: WatchState, kind: ProbeKind, now: float) -> Result:
         if s.state != S.READY:
             return s, []
         if not sleep.send_canary(c.asleep):  # asleep on purpose: nothing to prove
-            return s.with_child(probe_done_at={**c.probe_done_at, K.CANARY: now}), []
+            return replace(s, child=replace(c, probe_done_at={**c.probe_done_at,
+                                                              K.CANARY: now})), []
         if K.CANARY not in c.inflight:  # busy-or-hung compares against this point
-            s = s.with_child(canary_ref=c.progress, canary_asleep=c.asleep)
+            s = replace(s, child=replace(s.run, canary_ref=c.progress, canary_asleep=c.asleep))
         return start(s, K.CANARY, now)
     if kind == K.METRICS:
         wait = DRAIN_POLL if s.state == S.DRAINING else p.metrics_interval
@@ -78,11 +81,12 @@ def sample_memory(s: WatchState, now: float) -> Result:
     pss_due = now >= c.timers.get(K.PSS, 0.0)
     if pss_due:
         timers[K.PSS] = now + m.pss_interval
-    s = s.with_child(timers=timers)
+    s = replace(s, child=replace(s.run, timers=timers))
     if K.MEMORY in c.inflight or c.pid is None:
         return s, []
     gpus = tuple(c.vllm.gpus) if c.vllm.gpus is not None else None
-    return s.with_child(inflight=c.inflight | {K.MEMORY}), [SampleMemory(pss_due, c.gen, gpus)]
+    s = replace(s, child=replace(s.run, inflight=c.inflight | {K.MEMORY}))
+    return s, [SampleMemory(pss_due, c.gen, gpus)]
 
 
 def bounds(s: WatchState) -> dict[ProbeKind, float]:
@@ -113,7 +117,7 @@ def freshness(s: WatchState, now: float) -> Result:
             "sending WATCHDOG=1 so that systemd's watchdog takes over"}))
     else:
         acts.append(Log("info", "watchdog.probe_fresh", {"probes": list(c.stale)}))
-    return s.with_child(stale=stale), acts
+    return replace(s, child=replace(s.run, stale=stale)), acts
 
 
 def next_due(s: WatchState) -> float | None:

@@ -7,6 +7,8 @@ daemon stops with exitcodes.START_MEMORY instead of crash-looping.
 
 from __future__ import annotations
 
+from dataclasses import replace
+
 from vllmwatch.core import exitcodes
 from vllmwatch.core.events import Action, ChildExited, Log
 from vllmwatch.core.names import Reason
@@ -25,7 +27,7 @@ def start_failed(s: WatchState, ev: ChildExited
         return None
     count, last_gen = s.memory_failures
     n = count + 1 if last_gen == s.child.gen - 1 and count > 0 else 1
-    s = s.with_(memory_failures=(n, s.child.gen))
+    s = replace(s, memory_failures=(n, s.child.gen))
     retries = s.config.memory.start_memory_retries
     verdict, text = memory_verdict(d, n, retries, ev.unified)
     detail = reason_detail(d, ev.page_cache_gib, ev.unified)
@@ -34,7 +36,7 @@ def start_failed(s: WatchState, ev: ChildExited
         "retries": retries, "unified": ev.unified, "next": text if verdict == "retry" else
         "stop"})]
     if verdict == "stop":  # begin_restart records nothing once exit_code is set: do it here
-        s = s.with_(exit_code=exitcodes.START_MEMORY, last_reason=REASON, last_detail=detail)
+        s = replace(s, exit_code=exitcodes.START_MEMORY, last_reason=REASON, last_detail=detail)
         acts.append(Log("error", "start.memory_gave_up", {"cause": d.cause, "detail": detail,
                                                           "hint": text}))
     return s, acts, detail

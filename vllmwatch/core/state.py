@@ -2,10 +2,8 @@
 
 from __future__ import annotations
 
-import dataclasses
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from enum import Enum
-from typing import Any
 
 from vllmwatch.config.schema import Config, VllmConfig
 from vllmwatch.core.drain import Drain
@@ -13,6 +11,7 @@ from vllmwatch.core.events import Action, Log
 from vllmwatch.core.leak import LeakState
 from vllmwatch.core.names import ProbeKind, Reason
 from vllmwatch.core.policy import Progress
+from vllmwatch.core.release import ReleaseGate
 from vllmwatch.core.samples import MemorySample
 
 
@@ -79,8 +78,6 @@ class ChildRun:
     last_milestone_at: float | None = None
     phases: dict[str, float] = field(default_factory=dict)
     compile_cache_hit: bool = False
-    canary_ok: bool = False
-    warmed_up: bool = False
     inflight: frozenset[ProbeKind] = frozenset()
     timers: dict[ProbeKind, float] = field(default_factory=dict)  # kind -> next due time
     probe_done_at: dict[ProbeKind, float] = field(default_factory=dict)  # kind -> last result
@@ -102,10 +99,6 @@ class ChildRun:
     asleep: bool | None = None  # vLLM sleep mode, from the last scrape (core/sleep.py)
     canary_asleep: bool | None = None  # ... when the canary in flight was sent
 
-    def with_(self, **changes: Any) -> ChildRun:
-        """A copy with some fields changed."""
-        return dataclasses.replace(self, **changes)
-
 
 @dataclass(frozen=True)
 class WatchState:
@@ -122,11 +115,9 @@ class WatchState:
     exit_code: int | None = None  # set when vllmwatch itself is shutting down
     pending: tuple[Reason, str] | None = None  # (reason, detail) of the restart under way
     recovering: bool = False  # a restart began and no child has been READY since
-    old_pids: tuple[int, ...] = ()
-    release_deadline: float | None = None
-    release_at: float | None = None  # next look at the GPUs while the release gate waits
+    old_pids: tuple[int, ...] = ()  # the old tree's pids, from the sweep to the release gate
+    release: ReleaseGate | None = None  # the GPU release gate, while CLEANUP waits on it
     sweeping: bool = False  # a Sweep is out and its SweepDone not yet back
-    backoff_until: float | None = None
     failures: int = 0  # consecutive failures, for backoff
     restart_times: tuple[float, ...] = ()
     restarts_by_reason: dict[Reason, int] = field(default_factory=dict)
@@ -140,14 +131,12 @@ class WatchState:
     rng: int = 0x2545F4914F6CDD1D
     memory_failures: tuple[int, int] = (0, 0)  # (starts failed for memory in a row, last gen)
 
-    def with_(self, **changes: Any) -> WatchState:
-        """A copy with some fields changed."""
-        return dataclasses.replace(self, **changes)
-
-    def with_child(self, **changes: Any) -> WatchState:
-        """A copy whose current child record has some fields changed."""
+    @property
+    def run(self) -> ChildRun:
+        """The current child record, for `replace(s, child=replace(s.run, ...))`: a bug when
+        there is none."""
         assert self.child is not None, "no child record"
-        return dataclasses.replace(self, child=self.child.with_(**changes))
+        return self.child
 
     @property
     def pid(self) -> int | None:
@@ -165,7 +154,7 @@ def goto(s: WatchState, to: State, now: float, reason: str, deadline: float | No
         raise TransitionError(f"{s.state} -> {to} is not allowed ({reason})")
     log = Log("info", "state.changed", {"from": str(s.state), "to": str(to), "reason": reason,
                                         "after_s": round(now - s.since, 3)})
-    return s.with_(state=to, since=now, deadline=deadline), [log]
+    return replace(s, state=to, since=now, deadline=deadline), [log]
 
 
 def seeded(seed: int) -> int:
@@ -179,4 +168,4 @@ def next_random(s: WatchState) -> tuple[WatchState, float]:
     x ^= (x << 13) & 0xFFFFFFFFFFFFFFFF
     x ^= x >> 7
     x ^= (x << 17) & 0xFFFFFFFFFFFFFFFF
-    return s.with_(rng=x), x / 2.0**64
+    return replace(s, rng=x), x / 2.0**64
