@@ -14,12 +14,14 @@ from vllmwatch.status import metrics
 def test_every_member_has_a_row_with_a_meaning() -> None:
     assert set(REASONS) == set(Reason)
     assert set(PROBES) == set(ProbeKind)
-    assert all(info.meaning for info in [*REASONS.values(), *PROBES.values()])
+    assert all(info.meaning for info in REASONS.values())
+    assert all(info.meaning for info in PROBES.values())
 
 
 def test_members_are_their_strings() -> None:
     # str-valued: logs, /status JSON and old callers that compare with a bare string agree
-    assert Reason.CRASH == "crash" and f"{Reason.START_MEMORY}" == "start_memory"
+    crash: str = Reason.CRASH
+    assert crash == "crash" and f"{Reason.START_MEMORY}" == "start_memory"
     assert json.dumps({ProbeKind.HEALTH: 1}) == '{"health": 1}'
 
 

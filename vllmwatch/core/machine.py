@@ -5,7 +5,16 @@ from __future__ import annotations
 from dataclasses import replace
 
 from vllmwatch.config.schema import Config
-from vllmwatch.core import exitcodes, ladder, probing, release, serving, stalls, startmem
+from vllmwatch.core import (
+    exitcodes,
+    ladder,
+    probing,
+    release,
+    serving,
+    stalls,
+    startmem,
+    stopping,
+)
 from vllmwatch.core.events import (
     Action,
     CanaryResult,
@@ -58,7 +67,7 @@ def step(s: WatchState, ev: Event, now: float) -> Result:
 def _apply(s: WatchState, ev: Event, now: float) -> Result:
     if isinstance(ev, Tick):
         if s.state == S.INIT:
-            s, acts = ladder.sweep(s, now, "look for leftovers before the first start")
+            s, acts = stopping.sweep(s, now, "look for leftovers before the first start")
             return s, [Log("info", "daemon.start", {"config": s.config.path}), *acts]
         return s, []
     if isinstance(ev, (HealthResult, CanaryResult, MetricsResult, MemorySampled)):
@@ -132,11 +141,13 @@ def _spawn_failed(s: WatchState, ev: SpawnFailed, now: float) -> Result:
     if s.child is not None:
         s = replace(s, child=replace(s.run, spawned=True))
     acts: list[Action] = [Log("error", "child.spawn_failed", {"error": ev.error})]
-    if ev.fatal and s.exit_code is None:
-        s = replace(s, exit_code=exitcodes.CONFIG)
+    detail = f"could not start: {ev.error}"
+    if ev.fatal:
+        s, more = ladder.halt(s, now, exitcodes.CONFIG, Reason.CONFIG, detail)
+        return s, acts + more
     if s.state not in CHILD_STATES:
         return s, acts
-    s, more = _crashed(s, now, f"could not start: {ev.error}", "spawn failed")
+    s, more = _crashed(s, now, detail, "spawn failed")
     return s, acts + more
 
 
@@ -145,7 +156,7 @@ def _crashed(s: WatchState, now: float, detail: str, why: str,
     """The child is gone unasked: a crash restart, and the sweep at once (nothing to stop)."""
     s, acts = ladder.begin_restart(s, now, reason, detail, drain=False)
     if s.state in CHILD_STATES:
-        s, more = ladder.sweep(s, now, why)
+        s, more = stopping.sweep(s, now, why)
         acts += more
     return s, acts
 
@@ -164,21 +175,25 @@ def _child_exited(s: WatchState, ev: ChildExited, now: float) -> Result:
     if s.state not in CHILD_STATES:
         return s, acts
     if asked or s.pending is not None or s.exit_code is not None:
-        s, more = ladder.sweep(s, now, "child exited")
+        s, more = stopping.sweep(s, now, "child exited")
         return s, acts + more
     if s.state == S.STARTING and ev.code == 2:
         hint = next((ln for ln in reversed(ev.last_lines) if "error" in ln.lower()), why)
         acts.append(Log("error", "child.rejected_arguments", {
             "error": hint, "hint": "vLLM refused its command line; fix [vllm] in the config "
             "(see `vllmwatch print-command` and `vllmwatch check`)"}))
-        s = replace(s, exit_code=exitcodes.CONFIG)
+        s, more = ladder.halt(s, now, exitcodes.CONFIG, Reason.CONFIG,
+                              f"vLLM refused its arguments: {hint}")
+        return s, acts + more
     reason, detail = Reason.CRASH, ("during start: " if s.state == S.STARTING else "") + why
-    mem = startmem.start_failed(s, ev) if s.state == S.STARTING and s.exit_code is None \
-        else None
+    mem = startmem.start_failed(s, ev) if s.state == S.STARTING else None
     if mem is not None:  # vLLM said it ran out of memory: name it, stop if it repeats
-        s, logs, detail = mem
+        s, logs, detail, stop = mem
         acts += logs
         reason = startmem.REASON
+        if stop:
+            s, more = ladder.halt(s, now, exitcodes.START_MEMORY, reason, detail)
+            return s, acts + more
     s, more = _crashed(s, now, detail, "child exited", reason)
     return s, acts + more
 
@@ -186,11 +201,11 @@ def _child_exited(s: WatchState, ev: ChildExited, now: float) -> Result:
 def _prewarm_done(s: WatchState, ev: PrewarmDone, now: float) -> Result:
     if s.state != S.PREWARMING:
         return s, []
-    if not ev.ok:
-        s, acts = goto(replace(s, exit_code=exitcodes.FAILURE), S.CLEANUP, now,
-                       "a required pre-warm step failed")
+    if not ev.ok:  # nothing of vLLM runs yet: CLEANUP, then halt leaves at once
+        s, acts = goto(s, S.CLEANUP, now, "a required pre-warm step failed")
         acts.append(Log("error", "prewarm.failed", {"detail": ev.detail}))
-        return ladder.finish(s, now, acts)
+        s, more = ladder.halt(s, now, exitcodes.FAILURE, Reason.PREWARM_FAILED, ev.detail)
+        return s, acts + more
     if ev.detail:
         s, acts = ladder.spawn(s, now)
         return s, [Log("warning", "prewarm.failed", {"detail": ev.detail}), *acts]
@@ -199,24 +214,12 @@ def _prewarm_done(s: WatchState, ev: PrewarmDone, now: float) -> Result:
 
 def _stop_requested(s: WatchState, ev: StopRequested, now: float) -> Result:
     """Honoured in every state; repeated or combined signals never lose it."""
-    acts: list[Action] = []
     if s.exit_code is None:
-        s = replace(s, exit_code=0)
-        acts += [Notify(stopping=True), Log("info", "daemon.stopping", {
-            "signal": ev.signal, "state": str(s.state)})]
-    elif s.state == S.STOPPING and s.child is not None and not s.child.killed:
-        return ladder.stopping_deadline(s, now)  # a second signal: no more patience
-    if s.state in (S.STARTING, S.READY, S.DRAINING):
-        s, more = ladder.take_down(s, now, drain=False)
-    elif s.state in (S.BACKOFF, S.PREWARMING):
-        s, more = ladder.sweep(s, now, "stop requested")
-    elif s.state == S.CLEANUP and not s.sweeping:
-        s, more = ladder.finish(s, now, [])  # the release gate need not hold up an exit
-    elif s.state == S.CLEANUP and s.deadline is None:
-        s, more = replace(s, deadline=now + ladder.SWEEP_WAIT), []
-    else:  # STOPPING finishes on its own (grace, then SIGKILL) and then sees exit_code
-        more = []
-    return s, acts + more
+        return ladder.halt(s, now, exitcodes.OK, Reason.STOP, f"{ev.signal} received",
+                           {"signal": ev.signal})
+    if s.state == S.STOPPING and s.child is not None and not s.child.killed:
+        return stopping.stopping_deadline(s, now)  # a second signal: no more patience
+    return stopping.leave(s, now)  # already leaving: make sure the way out is under way
 
 
 def _manual_restart(s: WatchState, now: float) -> Result:
@@ -279,16 +282,16 @@ def _deadline(s: WatchState, now: float) -> Result:
                                     f"{s.config.startup.timeout:.0f}s (startup.timeout)",
                                     drain=False)
     if s.state == S.DRAINING:
-        s, acts = ladder.stop_child(s, now)
+        s, acts = stopping.stop_child(s, now)
         c = s.child
         return s, [Log("warning", "drain.timeout", {
             "running": c.running if c else None, "waiting": c.waiting if c else None}), *acts]
     if s.state == S.STOPPING:
-        return ladder.stopping_deadline(s, now)
+        return stopping.stopping_deadline(s, now)
     if s.state == S.BACKOFF:
         return ladder.spawn(replace(s, deadline=None), now)
     if s.state == S.CLEANUP and s.exit_code is not None:
-        return ladder.finish(s, now, [Log("error", "daemon.sweep_timeout", {
+        return stopping.finish(s, now, [Log("error", "daemon.sweep_timeout", {
             "detail": "leaving without confirmation that the old vLLM tree is gone"})])
     return replace(s, deadline=None), []
 

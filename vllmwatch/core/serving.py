@@ -17,11 +17,12 @@ from vllmwatch.core.events import (
     MetricsResult,
     Notify,
 )
-from vllmwatch.core.ladder import begin_restart, stop_child
+from vllmwatch.core.ladder import begin_restart
 from vllmwatch.core.names import ProbeKind as K
 from vllmwatch.core.names import Reason
 from vllmwatch.core.samples import host_figure
 from vllmwatch.core.state import ChildRun, Result, S, WatchState, goto
+from vllmwatch.core.stopping import stop_child
 
 
 def _run(s: WatchState) -> ChildRun:

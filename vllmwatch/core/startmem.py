@@ -9,7 +9,6 @@ from __future__ import annotations
 
 from dataclasses import replace
 
-from vllmwatch.core import exitcodes
 from vllmwatch.core.events import Action, ChildExited, Log
 from vllmwatch.core.names import Reason
 from vllmwatch.core.state import WatchState
@@ -19,9 +18,10 @@ REASON = Reason.START_MEMORY
 
 
 def start_failed(s: WatchState, ev: ChildExited
-                 ) -> tuple[WatchState, list[Action], str] | None:
-    """(state, log actions, restart detail) when the child's output names a memory failure;
-    None otherwise. Sets exit_code when the failure repeated past the retries."""
+                 ) -> tuple[WatchState, list[Action], str, bool] | None:
+    """(state, log actions, restart detail, stop) when the child's output names a memory
+    failure; None otherwise. `stop`: the failure repeated past the retries, and the caller
+    halts with exitcodes.START_MEMORY."""
     d = diagnose((*ev.memory_lines, *ev.last_lines))
     if d is None or s.child is None:
         return None
@@ -35,8 +35,9 @@ def start_failed(s: WatchState, ev: ChildExited
         "cause": d.cause, "detail": detail, "line": d.line[:300], "failures_in_row": n,
         "retries": retries, "unified": ev.unified, "next": text if verdict == "retry" else
         "stop"})]
-    if verdict == "stop":  # begin_restart records nothing once exit_code is set: do it here
-        s = replace(s, exit_code=exitcodes.START_MEMORY, last_reason=REASON, last_detail=detail)
+    stop = verdict == "stop"
+    if stop:  # no restart follows to record the reason: /status shows it as the last one
+        s = replace(s, last_reason=REASON, last_detail=detail)
         acts.append(Log("error", "start.memory_gave_up", {"cause": d.cause, "detail": detail,
                                                           "hint": text}))
-    return s, acts, detail
+    return s, acts, detail, stop

@@ -112,7 +112,9 @@ class WatchState:
     child: ChildRun | None = None  # the current (or last) child generation
     ever_ready: bool = False
     prewarmed: bool = False
-    exit_code: int | None = None  # set when vllmwatch itself is shutting down
+    exit_code: int | None = None  # set when vllmwatch itself is leaving: only ladder.halt
+    exit_reason: Reason | None = None  # ... and why (ladder.halt)
+    exit_detail: str = ""
     pending: tuple[Reason, str] | None = None  # (reason, detail) of the restart under way
     recovering: bool = False  # a restart began and no child has been READY since
     old_pids: tuple[int, ...] = ()  # the old tree's pids, from the sweep to the release gate
