@@ -19,8 +19,8 @@ from typing import Any
 
 import psutil
 import pytest
-from daemon_harness import PYTHON, REPO, Daemon, free_port, merge, wait_for
 
+from tests.support import PYTHON, REPO, Daemon, free_port, merge, wait_for
 from vllmwatch.shell.child import MARKER
 
 SCRIPT = """\

@@ -17,8 +17,8 @@ from pathlib import Path
 
 import psutil
 import pytest
-from waiting import wait_until
 
+from tests.support import wait_until
 from vllmwatch.config.command import ChildCommand
 from vllmwatch.shell import standby as sb
 from vllmwatch.shell.child import MARKER
