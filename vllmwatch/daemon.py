@@ -4,11 +4,13 @@ from __future__ import annotations
 
 import faulthandler
 import os
+import time
 from collections.abc import Callable, Mapping
 from dataclasses import replace
 
 from vllmwatch import __version__
 from vllmwatch.config.schema import Config, load
+from vllmwatch.core.events import ReadyzPolled
 from vllmwatch.shell import reaper
 from vllmwatch.shell.clock import SystemClock
 from vllmwatch.shell.effects import RealEffects
@@ -18,6 +20,8 @@ from vllmwatch.shell.loop import Loop
 from vllmwatch.shell.notify import SystemdNotifier
 from vllmwatch.status.server import StatusListenError, StatusServer
 from vllmwatch.status.snapshot import Snapshot
+
+READYZ_EVERY = 5.0  # /readyz polls reported to the loop at most this often
 
 
 def main(config: Config, log_format: str | None = None, prewarm: bool = True,
@@ -59,6 +63,8 @@ def main(config: Config, log_format: str | None = None, prewarm: bool = True,
         return new
 
     loop = Loop(config, fx, SystemClock(), reload_config=reload, environ=env)
+    if not config.gate.enabled:  # with the front door, a planned restart always deregisters
+        _watch_readyz(loop, server)
     try:
         return loop.run()
     finally:
@@ -66,6 +72,23 @@ def main(config: Config, log_format: str | None = None, prewarm: bool = True,
             server.stop()
         if gate is not None:
             gate.stop()
+
+
+def _watch_readyz(loop: Loop, server: StatusServer | None) -> None:
+    """Tell the core who polls /readyz: the deregister delay only helps a balancer that
+    does (core/stopping.deregister_delay). Posted at most every few seconds."""
+    loop.post(ReadyzPolled(polled=False))
+    if server is None:
+        return  # no /readyz at all: nobody can deregister us
+    last = [-READYZ_EVERY]
+
+    def polled() -> None:
+        now = time.monotonic()
+        if now - last[0] >= READYZ_EVERY:
+            last[0] = now
+            loop.post(ReadyzPolled())
+
+    server.on_readyz = polled
 
 
 def _status_server(config: Config, log: LogFn, get: Callable[[], Snapshot]

@@ -3,9 +3,9 @@
 from __future__ import annotations
 
 from vllmwatch.config.schema import from_dict
-from vllmwatch.core.events import StopRequested
+from vllmwatch.core.events import ReadyzPolled, RestartRequested, StopRequested
 from vllmwatch.core.state import S
-from vllmwatch.testing import Driver, World
+from vllmwatch.testing import Driver, World, config_with
 
 BASE = from_dict({
     "vllm": {"model": "/m", "gpus": []},
@@ -45,3 +45,40 @@ def test_a_stop_while_starting_gets_the_short_grace() -> None:
     assert d.events("child.stopping")[-1]["grace_s"] == 5.0
     d.run_for(6)
     assert d.world.signals == ["SIGTERM", "SIGKILL"]
+
+
+DRAINS = config_with(BASE, drain={"deregister_delay": 10}, restart={"drain_timeout": 30})
+
+
+def _sigusr1_deregister(d: Driver) -> float:
+    assert d.run_until(lambda: d.state.state == S.READY, 120)
+    d.send(RestartRequested())
+    return float(d.events("drain.begin")[-1]["deregister_delay_s"])
+
+
+def test_the_deregister_delay_is_skipped_when_nothing_polls_readyz() -> None:
+    d = Driver(DRAINS)
+    d.send(ReadyzPolled(polled=False))  # the daemon reports polls; none come
+    assert _sigusr1_deregister(d) == 0.0
+
+
+def test_a_balancer_polling_readyz_gets_the_deregister_delay() -> None:
+    d = Driver(DRAINS)
+    d.send(ReadyzPolled(polled=False))
+    assert d.run_until(lambda: d.state.state == S.READY, 120)
+    d.run_for(30)
+    d.send(ReadyzPolled())  # 30 s before the restart: inside the 60 s window
+    d.run_for(30)
+    assert _sigusr1_deregister(d) == 10.0
+
+
+def test_a_poll_long_ago_is_no_balancer() -> None:
+    d = Driver(DRAINS)
+    d.send(ReadyzPolled())
+    assert d.run_until(lambda: d.state.state == S.READY, 120)
+    d.run_for(61)
+    assert _sigusr1_deregister(d) == 0.0
+
+
+def test_without_poll_reports_the_delay_is_kept() -> None:
+    assert _sigusr1_deregister(Driver(DRAINS)) == 10.0  # the gate on, or a bare Loop

@@ -148,6 +148,14 @@ class RestartRequested:
 
 
 @dataclass(frozen=True)
+class ReadyzPolled:
+    """Someone (a load balancer) polled /readyz; polled=False only says the shell reports
+    polls from now on, so that no poll at all means nobody deregisters us."""
+
+    polled: bool = True
+
+
+@dataclass(frozen=True)
 class ReloadRequested:
     """SIGHUP: the shell re-read the config; config is None when it was invalid."""
 
@@ -158,7 +166,7 @@ class ReloadRequested:
 Event = (
     Tick | PrewarmDone | Spawned | SpawnFailed | ChildExited | ChildOutput | HealthResult
     | CanaryResult | MetricsResult | MemorySampled | SweepDone | ReleaseChecked | StopRequested
-    | RestartRequested | ReloadRequested
+    | RestartRequested | ReloadRequested | ReadyzPolled
 )
 
 # ---- actions: what to do (the shell executes them) ----

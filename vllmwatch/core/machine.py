@@ -27,6 +27,7 @@ from vllmwatch.core.events import (
     MetricsResult,
     Notify,
     PrewarmDone,
+    ReadyzPolled,
     ReleaseChecked,
     ReloadRequested,
     RestartRequested,
@@ -95,6 +96,9 @@ def _apply(s: WatchState, ev: Event, now: float) -> Result:
         return _stop_requested(s, ev, now)
     if isinstance(ev, RestartRequested):
         return _manual_restart(s, now)
+    if isinstance(ev, ReadyzPolled):
+        return replace(s, readyz_tracked=True,
+                       readyz_seen_at=now if ev.polled else s.readyz_seen_at), []
     return _reload(s, ev, now)
 
 

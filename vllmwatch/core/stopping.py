@@ -17,6 +17,7 @@ from vllmwatch.core.state import CHILD_STATES, Result, S, WatchState, goto
 KILL_WAIT = 10.0  # after SIGKILL, how long to wait for the exit before sweeping anyway
 SWEEP_WAIT = 20.0  # on the way out, how long a sweep may take before we leave regardless
 SETTLE = 3.0  # after a requested stop, how long the engine may take to follow the API server
+READYZ_WINDOW = 60.0  # a /readyz poll this recent means a balancer is watching
 STUCK_GRACE = 5.0  # SIGTERM -> SIGKILL where nothing can drain
 # A stuck engine, or a GPU fault: nothing in flight can finish. A failing /health alone keeps
 # the full grace: a busy server may still finish what it holds.
@@ -34,8 +35,7 @@ def take_down(s: WatchState, now: float, drain: bool) -> Result:
     if s.state == S.STOPPING:
         return s, []
     if _has_child(s):
-        dereg, timeout = drains.plan(drain, s.state == S.READY,
-                                     s.config.drain.deregister_delay,
+        dereg, timeout = drains.plan(drain, s.state == S.READY, deregister_delay(s, now),
                                      s.config.restart.drain_timeout)
         if dereg + timeout > 0:
             return begin_drain(s, now, dereg, timeout)
@@ -43,6 +43,17 @@ def take_down(s: WatchState, now: float, drain: bool) -> Result:
     if s.state == S.CLEANUP:
         return s, []  # the sweep under way ends in after_cleanup, which sees the new plan
     return sweep(s, now, "no child to stop")
+
+
+def deregister_delay(s: WatchState, now: float) -> float:
+    """drain.deregister_delay, or 0 when nothing has polled /readyz lately: only a balancer
+    that watches /readyz can take us out of rotation, so waiting for none is only downtime
+    (issue 28). The window covers slow health checks: max(60 s, 3 x the delay)."""
+    delay = s.config.drain.deregister_delay
+    if not s.readyz_tracked:
+        return delay
+    seen = s.readyz_seen_at
+    return delay if seen is not None and now - seen <= max(READYZ_WINDOW, 3 * delay) else 0.0
 
 
 def begin_drain(s: WatchState, now: float, dereg: float, timeout: float) -> Result:

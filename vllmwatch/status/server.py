@@ -64,6 +64,7 @@ class StatusServer:
         self.log = log
         self.now = now
         self.stale_after = stale_after
+        self.on_readyz: Callable[[], None] | None = None  # told of every /readyz poll
         self.client_timeout = client_timeout
         self.max_pending = max_pending
         self.slots = Slots(max_clients)
@@ -145,6 +146,8 @@ class StatusServer:
                 return 200, TEXT, b"ok\n"
             return 503, TEXT, f"stale: the loop last turned {age:.1f}s ago\n".encode()
         if path == "/readyz":
+            if self.on_readyz is not None:
+                self.on_readyz()
             if snap.ready and not snap.draining:
                 return 200, TEXT, b"ready\n"
             why = f"not ready: state={snap.state} draining={str(snap.draining).lower()}\n"
