@@ -1,17 +1,18 @@
 """A SIGUSR1 restart of the real CPU vLLM with and without the standby interpreter (issue 28).
 
-    .venv/bin/python bench/standby.py [--runs spawn,fork,standby] [--timeout 600]
+    .venv/bin/python bench/standby.py [--runs plain,standby,standby_fork] [--timeout 600]
 
 One vllmwatch per run on the tiny model (scripts/make_tiny_model.py), shipped defaults except
-`drain.deregister_delay = 0` (no balancer here; it would add the same 10 s to every run) and
-the run's own settings:
-  spawn    restart.standby = false, VLLM_WORKER_MULTIPROC_METHOD=spawn (vLLM's own choice,
-           what vllmwatch did before issue 28)
-  fork     restart.standby = false (EngineCore by fork: vllmwatch's default for one worker)
-  standby  restart.standby = true (a CPU config: auto would say off) and fork
+`prewarm.enabled = false` (it runs before the first start only) and the run's own settings:
+  plain         restart.standby = false; EngineCore as vLLM chooses (spawn: vllmwatch leaves
+                CPU configs alone, see config/launch.py)
+  standby       restart.standby = true (a CPU config: auto would say off)
+  standby_fork  the same with VLLM_WORKER_MULTIPROC_METHOD=fork in [vllm.env] (what
+                vllmwatch sets for one worker on a GPU)
+Nothing polls /readyz here, so the planned restart skips drain.deregister_delay in all runs.
 Each run: start, wait for READY (and, with the standby, for its imports to finish), then
 SIGUSR1 and time restart.begin -> child.started -> child.ready from vllmwatch's own events.
-Writes bench/results/standby.json.
+Writes bench/results/standby.json, vllmwatch's logs to bench/results/logs/standby-RUN.log.
 """
 
 from __future__ import annotations
@@ -24,12 +25,12 @@ import time
 from pathlib import Path
 from typing import Any
 
-from _common import MODEL, Watch, free_port, machine, save, say, write_config
+from _common import MODEL, RESULTS, Watch, free_port, machine, save, say, write_config
 
 RUNS: dict[str, tuple[dict[str, Any], dict[str, str]]] = {
-    "spawn": ({"standby": False}, {"VLLM_WORKER_MULTIPROC_METHOD": "spawn"}),
-    "fork": ({"standby": False}, {}),
+    "plain": ({"standby": False}, {}),
     "standby": ({"standby": True}, {}),
+    "standby_fork": ({"standby": True}, {"VLLM_WORKER_MULTIPROC_METHOD": "fork"}),
 }
 
 
@@ -38,9 +39,9 @@ def one(name: str, workdir: Path, timeout: float) -> dict[str, Any]:
     restart, env = RUNS[name]
     port, status = free_port(), free_port()
     config = write_config(workdir / name / "vllmwatch.toml", port, status, workdir / "cache",
-                          sections={"restart": restart, "drain": {"deregister_delay": "0s"},
-                                    "prewarm": {"enabled": False}}, env=env)
-    watch = Watch(config, workdir / name / "vllmwatch.log")
+                          sections={"restart": restart, "prewarm": {"enabled": False}},
+                          env=env)
+    watch = Watch(config, RESULTS / "logs" / f"standby-{name}.log")
     out: dict[str, Any] = {"run": name}
     try:
         t0 = time.monotonic()
@@ -74,7 +75,7 @@ def one(name: str, workdir: Path, timeout: float) -> dict[str, Any]:
 def main() -> int:
     """Run the chosen runs one after the other and save what they measured."""
     ap = argparse.ArgumentParser(description=__doc__.split("\n", 1)[0])
-    ap.add_argument("--runs", default="spawn,fork,standby")
+    ap.add_argument("--runs", default="plain,standby,standby_fork")
     ap.add_argument("--timeout", type=float, default=600.0)
     args = ap.parse_args()
     if not Path(MODEL, "config.json").exists():
@@ -85,12 +86,11 @@ def main() -> int:
         for name in args.runs.split(","):
             results["runs"][name] = one(name, Path(tmp), args.timeout)
     runs = results["runs"]
-    with_s = runs.get("standby", {}).get("begin_to_ready_s")
-    without = runs.get("fork", runs.get("spawn", {})).get("begin_to_ready_s")
-    if with_s and without:
-        results["ratio_standby_vs_without"] = round(with_s / without, 2)
-    if with_s and runs.get("spawn", {}).get("begin_to_ready_s"):
-        results["ratio_standby_vs_spawn"] = round(with_s / runs["spawn"]["begin_to_ready_s"], 2)
+    without = runs.get("plain", {}).get("begin_to_ready_s")
+    for name in ("standby", "standby_fork"):
+        got = runs.get(name, {}).get("begin_to_ready_s")
+        if got and without:
+            results[f"ratio_{name}_vs_plain"] = round(got / without, 2)
     save("standby", results)
     return 0
 
