@@ -148,7 +148,7 @@ def _typed(given: Given, value: object, draft: Draft, facts: Facts, note: str) -
         problem = known_problem(name, value, f"vllm.args.{name}", facts.known)
         why = problem.problem if problem else "unknown flag"
         draft.errors.append(f"{given.raw}: {why}")
-        draft.arg(Entry(name, _plain(value), f"{note}the line had `{given.raw}`: {why} "
+        draft.arg(Entry(name, _number(_plain(value)), f"{note}the line had `{given.raw}`: {why} "
                         "(`run` would refuse it)", False))
         return
     if kind == "bool":
