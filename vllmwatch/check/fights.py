@@ -18,10 +18,11 @@ from collections.abc import Iterator
 from dataclasses import dataclass
 
 from vllmwatch.check.base import PASS, SKIP, WARN, CheckResult, Context
-from vllmwatch.config.serveline import is_vllm_serve
+from vllmwatch.config.serveline import is_vllm_serve, shown
 
-_KILL = re.compile(r"\b(pkill|killall|kill)\b[^|;&]*vllm|nvidia-smi.*\|.*\b(pkill|killall|kill)\b"
-                   r"|\bsystemctl\s+(restart|stop|kill)\s+\S*vllm", re.I)
+_KILL = re.compile(r"\b(pkill|killall|kill)\b[^|;&]*vllm|\bsystemctl\s+(restart|stop|kill)\s+"
+                   r"\S*vllm|\b(pkill|killall|kill)\b", re.I)
+_GPU_QUERY = re.compile(r"nvidia-smi", re.I)
 _RUNS = re.compile(r"\bvllm(\s+serve\b|\.entrypoints)", re.I)
 _CRON_FILES = ("etc/crontab", "etc/cron.d/*", "var/spool/cron/crontabs/*", "var/spool/cron/*",
                "etc/cron.hourly/*", "etc/cron.daily/*")
@@ -49,11 +50,20 @@ def _lines(path: str) -> Iterator[tuple[int, str]]:
 
 
 def _verdict(text: str) -> str | None:
-    if _KILL.search(text):
-        return "kills or restarts vLLM"
-    if _RUNS.search(text):
-        return "starts vLLM"
+    """What a command line does to vLLM, with the words that say it; None if nothing."""
+    kill = _KILL.search(text)
+    # A bare kill counts only when the line asks nvidia-smi first (the guide's memory rule).
+    if kill and (kill.group(0).lower().endswith("vllm") or _GPU_QUERY.search(text)):
+        return f"kills or restarts vLLM ({_excerpt(text, kill)})"
+    runs = _RUNS.search(text)
+    if runs:
+        return f"starts vLLM ({_excerpt(text, runs)})"
     return None
+
+
+def _excerpt(text: str, match: re.Match[str]) -> str:
+    start, end = max(0, match.start() - 20), min(len(text), match.end() + 40)
+    return ("..." if start else "") + text[start:end] + ("..." if end < len(text) else "")
 
 
 def _files(root: str, patterns: tuple[str, ...]) -> list[str]:
@@ -93,8 +103,8 @@ def _cron_line(root: str, path: str, number: int, text: str, todo: str) -> list[
             for n, line in _lines(script):
                 found = _verdict(line)
                 if found is not None:
-                    return [Finding(where, f"runs {word}, which {found} (line {n}: "
-                                    f"{line[:100]})", todo)]
+                    return [Finding(where, f"runs {word}, which {found} at its line {n}",
+                                    todo)]
     return []
 
 
@@ -122,7 +132,7 @@ def _unit(root: str, path: str, name: str, denied: list[str]) -> list[Finding]:
                 continue
             verdict = _verdict(text.partition("=")[2])
             if verdict is not None:
-                return [Finding(f"{_shown(root, path)}:{number}", f"{verdict}: {text[:120]}",
+                return [Finding(f"{_shown(root, path)}:{number}", f"{name}: {verdict}",
                                 f"systemctl disable --now {stop}")]
     except (PermissionError, IsADirectoryError):
         denied.append(_shown(root, path))
@@ -140,8 +150,8 @@ def supervisors(root: str, denied: list[str]) -> list[Finding]:
                     program = text[len("[program:"):].rstrip("]")
                 elif text.startswith("command") and _verdict(text.partition("=")[2]):
                     out.append(Finding(f"{_shown(root, path)}:{number}",
-                                       f"supervisord program {program!r} runs vLLM: "
-                                       f"{text[:100]}", f"supervisorctl stop {program} and "
+                                       f"supervisord program {program!r} runs vLLM "
+                                       f"({text[:80]})", f"supervisorctl stop {program} and "
                                        f"delete its section from {_shown(root, path)}"))
         except PermissionError:
             denied.append(_shown(root, path))
@@ -162,7 +172,7 @@ def processes(proc: str, gpus: list[int] | None, marker: str) -> tuple[list[Find
         shared = _shared_gpus(gpus, env.get("CUDA_VISIBLE_DEVICES"))
         if shared:
             out.append(Finding(f"pid {pid}", f"a vLLM not started by vllmwatch runs on "
-                               f"{shared}: {' '.join(argv)[:100]}",
+                               f"{shared}: {shown(argv)}",
                                f"stop it (kill {pid}) before `systemctl start vllmwatch`, "
                                "and remove what starts it"))
     visible = os.geteuid() == 0 or os.path.exists(os.path.join(proc, "1", "cmdline"))

@@ -121,3 +121,12 @@ def program_end(argv: list[str]) -> int | None:
 def is_vllm_serve(argv: list[str]) -> bool:
     """True for the argv of a process that serves vLLM's API (not its engine children)."""
     return program_end(argv) is not None
+
+
+def shown(argv: list[str], width: int = 100) -> str:
+    """The command as people know it: from the word `vllm` (or `-m vllm...`) on."""
+    start = next((i for i, w in enumerate(argv[:5]) if w.rsplit("/", 1)[-1] == "vllm"
+                  or w in _MODULES), 0)
+    text = " ".join(["vllm", *argv[start + 1:]] if argv[start:start + 1] and
+                    argv[start].rsplit("/", 1)[-1] == "vllm" else argv[start:])
+    return text if len(text) <= width else text[:width - 3] + "..."
