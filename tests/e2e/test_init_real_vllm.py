@@ -17,9 +17,9 @@ import urllib.request
 from pathlib import Path
 
 import pytest
-from daemon_harness import TIMEOUT_SCALE, Daemon, free_port, port_free, wait_for
 
-from e2e.e2e_harness import SERVED_NAME, find_in_tree, group_leftovers, kill_all
+from tests.e2e.e2e_harness import SERVED_NAME, find_in_tree, group_leftovers, kill_all
+from tests.support import TIMEOUT_SCALE, Daemon, free_port, port_free, wait_for
 
 if sys.version_info >= (3, 11):
     import tomllib

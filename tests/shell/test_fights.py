@@ -12,8 +12,8 @@ import sys
 from pathlib import Path
 
 import pytest
-from waiting import wait_until
 
+from tests.support import wait_until
 from vllmwatch.check import fights
 from vllmwatch.check.base import PASS, SKIP, WARN, Context
 from vllmwatch.config.schema import from_dict

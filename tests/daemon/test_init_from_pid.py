@@ -14,9 +14,8 @@ from pathlib import Path
 
 import psutil
 import pytest
-from daemon_harness import free_port
-from waiting import wait_until
 
+from tests.support import free_port, wait_until
 from vllmwatch.migrate import proc, runner
 
 if sys.version_info >= (3, 11):
