@@ -80,6 +80,10 @@ def _shown(root: str, path: str) -> str:
 def crontabs(root: str, denied: list[str]) -> list[Finding]:
     """Cron lines (and the scripts they run) that kill, restart or start vLLM."""
     out = []
+    for spool in ("var/spool/cron/crontabs", "var/spool/cron"):
+        directory = os.path.join(root, spool)
+        if os.path.isdir(directory) and not os.access(directory, os.R_OK | os.X_OK):
+            denied.append(_shown(root, directory))  # users' crontabs: root only
     for path in _files(root, _CRON_FILES):
         user_tab = "/var/spool/cron" in path
         todo = (f"crontab -e -u {os.path.basename(path)}" if user_tab else
