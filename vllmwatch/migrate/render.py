@@ -14,9 +14,15 @@ _VLLM_ORDER = ("command", "model", "served_model_name", "host", "port", "gpus",
                "api_key_file")
 
 
+def _quoted(text: str) -> str:
+    # JSON's escapes are TOML basic-string escapes, but not its surrogate pairs (hence
+    # ensure_ascii=False), and TOML also refuses a raw DEL.
+    return json.dumps(text, ensure_ascii=False).replace("\x7f", "\\u007f")
+
+
 def key(name: str) -> str:
     """A TOML key: bare when it can be, quoted otherwise (a dotted flag name)."""
-    return name if _BARE_KEY.match(name) else json.dumps(name)
+    return name if _BARE_KEY.match(name) else _quoted(name)
 
 
 def value(v: object) -> str:
@@ -29,7 +35,7 @@ def value(v: object) -> str:
         return ("inf" if v > 0 else "-inf") if math.isinf(v) else "nan" if math.isnan(v) \
             else repr(v)
     if isinstance(v, str):
-        return json.dumps(v)  # JSON's escapes are TOML basic-string escapes
+        return _quoted(v)
     if isinstance(v, list):
         return "[" + ", ".join(value(x) for x in v) + "]"
     if isinstance(v, dict):
@@ -38,12 +44,13 @@ def value(v: object) -> str:
         return "{ " + ", ".join(f"{key(str(k))} = {value(x)}" for k, x in v.items()) + " }"
     if v is None:
         return '""'
-    return json.dumps(str(v))
+    return _quoted(str(v))
 
 
 def comment(text: str, indent: str = "") -> list[str]:
     """Comment lines, wrapped at 96 columns; control characters shown escaped."""
-    clean = "".join(c if c >= " " or c == "\t" else repr(c)[1:-1] for c in text)
+    clean = "".join(c if (c >= " " and c != "\x7f") or c == "\t" else repr(c)[1:-1]
+                    for c in text)
     return [f"{indent}# {line}" for line in textwrap.wrap(clean, 94, break_long_words=False,
                                                          break_on_hyphens=False)] or []
 
