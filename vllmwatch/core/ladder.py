@@ -218,7 +218,8 @@ def release_checked(s: WatchState, now: float, released: bool, detail: str) -> R
 def check_release(s: WatchState) -> Result:
     """Ask the shell to look at the GPUs (one look in flight at a time)."""
     s = s.with_(release_at=None)
-    return s, [CheckRelease(s.old_pids, s.config.restart.gpu_release_tolerance)]
+    before = s.child.gpu_before_mib if s.child is not None else ()
+    return s, [CheckRelease(s.old_pids, s.config.restart.gpu_release_tolerance, before)]
 
 
 def after_cleanup(s: WatchState, now: float) -> Result:

@@ -113,7 +113,7 @@ def _spawned(s: WatchState, ev: Spawned) -> Result:
     c = s.child
     if c is None or c.spawned:
         return s, []
-    s = s.with_child(pid=ev.pid, pgid=ev.pid, spawned=True)
+    s = s.with_child(pid=ev.pid, pgid=ev.pid, spawned=True, gpu_before_mib=ev.gpu_before_mib)
     acts: list[Action] = [Log("info", "child.started", {"pid": ev.pid, "gen": c.gen,
                                                           "command": ev.argv_display})]
     if s.state == S.STOPPING:  # a stop or restart came while the launch was out

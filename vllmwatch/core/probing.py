@@ -23,7 +23,7 @@ def start(s: WatchState, kind: str, now: float) -> Result:
     if c is None or c.pid is None or kind in c.inflight:
         return s, []
     v = c.vllm
-    act = Probe(kind, c.gen, v.host, v.port, v.model_name, s.config.probe)
+    act = Probe(kind, c.gen, v.host, v.port, v.model_name, s.config.probe, c.canary_kind)
     return s.with_child(inflight=c.inflight | {kind}), [act]
 
 

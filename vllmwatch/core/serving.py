@@ -84,6 +84,8 @@ def canary(s: WatchState, ev: CanaryResult, now: float) -> Result:
     """A real completion: the last step to READY, and the hang detector while serving."""
     kind = "warmup" if ev.warmup else "canary"
     s = s.with_(probe_seconds={**s.probe_seconds, kind: ev.seconds})
+    if ev.ok and ev.kind is not None:  # `auto` found the model's kind: later canaries use it
+        s = s.with_child(canary_kind=ev.kind)
     if s.state == S.STARTING:
         return _starting_canary(s, ev, now)
     if s.state != S.READY or ev.warmup:
