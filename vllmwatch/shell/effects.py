@@ -4,7 +4,6 @@ tolerance), so nothing here keeps a copy of the config that a SIGHUP could leave
 
 from __future__ import annotations
 
-import os
 import time
 from collections.abc import Callable, Mapping
 from dataclasses import replace
@@ -107,19 +106,13 @@ class RealEffects:
         return result
 
     def _cache_env(self, config: Config) -> dict[str, str]:
-        """The persistent cache variables whose directories we can create; vLLM would crash
+        """The persistent cache variables whose directories we could create; vLLM would crash
         on one it cannot write (e.g. `vllmwatch run` by hand without /var/cache access)."""
-        usable = {}
-        for name, path in prewarm.cache_env(config, self._environ).items():
-            try:
-                os.makedirs(path, mode=0o700, exist_ok=True)
-            except OSError as exc:
-                self.log("warning", "prewarm.cache_unusable", variable=name, path=path,
-                         error=exc.strerror, detail="vLLM keeps its default cache location; "
-                         "set prewarm.cache_dir to a writable directory")
-                continue
-            if os.access(path, os.W_OK):
-                usable[name] = path
+        usable, unusable = prewarm.make_cache_dirs(config, self._environ)
+        for name, path, why in unusable:
+            self.log("warning", "prewarm.cache_unusable", variable=name, path=path,
+                     error=why, detail="vLLM keeps its default cache location; "
+                     "set prewarm.cache_dir to a writable directory")
         return usable
 
     def child_fd(self) -> int | None:
