@@ -35,6 +35,7 @@ from vllmwatch.core.events import (
     Spawned,
     SpawnFailed,
 )
+from vllmwatch.core.names import ProbeKind
 from vllmwatch.logfn import LogFn
 from vllmwatch.shell import child as childmod
 from vllmwatch.shell import flagcheck
@@ -198,11 +199,11 @@ class ChildHandle:
     def probe(self, action: Probe) -> HealthResult | CanaryResult | MetricsResult:
         """Run one probe (in a worker thread)."""
         prober = self.prober(action)
-        if action.kind == "health":
+        if action.kind == ProbeKind.HEALTH:
             return self._health(prober)
-        if action.kind == "metrics":
+        if action.kind == ProbeKind.METRICS:
             return prober.metrics()
-        return prober.canary(warmup=action.kind == "warmup")
+        return prober.canary(warmup=action.kind == ProbeKind.WARMUP)
 
     def _health(self, prober: HttpProber) -> HealthResult:
         # Engine processes are looked at before /health too: with --api-server-count 2 a
