@@ -57,7 +57,9 @@ def main(config: Config, log_format: str | None = None, prewarm: bool = True,
     def reload() -> Config:
         new = load(config.path)
         log_new = setup(log_format or new.log.format, new.log.level, environ=env)
-        fx.log = fx.launcher.log = log_new
+        fx.log = log_new
+        if fx.standby is not None:
+            fx.standby.log = log_new
         new = spread_config(new, log_new)
         fx.reconfigure(new)  # a standby built for another command or environment goes
         return new

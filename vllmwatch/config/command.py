@@ -174,6 +174,11 @@ def _is_secret(name: str) -> bool:
     return any(word in name.lower() for word in _SECRET_WORDS)
 
 
+def is_secret_name(name: str) -> bool:
+    """Whether a variable or flag name looks secret (its value is never shown)."""
+    return _is_secret(name)
+
+
 def redact_argv(argv: tuple[str, ...] | list[str]) -> list[str]:
     """Replace the values of secret-looking flags (api-key, token, ...) with <redacted>."""
     out: list[str] = []

@@ -26,7 +26,7 @@ from typing import Any
 
 import psutil
 
-from vllmwatch.config.command import REDACTED, ChildCommand
+from vllmwatch.config.command import ChildCommand, is_secret_name
 from vllmwatch.shell.child import MARKER, Child
 from vllmwatch.shell.standby_entry import Entry
 
@@ -53,9 +53,8 @@ def key_of(entry: Entry, cmd: ChildCommand, command_len: int, modules: tuple[str
     Secrets (a rotated API key) and TMPDIR may differ: the launch's environment replaces
     the standby's at the handover, and vLLM reads them only after it.
     """
-    secret = {k for k, v in cmd.shown_env.items() if v == REDACTED}
     env = tuple(sorted((k, v) for k, v in cmd.env.items()
-                       if k not in VOLATILE_ENV and k not in secret))
+                       if k not in VOLATILE_ENV and not is_secret_name(k)))
     return (entry, tuple(cmd.argv[:command_len]), env, modules)
 
 
