@@ -89,7 +89,10 @@ def test_tp2_keeps_vllms_choice_and_the_standby_is_used(two_gpus: dict[str, Any]
     standby = _standby_waiting(fx, first.pid)
     nvml: FakeNvml = two_gpus["nvml"]
     # The old tree holds memory on both GPUs; the standby holds none and is never listed.
-    workers = [p.pid for p in psutil.Process(first.pid).children(recursive=True)]
+    def tree() -> list[int]:  # EngineCore and its two TP workers, once the fake made them
+        kids = [p.pid for p in psutil.Process(first.pid).children(recursive=True)]
+        return kids if len(kids) >= 3 else []
+    workers = wait_until(tree, 30, "the fake's engine and TP workers")
     nvml.gpus[0].procs, nvml.gpus[1].procs = {first.pid: 1000.0}, {workers[-1]: 1000.0}
     nvml.gpus[0].used_mib = nvml.gpus[1].used_mib = 1000.0
     os.killpg(first.pid, signal.SIGTERM)
