@@ -1,14 +1,14 @@
 """A SIGUSR1 restart of the real CPU vLLM with and without the standby interpreter (issue 28).
 
-    .venv/bin/python bench/standby.py [--runs plain,standby,standby_fork] [--timeout 600]
+    .venv/bin/python bench/standby.py [--runs plain,fork,standby] [--timeout 600]
 
 One vllmwatch per run on the tiny model (scripts/make_tiny_model.py), shipped defaults except
 `prewarm.enabled = false` (it runs before the first start only) and the run's own settings:
-  plain         restart.standby = false; EngineCore as vLLM chooses (spawn: vllmwatch leaves
-                CPU configs alone, see config/launch.py)
-  standby       restart.standby = true (a CPU config: auto would say off)
-  standby_fork  the same with VLLM_WORKER_MULTIPROC_METHOD=fork in [vllm.env] (what
-                vllmwatch sets for one worker on a GPU)
+  plain         restart.standby = false, VLLM_WORKER_MULTIPROC_METHOD=spawn (what vllmwatch
+                launched before issue 28: vLLM's own choice)
+  fork          restart.standby = false (EngineCore by fork: vllmwatch's default for one
+                worker since issue 28)
+  standby       restart.standby = true (a CPU config: auto would say off) and fork
 Nothing polls /readyz here, so the planned restart skips drain.deregister_delay in all runs.
 Each run: start, wait for READY (and, with the standby, for its imports to finish), then
 SIGUSR1 and time restart.begin -> child.started -> child.ready from vllmwatch's own events.
@@ -28,9 +28,9 @@ from typing import Any
 from _common import MODEL, RESULTS, Watch, free_port, machine, save, say, write_config
 
 RUNS: dict[str, tuple[dict[str, Any], dict[str, str]]] = {
-    "plain": ({"standby": False}, {}),
+    "plain": ({"standby": False}, {"VLLM_WORKER_MULTIPROC_METHOD": "spawn"}),
+    "fork": ({"standby": False}, {}),
     "standby": ({"standby": True}, {}),
-    "standby_fork": ({"standby": True}, {"VLLM_WORKER_MULTIPROC_METHOD": "fork"}),
 }
 
 
@@ -75,7 +75,7 @@ def one(name: str, workdir: Path, timeout: float) -> dict[str, Any]:
 def main() -> int:
     """Run the chosen runs one after the other and save what they measured."""
     ap = argparse.ArgumentParser(description=__doc__.split("\n", 1)[0])
-    ap.add_argument("--runs", default="plain,standby,standby_fork")
+    ap.add_argument("--runs", default="plain,fork,standby")
     ap.add_argument("--timeout", type=float, default=600.0)
     args = ap.parse_args()
     if not Path(MODEL, "config.json").exists():
@@ -87,10 +87,14 @@ def main() -> int:
             results["runs"][name] = one(name, Path(tmp), args.timeout)
     runs = results["runs"]
     without = runs.get("plain", {}).get("begin_to_ready_s")
-    for name in ("standby", "standby_fork"):
+    for name in ("fork", "standby"):
         got = runs.get(name, {}).get("begin_to_ready_s")
         if got and without:
             results[f"ratio_{name}_vs_plain"] = round(got / without, 2)
+    fork, got = runs.get("fork", {}).get("begin_to_ready_s"), runs.get("standby", {}).get(
+        "begin_to_ready_s")
+    if fork and got:
+        results["ratio_standby_vs_fork"] = round(got / fork, 2)
     save("standby", results)
     return 0
 

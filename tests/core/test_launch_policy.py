@@ -52,10 +52,6 @@ def test_engine_start_method(args: dict[str, object], env: dict[str, str], metho
     assert got == method and words in why
 
 
-def test_a_cpu_config_keeps_vllms_choice() -> None:
-    got, why = engine_start_method({}, [], {}, uses_gpu=False)
-    assert got is None and "CPU config" in why
-
 
 def _cmd_env(vllm: dict[str, object], base: dict[str, str] | None = None) -> dict[str, str]:
     config = from_dict({"vllm": {"model": "/m", "gpus": [0], **vllm}})

@@ -110,7 +110,7 @@ def test_a_restart_is_taken_by_the_standby(daemons: list[Daemon], tmp_path: Path
     started = sigusr1(d)
     assert started["launch"] == "standby" and started["pid"] == pid
     assert os.getpgid(pid) == pid  # today's child contract: pid = process group
-    assert "VLLM_WORKER_MULTIPROC_METHOD" not in started["command"]  # CPU: vLLM's choice
+    assert "VLLM_WORKER_MULTIPROC_METHOD=fork" in started["command"]  # one worker: fork
     snap = status(d)
     assert snap["launch"] == "standby" and snap["launches"] == {"fresh": 1, "standby": 1}
     code, body = d.http_get("/metrics")

