@@ -126,7 +126,8 @@ def _spawned(s: WatchState, ev: Spawned) -> Result:
     c = s.child
     if c is None or c.spawned:
         return s, []
-    s = replace(s, child=replace(s.run, pid=ev.pid, pgid=ev.pid, spawned=True))
+    s = replace(s, child=replace(s.run, pid=ev.pid, pgid=ev.pid, spawned=True,
+                                 gpu_before_mib=ev.gpu_before_mib))
     acts: list[Action] = [Log("info", "child.started", {"pid": ev.pid, "gen": c.gen,
                                                           "command": ev.argv_display})]
     if s.state == S.STOPPING:  # a stop or restart came while the launch was out

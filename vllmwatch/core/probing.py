@@ -27,7 +27,7 @@ def start(s: WatchState, kind: ProbeKind, now: float) -> Result:
     if c is None or c.pid is None or kind in c.inflight:
         return s, []
     v = c.vllm
-    act = Probe(kind, c.gen, v.host, v.port, v.model_name, s.config.probe)
+    act = Probe(kind, c.gen, v.host, v.port, v.model_name, s.config.probe, c.canary_kind)
     return replace(s, child=replace(s.run, inflight=c.inflight | {kind})), [act]
 
 

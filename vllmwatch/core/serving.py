@@ -89,6 +89,8 @@ def canary(s: WatchState, ev: CanaryResult, now: float) -> Result:
     """A real completion: the last step to READY, and the hang detector while serving."""
     kind = K.WARMUP if ev.warmup else K.CANARY
     s = replace(s, probe_seconds={**s.probe_seconds, kind: ev.seconds})
+    if ev.ok and ev.kind is not None:  # `auto` found the model's kind: later canaries use it
+        s = replace(s, child=replace(s.run, canary_kind=ev.kind))
     if s.state == S.STARTING:
         return _starting_canary(s, ev, now)
     if s.state != S.READY or ev.warmup:
