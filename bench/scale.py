@@ -38,8 +38,9 @@ from bench._common import (
     timeit,
     track_group,
 )
+from vllmwatch.config.schema import ProbeConfig
 from vllmwatch.shell.memory import host_memory, make_sampler, tree_pids
-from vllmwatch.shell.probes import HttpProber, parse_metrics
+from vllmwatch.shell.probes import Endpoint, HttpProber, parse_metrics
 from vllmwatch.testing.fake_nvml import FakeGpu, FakeNvml
 
 SIZES_KB = (50, 200, 1000, 5000)
@@ -100,7 +101,8 @@ def metrics_scale() -> list[dict[str, Any]]:
     srv = http.server.ThreadingHTTPServer(("127.0.0.1", port), H)
     th = threading.Thread(target=srv.serve_forever, daemon=True)
     th.start()
-    prober = HttpProber("127.0.0.1", port, "m", 30.0, 30.0)
+    prober = HttpProber(Endpoint("127.0.0.1", port, "m"),
+                        ProbeConfig(timeout=30.0, canary_timeout=30.0))
     try:
         for shape in ("other", "wanted"):
             for kb in SIZES_KB:

@@ -29,7 +29,10 @@ def test_a_fatal_fault_stops_vllm_and_exits_for_a_person(fault: GpuFault) -> Non
     _faulty(d, fault)
     assert d.run_until(lambda: d.exit_code is not None, max_seconds=600)
     assert d.exit_code == gpufault.EXIT_GPU_FAULT
-    assert [e["reason"] for e in d.events("restart.begin")] == ["gpu_fault"]
+    # an exit, not a restart: one daemon.exiting and no restart.begin
+    assert [e["reason"] for e in d.events("daemon.exiting")] == ["gpu_fault"]
+    assert d.events("daemon.exiting")[0]["code"] == gpufault.EXIT_GPU_FAULT
+    assert not d.events("restart.begin")
     (event,) = d.events("gpu.fault")
     assert event["fatal"] and "a person is needed" in event["action"]
     assert not d.events("crashloop.gave_up")

@@ -85,7 +85,7 @@ def test_a_stop_is_honoured_in_every_state(state: S, signals: list[int]) -> None
     assert d.exit_code == 0, [(lg.event, lg.fields) for lg in d.logs[-8:]]
     assert d.clock.now - t0 <= STOP_BOUND
     assert not d.world.child_alive
-    assert len(d.events("daemon.stopping")) == 1
+    assert len(d.events("daemon.exiting")) == 1
 
 
 def test_restart_then_stop_in_backoff_stops_and_never_serves_again() -> None:
@@ -204,7 +204,8 @@ def test_lost_probes_are_flagged_stale_and_stop_the_watchdog_ping() -> None:
 
 def test_an_unexpected_error_in_the_loop_is_logged_kills_the_tree_and_exits_70() -> None:
     world = World()
-    fx = WorldEffects(world, FakeNotifier())
+    notifier = FakeNotifier()
+    fx = WorldEffects(world, notifier)
     closed: list[bool] = []
 
     def boom(_snapshot: object) -> None:
@@ -218,6 +219,10 @@ def test_an_unexpected_error_in_the_loop_is_logged_kills_the_tree_and_exits_70()
     crashed = [lg.fields for lg in fx.logs if lg.event == "daemon.crashed"]
     assert len(crashed) == 1 and "ValueError: a bug" in crashed[0]["traceback"]
     assert closed == [True]
+    # the same one exit event and STOPPING=1 as every exit the core decides
+    exiting = [lg.fields for lg in fx.logs if lg.event == "daemon.exiting"]
+    assert [(e["code"], e["reason"]) for e in exiting] == [(exitcodes.INTERNAL, "internal")]
+    assert notifier.sent("STOPPING=1")
 
 
 def test_jitter_is_seeded_from_the_os() -> None:
