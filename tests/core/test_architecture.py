@@ -212,7 +212,8 @@ def _is_version_switch(node: ast.stmt) -> bool:
 
 def side_effects(source: str) -> list[str]:
     """What a module does at import, outside functions, classes and its main guard: a bare
-    call, a call that acts on the world (ACTS) in an assignment, a write to sys.modules."""
+    call, a call that acts on the world (ACTS) in an assignment, a store into an item or an
+    attribute."""
     found = []
     for node in ast.parse(source).body:
         if isinstance(node, (ast.Import, ast.ImportFrom, ast.FunctionDef, ast.AsyncFunctionDef,
@@ -226,12 +227,12 @@ def side_effects(source: str) -> list[str]:
 
 
 def _acts(node: ast.AST) -> bool:
-    """A call named in ACTS, or a store into sys.modules."""
+    """A call named in ACTS, or a store into something that exists already (an item or an
+    attribute: sys.modules[...], os.environ[...], another module's table)."""
     if isinstance(node, ast.Call):
         f = node.func
         return (f.attr if isinstance(f, ast.Attribute) else getattr(f, "id", "")) in ACTS
-    return isinstance(node, ast.Subscript) and isinstance(node.ctx, ast.Store) and \
-        ast.unparse(node.value) == "sys.modules"
+    return isinstance(node, (ast.Subscript, ast.Attribute)) and isinstance(node.ctx, ast.Store)
 
 
 @pytest.mark.parametrize("module", sorted(m for m in BENCH_MODULES
@@ -244,9 +245,9 @@ def test_bench_does_nothing_at_import(module: str) -> None:
 def test_the_side_effect_finder_finds_them() -> None:
     bad = ("import atexit, signal, sys\nNV = Nvml()\natexit.register(print)\n"
            "signal.signal(15, None)\nsys.modules['drive'] = sys.modules['__main__']\n"
-           "sys.path.insert(0, '.')\nX = [1]\nX.append(2)\n")
+           "sys.path.insert(0, '.')\nX = [1]\nX.append(2)\nD.ORDER[:] = X\n")
     assert [f.split(":")[0] for f in side_effects(bad)] == [
-        "line 2", "line 3", "line 4", "line 5", "line 6", "line 8"]
+        "line 2", "line 3", "line 4", "line 5", "line 6", "line 8", "line 9"]
     good = ('"""doc"""\nimport re\nRE = re.compile("x")\nHERE = Path(__file__).parent\n'
             'def f() -> None:\n    atexit.register(print)\nif __name__ == "__main__":\n'
             '    sys.path.insert(0, ".")\n')
