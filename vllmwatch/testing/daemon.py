@@ -37,11 +37,12 @@ if sys.version_info >= (3, 11):
 else:  # pragma: no cover - exercised on Python 3.10 only
     import tomli as tomllib
 
-from vllmwatch.shell.child import MARKER, instance_id
+from vllmwatch.shell.child import instance_id
+from vllmwatch.testing.leftovers import leftovers, wait_for_gone, wait_for_value
 from vllmwatch.testing.notify import NotifyListener
 from vllmwatch.testing.ports import port_free
 from vllmwatch.testing.tomlfile import merge, to_toml
-from vllmwatch.testing.waiting import holds_within, wait_for
+from vllmwatch.testing.waiting import wait_for
 
 PYTHON = sys.executable
 # The folder that holds this vllmwatch (the checkout), put on the daemon's PYTHONPATH.
@@ -213,19 +214,7 @@ class Daemon:
 
     def leftovers(self) -> list[psutil.Process]:
         """Live processes carrying our marker, or a vLLM/fake_vllm cmdline with our port."""
-        return [p for p in psutil.process_iter() if p.pid != os.getpid() and self._ours(p)]
-
-    def _ours(self, proc: psutil.Process) -> bool:
-        try:
-            if proc.status() == psutil.STATUS_ZOMBIE:
-                return False  # dead; only waits for its parent (or PID 1) to reap it
-            cmd = proc.cmdline()
-            with contextlib.suppress(psutil.AccessDenied):
-                if proc.environ().get(MARKER) == self.marker:
-                    return True
-            return any("VLLM::" in a or "fake_vllm" in a for a in cmd) and str(self.port) in cmd
-        except psutil.Error:
-            return False
+        return leftovers(self.marker, self.port)
 
     # ---- what the daemon said ----
 
@@ -336,18 +325,6 @@ def _daemon_env(env: Mapping[str, str] | None, notify: NotifyListener | None,
     if checkout_path:
         out["PYTHONPATH"] = str(REPO) + os.pathsep + out.get("PYTHONPATH", "")
     return out
-
-
-def wait_for_gone(get: Callable[[], list[psutil.Process]], timeout: float
-                  ) -> list[psutil.Process]:
-    """Poll get() until it is empty or timeout; return what is still there."""
-    holds_within(lambda: not get(), timeout)
-    return get()
-
-
-def wait_for_value(pred: Callable[[], bool], timeout: float) -> bool:
-    """Poll pred() until True or timeout; return whether it held."""
-    return holds_within(pred, timeout)
 
 
 def ts_of(event: Event) -> float:
