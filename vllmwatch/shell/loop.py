@@ -11,6 +11,7 @@ import traceback
 import weakref
 from collections.abc import Callable
 from concurrent.futures import Executor, Future, ThreadPoolExecutor
+from dataclasses import dataclass
 from typing import Any
 
 from vllmwatch.config.schema import Config
@@ -44,6 +45,15 @@ from vllmwatch.status.statusline import snapshot_of, summary
 _SIGNALS = (signal.SIGTERM, signal.SIGINT, signal.SIGHUP, signal.SIGUSR1, signal.SIGCHLD)
 STATUS_EVERY = 10.0
 MAX_SLEEP = 5.0  # wake at least this often, whatever the core says
+RELOAD_TIMEOUT = 5.0  # a config read (SIGHUP) that takes longer is answered as failed
+
+
+@dataclass(frozen=True)
+class _ReloadRead:
+    """A config read's answer from its worker, tagged with the read it answers."""
+
+    token: int
+    event: ReloadRequested
 
 # wait(fds, timeout): block until one of fds is readable or the timeout passes.
 Waiter = Callable[[list[int], float], None]
@@ -74,9 +84,10 @@ class Loop:
                  reload_config: Callable[[], Config] | None = None,
                  environ: dict[str, str] | None = None, *, seed: int | None = None,
                  executor: Executor | None = None, waiter: Waiter | None = None,
-                 install_signals: bool = True) -> None:
+                 install_signals: bool = True,
+                 on_reloaded: Callable[[Config], None] | None = None) -> None:
         self.fx, self.clock, self._reload_config = fx, clock, reload_config
-        self._events: queue.SimpleQueue[Event] = queue.SimpleQueue()
+        self._events: queue.SimpleQueue[Event | _ReloadRead] = queue.SimpleQueue()
         self._wake_r, self._wake_w = os.pipe()
         os.set_blocking(self._wake_r, False)
         os.set_blocking(self._wake_w, False)
@@ -95,14 +106,31 @@ class Loop:
         self._last_status = ""
         self._pending_signals: list[int] = []
         self.exit_code: int | None = None
+        self._on_reloaded = on_reloaded
+        self._reload_token = 0  # the read in flight; answers of older reads are dropped
+        self._reload_due: float | None = None  # when the read in flight times out
+        self._reload_again = False  # a SIGHUP came while a read was out
 
     # ---- plumbing ----
 
-    def post(self, event: Event) -> None:
+    def post(self, event: Event | _ReloadRead) -> None:
         """Hand an event to the loop from any thread."""
         self._events.put(event)
         with contextlib.suppress(BlockingIOError, OSError):
             os.write(self._wake_w, b"\0")
+
+    def _pool_submit(self, fn: Callable[[], _ReloadRead],
+                     failed: Callable[[str], _ReloadRead]) -> None:
+        """Run fn on a worker and post its answer (or failed(error)'s): always one answer."""
+        def done(fut: Future[_ReloadRead]) -> None:
+            if not fut.cancelled():
+                exc = fut.exception()
+                self.post(fut.result() if exc is None else failed(f"{type(exc).__name__}: "
+                                                                  f"{exc}"))
+        try:
+            self._pool.submit(fn).add_done_callback(done)
+        except RuntimeError as exc:  # the pool is shut down
+            self.post(failed(str(exc)))
 
     def _submit(self, action: AsyncAction, fn: Callable[[], Event]) -> None:
         def done(fut: Future[Event]) -> None:
@@ -170,7 +198,7 @@ class Loop:
     def next_deadline(self) -> float | None:
         """The earliest moment the loop must wake by itself."""
         due = [t for t in (machine.next_wakeup(self.state), self._next_ping_due(),
-                           self._next_status) if t is not None]
+                           self._next_status, self._reload_due) if t is not None]
         return min(due) if due else None
 
     def _wait(self) -> None:
@@ -197,9 +225,14 @@ class Loop:
             events.append(exited)
         while True:
             try:
-                events.append(self._events.get_nowait())
+                got = self._reload_answer(self._events.get_nowait())
             except queue.Empty:
                 break
+            if got is not None:
+                events.append(got)
+        overdue = self._reload_overdue()
+        if overdue is not None:
+            events.append(overdue)
         return events or [Tick()]
 
     def _signal_event(self, signum: int) -> Event | None:
@@ -211,14 +244,48 @@ class Loop:
             return self._reload()
         return None  # SIGCHLD only wakes us; poll_child() looks
 
-    def _reload(self) -> Event:
-        if self._reload_config is None:
+    def _reload(self) -> Event | None:
+        """Read the config off the loop (a worker), with a deadline; None while it is out."""
+        read = self._reload_config
+        if read is None:
             return ReloadRequested(None, "no config file to reload")
-        try:
-            config = self._reload_config()
-        except Exception as exc:
-            return ReloadRequested(None, str(exc))
-        return ReloadRequested(config)
+        if self._reload_due is not None:
+            self._reload_again = True  # one more read once this one is answered
+            return None
+        self._reload_token += 1
+        token = self._reload_token
+        self._reload_due = self.clock.monotonic() + RELOAD_TIMEOUT
+
+        def work() -> _ReloadRead:
+            try:
+                ev = ReloadRequested(read())
+            except Exception as exc:
+                ev = ReloadRequested(None, str(exc) or type(exc).__name__)
+            return _ReloadRead(token, ev)
+
+        self._pool_submit(work, lambda err: _ReloadRead(token, ReloadRequested(None, err)))
+        return None
+
+    def _reload_answer(self, ev: Event | _ReloadRead) -> Event | None:
+        """The core's ReloadRequested for a read that came back in time (late ones dropped)."""
+        if not isinstance(ev, _ReloadRead):
+            return ev
+        if ev.token != self._reload_token or self._reload_due is None:
+            return None  # answered already by its deadline
+        self._reload_due = None
+        if self._reload_again:
+            self._reload_again = False
+            self.deliver_signal(signal.SIGHUP)
+        if ev.event.config is not None and self._on_reloaded is not None:
+            self._on_reloaded(ev.event.config)
+        return ev.event
+
+    def _reload_overdue(self) -> Event | None:
+        if self._reload_due is None or self.clock.monotonic() < self._reload_due:
+            return None
+        self._reload_due = None
+        return ReloadRequested(None, f"reading the config took longer than "
+                                     f"{RELOAD_TIMEOUT:g}s (a file on a hung network mount?)")
 
     def _turn(self, events: list[Event]) -> int | None:
         pending = list(events)

@@ -57,6 +57,7 @@ class StatusServer:
         client_timeout: float = 5.0,
         max_pending: int = 512,
         reject_log_every: float = 60.0,
+        stale_probes_fail_livez: bool = False,
     ) -> None:
         self.listen = listen
         self.allow_remote = allow_remote
@@ -64,6 +65,7 @@ class StatusServer:
         self.log = log
         self.now = now
         self.stale_after = stale_after
+        self.stale_probes_fail_livez = stale_probes_fail_livez
         self.client_timeout = client_timeout
         self.max_pending = max_pending
         self.slots = Slots(max_clients)
@@ -139,12 +141,19 @@ class StatusServer:
     def respond(self, path: str, accept: str = "") -> Response:
         """The response for a GET of path: (code, content type, body)."""
         snap = self.get_snapshot()
+        age = self.now() - snap.loop_heartbeat
+        stuck = age > self.stale_after  # the snapshot is old: nothing in it can be vouched for
         if path == "/livez":
-            age = self.now() - snap.loop_heartbeat
-            if age <= self.stale_after:
-                return 200, TEXT, b"ok\n"
-            return 503, TEXT, f"stale: the loop last turned {age:.1f}s ago\n".encode()
+            if stuck:
+                return 503, TEXT, f"stale: the loop last turned {age:.1f}s ago\n".encode()
+            if self.stale_probes_fail_livez and snap.stale_probes:
+                # No systemd watchdog to act on a stale probe (a container): the kubelet does.
+                return 503, TEXT, ("stale probes: " + ",".join(snap.stale_probes) + "\n"
+                                   ).encode()
+            return 200, TEXT, b"ok\n"
         if path == "/readyz":
+            if stuck:
+                return 503, TEXT, f"not ready: the loop last turned {age:.1f}s ago\n".encode()
             if snap.ready and not snap.draining:
                 return 200, TEXT, b"ready\n"
             why = f"not ready: state={snap.state} draining={str(snap.draining).lower()}\n"
