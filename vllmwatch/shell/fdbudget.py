@@ -18,7 +18,7 @@ from vllmwatch.logfn import LogFn
 
 WANTED = 65536  # what the units set (LimitNOFILE); by hand the soft limit is raised to it
 RESERVE = 256  # descriptors the watchdog itself may need at any moment
-STATUS_PENDING = 512  # status connections waiting for their request head, at most
+STATUS_PENDING = 4096  # status connections waiting for their request head, at most
 GATE_CONNECTIONS = 1024  # gate client connections, at most (each may hold one upstream)
 
 
