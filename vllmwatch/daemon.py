@@ -45,7 +45,8 @@ def main(config: Config, log_format: str | None = None, prewarm: bool = True,
     if config.gate.enabled:  # aiohttp is imported only when the front door is on
         from vllmwatch.gate.attach import start_gate, with_gate
 
-        live.gate = start_gate(config, log, lambda: holder["snap"])
+        live.gate = start_gate(config, log, lambda: holder["snap"],
+                               fdbudget.current().gate_connections)
         get = lambda: with_gate(live.decorate(holder["snap"]), live.gate)  # noqa: E731
     try:
         live.status = _status_server(config, log, get, no_watchdog)

@@ -48,6 +48,12 @@ class Slots:
             self.active -= 1
 
 
+_DETAIL = ("status clients were refused (busy: all handler slots taken; timeout: no complete "
+           "request in time; overflow: more idle connections than the cap, oldest dropped); "
+           "probes (/livez, /readyz) are still answered. Look for clients that connect and "
+           "stay idle.")
+
+
 class Rejections:
     """Refused connections: totals by reason for /metrics, and one log event per `every` s.
 
@@ -56,11 +62,13 @@ class Rejections:
     """
 
     def __init__(self, log: Callable[..., None], every: float = 60.0,
-                 clock: Callable[[], float] = time.monotonic) -> None:
+                 clock: Callable[[], float] = time.monotonic, event: str = "status.rejected",
+                 detail: str = _DETAIL, reasons: tuple[str, ...] = REJECT_REASONS) -> None:
         self.log = log
         self.every = every
         self.clock = clock
-        self.totals = dict.fromkeys(REJECT_REASONS, 0)
+        self.event, self.detail = event, detail
+        self.totals = dict.fromkeys(reasons, 0)
         self._unlogged: dict[str, int] = {}
         self._last_log = float("-inf")
         self._lock = threading.Lock()
@@ -80,10 +88,7 @@ class Rejections:
             counts, self._unlogged = self._unlogged, {}
             window = None if self._last_log == float("-inf") else round(now - self._last_log, 1)
             self._last_log = now
-        self.log("warning", "status.rejected", counts=counts, since_last_s=window,
-                 detail="status clients were refused (busy: all handler slots taken; timeout: "
-                        "no complete request in time); probes (/livez, /readyz) are still "
-                        "answered. Look for clients that connect and stay idle.")
+        self.log("warning", self.event, counts=counts, since_last_s=window, detail=self.detail)
 
     def snapshot(self) -> dict[str, int]:
         """A copy of the totals by reason."""
