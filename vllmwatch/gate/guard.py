@@ -30,6 +30,7 @@ BODY_TIMEOUT = 60.0  # the whole request body
 MAX_BODY = 16 * 2**20  # one request body (prompts with images); aiohttp's default is 1 MiB
 MAX_HELD = 256 * 2**20  # all request bodies in memory at once
 SWEEP_EVERY = 1.0
+SHED_WAIT, SHED_LINGER = 1.0, 64  # a shed connection waits this long for its request, so many
 _SHED = (b"HTTP/1.1 503 Service Unavailable\r\nContent-Type: text/plain\r\nRetry-After: 1\r\n"
          b"Content-Length: 33\r\nConnection: close\r\n\r\nvllmwatch gate: too many clients\n")
 
@@ -42,21 +43,44 @@ class _Conn:
 
 
 class _Shed(asyncio.Protocol):
-    """A connection over the cap: answered 503 and closed at once."""
+    """A connection over the cap: answered 503 once its request arrives (so the client reads
+    the answer instead of a reset), and closed; at once when SHED_LINGER others wait."""
+
+    lingering = 0  # shed connections waiting for their request, over all gates
 
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
-        assert isinstance(transport, asyncio.Transport)
-        with contextlib.suppress(Exception):
-            transport.write(_SHED)
-        transport.close()
+        self.transport = transport
+        if _Shed.lingering >= SHED_LINGER:
+            self._answer()
+            return
+        _Shed.lingering += 1
+        self._counted = True
+        self._timer = asyncio.get_running_loop().call_later(SHED_WAIT, self._answer)
+
+    def data_received(self, data: bytes) -> None:
+        self._answer()
+
+    def connection_lost(self, exc: Exception | None) -> None:
+        self._answer()
+
+    def _answer(self) -> None:
+        if getattr(self, "_counted", False):
+            _Shed.lingering -= 1
+            self._counted = False
+            self._timer.cancel()
+        transport = self.transport
+        if not transport.is_closing():
+            with contextlib.suppress(Exception):  # uvloop's transports are not asyncio's
+                transport.write(_SHED)  # type: ignore[attr-defined]
+            transport.close()
 
 
 class _Tracked(asyncio.Protocol):
     """aiohttp's handler (slotted: no attribute can be patched), seen on its way in: when a
     request head begins. Every protocol call is passed on unchanged."""
 
-    def __init__(self, handler: Any, conn: _Conn) -> None:
-        self.handler, self.conn = handler, conn
+    def __init__(self, handler: Any, conn: _Conn, lost: Callable[[Any], None]) -> None:
+        self.handler, self.conn, self._lost = handler, conn, lost
 
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
         self.handler.connection_made(transport)
@@ -71,6 +95,7 @@ class _Tracked(asyncio.Protocol):
         return bool(self.handler.eof_received())
 
     def connection_lost(self, exc: Exception | None) -> None:
+        self._lost(self.handler)
         self.handler.connection_lost(exc)
 
     def pause_writing(self) -> None:
@@ -91,14 +116,13 @@ class Guard:
 
     def factory(self) -> asyncio.BaseProtocol:
         """The protocol factory for the listening socket: the handler, or a shed."""
-        self._forget_closed()
         if len(self.conns) >= self.max_connections:
             self.count("shed_connections")
             return _Shed()
         handler = self.server()
         conn = _Conn(asyncio.get_running_loop().time())
         self.conns[handler] = conn
-        return _Tracked(handler, conn)
+        return _Tracked(handler, conn, self._gone)
 
     def begin(self, handler: Any) -> None:
         """A request of this connection reached the handler (its head is complete)."""
@@ -122,7 +146,6 @@ class Guard:
 
     def sweep_once(self, now: float) -> None:
         """One pass of the deadlines."""
-        self._forget_closed()
         for handler, conn in list(self.conns.items()):
             if conn.busy:
                 continue
@@ -138,10 +161,8 @@ class Guard:
             transport.close()
         self.conns.pop(handler, None)
 
-    def _forget_closed(self) -> None:
-        for handler in [h for h in self.conns if h.transport is None or
-                        h.transport.is_closing()]:
-            del self.conns[handler]
+    def _gone(self, handler: Any) -> None:
+        self.conns.pop(handler, None)
 
     async def read_body(self, request: web.Request) -> bytes | web.Response:
         """The request body within the caps and BODY_TIMEOUT, or the error to answer.

@@ -143,10 +143,10 @@ class Gate:
         app = web.Application(client_max_size=guardmod.MAX_BODY)
         app.router.add_route("*", "/{tail:.*}", self.forwarder.handle)
         # On stop, in-flight and held requests get SHUTDOWN_GRACE s, then are cut. Idle
-        # keep-alive connections close after the guard's idle deadline.
+        # keep-alive connections close at the guard's idle deadline (counted there).
         runner = web.AppRunner(app, access_log=None, handler_cancellation=True,
                                shutdown_timeout=SHUTDOWN_GRACE,
-                               keepalive_timeout=guardmod.IDLE_TIMEOUT)
+                               keepalive_timeout=guardmod.IDLE_TIMEOUT + 5.0)  # ours first
         await runner.setup()
         assert runner.server is not None
         guard = self.guard = guardmod.Guard(runner.server, self._count, self.max_connections)
