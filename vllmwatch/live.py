@@ -59,9 +59,12 @@ class Live:
     def apply(self, new: Config) -> None:
         """Apply what can be applied live; report the rest (called on the loop's thread)."""
         old = self.config
-        if (new.log.level, new.log.format) != (old.log.level, old.log.format):
-            self.log.target = self._make_log(new)
-            self.log("info", "log.level_changed", to=new.log.level)
+        if new.log.level != old.log.level:
+            # Said at the old level, before the switch: "error" would hide an info event.
+            self.log("warning", "log.level_changed", to=new.log.level,
+                     detail="the child's forwarded lines follow the new level too")
+            self.log.target = self._make_log(dataclasses.replace(
+                new, log=dataclasses.replace(new.log, format=old.log.format)))
         if new.status != old.status:
             self._rebind_status(new)
         if self.gate is not None:

@@ -36,6 +36,7 @@ from vllmwatch.core.events import (
     Tick,
     failure_result,
 )
+from vllmwatch.logfn import Repeats
 from vllmwatch.shell.clock import Clock
 from vllmwatch.shell.effects import Effects
 from vllmwatch.shell.notify import status_line, watchdog_interval
@@ -107,6 +108,7 @@ class Loop:
         self._pending_signals: list[int] = []
         self.exit_code: int | None = None
         self._on_reloaded = on_reloaded
+        self._repeats = Repeats(lambda *a, **kw: self.fx.log(*a, **kw), clock.monotonic)
         self._reload_token = 0  # the read in flight; answers of older reads are dropped
         self._reload_due: float | None = None  # when the read in flight times out
         self._reload_again = False  # a SIGHUP came while a read was out
@@ -140,9 +142,12 @@ class Loop:
             if exc is None:
                 self.post(fut.result())
                 return
-            self.fx.log("error", "io.failed", action=type(action).__name__,
-                        error=f"{type(exc).__name__}: {exc}",
-                        traceback="".join(traceback.format_exception(exc)))
+            # The same failure again and again (a malformed answer on every probe): one
+            # event per minute with a count, the traceback only the first time.
+            self._repeats((type(action).__name__, type(exc).__name__), "error", "io.failed",
+                          drop_on_repeat=("traceback",), action=type(action).__name__,
+                          error=f"{type(exc).__name__}: {exc}",
+                          traceback="".join(traceback.format_exception(exc)))
             self.post(failure_result(action, f"{type(exc).__name__}: {exc}"))
 
         try:

@@ -21,6 +21,7 @@ from typing import Any
 from urllib.parse import urlsplit
 
 from vllmwatch.config.hosts import parse_listen
+from vllmwatch.logfn import Repeats
 from vllmwatch.status import metrics
 from vllmwatch.status.front import Pending
 from vllmwatch.status.http_guard import (
@@ -70,6 +71,7 @@ class StatusServer:
         self.max_pending = max_pending
         self.slots = Slots(max_clients)
         self.rejections = Rejections(log, reject_log_every)
+        self.repeats = Repeats(log, time.monotonic)
         self.registry = metrics.build_registry(get_snapshot, self.rejections.snapshot,
                                                metrics.host_identity())
         self._httpd: GuardedServer[StatusServer] | None = None
@@ -125,9 +127,14 @@ class StatusServer:
         try:
             code, content_type, body = self.respond(path)
         except Exception as exc:
-            self.log("error", "status.handler_failed", path=path, error=repr(exc))
+            self.failed(path, exc)
             code, content_type, body = 500, TEXT, b"internal error; see the vllmwatch log\n"
         return raw_response(code, content_type, body, send_body=method == "GET")
+
+    def failed(self, path: str, exc: Exception) -> None:
+        """A handler raised: logged once a minute per path and error type, with a count."""
+        self.repeats((path, type(exc).__name__), "error", "status.handler_failed", path=path,
+                     error=repr(exc))
 
     def reject(self, reason: str, pending: Pending, response: bytes | None) -> None:
         """Count a refused connection, answer it where there is an answer, and close it."""
@@ -229,7 +236,7 @@ class _Handler(GuardedHandler):
         try:
             code, content_type, body = app.respond(path, self.headers.get("Accept", ""))
         except Exception as exc:
-            app.log("error", "status.handler_failed", path=path, error=repr(exc))
+            app.failed(path, exc)
             code, content_type, body = 500, TEXT, b"internal error; see the vllmwatch log\n"
         self.reply(code, content_type, body, send_body)
 
