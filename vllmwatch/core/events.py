@@ -6,6 +6,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from vllmwatch.config.schema import Config, ProbeConfig
+from vllmwatch.core.names import ProbeKind
 from vllmwatch.core.samples import MemorySample
 
 # ---- events: what happened (the shell observed it and hands it to step()) ----
@@ -214,7 +215,7 @@ class Probe:
     and the probe settings in force now.
     """
 
-    kind: str
+    kind: ProbeKind  # an http kind of names.PROBES
     gen: int
     host: str
     port: int
@@ -271,11 +272,11 @@ def failure_result(action: AsyncAction, error: str) -> Event:
     A failed probe counts as that probe failing; a failed sweep leaves what remains unknown.
     """
     if isinstance(action, Probe):
-        if action.kind == "health":
+        if action.kind == ProbeKind.HEALTH:
             return HealthResult(False, None, 0.0, error, gen=action.gen)
-        if action.kind == "metrics":
+        if action.kind == ProbeKind.METRICS:
             return MetricsResult(False, error=error, gen=action.gen)
-        return CanaryResult(False, False, 0.0, error, warmup=action.kind == "warmup",
+        return CanaryResult(False, False, 0.0, error, warmup=action.kind == ProbeKind.WARMUP,
                             gen=action.gen)
     if isinstance(action, SampleMemory):
         return MemorySampled(None, gen=action.gen, error=error)

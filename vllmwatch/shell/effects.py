@@ -27,6 +27,7 @@ from vllmwatch.core.events import (
     Sweep,
     SweepDone,
 )
+from vllmwatch.core.names import ProbeKind
 from vllmwatch.core.unified import Platform
 from vllmwatch.prewarm import runner as prewarm
 from vllmwatch.shell import child as childmod
@@ -209,7 +210,7 @@ class RealEffects:
         """Run one probe against the child where it listens (in a worker thread)."""
         prober = self._canaries.prober(action, self._api_key, self.log)
         result: Event
-        if action.kind == "health":
+        if action.kind == ProbeKind.HEALTH:
             # Engine processes are looked at before /health too: with --api-server-count 2 a
             # dead EngineCore left /health unanswered until the probe timed out (5.5 s on the
             # H200, against 0.1-0.5 s with one API server). A gone engine is fatal for vLLM
@@ -225,10 +226,10 @@ class RealEffects:
                 health = replace(health, ok=False, engine_gone=True,
                                  error=f"{said}; engine process gone: {', '.join(gone)}")
             result = health
-        elif action.kind == "metrics":
+        elif action.kind == ProbeKind.METRICS:
             result = prober.metrics()
         else:
-            result = prober.canary(warmup=action.kind == "warmup")
+            result = prober.canary(warmup=action.kind == ProbeKind.WARMUP)
         return replace(result, gen=action.gen)
 
     def sample_memory(self, action: SampleMemory, minute_of_day: int) -> MemorySampled:

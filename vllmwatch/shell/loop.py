@@ -36,6 +36,7 @@ from vllmwatch.core.events import (
     Tick,
     failure_result,
 )
+from vllmwatch.core.names import Reason
 from vllmwatch.logfn import Repeats
 from vllmwatch.shell.clock import Clock
 from vllmwatch.shell.effects import Effects
@@ -182,6 +183,15 @@ class Loop:
                         traceback="".join(traceback.format_exception(exc)),
                         hint="a bug in vllmwatch; the vLLM tree was killed. Please report it "
                         "with this traceback")
+            if self.state.exit_code is None:
+                # The one exit the core cannot decide (it may be what raised): the same exit
+                # event and STOPPING=1 that ladder.halt gives every other exit.
+                self.fx.log("error", "daemon.exiting", code=exitcodes.INTERNAL,
+                            reason=str(Reason.INTERNAL), detail=f"{type(exc).__name__}: {exc}",
+                            state=str(self.state.state),
+                            meaning=exitcodes.MEANING[exitcodes.INTERNAL])
+                with contextlib.suppress(Exception):
+                    self.fx.notifier.send("STOPPING=1")
             return exitcodes.INTERNAL
         finally:
             self.close()

@@ -24,6 +24,7 @@ from prometheus_client.exposition import choose_encoder
 from prometheus_client.process_collector import ProcessCollector
 from prometheus_client.registry import Collector, CollectorRegistry
 
+from vllmwatch.core import names
 from vllmwatch.core.state import State
 from vllmwatch.status.snapshot import Snapshot
 
@@ -31,8 +32,8 @@ MIB = 2**20
 
 # Every state gets a series (0 or 1), so dashboards and alerts see a stable set of labels.
 KNOWN_STATES = tuple(str(s) for s in State)
-# The probe kinds the core's freshness guard watches (core/probing.bounds), same reason.
-GUARDED_PROBES = ("health", "canary", "metrics", "memory")
+# The probe kinds the core's freshness guard watches (core/names.PROBES), same reason.
+GUARDED_PROBES = tuple(str(k) for k in names.GUARDED_PROBES)
 
 DRAIN_PHASES = ("deregistering", "draining", "stopping")
 GATE_COUNTERS = {

@@ -21,7 +21,7 @@ def completions(c: ChildRun | None, prev: Snapshot, to_wall: Callable[[float], f
     those of earlier children, so a restart does not make the figures vanish."""
     done = dict(prev.probe_last_completed)
     if c is not None:
-        done.update({kind: round(to_wall(t), 3) for kind, t in c.probe_done_at.items()})
+        done.update({str(kind): round(to_wall(t), 3) for kind, t in c.probe_done_at.items()})
     return done
 
 
@@ -63,14 +63,16 @@ def snapshot_of(s: WatchState, now: float, wall: float, prev: Snapshot,
         draining=s.state == S.DRAINING, child_pid=s.pid,
         child_started=to_wall(c.started) if c is not None and alive else None,
         child_uptime_s=round(now - c.started, 3) if c is not None and alive else None,
-        restarts_by_reason=dict(s.restarts_by_reason), last_reason=s.last_reason,
+        restarts_by_reason={str(k): n for k, n in s.restarts_by_reason.items()},
+        last_reason=str(s.last_reason) if s.last_reason is not None else None,
         last_reason_detail=s.last_detail, last_restart_at=to_wall(s.last_restart_at),
         start_phases_s=dict(c.phases) if c is not None else {},
         memory=_memory(s),
         vllm_running=c.running if c else None, vllm_waiting=c.waiting if c else None,
         vllm_kv_cache_usage=c.kv_cache_usage if c else None,
-        stale_probes=c.stale if c is not None else (),
-        probe_seconds=dict(s.probe_seconds), probe_failures=dict(s.probe_failures),
+        stale_probes=tuple(str(k) for k in c.stale) if c is not None else (),
+        probe_seconds={str(k): v for k, v in s.probe_seconds.items()},
+        probe_failures={str(k): n for k, n in s.probe_failures.items()},
         config_path=s.config.path, config_sha256=s.config.sha256,
         vllm_version=vllm_version, loop_heartbeat=now,
         probe_last_completed=completions(c, prev, at_wall),

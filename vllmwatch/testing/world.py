@@ -26,6 +26,7 @@ from vllmwatch.core.events import (
     Sweep,
     SweepDone,
 )
+from vllmwatch.core.names import ProbeKind
 from vllmwatch.core.samples import MemorySample
 from vllmwatch.status.snapshot import Snapshot
 
@@ -168,17 +169,17 @@ class WorldEffects:
         """Answer a probe from the World's fields."""
         self._maybe_raise("probe:" + action.kind)
         w, gen, kind = self.world, action.gen, action.kind
-        warm = kind == "warmup"
+        warm = kind == ProbeKind.WARMUP
         if not w.child_alive:
-            if kind == "health":
+            if kind == ProbeKind.HEALTH:
                 return HealthResult(False, None, 0.001, "connection refused", gen=gen)
-            if kind == "metrics":
+            if kind == ProbeKind.METRICS:
                 return MetricsResult(False, error="refused", gen=gen)
             return CanaryResult(False, False, 0.0, "refused", warm, gen=gen)
-        if kind == "health":
+        if kind == ProbeKind.HEALTH:
             return HealthResult(w.health_ok, 200 if w.health_ok else 503, 0.001, gen=gen,
                                 engine_gone=w.engine_gone)
-        if kind == "metrics":
+        if kind == ProbeKind.METRICS:
             w.tokens += w.tokens_per_scrape
             return MetricsResult(True, 0.002, w.running, w.waiting, 0.1, w.tokens / 2,
                                  w.tokens / 2, gen=gen, asleep=w.asleep)
