@@ -154,3 +154,11 @@ def test_a_key_file_is_read_stripped(tmp_path: Path) -> None:
     key = tmp_path / "key"
     key.write_text("sk-123\n")
     assert command.read_api_key(_key_config(tmp_path, key)) == "sk-123"
+
+
+def test_a_fifo_named_as_the_vllm_command_does_not_block_the_launch(tmp_path: Path) -> None:
+    from vllmwatch.config import vllminfo
+
+    exe = _fifo(tmp_path)
+    exe.chmod(0o755)
+    assert vllminfo.interpreter([str(exe)]) is None  # a plain open() would wait for a writer

@@ -75,3 +75,19 @@ def read_bounded(path: str, limit: int = MAX_FILE) -> bytes:
                           transient=True) from None
     finally:
         os.close(fd)
+
+
+def head(path: str, size: int) -> bytes:
+    """The first `size` bytes of the regular file at path (never blocks: see read_bounded)."""
+    try:
+        fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK | os.O_CLOEXEC | os.O_NOCTTY)
+    except OSError as exc:
+        raise FileProblem(f"{path!r}: cannot open: {exc.strerror or exc}", True) from None
+    try:
+        if not stat.S_ISREG(os.fstat(fd).st_mode):
+            raise FileProblem(f"{path!r} is {_kind(os.fstat(fd).st_mode)}", transient=False)
+        return os.read(fd, size)
+    except OSError as exc:
+        raise FileProblem(f"{path!r}: cannot read: {exc.strerror or exc}", True) from None
+    finally:
+        os.close(fd)
