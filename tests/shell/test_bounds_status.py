@@ -114,3 +114,22 @@ def test_status_json_reports_what_needs_a_restart() -> None:
         with contextlib.closing(conn):
             conn.request("GET", "/status")
             assert b'"restart_required": ["gate.listen"]' in conn.getresponse().read()
+
+
+def test_out_of_descriptors_the_accept_thread_counts_and_pauses_instead_of_spinning() -> None:
+    import errno
+    from types import SimpleNamespace
+
+    from vllmwatch.status.http_guard import GuardedServer, Rejections
+
+    def accept() -> None:
+        raise OSError(errno.EMFILE, "Too many open files")
+
+    events: list[str] = []
+    stub = SimpleNamespace(socket=SimpleNamespace(accept=accept), app=SimpleNamespace(
+        rejections=Rejections(lambda level, event, **kw: events.append(event))))
+    for _ in range(3):
+        with contextlib.suppress(OSError):
+            GuardedServer.get_request(stub)  # type: ignore[arg-type]
+    assert stub.app.rejections.snapshot()["no_fds"] == 3
+    assert events == ["status.rejected"]  # rate-limited: once, with the count to follow
