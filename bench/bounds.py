@@ -31,12 +31,13 @@ from typing import Any
 
 import psutil
 
+from vllmwatch.config.schema import ProbeConfig
 from vllmwatch.gate.door import Readiness
 from vllmwatch.gate.runner import Gate
 from vllmwatch.shell import fdbudget
 from vllmwatch.shell.childlog import ChildLog
 from vllmwatch.shell.logs import setup
-from vllmwatch.shell.probes import HttpProber
+from vllmwatch.shell.probes import Endpoint, HttpProber
 from vllmwatch.status.server import StatusServer
 from vllmwatch.status.snapshot import Snapshot
 
@@ -174,7 +175,8 @@ def huge_metrics(size: int = 256 * 10**6) -> dict[str, Any]:
     t.start()
     rss0 = psutil.Process().memory_info().rss
     t0 = time.monotonic()
-    result = HttpProber("127.0.0.1", lsock.getsockname()[1], "m", 30, 30).metrics()
+    probe = ProbeConfig(timeout=30.0, canary_timeout=30.0)
+    result = HttpProber(Endpoint("127.0.0.1", lsock.getsockname()[1], "m"), probe).metrics()
     took = time.monotonic() - t0
     rss = psutil.Process().memory_info().rss - rss0
     lsock.close()
@@ -186,7 +188,7 @@ def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("--seconds", type=float, default=5.0)
     args = ap.parse_args()
-    soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+    _, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
     resource.setrlimit(resource.RLIMIT_NOFILE, (min(hard, 65536), hard))
     out: dict[str, Any] = {"machine": {"cpus": os.cpu_count()}}
     out["child_flood"] = [child_flood(args.seconds, limited) for limited in (False, True)]

@@ -10,7 +10,8 @@ from contextlib import contextmanager
 
 import pytest
 
-from vllmwatch.shell.probes import HttpProber
+from vllmwatch.config.schema import ProbeConfig
+from vllmwatch.shell.probes import Endpoint, HttpProber
 from vllmwatch.status import bounded_http
 from vllmwatch.status import cli as status_cli
 
@@ -109,7 +110,8 @@ def test_a_body_at_the_cap_is_read() -> None:
 
 
 def _prober(port: int, timeout: float = 0.5) -> HttpProber:
-    return HttpProber("127.0.0.1", port, "m", timeout, timeout)
+    probe = ProbeConfig(timeout=timeout, canary_timeout=timeout)
+    return HttpProber(Endpoint("127.0.0.1", port, "m"), probe)
 
 
 def test_probes_fail_at_their_timeout_against_a_trickling_vllm() -> None:

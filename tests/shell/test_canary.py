@@ -9,9 +9,9 @@ from typing import Any
 import pytest
 
 from tests.support import fake
-from vllmwatch.config.schema import ConfigError, from_dict
+from vllmwatch.config.schema import ConfigError, ProbeConfig, from_dict
 from vllmwatch.core import canary
-from vllmwatch.shell.probes import HttpProber, prober_for
+from vllmwatch.shell.probes import Endpoint, HttpProber, prober_for
 
 
 @pytest.mark.parametrize("kind,args,extra,first", [
@@ -67,8 +67,9 @@ def test_route_missing(status: int | None, body: bytes, missing: bool) -> None:
     assert canary.route_missing(status, body) is missing
 
 
-def _prober(port: int, **kw: Any) -> HttpProber:
-    return HttpProber("127.0.0.1", port, "fake", 2.0, 5.0, **kw)
+def _prober(port: int, log: Any = None, **probe: Any) -> HttpProber:
+    settings = ProbeConfig(timeout=2.0, canary_timeout=5.0, **probe)
+    return HttpProber(Endpoint("127.0.0.1", port, "fake"), settings, log=log)
 
 
 @pytest.mark.parametrize("flags,chosen", [
@@ -83,7 +84,7 @@ def test_auto_finds_the_models_kind(tmp_path: Path, flags: tuple[str, ...], chos
         prober = _prober(f.port, log=lambda level, ev, **kw: logged.append((ev, kw)))
         first = prober.canary()
         assert first.ok, first.error
-        assert prober.chosen == chosen
+        assert prober.chosen == chosen and first.kind == chosen  # the core keeps it
         assert prober.canary().ok and prober.canary(warmup=True).ok
     assert logged == [("probe.canary_chosen", {"kind": chosen,
                                                "path": canary.PATHS[chosen]})]

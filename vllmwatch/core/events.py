@@ -31,6 +31,9 @@ class Spawned:
 
     pid: int
     argv_display: str = ""
+    # Each GPU's used MiB just before the launch: the release gate compares against it after
+    # this child is gone (GPU index, MiB).
+    gpu_before_mib: tuple[tuple[int, float], ...] = ()
 
 
 @dataclass(frozen=True)
@@ -87,6 +90,7 @@ class CanaryResult:
     error: str = ""
     warmup: bool = False
     gen: int = 0
+    kind: str | None = None  # the canary kind `auto` found with this request, else None
 
 
 @dataclass(frozen=True)
@@ -221,6 +225,7 @@ class Probe:
     port: int
     model_name: str
     probe: ProbeConfig
+    canary_kind: str | None = None  # what `auto` found for this child (ChildRun.canary_kind)
 
 
 @dataclass(frozen=True)
@@ -249,6 +254,15 @@ class CheckRelease:
 
     old_pids: tuple[int, ...]
     tolerance_mib: float
+    before_launch: tuple[tuple[int, float], ...] = ()  # (GPU, MiB) before the old launch
+
+
+@dataclass(frozen=True)
+class StartOver:
+    """The child's start is over (READY, or the start was left): the shell stops what it
+    runs only during a start (the unified-memory start guard)."""
+
+    why: str
 
 
 @dataclass(frozen=True)
@@ -259,7 +273,7 @@ class Exit:
 
 
 Action = (Log | Notify | DoPrewarm | Spawn | SignalGroup | Probe | SampleMemory | Sweep
-          | CheckRelease | Exit)
+          | CheckRelease | StartOver | Exit)
 
 
 AsyncAction = Probe | SampleMemory | Sweep | CheckRelease | DoPrewarm

@@ -136,7 +136,8 @@ def check_release(s: WatchState) -> Result:
     gate = s.release
     assert gate is not None, "no release gate to look for"
     s = replace(s, release=replace(gate, look_at=None))
-    return s, [CheckRelease(gate.old_pids, s.config.restart.gpu_release_tolerance)]
+    before = s.child.gpu_before_mib if s.child is not None else ()  # the old child's launch
+    return s, [CheckRelease(gate.old_pids, s.config.restart.gpu_release_tolerance, before)]
 
 
 def after_cleanup(s: WatchState, now: float) -> Result:

@@ -7,12 +7,12 @@ from enum import Enum
 
 from vllmwatch.config.schema import Config, VllmConfig
 from vllmwatch.core.drain import Drain
-from vllmwatch.core.events import Action, Log
+from vllmwatch.core.events import Action, Log, StartOver
 from vllmwatch.core.leak import LeakState
 from vllmwatch.core.names import ProbeKind, Reason
 from vllmwatch.core.policy import Progress
 from vllmwatch.core.release import ReleaseGate
-from vllmwatch.core.samples import MemorySample
+from vllmwatch.core.samples import HostFigure, MemorySample
 
 
 class State(str, Enum):
@@ -93,11 +93,13 @@ class ChildRun:
     kv_cache_usage: float | None = None
     leak: LeakState | None = None  # the leak rules' state once READY
     memory: MemorySample | None = None  # the last memory sample
-    pss_seen: bool = False
+    host: HostFigure | None = None  # the host rules' figure (core/samples.host_figure)
     stale: tuple[ProbeKind, ...] = ()  # probe kinds whose results are overdue
     drain: Drain | None = None  # the drain before a planned restart (core/drain.py)
     asleep: bool | None = None  # vLLM sleep mode, from the last scrape (core/sleep.py)
     canary_asleep: bool | None = None  # ... when the canary in flight was sent
+    canary_kind: str | None = None  # the kind `auto` found (CanaryResult.kind), for the next
+    gpu_before_mib: tuple[tuple[int, float], ...] = ()  # GPU use before launch (release gate)
 
 
 @dataclass(frozen=True)
@@ -156,7 +158,10 @@ def goto(s: WatchState, to: State, now: float, reason: str, deadline: float | No
         raise TransitionError(f"{s.state} -> {to} is not allowed ({reason})")
     log = Log("info", "state.changed", {"from": str(s.state), "to": str(to), "reason": reason,
                                         "after_s": round(now - s.since, 3)})
-    return replace(s, state=to, since=now, deadline=deadline), [log]
+    acts: list[Action] = [log]
+    if s.state == S.STARTING and to != S.STARTING:  # the start guard runs until here
+        acts.append(StartOver("ready" if to == S.READY else str(to)))
+    return replace(s, state=to, since=now, deadline=deadline), acts
 
 
 def seeded(seed: int) -> int:

@@ -31,6 +31,7 @@ from vllmwatch.core.events import (
     SampleMemory,
     SignalGroup,
     Spawn,
+    StartOver,
     StopRequested,
     Sweep,
     Tick,
@@ -328,6 +329,8 @@ class Loop:
             return fx.spawn(action.config, self.post)
         elif isinstance(action, SignalGroup):
             fx.signal_group(action.signal)
+        elif isinstance(action, StartOver):
+            fx.end_start(action.why)
         elif isinstance(action, Probe):
             self._submit(action, lambda: fx.probe(action))
         elif isinstance(action, SampleMemory):

@@ -124,6 +124,7 @@ class WorldEffects:
         self.exited: ChildExited | None = None
         self.snapshot: Snapshot | None = None
         self.raise_on: set[str] = set()  # action names whose worker raises, for fault tests
+        self.starts_over: list[str] = []  # StartOver's why, in order
 
     def log(self, level: str, event: str, **fields: Any) -> None:
         """Record a log event."""
@@ -160,6 +161,10 @@ class WorldEffects:
             w.child_alive = False
             sig = "SIGKILL" if signame == "SIGKILL" else None
             self.exited = ChildExited(w.next_pid - 1, None if sig else w.exit_code_on_term, sig)
+
+    def end_start(self, why: str) -> None:
+        """The start is over (StartOver): recorded, for tests of when the core says so."""
+        self.starts_over.append(why)
 
     def _maybe_raise(self, name: str) -> None:
         if name in self.raise_on:
