@@ -8,6 +8,7 @@ from collections.abc import Callable, Mapping
 from dataclasses import replace
 
 from vllmwatch import __version__
+from vllmwatch.config import command
 from vllmwatch.config.schema import Config, load
 from vllmwatch.live import Live, SwitchableLog
 from vllmwatch.shell import fdbudget, reaper
@@ -62,7 +63,13 @@ def main(config: Config, log_format: str | None = None, prewarm: bool = True,
                      reaper=reaper.start(env, log))
 
     def reload() -> Config:  # on a worker thread: reads the file, logs with the old level
-        return spread_config(load(config.path), log)
+        new = load(config.path)
+        try:  # a key file that can never work is refused now, not at the next launch (exit 2)
+            command.read_api_key(new)
+        except command.KeyFileError as exc:
+            if not exc.transient:
+                raise
+        return spread_config(new, log)
 
     loop = Loop(config, fx, SystemClock(), reload_config=reload, environ=env,
                 on_reloaded=live.apply)

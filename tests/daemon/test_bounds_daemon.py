@@ -136,3 +136,18 @@ def test_sighup_rebinds_status_listen_and_reports_gate_keys_needing_a_restart(
     host, port = old.rsplit(":", 1)
     with pytest.raises(ConnectionRefusedError):  # the old address is closed
         socket.create_connection((host, int(port)), timeout=5).close()
+
+
+def test_a_sighup_to_a_fifo_api_key_file_is_refused_and_the_running_config_kept(
+        daemon: Factory, tmp_path: Path) -> None:
+    d = daemon()
+    d.wait_ready(30)
+    key = tmp_path / "key-fifo"
+    os.mkfifo(key)
+    d.write_config(merge(d.config, {"vllm": {"api_key_file": str(key)}}))
+    mark = d.mark()
+    d.signal(signal.SIGHUP)
+    failed = d.wait_event("config.reload_failed", 20, mark)
+    assert str(key) in failed["error"] and "FIFO" in failed["error"]
+    assert not d.named("restart.begin", mark)  # the running vLLM stays
+    assert d.http_get("/readyz")[0] == 200
