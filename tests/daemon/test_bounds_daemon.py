@@ -151,3 +151,44 @@ def test_a_sighup_to_a_fifo_api_key_file_is_refused_and_the_running_config_kept(
     assert str(key) in failed["error"] and "FIFO" in failed["error"]
     assert not d.named("restart.begin", mark)  # the running vLLM stays
     assert d.http_get("/readyz")[0] == 200
+
+
+def test_idle_gate_clients_past_the_budget_are_shed_and_the_watchdog_goes_on(
+        tmp_path: Path) -> None:
+    """The hostile pass: 1,100 idle gate connections at systemd's 1,024 descriptors made every
+    probe and spawn fail ("Too many open files") and the daemon gave up. With the same limit,
+    the gate's share is capped and the rest is shed: probes and the status endpoint go on."""
+    import resource
+    import sys
+
+    gate_port = free_port()
+    cfg = merge(base_config(free_port(), free_port()), {
+        "gate": {"enabled": True, "listen": f"127.0.0.1:{gate_port}"}})
+    limit = 1024
+    # The daemon under a hard limit of 1,024 (as systemd's default without LimitNOFILE).
+    prefix = [sys.executable, "-c", "import os, resource, sys; resource.setrlimit("
+              f"resource.RLIMIT_NOFILE, ({limit}, {limit})); os.execv(sys.argv[1], sys.argv[1:])"]
+    d = Daemon(tmp_path, cfg, argv_prefix=prefix).start()
+    socks: list[socket.socket] = []
+    soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+    resource.setrlimit(resource.RLIMIT_NOFILE, (min(hard, 4096), hard))
+    try:
+        d.wait_ready(30)
+        budget = d.wait_event("fd.budget", 5)
+        assert budget["nofile"] == limit and budget["gate_connections"] < limit // 2
+        for _ in range(1100):
+            socks.append(socket.create_connection(("127.0.0.1", gate_port), timeout=10))
+        refused = d.wait_event("gate.refused", 20)
+        assert refused["counts"].get("shed_connections", 0) >= 1
+        # Probes still run and succeed: a canary after the flood, and the endpoint answers.
+        before = _canaries(d)
+        wait_for(lambda: _canaries(d) > before, 20, "a canary after the flood")
+        assert d.http_get("/readyz")[0] == 200
+        assert not d.named("restart.begin") and d.proc is not None and d.proc.poll() is None
+        code, body = d.http_get("/metrics")
+        assert code == 200 and b'vllmwatch_gate_refused_total{reason="shed_connections"}' in body
+    finally:
+        for sock in socks:
+            sock.close()
+        resource.setrlimit(resource.RLIMIT_NOFILE, (soft, hard))
+        d.close()
