@@ -16,7 +16,7 @@ import pytest
 from vllmwatch.config import command
 from vllmwatch.config.schema import Config, ConfigError, from_dict, load
 from vllmwatch.core.state import S
-from vllmwatch.shell.loop import RELOAD_TIMEOUT
+from vllmwatch.shell.reload import RELOAD_TIMEOUT
 from vllmwatch.testing import Driver, config_with
 from vllmwatch.testing.executors import SyncExecutor
 
@@ -36,7 +36,7 @@ class HoldReads(SyncExecutor):
         self.held: list[tuple[Future[Any], Callable[[], Any]]] = []
 
     def submit(self, fn: Callable[..., Any], /, *args: Any, **kwargs: Any) -> Future[Any]:
-        if self.holding and "_reload" in getattr(fn, "__qualname__", ""):
+        if self.holding and "Reloads.request" in getattr(fn, "__qualname__", ""):
             fut: Future[Any] = Future()
             self.held.append((fut, fn))
             return fut

@@ -235,7 +235,7 @@ def test_jitter_is_seeded_from_the_os() -> None:
 def test_after_sighup_the_next_child_uses_the_new_config() -> None:
     d = up()
     new = config_with(BASE, vllm={"port": 8123}, probe={"timeout": 4})
-    d.loop._reload_config = lambda: new  # the daemon re-reads its file here
+    d.loop._reloads.read = lambda: new  # the daemon re-reads its file here
     d.signal(signal.SIGHUP)
     assert d.run_until(lambda: ready(d) and d.world.spawns == 2, 300)
     assert d.state.child is not None and d.state.child.vllm.port == 8123

@@ -11,7 +11,6 @@ import traceback
 import weakref
 from collections.abc import Callable
 from concurrent.futures import Executor, Future, ThreadPoolExecutor
-from dataclasses import dataclass
 from typing import Any
 
 from vllmwatch.config.schema import Config
@@ -26,7 +25,6 @@ from vllmwatch.core.events import (
     Log,
     Notify,
     Probe,
-    ReloadRequested,
     RestartRequested,
     SampleMemory,
     SignalGroup,
@@ -42,21 +40,14 @@ from vllmwatch.logfn import Repeats
 from vllmwatch.shell.clock import Clock
 from vllmwatch.shell.effects import Effects
 from vllmwatch.shell.notify import status_line, watchdog_interval
+from vllmwatch.shell.reload import ReloadRead, Reloads
 from vllmwatch.status.snapshot import Snapshot
 from vllmwatch.status.statusline import snapshot_of, summary
 
 _SIGNALS = (signal.SIGTERM, signal.SIGINT, signal.SIGHUP, signal.SIGUSR1, signal.SIGCHLD)
 STATUS_EVERY = 10.0
 MAX_SLEEP = 5.0  # wake at least this often, whatever the core says
-RELOAD_TIMEOUT = 5.0  # a config read (SIGHUP) that takes longer is answered as failed
 
-
-@dataclass(frozen=True)
-class _ReloadRead:
-    """A config read's answer from its worker, tagged with the read it answers."""
-
-    token: int
-    event: ReloadRequested
 
 # wait(fds, timeout): block until one of fds is readable or the timeout passes.
 Waiter = Callable[[list[int], float], None]
@@ -89,8 +80,8 @@ class Loop:
                  executor: Executor | None = None, waiter: Waiter | None = None,
                  install_signals: bool = True,
                  on_reloaded: Callable[[Config], None] | None = None) -> None:
-        self.fx, self.clock, self._reload_config = fx, clock, reload_config
-        self._events: queue.SimpleQueue[Event | _ReloadRead] = queue.SimpleQueue()
+        self.fx, self.clock = fx, clock
+        self._events: queue.SimpleQueue[Event | ReloadRead] = queue.SimpleQueue()
         self._wake_r, self._wake_w = os.pipe()
         os.set_blocking(self._wake_r, False)
         os.set_blocking(self._wake_w, False)
@@ -109,24 +100,22 @@ class Loop:
         self._last_status = ""
         self._pending_signals: list[int] = []
         self.exit_code: int | None = None
-        self._on_reloaded = on_reloaded
         self._repeats = Repeats(lambda *a, **kw: self.fx.log(*a, **kw), clock.monotonic)
-        self._reload_token = 0  # the read in flight; answers of older reads are dropped
-        self._reload_due: float | None = None  # when the read in flight times out
-        self._reload_again = False  # a SIGHUP came while a read was out
+        self._reloads = Reloads(reload_config, clock.monotonic, self._pool_submit,
+                                lambda: self.deliver_signal(signal.SIGHUP), on_reloaded)
 
     # ---- plumbing ----
 
-    def post(self, event: Event | _ReloadRead) -> None:
+    def post(self, event: Event | ReloadRead) -> None:
         """Hand an event to the loop from any thread."""
         self._events.put(event)
         with contextlib.suppress(BlockingIOError, OSError):
             os.write(self._wake_w, b"\0")
 
-    def _pool_submit(self, fn: Callable[[], _ReloadRead],
-                     failed: Callable[[str], _ReloadRead]) -> None:
+    def _pool_submit(self, fn: Callable[[], ReloadRead],
+                     failed: Callable[[str], ReloadRead]) -> None:
         """Run fn on a worker and post its answer (or failed(error)'s): always one answer."""
-        def done(fut: Future[_ReloadRead]) -> None:
+        def done(fut: Future[ReloadRead]) -> None:
             if not fut.cancelled():
                 exc = fut.exception()
                 self.post(fut.result() if exc is None else failed(f"{type(exc).__name__}: "
@@ -214,7 +203,7 @@ class Loop:
     def next_deadline(self) -> float | None:
         """The earliest moment the loop must wake by itself."""
         due = [t for t in (machine.next_wakeup(self.state), self._next_ping_due(),
-                           self._next_status, self._reload_due) if t is not None]
+                           self._next_status, self._reloads.due) if t is not None]
         return min(due) if due else None
 
     def _wait(self) -> None:
@@ -241,12 +230,12 @@ class Loop:
             events.append(exited)
         while True:
             try:
-                got = self._reload_answer(self._events.get_nowait())
+                got = self._reloads.answer(self._events.get_nowait())
             except queue.Empty:
                 break
             if got is not None:
                 events.append(got)
-        overdue = self._reload_overdue()
+        overdue = self._reloads.overdue()
         if overdue is not None:
             events.append(overdue)
         return events or [Tick()]
@@ -257,51 +246,8 @@ class Loop:
         if signum == signal.SIGUSR1:
             return RestartRequested()
         if signum == signal.SIGHUP:
-            return self._reload()
+            return self._reloads.request()
         return None  # SIGCHLD only wakes us; poll_child() looks
-
-    def _reload(self) -> Event | None:
-        """Read the config off the loop (a worker), with a deadline; None while it is out."""
-        read = self._reload_config
-        if read is None:
-            return ReloadRequested(None, "no config file to reload")
-        if self._reload_due is not None:
-            self._reload_again = True  # one more read once this one is answered
-            return None
-        self._reload_token += 1
-        token = self._reload_token
-        self._reload_due = self.clock.monotonic() + RELOAD_TIMEOUT
-
-        def work() -> _ReloadRead:
-            try:
-                ev = ReloadRequested(read())
-            except Exception as exc:
-                ev = ReloadRequested(None, str(exc) or type(exc).__name__)
-            return _ReloadRead(token, ev)
-
-        self._pool_submit(work, lambda err: _ReloadRead(token, ReloadRequested(None, err)))
-        return None
-
-    def _reload_answer(self, ev: Event | _ReloadRead) -> Event | None:
-        """The core's ReloadRequested for a read that came back in time (late ones dropped)."""
-        if not isinstance(ev, _ReloadRead):
-            return ev
-        if ev.token != self._reload_token or self._reload_due is None:
-            return None  # answered already by its deadline
-        self._reload_due = None
-        if self._reload_again:
-            self._reload_again = False
-            self.deliver_signal(signal.SIGHUP)
-        if ev.event.config is not None and self._on_reloaded is not None:
-            self._on_reloaded(ev.event.config)
-        return ev.event
-
-    def _reload_overdue(self) -> Event | None:
-        if self._reload_due is None or self.clock.monotonic() < self._reload_due:
-            return None
-        self._reload_due = None
-        return ReloadRequested(None, f"reading the config took longer than "
-                                     f"{RELOAD_TIMEOUT:g}s (a file on a hung network mount?)")
 
     def _turn(self, events: list[Event]) -> int | None:
         pending = list(events)
