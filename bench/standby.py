@@ -1,6 +1,6 @@
 """A SIGUSR1 restart of the real CPU vLLM with and without the standby interpreter (issue 28).
 
-    .venv/bin/python bench/standby.py [--runs plain,fork,standby] [--timeout 600]
+    .venv/bin/python -m bench.standby [--runs plain,fork,standby] [--timeout 600]
 
 One vllmwatch per run on the tiny model (scripts/make_tiny_model.py), shipped defaults except
 `prewarm.enabled = false` (it runs before the first start only) and the run's own settings:
@@ -25,7 +25,17 @@ import time
 from pathlib import Path
 from typing import Any
 
-from _common import MODEL, RESULTS, Watch, free_port, machine, save, say, write_config
+from bench._common import (
+    MODEL,
+    RESULTS,
+    Watch,
+    cleanup_at_exit,
+    free_port,
+    machine,
+    save,
+    say,
+    write_config,
+)
 
 RUNS: dict[str, tuple[dict[str, Any], dict[str, str]]] = {
     "plain": ({"standby": False}, {"VLLM_WORKER_MULTIPROC_METHOD": "spawn"}),
@@ -78,6 +88,7 @@ def main() -> int:
     ap.add_argument("--runs", default="plain,fork,standby")
     ap.add_argument("--timeout", type=float, default=600.0)
     args = ap.parse_args()
+    cleanup_at_exit()
     if not Path(MODEL, "config.json").exists():
         say(f"no model at {MODEL}: run scripts/make_tiny_model.py {MODEL} first")
         return 2
