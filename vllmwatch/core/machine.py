@@ -168,7 +168,8 @@ def _child_exited(s: WatchState, ev: ChildExited, now: float) -> Result:
         return s, [Log("debug", "child.exit_ignored", {"pid": ev.pid})]
     asked = s.state == S.STOPPING
     uptime = round(now - c.started, 2)
-    why = explain_exit(ev.code, ev.signal, asked, killed_by_us=asked and c.killed)
+    why = explain_exit(ev.code, ev.signal, asked, killed_by_us=asked and c.killed,
+                       starting=s.state == S.STARTING)
     acts: list[Action] = [Log("info" if asked else "warning", "child.exited", {
         "pid": ev.pid, "code": ev.code, "signal": ev.signal, "uptime_s": uptime,
         "expected": asked, "detail": why, "last_lines": list(ev.last_lines[-5:])})]
@@ -236,18 +237,23 @@ def _manual_restart(s: WatchState, now: float) -> Result:
 
 
 def _reload(s: WatchState, ev: ReloadRequested, now: float) -> Result:
-    acts: list[Action] = [Notify(reloading=True)]
+    # systemd takes any READY=1 as the end of the start: until the first READY (ever_ready)
+    # a reload is applied quietly and the start goes on; after it, the RELOADING=1 ->
+    # READY=1 pair tells systemd the reload is done.
+    pair = s.ever_ready
+    acts: list[Action] = [Notify(reloading=True)] if pair else []
     if ev.config is None:
-        acts += [Log("error", "config.reload_failed", {
-            "error": ev.error, "detail": "keeping the running config"}), Notify(ready=True)]
-        return s, acts
+        acts.append(Log("error", "config.reload_failed", {
+            "error": ev.error, "detail": "keeping the running config"}))
+        return s, acts + ([Notify(ready=True)] if pair else [])
     old = s.config
     relaunch = old.vllm != ev.config.vllm or old.prewarm.cache_dir != ev.config.prewarm.cache_dir
     s = replace(s, config=ev.config)
     acts.append(Log("info", "config.reloaded", {"path": ev.config.path,
                                                 "sha256": ev.config.sha256[:12],
                                                 "restart_needed": relaunch}))
-    acts.append(Notify(ready=True))
+    if pair:
+        acts.append(Notify(ready=True))
     if relaunch and s.state in (S.READY, S.STARTING) and s.exit_code is None:
         s, more = ladder.begin_restart(s, now, Reason.RELOAD, "the vLLM command or environment "
                                        "changed", drain=True)

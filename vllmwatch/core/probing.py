@@ -102,7 +102,12 @@ def bounds(s: WatchState) -> dict[ProbeKind, float]:
 
 
 def freshness(s: WatchState, now: float) -> Result:
-    """Mark the probe kinds whose results are overdue; log when the set changes."""
+    """Mark the probe kinds whose results are overdue; log a kind when it turns stale, and
+    once when all are fresh again.
+
+    After a jump of the clock (a suspended VM) every kind is overdue at once and then comes
+    back one by one: a kind coming back is not news, and it must not repeat the alarm.
+    """
     c = s.child
     if s.state != S.READY or c is None:
         return s, []
@@ -111,11 +116,12 @@ def freshness(s: WatchState, now: float) -> Result:
     if stale == c.stale:
         return s, []
     acts: list[Action] = []
-    if stale:
+    new = [k for k in stale if k not in c.stale]
+    if new:
         acts.append(Log("error", "watchdog.probe_stale", {
-            "probes": list(stale), "detail": "no result within the bound; vllmwatch stops "
-            "sending WATCHDOG=1 so that systemd's watchdog takes over"}))
-    else:
+            "probes": new, "stale": list(stale), "detail": "no result within the bound; "
+            "vllmwatch stops sending WATCHDOG=1 so that systemd's watchdog takes over"}))
+    elif not stale:
         acts.append(Log("info", "watchdog.probe_fresh", {"probes": list(c.stale)}))
     return replace(s, child=replace(s.run, stale=stale)), acts
 

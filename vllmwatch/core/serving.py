@@ -20,7 +20,7 @@ from vllmwatch.core.events import (
 from vllmwatch.core.ladder import begin_restart
 from vllmwatch.core.names import ProbeKind as K
 from vllmwatch.core.names import Reason
-from vllmwatch.core.samples import host_figure
+from vllmwatch.core.samples import gpu_figure, host_figure
 from vllmwatch.core.state import ChildRun, Result, S, WatchState, goto
 from vllmwatch.core.stopping import stop_child
 
@@ -230,21 +230,23 @@ def memory(s: WatchState, ev: MemorySampled, now: float) -> Result:
     if sample is None:
         return s, [Log("warning", "memory.sample_failed", {"error": ev.error})]
     s = replace(s, child=replace(s.run, memory=sample))
-    if sample.gpu_faults:  # issue 16: a hardware fault ends supervision, not a crash loop
+    if sample.gpu_faults:  # a hardware fault ends supervision: restarts would only loop
         (s, fault_acts), ends = gpufault.react(s, sample.gpu_faults, now)
         if ends:
             return s, fault_acts
         s, rest = memory(s, replace(ev, sample=replace(sample, gpu_faults=())), now)
         return s, [*fault_acts, *rest]
     c = _run(s)
+    host = host_figure(c.host, sample, now, fixed=c.leak is not None)
+    s = replace(s, child=replace(c, host=host))
+    c = _run(s)
     if s.state == S.STARTING and sample.tree_cpu_s is not None:
         cpu = stalls.mark_cpu(c.cpu_since_progress, c.last_progress, now, sample.tree_cpu_s)
         s = replace(s, child=replace(c, cpu_since_progress=cpu))
     if s.state != S.READY or c.leak is None:
         return s, []
-    host, pss_seen = host_figure(sample, c.pss_seen)
-    s = replace(s, child=replace(s.run, pss_seen=pss_seen))
-    state, verdict = leak.observe(c.leak, s.config.memory, now, sample.gpu_rule_mib, host)
+    state, verdict = leak.observe(c.leak, s.config.memory, now, gpu_figure(sample, host.mib),
+                                  host.mib if host.fresh else None)
     s = replace(s, child=replace(s.run, leak=state))
     if verdict is None:
         return s, []

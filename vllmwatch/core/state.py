@@ -12,7 +12,7 @@ from vllmwatch.core.leak import LeakState
 from vllmwatch.core.names import ProbeKind, Reason
 from vllmwatch.core.policy import Progress
 from vllmwatch.core.release import ReleaseGate
-from vllmwatch.core.samples import MemorySample
+from vllmwatch.core.samples import HostFigure, MemorySample
 
 
 class State(str, Enum):
@@ -93,7 +93,7 @@ class ChildRun:
     kv_cache_usage: float | None = None
     leak: LeakState | None = None  # the leak rules' state once READY
     memory: MemorySample | None = None  # the last memory sample
-    pss_seen: bool = False
+    host: HostFigure | None = None  # the host rules' figure (core/samples.host_figure)
     stale: tuple[ProbeKind, ...] = ()  # probe kinds whose results are overdue
     drain: Drain | None = None  # the drain before a planned restart (core/drain.py)
     asleep: bool | None = None  # vLLM sleep mode, from the last scrape (core/sleep.py)
