@@ -136,6 +136,7 @@ MAY_IMPORT = {
     "shell": {"config", "core", "prewarm", "status"},
     "check": {"config", "core", "prewarm", "shell"},
     "gate": {"config", "core", "status"},
+    "migrate": {"config", "check", "shell"},
 }
 
 
