@@ -185,8 +185,9 @@ def find_tree(pgid: int | None, marker: str, log: LogFn | None = None,
     A tree that descends from another live vllmwatch is that daemon's: never ours.
     """
     me = os.getpid()
+    skip = exempt | kin.me_and_ancestors(me)  # never our own line (a shell with the marker)
     procs = [(p, *_ids(p.pid)) for p in psutil.process_iter()
-             if p.pid != me and p.pid not in exempt and _alive(p)]
+             if p.pid not in skip and _alive(p)]
     marked = {p.pid for p, _, _ in procs if _is_ours(p, marker)}
     groups = {g for p, g, _ in procs if p.pid in marked and g > 0}
     if pgid is not None:
@@ -203,7 +204,7 @@ def find_tree(pgid: int | None, marker: str, log: LogFn | None = None,
             ours.append(proc)
         elif _looks_like_vllm(proc):
             foreign.append(proc)
-    return kin.with_descendants(ours, exempt | {me}), foreign
+    return kin.with_descendants(ours, skip), foreign
 
 
 def port_holder(host: str, port: int, ignore: set[int]) -> str | None:

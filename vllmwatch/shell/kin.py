@@ -56,6 +56,14 @@ def owning_daemon(proc: psutil.Process, me: int) -> int | None:
     return None
 
 
+def me_and_ancestors(me: int) -> frozenset[int]:
+    """Our pid and our ancestors': whatever they carry, a sweep never kills its own line."""
+    try:
+        return frozenset({me, *(p.pid for p in psutil.Process(me).parents())})
+    except psutil.Error:
+        return frozenset({me})
+
+
 def with_descendants(procs: list[psutil.Process], skip: Collection[int]
                      ) -> list[psutil.Process]:
     """procs and every live descendant of theirs (a setsid'd grandchild whose parent still
