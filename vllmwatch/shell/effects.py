@@ -173,6 +173,8 @@ class RealEffects:
             done = childmod.sweep(action.pgid, self.marker, action.host, action.port,
                                   settle=action.settle, log=self.log,
                                   exempt=self.launcher.exempt(), adopt=self.reaper is not None)
+            if self.reaper is not None:
+                self.reaper.killed(done.killed)
             if not done.remaining:
                 childmod.remove_tmpdirs(self.marker)
             return done
