@@ -108,10 +108,9 @@ class RealEffects:
         guard = startguard.make_guard(config, self.platform.unified, self.log,
                                       self._environ, time.monotonic)
         self._config = config
-        if self.standby is not None:
-            self.standby.configure(config, self.platform.unified)
         self._run, result = ChildHandle.launch(self.launcher, prepared, config, self.marker,
-                                               guard, post, self.log, before)
+                                               self.platform.unified, guard, post, self.log,
+                                               before)
         if isinstance(result, Spawned) and self.standby is not None:
             result = replace(result, launch=self.standby.last_launch)
         return result
@@ -162,7 +161,7 @@ class RealEffects:
             if exited is not None:
                 self._run = None  # the run is over: nothing of it stays here
         if self.reaper is not None:
-            keep = set(self.launcher.exempt_pids())
+            keep = set(self.launcher.exempt())  # the launcher waits for its own
             if self._run is not None:
                 keep.add(self._run.pid)
             self.reaper.reap(keep=keep)
@@ -199,14 +198,17 @@ class RealEffects:
     def sweep(self, action: Sweep) -> SweepDone:
         """Kill leftovers of our tree and check the port; at start honour kill_stale."""
         if action.pgid is not None or action.kill_stale:
+            # As subreaper every orphan of the tree comes to us: what we adopted is ours.
             done = childmod.sweep(action.pgid, self.marker, action.host, action.port,
                                   settle=action.settle, log=self.log,
-                                  exempt=self.launcher.exempt_pids())
+                                  exempt=self.launcher.exempt(), adopt=self.reaper is not None)
+            if self.reaper is not None:
+                self.reaper.killed(done.killed)
             if not done.remaining:
                 childmod.remove_tmpdirs(self.marker)
             return done
         ours, foreign = childmod.find_tree(action.pgid, self.marker, self.log,
-                                           exempt=self.launcher.exempt_pids())
+                                           self.launcher.exempt(), self.reaper is not None)
         holder = childmod.port_holder(action.host, action.port, ignore=set())
         return SweepDone((), tuple(p.pid for p in ours), holder,
                          tuple(childmod.describe(p) for p in foreign))

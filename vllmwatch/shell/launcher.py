@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import os
 import time
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable
 from typing import Any
 
 from vllmwatch.config.command import ChildCommand
@@ -17,7 +17,6 @@ from vllmwatch.config.schema import Config
 from vllmwatch.core import standby as policy
 from vllmwatch.shell import child as childmod
 from vllmwatch.shell import standby as sb
-from vllmwatch.shell.childrun import PopenLauncher
 from vllmwatch.shell.logs import LogFn
 from vllmwatch.shell.standby_entry import Entry, resolve
 
@@ -31,8 +30,6 @@ class StandbyLauncher:
 
     def __init__(self, log: LogFn, marker: str, gpu_pids: GpuPids) -> None:
         self.log, self._marker, self._gpu_pids = log, marker, gpu_pids
-        self._config: Config | None = None  # the launch's, set by configure()
-        self._unified = False
         self._standby: sb.Standby | None = None
         self._tried_for: int | None = None  # the child run a standby was last started in
         self._off_said = ""
@@ -44,21 +41,14 @@ class StandbyLauncher:
 
     # ---- launches ----
 
-    def configure(self, config: Config, unified: bool) -> None:
-        """The config of the next launch (the seam's launch() gets argv and env only)."""
-        self._config, self._unified = config, unified
-
-    def launch(self, argv: Sequence[str], env: Mapping[str, str], cwd: str | None = None
-               ) -> childmod.Child:
+    def launch(self, config: Config, cmd: ChildCommand, unified: bool) -> childmod.Child:
         """Start the child: by the standby when it is alive and built for this launch."""
         standby, self._standby = self._standby, None
-        cmd = ChildCommand(tuple(argv), dict(env))
         if standby is not None:
-            why = ("no config for the launch" if self._config is None else
-                   self._unusable(standby, self._config, cmd, self._unified))
+            why = self._unusable(standby, config, cmd, unified)
             if why is None:
                 try:
-                    child = standby.hand_over(cmd, cwd or os.getcwd(), self._marker)
+                    child = standby.hand_over(cmd, os.getcwd(), self._marker)
                 except OSError as exc:
                     why = f"the handover failed: {exc.strerror or exc}"
                 else:
@@ -67,7 +57,7 @@ class StandbyLauncher:
                              waited_s=round(time.monotonic() - standby.started, 1))
                     return child
             self._discard(standby, why)
-        child = PopenLauncher().launch(argv, env, cwd)
+        child = childmod.spawn(cmd, self._marker)
         self._count("fresh")
         return child
 
@@ -146,7 +136,7 @@ class StandbyLauncher:
             self._discard(standby, "stale after SIGHUP: the command, environment or import "
                           "list changed" if not isinstance(plan, str) else plan)
 
-    def exempt_pids(self) -> frozenset[int]:
+    def exempt(self) -> frozenset[int]:
         """The pids no sweep, cleanup, memory rule or release gate may count as the child's."""
         return frozenset() if self._standby is None else frozenset({self._standby.pid})
 
