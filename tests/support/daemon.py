@@ -104,9 +104,14 @@ class Daemon:
 
     def __init__(self, workdir: Path, config: Mapping[str, Mapping[str, Any]],
                  env: Mapping[str, str] | None = None, notify: bool = True,
-                 argv_prefix: Iterable[str] = ()) -> None:
+                 argv_prefix: Iterable[str] = (), armed: bool = False) -> None:
         self.workdir = workdir
         self.config = merge(config)
+        # With armed=True the fake's --*-after faults wait for arm(), not for seconds.
+        self.arm_file = workdir / "faults.arm"
+        if armed:
+            vllm = self.config["vllm"]
+            vllm["extra_args"] = [*vllm.get("extra_args", []), "--arm-file", str(self.arm_file)]
         self.config_path = workdir / "vllmwatch.toml"
         self.write_config(self.config)
         self.port = int(self.config["vllm"]["port"])
@@ -269,6 +274,13 @@ class Daemon:
     def mark(self) -> int:
         """An index into events: wait for things that happen after this point."""
         return len(self.events)
+
+    def arm(self) -> tuple[int, float]:
+        """Start the fake's fault delays now (a Daemon made with armed=True): a mark taken
+        before the touch, so nothing the fault causes falls before it, and the wall time."""
+        since, now = self.mark(), time.time()
+        self.arm_file.touch()
+        return since, now
 
     def wait_ready(self, timeout: float = 10.0, since: int = 0) -> Event:
         """Wait for child.ready (and, with a notify listener, the READY=1 datagram)."""

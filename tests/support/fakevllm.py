@@ -16,7 +16,7 @@ from pathlib import Path
 from typing import Any
 
 from tests.support.ports import free_port
-from tests.support.waiting import wait_until
+from tests.support.waiting import wait_for
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -43,14 +43,20 @@ def completion(port: int, timeout: float = 2.0, **kw: Any) -> tuple[int, bytes]:
 
 
 class Fake:
-    def __init__(self, proc: subprocess.Popen[bytes], port: int, log: Path) -> None:
-        self.proc, self.port, self.log = proc, port, log
+    def __init__(self, proc: subprocess.Popen[bytes], port: int, log: Path, arm_file: Path
+                 ) -> None:
+        self.proc, self.port, self.log, self.arm_file = proc, port, log, arm_file
 
     def health(self) -> int:
         return http(self.port, "/health", timeout=0.5)[0]
 
     def wait_ready(self, status: int = 200) -> None:
-        wait_until(lambda: self.health() == status, 5.0, f"/health {status}")
+        # A start takes seconds on a loaded machine: the deadline scales (TIMEOUT_SCALE).
+        wait_for(lambda: self.health() == status, 5.0, f"/health {status}")
+
+    def arm(self) -> None:
+        """Start the --*-after fault delays now (the fake was started with armed=True)."""
+        self.arm_file.touch()
 
     def metrics(self) -> dict[str, float]:
         """Samples of /metrics keyed by name plus a finished_reason suffix where present."""
@@ -66,8 +72,12 @@ class Fake:
 
 
 @contextmanager
-def fake(tmp_path: Path, *flags: str, ready: int = 200) -> Iterator[Fake]:
-    port, log = free_port(), tmp_path / "fake.log"
+def fake(tmp_path: Path, *flags: str, ready: int = 200, armed: bool = False) -> Iterator[Fake]:
+    """The fake vLLM on a free port, its whole process group killed on the way out; with
+    armed=True its --*-after faults wait for Fake.arm() instead of counting from ready."""
+    port, log, arm_file = free_port(), tmp_path / "fake.log", tmp_path / "fake.arm"
+    if armed:
+        flags = (*flags, "--arm-file", str(arm_file))
     argv = [sys.executable, "-m", "vllmwatch.testing.fake_vllm", "serve", "--model", "org/m",
             "--served-model-name", "fake", "--host", "127.0.0.1", "--port", str(port),
             "--startup-seconds", "0.1", "--disable-log-requests", *flags]
@@ -75,7 +85,7 @@ def fake(tmp_path: Path, *flags: str, ready: int = 200) -> Iterator[Fake]:
         proc = subprocess.Popen(argv, cwd=ROOT, stdout=out, stderr=subprocess.PIPE,
                                 start_new_session=True)
     try:
-        f = Fake(proc, port, log)
+        f = Fake(proc, port, log, arm_file)
         if ready:
             f.wait_ready(ready)
         yield f

@@ -78,6 +78,32 @@ def after(seconds: float | None) -> float:
     return math.inf if seconds is None else seconds
 
 
+class FaultClock:
+    """Where the ``--*-after`` fault delays count from: this role's ready, or with
+    ``--arm-file PATH`` the moment PATH is touched after this process started.
+
+    Seconds since ready race the supervisor on a loaded machine (the fault can fire before
+    it saw READY); a test touches the file once it has, and a restarted fake, started after
+    the touch, stays healthy.
+    """
+
+    def __init__(self, path: str | None) -> None:
+        self.path, self.born, self.at = path, time.time(), math.inf
+
+    def ready(self) -> None:
+        """This role is up: without an arm file the fault delays count from now."""
+        if self.path is None:
+            self.at = time.monotonic()
+
+    def age(self) -> float:
+        """Seconds since the faults were armed; -inf while they are not."""
+        if self.at == math.inf and self.path is not None:
+            with contextlib.suppress(OSError):
+                if os.stat(self.path).st_mtime > self.born:
+                    self.at = time.monotonic()
+        return time.monotonic() - self.at
+
+
 @dataclass
 class _Req:
     id: int
@@ -98,6 +124,7 @@ class Engine:
         self.prompt = self.gen = self.ok = 0
         self.buf, self.sent_at = b"", 0.0
         self.orphan_at: float | None = None
+        self.faults = FaultClock(a.arm_file)
 
     def on_term(self, signum: int, frame: FrameType | None) -> None:
         """SIGTERM: stop the workers, then exit 0."""
@@ -144,11 +171,12 @@ class Engine:
 
     def run(self) -> NoReturn:
         """Serve requests until a fault, SIGTERM, or the end of an orphanhood."""
-        a, ready, stalled = self.a, time.monotonic(), False
+        a, stalled = self.a, False
+        self.faults.ready()
         self.send([])  # the first message tells the API server we are ready
         leak(a, "engine")
         while True:
-            age = time.monotonic() - ready
+            age = self.faults.age()
             if age >= after(a.engine_crash_after):
                 self.crash("EngineCore encountered a fatal error.", "injected crash "
                            "(--engine-crash-after)")
