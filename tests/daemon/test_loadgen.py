@@ -15,8 +15,7 @@ from types import ModuleType
 
 import pytest
 
-from tests.support import TIMEOUT_SCALE, free_port, wait_until
-from tests.support.procs import owned
+from tests.support import TIMEOUT_SCALE, free_port, owned, wait_until
 
 ROOT = Path(__file__).resolve().parents[2]
 

@@ -1,5 +1,6 @@
 """What tests and benchmarks share: ports, waiting with deadlines, TOML configs, the fake vLLM
-as a server, and the one harness around a `vllmwatch run` process (tests/support/daemon.py).
+as a server, owners that kill a started process's whole tree (tests/support/procs.py),
+and the one harness around a `vllmwatch run` process (tests/support/daemon.py).
 
 Import from here: `from tests.support import Daemon, base_config, free_port, wait_for`.
 """
@@ -20,12 +21,13 @@ from tests.support.daemon import (
 )
 from tests.support.fakevllm import Fake, completion, fake, http
 from tests.support.ports import free_port, port_free
+from tests.support.procs import kill_tree, owned
 from tests.support.tomlfile import merge, to_toml, write_toml
 from tests.support.waiting import TIMEOUT_SCALE, holds_within, wait_for, wait_until
 
 __all__ = [
     "FAKE", "PYTHON", "REPO", "TIMEOUT_SCALE", "Daemon", "Event", "Fake", "NotifyListener",
-    "base_config", "completion", "fake", "free_port", "holds_within", "http", "merge",
-    "port_free", "to_toml", "ts_of", "wait_for", "wait_for_gone", "wait_for_value",
-    "wait_until", "write_toml",
+    "base_config", "completion", "fake", "free_port", "holds_within", "http", "kill_tree",
+    "merge", "owned", "port_free", "to_toml", "ts_of", "wait_for", "wait_for_gone",
+    "wait_for_value", "wait_until", "write_toml",
 ]
