@@ -309,17 +309,17 @@ def test_stall_detected_from_frozen_counters(daemon: Factory) -> None:
 def test_host_memory_leak_drains_then_restarts(daemon: Factory) -> None:
     d = daemon(["--leak-mib-per-s", "50"], {"memory": {
         "host_growth_limit": "40MiB", "sample_interval": "0.5s", "pss_interval": "0.5s",
-        "sustain": 2, "baseline_delay": "0s"}})
-    first = d.wait_ready()
-    since = d.mark()
+        "sustain": 2, "baseline_delay": "0s"}}, armed=True)
+    d.wait_ready()
+    since, armed_at = d.arm()  # the leak starts now, not at the fake's ready
     fired = d.wait_event("memory.rule_fired", 10.0, since)
     assert fired["rule"] == "host_growth_limit"
     begin, ready = restart_cycle(d, "host_memory", since)
     after = [e["to"] for e in d.named("state.changed", d.events.index(begin))]
     assert after[:2] == ["draining", "stopping"], after
     assert d.named("drain.done", since)
-    report("host leak 50MiB/s, growth limit 40MiB: READY -> restart.begin",
-           ts_of(begin) - ts_of(first))
+    report("host leak 50MiB/s, growth limit 40MiB: leak start -> restart.begin",
+           ts_of(begin) - armed_at)
     report("host leak: restart.begin -> READY", ts_of(ready) - ts_of(begin))
 
 

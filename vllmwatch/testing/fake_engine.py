@@ -55,9 +55,13 @@ def spawn(entry: list[str], marker: str, role: str, flags: list[str], rank: int 
     return proc, mine
 
 
-def leak(a: argparse.Namespace, where: str) -> None:
-    """Start a thread that grows RSS by --leak-mib-per-s, touching every page."""
+def leak(a: argparse.Namespace, where: str, faults: FaultClock) -> None:
+    """Start a thread that grows RSS by --leak-mib-per-s, touching every page, from the
+    moment the faults are armed (FaultClock)."""
     def grow(hoard: list[bytearray], due: float) -> None:
+        while faults.age() == -math.inf:
+            time.sleep(0.05)
+        due = time.monotonic()
         while True:
             hoard.append(bytearray(b"\xa5") * int(a.leak_mib_per_s * 2**20 / 10))
             due += 0.1
@@ -174,7 +178,7 @@ class Engine:
         a, stalled = self.a, False
         self.faults.ready()
         self.send([])  # the first message tells the API server we are ready
-        leak(a, "engine")
+        leak(a, "engine", self.faults)
         while True:
             age = self.faults.age()
             if age >= after(a.engine_crash_after):

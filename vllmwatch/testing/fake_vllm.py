@@ -371,7 +371,7 @@ def api_main(a: argparse.Namespace, flags: list[str]) -> int:
                     "startup.", "Application startup complete."):
             log("INFO", msg, "launcher.py:1")
         api.faults.ready()
-        leak(a, "api")
+        leak(a, "api", api.faults)
         _shutdown(engine, api, _watch(a, api))
     except _Stop:
         _shutdown(engine, api, 0, a.shutdown_timeout)
