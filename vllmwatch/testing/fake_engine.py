@@ -161,6 +161,8 @@ class Engine:
             time.sleep(max(0.0, min(t0 + s * (i + 1) / len(lines), crash_at) - time.monotonic()))
             if time.monotonic() >= crash_at:
                 break
+        while a.hold_start_until and not os.path.exists(a.hold_start_until):
+            time.sleep(0.05)  # a start that lasts exactly until the test ends it
         if crash_at < math.inf:
             time.sleep(max(0.0, crash_at - time.monotonic()))
             self.crash("EngineCore failed to start.", "injected crash (--crash-during-start)")

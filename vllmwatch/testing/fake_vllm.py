@@ -62,6 +62,7 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
     p.add_argument("--leak-in", choices=("api", "engine"), default="api")
     # The *-after delays count from the touch of this file, not from ready (FaultClock).
     p.add_argument("--arm-file")
+    p.add_argument("--hold-start-until", help="the engine's start ends when this file exists")
     p.add_argument("--workers", type=int, help="TP workers (default: TP size if > 1, else 0)")
     for name, number in (("port", 8000), ("tensor-parallel-size", 1), ("max-num-seqs", 256),
                          ("exit-code", 0), ("fd", -1), ("rank", 0)):
