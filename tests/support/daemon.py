@@ -33,7 +33,7 @@ import psutil
 
 from tests.support.ports import port_free
 from tests.support.tomlfile import merge, to_toml
-from tests.support.waiting import holds_within, wait_for
+from tests.support.waiting import TIMEOUT_SCALE, holds_within, wait_for
 from vllmwatch.shell.child import MARKER, instance_id
 
 PYTHON = sys.executable
@@ -321,14 +321,15 @@ class Daemon:
 
 def wait_for_gone(get: Callable[[], list[psutil.Process]], timeout: float
                   ) -> list[psutil.Process]:
-    """Poll get() until it is empty or timeout; return what is still there."""
-    holds_within(lambda: not get(), timeout)
+    """Poll get() until it is empty or timeout (scaled by TIMEOUT_SCALE); return what is
+    still there."""
+    holds_within(lambda: not get(), timeout * TIMEOUT_SCALE)
     return get()
 
 
 def wait_for_value(pred: Callable[[], bool], timeout: float) -> bool:
-    """Poll pred() until True or timeout; return whether it held."""
-    return holds_within(pred, timeout)
+    """Poll pred() until True or timeout (scaled by TIMEOUT_SCALE); return whether it held."""
+    return holds_within(pred, timeout * TIMEOUT_SCALE)
 
 
 def ts_of(event: Event) -> float:
