@@ -15,9 +15,9 @@ from typing import TypeVar
 import pytest
 
 from tests.support.fakevllm import completion, fake, http
-from tests.support.waiting import TIMEOUT_SCALE
-from tests.support.waiting import wait_for as wait_scaled
 from vllmwatch.testing.fake_vllm import parse_args
+from vllmwatch.testing.waiting import TIMEOUT_SCALE
+from vllmwatch.testing.waiting import wait_for as wait_scaled
 
 T = TypeVar("T")
 
