@@ -50,8 +50,13 @@ def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
 
 
 def pytest_configure(config: pytest.Config) -> None:
-    """Mark this session's children (inherited through os.environ) for the leftover check."""
-    os.environ.setdefault(SESSION_VAR, uuid.uuid4().hex)
+    """Mark this session's children (inherited through os.environ) for the leftover check.
+
+    A fresh mark per session (a pytest run by a test must not take its parent's processes
+    for its own), except in an xdist worker, whose children its controller checks."""
+    if hasattr(config, "workerinput") and SESSION_VAR in os.environ:
+        return
+    os.environ[SESSION_VAR] = uuid.uuid4().hex
 
 
 # pid -> the test after whose teardown it was still our child (names the culprit at the end)
