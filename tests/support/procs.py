@@ -34,11 +34,13 @@ def tree(pid: int) -> list[psutil.Process]:
         return []
 
 
-def kill_tree(proc: subprocess.Popen[Any], timeout: float = 10.0) -> None:
-    """SIGKILL proc's group (when it leads one) and each descendant, then reap proc."""
+def kill_tree(proc: subprocess.Popen[Any], group: bool = True, timeout: float = 10.0) -> None:
+    """SIGKILL proc's process group (group=True: it was started in a session of its own, so
+    the group outlives it, holding e.g. an engine orphaned when a test killed its API
+    server) and each live descendant, then reap proc."""
     members = tree(proc.pid)  # read before the kill: orphans lose their parent link
-    with contextlib.suppress(OSError):
-        if os.getpgid(proc.pid) == proc.pid:
+    if group:
+        with contextlib.suppress(OSError):
             os.killpg(proc.pid, signal.SIGKILL)
     for member in members:
         with contextlib.suppress(psutil.Error):
@@ -59,7 +61,7 @@ def owned(argv: list[str], **popen: Any) -> Iterator[subprocess.Popen[Any]]:
     try:
         yield proc
     finally:
-        kill_tree(proc)
+        kill_tree(proc, group=bool(popen["start_new_session"]))
 
 
 def session_leftovers(session: str) -> list[psutil.Process]:
