@@ -16,13 +16,18 @@ from pathlib import Path
 from typing import Any
 
 from vllmwatch.testing.ports import free_port
-from vllmwatch.testing.waiting import wait_for
+from vllmwatch.testing.waiting import TIMEOUT_SCALE, wait_for
 
 ROOT = Path(__file__).resolve().parents[2]
 
 
+# A reply the fake should give: its deadline stretches on a loaded machine. A test that
+# wants a hang to show passes its own short timeout.
+ANSWER = 2.0 * TIMEOUT_SCALE
+
+
 def http(port: int, path: str, body: dict[str, Any] | None = None, key: str | None = None,
-         timeout: float = 2.0) -> tuple[int, bytes]:
+         timeout: float = ANSWER) -> tuple[int, bytes]:
     """(status, body); status 0 when the connection fails."""
     req = urllib.request.Request(f"http://127.0.0.1:{port}{path}",
                                  data=None if body is None else json.dumps(body).encode())
@@ -37,7 +42,7 @@ def http(port: int, path: str, body: dict[str, Any] | None = None, key: str | No
         return 0, b""
 
 
-def completion(port: int, timeout: float = 2.0, **kw: Any) -> tuple[int, bytes]:
+def completion(port: int, timeout: float = ANSWER, **kw: Any) -> tuple[int, bytes]:
     body = {"model": "fake", "prompt": "hello there", "max_tokens": 3, **kw}
     return http(port, "/v1/completions", body, timeout=timeout)
 
