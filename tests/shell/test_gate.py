@@ -19,7 +19,7 @@ from typing import Any, TypeVar
 
 import pytest
 
-from tests.support import free_port, wait_until
+from tests.support import TIMEOUT_SCALE, free_port, wait_until
 from vllmwatch.gate import runner
 from vllmwatch.gate.door import Door, Readiness, readiness_of
 from vllmwatch.gate.runner import Gate, GateError
@@ -37,7 +37,7 @@ def loop_kind(request: pytest.FixtureRequest, monkeypatch: pytest.MonkeyPatch) -
 
 
 def wait_for(check: Callable[[], T], timeout: float = 10.0, what: str = "condition") -> T:
-    return wait_until(check, timeout, what)
+    return wait_until(check, timeout * TIMEOUT_SCALE, what)  # a loaded box is slow
 
 
 def post(port: int, body: dict[str, Any], timeout: float = 20.0

@@ -11,7 +11,7 @@ from dataclasses import replace
 import psutil
 import pytest
 
-from tests.support import owned, wait_until
+from tests.support import TIMEOUT_SCALE, owned, wait_until
 from vllmwatch.config.schema import MemoryConfig
 from vllmwatch.core import leak
 from vllmwatch.core import release as gpu_release
@@ -46,7 +46,7 @@ Events = LogCapture
 
 
 def wait_for(cond: Callable[[], bool], timeout: float = 30.0, what: str = "") -> None:
-    wait_until(cond, timeout, what)
+    wait_until(cond, timeout * TIMEOUT_SCALE, what)  # a loaded box is slow
 
 
 @pytest.fixture(scope="module")
