@@ -6,6 +6,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from vllmwatch.config.schema import Config, ProbeConfig
+from vllmwatch.core.hangs import HostCpu
 from vllmwatch.core.samples import MemorySample
 
 # ---- events: what happened (the shell observed it and hands it to step()) ----
@@ -102,6 +103,7 @@ class MetricsResult:
     error: str = ""
     gen: int = 0
     asleep: bool | None = None  # vLLM sleep mode (core/sleep.py); None: not reported
+    host_cpu: HostCpu | None = None  # the host's CPU pressure at the scrape (core/hangs.py)
 
 
 @dataclass(frozen=True)

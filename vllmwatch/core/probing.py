@@ -8,7 +8,9 @@ so and stops vouching for itself to systemd's watchdog.
 
 from __future__ import annotations
 
-from vllmwatch.core import sleep
+from dataclasses import replace
+
+from vllmwatch.core import hangs, sleep
 from vllmwatch.core.events import Action, Log, Probe, SampleMemory
 from vllmwatch.core.state import Result, S, WatchState
 
@@ -17,14 +19,36 @@ DRAIN_POLL = 1.0
 FRESH_SLACK = 10.0  # added to every freshness bound: thread-pool queueing, a slow scrape
 
 
-def start(s: WatchState, kind: str, now: float) -> Result:
-    """Start a probe against the current child unless one of that kind is in flight."""
+def start(s: WatchState, kind: str, now: float, canary_timeout: float | None = None
+          ) -> Result:
+    """Start a probe against the current child unless one of that kind is in flight.
+
+    `canary_timeout` replaces probe.canary_timeout for this one request (core/hangs.py).
+    """
     c = s.child
     if c is None or c.pid is None or kind in c.inflight:
         return s, []
-    v = c.vllm
-    act = Probe(kind, c.gen, v.host, v.port, v.model_name, s.config.probe)
+    v, p = c.vllm, s.config.probe
+    if canary_timeout is not None:
+        p = replace(p, canary_timeout=canary_timeout)
+    act = Probe(kind, c.gen, v.host, v.port, v.model_name, p)
     return s.with_child(inflight=c.inflight | {kind}), [act]
+
+
+def send_canary(s: WatchState, now: float) -> Result:
+    """The serving canary: the pending retry's timeout, or one derived from the latencies."""
+    c = s.child
+    assert c is not None
+    if "canary" in c.inflight or c.pid is None:
+        return s, []
+    retry = c.canary_retry_s
+    timeout = retry if retry is not None else hangs.canary_timeout(s.config.probe,
+                                                                   c.canary_seconds)
+    # busy-or-hung compares against the progress at this point
+    s = s.with_child(canary_ref=c.progress, canary_asleep=c.asleep, canary_sent_at=now,
+                     canary_timeout_s=timeout, canary_is_retry=retry is not None,
+                     canary_retry_s=None)
+    return start(s, "canary", now, timeout)
 
 
 def landed(s: WatchState, kind: str, gen: int, now: float) -> WatchState:
@@ -56,9 +80,9 @@ def fire(s: WatchState, kind: str, now: float) -> Result:
             return s, []
         if not sleep.send_canary(c.asleep):  # asleep on purpose: nothing to prove
             return s.with_child(probe_done_at={**c.probe_done_at, "canary": now}), []
-        if "canary" not in c.inflight:  # busy-or-hung compares against this point
-            s = s.with_child(canary_ref=c.progress, canary_asleep=c.asleep)
-        return start(s, "canary", now)
+        if c.hang_suspect:  # a timeout is being judged; its verdict sends the next one
+            return s, []
+        return send_canary(s, now)
     if kind == "metrics":
         wait = DRAIN_POLL if s.state == S.DRAINING else p.metrics_interval
         return start(set_timer(s, "metrics", now + wait), "metrics", now)

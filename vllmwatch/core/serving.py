@@ -6,7 +6,7 @@ from dataclasses import replace
 
 from vllmwatch.config.quiet import in_window
 from vllmwatch.core import drain as drains
-from vllmwatch.core import gpufault, leak, policy, probing, sleep, stalls
+from vllmwatch.core import gpufault, hangs, leak, policy, probing, sleep, stalls
 from vllmwatch.core.events import (
     Action,
     CanaryResult,
@@ -88,18 +88,19 @@ def canary(s: WatchState, ev: CanaryResult, now: float) -> Result:
         return _starting_canary(s, ev, now)
     if s.state != S.READY or ev.warmup:
         return s, []
-    if ev.ok:
-        return s.with_child(canary_failures=0), []
     c = _run(s)
+    if ev.ok:
+        return s.with_child(canary_failures=0, canary_retry_s=None,
+                            canary_seconds=hangs.remember(c.canary_seconds, ev.seconds)), []
     if not sleep.judge_canary(c.canary_asleep, c.asleep):
         return s, [Log("info", "probe.canary_asleep", {
             "error": ev.error or "timed out", "detail": "vLLM is in sleep mode; not judged"})]
     if ev.timed_out:
         # Health says 200 but a 1-token completion did not come back: hung, or merely busy.
-        # A fresh scrape decides (policy.is_busy).
+        # A fresh scrape decides (_canary_verdict).
         s = probing.set_timer(s.with_child(hang_suspect=True), "metrics", now)
         return s, [Log("warning", "probe.canary_timeout", {
-            "timeout_s": s.config.probe.canary_timeout,
+            "timeout_s": c.canary_timeout_s, "retry": c.canary_is_retry,
             "detail": "checking whether the engine is busy or hung"})]
     return _probe_failed(s, now, "canary", ev.error)
 
@@ -113,7 +114,8 @@ def _starting_canary(s: WatchState, ev: CanaryResult, now: float) -> Result:
         return s, [Log("debug", "startup.canary_not_yet", {"error": ev.error})]
     if not ev.warmup:
         phases = {**c.phases, "canary": round(now - c.started, 3)}
-        s = s.with_child(canary_ok=True, phases=phases)
+        s = s.with_child(canary_ok=True, phases=phases,
+                         canary_seconds=hangs.remember(c.canary_seconds, ev.seconds))
         if s.config.prewarm.enabled and s.config.prewarm.warmup_request:
             return probing.start(s, "warmup", now)
     return _become_ready(s.with_child(warmed_up=True), now, [])
@@ -148,8 +150,8 @@ def metrics(s: WatchState, ev: MetricsResult, now: float) -> Result:
         s = s.with_(probe_failures={**s.probe_failures,
                                     "metrics": s.probe_failures.get("metrics", 0) + 1})
         if s.state == S.READY and c.hang_suspect:
-            return begin_restart(s, now, "hang", "canary timed out and /metrics failed: "
-                                 + ev.error, drain=False)
+            return _canary_verdict(s.with_child(hang_suspect=False), False, ev.host_cpu, now,
+                                   "/metrics failed: " + ev.error)
         if s.state == S.DRAINING:
             return _drain_look(s, now, None, None)
         return s, [Log("debug", "probe.metrics_failed", {"error": ev.error})]
@@ -161,14 +163,14 @@ def metrics(s: WatchState, ev: MetricsResult, now: float) -> Result:
     s = s.with_child(running=ev.running, waiting=ev.waiting, kv_cache_usage=ev.kv_cache_usage,
                      asleep=ev.asleep)
     cur = policy.progress_of(now, ev.running, ev.waiting, ev.prompt_tokens,
-                             ev.generation_tokens)
+                             ev.generation_tokens, ev.kv_cache_usage)
     prev = c.progress
     if s.state == S.DRAINING:
         s, more = _drain_look(s, now, ev.running, ev.waiting)
     elif s.state != S.READY or cur is None:
         s, more = s.with_child(progress=cur or prev), []
     else:
-        s, more = _judge_progress(s.with_child(progress=cur), prev, cur, now)
+        s, more = _judge_progress(s.with_child(progress=cur), prev, cur, now, ev.host_cpu)
     return s, acts + more
 
 
@@ -186,7 +188,7 @@ def _drain_look(s: WatchState, now: float, running: float | None,
 
 
 def _judge_progress(s: WatchState, prev: policy.Progress | None, cur: policy.Progress,
-                    now: float) -> Result:
+                    now: float, cpu: hangs.HostCpu | None) -> Result:
     c = _run(s)
     acts: list[Action] = []
     if c.hang_suspect and not sleep.judge_canary(c.canary_asleep, c.asleep):
@@ -194,16 +196,18 @@ def _judge_progress(s: WatchState, prev: policy.Progress | None, cur: policy.Pro
         acts.append(Log("info", "probe.canary_asleep", {
             "error": "timed out", "detail": "vLLM is in sleep mode; not judged"}))
     elif c.hang_suspect:
-        s = s.with_child(hang_suspect=False)
         # Against the scrape from before the canary was sent, not the last one: that may be
         # only milliseconds older than this one, too close for any counter to have moved.
         ref = c.canary_ref if c.canary_ref is not None else prev
-        if not policy.is_busy(ref, cur):
-            return begin_restart(s, now, "hang", "canary timed out while /health said 200 "
-                                 "and token counters did not move", drain=False)
-        acts.append(Log("info", "probe.canary_busy", {
-            "running": cur.running, "waiting": cur.waiting,
-            "detail": "canary slow but the engine is busy and making progress"}))
+        s, acts = _canary_verdict(s.with_child(hang_suspect=False),
+                                  policy.advanced(ref, cur), cpu, now,
+                                  "token counters did not move")
+        if s.pending is not None:
+            return s, acts
+    s, more = _frozen(s, prev, cur, now, cpu)
+    if s.pending is not None:
+        return s, acts + more
+    acts += more
     stall = policy.stalled_since(c.stall_since, prev, cur)
     s = s.with_child(stall_since=stall)
     if stall is not None and now - stall >= s.config.probe.stall_timeout \
@@ -213,6 +217,54 @@ def _judge_progress(s: WatchState, prev: policy.Progress | None, cur: policy.Pro
                                 drain=False)
         acts += more
     return s, acts
+
+
+def _canary_verdict(s: WatchState, moved: bool, cpu: hangs.HostCpu | None, now: float,
+                    why: str) -> Result:
+    """A canary timed out: hang, or ask again with more time (hangs.on_timeout)."""
+    c, p = _run(s), s.config.probe
+    timed_out_after = c.canary_timeout_s if c.canary_timeout_s is not None else p.canary_timeout
+    verdict = hangs.on_timeout(moved, c.canary_is_retry)
+    if verdict == hangs.Verdict.HANG:
+        tries = "twice in a row" if c.canary_is_retry else "once"
+        return begin_restart(s, now, "hang", f"canary timed out {tries} (last after "
+                             f"{timed_out_after:g}s) while /health said 200, and {why}",
+                             drain=False)
+    starved = hangs.saturated(cpu)
+    retry = hangs.retry_timeout(p, timed_out_after, starved)
+    event = "probe.canary_busy" if verdict == hangs.Verdict.BUSY else "probe.canary_retry"
+    detail = ("canary slow but the engine is busy and making progress" if verdict ==
+              hangs.Verdict.BUSY else "nothing moved; asking once more with a longer timeout "
+              "before a verdict")
+    log = Log("info" if verdict == hangs.Verdict.BUSY else "warning", event, {
+        "running": c.running, "waiting": c.waiting, "timeout_s": timed_out_after,
+        "retry_timeout_s": retry, "host_saturated": starved,
+        "cpu_pressure": cpu.psi_some_avg10 if cpu else None, "detail": detail})
+    s = s.with_child(canary_retry_s=retry)
+    if verdict == hangs.Verdict.BUSY:  # working: the next canary at its usual time
+        return s, [log]
+    s, acts = probing.send_canary(s, now)  # suspect: the retry at once, to decide soon
+    return probing.set_timer(s, "canary", now + p.canary_interval), [log, *acts]
+
+
+def _frozen(s: WatchState, prev: policy.Progress | None, cur: policy.Progress, now: float,
+            cpu: hangs.HostCpu | None) -> Result:
+    """Work queued, nothing the engine reports moves, the canary unanswered: a hang, sooner
+    than the canary's own timeout under load (its timeout grows with the latencies)."""
+    c, p = _run(s), s.config.probe
+    since = policy.frozen_since(c.frozen_since, prev, cur)
+    s = s.with_child(frozen_since=since)
+    if since is None or p.progress_timeout <= 0 or not sleep.judge_stall(c.asleep):
+        return s, []
+    waited = now - c.canary_sent_at if "canary" in c.inflight and c.canary_sent_at else 0.0
+    limit = hangs.frozen_limit(p, cpu)
+    # The unanswered canary guards against gauges that merely went stale while idle.
+    if now - since < limit or waited < min(p.canary_timeout_min, p.canary_timeout):
+        return s, []
+    return begin_restart(s, now, "hang", f"{cur.running:g} running and {cur.waiting:g} "
+                         f"waiting, but no token counter or gauge moved for {now - since:.1f}s "
+                         f"(limit {limit:g}s) and the canary is unanswered after {waited:.1f}s",
+                         drain=False)
 
 
 def memory(s: WatchState, ev: MemorySampled, now: float) -> Result:

@@ -103,6 +103,13 @@ class ChildRun:
     drain: Drain | None = None  # the drain before a planned restart (core/drain.py)
     asleep: bool | None = None  # vLLM sleep mode, from the last scrape (core/sleep.py)
     canary_asleep: bool | None = None  # ... when the canary in flight was sent
+    # Issue 24 (core/hangs.py): this run's canary latencies, the canary in flight, the retry.
+    canary_seconds: tuple[float, ...] = ()  # successful canaries, the last hangs.HISTORY
+    canary_sent_at: float | None = None
+    canary_timeout_s: float | None = None  # the timeout the canary in flight was sent with
+    canary_is_retry: bool = False  # ... and whether it was the longer retry of a timeout
+    canary_retry_s: float | None = None  # the next canary is a retry with this timeout
+    frozen_since: float | None = None  # work queued and no series moved since (policy)
 
     def with_(self, **changes: Any) -> ChildRun:
         """A copy with some fields changed."""

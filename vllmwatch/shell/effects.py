@@ -30,7 +30,7 @@ from vllmwatch.core.events import (
 from vllmwatch.core.unified import Platform
 from vllmwatch.prewarm import runner as prewarm
 from vllmwatch.shell import child as childmod
-from vllmwatch.shell import flagcheck, startguard
+from vllmwatch.shell import flagcheck, hostcpu, startguard
 from vllmwatch.shell import platform as platformmod
 from vllmwatch.shell.childlog import ChildLog
 from vllmwatch.shell.engines import EngineWatch
@@ -221,8 +221,8 @@ class RealEffects:
                 health = replace(health, ok=False, engine_gone=True,
                                  error=f"{said}; engine process gone: {', '.join(gone)}")
             result = health
-        elif action.kind == "metrics":
-            result = prober.metrics()
+        elif action.kind == "metrics":  # with the host's CPU pressure: slow is not dead
+            result = replace(prober.metrics(), host_cpu=hostcpu.sample())
         else:
             result = prober.canary(warmup=action.kind == "warmup")
         return replace(result, gen=action.gen)

@@ -26,6 +26,7 @@ from vllmwatch.core.events import (
     Sweep,
     SweepDone,
 )
+from vllmwatch.core.hangs import HostCpu
 from vllmwatch.core.samples import MemorySample
 from vllmwatch.status.snapshot import Snapshot
 
@@ -109,6 +110,8 @@ class World:
     child_alive: bool = False
     engine_gone: bool = False  # /health failures report the engine process gone
     asleep: bool | None = None  # vLLM sleep mode as /metrics reports it (None: not reported)
+    cpu_pressure: float | None = None  # PSI some avg10 the scrape reports (core/hangs.py)
+    canary_seconds: float = 0.01  # how long a canary that answers takes
     signals: list[str] = field(default_factory=list)
     spawns: int = 0
 
@@ -181,11 +184,13 @@ class WorldEffects:
         if kind == "metrics":
             w.tokens += w.tokens_per_scrape
             return MetricsResult(True, 0.002, w.running, w.waiting, 0.1, w.tokens / 2,
-                                 w.tokens / 2, gen=gen, asleep=w.asleep)
+                                 w.tokens / 2, gen=gen, asleep=w.asleep,
+                                 host_cpu=HostCpu(w.cpu_pressure, None))
         if w.canary_timeout:
-            return CanaryResult(False, True, 30.0, "timed out", warm, gen=gen)
-        return CanaryResult(w.canary_ok, False, 0.01, "" if w.canary_ok else "HTTP 500", warm,
-                            gen=gen)
+            return CanaryResult(False, True, action.probe.canary_timeout, "timed out", warm,
+                                gen=gen)
+        return CanaryResult(w.canary_ok, False, w.canary_seconds,
+                            "" if w.canary_ok else "HTTP 500", warm, gen=gen)
 
     def sample_memory(self, action: SampleMemory, minute_of_day: int) -> MemorySampled:
         """A sample with the World's GPU and host figures."""
