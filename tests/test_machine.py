@@ -84,7 +84,7 @@ def test_health_failures_restart_only_at_the_threshold() -> None:
 def test_hang_is_a_canary_timeout_with_frozen_counters() -> None:
     d = up()
     d.world.canary_timeout = True
-    d.run_for(61)
+    d.run_for(64)  # the canary at 60 s, its longer retry, scrapes 1 s apart (core/hangs.py)
     assert restarts(d) == ["hang"]
 
 
@@ -213,7 +213,7 @@ def test_stop_escalates_to_sigkill_after_the_grace_period() -> None:
 def test_a_hung_engine_gets_a_short_grace() -> None:
     d = up(world=World(ignore_sigterm=True))
     d.world.canary_timeout = True
-    d.run_for(61)
+    d.run_for(64)  # the canary at 60 s, its longer retry, scrapes 1 s apart (core/hangs.py)
     assert restarts(d) == ["hang"]
     assert d.events("child.stopping")[-1]["grace_s"] == 5.0
     d.run_for(6)

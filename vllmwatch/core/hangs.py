@@ -21,6 +21,7 @@ HISTORY = 32  # canary latencies kept per child run: ~1 min at the 2 s default i
 PERCENTILE = 0.95
 RETRY_FACTOR = 2.0  # a timed-out canary is sent again with this much more time ...
 STARVED_FACTOR = 4.0  # ... or this much when the host's CPUs are saturated
+VERDICT_SPAN = 1.0  # the two scrapes a timeout is judged on are at least this far apart
 FROZEN_STARVED_FACTOR = 3.0  # probe.progress_timeout is stretched so on a saturated host
 # Saturated host: PSI says some runnable task waited for a CPU this share of the last 10 s,
 # or (no PSI: old kernels, some containers) the 1-minute load average per CPU reaches this.

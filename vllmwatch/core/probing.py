@@ -44,11 +44,15 @@ def send_canary(s: WatchState, now: float) -> Result:
     retry = c.canary_retry_s
     timeout = retry if retry is not None else hangs.canary_timeout(s.config.probe,
                                                                    c.canary_seconds)
-    # busy-or-hung compares against the progress at this point
-    s = s.with_child(canary_ref=c.progress, canary_asleep=c.asleep, canary_sent_at=now,
+    # Busy-or-hung compares against a scrape taken after this point (serving.metrics fills
+    # canary_ref): an older one would count tokens from before a hang as progress.
+    s = s.with_child(canary_ref=None, canary_asleep=c.asleep, canary_sent_at=now,
                      canary_timeout_s=timeout, canary_is_retry=retry is not None,
                      canary_retry_s=None)
-    return start(s, "canary", now, timeout)
+    s, acts = start(s, "canary", now, timeout)
+    s, more = start(set_timer(s, "metrics", now + s.config.probe.metrics_interval), "metrics",
+                    now)
+    return s, acts + more
 
 
 def landed(s: WatchState, kind: str, gen: int, now: float) -> WatchState:

@@ -170,6 +170,8 @@ def metrics(s: WatchState, ev: MetricsResult, now: float) -> Result:
     elif s.state != S.READY or cur is None:
         s, more = s.with_child(progress=cur or prev), []
     else:
+        if c.canary_ref is None and ("canary" in c.inflight or c.hang_suspect):
+            s = s.with_child(canary_ref=cur)  # the first scrape since the canary was sent
         s, more = _judge_progress(s.with_child(progress=cur), prev, cur, now, ev.host_cpu)
     return s, acts + more
 
@@ -196,11 +198,14 @@ def _judge_progress(s: WatchState, prev: policy.Progress | None, cur: policy.Pro
         acts.append(Log("info", "probe.canary_asleep", {
             "error": "timed out", "detail": "vLLM is in sleep mode; not judged"}))
     elif c.hang_suspect:
-        # Against the scrape from before the canary was sent, not the last one: that may be
-        # only milliseconds older than this one, too close for any counter to have moved.
-        ref = c.canary_ref if c.canary_ref is not None else prev
-        s, acts = _canary_verdict(s.with_child(hang_suspect=False),
-                                  policy.advanced(ref, cur), cpu, now,
+        # Against the first scrape after the canary was sent (probing.send_canary), not one
+        # from before the send, which may predate the hang; and at least hangs.VERDICT_SPAN
+        # older than this one, so that a working engine has had time to move a counter.
+        ref = c.canary_ref if c.canary_ref is not None else cur
+        moved = policy.advanced(ref, cur)
+        if not moved and now - ref.at < hangs.VERDICT_SPAN:
+            return probing.set_timer(s, "metrics", ref.at + hangs.VERDICT_SPAN), acts
+        s, acts = _canary_verdict(s.with_child(hang_suspect=False), moved, cpu, now,
                                   "token counters did not move")
         if s.pending is not None:
             return s, acts

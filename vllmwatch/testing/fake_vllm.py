@@ -68,6 +68,8 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
                           ("orphan-timeout", 120.0), ("slow-completion", 0.0),
                           ("leak-mib-per-s", 0.0), ("shutdown-timeout", 0.0),
                           ("stream-interval", 0.01),  # between SSE chunks of stream=true
+                          # with more than one request running, each takes this long (load)
+                          ("slow-when-busy", 0.0),
                           # with the engine dead, /health hangs this long, then the connection
                           # drops (vLLM 0.26 with --api-server-count 2, seen on the H200)
                           ("health-stall-after-engine-death", 0.0)):
