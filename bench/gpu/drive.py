@@ -925,5 +925,6 @@ if __name__ == "__main__":
     sys.modules["drive"] = sys.modules["__main__"]
     sys.path.insert(0, str(HERE))
     import phases_gpu  # noqa: F401 - registers its phases in PHASES
+    import phases_hang  # noqa: F401 - issue 24's phases
 
     sys.exit(main())
