@@ -6,7 +6,8 @@ from __future__ import annotations
 from pathlib import Path
 
 import pytest
-from daemon_harness import PYTHON, Daemon, free_port
+
+from tests.support import PYTHON, Daemon, free_port
 
 STUB = str(Path(__file__).resolve().parent / "stub_vllm.py")
 

@@ -15,9 +15,8 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from daemon_harness import PYTHON, Daemon, free_port, ts_of, wait_for
 
-FAKE = [PYTHON, "-m", "vllmwatch.testing.fake_vllm", "--startup-seconds", "0.3"]
+from tests.support import FAKE, Daemon, free_port, ts_of, wait_for
 
 
 def shipped(port: int, status_port: int, fake_args: list[str]) -> dict[str, dict[str, Any]]:

@@ -22,10 +22,10 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from daemon_harness import TIMEOUT_SCALE, Daemon, wait_for
 
-from e2e.conftest import real_vllm_config
-from e2e.e2e_harness import SERVED_NAME, after, find_in_tree, record_times
+from tests.e2e.conftest import real_vllm_config
+from tests.e2e.e2e_harness import SERVED_NAME, after, find_in_tree, record_times
+from tests.support import TIMEOUT_SCALE, Daemon, wait_for
 
 pytestmark = pytest.mark.e2e
 

@@ -14,7 +14,8 @@ from typing import Any
 
 import pytest
 
-from vllmwatch.shell.probes import HttpProber
+from vllmwatch.config.schema import ProbeConfig
+from vllmwatch.shell.probes import Endpoint, HttpProber
 
 
 class Stub:
@@ -72,7 +73,9 @@ NOT_ANSWERS = {"html": b"<!doctype html><h1>Welcome to nginx!</h1>", "empty": b"
 
 
 def _prober(port: int, kind: str) -> HttpProber:
-    return HttpProber("127.0.0.1", port, "m", 2.0, 2.0, canary=kind)
+    return HttpProber(Endpoint("127.0.0.1", port, "m"), ProbeConfig(timeout=2.0,
+                                                                    canary_timeout=2.0,
+                                                                    canary=kind))
 
 
 @pytest.mark.parametrize("kind", sorted(ANSWERS))
@@ -95,7 +98,7 @@ def test_the_warmup_is_checked_too(stub: Stub, kind: str) -> None:
 
 def test_auto_does_not_choose_a_kind_on_an_html_200(stub: Stub) -> None:
     stub.body = b"<html>It works!</html>"
-    prober = HttpProber("127.0.0.1", stub.port, "m", 2.0, 2.0)
+    prober = _prober(stub.port, "auto")
     got = prober.canary()
     assert not got.ok and "not JSON" in got.error
     assert prober.chosen is None

@@ -12,14 +12,16 @@ from dataclasses import replace
 
 from vllmwatch.core import hangs, sleep
 from vllmwatch.core.events import Action, Log, Probe, SampleMemory
+from vllmwatch.core.names import PROBES, ProbeKind
 from vllmwatch.core.state import Result, S, WatchState
 
 STARTUP_POLL = 1.0  # how often /health is asked while starting
 DRAIN_POLL = 1.0
+K = ProbeKind
 FRESH_SLACK = 10.0  # added to every freshness bound: thread-pool queueing, a slow scrape
 
 
-def start(s: WatchState, kind: str, now: float, canary_timeout: float | None = None
+def start(s: WatchState, kind: ProbeKind, now: float, canary_timeout: float | None = None
           ) -> Result:
     """Start a probe against the current child unless one of that kind is in flight.
 
@@ -31,66 +33,66 @@ def start(s: WatchState, kind: str, now: float, canary_timeout: float | None = N
     v, p = c.vllm, s.config.probe
     if canary_timeout is not None:
         p = replace(p, canary_timeout=canary_timeout)
-    act = Probe(kind, c.gen, v.host, v.port, v.model_name, p)
-    return s.with_child(inflight=c.inflight | {kind}), [act]
+    act = Probe(kind, c.gen, v.host, v.port, v.model_name, p, c.canary_kind)
+    return replace(s, child=replace(s.run, inflight=c.inflight | {kind})), [act]
 
 
 def send_canary(s: WatchState, now: float) -> Result:
     """The serving canary: the pending retry's timeout, or one derived from the latencies."""
-    c = s.child
-    assert c is not None
-    if "canary" in c.inflight or c.pid is None:
+    c = s.run
+    if K.CANARY in c.inflight or c.pid is None:
         return s, []
     retry = c.canary_retry_s
     timeout = retry if retry is not None else hangs.canary_timeout(s.config.probe,
                                                                    c.canary_seconds)
     # Busy-or-hung compares against a scrape taken after this point (serving.metrics fills
     # canary_ref): an older one would count tokens from before a hang as progress.
-    s = s.with_child(canary_ref=None, canary_asleep=c.asleep, canary_sent_at=now,
-                     canary_timeout_s=timeout, canary_is_retry=retry is not None,
-                     canary_retry_s=None)
-    s, acts = start(s, "canary", now, timeout)
-    s, more = start(set_timer(s, "metrics", now + s.config.probe.metrics_interval), "metrics",
+    s = replace(s, child=replace(c, canary_ref=None, canary_asleep=c.asleep,
+                                 canary_sent_at=now, canary_timeout_s=timeout,
+                                 canary_is_retry=retry is not None, canary_retry_s=None))
+    s, acts = start(s, K.CANARY, now, timeout)
+    s, more = start(set_timer(s, K.METRICS, now + s.config.probe.metrics_interval), K.METRICS,
                     now)
     return s, acts + more
 
 
-def landed(s: WatchState, kind: str, gen: int, now: float) -> WatchState:
+def landed(s: WatchState, kind: ProbeKind, gen: int, now: float) -> WatchState:
     """A result of this kind arrived: clear in-flight (for its own generation only)."""
     c = s.child
     if c is None or c.gen != gen:
         return s
-    return s.with_child(inflight=c.inflight - {kind}, probe_done_at={**c.probe_done_at,
-                                                                     kind: now})
+    return replace(s, child=replace(c, inflight=c.inflight - {kind},
+                                    probe_done_at={**c.probe_done_at, kind: now}))
 
 
-def set_timer(s: WatchState, kind: str, at: float) -> WatchState:
+def set_timer(s: WatchState, kind: ProbeKind, at: float) -> WatchState:
     """Schedule a probe kind for the current child."""
     assert s.child is not None
-    return s.with_child(timers={**s.child.timers, kind: at})
+    return replace(s, child=replace(s.run, timers={**s.child.timers, kind: at}))
 
 
-def fire(s: WatchState, kind: str, now: float) -> Result:
+def fire(s: WatchState, kind: ProbeKind, now: float) -> Result:
     """A probe timer is due: reschedule it and start the probe."""
     p = s.config.probe
-    if kind == "health":
+    if kind == K.HEALTH:
         wait = p.interval if s.state == S.READY else STARTUP_POLL
-        return start(set_timer(s, "health", now + wait), "health", now)
-    if kind == "canary":
-        s = set_timer(s, "canary", now + p.canary_interval)
+        return start(set_timer(s, K.HEALTH, now + wait), K.HEALTH, now)
+    if kind == K.CANARY:
+        s = set_timer(s, K.CANARY, now + p.canary_interval)
         c = s.child
         assert c is not None
         if s.state != S.READY:
             return s, []
         if not sleep.send_canary(c.asleep):  # asleep on purpose: nothing to prove
-            return s.with_child(probe_done_at={**c.probe_done_at, "canary": now}), []
+            return replace(s, child=replace(c, probe_done_at={**c.probe_done_at,
+                                                              K.CANARY: now})), []
         if c.hang_suspect:  # a timeout is being judged; its verdict sends the next one
             return s, []
         return send_canary(s, now)
-    if kind == "metrics":
+    if kind == K.METRICS:
         wait = DRAIN_POLL if s.state == S.DRAINING else p.metrics_interval
-        return start(set_timer(s, "metrics", now + wait), "metrics", now)
-    if kind == "memory":
+        return start(set_timer(s, K.METRICS, now + wait), K.METRICS, now)
+    if kind == K.MEMORY:
         return sample_memory(s, now)
     return s, []
 
@@ -100,30 +102,37 @@ def sample_memory(s: WatchState, now: float) -> Result:
     m = s.config.memory
     c = s.child
     assert c is not None
-    timers = {**c.timers, "memory": now + m.sample_interval}
-    pss_due = now >= c.timers.get("pss", 0.0)
+    timers = {**c.timers, K.MEMORY: now + m.sample_interval}
+    pss_due = now >= c.timers.get(K.PSS, 0.0)
     if pss_due:
-        timers["pss"] = now + m.pss_interval
-    s = s.with_child(timers=timers)
-    if "memory" in c.inflight or c.pid is None:
+        timers[K.PSS] = now + m.pss_interval
+    s = replace(s, child=replace(s.run, timers=timers))
+    if K.MEMORY in c.inflight or c.pid is None:
         return s, []
     gpus = tuple(c.vllm.gpus) if c.vllm.gpus is not None else None
-    return s.with_child(inflight=c.inflight | {"memory"}), [SampleMemory(pss_due, c.gen, gpus)]
+    s = replace(s, child=replace(s.run, inflight=c.inflight | {K.MEMORY}))
+    return s, [SampleMemory(pss_due, c.gen, gpus)]
 
 
-def bounds(s: WatchState) -> dict[str, float]:
-    """How long each probe kind may go without a result while READY."""
+def bounds(s: WatchState) -> dict[ProbeKind, float]:
+    """How long each guarded probe kind (names.GUARDED_PROBES) may go without a result while
+    READY."""
     p, m = s.config.probe, s.config.memory
     return {
-        "health": 2 * p.interval + p.timeout + FRESH_SLACK,
-        "canary": 2 * p.canary_interval + p.canary_timeout + FRESH_SLACK,
-        "metrics": 2 * p.metrics_interval + p.timeout + FRESH_SLACK,
-        "memory": 2 * m.sample_interval + FRESH_SLACK,
+        K.HEALTH: 2 * p.interval + p.timeout + FRESH_SLACK,
+        K.CANARY: 2 * p.canary_interval + p.canary_timeout + FRESH_SLACK,
+        K.METRICS: 2 * p.metrics_interval + p.timeout + FRESH_SLACK,
+        K.MEMORY: 2 * m.sample_interval + FRESH_SLACK,
     }
 
 
 def freshness(s: WatchState, now: float) -> Result:
-    """Mark the probe kinds whose results are overdue; log when the set changes."""
+    """Mark the probe kinds whose results are overdue; log a kind when it turns stale, and
+    once when all are fresh again.
+
+    After a jump of the clock (a suspended VM) every kind is overdue at once and then comes
+    back one by one: a kind coming back is not news, and it must not repeat the alarm.
+    """
     c = s.child
     if s.state != S.READY or c is None:
         return s, []
@@ -132,13 +141,14 @@ def freshness(s: WatchState, now: float) -> Result:
     if stale == c.stale:
         return s, []
     acts: list[Action] = []
-    if stale:
+    new = [k for k in stale if k not in c.stale]
+    if new:
         acts.append(Log("error", "watchdog.probe_stale", {
-            "probes": list(stale), "detail": "no result within the bound; vllmwatch stops "
-            "sending WATCHDOG=1 so that systemd's watchdog takes over"}))
-    else:
+            "probes": new, "stale": list(stale), "detail": "no result within the bound; "
+            "vllmwatch stops sending WATCHDOG=1 so that systemd's watchdog takes over"}))
+    elif not stale:
         acts.append(Log("info", "watchdog.probe_fresh", {"probes": list(c.stale)}))
-    return s.with_child(stale=stale), acts
+    return replace(s, child=replace(s.run, stale=stale)), acts
 
 
 def next_due(s: WatchState) -> float | None:
@@ -146,7 +156,7 @@ def next_due(s: WatchState) -> float | None:
     c = s.child
     if c is None:
         return None
-    times = [t for k, t in c.timers.items() if k != "pss"]
+    times = [t for k, t in c.timers.items() if not PROBES[k].timer_only]
     if s.state == S.READY:
         times += [c.probe_done_at.get(k, s.since) + b + 0.001 for k, b in bounds(s).items()
                   if k not in c.stale]

@@ -17,9 +17,12 @@ from vllmwatch.core.events import (
     MetricsResult,
     Notify,
 )
-from vllmwatch.core.ladder import begin_restart, stop_child
-from vllmwatch.core.samples import host_figure
+from vllmwatch.core.ladder import begin_restart
+from vllmwatch.core.names import ProbeKind as K
+from vllmwatch.core.names import Reason
+from vllmwatch.core.samples import gpu_figure, host_figure
 from vllmwatch.core.state import ChildRun, Result, S, WatchState, goto
+from vllmwatch.core.stopping import stop_child
 
 
 def _run(s: WatchState) -> ChildRun:
@@ -32,8 +35,8 @@ def child_output(s: WatchState, ev: ChildOutput, now: float) -> Result:
     if s.state != S.STARTING or s.child is None:
         return s, []
     c = s.child
-    s = s.with_child(last_progress=now, compile_cache_hit=c.compile_cache_hit
-                     or ev.compile_cache_hit)
+    s = replace(s, child=replace(c, last_progress=now,
+                                 compile_cache_hit=c.compile_cache_hit or ev.compile_cache_hit))
     if ev.milestone is None or ev.milestone in c.phases:
         return s, []
     since_start = now - c.started
@@ -41,40 +44,42 @@ def child_output(s: WatchState, ev: ChildOutput, now: float) -> Result:
     phases = {**c.phases, ev.milestone: round(since_start, 3)}
     log = Log("info", "startup.phase", {"phase": ev.milestone, "at_s": round(since_start, 2),
                                         "took_s": round(now - prev, 2)})
-    return s.with_child(phases=phases, last_milestone_at=now), [log]
+    return replace(s, child=replace(s.run, phases=phases, last_milestone_at=now)), [log]
 
 
 def health(s: WatchState, ev: HealthResult, now: float) -> Result:
     """A /health answer: readiness step while starting, failure counting while serving."""
-    s = s.with_(probe_seconds={**s.probe_seconds, "health": ev.seconds})
+    s = replace(s, probe_seconds={**s.probe_seconds, K.HEALTH: ev.seconds})
     if s.state == S.STARTING:
-        s = probing.set_timer(s, "health", now + probing.STARTUP_POLL)
-        return probing.start(s, "canary", now) if ev.ok else (s, [])
+        s = probing.set_timer(s, K.HEALTH, now + probing.STARTUP_POLL)
+        return probing.start(s, K.CANARY, now) if ev.ok else (s, [])
     if s.state != S.READY:
         return s, []
     if ev.ok:
-        return s.with_child(health_failures=0), []
+        return replace(s, child=replace(s.run, health_failures=0)), []
     if ev.engine_gone:
         # Measured: EngineCore dead -> /health 503 within 0.2 s and the API server exits 0
         # seconds later; a dead TP worker -> 503 only ~4 s later. With an engine process gone
         # nothing can recover: do not wait for failure_threshold probes.
-        return begin_restart(s.with_child(engine_gone=True), now, "health",
+        return begin_restart(replace(s, child=replace(s.run, engine_gone=True)), now, Reason.HEALTH,
                              f"the engine process is gone: {ev.error}", drain=False)
-    return _probe_failed(s, now, "health", ev.error or f"HTTP {ev.status}")
+    return _probe_failed(s, now, K.HEALTH, ev.error or f"HTTP {ev.status}")
 
 
-def _probe_failed(s: WatchState, now: float, kind: str, error: str) -> Result:
+def _probe_failed(s: WatchState, now: float, kind: K, error: str) -> Result:
     # One counter per probe: a canary that still succeeds must not hide a /health that
     # keeps failing (and the other way round), so neither resets the other's streak.
     c = _run(s)
-    n = (c.health_failures if kind == "health" else c.canary_failures) + 1
-    s = s.with_(probe_failures={**s.probe_failures, kind: s.probe_failures.get(kind, 0) + 1})
-    s = s.with_child(health_failures=n) if kind == "health" else s.with_child(canary_failures=n)
+    n = (c.health_failures if kind == K.HEALTH else c.canary_failures) + 1
+    s = replace(s, probe_failures={**s.probe_failures, kind: s.probe_failures.get(kind, 0) + 1})
+    run = replace(s.run, health_failures=n) if kind == K.HEALTH \
+        else replace(s.run, canary_failures=n)
+    s = replace(s, child=run)
     threshold = s.config.probe.failure_threshold
     acts: list[Action] = [Log("warning", "probe.failed", {
         "probe": kind, "error": error, "consecutive": n, "threshold": threshold})]
     if n >= threshold:
-        s, more = begin_restart(s, now, "health", f"{kind} failed {n} times in a row: {error}",
+        s, more = begin_restart(s, now, Reason.HEALTH, f"{kind} failed {n} times in a row: {error}",
                                 drain=False)
         acts += more
     return s, acts
@@ -82,43 +87,46 @@ def _probe_failed(s: WatchState, now: float, kind: str, error: str) -> Result:
 
 def canary(s: WatchState, ev: CanaryResult, now: float) -> Result:
     """A real completion: the last step to READY, and the hang detector while serving."""
-    kind = "warmup" if ev.warmup else "canary"
-    s = s.with_(probe_seconds={**s.probe_seconds, kind: ev.seconds})
+    kind = K.WARMUP if ev.warmup else K.CANARY
+    s = replace(s, probe_seconds={**s.probe_seconds, kind: ev.seconds})
+    if ev.ok and ev.kind is not None:  # `auto` found the model's kind: later canaries use it
+        s = replace(s, child=replace(s.run, canary_kind=ev.kind))
     if s.state == S.STARTING:
         return _starting_canary(s, ev, now)
     if s.state != S.READY or ev.warmup:
         return s, []
     c = _run(s)
     if ev.ok:
-        return s.with_child(canary_failures=0, canary_retry_s=None,
-                            canary_seconds=hangs.remember(c.canary_seconds, ev.seconds)), []
+        return replace(s, child=replace(c, canary_failures=0, canary_retry_s=None,
+                                        canary_seconds=hangs.remember(c.canary_seconds,
+                                                                      ev.seconds))), []
     if not sleep.judge_canary(c.canary_asleep, c.asleep):
         return s, [Log("info", "probe.canary_asleep", {
             "error": ev.error or "timed out", "detail": "vLLM is in sleep mode; not judged"})]
     if ev.timed_out:
         # Health says 200 but a 1-token completion did not come back: hung, or merely busy.
         # A fresh scrape decides (_canary_verdict).
-        s = probing.set_timer(s.with_child(hang_suspect=True), "metrics", now)
+        s = probing.set_timer(replace(s, child=replace(c, hang_suspect=True)), K.METRICS, now)
         return s, [Log("warning", "probe.canary_timeout", {
             "timeout_s": c.canary_timeout_s, "retry": c.canary_is_retry,
             "detail": "checking whether the engine is busy or hung"})]
-    return _probe_failed(s, now, "canary", ev.error)
+    return _probe_failed(s, now, K.CANARY, ev.error)
 
 
 def _starting_canary(s: WatchState, ev: CanaryResult, now: float) -> Result:
     c = _run(s)
     if not ev.ok:
         if ev.warmup:  # a failed warm-up is worth a warning, not a failed start
-            return _become_ready(s.with_child(warmed_up=True), now, [
+            return _become_ready(s, now, [
                 Log("warning", "startup.warmup_failed", {"error": ev.error})])
         return s, [Log("debug", "startup.canary_not_yet", {"error": ev.error})]
     if not ev.warmup:
         phases = {**c.phases, "canary": round(now - c.started, 3)}
-        s = s.with_child(canary_ok=True, phases=phases,
-                         canary_seconds=hangs.remember(c.canary_seconds, ev.seconds))
+        s = replace(s, child=replace(s.run, phases=phases, canary_seconds=hangs.remember(
+            c.canary_seconds, ev.seconds)))
         if s.config.prewarm.enabled and s.config.prewarm.warmup_request:
-            return probing.start(s, "warmup", now)
-    return _become_ready(s.with_child(warmed_up=True), now, [])
+            return probing.start(s, K.WARMUP, now)
+    return _become_ready(s, now, [])
 
 
 def _become_ready(s: WatchState, now: float, acts: list[Action]) -> Result:
@@ -127,31 +135,33 @@ def _become_ready(s: WatchState, now: float, acts: list[Action]) -> Result:
     phases = {**c.phases, "ready": round(took, 3)}
     s, more = goto(s, S.READY, now, "health 200 and a real completion succeeded")
     p = s.config.probe
-    timers = {"health": now + p.interval, "canary": now + p.canary_interval,
-              "metrics": now, "memory": now}
-    s = s.with_(ever_ready=True).with_child(
-        ready_at=now, phases=phases, timers=timers, leak=leak.new_state(now), health_failures=0,
-        canary_failures=0, probe_done_at={k: now for k in probing.bounds(s)}, stale=())
+    timers = {K.HEALTH: now + p.interval, K.CANARY: now + p.canary_interval,
+              K.METRICS: now, K.MEMORY: now}
+    s = replace(s, ever_ready=True)
+    s = replace(s, child=replace(
+        s.run, ready_at=now, phases=phases, timers=timers, leak=leak.new_state(now),
+        health_failures=0, canary_failures=0, probe_done_at={k: now for k in probing.bounds(s)},
+        stale=()))
     log = Log("info", "child.ready", {"pid": c.pid, "startup_s": round(took, 2),
                                       "phases": phases, "compile_cache_hit": c.compile_cache_hit})
     acts = [*acts, *more, log]
     if s.recovering and s.last_restart_at is not None:
         acts.append(Log("info", "restart.done", {
             "reason": s.last_reason, "downtime_s": round(now - s.last_restart_at, 2)}))
-        s = s.with_(recovering=False)
+        s = replace(s, recovering=False)
     return s, [*acts, Notify(ready=True)]
 
 
 def metrics(s: WatchState, ev: MetricsResult, now: float) -> Result:
     """A /metrics scrape: busy-vs-hung, stall detection, and the drain's end."""
-    s = s.with_(probe_seconds={**s.probe_seconds, "metrics": ev.seconds})
+    s = replace(s, probe_seconds={**s.probe_seconds, K.METRICS: ev.seconds})
     c = _run(s)
     if not ev.ok:
-        s = s.with_(probe_failures={**s.probe_failures,
-                                    "metrics": s.probe_failures.get("metrics", 0) + 1})
+        s = replace(s, probe_failures={**s.probe_failures,
+                                    K.METRICS: s.probe_failures.get(K.METRICS, 0) + 1})
         if s.state == S.READY and c.hang_suspect:
-            return _canary_verdict(s.with_child(hang_suspect=False), False, ev.host_cpu, now,
-                                   "/metrics failed: " + ev.error)
+            return _canary_verdict(replace(s, child=replace(c, hang_suspect=False)), False,
+                                   ev.host_cpu, now, "/metrics failed: " + ev.error)
         if s.state == S.DRAINING:
             return _drain_look(s, now, None, None)
         return s, [Log("debug", "probe.metrics_failed", {"error": ev.error})]
@@ -160,19 +170,20 @@ def metrics(s: WatchState, ev: MetricsResult, now: float) -> Result:
         acts.append(Log("info", "vllm.sleep_state", {
             "asleep": ev.asleep, "detail": "put to sleep: no canary, no hang or stall verdict "
             "until it wakes" if ev.asleep else "awake again"}))
-    s = s.with_child(running=ev.running, waiting=ev.waiting, kv_cache_usage=ev.kv_cache_usage,
-                     asleep=ev.asleep)
+    s = replace(s, child=replace(s.run, running=ev.running, waiting=ev.waiting,
+                                 kv_cache_usage=ev.kv_cache_usage, asleep=ev.asleep))
     cur = policy.progress_of(now, ev.running, ev.waiting, ev.prompt_tokens,
                              ev.generation_tokens, ev.kv_cache_usage)
     prev = c.progress
     if s.state == S.DRAINING:
         s, more = _drain_look(s, now, ev.running, ev.waiting)
     elif s.state != S.READY or cur is None:
-        s, more = s.with_child(progress=cur or prev), []
+        s, more = replace(s, child=replace(s.run, progress=cur or prev)), []
     else:
-        if c.canary_ref is None and ("canary" in c.inflight or c.hang_suspect):
-            s = s.with_child(canary_ref=cur)  # the first scrape since the canary was sent
-        s, more = _judge_progress(s.with_child(progress=cur), prev, cur, now, ev.host_cpu)
+        if c.canary_ref is None and (K.CANARY in c.inflight or c.hang_suspect):
+            s = replace(s, child=replace(s.run, canary_ref=cur))  # first scrape since the send
+        s, more = _judge_progress(replace(s, child=replace(s.run, progress=cur)), prev, cur,
+                                  now, ev.host_cpu)
     return s, acts + more
 
 
@@ -182,7 +193,7 @@ def _drain_look(s: WatchState, now: float, running: float | None,
     c = _run(s)
     d = c.drain if c.drain is not None else drains.begin(s.since, 0.0, 0.0)
     if drains.decide(d, now, running, waiting) == drains.Verdict.WAIT:
-        return probing.set_timer(s, "metrics", drains.next_check(d, now, probing.DRAIN_POLL)), []
+        return probing.set_timer(s, K.METRICS, drains.next_check(d, now, probing.DRAIN_POLL)), []
     phases = drains.durations(d, now)
     s, acts = stop_child(s, now)
     return s, [Log("info", "drain.done", {"after_s": round(now - d.started, 2),
@@ -194,7 +205,7 @@ def _judge_progress(s: WatchState, prev: policy.Progress | None, cur: policy.Pro
     c = _run(s)
     acts: list[Action] = []
     if c.hang_suspect and not sleep.judge_canary(c.canary_asleep, c.asleep):
-        s = s.with_child(hang_suspect=False)
+        s = replace(s, child=replace(s.run, hang_suspect=False))
         acts.append(Log("info", "probe.canary_asleep", {
             "error": "timed out", "detail": "vLLM is in sleep mode; not judged"}))
     elif c.hang_suspect:
@@ -204,22 +215,22 @@ def _judge_progress(s: WatchState, prev: policy.Progress | None, cur: policy.Pro
         ref = c.canary_ref if c.canary_ref is not None else cur
         moved = policy.advanced(ref, cur)
         if not moved and now - ref.at < hangs.VERDICT_SPAN:
-            return probing.set_timer(s, "metrics", ref.at + hangs.VERDICT_SPAN), acts
-        s, acts = _canary_verdict(s.with_child(hang_suspect=False), moved, cpu, now,
-                                  "token counters did not move")
+            return probing.set_timer(s, K.METRICS, ref.at + hangs.VERDICT_SPAN), acts
+        s, acts = _canary_verdict(replace(s, child=replace(s.run, hang_suspect=False)), moved,
+                                  cpu, now, "token counters did not move")
         if s.pending is not None:
             return s, acts
     s, more = _frozen(s, prev, cur, now, cpu)
-    if s.pending is not None:
-        return s, acts + more
     acts += more
+    if s.pending is not None:
+        return s, acts
     stall = policy.stalled_since(c.stall_since, prev, cur)
-    s = s.with_child(stall_since=stall)
+    s = replace(s, child=replace(s.run, stall_since=stall))
     if stall is not None and now - stall >= s.config.probe.stall_timeout \
             and sleep.judge_stall(c.asleep):
-        s, more = begin_restart(s, now, "stall", f"{cur.running:g} running and {cur.waiting:g} "
-                                f"waiting, but no token generated for {now - stall:.0f}s",
-                                drain=False)
+        s, more = begin_restart(s, now, Reason.STALL,
+                                f"{cur.running:g} running and {cur.waiting:g} waiting, but "
+                                f"no token generated for {now - stall:.0f}s", drain=False)
         acts += more
     return s, acts
 
@@ -232,24 +243,24 @@ def _canary_verdict(s: WatchState, moved: bool, cpu: hangs.HostCpu | None, now: 
     verdict = hangs.on_timeout(moved, c.canary_is_retry)
     if verdict == hangs.Verdict.HANG:
         tries = "twice in a row" if c.canary_is_retry else "once"
-        return begin_restart(s, now, "hang", f"canary timed out {tries} (last after "
+        return begin_restart(s, now, Reason.HANG, f"canary timed out {tries} (last after "
                              f"{timed_out_after:g}s) while /health said 200, and {why}",
                              drain=False)
     starved = hangs.saturated(cpu)
     retry = hangs.retry_timeout(p, timed_out_after, starved)
-    event = "probe.canary_busy" if verdict == hangs.Verdict.BUSY else "probe.canary_retry"
-    detail = ("canary slow but the engine is busy and making progress" if verdict ==
-              hangs.Verdict.BUSY else "nothing moved; asking once more with a longer timeout "
-              "before a verdict")
-    log = Log("info" if verdict == hangs.Verdict.BUSY else "warning", event, {
-        "running": c.running, "waiting": c.waiting, "timeout_s": timed_out_after,
-        "retry_timeout_s": retry, "host_saturated": starved,
-        "cpu_pressure": cpu.psi_some_avg10 if cpu else None, "detail": detail})
-    s = s.with_child(canary_retry_s=retry)
-    if verdict == hangs.Verdict.BUSY:  # working: the next canary at its usual time
+    busy = verdict == hangs.Verdict.BUSY
+    log = Log("info" if busy else "warning", "probe.canary_busy" if busy else
+              "probe.canary_retry", {
+                  "running": c.running, "waiting": c.waiting, "timeout_s": timed_out_after,
+                  "retry_timeout_s": retry, "host_saturated": starved,
+                  "cpu_pressure": cpu.psi_some_avg10 if cpu else None,
+                  "detail": "canary slow but the engine is busy and making progress" if busy
+                  else "nothing moved; asking once more with a longer timeout before a verdict"})
+    s = replace(s, child=replace(c, canary_retry_s=retry))
+    if busy:  # working: the next canary at its usual time
         return s, [log]
     s, acts = probing.send_canary(s, now)  # suspect: the retry at once, to decide soon
-    return probing.set_timer(s, "canary", now + p.canary_interval), [log, *acts]
+    return probing.set_timer(s, K.CANARY, now + p.canary_interval), [log, *acts]
 
 
 def _frozen(s: WatchState, prev: policy.Progress | None, cur: policy.Progress, now: float,
@@ -258,15 +269,15 @@ def _frozen(s: WatchState, prev: policy.Progress | None, cur: policy.Progress, n
     than the canary's own timeout under load (its timeout grows with the latencies)."""
     c, p = _run(s), s.config.probe
     since = policy.frozen_since(c.frozen_since, prev, cur)
-    s = s.with_child(frozen_since=since)
+    s = replace(s, child=replace(c, frozen_since=since))
     if since is None or p.progress_timeout <= 0 or not sleep.judge_stall(c.asleep):
         return s, []
-    waited = now - c.canary_sent_at if "canary" in c.inflight and c.canary_sent_at else 0.0
+    waited = now - c.canary_sent_at if K.CANARY in c.inflight and c.canary_sent_at else 0.0
     limit = hangs.frozen_limit(p, cpu)
     # The unanswered canary guards against gauges that merely went stale while idle.
     if now - since < limit or waited < min(p.canary_timeout_min, p.canary_timeout):
         return s, []
-    return begin_restart(s, now, "hang", f"{cur.running:g} running and {cur.waiting:g} "
+    return begin_restart(s, now, Reason.HANG, f"{cur.running:g} running and {cur.waiting:g} "
                          f"waiting, but no token counter or gauge moved for {now - since:.1f}s "
                          f"(limit {limit:g}s) and the canary is unanswered after {waited:.1f}s",
                          drain=False)
@@ -277,24 +288,25 @@ def memory(s: WatchState, ev: MemorySampled, now: float) -> Result:
     sample = ev.sample
     if sample is None:
         return s, [Log("warning", "memory.sample_failed", {"error": ev.error})]
-    s = s.with_child(memory=sample)
-    if sample.gpu_faults:  # issue 16: a hardware fault ends supervision, not a crash loop
+    s = replace(s, child=replace(s.run, memory=sample))
+    if sample.gpu_faults:  # a hardware fault ends supervision: restarts would only loop
         (s, fault_acts), ends = gpufault.react(s, sample.gpu_faults, now)
         if ends:
             return s, fault_acts
         s, rest = memory(s, replace(ev, sample=replace(sample, gpu_faults=())), now)
         return s, [*fault_acts, *rest]
     c = _run(s)
+    host = host_figure(c.host, sample, now, fixed=c.leak is not None)
+    s = replace(s, child=replace(c, host=host))
+    c = _run(s)
     if s.state == S.STARTING and sample.tree_cpu_s is not None:
-        s = s.with_child(cpu_since_progress=stalls.mark_cpu(c.cpu_since_progress,
-                                                            c.last_progress, now,
-                                                            sample.tree_cpu_s))
+        cpu = stalls.mark_cpu(c.cpu_since_progress, c.last_progress, now, sample.tree_cpu_s)
+        s = replace(s, child=replace(c, cpu_since_progress=cpu))
     if s.state != S.READY or c.leak is None:
         return s, []
-    host, pss_seen = host_figure(sample, c.pss_seen)
-    s = s.with_child(pss_seen=pss_seen)
-    state, verdict = leak.observe(c.leak, s.config.memory, now, sample.gpu_rule_mib, host)
-    s = s.with_child(leak=state)
+    state, verdict = leak.observe(c.leak, s.config.memory, now, gpu_figure(sample, host.mib),
+                                  host.mib if host.fresh else None)
+    s = replace(s, child=replace(s.run, leak=state))
     if verdict is None:
         return s, []
     if verdict.waits_for_quiet_hours and not in_window(s.config.restart.quiet_hours,
