@@ -96,8 +96,10 @@ def test_loaded_hang_is_a_hang_restart(daemon: Daemon) -> None:
         daemon.wait_ready(30.0, since=daemon.events.index(begin))
     finally:
         clients.close()
-    # In-flight requests of the stuck engine end when its process group is stopped.
-    assert any(o != "HTTP 200" for o in clients.outcomes), clients.outcomes[-20:]
+    # The stuck engine is killed first: its API server fails the requests in flight with an
+    # HTTP 500 (not a connection reset at the group's SIGKILL).
+    assert "HTTP 500" in clients.outcomes, clients.outcomes[-20:]
+    assert daemon.named("child.engines_killed")[0]["pids"]
 
 
 def test_slow_engine_under_load_is_not_restarted(daemon: Daemon) -> None:

@@ -214,6 +214,18 @@ class SignalGroup:
 
 
 @dataclass(frozen=True)
+class KillEngines:
+    """SIGKILL the child's engine processes (EngineCore, workers), not its API server.
+
+    For a stuck engine (issue 24, measured on the CPU vLLM): with its engine gone the API
+    server answers the requests in flight with HTTP 500 within ~0.1 s and exits 0 by itself
+    ~1.5 s later, where a SIGTERM to the group left them to a connection reset at the
+    SIGKILL after the grace. The shell falls back to SIGTERM to the group when it finds no
+    engine process.
+    """
+
+
+@dataclass(frozen=True)
 class Probe:
     """Start a probe in the background: health, canary, warmup or metrics.
 
@@ -274,8 +286,8 @@ class Exit:
     code: int
 
 
-Action = (Log | Notify | DoPrewarm | Spawn | SignalGroup | Probe | SampleMemory | Sweep
-          | CheckRelease | StartOver | Exit)
+Action = (Log | Notify | DoPrewarm | Spawn | SignalGroup | KillEngines | Probe | SampleMemory
+          | Sweep | CheckRelease | StartOver | Exit)
 
 
 AsyncAction = Probe | SampleMemory | Sweep | CheckRelease | DoPrewarm

@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import contextlib
 import os
+import signal
 import subprocess
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, replace
@@ -183,6 +184,19 @@ class ChildHandle:
     def signal(self, signame: str) -> None:
         """Signal the child's process group."""
         childmod.signal_group(self.child.pid, signame)
+
+    def kill_engines(self) -> None:
+        """SIGKILL the engine processes (not the API servers); SIGTERM the group if none is
+        found, as for any other stop."""
+        self._engines.look(self.pid)
+        pids = self._engines.engines()
+        for pid in pids:
+            with contextlib.suppress(OSError):
+                os.kill(pid, signal.SIGKILL)
+        if self._log is not None:
+            self._log("info", "child.engines_killed", pids=pids)
+        if not pids:
+            childmod.signal_group(self.child.pid, "SIGTERM")
 
     def end_start(self, why: str) -> None:
         """The start is over (StartOver from the core, the exit, or the daemon's): the start

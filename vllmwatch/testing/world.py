@@ -101,6 +101,7 @@ class World:
     host_mib: float = 1000.0
     tree_cpu_s: float | None = None  # the tree's CPU seconds, as memory samples carry it
     ignore_sigterm: bool = False
+    api_outlives_engine: bool = False  # the API server stays when its engine is killed
     exit_code_on_term: int = 0
     port_holder: str | None = None
     leftovers: tuple[int, ...] = ()
@@ -168,6 +169,14 @@ class WorldEffects:
     def end_start(self, why: str) -> None:
         """The start is over (StartOver): recorded, for tests of when the core says so."""
         self.starts_over.append(why)
+
+    def kill_engines(self) -> None:
+        """The engine dies; the API server exits 0 by itself, as vLLM's does."""
+        w = self.world
+        w.signals.append("SIGKILL engines")
+        if w.child_alive and not w.api_outlives_engine:
+            w.child_alive = False
+            self.exited = ChildExited(w.next_pid - 1, 0, None)
 
     def _maybe_raise(self, name: str) -> None:
         if name in self.raise_on:
