@@ -6,13 +6,13 @@ requests in flight get, and how long a 1-token canary waits behind client load.
 With the real CPU vLLM (tiny model): vllmwatch at its shipped [probe] defaults (restart
 settings relaxed so that N hangs in a row are not a crash loop). Then:
   canary   1-token canaries of a short prompt, one a second, idle and then while `--clients`
-           clients stream long completions (~1,000-token prompts, 64 tokens): how long vLLM's
+           clients send completions (a 100-word prompt, 64 tokens): how long vLLM's
            scheduler makes the canary wait under load
   sigstop  `--runs` times: SIGSTOP of VLLM::EngineCore -> restart.begin (detect), the verdict's
            trail, READY again; the last run with `--clients` clients in flight, whose
            outcomes (status or error, seconds after the stop) are recorded
 `--hogs N` keeps N extra processes spinning on the CPUs meanwhile (a starved host).
-Writes bench/results/hang_detect[-hogsN].json.
+Writes bench/results/hang_detect[-hogsN][-TAG].json.
 """
 
 from __future__ import annotations
@@ -45,7 +45,9 @@ from _common import (
 
 from vllmwatch.shell.hostcpu import sample as host_cpu
 
-LONG = "The operator restarted the inference server after the deploy. " * 90  # ~1,000 tokens
+# Long for the tiny model's byte-level tokenizer, within its max-model-len of 2048 tokens (the
+# H200 phase, bench/gpu/phases_hang.py, sends ~2,000-token prompts to the 8B shape).
+LONG = "Tell me about the sea " * 20
 
 
 def request(port: int, prompt: str, max_tokens: int, timeout: float) -> tuple[str, float]:
@@ -144,6 +146,7 @@ def main() -> int:
     ap.add_argument("--hogs", type=int, default=0)
     ap.add_argument("--clients", type=int, default=4)
     ap.add_argument("--canary-seconds", type=float, default=30.0)
+    ap.add_argument("--tag", default="", help="suffix of the results file")
     a = ap.parse_args()
     hogs = []
     for _ in range(a.hogs):
@@ -167,6 +170,7 @@ def main() -> int:
         out["canary_under_load_s"] = canary_latency(port, a.canary_seconds)
         recs = load.close()
         out["load_requests"] = {"ok": sum(o == "200" for _, _, o in recs),
+                                "failed": sorted({o for _, _, o in recs if o != "200"}),
                                 "seconds": stats([e - s for s, e, o in recs if o == "200"])}
         say("canary idle", out["canary_idle_s"], "under load", out["canary_under_load_s"])
         for i in range(a.runs):
@@ -183,7 +187,8 @@ def main() -> int:
         for p in hogs:
             with contextlib.suppress(ProcessLookupError):
                 os.killpg(p.pid, 9)
-    save("hang_detect" + (f"-hogs{a.hogs}" if a.hogs else ""), out)
+    save("hang_detect" + (f"-hogs{a.hogs}" if a.hogs else "") + (f"-{a.tag}" if a.tag else ""),
+         out)
     return 0
 
 

@@ -7,6 +7,7 @@ from dataclasses import replace
 from vllmwatch.config.quiet import in_window
 from vllmwatch.core import drain as drains
 from vllmwatch.core import gpufault, hangs, leak, policy, probing, sleep, stalls
+from vllmwatch.core import hangverdicts as verdicts
 from vllmwatch.core.events import (
     Action,
     CanaryResult,
@@ -160,8 +161,8 @@ def metrics(s: WatchState, ev: MetricsResult, now: float) -> Result:
         s = replace(s, probe_failures={**s.probe_failures,
                                     K.METRICS: s.probe_failures.get(K.METRICS, 0) + 1})
         if s.state == S.READY and c.hang_suspect:
-            return _canary_verdict(replace(s, child=replace(c, hang_suspect=False)), False,
-                                   ev.host_cpu, now, "/metrics failed: " + ev.error)
+            return verdicts.on_canary_timeout(s, False, ev.host_cpu, now,
+                                              "/metrics failed: " + ev.error)
         if s.state == S.DRAINING:
             return _drain_look(s, now, None, None)
         return s, [Log("debug", "probe.metrics_failed", {"error": ev.error})]
@@ -216,11 +217,10 @@ def _judge_progress(s: WatchState, prev: policy.Progress | None, cur: policy.Pro
         moved = policy.advanced(ref, cur)
         if not moved and now - ref.at < hangs.VERDICT_SPAN:
             return probing.set_timer(s, K.METRICS, ref.at + hangs.VERDICT_SPAN), acts
-        s, acts = _canary_verdict(replace(s, child=replace(s.run, hang_suspect=False)), moved,
-                                  cpu, now, "token counters did not move")
+        s, acts = verdicts.on_canary_timeout(s, moved, cpu, now, "token counters did not move")
         if s.pending is not None:
             return s, acts
-    s, more = _frozen(s, prev, cur, now, cpu)
+    s, more = verdicts.frozen(s, prev, cur, now, cpu)
     acts += more
     if s.pending is not None:
         return s, acts
@@ -233,54 +233,6 @@ def _judge_progress(s: WatchState, prev: policy.Progress | None, cur: policy.Pro
                                 f"no token generated for {now - stall:.0f}s", drain=False)
         acts += more
     return s, acts
-
-
-def _canary_verdict(s: WatchState, moved: bool, cpu: hangs.HostCpu | None, now: float,
-                    why: str) -> Result:
-    """A canary timed out: hang, or ask again with more time (hangs.on_timeout)."""
-    c, p = _run(s), s.config.probe
-    timed_out_after = c.canary_timeout_s if c.canary_timeout_s is not None else p.canary_timeout
-    verdict = hangs.on_timeout(moved, c.canary_is_retry)
-    if verdict == hangs.Verdict.HANG:
-        tries = "twice in a row" if c.canary_is_retry else "once"
-        return begin_restart(s, now, Reason.HANG, f"canary timed out {tries} (last after "
-                             f"{timed_out_after:g}s) while /health said 200, and {why}",
-                             drain=False)
-    starved = hangs.saturated(cpu)
-    retry = hangs.retry_timeout(p, timed_out_after, starved)
-    busy = verdict == hangs.Verdict.BUSY
-    log = Log("info" if busy else "warning", "probe.canary_busy" if busy else
-              "probe.canary_retry", {
-                  "running": c.running, "waiting": c.waiting, "timeout_s": timed_out_after,
-                  "retry_timeout_s": retry, "host_saturated": starved,
-                  "cpu_pressure": cpu.psi_some_avg10 if cpu else None,
-                  "detail": "canary slow but the engine is busy and making progress" if busy
-                  else "nothing moved; asking once more with a longer timeout before a verdict"})
-    s = replace(s, child=replace(c, canary_retry_s=retry))
-    if busy:  # working: the next canary at its usual time
-        return s, [log]
-    s, acts = probing.send_canary(s, now)  # suspect: the retry at once, to decide soon
-    return probing.set_timer(s, K.CANARY, now + p.canary_interval), [log, *acts]
-
-
-def _frozen(s: WatchState, prev: policy.Progress | None, cur: policy.Progress, now: float,
-            cpu: hangs.HostCpu | None) -> Result:
-    """Work queued, nothing the engine reports moves, the canary unanswered: a hang, sooner
-    than the canary's own timeout under load (its timeout grows with the latencies)."""
-    c, p = _run(s), s.config.probe
-    since = policy.frozen_since(c.frozen_since, prev, cur)
-    s = replace(s, child=replace(c, frozen_since=since))
-    if since is None or p.progress_timeout <= 0 or not sleep.judge_stall(c.asleep):
-        return s, []
-    waited = now - c.canary_sent_at if K.CANARY in c.inflight and c.canary_sent_at else 0.0
-    limit = hangs.frozen_limit(p, cpu)
-    # The unanswered canary guards against gauges that merely went stale while idle.
-    if now - since < limit or waited < min(p.canary_timeout_min, p.canary_timeout):
-        return s, []
-    return begin_restart(s, now, Reason.HANG, f"{cur.running:g} running and {cur.waiting:g} "
-                         f"waiting, but no token counter or gauge moved for {now - since:.1f}s "
-                         f"(limit {limit:g}s) and the canary is unanswered after {waited:.1f}s",
-                         drain=False)
 
 
 def memory(s: WatchState, ev: MemorySampled, now: float) -> Result:
