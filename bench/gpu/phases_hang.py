@@ -56,6 +56,7 @@ def stop_engine(d: D.Daemon, run: str, port: int) -> float | None:
         D.emit("hangstop", run, error="no VLLM::EngineCore", tree=[t for _, _, t in G.tree(d)])
         return None
     old, mark, t_fault = G.tree(d), d.log.count(), d.now()
+    psi = D.sh("cat /proc/pressure/cpu; cat /proc/loadavg", timeout=5)
     os.kill(engine, signal.SIGSTOP)
     try:
         idx, t_ready, ev = d.ready(mark, timeout=min(300.0, max(30.0, D.left() - 25)))
@@ -66,7 +67,7 @@ def stop_engine(d: D.Daemon, run: str, port: int) -> float | None:
                     os.kill(engine, signal.SIGKILL)
     begin = d.log.named("restart.begin", mark)
     detect = round(begin[0]["t"] - t_fault, 2) if begin else None
-    D.emit("hangstop", run, engine_pid=engine, detect_s=detect,
+    D.emit("hangstop", run, engine_pid=engine, detect_s=detect, host_cpu_at_fault=psi,
            reason=begin[0].get("reason") if begin else None,
            ready_again_after_fault_s=round(t_ready - t_fault, 2)
            if idx >= 0 and ev.get("event") == "child.ready" else None,
@@ -90,7 +91,10 @@ def phase_hangstop() -> None:
             if D.left() < 100:
                 D.emit("hangstop", "skipped", runs_left=RUNS - i, left_s=round(D.left()))
                 break
-            time.sleep(8)  # canary history under the new engine (2 s interval)
+            # Canary history under the new engine (2 s interval), and the start's CPU burst
+            # (compile, CUDA graphs) out of PSI's 10 s average: a saturated host would get
+            # the 4x retry (12 s), the idle row of the table is what is measured here.
+            time.sleep(20)
             detects.append(stop_engine(d, f"sigstop_{i + 1}", 8114))
         seen = [x for x in detects if x is not None]
         D.emit("hangstop", "summary", runs=len(detects), detect_s=detects,
