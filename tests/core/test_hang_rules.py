@@ -153,3 +153,15 @@ def test_a_generative_answer_must_have_generated_a_token(kind: str, usage: objec
 def test_the_answer_list_of_the_wrong_kind_is_refused(kind: str) -> None:
     other = GOOD["rerank" if kind == "embeddings" else "embeddings"]
     assert canary.answer_problem(kind, other) != ""
+
+
+@pytest.mark.parametrize(("before", "after", "moved"), [
+    (_p(0, 4, 10, 100), _p(2, 4, 10, 101), True),  # a token
+    (_p(0, 1, 0, 100, 0.20), _p(2, 1, 0, 100, 0.25), True),  # a prefill chunk, no token yet
+    (_p(0, 4, 10, 100), _p(2, 3, 10, 100), True),  # the queue changed
+    (_p(0, 4, 10, 100), _p(2, 4, 10, 100), False),  # frozen
+    (_p(0, 0, 0, 100), _p(2, 0, 0, 100), False),  # idle and still
+    (None, _p(2, 4, 10, 100), False)])
+def test_what_counts_as_the_engine_moving(before: policy.Progress | None,
+                                          after: policy.Progress, moved: bool) -> None:
+    assert policy.moved(before, after) is moved

@@ -166,3 +166,12 @@ def test_a_failed_scrape_at_the_verdict_counts_as_no_progress(scrape_fails: bool
         d.fx.raise_on.add("probe:metrics")
     assert detect(d) <= 10.0
     assert restarts(d)[0]["reason"] == "hang"
+
+
+def test_a_long_prefill_alone_is_not_a_hang() -> None:
+    """One huge prompt, nothing else: no token until its prefill ends, the canary waits behind
+    it, but the KV-cache usage grows chunk by chunk (vLLM sends its stats every step)."""
+    d = up()
+    d.world.running, d.world.kv_per_scrape, d.world.canary_timeout = 1, 0.002, True
+    assert detect(d, 120.0) == float("inf")
+    assert d.events("probe.canary_busy") and not d.events("probe.canary_retry")

@@ -85,16 +85,17 @@ class Verdict(str, Enum):
     """What a canary timeout means, once the counters and the host have been looked at."""
 
     HANG = "hang"  # restart now
-    BUSY = "busy"  # tokens flowing: load, never a hang; ask again with more time
+    BUSY = "busy"  # the engine works (tokens, gauges): load, never a hang; ask again, longer
     RETRY = "retry"  # nothing moved, but one timeout is not proof yet: ask again, longer
 
 
 def on_timeout(moved: bool, retried: bool) -> Verdict:
     """The verdict on a canary timeout (table in docs/OPERATIONS.md).
 
-    `moved`: the token counters advanced since the canary was sent (False when /metrics
-    failed). `retried`: the canary that timed out was already the longer retry. A saturated
-    host only lengthens the retry (retry_timeout); the verdict itself stays the same.
+    `moved`: anything the engine reports moved since the canary was sent (policy.moved:
+    tokens, queue sizes, KV-cache usage; False when /metrics failed). `retried`: the canary
+    that timed out was already the longer retry. A saturated host only lengthens the retry
+    (retry_timeout); the verdict itself stays the same.
     """
     if moved:
         return Verdict.BUSY

@@ -57,6 +57,18 @@ def advanced(before: Progress | None, after: Progress | None) -> bool:
     return before is not None and after is not None and after.tokens > before.tokens
 
 
+def moved(before: Progress | None, after: Progress | None) -> bool:
+    """Anything the engine reports moved: tokens, or a gauge (queue sizes, KV-cache usage).
+
+    vLLM's scheduler sends its stats every step, even one with no token out (a chunk of a long
+    prefill grows the KV-cache usage); a stopped or deadlocked engine sends nothing.
+    """
+    if before is None or after is None:
+        return False
+    return advanced(before, after) or (after.running, after.waiting, after.kv) != (
+        before.running, before.waiting, before.kv)
+
+
 def frozen_since(since: float | None, prev: Progress | None, cur: Progress) -> float | None:
     """When the engine froze: work queued while every series it reports stands still.
 

@@ -214,10 +214,11 @@ def _judge_progress(s: WatchState, prev: policy.Progress | None, cur: policy.Pro
         # from before the send, which may predate the hang; and at least hangs.VERDICT_SPAN
         # older than this one, so that a working engine has had time to move a counter.
         ref = c.canary_ref if c.canary_ref is not None else cur
-        moved = policy.advanced(ref, cur)
+        moved = policy.moved(ref, cur)
         if not moved and now - ref.at < hangs.VERDICT_SPAN:
             return probing.set_timer(s, K.METRICS, ref.at + hangs.VERDICT_SPAN), acts
-        s, acts = verdicts.on_canary_timeout(s, moved, cpu, now, "token counters did not move")
+        s, acts = verdicts.on_canary_timeout(s, moved, cpu, now, "nothing the engine reports "
+                                             "moved (tokens, queue, KV cache)")
         if s.pending is not None:
             return s, acts
     s, more = verdicts.frozen(s, prev, cur, now, cpu)

@@ -97,6 +97,8 @@ class World:
     waiting: float = 0.0
     tokens: float = 0.0
     tokens_per_scrape: float = 0.0  # how much the counters move between scrapes
+    kv: float = 0.1  # KV-cache usage the scrape reports ...
+    kv_per_scrape: float = 0.0  # ... and how much it grows between scrapes (a long prefill)
     gpu_mib: float | None = None
     host_mib: float = 1000.0
     tree_cpu_s: float | None = None  # the tree's CPU seconds, as memory samples carry it
@@ -198,7 +200,8 @@ class WorldEffects:
                                 engine_gone=w.engine_gone)
         if kind == ProbeKind.METRICS:
             w.tokens += w.tokens_per_scrape
-            return MetricsResult(True, 0.002, w.running, w.waiting, 0.1, w.tokens / 2,
+            w.kv += w.kv_per_scrape
+            return MetricsResult(True, 0.002, w.running, w.waiting, w.kv, w.tokens / 2,
                                  w.tokens / 2, gen=gen, asleep=w.asleep,
                                  host_cpu=HostCpu(w.cpu_pressure, None))
         if w.canary_timeout:
