@@ -1,7 +1,7 @@
 """Issue 24: how fast vllmwatch sees a hung engine at the shipped [probe] defaults, what the
 requests in flight get, and how long a 1-token canary waits behind client load.
 
-    .venv/bin/python bench/hang_detect.py [--runs 5] [--hogs 0] [--clients 4]
+    .venv/bin/python -m bench.hang_detect [--runs 5] [--hogs 0] [--clients 4]
 
 With the real CPU vLLM (tiny model): vllmwatch at its shipped [probe] defaults (restart
 settings relaxed so that N hangs in a row are not a crash loop). Then:
@@ -30,7 +30,7 @@ import time
 from pathlib import Path
 from typing import Any
 
-from _common import (
+from bench._common import (
     SERVED,
     Watch,
     find_in_tree,
@@ -42,11 +42,10 @@ from _common import (
     track_group,
     write_config,
 )
-
 from vllmwatch.shell.hostcpu import sample as host_cpu
 
 # Long for the tiny model's byte-level tokenizer, within its max-model-len of 2048 tokens (the
-# H200 phase, bench/gpu/phases_hang.py, sends ~2,000-token prompts to the 8B shape).
+# H200 phase, bench/gpu/phases/hangs.py, sends ~2,000-token prompts to the 8B shape).
 LONG = "Tell me about the sea " * 20
 
 
@@ -101,7 +100,8 @@ def canary_latency(port: int, seconds: float) -> dict[str, Any]:
         if out == "200":
             secs.append(took)
         time.sleep(1.0)
-    return stats(secs, 3)
+    got: dict[str, Any] = stats(secs, 3)
+    return got
 
 
 def sigstop(w: Watch, port: int, clients: int) -> dict[str, Any]:

@@ -7,7 +7,7 @@ stopped. A bare real CPU vLLM (no vllmwatch), one start per way:
   engine_wait  SIGKILL to the stopped EngineCore only; the group SIGKILLed after 5 s if the
             API server has not exited by itself
 
-    .venv/bin/python bench/stuck_kill.py [--ways group,engine,engine_wait] [--clients 3]
+    .venv/bin/python -m bench.stuck_kill [--ways group,engine,engine_wait] [--clients 3]
 
 For each: every in-flight request's outcome (HTTP status, or the client's exception) and
 when it ended after the stop began, and when the API server exited. Writes
@@ -29,7 +29,7 @@ import time
 from pathlib import Path
 from typing import Any
 
-from _common import (
+from bench._common import (
     SERVED,
     find_in_tree,
     free_port,

@@ -116,7 +116,7 @@ def explain_exit(code: int | None, signame: str | None, requested: bool,
     """A human reason for a child exit, with the likely cause; `starting`: before READY
     (vLLM's argparse exits 2 only then)."""
     if signame == "SIGKILL" and killed_by_us:
-        return "killed by SIGKILL from vllmwatch (it did not exit after SIGTERM)"
+        return "killed by SIGKILL from vllmwatch (it did not exit within the grace)"
     if signame is not None:
         hint = {
             "SIGKILL": " (OOM killer? see `journalctl -k | grep -i oom`)",

@@ -34,6 +34,8 @@ MIB = 2**20
 KNOWN_STATES = tuple(str(s) for s in State)
 # The probe kinds the core's freshness guard watches (core/names.PROBES), same reason.
 GUARDED_PROBES = tuple(str(k) for k in names.GUARDED_PROBES)
+# Every restart reason starts at 0, so that increase() sees the first restart of a kind too.
+RESTART_REASONS = tuple(str(r) for r in names.RESTART_REASONS)
 
 DRAIN_PHASES = ("deregistering", "draining", "stopping")
 GATE_COUNTERS = {
@@ -44,6 +46,10 @@ GATE_COUNTERS = {
     "failed_midrequest": "Requests that failed because vLLM went away mid-request (not retried)",
     "connect_retries": "Connections vLLM refused; the request waited and was sent later",
 }
+
+# The gate's bounds (gate/guard.py); the reason label is the GateStats field.
+GATE_REFUSALS = ("shed_connections", "idle_timeouts", "header_timeouts", "body_timeouts",
+                 "too_large", "held_full", "upstream_timeouts")
 
 
 class SnapshotCollector(Collector):
@@ -74,7 +80,8 @@ class SnapshotCollector(Collector):
         if self._rejected is not None:
             yield _labelled(CounterMetricFamily, "vllmwatch_status_rejected",
                             "Status connections refused, by reason (busy, timeout, overflow, "
-                            "too_large); probes are never refused", "reason", self._rejected())
+                            "too_large, no_fds); probes are never refused", "reason",
+                            self._rejected())
         info = InfoMetricFamily("vllmwatch", "Who this vllmwatch is: join on instance, job")
         info.add_metric([], {
             "version": snap.vllmwatch_version,
@@ -153,8 +160,9 @@ def _state(snap: Snapshot) -> Iterator[Metric]:
 
 
 def _child(snap: Snapshot) -> Iterator[Metric]:
+    counts = {**dict.fromkeys(RESTART_REASONS, 0), **snap.restarts_by_reason}
     yield _labelled(CounterMetricFamily, "vllmwatch_restarts", "Restarts of vLLM by reason",
-                    "reason", snap.restarts_by_reason)
+                    "reason", counts)
     yield _gauge("vllmwatch_child_uptime_seconds", "Seconds since the vLLM child was spawned",
                  snap.child_uptime_s)
     yield _labelled(GaugeMetricFamily, "vllmwatch_startup_phase_reached_seconds",
@@ -269,8 +277,16 @@ def _gate(snap: Snapshot) -> Iterator[Metric]:
     for key, doc in GATE_COUNTERS.items():
         yield CounterMetricFamily(f"vllmwatch_gate_{key}", doc, value=float(g.get(key, 0)))
     for key, doc in (("holding", "Requests waiting at the gate now"),
-                     ("in_flight", "Requests forwarded by the gate and not yet answered")):
+                     ("in_flight", "Requests forwarded by the gate and not yet answered"),
+                     ("connections", "Client connections open at the gate now"),
+                     ("held_bytes", "Bytes of request bodies the gate holds now")):
         yield GaugeMetricFamily(f"vllmwatch_gate_{key}", doc, value=float(g.get(key, 0)))
+    refused = CounterMetricFamily("vllmwatch_gate_refused", "Gate connections shed and "
+                                  "requests refused or cut by its bounds, by reason",
+                                  labels=["reason"])
+    for reason in GATE_REFUSALS:
+        refused.add_metric([reason], float(g.get(reason, 0)))
+    yield refused
 
 
 def _labelled(
