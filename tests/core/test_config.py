@@ -24,7 +24,7 @@ def test_shipped_example_loads_with_its_documented_values() -> None:
     cfg = load(str(REPO / "etc" / "vllmwatch.toml"))
     assert cfg.vllm.model == "/srv/models/Qwen3.5-9B"
     assert cfg.vllm.args["max-model-len"] == 32768
-    assert cfg.probe.canary_interval == 60.0
+    assert cfg.probe.canary_interval == 2.0  # issue 24: hangs seen within ~8 s
     assert cfg.restart.stop_timeout == 30.0
     assert cfg.memory.gpu_limit == 0.0
     assert len(cfg.sha256) == 64

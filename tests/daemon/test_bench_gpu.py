@@ -34,7 +34,8 @@ RECOVERS = {"watch": ["kill_engine"], "big": ["kill_engine"], "matrix": ["kill_e
             "tp2": ["worker_kill9", "worker_sigstop"], "pair": ["engine_kill9_a"],
             "tp2big": ["worker_tp1_kill9", "engine_kill9"], "tp2api": ["engine_kill9"],
             "tp2apikill": ["engine_kill9"], "standby": ["engine_kill9", "api_server_sigkill"],
-            "standbyoff": ["engine_kill9", "api_server_sigkill"], "standbyapi2": ["engine_kill9"]}
+            "standbyoff": ["engine_kill9", "api_server_sigkill"], "standbyapi2": ["engine_kill9"],
+            "hangstop": [f"sigstop_{i}" for i in range(1, 6)]}
 # Phases whose restarts the standby takes (issue 28): at least one launch by it.
 BY_STANDBY = {"standby", "standbyapi2"}
 

@@ -83,7 +83,7 @@ def test_health_failures_restart_only_at_the_threshold() -> None:
 def test_hang_is_a_canary_timeout_with_frozen_counters() -> None:
     d = up()
     d.world.canary_timeout = True
-    d.run_for(61)
+    d.run_for(64)  # the canary at 60 s, its longer retry, scrapes 1 s apart (core/hangs.py)
     assert restarts(d) == ["hang"]
 
 
@@ -202,14 +202,25 @@ def test_stop_escalates_to_sigkill_after_the_grace_period() -> None:
 
 
 def test_a_hung_engine_gets_a_short_grace() -> None:
-    d = up(world=World(ignore_sigterm=True))
+    # The engine is killed first (its API server then fails the requests in flight and
+    # exits by itself); an API server that outlives it is SIGKILLed after the short grace.
+    d = up(world=World(ignore_sigterm=True, api_outlives_engine=True))
     d.world.canary_timeout = True
-    d.run_for(61)
+    d.run_for(64)  # the canary at 60 s, its longer retry, scrapes 1 s apart (core/hangs.py)
     assert restarts(d) == ["hang"]
     assert d.events("child.stopping")[-1]["grace_s"] == 5.0
     d.run_for(6)
-    assert d.world.signals == ["SIGTERM", "SIGKILL"]
+    assert d.world.signals == ["SIGKILL engines", "SIGKILL"]
     assert "from vllmwatch" in d.events("child.exited")[-1]["detail"]
+
+
+def test_a_hung_engine_is_killed_first_and_its_api_server_exits_by_itself() -> None:
+    d = up()
+    d.world.canary_timeout = True
+    d.run_for(64)
+    assert restarts(d) == ["hang"] and d.world.signals[:1] == ["SIGKILL engines"]
+    assert "SIGTERM" not in d.world.signals  # it made vLLM hold the requests until SIGKILL
+    assert d.events("child.exited")[-1]["code"] == 0
 
 
 def test_a_gone_engine_gets_a_short_grace() -> None:

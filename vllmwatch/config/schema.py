@@ -78,9 +78,14 @@ class ProbeConfig:
     interval: float = _conv("duration", 5.0)
     timeout: float = _conv("duration", 5.0, high=HOUR)
     failure_threshold: int = _conv("pos_int", 3)
-    metrics_interval: float = _conv("duration", 15.0)
-    canary_interval: float = _conv("duration", 60.0)
+    metrics_interval: float = _conv("duration", 2.0)
+    # Issue 24: the canary's timeout follows its own latencies (core/hangs.py) between
+    # canary_timeout_min and canary_timeout; progress_timeout is the frozen-engine verdict.
+    canary_interval: float = _conv("duration", 2.0)
     canary_timeout: float = _conv("duration", 30.0, high=HOUR)
+    canary_timeout_min: float = _conv("duration", 2.0, high=HOUR)
+    canary_timeout_margin: float = _conv("pos_float", 4.0)
+    progress_timeout: float = _conv("duration", 8.0, high=HOUR, zero="off")
     canary_prompt: str = _conv("str", "Hello")
     stall_timeout: float = _conv("duration", 300.0, low=1.0)
     # The canary follows the model (issue 16): see core/canary.py and _canary_checks below.

@@ -92,3 +92,31 @@ def route_missing(status: int | None, body: bytes) -> bool:
 def warmup_kind(kind: str) -> str:
     """The warm-up request: a short chat for a generating model, else the canary itself."""
     return "chat" if kind in ("completions", "chat") else kind
+
+
+# What a 200 must carry to count (issue 23 §2): an HTML page or an empty body from a proxy or a
+# wrong server is not an answer. Generative kinds must report a generated token: one token
+# can decode to empty text, so the text itself proves nothing.
+_LISTS = {"completions": "choices", "chat": "choices", "embeddings": "data", "score": "data",
+          "rerank": "results", "classify": "data", "pooling": "data"}
+
+
+def answer_problem(kind: str, body: bytes) -> str:
+    """Why a 200 body is not the answer this kind promises ('' when it is)."""
+    try:
+        parsed = json.loads(body)
+    except ValueError:
+        return f"not JSON: {body[:80]!r}"
+    if kind not in _LISTS:  # custom: its shape is the operator's; JSON is all we can ask
+        return ""
+    if not isinstance(parsed, dict):
+        return f"not a JSON object: {body[:80]!r}"
+    items = parsed.get(_LISTS[kind])
+    if not isinstance(items, list) or not items or not isinstance(items[0], dict):
+        return f"no {_LISTS[kind]!r} list in the answer: {body[:120]!r}"
+    if kind in ("completions", "chat"):
+        usage = parsed.get("usage")
+        tokens = usage.get("completion_tokens") if isinstance(usage, dict) else None
+        if not isinstance(tokens, (int, float)) or isinstance(tokens, bool) or tokens < 1:
+            return f"usage.completion_tokens is {tokens!r}, expected >= 1"
+    return ""

@@ -6,6 +6,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from vllmwatch.config.schema import Config, ProbeConfig
+from vllmwatch.core.hangs import HostCpu
 from vllmwatch.core.names import ProbeKind
 from vllmwatch.core.samples import MemorySample
 
@@ -108,6 +109,7 @@ class MetricsResult:
     error: str = ""
     gen: int = 0
     asleep: bool | None = None  # vLLM sleep mode (core/sleep.py); None: not reported
+    host_cpu: HostCpu | None = None  # the host's CPU pressure at the scrape (core/hangs.py)
 
 
 @dataclass(frozen=True)
@@ -222,6 +224,18 @@ class SignalGroup:
 
 
 @dataclass(frozen=True)
+class KillEngines:
+    """SIGKILL the child's engine processes (EngineCore, workers), not its API server.
+
+    For a stuck engine (issue 24, measured on the CPU vLLM): with its engine gone the API
+    server answers the requests in flight with HTTP 500 within ~0.1 s and exits 0 by itself
+    ~1.5 s later, where a SIGTERM to the group left them to a connection reset at the
+    SIGKILL after the grace. The shell falls back to SIGTERM to the group when it finds no
+    engine process.
+    """
+
+
+@dataclass(frozen=True)
 class Probe:
     """Start a probe in the background: health, canary, warmup or metrics.
 
@@ -282,8 +296,8 @@ class Exit:
     code: int
 
 
-Action = (Log | Notify | DoPrewarm | Spawn | SignalGroup | Probe | SampleMemory | Sweep
-          | CheckRelease | StartOver | Exit)
+Action = (Log | Notify | DoPrewarm | Spawn | SignalGroup | KillEngines | Probe | SampleMemory
+          | Sweep | CheckRelease | StartOver | Exit)
 
 
 AsyncAction = Probe | SampleMemory | Sweep | CheckRelease | DoPrewarm

@@ -40,14 +40,50 @@ class Progress:
     running: float
     waiting: float
     tokens: float  # prompt + generation tokens, both counters
+    kv: float | None = None  # KV-cache usage: moves with prefill chunks before any token
 
 
 def progress_of(at: float, running: float | None, waiting: float | None,
-                prompt: float | None, generation: float | None) -> Progress | None:
+                prompt: float | None, generation: float | None, kv: float | None = None
+                ) -> Progress | None:
     """A Progress point, or None when the scrape lacked the series."""
     if running is None or waiting is None or (prompt is None and generation is None):
         return None
-    return Progress(at, running, waiting, (prompt or 0.0) + (generation or 0.0))
+    return Progress(at, running, waiting, (prompt or 0.0) + (generation or 0.0), kv)
+
+
+def advanced(before: Progress | None, after: Progress | None) -> bool:
+    """The token counters moved between two scrapes: the engine works (never a hang)."""
+    return before is not None and after is not None and after.tokens > before.tokens
+
+
+def moved(before: Progress | None, after: Progress | None) -> bool:
+    """Anything the engine reports moved: tokens, or a gauge (queue sizes, KV-cache usage).
+
+    vLLM's scheduler sends its stats every step, even one with no token out (a chunk of a long
+    prefill grows the KV-cache usage); a stopped or deadlocked engine sends nothing.
+    """
+    if before is None or after is None:
+        return False
+    return advanced(before, after) or (after.running, after.waiting, after.kv) != (
+        before.running, before.waiting, before.kv)
+
+
+def frozen_since(since: float | None, prev: Progress | None, cur: Progress) -> float | None:
+    """When the engine froze: work queued while every series it reports stands still.
+
+    A live scheduler moves something (tokens; the KV-cache usage while a long prompt is
+    prefilled chunk by chunk; the queue sizes as requests come and go). A stopped or
+    deadlocked engine reports nothing, so all of them keep their last values (FACTS.md:
+    its gauges freeze). Returns the start of the current freeze, or None.
+    """
+    if cur.running + cur.waiting <= 0 or prev is None:
+        return None
+    same = (cur.running, cur.waiting, cur.kv, cur.tokens) == (prev.running, prev.waiting,
+                                                               prev.kv, prev.tokens)
+    if not same:
+        return None
+    return since if since is not None else prev.at
 
 
 def is_busy(before: Progress | None, after: Progress | None) -> bool:
@@ -80,7 +116,7 @@ def explain_exit(code: int | None, signame: str | None, requested: bool,
     """A human reason for a child exit, with the likely cause; `starting`: before READY
     (vLLM's argparse exits 2 only then)."""
     if signame == "SIGKILL" and killed_by_us:
-        return "killed by SIGKILL from vllmwatch (it did not exit after SIGTERM)"
+        return "killed by SIGKILL from vllmwatch (it did not exit within the grace)"
     if signame is not None:
         hint = {
             "SIGKILL": " (OOM killer? see `journalctl -k | grep -i oom`)",

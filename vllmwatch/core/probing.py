@@ -10,7 +10,7 @@ from __future__ import annotations
 
 from dataclasses import replace
 
-from vllmwatch.core import sleep
+from vllmwatch.core import hangs, sleep
 from vllmwatch.core.events import Action, Log, Probe, SampleMemory
 from vllmwatch.core.names import PROBES, ProbeKind
 from vllmwatch.core.state import Result, S, WatchState
@@ -21,14 +21,39 @@ K = ProbeKind
 FRESH_SLACK = 10.0  # added to every freshness bound: thread-pool queueing, a slow scrape
 
 
-def start(s: WatchState, kind: ProbeKind, now: float) -> Result:
-    """Start a probe against the current child unless one of that kind is in flight."""
+def start(s: WatchState, kind: ProbeKind, now: float, canary_timeout: float | None = None
+          ) -> Result:
+    """Start a probe against the current child unless one of that kind is in flight.
+
+    `canary_timeout` replaces probe.canary_timeout for this one request (core/hangs.py).
+    """
     c = s.child
     if c is None or c.pid is None or kind in c.inflight:
         return s, []
-    v = c.vllm
-    act = Probe(kind, c.gen, v.host, v.port, v.model_name, s.config.probe, c.canary_kind)
+    v, p = c.vllm, s.config.probe
+    if canary_timeout is not None:
+        p = replace(p, canary_timeout=canary_timeout)
+    act = Probe(kind, c.gen, v.host, v.port, v.model_name, p, c.canary_kind)
     return replace(s, child=replace(s.run, inflight=c.inflight | {kind})), [act]
+
+
+def send_canary(s: WatchState, now: float) -> Result:
+    """The serving canary: the pending retry's timeout, or one derived from the latencies."""
+    c = s.run
+    if K.CANARY in c.inflight or c.pid is None:
+        return s, []
+    retry = c.canary_retry_s
+    timeout = retry if retry is not None else hangs.canary_timeout(s.config.probe,
+                                                                   c.canary_seconds)
+    # Busy-or-hung compares against a scrape taken after this point (serving.metrics fills
+    # canary_ref): an older one would count tokens from before a hang as progress.
+    s = replace(s, child=replace(c, canary_ref=None, canary_asleep=c.asleep,
+                                 canary_sent_at=now, canary_timeout_s=timeout,
+                                 canary_is_retry=retry is not None, canary_retry_s=None))
+    s, acts = start(s, K.CANARY, now, timeout)
+    s, more = start(set_timer(s, K.METRICS, now + s.config.probe.metrics_interval), K.METRICS,
+                    now)
+    return s, acts + more
 
 
 def landed(s: WatchState, kind: ProbeKind, gen: int, now: float) -> WatchState:
@@ -61,9 +86,9 @@ def fire(s: WatchState, kind: ProbeKind, now: float) -> Result:
         if not sleep.send_canary(c.asleep):  # asleep on purpose: nothing to prove
             return replace(s, child=replace(c, probe_done_at={**c.probe_done_at,
                                                               K.CANARY: now})), []
-        if K.CANARY not in c.inflight:  # busy-or-hung compares against this point
-            s = replace(s, child=replace(s.run, canary_ref=c.progress, canary_asleep=c.asleep))
-        return start(s, K.CANARY, now)
+        if c.hang_suspect:  # a timeout is being judged; its verdict sends the next one
+            return s, []
+        return send_canary(s, now)
     if kind == K.METRICS:
         wait = DRAIN_POLL if s.state == S.DRAINING else p.metrics_interval
         return start(set_timer(s, K.METRICS, now + wait), K.METRICS, now)

@@ -6,7 +6,8 @@ from dataclasses import replace
 
 from vllmwatch.config.quiet import in_window
 from vllmwatch.core import drain as drains
-from vllmwatch.core import gpufault, leak, policy, probing, sleep, stalls
+from vllmwatch.core import gpufault, hangs, leak, policy, probing, sleep, stalls
+from vllmwatch.core import hangverdicts as verdicts
 from vllmwatch.core.events import (
     Action,
     CanaryResult,
@@ -95,18 +96,20 @@ def canary(s: WatchState, ev: CanaryResult, now: float) -> Result:
         return _starting_canary(s, ev, now)
     if s.state != S.READY or ev.warmup:
         return s, []
-    if ev.ok:
-        return replace(s, child=replace(s.run, canary_failures=0)), []
     c = _run(s)
+    if ev.ok:
+        return replace(s, child=replace(c, canary_failures=0, canary_retry_s=None,
+                                        canary_seconds=hangs.remember(c.canary_seconds,
+                                                                      ev.seconds))), []
     if not sleep.judge_canary(c.canary_asleep, c.asleep):
         return s, [Log("info", "probe.canary_asleep", {
             "error": ev.error or "timed out", "detail": "vLLM is in sleep mode; not judged"})]
     if ev.timed_out:
         # Health says 200 but a 1-token completion did not come back: hung, or merely busy.
-        # A fresh scrape decides (policy.is_busy).
-        s = probing.set_timer(replace(s, child=replace(s.run, hang_suspect=True)), K.METRICS, now)
+        # A fresh scrape decides (_canary_verdict).
+        s = probing.set_timer(replace(s, child=replace(c, hang_suspect=True)), K.METRICS, now)
         return s, [Log("warning", "probe.canary_timeout", {
-            "timeout_s": s.config.probe.canary_timeout,
+            "timeout_s": c.canary_timeout_s, "retry": c.canary_is_retry,
             "detail": "checking whether the engine is busy or hung"})]
     return _probe_failed(s, now, K.CANARY, ev.error)
 
@@ -120,7 +123,8 @@ def _starting_canary(s: WatchState, ev: CanaryResult, now: float) -> Result:
         return s, [Log("debug", "startup.canary_not_yet", {"error": ev.error})]
     if not ev.warmup:
         phases = {**c.phases, "canary": round(now - c.started, 3)}
-        s = replace(s, child=replace(s.run, phases=phases))
+        s = replace(s, child=replace(s.run, phases=phases, canary_seconds=hangs.remember(
+            c.canary_seconds, ev.seconds)))
         if s.config.prewarm.enabled and s.config.prewarm.warmup_request:
             return probing.start(s, K.WARMUP, now)
     return _become_ready(s, now, [])
@@ -157,8 +161,8 @@ def metrics(s: WatchState, ev: MetricsResult, now: float) -> Result:
         s = replace(s, probe_failures={**s.probe_failures,
                                     K.METRICS: s.probe_failures.get(K.METRICS, 0) + 1})
         if s.state == S.READY and c.hang_suspect:
-            return begin_restart(s, now, Reason.HANG, "canary timed out and /metrics failed: "
-                                 + ev.error, drain=False)
+            return verdicts.on_canary_timeout(s, False, ev.host_cpu, now,
+                                              "/metrics failed: " + ev.error)
         if s.state == S.DRAINING:
             return _drain_look(s, now, None, None)
         return s, [Log("debug", "probe.metrics_failed", {"error": ev.error})]
@@ -170,14 +174,17 @@ def metrics(s: WatchState, ev: MetricsResult, now: float) -> Result:
     s = replace(s, child=replace(s.run, running=ev.running, waiting=ev.waiting,
                                  kv_cache_usage=ev.kv_cache_usage, asleep=ev.asleep))
     cur = policy.progress_of(now, ev.running, ev.waiting, ev.prompt_tokens,
-                             ev.generation_tokens)
+                             ev.generation_tokens, ev.kv_cache_usage)
     prev = c.progress
     if s.state == S.DRAINING:
         s, more = _drain_look(s, now, ev.running, ev.waiting)
     elif s.state != S.READY or cur is None:
         s, more = replace(s, child=replace(s.run, progress=cur or prev)), []
     else:
-        s, more = _judge_progress(replace(s, child=replace(s.run, progress=cur)), prev, cur, now)
+        if c.canary_ref is None and (K.CANARY in c.inflight or c.hang_suspect):
+            s = replace(s, child=replace(s.run, canary_ref=cur))  # first scrape since the send
+        s, more = _judge_progress(replace(s, child=replace(s.run, progress=cur)), prev, cur,
+                                  now, ev.host_cpu)
     return s, acts + more
 
 
@@ -195,7 +202,7 @@ def _drain_look(s: WatchState, now: float, running: float | None,
 
 
 def _judge_progress(s: WatchState, prev: policy.Progress | None, cur: policy.Progress,
-                    now: float) -> Result:
+                    now: float, cpu: hangs.HostCpu | None) -> Result:
     c = _run(s)
     acts: list[Action] = []
     if c.hang_suspect and not sleep.judge_canary(c.canary_asleep, c.asleep):
@@ -203,16 +210,21 @@ def _judge_progress(s: WatchState, prev: policy.Progress | None, cur: policy.Pro
         acts.append(Log("info", "probe.canary_asleep", {
             "error": "timed out", "detail": "vLLM is in sleep mode; not judged"}))
     elif c.hang_suspect:
-        s = replace(s, child=replace(s.run, hang_suspect=False))
-        # Against the scrape from before the canary was sent, not the last one: that may be
-        # only milliseconds older than this one, too close for any counter to have moved.
-        ref = c.canary_ref if c.canary_ref is not None else prev
-        if not policy.is_busy(ref, cur):
-            return begin_restart(s, now, Reason.HANG, "canary timed out while /health said 200 "
-                                 "and token counters did not move", drain=False)
-        acts.append(Log("info", "probe.canary_busy", {
-            "running": cur.running, "waiting": cur.waiting,
-            "detail": "canary slow but the engine is busy and making progress"}))
+        # Against the first scrape after the canary was sent (probing.send_canary), not one
+        # from before the send, which may predate the hang; and at least hangs.VERDICT_SPAN
+        # older than this one, so that a working engine has had time to move a counter.
+        ref = c.canary_ref if c.canary_ref is not None else cur
+        moved = policy.moved(ref, cur)
+        if not moved and now - ref.at < hangs.VERDICT_SPAN:
+            return probing.set_timer(s, K.METRICS, ref.at + hangs.VERDICT_SPAN), acts
+        s, acts = verdicts.on_canary_timeout(s, moved, cpu, now, "nothing the engine reports "
+                                             "moved (tokens, queue, KV cache)")
+        if s.pending is not None:
+            return s, acts
+    s, more = verdicts.frozen(s, prev, cur, now, cpu)
+    acts += more
+    if s.pending is not None:
+        return s, acts
     stall = policy.stalled_since(c.stall_since, prev, cur)
     s = replace(s, child=replace(s.run, stall_since=stall))
     if stall is not None and now - stall >= s.config.probe.stall_timeout \

@@ -100,6 +100,13 @@ class ChildRun:
     canary_asleep: bool | None = None  # ... when the canary in flight was sent
     canary_kind: str | None = None  # the kind `auto` found (CanaryResult.kind), for the next
     gpu_before_mib: tuple[tuple[int, float], ...] = ()  # GPU use before launch (release gate)
+    # Issue 24 (core/hangs.py): this run's canary latencies, the canary in flight, the retry.
+    canary_seconds: tuple[float, ...] = ()  # successful canaries, the last hangs.HISTORY
+    canary_sent_at: float | None = None
+    canary_timeout_s: float | None = None  # the timeout the canary in flight was sent with
+    canary_is_retry: bool = False  # ... and whether it was the longer retry of a timeout
+    canary_retry_s: float | None = None  # the next canary is a retry with this timeout
+    frozen_since: float | None = None  # work queued and no series moved since (policy)
 
 
 @dataclass(frozen=True)

@@ -10,7 +10,7 @@ from dataclasses import replace
 
 from vllmwatch.core import drain as drains
 from vllmwatch.core import exitcodes, probing
-from vllmwatch.core.events import Action, Exit, Log, Notify, SignalGroup, Sweep
+from vllmwatch.core.events import Action, Exit, KillEngines, Log, Notify, SignalGroup, Sweep
 from vllmwatch.core.names import STUCK_REASONS, ProbeKind, Reason
 from vllmwatch.core.state import CHILD_STATES, Result, S, WatchState, goto
 
@@ -82,9 +82,18 @@ def stop_child(s: WatchState, now: float) -> Result:
         # can finish anyway, nor in a start that never served (issue 28).
         grace = min(grace, STUCK_GRACE)
     s, acts = goto(s, S.STOPPING, now, "stop child", deadline=now + grace)
-    acts.append(SignalGroup("SIGTERM"))
-    acts.append(Log("info", "child.stopping", {"pid": s.pid, "signal": "SIGTERM",
-                                               "grace_s": grace}))
+    if stuck and not (s.child is not None and s.child.engine_gone):
+        # A stuck engine cannot drain: kill it, and its API server fails the requests in
+        # flight with an error and exits by itself (events.KillEngines); no SIGTERM, which
+        # made the API server wait for those requests until the SIGKILL (measured).
+        acts.append(KillEngines())
+        acts.append(Log("info", "child.stopping", {
+            "pid": s.pid, "signal": "SIGKILL to the engine processes", "grace_s": grace,
+            "detail": "a stuck engine cannot drain: requests in flight get HTTP 500"}))
+    else:
+        acts.append(SignalGroup("SIGTERM"))
+        acts.append(Log("info", "child.stopping", {"pid": s.pid, "signal": "SIGTERM",
+                                                   "grace_s": grace}))
     if s.exit_code is not None:
         acts.append(Notify(extend_usec=int((grace + KILL_WAIT + SWEEP_WAIT) * 1e6)))
     return s, acts
@@ -95,7 +104,7 @@ def stopping_deadline(s: WatchState, now: float) -> Result:
     if s.child is not None and not s.child.killed:
         acts: list[Action] = [SignalGroup("SIGKILL"), Log("warning", "child.kill", {
             "pid": s.pid, "after_s": round(now - s.since, 1),
-            "detail": "did not exit after SIGTERM; sent SIGKILL to its process group"})]
+            "detail": "did not exit within the grace; sent SIGKILL to its process group"})]
         s = replace(s, child=replace(s.run, killed=True))
         return replace(s, deadline=now + KILL_WAIT), acts
     s2, acts = sweep(s, now, "child did not exit after SIGKILL")

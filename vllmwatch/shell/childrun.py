@@ -16,6 +16,8 @@ no child's: the leftover sweep leaves them alone).
 from __future__ import annotations
 
 import contextlib
+import os
+import signal
 import subprocess
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, replace
@@ -37,7 +39,7 @@ from vllmwatch.core.events import (
 from vllmwatch.core.names import ProbeKind
 from vllmwatch.logfn import LogFn
 from vllmwatch.shell import child as childmod
-from vllmwatch.shell import flagcheck
+from vllmwatch.shell import flagcheck, hostcpu
 from vllmwatch.shell.childlog import ChildLog
 from vllmwatch.shell.engines import EngineWatch
 from vllmwatch.shell.probes import Endpoint, HttpProber
@@ -182,6 +184,19 @@ class ChildHandle:
         """Signal the child's process group."""
         childmod.signal_group(self.child.pid, signame)
 
+    def kill_engines(self) -> None:
+        """SIGKILL the engine processes (not the API servers); SIGTERM the group if none is
+        found, as for any other stop."""
+        self._engines.look(self.pid)
+        pids = self._engines.engines()
+        for pid in pids:
+            with contextlib.suppress(OSError):
+                os.kill(pid, signal.SIGKILL)
+        if self._log is not None:
+            self._log("info", "child.engines_killed", pids=pids)
+        if not pids:
+            self.signal("SIGTERM")
+
     def end_start(self, why: str) -> None:
         """The start is over (StartOver from the core, the exit, or the daemon's): the start
         guard stops."""
@@ -199,8 +214,8 @@ class ChildHandle:
         prober = self.prober(action)
         if action.kind == ProbeKind.HEALTH:
             return self._health(prober)
-        if action.kind == ProbeKind.METRICS:
-            return prober.metrics()
+        if action.kind == ProbeKind.METRICS:  # with the host's CPU pressure: slow is not dead
+            return replace(prober.metrics(), host_cpu=hostcpu.sample())
         return prober.canary(warmup=action.kind == ProbeKind.WARMUP)
 
     def _health(self, prober: HttpProber) -> HealthResult:

@@ -63,6 +63,11 @@ class EngineWatch:
         """A new child: forget the old tree's engines."""
         self.seen = {}
 
+    def engines(self) -> list[int]:
+        """The engine processes (EngineCore, workers; not API servers) seen and alive."""
+        return [pid for pid, (created, title) in sorted(self.seen.items())
+                if "APIServer" not in title and not _gone(pid, created)]
+
     def look(self, root_pid: int) -> list[str]:
         """Learn the engine processes now under root_pid; describe those seen before and gone."""
         try:

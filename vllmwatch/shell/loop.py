@@ -22,6 +22,7 @@ from vllmwatch.core.events import (
     DoPrewarm,
     Event,
     Exit,
+    KillEngines,
     Log,
     Notify,
     Probe,
@@ -275,6 +276,8 @@ class Loop:
             return fx.spawn(action.config, self.post)
         elif isinstance(action, SignalGroup):
             fx.signal_group(action.signal)
+        elif isinstance(action, KillEngines):
+            fx.kill_engines()
         elif isinstance(action, StartOver):
             fx.end_start(action.why)
         elif isinstance(action, Probe):

@@ -155,6 +155,10 @@ class HttpProber:
             absent = kinds.route_missing(status, body) and self.canary_kind == "auto"
             return CanaryResult(False, False, took, f"HTTP {status} from {path}: "
                                 f"{body[:200]!r}", warmup), absent
+        problem = kinds.answer_problem(kind, body)
+        if problem:  # a 200 that is not the answer (HTML, empty): a failure, never READY
+            return CanaryResult(False, False, took, f"HTTP 200 from {path} but {problem}",
+                                warmup), False
         return CanaryResult(True, False, took, "", warmup), False
 
     def metrics(self) -> MetricsResult:

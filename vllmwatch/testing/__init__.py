@@ -20,11 +20,11 @@ from vllmwatch.config.schema import Config
 from vllmwatch.core.events import ChildExited, Event, Log
 from vllmwatch.core.state import WatchState
 from vllmwatch.shell.loop import Loop
-from vllmwatch.testing.executors import HeldExecutor, SyncExecutor, no_wait
+from vllmwatch.testing.executors import ClockedExecutor, HeldExecutor, SyncExecutor, no_wait
 from vllmwatch.testing.world import FakeClock, FakeNotifier, LogCapture, World, WorldEffects
 
-__all__ = ["Driver", "FakeClock", "FakeNotifier", "HeldExecutor", "LogCapture", "SyncExecutor",
-           "World", "WorldEffects", "config_with", "no_wait"]
+__all__ = ["ClockedExecutor", "Driver", "FakeClock", "FakeNotifier", "HeldExecutor",
+           "LogCapture", "SyncExecutor", "World", "WorldEffects", "config_with", "no_wait"]
 
 
 class Driver:
@@ -38,8 +38,9 @@ class Driver:
         self.world = world or World()
         self.notifier = FakeNotifier()
         self.fx = WorldEffects(self.world, self.notifier)
+        self.executor = executor or SyncExecutor()
         self.loop = Loop(config, self.fx, self.clock, reload_config, environ={}, seed=1,
-                         executor=executor or SyncExecutor(), waiter=no_wait,
+                         executor=self.executor, waiter=no_wait,
                          install_signals=False)
         self.loop.start()
         self._settle()
@@ -95,6 +96,17 @@ class Driver:
         """Advance by `seconds` of fake time."""
         end = self.clock.now + seconds
         self.run_until(lambda: self.clock.now >= end, seconds + 1)
+
+    def tick(self, seconds: float, step: float = 0.05) -> None:
+        """Advance by `seconds` in fixed steps, turning the loop at each; with a
+        ClockedExecutor, results land when their fake time has passed."""
+        end = self.clock.now + seconds
+        while self.clock.now < end and self.exit_code is None:
+            self.clock.advance(step)
+            if isinstance(self.executor, ClockedExecutor):
+                self.executor.release_due()
+            self.loop.turn()
+            self._settle()
 
     def kill_child(self, code: int | None = 0, signal: str | None = None) -> None:
         """The child dies by itself."""

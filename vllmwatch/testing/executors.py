@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from collections.abc import Callable
 from concurrent.futures import Executor, Future
-from typing import Any
+from typing import Any, Protocol
 
 
 class SyncExecutor(Executor):
@@ -44,3 +44,43 @@ class HeldExecutor(Executor):
 
 def no_wait(_fds: list[int], _timeout: float) -> None:
     """A waiter for the fake clock: the test moves time, nothing blocks."""
+
+
+class ClockedExecutor(Executor):
+    """Runs each function at once, but hands its result over only once the fake clock has
+    passed the time the result says it took (`seconds` of a probe result): a canary that
+    times out after 4 s lands 4 fake seconds later, as in the daemon. See Driver.tick."""
+
+    def __init__(self, clock: FakeClockLike) -> None:
+        self.clock = clock
+        self.held: list[tuple[float, Future[Any], Any]] = []
+
+    def submit(self, fn: Callable[..., Any], /, *args: Any, **kwargs: Any) -> Future[Any]:
+        fut: Future[Any] = Future()
+        began = self.clock.monotonic()
+        try:
+            result = fn(*args, **kwargs)
+        except Exception as exc:
+            fut.set_exception(exc)
+            return fut
+        took = float(getattr(result, "seconds", 0.0) or 0.0)
+        self.held.append((began + took, fut, result))
+        self.release_due()
+        return fut
+
+    def release_due(self) -> int:
+        """Hand over every result whose time has come; return how many."""
+        now = self.clock.monotonic()
+        due = [h for h in self.held if h[0] <= now]
+        self.held = [h for h in self.held if h[0] > now]
+        for _, fut, result in due:
+            fut.set_result(result)
+        return len(due)
+
+
+class FakeClockLike(Protocol):
+    """What ClockedExecutor needs of a clock."""
+
+    def monotonic(self) -> float:
+        """Seconds, monotonic."""
+        ...

@@ -232,6 +232,8 @@ class Engine:
         if not ok:
             self.crash("Worker proc died unexpectedly, shutting down executor.", "worker died")
         slow, finished, keep = self.a.slow_completion, list[_Req](), list[_Req]()
+        if len(self.running) > 1:  # a loaded engine answers everyone slower
+            slow = max(slow, self.a.slow_when_busy)
         for req in self.running:
             frac = 1.0 if slow <= 0 else min(1.0, (now - req.start) / slow)
             target = int(req.max_tokens * frac)

@@ -72,6 +72,8 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
                           ("orphan-timeout", 120.0), ("slow-completion", 0.0),
                           ("leak-mib-per-s", 0.0), ("shutdown-timeout", 0.0),
                           ("stream-interval", 0.01),  # between SSE chunks of stream=true
+                          # with more than one request running, each takes this long (load)
+                          ("slow-when-busy", 0.0),
                           # with the engine dead, /health hangs this long, then the connection
                           # drops (vLLM 0.26 with --api-server-count 2, seen on the H200)
                           ("health-stall-after-engine-death", 0.0)):
@@ -99,6 +101,12 @@ def _error(message: str, kind: str, code: int) -> dict[str, Any]:
 
 
 _GENERATE = ("/v1/completions", "/v1/chat/completions")
+_POOLED = {  # one data item of each pooling route's answer, shaped as vLLM's
+    "/v1/embeddings": {"index": 0, "object": "embedding", "embedding": [0.6, 0.8]},
+    "/v1/score": {"index": 0, "object": "score", "score": 0.5},
+    "/classify": {"index": 0, "label": "LABEL_0", "probs": [0.5, 0.5], "num_classes": 2},
+    "/pooling": {"index": 0, "object": "pooling", "data": [0.6, 0.8]},
+}
 _POOLING = {"embed": ("/v1/embeddings", "/v1/score", "/v1/rerank", "/pooling"),
             "classify": ("/v1/score", "/v1/rerank", "/classify", "/pooling")}
 
@@ -189,11 +197,13 @@ class Api:
             return 404, _error(f"The model `{model}` does not exist.", "NotFoundError", 404)
         if self.submit(1, 1) is None:
             return 500, _error("EngineCore encountered an issue.", "InternalServerError", 500)
-        data = ([{"index": 0, "object": "score", "score": 0.5}] if "score" in path or
-                "rerank" in path else [{"index": 0, "object": "embedding",
-                                        "embedding": [0.6, 0.8]}])
-        return 200, {"id": f"embd-{time.monotonic_ns()}", "object": "list", "model": model,
-                     "data": data, "usage": {"prompt_tokens": 1, "total_tokens": 1}}
+        reply: dict[str, Any] = {"id": f"embd-{time.monotonic_ns()}", "object": "list",
+                                 "model": model, "usage": {"prompt_tokens": 1, "total_tokens": 1}}
+        if "rerank" in path:  # vLLM's RerankResponse: results, not data
+            reply["results"] = [{"index": 0, "document": {"text": "x"}, "relevance_score": 0.5}]
+        else:
+            reply["data"] = [_POOLED.get(path, _POOLED["/v1/embeddings"])]
+        return 200, reply
 
     def complete(self, body: dict[str, Any], chat: bool) -> tuple[int, dict[str, Any]]:
         """Run an OpenAI (chat) completion through the engine: (status, JSON reply)."""

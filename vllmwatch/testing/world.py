@@ -26,6 +26,7 @@ from vllmwatch.core.events import (
     Sweep,
     SweepDone,
 )
+from vllmwatch.core.hangs import HostCpu
 from vllmwatch.core.names import ProbeKind
 from vllmwatch.core.samples import MemorySample
 from vllmwatch.status.snapshot import Snapshot
@@ -96,10 +97,13 @@ class World:
     waiting: float = 0.0
     tokens: float = 0.0
     tokens_per_scrape: float = 0.0  # how much the counters move between scrapes
+    kv: float = 0.1  # KV-cache usage the scrape reports ...
+    kv_per_scrape: float = 0.0  # ... and how much it grows between scrapes (a long prefill)
     gpu_mib: float | None = None
     host_mib: float = 1000.0
     tree_cpu_s: float | None = None  # the tree's CPU seconds, as memory samples carry it
     ignore_sigterm: bool = False
+    api_outlives_engine: bool = False  # the API server stays when its engine is killed
     exit_code_on_term: int = 0
     port_holder: str | None = None
     leftovers: tuple[int, ...] = ()
@@ -110,6 +114,8 @@ class World:
     child_alive: bool = False
     engine_gone: bool = False  # /health failures report the engine process gone
     asleep: bool | None = None  # vLLM sleep mode as /metrics reports it (None: not reported)
+    cpu_pressure: float | None = None  # PSI some avg10 the scrape reports (core/hangs.py)
+    canary_seconds: float = 0.01  # how long a canary that answers takes
     signals: list[str] = field(default_factory=list)
     spawns: int = 0
 
@@ -166,6 +172,14 @@ class WorldEffects:
         """The start is over (StartOver): recorded, for tests of when the core says so."""
         self.starts_over.append(why)
 
+    def kill_engines(self) -> None:
+        """The engine dies; the API server exits 0 by itself, as vLLM's does."""
+        w = self.world
+        w.signals.append("SIGKILL engines")
+        if w.child_alive and not w.api_outlives_engine:
+            w.child_alive = False
+            self.exited = ChildExited(w.next_pid - 1, 0, None)
+
     def _maybe_raise(self, name: str) -> None:
         if name in self.raise_on:
             raise RuntimeError(f"injected failure in {name}")
@@ -186,12 +200,15 @@ class WorldEffects:
                                 engine_gone=w.engine_gone)
         if kind == ProbeKind.METRICS:
             w.tokens += w.tokens_per_scrape
-            return MetricsResult(True, 0.002, w.running, w.waiting, 0.1, w.tokens / 2,
-                                 w.tokens / 2, gen=gen, asleep=w.asleep)
+            w.kv += w.kv_per_scrape
+            return MetricsResult(True, 0.002, w.running, w.waiting, w.kv, w.tokens / 2,
+                                 w.tokens / 2, gen=gen, asleep=w.asleep,
+                                 host_cpu=HostCpu(w.cpu_pressure, None))
         if w.canary_timeout:
-            return CanaryResult(False, True, 30.0, "timed out", warm, gen=gen)
-        return CanaryResult(w.canary_ok, False, 0.01, "" if w.canary_ok else "HTTP 500", warm,
-                            gen=gen)
+            return CanaryResult(False, True, action.probe.canary_timeout, "timed out", warm,
+                                gen=gen)
+        return CanaryResult(w.canary_ok, False, w.canary_seconds,
+                            "" if w.canary_ok else "HTTP 500", warm, gen=gen)
 
     def sample_memory(self, action: SampleMemory, minute_of_day: int) -> MemorySampled:
         """A sample with the World's GPU and host figures."""

@@ -16,7 +16,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 
 from bench.gpu import models
-from bench.gpu.phases import faults, probes, recipe, shapes, standby
+from bench.gpu.phases import faults, hangs, probes, recipe, shapes, standby
 from bench.gpu.run import Run
 
 
@@ -49,5 +49,7 @@ PHASES: tuple[Phase, ...] = (
     Phase("standby", standby.standby, 480, auto=False),
     Phase("standbyoff", standby.standbyoff, 420, auto=False),
     Phase("standbyapi2", standby.standbyapi2, 300, auto=False),
+    Phase("hangstop", hangs.hangstop, 480),  # issue 24: SIGSTOP x5 at the shipped [probe]
+    Phase("hangload", hangs.hangload, 460),  # issue 24: 64 clients x 2,000 tokens, 5 min
 )
 BY_NAME = {p.name: p for p in PHASES}

@@ -1,0 +1,67 @@
+"""Pure: the verdicts of issue 24 on the current child, from the rules in core/hangs.py.
+
+`on_canary_timeout` decides what a timed-out canary means once a scrape is in (a hang, or
+the canary again with more time); `frozen` is the loaded engine whose every series stands
+still. serving.py calls both from its /metrics handler.
+"""
+
+from __future__ import annotations
+
+from dataclasses import replace
+
+from vllmwatch.core import hangs, policy, probing, sleep
+from vllmwatch.core.events import Log
+from vllmwatch.core.ladder import begin_restart
+from vllmwatch.core.names import ProbeKind as K
+from vllmwatch.core.names import Reason
+from vllmwatch.core.state import Result, WatchState
+
+
+def on_canary_timeout(s: WatchState, moved: bool, cpu: hangs.HostCpu | None, now: float,
+                      why: str) -> Result:
+    """A canary timed out and a scrape is in: hang, or ask again with more time
+    (hangs.on_timeout). The suspicion ends here either way."""
+    s = replace(s, child=replace(s.run, hang_suspect=False))
+    c, p = s.run, s.config.probe
+    timed_out_after = c.canary_timeout_s if c.canary_timeout_s is not None else p.canary_timeout
+    verdict = hangs.on_timeout(moved, c.canary_is_retry)
+    if verdict == hangs.Verdict.HANG:
+        tries = "twice in a row" if c.canary_is_retry else "once"
+        return begin_restart(s, now, Reason.HANG, f"canary timed out {tries} (last after "
+                             f"{timed_out_after:g}s) while /health said 200, and {why}",
+                             drain=False)
+    starved = hangs.saturated(cpu)
+    retry = hangs.retry_timeout(p, timed_out_after, starved)
+    busy = verdict == hangs.Verdict.BUSY
+    log = Log("info" if busy else "warning", "probe.canary_busy" if busy else
+              "probe.canary_retry", {
+                  "running": c.running, "waiting": c.waiting, "timeout_s": timed_out_after,
+                  "retry_timeout_s": retry, "host_saturated": starved,
+                  "cpu_pressure": cpu.psi_some_avg10 if cpu else None,
+                  "detail": "canary slow but the engine is busy and making progress" if busy
+                  else "nothing moved; asking once more with a longer timeout before a verdict"})
+    s = replace(s, child=replace(c, canary_retry_s=retry))
+    if busy:  # working: the next canary at its usual time
+        return s, [log]
+    s, acts = probing.send_canary(s, now)  # suspect: the retry at once, to decide soon
+    return probing.set_timer(s, K.CANARY, now + p.canary_interval), [log, *acts]
+
+
+def frozen(s: WatchState, prev: policy.Progress | None, cur: policy.Progress, now: float,
+           cpu: hangs.HostCpu | None) -> Result:
+    """Work queued, nothing the engine reports moves, the canary unanswered: a hang, sooner
+    than the canary's own timeout under load (its timeout grows with the latencies)."""
+    c, p = s.run, s.config.probe
+    since = policy.frozen_since(c.frozen_since, prev, cur)
+    s = replace(s, child=replace(c, frozen_since=since))
+    if since is None or p.progress_timeout <= 0 or not sleep.judge_stall(c.asleep):
+        return s, []
+    waited = now - c.canary_sent_at if K.CANARY in c.inflight and c.canary_sent_at else 0.0
+    limit = hangs.frozen_limit(p, cpu)
+    # The unanswered canary guards against gauges that merely went stale while idle.
+    if now - since < limit or waited < min(p.canary_timeout_min, p.canary_timeout):
+        return s, []
+    return begin_restart(s, now, Reason.HANG, f"{cur.running:g} running and {cur.waiting:g} "
+                         f"waiting, but no token counter or gauge moved for {now - since:.1f}s "
+                         f"(limit {limit:g}s) and the canary is unanswered after {waited:.1f}s",
+                         drain=False)
