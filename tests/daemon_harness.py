@@ -168,6 +168,8 @@ class Daemon:
             self._env.pop(name, None)
         if env is not None:
             self._env.update(env)
+        # The state directory (group file, incident records) of this test, not the host's.
+        self._env.setdefault("STATE_DIRECTORY", str(workdir / "state"))
         if self.notify is not None:
             self._env["NOTIFY_SOCKET"] = self.notify.path
         self._env["PYTHONPATH"] = str(REPO) + os.pathsep + self._env.get("PYTHONPATH", "")

@@ -133,7 +133,8 @@ MAY_IMPORT = {
     "core": {"config"},
     "prewarm": {"config"},
     "status": {"config", "core"},
-    "shell": {"config", "core", "prewarm", "status"},
+    "shell": {"config", "core", "prewarm", "status", "incident"},
+    "incident": {"config", "core"},
     "check": {"config", "core", "prewarm", "shell"},
     "gate": {"config", "core", "status"},
 }

@@ -169,6 +169,9 @@ def _is_secret(name: str) -> bool:
     return any(word in name.lower() for word in _SECRET_WORDS)
 
 
+is_secret_name = _is_secret  # public: incident records redact as print-command does
+
+
 def redact_argv(argv: tuple[str, ...] | list[str]) -> list[str]:
     """Replace the values of secret-looking flags (api-key, token, ...) with <redacted>."""
     out: list[str] = []

@@ -3,12 +3,13 @@
 from __future__ import annotations
 
 from vllmwatch.core import drain as drains
-from vllmwatch.core import exitcodes, policy, probing
+from vllmwatch.core import exitcodes, incidents, policy, probing
 from vllmwatch.core.events import (
     Action,
     CheckRelease,
     DoPrewarm,
     Exit,
+    IncidentRecorded,
     Log,
     Notify,
     SignalGroup,
@@ -73,7 +74,32 @@ def begin_restart(s: WatchState, now: float, reason: str, detail: str, drain: bo
         acts.append(Log("warning", "restart.begin", {
             "reason": reason, "detail": detail, "restarts": sum(counts.values()),
             "failures_in_row": s.failures}))
-    s, more = take_down(s, now, drain)
+    s, more = record_then_take_down(s, now, reason, detail, drain)
+    return s, acts + more
+
+
+def record_then_take_down(s: WatchState, now: float, reason: str, detail: str, drain: bool
+                          ) -> Result:
+    """Unplanned: write the incident record first (core/incidents.py); else take down now."""
+    if incidents.wanted(s, reason) and s.state in CHILD_STATES:
+        return incidents.request(s, now, reason, detail, drain)
+    return take_down(s, now, drain)
+
+
+def incident_recorded(s: WatchState, now: float, ev: IncidentRecorded) -> Result:
+    """The record is written (or failed): the restart goes on where it waited."""
+    s, acts, wait = incidents.recorded(s, ev.seq, ev.incident_id, ev.path, ev.error,
+                                       ev.seconds, ev.stacks)
+    if wait is None:
+        return s, acts
+    s, more = take_down(s, now, wait.drain)
+    return s, acts + more
+
+
+def incident_timed_out(s: WatchState, now: float) -> Result:
+    """The record did not come back by the core's deadline: go on without it."""
+    s, acts, wait = incidents.timed_out(s, now)
+    s, more = take_down(s, now, wait.drain)
     return s, acts + more
 
 
@@ -85,6 +111,8 @@ def _has_child(s: WatchState) -> bool:
 
 def take_down(s: WatchState, now: float, drain: bool) -> Result:
     """Drain if asked and possible, else stop the child; with no child, sweep at once."""
+    if s.incident_wait is not None:  # a stop overtakes a record under way: its answer is moot
+        s = s.with_(incident_wait=None, deadline=None)
     if s.state == S.STOPPING:
         return s, []
     if _has_child(s):
@@ -155,7 +183,7 @@ def sweep(s: WatchState, now: float, reason: str) -> Result:
     # The tree's pids from the last sample: the GPU release gate waits until NVML drops them.
     old = c.memory.tree_pids if c is not None and c.memory is not None else ()
     deadline = now + SWEEP_WAIT if s.exit_code is not None else None
-    s, acts = goto(s, S.CLEANUP, now, reason, deadline=deadline)
+    s, acts = goto(s.with_(incident_wait=None), S.CLEANUP, now, reason, deadline=deadline)
     if c is not None and c.drain is not None:  # the drain ends with the child
         phases = drains.durations(drains.exited(c.drain, now), now)
         s = s.with_(last_drain=phases).with_child(drain=None)

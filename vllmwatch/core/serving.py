@@ -21,6 +21,8 @@ from vllmwatch.core.ladder import begin_restart, stop_child
 from vllmwatch.core.samples import host_figure
 from vllmwatch.core.state import ChildRun, Result, S, WatchState, goto
 
+MEM_RECENT = 32  # memory samples kept for an incident record (core/incidents.py)
+
 
 def _run(s: WatchState) -> ChildRun:
     assert s.child is not None, "a result without a child run"
@@ -235,7 +237,8 @@ def memory(s: WatchState, ev: MemorySampled, now: float) -> Result:
     if s.state != S.READY or c.leak is None:
         return s, []
     host, pss_seen = host_figure(sample, c.pss_seen)
-    s = s.with_child(pss_seen=pss_seen)
+    recent = (*c.mem_recent, (now, sample.gpu_rule_mib, host))[-MEM_RECENT:]
+    s = s.with_child(pss_seen=pss_seen, mem_recent=recent)
     state, verdict = leak.observe(c.leak, s.config.memory, now, sample.gpu_rule_mib, host)
     s = s.with_child(leak=state)
     if verdict is None:

@@ -103,10 +103,24 @@ class ChildRun:
     drain: Drain | None = None  # the drain before a planned restart (core/drain.py)
     asleep: bool | None = None  # vLLM sleep mode, from the last scrape (core/sleep.py)
     canary_asleep: bool | None = None  # ... when the canary in flight was sent
+    # (time, GPU rule MiB, host rule MiB) of the newest samples the leak rules judged: an
+    # incident record of a memory restart shows what made the rule fire (core/incidents.py)
+    mem_recent: tuple[tuple[float, float | None, float | None], ...] = ()
 
     def with_(self, **changes: Any) -> ChildRun:
         """A copy with some fields changed."""
         return dataclasses.replace(self, **changes)
+
+
+@dataclass(frozen=True)
+class IncidentWait:
+    """A restart waits for its incident record (core/incidents.py) before taking the child
+    down: until the answer to `seq` comes, or `until` passes; then take_down(drain)."""
+
+    seq: int
+    until: float
+    drain: bool
+    started: float
 
 
 @dataclass(frozen=True)
@@ -141,6 +155,10 @@ class WatchState:
     next_extend: float = 0.0
     rng: int = 0x2545F4914F6CDD1D
     memory_failures: tuple[int, int] = (0, 0)  # (starts failed for memory in a row, last gen)
+    incident_wait: IncidentWait | None = None  # a restart waiting for its incident record
+    incident_seq: int = 0  # incident records asked for
+    incidents_total: int = 0  # incident records written
+    last_incident: str | None = None  # the id of the last one written
 
     def with_(self, **changes: Any) -> WatchState:
         """A copy with some fields changed."""

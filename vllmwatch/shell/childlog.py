@@ -69,11 +69,14 @@ class ChildLog:
     """Reads one child's output; posts ChildOutput events; forwards lines to the log."""
 
     def __init__(self, stream: IO[bytes], pid: int, post: Callable[[ChildOutput], None],
-                 log: LogFn, forward: bool = True, capacity: int = 10000) -> None:
+                 log: LogFn, forward: bool = True, capacity: int = 10000,
+                 tail_lines: int = 300) -> None:
         self._stream, self._pid, self._post, self._log = stream, pid, post, log
         self._forward = forward
         self._queue: queue.Queue[tuple[str, str] | None] = queue.Queue(maxsize=capacity)
         self.last_lines: collections.deque[str] = collections.deque(maxlen=30)
+        # The longer tail an incident record keeps ([incidents] output_lines).
+        self.tail: collections.deque[str] = collections.deque(maxlen=tail_lines)
         # Memory-failure lines of the whole run (core/unified.py): vLLM's traceback after
         # them can be longer than last_lines.
         self.memory_lines: collections.deque[str] = collections.deque(maxlen=5)
@@ -108,6 +111,7 @@ class ChildLog:
                     continue
                 level = level_of(line, level)
                 self.last_lines.append(line)
+                self.tail.append(line)
                 if is_memory_line(line):
                     self.memory_lines.append(line)
                 milestone, hit = milestone_of(line), compile_cache_hit(line)

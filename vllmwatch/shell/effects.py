@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import os
 import time
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import replace
 from typing import Protocol
 
@@ -17,9 +17,11 @@ from vllmwatch.core.events import (
     ChildExited,
     Event,
     HealthResult,
+    IncidentRecorded,
     MemorySampled,
     PrewarmDone,
     Probe,
+    RecordIncident,
     ReleaseChecked,
     SampleMemory,
     Spawned,
@@ -34,6 +36,7 @@ from vllmwatch.shell import flagcheck, startguard
 from vllmwatch.shell import platform as platformmod
 from vllmwatch.shell.childlog import ChildLog
 from vllmwatch.shell.engines import EngineWatch
+from vllmwatch.shell.incidents import IncidentShell
 from vllmwatch.shell.logs import LogFn
 from vllmwatch.shell.memory import MemorySampler, make_sampler, release_check
 from vllmwatch.shell.notify import Notifier
@@ -60,6 +63,7 @@ class Effects(Protocol):
     def sweep(self, action: Sweep) -> SweepDone: ...
     def check_release(self, action: CheckRelease) -> ReleaseChecked: ...
     def prewarm(self, config: Config) -> PrewarmDone: ...
+    def record_incident(self, action: RecordIncident) -> IncidentRecorded: ...
     def vllm_version(self) -> str | None: ...
     def publish(self, snapshot: Snapshot) -> None: ...
     def close(self) -> None: ...
@@ -91,6 +95,9 @@ class RealEffects:
         # Read at the first launch, and again whenever vllm.command changes (SIGHUP).
         self._version: str | None = None
         self._version_of: list[str] | None = None
+        self.incidents = IncidentShell(config, log, environ)
+        self._env: Mapping[str, str] = {}  # the child's environment (secrets to redact)
+        self._tail: Sequence[str] = ()  # the last child's output, kept after its reap
 
     def spawn(self, config: Config, post: Callable[[Event], None]) -> Event:
         """Build the command (refusing known-broken flags) and start the child."""
@@ -107,6 +114,7 @@ class RealEffects:
                                 vllm_version=self._version, extra_env=extra)
         except ConfigError as exc:
             return SpawnFailed(str(exc), fatal=True)
+        cmd = self.incidents.child_command(cmd, config)
         # [vllm.args] against the flags this vLLM accepts (cache only: never blocks the loop).
         refused = flagcheck.refusal(config, self._environ, self._version, self.log)
         if refused is not None:
@@ -128,8 +136,10 @@ class RealEffects:
         self._child = child
         childmod.remember_group(self.marker, child.pid)
         self._childlog = ChildLog(child.stdout, child.pid, post, self.log,
-                                  forward=config.log.child_lines)
+                                  forward=config.log.child_lines,
+                                  tail_lines=config.incidents.output_lines)
         self._childlog.start()
+        self._env, self._tail = cmd.env, self._childlog.tail
         return Spawned(child.pid, cmd.display())
 
     def _start_guard(self, config: Config) -> None:
@@ -223,6 +233,7 @@ class RealEffects:
             result = health
         elif action.kind == "metrics":
             result = prober.metrics()
+            self.incidents.scraped(prober.last_metrics_text)
         else:
             result = prober.canary(warmup=action.kind == "warmup")
         return replace(result, gen=action.gen)
@@ -265,6 +276,12 @@ class RealEffects:
         failed = [s.name + ": " + s.detail for s in report.steps if s.status == "failed"]
         return PrewarmDone(report.ok, "; ".join(failed))
 
+    def record_incident(self, action: RecordIncident) -> IncidentRecorded:
+        """Write the incident record of the child tree (worker thread, bounded)."""
+        pid = self._child.pid if self._child is not None else None
+        return self.incidents.record(action, pid, list(self._tail), self._version, self._env,
+                                     self._api_key, self.sampler)
+
     def vllm_version(self) -> str | None:
         """The launched vLLM's version (read at launch, again after vllm.command changed)."""
         return self._version
@@ -273,6 +290,7 @@ class RealEffects:
         """Hand the latest snapshot to readers (the status server)."""
         if self._guard is not None and snapshot.state != "starting":
             self._stop_guard("ready" if snapshot.ready else snapshot.state)  # the start is over
+        self.incidents.snapshot = snapshot  # the /status a record shows
         if self._publish is not None:
             self._publish(replace(snapshot, unified_memory=self.platform.unified,
                                   platform_reason=self.platform.reason))

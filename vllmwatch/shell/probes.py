@@ -103,6 +103,7 @@ class HttpProber:
         # auto: found by the first canary that answers, then kept (`chosen`, `on_choose`).
         self.chosen: str | None = chosen if canary == "auto" else canary
         self._log, self._on_choose = log, on_choose
+        self.last_metrics_text: str | None = None  # the body of the last /metrics answer
 
     def _request(self, method: str, path: str, timeout: float, body: bytes | None = None
                  ) -> tuple[int, bytes]:
@@ -184,7 +185,8 @@ class HttpProber:
             return MetricsResult(False, time.monotonic() - t0, error=_describe(exc))
         if status != 200:
             return MetricsResult(False, time.monotonic() - t0, error=f"HTTP {status}")
-        values = parse_metrics(body.decode("utf-8", "replace"))
+        self.last_metrics_text = body.decode("utf-8", "replace")  # for an incident record
+        values = parse_metrics(self.last_metrics_text)
         return MetricsResult(
             True, time.monotonic() - t0,
             running=values.get("vllm:num_requests_running"),
