@@ -85,6 +85,8 @@ def _metrics(r: Mapping[str, Any]) -> str:
     if "moved" in m:
         lines.append(f"moved over the {m.get('since_s')} s before it:")
         lines += [f"  {name}: {_num(old)} -> {_num(new)}" for name, old, new in m["moved"][:30]]
+        if not m["moved"]:
+            lines.append("  nothing moved (a hung engine freezes its counters and gauges)")
         still = [n for n in m.get("unchanged", []) if n.split("{")[0] in _KEY_SERIES]
         if still:
             lines.append("unchanged: " + ", ".join(s.split("{")[0] for s in still))

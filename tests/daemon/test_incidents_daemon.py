@@ -1,0 +1,118 @@
+"""Incident records from the real daemon supervising the fake vLLM (issue 25).
+
+A deadlocked engine thread shows its deadlocked frame; a memory restart holds the samples
+that fired the rule; pruning keeps the bounds; a full or read-only incidents folder is a
+warning and the restart still happens at once. Each test owns its daemon (closed and checked
+for leftovers at teardown).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import subprocess
+from collections.abc import Callable, Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+from daemon_harness import PYTHON, REPO, Daemon, free_port, merge, ts_of, wait_for
+
+from vllmwatch.incident import store
+
+FAKE = [PYTHON, "-m", "vllmwatch.testing.fake_vllm", "--startup-seconds", "0.3"]
+Factory = Callable[..., Daemon]
+
+
+def base_config(fake_args: list[str]) -> dict[str, dict[str, Any]]:
+    """Short intervals, so that each fault shows within a second or two."""
+    return {
+        "vllm": {"command": FAKE, "model": "tiny", "port": free_port(), "gpus": [],
+                 "extra_args": fake_args},
+        "probe": {"interval": "0.5s", "timeout": "1s", "canary_interval": "1s",
+                  "canary_timeout": "1s", "metrics_interval": "0.5s"},
+        "restart": {"backoff_initial": "0.2s", "backoff_max": "1s", "drain_timeout": "2s",
+                    "stop_timeout": "3s"},
+        "prewarm": {"enabled": False},
+        "status": {"listen": f"127.0.0.1:{free_port()}"},
+    }
+
+
+@pytest.fixture
+def daemon(tmp_path: Path) -> Iterator[Factory]:
+    """make(fake_args, overrides, env=...) -> a started Daemon, closed at teardown."""
+    made: list[Daemon] = []
+
+    def make(fake_args: list[str], overrides: dict[str, dict[str, Any]] | None = None,
+             **kwargs: Any) -> Daemon:
+        workdir = tmp_path / f"d{len(made)}"
+        workdir.mkdir()
+        d = Daemon(workdir, merge(base_config(fake_args), overrides or {}), **kwargs)
+        made.append(d)
+        return d.start()
+
+    yield make
+    for d in made:
+        d.close()
+
+
+def incidents_dir(d: Daemon) -> Path:
+    return d.workdir / "state" / "incidents"
+
+
+def record_of(d: Daemon, event: dict[str, Any]) -> dict[str, Any]:
+    path = Path(event["incident_path"])
+    assert path.parent == incidents_dir(d)
+    return json.loads((path / "record.json").read_text())
+
+
+def frames_of(record: dict[str, Any], role: str, method: str) -> list[str]:
+    """'function file' of every frame of every thread of the processes with this role."""
+    out = []
+    for proc in record["stacks"]["processes"]:
+        if proc["role"] != role:
+            continue
+        for dump in proc["dumps"]:
+            if dump["method"] == method and dump["ok"]:
+                out += [f"{f[0]} {f[1]}" for t in dump["threads"] for f in t["frames"]]
+    return out
+
+
+def test_a_deadlocked_engine_thread_shows_the_deadlocked_frame(daemon: Factory) -> None:
+    d = daemon(["--deadlock-after", "1"])
+    d.wait_ready()
+    since = d.mark()
+    event = d.wait_event("incident.recorded", 30.0, since, reason="hang")
+    stopping = d.wait_event("child.stopping", 10.0, since)
+    assert ts_of(stopping) >= ts_of(event)  # the record came before SIGTERM
+    rec = record_of(d, event)
+    assert rec["reason"] == "hang" and rec["tree"]["api_server_alive"]
+    for method in ("faulthandler", "py-spy"):
+        frames = frames_of(rec, "engine_core", method)
+        # py-spy names the inner function engine_deadlock.<locals>.take, faulthandler `take`
+        assert any(f.startswith("engine_deadlock ") for f in frames), (method, frames)
+        assert any("take " in f and "fake_engine.py" in f for f in frames), (method, frames)
+    assert rec["stacks"]["methods"]["faulthandler"].startswith("ran for all")
+    assert any("Injected fault: engine deadlock" in ln for ln in rec["output"])
+    assert rec["metrics"]["last"], "the last /metrics scrape"
+    assert any(k.startswith("vllm:num_requests_running") for k in rec["metrics"]["last"])
+    assert rec["status"]["state"] == "ready"
+    assert rec["core"]["start_phases_s"] and rec["timeline"]
+    assert rec["versions"]["vllmwatch"]
+    assert oct(os.stat(incidents_dir(d)).st_mode & 0o777) == "0o700"
+    assert oct(os.stat(event["incident_path"]).st_mode & 0o777) == "0o700"
+    # (every child of this fake deadlocks: no second READY is waited for)
+    status = json.loads(d.http_get("/status")[1])
+    assert status["last_incident"] is not None and status["incidents_total"] >= 1
+    metrics = d.http_get("/metrics")[1].decode()
+    assert "\nvllmwatch_incidents_total " in metrics
+    shown = subprocess.run([PYTHON, "-m", "vllmwatch", "incidents", "show", event["incident"],
+                            "--dir", str(incidents_dir(d))], capture_output=True, text=True,
+                           check=True, cwd=REPO).stdout
+    order = [shown.index(h) for h in ("== reason and timeline", "== what each vLLM thread",
+                                      "== metrics that moved", "== memory and GPU",
+                                      "== last output lines")]
+    assert order == sorted(order)
+    assert "engine_deadlock" in shown
+
