@@ -8,6 +8,7 @@ for leftovers at teardown).
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import shutil
@@ -116,3 +117,91 @@ def test_a_deadlocked_engine_thread_shows_the_deadlocked_frame(daemon: Factory) 
     assert order == sorted(order)
     assert "engine_deadlock" in shown
 
+
+
+def test_a_memory_restart_holds_the_samples_that_fired_the_rule(daemon: Factory) -> None:
+    d = daemon(["--leak-mib-per-s", "50"], {"memory": {
+        "host_growth_limit": "40MiB", "sample_interval": "0.5s", "pss_interval": "0.5s",
+        "sustain": 2, "baseline_delay": "0s"}})
+    d.wait_ready()
+    since = d.mark()
+    fired = d.wait_event("memory.rule_fired", 15.0, since)
+    event = d.wait_event("incident.recorded", 10.0, since, reason="host_memory")
+    rec = record_of(d, event)
+    samples = rec["memory"]["samples"]
+    assert samples["sustain"] == 2
+    recent = samples["recent"]
+    assert len(recent) >= 2
+    # the newest samples are the ones the rule judged: above baseline + the growth limit
+    baseline = samples["host"]["baseline_mib"]
+    assert all(s["host_rule_mib"] > baseline + 40 for s in recent[-2:]), (baseline, recent)
+    assert samples["host"]["points"], "the leak series' points"
+    assert rec["memory"]["last_sample"]["host_rss_mib"] > 0
+    assert "host_growth_limit" in rec["detail"] and fired["rule"] == "host_growth_limit"
+    assert rec["tree"]["host_rss_mib"] > 0
+
+
+def test_pruning_keeps_the_bounds(daemon: Factory) -> None:
+    # Every child exits 1 s after READY: a crash restart each time, each with a record.
+    d = daemon(["--exit-after", "0.5", "--exit-code", "1"],
+               {"incidents": {"max_records": 2},
+                "restart": {"max_restarts": 50, "backoff_max": "0.3s"}})
+    wait_for(lambda: len(d.named("incident.recorded")) >= 4, 60.0, "four incident records")
+    wait_for(lambda: d.named("incident.pruned"), 10.0, "a prune")
+    assert len(store.ids(str(incidents_dir(d)))) <= 2
+    newest = d.named("incident.recorded")[-1]["incident"]
+    wait_for(lambda: newest in store.ids(str(incidents_dir(d))), 5.0, "the newest kept")
+
+
+def _mount_tmpfs(where: Path, size: str) -> bool:
+    where.mkdir()
+    if os.geteuid() != 0 or shutil.which("mount") is None:
+        return False
+    done = subprocess.run(["mount", "-t", "tmpfs", "-o", f"size={size},mode=0700", "tmpfs",
+                           str(where)], capture_output=True, check=False)
+    return done.returncode == 0
+
+
+def _mount(*args: str) -> bool:
+    if os.geteuid() != 0 or shutil.which("mount") is None:
+        return False
+    return subprocess.run(["mount", *args], capture_output=True, check=False).returncode == 0
+
+
+@pytest.mark.parametrize("fault", ["full", "read-only"])
+def test_an_unwritable_state_directory_is_a_warning_and_the_restart_goes_on(
+        daemon: Factory, tmp_path: Path, fault: str) -> None:
+    state = tmp_path / "state-fs"
+    state.mkdir()
+    mounts: list[Path] = []
+    try:
+        if fault == "full":  # a file system of its own, to fill up
+            if not _mount("-t", "tmpfs", "-o", "size=256k,mode=0700", "tmpfs", str(state)):
+                pytest.skip("needs root and tmpfs mounts")
+            mounts.append(state)
+        d = daemon(["--exit-after", "1", "--exit-code", "1"],
+                   {"restart": {"max_restarts": 50}}, env={"STATE_DIRECTORY": str(state)})
+        d.wait_ready()
+        incidents = state / "incidents"
+        assert incidents.is_dir()
+        if fault == "full":
+            with open(state / "filler", "wb", buffering=0) as fh, \
+                    contextlib.suppress(OSError):
+                while True:
+                    fh.write(b"\0" * 65536)
+        else:  # the incidents folder read-only under the daemon's feet (root ignores modes)
+            if not _mount("--bind", str(incidents), str(incidents)):
+                pytest.skip("needs root and bind mounts")
+            mounts.append(incidents)
+            assert _mount("-o", "remount,bind,ro", str(incidents))
+        since = d.mark()
+        failed = d.wait_event("incident.failed", 20.0, since)
+        begin = d.wait_event("restart.begin", 1.0, since, reason="crash")
+        assert failed["error"] and ts_of(failed) >= ts_of(begin)
+        # The ladder went on as soon as the failure came back, not at the core's deadline.
+        d.wait_event("child.started", 10.0, d.events.index(failed))
+        assert not d.named("incident.timeout", since)
+        assert d.proc is not None and d.proc.poll() is None  # no crash of vllmwatch
+    finally:
+        for where in reversed(mounts):
+            subprocess.run(["umount", "-l", str(where)], check=False)
