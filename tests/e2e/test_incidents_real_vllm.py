@@ -66,9 +66,8 @@ def test_a_sigstopped_engine_core_hang_records_its_stack(start_daemon: Any) -> N
 def test_an_api_server_kill_crash_records_output_and_metrics(start_daemon: Any) -> None:
     d = start_daemon()
     pid = d.wait_ready(STARTUP)["pid"]
-    # a /metrics scrape has landed since READY (the record keeps the last one)
-    wait_for(lambda: "metrics" in status(d).get("probe_last_completed", {}), 30.0,
-             "a /metrics scrape")
+    # a /metrics scrape has succeeded (its gauges are in /status): the record keeps it
+    wait_for(lambda: status(d).get("vllm_running") is not None, 30.0, "a /metrics scrape")
     mark = d.mark()
     os.kill(pid, signal.SIGKILL)
     event = d.wait_event("incident.recorded", DETECT, mark, reason="crash")
