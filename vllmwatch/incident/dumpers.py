@@ -25,6 +25,7 @@ from pathlib import Path
 
 HOOK_DIR = str(Path(__file__).with_name("hook"))
 STACKS_ENV = "VLLMWATCH_STACKS_DIR"
+PTRACER_ENV = "VLLMWATCH_PTRACER"  # the hook's prctl(PR_SET_PTRACER) names this pid
 DUMP_SIGNAL = signal.SIGUSR2
 _SETTLE_S = 0.05  # a faulthandler file that stopped growing this long is complete
 

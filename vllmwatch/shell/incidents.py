@@ -94,6 +94,7 @@ class IncidentShell:
         old = env.get("PYTHONPATH", "")
         env["PYTHONPATH"] = dumpers.HOOK_DIR + (os.pathsep + old if old else "")
         env[dumpers.STACKS_ENV] = self.stacks_dir
+        env[dumpers.PTRACER_ENV] = str(os.getpid())
         return replace(cmd, env=env)
 
     def _fresh_stacks_dir(self) -> str | None:
