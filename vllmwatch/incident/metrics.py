@@ -21,9 +21,10 @@ def vllm_lines(text: str) -> str:
 
 
 def keep(scrapes: list[tuple[float, str]], wall: float, text: str) -> list[tuple[float, str]]:
-    """Add a scrape: the newest always replaces the last one unless that one is a minute old."""
+    """Add a scrape: the newest replaces the last one unless that one is a minute newer
+    than the one kept before it (so all but the newest are a minute apart)."""
     text = vllm_lines(text)
-    if len(scrapes) >= 2 and wall - scrapes[-2][0] < KEEP_EVERY_S:
+    if len(scrapes) >= 2 and scrapes[-1][0] - scrapes[-2][0] < KEEP_EVERY_S:
         scrapes = scrapes[:-1]
     return [*scrapes, (wall, text)][-KEEP:]
 
