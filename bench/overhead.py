@@ -44,8 +44,9 @@ from _common import (
 from _load import run_load
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+from vllmwatch.config.schema import ProbeConfig
 from vllmwatch.shell.memory import host_memory, make_sampler, tree_pids
-from vllmwatch.shell.probes import HttpProber, parse_metrics
+from vllmwatch.shell.probes import Endpoint, HttpProber, parse_metrics
 from vllmwatch.shell.probes import text_string_to_metric_families as full_parse
 
 FAST = {
@@ -55,7 +56,8 @@ FAST = {
 
 
 def pieces(port: int, child: int) -> dict[str, Any]:
-    prober = HttpProber("127.0.0.1", port, "tiny", 5.0, 30.0)
+    prober = HttpProber(Endpoint("127.0.0.1", port, "tiny"),
+                        ProbeConfig(timeout=5.0, canary_timeout=30.0))
     _, body = http_get(port, "/metrics")
     text = body.decode()
     sampler = make_sampler([], lambda *a, **k: None)

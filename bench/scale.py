@@ -30,8 +30,9 @@ from typing import Any
 from _common import free_port, kill_group, machine, save, say, timeit, track_group
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+from vllmwatch.config.schema import ProbeConfig
 from vllmwatch.shell.memory import host_memory, make_sampler, tree_pids
-from vllmwatch.shell.probes import HttpProber, parse_metrics
+from vllmwatch.shell.probes import Endpoint, HttpProber, parse_metrics
 from vllmwatch.shell.probes import text_string_to_metric_families as full_parse
 from vllmwatch.testing.fake_nvml import FakeGpu, FakeNvml
 
@@ -93,7 +94,8 @@ def metrics_scale() -> list[dict[str, Any]]:
     srv = http.server.ThreadingHTTPServer(("127.0.0.1", port), H)
     th = threading.Thread(target=srv.serve_forever, daemon=True)
     th.start()
-    prober = HttpProber("127.0.0.1", port, "m", 30.0, 30.0)
+    prober = HttpProber(Endpoint("127.0.0.1", port, "m"),
+                        ProbeConfig(timeout=30.0, canary_timeout=30.0))
     try:
         for shape in ("other", "wanted"):
             for kb in SIZES_KB:

@@ -29,7 +29,7 @@ if [[ $(id -u) == 0 ]] && command -v apt-get >/dev/null \
         DEBIAN_FRONTEND=noninteractive apt-get install -y -qq qemu-user-static debootstrap \
         binutils-aarch64-linux-gnu >/dev/null || echo "[test] apt-get failed: arm64 tests skip"
 fi
-# promtool and prometheus test contrib/prometheus (tests/test_contrib.py); Debian ships both.
+# promtool and prometheus test contrib/prometheus (tests/daemon/test_contrib.py); Debian ships both.
 if [[ $(id -u) == 0 ]] && command -v apt-get >/dev/null \
         && ! { command -v promtool && command -v prometheus; } >/dev/null; then
     echo "[test] installing prometheus (promtool) for the alert-rule tests"

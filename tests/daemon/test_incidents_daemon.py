@@ -18,26 +18,11 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from daemon_harness import PYTHON, REPO, Daemon, free_port, merge, ts_of, wait_for
 
+from tests.support import PYTHON, REPO, Daemon, base_config, free_port, merge, ts_of, wait_for
 from vllmwatch.incident import store
 
-FAKE = [PYTHON, "-m", "vllmwatch.testing.fake_vllm", "--startup-seconds", "0.3"]
 Factory = Callable[..., Daemon]
-
-
-def base_config(fake_args: list[str]) -> dict[str, dict[str, Any]]:
-    """Short intervals, so that each fault shows within a second or two."""
-    return {
-        "vllm": {"command": FAKE, "model": "tiny", "port": free_port(), "gpus": [],
-                 "extra_args": fake_args},
-        "probe": {"interval": "0.5s", "timeout": "1s", "canary_interval": "1s",
-                  "canary_timeout": "1s", "metrics_interval": "0.5s"},
-        "restart": {"backoff_initial": "0.2s", "backoff_max": "1s", "drain_timeout": "2s",
-                    "stop_timeout": "3s"},
-        "prewarm": {"enabled": False},
-        "status": {"listen": f"127.0.0.1:{free_port()}"},
-    }
 
 
 @pytest.fixture
@@ -49,7 +34,8 @@ def daemon(tmp_path: Path) -> Iterator[Factory]:
              **kwargs: Any) -> Daemon:
         workdir = tmp_path / f"d{len(made)}"
         workdir.mkdir()
-        d = Daemon(workdir, merge(base_config(fake_args), overrides or {}), **kwargs)
+        cfg = merge(base_config(free_port(), free_port(), fake_args), overrides or {})
+        d = Daemon(workdir, cfg, **kwargs)
         made.append(d)
         return d.start()
 

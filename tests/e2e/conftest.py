@@ -19,10 +19,8 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from daemon_harness import Daemon, free_port, port_free
-from waiting import holds_within
 
-from e2e.e2e_harness import (
+from tests.e2e.e2e_harness import (
     REPO,
     SERVED_NAME,
     TIMES,
@@ -31,6 +29,7 @@ from e2e.e2e_harness import (
     group_leftovers,
     kill_all,
 )
+from tests.support import Daemon, free_port, holds_within, port_free
 from vllmwatch.config import vllmflags, vllminfo
 
 VENV = Path(os.environ.get("VLLMWATCH_VLLM_VENV", REPO / ".cache" / "vllm-venv"))

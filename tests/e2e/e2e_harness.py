@@ -1,4 +1,4 @@
-"""What the end-to-end tests add to tests/daemon_harness.py for a real vLLM.
+"""What the end-to-end tests add to tests/support/daemon.py for a real vLLM.
 
 The shared harness runs `vllmwatch run` and parses its events. Here: the real process tree
 (titles such as `VLLM::EngineCore`), requests to the real server, vllmwatch's /status, a
@@ -22,7 +22,8 @@ from pathlib import Path
 from typing import Any
 
 import psutil
-from daemon_harness import REPO, Daemon
+
+from tests.support import REPO, Daemon
 
 TIMES_FILE = REPO / ".cache" / "e2e-times.json"
 LEAK_DIR = Path(__file__).resolve().parent / "leak"

@@ -5,25 +5,18 @@ from __future__ import annotations
 import json
 import os
 import signal
-import socket
 import subprocess
 import urllib.request
 from pathlib import Path
 
 import pytest
-from waiting import holds_within, wait_until
 
+from tests.support import free_port, holds_within, wait_until
 from vllmwatch.shell.child import find_tree, instance_id
 
 REPO = Path(__file__).resolve().parents[2]
 VENV = Path(os.environ.get("VLLMWATCH_VLLM_VENV", REPO / ".cache" / "vllm-venv"))
 pytestmark = pytest.mark.e2e
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
 
 
 def get(url: str, data: bytes | None = None) -> tuple[int, bytes]:

@@ -10,10 +10,10 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
-from daemon_harness import Daemon, free_port, wait_for
 
-from e2e.conftest import _merge, _tear_down, real_vllm_config
-from e2e.e2e_harness import SERVED_NAME
+from tests.e2e.conftest import _merge, _tear_down, real_vllm_config
+from tests.e2e.e2e_harness import SERVED_NAME
+from tests.support import Daemon, free_port, wait_for
 from vllmwatch.testing.lb import Backend, Balancer, PacedClient, haproxy_path, omp_binds
 
 pytestmark = pytest.mark.e2e

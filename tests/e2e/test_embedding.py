@@ -13,10 +13,10 @@ from collections.abc import Callable
 from pathlib import Path
 
 import pytest
-from daemon_harness import TIMEOUT_SCALE, Daemon, wait_for
 
-from e2e.conftest import VENV
-from e2e.e2e_harness import REPO, SERVED_NAME, base_url, http, record_times, status
+from tests.e2e.conftest import VENV
+from tests.e2e.e2e_harness import REPO, SERVED_NAME, base_url, http, record_times, status
+from tests.support import TIMEOUT_SCALE, Daemon, wait_for
 
 pytestmark = pytest.mark.e2e
 

@@ -15,9 +15,9 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from daemon_harness import TIMEOUT_SCALE, Daemon, wait_for
 
-from e2e.e2e_harness import find_in_tree, record_times, status
+from tests.e2e.e2e_harness import find_in_tree, record_times, status
+from tests.support import TIMEOUT_SCALE, Daemon, wait_for
 
 pytestmark = pytest.mark.e2e
 

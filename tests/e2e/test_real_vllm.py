@@ -19,9 +19,8 @@ from typing import Any
 
 import psutil
 import pytest
-from daemon_harness import TIMEOUT_SCALE, Daemon, port_free, wait_for
 
-from e2e.e2e_harness import (
+from tests.e2e.e2e_harness import (
     LEAK_DIR,
     SERVED_NAME,
     after,
@@ -35,6 +34,7 @@ from e2e.e2e_harness import (
     status,
     tree,
 )
+from tests.support import TIMEOUT_SCALE, Daemon, port_free, wait_for
 
 pytestmark = pytest.mark.e2e
 

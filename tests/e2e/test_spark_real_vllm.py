@@ -7,9 +7,9 @@ from __future__ import annotations
 from collections.abc import Callable
 
 import pytest
-from daemon_harness import TIMEOUT_SCALE, Daemon
 
-from e2e.e2e_harness import record_times, status
+from tests.e2e.e2e_harness import record_times, status
+from tests.support import TIMEOUT_SCALE, Daemon
 
 StartDaemon = Callable[..., Daemon]
 STARTUP = 300 / TIMEOUT_SCALE

@@ -142,8 +142,10 @@ def test_the_crash_loop_give_up_is_recorded_with_exit_3() -> None:
         d.kill_child(code=1)
         d.run_until(lambda: d.state.state == S.READY or d.exit_code is not None, 600)
     assert d.exit_code == exitcodes.GAVE_UP
-    assert [r.exit_code for r in d.world.incidents][-1] == exitcodes.GAVE_UP
-    assert all(r.reason == "crash" for r in d.world.incidents)
+    *crashes, last = d.world.incidents
+    assert (last.reason, last.exit_code) == ("crashloop", exitcodes.GAVE_UP)
+    assert "crash: " in last.detail  # the restart that was one too many
+    assert crashes and all((r.reason, r.exit_code) == ("crash", None) for r in crashes)
 
 
 def test_a_gpu_fault_exit_is_recorded_with_exit_6() -> None:

@@ -11,15 +11,12 @@ from __future__ import annotations
 import os
 import shutil
 import subprocess
-import sys
 from collections.abc import Callable, Mapping
 from pathlib import Path
 
 import pytest
 
-sys.path.insert(0, str(Path(__file__).parent))
-
-from harness import Bind, SystemdResult, run_in_systemd, unavailable_reason
+from tests.systemd.harness import Bind, SystemdResult, run_in_systemd, unavailable_reason
 
 REPO = Path(__file__).resolve().parents[2]
 

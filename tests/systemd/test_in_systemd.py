@@ -12,8 +12,9 @@ import os
 from pathlib import Path
 
 import pytest
-from conftest import REPO, Boot, dropin, fake_config
-from harness import Bind, SystemdResult
+
+from tests.systemd.conftest import REPO, Boot, dropin, fake_config
+from tests.systemd.harness import Bind, SystemdResult
 
 pytestmark = pytest.mark.systemd
 

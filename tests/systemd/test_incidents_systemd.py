@@ -13,7 +13,8 @@ import json
 import os
 
 import pytest
-from conftest import Boot, dropin, fake_config
+
+from tests.systemd.conftest import Boot, dropin, fake_config
 
 pytestmark = pytest.mark.systemd
 

@@ -8,9 +8,9 @@ from __future__ import annotations
 import json
 
 import pytest
-from conftest import Boot, dropin, fake_config
-from test_in_systemd import CONF, FAST, PORT, STATUS, ok, write
 
+from tests.systemd.conftest import Boot, dropin, fake_config
+from tests.systemd.test_in_systemd import CONF, FAST, PORT, STATUS, ok, write
 from vllmwatch.shell.journal import MESSAGE_IDS
 
 pytestmark = pytest.mark.systemd

@@ -14,8 +14,7 @@ engine finishes nothing, and the balancer's own checks already fail on it.
 
 from __future__ import annotations
 
-import dataclasses
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from enum import Enum
 
 
@@ -50,10 +49,6 @@ class Drain:
     drain_until: float
     stopping_at: float | None = None
     exited_at: float | None = None
-
-    def with_(self, **changes: object) -> Drain:
-        """A copy with some fields changed."""
-        return dataclasses.replace(self, **changes)  # type: ignore[arg-type]
 
 
 def plan(drain_asked: bool, child_ready: bool, deregister_delay: float,
@@ -107,12 +102,12 @@ def deadline(d: Drain) -> float:
 
 def stopping(d: Drain, now: float) -> Drain:
     """SIGTERM was sent at `now`."""
-    return d if d.stopping_at is not None else d.with_(stopping_at=now)
+    return d if d.stopping_at is not None else replace(d, stopping_at=now)
 
 
 def exited(d: Drain, now: float) -> Drain:
     """The child is gone at `now`."""
-    return d if d.exited_at is not None else d.with_(exited_at=now)
+    return d if d.exited_at is not None else replace(d, exited_at=now)
 
 
 def durations(d: Drain, now: float) -> dict[str, float]:

@@ -6,6 +6,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from vllmwatch.config.schema import Config, ProbeConfig
+from vllmwatch.core.names import ProbeKind
 from vllmwatch.core.samples import MemorySample
 
 # ---- events: what happened (the shell observed it and hands it to step()) ----
@@ -30,6 +31,9 @@ class Spawned:
 
     pid: int
     argv_display: str = ""
+    # Each GPU's used MiB just before the launch: the release gate compares against it after
+    # this child is gone (GPU index, MiB).
+    gpu_before_mib: tuple[tuple[int, float], ...] = ()
 
 
 @dataclass(frozen=True)
@@ -86,6 +90,7 @@ class CanaryResult:
     error: str = ""
     warmup: bool = False
     gen: int = 0
+    kind: str | None = None  # the canary kind `auto` found with this request, else None
 
 
 @dataclass(frozen=True)
@@ -226,12 +231,13 @@ class Probe:
     and the probe settings in force now.
     """
 
-    kind: str
+    kind: ProbeKind  # an http kind of names.PROBES
     gen: int
     host: str
     port: int
     model_name: str
     probe: ProbeConfig
+    canary_kind: str | None = None  # what `auto` found for this child (ChildRun.canary_kind)
 
 
 @dataclass(frozen=True)
@@ -260,6 +266,15 @@ class CheckRelease:
 
     old_pids: tuple[int, ...]
     tolerance_mib: float
+    before_launch: tuple[tuple[int, float], ...] = ()  # (GPU, MiB) before the old launch
+
+
+@dataclass(frozen=True)
+class StartOver:
+    """The child's start is over (READY, or the start was left): the shell stops what it
+    runs only during a start (the unified-memory start guard)."""
+
+    why: str
 
 
 @dataclass(frozen=True)
@@ -288,7 +303,7 @@ class Exit:
 
 
 Action = (Log | Notify | DoPrewarm | Spawn | SignalGroup | Probe | SampleMemory | Sweep
-          | CheckRelease | RecordIncident | Exit)
+          | CheckRelease | StartOver | RecordIncident | Exit)
 
 
 AsyncAction = Probe | SampleMemory | Sweep | CheckRelease | DoPrewarm | RecordIncident
@@ -301,11 +316,11 @@ def failure_result(action: AsyncAction, error: str) -> Event:
     A failed probe counts as that probe failing; a failed sweep leaves what remains unknown.
     """
     if isinstance(action, Probe):
-        if action.kind == "health":
+        if action.kind == ProbeKind.HEALTH:
             return HealthResult(False, None, 0.0, error, gen=action.gen)
-        if action.kind == "metrics":
+        if action.kind == ProbeKind.METRICS:
             return MetricsResult(False, error=error, gen=action.gen)
-        return CanaryResult(False, False, 0.0, error, warmup=action.kind == "warmup",
+        return CanaryResult(False, False, 0.0, error, warmup=action.kind == ProbeKind.WARMUP,
                             gen=action.gen)
     if isinstance(action, SampleMemory):
         return MemorySampled(None, gen=action.gen, error=error)

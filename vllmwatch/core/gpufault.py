@@ -10,9 +10,11 @@ Kubernetes) does not restart it into the same wall.
 from __future__ import annotations
 
 from collections.abc import Iterable
+from dataclasses import replace
 
 from vllmwatch.core import exitcodes, ladder
-from vllmwatch.core.events import Action, Log, Notify
+from vllmwatch.core.events import Action, Log
+from vllmwatch.core.names import Reason
 from vllmwatch.core.samples import GpuFault
 from vllmwatch.core.state import Result, WatchState
 
@@ -77,8 +79,7 @@ def react(s: WatchState, faults: Iterable[GpuFault], now: float) -> tuple[Result
     acts.append(Log("critical", "gpu.fault", {
         "gpus": sorted({f.gpu_index for f in bad}), "kinds": sorted({f.kind for f in bad}),
         "detail": detail, "fatal": True, "exit_code": EXIT_GPU_FAULT, "action": NEXT_STEP}))
-    s, more = ladder.begin_restart(s, now, "gpu_fault", detail, drain=False)
-    if s.exit_code is None:  # a stop already under way keeps its own code
-        s = s.with_(exit_code=EXIT_GPU_FAULT)
-        acts.append(Notify(stopping=True))
+    if s.exit_code is None:  # a stop already under way keeps its own code and reason
+        s = replace(s, last_reason=Reason.GPU_FAULT, last_detail=detail)
+    s, more = ladder.halt(s, now, EXIT_GPU_FAULT, Reason.GPU_FAULT, detail)
     return (s, acts + more), True

@@ -10,17 +10,21 @@ few seconds, never stop it.
 
 from __future__ import annotations
 
-from dataclasses import asdict
+from dataclasses import asdict, replace
 from typing import Any
 
 from vllmwatch.core import exitcodes
 from vllmwatch.core.events import Action, Log, RecordIncident
 from vllmwatch.core.leak import SeriesState
-from vllmwatch.core.state import IncidentWait, Result, WatchState
+from vllmwatch.core.names import Reason
+from vllmwatch.core.state import IncidentWait, Result, S, WatchState
 
-REQUESTED = frozenset({"manual", "reload"})  # restarts a person asked for: no record
+REQUESTED = frozenset({Reason.MANUAL, Reason.RELOAD})  # restarts a person asked for
+# Exits that are not a requested stop, and not a refusal to start: each gets a record.
+EXITS = frozenset({exitcodes.GAVE_UP, exitcodes.START_MEMORY, exitcodes.GPU_FAULT})
+STATES = frozenset({S.STARTING, S.READY, S.DRAINING})  # where a child can still be read
 WAIT_MARGIN = 1.0  # the core's own deadline beyond the shell's, should its answer be lost
-MEMORY_REASONS = frozenset({"gpu_memory", "host_memory"})
+MEMORY_REASONS = frozenset({Reason.GPU_MEMORY, Reason.HOST_MEMORY})
 SAMPLES_KEPT = 120  # the newest leak-rule points of each series put in a record
 
 
@@ -33,13 +37,12 @@ def request(s: WatchState, now: float, reason: str, detail: str, drain: bool) ->
     """Ask for the record and hold the ladder until it is written (or its deadline)."""
     timeout = s.config.incidents.timeout
     seq = s.incident_seq + 1
-    code = s.exit_code
-    if code is None and reason == "gpu_fault":
-        code = exitcodes.GPU_FAULT  # gpufault.react sets it right after begin_restart
-    wait = IncidentWait(seq=seq, until=now + timeout + WAIT_MARGIN, drain=drain, started=now)
-    s = s.with_(incident_seq=seq, incident_wait=wait, deadline=wait.until)
+    code = s.exit_code  # halt sets it before asking
+    wait = IncidentWait(seq=seq, until=now + timeout + WAIT_MARGIN, drain=drain, started=now,
+                        reason=str(reason))
+    s = replace(s, incident_seq=seq, incident_wait=wait, deadline=wait.until)
     c = s.child
-    acts: list[Action] = [RecordIncident(seq, reason, detail, timeout,
+    acts: list[Action] = [RecordIncident(seq, str(reason), detail, timeout,
                                          c.pgid if c is not None else None, code,
                                          facts(s, now, reason))]
     return s, acts
@@ -51,16 +54,15 @@ def recorded(s: WatchState, seq: int, incident_id: str, path: str, error: str, s
     wait = s.incident_wait
     if wait is None or wait.seq != seq:
         return s, [], None
-    s = s.with_(incident_wait=None, deadline=None)
+    s = replace(s, incident_wait=None, deadline=None)
     if error:
         return s, [Log("warning", "incident.failed", {
             "error": error, "detail": "no incident record for this restart; the restart "
             "goes on"})], wait
-    s = s.with_(incidents_total=s.incidents_total + 1, last_incident=incident_id)
-    reason, _ = s.pending if s.pending is not None else (s.last_reason, None)
-    # The restart's event that names its record (journald: INCIDENT=, INCIDENT_PATH=).
+    s = replace(s, incidents_total=s.incidents_total + 1, last_incident=incident_id)
+    # The restart's event that names its record (journald: VLLMWATCH_INCIDENT=, ..._PATH=).
     return s, [Log("warning", "incident.recorded", {
-        "reason": reason, "incident": incident_id, "incident_path": path,
+        "reason": wait.reason, "incident": incident_id, "incident_path": path,
         "seconds": round(seconds, 3), "stacks": stacks,
         "hint": f"vllmwatch incidents show {incident_id}"})], wait
 
@@ -69,7 +71,7 @@ def timed_out(s: WatchState, now: float) -> tuple[WatchState, list[Action], Inci
     """No answer by the core's deadline: go on without the record."""
     wait = s.incident_wait
     assert wait is not None
-    s = s.with_(incident_wait=None, deadline=None)
+    s = replace(s, incident_wait=None, deadline=None)
     return s, [Log("warning", "incident.timeout", {
         "waited_s": round(now - wait.started, 2), "detail": "the incident record did not "
         "come back in time; the restart goes on without waiting for it"})], wait

@@ -1,38 +1,32 @@
-"""Pure: the restart ladder. Drain -> SIGTERM -> grace -> SIGKILL -> sweep -> release -> backoff."""
+"""Pure: the restart ladder's decisions. Whether vLLM comes back (`begin_restart`) or
+vllmwatch leaves (`halt`, the one way out) is decided here and only here; the take-down
+itself (drain -> SIGTERM -> grace -> SIGKILL -> sweep) is core/stopping.py; after the sweep
+come the GPU release gate, the first prewarm, backoff and the next launch.
+"""
 
 from __future__ import annotations
 
-from vllmwatch.core import drain as drains
-from vllmwatch.core import exitcodes, incidents, policy, probing
+from collections.abc import Mapping
+from dataclasses import replace
+
+from vllmwatch.core import exitcodes, incidents, policy
 from vllmwatch.core.events import (
     Action,
     CheckRelease,
     DoPrewarm,
-    Exit,
     IncidentRecorded,
     Log,
     Notify,
-    SignalGroup,
     Spawn,
-    Sweep,
 )
-from vllmwatch.core.state import (
-    CHILD_STATES,
-    FAILURE_REASONS,
-    ChildRun,
-    Result,
-    S,
-    WatchState,
-    goto,
-    next_random,
-)
+from vllmwatch.core.names import FAILURE_REASONS, ProbeKind, Reason
+from vllmwatch.core.release import ReleaseGate
+from vllmwatch.core.state import ChildRun, Result, S, WatchState, goto, next_random
+from vllmwatch.core.stopping import KILL_WAIT as KILL_WAIT
+from vllmwatch.core.stopping import SWEEP_WAIT as SWEEP_WAIT
+from vllmwatch.core.stopping import finish, leave, take_down
 
-KILL_WAIT = 10.0  # after SIGKILL, how long to wait for the exit before sweeping anyway
-SWEEP_WAIT = 20.0  # on the way out, how long a sweep may take before we leave regardless
 RELEASE_POLL = 1.0
-SETTLE = 3.0  # after a requested stop, how long the engine may take to follow the API server
-STUCK_REASONS = frozenset({"hang", "stall"})
-STUCK_GRACE = 5.0  # SIGTERM -> SIGKILL for an engine known to be stuck
 FIRST_POLL = 1.0  # the first /health and memory look after a launch
 
 
@@ -41,53 +35,74 @@ def spawn(s: WatchState, now: float) -> Result:
     s, acts = goto(s, S.STARTING, now, s.pending[0] if s.pending else "launch",
                    deadline=now + s.config.startup.timeout)
     run = ChildRun(gen=s.gen + 1, started=now, vllm=s.config.vllm, last_progress=now,
-                   timers={"health": now + FIRST_POLL, "memory": now + FIRST_POLL})
-    s = s.with_(gen=run.gen, child=run, pending=None, release_at=None, release_deadline=None)
+                   timers={ProbeKind.HEALTH: now + FIRST_POLL,
+                           ProbeKind.MEMORY: now + FIRST_POLL})
+    s = replace(s, gen=run.gen, child=run, pending=None, release=None)
     return s, [*acts, Spawn(s.config)]
 
 
-def begin_restart(s: WatchState, now: float, reason: str, detail: str, drain: bool) -> Result:
-    """Record a restart and start taking the child down (once: a restart under way wins)."""
+def halt(s: WatchState, now: float, code: int, reason: Reason, detail: str,
+         fields: Mapping[str, object] | None = None) -> Result:
+    """The one way out (gunicorn's HaltServer): record the exit code and reason, tell systemd
+    (STOPPING=1), log `daemon.exiting` once, and take the child down; the ladder then ends
+    in Exit(code). The first exit decided wins: a later call changes nothing."""
+    if s.exit_code is not None:
+        return s, []
+    s = replace(s, exit_code=code, exit_reason=reason, exit_detail=detail)
+    acts: list[Action] = [Notify(stopping=True), Log(
+        "info" if code == exitcodes.OK else "error", "daemon.exiting", {
+            "code": code, "reason": str(reason), "detail": detail, "state": str(s.state),
+            "meaning": exitcodes.MEANING.get(code, ""), **(fields or {})})]
+    if code in incidents.EXITS:  # not a requested stop: the record first, then leave
+        s, more = record_then_take_down(s, now, reason, detail, drain=False)
+    else:
+        s, more = leave(s, now)
+    return s, acts + more
+
+
+def begin_restart(s: WatchState, now: float, reason: Reason, detail: str, drain: bool
+                  ) -> Result:
+    """Record a restart and start taking the child down (once: a restart under way wins);
+    the crash-loop guard turns a failure restart past restart.max_restarts into a halt."""
     if s.exit_code is not None or s.pending is not None:
         return s, []
-    acts: list[Action] = []
     failure = reason in FAILURE_REASONS
     if failure:
         ready_at = s.child.ready_at if s.child is not None else None
         stable = ready_at is not None and now - ready_at >= s.config.restart.stable_after
         times = (*policy.prune_window(s.restart_times, now, s.config.restart.window), now)
-        s = s.with_(restart_times=times, failures=1 if stable else s.failures + 1)
+        s = replace(s, restart_times=times, failures=1 if stable else s.failures + 1)
     counts = dict(s.restarts_by_reason)
     counts[reason] = counts.get(reason, 0) + 1
-    s = s.with_(pending=(reason, detail), restarts_by_reason=counts, last_reason=reason,
+    s = replace(s, pending=(reason, detail), restarts_by_reason=counts, last_reason=reason,
                 last_detail=detail, last_restart_at=now, recovering=True)
     if failure and policy.crash_loop(s.restart_times, s.config.restart):
         r = s.config.restart
-        acts.append(Log("error", "crashloop.gave_up", {
+        log = Log("error", "crashloop.gave_up", {
             "reason": reason, "restarts": len(s.restart_times), "window_s": r.window,
             "max_restarts": r.max_restarts,
             "hint": "vLLM keeps failing; read its last lines above, fix the cause, then "
-                    "`systemctl restart vllmwatch`"}))
-        s = s.with_(exit_code=exitcodes.GAVE_UP)
-        drain = False
-    else:
-        acts.append(Log("warning", "restart.begin", {
-            "reason": reason, "detail": detail, "restarts": sum(counts.values()),
-            "failures_in_row": s.failures}))
-    s, more = record_then_take_down(s, now, reason, detail, drain)
-    return s, acts + more
+                    "`systemctl restart vllmwatch`"})
+        s, acts = halt(s, now, exitcodes.GAVE_UP, Reason.CRASHLOOP, f"{reason}: {detail}")
+        return s, [log, *acts]
+    log = Log("warning", "restart.begin", {
+        "reason": reason, "detail": detail, "restarts": sum(counts.values()),
+        "failures_in_row": s.failures})
+    s, acts = record_then_take_down(s, now, reason, detail, drain)
+    return s, [log, *acts]
 
 
-def record_then_take_down(s: WatchState, now: float, reason: str, detail: str, drain: bool
+def record_then_take_down(s: WatchState, now: float, reason: Reason, detail: str, drain: bool
                           ) -> Result:
-    """Unplanned: write the incident record first (core/incidents.py); else take down now."""
-    if incidents.wanted(s, reason) and s.state in CHILD_STATES:
+    """Unplanned: the incident record first (core/incidents.py), then the take-down; a
+    requested restart, or no child to read, takes down at once."""
+    if incidents.wanted(s, reason) and s.state in incidents.STATES:
         return incidents.request(s, now, reason, detail, drain)
     return take_down(s, now, drain)
 
 
 def incident_recorded(s: WatchState, now: float, ev: IncidentRecorded) -> Result:
-    """The record is written (or failed): the restart goes on where it waited."""
+    """The record is written (or failed): the take-down goes on where it waited."""
     s, acts, wait = incidents.recorded(s, ev.seq, ev.incident_id, ev.path, ev.error,
                                        ev.seconds, ev.stacks)
     if wait is None:
@@ -103,103 +118,10 @@ def incident_timed_out(s: WatchState, now: float) -> Result:
     return s, acts + more
 
 
-def _has_child(s: WatchState) -> bool:
-    """A child is running, or its launch is out and not yet answered."""
-    c = s.child
-    return s.state in CHILD_STATES and c is not None and (c.pid is not None or not c.spawned)
-
-
-def take_down(s: WatchState, now: float, drain: bool) -> Result:
-    """Drain if asked and possible, else stop the child; with no child, sweep at once."""
-    if s.incident_wait is not None:  # a stop overtakes a record under way: its answer is moot
-        s = s.with_(incident_wait=None, deadline=None)
-    if s.state == S.STOPPING:
-        return s, []
-    if _has_child(s):
-        dereg, timeout = drains.plan(drain, s.state == S.READY,
-                                     s.config.drain.deregister_delay,
-                                     s.config.restart.drain_timeout)
-        if dereg + timeout > 0:
-            return begin_drain(s, now, dereg, timeout)
-        return stop_child(s, now)
-    if s.state == S.CLEANUP:
-        return s, []  # the sweep under way ends in after_cleanup, which sees the new plan
-    return sweep(s, now, "no child to stop")
-
-
-def begin_drain(s: WatchState, now: float, dereg: float, timeout: float) -> Result:
-    """/readyz turns 503 now; stop once deregistered and idle (core/drain.py)."""
-    d = drains.begin(now, dereg, timeout)
-    s, acts = goto(s, S.DRAINING, now, "drain before restart", deadline=drains.deadline(d))
-    assert s.child is not None
-    s = s.with_child(drain=d, timers={**s.child.timers,
-                                      "metrics": drains.next_check(d, now, probing.DRAIN_POLL)})
-    acts.append(Log("info", "drain.begin", {"phase": str(drains.phase(d, now)),
-                                            "deregister_delay_s": dereg,
-                                            "drain_timeout_s": timeout}))
-    return s, acts
-
-
-def stop_child(s: WatchState, now: float) -> Result:
-    """SIGTERM the group and give it restart.stop_timeout (less when the engine is stuck
-    or gone)."""
-    if s.child is not None and s.child.drain is not None:
-        s = s.with_child(drain=drains.stopping(s.child.drain, now))
-    grace = s.config.restart.stop_timeout
-    stuck = s.pending is not None and s.pending[0] in STUCK_REASONS
-    if stuck or (s.child is not None and s.child.engine_gone):
-        # Measured: the API server of a hung engine waits on it and ignores SIGTERM, and with
-        # --api-server-count 2 vLLM's launcher outlived a dead EngineCore's SIGTERM for the
-        # whole 20 s (2 x H200). The full grace would only add downtime; nothing in flight
-        # can finish anyway.
-        grace = min(grace, STUCK_GRACE)
-    s, acts = goto(s, S.STOPPING, now, "stop child", deadline=now + grace)
-    acts.append(SignalGroup("SIGTERM"))
-    acts.append(Log("info", "child.stopping", {"pid": s.pid, "signal": "SIGTERM",
-                                               "grace_s": grace}))
-    if s.exit_code is not None:
-        acts.append(Notify(extend_usec=int((grace + KILL_WAIT + SWEEP_WAIT) * 1e6)))
-    return s, acts
-
-
-def stopping_deadline(s: WatchState, now: float) -> Result:
-    """The grace period ran out: SIGKILL; after that, sweep whatever is left."""
-    if s.child is not None and not s.child.killed:
-        acts: list[Action] = [SignalGroup("SIGKILL"), Log("warning", "child.kill", {
-            "pid": s.pid, "after_s": round(now - s.since, 1),
-            "detail": "did not exit after SIGTERM; sent SIGKILL to its process group"})]
-        return s.with_child(killed=True).with_(deadline=now + KILL_WAIT), acts
-    s2, acts = sweep(s, now, "child did not exit after SIGKILL")
-    acts.insert(0, Log("error", "child.unkillable", {"pid": s.pid, "hint": "the process may "
-                       "be stuck in the kernel (D state); check `ps -o stat,wchan -p PID`"}))
-    return s2, acts
-
-
-def sweep(s: WatchState, now: float, reason: str) -> Result:
-    """Kill what is left of the old tree, and look at the port."""
-    c = s.child
-    old_pgid = c.pgid if c is not None else None
-    settle = SETTLE if s.state == S.STOPPING else 0.0
-    # The tree's pids from the last sample: the GPU release gate waits until NVML drops them.
-    old = c.memory.tree_pids if c is not None and c.memory is not None else ()
-    deadline = now + SWEEP_WAIT if s.exit_code is not None else None
-    s, acts = goto(s.with_(incident_wait=None), S.CLEANUP, now, reason, deadline=deadline)
-    if c is not None and c.drain is not None:  # the drain ends with the child
-        phases = drains.durations(drains.exited(c.drain, now), now)
-        s = s.with_(last_drain=phases).with_child(drain=None)
-        acts.append(Log("info", "drain.finished", {"phases_s": phases}))
-    if c is not None:
-        s = s.with_child(pid=None, pgid=None, inflight=frozenset(), timers={}, memory=None)
-    s = s.with_(old_pids=tuple(old), sweeping=True, release_at=None, release_deadline=None)
-    v = c.vllm if c is not None else s.config.vllm
-    acts.append(Sweep(old_pgid, v.host, v.port, s.config.restart.kill_stale, settle))
-    return s, acts
-
-
 def swept(s: WatchState, now: float, killed: tuple[int, ...], remaining: tuple[int, ...],
           port_holder: str | None, foreign: tuple[str, ...], error: str = "") -> Result:
     """The sweep reported back; decide between fail, release gate, prewarm, backoff, launch."""
-    s = s.with_(sweeping=False)
+    s = replace(s, sweeping=False)
     acts: list[Action] = []
     if error:
         acts.append(Log("error", "leftovers.sweep_failed", {"error": error, "detail":
@@ -218,35 +140,41 @@ def swept(s: WatchState, now: float, killed: tuple[int, ...], remaining: tuple[i
         acts.append(Log("error", "port.busy", {
             "port": s.config.vllm.port, "holder": port_holder,
             "hint": "another process holds vllm.port; stop it or choose another port"}))
-        return finish(s.with_(exit_code=exitcodes.START), now, acts)
+        s, more = halt(s, now, exitcodes.START, Reason.PORT_BUSY,
+                       f"{port_holder} holds vllm.port {s.config.vllm.port}")
+        return s, acts + more
     if killed:
-        s = s.with_(old_pids=tuple(sorted({*s.old_pids, *killed})))
+        s = replace(s, old_pids=tuple(sorted({*s.old_pids, *killed})))
     if s.old_pids and s.config.vllm.uses_gpu and s.config.restart.gpu_release_timeout > 0:
-        s = s.with_(release_deadline=now + s.config.restart.gpu_release_timeout, release_at=now)
-        return s, acts
+        gate = ReleaseGate(s.old_pids, now + s.config.restart.gpu_release_timeout, look_at=now)
+        return replace(s, old_pids=(), release=gate), acts
     s, more = after_cleanup(s, now)
     return s, acts + more
 
 
 def release_checked(s: WatchState, now: float, released: bool, detail: str) -> Result:
     """The GPU release gate: wait until the old tree's GPU memory is back, bounded."""
-    if released:
-        s = s.with_(old_pids=(), release_deadline=None, release_at=None)
+    gate = s.release
+    if released or gate is None:
+        s = replace(s, release=None)
         s, acts = after_cleanup(s, now)
         return s, [Log("info", "gpu.released", {"detail": detail}), *acts]
-    if s.release_deadline is not None and now >= s.release_deadline:
-        s = s.with_(old_pids=(), release_deadline=None, release_at=None)
+    if now >= gate.deadline:
+        s = replace(s, release=None)
         s, acts = after_cleanup(s, now)
         return s, [Log("warning", "gpu.release_timeout", {
             "detail": detail, "hint": "GPU memory of the old vLLM is still held; the next "
             "start may fail with out-of-memory"}), *acts]
-    return s.with_(release_at=now + RELEASE_POLL), []
+    return replace(s, release=replace(gate, look_at=now + RELEASE_POLL)), []
 
 
 def check_release(s: WatchState) -> Result:
     """Ask the shell to look at the GPUs (one look in flight at a time)."""
-    s = s.with_(release_at=None)
-    return s, [CheckRelease(s.old_pids, s.config.restart.gpu_release_tolerance)]
+    gate = s.release
+    assert gate is not None, "no release gate to look for"
+    s = replace(s, release=replace(gate, look_at=None))
+    before = s.child.gpu_before_mib if s.child is not None else ()  # the old child's launch
+    return s, [CheckRelease(gate.old_pids, s.config.restart.gpu_release_tolerance, before)]
 
 
 def after_cleanup(s: WatchState, now: float) -> Result:
@@ -255,25 +183,15 @@ def after_cleanup(s: WatchState, now: float) -> Result:
         return finish(s, now, [])
     if not s.prewarmed and s.config.prewarm.enabled:
         s, acts = goto(s, S.PREWARMING, now, "first start")
-        return s.with_(prewarmed=True), [*acts, DoPrewarm(s.config)]
+        return replace(s, prewarmed=True), [*acts, DoPrewarm(s.config)]
     planned = s.pending is not None and s.pending[0] not in FAILURE_REASONS
     s, rand = next_random(s)
     delay = 0.0 if planned else policy.backoff_delay(s.config.restart, s.failures, rand)
     if delay <= 0:
-        return spawn(s.with_(prewarmed=True), now)
+        return spawn(replace(s, prewarmed=True), now)
     s, acts = goto(s, S.BACKOFF, now, f"wait {delay:.1f}s before restart", deadline=now + delay)
     acts.append(Log("info", "restart.backoff", {"delay_s": round(delay, 2),
                                                  "failures_in_row": s.failures}))
-    return s.with_(backoff_until=now + delay), acts
-
-
-def finish(s: WatchState, now: float, acts: list[Action]) -> Result:
-    """Leave for good with s.exit_code."""
-    code = s.exit_code if s.exit_code is not None else 0
-    to = S.STOPPED if code == 0 else S.FAILED
-    s, more = goto(s, to, now, "exit" if code == 0 else f"exit code {code}")
-    acts += more
-    acts.append(Log("info" if code == 0 else "error", "daemon.exit", {
-        "code": code, "meaning": exitcodes.MEANING.get(code, "")}))
-    acts.append(Exit(code))
     return s, acts
+
+

@@ -18,6 +18,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass, replace
 
 from vllmwatch.config.schema import MemoryConfig
+from vllmwatch.core.names import Reason
 
 MAX_POINTS = 1024  # points kept per series: the window is sampled at window/MAX_POINTS at most
 _MAX_HALF_WIDTH = 10  # cap on the median filter's half width (sustain may be large)
@@ -51,7 +52,7 @@ class LeakState:
 class LeakVerdict:
     """A rule that has held for `sustain` samples: restart with `reason`."""
 
-    reason: str  # gpu_memory | host_memory
+    reason: Reason  # GPU_MEMORY | HOST_MEMORY
     rule: str  # gpu_limit | gpu_growth_limit | gpu_growth_rate | host_... (the config key)
     value: float  # MiB, MiB above baseline, or MiB/h
     limit: float
@@ -180,7 +181,7 @@ def _fit(points: Sequence[Point], window: float, half: int
 
 def _verdicts(s: SeriesState, rules: _Rules, sustain: int, value: float,
               growth: float | None) -> list[LeakVerdict]:
-    reason, k, what = f"{rules.kind}_memory", rules.kind, f"{rules.kind.upper()} memory"
+    reason, k, what = Reason(f"{rules.kind}_memory"), rules.kind, f"{rules.kind.upper()} memory"
     held = f"for {sustain} samples"
     out = []
     if s.limit_streak >= sustain:

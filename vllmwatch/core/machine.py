@@ -2,8 +2,19 @@
 
 from __future__ import annotations
 
+from dataclasses import replace
+
 from vllmwatch.config.schema import Config
-from vllmwatch.core import exitcodes, ladder, probing, serving, stalls, startmem
+from vllmwatch.core import (
+    exitcodes,
+    ladder,
+    probing,
+    release,
+    serving,
+    stalls,
+    startmem,
+    stopping,
+)
 from vllmwatch.core.events import (
     Action,
     CanaryResult,
@@ -27,6 +38,8 @@ from vllmwatch.core.events import (
     SweepDone,
     Tick,
 )
+from vllmwatch.core.names import PROBES, Reason
+from vllmwatch.core.names import ProbeKind as K
 from vllmwatch.core.policy import explain_exit
 from vllmwatch.core.state import CHILD_STATES, FINAL, Result, S, WatchState, goto, seeded
 
@@ -38,7 +51,7 @@ def initial(config: Config, now: float, seed: int = 0) -> WatchState:
     """The state before anything ran; `seed` feeds the backoff jitter (the shell passes an OS
     random number so a fleet does not restart in lock-step; tests pass a fixed one)."""
     s = WatchState(config=config, since=now)
-    return s.with_(rng=seeded(seed)) if seed else s
+    return replace(s, rng=seeded(seed)) if seed else s
 
 
 def step(s: WatchState, ev: Event, now: float) -> Result:
@@ -55,7 +68,7 @@ def step(s: WatchState, ev: Event, now: float) -> Result:
 def _apply(s: WatchState, ev: Event, now: float) -> Result:
     if isinstance(ev, Tick):
         if s.state == S.INIT:
-            s, acts = ladder.sweep(s, now, "look for leftovers before the first start")
+            s, acts = stopping.sweep(s, now, "look for leftovers before the first start")
             return s, [Log("info", "daemon.start", {"config": s.config.path}), *acts]
         return s, []
     if isinstance(ev, (HealthResult, CanaryResult, MetricsResult, MemorySampled)):
@@ -74,7 +87,7 @@ def _apply(s: WatchState, ev: Event, now: float) -> Result:
         return ladder.swept(s, now, ev.killed, ev.remaining, ev.port_holder, ev.foreign_vllm,
                             ev.error)
     if isinstance(ev, ReleaseChecked):
-        if s.state != S.CLEANUP or s.release_deadline is None:
+        if s.state != S.CLEANUP or s.release is None:
             return s, []
         return ladder.release_checked(s, now, ev.released, ev.detail)
     if isinstance(ev, PrewarmDone):
@@ -88,14 +101,14 @@ def _apply(s: WatchState, ev: Event, now: float) -> Result:
     return _reload(s, ev, now)
 
 
-def _kind(ev: HealthResult | CanaryResult | MetricsResult | MemorySampled) -> str:
+def _kind(ev: HealthResult | CanaryResult | MetricsResult | MemorySampled) -> K:
     if isinstance(ev, MemorySampled):
-        return "memory"
+        return K.MEMORY
     if isinstance(ev, MetricsResult):
-        return "metrics"
+        return K.METRICS
     if isinstance(ev, HealthResult):
-        return "health"
-    return "warmup" if ev.warmup else "canary"
+        return K.HEALTH
+    return K.WARMUP if ev.warmup else K.CANARY
 
 
 def _result(s: WatchState, ev: HealthResult | CanaryResult | MetricsResult | MemorySampled,
@@ -118,39 +131,38 @@ def _spawned(s: WatchState, ev: Spawned) -> Result:
     c = s.child
     if c is None or c.spawned:
         return s, []
-    s = s.with_child(pid=ev.pid, pgid=ev.pid, spawned=True)
+    s = replace(s, child=replace(s.run, pid=ev.pid, pgid=ev.pid, spawned=True,
+                                 gpu_before_mib=ev.gpu_before_mib))
     acts: list[Action] = [Log("info", "child.started", {"pid": ev.pid, "gen": c.gen,
                                                           "command": ev.argv_display})]
     if s.state == S.STOPPING:  # a stop or restart came while the launch was out
         acts.append(SignalGroup("SIGKILL" if c.killed else "SIGTERM"))
     elif s.state not in CHILD_STATES:  # the run was given up while the launch was out
-        s = s.with_child(pgid=ev.pid)
+        s = replace(s, child=replace(s.run, pgid=ev.pid))
         acts.append(SignalGroup("SIGKILL"))
     return s, acts
 
 
 def _spawn_failed(s: WatchState, ev: SpawnFailed, now: float) -> Result:
     if s.child is not None:
-        s = s.with_child(spawned=True)
+        s = replace(s, child=replace(s.run, spawned=True))
     acts: list[Action] = [Log("error", "child.spawn_failed", {"error": ev.error})]
-    if ev.fatal and s.exit_code is None:
-        s = s.with_(exit_code=exitcodes.CONFIG)
+    detail = f"could not start: {ev.error}"
+    if ev.fatal:
+        s, more = ladder.halt(s, now, exitcodes.CONFIG, Reason.CONFIG, detail)
+        return s, acts + more
     if s.state not in CHILD_STATES:
         return s, acts
-    s, more = _crashed(s, now, f"could not start: {ev.error}", "spawn failed")
+    s, more = _crashed(s, now, detail, "spawn failed")
     return s, acts + more
 
 
-def _crashed(s: WatchState, now: float, detail: str, why: str, reason: str = "crash"
-             ) -> Result:
+def _crashed(s: WatchState, now: float, detail: str, why: str,
+             reason: Reason = Reason.CRASH) -> Result:
     """The child is gone unasked: a crash restart, and the sweep at once (nothing to stop)."""
     s, acts = ladder.begin_restart(s, now, reason, detail, drain=False)
-    if s.state in CHILD_STATES and s.incident_wait is None:
-        if s.exit_code == exitcodes.START_MEMORY and reason == startmem.REASON:
-            # The start-memory exit: begin_restart recorded nothing once exit_code was set.
-            s, more = ladder.record_then_take_down(s, now, reason, detail, drain=False)
-        else:
-            s, more = ladder.sweep(s, now, why)
+    if s.state in CHILD_STATES and s.incident_wait is None:  # else: swept after the record
+        s, more = stopping.sweep(s, now, why)
         acts += more
     return s, acts
 
@@ -161,31 +173,36 @@ def _child_exited(s: WatchState, ev: ChildExited, now: float) -> Result:
         return s, [Log("debug", "child.exit_ignored", {"pid": ev.pid})]
     asked = s.state == S.STOPPING
     uptime = round(now - c.started, 2)
-    why = explain_exit(ev.code, ev.signal, asked, killed_by_us=asked and c.killed)
+    why = explain_exit(ev.code, ev.signal, asked, killed_by_us=asked and c.killed,
+                       starting=s.state == S.STARTING)
     acts: list[Action] = [Log("info" if asked else "warning", "child.exited", {
         "pid": ev.pid, "code": ev.code, "signal": ev.signal, "uptime_s": uptime,
         "expected": asked, "detail": why, "last_lines": list(ev.last_lines[-5:])})]
-    s = s.with_child(pid=None)
+    s = replace(s, child=replace(s.run, pid=None))
     if s.state not in CHILD_STATES:
         return s, acts
     if s.incident_wait is not None:
-        return s, acts  # the record of the restart goes on; the ladder sweeps after it
+        return s, acts  # the record of the restart goes on; the take-down sweeps after it
     if asked or s.pending is not None or s.exit_code is not None:
-        s, more = ladder.sweep(s, now, "child exited")
+        s, more = stopping.sweep(s, now, "child exited")
         return s, acts + more
     if s.state == S.STARTING and ev.code == 2:
         hint = next((ln for ln in reversed(ev.last_lines) if "error" in ln.lower()), why)
         acts.append(Log("error", "child.rejected_arguments", {
             "error": hint, "hint": "vLLM refused its command line; fix [vllm] in the config "
             "(see `vllmwatch print-command` and `vllmwatch check`)"}))
-        s = s.with_(exit_code=exitcodes.CONFIG)
-    reason, detail = "crash", ("during start: " if s.state == S.STARTING else "") + why
-    mem = startmem.start_failed(s, ev) if s.state == S.STARTING and s.exit_code is None \
-        else None
+        s, more = ladder.halt(s, now, exitcodes.CONFIG, Reason.CONFIG,
+                              f"vLLM refused its arguments: {hint}")
+        return s, acts + more
+    reason, detail = Reason.CRASH, ("during start: " if s.state == S.STARTING else "") + why
+    mem = startmem.start_failed(s, ev) if s.state == S.STARTING else None
     if mem is not None:  # vLLM said it ran out of memory: name it, stop if it repeats
-        s, logs, detail = mem
+        s, logs, detail, stop = mem
         acts += logs
         reason = startmem.REASON
+        if stop:
+            s, more = ladder.halt(s, now, exitcodes.START_MEMORY, reason, detail)
+            return s, acts + more
     s, more = _crashed(s, now, detail, "child exited", reason)
     return s, acts + more
 
@@ -193,11 +210,11 @@ def _child_exited(s: WatchState, ev: ChildExited, now: float) -> Result:
 def _prewarm_done(s: WatchState, ev: PrewarmDone, now: float) -> Result:
     if s.state != S.PREWARMING:
         return s, []
-    if not ev.ok:
-        s, acts = goto(s.with_(exit_code=exitcodes.FAILURE), S.CLEANUP, now,
-                       "a required pre-warm step failed")
+    if not ev.ok:  # nothing of vLLM runs yet: CLEANUP, then halt leaves at once
+        s, acts = goto(s, S.CLEANUP, now, "a required pre-warm step failed")
         acts.append(Log("error", "prewarm.failed", {"detail": ev.detail}))
-        return ladder.finish(s, now, acts)
+        s, more = ladder.halt(s, now, exitcodes.FAILURE, Reason.PREWARM_FAILED, ev.detail)
+        return s, acts + more
     if ev.detail:
         s, acts = ladder.spawn(s, now)
         return s, [Log("warning", "prewarm.failed", {"detail": ev.detail}), *acts]
@@ -206,24 +223,12 @@ def _prewarm_done(s: WatchState, ev: PrewarmDone, now: float) -> Result:
 
 def _stop_requested(s: WatchState, ev: StopRequested, now: float) -> Result:
     """Honoured in every state; repeated or combined signals never lose it."""
-    acts: list[Action] = []
     if s.exit_code is None:
-        s = s.with_(exit_code=0)
-        acts += [Notify(stopping=True), Log("info", "daemon.stopping", {
-            "signal": ev.signal, "state": str(s.state)})]
-    elif s.state == S.STOPPING and s.child is not None and not s.child.killed:
-        return ladder.stopping_deadline(s, now)  # a second signal: no more patience
-    if s.state in (S.STARTING, S.READY, S.DRAINING):
-        s, more = ladder.take_down(s, now, drain=False)
-    elif s.state in (S.BACKOFF, S.PREWARMING):
-        s, more = ladder.sweep(s, now, "stop requested")
-    elif s.state == S.CLEANUP and not s.sweeping:
-        s, more = ladder.finish(s, now, [])  # the release gate need not hold up an exit
-    elif s.state == S.CLEANUP and s.deadline is None:
-        s, more = s.with_(deadline=now + ladder.SWEEP_WAIT), []
-    else:  # STOPPING finishes on its own (grace, then SIGKILL) and then sees exit_code
-        more = []
-    return s, acts + more
+        return ladder.halt(s, now, exitcodes.OK, Reason.STOP, f"{ev.signal} received",
+                           {"signal": ev.signal})
+    if s.state == S.STOPPING and s.child is not None and not s.child.killed:
+        return stopping.stopping_deadline(s, now)  # a second signal: no more patience
+    return stopping.leave(s, now)  # already leaving: make sure the way out is under way
 
 
 def _manual_restart(s: WatchState, now: float) -> Result:
@@ -235,24 +240,29 @@ def _manual_restart(s: WatchState, now: float) -> Result:
     if s.state not in (S.READY, S.STARTING) or s.pending is not None:
         return s, [Log("info", "restart.ignored", {"state": str(s.state),
                                                     "detail": "a restart is already under way"})]
-    return ladder.begin_restart(s, now, "manual", "SIGUSR1", drain=True)
+    return ladder.begin_restart(s, now, Reason.MANUAL, "SIGUSR1", drain=True)
 
 
 def _reload(s: WatchState, ev: ReloadRequested, now: float) -> Result:
-    acts: list[Action] = [Notify(reloading=True)]
+    # systemd takes any READY=1 as the end of the start: until the first READY (ever_ready)
+    # a reload is applied quietly and the start goes on; after it, the RELOADING=1 ->
+    # READY=1 pair tells systemd the reload is done.
+    pair = s.ever_ready
+    acts: list[Action] = [Notify(reloading=True)] if pair else []
     if ev.config is None:
-        acts += [Log("error", "config.reload_failed", {
-            "error": ev.error, "detail": "keeping the running config"}), Notify(ready=True)]
-        return s, acts
+        acts.append(Log("error", "config.reload_failed", {
+            "error": ev.error, "detail": "keeping the running config"}))
+        return s, acts + ([Notify(ready=True)] if pair else [])
     old = s.config
     relaunch = old.vllm != ev.config.vllm or old.prewarm.cache_dir != ev.config.prewarm.cache_dir
-    s = s.with_(config=ev.config)
+    s = replace(s, config=ev.config)
     acts.append(Log("info", "config.reloaded", {"path": ev.config.path,
                                                 "sha256": ev.config.sha256[:12],
                                                 "restart_needed": relaunch}))
-    acts.append(Notify(ready=True))
+    if pair:
+        acts.append(Notify(ready=True))
     if relaunch and s.state in (S.READY, S.STARTING) and s.exit_code is None:
-        s, more = ladder.begin_restart(s, now, "reload", "the vLLM command or environment "
+        s, more = ladder.begin_restart(s, now, Reason.RELOAD, "the vLLM command or environment "
                                        "changed", drain=True)
         acts += more
     return s, acts
@@ -262,20 +272,20 @@ def _due(s: WatchState, now: float) -> Result:
     acts: list[Action] = []
     if s.deadline is not None and now >= s.deadline:
         s, acts = _deadline(s, now)
-    if s.state == S.CLEANUP and s.release_at is not None and now >= s.release_at:
+    if s.state == S.CLEANUP and release.due(s.release, now):
         s, more = ladder.check_release(s)
         acts += more
     c = s.child
     if c is not None and s.state in CHILD_STATES:
         for kind, at in sorted(c.timers.items(), key=lambda kv: kv[1]):
-            if kind != "pss" and now >= at and s.state in CHILD_STATES:
+            if not PROBES[kind].timer_only and now >= at and s.state in CHILD_STATES:
                 s, more = _fire(s, kind, now)
                 acts += more
         s, more = probing.freshness(s, now)
         acts += more
     waiting = not s.ever_ready or s.exit_code is not None  # systemd waits on a start or stop
     if waiting and now >= s.next_extend and s.state not in FINAL:
-        s = s.with_(next_extend=now + EXTEND_EVERY)
+        s = replace(s, next_extend=now + EXTEND_EVERY)
         acts.append(Notify(extend_usec=int(EXTEND_BY * 1e6)))
     return s, acts
 
@@ -284,30 +294,30 @@ def _deadline(s: WatchState, now: float) -> Result:
     if s.incident_wait is not None and s.state in CHILD_STATES:
         return ladder.incident_timed_out(s, now)
     if s.state == S.STARTING:
-        return ladder.begin_restart(s, now, "start_timeout", "not ready after "
+        return ladder.begin_restart(s, now, Reason.START_TIMEOUT, "not ready after "
                                     f"{s.config.startup.timeout:.0f}s (startup.timeout)",
                                     drain=False)
     if s.state == S.DRAINING:
-        s, acts = ladder.stop_child(s, now)
+        s, acts = stopping.stop_child(s, now)
         c = s.child
         return s, [Log("warning", "drain.timeout", {
             "running": c.running if c else None, "waiting": c.waiting if c else None}), *acts]
     if s.state == S.STOPPING:
-        return ladder.stopping_deadline(s, now)
+        return stopping.stopping_deadline(s, now)
     if s.state == S.BACKOFF:
-        return ladder.spawn(s.with_(deadline=None), now)
+        return ladder.spawn(replace(s, deadline=None), now)
     if s.state == S.CLEANUP and s.exit_code is not None:
-        return ladder.finish(s, now, [Log("error", "daemon.sweep_timeout", {
+        return stopping.finish(s, now, [Log("error", "daemon.sweep_timeout", {
             "detail": "leaving without confirmation that the old vLLM tree is gone"})])
-    return s.with_(deadline=None), []
+    return replace(s, deadline=None), []
 
 
-def _fire(s: WatchState, kind: str, now: float) -> Result:
+def _fire(s: WatchState, kind: K, now: float) -> Result:
     c = s.child
     assert c is not None
     stalled = now - c.last_progress >= s.config.startup.stall_timeout
-    if kind == "health" and s.state == S.STARTING and stalled:
-        return ladder.begin_restart(s, now, "start_stall", "no output and no progress for "
+    if kind == K.HEALTH and s.state == S.STARTING and stalled:
+        return ladder.begin_restart(s, now, Reason.START_STALL, "no output and no progress for "
                                     f"{now - c.last_progress:.0f}s (startup.stall_timeout)"
                                     + stalls.hint(c.cpu_since_progress, c.last_progress),
                                     drain=False)
@@ -323,8 +333,8 @@ def next_wakeup(s: WatchState) -> float | None:
         due = probing.next_due(s)
         if due is not None:
             times.append(due)
-    if s.state == S.CLEANUP and s.release_at is not None:
-        times.append(s.release_at)
+    if s.state == S.CLEANUP and s.release is not None and s.release.look_at is not None:
+        times.append(s.release.look_at)
     if s.deadline is not None:
         times.append(s.deadline)
     if not s.ever_ready or s.exit_code is not None:

@@ -76,8 +76,9 @@ def stalled_since(last_advance: float | None, prev: Progress | None, cur: Progre
 
 
 def explain_exit(code: int | None, signame: str | None, requested: bool,
-                 killed_by_us: bool = False) -> str:
-    """A human reason for a child exit, with the likely cause."""
+                 killed_by_us: bool = False, starting: bool = True) -> str:
+    """A human reason for a child exit, with the likely cause; `starting`: before READY
+    (vLLM's argparse exits 2 only then)."""
     if signame == "SIGKILL" and killed_by_us:
         return "killed by SIGKILL from vllmwatch (it did not exit after SIGTERM)"
     if signame is not None:
@@ -90,7 +91,7 @@ def explain_exit(code: int | None, signame: str | None, requested: bool,
         return f"killed by {signame}{hint}"
     if code == 0 and not requested:
         return "exited with code 0 without being asked (vLLM does this when its engine dies)"
-    if code == 2:
+    if code == 2 and starting:
         return "exited with code 2 (vLLM rejected its arguments; see `vllm: error:` above)"
     return f"exited with code {code}"
 

@@ -8,61 +8,66 @@ so and stops vouching for itself to systemd's watchdog.
 
 from __future__ import annotations
 
+from dataclasses import replace
+
 from vllmwatch.core import sleep
 from vllmwatch.core.events import Action, Log, Probe, SampleMemory
+from vllmwatch.core.names import PROBES, ProbeKind
 from vllmwatch.core.state import Result, S, WatchState
 
 STARTUP_POLL = 1.0  # how often /health is asked while starting
 DRAIN_POLL = 1.0
+K = ProbeKind
 FRESH_SLACK = 10.0  # added to every freshness bound: thread-pool queueing, a slow scrape
 
 
-def start(s: WatchState, kind: str, now: float) -> Result:
+def start(s: WatchState, kind: ProbeKind, now: float) -> Result:
     """Start a probe against the current child unless one of that kind is in flight."""
     c = s.child
     if c is None or c.pid is None or kind in c.inflight:
         return s, []
     v = c.vllm
-    act = Probe(kind, c.gen, v.host, v.port, v.model_name, s.config.probe)
-    return s.with_child(inflight=c.inflight | {kind}), [act]
+    act = Probe(kind, c.gen, v.host, v.port, v.model_name, s.config.probe, c.canary_kind)
+    return replace(s, child=replace(s.run, inflight=c.inflight | {kind})), [act]
 
 
-def landed(s: WatchState, kind: str, gen: int, now: float) -> WatchState:
+def landed(s: WatchState, kind: ProbeKind, gen: int, now: float) -> WatchState:
     """A result of this kind arrived: clear in-flight (for its own generation only)."""
     c = s.child
     if c is None or c.gen != gen:
         return s
-    return s.with_child(inflight=c.inflight - {kind}, probe_done_at={**c.probe_done_at,
-                                                                     kind: now})
+    return replace(s, child=replace(c, inflight=c.inflight - {kind},
+                                    probe_done_at={**c.probe_done_at, kind: now}))
 
 
-def set_timer(s: WatchState, kind: str, at: float) -> WatchState:
+def set_timer(s: WatchState, kind: ProbeKind, at: float) -> WatchState:
     """Schedule a probe kind for the current child."""
     assert s.child is not None
-    return s.with_child(timers={**s.child.timers, kind: at})
+    return replace(s, child=replace(s.run, timers={**s.child.timers, kind: at}))
 
 
-def fire(s: WatchState, kind: str, now: float) -> Result:
+def fire(s: WatchState, kind: ProbeKind, now: float) -> Result:
     """A probe timer is due: reschedule it and start the probe."""
     p = s.config.probe
-    if kind == "health":
+    if kind == K.HEALTH:
         wait = p.interval if s.state == S.READY else STARTUP_POLL
-        return start(set_timer(s, "health", now + wait), "health", now)
-    if kind == "canary":
-        s = set_timer(s, "canary", now + p.canary_interval)
+        return start(set_timer(s, K.HEALTH, now + wait), K.HEALTH, now)
+    if kind == K.CANARY:
+        s = set_timer(s, K.CANARY, now + p.canary_interval)
         c = s.child
         assert c is not None
         if s.state != S.READY:
             return s, []
         if not sleep.send_canary(c.asleep):  # asleep on purpose: nothing to prove
-            return s.with_child(probe_done_at={**c.probe_done_at, "canary": now}), []
-        if "canary" not in c.inflight:  # busy-or-hung compares against this point
-            s = s.with_child(canary_ref=c.progress, canary_asleep=c.asleep)
-        return start(s, "canary", now)
-    if kind == "metrics":
+            return replace(s, child=replace(c, probe_done_at={**c.probe_done_at,
+                                                              K.CANARY: now})), []
+        if K.CANARY not in c.inflight:  # busy-or-hung compares against this point
+            s = replace(s, child=replace(s.run, canary_ref=c.progress, canary_asleep=c.asleep))
+        return start(s, K.CANARY, now)
+    if kind == K.METRICS:
         wait = DRAIN_POLL if s.state == S.DRAINING else p.metrics_interval
-        return start(set_timer(s, "metrics", now + wait), "metrics", now)
-    if kind == "memory":
+        return start(set_timer(s, K.METRICS, now + wait), K.METRICS, now)
+    if kind == K.MEMORY:
         return sample_memory(s, now)
     return s, []
 
@@ -72,30 +77,37 @@ def sample_memory(s: WatchState, now: float) -> Result:
     m = s.config.memory
     c = s.child
     assert c is not None
-    timers = {**c.timers, "memory": now + m.sample_interval}
-    pss_due = now >= c.timers.get("pss", 0.0)
+    timers = {**c.timers, K.MEMORY: now + m.sample_interval}
+    pss_due = now >= c.timers.get(K.PSS, 0.0)
     if pss_due:
-        timers["pss"] = now + m.pss_interval
-    s = s.with_child(timers=timers)
-    if "memory" in c.inflight or c.pid is None:
+        timers[K.PSS] = now + m.pss_interval
+    s = replace(s, child=replace(s.run, timers=timers))
+    if K.MEMORY in c.inflight or c.pid is None:
         return s, []
     gpus = tuple(c.vllm.gpus) if c.vllm.gpus is not None else None
-    return s.with_child(inflight=c.inflight | {"memory"}), [SampleMemory(pss_due, c.gen, gpus)]
+    s = replace(s, child=replace(s.run, inflight=c.inflight | {K.MEMORY}))
+    return s, [SampleMemory(pss_due, c.gen, gpus)]
 
 
-def bounds(s: WatchState) -> dict[str, float]:
-    """How long each probe kind may go without a result while READY."""
+def bounds(s: WatchState) -> dict[ProbeKind, float]:
+    """How long each guarded probe kind (names.GUARDED_PROBES) may go without a result while
+    READY."""
     p, m = s.config.probe, s.config.memory
     return {
-        "health": 2 * p.interval + p.timeout + FRESH_SLACK,
-        "canary": 2 * p.canary_interval + p.canary_timeout + FRESH_SLACK,
-        "metrics": 2 * p.metrics_interval + p.timeout + FRESH_SLACK,
-        "memory": 2 * m.sample_interval + FRESH_SLACK,
+        K.HEALTH: 2 * p.interval + p.timeout + FRESH_SLACK,
+        K.CANARY: 2 * p.canary_interval + p.canary_timeout + FRESH_SLACK,
+        K.METRICS: 2 * p.metrics_interval + p.timeout + FRESH_SLACK,
+        K.MEMORY: 2 * m.sample_interval + FRESH_SLACK,
     }
 
 
 def freshness(s: WatchState, now: float) -> Result:
-    """Mark the probe kinds whose results are overdue; log when the set changes."""
+    """Mark the probe kinds whose results are overdue; log a kind when it turns stale, and
+    once when all are fresh again.
+
+    After a jump of the clock (a suspended VM) every kind is overdue at once and then comes
+    back one by one: a kind coming back is not news, and it must not repeat the alarm.
+    """
     c = s.child
     if s.state != S.READY or c is None:
         return s, []
@@ -104,13 +116,14 @@ def freshness(s: WatchState, now: float) -> Result:
     if stale == c.stale:
         return s, []
     acts: list[Action] = []
-    if stale:
+    new = [k for k in stale if k not in c.stale]
+    if new:
         acts.append(Log("error", "watchdog.probe_stale", {
-            "probes": list(stale), "detail": "no result within the bound; vllmwatch stops "
-            "sending WATCHDOG=1 so that systemd's watchdog takes over"}))
-    else:
+            "probes": new, "stale": list(stale), "detail": "no result within the bound; "
+            "vllmwatch stops sending WATCHDOG=1 so that systemd's watchdog takes over"}))
+    elif not stale:
         acts.append(Log("info", "watchdog.probe_fresh", {"probes": list(c.stale)}))
-    return s.with_child(stale=stale), acts
+    return replace(s, child=replace(s.run, stale=stale)), acts
 
 
 def next_due(s: WatchState) -> float | None:
@@ -118,7 +131,7 @@ def next_due(s: WatchState) -> float | None:
     c = s.child
     if c is None:
         return None
-    times = [t for k, t in c.timers.items() if k != "pss"]
+    times = [t for k, t in c.timers.items() if not PROBES[k].timer_only]
     if s.state == S.READY:
         times += [c.probe_done_at.get(k, s.since) + b + 0.001 for k, b in bounds(s).items()
                   if k not in c.stale]

@@ -8,8 +8,24 @@ until it says yes or `restart.gpu_release_timeout` passes.
 from __future__ import annotations
 
 from collections.abc import Mapping
+from dataclasses import dataclass
 
 from vllmwatch.core.samples import GpuProcess
+
+
+@dataclass(frozen=True)
+class ReleaseGate:
+    """The gate while it waits (beside core/drain.Drain, the other bounded wait of a restart):
+    the old tree's pids, when it gives up, and when it looks next (None: a look is out)."""
+
+    old_pids: tuple[int, ...]
+    deadline: float  # restart.gpu_release_timeout after the sweep
+    look_at: float | None = None
+
+
+def due(gate: ReleaseGate | None, now: float) -> bool:
+    """Whether the gate should look at the GPUs now (one look in flight at a time)."""
+    return gate is not None and gate.look_at is not None and now >= gate.look_at
 
 
 def released(old_pids: set[int], procs: list[GpuProcess] | None,

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 
 
 @dataclass(frozen=True)
@@ -45,35 +45,62 @@ class MemorySample:
 
     @property
     def gpu_rule_mib(self) -> float | None:
-        """The figure the GPU rules watch, chosen by `source`; None turns them off."""
-        if self.source == "nvml-process":
-            return self.gpu_tree_mib
-        if self.source == "nvml-device":
-            return sum(self.device_used_mib.values())
-        if self.source == "unified":
-            # Unified memory (DGX Spark): the tree's own memory. CUDA allocations live in
-            # system RAM but are the driver's pages, not the process's RSS, so NVML's
-            # per-process figure (where the driver reports one) is added to PSS/RSS. The
-            # device-wide figure never counts: it would include the page cache and tenants.
-            return self.host_rule_mib + (self.gpu_tree_mib or 0.0)
-        if self.source == "host":
-            return self.host_rule_mib
-        return None
+        """The GPU rules' figure from this sample alone (tests, bench); the core uses
+        gpu_figure with the child's carried HostFigure."""
+        return gpu_figure(self, self.host_rule_mib)
 
     @property
     def host_rule_mib(self) -> float:
-        """The host figure of this sample alone: PSS when it has it, else RSS."""
-        value, _ = host_figure(self, pss_seen=False)
-        assert value is not None
-        return value
+        """The host figure of this sample alone: PSS when it has it, else RSS. Not what the
+        rules use between PSS samples (see host_figure)."""
+        return self.host_pss_mib if self.host_pss_mib is not None else self.host_rss_mib
 
 
-def host_figure(sample: MemorySample, pss_seen: bool) -> tuple[float | None, bool]:
-    """The figure the host rules watch, and whether PSS has now been seen.
+def gpu_figure(sample: MemorySample, host_mib: float) -> float | None:
+    """The figure the GPU rules watch, chosen by `source`; None turns them off. `host_mib`
+    is the host rules' figure (HostFigure.mib), so both rules see one kind of host figure."""
+    if sample.source == "nvml-process":
+        return sample.gpu_tree_mib
+    if sample.source == "nvml-device":
+        return sum(sample.device_used_mib.values())
+    if sample.source == "unified":
+        # Unified memory (DGX Spark): the tree's own memory. CUDA allocations live in
+        # system RAM but are the driver's pages, not the process's RSS, so NVML's
+        # per-process figure (where the driver reports one) is added to the host figure. The
+        # device-wide figure never counts: it would include the page cache and tenants.
+        return host_mib + (sample.gpu_tree_mib or 0.0)
+    if sample.source == "host":
+        return host_mib
+    return None
 
-    PSS (shared pages counted once) is the right figure but sampled slowly; RSS stands in only
-    while PSS was never readable for this child, so one series never mixes the two.
+
+PSS, RSS = "pss", "rss"
+
+
+@dataclass(frozen=True)
+class HostFigure:
+    """The host figure the memory rules use for one child run, and where it comes from."""
+
+    kind: str  # PSS | RSS: one kind for the whole series
+    mib: float
+    at: float  # when it was read: a PSS is carried forward between PSS samples
+    fresh: bool  # read by the latest sample (the host rules judge only fresh readings)
+
+
+def host_figure(prev: HostFigure | None, sample: MemorySample, now: float,
+                fixed: bool) -> HostFigure:
+    """The host figure after `sample`: PSS, the last one carried forward between PSS samples.
+
+    PSS counts the pages vLLM's processes share once (measured: 264 MiB PSS against 4,091 MiB
+    RSS for one tree), but it is read only every memory.pss_interval. Mixing in the RSS of the
+    samples between would make every RSS sample look like growth against a PSS baseline (on
+    unified memory the GPU rule adds this figure too): a false restart. So RSS stands in only
+    while PSS was never readable for this child, and once the rules' series started (`fixed`,
+    from READY) the kind no longer changes.
     """
-    if sample.host_pss_mib is not None:
-        return sample.host_pss_mib, True
-    return (None if pss_seen else sample.host_rss_mib), pss_seen
+    pss = sample.host_pss_mib
+    if pss is not None and (prev is None or prev.kind == PSS or not fixed):
+        return HostFigure(PSS, pss, now, fresh=True)
+    if prev is not None and prev.kind == PSS:
+        return replace(prev, fresh=False)
+    return HostFigure(RSS, sample.host_rss_mib, now, fresh=True)

@@ -17,9 +17,12 @@ from vllmwatch.core.events import (
     MetricsResult,
     Notify,
 )
-from vllmwatch.core.ladder import begin_restart, stop_child
-from vllmwatch.core.samples import host_figure
+from vllmwatch.core.ladder import begin_restart
+from vllmwatch.core.names import ProbeKind as K
+from vllmwatch.core.names import Reason
+from vllmwatch.core.samples import gpu_figure, host_figure
 from vllmwatch.core.state import ChildRun, Result, S, WatchState, goto
+from vllmwatch.core.stopping import stop_child
 
 MEM_RECENT = 32  # memory samples kept for an incident record (core/incidents.py)
 
@@ -34,8 +37,8 @@ def child_output(s: WatchState, ev: ChildOutput, now: float) -> Result:
     if s.state != S.STARTING or s.child is None:
         return s, []
     c = s.child
-    s = s.with_child(last_progress=now, compile_cache_hit=c.compile_cache_hit
-                     or ev.compile_cache_hit)
+    s = replace(s, child=replace(c, last_progress=now,
+                                 compile_cache_hit=c.compile_cache_hit or ev.compile_cache_hit))
     if ev.milestone is None or ev.milestone in c.phases:
         return s, []
     since_start = now - c.started
@@ -43,40 +46,42 @@ def child_output(s: WatchState, ev: ChildOutput, now: float) -> Result:
     phases = {**c.phases, ev.milestone: round(since_start, 3)}
     log = Log("info", "startup.phase", {"phase": ev.milestone, "at_s": round(since_start, 2),
                                         "took_s": round(now - prev, 2)})
-    return s.with_child(phases=phases, last_milestone_at=now), [log]
+    return replace(s, child=replace(s.run, phases=phases, last_milestone_at=now)), [log]
 
 
 def health(s: WatchState, ev: HealthResult, now: float) -> Result:
     """A /health answer: readiness step while starting, failure counting while serving."""
-    s = s.with_(probe_seconds={**s.probe_seconds, "health": ev.seconds})
+    s = replace(s, probe_seconds={**s.probe_seconds, K.HEALTH: ev.seconds})
     if s.state == S.STARTING:
-        s = probing.set_timer(s, "health", now + probing.STARTUP_POLL)
-        return probing.start(s, "canary", now) if ev.ok else (s, [])
+        s = probing.set_timer(s, K.HEALTH, now + probing.STARTUP_POLL)
+        return probing.start(s, K.CANARY, now) if ev.ok else (s, [])
     if s.state != S.READY:
         return s, []
     if ev.ok:
-        return s.with_child(health_failures=0), []
+        return replace(s, child=replace(s.run, health_failures=0)), []
     if ev.engine_gone:
         # Measured: EngineCore dead -> /health 503 within 0.2 s and the API server exits 0
         # seconds later; a dead TP worker -> 503 only ~4 s later. With an engine process gone
         # nothing can recover: do not wait for failure_threshold probes.
-        return begin_restart(s.with_child(engine_gone=True), now, "health",
+        return begin_restart(replace(s, child=replace(s.run, engine_gone=True)), now, Reason.HEALTH,
                              f"the engine process is gone: {ev.error}", drain=False)
-    return _probe_failed(s, now, "health", ev.error or f"HTTP {ev.status}")
+    return _probe_failed(s, now, K.HEALTH, ev.error or f"HTTP {ev.status}")
 
 
-def _probe_failed(s: WatchState, now: float, kind: str, error: str) -> Result:
+def _probe_failed(s: WatchState, now: float, kind: K, error: str) -> Result:
     # One counter per probe: a canary that still succeeds must not hide a /health that
     # keeps failing (and the other way round), so neither resets the other's streak.
     c = _run(s)
-    n = (c.health_failures if kind == "health" else c.canary_failures) + 1
-    s = s.with_(probe_failures={**s.probe_failures, kind: s.probe_failures.get(kind, 0) + 1})
-    s = s.with_child(health_failures=n) if kind == "health" else s.with_child(canary_failures=n)
+    n = (c.health_failures if kind == K.HEALTH else c.canary_failures) + 1
+    s = replace(s, probe_failures={**s.probe_failures, kind: s.probe_failures.get(kind, 0) + 1})
+    run = replace(s.run, health_failures=n) if kind == K.HEALTH \
+        else replace(s.run, canary_failures=n)
+    s = replace(s, child=run)
     threshold = s.config.probe.failure_threshold
     acts: list[Action] = [Log("warning", "probe.failed", {
         "probe": kind, "error": error, "consecutive": n, "threshold": threshold})]
     if n >= threshold:
-        s, more = begin_restart(s, now, "health", f"{kind} failed {n} times in a row: {error}",
+        s, more = begin_restart(s, now, Reason.HEALTH, f"{kind} failed {n} times in a row: {error}",
                                 drain=False)
         acts += more
     return s, acts
@@ -84,14 +89,16 @@ def _probe_failed(s: WatchState, now: float, kind: str, error: str) -> Result:
 
 def canary(s: WatchState, ev: CanaryResult, now: float) -> Result:
     """A real completion: the last step to READY, and the hang detector while serving."""
-    kind = "warmup" if ev.warmup else "canary"
-    s = s.with_(probe_seconds={**s.probe_seconds, kind: ev.seconds})
+    kind = K.WARMUP if ev.warmup else K.CANARY
+    s = replace(s, probe_seconds={**s.probe_seconds, kind: ev.seconds})
+    if ev.ok and ev.kind is not None:  # `auto` found the model's kind: later canaries use it
+        s = replace(s, child=replace(s.run, canary_kind=ev.kind))
     if s.state == S.STARTING:
         return _starting_canary(s, ev, now)
     if s.state != S.READY or ev.warmup:
         return s, []
     if ev.ok:
-        return s.with_child(canary_failures=0), []
+        return replace(s, child=replace(s.run, canary_failures=0)), []
     c = _run(s)
     if not sleep.judge_canary(c.canary_asleep, c.asleep):
         return s, [Log("info", "probe.canary_asleep", {
@@ -99,26 +106,26 @@ def canary(s: WatchState, ev: CanaryResult, now: float) -> Result:
     if ev.timed_out:
         # Health says 200 but a 1-token completion did not come back: hung, or merely busy.
         # A fresh scrape decides (policy.is_busy).
-        s = probing.set_timer(s.with_child(hang_suspect=True), "metrics", now)
+        s = probing.set_timer(replace(s, child=replace(s.run, hang_suspect=True)), K.METRICS, now)
         return s, [Log("warning", "probe.canary_timeout", {
             "timeout_s": s.config.probe.canary_timeout,
             "detail": "checking whether the engine is busy or hung"})]
-    return _probe_failed(s, now, "canary", ev.error)
+    return _probe_failed(s, now, K.CANARY, ev.error)
 
 
 def _starting_canary(s: WatchState, ev: CanaryResult, now: float) -> Result:
     c = _run(s)
     if not ev.ok:
         if ev.warmup:  # a failed warm-up is worth a warning, not a failed start
-            return _become_ready(s.with_child(warmed_up=True), now, [
+            return _become_ready(s, now, [
                 Log("warning", "startup.warmup_failed", {"error": ev.error})])
         return s, [Log("debug", "startup.canary_not_yet", {"error": ev.error})]
     if not ev.warmup:
         phases = {**c.phases, "canary": round(now - c.started, 3)}
-        s = s.with_child(canary_ok=True, phases=phases)
+        s = replace(s, child=replace(s.run, phases=phases))
         if s.config.prewarm.enabled and s.config.prewarm.warmup_request:
-            return probing.start(s, "warmup", now)
-    return _become_ready(s.with_child(warmed_up=True), now, [])
+            return probing.start(s, K.WARMUP, now)
+    return _become_ready(s, now, [])
 
 
 def _become_ready(s: WatchState, now: float, acts: list[Action]) -> Result:
@@ -127,30 +134,32 @@ def _become_ready(s: WatchState, now: float, acts: list[Action]) -> Result:
     phases = {**c.phases, "ready": round(took, 3)}
     s, more = goto(s, S.READY, now, "health 200 and a real completion succeeded")
     p = s.config.probe
-    timers = {"health": now + p.interval, "canary": now + p.canary_interval,
-              "metrics": now, "memory": now}
-    s = s.with_(ever_ready=True).with_child(
-        ready_at=now, phases=phases, timers=timers, leak=leak.new_state(now), health_failures=0,
-        canary_failures=0, probe_done_at={k: now for k in probing.bounds(s)}, stale=())
+    timers = {K.HEALTH: now + p.interval, K.CANARY: now + p.canary_interval,
+              K.METRICS: now, K.MEMORY: now}
+    s = replace(s, ever_ready=True)
+    s = replace(s, child=replace(
+        s.run, ready_at=now, phases=phases, timers=timers, leak=leak.new_state(now),
+        health_failures=0, canary_failures=0, probe_done_at={k: now for k in probing.bounds(s)},
+        stale=()))
     log = Log("info", "child.ready", {"pid": c.pid, "startup_s": round(took, 2),
                                       "phases": phases, "compile_cache_hit": c.compile_cache_hit})
     acts = [*acts, *more, log]
     if s.recovering and s.last_restart_at is not None:
         acts.append(Log("info", "restart.done", {
             "reason": s.last_reason, "downtime_s": round(now - s.last_restart_at, 2)}))
-        s = s.with_(recovering=False)
+        s = replace(s, recovering=False)
     return s, [*acts, Notify(ready=True)]
 
 
 def metrics(s: WatchState, ev: MetricsResult, now: float) -> Result:
     """A /metrics scrape: busy-vs-hung, stall detection, and the drain's end."""
-    s = s.with_(probe_seconds={**s.probe_seconds, "metrics": ev.seconds})
+    s = replace(s, probe_seconds={**s.probe_seconds, K.METRICS: ev.seconds})
     c = _run(s)
     if not ev.ok:
-        s = s.with_(probe_failures={**s.probe_failures,
-                                    "metrics": s.probe_failures.get("metrics", 0) + 1})
+        s = replace(s, probe_failures={**s.probe_failures,
+                                    K.METRICS: s.probe_failures.get(K.METRICS, 0) + 1})
         if s.state == S.READY and c.hang_suspect:
-            return begin_restart(s, now, "hang", "canary timed out and /metrics failed: "
+            return begin_restart(s, now, Reason.HANG, "canary timed out and /metrics failed: "
                                  + ev.error, drain=False)
         if s.state == S.DRAINING:
             return _drain_look(s, now, None, None)
@@ -160,17 +169,17 @@ def metrics(s: WatchState, ev: MetricsResult, now: float) -> Result:
         acts.append(Log("info", "vllm.sleep_state", {
             "asleep": ev.asleep, "detail": "put to sleep: no canary, no hang or stall verdict "
             "until it wakes" if ev.asleep else "awake again"}))
-    s = s.with_child(running=ev.running, waiting=ev.waiting, kv_cache_usage=ev.kv_cache_usage,
-                     asleep=ev.asleep)
+    s = replace(s, child=replace(s.run, running=ev.running, waiting=ev.waiting,
+                                 kv_cache_usage=ev.kv_cache_usage, asleep=ev.asleep))
     cur = policy.progress_of(now, ev.running, ev.waiting, ev.prompt_tokens,
                              ev.generation_tokens)
     prev = c.progress
     if s.state == S.DRAINING:
         s, more = _drain_look(s, now, ev.running, ev.waiting)
     elif s.state != S.READY or cur is None:
-        s, more = s.with_child(progress=cur or prev), []
+        s, more = replace(s, child=replace(s.run, progress=cur or prev)), []
     else:
-        s, more = _judge_progress(s.with_child(progress=cur), prev, cur, now)
+        s, more = _judge_progress(replace(s, child=replace(s.run, progress=cur)), prev, cur, now)
     return s, acts + more
 
 
@@ -180,7 +189,7 @@ def _drain_look(s: WatchState, now: float, running: float | None,
     c = _run(s)
     d = c.drain if c.drain is not None else drains.begin(s.since, 0.0, 0.0)
     if drains.decide(d, now, running, waiting) == drains.Verdict.WAIT:
-        return probing.set_timer(s, "metrics", drains.next_check(d, now, probing.DRAIN_POLL)), []
+        return probing.set_timer(s, K.METRICS, drains.next_check(d, now, probing.DRAIN_POLL)), []
     phases = drains.durations(d, now)
     s, acts = stop_child(s, now)
     return s, [Log("info", "drain.done", {"after_s": round(now - d.started, 2),
@@ -192,27 +201,27 @@ def _judge_progress(s: WatchState, prev: policy.Progress | None, cur: policy.Pro
     c = _run(s)
     acts: list[Action] = []
     if c.hang_suspect and not sleep.judge_canary(c.canary_asleep, c.asleep):
-        s = s.with_child(hang_suspect=False)
+        s = replace(s, child=replace(s.run, hang_suspect=False))
         acts.append(Log("info", "probe.canary_asleep", {
             "error": "timed out", "detail": "vLLM is in sleep mode; not judged"}))
     elif c.hang_suspect:
-        s = s.with_child(hang_suspect=False)
+        s = replace(s, child=replace(s.run, hang_suspect=False))
         # Against the scrape from before the canary was sent, not the last one: that may be
         # only milliseconds older than this one, too close for any counter to have moved.
         ref = c.canary_ref if c.canary_ref is not None else prev
         if not policy.is_busy(ref, cur):
-            return begin_restart(s, now, "hang", "canary timed out while /health said 200 "
+            return begin_restart(s, now, Reason.HANG, "canary timed out while /health said 200 "
                                  "and token counters did not move", drain=False)
         acts.append(Log("info", "probe.canary_busy", {
             "running": cur.running, "waiting": cur.waiting,
             "detail": "canary slow but the engine is busy and making progress"}))
     stall = policy.stalled_since(c.stall_since, prev, cur)
-    s = s.with_child(stall_since=stall)
+    s = replace(s, child=replace(s.run, stall_since=stall))
     if stall is not None and now - stall >= s.config.probe.stall_timeout \
             and sleep.judge_stall(c.asleep):
-        s, more = begin_restart(s, now, "stall", f"{cur.running:g} running and {cur.waiting:g} "
-                                f"waiting, but no token generated for {now - stall:.0f}s",
-                                drain=False)
+        s, more = begin_restart(s, now, Reason.STALL,
+                                f"{cur.running:g} running and {cur.waiting:g} waiting, but "
+                                f"no token generated for {now - stall:.0f}s", drain=False)
         acts += more
     return s, acts
 
@@ -222,25 +231,26 @@ def memory(s: WatchState, ev: MemorySampled, now: float) -> Result:
     sample = ev.sample
     if sample is None:
         return s, [Log("warning", "memory.sample_failed", {"error": ev.error})]
-    s = s.with_child(memory=sample)
-    if sample.gpu_faults:  # issue 16: a hardware fault ends supervision, not a crash loop
+    s = replace(s, child=replace(s.run, memory=sample))
+    if sample.gpu_faults:  # a hardware fault ends supervision: restarts would only loop
         (s, fault_acts), ends = gpufault.react(s, sample.gpu_faults, now)
         if ends:
             return s, fault_acts
         s, rest = memory(s, replace(ev, sample=replace(sample, gpu_faults=())), now)
         return s, [*fault_acts, *rest]
     c = _run(s)
+    host = host_figure(c.host, sample, now, fixed=c.leak is not None)
+    s = replace(s, child=replace(c, host=host))
+    c = _run(s)
     if s.state == S.STARTING and sample.tree_cpu_s is not None:
-        s = s.with_child(cpu_since_progress=stalls.mark_cpu(c.cpu_since_progress,
-                                                            c.last_progress, now,
-                                                            sample.tree_cpu_s))
+        cpu = stalls.mark_cpu(c.cpu_since_progress, c.last_progress, now, sample.tree_cpu_s)
+        s = replace(s, child=replace(c, cpu_since_progress=cpu))
     if s.state != S.READY or c.leak is None:
         return s, []
-    host, pss_seen = host_figure(sample, c.pss_seen)
-    recent = (*c.mem_recent, (now, sample.gpu_rule_mib, host))[-MEM_RECENT:]
-    s = s.with_child(pss_seen=pss_seen, mem_recent=recent)
-    state, verdict = leak.observe(c.leak, s.config.memory, now, sample.gpu_rule_mib, host)
-    s = s.with_child(leak=state)
+    gpu, host_mib = gpu_figure(sample, host.mib), host.mib if host.fresh else None
+    recent = (*c.mem_recent, (now, gpu, host_mib))[-MEM_RECENT:]
+    state, verdict = leak.observe(c.leak, s.config.memory, now, gpu, host_mib)
+    s = replace(s, child=replace(s.run, leak=state, mem_recent=recent))
     if verdict is None:
         return s, []
     if verdict.waits_for_quiet_hours and not in_window(s.config.restart.quiet_hours,

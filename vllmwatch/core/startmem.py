@@ -7,24 +7,27 @@ daemon stops with exitcodes.START_MEMORY instead of crash-looping.
 
 from __future__ import annotations
 
-from vllmwatch.core import exitcodes
+from dataclasses import replace
+
 from vllmwatch.core.events import Action, ChildExited, Log
+from vllmwatch.core.names import Reason
 from vllmwatch.core.state import WatchState
 from vllmwatch.core.unified import diagnose, memory_verdict, reason_detail
 
-REASON = "start_memory"
+REASON = Reason.START_MEMORY
 
 
 def start_failed(s: WatchState, ev: ChildExited
-                 ) -> tuple[WatchState, list[Action], str] | None:
-    """(state, log actions, restart detail) when the child's output names a memory failure;
-    None otherwise. Sets exit_code when the failure repeated past the retries."""
+                 ) -> tuple[WatchState, list[Action], str, bool] | None:
+    """(state, log actions, restart detail, stop) when the child's output names a memory
+    failure; None otherwise. `stop`: the failure repeated past the retries, and the caller
+    halts with exitcodes.START_MEMORY."""
     d = diagnose((*ev.memory_lines, *ev.last_lines))
     if d is None or s.child is None:
         return None
     count, last_gen = s.memory_failures
     n = count + 1 if last_gen == s.child.gen - 1 and count > 0 else 1
-    s = s.with_(memory_failures=(n, s.child.gen))
+    s = replace(s, memory_failures=(n, s.child.gen))
     retries = s.config.memory.start_memory_retries
     verdict, text = memory_verdict(d, n, retries, ev.unified)
     detail = reason_detail(d, ev.page_cache_gib, ev.unified)
@@ -32,8 +35,9 @@ def start_failed(s: WatchState, ev: ChildExited
         "cause": d.cause, "detail": detail, "line": d.line[:300], "failures_in_row": n,
         "retries": retries, "unified": ev.unified, "next": text if verdict == "retry" else
         "stop"})]
-    if verdict == "stop":  # begin_restart records nothing once exit_code is set: do it here
-        s = s.with_(exit_code=exitcodes.START_MEMORY, last_reason=REASON, last_detail=detail)
+    stop = verdict == "stop"
+    if stop:  # no restart follows to record the reason: /status shows it as the last one
+        s = replace(s, last_reason=REASON, last_detail=detail)
         acts.append(Log("error", "start.memory_gave_up", {"cause": d.cause, "detail": detail,
                                                           "hint": text}))
-    return s, acts, detail
+    return s, acts, detail, stop

@@ -2,17 +2,17 @@
 
 from __future__ import annotations
 
-import dataclasses
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from enum import Enum
-from typing import Any
 
 from vllmwatch.config.schema import Config, VllmConfig
 from vllmwatch.core.drain import Drain
-from vllmwatch.core.events import Action, Log
+from vllmwatch.core.events import Action, Log, StartOver
 from vllmwatch.core.leak import LeakState
+from vllmwatch.core.names import ProbeKind, Reason
 from vllmwatch.core.policy import Progress
-from vllmwatch.core.samples import MemorySample
+from vllmwatch.core.release import ReleaseGate
+from vllmwatch.core.samples import HostFigure, MemorySample
 
 
 class State(str, Enum):
@@ -49,9 +49,6 @@ TRANSITIONS: dict[State, frozenset[State]] = {
 FINAL = frozenset({S.STOPPED, S.FAILED})
 CHILD_STATES = frozenset({S.STARTING, S.READY, S.DRAINING, S.STOPPING})
 
-# Restarts that mean something went wrong: they feed backoff and the crash-loop guard.
-FAILURE_REASONS = frozenset({"crash", "health", "hang", "stall", "start_timeout",
-                             "start_stall", "gpu_memory", "host_memory", "start_memory"})
 
 
 class TransitionError(RuntimeError):
@@ -81,11 +78,9 @@ class ChildRun:
     last_milestone_at: float | None = None
     phases: dict[str, float] = field(default_factory=dict)
     compile_cache_hit: bool = False
-    canary_ok: bool = False
-    warmed_up: bool = False
-    inflight: frozenset[str] = frozenset()
-    timers: dict[str, float] = field(default_factory=dict)  # probe kind -> next due time
-    probe_done_at: dict[str, float] = field(default_factory=dict)  # kind -> last result
+    inflight: frozenset[ProbeKind] = frozenset()
+    timers: dict[ProbeKind, float] = field(default_factory=dict)  # kind -> next due time
+    probe_done_at: dict[ProbeKind, float] = field(default_factory=dict)  # kind -> last result
     health_failures: int = 0  # consecutive /health failures; only /health 200 resets it
     canary_failures: int = 0  # consecutive canary errors (not timeouts); only a canary resets
     hang_suspect: bool = False
@@ -98,18 +93,16 @@ class ChildRun:
     kv_cache_usage: float | None = None
     leak: LeakState | None = None  # the leak rules' state once READY
     memory: MemorySample | None = None  # the last memory sample
-    pss_seen: bool = False
-    stale: tuple[str, ...] = ()  # probe kinds whose results are overdue
+    host: HostFigure | None = None  # the host rules' figure (core/samples.host_figure)
+    stale: tuple[ProbeKind, ...] = ()  # probe kinds whose results are overdue
     drain: Drain | None = None  # the drain before a planned restart (core/drain.py)
     asleep: bool | None = None  # vLLM sleep mode, from the last scrape (core/sleep.py)
     canary_asleep: bool | None = None  # ... when the canary in flight was sent
+    canary_kind: str | None = None  # the kind `auto` found (CanaryResult.kind), for the next
+    gpu_before_mib: tuple[tuple[int, float], ...] = ()  # GPU use before launch (release gate)
     # (time, GPU rule MiB, host rule MiB) of the newest samples the leak rules judged: an
     # incident record of a memory restart shows what made the rule fire (core/incidents.py)
     mem_recent: tuple[tuple[float, float | None, float | None], ...] = ()
-
-    def with_(self, **changes: Any) -> ChildRun:
-        """A copy with some fields changed."""
-        return dataclasses.replace(self, **changes)
 
 
 @dataclass(frozen=True)
@@ -121,6 +114,7 @@ class IncidentWait:
     until: float
     drain: bool
     started: float
+    reason: str = ""
 
 
 @dataclass(frozen=True)
@@ -135,22 +129,22 @@ class WatchState:
     child: ChildRun | None = None  # the current (or last) child generation
     ever_ready: bool = False
     prewarmed: bool = False
-    exit_code: int | None = None  # set when vllmwatch itself is shutting down
-    pending: tuple[str, str] | None = None  # (reason, detail) of the restart under way
+    exit_code: int | None = None  # set when vllmwatch itself is leaving: only ladder.halt
+    exit_reason: Reason | None = None  # ... and why (ladder.halt)
+    exit_detail: str = ""
+    pending: tuple[Reason, str] | None = None  # (reason, detail) of the restart under way
     recovering: bool = False  # a restart began and no child has been READY since
-    old_pids: tuple[int, ...] = ()
-    release_deadline: float | None = None
-    release_at: float | None = None  # next look at the GPUs while the release gate waits
+    old_pids: tuple[int, ...] = ()  # the old tree's pids, from the sweep to the release gate
+    release: ReleaseGate | None = None  # the GPU release gate, while CLEANUP waits on it
     sweeping: bool = False  # a Sweep is out and its SweepDone not yet back
-    backoff_until: float | None = None
     failures: int = 0  # consecutive failures, for backoff
     restart_times: tuple[float, ...] = ()
-    restarts_by_reason: dict[str, int] = field(default_factory=dict)
-    last_reason: str | None = None
+    restarts_by_reason: dict[Reason, int] = field(default_factory=dict)
+    last_reason: Reason | None = None
     last_detail: str | None = None
     last_restart_at: float | None = None
-    probe_seconds: dict[str, float] = field(default_factory=dict)
-    probe_failures: dict[str, int] = field(default_factory=dict)
+    probe_seconds: dict[ProbeKind, float] = field(default_factory=dict)
+    probe_failures: dict[ProbeKind, int] = field(default_factory=dict)
     last_drain: dict[str, float] = field(default_factory=dict)  # phase -> s, last drain
     next_extend: float = 0.0
     rng: int = 0x2545F4914F6CDD1D
@@ -160,14 +154,12 @@ class WatchState:
     incidents_total: int = 0  # incident records written
     last_incident: str | None = None  # the id of the last one written
 
-    def with_(self, **changes: Any) -> WatchState:
-        """A copy with some fields changed."""
-        return dataclasses.replace(self, **changes)
-
-    def with_child(self, **changes: Any) -> WatchState:
-        """A copy whose current child record has some fields changed."""
+    @property
+    def run(self) -> ChildRun:
+        """The current child record, for `replace(s, child=replace(s.run, ...))`: a bug when
+        there is none."""
         assert self.child is not None, "no child record"
-        return dataclasses.replace(self, child=self.child.with_(**changes))
+        return self.child
 
     @property
     def pid(self) -> int | None:
@@ -185,7 +177,10 @@ def goto(s: WatchState, to: State, now: float, reason: str, deadline: float | No
         raise TransitionError(f"{s.state} -> {to} is not allowed ({reason})")
     log = Log("info", "state.changed", {"from": str(s.state), "to": str(to), "reason": reason,
                                         "after_s": round(now - s.since, 3)})
-    return s.with_(state=to, since=now, deadline=deadline), [log]
+    acts: list[Action] = [log]
+    if s.state == S.STARTING and to != S.STARTING:  # the start guard runs until here
+        acts.append(StartOver("ready" if to == S.READY else str(to)))
+    return replace(s, state=to, since=now, deadline=deadline), acts
 
 
 def seeded(seed: int) -> int:
@@ -199,4 +194,4 @@ def next_random(s: WatchState) -> tuple[WatchState, float]:
     x ^= (x << 13) & 0xFFFFFFFFFFFFFFFF
     x ^= x >> 7
     x ^= (x << 17) & 0xFFFFFFFFFFFFFFFF
-    return s.with_(rng=x), x / 2.0**64
+    return replace(s, rng=x), x / 2.0**64

@@ -6,11 +6,18 @@ import dataclasses
 from collections.abc import Callable
 from typing import Any
 
+from vllmwatch.config.hosts import connect_host, url_host
 from vllmwatch.config.schema import Config
 from vllmwatch.gate.door import Readiness, readiness_of
 from vllmwatch.gate.runner import Gate, GateError
 from vllmwatch.logfn import LogFn
 from vllmwatch.status.snapshot import Snapshot
+
+
+def upstream_of(config: Config) -> str:
+    """Where the gate forwards to: vLLM's address, a wildcard by the one mapping
+    (config/hosts.py; "::" is ::1, which an IPv6-only listener answers on)."""
+    return f"http://{url_host(connect_host(config.vllm.host))}:{config.vllm.port}"
 
 
 def start_gate(config: Config, log: LogFn, get_snapshot: Callable[[], Snapshot]
@@ -19,8 +26,7 @@ def start_gate(config: Config, log: LogFn, get_snapshot: Callable[[], Snapshot]
     g = config.gate
     if not g.enabled:
         return None
-    host = config.vllm.host if config.vllm.host not in ("", "0.0.0.0", "::") else "127.0.0.1"
-    upstream = f"http://{'[' + host + ']' if ':' in host else host}:{config.vllm.port}"
+    upstream = upstream_of(config)
 
     def readiness() -> Readiness:
         snap = get_snapshot()

@@ -83,9 +83,34 @@ def cache_env(config: Config, environ: Mapping[str, str]) -> dict[str, str]:
             if var not in config.vllm.env and var not in environ}
 
 
+def child_env(config: Config, environ: Mapping[str, str]) -> dict[str, str]:
+    """The child's environment as far as caches go: [vllm.env] over our environment over our
+    cache variables (cache_env never overrides the user's). Pure."""
+    return {**environ, **cache_env(config, environ), **config.vllm.env}
+
+
+def make_cache_dirs(config: Config, environ: Mapping[str, str]
+                    ) -> tuple[dict[str, str], list[tuple[str, str, str]]]:
+    """Create our cache directories: (the variables whose directory is usable, and
+    [(variable, path, why)] for those that are not: vLLM would crash on an unwritable one)."""
+    usable: dict[str, str] = {}
+    problems: list[tuple[str, str, str]] = []
+    for var, path in cache_env(config, environ).items():
+        try:
+            os.makedirs(path, mode=0o700, exist_ok=True)  # the umask narrows it further
+        except OSError as exc:
+            problems.append((var, path, exc.strerror or str(exc)))
+            continue
+        if os.access(path, os.W_OK):
+            usable[var] = path
+        else:
+            problems.append((var, path, "not writable"))
+    return usable, problems
+
+
 def _cache_dirs(config: Config, environ: Mapping[str, str]) -> dict[str, Path]:
     """Where the child's caches live: config env, then environ, then ours, then defaults."""
-    env = {**environ, **cache_env(config, environ), **config.vllm.env}
+    env = child_env(config, environ)
     home = Path(env.get("HOME") or str(Path.home()))
     xdg = Path(env.get("XDG_CACHE_HOME") or home / ".cache")
     vllm = Path(env.get("VLLM_CACHE_ROOT") or xdg / "vllm")
@@ -137,12 +162,8 @@ def compile_cache_hit(line: str) -> bool:
 def _step_caches(config: Config, environ: Mapping[str, str], deadline: float
                  ) -> tuple[str, str, dict[str, Any]]:
     ours = cache_env(config, environ)
-    problems = []
-    for var, path in ours.items():
-        try:
-            os.makedirs(path, mode=0o700, exist_ok=True)  # the umask narrows it further
-        except OSError as exc:
-            problems.append(f"{var}={path}: {exc.strerror or exc}")
+    _usable, unusable = make_cache_dirs(config, environ)
+    problems = [f"{var}={path}: {why}" for var, path, why in unusable]
     report = cache_report(config, environ, max(0.0, min(10.0, deadline - time.monotonic())))
     data = {"env": ours, "caches": report, "env_usable": not problems}
     total = sum(c.get("bytes", 0) for k, c in report.items() if k != "torch_compile")
@@ -165,7 +186,7 @@ def model_dir(config: Config, environ: Mapping[str, str]) -> Path | None:
     if path.exists():
         return path
     if config.vllm.model.count("/") == 1 and not config.vllm.model.startswith(("/", ".")):
-        env = {**environ, **cache_env(config, environ), **config.vllm.env}
+        env = child_env(config, environ)
         return pagecache.hub_snapshot(config.vllm.model, pagecache.hub_cache_dir(env))
     return None
 
@@ -233,7 +254,7 @@ def _step_kernels(config: Config, environ: Mapping[str, str], deadline: float,
     try:
         env = dict(command.build(config, environ, extra_env=cache_env(config, environ)).env)
     except Exception:  # a bad command is `check`'s to report, not ours
-        env = {**environ, **cache_env(config, environ), **config.vllm.env}
+        env = child_env(config, environ)
     spec = kernels.model_shape(model_dir(config, environ))
     spec["dtype"] = kernels.args_dtype(config.vllm.args) or spec["dtype"]
     gpu = config.vllm.gpus[0] if config.vllm.gpus else 0  # vLLM's first (rank 0) GPU

@@ -1,4 +1,4 @@
-"""The child process: spawn in a new session, signal its group, reap, sweep what is left."""
+"""The child process: signal its group, reap, sweep what is left (launch: shell/childrun.py)."""
 
 from __future__ import annotations
 
@@ -16,7 +16,6 @@ from typing import IO
 
 import psutil
 
-from vllmwatch.config.command import ChildCommand
 from vllmwatch.core.events import ChildExited, SweepDone
 from vllmwatch.core.policy import signal_name
 from vllmwatch.logfn import LogFn
@@ -55,19 +54,6 @@ class Child:
         if self.pidfd is not None:
             os.close(self.pidfd)
             self.pidfd = None
-
-
-def spawn(cmd: ChildCommand, marker: str) -> Child:
-    """Start the child in a new session (its own process group) with our marker in its env."""
-    env = dict(cmd.env)
-    env[MARKER] = marker
-    proc = subprocess.Popen(
-        list(cmd.argv), env=env, stdin=subprocess.DEVNULL, stdout=subprocess.PIPE,
-        stderr=subprocess.STDOUT, start_new_session=True, close_fds=True)
-    pidfd = None
-    with contextlib.suppress(OSError, AttributeError):
-        pidfd = os.pidfd_open(proc.pid)
-    return Child(proc, pidfd)
 
 
 def signal_group(pgid: int, signame: str) -> bool:

@@ -31,11 +31,13 @@ from vllmwatch.core.events import (
     SampleMemory,
     SignalGroup,
     Spawn,
+    StartOver,
     StopRequested,
     Sweep,
     Tick,
     failure_result,
 )
+from vllmwatch.core.names import Reason
 from vllmwatch.shell.clock import Clock
 from vllmwatch.shell.effects import Effects
 from vllmwatch.shell.notify import status_line, watchdog_interval
@@ -150,6 +152,15 @@ class Loop:
                         traceback="".join(traceback.format_exception(exc)),
                         hint="a bug in vllmwatch; the vLLM tree was killed. Please report it "
                         "with this traceback")
+            if self.state.exit_code is None:
+                # The one exit the core cannot decide (it may be what raised): the same exit
+                # event and STOPPING=1 that ladder.halt gives every other exit.
+                self.fx.log("error", "daemon.exiting", code=exitcodes.INTERNAL,
+                            reason=str(Reason.INTERNAL), detail=f"{type(exc).__name__}: {exc}",
+                            state=str(self.state.state),
+                            meaning=exitcodes.MEANING[exitcodes.INTERNAL])
+                with contextlib.suppress(Exception):
+                    self.fx.notifier.send("STOPPING=1")
             return exitcodes.INTERNAL
         finally:
             self.close()
@@ -247,6 +258,8 @@ class Loop:
             return fx.spawn(action.config, self.post)
         elif isinstance(action, SignalGroup):
             fx.signal_group(action.signal)
+        elif isinstance(action, StartOver):
+            fx.end_start(action.why)
         elif isinstance(action, Probe):
             self._submit(action, lambda: fx.probe(action))
         elif isinstance(action, SampleMemory):

@@ -2,7 +2,7 @@
 
 The leak rules (leak.py) are pure; this module is the I/O behind them. Nothing here raises on
 an NVML failure: the figure becomes unknown and the first failure of each kind is logged.
-`log` is called as `log(event, level="info"|"warning", **fields)`.
+`log` is the house log function, `log(level, "dotted.name", **fields)` (vllmwatch/logfn.py).
 """
 
 from __future__ import annotations

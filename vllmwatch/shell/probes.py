@@ -1,7 +1,8 @@
 """HTTP probes of the vLLM server: /health, /metrics (a few series), a real request (canary).
 
 The canary's kind follows the model (core/canary.py): `auto` finds the first kind whose
-route the server has and keeps it for the life of this prober (one child).
+route the server has and says so in the result; the core keeps it for the rest of the child's
+run (ChildRun.canary_kind) and names it in the next Probe.
 """
 
 from __future__ import annotations
@@ -9,16 +10,17 @@ from __future__ import annotations
 import http.client
 import json
 import time
-from collections.abc import Callable, Iterable, Mapping, Sequence
+from collections.abc import Callable, Iterable, Sequence
+from dataclasses import dataclass, replace
 from typing import Protocol
 
 from prometheus_client.parser import text_string_to_metric_families
 
 from vllmwatch.config.hosts import connect_host
-from vllmwatch.config.schema import Config
+from vllmwatch.config.schema import Config, ProbeConfig
 from vllmwatch.core import canary as kinds
 from vllmwatch.core import sleep
-from vllmwatch.core.events import CanaryResult, HealthResult, MetricsResult, Probe
+from vllmwatch.core.events import CanaryResult, HealthResult, MetricsResult
 
 # Only these series are parsed; filtering the 48 KB text first cuts a ~7 ms parse to ~0.2 ms.
 _WANTED = ("vllm:num_requests_running", "vllm:num_requests_waiting", "vllm:kv_cache_usage_perc",
@@ -46,63 +48,43 @@ class Prober(Protocol):
 probe_host = connect_host  # one home for the wildcard-to-loopback rule: config/hosts.py
 
 
+@dataclass(frozen=True)
+class Endpoint:
+    """Where vLLM listens, the model it serves, and the API key its /v1 routes want."""
+
+    host: str
+    port: int
+    model: str
+    api_key: str | None = None
+
+
 def prober_for(config: Config, api_key: str | None, log: Callable[..., None] | None = None
                ) -> HttpProber:
     """The prober for a config: where vLLM listens, the model, which canary."""
-    v, p = config.vllm, config.probe
-    return HttpProber(v.host, v.port, v.model_name, p.timeout, p.canary_timeout,
-                      p.canary_prompt, api_key, canary=p.canary, canary_path=p.canary_path,
-                      canary_body=p.canary_body, vllm_args=v.args, extra_args=v.extra_args,
-                      log=log)
-
-
-class CanaryMemory:
-    """The canary kind `auto` found for each child run (by gen), for the probers after it.
-
-    Probers are made per probe; without this each canary of a pooling model would first
-    ask /v1/completions again.
-    """
-
-    def __init__(self) -> None:
-        self._kinds: dict[int, str] = {}
-        self._args: tuple[Mapping[str, object], Sequence[str]] = ({}, ())
-
-    def expect(self, vllm_args: Mapping[str, object], extra_args: Sequence[str]) -> None:
-        """The vLLM arguments of the child being launched (`--runner pooling` and co.)."""
-        self._args = (dict(vllm_args), tuple(extra_args))
-
-    def prober(self, action: Probe, api_key: str | None,
-               log: Callable[..., None] | None = None) -> HttpProber:
-        """A prober for this probe action, starting from what earlier canaries found."""
-        p, gen = action.probe, action.gen
-
-        def remember(kind: str) -> None:
-            self._kinds = {gen: kind}  # one child at a time: older runs are forgotten
-
-        return HttpProber(action.host, action.port, action.model_name, p.timeout,
-                          p.canary_timeout, p.canary_prompt, api_key, canary=p.canary,
-                          canary_path=p.canary_path, canary_body=p.canary_body, log=log,
-                          vllm_args=self._args[0], extra_args=self._args[1],
-                          chosen=self._kinds.get(gen), on_choose=remember)
+    v = config.vllm
+    return HttpProber(Endpoint(v.host, v.port, v.model_name, api_key), config.probe,
+                      order=kinds.order(config.probe.canary, v.args, v.extra_args), log=log)
 
 
 class HttpProber:
-    """Probes over plain HTTP/1.1, one connection per request (no shared state)."""
+    """Probes over plain HTTP/1.1, one connection per request (no shared state).
 
-    def __init__(self, host: str, port: int, model: str, timeout: float, canary_timeout: float,
-                 prompt: str = "Hello", api_key: str | None = None, *, canary: str = "auto",
-                 canary_path: str = "", canary_body: str = "",
-                 vllm_args: Mapping[str, object] | None = None, extra_args: Sequence[str] = (),
-                 log: Callable[..., None] | None = None, chosen: str | None = None,
-                 on_choose: Callable[[str], None] | None = None) -> None:
-        self.host, self.port, self.model = probe_host(host), port, model
-        self.timeout, self.canary_timeout, self.prompt = timeout, canary_timeout, prompt
-        self.api_key = api_key
-        self.canary_kind, self.canary_path, self.canary_body = canary, canary_path, canary_body
-        self._order = kinds.order(canary, vllm_args, extra_args)
-        # auto: found by the first canary that answers, then kept (`chosen`, `on_choose`).
-        self.chosen: str | None = chosen if canary == "auto" else canary
-        self._log, self._on_choose = log, on_choose
+    `order`: the canary kinds `auto` tries (core/canary.py `order`, from the child's vLLM
+    arguments); `chosen`: the kind an earlier canary of this child found, which is tried alone.
+    """
+
+    def __init__(self, endpoint: Endpoint, probe: ProbeConfig, *,
+                 order: Sequence[str] | None = None, chosen: str | None = None,
+                 log: Callable[..., None] | None = None) -> None:
+        self.host, self.port = probe_host(endpoint.host), endpoint.port
+        self.model, self.api_key = endpoint.model, endpoint.api_key
+        self.timeout, self.canary_timeout = probe.timeout, probe.canary_timeout
+        self.prompt, self.canary_kind = probe.canary_prompt, probe.canary
+        self.canary_path, self.canary_body = probe.canary_path, probe.canary_body
+        self._order = tuple(order) if order is not None else kinds.order(probe.canary)
+        # auto: found by the first canary that answers; it comes back in CanaryResult.kind.
+        self.chosen: str | None = chosen if probe.canary == "auto" else probe.canary
+        self._log = log
         self.last_metrics_text: str | None = None  # the body of the last /metrics answer
 
     def _request(self, method: str, path: str, timeout: float, body: bytes | None = None
@@ -141,6 +123,7 @@ class HttpProber:
             if not absent:
                 if result.ok:
                     self._choose(kind)
+                    result = replace(result, kind=kind)
                 return result
             missing.append(kinds.PATHS.get(kind, kind))
         return CanaryResult(False, False, time.monotonic() - t0,
@@ -149,8 +132,6 @@ class HttpProber:
 
     def _choose(self, kind: str) -> None:
         self.chosen = kind
-        if self._on_choose is not None:
-            self._on_choose(kind)
         if self._log is not None:
             self._log("info", "probe.canary_chosen", kind=kind, path=kinds.PATHS.get(kind))
 

@@ -24,15 +24,16 @@ from prometheus_client.exposition import choose_encoder
 from prometheus_client.process_collector import ProcessCollector
 from prometheus_client.registry import Collector, CollectorRegistry
 
+from vllmwatch.core import names
 from vllmwatch.core.state import State
-from vllmwatch.status.snapshot import Snapshot
+from vllmwatch.status.snapshot import MemoryFigures, Snapshot
 
 MIB = 2**20
 
 # Every state gets a series (0 or 1), so dashboards and alerts see a stable set of labels.
 KNOWN_STATES = tuple(str(s) for s in State)
-# The probe kinds the core's freshness guard watches (core/probing.bounds), same reason.
-GUARDED_PROBES = ("health", "canary", "metrics", "memory")
+# The probe kinds the core's freshness guard watches (core/names.PROBES), same reason.
+GUARDED_PROBES = tuple(str(k) for k in names.GUARDED_PROBES)
 
 DRAIN_PHASES = ("deregistering", "draining", "stopping")
 GATE_COUNTERS = {
@@ -179,8 +180,10 @@ def _memory(snap: Snapshot) -> Iterator[Metric]:
                     _bytes({"rss": mem.host_rss_mib, "pss": mem.host_pss_mib}))
     yield _labelled(GaugeMetricFamily, "vllmwatch_memory_rule_bytes",
                     "The figure the memory rules compare with their limits (kind gpu: as "
-                    "memory.source says; kind host: PSS where sampled, else RSS)", "kind",
-                    _bytes({"gpu": mem.gpu_rule_mib, "host": mem.host_rule_mib}))
+                    "memory.source says; kind host: the last PSS reading, carried between PSS "
+                    "samples, or RSS where PSS is unreadable: vllmwatch_memory_rule_info)",
+                    "kind", _bytes({"gpu": mem.gpu_rule_mib, "host": mem.host_rule_mib}))
+    yield _rule_info(mem)
     yield _labelled(GaugeMetricFamily, "vllmwatch_memory_limit_bytes",
                     "memory.gpu_limit and memory.host_limit (absent when off)", "kind",
                     _bytes({"gpu": mem.gpu_limit_mib, "host": mem.host_limit_mib}))
@@ -191,6 +194,18 @@ def _memory(snap: Snapshot) -> Iterator[Metric]:
                     "Fitted growth of memory use", "kind",
                     _bytes({"gpu": _per_s(mem.gpu_slope_mib_per_h),
                             "host": _per_s(mem.host_slope_mib_per_h)}))
+
+
+def _rule_info(mem: MemoryFigures) -> Metric:
+    """Where each rule figure comes from, as a label: 1 for the source in use."""
+    info = GaugeMetricFamily("vllmwatch_memory_rule_info", "The source of each memory rule "
+                             "figure (kind gpu: memory.source; kind host: pss or rss), value 1",
+                             labels=["kind", "source"])
+    if mem.gpu_rule_mib is not None:
+        info.add_metric(["gpu", mem.source], 1.0)
+    if mem.host_rule_source is not None:
+        info.add_metric(["host", mem.host_rule_source], 1.0)
+    return info
 
 
 def _probes(snap: Snapshot) -> Iterator[Metric]:

@@ -25,6 +25,10 @@ class MemoryFigures:
     host_slope_mib_per_h: float | None = None
     gpu_rule_mib: float | None = None  # the figure the GPU rules compare with gpu_limit
     host_rule_mib: float | None = None  # the figure the host rules compare with host_limit
+    # ... and where it comes from: "pss" (the last PSS reading, carried forward between PSS
+    # samples) or "rss" (only while PSS was never readable for this child), and its age
+    host_rule_source: str | None = None
+    host_rule_age_s: float | None = None
     gpu_limit_mib: float | None = None  # memory.gpu_limit; None when off
     host_limit_mib: float | None = None  # memory.host_limit; None when off
 

@@ -7,6 +7,7 @@ from collections.abc import Callable
 from vllmwatch.config.units import format_duration, format_mib
 from vllmwatch.core import drain as drains
 from vllmwatch.core import leak
+from vllmwatch.core.samples import gpu_figure
 from vllmwatch.core.state import ChildRun, S, WatchState
 from vllmwatch.status.snapshot import MemoryFigures, Snapshot
 
@@ -21,17 +22,18 @@ def completions(c: ChildRun | None, prev: Snapshot, to_wall: Callable[[float], f
     those of earlier children, so a restart does not make the figures vanish."""
     done = dict(prev.probe_last_completed)
     if c is not None:
-        done.update({kind: round(to_wall(t), 3) for kind, t in c.probe_done_at.items()})
+        done.update({str(kind): round(to_wall(t), 3) for kind, t in c.probe_done_at.items()})
     return done
 
 
-def _memory(s: WatchState) -> MemoryFigures:
+def _memory(s: WatchState, now: float) -> MemoryFigures:
     c = s.child
     m = c.memory if c is not None else None
     cfg = s.config.memory
     gpu_limit, host_limit = _limit(cfg.gpu_limit), _limit(cfg.host_limit)
     if c is None or m is None:
         return MemoryFigures(gpu_limit_mib=gpu_limit, host_limit_mib=host_limit)
+    host = c.host  # the figure the rules use: one kind, PSS carried between PSS samples
     gpu_base = host_base = gpu_slope = host_slope = None
     if c.leak is not None:
         gpu_base, host_base, gpu_slope, host_slope = leak.figures(c.leak)
@@ -41,8 +43,11 @@ def _memory(s: WatchState) -> MemoryFigures:
         device_total_mib=dict(m.device_total_mib), host_rss_mib=m.host_rss_mib,
         host_pss_mib=m.host_pss_mib, gpu_baseline_mib=gpu_base, host_baseline_mib=host_base,
         gpu_slope_mib_per_h=gpu_slope, host_slope_mib_per_h=host_slope,
-        gpu_rule_mib=m.gpu_rule_mib, host_rule_mib=m.host_rule_mib, gpu_limit_mib=gpu_limit,
-        host_limit_mib=host_limit)
+        gpu_rule_mib=gpu_figure(m, host.mib if host is not None else m.host_rule_mib),
+        host_rule_mib=host.mib if host is not None else None,
+        host_rule_source=host.kind if host is not None else None,
+        host_rule_age_s=round(now - host.at, 3) if host is not None else None,
+        gpu_limit_mib=gpu_limit, host_limit_mib=host_limit)
 
 
 def snapshot_of(s: WatchState, now: float, wall: float, prev: Snapshot,
@@ -63,14 +68,16 @@ def snapshot_of(s: WatchState, now: float, wall: float, prev: Snapshot,
         draining=s.state == S.DRAINING, child_pid=s.pid,
         child_started=to_wall(c.started) if c is not None and alive else None,
         child_uptime_s=round(now - c.started, 3) if c is not None and alive else None,
-        restarts_by_reason=dict(s.restarts_by_reason), last_reason=s.last_reason,
+        restarts_by_reason={str(k): n for k, n in s.restarts_by_reason.items()},
+        last_reason=str(s.last_reason) if s.last_reason is not None else None,
         last_reason_detail=s.last_detail, last_restart_at=to_wall(s.last_restart_at),
         start_phases_s=dict(c.phases) if c is not None else {},
-        memory=_memory(s),
+        memory=_memory(s, now),
         vllm_running=c.running if c else None, vllm_waiting=c.waiting if c else None,
         vllm_kv_cache_usage=c.kv_cache_usage if c else None,
-        stale_probes=c.stale if c is not None else (),
-        probe_seconds=dict(s.probe_seconds), probe_failures=dict(s.probe_failures),
+        stale_probes=tuple(str(k) for k in c.stale) if c is not None else (),
+        probe_seconds={str(k): v for k, v in s.probe_seconds.items()},
+        probe_failures={str(k): n for k, n in s.probe_failures.items()},
         config_path=s.config.path, config_sha256=s.config.sha256,
         vllm_version=vllm_version, loop_heartbeat=now,
         probe_last_completed=completions(c, prev, at_wall),

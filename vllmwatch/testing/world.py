@@ -28,6 +28,7 @@ from vllmwatch.core.events import (
     Sweep,
     SweepDone,
 )
+from vllmwatch.core.names import ProbeKind
 from vllmwatch.core.samples import MemorySample
 from vllmwatch.status.snapshot import Snapshot
 
@@ -128,6 +129,7 @@ class WorldEffects:
         self.exited: ChildExited | None = None
         self.snapshot: Snapshot | None = None
         self.raise_on: set[str] = set()  # action names whose worker raises, for fault tests
+        self.starts_over: list[str] = []  # StartOver's why, in order
 
     def log(self, level: str, event: str, **fields: Any) -> None:
         """Record a log event."""
@@ -165,6 +167,10 @@ class WorldEffects:
             sig = "SIGKILL" if signame == "SIGKILL" else None
             self.exited = ChildExited(w.next_pid - 1, None if sig else w.exit_code_on_term, sig)
 
+    def end_start(self, why: str) -> None:
+        """The start is over (StartOver): recorded, for tests of when the core says so."""
+        self.starts_over.append(why)
+
     def _maybe_raise(self, name: str) -> None:
         if name in self.raise_on:
             raise RuntimeError(f"injected failure in {name}")
@@ -173,17 +179,17 @@ class WorldEffects:
         """Answer a probe from the World's fields."""
         self._maybe_raise("probe:" + action.kind)
         w, gen, kind = self.world, action.gen, action.kind
-        warm = kind == "warmup"
+        warm = kind == ProbeKind.WARMUP
         if not w.child_alive:
-            if kind == "health":
+            if kind == ProbeKind.HEALTH:
                 return HealthResult(False, None, 0.001, "connection refused", gen=gen)
-            if kind == "metrics":
+            if kind == ProbeKind.METRICS:
                 return MetricsResult(False, error="refused", gen=gen)
             return CanaryResult(False, False, 0.0, "refused", warm, gen=gen)
-        if kind == "health":
+        if kind == ProbeKind.HEALTH:
             return HealthResult(w.health_ok, 200 if w.health_ok else 503, 0.001, gen=gen,
                                 engine_gone=w.engine_gone)
-        if kind == "metrics":
+        if kind == ProbeKind.METRICS:
             w.tokens += w.tokens_per_scrape
             return MetricsResult(True, 0.002, w.running, w.waiting, 0.1, w.tokens / 2,
                                  w.tokens / 2, gen=gen, asleep=w.asleep)

@@ -1,0 +1,156 @@
+"""The layout's rules, enforced: a pure core, and no import circle anywhere in vllmwatch/."""
+
+from __future__ import annotations
+
+import ast
+from pathlib import Path
+
+import pytest
+
+PKG = Path(__file__).resolve().parents[2] / "vllmwatch"
+
+# The core decides; it must not do. Anything that touches the world, the clock or the log
+# belongs to the shell.
+FORBIDDEN_IN_CORE = {
+    "time", "os", "socket", "subprocess", "threading", "logging", "structlog", "select",
+    "asyncio", "concurrent", "http", "urllib", "psutil", "pynvml", "sdnotify", "random",
+    "multiprocessing", "shutil", "pathlib", "tempfile", "prometheus_client", "ctypes",
+}
+ALLOWED_VLLMWATCH_IN_CORE = ("vllmwatch.core", "vllmwatch.config")
+
+
+def _modules() -> dict[str, Path]:
+    out = {}
+    for path in PKG.rglob("*.py"):
+        rel = path.relative_to(PKG.parent).with_suffix("")
+        parts = list(rel.parts)
+        if parts[-1] == "__init__":
+            parts.pop()
+        out[".".join(parts)] = path
+    return out
+
+
+def _imports(path: Path, modules: dict[str, Path]) -> set[str]:
+    """Every module this file imports, at any depth (function-level imports count)."""
+    found: set[str] = set()
+    for node in ast.walk(ast.parse(path.read_text())):
+        if isinstance(node, ast.Import):
+            found.update(alias.name for alias in node.names)
+        elif isinstance(node, ast.ImportFrom) and node.module and node.level == 0:
+            found.add(node.module)
+            for alias in node.names:  # `from pkg import module` names a module
+                sub = f"{node.module}.{alias.name}"
+                if sub in modules:
+                    found.add(sub)
+    return found
+
+
+MODULES = _modules()
+CORE = sorted(name for name in MODULES if name.startswith("vllmwatch.core."))
+
+
+def test_the_layout_has_its_packages() -> None:
+    for pkg in ("config", "core", "shell", "status", "check", "prewarm", "testing"):
+        assert f"vllmwatch.{pkg}" in MODULES, f"vllmwatch/{pkg}/__init__.py is missing"
+        doc = ast.get_docstring(ast.parse(MODULES[f"vllmwatch.{pkg}"].read_text())) or ""
+        assert "import" in doc.lower() or pkg == "testing", \
+            f"vllmwatch/{pkg}/__init__.py must say what the package may import"
+
+
+@pytest.mark.parametrize("module", CORE)
+def test_core_is_pure(module: str) -> None:
+    for imported in _imports(MODULES[module], MODULES):
+        top = imported.split(".")[0]
+        assert top not in FORBIDDEN_IN_CORE, f"{module} imports {imported}: I/O in the core"
+        if top == "vllmwatch":
+            assert imported.startswith(ALLOWED_VLLMWATCH_IN_CORE), \
+                f"{module} imports {imported}: the core may import only core/ and config/"
+
+
+def _graph() -> dict[str, set[str]]:
+    graph: dict[str, set[str]] = {}
+    for name, path in MODULES.items():
+        deps = set()
+        for imported in _imports(path, MODULES):
+            # `from vllmwatch.core import ladder` depends on the module, not the package.
+            while imported and imported not in MODULES:
+                imported = imported.rpartition(".")[0]
+            if imported and imported != name and imported.startswith("vllmwatch"):
+                deps.add(imported)
+        graph[name] = deps
+    return graph
+
+
+def _cycles(graph: dict[str, set[str]]) -> list[list[str]]:
+    """Strongly connected components of more than one module (Tarjan)."""
+    index: dict[str, int] = {}
+    low: dict[str, int] = {}
+    stack: list[str] = []
+    on: set[str] = set()
+    out: list[list[str]] = []
+
+    def visit(v: str) -> None:
+        index[v] = low[v] = len(index)
+        stack.append(v)
+        on.add(v)
+        for w in graph.get(v, ()):
+            if w not in index:
+                visit(w)
+                low[v] = min(low[v], low[w])
+            elif w in on:
+                low[v] = min(low[v], index[w])
+        if low[v] == index[v]:
+            comp = []
+            while True:
+                w = stack.pop()
+                on.discard(w)
+                comp.append(w)
+                if w == v:
+                    break
+            if len(comp) > 1:
+                out.append(sorted(comp))
+
+    for v in sorted(graph):
+        if v not in index:
+            visit(v)
+    return out
+
+
+def test_no_import_circle() -> None:
+    # Package __init__ files hold only docstrings (testing/ aside), so edges into a package
+    # are edges into its modules; a circle through them is a real one.
+    assert _cycles(_graph()) == []
+
+
+def test_cycle_finder_finds_a_circle() -> None:
+    assert _cycles({"a": {"b"}, "b": {"c"}, "c": {"a"}, "d": {"a"}}) == [["a", "b", "c"]]
+
+
+# Which package may import which (besides itself, the package root and logfn): the layers of
+# docs/DESIGN.md. Entry points (cli, daemon, __main__) and testing/ wire everything.
+MAY_IMPORT = {
+    "config": set(),
+    "core": {"config"},
+    "prewarm": {"config"},
+    "status": {"config", "core"},
+    "shell": {"config", "core", "prewarm", "status", "incident"},
+    "incident": {"config", "core"},
+    "check": {"config", "core", "prewarm", "shell"},
+    "gate": {"config", "core", "status"},
+}
+
+
+def _package(module: str) -> str:
+    parts = module.split(".")
+    return parts[1] if len(parts) > 1 else ""
+
+
+@pytest.mark.parametrize("package", sorted(MAY_IMPORT))
+def test_packages_import_only_their_layers(package: str) -> None:
+    allowed = MAY_IMPORT[package] | {package, "", "logfn"}
+    for module, deps in _graph().items():
+        if _package(module) != package:
+            continue
+        for dep in deps:
+            assert _package(dep) in allowed, f"{module} imports {dep}: {package}/ may import " \
+                f"only {sorted(MAY_IMPORT[package])}"

@@ -1,0 +1,169 @@
+"""Config parsing: valid files, every class of bad input, units."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from vllmwatch.config import units
+from vllmwatch.config.schema import ConfigError, config_path, from_dict, load
+
+REPO = Path(__file__).resolve().parents[2]
+
+
+def write(tmp_path: Path, text: str) -> str:
+    path = tmp_path / "vllmwatch.toml"
+    path.write_text(text)
+    return str(path)
+
+
+def test_shipped_example_loads_with_its_documented_values() -> None:
+    cfg = load(str(REPO / "etc" / "vllmwatch.toml"))
+    assert cfg.vllm.model == "/srv/models/Qwen3.5-9B"
+    assert cfg.vllm.args["max-model-len"] == 32768
+    assert cfg.probe.canary_interval == 60.0
+    assert cfg.restart.stop_timeout == 30.0
+    assert cfg.memory.gpu_limit == 0.0
+    assert len(cfg.sha256) == 64
+
+
+def test_minimal_file_gets_defaults(tmp_path: Path) -> None:
+    cfg = load(write(tmp_path, '[vllm]\nmodel = "/m"\n'))
+    assert cfg.vllm.command == ["vllm", "serve"]
+    assert cfg.vllm.port == 8000
+    assert cfg.vllm.gpus is None and cfg.vllm.uses_gpu
+    assert cfg.vllm.model_name == "/m"
+    assert cfg.status.listen == "127.0.0.1:9101"
+
+
+def test_units_in_all_places(tmp_path: Path) -> None:
+    cfg = load(write(tmp_path, """
+[vllm]
+model = "/m"
+gpus = []
+[memory]
+gpu_limit = "75000MiB"
+host_limit = "70GiB"
+gpu_growth_rate = "200MiB/h"
+slope_window = "1h30m"
+[probe]
+timeout = "500ms"
+interval = 2
+"""))
+    assert cfg.memory.gpu_limit == 75000
+    assert cfg.memory.host_limit == 70 * 1024
+    assert cfg.memory.gpu_growth_rate == 200
+    assert cfg.memory.slope_window == 5400
+    assert cfg.probe.timeout == 0.5 and cfg.probe.interval == 2.0
+    assert not cfg.vllm.uses_gpu
+
+
+@pytest.mark.parametrize(("text", "key", "words"), [
+    ('[vllm]\nmodel = "/m"\nport = "eighty"\n', "vllm.port", ["'eighty'", "port number"]),
+    ('[vllm]\nmodel = "/m"\nport = 70000\n', "vllm.port", ["70000", "1-65535"]),
+    ('[vllm]\nmodel = "/m"\n[memory]\ngpu_limt = 5\n', "memory.gpu_limt",
+     ["did you mean memory.gpu_limit"]),
+    ('[vllm]\nmodel = "/m"\n[memroy]\n', "memroy", ["did you mean memory"]),
+    ('[vllm]\nmodel = "/m"\n[probe]\ninterval = "5 parsecs"\n', "probe.interval",
+     ["'5 parsecs'", '"30s"']),
+    ('[vllm]\nmodel = "/m"\n[memory]\ngpu_limit = "lots"\n', "memory.gpu_limit",
+     ["'lots'", "75000MiB"]),
+    ('[vllm]\nmodel = "/m"\n[memory]\nhost_limit = "5XB"\n', "memory.host_limit", ["5XB"]),
+    ('[vllm]\nmodel = "/m"\n[restart]\nkill_stale = "yes"\n', "restart.kill_stale",
+     ["true or false"]),
+    ('[vllm]\nmodel = "/m"\n[log]\nlevel = "loud"\n', "log.level", ["'loud'", "'debug'"]),
+    ('[vllm]\nmodel = "/m"\ngpus = [0, 0]\n', "vllm.gpus", ["twice"]),
+    ('[vllm]\nmodel = "/m"\ncommand = "vllm serve"\n', "vllm.command", ["array of strings"]),
+    ('[vllm]\nmodel = "/m"\n[restart]\nquiet_hours = "2am-5am"\n', "restart.quiet_hours",
+     ["HH:MM-HH:MM"]),
+    ('[vllm]\nmodel = "/m"\n[vllm.args]\n"--max-model-len" = 5\n', "vllm.args",
+     ["without dashes"]),
+    ('[vllm]\nport = 8000\n', "vllm.model", ["missing"]),
+    ('vllm = 5\n', "vllm", ["expected a table"]),
+])
+def test_bad_values_name_file_key_value_and_what_is_accepted(
+        tmp_path: Path, text: str, key: str, words: list[str]) -> None:
+    path = write(tmp_path, text)
+    with pytest.raises(ConfigError) as err:
+        load(path)
+    assert err.value.key == key
+    message = str(err.value)
+    assert path in message
+    for word in words:
+        assert word in message
+
+
+def test_bad_key_errors_name_their_line(tmp_path: Path) -> None:
+    path = write(tmp_path, '[vllm]\nmodel = "/m"\n\n[probe]\ninterval = 5\n'
+                 '[memory]\nsample_interval = 1\ngpu_limit = "lots"\n')
+    with pytest.raises(ConfigError) as err:
+        load(path)
+    assert err.value.line == 8
+    assert str(err.value).startswith(f"{path}:8: memory.gpu_limit:")
+
+
+def test_malformed_toml_names_its_line(tmp_path: Path) -> None:
+    path = write(tmp_path, '[vllm]\nmodel = "/m"\nport = \n')
+    with pytest.raises(ConfigError) as err:
+        load(path)
+    assert "line 3" in str(err.value)
+    assert "invalid TOML" in str(err.value)
+
+
+def test_missing_file(tmp_path: Path) -> None:
+    with pytest.raises(ConfigError, match="file not found"):
+        load(str(tmp_path / "nope.toml"))
+
+
+def test_config_path_precedence(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("VLLMWATCH_CONFIG", "/env.toml")
+    assert config_path("/cli.toml") == "/cli.toml"
+    assert config_path(None) == "/env.toml"
+    monkeypatch.delenv("VLLMWATCH_CONFIG")
+    assert config_path(None) == "/etc/vllmwatch/vllmwatch.toml"
+
+
+def test_defaults_are_not_shared_between_instances() -> None:
+    a = from_dict({"vllm": {"model": "a"}})
+    b = from_dict({"vllm": {"model": "b"}})
+    a.vllm.env["X"] = "1"
+    assert b.vllm.env == {}
+
+
+@pytest.mark.parametrize(("text", "seconds"), [
+    (30, 30.0), ("30s", 30.0), ("15m", 900.0), ("2h", 7200.0), ("1h30m", 5400.0),
+    ("500ms", 0.5), ("1d", 86400.0), ("2.5", 2.5)])
+def test_durations(text: object, seconds: float) -> None:
+    assert units.parse_duration(text) == seconds
+
+
+@pytest.mark.parametrize("bad", ["", "abc", "5 m s", "-3", True, [1], "1h foo"])
+def test_bad_durations(bad: object) -> None:
+    with pytest.raises(ValueError):
+        units.parse_duration(bad)
+
+
+@pytest.mark.parametrize(("text", "mib"), [
+    (512, 512.0), ("75000MiB", 75000.0), ("70GiB", 71680.0), ("1TiB", 1048576.0),
+    ("1GB", 1000**3 / 2**20), ("2048KiB", 2.0)])
+def test_sizes(text: object, mib: float) -> None:
+    assert units.parse_size_mib(text) == pytest.approx(mib)
+
+
+def test_cli_config_error_is_one_line_and_exit_2(tmp_path: Path) -> None:
+    path = write(tmp_path, '[vllm]\nmodel = "/m"\n[memory]\ngpu_limit = "huge"\n')
+    out = subprocess.run([sys.executable, "-m", "vllmwatch", "print-command", "--config", path],
+                         capture_output=True, text=True, check=False)
+    assert out.returncode == 2
+    assert "Traceback" not in out.stderr
+    assert "memory.gpu_limit" in out.stderr and "'huge'" in out.stderr
+    assert out.stderr.count("\n") == 1
+
+
+def test_cli_version() -> None:
+    out = subprocess.run([sys.executable, "-m", "vllmwatch", "--version"], capture_output=True,
+                         text=True, check=True)
+    assert out.stdout.startswith("vllmwatch ")

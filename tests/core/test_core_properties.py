@@ -1,0 +1,432 @@
+"""Properties of the pure core, checked with hypothesis's stateful testing.
+
+Random sequences of events, signals, worker results (answered, failed or never) and time
+jumps are fed to `step`; after every step these must hold:
+- step never raises (a TransitionError would be a bug in the table or the ladder);
+- at most one child: a Spawn is never emitted while an earlier child may still be alive
+  (every spawned child was reaped, killed or swept first);
+- from ANY reachable state, a stop request reaches Exit within
+  stop_timeout + KILL_WAIT + SWEEP_WAIT of fake time, even if no worker ever answers again;
+- while READY, every probe kind the core started either comes back or shows up as stale;
+- one way out (ladder.halt): every path to Exit, whichever of the exits the world provokes
+  (stop, crash-loop 3, vLLM refusing its arguments 2, a fatal launch error 2, a foreign port
+  holder 4, repeated start memory failures 5, a fatal GPU fault 6, a failed required
+  prewarm 1), logs `daemon.exiting` exactly once, with the code Exit carries, and sends
+  STOPPING=1 before Exit; no exit logs `restart.begin` after its `daemon.exiting`.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Callable
+
+import pytest
+from hypothesis import HealthCheck, event, settings
+from hypothesis import strategies as st
+from hypothesis.stateful import RuleBasedStateMachine, invariant, precondition, rule
+
+from vllmwatch.config.schema import Config, from_dict
+from vllmwatch.core import exitcodes, ladder, machine, probing
+from vllmwatch.core.events import (
+    Action,
+    AsyncAction,
+    CanaryResult,
+    CheckRelease,
+    ChildExited,
+    ChildOutput,
+    DoPrewarm,
+    Event,
+    Exit,
+    HealthResult,
+    IncidentRecorded,
+    Log,
+    MemorySampled,
+    MetricsResult,
+    Notify,
+    PrewarmDone,
+    Probe,
+    RecordIncident,
+    ReleaseChecked,
+    ReloadRequested,
+    RestartRequested,
+    SampleMemory,
+    SignalGroup,
+    Spawn,
+    Spawned,
+    SpawnFailed,
+    StopRequested,
+    Sweep,
+    SweepDone,
+    Tick,
+    failure_result,
+)
+from vllmwatch.core.names import Reason
+from vllmwatch.core.samples import GpuFault, MemorySample
+from vllmwatch.core.state import FINAL, S, WatchState
+
+CONFIG = from_dict({
+    "vllm": {"model": "/m", "gpus": [0]},
+    "startup": {"timeout": 120, "stall_timeout": 60},
+    "probe": {"interval": 2, "timeout": 1, "failure_threshold": 2, "canary_interval": 5,
+              "canary_timeout": 3, "metrics_interval": 3, "stall_timeout": 30},
+    "restart": {"backoff_initial": 1, "backoff_max": 10, "max_restarts": 4, "window": 300,
+                "drain_timeout": 10, "stop_timeout": 8, "stable_after": 60,
+                "gpu_release_timeout": 6},
+    "prewarm": {"enabled": True},
+    "memory": {"sample_interval": 2, "pss_interval": 4, "gpu_limit": 1000},
+})
+OTHER = dataclasses.replace(CONFIG, vllm=dataclasses.replace(CONFIG.vllm, port=8001))
+STOP_BOUND = CONFIG.restart.stop_timeout + ladder.KILL_WAIT + ladder.SWEEP_WAIT + 0.01
+OOM = "torch.OutOfMemoryError: CUDA out of memory. Tried to allocate 2.00 GiB."
+
+
+def check_one_way_out(acts: list[Action]) -> None:
+    """The whole action history of one run: if it exits, it went through ladder.halt."""
+    exits = [i for i, a in enumerate(acts) if isinstance(a, Exit)]
+    exiting = [i for i, a in enumerate(acts) if isinstance(a, Log) and a.event == "daemon.exiting"]
+    assert len(exiting) <= 1, "daemon.exiting logged more than once"
+    assert len(exits) <= 1, "more than one Exit"
+    if not exits:
+        return
+    assert exiting and exiting[0] < exits[0], "Exit without daemon.exiting before it"
+    log, done = acts[exiting[0]], acts[exits[0]]
+    assert isinstance(log, Log) and isinstance(done, Exit)
+    assert log.fields["code"] == done.code, "daemon.exiting names another code than Exit"
+    stopping = [i for i, a in enumerate(acts) if isinstance(a, Notify) and a.stopping]
+    assert stopping and stopping[0] < exits[0], "Exit without STOPPING=1 before it"
+    later = acts[exiting[0]:]
+    assert not any(isinstance(a, Log) and a.event == "restart.begin" for a in later)
+
+
+def _success(action: AsyncAction, gpu: float) -> Event:
+    """What a healthy world answers."""
+    if isinstance(action, Probe):
+        if action.kind == "health":
+            return HealthResult(True, 200, 0.01, gen=action.gen)
+        if action.kind == "metrics":
+            return MetricsResult(True, 0.01, 0.0, 0.0, 0.1, 1.0, 1.0, gen=action.gen)
+        return CanaryResult(True, False, 0.01, warmup=action.kind == "warmup", gen=action.gen)
+    if isinstance(action, SampleMemory):
+        sample = MemorySample("nvml-process", (1,), gpu, host_rss_mib=100.0)
+        return MemorySampled(sample, 0, action.gen)
+    if isinstance(action, Sweep):
+        return SweepDone((), (), None)
+    if isinstance(action, CheckRelease):
+        return ReleaseChecked(True, "ok")
+    if isinstance(action, RecordIncident):
+        return IncidentRecorded(action.seq, f"i-{action.seq}", f"/i/{action.seq}")
+    assert isinstance(action, DoPrewarm)
+    return PrewarmDone(True)
+
+
+def _hostile(action: AsyncAction, gpu: float) -> Event:
+    """The worse answers: a foreign port holder, a fatal GPU fault, a failed prewarm."""
+    if isinstance(action, Sweep):
+        return SweepDone((), (), "pid 77 (nginx)")
+    if isinstance(action, SampleMemory):
+        sample = MemorySample("nvml-process", (1,), gpu, host_rss_mib=100.0,
+                              gpu_faults=(GpuFault(0, "gpu_lost"),))
+        return MemorySampled(sample, 0, action.gen)
+    if isinstance(action, DoPrewarm):
+        return PrewarmDone(False, "a required step failed")
+    return failure_result(action, "boom")
+
+
+def run_to_exit(s: WatchState, now: float, history: list[Action] | None = None
+                ) -> tuple[WatchState, float]:
+    """Drive the core with Ticks only (no worker ever answers) until it exits or time runs
+    out well past the bound; the actions go to `history`."""
+    limit = now + 10 * STOP_BOUND
+    while s.state not in FINAL and now < limit:
+        due = machine.next_wakeup(s)
+        now = max(now + 0.001, due if due is not None else now + 1.0)
+        s, acts = machine.step(s, Tick(), now)
+        if history is not None:
+            history += acts
+        if any(isinstance(a, Exit) for a in acts):
+            break
+    return s, now
+
+
+class CoreMachine(RuleBasedStateMachine):
+    """The core against an adversarial world."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.now = 1000.0
+        self.s = machine.initial(CONFIG, self.now, seed=7)
+        self.outstanding: list[AsyncAction] = []
+        self.spawn_ok = True
+        self.answers = []
+        self.alive: set[int] = set()  # children that may be alive
+        self.next_pid = 100
+        self.gpu = 100.0
+        self.exited = False
+        self.history: list[Action] = []  # every action of this run, in order
+        self._step(Tick())
+
+    # ---- plumbing ----
+
+    def _step(self, ev: Event) -> None:
+        # The shell answers a Spawn synchronously, before any other event (the contract of
+        # events.Spawn; Loop._turn does so): its answer is stepped right after.
+        queue = [ev]
+        while queue and not self.exited:
+            self.s, acts = machine.step(self.s, queue.pop(0), self.now)
+            self.history += acts
+            self.answers: list[Event] = []
+            for a in acts:
+                self._effect(a)
+            queue = self.answers + queue
+
+    def _launch(self) -> Event:
+        if not self.spawn_ok:
+            return SpawnFailed("no such file", fatal=getattr(self, "spawn_fatal", False))
+        pid = self.next_pid
+        self.next_pid += 1
+        self.alive.add(pid)
+        return Spawned(pid)
+
+    def _effect(self, a: Action) -> None:
+        if isinstance(a, Spawn):
+            assert not self.alive, f"Spawn while children {self.alive} may be alive"
+            self.answers.append(self._launch())
+        elif isinstance(a, (Probe, SampleMemory, Sweep, CheckRelease, DoPrewarm,
+                            RecordIncident)):
+            self.outstanding.append(a)
+        elif isinstance(a, SignalGroup) and a.signal == "SIGKILL":
+            self.alive.clear()  # SIGKILL to the group always works in this world
+        elif isinstance(a, Exit):
+            self.exited = True
+
+    # ---- rules: time, signals, the child, worker results ----
+
+    @rule(dt=st.floats(min_value=0.0, max_value=40.0))
+    def time_passes(self, dt: float) -> None:
+        self.now += dt
+        self._step(Tick())
+
+    @rule(sig=st.sampled_from(["SIGTERM", "SIGINT"]))
+    def stop(self, sig: str) -> None:
+        self._step(StopRequested(sig))
+
+    @rule()
+    def restart(self) -> None:
+        self._step(RestartRequested())
+
+    @rule(which=st.sampled_from(["same", "other", "invalid"]))
+    def reload(self, which: str) -> None:
+        config: Config | None = {"same": CONFIG, "other": OTHER, "invalid": None}[which]
+        self._step(ReloadRequested(config, "" if config else "bad"))
+
+    @rule(how=st.sampled_from(["ok", "fails", "fatal"]))
+    def next_launch_works(self, how: str) -> None:
+        self.spawn_ok = how == "ok"
+        self.spawn_fatal = how == "fatal"
+
+    @precondition(lambda self: bool(self.alive))
+    @rule(code=st.sampled_from([0, 1, 2, None]), oom=st.booleans())
+    def child_dies(self, code: int | None, oom: bool) -> None:
+        pid = max(self.alive)
+        self.alive.discard(pid)
+        self._step(ChildExited(pid, code, None if code is not None else "SIGKILL",
+                               memory_lines=(OOM,) if oom else ()))
+
+    @rule(milestone=st.sampled_from([None, "weights", "graphs"]))
+    def child_prints(self, milestone: str | None) -> None:
+        self._step(ChildOutput(milestone))
+
+    @precondition(lambda self: bool(self.outstanding))
+    @rule(data=st.data(), how=st.sampled_from(["ok", "fail", "lost", "hostile"]))
+    def worker_answers(self, data: st.DataObject, how: str) -> None:
+        i = data.draw(st.integers(0, len(self.outstanding) - 1))
+        action = self.outstanding.pop(i)
+        if isinstance(action, Sweep):
+            self.alive.clear()  # the sweep kills what is left of our tree
+        if how == "hostile":  # the answers that end supervision
+            self._step(_hostile(action, self.gpu))
+        elif how == "ok":
+            self._step(_success(action, self.gpu))
+        elif how == "fail":
+            self._step(failure_result(action, "boom"))
+        # "lost": a worker that never answers (the freshness guard must see it)
+
+    @precondition(lambda self: bool(self.outstanding))
+    @rule(turns=st.integers(1, 6))
+    def world_is_kind(self, turns: int) -> None:
+        # Answer everything that is out, a few rounds: the way to READY (and past it) in few
+        # steps, so that the exits only a READY child meets (GPU fault) are explored too.
+        for _ in range(turns):
+            out, self.outstanding = self.outstanding, []
+            for action in out:
+                if isinstance(action, Sweep):
+                    self.alive.clear()
+                self._step(_success(action, self.gpu))
+            self.now += 1.0
+            self._step(Tick())
+
+    @rule(mib=st.floats(min_value=0.0, max_value=3000.0))
+    def gpu_memory_moves(self, mib: float) -> None:
+        self.gpu = mib
+
+    # ---- invariants ----
+
+    @invariant()
+    def stop_always_exits_in_time(self) -> None:
+        if self.exited:
+            return
+        t0 = self.now
+        s, acts = machine.step(self.s, StopRequested("SIGTERM"), t0)
+        history = [*self.history, *acts]
+        s, t = run_to_exit(s, t0, history)
+        assert s.state in FINAL, f"stop from {self.s.state} did not exit"
+        assert t - t0 <= STOP_BOUND, f"stop from {self.s.state} took {t - t0:.1f}s"
+        check_one_way_out(history)
+
+    @invariant()
+    def every_exit_goes_through_halt(self) -> None:
+        check_one_way_out(self.history)
+        s = self.s
+        if s.exit_reason is not None:
+            event(f"exit {s.exit_reason}")  # --hypothesis-show-statistics: exits reached
+        assert (s.exit_code is None) == (s.exit_reason is None)
+        if not self.exited and s.exit_code is not None:  # leaving: it still gets there
+            history = list(self.history)
+            s, _ = run_to_exit(s, self.now, history)
+            assert s.state in FINAL, f"an exit from {self.s.state} never reached Exit"
+            check_one_way_out(history)
+
+    @invariant()
+    def ready_probes_are_fresh_or_flagged(self) -> None:
+        c = self.s.child
+        if self.s.state != S.READY or c is None:
+            return
+        for kind, bound in probing.bounds(self.s).items():
+            last = c.probe_done_at.get(kind, self.s.since)
+            if self.now - last > bound + 0.01 and machine.next_wakeup(self.s) is not None:
+                # overdue: the next step must flag it (a Tick at now is due)
+                s2, _ = machine.step(self.s, Tick(), self.now)
+                assert s2.state != S.READY or kind in (s2.child.stale if s2.child else ())
+
+    @invariant()
+    def wakeup_is_never_in_a_loop(self) -> None:
+        # A deadline in the past that a Tick does not move would spin the loop at 100 % CPU.
+        due = machine.next_wakeup(self.s)
+        if due is not None and due <= self.now and not self.exited:
+            s2, _ = machine.step(self.s, Tick(), self.now)
+            due2 = machine.next_wakeup(s2)
+            assert due2 is None or due2 > self.now or s2.state in FINAL, \
+                f"next_wakeup stuck at {due2} <= now in {s2.state}"
+
+
+CoreMachine.TestCase.settings = settings(
+    max_examples=150, stateful_step_count=40, deadline=None,
+    suppress_health_check=[HealthCheck.too_slow])
+TestCore = CoreMachine.TestCase
+
+
+# ---- each exit, provoked on purpose: the random walk above rarely reaches some of them ----
+
+def _answer(m: CoreMachine, kind: type, event: Event) -> None:
+    """Answer the first outstanding action of `kind` with `event`."""
+    i = next(i for i, a in enumerate(m.outstanding) if isinstance(a, kind))
+    action = m.outstanding.pop(i)
+    if isinstance(action, Sweep):
+        m.alive.clear()
+    m._step(event)
+
+
+def _ready(m: CoreMachine) -> None:
+    for _ in range(20):
+        if m.s.state == S.READY:
+            return
+        m.world_is_kind(1)
+    raise AssertionError(f"never READY: {m.s.state}")
+
+
+def _leave(m: CoreMachine) -> None:
+    """Let the exit under way finish, answering what it asks, then check the one way out."""
+    for _ in range(50):
+        if m.exited:
+            break
+        if m.outstanding:
+            m.world_is_kind(1)
+        else:
+            m.time_passes(5.0)
+    assert m.exited and m.s.state in FINAL
+    check_one_way_out(m.history)
+
+
+def _start_fails(m: CoreMachine, code: int, oom: bool = False) -> None:
+    """Let a launch happen, then the child dies while STARTING."""
+    for _ in range(20):
+        if m.s.state == S.STARTING and m.alive:
+            m.child_dies(code, oom)
+            return
+        if m.outstanding:
+            m.world_is_kind(1)
+        else:
+            m.time_passes(5.0)
+    raise AssertionError(f"no launch: {m.s.state}")
+
+
+def _stop(m: CoreMachine) -> None:
+    _ready(m)
+    m.stop("SIGTERM")
+
+
+def _crash_loop(m: CoreMachine) -> None:
+    for _ in range(CONFIG.restart.max_restarts + 1):
+        if m.s.exit_code is not None:
+            return
+        _start_fails(m, 1)
+
+
+def _rejected(m: CoreMachine) -> None:
+    _start_fails(m, 2)
+
+
+def _fatal_launch(m: CoreMachine) -> None:
+    m.next_launch_works("fatal")
+    m.world_is_kind(3)
+
+
+def _port_busy(m: CoreMachine) -> None:
+    _answer(m, Sweep, _hostile(Sweep(None, "", 0), 0.0))
+
+
+def _start_memory(m: CoreMachine) -> None:
+    for _ in range(CONFIG.memory.start_memory_retries + 1):
+        if m.s.exit_code is not None:
+            return
+        _start_fails(m, 1, oom=True)
+
+
+def _gpu_fault(m: CoreMachine) -> None:
+    _ready(m)
+    m.time_passes(CONFIG.memory.sample_interval)
+    action = next(a for a in m.outstanding if isinstance(a, SampleMemory))
+    _answer(m, SampleMemory, _hostile(action, 0.0))
+
+
+def _prewarm_fails(m: CoreMachine) -> None:
+    m.world_is_kind(1)  # the first sweep: then the prewarm is out
+    _answer(m, DoPrewarm, PrewarmDone(False, "a required step failed"))
+
+
+@pytest.mark.parametrize(("provoke", "code", "reason"), [
+    (_stop, exitcodes.OK, Reason.STOP), (_crash_loop, exitcodes.GAVE_UP, Reason.CRASHLOOP),
+    (_rejected, exitcodes.CONFIG, Reason.CONFIG), (_fatal_launch, exitcodes.CONFIG, Reason.CONFIG),
+    (_port_busy, exitcodes.START, Reason.PORT_BUSY),
+    (_start_memory, exitcodes.START_MEMORY, Reason.START_MEMORY),
+    (_gpu_fault, exitcodes.GPU_FAULT, Reason.GPU_FAULT),
+    (_prewarm_fails, exitcodes.FAILURE, Reason.PREWARM_FAILED)])
+def test_every_exit_goes_through_halt(provoke: Callable[[CoreMachine], None], code: int,
+                                      reason: Reason) -> None:
+    m = CoreMachine()
+    provoke(m)
+    _leave(m)
+    exiting = [a for a in m.history if isinstance(a, Log) and a.event == "daemon.exiting"]
+    assert [(a.fields["code"], a.fields["reason"]) for a in exiting] == [(code, reason)]
+    assert [a.code for a in m.history if isinstance(a, Exit)] == [code]
+    assert not m.alive  # the child was taken down on every way out

@@ -1,0 +1,232 @@
+"""The fake vLLM server behaves like real vLLM where the supervisor looks (see FACTS.md)."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import threading
+import time
+from collections.abc import Callable
+from pathlib import Path
+from typing import TypeVar
+
+import pytest
+
+from tests.support.fakevllm import completion, fake, http
+from tests.support.waiting import wait_until
+from vllmwatch.testing.fake_vllm import parse_args
+
+T = TypeVar("T")
+
+
+def wait_for(check: Callable[[], T], timeout: float = 5.0, what: str = "condition") -> T:
+    """Poll ``check`` until it returns something truthy, or fail after ``timeout``."""
+    return wait_until(check, timeout, what)
+
+
+def children(pid: int) -> list[int]:
+    """All descendants of ``pid``, read from /proc."""
+    parents: dict[int, int] = {}
+    for entry in os.listdir("/proc"):
+        if entry.isdigit():
+            try:
+                stat = Path(f"/proc/{entry}/stat").read_text()
+            except OSError:
+                continue
+            parents[int(entry)] = int(stat.rsplit(")", 1)[1].split()[1])
+    found, todo = [], [pid]
+    while todo:
+        parent = todo.pop()
+        kids = [c for c, p in parents.items() if p == parent]
+        found += kids
+        todo += kids
+    return found
+
+
+def cmdline(pid: int) -> str:
+    try:
+        return Path(f"/proc/{pid}/cmdline").read_bytes().replace(b"\0", b" ").decode()
+    except OSError:
+        return ""
+
+
+def alive(pid: int) -> bool:
+    try:
+        return Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0] != "Z"
+    except OSError:
+        return False
+
+
+def engine_pid(pid: int) -> int:
+    return wait_for(lambda: next((c for c in children(pid) if "VLLM::EngineCore" in cmdline(c)),
+                                 0), what="EngineCore")
+
+
+def test_serves_like_vllm(tmp_path: Path) -> None:
+    with fake(tmp_path, "--api-key", "k", "--workers", "2") as f:
+        assert http(f.port, "/v1/models")[0] == 200
+        assert json.loads(http(f.port, "/v1/models")[1])["data"][0]["id"] == "fake"
+        assert completion(f.port)[0] == 401
+        assert http(f.port, "/v1/completions", {"model": "nope"}, key="k")[0] == 404
+        status, body = http(f.port, "/v1/completions", {"model": "fake", "prompt": "a b",
+                                                        "max_tokens": 5}, key="k")
+        assert status == 200
+        assert json.loads(body)["usage"] == {"prompt_tokens": 2, "completion_tokens": 5,
+                                             "total_tokens": 7}
+        status, body = http(f.port, "/v1/chat/completions",
+                            {"messages": [{"role": "user", "content": "hi"}], "max_tokens": 2},
+                            key="k")
+        assert status == 200
+        assert json.loads(body)["choices"][0]["message"]["content"] == "fake fake"
+        m = f.metrics()
+        assert m["vllm:generation_tokens_total"] == 7
+        assert m["vllm:prompt_tokens_total"] == 3
+        assert m["vllm:request_success_total:length"] == 2
+        assert m["vllm:num_requests_running"] == 0
+        tree = [cmdline(c) for c in children(f.proc.pid)]
+        assert sum("VLLM::EngineCore" in c for c in tree) == 1
+        assert sum("VLLM::Worker_TP" in c for c in tree) == 2
+        assert os.getpgid(engine_pid(f.proc.pid)) == f.proc.pid  # same group, no setsid
+        text = f.log.read_text()
+        for milestone in ("(EngineCore pid=", "Starting to load model org/m", "Loading weights "
+                          "took", "Model loading took", "torch.compile took", "Available KV "
+                          "cache memory", "Capturing CUDA graphs", "Graph capturing finished",
+                          "init engine (profile", "Starting vLLM server on http://127.0.0.1",
+                          "Application startup complete."):
+            assert milestone in text
+
+
+def test_metrics_parse_with_prometheus_client(tmp_path: Path) -> None:
+    parser = pytest.importorskip("prometheus_client.parser")
+    with fake(tmp_path, "--busy") as f:
+        before = f.metrics()["vllm:generation_tokens_total"]
+        wait_for(lambda: f.metrics()["vllm:generation_tokens_total"] > before, what="tokens")
+        families = {fam.name: fam for fam in parser.text_string_to_metric_families(
+            http(f.port, "/metrics")[1].decode())}
+        assert families["vllm:generation_tokens"].type == "counter"
+        assert families["vllm:num_requests_running"].samples[0].value > 0
+        assert families["vllm:kv_cache_usage_perc"].samples[0].labels == {
+            "engine": "0", "model_name": "fake"}
+        reasons = {s.labels["finished_reason"] for s in families["vllm:request_success"].samples}
+        assert reasons == {"stop", "length", "abort"}
+
+
+def test_hang_keeps_health_200_while_completions_time_out(tmp_path: Path) -> None:
+    with fake(tmp_path, "--hang-after", "0.2") as f:
+        wait_for(lambda: completion(f.port, timeout=0.5)[0] == 0, what="a hung completion")
+        assert f.health() == 200
+        assert http(f.port, "/v1/models")[0] == 200
+
+
+def test_sigstopped_engine_hangs_completions(tmp_path: Path) -> None:
+    with fake(tmp_path) as f:
+        engine = engine_pid(f.proc.pid)
+        os.kill(engine, signal.SIGSTOP)
+        assert completion(f.port, timeout=0.5)[0] == 0
+        assert f.health() == 200
+        os.kill(engine, signal.SIGCONT)
+        assert completion(f.port)[0] == 200
+
+
+def test_engine_death_turns_health_503_then_exits_0(tmp_path: Path) -> None:
+    with fake(tmp_path, "--engine-death-exit-delay", "0.3") as f:
+        os.kill(engine_pid(f.proc.pid), signal.SIGKILL)
+        killed = time.monotonic()
+        wait_for(lambda: f.health() == 503, timeout=2, what="/health 503")
+        assert time.monotonic() - killed < 1.0  # ~ms in practice; slack for a loaded CI
+        assert completion(f.port)[0] == 500
+        assert f.proc.wait(timeout=5) == 0
+        assert "died unexpectedly" in f.log.read_text()
+
+
+def test_engine_crash_after(tmp_path: Path) -> None:
+    with fake(tmp_path, "--engine-crash-after", "0.1", "--engine-death-exit-delay", "0.2") as f:
+        assert f.proc.wait(timeout=5) == 0
+        assert "EngineCore encountered a fatal error." in f.log.read_text()
+
+
+def test_sigterm_exits_0_and_leaves_no_children(tmp_path: Path) -> None:
+    with fake(tmp_path, "--workers", "2") as f:
+        tree = wait_for(lambda: [] if len(kids := children(f.proc.pid)) < 3 else kids)
+        start = time.monotonic()
+        f.proc.send_signal(signal.SIGTERM)
+        assert f.proc.wait(timeout=5) == 0
+        assert time.monotonic() - start < 1.0
+        wait_for(lambda: not any(alive(p) for p in tree), timeout=2, what="children to exit")
+        assert "Shutting down" in f.log.read_text()
+
+
+def test_sigkill_of_api_server_orphans_the_engine(tmp_path: Path) -> None:
+    with fake(tmp_path, "--workers", "1") as f:
+        engine = engine_pid(f.proc.pid)
+        f.proc.kill()
+        f.proc.wait()
+        assert alive(engine)
+        assert f.proc.pid not in children(os.getpid())  # reaped; the engine has a new parent
+        assert engine not in children(f.proc.pid)
+        assert wait_for(lambda: "orphaned" in f.log.read_text(), what="orphan log line")
+
+
+def test_ignore_sigterm_needs_sigkill(tmp_path: Path) -> None:
+    with fake(tmp_path, "--ignore-sigterm") as f:
+        os.killpg(f.proc.pid, signal.SIGTERM)
+        with pytest.raises(subprocess.TimeoutExpired):
+            f.proc.wait(timeout=0.5)
+        assert f.health() == 200
+
+
+def test_exit_after_with_code(tmp_path: Path) -> None:
+    with fake(tmp_path, "--exit-after", "0.1", "--exit-code", "3") as f:
+        assert f.proc.wait(timeout=5) == 3
+        wait_for(lambda: not children(f.proc.pid), timeout=2, what="engine to exit")
+
+
+def test_fail_start_and_crash_during_start(tmp_path: Path) -> None:
+    with fake(tmp_path, "--fail-start", ready=0) as f:
+        assert f.proc.wait(timeout=5) == 2
+        assert f.proc.stderr is not None
+        assert b"vllm: error:" in f.proc.stderr.read()
+    with fake(tmp_path, "--crash-during-start", "0.05", ready=0) as f:
+        assert f.proc.wait(timeout=5) == 1
+        assert f.proc.stderr is not None
+        assert b"Engine core initialization failed" in f.proc.stderr.read()
+
+
+def test_stall_reports_requests_but_freezes_tokens(tmp_path: Path) -> None:
+    with fake(tmp_path, "--stall-after", "0", "--busy") as f:
+        tokens = f.metrics()["vllm:generation_tokens_total"]
+        assert completion(f.port, timeout=0.3)[0] == 0
+        m = wait_for(lambda: m if (m := f.metrics())["vllm:num_requests_waiting"] else {})
+        assert m["vllm:num_requests_running"] > 0
+        assert m["vllm:generation_tokens_total"] == tokens
+        assert f.health() == 200
+
+
+def test_slow_completion_is_busy_not_hung(tmp_path: Path) -> None:
+    with fake(tmp_path, "--slow-completion", "0.6", "--health-fail-after", "0", ready=500) as f:
+        start = time.monotonic()
+        result: list[int] = []
+        t = threading.Thread(target=lambda: result.append(completion(f.port, 3, max_tokens=50)[0]))
+        t.start()
+        wait_for(lambda: f.metrics()["vllm:generation_tokens_total"] > 0, what="progress")
+        assert f.metrics()["vllm:num_requests_running"] == 1
+        t.join()
+        assert result == [200]
+        assert time.monotonic() - start >= 0.6
+
+
+def test_leak_grows_rss(tmp_path: Path) -> None:
+    with fake(tmp_path, "--leak-mib-per-s", "200") as f:
+        rss = f.metrics()["process_resident_memory_bytes"]
+        wait_for(lambda: f.metrics()["process_resident_memory_bytes"] > rss + 50 * 2**20,
+                 timeout=3, what="RSS growth")
+
+
+def test_unknown_vllm_flags_are_ignored_and_key_comes_from_env(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("VLLM_API_KEY", "secret")
+    a = parse_args(["serve", "--model", "m", "--port=9", "--max-model-len", "2048",
+                    "--enforce-eager", "--hf-overrides", '{"a": 1}', "-tp", "2"])
+    assert (a.model, a.port, a.api_key, a.workers, a.role) == ("m", 9, "secret", None, "api")

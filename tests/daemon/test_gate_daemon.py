@@ -1,0 +1,82 @@
+"""`vllmwatch run` with [gate] on, over the fake vLLM: a planned restart under steady load
+fails no request, and /status and /metrics show the gate and the drain phases."""
+
+from __future__ import annotations
+
+import http.client
+import json
+import signal
+import threading
+import time
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+from tests.support import Daemon, base_config, free_port, merge, wait_for
+
+
+@pytest.fixture
+def gated(tmp_path: Path) -> Iterator[tuple[Daemon, int]]:
+    gate_port = free_port()
+    cfg = merge(base_config(free_port(), free_port()), {
+        "gate": {"enabled": True, "listen": f"127.0.0.1:{gate_port}", "hold_timeout": "30s"},
+        "drain": {"deregister_delay": "1s"},
+    })
+    d = Daemon(tmp_path, cfg).start()
+    try:
+        yield d, gate_port
+    finally:
+        d.close()
+
+
+def complete(port: int) -> str:
+    body = json.dumps({"model": "tiny", "prompt": "hi", "max_tokens": 2})
+    conn = http.client.HTTPConnection("127.0.0.1", port, timeout=40)
+    try:
+        conn.request("POST", "/v1/completions", body, {"Content-Type": "application/json"})
+        resp = conn.getresponse()
+        resp.read()
+        return "ok" if resp.status == 200 else f"HTTP {resp.status}"
+    except (OSError, http.client.HTTPException) as exc:
+        return type(exc).__name__
+    finally:
+        conn.close()
+
+
+def test_a_planned_restart_behind_the_gate_fails_no_request(gated: tuple[Daemon, int]) -> None:
+    d, gate_port = gated
+    d.wait_ready(20)
+    outcomes: list[str] = []
+    stop = threading.Event()
+
+    def client() -> None:
+        threads = []
+        while not stop.wait(0.1):  # 10 requests a second, each on a new connection
+            t = threading.Thread(target=lambda: outcomes.append(complete(gate_port)))
+            t.start()
+            threads.append(t)
+        for t in threads:
+            t.join(45)
+
+    runner = threading.Thread(target=client)
+    runner.start()
+    wait_for(lambda: len(outcomes) >= 5, 20, "requests through the gate")
+    since = d.mark()
+    d.signal(signal.SIGUSR1)
+    d.wait_event("restart.begin", 10, since, reason="manual")
+    d.wait_event("drain.finished", 20, since)
+    d.wait_ready(30, since=since)
+    time.sleep(1.0)  # let requests keep flowing after it is back (the client is paced)
+    stop.set()
+    runner.join(60)
+    assert outcomes and set(outcomes) == {"ok"}, sorted(set(outcomes))
+    status = json.loads(d.http_get("/status")[1])
+    g = status["gate"]
+    assert g["running"] and g["error"] is None
+    assert g["held"] >= 1 and g["failed_midrequest"] == 0 and g["hold_timeouts"] == 0
+    phases = status["drain_phases_s"]
+    assert phases["deregistering"] >= 0.9 and "stopping" in phases
+    metrics = d.http_get("/metrics")[1].decode()
+    assert "vllmwatch_gate_forwarded_total" in metrics
+    assert 'vllmwatch_drain_phase_seconds{phase="deregistering"}' in metrics

@@ -1,0 +1,321 @@
+"""The pure core driven with a fake world and a fake clock: every path of the supervisor."""
+
+from __future__ import annotations
+
+import pytest
+
+from vllmwatch.config.schema import Config, from_dict
+from vllmwatch.core.events import ReloadRequested, RestartRequested, StopRequested
+from vllmwatch.core.state import S
+from vllmwatch.testing import Driver, World, config_with
+
+BASE = from_dict({
+    "vllm": {"model": "/m", "gpus": []},
+    "probe": {"interval": 5, "failure_threshold": 3, "canary_interval": 60,
+              "canary_timeout": 30, "metrics_interval": 15, "stall_timeout": 120},
+    "restart": {"backoff_initial": 5, "backoff_max": 60, "backoff_jitter": 0.0,
+                "max_restarts": 5, "window": 3600, "drain_timeout": 30, "stop_timeout": 30,
+                "stable_after": 600},
+    "prewarm": {"enabled": False},
+    "memory": {"sample_interval": 10, "pss_interval": 10},
+    "drain": {"deregister_delay": 0},  # tests/loop/test_drain.py covers the deregistration delay
+})
+
+
+def ready(d: Driver) -> bool:
+    return d.state.state == S.READY
+
+
+def up(config: Config = BASE, world: World | None = None) -> Driver:
+    d = Driver(config, world=world)
+    assert d.run_until(lambda: ready(d), 120)
+    return d
+
+
+def restarts(d: Driver) -> list[str]:
+    return [f["reason"] for f in d.events("restart.begin")]
+
+
+def test_ready_only_after_health_and_a_real_completion() -> None:
+    d = Driver(BASE, world=World(canary_ok=False))
+    d.run_for(30)
+    assert d.state.state == S.STARTING
+    assert d.notifier.sent("READY=1") == []
+    assert d.notifier.sent("EXTEND_TIMEOUT_USEC=")  # systemd keeps waiting while we start
+    d.world.canary_ok = True
+    assert d.run_until(lambda: ready(d), 10)
+    assert len(d.notifier.sent("READY=1")) == 1
+    phases = d.state.child.phases if d.state.child else {}
+    assert "canary" in phases and "ready" in phases
+
+
+def test_warmup_request_runs_before_ready_when_enabled() -> None:
+    c = config_with(BASE, prewarm={"enabled": True, "kernels": False, "page_cache": False})
+    d = up(c)
+    assert "warmup" in d.state.probe_seconds
+    assert any(log.event == "state.changed" and log.fields["to"] == "prewarming"
+               for log in d.logs)
+
+
+def test_crash_with_exit_code_zero_is_a_crash_and_recovers() -> None:
+    d = up()
+    d.kill_child(code=0)
+    assert restarts(d) == ["crash"]
+    assert "without being asked" in d.events("child.exited")[-1]["detail"]
+    assert d.state.state == S.BACKOFF
+    assert d.run_until(lambda: ready(d), 60)
+    assert d.world.spawns == 2
+    done = d.events("restart.done")
+    assert [f["reason"] for f in done] == ["crash"] and done[0]["downtime_s"] > 0
+
+
+def test_health_failures_restart_only_at_the_threshold() -> None:
+    d = up()
+    d.world.health_ok = False
+    d.run_for(11)  # two probes at 5 s intervals
+    assert restarts(d) == []
+    assert len(d.events("probe.failed")) == 2
+    d.run_for(5)
+    assert restarts(d) == ["health"]
+    assert d.world.signals[0] == "SIGTERM"
+
+
+def test_hang_is_a_canary_timeout_with_frozen_counters() -> None:
+    d = up()
+    d.world.canary_timeout = True
+    d.run_for(61)
+    assert restarts(d) == ["hang"]
+
+
+def test_busy_engine_is_not_hung() -> None:
+    d = up(world=World(running=4, waiting=10, tokens_per_scrape=500))
+    d.world.canary_timeout = True
+    d.run_for(61)
+    assert restarts(d) == []
+    assert d.events("probe.canary_busy")
+
+
+def test_stall_work_queued_but_no_tokens() -> None:
+    d = up()
+    d.world.running, d.world.waiting = 2, 3
+    d.run_for(100)
+    assert restarts(d) == []
+    d.run_for(60)
+    assert restarts(d) == ["stall"]
+
+
+def test_start_that_never_becomes_healthy_stalls_out() -> None:
+    c = config_with(BASE, startup={"stall_timeout": 60, "timeout": 600})
+    d = Driver(c, world=World(health_ok=False))
+    d.run_for(70)
+    assert restarts(d) == ["start_stall"]
+
+
+@pytest.mark.parametrize(("share", "words"), [
+    (0.95, "95% of one CPU over the last 55s: busy without output"),
+    (0.02, "2% of one CPU over the last 55s: waiting or starved"),
+    (None, None),  # no CPU figure (a sampler that cannot read it): the plain detail
+])
+def test_a_start_stall_says_whether_the_silent_tree_was_busy_or_starved(
+        share: float | None, words: str | None) -> None:
+    """A CI run's restart stalled because another vLLM spun on its core: the detail must
+    tell a starved start from one busy compiling, so the operator knows what to fix."""
+    c = config_with(BASE, startup={"stall_timeout": 60, "timeout": 600},
+                    memory={"sample_interval": 5})
+    d = Driver(c, world=World(health_ok=False, tree_cpu_s=None if share is None else 0.0))
+    for _ in range(15):
+        d.run_for(5)
+        if share is not None and d.world.tree_cpu_s is not None:
+            d.world.tree_cpu_s += 5 * share
+    (begin,) = d.events("restart.begin")
+    assert begin["reason"] == "start_stall"
+    assert begin["detail"].startswith("no output and no progress for")
+    if words is None:
+        assert "CPU" not in begin["detail"]
+    else:
+        assert words in begin["detail"], begin["detail"]
+
+
+def test_start_timeout() -> None:
+    c = config_with(BASE, startup={"stall_timeout": 1000, "timeout": 100})
+    d = Driver(c, world=World(canary_ok=False))
+    d.run_for(101)
+    assert restarts(d) == ["start_timeout"]
+
+
+def test_backoff_grows_and_resets_after_a_stable_period() -> None:
+    d = up()
+    delays = []
+    for _ in range(3):
+        d.kill_child()
+        delays.append(d.events("restart.backoff")[-1]["delay_s"])
+        assert d.run_until(lambda: ready(d), 120)
+    assert delays == [5.0, 10.0, 20.0]
+    d.run_for(700)  # stable for longer than stable_after
+    d.kill_child()
+    assert d.events("restart.backoff")[-1]["delay_s"] == 5.0
+
+
+def test_crash_loop_gives_up_with_exit_code_3() -> None:
+    d = up()
+    for _ in range(10):
+        if d.exit_code is not None:
+            break
+        d.kill_child(code=1)
+        d.run_until(lambda: ready(d) or d.exit_code is not None, 600)
+    assert d.exit_code == 3
+    assert d.events("crashloop.gave_up")
+    assert len(restarts(d)) == 5
+    assert d.state.state == S.FAILED
+
+
+def test_arguments_rejected_during_start_is_a_config_error() -> None:
+    d = Driver(BASE, world=World(canary_ok=False))
+    d.run_for(2)
+    d.kill_child(code=2)
+    assert d.exit_code == 2
+    assert d.events("child.rejected_arguments")
+
+
+def test_stop_terminates_the_child_and_exits_0() -> None:
+    d = up()
+    d.send(StopRequested("SIGTERM"))
+    assert d.exit_code == 0
+    assert d.world.signals == ["SIGTERM"]
+    assert d.notifier.sent("STOPPING=1")
+    assert d.state.state == S.STOPPED
+
+
+def test_stop_escalates_to_sigkill_after_the_grace_period() -> None:
+    d = up(world=World(ignore_sigterm=True))
+    d.send(StopRequested("SIGTERM"))
+    d.run_for(29)
+    assert d.world.signals == ["SIGTERM"] and d.exit_code is None
+    d.run_for(2)
+    assert d.world.signals == ["SIGTERM", "SIGKILL"]
+    assert d.exit_code == 0
+
+
+def test_a_hung_engine_gets_a_short_grace() -> None:
+    d = up(world=World(ignore_sigterm=True))
+    d.world.canary_timeout = True
+    d.run_for(61)
+    assert restarts(d) == ["hang"]
+    assert d.events("child.stopping")[-1]["grace_s"] == 5.0
+    d.run_for(6)
+    assert d.world.signals == ["SIGTERM", "SIGKILL"]
+    assert "from vllmwatch" in d.events("child.exited")[-1]["detail"]
+
+
+def test_a_gone_engine_gets_a_short_grace() -> None:
+    # vLLM with --api-server-count 2 ignored SIGTERM for 20 s after its EngineCore died.
+    d = up(world=World(ignore_sigterm=True))
+    d.world.health_ok, d.world.engine_gone = False, True
+    d.run_for(6)  # one probe (every 5 s), not failure_threshold of them
+    assert restarts(d) == ["health"]
+    assert d.events("child.stopping")[-1]["grace_s"] == 5.0
+    d.run_for(6)
+    assert d.world.signals == ["SIGTERM", "SIGKILL"]
+
+
+def test_a_failing_health_alone_keeps_the_full_grace() -> None:
+    d = up(world=World(ignore_sigterm=True))
+    d.world.health_ok = False
+    d.run_for(16)  # three probes 5 s apart
+    assert restarts(d) == ["health"]
+    assert d.events("child.stopping")[-1]["grace_s"] == BASE.restart.stop_timeout
+
+
+def test_second_stop_signal_kills_at_once() -> None:
+    d = up(world=World(ignore_sigterm=True))
+    d.send(StopRequested("SIGTERM"))
+    d.send(StopRequested("SIGINT"))
+    assert d.world.signals == ["SIGTERM", "SIGKILL"]
+    assert d.exit_code == 0
+
+
+def test_foreign_process_on_the_port_is_a_start_error() -> None:
+    d = Driver(BASE, world=World(port_holder="pid 77 (nginx)"))
+    assert d.exit_code == 4
+    assert d.events("port.busy")[0]["holder"] == "pid 77 (nginx)"
+    assert d.world.spawns == 0
+
+
+def test_leftovers_are_reported() -> None:
+    d = up(world=World(leftovers=(11, 12)))
+    assert d.events("leftovers.killed")[0]["pids"] == [11, 12]
+
+
+def test_gpu_limit_drains_then_restarts() -> None:
+    c = config_with(BASE, vllm={"gpus": [0]}, memory={"gpu_limit": 70000, "sustain": 2,
+                                                      "sample_interval": 10})
+    d = up(c, World(gpu_mib=50000, running=1))
+    d.world.gpu_mib = 75000
+    d.run_for(25)
+    assert restarts(d) == ["gpu_memory"]
+    assert d.state.state == S.DRAINING
+    assert d.notifier.sent("READY=1") and not d.world.signals
+    d.world.running = 0
+    d.run_for(2)
+    assert d.events("drain.done")
+    assert d.world.signals == ["SIGTERM"]
+    assert d.run_until(lambda: ready(d), 60)
+
+
+def test_growth_rule_waits_for_quiet_hours() -> None:
+    c = config_with(BASE, memory={"host_growth_limit": 500, "baseline_delay": 0, "sustain": 2},
+                    restart={"quiet_hours": "02:00-05:00"})
+    d = up(c)
+    d.world.host_mib = 2000
+    d.run_for(40)
+    assert restarts(d) == [] and d.events("memory.rule_held")
+    d.clock.minute = 3 * 60
+    d.run_for(11)
+    assert restarts(d) == ["host_memory"]
+
+
+def test_gpu_release_gate_waits_then_gives_up_with_a_warning() -> None:
+    c = config_with(BASE, vllm={"gpus": [0]}, restart={"gpu_release_timeout": 20})
+    d = up(c, World(gpu_mib=1000))
+    d.run_for(11)  # one memory sample: the tree's pids are known
+    d.world.released = False
+    d.kill_child()
+    d.run_for(15)
+    assert d.state.state == S.CLEANUP
+    d.run_for(10)
+    assert d.events("gpu.release_timeout")
+
+
+def test_reload_invalid_keeps_running() -> None:
+    d = up()
+    d.send(ReloadRequested(None, "x.toml: probe.interval: bad value"))
+    assert d.events("config.reload_failed")
+    assert ready(d)
+    assert d.notifier.sent("RELOADING=1") and len(d.notifier.sent("READY=1")) == 2
+
+
+def test_reload_of_probe_settings_applies_live() -> None:
+    d = up()
+    new = config_with(BASE, probe={"interval": 1})
+    d.send(ReloadRequested(new))
+    assert d.state.config.probe.interval == 1 and restarts(d) == []
+
+
+def test_reload_of_the_vllm_command_restarts_gracefully() -> None:
+    d = up()
+    new = config_with(BASE, vllm={"args": {"max-model-len": 1024}})
+    d.send(ReloadRequested(new))
+    assert restarts(d) == ["reload"]
+    d.run_until(lambda: ready(d), 60)
+    assert d.world.spawns == 2
+
+
+def test_manual_restart_is_not_a_failure() -> None:
+    d = up()
+    d.send(RestartRequested())
+    assert restarts(d) == ["manual"]
+    assert d.run_until(lambda: ready(d), 60)
+    assert d.state.failures == 0 and d.state.restart_times == ()
+    assert d.events("restart.backoff") == []
+
+

@@ -1,0 +1,91 @@
+"""The gate reaches vLLM where it listens: a wildcard host by the one mapping
+(config/hosts.py), so an IPv6-only vLLM on "::" is reached on ::1, not on 127.0.0.1."""
+
+from __future__ import annotations
+
+import http.client
+import http.server
+import socket
+import threading
+from collections.abc import Iterator
+from contextlib import contextmanager
+from typing import Any
+
+import pytest
+
+from tests.support import free_port
+from vllmwatch.config.schema import from_dict
+from vllmwatch.gate.attach import start_gate, upstream_of
+from vllmwatch.status.snapshot import Snapshot
+
+
+class _V6OnlyServer(http.server.ThreadingHTTPServer):
+    address_family = socket.AF_INET6
+
+    def server_bind(self) -> None:
+        self.socket.setsockopt(socket.IPPROTO_IPV6, socket.IPV6_V6ONLY, 1)
+        super().server_bind()
+
+
+class _Answer(http.server.BaseHTTPRequestHandler):
+    def do_POST(self) -> None:
+        self.rfile.read(int(self.headers.get("Content-Length", "0")))
+        body = b'{"choices": [{"text": "v6"}]}'
+        self.send_response(200)
+        self.send_header("Content-Type", "application/json")
+        self.send_header("Content-Length", str(len(body)))
+        self.end_headers()
+        self.wfile.write(body)
+
+    def log_message(self, *_a: Any) -> None:
+        return None
+
+
+@contextmanager
+def _ipv6_only_upstream() -> Iterator[int]:
+    try:
+        srv = _V6OnlyServer(("::1", 0), _Answer)
+    except OSError as exc:
+        pytest.skip(f"no IPv6 loopback here: {exc}")
+    thread = threading.Thread(target=srv.serve_forever, daemon=True)
+    thread.start()
+    try:
+        yield int(srv.server_address[1])
+    finally:
+        srv.shutdown()
+        srv.server_close()
+        thread.join(10)
+
+
+@pytest.mark.parametrize("host,expected", [
+    ("::", "http://[::1]:8000"), ("0.0.0.0", "http://127.0.0.1:8000"),
+    ("", "http://127.0.0.1:8000"), ("::1", "http://[::1]:8000"),
+    ("10.0.0.5", "http://10.0.0.5:8000"),
+])
+def test_the_upstream_follows_the_one_wildcard_mapping(host: str, expected: str) -> None:
+    config = from_dict({"vllm": {"model": "m", "host": host, "port": 8000}})
+    assert upstream_of(config) == expected
+
+
+def test_the_gate_reaches_an_ipv6_only_vllm_on_the_wildcard() -> None:
+    with _ipv6_only_upstream() as port:
+        listen = f"127.0.0.1:{free_port()}"
+        config = from_dict({"vllm": {"model": "m", "host": "::", "port": port},
+                            "gate": {"enabled": True, "listen": listen}})
+        errors: list[str] = []
+
+        def log(level: str, event: str, **fields: Any) -> None:
+            if level == "error":
+                errors.append(f"{event} {fields}")
+
+        gate = start_gate(config, log, lambda: Snapshot(state="ready", ready=True))
+        assert gate is not None and not errors, errors
+        try:
+            conn = http.client.HTTPConnection("127.0.0.1", gate.port, timeout=20)
+            conn.request("POST", "/v1/completions", b'{"prompt": "x"}',
+                         {"Content-Type": "application/json"})
+            resp = conn.getresponse()
+            assert (resp.status, resp.read()) == (200, b'{"choices": [{"text": "v6"}]}')
+            conn.close()
+        finally:
+            gate.stop()

@@ -1,0 +1,90 @@
+"""GPU hardware faults: the NVML reader against the fake NVML (Xid events, a lost GPU, ECC)."""
+
+from __future__ import annotations
+
+import os
+
+import pytest
+
+from vllmwatch.core import gpufault
+from vllmwatch.core.samples import GpuFault
+from vllmwatch.shell.memory import make_sampler
+from vllmwatch.testing import LogCapture
+from vllmwatch.testing.fake_nvml import (
+    FakeGpu,
+    FakeNvml,
+    NVMLError_GpuIsLost,
+    NVMLError_NotSupported,
+    NVMLError_ResetRequired,
+)
+
+Logs = LogCapture
+
+
+def _sample(nvml: FakeNvml, log: Logs | None = None) -> tuple[GpuFault, ...]:
+    return make_sampler(None, log or Logs(), nvml=nvml).sample(os.getpid(), False).gpu_faults
+
+
+def test_xid_events_are_read_once() -> None:
+    nvml = FakeNvml([FakeGpu(), FakeGpu(xids=[13, 79])])
+    sampler = make_sampler(None, Logs(), nvml=nvml)
+    first = sampler.sample(os.getpid(), False).gpu_faults
+    assert first == (GpuFault(1, "xid", xid=13), GpuFault(1, "xid", xid=79))
+    assert sampler.sample(os.getpid(), False).gpu_faults == ()
+
+
+def test_a_lost_gpu_is_reported_once() -> None:
+    nvml = FakeNvml([FakeGpu(), FakeGpu()])
+    sampler = make_sampler(None, Logs(), nvml=nvml)
+    assert sampler.sample(os.getpid(), False).gpu_faults == ()
+    nvml.gpus[0].lost = True
+    faults = sampler.sample(os.getpid(), False).gpu_faults
+    assert [(f.gpu_index, f.kind) for f in faults] == [(0, "gpu_lost")]
+    assert gpufault.fatal(faults)
+    assert sampler.sample(os.getpid(), False).gpu_faults == ()
+
+
+@pytest.mark.parametrize("call", ["nvmlDeviceGetMemoryInfo", "nvmlDeviceGetTotalEccErrors",
+                                  "nvmlDeviceGetRemappedRows", "nvmlEventSetWait_v2"])
+@pytest.mark.parametrize("error,kind", [(NVMLError_GpuIsLost, "gpu_lost"),
+                                        (NVMLError_ResetRequired, "reset_required")])
+def test_any_call_can_find_the_gpu_gone(call: str, error: type[Exception], kind: str) -> None:
+    nvml = FakeNvml([FakeGpu()])
+    sampler = make_sampler(None, Logs(), nvml=nvml)
+    assert sampler.sample(os.getpid(), False).gpu_faults == ()
+    nvml.fail[call] = error()
+    faults = sampler.sample(os.getpid(), False).gpu_faults
+    assert [(f.gpu_index, f.kind) for f in faults] == [(0, kind)]
+    assert gpufault.fatal(faults)
+
+
+def test_ecc_counts_only_a_rise_and_pending_pages() -> None:
+    nvml = FakeNvml([FakeGpu(ecc_uncorrected=4)])  # old errors from before we started
+    sampler = make_sampler(None, Logs(), nvml=nvml)
+    assert sampler.sample(os.getpid(), False).gpu_faults == ()
+    nvml.gpus[0].ecc_uncorrected = 6
+    nvml.gpus[0].pages_pending = 1
+    faults = sampler.sample(os.getpid(), False).gpu_faults
+    assert [f.kind for f in faults] == ["ecc_uncorrectable", "pages_pending"]
+    assert "2 new" in faults[0].detail
+    nvml.gpus[0].remapped_rows = (0, 1, 0, 1)
+    assert [f.kind for f in sampler.sample(os.getpid(), False).gpu_faults] == [
+        "row_remap_failed"]
+
+
+def test_a_driver_without_these_calls_is_quiet() -> None:
+    nvml = FakeNvml([FakeGpu(xids=[79])])
+    for fn in ("nvmlDeviceRegisterEvents", "nvmlDeviceGetTotalEccErrors",
+               "nvmlDeviceGetRemappedRows", "nvmlDeviceGetRetiredPagesPendingStatus"):
+        nvml.fail[fn] = NVMLError_NotSupported()
+    logs = Logs()
+    sampler = make_sampler(None, logs, nvml=nvml)
+    assert sampler.sample(os.getpid(), False).gpu_faults == ()
+    sampler.sample(os.getpid(), False)
+    assert not [e for e, _ in logs.got if e.startswith("gpu.")]
+    # NOT_SUPPORTED once: never asked again.
+    assert nvml.calls.count("nvmlDeviceGetTotalEccErrors") == 1
+
+
+def test_no_nvml_no_faults() -> None:
+    assert make_sampler([], Logs()).sample(os.getpid(), False).gpu_faults == ()

@@ -1,0 +1,191 @@
+"""The remembered process group is trusted only when provably ours: a forged file, wherever
+the code might read one, never makes the start-up sweep kill a foreign process group."""
+
+from __future__ import annotations
+
+import json
+import os
+import pwd
+import subprocess
+from collections.abc import Iterator
+from pathlib import Path
+
+import psutil
+import pytest
+
+from tests.support import free_port, wait_until
+from vllmwatch.shell import child, groupfile
+
+
+@pytest.fixture
+def foreign() -> Iterator[psutil.Process]:
+    """A vLLM-looking `sleep` in a session of its own: somebody else's process group."""
+    proc = subprocess.Popen(["bash", "-c", 'exec -a "vllm serve forged" sleep 300'],
+                            start_new_session=True, env={"PATH": os.environ["PATH"]})
+    ps = psutil.Process(proc.pid)
+    wait_until(lambda: "vllm serve" in " ".join(ps.cmdline()), 10, "the forged title")
+    yield ps
+    proc.kill()
+    proc.wait(timeout=10)
+
+
+@pytest.fixture
+def marker(tmp_path: Path) -> str:
+    return child.instance_id(str(tmp_path / "vllmwatch.toml"))
+
+
+def forged(proc: psutil.Process, marker: str, started: float | None = None) -> str:
+    return json.dumps({"pgid": proc.pid, "started": proc.create_time() if started is None
+                       else started, "marker": marker})
+
+
+def survives_sweep(proc: psutil.Process, marker: str) -> bool:
+    done = child.sweep(None, marker, "127.0.0.1", free_port(), grace=0.5)
+    assert proc.pid not in done.killed
+    return proc.is_running() and proc.status() != psutil.STATUS_ZOMBIE
+
+
+def plant_everywhere_untrusted(tmp_path: Path, proc: psutil.Process, marker: str,
+                               monkeypatch: pytest.MonkeyPatch) -> list[Path]:
+    """Forged files, right format and pointing at proc, in each place someone else could
+    write: the old /tmp name, and world-writable $STATE_DIRECTORY / $RUNTIME_DIRECTORY."""
+    name = f"vllmwatch-{marker}.pgid"
+    planted = [Path("/tmp") / name]
+    planted[0].write_text(forged(proc, marker))
+    for var in ("STATE_DIRECTORY", "RUNTIME_DIRECTORY"):
+        d = tmp_path / var.lower()
+        d.mkdir()
+        d.chmod(0o777)
+        (d / name).write_text(forged(proc, marker))
+        planted.append(d / name)
+        monkeypatch.setenv(var, str(d))
+    return planted
+
+
+def test_forged_files_in_untrusted_places_are_ignored(
+        tmp_path: Path, foreign: psutil.Process, marker: str,
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    planted = plant_everywhere_untrusted(tmp_path, foreign, marker, monkeypatch)
+    try:
+        assert groupfile.state_dir() is None  # a world-writable state dir is not used
+        assert child.remembered_group(marker) is None
+        assert survives_sweep(foreign, marker)
+    finally:
+        planted[0].unlink()
+
+
+def test_world_writable_file_and_symlink_are_ignored(
+        tmp_path: Path, foreign: psutil.Process, marker: str,
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    state = tmp_path / "state"
+    state.mkdir(mode=0o700)
+    monkeypatch.setenv("STATE_DIRECTORY", str(state))
+    path = Path(groupfile.path_of(marker) or "")
+    path.write_text(forged(foreign, marker))
+    path.chmod(0o666)
+    assert groupfile.read(marker) is None and survives_sweep(foreign, marker)
+    path.unlink(missing_ok=True)  # the sweep may have removed it: it is in our directory
+    elsewhere = tmp_path / "elsewhere"
+    elsewhere.write_text(forged(foreign, marker))
+    path.symlink_to(elsewhere)
+    assert groupfile.read(marker) is None and survives_sweep(foreign, marker)
+
+
+def test_file_of_another_owner_is_ignored(tmp_path: Path, foreign: psutil.Process,
+                                          marker: str, monkeypatch: pytest.MonkeyPatch) -> None:
+    if os.geteuid() != 0:
+        pytest.skip("needs root to give a file to another user")
+    nobody = pwd.getpwnam("nobody").pw_uid
+    state = tmp_path / "state"
+    state.mkdir(mode=0o700)
+    monkeypatch.setenv("STATE_DIRECTORY", str(state))
+    path = Path(groupfile.path_of(marker) or "")
+    path.write_text(forged(foreign, marker))
+    path.chmod(0o600)
+    os.chown(path, nobody, -1)
+    assert groupfile.read(marker) is None and survives_sweep(foreign, marker)
+    os.chown(state, nobody, -1)  # a state directory someone else owns is not ours either
+    assert groupfile.state_dir() is None
+
+
+def test_trusted_file_with_a_recycled_pid_is_logged_and_left_alone(
+        tmp_path: Path, foreign: psutil.Process, marker: str,
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    state = tmp_path / "state"
+    state.mkdir(mode=0o700)
+    monkeypatch.setenv("STATE_DIRECTORY", str(state))
+    Path(groupfile.path_of(marker) or "").write_text(
+        forged(foreign, marker, started=foreign.create_time() - 3600))
+    events: list[tuple[str, str, dict[str, object]]] = []
+    assert child.remembered_group(marker, lambda lvl, ev, **kw: events.append((lvl, ev, kw))) \
+        is None
+    assert events and events[0][1] == "child.group_unproven"
+    assert "recycled" in str(events[0][2]["reason"])
+    assert survives_sweep(foreign, marker)
+
+
+def test_our_own_remembered_group_is_found(tmp_path: Path, foreign: psutil.Process,
+                                           marker: str, monkeypatch: pytest.MonkeyPatch) -> None:
+    """The positive control: what we wrote ourselves, for a leader we started, is ours."""
+    state = tmp_path / "state"
+    state.mkdir(mode=0o700)
+    monkeypatch.setenv("STATE_DIRECTORY", str(state))
+    child.remember_group(marker, foreign.pid)
+    path = Path(groupfile.path_of(marker) or "")
+    assert path.stat().st_mode & 0o777 == 0o600
+    assert child.remembered_group(marker) == foreign.pid
+    ours, _ = child.find_tree(None, marker)
+    assert foreign.pid in [p.pid for p in ours]
+    child.remember_group(marker, None)
+    assert not path.exists()
+
+
+def test_private_fallback_directory_is_0700(tmp_path: Path,
+                                            monkeypatch: pytest.MonkeyPatch) -> None:
+    for var in ("STATE_DIRECTORY", "RUNTIME_DIRECTORY"):
+        monkeypatch.delenv(var, raising=False)
+    if os.geteuid() == 0:
+        assert groupfile.state_dir({}) == "/run/vllmwatch"
+        assert os.stat("/run/vllmwatch").st_mode & 0o077 == 0
+        return
+    monkeypatch.setenv("XDG_RUNTIME_DIR", str(tmp_path))
+    got = groupfile.state_dir()
+    assert got == str(tmp_path / "vllmwatch") and os.stat(got).st_mode & 0o777 == 0o700
+
+
+def test_a_marker_set_by_another_user_does_not_make_a_process_ours(marker: str) -> None:
+    if os.geteuid() != 0:
+        pytest.skip("needs root to start a process as another user")
+    nobody = pwd.getpwnam("nobody")
+    proc = subprocess.Popen(["sleep", "300"], start_new_session=True, user=nobody.pw_uid,
+                            env={"PATH": os.environ["PATH"], child.MARKER: marker})
+    try:
+        ps = psutil.Process(proc.pid)
+        wait_until(lambda: ps.environ().get(child.MARKER) == marker, 10, "the marker")
+        assert not groupfile.carries_marker(ps, marker)
+        assert proc.pid not in [p.pid for p in child.find_tree(None, marker)[0]]
+    finally:
+        proc.kill()
+        proc.wait(timeout=10)
+
+
+def test_forged_file_of_another_user_in_the_default_place_is_ignored(
+        foreign: psutil.Process, marker: str, monkeypatch: pytest.MonkeyPatch) -> None:
+    """No $STATE_DIRECTORY: the fallback place, with a forged file another user owns."""
+    if os.geteuid() != 0:
+        pytest.skip("needs root to give a file to another user")
+    for var in ("STATE_DIRECTORY", "RUNTIME_DIRECTORY"):
+        monkeypatch.delenv(var, raising=False)
+    path = Path(groupfile.path_of(marker) or "")
+    assert path.parent == Path("/run/vllmwatch")
+    tmp_name = Path("/tmp") / path.name
+    try:
+        for place in (path, tmp_name):
+            place.write_text(forged(foreign, marker))
+            place.chmod(0o600)
+            os.chown(place, pwd.getpwnam("nobody").pw_uid, -1)
+        assert groupfile.read(marker) is None
+        assert survives_sweep(foreign, marker)
+    finally:
+        path.unlink(missing_ok=True)
+        tmp_name.unlink(missing_ok=True)

@@ -1,0 +1,87 @@
+"""The fake vLLM (vllmwatch/testing/fake_vllm.py) as a server process on a free port, for
+tests that talk to it directly (no daemon in between)."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import urllib.error
+import urllib.request
+from collections.abc import Iterator
+from contextlib import contextmanager, suppress
+from pathlib import Path
+from typing import Any
+
+from tests.support.ports import free_port
+from tests.support.waiting import wait_until
+
+ROOT = Path(__file__).resolve().parents[2]
+
+
+def http(port: int, path: str, body: dict[str, Any] | None = None, key: str | None = None,
+         timeout: float = 2.0) -> tuple[int, bytes]:
+    """(status, body); status 0 when the connection fails."""
+    req = urllib.request.Request(f"http://127.0.0.1:{port}{path}",
+                                 data=None if body is None else json.dumps(body).encode())
+    if key:
+        req.add_header("Authorization", f"Bearer {key}")
+    try:
+        with urllib.request.urlopen(req, timeout=timeout) as resp:
+            return int(resp.status), resp.read()
+    except urllib.error.HTTPError as e:
+        return e.code, e.read()
+    except OSError:
+        return 0, b""
+
+
+def completion(port: int, timeout: float = 2.0, **kw: Any) -> tuple[int, bytes]:
+    body = {"model": "fake", "prompt": "hello there", "max_tokens": 3, **kw}
+    return http(port, "/v1/completions", body, timeout=timeout)
+
+
+class Fake:
+    def __init__(self, proc: subprocess.Popen[bytes], port: int, log: Path) -> None:
+        self.proc, self.port, self.log = proc, port, log
+
+    def health(self) -> int:
+        return http(self.port, "/health", timeout=0.5)[0]
+
+    def wait_ready(self, status: int = 200) -> None:
+        wait_until(lambda: self.health() == status, 5.0, f"/health {status}")
+
+    def metrics(self) -> dict[str, float]:
+        """Samples of /metrics keyed by name plus a finished_reason suffix where present."""
+        status, text = http(self.port, "/metrics")
+        assert status == 200
+        out = {}
+        for line in text.decode().splitlines():
+            if line and not line.startswith("#"):
+                name, value = line.rsplit(" ", 1)
+                reason = name.split('finished_reason="')[1][:-2] if "finished_" in name else ""
+                out[name.split("{")[0] + (f":{reason}" if reason else "")] = float(value)
+        return out
+
+
+@contextmanager
+def fake(tmp_path: Path, *flags: str, ready: int = 200) -> Iterator[Fake]:
+    port, log = free_port(), tmp_path / "fake.log"
+    argv = [sys.executable, "-m", "vllmwatch.testing.fake_vllm", "serve", "--model", "org/m",
+            "--served-model-name", "fake", "--host", "127.0.0.1", "--port", str(port),
+            "--startup-seconds", "0.1", "--disable-log-requests", *flags]
+    with log.open("wb") as out:
+        proc = subprocess.Popen(argv, cwd=ROOT, stdout=out, stderr=subprocess.PIPE,
+                                start_new_session=True)
+    try:
+        f = Fake(proc, port, log)
+        if ready:
+            f.wait_ready(ready)
+        yield f
+    finally:
+        with suppress(ProcessLookupError):
+            os.killpg(proc.pid, signal.SIGKILL)
+        proc.wait()
+        assert proc.stderr is not None
+        proc.stderr.close()

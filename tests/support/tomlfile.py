@@ -1,0 +1,49 @@
+"""Configs as dicts written as TOML (the daemon's config files in tests and benchmarks)."""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Mapping
+from pathlib import Path
+from typing import Any
+
+
+def _toml_value(value: Any) -> str:
+    if isinstance(value, bool):
+        return "true" if value else "false"
+    if isinstance(value, (int, float)):
+        return repr(value)
+    if isinstance(value, str):
+        return json.dumps(value)
+    if isinstance(value, (list, tuple)):
+        return "[" + ", ".join(_toml_value(v) for v in value) + "]"
+    if isinstance(value, Mapping):
+        return "{ " + ", ".join(f"{json.dumps(str(k))} = {_toml_value(v)}"
+                                for k, v in value.items()) + " }"
+    raise TypeError(f"cannot write {value!r} as TOML")
+
+
+def to_toml(config: Mapping[str, Mapping[str, Any]]) -> str:
+    """A two-level dict ({section: {key: value}}) as TOML text."""
+    out = []
+    for section, table in config.items():
+        out.append(f"[{section}]")
+        out += [f"{key} = {_toml_value(value)}" for key, value in table.items()]
+        out.append("")
+    return "\n".join(out)
+
+
+def merge(base: Mapping[str, Mapping[str, Any]], *overrides: Mapping[str, Mapping[str, Any]]
+          ) -> dict[str, dict[str, Any]]:
+    """Section-wise merge of config dicts (later keys win)."""
+    out: dict[str, dict[str, Any]] = {k: dict(v) for k, v in base.items()}
+    for extra in overrides:
+        for section, table in extra.items():
+            out.setdefault(section, {}).update(table)
+    return out
+
+
+def write_toml(path: Path, config: Mapping[str, Mapping[str, Any]]) -> Path:
+    """Write config to path as TOML; return the path."""
+    path.write_text(to_toml(config))
+    return path

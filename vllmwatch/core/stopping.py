@@ -1,0 +1,143 @@
+"""Pure: taking the child down. Drain -> SIGTERM -> grace -> SIGKILL -> sweep, and leaving.
+
+The mechanics only: whether to restart or to leave is decided in core/ladder.py
+(`begin_restart`, `halt`), which calls these.
+"""
+
+from __future__ import annotations
+
+from dataclasses import replace
+
+from vllmwatch.core import drain as drains
+from vllmwatch.core import exitcodes, probing
+from vllmwatch.core.events import Action, Exit, Log, Notify, SignalGroup, Sweep
+from vllmwatch.core.names import STUCK_REASONS, ProbeKind
+from vllmwatch.core.state import CHILD_STATES, Result, S, WatchState, goto
+
+KILL_WAIT = 10.0  # after SIGKILL, how long to wait for the exit before sweeping anyway
+SWEEP_WAIT = 20.0  # on the way out, how long a sweep may take before we leave regardless
+SETTLE = 3.0  # after a requested stop, how long the engine may take to follow the API server
+STUCK_GRACE = 5.0  # SIGTERM -> SIGKILL for an engine known to be stuck
+
+
+def _has_child(s: WatchState) -> bool:
+    """A child is running, or its launch is out and not yet answered."""
+    c = s.child
+    return s.state in CHILD_STATES and c is not None and (c.pid is not None or not c.spawned)
+
+
+def take_down(s: WatchState, now: float, drain: bool) -> Result:
+    """Drain if asked and possible, else stop the child; with no child, sweep at once."""
+    if s.incident_wait is not None:  # the record's wait ends here (a stop may overtake it)
+        s = replace(s, incident_wait=None, deadline=None)
+    if s.state == S.STOPPING:
+        return s, []
+    if _has_child(s):
+        dereg, timeout = drains.plan(drain, s.state == S.READY,
+                                     s.config.drain.deregister_delay,
+                                     s.config.restart.drain_timeout)
+        if dereg + timeout > 0:
+            return begin_drain(s, now, dereg, timeout)
+        return stop_child(s, now)
+    if s.state == S.CLEANUP:
+        return s, []  # the sweep under way ends in after_cleanup, which sees the new plan
+    return sweep(s, now, "no child to stop")
+
+
+def begin_drain(s: WatchState, now: float, dereg: float, timeout: float) -> Result:
+    """/readyz turns 503 now; stop once deregistered and idle (core/drain.py)."""
+    d = drains.begin(now, dereg, timeout)
+    s, acts = goto(s, S.DRAINING, now, "drain before restart", deadline=drains.deadline(d))
+    look = drains.next_check(d, now, probing.DRAIN_POLL)
+    s = replace(s, child=replace(s.run, drain=d, timers={**s.run.timers, ProbeKind.METRICS: look}))
+    acts.append(Log("info", "drain.begin", {"phase": str(drains.phase(d, now)),
+                                            "deregister_delay_s": dereg,
+                                            "drain_timeout_s": timeout}))
+    return s, acts
+
+
+def stop_child(s: WatchState, now: float) -> Result:
+    """SIGTERM the group and give it restart.stop_timeout (less when the engine is stuck
+    or gone)."""
+    if s.child is not None and s.child.drain is not None:
+        s = replace(s, child=replace(s.run, drain=drains.stopping(s.child.drain, now)))
+    grace = s.config.restart.stop_timeout
+    stuck = s.pending is not None and s.pending[0] in STUCK_REASONS
+    if stuck or (s.child is not None and s.child.engine_gone):
+        # Measured: the API server of a hung engine waits on it and ignores SIGTERM, and with
+        # --api-server-count 2 vLLM's launcher outlived a dead EngineCore's SIGTERM for the
+        # whole 20 s (2 x H200). The full grace would only add downtime; nothing in flight
+        # can finish anyway.
+        grace = min(grace, STUCK_GRACE)
+    s, acts = goto(s, S.STOPPING, now, "stop child", deadline=now + grace)
+    acts.append(SignalGroup("SIGTERM"))
+    acts.append(Log("info", "child.stopping", {"pid": s.pid, "signal": "SIGTERM",
+                                               "grace_s": grace}))
+    if s.exit_code is not None:
+        acts.append(Notify(extend_usec=int((grace + KILL_WAIT + SWEEP_WAIT) * 1e6)))
+    return s, acts
+
+
+def stopping_deadline(s: WatchState, now: float) -> Result:
+    """The grace period ran out: SIGKILL; after that, sweep whatever is left."""
+    if s.child is not None and not s.child.killed:
+        acts: list[Action] = [SignalGroup("SIGKILL"), Log("warning", "child.kill", {
+            "pid": s.pid, "after_s": round(now - s.since, 1),
+            "detail": "did not exit after SIGTERM; sent SIGKILL to its process group"})]
+        s = replace(s, child=replace(s.run, killed=True))
+        return replace(s, deadline=now + KILL_WAIT), acts
+    s2, acts = sweep(s, now, "child did not exit after SIGKILL")
+    acts.insert(0, Log("error", "child.unkillable", {"pid": s.pid, "hint": "the process may "
+                       "be stuck in the kernel (D state); check `ps -o stat,wchan -p PID`"}))
+    return s2, acts
+
+
+def sweep(s: WatchState, now: float, reason: str) -> Result:
+    """Kill what is left of the old tree, and look at the port."""
+    c = s.child
+    old_pgid = c.pgid if c is not None else None
+    settle = SETTLE if s.state == S.STOPPING else 0.0
+    # The tree's pids from the last sample: the GPU release gate waits until NVML drops them.
+    old = c.memory.tree_pids if c is not None and c.memory is not None else ()
+    deadline = now + SWEEP_WAIT if s.exit_code is not None else None
+    s, acts = goto(replace(s, incident_wait=None), S.CLEANUP, now, reason, deadline=deadline)
+    if c is not None and c.drain is not None:  # the drain ends with the child
+        phases = drains.durations(drains.exited(c.drain, now), now)
+        s = replace(s, last_drain=phases)
+        s = replace(s, child=replace(s.run, drain=None))
+        acts.append(Log("info", "drain.finished", {"phases_s": phases}))
+    if c is not None:
+        s = replace(s, child=replace(s.run, pid=None, pgid=None, inflight=frozenset(),
+                                     timers={}, memory=None))
+    s = replace(s, old_pids=tuple(old), sweeping=True, release=None)
+    v = c.vllm if c is not None else s.config.vllm
+    acts.append(Sweep(old_pgid, v.host, v.port, s.config.restart.kill_stale, settle))
+    return s, acts
+
+
+def leave(s: WatchState, now: float) -> Result:
+    """On the way out (s.exit_code set): take down whatever runs, from any state; the last
+    step (sweep, then finish) sees exit_code and ends in Exit."""
+    if s.state in (S.STARTING, S.READY, S.DRAINING):
+        return take_down(s, now, drain=False)
+    if s.state in (S.BACKOFF, S.PREWARMING):
+        return sweep(s, now, "stop requested")
+    if s.state == S.CLEANUP and not s.sweeping:
+        return finish(s, now, [])  # the release gate need not hold up an exit
+    if s.state == S.CLEANUP and s.deadline is None:
+        return replace(s, deadline=now + SWEEP_WAIT), []
+    # STOPPING finishes on its own (grace, then SIGKILL) and then sees exit_code; INIT's
+    # first sweep does the same.
+    return s, []
+
+
+def finish(s: WatchState, now: float, acts: list[Action]) -> Result:
+    """Leave for good with s.exit_code."""
+    code = s.exit_code if s.exit_code is not None else 0
+    to = S.STOPPED if code == 0 else S.FAILED
+    s, more = goto(s, to, now, "exit" if code == 0 else f"exit code {code}")
+    acts += more
+    acts.append(Log("info" if code == 0 else "error", "daemon.exit", {
+        "code": code, "meaning": exitcodes.MEANING.get(code, "")}))
+    acts.append(Exit(code))
+    return s, acts

@@ -1,0 +1,241 @@
+"""One child run in the shell, and the launcher that starts children for the daemon's lifetime.
+
+`ChildHandle` is made when a launch succeeds and dropped when the child is reaped: everything
+that belongs to one vLLM child (its process and pidfd, its log reader, the API key it was
+started with, the engine processes seen under it, the start guard) lives in it and dies with
+it, so nothing of one run can leak into the next. What must outlive the child (the GPU use
+before the launch, for the release gate; the canary kind `auto` found) goes back to the core
+in the results, which keeps it in its `ChildRun`.
+
+`Launcher` is the one seam that turns argv and environment into a running process. Today's is
+a plain Popen in a new session; a launcher that keeps a pre-imported standby interpreter
+hands it the argv instead, and names the pids it keeps for itself in `exempt_pids` (ours, but
+not the child's: the leftover sweep leaves them alone).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import subprocess
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass, replace
+from typing import Protocol
+
+from vllmwatch.config import command
+from vllmwatch.config.schema import Config, ConfigError
+from vllmwatch.core import canary as kinds
+from vllmwatch.core.events import (
+    CanaryResult,
+    ChildExited,
+    Event,
+    HealthResult,
+    MetricsResult,
+    Probe,
+    Spawned,
+    SpawnFailed,
+)
+from vllmwatch.core.names import ProbeKind
+from vllmwatch.logfn import LogFn
+from vllmwatch.shell import child as childmod
+from vllmwatch.shell import flagcheck
+from vllmwatch.shell.childlog import ChildLog
+from vllmwatch.shell.engines import EngineWatch
+from vllmwatch.shell.probes import Endpoint, HttpProber
+from vllmwatch.shell.startguard import StartGuard
+
+
+class Launcher(Protocol):
+    """Starts the child process: pid = process group (a new session), stdout and stderr
+    merged into `Child.stdout`, a pidfd when the kernel has them."""
+
+    def launch(self, argv: Sequence[str], env: Mapping[str, str], cwd: str | None = None
+               ) -> childmod.Child:
+        """Start the child; raises OSError (FileNotFoundError, PermissionError) as Popen."""
+        ...
+
+    def exempt_pids(self) -> frozenset[int]:
+        """Processes of ours that are not part of any child (a standby): never leftovers."""
+        ...
+
+    def close(self) -> None:
+        """The daemon is leaving: stop whatever the launcher keeps."""
+        ...
+
+
+class PopenLauncher:
+    """Today's launch: a fresh Popen per child."""
+
+    def launch(self, argv: Sequence[str], env: Mapping[str, str], cwd: str | None = None
+               ) -> childmod.Child:
+        """Popen in a new session, with stdin closed and the output piped to us."""
+        proc = subprocess.Popen(
+            list(argv), env=dict(env), cwd=cwd, stdin=subprocess.DEVNULL,
+            stdout=subprocess.PIPE, stderr=subprocess.STDOUT, start_new_session=True,
+            close_fds=True)
+        pidfd = None
+        with contextlib.suppress(OSError, AttributeError):
+            pidfd = os.pidfd_open(proc.pid)
+        return childmod.Child(proc, pidfd)
+
+    def exempt_pids(self) -> frozenset[int]:
+        """A plain launcher keeps no process of its own."""
+        return frozenset()
+
+    def close(self) -> None:
+        """Nothing kept."""
+
+
+@dataclass(frozen=True)
+class Prepared:
+    """A launch ready to go: the command and the API key it carries."""
+
+    cmd: command.ChildCommand
+    api_key: str | None
+
+
+def prepare(config: Config, environ: Mapping[str, str], marker: str, version: str | None,
+            cache_env: Mapping[str, str], log: LogFn) -> Prepared | SpawnFailed:
+    """The command of the next launch, or why there must be none (a config problem)."""
+    try:
+        api_key = command.read_api_key(config)
+        extra = dict(cache_env)
+        if "TMPDIR" not in config.vllm.env:
+            extra["TMPDIR"] = childmod.child_tmpdir(marker)
+        cmd = command.build(config, environ, api_key=api_key, vllm_version=version,
+                            extra_env=extra)
+    except ConfigError as exc:
+        return SpawnFailed(str(exc), fatal=True)
+    # [vllm.args] against the flags this vLLM accepts (cache only: never blocks the loop).
+    refused = flagcheck.refusal(config, environ, version, log)
+    if refused is not None:
+        return SpawnFailed(refused, fatal=True)
+    env = dict(cmd.env)
+    env[childmod.MARKER] = marker
+    return Prepared(replace(cmd, env=env), api_key)
+
+
+class ChildHandle:
+    """One launched child, from its Spawned to its reap (or the daemon's exit)."""
+
+    def __init__(self, child: childmod.Child, childlog: ChildLog, api_key: str | None,
+                 config: Config, guard: StartGuard | None, log: LogFn) -> None:
+        self.child, self._childlog, self._api_key = child, childlog, api_key
+        self._guard, self._log = guard, log
+        self._order = kinds.order(config.probe.canary, config.vllm.args,
+                                  config.vllm.extra_args)  # auto's first guess
+        self._engines = EngineWatch()
+        self.last_metrics_text: str | None = None  # the last /metrics body, for incidents
+
+    @classmethod
+    def launch(cls, launcher: Launcher, prepared: Prepared, config: Config, marker: str,
+               guard: StartGuard | None, post: Callable[[Event], None], log: LogFn,
+               gpu_before: Mapping[int, float]) -> tuple[ChildHandle | None, Event]:
+        """Start the child (the guard first: it evicts before vLLM reads the checkpoint)."""
+        if guard is not None:
+            guard.start()
+        argv0 = prepared.cmd.argv[0]
+        try:
+            child = launcher.launch(prepared.cmd.argv, prepared.cmd.env)
+        except (FileNotFoundError, PermissionError) as exc:
+            if guard is not None:
+                guard.stop("spawn_failed")
+            # A missing or non-executable vLLM is a config problem: retrying cannot help.
+            return None, SpawnFailed(f"{argv0}: {exc.strerror or exc}; check vllm.command",
+                                     fatal=True)
+        except OSError as exc:
+            if guard is not None:
+                guard.stop("spawn_failed")
+            return None, SpawnFailed(f"{argv0}: {exc.strerror or exc}")
+        childmod.remember_group(marker, child.pid)
+        childlog = ChildLog(child.stdout, child.pid, post, log,
+                            forward=config.log.child_lines,
+                            tail_lines=config.incidents.output_lines)
+        childlog.start()
+        handle = cls(child, childlog, prepared.api_key, config, guard, log)
+        return handle, Spawned(child.pid, prepared.cmd.display(),
+                               tuple(sorted(gpu_before.items())))
+
+    @property
+    def pid(self) -> int:
+        """The child's pid, also its process group."""
+        return self.child.pid
+
+    def fd(self) -> int | None:
+        """The pidfd, readable once the child exited."""
+        return self.child.pidfd
+
+    def exit_pending(self) -> bool:
+        """Whether the child has exited and reap() would collect it."""
+        return self.child.proc.poll() is not None
+
+    def reap(self, unified: bool) -> ChildExited | None:
+        """Collect the exit (after draining the output, so the last lines are known)."""
+        if self.child.proc.poll() is None:
+            return None
+        self._childlog.join(0.3)
+        exited = childmod.reap(self.child, tuple(self._childlog.last_lines))
+        self.end_start("exited")
+        if exited is None:
+            return None
+        return replace(exited, memory_lines=tuple(self._childlog.memory_lines),
+                       unified=unified, page_cache_gib=self._guard.summary.page_cache_gib()
+                       if self._guard is not None else None)
+
+    @property
+    def output_tail(self) -> Sequence[str]:
+        """The child's last output lines ([incidents] output_lines), still filled after the
+        reap while orphans print."""
+        return self._childlog.tail
+
+    def signal(self, signame: str) -> None:
+        """Signal the child's process group."""
+        childmod.signal_group(self.child.pid, signame)
+
+    def end_start(self, why: str) -> None:
+        """The start is over (StartOver from the core, the exit, or the daemon's): the start
+        guard stops."""
+        if self._guard is not None:
+            self._guard.stop(why)
+
+    def prober(self, action: Probe) -> HttpProber:
+        """A prober for this child where the action says it listens, with its API key."""
+        return HttpProber(Endpoint(action.host, action.port, action.model_name, self._api_key),
+                          action.probe, order=self._order, chosen=action.canary_kind,
+                          log=self._log)
+
+    def probe(self, action: Probe) -> HealthResult | CanaryResult | MetricsResult:
+        """Run one probe (in a worker thread)."""
+        prober = self.prober(action)
+        if action.kind == ProbeKind.HEALTH:
+            return self._health(prober)
+        if action.kind == ProbeKind.METRICS:
+            result = prober.metrics()
+            self.last_metrics_text = prober.last_metrics_text
+            return result
+        return prober.canary(warmup=action.kind == ProbeKind.WARMUP)
+
+    def _health(self, prober: HttpProber) -> HealthResult:
+        # Engine processes are looked at before /health too: with --api-server-count 2 a
+        # dead EngineCore left /health unanswered until the probe timed out (5.5 s on the
+        # H200, against 0.1-0.5 s with one API server). A gone engine is fatal for vLLM
+        # whatever /health says, so it is not asked then.
+        gone = self._engines.look(self.pid)
+        health = (HealthResult(ok=False, status=None, seconds=0.0, error="/health not asked")
+                  if gone else prober.health())
+        if not gone:
+            gone = self._engines.look(self.pid)
+        if gone:
+            said = health.error or f"/health {health.status}"
+            health = replace(health, ok=False, engine_gone=True,
+                             error=f"{said}; engine process gone: {', '.join(gone)}")
+        return health
+
+    def close(self) -> None:
+        """Last resort on the way out: never leave this child behind."""
+        self.end_start("daemon_exit")
+        if self.child.proc.poll() is None:
+            childmod.signal_group(self.child.pid, "SIGKILL")
+            with contextlib.suppress(subprocess.TimeoutExpired):
+                self.child.proc.wait(10)
+        self.child.close()
