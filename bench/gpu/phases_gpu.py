@@ -17,6 +17,11 @@
   tp2api   tp2big's loads with two API server processes (--api-server-count 2), then kill -9
            of EngineCore under load
   tp2apikill  tp2api's faults only, eager: EngineCore kill -9, then APIServer_1 kill -9
+  incident 8B-shaped model: EngineCore SIGSTOP (hang) -> the incident record (issue 25): which
+           stack methods ran, EngineCore's innermost vLLM frames, how long the record delayed
+           the SIGTERM; the record is copied to $OUT/incident/ (py-spy from the payload's
+           vllmwatch-bin/, see vllm_h200.sh; without it only faulthandler runs, which a
+           stopped EngineCore cannot answer: the record says so)
 
 Every fault line records NVML before/after, the detect time (restart.begin after the fault),
 the GPU release (gpu.released), READY again, and which processes of the old tree survived.
@@ -501,10 +506,69 @@ def phase_tp2apikill() -> None:
         stop_and_check(d)
 
 
+def incident_summary(path: Path) -> dict[str, Any]:
+    """What a record says in a few fields: methods, per process the dumps, the engine's
+    innermost vLLM frames, the record's own time (also run here on CPU records: dry run)."""
+    rec = json.loads((path / "record.json").read_text())
+    procs = []
+    for proc in rec["stacks"]["processes"]:
+        dumps = {d["method"]: (d["ok"], d["error"][:160]) for d in proc["dumps"]}
+        frames = [f"{f[0]} ({f[1]}:{f[2]})" for d in proc["dumps"] if d["ok"]
+                  for t in d["threads"][:1] for f in t["frames"] if "vllm/" in str(f[1])]
+        procs.append({"pid": proc["pid"], "role": proc["role"], "dumps": dumps,
+                      "main_thread_vllm_frames": frames[:6]})
+    return {"id": rec["id"], "reason": rec["reason"], "methods": rec["stacks"]["methods"],
+            "processes": procs, "tree_note": rec["tree"]["note"],
+            "record_s": rec["capture"]["seconds"], "versions": rec["versions"],
+            "output_lines": len(rec["output"]), "metrics_series": len(rec["metrics"]["last"]
+                                                                      or {})}
+
+
+def phase_incident() -> None:
+    ensure_big()
+    state = D.WORK / "state-incident"
+    shutil.rmtree(state, ignore_errors=True)
+    spy = D.WORK / "site" / "vllmwatch-bin"  # py-spy, kept by vllm_h200.sh build
+    old_env = {k: os.environ.get(k) for k in ("STATE_DIRECTORY", "PATH")}
+    os.environ["STATE_DIRECTORY"] = str(state)  # the daemon inherits it: records land here
+    os.environ["PATH"] = f"{spy}:{os.environ.get('PATH', '')}"
+    conf = big_config("incident", 8105, 9115, D.WORK / "cache8b")
+    D.emit("incident", "start", gpu=D.wait_idle_gpu(), py_spy=shutil.which("py-spy"))
+    d = D.Daemon("incident", conf, "incident-vllmwatch.log")
+    try:
+        if not start(d, "ready", 8105, "q8b"):
+            return
+        time.sleep(8)  # a few /metrics scrapes for the record
+        engine = D.find_titled("VLLM::EngineCore", d.p.pid)
+        mark = d.log.count()
+        fault(d, "incident", "engine_sigstop", 8105, "q8b", engine, signal.SIGSTOP)
+        recs = d.log.named("incident.recorded", mark)
+        begins = d.log.named("restart.begin", mark)
+        stops = d.log.named("child.stopping", mark)
+        if not recs:
+            D.emit("incident", "no_record", failed=d.log.named("incident.failed", mark),
+                   timeout=d.log.named("incident.timeout", mark))
+            return
+        path = Path(recs[0]["incident_path"])
+        dest = D.OUT / "incident" / path.name
+        shutil.copytree(path, dest, dirs_exist_ok=True)
+        D.emit("incident", "record", copied_to=str(dest), stacks=recs[0].get("stacks"),
+               restart_to_record_s=round(recs[0]["t"] - begins[0]["t"], 3) if begins else None,
+               restart_to_sigterm_s=round(stops[0]["t"] - begins[0]["t"], 3)
+               if begins and stops else None, **incident_summary(path))
+    finally:
+        stop_and_check(d)
+        for k, v in old_env.items():
+            if v is None:
+                os.environ.pop(k, None)
+            else:
+                os.environ[k] = v
+
+
 D.PHASES.update(matrix=phase_matrix, faults=phase_faults, tp2=phase_tp2, pergpu=phase_pergpu,
                 pair=phase_pair, tp2big=phase_tp2big, tp2api=phase_tp2api,
-                tp2apikill=phase_tp2apikill)
+                tp2apikill=phase_tp2apikill, incident=phase_incident)
 D.ORDER[:] = ["probe", "matrix", "faults", "tp2", "pergpu", "pair", "tp2big", "tp2api",
-              "tp2apikill"]
+              "tp2apikill", "incident"]
 D.EST.update(probe=60, matrix=400, faults=300, tp2=200, pergpu=150, pair=320, tp2big=500,
-               tp2api=350, tp2apikill=250)
+               tp2api=350, tp2apikill=250, incident=260)

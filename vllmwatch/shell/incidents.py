@@ -76,7 +76,8 @@ class IncidentShell:
 
     def __init__(self, config: Config, log: LogFn, environ: Mapping[str, str]) -> None:
         self.log, self.cfg = log, config.incidents
-        self.root = find_root(environ, log) if self.cfg.enabled else None
+        found = find_root(environ, log)  # logged even with records off: the group file too
+        self.root = found if self.cfg.enabled else None
         self.stacks_dir: str | None = None
         self._scrapes: list[tuple[float, str]] = []
         self._lock = threading.Lock()  # scrapes come from probe worker threads
