@@ -191,3 +191,19 @@ def test_an_unwritable_state_directory_is_a_warning_and_the_restart_goes_on(
     finally:
         for where in reversed(mounts):
             subprocess.run(["umount", "-l", str(where)], check=False)
+
+
+def test_an_untrusted_state_directory_is_logged_at_start(daemon: Factory,
+                                                         tmp_path: Path) -> None:
+    shared = tmp_path / "shared-state"
+    shared.mkdir()
+    os.chmod(shared, 0o777)  # anyone may write here: nothing in it is trusted
+    d = daemon(["--exit-after", "1", "--exit-code", "1"], {"restart": {"max_restarts": 50}},
+               env={"STATE_DIRECTORY": str(shared)})
+    event = d.wait_event("state_dir.unusable", 10.0)
+    assert event["path"] == str(shared) and "mode 777" in event["detail"]
+    d.wait_ready()
+    failed = d.wait_event("incident.failed", 20.0)
+    assert "no trusted state directory" in failed["error"]
+    d.wait_event("child.started", 10.0, d.events.index(failed))  # and the restart went on
+    assert not (shared / "incidents").exists()
