@@ -115,6 +115,8 @@ if [[ $ARCH != "$HOST_ARCH" ]]; then
 fi
 if command -v "$STRIP" >/dev/null; then
     find "$VENV" -name '*.so' -exec "$STRIP" --strip-unneeded --remove-section=.comment {} +
+    # py-spy's static binary, as its wheel ships it (incident records); still runs stripped.
+    [[ -f $VENV/bin/py-spy ]] && "$STRIP" --strip-unneeded --remove-section=.comment "$VENV/bin/py-spy"
 else
     say "$STRIP not found (apt-get install binutils-aarch64-linux-gnu): .so files left unstripped"
 fi
