@@ -8,7 +8,7 @@ import sys
 from collections.abc import Sequence
 
 from vllmwatch import __version__
-from vllmwatch.config import command, vllminfo
+from vllmwatch.config import command, vllmflags, vllminfo
 from vllmwatch.config.schema import Config, ConfigError, config_path, load
 from vllmwatch.core import exitcodes
 from vllmwatch.prewarm import runner as prewarm
@@ -54,7 +54,21 @@ def _parser() -> argparse.ArgumentParser:
                            "incidents, /var/lib/vllmwatch/incidents, then the state rule)")
     prewarm = add("prewarm", "run the pre-warm steps now and report")
     prewarm.add_argument("--json", action="store_true", help="machine-readable output")
+    _add_init(add("init", "write a config from a `vllm serve` line or a running vLLM"))
     return parser
+
+
+def _add_init(init: argparse.ArgumentParser) -> None:
+    init.add_argument("--from-pid", type=int, metavar="PID",
+                      help="read the command line and environment of this running vLLM")
+    init.add_argument("--stdout", action="store_true", help="print the config, write nothing")
+    init.add_argument("--force", action="store_true", help="replace an existing config")
+    init.add_argument("--fast", action="store_true",
+                      help="do not ask vLLM for its flags (only a cached list is used)")
+    init.add_argument("--api-key-file", default="", metavar="PATH",
+                      help="where the API key goes (default: api-key next to the config)")
+    init.add_argument("words", nargs=argparse.REMAINDER,
+                      help="the command line: -- vllm serve MODEL ... (or one quoted string)")
 
 
 def load_config(path: str | None) -> Config:
@@ -92,6 +106,12 @@ def _dispatch(args: argparse.Namespace) -> int:
 
         where = [args.dir] if args.dir else roots(os.environ)
         return incident_cli.main(args.action, args.id, args.json, where)
+    if args.command == "init":
+        from vllmwatch.migrate import runner as init
+
+        return init.main(init.Request(args.words, args.from_pid, config_path(args.config),
+                                      args.stdout, args.force, args.fast, args.api_key_file),
+                         os.environ)
     config = load_config(args.config)
     if args.command == "print-command":
         return _print_command(config)
@@ -108,8 +128,24 @@ def _print_command(config: Config) -> int:
     version = vllminfo.version(config.vllm.command)
     cmd = command.build(config, os.environ, api_key=api_key, vllm_version=version,
                         extra_env=_cache_env(config))
+    refused = _flag_refusal(config, version)
+    if refused is not None:
+        # What `run` would refuse is not a command to copy (issue 23).
+        print(f"vllmwatch: config error: {refused}", file=sys.stderr)
+        return exitcodes.CONFIG
     print(cmd.display())
     return exitcodes.OK
+
+
+def _flag_refusal(config: Config, version: str | None) -> str | None:
+    """`run`'s refusal of flags this vLLM lacks; asks vLLM (once per version) if not cached."""
+    cache = vllmflags.default_cache_dir(config, os.environ)
+    known = vllmflags.known_flags(config.vllm.command, version, cache, ask=False)
+    if known is None and version is not None:
+        print(f"vllmwatch: asking vLLM {version} for its flags (once per version)...",
+              file=sys.stderr)
+        known = vllmflags.known_flags(config.vllm.command, version, cache)
+    return None if known is None else vllmflags.refusal_text(config, known)
 
 
 def _cache_env(config: Config) -> dict[str, str]:

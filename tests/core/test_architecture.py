@@ -137,6 +137,7 @@ MAY_IMPORT = {
     "incident": {"config", "core"},
     "check": {"config", "core", "prewarm", "shell"},
     "gate": {"config", "core", "status"},
+    "migrate": {"config", "check", "shell"},
 }
 
 

@@ -20,6 +20,7 @@ R = Redactor(["s3cr3t-value-1234"])
     ("HF_TOKEN=hf_abcdefghijklmnopqrstuvwxyz1", "HF_TOKEN=<redacted>"),
     ("Authorization: Bearer xyz.abc", "Authorization: Bearer <redacted>"),
     ('{"api_key": "zzz"}', '{"api_key": "<redacted>"}'),
+    ("non-default args: {'api_key': ['zzz9']}", "non-default args: {'api_key': ['<redacted>']}"),
     ("token sk-abcdefghijklmnopqrstu here", "token <redacted> here"),
     ("it printed s3cr3t-value-1234 somewhere", "it printed <redacted> somewhere"),
     # vLLM's own numbers stay: names that end in "tokens" are counts, not credentials

@@ -143,6 +143,7 @@ def test_tiny_model_max_model_len_too_large(tiny_model: Path, tmp_path: Path) ->
 def test_handmade_model_all_pass_and_exit_0(tmp_path: Path) -> None:
     path = write_config(tmp_path, make_model(tmp_path / "m"))
     res = results(path)
+    assert res.pop("fights").status in (PASS, SKIP)  # this box's own crontabs
     assert statuses(res) == {
         "config": PASS, "vllm": PASS, "model.config": PASS, "model.tokenizer": PASS,
         "model.weights": PASS, "model.checksums": PASS, "max-model-len": PASS, "port": PASS,

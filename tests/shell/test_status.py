@@ -209,9 +209,11 @@ def test_metrics_parse_back_with_the_values() -> None:
     assert sum(fam["vllmwatch_state"].values()) == 1.0
     assert len(fam["vllmwatch_state"]) == 10
     assert fam["vllmwatch_ready"] == {("vllmwatch_ready", ()): 1.0}
+    # every restart reason of core/names.py is there from the start (0), plus any other seen
     assert fam["vllmwatch_restarts"] == {
-        ("vllmwatch_restarts_total", (("reason", "hang"),)): 1.0,
-        ("vllmwatch_restarts_total", (("reason", "leak-gpu"),)): 2.0}
+        ("vllmwatch_restarts_total", (("reason", r),)): float(
+            {"hang": 1, "leak-gpu": 2}.get(r, 0))
+        for r in (*metrics.RESTART_REASONS, "leak-gpu")}
     assert fam["vllmwatch_child_uptime_seconds"] == {("vllmwatch_child_uptime_seconds", ()): 95.0}
     gpu = fam["vllmwatch_gpu_memory_bytes"]
     assert gpu[("vllmwatch_gpu_memory_bytes", (("gpu", "1"),))] == 35000 * 2**20
@@ -268,9 +270,11 @@ def test_metrics_omit_unknown_values_and_keep_odd_states() -> None:
     for name in ("vllmwatch_child_uptime_seconds", "vllmwatch_vllm_requests_running",
                  "vllmwatch_vllm_kv_cache_usage_ratio"):
         assert fam[name] == {}  # declared, without a sample: unknown is not 0
-    for name in ("vllmwatch_gpu_memory_bytes", "vllmwatch_host_memory_bytes",
-                 "vllmwatch_restarts"):
+    for name in ("vllmwatch_gpu_memory_bytes", "vllmwatch_host_memory_bytes"):
         assert not fam.get(name)
+    # no restart yet is a known 0 for every reason (as the states), not an absent series
+    assert set(fam["vllmwatch_restarts"].values()) == {0.0}
+    assert len(fam["vllmwatch_restarts"]) == len(metrics.RESTART_REASONS)
     assert dict(next(iter(fam["vllmwatch_info"]))[1])["vllm_version"] == ""
 
 

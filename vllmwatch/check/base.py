@@ -35,6 +35,8 @@ class Context:
     nvml: Callable[[], Any] | None = None  # returns a pynvml-like module, or None
     progress: TextIO | None = None
     flags_cache: str | None = None  # where vLLM's flag list is cached; None: the default
+    scan_root: str = "/"  # where `fights` looks for crontabs, units, supervisord (tests: tmp)
+    proc_root: str = "/proc"
 
 
 Check = Callable[[Context], "CheckResult | list[CheckResult]"]

@@ -14,7 +14,7 @@ from collections.abc import Callable, Mapping, Sequence
 from dataclasses import asdict
 from typing import Any, TextIO
 
-from vllmwatch.check import gpu, host, maxlen, model, neighbours, unified, vllm
+from vllmwatch.check import fights, gpu, host, maxlen, model, neighbours, unified, vllm
 from vllmwatch.check.base import (
     FAIL,
     PASS,
@@ -120,4 +120,5 @@ CHECKS: tuple[tuple[str, Check], ...] = (
     ("platform", unified.check_platform),
     ("prewarm.cache_dir", host.check_prewarm_cache),
     ("instances", neighbours.check_neighbours),
+    ("fights", fights.check_fights),
 )

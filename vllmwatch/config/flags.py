@@ -31,6 +31,22 @@ REMOVED = {
                             "enable-log-requests = true turns it on",
 }
 REMOVED["rope-theta"] = REMOVED["rope-scaling"]
+# vLLM's flags that take JSON, for when its own flag list is not cached (vllmflags.FlagSet
+# .kinds has the full answer). Only these are parsed as JSON: a text flag whose value starts
+# with "{" (a single-line Jinja chat-template) stays text.
+BUILTIN_JSON = frozenset({  # vLLM 0.32.0's JSON flags (its argparse types), common ones first
+    "hf-overrides", "compilation-config", "speculative-config", "kv-transfer-config",
+    "kv-events-config", "ec-transfer-config", "override-generation-config",
+    "limit-mm-per-prompt", "mm-processor-kwargs", "media-io-kwargs",
+    "model-loader-extra-config", "additional-config", "pooler-config",
+    "structured-outputs-config", "attention-config", "default-mm-loras",
+    "model-class-overrides", "eplb-config", "kernel-config", "quantization-config",
+    "watermark-config", "custom-histogram-buckets", "default-chat-template-kwargs",
+    "allowed-origins", "allowed-methods", "allowed-headers", "pt-load-map-location",
+    "diffusion-config", "fault-tolerance-config", "logging-config", "ir-op-priority",
+    "ec-manager-config", "engram-config", "reasoning-config", "aux-output-config",
+    "profiler-config", "weight-transfer-config",
+})
 
 
 def flag_name(key: str) -> str:
@@ -49,8 +65,8 @@ def json_problem(text: str, key: str) -> Problem | None:
     return None
 
 
-def flag_problem(name: str, value: object, key: str, version: str | None = None
-                 ) -> Problem | None:
+def flag_problem(name: str, value: object, key: str, version: str | None = None,
+                 json_flags: frozenset[str] = BUILTIN_JSON) -> Problem | None:
     """The flags a widely copied guide gets wrong, each with its modern replacement."""
     if name in OWNED_FLAGS:
         return Problem(key, f"--{name} is set by vllmwatch; use {OWNED_FLAGS[name]}")
@@ -66,14 +82,14 @@ def flag_problem(name: str, value: object, key: str, version: str | None = None
         return Problem(key, f"--{name} is a boolean flag and takes no value {value!r}; in "
                        f"[vllm.args] write {name} = true (--{name}) or {name} = false "
                        f"(--no-{name})")
-    if isinstance(value, str) and value.lstrip().startswith(("{", "[")):
+    if isinstance(value, str) and value.lstrip().startswith(("{", "[")) and name in json_flags:
         return json_problem(value, key)
     return None
 
 
 def args_problems(args: Mapping[str, object], extra: Sequence[str],
                   version: str | None = None) -> list[Problem]:
-    """Every refused flag in [vllm.args] and vllm.extra_args."""
+    """Every refused flag in [vllm.args] and vllm.extra_args (JSON judged by BUILTIN_JSON)."""
     out = [flag_problem(flag_name(k), v, f"vllm.args.{k}", version) for k, v in args.items()]
     for i, token in enumerate(extra):
         key = f"vllm.extra_args[{i}]"

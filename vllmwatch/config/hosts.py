@@ -97,3 +97,33 @@ def _is_ip(host: str) -> bool:
     except ValueError:
         return False
     return True
+
+
+_WILDCARDS = ("", "0.0.0.0", "::")
+
+
+def same_listener(a: tuple[str, int], b: tuple[str, int]) -> bool:
+    """Two servers bound to these (host, port) would take the same socket: the same port,
+    and the same host or a wildcard on either side (a wildcard takes the port everywhere)."""
+    (host_a, port_a), (host_b, port_b) = a, b
+    if port_a != port_b:
+        return False
+    if host_a in _WILDCARDS or host_b in _WILDCARDS:
+        return True
+    def norm(host: str) -> str:
+        return "127.0.0.1" if host.lower() == "localhost" else host.lower()
+    return norm(host_a) == norm(host_b)
+
+
+def clashes(listeners: list[tuple[str, str, int]]) -> list[tuple[str, str]]:
+    """(key, why) for each listener, given as (config key, host, port), that takes the socket
+    of one listed before it: the second server would find its port busy and exit."""
+    out = []
+    for i, (key, host, port) in enumerate(listeners):
+        for other, other_host, other_port in listeners[:i]:
+            if same_listener((host, port), (other_host, other_port)):
+                out.append((key, f"{url_host(host) or '*'}:{port} is also {other} "
+                            f"({url_host(other_host) or '*'}:{other_port}); give each its "
+                            "own port"))
+                break
+    return out

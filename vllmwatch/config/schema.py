@@ -17,7 +17,7 @@ from vllmwatch.config import flags
 from vllmwatch.config.bounds import DAY, bounds_of
 from vllmwatch.config.convert import CONVERTERS, choice, show
 from vllmwatch.config.errors import ConfigError, Problem, line_of, raise_all
-from vllmwatch.config.hosts import listen_problem, parse_address
+from vllmwatch.config.hosts import clashes, listen_problem, parse_address, parse_listen
 
 if sys.version_info >= (3, 11):
     import tomllib
@@ -358,7 +358,23 @@ def _cross_checks(config: Config) -> list[Problem]:
     why = listen_problem(config.status.listen, config.status.allow_remote)
     if why is not None:
         out.append(Problem("status.listen", f"bad value {config.status.listen!r}: {why}"))
-    return out + _canary_checks(config) + _gate_checks(config)
+    return out + _canary_checks(config) + _gate_checks(config) + _address_checks(config)
+
+
+def _address_checks(config: Config) -> list[Problem]:
+    """vllm.port, status.listen and gate.listen are three different sockets (issue 23)."""
+    listeners = [("vllm.port", config.vllm.host, config.vllm.port)]
+    for key, text in (("status.listen", config.status.listen),
+                      ("gate.listen", config.gate.listen if config.gate.enabled else "")):
+        try:
+            parsed = parse_listen(text)
+        except ValueError:
+            continue  # reported by its own check
+        if parsed is not None:
+            listeners.append((key, *parsed))
+    # gate.listen on vllm.port has its own message in _gate_checks.
+    return [Problem(key, why) for key, why in clashes(listeners)
+            if not (key == "gate.listen" and "vllm.port" in why)]
 
 
 # ---- issue 16 (canary kinds); kept apart from the checks above ----

@@ -14,7 +14,7 @@ import json
 import os
 import subprocess
 from collections.abc import Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 
 from vllmwatch.config import flags, private, vllminfo
@@ -26,6 +26,23 @@ _MARK = "VLLMWATCH_FLAGS "
 # vLLM moved make_arg_parser between releases; try the known homes, newest first.
 _PROBE = """
 import json, importlib
+def kind(a):
+    # What a value of this flag is: vLLM wraps its parsers (optional_type(parse_type(
+    # json.loads))), so follow the closures down to the function that does the work.
+    if a.nargs == 0:
+        return "bool"
+    f = a.type
+    for _ in range(6):
+        name = getattr(f, "__name__", "")
+        if f is json.loads or name in ("union_dict_and_str", "parse_dataclass"):
+            return "json"
+        if f in (int, float) or name.startswith("human_readable_int"):
+            return "number"
+        cells = [c.cell_contents for c in (getattr(f, "__closure__", None) or ())]
+        f = next((c for c in cells if callable(c)), None)
+        if f is None:
+            break
+    return "text"
 for mod, cls in (("vllm.entrypoints.launchers.cli_args", "vllm.utils.argparse_utils"),
                  ("vllm.entrypoints.openai.cli_args", "vllm.utils.argparse_utils"),
                  ("vllm.entrypoints.openai.cli_args", "vllm.utils")):
@@ -35,20 +52,46 @@ for mod, cls in (("vllm.entrypoints.launchers.cli_args", "vllm.utils.argparse_ut
     except (ImportError, AttributeError):
         continue
     parser = make(parser_cls(prog="vllm serve"))
-    out = {s[2:]: a.nargs == 0 for a in parser._actions for s in a.option_strings
-           if s.startswith("--")}
-    print("MARK" + json.dumps(out), flush=True)
+    kinds, aliases = {}, {}
+    for a in parser._actions:
+        longs = [s[2:] for s in a.option_strings if s.startswith("--")]
+        kinds.update((s, kind(a)) for s in longs)
+        aliases.update((s, longs[0]) for s in a.option_strings if longs and s[1] != "-")
+    print("MARK" + json.dumps({"kinds": kinds, "aliases": aliases}), flush=True)
     break
 """.replace("MARK", _MARK)
 
 
+KINDS = ("bool", "number", "json", "text")
+
+
 @dataclass(frozen=True)
 class FlagSet:
-    """The long flags (no dashes) of one vLLM version; `switches` take no value."""
+    """The long flags (no dashes) of one vLLM version; `switches` take no value; `kinds`
+    says what each flag's value is (one of KINDS; empty when cached by an older vllmwatch)."""
 
     version: str
     flags: frozenset[str]
     switches: frozenset[str]
+    kinds: Mapping[str, str] = field(default_factory=dict)
+    aliases: Mapping[str, str] = field(default_factory=dict)  # "-tp" -> "tensor-parallel-size"
+
+    @property
+    def json_flags(self) -> frozenset[str]:
+        """The flags whose value is JSON: from vLLM itself, else the built-in list."""
+        if not self.kinds:
+            return flags.BUILTIN_JSON
+        return frozenset(k for k, v in self.kinds.items() if v == "json")
+
+    def kind(self, name: str) -> str | None:
+        """bool, number, json or text for a known flag; None for an unknown one."""
+        if name not in self.flags:
+            return None
+        if name in self.switches:
+            return "bool"
+        if self.kinds:
+            return self.kinds.get(name, "text")
+        return "json" if name in flags.BUILTIN_JSON else "text"
 
 
 def default_cache_dir(config: Config, environ: Mapping[str, str]) -> str:
@@ -76,13 +119,17 @@ def known_flags(command: list[str] | tuple[str, ...], version: str | None,
     directory = private.ensure_dir(cache_dir) if cache_dir else None
     path = os.path.join(directory, f"{key}.json") if directory else None
     cached = _read(path, version) if path else None
-    if cached is not None or not ask:
+    # An entry of an older vllmwatch has no kinds: usable (the built-in JSON list stands
+    # in), and replaced by a full answer whenever vLLM may be asked.
+    if (cached is not None and cached.kinds) or not ask:
         return cached
     got = _ask(python, version, timeout)
     if got is not None and path is not None:
         private.write_text(path, json.dumps({"version": version, "flags": sorted(got.flags),
-                                             "switches": sorted(got.switches)}))
-    return got
+                                             "switches": sorted(got.switches),
+                                             "kinds": dict(sorted(got.kinds.items())),
+                                             "aliases": dict(got.aliases)}))
+    return got or cached
 
 
 def _read(path: str, version: str) -> FlagSet | None:
@@ -93,8 +140,13 @@ def _read(path: str, version: str) -> FlagSet | None:
         data = json.loads(text)
         if data["version"] != version:
             return None
-        return FlagSet(version, frozenset(data["flags"]), frozenset(data["switches"]))
-    except (ValueError, KeyError, TypeError):
+        kinds, aliases = data.get("kinds", {}), data.get("aliases", {})
+        if not isinstance(kinds, dict) or not all(v in KINDS for v in kinds.values()):
+            kinds = {}
+        return FlagSet(version, frozenset(data["flags"]), frozenset(data["switches"]),
+                       {str(k): str(v) for k, v in kinds.items()},
+                       {str(k): str(v) for k, v in dict(aliases).items()})
+    except (ValueError, KeyError, TypeError, AttributeError):
         return None
 
 
@@ -111,9 +163,19 @@ def _ask(python: str, version: str, timeout: float) -> FlagSet | None:
                 table = json.loads(line[len(_MARK):])
             except ValueError:
                 return None
-            return FlagSet(version, frozenset(table),
-                           frozenset(k for k, v in table.items() if v))
+            return _from_probe(version, table)
     return None
+
+
+def _from_probe(version: str, table: object) -> FlagSet | None:
+    if not isinstance(table, dict) or not isinstance(table.get("kinds"), dict):
+        return None
+    kinds = {str(k): (v if v in KINDS else "text") for k, v in table["kinds"].items()}
+    aliases = table.get("aliases")
+    return FlagSet(version, frozenset(kinds),
+                   frozenset(k for k, v in kinds.items() if v == "bool"), kinds,
+                   {str(k): str(v) for k, v in aliases.items()} if isinstance(aliases, dict)
+                   else {})
 
 
 def validate_args(config: Config, known: FlagSet) -> list[Problem]:
@@ -127,16 +189,17 @@ def validate_args(config: Config, known: FlagSet) -> list[Problem]:
             names.append((flags.flag_name(name), value, f"vllm.extra_args[{i}]"))
     out = []
     for name, value, key in names:
-        problem = _flag_problem(name, value, key, known)
+        problem = flag_problem(name, value, key, known)
         if problem is not None:
             out.append(problem)
     return out
 
 
-def _flag_problem(name: str, value: object, key: str, known: FlagSet) -> Problem | None:
+def flag_problem(name: str, value: object, key: str, known: FlagSet) -> Problem | None:
+    """Why this vLLM refuses one flag and value (unknown, with a did-you-mean), or None."""
     base = name.split(".")[0]  # --compilation-config.level=3 sets one field of a JSON flag
-    legacy = flags.flag_problem(base, value, key, known.version)
-    if legacy is not None and base in flags.REMOVED:
+    legacy = flags.flag_problem(base, value, key, known.version, known.json_flags)
+    if legacy is not None and (base in flags.REMOVED or base in known.json_flags):
         return legacy
     if base not in known.flags:
         close = difflib.get_close_matches(base, sorted(known.flags), n=2, cutoff=0.75)
@@ -150,6 +213,15 @@ def _flag_problem(name: str, value: object, key: str, known: FlagSet) -> Problem
         return Problem(key, f"--{base} takes no value in vLLM {known.version}; write "
                        f"{base} = true")
     return None
+
+
+def refusal_text(config: Config, known: FlagSet) -> str | None:
+    """Why `run` refuses this config's flags (the text of its refusal), or None."""
+    problems = validate_args(config, known)
+    if not problems:
+        return None
+    lines = "; ".join(f"{p.key}: {p.problem}" for p in problems)
+    return f"{config.path}: vLLM {known.version} does not accept: {lines}"
 
 
 def preflight(config: Config, environ: Mapping[str, str], version: str | None

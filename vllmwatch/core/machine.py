@@ -148,7 +148,7 @@ def _spawn_failed(s: WatchState, ev: SpawnFailed, now: float) -> Result:
         s = replace(s, child=replace(s.run, spawned=True))
     acts: list[Action] = [Log("error", "child.spawn_failed", {"error": ev.error})]
     detail = f"could not start: {ev.error}"
-    if ev.fatal:
+    if ev.fatal and s.exit_code is None:
         s, more = ladder.halt(s, now, exitcodes.CONFIG, Reason.CONFIG, detail)
         return s, acts + more
     if s.state not in CHILD_STATES:

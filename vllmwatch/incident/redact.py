@@ -20,7 +20,8 @@ _WORD = r"[\w-]*(?:key|token|secret|password|passwd|credential)s?\b"
 _PATTERNS = (
     re.compile(r"(?i)(authorization\s*[:=]\s*(?:bearer|basic|token)?\s*)[^\s'\",]+"),
     re.compile(r"(?i)(--" + _WORD.replace("s?", "") + r"(?:=|\s+))[^\s'\",]+"),
-    re.compile(r"(?i)(\b" + _WORD.replace("s?", "") + r"['\"]?\s*[=:]\s*['\"]?)[^\s'\",]+"),
+    re.compile(r"(?i)(\b" + _WORD.replace("s?", "") + r"['\"]?\s*[=:]\s*\[?['\"]?)"
+               r"[^\s'\",\]]+"),
     re.compile(r"()\bhf_[A-Za-z0-9]{20,}"),
     re.compile(r"()\bsk-[A-Za-z0-9_-]{16,}"),
 )

@@ -33,11 +33,7 @@ def refusal(config: Config, environ: Mapping[str, str], version: str | None,
         if version is not None:
             _learn(config, version, cache, log)
         return None
-    problems = vllmflags.validate_args(config, known)
-    if not problems:
-        return None
-    lines = "; ".join(f"{p.key}: {p.problem}" for p in problems)
-    return f"{config.path}: vLLM {known.version} does not accept: {lines}"
+    return vllmflags.refusal_text(config, known)
 
 
 def _learn(config: Config, version: str, cache: str, log: LogFn) -> None:

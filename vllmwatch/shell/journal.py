@@ -42,6 +42,7 @@ MESSAGE_IDS = {
     "daemon.start": "ee299afd57b34af38ff92ce175201de3",
     "child.unkillable": "bad50f4217d7483fabd3045ba125ec82",
     "reaper.reaped": "16ce271460bf4f6f98ebe343270061f7",
+    "daemon.exiting": "845aec2b3a894ac0b0e895ebf2dbf4b8",
 }
 
 # vLLM prefixes its lines with the process that wrote them: "(EngineCore pid=123) ...".

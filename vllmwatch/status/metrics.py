@@ -34,6 +34,8 @@ MIB = 2**20
 KNOWN_STATES = tuple(str(s) for s in State)
 # The probe kinds the core's freshness guard watches (core/names.PROBES), same reason.
 GUARDED_PROBES = tuple(str(k) for k in names.GUARDED_PROBES)
+# Every restart reason starts at 0, so that increase() sees the first restart of a kind too.
+RESTART_REASONS = tuple(str(r) for r in names.RESTART_REASONS)
 
 DRAIN_PHASES = ("deregistering", "draining", "stopping")
 GATE_COUNTERS = {
@@ -153,8 +155,9 @@ def _state(snap: Snapshot) -> Iterator[Metric]:
 
 
 def _child(snap: Snapshot) -> Iterator[Metric]:
+    counts = {**dict.fromkeys(RESTART_REASONS, 0), **snap.restarts_by_reason}
     yield _labelled(CounterMetricFamily, "vllmwatch_restarts", "Restarts of vLLM by reason",
-                    "reason", snap.restarts_by_reason)
+                    "reason", counts)
     yield CounterMetricFamily("vllmwatch_incidents", "Incident records written (vllmwatch "
                               "incidents lists them)", value=float(snap.incidents_total))
     yield _gauge("vllmwatch_child_uptime_seconds", "Seconds since the vLLM child was spawned",

@@ -7,6 +7,7 @@ from collections.abc import Callable
 from vllmwatch.config.units import format_duration, format_mib
 from vllmwatch.core import drain as drains
 from vllmwatch.core import leak
+from vllmwatch.core.names import Reason
 from vllmwatch.core.samples import gpu_figure
 from vllmwatch.core.state import ChildRun, S, WatchState
 from vllmwatch.status.snapshot import MemoryFigures, Snapshot
@@ -94,7 +95,7 @@ def summary(snap: Snapshot) -> str:
     if snap.child_uptime_s is not None:
         parts.append(f"up {format_duration(snap.child_uptime_s)}")
     parts.append(f"restarts {snap.restarts_total}")
-    if snap.last_reason == "start_memory" and snap.last_reason_detail:
+    if snap.last_reason == Reason.START_MEMORY and snap.last_reason_detail:
         # The operator's next step depends on the numbers ("page cache held N GiB at start").
         parts.append(f"last start_memory: {snap.last_reason_detail}")
     elif snap.last_reason:

@@ -1,0 +1,113 @@
+"""Issue 23 §3: only flags that take JSON are parsed as JSON (vLLM's flag list says which; a
+built-in list when nothing is cached), the cache of an older vllmwatch still reads, and
+vllm.port, status.listen and gate.listen must be three different sockets."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from vllmwatch.config import flags, vllmflags
+from vllmwatch.config.command import args_to_argv
+from vllmwatch.config.schema import ConfigError, from_dict
+
+JINJA = "{% for m in messages %}{{ m.content }}{% endfor %}"
+KNOWN = vllmflags.FlagSet("0.99.0", frozenset({"chat-template", "hf-overrides", "my-json",
+                                                "enforce-eager", "no-enforce-eager"}),
+                          frozenset({"enforce-eager", "no-enforce-eager"}),
+                          {"chat-template": "text", "hf-overrides": "json", "my-json": "json",
+                           "enforce-eager": "bool", "no-enforce-eager": "bool"})
+
+
+@pytest.mark.parametrize("args,refused", [
+    ({"chat-template": JINJA}, False),  # vLLM's documented single-line template
+    ({"chat-template": "[INST] {{ x }}"}, False),
+    ({"hf-overrides": "{not json"}, True),
+    ({"compilation-config": "[1, 2"}, True),
+    ({"hf-overrides": '{"a": 1}'}, False),
+])
+def test_json_only_for_json_flags_without_a_flag_list(args: dict[str, object],
+                                                      refused: bool) -> None:
+    assert bool(flags.args_problems(args, ())) == refused
+    if not refused:
+        assert args_to_argv(args)[1] == next(iter(args.values()))  # text passed as it is
+
+
+@pytest.mark.parametrize("name,value,refused", [
+    ("chat-template", JINJA, False),
+    ("my-json", "{bad", True),  # JSON by vLLM's own list, not by the built-in one
+    ("my-json", '{"ok": 1}', False),
+    ("hf-overrides", "{bad", True),
+])
+def test_json_by_the_flag_list(name: str, value: str, refused: bool) -> None:
+    config = from_dict({"vllm": {"model": "m", "args": {name: value}}})
+    assert bool(vllmflags.validate_args(config, KNOWN)) == refused
+
+
+def test_the_config_loads_a_jinja_template() -> None:
+    config = from_dict({"vllm": {"model": "m", "args": {"chat-template": JINJA}}})
+    assert config.vllm.args["chat-template"] == JINJA
+
+
+def _key(tmp: Path) -> Path:
+    import hashlib
+    import sys
+
+    key = hashlib.sha256(f"0.99.0\0{sys.executable}".encode()).hexdigest()[:16]
+    return tmp / f"{key}.json"
+
+
+def test_an_old_cache_without_kinds_still_reads_and_uses_the_built_in_json_list(
+        tmp_path: Path) -> None:
+    import sys
+
+    cache = tmp_path / "cache"
+    cache.mkdir(mode=0o700)
+    _key(cache).write_text(json.dumps({"version": "0.99.0", "flags": ["hf-overrides", "seed"],
+                                       "switches": []}))
+    got = vllmflags.known_flags([sys.executable], "0.99.0", str(cache), ask=False)
+    assert got is not None and got.kinds == {}
+    assert got.json_flags == flags.BUILTIN_JSON and got.kind("hf-overrides") == "json"
+    assert got.kind("seed") == "text" and got.kind("nope") is None
+
+
+@pytest.mark.parametrize("table,kinds", [
+    ({"kinds": {"seed": "number", "x": "json", "e": "bool", "w": "weird"},
+      "aliases": {"-tp": "tensor-parallel-size"}},
+     {"seed": "number", "x": "json", "e": "bool", "w": "text"}),
+    ({"seed": False}, None),  # not the format this probe prints
+])
+def test_the_probes_answer(table: dict[str, Any], kinds: dict[str, str] | None) -> None:
+    got = vllmflags._from_probe("0.99.0", table)
+    assert (got.kinds if got else None) == kinds
+    if got:
+        assert got.switches == {"e"} and got.aliases == {"-tp": "tensor-parallel-size"}
+
+
+@pytest.mark.parametrize("data,key", [
+    ({"vllm": {"port": 9101}}, "status.listen"),
+    ({"vllm": {"port": 9101, "host": "0.0.0.0"}}, "status.listen"),
+    ({"status": {"listen": "localhost:8000"}}, "status.listen"),
+    ({"gate": {"enabled": True, "listen": "127.0.0.1:9101"}}, "gate.listen"),
+    ({"gate": {"enabled": True, "listen": ":9101"}}, "gate.listen"),
+    ({"gate": {"enabled": True, "listen": "0.0.0.0:8000"}}, "gate.listen"),
+])
+def test_conflicting_addresses_are_refused_at_load(data: dict[str, Any], key: str) -> None:
+    data.setdefault("vllm", {})["model"] = "m"
+    with pytest.raises(ConfigError) as exc:
+        from_dict(data)
+    assert f"{key}:" in str(exc.value), str(exc.value)
+
+
+@pytest.mark.parametrize("data", [
+    {"vllm": {"port": 9101, "host": "10.0.0.1"}},  # another address: no clash
+    {"gate": {"enabled": True, "listen": "0.0.0.0:8080"}},
+    {"gate": {"enabled": False, "listen": "127.0.0.1:9101"}},  # off: not bound
+    {"status": {"listen": ""}, "vllm": {"port": 9101}},
+])
+def test_distinct_addresses_load(data: dict[str, Any]) -> None:
+    data.setdefault("vllm", {})["model"] = "m"
+    from_dict(data)

@@ -1,0 +1,93 @@
+"""`vllmwatch init --from-pid` against a running fake vLLM started with a known argv and
+environment: the pid of its EngineCore leads to the API server's argv, the interpreter and
+working directory come along, the environment that matters is kept, secrets never written."""
+
+from __future__ import annotations
+
+import io
+import os
+import signal
+import subprocess
+import sys
+from collections.abc import Iterator
+from pathlib import Path
+
+import psutil
+import pytest
+
+from tests.support import free_port, wait_until
+from vllmwatch.migrate import proc, runner
+
+if sys.version_info >= (3, 11):
+    import tomllib
+else:  # pragma: no cover
+    import tomli as tomllib
+
+API_KEY = "sk-running-0123456789"
+HF_TOKEN = "hf_runningtoken987"
+
+
+@pytest.fixture
+def running(tmp_path: Path) -> Iterator[tuple[subprocess.Popen[bytes], Path, int]]:
+    """`vllm serve ./models/tiny ...` as a console script of this Python, started in
+    tmp_path/work with CUDA_VISIBLE_DEVICES, VLLM_*, HF_* and secrets in its environment."""
+    bin_dir, work = tmp_path / "venv" / "bin", tmp_path / "work"
+    bin_dir.mkdir(parents=True)
+    (work / "models" / "tiny").mkdir(parents=True)
+    script = bin_dir / "vllm"
+    script.write_text(f"#!{sys.executable}\nimport sys\nfrom vllmwatch.testing.fake_vllm "
+                      "import main\nsys.exit(main(sys.argv[1:]))\n")
+    script.chmod(0o755)
+    env = {"PATH": f"{bin_dir}:/usr/bin:/bin", "CUDA_VISIBLE_DEVICES": "MIG-4f1c2a",
+           "VLLM_LOGGING_LEVEL": "DEBUG", "HF_HOME": str(tmp_path / "hf"),
+           "HF_TOKEN": HF_TOKEN, "TERM": "xterm", "SSH_CONNECTION": "10.0.0.1 22",
+           "PYTHONPATH": os.pathsep.join(sys.path)}
+    port = free_port()
+    argv = ["vllm", "serve", "./models/tiny", "--port", str(port), "--served-model-name", "tiny",
+            "--api-key", API_KEY, "--max-num-seqs", "4", "--enforce-eager"]
+    child = subprocess.Popen(argv, cwd=work, env=env, start_new_session=True,
+                             stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    try:
+        yield child, work, port
+    finally:
+        os.killpg(child.pid, signal.SIGKILL)
+        child.wait()
+
+
+def engine_of(pid: int) -> int:
+    for p in psutil.Process(pid).children(recursive=True):
+        if "VLLM::EngineCore" in " ".join(p.cmdline()):
+            return p.pid
+    return 0
+
+
+def test_from_the_engine_pid_to_a_config(
+        running: tuple[subprocess.Popen[bytes], Path, int], tmp_path: Path) -> None:
+    child, work, port = running
+    engine = wait_until(lambda: engine_of(child.pid), 30, "the fake vLLM's EngineCore")
+    assert proc.vllm_root(engine)[0] == child.pid
+    out, err = io.StringIO(), io.StringIO()
+    req = runner.Request([], engine, str(tmp_path / "etc" / "vllmwatch.toml"), stdout=True,
+                         fast=True)
+    assert runner.main(req, os.environ, out=out, err=err) == 0, err.getvalue()
+    text = out.getvalue()
+    assert API_KEY not in text + err.getvalue() and HF_TOKEN not in text + err.getvalue()
+    vllm = tomllib.loads(text)["vllm"]
+    # argv[0] of a console script is the interpreter; the script found on its own PATH.
+    assert vllm["command"][-2:] == [str(tmp_path / "venv" / "bin" / "vllm"), "serve"]
+    assert vllm["command"][0] == sys.executable
+    assert vllm["model"] == str(work / "models" / "tiny")  # was relative to its cwd
+    assert vllm["served_model_name"] == "tiny" and vllm["port"] == port
+    assert vllm["api_key_file"] == str(tmp_path / "etc" / "api-key")
+    assert vllm["env"] == {"CUDA_VISIBLE_DEVICES": "MIG-4f1c2a",
+                           "HF_HOME": str(tmp_path / "hf"), "VLLM_LOGGING_LEVEL": "DEBUG"}
+    assert vllm["args"] == {"max-num-seqs": 4, "enforce-eager": True}
+    assert f"belongs to the vLLM started as pid {child.pid}" in err.getvalue()
+    assert "sudoedit" in err.getvalue() and "HF_TOKEN" in err.getvalue()
+
+
+def test_a_pid_that_is_not_vllm_is_refused(tmp_path: Path) -> None:
+    err = io.StringIO()
+    req = runner.Request([], os.getpid(), str(tmp_path / "x.toml"), stdout=True, fast=True)
+    assert runner.main(req, os.environ, out=io.StringIO(), err=err) == 2
+    assert "is not a vLLM server" in err.getvalue()

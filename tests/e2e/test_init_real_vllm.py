@@ -1,0 +1,117 @@
+"""End-to-end: from a hand-run real vLLM to the service (docs/OPERATIONS.md "Moving from a
+hand-run vLLM"). A real CPU vLLM is started by hand (`vllm serve ... --api-key ...`), `vllmwatch
+init --from-pid` reads it through its EngineCore's pid and writes the config, the hand-run
+vLLM is stopped, the key file is made as init says, and `vllmwatch run` with the written
+config reaches READY serving the same model name on the same port."""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import signal
+import stat
+import subprocess
+import sys
+import urllib.error
+import urllib.request
+from pathlib import Path
+
+import pytest
+
+from tests.e2e.e2e_harness import SERVED_NAME, find_in_tree, group_leftovers, kill_all
+from tests.support import TIMEOUT_SCALE, Daemon, free_port, port_free, wait_for
+
+if sys.version_info >= (3, 11):
+    import tomllib
+else:  # pragma: no cover
+    import tomli as tomllib
+
+pytestmark = pytest.mark.e2e
+STARTUP = 300.0 / TIMEOUT_SCALE
+KEY = "sk-e2e-init-0123456789"
+
+
+def _models(port: int) -> list[str]:
+    """The model names the server on port lists, [] while it is not up."""
+    req = urllib.request.Request(f"http://127.0.0.1:{port}/v1/models",
+                                 headers={"Authorization": f"Bearer {KEY}"})
+    try:
+        with urllib.request.urlopen(req, timeout=5) as resp:
+            import json
+
+            return [m["id"] for m in json.loads(resp.read())["data"]]
+    except (OSError, urllib.error.URLError, ValueError, KeyError):
+        return []
+
+
+def _hand_run(venv: Path, model: Path, port: int, log: Path) -> subprocess.Popen[bytes]:
+    env = {"PATH": f"{venv / 'bin'}:/usr/bin:/bin", "HOME": os.environ.get("HOME", "/root"),
+           "HF_HUB_OFFLINE": "1", "TRANSFORMERS_OFFLINE": "1", "VLLM_CPU_KVCACHE_SPACE": "1"}
+    argv = ["vllm", "serve", str(model), "--served-model-name", SERVED_NAME, "--host",
+            "127.0.0.1", "--port", str(port), "--max-model-len", "2048", "--enforce-eager",
+            "--dtype", "bfloat16", "--api-key", KEY]
+    with log.open("wb") as out:
+        return subprocess.Popen(argv, env=env, stdout=out, stderr=subprocess.STDOUT,
+                                stdin=subprocess.DEVNULL, start_new_session=True,
+                                cwd=str(log.parent))
+
+
+def _stop(proc: subprocess.Popen[bytes]) -> None:
+    with contextlib.suppress(ProcessLookupError):
+        os.killpg(proc.pid, signal.SIGTERM)
+    try:
+        proc.wait(60)
+    except subprocess.TimeoutExpired:
+        os.killpg(proc.pid, signal.SIGKILL)
+        proc.wait()
+
+
+def test_init_from_pid_then_run_serves_the_same(tmp_path: Path, vllm_venv: Path,
+                                                tiny_model: Path, vllm_flags: Path) -> None:
+    port = free_port()
+    cache = tmp_path / "cache"
+    import shutil
+
+    shutil.copytree(vllm_flags, cache / f"vllm-flags-{os.geteuid()}", dirs_exist_ok=True)
+    hand = _hand_run(vllm_venv, tiny_model, port, tmp_path / "vllm.log")
+    try:
+        wait_for(lambda: SERVED_NAME in _models(port), STARTUP, "the hand-run vLLM to serve",
+                 poll=1.0)
+        engine = find_in_tree(hand.pid, "VLLM::EngineCore")
+        assert engine, "no EngineCore under the hand-run vLLM"
+        config = tmp_path / "etc" / "vllmwatch.toml"
+        init = subprocess.run(
+            [sys.executable, "-m", "vllmwatch", "init", "--from-pid", str(engine[0].pid),
+             "-c", str(config)], capture_output=True, text=True, timeout=300, check=False,
+            env={**os.environ, "CACHE_DIRECTORY": str(cache)})
+        shown = init.stdout + init.stderr
+        assert init.returncode == 0, shown
+        assert KEY not in shown and KEY not in config.read_text()
+        assert f"{port} is in use" in init.stdout  # its check sees the hand-run vLLM
+    finally:
+        _stop(hand)
+        kill_all(find_in_tree(hand.pid, "VLLM::"))
+    assert stat.S_IMODE(config.stat().st_mode) == 0o640
+    text = config.read_text()
+    vllm = tomllib.loads(text)["vllm"]
+    assert vllm["port"] == port and vllm["served_model_name"] == SERVED_NAME
+    assert vllm["model"] == str(tiny_model)
+    Path(vllm["api_key_file"]).write_text(KEY + "\n")  # the step init printed
+    wait_for(lambda: port_free(port), 60, "the hand-run vLLM's port to be free", poll=0.2)
+    # The harness's own sections beside init's [vllm] (status port, JSON logs, no prewarm).
+    text += (f'\n[status]\nlisten = "127.0.0.1:{free_port()}"\n[log]\nformat = "json"\n'
+             f'[prewarm]\nenabled = false\ncache_dir = "{cache}"\n')
+    daemon = Daemon(tmp_path, tomllib.loads(text))
+    daemon.write_config(text)
+    try:
+        daemon.start()
+        daemon.wait_ready(STARTUP)
+        assert _models(port) == [SERVED_NAME]
+    finally:
+        if daemon.proc is not None and daemon.proc.poll() is None:
+            daemon.signal(signal.SIGTERM)
+            assert daemon.proc.wait(60) == 0
+        daemon.close(check=True)
+        left = group_leftovers(daemon)
+        kill_all(left)
+        assert not left, left

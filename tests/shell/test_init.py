@@ -1,0 +1,200 @@
+"""`vllmwatch init` from a command line: a guide's whole `vllm serve` line becomes a config
+that loads, that vLLM 0.32.0 (its real flag list, in fixtures/) accepts, and that says in a
+comment what it changed; the parsing rules one table row each."""
+
+from __future__ import annotations
+
+import io
+import json
+import os
+import stat
+import sys
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from vllmwatch import cli
+from vllmwatch.config import serveline, vllmflags
+from vllmwatch.config.schema import from_dict
+from vllmwatch.migrate import render, runner, translate
+from vllmwatch.migrate.draft import Facts
+
+if sys.version_info >= (3, 11):
+    import tomllib
+else:  # pragma: no cover
+    import tomli as tomllib
+
+FIXTURES = Path(__file__).resolve().parent / "fixtures"
+GUIDE = (FIXTURES / "guide-qwen35-9b.txt").read_text()
+SECRET = "sk-guide-0123456789abcdef"
+
+
+def known() -> vllmflags.FlagSet:
+    """vLLM 0.32.0's flags as its own parser reported them (vllmflags' probe, cache format)."""
+    data = json.loads((FIXTURES / "vllm-0.32.0-flags.json").read_text())
+    return vllmflags.FlagSet(data["version"], frozenset(data["flags"]),
+                             frozenset(data["switches"]), data["kinds"], data["aliases"])
+
+
+def init(text: str, facts: Facts | None = None) -> tuple[dict[str, Any], str, translate.Draft]:
+    """(the [vllm] table as loaded, the TOML text, the draft) for one command line."""
+    line = serveline.parse(serveline.split_text(text))
+    draft = translate.translate(line, facts or Facts(known=known()))
+    toml = render.render(draft, "test")
+    data = tomllib.loads(toml)
+    from_dict(data)  # loads as a vllmwatch config
+    return data["vllm"], toml, draft
+
+
+def comment_before(toml: str, line: str) -> str:
+    """The comment lines right above a line of the file."""
+    lines = toml.splitlines()
+    i = lines.index(line)
+    above = []
+    while i > 0 and lines[i - 1].startswith("# "):
+        i -= 1
+        above.insert(0, lines[i][2:])
+    return " ".join(above)
+
+
+# The guide's flags that init changes or drops, and a word the comment must carry.
+GUIDE_CHANGES = [
+    ("gpus = []", "--device cpu"),
+    ('api_key_file = "/etc/vllmwatch/api-key"', "--api-key <redacted>"),
+    ('hf-overrides = { rope_parameters = { rope_type = "dynamic", factor = 4.0 } }',
+     "--rope-scaling {type:dynamic,factor:4.0}"),
+    ("enforce-eager = false", "--enforce-eager False"),
+    ("trust-remote-code = true", "--trust-remote-code True"),
+    ('kv-cache-dtype = "auto"', "--kv-cache-dtype fp16"),
+    ("# disable-logprobs-during-spec-decoding (dropped)", "removed"),
+    ("# disable-log-requests (dropped)", "enable-log-requests"),
+    ("# max-modle-len = 4096", "did you mean max-model-len"),
+]
+
+
+def test_the_guides_whole_line_becomes_a_config_vllm_accepts() -> None:
+    vllm, toml, draft = init(GUIDE)
+    assert vllm["model"] == "/data/models/qwen35-9b" and vllm["port"] == 8000
+    assert vllm["served_model_name"] == "qwen35-9b" and vllm["host"] == "0.0.0.0"
+    assert vllm["env"] == {"HF_HOME": "/data/hf-cache", "VLLM_LOGGING_LEVEL": "INFO"}
+    args = vllm["args"]
+    assert args["tensor-parallel-size"] == 2 and args["gpu-memory-utilization"] == 0.92
+    assert args["max-num-batched-tokens"] == 8192 and args["optimization-level"] == "3"
+    assert args["speculative-config"] == {"method": "ngram", "num_speculative_tokens": 4}
+    assert args["chat-template"].startswith("{% for m in messages %}")  # text stays text
+    assert "extra_args" not in vllm
+    for line, word in GUIDE_CHANGES:
+        assert word in comment_before(toml, line), (line, comment_before(toml, line))
+    assert draft.changed >= len(GUIDE_CHANGES)
+    assert SECRET not in toml
+    assert [e for e in draft.errors if "max-modle-len" in e], draft.errors
+    config = from_dict(tomllib.loads(toml))
+    assert vllmflags.validate_args(config, known()) == []  # `run` would accept every flag
+
+
+ROWS: list[tuple[str, str, dict[str, Any]]] = [
+    ("quoted value with spaces",
+     "vllm serve m --chat-template '{% if x %}a b{% endif %}'",
+     {"chat-template": "{% if x %}a b{% endif %}"}),
+    ("backslash continuations in one string",
+     "vllm serve m \\\n  --max-num-seqs 8 \\\n  --seed 3", {"max-num-seqs": 8, "seed": 3}),
+    ("--flag=value", "vllm serve m --max-model-len=4096 --dtype=bfloat16",
+     {"max-model-len": 4096, "dtype": "bfloat16"}),
+    ("repeated flag: the last counts", "vllm serve m --max-num-seqs 1 --max-num-seqs 2",
+     {"max-num-seqs": 2}),
+    ("short flags", "vllm serve m -tp 2 -pp=2 -O3", {"tensor-parallel-size": 2,
+                                                    "pipeline-parallel-size": 2,
+                                                    "optimization-level": "3"}),
+    ("a JSON flag as the shell's brace expansion split it",
+     "vllm serve m --hf-overrides a:1 b:2", {"hf-overrides": {"a": 1, "b": 2}}),
+    ("JSON-ish with single quotes and True",
+     "vllm serve m --compilation-config \"{'level': 3, 'cudagraph': True}\"",
+     {"compilation-config": {"level": 3, "cudagraph": True}}),
+    ("a dotted JSON field", "vllm serve m --compilation-config.level 3",
+     {"compilation-config.level": 3}),
+    ("a bare switch", "vllm serve m --enable-prefix-caching", {"enable-prefix-caching": True}),
+    ("a switch turned off", "vllm serve m --enable-prefix-caching False",
+     {"enable-prefix-caching": False}),
+    ("--model and python -m", "python3 -m vllm.entrypoints.openai.api_server --model m --seed 1",
+     {"seed": 1}),
+]
+
+
+@pytest.mark.parametrize("text,want", [(t, w) for _, t, w in ROWS], ids=[r[0] for r in ROWS])
+def test_command_line_forms(text: str, want: dict[str, Any]) -> None:
+    vllm, _, draft = init(text)
+    assert vllm["model"] == "m"
+    assert {k: vllm["args"].get(k) for k in want} == want, (vllm["args"], draft.errors)
+
+
+def test_unknown_flags_are_errors_with_a_did_you_mean_and_commented_out() -> None:
+    vllm, toml, draft = init("vllm serve m --max-model-length 4096 --gpu-mem-util 0.9")
+    assert "max-model-length" not in vllm["args"]
+    assert "# max-model-length = 4096" in toml and "# gpu-mem-util = 0.9" in toml
+    assert any("did you mean max-model-len" in e for e in draft.errors), draft.errors
+    assert len(draft.errors) == 2
+
+
+def test_without_vllms_flag_list_kinds_are_guessed_and_json_is_only_for_json_flags() -> None:
+    vllm, _, _ = init("vllm serve m --seed 7 --gpu-memory-utilization 0.5 --dtype half "
+                      "--hf-overrides {a:1} --chat-template {{x}}", Facts())
+    assert vllm["args"] == {"seed": 7, "gpu-memory-utilization": 0.5, "dtype": "half",
+                            "hf-overrides": {"a": 1}, "chat-template": "{{x}}"}
+
+
+@pytest.mark.parametrize("env,gpus,passed", [
+    ("CUDA_VISIBLE_DEVICES=2,3", [2, 3], None),
+    ("CUDA_VISIBLE_DEVICES=GPU-aaaa,GPU-bbbb", [1, 0], None),  # UUIDs NVML knows
+    ("CUDA_VISIBLE_DEVICES=MIG-1111", None, "MIG-1111"),  # MIG: passed as it was
+    ("CUDA_VISIBLE_DEVICES=", [], None),
+])
+def test_gpus_from_cuda_visible_devices(env: str, gpus: list[int] | None,
+                                        passed: str | None) -> None:
+    facts = Facts(known=known(), gpu_index={"GPU-aaaa": 1, "GPU-bbbb": 0})
+    vllm, _, _ = init(f"{env} vllm serve m", facts)
+    assert vllm.get("gpus") == gpus
+    assert vllm.get("env", {}).get("CUDA_VISIBLE_DEVICES") == passed
+
+
+def test_secrets_are_never_written() -> None:
+    vllm, toml, draft = init("HF_TOKEN=hf_abcdef VLLM_API_KEY=k1 MY_PASSWORD=p1 vllm serve m "
+                             "--hf-token hf_ghijkl")
+    for secret in ("hf_abcdef", "hf_ghijkl", "k1", "p1"):
+        assert f'"{secret}"' not in toml and f" {secret}" not in toml
+    assert vllm["api_key_file"] and "env" not in vllm
+    assert any("sudoedit" in t for t in draft.todo) and any("HF_TOKEN" in t for t in draft.todo)
+
+
+def test_cli_writes_0640_refuses_to_overwrite_and_prints_with_stdout(tmp_path: Path) -> None:
+    path = tmp_path / "etc" / "vllmwatch.toml"
+    words = ["--", "vllm", "serve", "/srv/m", "--port", "8123", "--api-key", SECRET]
+    err = io.StringIO()
+    req = runner.Request(words, None, str(path), fast=True)
+    assert runner.main(req, os.environ, out=io.StringIO(), err=err) == 0
+    assert stat.S_IMODE(path.stat().st_mode) == 0o640
+    if os.geteuid() == 0:
+        assert path.stat().st_uid == 0
+    assert SECRET not in path.read_text() and SECRET not in err.getvalue()
+    assert tomllib.loads(path.read_text())["vllm"]["port"] == 8123
+    before = path.read_text()
+    assert runner.main(req, os.environ, out=io.StringIO(), err=io.StringIO()) == 2
+    assert path.read_text() == before  # never overwritten without --force
+    out = io.StringIO()
+    cli_rc = cli.main(["init", "-c", str(path), "--stdout", "--fast",
+                       "vllm serve /srv/other --port 8124"])
+    assert cli_rc == 0 and path.read_text() == before
+    req2 = runner.Request(["vllm serve /srv/other --port 8124"], None, str(path), stdout=True,
+                          fast=True)
+    assert runner.main(req2, os.environ, out=out, err=io.StringIO()) == 0
+    assert tomllib.loads(out.getvalue())["vllm"]["model"] == "/srv/other"
+    forced = runner.Request(["vllm serve /srv/other"], None, str(path), force=True, fast=True)
+    assert runner.main(forced, os.environ, out=io.StringIO(), err=io.StringIO()) == 0
+    assert "/srv/other" in path.read_text()
+
+
+def test_a_line_without_vllm_is_refused() -> None:
+    err = io.StringIO()
+    req = runner.Request(["python3 train.py --lr 3"], None, "/nonexistent/x.toml", stdout=True)
+    assert runner.main(req, os.environ, out=io.StringIO(), err=err) == 2
+    assert "no `vllm serve`" in err.getvalue()

@@ -1,0 +1,132 @@
+"""Pure: a `vllm serve` command line as people have it -- pasted from a guide, typed after
+`vllmwatch init --`, or read from /proc -- split into its environment, program and flags.
+
+Shared by `vllmwatch init` (which turns it into a config) and `check` (which recognises a
+hand-started vLLM among the processes and a cron or unit line that runs or kills one).
+"""
+
+from __future__ import annotations
+
+import re
+import shlex
+from dataclasses import dataclass, field
+
+_ASSIGN = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*=")
+_REDIRECT = re.compile(r"^\d*(>>?|<)(&\d+)?")
+_WRAPPERS = ("nohup", "sudo", "exec", "time", "nice", "setsid", "stdbuf", "numactl")
+# vLLM's entry modules that serve the OpenAI API, old and new.
+_MODULES = ("vllm.entrypoints.openai.api_server", "vllm.entrypoints.cli.main",
+            "vllm.entrypoints.api_server")
+_NUMBER = re.compile(r"^-?\d+(\.\d*)?([eE][-+]?\d+)?$")
+
+
+class LineError(ValueError):
+    """The text is not a command line we can read; the message says why."""
+
+
+@dataclass(frozen=True)
+class ServeLine:
+    """A `vllm serve` command: KEY=value words before it, the program, what follows."""
+
+    env: dict[str, str] = field(default_factory=dict)
+    command: list[str] = field(default_factory=list)
+    rest: list[str] = field(default_factory=list)
+
+
+def split_text(text: str) -> list[str]:
+    """Shell words of a pasted command: `\\` continuations joined, comments and prompts
+    dropped, `export X=y` lines kept as X=y words in front."""
+    words: list[str] = []
+    joined = re.sub(r"\\[ \t]*\r?\n", " ", text)
+    for raw in joined.splitlines():
+        line = raw.strip()
+        if not line or line.startswith("#"):
+            continue
+        line = re.sub(r"^[$#>] ", "", line)
+        try:
+            got = shlex.split(line)
+        except ValueError as exc:
+            raise LineError(f"cannot split {line[:60]!r}...: {exc} (a quote is not closed)"
+                            ) from None
+        if got and got[0] == "export":
+            got = got[1:]
+        words += [w for w in got if w != "\\"]
+    return words
+
+
+def strip_shell(words: list[str]) -> list[str]:
+    """Drop what the shell, not vLLM, acts on: redirections, `&`, and all after `|`, `;`."""
+    out: list[str] = []
+    skip = False
+    for word in words:
+        if skip:
+            skip = False
+            continue
+        if word in ("|", "||", "&&", ";"):
+            break
+        if word == "&":
+            continue
+        match = _REDIRECT.match(word)
+        if match:
+            skip = match.end() == len(word)  # `> file`: the file is the next word
+            continue
+        out.append(word)
+    return out
+
+
+def is_number(word: str) -> bool:
+    """-1, 0.9, 1e3: a value, not a flag."""
+    return bool(_NUMBER.match(word))
+
+
+def parse(words: list[str]) -> ServeLine:
+    """Find the vLLM program in the words; raise LineError when there is none."""
+    words = strip_shell(words)
+    env: dict[str, str] = {}
+    i = 0
+    while i < len(words):
+        word = words[i]
+        if _ASSIGN.match(word):
+            name, _, value = word.partition("=")
+            env[name] = value
+        elif word in _WRAPPERS or word == "env" or (word.startswith("-") and i > 0
+                                                      and words[i - 1] in _WRAPPERS):
+            pass
+        else:
+            break
+        i += 1
+    end = program_end(words[i:])
+    if end is None:
+        raise LineError("no `vllm serve` (or `python -m vllm.entrypoints.openai.api_server`) "
+                        "in the command line")
+    return ServeLine(env, words[i:i + end], words[i + end:])
+
+
+def program_end(argv: list[str]) -> int | None:
+    """How many words of argv name the vLLM program (`vllm serve` -> 2); None if not vLLM."""
+    head = argv[:5]
+    for j, word in enumerate(head):
+        base = word.rsplit("/", 1)[-1]
+        if word == "serve" and j > 0 and any(w.rsplit("/", 1)[-1] == "vllm" or w in _MODULES
+                                             for w in head[:j]):
+            return j + 1
+        if word in _MODULES and j > 0 and head[j - 1] == "-m":
+            nxt = head[j + 1] if j + 1 < len(head) else ""
+            return j + 2 if nxt == "serve" else j + 1
+        if j == 0 and base != "vllm" and not base.startswith("python"):
+            return None
+    return None
+
+
+def is_vllm_serve(argv: list[str]) -> bool:
+    """True for the argv of a process that serves vLLM's API (not its engine children)."""
+    return program_end(argv) is not None
+
+
+def shown(argv: list[str], width: int = 100) -> str:
+    """The command as people know it: from the word `vllm` (or `-m vllm...`) on."""
+    start = next((i for i, w in enumerate(argv[:5]) if w.rsplit("/", 1)[-1] == "vllm"
+                  or w in _MODULES), 0)
+    text = " ".join(["vllm", *argv[start + 1:]] if argv[start:start + 1] and
+                    argv[start].rsplit("/", 1)[-1] == "vllm" else argv[start:])
+    return text if len(text) <= width else text[:width - 3] + "..."

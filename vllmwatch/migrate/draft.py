@@ -1,0 +1,66 @@
+"""The draft config `vllmwatch init` builds, and the facts about the machine it needs."""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass, field
+
+from vllmwatch.config.vllmflags import FlagSet
+
+
+def _no_path(word: str) -> str | None:
+    return None
+
+
+def _no_file(path: str) -> bool:
+    return False
+
+
+@dataclass(frozen=True)
+class Facts:
+    """What the impure side learnt: vLLM's flags, where the key file goes, the machine."""
+
+    known: FlagSet | None = None
+    api_key_file: str = "/etc/vllmwatch/api-key"
+    has_gpu: bool | None = None  # None: not known
+    cwd: str | None = None
+    gpu_index: Mapping[str, int] = field(default_factory=dict)  # GPU UUID -> NVML index
+    resolve: Callable[[str], str | None] = _no_path  # a program -> its full path
+    exists: Callable[[str], bool] = _no_file
+
+
+@dataclass
+class Entry:
+    """One [vllm.args] line; written commented out when not active."""
+
+    key: str
+    value: object
+    note: str = ""
+    active: bool = True
+
+
+@dataclass
+class Draft:
+    """The config to write, and what to tell the person."""
+
+    vllm: dict[str, object] = field(default_factory=dict)
+    vllm_notes: dict[str, str] = field(default_factory=dict)
+    env: dict[str, str] = field(default_factory=dict)
+    env_notes: dict[str, str] = field(default_factory=dict)
+    args: list[Entry] = field(default_factory=list)
+    extra_args: list[str] = field(default_factory=list)
+    errors: list[str] = field(default_factory=list)
+    todo: list[str] = field(default_factory=list)
+    changed: int = 0  # flags changed or dropped (each has a comment)
+
+    def set(self, key: str, value: object, note: str = "") -> None:
+        """A [vllm] key, with the comment that says where it came from."""
+        self.vllm[key] = value
+        if note:
+            self.vllm_notes[key] = note
+
+    def arg(self, entry: Entry) -> None:
+        """An [vllm.args] line; a note means a change (or a flag commented out)."""
+        self.args = [e for e in self.args if e.key != entry.key]
+        self.args.append(entry)
+        self.changed += bool(entry.note)

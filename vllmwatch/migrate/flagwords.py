@@ -1,0 +1,105 @@
+"""Pure: the words after `vllm serve` -> the model and the flags as given, argparse-like.
+
+Which words belong to a flag depends on its kind (a switch takes none, except the `True` or
+`False` guides write after one); the flag list of the installed vLLM says it, else we guess.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from vllmwatch.config.flags import flag_name
+from vllmwatch.config.serveline import is_number
+from vllmwatch.config.vllmflags import FlagSet
+
+# vLLM's short flags, for when its flag list is not known (the list's aliases win).
+SHORT = {"-tp": "tensor-parallel-size", "-pp": "pipeline-parallel-size",
+         "-dp": "data-parallel-size", "-q": "quantization", "-O": "optimization-level",
+         "-sc": "speculative-config", "-cc": "compilation-config", "-ac": "attention-config",
+         "-n": "nnodes", "-r": "node-rank", "-ep": "enable-expert-parallel"}
+_BOOL_WORDS = ("true", "false")
+
+
+@dataclass(frozen=True)
+class Given:
+    """One flag as the line had it: its long name, its value words (none for a bare
+    switch) and the words themselves, for the comment that says what the line had."""
+
+    name: str
+    values: tuple[str, ...]
+    raw: str
+
+
+@dataclass(frozen=True)
+class Words:
+    """The positional model (or None), the flags in order, and words that fit nowhere."""
+
+    model: str | None
+    flags: tuple[Given, ...]
+    stray: tuple[str, ...]
+
+
+def _is_flag(word: str) -> bool:
+    return word.startswith("-") and len(word) > 1 and not is_number(word)
+
+
+def _short(word: str, known: FlagSet | None) -> tuple[str | None, str | None]:
+    """(long name, inline value) of a short flag: -tp, -tp=2, -O3, -O=3."""
+    head, eq, inline = word.partition("=")
+    aliases = {**SHORT, **(dict(known.aliases) if known else {})}
+    if head in aliases:
+        return aliases[head], inline if eq else None
+    if word.startswith("-O") and len(word) > 2:  # -O3, -Odecode: vLLM's optimization level
+        level = word[2:].lstrip("=")
+        if known is not None and "optimization-level" not in known.flags:
+            return "compilation-config", f'{{"level": {level}}}'
+        return "optimization-level", level
+    return None, None
+
+
+def read(rest: list[str], known: FlagSet | None) -> Words:
+    """Walk the words after the program as argparse would."""
+    model: str | None = None
+    out: list[Given] = []
+    stray: list[str] = []
+    i = 0
+    while i < len(rest):
+        word = rest[i]
+        i += 1
+        if not _is_flag(word):
+            if model is None and not out:
+                model = word
+            else:
+                stray.append(word)
+            continue
+        if word.startswith("--"):
+            name, eq, inline = word[2:].partition("=")
+            value: str | None = inline if eq else None
+        else:
+            long, value = _short(word, known)
+            if long is None:
+                stray.append(word)
+                continue
+            name, eq = long, "=" if value is not None else ""
+        name = flag_name(name)
+        if eq:
+            out.append(Given(name, (value or "",), word))
+            continue
+        taken = _values(rest, i, known.kind(name.split(".")[0]) if known else None)
+        out.append(Given(name, tuple(taken), " ".join([word, *taken])))
+        i += len(taken)
+    return Words(model, tuple(out), tuple(stray))
+
+
+def _values(rest: list[str], i: int, kind: str | None) -> list[str]:
+    """The words a flag takes: all that follow up to the next flag; a switch only takes the
+    True/False a guide writes after it (vLLM itself would refuse that word)."""
+    taken: list[str] = []
+    while i < len(rest) and not _is_flag(rest[i]):
+        if kind == "bool" and rest[i].lower() not in _BOOL_WORDS:
+            break
+        taken.append(rest[i])
+        i += 1
+        if kind in ("bool", "number"):
+            break
+    return taken

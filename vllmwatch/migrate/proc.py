@@ -1,0 +1,121 @@
+"""A running vLLM, read from /proc: the argv of the root of its tree (a pid of an EngineCore,
+a worker or an APIServer_N shows only a title), its working directory and the environment
+that matters to vLLM. Read-only; `proc` is a parameter so that tests can point elsewhere."""
+
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass, field
+
+from vllmwatch.config.serveline import is_vllm_serve
+
+# Variables that change what vLLM does or which devices it sees; the rest of a login
+# environment (PATH, TERM, SSH_*, ...) is the shell's, not the deployment's.
+MATTERS = ("VLLM_", "HF_", "HUGGING_FACE_", "CUDA_", "NCCL_", "TORCH", "PYTORCH_", "OMP_",
+           "MKL_", "TRANSFORMERS_", "TOKENIZERS_", "TRITON_", "NVIDIA_", "HIP_", "ROCR_",
+           "LD_PRELOAD", "KMP_", "UCX_", "GLOO_", "RAY_")
+_NOT_OURS_TO_COPY = ("VLLMWATCH_",)
+
+
+class ProcError(ValueError):
+    """The pid is not a vLLM we can read; the message says what to do."""
+
+
+@dataclass(frozen=True)
+class Running:
+    """What init needs of a running vLLM."""
+
+    pid: int
+    argv: list[str]
+    cwd: str | None
+    env: dict[str, str] = field(default_factory=dict)
+    path: str = ""  # its PATH, to find a program named without a directory
+    supervised: bool = False  # already the child of a vllmwatch (its marker is set)
+    notes: list[str] = field(default_factory=list)
+
+
+def argv_of(pid: int, proc: str = "/proc") -> list[str] | None:
+    """The argv of a process; None when it is gone or hidden."""
+    try:
+        with open(f"{proc}/{pid}/cmdline", "rb") as fh:
+            raw = fh.read()
+    except OSError:
+        return None
+    return [w.decode("utf-8", "replace") for w in raw.rstrip(b"\0").split(b"\0")] if raw \
+        else []
+
+
+def parent_of(pid: int, proc: str = "/proc") -> int | None:
+    """The parent pid, from /proc/PID/stat (the name may hold spaces and parentheses)."""
+    try:
+        with open(f"{proc}/{pid}/stat", encoding="utf-8", errors="replace") as fh:
+            stat = fh.read()
+        return int(stat.rpartition(")")[2].split()[1])
+    except (OSError, ValueError, IndexError):
+        return None
+
+
+def environ_of(pid: int, proc: str = "/proc") -> dict[str, str] | None:
+    """The environment a process started with; None when we may not read it."""
+    try:
+        with open(f"{proc}/{pid}/environ", "rb") as fh:
+            raw = fh.read()
+    except OSError:
+        return None
+    out = {}
+    for item in raw.split(b"\0"):
+        name, eq, value = item.decode("utf-8", "replace").partition("=")
+        if eq:
+            out[name] = value
+    return out
+
+
+def vllm_root(pid: int, proc: str = "/proc") -> tuple[int, list[str]]:
+    """The topmost process at or above pid whose argv runs `vllm serve`."""
+    best: tuple[int, list[str]] | None = None
+    current: int | None = pid
+    seen = 0
+    if argv_of(pid, proc) is None:
+        raise ProcError(f"no process {pid} (or it is hidden from this user: run as root)")
+    while current is not None and current > 1 and seen < 64:
+        argv = argv_of(current, proc)
+        if argv is not None and is_vllm_serve(argv):
+            best = (current, argv)
+        current, seen = parent_of(current, proc), seen + 1
+    if best is None:
+        shown = " ".join(argv_of(pid, proc) or [])[:80]
+        raise ProcError(f"pid {pid} ({shown!r}) is not a vLLM server and none of its parents "
+                        "is; give the pid of `vllm serve` (pgrep -af 'vllm serve')")
+    return best
+
+
+def read(pid: int, proc: str = "/proc", marker: str = "VLLMWATCH_INSTANCE") -> Running:
+    """The running vLLM that pid belongs to."""
+    root, argv = vllm_root(pid, proc)
+    notes = [f"pid {pid} belongs to the vLLM started as pid {root}"] if root != pid else []
+    try:
+        cwd: str | None = os.readlink(f"{proc}/{root}/cwd")
+    except OSError:
+        cwd = None
+        notes.append(f"cannot read the working directory of pid {root}: relative paths "
+                     "are kept as they were")
+    env = environ_of(root, proc)
+    if env is None:
+        notes.append(f"cannot read the environment of pid {root} (run as root or as its "
+                     "owner): CUDA_VISIBLE_DEVICES, VLLM_* and HF_* are not carried over")
+        env = {}
+    kept = {k: v for k, v in env.items()
+            if k.startswith(MATTERS) and not k.startswith(_NOT_OURS_TO_COPY)}
+    return Running(root, argv, cwd, kept, env.get("PATH", ""), marker in env, notes)
+
+
+def which(word: str, path: str, cwd: str | None) -> str | None:
+    """Where the process found a program: its PATH, or its cwd for ./prog."""
+    if "/" in word:
+        full = os.path.normpath(os.path.join(cwd or "/", word))
+        return full if os.access(full, os.X_OK) else None
+    for directory in path.split(":"):
+        full = os.path.join(directory or cwd or ".", word)
+        if directory and os.path.isfile(full) and os.access(full, os.X_OK):
+            return full
+    return None

@@ -1,0 +1,205 @@
+"""Pure: a hand-run `vllm serve` line -> a draft vllmwatch config, each change explained.
+
+Every flag lands in [vllm.args] typed by its kind (vLLM's flag list when known, a guess
+otherwise); the checks `run` and `check` apply (config/flags.py, config/vllmflags.py) decide
+what is broken, so init and the daemon never disagree about a flag.
+"""
+
+from __future__ import annotations
+
+import json
+
+from vllmwatch.config import flags
+from vllmwatch.config.serveline import ServeLine, is_number
+from vllmwatch.config.vllmflags import flag_problem as known_problem
+from vllmwatch.migrate import envwords, relaxed
+from vllmwatch.migrate.draft import Draft, Entry, Facts
+from vllmwatch.migrate.flagwords import Given, read
+
+OWNED = {"model": "model", "port": "port", "host": "host",
+         "served-model-name": "served_model_name"}
+
+
+def translate(line: ServeLine, facts: Facts) -> Draft:
+    """The draft config for one `vllm serve` line."""
+    draft = Draft()
+    _command(line.command, draft, facts)
+    words = read(line.rest, facts.known)
+    if words.model is not None:
+        _model(words.model, draft, facts, "the positional MODEL")
+    for word in words.stray:
+        draft.errors.append(f"{word!r} follows no flag (vLLM would refuse it); not written")
+    counts: dict[str, list[Given]] = {}
+    for given in words.flags:
+        counts.setdefault(given.name, []).append(given)
+    envwords.apply(line.env, draft, facts)  # before the flags: --device cpu wins
+    for all_given in counts.values():
+        _flag(all_given[-1], draft, facts, all_given[:-1])
+    if "model" not in draft.vllm:
+        draft.errors.append("no model: set vllm.model to the model directory or hub id")
+    if "gpus" not in draft.vllm and facts.has_gpu is False:
+        draft.set("gpus", [], "no NVIDIA GPU on this machine: a CPU deployment")
+    return draft
+
+
+def _command(command: list[str], draft: Draft, facts: Facts) -> None:
+    out = list(command)
+    full = facts.resolve(out[0]) if not out[0].startswith("/") else None
+    note = ""
+    if full:
+        note = (f"{out[0]} resolved to {full}: the service's PATH is not your shell's")
+        out[0] = full
+    draft.set("command", out, note)
+
+
+def _model(value: str, draft: Draft, facts: Facts, source: str) -> None:
+    if facts.cwd and not value.startswith("/") and (
+            value.startswith(("./", "../")) or facts.exists(f"{facts.cwd}/{value}")):
+        path = f"{facts.cwd.rstrip('/')}/{value.removeprefix('./')}"
+        draft.set("model", path, f"{source} {value!r} was relative to {facts.cwd}; the "
+                  "service starts elsewhere")
+        return
+    draft.set("model", value)
+
+
+def _flag(given: Given, draft: Draft, facts: Facts, earlier: list[Given]) -> None:
+    """One flag (its last occurrence) into the draft."""
+    note = ""
+    if earlier:
+        note = (f"given {len(earlier) + 1} times ({', '.join(g.raw for g in earlier)} "
+                f"before {given.raw}); the last counts, as in vLLM. ")
+    name, base = given.name, given.name.split(".")[0]
+    value: object = _joined(given.values)
+    if base in OWNED:
+        _owned(given, value, draft, facts)
+    elif base in flags.SECRET_FLAGS:
+        envwords.secret_flag(given, draft, facts)
+    elif base == "device":
+        _device(given, value, draft)
+    elif base in ("rope-scaling", "rope-theta"):
+        relaxed.rope(given, value, draft)
+    elif base in flags.REMOVED:
+        _drop(given, draft, _why(base, value, facts))
+    else:
+        _typed(given, value, draft, facts, note)
+        return
+    if note and draft.args and draft.args[-1].key == name:
+        draft.args[-1].note = note + draft.args[-1].note
+
+
+def _joined(values: tuple[str, ...]) -> object:
+    if not values:
+        return True
+    return values[0] if len(values) == 1 else list(values)
+
+
+def _why(name: str, value: object, facts: Facts) -> str:
+    version = facts.known.version if facts.known else None
+    problem = flags.flag_problem(name, value, f"vllm.args.{name}", version)
+    return problem.problem if problem else ""
+
+
+def _drop(given: Given, draft: Draft, why: str) -> None:
+    draft.arg(Entry(given.name, None, f"the line had `{given.raw}`: dropped: {why}", False))
+
+
+def _owned(given: Given, value: object, draft: Draft, facts: Facts) -> None:
+    key = OWNED[given.name]
+    text = value[0] if isinstance(value, list) else value
+    if key == "model":
+        _model(str(text), draft, facts, "--model")
+        return
+    note = f"the line's `{given.raw}`: vllmwatch passes --{given.name} itself"
+    if isinstance(value, list):
+        note += f"; only the first name is used ({', '.join(value[1:])} dropped)"
+        draft.changed += 1
+    if key == "port" and isinstance(text, str) and text.isdigit():
+        draft.set(key, int(text), note)
+    else:
+        draft.set(key, str(text), note)
+
+
+def _device(given: Given, value: object, draft: Draft) -> None:
+    if value == "cpu":
+        before = draft.vllm.get("gpus")
+        was = f" (instead of gpus = {before} from CUDA_VISIBLE_DEVICES)" if before else ""
+        draft.set("gpus", [], f"the line's `{given.raw}`: --device was removed from vLLM; "
+                  f"gpus = [] is a CPU deployment{was}")
+        draft.changed += 1
+        return
+    _drop(given, draft, flags.REMOVED["device"])
+
+
+def _kind(name: str, value: object, facts: Facts) -> str | None:
+    """bool, number, json or text; None for a flag this vLLM lacks."""
+    if facts.known is not None:
+        return facts.known.kind(name)
+    if value is True or (isinstance(value, str) and value.lower() in ("true", "false")):
+        return "bool"
+    if name in flags.BUILTIN_JSON:
+        return "json"
+    return "number" if isinstance(value, str) and is_number(value) else "text"
+
+
+def _typed(given: Given, value: object, draft: Draft, facts: Facts, note: str) -> None:
+    name, base = given.name, given.name.split(".")[0]
+    kind = _kind(base, value, facts) if "." not in name else "json"
+    if kind is None and facts.known is not None:
+        problem = known_problem(name, value, f"vllm.args.{name}", facts.known)
+        why = problem.problem if problem else "unknown flag"
+        draft.errors.append(f"{given.raw}: {why}")
+        draft.arg(Entry(name, _number(_plain(value)), f"{note}the line had `{given.raw}`: {why} "
+                        "(`run` would refuse it)", False))
+        return
+    if kind == "bool":
+        _switch(given, value, draft, facts, note)
+    elif kind == "json" and "." not in name:
+        relaxed.json_flag(given, value, draft, note)
+    elif isinstance(value, list):
+        draft.extra_args += [f"--{name}", *value]
+        draft.changed += bool(note)
+    else:
+        _text(given, value if kind == "text" else _number(value), draft, facts, note)
+
+
+def _plain(value: object) -> object:
+    return " ".join(value) if isinstance(value, list) else value
+
+
+def _number(value: object) -> object:
+    if isinstance(value, str) and is_number(value):
+        number = float(value)
+        return int(number) if number.is_integer() and "." not in value else number
+    return value
+
+
+def _text(given: Given, value: object, draft: Draft, facts: Facts, note: str) -> None:
+    name = given.name
+    if name == "kv-cache-dtype" and value not in flags.KV_CACHE_DTYPES:
+        draft.arg(Entry(name, "auto", f"{note}the line had `{given.raw}`: "
+                        f"{_why(name, value, facts)}"))
+        return
+    draft.arg(Entry(name, value, note))
+
+
+def _switch(given: Given, value: object, draft: Draft, facts: Facts, note: str) -> None:
+    name, word = given.name, str(value).lower()
+    if value is True or word == "true":
+        extra = "" if value is True else (f"the line had `{given.raw}`: a switch takes no "
+                                          f"value; {name} = true passes --{name}")
+        draft.arg(Entry(name, True, note + extra))
+        return
+    has_no = facts.known is not None and f"no-{name}" in facts.known.flags
+    if word == "false" and has_no:
+        draft.arg(Entry(name, False, f"{note}the line had `{given.raw}`: a switch takes no "
+                        f"value; {name} = false passes --no-{name}"))
+    elif word == "false":
+        _drop(given, draft, f"a switch takes no value and {given.values[0]} means off, the "
+              f"default (this vLLM has no --no-{name})" if facts.known else
+              f"a switch takes no value and {given.values[0]} means off, the default; "
+              f"write {name} = false (--no-{name}) if off is not the default")
+    else:
+        draft.errors.append(f"{given.raw}: --{name} takes no value (vLLM would refuse "
+                            f"{given.values[0]!r})")
+        draft.arg(Entry(name, True, f"{note}the line had `{given.raw}`; --{name} takes no "
+                        f"value: {json.dumps(given.values[0])} is not passed", True))
