@@ -150,3 +150,25 @@ def test_a_capture_of_a_live_group(tmp_path: Path, procs: list[subprocess.Popen[
     files = os.listdir(os.path.join(root, done.incident_id))
     assert {"record.json", "report.txt", "output.log"} <= set(files)
     assert psutil.pid_exists(p.pid)
+
+
+def test_the_cli_lists_shows_and_speaks_json(tmp_path: Path,
+                                             capsys: pytest.CaptureFixture[str]) -> None:
+    from vllmwatch.incident import cli
+
+    root = store.root_of(str(tmp_path))
+    assert root is not None
+    rec = {"id": "x", "reason": "hang", "detail": "canary timed out", "time_utc": "T",
+           "stacks": {"methods": {}, "processes": []}, "tree": {"note": "alive"}}
+    rid = store.write(root, store.record_id(1.7e9, "hang"), {store.RECORD: json.dumps(rec)})
+    assert cli.main(None, None, False, [str(tmp_path / "nowhere"), root]) == 0
+    listed = capsys.readouterr().out
+    assert rid in listed and "hang" in listed and "canary timed out" in listed
+    assert cli.main(None, None, True, [root]) == 0
+    assert json.loads(capsys.readouterr().out)["incidents"][0]["id"] == rid
+    assert cli.main("show", rid[:10], True, [root]) == 0  # a unique prefix
+    assert json.loads(capsys.readouterr().out)["reason"] == "hang"
+    assert cli.main("show", rid, False, [root]) == 0
+    assert capsys.readouterr().out.startswith("== reason and timeline ==")
+    assert cli.main("show", "nope", False, [root]) == 1
+    assert "no incident 'nope'" in capsys.readouterr().err

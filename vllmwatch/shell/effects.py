@@ -5,7 +5,7 @@ tolerance), so nothing here keeps a copy of the config that a SIGHUP could leave
 from __future__ import annotations
 
 import time
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Mapping
 from dataclasses import replace
 from typing import Protocol
 
@@ -92,12 +92,8 @@ class RealEffects:
         self._publish = publish
         self._versions = VersionCache()
         self._run: ChildHandle | None = None
+        # Incident records (daemon lifetime); it keeps the last child's evidence past the reap.
         self.incidents = IncidentShell(config, log, environ)
-        # Of the last child, kept past its reap for an incident record: its output (orphans
-        # may still print), its environment and API key (the secrets to redact).
-        self._tail: Sequence[str] = ()
-        self._env: Mapping[str, str] = {}
-        self._api_key: str | None = None
 
     def spawn(self, config: Config, post: Callable[[Event], None]) -> Event:
         """Build the command (refusing known-broken flags) and start the child."""
@@ -116,8 +112,7 @@ class RealEffects:
         self._run, result = ChildHandle.launch(self.launcher, prepared, config, self.marker,
                                                guard, post, self.log, before)
         if self._run is not None:
-            self._tail, self._env = self._run.output_tail, prepared.cmd.env
-            self._api_key = prepared.api_key
+            self.incidents.launched(self._run.output_tail, prepared.cmd.env, prepared.api_key)
         return result
 
     def _cache_env(self, config: Config) -> dict[str, str]:
@@ -210,8 +205,7 @@ class RealEffects:
     def record_incident(self, action: RecordIncident) -> IncidentRecorded:
         """Write the incident record of the child tree (worker thread, bounded)."""
         pid = self._run.pid if self._run is not None else None
-        return self.incidents.record(action, pid, list(self._tail), self._versions.current,
-                                     self._env, self._api_key, self.sampler)
+        return self.incidents.record(action, pid, self._versions.current, self.sampler)
 
     def vllm_version(self) -> str | None:
         """The launched vLLM's version (read at launch, again after vllm.command changed)."""

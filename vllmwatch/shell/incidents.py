@@ -82,6 +82,16 @@ class IncidentShell:
         self._scrapes: list[tuple[float, str]] = []
         self._lock = threading.Lock()  # scrapes come from probe worker threads
         self.snapshot: Snapshot | None = None  # the latest published (immutable)
+        # The last child's evidence, kept past its reap (a crash is recorded after it): its
+        # output (orphans may still print), its environment and API key (secrets to redact).
+        self._tail: Sequence[str] = ()
+        self._env: Mapping[str, str] = {}
+        self._api_key: str | None = None
+
+    def launched(self, tail: Sequence[str], env: Mapping[str, str], api_key: str | None
+                 ) -> None:
+        """A new child runs: its output tail, environment and API key replace the last's."""
+        self._tail, self._env, self._api_key = tail, env, api_key
 
     def child_command(self, cmd: ChildCommand, config: Config) -> ChildCommand:
         """The child's environment with the faulthandler hook first on PYTHONPATH."""
@@ -119,8 +129,7 @@ class IncidentShell:
         with self._lock:
             self._scrapes = metrics.keep(self._scrapes, time.time(), text)
 
-    def record(self, action: RecordIncident, child_pid: int | None, output: Sequence[str],
-               vllm_version: str | None, env: Mapping[str, str], api_key: str | None,
+    def record(self, action: RecordIncident, child_pid: int | None, vllm_version: str | None,
                sampler: MemorySampler) -> IncidentRecorded:
         """Write the record (worker thread); every problem comes back as the error."""
         t0 = time.monotonic()
@@ -135,9 +144,9 @@ class IncidentShell:
         inp = Inputs(seq=action.seq, reason=action.reason, detail=action.detail,
                      exit_code=action.exit_code, timeout=action.timeout, pgid=action.pgid,
                      child_pid=child_pid, facts=action.facts,
-                     output=list(output)[-self.cfg.output_lines:], scrapes=scrapes,
+                     output=_copy(self._tail)[-self.cfg.output_lines:], scrapes=scrapes,
                      status=self.snapshot.to_json() if self.snapshot is not None else {},
-                     versions=versions, secrets=secrets_of(env, api_key),
+                     versions=versions, secrets=secrets_of(self._env, self._api_key),
                      stacks_dir=self.stacks_dir, gpu=lambda: _gpu_now(sampler, info),
                      max_records=self.cfg.max_records,
                      max_bytes=int(self.cfg.max_size * 1024 * 1024) or 1 << 62)
@@ -167,3 +176,13 @@ def _gpu_now(sampler: MemorySampler, info: Mapping[str, Any]) -> dict[str, Any]:
     procs = sampler.gpu_processes()
     return {**info, "device_used_mib": sampler.device_used_mib(),
             "processes": None if procs is None else [asdict(p) for p in procs]}
+
+
+def _copy(lines: Sequence[str]) -> list[str]:
+    """The reader thread may append meanwhile (a deque then refuses to be iterated): retry."""
+    for _ in range(5):
+        try:
+            return list(lines)
+        except RuntimeError:
+            continue
+    return []
