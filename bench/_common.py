@@ -1,7 +1,9 @@
 """Shared helpers for the bench/ scripts (not tests): configs, processes, events, stats.
 
 Every process started here is started in its own session and killed by process group at
-exit; every wait is bounded in time.
+exit (`cleanup_at_exit()`, which each script's main guard calls: nothing happens at import);
+every wait is bounded in time. The daemon runs under vllmwatch/testing/daemon.py, the
+harness the tests use.
 """
 
 from __future__ import annotations
@@ -17,14 +19,17 @@ import socket
 import statistics
 import subprocess
 import sys
-import threading
 import time
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
 import psutil
 
-from vllmwatch.testing.lb import http_get  # noqa: F401  (re-exported for the bench scripts)
+from vllmwatch.testing.daemon import Daemon, Event, run_argv
+from vllmwatch.testing.lb import http_get as http_get  # re-exported for the bench scripts
+from vllmwatch.testing.ports import free_port as free_port  # re-exported as well
+from vllmwatch.testing.tomlfile import merge, write_toml
 
 REPO = Path(__file__).resolve().parent.parent
 PY = str(REPO / ".venv" / "bin" / "python")
@@ -50,8 +55,11 @@ def _cleanup() -> None:
             os.killpg(pgid, signal.SIGKILL)
 
 
-atexit.register(_cleanup)
-signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))
+def cleanup_at_exit() -> None:
+    """Kill every tracked process group at exit, and exit (143) on SIGTERM so that the
+    atexit cleanup runs then too. Called by each script's main guard, never at import."""
+    atexit.register(_cleanup)
+    signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))
 
 
 def _alive_group(pgid: int) -> bool:
@@ -82,12 +90,6 @@ def kill_group(pgid: int, grace: float = 15.0) -> None:
         time.sleep(0.1)
 
 
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
-
-
 def port_listening(port: int) -> bool:
     with socket.socket() as s:
         s.settimeout(0.5)
@@ -112,16 +114,6 @@ def vllm_argv(port: int, eager: bool = True) -> list[str]:
     return [*argv, "--enforce-eager"] if eager else argv
 
 
-def _toml_value(v: Any) -> str:
-    if isinstance(v, bool):
-        return "true" if v else "false"
-    if isinstance(v, (int, float)):
-        return repr(v)
-    if isinstance(v, list):
-        return "[" + ", ".join(_toml_value(x) for x in v) + "]"
-    return json.dumps(str(v))
-
-
 def write_config(path: Path, port: int, status_port: int, cache_dir: Path,
                  sections: dict[str, dict[str, Any]] | None = None,
                  env: dict[str, str] | None = None, eager: bool = True,
@@ -139,94 +131,70 @@ def write_config(path: Path, port: int, status_port: int, cache_dir: Path,
     }
     if eager and command is None:
         conf["vllm.args"]["enforce-eager"] = True
-    for name, keys in (sections or {}).items():
-        conf.setdefault(name, {}).update(keys)
-    lines = []
-    for name, keys in conf.items():
-        lines.append(f"[{name}]")
-        lines += [f"{json.dumps(k) if '.' in k else k} = {_toml_value(v)}"
-                  for k, v in keys.items()]
-        lines.append("")
     path.parent.mkdir(parents=True, exist_ok=True)
-    path.write_text("\n".join(lines))
-    return path
+    return write_toml(path, merge(conf, sections or {}))
 
 
 class Watch:
-    """A `vllmwatch run` in its own session; its JSON events are collected with arrival times."""
+    """A `vllmwatch run` in its own session (the shared harness, vllmwatch/testing/daemon.py);
+    its events are kept with their monotonic arrival times, and every line goes to logfile."""
 
     def __init__(self, config: Path | None, logfile: Path | None = None,
                  argv: list[str] | None = None) -> None:
         """Run vllmwatch on `config`, or any `argv` that writes JSON events on stderr."""
-        self.events: list[tuple[float, dict[str, Any]]] = []
-        self.port = 0  # the vLLM port, for the caller's bookkeeping
-        self._lock = threading.Lock()
         self._log = logfile.open("w") if logfile else None
         if argv is None:
-            argv = [PY, "-m", "vllmwatch", "run", "--config", str(config), "--log-format", "json"]
-        self.proc = subprocess.Popen(
-            argv, cwd=REPO, stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL,
-            stderr=subprocess.PIPE, text=True, start_new_session=True, env=vllm_env())
-        track_group(self.proc.pid)
-        self._reader = threading.Thread(target=self._read, daemon=True)
-        self._reader.start()
+            assert config is not None
+            argv = run_argv(config, [PY, "-m", "vllmwatch"])
+        self.daemon = Daemon(REPO, config, env=vllm_env(), notify=False, argv=argv,
+                             own_session=True, on_line=self._line).start()
+        self.port = self.daemon.port  # the vLLM port, for the caller's bookkeeping
+        proc = self.daemon.proc
+        assert proc is not None
+        self.proc: subprocess.Popen[bytes] = proc
+        track_group(proc.pid)
 
-    def _read(self) -> None:
-        assert self.proc.stderr is not None
-        for line in self.proc.stderr:
-            now = time.monotonic()
-            if self._log:
-                self._log.write(line)
-            try:
-                ev = json.loads(line)
-            except ValueError:
-                continue
-            if ev.get("event") == "child.line":
-                continue
-            with self._lock:
-                self.events.append((now, ev))
+    def _line(self, _t: float, line: str, _event: Event | None) -> None:
+        if self._log:
+            self._log.write(line + "\n")
 
     def since(self, t0: float, name: str) -> list[tuple[float, dict[str, Any]]]:
-        with self._lock:
-            return [(t, e) for t, e in self.events if t >= t0 and e.get("event") == name]
+        """(arrival time, event) of the events called name that came at t0 or later."""
+        d = self.daemon
+        return [(t, e) for t, e in zip(list(d.arrived), list(d.events), strict=False)
+                if t >= t0 and e.get("event") == name]
 
     def wait_event(self, name: str, t0: float, timeout: float,
-                   pred: Any = None) -> tuple[float, dict[str, Any]] | None:
+                   pred: Callable[[dict[str, Any]], bool] | None = None
+                   ) -> tuple[float, dict[str, Any]] | None:
+        """The first event called name since t0 (that satisfies pred), or None after
+        timeout or once the daemon has exited without it."""
         deadline = time.monotonic() + timeout
-        while time.monotonic() < deadline:
-            for t, e in self.since(t0, name):
-                if pred is None or pred(e):
-                    return t, e
-            if self.proc.poll() is not None:
-                time.sleep(0.3)
-                for t, e in self.since(t0, name):
-                    if pred is None or pred(e):
-                        return t, e
-                return None
+        while True:
+            done = self.daemon.exited()
+            hit = next(((t, e) for t, e in self.since(t0, name) if pred is None or pred(e)),
+                       None)
+            if hit is not None or done or time.monotonic() >= deadline:
+                return hit
             time.sleep(0.05)
-        return None
 
     def child_pid(self) -> int | None:
-        with self._lock:
-            for _, e in reversed(self.events):
-                if e.get("event") in ("child.started", "started"):
-                    return int(e["pid"])
+        """The pid of the last vLLM started (child.started; `started` for the alternatives)."""
+        for e in reversed(list(self.daemon.events)):
+            if e.get("event") in ("child.started", "started"):
+                return int(e["pid"])
         return None
 
     def stop(self, timeout: float = 60) -> int | None:
-        if self.proc.poll() is None:
-            self.proc.send_signal(signal.SIGTERM)
-        try:
-            self.proc.wait(timeout)
-        except subprocess.TimeoutExpired:
-            kill_group(self.proc.pid, 1)
+        """SIGTERM, wait, then kill the group; the child's group too (it has its own)."""
+        code, _ = self.daemon.stop(timeout)
         pid = self.child_pid()
         if pid is not None:
             kill_group(pid, 5)  # should be gone already; the child has its own session
         if self._log:
             self._log.close()
             self._log = None
-        return self.proc.returncode
+        return code
 
 
 def start_bare(port: int, log: Path, eager: bool = True,

@@ -6,14 +6,22 @@ Each launch increments COUNTER_FILE; launches 1..N get --crash-during-start 1.0 
 second into a 2 s start), later ones start normally.
 """
 
+from __future__ import annotations
+
 import os
 import sys
 from pathlib import Path
 
-counter, crashes, rest = Path(sys.argv[1]), int(sys.argv[2]), sys.argv[3:]
-n = int(counter.read_text() or "0") + 1 if counter.exists() else 1
-counter.write_text(str(n))
-args = [sys.executable, "-m", "vllmwatch.testing.fake_vllm", *rest, "--startup-seconds", "2"]
-if n <= crashes:
-    args += ["--crash-during-start", "1.0"]
-os.execv(sys.executable, args)
+
+def main(argv: list[str]) -> None:
+    counter, crashes, rest = Path(argv[0]), int(argv[1]), argv[2:]
+    n = int(counter.read_text() or "0") + 1 if counter.exists() else 1
+    counter.write_text(str(n))
+    args = [sys.executable, "-m", "vllmwatch.testing.fake_vllm", *rest, "--startup-seconds", "2"]
+    if n <= crashes:
+        args += ["--crash-during-start", "1.0"]
+    os.execv(sys.executable, args)
+
+
+if __name__ == "__main__":
+    main(sys.argv[1:])

@@ -14,8 +14,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from _common import REPO, SERVED, Watch, free_port, http_get, track_group, write_config
-
+from bench._common import REPO, SERVED, Watch, free_port, http_get, track_group, write_config
 from vllmwatch.testing.lb import (
     Backend,
     Balancer,
@@ -61,10 +60,11 @@ class Instance:
 def make_instances(tmp: Path, deregister_delay: float, leak_trigger: Path,
                    drain_timeout: float = 30.0) -> list[Instance]:
     """Two instances, `a` (the one restarted; carries the leak hook) and `b`."""
-    common = {"restart": {"stable_after": "20s", "max_restarts": 50,
-                          "drain_timeout": f"{drain_timeout}s"},
-              "prewarm": {"enabled": False},
-              "probe": {"metrics_interval": "5s"}}
+    common: dict[str, dict[str, Any]] = {
+        "restart": {"stable_after": "20s", "max_restarts": 50,
+                    "drain_timeout": f"{drain_timeout}s"},
+        "prewarm": {"enabled": False},
+        "probe": {"metrics_interval": "5s"}}
     leak_env = {"PYTHONPATH": str(REPO / "bench" / "leakhook"),
                 "VLLMWATCH_BENCH_LEAK_TRIGGER": str(leak_trigger),
                 "VLLMWATCH_BENCH_LEAK_MIB": str(LEAK_MIB)}

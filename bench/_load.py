@@ -7,7 +7,7 @@ import threading
 import time
 from typing import Any
 
-from _common import completion
+from bench._common import completion
 
 
 def run_load(port: int, concurrency: int = 4, requests: int | None = 200,

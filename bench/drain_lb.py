@@ -1,6 +1,6 @@
 """Planned restarts behind a real load balancer: failed requests with and without the drain.
 
-    .venv/bin/python bench/drain_lb.py [--runs 3] [--hows sigusr1,leak] [--delays 10,0]
+    .venv/bin/python -m bench.drain_lb [--runs 3] [--hows sigusr1,leak] [--delays 10,0]
         [--rate 4]
 
 HAProxy (Debian package) in front of two vllmwatch + real CPU vLLM instances on loopback,
@@ -23,8 +23,8 @@ import time
 from pathlib import Path
 from typing import Any
 
-from _common import RESULTS, Watch, machine, save, say
-from _lb import Instance, balancer, haproxy_path, make_instances, planned_restart, wait_until
+from bench._common import RESULTS, Watch, cleanup_at_exit, machine, save, say
+from bench._lb import Instance, balancer, haproxy_path, make_instances, planned_restart, wait_until
 
 
 def set_delay(a: Instance, tmp: Path, delay: float) -> None:
@@ -94,4 +94,5 @@ def main() -> int:
 
 
 if __name__ == "__main__":
+    cleanup_at_exit()
     sys.exit(main())

@@ -1,6 +1,6 @@
 """The [gate] front door: its cost when all is well, and failed requests over a restart.
 
-    .venv/bin/python bench/gate.py [--rounds 3] [--runs 3] [--requests 120] [--only cost]
+    .venv/bin/python -m bench.gate [--rounds 3] [--runs 3] [--requests 120] [--only cost]
 
 One `vllmwatch run` with gate.enabled on a real CPU vLLM; every figure is measured side by
 side in this one run against the same vLLM: "direct" is vLLM's private port, "gate" the
@@ -33,21 +33,23 @@ from pathlib import Path
 from typing import Any
 
 import psutil
-from _common import (
+
+from bench._common import (
     MODEL,
     PY,
     RESULTS,
     SERVED,
     Watch,
+    cleanup_at_exit,
     free_port,
+    http_get,
     machine,
     save,
     say,
     write_config,
 )
-from _lb import wait_until
-from _load import run_load
-
+from bench._lb import wait_until
+from bench._load import run_load
 from vllmwatch.testing.lb import PacedClient, percentiles
 
 HOLD = 600  # gate.hold_timeout here: longer than any restart of the loaded 2-core box
@@ -148,10 +150,8 @@ def restart(w: Watch, port: int, status_port: int, runs: int) -> list[dict[str, 
 
 
 def _ready(status_port: int) -> bool:
-    from _common import http_get
-
     try:
-        return http_get(status_port, "/readyz", 1.0)[0] == 200
+        return bool(http_get(status_port, "/readyz", 1.0)[0] == 200)
     except OSError:
         return False
 
@@ -208,4 +208,5 @@ def main() -> int:
 
 
 if __name__ == "__main__":
+    cleanup_at_exit()
     sys.exit(main())

@@ -1,6 +1,6 @@
 """How long an incident record delays a restart (issue 25: at most ~3 s, the dumper's deadline).
 
-    .venv/bin/python bench/incidents.py [--vllm fake|real] [--fault hang|crash] [--runs 5]
+    .venv/bin/python -m bench.incidents [--vllm fake|real] [--fault hang|crash] [--runs 5]
 
 For each restart: `restart.begin` -> the take-down starting (`child.stopping`, SIGTERM, for a
 hang; the sweep's `state.changed to=cleanup` for a crash), with [incidents] enabled and then
@@ -21,22 +21,34 @@ import time
 from pathlib import Path
 from typing import Any
 
-from _common import PY, Watch, find_in_tree, free_port, machine, save, say, write_config
+from bench._common import (
+    PY,
+    Watch,
+    find_in_tree,
+    free_port,
+    machine,
+    save,
+    say,
+    write_config,
+)
 
 FAKE = [PY, "-m", "vllmwatch.testing.fake_vllm", "--startup-seconds", "0.3"]
-FAST = {"probe": {"interval": "0.5s", "timeout": "1s", "canary_interval": "1s",
-                  "canary_timeout": "1s", "metrics_interval": "0.5s"},
-        "restart": {"backoff_initial": "0.2s", "backoff_max": "1s", "max_restarts": 1000,
-                    "stop_timeout": "3s"},
-        "prewarm": {"enabled": False}}
-REAL = {"probe": {"interval": "1s", "timeout": "2s", "canary_interval": "3s",
-                  "canary_timeout": "5s", "metrics_interval": "2s"},
-        "restart": {"backoff_initial": "0.5s", "max_restarts": 1000, "stop_timeout": "10s"},
-        "prewarm": {"enabled": False}, "startup": {"timeout": "5m"}}
+Sections = dict[str, dict[str, Any]]
+FAST: Sections = {
+    "probe": {"interval": "0.5s", "timeout": "1s", "canary_interval": "1s",
+              "canary_timeout": "1s", "metrics_interval": "0.5s"},
+    "restart": {"backoff_initial": "0.2s", "backoff_max": "1s", "max_restarts": 1000,
+                "stop_timeout": "3s"},
+    "prewarm": {"enabled": False}}
+REAL: Sections = {
+    "probe": {"interval": "1s", "timeout": "2s", "canary_interval": "3s",
+              "canary_timeout": "5s", "metrics_interval": "2s"},
+    "restart": {"backoff_initial": "0.5s", "max_restarts": 1000, "stop_timeout": "10s"},
+    "prewarm": {"enabled": False}, "startup": {"timeout": "5m"}}
 
 
 def _config(work: Path, args: argparse.Namespace, enabled: bool) -> Path:
-    sections: dict[str, dict[str, Any]] = {**(FAST if args.vllm == "fake" else REAL)}
+    sections: Sections = {**(FAST if args.vllm == "fake" else REAL)}
     sections["incidents"] = {"enabled": enabled}
     command = None
     if args.vllm == "fake":
@@ -44,9 +56,11 @@ def _config(work: Path, args: argparse.Namespace, enabled: bool) -> Path:
                                                                            "--exit-code", "1"]
         sections["vllm"] = {"extra_args": fault}
         command = FAKE
-    return write_config(work / f"vllmwatch-{enabled}.toml", free_port(), free_port(),
-                        work / "cache", sections=sections, command=command,
-                        **({"model": "tiny"} if command else {}))
+    path = work / f"vllmwatch-{enabled}.toml"
+    if command is None:
+        return write_config(path, free_port(), free_port(), work / "cache", sections=sections)
+    return write_config(path, free_port(), free_port(), work / "cache", sections=sections,
+                        command=command, model="tiny")
 
 
 def _inject(w: Watch, fault: str) -> None:

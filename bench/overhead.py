@@ -1,6 +1,6 @@
 """Overhead of vllmwatch supervising a real (CPU) vLLM.
 
-    .venv/bin/python bench/overhead.py [--leg-seconds 120] [--ab-reps 3]
+    .venv/bin/python -m bench.overhead [--leg-seconds 120] [--ab-reps 3]
 
 1. The pieces of one poll cycle, timed here against the real vLLM: GET /health, GET /metrics
    + parse_metrics on its real body, memory sampling (tree walk, RSS, RSS+PSS).
@@ -26,9 +26,12 @@ from pathlib import Path
 from typing import Any
 
 import psutil
-from _common import (
+from prometheus_client.parser import text_string_to_metric_families as full_parse
+
+from bench._common import (
     RESULTS,
     Watch,
+    cleanup_at_exit,
     free_port,
     http_get,
     kill_group,
@@ -41,13 +44,10 @@ from _common import (
     wait_completion,
     write_config,
 )
-from _load import run_load
-
-sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+from bench._load import run_load
 from vllmwatch.config.schema import ProbeConfig
 from vllmwatch.shell.memory import host_memory, make_sampler, tree_pids
 from vllmwatch.shell.probes import Endpoint, HttpProber, parse_metrics
-from vllmwatch.shell.probes import text_string_to_metric_families as full_parse
 
 FAST = {
     "probe": {"interval": "1s", "metrics_interval": "1s", "canary_interval": "1s"},
@@ -106,8 +106,7 @@ def leg(daemon: psutil.Process, seconds: float, port: int | None) -> dict[str, A
     c1 = daemon.cpu_times()
     wall = time.monotonic() - t0
     cpu = (c1.user - c0.user) + (c1.system - c0.system)
-    ct = c1.user + c1.system
-    marks.append((time.monotonic(), ct))
+    marks.append((time.monotonic(), c1.user + c1.system))
     # CPU s/hour in 30 s windows (6 marks apart), for a median/min/max within the leg
     windows = [(marks[i + 6][1] - marks[i][1]) * 3600 / (marks[i + 6][0] - marks[i][0])
                for i in range(0, len(marks) - 6, 6)]
@@ -200,4 +199,5 @@ def main() -> int:
 
 
 if __name__ == "__main__":
+    cleanup_at_exit()
     sys.exit(main())

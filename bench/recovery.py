@@ -1,6 +1,6 @@
 """Recovery: time to detect and time until /v1/completions answers again, per fault.
 
-    .venv/bin/python bench/recovery.py [--who vllmwatch,systemd,cron] [--runs 3]
+    .venv/bin/python -m bench.recovery [--who vllmwatch,systemd,cron] [--runs 3]
         [--faults engine_kill,hang,api_kill,leak,crash_start] [--cron-period 30]
 
 Faults, injected into a real CPU vLLM (crash_start: the fake vLLM, see bench/_flaky_start.py):
@@ -38,11 +38,13 @@ from pathlib import Path
 from typing import Any
 
 import psutil
-from _common import (
+
+from bench._common import (
     PY,
     REPO,
     RESULTS,
     Watch,
+    cleanup_at_exit,
     find_in_tree,
     free_port,
     machine,
@@ -358,4 +360,5 @@ def main() -> int:
 
 
 if __name__ == "__main__":
+    cleanup_at_exit()
     sys.exit(main())

@@ -1,6 +1,6 @@
 """Scale: how the poll-cycle pieces grow with /metrics size, tree size and GPU count.
 
-    .venv/bin/python bench/scale.py
+    .venv/bin/python -m bench.scale
 
 1. /metrics size: synthetic bodies of ~50 KB .. 5 MB (real vLLM series names and labels,
    many label sets). Two shapes: "other" (growth in series vllmwatch does not read, e.g.
@@ -24,16 +24,23 @@ import subprocess
 import sys
 import threading
 import time
-from pathlib import Path
 from typing import Any
 
-from _common import free_port, kill_group, machine, save, say, timeit, track_group
+from prometheus_client.parser import text_string_to_metric_families as full_parse
 
-sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+from bench._common import (
+    cleanup_at_exit,
+    free_port,
+    kill_group,
+    machine,
+    save,
+    say,
+    timeit,
+    track_group,
+)
 from vllmwatch.config.schema import ProbeConfig
 from vllmwatch.shell.memory import host_memory, make_sampler, tree_pids
 from vllmwatch.shell.probes import Endpoint, HttpProber, parse_metrics
-from vllmwatch.shell.probes import text_string_to_metric_families as full_parse
 from vllmwatch.testing.fake_nvml import FakeGpu, FakeNvml
 
 SIZES_KB = (50, 200, 1000, 5000)
@@ -102,7 +109,7 @@ def metrics_scale() -> list[dict[str, Any]]:
                 text = body(kb, shape)
                 holder["body"] = text.encode()
                 n = 20 if kb <= 1000 else 5
-                row = {"shape": shape, "kb": round(len(text) / 1000),
+                row: dict[str, Any] = {"shape": shape, "kb": round(len(text) / 1000),
                        "lines": text.count("\n"),
                        "parse_metrics_ms": timeit(lambda t=text: parse_metrics(t), n),
                        "fetch_parse_ms": timeit(prober.metrics, n)}
@@ -132,7 +139,7 @@ def tree_scale() -> list[dict[str, Any]]:
                 time.sleep(0.1)
             pids = tree_pids(p.pid)
             reps = 20 if n <= 256 else 5
-            row = {"processes": len(pids),
+            row: dict[str, Any] = {"processes": len(pids),
                    "tree_walk_ms": timeit(lambda r=p.pid: tree_pids(r), reps),
                    "rss_sum_ms": timeit(lambda x=pids: host_memory(x, False), reps),
                    "rss_pss_sum_ms": timeit(lambda x=pids: host_memory(x, True),
@@ -184,4 +191,5 @@ def main() -> int:
 
 
 if __name__ == "__main__":
+    cleanup_at_exit()
     sys.exit(main())

@@ -1,6 +1,6 @@
 """Startup (issue 5): time to READY of the real CPU vLLM through vllmwatch.
 
-    .venv/bin/python bench/startup.py [--runs 3] [--part compile,pagecache]
+    .venv/bin/python -m bench.startup [--runs 3] [--part compile,pagecache]
 
 compile:   WITHOUT --enforce-eager. Cold = a new empty prewarm.cache_dir (so VLLM_CACHE_ROOT,
            TRITON_CACHE_DIR, ... point at empty dirs); warm = the same dir again right after.
@@ -26,9 +26,18 @@ import time
 from pathlib import Path
 from typing import Any
 
-from _common import MODEL, RESULTS, Watch, free_port, machine, save, say, stats, write_config
-
-sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+from bench._common import (
+    MODEL,
+    RESULTS,
+    Watch,
+    cleanup_at_exit,
+    free_port,
+    machine,
+    save,
+    say,
+    stats,
+    write_config,
+)
 from vllmwatch.prewarm import pagecache
 
 MODEL_DIR = Path(MODEL)  # VLLMWATCH_BENCH_MODEL overrides the tiny model
@@ -157,4 +166,5 @@ def summary(rows: dict[str, list[dict[str, Any]]], a: str, b: str) -> dict[str, 
 
 
 if __name__ == "__main__":
+    cleanup_at_exit()
     sys.exit(main())

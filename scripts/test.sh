@@ -42,6 +42,6 @@ if [[ $(id -u) == 0 ]] && command -v apt-get >/dev/null \
     fi
 fi
 echo "[test] ruff"; .venv/bin/ruff check vllmwatch tests bench scripts
-echo "[test] mypy --strict"; .venv/bin/mypy
+echo "[test] mypy --strict (vllmwatch, bench, tests/support: pyproject's [tool.mypy] files)"; .venv/bin/mypy
 echo "[test] pytest"
 exec .venv/bin/python -m pytest -ra "$@"

@@ -8,8 +8,10 @@ from collections.abc import Callable, Mapping
 from dataclasses import replace
 
 from vllmwatch import __version__
+from vllmwatch.config import command
 from vllmwatch.config.schema import Config, load
-from vllmwatch.shell import reaper
+from vllmwatch.live import Live, SwitchableLog
+from vllmwatch.shell import fdbudget, reaper
 from vllmwatch.shell.clock import SystemClock
 from vllmwatch.shell.effects import RealEffects
 from vllmwatch.shell.fleet import spread_config
@@ -29,19 +31,29 @@ def main(config: Config, log_format: str | None = None, prewarm: bool = True,
     env = dict(os.environ if environ is None else environ)
     if not prewarm:
         config = replace(config, prewarm=replace(config.prewarm, enabled=False))
-    log = setup(log_format or config.log.format, config.log.level, environ=env)
+    log = SwitchableLog(setup(log_format or config.log.format, config.log.level, environ=env))
     log("info", "daemon.version", version=__version__, pid=os.getpid(), config=config.path)
+    fdbudget.raise_limit(log)
     config = spread_config(config, log)  # this host's slot in the quiet hours (fleets)
     notifier = SystemdNotifier(log, env)
     holder: dict[str, Snapshot] = {"snap": Snapshot()}
-    gate = None
+    # Without systemd's watchdog (a container), a stale probe fails /livez: the kubelet acts.
+    no_watchdog = not env.get("WATCHDOG_USEC")
+    live = Live(config, log,
+                lambda c: setup(log_format or c.log.format, c.log.level, environ=env),
+                lambda c: _status_server(c, log, get, no_watchdog))
+    get: Callable[[], Snapshot] = lambda: live.decorate(holder["snap"])  # noqa: E731
     if config.gate.enabled:  # aiohttp is imported only when the front door is on
         from vllmwatch.gate.attach import start_gate, with_gate
 
-        gate = start_gate(config, log, lambda: holder["snap"])
-        server = _status_server(config, log, lambda: with_gate(holder["snap"], gate))
-    else:
-        server = _status_server(config, log, lambda: holder["snap"])
+        live.gate = start_gate(config, log, lambda: holder["snap"],
+                               fdbudget.current().gate_connections)
+        get = lambda: with_gate(live.decorate(holder["snap"]), live.gate)  # noqa: E731
+    try:
+        live.status = _status_server(config, log, get, no_watchdog)
+    except StatusListenError as exc:
+        log("error", "status.listen_failed", error=str(exc),
+            detail="running without the status endpoint; fix status.listen")
 
     def publish(snap: Snapshot) -> None:
         holder["snap"] = snap  # one reference swap: readers never see a half-built snapshot
@@ -50,31 +62,30 @@ def main(config: Config, log_format: str | None = None, prewarm: bool = True,
     fx = RealEffects(config, log, notifier, env, publish=publish,
                      reaper=reaper.start(env, log))
 
-    def reload() -> Config:
+    def reload() -> Config:  # on a worker thread: reads the file, logs with the old level
         new = load(config.path)
-        log_new = setup(log_format or new.log.format, new.log.level, environ=env)
-        fx.log = log_new
-        return spread_config(new, log_new)
+        try:  # a key file that can never work is refused now, not at the next launch (exit 2)
+            command.read_api_key(new)
+        except command.KeyFileError as exc:
+            if not exc.transient:
+                raise
+        return spread_config(new, log)
 
-    loop = Loop(config, fx, SystemClock(), reload_config=reload, environ=env)
+    loop = Loop(config, fx, SystemClock(), reload_config=reload, environ=env,
+                on_reloaded=live.apply)
     try:
         return loop.run()
     finally:
-        if server is not None:
-            server.stop()
-        if gate is not None:
-            gate.stop()
+        live.stop()
 
 
-def _status_server(config: Config, log: LogFn, get: Callable[[], Snapshot]
-                   ) -> StatusServer | None:
+def _status_server(config: Config, log: LogFn, get: Callable[[], Snapshot],
+                   no_watchdog: bool) -> StatusServer | None:
+    """The status listener for config (None when disabled); raises StatusListenError."""
     if not config.status.listen:
         return None
-    server = StatusServer(config.status.listen, config.status.allow_remote, get, log)
-    try:
-        server.start()
-    except StatusListenError as exc:
-        log("error", "status.listen_failed", error=str(exc),
-            detail="running without the status endpoint; fix status.listen")
-        return None
+    server = StatusServer(config.status.listen, config.status.allow_remote, get, log,
+                          stale_probes_fail_livez=no_watchdog,
+                          max_pending=fdbudget.current().status_pending)
+    server.start()
     return server

@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # bench/gpu/vllm_h200.sh — from ../shared/gpu/vllm_h200.sh, adapted: vllmwatch, its bench
 # harness and scripts/make_tiny_model.py come from $VW_DIR (default: the checkout root; e.g.
-# .gpu/vw, an export of a branch), the driver is bench/gpu/drive.py + phases_gpu.py.
+# .gpu/vw, an export of a branch), the driver is bench/gpu/drive.py (the package bench/gpu,
+# phases registered in bench/gpu/phases/__init__.py; bench/gpu/README.md).
 # docs/GPU.md gives the exact sequence of commands used for the results there.
 #
 # vllm_h200.sh — a real vLLM (0.26.0: the release that pins torch 2.11.0 and links CUDA 13, as
@@ -45,7 +46,7 @@
 #     VLLM_USE_FLASHINFER_SAMPLER=0 (set for every vLLM started here, and in the vllmwatch
 #     configs' [vllm.env]).
 #
-# Phases (vllm_h200_drive.py): probe, serve (plain `vllm serve`, tiny model), watch (vllmwatch
+# Phases (bench/gpu/phases/): probe, serve (plain `vllm serve`, tiny model), watch (vllmwatch
 # run, kill -9 of EngineCore, SIGTERM), prewarm (vllmwatch prewarm, direct FA3 warm-up, cold
 # start and warm restart), biggen (write the 8B-shaped model), big (8B-shaped: cold start,
 # warm restart, kill -9 of EngineCore).

@@ -1,4 +1,5 @@
-"""The layout's rules, enforced: a pure core, and no import circle anywhere in vllmwatch/."""
+"""The layout's rules, enforced: a pure core, no import circle anywhere in vllmwatch/ or
+bench/, and nothing in bench/ that acts at import."""
 
 from __future__ import annotations
 
@@ -155,3 +156,100 @@ def test_packages_import_only_their_layers(package: str) -> None:
         for dep in deps:
             assert _package(dep) in allowed, f"{module} imports {dep}: {package}/ may import " \
                 f"only {sorted(MAY_IMPORT[package])}"
+
+
+# ---- bench/: typed and importable like the package, no circle, nothing done at import ----
+
+BENCH = PKG.parent / "bench"
+# sitecustomize.py files are import hooks put on a child's PYTHONPATH: acting at import is
+# what they are for.
+HOOKS = {"sitecustomize"}
+# Calls that act on the world; at a module's top level they would run on import.
+ACTS = {"register", "signal", "insert", "append", "nvmlInit", "Popen", "run", "start", "mkdir",
+        "write_text", "write_bytes", "open", "print", "chdir", "putenv", "setdefault",
+        "update", "Thread", "Nvml", "unlink", "rmtree", "system", "kill", "killpg"}
+
+
+def _bench_modules() -> dict[str, Path]:
+    out = {}
+    for path in BENCH.rglob("*.py"):
+        parts = list(path.relative_to(BENCH.parent).with_suffix("").parts)
+        if parts[-1] == "__init__":
+            parts.pop()
+        out[".".join(parts)] = path
+    return out
+
+
+BENCH_MODULES = _bench_modules()
+
+
+def _bench_graph() -> dict[str, set[str]]:
+    graph: dict[str, set[str]] = {}
+    for name, path in BENCH_MODULES.items():
+        deps = set()
+        for imported in _imports(path, BENCH_MODULES):
+            while imported and imported not in BENCH_MODULES:
+                imported = imported.rpartition(".")[0]
+            if imported and imported != name and imported.startswith("bench"):
+                deps.add(imported)
+        graph[name] = deps
+    return graph
+
+
+def test_no_import_circle_in_bench() -> None:
+    assert "bench.gpu.phases" in BENCH_MODULES and "bench.gpu.drive" in BENCH_MODULES
+    assert _cycles(_bench_graph()) == []
+
+
+def _is_main_guard(node: ast.stmt) -> bool:
+    return isinstance(node, ast.If) and "__main__" in ast.unparse(node.test)
+
+
+def _is_version_switch(node: ast.stmt) -> bool:
+    """`if sys.version_info ...: import x else: import y` (imports only)."""
+    return isinstance(node, ast.If) and "version_info" in ast.unparse(node.test) and all(
+        isinstance(s, (ast.Import, ast.ImportFrom)) for s in [*node.body, *node.orelse])
+
+
+def side_effects(source: str) -> list[str]:
+    """What a module does at import, outside functions, classes and its main guard: a bare
+    call, a call that acts on the world (ACTS) in an assignment, a store into an item or an
+    attribute."""
+    found = []
+    for node in ast.parse(source).body:
+        if isinstance(node, (ast.Import, ast.ImportFrom, ast.FunctionDef, ast.AsyncFunctionDef,
+                             ast.ClassDef)) or _is_main_guard(node) or _is_version_switch(node):
+            continue
+        if isinstance(node, ast.Expr) and isinstance(node.value, ast.Constant):
+            continue  # a docstring
+        if isinstance(node, ast.Expr) or any(_acts(sub) for sub in ast.walk(node)):
+            found.append(f"line {node.lineno}: {ast.unparse(node)[:60]}")
+    return found
+
+
+def _acts(node: ast.AST) -> bool:
+    """A call named in ACTS, or a store into something that exists already (an item or an
+    attribute: sys.modules[...], os.environ[...], another module's table)."""
+    if isinstance(node, ast.Call):
+        f = node.func
+        return (f.attr if isinstance(f, ast.Attribute) else getattr(f, "id", "")) in ACTS
+    return isinstance(node, (ast.Subscript, ast.Attribute)) and isinstance(node.ctx, ast.Store)
+
+
+@pytest.mark.parametrize("module", sorted(m for m in BENCH_MODULES
+                                          if m.rpartition(".")[2] not in HOOKS))
+def test_bench_does_nothing_at_import(module: str) -> None:
+    assert side_effects(BENCH_MODULES[module].read_text()) == [], \
+        f"{module} acts at import; move it into a function or the main guard"
+
+
+def test_the_side_effect_finder_finds_them() -> None:
+    bad = ("import atexit, signal, sys\nNV = Nvml()\natexit.register(print)\n"
+           "signal.signal(15, None)\nsys.modules['drive'] = sys.modules['__main__']\n"
+           "sys.path.insert(0, '.')\nX = [1]\nX.append(2)\nD.ORDER[:] = X\n")
+    assert [f.split(":")[0] for f in side_effects(bad)] == [
+        "line 2", "line 3", "line 4", "line 5", "line 6", "line 8", "line 9"]
+    good = ('"""doc"""\nimport re\nRE = re.compile("x")\nHERE = Path(__file__).parent\n'
+            'def f() -> None:\n    atexit.register(print)\nif __name__ == "__main__":\n'
+            '    sys.path.insert(0, ".")\n')
+    assert side_effects(good) == []

@@ -15,8 +15,8 @@ from typing import TypeVar
 import pytest
 
 from tests.support.fakevllm import completion, fake, http
-from tests.support.waiting import wait_until
 from vllmwatch.testing.fake_vllm import parse_args
+from vllmwatch.testing.waiting import wait_until
 
 T = TypeVar("T")
 

@@ -114,9 +114,10 @@ def test_a_worker_that_raises_still_answers_and_the_probe_keeps_running() -> Non
     d.fx.raise_on = {"probe:metrics"}
     d.run_for(100)
     failed = d.events("io.failed")
-    assert len(failed) >= 5, "the metrics probe stopped after its first lost result"
     assert "injected failure" in failed[0]["error"] and "Traceback" in failed[0]["traceback"]
+    # The metrics probe kept running; the same failure is logged once a minute with a count.
     assert d.state.probe_failures.get("metrics", 0) >= 5
+    assert len(failed) == 2 and failed[1]["repeated"] >= 3 and "traceback" not in failed[1]
     d.fx.raise_on = {"probe:health"}
     d.run_for(30)
     assert [f["reason"] for f in d.events("restart.begin")] == ["health"]
@@ -234,7 +235,7 @@ def test_jitter_is_seeded_from_the_os() -> None:
 def test_after_sighup_the_next_child_uses_the_new_config() -> None:
     d = up()
     new = config_with(BASE, vllm={"port": 8123}, probe={"timeout": 4})
-    d.loop._reload_config = lambda: new  # the daemon re-reads its file here
+    d.loop._reloads.read = lambda: new  # the daemon re-reads its file here
     d.signal(signal.SIGHUP)
     assert d.run_until(lambda: ready(d) and d.world.spawns == 2, 300)
     assert d.state.child is not None and d.state.child.vllm.port == 8123

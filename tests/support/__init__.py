@@ -1,27 +1,23 @@
-"""What tests and benchmarks share: ports, waiting with deadlines, TOML configs, the fake vLLM
-as a server, and the one harness around a `vllmwatch run` process (tests/support/daemon.py).
+"""What the tests share; import from here: `from tests.support import Daemon, base_config,
+free_port, wait_for`.
 
-Import from here: `from tests.support import Daemon, base_config, free_port, wait_for`.
+Ports, waiting with deadlines, TOML configs and the one harness around a `vllmwatch run`
+process live in vllmwatch/testing/ (ports.py, waiting.py, tomlfile.py, daemon.py), because
+bench/ and bench/gpu/ use them too and bench/gpu runs on the GPU machine from an export of
+vllmwatch/ and bench/gpu/ alone. Here: the fake vLLM as a server (fakevllm.py) and the daemon
+tier's configs (daemon.py).
 """
 
 from __future__ import annotations
 
-from tests.support.daemon import (
-    FAKE,
-    PYTHON,
-    REPO,
-    Daemon,
-    Event,
-    NotifyListener,
-    base_config,
-    ts_of,
-    wait_for_gone,
-    wait_for_value,
-)
+from tests.support.daemon import FAKE, base_config
 from tests.support.fakevllm import Fake, completion, fake, http
-from tests.support.ports import free_port, port_free
-from tests.support.tomlfile import merge, to_toml, write_toml
-from tests.support.waiting import TIMEOUT_SCALE, holds_within, wait_for, wait_until
+from vllmwatch.testing.daemon import PYTHON, REPO, Daemon, Event, ts_of
+from vllmwatch.testing.leftovers import wait_for_gone, wait_for_value
+from vllmwatch.testing.notify import NotifyListener
+from vllmwatch.testing.ports import free_port, port_free
+from vllmwatch.testing.tomlfile import merge, to_toml, write_toml
+from vllmwatch.testing.waiting import TIMEOUT_SCALE, holds_within, wait_for, wait_until
 
 __all__ = [
     "FAKE", "PYTHON", "REPO", "TIMEOUT_SCALE", "Daemon", "Event", "Fake", "NotifyListener",

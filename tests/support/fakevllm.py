@@ -15,8 +15,8 @@ from contextlib import contextmanager, suppress
 from pathlib import Path
 from typing import Any
 
-from tests.support.ports import free_port
-from tests.support.waiting import wait_until
+from vllmwatch.testing.ports import free_port
+from vllmwatch.testing.waiting import wait_until
 
 ROOT = Path(__file__).resolve().parents[2]
 

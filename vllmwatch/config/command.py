@@ -7,9 +7,8 @@ import re
 import shlex
 from collections.abc import Mapping
 from dataclasses import dataclass, field
-from pathlib import Path
 
-from vllmwatch.config import flags
+from vllmwatch.config import flags, safefile
 from vllmwatch.config.errors import Problem
 from vllmwatch.config.flags import flag_name as flag_name  # re-exported for callers
 from vllmwatch.config.schema import Config, ConfigError
@@ -22,6 +21,7 @@ _STRIP_ENV = ("NOTIFY_SOCKET", "WATCHDOG_USEC", "WATCHDOG_PID", "LISTEN_FDS", "L
 _SECRET_WORDS = ("key", "token", "secret", "password", "passwd", "credential", "auth",
                  "private")
 REDACTED = "<redacted>"
+MAX_KEY = 64 * 1024  # an API key is tens of bytes; a larger file is not a key file
 
 
 class CommandError(ConfigError):
@@ -109,14 +109,30 @@ def read_api_key(config: Config) -> str | None:
     if not path:
         return None
     try:
-        key = Path(path).read_text(encoding="utf-8").strip()
-    except OSError as exc:
-        raise ConfigError(config.path, "vllm.api_key_file", f"cannot read {path!r}: "
-                          f"{exc.strerror}; check the path and that the service user may "
-                          "read it") from None
+        key = safefile.read_bounded(path, MAX_KEY).decode("utf-8").strip()
+    except safefile.FileProblem as exc:
+        raise KeyFileError(config.path, "vllm.api_key_file", f"{exc}; check the path and "
+                           "that the service user may read it", transient=exc.transient) \
+            from None
+    except UnicodeDecodeError as exc:
+        raise KeyFileError(config.path, "vllm.api_key_file", f"{path!r} is not UTF-8 text "
+                           f"({exc.reason} at byte {exc.start})", transient=True) from None
     if not key:
-        raise ConfigError(config.path, "vllm.api_key_file", f"{path!r} is empty")
+        raise KeyFileError(config.path, "vllm.api_key_file", f"{path!r} is empty (a key "
+                           "rotation in progress?)", transient=True)
     return key
+
+
+class KeyFileError(ConfigError):
+    """vllm.api_key_file cannot be used now; `transient` when a moment later it may be.
+
+    A key rotation replaces the file (empty or missing for a moment): the daemon retries that
+    with backoff instead of exiting 2; a path that is a FIFO, device or directory is wrong.
+    """
+
+    def __init__(self, path: str, key: str, problem: str, transient: bool) -> None:
+        super().__init__(path, key, problem)
+        self.transient = transient
 
 
 def accepts_shutdown_timeout(version: str | None) -> bool:

@@ -10,10 +10,9 @@ import os
 import sys
 from collections.abc import Mapping
 from dataclasses import dataclass, field
-from pathlib import Path
 from typing import Any
 
-from vllmwatch.config import flags
+from vllmwatch.config import flags, safefile
 from vllmwatch.config.bounds import DAY, bounds_of
 from vllmwatch.config.convert import CONVERTERS, choice, show
 from vllmwatch.config.errors import ConfigError, Problem, line_of, raise_all
@@ -250,12 +249,10 @@ def config_path(cli_value: str | None) -> str:
 def load(path: str) -> Config:
     """Read, parse and validate a config file; raise ConfigError listing every problem."""
     try:
-        raw = Path(path).read_bytes()
-    except FileNotFoundError:
-        raise ConfigError(path, "", "file not found (pass --config PATH or set "
-                          "VLLMWATCH_CONFIG)") from None
-    except OSError as exc:
-        raise ConfigError(path, "", f"cannot read: {exc.strerror}") from None
+        raw = safefile.read_bounded(path)
+    except safefile.FileProblem as exc:
+        hint = " (pass --config PATH or set VLLMWATCH_CONFIG)" if exc.transient else ""
+        raise ConfigError(path, "", f"{exc}{hint}") from None
     try:
         text = raw.decode("utf-8")
         data = tomllib.loads(text)

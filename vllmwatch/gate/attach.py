@@ -9,6 +9,7 @@ from typing import Any
 from vllmwatch.config.hosts import connect_host, url_host
 from vllmwatch.config.schema import Config
 from vllmwatch.gate.door import Readiness, readiness_of
+from vllmwatch.gate.guard import MAX_CONNECTIONS
 from vllmwatch.gate.runner import Gate, GateError
 from vllmwatch.logfn import LogFn
 from vllmwatch.status.snapshot import Snapshot
@@ -20,8 +21,8 @@ def upstream_of(config: Config) -> str:
     return f"http://{url_host(connect_host(config.vllm.host))}:{config.vllm.port}"
 
 
-def start_gate(config: Config, log: LogFn, get_snapshot: Callable[[], Snapshot]
-               ) -> Gate | None:
+def start_gate(config: Config, log: LogFn, get_snapshot: Callable[[], Snapshot],
+               max_connections: int = MAX_CONNECTIONS) -> Gate | None:
     """Start the [gate] front door if enabled; None when off or when it could not start."""
     g = config.gate
     if not g.enabled:
@@ -37,7 +38,8 @@ def start_gate(config: Config, log: LogFn, get_snapshot: Callable[[], Snapshot]
             hint="clients on gate.listen get connection errors now; vLLM itself still runs "
                  "on vllm.port; restart vllmwatch (systemctl restart vllmwatch)")
 
-    gate = Gate(g.listen, upstream, readiness, g.hold_timeout, g.retry_after, failed)
+    gate = Gate(g.listen, upstream, readiness, g.hold_timeout, g.retry_after, failed, log=log,
+                max_connections=max_connections)
     try:
         gate.start()
     except GateError as exc:

@@ -17,6 +17,7 @@ from aiohttp import web
 from multidict import CIMultiDict
 
 from vllmwatch.gate.door import Door, Readiness
+from vllmwatch.gate.guard import Guard
 
 # RFC 9110 7.6.1: meaningful for one connection only, never forwarded.
 HOP_BY_HOP = frozenset({"connection", "keep-alive", "proxy-authenticate", "proxy-authorization",
@@ -24,7 +25,9 @@ HOP_BY_HOP = frozenset({"connection", "keep-alive", "proxy-authenticate", "proxy
                         "content-length"})
 REFUSED_HOLD = 0.5  # after vLLM refused a connection, hold this long before trying again
 WHOLE_BODY = 4 * 2**20  # sized answers up to this are read whole, larger ones streamed
-MAX_BODY = 256 * 2**20  # prompts with images can be large; aiohttp's default is 1 MiB
+WHOLE_BODY_TIMEOUT = 60.0  # reading such an answer once its head has come
+# One forwarded exchange with vLLM, head to last byte (a long streamed generation included).
+UPSTREAM_TOTAL = 3600.0
 
 
 @dataclass
@@ -39,6 +42,16 @@ class GateStats:
     connect_retries: int = 0  # vLLM refused the connection; held again, then sent
     holding: int = 0  # waiting at the door now
     in_flight: int = 0  # forwarded and not yet answered
+    # Bounds (gate/guard.py): connections shed and refused requests, by reason.
+    shed_connections: int = 0  # over the connection cap: 503 and closed at once
+    idle_timeouts: int = 0  # no request within the idle deadline: closed
+    header_timeouts: int = 0  # a request head not complete within its deadline: closed
+    body_timeouts: int = 0  # a request body not complete within its deadline: 408
+    too_large: int = 0  # a request body over the cap: 413
+    held_full: int = 0  # the bodies held at once would pass their cap: 503
+    upstream_timeouts: int = 0  # vLLM's answer not complete within its deadline: 504
+    connections: int = 0  # client connections open now
+    held_bytes: int = 0  # request bodies in memory now
 
 
 def _error(status: int, message: str, retry_after: float | None = None) -> web.Response:
@@ -56,12 +69,13 @@ class Forwarder:
         self.door, self.upstream, self.stats = door, upstream.rstrip("/"), stats
         self.hold_timeout, self.retry_after = hold_timeout, retry_after
         self.session: aiohttp.ClientSession | None = None
+        self.guard: Guard | None = None  # set by the runner once its server exists
 
     async def open(self) -> None:
         """Create the client session (on the gate's loop)."""
         self.session = aiohttp.ClientSession(
             connector=aiohttp.TCPConnector(limit=0),  # vLLM queues; we must not
-            timeout=aiohttp.ClientTimeout(total=None, connect=5.0),
+            timeout=aiohttp.ClientTimeout(total=UPSTREAM_TOTAL, connect=5.0),
             auto_decompress=False)
 
     async def close(self) -> None:
@@ -70,8 +84,23 @@ class Forwarder:
             await self.session.close()
 
     async def handle(self, request: web.Request) -> web.StreamResponse:
-        """Hold while vLLM is not ready, then forward once."""
-        body = await request.read()
+        """Read the body within the guard's bounds, hold while vLLM is not ready, forward once."""
+        guard = self.guard
+        if guard is None:
+            return await self._handle(request, await request.read())
+        guard.begin(request.protocol)
+        try:
+            got = await guard.read_body(request)
+            if isinstance(got, web.Response):
+                return got
+            try:
+                return await self._handle(request, got)
+            finally:
+                guard.release(len(got))
+        finally:
+            guard.end(request.protocol)
+
+    async def _handle(self, request: web.Request, body: bytes) -> web.StreamResponse:
         loop = asyncio.get_running_loop()
         deadline = loop.time() + self.hold_timeout
         held = False  # counted once per request, however often it waits
@@ -121,7 +150,7 @@ class Forwarder:
                                       if k.lower() not in HOP_BY_HOP)
                 if up.content_length is not None and up.content_length <= WHOLE_BODY:
                     # A sized answer (not SSE): one read, one write; cheaper than chunks.
-                    data = await up.read()
+                    data = await asyncio.wait_for(up.read(), WHOLE_BODY_TIMEOUT)
                     return web.Response(body=data, status=up.status, reason=up.reason,
                                         headers=headers)
                 response = web.StreamResponse(status=up.status, reason=up.reason,
@@ -138,11 +167,16 @@ class Forwarder:
             raise
         except (aiohttp.ClientError, asyncio.TimeoutError) as exc:
             self.stats.failed_midrequest += 1
+            if isinstance(exc, asyncio.TimeoutError):
+                self.stats.upstream_timeouts += 1
             if response is not None and response.prepared:
                 # The answer had begun: cut the connection so the client sees it incomplete.
                 if request.transport is not None:
                     request.transport.close()
                 return response
+            if isinstance(exc, asyncio.TimeoutError):
+                return _error(504, "vLLM's answer was not complete within its deadline; it "
+                              "was not retried: send it again if it is safe to repeat")
             return _error(502, f"vLLM failed during the request ({type(exc).__name__}); it "
                           "was not retried: send it again if it is safe to repeat")
         finally:

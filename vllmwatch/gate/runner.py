@@ -18,11 +18,19 @@ from typing import Any
 from aiohttp import web
 
 from vllmwatch.config.hosts import parse_address
+from vllmwatch.gate import guard as guardmod
 from vllmwatch.gate.door import Door, Readiness
-from vllmwatch.gate.proxy import MAX_BODY, Forwarder, GateStats
+from vllmwatch.gate.proxy import Forwarder, GateStats
+from vllmwatch.status.http_guard import Rejections
 
 START_TIMEOUT = 10.0
 SHUTDOWN_GRACE = 3.0
+GUARD_REASONS = ("shed_connections", "idle_timeouts", "header_timeouts", "body_timeouts",
+                 "too_large", "held_full")
+_REFUSED = ("gate clients were cut or refused (shed_connections: over the connection cap; "
+            "idle/header/body_timeouts: too slow; too_large: body over the cap; held_full: "
+            "too many bodies held while vLLM is not ready); vLLM and the watchdog are not "
+            "affected. Look for clients that connect and stay idle or send slowly.")
 
 
 def loop_factory() -> Callable[[], asyncio.AbstractEventLoop] | None:
@@ -62,10 +70,16 @@ class Gate:
 
     def __init__(self, listen: str, upstream: str, get_readiness: Callable[[], Readiness],
                  hold_timeout: float, retry_after: float,
-                 on_error: Callable[[str], None] | None = None) -> None:
+                 on_error: Callable[[str], None] | None = None,
+                 log: Callable[..., None] | None = None,
+                 max_connections: int = guardmod.MAX_CONNECTIONS) -> None:
         self.host, self.port = parse_address(listen)
         self.listen = listen
         self.stats = GateStats()
+        self.max_connections = max_connections
+        self.guard: guardmod.Guard | None = None
+        self.refusals = Rejections(log or (lambda *a, **k: None), event="gate.refused",
+                                   detail=_REFUSED, reasons=GUARD_REASONS)
         self.door = Door(get_readiness)
         self.forwarder = Forwarder(self.door, upstream, hold_timeout, retry_after, self.stats)
         self.error: str | None = None
@@ -101,6 +115,9 @@ class Gate:
 
     def snapshot(self) -> dict[str, Any]:
         """Counters and health for /status and the metrics (any thread)."""
+        guard = self.guard
+        if guard is not None:  # gauges, read racily from another thread: fine for a figure
+            self.stats.connections, self.stats.held_bytes = len(guard.conns), guard.held
         out: dict[str, Any] = dataclasses.asdict(self.stats)
         out.update(listen=self.listen, running=self.running, error=self.error, loop=self.loop)
         return out
@@ -122,29 +139,49 @@ class Gate:
     async def _main(self) -> None:
         self._loop = asyncio.get_running_loop()
         self._stop = asyncio.Event()
-        app = web.Application(client_max_size=MAX_BODY)
+        loop = asyncio.get_running_loop()
+        app = web.Application(client_max_size=guardmod.MAX_BODY)
         app.router.add_route("*", "/{tail:.*}", self.forwarder.handle)
-        # On stop, in-flight and held requests get SHUTDOWN_GRACE s, then are cut.
+        # On stop, in-flight and held requests get SHUTDOWN_GRACE s, then are cut. Idle
+        # keep-alive connections close at the guard's idle deadline (counted there).
         runner = web.AppRunner(app, access_log=None, handler_cancellation=True,
-                               shutdown_timeout=SHUTDOWN_GRACE)
+                               shutdown_timeout=SHUTDOWN_GRACE,
+                               keepalive_timeout=guardmod.IDLE_TIMEOUT + 5.0)  # ours first
         await runner.setup()
+        assert runner.server is not None
+        guard = self.guard = guardmod.Guard(runner.server, self._count, self.max_connections)
+        self.forwarder.guard = guard
         await self.forwarder.open()
         watcher = asyncio.create_task(self.door.watch())
+        sweeper = asyncio.create_task(guard.sweep())
+        listener: asyncio.base_events.Server | None = None
         try:
-            site = web.TCPSite(runner, self.host or None, self.port, reuse_address=True)
             try:
-                await site.start()
+                listener = await loop.create_server(
+                    guard.factory, self.host or None, self.port, reuse_address=True,
+                    backlog=1024)
             except OSError as exc:
                 self.error = (f"gate.listen {self.listen}: cannot listen ({exc.strerror}); "
                               "choose a free port or stop what holds it")
                 return
             self._started.set()
             stopping = asyncio.create_task(self._stop.wait())
-            await asyncio.wait({stopping, watcher}, return_when=asyncio.FIRST_COMPLETED)
-            if watcher.done():
-                watcher.result()  # the readiness watcher died: raise its error
-                raise RuntimeError("the readiness watcher ended")
+            await asyncio.wait({stopping, watcher, sweeper},
+                               return_when=asyncio.FIRST_COMPLETED)
+            for task in (watcher, sweeper):
+                if task.done():
+                    task.result()  # the readiness watcher or the sweeper died: raise it
+                    raise RuntimeError("a gate task ended")
         finally:
             watcher.cancel()
+            sweeper.cancel()
+            if listener is not None:
+                listener.close()
             await runner.cleanup()
             await self.forwarder.close()
+            self.refusals.flush(loop.time(), force=True)
+
+    def _count(self, reason: str) -> None:
+        """One more shed connection or refused request (on the gate's loop)."""
+        setattr(self.stats, reason, getattr(self.stats, reason) + 1)
+        self.refusals.count(reason)

@@ -12,7 +12,7 @@ import queue
 import re
 import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from typing import IO
 
 from vllmwatch.core.events import ChildOutput
@@ -41,6 +41,11 @@ _LEVEL_MAP = {"DEBUG": "debug", "INFO": "info", "WARNING": "warning", "WARN": "w
 # Our own successful probes in vLLM's access log: 17k lines a day of noise, not forwarded.
 _OWN_PROBE = re.compile(r'"GET /(health|metrics) HTTP/1\.[01]" 200')
 PROGRESS_EVERY = 0.5  # at most this often a plain line is posted to the loop as progress
+# Forwarded lines: journald's default limit is 10,000 entries per 30 s per unit; 2,000 at once
+# then 200 a second stays under it (8,000 per 30 s) with room for our own events.
+RATE, BURST = 200.0, 2000.0
+MAX_LINE = 16 * 1024  # bytes of one line; a longer one is cut (a line without end is a leak)
+DROP_REPORT_EVERY = 10.0
 
 
 def milestone_of(line: str) -> str | None:
@@ -65,12 +70,36 @@ def level_of(line: str, previous: str) -> str:
     return "info"
 
 
+class Bucket:
+    """A token bucket: `rate` lines a second on average, `burst` at once (not thread-safe)."""
+
+    def __init__(self, rate: float, burst: float, now: float) -> None:
+        self.rate, self.burst, self.tokens, self.at = rate, burst, burst, now
+
+    def take(self, now: float) -> bool:
+        """Whether one more line may pass now."""
+        self.tokens = min(self.burst, self.tokens + (now - self.at) * self.rate)
+        self.at = now
+        if self.tokens < 1.0:
+            return False
+        self.tokens -= 1.0
+        return True
+
+
 class ChildLog:
-    """Reads one child's output; posts ChildOutput events; forwards lines to the log."""
+    """Reads one child's output; posts ChildOutput events; forwards lines to the log.
+
+    Every line is looked at (milestones, last_lines, memory lines: the diagnosis never
+    misses one), but at most RATE lines a second (BURST at once) are forwarded, so a child
+    printing megabytes a second cannot flood the journal past its rate limit and drown our
+    own events; what was not forwarded is counted in `child.lines_dropped` (at most one
+    event per DROP_REPORT_EVERY s). A line longer than MAX_LINE is cut there.
+    """
 
     def __init__(self, stream: IO[bytes], pid: int, post: Callable[[ChildOutput], None],
                  log: LogFn, forward: bool = True, capacity: int = 10000,
-                 tail_lines: int = 300) -> None:
+                 rate: float = RATE, burst: float = BURST,
+                 clock: Callable[[], float] = time.monotonic, tail_lines: int = 300) -> None:
         self._stream, self._pid, self._post, self._log = stream, pid, post, log
         self._forward = forward
         self._queue: queue.Queue[tuple[str, str] | None] = queue.Queue(maxsize=capacity)
@@ -80,7 +109,13 @@ class ChildLog:
         # Memory-failure lines of the whole run (core/unified.py): vLLM's traceback after
         # them can be longer than last_lines.
         self.memory_lines: collections.deque[str] = collections.deque(maxlen=5)
-        self.dropped = 0
+        self.dropped = 0  # lines not forwarded: the log was too slow (queue full)
+        self.limited = 0  # lines not forwarded: over the rate
+        self.cut = 0  # lines longer than MAX_LINE, cut there
+        self._clock = clock
+        self._bucket = Bucket(rate, burst, clock())
+        self._reported = (0, 0, 0)
+        self._next_report = 0.0
         self._reader = threading.Thread(target=self._read, name=f"child-{pid}-reader",
                                         daemon=True)
         self._writer = threading.Thread(target=self._write, name=f"child-{pid}-writer",
@@ -101,44 +136,76 @@ class ChildLog:
         self._reader.join(max(0.0, deadline - time.monotonic()))
         self._writer.join(max(0.0, deadline - time.monotonic()))
 
+    def _lines(self) -> Iterator[str]:
+        """The child's lines, each at most MAX_LINE bytes (the rest of a longer one skipped)."""
+        readline = self._stream.readline
+        skipping = False
+        while True:
+            raw = readline(MAX_LINE + 1)
+            if not raw:
+                return
+            whole = raw.endswith(b"\n")
+            if skipping:  # the tail of a cut line
+                skipping = not whole
+                continue
+            if not whole and len(raw) > MAX_LINE:
+                self.cut += 1
+                skipping = True
+                raw = raw[:MAX_LINE] + b" [cut: line over 16 KiB]"
+            line = raw.decode("utf-8", "replace").rstrip("\r\n")
+            if line.strip():
+                yield line
+
     def _read(self) -> None:
         level = "info"
         last_post = 0.0
         try:
-            for raw in iter(self._stream.readline, b""):
-                line = raw.decode("utf-8", "replace").rstrip("\r\n")
-                if not line.strip():
-                    continue
+            for line in self._lines():
                 level = level_of(line, level)
-                self.last_lines.append(line)
-                self.tail.append(line)
+                self.last_lines.append(line)  # before any limit: the diagnosis sees all
+                self.tail.append(line)  # ... and so does an incident record
                 if is_memory_line(line):
                     self.memory_lines.append(line)
                 milestone, hit = milestone_of(line), compile_cache_hit(line)
-                now = time.monotonic()
+                now = self._clock()
                 if milestone or hit or now - last_post >= PROGRESS_EVERY:
                     self._post(ChildOutput(milestone, hit))
                     last_post = now
                 if self._forward and not _OWN_PROBE.search(line):
-                    try:
-                        self._queue.put_nowait((level, line))
-                    except queue.Full:
-                        self.dropped += 1
+                    self._offer(level, line, now)
         except (OSError, ValueError):
             pass  # the pipe closed under us
         finally:
             self._queue.put(None)
 
+    def _offer(self, level: str, line: str, now: float) -> None:
+        if not self._bucket.take(now):
+            self.limited += 1
+            return
+        try:
+            self._queue.put_nowait((level, line))
+        except queue.Full:
+            self.dropped += 1
+
     def _write(self) -> None:
-        reported = 0
         while True:
             item = self._queue.get()
             if item is None:
                 break
             level, line = item
             self._log(level, "child.line", pid=self._pid, text=line)
-            if self.dropped > reported:
-                self._log("warning", "child.lines_dropped", pid=self._pid,
-                          count=self.dropped - reported,
-                          detail="the log could not keep up; vLLM was not slowed down")
-                reported = self.dropped
+            self._report(force=False)
+        self._report(force=True)
+
+    def _report(self, force: bool) -> None:
+        """Log what was not forwarded, at most once per DROP_REPORT_EVERY s (with counts)."""
+        counts = (self.dropped, self.limited, self.cut)
+        now = self._clock()
+        if counts == self._reported or (not force and now < self._next_report):
+            return
+        slow, rate, cut = (a - b for a, b in zip(counts, self._reported, strict=True))
+        self._reported, self._next_report = counts, now + DROP_REPORT_EVERY
+        self._log("warning", "child.lines_dropped", pid=self._pid, count=slow + rate,
+                  over_rate=rate, log_too_slow=slow, cut_long=cut, rate_per_s=self._bucket.rate,
+                  detail="vLLM printed more than is forwarded; it was not slowed down, and "
+                         "its last lines are still kept for the exit diagnosis")

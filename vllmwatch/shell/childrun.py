@@ -104,6 +104,10 @@ def prepare(config: Config, environ: Mapping[str, str], marker: str, version: st
             extra["TMPDIR"] = childmod.child_tmpdir(marker)
         cmd = command.build(config, environ, api_key=api_key, vllm_version=version,
                             extra_env=extra)
+    except command.KeyFileError as exc:
+        if exc.transient:  # a key rotation: retried with backoff, not a config error
+            return SpawnFailed(f"{exc} (retried with backoff)", fatal=False)
+        return SpawnFailed(str(exc), fatal=True)
     except ConfigError as exc:
         return SpawnFailed(str(exc), fatal=True)
     # [vllm.args] against the flags this vLLM accepts (cache only: never blocks the loop).

@@ -26,7 +26,6 @@ from vllmwatch.core.events import (
     Notify,
     Probe,
     RecordIncident,
-    ReloadRequested,
     RestartRequested,
     SampleMemory,
     SignalGroup,
@@ -38,15 +37,18 @@ from vllmwatch.core.events import (
     failure_result,
 )
 from vllmwatch.core.names import Reason
+from vllmwatch.logfn import Repeats
 from vllmwatch.shell.clock import Clock
 from vllmwatch.shell.effects import Effects
 from vllmwatch.shell.notify import status_line, watchdog_interval
+from vllmwatch.shell.reload import ReloadRead, Reloads
 from vllmwatch.status.snapshot import Snapshot
 from vllmwatch.status.statusline import snapshot_of, summary
 
 _SIGNALS = (signal.SIGTERM, signal.SIGINT, signal.SIGHUP, signal.SIGUSR1, signal.SIGCHLD)
 STATUS_EVERY = 10.0
 MAX_SLEEP = 5.0  # wake at least this often, whatever the core says
+
 
 # wait(fds, timeout): block until one of fds is readable or the timeout passes.
 Waiter = Callable[[list[int], float], None]
@@ -77,9 +79,10 @@ class Loop:
                  reload_config: Callable[[], Config] | None = None,
                  environ: dict[str, str] | None = None, *, seed: int | None = None,
                  executor: Executor | None = None, waiter: Waiter | None = None,
-                 install_signals: bool = True) -> None:
-        self.fx, self.clock, self._reload_config = fx, clock, reload_config
-        self._events: queue.SimpleQueue[Event] = queue.SimpleQueue()
+                 install_signals: bool = True,
+                 on_reloaded: Callable[[Config], None] | None = None) -> None:
+        self.fx, self.clock = fx, clock
+        self._events: queue.SimpleQueue[Event | ReloadRead] = queue.SimpleQueue()
         self._wake_r, self._wake_w = os.pipe()
         os.set_blocking(self._wake_r, False)
         os.set_blocking(self._wake_w, False)
@@ -98,14 +101,30 @@ class Loop:
         self._last_status = ""
         self._pending_signals: list[int] = []
         self.exit_code: int | None = None
+        self._repeats = Repeats(lambda *a, **kw: self.fx.log(*a, **kw), clock.monotonic)
+        self._reloads = Reloads(reload_config, clock.monotonic, self._pool_submit,
+                                lambda: self.deliver_signal(signal.SIGHUP), on_reloaded)
 
     # ---- plumbing ----
 
-    def post(self, event: Event) -> None:
+    def post(self, event: Event | ReloadRead) -> None:
         """Hand an event to the loop from any thread."""
         self._events.put(event)
         with contextlib.suppress(BlockingIOError, OSError):
             os.write(self._wake_w, b"\0")
+
+    def _pool_submit(self, fn: Callable[[], ReloadRead],
+                     failed: Callable[[str], ReloadRead]) -> None:
+        """Run fn on a worker and post its answer (or failed(error)'s): always one answer."""
+        def done(fut: Future[ReloadRead]) -> None:
+            if not fut.cancelled():
+                exc = fut.exception()
+                self.post(fut.result() if exc is None else failed(f"{type(exc).__name__}: "
+                                                                  f"{exc}"))
+        try:
+            self._pool.submit(fn).add_done_callback(done)
+        except RuntimeError as exc:  # the pool is shut down
+            self.post(failed(str(exc)))
 
     def _submit(self, action: AsyncAction, fn: Callable[[], Event]) -> None:
         def done(fut: Future[Event]) -> None:
@@ -115,9 +134,12 @@ class Loop:
             if exc is None:
                 self.post(fut.result())
                 return
-            self.fx.log("error", "io.failed", action=type(action).__name__,
-                        error=f"{type(exc).__name__}: {exc}",
-                        traceback="".join(traceback.format_exception(exc)))
+            # The same failure again and again (a malformed answer on every probe): one
+            # event per minute with a count, the traceback only the first time.
+            self._repeats((type(action).__name__, type(exc).__name__), "error", "io.failed",
+                          drop_on_repeat=("traceback",), action=type(action).__name__,
+                          error=f"{type(exc).__name__}: {exc}",
+                          traceback="".join(traceback.format_exception(exc)))
             self.post(failure_result(action, f"{type(exc).__name__}: {exc}"))
 
         try:
@@ -182,7 +204,7 @@ class Loop:
     def next_deadline(self) -> float | None:
         """The earliest moment the loop must wake by itself."""
         due = [t for t in (machine.next_wakeup(self.state), self._next_ping_due(),
-                           self._next_status) if t is not None]
+                           self._next_status, self._reloads.due) if t is not None]
         return min(due) if due else None
 
     def _wait(self) -> None:
@@ -209,9 +231,14 @@ class Loop:
             events.append(exited)
         while True:
             try:
-                events.append(self._events.get_nowait())
+                got = self._reloads.answer(self._events.get_nowait())
             except queue.Empty:
                 break
+            if got is not None:
+                events.append(got)
+        overdue = self._reloads.overdue()
+        if overdue is not None:
+            events.append(overdue)
         return events or [Tick()]
 
     def _signal_event(self, signum: int) -> Event | None:
@@ -220,17 +247,8 @@ class Loop:
         if signum == signal.SIGUSR1:
             return RestartRequested()
         if signum == signal.SIGHUP:
-            return self._reload()
+            return self._reloads.request()
         return None  # SIGCHLD only wakes us; poll_child() looks
-
-    def _reload(self) -> Event:
-        if self._reload_config is None:
-            return ReloadRequested(None, "no config file to reload")
-        try:
-            config = self._reload_config()
-        except Exception as exc:
-            return ReloadRequested(None, str(exc))
-        return ReloadRequested(config)
 
     def _turn(self, events: list[Event]) -> int | None:
         pending = list(events)

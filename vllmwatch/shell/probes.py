@@ -21,12 +21,16 @@ from vllmwatch.config.schema import Config, ProbeConfig
 from vllmwatch.core import canary as kinds
 from vllmwatch.core import sleep
 from vllmwatch.core.events import CanaryResult, HealthResult, MetricsResult
+from vllmwatch.status import bounded_http
 
 # Only these series are parsed; filtering the 48 KB text first cuts a ~7 ms parse to ~0.2 ms.
 _WANTED = ("vllm:num_requests_running", "vllm:num_requests_waiting", "vllm:kv_cache_usage_perc",
            "vllm:gpu_cache_usage_perc", "vllm:prompt_tokens_total",
            "vllm:generation_tokens_total")
 WARMUP_PROMPT = "Write one short sentence about the sea."
+# Bodies read at most (issue 22): vLLM's /metrics is ~50 KB (a few MB with many LoRAs).
+MAX_BODY = {"/metrics": 16 * 2**20, "/health": 64 * 2**10}
+MAX_ANSWER = 4 * 2**20  # a canary's answer (a few tokens): anything larger is refused
 
 
 class Prober(Protocol):
@@ -89,16 +93,13 @@ class HttpProber:
 
     def _request(self, method: str, path: str, timeout: float, body: bytes | None = None
                  ) -> tuple[int, bytes]:
-        conn = http.client.HTTPConnection(self.host, self.port, timeout=timeout)
-        try:
-            headers = {"Content-Type": "application/json"} if body is not None else {}
-            if self.api_key and path.startswith("/v1/"):
-                headers["Authorization"] = f"Bearer {self.api_key}"
-            conn.request(method, path, body=body, headers=headers)
-            resp = conn.getresponse()
-            return resp.status, resp.read()
-        finally:
-            conn.close()
+        """One request, `timeout` for the whole of it (a trickling server fails at it)."""
+        headers = {"Content-Type": "application/json"} if body is not None else {}
+        if self.api_key and path.startswith("/v1/"):
+            headers["Authorization"] = f"Bearer {self.api_key}"
+        return bounded_http.request(self.host, self.port, method, path, timeout=timeout,
+                                    max_body=MAX_BODY.get(path, MAX_ANSWER), body=body,
+                                    headers=headers)
 
     def health(self) -> HealthResult:
         """GET /health; ok only for 200."""
@@ -166,8 +167,15 @@ class HttpProber:
             return MetricsResult(False, time.monotonic() - t0, error=_describe(exc))
         if status != 200:
             return MetricsResult(False, time.monotonic() - t0, error=f"HTTP {status}")
-        self.last_metrics_text = body.decode("utf-8", "replace")  # for an incident record
-        values = parse_metrics(self.last_metrics_text)
+        text = body.decode("utf-8", "replace")
+        self.last_metrics_text = text  # for an incident record
+        try:
+            values, awake = parse_metrics(text), awake_values(text)
+        except (ValueError, TypeError, IndexError, KeyError) as exc:
+            # vLLM's text is not Prometheus' format: a failed scrape, never a traceback.
+            return MetricsResult(False, time.monotonic() - t0,
+                                 error=f"malformed /metrics ({type(exc).__name__}: "
+                                       f"{str(exc)[:200]})")
         return MetricsResult(
             True, time.monotonic() - t0,
             running=values.get("vllm:num_requests_running"),
@@ -176,7 +184,7 @@ class HttpProber:
                                       values.get("vllm:gpu_cache_usage_perc")),
             prompt_tokens=values.get("vllm:prompt_tokens_total"),
             generation_tokens=values.get("vllm:generation_tokens_total"),
-            asleep=sleep.asleep_from_awake(awake_values(body.decode("utf-8", "replace"))))
+            asleep=sleep.asleep_from_awake(awake))
 
 
 def filter_lines(text: str, wanted: Iterable[str] = _WANTED) -> str:
@@ -205,6 +213,8 @@ def awake_values(text: str) -> list[float]:
 
 
 def _describe(exc: BaseException) -> str:
+    if isinstance(exc, bounded_http.DeadlineExceeded):
+        return str(exc)
     if isinstance(exc, TimeoutError):
         return "timed out"
     if isinstance(exc, ConnectionRefusedError):

@@ -12,8 +12,6 @@ import math
 import os
 import sys
 import time
-import urllib.error
-import urllib.request
 from collections.abc import Mapping
 from typing import Any, TextIO
 from urllib.parse import urlsplit
@@ -21,6 +19,7 @@ from urllib.parse import urlsplit
 from vllmwatch.config.hosts import connect_host, parse_listen, url_host
 from vllmwatch.config.schema import ConfigError, config_path, load
 from vllmwatch.config.units import format_duration, format_mib
+from vllmwatch.status import bounded_http
 
 TIMEOUT_S = 3.0
 MAX_BODY = 1 << 20
@@ -106,23 +105,24 @@ def status_url(base: str) -> str:
 
 
 def fetch(url: str) -> str:
-    """GET url with a short timeout; proxies are bypassed (the daemon is local)."""
-    opener = urllib.request.build_opener(urllib.request.ProxyHandler({}))
+    """GET url within TIMEOUT_S in all (not per read); no proxy (the daemon is local)."""
+    parts = urlsplit(url)
     try:
-        with opener.open(url, timeout=TIMEOUT_S) as response:
-            raw = response.read(MAX_BODY + 1)
-    except urllib.error.HTTPError as exc:
-        raise StatusError(f"cannot read {url}: HTTP {exc.code} {exc.reason}") from None
-    except urllib.error.URLError as exc:
-        if isinstance(exc.reason, ConnectionRefusedError):
-            raise StatusError(f"vllmwatch is not running (no answer at {url}); start it "
-                              "with `systemctl start vllmwatch`", EXIT_NOT_RUNNING) from None
-        raise StatusError(f"cannot read {url}: {_reason(exc.reason)}") from None
+        code, raw = bounded_http.request(
+            parts.hostname or "", parts.port or (443 if parts.scheme == "https" else 80),
+            "GET", (parts.path or "/") + (f"?{parts.query}" if parts.query else ""),
+            timeout=TIMEOUT_S, max_body=MAX_BODY, tls=parts.scheme == "https")
+    except ConnectionRefusedError:
+        raise StatusError(f"vllmwatch is not running (no answer at {url}); start it "
+                          "with `systemctl start vllmwatch`", EXIT_NOT_RUNNING) from None
+    except bounded_http.BodyTooLarge:
+        raise StatusError(f"{url} answered more than {MAX_BODY} bytes; that is not "
+                          "vllmwatch's /status") from None
     except (OSError, ValueError, http.client.HTTPException) as exc:
         raise StatusError(f"cannot read {url}: {_reason(exc)}") from None
-    if len(raw) > MAX_BODY:
-        raise StatusError(f"{url} answered more than {MAX_BODY} bytes; that is not "
-                          "vllmwatch's /status")
+    if code != 200:
+        reason = http.client.responses.get(code, "")
+        raise StatusError(f"cannot read {url}: HTTP {code} {reason}".rstrip())
     try:
         return str(raw.decode("utf-8"))
     except UnicodeDecodeError:
@@ -288,6 +288,6 @@ def _paint(text: str, colour: str | None, enabled: bool) -> str:
 
 
 def _reason(exc: object) -> str:
-    if isinstance(exc, TimeoutError):
-        return f"no answer within {TIMEOUT_S:.0f}s"
+    if isinstance(exc, TimeoutError):  # the whole request, however fast each read was
+        return f"no complete answer within {TIMEOUT_S:g}s"
     return str(exc) or type(exc).__name__

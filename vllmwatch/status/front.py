@@ -146,45 +146,56 @@ class Front:
                 pending = self._incoming.get_nowait()
             except queue.Empty:
                 return
+            try:
+                pending.sock.setblocking(False)
+            except OSError:  # closed under us: nothing to read or answer
+                pending.sock.close()
+                continue
+            # Most probes have sent their request by now: answer it before anything is
+            # evicted, so a churn of idle clients past the cap cannot cut a probe unread.
+            if self._read(pending):
+                continue
             while len(self._pending) >= self.max_pending:
                 oldest = next(iter(self._pending))
                 self._drop(oldest)
                 self.app.reject("overflow", oldest, None)
             try:
-                pending.sock.setblocking(False)
                 self._sel.register(pending.sock, selectors.EVENT_READ, pending)
-            except (OSError, ValueError):  # closed under us: nothing to read or answer
+            except (OSError, ValueError):  # closed under us
                 pending.sock.close()
                 continue
             self._pending[pending] = None
 
-    def _read(self, pending: Pending) -> None:
+    def _read(self, pending: Pending) -> bool:
+        """Read what arrived; True when the connection is done with (answered or closed)."""
         try:
             data = pending.sock.recv(4096)
         except BlockingIOError:
-            return
+            return False
         except OSError:
             data = b""
         if not data:  # the client hung up before asking anything: nothing to answer
             self._drop(pending)
             pending.sock.close()
-            return
+            return True
         pending.head += data
         end = _head_end(pending.head)
         if end < 0:
             if len(pending.head) > MAX_HEAD:
                 self._drop(pending)
                 self.app.reject("too_large", pending, _TOO_LARGE)
-            return
+                return True
+            return False
         self._drop(pending)
         method, path = _request_line(bytes(pending.head[:end]))
         answer = self.app.inline(method, path)
         if answer is None:
             self.dispatch(pending)
-            return
+            return True
         with contextlib.suppress(OSError):
             pending.sock.send(answer)  # a few hundred bytes: fits an empty socket buffer
         pending.sock.close()
+        return True
 
     def _expire(self, now: float) -> None:
         while self._pending:

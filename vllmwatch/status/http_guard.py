@@ -9,6 +9,7 @@ The application (status.StatusServer) supplies the slots, the timeout, the count
 
 from __future__ import annotations
 
+import errno
 import io
 import socket
 import socketserver
@@ -21,7 +22,8 @@ from typing import Any, Generic, Protocol, TypeVar
 
 from vllmwatch.status.front import Front, FrontApp, Pending
 
-REJECT_REASONS = ("busy", "timeout", "overflow", "too_large")
+REJECT_REASONS = ("busy", "timeout", "overflow", "too_large", "no_fds")
+NO_FDS_PAUSE = 0.1  # accepting again at once would spin while descriptors are exhausted
 _BUSY = (b"HTTP/1.0 503 Service Unavailable\r\nContent-Type: text/plain; charset=utf-8\r\n"
          b"Content-Length: 5\r\nRetry-After: 1\r\nConnection: close\r\n\r\nbusy\n")
 
@@ -48,6 +50,13 @@ class Slots:
             self.active -= 1
 
 
+_DETAIL = ("status clients were refused (busy: all handler slots taken; timeout: no complete "
+           "request in time; overflow: more idle connections than the cap, oldest dropped; "
+           "no_fds: the process is out of file descriptors); "
+           "probes (/livez, /readyz) are still answered. Look for clients that connect and "
+           "stay idle.")
+
+
 class Rejections:
     """Refused connections: totals by reason for /metrics, and one log event per `every` s.
 
@@ -56,11 +65,13 @@ class Rejections:
     """
 
     def __init__(self, log: Callable[..., None], every: float = 60.0,
-                 clock: Callable[[], float] = time.monotonic) -> None:
+                 clock: Callable[[], float] = time.monotonic, event: str = "status.rejected",
+                 detail: str = _DETAIL, reasons: tuple[str, ...] = REJECT_REASONS) -> None:
         self.log = log
         self.every = every
         self.clock = clock
-        self.totals = dict.fromkeys(REJECT_REASONS, 0)
+        self.event, self.detail = event, detail
+        self.totals = dict.fromkeys(reasons, 0)
         self._unlogged: dict[str, int] = {}
         self._last_log = float("-inf")
         self._lock = threading.Lock()
@@ -80,10 +91,7 @@ class Rejections:
             counts, self._unlogged = self._unlogged, {}
             window = None if self._last_log == float("-inf") else round(now - self._last_log, 1)
             self._last_log = now
-        self.log("warning", "status.rejected", counts=counts, since_last_s=window,
-                 detail="status clients were refused (busy: all handler slots taken; timeout: "
-                        "no complete request in time); probes (/livez, /readyz) are still "
-                        "answered. Look for clients that connect and stay idle.")
+        self.log("warning", self.event, counts=counts, since_last_s=window, detail=self.detail)
 
     def snapshot(self) -> dict[str, int]:
         """A copy of the totals by reason."""
@@ -123,6 +131,16 @@ class GuardedServer(HTTPServer, Generic[App]):
         """Close the listening socket and the front thread's connections."""
         super().server_close()
         self.front.stop()
+
+    def get_request(self) -> tuple[socket.socket, Any]:
+        """Accept; out of descriptors, count it and pause instead of spinning on accept()."""
+        try:
+            return self.socket.accept()
+        except OSError as exc:
+            if exc.errno in (errno.EMFILE, errno.ENFILE):
+                self.app.rejections.count("no_fds")
+                time.sleep(NO_FDS_PAUSE)  # the accept thread only: probes already in are served
+            raise
 
     def process_request(self, request: Any, client_address: Any) -> None:
         self.front.add(request, client_address)

@@ -47,6 +47,10 @@ GATE_COUNTERS = {
     "connect_retries": "Connections vLLM refused; the request waited and was sent later",
 }
 
+# The gate's bounds (gate/guard.py); the reason label is the GateStats field.
+GATE_REFUSALS = ("shed_connections", "idle_timeouts", "header_timeouts", "body_timeouts",
+                 "too_large", "held_full", "upstream_timeouts")
+
 
 class SnapshotCollector(Collector):
     """Turns the snapshot of the moment into metric families; series with no value are omitted
@@ -76,7 +80,8 @@ class SnapshotCollector(Collector):
         if self._rejected is not None:
             yield _labelled(CounterMetricFamily, "vllmwatch_status_rejected",
                             "Status connections refused, by reason (busy, timeout, overflow, "
-                            "too_large); probes are never refused", "reason", self._rejected())
+                            "too_large, no_fds); probes are never refused", "reason",
+                            self._rejected())
         info = InfoMetricFamily("vllmwatch", "Who this vllmwatch is: join on instance, job")
         info.add_metric([], {
             "version": snap.vllmwatch_version,
@@ -274,8 +279,16 @@ def _gate(snap: Snapshot) -> Iterator[Metric]:
     for key, doc in GATE_COUNTERS.items():
         yield CounterMetricFamily(f"vllmwatch_gate_{key}", doc, value=float(g.get(key, 0)))
     for key, doc in (("holding", "Requests waiting at the gate now"),
-                     ("in_flight", "Requests forwarded by the gate and not yet answered")):
+                     ("in_flight", "Requests forwarded by the gate and not yet answered"),
+                     ("connections", "Client connections open at the gate now"),
+                     ("held_bytes", "Bytes of request bodies the gate holds now")):
         yield GaugeMetricFamily(f"vllmwatch_gate_{key}", doc, value=float(g.get(key, 0)))
+    refused = CounterMetricFamily("vllmwatch_gate_refused", "Gate connections shed and "
+                                  "requests refused or cut by its bounds, by reason",
+                                  labels=["reason"])
+    for reason in GATE_REFUSALS:
+        refused.add_metric([reason], float(g.get(reason, 0)))
+    yield refused
 
 
 def _labelled(

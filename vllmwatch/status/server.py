@@ -21,6 +21,7 @@ from typing import Any
 from urllib.parse import urlsplit
 
 from vllmwatch.config.hosts import parse_listen
+from vllmwatch.logfn import Repeats
 from vllmwatch.status import metrics
 from vllmwatch.status.front import Pending
 from vllmwatch.status.http_guard import (
@@ -57,6 +58,7 @@ class StatusServer:
         client_timeout: float = 5.0,
         max_pending: int = 512,
         reject_log_every: float = 60.0,
+        stale_probes_fail_livez: bool = False,
     ) -> None:
         self.listen = listen
         self.allow_remote = allow_remote
@@ -64,10 +66,12 @@ class StatusServer:
         self.log = log
         self.now = now
         self.stale_after = stale_after
+        self.stale_probes_fail_livez = stale_probes_fail_livez
         self.client_timeout = client_timeout
         self.max_pending = max_pending
         self.slots = Slots(max_clients)
         self.rejections = Rejections(log, reject_log_every)
+        self.repeats = Repeats(log, time.monotonic)
         self.registry = metrics.build_registry(get_snapshot, self.rejections.snapshot,
                                                metrics.host_identity())
         self._httpd: GuardedServer[StatusServer] | None = None
@@ -123,9 +127,14 @@ class StatusServer:
         try:
             code, content_type, body = self.respond(path)
         except Exception as exc:
-            self.log("error", "status.handler_failed", path=path, error=repr(exc))
+            self.failed(path, exc)
             code, content_type, body = 500, TEXT, b"internal error; see the vllmwatch log\n"
         return raw_response(code, content_type, body, send_body=method == "GET")
+
+    def failed(self, path: str, exc: Exception) -> None:
+        """A handler raised: logged once a minute per path and error type, with a count."""
+        self.repeats((path, type(exc).__name__), "error", "status.handler_failed", path=path,
+                     error=repr(exc))
 
     def reject(self, reason: str, pending: Pending, response: bytes | None) -> None:
         """Count a refused connection, answer it where there is an answer, and close it."""
@@ -139,12 +148,19 @@ class StatusServer:
     def respond(self, path: str, accept: str = "") -> Response:
         """The response for a GET of path: (code, content type, body)."""
         snap = self.get_snapshot()
+        age = self.now() - snap.loop_heartbeat
+        stuck = age > self.stale_after  # the snapshot is old: nothing in it can be vouched for
         if path == "/livez":
-            age = self.now() - snap.loop_heartbeat
-            if age <= self.stale_after:
-                return 200, TEXT, b"ok\n"
-            return 503, TEXT, f"stale: the loop last turned {age:.1f}s ago\n".encode()
+            if stuck:
+                return 503, TEXT, f"stale: the loop last turned {age:.1f}s ago\n".encode()
+            if self.stale_probes_fail_livez and snap.stale_probes:
+                # No systemd watchdog to act on a stale probe (a container): the kubelet does.
+                return 503, TEXT, ("stale probes: " + ",".join(snap.stale_probes) + "\n"
+                                   ).encode()
+            return 200, TEXT, b"ok\n"
         if path == "/readyz":
+            if stuck:
+                return 503, TEXT, f"not ready: the loop last turned {age:.1f}s ago\n".encode()
             if snap.ready and not snap.draining:
                 return 200, TEXT, b"ready\n"
             why = f"not ready: state={snap.state} draining={str(snap.draining).lower()}\n"
@@ -220,7 +236,7 @@ class _Handler(GuardedHandler):
         try:
             code, content_type, body = app.respond(path, self.headers.get("Accept", ""))
         except Exception as exc:
-            app.log("error", "status.handler_failed", path=path, error=repr(exc))
+            app.failed(path, exc)
             code, content_type, body = 500, TEXT, b"internal error; see the vllmwatch log\n"
         self.reply(code, content_type, body, send_body)
 

@@ -71,6 +71,8 @@ class Snapshot:
     loop_heartbeat: float = 0.0  # monotonic time of the loop's last turn
     unified_memory: bool | None = None  # DGX Spark: GPU memory is system memory (None: unknown)
     platform_reason: str = ""  # why (core/unified.py decide_platform)
+    # Config keys a SIGHUP changed that only a restart of vllmwatch applies (e.g. gate.*).
+    restart_required: tuple[str, ...] = ()
     last_incident: str | None = None  # the id of the last incident record written
     incidents_total: int = 0  # incident records written since vllmwatch started
 

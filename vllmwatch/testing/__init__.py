@@ -32,12 +32,13 @@ class Driver:
     and a synchronous executor: a whole supervisor scenario runs in milliseconds."""
 
     def __init__(self, config: Config, clock: FakeClock | None = None,
-                 world: World | None = None, executor: Executor | None = None) -> None:
+                 world: World | None = None, executor: Executor | None = None,
+                 reload_config: Callable[[], Config] | None = None) -> None:
         self.clock = clock or FakeClock()
         self.world = world or World()
         self.notifier = FakeNotifier()
         self.fx = WorldEffects(self.world, self.notifier)
-        self.loop = Loop(config, self.fx, self.clock, environ={}, seed=1,
+        self.loop = Loop(config, self.fx, self.clock, reload_config, environ={}, seed=1,
                          executor=executor or SyncExecutor(), waiter=no_wait,
                          install_signals=False)
         self.loop.start()

@@ -39,6 +39,7 @@ from vllmwatch.testing.fake_engine import (
     write_traceback,
 )
 
+VERSION = "0.0.0+fake"  # what `--version` and the start-up log say
 # How children run this module again: -m when we were run so, as a script this file's folder
 # would shadow stdlib modules; else by file path.
 _ENTRY = ["-m", __spec__.name] if __spec__ else [os.path.abspath(__file__)]
@@ -344,7 +345,7 @@ def api_main(a: argparse.Namespace, flags: list[str]) -> int:
         sys.stderr.write("usage: vllm serve [model_tag] [options]\n"
                          "vllm: error: unrecognized arguments: --fail-start\n")
         return 2
-    log("INFO", "vLLM API server version 0.0.0+fake", "api_server.py:1")
+    log("INFO", f"vLLM API server version {VERSION}", "api_server.py:1")
     log("INFO", f"non-default args: {{'model': '{a.model}', 'port': {a.port}}}", "utils.py:1")
     engine, api = None, None
     signal.signal(signal.SIGTERM, signal.SIG_IGN if a.ignore_sigterm else _raise_stop)
@@ -377,6 +378,9 @@ def api_main(a: argparse.Namespace, flags: list[str]) -> int:
 def main(argv: list[str] | None = None) -> int:
     """Entry point for all three roles: API server, engine, worker."""
     argv = sys.argv[1:] if argv is None else argv
+    if argv[-1:] == ["--version"]:  # `vllm --version`, as the real one answers it
+        print(VERSION)
+        return 0
     a = parse_args(argv)
     if a.role == "engine":
         return engine_main(a, argv[:-CHILD_EXTRA], _ENTRY)

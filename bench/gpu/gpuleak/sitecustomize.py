@@ -17,7 +17,7 @@ import time
 _TRIGGER = os.environ.get("VLLMWATCH_GPU_LEAK_TRIGGER", "")
 _TITLE = os.environ.get("VLLMWATCH_GPU_LEAK_TITLE", "VLLM::EngineCore")
 _DEVICE = os.environ.get("VLLMWATCH_GPU_LEAK_DEVICE", "cuda")
-_HELD: list = []
+_HELD: list[object] = []
 
 
 def _title() -> str:

@@ -35,10 +35,8 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 from typing import Any
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[2]))  # run from a checkout
-
 from vllmwatch.config.schema import MemoryConfig
-from vllmwatch.core import leak  # after the path fix above
+from vllmwatch.core import leak
 from vllmwatch.shell import memory
 from vllmwatch.shell.memory import make_sampler
 

@@ -1,4 +1,5 @@
-"""Configs as dicts written as TOML (the daemon's config files in tests and benchmarks)."""
+"""Configs as dicts written as TOML (the daemon's config files in tests and benchmarks):
+{section: {key: value}}, a section name such as "vllm.env" written as it is."""
 
 from __future__ import annotations
 
@@ -23,12 +24,17 @@ def _toml_value(value: Any) -> str:
     raise TypeError(f"cannot write {value!r} as TOML")
 
 
+def _toml_key(key: str) -> str:
+    """A bare key where TOML allows one, else quoted (a dotted name such as an env var)."""
+    return key if key.replace("-", "").replace("_", "").isalnum() else json.dumps(key)
+
+
 def to_toml(config: Mapping[str, Mapping[str, Any]]) -> str:
     """A two-level dict ({section: {key: value}}) as TOML text."""
     out = []
     for section, table in config.items():
         out.append(f"[{section}]")
-        out += [f"{key} = {_toml_value(value)}" for key, value in table.items()]
+        out += [f"{_toml_key(key)} = {_toml_value(value)}" for key, value in table.items()]
         out.append("")
     return "\n".join(out)
 

@@ -1,7 +1,7 @@
 #!/usr/bin/env python3
 """On a discrete NVIDIA GPU (the H200): detection says "discrete" and the start guard stays off.
 
-    python3 tests/gpu/platform_discrete.py [--gpus 0]
+    PYTHONPATH=<deps>:<checkout> python3 bench/gpu/platform_discrete.py [--gpus 0]
 
 Three looks, each printed as a JSON line: (1) shell.platform.detect with the real pynvml;
 (2) the `platform` line of `vllmwatch check --fast` for a config on that GPU; (3) the real
@@ -14,19 +14,18 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import signal
 import subprocess
 import sys
 import tempfile
-import time
 from pathlib import Path
 from typing import Any
 
-REPO = Path(__file__).resolve().parents[2]
-sys.path.insert(0, str(REPO))
+from vllmwatch.config.schema import from_dict
+from vllmwatch.shell import platform
+from vllmwatch.testing.daemon import Daemon
+from vllmwatch.testing.waiting import holds_within
 
-from vllmwatch.config.schema import from_dict  # noqa: E402 - after the path fix
-from vllmwatch.shell import platform  # noqa: E402
+REPO = Path(__file__).resolve().parents[2]
 
 
 def _pythonpath() -> str:
@@ -46,25 +45,14 @@ def toml(gpus: list[int], port: int, model: Path) -> str:
 
 
 def run_daemon(cfg: Path, timeout: float = 60.0) -> list[dict[str, Any]]:
-    env = {**os.environ, "PYTHONPATH": _pythonpath()}
-    proc = subprocess.Popen([sys.executable, "-m", "vllmwatch", "run", "--config", str(cfg),
-                             "--log-format", "json"], stderr=subprocess.PIPE, env=env,
-                            stdout=subprocess.DEVNULL)
-    events: list[dict[str, Any]] = []
-    deadline = time.monotonic() + timeout
-    assert proc.stderr is not None
+    """The daemon (the shared harness) until READY or timeout: every event it logged."""
+    d = Daemon(cfg.parent, cfg, notify=False,
+               env={**os.environ, "PYTHONPATH": _pythonpath()}).start()
     try:
-        for raw in iter(proc.stderr.readline, b""):
-            try:
-                events.append(json.loads(raw))
-            except ValueError:
-                continue
-            if events[-1].get("event") == "child.ready" or time.monotonic() > deadline:
-                break
+        holds_within(lambda: d.named("child.ready") or d.exited(), timeout)
     finally:
-        proc.send_signal(signal.SIGTERM)
-        proc.wait(30)
-    return events
+        d.stop(30)
+    return d.events
 
 
 def main() -> int:

@@ -1,7 +1,8 @@
 #!/usr/bin/env python3
 """The real vllmwatch daemon supervising a GPU-leaking process tree, on a real NVIDIA GPU.
 
-    python3 tests/gpu/daemon_leak.py --gpus 0 [--port 8011] > docs/gpu-daemon-1gpu.jsonl
+    PYTHONPATH=$PWD python3 bench/gpu/daemon_leak.py --gpus 0 [--port 8011] \\
+        > docs/gpu/gpu-daemon-1gpu.jsonl
 
 The child is `leak_tree.py serve` (an API server whose grandchildren allocate with torch in
 512 MiB steps, like EngineCore or TP workers). vllmwatch samples NVML per process over the
@@ -16,20 +17,15 @@ from __future__ import annotations
 import argparse
 import datetime
 import json
-import os
-import signal
-import subprocess
 import sys
 import tempfile
 import time
 from pathlib import Path
 from typing import Any
 
-REPO = Path(__file__).resolve().parents[2]
-sys.path.insert(0, str(REPO))
-
-from vllmwatch.shell.child import MARKER, instance_id  # noqa: E402 - after the path fix
-from vllmwatch.shell.memory import make_sampler  # noqa: E402
+from vllmwatch.shell.memory import make_sampler
+from vllmwatch.testing.daemon import REPO, Daemon, Event
+from vllmwatch.testing.waiting import holds_within
 
 KEEP = ("daemon.", "child.started", "child.ready", "child.exited", "restart.", "memory.",
         "gpu.", "state.changed", "leftovers.", "crashloop.")
@@ -43,7 +39,7 @@ def config_text(a: argparse.Namespace) -> str:
     gpus = ", ".join(a.gpus.split(","))
     return f"""
 [vllm]
-command = ["{sys.executable}", "{REPO}/tests/gpu/leak_tree.py", "serve"]
+command = ["{sys.executable}", "{REPO}/bench/gpu/leak_tree.py", "serve"]
 model = "leak-tree"
 port = {a.port}
 gpus = [{gpus}]
@@ -91,32 +87,29 @@ def main() -> int:
     with tempfile.TemporaryDirectory() as tmp:
         conf = Path(tmp) / "gpu.toml"
         conf.write_text(config_text(a))
-        return run(a, str(conf), sampler)
+        return run(a, conf, sampler)
 
 
-def run(a: argparse.Namespace, conf: str, sampler: Any) -> int:
-    daemon = subprocess.Popen([sys.executable, "-m", "vllmwatch", "run", "--config", conf,
-                               "--log-format", "json"], cwd=REPO, stderr=subprocess.PIPE,
-                              text=True)
-    assert daemon.stderr is not None
-    t0, marks = time.monotonic(), {}
+def run(a: argparse.Namespace, conf: Path, sampler: Any) -> int:
+    """The daemon (the shared harness) until READY again after the leak restart, or limit."""
+    marks: dict[str, float] = {}
+    t0 = time.monotonic()
+
+    def line(now: float, text: str, ev: Event | None) -> None:
+        if ev is None:
+            print(text, file=sys.stderr)  # not an event: a traceback, say
+            return
+        name = str(ev.get("event", ""))
+        if name.startswith(KEEP):
+            emit("daemon", **ev, t=round(now - t0, 2))
+        note(marks, name, ev, now - t0)
+
+    d = Daemon(conf.parent, conf, notify=False, on_line=line).start()
     try:
-        for line in daemon.stderr:
-            ev = parse(line)
-            if ev is None:
-                print(line, end="", file=sys.stderr)  # not an event: a traceback, say
-                continue
-            name = ev.get("event", "")
-            if name.startswith(KEEP):
-                ev["t"] = round(time.monotonic() - t0, 2)
-                emit("daemon", **ev)
-            note(marks, name, ev, time.monotonic() - t0)
-            if "ready_again" in marks or time.monotonic() - t0 > a.limit:
-                break
+        holds_within(lambda: "ready_again" in marks or d.exited(), a.limit)
     finally:
-        daemon.send_signal(signal.SIGTERM)
-        code = daemon.wait(60)
-    left = leftovers(conf)
+        code, _ = d.stop(60)
+    left = [p.pid for p in d.leftovers()]
     after = sampler.device_used_mib()
     ok = {"gpu_memory_restart", "released", "ready_again"} <= marks.keys() and not left
     emit("summary", ok=ok, daemon_exit=code, marks_s=marks, leftover_pids=left,
@@ -134,29 +127,6 @@ def note(marks: dict[str, float], name: str, ev: dict[str, Any], t: float) -> No
         marks["gpu_memory_restart"] = round(t, 2)
     elif name in ("gpu.released", "gpu.release_timeout"):
         marks["released" if name == "gpu.released" else "release_timeout"] = round(t, 2)
-
-
-def parse(line: str) -> dict[str, Any] | None:
-    try:
-        ev = json.loads(line)
-    except ValueError:
-        return None
-    return ev if isinstance(ev, dict) else None
-
-
-def leftovers(conf: str) -> list[int]:
-    marker = instance_id(conf)
-    out = []
-    for pid in os.listdir("/proc"):
-        if not pid.isdigit():
-            continue
-        try:
-            env = Path(f"/proc/{pid}/environ").read_bytes()
-        except OSError:
-            continue
-        if f"{MARKER}={marker}".encode() in env.split(b"\0"):
-            out.append(int(pid))
-    return out
 
 
 if __name__ == "__main__":

@@ -1,0 +1,50 @@
+"""Every GPU phase, registered here and nowhere else.
+
+A phase is a function `(run: Run) -> None` in a module of this folder: it starts what it
+measures, reports with `run.emit(phase, what, **fields)`, and ends every process it started
+(GpuDaemon.stop / stop_and_check, run.sweep) before it returns, whatever happened; a phase
+that raises is recorded as failed and the run goes on. Adding one is one new module and one
+line in PHASES below (bench/gpu/README.md, "Adding a phase").
+
+`auto` runs, in PHASES order, the phases marked auto that state.json does not list yet, while
+each one's estimate (seconds, an upper bound) still fits in the time left.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass
+
+from bench.gpu import models
+from bench.gpu.phases import faults, incident, probes, recipe, shapes
+from bench.gpu.run import Run
+
+
+@dataclass(frozen=True)
+class Phase:
+    name: str
+    run: Callable[[Run], None]
+    est: float  # upper estimate in seconds, for auto
+    auto: bool = True  # part of `auto`
+
+
+# Seen on the H200 (2026-11-30): probe 38, serve 73, watch 152, prewarm 234.
+PHASES: tuple[Phase, ...] = (
+    Phase("probe0", probes.probe0, 30, auto=False),
+    Phase("probe", probes.probe, 60),
+    Phase("serve", recipe.serve, 150, auto=False),
+    Phase("watch", recipe.watch, 220, auto=False),
+    Phase("prewarm", recipe.prewarm, 300, auto=False),
+    Phase("biggen", models.biggen, 150, auto=False),
+    Phase("big", recipe.big, 500, auto=False),
+    Phase("matrix", faults.matrix, 400),
+    Phase("faults", faults.faults, 300),
+    Phase("tp2", faults.tp2, 200),
+    Phase("pergpu", shapes.pergpu, 150),
+    Phase("pair", shapes.pair, 320),
+    Phase("tp2big", shapes.tp2big, 500),
+    Phase("tp2api", shapes.tp2api, 350),
+    Phase("tp2apikill", shapes.tp2apikill, 250),
+    Phase("incident", incident.incident, 260),
+)
+BY_NAME = {p.name: p for p in PHASES}

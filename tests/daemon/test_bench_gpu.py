@@ -1,0 +1,116 @@
+"""bench/gpu's dry run: every GPU phase's steps on this machine, over the fake vLLM and the
+fake NVML, so that the driver cannot rot unseen between runs on the lent GPU machines.
+
+Models are stamp files (the fake serves any path), measured waits shrink 50-fold and ports
+are free ones; what needs torch (the probe's imports, the direct FlashAttention call,
+model.py) runs and reports its failure, as it would on a machine without CUDA. Each phase
+must end "ok", start and stop what it starts (nothing of the run's own is left), and reach
+READY again after each fault that the fake's tree can take.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import subprocess
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from bench.gpu.cli import main
+from bench.gpu.nvml import Nvml
+from bench.gpu.phases import PHASES
+from bench.gpu.run import Run
+from tests.support import FAKE, REPO
+from vllmwatch.testing.fake_nvml import FakeGpu, FakeNvml
+
+# Faults whose target the fake's tree has: READY must come back after each.
+RECOVERS = {"watch": ["kill_engine"], "big": ["kill_engine"], "matrix": ["kill_engine"],
+            "faults": ["engine_kill9", "engine_sigstop", "api_server_sigkill"],
+            "tp2": ["worker_kill9", "worker_sigstop"], "pair": ["engine_kill9_a"],
+            "tp2big": ["worker_tp1_kill9", "engine_kill9"], "tp2api": ["engine_kill9"],
+            "tp2apikill": ["engine_kill9"], "incident": ["engine_sigstop"]}
+
+
+def dry_run(tmp_path: Path) -> Run:
+    return Run(out=tmp_path / "out", work=tmp_path / "work", vw_src=REPO, vllm=list(FAKE),
+               vllmwatch=[sys.executable, "-m", "vllmwatch"],
+               nv=Nvml(FakeNvml([FakeGpu(), FakeGpu()])), deadline=time.monotonic() + 3600,
+               dry=True, time_scale=0.02)
+
+
+def lines(run: Run) -> list[dict[str, Any]]:
+    return [json.loads(ln) for ln in (run.out / "summary.jsonl").read_text().splitlines()]
+
+
+@pytest.mark.parametrize("phase", [p.name for p in PHASES])
+def test_every_phase_runs_its_steps_on_the_fakes(tmp_path: Path, phase: str) -> None:
+    run = dry_run(tmp_path)
+    try:
+        assert main([phase], run=run) == 0
+    finally:
+        run.sweep("test")  # never leak into the next test, even on failure
+    got = lines(run)
+    ends = [ln for ln in got if ln["what"] == "end"]
+    assert [(e["phase"], e["status"]) for e in ends] == [(phase, "ok")], \
+        "\n".join(json.dumps(ln)[:400] for ln in got[-15:])
+    assert json.loads((run.work / "state.json").read_text())["done"][phase]["status"] == "ok"
+    for what in RECOVERS.get(phase, []):
+        hits = [ln for ln in got if ln["what"] == what]
+        assert hits and hits[0]["ready_again_after_fault_s"] is not None, (what, hits)
+    if phase == "incident":  # the hang's record, with the stopped engine read by py-spy
+        [rec] = [ln for ln in got if ln["what"] == "record"]
+        engine = [p for p in rec["processes"] if p["role"] == "engine_core"]
+        assert engine and engine[0]["dumps"]["py-spy"][0], rec
+    stops = [ln for ln in got if ln["what"] == "sigterm_vllmwatch"]
+    assert [s["exit_code"] for s in stops] == [0] * len(stops), stops
+    # What a stop left for the sweep to kill (a zombie only waits to be reaped).
+    swept = [p for ln in got if ln["what"] == "sweep_killed" for p in ln["processes"]]
+    assert [p for p in swept + run.ours() if p["state"] != "Z"] == []
+
+
+def test_auto_runs_the_auto_phases_in_order_and_never_twice(tmp_path: Path,
+                                                            monkeypatch: pytest.MonkeyPatch
+                                                            ) -> None:
+    ran: list[str] = []
+    import bench.gpu.cli as cli
+    from bench.gpu.phases import Phase
+
+    fake = tuple(Phase(p.name, lambda run, n=p.name: ran.append(n), p.est, p.auto)
+                 for p in PHASES)
+    monkeypatch.setattr(cli, "PHASES", fake)
+    monkeypatch.setattr(cli, "BY_NAME", {p.name: p for p in fake})
+    run = dry_run(tmp_path)
+    assert main(["auto"], run=run) == 0
+    assert ran == [p.name for p in PHASES if p.auto]
+    assert main(["auto"], run=run) == 0 and len(ran) == len([p for p in PHASES if p.auto])
+    run.deadline = time.monotonic() + 1  # nothing fits: auto stops and says so
+    (run.work / "state.json").unlink()
+    assert main(["auto"], run=run) == 0
+    assert lines(run)[-2]["what"] == "stop" and len(ran) == len([p for p in PHASES if p.auto])
+
+
+def test_vllm_h200_drive_runs_from_an_export(tmp_path: Path) -> None:
+    """`vllm_h200.sh drive` as the GPU machine runs it: from an export of vllmwatch/,
+    bench/gpu/ and scripts/make_tiny_model.py only (no bench/__init__.py, no tests/)."""
+    export = tmp_path / "vw"
+    skip = shutil.ignore_patterns("__pycache__", "*.pyc")
+    for part in ("vllmwatch", "bench/gpu"):
+        shutil.copytree(REPO / part, export / part, ignore=skip)
+    (export / "scripts").mkdir()
+    shutil.copy(REPO / "scripts" / "make_tiny_model.py", export / "scripts")
+    env = {**os.environ, "OUT": str(tmp_path / "out"), "VLLM_H200_WORK": str(tmp_path / "w"),
+           "VW_DIR": str(export), "PATH": f"{Path(sys.executable).parent}{os.pathsep}"
+           f"{os.environ.get('PATH', '')}"}
+    r = subprocess.run(["bash", str(export / "bench/gpu/vllm_h200.sh"), "drive", "probe0",
+                        "--budget", "120"], cwd=tmp_path, env=env, capture_output=True,
+                       text=True, timeout=300)
+    assert r.returncode == 0, r.stdout[-2000:] + r.stderr[-2000:]
+    got = [json.loads(ln) for ln in (tmp_path / "out" / "summary.jsonl").read_text().splitlines()]
+    assert [ln["status"] for ln in got if ln["what"] == "end"] == ["ok"]
+    assert {"host", "gpu", "packages"} <= {ln["what"] for ln in got if ln["phase"] == "probe0"}
+    assert (tmp_path / "out" / "logs.tar.gz").is_file()

@@ -1,0 +1,164 @@
+"""The loop never waits on a config read: a SIGHUP's read runs on a worker with a deadline;
+while it is out the loop goes on, a read past the deadline is a failed reload, and its late
+answer is dropped. Config and key files are read only when regular and small."""
+
+from __future__ import annotations
+
+import os
+import signal
+from collections.abc import Callable
+from concurrent.futures import Future
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from vllmwatch.config import command
+from vllmwatch.config.schema import Config, ConfigError, from_dict, load
+from vllmwatch.core.state import S
+from vllmwatch.shell.reload import RELOAD_TIMEOUT
+from vllmwatch.testing import Driver, config_with
+from vllmwatch.testing.executors import SyncExecutor
+
+BASE = from_dict({
+    "vllm": {"model": "/m", "gpus": []},
+    "probe": {"interval": 1, "timeout": 1, "canary_interval": 60, "metrics_interval": 15},
+    "restart": {"backoff_jitter": 0.0},
+    "prewarm": {"enabled": False},
+})
+
+
+class HoldReads(SyncExecutor):
+    """Runs work at once, except config reads while `holding`: those wait for release()."""
+
+    def __init__(self) -> None:
+        self.holding = False
+        self.held: list[tuple[Future[Any], Callable[[], Any]]] = []
+
+    def submit(self, fn: Callable[..., Any], /, *args: Any, **kwargs: Any) -> Future[Any]:
+        if self.holding and "Reloads.request" in getattr(fn, "__qualname__", ""):
+            fut: Future[Any] = Future()
+            self.held.append((fut, fn))
+            return fut
+        return super().submit(fn, *args, **kwargs)
+
+    def release(self) -> None:
+        for fut, fn in self.held:
+            fut.set_result(fn())
+        self.held = []
+
+
+def _up(read: Callable[[], Config]) -> tuple[Driver, HoldReads]:
+    ex = HoldReads()
+    d = Driver(BASE, executor=ex, reload_config=read)
+    assert d.run_until(lambda: d.state.state == S.READY, 120)
+    return d, ex
+
+
+def test_a_read_that_never_returns_does_not_stop_the_loop() -> None:
+    newer = config_with(BASE, probe={"interval": 2.0})
+    d, ex = _up(lambda: newer)
+    ex.holding = True
+    probed: list[str] = []
+    real_probe = d.fx.probe
+    d.fx.probe = lambda action: (probed.append(action.kind), real_probe(action))[1]  # type: ignore[method-assign]
+    mark = len(d.logs)
+    d.signal(signal.SIGHUP)
+    assert len(ex.held) == 1  # the read is out
+    d.run_for(RELOAD_TIMEOUT - 1)
+    assert not d.events("config.reload_failed") and d.state.state == S.READY
+    assert probed.count("health") >= 3  # the probes went on meanwhile
+    d.run_for(2)
+    failed = [lg.fields for lg in d.logs[mark:] if lg.event == "config.reload_failed"]
+    assert len(failed) == 1 and "longer than 5s" in failed[0]["error"]
+    ex.release()  # the late answer is dropped: the running config stays
+    d.run_for(1)
+    assert not d.events("config.reloaded") and d.state.config.probe.interval == 1.0
+
+
+def test_a_sighup_while_a_read_is_out_reads_once_more_after_it() -> None:
+    reads = [0]
+
+    def read() -> Config:
+        reads[0] += 1
+        return config_with(BASE, probe={"interval": 1.0 + reads[0]})
+
+    d, ex = _up(read)
+    ex.holding = True
+    d.signal(signal.SIGHUP)
+    d.signal(signal.SIGHUP)
+    d.signal(signal.SIGHUP)
+    assert len(ex.held) == 1
+    ex.holding = False
+    ex.release()
+    d.run_for(1)
+    assert reads[0] == 2 and len(d.events("config.reloaded")) == 2
+    assert d.state.config.probe.interval == 3.0
+
+
+def test_a_read_that_raises_is_a_failed_reload_with_its_error() -> None:
+    def read() -> Config:
+        raise ConfigError("/etc/x.toml", "", "'/etc/x.toml' is a FIFO (named pipe)")
+
+    d, _ = _up(read)
+    d.signal(signal.SIGHUP)
+    failed = d.events("config.reload_failed")
+    assert len(failed) == 1 and "FIFO" in failed[0]["error"] and "/etc/x.toml" in failed[0]["error"]
+    assert d.state.state == S.READY
+
+
+# ---- the files themselves: regular, small, never blocking ----
+
+def _fifo(tmp_path: Path) -> Path:
+    path = tmp_path / "fifo"
+    os.mkfifo(path)
+    return path
+
+
+@pytest.mark.parametrize("make, words", [
+    (_fifo, "is a FIFO (named pipe)"),
+    (lambda tmp: Path("/dev/zero"), "is a character device"),
+    (lambda tmp: tmp, "is a directory"),
+    (lambda tmp: (tmp / "big.toml").write_bytes(b"#" * (2 << 20)) and tmp / "big.toml",
+     "at most 1048576 are read"),
+])
+def test_a_config_that_is_not_a_small_regular_file_is_refused_at_once(
+        tmp_path: Path, make: Callable[[Path], Path], words: str) -> None:
+    path = make(tmp_path)
+    with pytest.raises(ConfigError) as err:
+        load(str(path))  # a FIFO without a writer would block a plain open() for ever
+    assert str(path) in str(err.value) and words in str(err.value)
+
+
+def _key_config(tmp_path: Path, key: Path) -> Config:
+    return config_with(BASE, vllm={"api_key_file": str(key)})
+
+
+@pytest.mark.parametrize("make, transient", [
+    (lambda tmp: tmp / "missing", True),
+    (lambda tmp: ((tmp / "empty").write_text("") and tmp / "empty") or tmp / "empty", True),
+    (_fifo, False),
+    (lambda tmp: Path("/dev/zero"), False),
+])
+def test_a_key_file_problem_says_whether_a_retry_can_help(
+        tmp_path: Path, make: Callable[[Path], Path], transient: bool) -> None:
+    key = make(tmp_path)
+    if key.name == "empty":
+        key.write_text("")
+    with pytest.raises(command.KeyFileError) as err:
+        command.read_api_key(_key_config(tmp_path, key))
+    assert err.value.transient is transient and str(key) in str(err.value)
+
+
+def test_a_key_file_is_read_stripped(tmp_path: Path) -> None:
+    key = tmp_path / "key"
+    key.write_text("sk-123\n")
+    assert command.read_api_key(_key_config(tmp_path, key)) == "sk-123"
+
+
+def test_a_fifo_named_as_the_vllm_command_does_not_block_the_launch(tmp_path: Path) -> None:
+    from vllmwatch.config import vllminfo
+
+    exe = _fifo(tmp_path)
+    exe.chmod(0o755)
+    assert vllminfo.interpreter([str(exe)]) is None  # a plain open() would wait for a writer

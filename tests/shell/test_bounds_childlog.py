@@ -1,0 +1,46 @@
+"""The child's output is forwarded up to a rate, with a count of what was not; every line is
+still looked at (milestones, the last lines for the exit diagnosis) before that limit."""
+
+from __future__ import annotations
+
+import io
+from typing import Any
+
+from vllmwatch.core.events import ChildOutput
+from vllmwatch.shell.childlog import MAX_LINE, ChildLog
+
+
+def _run(data: bytes, **kwargs: Any) -> tuple[ChildLog, list[tuple[str, dict[str, Any]]],
+                                               list[ChildOutput]]:
+    events: list[tuple[str, dict[str, Any]]] = []
+    posted: list[ChildOutput] = []
+    log = ChildLog(io.BytesIO(data), 42, posted.append,
+                   lambda level, event, **kw: events.append((event, kw)),
+                   clock=lambda: 100.0, **kwargs)  # time stands still: no refill
+    log.start()
+    log.join(30)
+    return log, events, posted
+
+
+def test_a_flood_is_forwarded_up_to_the_burst_and_the_rest_counted() -> None:
+    lines = [f"INFO line {i}" for i in range(5000)] + ["INFO Starting vLLM server on x"]
+    log, events, posted = _run(("\n".join(lines) + "\n").encode(), rate=10, burst=100)
+    forwarded = [kw["text"] for event, kw in events if event == "child.line"]
+    assert forwarded == lines[:100]
+    assert log.limited == len(lines) - 100
+    reports = [kw for event, kw in events if event == "child.lines_dropped"]
+    assert sum(r["over_rate"] for r in reports) == len(lines) - 100
+    assert 1 <= len(reports) <= 2  # rate-limited: the first at once, the rest at the end
+    # Taken before the limit: the last lines and the milestone past it.
+    assert list(log.last_lines)[-1] == lines[-1]
+    assert any(p.milestone == "server_start" for p in posted)
+
+
+def test_a_line_without_end_is_cut_at_the_cap() -> None:
+    data = b"INFO " + b"z" * (10 * MAX_LINE) + b"\nINFO after\n"
+    log, events, _ = _run(data)
+    texts = [kw["text"] for event, kw in events if event == "child.line"]
+    assert len(texts) == 2 and texts[1] == "INFO after"
+    assert len(texts[0].encode()) <= MAX_LINE + 64 and texts[0].endswith("[cut: line over 16 KiB]")
+    assert log.cut == 1
+    assert [kw["cut_long"] for event, kw in events if event == "child.lines_dropped"] == [1]

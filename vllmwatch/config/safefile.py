@@ -1,0 +1,93 @@
+"""Reading a file a person names (the config, vllm.api_key_file) without ever blocking on it.
+
+Only a regular file is read: a FIFO would block the reader until someone writes to it, a
+device (/dev/zero) never ends, a directory is a mistake. The open never blocks (O_NONBLOCK:
+a FIFO without a writer opens at once, and is then refused by fstat), and at most `limit`
+bytes are read: a larger file is refused, never loaded whole.
+"""
+
+from __future__ import annotations
+
+import os
+import stat
+
+MAX_FILE = 1 << 20  # config and key files: 1 MiB; a real one is a few KiB
+
+
+class FileProblem(Exception):
+    """A file that cannot be used; `transient` when it may be fine a moment later.
+
+    Transient: missing, unreadable, empty (a key rotation writes a new file and renames it;
+    an editor truncates then writes). Not transient: not a regular file, too large.
+    """
+
+    def __init__(self, message: str, transient: bool) -> None:
+        super().__init__(message)
+        self.transient = transient
+
+
+def _kind(mode: int) -> str:
+    for test, name in ((stat.S_ISFIFO, "a FIFO (named pipe)"), (stat.S_ISDIR, "a directory"),
+                       (stat.S_ISCHR, "a character device"), (stat.S_ISBLK, "a block device"),
+                       (stat.S_ISSOCK, "a socket")):
+        if test(mode):
+            return name
+    return "not a regular file"
+
+
+def read_bounded(path: str, limit: int = MAX_FILE) -> bytes:
+    """The bytes of the regular file at path (symlinks followed), at most `limit` of them.
+
+    Raises FileProblem with a message that names the path and what is accepted.
+    """
+    try:
+        fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK | os.O_CLOEXEC | os.O_NOCTTY)
+    except FileNotFoundError:
+        raise FileProblem(f"{path!r}: file not found", transient=True) from None
+    except IsADirectoryError:
+        raise FileProblem(f"{path!r} is a directory; a regular file is needed",
+                          transient=False) from None
+    except OSError as exc:
+        raise FileProblem(f"{path!r}: cannot open: {exc.strerror or exc}",
+                          transient=True) from None
+    try:
+        st = os.fstat(fd)
+        if not stat.S_ISREG(st.st_mode):
+            raise FileProblem(f"{path!r} is {_kind(st.st_mode)}; only a regular file is "
+                              "read", transient=False)
+        if st.st_size > limit:
+            raise FileProblem(f"{path!r} is {st.st_size} bytes; at most {limit} are read",
+                              transient=False)
+        chunks: list[bytes] = []
+        size = 0
+        while size <= limit:  # a file that grows while we read is still capped
+            chunk = os.read(fd, min(65536, limit + 1 - size))
+            if not chunk:
+                break
+            chunks.append(chunk)
+            size += len(chunk)
+        if size > limit:
+            raise FileProblem(f"{path!r} grew past {limit} bytes while read; at most "
+                              f"{limit} are read", transient=False)
+        return b"".join(chunks)
+    except OSError as exc:
+        raise FileProblem(f"{path!r}: cannot read: {exc.strerror or exc}",
+                          transient=True) from None
+    finally:
+        os.close(fd)
+
+
+def head(path: str, size: int) -> bytes:
+    """The first `size` bytes of the regular file at path (never blocks: see read_bounded)."""
+    try:
+        fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK | os.O_CLOEXEC | os.O_NOCTTY)
+    except OSError as exc:
+        raise FileProblem(f"{path!r}: cannot open: {exc.strerror or exc}", True) from None
+    try:
+        if not stat.S_ISREG(os.fstat(fd).st_mode):
+            raise FileProblem(f"{path!r} is {_kind(os.fstat(fd).st_mode)}", transient=False)
+        return os.read(fd, size)
+    except OSError as exc:
+        raise FileProblem(f"{path!r}: cannot read: {exc.strerror or exc}", True) from None
+    finally:
+        os.close(fd)

@@ -1,0 +1,223 @@
+"""Bounds of the gate against its clients: connections, idle and header deadlines, bodies.
+
+aiohttp caps header sizes but not how many connections are open, how long one may stay idle
+before its first request, how slowly a head may trickle, or how many request bodies are held
+in memory while vLLM is not ready. Here:
+- at most `max_connections` client connections; past it a new one gets 503 and is closed
+  (shed first, so the descriptors of probes, spawns and the status endpoint stay free);
+- a connection with no request in progress is closed after IDLE_TIMEOUT; a request head that
+  has begun must be complete within HEADER_TIMEOUT;
+- a body is read within BODY_TIMEOUT (else 408) and up to MAX_BODY (else 413); all bodies
+  held at once are at most MAX_HELD (else 503).
+Every shed connection and refusal is counted (GateStats) and logged at a bounded rate.
+Runs on the gate's event loop only.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any
+
+from aiohttp import web
+
+MAX_CONNECTIONS = 1024
+IDLE_TIMEOUT = 60.0  # no request in progress (before the first one, or between them)
+HEADER_TIMEOUT = 10.0  # from the first byte of a request head to its end
+BODY_TIMEOUT = 60.0  # the whole request body
+MAX_BODY = 16 * 2**20  # one request body (prompts with images); aiohttp's default is 1 MiB
+MAX_HELD = 256 * 2**20  # all request bodies in memory at once
+SWEEP_EVERY = 1.0
+SHED_WAIT, SHED_LINGER = 1.0, 64  # a shed connection waits this long for its request, so many
+_SHED = (b"HTTP/1.1 503 Service Unavailable\r\nContent-Type: text/plain\r\nRetry-After: 1\r\n"
+         b"Content-Length: 33\r\nConnection: close\r\n\r\nvllmwatch gate: too many clients\n")
+
+
+@dataclass
+class _Conn:
+    since: float  # accepted, or the end of the last request
+    head_began: float | None = None  # first byte of a request head not yet handled
+    busy: int = 0  # requests of this connection in our handler now
+
+
+class _Shed(asyncio.Protocol):
+    """A connection over the cap: answered 503 once its request arrives (so the client reads
+    the answer instead of a reset), and closed; at once when SHED_LINGER others wait."""
+
+    lingering = 0  # shed connections waiting for their request, over all gates
+
+    def connection_made(self, transport: asyncio.BaseTransport) -> None:
+        self.transport = transport
+        if _Shed.lingering >= SHED_LINGER:
+            self._answer()
+            return
+        _Shed.lingering += 1
+        self._counted = True
+        self._timer = asyncio.get_running_loop().call_later(SHED_WAIT, self._answer)
+
+    def data_received(self, data: bytes) -> None:
+        self._answer()
+
+    def connection_lost(self, exc: Exception | None) -> None:
+        self._answer()
+
+    def _answer(self) -> None:
+        if getattr(self, "_counted", False):
+            _Shed.lingering -= 1
+            self._counted = False
+            self._timer.cancel()
+        transport = self.transport
+        if not transport.is_closing():
+            with contextlib.suppress(Exception):  # uvloop's transports are not asyncio's
+                transport.write(_SHED)  # type: ignore[attr-defined]
+            transport.close()
+
+
+class _Tracked(asyncio.Protocol):
+    """aiohttp's handler (slotted: no attribute can be patched), seen on its way in: when a
+    request head begins. Every protocol call is passed on unchanged."""
+
+    def __init__(self, handler: Any, conn: _Conn, lost: Callable[[Any], None]) -> None:
+        self.handler, self.conn, self._lost = handler, conn, lost
+
+    def connection_made(self, transport: asyncio.BaseTransport) -> None:
+        self.handler.connection_made(transport)
+
+    def data_received(self, data: bytes) -> None:
+        conn = self.conn
+        if not conn.busy and conn.head_began is None:
+            conn.head_began = asyncio.get_running_loop().time()
+        self.handler.data_received(data)
+
+    def eof_received(self) -> bool | None:
+        return bool(self.handler.eof_received())
+
+    def connection_lost(self, exc: Exception | None) -> None:
+        self._lost(self.handler)
+        self.handler.connection_lost(exc)
+
+    def pause_writing(self) -> None:
+        self.handler.pause_writing()
+
+    def resume_writing(self) -> None:
+        self.handler.resume_writing()
+
+
+class Guard:
+    """Tracks the gate's client connections and enforces the caps and deadlines above."""
+
+    def __init__(self, server: web.Server, count: Callable[[str], None],
+                 max_connections: int = MAX_CONNECTIONS) -> None:
+        self.server, self.count, self.max_connections = server, count, max_connections
+        self.conns: dict[Any, _Conn] = {}  # RequestHandler -> its clocks
+        self.held = 0  # bytes of request bodies in memory now
+
+    def factory(self) -> asyncio.BaseProtocol:
+        """The protocol factory for the listening socket: the handler, or a shed."""
+        if len(self.conns) >= self.max_connections:
+            self.count("shed_connections")
+            return _Shed()
+        handler = self.server()
+        conn = _Conn(asyncio.get_running_loop().time())
+        self.conns[handler] = conn
+        return _Tracked(handler, conn, self._gone)
+
+    def begin(self, handler: Any) -> None:
+        """A request of this connection reached the handler (its head is complete)."""
+        conn = self.conns.get(handler)
+        if conn is not None:
+            conn.busy += 1
+            conn.head_began = None
+
+    def end(self, handler: Any) -> None:
+        """That request was answered."""
+        conn = self.conns.get(handler)
+        if conn is not None:
+            conn.busy -= 1
+            conn.since = asyncio.get_running_loop().time()
+
+    async def sweep(self) -> None:
+        """Close connections past their idle or header deadline, for as long as the gate runs."""
+        while True:
+            await asyncio.sleep(SWEEP_EVERY)
+            self.sweep_once(asyncio.get_running_loop().time())
+
+    def sweep_once(self, now: float) -> None:
+        """One pass of the deadlines."""
+        for handler, conn in list(self.conns.items()):
+            if conn.busy:
+                continue
+            if conn.head_began is not None and now - conn.head_began > HEADER_TIMEOUT:
+                self._cut(handler, "header_timeouts")
+            elif conn.head_began is None and now - conn.since > IDLE_TIMEOUT:
+                self._cut(handler, "idle_timeouts")
+
+    def _cut(self, handler: Any, reason: str) -> None:
+        self.count(reason)
+        transport = handler.transport
+        if transport is not None:
+            transport.close()
+        self.conns.pop(handler, None)
+
+    def _gone(self, handler: Any) -> None:
+        self.conns.pop(handler, None)
+
+    async def read_body(self, request: web.Request) -> bytes | web.Response:
+        """The request body within the caps and BODY_TIMEOUT, or the error to answer.
+
+        A body returned stays counted in `held` until release(len(body)).
+        """
+        length = request.content_length
+        if length is not None and length > MAX_BODY:
+            self.count("too_large")
+            return _refuse(413, f"request body of {length} bytes is over the gate's cap of "
+                           f"{MAX_BODY} bytes")
+        chunks: list[bytes] = []
+        got = [0]
+
+        async def read() -> web.Response | None:
+            async for chunk in request.content.iter_any():
+                got[0] += len(chunk)
+                self.held += len(chunk)
+                chunks.append(chunk)
+                refusal = self._over(got[0])
+                if refusal is not None:
+                    return refusal
+            return None
+
+        try:
+            refusal = await asyncio.wait_for(read(), BODY_TIMEOUT)
+        except asyncio.TimeoutError:
+            self.count("body_timeouts")
+            refusal = _refuse(408, f"request body not complete within {BODY_TIMEOUT:g}s")
+        except BaseException:
+            self.release(got[0])
+            raise
+        if refusal is not None:
+            self.release(got[0])
+            return refusal
+        return b"".join(chunks)
+
+    def release(self, size: int) -> None:
+        """A body read by read_body is no longer held."""
+        self.held -= size
+
+    def _over(self, size: int) -> web.Response | None:
+        if size > MAX_BODY:
+            self.count("too_large")
+            return _refuse(413, f"request body over the gate's cap of {MAX_BODY} bytes")
+        if self.held > MAX_HELD:
+            self.count("held_full")
+            return _refuse(503, f"the gate holds {MAX_HELD} bytes of request bodies already; "
+                           "try again shortly", retry_after=1)
+        return None
+
+
+def _refuse(status: int, message: str, retry_after: int | None = None) -> web.Response:
+    headers = {"Retry-After": str(retry_after)} if retry_after is not None else {}
+    body = {"object": "error", "message": message, "type": "RequestRefused", "param": None,
+            "code": status}
+    headers["Connection"] = "close"
+    return web.json_response(body, status=status, headers=headers)

@@ -1,0 +1,120 @@
+"""What a SIGHUP changes outside the core: the log level, the status listener, the gate.
+
+The core takes the new config (probes, launches, rules). The pieces around the loop are
+applied here, on the loop's thread once the new config was read: the log level (our events
+and the child's forwarded lines, which share one log function), a rebind of the status
+listener (the new address is bound before the old one is closed, so a failed bind keeps the
+old one), the gate's hold_timeout and retry_after. What cannot be applied safely while clients
+are connected (gate.enabled, gate.listen: moving the public port would cut every client) is
+logged as `config.restart_required` and shown in /status `restart_required`.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Callable
+from typing import Any
+
+from vllmwatch.config.schema import Config
+from vllmwatch.logfn import LogFn
+from vllmwatch.status.server import StatusListenError, StatusServer
+from vllmwatch.status.snapshot import Snapshot
+
+# Changes that only a restart of vllmwatch applies.
+RESTART_KEYS: tuple[tuple[str, Callable[[Config], object]], ...] = (
+    ("gate.enabled", lambda c: c.gate.enabled),
+    ("gate.listen", lambda c: c.gate.listen),
+    ("log.format", lambda c: c.log.format),
+)
+
+
+class SwitchableLog:
+    """One log function for the whole daemon whose target a reload swaps (any thread)."""
+
+    def __init__(self, target: LogFn) -> None:
+        self.target = target
+
+    def __call__(self, level: str, event: str, **fields: Any) -> None:
+        self.target(level, event, **fields)
+
+
+class Live:
+    """The daemon's parts outside the loop, and what a reload did to them."""
+
+    def __init__(self, config: Config, log: SwitchableLog, make_log: Callable[[Config], LogFn],
+                 make_status: Callable[[Config], StatusServer | None]) -> None:
+        self.config = config  # what was started (restart-only keys are compared with this)
+        self.log = log
+        self._make_log, self._make_status = make_log, make_status
+        self.status: StatusServer | None = None
+        self.gate: Any = None  # vllmwatch.gate.runner.Gate when [gate] is on
+        self.restart_required: tuple[str, ...] = ()
+
+    def decorate(self, snap: Snapshot) -> Snapshot:
+        """The snapshot with what this layer knows (restart_required)."""
+        if not self.restart_required:
+            return snap
+        return dataclasses.replace(snap, restart_required=self.restart_required)
+
+    def apply(self, new: Config) -> None:
+        """Apply what can be applied live; report the rest (called on the loop's thread)."""
+        old = self.config
+        if new.log.level != old.log.level:
+            # Said at the old level, before the switch: "error" would hide an info event.
+            self.log("warning", "log.level_changed", to=new.log.level,
+                     detail="the child's forwarded lines follow the new level too")
+            self.log.target = self._make_log(dataclasses.replace(
+                new, log=dataclasses.replace(new.log, format=old.log.format)))
+        if new.status != old.status:
+            self._rebind_status(new)
+        if self.gate is not None:
+            self.gate.forwarder.hold_timeout = new.gate.hold_timeout
+            self.gate.forwarder.retry_after = new.gate.retry_after
+        needed = tuple(key for key, get in RESTART_KEYS if get(new) != get(old))
+        if needed != self.restart_required and needed:
+            self.log("warning", "config.restart_required", keys=list(needed),
+                     detail="these keys take effect when vllmwatch restarts "
+                            "(systemctl restart vllmwatch); the rest of the file is applied")
+        self.restart_required = needed
+        # The restart-only keys keep their started value; the rest is the new file's.
+        self.config = dataclasses.replace(new, gate=dataclasses.replace(
+            new.gate, enabled=old.gate.enabled, listen=old.gate.listen),
+            log=dataclasses.replace(new.log, format=old.log.format))
+
+    def _rebind_status(self, new: Config) -> None:
+        old_server = self.status
+        same_port = old_server is not None and _port(new.status.listen) == _port(
+            self.config.status.listen)
+        if same_port and old_server is not None:
+            old_server.stop()  # the same port cannot be bound twice: free it first
+        try:
+            server = self._make_status(new)
+        except StatusListenError as exc:
+            if same_port:
+                self._restore()
+            self.log("error", "status.rebind_failed", error=str(exc),
+                     detail="the status endpoint stays where it was"
+                            if self.status is not None else "no status endpoint now")
+            return
+        if old_server is not None and not same_port:
+            old_server.stop()
+        self.status = server
+        self.log("info", "status.rebound", listen=new.status.listen or "(disabled)")
+
+    def _restore(self) -> StatusServer | None:
+        try:
+            self.status = self._make_status(self.config)
+        except StatusListenError:
+            self.status = None
+        return self.status
+
+    def stop(self) -> None:
+        """Stop the status listener and the gate (on the way out)."""
+        if self.status is not None:
+            self.status.stop()
+        if self.gate is not None:
+            self.gate.stop()
+
+
+def _port(listen: str) -> str:
+    return listen.rsplit(":", 1)[-1]
