@@ -14,7 +14,7 @@ from typing import Any
 
 from vllmwatch.config.schema import from_dict
 from vllmwatch.core import exitcodes, incidents
-from vllmwatch.core.events import ChildExited, MemorySampled, Tick
+from vllmwatch.core.events import ChildExited, MemorySampled, ReloadRequested, Tick
 from vllmwatch.core.samples import GpuFault, MemorySample
 from vllmwatch.core.state import S
 from vllmwatch.testing import Driver, World, config_with
@@ -79,8 +79,7 @@ def test_requested_restarts_get_no_record() -> None:
     d = up()
     d.signal(signal.SIGUSR1)
     assert d.run_until(lambda: d.state.state == S.READY and d.world.spawns == 2, 120)
-    d.loop._reload_config = lambda: config_with(BASE, vllm={"port": 8001})
-    d.signal(signal.SIGHUP)
+    d.send(ReloadRequested(config_with(BASE, vllm={"port": 8001})))
     assert d.run_until(lambda: d.state.state == S.READY and d.world.spawns == 3, 120)
     assert [f["reason"] for f in d.events("restart.begin")] == ["manual", "reload"]
     assert d.world.incidents == []
