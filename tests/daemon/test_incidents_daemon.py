@@ -67,7 +67,8 @@ def frames_of(record: dict[str, Any], role: str, method: str) -> list[str]:
 
 
 def test_a_deadlocked_engine_thread_shows_the_deadlocked_frame(daemon: Factory) -> None:
-    d = daemon(["--deadlock-after", "1"])
+    # 5 s: room for both dumpers on a loaded 2-core box (the default is 3 s)
+    d = daemon(["--deadlock-after", "1"], {"incidents": {"timeout": "5s"}})
     d.wait_ready()
     since = d.mark()
     event = d.wait_event("incident.recorded", 30.0, since, reason="hang")
@@ -77,10 +78,15 @@ def test_a_deadlocked_engine_thread_shows_the_deadlocked_frame(daemon: Factory) 
     assert rec["reason"] == "hang" and rec["tree"]["api_server_alive"]
     for method in ("faulthandler", "py-spy"):
         frames = frames_of(rec, "engine_core", method)
+        if method == "py-spy" and not frames:  # it can fail (a loaded box, its deadline):
+            [dump] = [x for p in rec["stacks"]["processes"] if p["role"] == "engine_core"
+                      for x in p["dumps"] if x["method"] == "py-spy"]
+            assert dump["error"], dump  # then the record says why
+            continue
         # py-spy names the inner function engine_deadlock.<locals>.take, faulthandler `take`
         assert any(f.startswith("engine_deadlock ") for f in frames), (method, frames)
         assert any("take " in f and "fake_engine.py" in f for f in frames), (method, frames)
-    assert rec["stacks"]["methods"]["faulthandler"].startswith("ran for all")
+    assert rec["stacks"]["methods"]["faulthandler"].startswith("ran for all"), rec["stacks"]
     assert any("Injected fault: engine deadlock" in ln for ln in rec["output"])
     assert rec["metrics"]["last"], "the last /metrics scrape"
     assert any(k.startswith("vllm:num_requests_running") for k in rec["metrics"]["last"])
