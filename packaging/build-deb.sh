@@ -57,9 +57,13 @@ cross_install() {
     rm -rf "$wheels/all"
     local plat=() p
     for p in "${PIP_PLATFORMS[@]}"; do plat+=(--platform "$p"); done
+    local whl
+    whl=$(ls "$wheels"/vllmwatch-*.whl)
     "$PYTHON" -m pip install --quiet --no-compile --no-warn-script-location \
         --target "$site" "${plat[@]}" --implementation cp --python-version "$PYVER" \
-        --only-binary=:all: --find-links "$wheels" "$wheels"/vllmwatch-*.whl
+        --only-binary=:all: --find-links "$wheels" "$whl[incidents]"
+    # py-spy's binary for the target; pip --target puts wheel scripts under site/bin.
+    [[ -f $site/bin/py-spy ]] && install -m 0755 "$site/bin/py-spy" "$VENV/bin/py-spy"
     rm -rf "$site/bin"   # scripts pip wrote for this machine's Python; ours is below
     printf '#!%s/venv/bin/python\nimport sys\n\nfrom vllmwatch.cli import main\n\nif __name__ == "__main__":\n    sys.exit(main())\n' \
         "$PREFIX" > "$VENV/bin/vllmwatch"
@@ -91,8 +95,9 @@ mkdir -p "$ROOT/DEBIAN" "$OUTDIR"
 export PIP_DISABLE_PIP_VERSION_CHECK=1 PIP_NO_INPUT=1 PIP_ROOT_USER_ACTION=ignore
 "$PYTHON" -m venv --without-pip "$VENV"
 if [[ ${#PIP_PLATFORMS[@]} -eq 0 ]]; then
+    # [incidents]: py-spy, which incident records use to read a hung vLLM's stacks.
     "$PYTHON" -m pip --python "$VENV/bin/python" install --quiet --no-compile \
-        --no-warn-script-location "$REPO"
+        --no-warn-script-location "$REPO[incidents]"
 else
     cross_install
 fi
@@ -100,8 +105,9 @@ fi
 grep -rlI --null -F "$VENV" "$VENV" | xargs -0 -r sed -i "s|$VENV|$PREFIX/venv|g"
 sed -i '/^command = /d' "$VENV/pyvenv.cfg"
 find "$VENV" -name direct_url.json -delete   # records the build machine's checkout path
-# Console scripts of the dependencies (e.g. idna's): nothing runs them; only ours is shipped.
-find "$VENV/bin" -maxdepth 1 -type f -perm -u+x ! -name vllmwatch -delete
+# Console scripts of the dependencies (e.g. idna's): nothing runs them; only ours is shipped,
+# and py-spy's binary, which vllmwatch runs for incident records (docs/OPERATIONS.md).
+find "$VENV/bin" -maxdepth 1 -type f -perm -u+x ! -name vllmwatch ! -name py-spy -delete
 find "$VENV" \( -name __pycache__ -o -name '*.pyc' \) -prune -exec rm -rf {} +
 STRIP=strip
 if [[ $ARCH != "$HOST_ARCH" ]]; then
@@ -109,6 +115,8 @@ if [[ $ARCH != "$HOST_ARCH" ]]; then
 fi
 if command -v "$STRIP" >/dev/null; then
     find "$VENV" -name '*.so' -exec "$STRIP" --strip-unneeded --remove-section=.comment {} +
+    # py-spy's static binary, as its wheel ships it (incident records); still runs stripped.
+    [[ -f $VENV/bin/py-spy ]] && "$STRIP" --strip-unneeded --remove-section=.comment "$VENV/bin/py-spy"
 else
     say "$STRIP not found (apt-get install binutils-aarch64-linux-gnu): .so files left unstripped"
 fi

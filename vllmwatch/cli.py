@@ -46,6 +46,12 @@ def _parser() -> argparse.ArgumentParser:
     status.add_argument("--json", action="store_true", help="print the raw /status JSON")
     status.add_argument("--url", help="status endpoint (default: from the config's "
                         "status.listen)")
+    incidents = add("incidents", "list the incident records, or `show ID` one")
+    incidents.add_argument("action", nargs="?", choices=("show",), help="show one record")
+    incidents.add_argument("id", nargs="?", help="the record's id (or a unique prefix)")
+    incidents.add_argument("--json", action="store_true", help="machine-readable output")
+    incidents.add_argument("--dir", help="the incidents folder (default: $STATE_DIRECTORY/"
+                           "incidents, /var/lib/vllmwatch/incidents, then the state rule)")
     prewarm = add("prewarm", "run the pre-warm steps now and report")
     prewarm.add_argument("--json", action="store_true", help="machine-readable output")
     _add_init(add("init", "write a config from a `vllm serve` line or a running vLLM"))
@@ -94,6 +100,12 @@ def _dispatch(args: argparse.Namespace) -> int:
         from vllmwatch.check import runner as check
 
         return check.main(config_path(args.config), as_json=args.json, fast=args.fast)
+    if args.command == "incidents":
+        from vllmwatch.incident import cli as incident_cli
+        from vllmwatch.shell.incidents import roots
+
+        where = [args.dir] if args.dir else roots(os.environ)
+        return incident_cli.main(args.action, args.id, args.json, where)
     if args.command == "init":
         from vllmwatch.migrate import runner as init
 

@@ -107,6 +107,10 @@ build() {
         --target "$stage/site" "$stage"/wheels/*.whl
     # 4. slim (see the header for why each is safe)
     local v=$stage/site/vllm
+    # py-spy's binary (incident records, phase `incident`) leaves bin/ for a folder of its own
+    if [[ -f $stage/site/bin/py-spy ]]; then
+        mkdir -p "$stage/site/vllmwatch-bin"; mv "$stage/site/bin/py-spy" "$stage/site/vllmwatch-bin/"
+    fi
     rm -rf "$stage/site/bin" "$v/vllm-rs" "$v/vllm_flash_attn/_vllm_fa2_C.abi3.so" \
         "$v/third_party/fmha_sm100" "$v"/third_party/deep_gemm/_C.cpython-31[0134]-*.so
     [[ ${KEEP_MOE:-0} == 1 ]] || rm -f "$v/_moe_C_stable_libtorch.abi3.so"

@@ -38,12 +38,14 @@ from vllmwatch.core.events import (
     Event,
     Exit,
     HealthResult,
+    IncidentRecorded,
     Log,
     MemorySampled,
     MetricsResult,
     Notify,
     PrewarmDone,
     Probe,
+    RecordIncident,
     ReleaseChecked,
     ReloadRequested,
     RestartRequested,
@@ -111,6 +113,8 @@ def _success(action: AsyncAction, gpu: float) -> Event:
         return SweepDone((), (), None)
     if isinstance(action, CheckRelease):
         return ReleaseChecked(True, "ok")
+    if isinstance(action, RecordIncident):
+        return IncidentRecorded(action.seq, f"i-{action.seq}", f"/i/{action.seq}")
     assert isinstance(action, DoPrewarm)
     return PrewarmDone(True)
 
@@ -187,7 +191,8 @@ class CoreMachine(RuleBasedStateMachine):
         if isinstance(a, Spawn):
             assert not self.alive, f"Spawn while children {self.alive} may be alive"
             self.answers.append(self._launch())
-        elif isinstance(a, (Probe, SampleMemory, Sweep, CheckRelease, DoPrewarm)):
+        elif isinstance(a, (Probe, SampleMemory, Sweep, CheckRelease, DoPrewarm,
+                            RecordIncident)):
             self.outstanding.append(a)
         elif isinstance(a, SignalGroup) and a.signal == "SIGKILL":
             self.alive.clear()  # SIGKILL to the group always works in this world

@@ -35,7 +35,8 @@ RECOVERS = {"watch": ["kill_engine"], "big": ["kill_engine"], "matrix": ["kill_e
             "tp2big": ["worker_tp1_kill9", "engine_kill9"], "tp2api": ["engine_kill9"],
             "tp2apikill": ["engine_kill9"], "standby": ["engine_kill9", "api_server_sigkill"],
             "standbyoff": ["engine_kill9", "api_server_sigkill"], "standbyapi2": ["engine_kill9"],
-            "hangstop": [f"sigstop_{i}" for i in range(1, 6)]}
+            "hangstop": [f"sigstop_{i}" for i in range(1, 6)],
+            "incident": ["engine_sigstop"]}
 # Phases whose restarts the standby takes (issue 28): at least one launch by it.
 BY_STANDBY = {"standby", "standbyapi2"}
 
@@ -68,6 +69,10 @@ def test_every_phase_runs_its_steps_on_the_fakes(tmp_path: Path, phase: str) -> 
         assert hits and hits[0]["ready_again_after_fault_s"] is not None, (what, hits)
     if phase in BY_STANDBY:
         assert any(ln.get("launch") == "standby" for ln in got if ln["what"] == "restart_timing")
+    if phase == "incident":  # the hang's record, with the stopped engine read by py-spy
+        [rec] = [ln for ln in got if ln["what"] == "record"]
+        engine = [p for p in rec["processes"] if p["role"] == "engine_core"]
+        assert engine and engine[0]["dumps"]["py-spy"][0], rec
     stops = [ln for ln in got if ln["what"] == "sigterm_vllmwatch"]
     assert [s["exit_code"] for s in stops] == [0] * len(stops), stops
     # What a stop left for the sweep to kill (a zombie only waits to be reaped).

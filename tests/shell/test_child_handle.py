@@ -19,7 +19,8 @@ from vllmwatch.testing import FakeNotifier
 # belongs in shell/childrun.py's ChildHandle (`_run`), not here.
 DAEMON_FIELDS = {"log", "notifier", "_environ", "reaper", "launcher", "marker", "platform",
                  "sampler", "_sampler_gpus", "_fixed_sampler", "_publish", "_versions", "_run",
-                 "standby", "_config"}  # the standby launcher's view, and the latest config
+                 "standby", "_config",  # the standby launcher's view, and the latest config
+                 "incidents"}  # incident records: the last child's evidence, kept on purpose
 
 CHILD = [sys.executable, "-c", "import sys; print('bye', flush=True); sys.exit(3)"]
 

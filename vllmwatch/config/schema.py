@@ -204,6 +204,18 @@ class GateConfig:
 
 
 @dataclass(frozen=True)
+class IncidentsConfig:
+    """Incident records (vllmwatch/incident/): the evidence of every unplanned restart."""
+
+    enabled: bool = _conv("bool", True)
+    max_records: int = _conv("pos_int", 50, high=10000)
+    max_size: float = _conv("size", 200.0, zero="no bound on size")  # MiB over all records
+    # The dumper's deadline: a restart waits at most this long (plus a second) for the record.
+    timeout: float = _conv("duration", 3.0, high=60.0)
+    output_lines: int = _conv("pos_int", 300, high=100000)  # vLLM's last lines kept
+
+
+@dataclass(frozen=True)
 class Config:
     """The whole configuration, plus where it came from."""
 
@@ -217,6 +229,7 @@ class Config:
     log: LogConfig = field(default_factory=LogConfig)
     drain: DrainConfig = field(default_factory=DrainConfig)
     gate: GateConfig = field(default_factory=GateConfig)
+    incidents: IncidentsConfig = field(default_factory=IncidentsConfig)
     path: str = ""
     sha256: str = ""
 
@@ -232,6 +245,7 @@ SECTIONS: dict[str, type] = {
     "log": LogConfig,
     "drain": DrainConfig,
     "gate": GateConfig,
+    "incidents": IncidentsConfig,
 }
 
 

@@ -170,10 +170,23 @@ class ReloadRequested:
     error: str = ""
 
 
+@dataclass(frozen=True)
+class IncidentRecorded:
+    """The incident record asked for by RecordIncident is written (path) or failed (error)."""
+
+    seq: int  # RecordIncident.seq: an answer to an earlier request is ignored
+    incident_id: str = ""
+    path: str = ""
+    error: str = ""
+    seconds: float = 0.0
+    stacks: str = ""  # which stack methods ran, in a few words (for the log)
+
+
 Event = (
     Tick | PrewarmDone | Spawned | SpawnFailed | ChildExited | ChildOutput | HealthResult
     | CanaryResult | MetricsResult | MemorySampled | SweepDone | ReleaseChecked | StopRequested
     | RestartRequested | ReloadRequested | ReadyzPolled
+    | IncidentRecorded
 )
 
 # ---- actions: what to do (the shell executes them) ----
@@ -290,6 +303,24 @@ class StartOver:
 
 
 @dataclass(frozen=True)
+class RecordIncident:
+    """Write an incident record of the child tree before it is taken down (vllmwatch/incident).
+
+    The shell answers IncidentRecorded within `timeout` seconds (its dumpers are killed at the
+    deadline); the ladder waits for that answer, or `timeout` + a margin, then goes on.
+    `facts` is what the core knows, JSON-ready: phases, restart counts, memory samples.
+    """
+
+    seq: int
+    reason: str
+    detail: str
+    timeout: float
+    pgid: int | None  # the child's group: its processes may outlive the API server
+    exit_code: int | None = None  # set when vllmwatch leaves after this (3, 5, 6)
+    facts: dict[str, Any] = field(default_factory=dict)
+
+
+@dataclass(frozen=True)
 class Exit:
     """Leave the loop with this exit code."""
 
@@ -297,10 +328,10 @@ class Exit:
 
 
 Action = (Log | Notify | DoPrewarm | Spawn | SignalGroup | KillEngines | Probe | SampleMemory
-          | Sweep | CheckRelease | StartOver | Exit)
+          | Sweep | CheckRelease | StartOver | RecordIncident | Exit)
 
 
-AsyncAction = Probe | SampleMemory | Sweep | CheckRelease | DoPrewarm
+AsyncAction = Probe | SampleMemory | Sweep | CheckRelease | DoPrewarm | RecordIncident
 
 
 def failure_result(action: AsyncAction, error: str) -> Event:
@@ -322,4 +353,6 @@ def failure_result(action: AsyncAction, error: str) -> Event:
         return SweepDone((), (), None, error=error)
     if isinstance(action, CheckRelease):
         return ReleaseChecked(False, f"the GPU check failed: {error}")
+    if isinstance(action, RecordIncident):
+        return IncidentRecorded(action.seq, error=error)
     return PrewarmDone(not action.config.prewarm.required, f"pre-warm crashed: {error}")

@@ -9,8 +9,16 @@ from __future__ import annotations
 from collections.abc import Mapping
 from dataclasses import replace
 
-from vllmwatch.core import exitcodes, policy
-from vllmwatch.core.events import Action, CheckRelease, DoPrewarm, Log, Notify, Spawn
+from vllmwatch.core import exitcodes, incidents, policy
+from vllmwatch.core.events import (
+    Action,
+    CheckRelease,
+    DoPrewarm,
+    IncidentRecorded,
+    Log,
+    Notify,
+    Spawn,
+)
 from vllmwatch.core.names import FAILURE_REASONS, ProbeKind, Reason
 from vllmwatch.core.release import ReleaseGate
 from vllmwatch.core.state import ChildRun, Result, S, WatchState, goto, next_random
@@ -51,7 +59,10 @@ def halt(s: WatchState, now: float, code: int, reason: Reason, detail: str,
         "info" if code == exitcodes.OK else "error", "daemon.exiting", {
             "code": code, "reason": str(reason), "detail": detail, "state": str(s.state),
             "meaning": exitcodes.MEANING.get(code, ""), **(fields or {})})]
-    s, more = leave(s, now)
+    if code in incidents.EXITS:  # not a requested stop: the record first, then leave
+        s, more = record_then_take_down(s, now, reason, detail, drain=False)
+    else:
+        s, more = leave(s, now)
     return s, acts + more
 
 
@@ -83,8 +94,34 @@ def begin_restart(s: WatchState, now: float, reason: Reason, detail: str, drain:
     log = Log("warning", "restart.begin", {
         "reason": reason, "detail": detail, "restarts": sum(counts.values()),
         "failures_in_row": s.failures})
-    s, acts = take_down(s, now, drain)
+    s, acts = record_then_take_down(s, now, reason, detail, drain)
     return s, [log, *acts]
+
+
+def record_then_take_down(s: WatchState, now: float, reason: Reason, detail: str, drain: bool
+                          ) -> Result:
+    """Unplanned: the incident record first (core/incidents.py), then the take-down; a
+    requested restart, or no child to read, takes down at once."""
+    if incidents.wanted(s, reason) and s.state in incidents.STATES:
+        return incidents.request(s, now, reason, detail, drain)
+    return take_down(s, now, drain)
+
+
+def incident_recorded(s: WatchState, now: float, ev: IncidentRecorded) -> Result:
+    """The record is written (or failed): the take-down goes on where it waited."""
+    s, acts, wait = incidents.recorded(s, ev.seq, ev.incident_id, ev.path, ev.error,
+                                       ev.seconds, ev.stacks)
+    if wait is None:
+        return s, acts
+    s, more = take_down(s, now, wait.drain)
+    return s, acts + more
+
+
+def incident_timed_out(s: WatchState, now: float) -> Result:
+    """The record did not come back by the core's deadline: go on without it."""
+    s, acts, wait = incidents.timed_out(s, now)
+    s, more = take_down(s, now, wait.drain)
+    return s, acts + more
 
 
 def swept(s: WatchState, now: float, killed: tuple[int, ...], remaining: tuple[int, ...],

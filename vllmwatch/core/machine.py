@@ -22,6 +22,7 @@ from vllmwatch.core.events import (
     ChildOutput,
     Event,
     HealthResult,
+    IncidentRecorded,
     Log,
     MemorySampled,
     MetricsResult,
@@ -92,6 +93,8 @@ def _apply(s: WatchState, ev: Event, now: float) -> Result:
         return ladder.release_checked(s, now, ev.released, ev.detail)
     if isinstance(ev, PrewarmDone):
         return _prewarm_done(s, ev, now)
+    if isinstance(ev, IncidentRecorded):
+        return ladder.incident_recorded(s, now, ev)
     if isinstance(ev, StopRequested):
         return _stop_requested(s, ev, now)
     if isinstance(ev, RestartRequested):
@@ -117,6 +120,8 @@ def _result(s: WatchState, ev: HealthResult | CanaryResult | MetricsResult | Mem
     if s.child is None or ev.gen != s.child.gen:
         return s, []  # about an older child: its run is over
     s = probing.landed(s, _kind(ev), ev.gen, now)
+    if s.incident_wait is not None:
+        return s, []  # the run is being recorded before it is taken down: nothing to judge
     if isinstance(ev, HealthResult):
         return serving.health(s, ev, now)
     if isinstance(ev, CanaryResult):
@@ -161,7 +166,7 @@ def _crashed(s: WatchState, now: float, detail: str, why: str,
              reason: Reason = Reason.CRASH) -> Result:
     """The child is gone unasked: a crash restart, and the sweep at once (nothing to stop)."""
     s, acts = ladder.begin_restart(s, now, reason, detail, drain=False)
-    if s.state in CHILD_STATES:
+    if s.state in CHILD_STATES and s.incident_wait is None:  # else: swept after the record
         s, more = stopping.sweep(s, now, why)
         acts += more
     return s, acts
@@ -181,6 +186,8 @@ def _child_exited(s: WatchState, ev: ChildExited, now: float) -> Result:
     s = replace(s, child=replace(s.run, pid=None))
     if s.state not in CHILD_STATES:
         return s, acts
+    if s.incident_wait is not None:
+        return s, acts  # the record of the restart goes on; the take-down sweeps after it
     if asked or s.pending is not None or s.exit_code is not None:
         s, more = stopping.sweep(s, now, "child exited")
         return s, acts + more
@@ -289,6 +296,8 @@ def _due(s: WatchState, now: float) -> Result:
 
 
 def _deadline(s: WatchState, now: float) -> Result:
+    if s.incident_wait is not None and s.state in CHILD_STATES:
+        return ladder.incident_timed_out(s, now)
     if s.state == S.STARTING:
         return ladder.begin_restart(s, now, Reason.START_TIMEOUT, "not ready after "
                                     f"{s.config.startup.timeout:.0f}s (startup.timeout)",

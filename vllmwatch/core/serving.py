@@ -25,6 +25,8 @@ from vllmwatch.core.samples import gpu_figure, host_figure
 from vllmwatch.core.state import ChildRun, Result, S, WatchState, goto
 from vllmwatch.core.stopping import stop_child
 
+MEM_RECENT = 32  # memory samples kept for an incident record (core/incidents.py)
+
 
 def _run(s: WatchState) -> ChildRun:
     assert s.child is not None, "a result without a child run"
@@ -257,9 +259,10 @@ def memory(s: WatchState, ev: MemorySampled, now: float) -> Result:
         s = replace(s, child=replace(c, cpu_since_progress=cpu))
     if s.state != S.READY or c.leak is None:
         return s, []
-    state, verdict = leak.observe(c.leak, s.config.memory, now, gpu_figure(sample, host.mib),
-                                  host.mib if host.fresh else None)
-    s = replace(s, child=replace(s.run, leak=state))
+    gpu, host_mib = gpu_figure(sample, host.mib), host.mib if host.fresh else None
+    recent = (*c.mem_recent, (now, gpu, host_mib))[-MEM_RECENT:]
+    state, verdict = leak.observe(c.leak, s.config.memory, now, gpu, host_mib)
+    s = replace(s, child=replace(s.run, leak=state, mem_recent=recent))
     if verdict is None:
         return s, []
     if verdict.waits_for_quiet_hours and not in_window(s.config.restart.quiet_hours,

@@ -107,6 +107,21 @@ class ChildRun:
     canary_is_retry: bool = False  # ... and whether it was the longer retry of a timeout
     canary_retry_s: float | None = None  # the next canary is a retry with this timeout
     frozen_since: float | None = None  # work queued and no series moved since (policy)
+    # (time, GPU rule MiB, host rule MiB) of the newest samples the leak rules judged: an
+    # incident record of a memory restart shows what made the rule fire (core/incidents.py)
+    mem_recent: tuple[tuple[float, float | None, float | None], ...] = ()
+
+
+@dataclass(frozen=True)
+class IncidentWait:
+    """A restart waits for its incident record (core/incidents.py) before taking the child
+    down: until the answer to `seq` comes, or `until` passes; then take_down(drain)."""
+
+    seq: int
+    until: float
+    drain: bool
+    started: float
+    reason: str = ""
 
 
 @dataclass(frozen=True)
@@ -144,6 +159,10 @@ class WatchState:
     # Who watches /readyz (issue 28): only a balancer polling it needs the deregister delay.
     readyz_tracked: bool = False  # the shell reports /readyz polls (else: always deregister)
     readyz_seen_at: float | None = None  # the last /readyz poll it reported
+    incident_wait: IncidentWait | None = None  # a restart waiting for its incident record
+    incident_seq: int = 0  # incident records asked for
+    incidents_total: int = 0  # incident records written
+    last_incident: str | None = None  # the id of the last one written
 
     @property
     def run(self) -> ChildRun:

@@ -32,6 +32,8 @@ def _has_child(s: WatchState) -> bool:
 
 def take_down(s: WatchState, now: float, drain: bool) -> Result:
     """Drain if asked and possible, else stop the child; with no child, sweep at once."""
+    if s.incident_wait is not None:  # the record's wait ends here (a stop may overtake it)
+        s = replace(s, incident_wait=None, deadline=None)
     if s.state == S.STOPPING:
         return s, []
     if _has_child(s):
@@ -121,7 +123,7 @@ def sweep(s: WatchState, now: float, reason: str) -> Result:
     # The tree's pids from the last sample: the GPU release gate waits until NVML drops them.
     old = c.memory.tree_pids if c is not None and c.memory is not None else ()
     deadline = now + SWEEP_WAIT if s.exit_code is not None else None
-    s, acts = goto(s, S.CLEANUP, now, reason, deadline=deadline)
+    s, acts = goto(replace(s, incident_wait=None), S.CLEANUP, now, reason, deadline=deadline)
     if c is not None and c.drain is not None:  # the drain ends with the child
         phases = drains.durations(drains.exited(c.drain, now), now)
         s = replace(s, last_drain=phases)

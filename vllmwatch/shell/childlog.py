@@ -99,11 +99,13 @@ class ChildLog:
     def __init__(self, stream: IO[bytes], pid: int, post: Callable[[ChildOutput], None],
                  log: LogFn, forward: bool = True, capacity: int = 10000,
                  rate: float = RATE, burst: float = BURST,
-                 clock: Callable[[], float] = time.monotonic) -> None:
+                 clock: Callable[[], float] = time.monotonic, tail_lines: int = 300) -> None:
         self._stream, self._pid, self._post, self._log = stream, pid, post, log
         self._forward = forward
         self._queue: queue.Queue[tuple[str, str] | None] = queue.Queue(maxsize=capacity)
         self.last_lines: collections.deque[str] = collections.deque(maxlen=30)
+        # The longer tail an incident record keeps ([incidents] output_lines).
+        self.tail: collections.deque[str] = collections.deque(maxlen=tail_lines)
         # Memory-failure lines of the whole run (core/unified.py): vLLM's traceback after
         # them can be longer than last_lines.
         self.memory_lines: collections.deque[str] = collections.deque(maxlen=5)
@@ -161,6 +163,7 @@ class ChildLog:
             for line in self._lines():
                 level = level_of(line, level)
                 self.last_lines.append(line)  # before any limit: the diagnosis sees all
+                self.tail.append(line)  # ... and so does an incident record
                 if is_memory_line(line):
                     self.memory_lines.append(line)
                 milestone, hit = milestone_of(line), compile_cache_hit(line)

@@ -19,7 +19,7 @@ import contextlib
 import os
 import signal
 import subprocess
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, replace
 from typing import Protocol
 
@@ -125,6 +125,7 @@ class ChildHandle:
         self._order = kinds.order(config.probe.canary, config.vllm.args,
                                   config.vllm.extra_args)  # auto's first guess
         self._engines = EngineWatch()
+        self.last_metrics_text: str | None = None  # the last /metrics body, for incidents
 
     @classmethod
     def launch(cls, launcher: Launcher, prepared: Prepared, config: Config, marker: str,
@@ -148,7 +149,8 @@ class ChildHandle:
             return None, SpawnFailed(f"{argv0}: {exc.strerror or exc}")
         childmod.remember_group(marker, child.pid)
         childlog = ChildLog(child.stdout, child.pid, post, log,
-                            forward=config.log.child_lines)
+                            forward=config.log.child_lines,
+                            tail_lines=config.incidents.output_lines)
         childlog.start()
         handle = cls(child, childlog, prepared.api_key, config, guard, log)
         return handle, Spawned(child.pid, prepared.cmd.display(),
@@ -179,6 +181,12 @@ class ChildHandle:
         return replace(exited, memory_lines=tuple(self._childlog.memory_lines),
                        unified=unified, page_cache_gib=self._guard.summary.page_cache_gib()
                        if self._guard is not None else None)
+
+    @property
+    def output_tail(self) -> Sequence[str]:
+        """The child's last output lines ([incidents] output_lines), still filled after the
+        reap while orphans print."""
+        return self._childlog.tail
 
     def signal(self, signame: str) -> None:
         """Signal the child's process group."""
@@ -215,7 +223,9 @@ class ChildHandle:
         if action.kind == ProbeKind.HEALTH:
             return self._health(prober)
         if action.kind == ProbeKind.METRICS:  # with the host's CPU pressure: slow is not dead
-            return replace(prober.metrics(), host_cpu=hostcpu.sample())
+            result = replace(prober.metrics(), host_cpu=hostcpu.sample())
+            self.last_metrics_text = prober.last_metrics_text
+            return result
         return prober.canary(warmup=action.kind == ProbeKind.WARMUP)
 
     def _health(self, prober: HttpProber) -> HealthResult:

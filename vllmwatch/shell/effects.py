@@ -15,9 +15,12 @@ from vllmwatch.core.events import (
     CheckRelease,
     ChildExited,
     Event,
+    IncidentRecorded,
     MemorySampled,
+    MetricsResult,
     PrewarmDone,
     Probe,
+    RecordIncident,
     ReleaseChecked,
     SampleMemory,
     Spawned,
@@ -32,6 +35,7 @@ from vllmwatch.shell import child as childmod
 from vllmwatch.shell import childrun, startguard
 from vllmwatch.shell import platform as platformmod
 from vllmwatch.shell.childrun import ChildHandle, Launcher
+from vllmwatch.shell.incidents import IncidentShell
 from vllmwatch.shell.launcher import StandbyLauncher
 from vllmwatch.shell.logs import LogFn
 from vllmwatch.shell.memory import MemorySampler, make_sampler, release_check
@@ -60,6 +64,7 @@ class Effects(Protocol):
     def sweep(self, action: Sweep) -> SweepDone: ...
     def check_release(self, action: CheckRelease) -> ReleaseChecked: ...
     def prewarm(self, config: Config) -> PrewarmDone: ...
+    def record_incident(self, action: RecordIncident) -> IncidentRecorded: ...
     def vllm_version(self) -> str | None: ...
     def publish(self, snapshot: Snapshot) -> None: ...
     def close(self) -> None: ...
@@ -94,6 +99,8 @@ class RealEffects:
         self.launcher: Launcher = launcher or StandbyLauncher(log, self.marker, self._gpu_pids)
         self.standby = self.launcher if isinstance(self.launcher, StandbyLauncher) else None
         self._config = config  # the latest: the standby is built for the next launch of it
+        # Incident records (daemon lifetime); it keeps the last child's evidence past the reap.
+        self.incidents = IncidentShell(config, log, environ)
 
     def spawn(self, config: Config, post: Callable[[Event], None]) -> Event:
         """Build the command (refusing known-broken flags) and start the child."""
@@ -102,6 +109,7 @@ class RealEffects:
                                     self._cache_env(config), self.log)
         if isinstance(prepared, SpawnFailed):
             return prepared
+        prepared = replace(prepared, cmd=self.incidents.child_command(prepared.cmd, config))
         if self._run is not None:  # never two: the core launches only after the reap
             self._run.close()
             self._run = None
@@ -114,6 +122,8 @@ class RealEffects:
                                                before)
         if isinstance(result, Spawned) and self.standby is not None:
             result = replace(result, launch=self.standby.last_launch)
+        if self._run is not None:
+            self.incidents.launched(self._run.output_tail, prepared.cmd.env, prepared.api_key)
         return result
 
     def _next_command(self, config: Config) -> command.ChildCommand | None:
@@ -188,7 +198,10 @@ class RealEffects:
         run = self._run
         if run is None:  # reaped meanwhile: the result is about a run that is over
             return failure_result(action, "no child running")
-        return replace(run.probe(action), gen=action.gen)
+        result = run.probe(action)
+        if isinstance(result, MetricsResult) and result.ok:
+            self.incidents.scraped(run.last_metrics_text)
+        return replace(result, gen=action.gen)
 
     def sample_memory(self, action: SampleMemory, minute_of_day: int) -> MemorySampled:
         """Sample the current child's tree on the child's GPUs."""
@@ -233,6 +246,11 @@ class RealEffects:
         failed = [s.name + ": " + s.detail for s in report.steps if s.status == "failed"]
         return PrewarmDone(report.ok, "; ".join(failed))
 
+    def record_incident(self, action: RecordIncident) -> IncidentRecorded:
+        """Write the incident record of the child tree (worker thread, bounded)."""
+        pid = self._run.pid if self._run is not None else None
+        return self.incidents.record(action, pid, self._versions.current, self.sampler)
+
     def vllm_version(self) -> str | None:
         """The launched vLLM's version (read at launch, again after vllm.command changed)."""
         return self._versions.current
@@ -247,6 +265,7 @@ class RealEffects:
                 self.standby.prepare(config, snapshot.child_pid,
                                      lambda: self._next_command(config), self.platform.unified)
             extra = self.standby.info()
+        self.incidents.snapshot = snapshot  # the /status an incident record shows
         if self._publish is not None:
             self._publish(replace(snapshot, unified_memory=self.platform.unified,
                                   platform_reason=self.platform.reason, **extra))

@@ -38,17 +38,21 @@ class Remembered:
 
 def state_dir(environ: Mapping[str, str] | None = None) -> str | None:
     """The trusted directory for our state; None when none can be had."""
+    return private.ensure_dir(state_dir_candidate(environ))
+
+
+def state_dir_candidate(environ: Mapping[str, str] | None = None) -> str:
+    """Where our state goes by the rule, trusted or not (for a message that names it)."""
     env = os.environ if environ is None else environ
     for name in ("STATE_DIRECTORY", "RUNTIME_DIRECTORY"):
         first = env.get(name, "").split(":")[0]
         if first:
-            return private.ensure_dir(first)
+            return first
     if os.geteuid() == 0:
-        return private.ensure_dir("/run/vllmwatch")
+        return "/run/vllmwatch"
     runtime = env.get("XDG_RUNTIME_DIR", "")
-    base = (os.path.join(runtime, "vllmwatch") if runtime else
+    return (os.path.join(runtime, "vllmwatch") if runtime else
             os.path.join(env.get("HOME") or str(Path.home()), ".local", "state", "vllmwatch"))
-    return private.ensure_dir(base)
 
 
 def path_of(marker: str, environ: Mapping[str, str] | None = None) -> str | None:

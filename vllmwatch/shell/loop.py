@@ -26,6 +26,7 @@ from vllmwatch.core.events import (
     Log,
     Notify,
     Probe,
+    RecordIncident,
     RestartRequested,
     SampleMemory,
     SignalGroup,
@@ -291,6 +292,8 @@ class Loop:
             self._submit(action, lambda: fx.check_release(action))
         elif isinstance(action, DoPrewarm):
             self._submit(action, lambda: fx.prewarm(action.config))
+        elif isinstance(action, RecordIncident):
+            self._submit(action, lambda: fx.record_incident(action))
         elif isinstance(action, Exit):
             self.exit_code = action.code
         return None

@@ -89,6 +89,7 @@ class HttpProber:
         # auto: found by the first canary that answers; it comes back in CanaryResult.kind.
         self.chosen: str | None = chosen if probe.canary == "auto" else probe.canary
         self._log = log
+        self.last_metrics_text: str | None = None  # the body of the last /metrics answer
 
     def _request(self, method: str, path: str, timeout: float, body: bytes | None = None
                  ) -> tuple[int, bytes]:
@@ -171,6 +172,7 @@ class HttpProber:
         if status != 200:
             return MetricsResult(False, time.monotonic() - t0, error=f"HTTP {status}")
         text = body.decode("utf-8", "replace")
+        self.last_metrics_text = text  # for an incident record
         try:
             values, awake = parse_metrics(text), awake_values(text)
         except (ValueError, TypeError, IndexError, KeyError) as exc:

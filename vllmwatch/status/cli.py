@@ -231,6 +231,9 @@ def _restart_rows(data: Mapping[str, Any], now: float) -> list[tuple[str, str]]:
         if at:
             line += f" ({format_duration(max(0.0, now - at))} ago)"
         rows.append(("last", line))
+    if data.get("last_incident"):
+        rows.append(("incident", f"{data['last_incident']} (vllmwatch incidents show "
+                     f"{data['last_incident']})"))
     return rows
 
 

@@ -163,6 +163,8 @@ def _child(snap: Snapshot) -> Iterator[Metric]:
     counts = {**dict.fromkeys(RESTART_REASONS, 0), **snap.restarts_by_reason}
     yield _labelled(CounterMetricFamily, "vllmwatch_restarts", "Restarts of vLLM by reason",
                     "reason", counts)
+    yield CounterMetricFamily("vllmwatch_incidents", "Incident records written (vllmwatch "
+                              "incidents lists them)", value=float(snap.incidents_total))
     yield _gauge("vllmwatch_child_uptime_seconds", "Seconds since the vLLM child was spawned",
                  snap.child_uptime_s)
     yield _labelled(GaugeMetricFamily, "vllmwatch_startup_phase_reached_seconds",

@@ -80,6 +80,8 @@ class Snapshot:
     standby_pid: int | None = None
     standby_rss_mib: float | None = None
     standby_reason: str = ""  # why it is off, or why the last one was discarded
+    last_incident: str | None = None  # the id of the last incident record written
+    incidents_total: int = 0  # incident records written since vllmwatch started
 
     @property
     def restarts_total(self) -> int:

@@ -85,7 +85,8 @@ def snapshot_of(s: WatchState, now: float, wall: float, prev: Snapshot,
         model=(c.vllm if c else s.config.vllm).model_name,
         drain_phase=str(drains.phase(c.drain, now)) if c and c.drain else None,
         drain_phases_s=drains.durations(c.drain, now) if c and c.drain else dict(s.last_drain),
-        vllm_asleep=c.asleep if c else None)
+        vllm_asleep=c.asleep if c else None,
+        last_incident=s.last_incident, incidents_total=s.incidents_total)
 
 
 def summary(snap: Snapshot) -> str:

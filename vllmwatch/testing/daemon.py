@@ -104,6 +104,8 @@ class Daemon:
         self.raw: list[str] = []  # stderr lines that were not JSON (tracebacks)
         self.proc: subprocess.Popen[bytes] | None = None
         self._env = _daemon_env(env, self.notify, checkout_path)
+        # The state directory (group file, incident records) of this daemon, not the host's.
+        self._env.setdefault("STATE_DIRECTORY", str(workdir / "state"))
         self._argv = argv or [*argv_prefix, *run_argv(self.config_path)]
         self._own_session = own_session
         self._on_line = on_line

@@ -190,6 +190,9 @@ class Engine:
                 log("WARNING", "Injected fault: engine hang (--hang-after)")
                 while True:
                     time.sleep(3600)
+            if age >= after(a.deadlock_after):
+                log("WARNING", "Injected fault: engine deadlock (--deadlock-after)")
+                engine_deadlock()
             if time.monotonic() - after(self.orphan_at) >= a.orphan_timeout:
                 os._exit(0)
             if not stalled and age >= after(a.stall_after):
@@ -254,6 +257,23 @@ class Engine:
             with contextlib.suppress(OSError):
                 self.api.sendall(b"".join(json.dumps(m).encode() + b"\n" for m in msgs))
         self.sent_at = time.monotonic()
+
+
+def engine_deadlock() -> NoReturn:
+    """A real deadlock (not a sleep): this thread and a helper take two locks in opposite
+    order, each holding the one the other waits for. Incident tests look for this frame."""
+    first, second = threading.Lock(), threading.Lock()
+    both_hold = threading.Barrier(2)
+
+    def take(a: threading.Lock, b: threading.Lock) -> None:
+        with a:
+            both_hold.wait()
+            b.acquire()  # never returns
+
+    threading.Thread(target=take, args=(second, first), name="deadlock-partner",
+                     daemon=True).start()
+    take(first, second)
+    raise AssertionError("unreachable: the deadlock never ends")
 
 
 def engine_main(a: argparse.Namespace, flags: list[str], entry: list[str]) -> int:

@@ -14,11 +14,13 @@ from vllmwatch.core.events import (
     ChildExited,
     Event,
     HealthResult,
+    IncidentRecorded,
     Log,
     MemorySampled,
     MetricsResult,
     PrewarmDone,
     Probe,
+    RecordIncident,
     ReleaseChecked,
     SampleMemory,
     Spawned,
@@ -118,6 +120,9 @@ class World:
     canary_seconds: float = 0.01  # how long a canary that answers takes
     signals: list[str] = field(default_factory=list)
     spawns: int = 0
+    # Incident records asked for, and what the fake writer answers ("" writes one).
+    incidents: list[RecordIncident] = field(default_factory=list)
+    incident_error: str = ""
 
 
 class WorldEffects:
@@ -239,6 +244,17 @@ class WorldEffects:
         self._maybe_raise("prewarm")
         ok = self.world.prewarm_ok
         return PrewarmDone(ok, "" if ok else "fake")
+
+    def record_incident(self, action: RecordIncident) -> IncidentRecorded:
+        """Remember the request; answer as the World says (signals seen so far are kept,
+        so a test can check none came before the record)."""
+        self._maybe_raise("record_incident")
+        w = self.world
+        w.incidents.append(action)
+        if w.incident_error:
+            return IncidentRecorded(action.seq, error=w.incident_error)
+        rid = f"fake-{action.seq}-{action.reason}"
+        return IncidentRecorded(action.seq, rid, f"/fake/{rid}", seconds=0.01, stacks="fake")
 
     def vllm_version(self) -> str | None:
         """No version."""

@@ -16,7 +16,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 
 from bench.gpu import models
-from bench.gpu.phases import faults, hangs, probes, recipe, shapes, standby
+from bench.gpu.phases import faults, hangs, incident, probes, recipe, shapes, standby
 from bench.gpu.run import Run
 
 
@@ -51,5 +51,6 @@ PHASES: tuple[Phase, ...] = (
     Phase("standbyapi2", standby.standbyapi2, 300, auto=False),
     Phase("hangstop", hangs.hangstop, 480),  # issue 24: SIGSTOP x5 at the shipped [probe]
     Phase("hangload", hangs.hangload, 460),  # issue 24: 64 clients x 2,000 tokens, 5 min
+    Phase("incident", incident.incident, 260),
 )
 BY_NAME = {p.name: p for p in PHASES}

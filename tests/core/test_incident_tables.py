@@ -1,0 +1,127 @@
+"""Pure pieces of incident records as tables: redaction, stack parsing, metrics, the report."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import pytest
+
+from vllmwatch.config.schema import from_dict
+from vllmwatch.core import incidents, machine
+from vllmwatch.incident import dumpers, metrics, record, report
+from vllmwatch.incident.redact import Redactor, secrets_of
+
+R = Redactor(["s3cr3t-value-1234"])
+
+
+@pytest.mark.parametrize("text,want", [
+    ("--api-key abc123 --port 8000", "--api-key <redacted> --port 8000"),
+    ("--hf-token=hf_x", "--hf-token=<redacted>"),
+    ("HF_TOKEN=hf_abcdefghijklmnopqrstuvwxyz1", "HF_TOKEN=<redacted>"),
+    ("Authorization: Bearer xyz.abc", "Authorization: Bearer <redacted>"),
+    ('{"api_key": "zzz"}', '{"api_key": "<redacted>"}'),
+    ("non-default args: {'api_key': ['zzz9']}", "non-default args: {'api_key': ['<redacted>']}"),
+    ("token sk-abcdefghijklmnopqrstu here", "token <redacted> here"),
+    ("it printed s3cr3t-value-1234 somewhere", "it printed <redacted> somewhere"),
+    # vLLM's own numbers stay: names that end in "tokens" are counts, not credentials
+    ("--max-num-batched-tokens 2048", "--max-num-batched-tokens 2048"),
+    ("prompt_tokens=5 generation_tokens=7", "prompt_tokens=5 generation_tokens=7"),
+    ('vllm:prompt_tokens_total{model_name="m"} 12', 'vllm:prompt_tokens_total{model_name="m"} 12'),
+])
+def test_redaction(text: str, want: str) -> None:
+    assert R.text(text) == want
+
+
+def test_redaction_of_structures_and_environments() -> None:
+    env = {"HF_TOKEN": "hf_secret_value", "VLLM_API_KEY": "k-very-secret", "HOME": "/h"}
+    red = Redactor(secrets_of(env, "the-api-key"))
+    assert red.env(env) == {"HF_TOKEN": "<redacted>", "VLLM_API_KEY": "<redacted>",
+                            "HOME": "/h"}
+    doc: dict[str, Any] = {"a": ["say the-api-key"], "password": "x1", "n": 3,
+                           "prompt_tokens": 5}
+    assert red.deep(doc) == {"a": ["say <redacted>"], "password": "<redacted>", "n": 3,
+                             "prompt_tokens": 5}
+    assert red.argv(["vllm", "--api-key", "the-api-key"]) == ["vllm", "--api-key",
+                                                              "<redacted>"]
+
+
+PYSPY = '''Process 17600: python dl.py
+Python v3.11.7 (/usr/bin/python3.11)
+
+Thread 17600 (idle): "MainThread"
+    run_busy_loop (vllm/v1/engine/core.py:1551)
+    <module> (dl.py:5)
+Thread 0x7F11 (active): "worker"
+    f (dl.py:3)
+'''
+FAULT = '''Thread 0x00007f8 (most recent call first):
+  File "/x/vllm/v1/engine/core.py", line 1588 in _process_input_queue
+  File "/x/threading.py", line 1002 in _bootstrap
+
+Current thread 0x00007f9 (most recent call first):
+  File "/x/site.py", line 5 in <module>
+'''
+
+
+def test_stack_parsers() -> None:
+    main, worker = dumpers.parse_pyspy(PYSPY)
+    assert main.name == "MainThread (idle)"
+    assert main.frames[0] == dumpers.Frame("run_busy_loop", "vllm/v1/engine/core.py", 1551)
+    assert worker.name == "worker (active)" and worker.frames[0].function == "f"
+    other, current = dumpers.parse_faulthandler(FAULT)
+    assert other.frames[0].function == "_process_input_queue" and not other.current
+    assert current.current and current.frames[0].line == 5
+
+
+def test_metrics_keeps_one_scrape_a_minute_and_shows_what_moved() -> None:
+    scrapes: list[tuple[float, str]] = []
+    for t, tokens in ((0, 1), (30, 5), (61, 9), (62, 9), (90, 9)):
+        scrapes = metrics.keep(scrapes, float(t), f"# HELP x\nvllm:gen_total {tokens}\n"
+                               f"vllm:running 2\nprocess_cpu 4\n")
+    assert [t for t, _ in scrapes] == [0.0, 61.0, 90.0]
+    section = metrics.section(scrapes, 95.0)
+    assert section["last"] == {"vllm:gen_total": 9.0, "vllm:running": 2.0}
+    assert section["moved"] == [["vllm:gen_total", 1.0, 9.0]]
+    assert section["unchanged"] == ["vllm:running"] and section["last_age_s"] == 5.0
+    assert metrics.section([], 1.0)["last"] is None
+
+
+CFG = from_dict({"vllm": {"model": "/m"}})
+
+
+@pytest.mark.parametrize("reason,wanted", [
+    ("hang", True), ("crash", True), ("health", True), ("stall", True), ("gpu_fault", True),
+    ("start_timeout", True), ("start_stall", True), ("gpu_memory", True),
+    ("host_memory", True), ("start_memory", True), ("manual", False), ("reload", False),
+])
+def test_which_reasons_get_a_record(reason: str, wanted: bool) -> None:
+    assert incidents.wanted(machine.initial(CFG, 0.0), reason) is wanted
+
+
+def _record() -> dict[str, Any]:
+    facts = {"uptime_s": 60.0, "ready_for_s": 30.0, "start_phases_s": {"weights": 10.0},
+             "config_sha256": "abc"}
+    inp = record.Inputs(seq=1, reason="hang", detail="canary timed out", exit_code=None,
+                        timeout=3.0, pgid=None, child_pid=None, facts=facts,
+                        output=["line 1", "--api-key sekrit"],
+                        scrapes=[(0.0, "vllm:x 1\n"), (60.0, "vllm:x 2\n")])
+    stacks: record.StackDumps = [(7, [dumpers.Dump("py-spy", True,
+                                                   dumpers.parse_pyspy(PYSPY))])]
+    return record.build(inp, "20261201T000000Z-hang", 61.0, [], stacks,
+                        {"py-spy": "ran for all 1 processes"}, Redactor())
+
+
+def test_the_report_has_its_sections_in_order_and_vllm_frames_first() -> None:
+    text = report.render(_record())
+    heads = ["== reason and timeline", "== what each vLLM thread", "== metrics that moved",
+             "== memory and GPU", "== last output lines"]
+    assert [text.index(h) for h in heads] == sorted(text.index(h) for h in heads)
+    assert "vllm: run_busy_loop (vllm/v1/engine/core.py:1551)" in text
+    assert "vllm:x: 1 -> 2" in text
+    assert "--api-key <redacted>" in text and "sekrit" not in text
+    assert "-60.0  child started" in text and "-50.0  start phase weights" in text
+
+
+def test_the_record_says_when_the_tree_was_gone() -> None:
+    rec = _record()
+    assert rec["tree"]["alive"] is False and "already gone" in rec["tree"]["note"]

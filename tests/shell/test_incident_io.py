@@ -1,0 +1,174 @@
+"""Incident records against real processes and files: the startup hook, both stack dumpers,
+the store's bounds and modes, and a whole capture of a process group (issue 25)."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import stat
+import subprocess
+import sys
+import textwrap
+import time
+from collections.abc import Iterator
+from pathlib import Path
+
+import psutil
+import pytest
+
+from tests.support import wait_until
+from vllmwatch.incident import dumpers, record, store
+
+DEADLOCK = textwrap.dedent('''
+    import os, sys, threading, time
+    def hold_forever(a, b, ready):
+        with a:
+            ready.wait()
+            b.acquire()
+    a, b, ready = threading.Lock(), threading.Lock(), threading.Barrier(2)
+    threading.Thread(target=hold_forever, args=(b, a, ready), daemon=True).start()
+    print("started", flush=True)
+    hold_forever(a, b, ready)
+''')
+
+
+def _start(tmp_path: Path, hook: bool, extra_path: str = "") -> subprocess.Popen[str]:
+    env = {k: v for k, v in os.environ.items() if k != "PYTHONPATH"}
+    if hook:
+        (tmp_path / "stacks").mkdir(exist_ok=True)
+        env["PYTHONPATH"] = os.pathsep.join(p for p in (dumpers.HOOK_DIR, extra_path) if p)
+        env[dumpers.STACKS_ENV] = str(tmp_path / "stacks")
+    proc = subprocess.Popen([sys.executable, "-c", DEADLOCK], env=env, stdout=subprocess.PIPE,
+                            text=True, start_new_session=True)
+    assert proc.stdout is not None and proc.stdout.readline().strip() == "started"
+    return proc
+
+
+@pytest.fixture
+def procs() -> Iterator[list[subprocess.Popen[str]]]:
+    made: list[subprocess.Popen[str]] = []
+    yield made
+    for p in made:
+        os.killpg(p.pid, signal.SIGKILL)
+        p.wait()
+
+
+def _functions(dump: dumpers.Dump) -> set[str]:
+    return {f.function for t in dump.threads for f in t.frames}
+
+
+def test_the_hook_dumps_a_deadlocked_process_and_chains_an_existing_sitecustomize(
+        tmp_path: Path, procs: list[subprocess.Popen[str]]) -> None:
+    theirs = tmp_path / "theirs"
+    theirs.mkdir()
+    (theirs / "sitecustomize.py").write_text(
+        f"open({str(tmp_path / 'chained')!r}, 'w').write('yes')\n")
+    p = _start(tmp_path, hook=True, extra_path=str(theirs))
+    procs.append(p)
+    assert (tmp_path / "chained").read_text() == "yes"  # their sitecustomize still ran
+    got = dumpers.faulthandler_dumps([p.pid], str(tmp_path / "stacks"), time.monotonic() + 5)
+    dump = got[p.pid]
+    assert dump.ok, dump.error
+    assert len(dump.threads) == 2 and "hold_forever" in _functions(dump)
+    assert p.poll() is None  # a dump does not disturb the process
+
+
+def test_a_process_without_the_hook_is_never_sent_the_dump_signal(
+        tmp_path: Path, procs: list[subprocess.Popen[str]]) -> None:
+    p = _start(tmp_path, hook=False)
+    procs.append(p)
+    (tmp_path / "stacks").mkdir()
+    (tmp_path / "stacks" / f"{p.pid}.stacks").write_text("")  # even with a file there
+    got = dumpers.faulthandler_dumps([p.pid], str(tmp_path / "stacks"), time.monotonic() + 1)
+    assert not got[p.pid].ok and "hook is not loaded" in got[p.pid].error
+    assert not dumpers.catches_dump_signal(p.pid)
+    assert p.poll() is None  # SIGUSR2 would have killed it
+
+
+@pytest.mark.skipif(dumpers.find_pyspy() is None, reason="py-spy not installed")
+def test_a_stopped_process_is_read_by_py_spy_only(
+        tmp_path: Path, procs: list[subprocess.Popen[str]]) -> None:
+    p = _start(tmp_path, hook=True)
+    procs.append(p)
+    os.kill(p.pid, signal.SIGSTOP)
+    wait_until(lambda: dumpers.process_state(p.pid) == "T", 5.0, "stopped")
+    fh = dumpers.faulthandler_dumps([p.pid], str(tmp_path / "stacks"), time.monotonic() + 1)
+    assert not fh[p.pid].ok and "stopped" in fh[p.pid].error
+    exe = dumpers.find_pyspy()
+    assert exe is not None
+    spy = dumpers.pyspy_dump(exe, p.pid, time.monotonic() + 20)
+    if not spy.ok and "ptrace" in spy.error:
+        pytest.skip(f"no ptrace rights here: {spy.error}")
+    assert spy.ok, spy.error
+    assert "hold_forever" in _functions(spy)
+    late = dumpers.pyspy_dump(exe, p.pid, time.monotonic() - 1)
+    assert not late.ok and "deadline" in late.error
+
+
+def _write(root: Path, rid: str, size: int) -> str:
+    return store.write(str(root), rid, {store.RECORD: json.dumps({"reason": "hang"}),
+                                        "output.log": "x" * size})
+
+
+def test_the_store_prunes_the_oldest_to_its_bounds_and_keeps_the_newest(tmp_path: Path) -> None:
+    root = store.root_of(str(tmp_path))
+    assert root is not None
+    names = [_write(Path(root), store.record_id(1.7e9 + i, "hang"), 1000) for i in range(5)]
+    assert store.prune(root, 3, 1 << 30) == names[:2]
+    assert store.ids(root) == names[2:]
+    assert store.prune(root, 50, 2500) == names[2:3]  # bytes: two of ~1 KB fit
+    big = _write(Path(root), store.record_id(1.7e9 + 9, "crash"), 10_000)
+    store.prune(root, 50, 2500)
+    assert store.ids(root) == [big]  # the newest stays even alone over the bound
+    assert not [n for n in os.listdir(root) if n.startswith(".tmp-")]
+    assert stat.S_IMODE(os.stat(root).st_mode) == 0o700
+    assert stat.S_IMODE(os.stat(os.path.join(root, big)).st_mode) == 0o700
+    assert stat.S_IMODE(os.stat(os.path.join(root, big, store.RECORD)).st_mode) == 0o600
+    again = _write(Path(root), store.record_id(1.7e9 + 9, "crash"), 1)  # same second
+    assert again == big + "-2"
+    assert store.load(root, big[:12]) is None  # ambiguous prefix
+    assert store.load(root, again) == {"reason": "hang"}
+
+
+def test_a_capture_of_a_live_group(tmp_path: Path, procs: list[subprocess.Popen[str]]) -> None:
+    p = _start(tmp_path, hook=True)
+    procs.append(p)
+    root = store.root_of(str(tmp_path / "state"))
+    assert root is not None
+    inp = record.Inputs(seq=1, reason="hang", detail="test", exit_code=None, timeout=3.0,
+                        pgid=p.pid, child_pid=p.pid, facts={"uptime_s": 5.0},
+                        output=["a", "b"], stacks_dir=str(tmp_path / "stacks"),
+                        secrets=["hunter22"], status={"note": "pw hunter22"})
+    done = record.capture(inp, root)
+    assert not done.error and done.seconds < 3.0 + 1.0
+    rec = store.load(root, done.incident_id)
+    assert rec is not None and rec["tree"]["api_server_alive"] is True
+    assert rec["status"] == {"note": "pw <redacted>"}
+    methods = rec["stacks"]["methods"]
+    assert methods["faulthandler"] == "ran for all 1 processes", methods
+    files = os.listdir(os.path.join(root, done.incident_id))
+    assert {"record.json", "report.txt", "output.log"} <= set(files)
+    assert psutil.pid_exists(p.pid)
+
+
+def test_the_cli_lists_shows_and_speaks_json(tmp_path: Path,
+                                             capsys: pytest.CaptureFixture[str]) -> None:
+    from vllmwatch.incident import cli
+
+    root = store.root_of(str(tmp_path))
+    assert root is not None
+    rec = {"id": "x", "reason": "hang", "detail": "canary timed out", "time_utc": "T",
+           "stacks": {"methods": {}, "processes": []}, "tree": {"note": "alive"}}
+    rid = store.write(root, store.record_id(1.7e9, "hang"), {store.RECORD: json.dumps(rec)})
+    assert cli.main(None, None, False, [str(tmp_path / "nowhere"), root]) == 0
+    listed = capsys.readouterr().out
+    assert rid in listed and "hang" in listed and "canary timed out" in listed
+    assert cli.main(None, None, True, [root]) == 0
+    assert json.loads(capsys.readouterr().out)["incidents"][0]["id"] == rid
+    assert cli.main("show", rid[:10], True, [root]) == 0  # a unique prefix
+    assert json.loads(capsys.readouterr().out)["reason"] == "hang"
+    assert cli.main("show", rid, False, [root]) == 0
+    assert capsys.readouterr().out.startswith("== reason and timeline ==")
+    assert cli.main("show", "nope", False, [root]) == 1
+    assert "no incident 'nope'" in capsys.readouterr().err

@@ -1,0 +1,118 @@
+"""Pure: when an incident record is written, and what the core puts in it.
+
+Every restart that nobody asked for (every reason but `manual` (SIGUSR1) and `reload`) and
+every exit that is not a requested stop (crash-loop give-up 3, start memory 5, GPU fault 6)
+asks the shell for a record (RecordIncident) BEFORE the child is signalled, so that a hung
+tree can still be read. The ladder then waits for IncidentRecorded, at most the record's
+timeout plus WAIT_MARGIN, and goes on whatever happens: a record can delay a restart by a
+few seconds, never stop it.
+"""
+
+from __future__ import annotations
+
+from dataclasses import asdict, replace
+from typing import Any
+
+from vllmwatch.core import exitcodes
+from vllmwatch.core.events import Action, Log, RecordIncident
+from vllmwatch.core.leak import SeriesState
+from vllmwatch.core.names import Reason
+from vllmwatch.core.state import IncidentWait, Result, S, WatchState
+
+REQUESTED = frozenset({Reason.MANUAL, Reason.RELOAD})  # restarts a person asked for
+# Exits that are not a requested stop, and not a refusal to start: each gets a record.
+EXITS = frozenset({exitcodes.GAVE_UP, exitcodes.START_MEMORY, exitcodes.GPU_FAULT})
+STATES = frozenset({S.STARTING, S.READY, S.DRAINING})  # where a child can still be read
+WAIT_MARGIN = 1.0  # the core's own deadline beyond the shell's, should its answer be lost
+MEMORY_REASONS = frozenset({Reason.GPU_MEMORY, Reason.HOST_MEMORY})
+SAMPLES_KEPT = 120  # the newest leak-rule points of each series put in a record
+
+
+def wanted(s: WatchState, reason: str) -> bool:
+    """Whether a restart (or an exit) for `reason` gets a record."""
+    return s.config.incidents.enabled and reason not in REQUESTED
+
+
+def request(s: WatchState, now: float, reason: str, detail: str, drain: bool) -> Result:
+    """Ask for the record and hold the ladder until it is written (or its deadline)."""
+    timeout = s.config.incidents.timeout
+    seq = s.incident_seq + 1
+    code = s.exit_code  # halt sets it before asking
+    wait = IncidentWait(seq=seq, until=now + timeout + WAIT_MARGIN, drain=drain, started=now,
+                        reason=str(reason))
+    s = replace(s, incident_seq=seq, incident_wait=wait, deadline=wait.until)
+    c = s.child
+    acts: list[Action] = [RecordIncident(seq, str(reason), detail, timeout,
+                                         c.pgid if c is not None else None, code,
+                                         facts(s, now, reason))]
+    return s, acts
+
+
+def recorded(s: WatchState, seq: int, incident_id: str, path: str, error: str, seconds: float,
+             stacks: str) -> tuple[WatchState, list[Action], IncidentWait | None]:
+    """The shell's answer: (state, logs, the wait it ends); the wait is None for a stale one."""
+    wait = s.incident_wait
+    if wait is None or wait.seq != seq:
+        return s, [], None
+    s = replace(s, incident_wait=None, deadline=None)
+    if error:
+        return s, [Log("warning", "incident.failed", {
+            "error": error, "detail": "no incident record for this restart; the restart "
+            "goes on"})], wait
+    s = replace(s, incidents_total=s.incidents_total + 1, last_incident=incident_id)
+    # The restart's event that names its record (journald: VLLMWATCH_INCIDENT=, ..._PATH=).
+    return s, [Log("warning", "incident.recorded", {
+        "reason": wait.reason, "incident": incident_id, "incident_path": path,
+        "seconds": round(seconds, 3), "stacks": stacks,
+        "hint": f"vllmwatch incidents show {incident_id}"})], wait
+
+
+def timed_out(s: WatchState, now: float) -> tuple[WatchState, list[Action], IncidentWait]:
+    """No answer by the core's deadline: go on without the record."""
+    wait = s.incident_wait
+    assert wait is not None
+    s = replace(s, incident_wait=None, deadline=None)
+    return s, [Log("warning", "incident.timeout", {
+        "waited_s": round(now - wait.started, 2), "detail": "the incident record did not "
+        "come back in time; the restart goes on without waiting for it"})], wait
+
+
+def facts(s: WatchState, now: float, reason: str) -> dict[str, Any]:
+    """What the core knows about this child run, JSON-ready, times relative to `now`."""
+    c = s.child
+    out: dict[str, Any] = {
+        "state": str(s.state), "state_for_s": round(now - s.since, 3),
+        "restarts_by_reason": dict(s.restarts_by_reason), "failures_in_row": s.failures,
+        "config_path": s.config.path, "config_sha256": s.config.sha256,
+    }
+    if c is None:
+        return out
+    out.update({
+        "gen": c.gen, "pid": c.pid, "pgid": c.pgid, "uptime_s": round(now - c.started, 3),
+        "ready_for_s": None if c.ready_at is None else round(now - c.ready_at, 3),
+        "start_phases_s": dict(c.phases), "compile_cache_hit": c.compile_cache_hit,
+        "health_failures": c.health_failures, "canary_failures": c.canary_failures,
+        "hang_suspect": c.hang_suspect, "engine_gone": c.engine_gone,
+        "running": c.running, "waiting": c.waiting, "kv_cache_usage": c.kv_cache_usage,
+        "progress_age_s": round(now - c.last_progress, 3),
+        "last_sample": None if c.memory is None else asdict(c.memory),
+    })
+    if reason in MEMORY_REASONS:
+        # The samples the rules judged (newest last): the last `sustain` of them fired it.
+        out["memory_samples"] = {
+            "sustain": s.config.memory.sustain,
+            "recent": [{"s_ago": round(now - t, 3), "gpu_rule_mib": gpu, "host_rule_mib": host}
+                       for t, gpu, host in c.mem_recent]}
+        if c.leak is not None:
+            out["memory_samples"].update({"gpu": _series(c.leak.gpu, now),
+                                          "host": _series(c.leak.host, now)})
+    return out
+
+
+def _series(series: SeriesState, now: float) -> dict[str, Any]:
+    """One leak series: baseline, slope and the newest points as (seconds ago, MiB)."""
+    points = series.points[-SAMPLES_KEPT:]
+    return {"baseline_mib": series.baseline, "slope_mib_per_h": series.slope,
+            "streaks": {"limit": series.limit_streak, "growth": series.growth_streak,
+                        "rate": series.rate_streak},
+            "points": [[round(now - t, 3), round(v, 3)] for t, v in points]}

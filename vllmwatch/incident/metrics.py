@@ -1,0 +1,65 @@
+"""vLLM's /metrics in a record: the last scrape, and which series moved since an earlier one.
+
+A hung engine freezes its counters, a leak moves a gauge: the report shows what changed
+between the oldest scrape kept (about ten minutes back) and the last one, and how old the
+last one is.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Sequence
+from typing import Any
+
+KEEP_EVERY_S = 60.0  # scrapes kept for comparison: one a minute ...
+KEEP = 10  # ... ten of them
+
+
+def vllm_lines(text: str) -> str:
+    """Only vLLM's own sample lines (no HELP/TYPE, no process_ or python_ series)."""
+    return "\n".join(ln for ln in text.splitlines() if ln.startswith("vllm:")) + "\n"
+
+
+def keep(scrapes: list[tuple[float, str]], wall: float, text: str) -> list[tuple[float, str]]:
+    """Add a scrape: the newest replaces the last one unless that one is a minute newer
+    than the one kept before it (so all but the newest are a minute apart)."""
+    text = vllm_lines(text)
+    if len(scrapes) >= 2 and scrapes[-1][0] - scrapes[-2][0] < KEEP_EVERY_S:
+        scrapes = scrapes[:-1]
+    return [*scrapes, (wall, text)][-KEEP:]
+
+
+def parse(text: str) -> dict[str, float]:
+    """`name{labels} value` lines to a dict (histogram buckets left out)."""
+    out: dict[str, float] = {}
+    for line in text.splitlines():
+        name, _, value = line.rpartition(" ")
+        if not name or "_bucket{" in name:
+            continue
+        try:
+            out[name] = float(value)
+        except ValueError:
+            continue
+    return out
+
+
+def section(scrapes: Sequence[tuple[float, str]], wall: float) -> dict[str, Any]:
+    """The record's metrics: the last scrape (parsed), its age, and what moved."""
+    if not scrapes:
+        return {"last": None, "note": "no /metrics scrape succeeded for this child"}
+    last_at, last_text = scrapes[-1]
+    last = parse(last_text)
+    out: dict[str, Any] = {"last_age_s": round(wall - last_at, 1), "last": last,
+                           "last_text": last_text}
+    if len(scrapes) >= 2:
+        first_at, first_text = scrapes[0]
+        first = parse(first_text)
+        moved = [[name, first.get(name), value] for name, value in last.items()
+                 if not _same(first.get(name), value)]
+        out.update({"since_s": round(last_at - first_at, 1), "moved": moved,
+                    "unchanged": sorted(n for n, v in last.items() if _same(first.get(n), v))})
+    return out
+
+
+def _same(a: float | None, b: float) -> bool:
+    return a is not None and (a == b or (math.isnan(a) and math.isnan(b)))

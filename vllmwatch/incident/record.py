@@ -1,0 +1,197 @@
+"""Build and write one incident record within its deadline (runs in a worker thread).
+
+The shell hands over what it knows (Inputs: output, scrapes, /status, NVML's view); this
+module reads the live tree (its processes, their memory, their stacks), redacts, writes the
+record whole and prunes old ones. It never raises for a problem of the box: the result
+says what went wrong, and the restart goes on regardless.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import time
+from collections.abc import Callable, Mapping, Sequence
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import asdict, dataclass, field
+from typing import Any
+
+from vllmwatch.incident import dumpers, metrics, report, store, tree
+from vllmwatch.incident.redact import Redactor
+
+FORMAT = 1
+_WRITE_RESERVE_S = 0.3  # of the deadline, kept for writing the files
+
+
+@dataclass(frozen=True)
+class Inputs:
+    """What the shell knows when the record is asked for (read in the worker thread)."""
+
+    seq: int
+    reason: str
+    detail: str
+    exit_code: int | None
+    timeout: float
+    pgid: int | None
+    child_pid: int | None  # the API server when it still runs; None once it exited
+    facts: Mapping[str, Any]
+    output: Sequence[str] = ()
+    scrapes: Sequence[tuple[float, str]] = ()  # (wall time, /metrics text), oldest first
+    status: Mapping[str, Any] = field(default_factory=dict)
+    versions: Mapping[str, Any] = field(default_factory=dict)
+    secrets: Sequence[str] = ()
+    stacks_dir: str | None = None
+    gpu: Callable[[], dict[str, Any]] | None = None  # NVML's view, read now
+    max_records: int = 50
+    max_bytes: int = 200 << 20
+
+
+@dataclass(frozen=True)
+class Written:
+    """What came of it: the id, or the error; which stack methods ran."""
+
+    incident_id: str = ""
+    path: str = ""
+    error: str = ""
+    seconds: float = 0.0
+    stacks: str = ""
+    pruned: tuple[str, ...] = ()
+
+
+def capture(inp: Inputs, root: str, wall: float | None = None) -> Written:
+    """Read the tree, build the record, write it under root; bounded by inp.timeout."""
+    t0 = time.monotonic()
+    wall = time.time() if wall is None else wall
+    deadline = t0 + max(0.2, inp.timeout - _WRITE_RESERVE_S)
+    procs = tree.processes(inp.pgid)
+    stacks, methods = _stacks(procs, inp.stacks_dir, deadline)
+    red = Redactor(inp.secrets)
+    rid = store.record_id(wall, inp.reason)
+    record = build(inp, rid, wall, procs, stacks, methods, red)
+    record["capture"] = {"seconds": round(time.monotonic() - t0, 3), "timeout_s": inp.timeout}
+    files = {store.RECORD: json.dumps(record, indent=1, default=str),
+             "report.txt": report.render(record),
+             "output.log": "\n".join(record["output"]) + "\n"}
+    for pdump in stacks:
+        for d in pdump[1]:
+            if d.raw:
+                files[f"stacks-{pdump[0]}-{d.method}.txt"] = red.text(d.raw)
+    final = store.write(root, rid, files)
+    pruned = store.prune(root, inp.max_records, inp.max_bytes)
+    summary = ", ".join(f"{k}: {v}" for k, v in methods.items())
+    return Written(final, os.path.join(root, final), seconds=time.monotonic() - t0,
+                   stacks=summary, pruned=tuple(pruned))
+
+
+StackDumps = list[tuple[int, list[dumpers.Dump]]]
+
+
+def _stacks(procs: Sequence[tree.Proc], stacks_dir: str | None, deadline: float
+            ) -> tuple[StackDumps, dict[str, str]]:
+    """Both methods at once over every live process; what ran and why not."""
+    pids = [p.pid for p in procs if p.state not in ("Z", "")]
+    exe = dumpers.find_pyspy()
+    methods: dict[str, str] = {}
+    if not pids:
+        return [], {"py-spy": "not run: no live process", "faulthandler": "not run: no live "
+                    "process"}
+    with ThreadPoolExecutor(max_workers=min(16, len(pids) + 1),
+                            thread_name_prefix="vllmwatch-incident") as pool:
+        spy = {pid: pool.submit(dumpers.pyspy_dump, exe, pid, deadline) for pid in pids} \
+            if exe else {}
+        fh = dumpers.faulthandler_dumps(pids, stacks_dir, deadline)
+        spied = {pid: f.result() for pid, f in spy.items()}
+    out: StackDumps = []
+    for pid in pids:
+        got = [d for d in (spied.get(pid), fh.get(pid)) if d is not None]
+        out.append((pid, got))
+    methods["py-spy"] = _verdict([d for _, ds in out for d in ds if d.method == "py-spy"],
+                                 "not installed (pip install 'vllmwatch[incidents]')"
+                                 if exe is None else "")
+    methods["faulthandler"] = _verdict([d for _, ds in out for d in ds
+                                        if d.method == "faulthandler"], "")
+    return out, methods
+
+
+def _verdict(dumps: Sequence[dumpers.Dump], missing: str) -> str:
+    if missing:
+        return f"not run: {missing}"
+    ok = sum(d.ok for d in dumps)
+    if ok == len(dumps):
+        return f"ran for all {ok} processes"
+    errors = sorted({d.error for d in dumps if not d.ok})
+    return f"ran for {ok} of {len(dumps)} processes; " + "; ".join(errors[:3])
+
+
+def build(inp: Inputs, rid: str, wall: float, procs: Sequence[tree.Proc],
+          stacks: StackDumps, methods: Mapping[str, str], red: Redactor) -> dict[str, Any]:
+    """The record as JSON-ready data (sections in the order the report shows them)."""
+    by_pid = {p.pid: p for p in procs}
+    child_alive = inp.child_pid in by_pid and by_pid[inp.child_pid].state != "Z" \
+        if inp.child_pid is not None else False
+    facts = dict(inp.facts)
+    return {
+        "format": FORMAT, "id": rid, "reason": inp.reason, "detail": red.text(inp.detail),
+        "exit_code": inp.exit_code,
+        "time_utc": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime(wall)), "time": wall,
+        "timeline": timeline(facts),
+        "tree": {"api_server_alive": child_alive, "alive": bool(procs),
+                 "note": _tree_note(inp, child_alive, procs),
+                 "processes": [red.deep(asdict(p)) for p in procs],
+                 "host_rss_mib": round(sum(p.rss_mib for p in procs), 1)},
+        "stacks": {"methods": dict(methods),
+                   "processes": [{"pid": pid, "role": by_pid[pid].role if pid in by_pid
+                                  else "?", "dumps": [_dump_json(d, red) for d in ds]}
+                                 for pid, ds in stacks]},
+        "metrics": metrics.section(inp.scrapes, wall),
+        "memory": {"last_sample": facts.pop("last_sample", None),
+                   "samples": facts.pop("memory_samples", None),
+                   "gpu_now": _gpu(inp.gpu)},
+        "output": red.lines(inp.output),
+        "status": red.deep(dict(inp.status)),
+        "core": red.deep(facts),
+        "versions": dict(inp.versions),
+        "config_sha256": facts.get("config_sha256", ""),
+    }
+
+
+def _tree_note(inp: Inputs, child_alive: bool, procs: Sequence[tree.Proc]) -> str:
+    if not procs:
+        return "the vLLM tree was already gone when the record was taken"
+    if not child_alive:
+        roles = ", ".join(sorted({p.role for p in procs}))
+        return f"the API server had already exited; still running in its group: {roles}"
+    return "the vLLM tree was alive when the record was taken (before SIGTERM)"
+
+
+def _dump_json(d: dumpers.Dump, red: Redactor) -> dict[str, Any]:
+    return {"method": d.method, "ok": d.ok, "error": d.error, "seconds": round(d.seconds, 3),
+            "threads": [{"name": t.name, "current": t.current,
+                         "frames": [[f.function, f.file, f.line] for f in t.frames]}
+                        for t in d.threads] if d.ok else []} | \
+        ({} if d.ok else {"output": red.text(d.raw[-2000:])})
+
+
+def _gpu(read: Callable[[], dict[str, Any]] | None) -> dict[str, Any]:
+    if read is None:
+        return {}
+    try:
+        return read()
+    except Exception as exc:  # NVML can fail in many ways; the record goes on without it
+        return {"error": f"{type(exc).__name__}: {exc}"}
+
+
+def timeline(facts: Mapping[str, Any]) -> list[list[Any]]:
+    """(seconds relative to the incident, what happened), oldest first."""
+    out: list[list[Any]] = []
+    up = facts.get("uptime_s")
+    if isinstance(up, (int, float)):
+        out.append([-up, "child started"])
+        phases = facts.get("start_phases_s") or {}
+        for name, at in sorted(phases.items(), key=lambda kv: kv[1]):
+            out.append([round(at - up, 3), f"start phase {name}"])
+    ready = facts.get("ready_for_s")
+    if isinstance(ready, (int, float)):
+        out.append([-ready, "ready (serving)"])
+    out.append([0.0, "incident: restart decided"])
+    return sorted(out, key=lambda e: e[0])

@@ -1,0 +1,132 @@
+"""Where incident records live, how one is written whole, and how old ones are pruned.
+
+`<state dir>/incidents/<UTC time>-<reason>/` (the state directory is the process-group
+file's: $STATE_DIRECTORY under the shipped unit), every folder 0700 and every file 0600 —
+a record can hold prompts from vLLM's output. A record is written in a hidden folder and
+renamed into place, so a reader never sees half of one; the oldest go first when there are
+more than max_records or more than max_size in all (the newest is always kept).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+import re
+import shutil
+import time
+from collections.abc import Mapping
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from vllmwatch.config import private
+
+SUBDIR = "incidents"
+RECORD = "record.json"
+_NAME = re.compile(r"^\d{8}T\d{6}Z-[a-z_]+(?:-\d+)?$")
+
+
+@dataclass(frozen=True)
+class Summary:
+    """One line of `vllmwatch incidents`."""
+
+    id: str
+    time: str
+    reason: str
+    detail: str
+    size_bytes: int
+
+
+def root_of(state_dir: str) -> str | None:
+    """The trusted incidents folder under a state directory, created 0700; None if untrusted."""
+    return private.ensure_dir(os.path.join(state_dir, SUBDIR))
+
+
+def record_id(wall: float, reason: str) -> str:
+    """`20261201T031502Z-hang`: sorts by time, says why."""
+    stamp = time.strftime("%Y%m%dT%H%M%SZ", time.gmtime(wall))
+    return f"{stamp}-{re.sub(r'[^a-z_]', '_', reason.lower())}"
+
+
+def write(root: str, rid: str, files: Mapping[str, str]) -> str:
+    """Write the files of one record under root/<id> (unique), whole; return the id."""
+    final = rid
+    n = 1
+    while os.path.lexists(os.path.join(root, final)):
+        n += 1
+        final = f"{rid}-{n}"
+    tmp = os.path.join(root, f".tmp-{final}-{os.getpid()}")
+    os.mkdir(tmp, 0o700)
+    try:
+        for name, text in files.items():
+            fd = os.open(os.path.join(tmp, name), os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
+            with os.fdopen(fd, "w", encoding="utf-8") as fh:
+                fh.write(text)
+        os.rename(tmp, os.path.join(root, final))
+    except BaseException:
+        shutil.rmtree(tmp, ignore_errors=True)
+        raise
+    return final
+
+
+def _size(path: Path) -> int:
+    total = 0
+    for entry in path.rglob("*"):
+        with contextlib.suppress(OSError):
+            if entry.is_file() and not entry.is_symlink():
+                total += entry.stat().st_size
+    return total
+
+
+def ids(root: str) -> list[str]:
+    """The record ids, oldest first."""
+    try:
+        names = os.listdir(root)
+    except OSError:
+        return []
+    return sorted(n for n in names if _NAME.match(n) and os.path.isdir(os.path.join(root, n)))
+
+
+def prune(root: str, max_records: int, max_bytes: int) -> list[str]:
+    """Remove the oldest records beyond the bounds (never the newest); return what went."""
+    names = ids(root)
+    sizes = {n: _size(Path(root, n)) for n in names}
+    total = sum(sizes.values())
+    gone = []
+    while len(names) > 1 and (len(names) > max_records or total > max_bytes):
+        oldest = names.pop(0)
+        shutil.rmtree(os.path.join(root, oldest), ignore_errors=True)
+        total -= sizes[oldest]
+        gone.append(oldest)
+    for leftover in os.listdir(root) if os.path.isdir(root) else []:
+        if leftover.startswith(".tmp-"):  # a writer killed half-way: not a record
+            with contextlib.suppress(OSError):
+                if time.time() - os.stat(os.path.join(root, leftover)).st_mtime > 60:
+                    shutil.rmtree(os.path.join(root, leftover), ignore_errors=True)
+    return gone
+
+
+def load(root: str, rid: str) -> dict[str, Any] | None:
+    """The record.json of one record (an id or a unique prefix of one), or None."""
+    match = [n for n in ids(root) if n == rid] or [n for n in ids(root) if n.startswith(rid)]
+    if len(match) != 1:
+        return None
+    # Not private.read_text: root reads the service user's records (`vllmwatch incidents`).
+    try:
+        fd = os.open(os.path.join(root, match[0], RECORD), os.O_RDONLY | os.O_NOFOLLOW)
+        with os.fdopen(fd, "rb") as fh:
+            data = json.loads(fh.read(64 << 20))
+    except (OSError, ValueError):
+        return None
+    return data if isinstance(data, dict) else None
+
+
+def summaries(root: str) -> list[Summary]:
+    """Every record, oldest first, as one line each."""
+    out = []
+    for rid in ids(root):
+        data = load(root, rid) or {}
+        out.append(Summary(rid, str(data.get("time_utc", "")), str(data.get("reason", "?")),
+                           str(data.get("detail", ""))[:160], _size(Path(root, rid))))
+    return out

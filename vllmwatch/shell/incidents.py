@@ -1,0 +1,188 @@
+"""The shell's side of incident records: the place, the child's hook, the live inputs.
+
+Owns, for the daemon's life: the incidents folder (decided once and logged when the state
+directory is missing or untrusted), the stacks folder the child's startup hook writes to,
+the /metrics scrapes kept for comparison, and the latest /status snapshot. A capture runs
+in a worker thread (vllmwatch/incident/record.py); a failure is an IncidentRecorded with an
+error, which the core logs as a warning and goes on.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import platform
+import threading
+import time
+from collections.abc import Mapping, Sequence
+from dataclasses import asdict, replace
+from pathlib import Path
+from typing import Any
+
+from vllmwatch import __version__
+from vllmwatch.config.command import ChildCommand
+from vllmwatch.config.schema import Config
+from vllmwatch.core.events import IncidentRecorded, RecordIncident
+from vllmwatch.incident import dumpers, metrics, store
+from vllmwatch.incident.record import Inputs, capture
+from vllmwatch.incident.redact import secrets_of
+from vllmwatch.shell import groupfile
+from vllmwatch.shell.logs import LogFn
+from vllmwatch.shell.memory import MemorySampler
+from vllmwatch.status.snapshot import Snapshot
+
+STACKS = ".stacks"  # under the incidents folder: one <pid>.stacks file per vLLM process
+
+
+def roots(environ: Mapping[str, str]) -> list[str]:
+    """Where `vllmwatch incidents` looks: the unit's state directory first, then the rule."""
+    out = [os.path.join(d, store.SUBDIR) for d in
+           (environ.get("STATE_DIRECTORY", "").split(":")[0], "/var/lib/vllmwatch") if d]
+    out.append(os.path.join(groupfile.state_dir_candidate(environ), store.SUBDIR))
+    return list(dict.fromkeys(out))
+
+
+def find_root(environ: Mapping[str, str], log: LogFn) -> str | None:
+    """The incidents folder for this daemon, or None (logged: issue 23 §2)."""
+    candidate = groupfile.state_dir_candidate(environ)
+    state = groupfile.state_dir(environ)
+    if state is None:
+        log("warning", "state_dir.unusable", path=candidate, detail=_why(candidate),
+            hint="set StateDirectory= in the unit (STATE_DIRECTORY) or make the directory "
+            "ours and not writable by group or others; without it there are no incident "
+            "records and a killed vllmwatch's vLLM tree is not remembered")
+        return None
+    root = store.root_of(state)
+    if root is None:
+        log("warning", "incident.dir_unusable", path=os.path.join(state, store.SUBDIR),
+            detail=_why(os.path.join(state, store.SUBDIR)), hint="no incident records")
+    return root
+
+
+def _why(path: str) -> str:
+    try:
+        st = os.lstat(path)
+    except FileNotFoundError:
+        return "it does not exist and could not be created"
+    except OSError as exc:
+        return exc.strerror or str(exc)
+    if st.st_uid != os.geteuid():
+        return f"owned by uid {st.st_uid}, not by us (uid {os.geteuid()})"
+    return f"not a private directory (mode {st.st_mode & 0o7777:o})"
+
+
+class IncidentShell:
+    """The live inputs of incident records, and the capture itself."""
+
+    def __init__(self, config: Config, log: LogFn, environ: Mapping[str, str]) -> None:
+        self.log, self.cfg = log, config.incidents
+        found = find_root(environ, log)  # logged even with records off: the group file too
+        self.root = found if self.cfg.enabled else None
+        self.stacks_dir: str | None = None
+        self._scrapes: list[tuple[float, str]] = []
+        self._lock = threading.Lock()  # scrapes come from probe worker threads
+        self.snapshot: Snapshot | None = None  # the latest published (immutable)
+        # The last child's evidence, kept past its reap (a crash is recorded after it): its
+        # output (orphans may still print), its environment and API key (secrets to redact).
+        self._tail: Sequence[str] = ()
+        self._env: Mapping[str, str] = {}
+        self._api_key: str | None = None
+
+    def launched(self, tail: Sequence[str], env: Mapping[str, str], api_key: str | None
+                 ) -> None:
+        """A new child runs: its output tail, environment and API key replace the last's."""
+        self._tail, self._env, self._api_key = tail, env, api_key
+
+    def child_command(self, cmd: ChildCommand, config: Config) -> ChildCommand:
+        """The child's environment with the faulthandler hook first on PYTHONPATH."""
+        self.cfg = config.incidents
+        with self._lock:
+            self._scrapes = []
+        self.stacks_dir = self._fresh_stacks_dir() if self.cfg.enabled else None
+        if self.stacks_dir is None:
+            return cmd
+        env = dict(cmd.env)
+        old = env.get("PYTHONPATH", "")
+        env["PYTHONPATH"] = dumpers.HOOK_DIR + (os.pathsep + old if old else "")
+        env[dumpers.STACKS_ENV] = self.stacks_dir
+        env[dumpers.PTRACER_ENV] = str(os.getpid())
+        return replace(cmd, env=env)
+
+    def _fresh_stacks_dir(self) -> str | None:
+        if self.root is None:
+            return None
+        path = Path(self.root, STACKS)
+        try:
+            path.mkdir(mode=0o700, exist_ok=True)
+            for old in path.glob("*.stacks"):  # the last child's processes are gone
+                old.unlink()
+        except OSError as exc:
+            self.log("warning", "incident.stacks_dir_unusable", path=str(path),
+                     error=exc.strerror, detail="no faulthandler stacks in incident records")
+            return None
+        return str(path)
+
+    def scraped(self, text: str | None) -> None:
+        """A /metrics answer (probe worker thread)."""
+        if text is None:
+            return
+        with self._lock:
+            self._scrapes = metrics.keep(self._scrapes, time.time(), text)
+
+    def record(self, action: RecordIncident, child_pid: int | None, vllm_version: str | None,
+               sampler: MemorySampler) -> IncidentRecorded:
+        """Write the record (worker thread); every problem comes back as the error."""
+        t0 = time.monotonic()
+        if self.root is None:
+            return IncidentRecorded(action.seq, error="no trusted state directory (see the "
+                                    "state_dir.unusable event at start)")
+        with self._lock:
+            scrapes = list(self._scrapes)
+        info = _describe(sampler)
+        versions = {"vllmwatch": __version__, "vllm": vllm_version,
+                    "driver": info.get("driver"), "python": platform.python_version()}
+        inp = Inputs(seq=action.seq, reason=action.reason, detail=action.detail,
+                     exit_code=action.exit_code, timeout=action.timeout, pgid=action.pgid,
+                     child_pid=child_pid, facts=action.facts,
+                     output=_copy(self._tail)[-self.cfg.output_lines:], scrapes=scrapes,
+                     status=self.snapshot.to_json() if self.snapshot is not None else {},
+                     versions=versions, secrets=secrets_of(self._env, self._api_key),
+                     stacks_dir=self.stacks_dir, gpu=lambda: _gpu_now(sampler, info),
+                     max_records=self.cfg.max_records,
+                     max_bytes=int(self.cfg.max_size * 1024 * 1024) or 1 << 62)
+        try:
+            done = capture(inp, self.root)
+        except OSError as exc:
+            return IncidentRecorded(action.seq, error=f"{exc.filename or self.root}: "
+                                    f"{exc.strerror or exc}", seconds=time.monotonic() - t0)
+        if done.pruned:
+            self.log("info", "incident.pruned", removed=list(done.pruned),
+                     max_records=self.cfg.max_records, max_size_mib=self.cfg.max_size)
+        return IncidentRecorded(action.seq, done.incident_id, done.path, seconds=done.seconds,
+                                stacks=done.stacks)
+
+
+def _describe(sampler: MemorySampler) -> dict[str, Any]:
+    describe = getattr(sampler, "describe", None)  # NvmlSampler: driver and GPU names
+    with contextlib.suppress(Exception):
+        got = describe() if callable(describe) else {}
+        return dict(got) if isinstance(got, dict) else {}
+    return {}
+
+
+def _gpu_now(sampler: MemorySampler, info: Mapping[str, Any]) -> dict[str, Any]:
+    """NVML's view now: every process on our GPUs and device memory (never the fault
+    counters: reading Xid events would consume them from the sampler's own watch)."""
+    procs = sampler.gpu_processes()
+    return {**info, "device_used_mib": sampler.device_used_mib(),
+            "processes": None if procs is None else [asdict(p) for p in procs]}
+
+
+def _copy(lines: Sequence[str]) -> list[str]:
+    """The reader thread may append meanwhile (a deque then refuses to be iterated): retry."""
+    for _ in range(5):
+        try:
+            return list(lines)
+        except RuntimeError:
+            continue
+    return []
