@@ -21,6 +21,7 @@ def watch_config(run: Run, name: str, model: Path, served: str, port: int, statu
                  cache: Path, args: dict[str, Any], gpus: tuple[int, ...] = (0,),
                  env: dict[str, str] | None = None, kernels: bool = False,
                  warmup_request: bool = True, memory: dict[str, Any] | None = None,
+                 restart: dict[str, Any] | None = None,
                  probe_interval: str = "1s", probe_threshold: int = 3,
                  shipped_probe: bool = False) -> Path:
     """A vllmwatch config for this run, written to WORK/NAME.toml; shipped_probe leaves
@@ -37,7 +38,7 @@ def watch_config(run: Run, name: str, model: Path, served: str, port: int, statu
         "memory": {"sample_interval": "1s", "pss_interval": "10s", "baseline_delay": "5s",
                    **(memory or {})},
         "restart": {"drain_timeout": "5s", "stop_timeout": "20s", "backoff_initial": "1s",
-                    "gpu_release_timeout": "90s", **_dry_restart(run)},
+                    "gpu_release_timeout": "90s", **_dry_restart(run), **(restart or {})},
         "prewarm": {"cache_dir": str(cache), "kernels": kernels,
                     "warmup_request": warmup_request},
         "status": {"listen": f"127.0.0.1:{status_port}"},

@@ -34,6 +34,9 @@ RECOVERS = {"watch": ["kill_engine"], "big": ["kill_engine"], "matrix": ["kill_e
             "tp2": ["worker_kill9", "worker_sigstop"], "pair": ["engine_kill9_a"],
             "tp2big": ["worker_tp1_kill9", "engine_kill9"], "tp2api": ["engine_kill9"],
             "tp2apikill": ["engine_kill9"]}
+# The standby phases (issue 27): each fault's restart_timing must reach READY again.
+TIMED = {"tp2standby": ["engine_kill9", "worker_tp1_kill9", "sigusr1"],
+         "tp2standbyoff": ["engine_kill9", "worker_tp1_kill9", "sigusr1"]}
 
 
 def dry_run(tmp_path: Path) -> Run:
@@ -62,6 +65,9 @@ def test_every_phase_runs_its_steps_on_the_fakes(tmp_path: Path, phase: str) -> 
     for what in RECOVERS.get(phase, []):
         hits = [ln for ln in got if ln["what"] == what]
         assert hits and hits[0]["ready_again_after_fault_s"] is not None, (what, hits)
+    for what in TIMED.get(phase, []):
+        hits = [ln for ln in got if ln["what"] == "restart_timing" and ln["fault"] == what]
+        assert hits and hits[0]["begin_to_ready_s"] is not None, (what, hits)
     stops = [ln for ln in got if ln["what"] == "sigterm_vllmwatch"]
     assert [s["exit_code"] for s in stops] == [0] * len(stops), stops
     # What a stop left for the sweep to kill (a zombie only waits to be reaped).
