@@ -29,14 +29,17 @@ STANDBY_KEYS = ("launch", "launches", "standby_state", "standby_pid", "standby_r
 
 
 def standby_view(d: GpuDaemon, wait: bool = True) -> dict[str, Any]:
-    """/status's standby fields; with wait, (bounded) until its imports are done or it is off."""
+    """/status's standby fields; with wait, (bounded) until its imports are done or it is off
+    for a reason (None everywhere: this vllmwatch has no standby)."""
     t0 = time.monotonic()
     limit = 30.0 if d.run.dry else STANDBY_WAIT  # the fake's standby imports in seconds
     end = t0 + (min(limit, max(5.0, d.run.left() - 60)) if wait else 0.0)
     while True:
         st = d.status()
-        if not wait or st.get("standby_state") in ("waiting", "off", None) or \
-                time.monotonic() >= end:
+        state = st.get("standby_state")
+        # "off" with no reason: READY was just published and the standby not started yet.
+        done = state in ("waiting", None) or (state == "off" and st.get("standby_reason"))
+        if not wait or done or time.monotonic() >= end:
             break
         time.sleep(0.5)
     return {**{k: st.get(k) for k in STANDBY_KEYS}, "waited_s": round(time.monotonic() - t0, 1)}

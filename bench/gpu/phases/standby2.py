@@ -78,11 +78,12 @@ FAULTS: tuple[tuple[str, Act], ...] = (
 )
 
 
-def timed(d: GpuDaemon, what: str, act: Act, idle: list[int], cold: float | None) -> bool:
-    """One fault while READY (the standby built first): its restart_timing line."""
+def timed(d: GpuDaemon, what: str, act: Act, idle: list[int], cold: float | None,
+          on: bool = True) -> bool:
+    """One fault while READY (the standby built first, when on): its restart_timing line."""
     run = d.run
-    before = standby_view(d)
-    old = tree(d.pid)
+    before = standby_view(d, wait=on)
+    old = [p for p in tree(d.pid) if p[0] != before.get("standby_pid")]
     mark, t_fault = d.count(), d.now()
     with per_gpu(d) as samples:
         try:
@@ -102,12 +103,11 @@ def timed(d: GpuDaemon, what: str, act: Act, idle: list[int], cold: float | None
                    detect_s=round(b - t_fault, 2), begin_to_launch_s=round(s - b, 2),
                    launch_to_ready_s=round(r - s, 2), begin_to_ready_s=round(r - b, 2),
                    fault_to_ready_s=round(r - t_fault, 2),
-                   release=at_launch(samples, s, {p for p, _, _ in old} | {d.pid}, idle),
+                   release=at_launch(samples, s, {p for p, _, _ in old}, idle),
                    events=d.events_after(mark, t_fault, "child.exited", "child.stopping",
                                          "child.kill", "gpu.released", "gpu.release_timeout",
                                          "standby.used", "standby.discarded"))
-    rec["old_tree_alive"] = [p for p in survivors(old) if p.get("pid") not in
-                             (new_pid, before.get("standby_pid"))]
+    rec["old_tree_alive"] = [p for p in survivors(old) if p.get("pid") != new_pid]
     run.emit(d.phase, "restart_timing", fault=what, **rec)
     if ok:
         run.pause(6)  # vLLM's workers up and the standby's next imports under way
@@ -150,7 +150,7 @@ def tp2_half(run: Run, phase: str, on: bool) -> None:
             if run.left() < 100:
                 run.emit(phase, "skipped", fault=what, left_s=round(run.left()))
                 continue
-            timed(d, what, act, idle.get("used_by_gpu_mib") or [], cold)
+            timed(d, what, act, idle.get("used_by_gpu_mib") or [], cold, on)
         run.emit(phase, "status_at_end", **standby_view(d, wait=False))
     finally:
         stop_checked(d)
