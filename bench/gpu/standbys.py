@@ -45,7 +45,7 @@ def standby_view(d: GpuDaemon, wait: bool = True) -> dict[str, Any]:
     return {**{k: st.get(k) for k in STANDBY_KEYS}, "waited_s": round(time.monotonic() - t0, 1)}
 
 
-def _layout(pid: int) -> tuple[int, int, int] | None:
+def memory_layout(pid: int) -> tuple[int, int, int] | None:
     """(start_brk, arg_start, env_start) from /proc/PID/stat: a forked child keeps its
     parent's (the address space is a copy); an exec'd (spawned) one gets new random ones.
     None when unreadable (0s without ptrace access)."""
@@ -75,7 +75,7 @@ def worker_start(d: GpuDaemon) -> dict[str, Any]:
             continue
         with contextlib.suppress(psutil.Error):
             parent = psutil.Process(pid).ppid()
-            mine, theirs = _layout(pid), _layout(parent)
+            mine, theirs = memory_layout(pid), memory_layout(parent)
             workers.append({"pid": pid, "title": _short(name), "parent": parent,
                             "parent_title": _short(cmdline(parent)),
                             "method": None if mine is None or theirs is None

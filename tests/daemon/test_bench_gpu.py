@@ -128,3 +128,23 @@ def test_vllm_h200_drive_runs_from_an_export(tmp_path: Path) -> None:
     assert [ln["status"] for ln in got if ln["what"] == "end"] == ["ok"]
     assert {"host", "gpu", "packages"} <= {ln["what"] for ln in got if ln["phase"] == "probe0"}
     assert (tmp_path / "out" / "logs.tar.gz").is_file()
+
+
+@pytest.mark.parametrize("method", ["fork", "spawn"])
+def test_fork_or_spawn_is_told_by_the_memory_layout(method: str) -> None:
+    """bench/gpu/standbys.py tells how vLLM started a TP worker from /proc/PID/stat: a fork
+    keeps its parent's start_brk/arg_start/env_start, an exec'd spawn gets new ones."""
+    import multiprocessing
+
+    from bench.gpu.standbys import memory_layout
+
+    child = multiprocessing.get_context(method).Process(target=time.sleep, args=(60,))
+    child.start()
+    try:
+        assert child.pid is not None
+        mine, theirs = memory_layout(child.pid), memory_layout(os.getpid())
+        assert mine is not None and theirs is not None
+        assert (mine == theirs) == (method == "fork")
+    finally:
+        child.kill()
+        child.join(10)
