@@ -10,8 +10,11 @@ from dataclasses import replace
 from vllmwatch import __version__
 from vllmwatch.config import command
 from vllmwatch.config.schema import Config, load
+from vllmwatch.core import exitcodes
+from vllmwatch.core.names import Reason
 from vllmwatch.live import Live, SwitchableLog
-from vllmwatch.shell import fdbudget, reaper
+from vllmwatch.shell import fdbudget, instancelock, reaper
+from vllmwatch.shell.child import instance_id
 from vllmwatch.shell.clock import SystemClock
 from vllmwatch.shell.effects import RealEffects
 from vllmwatch.shell.fleet import spread_config
@@ -33,6 +36,19 @@ def main(config: Config, log_format: str | None = None, prewarm: bool = True,
         config = replace(config, prewarm=replace(config.prewarm, enabled=False))
     log = SwitchableLog(setup(log_format or config.log.format, config.log.level, environ=env))
     log("info", "daemon.version", version=__version__, pid=os.getpid(), config=config.path)
+    lock = _lock_instance(config, env, log)  # before anything is bound, swept or launched
+    if isinstance(lock, int):
+        return lock
+    try:
+        return _run(config, log_format, env, log)
+    finally:
+        if lock is not None:
+            lock.release()
+
+
+def _run(config: Config, log_format: str | None, env: dict[str, str], log: SwitchableLog
+         ) -> int:
+    """The daemon, once this config's instance is ours."""
     fdbudget.raise_limit(log)
     config = spread_config(config, log)  # this host's slot in the quiet hours (fleets)
     notifier = SystemdNotifier(log, env)
@@ -77,6 +93,27 @@ def main(config: Config, log_format: str | None = None, prewarm: bool = True,
         return loop.run()
     finally:
         live.stop()
+
+
+def _lock_instance(config: Config, env: Mapping[str, str], log: LogFn
+                   ) -> instancelock.InstanceLock | int | None:
+    """This config's instance lock; an exit code when another live daemon holds it; None
+    (logged) when no private directory can hold one."""
+    try:
+        got = instancelock.acquire(instance_id(config.path), env)
+    except instancelock.AlreadyRunning as exc:
+        code = exitcodes.ALREADY_RUNNING
+        log("error", "daemon.exiting", code=code, reason=str(Reason.ALREADY_RUNNING),
+            detail=f"another vllmwatch (pid {exc.pid}) runs {config.path}; nothing touched",
+            holder_pid=exc.pid, lock=exc.path, meaning=exitcodes.MEANING[code],
+            hint="one vllmwatch per config: stop the other one first (systemctl stop "
+                 "vllmwatch, or kill that pid), or give this one its own config file")
+        return code
+    if isinstance(got, str):
+        log("warning", "daemon.unlocked", reason=got,
+            detail="a second vllmwatch on this config cannot be refused")
+        return None
+    return got
 
 
 def _status_server(config: Config, log: LogFn, get: Callable[[], Snapshot],

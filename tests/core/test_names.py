@@ -37,7 +37,8 @@ def test_failure_and_stuck_sets() -> None:
 
 def test_exit_only_reasons_never_restart() -> None:
     for reason in (Reason.STOP, Reason.CRASHLOOP, Reason.CONFIG, Reason.PORT_BUSY,
-                   Reason.GPU_FAULT, Reason.PREWARM_FAILED, Reason.INTERNAL):
+                   Reason.GPU_FAULT, Reason.PREWARM_FAILED, Reason.INTERNAL,
+                   Reason.ALREADY_RUNNING):
         assert REASONS[reason].exits and not REASONS[reason].restart
 
 

@@ -71,6 +71,25 @@ def test_cache_env_never_overrides_what_the_user_set(tmp_path: Path) -> None:
     assert env == {"VLLM_CACHE_ROOT": "/c/vllm", "FLASHINFER_WORKSPACE_BASE": "/c/flashinfer"}
 
 
+def test_child_env_layers_the_users_settings_over_ours(tmp_path: Path) -> None:
+    config = make_config(tmp_path, cache_dir="/c", env={"HF_HOME": "/models/hf"})
+    env = prewarm.child_env(config, {"TRITON_CACHE_DIR": "/mine/triton", "HOME": "/h"})
+    assert env["HF_HOME"] == "/models/hf" and env["TRITON_CACHE_DIR"] == "/mine/triton"
+    assert env["VLLM_CACHE_ROOT"] == "/c/vllm" and env["HOME"] == "/h"
+
+
+def test_make_cache_dirs_keeps_only_usable_ones(tmp_path: Path) -> None:
+    blocked = tmp_path / "blocked"
+    blocked.write_text("a file where the cache root should be")
+    good = make_config(tmp_path, cache_dir=str(tmp_path / "cache"))
+    usable, problems = prewarm.make_cache_dirs(good, {})
+    assert set(usable) == set(prewarm.CACHE_VARS) and not problems
+    assert all(os.path.isdir(p) for p in usable.values())
+    bad = make_config(tmp_path, cache_dir=str(blocked))
+    usable, problems = prewarm.make_cache_dirs(bad, {})
+    assert usable == {} and {var for var, _, _ in problems} == set(prewarm.CACHE_VARS)
+
+
 def test_cache_env_honours_systemd_cache_directory(tmp_path: Path) -> None:
     config = make_config(tmp_path, cache_dir="/c")
     env = prewarm.cache_env(config, {"CACHE_DIRECTORY": "/var/cache/vw:/var/cache/other"})

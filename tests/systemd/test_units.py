@@ -67,7 +67,7 @@ def test_key_settings(unit: str) -> None:
     s = _settings(unit)
     for key, value in {
         "Type": "notify", "NotifyAccess": "main", "KillMode": "mixed", "Restart": "on-failure",
-        "RestartPreventExitStatus": "2 6", "User": "vllmwatch", "PrivateDevices": "no",
+        "RestartPreventExitStatus": "2 6 7", "User": "vllmwatch", "PrivateDevices": "no",
         "DevicePolicy": "closed", "ProtectSystem": "strict", "CacheDirectory": "vllmwatch",
         "ExecReload": "/bin/kill -HUP $MAINPID", "TimeoutStartSec": "120",
     }.items():

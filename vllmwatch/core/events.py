@@ -128,6 +128,7 @@ class SweepDone:
     port_holder: str | None  # "pid 123 (nginx)" when a foreign process holds the port
     foreign_vllm: tuple[str, ...] = ()  # vLLM-looking processes that are not ours
     error: str = ""  # the sweep itself failed: what is left is unknown
+    killed_what: tuple[str, ...] = ()  # "pid N (cmdline)" of each killed, for the log
 
 
 @dataclass(frozen=True)

@@ -88,7 +88,8 @@ def begin_restart(s: WatchState, now: float, reason: Reason, detail: str, drain:
 
 
 def swept(s: WatchState, now: float, killed: tuple[int, ...], remaining: tuple[int, ...],
-          port_holder: str | None, foreign: tuple[str, ...], error: str = "") -> Result:
+          port_holder: str | None, foreign: tuple[str, ...], error: str = "",
+          killed_what: tuple[str, ...] = ()) -> Result:
     """The sweep reported back; decide between fail, release gate, prewarm, backoff, launch."""
     s = replace(s, sweeping=False)
     acts: list[Action] = []
@@ -96,8 +97,9 @@ def swept(s: WatchState, now: float, killed: tuple[int, ...], remaining: tuple[i
         acts.append(Log("error", "leftovers.sweep_failed", {"error": error, "detail":
                         "could not verify that the old vLLM tree is gone"}))
     if killed:
-        acts.append(Log("warning", "leftovers.killed", {"pids": list(killed),
-                        "detail": "vLLM processes of an earlier child were still running"}))
+        acts.append(Log("warning", "leftovers.killed", {
+            "pids": list(killed), "processes": list(killed_what),
+            "detail": "processes of an earlier child's tree were still running"}))
     if remaining:
         acts.append(Log("error", "leftovers.remaining", {"pids": list(remaining)}))
     if foreign:

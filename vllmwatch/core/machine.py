@@ -84,7 +84,7 @@ def _apply(s: WatchState, ev: Event, now: float) -> Result:
         if s.state != S.CLEANUP or not s.sweeping:
             return s, []
         return ladder.swept(s, now, ev.killed, ev.remaining, ev.port_holder, ev.foreign_vllm,
-                            ev.error)
+                            ev.error, ev.killed_what)
     if isinstance(ev, ReleaseChecked):
         if s.state != S.CLEANUP or s.release is None:
             return s, []

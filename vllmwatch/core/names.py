@@ -34,6 +34,7 @@ class Reason(str, Enum):
     PORT_BUSY = "port_busy"
     PREWARM_FAILED = "prewarm_failed"
     INTERNAL = "internal"
+    ALREADY_RUNNING = "already_running"
 
     def __str__(self) -> str:
         return self.value
@@ -87,6 +88,8 @@ REASONS: dict[Reason, ReasonInfo] = {
                                   "failed: exit 1"),
     _R.INTERNAL: ReasonInfo(False, False, False, True, "an unexpected error inside "
                             "vllmwatch; the shell kills the tree: exit 70"),
+    _R.ALREADY_RUNNING: ReasonInfo(False, False, False, True, "another live vllmwatch holds "
+                                   "this config's instance lock: exit 7, nothing touched"),
 }
 
 # Restarts that mean something went wrong: they feed backoff and the crash-loop guard.

@@ -1,4 +1,4 @@
-"""The child process: signal its group, reap, sweep what is left (launch: shell/childrun.py)."""
+"""The child process: spawn in a new session, signal its group, reap, sweep what is left."""
 
 from __future__ import annotations
 
@@ -16,10 +16,11 @@ from typing import IO
 
 import psutil
 
+from vllmwatch.config.command import ChildCommand
 from vllmwatch.core.events import ChildExited, SweepDone
 from vllmwatch.core.policy import signal_name
 from vllmwatch.logfn import LogFn
-from vllmwatch.shell import groupfile, ports
+from vllmwatch.shell import groupfile, kin, ports
 from vllmwatch.shell.groupfile import MARKER as MARKER  # re-exported: the env marker
 
 # How vLLM's processes look in a process list (FACTS: comm is truncated; match the cmdline).
@@ -54,6 +55,19 @@ class Child:
         if self.pidfd is not None:
             os.close(self.pidfd)
             self.pidfd = None
+
+
+def spawn(cmd: ChildCommand, marker: str) -> Child:
+    """Start the child in a new session (its own process group) with our marker in its env."""
+    env = dict(cmd.env)
+    env[MARKER] = marker
+    proc = subprocess.Popen(
+        list(cmd.argv), env=env, stdin=subprocess.DEVNULL, stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT, start_new_session=True, close_fds=True)
+    pidfd = None
+    with contextlib.suppress(OSError, AttributeError):
+        pidfd = os.pidfd_open(proc.pid)
+    return Child(proc, pidfd)
 
 
 def signal_group(pgid: int, signame: str) -> bool:
@@ -155,7 +169,8 @@ def _ids(pid: int) -> tuple[int, int]:
         return -1, -1
 
 
-def find_tree(pgid: int | None, marker: str, log: LogFn | None = None
+def find_tree(pgid: int | None, marker: str, log: LogFn | None = None,
+              exempt: frozenset[int] = frozenset(), adopt: bool = False
               ) -> tuple[list[psutil.Process], list[psutil.Process]]:
     """Our processes and vLLM-looking foreign ones.
 
@@ -163,10 +178,16 @@ def find_tree(pgid: int | None, marker: str, log: LogFn | None = None
     group or session of such a process. vLLM's process titles (VLLM::EngineCore) overwrite
     the environment block, so orphaned engines lose the marker; they keep the session of
     the child, which we started with setsid and vLLM never leaves. A group remembered from
-    an earlier vllmwatch counts only when provably ours (see groupfile).
+    an earlier vllmwatch counts only when provably ours (see groupfile). With `adopt` (we are
+    the subreaper) also what we adopted and, always, every descendant of what is ours: a
+    descendant that called setsid and cleared its environment (shell/kin.py). `exempt`:
+    pids that are ours but no child's (the standby), left out by pid, never by their shape.
+    A tree that descends from another live vllmwatch is that daemon's: never ours.
     """
     me = os.getpid()
-    procs = [(p, *_ids(p.pid)) for p in psutil.process_iter() if p.pid != me and _alive(p)]
+    skip = exempt | kin.me_and_ancestors(me)  # never our own line (a shell with the marker)
+    procs = [(p, *_ids(p.pid)) for p in psutil.process_iter()
+             if p.pid not in skip and _alive(p)]
     marked = {p.pid for p, _, _ in procs if _is_ours(p, marker)}
     groups = {g for p, g, _ in procs if p.pid in marked and g > 0}
     if pgid is not None:
@@ -174,14 +195,16 @@ def find_tree(pgid: int | None, marker: str, log: LogFn | None = None
     old = remembered_group(marker, log) if pgid is None else None
     if old is not None:
         groups.add(old)
+    took = kin.adopted(((p, sid) for p, _, sid in procs), me, os.getsid(0)) if adopt else set()
     ours: list[psutil.Process] = []
     foreign: list[psutil.Process] = []
     for proc, group, session in procs:
-        if group in groups or session in groups or proc.pid in marked:
+        mine = group in groups or session in groups or proc.pid in marked or proc.pid in took
+        if mine and (proc.pid in took or kin.owning_daemon(proc, me) is None):
             ours.append(proc)
         elif _looks_like_vllm(proc):
             foreign.append(proc)
-    return ours, foreign
+    return kin.with_descendants(ours, skip), foreign
 
 
 def port_holder(host: str, port: int, ignore: set[int]) -> str | None:
@@ -207,14 +230,16 @@ def _wait_gone(procs: list[psutil.Process], seconds: float) -> list[psutil.Proce
 
 
 def sweep(pgid: int | None, marker: str, host: str, port: int, grace: float = 5.0,
-          settle: float = 0.0, log: LogFn | None = None) -> SweepDone:
+          settle: float = 0.0, log: LogFn | None = None,
+          exempt: frozenset[int] = frozenset(), adopt: bool = False) -> SweepDone:
     """Kill everything left of our tree and check the port; bounded by a few seconds.
 
     `settle`: after a stop we asked for, vLLM's engine and workers are still exiting on
     their own when the API server is gone; give them that long before calling them leftovers.
     """
-    ours, foreign = find_tree(pgid, marker, log)
+    ours, foreign = find_tree(pgid, marker, log, exempt, adopt)
     stragglers = _wait_gone(ours, settle) if settle > 0 else ours
+    what = dict(zip(stragglers, kin.describe_all(stragglers), strict=True))  # while alive
     for proc in stragglers:
         with contextlib.suppress(psutil.Error):
             proc.kill()
@@ -230,4 +255,5 @@ def sweep(pgid: int | None, marker: str, host: str, port: int, grace: float = 5.
             break
         time.sleep(0.2)
     return SweepDone(killed=killed, remaining=tuple(p.pid for p in alive), port_holder=holder,
-                     foreign_vllm=tuple(describe(p) for p in foreign))
+                     foreign_vllm=tuple(describe(p) for p in foreign),
+                     killed_what=tuple(what[p] for p in stragglers if p not in alive))

@@ -9,16 +9,15 @@ in the results, which keeps it in its `ChildRun`.
 
 `Launcher` is the one seam that turns argv and environment into a running process. Today's is
 a plain Popen in a new session; a launcher that keeps a pre-imported standby interpreter
-hands it the argv instead, and names the pids it keeps for itself in `exempt_pids` (ours, but
-not the child's: the leftover sweep leaves them alone).
+hands it the argv instead, and names the pids it keeps for itself in `exempt()` (ours, but
+no child's: the leftover sweep leaves them alone).
 """
 
 from __future__ import annotations
 
 import contextlib
-import os
 import subprocess
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, replace
 from typing import Protocol
 
@@ -47,15 +46,16 @@ from vllmwatch.shell.startguard import StartGuard
 
 class Launcher(Protocol):
     """Starts the child process: pid = process group (a new session), stdout and stderr
-    merged into `Child.stdout`, a pidfd when the kernel has them."""
+    merged into `Child.stdout`, a pidfd when the kernel has them, our marker in its
+    environment. It lives for the daemon's lifetime, beside the per-run handle."""
 
-    def launch(self, argv: Sequence[str], env: Mapping[str, str], cwd: str | None = None
+    def launch(self, config: Config, cmd: command.ChildCommand, unified: bool
                ) -> childmod.Child:
         """Start the child; raises OSError (FileNotFoundError, PermissionError) as Popen."""
         ...
 
-    def exempt_pids(self) -> frozenset[int]:
-        """Processes of ours that are not part of any child (a standby): never leftovers."""
+    def exempt(self) -> frozenset[int]:
+        """Processes of ours that are no child's (a standby): never leftovers, by pid."""
         ...
 
     def close(self) -> None:
@@ -64,21 +64,17 @@ class Launcher(Protocol):
 
 
 class PopenLauncher:
-    """Today's launch: a fresh Popen per child."""
+    """Today's launch: a fresh Popen per child (child.spawn)."""
 
-    def launch(self, argv: Sequence[str], env: Mapping[str, str], cwd: str | None = None
+    def __init__(self, marker: str) -> None:
+        self._marker = marker
+
+    def launch(self, config: Config, cmd: command.ChildCommand, unified: bool
                ) -> childmod.Child:
         """Popen in a new session, with stdin closed and the output piped to us."""
-        proc = subprocess.Popen(
-            list(argv), env=dict(env), cwd=cwd, stdin=subprocess.DEVNULL,
-            stdout=subprocess.PIPE, stderr=subprocess.STDOUT, start_new_session=True,
-            close_fds=True)
-        pidfd = None
-        with contextlib.suppress(OSError, AttributeError):
-            pidfd = os.pidfd_open(proc.pid)
-        return childmod.Child(proc, pidfd)
+        return childmod.spawn(cmd, self._marker)
 
-    def exempt_pids(self) -> frozenset[int]:
+    def exempt(self) -> frozenset[int]:
         """A plain launcher keeps no process of its own."""
         return frozenset()
 
@@ -114,9 +110,7 @@ def prepare(config: Config, environ: Mapping[str, str], marker: str, version: st
     refused = flagcheck.refusal(config, environ, version, log)
     if refused is not None:
         return SpawnFailed(refused, fatal=True)
-    env = dict(cmd.env)
-    env[childmod.MARKER] = marker
-    return Prepared(replace(cmd, env=env), api_key)
+    return Prepared(cmd, api_key)
 
 
 class ChildHandle:
@@ -132,14 +126,14 @@ class ChildHandle:
 
     @classmethod
     def launch(cls, launcher: Launcher, prepared: Prepared, config: Config, marker: str,
-               guard: StartGuard | None, post: Callable[[Event], None], log: LogFn,
-               gpu_before: Mapping[int, float]) -> tuple[ChildHandle | None, Event]:
+               unified: bool, guard: StartGuard | None, post: Callable[[Event], None],
+               log: LogFn, gpu_before: Mapping[int, float]) -> tuple[ChildHandle | None, Event]:
         """Start the child (the guard first: it evicts before vLLM reads the checkpoint)."""
         if guard is not None:
             guard.start()
         argv0 = prepared.cmd.argv[0]
         try:
-            child = launcher.launch(prepared.cmd.argv, prepared.cmd.env)
+            child = launcher.launch(config, prepared.cmd, unified)
         except (FileNotFoundError, PermissionError) as exc:
             if guard is not None:
                 guard.stop("spawn_failed")

@@ -76,8 +76,8 @@ class RealEffects:
                  launcher: Launcher | None = None) -> None:
         self.log, self.notifier, self._environ = log, notifier, dict(environ)
         self.reaper = reaper  # orphans (PID 1 or subreaper)
-        self.launcher: Launcher = launcher or PopenLauncher()
         self.marker = childmod.instance_id(config.path)
+        self.launcher: Launcher = launcher or PopenLauncher(self.marker)
         # Unified memory (DGX Spark): decided and logged once (platform.detected).
         self.platform = platform or platformmod.detect(config, log)
         self.sampler = sampler or make_sampler(config.vllm.gpus, log,
@@ -102,7 +102,8 @@ class RealEffects:
         guard = startguard.make_guard(config, self.platform.unified, self.log,
                                       self._environ, time.monotonic)
         self._run, result = ChildHandle.launch(self.launcher, prepared, config, self.marker,
-                                               guard, post, self.log, before)
+                                               self.platform.unified, guard, post, self.log,
+                                               before)
         return result
 
     def _cache_env(self, config: Config) -> dict[str, str]:
@@ -131,7 +132,10 @@ class RealEffects:
             if exited is not None:
                 self._run = None  # the run is over: nothing of it stays here
         if self.reaper is not None:
-            self.reaper.reap(keep=() if self._run is None else (self._run.pid,))
+            keep = set(self.launcher.exempt())  # the launcher waits for its own
+            if self._run is not None:
+                keep.add(self._run.pid)
+            self.reaper.reap(keep=keep)
         return exited
 
     def signal_group(self, signame: str) -> None:
@@ -165,12 +169,17 @@ class RealEffects:
     def sweep(self, action: Sweep) -> SweepDone:
         """Kill leftovers of our tree and check the port; at start honour kill_stale."""
         if action.pgid is not None or action.kill_stale:
+            # As subreaper every orphan of the tree comes to us: what we adopted is ours.
             done = childmod.sweep(action.pgid, self.marker, action.host, action.port,
-                                  settle=action.settle, log=self.log)
+                                  settle=action.settle, log=self.log,
+                                  exempt=self.launcher.exempt(), adopt=self.reaper is not None)
+            if self.reaper is not None:
+                self.reaper.killed(done.killed)
             if not done.remaining:
                 childmod.remove_tmpdirs(self.marker)
             return done
-        ours, foreign = childmod.find_tree(action.pgid, self.marker, self.log)
+        ours, foreign = childmod.find_tree(action.pgid, self.marker, self.log,
+                                           self.launcher.exempt(), self.reaper is not None)
         holder = childmod.port_holder(action.host, action.port, ignore=set())
         return SweepDone((), tuple(p.pid for p in ours), holder,
                          tuple(childmod.describe(p) for p in foreign))

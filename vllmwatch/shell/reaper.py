@@ -12,6 +12,7 @@ from __future__ import annotations
 import contextlib
 import ctypes
 import os
+import threading
 import time
 from collections.abc import Callable, Collection, Mapping
 from dataclasses import dataclass
@@ -100,6 +101,15 @@ class Reaper:
         self._me = os.getpid() if me is None else me
         self._session = os.getsid(0)
         self._seen: dict[int, float] = {}
+        self._killed: set[int] = set()  # leftovers the sweep killed: nobody else waits
+        self._lock = threading.Lock()
+
+    def killed(self, pids: Collection[int]) -> None:
+        """The sweep killed these (from a worker thread): reap them without the grace that
+        protects a child some Popen of ours waits for (a setsid'd leftover looks like one)."""
+        waiting = {z.pid for z in zombie_children(self._me)}  # a zombie's pid is not reused
+        with self._lock:
+            self._killed |= set(pids) & waiting
 
     def _maybe_ours(self, z: Zombie) -> bool:
         # Started by us: in our session (subprocess.run), or a session leader
@@ -113,11 +123,15 @@ class Reaper:
         now = self._clock()
         reaped = []
         zombies = zombie_children(self._me)
+        with self._lock:
+            self._killed &= {z.pid for z in zombies}
+            killed = set(self._killed)
         self._seen = {z.pid: self._seen.get(z.pid, now) for z in zombies}
         for z in zombies:
             if z.pid in keep:
                 continue
-            if self._maybe_ours(z) and now - self._seen[z.pid] < self._grace:
+            if z.pid not in killed and self._maybe_ours(z) and \
+                    now - self._seen[z.pid] < self._grace:
                 continue  # its Popen will wait for it; if nobody does, a later call reaps it
             with contextlib.suppress(ChildProcessError):
                 pid, status = os.waitpid(z.pid, os.WNOHANG)

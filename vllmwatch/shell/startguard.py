@@ -3,8 +3,9 @@
 One daemon thread per start. It posts nothing into the core: it reads /proc/meminfo about
 once a second, asks core.unified.guard_actions what to do, does it (fadvise eviction of the
 checkpoint's pages; drop_caches / compact_memory only when configured and permitted) and
-logs each action with its numbers. The loop starts it at spawn and stops it at READY or
-exit; `summary()` gives the figures a diagnosis needs ("page cache held N GiB at start").
+logs each action with its numbers. The launch starts it (shell/childrun.py); the core's
+StartOver action (READY, or the start was left) or the child's reap stops it; `summary()`
+gives the figures a diagnosis needs ("page cache held N GiB at start").
 """
 
 from __future__ import annotations

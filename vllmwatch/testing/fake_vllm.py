@@ -76,7 +76,11 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
     for name in ("hang-after", "stall-after", "exit-after", "engine-crash-after",
                  "crash-during-start", "health-fail-after", "unhealthy-after"):
         p.add_argument(f"--{name}", type=float)
-    for name in ("busy", "ignore-sigterm", "fail-start", "disable-uvicorn-access-log"):
+    for name in ("busy", "ignore-sigterm", "fail-start", "disable-uvicorn-access-log",
+                 # once ready, start a descendant that calls setsid and clears its environment
+                 # (no marker), as a daemonizing helper would; -holds-port: it inherits the
+                 # listening socket, so it keeps vLLM's port after the server is gone
+                 "spawn-setsid-orphan", "setsid-orphan-holds-port"):
         p.add_argument(f"--{name}", action="store_true")
     p.add_argument("--role", choices=("api", "engine", "worker"), default="api")
     # A pooling model has no completion routes (vLLM registers only its tasks' routes).
@@ -339,6 +343,20 @@ def _watch(a: argparse.Namespace, api: Api) -> int:
             return 0
 
 
+# The setsid'd descendant: holds the inherited fd (if any) and sleeps for --orphan-timeout.
+_ORPHAN = "import sys, time; time.sleep(float(sys.argv[2]))"
+ORPHAN_TAG = "vllmwatch-fake-setsid-orphan"  # in its argv, for tests to find it
+
+
+def _setsid_orphan(a: argparse.Namespace, server: ThreadingHTTPServer) -> None:
+    fds = (server.socket.fileno(),) if a.setsid_orphan_holds_port else ()
+    proc = subprocess.Popen([sys.executable, "-c", _ORPHAN, ORPHAN_TAG, str(a.orphan_timeout),
+                             str(a.port)], env={}, start_new_session=True, pass_fds=fds,
+                            stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL,
+                            stderr=subprocess.DEVNULL)
+    log("INFO", f"setsid orphan started: pid {proc.pid}", "fake.py:1")
+
+
 def api_main(a: argparse.Namespace, flags: list[str]) -> int:
     """The API server: start the engine, wait for it, serve HTTP, exit like vLLM."""
     if a.fail_start:
@@ -369,6 +387,8 @@ def api_main(a: argparse.Namespace, flags: list[str]) -> int:
                     "startup.", "Application startup complete."):
             log("INFO", msg, "launcher.py:1")
         api.ready_at = time.monotonic()
+        if a.spawn_setsid_orphan:
+            _setsid_orphan(a, server)
         leak(a, "api")
         _shutdown(engine, api, _watch(a, api))
     except _Stop:

@@ -1,0 +1,91 @@
+"""One daemon per config: a second `vllmwatch run` on the same config exits at once (exit 7)
+touching nothing, a killed daemon leaves no stale lock, and without a lock a tree whose
+daemon is alive is still never taken for a leftover."""
+
+from __future__ import annotations
+
+import os
+import signal
+from pathlib import Path
+
+import psutil
+
+from tests.support import Daemon, base_config, free_port, http, wait_for
+from vllmwatch.core import exitcodes
+
+
+def _child_pid(d: Daemon) -> int:
+    return int(d.wait_event("child.started", 10)["pid"])
+
+
+def test_a_second_daemon_on_the_same_config_exits_at_once_touching_nothing(
+        tmp_path: Path) -> None:
+    cfg = base_config(free_port(), free_port())
+    first = Daemon(tmp_path, cfg).start()
+    second = Daemon(tmp_path, cfg)  # the same config file: the same instance
+    try:
+        first.wait_ready(30)
+        child = _child_pid(first)
+        mark = first.mark()
+        second.start()
+        assert second.wait_exit(30) == exitcodes.ALREADY_RUNNING
+        [said] = second.named("daemon.exiting")
+        assert said["reason"] == "already_running" and said["holder_pid"] == first.pid
+        assert said["lock"].endswith(".lock") and str(first.pid) in said["detail"]
+        names = {e["event"] for e in second.events}
+        assert names == {"daemon.version", "daemon.exiting"}, names  # bound, swept nothing
+        # The first daemon and its vLLM never noticed.
+        assert psutil.Process(child).is_running()
+        assert http(first.port, "/health")[0] == 200
+        assert not first.named("restart.begin", mark) and not first.named("child.exited", mark)
+    finally:
+        first.close()  # first: the second's close kills processes carrying the marker
+        second.close()
+
+
+def test_a_killed_daemon_leaves_no_stale_lock(tmp_path: Path) -> None:
+    cfg = base_config(free_port(), free_port())
+    first = Daemon(tmp_path, cfg).start()
+    second = Daemon(tmp_path, cfg)
+    try:
+        first.wait_ready(30)
+        old_child = _child_pid(first)
+        first.signal(signal.SIGKILL)  # its vLLM tree lives on; the kernel drops the flock
+        first.wait_exit(10)
+        second.start()
+        second.wait_ready(30)
+        killed = second.wait_event("leftovers.killed", 10)
+        assert old_child in killed["pids"]  # the dead daemon's tree was a leftover
+        assert not second.named("daemon.exiting")
+    finally:
+        second.close()  # second: the first's close kills processes carrying the marker
+        first.close(check=False)
+
+
+def test_without_a_lock_a_live_daemons_tree_is_not_a_leftover(tmp_path: Path) -> None:
+    """No private state directory: no lock can be held (logged), and the second daemon still
+    leaves the first one's vLLM alone (it descends from a live vllmwatch)."""
+    shared = tmp_path / "shared"
+    shared.mkdir()
+    os.chmod(shared, 0o777)  # not private: neither lock nor group file is trusted there
+    env = {"STATE_DIRECTORY": str(shared), "RUNTIME_DIRECTORY": ""}
+    cfg = base_config(free_port(), free_port())
+    first = Daemon(tmp_path, cfg, env=env).start()
+    second = Daemon(tmp_path, cfg, env=env)
+    try:
+        first.wait_ready(30)
+        child = _child_pid(first)
+        assert first.named("daemon.unlocked")
+        mark = first.mark()
+        second.start()
+        assert second.wait_exit(30) == exitcodes.START  # vllm.port is the first's
+        assert not second.named("leftovers.killed")
+        foreign = second.wait_event("leftovers.foreign", 5)
+        engines = {f"pid {p.pid} " for p in psutil.Process(child).children(recursive=True)}
+        assert any(p.startswith(tuple(engines)) for p in foreign["processes"]), foreign
+        assert psutil.Process(child).is_running()
+        wait_for(lambda: http(first.port, "/health")[0] == 200, 10, "the first vLLM serving")
+        assert not first.named("restart.begin", mark) and not first.named("child.exited", mark)
+    finally:
+        first.close()
+        second.close()

@@ -1,0 +1,150 @@
+"""What the tree starts, the tree stops: a vLLM descendant that calls setsid and clears its
+environment (no marker) is found and killed at each child stop, and logged; a process of ours
+that is no child's (the standby) is exempt by its pid."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import textwrap
+from pathlib import Path
+from typing import Any
+
+import psutil
+import pytest
+
+from tests.support import PYTHON, REPO, Daemon, base_config, free_port, ts_of, wait_for
+from vllmwatch.shell import reaper
+from vllmwatch.shell.child import MARKER
+from vllmwatch.testing.fake_vllm import ORPHAN_TAG
+
+ORPHAN_FLAGS = ["--spawn-setsid-orphan", "--setsid-orphan-holds-port"]
+
+
+def _orphans(port: int) -> list[psutil.Process]:
+    found = []
+    for proc in psutil.process_iter():
+        with_tag = False
+        try:
+            cmd = proc.cmdline()
+            with_tag = ORPHAN_TAG in cmd and str(port) in cmd
+        except psutil.Error:
+            continue
+        if with_tag:
+            found.append(proc)
+    return found
+
+
+def _gone(proc: psutil.Process) -> bool:
+    """Dead: exited, or a zombie waiting for the reaper (it holds neither memory nor port)."""
+    try:
+        return proc.status() == psutil.STATUS_ZOMBIE
+    except psutil.NoSuchProcess:
+        return True
+
+
+def _the_orphan(d: Daemon, child: int) -> psutil.Process:
+    got = wait_for(lambda: _orphans(d.port), 10, "the setsid'd descendant")
+    [orphan] = got
+    assert os.getsid(orphan.pid) != os.getsid(child)  # out of the child's session
+    assert MARKER not in orphan.environ()  # and without our marker
+    return orphan
+
+
+@pytest.fixture
+def daemon(tmp_path: Path) -> Any:
+    d = Daemon(tmp_path, base_config(free_port(), free_port(), ORPHAN_FLAGS))
+    try:
+        yield d
+    finally:
+        try:
+            d.close()
+        finally:
+            for left in _orphans(d.port):  # never leak one into the next test
+                left.kill()
+
+
+def test_a_setsid_descendant_holding_the_port_is_killed_at_a_restart(daemon: Daemon) -> None:
+    d = daemon.start()
+    d.wait_ready(30)
+    child = int(d.named("child.started")[-1]["pid"])
+    orphan = _the_orphan(d, child)
+    mark = d.mark()
+    d.signal(signal.SIGUSR1)
+    killed = d.wait_event("leftovers.killed", 20, mark)
+    assert orphan.pid in killed["pids"]
+    assert any(p.startswith(f"pid {orphan.pid} ") and ORPHAN_TAG in p
+               for p in killed["processes"]), killed
+    d.wait_ready(30, since=mark)  # the port was freed: no "foreign process" exit 4
+    assert not d.named("port.busy") and _gone(orphan)
+    # Reaped by the reaper's killed-by-the-sweep path, not left a zombie until its grace (a
+    # setsid'd orphan looks like a child some Popen of ours waits for): within the grace of
+    # the restart's start, which the grace path cannot be.
+    reaped = d.wait_event("reaper.reaped", 20, mark, pid=orphan.pid)
+    begin = d.named("restart.begin", mark)[0]  # before the kill, so before it was a zombie
+    assert ts_of(reaped) - ts_of(begin) < reaper.GRACE_S
+
+
+def test_a_setsid_descendant_is_killed_at_the_stop(daemon: Daemon) -> None:
+    d = daemon.start()
+    d.wait_ready(30)
+    orphan = _the_orphan(d, int(d.named("child.started")[-1]["pid"]))
+    mark = d.mark()
+    d.signal(signal.SIGTERM)
+    assert d.wait_exit(30) == 0
+    assert orphan.pid in d.wait_event("leftovers.killed", 5, mark)["pids"]
+    assert _gone(orphan)
+
+
+# A subreaper that starts what a daemon would: a process of ours that is no child's (marker,
+# exempt by pid: the standby), and an orphan that called setsid and cleared its environment
+# (adopted by us when its parent exited). Then it sweeps as RealEffects does, twice: with the
+# exempt pid, and without it (the control: the marker alone would have taken it).
+_SUBREAPER = textwrap.dedent("""
+    import json, os, subprocess, sys, time
+    from vllmwatch.shell import child, reaper
+    assert reaper.become_subreaper()
+    marker, port = sys.argv[1], int(sys.argv[2])
+    sleeper = [sys.executable, "-c", "import time; time.sleep(60)"]
+    standby = subprocess.Popen(sleeper + ["standby"], env={**os.environ, child.MARKER: marker},
+                               start_new_session=True, stdout=subprocess.DEVNULL)
+    parent = subprocess.Popen([sys.executable, "-c",
+        "import subprocess, sys; p = subprocess.Popen(sys.argv[1:], env={}, "
+        "start_new_session=True, stdout=subprocess.DEVNULL); print(p.pid)"]
+        + sleeper + ["orphan"],
+        stdout=subprocess.PIPE, text=True)
+    orphan = int(parent.communicate()[0])
+    deadline = time.monotonic() + 10
+    while open(f"/proc/{orphan}/stat").read().rsplit(")", 1)[1].split()[1] != str(os.getpid()):
+        assert time.monotonic() < deadline, "the orphan was not adopted"
+        time.sleep(0.02)
+    first = child.sweep(None, marker, "127.0.0.1", port, grace=3,
+                        exempt=frozenset({standby.pid}), adopt=True)
+    standby_alive = standby.poll() is None
+    second = child.sweep(None, marker, "127.0.0.1", port, grace=3, adopt=True)
+    print(json.dumps({"orphan": orphan, "standby": standby.pid, "first": first.killed,
+                      "what": first.killed_what, "standby_alive": standby_alive,
+                      "second": second.killed}))
+""")
+
+
+def test_an_exempt_pid_survives_the_sweep_and_a_setsid_orphan_does_not(tmp_path: Path
+                                                                        ) -> None:
+    env = {**os.environ, "PYTHONPATH": str(REPO), "STATE_DIRECTORY": str(tmp_path)}
+    marker = f"test{os.getpid()}"
+    proc = subprocess.Popen([PYTHON, "-c", _SUBREAPER, marker, str(free_port())], env=env,
+                            stdout=subprocess.PIPE, text=True, start_new_session=True)
+    try:
+        out, _ = proc.communicate(timeout=60)
+    finally:
+        if proc.poll() is None:
+            os.killpg(proc.pid, signal.SIGKILL)
+            proc.wait(10)
+    assert proc.returncode == 0, out
+    got = json.loads(out.strip().splitlines()[-1])
+    assert got["orphan"] in got["first"] and got["standby"] not in got["first"]
+    assert got["standby_alive"]
+    assert any(w.startswith(f"pid {got['orphan']} ") for w in got["what"])
+    assert got["standby"] in got["second"]  # without the exempt pid the marker takes it

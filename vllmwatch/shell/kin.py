@@ -1,0 +1,94 @@
+"""Kinship of processes for the leftover sweep: what vllmwatch adopted, what descends from
+its tree, and which trees belong to another live vllmwatch.
+
+A vLLM descendant that calls setsid and clears its environment leaves both the child's
+session and our marker, so the session and marker rules of child.find_tree miss it. Two facts
+still tie it to us: while its parent lives it descends from our tree, and once its parent is
+gone it is reparented to us (vllmwatch is the child subreaper, shell/reaper.py). Processes we
+start ourselves for our own use are told apart: helpers run in our session (subprocess.run)
+and the standby is exempt by pid (the launcher's `exempt()`), never by shape.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+from collections.abc import Collection, Iterable
+
+import psutil
+
+
+def _ppid(proc: psutil.Process) -> int:
+    try:
+        return int(proc.ppid())
+    except psutil.Error:
+        return -1
+
+
+def adopted(procs: Iterable[tuple[psutil.Process, int]], me: int, my_session: int
+            ) -> set[int]:
+    """Pids of our direct children that are outside our session: adopted orphans (or a
+    child started in a new session, which the caller exempts by pid). `procs`: (process,
+    its session id)."""
+    return {p.pid for p, session in procs if session != my_session and _ppid(p) == me}
+
+
+def is_vllmwatch_daemon(proc: psutil.Process) -> bool:
+    """`vllmwatch run` (the console script or `python -m vllmwatch run`)."""
+    with contextlib.suppress(psutil.Error, OSError):
+        args = proc.cmdline()
+        return "run" in args and any(os.path.basename(a) == "vllmwatch" for a in args)
+    return False
+
+
+def owning_daemon(proc: psutil.Process, me: int) -> int | None:
+    """The pid of another live vllmwatch this process descends from (its tree is that
+    daemon's, never our leftover); None when it descends from us or from no vllmwatch."""
+    try:
+        parents = proc.parents()
+    except psutil.Error:
+        return None
+    for parent in parents:
+        if parent.pid == me:
+            return None
+        if is_vllmwatch_daemon(parent):
+            return parent.pid
+    return None
+
+
+def me_and_ancestors(me: int) -> frozenset[int]:
+    """Our pid and our ancestors': whatever they carry, a sweep never kills its own line."""
+    try:
+        return frozenset({me, *(p.pid for p in psutil.Process(me).parents())})
+    except psutil.Error:
+        return frozenset({me})
+
+
+def with_descendants(procs: list[psutil.Process], skip: Collection[int]
+                     ) -> list[psutil.Process]:
+    """procs and every live descendant of theirs (a setsid'd grandchild whose parent still
+    runs), without the pids in `skip`."""
+    seen = {p.pid for p in procs}
+    out = list(procs)
+    for proc in procs:
+        try:
+            kids = proc.children(recursive=True)
+        except psutil.Error:
+            continue
+        for kid in kids:
+            if kid.pid not in seen and kid.pid not in skip:
+                seen.add(kid.pid)
+                out.append(kid)
+    return out
+
+
+def describe_all(procs: Iterable[psutil.Process]) -> list[str]:
+    """'pid N (cmdline)' for each, read while they are alive (a dead one has no cmdline)."""
+    out = []
+    for proc in procs:
+        try:
+            line = " ".join(proc.cmdline())[:120] or proc.name()
+        except psutil.Error:
+            line = "?"
+        out.append(f"pid {proc.pid} ({line})")
+    return out
