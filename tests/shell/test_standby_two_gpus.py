@@ -70,7 +70,7 @@ def test_tp2_standby_is_outside_the_trees_figure_on_both_gpus(two_gpus: dict[str
     assert got.gpu_tree_mib == 3000.0 and got.gpu_tree_by_gpu_mib == {0: 1500.0, 1: 1500.0}
     listed = {p.pid for p in fx.sampler.gpu_processes() or []}
     assert standby not in listed and listed == {workers[-2], workers[-1]}
-    assert standby in fx.launcher.exempt_pids()
+    assert standby in fx.launcher.exempt()
 
 
 def test_a_restart_of_one_daemon_leaves_the_other_gpus_standby_alone(
