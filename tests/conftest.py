@@ -13,13 +13,24 @@ Place a new test by what it runs:
 - tests/systemd/: a real systemd booted in systemd-nspawn (root only).
 `pytest -m "not e2e and not systemd"` is the fast loop; `-m core` the pure tables alone.
 Shared helpers live in tests/support/ (`from tests.support import ...`).
+
+Every process a test starts has an owner that kills its whole group (tests/support/procs.py
+`owned`, the Daemon harness, the `fake` server); at the end of the session any process that
+escaped anyway (marked by SESSION_VAR, or still our descendant) is reported, killed, and
+fails the run: a leaked fake engine slows or breaks the tests that come after it.
 """
 
 from __future__ import annotations
 
+import os
+import time
+import uuid
 from pathlib import Path
 
+import psutil
 import pytest
+
+from tests.support.procs import SESSION_VAR, describe, session_leftovers
 
 HERE = Path(__file__).resolve().parent
 TIERS = {name: getattr(pytest.mark, name)
@@ -36,3 +47,79 @@ def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
         mark = TIERS.get(rel.parts[0]) if len(rel.parts) > 1 else None
         if mark is not None:
             item.add_marker(mark)
+
+
+def pytest_configure(config: pytest.Config) -> None:
+    """Mark this session's children (inherited through os.environ) for the leftover check.
+
+    A fresh mark per session (a pytest run by a test must not take its parent's processes
+    for its own), except in an xdist worker, whose children its controller checks."""
+    if hasattr(config, "workerinput") and SESSION_VAR in os.environ:
+        return
+    os.environ[SESSION_VAR] = uuid.uuid4().hex
+
+
+# pid -> the test after whose teardown it was still our child (names the culprit at the end)
+_SEEN_AFTER: dict[int, str] = {}
+
+
+def _children() -> set[int]:
+    """pytest's live descendants (cheap: one /proc scan)."""
+    try:
+        kids = psutil.Process().children(recursive=True)
+    except psutil.Error:
+        return set()
+    live = set()
+    for kid in kids:
+        try:
+            if kid.status() != psutil.STATUS_ZOMBIE:
+                live.add(kid.pid)
+        except psutil.Error:
+            continue
+    return live
+
+
+@pytest.hookimpl(hookwrapper=True)
+def pytest_runtest_protocol(item: pytest.Item, nextitem: pytest.Item | None) -> object:
+    """Note which test's run left a child of ours alive (fixtures of a wider scope may keep
+    one legitimately: only those still alive at the session's end are reported)."""
+    before = _children()
+    yield
+    for pid in _children() - before:
+        _SEEN_AFTER.setdefault(pid, item.nodeid)
+
+
+def _still_there(session: str, grace: float) -> list[psutil.Process]:
+    """Leftovers that outlive a short grace (a process killed a moment ago is not one)."""
+    deadline = time.monotonic() + grace
+    while (left := session_leftovers(session)) and time.monotonic() < deadline:
+        time.sleep(0.2)
+    return left
+
+
+@pytest.hookimpl(trylast=True)
+def pytest_sessionfinish(session: pytest.Session, exitstatus: int) -> None:
+    """Fail the run, loudly, when a test left a process behind; kill what is left."""
+    if hasattr(session.config, "workerinput"):
+        return  # an xdist worker: its controller runs the check once for all
+    left = _still_there(os.environ[SESSION_VAR], 5.0)
+    if not left:
+        return
+    lines = [describe(p) + (f"  [left by {_SEEN_AFTER[p.pid]}]" if p.pid in _SEEN_AFTER
+                            else "") for p in left]
+    for proc in left:
+        try:
+            proc.kill()
+        except psutil.Error:
+            continue
+    reporter = session.config.pluginmanager.get_plugin("terminalreporter")
+    text = (f"{len(left)} process(es) started by this test session outlived it (killed now); "
+            "give each an owner that kills its group (tests/support/procs.py owned):\n  "
+            + "\n  ".join(lines))
+    if reporter is not None:
+        reporter.write_line("")
+        reporter.write_sep("=", "LEFTOVER PROCESSES", red=True, bold=True)
+        reporter.write_line(text)
+    else:
+        print(text)
+    session.exitstatus = pytest.ExitCode.TESTS_FAILED

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import faulthandler
 import os
+import time
 from collections.abc import Callable, Mapping
 from dataclasses import replace
 
@@ -11,6 +12,7 @@ from vllmwatch import __version__
 from vllmwatch.config import command
 from vllmwatch.config.schema import Config, load
 from vllmwatch.core import exitcodes
+from vllmwatch.core.events import ReadyzPolled
 from vllmwatch.core.names import Reason
 from vllmwatch.live import Live, SwitchableLog
 from vllmwatch.shell import fdbudget, instancelock, reaper
@@ -23,6 +25,8 @@ from vllmwatch.shell.loop import Loop
 from vllmwatch.shell.notify import SystemdNotifier
 from vllmwatch.status.server import StatusListenError, StatusServer
 from vllmwatch.status.snapshot import Snapshot
+
+READYZ_EVERY = 5.0  # /readyz polls reported to the loop at most this often
 
 
 def main(config: Config, log_format: str | None = None, prewarm: bool = True,
@@ -55,9 +59,10 @@ def _run(config: Config, log_format: str | None, env: dict[str, str], log: Switc
     holder: dict[str, Snapshot] = {"snap": Snapshot()}
     # Without systemd's watchdog (a container), a stale probe fails /livez: the kubelet acts.
     no_watchdog = not env.get("WATCHDOG_USEC")
+    readyz = ReadyzWatch()
     live = Live(config, log,
                 lambda c: setup(log_format or c.log.format, c.log.level, environ=env),
-                lambda c: _status_server(c, log, get, no_watchdog))
+                lambda c: _status_server(c, log, get, no_watchdog, readyz))
     get: Callable[[], Snapshot] = lambda: live.decorate(holder["snap"])  # noqa: E731
     if config.gate.enabled:  # aiohttp is imported only when the front door is on
         from vllmwatch.gate.attach import start_gate, with_gate
@@ -66,7 +71,7 @@ def _run(config: Config, log_format: str | None, env: dict[str, str], log: Switc
                                fdbudget.current().gate_connections)
         get = lambda: with_gate(live.decorate(holder["snap"]), live.gate)  # noqa: E731
     try:
-        live.status = _status_server(config, log, get, no_watchdog)
+        live.status = _status_server(config, log, get, no_watchdog, readyz)
     except StatusListenError as exc:
         log("error", "status.listen_failed", error=str(exc),
             detail="running without the status endpoint; fix status.listen")
@@ -87,12 +92,40 @@ def _run(config: Config, log_format: str | None, env: dict[str, str], log: Switc
                 raise
         return spread_config(new, log)
 
+    def reloaded(new: Config) -> None:  # on the loop's thread, with the new config
+        live.apply(new)
+        fx.reconfigure(new)  # a standby built for another command or environment goes
+
     loop = Loop(config, fx, SystemClock(), reload_config=reload, environ=env,
-                on_reloaded=live.apply)
+                on_reloaded=reloaded)
+    if not config.gate.enabled:  # with the front door, a planned restart always deregisters
+        readyz.watch(loop)
     try:
         return loop.run()
     finally:
         live.stop()
+
+
+class ReadyzWatch:
+    """Tells the core who polls /readyz: the deregister delay of a planned restart only
+    helps a balancer that does (core/stopping.deregister_delay). A poll reaches the loop at
+    most every READYZ_EVERY seconds; a rebound status listener keeps the hook."""
+
+    def __init__(self) -> None:
+        self._loop: Loop | None = None
+        self._last = -READYZ_EVERY
+
+    def watch(self, loop: Loop) -> None:
+        """From now on polls are reported; none at all means nobody deregisters us."""
+        self._loop = loop
+        loop.post(ReadyzPolled(polled=False))
+
+    def polled(self) -> None:
+        """The status server's hook (its front thread)."""
+        now = time.monotonic()
+        if self._loop is not None and now - self._last >= READYZ_EVERY:
+            self._last = now
+            self._loop.post(ReadyzPolled())
 
 
 def _lock_instance(config: Config, env: Mapping[str, str], log: LogFn
@@ -117,12 +150,13 @@ def _lock_instance(config: Config, env: Mapping[str, str], log: LogFn
 
 
 def _status_server(config: Config, log: LogFn, get: Callable[[], Snapshot],
-                   no_watchdog: bool) -> StatusServer | None:
+                   no_watchdog: bool, readyz: ReadyzWatch) -> StatusServer | None:
     """The status listener for config (None when disabled); raises StatusListenError."""
     if not config.status.listen:
         return None
     server = StatusServer(config.status.listen, config.status.allow_remote, get, log,
                           stale_probes_fail_livez=no_watchdog,
                           max_pending=fdbudget.current().status_pending)
+    server.on_readyz = readyz.polled
     server.start()
     return server

@@ -21,11 +21,13 @@ def watch_config(run: Run, name: str, model: Path, served: str, port: int, statu
                  cache: Path, args: dict[str, Any], gpus: tuple[int, ...] = (0,),
                  env: dict[str, str] | None = None, kernels: bool = False,
                  warmup_request: bool = True, memory: dict[str, Any] | None = None,
-                 restart: dict[str, Any] | None = None,
                  probe_interval: str = "1s", probe_threshold: int = 3,
-                 shipped_probe: bool = False) -> Path:
+                 shipped_probe: bool = False, restart: dict[str, Any] | None = None,
+                 shipped_drain: bool = False) -> Path:
     """A vllmwatch config for this run, written to WORK/NAME.toml; shipped_probe leaves
-    [probe] out (vllmwatch's shipped defaults)."""
+    [probe] out (vllmwatch's shipped defaults); `restart`, when given, replaces the bench's
+    [restart] (the shipped defaults plus those keys); shipped_drain keeps [drain] out even
+    in the dry run."""
     conf: dict[str, dict[str, Any]] = {
         "vllm": {"command": [*run.vllm, "serve"], "model": str(model),
                  "served_model_name": served, "port": port, "gpus": list(gpus)},
@@ -37,14 +39,15 @@ def watch_config(run: Run, name: str, model: Path, served: str, port: int, statu
                   "canary_interval": "20s", "canary_timeout": "30s", **_dry_probe(run)},
         "memory": {"sample_interval": "1s", "pss_interval": "10s", "baseline_delay": "5s",
                    **(memory or {})},
-        "restart": {"drain_timeout": "5s", "stop_timeout": "20s", "backoff_initial": "1s",
-                    "gpu_release_timeout": "90s", **_dry_restart(run), **(restart or {})},
+        "restart": {**({"drain_timeout": "5s", "stop_timeout": "20s", "backoff_initial": "1s",
+                        "gpu_release_timeout": "90s"} if restart is None else restart),
+                    **_dry_restart(run)},
         "prewarm": {"cache_dir": str(cache), "kernels": kernels,
                     "warmup_request": warmup_request},
         "status": {"listen": f"127.0.0.1:{status_port}"},
         "log": {"format": "json"},
     }
-    if run.dry:  # the dry run's planned restarts: no load balancer to leave
+    if run.dry and not shipped_drain:  # the dry run's planned restarts: no balancer to leave
         conf["drain"] = {"deregister_delay": 0}
     if shipped_probe:
         del conf["probe"]

@@ -64,9 +64,19 @@ def titled(prefix: str, root: int) -> int | None:
 
 
 def api_server(root: int) -> int | None:
-    """vLLM's API server under root (its command line has ` serve `)."""
-    return next((x for x in descendants(root) if " serve " in f" {cmdline(x)} "
-                 and "VLLM::" not in cmdline(x)), None)
+    """vLLM's API server under root (its command line has ` serve `); else the child of
+    root (vllmwatch) that is not its standby: a standby that took the launch keeps its own
+    command line where the venv lacks setproctitle (the fake's), its comm says which."""
+    found = next((x for x in descendants(root) if " serve " in f" {cmdline(x)} "
+                  and "VLLM::" not in cmdline(x)), None)
+    if found is not None:
+        return found
+    with contextlib.suppress(psutil.Error):
+        for kid in psutil.Process(root).children():
+            if "standby_main.py" in cmdline(kid.pid) and \
+                    not kid.name().startswith("VLLMWATCH::"):
+                return kid.pid
+    return None
 
 
 def ids(pid: int) -> tuple[int, int, int] | None:

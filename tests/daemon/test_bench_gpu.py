@@ -24,7 +24,6 @@ import pytest
 from bench.gpu.cli import main
 from bench.gpu.nvml import Nvml
 from bench.gpu.phases import PHASES
-from bench.gpu.phases.standby2 import HAS_STANDBY
 from bench.gpu.run import Run
 from tests.support import FAKE, REPO
 from vllmwatch.testing.fake_nvml import FakeGpu, FakeNvml
@@ -34,7 +33,10 @@ RECOVERS = {"watch": ["kill_engine"], "big": ["kill_engine"], "matrix": ["kill_e
             "faults": ["engine_kill9", "engine_sigstop", "api_server_sigkill"],
             "tp2": ["worker_kill9", "worker_sigstop"], "pair": ["engine_kill9_a"],
             "tp2big": ["worker_tp1_kill9", "engine_kill9"], "tp2api": ["engine_kill9"],
-            "tp2apikill": ["engine_kill9"]}
+            "tp2apikill": ["engine_kill9"], "standby": ["engine_kill9", "api_server_sigkill"],
+            "standbyoff": ["engine_kill9", "api_server_sigkill"], "standbyapi2": ["engine_kill9"]}
+# Phases whose restarts the standby takes (issue 28): at least one launch by it.
+BY_STANDBY = {"standby", "standbyapi2"}
 # The standby phases (issue 27): each fault's restart_timing must reach READY again.
 TIMED = {"tp2standby": ["engine_kill9", "worker_tp1_kill9", "sigusr1"],
          "tp2standbyoff": ["engine_kill9", "worker_tp1_kill9", "sigusr1"]}
@@ -70,16 +72,17 @@ def test_every_phase_runs_its_steps_on_the_fakes(tmp_path: Path, phase: str) -> 
         hits = [ln for ln in got if ln["what"] == "restart_timing" and ln["fault"] == what]
         assert hits and hits[0]["begin_to_ready_s"] is not None, (what, hits)
         assert hits[0]["release"]["released_all_gpus"] and not hits[0]["old_tree_alive"], hits
-        if HAS_STANDBY:  # with the standby on, it takes every relaunch; off: never
-            assert hits[0]["launch"] == ("fresh" if phase.endswith("off") else "standby"), hits
+        # with the standby on, it takes every relaunch; off: never
+        assert hits[0]["launch"] == ("fresh" if phase.endswith("off") else "standby"), hits
     if phase == "pairstandby":
         (b,) = [ln for ln in got if ln["what"] == "b_untouched"]
         assert b["a_ready_again"] and b["b_same_child"] and b["b_gpu_same_procs"], b
         assert [e for e in b["b_events"] if e.startswith(("restart", "child"))] == [], b
-        if HAS_STANDBY:
-            assert b["b_standby_alive"] and b["b_same_standby"] and b["a_launch"] == "standby"
+        assert b["b_standby_alive"] and b["b_same_standby"] and b["a_launch"] == "standby"
     for gone in (ln for ln in got if ln["what"] == "standby_after_stop"):
         assert not gone["alive"], gone
+    if phase in BY_STANDBY:
+        assert any(ln.get("launch") == "standby" for ln in got if ln["what"] == "restart_timing")
     stops = [ln for ln in got if ln["what"] == "sigterm_vllmwatch"]
     assert [s["exit_code"] for s in stops] == [0] * len(stops), stops
     # What a stop left for the sweep to kill (a zombie only waits to be reaped).

@@ -131,8 +131,10 @@ def test_sighup_rebinds_status_listen_and_reports_gate_keys_needing_a_restart(
     needed = d.wait_event("config.restart_required", 20, mark)
     assert needed["keys"] == ["gate.enabled", "gate.listen"]
     old, d.status_listen = d.status_listen, f"127.0.0.1:{new_port}"
-    code, body = d.http_get("/status")
-    assert code == 200 and b'"restart_required": ["gate.enabled", "gate.listen"]' in body
+    # /status shows the snapshot published at the end of the loop's turn, a moment after
+    # the event: wait for it, do not race it
+    wait_for(lambda: b'"restart_required": ["gate.enabled", "gate.listen"]' in
+             d.http_get("/status")[1], 10, "restart_required in /status")
     host, port = old.rsplit(":", 1)
     with pytest.raises(ConnectionRefusedError):  # the old address is closed
         socket.create_connection((host, int(port)), timeout=5).close()

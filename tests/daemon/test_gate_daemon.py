@@ -7,7 +7,6 @@ import http.client
 import json
 import signal
 import threading
-import time
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -67,7 +66,8 @@ def test_a_planned_restart_behind_the_gate_fails_no_request(gated: tuple[Daemon,
     d.wait_event("restart.begin", 10, since, reason="manual")
     d.wait_event("drain.finished", 20, since)
     d.wait_ready(30, since=since)
-    time.sleep(1.0)  # let requests keep flowing after it is back (the client is paced)
+    back = len(outcomes)  # requests keep flowing after it is back: ten more answers
+    wait_for(lambda: len(outcomes) >= back + 10, 20, "requests after READY")
     stop.set()
     runner.join(60)
     assert outcomes and set(outcomes) == {"ok"}, sorted(set(outcomes))

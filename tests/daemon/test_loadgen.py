@@ -3,6 +3,7 @@ vLLMs: round robin, redispatch when a backend dies, and the numbers summary()/ou
 
 from __future__ import annotations
 
+import contextlib
 import importlib.util
 import socket
 import subprocess
@@ -14,7 +15,7 @@ from types import ModuleType
 
 import pytest
 
-from tests.support import free_port, wait_until
+from tests.support import TIMEOUT_SCALE, free_port, owned, wait_until
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -39,19 +40,14 @@ def answers(port: int) -> bool:
 @pytest.fixture
 def backends() -> Iterator[tuple[list[int], list[subprocess.Popen[bytes]]]]:
     ports = [free_port(), free_port()]
-    procs = [subprocess.Popen([sys.executable, "-m", "vllmwatch.testing.fake_vllm", "--model",
-                               "m", "--served-model-name", "tiny", "--port", str(p),
-                               "--startup-seconds", "0", "--stream-interval", "0.02",
-                               "--disable-uvicorn-access-log"],
-                              stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
-             for p in ports]
-    try:
+    with contextlib.ExitStack() as stack:  # each fake's whole group (its engine too) dies
+        procs = [stack.enter_context(owned(
+            [sys.executable, "-m", "vllmwatch.testing.fake_vllm", "--model", "m",
+             "--served-model-name", "tiny", "--port", str(p), "--startup-seconds", "0",
+             "--stream-interval", "0.02", "--disable-uvicorn-access-log"],
+            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)) for p in ports]
         wait_until(lambda: all(answers(p) for p in ports), 30, "fake vLLMs listening")
         yield ports, procs
-    finally:
-        for p in procs:
-            p.kill()
-            p.wait(10)
 
 
 def test_round_robin_then_redispatch_when_one_backend_dies(
@@ -61,7 +57,7 @@ def test_round_robin_then_redispatch_when_one_backend_dies(
     t0 = time.monotonic()
     wait_until(lambda: sum(r.ok for r in load.recs) >= 40, 30, "40 completions")
     t_kill = time.monotonic()
-    procs[0].kill()  # mid-stream for some clients
+    procs[0].kill()  # mid-stream for some clients (its orphaned engine dies at teardown)
     wait_until(lambda: sum(r.ok and r.end > t_kill + 1 for r in load.recs) >= 40, 30,
                "40 completions after the kill")
     t_end = time.monotonic()
@@ -81,7 +77,8 @@ def test_round_robin_then_redispatch_when_one_backend_dies(
     assert all("short stream" in e or "Payload" in e for e in after["errors"]), after
     assert after["redispatched"] > 0, after
     assert after["requests_ok"] >= 40
-    assert after["longest_without_a_completed_request_s"] < 5.0
+    # an upper bound: a loaded machine stretches it, redispatch keeps it finite
+    assert after["longest_without_a_completed_request_s"] < 5.0 * TIMEOUT_SCALE
     later = [r for r in recs if r.start > t_kill + 1]
     assert later and all(r.ok for r in later)
     assert all(r.backend == 1 for r in later)

@@ -15,8 +15,10 @@ from tests.support import Daemon, base_config, free_port, merge, wait_for
 
 @pytest.fixture
 def daemon(tmp_path: Path) -> Iterator[Daemon]:
-    # a start long enough to send the SIGHUP into (the test waits on events, not on time)
-    cfg = base_config(free_port(), free_port(), ["--startup-seconds", "8"])
+    # a start that lasts until the test ends it (creates the file): the SIGHUP lands inside
+    # it on any machine, however slow
+    go = tmp_path / "start.go"
+    cfg = base_config(free_port(), free_port(), ["--hold-start-until", str(go)])
     d = Daemon(tmp_path, cfg)
     try:
         yield d.start()
@@ -38,6 +40,7 @@ def test_a_reload_during_the_start_ends_nothing(daemon: Daemon) -> None:
     reloaded = d.wait_event("config.reloaded", 10.0, since)
     assert not d.named("child.ready"), "the fake vLLM was READY before the SIGHUP landed"
     assert _told(d, "RELOADING=1", "READY=1") == []
+    (d.workdir / "start.go").touch()  # now let the start end
     ready = d.wait_ready(60.0, since)
     assert ready["ts"] >= reloaded["ts"]
     assert _told(d, "RELOADING=1", "READY=1") == ["READY=1"]  # the first: the real READY

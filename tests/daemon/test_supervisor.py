@@ -31,6 +31,7 @@ from tests.support import (
     FAKE,
     PYTHON,
     REPO,
+    TIMEOUT_SCALE,
     Daemon,
     base_config,
     free_port,
@@ -173,10 +174,11 @@ def test_extend_timeout_during_slow_start(daemon: Factory) -> None:
 
 
 def test_exit_code_0_unasked_is_a_crash(daemon: Factory) -> None:
-    d = daemon(["--exit-after", "1"])
+    d = daemon(["--exit-after", "1"], armed=True)
     d.wait_ready()
-    begin, ready = restart_cycle(d, "crash", d.mark())
-    exited = d.named("child.exited")[0]
+    since, _ = d.arm()
+    begin, ready = restart_cycle(d, "crash", since)
+    exited = d.named("child.exited", since)[0]
     assert exited["code"] == 0 and exited["expected"] is False
     assert d.notify is not None and len(d.notify.with_prefix("READY=1")) >= 2
     report("crash (exit 0): exit -> restart.begin", ts_of(begin) - ts_of(exited))
@@ -184,9 +186,9 @@ def test_exit_code_0_unasked_is_a_crash(daemon: Factory) -> None:
 
 
 def test_engine_crash_is_crash_or_health(daemon: Factory) -> None:
-    d = daemon(["--engine-crash-after", "1"])
+    d = daemon(["--engine-crash-after", "1"], armed=True)
     d.wait_ready()
-    since = d.mark()
+    since, _ = d.arm()
     begin = wait_for(lambda: d.named("restart.begin", since), 10.0, "restart.begin")[0]
     assert begin["reason"] in ("crash", "health")
     ready = d.wait_ready(10.0, since=d.events.index(begin))
@@ -200,9 +202,9 @@ def test_engine_death_restarts_at_the_first_503_not_after_the_threshold(
     # The API server lives on for 30 s answering 503 (as vLLM's does for seconds); with the
     # engine process gone one probe is enough, not failure_threshold (5 here, 0.5 s apart).
     d = daemon(["--engine-crash-after", "1", "--engine-death-exit-delay", "30"],
-               {"probe": {"failure_threshold": 5}})
+               {"probe": {"failure_threshold": 5}}, armed=True)
     d.wait_ready()
-    since = d.mark()
+    since, _ = d.arm()
     begin = wait_for(lambda: d.named("restart.begin", since), 10.0, "restart.begin")[0]
     assert begin["reason"] == "health" and "engine process is gone" in begin["detail"]
     health_fails = [f for f in d.named("probe.failed", since) if f["probe"] == "health"]
@@ -210,7 +212,7 @@ def test_engine_death_restarts_at_the_first_503_not_after_the_threshold(
     crashed = fault_at(d, "EngineCore encountered a fatal error", since)
     report("engine death (API server alive, 503): fault -> restart.begin",
            ts_of(begin) - crashed)
-    assert ts_of(begin) - crashed < 5.0
+    assert ts_of(begin) - crashed < 5.0 * TIMEOUT_SCALE  # an upper bound: a slow box stretches it
     d.wait_ready(15.0, since=d.events.index(begin))
 
 
@@ -246,7 +248,7 @@ def test_a_dead_engine_is_a_restart_at_the_next_probe_while_health_hangs(
     begin = wait_for(lambda: d.named("restart.begin", since), 15.0, "restart.begin")[0]
     assert begin["reason"] == "health" and "engine process gone" in begin["detail"], begin
     assert "/health not asked" in begin["detail"], begin
-    assert ts_of(begin) - killed_at < 10.0  # well inside the 20 s probe timeout
+    assert ts_of(begin) - killed_at < 20.0  # before the 20 s probe timeout could have fired
     report("EngineCore kill -9, /health hanging: fault -> restart.begin",
            ts_of(begin) - killed_at)
     d.wait_ready(20.0, since=d.events.index(begin))
@@ -254,21 +256,22 @@ def test_a_dead_engine_is_a_restart_at_the_next_probe_while_health_hangs(
 
 def test_health_failures_restart_after_threshold(daemon: Factory) -> None:
     # The canary keeps succeeding: /health failing alone must still restart.
-    d = daemon(["--health-fail-after", "1"])
+    d = daemon(["--health-fail-after", "1"], armed=True)
     d.wait_ready()
-    begin, ready = restart_cycle(d, "health", d.mark())
-    fails = d.named("probe.failed", probe="health")
+    since, armed_at = d.arm()
+    begin, ready = restart_cycle(d, "health", since)
+    fails = d.named("probe.failed", since, probe="health")
     assert [f["consecutive"] for f in fails[:3]] == [1, 2, 3]
     assert ts_of(fails[2]) <= ts_of(begin)
-    report("health: fault -> restart.begin (3 x 0.5s)",
-           ts_of(begin) - fault_at(d, "Application startup complete") - 1.0)
+    report("health: fault -> restart.begin (3 x 0.5s)", ts_of(begin) - armed_at - 1.0)
     report("health: restart.begin -> READY", ts_of(ready) - ts_of(begin))
 
 
 def test_hang_detected_by_canary(daemon: Factory) -> None:
-    d = daemon(["--hang-after", "1"])
+    d = daemon(["--hang-after", "1"], armed=True)
     d.wait_ready()
-    begin, ready = restart_cycle(d, "hang", d.mark())
+    since, _ = d.arm()
+    begin, ready = restart_cycle(d, "hang", since)
     assert d.named("probe.canary_timeout")
     assert not d.named("probe.failed", probe="health")  # /health kept saying 200
     report("hang: fault -> restart.begin (canary every 1s, timeout 1s)",
@@ -294,9 +297,10 @@ def test_busy_slow_engine_is_not_restarted(daemon: Factory) -> None:
 
 def test_stall_detected_from_frozen_counters(daemon: Factory) -> None:
     d = daemon(["--busy", "--stall-after", "1"],
-               {"probe": {"stall_timeout": "1s", "canary_interval": "60s"}})
+               {"probe": {"stall_timeout": "1s", "canary_interval": "60s"}}, armed=True)
     d.wait_ready()
-    begin, ready = restart_cycle(d, "stall", d.mark())
+    since, _ = d.arm()
+    begin, ready = restart_cycle(d, "stall", since)
     report("stall: fault -> restart.begin (stall_timeout 1s, metrics every 0.5s)",
            ts_of(begin) - fault_at(d, "Injected fault: engine stall"))
     report("stall: restart.begin -> READY", ts_of(ready) - ts_of(begin))
@@ -305,17 +309,17 @@ def test_stall_detected_from_frozen_counters(daemon: Factory) -> None:
 def test_host_memory_leak_drains_then_restarts(daemon: Factory) -> None:
     d = daemon(["--leak-mib-per-s", "50"], {"memory": {
         "host_growth_limit": "40MiB", "sample_interval": "0.5s", "pss_interval": "0.5s",
-        "sustain": 2, "baseline_delay": "0s"}})
-    first = d.wait_ready()
-    since = d.mark()
+        "sustain": 2, "baseline_delay": "0s"}}, armed=True)
+    d.wait_ready()
+    since, armed_at = d.arm()  # the leak starts now, not at the fake's ready
     fired = d.wait_event("memory.rule_fired", 10.0, since)
     assert fired["rule"] == "host_growth_limit"
     begin, ready = restart_cycle(d, "host_memory", since)
     after = [e["to"] for e in d.named("state.changed", d.events.index(begin))]
     assert after[:2] == ["draining", "stopping"], after
     assert d.named("drain.done", since)
-    report("host leak 50MiB/s, growth limit 40MiB: READY -> restart.begin",
-           ts_of(begin) - ts_of(first))
+    report("host leak 50MiB/s, growth limit 40MiB: leak start -> restart.begin",
+           ts_of(begin) - armed_at)
     report("host leak: restart.begin -> READY", ts_of(ready) - ts_of(begin))
 
 
@@ -356,7 +360,8 @@ def test_ignored_sigterm_escalates_to_sigkill(daemon: Factory) -> None:
     assert d.wait_exit(15.0) == 0
     kill = d.named("child.kill")
     assert kill, d.dump()
-    assert 0.9 <= ts_of(kill[0]) - sent <= 4.0  # stop_timeout 1s, plus a loaded machine
+    # stop_timeout 1s: never sooner; later only by how slow the machine is
+    assert 0.9 <= ts_of(kill[0]) - sent <= 1.0 + 3.0 * TIMEOUT_SCALE
     assert d.named("child.exited")[-1]["signal"] == "SIGKILL"
     report("ignored SIGTERM: stop -> SIGKILL (stop_timeout 1s)", ts_of(kill[0]) - sent)
 
@@ -461,8 +466,7 @@ def test_sigkill_of_api_server_sweeps_orphans(daemon: Factory) -> None:
     os.kill(api.pid, signal.SIGKILL)
     killed = d.wait_event("leftovers.killed", 10.0, since)
     assert set(orphans) <= set(killed["pids"])
-    begin = d.named("restart.begin", since, reason="crash")
-    assert begin
+    d.wait_event("restart.begin", 10.0, since, reason="crash")  # its log order is not ours
     again = d.wait_ready(10.0, since=since)
     assert all(not psutil.pid_exists(p) or psutil.Process(p).status() == psutil.STATUS_ZOMBIE
                for p in orphans)

@@ -62,7 +62,7 @@ def test_crash_with_exit_code_zero_is_a_crash_and_recovers() -> None:
     d.kill_child(code=0)
     assert restarts(d) == ["crash"]
     assert "without being asked" in d.events("child.exited")[-1]["detail"]
-    assert d.state.state == S.BACKOFF
+    assert d.state.state == S.STARTING  # the first failure in a row relaunches at once
     assert d.run_until(lambda: ready(d), 60)
     assert d.world.spawns == 2
     done = d.events("restart.done")
@@ -144,16 +144,21 @@ def test_start_timeout() -> None:
 
 
 def test_backoff_grows_and_resets_after_a_stable_period() -> None:
+    # The first failure in a row relaunches at once; the backoff starts at the second.
     d = up()
     delays = []
     for _ in range(3):
+        seen = len(d.events("restart.backoff"))
         d.kill_child()
-        delays.append(d.events("restart.backoff")[-1]["delay_s"])
+        backoffs = d.events("restart.backoff")[seen:]
+        delays.append(backoffs[-1]["delay_s"] if backoffs else 0.0)
         assert d.run_until(lambda: ready(d), 120)
-    assert delays == [5.0, 10.0, 20.0]
+    assert delays == [0.0, 5.0, 10.0]
     d.run_for(700)  # stable for longer than stable_after
+    seen = len(d.events("restart.backoff"))
     d.kill_child()
-    assert d.events("restart.backoff")[-1]["delay_s"] == 5.0
+    assert d.events("restart.backoff")[seen:] == []
+    assert d.state.failures == 1
 
 
 def test_crash_loop_gives_up_with_exit_code_3() -> None:

@@ -18,7 +18,8 @@ from vllmwatch.testing import FakeNotifier
 # What RealEffects may keep: each lives as long as the daemon. A field about one child run
 # belongs in shell/childrun.py's ChildHandle (`_run`), not here.
 DAEMON_FIELDS = {"log", "notifier", "_environ", "reaper", "launcher", "marker", "platform",
-                 "sampler", "_sampler_gpus", "_fixed_sampler", "_publish", "_versions", "_run"}
+                 "sampler", "_sampler_gpus", "_fixed_sampler", "_publish", "_versions", "_run",
+                 "standby", "_config"}  # the standby launcher's view, and the latest config
 
 CHILD = [sys.executable, "-c", "import sys; print('bye', flush=True); sys.exit(3)"]
 

@@ -9,7 +9,7 @@ from collections.abc import Iterator
 import psutil
 import pytest
 
-from tests.support import wait_until
+from tests.support import owned, wait_until
 from vllmwatch.shell.engines import EngineWatch
 
 # A parent that starts children whose command lines carry vLLM's process titles (what
@@ -26,17 +26,11 @@ TITLES = ["VLLM::EngineCore", "VLLM::Worker_TP1", "VLLM::APIServer_1", "tokenize
 
 @pytest.fixture
 def tree() -> Iterator[tuple[int, dict[str, int]]]:
-    root = subprocess.Popen([sys.executable, "-c", PARENT, *TITLES], stdout=subprocess.PIPE,
-                            text=True)
-    try:
+    with owned([sys.executable, "-c", PARENT, *TITLES], stdout=subprocess.PIPE,
+               text=True) as root:
         assert root.stdout is not None
         pids = [int(x) for x in root.stdout.readline().split()]
         yield root.pid, dict(zip(TITLES, pids, strict=True))
-    finally:
-        for p in psutil.Process(root.pid).children(recursive=True):
-            p.kill()
-        root.kill()
-        root.wait(10)
 
 
 def test_engine_worker_and_api_server_processes_are_watched(

@@ -6,14 +6,13 @@ from __future__ import annotations
 
 import os
 import shutil
-import signal
 import subprocess
 import sys
 from pathlib import Path
 
 import pytest
 
-from tests.support import wait_until
+from tests.support import owned, wait_until
 from vllmwatch.check import fights
 from vllmwatch.check.base import PASS, SKIP, WARN, Context
 from vllmwatch.config.schema import from_dict
@@ -120,13 +119,10 @@ def hand_vllm(tmp_path: Path) -> object:
     script.write_text(f"#!{sys.executable}\nimport signal\nsignal.pause()\n")
     script.chmod(0o755)
     env = {"PATH": os.environ["PATH"], "CUDA_VISIBLE_DEVICES": "1"}
-    proc = subprocess.Popen([str(script), "serve", "/data/m", "--port", "8000"], env=env,
-                            start_new_session=True)
-    wait_until(lambda: "serve" in Path(f"/proc/{proc.pid}/cmdline").read_text(), 10,
-               "the hand-started vLLM's argv")
-    yield proc
-    os.killpg(proc.pid, signal.SIGKILL)
-    proc.wait()
+    with owned([str(script), "serve", "/data/m", "--port", "8000"], env=env) as proc:
+        wait_until(lambda: "serve" in Path(f"/proc/{proc.pid}/cmdline").read_text(), 10,
+                   "the hand-started vLLM's argv")
+        yield proc
 
 
 @pytest.mark.parametrize("gpus,warns", [([1], True), ([0, 1], True), (None, True), ([0], False),

@@ -19,7 +19,7 @@ from typing import Any, TypeVar
 
 import pytest
 
-from tests.support import free_port, wait_until
+from tests.support import TIMEOUT_SCALE, free_port, wait_until
 from vllmwatch.gate import runner
 from vllmwatch.gate.door import Door, Readiness, readiness_of
 from vllmwatch.gate.runner import Gate, GateError
@@ -37,7 +37,7 @@ def loop_kind(request: pytest.FixtureRequest, monkeypatch: pytest.MonkeyPatch) -
 
 
 def wait_for(check: Callable[[], T], timeout: float = 10.0, what: str = "condition") -> T:
-    return wait_until(check, timeout, what)
+    return wait_until(check, timeout * TIMEOUT_SCALE, what)  # a loaded box is slow
 
 
 def post(port: int, body: dict[str, Any], timeout: float = 20.0
@@ -64,6 +64,20 @@ def health(port: int) -> int:
         return 0
     finally:
         conn.close()
+
+
+def running(port: int) -> float:
+    """vllm:num_requests_running of the fake vLLM: the request reached its engine."""
+    conn = http.client.HTTPConnection("127.0.0.1", port, timeout=2)
+    try:
+        conn.request("GET", "/metrics")
+        text = conn.getresponse().read().decode()
+    except (OSError, http.client.HTTPException):
+        return 0.0
+    finally:
+        conn.close()
+    return sum(float(line.rsplit(" ", 1)[1]) for line in text.splitlines()
+               if line.startswith("vllm:num_requests_running{"))
 
 
 BODY = {"model": "fake", "prompt": "hello", "max_tokens": 3}
@@ -231,6 +245,9 @@ def test_failure_mid_request_is_counted_not_retried() -> None:
             gate(port, Switch(Readiness.OPEN)) as g:
         out, threads = in_threads(1, lambda: post(g.port, BODY))
         wait_for(lambda: g.stats.in_flight == 1, what="the request in flight")
+        # in_flight counts from before the gate connects upstream: a kill before the fake has
+        # the request is a refused connection (held and tried again), not a mid-request loss
+        wait_for(lambda: running(port) >= 1, what="the request running in the fake vLLM")
         os.killpg(fake.pid, signal.SIGKILL)
         threads[0].join(20)
         status, _, body = out[0]

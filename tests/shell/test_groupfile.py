@@ -13,20 +13,18 @@ from pathlib import Path
 import psutil
 import pytest
 
-from tests.support import free_port, wait_until
+from tests.support import free_port, owned, wait_until
 from vllmwatch.shell import child, groupfile
 
 
 @pytest.fixture
 def foreign() -> Iterator[psutil.Process]:
     """A vLLM-looking `sleep` in a session of its own: somebody else's process group."""
-    proc = subprocess.Popen(["bash", "-c", 'exec -a "vllm serve forged" sleep 300'],
-                            start_new_session=True, env={"PATH": os.environ["PATH"]})
-    ps = psutil.Process(proc.pid)
-    wait_until(lambda: "vllm serve" in " ".join(ps.cmdline()), 10, "the forged title")
-    yield ps
-    proc.kill()
-    proc.wait(timeout=10)
+    with owned(["bash", "-c", 'exec -a "vllm serve forged" sleep 300'],
+               env={"PATH": os.environ["PATH"]}) as proc:
+        ps = psutil.Process(proc.pid)
+        wait_until(lambda: "vllm serve" in " ".join(ps.cmdline()), 10, "the forged title")
+        yield ps
 
 
 @pytest.fixture

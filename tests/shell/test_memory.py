@@ -11,7 +11,7 @@ from dataclasses import replace
 import psutil
 import pytest
 
-from tests.support import wait_until
+from tests.support import TIMEOUT_SCALE, owned, wait_until
 from vllmwatch.config.schema import MemoryConfig
 from vllmwatch.core import leak
 from vllmwatch.core import release as gpu_release
@@ -46,23 +46,17 @@ Events = LogCapture
 
 
 def wait_for(cond: Callable[[], bool], timeout: float = 30.0, what: str = "") -> None:
-    wait_until(cond, timeout, what)
+    wait_until(cond, timeout * TIMEOUT_SCALE, what)  # a loaded box is slow
 
 
 @pytest.fixture(scope="module")
 def tree(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[int, int]]:
     """(child pid, grandchild pid) of a live tree whose grandchild holds ~100 MiB."""
     ready = tmp_path_factory.mktemp("tree") / "ready"
-    child = subprocess.Popen([sys.executable, "-c", _CHILD, _GRANDCHILD, str(ready)])
-    try:
+    with owned([sys.executable, "-c", _CHILD, _GRANDCHILD, str(ready)]) as child:
         wait_for(ready.exists, what="the grandchild to allocate")
         grandchild = psutil.Process(child.pid).children()[0].pid
         yield child.pid, grandchild
-    finally:
-        for proc in psutil.Process(child.pid).children(recursive=True):
-            proc.kill()
-        child.kill()
-        child.wait(timeout=30)
 
 
 def direct_rss_mib(pids: list[int]) -> float:

@@ -12,7 +12,7 @@ from typing import Any
 
 import pytest
 
-from tests.support import wait_until
+from tests.support import TIMEOUT_SCALE, wait_until
 from vllmwatch.config.schema import Config, from_dict
 from vllmwatch.core.unified import MemInfo, parse_meminfo
 from vllmwatch.prewarm import evict, pagecache
@@ -40,7 +40,7 @@ def meminfo(free_gib: float, total_gib: float = 121.6, cached_gib: float = 90.0)
 
 
 def wait_for(cond: Callable[[], bool], timeout: float = 10.0, what: str = "") -> None:
-    wait_until(cond, timeout, what)
+    wait_until(cond, timeout * TIMEOUT_SCALE, what)  # a loaded box is slow
 
 
 # ---- platform detection ----------------------------------------------------------------------

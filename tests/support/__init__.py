@@ -4,14 +4,15 @@ free_port, wait_for`.
 Ports, waiting with deadlines, TOML configs and the one harness around a `vllmwatch run`
 process live in vllmwatch/testing/ (ports.py, waiting.py, tomlfile.py, daemon.py), because
 bench/ and bench/gpu/ use them too and bench/gpu runs on the GPU machine from an export of
-vllmwatch/ and bench/gpu/ alone. Here: the fake vLLM as a server (fakevllm.py) and the daemon
-tier's configs (daemon.py).
+vllmwatch/ and bench/gpu/ alone. Here: the fake vLLM as a server (fakevllm.py), owners that
+kill a started process's whole tree (procs.py), and the daemon tier's configs (daemon.py).
 """
 
 from __future__ import annotations
 
 from tests.support.daemon import FAKE, base_config
 from tests.support.fakevllm import Fake, completion, fake, http
+from tests.support.procs import kill_tree, owned
 from vllmwatch.testing.daemon import PYTHON, REPO, Daemon, Event, ts_of
 from vllmwatch.testing.leftovers import wait_for_gone, wait_for_value
 from vllmwatch.testing.notify import NotifyListener
@@ -21,7 +22,7 @@ from vllmwatch.testing.waiting import TIMEOUT_SCALE, holds_within, wait_for, wai
 
 __all__ = [
     "FAKE", "PYTHON", "REPO", "TIMEOUT_SCALE", "Daemon", "Event", "Fake", "NotifyListener",
-    "base_config", "completion", "fake", "free_port", "holds_within", "http", "merge",
-    "port_free", "to_toml", "ts_of", "wait_for", "wait_for_gone", "wait_for_value",
-    "wait_until", "write_toml",
+    "base_config", "completion", "fake", "free_port", "holds_within", "http", "kill_tree",
+    "merge", "owned", "port_free", "to_toml", "ts_of", "wait_for", "wait_for_gone",
+    "wait_for_value", "wait_until", "write_toml",
 ]

@@ -16,13 +16,18 @@ from pathlib import Path
 from typing import Any
 
 from vllmwatch.testing.ports import free_port
-from vllmwatch.testing.waiting import wait_until
+from vllmwatch.testing.waiting import TIMEOUT_SCALE, wait_for
 
 ROOT = Path(__file__).resolve().parents[2]
 
 
+# A reply the fake should give: its deadline stretches on a loaded machine. A test that
+# wants a hang to show passes its own short timeout.
+ANSWER = 2.0 * TIMEOUT_SCALE
+
+
 def http(port: int, path: str, body: dict[str, Any] | None = None, key: str | None = None,
-         timeout: float = 2.0) -> tuple[int, bytes]:
+         timeout: float = ANSWER) -> tuple[int, bytes]:
     """(status, body); status 0 when the connection fails."""
     req = urllib.request.Request(f"http://127.0.0.1:{port}{path}",
                                  data=None if body is None else json.dumps(body).encode())
@@ -37,20 +42,26 @@ def http(port: int, path: str, body: dict[str, Any] | None = None, key: str | No
         return 0, b""
 
 
-def completion(port: int, timeout: float = 2.0, **kw: Any) -> tuple[int, bytes]:
+def completion(port: int, timeout: float = ANSWER, **kw: Any) -> tuple[int, bytes]:
     body = {"model": "fake", "prompt": "hello there", "max_tokens": 3, **kw}
     return http(port, "/v1/completions", body, timeout=timeout)
 
 
 class Fake:
-    def __init__(self, proc: subprocess.Popen[bytes], port: int, log: Path) -> None:
-        self.proc, self.port, self.log = proc, port, log
+    def __init__(self, proc: subprocess.Popen[bytes], port: int, log: Path, arm_file: Path
+                 ) -> None:
+        self.proc, self.port, self.log, self.arm_file = proc, port, log, arm_file
 
     def health(self) -> int:
         return http(self.port, "/health", timeout=0.5)[0]
 
     def wait_ready(self, status: int = 200) -> None:
-        wait_until(lambda: self.health() == status, 5.0, f"/health {status}")
+        # A start takes seconds on a loaded machine: the deadline scales (TIMEOUT_SCALE).
+        wait_for(lambda: self.health() == status, 5.0, f"/health {status}")
+
+    def arm(self) -> None:
+        """Start the --*-after fault delays now (the fake was started with armed=True)."""
+        self.arm_file.touch()
 
     def metrics(self) -> dict[str, float]:
         """Samples of /metrics keyed by name plus a finished_reason suffix where present."""
@@ -66,8 +77,12 @@ class Fake:
 
 
 @contextmanager
-def fake(tmp_path: Path, *flags: str, ready: int = 200) -> Iterator[Fake]:
-    port, log = free_port(), tmp_path / "fake.log"
+def fake(tmp_path: Path, *flags: str, ready: int = 200, armed: bool = False) -> Iterator[Fake]:
+    """The fake vLLM on a free port, its whole process group killed on the way out; with
+    armed=True its --*-after faults wait for Fake.arm() instead of counting from ready."""
+    port, log, arm_file = free_port(), tmp_path / "fake.log", tmp_path / "fake.arm"
+    if armed:
+        flags = (*flags, "--arm-file", str(arm_file))
     argv = [sys.executable, "-m", "vllmwatch.testing.fake_vllm", "serve", "--model", "org/m",
             "--served-model-name", "fake", "--host", "127.0.0.1", "--port", str(port),
             "--startup-seconds", "0.1", "--disable-log-requests", *flags]
@@ -75,7 +90,7 @@ def fake(tmp_path: Path, *flags: str, ready: int = 200) -> Iterator[Fake]:
         proc = subprocess.Popen(argv, cwd=ROOT, stdout=out, stderr=subprocess.PIPE,
                                 start_new_session=True)
     try:
-        f = Fake(proc, port, log)
+        f = Fake(proc, port, log, arm_file)
         if ready:
             f.wait_ready(ready)
         yield f

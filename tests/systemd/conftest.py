@@ -44,6 +44,11 @@ vllm_pids() { pgrep -f 'vllmwatch[.]testing[.]fake_vllm|VLLM::|vllm serve' \
 """
 
 
+# --exit-after 3 counted from the touch of this file (the script touches it once it saw
+# child.ready), not from the fake's own ready: on a loaded box READY can come later than 3 s.
+ARMED_EXIT: Mapping[str, object] = {"exit-after": 3, "arm-file": "/run/vllmwatch-faults.arm"}
+
+
 def fake_config(port: int, status_port: int, startup_s: float = 1.0,
                 extra_args: Mapping[str, object] | None = None, extra: str = "") -> str:
     """A vllmwatch config that supervises the fake vLLM installed with the package."""

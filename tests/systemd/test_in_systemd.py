@@ -13,7 +13,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.systemd.conftest import REPO, Boot, dropin, fake_config
+from tests.systemd.conftest import ARMED_EXIT, REPO, Boot, dropin, fake_config
 from tests.systemd.harness import Bind, SystemdResult
 
 pytestmark = pytest.mark.systemd
@@ -102,8 +102,10 @@ curl -s --max-time 5 http://127.0.0.1:{PORT}/v1/models > models.txt
 
 
 def test_journal_warning_shows_restart_events(boot: Boot) -> None:
-    r = boot(write(CONF, fake_config(PORT, STATUS, extra_args={"exit-after": 3})) + """
+    r = boot(write(CONF, fake_config(PORT, STATUS, extra_args=ARMED_EXIT)) + """
 systemctl start vllmwatch
+wait_for 60 sh -c 'journalctl -u vllmwatch VLLMWATCH_EVENT=child.ready -o cat | grep -q .'
+touch /run/vllmwatch-faults.arm  # --exit-after counts from here: after READY, on any box
 wait_for 60 sh -c 'journalctl -u vllmwatch -p warning | grep -q restart.begin'
 journalctl -u vllmwatch -p warning -o json --no-pager > warn.json
 journalctl -u vllmwatch -p warning --no-pager > warn.txt

@@ -9,7 +9,7 @@ import json
 
 import pytest
 
-from tests.systemd.conftest import Boot, dropin, fake_config
+from tests.systemd.conftest import ARMED_EXIT, Boot, dropin, fake_config
 from tests.systemd.test_in_systemd import CONF, FAST, PORT, STATUS, ok, write
 from vllmwatch.shell.journal import MESSAGE_IDS
 
@@ -23,8 +23,10 @@ def _entries(text: str) -> list[dict[str, object]]:
 def test_events_are_queryable_by_field_and_message_id(boot: Boot) -> None:
     begin_id = MESSAGE_IDS["restart.begin"]
     ready_id = MESSAGE_IDS["child.ready"]
-    r = boot(write(CONF, fake_config(PORT, STATUS, extra_args={"exit-after": 3})) + f"""
+    r = boot(write(CONF, fake_config(PORT, STATUS, extra_args=ARMED_EXIT)) + f"""
 systemctl start vllmwatch
+wait_for 60 sh -c 'journalctl -u vllmwatch VLLMWATCH_EVENT=child.ready -o cat | grep -q .'
+touch /run/vllmwatch-faults.arm  # --exit-after counts from here: after READY, on any box
 wait_for 60 sh -c 'journalctl -u vllmwatch VLLMWATCH_EVENT=restart.begin -o cat | grep -q .'
 journalctl -u vllmwatch VLLMWATCH_EVENT=restart.begin -o json --no-pager > begin.json
 journalctl MESSAGE_ID={begin_id} -o json --no-pager > by-id.json

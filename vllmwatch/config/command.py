@@ -11,6 +11,7 @@ from dataclasses import dataclass, field
 from vllmwatch.config import flags, safefile
 from vllmwatch.config.errors import Problem
 from vllmwatch.config.flags import flag_name as flag_name  # re-exported for callers
+from vllmwatch.config.launch import FORK_VARIABLE, engine_start_method
 from vllmwatch.config.schema import Config, ConfigError
 
 # Variables that belong to our own unit and must never reach the child: a child that could
@@ -168,6 +169,10 @@ def build(config: Config, base_env: Mapping[str, str], api_key: str | None = Non
         shown["CUDA_VISIBLE_DEVICES"] = ",".join(str(g) for g in v.gpus)
     shown.update(extra_env or {})
     shown.update(v.env)
+    # EngineCore by fork for one worker (config/launch.py says when and why).
+    method, _ = engine_start_method(v.args, v.extra_args, {**base_env, **v.env})
+    if method is not None:
+        shown[FORK_VARIABLE] = method
     env = {k: val for k, val in base_env.items() if k not in _STRIP_ENV}
     env.update(shown)
     env.setdefault("PYTHONUNBUFFERED", "1")
@@ -183,6 +188,11 @@ def build(config: Config, base_env: Mapping[str, str], api_key: str | None = Non
 
 def _is_secret(name: str) -> bool:
     return any(word in name.lower() for word in _SECRET_WORDS)
+
+
+def is_secret_name(name: str) -> bool:
+    """Whether a variable or flag name looks secret (its value is never shown)."""
+    return _is_secret(name)
 
 
 def redact_argv(argv: tuple[str, ...] | list[str]) -> list[str]:

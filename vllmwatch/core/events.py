@@ -34,6 +34,7 @@ class Spawned:
     # Each GPU's used MiB just before the launch: the release gate compares against it after
     # this child is gone (GPU index, MiB).
     gpu_before_mib: tuple[tuple[int, float], ...] = ()
+    launch: str = "fresh"  # fresh (Popen) | standby (a pre-imported interpreter took it)
 
 
 @dataclass(frozen=True)
@@ -152,6 +153,14 @@ class RestartRequested:
 
 
 @dataclass(frozen=True)
+class ReadyzPolled:
+    """Someone (a load balancer) polled /readyz; polled=False only says the shell reports
+    polls from now on, so that no poll at all means nobody deregisters us."""
+
+    polled: bool = True
+
+
+@dataclass(frozen=True)
 class ReloadRequested:
     """SIGHUP: the shell re-read the config; config is None when it was invalid."""
 
@@ -162,7 +171,7 @@ class ReloadRequested:
 Event = (
     Tick | PrewarmDone | Spawned | SpawnFailed | ChildExited | ChildOutput | HealthResult
     | CanaryResult | MetricsResult | MemorySampled | SweepDone | ReleaseChecked | StopRequested
-    | RestartRequested | ReloadRequested
+    | RestartRequested | ReloadRequested | ReadyzPolled
 )
 
 # ---- actions: what to do (the shell executes them) ----

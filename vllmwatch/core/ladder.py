@@ -157,7 +157,10 @@ def after_cleanup(s: WatchState, now: float) -> Result:
         return replace(s, prewarmed=True), [*acts, DoPrewarm(s.config)]
     planned = s.pending is not None and s.pending[0] not in FAILURE_REASONS
     s, rand = next_random(s)
-    delay = 0.0 if planned else policy.backoff_delay(s.config.restart, s.failures, rand)
+    # The first failure in a row relaunches at once: after a stable run one crash says
+    # nothing about the next start, and every second of backoff is an outage (issue 28).
+    # The crash-loop backoff starts at the second failure in a row.
+    delay = 0.0 if planned else policy.backoff_delay(s.config.restart, s.failures - 1, rand)
     if delay <= 0:
         return spawn(replace(s, prewarmed=True), now)
     s, acts = goto(s, S.BACKOFF, now, f"wait {delay:.1f}s before restart", deadline=now + delay)

@@ -27,6 +27,7 @@ from vllmwatch.core.events import (
     MetricsResult,
     Notify,
     PrewarmDone,
+    ReadyzPolled,
     ReleaseChecked,
     ReloadRequested,
     RestartRequested,
@@ -95,6 +96,9 @@ def _apply(s: WatchState, ev: Event, now: float) -> Result:
         return _stop_requested(s, ev, now)
     if isinstance(ev, RestartRequested):
         return _manual_restart(s, now)
+    if isinstance(ev, ReadyzPolled):
+        return replace(s, readyz_tracked=True,
+                       readyz_seen_at=now if ev.polled else s.readyz_seen_at), []
     return _reload(s, ev, now)
 
 
@@ -129,7 +133,8 @@ def _spawned(s: WatchState, ev: Spawned) -> Result:
     s = replace(s, child=replace(s.run, pid=ev.pid, pgid=ev.pid, spawned=True,
                                  gpu_before_mib=ev.gpu_before_mib))
     acts: list[Action] = [Log("info", "child.started", {"pid": ev.pid, "gen": c.gen,
-                                                          "command": ev.argv_display})]
+                                                          "command": ev.argv_display,
+                                                          "launch": ev.launch})]
     if s.state == S.STOPPING:  # a stop or restart came while the launch was out
         acts.append(SignalGroup("SIGKILL" if c.killed else "SIGTERM"))
     elif s.state not in CHILD_STATES:  # the run was given up while the launch was out

@@ -134,6 +134,9 @@ class WatchState:
     next_extend: float = 0.0
     rng: int = 0x2545F4914F6CDD1D
     memory_failures: tuple[int, int] = (0, 0)  # (starts failed for memory in a row, last gen)
+    # Who watches /readyz (issue 28): only a balancer polling it needs the deregister delay.
+    readyz_tracked: bool = False  # the shell reports /readyz polls (else: always deregister)
+    readyz_seen_at: float | None = None  # the last /readyz poll it reported
 
     @property
     def run(self) -> ChildRun:

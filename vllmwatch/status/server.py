@@ -67,6 +67,7 @@ class StatusServer:
         self.now = now
         self.stale_after = stale_after
         self.stale_probes_fail_livez = stale_probes_fail_livez
+        self.on_readyz: Callable[[], None] | None = None  # told of every /readyz poll
         self.client_timeout = client_timeout
         self.max_pending = max_pending
         self.slots = Slots(max_clients)
@@ -159,6 +160,8 @@ class StatusServer:
                                    ).encode()
             return 200, TEXT, b"ok\n"
         if path == "/readyz":
+            if self.on_readyz is not None:
+                self.on_readyz()
             if stuck:
                 return 503, TEXT, f"not ready: the loop last turned {age:.1f}s ago\n".encode()
             if snap.ready and not snap.draining:

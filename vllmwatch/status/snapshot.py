@@ -73,6 +73,13 @@ class Snapshot:
     platform_reason: str = ""  # why (core/unified.py decide_platform)
     # Config keys a SIGHUP changed that only a restart of vllmwatch applies (e.g. gate.*).
     restart_required: tuple[str, ...] = ()
+    # How the current child was launched, and the standby for the next one (shell/launcher).
+    launch: str = ""  # standby | fresh
+    launches: dict[str, int] = field(default_factory=dict)
+    standby_state: str = "off"  # off | importing | waiting
+    standby_pid: int | None = None
+    standby_rss_mib: float | None = None
+    standby_reason: str = ""  # why it is off, or why the last one was discarded
 
     @property
     def restarts_total(self) -> int:

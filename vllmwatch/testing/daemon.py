@@ -67,14 +67,16 @@ class Daemon:
     replaces the command (default: this Python's `-m vllmwatch run`);
     own_session starts it in a session of its own, so that stop() can kill its group;
     checkout_path puts the folder holding this vllmwatch first on its PYTHONPATH (not on the
-    GPU machine, where that folder holds vLLM's packages too).
+    GPU machine, where that folder holds vLLM's packages too); armed=True passes the fake
+    vLLM --arm-file, so that its --*-after faults count from arm() (after READY), not from
+    its own ready (which races the daemon's READY on a loaded machine).
     """
 
     def __init__(self, workdir: Path, config: Mapping[str, Mapping[str, Any]] | Path | None,
                  env: Mapping[str, str] | None = None, notify: bool = True,
                  argv_prefix: Iterable[str] = (), argv: list[str] | None = None,
                  own_session: bool = False, on_line: LineHook | None = None,
-                 checkout_path: bool = True) -> None:
+                 checkout_path: bool = True, armed: bool = False) -> None:
         self.workdir = workdir
         self.config: dict[str, dict[str, Any]] = {}
         if config is None:
@@ -86,6 +88,10 @@ class Daemon:
         else:
             self.config = merge(config)
             self.config_path = workdir / "vllmwatch.toml"
+            if armed:  # the fake vLLM's --*-after faults wait for arm(), not for seconds
+                vllm = self.config.setdefault("vllm", {})
+                vllm["extra_args"] = [*vllm.get("extra_args", []), "--arm-file",
+                                      str(self.arm_file)]
             self.write_config(self.config)
         self.port = int(self.config.get("vllm", {}).get("port", 8000))
         self.status_listen = str(self.config.get("status", {}).get("listen", ""))
@@ -262,6 +268,18 @@ class Daemon:
         """An index into events: wait for things that happen after this point."""
         with self._lock:
             return len(self.events)
+
+    @property
+    def arm_file(self) -> Path:
+        """The fake vLLM's --arm-file (a Daemon made with armed=True)."""
+        return self.workdir / "faults.arm"
+
+    def arm(self) -> tuple[int, float]:
+        """Start the fake's fault delays now: a mark taken before the touch (nothing the
+        fault causes falls before it) and the wall time of the touch."""
+        since, now = self.mark(), time.time()
+        self.arm_file.touch()
+        return since, now
 
     def wait_ready(self, timeout: float = 10.0, since: int = 0) -> Event:
         """Wait for child.ready (and, with a notify listener, the READY=1 datagram)."""

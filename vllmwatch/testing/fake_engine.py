@@ -55,9 +55,13 @@ def spawn(entry: list[str], marker: str, role: str, flags: list[str], rank: int 
     return proc, mine
 
 
-def leak(a: argparse.Namespace, where: str) -> None:
-    """Start a thread that grows RSS by --leak-mib-per-s, touching every page."""
+def leak(a: argparse.Namespace, where: str, faults: FaultClock) -> None:
+    """Start a thread that grows RSS by --leak-mib-per-s, touching every page, from the
+    moment the faults are armed (FaultClock)."""
     def grow(hoard: list[bytearray], due: float) -> None:
+        while faults.age() == -math.inf:
+            time.sleep(0.05)
+        due = time.monotonic()
         while True:
             hoard.append(bytearray(b"\xa5") * int(a.leak_mib_per_s * 2**20 / 10))
             due += 0.1
@@ -76,6 +80,32 @@ def write_traceback(error: str, where: str) -> None:
 def after(seconds: float | None) -> float:
     """A fault delay, or never when the flag is unset (0 means at once)."""
     return math.inf if seconds is None else seconds
+
+
+class FaultClock:
+    """Where the ``--*-after`` fault delays count from: this role's ready, or with
+    ``--arm-file PATH`` the moment PATH is touched after this process started.
+
+    Seconds since ready race the supervisor on a loaded machine (the fault can fire before
+    it saw READY); a test touches the file once it has, and a restarted fake, started after
+    the touch, stays healthy.
+    """
+
+    def __init__(self, path: str | None) -> None:
+        self.path, self.born, self.at = path, time.time(), math.inf
+
+    def ready(self) -> None:
+        """This role is up: without an arm file the fault delays count from now."""
+        if self.path is None:
+            self.at = time.monotonic()
+
+    def age(self) -> float:
+        """Seconds since the faults were armed; -inf while they are not."""
+        if self.at == math.inf and self.path is not None:
+            with contextlib.suppress(OSError):
+                if os.stat(self.path).st_mtime > self.born:
+                    self.at = time.monotonic()
+        return time.monotonic() - self.at
 
 
 @dataclass
@@ -98,6 +128,7 @@ class Engine:
         self.prompt = self.gen = self.ok = 0
         self.buf, self.sent_at = b"", 0.0
         self.orphan_at: float | None = None
+        self.faults = FaultClock(a.arm_file)
 
     def on_term(self, signum: int, frame: FrameType | None) -> None:
         """SIGTERM: stop the workers, then exit 0."""
@@ -130,6 +161,8 @@ class Engine:
             time.sleep(max(0.0, min(t0 + s * (i + 1) / len(lines), crash_at) - time.monotonic()))
             if time.monotonic() >= crash_at:
                 break
+        while a.hold_start_until and not os.path.exists(a.hold_start_until):
+            time.sleep(0.05)  # a start that lasts exactly until the test ends it
         if crash_at < math.inf:
             time.sleep(max(0.0, crash_at - time.monotonic()))
             self.crash("EngineCore failed to start.", "injected crash (--crash-during-start)")
@@ -144,11 +177,12 @@ class Engine:
 
     def run(self) -> NoReturn:
         """Serve requests until a fault, SIGTERM, or the end of an orphanhood."""
-        a, ready, stalled = self.a, time.monotonic(), False
+        a, stalled = self.a, False
+        self.faults.ready()
         self.send([])  # the first message tells the API server we are ready
-        leak(a, "engine")
+        leak(a, "engine", self.faults)
         while True:
-            age = time.monotonic() - ready
+            age = self.faults.age()
             if age >= after(a.engine_crash_after):
                 self.crash("EngineCore encountered a fatal error.", "injected crash "
                            "(--engine-crash-after)")

@@ -12,7 +12,6 @@ from __future__ import annotations
 import argparse
 import contextlib
 import json
-import math
 import os
 import signal
 import socket
@@ -29,6 +28,7 @@ if not __spec__:  # run by file path: make our package importable from the folde
 
 from vllmwatch.testing.fake_engine import (
     CHILD_EXTRA,
+    FaultClock,
     after,
     emit,
     engine_main,
@@ -61,6 +61,9 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
     p.add_argument("--served-model-name", nargs="+")
     p.add_argument("--api-key", default=os.environ.get("VLLM_API_KEY"))
     p.add_argument("--leak-in", choices=("api", "engine"), default="api")
+    # The *-after delays count from the touch of this file, not from ready (FaultClock).
+    p.add_argument("--arm-file")
+    p.add_argument("--hold-start-until", help="the engine's start ends when this file exists")
     p.add_argument("--workers", type=int, help="TP workers (default: TP size if > 1, else 0)")
     for name, number in (("port", 8000), ("tensor-parallel-size", 1), ("max-num-seqs", 256),
                          ("exit-code", 0), ("fd", -1), ("rank", 0)):
@@ -115,7 +118,8 @@ class Api:
         self.sock, self.args, self.names = sock, args, args.served_model_name or [args.model]
         self.lock = threading.Lock()
         self.pending: dict[int, tuple[threading.Event, list[int]]] = {}
-        self.next_id, self.ready_at, self.stopping = 0, math.inf, False
+        self.next_id, self.stopping = 0, False
+        self.faults = FaultClock(args.arm_file)
         self.dead_at: float | None = None
         self.stats: dict[str, Any] = dict.fromkeys(("run", "wait", "kv", "prompt", "gen", "ok"), 0)
 
@@ -156,7 +160,7 @@ class Api:
 
     def health(self) -> int:
         """Status code of GET /health."""
-        a, age = self.args, time.monotonic() - self.ready_at
+        a, age = self.args, self.faults.age()
         if self.dead_at is not None or age >= after(a.unhealthy_after):
             return 503
         return 500 if age >= after(a.health_fail_after) else 200
@@ -336,7 +340,7 @@ def _watch(a: argparse.Namespace, api: Api) -> int:
     while True:
         time.sleep(0.05)
         now = time.monotonic()
-        if now - api.ready_at >= after(a.exit_after):
+        if api.faults.age() >= after(a.exit_after):
             log("WARNING", f"Injected fault: exit with code {a.exit_code} (--exit-after)")
             return int(a.exit_code)
         if api.dead_at is not None and now - api.dead_at >= a.engine_death_exit_delay:
@@ -386,10 +390,10 @@ def api_main(a: argparse.Namespace, flags: list[str]) -> int:
         for msg in (f"Started server process [{os.getpid()}]", "Waiting for application "
                     "startup.", "Application startup complete."):
             log("INFO", msg, "launcher.py:1")
-        api.ready_at = time.monotonic()
+        api.faults.ready()
         if a.spawn_setsid_orphan:
             _setsid_orphan(a, server)
-        leak(a, "api")
+        leak(a, "api", api.faults)
         _shutdown(engine, api, _watch(a, api))
     except _Stop:
         _shutdown(engine, api, 0, a.shutdown_timeout)

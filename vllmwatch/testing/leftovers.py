@@ -10,7 +10,7 @@ from collections.abc import Callable
 import psutil
 
 from vllmwatch.shell.child import MARKER
-from vllmwatch.testing.waiting import holds_within
+from vllmwatch.testing.waiting import TIMEOUT_SCALE, holds_within
 
 
 def leftovers(marker: str, port: int) -> list[psutil.Process]:
@@ -34,11 +34,12 @@ def _ours(proc: psutil.Process, marker: str, port: int) -> bool:
 
 def wait_for_gone(get: Callable[[], list[psutil.Process]], timeout: float
                   ) -> list[psutil.Process]:
-    """Poll get() until it is empty or timeout; return what is still there."""
-    holds_within(lambda: not get(), timeout)
+    """Poll get() until it is empty or timeout (scaled by TIMEOUT_SCALE: a loaded machine
+    takes longer to reap); return what is still there."""
+    holds_within(lambda: not get(), timeout * TIMEOUT_SCALE)
     return get()
 
 
 def wait_for_value(pred: Callable[[], bool], timeout: float) -> bool:
-    """Poll pred() until True or timeout; return whether it held."""
-    return holds_within(pred, timeout)
+    """Poll pred() until True or timeout (scaled by TIMEOUT_SCALE); return whether it held."""
+    return holds_within(pred, timeout * TIMEOUT_SCALE)

@@ -48,5 +48,11 @@ def _watch() -> None:
         return
 
 
-if _TRIGGER:
+def _start() -> None:
     threading.Thread(target=_watch, name="bench-gpu-leak", daemon=True).start()
+
+
+if _TRIGGER:
+    _start()
+    # A forked EngineCore (VLLM_WORKER_MULTIPROC_METHOD=fork, issue 28) inherits no thread.
+    os.register_at_fork(after_in_child=_start)

@@ -16,7 +16,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 
 from bench.gpu import models
-from bench.gpu.phases import faults, probes, recipe, shapes, standby2
+from bench.gpu.phases import faults, probes, recipe, shapes, standby, standby2
 from bench.gpu.run import Run
 
 
@@ -45,6 +45,10 @@ PHASES: tuple[Phase, ...] = (
     Phase("tp2big", shapes.tp2big, 500),
     Phase("tp2api", shapes.tp2api, 350),
     Phase("tp2apikill", shapes.tp2apikill, 250),
+    # Issue 28: the standby interpreter and EngineCore by fork (docs/GPU.md section 6).
+    Phase("standby", standby.standby, 480, auto=False),
+    Phase("standbyoff", standby.standbyoff, 420, auto=False),
+    Phase("standbyapi2", standby.standbyapi2, 300, auto=False),
     # Issue 27 (2 x H200, not yet run): TP=2 with the standby on (then off), one per GPU.
     Phase("tp2standby", standby2.tp2standby, 570, auto=False),
     Phase("tp2standbyoff", standby2.tp2standbyoff, 420, auto=False),

@@ -22,7 +22,6 @@ import os
 import shutil
 import signal
 from collections.abc import Callable
-from dataclasses import fields
 from typing import Any
 
 from bench.gpu.config import big_config
@@ -40,21 +39,22 @@ from bench.gpu.standbys import (
     standby_view,
     worker_start,
 )
-from vllmwatch.config.schema import RestartConfig
 
-# Until the standby (issue 28) is in this checkout, [restart] has no `standby` key: the
-# phases then run with vLLM's own launch and say so (`standby_setting: unsupported`).
-HAS_STANDBY = "standby" in {f.name for f in fields(RestartConfig)}
 TP2 = {"tensor-parallel-size": 2}
 Act = Callable[[GpuDaemon], None]
 
 
 def _restart(run: Run, on: bool) -> dict[str, Any]:
-    if not HAS_STANDBY:
-        return {}
+    """vllmwatch's shipped [restart] and the standby setting (issue 28's phases do the same)."""
     # "auto" is what ships (on for a discrete GPU); the dry run's daemon has no NVML to say
     # "discrete", so it asks for the standby outright.
     return {"standby": ("true" if run.dry else "auto") if on else "false"}
+
+
+def _shipped(run: Run, on: bool) -> dict[str, Any]:
+    """big_config's keywords: shipped [probe], [restart] (+ standby) and [drain], as in
+    phases/standby.py, so that TP=2 here reads beside TP=1 there."""
+    return {"restart": _restart(run, on), "shipped_probe": True, "shipped_drain": True}
 
 
 def _signal(title: str, sig: int) -> Act:
@@ -131,10 +131,9 @@ def tp2_half(run: Run, phase: str, on: bool) -> None:
     n = 13 if on else 14
     port = run.port(n)
     conf = big_config(run, phase, port, run.status_port(n), run.work / "cache8b-tp2standby",
-                      TP2, gpus=(0, 1), restart=_restart(run, on))
+                      TP2, gpus=(0, 1), **_shipped(run, on))
     idle = run.wait_idle_gpu()
-    run.emit(phase, "start", gpu=idle, standby_setting=_restart(run, on).get(
-        "standby", "unsupported"), tp=2)
+    run.emit(phase, "start", gpu=idle, standby_setting=_restart(run, on)["standby"], tp=2)
     d = GpuDaemon(run, phase, conf, f"{phase}-vllmwatch.log")
     try:
         if not serving(d, "ready", port, "q8b"):
@@ -175,13 +174,12 @@ def pairstandby(run: Run) -> None:
     ensure_big(run)
     ports = [run.port(15), run.port(16)]
     idle = run.wait_idle_gpu()
-    run.emit("pairstandby", "start", gpu=idle, standby_setting=_restart(run, True).get(
-        "standby", "unsupported"))
+    run.emit("pairstandby", "start", gpu=idle, standby_setting=_restart(run, True)["standby"])
     daemons = []
     for name, gpu in (("a", 0), ("b", 1)):
         conf = big_config(run, f"pairstandby-{name}", ports[gpu], run.status_port(15 + gpu),
                           run.work / f"cache8b-pairstandby-{name}", gpus=(gpu,),
-                          restart=_restart(run, True))
+                          **_shipped(run, True))
         daemons.append(GpuDaemon(run, "pairstandby", conf, f"pairstandby-{name}-vllmwatch.log"))
     try:
         for i, d in enumerate(daemons):

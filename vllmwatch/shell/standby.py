@@ -1,0 +1,206 @@
+"""The standby launcher: owns the one standby interpreter for the daemon's whole lifetime.
+
+A standby (standby_main.py, run under vLLM's own interpreter) imports vLLM's serve path
+while the current child serves; at the next launch it is handed the argv and environment of
+that launch and becomes the child (pid = process group: it was started in its own session).
+It is not part of any child run: the sweep, the TMPDIR cleanup, the memory rules and the
+GPU release gate leave it alone (`exempt()`, by pid). It never outlives vllmwatch: the
+standby arms PR_SET_PDEATHSIG (SIGKILL) itself, so it must be started from the loop's
+thread, which lives as long as the daemon (the death signal follows the parent THREAD);
+under systemd, KillMode=mixed also SIGKILLs whatever is left in the unit's cgroup.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+import shutil
+import signal
+import subprocess
+import tempfile
+import time
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from typing import Any
+
+import psutil
+
+from vllmwatch.config.command import ChildCommand, is_secret_name
+from vllmwatch.shell.child import MARKER, Child
+from vllmwatch.shell.standby_entry import Entry
+
+SCRIPT = os.path.join(os.path.dirname(os.path.abspath(__file__)), "standby_main.py")
+# vLLM's serve path, measured on the H200 (FACTS.md): the API server and the engine core,
+# the model runner; the console script's own imports and the model's architecture module
+# are added by the standby itself. Missing ones are reported and skipped.
+SERVE_PATH = ("vllm.entrypoints.cli.main", "vllm.entrypoints.openai.api_server",
+              "vllm.v1.engine.core", "vllm.v1.engine.async_llm",
+              "vllm.v1.worker.gpu_model_runner")
+# The attention backend vLLM will pick: FLASH_ATTN (FA3 on Hopper, ~15 s to import there).
+GPU_BACKEND = ("vllm.v1.attention.backends.flash_attn",)
+CPU_BACKEND = ("vllm.v1.attention.backends.cpu_attn",)
+# A launch that finds the standby still importing lets it finish for this long, then the
+# standby execs the plain command itself (standby_main.py): the loop never waits.
+HANDOVER_WAIT = 60.0
+VOLATILE_ENV = ("TMPDIR", MARKER)  # differ between launches without making a standby stale
+
+
+def key_of(entry: Entry, cmd: ChildCommand, command_len: int, modules: tuple[str, ...]
+           ) -> tuple[Any, ...]:
+    """What a standby was built for: a launch with another key gets a fresh process.
+
+    Secrets (a rotated API key) and TMPDIR may differ: the launch's environment replaces
+    the standby's at the handover, and vLLM reads them only after it.
+    """
+    env = tuple(sorted((k, v) for k, v in cmd.env.items()
+                       if k not in VOLATILE_ENV and not is_secret_name(k)))
+    return (entry, tuple(cmd.argv[:command_len]), env, modules)
+
+
+@dataclass
+class Standby:
+    """One standby process and what it has told us on its status pipe."""
+
+    proc: subprocess.Popen[bytes]
+    pidfd: int | None
+    status_fd: int
+    key: tuple[Any, ...]
+    entry: Entry
+    tmpdir: str
+    started: float
+    state: str = "importing"  # importing | waiting
+    report: dict[str, Any] = field(default_factory=dict)
+    _buf: bytes = b""
+
+    @property
+    def pid(self) -> int:
+        """Its pid (and, in its own session, its process group)."""
+        return self.proc.pid
+
+    def poll(self) -> str | None:
+        """Read what it reported; why it is unusable now (dead, CUDA), or None."""
+        code = self.proc.poll()
+        self._read()
+        if code is not None:
+            return f"exited with code {code} while waiting"
+        if self.report.get("cuda"):
+            return "CUDA was initialized by its imports"
+        return None
+
+    def _read(self) -> None:
+        with contextlib.suppress(BlockingIOError, OSError):
+            while chunk := os.read(self.status_fd, 65536):
+                self._buf += chunk
+        *lines, self._buf = self._buf.split(b"\n")
+        for line in lines:
+            with contextlib.suppress(ValueError):
+                msg = json.loads(line)
+                if isinstance(msg, dict) and msg.get("event") == "waiting":
+                    self.state, self.report = "waiting", msg
+
+    def stale_vllm(self) -> str | None:
+        """A vLLM reinstalled since the imports (the package file changed under it)."""
+        stamp = self.report.get("vllm") or {}
+        if not stamp.get("file"):
+            return None
+        try:
+            st = os.stat(stamp["file"])
+        except OSError:
+            return f"{stamp['file']} is gone (vLLM reinstalled?)"
+        if (st.st_mtime_ns, st.st_ino) != (stamp.get("mtime_ns"), stamp.get("ino")):
+            return "vLLM was reinstalled after its imports"
+        return None
+
+    def rss_mib(self) -> float | None:
+        """Its resident memory."""
+        with contextlib.suppress(psutil.Error):
+            return round(psutil.Process(self.pid).memory_info().rss / 2**20, 1)
+        return None
+
+    def hand_over(self, cmd: ChildCommand, cwd: str, marker: str) -> Child:
+        """Give it the launch; it becomes the child (raises OSError when it is gone)."""
+        env = dict(cmd.env)
+        env[MARKER] = marker
+        msg = {"argv": list(cmd.argv), "env": env, "cwd": cwd, "wait_s": HANDOVER_WAIT}
+        assert self.proc.stdin is not None
+        self.proc.stdin.write(json.dumps(msg).encode() + b"\n")
+        self.proc.stdin.close()
+        self._close_status()
+        child, self.pidfd = Child(self.proc, self.pidfd), None
+        shutil.rmtree(self.tmpdir, ignore_errors=True)  # the launch has its own TMPDIR
+        return child
+
+    def kill(self) -> None:
+        """SIGKILL its session and reap it; release everything it held."""
+        with contextlib.suppress(ProcessLookupError, PermissionError):
+            os.killpg(self.pid, signal.SIGKILL)
+        with contextlib.suppress(subprocess.TimeoutExpired):
+            self.proc.wait(5)
+        for stream in (self.proc.stdin, self.proc.stdout):
+            with contextlib.suppress(OSError):
+                if stream is not None:
+                    stream.close()
+        self._close_status()
+        if self.pidfd is not None:
+            with contextlib.suppress(OSError):
+                os.close(self.pidfd)
+            self.pidfd = None
+        shutil.rmtree(self.tmpdir, ignore_errors=True)
+
+    def _close_status(self) -> None:
+        if self.status_fd >= 0:
+            with contextlib.suppress(OSError):
+                os.close(self.status_fd)
+            self.status_fd = -1
+
+
+def start(entry: Entry, cmd: ChildCommand, key: tuple[Any, ...], modules: tuple[str, ...],
+          model: str, marker: str) -> Standby:
+    """Start a standby for launches like `cmd` (call from the loop's thread: see above)."""
+    tmpdir = tempfile.mkdtemp(prefix=f"vllmwatch-standby-{marker}-")  # not the run's glob
+    env = dict(cmd.env)
+    env.update({MARKER: marker, "TMPDIR": tmpdir})
+    read_fd, write_fd = os.pipe()
+    os.set_blocking(read_fd, False)
+    spec = {"parent": os.getpid(), "status_fd": write_fd, "modules": list(modules),
+            "model": model, "entry": entry.as_spec()}
+    try:
+        proc = subprocess.Popen(
+            [entry.interpreter, SCRIPT, json.dumps(spec)], env=env, stdin=subprocess.PIPE,
+            stdout=subprocess.PIPE, stderr=subprocess.STDOUT, start_new_session=True,
+            close_fds=True, pass_fds=(write_fd,), cwd=os.getcwd())
+    except OSError:
+        os.close(read_fd)
+        shutil.rmtree(tmpdir, ignore_errors=True)
+        raise
+    finally:
+        os.close(write_fd)
+    pidfd = None
+    with contextlib.suppress(OSError, AttributeError):
+        pidfd = os.pidfd_open(proc.pid)
+    return Standby(proc, pidfd, read_fd, key, entry, tmpdir, time.monotonic())
+
+
+def modules_for(uses_gpu: bool, extra: list[str]) -> tuple[str, ...]:
+    """The modules a standby imports ahead, in order."""
+    backend = GPU_BACKEND if uses_gpu else CPU_BACKEND
+    return tuple(dict.fromkeys((*SERVE_PATH, *backend, *extra)))
+
+
+def mem_available_mib(meminfo: str = "/proc/meminfo") -> float | None:
+    """MemAvailable, or None when it cannot be read."""
+    with contextlib.suppress(OSError, ValueError), open(meminfo, encoding="ascii") as fh:
+        for line in fh:
+            if line.startswith("MemAvailable:"):
+                return int(line.split()[1]) / 1024
+    return None
+
+
+def describe(standby: Standby | None) -> Mapping[str, Any]:
+    """pid, state, RSS and import time, for events and /status."""
+    if standby is None:
+        return {}
+    return {"pid": standby.pid, "state": standby.state, "rss_mib": standby.rss_mib(),
+            "import_s": standby.report.get("seconds"),
+            "failed_imports": sorted(standby.report.get("failed", {}))}
