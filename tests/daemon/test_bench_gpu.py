@@ -39,6 +39,9 @@ RECOVERS = {"watch": ["kill_engine"], "big": ["kill_engine"], "matrix": ["kill_e
             "incident": ["engine_sigstop"]}
 # Phases whose restarts the standby takes (issue 28): at least one launch by it.
 BY_STANDBY = {"standby", "standbyapi2"}
+# The standby phases (issue 27): each fault's restart_timing must reach READY again.
+TIMED = {"tp2standby": ["engine_kill9", "worker_tp1_kill9", "sigusr1"],
+         "tp2standbyoff": ["engine_kill9", "worker_tp1_kill9", "sigusr1"]}
 
 
 def dry_run(tmp_path: Path) -> Run:
@@ -67,6 +70,19 @@ def test_every_phase_runs_its_steps_on_the_fakes(tmp_path: Path, phase: str) -> 
     for what in RECOVERS.get(phase, []):
         hits = [ln for ln in got if ln["what"] == what]
         assert hits and hits[0]["ready_again_after_fault_s"] is not None, (what, hits)
+    for what in TIMED.get(phase, []):
+        hits = [ln for ln in got if ln["what"] == "restart_timing" and ln["fault"] == what]
+        assert hits and hits[0]["begin_to_ready_s"] is not None, (what, hits)
+        assert hits[0]["release"]["released_all_gpus"] and not hits[0]["old_tree_alive"], hits
+        # with the standby on, it takes every relaunch; off: never
+        assert hits[0]["launch"] == ("fresh" if phase.endswith("off") else "standby"), hits
+    if phase == "pairstandby":
+        (b,) = [ln for ln in got if ln["what"] == "b_untouched"]
+        assert b["a_ready_again"] and b["b_same_child"] and b["b_gpu_same_procs"], b
+        assert [e for e in b["b_events"] if e.startswith(("restart", "child"))] == [], b
+        assert b["b_standby_alive"] and b["b_same_standby"] and b["a_launch"] == "standby"
+    for gone in (ln for ln in got if ln["what"] == "standby_after_stop"):
+        assert not gone["alive"], gone
     if phase in BY_STANDBY:
         assert any(ln.get("launch") == "standby" for ln in got if ln["what"] == "restart_timing")
     if phase == "incident":  # the hang's record, with the stopped engine read by py-spy
@@ -121,3 +137,23 @@ def test_vllm_h200_drive_runs_from_an_export(tmp_path: Path) -> None:
     assert [ln["status"] for ln in got if ln["what"] == "end"] == ["ok"]
     assert {"host", "gpu", "packages"} <= {ln["what"] for ln in got if ln["phase"] == "probe0"}
     assert (tmp_path / "out" / "logs.tar.gz").is_file()
+
+
+@pytest.mark.parametrize("method", ["fork", "spawn"])
+def test_fork_or_spawn_is_told_by_the_memory_layout(method: str) -> None:
+    """bench/gpu/standbys.py tells how vLLM started a TP worker from /proc/PID/stat: a fork
+    keeps its parent's start_brk/arg_start/env_start, an exec'd spawn gets new ones."""
+    import multiprocessing
+
+    from bench.gpu.standbys import memory_layout
+
+    child = multiprocessing.get_context(method).Process(target=time.sleep, args=(60,))
+    child.start()
+    try:
+        assert child.pid is not None
+        mine, theirs = memory_layout(child.pid), memory_layout(os.getpid())
+        assert mine is not None and theirs is not None
+        assert (mine == theirs) == (method == "fork")
+    finally:
+        child.kill()
+        child.join(10)

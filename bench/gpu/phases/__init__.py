@@ -16,7 +16,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 
 from bench.gpu import models
-from bench.gpu.phases import faults, hangs, incident, probes, recipe, shapes, standby
+from bench.gpu.phases import faults, hangs, incident, probes, recipe, shapes, standby, standby2
 from bench.gpu.run import Run
 
 
@@ -52,5 +52,9 @@ PHASES: tuple[Phase, ...] = (
     Phase("hangstop", hangs.hangstop, 480),  # issue 24: SIGSTOP x5 at the shipped [probe]
     Phase("hangload", hangs.hangload, 460),  # issue 24: 64 clients x 2,000 tokens, 5 min
     Phase("incident", incident.incident, 260),
+    # Issue 27 (2 x H200, not yet run): TP=2 with the standby on (then off), one per GPU.
+    Phase("tp2standby", standby2.tp2standby, 570, auto=False),
+    Phase("tp2standbyoff", standby2.tp2standbyoff, 420, auto=False),
+    Phase("pairstandby", standby2.pairstandby, 400, auto=False),
 )
 BY_NAME = {p.name: p for p in PHASES}
