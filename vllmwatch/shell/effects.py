@@ -129,11 +129,12 @@ class RealEffects:
     def _next_command(self, config: Config) -> command.ChildCommand | None:
         """What the next launch would run, for the standby (without a TMPDIR of its own)."""
         try:
-            return command.build(config, self._environ, api_key=command.read_api_key(config),
-                                 vllm_version=self._versions.current,
-                                 extra_env=self._cache_env(config))
+            cmd = command.build(config, self._environ, api_key=command.read_api_key(config),
+                                vllm_version=self._versions.current,
+                                extra_env=self._cache_env(config))
         except ConfigError:
             return None
+        return self.incidents.standby_command(cmd, config)
 
     def reconfigure(self, config: Config) -> None:
         """A SIGHUP loaded `config`: a standby built for another command or environment goes."""

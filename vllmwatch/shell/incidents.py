@@ -101,10 +101,22 @@ class IncidentShell:
         self.stacks_dir = self._fresh_stacks_dir() if self.cfg.enabled else None
         if self.stacks_dir is None:
             return cmd
+        return self._with_hook(cmd, self.stacks_dir)
+
+    def standby_command(self, cmd: ChildCommand, config: Config) -> ChildCommand:
+        """The same hook environment for the standby interpreter, which becomes the next
+        child: its launch must see the environment it was built for (else it is discarded),
+        and its own startup hook is what registers faulthandler in the launched API server."""
+        if not config.incidents.enabled or self.root is None:
+            return cmd
+        return self._with_hook(cmd, str(Path(self.root, STACKS)))
+
+    @staticmethod
+    def _with_hook(cmd: ChildCommand, stacks_dir: str) -> ChildCommand:
         env = dict(cmd.env)
         old = env.get("PYTHONPATH", "")
         env["PYTHONPATH"] = dumpers.HOOK_DIR + (os.pathsep + old if old else "")
-        env[dumpers.STACKS_ENV] = self.stacks_dir
+        env[dumpers.STACKS_ENV] = stacks_dir
         env[dumpers.PTRACER_ENV] = str(os.getpid())
         return replace(cmd, env=env)
 
@@ -114,8 +126,9 @@ class IncidentShell:
         path = Path(self.root, STACKS)
         try:
             path.mkdir(mode=0o700, exist_ok=True)
-            for old in path.glob("*.stacks"):  # the last child's processes are gone
-                old.unlink()
+            for old in path.glob("*.stacks"):  # the last child's processes are gone ...
+                if not _alive(old.stem):  # ... but the standby (the next child) keeps its file
+                    old.unlink()
         except OSError as exc:
             self.log("warning", "incident.stacks_dir_unusable", path=str(path),
                      error=exc.strerror, detail="no faulthandler stacks in incident records")
@@ -186,3 +199,14 @@ def _copy(lines: Sequence[str]) -> list[str]:
         except RuntimeError:
             continue
     return []
+
+
+def _alive(stem: str) -> bool:
+    """Whether the process a stacks file is named for still runs."""
+    try:
+        os.kill(int(stem), 0)
+    except (ValueError, ProcessLookupError):
+        return False
+    except PermissionError:
+        return True
+    return True
