@@ -430,3 +430,47 @@ def test_every_exit_goes_through_halt(provoke: Callable[[CoreMachine], None], co
     assert [(a.fields["code"], a.fields["reason"]) for a in exiting] == [(code, reason)]
     assert [a.code for a in m.history if isinstance(a, Exit)] == [code]
     assert not m.alive  # the child was taken down on every way out
+
+
+@pytest.mark.parametrize("lost", [True, False])
+def test_no_spin_while_a_restart_is_recorded(lost: bool) -> None:
+    """A start stall fires from the health timer; while the restart's incident record is
+    written nothing fires or is judged, so no timer in the past may be the next wakeup (the
+    loop would spin at 100 % CPU until the record lands). Found by the walk above on CI."""
+    m = CoreMachine()
+    m.world_is_kind(2)  # launched; the health probe that goes out next is lost or answered
+    if not lost:
+        m.world_is_kind(1)
+    m.time_passes(19.0)
+    m.time_passes(41.0)  # past startup.stall_timeout: the restart waits on its record
+    assert m.s.incident_wait is not None, m.s
+    for _ in range(20):  # the loop's own turns, Ticks only, until the record's deadline
+        due = machine.next_wakeup(m.s)
+        assert due is not None and due > m.now, f"wakeup {due} <= now {m.now}"
+        if m.s.incident_wait is None:
+            break
+        m.now = due
+        m._step(Tick())
+    assert m.s.incident_wait is None, "the record's deadline never came"
+
+
+def test_a_fatal_exit_during_a_sweep_that_never_answers_still_exits() -> None:
+    """A GPU fault reported while the old tree is being swept (a restart under way): the exit
+    has no child to record, so it leaves at once, and the sweep's silence is bounded by
+    SWEEP_WAIT like any other exit's. Found by the walk above (seed 115)."""
+    m = CoreMachine()
+    m.world_is_kind(2)
+    m.restart()
+    m.child_dies(0, False)
+    probe = next(a for a in m.outstanding if isinstance(a, Probe))
+    m.outstanding.remove(probe)
+    m._step(_success(probe, m.gpu))
+    sample = next(a for a in m.outstanding if isinstance(a, SampleMemory))
+    m.outstanding.remove(sample)
+    m._step(_hostile(sample, m.gpu))  # the fatal fault, while a Sweep is still out
+    assert m.s.state == S.CLEANUP and m.s.exit_code == exitcodes.GPU_FAULT
+    assert any(isinstance(a, Sweep) for a in m.outstanding), "the sweep must still be out"
+    history = list(m.history)
+    s, t = run_to_exit(m.s, m.now, history)  # the sweep never answers
+    assert s.state in FINAL and t - m.now <= STOP_BOUND
+    check_one_way_out(history)

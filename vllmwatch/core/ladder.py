@@ -59,7 +59,10 @@ def halt(s: WatchState, now: float, code: int, reason: Reason, detail: str,
         "info" if code == exitcodes.OK else "error", "daemon.exiting", {
             "code": code, "reason": str(reason), "detail": detail, "state": str(s.state),
             "meaning": exitcodes.MEANING.get(code, ""), **(fields or {})})]
-    if code in incidents.EXITS:  # not a requested stop: the record first, then leave
+    if code in incidents.EXITS and s.state in incidents.STATES:
+        # not a requested stop, and a child to read: the record first, then leave. Elsewhere
+        # (a sweep under way, a backoff) leave() itself, which bounds a sweep that never
+        # answers by SWEEP_WAIT.
         s, more = record_then_take_down(s, now, reason, detail, drain=False)
     else:
         s, more = leave(s, now)

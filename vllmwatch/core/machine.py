@@ -281,7 +281,9 @@ def _due(s: WatchState, now: float) -> Result:
         s, more = ladder.check_release(s)
         acts += more
     c = s.child
-    if c is not None and s.state in CHILD_STATES:
+    if c is not None and s.state in CHILD_STATES and s.incident_wait is None:
+        # While a restart's record is written nothing is judged (_result), so nothing is
+        # fired either: a timer left in the past would spin the loop until the record lands.
         for kind, at in sorted(c.timers.items(), key=lambda kv: kv[1]):
             if not PROBES[kind].timer_only and now >= at and s.state in CHILD_STATES:
                 s, more = _fire(s, kind, now)
@@ -334,7 +336,7 @@ def next_wakeup(s: WatchState) -> float | None:
     if s.state in FINAL:
         return None
     times: list[float] = []
-    if s.state in CHILD_STATES:
+    if s.state in CHILD_STATES and s.incident_wait is None:  # no probes while recording
         due = probing.next_due(s)
         if due is not None:
             times.append(due)
