@@ -353,17 +353,22 @@ def _slowloris(port: int, idle: bool, limit_s: float) -> float | None:
 def test_a_slow_client_is_cut_off_at_the_deadline() -> None:
     with running(client_timeout=0.5) as h:
         port = h.server.address[1]
-        assert (_slowloris(port, idle=False, limit_s=5) or 99) < 1.5
-        assert (_slowloris(port, idle=True, limit_s=5) or 99) < 1.5
+        # Cut at the 0.5 s deadline, not at the client's own 8 s: the margin is for a loaded box.
+        assert (_slowloris(port, idle=False, limit_s=8) or 99) < 4.0
+        assert (_slowloris(port, idle=True, limit_s=8) or 99) < 4.0
         wait_until(lambda: h.server.slots.active == 0, 5, "handler slots to be free")
         assert h.request("/livez")[0] == 200
 
 
 def test_stress_never_stalls_the_loop() -> None:
-    """50 clients hammering and 10 slow or idle ones; a 50 ms loop keeps its cadence."""
+    """50 clients hammering and 10 slow or idle ones; a 50 ms loop keeps its cadence.
+
+    The slow ones hold their connection until the 3 s client deadline: a loop or a request
+    queued behind them would wait that long, so the bounds below (1 s, 2.5 s) tell blocked
+    from served on a loaded machine too."""
     stop = threading.Event()
     gaps: list[float] = []
-    with running(max_clients=64, client_timeout=1.5, now=time.monotonic) as h:
+    with running(max_clients=64, client_timeout=3.0, now=time.monotonic) as h:
         port = h.server.address[1]
 
         def loop() -> None:  # the daemon's loop: publish a snapshot every 50 ms
@@ -382,7 +387,7 @@ def test_stress_never_stalls_the_loop() -> None:
 
         def slow(i: int) -> None:
             start.wait(5)
-            result = _slowloris(port, idle=i % 2 == 0, limit_s=6)
+            result = _slowloris(port, idle=i % 2 == 0, limit_s=10)
             with lock:
                 cut_after.append(result)
 
@@ -410,19 +415,19 @@ def test_stress_never_stalls_the_loop() -> None:
         for t in threads:
             t.start()
         for t in threads[1:]:
-            t.join(timeout=15)
+            t.join(timeout=30)
         stop.set()
         threads[0].join(timeout=2)
         assert not any(t.is_alive() for t in threads)
         wait_until(lambda: h.server.slots.active == 0, 3, "handler slots to be free")
-    assert time.monotonic() - began < 15
+    assert time.monotonic() - began < 30
     assert failures == []
     assert len(latencies) == 400
-    assert max(latencies) < 1.0, f"slowest request {max(latencies):.3f}s"
+    assert max(latencies) < 2.5, f"slowest request {max(latencies):.3f}s"
     assert len(gaps) > 10
-    assert max(gaps) < 0.25, f"loop gaps: max {max(gaps):.3f}s"
+    assert max(gaps) < 1.0, f"loop gaps: max {max(gaps):.3f}s"
     assert len(cut_after) == 10
-    assert all(c is not None and c < 3.0 for c in cut_after), cut_after
+    assert all(c is not None and c < 3.0 + 2.5 for c in cut_after), cut_after
 
 
 # --- `vllmwatch status` ---------------------------------------------------------------------
