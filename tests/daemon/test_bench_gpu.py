@@ -85,6 +85,10 @@ def test_every_phase_runs_its_steps_on_the_fakes(tmp_path: Path, phase: str) -> 
         assert not gone["alive"], gone
     if phase in BY_STANDBY:
         assert any(ln.get("launch") == "standby" for ln in got if ln["what"] == "restart_timing")
+    if phase in ("standby", "standbyoff", "standbyapi2"):  # each fault after a stable run
+        timings = [ln for ln in got if ln["what"] == "restart_timing" and "error" not in ln]
+        assert timings and all(ln["failures_in_row"] <= 1 and ln["backoff_s"] == 0.0
+                               for ln in timings), timings
     if phase == "incident":  # the hang's record, with the stopped engine read by py-spy
         [rec] = [ln for ln in got if ln["what"] == "record"]
         engine = [p for p in rec["processes"] if p["role"] == "engine_core"]

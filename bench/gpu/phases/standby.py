@@ -9,7 +9,13 @@
 
 vllmwatch's shipped [probe], [restart] and [drain] (nothing polls /readyz here, so a planned
 restart skips the deregister delay, as on a box without a balancer); the leak rule's size
-(gpu_growth_limit 4 GiB, baseline after 5 s). Every fault adds one `restart_timing` line:
+(gpu_growth_limit 4 GiB, baseline after 5 s); and `restart.stable_after = "20s"`, with each
+fault injected at least that long after READY: each is then "the first failure after a stable
+run", as a fault more than the shipped 10 min after the last one is (device time has no room
+for 10 min between faults). The round-4 H200 run did not do this: its faults ~50 s apart were
+failures in a row and paid the crash-loop backoff (5.45 s, 10.1 s; docs/GPU.md section 8). Each
+record carries `failures_in_row` and the backoff it paid, so a run shows which case it
+measured. Every fault adds one `restart_timing` line:
 restart.begin -> child.started (and how: standby or fresh) -> child.ready, the standby's
 state and RSS before it; every stop: nothing of a tree or a standby left, GPUs idle.
 """
@@ -34,6 +40,12 @@ from bench.gpu.run import Run
 
 LEAK_LIMIT = {"gpu_growth_limit": "4GiB"}
 STANDBY_WAIT = 120.0  # for the standby's imports (~19 s on the H200)
+STABLE_AFTER_S = 20.0  # restart.stable_after here; a fault waits this long after READY
+DRY_STABLE_AFTER_S = 2.0  # the suite's dry run over the fake vLLM: the same rule, less waiting
+
+
+def stable_after(run: Run) -> float:
+    return DRY_STABLE_AFTER_S if run.dry else STABLE_AFTER_S
 FAULTS = ("engine_kill9", "api_server_sigkill", "gpu_leak", "sigusr1")
 
 
@@ -45,7 +57,10 @@ def standby_before(d: GpuDaemon, status_port: int) -> dict[str, Any]:
         code, body = http("GET", f"http://127.0.0.1:{status_port}/status")
         if code == 200:
             snap = json.loads(body)
-        if snap.get("ready") and snap.get("standby_state") in ("waiting", "off"):
+        ready = d.named("child.ready")
+        ready_for = time.monotonic() - d.t0 - ready[-1]["t"] if ready else 0.0
+        if (snap.get("ready") and snap.get("standby_state") in ("waiting", "off")
+                and ready_for > stable_after(d.run) + 1):
             break
         d.run.pause(0.5)
     return {"state": snap.get("standby_state"), "pid": snap.get("standby_pid"),
@@ -63,7 +78,10 @@ def timed(d: GpuDaemon, what: str, status_port: int, fault: Callable[[], object]
     rec: dict[str, Any] = {"fault": what, "standby_before": before}
     if begin and started and ready:
         b, s, r = begin[0]["t"], started[0]["t"], ready[0]["t"]
+        backoff = d.named("restart.backoff", mark)
         rec.update(reason=begin[0].get("reason"), launch=started[0].get("launch"),
+                   failures_in_row=begin[0].get("failures_in_row"),
+                   backoff_s=backoff[0].get("delay_s") if backoff else 0.0,
                    begin_to_launch_s=round(s - b, 2), launch_to_ready_s=round(r - s, 2),
                    begin_to_ready_s=round(r - b, 2),
                    used=d.named("standby.used", mark)[:1],
@@ -86,7 +104,8 @@ def _run(run: Run, phase: str, standby: bool | str, cache: Path, n: int,
     setting = True if run.dry and standby == "auto" else standby
     conf = big_config(run, phase, port, status_port, cache, args, env=leak_env(trigger),
                       memory=LEAK_LIMIT, shipped_probe=True,
-                      restart={"standby": setting}, shipped_drain=True)
+                      restart={"standby": setting, "stable_after": f"{stable_after(run):.0f}s"},
+                      shipped_drain=True)
     run.emit(phase, "start", gpu=run.wait_idle_gpu(), cache_mib=du_mib(cache),
              standby=setting)
     d = GpuDaemon(run, phase, conf, f"{phase}-vllmwatch.log")
