@@ -6,6 +6,8 @@ from __future__ import annotations
 
 import os
 import signal
+import threading
+import time
 from collections.abc import Callable
 from concurrent.futures import Future
 from pathlib import Path
@@ -148,6 +150,45 @@ def test_a_key_file_problem_says_whether_a_retry_can_help(
     with pytest.raises(command.KeyFileError) as err:
         command.read_api_key(_key_config(tmp_path, key))
     assert err.value.transient is transient and str(key) in str(err.value)
+
+
+@pytest.mark.parametrize("hang_s", [60.0, float("inf")])
+def test_a_key_file_read_that_hangs_is_a_transient_problem_within_its_deadline(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch, hang_s: float) -> None:
+    """A regular file on a hung network mount blocks read() in the kernel, which O_NONBLOCK
+    does not avoid: the launch waits KEY_READ_TIMEOUT, then retries with backoff (transient),
+    never blocks the loop for as long as the mount hangs."""
+    from vllmwatch.config import safefile
+
+    key = tmp_path / "key"
+    key.write_text("sk-1")
+    release = threading.Event()
+
+    def hung(path: str, limit: int = safefile.MAX_FILE) -> bytes:
+        release.wait(None if hang_s == float("inf") else hang_s)
+        return b"late"
+
+    monkeypatch.setattr(safefile, "read_bounded", hung)
+    monkeypatch.setattr(command, "KEY_READ_TIMEOUT", 0.3)
+    t0 = time.monotonic()
+    try:
+        with pytest.raises(command.KeyFileError) as err:
+            command.read_api_key(_key_config(tmp_path, key))
+        took = time.monotonic() - t0
+    finally:
+        release.set()  # the stuck reader thread ends
+    assert err.value.transient and "did not answer within 0.3s" in str(err.value)
+    assert str(key) in str(err.value) and took < 30  # bounded by the deadline, not the hang
+
+
+def test_a_read_within_its_deadline_passes_problems_and_bytes_through(tmp_path: Path) -> None:
+    from vllmwatch.config import safefile
+
+    (tmp_path / "k").write_text("abc")
+    assert safefile.read_within(str(tmp_path / "k"), 100, 30.0) == b"abc"
+    with pytest.raises(safefile.FileProblem) as err:
+        safefile.read_within(str(tmp_path), 100, 30.0)
+    assert not err.value.transient and "is a directory" in str(err.value)
 
 
 def test_a_key_file_is_read_stripped(tmp_path: Path) -> None:

@@ -23,6 +23,7 @@ _SECRET_WORDS = ("key", "token", "secret", "password", "passwd", "credential", "
                  "private")
 REDACTED = "<redacted>"
 MAX_KEY = 64 * 1024  # an API key is tens of bytes; a larger file is not a key file
+KEY_READ_TIMEOUT = 5.0  # a launch waits this long for the key file, then retries with backoff
 
 
 class CommandError(ConfigError):
@@ -110,7 +111,7 @@ def read_api_key(config: Config) -> str | None:
     if not path:
         return None
     try:
-        key = safefile.read_bounded(path, MAX_KEY).decode("utf-8").strip()
+        key = safefile.read_within(path, MAX_KEY, KEY_READ_TIMEOUT).decode("utf-8").strip()
     except safefile.FileProblem as exc:
         raise KeyFileError(config.path, "vllm.api_key_file", f"{exc}; check the path and "
                            "that the service user may read it", transient=exc.transient) \

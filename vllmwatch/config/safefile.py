@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import os
 import stat
+import threading
 
 MAX_FILE = 1 << 20  # config and key files: 1 MiB; a real one is a few KiB
 
@@ -75,6 +76,31 @@ def read_bounded(path: str, limit: int = MAX_FILE) -> bytes:
                           transient=True) from None
     finally:
         os.close(fd)
+
+
+def read_within(path: str, limit: int, timeout: float) -> bytes:
+    """read_bounded with a deadline: a regular file on a hung network mount blocks its read in
+    the kernel, which no flag avoids, so the read runs on a thread of its own and the caller
+    waits at most `timeout` s. A read that has not answered by then is a transient problem
+    (the thread is left to finish or hang; it holds nothing of the caller's)."""
+    box: list[bytes | FileProblem] = []
+    done = threading.Event()
+
+    def work() -> None:
+        try:
+            box.append(read_bounded(path, limit))
+        except FileProblem as exc:
+            box.append(exc)
+        finally:
+            done.set()
+
+    threading.Thread(target=work, name="vllmwatch-read", daemon=True).start()
+    if not done.wait(timeout) or not box:
+        raise FileProblem(f"{path!r}: the read did not answer within {timeout:g}s (a hung "
+                          "network mount?)", transient=True)
+    if isinstance(box[0], FileProblem):
+        raise box[0]
+    return box[0]
 
 
 def head(path: str, size: int) -> bytes:
