@@ -261,6 +261,10 @@ def test_a_changed_vllm_command_rereads_the_vllm_version(monkeypatch: pytest.Mon
     new = config_with(BASE, vllm={"command": ["/nonexistent/new-vllm", "serve"]})
     fx.spawn(old, lambda _e: None)  # fails to launch (no such file) after reading the version
     fx.spawn(old, lambda _e: None)
-    assert fx.vllm_version() == "0.26.0" and len(asked) == 1  # read once per command
+    # once for the daemon's own config at its start (off the loop), once per new command
+    assert fx.vllm_version() == "0.26.0" and asked == [BASE.vllm.command, old.vllm.command]
     fx.spawn(new, lambda _e: None)
-    assert fx.vllm_version() == "0.32.0" and len(asked) == 2
+    assert fx.vllm_version() == "0.32.0" and asked[2:] == [new.vllm.command]
+    fx.reconfigure(old)  # a SIGHUP back to the old command reads it again, before a launch
+    assert fx.spawn(old, lambda _e: None) is not None and fx.vllm_version() == "0.26.0"
+    assert asked[3:] == [old.vllm.command]

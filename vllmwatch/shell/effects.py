@@ -9,7 +9,7 @@ from collections.abc import Callable, Mapping
 from dataclasses import replace
 from typing import Any, Protocol
 
-from vllmwatch.config import command, vllminfo
+from vllmwatch.config import command
 from vllmwatch.config.schema import Config, ConfigError
 from vllmwatch.core.events import (
     CheckRelease,
@@ -41,6 +41,7 @@ from vllmwatch.shell.logs import LogFn
 from vllmwatch.shell.memory import MemorySampler, make_sampler, release_check
 from vllmwatch.shell.notify import Notifier
 from vllmwatch.shell.reaper import Reaper
+from vllmwatch.shell.versions import VersionCache
 from vllmwatch.status.snapshot import Snapshot
 
 
@@ -93,6 +94,7 @@ class RealEffects:
         self._fixed_sampler = sampler is not None
         self._publish = publish
         self._versions = VersionCache()
+        self._versions.prefetch(config.vllm.command)  # off the loop, before the first launch
         self._run: ChildHandle | None = None
         # The launcher lives as long as the daemon; the standby one keeps a pre-imported
         # interpreter for the next launch (shell/launcher.py, OPERATIONS.md "Standby").
@@ -139,6 +141,7 @@ class RealEffects:
     def reconfigure(self, config: Config) -> None:
         """A SIGHUP loaded `config`: a standby built for another command or environment goes."""
         self._config = config
+        self._versions.prefetch(config.vllm.command)
         if self.standby is not None:
             self.standby.reconfigure(config, lambda: self._next_command(config),
                                      self.platform.unified)
@@ -279,19 +282,3 @@ class RealEffects:
         self.launcher.close()
         if self.reaper is not None:  # orphans that died meanwhile: not left as zombies
             self.reaper.reap(keep=())
-
-
-class VersionCache:
-    """vLLM's version per vllm.command: read at the first launch and whenever the command
-    changes (SIGHUP), not at every restart (it runs the interpreter)."""
-
-    def __init__(self) -> None:
-        self.current: str | None = None
-        self._of: list[str] | None = None
-
-    def of(self, cmd: list[str]) -> str | None:
-        """The version of this command, reading it only when the command is new."""
-        if self._of != cmd:
-            self.current = vllminfo.version(cmd)
-            self._of = list(cmd)
-        return self.current
