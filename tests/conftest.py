@@ -23,6 +23,8 @@ fails the run: a leaked fake engine slows or breaks the tests that come after it
 from __future__ import annotations
 
 import os
+import signal
+import threading
 import time
 import uuid
 from pathlib import Path
@@ -54,9 +56,26 @@ def pytest_configure(config: pytest.Config) -> None:
 
     A fresh mark per session (a pytest run by a test must not take its parent's processes
     for its own), except in an xdist worker, whose children its controller checks."""
+    _sigterm_runs_teardowns()
     if hasattr(config, "workerinput") and SESSION_VAR in os.environ:
         return
     os.environ[SESSION_VAR] = uuid.uuid4().hex
+
+
+def _sigterm_runs_teardowns() -> None:
+    """A SIGTERM to pytest (a CI timeout, `kill`) is taken as Ctrl-C: pytest then runs the
+    teardowns, which kill what each test started. By default SIGTERM ends pytest at once and
+    every running daemon and vLLM of the test under way is left behind."""
+    if threading.current_thread() is not threading.main_thread():
+        return
+    if signal.getsignal(signal.SIGTERM) is not signal.SIG_DFL:
+        return  # someone (a pytest run inside a test, a plugin) already handles it
+
+    def interrupt(signum: int, _frame: object) -> None:
+        signal.signal(signal.SIGTERM, signal.SIG_DFL)  # a second SIGTERM ends pytest at once
+        raise KeyboardInterrupt(f"signal {signum} (SIGTERM): running the teardowns")
+
+    signal.signal(signal.SIGTERM, interrupt)
 
 
 # pid -> the test after whose teardown it was still our child (names the culprit at the end)
