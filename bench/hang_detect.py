@@ -19,7 +19,6 @@ from __future__ import annotations
 
 import argparse
 import contextlib
-import http.client
 import json
 import os
 import subprocess
@@ -43,6 +42,7 @@ from bench._common import (
     write_config,
 )
 from vllmwatch.shell.hostcpu import sample as host_cpu
+from vllmwatch.testing.lb import post_completion
 
 # Long for the tiny model's byte-level tokenizer, within its max-model-len of 2048 tokens (the
 # H200 phase, bench/gpu/phases/hangs.py, sends ~2,000-token prompts to the 8B shape).
@@ -53,18 +53,7 @@ def request(port: int, prompt: str, max_tokens: int, timeout: float) -> tuple[st
     """One completion: (outcome, seconds); outcome "200", "HTTP n" or the exception name."""
     body = json.dumps({"model": SERVED, "prompt": prompt, "max_tokens": max_tokens,
                        "temperature": 0, "ignore_eos": True})
-    t = time.monotonic()
-    conn = http.client.HTTPConnection("127.0.0.1", port, timeout=timeout)
-    try:
-        conn.request("POST", "/v1/completions", body, {"Content-Type": "application/json"})
-        resp = conn.getresponse()
-        resp.read()
-        out = "200" if resp.status == 200 else f"HTTP {resp.status}"
-    except (OSError, http.client.HTTPException) as exc:
-        out = type(exc).__name__
-    finally:
-        conn.close()
-    return out, time.monotonic() - t
+    return post_completion(port, body, timeout)
 
 
 class Clients:

@@ -119,6 +119,23 @@ class Balancer:
         self.log.close()
 
 
+def post_completion(port: int, body: str, timeout: float) -> tuple[str, float]:
+    """One POST /v1/completions on 127.0.0.1: (outcome, seconds); outcome "200", "HTTP n" or
+    the exception's name (a client's view: every failure is an outcome, none raises)."""
+    t0 = time.monotonic()
+    conn = http.client.HTTPConnection("127.0.0.1", port, timeout=timeout)
+    try:
+        conn.request("POST", "/v1/completions", body, {"Content-Type": "application/json"})
+        resp = conn.getresponse()
+        resp.read()
+        out = "200" if resp.status == 200 else f"HTTP {resp.status}"
+    except (OSError, http.client.HTTPException) as exc:
+        out = type(exc).__name__
+    finally:
+        conn.close()
+    return out, time.monotonic() - t0
+
+
 @dataclass
 class PacedClient:
     """Completions at a fixed rate, each on its own connection; (start, seconds, outcome)."""
@@ -137,17 +154,8 @@ class PacedClient:
         body = json.dumps({"model": self.model, "prompt": "The quick brown fox",
                            "temperature": 0, "max_tokens": self.max_tokens})
         t0 = time.monotonic()
-        conn = http.client.HTTPConnection("127.0.0.1", self.port, timeout=self.timeout)
-        try:
-            conn.request("POST", "/v1/completions", body, {"Content-Type": "application/json"})
-            resp = conn.getresponse()
-            resp.read()
-            outcome = "ok" if resp.status == 200 else f"HTTP {resp.status}"
-        except (OSError, http.client.HTTPException) as exc:
-            outcome = type(exc).__name__
-        finally:
-            conn.close()
-        self.results.append((t0, time.monotonic() - t0, outcome))
+        outcome, took = post_completion(self.port, body, self.timeout)
+        self.results.append((t0, took, "ok" if outcome == "200" else outcome))
 
     def _pace(self) -> None:
         nxt = time.monotonic()
