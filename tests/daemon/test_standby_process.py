@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import contextlib
 import os
+import shutil
 import signal
 import subprocess
 import sys
@@ -133,6 +134,42 @@ def test_cuda_initialized_is_reported_and_the_handover_starts_fresh(
     child = standby.hand_over(launch, str(tmp), "m" * 16)  # defence in depth: it refuses
     assert child.proc.wait(30) == 0
     assert "CUDA was initialized" in child.stdout.read().decode()
+
+
+# A stand-in for the NVIDIA driver with its contract for this check: cuDeviceGetCount answers
+# CUDA_ERROR_NOT_INITIALIZED (3) until cuInit was called.
+FAKE_LIBCUDA = """\
+static int inited;
+int cuInit(unsigned int flags) { (void)flags; inited = 1; return 0; }
+int cuDeviceGetCount(int *n) { if (!inited) return 3; *n = 1; return 0; }
+"""
+
+
+@pytest.mark.parametrize("calls_cuinit", [False, True])
+def test_a_driver_initialized_by_an_import_is_reported_though_torch_says_no(
+        world: dict[str, object], calls_cuinit: bool) -> None:
+    """A library that calls the driver at import (cuInit, as cudaGetDeviceCount does) leaves
+    torch's flag False but breaks CUDA in a forked EngineCore: the standby says so. One that
+    only loads libcuda.so.1 is fine (vLLM's API server does as much)."""
+    cc = shutil.which("gcc") or shutil.which("cc")
+    if cc is None:
+        pytest.skip("no C compiler here to build a stand-in libcuda.so.1")
+    tmp, lib = Path(str(world["tmp"])), Path(str(world["lib"]))
+    (tmp / "go").touch()
+    (tmp / "cuda.c").write_text(FAKE_LIBCUDA)
+    so = tmp / "libcuda.so.1"
+    subprocess.run([cc, "-shared", "-fPIC", "-Wl,-soname,libcuda.so.1", "-o", str(so),
+                    str(tmp / "cuda.c")], check=True, timeout=120)
+    (lib / "torch").mkdir()  # torch's own flag: never initialized
+    (lib / "torch" / "__init__.py").write_text(
+        "class cuda:\n    is_initialized = staticmethod(lambda: False)\n")
+    (lib / "drvlib.py").write_text(f"import ctypes\n_d = ctypes.CDLL({str(so)!r})\n"
+                                   + ("_d.cuInit(0)\n" if calls_cuinit else ""))
+    standby, _ = _start(world, modules=("torch", "drvlib"))
+    wait_until(lambda: _waiting(standby), 30, "the standby to report waiting")
+    assert "drvlib" in standby.report["imported"]
+    assert standby.report["cuda"] is calls_cuinit
+    assert standby.poll() == ("CUDA was initialized by its imports" if calls_cuinit else None)
 
 
 def test_an_eof_without_handover_ends_it(world: dict[str, object]) -> None:

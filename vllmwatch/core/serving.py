@@ -26,6 +26,9 @@ from vllmwatch.core.state import ChildRun, Result, S, WatchState, goto
 from vllmwatch.core.stopping import stop_child
 
 MEM_RECENT = 32  # memory samples kept for an incident record (core/incidents.py)
+# Start phases (shell/childlog.py) after which the API server listens: /health is asked at
+# once instead of at the next STARTUP_POLL, ~0.5 s sooner READY on average (issue 28).
+ASK_HEALTH_AT = frozenset({"api_ready"})
 
 
 def _run(s: WatchState) -> ChildRun:
@@ -47,7 +50,10 @@ def child_output(s: WatchState, ev: ChildOutput, now: float) -> Result:
     phases = {**c.phases, ev.milestone: round(since_start, 3)}
     log = Log("info", "startup.phase", {"phase": ev.milestone, "at_s": round(since_start, 2),
                                         "took_s": round(now - prev, 2)})
-    return replace(s, child=replace(s.run, phases=phases, last_milestone_at=now)), [log]
+    s = replace(s, child=replace(s.run, phases=phases, last_milestone_at=now))
+    if ev.milestone in ASK_HEALTH_AT:  # it says it serves: ask now, not at the next poll
+        s = probing.set_timer(s, K.HEALTH, now)
+    return s, [log]
 
 
 def health(s: WatchState, ev: HealthResult, now: float) -> Result:

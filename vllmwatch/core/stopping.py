@@ -9,7 +9,7 @@ from __future__ import annotations
 from dataclasses import replace
 
 from vllmwatch.core import drain as drains
-from vllmwatch.core import exitcodes, probing
+from vllmwatch.core import exitcodes
 from vllmwatch.core.events import Action, Exit, KillEngines, Log, Notify, SignalGroup, Sweep
 from vllmwatch.core.names import STUCK_REASONS, ProbeKind, Reason
 from vllmwatch.core.state import CHILD_STATES, Result, S, WatchState, goto
@@ -62,7 +62,9 @@ def begin_drain(s: WatchState, now: float, dereg: float, timeout: float) -> Resu
     """/readyz turns 503 now; stop once deregistered and idle (core/drain.py)."""
     d = drains.begin(now, dereg, timeout)
     s, acts = goto(s, S.DRAINING, now, "drain before restart", deadline=drains.deadline(d))
-    look = drains.next_check(d, now, probing.DRAIN_POLL)
+    # The first look comes as soon as deregistering ends (at once where there is none): an
+    # idle child is then stopped without waiting a poll interval for nothing (issue 28).
+    look = max(now, d.deregister_until)
     s = replace(s, child=replace(s.run, drain=d, timers={**s.run.timers, ProbeKind.METRICS: look}))
     acts.append(Log("info", "drain.begin", {"phase": str(drains.phase(d, now)),
                                             "deregister_delay_s": dereg,

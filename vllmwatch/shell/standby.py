@@ -37,8 +37,12 @@ SCRIPT = os.path.join(os.path.dirname(os.path.abspath(__file__)), "standby_main.
 SERVE_PATH = ("vllm.entrypoints.cli.main", "vllm.entrypoints.openai.api_server",
               "vllm.v1.engine.core", "vllm.v1.engine.async_llm",
               "vllm.v1.worker.gpu_model_runner")
-# The attention backend vLLM will pick: FLASH_ATTN (FA3 on Hopper, ~15 s to import there).
-GPU_BACKEND = ("vllm.v1.attention.backends.flash_attn",)
+# The attention backend vLLM will pick: FLASH_ATTN (FA3 on Hopper, ~15 s to import there);
+# then what a forked EngineCore imports before its first GPU work (the worker, vLLM 0.26's
+# V2 model runner, the compile backend): the 1.3 s from "Using V2 Model Runner" to "Loading
+# model" on the H200 was mostly these. None initializes CUDA (driver_initialized checks).
+GPU_BACKEND = ("vllm.v1.attention.backends.flash_attn", "vllm.v1.worker.gpu_worker",
+               "vllm.v1.worker.gpu.model_runner", "vllm.compilation.backends")
 CPU_BACKEND = ("vllm.v1.attention.backends.cpu_attn",)
 # A launch that finds the standby still importing lets it finish for this long, then the
 # standby execs the plain command itself (standby_main.py): the loop never waits.

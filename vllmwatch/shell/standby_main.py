@@ -86,13 +86,30 @@ def architecture_modules(model: str) -> list[str]:
 
 
 def cuda_initialized() -> bool:
-    """True when an import created a CUDA context here (torch only; never imports it)."""
+    """True when an import initialized CUDA here: torch's own flag (never imports torch), or
+    the driver itself (driver_initialized): either way a forked EngineCore could not use it."""
     torch = sys.modules.get("torch")
-    if torch is None:
-        return False
+    if torch is not None:
+        with contextlib.suppress(Exception):
+            if torch.cuda.is_initialized():
+                return True
+    return driver_initialized()
+
+
+def driver_initialized(soname: str = "libcuda.so.1") -> bool:
+    """True when something in this process called cuInit: torch's flag misses a library
+    that asks the driver directly (a cudaGetDeviceCount at import), and after that no child
+    forked from here can use CUDA. Looks only at a libcuda already loaded (RTLD_NOLOAD: never
+    loads it), whose cuDeviceGetCount answers CUDA_ERROR_NOT_INITIALIZED (3) before cuInit
+    and initializes nothing itself."""
     try:
-        return bool(torch.cuda.is_initialized())
-    except Exception:
+        lib = ctypes.CDLL(soname, mode=os.RTLD_NOLOAD | os.RTLD_LAZY)
+    except OSError:
+        return False  # not loaded: nothing can have initialized it
+    count = ctypes.c_int(0)
+    try:
+        return int(lib.cuDeviceGetCount(ctypes.byref(count))) == 0
+    except (AttributeError, OSError):
         return False
 
 
