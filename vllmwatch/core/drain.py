@@ -88,6 +88,12 @@ def decide(d: Drain, now: float, running: float | None, waiting: float | None) -
     return Verdict.STOP_TIMEOUT if now >= d.drain_until else Verdict.WAIT
 
 
+def first_check(d: Drain, now: float) -> float:
+    """The first look: when deregistering ends, at once where there is none (an idle child
+    is then stopped without waiting a poll interval for nothing, issue 28)."""
+    return max(now, d.deregister_until)
+
+
 def next_check(d: Drain, now: float, poll: float) -> float:
     """When to look next: the end of deregistering, then every `poll`, never past the deadline."""
     if now < d.deregister_until:

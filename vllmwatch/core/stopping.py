@@ -62,9 +62,7 @@ def begin_drain(s: WatchState, now: float, dereg: float, timeout: float) -> Resu
     """/readyz turns 503 now; stop once deregistered and idle (core/drain.py)."""
     d = drains.begin(now, dereg, timeout)
     s, acts = goto(s, S.DRAINING, now, "drain before restart", deadline=drains.deadline(d))
-    # The first look comes as soon as deregistering ends (at once where there is none): an
-    # idle child is then stopped without waiting a poll interval for nothing (issue 28).
-    look = max(now, d.deregister_until)
+    look = drains.first_check(d, now)
     s = replace(s, child=replace(s.run, drain=d, timers={**s.run.timers, ProbeKind.METRICS: look}))
     acts.append(Log("info", "drain.begin", {"phase": str(drains.phase(d, now)),
                                             "deregister_delay_s": dereg,
