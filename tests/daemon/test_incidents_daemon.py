@@ -68,9 +68,9 @@ def frames_of(record: dict[str, Any], role: str, method: str) -> list[str]:
 
 def test_a_deadlocked_engine_thread_shows_the_deadlocked_frame(daemon: Factory) -> None:
     # 5 s: room for both dumpers on a loaded 2-core box (the default is 3 s)
-    d = daemon(["--deadlock-after", "1"], {"incidents": {"timeout": "5s"}})
+    d = daemon(["--deadlock-after", "0"], {"incidents": {"timeout": "5s"}}, armed=True)
     d.wait_ready()
-    since = d.mark()
+    since, _ = d.arm()  # the deadlock starts after the mark, however slow this box is
     event = d.wait_event("incident.recorded", 30.0, since, reason="hang")
     stopping = d.wait_event("child.stopping", 10.0, since)
     assert ts_of(stopping) >= ts_of(event)  # the record came before SIGTERM
@@ -171,8 +171,12 @@ def test_an_unwritable_state_directory_is_a_warning_and_the_restart_goes_on(
             if not _mount("-t", "tmpfs", "-o", "size=256k,mode=0700", "tmpfs", str(state)):
                 pytest.skip("needs root and tmpfs mounts")
             mounts.append(state)
-        d = daemon(["--exit-after", "1", "--exit-code", "1"],
-                   {"restart": {"max_restarts": 50}}, env={"STATE_DIRECTORY": str(state)})
+        # Armed: the crash comes when the state directory is already unwritable, never while
+        # the test fills it (a crash during the fill paired its failure with an earlier
+        # restart on a loaded machine).
+        d = daemon(["--exit-after", "0", "--exit-code", "1"],
+                   {"restart": {"max_restarts": 50}}, env={"STATE_DIRECTORY": str(state)},
+                   armed=True)
         d.wait_ready()
         incidents = state / "incidents"
         assert incidents.is_dir()
@@ -186,7 +190,7 @@ def test_an_unwritable_state_directory_is_a_warning_and_the_restart_goes_on(
                 pytest.skip("needs root and bind mounts")
             mounts.append(incidents)
             assert _mount("-o", "remount,bind,ro", str(incidents))
-        since = d.mark()
+        since, _ = d.arm()
         failed = d.wait_event("incident.failed", 20.0, since)
         begin = d.wait_event("restart.begin", 1.0, since, reason="crash")
         assert failed["error"] and ts_of(failed) >= ts_of(begin)
