@@ -5,7 +5,6 @@ from __future__ import annotations
 import dataclasses
 import difflib
 import hashlib
-import json
 import os
 import sys
 from collections.abc import Mapping
@@ -15,8 +14,8 @@ from typing import Any
 from vllmwatch.config import flags, safefile
 from vllmwatch.config.bounds import DAY, bounds_of
 from vllmwatch.config.convert import CONVERTERS, choice, show
+from vllmwatch.config.crosschecks import cross_checks
 from vllmwatch.config.errors import ConfigError, Problem, line_of, raise_all
-from vllmwatch.config.hosts import clashes, listen_problem, parse_address, parse_listen
 
 if sys.version_info >= (3, 11):
     import tomllib
@@ -286,7 +285,7 @@ def from_dict(data: Mapping[str, object], path: str = "<config>") -> Config:
             table = {}
         sections[name] = _section(cls, table, name, problems)
     config = Config(path=path, **sections)  # type: ignore[arg-type]
-    problems += _cross_checks(config)
+    problems += cross_checks(config)
     if problems:
         # Report the refused flags too, so that one edit cycle fixes the whole file.
         vllm = data.get("vllm")
@@ -348,77 +347,3 @@ def _convert(kind: str, value: object, key: str, meta: Mapping[str, Any]) -> obj
         if why is not None:
             raise _Refused(Problem(key, f"bad value {show(value)}: {why}; expected {wanted}"))
     return out
-
-
-def _cross_checks(config: Config) -> list[Problem]:
-    out = []
-    if not config.vllm.model:
-        out.append(Problem("vllm.model", "missing; set it to a local model directory "
-                           "or a hub id, e.g. model = \"/srv/models/Qwen3.5-9B\""))
-    if not config.vllm.command:
-        out.append(Problem("vllm.command", 'empty; expected e.g. ["vllm", "serve"]'))
-    if config.restart.backoff_max < config.restart.backoff_initial:
-        out.append(Problem("restart.backoff_max", "must be >= restart.backoff_initial "
-                           f"({config.restart.backoff_initial:g}s)"))
-    why = listen_problem(config.status.listen, config.status.allow_remote)
-    if why is not None:
-        out.append(Problem("status.listen", f"bad value {config.status.listen!r}: {why}"))
-    return out + _canary_checks(config) + _gate_checks(config) + _address_checks(config)
-
-
-def _address_checks(config: Config) -> list[Problem]:
-    """vllm.port, status.listen and gate.listen are three different sockets (issue 23)."""
-    listeners = [("vllm.port", config.vllm.host, config.vllm.port)]
-    for key, text in (("status.listen", config.status.listen),
-                      ("gate.listen", config.gate.listen if config.gate.enabled else "")):
-        try:
-            parsed = parse_listen(text)
-        except ValueError:
-            continue  # reported by its own check
-        if parsed is not None:
-            listeners.append((key, *parsed))
-    # gate.listen on vllm.port has its own message in _gate_checks.
-    return [Problem(key, why) for key, why in clashes(listeners)
-            if not (key == "gate.listen" and "vllm.port" in why)]
-
-
-# ---- issue 16 (canary kinds); kept apart from the checks above ----
-
-def _canary_checks(config: Config) -> list[Problem]:
-    """probe.canary = "custom" needs a path; a body, when given, is a JSON object."""
-    p, out = config.probe, []
-    if p.canary == "custom" and not p.canary_path.startswith("/"):
-        out.append(Problem("probe.canary_path", f"bad value {show(p.canary_path)}; "
-                           'probe.canary = "custom" needs a path such as "/v1/embeddings"'))
-    if p.canary_body:
-        try:
-            body = json.loads(p.canary_body)
-        except ValueError as exc:
-            body = {}  # reported here; not again below
-            out.append(Problem("probe.canary_body", f"not JSON ({exc}); expected a JSON "
-                               'object such as \'{"model": "m", "input": "Hello"}\''))
-        if not isinstance(body, dict):
-            out.append(Problem("probe.canary_body", f"bad value {show(p.canary_body)}; "
-                               "expected a JSON object"))
-    if (p.canary_path or p.canary_body) and p.canary != "custom":
-        out.append(Problem("probe.canary", f"is {show(p.canary)} but canary_path or "
-                           'canary_body is set; set probe.canary = "custom" to use them'))
-    return out
-
-
-# ---- issue 15 (the [gate] front door); kept apart from the checks above ----
-
-def _gate_checks(config: Config) -> list[Problem]:
-    """gate.listen is a HOST:PORT that is not vLLM's own."""
-    g = config.gate
-    if not g.enabled:
-        return []
-    try:
-        host, port = parse_address(g.listen)
-    except ValueError as exc:
-        return [Problem("gate.listen", f"bad value {show(g.listen)}: {exc}")]
-    if port == config.vllm.port and host in ("", "0.0.0.0", "::", config.vllm.host):
-        return [Problem("gate.listen", f"port {port} is vllm.port; the gate takes the public "
-                        "port and vLLM moves to a private one: set vllm.port to another port, "
-                        "e.g. 8001")]
-    return []

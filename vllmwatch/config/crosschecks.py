@@ -1,0 +1,89 @@
+"""Checks across a config's sections (keys that must agree with each other), run after every
+key was converted on its own; each problem names the key to change."""
+
+from __future__ import annotations
+
+import json
+from typing import TYPE_CHECKING
+
+from vllmwatch.config.convert import show
+from vllmwatch.config.errors import Problem
+from vllmwatch.config.hosts import clashes, listen_problem, parse_address, parse_listen
+
+if TYPE_CHECKING:  # schema imports this module: the type only, to break the cycle
+    from vllmwatch.config.schema import Config
+
+
+def cross_checks(config: Config) -> list[Problem]:
+    """What no single key can say alone: required keys, and keys that must agree."""
+    out = []
+    if not config.vllm.model:
+        out.append(Problem("vllm.model", "missing; set it to a local model directory "
+                           "or a hub id, e.g. model = \"/srv/models/Qwen3.5-9B\""))
+    if not config.vllm.command:
+        out.append(Problem("vllm.command", 'empty; expected e.g. ["vllm", "serve"]'))
+    if config.restart.backoff_max < config.restart.backoff_initial:
+        out.append(Problem("restart.backoff_max", "must be >= restart.backoff_initial "
+                           f"({config.restart.backoff_initial:g}s)"))
+    why = listen_problem(config.status.listen, config.status.allow_remote)
+    if why is not None:
+        out.append(Problem("status.listen", f"bad value {config.status.listen!r}: {why}"))
+    return out + _canary_checks(config) + _gate_checks(config) + _address_checks(config)
+
+
+def _address_checks(config: Config) -> list[Problem]:
+    """vllm.port, status.listen and gate.listen are three different sockets (issue 23)."""
+    listeners = [("vllm.port", config.vllm.host, config.vllm.port)]
+    for key, text in (("status.listen", config.status.listen),
+                      ("gate.listen", config.gate.listen if config.gate.enabled else "")):
+        try:
+            parsed = parse_listen(text)
+        except ValueError:
+            continue  # reported by its own check
+        if parsed is not None:
+            listeners.append((key, *parsed))
+    # gate.listen on vllm.port has its own message in _gate_checks.
+    return [Problem(key, why) for key, why in clashes(listeners)
+            if not (key == "gate.listen" and "vllm.port" in why)]
+
+
+# ---- issue 16 (canary kinds); kept apart from the checks above ----
+
+def _canary_checks(config: Config) -> list[Problem]:
+    """probe.canary = "custom" needs a path; a body, when given, is a JSON object."""
+    p, out = config.probe, []
+    if p.canary == "custom" and not p.canary_path.startswith("/"):
+        out.append(Problem("probe.canary_path", f"bad value {show(p.canary_path)}; "
+                           'probe.canary = "custom" needs a path such as "/v1/embeddings"'))
+    if p.canary_body:
+        try:
+            body = json.loads(p.canary_body)
+        except ValueError as exc:
+            body = {}  # reported here; not again below
+            out.append(Problem("probe.canary_body", f"not JSON ({exc}); expected a JSON "
+                               'object such as \'{"model": "m", "input": "Hello"}\''))
+        if not isinstance(body, dict):
+            out.append(Problem("probe.canary_body", f"bad value {show(p.canary_body)}; "
+                               "expected a JSON object"))
+    if (p.canary_path or p.canary_body) and p.canary != "custom":
+        out.append(Problem("probe.canary", f"is {show(p.canary)} but canary_path or "
+                           'canary_body is set; set probe.canary = "custom" to use them'))
+    return out
+
+
+# ---- issue 15 (the [gate] front door); kept apart from the checks above ----
+
+def _gate_checks(config: Config) -> list[Problem]:
+    """gate.listen is a HOST:PORT that is not vLLM's own."""
+    g = config.gate
+    if not g.enabled:
+        return []
+    try:
+        host, port = parse_address(g.listen)
+    except ValueError as exc:
+        return [Problem("gate.listen", f"bad value {show(g.listen)}: {exc}")]
+    if port == config.vllm.port and host in ("", "0.0.0.0", "::", config.vllm.host):
+        return [Problem("gate.listen", f"port {port} is vllm.port; the gate takes the public "
+                        "port and vLLM moves to a private one: set vllm.port to another port, "
+                        "e.g. 8001")]
+    return []
