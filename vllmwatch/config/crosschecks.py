@@ -4,14 +4,11 @@ key was converted on its own; each problem names the key to change."""
 from __future__ import annotations
 
 import json
-from typing import TYPE_CHECKING
 
 from vllmwatch.config.convert import show
 from vllmwatch.config.errors import Problem
 from vllmwatch.config.hosts import clashes, listen_problem, parse_address, parse_listen
-
-if TYPE_CHECKING:  # schema imports this module: the type only, to break the cycle
-    from vllmwatch.config.schema import Config
+from vllmwatch.config.sections import Config
 
 
 def cross_checks(config: Config) -> list[Problem]:

@@ -1,4 +1,5 @@
-"""The typed, frozen configuration: TOML loading, validation and the only home of defaults."""
+"""The configuration's front: TOML loading and validation into the typed, frozen Config of
+sections.py (where every default lives), with one error that lists every problem."""
 
 from __future__ import annotations
 
@@ -8,14 +9,28 @@ import hashlib
 import os
 import sys
 from collections.abc import Mapping
-from dataclasses import dataclass, field
 from typing import Any
 
 from vllmwatch.config import flags, safefile
-from vllmwatch.config.bounds import DAY, bounds_of
+from vllmwatch.config.bounds import bounds_of
 from vllmwatch.config.convert import CONVERTERS, choice, show
 from vllmwatch.config.crosschecks import cross_checks
 from vllmwatch.config.errors import ConfigError, Problem, line_of, raise_all
+from vllmwatch.config.sections import (
+    SECTIONS,
+    Config,
+    DrainConfig,
+    GateConfig,
+    IncidentsConfig,
+    LogConfig,
+    MemoryConfig,
+    PrewarmConfig,
+    ProbeConfig,
+    RestartConfig,
+    StartupConfig,
+    StatusConfig,
+    VllmConfig,
+)
 
 if sys.version_info >= (3, 11):
     import tomllib
@@ -23,229 +38,28 @@ else:  # pragma: no cover - exercised on Python 3.10 only
     import tomli as tomllib
 
 DEFAULT_PATH = "/etc/vllmwatch/vllmwatch.toml"
-HOUR = 3600.0
-__all__ = ["Config", "ConfigError", "Problem", "config_path", "from_dict", "line_of", "load"]
-
-
-def _conv(kind: str, default: object, **extra: Any) -> Any:
-    """A dataclass field carrying how to convert and describe its TOML value."""
-    if isinstance(default, (list, dict)):
-        # A fresh copy per instance; frozen dataclasses still share mutable defaults otherwise.
-        return field(default_factory=lambda: type(default)(default),
-                     metadata={"kind": kind, **extra})
-    return field(default=default, metadata={"kind": kind, **extra})
-
-
-@dataclass(frozen=True)
-class VllmConfig:
-    """How to launch the supervised vLLM server."""
-
-    model: str = _conv("str", "")
-    command: list[str] = _conv("str_list", ["vllm", "serve"])
-    served_model_name: str = _conv("str", "")
-    host: str = _conv("str", "127.0.0.1")
-    port: int = _conv("port", 8000)
-    gpus: list[int] | None = _conv("gpus", None)
-    env: dict[str, str] = _conv("str_table", {})
-    args: dict[str, object] = _conv("args_table", {})
-    extra_args: list[str] = _conv("str_list", [])
-    api_key_file: str = _conv("str", "")
-
-    @property
-    def model_name(self) -> str:
-        """The name clients (and our canary) use for the model."""
-        return self.served_model_name or self.model
-
-    @property
-    def uses_gpu(self) -> bool:
-        """False only for a config that says `gpus = []` (a CPU deployment)."""
-        return self.gpus is None or len(self.gpus) > 0
-
-
-@dataclass(frozen=True)
-class StartupConfig:
-    """Limits on a start: total time and time without log progress."""
-
-    timeout: float = _conv("duration", 1800.0, low=1.0)
-    stall_timeout: float = _conv("duration", 300.0, low=1.0)
-
-
-@dataclass(frozen=True)
-class ProbeConfig:
-    """Health, metrics and canary probing."""
-
-    interval: float = _conv("duration", 5.0)
-    timeout: float = _conv("duration", 5.0, high=HOUR)
-    failure_threshold: int = _conv("pos_int", 3)
-    metrics_interval: float = _conv("duration", 2.0)
-    # Issue 24: the canary's timeout follows its own latencies (core/hangs.py) between
-    # canary_timeout_min and canary_timeout; progress_timeout is the frozen-engine verdict.
-    canary_interval: float = _conv("duration", 2.0)
-    canary_timeout: float = _conv("duration", 30.0, high=HOUR)
-    canary_timeout_min: float = _conv("duration", 2.0, high=HOUR)
-    canary_timeout_margin: float = _conv("pos_float", 4.0)
-    progress_timeout: float = _conv("duration", 8.0, high=HOUR, zero="off")
-    canary_prompt: str = _conv("str", "Hello")
-    stall_timeout: float = _conv("duration", 300.0, low=1.0)
-    # The canary follows the model (issue 16): see core/canary.py and _canary_checks below.
-    canary: str = _conv("choice", "auto", choices=("auto", "completions", "chat", "embeddings",
-                                                   "score", "rerank", "classify", "pooling",
-                                                   "custom"))
-    canary_path: str = _conv("str", "")
-    canary_body: str = _conv("str", "")
-
-
-@dataclass(frozen=True)
-class MemoryConfig:
-    """Memory sampling and the leak rules; a limit left at 0 is off."""
-
-    sample_interval: float = _conv("duration", 10.0)
-    pss_interval: float = _conv("duration", 60.0)
-    gpu_limit: float = _conv("size", 0.0)
-    gpu_growth_limit: float = _conv("size", 0.0)
-    gpu_growth_rate: float = _conv("rate", 0.0)
-    host_limit: float = _conv("size", 0.0)
-    host_growth_limit: float = _conv("size", 0.0)
-    host_growth_rate: float = _conv("rate", 0.0)
-    baseline_delay: float = _conv("duration", 600.0, zero="take the baseline at READY")
-    slope_window: float = _conv("duration", 21600.0, low=10.0)
-    sustain: int = _conv("pos_int", 3)
-    # -- unified memory (DGX Spark): detection, the start guard, memory-failure retries --
-    unified: str = _conv("auto_bool", "auto")  # "auto" | "true" | "false"
-    guard: bool = _conv("bool", True)  # the start guard on unified memory (never on discrete)
-    guard_floor: float = _conv("size", 0.0, zero="auto: max(4GiB, 5% of MemTotal)")
-    guard_interval: float = _conv("duration", 1.0, high=60.0)
-    guard_min_gap: float = _conv("duration", 5.0, high=HOUR, zero="act at every sample")
-    guard_drop_caches: bool = _conv("bool", False)  # echo 1 > /proc/sys/vm/drop_caches (root)
-    guard_compact: bool = _conv("bool", False)  # echo 1 > /proc/sys/vm/compact_memory (root)
-    start_memory_retries: int = _conv("pos_int", 2, high=100)  # memory-failed starts retried
-
-
-@dataclass(frozen=True)
-class RestartConfig:
-    """The restart ladder, backoff and crash-loop guard."""
-
-    drain_timeout: float = _conv("duration", 30.0, high=DAY, zero="no drain: stop at once")
-    stop_timeout: float = _conv("duration", 30.0, high=HOUR)
-    backoff_initial: float = _conv("duration", 5.0, high=DAY)
-    backoff_max: float = _conv("duration", 300.0, high=DAY)
-    backoff_multiplier: float = _conv("pos_float", 2.0)
-    backoff_jitter: float = _conv("fraction", 0.2, zero="no jitter")
-    stable_after: float = _conv("duration", 600.0, low=1.0)
-    max_restarts: int = _conv("pos_int", 5)
-    window: float = _conv("duration", 1800.0, low=1.0)
-    kill_stale: bool = _conv("bool", True)
-    quiet_hours: str = _conv("quiet_hours", "")
-    quiet_hours_spread: float = _conv("fraction", 0.5, zero="no spread: the window as written")
-    gpu_release_timeout: float = _conv("duration", 60.0, high=DAY,
-                                       zero="do not wait for the GPU to release memory")
-    gpu_release_tolerance: float = _conv("size", 512.0,
-                                         zero="device memory must return to its exact level")
-    # A pre-imported interpreter for the next launch (shell/standby.py, core/standby.py).
-    standby: str = _conv("auto_bool", "auto")  # "auto" | "true" | "false"
-    standby_imports: list[str] = _conv("str_list", [])  # more modules it imports ahead
-
-
-@dataclass(frozen=True)
-class PrewarmConfig:
-    """What to do before a start so that it is fast."""
-
-    enabled: bool = _conv("bool", True)
-    cache_dir: str = _conv("str", "/var/cache/vllmwatch")
-    page_cache: bool = _conv("bool", True)
-    page_cache_max_fraction: float = _conv("fraction", 0.5,
-                                           zero="never read weights into the page cache")
-    page_cache_workers: int = _conv("pos_int", 4, high=256)
-    kernels: bool = _conv("bool", False)  # off: ~13 s before each start, no gain (docs/GPU.md)
-    warmup_request: bool = _conv("bool", True)
-    timeout: float = _conv("duration", 600.0, high=DAY)
-    required: bool = _conv("bool", False)
-
-
-@dataclass(frozen=True)
-class StatusConfig:
-    """The read-only HTTP status listener."""
-
-    listen: str = _conv("str", "127.0.0.1:9101")
-    allow_remote: bool = _conv("bool", False)
-
-
-@dataclass(frozen=True)
-class LogConfig:
-    """Logging of our events and of the child's lines."""
-
-    level: str = _conv("choice", "info", choices=("debug", "info", "warning", "error"))
-    format: str = _conv("choice", "auto", choices=("auto", "journal", "json", "console"))
-    child_lines: bool = _conv("bool", True)
-
-
-# --- [drain] and [gate] (issue 15: restarts that clients do not see) ---------------------
-
-
-@dataclass(frozen=True)
-class DrainConfig:
-    """How a planned restart leaves a load balancer: /readyz 503, then wait, then drain."""
-
-    # A balancer stops routing after interval x fall failed checks (e.g. 2 s x 3 = 6 s);
-    # 10 s covers that with a margin. 0 stops as soon as nothing is in flight.
-    deregister_delay: float = _conv("duration", 10.0, high=HOUR,
-                                    zero="stop as soon as nothing is in flight")
-
-
-@dataclass(frozen=True)
-class GateConfig:
-    """The optional front door: hold requests while vLLM (re)starts instead of failing them."""
-
-    enabled: bool = _conv("bool", False)
-    listen: str = _conv("str", "")  # the public HOST:PORT; vllm.port becomes the private one
-    hold_timeout: float = _conv("duration", 120.0, high=DAY)
-    retry_after: float = _conv("duration", 10.0, high=DAY)
-
-
-@dataclass(frozen=True)
-class IncidentsConfig:
-    """Incident records (vllmwatch/incident/): the evidence of every unplanned restart."""
-
-    enabled: bool = _conv("bool", True)
-    max_records: int = _conv("pos_int", 50, high=10000)
-    max_size: float = _conv("size", 200.0, zero="no bound on size")  # MiB over all records
-    # The dumper's deadline: a restart waits at most this long (plus a second) for the record.
-    timeout: float = _conv("duration", 3.0, high=60.0)
-    output_lines: int = _conv("pos_int", 300, high=100000)  # vLLM's last lines kept
-
-
-@dataclass(frozen=True)
-class Config:
-    """The whole configuration, plus where it came from."""
-
-    vllm: VllmConfig = field(default_factory=VllmConfig)
-    startup: StartupConfig = field(default_factory=StartupConfig)
-    probe: ProbeConfig = field(default_factory=ProbeConfig)
-    memory: MemoryConfig = field(default_factory=MemoryConfig)
-    restart: RestartConfig = field(default_factory=RestartConfig)
-    prewarm: PrewarmConfig = field(default_factory=PrewarmConfig)
-    status: StatusConfig = field(default_factory=StatusConfig)
-    log: LogConfig = field(default_factory=LogConfig)
-    drain: DrainConfig = field(default_factory=DrainConfig)
-    gate: GateConfig = field(default_factory=GateConfig)
-    incidents: IncidentsConfig = field(default_factory=IncidentsConfig)
-    path: str = ""
-    sha256: str = ""
-
-
-SECTIONS: dict[str, type] = {
-    "vllm": VllmConfig,
-    "startup": StartupConfig,
-    "probe": ProbeConfig,
-    "memory": MemoryConfig,
-    "restart": RestartConfig,
-    "prewarm": PrewarmConfig,
-    "status": StatusConfig,
-    "log": LogConfig,
-    "drain": DrainConfig,
-    "gate": GateConfig,
-    "incidents": IncidentsConfig,
-}
+# The section types are re-exported: callers import the config from one place.
+__all__ = [
+    "SECTIONS",
+    "Config",
+    "ConfigError",
+    "DrainConfig",
+    "GateConfig",
+    "IncidentsConfig",
+    "LogConfig",
+    "MemoryConfig",
+    "PrewarmConfig",
+    "ProbeConfig",
+    "Problem",
+    "RestartConfig",
+    "StartupConfig",
+    "StatusConfig",
+    "VllmConfig",
+    "config_path",
+    "from_dict",
+    "line_of",
+    "load",
+]
 
 
 def config_path(cli_value: str | None) -> str:
