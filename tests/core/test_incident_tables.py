@@ -125,3 +125,46 @@ def test_the_report_has_its_sections_in_order_and_vllm_frames_first() -> None:
 def test_the_record_says_when_the_tree_was_gone() -> None:
     rec = _record()
     assert rec["tree"]["alive"] is False and "already gone" in rec["tree"]["note"]
+
+
+def test_the_memory_section_is_read_as_words_not_as_python_values() -> None:
+    gpu = {"memory": {
+        "last_sample": {"source": "nvml-process", "gpu_tree_mib": 131104.0,
+                        "gpu_tree_by_gpu_mib": {"0": 131104.0},
+                        "device_used_mib": {"0": 131719.2}, "device_total_mib": {"0": 143771.0},
+                        "host_rss_mib": 2870.73046875, "host_pss_mib": None,
+                        "gpu_faults": [], "tree_cpu_s": 35.49},
+        "gpu_now": {"driver": "580.159", "gpus": {"0": "NVIDIA H200"},
+                    "device_used_mib": {"0": 615.0},
+                    "processes": [{"pid": 7, "gpu_index": 0, "used_mib": 512.0}]}},
+        "tree": {"host_rss_mib": 635.25, "processes": []}}
+    text = report.render(gpu)
+    assert ("last sample (source nvml-process): GPU tree 131104 MiB (gpu 0 131104 MiB), device "
+            "used (gpu 0 131719 MiB / 143771 MiB), host RSS 2871 MiB, CPU 35.5 s, GPU faults: "
+            "none") in text
+    assert "NVML now: driver 580.159; gpu 0 NVIDIA H200; device used (gpu 0 615 MiB); " \
+           "processes: pid 7 on gpu 0 512 MiB" in text
+    assert "host RSS of the tree: 635 MiB" in text
+    cpu = {"memory": {"last_sample": {"source": "none", "host_rss_mib": 2870.7,
+                                      "host_pss_mib": 2480.2, "gpu_tree_mib": None,
+                                      "device_used_mib": {}, "gpu_faults": [
+                                          {"gpu_index": 1, "kind": "xid", "detail": "Xid 79"}]},
+                      "gpu_now": {"device_used_mib": {}, "processes": None}}}
+    text = report.render(cpu)
+    assert "last sample (source none): host RSS 2871 MiB, PSS 2480 MiB, GPU faults: gpu 1 xid " \
+           "(Xid 79)" in text
+    assert "NVML now: not read" in text
+    for shown in ("None", "{}", "[]", "2870.7"):  # no Python value leaks into the page
+        assert shown not in text.split("== memory and GPU ==")[1], shown
+
+
+def test_a_dump_that_read_no_thread_gives_way_to_one_that_did() -> None:
+    def proc(dumps: list[dict[str, Any]]) -> dict[str, Any]:
+        return {"stacks": {"methods": {}, "processes": [
+            {"role": "worker", "pid": 9, "dumps": dumps}]}}
+    frames = {"name": "MainThread", "frames": [["run", "vllm/x.py", 3]]}
+    both = proc([{"method": "py-spy", "ok": True, "threads": []},
+                 {"method": "faulthandler", "ok": True, "threads": [frames]}])
+    assert "worker pid 9 (faulthandler, 1 threads):" in report.render(both)
+    none = proc([{"method": "py-spy", "ok": True, "threads": []}])
+    assert "worker pid 9 (py-spy: no Python thread read)" in report.render(none)

@@ -549,3 +549,16 @@ def test_instance_name_prefers_the_environment() -> None:
     assert metrics.host_identity({"VLLMWATCH_INSTANCE_NAME": "pod-7"})["instance_name"] == "pod-7"
     ident = metrics.host_identity({})
     assert ident["instance_name"] in (ident["host"], f"{ident['host']}/{ident['unit']}")
+
+
+def test_cli_shows_the_standby_and_how_the_child_was_launched() -> None:
+    text = status_cli.render({"state": "ready", "ready": True, "child_pid": 5,
+                              "child_uptime_s": 70, "launch": "standby",
+                              "standby_state": "waiting", "standby_pid": 7,
+                              "standby_rss_mib": 608.4, "standby_reason": "an old discard"})
+    assert "child     pid 5, up 1m10s (standby launch)" in text
+    assert "standby   waiting, pid 7, rss 608MiB\n" in text  # no stale discard reason
+    off = status_cli.render({"state": "ready", "standby_state": "off",
+                             "standby_reason": "CPU config (vllm.gpus = [])"})
+    assert "standby   off: CPU config (vllm.gpus = [])" in off
+    assert "standby" not in status_cli.render({"state": "init"})  # an older daemon: no row

@@ -55,7 +55,12 @@ def _threads(r: Mapping[str, Any]) -> str:
             why = "; ".join(f"{d['method']}: {d['error']}" for d in proc.get("dumps", []))
             lines.append(f"{head}: no stacks ({why or 'no method ran'})")
             continue
-        best = dumps[0]  # py-spy first when it ran: it names threads
+        read = [d for d in dumps if d["threads"]]  # a dumper can attach and read none
+        if not read:  # (a process on its way out)
+            lines.append(f"{head} ({', '.join(d['method'] for d in dumps)}: no Python "
+                         "thread read)")
+            continue
+        best = read[0]  # py-spy first when it ran: it names threads
         lines.append(f"{head} ({best['method']}, {len(best['threads'])} threads):")
         for t in best["threads"]:
             lines += _thread(t)
@@ -103,18 +108,15 @@ def _num(v: Any) -> str:
 def _memory(r: Mapping[str, Any]) -> str:
     mem = r.get("memory") or {}
     tree = r.get("tree") or {}
-    lines = [f"host RSS of the tree: {tree.get('host_rss_mib')} MiB"]
-    lines += [f"  {p['role']} pid {p['pid']} state {p['state']}: {p['rss_mib']} MiB RSS, "
+    lines = [f"host RSS of the tree: {_mib(tree.get('host_rss_mib'))}"]
+    lines += [f"  {p['role']} pid {p['pid']} state {p['state']}: {_mib(p['rss_mib'])} RSS, "
               f"{p['threads']} threads" for p in tree.get("processes", [])]
     last = mem.get("last_sample") or {}
     if last:
-        lines.append(f"last sample: source {last.get('source')}, GPU tree "
-                     f"{last.get('gpu_tree_mib')} MiB, device used "
-                     f"{last.get('device_used_mib')} MiB, host RSS {last.get('host_rss_mib')}"
-                     f", PSS {last.get('host_pss_mib')} MiB, faults {last.get('gpu_faults')}")
+        lines.append(_last_sample(last))
     gpu = mem.get("gpu_now") or {}
     if gpu:
-        lines.append(f"NVML now: {gpu}")
+        lines.append(_nvml_now(gpu))
     samples = mem.get("samples") or {}
     recent = samples.get("recent") or []
     if recent:
@@ -123,6 +125,70 @@ def _memory(r: Mapping[str, Any]) -> str:
         lines += [f"  -{s['s_ago']:.0f}s  GPU {_num(s['gpu_rule_mib'])} MiB  host "
                   f"{_num(s['host_rule_mib'])} MiB" for s in recent[-12:]]
     return "== memory and GPU ==\n" + "\n".join(lines)
+
+
+def _last_sample(last: Mapping[str, Any]) -> str:
+    """The last memory sample in words; a figure that was not measured is left out."""
+    parts = []
+    if last.get("gpu_tree_mib") is not None:
+        parts.append(f"GPU tree {_mib(last['gpu_tree_mib'])}"
+                     + _per_gpu(last.get("gpu_tree_by_gpu_mib"), None))
+    used = last.get("device_used_mib") or {}
+    if used:
+        parts.append("device used" + _per_gpu(used, last.get("device_total_mib") or {}))
+    parts.append(f"host RSS {_mib(last.get('host_rss_mib'))}")
+    if last.get("host_pss_mib") is not None:
+        parts.append(f"PSS {_mib(last['host_pss_mib'])}")
+    if last.get("tree_cpu_s") is not None:
+        parts.append(f"CPU {_num(round(float(last['tree_cpu_s']), 1))} s")
+    faults = last.get("gpu_faults") or []
+    parts.append("GPU faults: " + (", ".join(
+        f"gpu {f.get('gpu_index')} {f.get('kind')}" + (f" ({f['detail']})" if f.get("detail")
+                                                       else "")
+        for f in faults if isinstance(f, Mapping)) or "none"))
+    return f"last sample (source {last.get('source')}): " + ", ".join(parts)
+
+
+def _nvml_now(gpu: Mapping[str, Any]) -> str:
+    """NVML's view while the record was written: device memory and every process on it."""
+    extra = [_fact(k, v) for k, v in gpu.items()
+             if k not in ("device_used_mib", "processes") and v not in (None, "", [], {})]
+    used = gpu.get("device_used_mib") or {}
+    procs = gpu.get("processes")
+    if not used and procs is None:
+        return "NVML now: not read (no GPU in the config, or NVML unavailable)" + (
+            f"; {', '.join(extra)}" if extra else "")
+    parts = [*extra]
+    if used:
+        parts.append("device used" + _per_gpu(used, None))
+    if procs is not None:
+        parts.append("processes: " + (", ".join(
+            f"pid {p.get('pid')} on gpu {p.get('gpu_index')} {_mib(p.get('used_mib'))}"
+            for p in procs if isinstance(p, Mapping)) or "none"))
+    return "NVML now: " + "; ".join(parts)
+
+
+def _fact(key: str, value: object) -> str:
+    if key == "gpus" and isinstance(value, Mapping):  # index -> name
+        return ", ".join(f"gpu {g} {name}" for g, name in value.items())
+    if isinstance(value, Mapping):
+        return f"{key} " + ", ".join(f"{k} {v}" for k, v in value.items())
+    return f"{key} {value}"
+
+
+def _per_gpu(values: object, totals: Mapping[str, Any] | None) -> str:
+    if not isinstance(values, Mapping) or not values:
+        return ""
+    return " (" + ", ".join(
+        f"gpu {g} {_mib(v)}" + (f" / {_mib(totals[g])}" if totals and g in totals else "")
+        for g, v in sorted(values.items(), key=lambda kv: str(kv[0]))) + ")"
+
+
+def _mib(v: Any) -> str:
+    """A MiB figure as a person reads it: whole MiB, or '?' where it was not measured."""
+    if isinstance(v, bool) or not isinstance(v, (int, float)):
+        return "?"
+    return f"{v:.0f} MiB" if abs(v) >= 10 else f"{v:.1f} MiB"
 
 
 def _output(r: Mapping[str, Any]) -> str:

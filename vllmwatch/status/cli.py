@@ -152,7 +152,7 @@ def use_colour(stream: TextIO) -> bool:
 
 
 _NUMBERS = ("state_for_s", "child_pid", "child_uptime_s", "last_restart_at", "vllm_running",
-            "vllm_waiting", "vllm_kv_cache_usage")
+            "vllm_waiting", "vllm_kv_cache_usage", "standby_pid", "standby_rss_mib")
 _TABLES = ("restarts_by_reason", "start_phases_s")
 
 
@@ -200,8 +200,11 @@ def render(data: Mapping[str, Any], colour: bool = False, now: float | None = No
              + (" (draining)" if data.get("draining") else "")),
             ("ready", "yes" if data.get("ready") and not data.get("draining") else "no")]
     pid, uptime = data.get("child_pid"), data.get("child_uptime_s")
+    launch = data.get("launch")
     rows.append(("child", "none" if pid is None else f"pid {pid}"
-                 + (f", up {format_duration(uptime)}" if uptime is not None else "")))
+                 + (f", up {format_duration(uptime)}" if uptime is not None else "")
+                 + (f" ({launch} launch)" if launch else "")))
+    rows += _standby_rows(data)
     rows += _restart_rows(data, now)
     phases = data.get("start_phases_s") or {}
     if phases:
@@ -215,6 +218,22 @@ def render(data: Mapping[str, Any], colour: bool = False, now: float | None = No
                  f"vLLM {data.get('vllm_version') or '?'}"))
     width = max(len(label) for label, _ in rows) + 2
     return "\n".join(f"{label:<{width}}{value}" for label, value in rows)
+
+
+def _standby_rows(data: Mapping[str, Any]) -> list[tuple[str, str]]:
+    """The pre-imported interpreter for the next launch: what it is doing and what it holds,
+    or why there is none (a daemon older than the standby sends no such fields: no row)."""
+    state = data.get("standby_state")
+    if not state:
+        return []
+    line = str(state)
+    if data.get("standby_pid") is not None:
+        line += f", pid {int(data['standby_pid'])}"
+    if data.get("standby_rss_mib") is not None:
+        line += f", rss {format_mib(data['standby_rss_mib'])}"
+    if state == "off" and data.get("standby_reason"):  # else the last discard's: stale
+        line += f": {data['standby_reason']}"
+    return [("standby", line)]
 
 
 def _restart_rows(data: Mapping[str, Any], now: float) -> list[tuple[str, str]]:
