@@ -146,7 +146,11 @@ class Watch:
         if argv is None:
             assert config is not None
             argv = run_argv(config, [PY, "-m", "vllmwatch"])
-        self.daemon = Daemon(REPO, config, env=vllm_env(), notify=False, argv=argv,
+        # Its state (instance lock, incident records) under .cache, not in the checkout.
+        state = REPO / ".cache" / "bench-state"
+        state.mkdir(mode=0o700, parents=True, exist_ok=True)
+        env = vllm_env({"STATE_DIRECTORY": os.environ.get("STATE_DIRECTORY", str(state))})
+        self.daemon = Daemon(REPO, config, env=env, notify=False, argv=argv,
                              own_session=True, on_line=self._line).start()
         self.port = self.daemon.port  # the vLLM port, for the caller's bookkeeping
         proc = self.daemon.proc
