@@ -168,3 +168,16 @@ def test_a_dump_that_read_no_thread_gives_way_to_one_that_did() -> None:
     assert "worker pid 9 (faulthandler, 1 threads):" in report.render(both)
     none = proc([{"method": "py-spy", "ok": True, "threads": []}])
     assert "worker pid 9 (py-spy: no Python thread read)" in report.render(none)
+
+
+def test_the_report_shows_control_characters_as_escapes() -> None:
+    rec = {"reason": "crash", "detail": "exit\x1b]0;x\x07", "output": [
+        "\x1b[31mERROR\x1b[0m engine died\r", "plain line"],
+        "stacks": {"methods": {}, "processes": [{"role": "api_server", "pid": 1, "dumps": [
+            {"method": "py-spy", "ok": True,
+             "threads": [{"name": "t\x1b[2J", "frames": [["f", "vllm/a.py", 1]]}]}]}]}}
+    text = report.render(rec)
+    assert not any(c in text for c in ("\x1b", "\x07", "\r"))
+    assert "\\x1b[31mERROR\\x1b[0m engine died\\x0d" in text and "plain line" in text
+    assert "thread t\\x1b[2J" in text
+    assert "\n" in text  # the page keeps its lines

@@ -136,3 +136,21 @@ def test_the_command_line_never_prints_a_traceback(tmp_path: Path) -> None:
     out = subprocess.run([sys.executable, "-m", "vllmwatch", "status", "--url", "http://[::1"],
                          capture_output=True, text=True, timeout=60, check=False)
     assert out.returncode == 2 and "Traceback" not in out.stderr and "bad --url" in out.stderr
+
+
+def test_control_characters_from_the_answer_never_reach_the_terminal(
+        capsys: pytest.CaptureFixture[str]) -> None:
+    # A foreign service (or one that bound the port first) can answer anything: an ESC
+    # sequence could retitle the terminal or rewrite the lines above.
+    doc = {**GOOD, "state": "ready\x1b]0;owned\x07", "last_reason": "crash\x1b[2J",
+           "last_reason_detail": "a\nb\rc\x9bd", "restarts_by_reason": {"x\x1b[1A": 1},
+           "config_path": "/etc/\x00v.toml", "memory": {"source": "nvml\x1b[31m"},
+           "launch": "fresh\x7f", "standby_state": "off", "standby_reason": "\x1b[8mhidden"}
+    with serving(json.dumps(doc).encode()) as url:
+        code, out, _ = run_cli(capsys, url)
+    assert code == 0
+    for raw in ("\x1b", "\x07", "\x00", "\x9b", "\x7f", "\r"):
+        assert raw not in out, repr(raw)
+    assert "ready\\x1b]0;owned\\x07" in out and "a\\nb\\x0dc\\x9bd" in out
+    # one more row than GOOD ("last"), and no line broken by a newline in the answer
+    assert out.count("\n") == len(status_cli.render(GOOD).splitlines()) + 1

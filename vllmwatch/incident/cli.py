@@ -8,6 +8,7 @@ import sys
 import time
 from collections.abc import Sequence
 
+from vllmwatch.config.text import printable
 from vllmwatch.incident import report, store
 
 
@@ -48,6 +49,6 @@ def _list(root: str, as_json: bool) -> int:
         return 0
     for r in rows:
         when = r.time or time.strftime("%Y-%m-%dT%H:%M:%SZ")
-        print(f"{r.id:<34} {when:<21} {r.reason:<14} {r.detail[:100]}")
+        print(printable(f"{r.id:<34} {when:<21} {r.reason:<14} {r.detail[:100]}", False))
     print(f"{len(rows)} records in {root}; `vllmwatch incidents show ID` reads one")
     return 0

@@ -9,6 +9,8 @@ from __future__ import annotations
 from collections.abc import Mapping, Sequence
 from typing import Any
 
+from vllmwatch.config.text import printable
+
 OUTPUT_SHOWN = 40  # last output lines in the report (all of them are in output.log)
 VLLM_FRAMES = 6  # vLLM frames shown per thread
 _KEY_SERIES = ("vllm:num_requests_running", "vllm:num_requests_waiting",
@@ -19,7 +21,9 @@ _KEY_SERIES = ("vllm:num_requests_running", "vllm:num_requests_waiting",
 def render(r: Mapping[str, Any]) -> str:
     """The whole report."""
     parts = [_head(r), _threads(r), _metrics(r), _memory(r), _output(r)]
-    return "\n\n".join(p for p in parts if p) + "\n"
+    # vLLM's lines, thread names and paths are outside text: no raw control character
+    # reaches the terminal (an ANSI colour code shows as \x1b[...).
+    return printable("\n\n".join(p for p in parts if p)) + "\n"
 
 
 def _head(r: Mapping[str, Any]) -> str:

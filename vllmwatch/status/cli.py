@@ -18,6 +18,7 @@ from urllib.parse import urlsplit
 
 from vllmwatch.config.hosts import connect_host, parse_listen, url_host
 from vllmwatch.config.schema import ConfigError, config_path, load
+from vllmwatch.config.text import printable
 from vllmwatch.config.units import format_duration, format_mib
 from vllmwatch.status import bounded_http
 
@@ -165,13 +166,14 @@ def _num(value: object) -> float | None:
 def _table(value: object) -> dict[str, float]:
     if not isinstance(value, dict):
         return {}
-    return {str(k): n for k, v in value.items() if (n := _num(v)) is not None}
+    return {printable(str(k), False): n for k, v in value.items() if (n := _num(v)) is not None}
 
 
 def clean(data: Mapping[str, Any]) -> dict[str, Any]:
     """The document in the shapes render expects: a field of the wrong type counts as absent
     (a newer or older daemon, or a hand-made answer, must not crash the summary)."""
-    out: dict[str, Any] = {k: v if isinstance(v, (str, bool)) or v is None else str(v)
+    out: dict[str, Any] = {k: printable(v if isinstance(v, str) else str(v), False)
+                           if v is not None and not isinstance(v, bool) else v
                            for k, v in data.items() if k not in _NUMBERS + _TABLES}
     out.update({k: _num(data.get(k)) for k in _NUMBERS})
     out.update({k: _table(data.get(k)) for k in _TABLES})
@@ -182,7 +184,7 @@ def clean(data: Mapping[str, Any]) -> dict[str, Any]:
     out["memory"] = {k: (_table(v) if isinstance(v, dict) else _num(v)) for k, v in mem.items()
                      if k != "source"}
     out["memory"] = {k: v for k, v in out["memory"].items() if v is not None}
-    out["memory"]["source"] = str(mem.get("source", "none"))
+    out["memory"]["source"] = printable(str(mem.get("source", "none")), False)
     for key in ("gpu_tree_by_gpu_mib", "device_used_mib", "device_total_mib"):
         table = out["memory"].get(key)
         out["memory"][key] = {g: v for g, v in (table or {}).items() if g.isdigit()}
