@@ -189,7 +189,9 @@ def _per_gpu(values: object, totals: Mapping[str, Any] | None) -> str:
 
 
 def _mib(v: Any) -> str:
-    """A MiB figure as a person reads it: whole MiB, or '?' where it was not measured."""
+    """A MiB figure as a person reads it: whole MiB, or '?' where it was not measured.
+    Not units.format_mib: that rounds to a tenth of a GiB, and a record is read to compare
+    the tree's figure with NVML's to the MiB."""
     if isinstance(v, bool) or not isinstance(v, (int, float)):
         return "?"
     return f"{v:.0f} MiB" if abs(v) >= 10 else f"{v:.1f} MiB"
