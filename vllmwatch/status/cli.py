@@ -20,6 +20,7 @@ from vllmwatch.config.hosts import connect_host, parse_listen, url_host
 from vllmwatch.config.schema import ConfigError, config_path, load
 from vllmwatch.config.text import printable
 from vllmwatch.config.units import format_duration, format_mib
+from vllmwatch.core.reuse import one_line
 from vllmwatch.status import bounded_http
 
 TIMEOUT_S = 3.0
@@ -211,6 +212,10 @@ def render(data: Mapping[str, Any], colour: bool = False, now: float | None = No
     phases = data.get("start_phases_s") or {}
     if phases:
         rows.append(("startup", ", ".join(f"{k} {format_duration(v)}" for k, v in phases.items())))
+    reused = data.get("start_reuse")
+    if isinstance(reused, Mapping) and reused:  # issue 33: what the launch reused
+        hit = reused.get("compile_cache_hit")
+        rows.append(("reused", one_line(reused, hit if isinstance(hit, bool) else None)))
     rows += _memory_rows(data.get("memory") or {})
     rows.append(("vLLM", _vllm_line(data)))
     sha = str(data.get("config_sha256") or "")
