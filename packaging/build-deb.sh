@@ -106,7 +106,7 @@ grep -rlI --null -F "$VENV" "$VENV" | xargs -0 -r sed -i "s|$VENV|$PREFIX/venv|g
 sed -i '/^command = /d' "$VENV/pyvenv.cfg"
 find "$VENV" -name direct_url.json -delete   # records the build machine's checkout path
 # Console scripts of the dependencies (e.g. idna's): nothing runs them; only ours is shipped,
-# and py-spy's binary, which vllmwatch runs for incident records (docs/OPERATIONS.md).
+# and py-spy's binary, which vllmwatch runs for incident records (docs/operations/incidents.md).
 find "$VENV/bin" -maxdepth 1 -type f -perm -u+x ! -name vllmwatch ! -name py-spy -delete
 find "$VENV" \( -name __pycache__ -o -name '*.pyc' \) -prune -exec rm -rf {} +
 STRIP=strip
@@ -139,6 +139,11 @@ install -D -m 0644 "$CONFIG_SRC" "$ROOT/etc/vllmwatch/vllmwatch.toml"
 DOC=$ROOT/usr/share/doc/$PKG
 install -d "$DOC"
 [[ -f $REPO/docs/OPERATIONS.md ]] && install -m 0644 "$REPO/docs/OPERATIONS.md" "$DOC/"
+# The index above links its task pages as operations/*.md: ship them beside it.
+if [[ -d $REPO/docs/operations ]]; then
+    install -d "$DOC/operations"
+    install -m 0644 "$REPO"/docs/operations/*.md "$DOC/operations/"
+fi
 "$PYTHON" "$REPO/packaging/copyright.py" "$VENV" > "$DOC/copyright"
 DATE=$(date -R -d "@${SOURCE_DATE_EPOCH:-$(git -C "$REPO" log -1 --format=%ct 2>/dev/null || date +%s)}")
 printf '%s (%s) unstable; urgency=medium\n\n  * Package built from the vllmwatch repository.\n\n -- %s  %s\n' \

@@ -50,15 +50,15 @@ def test_verify_prints_nothing(unit: str, tmp_path: Path) -> None:
 
 @pytest.mark.parametrize("unit", UNITS)
 def test_security_exposure_stays_low(unit: str, tmp_path: Path) -> None:
-    """The offline exposure score is recorded in docs/OPERATIONS.md; it must not creep up."""
+    """The offline exposure score is in docs/operations/running.md; it must not creep up."""
     path = _copy(unit, tmp_path, unit.replace("@.", "@gpu0."))
     proc = subprocess.run(["systemd-analyze", "security", "--offline=true", str(path)],
                           capture_output=True, text=True, timeout=60)
     match = re.search(r"Overall exposure level for \S+: (\d+\.\d+)", proc.stdout)
     assert match, proc.stdout + proc.stderr
     assert float(match.group(1)) <= MAX_EXPOSURE, proc.stdout
-    doc = (REPO / "docs" / "OPERATIONS.md").read_text()
-    assert f"exposure level {match.group(1)}" in doc, "update the score in docs/OPERATIONS.md"
+    doc = (REPO / "docs" / "operations" / "running.md").read_text()
+    assert f"exposure level {match.group(1)}" in doc, "update the score in operations/running.md"
 
 
 @pytest.mark.parametrize("unit", UNITS)

@@ -31,7 +31,7 @@ MAX_VALUE = 64 * 1024  # per field: a runaway value must not make every entry a 
 
 # A fixed 128-bit id per event an operator searches for: `journalctl MESSAGE_ID=...` finds
 # it whatever the text says. Never change one; add new ones at the end. Listed in
-# docs/OPERATIONS.md.
+# docs/operations/logs.md.
 MESSAGE_IDS = {
     "restart.begin": "07d6cdd7e18741f9a79ea8dc22cdeeb2",
     "restart.done": "aa2dc97b526d441f8a290404284c52a8",
