@@ -47,7 +47,9 @@ def test_entries_say_what_happened_and_where_to_read_more() -> None:
         assert fields.get("Subject"), (event, head)
         assert len(fields["Subject"]) <= 100, event  # one line in `journalctl -x`
         assert fields.get("Defined-By") == "vllmwatch", event
-        assert fields.get("Documentation", "").startswith("file:///usr/share/doc/vllmwatch/")
+        # The page the .deb installs under /usr/share/doc/vllmwatch/ (build-deb.sh).
+        doc = fields.get("Documentation", "").removeprefix("file:///usr/share/doc/vllmwatch/")
+        assert doc.endswith(".md") and (REPO / "docs" / doc).is_file(), (event, doc)
         assert len(text.split()) >= 25, (event, "say what happened and what to do")
         # @FIELD@ placeholders name journal fields vllmwatch sends (VLLMWATCH_<KEY>).
         for name in re.findall(r"@([A-Z0-9_]+)@", body):
