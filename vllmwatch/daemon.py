@@ -13,7 +13,7 @@ from vllmwatch.config.reloadcheck import load_for_reload
 from vllmwatch.config.schema import Config
 from vllmwatch.core import exitcodes
 from vllmwatch.core.events import ReadyzPolled
-from vllmwatch.core.names import Reason
+from vllmwatch.core.names import Reason, exit_code
 from vllmwatch.live import Live, SwitchableLog
 from vllmwatch.shell import fdbudget, instancelock, reaper
 from vllmwatch.shell.child import instance_id
@@ -130,7 +130,7 @@ def _lock_instance(config: Config, env: Mapping[str, str], log: LogFn
     try:
         got = instancelock.acquire(instance_id(config.path), env)
     except instancelock.AlreadyRunning as exc:
-        code = exitcodes.ALREADY_RUNNING
+        code = exit_code(Reason.ALREADY_RUNNING)
         log("error", "daemon.exiting", code=code, reason=str(Reason.ALREADY_RUNNING),
             detail=f"another vllmwatch (pid {exc.pid}) runs {config.path}; nothing touched",
             holder_pid=exc.pid, lock=exc.path, meaning=exitcodes.MEANING[code],
