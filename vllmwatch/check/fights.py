@@ -18,7 +18,7 @@ from collections.abc import Iterator
 from dataclasses import dataclass
 
 from vllmwatch.check.base import PASS, SKIP, WARN, CheckResult, Context
-from vllmwatch.config.command import redact_argv
+from vllmwatch.config.redact import REDACT
 from vllmwatch.config.serveline import is_vllm_serve, shown
 
 _KILL = re.compile(r"\b(pkill|killall|kill)\b[^|;&]*vllm|\bsystemctl\s+(restart|stop|kill)\s+"
@@ -189,7 +189,7 @@ def processes(proc: str, gpus: list[int] | None, marker: str) -> tuple[list[Find
         shared = _shared_gpus(gpus, env.get("CUDA_VISIBLE_DEVICES"))
         if shared:
             out.append(Finding(f"pid {pid}", f"a vLLM not started by vllmwatch runs on "
-                               f"{shared}: {shown(redact_argv(argv))}",
+                               f"{shared}: {shown(REDACT.argv(argv))}",
                                f"stop it (kill {pid}) before `systemctl start vllmwatch`, "
                                "and remove what starts it"))
     visible = os.geteuid() == 0 or os.path.exists(os.path.join(proc, "1", "cmdline"))

@@ -32,11 +32,6 @@ def holds_secret(name: str, value: str) -> bool:
     return is_secret(name) or bool(_USERINFO.search(value))
 
 
-def masked(word: str) -> str:
-    """A word with a URL's password shown as <redacted> (for the comments init writes)."""
-    return re.sub(r"([A-Za-z][A-Za-z0-9+.-]*://[^/\s@:]*:)[^/\s@]+@", r"\1<redacted>@", word)
-
-
 def key_file_todo(path: str) -> str:
     """The commands that create the key file (the key typed, never shown or written here)."""
     q = shlex.quote(path)

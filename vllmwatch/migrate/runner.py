@@ -16,10 +16,10 @@ from typing import TextIO
 
 from vllmwatch.config import serveline, vllmflags, vllminfo
 from vllmwatch.config.command import redact_argv
+from vllmwatch.config.redact import REDACT
 from vllmwatch.config.schema import Config
 from vllmwatch.migrate import deliver, proc, render, translate, yamlconf
 from vllmwatch.migrate.draft import Facts
-from vllmwatch.migrate.envwords import masked
 from vllmwatch.shell import child
 
 CONFIG, OK = deliver.CONFIG, deliver.OK
@@ -90,7 +90,7 @@ def _read(req: Request, environ: Mapping[str, str], err: TextIO
         notes.append(f"--config {yaml_path}: its keys are read as flags before the line's own "
                      "(which win, as in vLLM)")
         line = serveline.ServeLine(line.env, line.command, rest)
-    source = masked(source)  # a URL's password: the comment names the flag, not the secret
+    source = REDACT.text(source)  # a URL's password: the comment names the flag, not it
     command = list(line.command)
     full = proc.which(command[0], path, cwd) if not command[0].startswith("/") else None
     known = _known([full or command[0], *command[1:]], req.fast, err)

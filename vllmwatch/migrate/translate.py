@@ -12,6 +12,7 @@ import json
 from vllmwatch.config import flags
 from vllmwatch.config.command import ARG_PREFIX
 from vllmwatch.config.launch import INJECTED_FLAGS
+from vllmwatch.config.redact import REDACT
 from vllmwatch.config.serveline import ServeLine, is_number
 from vllmwatch.config.vllmflags import flag_problem as known_problem
 from vllmwatch.migrate import addresses, envwords, relaxed
@@ -89,7 +90,7 @@ def _flag(given: Given, draft: Draft, facts: Facts, earlier: list[Given]) -> Non
         # A password in the value (--otlp-traces-endpoint https://user:pw@collector): the
         # flag is passed from vllm.env_file, so the TOML holds no secret and still works.
         envwords.to_env_file(ARG_PREFIX + name.upper().replace("-", "_"), value,
-                             f"the line's `--{name} {envwords.masked(value)}`", draft, facts)
+                             f"the line's `--{name} {REDACT.text(value)}`", draft, facts)
     elif base == "device":
         _device(given, value, draft)
     elif base in ("rope-scaling", "rope-theta"):
