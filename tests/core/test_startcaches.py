@@ -134,3 +134,14 @@ def test_child_ready_carries_the_reuse_and_a_miss_after_a_hit_warns() -> None:
     missed = core.events("startup.cache_missed")
     assert [m["cache"] for m in missed] == ["startup_plan"]
     assert str(missed[0]["likely_cause"]).startswith("vLLM said: Startup plan not applied")
+
+
+def test_check_refuses_standalone_compile_0_from_the_environment(tmp_path: Any) -> None:
+    from vllmwatch.check.base import FAIL, PASS, Context
+    from vllmwatch.check.vllm import check_start_caches
+    c = conf({"mega_aot_artifact": True})
+    bad = check_start_caches(Context(c, fast=True, env={STANDALONE: "0"}))
+    assert bad.status == FAIL and "prewarm.mega_aot_artifact" in bad.detail
+    assert "vLLM refuses to start" in bad.detail
+    ok = check_start_caches(Context(c, fast=True, env={}))
+    assert ok.status == PASS and "prewarm.mega_aot_artifact = true" in ok.detail
