@@ -5,7 +5,7 @@
 #
 # The package holds vllmwatch in its own virtualenv under /opt/vllmwatch/venv (built here with
 # pip from the repo; the build machine needs PyPI or a pip index for the dependencies), the
-# systemd units, /etc/vllmwatch/vllmwatch.toml as a conffile (etc/vllmwatch.toml as is), the
+# systemd units, the journald catalog, /etc/vllmwatch/vllmwatch.toml as a conffile (etc/vllmwatch.toml as is), the
 # `vllmwatch` system user (sysusers.d) and a `systemctl daemon-reload` on install; it starts
 # and enables nothing. vLLM itself stays the user's own install: the config points at it.
 #
@@ -141,6 +141,8 @@ ln -s $PREFIX/bin/vllmwatch "$ROOT/usr/bin/vllmwatch"
 install -D -m 0644 "$REPO/systemd/vllmwatch.service" "$ROOT/lib/systemd/system/vllmwatch.service"
 install -D -m 0644 "$REPO/systemd/vllmwatch@.service" "$ROOT/lib/systemd/system/vllmwatch@.service"
 install -D -m 0644 "$REPO/systemd/sysusers.d/vllmwatch.conf" "$ROOT/usr/lib/sysusers.d/vllmwatch.conf"
+# What each MESSAGE_ID means and what to do: `journalctl -x` prints it (postinst compiles it).
+install -D -m 0644 "$REPO/systemd/vllmwatch.catalog" "$ROOT/usr/lib/systemd/catalog/vllmwatch.catalog"
 install -D -m 0644 "$CONFIG_SRC" "$ROOT/etc/vllmwatch/vllmwatch.toml"
 DOC=$ROOT/usr/share/doc/$PKG
 install -d "$DOC"

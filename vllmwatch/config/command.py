@@ -12,16 +12,18 @@ from vllmwatch.config import flags, safefile
 from vllmwatch.config.errors import Problem
 from vllmwatch.config.flags import flag_name as flag_name  # re-exported for callers
 from vllmwatch.config.launch import FORK_VARIABLE, engine_start_method
+
+# The rules live in config/redact.py; re-exported for the callers that know them here.
+from vllmwatch.config.redact import REDACT
+from vllmwatch.config.redact import REDACTED as REDACTED
+from vllmwatch.config.redact import is_secret_name as is_secret_name
+from vllmwatch.config.redact import redact_argv as redact_argv
 from vllmwatch.config.schema import Config, ConfigError
 
 # Variables that belong to our own unit and must never reach the child: a child that could
 # notify systemd or ping our watchdog would let a dead vllmwatch look alive.
 _STRIP_ENV = ("NOTIFY_SOCKET", "WATCHDOG_USEC", "WATCHDOG_PID", "LISTEN_FDS", "LISTEN_PID",
               "LISTEN_FDNAMES", "VLLMWATCH_CONFIG")
-# Substrings of variable and flag names whose values are secret: shown as <redacted>.
-_SECRET_WORDS = ("key", "token", "secret", "password", "passwd", "credential", "auth",
-                 "private")
-REDACTED = "<redacted>"
 MAX_KEY = 64 * 1024  # an API key is tens of bytes; a larger file is not a key file
 KEY_READ_TIMEOUT = 5.0  # a launch waits this long for the key file, then retries with backoff
 
@@ -39,10 +41,11 @@ class ChildCommand:
     shown_env: Mapping[str, str] = field(default_factory=dict)
 
     def display(self) -> str:
-        """The command line for humans and logs, with secrets redacted."""
-        prefix = " ".join(f"{k}={v if v == REDACTED else shlex.quote(v)}"
+        """The command line for humans and logs, with secrets redacted (config/redact.py:
+        secret names, and credentials inside other values such as a URL's password)."""
+        prefix = " ".join(f"{k}={v if v == REDACTED else shlex.quote(REDACT.text(v))}"
                           for k, v in sorted(self.shown_env.items()))
-        return (prefix + " " if prefix else "") + shlex.join(redact_argv(self.argv))
+        return (prefix + " " if prefix else "") + shlex.join(REDACT.argv(self.argv))
 
 
 def args_to_argv(args: Mapping[str, object], path: str = "<config>") -> list[str]:
@@ -183,32 +186,5 @@ def build(config: Config, base_env: Mapping[str, str], api_key: str | None = Non
     if api_key is not None:
         env["VLLM_API_KEY"] = api_key
         shown["VLLM_API_KEY"] = REDACTED
-    shown = {k: (REDACTED if _is_secret(k) else val) for k, val in shown.items()}
+    shown = {k: (REDACTED if is_secret_name(k) else val) for k, val in shown.items()}
     return ChildCommand(argv=tuple(argv), env=env, shown_env=shown)
-
-
-def _is_secret(name: str) -> bool:
-    return any(word in name.lower() for word in _SECRET_WORDS)
-
-
-def is_secret_name(name: str) -> bool:
-    """Whether a variable or flag name looks secret (its value is never shown)."""
-    return _is_secret(name)
-
-
-def redact_argv(argv: tuple[str, ...] | list[str]) -> list[str]:
-    """Replace the values of secret-looking flags (api-key, token, ...) with <redacted>."""
-    out: list[str] = []
-    hide_next = False
-    for i, token in enumerate(argv):
-        if hide_next:
-            out.append(REDACTED)
-            hide_next = False
-            continue
-        if token.startswith("--") and _is_secret(token):
-            name, eq, _ = token.partition("=")
-            out.append(f"{name}={REDACTED}" if eq else token)
-            hide_next = not eq and flags.next_value(list(argv), i) is not True
-            continue
-        out.append(token)
-    return out
