@@ -145,3 +145,19 @@ def test_check_refuses_standalone_compile_0_from_the_environment(tmp_path: Any) 
     assert "vLLM refuses to start" in bad.detail
     ok = check_start_caches(Context(c, fast=True, env={}))
     assert ok.status == PASS and "prewarm.mega_aot_artifact = true" in ok.detail
+
+
+def test_status_and_the_incident_report_show_the_last_launchs_reuse_in_one_line() -> None:
+    from vllmwatch.incident.report import render as report
+    from vllmwatch.status.cli import render as status
+    reused = {"startup_plan": "applied", "startup_plan_kv_bytes": 116391570944,
+              "aot_loaded": True, "compile_s": 0.31, "graphs_s": 5.0, "weights_s": 2.0,
+              "compile_cache_hit": True, "startup_plan_why": "\x1b[31mred"}
+    text = status({"state": "ready", "ready": True, "start_reuse": reused}, now=0.0)
+    [line] = [ln for ln in text.splitlines() if ln.startswith("reused")]
+    assert line.split(None, 1)[1] == ("compile cache hit, AOT artifact loaded, startup plan "
+                                      "applied (KV 108.4 GiB); weights 2 s, torch.compile "
+                                      "0.31 s, CUDA graphs 5 s")
+    page = report({"id": "x", "core": {"start_reuse": reused, "compile_cache_hit": False}})
+    assert "last launch reused: compile cache miss, AOT artifact loaded" in page
+    assert "\x1b" not in text + page

@@ -16,12 +16,12 @@ from collections.abc import Mapping
 from typing import Any, TextIO
 from urllib.parse import urlsplit
 
+from vllmwatch import bounded_http
 from vllmwatch.config.hosts import connect_host, parse_listen, url_host
 from vllmwatch.config.schema import ConfigError, config_path, load
 from vllmwatch.config.text import printable
 from vllmwatch.config.units import format_duration, format_mib
 from vllmwatch.core.reuse import one_line
-from vllmwatch.status import bounded_http
 
 TIMEOUT_S = 3.0
 MAX_BODY = 1 << 20
@@ -178,6 +178,10 @@ def clean(data: Mapping[str, Any]) -> dict[str, Any]:
                            for k, v in data.items() if k not in _NUMBERS + _TABLES}
     out.update({k: _num(data.get(k)) for k in _NUMBERS})
     out.update({k: _table(data.get(k)) for k in _TABLES})
+    reuse = data.get("start_reuse")  # flat: numbers and flags kept, text made printable
+    out["start_reuse"] = {printable(str(k), False): v if isinstance(v, (bool, int, float))
+                          else printable(str(v), False) for k, v in reuse.items()} \
+        if isinstance(reuse, dict) else {}
     if out.get("child_pid") is not None:
         out["child_pid"] = int(out["child_pid"])
     mem = data.get("memory")
