@@ -18,6 +18,7 @@ class Reason(str, Enum):
 
     CRASH = "crash"
     HEALTH = "health"
+    ENGINE_DIED = "engine_died"
     HANG = "hang"
     STALL = "stall"
     START_TIMEOUT = "start_timeout"
@@ -59,7 +60,9 @@ REASONS: dict[Reason, ReasonInfo] = {
     _R.CRASH: ReasonInfo(True, True, False, False, "the child exited unasked, or could not "
                          "be launched"),
     _R.HEALTH: ReasonInfo(True, True, False, False, "/health or the canary failed "
-                          "probe.failure_threshold times, or an engine process is gone"),
+                          "probe.failure_threshold times"),
+    _R.ENGINE_DIED: ReasonInfo(True, True, False, False, "an engine process (EngineCore, a "
+                               "TP worker) died: its signal or exit code is in the detail"),
     _R.HANG: ReasonInfo(True, True, True, False, "the canary timed out while the engine made "
                         "no progress"),
     _R.STALL: ReasonInfo(True, True, True, False, "requests wait and none runs for "

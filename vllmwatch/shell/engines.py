@@ -9,6 +9,10 @@ detection to one probe interval.
 
 from __future__ import annotations
 
+import contextlib
+import os
+import signal
+
 import psutil
 
 # vLLM titles its processes VLLM::EngineCore and VLLM::Worker_TP<n> (setproctitle; /proc's comm
@@ -53,15 +57,50 @@ def _gone(pid: int, created: float) -> bool:
         return False  # cannot tell (permissions): not evidence of a death
 
 
+def _same(pid: int, created: float) -> bool:
+    """The pid still names the process seen (alive or a zombie), not a reused pid."""
+    try:
+        return psutil.Process(pid).create_time() == created
+    except psutil.Error:
+        return False
+
+
+def zombie_status(pid: int) -> int | None:
+    """The wait status of a process that died and is not reaped yet (/proc/PID/stat field
+    52, Linux >= 3.5; its parent, vLLM's API server, reaps it), else None."""
+    with contextlib.suppress(OSError, ValueError, IndexError), \
+            open(f"/proc/{pid}/stat") as fh:
+        fields = fh.read().rpartition(")")[2].split()
+        if fields[0] == "Z":
+            return int(fields[49])  # field 52; fields[0] is field 3 (state)
+    return None
+
+
+def how_it_died(status: int | None) -> str:
+    """A wait status in words: the signal or the exit code (gunicorn's reap_workers style)."""
+    if status is None:
+        return "exit status not seen (its parent reaped it first)"
+    code = os.waitstatus_to_exitcode(status)
+    if code >= 0:
+        return f"exited with code {code}"
+    try:
+        name = signal.Signals(-code).name
+    except ValueError:
+        name = f"signal {-code}"
+    return f"killed by {name}" + (" (the OOM killer? see the incident record)"
+                                  if -code == signal.SIGKILL else "")
+
+
 class EngineWatch:
     """The engine processes seen under one child; reset at each launch."""
 
     def __init__(self) -> None:
         self.seen: dict[int, tuple[float, str]] = {}  # pid -> (create time, title)
+        self.died: dict[int, str] = {}  # pid -> how it died, once seen gone
 
     def reset(self) -> None:
         """A new child: forget the old tree's engines."""
-        self.seen = {}
+        self.seen, self.died = {}, {}
 
     def engines(self) -> list[int]:
         """The engine processes (EngineCore, workers; not API servers) seen and alive."""
@@ -82,5 +121,11 @@ class EngineWatch:
                         self.seen[proc.pid] = (proc.create_time(), title)
                     except psutil.Error:
                         continue
-        return [f"pid {pid} ({title})" for pid, (created, title) in sorted(self.seen.items())
-                if _gone(pid, created)]
+        out = []
+        for pid, (created, title) in sorted(self.seen.items()):
+            if pid in self.died or _gone(pid, created):
+                if pid not in self.died:  # read once: the zombie is reaped soon after
+                    self.died[pid] = how_it_died(zombie_status(pid) if _same(pid, created)
+                                                 else None)
+                out.append(f"pid {pid} ({title}) {self.died[pid]}")
+        return out
