@@ -87,7 +87,8 @@ def test_deadlocked_threads_show_as_blocked_on_a_lock() -> None:
     r = _record(reason="hang", detail="frozen", stacks={"methods": {}, "processes": [{
         "pid": 812, "role": "engine_core", "dumps": [{"method": "py-spy", "ok": True, "threads": [
             {"name": "MainThread (idle)", "blocked": True, "frames": frames},
-            {"name": "tqdm (idle)", "blocked": False, "frames": [["wait", "threading.py", 1]]}]}]}]})
+            {"name": "tqdm (idle)", "blocked": False,
+             "frames": [["wait", "threading.py", 1]]}]}]}]})
     assert "threads blocked on a lock in take (/x/fake_engine.py:271)" in "\n".join(_head(r))
     text = report.render(r)
     assert "thread MainThread (blocked on a lock): in take" in text
