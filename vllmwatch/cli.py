@@ -41,6 +41,9 @@ def _parser() -> argparse.ArgumentParser:
     check.add_argument("--json", action="store_true", help="machine-readable output")
     check.add_argument("--fast", action="store_true",
                        help="skip slow steps (checksums, vLLM version); for ExecStartPre")
+    check.add_argument("--config-only", action="store_true",
+                       help="only load the config as a reload would (the units' ExecReload=); "
+                       "exit 2 when a reload would refuse it")
     add("print-command", "print the vLLM command line, secrets redacted")
     status = add("status", "show the running daemon's status")
     status.add_argument("--json", action="store_true", help="print the raw /status JSON")
@@ -99,6 +102,8 @@ def _dispatch(args: argparse.Namespace) -> int:
     if args.command == "check":
         from vllmwatch.check import runner as check
 
+        if args.config_only:
+            return check.config_only(config_path(args.config), as_json=args.json)
         return check.main(config_path(args.config), as_json=args.json, fast=args.fast)
     if args.command == "incidents":
         from vllmwatch.incident import cli as incident_cli

@@ -33,7 +33,8 @@ def test_contents(deb: Path) -> None:
                  "/lib/systemd/system/vllmwatch@.service",
                  "/usr/lib/sysusers.d/vllmwatch.conf", "/etc/vllmwatch/vllmwatch.toml",
                  "/opt/vllmwatch/bin/vllmwatch", "/opt/vllmwatch/venv/bin/vllmwatch",
-                 "/usr/bin/vllmwatch", "/usr/share/doc/vllmwatch/copyright"):
+                 "/usr/bin/vllmwatch", "/usr/share/doc/vllmwatch/copyright",
+                 "/usr/lib/systemd/catalog/vllmwatch.catalog"):
         assert path in files, path
     assert any(f.endswith("/site-packages/vllmwatch/testing/fake_vllm.py") for f in files)
     assert not [f for f in files if "__pycache__" in f or f.endswith(".pyc")]

@@ -25,7 +25,9 @@ from vllmwatch.check.base import (
     Context,
     exc_text,
 )
+from vllmwatch.config.reloadcheck import load_for_reload
 from vllmwatch.config.schema import ConfigError, load
+from vllmwatch.core import exitcodes
 
 __all__ = [
     "CHECKS",
@@ -35,6 +37,7 @@ __all__ = [
     "WARN",
     "CheckResult",
     "Context",
+    "config_only",
     "main",
     "render_json",
     "render_text",
@@ -122,3 +125,24 @@ CHECKS: tuple[tuple[str, Check], ...] = (
     ("instances", neighbours.check_neighbours),
     ("fights", fights.check_fights),
 )
+
+
+def config_only(path: str, as_json: bool, out: TextIO | None = None) -> int:
+    """`check --config-only`: what a reload would apply, nothing else (the units' first
+    ExecReload=). 0 when a SIGHUP would take it; exit code CONFIG when it would be refused,
+    so that `systemctl reload` fails and `systemctl status` shows why."""
+    out = out or sys.stdout
+    try:
+        config = load_for_reload(path)
+        result = CheckResult("config", PASS, f"loads (sha256 {config.sha256[:12]}); a reload "
+                             "applies it")
+    except ConfigError as exc:
+        result = CheckResult("config", FAIL, f"{exc}; a reload would keep the running config")
+    except Exception as exc:  # a bug in loading must still not print a traceback
+        result = CheckResult("config", FAIL, f"{path}: cannot load: {exc_text(exc)}")
+    try:
+        print(render_json([result]) if as_json else render_text([result], path), file=out)
+        out.flush()
+    except BrokenPipeError:
+        pass
+    return exitcodes.OK if result.status == PASS else exitcodes.CONFIG
