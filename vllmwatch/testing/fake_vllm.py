@@ -70,7 +70,8 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
     # --wedge-api-after: completions never return while /metrics says requests run and
     # tokens grow (an API server wedged while its engine works; issue 37.8)
     for name in ("hang-after", "deadlock-after", "wedge-api-after", "stall-after",
-                 "exit-after", "engine-crash-after", "crash-during-start", "health-fail-after", "unhealthy-after"):
+                 "exit-after", "engine-crash-after", "crash-during-start", "health-fail-after",
+                 "unhealthy-after"):
         p.add_argument(f"--{name}", type=float)
     for name in ("busy", "ignore-sigterm", "fail-start", "disable-uvicorn-access-log",
                  # once ready, start a descendant that calls setsid and clears its environment
