@@ -249,6 +249,7 @@ class ChildHandle:
     def close(self) -> None:
         """Last resort on the way out: never leave this child behind."""
         self.end_start("daemon_exit")
+        self._engines.close()
         if self.child.proc.poll() is None:
             childmod.signal_group(self.child.pid, "SIGKILL")
             with contextlib.suppress(subprocess.TimeoutExpired):

@@ -11,7 +11,9 @@ from __future__ import annotations
 
 import contextlib
 import os
+import select
 import signal
+import threading
 
 import psutil
 
@@ -91,16 +93,81 @@ def how_it_died(status: int | None) -> str:
                                   if -code == signal.SIGKILL else "")
 
 
+class _Exits:
+    """Reads an engine's wait status the moment it dies (issue 36.15): vLLM's API server
+    reaps its EngineCore within milliseconds of the death, long before the next probe looks,
+    so a thread waits on a pidfd of each engine (readable once it is a zombie) and reads
+    /proc at once. Best effort: without pidfd_open (Linux < 5.3) the probe's own look is all."""
+
+    POLL_S = 0.2  # how soon an engine learnt meanwhile joins the wait; the thread's only cost
+
+    def __init__(self) -> None:
+        self.status: dict[int, int] = {}  # pid -> wait status, read while a zombie
+        self._fds: dict[int, int] = {}  # pidfd -> pid
+        self._lock = threading.Lock()
+        self._thread: threading.Thread | None = None
+        self._stop = threading.Event()
+
+    def watch(self, pid: int) -> None:
+        """Wait for this engine's death from now on."""
+        try:
+            fd = os.pidfd_open(pid)
+        except (OSError, AttributeError):
+            return
+        with self._lock:
+            self._fds[fd] = pid
+            if self._thread is None:
+                self._thread = threading.Thread(target=self._run, daemon=True,
+                                                name="vllmwatch-engine-exits")
+                self._thread.start()
+
+    def _run(self) -> None:
+        while not self._stop.is_set():
+            with self._lock:
+                fds = list(self._fds)
+                if not fds:  # every engine is dead (or closed): a later watch() starts anew
+                    self._thread = None
+                    return
+            try:
+                ready = select.select(fds, [], [], self.POLL_S)[0]
+            except (OSError, ValueError):  # closed under us by close()
+                ready = []
+            for fd in ready:
+                with self._lock:
+                    pid = self._fds.pop(fd, None)
+                if pid is not None:
+                    status = zombie_status(pid)
+                    if status is not None:
+                        self.status[pid] = status
+                    with contextlib.suppress(OSError):
+                        os.close(fd)
+
+    def close(self) -> None:
+        """Stop the thread and close every pidfd."""
+        self._stop.set()
+        with self._lock:
+            fds, self._fds = list(self._fds), {}
+        for fd in fds:
+            with contextlib.suppress(OSError):
+                os.close(fd)
+
+
 class EngineWatch:
     """The engine processes seen under one child; reset at each launch."""
 
     def __init__(self) -> None:
         self.seen: dict[int, tuple[float, str]] = {}  # pid -> (create time, title)
         self.died: dict[int, str] = {}  # pid -> how it died, once seen gone
+        self._exits = _Exits()
 
     def reset(self) -> None:
         """A new child: forget the old tree's engines."""
-        self.seen, self.died = {}, {}
+        self.close()
+        self.seen, self.died, self._exits = {}, {}, _Exits()
+
+    def close(self) -> None:
+        """The child is gone: stop waiting for its engines."""
+        self._exits.close()
 
     def engines(self) -> list[int]:
         """The engine processes (EngineCore, workers; not API servers) seen and alive."""
@@ -121,11 +188,15 @@ class EngineWatch:
                         self.seen[proc.pid] = (proc.create_time(), title)
                     except psutil.Error:
                         continue
+                    if "APIServer" not in title:
+                        self._exits.watch(proc.pid)
         out = []
         for pid, (created, title) in sorted(self.seen.items()):
             if pid in self.died or _gone(pid, created):
                 if pid not in self.died:  # read once: the zombie is reaped soon after
-                    self.died[pid] = how_it_died(zombie_status(pid) if _same(pid, created)
-                                                 else None)
+                    status = self._exits.status.get(pid)
+                    if status is None and _same(pid, created):
+                        status = zombie_status(pid)
+                    self.died[pid] = how_it_died(status)
                 out.append(f"pid {pid} ({title}) {self.died[pid]}")
         return out
