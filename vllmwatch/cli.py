@@ -70,6 +70,9 @@ def _add_init(init: argparse.ArgumentParser) -> None:
                       help="do not ask vLLM for its flags (only a cached list is used)")
     init.add_argument("--api-key-file", default="", metavar="PATH",
                       help="where the API key goes (default: api-key next to the config)")
+    init.add_argument("--gate", action="store_true",
+                      help="put vllmwatch's front door on the line's address (vLLM moves to "
+                           "loopback) so that requests wait during restarts")
     init.add_argument("words", nargs=argparse.REMAINDER,
                       help="the command line: -- vllm serve MODEL ... (or one quoted string)")
 
@@ -115,7 +118,8 @@ def _dispatch(args: argparse.Namespace) -> int:
         from vllmwatch.migrate import runner as init
 
         return init.main(init.Request(args.words, args.from_pid, config_path(args.config),
-                                      args.stdout, args.force, args.fast, args.api_key_file),
+                                      args.stdout, args.force, args.fast, args.api_key_file,
+                                      args.gate),
                          os.environ)
     config = load_config(args.config)
     if args.command == "print-command":

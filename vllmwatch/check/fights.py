@@ -18,6 +18,7 @@ from collections.abc import Iterator
 from dataclasses import dataclass
 
 from vllmwatch.check.base import PASS, SKIP, WARN, CheckResult, Context
+from vllmwatch.config.redact import REDACT
 from vllmwatch.config.serveline import is_vllm_serve, shown
 
 _KILL = re.compile(r"\b(pkill|killall|kill)\b[^|;&]*vllm|\bsystemctl\s+(restart|stop|kill)\s+"
@@ -30,6 +31,16 @@ _UNIT_DIRS = ("etc/systemd/system", "usr/local/lib/systemd/system", "lib/systemd
               "usr/lib/systemd/system", "home/*/.config/systemd/user", "root/.config/systemd/user")
 _SUPERVISOR = ("etc/supervisord.conf", "etc/supervisor/supervisord.conf",
                "etc/supervisor/conf.d/*", "etc/supervisord.d/*")
+
+
+# What replaces a cron job that kills vLLM past an nvidia-smi memory figure (issue 36.7).
+MEMORY_RULES = (
+    "vllmwatch's [memory] rules replace it, watching only vLLM's tree and draining before the "
+    "restart: read the tree's figure when healthy (`vllmwatch status`), then set "
+    "memory.gpu_limit about 10% above it, memory.gpu_growth_limit = \"4GiB\" and "
+    "memory.gpu_growth_rate = \"200MiB/h\" (memory.host_limit for a CPU deployment); on a "
+    "DGX Spark the old figure was system memory (page cache and other tenants included), "
+    "not vLLM's: do not copy it")
 
 
 @dataclass(frozen=True)
@@ -100,6 +111,8 @@ def _cron_line(root: str, path: str, number: int, text: str, todo: str) -> list[
     where = f"{_shown(root, path)}:{number}"
     verdict = _verdict(text)
     if verdict is not None:
+        if verdict.startswith("kills") and _GPU_QUERY.search(text):
+            todo += f"; {MEMORY_RULES}"
         return [Finding(where, f"{verdict}: {text[:120]}", todo)]
     for word in text.split():  # a script the line runs: one level deep
         script = os.path.join(root, word.lstrip("/")) if word.startswith("/") else ""
@@ -176,7 +189,7 @@ def processes(proc: str, gpus: list[int] | None, marker: str) -> tuple[list[Find
         shared = _shared_gpus(gpus, env.get("CUDA_VISIBLE_DEVICES"))
         if shared:
             out.append(Finding(f"pid {pid}", f"a vLLM not started by vllmwatch runs on "
-                               f"{shared}: {shown(argv)}",
+                               f"{shared}: {shown(REDACT.argv(argv))}",
                                f"stop it (kill {pid}) before `systemctl start vllmwatch`, "
                                "and remove what starts it"))
     visible = os.geteuid() == 0 or os.path.exists(os.path.join(proc, "1", "cmdline"))

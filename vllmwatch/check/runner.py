@@ -14,7 +14,17 @@ from collections.abc import Callable, Mapping, Sequence
 from dataclasses import asdict
 from typing import Any, TextIO
 
-from vllmwatch.check import fights, gpu, host, maxlen, model, neighbours, unified, vllm
+from vllmwatch.check import (
+    fights,
+    gpu,
+    host,
+    maxlen,
+    model,
+    neighbours,
+    startmem,
+    unified,
+    vllm,
+)
 from vllmwatch.check.base import (
     FAIL,
     PASS,
@@ -111,6 +121,13 @@ def _check_gpus(ctx: Context) -> list[CheckResult]:
     return gpu.check_gpus(ctx.config.vllm.gpus, ctx.nvml or gpu.load_nvml)
 
 
+def _check_start_memory(ctx: Context) -> list[CheckResult]:
+    if host.serving_now(ctx):  # its memory counts as used: the check would refuse itself
+        return [CheckResult(startmem.NAME, PASS, "this deployment's vLLM is running (it holds "
+                            "the memory vLLM's start-up check would ask for)")]
+    return startmem.check_start_memory(ctx, nvml=ctx.nvml or gpu.load_nvml)
+
+
 CHECKS: tuple[tuple[str, Check], ...] = (
     ("config", vllm.check_config),
     ("vllm", vllm.check_vllm),
@@ -120,6 +137,7 @@ CHECKS: tuple[tuple[str, Check], ...] = (
     ("port", host.check_port),
     ("status.listen", vllm.check_status_listen),
     ("gpu", _check_gpus),
+    ("start memory", _check_start_memory),
     ("platform", unified.check_platform),
     ("prewarm.cache_dir", host.check_prewarm_cache),
     ("instances", neighbours.check_neighbours),
