@@ -5,8 +5,10 @@ when and why it stopped (systemd's last exit, the last incident) and what to rea
 from __future__ import annotations
 
 import json
+import os
 import socket
 import subprocess
+import sys
 from pathlib import Path
 from typing import Any
 
@@ -14,7 +16,7 @@ import pytest
 
 from vllmwatch.config.schema import from_dict
 from vllmwatch.core import exitcodes
-from vllmwatch.incident import store
+from vllmwatch.incident import latest, store
 from vllmwatch.status import cli as status_cli
 from vllmwatch.status import stopped
 from vllmwatch.status.snapshot import MemoryFigures, Snapshot
@@ -142,12 +144,16 @@ def test_a_crash_loop_give_up_says_when_why_and_where_to_read(
     real = stopped.systemd_view
     monkeypatch.setattr(stopped, "systemd_view", lambda unit: real(unit, _shown(FAILED),
                                                                    booted=True))
-    monkeypatch.setattr(stopped, "incident_roots", lambda unit, env: [str(tmp_path / "no"),
-                                                                      str(root)])
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         port = s.getsockname()[1]
-    code = status_cli.main("/etc/vllmwatch/vllmwatch.toml", f"127.0.0.1:{port}", False)
+    asked = []
+
+    def find(unit: str) -> dict[str, Any] | None:
+        asked.append(unit)
+        return latest.newest([str(tmp_path / "no"), str(root)])
+    code = status_cli.main("/etc/vllmwatch/vllmwatch.toml", f"127.0.0.1:{port}", False, find)
+    assert asked == ["vllmwatch.service"]
     err = capsys.readouterr().err
     assert code == status_cli.EXIT_NOT_RUNNING
     rows = _rows(err)
@@ -161,8 +167,8 @@ def test_a_crash_loop_give_up_says_when_why_and_where_to_read(
 
 
 def test_without_systemd_or_records_it_still_says_how_to_start(tmp_path: Path) -> None:
-    text = stopped.explain("http://127.0.0.1:1/status", "/etc/vllmwatch/gpu1.toml", {}, None,
-                           stopped.last_incident([str(tmp_path)]))
+    text = stopped.explain("http://127.0.0.1:1/status", "/etc/vllmwatch/gpu1.toml", None,
+                           latest.newest([str(tmp_path), str(tmp_path / "missing")]))
     assert text.splitlines() == ["vllmwatch is not running (no answer at "
                                  "http://127.0.0.1:1/status)",
                                  "next      start it with `systemctl start vllmwatch@gpu1`"]
@@ -170,5 +176,32 @@ def test_without_systemd_or_records_it_still_says_how_to_start(tmp_path: Path) -
 
 def test_a_starting_unit_is_not_called_stopped() -> None:
     view = {"LoadState": "loaded", "ActiveState": "activating", "SubState": "start"}
-    text = stopped.explain("http://x:1/status", "/etc/vllmwatch/vllmwatch.toml", {}, view, None)
+    text = stopped.explain("http://x:1/status", "/etc/vllmwatch/vllmwatch.toml", view, None)
     assert "systemd says it is activating" in text and "systemctl start" not in text
+
+
+def test_an_instance_looks_in_its_own_state_directory_first() -> None:
+    assert latest.instance_roots("vllmwatch@gpu0.service", ["/a"]) == [
+        "/var/lib/vllmwatch/gpu0/incidents", "/a"]
+    assert latest.instance_roots("vllmwatch.service", ["/a"]) == ["/a"]
+
+
+def test_the_command_line_wires_the_incident_lookup(tmp_path: Path) -> None:
+    proc = subprocess.run([sys.executable, "-m", "vllmwatch", "status", "--url",
+                           f"127.0.0.1:{_free_port()}", "--config", str(tmp_path / "x.toml")],
+                          capture_output=True, text=True, timeout=60, check=False,
+                          env={**os.environ, "STATE_DIRECTORY": str(tmp_path)})
+    assert proc.returncode == status_cli.EXIT_NOT_RUNNING and "Traceback" not in proc.stderr
+    rid = _record(tmp_path / "incidents", "hang", "canary timed out", NOW)
+    proc = subprocess.run([sys.executable, "-m", "vllmwatch", "status", "--url",
+                           f"127.0.0.1:{_free_port()}", "--config", str(tmp_path / "x.toml")],
+                          capture_output=True, text=True, timeout=60, check=False,
+                          env={**os.environ, "STATE_DIRECTORY": str(tmp_path)})
+    assert f"vllmwatch incidents show {rid}" in proc.stderr, proc.stderr
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port: int = s.getsockname()[1]
+    return port

@@ -20,7 +20,8 @@ from vllmwatch.config.hosts import connect_host, parse_listen, url_host
 from vllmwatch.config.schema import ConfigError, config_path, load
 from vllmwatch.config.text import printable
 from vllmwatch.config.units import format_duration, format_mib
-from vllmwatch.status import bounded_http
+from vllmwatch.status import bounded_http, stopped
+from vllmwatch.status.stopped import IncidentFinder
 
 TIMEOUT_S = 3.0
 MAX_BODY = 1 << 20
@@ -43,7 +44,8 @@ class StatusError(Exception):
         self.code = code
 
 
-def main(config_arg: str | None, url: str | None, as_json: bool) -> int:
+def main(config_arg: str | None, url: str | None, as_json: bool,
+         find_incident: IncidentFinder | None = None) -> int:
     """Fetch /status and print it; 3 when the daemon does not answer, 2 for a bad config or
     --url, 1 on other errors (including an answer that is not vllmwatch's)."""
     try:
@@ -53,7 +55,7 @@ def main(config_arg: str | None, url: str | None, as_json: bool) -> int:
         text = body if as_json else render(data, colour=use_colour(sys.stdout))
     except StatusError as exc:
         if exc.code == EXIT_NOT_RUNNING:
-            print(_not_running(str(exc), config_arg), file=sys.stderr)
+            print(_not_running(str(exc), config_arg, find_incident), file=sys.stderr)
         else:
             print(f"vllmwatch status: {exc}", file=sys.stderr)
         return exc.code
@@ -69,16 +71,15 @@ def main(config_arg: str | None, url: str | None, as_json: bool) -> int:
     return EXIT_OK
 
 
-def _not_running(url: str, config_arg: str | None) -> str:
+def _not_running(url: str, config_arg: str | None, find_incident: IncidentFinder | None
+                 ) -> str:
     """When and why it stopped (systemd's last exit, the last incident), where it can be
     known; else the plain line."""
-    from vllmwatch.status import stopped
-
     try:
         path = config_path(config_arg)
         unit = stopped.unit_name(path)
-        return stopped.explain(url, path, os.environ, stopped.systemd_view(unit),
-                               stopped.last_incident(stopped.incident_roots(unit, os.environ)))
+        return stopped.explain(url, path, stopped.systemd_view(unit),
+                               find_incident(unit) if find_incident else None)
     except Exception as exc:  # the diagnosis must never hide the one line that matters
         return (f"vllmwatch is not running (no answer at {url}); start it with "
                 f"`systemctl start vllmwatch` (no more detail: {type(exc).__name__}: {exc})")

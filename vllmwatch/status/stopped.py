@@ -1,10 +1,10 @@
 """When the daemon does not answer: when and why it stopped, and where to read more.
 
 `vllmwatch status` with nobody listening asks systemd for the unit's last exit (bounded:
-one `systemctl show` with a short timeout, only where systemd runs) and reads the newest
-incident record from the state directory, so a crash-loop give-up reads as "stopped at ...,
-exit N (crash-loop guard gave up); last incident ...: vllmwatch incidents show ID" instead of
-only "not running".
+one `systemctl show` with a short timeout, only where systemd runs) and shows the newest
+incident record (found by incident/latest.py, wired in by vllmwatch/cli.py), so a crash-loop
+give-up reads as "stopped at ..., exit N (crash-loop guard gave up); incident last: ID ...;
+vllmwatch incidents show ID" instead of only "not running".
 """
 
 from __future__ import annotations
@@ -13,7 +13,7 @@ import os
 import shutil
 import signal
 import subprocess
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Mapping
 from pathlib import Path
 from typing import Any
 
@@ -80,34 +80,11 @@ def last_exit(view: Mapping[str, str]) -> str:
     return f"killed by {name}" + (" (core dumped)" if code == _CLD_DUMPED else "")
 
 
-def last_incident(roots: Sequence[str]) -> dict[str, Any] | None:
-    """The newest incident record's id, time, reason and detail; None when none is readable."""
-    from vllmwatch.incident import store  # only on this path: status stays light
-
-    for root in roots:
-        ids = store.ids(root)
-        if not ids:
-            continue
-        data = store.load(root, ids[-1]) or {}
-        return {"id": ids[-1], "time": str(data.get("time_utc", "")),
-                "reason": str(data.get("reason", "?")),
-                "detail": printable(str(data.get("detail", ""))[:160], False)}
-    return None
+IncidentFinder = Callable[[str], Mapping[str, Any] | None]  # unit -> the newest record
 
 
-def incident_roots(unit: str, environ: Mapping[str, str]) -> list[str]:
-    """Where the unit keeps its records: the instance's state directory first."""
-    from vllmwatch.shell.incidents import roots
-
-    found = roots(environ)
-    if unit.startswith("vllmwatch@"):
-        name = unit.removeprefix("vllmwatch@").removesuffix(".service")
-        found.insert(0, f"/var/lib/vllmwatch/{name}/incidents")
-    return found
-
-
-def explain(url: str, config_path: str, environ: Mapping[str, str],
-            view: Mapping[str, str] | None, incident: Mapping[str, Any] | None) -> str:
+def explain(url: str, config_path: str, view: Mapping[str, str] | None,
+            incident: Mapping[str, Any] | None) -> str:
     """The lines `vllmwatch status` prints when nothing answers at url."""
     unit = unit_name(config_path)
     short = unit.removesuffix(".service")
