@@ -16,11 +16,12 @@ from collections.abc import Mapping
 from typing import Any, TextIO
 from urllib.parse import urlsplit
 
+from vllmwatch import bounded_http
 from vllmwatch.config.hosts import connect_host, parse_listen, url_host
 from vllmwatch.config.schema import ConfigError, config_path, load
 from vllmwatch.config.text import printable
 from vllmwatch.config.units import format_duration, format_mib
-from vllmwatch.status import bounded_http, stopped
+from vllmwatch.status import stopped
 from vllmwatch.status.stopped import IncidentFinder
 
 TIMEOUT_S = 3.0
@@ -237,9 +238,9 @@ def render(data: Mapping[str, Any], colour: bool = False, now: float | None = No
     rows.append(("child", "none" if pid is None else f"pid {pid}"
                  + (f", up {format_duration(uptime)}" if uptime is not None else "")
                  + (f" ({launch} launch)" if launch else "")))
-    if data.get("serving_url") or data.get("model"):
-        rows.append(("serving", " ".join(filter(None, (
-            data.get("serving_url"), f"model {data['model']}" if data.get("model") else "")))))
+    url, model = (v if isinstance(v := data.get(k), str) else "" for k in ("serving_url", "model"))
+    if url or model:
+        rows.append(("serving", " ".join(filter(None, (url, model and f"model {model}")))))
     rows += _standby_rows(data)
     rows += _restart_rows(data, now)
     rows += _start_rows(data, state)
