@@ -5,7 +5,7 @@
 #
 # The package holds vllmwatch in its own virtualenv under /opt/vllmwatch/venv (built here with
 # pip from the repo; the build machine needs PyPI or a pip index for the dependencies), the
-# systemd units, /etc/vllmwatch/vllmwatch.toml as a conffile (etc/vllmwatch.toml as is), the
+# systemd units, the journald catalog, /etc/vllmwatch/vllmwatch.toml as a conffile (etc/vllmwatch.toml as is), the
 # `vllmwatch` system user (sysusers.d) and a `systemctl daemon-reload` on install; it starts
 # and enables nothing. vLLM itself stays the user's own install: the config points at it.
 #
@@ -101,12 +101,20 @@ if [[ ${#PIP_PLATFORMS[@]} -eq 0 ]]; then
 else
     cross_install
 fi
+# vllmwatch/testing/ (the fake vLLM, engine and NVML, the daemon harness, an HAProxy harness)
+# serves the test suite and bench/, which import it from the source tree; nothing `vllmwatch`
+# runs needs it (tests/core/test_architecture.py), so the package leaves it out, and out of
+# the wheel's RECORD, which would otherwise list files that are not there.
+for SITE in "$VENV"/lib/python3*/site-packages; do
+    rm -rf "$SITE/vllmwatch/testing"
+    sed -i '\#^vllmwatch/testing/#d' "$SITE"/vllmwatch-*.dist-info/RECORD
+done
 # Scripts and activate files name the staging path: point them at /opt, as dh-virtualenv does.
 grep -rlI --null -F "$VENV" "$VENV" | xargs -0 -r sed -i "s|$VENV|$PREFIX/venv|g"
 sed -i '/^command = /d' "$VENV/pyvenv.cfg"
 find "$VENV" -name direct_url.json -delete   # records the build machine's checkout path
 # Console scripts of the dependencies (e.g. idna's): nothing runs them; only ours is shipped,
-# and py-spy's binary, which vllmwatch runs for incident records (docs/OPERATIONS.md).
+# and py-spy's binary, which vllmwatch runs for incident records (docs/operations/incidents.md).
 find "$VENV/bin" -maxdepth 1 -type f -perm -u+x ! -name vllmwatch ! -name py-spy -delete
 find "$VENV" \( -name __pycache__ -o -name '*.pyc' \) -prune -exec rm -rf {} +
 STRIP=strip
@@ -133,10 +141,17 @@ ln -s $PREFIX/bin/vllmwatch "$ROOT/usr/bin/vllmwatch"
 install -D -m 0644 "$REPO/systemd/vllmwatch.service" "$ROOT/lib/systemd/system/vllmwatch.service"
 install -D -m 0644 "$REPO/systemd/vllmwatch@.service" "$ROOT/lib/systemd/system/vllmwatch@.service"
 install -D -m 0644 "$REPO/systemd/sysusers.d/vllmwatch.conf" "$ROOT/usr/lib/sysusers.d/vllmwatch.conf"
+# What each MESSAGE_ID means and what to do: `journalctl -x` prints it (postinst compiles it).
+install -D -m 0644 "$REPO/systemd/vllmwatch.catalog" "$ROOT/usr/lib/systemd/catalog/vllmwatch.catalog"
 install -D -m 0644 "$CONFIG_SRC" "$ROOT/etc/vllmwatch/vllmwatch.toml"
 DOC=$ROOT/usr/share/doc/$PKG
 install -d "$DOC"
 [[ -f $REPO/docs/OPERATIONS.md ]] && install -m 0644 "$REPO/docs/OPERATIONS.md" "$DOC/"
+# The index above links its task pages as operations/*.md: ship them beside it.
+if [[ -d $REPO/docs/operations ]]; then
+    install -d "$DOC/operations"
+    install -m 0644 "$REPO"/docs/operations/*.md "$DOC/operations/"
+fi
 "$PYTHON" "$REPO/packaging/copyright.py" "$VENV" > "$DOC/copyright"
 DATE=$(date -R -d "@${SOURCE_DATE_EPOCH:-$(git -C "$REPO" log -1 --format=%ct 2>/dev/null || date +%s)}")
 printf '%s (%s) unstable; urgency=medium\n\n  * Package built from the vllmwatch repository.\n\n -- %s  %s\n' \

@@ -9,11 +9,11 @@ from collections.abc import Callable, Mapping
 from dataclasses import replace
 
 from vllmwatch import __version__
-from vllmwatch.config import command
-from vllmwatch.config.schema import Config, load
+from vllmwatch.config.reloadcheck import load_for_reload
+from vllmwatch.config.schema import Config
 from vllmwatch.core import exitcodes
 from vllmwatch.core.events import ReadyzPolled
-from vllmwatch.core.names import Reason
+from vllmwatch.core.names import Reason, exit_code
 from vllmwatch.live import Live, SwitchableLog
 from vllmwatch.shell import fdbudget, instancelock, reaper
 from vllmwatch.shell.child import instance_id
@@ -86,13 +86,8 @@ def _run(config: Config, log_format: str | None, env: dict[str, str], log: Switc
         fx.stop_order = live.gate.stop_order
 
     def reload() -> Config:  # on a worker thread: reads the file, logs with the old level
-        new = load(config.path)
-        try:  # a key file that can never work is refused now, not at the next launch (exit 2)
-            command.read_api_key(new)
-        except command.KeyFileError as exc:
-            if not exc.transient:
-                raise
-        return spread_config(new, log)
+        # The same check as `check --config-only`, the units' first ExecReload= (exit 2).
+        return spread_config(load_for_reload(config.path), log)
 
     def reloaded(new: Config) -> None:  # on the loop's thread, with the new config
         live.apply(new)
@@ -137,7 +132,7 @@ def _lock_instance(config: Config, env: Mapping[str, str], log: LogFn
     try:
         got = instancelock.acquire(instance_id(config.path), env)
     except instancelock.AlreadyRunning as exc:
-        code = exitcodes.ALREADY_RUNNING
+        code = exit_code(Reason.ALREADY_RUNNING)
         log("error", "daemon.exiting", code=code, reason=str(Reason.ALREADY_RUNNING),
             detail=f"another vllmwatch (pid {exc.pid}) runs {config.path}; nothing touched",
             holder_pid=exc.pid, lock=exc.path, meaning=exitcodes.MEANING[code],

@@ -8,6 +8,7 @@ import pytest
 
 from vllmwatch.config.schema import from_dict
 from vllmwatch.core import incidents, machine
+from vllmwatch.core.names import Reason
 from vllmwatch.incident import dumpers, metrics, record, report
 from vllmwatch.incident.redact import Redactor, secrets_of
 
@@ -95,7 +96,7 @@ CFG = from_dict({"vllm": {"model": "/m"}})
     ("host_memory", True), ("start_memory", True), ("manual", False), ("reload", False),
 ])
 def test_which_reasons_get_a_record(reason: str, wanted: bool) -> None:
-    assert incidents.wanted(machine.initial(CFG, 0.0), reason) is wanted
+    assert incidents.wanted(machine.initial(CFG, 0.0), Reason(reason)) is wanted
 
 
 def _record() -> dict[str, Any]:

@@ -3,10 +3,13 @@ are what the rest of the core relied on as string sets."""
 
 from __future__ import annotations
 
+import inspect
 import json
+import re
+from pathlib import Path
 
 from vllmwatch.config.schema import from_dict
-from vllmwatch.core import machine, names, probing
+from vllmwatch.core import exitcodes, ladder, machine, names, probing
 from vllmwatch.core.names import PROBES, REASONS, ProbeKind, Reason
 from vllmwatch.status import metrics
 
@@ -52,3 +55,27 @@ def test_guarded_probes_feed_the_metrics_labels() -> None:
 def test_freshness_bounds_cover_exactly_the_guarded_probes() -> None:
     s = machine.initial(from_dict({"vllm": {"model": "/m"}}), 0.0)
     assert tuple(probing.bounds(s)) == names.GUARDED_PROBES
+
+
+def test_exit_codes_come_from_the_reason_table() -> None:
+    """Issue 32: the reason table pairs each exiting reason with its code (no call site
+    pairs them by hand), and the numbers live only in core/exitcodes.py."""
+    assert {r: i.exit_code for r, i in REASONS.items() if i.exits} == {
+        Reason.START_MEMORY: exitcodes.START_MEMORY, Reason.GPU_FAULT: exitcodes.GPU_FAULT,
+        Reason.STOP: exitcodes.OK, Reason.CRASHLOOP: exitcodes.GAVE_UP,
+        Reason.CONFIG: exitcodes.CONFIG, Reason.PORT_BUSY: exitcodes.START,
+        Reason.PREWARM_FAILED: exitcodes.FAILURE, Reason.INTERNAL: exitcodes.INTERNAL,
+        Reason.ALREADY_RUNNING: exitcodes.ALREADY_RUNNING}
+    assert all(names.exit_code(r) == REASONS[r].exit_code for r in names.EXIT_REASONS)
+    # a meaning says what happened; the code is the table's, never repeated in words
+    assert not [r for r, i in REASONS.items() if re.search(r"\bexits? \d", i.meaning)]
+
+
+def test_halt_takes_a_reason_not_a_code() -> None:
+    src = Path(names.__file__).parent
+    params = list(inspect.signature(ladder.halt).parameters)
+    assert params[:4] == ["s", "now", "reason", "detail"]
+    # no module of the core compares or sets the daemon's exit code by number
+    for path in src.glob("*.py"):
+        if path.name != "exitcodes.py":
+            assert not re.search(r"\bexit_code\s*(=|==|!=)\s*\d|Exit\(\d", path.read_text()), path

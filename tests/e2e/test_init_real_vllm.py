@@ -1,4 +1,4 @@
-"""End-to-end: from a hand-run real vLLM to the service (docs/OPERATIONS.md "Moving from a
+"""End-to-end: from a hand-run real vLLM to the service (docs/operations/install.md "Moving from a
 hand-run vLLM"). A real CPU vLLM is started by hand (`vllm serve ... --api-key ...`), `vllmwatch
 init --from-pid` reads it through its EngineCore's pid and writes the config, the hand-run
 vLLM is stopped, the key file is made as init says, and `vllmwatch run` with the written

@@ -4,7 +4,7 @@ A deadlocked (not stopped) fake engine is a hang: the record is written by the s
 under StateDirectory= (/var/lib/vllmwatch/incidents), 0700, with the engine's stacks — by
 faulthandler through the startup hook (no ptrace, no capability), and by py-spy where the
 unit allows it (this host has no Yama; the hook names vllmwatch as ptracer for
-ptrace_scope=1, see docs/OPERATIONS.md). The journal entry names the record.
+ptrace_scope=1, see docs/operations/incidents.md). The journal entry names the record.
 """
 
 from __future__ import annotations

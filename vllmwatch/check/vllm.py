@@ -19,7 +19,7 @@ def check_config(ctx: Context) -> CheckResult:
     except ConfigError as exc:
         return CheckResult("config", FAIL, str(exc))
     return CheckResult("config", PASS,
-                       f"{c.path}: {shlex.join(command.redact_argv(cmd.argv))}")
+                       f"{c.path}: {shlex.join(cmd.shown_argv())}")
 
 
 def check_vllm(ctx: Context) -> CheckResult:

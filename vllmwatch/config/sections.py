@@ -35,6 +35,7 @@ class VllmConfig:
     args: dict[str, object] = _conv("args_table", {})
     extra_args: list[str] = _conv("str_list", [])
     api_key_file: str = _conv("str", "")
+    env_file: str = _conv("str", "")  # secret variables (and flag values) kept out of here
 
     @property
     def model_name(self) -> str:

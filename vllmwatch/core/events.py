@@ -7,7 +7,7 @@ from typing import Any
 
 from vllmwatch.config.schema import Config, ProbeConfig
 from vllmwatch.core.hangs import HostCpu
-from vllmwatch.core.names import ProbeKind
+from vllmwatch.core.names import ProbeKind, Reason
 from vllmwatch.core.samples import MemorySample
 
 # ---- events: what happened (the shell observed it and hands it to step()) ----
@@ -312,7 +312,7 @@ class RecordIncident:
     """
 
     seq: int
-    reason: str
+    reason: Reason
     detail: str
     timeout: float
     pgid: int | None  # the child's group: its processes may outlive the API server

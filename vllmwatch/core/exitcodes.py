@@ -1,4 +1,5 @@
-"""The one table of `vllmwatch` exit codes (README, OPERATIONS.md and the units rely on it)."""
+"""The one table of `vllmwatch` exit codes (README, docs/operations/exit-codes.md and the units
+rely on it)."""
 
 from __future__ import annotations
 

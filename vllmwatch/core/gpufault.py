@@ -12,13 +12,13 @@ from __future__ import annotations
 from collections.abc import Iterable
 from dataclasses import replace
 
-from vllmwatch.core import exitcodes, ladder
+from vllmwatch.core import ladder
 from vllmwatch.core.events import Action, Log
-from vllmwatch.core.names import Reason
+from vllmwatch.core.names import Reason, exit_code
 from vllmwatch.core.samples import GpuFault
 from vllmwatch.core.state import Result, WatchState
 
-EXIT_GPU_FAULT = exitcodes.GPU_FAULT
+EXIT_GPU_FAULT = exit_code(Reason.GPU_FAULT)
 
 # Xids that mean the hardware (or its firmware), not the program: NVIDIA's Xid catalogue.
 # Others (13, 31, 43, 45: a program's fault) end with vLLM exiting, which the ladder handles.
@@ -81,5 +81,5 @@ def react(s: WatchState, faults: Iterable[GpuFault], now: float) -> tuple[Result
         "detail": detail, "fatal": True, "exit_code": EXIT_GPU_FAULT, "action": NEXT_STEP}))
     if s.exit_code is None:  # a stop already under way keeps its own code and reason
         s = replace(s, last_reason=Reason.GPU_FAULT, last_detail=detail)
-    s, more = ladder.halt(s, now, EXIT_GPU_FAULT, Reason.GPU_FAULT, detail)
+    s, more = ladder.halt(s, now, Reason.GPU_FAULT, detail)
     return (s, acts + more), True

@@ -5,7 +5,7 @@ engine. So the timeout follows this model's own canary latencies (a high percent
 last `HISTORY` successes times `probe.canary_timeout_margin`, kept between
 `probe.canary_timeout_min` and `probe.canary_timeout`), and a timeout is never a verdict by
 itself: the engine's token counters and the host's CPU pressure decide (`on_timeout`).
-docs/OPERATIONS.md "How long a hang takes to see" has the resulting table of waits.
+docs/operations/incidents.md "How long a hang takes to see" has the resulting table of waits.
 """
 
 from __future__ import annotations
@@ -90,7 +90,7 @@ class Verdict(str, Enum):
 
 
 def on_timeout(moved: bool, retried: bool) -> Verdict:
-    """The verdict on a canary timeout (table in docs/OPERATIONS.md).
+    """The verdict on a canary timeout (table in docs/operations/incidents.md).
 
     `moved`: anything the engine reports moved since the canary was sent (policy.moved:
     tokens, queue sizes, KV-cache usage; False when /metrics failed). `retried`: the canary

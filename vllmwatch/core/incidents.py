@@ -13,7 +13,6 @@ from __future__ import annotations
 from dataclasses import asdict, replace
 from typing import Any
 
-from vllmwatch.core import exitcodes
 from vllmwatch.core.events import Action, Log, RecordIncident
 from vllmwatch.core.leak import SeriesState
 from vllmwatch.core.names import Reason
@@ -21,28 +20,28 @@ from vllmwatch.core.state import IncidentWait, Result, S, WatchState
 
 REQUESTED = frozenset({Reason.MANUAL, Reason.RELOAD})  # restarts a person asked for
 # Exits that are not a requested stop, and not a refusal to start: each gets a record.
-EXITS = frozenset({exitcodes.GAVE_UP, exitcodes.START_MEMORY, exitcodes.GPU_FAULT})
+EXITS = frozenset({Reason.CRASHLOOP, Reason.START_MEMORY, Reason.GPU_FAULT})
 STATES = frozenset({S.STARTING, S.READY, S.DRAINING})  # where a child can still be read
 WAIT_MARGIN = 1.0  # the core's own deadline beyond the shell's, should its answer be lost
 MEMORY_REASONS = frozenset({Reason.GPU_MEMORY, Reason.HOST_MEMORY})
 SAMPLES_KEPT = 120  # the newest leak-rule points of each series put in a record
 
 
-def wanted(s: WatchState, reason: str) -> bool:
+def wanted(s: WatchState, reason: Reason) -> bool:
     """Whether a restart (or an exit) for `reason` gets a record."""
     return s.config.incidents.enabled and reason not in REQUESTED
 
 
-def request(s: WatchState, now: float, reason: str, detail: str, drain: bool) -> Result:
+def request(s: WatchState, now: float, reason: Reason, detail: str, drain: bool) -> Result:
     """Ask for the record and hold the ladder until it is written (or its deadline)."""
     timeout = s.config.incidents.timeout
     seq = s.incident_seq + 1
     code = s.exit_code  # halt sets it before asking
     wait = IncidentWait(seq=seq, until=now + timeout + WAIT_MARGIN, drain=drain, started=now,
-                        reason=str(reason))
+                        reason=reason)
     s = replace(s, incident_seq=seq, incident_wait=wait, deadline=wait.until)
     c = s.child
-    acts: list[Action] = [RecordIncident(seq, str(reason), detail, timeout,
+    acts: list[Action] = [RecordIncident(seq, reason, detail, timeout,
                                          c.pgid if c is not None else None, code,
                                          facts(s, now, reason))]
     return s, acts
@@ -77,7 +76,7 @@ def timed_out(s: WatchState, now: float) -> tuple[WatchState, list[Action], Inci
         "come back in time; the restart goes on without waiting for it"})], wait
 
 
-def facts(s: WatchState, now: float, reason: str) -> dict[str, Any]:
+def facts(s: WatchState, now: float, reason: Reason) -> dict[str, Any]:
     """What the core knows about this child run, JSON-ready, times relative to `now`."""
     c = s.child
     out: dict[str, Any] = {

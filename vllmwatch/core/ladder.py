@@ -19,18 +19,10 @@ from vllmwatch.core.events import (
     Notify,
     Spawn,
 )
-from vllmwatch.core.names import FAILURE_REASONS, ProbeKind, Reason
+from vllmwatch.core.names import FAILURE_REASONS, ProbeKind, Reason, exit_code
 from vllmwatch.core.release import ReleaseGate
 from vllmwatch.core.state import ChildRun, Result, S, WatchState, goto, next_random
-
-# The take-down moved to core/stopping.py; these names stay importable from here for the
-# callers of their old place (branches written before the move).
-from vllmwatch.core.stopping import KILL_WAIT as KILL_WAIT
-from vllmwatch.core.stopping import SWEEP_WAIT as SWEEP_WAIT
 from vllmwatch.core.stopping import finish, leave, take_down
-from vllmwatch.core.stopping import stop_child as stop_child
-from vllmwatch.core.stopping import stopping_deadline as stopping_deadline
-from vllmwatch.core.stopping import sweep as sweep
 
 RELEASE_POLL = 1.0
 FIRST_POLL = 1.0  # the first /health and memory look after a launch
@@ -47,19 +39,21 @@ def spawn(s: WatchState, now: float) -> Result:
     return s, [*acts, Spawn(s.config)]
 
 
-def halt(s: WatchState, now: float, code: int, reason: Reason, detail: str,
+def halt(s: WatchState, now: float, reason: Reason, detail: str,
          fields: Mapping[str, object] | None = None) -> Result:
-    """The one way out (gunicorn's HaltServer): record the exit code and reason, tell systemd
-    (STOPPING=1), log `daemon.exiting` once, and take the child down; the ladder then ends
-    in Exit(code). The first exit decided wins: a later call changes nothing."""
+    """The one way out (gunicorn's HaltServer): record the reason and its exit code (the
+    reason table's, core/names.py), tell systemd (STOPPING=1), log `daemon.exiting` once, and
+    take the child down; the ladder then ends in Exit(code). The first exit decided wins: a
+    later call changes nothing."""
     if s.exit_code is not None:
         return s, []
+    code = exit_code(reason)
     s = replace(s, exit_code=code, exit_reason=reason, exit_detail=detail)
     acts: list[Action] = [Notify(stopping=True), Log(
         "info" if code == exitcodes.OK else "error", "daemon.exiting", {
             "code": code, "reason": str(reason), "detail": detail, "state": str(s.state),
             "meaning": exitcodes.MEANING.get(code, ""), **(fields or {})})]
-    if code in incidents.EXITS and s.state in incidents.STATES:
+    if reason in incidents.EXITS and s.state in incidents.STATES:
         # not a requested stop, and a child to read: the record first, then leave. Elsewhere
         # (a sweep under way, a backoff) leave() itself, which bounds a sweep that never
         # answers by SWEEP_WAIT.
@@ -92,7 +86,7 @@ def begin_restart(s: WatchState, now: float, reason: Reason, detail: str, drain:
             "max_restarts": r.max_restarts,
             "hint": "vLLM keeps failing; read its last lines above, fix the cause, then "
                     "`systemctl restart vllmwatch`"})
-        s, acts = halt(s, now, exitcodes.GAVE_UP, Reason.CRASHLOOP, f"{reason}: {detail}")
+        s, acts = halt(s, now, Reason.CRASHLOOP, f"{reason}: {detail}")
         return s, [log, *acts]
     log = Log("warning", "restart.begin", {
         "reason": reason, "detail": detail, "restarts": sum(counts.values()),
@@ -151,7 +145,7 @@ def swept(s: WatchState, now: float, killed: tuple[int, ...], remaining: tuple[i
         acts.append(Log("error", "port.busy", {
             "port": s.config.vllm.port, "holder": port_holder,
             "hint": "another process holds vllm.port; stop it or choose another port"}))
-        s, more = halt(s, now, exitcodes.START, Reason.PORT_BUSY,
+        s, more = halt(s, now, Reason.PORT_BUSY,
                        f"{port_holder} holds vllm.port {s.config.vllm.port}")
         return s, acts + more
     if killed:

@@ -6,7 +6,6 @@ from dataclasses import replace
 
 from vllmwatch.config.schema import Config
 from vllmwatch.core import (
-    exitcodes,
     ladder,
     probing,
     release,
@@ -154,7 +153,7 @@ def _spawn_failed(s: WatchState, ev: SpawnFailed, now: float) -> Result:
     acts: list[Action] = [Log("error", "child.spawn_failed", {"error": ev.error})]
     detail = f"could not start: {ev.error}"
     if ev.fatal and s.exit_code is None:
-        s, more = ladder.halt(s, now, exitcodes.CONFIG, Reason.CONFIG, detail)
+        s, more = ladder.halt(s, now, Reason.CONFIG, detail)
         return s, acts + more
     if s.state not in CHILD_STATES:
         return s, acts
@@ -196,7 +195,7 @@ def _child_exited(s: WatchState, ev: ChildExited, now: float) -> Result:
         acts.append(Log("error", "child.rejected_arguments", {
             "error": hint, "hint": "vLLM refused its command line; fix [vllm] in the config "
             "(see `vllmwatch print-command` and `vllmwatch check`)"}))
-        s, more = ladder.halt(s, now, exitcodes.CONFIG, Reason.CONFIG,
+        s, more = ladder.halt(s, now, Reason.CONFIG,
                               f"vLLM refused its arguments: {hint}")
         return s, acts + more
     reason, detail = Reason.CRASH, ("during start: " if s.state == S.STARTING else "") + why
@@ -206,7 +205,7 @@ def _child_exited(s: WatchState, ev: ChildExited, now: float) -> Result:
         acts += logs
         reason = startmem.REASON
         if stop:
-            s, more = ladder.halt(s, now, exitcodes.START_MEMORY, reason, detail)
+            s, more = ladder.halt(s, now, reason, detail)
             return s, acts + more
     s, more = _crashed(s, now, detail, "child exited", reason)
     return s, acts + more
@@ -218,7 +217,7 @@ def _prewarm_done(s: WatchState, ev: PrewarmDone, now: float) -> Result:
     if not ev.ok:  # nothing of vLLM runs yet: CLEANUP, then halt leaves at once
         s, acts = goto(s, S.CLEANUP, now, "a required pre-warm step failed")
         acts.append(Log("error", "prewarm.failed", {"detail": ev.detail}))
-        s, more = ladder.halt(s, now, exitcodes.FAILURE, Reason.PREWARM_FAILED, ev.detail)
+        s, more = ladder.halt(s, now, Reason.PREWARM_FAILED, ev.detail)
         return s, acts + more
     if ev.detail:
         s, acts = ladder.spawn(s, now)
@@ -229,7 +228,7 @@ def _prewarm_done(s: WatchState, ev: PrewarmDone, now: float) -> Result:
 def _stop_requested(s: WatchState, ev: StopRequested, now: float) -> Result:
     """Honoured in every state; repeated or combined signals never lose it."""
     if s.exit_code is None:
-        return ladder.halt(s, now, exitcodes.OK, Reason.STOP, f"{ev.signal} received",
+        return ladder.halt(s, now, Reason.STOP, f"{ev.signal} received",
                            {"signal": ev.signal})
     if s.state == S.STOPPING and s.child is not None and not s.child.killed:
         return stopping.stopping_deadline(s, now)  # a second signal: no more patience

@@ -12,6 +12,8 @@ from __future__ import annotations
 from dataclasses import dataclass
 from enum import Enum
 
+from vllmwatch.core import exitcodes
+
 
 class Reason(str, Enum):
     """Why vLLM is taken down: for a restart, or for the daemon's exit (see REASONS)."""
@@ -44,52 +46,61 @@ class Reason(str, Enum):
 class ReasonInfo:
     """One row: `restart` the reason can start a restart (it is a `restarts_by_reason` label);
     `failure` it feeds backoff and the crash-loop guard (planned when False); `stuck` the
-    engine is known to be stuck, so the SIGTERM grace is short; `exits` it can end the
-    daemon (through core/halt.py)."""
+    engine is known to be stuck, so the SIGTERM grace is short; `exit_code` the code the
+    daemon leaves with for it (through `halt` in core/ladder.py), None when it never ends
+    the daemon. The numbers themselves live only in core/exitcodes.py."""
 
     restart: bool
     failure: bool
     stuck: bool
-    exits: bool
+    exit_code: int | None
     meaning: str
+
+    @property
+    def exits(self) -> bool:
+        """It can end the daemon."""
+        return self.exit_code is not None
 
 
 _R = Reason
+_X = exitcodes
 REASONS: dict[Reason, ReasonInfo] = {
-    _R.CRASH: ReasonInfo(True, True, False, False, "the child exited unasked, or could not "
-                         "be launched"),
-    _R.HEALTH: ReasonInfo(True, True, False, False, "/health or the canary failed "
+    _R.CRASH: ReasonInfo(True, True, False, None, "the child exited unasked, or could not be "
+                         "launched"),
+    _R.HEALTH: ReasonInfo(True, True, False, None, "/health or the canary failed "
                           "probe.failure_threshold times, or an engine process is gone"),
-    _R.HANG: ReasonInfo(True, True, True, False, "the canary timed out while the engine made "
+    _R.HANG: ReasonInfo(True, True, True, None, "the canary timed out while the engine made "
                         "no progress"),
-    _R.STALL: ReasonInfo(True, True, True, False, "requests wait and none runs for "
+    _R.STALL: ReasonInfo(True, True, True, None, "requests wait and none runs for "
                          "probe.stall_timeout"),
-    _R.START_TIMEOUT: ReasonInfo(True, True, False, False, "not READY within startup.timeout"),
-    _R.START_STALL: ReasonInfo(True, True, False, False, "no output and no progress during "
+    _R.START_TIMEOUT: ReasonInfo(True, True, False, None, "not READY within startup.timeout"),
+    _R.START_STALL: ReasonInfo(True, True, False, None, "no output and no progress during "
                                "start for startup.stall_timeout"),
-    _R.GPU_MEMORY: ReasonInfo(True, True, False, False, "a GPU memory rule held (limit, "
+    _R.GPU_MEMORY: ReasonInfo(True, True, False, None, "a GPU memory rule held (limit, "
                               "growth, rate)"),
-    _R.HOST_MEMORY: ReasonInfo(True, True, False, False, "a host memory rule held"),
-    _R.START_MEMORY: ReasonInfo(True, True, False, True, "the start died for memory; after "
-                                "memory.start_memory_retries in a row the daemon exits 5"),
-    _R.MANUAL: ReasonInfo(True, False, False, False, "SIGUSR1 (`vllmwatch restart`)"),
-    _R.RELOAD: ReasonInfo(True, False, False, False, "SIGHUP changed the vLLM command or "
+    _R.HOST_MEMORY: ReasonInfo(True, True, False, None, "a host memory rule held"),
+    _R.START_MEMORY: ReasonInfo(True, True, False, _X.START_MEMORY, "the start died for "
+                                "memory; after memory.start_memory_retries in a row the "
+                                "daemon exits"),
+    _R.MANUAL: ReasonInfo(True, False, False, None, "SIGUSR1 (`vllmwatch restart`)"),
+    _R.RELOAD: ReasonInfo(True, False, False, None, "SIGHUP changed the vLLM command or "
                           "environment"),
-    _R.GPU_FAULT: ReasonInfo(False, False, False, True, "a GPU hardware fault a restart "
-                             "cannot fix: exit 6"),
-    _R.STOP: ReasonInfo(False, False, False, True, "SIGTERM/SIGINT: stop on request, exit 0"),
-    _R.CRASHLOOP: ReasonInfo(False, False, False, True, "too many failure restarts in "
-                             "restart.window: exit 3"),
-    _R.CONFIG: ReasonInfo(False, False, False, True, "vLLM refused its arguments during "
-                          "start, or cannot be launched at all: exit 2"),
-    _R.PORT_BUSY: ReasonInfo(False, False, False, True, "a foreign process holds vllm.port: "
-                             "exit 4"),
-    _R.PREWARM_FAILED: ReasonInfo(False, False, False, True, "a required pre-warm step "
-                                  "failed: exit 1"),
-    _R.INTERNAL: ReasonInfo(False, False, False, True, "an unexpected error inside "
-                            "vllmwatch; the shell kills the tree: exit 70"),
-    _R.ALREADY_RUNNING: ReasonInfo(False, False, False, True, "another live vllmwatch holds "
-                                   "this config's instance lock: exit 7, nothing touched"),
+    _R.GPU_FAULT: ReasonInfo(False, False, False, _X.GPU_FAULT, "a GPU hardware fault a "
+                             "restart cannot fix"),
+    _R.STOP: ReasonInfo(False, False, False, _X.OK, "SIGTERM/SIGINT: stop on request"),
+    _R.CRASHLOOP: ReasonInfo(False, False, False, _X.GAVE_UP, "too many failure restarts in "
+                             "restart.window"),
+    _R.CONFIG: ReasonInfo(False, False, False, _X.CONFIG, "vLLM refused its arguments during "
+                          "start, or cannot be launched at all"),
+    _R.PORT_BUSY: ReasonInfo(False, False, False, _X.START, "a foreign process holds "
+                             "vllm.port"),
+    _R.PREWARM_FAILED: ReasonInfo(False, False, False, _X.FAILURE, "a required pre-warm step "
+                                  "failed"),
+    _R.INTERNAL: ReasonInfo(False, False, False, _X.INTERNAL, "an unexpected error inside "
+                            "vllmwatch; the shell kills the tree"),
+    _R.ALREADY_RUNNING: ReasonInfo(False, False, False, _X.ALREADY_RUNNING, "another live "
+                                   "vllmwatch holds this config's instance lock; nothing "
+                                   "touched"),
 }
 
 # Restarts that mean something went wrong: they feed backoff and the crash-loop guard.
@@ -98,6 +109,13 @@ FAILURE_REASONS = frozenset(r for r, i in REASONS.items() if i.failure)
 STUCK_REASONS = frozenset(r for r, i in REASONS.items() if i.stuck)
 RESTART_REASONS = tuple(r for r, i in REASONS.items() if i.restart)
 EXIT_REASONS = tuple(r for r, i in REASONS.items() if i.exits)
+
+
+def exit_code(reason: Reason) -> int:
+    """The code the daemon leaves with for `reason` (a bug for a reason that never exits)."""
+    code = REASONS[reason].exit_code
+    assert code is not None, f"{reason} never ends the daemon"
+    return code
 
 
 class ProbeKind(str, Enum):

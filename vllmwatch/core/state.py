@@ -121,7 +121,7 @@ class IncidentWait:
     until: float
     drain: bool
     started: float
-    reason: str = ""
+    reason: Reason
 
 
 @dataclass(frozen=True)
@@ -136,7 +136,7 @@ class WatchState:
     child: ChildRun | None = None  # the current (or last) child generation
     ever_ready: bool = False
     prewarmed: bool = False
-    exit_code: int | None = None  # set when vllmwatch itself is leaving: only ladder.halt
+    exit_code: int | None = None  # set when vllmwatch is leaving: only ladder.halt (its reason's)
     exit_reason: Reason | None = None  # ... and why (ladder.halt)
     exit_detail: str = ""
     pending: tuple[Reason, str] | None = None  # (reason, detail) of the restart under way

@@ -156,11 +156,11 @@ def leave(s: WatchState, now: float) -> Result:
 
 def finish(s: WatchState, now: float, acts: list[Action]) -> Result:
     """Leave for good with s.exit_code."""
-    code = s.exit_code if s.exit_code is not None else 0
-    to = S.STOPPED if code == 0 else S.FAILED
-    s, more = goto(s, to, now, "exit" if code == 0 else f"exit code {code}")
+    code = s.exit_code if s.exit_code is not None else exitcodes.OK
+    to = S.STOPPED if code == exitcodes.OK else S.FAILED
+    s, more = goto(s, to, now, "exit" if code == exitcodes.OK else f"exit code {code}")
     acts += more
-    acts.append(Log("info" if code == 0 else "error", "daemon.exit", {
+    acts.append(Log("info" if code == exitcodes.OK else "error", "daemon.exit", {
         "code": code, "meaning": exitcodes.MEANING.get(code, "")}))
     acts.append(Exit(code))
     return s, acts

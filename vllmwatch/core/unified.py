@@ -3,7 +3,7 @@ diagnosis of vLLM's start-up memory failures. Pure: readings and lines in, decis
 
 On unified memory the GPU allocates from system RAM, and `torch.cuda.mem_get_info()` reports
 MemFree there: clean page cache (the checkpoint just read) counts as used. See
-docs/OPERATIONS.md "DGX Spark".
+docs/operations/memory.md "DGX Spark".
 """
 
 from __future__ import annotations

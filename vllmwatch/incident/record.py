@@ -16,8 +16,8 @@ from concurrent.futures import ThreadPoolExecutor
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
+from vllmwatch.config.redact import Redactor
 from vllmwatch.incident import dumpers, metrics, report, store, tree
-from vllmwatch.incident.redact import Redactor
 
 FORMAT = 1
 _WRITE_RESERVE_S = 0.3  # of the deadline, kept for writing the files
@@ -69,14 +69,7 @@ def capture(inp: Inputs, root: str, wall: float | None = None) -> Written:
     rid = store.record_id(wall, inp.reason)
     record = build(inp, rid, wall, procs, stacks, methods, red)
     record["capture"] = {"seconds": round(time.monotonic() - t0, 3), "timeout_s": inp.timeout}
-    files = {store.RECORD: json.dumps(record, indent=1, default=str),
-             "report.txt": report.render(record),
-             "output.log": "\n".join(record["output"]) + "\n"}
-    for pdump in stacks:
-        for d in pdump[1]:
-            if d.raw:
-                files[f"stacks-{pdump[0]}-{d.method}.txt"] = red.text(d.raw)
-    final = store.write(root, rid, files)
+    final = store.write(root, rid, files_of(record, stacks, red))
     pruned = store.prune(root, inp.max_records, inp.max_bytes)
     summary = ", ".join(f"{k}: {v}" for k, v in methods.items())
     return Written(final, os.path.join(root, final), seconds=time.monotonic() - t0,
@@ -84,6 +77,21 @@ def capture(inp: Inputs, root: str, wall: float | None = None) -> Written:
 
 
 StackDumps = list[tuple[int, list[dumpers.Dump]]]
+
+
+def files_of(record: Mapping[str, Any], stacks: StackDumps, red: Redactor) -> dict[str, str]:
+    """The files of one record, every one through the redactor: one pass over the whole
+    record (thread names, frames, titles, /status, versions) that report.txt and output.log
+    are then made from, and the raw stack dumps."""
+    clean = red.deep(dict(record))
+    files = {store.RECORD: json.dumps(clean, indent=1, default=str),
+             "report.txt": report.render(clean),
+             "output.log": "\n".join(str(line) for line in clean.get("output") or []) + "\n"}
+    for pid, dumps in stacks:
+        for d in dumps:
+            if d.raw:
+                files[f"stacks-{pid}-{d.method}.txt"] = red.text(d.raw)
+    return files
 
 
 def _stacks(procs: Sequence[tree.Proc], stacks_dir: str | None, deadline: float

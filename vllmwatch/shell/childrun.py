@@ -23,7 +23,7 @@ from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, replace
 from typing import Protocol
 
-from vllmwatch.config import command
+from vllmwatch.config import command, redact
 from vllmwatch.config.schema import Config, ConfigError
 from vllmwatch.core import canary as kinds
 from vllmwatch.core.events import (
@@ -102,6 +102,8 @@ def prepare(config: Config, environ: Mapping[str, str], marker: str, version: st
             extra["TMPDIR"] = childmod.child_tmpdir(marker)
         cmd = command.build(config, environ, api_key=api_key, vllm_version=version,
                             extra_env=extra)
+        # Every writer (log, /status, records) hides these values from now on.
+        redact.learn(redact.secrets_of(cmd.env, api_key))
     except command.KeyFileError as exc:
         if exc.transient:  # a key rotation: retried with backoff, not a config error
             return SpawnFailed(f"{exc} (retried with backoff)", fatal=False)

@@ -100,7 +100,8 @@ class RealEffects:
         self._versions.prefetch(config.vllm.command)  # off the loop, before the first launch
         self._run: ChildHandle | None = None
         # The launcher lives as long as the daemon; the standby one keeps a pre-imported
-        # interpreter for the next launch (shell/launcher.py, OPERATIONS.md "Standby").
+        # interpreter for the next launch (shell/launcher.py; docs/operations/restarts.md,
+        # "Standby").
         self.launcher: Launcher = launcher or StandbyLauncher(log, self.marker, self._gpu_pids)
         self.standby = self.launcher if isinstance(self.launcher, StandbyLauncher) else None
         self._config = config  # the latest: the standby is built for the next launch of it

@@ -37,7 +37,7 @@ from vllmwatch.core.events import (
     Tick,
     failure_result,
 )
-from vllmwatch.core.names import Reason
+from vllmwatch.core.names import Reason, exit_code
 from vllmwatch.logfn import Repeats
 from vllmwatch.shell.clock import Clock
 from vllmwatch.shell.effects import Effects
@@ -178,13 +178,13 @@ class Loop:
             if self.state.exit_code is None:
                 # The one exit the core cannot decide (it may be what raised): the same exit
                 # event and STOPPING=1 that ladder.halt gives every other exit.
-                self.fx.log("error", "daemon.exiting", code=exitcodes.INTERNAL,
+                self.fx.log("error", "daemon.exiting", code=exit_code(Reason.INTERNAL),
                             reason=str(Reason.INTERNAL), detail=f"{type(exc).__name__}: {exc}",
                             state=str(self.state.state),
-                            meaning=exitcodes.MEANING[exitcodes.INTERNAL])
+                            meaning=exitcodes.MEANING[exit_code(Reason.INTERNAL)])
                 with contextlib.suppress(Exception):
                     self.fx.notifier.send("STOPPING=1")
-            return exitcodes.INTERNAL
+            return exit_code(Reason.INTERNAL)
         finally:
             self.close()
 

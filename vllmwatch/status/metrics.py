@@ -5,7 +5,7 @@ Names follow Prometheus conventions: base units (seconds, bytes), `_total` on co
 scrape adds `instance` and `job` to every series, and `vllmwatch_info` (value 1) carries
 `instance_name`, `host`, `unit`, `model`, `version`, `vllm_version` and `config_sha256` to join
 on, e.g. `vllmwatch_ready * on(instance, job) group_left(model, instance_name) vllmwatch_info`.
-docs/OPERATIONS.md ("Running many boxes") documents the scheme.
+docs/operations/fleet.md ("Running many boxes") documents the scheme.
 """
 
 from __future__ import annotations

@@ -1,0 +1,162 @@
+"""The fake vLLM's API-server side of the engine link: requests in flight, the engine's last
+stats as /metrics, the completion and pooling answers, and the engine's death.
+
+Split out of ``vllmwatch.testing.fake_vllm`` (the entry point, HTTP handler and process
+life) so each part stays small; fault flags are still parsed there (``parse_args``).
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import json
+import os
+import socket
+import threading
+import time
+from typing import Any, BinaryIO
+
+from vllmwatch.testing.fake_engine import FaultClock, after, log
+
+_METRICS = [  # (name, type, help, key in the engine's stats)
+    ("num_requests_running", "gauge", "Number of requests in model execution batches.", "run"),
+    ("num_requests_waiting", "gauge", "Number of requests waiting to be processed.", "wait"),
+    ("kv_cache_usage_perc", "gauge", "KV-cache usage. 1 means 100 percent usage.", "kv"),
+    ("prompt_tokens_total", "counter", "Number of prefill tokens processed.", "prompt"),
+    ("generation_tokens_total", "counter", "Number of generation tokens processed.", "gen"),
+    ("num_preemptions_total", "counter", "Cumulative number of preemption from the engine.", ""),
+]
+
+
+def error(message: str, kind: str, code: int) -> dict[str, Any]:
+    return {"object": "error", "message": message, "type": kind, "param": None, "code": code}
+
+
+GENERATE = ("/v1/completions", "/v1/chat/completions")
+_POOLED = {  # one data item of each pooling route's answer, shaped as vLLM's
+    "/v1/embeddings": {"index": 0, "object": "embedding", "embedding": [0.6, 0.8]},
+    "/v1/score": {"index": 0, "object": "score", "score": 0.5},
+    "/classify": {"index": 0, "label": "LABEL_0", "probs": [0.5, 0.5], "num_classes": 2},
+    "/pooling": {"index": 0, "object": "pooling", "data": [0.6, 0.8]},
+}
+_POOLING = {"embed": ("/v1/embeddings", "/v1/score", "/v1/rerank", "/pooling"),
+            "classify": ("/v1/score", "/v1/rerank", "/classify", "/pooling")}
+
+
+def routes(a: argparse.Namespace) -> tuple[str, ...]:
+    """The POST routes this model has: completions, or its pooling task's routes."""
+    if a.convert == "classify":
+        return _POOLING["classify"]
+    embed = a.runner == "pooling" or a.convert == "embed" or a.fake_embedding_model
+    return _POOLING["embed"] if embed else GENERATE
+
+
+class Api:
+    """API-server side of the engine link: pending requests, last engine stats, death."""
+
+    def __init__(self, sock: socket.socket, args: argparse.Namespace) -> None:
+        self.sock, self.args, self.names = sock, args, args.served_model_name or [args.model]
+        self.lock = threading.Lock()
+        self.pending: dict[int, tuple[threading.Event, list[int]]] = {}
+        self.next_id, self.stopping = 0, False
+        self.faults = FaultClock(args.arm_file)
+        self.dead_at: float | None = None
+        self.stats: dict[str, Any] = dict.fromkeys(("run", "wait", "kv", "prompt", "gen", "ok"), 0)
+
+    def submit(self, prompt: int, max_tokens: int) -> int | None:
+        """Queue one request on the engine and wait for it; None if the engine is gone."""
+        event, box = threading.Event(), list[int]()
+        with self.lock:
+            if self.dead_at is not None or self.stopping:
+                return None
+            self.next_id += 1
+            self.pending[self.next_id] = (event, box)
+            msg = {"id": self.next_id, "prompt": prompt, "max": max_tokens}
+            try:
+                self.sock.sendall(json.dumps(msg).encode() + b"\n")
+            except OSError:
+                return None
+        event.wait()
+        return box[0] if box else None
+
+    def read_loop(self, rfile: BinaryIO) -> None:
+        """Apply engine stats and replies until EOF, then mark the engine dead."""
+        with contextlib.suppress(OSError, ValueError):
+            for msg in map(json.loads, rfile):
+                if "done" not in msg:
+                    self.stats = msg
+                    continue
+                with self.lock:
+                    event, box = self.pending.pop(msg["done"], (threading.Event(), []))
+                box.append(msg["tokens"])
+                event.set()
+        with self.lock:
+            self.dead_at = time.monotonic()
+            for event, _ in self.pending.values():
+                event.set()
+        if not self.stopping:
+            log("ERROR", "Engine core proc EngineCore_DP0 died unexpectedly, shutting down "
+                "client.", "core_client.py:1")
+
+    def health(self) -> int:
+        """Status code of GET /health."""
+        a, age = self.args, self.faults.age()
+        if self.dead_at is not None or age >= after(a.unhealthy_after):
+            return 503
+        return 500 if age >= after(a.health_fail_after) else 200
+
+    def metrics(self) -> str:
+        """Prometheus text shaped like vLLM's /metrics (a small subset)."""
+        s, lab = self.stats, f'engine="0",model_name="{self.names[0]}"'
+        with open("/proc/self/statm") as f:
+            rss = int(f.read().split()[1]) * os.sysconf("SC_PAGE_SIZE")
+        out = ["# HELP process_resident_memory_bytes Resident memory size in bytes.",
+               "# TYPE process_resident_memory_bytes gauge", f"process_resident_memory_bytes {rss}"]
+        for name, kind, text, key in _METRICS:
+            out += [f"# HELP vllm:{name} {text}", f"# TYPE vllm:{name} {kind}",
+                    f"vllm:{name}{{{lab}}} {float(s.get(key, 0))}"]
+        name = "vllm:request_success_total"
+        out += [f"# HELP {name} Count of successfully processed requests.",
+                f"# TYPE {name} counter"]
+        out += [f'{name}{{{lab},finished_reason="{r}"}} {float(s["ok"] if r == "length" else 0)}'
+                for r in ("stop", "length", "abort")]
+        return "\n".join(out) + "\n"
+
+    def pool(self, body: dict[str, Any], path: str) -> tuple[int, dict[str, Any]]:
+        """An embedding, score or class through the engine (one engine step)."""
+        model = body.get("model") or self.names[0]
+        if model not in self.names:
+            return 404, error(f"The model `{model}` does not exist.", "NotFoundError", 404)
+        if self.submit(1, 1) is None:
+            return 500, error("EngineCore encountered an issue.", "InternalServerError", 500)
+        reply: dict[str, Any] = {"id": f"embd-{time.monotonic_ns()}", "object": "list",
+                                 "model": model, "usage": {"prompt_tokens": 1, "total_tokens": 1}}
+        if "rerank" in path:  # vLLM's RerankResponse: results, not data
+            reply["results"] = [{"index": 0, "document": {"text": "x"}, "relevance_score": 0.5}]
+        else:
+            reply["data"] = [_POOLED.get(path, _POOLED["/v1/embeddings"])]
+        return 200, reply
+
+    def complete(self, body: dict[str, Any], chat: bool) -> tuple[int, dict[str, Any]]:
+        """Run an OpenAI (chat) completion through the engine: (status, JSON reply)."""
+        model = body.get("model") or self.names[0]
+        if model not in self.names:
+            return 404, error(f"The model `{model}` does not exist.", "NotFoundError", 404)
+        text = (" ".join(str(m.get("content", "")) for m in body.get("messages", [])) if chat
+                else str(body.get("prompt", "")))
+        prompt = max(1, len(text.split()))
+        got = self.submit(prompt, int(body.get("max_tokens") or 16))
+        if got is None and self.stopping:
+            return 503, error("The server is shutting down.", "ServiceUnavailableError", 503)
+        if got is None:
+            return 500, error("EngineCore encountered an issue. See stack trace for the root "
+                               "cause.", "InternalServerError", 500)
+        out = " ".join(["fake"] * got)
+        choice = {"index": 0, "finish_reason": "length", "logprobs": None,
+                  **({"message": {"role": "assistant", "content": out}} if chat else {"text": out})}
+        usage = {"prompt_tokens": prompt, "completion_tokens": got, "total_tokens": prompt + got}
+        return 200, {"id": f"cmpl-{time.monotonic_ns()}", "model": model, "choices": [choice],
+                     "object": "chat.completion" if chat else "text_completion",
+                     "created": int(time.time()), "usage": usage}
+
+
