@@ -1,7 +1,8 @@
 """Issue 37 §1-2: a secret of any form never leaves through any writer — the incident
 record's files (record.json, report.txt, output.log, the stack files, thread names), the log
 (journal fields and stderr, child.started's command and environment), /status, the gate's
-messages, `vllmwatch incidents` list and show, `vllmwatch status`, print-command. One property, every writer."""
+messages, `vllmwatch incidents` list and show, `vllmwatch status`, print-command. One
+property, every writer."""
 
 from __future__ import annotations
 
