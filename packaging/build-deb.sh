@@ -101,6 +101,14 @@ if [[ ${#PIP_PLATFORMS[@]} -eq 0 ]]; then
 else
     cross_install
 fi
+# vllmwatch/testing/ (the fake vLLM, engine and NVML, the daemon harness, an HAProxy harness)
+# serves the test suite and bench/, which import it from the source tree; nothing `vllmwatch`
+# runs needs it (tests/core/test_architecture.py), so the package leaves it out, and out of
+# the wheel's RECORD, which would otherwise list files that are not there.
+for SITE in "$VENV"/lib/python3*/site-packages; do
+    rm -rf "$SITE/vllmwatch/testing"
+    sed -i '\#^vllmwatch/testing/#d' "$SITE"/vllmwatch-*.dist-info/RECORD
+done
 # Scripts and activate files name the staging path: point them at /opt, as dh-virtualenv does.
 grep -rlI --null -F "$VENV" "$VENV" | xargs -0 -r sed -i "s|$VENV|$PREFIX/venv|g"
 sed -i '/^command = /d' "$VENV/pyvenv.cfg"

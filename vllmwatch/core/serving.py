@@ -61,7 +61,13 @@ def health(s: WatchState, ev: HealthResult, now: float) -> Result:
     s = replace(s, probe_seconds={**s.probe_seconds, K.HEALTH: ev.seconds})
     if s.state == S.STARTING:
         s = probing.set_timer(s, K.HEALTH, now + probing.STARTUP_POLL)
-        return probing.start(s, K.CANARY, now) if ev.ok else (s, [])
+        if ev.ok:
+            return probing.start(s, K.CANARY, now)
+        # Refused: not listening yet. Listening but no whole answer within probe.timeout (a
+        # trickle): counted like a failed probe while serving, never waited out silently
+        # until startup.timeout.
+        return _probe_failed(s, now, K.HEALTH, ev.error or "timed out") if ev.timed_out \
+            else (s, [])
     if s.state != S.READY:
         return s, []
     if ev.ok:

@@ -23,7 +23,7 @@ from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, replace
 from typing import Protocol
 
-from vllmwatch.config import command, redact
+from vllmwatch.config import command, redact, vllminfo
 from vllmwatch.config.schema import Config, ConfigError
 from vllmwatch.core import canary as kinds
 from vllmwatch.core.events import (
@@ -143,8 +143,12 @@ class ChildHandle:
             if guard is not None:
                 guard.stop("spawn_failed")
             # A missing or non-executable vLLM is a config problem: retrying cannot help.
-            return None, SpawnFailed(f"{argv0}: {exc.strerror or exc}; check vllm.command",
-                                     fatal=True)
+            # ENOENT for a script that exists means its interpreter is missing (or its #!
+            # line ends in \r): say that, not that the script is missing.
+            found = vllminfo.executable([argv0])
+            why = vllminfo.cannot_run(found) if found else None
+            return None, SpawnFailed(why or f"{argv0}: {exc.strerror or exc}; check "
+                                     "vllm.command", fatal=True)
         except OSError as exc:
             if guard is not None:
                 guard.stop("spawn_failed")

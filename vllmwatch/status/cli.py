@@ -16,11 +16,11 @@ from collections.abc import Mapping
 from typing import Any, TextIO
 from urllib.parse import urlsplit
 
+from vllmwatch import bounded_http
 from vllmwatch.config.hosts import connect_host, parse_listen, url_host
 from vllmwatch.config.schema import ConfigError, config_path, load
 from vllmwatch.config.text import printable
 from vllmwatch.config.units import format_duration, format_mib
-from vllmwatch.status import bounded_http
 
 TIMEOUT_S = 3.0
 MAX_BODY = 1 << 20
