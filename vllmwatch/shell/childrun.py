@@ -240,19 +240,22 @@ class ChildHandle:
         # H200, against 0.1-0.5 s with one API server). A gone engine is fatal for vLLM
         # whatever /health says, so it is not asked then.
         gone = self._engines.look(self.pid)
-        health = (HealthResult(ok=False, status=None, seconds=0.0, error="/health not asked")
-                  if gone else prober.health())
+        asked = not gone
+        health = (HealthResult(ok=False, status=None, seconds=0.0) if gone
+                  else prober.health())
         if not gone:
             gone = self._engines.look(self.pid)
-        if gone:
-            said = health.error or f"/health {health.status}"
+        if gone:  # the core names this reason engine_died with this text as its detail
+            said = (f"; /health said {health.error or f'HTTP {health.status}'}"
+                    if asked and not health.ok else "")
             health = replace(health, ok=False, engine_gone=True,
-                             error=f"{said}; engine process gone: {', '.join(gone)}")
+                             error=f"engine process died: {', '.join(gone)}{said}")
         return health
 
     def close(self) -> None:
         """Last resort on the way out: never leave this child behind."""
         self.end_start("daemon_exit")
+        self._engines.close()
         if self.child.proc.poll() is None:
             childmod.signal_group(self.child.pid, "SIGKILL")
             with contextlib.suppress(subprocess.TimeoutExpired):

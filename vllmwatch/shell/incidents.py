@@ -23,7 +23,7 @@ from vllmwatch import __version__
 from vllmwatch.config.command import ChildCommand
 from vllmwatch.config.schema import Config
 from vllmwatch.core.events import IncidentRecorded, RecordIncident
-from vllmwatch.incident import dumpers, metrics, store
+from vllmwatch.incident import cause, dumpers, metrics, store
 from vllmwatch.incident.record import Inputs, capture
 from vllmwatch.incident.redact import secrets_of
 from vllmwatch.shell import groupfile
@@ -102,11 +102,16 @@ class IncidentShell:
         self._tail: Sequence[str] = ()
         self._env: Mapping[str, str] = {}
         self._api_key: str | None = None
+        # The unit's cgroup and its OOM-kill count at each launch: a record of a SIGKILL
+        # says whether the OOM killer struck since (issue 36.15).
+        self.cgroup = cause.unit_cgroup()
+        self._oom_at_launch: dict[str, int] | None = None
 
     def launched(self, tail: Sequence[str], env: Mapping[str, str], api_key: str | None
                  ) -> None:
         """A new child runs: its output tail, environment and API key replace the last's."""
         self._tail, self._env, self._api_key = tail, env, api_key
+        self._oom_at_launch = cause.oom_counts(self.cgroup)
 
     def child_command(self, cmd: ChildCommand, config: Config) -> ChildCommand:
         """The child's environment with the faulthandler hook first on PYTHONPATH."""
@@ -176,7 +181,8 @@ class IncidentShell:
                      versions=versions, secrets=secrets_of(self._env, self._api_key),
                      stacks_dir=self.stacks_dir, gpu=lambda: _gpu_now(sampler, info),
                      max_records=self.cfg.max_records,
-                     max_bytes=int(self.cfg.max_size * 1024 * 1024) or 1 << 62)
+                     max_bytes=int(self.cfg.max_size * 1024 * 1024) or 1 << 62,
+                     cgroup=self.cgroup, oom_at_launch=self._oom_at_launch)
         try:
             done = capture(inp, self.root)
         except OSError as exc:
