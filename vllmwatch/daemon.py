@@ -82,9 +82,11 @@ def _run(config: Config, log_format: str | None, env: dict[str, str], log: Switc
     # As PID 1 of a container (or with VLLMWATCH_SUBREAPER=1): orphans come to us; reap them.
     fx = RealEffects(config, log, notifier, env, publish=publish,
                      reaper=reaper.start(env, log))
+    if live.gate is not None:
+        fx.stop_order = live.gate.stop_order
 
     def reload() -> Config:  # on a worker thread: reads the file, logs with the old level
-        # The same check as `check --config-only`, the units' first ExecReload= (exit 2).
+        # The same check as `check --config-only`, the units' first ExecReload= (exit CONFIG).
         return spread_config(load_for_reload(config.path), log)
 
     def reloaded(new: Config) -> None:  # on the loop's thread, with the new config

@@ -149,6 +149,9 @@ class PrewarmConfig:
     warmup_request: bool = _conv("bool", True)
     timeout: float = _conv("duration", 600.0, high=DAY)
     required: bool = _conv("bool", False)
+    # vLLM's own start-up caches under the cache dir (config/startcaches.py, issue 33).
+    startup_plan: str = _conv("auto_bool", "auto")  # "auto" | "true" | "false"
+    mega_aot_artifact: str = _conv("auto_bool", "auto")  # "auto" | "true" | "false"
 
 
 @dataclass(frozen=True)
@@ -189,6 +192,9 @@ class GateConfig:
     listen: str = _conv("str", "")  # the public HOST:PORT; vllm.port becomes the private one
     hold_timeout: float = _conv("duration", 120.0, high=DAY)
     retry_after: float = _conv("duration", 10.0, high=DAY)
+    # Requests vLLM never began to answer are sent once more to the next engine (gate/replay.py)
+    replay: bool = _conv("bool", True)
+    replay_max: int = _conv("pos_int", 1, high=10)
 
 
 @dataclass(frozen=True)
