@@ -101,7 +101,7 @@ def _dispatch(args: argparse.Namespace) -> int:
     if args.command == "status":
         from vllmwatch.status import cli as status_cli
 
-        return status_cli.main(args.config, args.url, args.json)
+        return status_cli.main(args.config, args.url, args.json, _newest_incident)
     if args.command == "check":
         from vllmwatch.check import runner as check
 
@@ -130,6 +130,14 @@ def _dispatch(args: argparse.Namespace) -> int:
     from vllmwatch import daemon
 
     return daemon.main(config, log_format=args.log_format, prewarm=not args.no_prewarm)
+
+
+def _newest_incident(unit: str) -> dict[str, object] | None:
+    """For `vllmwatch status` when nothing answers: the unit's newest incident record."""
+    from vllmwatch.incident import latest
+    from vllmwatch.shell.incidents import roots
+
+    return latest.newest(latest.instance_roots(unit, roots(os.environ)))
 
 
 def _print_command(config: Config) -> int:

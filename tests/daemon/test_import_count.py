@@ -31,6 +31,8 @@ ADDED_SINCE_608444D = {
     "vllmwatch.config.redact": "issue 37.1-2: the one redactor for all that leaves",
     "vllmwatch.config.reloadcheck": "issue 36.9: the reload check, shared with `check`",
     "vllmwatch.config.serveline": "issue 36.1-8: command.py's bare `vllm serve` check uses it",
+    "vllmwatch.incident.cause": "issue 36.15-19: an incident record's cause lines and the "
+                                "unit's OOM-kill counts (record.py would pass 300 lines)",
 }
 IMPORTED = re.compile(r"import time:\s+\d+ \|\s+\d+ \|\s*(vllmwatch(?:\.\S+)?)\s*$")
 

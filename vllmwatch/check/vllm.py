@@ -29,6 +29,9 @@ def check_vllm(ctx: Context) -> CheckResult:
     if exe is None:
         return CheckResult("vllm", FAIL, f"{cmd[0]!r} not found on PATH; install vLLM "
                            "(pip install vllm) or set vllm.command to its full path")
+    broken = vllminfo.cannot_run(exe)
+    if broken is not None:
+        return CheckResult("vllm", FAIL, broken)
     if ctx.fast:
         return CheckResult("vllm", PASS, exe)
     ver = vllminfo.version(cmd)

@@ -71,6 +71,9 @@ class ProbeConfig:
     canary_timeout_min: float = _conv("duration", 2.0, high=HOUR)
     canary_timeout_margin: float = _conv("pos_float", 4.0)
     progress_timeout: float = _conv("duration", 8.0, high=HOUR, zero="off")
+    # Issue 37.8: how long "busy" (the engine's counters move) may excuse canaries that never
+    # answer; past it, a hang (an API server wedged while its engine works). Never off.
+    busy_timeout: float = _conv("duration", 600.0, low=1.0, high=HOUR)
     canary_prompt: str = _conv("str", "Hello")
     stall_timeout: float = _conv("duration", 300.0, low=1.0)
     # The canary follows the model (issue 16): see core/canary.py and _canary_checks below.
@@ -186,6 +189,9 @@ class GateConfig:
     listen: str = _conv("str", "")  # the public HOST:PORT; vllm.port becomes the private one
     hold_timeout: float = _conv("duration", 120.0, high=DAY)
     retry_after: float = _conv("duration", 10.0, high=DAY)
+    # Requests vLLM never began to answer are sent once more to the next engine (gate/replay.py)
+    replay: bool = _conv("bool", True)
+    replay_max: int = _conv("pos_int", 1, high=10)
 
 
 @dataclass(frozen=True)

@@ -80,6 +80,9 @@ class HealthResult:
     error: str = ""
     gen: int = 0  # which child this was about; results about an older child are ignored
     engine_gone: bool = False
+    # No whole answer within probe.timeout (a trickling or silent server): a failure even
+    # while starting, where a refused connection only means "not listening yet".
+    timed_out: bool = False
 
 
 @dataclass(frozen=True)

@@ -17,7 +17,7 @@ from dataclasses import asdict, dataclass, field
 from typing import Any
 
 from vllmwatch.config.redact import Redactor
-from vllmwatch.incident import dumpers, metrics, report, store, tree
+from vllmwatch.incident import cause, dumpers, metrics, report, store, tree
 
 FORMAT = 1
 _WRITE_RESERVE_S = 0.3  # of the deadline, kept for writing the files
@@ -44,6 +44,8 @@ class Inputs:
     gpu: Callable[[], dict[str, Any]] | None = None  # NVML's view, read now
     max_records: int = 50
     max_bytes: int = 200 << 20
+    cgroup: str | None = None  # the unit's cgroup: its memory.events counts OOM kills
+    oom_at_launch: Mapping[str, int] | None = None  # ... as read when the child started
 
 
 @dataclass(frozen=True)
@@ -138,7 +140,7 @@ def build(inp: Inputs, rid: str, wall: float, procs: Sequence[tree.Proc],
     child_alive = inp.child_pid in by_pid and by_pid[inp.child_pid].state != "Z" \
         if inp.child_pid is not None else False
     facts = dict(inp.facts)
-    return {
+    record = {
         "format": FORMAT, "id": rid, "reason": inp.reason, "detail": red.text(inp.detail),
         "exit_code": inp.exit_code,
         "time_utc": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime(wall)), "time": wall,
@@ -160,7 +162,10 @@ def build(inp: Inputs, rid: str, wall: float, procs: Sequence[tree.Proc],
         "core": red.deep(facts),
         "versions": dict(inp.versions),
         "config_sha256": facts.get("config_sha256", ""),
+        "oom": cause.oom_section(inp.cgroup, inp.oom_at_launch, cause.oom_counts(inp.cgroup)),
     }
+    record["cause"] = cause.lines(record)
+    return record
 
 
 def _tree_note(inp: Inputs, child_alive: bool, procs: Sequence[tree.Proc]) -> str:
@@ -174,7 +179,7 @@ def _tree_note(inp: Inputs, child_alive: bool, procs: Sequence[tree.Proc]) -> st
 
 def _dump_json(d: dumpers.Dump, red: Redactor) -> dict[str, Any]:
     return {"method": d.method, "ok": d.ok, "error": d.error, "seconds": round(d.seconds, 3),
-            "threads": [{"name": t.name, "current": t.current,
+            "threads": [{"name": t.name, "current": t.current, "blocked": t.blocked,
                          "frames": [[f.function, f.file, f.line] for f in t.frames]}
                         for t in d.threads] if d.ok else []} | \
         ({} if d.ok else {"output": red.text(d.raw[-2000:])})
@@ -201,5 +206,9 @@ def timeline(facts: Mapping[str, Any]) -> list[list[Any]]:
     ready = facts.get("ready_for_s")
     if isinstance(ready, (int, float)):
         out.append([-ready, "ready (serving)"])
+    # The canary timeouts, retries and busy excuses that made a hang verdict (issue 36.19)
+    for entry in facts.get("canary_verdicts") or []:
+        if isinstance(entry, (list, tuple)) and len(entry) == 2:
+            out.append([entry[0], str(entry[1])])
     out.append([0.0, "incident: restart decided"])
     return sorted(out, key=lambda e: e[0])

@@ -107,7 +107,8 @@ class HttpProber:
         try:
             status, _ = self._request("GET", "/health", self.timeout)
         except (OSError, http.client.HTTPException) as exc:
-            return HealthResult(False, None, time.monotonic() - t0, _describe(exc))
+            return HealthResult(False, None, time.monotonic() - t0, _describe(exc),
+                                timed_out=isinstance(exc, TimeoutError))
         return HealthResult(status == 200, status, time.monotonic() - t0,
                             "" if status == 200 else f"HTTP {status}")
 
