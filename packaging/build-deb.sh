@@ -5,7 +5,7 @@
 #
 # The package holds vllmwatch in its own virtualenv under /opt/vllmwatch/venv (built here with
 # pip from the repo; the build machine needs PyPI or a pip index for the dependencies), the
-# systemd units, /etc/vllmwatch/vllmwatch.toml as a conffile (etc/vllmwatch.toml as is), the
+# systemd units, the journald catalog, /etc/vllmwatch/vllmwatch.toml as a conffile (etc/vllmwatch.toml as is), the
 # `vllmwatch` system user (sysusers.d) and a `systemctl daemon-reload` on install; it starts
 # and enables nothing. vLLM itself stays the user's own install: the config points at it.
 #
@@ -101,6 +101,14 @@ if [[ ${#PIP_PLATFORMS[@]} -eq 0 ]]; then
 else
     cross_install
 fi
+# vllmwatch/testing/ (the fake vLLM, engine and NVML, the daemon harness, an HAProxy harness)
+# serves the test suite and bench/, which import it from the source tree; nothing `vllmwatch`
+# runs needs it (tests/core/test_architecture.py), so the package leaves it out, and out of
+# the wheel's RECORD, which would otherwise list files that are not there.
+for SITE in "$VENV"/lib/python3*/site-packages; do
+    rm -rf "$SITE/vllmwatch/testing"
+    sed -i '\#^vllmwatch/testing/#d' "$SITE"/vllmwatch-*.dist-info/RECORD
+done
 # Scripts and activate files name the staging path: point them at /opt, as dh-virtualenv does.
 grep -rlI --null -F "$VENV" "$VENV" | xargs -0 -r sed -i "s|$VENV|$PREFIX/venv|g"
 sed -i '/^command = /d' "$VENV/pyvenv.cfg"
@@ -133,6 +141,8 @@ ln -s $PREFIX/bin/vllmwatch "$ROOT/usr/bin/vllmwatch"
 install -D -m 0644 "$REPO/systemd/vllmwatch.service" "$ROOT/lib/systemd/system/vllmwatch.service"
 install -D -m 0644 "$REPO/systemd/vllmwatch@.service" "$ROOT/lib/systemd/system/vllmwatch@.service"
 install -D -m 0644 "$REPO/systemd/sysusers.d/vllmwatch.conf" "$ROOT/usr/lib/sysusers.d/vllmwatch.conf"
+# What each MESSAGE_ID means and what to do: `journalctl -x` prints it (postinst compiles it).
+install -D -m 0644 "$REPO/systemd/vllmwatch.catalog" "$ROOT/usr/lib/systemd/catalog/vllmwatch.catalog"
 install -D -m 0644 "$CONFIG_SRC" "$ROOT/etc/vllmwatch/vllmwatch.toml"
 DOC=$ROOT/usr/share/doc/$PKG
 install -d "$DOC"

@@ -41,6 +41,9 @@ def _parser() -> argparse.ArgumentParser:
     check.add_argument("--json", action="store_true", help="machine-readable output")
     check.add_argument("--fast", action="store_true",
                        help="skip slow steps (checksums, vLLM version); for ExecStartPre")
+    check.add_argument("--config-only", action="store_true",
+                       help="only load the config as a reload would (the units' ExecReload=); "
+                       "exit 2 when a reload would refuse it")
     add("print-command", "print the vLLM command line, secrets redacted")
     status = add("status", "show the running daemon's status")
     status.add_argument("--json", action="store_true", help="print the raw /status JSON")
@@ -67,6 +70,9 @@ def _add_init(init: argparse.ArgumentParser) -> None:
                       help="do not ask vLLM for its flags (only a cached list is used)")
     init.add_argument("--api-key-file", default="", metavar="PATH",
                       help="where the API key goes (default: api-key next to the config)")
+    init.add_argument("--gate", action="store_true",
+                      help="put vllmwatch's front door on the line's address (vLLM moves to "
+                           "loopback) so that requests wait during restarts")
     init.add_argument("words", nargs=argparse.REMAINDER,
                       help="the command line: -- vllm serve MODEL ... (or one quoted string)")
 
@@ -95,10 +101,12 @@ def _dispatch(args: argparse.Namespace) -> int:
     if args.command == "status":
         from vllmwatch.status import cli as status_cli
 
-        return status_cli.main(args.config, args.url, args.json)
+        return status_cli.main(args.config, args.url, args.json, _newest_incident)
     if args.command == "check":
         from vllmwatch.check import runner as check
 
+        if args.config_only:
+            return check.config_only(config_path(args.config), as_json=args.json)
         return check.main(config_path(args.config), as_json=args.json, fast=args.fast)
     if args.command == "incidents":
         from vllmwatch.incident import cli as incident_cli
@@ -110,7 +118,8 @@ def _dispatch(args: argparse.Namespace) -> int:
         from vllmwatch.migrate import runner as init
 
         return init.main(init.Request(args.words, args.from_pid, config_path(args.config),
-                                      args.stdout, args.force, args.fast, args.api_key_file),
+                                      args.stdout, args.force, args.fast, args.api_key_file,
+                                      args.gate),
                          os.environ)
     config = load_config(args.config)
     if args.command == "print-command":
@@ -121,6 +130,14 @@ def _dispatch(args: argparse.Namespace) -> int:
     from vllmwatch import daemon
 
     return daemon.main(config, log_format=args.log_format, prewarm=not args.no_prewarm)
+
+
+def _newest_incident(unit: str) -> dict[str, object] | None:
+    """For `vllmwatch status` when nothing answers: the unit's newest incident record."""
+    from vllmwatch.incident import latest
+    from vllmwatch.shell.incidents import roots
+
+    return latest.newest(latest.instance_roots(unit, roots(os.environ)))
 
 
 def _print_command(config: Config) -> int:

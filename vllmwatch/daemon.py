@@ -9,8 +9,8 @@ from collections.abc import Callable, Mapping
 from dataclasses import replace
 
 from vllmwatch import __version__
-from vllmwatch.config import command
-from vllmwatch.config.schema import Config, load
+from vllmwatch.config.reloadcheck import load_for_reload
+from vllmwatch.config.schema import Config
 from vllmwatch.core import exitcodes
 from vllmwatch.core.events import ReadyzPolled
 from vllmwatch.core.names import Reason, exit_code
@@ -84,13 +84,8 @@ def _run(config: Config, log_format: str | None, env: dict[str, str], log: Switc
                      reaper=reaper.start(env, log))
 
     def reload() -> Config:  # on a worker thread: reads the file, logs with the old level
-        new = load(config.path)
-        try:  # a key file that can never work is refused now, not at the next launch (exit 2)
-            command.read_api_key(new)
-        except command.KeyFileError as exc:
-            if not exc.transient:
-                raise
-        return spread_config(new, log)
+        # The same check as `check --config-only`, the units' first ExecReload= (exit 2).
+        return spread_config(load_for_reload(config.path), log)
 
     def reloaded(new: Config) -> None:  # on the loop's thread, with the new config
         live.apply(new)

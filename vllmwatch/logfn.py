@@ -2,8 +2,10 @@
 
 `event` is a stable dotted name (`restart.begin`), `level` one of debug, info, warning,
 error, critical; fields are key/values. shell/logs.py makes the real one; tests pass
-collectors with the same signature. Kept here, apart from shell/, so that config/ and
-prewarm/ can name the type without importing the shell.
+collectors with the same signature. Kept here, apart from shell/, so that prewarm/, status/
+and the other layers can name the type without importing the shell.
+
+May import: nothing of vllmwatch (the stdlib only).
 """
 
 from __future__ import annotations

@@ -4,6 +4,7 @@ bench/, and nothing in bench/ that acts at import."""
 from __future__ import annotations
 
 import ast
+import re
 from pathlib import Path
 
 import pytest
@@ -127,18 +128,23 @@ def test_cycle_finder_finds_a_circle() -> None:
     assert _cycles({"a": {"b"}, "b": {"c"}, "c": {"a"}, "d": {"a"}}) == [["a", "b", "c"]]
 
 
-# Which package may import which (besides itself, the package root and logfn): the layers of
-# docs/DESIGN.md. Entry points (cli, daemon, __main__) and testing/ wire everything.
+# Which package may import which (besides itself and the package root): the layers of
+# docs/DESIGN.md. logfn and bounded_http are leaves at the top (the log signature, the HTTP
+# client under one deadline) that the layers above the pure ones name. Entry points (cli,
+# daemon, live, __main__) and testing/ wire everything. Each entry's `__init__` (or module)
+# docstring has a "May import:" line naming exactly these.
 MAY_IMPORT = {
     "config": set(),
     "core": {"config"},
-    "prewarm": {"config"},
-    "status": {"config", "core"},
-    "shell": {"config", "core", "prewarm", "status", "incident"},
-    "incident": {"config", "core"},
-    "check": {"config", "core", "prewarm", "shell"},
-    "gate": {"config", "core", "status"},
-    "migrate": {"config", "check", "shell"},
+    "logfn": set(),
+    "bounded_http": set(),
+    "prewarm": {"config", "logfn"},
+    "status": {"config", "core", "logfn", "bounded_http"},
+    "shell": {"config", "core", "prewarm", "status", "incident", "logfn", "bounded_http"},
+    "incident": {"config", "core", "logfn"},
+    "check": {"config", "core", "prewarm", "shell", "logfn"},
+    "gate": {"config", "core", "status", "logfn"},
+    "migrate": {"config", "check", "shell", "logfn"},
 }
 
 
@@ -149,13 +155,45 @@ def _package(module: str) -> str:
 
 @pytest.mark.parametrize("package", sorted(MAY_IMPORT))
 def test_packages_import_only_their_layers(package: str) -> None:
-    allowed = MAY_IMPORT[package] | {package, "", "logfn"}
+    allowed = MAY_IMPORT[package] | {package, ""}
     for module, deps in _graph().items():
         if _package(module) != package:
             continue
         for dep in deps:
             assert _package(dep) in allowed, f"{module} imports {dep}: {package}/ may import " \
                 f"only {sorted(MAY_IMPORT[package])}"
+
+
+def test_nothing_outside_testing_imports_the_fakes() -> None:
+    """vllmwatch/testing/ is not in the .deb (packaging/build-deb.sh): the entry points and
+    every layer must run without it."""
+    users = sorted(module for module, deps in _graph().items()
+                   if _package(module) != "testing" and any(_package(d) == "testing" for d in deps))
+    assert users == [], f"import vllmwatch.testing, which the .deb does not ship: {users}"
+
+
+def _declared_imports(doc: str) -> set[str]:
+    """The layers a docstring's "May import:" paragraph names; words in parentheses (what
+    is taken from a layer) and anything that is not a layer (the stdlib, aiohttp) skipped."""
+    found = re.search(r"May import:(.*?)(?:\n\s*\n|$)", doc, re.S)
+    assert found, 'no "May import:" line'
+    text = re.sub(r"\([^)]*\)", "", found.group(1))
+    names = "|".join(sorted(MAY_IMPORT, key=len, reverse=True))
+    return set(re.findall(rf"\b(?:vllmwatch\.)?({names})\b", text))
+
+
+@pytest.mark.parametrize("package", sorted(MAY_IMPORT))
+def test_each_docstring_names_the_layers_the_package_may_import(package: str) -> None:
+    doc = ast.get_docstring(ast.parse(MODULES[f"vllmwatch.{package}"].read_text())) or ""
+    assert _declared_imports(doc) == MAY_IMPORT[package], \
+        f"vllmwatch/{package}: its docstring's May import: line must name exactly " \
+        f"{sorted(MAY_IMPORT[package])} (MAY_IMPORT), or MAY_IMPORT must change"
+
+
+def test_the_docstring_reader_skips_what_is_in_parentheses() -> None:
+    doc = "Text.\n\nMay import: core (read-only types, not shell), config and aiohttp.\n\nMore."
+    assert _declared_imports(doc) == {"core", "config"}
+    assert _declared_imports("May import: the stdlib only; nothing else of vllmwatch.") == set()
 
 
 # ---- bench/: typed and importable like the package, no circle, nothing done at import ----

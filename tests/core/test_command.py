@@ -29,8 +29,27 @@ def cfg(**vllm: Any) -> Any:
 def test_argv_layout_and_no_shell() -> None:
     cmd = build(cfg(served_model_name="qwen", port=8001), {})
     assert cmd.argv[:2] == ("vllm", "serve")
-    assert cmd.argv[2:] == ("--model", "/m", "--served-model-name", "qwen", "--host",
+    assert cmd.argv[2:] == ("/m", "--served-model-name", "qwen", "--host",
                             "127.0.0.1", "--port", "8001")
+
+
+@pytest.mark.parametrize(("command", "words"), [
+    # `vllm serve` takes the model as its positional (vLLM 0.32 warns at every launch that
+    # --model will be removed), whichever way the serve subcommand is reached ...
+    (["vllm", "serve"], ["/m"]),
+    (["/venv/bin/vllm", "serve"], ["/m"]),
+    (["/venv/bin/python", "/venv/bin/vllm", "serve"], ["/m"]),
+    (["python3", "-m", "vllm.entrypoints.cli.main", "serve"], ["/m"]),
+    # ... the api_server module, a wrapper and the fake vLLM have no positional: --model.
+    (["python3", "-m", "vllm.entrypoints.openai.api_server"], ["--model", "/m"]),
+    (["python3", "-m", "vllmwatch.testing.fake_vllm", "serve"], ["--model", "/m"]),
+    (["/usr/local/bin/run-vllm.sh"], ["--model", "/m"]),
+])
+def test_the_model_is_positional_only_for_vllm_serve(command: list[str],
+                                                     words: list[str]) -> None:
+    argv = build(cfg(command=command), {}).argv
+    assert list(argv[len(command):len(command) + len(words)]) == words
+    assert ("--model" in argv) == (words[0] == "--model")
 
 
 def test_flag_translation() -> None:
@@ -132,7 +151,7 @@ def test_print_command_reads_key_file_and_redacts(tmp_path: Path) -> None:
                           str(conf)], capture_output=True, text=True, check=True)
     assert "sk-very-secret" not in out.stdout
     assert f"VLLM_API_KEY={REDACTED}" in out.stdout
-    assert "--model /m" in out.stdout
+    assert "vllm serve /m --host" in out.stdout  # the positional model (issue 36.8)
 
 
 def test_unreadable_key_file_is_a_config_error(tmp_path: Path) -> None:
@@ -205,3 +224,26 @@ def test_a_guides_whole_set_of_bad_flags_is_refused_in_one_message() -> None:
                     "vllm.args.kv-cache-dtype", "vllm.args.disable-log-requests",
                     "vllm.extra_args[0]", "vllm.extra_args[1]"]
     assert str(err.value).startswith("<config>: 7 problems:")
+
+
+def test_every_variable_and_flag_vllmwatch_adds_is_in_the_one_injected_list() -> None:
+    """`init --from-pid` leaves out of a supervised vLLM's config what vllmwatch added
+    (issue 36.4); it reads config/launch.py's lists, so every launch path must stay in them."""
+    from vllmwatch.config.launch import INJECTED_ENV, INJECTED_FLAGS
+    from vllmwatch.prewarm.runner import CACHE_VARS, cache_env
+    from vllmwatch.shell.incidents import IncidentShell
+
+    c = from_dict({"vllm": {"model": "/m", "gpus": [0], "env": {"MINE": "1"}},
+                   "prewarm": {"cache_dir": "/var/cache/vw"}})
+    base = {"PATH": "/usr/bin", "HOME": "/root"}
+    extra = {**cache_env(c, base), "TMPDIR": "/tmp/vllmwatch-x"}
+    cmd = IncidentShell._with_hook(build(c, base, api_key="k", vllm_version="0.32.0",
+                                       extra_env=extra), "/stacks")
+    added = set(cmd.env) - set(base) - {"MINE"}
+    # vllm.gpus and the key are the config's own settings (init maps them back).
+    assert added - {"CUDA_VISIBLE_DEVICES", "VLLM_API_KEY"} <= INJECTED_ENV
+    assert set(CACHE_VARS) <= INJECTED_ENV and "VLLMWATCH_INSTANCE" in INJECTED_ENV
+    user = {a.lstrip("-") for a in build(c, base).argv if a.startswith("--")}
+    ours = {a.lstrip("-") for a in build(c, base, vllm_version="0.32.0").argv
+            if a.startswith("--")}
+    assert ours - user <= INJECTED_FLAGS

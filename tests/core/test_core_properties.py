@@ -28,7 +28,7 @@ from hypothesis import strategies as st
 from hypothesis.stateful import RuleBasedStateMachine, invariant, precondition, rule
 
 from vllmwatch.config.schema import Config, from_dict
-from vllmwatch.core import exitcodes, ladder, machine, probing
+from vllmwatch.core import exitcodes, machine, probing
 from vllmwatch.core.events import (
     Action,
     AsyncAction,
@@ -66,6 +66,7 @@ from vllmwatch.core.names import Reason
 from vllmwatch.core.restart import BOUND, COARSE
 from vllmwatch.core.samples import GpuFault, MemorySample
 from vllmwatch.core.state import FINAL, S, WatchState
+from vllmwatch.core.stopping import KILL_WAIT, SWEEP_WAIT
 
 CONFIG = from_dict({
     "vllm": {"model": "/m", "gpus": [0]},
@@ -79,7 +80,7 @@ CONFIG = from_dict({
     "memory": {"sample_interval": 2, "pss_interval": 4, "gpu_limit": 1000},
 })
 OTHER = dataclasses.replace(CONFIG, vllm=dataclasses.replace(CONFIG.vllm, port=8001))
-STOP_BOUND = CONFIG.restart.stop_timeout + ladder.KILL_WAIT + ladder.SWEEP_WAIT + 0.01
+STOP_BOUND = CONFIG.restart.stop_timeout + KILL_WAIT + SWEEP_WAIT + 0.01
 OOM = "torch.OutOfMemoryError: CUDA out of memory. Tried to allocate 2.00 GiB."
 
 

@@ -165,3 +165,26 @@ def test_the_answer_list_of_the_wrong_kind_is_refused(kind: str) -> None:
 def test_what_counts_as_the_engine_moving(before: policy.Progress | None,
                                           after: policy.Progress, moved: bool) -> None:
     assert policy.moved(before, after) is moved
+
+
+@pytest.mark.parametrize(("moved", "retried", "busy_for", "verdict"), [
+    (True, False, 0.0, Verdict.BUSY),  # busy excuses a slow canary ...
+    (True, True, 599.0, Verdict.BUSY),  # ... for a bounded time (probe.busy_timeout 600 s)
+    (True, False, 600.0, Verdict.HANG),  # ... never for ever: counters are not trusted past it
+    (True, True, 3600.0, Verdict.HANG),
+    (False, False, 9999.0, Verdict.RETRY),  # nothing moved: the retry rule, as before
+    (False, True, 0.0, Verdict.HANG)])
+def test_busy_is_bounded(moved: bool, retried: bool, busy_for: float, verdict: Verdict) -> None:
+    assert hangs.on_timeout(moved, retried, busy_for, 600.0) == verdict
+
+
+def test_the_busy_bound_is_a_validated_config_key() -> None:
+    from vllmwatch.config.errors import ConfigError
+    from vllmwatch.config.schema import from_dict
+
+    base = {"vllm": {"model": "/m", "gpus": []}}
+    assert from_dict(base).probe.busy_timeout == 600.0
+    assert from_dict({**base, "probe": {"busy_timeout": "90s"}}).probe.busy_timeout == 90.0
+    for bad in ("0s", "forever", "2h"):  # never off, never for ever
+        with pytest.raises(ConfigError, match="busy_timeout"):
+            from_dict({**base, "probe": {"busy_timeout": bad}})

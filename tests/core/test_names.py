@@ -29,7 +29,7 @@ def test_members_are_their_strings() -> None:
 
 
 def test_failure_and_stuck_sets() -> None:
-    assert {"crash", "health", "hang", "stall", "start_timeout",
+    assert {"crash", "health", "engine_died", "hang", "stall", "start_timeout",
                                      "start_stall", "gpu_memory", "host_memory",
                                      "start_memory"} == names.FAILURE_REASONS
     assert {"hang", "stall"} == names.STUCK_REASONS

@@ -116,3 +116,24 @@ def test_slow_engine_under_load_is_not_restarted(daemon: Daemon) -> None:
         clients.close()
     assert not daemon.named("restart.begin"), daemon.named("restart.begin")
     assert daemon.http_get("/readyz")[0] == 200
+
+
+def test_a_wedged_api_server_is_busy_only_until_the_busy_bound(tmp_path: Path) -> None:
+    """Issue 37.8: completions never end while /metrics says requests run and tokens grow
+    (an API server wedged while its engine works). Busy excuses the canary for
+    probe.busy_timeout, then it is a hang restart; before the bound, busy for ever."""
+    cfg = shipped(free_port(), free_port(), ["--wedge-api-after", "0"])
+    cfg["probe"] = {"busy_timeout": "6s"}
+    d = Daemon(tmp_path, cfg, armed=True)
+    try:
+        d.start()
+        d.wait_ready(30.0)
+        since, _ = d.arm()  # the wedge starts after the mark, however slow this box is
+        begin = d.wait_event("restart.begin", 60.0, since, reason="hang")
+        assert "wedged" in begin["detail"] and "probe.busy_timeout 6s" in begin["detail"]
+        busy = d.named("probe.canary_busy", since)
+        assert busy and all(b["busy_for_s"] < 6.0 for b in busy), busy
+        assert ts_of(begin) >= ts_of(busy[0])
+        d.wait_ready(30.0, since=d.events.index(begin))
+    finally:
+        d.close()

@@ -17,6 +17,7 @@ from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
+import psutil
 import pytest
 
 from tests.support import PYTHON, REPO, Daemon, base_config, free_port, merge, ts_of, wait_for
@@ -108,6 +109,9 @@ def test_a_deadlocked_engine_thread_shows_the_deadlocked_frame(daemon: Factory) 
                                       "== last output lines")]
     assert order == sorted(order)
     assert "engine_deadlock" in shown
+    # not "(idle)" (issue 36.19); py-spy names it engine_deadlock.<locals>.take
+    assert "(blocked on a lock): in engine_deadlock.<locals>.take (" in shown \
+        or "(blocked on a lock): in take (" in shown, shown
 
 
 
@@ -217,3 +221,48 @@ def test_an_untrusted_state_directory_is_logged_at_start(daemon: Factory,
     assert "no trusted state directory" in failed["error"]
     d.wait_event("child.started", 10.0, d.events.index(failed))  # and the restart went on
     assert not (shared / "incidents").exists()
+
+
+def _first_lines(d: Daemon, event: dict[str, Any], n: int = 5) -> list[str]:
+    """`vllmwatch incidents show ID`, read cold: its first n lines."""
+    shown = subprocess.run([PYTHON, "-m", "vllmwatch", "incidents", "show", event["incident"],
+                            "--dir", str(incidents_dir(d))], capture_output=True, text=True,
+                           check=True, cwd=REPO).stdout
+    return shown.splitlines()[:n]
+
+
+def _engine(d: Daemon, since: int) -> psutil.Process:
+    root = psutil.Process(d.wait_ready(30.0, since=since)["pid"])
+    return wait_for(lambda: [p for p in root.children(recursive=True)
+                             if "--role engine" in " ".join(p.cmdline())], 10, "EngineCore")[0]
+
+
+def test_an_engine_sigkill_and_a_sigstop_hang_name_their_cause_in_five_lines(
+        daemon: Factory) -> None:
+    """Issue 36: the reports of an EngineCore SIGKILL and of a SIGSTOPped EngineCore, read
+    cold, name the cause (the process, the signal or its state, where to look) in their
+    first five lines."""
+    d = daemon([], {"incidents": {"timeout": "5s"}})
+    engine = _engine(d, 0)
+    since = d.mark()
+    engine.kill()
+    event = d.wait_event("incident.recorded", 30.0, since, reason="engine_died")
+    head = "\n".join(_first_lines(d, event))
+    assert f"reason: engine_died: engine process died: pid {engine.pid} (VLLM::EngineCore) " \
+           "killed by SIGKILL" in head, head
+    assert "SIGKILL: " in head and f"journalctl -k -g 'Killed process {engine.pid}'" in head
+    rec = record_of(d, event)
+    assert "cgroup" in rec["oom"] and rec["cause"], rec["oom"]
+    engine = _engine(d, d.events.index(event))
+    since = d.mark()
+    engine.suspend()  # SIGSTOP; the engines' SIGKILL at the restart ends it
+    event = d.wait_event("incident.recorded", 60.0, since, reason="hang")
+    head = "\n".join(_first_lines(d, event))
+    assert "reason: hang: canary timed out" in head, head
+    assert f"engine_core pid {engine.pid} is stopped (state T: SIGSTOP" in head, head
+    shown = subprocess.run([PYTHON, "-m", "vllmwatch", "incidents", "show", event["incident"],
+                            "--dir", str(incidents_dir(d))], capture_output=True, text=True,
+                           check=True, cwd=REPO).stdout
+    # the canary timeouts and the retry that made the verdict are in the timeline
+    timeline = shown[shown.index("timeline"):shown.index("incident: restart decided")]
+    assert "nothing moved, retry with" in timeline and ": hang" in timeline, timeline

@@ -133,7 +133,7 @@ def test_enginecore_sigkill_restarts(start_daemon: StartDaemon) -> None:
     assert len(engines) == 1, [cmdline(p) for p in tree(pid)]
     mark, fault_at = d.mark(), time.time()
     engines[0].kill()
-    got = _recover(d, "enginecore_sigkill", fault_at, mark, {"crash", "health"})
+    got = _recover(d, "enginecore_sigkill", fault_at, mark, {"crash", "engine_died"})
     assert got["ready"]["pid"] != pid
     assert _gone(engines[0])
 

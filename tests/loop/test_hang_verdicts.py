@@ -175,3 +175,23 @@ def test_a_long_prefill_alone_is_not_a_hang() -> None:
     d.world.running, d.world.kv_per_scrape, d.world.canary_timeout = 1, 0.002, True
     assert detect(d, 120.0) == float("inf")
     assert d.events("probe.canary_busy") and not d.events("probe.canary_retry")
+
+
+def test_busy_for_ever_is_a_hang_at_the_busy_bound() -> None:
+    """Issue 37.8: every canary times out while /metrics says requests run and tokens grow
+    (an API server wedged while its engine works): busy excuses it for probe.busy_timeout
+    (600 s shipped), then it is a hang; the timeline of its record shows the verdicts."""
+    d = up(running=4, waiting=0, tokens_per_scrape=500)
+    d.world.canary_timeout = True
+    took = detect(d, 700.0)
+    assert 600.0 <= took < 700.0, took
+    [begin] = restarts(d)
+    assert begin["reason"] == "hang" and "wedged" in begin["detail"], begin
+    assert "probe.busy_timeout 600s" in begin["detail"], begin
+    busy = d.events("probe.canary_busy")
+    assert len(busy) >= 5 and busy[-1]["busy_timeout_s"] == 600.0
+    assert busy[-1]["busy_for_s"] < 600.0 <= busy[-1]["busy_for_s"] + 60.0
+    # The incident's facts carry the canary verdicts that made it, for its timeline
+    verdicts = d.world.incidents[-1].facts["canary_verdicts"]
+    assert any("busy (4 running" in what for _, what in verdicts), verdicts
+    assert verdicts[-1][1].endswith(": hang") and all(t <= 0 for t, _ in verdicts)

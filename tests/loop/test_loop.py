@@ -9,8 +9,9 @@ import signal
 import pytest
 
 from vllmwatch.config.schema import from_dict
-from vllmwatch.core import exitcodes, ladder
+from vllmwatch.core import exitcodes
 from vllmwatch.core.state import S
+from vllmwatch.core.stopping import KILL_WAIT, SWEEP_WAIT
 from vllmwatch.shell.loop import Loop
 from vllmwatch.testing import (
     Driver,
@@ -32,7 +33,7 @@ BASE = from_dict({
     "prewarm": {"enabled": False},
     "memory": {"sample_interval": 10, "pss_interval": 10},
 })
-STOP_BOUND = BASE.restart.stop_timeout + ladder.KILL_WAIT + ladder.SWEEP_WAIT
+STOP_BOUND = BASE.restart.stop_timeout + KILL_WAIT + SWEEP_WAIT
 
 
 def ready(d: Driver) -> bool:
@@ -160,7 +161,7 @@ def test_a_deadline_fires_while_every_worker_is_busy() -> None:
     assert d.world.signals == ["SIGTERM"]
     d.run_for(BASE.restart.stop_timeout + 0.5)  # no worker answers anything meanwhile
     assert d.world.signals == ["SIGTERM", "SIGKILL"]
-    d.run_until(lambda: d.exit_code is not None, ladder.KILL_WAIT + ladder.SWEEP_WAIT + 1)
+    d.run_until(lambda: d.exit_code is not None, KILL_WAIT + SWEEP_WAIT + 1)
     assert d.exit_code == 0
     assert d.events("daemon.sweep_timeout")  # it left without the sweep's answer, and said so
 

@@ -228,7 +228,7 @@ def test_a_gone_engine_gets_a_short_grace() -> None:
     d = up(world=World(ignore_sigterm=True))
     d.world.health_ok, d.world.engine_gone = False, True
     d.run_for(6)  # one probe (every 5 s), not failure_threshold of them
-    assert restarts(d) == ["health"]
+    assert restarts(d) == ["engine_died"]
     assert d.events("child.stopping")[-1]["grace_s"] == 5.0
     d.run_for(6)
     assert d.world.signals == ["SIGTERM", "SIGKILL"]

@@ -10,9 +10,9 @@ from contextlib import contextmanager
 
 import pytest
 
+from vllmwatch import bounded_http
 from vllmwatch.config.schema import ProbeConfig
 from vllmwatch.shell.probes import Endpoint, HttpProber
-from vllmwatch.status import bounded_http
 from vllmwatch.status import cli as status_cli
 
 Serve = Callable[[socket.socket, threading.Event], None]

@@ -72,6 +72,10 @@ command = ["{sys.executable}", "-m", "vllm"]
 port = {port or free_port()}
 gpus = []
 {vllm}
+# Its KV cache sized, as the real CPU tests run it: else vLLM's start-up memory check (and
+# `check`'s, tests/shell/test_start_memory.py) would depend on this box's free memory.
+[vllm.env]
+VLLM_CPU_KVCACHE_SPACE = "1"
 [vllm.args]
 {args}
 [prewarm]
@@ -148,7 +152,7 @@ def test_handmade_model_all_pass_and_exit_0(tmp_path: Path) -> None:
         "config": PASS, "vllm": PASS, "model.config": PASS, "model.tokenizer": PASS,
         "model.weights": PASS, "model.checksums": PASS, "max-model-len": PASS, "port": PASS,
         "gpu": PASS, "prewarm.cache_dir": PASS, "status.listen": PASS, "vllm.args": WARN,
-        "instances": PASS}
+        "instances": PASS, "start memory": PASS}
     assert "CPU config" in res["gpu"].detail
     out = io.StringIO()
     assert check.main(path, as_json=False, fast=False, out=out, err=io.StringIO()) == 0

@@ -5,6 +5,7 @@ from __future__ import annotations
 import subprocess
 import sys
 from collections.abc import Iterator
+from pathlib import Path
 
 import psutil
 import pytest
@@ -49,7 +50,48 @@ def test_engine_worker_and_api_server_processes_are_watched(
 
     psutil.Process(pids["VLLM::APIServer_1"]).kill()
     gone = wait_until(lambda: watch.look(root), 10, "the API server noticed gone")
-    assert gone == [f"pid {pids['VLLM::APIServer_1']} (VLLM::APIServer)"]
+    assert gone == [f"pid {pids['VLLM::APIServer_1']} (VLLM::APIServer) killed by SIGKILL "
+                    "(the OOM killer? see the incident record)"]
+
+    engine = psutil.Process(pids["VLLM::EngineCore"])
+    engine.send_signal(15)  # how it died is said once, from the zombie (issue 36.15)
+    gone = wait_until(lambda: len(watch.look(root)) == 2 and watch.look(root), 10, "engine")
+    assert f"pid {engine.pid} (VLLM::EngineCore) killed by SIGTERM" in gone, gone
 
     watch.reset()  # a new child: the old tree's processes are forgotten
     assert watch.look(root) == []
+    watch.close()
+
+
+# vLLM's API server: waits on the engine's sentinel, logs, then reaps it at once.
+REAPER = """
+import multiprocessing as mp, multiprocessing.connection as mc, sys, time
+def run(): time.sleep(120)
+if __name__ == "__main__":
+    sys.argv[0] = "VLLM::APIServer"
+    p = mp.get_context("spawn").Process(target=run, name="VLLM::EngineCore"); p.start()
+    print(p.pid, flush=True)
+    mc.wait([p.sentinel]); print("died unexpectedly", flush=True); p.join(); time.sleep(120)
+"""
+
+
+def test_an_engine_reaped_by_its_parent_at_once_still_says_how_it_died(tmp_path: Path
+                                                                       ) -> None:
+    # The exit status is read through a pidfd the moment the engine dies: vLLM reaps its
+    # EngineCore within milliseconds, long before the next probe. Best effort (a race):
+    # the status or "not seen", never a wrong one.
+    script = tmp_path / "reaper.py"
+    script.write_text(REAPER)
+    with owned([sys.executable, str(script)], stdout=subprocess.PIPE, text=True) as root:
+        assert root.stdout is not None
+        pid = int(root.stdout.readline())
+        watch = EngineWatch()
+        watch.seen[pid] = (psutil.Process(pid).create_time(), "VLLM::EngineCore")
+        watch._exits.watch(pid)
+        psutil.Process(pid).kill()
+        assert root.stdout.readline().strip() == "died unexpectedly"
+        gone = wait_until(lambda: watch.look(root.pid), 10, "the engine noticed gone")
+        assert gone[0].startswith(f"pid {pid} (VLLM::EngineCore) "), gone
+        assert gone[0].endswith(("killed by SIGKILL (the OOM killer? see the incident record)",
+                                 "exit status not seen (its parent reaped it first)")), gone
+        watch.close()

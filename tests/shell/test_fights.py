@@ -56,7 +56,10 @@ def run(root: Path, proc: Path, gpus: object = None) -> list[fights.CheckResult]
 
 CASES = [
     ("the guide's cron.d file", {"etc/cron.d/vllm-watch": GUIDE_CRON},
-     "/etc/cron.d/vllm-watch:3", ["kills or restarts vLLM", "pkill -f", "delete the line"]),
+     "/etc/cron.d/vllm-watch:3", ["kills or restarts vLLM", "pkill -f", "delete the line",
+                                  # what replaces it (issue 36.7)
+                                  "[memory] rules", "memory.gpu_limit", "gpu_growth_rate",
+                                  "DGX Spark the old figure was system memory"]),
     ("a user crontab", {"var/spool/cron/crontabs/alice": "*/30 * * * * pkill -f 'vllm serve'\n"},
      "/var/spool/cron/crontabs/alice:1", ["crontab -e -u alice"]),
     ("a cron line running a script that kills vLLM",

@@ -39,7 +39,9 @@ def _start(tmp_path: Path, hook: bool, extra_path: str = "") -> subprocess.Popen
         (tmp_path / "stacks").mkdir(exist_ok=True)
         env["PYTHONPATH"] = os.pathsep.join(p for p in (dumpers.HOOK_DIR, extra_path) if p)
         env[dumpers.STACKS_ENV] = str(tmp_path / "stacks")
-    proc = subprocess.Popen([sys.executable, "-c", DEADLOCK], env=env, stdout=subprocess.PIPE,
+    script = tmp_path / "deadlock.py"  # a file, not -c: its source lines say "lock"
+    script.write_text(DEADLOCK)
+    proc = subprocess.Popen([sys.executable, str(script)], env=env, stdout=subprocess.PIPE,
                             text=True, start_new_session=True)
     assert proc.stdout is not None and proc.stdout.readline().strip() == "started"
     return proc
@@ -71,6 +73,8 @@ def test_the_hook_dumps_a_deadlocked_process_and_chains_an_existing_sitecustomiz
     dump = got[p.pid]
     assert dump.ok, dump.error
     assert len(dump.threads) == 2 and "hold_forever" in _functions(dump)
+    # both threads wait in `b.acquire()`: blocked on a lock, not idle (issue 36.19)
+    assert all(t.blocked for t in dump.threads), dump.threads
     assert p.poll() is None  # a dump does not disturb the process
 
 
@@ -79,11 +83,19 @@ def test_a_process_without_the_hook_is_never_sent_the_dump_signal(
     p = _start(tmp_path, hook=False)
     procs.append(p)
     (tmp_path / "stacks").mkdir()
-    (tmp_path / "stacks" / f"{p.pid}.stacks").write_text("")  # even with a file there
+    stale = tmp_path / "stacks" / f"{p.pid}.stacks"
+    stale.write_text("")  # even with a file there: a stale one of an earlier pid owner
+    os.utime(stale, (time.time() - 3600, time.time() - 3600))
     got = dumpers.faulthandler_dumps([p.pid], str(tmp_path / "stacks"), time.monotonic() + 1)
     assert not got[p.pid].ok and "hook is not loaded" in got[p.pid].error
     assert not dumpers.catches_dump_signal(p.pid)
     assert p.poll() is None  # SIGUSR2 would have killed it
+    # A file made after the process started but no handler: the hook ran and the
+    # interpreter is exiting (it drops its handlers): said so, and still no signal.
+    os.utime(stale, None)
+    got = dumpers.faulthandler_dumps([p.pid], str(tmp_path / "stacks"), time.monotonic() + 1)
+    assert got[p.pid].error.startswith("process exiting"), got[p.pid]
+    assert p.poll() is None
 
 
 @pytest.mark.skipif(dumpers.find_pyspy() is None, reason="py-spy not installed")
@@ -102,6 +114,8 @@ def test_a_stopped_process_is_read_by_py_spy_only(
         pytest.skip(f"no ptrace rights here: {spy.error}")
     assert spy.ok, spy.error
     assert "hold_forever" in _functions(spy)
+    assert all(t.blocked for t in spy.threads if t.frames and t.frames[0].function ==
+               "hold_forever"), spy.threads
     late = dumpers.pyspy_dump(exe, p.pid, time.monotonic() - 1)
     assert not late.ok and "deadline" in late.error
 

@@ -102,12 +102,28 @@ def test_entry_fields_of_an_event() -> None:
     ("Traceback (most recent call last):", None, None),
 ])
 def test_vllm_lines_carry_their_process(text: str, proc: str | None, pid: str | None) -> None:
-    fields = dict(journal.entry_fields("info", "child.line", "vllm| " + text,
-                                       {"pid": 1, "text": text}))
+    entry = journal.entry_fields("info", "child.line", "vllm| " + text, {"pid": 1, "text": text})
+    fields = dict(entry)
+    assert len(fields) == len(entry)  # no field twice
     assert fields["VLLMWATCH_SOURCE"] == "vllm"
     assert "MESSAGE_ID" not in fields
     assert fields.get("VLLM_PROCESS") == proc
     assert fields.get("VLLM_PID") == pid
+    # vLLM's own identifier (`journalctl -t vllm`), its text once, the launched process's pid
+    # in a field that cannot be read as journald's _PID (which is vllmwatch's).
+    assert fields["SYSLOG_IDENTIFIER"] == "vllm"
+    assert fields["MESSAGE"] == text
+    assert fields["VLLM_MAIN_PID"] == "1"
+    values = [v for k, v in entry if k != "MESSAGE"]
+    assert text not in values or text == ""
+    assert not {k for k in fields if k in ("VLLMWATCH_PID", "VLLMWATCH_TEXT", "SYSLOG_PID")}
+
+
+@pytest.mark.parametrize("event", [*sorted(journal.MESSAGE_IDS), "config.reloaded"])
+def test_vllmwatch_events_keep_their_identifier(event: str) -> None:
+    fields = dict(journal.entry_fields("info", event, event, {"pid": 5}))
+    assert fields["SYSLOG_IDENTIFIER"] == "vllmwatch"
+    assert fields["VLLMWATCH_SOURCE"] == "vllmwatch"
 
 
 def test_message_ids_are_distinct_128_bit_hex() -> None:
@@ -153,7 +169,9 @@ def test_logger_sends_native_entries(fake_journald: tuple[str, socket.socket]) -
     assert first["PRIORITY"] == b"4"
     assert first["MESSAGE"].startswith(b"restart.begin reason=canary_timeout")
     assert second["VLLM_PROCESS"] == b"EngineCore" and second["VLLMWATCH_SOURCE"] == b"vllm"
-    assert second["MESSAGE"] == b"vllm| (EngineCore pid=6) INFO hello"
+    assert second["SYSLOG_IDENTIFIER"] == b"vllm" and second["VLLM_MAIN_PID"] == b"5"
+    assert second["MESSAGE"] == b"(EngineCore pid=6) INFO hello"
+    assert "VLLMWATCH_TEXT" not in second and "VLLMWATCH_PID" not in second
     assert stderr.getvalue() == ""
 
 

@@ -43,6 +43,9 @@ def test_python_m_and_python_script(tmp_path: Path) -> None:
         Entry(PYTHON, "module", "vllm.entrypoints.openai.api_server", 3)
     script = _script(tmp_path, "serve.py", "print(1)\n")
     assert resolve([PYTHON, script], None) == Entry(PYTHON, "path", script, 2)
+    # The kernel's view of a console script (`init --from-pid` reads it): no .py suffix.
+    console = _script(tmp_path, "vllm", f"#!{PYTHON}\nimport sys\n")
+    assert resolve([PYTHON, console, "serve"], None) == Entry(PYTHON, "path", console, 2)
 
 
 @pytest.mark.parametrize(("make", "words"), [

@@ -19,6 +19,8 @@ import pytest
 from tests.systemd.harness import Bind, SystemdResult, run_in_systemd, unavailable_reason
 
 REPO = Path(__file__).resolve().parents[2]
+# Where the container sees the checkout's vllmwatch/ (read-only): the fakes come from there.
+SOURCE_TREE = "/opt/vwtest/src"
 
 # Bash functions every container script can use. `wait_for SECONDS CMD...` polls CMD with a
 # deadline (never a bare sleep); `install_deb` installs the package under test.
@@ -51,7 +53,9 @@ ARMED_EXIT: Mapping[str, object] = {"exit-after": 3, "arm-file": "/run/vllmwatch
 
 def fake_config(port: int, status_port: int, startup_s: float = 1.0,
                 extra_args: Mapping[str, object] | None = None, extra: str = "") -> str:
-    """A vllmwatch config that supervises the fake vLLM installed with the package."""
+    """A vllmwatch config that supervises the fake vLLM of the source tree: the package does not
+    ship vllmwatch/testing/, so `boot` binds the checkout's vllmwatch/ at SOURCE_TREE and the
+    fake runs with it first on its PYTHONPATH (the daemon itself stays the installed one)."""
     args = {"startup-seconds": startup_s, **(extra_args or {})}
     arg_lines = "\n".join(f'{k} = {_toml(v)}' for k, v in args.items())
     return f"""\
@@ -60,6 +64,9 @@ model = "fake-model"
 command = ["/opt/vllmwatch/venv/bin/python", "-m", "vllmwatch.testing.fake_vllm"]
 port = {port}
 gpus = []
+
+[vllm.env]
+PYTHONPATH = "{SOURCE_TREE}"
 
 [vllm.args]
 {arg_lines}
@@ -132,7 +139,8 @@ def boot(request: pytest.FixtureRequest, tmp_path: Path) -> Boot:
     def run(script: str, units: Mapping[str, str] | None = None, timeout: float = 120.0,
             install: bool = True, binds: tuple[Bind, ...] = ()) -> SystemdResult:
         body = PRELUDE + ("install_deb\n" if install else "") + script
-        return run_in_systemd(body, units, binds=(Bind(str(debdir), "/vwdeb"), *binds),
+        source = Bind(str(REPO / "vllmwatch"), f"{SOURCE_TREE}/vllmwatch")
+        return run_in_systemd(body, units, binds=(Bind(str(debdir), "/vwdeb"), source, *binds),
                               timeout=timeout, out_dir=tmp_path / f"out{next(boots)}")
 
     return run

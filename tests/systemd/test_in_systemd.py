@@ -15,6 +15,7 @@ import pytest
 
 from tests.systemd.conftest import ARMED_EXIT, REPO, Boot, dropin, fake_config
 from tests.systemd.harness import Bind, SystemdResult
+from vllmwatch.core import exitcodes
 
 pytestmark = pytest.mark.systemd
 
@@ -171,20 +172,44 @@ def test_reload_rereads_config(boot: Boot) -> None:
 systemctl start vllmwatch
 """ + write(CONF, new) + f"""
 sha256sum {CONF} | cut -d' ' -f1 > sha.txt
-systemctl reload vllmwatch
+systemctl reload vllmwatch; echo $? > good.rc
 wait_for 30 sh -c 'journalctl -u vllmwatch | grep -q config.reloaded'
 wait_for 30 is_state vllmwatch active
 curl -s --max-time 5 http://127.0.0.1:{STATUS}/status > status.json
-echo 'this is not toml [' > {CONF}
-systemctl reload vllmwatch
-wait_for 30 sh -c 'journalctl -u vllmwatch | grep -q config.reload_failed'
-wait_for 30 is_state vllmwatch active
+cp {CONF} /root/good.toml
+n=0
+for bad in 'this is not toml [' '[vllm]
+model = "m"
+port = 99999999'; do
+    n=$((n + 1))
+    printf '%s\n' "$bad" > {CONF}
+    systemctl reload vllmwatch > reload$n.out 2>&1; echo $? > bad$n.rc
+    systemctl status --no-pager --lines 20 vllmwatch > status$n.txt 2>&1
+    prop vllmwatch ActiveState > active$n.txt
+done
+cp /root/good.toml {CONF}
+systemctl reload vllmwatch; echo $? > again.rc
 prop vllmwatch NRestarts > nrestarts.txt
+journalctl -u vllmwatch --no-pager > unit.txt
 systemctl stop vllmwatch
 """)
     ok(r)
     status = json.loads(r.read("status.json"))
     assert status["config_sha256"] == r.read("sha.txt").strip()
+    assert r.read("good.rc").strip() == "0"
+    for n in (1, 2):
+        # The reload itself fails, visibly: non-zero, and `systemctl status` says why.
+        assert r.read(f"bad{n}.rc").strip() != "0", r.read(f"reload{n}.out")
+        assert "failed" in r.read(f"reload{n}.out")
+        shown = r.read(f"status{n}.txt")
+        assert "ExecReload=/opt/vllmwatch/bin/vllmwatch check --config-only" in shown, shown
+        assert f"status={exitcodes.CONFIG}" in shown, shown
+        assert "FAIL  config" in shown and "a reload would keep the running config" in shown
+        assert r.read(f"active{n}.txt").strip() == "active"  # still serving the old config
+    assert "vllm.port" in r.read("status2.txt")
+    # The check refused before the signal: the daemon never read the bad files.
+    assert "config.reload_failed" not in r.read("unit.txt")
+    assert r.read("again.rc").strip() == "0"
     assert r.read("nrestarts.txt").strip() == "0"
 
 

@@ -33,6 +33,11 @@ journalctl MESSAGE_ID={begin_id} -o json --no-pager > by-id.json
 journalctl MESSAGE_ID={ready_id} -o json --no-pager > ready.json
 journalctl -u vllmwatch VLLMWATCH_SOURCE=vllm VLLM_PROCESS=APIServer -o json --no-pager \
     > vllm.json
+journalctl -t vllm -o json --no-pager > by-tag-vllm.json
+journalctl -t vllmwatch -o json --no-pager > by-tag-vllmwatch.json
+journalctl -u vllmwatch -t vllm --no-pager > short.txt
+prop vllmwatch MainPID > mainpid.txt
+journalctl -u vllmwatch VLLMWATCH_EVENT=child.started -o json --no-pager > started.json
 systemctl stop vllmwatch
 """, units={FAST: dropin(RestartSec="1s")})
     ok(r)
@@ -51,4 +56,21 @@ systemctl stop vllmwatch
     assert _entries(r.read("ready.json")), r.explain()
     lines = _entries(r.read("vllm.json"))
     assert lines, r.explain()
-    assert all(str(e["MESSAGE"]).startswith("vllm| (APIServer pid=") for e in lines)
+    # vLLM's lines: their own identifier, the text once, the launched pid as VLLM_MAIN_PID.
+    assert all(str(e["MESSAGE"]).startswith("(APIServer pid=") for e in lines)
+    by_tag = _entries(r.read("by-tag-vllm.json"))
+    assert [e["__CURSOR"] for e in lines] == [
+        e["__CURSOR"] for e in by_tag if e.get("VLLM_PROCESS") == "APIServer"]
+    main_pid = r.read("mainpid.txt").strip()
+    started = {str(e["VLLMWATCH_PID"]) for e in _entries(r.read("started.json"))}
+    assert started and main_pid not in started, r.explain()
+    for e in by_tag:
+        assert e["SYSLOG_IDENTIFIER"] == "vllm" and e["VLLMWATCH_SOURCE"] == "vllm"
+        assert e["_SYSTEMD_UNIT"] == "vllmwatch.service"
+        assert "VLLMWATCH_TEXT" not in e and "VLLMWATCH_PID" not in e
+        assert e["_PID"] == main_pid  # journald's _PID is vllmwatch's own
+    assert {e["VLLM_MAIN_PID"] for e in by_tag} <= started  # a launched child's pid
+    # `-t vllmwatch`: vllmwatch's events (and ExecStartPre's check output), no vLLM line.
+    ours = _entries(r.read("by-tag-vllmwatch.json"))
+    assert {e.get("VLLMWATCH_SOURCE") for e in ours} == {"vllmwatch", None}, r.explain()
+    assert "vllm[" in r.read("short.txt") and "vllm| " not in r.read("short.txt")

@@ -33,9 +33,10 @@ def test_contents(deb: Path) -> None:
                  "/lib/systemd/system/vllmwatch@.service",
                  "/usr/lib/sysusers.d/vllmwatch.conf", "/etc/vllmwatch/vllmwatch.toml",
                  "/opt/vllmwatch/bin/vllmwatch", "/opt/vllmwatch/venv/bin/vllmwatch",
-                 "/usr/bin/vllmwatch", "/usr/share/doc/vllmwatch/copyright"):
+                 "/usr/bin/vllmwatch", "/usr/share/doc/vllmwatch/copyright",
+                 "/usr/lib/systemd/catalog/vllmwatch.catalog"):
         assert path in files, path
-    assert any(f.endswith("/site-packages/vllmwatch/testing/fake_vllm.py") for f in files)
+    assert any(f.endswith("/site-packages/vllmwatch/cli.py") for f in files)
     assert not [f for f in files if "__pycache__" in f or f.endswith(".pyc")]
     conffiles = subprocess.run(["dpkg-deb", "-f", str(deb), "Package"], capture_output=True,
                                text=True, check=True).stdout.strip()
@@ -53,3 +54,18 @@ def test_shipped_config_is_the_repos(deb: Path, tmp_path: Path) -> None:
     assert shipped == (repo / "etc" / "vllmwatch.toml").read_bytes()
     script = (tmp_path / "opt" / "vllmwatch" / "venv" / "bin" / "vllmwatch").read_text()
     assert script.startswith("#!/opt/vllmwatch/venv/bin/python\n")
+
+
+def test_the_test_fakes_are_not_shipped(deb: Path, tmp_path: Path) -> None:
+    """vllmwatch/testing/ (fakes, harnesses) stays in the source tree: not in `dpkg -c`, and
+    not in the wheel's RECORD either (pip would list files that are not there)."""
+    files = _contents(deb)
+    assert any("/site-packages/vllmwatch/" in f for f in files), "no vllmwatch in the .deb?"
+    assert [f for f in files if "/vllmwatch/testing" in f] == []
+    subprocess.run(["dpkg-deb", "-x", str(deb), str(tmp_path)], check=True)
+    records = list(tmp_path.glob("opt/vllmwatch/venv/lib/python3*/site-packages/"
+                                 "vllmwatch-*.dist-info/RECORD"))
+    assert len(records) == 1, records
+    record = records[0].read_text()
+    assert "vllmwatch/cli.py" in record
+    assert "vllmwatch/testing/" not in record

@@ -69,7 +69,7 @@ def test_key_settings(unit: str) -> None:
         "Type": "notify", "NotifyAccess": "main", "KillMode": "mixed", "Restart": "on-failure",
         "RestartPreventExitStatus": "2 6 7", "User": "vllmwatch", "PrivateDevices": "no",
         "DevicePolicy": "closed", "ProtectSystem": "strict", "CacheDirectory": "vllmwatch",
-        "ExecReload": "/bin/kill -HUP $MAINPID", "TimeoutStartSec": "120",
+        "TimeoutStartSec": "120",
     }.items():
         assert s.get(key) == [value], (key, s.get(key))
     assert "char-nvidia* rw" in s["DeviceAllow"]
@@ -78,6 +78,10 @@ def test_key_settings(unit: str) -> None:
     # Above the daemon's drain + stop budget (restart.drain_timeout + restart.stop_timeout).
     assert int(s["TimeoutStopSec"][0]) > 30 + 30
     assert int(s["WatchdogSec"][0]) >= 10
+    # A reload checks the config before the signal, so a bad one fails `systemctl reload`.
+    assert s["ExecReload"] == [
+        "/opt/vllmwatch/bin/vllmwatch check --config-only --config ${VLLMWATCH_CONFIG}",
+        "/bin/kill -HUP $MAINPID"]
     # ExecStartPre is advisory: a failing one loops until the start limit (see the unit).
     (pre,) = s["ExecStartPre"]
     assert pre.startswith("-/opt/vllmwatch/bin/vllmwatch check --fast")

@@ -2,5 +2,6 @@
 module per group of checks (vllm, model, max-model-len, host: port and caches, GPUs).
 
 Checks import base.py, never the runner; the runner imports every check at the top.
-May import: config, shell (child, port and group-file helpers), prewarm (cache locations).
+May import: config, core (pure verdicts: unified memory), shell (child, port and group-file
+helpers), prewarm (cache locations), logfn.
 """

@@ -33,6 +33,13 @@ def _own_child(pid: int | None, marker: str) -> bool:
     return session == child.remembered_group(marker)
 
 
+def serving_now(ctx: Context) -> bool:
+    """This deployment's own vLLM holds vllm.port now (vllmwatch runs it)."""
+    found = ports.holders(ctx.config.vllm.host, ctx.config.vllm.port)
+    marker = child.instance_id(ctx.config.path)
+    return bool(found) and all(_own_child(h.pid, marker) for h in found)
+
+
 def check_port(ctx: Context) -> CheckResult:
     """vllm.host:vllm.port is free for vLLM; if not, name who holds it."""
     host, port = ctx.config.vllm.host, ctx.config.vllm.port

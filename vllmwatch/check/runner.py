@@ -14,7 +14,17 @@ from collections.abc import Callable, Mapping, Sequence
 from dataclasses import asdict
 from typing import Any, TextIO
 
-from vllmwatch.check import fights, gpu, host, maxlen, model, neighbours, unified, vllm
+from vllmwatch.check import (
+    fights,
+    gpu,
+    host,
+    maxlen,
+    model,
+    neighbours,
+    startmem,
+    unified,
+    vllm,
+)
 from vllmwatch.check.base import (
     FAIL,
     PASS,
@@ -25,7 +35,9 @@ from vllmwatch.check.base import (
     Context,
     exc_text,
 )
+from vllmwatch.config.reloadcheck import load_for_reload
 from vllmwatch.config.schema import ConfigError, load
+from vllmwatch.core import exitcodes
 
 __all__ = [
     "CHECKS",
@@ -35,6 +47,7 @@ __all__ = [
     "WARN",
     "CheckResult",
     "Context",
+    "config_only",
     "main",
     "render_json",
     "render_text",
@@ -108,6 +121,13 @@ def _check_gpus(ctx: Context) -> list[CheckResult]:
     return gpu.check_gpus(ctx.config.vllm.gpus, ctx.nvml or gpu.load_nvml)
 
 
+def _check_start_memory(ctx: Context) -> list[CheckResult]:
+    if host.serving_now(ctx):  # its memory counts as used: the check would refuse itself
+        return [CheckResult(startmem.NAME, PASS, "this deployment's vLLM is running (it holds "
+                            "the memory vLLM's start-up check would ask for)")]
+    return startmem.check_start_memory(ctx, nvml=ctx.nvml or gpu.load_nvml)
+
+
 CHECKS: tuple[tuple[str, Check], ...] = (
     ("config", vllm.check_config),
     ("vllm", vllm.check_vllm),
@@ -117,8 +137,30 @@ CHECKS: tuple[tuple[str, Check], ...] = (
     ("port", host.check_port),
     ("status.listen", vllm.check_status_listen),
     ("gpu", _check_gpus),
+    ("start memory", _check_start_memory),
     ("platform", unified.check_platform),
     ("prewarm.cache_dir", host.check_prewarm_cache),
     ("instances", neighbours.check_neighbours),
     ("fights", fights.check_fights),
 )
+
+
+def config_only(path: str, as_json: bool, out: TextIO | None = None) -> int:
+    """`check --config-only`: what a reload would apply, nothing else (the units' first
+    ExecReload=). 0 when a SIGHUP would take it; exit code CONFIG when it would be refused,
+    so that `systemctl reload` fails and `systemctl status` shows why."""
+    out = out or sys.stdout
+    try:
+        config = load_for_reload(path)
+        result = CheckResult("config", PASS, f"loads (sha256 {config.sha256[:12]}); a reload "
+                             "applies it")
+    except ConfigError as exc:
+        result = CheckResult("config", FAIL, f"{exc}; a reload would keep the running config")
+    except Exception as exc:  # a bug in loading must still not print a traceback
+        result = CheckResult("config", FAIL, f"{path}: cannot load: {exc_text(exc)}")
+    try:
+        print(render_json([result]) if as_json else render_text([result], path), file=out)
+        out.flush()
+    except BrokenPipeError:
+        pass
+    return exitcodes.OK if result.status == PASS else exitcodes.CONFIG

@@ -19,7 +19,7 @@ def check_config(ctx: Context) -> CheckResult:
     except ConfigError as exc:
         return CheckResult("config", FAIL, str(exc))
     return CheckResult("config", PASS,
-                       f"{c.path}: {shlex.join(command.redact_argv(cmd.argv))}")
+                       f"{c.path}: {shlex.join(cmd.shown_argv())}")
 
 
 def check_vllm(ctx: Context) -> CheckResult:
@@ -29,6 +29,9 @@ def check_vllm(ctx: Context) -> CheckResult:
     if exe is None:
         return CheckResult("vllm", FAIL, f"{cmd[0]!r} not found on PATH; install vLLM "
                            "(pip install vllm) or set vllm.command to its full path")
+    broken = vllminfo.cannot_run(exe)
+    if broken is not None:
+        return CheckResult("vllm", FAIL, broken)
     if ctx.fast:
         return CheckResult("vllm", PASS, exe)
     ver = vllminfo.version(cmd)

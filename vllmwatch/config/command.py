@@ -8,20 +8,22 @@ import shlex
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 
-from vllmwatch.config import flags, safefile
+from vllmwatch.config import flags, safefile, serveline
 from vllmwatch.config.errors import Problem
 from vllmwatch.config.flags import flag_name as flag_name  # re-exported for callers
 from vllmwatch.config.launch import FORK_VARIABLE, engine_start_method
+
+# The rules live in config/redact.py; re-exported for the callers that know them here.
+from vllmwatch.config.redact import REDACT
+from vllmwatch.config.redact import REDACTED as REDACTED
+from vllmwatch.config.redact import is_secret_name as is_secret_name
+from vllmwatch.config.redact import redact_argv as redact_argv
 from vllmwatch.config.schema import Config, ConfigError
 
 # Variables that belong to our own unit and must never reach the child: a child that could
 # notify systemd or ping our watchdog would let a dead vllmwatch look alive.
 _STRIP_ENV = ("NOTIFY_SOCKET", "WATCHDOG_USEC", "WATCHDOG_PID", "LISTEN_FDS", "LISTEN_PID",
               "LISTEN_FDNAMES", "VLLMWATCH_CONFIG")
-# Substrings of variable and flag names whose values are secret: shown as <redacted>.
-_SECRET_WORDS = ("key", "token", "secret", "password", "passwd", "credential", "auth",
-                 "private")
-REDACTED = "<redacted>"
 MAX_KEY = 64 * 1024  # an API key is tens of bytes; a larger file is not a key file
 KEY_READ_TIMEOUT = 5.0  # a launch waits this long for the key file, then retries with backoff
 
@@ -37,12 +39,18 @@ class ChildCommand:
     argv: tuple[str, ...]
     env: Mapping[str, str]
     shown_env: Mapping[str, str] = field(default_factory=dict)
+    hidden: frozenset[str] = frozenset()  # argv values from vllm.env_file: never shown
 
     def display(self) -> str:
-        """The command line for humans and logs, with secrets redacted."""
-        prefix = " ".join(f"{k}={v if v == REDACTED else shlex.quote(v)}"
+        """The command line for humans and logs, with secrets redacted (config/redact.py:
+        secret names, and credentials inside other values such as a URL's password)."""
+        prefix = " ".join(f"{k}={v if v == REDACTED else shlex.quote(REDACT.text(v))}"
                           for k, v in sorted(self.shown_env.items()))
-        return (prefix + " " if prefix else "") + shlex.join(redact_argv(self.argv))
+        return (prefix + " " if prefix else "") + shlex.join(self.shown_argv())
+
+    def shown_argv(self) -> list[str]:
+        """argv with secrets redacted (config/redact.py's rules; values from vllm.env_file)."""
+        return REDACT.argv([REDACTED if a in self.hidden else a for a in self.argv])
 
 
 def args_to_argv(args: Mapping[str, object], path: str = "<config>") -> list[str]:
@@ -125,6 +133,42 @@ def read_api_key(config: Config) -> str | None:
     return key
 
 
+ARG_PREFIX = "VLLMWATCH_ARG_"  # in vllm.env_file: a flag's value, not a variable
+
+
+def read_env_file(config: Config) -> tuple[dict[str, str], list[str]]:
+    """vllm.env_file: (secret variables for vLLM's environment, flags whose values are
+    secret). ({}, []) when none is set. Lines are NAME=value (no quoting: the value is the
+    rest of the line), blank and # lines skipped; bounded and with a deadline, as the key."""
+    path = config.vllm.env_file
+    if not path:
+        return {}, []
+    try:
+        text = safefile.read_within(path, MAX_KEY, KEY_READ_TIMEOUT).decode("utf-8")
+    except safefile.FileProblem as exc:
+        raise KeyFileError(config.path, "vllm.env_file", f"{exc}; check the path and that "
+                           "the service user may read it", transient=exc.transient) from None
+    except UnicodeDecodeError as exc:
+        raise KeyFileError(config.path, "vllm.env_file", f"{path!r} is not UTF-8 text "
+                           f"({exc.reason} at byte {exc.start})", transient=True) from None
+    env: dict[str, str] = {}
+    args: list[str] = []
+    for number, raw in enumerate(text.splitlines(), 1):
+        line = raw.strip()
+        if not line or line.startswith("#"):
+            continue
+        name, eq, value = line.partition("=")
+        if not eq or not re.fullmatch(r"[A-Za-z_][A-Za-z0-9_]*", name):
+            raise KeyFileError(config.path, "vllm.env_file", f"{path!r} line {number}: "
+                               "expected NAME=value (the value itself is not shown)",
+                               transient=False)
+        if name.startswith(ARG_PREFIX) and len(name) > len(ARG_PREFIX):
+            args += [f"--{flag_name(name[len(ARG_PREFIX):].lower())}", value]
+        else:
+            env[name] = value
+    return env, args
+
+
 class KeyFileError(ConfigError):
     """vllm.api_key_file cannot be used now; `transient` when a moment later it may be.
 
@@ -152,12 +196,15 @@ def build(config: Config, base_env: Mapping[str, str], api_key: str | None = Non
           ) -> ChildCommand:
     """Build the child's argv and environment; raise CommandError for known-broken flags."""
     v = config.vllm
-    argv = [*v.command, "--model", v.model]
+    argv = [*v.command, *model_words(v.command, v.model)]
     if v.served_model_name:
         argv += ["--served-model-name", v.served_model_name]
     argv += ["--host", v.host, "--port", str(v.port)]
     _raise(config.path, flags.args_problems(v.args, v.extra_args, vllm_version))
-    user, secret_env = split_secrets([*args_to_argv(v.args, config.path), *v.extra_args])
+    file_env, file_args = read_env_file(config)
+    user, secret_env = split_secrets([*args_to_argv(v.args, config.path), *v.extra_args,
+                                      *file_args])
+    secret_env = {**file_env, **secret_env}
     argv += user
     given = {flag_name(a.partition("=")[0]) for a in argv if a.startswith("--")}
     if accepts_shutdown_timeout(vllm_version) and "shutdown-timeout" not in given:
@@ -183,32 +230,16 @@ def build(config: Config, base_env: Mapping[str, str], api_key: str | None = Non
     if api_key is not None:
         env["VLLM_API_KEY"] = api_key
         shown["VLLM_API_KEY"] = REDACTED
-    shown = {k: (REDACTED if _is_secret(k) else val) for k, val in shown.items()}
-    return ChildCommand(argv=tuple(argv), env=env, shown_env=shown)
+    shown = {k: (REDACTED if is_secret_name(k) else val) for k, val in shown.items()}
+    return ChildCommand(argv=tuple(argv), env=env, shown_env=shown,
+                        hidden=frozenset(file_args[1::2]))
 
 
-def _is_secret(name: str) -> bool:
-    return any(word in name.lower() for word in _SECRET_WORDS)
-
-
-def is_secret_name(name: str) -> bool:
-    """Whether a variable or flag name looks secret (its value is never shown)."""
-    return _is_secret(name)
-
-
-def redact_argv(argv: tuple[str, ...] | list[str]) -> list[str]:
-    """Replace the values of secret-looking flags (api-key, token, ...) with <redacted>."""
-    out: list[str] = []
-    hide_next = False
-    for i, token in enumerate(argv):
-        if hide_next:
-            out.append(REDACTED)
-            hide_next = False
-            continue
-        if token.startswith("--") and _is_secret(token):
-            name, eq, _ = token.partition("=")
-            out.append(f"{name}={REDACTED}" if eq else token)
-            hide_next = not eq and flags.next_value(list(argv), i) is not True
-            continue
-        out.append(token)
-    return out
+def model_words(command: list[str] | tuple[str, ...], model: str) -> list[str]:
+    """How the model is named on the command line: `vllm serve MODEL` (positional: vLLM 0.32
+    warns at every launch that `--model` will be removed), `--model MODEL` for every other
+    form (the `api_server` module, a wrapper, the fake vLLM), which has no positional."""
+    words = list(command)
+    if words and words[-1] == "serve" and serveline.program_end(words) == len(words):
+        return [model]
+    return ["--model", model]

@@ -47,3 +47,22 @@ def engine_start_method(args: Mapping[str, object], extra: Sequence[str],
     if sizes["tp"] * sizes["pp"] > 1:
         return None, f"tensor x pipeline parallel = {sizes['tp'] * sizes['pp']}: vLLM's choice"
     return "fork", "one worker: EngineCore by fork"
+
+
+# What vllmwatch itself adds to the environment of the vLLM it launches (config/command.py
+# build, shell/childrun.py prepare, prewarm's cache variables, the incident hook, the start-up
+# caches), and the flags it adds to its argv. One list, read by both sides: the launch
+# (tests/core/test_command.py holds every launch path to it) and `vllmwatch init --from-pid`,
+# which must not copy them from a vLLM that a vllmwatch supervises (issue 36.4): they are
+# ours to set again, and the old values (an old cache directory) would pin the new config.
+# Not listed: CUDA_VISIBLE_DEVICES (vllm.gpus written back as it was) and VLLM_API_KEY (init
+# turns it into vllm.api_key_file), which carry the old config's own settings.
+INJECTED_ENV = frozenset({
+    "CUDA_DEVICE_ORDER", "PYTHONUNBUFFERED", FORK_VARIABLE, "TMPDIR", "PYTHONPATH",
+    "VLLMWATCH_INSTANCE", "VLLMWATCH_STACKS_DIR", "VLLMWATCH_PTRACER",
+    # prewarm's cache variables (prewarm/runner.py CACHE_VARS), on the cache directory
+    "VLLM_CACHE_ROOT", "TRITON_CACHE_DIR", "FLASHINFER_WORKSPACE_BASE", "HF_HOME",
+    # vLLM's start-up caches (issue 33), on when vllmwatch turns them on
+    "VLLM_ENABLE_STARTUP_PLAN", "VLLM_USE_MEGA_AOT_ARTIFACT", "VLLM_USE_STANDALONE_COMPILE",
+})
+INJECTED_FLAGS = frozenset({"shutdown-timeout"})  # restart.drain_timeout, for vLLM >= 0.18

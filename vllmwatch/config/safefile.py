@@ -8,6 +8,7 @@ bytes are read: a larger file is refused, never loaded whole.
 
 from __future__ import annotations
 
+import errno
 import os
 import stat
 import threading
@@ -36,19 +37,24 @@ def _kind(mode: int) -> str:
     return "not a regular file"
 
 
-def read_bounded(path: str, limit: int = MAX_FILE) -> bytes:
-    """The bytes of the regular file at path (symlinks followed), at most `limit` of them.
+def read_bounded(path: str, limit: int = MAX_FILE, nofollow: bool = False) -> bytes:
+    """The bytes of the regular file at path, at most `limit` of them; symlinks followed
+    unless `nofollow` (a file another user controls: a link would read what it points at).
 
     Raises FileProblem with a message that names the path and what is accepted.
     """
+    flags = os.O_RDONLY | os.O_NONBLOCK | os.O_CLOEXEC | os.O_NOCTTY
     try:
-        fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK | os.O_CLOEXEC | os.O_NOCTTY)
+        fd = os.open(path, flags | (os.O_NOFOLLOW if nofollow else 0))
     except FileNotFoundError:
         raise FileProblem(f"{path!r}: file not found", transient=True) from None
     except IsADirectoryError:
         raise FileProblem(f"{path!r} is a directory; a regular file is needed",
                           transient=False) from None
     except OSError as exc:
+        if nofollow and exc.errno == errno.ELOOP:
+            raise FileProblem(f"{path!r} is a symbolic link; only a regular file is read",
+                              transient=False) from None
         raise FileProblem(f"{path!r}: cannot open: {exc.strerror or exc}",
                           transient=True) from None
     try:
@@ -78,7 +84,7 @@ def read_bounded(path: str, limit: int = MAX_FILE) -> bytes:
         os.close(fd)
 
 
-def read_within(path: str, limit: int, timeout: float) -> bytes:
+def read_within(path: str, limit: int, timeout: float, nofollow: bool = False) -> bytes:
     """read_bounded with a deadline: a regular file on a hung network mount blocks its read in
     the kernel, which no flag avoids, so the read runs on a thread of its own and the caller
     waits at most `timeout` s. A read that has not answered by then is a transient problem
@@ -88,7 +94,7 @@ def read_within(path: str, limit: int, timeout: float) -> bytes:
 
     def work() -> None:
         try:
-            box.append(read_bounded(path, limit))
+            box.append(read_bounded(path, limit, nofollow))
         except FileProblem as exc:
             box.append(exc)
         finally:

@@ -35,6 +35,7 @@ class VllmConfig:
     args: dict[str, object] = _conv("args_table", {})
     extra_args: list[str] = _conv("str_list", [])
     api_key_file: str = _conv("str", "")
+    env_file: str = _conv("str", "")  # secret variables (and flag values) kept out of here
 
     @property
     def model_name(self) -> str:
@@ -70,6 +71,9 @@ class ProbeConfig:
     canary_timeout_min: float = _conv("duration", 2.0, high=HOUR)
     canary_timeout_margin: float = _conv("pos_float", 4.0)
     progress_timeout: float = _conv("duration", 8.0, high=HOUR, zero="off")
+    # Issue 37.8: how long "busy" (the engine's counters move) may excuse canaries that never
+    # answer; past it, a hang (an API server wedged while its engine works). Never off.
+    busy_timeout: float = _conv("duration", 600.0, low=1.0, high=HOUR)
     canary_prompt: str = _conv("str", "Hello")
     stall_timeout: float = _conv("duration", 300.0, low=1.0)
     # The canary follows the model (issue 16): see core/canary.py and _canary_checks below.

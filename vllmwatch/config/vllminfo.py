@@ -27,6 +27,30 @@ def executable(command: tuple[str, ...] | list[str]) -> str | None:
     return shutil.which(command[0])
 
 
+def cannot_run(path: str) -> str | None:
+    """Why the kernel cannot run the script at path although it exists, from its #! line:
+    the interpreter is missing, or the line ends in a carriage return (saved with Windows
+    line endings: the kernel looks for "python3\\r"). None when the #! line is fine or
+    there is none. execve says ENOENT for both, which reads as the script itself missing."""
+    try:
+        first = safefile.head(path, 512).split(b"\n", 1)[0]
+    except safefile.FileProblem:
+        return None
+    if not first.startswith(b"#!"):
+        return None
+    line = first[2:].decode("utf-8", "replace")
+    if line.endswith("\r"):
+        named = line.strip(" \t").split(" ")[0]
+        return (f"{path} exists, but its #! line ends in a carriage return (\\r: saved with "
+                f"Windows line endings), so the kernel looks for an interpreter named "
+                f"{named!r}; convert the file (dos2unix {path})")
+    parts = line.split()
+    if parts and parts[0].startswith("/") and not os.path.exists(parts[0]):
+        return (f"{path} exists, but its interpreter {parts[0]} (its #! line) does not; "
+                "reinstall the virtual environment or set vllm.command to a working one")
+    return None
+
+
 def interpreter(command: tuple[str, ...] | list[str]) -> str | None:
     """The Python interpreter that runs the vLLM command (itself, or a script's shebang)."""
     exe = executable(command)

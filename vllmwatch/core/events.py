@@ -78,6 +78,9 @@ class HealthResult:
     error: str = ""
     gen: int = 0  # which child this was about; results about an older child are ignored
     engine_gone: bool = False
+    # No whole answer within probe.timeout (a trickling or silent server): a failure even
+    # while starting, where a refused connection only means "not listening yet".
+    timed_out: bool = False
 
 
 @dataclass(frozen=True)
@@ -321,17 +324,13 @@ class Exit:
 
 Action = (Log | Notify | DoPrewarm | Spawn | SignalGroup | KillEngines | Probe | SampleMemory
           | Sweep | CheckRelease | StartOver | RecordIncident | Exit)
-
-
 AsyncAction = Probe | SampleMemory | Sweep | CheckRelease | DoPrewarm | RecordIncident
 
 
 def failure_result(action: AsyncAction, error: str) -> Event:
     """The result event that stands for a worker that raised: every effect the loop submits
-    posts exactly one result, so no probe stays marked in flight for good.
-
-    A failed probe counts as that probe failing; a failed sweep leaves what remains unknown.
-    """
+    posts exactly one result, so no probe stays marked in flight for good. A failed probe
+    counts as that probe failing; a failed sweep leaves what remains unknown."""
     if isinstance(action, Probe):
         if action.kind == ProbeKind.HEALTH:
             return HealthResult(False, None, 0.0, error, gen=action.gen)

@@ -89,16 +89,20 @@ class Verdict(str, Enum):
     RETRY = "retry"  # nothing moved, but one timeout is not proof yet: ask again, longer
 
 
-def on_timeout(moved: bool, retried: bool) -> Verdict:
+def on_timeout(moved: bool, retried: bool, busy_for: float = 0.0,
+               busy_limit: float = math.inf) -> Verdict:
     """The verdict on a canary timeout (table in docs/operations/incidents.md).
 
     `moved`: anything the engine reports moved since the canary was sent (policy.moved:
     tokens, queue sizes, KV-cache usage; False when /metrics failed). `retried`: the canary
     that timed out was already the longer retry. A saturated host only lengthens the retry
-    (retry_timeout); the verdict itself stays the same.
+    (retry_timeout); the verdict itself stays the same. `busy_for`: how long canaries have
+    gone unanswered while excused as busy; vLLM's own counters are not trusted past
+    `busy_limit` (probe.busy_timeout, issue 37.8): an API server wedged while its engine
+    runs shows moving tokens for ever, and no client gets an answer.
     """
     if moved:
-        return Verdict.BUSY
+        return Verdict.HANG if busy_for >= busy_limit else Verdict.BUSY
     return Verdict.HANG if retried else Verdict.RETRY
 
 

@@ -24,19 +24,35 @@ def on_canary_timeout(s: WatchState, moved: bool, cpu: hangs.HostCpu | None, now
     s = replace(s, child=replace(s.run, hang_suspect=False))
     c, p = s.run, s.config.probe
     timed_out_after = c.canary_timeout_s if c.canary_timeout_s is not None else p.canary_timeout
-    verdict = hangs.on_timeout(moved, c.canary_is_retry)
+    # Unanswered since the first canary excused as busy (or this one): bounded (37.8)
+    busy_start = c.busy_since if c.busy_since is not None else (c.canary_sent_at or now)
+    busy_for = now - busy_start if moved else 0.0
+    verdict = hangs.on_timeout(moved, c.canary_is_retry, busy_for, p.busy_timeout)
     if verdict == hangs.Verdict.HANG:
-        tries = "twice in a row" if c.canary_is_retry else "once"
-        return begin_restart(s, now, Reason.HANG, f"canary timed out {tries} (last after "
-                             f"{timed_out_after:g}s) while /health said 200, and {why}",
-                             drain=False)
+        if moved:
+            detail = (f"no canary answered for {busy_for:.0f}s (probe.busy_timeout "
+                      f"{p.busy_timeout:g}s) although /metrics said {_num(c.running)} running "
+                      "and the engine's counters moved: the API server answers nothing while "
+                      "its engine works (wedged)")
+        else:
+            tries = "twice in a row" if c.canary_is_retry else "once"
+            detail = (f"canary timed out {tries} (last after {timed_out_after:g}s) while "
+                      f"/health said 200, and {why}")
+        s = _note(s, now, f"canary timed out after {timed_out_after:g}s: hang")
+        return begin_restart(s, now, Reason.HANG, detail, drain=False)
     starved = hangs.saturated(cpu)
     retry = hangs.retry_timeout(p, timed_out_after, starved)
     busy = verdict == hangs.Verdict.BUSY
+    s = replace(s, child=replace(s.run, busy_since=busy_start if busy else c.busy_since))
+    s = _note(s, now, f"canary timed out after {timed_out_after:g}s: " + (
+        f"busy ({_num(c.running)} running, counters moved; excused {busy_for:.0f}s of "
+        f"{p.busy_timeout:g}s)" if busy else f"nothing moved, retry with {retry:g}s"))
+    c = s.run
     log = Log("info" if busy else "warning", "probe.canary_busy" if busy else
               "probe.canary_retry", {
                   "running": c.running, "waiting": c.waiting, "timeout_s": timed_out_after,
                   "retry_timeout_s": retry, "host_saturated": starved,
+                  "busy_for_s": round(busy_for, 1), "busy_timeout_s": p.busy_timeout,
                   "cpu_pressure": cpu.psi_some_avg10 if cpu else None,
                   "detail": "canary slow but the engine is busy and making progress" if busy
                   else "nothing moved; asking once more with a longer timeout before a verdict"})
@@ -45,6 +61,19 @@ def on_canary_timeout(s: WatchState, moved: bool, cpu: hangs.HostCpu | None, now
         return s, [log]
     s, acts = probing.send_canary(s, now)  # suspect: the retry at once, to decide soon
     return probing.set_timer(s, K.CANARY, now + p.canary_interval), [log, *acts]
+
+
+VERDICTS_KEPT = 20  # the newest canary verdicts kept for an incident's timeline
+
+
+def _note(s: WatchState, now: float, what: str) -> WatchState:
+    """Remember a canary verdict for the incident timeline (the newest VERDICTS_KEPT)."""
+    run = s.run
+    return replace(s, child=replace(run, verdicts=(*run.verdicts, (now, what))[-VERDICTS_KEPT:]))
+
+
+def _num(v: float | None) -> str:
+    return "?" if v is None else f"{v:g}"
 
 
 def frozen(s: WatchState, prev: policy.Progress | None, cur: policy.Progress, now: float,

@@ -97,6 +97,7 @@ def facts(s: WatchState, now: float, reason: Reason) -> dict[str, Any]:
         "hang_suspect": c.hang_suspect, "engine_gone": c.engine_gone,
         "running": c.running, "waiting": c.waiting, "kv_cache_usage": c.kv_cache_usage,
         "progress_age_s": round(now - c.last_progress, 3),
+        "canary_verdicts": [[round(t - now, 3), what] for t, what in c.verdicts],
         "last_sample": None if c.memory is None else asdict(c.memory),
     })
     if reason in MEMORY_REASONS:

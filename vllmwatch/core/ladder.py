@@ -24,15 +24,7 @@ from vllmwatch.core.restart import Phase, ReleaseGate, on, pending
 from vllmwatch.core.restart import begin as begin_rung
 from vllmwatch.core.restart import goto as rung
 from vllmwatch.core.state import ChildRun, Result, S, WatchState, goto, next_random
-
-# The take-down moved to core/stopping.py; these names stay importable from here for the
-# callers of their old place (branches written before the move).
-from vllmwatch.core.stopping import KILL_WAIT as KILL_WAIT
-from vllmwatch.core.stopping import SWEEP_WAIT as SWEEP_WAIT
-from vllmwatch.core.stopping import finish, leave, take_down
-from vllmwatch.core.stopping import stop_child as stop_child
-from vllmwatch.core.stopping import stopping_deadline as stopping_deadline
-from vllmwatch.core.stopping import sweep as sweep
+from vllmwatch.core.stopping import finish, leave, stopping_deadline, take_down
 
 RELEASE_POLL = 1.0
 FIRST_POLL = 1.0  # the first /health and memory look after a launch

@@ -20,6 +20,7 @@ class Reason(str, Enum):
 
     CRASH = "crash"
     HEALTH = "health"
+    ENGINE_DIED = "engine_died"
     HANG = "hang"
     STALL = "stall"
     START_TIMEOUT = "start_timeout"
@@ -68,7 +69,9 @@ REASONS: dict[Reason, ReasonInfo] = {
     _R.CRASH: ReasonInfo(True, True, False, None, "the child exited unasked, or could not be "
                          "launched"),
     _R.HEALTH: ReasonInfo(True, True, False, None, "/health or the canary failed "
-                          "probe.failure_threshold times, or an engine process is gone"),
+                          "probe.failure_threshold times"),
+    _R.ENGINE_DIED: ReasonInfo(True, True, False, None, "an engine process (EngineCore, a "
+                               "TP worker) died: its signal or exit code is in the detail"),
     _R.HANG: ReasonInfo(True, True, True, None, "the canary timed out while the engine made "
                         "no progress"),
     _R.STALL: ReasonInfo(True, True, True, None, "requests wait and none runs for "

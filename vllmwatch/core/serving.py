@@ -63,7 +63,13 @@ def health(s: WatchState, ev: HealthResult, now: float) -> Result:
     s = replace(s, probe_seconds={**s.probe_seconds, K.HEALTH: ev.seconds})
     if s.state == S.STARTING:
         s = probing.set_timer(s, K.HEALTH, now + probing.STARTUP_POLL)
-        return probing.start(s, K.CANARY, now) if ev.ok else (s, [])
+        if ev.ok:
+            return probing.start(s, K.CANARY, now)
+        # Refused: not listening yet. Listening but no whole answer within probe.timeout (a
+        # trickle): counted like a failed probe while serving, never waited out silently
+        # until startup.timeout.
+        return _probe_failed(s, now, K.HEALTH, ev.error or "timed out") if ev.timed_out \
+            else (s, [])
     if s.state != S.READY:
         return s, []
     if ev.ok:
@@ -72,8 +78,10 @@ def health(s: WatchState, ev: HealthResult, now: float) -> Result:
         # Measured: EngineCore dead -> /health 503 within 0.2 s and the API server exits 0
         # seconds later; a dead TP worker -> 503 only ~4 s later. With an engine process gone
         # nothing can recover: do not wait for failure_threshold probes.
-        return begin_restart(replace(s, child=replace(s.run, engine_gone=True)), now, Reason.HEALTH,
-                             f"the engine process is gone: {ev.error}", drain=False)
+        # The shell's error names the dead process and how it died (shell/engines.py).
+        return begin_restart(replace(s, child=replace(s.run, engine_gone=True)), now,
+                             Reason.ENGINE_DIED, ev.error or "an engine process died",
+                             drain=False)
     return _probe_failed(s, now, K.HEALTH, ev.error or f"HTTP {ev.status}")
 
 
@@ -109,6 +117,7 @@ def canary(s: WatchState, ev: CanaryResult, now: float) -> Result:
     c = _run(s)
     if ev.ok:
         return replace(s, child=replace(c, canary_failures=0, canary_retry_s=None,
+                                        busy_since=None,
                                         canary_seconds=hangs.remember(c.canary_seconds,
                                                                       ev.seconds))), []
     if not sleep.judge_canary(c.canary_asleep, c.asleep):

@@ -105,6 +105,9 @@ class ChildRun:
     canary_timeout_s: float | None = None  # the timeout the canary in flight was sent with
     canary_is_retry: bool = False  # ... and whether it was the longer retry of a timeout
     canary_retry_s: float | None = None  # the next canary is a retry with this timeout
+    busy_since: float | None = None  # sent-time of the first canary excused as busy (37.8)
+    # The canary verdicts of this run (time, what): an incident's timeline shows them
+    verdicts: tuple[tuple[float, str], ...] = ()
     frozen_since: float | None = None  # work queued and no series moved since (policy)
     # (time, GPU rule MiB, host rule MiB) of the newest samples the leak rules judged: an
     # incident record of a memory restart shows what made the rule fire (core/incidents.py)

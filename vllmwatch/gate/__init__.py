@@ -4,5 +4,7 @@ vllmwatch listens on the public port and forwards to vLLM on a private loopback 
 vLLM starts, restarts or drains, new requests wait at the door (up to gate.hold_timeout, then
 503 with Retry-After) instead of failing, and pass in arrival order once it is ready; answers
 stream back chunk by chunk. It runs on its own thread and event loop (aiohttp) and reads only
-the daemon's published snapshot. May import: vllmwatch.config and aiohttp.
+the daemon's published snapshot.
+
+May import: config, core (types), status (the snapshot), logfn; and aiohttp.
 """

@@ -23,6 +23,8 @@ from typing import Any
 
 from aiohttp import web
 
+from vllmwatch.config.redact import REDACT
+
 MAX_CONNECTIONS = 1024
 IDLE_TIMEOUT = 60.0  # no request in progress (before the first one, or between them)
 HEADER_TIMEOUT = 10.0  # from the first byte of a request head to its end
@@ -217,7 +219,8 @@ class Guard:
 
 def _refuse(status: int, message: str, retry_after: int | None = None) -> web.Response:
     headers = {"Retry-After": str(retry_after)} if retry_after is not None else {}
-    body = {"object": "error", "message": message, "type": "RequestRefused", "param": None,
+    body = {"object": "error", "message": REDACT.text(message), "type": "RequestRefused",
+            "param": None,
             "code": status}
     headers["Connection"] = "close"
     return web.json_response(body, status=status, headers=headers)

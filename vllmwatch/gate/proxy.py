@@ -16,6 +16,7 @@ import aiohttp
 from aiohttp import web
 from multidict import CIMultiDict
 
+from vllmwatch.config.redact import REDACT
 from vllmwatch.gate.door import Door, Readiness
 from vllmwatch.gate.guard import Guard
 
@@ -56,7 +57,7 @@ class GateStats:
 
 def _error(status: int, message: str, retry_after: float | None = None) -> web.Response:
     headers = {"Retry-After": str(math.ceil(retry_after))} if retry_after is not None else {}
-    body = {"object": "error", "message": message, "type": "ServiceUnavailableError"
+    body = {"object": "error", "message": REDACT.text(message), "type": "ServiceUnavailableError"
             if status == 503 else "BadGatewayError", "param": None, "code": status}
     return web.json_response(body, status=status, headers=headers)
 

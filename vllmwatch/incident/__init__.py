@@ -5,5 +5,5 @@ reads the Python stacks (py-spy, faulthandler through hook/sitecustomize.py), re
 keeps secrets out, store.py places and prunes records, report.py renders one for a person, cli.py is
 `vllmwatch incidents`. The shell (shell/effects.py) gathers the live inputs and runs a
 capture in a worker thread; the core decides when (core/incidents.py).
-imports: config/, core/ (types).
+May import: config, core (types), logfn.
 """

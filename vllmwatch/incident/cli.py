@@ -1,15 +1,32 @@
-"""`vllmwatch incidents`: list the records, `show ID` one as a report, `--json` for tools."""
+"""`vllmwatch incidents`: list the records, `show ID` one as a report, `--json` for tools.
+
+The records folder belongs to the service user (as vLLM does): a record.json may be a FIFO,
+a device, huge, or JSON of any shape. Each is read with a type, size and deadline
+(store.read); a record that cannot be read or shown is one line saying why, never a hang or
+a traceback. What is printed passes the redactor (config/redact.py) as every writer does.
+"""
 
 from __future__ import annotations
 
 import json
 import os
 import sys
-import time
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
+from typing import Any
 
+from vllmwatch.config.redact import REDACT
 from vllmwatch.config.text import printable
 from vllmwatch.incident import report, store
+
+# The sections the report reads, and the JSON type each must have.
+_SHAPE: dict[str, tuple[type, ...]] = {
+    "id": (str,), "time_utc": (str,), "reason": (str,), "detail": (str,),
+    "exit_code": (int, type(None)), "config_sha256": (str,), "tree": (dict,),
+    "timeline": (list,), "versions": (dict,), "capture": (dict,), "stacks": (dict,),
+    "metrics": (dict,), "memory": (dict,), "output": (list,), "status": (dict,),
+    "core": (dict,)}
+_JSON = {dict: "an object", list: "a list", str: "a string", int: "a number",
+         float: "a number", bool: "true or false", type(None): "null"}
 
 
 def main(action: str | None, rid: str | None, as_json: bool, roots: Sequence[str]) -> int:
@@ -28,27 +45,67 @@ def main(action: str | None, rid: str | None, as_json: bool, roots: Sequence[str
     if action != "show" or not rid:
         print("vllmwatch: usage: vllmwatch incidents [show ID] [--json]", file=sys.stderr)
         return 2
-    data = store.load(root, rid)
-    if data is None:
-        known = store.ids(root)
-        print(f"vllmwatch: no incident {rid!r} in {root} (there are {len(known)}; "
-              "`vllmwatch incidents` lists them)", file=sys.stderr)
+    return _show(root, rid, as_json)
+
+
+def _show(root: str, rid: str, as_json: bool) -> int:
+    names = store.ids(root)
+    name = store.find(root, rid, names)
+    if name is None:
+        print(printable(f"vllmwatch: no incident {rid!r} in {root} (there are {len(names)}; "
+                        "`vllmwatch incidents` lists them)", False), file=sys.stderr)
         return 1
-    print(json.dumps(data, indent=1) if as_json else report.render(data), end="\n"
-          if as_json else "")
-    return 0
+    data = store.read(root, name)
+    if isinstance(data, str):
+        print(printable(f"vllmwatch: incident {name} in {root} is unreadable: {data}", False),
+              file=sys.stderr)
+        return 1
+    data = REDACT.deep(data)
+    if as_json:
+        print(json.dumps(data, indent=1))
+        return 0
+    kept, problems = shaped(data)
+    for problem in problems:
+        print(printable(f"vllmwatch: incident {name}: {problem}", False), file=sys.stderr)
+    try:
+        text = report.render(kept)
+    except (AttributeError, TypeError, KeyError, IndexError, ValueError) as exc:
+        print(printable(f"vllmwatch: incident {name} cannot be shown as a report: a field "
+                        f"has an unexpected shape ({type(exc).__name__}: {exc}); "
+                        f"`vllmwatch incidents show {name} --json` prints it as it is",
+                        False), file=sys.stderr)
+        return 1
+    print(text, end="")
+    return 0  # shown; a section left out was said above
+
+
+def shaped(data: Mapping[str, Any]) -> tuple[dict[str, Any], list[str]]:
+    """The record without the sections of a wrong JSON type, and a line for each of them."""
+    kept: dict[str, Any] = {}
+    problems: list[str] = []
+    for key, value in data.items():
+        want = _SHAPE.get(key)
+        if want is None or (isinstance(value, want) and not (
+                isinstance(value, bool) and bool not in want)):
+            kept[key] = value
+            continue
+        problems.append(f"field {key!r} is {_JSON.get(type(value), type(value).__name__)}, "
+                        f"{' or '.join(_JSON[t] for t in want)} expected; left out of the "
+                        "report")
+    return kept, problems
 
 
 def _list(root: str, as_json: bool) -> int:
-    rows = store.summaries(root)
+    rows = [REDACT.deep(r.__dict__) for r in store.summaries(root)]
     if as_json:
-        print(json.dumps({"dir": root, "incidents": [r.__dict__ for r in rows]}, indent=1))
+        print(json.dumps({"dir": root, "incidents": rows}, indent=1))
         return 0
     if not rows:
         print(f"no incident records in {root}")
         return 0
     for r in rows:
-        when = r.time or time.strftime("%Y-%m-%dT%H:%M:%SZ")
-        print(printable(f"{r.id:<34} {when:<21} {r.reason:<14} {r.detail[:100]}", False))
+        when = r["time"] or "(no time)"  # never today's time for a record without one
+        print(printable(f"{r['id']:<34} {when:<21} {r['reason']:<14} {r['detail'][:100]}",
+                        False))
     print(f"{len(rows)} records in {root}; `vllmwatch incidents show ID` reads one")
     return 0

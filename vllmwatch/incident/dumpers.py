@@ -20,7 +20,7 @@ import subprocess
 import sys
 import time
 from collections.abc import Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 
 HOOK_DIR = str(Path(__file__).with_name("hook"))
@@ -46,6 +46,7 @@ class Thread:
     name: str
     frames: tuple[Frame, ...]
     current: bool = False  # faulthandler marks the thread that ran the handler
+    blocked: bool = False  # waits to take a lock (blocked_on_lock), not merely idle
 
 
 @dataclass(frozen=True)
@@ -83,7 +84,10 @@ def pyspy_dump(exe: str, pid: int, deadline: float) -> Dump:
     if budget <= 0:
         return Dump("py-spy", False, error="no time left before the deadline")
     try:
-        done = subprocess.run([exe, "dump", "--nonblocking", "--pid", str(pid)],
+        # Full file names: the source line of the innermost frame says whether a thread
+        # waits for a lock (blocked_on_lock); they are shortened again for the record.
+        done = subprocess.run([exe, "dump", "--nonblocking", "--full-filenames", "--pid",
+                               str(pid)],
                               capture_output=True, text=True, timeout=budget, check=False,
                               stdin=subprocess.DEVNULL)
     except subprocess.TimeoutExpired:
@@ -93,11 +97,59 @@ def pyspy_dump(exe: str, pid: int, deadline: float) -> Dump:
         return Dump("py-spy", False, error=f"{exe}: {exc.strerror or exc}")
     took = time.monotonic() - t0
     if done.returncode != 0:
-        err = (done.stderr or done.stdout).strip().splitlines()
-        return Dump("py-spy", False, error=_pyspy_error(err[-1] if err else
-                                                        f"exit {done.returncode}"),
+        return Dump("py-spy", False, error=_pyspy_error(
+            error_line(done.stderr or done.stdout) or f"exit {done.returncode}"),
                     seconds=took, raw=done.stderr[-4000:])
-    return Dump("py-spy", True, parse_pyspy(done.stdout), seconds=took, raw=done.stdout)
+    threads = tuple(_shortened(mark_blocked(t)) for t in parse_pyspy(done.stdout))
+    return Dump("py-spy", True, threads, seconds=took, raw=done.stdout)
+
+
+_BACKTRACE = re.compile(r"^\s*(\d+:|at )")  # py-spy's own (Rust) backtrace lines
+
+
+def error_line(text: str) -> str:
+    """py-spy's own error, not a line of the backtrace it prints after it: the `Error: ...`
+    line, else the last line that is not a backtrace frame."""
+    lines = [ln.strip() for ln in text.strip().splitlines() if ln.strip()]
+    for ln in lines:
+        if ln.startswith("Error:"):
+            return ln
+    plain = [ln for ln in lines if not _BACKTRACE.match(ln) and ln != "Stack backtrace:"]
+    return plain[-1] if plain else ""
+
+
+_LOCK_LINE = re.compile(r"\.acquire\(|^\s*(async\s+)?with\b")
+_NOT_LOCKS = ("wait", "_wait_for_tstate_lock", "join", "get", "put")  # idle waits
+
+
+def _source_line(path: str, line: int | None) -> str:
+    """One line of a source file (bounded: first 2 MiB), '' when unreadable."""
+    if line is None or not path.startswith("/"):
+        return ""
+    with contextlib.suppress(OSError, UnicodeDecodeError), open(path, encoding="utf-8") as fh:
+        lines = fh.read(2 << 20).splitlines()
+        return lines[line - 1] if 0 < line <= len(lines) else ""
+    return ""
+
+
+def mark_blocked(t: Thread) -> Thread:
+    """A thread whose innermost frame waits to take a lock (`x.acquire()` or `with x:` and
+    not running): a deadlock shows as this, not as an idle thread. Condition and queue
+    waits are idle, not blocked."""
+    if not t.frames or "(active)" in t.name:
+        return t
+    inner = t.frames[0]
+    if inner.function.rsplit(".", 1)[-1] in _NOT_LOCKS:
+        return t
+    return replace(t, blocked=bool(_LOCK_LINE.search(_source_line(inner.file, inner.line))))
+
+
+_SHORT = re.compile(r"^.*/(?:site|dist)-packages/|^.*/lib/python3\.\d+/")
+
+
+def _shortened(t: Thread) -> Thread:
+    """py-spy's short file names (`vllm/v1/engine/core.py`), as without --full-filenames."""
+    return replace(t, frames=tuple(replace(f, file=_SHORT.sub("", f.file)) for f in t.frames))
 
 
 def _pyspy_error(line: str) -> str:
@@ -213,10 +265,27 @@ def _faulthandler_refusal(pid: int, stacks_dir: str | None) -> str:
         return "the process is stopped (SIGSTOP or a tracer): a signal handler cannot run"
     if state == "Z":
         return "the process is a zombie"
-    if not Path(stacks_dir, f"{pid}.stacks").exists() or not catches_dump_signal(pid):
-        return ("the startup hook is not loaded in this process (PYTHONPATH ignored, "
-                "`python -I`, or not a Python process)")
-    return ""
+    if catches_dump_signal(pid) and Path(stacks_dir, f"{pid}.stacks").exists():
+        return ""
+    if _hook_ran(Path(stacks_dir, f"{pid}.stacks"), pid):  # and its handler is gone
+        return "process exiting (its interpreter has dropped the signal handlers)"
+    return ("the startup hook is not loaded in this process (PYTHONPATH ignored, "
+            "`python -I`, or not a Python process)")
+
+
+def _hook_ran(path: Path, pid: int) -> bool:
+    """The hook made this file in this process (created after it started, not a stale file
+    of an earlier process with the same pid). faulthandler writes only at a dump, so the
+    mtime is the hook's open."""
+    try:
+        with open(f"/proc/{pid}/stat") as fh:
+            start_ticks = int(fh.read().rpartition(")")[2].split()[19])
+        with open("/proc/stat") as fh:
+            boot = next(int(ln.split()[1]) for ln in fh if ln.startswith("btime "))
+        started = boot + start_ticks / os.sysconf("SC_CLK_TCK")
+        return path.stat().st_mtime >= started - 1.0  # btime has whole seconds
+    except (OSError, ValueError, IndexError, StopIteration):
+        return False
 
 
 def _size(path: Path) -> int:
@@ -251,5 +320,5 @@ def _collect(path: Path, size: int, t0: float, deadline: float) -> Dump:
             text = fh.read(1 << 20).decode("utf-8", "replace")
     except OSError as exc:
         return Dump("faulthandler", False, error=f"{path}: {exc.strerror}")
-    return Dump("faulthandler", True, parse_faulthandler(text), seconds=time.monotonic() - t0,
-                raw=text)
+    threads = tuple(mark_blocked(t) for t in parse_faulthandler(text))
+    return Dump("faulthandler", True, threads, seconds=time.monotonic() - t0, raw=text)

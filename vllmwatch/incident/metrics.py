@@ -50,7 +50,7 @@ def section(scrapes: Sequence[tuple[float, str]], wall: float) -> dict[str, Any]
     last_at, last_text = scrapes[-1]
     last = parse(last_text)
     out: dict[str, Any] = {"last_age_s": round(wall - last_at, 1), "last": last,
-                           "last_text": last_text}
+                           "last_text": last_text, "summary": summary(scrapes, wall)}
     if len(scrapes) >= 2:
         first_at, first_text = scrapes[0]
         first = parse(first_text)
@@ -58,6 +58,49 @@ def section(scrapes: Sequence[tuple[float, str]], wall: float) -> dict[str, Any]
                  if not _same(first.get(name), value)]
         out.update({"since_s": round(last_at - first_at, 1), "moved": moved,
                     "unchanged": sorted(n for n, v in last.items() if _same(first.get(n), v))})
+    return out
+
+
+_SUMMED = {"running": "vllm:num_requests_running", "waiting": "vllm:num_requests_waiting",
+           "kv_cache_usage": "vllm:kv_cache_usage_perc", "kv_cache_usage_old":
+           "vllm:gpu_cache_usage_perc", "generation_tokens": "vllm:generation_tokens_total",
+           "prompt_tokens": "vllm:prompt_tokens_total",
+           "requests_finished": "vllm:request_success_total"}
+
+
+def totals(series: dict[str, float]) -> dict[str, float]:
+    """The few series a person asks about first, summed over their labels (engines)."""
+    out: dict[str, float] = {}
+    for name, value in series.items():
+        base = name.split("{")[0]
+        for key, wanted in _SUMMED.items():
+            if base == wanted and not math.isnan(value):
+                out[key] = out.get(key, 0.0) + value
+    if "kv_cache_usage" not in out and "kv_cache_usage_old" in out:
+        out["kv_cache_usage"] = out["kv_cache_usage_old"]
+    out.pop("kv_cache_usage_old", None)
+    return out
+
+
+def summary(scrapes: Sequence[tuple[float, str]], wall: float) -> dict[str, Any]:
+    """Issue 36.18: running/waiting/KV use now, the rates over the window, and when the
+    generation tokens last moved (between two kept scrapes), before the full list."""
+    kept = [(at, totals(parse(text))) for at, text in scrapes]
+    last_at, last = kept[-1]
+    out: dict[str, Any] = {k: last.get(k) for k in ("running", "waiting", "kv_cache_usage")}
+    first_at, first = kept[0]
+    span = last_at - first_at
+    if span > 0:
+        for key in ("generation_tokens", "prompt_tokens", "requests_finished"):
+            if key in last and key in first:
+                out[f"{key}_per_s"] = round((last[key] - first[key]) / span, 2)
+    out["window_s"] = round(span, 1)
+    moved = None
+    for (at0, a), (at1, b) in zip(kept[-2::-1], kept[:0:-1], strict=True):  # newest pair first
+        if a.get("generation_tokens") != b.get("generation_tokens"):
+            moved = [round(wall - at1, 1), round(wall - at0, 1)]
+            break
+    out["tokens_last_moved_s_ago"] = moved  # [newest, oldest] bound; None: not in the window
     return out
 
 

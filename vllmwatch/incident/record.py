@@ -16,8 +16,8 @@ from concurrent.futures import ThreadPoolExecutor
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
-from vllmwatch.incident import dumpers, metrics, report, store, tree
-from vllmwatch.incident.redact import Redactor
+from vllmwatch.config.redact import Redactor
+from vllmwatch.incident import cause, dumpers, metrics, report, store, tree
 
 FORMAT = 1
 _WRITE_RESERVE_S = 0.3  # of the deadline, kept for writing the files
@@ -44,6 +44,8 @@ class Inputs:
     gpu: Callable[[], dict[str, Any]] | None = None  # NVML's view, read now
     max_records: int = 50
     max_bytes: int = 200 << 20
+    cgroup: str | None = None  # the unit's cgroup: its memory.events counts OOM kills
+    oom_at_launch: Mapping[str, int] | None = None  # ... as read when the child started
 
 
 @dataclass(frozen=True)
@@ -69,14 +71,7 @@ def capture(inp: Inputs, root: str, wall: float | None = None) -> Written:
     rid = store.record_id(wall, inp.reason)
     record = build(inp, rid, wall, procs, stacks, methods, red)
     record["capture"] = {"seconds": round(time.monotonic() - t0, 3), "timeout_s": inp.timeout}
-    files = {store.RECORD: json.dumps(record, indent=1, default=str),
-             "report.txt": report.render(record),
-             "output.log": "\n".join(record["output"]) + "\n"}
-    for pdump in stacks:
-        for d in pdump[1]:
-            if d.raw:
-                files[f"stacks-{pdump[0]}-{d.method}.txt"] = red.text(d.raw)
-    final = store.write(root, rid, files)
+    final = store.write(root, rid, files_of(record, stacks, red))
     pruned = store.prune(root, inp.max_records, inp.max_bytes)
     summary = ", ".join(f"{k}: {v}" for k, v in methods.items())
     return Written(final, os.path.join(root, final), seconds=time.monotonic() - t0,
@@ -84,6 +79,21 @@ def capture(inp: Inputs, root: str, wall: float | None = None) -> Written:
 
 
 StackDumps = list[tuple[int, list[dumpers.Dump]]]
+
+
+def files_of(record: Mapping[str, Any], stacks: StackDumps, red: Redactor) -> dict[str, str]:
+    """The files of one record, every one through the redactor: one pass over the whole
+    record (thread names, frames, titles, /status, versions) that report.txt and output.log
+    are then made from, and the raw stack dumps."""
+    clean = red.deep(dict(record))
+    files = {store.RECORD: json.dumps(clean, indent=1, default=str),
+             "report.txt": report.render(clean),
+             "output.log": "\n".join(str(line) for line in clean.get("output") or []) + "\n"}
+    for pid, dumps in stacks:
+        for d in dumps:
+            if d.raw:
+                files[f"stacks-{pid}-{d.method}.txt"] = red.text(d.raw)
+    return files
 
 
 def _stacks(procs: Sequence[tree.Proc], stacks_dir: str | None, deadline: float
@@ -130,7 +140,7 @@ def build(inp: Inputs, rid: str, wall: float, procs: Sequence[tree.Proc],
     child_alive = inp.child_pid in by_pid and by_pid[inp.child_pid].state != "Z" \
         if inp.child_pid is not None else False
     facts = dict(inp.facts)
-    return {
+    record = {
         "format": FORMAT, "id": rid, "reason": inp.reason, "detail": red.text(inp.detail),
         "exit_code": inp.exit_code,
         "time_utc": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime(wall)), "time": wall,
@@ -152,7 +162,10 @@ def build(inp: Inputs, rid: str, wall: float, procs: Sequence[tree.Proc],
         "core": red.deep(facts),
         "versions": dict(inp.versions),
         "config_sha256": facts.get("config_sha256", ""),
+        "oom": cause.oom_section(inp.cgroup, inp.oom_at_launch, cause.oom_counts(inp.cgroup)),
     }
+    record["cause"] = cause.lines(record)
+    return record
 
 
 def _tree_note(inp: Inputs, child_alive: bool, procs: Sequence[tree.Proc]) -> str:
@@ -166,7 +179,7 @@ def _tree_note(inp: Inputs, child_alive: bool, procs: Sequence[tree.Proc]) -> st
 
 def _dump_json(d: dumpers.Dump, red: Redactor) -> dict[str, Any]:
     return {"method": d.method, "ok": d.ok, "error": d.error, "seconds": round(d.seconds, 3),
-            "threads": [{"name": t.name, "current": t.current,
+            "threads": [{"name": t.name, "current": t.current, "blocked": t.blocked,
                          "frames": [[f.function, f.file, f.line] for f in t.frames]}
                         for t in d.threads] if d.ok else []} | \
         ({} if d.ok else {"output": red.text(d.raw[-2000:])})
@@ -193,5 +206,9 @@ def timeline(facts: Mapping[str, Any]) -> list[list[Any]]:
     ready = facts.get("ready_for_s")
     if isinstance(ready, (int, float)):
         out.append([-ready, "ready (serving)"])
+    # The canary timeouts, retries and busy excuses that made a hang verdict (issue 36.19)
+    for entry in facts.get("canary_verdicts") or []:
+        if isinstance(entry, (list, tuple)) and len(entry) == 2:
+            out.append([entry[0], str(entry[1])])
     out.append([0.0, "incident: restart decided"])
     return sorted(out, key=lambda e: e[0])

@@ -1,7 +1,9 @@
 """An incident record as a page a person reads in a minute.
 
-Sections, in order: reason and timeline; what each vLLM thread was doing (innermost vLLM
-frames first); the metrics that moved; memory and GPU; the last output lines.
+Sections, in order: reason, cause and timeline; what each vLLM thread was doing (innermost
+vLLM frames first); the metrics (a summary, then every series that moved); memory and GPU;
+the output (the first error block of the window, then the last lines). The first five lines
+name the cause (issue 36): the reason and its detail, then the record's cause lines.
 """
 
 from __future__ import annotations
@@ -10,8 +12,10 @@ from collections.abc import Mapping, Sequence
 from typing import Any
 
 from vllmwatch.config.text import printable
+from vllmwatch.incident.cause import ERROR_LINE
 
 OUTPUT_SHOWN = 40  # last output lines in the report (all of them are in output.log)
+ERROR_BLOCK = 30  # lines of the first ERROR/Traceback block shown above them
 VLLM_FRAMES = 6  # vLLM frames shown per thread
 _KEY_SERIES = ("vllm:num_requests_running", "vllm:num_requests_waiting",
                "vllm:kv_cache_usage_perc", "vllm:generation_tokens_total",
@@ -29,6 +33,7 @@ def render(r: Mapping[str, Any]) -> str:
 def _head(r: Mapping[str, Any]) -> str:
     lines = [f"incident {r.get('id')}  {r.get('time_utc')}",
              f"reason: {r.get('reason')}: {r.get('detail')}"]
+    lines += [f"cause: {c}" for c in r.get("cause") or []]
     if r.get("exit_code") is not None:
         lines.append(f"vllmwatch exited with code {r['exit_code']} after this")
     tree = r.get("tree") or {}
@@ -65,6 +70,10 @@ def _threads(r: Mapping[str, Any]) -> str:
                          "thread read)")
             continue
         best = read[0]  # py-spy first when it ran: it names threads
+        state = next((p.get("state") for p in (r.get("tree") or {}).get("processes") or []
+                      if p.get("pid") == proc.get("pid")), None)
+        if state in ("T", "t"):  # py-spy calls every thread of a stopped process idle
+            head += " (stopped: every thread is frozen where it was)"
         lines.append(f"{head} ({best['method']}, {len(best['threads'])} threads):")
         for t in best["threads"]:
             lines += _thread(t)
@@ -76,7 +85,10 @@ def _thread(t: Mapping[str, Any]) -> list[str]:
     if not frames:
         return [f"  thread {t.get('name')}: (no Python frames)"]
     inner = frames[0]
-    out = [f"  thread {t.get('name')}: in {inner[0]} ({_where(inner)})"]
+    name = str(t.get("name"))
+    if t.get("blocked"):  # not idle: waiting to take a lock (dumpers.mark_blocked)
+        name = name.replace(" (idle)", "") + " (blocked on a lock)"
+    out = [f"  thread {name}: in {inner[0]} ({_where(inner)})"]
     ours = [f for f in frames if is_vllm(f)][:VLLM_FRAMES]
     out += [f"      vllm: {f[0]} ({_where(f)})" for f in ours]
     return out
@@ -90,10 +102,10 @@ def _metrics(r: Mapping[str, Any]) -> str:
     m = r.get("metrics") or {}
     if not m.get("last"):
         return "== metrics that moved ==\n" + str(m.get("note", "no scrape"))
-    lines = [f"last /metrics scrape {m.get('last_age_s')} s before the incident"]
+    lines = [f"last /metrics scrape {m.get('last_age_s')} s before the incident", *_summary(m)]
     if "moved" in m:
-        lines.append(f"moved over the {m.get('since_s')} s before it:")
-        lines += [f"  {name}: {_num(old)} -> {_num(new)}" for name, old, new in m["moved"][:30]]
+        lines.append(f"every series that moved over the {m.get('since_s')} s before it:")
+        lines += [f"  {name}: {_num(old)} -> {_num(new)}" for name, old, new in m["moved"]]
         if not m["moved"]:
             lines.append("  nothing moved (a hung engine freezes its counters and gauges)")
         still = [n for n in m.get("unchanged", []) if n.split("{")[0] in _KEY_SERIES]
@@ -103,6 +115,28 @@ def _metrics(r: Mapping[str, Any]) -> str:
         if name.split("{")[0] in _KEY_SERIES:
             lines.append(f"  {name} = {_num(value)}")
     return "== metrics that moved ==\n" + "\n".join(lines)
+
+
+def _summary(m: Mapping[str, Any]) -> list[str]:
+    """Issue 36.18: what a person asks first, before the full list."""
+    s = m.get("summary") or {}
+    if not s:
+        return []
+    kv = s.get("kv_cache_usage")
+    out = [f"summary: {_num(s.get('running'))} running, {_num(s.get('waiting'))} waiting, "
+           f"KV cache {'-' if kv is None else f'{kv * 100:.0f}%'} used"]
+    moved = s.get("tokens_last_moved_s_ago")
+    window = s.get("window_s")
+    out.append("  generation tokens last moved " + (
+        f"between {moved[0]:g} and {moved[1]:g} s before the incident" if moved
+        else f"not at all in the {window:g} s kept" if window else "(one scrape: unknown)"))
+    rates = [f"{s[k]:g} {what}/s" for k, what in (
+        ("generation_tokens_per_s", "generation tokens"), ("prompt_tokens_per_s",
+                                                            "prompt tokens"),
+        ("requests_finished_per_s", "requests finished")) if s.get(k) is not None]
+    if rates:
+        out.append(f"  over the {window:g} s kept: " + ", ".join(rates))
+    return out
 
 
 def _num(v: Any) -> str:
@@ -198,7 +232,17 @@ def _mib(v: Any) -> str:
 
 
 def _output(r: Mapping[str, Any]) -> str:
-    out = r.get("output") or []
-    shown = out[-OUTPUT_SHOWN:]
-    head = f"== last output lines ({len(shown)} of {len(out)}; all in output.log) =="
-    return head + "\n" + "\n".join(shown)
+    """The first ERROR/Traceback block of the window (the cause sits above interpreter-exit
+    noise, issue 36.17), then the tail."""
+    out = list(r.get("output") or [])
+    tail_from = max(0, len(out) - OUTPUT_SHOWN)
+    first = next((i for i, ln in enumerate(out) if ERROR_LINE.search(ln)), None)
+    parts = []
+    if first is not None and first < tail_from:
+        block = out[first:min(first + ERROR_BLOCK, tail_from)]
+        parts.append(f"== first error in the output (line {first + 1} of {len(out)}) ==\n"
+                     + "\n".join(block))
+    shown = out[tail_from:]
+    parts.append(f"== last output lines ({len(shown)} of {len(out)}; all in output.log) ==\n"
+                 + "\n".join(shown))
+    return "\n\n".join(parts)

@@ -20,10 +20,12 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from vllmwatch.config import private
+from vllmwatch.config import private, safefile
 
 SUBDIR = "incidents"
 RECORD = "record.json"
+MAX_RECORD = 64 << 20  # bytes of record.json read by `vllmwatch incidents`; ours are < 1 MiB
+READ_TIMEOUT = 5.0  # s for one record.json (a hung mount); then "unreadable"
 _NAME = re.compile(r"^\d{8}T\d{6}Z-[a-z_]+(?:-\d+)?$")
 
 
@@ -36,6 +38,7 @@ class Summary:
     reason: str
     detail: str
     size_bytes: int
+    error: str = ""  # why record.json could not be read ("" when it was)
 
 
 def root_of(state_dir: str) -> str | None:
@@ -80,12 +83,21 @@ def _size(path: Path) -> int:
 
 
 def ids(root: str) -> list[str]:
-    """The record ids, oldest first."""
+    """The record ids, oldest first: one directory listing (no stat per entry where the
+    file system gives the entry's type), so 10,000 records cost one pass."""
     try:
-        names = os.listdir(root)
+        with os.scandir(root) as entries:
+            names = [e.name for e in entries if _NAME.match(e.name) and _is_dir(e)]
     except OSError:
         return []
-    return sorted(n for n in names if _NAME.match(n) and os.path.isdir(os.path.join(root, n)))
+    return sorted(names)
+
+
+def _is_dir(entry: os.DirEntry[str]) -> bool:
+    try:
+        return entry.is_dir(follow_symlinks=False)
+    except OSError:
+        return False
 
 
 def prune(root: str, max_records: int, max_bytes: int) -> list[str]:
@@ -107,26 +119,57 @@ def prune(root: str, max_records: int, max_bytes: int) -> list[str]:
     return gone
 
 
+def find(root: str, rid: str, names: list[str] | None = None) -> str | None:
+    """The record named rid, or the one record whose id starts with it; None otherwise."""
+    names = ids(root) if names is None else names
+    if rid in names:
+        return rid
+    match = [n for n in names if n.startswith(rid)]
+    return match[0] if len(match) == 1 else None
+
+
+def read(root: str, rid: str) -> dict[str, Any] | str:
+    """The record.json of the record rid as a JSON object, or why it cannot be read.
+
+    Not private.read_text: root reads the service user's records (`vllmwatch incidents`),
+    and that user owns the folder: record.json may be anything it made. Only a regular file
+    is read (a FIFO or device is refused without blocking), at most MAX_RECORD bytes, within
+    READ_TIMEOUT (safefile.read_within)."""
+    path = os.path.join(root, rid, RECORD)
+    try:
+        raw = safefile.read_within(path, MAX_RECORD, READ_TIMEOUT, nofollow=True)
+    except safefile.FileProblem as exc:
+        return str(exc).replace(repr(path), RECORD)
+    try:
+        data = json.loads(raw)
+    except ValueError as exc:
+        return f"record.json is not JSON ({exc})"
+    if not isinstance(data, dict):
+        return f"record.json holds a JSON {type(data).__name__}, not an object"
+    return data
+
+
 def load(root: str, rid: str) -> dict[str, Any] | None:
     """The record.json of one record (an id or a unique prefix of one), or None."""
-    match = [n for n in ids(root) if n == rid] or [n for n in ids(root) if n.startswith(rid)]
-    if len(match) != 1:
-        return None
-    # Not private.read_text: root reads the service user's records (`vllmwatch incidents`).
-    try:
-        fd = os.open(os.path.join(root, match[0], RECORD), os.O_RDONLY | os.O_NOFOLLOW)
-        with os.fdopen(fd, "rb") as fh:
-            data = json.loads(fh.read(64 << 20))
-    except (OSError, ValueError):
-        return None
-    return data if isinstance(data, dict) else None
+    name = find(root, rid)
+    got = read(root, name) if name is not None else None
+    return got if isinstance(got, dict) else None
 
 
 def summaries(root: str) -> list[Summary]:
-    """Every record, oldest first, as one line each."""
+    """Every record, oldest first, as one line each: one listing, one read per record."""
     out = []
     for rid in ids(root):
-        data = load(root, rid) or {}
-        out.append(Summary(rid, str(data.get("time_utc", "")), str(data.get("reason", "?")),
-                           str(data.get("detail", ""))[:160], _size(Path(root, rid))))
+        data = read(root, rid)
+        if isinstance(data, str):
+            out.append(Summary(rid, "", "?", f"unreadable: {data}", _size(Path(root, rid)),
+                               error=data))
+            continue
+        out.append(Summary(rid, _text(data.get("time_utc")), _text(data.get("reason"), "?"),
+                           _text(data.get("detail"))[:160], _size(Path(root, rid))))
     return out
+
+
+def _text(value: object, missing: str = "") -> str:
+    """A summary field: a string as it is, anything else (a wrong type) as missing."""
+    return value if isinstance(value, str) else missing

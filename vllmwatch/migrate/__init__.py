@@ -2,5 +2,6 @@
 process -- with every changed flag explained. translate.py and render.py are pure (a line in,
 TOML text out); proc.py reads /proc; runner.py writes the file and runs `check` on it.
 
-May import: config, check (to run the checklist on the result), shell (the instance marker).
+May import: config, check (to run the checklist on the result), shell (the instance marker),
+logfn.
 """

@@ -22,11 +22,15 @@ class Facts:
 
     known: FlagSet | None = None
     api_key_file: str = "/etc/vllmwatch/api-key"
+    env_file: str = "/etc/vllmwatch/secrets.env"
     has_gpu: bool | None = None  # None: not known
     cwd: str | None = None
     gpu_index: Mapping[str, int] = field(default_factory=dict)  # GPU UUID -> NVML index
     resolve: Callable[[str], str | None] = _no_path  # a program -> its full path
+    searched: bool = False  # resolve looked on a real PATH (None from it: not found)
     exists: Callable[[str], bool] = _no_file
+    supervised: bool = False  # read from a vLLM that a vllmwatch launched (its marker set)
+    gate: bool = False  # `init --gate`: vllmwatch's front door takes the line's address
 
 
 @dataclass
@@ -49,7 +53,11 @@ class Draft:
     env_notes: dict[str, str] = field(default_factory=dict)
     args: list[Entry] = field(default_factory=list)
     extra_args: list[str] = field(default_factory=list)
+    sections: dict[str, dict[str, tuple[object, str]]] = field(default_factory=dict)
     errors: list[str] = field(default_factory=list)
+    said: list[str] = field(default_factory=list)  # what init says beside the file
+    api_key: str | None = None  # for vllm.api_key_file: written by init, never in the TOML
+    secret_env: dict[str, str] = field(default_factory=dict)  # for vllm.env_file, likewise
     todo: list[str] = field(default_factory=list)
     changed: int = 0  # flags changed or dropped (each has a comment)
 
@@ -58,6 +66,10 @@ class Draft:
         self.vllm[key] = value
         if note:
             self.vllm_notes[key] = note
+
+    def put(self, section: str, key: str, value: object, note: str = "") -> None:
+        """A key of another section ([gate], [drain]), with its comment."""
+        self.sections.setdefault(section, {})[key] = (value, note)
 
     def arg(self, entry: Entry) -> None:
         """An [vllm.args] line; a note means a change (or a flag commented out)."""

@@ -1,9 +1,11 @@
 """Pure: the environment of a hand-run vLLM -> vllm.gpus and [vllm.env]; secrets (an API key,
-a hub token) never written in clear: the key goes to vllm.api_key_file, with the command that
-creates the file for the person to run."""
+a hub token, a password in a URL) never in the TOML, and never masked either (the config must
+still work): the key goes to vllm.api_key_file, other secrets to vllm.env_file, both written
+by init with mode 0600 and named by the TOML (issue 37.1)."""
 
 from __future__ import annotations
 
+import re
 import shlex
 
 from vllmwatch.migrate.draft import Draft, Entry, Facts
@@ -20,6 +22,16 @@ def is_secret(name: str) -> bool:
     return any(word in name.lower() for word in SECRET_WORDS)
 
 
+# A URL with a password in its userinfo (scheme://user:password@host): a secret whatever the
+# variable or flag is called (DATABASE_URL, HTTPS_PROXY, --otlp-traces-endpoint).
+_USERINFO = re.compile(r"[A-Za-z][A-Za-z0-9+.-]*://[^/\s@:]*:[^/\s@]+@")
+
+
+def holds_secret(name: str, value: str) -> bool:
+    """A variable or flag whose value must leave the TOML: by its name or its value."""
+    return is_secret(name) or bool(_USERINFO.search(value))
+
+
 def key_file_todo(path: str) -> str:
     """The commands that create the key file (the key typed, never shown or written here)."""
     q = shlex.quote(path)
@@ -28,25 +40,28 @@ def key_file_todo(path: str) -> str:
             f"    sudoedit {q}    # paste the key (vLLM's --api-key value), save")
 
 
-def api_key(source: str, draft: Draft, facts: Facts) -> None:
-    """An API key seen in argv or the environment: vllm.api_key_file instead."""
+def api_key(source: str, value: str, draft: Draft, facts: Facts) -> None:
+    """An API key seen in argv or the environment: into vllm.api_key_file (init writes the
+    file, 0600); the flag's value wins over VLLM_API_KEY, as in vLLM."""
+    draft.api_key = value
     if "api_key_file" in draft.vllm:
         return
     draft.set("api_key_file", facts.api_key_file,
-              f"the line's {source} (not written here: argv and configs are read by "
+              f"the line's {source}, moved out of this file (argv and configs are read by "
               "many): vllmwatch reads the key from this file and hands it to vLLM in "
               "VLLM_API_KEY")
-    draft.todo.append(key_file_todo(facts.api_key_file))
     draft.changed += 1
 
 
-def hf_token(source: str, draft: Draft) -> None:
-    """A hub token: not written; the person puts it where only the service reads it."""
-    draft.todo.append(
-        f"the line's {source} is a Hugging Face token, not written here: put "
-        "HF_TOKEN=... in a root-only file named by EnvironmentFile= in a drop-in "
-        "(systemctl edit vllmwatch), or log in once as the service user "
-        "(sudo -u vllmwatch huggingface-cli login)")
+def to_env_file(name: str, value: str, source: str, draft: Draft, facts: Facts) -> None:
+    """A secret variable (or a flag's secret value, as VLLMWATCH_ARG_<FLAG>): into
+    vllm.env_file, which vllmwatch reads at each launch; the TOML names the file only."""
+    draft.secret_env[name] = value
+    draft.set("env_file", facts.env_file, "secrets of the line, moved out of this file: "
+              f"{', '.join(sorted(draft.secret_env))} (NAME=value lines; vllmwatch reads "
+              "them at each launch, never shows them)")
+    draft.said.append(f"{source} holds a secret: written to {facts.env_file} (mode 0600) as "
+                      f"{name}, not to the config")
     draft.changed += 1
 
 
@@ -56,9 +71,9 @@ def secret_flag(given: Given, draft: Draft, facts: Facts) -> None:
     if given.name == "hf-token" and not given.values:
         draft.arg(Entry("hf-token", True))  # the cached login: nothing secret in it
     elif given.name == "hf-token":
-        hf_token(shown, draft)
+        to_env_file("HF_TOKEN", " ".join(given.values), f"the line's {shown}", draft, facts)
     else:
-        api_key(shown, draft, facts)
+        api_key(shown, " ".join(given.values), draft, facts)
 
 
 def apply(env: dict[str, str], draft: Draft, facts: Facts) -> None:
@@ -67,13 +82,10 @@ def apply(env: dict[str, str], draft: Draft, facts: Facts) -> None:
         if name == "CUDA_VISIBLE_DEVICES":
             _gpus(value, draft, facts)
         elif name == "VLLM_API_KEY":
-            api_key("VLLM_API_KEY (environment)", draft, facts)
-        elif name in _HF_TOKENS:
-            hf_token(f"{name} (environment)", draft)
-        elif is_secret(name):
-            draft.todo.append(f"{name} looks secret and is not written here: give it to the "
-                              "service in a root-only EnvironmentFile= drop-in if vLLM needs it")
-            draft.changed += 1
+            if draft.api_key is None:
+                api_key("VLLM_API_KEY (environment)", value, draft, facts)
+        elif name in _HF_TOKENS or holds_secret(name, value):
+            to_env_file(name, value, f"{name} (environment)", draft, facts)
         elif name in _OURS:
             if value != {"CUDA_DEVICE_ORDER": "PCI_BUS_ID"}.get(name, value):
                 draft.errors.append(f"{name}={value}: vllmwatch sets {name}=PCI_BUS_ID so that "

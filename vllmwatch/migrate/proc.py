@@ -7,6 +7,7 @@ from __future__ import annotations
 import os
 from dataclasses import dataclass, field
 
+from vllmwatch.config.launch import INJECTED_ENV
 from vllmwatch.config.serveline import is_vllm_serve
 
 # Variables that change what vLLM does or which devices it sees; the rest of a login
@@ -104,9 +105,17 @@ def read(pid: int, proc: str = "/proc", marker: str = "VLLMWATCH_INSTANCE") -> R
         notes.append(f"cannot read the environment of pid {root} (run as root or as its "
                      "owner): CUDA_VISIBLE_DEVICES, VLLM_* and HF_* are not carried over")
         env = {}
+    supervised = marker in env
     kept = {k: v for k, v in env.items()
             if k.startswith(MATTERS) and not k.startswith(_NOT_OURS_TO_COPY)}
-    return Running(root, argv, cwd, kept, env.get("PATH", ""), marker in env, notes)
+    ours = sorted(k for k in kept if k in INJECTED_ENV)
+    if supervised and ours:
+        # A supervising vllmwatch set these (its cache directory, its fork choice): the new
+        # config's vllmwatch sets them again; copied, they would pin the old values.
+        kept = {k: v for k, v in kept.items() if k not in INJECTED_ENV}
+        notes.append(f"not copied, vllmwatch sets them itself: {', '.join(ours)} (a value "
+                     "you had in the old config's [vllm.env] is in that file)")
+    return Running(root, argv, cwd, kept, env.get("PATH", ""), supervised, notes)
 
 
 def which(word: str, path: str, cwd: str | None) -> str | None:
@@ -119,3 +128,28 @@ def which(word: str, path: str, cwd: str | None) -> str | None:
         if directory and os.path.isfile(full) and os.access(full, os.X_OK):
             return full
     return None
+
+
+def script_form(command: list[str], cwd: str | None, path: str) -> list[str]:
+    """`[python, /venv/bin/vllm, serve]` (the kernel's view of a console script) as the person
+    typed it, `[/venv/bin/vllm, serve]`, when the script's shebang names that interpreter:
+    the same program, in the form systemd, the standby and `ps` all read as `vllm serve`.
+    The paths are compared as written, not resolved: a venv's python is a link to the
+    system's, yet another interpreter (its own site-packages)."""
+    if len(command) < 2 or not os.path.basename(command[0]).startswith("python") \
+            or command[1].startswith("-"):
+        return command
+    script = os.path.normpath(os.path.join(cwd or "/", command[1]))
+    try:
+        with open(script, "rb") as fh:
+            head = fh.read(512).split(b"\n", 1)[0]
+    except OSError:
+        return command
+    words = head[2:].decode("utf-8", "replace").split() if head.startswith(b"#!") else []
+    if len(words) == 2 and os.path.basename(words[0]) == "env":
+        words = [w for w in [which(words[1], path, cwd)] if w]
+    python = command[0] if "/" in command[0] else which(command[0], path, cwd)
+    if len(words) != 1 or python is None or not os.access(script, os.X_OK) or \
+            os.path.normpath(words[0]) != os.path.normpath(os.path.join(cwd or "/", python)):
+        return command
+    return [script, *command[2:]]

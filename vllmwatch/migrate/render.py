@@ -11,7 +11,7 @@ from vllmwatch.migrate.draft import Draft, Entry
 
 _BARE_KEY = re.compile(r"^[A-Za-z0-9_-]+$")
 _VLLM_ORDER = ("command", "model", "served_model_name", "host", "port", "gpus",
-               "api_key_file")
+               "api_key_file", "env_file")
 
 
 def _quoted(text: str) -> str:
@@ -78,6 +78,11 @@ def render(draft: Draft, source: str) -> str:
     lines += ["", "[vllm.args]"]
     for entry in draft.args:
         lines += _entry(entry)
+    for section, table in draft.sections.items():
+        lines += ["", f"[{section}]"]
+        for name, (setting, note) in table.items():
+            lines += comment(note)
+            lines.append(f"{key(name)} = {value(setting)}")
     return "\n".join(lines) + "\n"
 
 

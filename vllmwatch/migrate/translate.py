@@ -10,9 +10,12 @@ from __future__ import annotations
 import json
 
 from vllmwatch.config import flags
+from vllmwatch.config.command import ARG_PREFIX
+from vllmwatch.config.launch import INJECTED_FLAGS
+from vllmwatch.config.redact import REDACT
 from vllmwatch.config.serveline import ServeLine, is_number
 from vllmwatch.config.vllmflags import flag_problem as known_problem
-from vllmwatch.migrate import envwords, relaxed
+from vllmwatch.migrate import addresses, envwords, relaxed
 from vllmwatch.migrate.draft import Draft, Entry, Facts
 from vllmwatch.migrate.flagwords import Given, read
 
@@ -38,7 +41,12 @@ def translate(line: ServeLine, facts: Facts) -> Draft:
     if "model" not in draft.vllm:
         draft.errors.append("no model: set vllm.model to the model directory or hub id")
     if "gpus" not in draft.vllm and facts.has_gpu is False:
-        draft.set("gpus", [], "no NVIDIA GPU on this machine: a CPU deployment")
+        # The line asked for vLLM's default, every GPU: the config says what the line said,
+        # not what this machine (maybe not the one that serves) happens to have.
+        draft.said.append("no NVIDIA GPU is visible here; the config asks for every GPU, as "
+                          "the line did: for a CPU deployment add `--device cpu` to the line "
+                          "(or set vllm.gpus = [])")
+    addresses.keep(draft, facts)
     return draft
 
 
@@ -49,6 +57,10 @@ def _command(command: list[str], draft: Draft, facts: Facts) -> None:
     if full:
         note = (f"{out[0]} resolved to {full}: the service's PATH is not your shell's")
         out[0] = full
+    elif "/" not in out[0] and facts.searched:
+        draft.errors.append(f"{out[0]!r} is not on this PATH, and systemd's PATH is not your "
+                            "shell's: set vllm.command to its full path (e.g. "
+                            f'["/opt/vllm/bin/{out[0]}", ...]), or run init where it is found')
     draft.set("command", out, note)
 
 
@@ -74,10 +86,18 @@ def _flag(given: Given, draft: Draft, facts: Facts, earlier: list[Given]) -> Non
         _owned(given, value, draft, facts)
     elif base in flags.SECRET_FLAGS:
         envwords.secret_flag(given, draft, facts)
+    elif isinstance(value, str) and "." not in name and envwords.holds_secret("", value):
+        # A password in the value (--otlp-traces-endpoint https://user:pw@collector): the
+        # flag is passed from vllm.env_file, so the TOML holds no secret and still works.
+        envwords.to_env_file(ARG_PREFIX + name.upper().replace("-", "_"), value,
+                             f"the line's `--{name} {REDACT.text(value)}`", draft, facts)
     elif base == "device":
         _device(given, value, draft)
     elif base in ("rope-scaling", "rope-theta"):
         relaxed.rope(given, value, draft)
+    elif facts.supervised and base in INJECTED_FLAGS:
+        _drop(given, draft, "a vllmwatch added it to the vLLM read here; the new one adds it "
+              "again (--shutdown-timeout is restart.drain_timeout)")
     elif base in flags.REMOVED:
         _drop(given, draft, _why(base, value, facts))
     else:

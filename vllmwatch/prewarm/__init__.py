@@ -1,4 +1,4 @@
 """Pre-warm before a start: persistent cache locations, the page cache, attention kernels.
 
-May import: config.
+May import: config, logfn.
 """

@@ -2,5 +2,6 @@
 sampling and GPU faults, sd_notify, logs and the native journal, orphan reaping, fleet
 settings, clock), each posting exactly one result event back.
 
-May import: core, config, status (snapshot types), prewarm.
+May import: core, config, status (snapshot types), prewarm, incident (records), logfn,
+bounded_http (the probes' HTTP client).
 """

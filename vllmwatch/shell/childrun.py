@@ -23,7 +23,7 @@ from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, replace
 from typing import Protocol
 
-from vllmwatch.config import command
+from vllmwatch.config import command, redact, vllminfo
 from vllmwatch.config.schema import Config, ConfigError
 from vllmwatch.core import canary as kinds
 from vllmwatch.core.events import (
@@ -102,6 +102,8 @@ def prepare(config: Config, environ: Mapping[str, str], marker: str, version: st
             extra["TMPDIR"] = childmod.child_tmpdir(marker)
         cmd = command.build(config, environ, api_key=api_key, vllm_version=version,
                             extra_env=extra)
+        # Every writer (log, /status, records) hides these values from now on.
+        redact.learn(redact.secrets_of(cmd.env, api_key))
     except command.KeyFileError as exc:
         if exc.transient:  # a key rotation: retried with backoff, not a config error
             return SpawnFailed(f"{exc} (retried with backoff)", fatal=False)
@@ -141,8 +143,12 @@ class ChildHandle:
             if guard is not None:
                 guard.stop("spawn_failed")
             # A missing or non-executable vLLM is a config problem: retrying cannot help.
-            return None, SpawnFailed(f"{argv0}: {exc.strerror or exc}; check vllm.command",
-                                     fatal=True)
+            # ENOENT for a script that exists means its interpreter is missing (or its #!
+            # line ends in \r): say that, not that the script is missing.
+            found = vllminfo.executable([argv0])
+            why = vllminfo.cannot_run(found) if found else None
+            return None, SpawnFailed(why or f"{argv0}: {exc.strerror or exc}; check "
+                                     "vllm.command", fatal=True)
         except OSError as exc:
             if guard is not None:
                 guard.stop("spawn_failed")
@@ -234,19 +240,22 @@ class ChildHandle:
         # H200, against 0.1-0.5 s with one API server). A gone engine is fatal for vLLM
         # whatever /health says, so it is not asked then.
         gone = self._engines.look(self.pid)
-        health = (HealthResult(ok=False, status=None, seconds=0.0, error="/health not asked")
-                  if gone else prober.health())
+        asked = not gone
+        health = (HealthResult(ok=False, status=None, seconds=0.0) if gone
+                  else prober.health())
         if not gone:
             gone = self._engines.look(self.pid)
-        if gone:
-            said = health.error or f"/health {health.status}"
+        if gone:  # the core names this reason engine_died with this text as its detail
+            said = (f"; /health said {health.error or f'HTTP {health.status}'}"
+                    if asked and not health.ok else "")
             health = replace(health, ok=False, engine_gone=True,
-                             error=f"{said}; engine process gone: {', '.join(gone)}")
+                             error=f"engine process died: {', '.join(gone)}{said}")
         return health
 
     def close(self) -> None:
         """Last resort on the way out: never leave this child behind."""
         self.end_start("daemon_exit")
+        self._engines.close()
         if self.child.proc.poll() is None:
             childmod.signal_group(self.child.pid, "SIGKILL")
             with contextlib.suppress(subprocess.TimeoutExpired):

@@ -9,6 +9,12 @@ detection to one probe interval.
 
 from __future__ import annotations
 
+import contextlib
+import os
+import select
+import signal
+import threading
+
 import psutil
 
 # vLLM titles its processes VLLM::EngineCore and VLLM::Worker_TP<n> (setproctitle; /proc's comm
@@ -53,15 +59,115 @@ def _gone(pid: int, created: float) -> bool:
         return False  # cannot tell (permissions): not evidence of a death
 
 
+def _same(pid: int, created: float) -> bool:
+    """The pid still names the process seen (alive or a zombie), not a reused pid."""
+    try:
+        return psutil.Process(pid).create_time() == created
+    except psutil.Error:
+        return False
+
+
+def zombie_status(pid: int) -> int | None:
+    """The wait status of a process that died and is not reaped yet (/proc/PID/stat field
+    52, Linux >= 3.5; its parent, vLLM's API server, reaps it), else None."""
+    with contextlib.suppress(OSError, ValueError, IndexError), \
+            open(f"/proc/{pid}/stat") as fh:
+        fields = fh.read().rpartition(")")[2].split()
+        if fields[0] == "Z":
+            return int(fields[49])  # field 52; fields[0] is field 3 (state)
+    return None
+
+
+def how_it_died(status: int | None) -> str:
+    """A wait status in words: the signal or the exit code (gunicorn's reap_workers style)."""
+    if status is None:
+        return "exit status not seen (its parent reaped it first)"
+    code = os.waitstatus_to_exitcode(status)
+    if code >= 0:
+        return f"exited with code {code}"
+    try:
+        name = signal.Signals(-code).name
+    except ValueError:
+        name = f"signal {-code}"
+    return f"killed by {name}" + (" (the OOM killer? see the incident record)"
+                                  if -code == signal.SIGKILL else "")
+
+
+class _Exits:
+    """Reads an engine's wait status the moment it dies (issue 36.15): vLLM's API server
+    reaps its EngineCore within milliseconds of the death, long before the next probe looks,
+    so a thread waits on a pidfd of each engine (readable once it is a zombie) and reads
+    /proc at once. Best effort: without pidfd_open (Linux < 5.3) the probe's own look is all."""
+
+    POLL_S = 0.2  # how soon an engine learnt meanwhile joins the wait; the thread's only cost
+
+    def __init__(self) -> None:
+        self.status: dict[int, int] = {}  # pid -> wait status, read while a zombie
+        self._fds: dict[int, int] = {}  # pidfd -> pid
+        self._lock = threading.Lock()
+        self._thread: threading.Thread | None = None
+        self._stop = threading.Event()
+
+    def watch(self, pid: int) -> None:
+        """Wait for this engine's death from now on."""
+        try:
+            fd = os.pidfd_open(pid)
+        except (OSError, AttributeError):
+            return
+        with self._lock:
+            self._fds[fd] = pid
+            if self._thread is None:
+                self._thread = threading.Thread(target=self._run, daemon=True,
+                                                name="vllmwatch-engine-exits")
+                self._thread.start()
+
+    def _run(self) -> None:
+        while not self._stop.is_set():
+            with self._lock:
+                fds = list(self._fds)
+                if not fds:  # every engine is dead (or closed): a later watch() starts anew
+                    self._thread = None
+                    return
+            try:
+                ready = select.select(fds, [], [], self.POLL_S)[0]
+            except (OSError, ValueError):  # closed under us by close()
+                ready = []
+            for fd in ready:
+                with self._lock:
+                    pid = self._fds.pop(fd, None)
+                if pid is not None:
+                    status = zombie_status(pid)
+                    if status is not None:
+                        self.status[pid] = status
+                    with contextlib.suppress(OSError):
+                        os.close(fd)
+
+    def close(self) -> None:
+        """Stop the thread and close every pidfd."""
+        self._stop.set()
+        with self._lock:
+            fds, self._fds = list(self._fds), {}
+        for fd in fds:
+            with contextlib.suppress(OSError):
+                os.close(fd)
+
+
 class EngineWatch:
     """The engine processes seen under one child; reset at each launch."""
 
     def __init__(self) -> None:
         self.seen: dict[int, tuple[float, str]] = {}  # pid -> (create time, title)
+        self.died: dict[int, str] = {}  # pid -> how it died, once seen gone
+        self._exits = _Exits()
 
     def reset(self) -> None:
         """A new child: forget the old tree's engines."""
-        self.seen = {}
+        self.close()
+        self.seen, self.died, self._exits = {}, {}, _Exits()
+
+    def close(self) -> None:
+        """The child is gone: stop waiting for its engines."""
+        self._exits.close()
 
     def engines(self) -> list[int]:
         """The engine processes (EngineCore, workers; not API servers) seen and alive."""
@@ -82,5 +188,15 @@ class EngineWatch:
                         self.seen[proc.pid] = (proc.create_time(), title)
                     except psutil.Error:
                         continue
-        return [f"pid {pid} ({title})" for pid, (created, title) in sorted(self.seen.items())
-                if _gone(pid, created)]
+                    if "APIServer" not in title:
+                        self._exits.watch(proc.pid)
+        out = []
+        for pid, (created, title) in sorted(self.seen.items()):
+            if pid in self.died or _gone(pid, created):
+                if pid not in self.died:  # read once: the zombie is reaped soon after
+                    status = self._exits.status.get(pid)
+                    if status is None and _same(pid, created):
+                        status = zombie_status(pid)
+                    self.died[pid] = how_it_died(status)
+                out.append(f"pid {pid} ({title}) {self.died[pid]}")
+        return out

@@ -23,7 +23,7 @@ from vllmwatch import __version__
 from vllmwatch.config.command import ChildCommand
 from vllmwatch.config.schema import Config
 from vllmwatch.core.events import IncidentRecorded, RecordIncident
-from vllmwatch.incident import dumpers, metrics, store
+from vllmwatch.incident import cause, dumpers, metrics, store
 from vllmwatch.incident.record import Inputs, capture
 from vllmwatch.incident.redact import secrets_of
 from vllmwatch.shell import groupfile
@@ -42,21 +42,36 @@ def roots(environ: Mapping[str, str]) -> list[str]:
     return list(dict.fromkeys(out))
 
 
-def find_root(environ: Mapping[str, str], log: LogFn) -> str | None:
-    """The incidents folder for this daemon, or None (logged: issue 23 §2)."""
+STATE_DIR_UNUSABLE = "state_dir.unusable"
+DIR_UNUSABLE = "incident.dir_unusable"
+
+
+def find_root(environ: Mapping[str, str], log: LogFn) -> tuple[str | None, str]:
+    """The incidents folder for this daemon, or None and the event that said why (logged:
+    issue 23 §2), so that a failed record points at the event that was really logged."""
     candidate = groupfile.state_dir_candidate(environ)
     state = groupfile.state_dir(environ)
     if state is None:
-        log("warning", "state_dir.unusable", path=candidate, detail=_why(candidate),
+        log("warning", STATE_DIR_UNUSABLE, path=candidate, detail=_why(candidate),
             hint="set StateDirectory= in the unit (STATE_DIRECTORY) or make the directory "
             "ours and not writable by group or others; without it there are no incident "
             "records and a killed vllmwatch's vLLM tree is not remembered")
-        return None
+        return None, STATE_DIR_UNUSABLE
     root = store.root_of(state)
     if root is None:
-        log("warning", "incident.dir_unusable", path=os.path.join(state, store.SUBDIR),
+        log("warning", DIR_UNUSABLE, path=os.path.join(state, store.SUBDIR),
             detail=_why(os.path.join(state, store.SUBDIR)), hint="no incident records")
-    return root
+        return None, DIR_UNUSABLE
+    return root, ""
+
+
+def no_record_because(event: str) -> str:
+    """incident.failed's error: names the event logged at start, by its real name."""
+    if event == DIR_UNUSABLE:
+        return f"no trusted incidents folder (see the {DIR_UNUSABLE} event at start)"
+    if event == STATE_DIR_UNUSABLE:
+        return f"no trusted state directory (see the {STATE_DIR_UNUSABLE} event at start)"
+    return "incident records are off ([incidents] enabled = false)"
 
 
 def _why(path: str) -> str:
@@ -76,7 +91,7 @@ class IncidentShell:
 
     def __init__(self, config: Config, log: LogFn, environ: Mapping[str, str]) -> None:
         self.log, self.cfg = log, config.incidents
-        found = find_root(environ, log)  # logged even with records off: the group file too
+        found, self._why_none = find_root(environ, log)  # logged even with records off
         self.root = found if self.cfg.enabled else None
         self.stacks_dir: str | None = None
         self._scrapes: list[tuple[float, str]] = []
@@ -87,11 +102,16 @@ class IncidentShell:
         self._tail: Sequence[str] = ()
         self._env: Mapping[str, str] = {}
         self._api_key: str | None = None
+        # The unit's cgroup and its OOM-kill count at each launch: a record of a SIGKILL
+        # says whether the OOM killer struck since (issue 36.15).
+        self.cgroup = cause.unit_cgroup()
+        self._oom_at_launch: dict[str, int] | None = None
 
     def launched(self, tail: Sequence[str], env: Mapping[str, str], api_key: str | None
                  ) -> None:
         """A new child runs: its output tail, environment and API key replace the last's."""
         self._tail, self._env, self._api_key = tail, env, api_key
+        self._oom_at_launch = cause.oom_counts(self.cgroup)
 
     def child_command(self, cmd: ChildCommand, config: Config) -> ChildCommand:
         """The child's environment with the faulthandler hook first on PYTHONPATH."""
@@ -147,8 +167,7 @@ class IncidentShell:
         """Write the record (worker thread); every problem comes back as the error."""
         t0 = time.monotonic()
         if self.root is None:
-            return IncidentRecorded(action.seq, error="no trusted state directory (see the "
-                                    "state_dir.unusable event at start)")
+            return IncidentRecorded(action.seq, error=no_record_because(self._why_none))
         with self._lock:
             scrapes = list(self._scrapes)
         info = _describe(sampler)
@@ -162,7 +181,8 @@ class IncidentShell:
                      versions=versions, secrets=secrets_of(self._env, self._api_key),
                      stacks_dir=self.stacks_dir, gpu=lambda: _gpu_now(sampler, info),
                      max_records=self.cfg.max_records,
-                     max_bytes=int(self.cfg.max_size * 1024 * 1024) or 1 << 62)
+                     max_bytes=int(self.cfg.max_size * 1024 * 1024) or 1 << 62,
+                     cgroup=self.cgroup, oom_at_launch=self._oom_at_launch)
         try:
             done = capture(inp, self.root)
         except OSError as exc:

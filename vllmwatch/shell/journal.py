@@ -23,6 +23,9 @@ from typing import Any
 
 SOCKET = "/run/systemd/journal/socket"
 IDENTIFIER = "vllmwatch"
+# vLLM's forwarded lines are vLLM's, not ours: `journalctl -t vllm` finds them and
+# `journalctl -t vllmwatch` shows vllmwatch's events alone (`-u vllmwatch` shows both).
+VLLM_IDENTIFIER = "vllm"
 PRIORITY = {"debug": 7, "info": 6, "warning": 4, "error": 3, "critical": 2}
 MAX_VALUE = 64 * 1024  # per field: a runaway value must not make every entry a memfd
 
@@ -69,23 +72,36 @@ def text_of(value: Any) -> str:
 def entry_fields(level: str, event: str, message: str, fields: Mapping[str, Any],
                  identifier: str = IDENTIFIER) -> list[tuple[str, str]]:
     """The journal fields of one event, in order; MESSAGE first."""
+    if event == "child.line":
+        return _vllm_line(level, fields)
     out = [("MESSAGE", message), ("PRIORITY", str(PRIORITY.get(level, 6))),
            ("SYSLOG_IDENTIFIER", identifier), ("VLLMWATCH_EVENT", event)]
     if event in MESSAGE_IDS:
         out.append(("MESSAGE_ID", MESSAGE_IDS[event]))
-    if event == "child.line":
-        out.append(("VLLMWATCH_SOURCE", "vllm"))
-        match = _VLLM_PREFIX.match(str(fields.get("text", "")))
-        if match:
-            out += [("VLLM_PROCESS", match["proc"]), ("VLLM_PID", match["pid"])]
-    else:
-        out.append(("VLLMWATCH_SOURCE", "vllmwatch"))
+    out.append(("VLLMWATCH_SOURCE", "vllmwatch"))
     taken = {name for name, _ in out}
     for key, value in fields.items():
         name = field_name(key)
         if name not in taken:  # a key that sanitises onto another keeps the first
             taken.add(name)
             out.append((name, text_of(value)))
+    return out
+
+
+def _vllm_line(level: str, fields: Mapping[str, Any]) -> list[tuple[str, str]]:
+    """A forwarded vLLM line: vLLM's text as MESSAGE (not repeated in another field), under
+    vLLM's own identifier. The pid of the process vllmwatch launched is VLLM_MAIN_PID (never
+    a VLLMWATCH_PID beside journald's _PID, which is vllmwatch's); the process that wrote the
+    line, where vLLM's prefix names it, is VLLM_PROCESS and VLLM_PID."""
+    text = text_of(fields.get("text", ""))
+    out = [("MESSAGE", text), ("PRIORITY", str(PRIORITY.get(level, 6))),
+           ("SYSLOG_IDENTIFIER", VLLM_IDENTIFIER), ("VLLMWATCH_EVENT", "child.line"),
+           ("VLLMWATCH_SOURCE", "vllm")]
+    if fields.get("pid") is not None:
+        out.append(("VLLM_MAIN_PID", text_of(fields["pid"])))
+    match = _VLLM_PREFIX.match(text)
+    if match:
+        out += [("VLLM_PROCESS", match["proc"]), ("VLLM_PID", match["pid"])]
     return out
 
 

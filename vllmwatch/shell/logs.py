@@ -16,6 +16,7 @@ from typing import IO, Any
 
 import structlog
 
+from vllmwatch.config.redact import REDACT
 from vllmwatch.logfn import LogFn
 
 __all__ = ["LogFn", "setup"]
@@ -134,6 +135,9 @@ def setup(fmt: str = "auto", level: str = "info", stream: IO[str] | None = None,
     def log(level: str, event: str, **fields: Any) -> None:
         if LEVELS.get(level, 20) < threshold:
             return
+        # Everything logged passes the one redactor: child.started's command and
+        # environment, vLLM's lines, errors quoting a URL (config/redact.py).
+        fields = REDACT.deep(fields)
         if native is not None and native.send(journal.encode(journal.entry_fields(
                 level, event, message_text(event, fields), fields))):
             return

@@ -16,12 +16,12 @@ from typing import Protocol
 
 from prometheus_client.parser import text_string_to_metric_families
 
+from vllmwatch import bounded_http
 from vllmwatch.config.hosts import connect_host
 from vllmwatch.config.schema import Config, ProbeConfig
 from vllmwatch.core import canary as kinds
 from vllmwatch.core import sleep
 from vllmwatch.core.events import CanaryResult, HealthResult, MetricsResult
-from vllmwatch.status import bounded_http
 
 # Only these series are parsed; filtering the 48 KB text first cuts a ~7 ms parse to ~0.2 ms.
 _WANTED = ("vllm:num_requests_running", "vllm:num_requests_waiting", "vllm:kv_cache_usage_perc",
@@ -107,7 +107,8 @@ class HttpProber:
         try:
             status, _ = self._request("GET", "/health", self.timeout)
         except (OSError, http.client.HTTPException) as exc:
-            return HealthResult(False, None, time.monotonic() - t0, _describe(exc))
+            return HealthResult(False, None, time.monotonic() - t0, _describe(exc),
+                                timed_out=isinstance(exc, TimeoutError))
         return HealthResult(status == 200, status, time.monotonic() - t0,
                             "" if status == 200 else f"HTTP {status}")
 

@@ -1,7 +1,7 @@
 """Which interpreter runs `vllm.command`, and how its entry runs inside a standby.
 
 A standby can only stand in for a Python program started directly: a console script with a
-Python shebang (`vllm serve`), `python -m MODULE` or `python SCRIPT.py`. Anything else
+Python shebang (`vllm serve`), `python -m MODULE` or `python SCRIPT`. Anything else
 (`bash -c`, `uv run`, `docker run`, a wrapper script) starts processes a standby cannot be,
 so the standby is off and the reason says why.
 """
@@ -57,10 +57,12 @@ def resolve(command: Sequence[str], path: str | None) -> Entry | str:
 def _python_form(exe: str, command: Sequence[str]) -> Entry | str:
     if len(command) >= 3 and command[1] == "-m":
         return Entry(exe, "module", command[2], 3)
-    if len(command) >= 2 and command[1].endswith(".py") and os.path.isfile(command[1]):
+    # Any script file, not only *.py: the kernel's view of a console script is
+    # `python /venv/bin/vllm serve` (what `init --from-pid` reads), and run_path runs it.
+    if len(command) >= 2 and not command[1].startswith("-") and os.path.isfile(command[1]):
         return Entry(exe, "path", os.path.abspath(command[1]), 2)
     return (f"{os.path.basename(exe)} {' '.join(command[1:3])}: only `python -m MODULE` "
-            "and `python SCRIPT.py` can run in a standby")
+            "and `python SCRIPT` can run in a standby")
 
 
 def _script_interpreter(exe: str) -> tuple[str] | str:

@@ -16,11 +16,13 @@ from collections.abc import Mapping
 from typing import Any, TextIO
 from urllib.parse import urlsplit
 
+from vllmwatch import bounded_http
 from vllmwatch.config.hosts import connect_host, parse_listen, url_host
 from vllmwatch.config.schema import ConfigError, config_path, load
 from vllmwatch.config.text import printable
 from vllmwatch.config.units import format_duration, format_mib
-from vllmwatch.status import bounded_http
+from vllmwatch.status import stopped
+from vllmwatch.status.stopped import IncidentFinder
 
 TIMEOUT_S = 3.0
 MAX_BODY = 1 << 20
@@ -43,7 +45,8 @@ class StatusError(Exception):
         self.code = code
 
 
-def main(config_arg: str | None, url: str | None, as_json: bool) -> int:
+def main(config_arg: str | None, url: str | None, as_json: bool,
+         find_incident: IncidentFinder | None = None) -> int:
     """Fetch /status and print it; 3 when the daemon does not answer, 2 for a bad config or
     --url, 1 on other errors (including an answer that is not vllmwatch's)."""
     try:
@@ -52,8 +55,10 @@ def main(config_arg: str | None, url: str | None, as_json: bool) -> int:
         data = parse(body, target)
         text = body if as_json else render(data, colour=use_colour(sys.stdout))
     except StatusError as exc:
-        prefix = "" if exc.code == EXIT_NOT_RUNNING else "vllmwatch status: "
-        print(f"{prefix}{exc}", file=sys.stderr)
+        if exc.code == EXIT_NOT_RUNNING:
+            print(_not_running(str(exc), config_arg, find_incident), file=sys.stderr)
+        else:
+            print(f"vllmwatch status: {exc}", file=sys.stderr)
         return exc.code
     except Exception as exc:  # a last net: the one line, never a traceback
         print(f"vllmwatch status: unexpected error: {type(exc).__name__}: {exc}",
@@ -65,6 +70,20 @@ def main(config_arg: str | None, url: str | None, as_json: bool) -> int:
     except BrokenPipeError:  # `vllmwatch status | head`: the reader left
         pass
     return EXIT_OK
+
+
+def _not_running(url: str, config_arg: str | None, find_incident: IncidentFinder | None
+                 ) -> str:
+    """When and why it stopped (systemd's last exit, the last incident), where it can be
+    known; else the plain line."""
+    try:
+        path = config_path(config_arg)
+        unit = stopped.unit_name(path)
+        return stopped.explain(url, path, stopped.systemd_view(unit),
+                               find_incident(unit) if find_incident else None)
+    except Exception as exc:  # the diagnosis must never hide the one line that matters
+        return (f"vllmwatch is not running (no answer at {url}); start it with "
+                f"`systemctl start vllmwatch` (no more detail: {type(exc).__name__}: {exc})")
 
 
 def url_from_config(config_arg: str | None) -> str:
@@ -114,8 +133,7 @@ def fetch(url: str) -> str:
             "GET", (parts.path or "/") + (f"?{parts.query}" if parts.query else ""),
             timeout=TIMEOUT_S, max_body=MAX_BODY, tls=parts.scheme == "https")
     except ConnectionRefusedError:
-        raise StatusError(f"vllmwatch is not running (no answer at {url}); start it "
-                          "with `systemctl start vllmwatch`", EXIT_NOT_RUNNING) from None
+        raise StatusError(url, EXIT_NOT_RUNNING) from None  # the message: _not_running
     except bounded_http.BodyTooLarge:
         raise StatusError(f"{url} answered more than {MAX_BODY} bytes; that is not "
                           "vllmwatch's /status") from None
@@ -155,7 +173,18 @@ def use_colour(stream: TextIO) -> bool:
 _NUMBERS = ("state_for_s", "restart_phase_for_s", "child_pid", "child_uptime_s",
             "last_restart_at", "vllm_running", "vllm_waiting", "vllm_kv_cache_usage",
             "standby_pid", "standby_rss_mib")
-_TABLES = ("restarts_by_reason", "start_phases_s")
+_TABLES = ("restarts_by_reason", "start_phases_s", "probe_last_completed", "probe_failures")
+# What a start is doing after its last milestone (shell/childlog.py MILESTONES, in order).
+_NEXT_PHASE = {
+    "": "launching vLLM (imports)", "load_start": "loading the weights",
+    "model_init": "loading the weights", "weights": "finishing the model load",
+    "model_loaded": "compiling (torch.compile)", "compile": "profiling memory for the KV cache",
+    "kv_cache": "capturing graphs, starting the engine", "graphs_start": "capturing CUDA graphs",
+    "graphs": "starting the engine", "engine_init": "starting the API server",
+    "server_start": "starting the API server",
+    "api_ready": "waiting for a first completion (the canary)",
+    "canary": "the first completion answered; going ready",
+}
 
 
 def _num(value: object) -> float | None:
@@ -180,6 +209,9 @@ def clean(data: Mapping[str, Any]) -> dict[str, Any]:
     out.update({k: _table(data.get(k)) for k in _TABLES})
     if out.get("child_pid") is not None:
         out["child_pid"] = int(out["child_pid"])
+    stale = data.get("stale_probes")
+    out["stale_probes"] = [printable(str(k), False) for k in stale] if isinstance(
+        stale, (list, tuple)) else []
     mem = data.get("memory")
     mem = mem if isinstance(mem, dict) else {}
     out["memory"] = {k: (_table(v) if isinstance(v, dict) else _num(v)) for k, v in mem.items()
@@ -212,11 +244,13 @@ def render(data: Mapping[str, Any], colour: bool = False, now: float | None = No
     rows.append(("child", "none" if pid is None else f"pid {pid}"
                  + (f", up {format_duration(uptime)}" if uptime is not None else "")
                  + (f" ({launch} launch)" if launch else "")))
+    url, model = (v if isinstance(v := data.get(k), str) else "" for k in ("serving_url", "model"))
+    if url or model:
+        rows.append(("serving", " ".join(filter(None, (url, model and f"model {model}")))))
     rows += _standby_rows(data)
     rows += _restart_rows(data, now)
-    phases = data.get("start_phases_s") or {}
-    if phases:
-        rows.append(("startup", ", ".join(f"{k} {format_duration(v)}" for k, v in phases.items())))
+    rows += _start_rows(data, state)
+    rows += _probe_rows(data, now)
     rows += _memory_rows(data.get("memory") or {})
     rows.append(("vLLM", _vllm_line(data)))
     sha = str(data.get("config_sha256") or "")
@@ -262,6 +296,40 @@ def _restart_rows(data: Mapping[str, Any], now: float) -> list[tuple[str, str]]:
         rows.append(("incident", f"{data['last_incident']} (vllmwatch incidents show "
                      f"{data['last_incident']})"))
     return rows
+
+
+def _start_rows(data: Mapping[str, Any], state: str) -> list[tuple[str, str]]:
+    """Where each start phase ended, as offsets since the launch ("weights at +1m34s", not
+    durations), and while starting, the phase it is in now."""
+    phases: Mapping[str, float] = data["start_phases_s"]
+    rows = []
+    if state in ("starting", "prewarming"):
+        last = max(phases, key=lambda k: phases[k], default="")
+        now_doing = _NEXT_PHASE.get(last, f"after {last}")
+        since = f" (since +{format_duration(phases[last])})" if last else ""
+        rows.append(("phase", (now_doing + since) if state == "starting" else "pre-warming"))
+    if phases:
+        rows.append(("startup", ", ".join(f"{k} at +{format_duration(v)}"
+                                          for k, v in phases.items())))
+    return rows
+
+
+def _probe_rows(data: Mapping[str, Any], now: float) -> list[tuple[str, str]]:
+    """Probe health: when each kind last completed (ok or not), the failures so far, and any
+    kind with no result within its bound (what the watchdog acts on)."""
+    done: Mapping[str, float] = data["probe_last_completed"]
+    failed: Mapping[str, float] = data["probe_failures"]
+    stale = data["stale_probes"]
+    if not done and not failed and not stale:
+        return []
+    parts = [f"{k} {format_duration(max(0.0, now - t))} ago" for k, t in sorted(done.items())]
+    line = ("last done " + ", ".join(parts)) if parts else "none done yet"
+    fails = ", ".join(f"{k} {v:.0f}" for k, v in sorted(failed.items()) if v)
+    if fails:
+        line += f"; failed: {fails}"
+    if stale:
+        line += f"; STALE (no result in time): {', '.join(stale)}"
+    return [("probes", line)]
 
 
 def _memory_rows(mem: Mapping[str, Any]) -> list[tuple[str, str]]:

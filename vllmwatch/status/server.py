@@ -21,6 +21,7 @@ from typing import Any
 from urllib.parse import urlsplit
 
 from vllmwatch.config.hosts import parse_listen
+from vllmwatch.config.redact import REDACT
 from vllmwatch.logfn import Repeats
 from vllmwatch.status import metrics
 from vllmwatch.status.front import Pending
@@ -178,8 +179,9 @@ class StatusServer:
         return 404, TEXT, b"not found; try /livez /readyz /status /metrics\n"
 
     def status_json(self, snap: Snapshot) -> dict[str, Any]:
-        """The /status document: the snapshot plus how long the state has lasted."""
-        out = snap.to_json()
+        """The /status document: the snapshot plus how long the state has lasted, redacted
+        (the last error or output line can quote a credential)."""
+        out: dict[str, Any] = REDACT.deep(snap.to_json())
         if snap.state_since_monotonic is not None:
             out["state_for_s"] = max(0.0, self.now() - snap.state_since_monotonic)
         elif snap.state_since:

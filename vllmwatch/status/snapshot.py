@@ -64,6 +64,7 @@ class Snapshot:
     # Wall-clock time each probe kind last completed (ok or not): the watchdog's freshness.
     probe_last_completed: dict[str, float] = field(default_factory=dict)
     model: str = ""  # the name clients use for the served model
+    serving_url: str = ""  # where clients reach the model: the gate's listen, else vLLM's
     stale_probes: tuple[str, ...] = ()  # probe kinds with no result within their bound
     config_path: str = ""
     config_sha256: str = ""

@@ -2,8 +2,11 @@
 
 from __future__ import annotations
 
+import contextlib
 from collections.abc import Callable
 
+from vllmwatch.config.hosts import parse_listen, url_host
+from vllmwatch.config.schema import Config, VllmConfig
 from vllmwatch.config.units import format_duration, format_mib
 from vllmwatch.core import drain as drains
 from vllmwatch.core import leak
@@ -51,6 +54,18 @@ def _memory(s: WatchState, now: float) -> MemoryFigures:
         gpu_limit_mib=gpu_limit, host_limit_mib=host_limit)
 
 
+def serving_url(vllm: VllmConfig, config: Config) -> str:
+    """The base URL clients use: the [gate] front door when it is on, else vLLM's own
+    address (the child's [vllm]: a reload does not move a running vLLM). A wildcard host is
+    shown as bound ("0.0.0.0": every interface)."""
+    scheme = "https" if vllm.args.get("ssl-keyfile") or vllm.args.get("ssl_keyfile") else "http"
+    host, port = vllm.host, vllm.port
+    if config.gate.enabled:  # a bad listen was refused at load; never crash a snapshot on it
+        with contextlib.suppress(ValueError):
+            host, port = parse_listen(config.gate.listen) or (host, port)
+    return f"{scheme}://{url_host(host or '0.0.0.0')}:{port}"
+
+
 def snapshot_of(s: WatchState, now: float, wall: float, prev: Snapshot,
                 vllm_version: str | None) -> Snapshot:
     """Build the immutable snapshot that /status, /metrics and STATUS= show."""
@@ -85,6 +100,7 @@ def snapshot_of(s: WatchState, now: float, wall: float, prev: Snapshot,
         vllm_version=vllm_version, loop_heartbeat=now,
         probe_last_completed=completions(c, prev, at_wall),
         model=(c.vllm if c else s.config.vllm).model_name,
+        serving_url=serving_url(c.vllm if c else s.config.vllm, s.config),
         drain_phase=str(drains.phase(c.drain, now)) if c and c.drain else None,
         drain_phases_s=drains.durations(c.drain, now) if c and c.drain else dict(s.last_drain),
         vllm_asleep=c.asleep if c else None,
@@ -105,10 +121,18 @@ def summary(snap: Snapshot) -> str:
         parts.append(f"last start_memory: {snap.last_reason_detail}")
     elif snap.last_reason:
         parts.append(f"last {snap.last_reason}")
-    mem = snap.memory
-    if mem.gpu_tree_mib is not None:
-        parts.append(f"gpu {format_mib(mem.gpu_tree_mib)}")
-    host = mem.host_pss_mib if mem.host_pss_mib is not None else mem.host_rss_mib
-    if host is not None:
-        parts.append(f"host {format_mib(host)}")
+    parts += memory_words(snap.memory)
     return " | ".join(parts)
+
+
+def memory_words(mem: MemoryFigures) -> list[str]:
+    """The child tree's memory in the words `vllmwatch status` uses: "gpu tree 34.2GiB",
+    "host pss 3.8GiB" (rss only where no PSS was read), so both name the same figure."""
+    out = []
+    if mem.gpu_tree_mib is not None:
+        out.append(f"gpu tree {format_mib(mem.gpu_tree_mib)}")
+    if mem.host_pss_mib is not None:
+        out.append(f"host pss {format_mib(mem.host_pss_mib)}")
+    elif mem.host_rss_mib is not None:
+        out.append(f"host rss {format_mib(mem.host_rss_mib)}")
+    return out

@@ -1,4 +1,5 @@
-"""Fakes for tests, shipped with the package: a clock, a notifier, a scripted world.
+"""Fakes for tests: a clock, a notifier, a scripted world. In the source tree only: the .deb
+leaves vllmwatch/testing/ out (docs/operations/install.md, "The fakes are not in the package").
 
 `Driver` runs the pure core with synchronous fakes and a fake clock, so a whole supervisor
 scenario (start, faults, restart ladder, backoff, crash loop) runs in milliseconds:

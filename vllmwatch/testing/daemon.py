@@ -2,7 +2,7 @@
 
 Shared by the daemon tests (fake vLLM), the end-to-end tests (real vLLM), bench/ and
 bench/gpu/ (which runs on the GPU machine from an export of vllmwatch/ and bench/gpu/ only,
-hence here, shipped with the package, and not under tests/):
+hence here, in the package tree, and not under tests/; the .deb leaves it out):
 - the config is a dict written as TOML, or a file already written;
 - a NOTIFY_SOCKET listener (AF_UNIX datagrams) records every message with its wall-clock time;
 - the daemon's JSON log lines on stderr are parsed into events by a reader thread, each with

@@ -105,9 +105,18 @@ class Api:
             return 503
         return 500 if age >= after(a.health_fail_after) else 200
 
+    def wedged_for(self) -> float | None:
+        """Seconds since --wedge-api-after fired (None before): completions then never
+        return, while /metrics reports running requests and growing tokens."""
+        age = self.faults.age() - after(self.args.wedge_api_after)
+        return age if age >= 0 else None
+
     def metrics(self) -> str:
         """Prometheus text shaped like vLLM's /metrics (a small subset)."""
         s, lab = self.stats, f'engine="0",model_name="{self.names[0]}"'
+        wedged = self.wedged_for()
+        if wedged is not None:  # the engine "works": requests run, tokens grow
+            s = {**s, "run": max(1, s.get("run", 0)), "gen": s.get("gen", 0) + int(wedged * 50)}
         with open("/proc/self/statm") as f:
             rss = int(f.read().split()[1]) * os.sysconf("SC_PAGE_SIZE")
         out = ["# HELP process_resident_memory_bytes Resident memory size in bytes.",
@@ -145,6 +154,9 @@ class Api:
         text = (" ".join(str(m.get("content", "")) for m in body.get("messages", [])) if chat
                 else str(body.get("prompt", "")))
         prompt = max(1, len(text.split()))
+        if self.wedged_for() is not None:
+            log("WARNING", "Injected fault: API server wedged (--wedge-api-after)")
+            threading.Event().wait()  # never answers; the process exits around it
         got = self.submit(prompt, int(body.get("max_tokens") or 16))
         if got is None and self.stopping:
             return 503, error("The server is shutting down.", "ServiceUnavailableError", 503)

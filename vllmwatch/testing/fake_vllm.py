@@ -67,8 +67,11 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
                           # drops (vLLM 0.26 with --api-server-count 2, seen on the H200)
                           ("health-stall-after-engine-death", 0.0)):
         p.add_argument(f"--{name}", type=float, default=seconds)
-    for name in ("hang-after", "deadlock-after", "stall-after", "exit-after", "engine-crash-after",
-                 "crash-during-start", "health-fail-after", "unhealthy-after"):
+    # --wedge-api-after: completions never return while /metrics says requests run and
+    # tokens grow (an API server wedged while its engine works; issue 37.8)
+    for name in ("hang-after", "deadlock-after", "wedge-api-after", "stall-after",
+                 "exit-after", "engine-crash-after", "crash-during-start", "health-fail-after",
+                 "unhealthy-after"):
         p.add_argument(f"--{name}", type=float)
     for name in ("busy", "ignore-sigterm", "fail-start", "disable-uvicorn-access-log",
                  # once ready, start a descendant that calls setsid and clears its environment

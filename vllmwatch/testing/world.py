@@ -115,6 +115,7 @@ class World:
     next_pid: int = 100
     child_alive: bool = False
     engine_gone: bool = False  # /health failures report the engine process gone
+    health_trickles: bool = False  # /health listens but never answers whole (timed out)
     asleep: bool | None = None  # vLLM sleep mode as /metrics reports it (None: not reported)
     cpu_pressure: float | None = None  # PSI some avg10 the scrape reports (core/hangs.py)
     canary_seconds: float = 0.01  # how long a canary that answers takes
@@ -200,6 +201,10 @@ class WorldEffects:
             if kind == ProbeKind.METRICS:
                 return MetricsResult(False, error="refused", gen=gen)
             return CanaryResult(False, False, 0.0, "refused", warm, gen=gen)
+        if kind == ProbeKind.HEALTH and w.health_trickles:
+            return HealthResult(False, None, action.probe.timeout, "timed out after "
+                                f"{action.probe.timeout:g}s (whole request)", gen=gen,
+                                timed_out=True)
         if kind == ProbeKind.HEALTH:
             return HealthResult(w.health_ok, 200 if w.health_ok else 503, 0.001, gen=gen,
                                 engine_gone=w.engine_gone)

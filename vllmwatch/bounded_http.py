@@ -4,7 +4,11 @@ http.client's timeout applies to each socket read: a server that trickles one by
 half second never trips a 1 s timeout and holds the caller for ever. Here every read gets
 what is left of one deadline (connect, send, status line, headers, body), and no more than
 `max_body` bytes of body are read: a larger answer is refused before it is loaded (its
-Content-Length is checked first). Used by the probes, the status CLI and the gate's tests.
+Content-Length is checked first). Used by the probes (shell/probes.py), the status CLI
+(status/cli.py) and the gate's tests: a leaf of its own, so that neither layer imports the
+other for it.
+
+May import: nothing of vllmwatch (the stdlib only).
 """
 
 from __future__ import annotations

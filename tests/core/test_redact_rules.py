@@ -1,0 +1,65 @@
+"""The one set of redaction rules (config/redact.py): every form of a secret is hidden, and
+what is useful and not secret (a model path, a port, counts of tokens) stays."""
+
+from __future__ import annotations
+
+import pytest
+from hypothesis import given, settings
+
+from tests.support.secrets import leaks
+from vllmwatch.config.redact import REDACTED, Redactor, is_secret_name, learn
+
+R = Redactor(known=False)
+
+
+@settings(max_examples=400, deadline=None)
+@given(leaks())
+def test_no_form_of_a_secret_passes_the_rules(leak: tuple[str, str]) -> None:
+    text, secret = leak
+    out = R.text(text)
+    assert secret not in out and REDACTED in out
+
+
+@pytest.mark.parametrize("text,want", [
+    ("DATABASE_URL=postgres://bob:hunter2x@db:5432/x",
+     "DATABASE_URL=postgres://bob:<redacted>@db:5432/x"),
+    ("--otlp-traces-endpoint https://user:sk-abc123456789@collector",
+     "--otlp-traces-endpoint https://user:<redacted>@collector"),
+    ("https://ghp_tok3n@github.com/x.git", "https://<redacted>@github.com/x.git"),
+    ("{'authorization': 'Bearer abc.def'}", "{'authorization': '<redacted>'}"),
+    ('{"api_key": "zz9", "n": 1}', '{"api_key": "<redacted>", "n": 1}'),
+    ('{"token": 12345}', '{"token": <redacted>}'),
+    ("thread poller token=abc123", "thread poller token=<redacted>"),
+    ("DB_PASS=pa55 HOME=/root", "DB_PASS=<redacted> HOME=/root"),
+    ("X-Api-Key: k3y", "X-Api-Key: <redacted>"),
+])
+def test_each_form(text: str, want: str) -> None:
+    assert R.text(text) == want
+
+
+@pytest.mark.parametrize("text", [
+    "--model /models/key-llama --port 8000 --host 0.0.0.0",
+    "--tokenizer /models/tok --ssl-keyfile /etc/vllm/key.pem --max-num-batched-tokens 2048",
+    "prompt_tokens=5 generation_tokens=7 max_tokens=16",
+    'vllm:prompt_tokens_total{model_name="m"} 12',
+    "http://127.0.0.1:8000/v1/completions",
+    "KEY_PATH=/etc/k.pem TOKEN_URL=https://auth.example.com/token",
+    "write to bob@example.com",
+])
+def test_useful_non_secrets_stay(text: str) -> None:
+    assert R.text(text) == text
+
+
+@pytest.mark.parametrize("name,secret", [
+    ("HF_TOKEN", True), ("apiKey", True), ("--x-api-key", True), ("SECRET_KEY_BASE", True),
+    ("DB_PASS", True), ("Authorization", True), ("max_num_batched_tokens", False),
+    ("tokenizer", False), ("ssl-keyfile", False), ("api_key_file", False),
+    ("api_server_alive", False), ("prompt_tokens", False),
+])
+def test_secret_names_by_their_words(name: str, secret: bool) -> None:
+    assert is_secret_name(name) is secret
+
+
+def test_learnt_values_are_hidden_by_every_redactor_but_switches_are_not() -> None:
+    learn(["learnt-V4lue-xyz", "true"])
+    assert Redactor().text("a learnt-V4lue-xyz b true") == "a <redacted> b true"

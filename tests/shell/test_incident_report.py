@@ -1,0 +1,148 @@
+"""An incident report read cold names its cause in its first five lines (issue 36.15-19).
+
+Records are built the way record.build builds them (cause lines, OOM counts from a
+memory.events file, canary verdicts in the timeline), then rendered.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+from vllmwatch.incident import cause, dumpers, metrics, record, report
+
+ENGINE = "VLLM::EngineCore"
+
+
+def _record(**extra: Any) -> dict[str, Any]:
+    r: dict[str, Any] = {"id": "20261202T060000Z-x", "time_utc": "2026-12-02T06:00:00Z",
+                         "tree": {"note": "alive", "processes": []},
+                         "stacks": {"methods": {}, "processes": []}, "output": []}
+    r.update(extra)
+    r["cause"] = cause.lines(r)
+    return r
+
+
+def _head(r: dict[str, Any]) -> list[str]:
+    return report.render(r).splitlines()[:5]
+
+
+def test_memory_events_are_read_bounded_and_compared_with_the_launch(tmp_path: Path) -> None:
+    unit = tmp_path / "system.slice" / "vllmwatch.service"
+    unit.mkdir(parents=True)
+    (unit / "memory.events").write_text("low 0\nhigh 0\nmax 3\noom 1\noom_kill 1\n")
+    (tmp_path / "cgroup").write_text("0::/system.slice/vllmwatch.service\n")
+    group = cause.unit_cgroup(str(tmp_path / "cgroup"))
+    assert group == "/system.slice/vllmwatch.service"
+    assert cause.oom_counts(group, str(tmp_path)) == {"low": 0, "high": 0, "max": 3, "oom": 1,
+                                                      "oom_kill": 1}
+    assert cause.oom_counts("/nowhere", str(tmp_path)) is None
+    assert cause.oom_counts(None) is None
+
+
+def test_an_engine_sigkill_names_the_engine_the_signal_and_the_oom_evidence() -> None:
+    detail = "engine process died: pid 812 (VLLM::EngineCore) killed by SIGKILL (the OOM " \
+             "killer? see the incident record)"
+    oom = cause.oom_section("/system.slice/vllmwatch.service", {"oom_kill": 0},
+                            {"oom": 1, "oom_kill": 1})
+    r = _record(reason="engine_died", detail=detail, oom=oom, output=[
+        "(APIServer pid=800) ERROR 12-02 06:00:00 [core_client.py:1] Engine core proc "
+        "EngineCore_DP0 died unexpectedly, shutting down client."])
+    head = "\n".join(_head(r))
+    assert "reason: engine_died: engine process died: pid 812 (VLLM::EngineCore) killed by " \
+           "SIGKILL" in head, head
+    assert "the OOM killer killed in this service" in head and "1 since the launch" in head
+    assert "journalctl -k -g 'Killed process 812'" in head, head
+    # no OOM kill counted: said so, and where else to look
+    r = _record(reason="engine_died", detail=detail, oom=cause.oom_section(
+        "/u", {"oom_kill": 2}, {"oom_kill": 2}))
+    assert "no OOM kill counted here" in "\n".join(_head(r))
+    # the unit's cgroup unreadable: still where to look
+    r = _record(reason="engine_died", detail=detail, oom=cause.oom_section(None, None, None))
+    assert "not readable" in "\n".join(_head(r)) and "journalctl -k" in "\n".join(_head(r))
+
+
+def test_a_sigstop_hang_names_the_stopped_process_and_the_verdicts_in_the_timeline() -> None:
+    facts = {"uptime_s": 100.0, "ready_for_s": 60.0, "canary_verdicts": [
+        [-7.9, "canary timed out after 2s: nothing moved, retry with 4s"],
+        [0.0, "canary timed out after 4s: hang"]]}
+    r = _record(reason="hang", detail="canary timed out twice in a row (last after 4s) while "
+                "/health said 200, and nothing the engine reports moved",
+                tree={"note": "alive", "processes": [
+                    {"pid": 800, "role": "api_server", "state": "S", "rss_mib": 900.0,
+                     "threads": 9},
+                    {"pid": 812, "role": "engine_core", "state": "T", "rss_mib": 2000.0,
+                     "threads": 6}]},
+                timeline=record.timeline(facts))
+    head = _head(r)
+    assert head[2].startswith("reason: hang: canary timed out twice"), head
+    assert "engine_core pid 812 is stopped (state T: SIGSTOP" in "\n".join(head), head
+    text = report.render(r)
+    assert "canary timed out after 2s: nothing moved, retry with 4s" in text
+    assert text.index("retry with 4s") < text.index("incident: restart decided")
+
+
+def test_deadlocked_threads_show_as_blocked_on_a_lock() -> None:
+    frames = [["take", "/x/fake_engine.py", 271], ["engine_deadlock", "/x/fake_engine.py", 275]]
+    r = _record(reason="hang", detail="frozen", stacks={"methods": {}, "processes": [{
+        "pid": 812, "role": "engine_core", "dumps": [{"method": "py-spy", "ok": True, "threads": [
+            {"name": "MainThread (idle)", "blocked": True, "frames": frames},
+            {"name": "tqdm (idle)", "blocked": False,
+             "frames": [["wait", "threading.py", 1]]}]}]}]})
+    assert "threads blocked on a lock in take (/x/fake_engine.py:271)" in "\n".join(_head(r))
+    text = report.render(r)
+    assert "thread MainThread (blocked on a lock): in take" in text
+    assert "thread tqdm (idle): in wait" in text
+
+
+def test_py_spy_s_own_error_line_not_its_backtrace() -> None:
+    stderr = ("Error: Failed to find a python interpreter in the .data section\n"
+              "Stack backtrace:\n   0: anyhow::error::<impl anyhow::Error>::msg\n"
+              "  10: py_spy::main\n  11: main\n   at src/main.rs:1\n")
+    assert dumpers.error_line(stderr) == \
+        "Error: Failed to find a python interpreter in the .data section"
+    assert dumpers.error_line("Permission denied (os error 13)\n") == \
+        "Permission denied (os error 13)"
+    assert dumpers.error_line("  11: main\n") == ""
+
+
+def test_the_first_error_block_comes_before_the_tail() -> None:
+    out = ["(APIServer pid=1) INFO serving"] * 5 + [
+        "(APIServer pid=1) ERROR 12-02 [async_llm.py:1] AsyncLLM output_handler failed.",
+        "(APIServer pid=1) Traceback (most recent call last):",
+        "(APIServer pid=1) vllm.v1.engine.exceptions.EngineDeadError: EngineCore encountered "
+        "an issue."] + [f"(APIServer pid=1) INFO shutdown noise {i}" for i in range(60)]
+    text = report.render(_record(reason="engine_died", detail="x", output=out))
+    first = text.index("== first error in the output (line 6 of 68) ==")
+    assert first < text.index("EngineDeadError") < text.index("== last output lines (40 of 68")
+    assert "shutdown noise 59" in text
+    # the error within the tail: shown once, in the tail
+    text = report.render(_record(reason="crash", detail="x", output=out[-40:] + out[5:8]))
+    assert "first error in the output" not in text and text.count("EngineDeadError") == 1
+
+
+def _scrape(gen: float, prompt: float, running: float, ok: float) -> str:
+    lab = 'engine="0",model_name="m"'
+    return (f"vllm:num_requests_running{{{lab}}} {running}\n"
+            f"vllm:num_requests_waiting{{{lab}}} 2.0\n"
+            f"vllm:kv_cache_usage_perc{{{lab}}} 0.25\n"
+            f"vllm:generation_tokens_total{{{lab}}} {gen}\n"
+            f"vllm:prompt_tokens_total{{{lab}}} {prompt}\n"
+            f'vllm:request_success_total{{{lab},finished_reason="length"}} {ok}\n'
+            + "".join(f"vllm:e2e_request_latency_seconds_{k}{{{lab}}} {gen * i}\n"
+                      for i, k in enumerate(("sum", "count"), 1)))
+
+
+def test_the_metrics_summary_comes_before_the_full_list() -> None:
+    scrapes = [(1000.0, _scrape(100, 50, 1, 10)), (1060.0, _scrape(700, 350, 3, 40)),
+               (1120.0, _scrape(700, 350, 3, 40))]
+    m = metrics.section(scrapes, 1125.0)
+    s = m["summary"]
+    assert (s["running"], s["waiting"], s["kv_cache_usage"]) == (3.0, 2.0, 0.25)
+    assert s["generation_tokens_per_s"] == 5.0 and s["requests_finished_per_s"] == 0.25
+    assert s["tokens_last_moved_s_ago"] == [65.0, 125.0]  # between these two scrapes
+    text = report.render(_record(reason="hang", detail="x", metrics=m))
+    summary = text.index("summary: 3 running, 2 waiting, KV cache 25% used")
+    assert summary < text.index("generation tokens last moved between 65 and 125 s")
+    assert text.index("5 generation tokens/s") < text.index("every series that moved")
+    assert "vllm:e2e_request_latency_seconds_sum" in text  # the full list, below

@@ -1,0 +1,157 @@
+"""Issue 37 §5 and its cosmetics: `vllmwatch incidents` over a folder the service user owns.
+
+A record.json that is a FIFO, a device, a link or huge never blocks nor fills memory; JSON of
+any shape is a clear line, never a traceback; a listing reads each record once (linear); a
+record without a time or that cannot be read says so."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+from typing import Any
+
+import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+from vllmwatch.config import safefile
+from vllmwatch.incident import cli, store
+
+RID = "20261201T000000Z-hang"
+HANG_GUARD = 120  # s: only so that a regression fails instead of hanging the suite
+
+
+def _run(root: Path, *args: str) -> subprocess.CompletedProcess[str]:
+    """The CLI in a child: a blocking read would block the child, not the test."""
+    code = ("import sys; from vllmwatch.incident import cli; "
+            f"sys.exit(cli.main(*{args!r}[:2] if {len(args)} else (None, None), "
+            f"False, [{str(root)!r}]))")
+    return subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
+                          timeout=HANG_GUARD, check=False, env={**os.environ})
+
+
+def _folder(root: Path, name: str = RID) -> Path:
+    folder = root / name
+    folder.mkdir(parents=True)
+    return folder
+
+
+@pytest.mark.parametrize("plant", ["fifo", "link_to_zero", "huge", "directory", "not_json",
+                                   "a_list", "device"])
+def test_a_hostile_record_json_never_blocks_and_says_why(tmp_path: Path, plant: str) -> None:
+    target = _folder(tmp_path) / store.RECORD
+    if plant == "fifo":
+        os.mkfifo(target)
+    elif plant == "link_to_zero":
+        target.symlink_to("/dev/zero")
+    elif plant == "huge":
+        with open(target, "wb") as fh:
+            fh.truncate(store.MAX_RECORD + 1)  # sparse: costs no disk
+    elif plant == "directory":
+        target.mkdir()
+    elif plant == "not_json":
+        target.write_text("{not json")
+    elif plant == "a_list":
+        target.write_text("[1, 2]")
+    else:
+        if os.geteuid() != 0:
+            pytest.skip("creating a device node needs root")
+        os.mknod(target, 0o600 | 0o020000, os.makedev(1, 5))  # /dev/zero's numbers
+    shown = _run(tmp_path, "show", RID)
+    listed = _run(tmp_path)
+    assert shown.returncode == 1 and "Traceback" not in shown.stderr + listed.stderr
+    assert f"incident {RID}" in shown.stderr and "unreadable: " in shown.stderr
+    assert listed.returncode == 0 and "unreadable: " in listed.stdout
+    assert "no incident" not in shown.stderr  # it exists: it cannot be read
+
+
+def test_a_record_without_a_time_is_not_shown_with_the_current_time(
+        tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    (_folder(tmp_path) / store.RECORD).write_text(json.dumps({"reason": "hang"}))
+    assert cli.main(None, None, False, [str(tmp_path)]) == 0
+    line = capsys.readouterr().out.splitlines()[0]
+    assert "(no time)" in line and "2026-12-02" not in line
+
+
+_JSON = st.recursive(st.none() | st.booleans() | st.integers() | st.floats(allow_nan=False)
+                     | st.text(max_size=8), lambda inner: st.lists(inner, max_size=3)
+                     | st.dictionaries(st.text(max_size=6), inner, max_size=3), max_leaves=12)
+_FIELDS = ("id", "time_utc", "reason", "detail", "exit_code", "tree", "timeline", "versions",
+           "capture", "stacks", "metrics", "memory", "output", "status", "config_sha256")
+
+
+def _shape(name: str) -> st.SearchStrategy[Any]:
+    # Each field: any JSON, or the right container holding any JSON (the nested cases).
+    return _JSON | st.dictionaries(st.sampled_from(("note", "processes", "methods", "last",
+                                                    "moved", "samples", "gpu_now", "pid",
+                                                    "role", "dumps", "threads", "frames")),
+                                   _JSON | st.lists(_JSON | st.dictionaries(
+                                       st.sampled_from(("pid", "role", "method", "ok",
+                                                        "threads", "name", "frames",
+                                                        "rss_mib", "state", "error")),
+                                       _JSON, max_size=5), max_size=3), max_size=6)
+
+
+@settings(max_examples=150, deadline=None,
+          suppress_health_check=[HealthCheck.function_scoped_fixture])
+@given(doc=st.fixed_dictionaries({}, optional={f: _shape(f) for f in _FIELDS}))
+def test_any_record_shape_is_shown_or_is_one_clear_line_never_a_traceback(
+        doc: dict[str, Any], tmp_path_factory: pytest.TempPathFactory,
+        capsys: pytest.CaptureFixture[str]) -> None:
+    root = tmp_path_factory.mktemp("r")
+    (_folder(root) / store.RECORD).write_text(json.dumps(doc))
+    for args in (("show", RID, False), ("show", RID, True), (None, None, False),
+                 (None, None, True)):
+        code = cli.main(*args, [str(root)])  # raising fails the test: that is a traceback
+        assert code in (0, 1)
+    out = capsys.readouterr()
+    assert out.out or out.err
+
+
+def test_a_wrong_field_type_names_the_field(tmp_path: Path,
+                                            capsys: pytest.CaptureFixture[str]) -> None:
+    (_folder(tmp_path) / store.RECORD).write_text(json.dumps(
+        {"id": RID, "reason": "hang", "tree": 5, "output": {"a": 1}}))
+    assert cli.main("show", RID, False, [str(tmp_path)]) == 0
+    err = capsys.readouterr().err
+    assert "field 'tree' is a number, an object expected" in err
+    assert "field 'output' is an object, a list expected" in err
+
+
+def test_listing_many_records_reads_each_once_and_lists_the_folder_once(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
+        capsys: pytest.CaptureFixture[str]) -> None:
+    n = 10_000
+    for i in range(n):
+        folder = tmp_path / f"20261201T{i // 3600 % 24:02d}{i // 60 % 60:02d}{i % 60:02d}Z-hang" \
+            f"-{i}"
+        folder.mkdir()
+        (folder / store.RECORD).write_text('{"reason": "hang", "time_utc": "t"}')
+    reads: list[str] = []
+    listings: list[str] = []
+    real_read, real_scandir, real_listdir = safefile.read_within, os.scandir, os.listdir
+
+    def counted_read(path: str, *a: Any, **k: Any) -> bytes:
+        reads.append(path)
+        return real_read(path, *a, **k)
+
+    def counted_scandir(path: Any = ".") -> Any:
+        if os.fspath(path) == str(tmp_path):
+            listings.append(os.fspath(path))
+        return real_scandir(path)
+
+    def counted_listdir(path: Any = ".") -> Any:
+        if os.fspath(path) == str(tmp_path):
+            listings.append(os.fspath(path))
+        return real_listdir(path)
+
+    monkeypatch.setattr(safefile, "read_within", counted_read)
+    monkeypatch.setattr(os, "listdir", counted_listdir)
+    monkeypatch.setattr(os, "scandir", counted_scandir)
+    assert cli.main(None, None, False, [str(tmp_path)]) == 0
+    assert len(reads) == n and len(set(reads)) == n  # each record once
+    assert len(listings) == 1  # the folder listed once, not once per record
+    assert capsys.readouterr().out.splitlines()[-1].startswith(f"{n} records")

@@ -1,0 +1,225 @@
+"""Issue 36.1-7 and 37.1: `vllmwatch init` keeps what the hand-run vLLM did (its address, the
+GPUs it asked for, a command systemd can run), reads vLLM's own YAML config, moves secrets out
+of the TOML into files the TOML names (and the config still works), says what replaces the
+memory cron job and what comes next, and turns every write error into one line."""
+
+from __future__ import annotations
+
+import io
+import os
+import stat
+import sys
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from tests.shell.test_init import known
+from vllmwatch.config import command, serveline
+from vllmwatch.config.schema import from_dict, load
+from vllmwatch.migrate import render, runner, translate
+from vllmwatch.migrate.draft import Facts
+
+if sys.version_info >= (3, 11):
+    import tomllib
+else:  # pragma: no cover
+    import tomli as tomllib
+
+
+def toml_of(text: str, facts: Facts | None = None) -> tuple[dict[str, Any], translate.Draft]:
+    """(the whole config as loaded, the draft) for one line; the config must load."""
+    draft = translate.translate(serveline.parse(serveline.split_text(text)),
+                                facts or Facts(known=known()))
+    data = tomllib.loads(render.render(draft, "test"))
+    from_dict(data)
+    return data, draft
+
+
+def run_init(words: list[str], output: Path, **kw: Any) -> tuple[int, str, str]:
+    """runner.main as the CLI calls it: (exit code, stdout, stderr)."""
+    out, err = io.StringIO(), io.StringIO()
+    req = runner.Request(words, None, str(output), fast=True, **kw)
+    rc = runner.main(req, os.environ, out=out, err=err)
+    return rc, out.getvalue(), err.getvalue()
+
+
+# ---- 36.1: the address clients used ----
+
+@pytest.mark.parametrize(("line", "gate", "vllm_at", "listen"), [
+    ("vllm serve m", False, ("0.0.0.0", 8000), None),  # vLLM's default: every interface
+    ("vllm serve m --port 9000", False, ("0.0.0.0", 9000), None),
+    ("vllm serve m --host 127.0.0.1 --port 9000", False, ("127.0.0.1", 9000), None),
+    ("vllm serve m --host 10.1.2.3", False, ("10.1.2.3", 8000), None),
+    ("vllm serve m", True, ("127.0.0.1", 8001), "0.0.0.0:8000"),
+    ("vllm serve m --host 10.1.2.3 --port 9000", True, ("127.0.0.1", 9001), "10.1.2.3:9000"),
+    ("vllm serve m --host :: --port 9000", True, ("127.0.0.1", 9001), "[::]:9000"),
+])
+def test_clients_keep_the_address_the_hand_run_vllm_had(
+        line: str, gate: bool, vllm_at: tuple[str, int], listen: str | None) -> None:
+    data, draft = toml_of(line, Facts(known=known(), gate=gate))
+    config = from_dict(data)
+    assert (config.vllm.host, config.vllm.port) == vllm_at
+    if listen is None:
+        assert not config.gate.enabled
+    else:  # the gate takes the public address; vLLM is on loopback, never beside it
+        assert config.gate.enabled and config.gate.listen == listen
+        assert config.drain.deregister_delay == 0
+    assert any("clients keep" in s for s in draft.said), draft.said
+
+
+# ---- 36.2: the GPUs the line asked for, not the ones this machine has ----
+
+@pytest.mark.parametrize(("line", "gpus"), [
+    ("vllm serve m --gpu-memory-utilization 0.92", None),  # every GPU, as vLLM would
+    ("CUDA_VISIBLE_DEVICES=1 vllm serve m", [1]),
+    ("vllm serve m --device cpu", []),
+])
+def test_gpus_follow_the_line_not_the_machine_init_runs_on(line: str,
+                                                            gpus: list[int] | None) -> None:
+    data, draft = toml_of(line, Facts(known=known(), has_gpu=False))
+    assert data["vllm"].get("gpus") == gpus
+    if gpus is None:
+        assert any("--device cpu" in s for s in draft.said), draft.said
+
+
+# ---- 36.3: a command systemd can run ----
+
+def test_a_bare_vllm_not_on_path_is_an_error_that_says_what_to_do() -> None:
+    _, draft = toml_of("vllm serve m", Facts(known=known(), searched=True))
+    assert any("not on this PATH" in e and "full path" in e for e in draft.errors)
+    data, draft = toml_of("vllm serve m", Facts(known=known(), searched=True,
+                                                resolve=lambda w: "/opt/v/bin/vllm"))
+    assert data["vllm"]["command"] == ["/opt/v/bin/vllm", "serve"] and not draft.errors
+
+
+def test_the_kernels_view_of_a_console_script_becomes_the_script(tmp_path: Path) -> None:
+    from vllmwatch.migrate.proc import script_form
+
+    script = tmp_path / "vllm"
+    script.write_text(f"#!{sys.executable}\nimport sys\n")
+    script.chmod(0o755)
+    assert script_form([sys.executable, str(script), "serve"], "/", "") == \
+        [str(script), "serve"]
+    # Another interpreter than the shebang's stays as it was (the standby takes that form).
+    assert script_form(["/usr/bin/python3.99", str(script), "serve"], "/", "") == \
+        ["/usr/bin/python3.99", str(script), "serve"]
+    assert script_form([sys.executable, "-m", "vllm"], "/", "") == [sys.executable, "-m", "vllm"]
+
+
+# ---- 36.5: vLLM's own YAML config ----
+
+def test_vllms_yaml_config_is_folded_in_and_the_line_wins(tmp_path: Path) -> None:
+    yaml = tmp_path / "serve.yaml"
+    yaml.write_text("model: /srv/m\nmax-model-len: 4096\nmax_num_seqs: 8\n"
+                    "enable-prefix-caching: true\n")
+    rc, out, err = run_init(["--", "vllm", "serve", "--config", str(yaml), "--max-num-seqs",
+                             "16"], tmp_path / "vw.toml", stdout=True)
+    assert rc == 0, err
+    vllm = tomllib.loads(out)["vllm"]
+    assert vllm["model"] == "/srv/m"
+    assert vllm["args"] == {"max-model-len": 4096, "max-num-seqs": 16,
+                            "enable-prefix-caching": True}
+
+
+@pytest.mark.parametrize(("make", "words"), [
+    (lambda p: p.mkdir(), "is a directory"),
+    (lambda p: os.mkfifo(p), "only a regular file is read"),
+    (lambda p: p.write_text("x" * (2 << 20)), "at most"),
+    (lambda p: p.write_text("model: [unclosed\n"), "not YAML"),
+    (lambda p: p.write_text("- a list\n"), "expected a mapping"),
+    (lambda p: None, "file not found"),
+])
+def test_a_yaml_config_init_cannot_read_is_refused_with_what_to_do(
+        tmp_path: Path, make: Any, words: str) -> None:
+    yaml = tmp_path / "serve.yaml"
+    make(yaml)
+    rc, out, err = run_init([f"vllm serve --config {yaml}"], tmp_path / "vw.toml")
+    assert rc == 2 and out == "" and not (tmp_path / "vw.toml").exists()
+    assert words in err and "--config" in err and "flags" in err, err
+    assert "bug" not in err and "Traceback" not in err
+
+
+def test_a_line_with_no_model_says_so_and_blames_no_one(tmp_path: Path) -> None:
+    rc, _, err = run_init(["vllm serve --max-model-len 2048"], tmp_path / "vw.toml")
+    assert rc == 2 and "vllm.model" in err and "bug" not in err, err
+
+
+# ---- 36.6: write errors are one line ----
+
+def _write_cases(tmp: Path) -> list[tuple[Path, str]]:
+    (tmp / "adir").mkdir()
+    (tmp / "afile").write_text("")
+    return [(tmp / "adir", "is a directory"),  # with --force
+            (tmp / "afile" / "vw.toml", "not a folder"),  # a parent that is a file
+            (Path("/proc/sys/vllmwatch-test.toml"), "cannot write")]  # unwritable, root too
+
+
+def test_write_errors_are_one_line_naming_the_path(tmp_path: Path) -> None:
+    for path, words in _write_cases(tmp_path):
+        rc, _, err = run_init(["vllm serve /m --api-key sk-x1"], path, force=True)
+        assert rc == 2, (path, err)
+        assert f"cannot write {path}" in err and words in err and "nothing written" in err
+        assert "Traceback" not in err
+        assert not list(tmp_path.glob("**/.init-*"))  # no temporary file left
+
+
+@pytest.mark.skipif(os.geteuid() == 0, reason="root writes into a 0500 folder")
+def test_a_read_only_folder_says_run_as_root(tmp_path: Path) -> None:
+    folder = tmp_path / "ro"
+    folder.mkdir(mode=0o500)
+    rc, _, err = run_init(["vllm serve /m"], folder / "vw.toml")
+    assert rc == 2 and "sudo" in err and str(folder / "vw.toml") in err, err
+
+
+# ---- 37.1: secrets move out of the TOML; the config still works ----
+
+KEY, PW, PROXY_PW, TOKEN = "sk-init-key-77", "sk-otlp-secret-55", "proxypass-33", "hf_tok99"
+
+
+def test_secrets_move_to_0600_files_and_the_config_still_launches(tmp_path: Path) -> None:
+    output = tmp_path / "etc" / "vw.toml"
+    line = (f"HF_TOKEN={TOKEN} DATABASE_URL=postgres://app:{PW}@db/x "
+            f"HTTPS_PROXY=http://me:{PROXY_PW}@proxy:3128 VLLM_LOGGING_LEVEL=INFO "
+            f"vllm serve /m --api-key {KEY} "
+            f"--otlp-traces-endpoint https://user:{PW}@collector:4317")
+    rc, out, err = run_init([line], output)
+    assert rc == 0, err
+    text = output.read_text()
+    for secret in (KEY, PW, PROXY_PW, TOKEN):
+        assert secret not in text and secret not in out + err, secret
+    config = load(str(output))
+    for path in (config.vllm.api_key_file, config.vllm.env_file):
+        assert stat.S_IMODE(os.stat(path).st_mode) == 0o600
+    cmd = command.build(config, {}, api_key=command.read_api_key(config))
+    assert cmd.env["VLLM_API_KEY"] == KEY and cmd.env["HF_TOKEN"] == TOKEN
+    assert cmd.env["DATABASE_URL"] == f"postgres://app:{PW}@db/x"
+    assert cmd.env["HTTPS_PROXY"] == f"http://me:{PROXY_PW}@proxy:3128"
+    assert cmd.env["VLLM_LOGGING_LEVEL"] == "INFO"  # not a secret: stays in [vllm.env]
+    i = cmd.argv.index("--otlp-traces-endpoint")
+    assert cmd.argv[i + 1] == f"https://user:{PW}@collector:4317"
+    shown = cmd.display()
+    for secret in (KEY, PW, PROXY_PW, TOKEN):
+        assert secret not in shown, shown
+
+
+def test_existing_secret_files_are_not_replaced_without_force(tmp_path: Path) -> None:
+    output = tmp_path / "vw.toml"
+    (tmp_path / "api-key").write_text("old\n")
+    rc, _, err = run_init([f"vllm serve /m --api-key {KEY}"], output)
+    assert rc == 2 and "api-key exists" in err and not output.exists()
+    assert (tmp_path / "api-key").read_text() == "old\n"
+    rc, _, err = run_init([f"vllm serve /m --api-key {KEY}"], output, force=True)
+    assert rc == 0 and (tmp_path / "api-key").read_text() == KEY + "\n", err
+
+
+# ---- 36.7: what replaces the cron job, and what comes next ----
+
+def test_init_says_what_replaces_the_memory_cron_job_and_the_next_steps(tmp_path: Path) -> None:
+    output = tmp_path / "vw.toml"
+    rc, out, err = run_init(["vllm serve /m"], output)
+    assert rc == 0, err
+    assert "75000 MiB" in err and "memory.gpu_limit" in err and "gpu_growth_rate" in err
+    assert "DGX Spark the old figure was system memory" in err
+    assert f"sudo -u vllmwatch vllmwatch check --config {output}" in out
+    assert "systemctl enable --now vllmwatch" in out
+    assert out.index("next steps") > out.index("$ vllmwatch check")  # after check's result

@@ -1,0 +1,207 @@
+"""`vllmwatch status` as a person reads it: where it serves, probe health, the start phase,
+offsets that read as offsets, one memory vocabulary with STATUS=, and when nothing answers,
+when and why it stopped (systemd's last exit, the last incident) and what to read next."""
+
+from __future__ import annotations
+
+import json
+import os
+import socket
+import subprocess
+import sys
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from vllmwatch.config.schema import from_dict
+from vllmwatch.core import exitcodes
+from vllmwatch.incident import latest, store
+from vllmwatch.status import cli as status_cli
+from vllmwatch.status import stopped
+from vllmwatch.status.snapshot import MemoryFigures, Snapshot
+from vllmwatch.status.statusline import serving_url, summary
+
+NOW = 1.8e9
+
+
+def _rows(text: str) -> dict[str, str]:
+    return {line.split()[0]: line for line in text.splitlines() if line.strip()}
+
+
+@pytest.mark.parametrize("section,url", [
+    ({"vllm": {"model": "/m", "port": 8123}}, "http://127.0.0.1:8123"),
+    ({"vllm": {"model": "/m", "host": "0.0.0.0", "port": 8000}}, "http://0.0.0.0:8000"),
+    ({"vllm": {"model": "/m", "host": "::1", "port": 8000}}, "http://[::1]:8000"),
+    ({"vllm": {"model": "/m", "port": 8001}, "gate": {"enabled": True, "listen": ":8000"}},
+     "http://0.0.0.0:8000"),
+])
+def test_the_serving_url_is_where_clients_go(section: dict[str, Any], url: str) -> None:
+    config = from_dict(section)
+    assert serving_url(config.vllm, config) == url
+
+
+def test_status_shows_where_it_serves_probe_health_and_offsets() -> None:
+    doc = Snapshot(state="ready", ready=True, serving_url="http://0.0.0.0:8000",
+                   model="qwen3-8b", start_phases_s={"load_start": 2.0, "weights": 94.0},
+                   probe_last_completed={"health": NOW - 2, "canary": NOW - 12},
+                   probe_failures={"health": 0, "canary": 3}).to_json()
+    rows = _rows(status_cli.render(doc, now=NOW))
+    assert rows["serving"].split(None, 1)[1] == "http://0.0.0.0:8000 model qwen3-8b"
+    assert rows["startup"].endswith("load_start at +2s, weights at +1m34s")
+    assert rows["probes"].endswith("last done canary 12s ago, health 2s ago; failed: canary 3")
+    assert "phase" not in rows  # ready: no start phase
+
+
+@pytest.mark.parametrize("phases,expected", [
+    ({}, "launching vLLM (imports)"),
+    ({"load_start": 1.5}, "loading the weights (since +1.5s)"),
+    ({"load_start": 1.5, "weights": 94.0}, "finishing the model load (since +1m34s)"),
+    ({"load_start": 1.5, "api_ready": 120.0}, "waiting for a first completion"),
+    ({"something_new": 3.0}, "after something_new (since +3s)"),
+])
+def test_a_start_says_which_phase_it_is_in(phases: dict[str, float], expected: str) -> None:
+    doc = Snapshot(state="starting", start_phases_s=phases).to_json()
+    assert expected in _rows(status_cli.render(doc, now=NOW))["phase"]
+
+
+def test_status_and_systemctl_status_name_memory_the_same_way() -> None:
+    mem = MemoryFigures(gpu_tree_mib=35000.0, host_rss_mib=64.0, host_pss_mib=46.0)
+    snap = Snapshot(state="ready", memory=mem)
+    line = summary(snap)
+    assert "gpu tree 34.2GiB" in line and "host pss 46MiB" in line
+    cli = " ".join(status_cli.render(snap.to_json(), now=NOW).split())  # columns aside
+    assert "host rss 64MiB, pss 46MiB" in cli and "gpu tree 34.2GiB" in cli
+    rss_only = summary(Snapshot(memory=MemoryFigures(host_rss_mib=64.0)))
+    assert "host rss 64MiB" in rss_only and "pss" not in rss_only
+
+
+# --- not running ---------------------------------------------------------------------------
+
+@pytest.mark.parametrize("path,unit", [
+    ("/etc/vllmwatch/vllmwatch.toml", "vllmwatch.service"),
+    ("/etc/vllmwatch/gpu0.toml", "vllmwatch@gpu0.service"),
+    ("/home/me/vllmwatch.toml", "vllmwatch.service"),
+    ("/etc/vllmwatch/sub/x.toml", "vllmwatch.service"),
+])
+def test_the_unit_follows_the_config(path: str, unit: str) -> None:
+    assert stopped.unit_name(path) == unit
+
+
+def _shown(stdout: str, code: int = 0) -> Any:
+    def run(cmd: list[str], **kwargs: Any) -> subprocess.CompletedProcess[str]:
+        assert kwargs["timeout"] <= stopped.SHOW_TIMEOUT_S and cmd[:2] == ["systemctl", "show"]
+        return subprocess.CompletedProcess(cmd, code, stdout, "")
+    return run
+
+
+FAILED = (f"LoadState=loaded\nActiveState=failed\nSubState=failed\nResult=exit-code\n"
+          f"ExecMainCode=1\nExecMainStatus={exitcodes.GAVE_UP}\n"
+          "ExecMainExitTimestamp=Wed 2026-12-02 03:12:45 UTC\nNRestarts=4\n")
+
+
+def test_systemd_view_is_guarded_and_bounded() -> None:
+    view = stopped.systemd_view("vllmwatch.service", _shown(FAILED), booted=True)
+    assert view is not None and view["ExecMainStatus"] == str(exitcodes.GAVE_UP)
+    assert stopped.systemd_view("u", _shown(FAILED), booted=False) is None
+    assert stopped.systemd_view("u", _shown(FAILED, code=1), booted=True) is None
+    assert stopped.systemd_view("u", _shown("LoadState=not-found\n"), booted=True) is None
+
+    def hangs(cmd: list[str], **kwargs: Any) -> subprocess.CompletedProcess[str]:
+        raise subprocess.TimeoutExpired(cmd, kwargs["timeout"])
+    assert stopped.systemd_view("u", hangs, booted=True) is None
+    odd = stopped.systemd_view("u", _shown("LoadState=loaded\nResult=" + "\x1b[2J" * 500
+                                           + "\nJunk\n" * 10000), booted=True)
+    assert odd is not None and len(odd["Result"]) <= 4 * stopped.MAX_VALUE
+    assert "\x1b" not in odd["Result"]
+
+
+@pytest.mark.parametrize("code,status,text", [
+    ("1", str(exitcodes.GAVE_UP), f"exit {exitcodes.GAVE_UP} (crash-loop guard gave up)"),
+    ("1", "0", "exit 0 (stopped on request)"),
+    ("2", "9", "killed by SIGKILL"),
+    ("3", "6", "killed by SIGABRT (core dumped)"),
+    ("0", "0", ""),
+    ("1", "", ""),
+])
+def test_last_exit_in_words(code: str, status: str, text: str) -> None:
+    assert stopped.last_exit({"ExecMainCode": code, "ExecMainStatus": status}) == text
+
+
+def _record(root: Path, reason: str, detail: str, wall: float) -> str:
+    root.mkdir(parents=True, exist_ok=True)
+    rid = store.record_id(wall, reason)
+    return store.write(str(root), rid, {store.RECORD: json.dumps(
+        {"reason": reason, "detail": detail, "time_utc": "2026-12-02T03:12:40Z"})})
+
+
+def test_a_crash_loop_give_up_says_when_why_and_where_to_read(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+        ) -> None:
+    root = tmp_path / "incidents"
+    _record(root, "crash", "old one", NOW - 3600)
+    rid = _record(root, "crash", "EngineCore died (SIGKILL)", NOW)
+    real = stopped.systemd_view
+    monkeypatch.setattr(stopped, "systemd_view", lambda unit: real(unit, _shown(FAILED),
+                                                                   booted=True))
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    asked = []
+
+    def find(unit: str) -> dict[str, Any] | None:
+        asked.append(unit)
+        return latest.newest([str(tmp_path / "no"), str(root)])
+    code = status_cli.main("/etc/vllmwatch/vllmwatch.toml", f"127.0.0.1:{port}", False, find)
+    assert asked == ["vllmwatch.service"]
+    err = capsys.readouterr().err
+    assert code == status_cli.EXIT_NOT_RUNNING
+    rows = _rows(err)
+    assert "vllmwatch.service: failed (failed), result exit-code" in rows["unit"]
+    assert rows["stopped"].endswith(f"at Wed 2026-12-02 03:12:45 UTC, exit {exitcodes.GAVE_UP} "
+                                    "(crash-loop guard gave up)")
+    assert f"last: {rid} (crash: EngineCore died (SIGKILL))" in rows["incident"]
+    assert f"vllmwatch incidents show {rid}" in err
+    assert "journalctl -xeu vllmwatch" in rows["next"] and "reset-failed" in rows["next"]
+    assert "Traceback" not in err
+
+
+def test_without_systemd_or_records_it_still_says_how_to_start(tmp_path: Path) -> None:
+    text = stopped.explain("http://127.0.0.1:1/status", "/etc/vllmwatch/gpu1.toml", None,
+                           latest.newest([str(tmp_path), str(tmp_path / "missing")]))
+    assert text.splitlines() == ["vllmwatch is not running (no answer at "
+                                 "http://127.0.0.1:1/status)",
+                                 "next      start it with `systemctl start vllmwatch@gpu1`"]
+
+
+def test_a_starting_unit_is_not_called_stopped() -> None:
+    view = {"LoadState": "loaded", "ActiveState": "activating", "SubState": "start"}
+    text = stopped.explain("http://x:1/status", "/etc/vllmwatch/vllmwatch.toml", view, None)
+    assert "systemd says it is activating" in text and "systemctl start" not in text
+
+
+def test_an_instance_looks_in_its_own_state_directory_first() -> None:
+    assert latest.instance_roots("vllmwatch@gpu0.service", ["/a"]) == [
+        "/var/lib/vllmwatch/gpu0/incidents", "/a"]
+    assert latest.instance_roots("vllmwatch.service", ["/a"]) == ["/a"]
+
+
+def test_the_command_line_wires_the_incident_lookup(tmp_path: Path) -> None:
+    proc = subprocess.run([sys.executable, "-m", "vllmwatch", "status", "--url",
+                           f"127.0.0.1:{_free_port()}", "--config", str(tmp_path / "x.toml")],
+                          capture_output=True, text=True, timeout=60, check=False,
+                          env={**os.environ, "STATE_DIRECTORY": str(tmp_path)})
+    assert proc.returncode == status_cli.EXIT_NOT_RUNNING and "Traceback" not in proc.stderr
+    rid = _record(tmp_path / "incidents", "hang", "canary timed out", NOW)
+    proc = subprocess.run([sys.executable, "-m", "vllmwatch", "status", "--url",
+                           f"127.0.0.1:{_free_port()}", "--config", str(tmp_path / "x.toml")],
+                          capture_output=True, text=True, timeout=60, check=False,
+                          env={**os.environ, "STATE_DIRECTORY": str(tmp_path)})
+    assert f"vllmwatch incidents show {rid}" in proc.stderr, proc.stderr
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port: int = s.getsockname()[1]
+    return port

@@ -1,0 +1,61 @@
+"""Secrets in every form vLLM, Python, shells and HTTP print them (issue 37 §1-2).
+
+`leaks()` is a hypothesis strategy of (text that carries a secret, the secret): the tests
+feed the text through every writer and assert the secret never comes out.
+"""
+
+from __future__ import annotations
+
+import json
+import string
+
+from hypothesis import strategies as st
+
+# Secret values: long enough, and with a digit, never a piece of the text around them.
+_ALPHABET = string.ascii_letters + string.digits + "-_.~+=!$%*"
+values = st.text(_ALPHABET, min_size=8, max_size=40).filter(
+    lambda v: any(c.isdigit() for c in v) and any(c.isalpha() for c in v))
+NAMES = ("api_key", "API_KEY", "apiKey", "hf_token", "HF_TOKEN", "password", "DB_PASSWORD",
+         "secret", "client_secret", "token", "access_token", "x-api-key", "auth",
+         "AWS_SECRET_ACCESS_KEY", "PGPASS", "credentials", "privateKey", "authorization")
+names = st.sampled_from(NAMES)
+schemes = st.sampled_from(("https", "http", "postgres", "postgresql+psycopg", "redis", "amqp",
+                           "s3", "grpc", "mongodb+srv", "ftp"))
+hosts = st.sampled_from(("collector:4317", "db.internal:5432", "proxy", "10.0.0.7",
+                         "[::1]:8000", "example.com/path?q=1"))
+
+
+@st.composite
+def leaks(draw: st.DrawFn) -> tuple[str, str]:
+    """One text that carries a secret, and the secret."""
+    v, name = draw(values), draw(names)
+    user = draw(st.sampled_from(("user", "bob", "svc-vllm", "")))
+    flag = name.lower().replace("_", "-")
+    forms = [
+        f"{draw(schemes)}://{user}:{v}@{draw(hosts)}",
+        f"{draw(schemes)}://{v}@{draw(hosts)}",
+        f"DATABASE_URL={draw(schemes)}://{user}:{v}@{draw(hosts)}",
+        f"HTTPS_PROXY=http://{user}:{v}@proxy:3128",
+        f"--otlp-traces-endpoint https://{user}:{v}@collector:4317",
+        f"non-default args: {{'model': '/m', '{name}': '{v}', 'port': 8000}}",
+        f"non-default args: {{'{name}': ['{v}']}}",
+        f"headers={{'authorization': 'Bearer {v}', 'accept': '*/*'}}",
+        f"[('authorization', 'Bearer {v}')]",
+        f"(b'authorization', b'Basic {v}')",
+        json.dumps({name: v, "model": "/m"}),
+        json.dumps({"headers": {"Authorization": f"Bearer {v}"}}),
+        f"{name.upper().replace('-', '_')}={v}",
+        f'{name.upper().replace("-", "_")}="{v}"',
+        f"{name}: {v}",
+        f"--{flag} {v}",
+        f"--{flag}={v}",
+        f"Authorization: Bearer {v}",
+        f"curl -H 'Authorization: Bearer {v}' http://h/v1/models",
+        f"poller {name}={v}",
+        f"GET /cb?code=1&{name}={v}&x=2",
+    ]
+    text = draw(st.sampled_from(forms))
+    shaped = draw(st.sampled_from((f"sk-{v}", f"sk-proj-{v}")))
+    if draw(st.booleans()) and v.replace("-", "").replace("_", "").isalnum():
+        return f"key is {shaped} here", shaped
+    return text, v

@@ -1,0 +1,228 @@
+"""The one set of redaction rules for everything vllmwatch writes (issue 37 §1-2).
+
+Incident records (record.json, report.txt, output.log, stack files), every log event (the
+journal's fields, stderr), /status and `incidents show` pass through `Redactor`, so a rule
+added here holds everywhere. What is hidden:
+
+- every secret value the daemon knows (the API key, values of secret-named variables),
+  wherever it appears (`learn` registers them for the whole process);
+- the value after a secret-looking name in every form vLLM, Python and shells print:
+  `--api-key X`, `--hf-token=X`, `HF_TOKEN=X`, `password: X`, `'api_key': 'X'`,
+  `'api_key': ['X']`, `"token": "X"`, `('authorization', 'Bearer X')`;
+- credentials in URL userinfo, any scheme: `https://user:X@host` keeps the user, a bare
+  `scheme://X@host` hides X;
+- `Bearer X`, PEM private key blocks, and tokens of known shapes (`sk-...`, `hf_...`,
+  `ghp_...`, `AKIA...`, `xox?-...`, JWTs).
+
+Names are judged by their words (`HF_TOKEN`, `apiKey`, `--x-api-key`, `DB_PASS`), so that
+counts and paths stay readable: `--max-num-batched-tokens 2048`, `prompt_tokens=5`,
+`--tokenizer /models/x`, `--ssl-keyfile /etc/k.pem`, `KEY_PATH=/x` are not secrets.
+Pure: stdlib and config only (the core may use it).
+"""
+
+from __future__ import annotations
+
+import re
+import threading
+from collections.abc import Iterable, Mapping
+from typing import Any
+
+from vllmwatch.config import flags
+
+REDACTED = "<redacted>"
+MIN_SECRET = 4  # a shorter known "secret" would redact ordinary words
+# Values of secret-named variables that are switches, not secrets (VLLM_USE_AUTH=true).
+_NOT_VALUES = frozenset({"true", "false", "none", "null", "yes", "no", "auto", "on", "off",
+                         "enabled", "disabled", "required", "optional", "default"})
+# A name is secret when one of its words is one of these ...
+_WORDS = frozenset({"key", "keys", "token", "secret", "secrets", "password", "passwords",
+                    "passwd", "pass", "pwd", "passphrase", "credential", "credentials",
+                    "auth", "authorization", "apikey", "cookie", "privatekey"})
+# ... or ends in one of these (`hftoken`, `accesskey`, `dbpassword`, `pgpass`) ...
+_ENDINGS = ("token", "apikey", "secret", "password", "passwd", "pass", "accesskey",
+            "privatekey")
+# ... unless its last word says the value is about the secret, not the secret itself.
+_ABOUT = frozenset({"file", "path", "dir", "size", "len", "length", "count", "type", "mode",
+                    "name", "format", "url", "env", "var", "header", "ttl", "timeout",
+                    "expiry", "prefix"})
+_SPLIT = re.compile(r"[^A-Za-z0-9]+|(?<=[a-z0-9])(?=[A-Z])|(?<=[A-Z])(?=[A-Z][a-z])")
+
+
+def is_secret_name(name: str) -> bool:
+    """Whether a variable, flag or key name says its value is a secret."""
+    words = [w.lower() for w in _SPLIT.split(name) if w]
+    if not words or words[-1] in _ABOUT:
+        return False
+    return any(w in _WORDS or w.endswith(_ENDINGS) for w in words)
+
+
+_NAME = r"[A-Za-z_][\w.-]*"
+_QUOTED = r"""b?(?P<vq>['"])(?P<qv>(?:\\.|(?!(?P=vq)).)*)(?P=vq)"""
+_AUTH = r"(?:bearer|basic|token|digest|apikey)\s+"
+_SCHEME = r"(?P<scheme>" + _AUTH + ")?"
+_BARE = r"""(?P<bare>(?!<redacted>|""" + _AUTH + r""")[^\s'",;&)}\]>]+)"""
+_RULES = (
+    # 'name': 'value' / "name": "value" / 'name': ['v1', 'v2'] / "name": 123
+    re.compile(r"""(?P<pre>(?P<kq>['"])(?P<name>""" + _NAME + r""")(?P=kq)\s*[:=]\s*)"""
+               r"(?:" + _QUOTED + r"|(?P<list>\[[^\]]*\])|" + _BARE + ")"),
+    # ('authorization', 'Bearer x'): a header as a tuple
+    re.compile(r"""(?P<pre>\(\s*b?(?P<kq>['"])(?P<name>""" + _NAME + r""")(?P=kq)\s*,\s*)"""
+               + _QUOTED),
+    # --name value / --name=value / NAME=value / name: value / Authorization: Bearer x
+    re.compile(r"(?i)(?P<pre>(?<![\w.-])(?P<dash>--)?(?P<name>" + _NAME + r")"
+               r"(?:\s*[=:]\s*|(?(dash)\s+|(?!)))" + _SCHEME + r")"
+               r"(?:" + _QUOTED + "|" + _BARE + ")"),
+)
+_SHAPES = (
+    # URL userinfo, any scheme: keep the user when there is a password
+    re.compile(r"(?i)(?P<pre>\b[a-z][a-z0-9+.-]*://(?:[^\s/?#@:'\"]*:)?)"
+               r"(?P<secret>[^\s/?#'\"]*)(?=@)"),
+    re.compile(r"(?i)(?P<pre>\bbearer\s+)(?P<secret>(?!<redacted>)[^\s'\",;)}\]>]+)"),
+    re.compile(r"(?P<pre>)(?P<secret>-----BEGIN [A-Z ]*PRIVATE KEY-----.*?"
+               r"(?:-----END [A-Z ]*PRIVATE KEY-----|\Z))", re.S),
+    re.compile(r"(?P<pre>)(?P<secret>\b(?:sk-[A-Za-z0-9_-]{8,}|hf_[A-Za-z0-9]{20,}|"
+               r"gh[pousr]_[A-Za-z0-9]{20,}|github_pat_\w{20,}|glpat-[\w-]{20,}|"
+               r"AKIA[0-9A-Z]{16}|xox[abposr]-[\w-]{10,}|"
+               r"eyJ[\w-]{8,}\.eyJ[\w-]{8,}\.[\w-]+))"),
+)
+
+
+def _sub_named(rule: re.Pattern[str], text: str) -> str:
+    """rule.sub(_hide, text), except that a match whose name is not secret consumes only
+    its name: its value may hold the next name (`failed: API_KEY=x`)."""
+    out: list[str] = []
+    pos = 0
+    while True:
+        m = rule.search(text, pos)
+        if m is None:
+            out.append(text[pos:])
+            return "".join(out)
+        if is_secret_name(m["name"]):
+            out.append(text[pos:m.start()] + _hide(m))
+            pos = m.end()
+        else:
+            out.append(text[pos:m.end("name")])
+            pos = m.end("name")
+
+
+def _hide(m: re.Match[str]) -> str:
+    pre = m["pre"]
+    if m["qv"] is not None:
+        q = m["vq"]
+        lead = "b" if m.group(0)[len(pre):].startswith("b") else ""
+        return f"{pre}{lead}{q}{REDACTED}{q}"
+    if m.groupdict().get("list") is not None:
+        return pre + re.sub(r"""(['"])(?:\\.|(?!\1).)*\1""", rf"\1{REDACTED}\1", m["list"]) \
+            if re.search(r"['\"]", m["list"]) else pre + f"[{REDACTED}]"
+    return pre + REDACTED
+
+
+class _Known:
+    """The secret values this process knows (API key, secret variables): a set for all."""
+
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self.values: tuple[str, ...] = ()
+
+    def add(self, values: Iterable[str]) -> None:
+        with self._lock:
+            merged = set(self.values) | {v for v in values if _worth(v)}
+            self.values = tuple(sorted(merged, key=len, reverse=True))
+
+
+def _worth(value: object) -> bool:
+    return isinstance(value, str) and len(value.strip()) >= MIN_SECRET and \
+        value.strip().lower() not in _NOT_VALUES and value != REDACTED
+
+
+KNOWN = _Known()
+
+
+def learn(values: Iterable[str]) -> None:
+    """Secret values to hide from now on, in every writer of this process."""
+    KNOWN.add(values)
+
+
+class Redactor:
+    """Hides known secret values and anything that looks like a credential."""
+
+    def __init__(self, secrets: Iterable[str] = (), *, known: bool = True) -> None:
+        own = {v for v in secrets if _worth(v)}
+        self._own = tuple(sorted(own, key=len, reverse=True))
+        self._known = known
+
+    def _values(self) -> tuple[str, ...]:
+        if not self._known:
+            return self._own
+        return tuple(sorted(set(self._own) | set(KNOWN.values), key=len, reverse=True))
+
+    def text(self, text: str) -> str:
+        """One string, redacted."""
+        for value in self._values():
+            text = text.replace(value, REDACTED)
+        for shape in _SHAPES:
+            text = shape.sub(lambda m: m["pre"] + (REDACTED if m["secret"] else ""), text)
+        for rule in _RULES:
+            text = _sub_named(rule, text)
+        return text
+
+    def lines(self, lines: Iterable[str]) -> list[str]:
+        """Many lines, redacted."""
+        return [self.text(line) for line in lines]
+
+    def argv(self, argv: Iterable[str]) -> list[str]:
+        """A command line: secret flags' values, then every other rule."""
+        return [self.text(a) for a in redact_argv(list(argv))]
+
+    def env(self, env: Mapping[str, str]) -> dict[str, str]:
+        """Variables: secret-looking names hide their value; the rest is redacted text."""
+        return {k: REDACTED if is_secret_name(k) else self.text(v) for k, v in env.items()}
+
+    def deep(self, value: Any) -> Any:
+        """Any JSON-ready value: strings redacted, the values of secret-named keys hidden."""
+        if isinstance(value, str):
+            return self.text(value)
+        if isinstance(value, Mapping):
+            return {self.text(k) if isinstance(k, str) else k:
+                    self._hidden(v) if isinstance(k, str) and is_secret_name(k)
+                    else self.deep(v) for k, v in value.items()}
+        if isinstance(value, (list, tuple)):
+            return [self.deep(v) for v in value]
+        return value
+
+    def _hidden(self, value: Any) -> Any:
+        # A secret key's scalar is hidden whole; True/None/a count say nothing secret.
+        if isinstance(value, str):
+            return REDACTED if value else value
+        if isinstance(value, (list, tuple)):
+            return [self._hidden(v) for v in value]
+        if isinstance(value, Mapping):
+            return self.deep(value)
+        return value
+
+
+def redact_argv(argv: tuple[str, ...] | list[str]) -> list[str]:
+    """Replace the values of secret-looking flags (--api-key, --hf-token) with <redacted>."""
+    out: list[str] = []
+    hide_next = False
+    for i, token in enumerate(argv):
+        if hide_next:
+            out.append(REDACTED)
+            hide_next = False
+            continue
+        if token.startswith("--") and is_secret_name(token.partition("=")[0]):
+            name, eq, _ = token.partition("=")
+            out.append(f"{name}={REDACTED}" if eq else token)
+            hide_next = not eq and flags.next_value(list(argv), i) is not True
+            continue
+        out.append(token)
+    return out
+
+
+def secrets_of(env: Mapping[str, str], api_key: str | None) -> list[str]:
+    """The secret values of a child's environment (by name), and its API key."""
+    found = [v for k, v in env.items() if is_secret_name(k)]
+    return [*found, api_key] if api_key else found
+
+
+REDACT = Redactor()  # the rules and every learnt value: for writers with no secrets of their own

@@ -1,0 +1,92 @@
+"""What a record says first: the cause, in a few lines a person reads cold (issue 36).
+
+`oom_counts` reads the unit's cgroup `memory.events` (bounded); `lines` is pure over the
+record: a dead engine process and how it died (SIGKILL: the OOM killer's count and the
+kernel log to look in), a process stopped or stuck in the kernel, threads blocked on a
+lock, and the first error line of vLLM's output.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import re
+from collections.abc import Mapping, Sequence
+from typing import Any
+
+EVENTS_MAX = 4096  # memory.events is a few short lines; never read more
+_STOPPED = {"T": "stopped (state T: SIGSTOP, or a debugger holds it)",
+            "t": "stopped by a tracer (state t: a debugger holds it)",
+            "D": "in uninterruptible sleep (state D: stuck in the kernel or a driver)"}
+ERROR_LINE = re.compile(r"\bERROR\b|Traceback \(most recent call last\)|\b\w*Error: |"
+                        r"\bCRITICAL\b")
+
+
+def unit_cgroup(proc_cgroup: str = "/proc/self/cgroup") -> str | None:
+    """Our cgroup v2 path (systemd's unit: /system.slice/vllmwatch.service), or None."""
+    with contextlib.suppress(OSError), open(proc_cgroup, encoding="utf-8") as fh:
+        for line in fh.read(EVENTS_MAX).splitlines():
+            if line.startswith("0::"):
+                return line[3:] or "/"
+    return None
+
+
+def oom_counts(cgroup: str | None, root: str = "/sys/fs/cgroup") -> dict[str, int] | None:
+    """`memory.events` of the cgroup (oom, oom_kill, ...), read bounded; None if unreadable."""
+    if cgroup is None:
+        return None
+    out: dict[str, int] = {}
+    with contextlib.suppress(OSError), \
+            open(f"{root}{cgroup.rstrip('/')}/memory.events", encoding="utf-8") as fh:
+        for line in fh.read(EVENTS_MAX).splitlines():
+            key, _, value = line.partition(" ")
+            if value.strip().isdigit():
+                out[key] = int(value)
+        return out
+    return None
+
+
+def oom_section(cgroup: str | None, before: Mapping[str, int] | None,
+                now: Mapping[str, int] | None) -> dict[str, Any]:
+    """The record's `oom`: the cgroup, its counts now and at the child's launch."""
+    return {"cgroup": cgroup, "memory_events": dict(now) if now is not None else None,
+            "at_launch": dict(before) if before is not None else None}
+
+
+def _oom_line(oom: Mapping[str, Any], pids: Sequence[str]) -> str:
+    now, before = oom.get("memory_events"), oom.get("at_launch")
+    grep = "|".join(f"Killed process {p}" for p in pids) or "Out of memory"
+    where = f"kernel log: `journalctl -k -g '{grep}'` (or dmesg)"
+    if not isinstance(now, Mapping):
+        return f"SIGKILL: the OOM killer? memory.events of the unit's cgroup not readable; {where}"
+    kills = int(now.get("oom_kill", 0))
+    since = kills - int(before.get("oom_kill", 0)) if isinstance(before, Mapping) else None
+    counted = f"oom_kill {kills}" + (f", {since} since the launch" if since is not None else "")
+    verdict = ("the OOM killer killed in this service: memory" if since
+               else "no OOM kill counted here: SIGKILL came from elsewhere, or a global OOM"
+               if since == 0 else "the OOM killer?")
+    return f"SIGKILL: {verdict} ({counted} in {oom.get('cgroup')}/memory.events); {where}"
+
+
+def lines(r: Mapping[str, Any]) -> list[str]:
+    """The cause lines of a record, most telling first (the report's head shows them)."""
+    out: list[str] = []
+    detail = str(r.get("detail") or "")
+    if "SIGKILL" in detail or "exit status not seen" in detail:
+        pids = re.findall(r"pid (\d+) \([^)]*\) (?:killed by SIGKILL|exit status not seen)",
+                          detail)
+        out.append(_oom_line(r.get("oom") or {}, pids))
+    for p in (r.get("tree") or {}).get("processes") or []:
+        state = _STOPPED.get(str(p.get("state")))
+        if state:
+            out.append(f"{p.get('role')} pid {p.get('pid')} is {state}")
+    for proc in (r.get("stacks") or {}).get("processes") or []:
+        blocked = sorted({f"{t['frames'][0][0]} ({t['frames'][0][1]}:{t['frames'][0][2]})"
+                          for d in proc.get("dumps", []) if d.get("ok")
+                          for t in d.get("threads", []) if t.get("blocked") and t["frames"]})
+        if blocked:
+            out.append(f"{proc.get('role')} pid {proc.get('pid')}: threads blocked on a lock "
+                       f"in {', '.join(blocked[:3])} (a deadlock?)")
+    first = next((ln for ln in r.get("output") or [] if ERROR_LINE.search(ln)), None)
+    if first is not None:
+        out.append(f"first error in vLLM's output: {first.strip()[:200]}")
+    return out

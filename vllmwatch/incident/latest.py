@@ -1,0 +1,33 @@
+"""The newest incident record, for `vllmwatch status` when the daemon does not answer."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import Any
+
+from vllmwatch.config.text import printable
+from vllmwatch.incident import store
+
+
+def newest(roots: Sequence[str]) -> dict[str, Any] | None:
+    """The newest record's id, time, reason and detail in the first folder that has one;
+    None when none is readable (no folder, no record, or no permission: records are 0700)."""
+    for root in roots:
+        ids = store.ids(root)
+        if not ids:
+            continue
+        data = store.load(root, ids[-1]) or {}
+        return {"id": ids[-1], "time": str(data.get("time_utc", "")),
+                "reason": printable(str(data.get("reason", "?"))[:40], False),
+                "detail": printable(str(data.get("detail", ""))[:160], False)}
+    return None
+
+
+def instance_roots(unit: str, roots: Sequence[str]) -> list[str]:
+    """Where a unit keeps its records: a template instance's own state directory
+    (/var/lib/vllmwatch/NAME, StateDirectory=vllmwatch/%i) first, then `roots`."""
+    found = list(roots)
+    if unit.startswith("vllmwatch@"):
+        name = unit.removeprefix("vllmwatch@").removesuffix(".service")
+        found.insert(0, f"/var/lib/vllmwatch/{name}/{store.SUBDIR}")
+    return found

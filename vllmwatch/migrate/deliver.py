@@ -1,0 +1,200 @@
+"""`vllmwatch init`'s output: the files (the config 0640; the key and secrets files 0600, the
+service user's), what changed, what replaces the old cron job, `check` on the result, and the
+commands that come next. A file that cannot be written is one line naming it and what to do,
+never a traceback; nothing is half-written (each file goes in by an atomic rename, the
+secrets before the config that names them)."""
+
+from __future__ import annotations
+
+import contextlib
+import grp
+import os
+import pwd
+import shlex
+import tempfile
+from dataclasses import dataclass
+from typing import TextIO
+
+from vllmwatch.check.fights import MEMORY_RULES
+from vllmwatch.config.schema import ConfigError, load
+from vllmwatch.migrate.draft import Draft, Facts
+from vllmwatch.migrate.envwords import key_file_todo
+
+CONFIG, OK = 2, 0
+SERVICE_USER = "vllmwatch"
+UNIT_CONFIG = "/etc/vllmwatch/vllmwatch.toml"  # the unit's VLLMWATCH_CONFIG
+
+
+class WriteError(Exception):
+    """A file init cannot write; the message names it and what to do."""
+
+
+@dataclass(frozen=True)
+class Out:
+    """Where init writes (the config, or only prints it) and talks."""
+
+    output: str
+    stdout: bool
+    force: bool
+    full_check: bool
+
+
+def deliver(how: Out, text: str, draft: Draft, facts: Facts, out: TextIO, err: TextIO) -> int:
+    """Load-test the text, write (or print) it and its secrets, report; 0 or 2."""
+    with tempfile.TemporaryDirectory(prefix="vllmwatch-init-") as scratch:
+        target = os.path.join(scratch, os.path.basename(how.output) or "vllmwatch.toml")
+        with open(target, "w", encoding="utf-8") as fh:
+            fh.write(text)
+        try:
+            load(target)
+        except ConfigError as exc:
+            problem = str(exc).replace(target, "the config")
+            print(f"vllmwatch init: the config would not load: {problem}", file=err)
+            for error in draft.errors:
+                print(f"error: {error}", file=err)
+            print("nothing written: fix the line (or the running vLLM's) and run init again",
+                  file=err)
+            return CONFIG
+        checked = target
+        if how.stdout:
+            print(text, end="", file=out)
+            _secrets_todo(draft, facts, err)
+        else:
+            try:
+                _write_all(how, text, draft, facts)
+            except WriteError as exc:
+                print(f"vllmwatch init: {exc}", file=err)
+                return CONFIG
+            checked = how.output
+            print(f"vllmwatch init: wrote {how.output}", file=err)
+        summary(draft, err)
+        report = err if how.stdout else out
+        _check(checked, how.full_check, report)
+        next_steps(how.output, how.stdout, draft, report)
+    return OK
+
+
+def _secrets_todo(draft: Draft, facts: Facts, err: TextIO) -> None:
+    """--stdout writes nothing: say which files the printed config needs (never the values)."""
+    if draft.api_key is not None:
+        draft.todo.append(key_file_todo(facts.api_key_file))
+    if draft.secret_env:
+        names = ", ".join(sorted(draft.secret_env))
+        draft.todo.append(f"create {facts.env_file} (mode 0600, the service user's) with "
+                          f"NAME=value lines for {names}, as the hand-run line had them")
+
+
+def _write_all(how: Out, text: str, draft: Draft, facts: Facts) -> None:
+    files = []
+    if draft.api_key is not None:
+        files.append((facts.api_key_file, draft.api_key + "\n", 0o600))
+    if draft.secret_env:
+        body = "".join(f"{k}={v}\n" for k, v in sorted(draft.secret_env.items()))
+        files.append((facts.env_file, "# written by vllmwatch init: NAME=value, read at each "
+                      "launch (vllm.env_file)\n" + body, 0o600))
+    for path, _, _ in files:  # all refused before any is written
+        if os.path.lexists(path) and not how.force:
+            raise WriteError(f"{path} exists; not replaced (--force replaces it; nothing "
+                             "written)")
+    staged: list[tuple[str, str]] = []
+    try:  # every file staged beside its target first: a failure leaves nothing behind
+        for path, body, mode in [(how.output, text, 0o640), *files]:
+            staged.append((stage(path, body, mode), path))
+        for tmp, path in [*staged[1:], staged[0]]:  # the secrets before the config naming them
+            try:
+                os.replace(tmp, path)
+            except OSError as exc:
+                raise WriteError(_why(path, os.path.dirname(os.path.abspath(path)), exc)
+                                 ) from None
+    finally:
+        for tmp, _ in staged:
+            with contextlib.suppress(OSError):
+                os.unlink(tmp)
+
+
+def stage(path: str, text: str, mode: int) -> str:
+    """A temporary file beside path with text and `mode`, to rename over it; as root, 0640
+    goes to root:vllmwatch (the service reads, only root edits) and 0600 to the service user
+    (it alone reads its secrets). WriteError with one line that names the path and what to
+    do."""
+    directory = os.path.dirname(os.path.abspath(path))
+    if os.path.isdir(path) and not os.path.islink(path):
+        raise WriteError(f"cannot write {path}: it is a directory; give a file path with -c; "
+                         "nothing written")
+    try:
+        os.makedirs(directory, exist_ok=True)
+        fd, tmp = tempfile.mkstemp(prefix=".init-", dir=directory)
+    except OSError as exc:
+        raise WriteError(_why(path, directory, exc)) from None
+    try:
+        with os.fdopen(fd, "w", encoding="utf-8") as fh:
+            fh.write(text)
+        os.chmod(tmp, mode)
+        if os.geteuid() == 0:
+            _owner(tmp, mode)
+    except OSError as exc:
+        with contextlib.suppress(OSError):
+            os.unlink(tmp)
+        raise WriteError(_why(path, directory, exc)) from None
+    return tmp
+
+
+def _owner(path: str, mode: int) -> None:
+    # No vllmwatch user or group yet (package not installed): root's, still safe.
+    with contextlib.suppress(KeyError):
+        if mode == 0o600:
+            user = pwd.getpwnam(SERVICE_USER)
+            os.chown(path, user.pw_uid, user.pw_gid)
+        else:
+            os.chown(path, 0, grp.getgrnam(SERVICE_USER).gr_gid)
+
+
+def _why(path: str, directory: str, exc: OSError) -> str:
+    reason = exc.strerror or str(exc)
+    if isinstance(exc, PermissionError) or exc.errno == 30:  # EROFS
+        todo = (f"{directory} is not writable by this user: run as root (sudo), or give "
+                "another path with -c (or --stdout to print the config)")
+    elif isinstance(exc, (NotADirectoryError, FileNotFoundError, FileExistsError)):
+        todo = "a part of the path is not a folder: give another path with -c"
+    else:
+        todo = "give another path with -c, or --stdout to print the config"
+    return f"cannot write {path}: {reason}; {todo}; nothing written"
+
+
+def summary(draft: Draft, err: TextIO) -> None:
+    """What changed, what is wrong, what init decided for the person, what to do."""
+    print(f"{draft.changed} flag(s) changed or dropped; each has a comment in the file",
+          file=err)
+    for error in draft.errors:
+        print(f"error: {error}", file=err)
+    for said in draft.said:
+        print(f"note: {said}", file=err)
+    for todo in draft.todo:
+        print(f"to do: {todo}", file=err)
+    print("note: a cron job that restarts vLLM past a memory figure (the guides' 75000 MiB "
+          f"of nvidia-smi): {MEMORY_RULES}", file=err)
+
+
+def next_steps(output: str, stdout: bool, draft: Draft, out: TextIO) -> None:
+    """The commands that take the box from the hand-run vLLM to the service."""
+    config = shlex.quote(output)
+    lines = ["", "next steps:"]
+    if stdout:
+        lines.append(f"  0. save the config above as {config} (or run init without --stdout)")
+    if output != UNIT_CONFIG:
+        lines.append(f"  - the unit reads {UNIT_CONFIG}: copy the config there, or set "
+                     "VLLMWATCH_CONFIG in a drop-in (sudo systemctl edit vllmwatch)")
+    lines += ["  1. stop the hand-run vLLM, and delete the cron lines or units `check` names "
+              "under `fights`",
+              f"  2. sudo -u {SERVICE_USER} vllmwatch check --config {config}"
+              "    # as the service will run it",
+              "  3. sudo systemctl enable --now vllmwatch    # then: vllmwatch status"]
+    print("\n".join(lines), file=out)
+
+
+def _check(path: str, full: bool, out: TextIO) -> None:
+    from vllmwatch.check import runner as check
+
+    print(f"\n$ vllmwatch check{'' if full else ' --fast'} -c {shlex.quote(path)}", file=out)
+    with open(os.devnull, "w", encoding="utf-8") as quiet:
+        check.main(path, as_json=False, fast=not full, out=out, err=quiet)

@@ -1,0 +1,114 @@
+"""When the daemon does not answer: when and why it stopped, and where to read more.
+
+`vllmwatch status` with nobody listening asks systemd for the unit's last exit (bounded:
+one `systemctl show` with a short timeout, only where systemd runs) and shows the newest
+incident record (found by incident/latest.py, wired in by vllmwatch/cli.py), so a crash-loop
+give-up reads as "stopped at ..., exit N (crash-loop guard gave up); incident last: ID ...;
+vllmwatch incidents show ID" instead of only "not running".
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+import signal
+import subprocess
+from collections.abc import Callable, Mapping
+from pathlib import Path
+from typing import Any
+
+from vllmwatch.config.text import printable
+from vllmwatch.core import exitcodes
+
+SHOW_TIMEOUT_S = 3.0
+MAX_VALUE = 200  # characters kept of one systemctl property
+PROPERTIES = ("LoadState", "ActiveState", "SubState", "Result", "ExecMainCode",
+              "ExecMainStatus", "ExecMainExitTimestamp", "NRestarts")
+_CLD_EXITED, _CLD_KILLED, _CLD_DUMPED = "1", "2", "3"  # ExecMainCode: siginfo's si_code
+Run = Callable[..., "subprocess.CompletedProcess[str]"]
+
+
+def unit_name(config_path: str) -> str:
+    """The unit that runs this config: vllmwatch@NAME for /etc/vllmwatch/NAME.toml (the
+    template's rule), else vllmwatch.service."""
+    path = Path(config_path)
+    if path.parent == Path("/etc/vllmwatch") and path.suffix == ".toml" \
+            and path.stem != "vllmwatch":
+        return f"vllmwatch@{path.stem}.service"
+    return "vllmwatch.service"
+
+
+def systemd_view(unit: str, run: Run = subprocess.run, booted: bool | None = None
+                 ) -> dict[str, str] | None:
+    """The unit's state and last exit from `systemctl show`; None where systemd cannot say
+    (not booted with systemd, no systemctl, no such unit, no answer in time)."""
+    if booted is None:
+        booted = os.path.isdir("/run/systemd/system") and shutil.which("systemctl") is not None
+    if not booted:
+        return None
+    cmd = ["systemctl", "show", "--no-pager", *(f"--property={p}" for p in PROPERTIES), unit]
+    try:
+        proc = run(cmd, capture_output=True, text=True, timeout=SHOW_TIMEOUT_S, check=False,
+                   stdin=subprocess.DEVNULL)
+    except (OSError, subprocess.SubprocessError):
+        return None
+    if proc.returncode != 0:
+        return None
+    view = {}
+    for line in proc.stdout.splitlines()[:len(PROPERTIES) * 2]:
+        key, sep, value = line.partition("=")
+        if sep and key in PROPERTIES:
+            view[key] = printable(value[:MAX_VALUE], False)
+    if view.get("LoadState") != "loaded":
+        return None
+    return view
+
+
+def last_exit(view: Mapping[str, str]) -> str:
+    """ "exit 3 (crash-loop guard gave up)", "killed by SIGKILL", or "" when none is known."""
+    code, status = view.get("ExecMainCode", ""), view.get("ExecMainStatus", "")
+    if not status.isdigit() or code not in (_CLD_EXITED, _CLD_KILLED, _CLD_DUMPED):
+        return ""
+    n = int(status)
+    if code == _CLD_EXITED:
+        meaning = exitcodes.MEANING.get(n)
+        return f"exit {n}" + (f" ({meaning})" if meaning else "")
+    try:
+        name = signal.Signals(n).name
+    except ValueError:
+        name = f"signal {n}"
+    return f"killed by {name}" + (" (core dumped)" if code == _CLD_DUMPED else "")
+
+
+IncidentFinder = Callable[[str], Mapping[str, Any] | None]  # unit -> the newest record
+
+
+def explain(url: str, config_path: str, view: Mapping[str, str] | None,
+            incident: Mapping[str, Any] | None) -> str:
+    """The lines `vllmwatch status` prints when nothing answers at url."""
+    unit = unit_name(config_path)
+    short = unit.removesuffix(".service")
+    lines = [f"vllmwatch is not running (no answer at {url})"]
+    if view is not None:
+        state = view.get("ActiveState", "?")
+        lines.append(f"unit      {unit}: {state}"
+                     + (f" ({view['SubState']})" if view.get("SubState") else "")
+                     + (f", result {view['Result']}" if view.get("Result") else ""))
+        ended, when = last_exit(view), view.get("ExecMainExitTimestamp", "")
+        if ended or when:
+            lines.append("stopped   " + ", ".join(filter(None, (when and f"at {when}", ended))))
+        if view.get("NRestarts", "0") not in ("", "0"):
+            lines.append(f"restarts  systemd restarted vllmwatch {view['NRestarts']} times")
+        if state in ("activating", "reloading", "active"):
+            lines.append(f"note      systemd says it is {state}: the status listener may not "
+                         "be up yet, or listens elsewhere (--url)")
+    if incident is not None:
+        lines.append(f"incident  last: {incident['id']} ({incident['reason']}"
+                     + (f": {incident['detail']}" if incident["detail"] else "") + ")")
+        lines.append(f"          read it: vllmwatch incidents show {incident['id']}")
+    if view is not None and view.get("ActiveState") == "failed":
+        lines.append(f"next      journalctl -xeu {short}; once fixed: systemctl reset-failed "
+                     f"{short} && systemctl start {short}")
+    elif view is None or view.get("ActiveState") in ("inactive", "failed"):
+        lines.append(f"next      start it with `systemctl start {short}`")
+    return "\n".join(lines)
