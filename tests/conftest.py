@@ -35,6 +35,9 @@ import pytest
 from tests.support.procs import SESSION_VAR, describe, session_leftovers
 
 HERE = Path(__file__).resolve().parent
+# scripts/test.sh's switch (README): no system tier and none of its apt-get installs. CI keeps
+# it on: .ci/run never sets it (tests/core/test_scripts.py holds that).
+SKIP_SYSTEM_TIER = "VLLMWATCH_SKIP_SYSTEM_TIER"
 TIERS = {name: getattr(pytest.mark, name)
          for name in ("core", "loop", "shell", "daemon", "e2e", "systemd")}
 
@@ -49,6 +52,9 @@ def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
         mark = TIERS.get(rel.parts[0]) if len(rel.parts) > 1 else None
         if mark is not None:
             item.add_marker(mark)
+        if rel.parts[0] == "systemd" and os.environ.get(SKIP_SYSTEM_TIER) == "1":
+            item.add_marker(pytest.mark.skip(reason=f"{SKIP_SYSTEM_TIER}=1: the system tier "
+                                             "(a booted systemd, the .deb) is skipped"))
 
 
 def pytest_configure(config: pytest.Config) -> None:

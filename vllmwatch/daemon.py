@@ -82,6 +82,8 @@ def _run(config: Config, log_format: str | None, env: dict[str, str], log: Switc
     # As PID 1 of a container (or with VLLMWATCH_SUBREAPER=1): orphans come to us; reap them.
     fx = RealEffects(config, log, notifier, env, publish=publish,
                      reaper=reaper.start(env, log))
+    if live.gate is not None:
+        fx.stop_order = live.gate.stop_order
 
     def reload() -> Config:  # on a worker thread: reads the file, logs with the old level
         # The same check as `check --config-only`, the units' first ExecReload= (exit 2).

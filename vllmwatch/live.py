@@ -4,9 +4,9 @@ The core takes the new config (probes, launches, rules). The pieces around the l
 applied here, on the loop's thread once the new config was read: the log level (our events
 and the child's forwarded lines, which share one log function), a rebind of the status
 listener (the new address is bound before the old one is closed, so a failed bind keeps the
-old one), the gate's hold_timeout and retry_after. What cannot be applied safely while clients
-are connected (gate.enabled, gate.listen: moving the public port would cut every client) is
-logged as `config.restart_required` and shown in /status `restart_required`.
+old one), the gate's hold_timeout, retry_after, replay and replay_max. What cannot be applied
+safely while clients are connected (gate.enabled, gate.listen: moving the public port would
+cut every client) is logged as `config.restart_required` and shown in /status `restart_required`.
 """
 
 from __future__ import annotations
@@ -70,6 +70,11 @@ class Live:
         if self.gate is not None:
             self.gate.forwarder.hold_timeout = new.gate.hold_timeout
             self.gate.forwarder.retry_after = new.gate.retry_after
+            if (new.gate.replay, new.gate.replay_max) != (old.gate.replay, old.gate.replay_max):
+                self.log("info", "gate.replay_changed", replay=new.gate.replay,
+                         replay_max=new.gate.replay_max)
+            self.gate.forwarder.replay = new.gate.replay
+            self.gate.forwarder.replay_max = new.gate.replay_max
         needed = tuple(key for key, get in RESTART_KEYS if get(new) != get(old))
         if needed != self.restart_required and needed:
             self.log("warning", "config.restart_required", keys=list(needed),

@@ -7,12 +7,12 @@ import http.client
 import json
 import signal
 import threading
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
 
 import pytest
 
-from tests.support import Daemon, base_config, free_port, merge, wait_for
+from tests.support import PYTHON, Daemon, base_config, free_port, merge, wait_for
 
 
 @pytest.fixture
@@ -80,3 +80,64 @@ def test_a_planned_restart_behind_the_gate_fails_no_request(gated: tuple[Daemon,
     metrics = d.http_get("/metrics")[1].decode()
     assert "vllmwatch_gate_forwarded_total" in metrics
     assert 'vllmwatch_drain_phase_seconds{phase="deregistering"}' in metrics
+
+
+SCRIPT = "#!{python}\nimport sys\nfrom vllmwatch.testing.fake_vllm import main\n" \
+         "if __name__ == '__main__':\n    sys.exit(main())\n"
+
+
+def more_than(outcomes: list[str], n: int) -> Callable[[], bool]:
+    """True once n more answers came than now."""
+    now = len(outcomes)
+    return lambda: len(outcomes) >= now + n
+
+
+@pytest.mark.parametrize("launch", ["fresh", "standby"])
+def test_no_request_reaches_a_vllm_after_its_stop_order(tmp_path: Path, launch: str) -> None:
+    """Issue 37.9 on every launch path: restarts that SIGTERM at once from READY (no drain:
+    the turn signals vLLM before the snapshot that says so is published) under a closed loop
+    of clients fail nothing, and the gate sent nothing to an engine after its stop order."""
+    script = tmp_path / "vllm"
+    script.write_text(SCRIPT.format(python=PYTHON))
+    script.chmod(0o755)
+    gate_port = free_port()
+    cfg = merge(base_config(free_port(), free_port()), {
+        "vllm": {"command": [str(script), "--startup-seconds", "0.3"]},
+        "gate": {"enabled": True, "listen": f"127.0.0.1:{gate_port}", "hold_timeout": "30s"},
+        "restart": {"drain_timeout": "0s", "standby": launch == "standby"},
+        "drain": {"deregister_delay": "0s"},
+    })
+    d = Daemon(tmp_path, cfg).start()
+    outcomes: list[str] = []
+    stop = threading.Event()
+
+    def client() -> None:
+        while not stop.is_set():
+            outcomes.append(complete(gate_port))
+
+    clients = [threading.Thread(target=client) for _ in range(6)]
+    try:
+        d.wait_ready(30)
+        for t in clients:
+            t.start()
+        since = 0
+        for _ in range(3):
+            if launch == "standby":  # the standby for this launch has done its imports
+                d.wait_event("standby.waiting", 30, since)
+            wait_for(more_than(outcomes, 20), 20, "requests flowing")
+            mark = since = d.mark()
+            d.signal(signal.SIGUSR1)
+            started = d.wait_event("child.started", 30, mark)
+            assert started["launch"] == launch
+            d.wait_ready(30, since=mark)
+        wait_for(more_than(outcomes, 20), 20, "requests after the last restart")
+        stop.set()
+        for t in clients:
+            t.join(60)
+        g = json.loads(d.http_get("/status")[1])["gate"]
+        assert outcomes and set(outcomes) == {"ok"}, sorted(set(outcomes))
+        assert g["stop_orders"] >= 3 and g["forwarded_after_stop"] == 0, g
+        assert g["cut_midstream"] == 0 and g["not_replayed"] == 0, g
+    finally:
+        stop.set()
+        d.close()

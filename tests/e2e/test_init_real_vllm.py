@@ -115,3 +115,88 @@ def test_init_from_pid_then_run_serves_the_same(tmp_path: Path, vllm_venv: Path,
         left = group_leftovers(daemon)
         kill_all(left)
         assert not left, left
+
+
+def _listening(port: int) -> set[str]:
+    """The addresses a TCP socket listens on at port (the hand-run and the supervised vLLM)."""
+    import psutil
+
+    return {c.laddr.ip for c in psutil.net_connections(kind="tcp")
+            if c.status == psutil.CONN_LISTEN and c.laddr and c.laddr.port == port}
+
+
+@pytest.mark.timeout(1800)  # two real vLLM starts and two full checks on a shared 2-core box
+def test_init_of_the_guides_line_then_check_and_run_serve_where_the_hand_run_did(
+        tmp_path: Path, vllm_venv: Path, tiny_model: Path, vllm_flags: Path) -> None:
+    """Issue 36's "done when": the guide's kind of line (no --host: every interface; a bare
+    `vllm` found on PATH; an API key), `--device cpu` added by hand for this CPU box, `init
+    -- LINE`, `check`, `run`: the same address and port, the model as `serve`'s positional
+    (no `--model` warning from vLLM 0.32), and init printed the next steps."""
+    port = free_port()
+    cache = tmp_path / "cache"
+    import shutil
+
+    shutil.copytree(vllm_flags, cache / f"vllm-flags-{os.geteuid()}", dirs_exist_ok=True)
+    env = {"PATH": f"{vllm_venv / 'bin'}:/usr/bin:/bin", "HOME": os.environ.get("HOME", "/root"),
+           "HF_HUB_OFFLINE": "1", "TRANSFORMERS_OFFLINE": "1", "VLLM_CPU_KVCACHE_SPACE": "1"}
+    line = ["vllm", "serve", str(tiny_model), "--served-model-name", SERVED_NAME, "--port",
+            str(port), "--max-model-len", "2048", "--enforce-eager", "--dtype", "bfloat16",
+            "--api-key", KEY]
+    with (tmp_path / "vllm.log").open("wb") as out:
+        hand = subprocess.Popen(line, env=env, stdout=out, stderr=subprocess.STDOUT,
+                                stdin=subprocess.DEVNULL, start_new_session=True)
+    config = tmp_path / "etc" / "vllmwatch.toml"
+    try:
+        wait_for(lambda: SERVED_NAME in _models(port), STARTUP, "the hand-run vLLM to serve",
+                 poll=1.0)
+        hand_at = _listening(port)
+        assert hand_at == {"0.0.0.0"}, hand_at  # vLLM's default: every interface
+        words = ["HF_HUB_OFFLINE=1", "TRANSFORMERS_OFFLINE=1", "VLLM_CPU_KVCACHE_SPACE=1",
+                 *line, "--device", "cpu"]
+        init = subprocess.run([sys.executable, "-m", "vllmwatch", "init", "-c", str(config),
+                               "--", *words], capture_output=True, text=True, timeout=600,
+                              check=False, env={**os.environ, "CACHE_DIRECTORY": str(cache),
+                                                "PATH": env["PATH"]})
+        shown = init.stdout + init.stderr
+        assert init.returncode == 0, shown
+        assert KEY not in shown and KEY not in config.read_text()
+        assert "clients keep port" in init.stderr and "every interface" in init.stderr
+        assert f"sudo -u vllmwatch vllmwatch check --config {config}" in init.stdout
+        assert "systemctl enable --now vllmwatch" in init.stdout
+    finally:
+        _stop(hand)
+        kill_all(find_in_tree(hand.pid, "VLLM::"))
+    vllm = tomllib.loads(config.read_text())["vllm"]
+    assert vllm["host"] == "0.0.0.0" and vllm["port"] == port and vllm["gpus"] == []
+    assert vllm["command"] == [str(vllm_venv / "bin" / "vllm"), "serve"]  # systemd's PATH
+    assert Path(vllm["api_key_file"]).read_text().strip() == KEY  # written by init, 0600
+    wait_for(lambda: port_free(port), 60, "the hand-run vLLM's port to be free", poll=0.2)
+    check = subprocess.run([sys.executable, "-m", "vllmwatch", "check", "-c", str(config)],
+                           capture_output=True, text=True, timeout=600, check=False,
+                           env={**os.environ, "CACHE_DIRECTORY": str(cache)})
+    assert "FAIL" not in check.stdout, check.stdout
+    # The harness's own sections beside init's (status port, JSON logs with vLLM's lines).
+    text = config.read_text() + (
+        f'\n[status]\nlisten = "127.0.0.1:{free_port()}"\n[log]\nformat = "json"\n'
+        f'child_lines = true\n[prewarm]\nenabled = false\ncache_dir = "{cache}"\n'
+        f'[startup]\ntimeout = "{int(STARTUP)}s"\n')
+    daemon = Daemon(tmp_path, tomllib.loads(text))
+    daemon.write_config(text)
+    try:
+        daemon.start()
+        daemon.wait_ready(STARTUP)
+        assert _models(port) == [SERVED_NAME]
+        assert _listening(port) == hand_at
+        started = daemon.named("child.started")
+        assert started and f"vllm serve {tiny_model} " in started[-1]["command"], started
+        lines = " ".join(str(e.get("text", "")) for e in daemon.named("child.line"))
+        assert "Application startup complete" in lines  # vLLM's lines are here ...
+        assert "the `--model` option" not in lines  # ... and its --model warning is not
+    finally:
+        if daemon.proc is not None and daemon.proc.poll() is None:
+            daemon.signal(signal.SIGTERM)
+            assert daemon.proc.wait(60) == 0
+        daemon.close(check=True)
+        left = group_leftovers(daemon)
+        kill_all(left)
+        assert not left, left

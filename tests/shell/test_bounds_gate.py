@@ -13,7 +13,7 @@ from contextlib import ExitStack, contextmanager
 import pytest
 
 from tests.support import free_port, wait_until
-from vllmwatch.gate import guard, proxy
+from vllmwatch.gate import exchange, guard
 from vllmwatch.gate.door import Readiness
 from vllmwatch.gate.runner import Gate
 
@@ -155,7 +155,7 @@ def test_bodies_held_while_vllm_starts_are_capped_in_all() -> None:
 
 
 def test_a_trickling_vllm_answer_is_504_at_its_deadline(monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setattr(proxy, "WHOLE_BODY_TIMEOUT", 0.5)
+    monkeypatch.setattr(exchange, "WHOLE_BODY_TIMEOUT", 0.5)
     lsock = socket.create_server(("127.0.0.1", 0))
     stop = threading.Event()
 

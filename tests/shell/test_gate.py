@@ -239,10 +239,11 @@ def test_streaming_passes_chunk_by_chunk() -> None:
         assert len({n for _, n in arrivals}) >= 4, arrivals  # several separate arrivals
 
 
-def test_failure_mid_request_is_counted_not_retried() -> None:
+def test_failure_mid_request_is_counted_not_retried_with_replay_off() -> None:
     port = free_port()
     with fake_vllm(port, "--slow-completion", "5") as fake, \
             gate(port, Switch(Readiness.OPEN)) as g:
+        g.forwarder.replay = False  # [gate] replay = false: today's 502 (test_gate_replay.py)
         out, threads = in_threads(1, lambda: post(g.port, BODY))
         wait_for(lambda: g.stats.in_flight == 1, what="the request in flight")
         # in_flight counts from before the gate connects upstream: a kill before the fake has
@@ -251,8 +252,9 @@ def test_failure_mid_request_is_counted_not_retried() -> None:
         os.killpg(fake.pid, signal.SIGKILL)
         threads[0].join(20)
         status, _, body = out[0]
-        assert status == 502 and "not retried" in json.loads(body)["message"]
+        assert status == 502 and "replay is off" in json.loads(body)["message"]
         assert g.stats.failed_midrequest == 1 and g.stats.forwarded == 1
+        assert g.stats.not_replayed == 1 and g.stats.replayed == 0
 
 
 def test_refused_connection_waits_for_vllm_to_come_up() -> None:

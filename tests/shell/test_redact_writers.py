@@ -1,7 +1,8 @@
 """Issue 37 §1-2: a secret of any form never leaves through any writer — the incident
 record's files (record.json, report.txt, output.log, the stack files, thread names), the log
 (journal fields and stderr, child.started's command and environment), /status, the gate's
-messages, `vllmwatch incidents` list and show, print-command. One property, every writer."""
+messages, `vllmwatch incidents` list and show, `vllmwatch status`, print-command. One
+property, every writer."""
 
 from __future__ import annotations
 
@@ -21,6 +22,7 @@ from vllmwatch.gate import guard, proxy
 from vllmwatch.incident import cli as incidents_cli
 from vllmwatch.incident import dumpers, record, store, tree
 from vllmwatch.shell import logs
+from vllmwatch.status import cli as status_cli
 from vllmwatch.status.server import StatusServer
 from vllmwatch.status.snapshot import Snapshot
 
@@ -79,6 +81,14 @@ def _status(text: str) -> str:
     return json.dumps(server.status_json(snap))
 
 
+def _status_cli(text: str) -> str:
+    # Whatever answered on the status port (an older vllmwatch): printed through the rules.
+    data = status_cli.parse(json.dumps({
+        "state": "ready", "ready": True, "vllmwatch_version": "1", "restarts_by_reason": {},
+        "last_reason": "crash", "last_reason_detail": text, "model": text}), "http://x")
+    return status_cli.render(data) + json.dumps(data)
+
+
 def _gate(text: str) -> list[str]:
     return [proxy._error(502, f"vLLM refused: {text}").text or "",
             guard._refuse(503, f"no: {text}").text or ""]
@@ -111,6 +121,7 @@ def test_a_secret_never_leaves_through_any_writer(
     written = {f"record {name}": body for name, body in _record_files(text).items()}
     written |= {f"log {i}": body for i, body in enumerate(_logged(text, journald))}
     written["/status"] = _status(text)
+    written["vllmwatch status"] = _status_cli(text)
     written |= {f"gate {i}": body for i, body in enumerate(_gate(text))}
     written["incidents"] = _incidents_cli(text, tmp_path / "incidents", capsys)
     written["print-command"] = ChildCommand(("vllm", "serve", "/m", text),

@@ -56,7 +56,10 @@ def is_secret_name(name: str) -> bool:
     return any(w in _WORDS or w.endswith(_ENDINGS) for w in words)
 
 
-_NAME = r"[A-Za-z_][\w.-]*"
+# A name holding one of the words every secret name holds (is_secret_name judges it whole):
+# the search stops only at candidates, not at every `word:` of a vLLM line.
+_HINT_WORDS = r"key|token|secret|pass|pwd|credential|auth|cookie"
+_NAME = r"(?=[A-Za-z_])[\w.-]*?(?i:" + _HINT_WORDS + r")[\w.-]*"
 _QUOTED = r"""b?(?P<vq>['"])(?P<qv>(?:\\.|(?!(?P=vq)).)*)(?P=vq)"""
 _AUTH = r"(?:bearer|basic|token|digest|apikey)\s+"
 _SCHEME = r"(?P<scheme>" + _AUTH + ")?"
@@ -85,6 +88,34 @@ _SHAPES = (
                r"AKIA[0-9A-Z]{16}|xox[abposr]-[\w-]{10,}|"
                r"eyJ[\w-]{8,}\.eyJ[\w-]{8,}\.[\w-]+))"),
 )
+
+
+# Cheap tests first (every forwarded vLLM line passes here): a rule runs only on a text
+# that holds what it needs. Every secret name holds one of these words (see _WORDS).
+_HINTS = tuple(_HINT_WORDS.split("|"))
+_SHAPE_HINTS = ("://", "earer", "EARER", "PRIVATE KEY", "sk-", "hf_", "ghp_", "gho_", "ghu_",
+                "ghs_", "ghr_", "github_pat_", "glpat-", "AKIA", "xox", "eyJ")
+
+
+_WORD_CHARS = frozenset("abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZ0123456789_.-")
+
+
+def _has_secret_name(text: str) -> bool:
+    """Whether a word around a hint is a secret name (`tokens/s` is not): the named rules,
+    the costly part, run only then."""
+    low = text.lower()
+    for hint in _HINTS:
+        at = low.find(hint)
+        while at != -1:
+            start, end = at, at + len(hint)
+            while start > 0 and text[start - 1] in _WORD_CHARS:
+                start -= 1
+            while end < len(text) and text[end] in _WORD_CHARS:
+                end += 1
+            if is_secret_name(text[start:end]):
+                return True
+            at = low.find(hint, end)
+    return False
 
 
 def _sub_named(rule: re.Pattern[str], text: str) -> str:
@@ -150,20 +181,28 @@ class Redactor:
         own = {v for v in secrets if _worth(v)}
         self._own = tuple(sorted(own, key=len, reverse=True))
         self._known = known
+        self._merged: tuple[tuple[str, ...], tuple[str, ...]] = ((), self._own)
 
     def _values(self) -> tuple[str, ...]:
-        if not self._known:
+        if not self._known or not KNOWN.values:
             return self._own
-        return tuple(sorted(set(self._own) | set(KNOWN.values), key=len, reverse=True))
+        if self._merged[0] is not KNOWN.values:  # learnt more since: merge once
+            both = sorted(set(self._own) | set(KNOWN.values), key=len, reverse=True)
+            self._merged = (KNOWN.values, tuple(both))
+        return self._merged[1]
 
     def text(self, text: str) -> str:
         """One string, redacted."""
         for value in self._values():
-            text = text.replace(value, REDACTED)
-        for shape in _SHAPES:
-            text = shape.sub(lambda m: m["pre"] + (REDACTED if m["secret"] else ""), text)
-        for rule in _RULES:
-            text = _sub_named(rule, text)
+            if value in text:
+                text = text.replace(value, REDACTED)
+        if any(hint in text for hint in _SHAPE_HINTS) or "bearer" in text.lower():
+            for shape in _SHAPES:
+                text = shape.sub(lambda m: m["pre"] + (REDACTED if m["secret"] else ""),
+                                 text)
+        if _has_secret_name(text):
+            for rule in _RULES:
+                text = _sub_named(rule, text)
         return text
 
     def lines(self, lines: Iterable[str]) -> list[str]:
@@ -183,7 +222,8 @@ class Redactor:
         if isinstance(value, str):
             return self.text(value)
         if isinstance(value, Mapping):
-            return {self.text(k) if isinstance(k, str) else k:
+            # A key is a name; one that could carry a credential (a URL, `a=b`) is redacted.
+            return {self.text(k) if isinstance(k, str) and ("@" in k or "=" in k) else k:
                     self._hidden(v) if isinstance(k, str) and is_secret_name(k)
                     else self.deep(v) for k, v in value.items()}
         if isinstance(value, (list, tuple)):

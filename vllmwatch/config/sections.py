@@ -189,6 +189,9 @@ class GateConfig:
     listen: str = _conv("str", "")  # the public HOST:PORT; vllm.port becomes the private one
     hold_timeout: float = _conv("duration", 120.0, high=DAY)
     retry_after: float = _conv("duration", 10.0, high=DAY)
+    # Requests vLLM never began to answer are sent once more to the next engine (gate/replay.py)
+    replay: bool = _conv("bool", True)
+    replay_max: int = _conv("pos_int", 1, high=10)
 
 
 @dataclass(frozen=True)

@@ -38,15 +38,20 @@ def start_gate(config: Config, log: LogFn, get_snapshot: Callable[[], Snapshot],
             hint="clients on gate.listen get connection errors now; vLLM itself still runs "
                  "on vllm.port; restart vllmwatch (systemctl restart vllmwatch)")
 
+    def generation() -> int | None:  # the engine the door is open for: the child's pid
+        return get_snapshot().child_pid
+
     gate = Gate(g.listen, upstream, readiness, g.hold_timeout, g.retry_after, failed, log=log,
-                max_connections=max_connections)
+                max_connections=max_connections, generation=generation)
+    gate.forwarder.replay, gate.forwarder.replay_max = g.replay, g.replay_max
     try:
         gate.start()
     except GateError as exc:
         failed(str(exc))
         return gate  # kept, so /status and the metrics show the error
     log("info", "gate.listening", listen=g.listen, upstream=upstream,
-        hold_timeout_s=g.hold_timeout, loop=gate.loop)
+        hold_timeout_s=g.hold_timeout, replay=g.replay, replay_max=g.replay_max,
+        loop=gate.loop)
     return gate
 
 

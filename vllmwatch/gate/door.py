@@ -41,6 +41,10 @@ class Door:
         self._waiters: deque[asyncio.Future[bool]] = deque()
         self.state = Readiness.HOLD
         self.suspect_until = 0.0  # after a refused connection: hold briefly even if "open"
+        # Times the daemon's readiness turned OPEN: without the daemon's generation (the
+        # child's pid), each opening stands for a new engine (a replay waits for the next).
+        self.epoch = 0
+        self._was_open = False
 
     @property
     def waiting(self) -> int:
@@ -51,6 +55,9 @@ class Door:
         """Read readiness now and release the waiters if it allows."""
         loop = asyncio.get_running_loop()
         state = self._get()
+        if state == Readiness.OPEN and not self._was_open:
+            self.epoch += 1
+        self._was_open = state == Readiness.OPEN
         if state == Readiness.OPEN and loop.time() < self.suspect_until:
             state = Readiness.HOLD
         self.state = state

@@ -1,48 +1,57 @@
-"""The forwarding handler: hold at the door, forward once, stream the answer back chunk by chunk.
+"""The forwarding handler: hold at the door, forward, replay what vLLM never answered.
 
-A request is sent to vLLM at most once. Only a connection that vLLM refused (nothing was
-sent) is tried again, after waiting at the door; one that fails after it was sent (vLLM died
-mid-request) is answered 502, or cut if the answer had begun, and counted: completions are
-not idempotent, so the client decides whether to repeat it.
+A request is sent to one engine generation (the child's pid) at most once. When that engine
+dies, hangs or is stopped before anything of the answer reached the client, a request to a
+pure-inference path (gate/replay.py) waits at the door again and is sent to the next engine
+that serves, at most gate.replay_max times and within gate.hold_timeout from its arrival;
+otherwise it is answered 502 as before, saying why it was not sent again. An answer that had
+begun is never replayed: a stream ends with an error event its client parses, and is counted.
+A connection that vLLM refused (nothing was sent) is tried again after waiting at the door.
 """
 
 from __future__ import annotations
 
 import asyncio
 import math
+from collections.abc import Callable
 from dataclasses import dataclass
 
 import aiohttp
 from aiohttp import web
-from multidict import CIMultiDict
 
 from vllmwatch.config.redact import REDACT
+from vllmwatch.gate import exchange, replay
 from vllmwatch.gate.door import Door, Readiness
-from vllmwatch.gate.guard import Guard
+from vllmwatch.gate.fence import Fence
+from vllmwatch.gate.guard import MAX_BODY, Guard
 
-# RFC 9110 7.6.1: meaningful for one connection only, never forwarded.
-HOP_BY_HOP = frozenset({"connection", "keep-alive", "proxy-authenticate", "proxy-authorization",
-                        "te", "trailer", "transfer-encoding", "upgrade", "host",
-                        "content-length"})
+HOP_BY_HOP = exchange.HOP_BY_HOP
 REFUSED_HOLD = 0.5  # after vLLM refused a connection, hold this long before trying again
-WHOLE_BODY = 4 * 2**20  # sized answers up to this are read whole, larger ones streamed
-WHOLE_BODY_TIMEOUT = 60.0  # reading such an answer once its head has come
 # One forwarded exchange with vLLM, head to last byte (a long streamed generation included).
 UPSTREAM_TOTAL = 3600.0
+NEXT_ENGINE_POLL = 0.05  # a replay waits for an engine it was not sent to yet
 
 
 @dataclass
 class GateStats:
     """Counters of the gate; written on its event loop only, read from any thread."""
 
-    forwarded: int = 0  # requests sent to vLLM
+    forwarded: int = 0  # requests sent to vLLM (a replay is sent again: counted again)
     held: int = 0  # requests that had to wait at the door
     hold_timeouts: int = 0  # answered 503 after gate.hold_timeout
     refused_closed: int = 0  # answered 503 because vllmwatch is stopping or gave up
-    failed_midrequest: int = 0  # vLLM went away after the request was sent (not retried)
+    failed_midrequest: int = 0  # vLLM went away after the request was sent
     connect_retries: int = 0  # vLLM refused the connection; held again, then sent
     holding: int = 0  # waiting at the door now
     in_flight: int = 0  # forwarded and not yet answered
+    # Replays (gate/replay.py): of the failures before the answer began, by outcome.
+    replayed: int = 0  # sent once more to the next engine
+    replay_answered: int = 0  # ... and that engine answered it (any status)
+    replay_gave_up: int = 0  # replay_max reached, or hold_timeout/stop while waiting: 502/503
+    not_replayed: int = 0  # replay off, a path not on the list, or a body over the bound: 502
+    cut_midstream: int = 0  # the answer had begun: stream ended with an error event, or cut
+    stop_orders: int = 0  # engine generations vllmwatch told to stop (the fence)
+    forwarded_after_stop: int = 0  # sent to an engine after its stop order: a defect, 0
     # Bounds (gate/guard.py): connections shed and refused requests, by reason.
     shed_connections: int = 0  # over the connection cap: 503 and closed at once
     idle_timeouts: int = 0  # no request within the idle deadline: closed
@@ -66,9 +75,16 @@ class Forwarder:
     """Owns the client session to vLLM and handles every request of the gate's server."""
 
     def __init__(self, door: Door, upstream: str, hold_timeout: float, retry_after: float,
-                 stats: GateStats) -> None:
+                 stats: GateStats, generation: Callable[[], int | None] | None = None,
+                 log: Callable[..., None] | None = None) -> None:
         self.door, self.upstream, self.stats = door, upstream.rstrip("/"), stats
         self.hold_timeout, self.retry_after = hold_timeout, retry_after
+        self.replay, self.replay_max = True, 1  # [gate] replay, replay_max (SIGHUP sets them)
+        self.replay_body = MAX_BODY  # a held body over this is not replayed
+        self.fence = Fence()
+        self._generation = generation or (lambda: -door.epoch)  # no daemon: the door's epoch
+        self._log = log or (lambda *a, **k: None)
+        self.live: set[exchange.Exchange] = set()  # exchanges under way, for cut()
         self.session: aiohttp.ClientSession | None = None
         self.guard: Guard | None = None  # set by the runner once its server exists
 
@@ -77,15 +93,26 @@ class Forwarder:
         self.session = aiohttp.ClientSession(
             connector=aiohttp.TCPConnector(limit=0),  # vLLM queues; we must not
             timeout=aiohttp.ClientTimeout(total=UPSTREAM_TOTAL, connect=5.0),
-            auto_decompress=False)
+            auto_decompress=False, trace_configs=[exchange.trace_config()])
 
     async def close(self) -> None:
         """Close the client session."""
         if self.session is not None:
             await self.session.close()
 
+    def cut(self, gen: int) -> int:
+        """vllmwatch declared engine `gen` stuck: end its exchanges now (those not begun are
+        replayed, begun streams end with an error event). How many were cut."""
+        cut = 0
+        for ex in list(self.live):
+            if ex.gen == gen and ex.task is not None and not ex.task.done():
+                ex.cut = True
+                ex.task.cancel()
+                cut += 1
+        return cut
+
     async def handle(self, request: web.Request) -> web.StreamResponse:
-        """Read the body within the guard's bounds, hold while vLLM is not ready, forward once."""
+        """Read the body within the guard's bounds, hold while vLLM is not ready, forward."""
         guard = self.guard
         if guard is None:
             return await self._handle(request, await request.read())
@@ -103,8 +130,9 @@ class Forwarder:
 
     async def _handle(self, request: web.Request, body: bytes) -> web.StreamResponse:
         loop = asyncio.get_running_loop()
-        deadline = loop.time() + self.hold_timeout
+        deadline = loop.time() + self.hold_timeout  # replays too: counted from arrival
         held = False  # counted once per request, however often it waits
+        tried: list[int | None] = []  # the engine generations it was sent to
         while True:
             self.door.refresh()
             if not held and (self.door.state != Readiness.OPEN or self.door.waiting):
@@ -112,13 +140,57 @@ class Forwarder:
                 self.stats.held += 1
             verdict = await self._wait_at_door(deadline - loop.time())
             if verdict is not None:
+                self.stats.replay_gave_up += 1 if tried else 0
                 return verdict
+            gen = self._generation()
+            if gen in tried or not self.fence.begin(gen):
+                # Open for an engine it was sent to already (its failure not published yet),
+                # or one told to stop: never sent there; wait for the next one.
+                if loop.time() >= deadline:
+                    self.stats.hold_timeouts += 1
+                    self.stats.replay_gave_up += 1 if tried else 0
+                    return _error(503, f"no other vLLM engine served within {self.hold_timeout:g}s "
+                                  "(gate.hold_timeout); it is restarting", self.retry_after)
+                await asyncio.sleep(NEXT_ENGINE_POLL)
+                continue
             try:
-                return await self._forward(request, body)
+                answer = await self._forward(request, body, gen)
             except aiohttp.ClientConnectorError:
                 # Refused before anything was sent: vLLM is not up (yet); safe to try again.
                 self.stats.connect_retries += 1
                 self.door.suspect(REFUSED_HOLD)
+                continue
+            if not isinstance(answer, exchange.Failed):
+                self.stats.replay_answered += 1 if tried else 0
+                return answer
+            tried.append(gen)
+            why_not = self._why_not(request, body, len(tried))
+            if why_not is not None:
+                return _error(502, f"vLLM failed before answering ({answer}); it was not "
+                              f"sent again: {why_not}; send it again if it is safe to repeat")
+            self.stats.replayed += 1
+            self._log("warning", "gate.replayed", path=request.path, size=len(body),
+                      engine_pid=gen, failure=str(answer), replay=len(tried),
+                      detail="vLLM failed before any of the answer reached the client; "
+                             "the request waits for the next engine and is sent once more")
+
+    def _why_not(self, request: web.Request, body: bytes, failures: int) -> str | None:
+        """None when the request may be replayed once more; else why not (counted)."""
+        why = None
+        if not self.replay:
+            why = "gate.replay is off"
+        elif not replay.replayable_path(request.method, request.path):
+            why = f"{request.method} {request.path} is not on the gate's replay list"
+        elif len(body) > self.replay_body:
+            why = (f"its body of {len(body)} bytes is over the {self.replay_body} bytes the "
+                   "gate replays")
+        if why is not None:
+            self.stats.not_replayed += 1
+            return why
+        if failures > self.replay_max:
+            self.stats.replay_gave_up += 1
+            return f"it was replayed {self.replay_max} time(s) already (gate.replay_max)"
+        return None
 
     async def _wait_at_door(self, timeout: float) -> web.Response | None:
         self.stats.holding += 1
@@ -136,49 +208,34 @@ class Forwarder:
                           "instance", self.retry_after)
         return None
 
-    async def _forward(self, request: web.Request, body: bytes) -> web.StreamResponse:
+    async def _forward(self, request: web.Request, body: bytes, gen: int | None
+                       ) -> web.StreamResponse | exchange.Failed:
+        """One exchange with engine `gen` (the fence counted its send in _handle)."""
         assert self.session is not None
-        headers = CIMultiDict((k, v) for k, v in request.headers.items()
-                              if k.lower() not in HOP_BY_HOP)
+        ex = exchange.Exchange(gen, self.fence, request.path, bool(body))
         url = self.upstream + request.rel_url.raw_path_qs
         self.stats.forwarded += 1
         self.stats.in_flight += 1
-        response: web.StreamResponse | None = None
+        self.live.add(ex)
         try:
-            async with self.session.request(request.method, url, headers=headers,
-                                            data=body or None, allow_redirects=False) as up:
-                headers = CIMultiDict((k, v) for k, v in up.headers.items()
-                                      if k.lower() not in HOP_BY_HOP)
-                if up.content_length is not None and up.content_length <= WHOLE_BODY:
-                    # A sized answer (not SSE): one read, one write; cheaper than chunks.
-                    data = await asyncio.wait_for(up.read(), WHOLE_BODY_TIMEOUT)
-                    return web.Response(body=data, status=up.status, reason=up.reason,
-                                        headers=headers)
-                response = web.StreamResponse(status=up.status, reason=up.reason,
-                                              headers=headers)
-                if up.content_length is not None:
-                    response.content_length = up.content_length
-                await response.prepare(request)
-                async for chunk in up.content.iter_any():  # as it arrives: SSE stays live
-                    await response.write(chunk)
-                await response.write_eof()
-                return response
+            ex.task = asyncio.ensure_future(exchange.run(self.session, request, url, body, ex))
+            answer: web.StreamResponse | exchange.Failed = await ex.task
+            if isinstance(answer, exchange.Failed):
+                self.stats.failed_midrequest += 1
+            return answer
         except aiohttp.ClientConnectorError:
             self.stats.forwarded -= 1  # nothing was sent; the caller tries again
             raise
-        except (aiohttp.ClientError, asyncio.TimeoutError) as exc:
+        except asyncio.TimeoutError:
             self.stats.failed_midrequest += 1
-            if isinstance(exc, asyncio.TimeoutError):
-                self.stats.upstream_timeouts += 1
-            if response is not None and response.prepared:
-                # The answer had begun: cut the connection so the client sees it incomplete.
-                if request.transport is not None:
-                    request.transport.close()
-                return response
-            if isinstance(exc, asyncio.TimeoutError):
-                return _error(504, "vLLM's answer was not complete within its deadline; it "
-                              "was not retried: send it again if it is safe to repeat")
-            return _error(502, f"vLLM failed during the request ({type(exc).__name__}); it "
+            self.stats.upstream_timeouts += 1
+            return _error(504, "vLLM's answer was not complete within its deadline; it "
                           "was not retried: send it again if it is safe to repeat")
         finally:
+            if ex.broken or ex.vllm_error:  # begun, then vLLM failed: ended, not replayed
+                # (here: closing the client's connection may cancel this handler)
+                self.stats.failed_midrequest += 1
+                self.stats.cut_midstream += 1
             self.stats.in_flight -= 1
+            self.live.discard(ex)
+            self.stats.forwarded_after_stop = self.fence.late

@@ -72,7 +72,8 @@ class Gate:
                  hold_timeout: float, retry_after: float,
                  on_error: Callable[[str], None] | None = None,
                  log: Callable[..., None] | None = None,
-                 max_connections: int = guardmod.MAX_CONNECTIONS) -> None:
+                 max_connections: int = guardmod.MAX_CONNECTIONS,
+                 generation: Callable[[], int | None] | None = None) -> None:
         self.host, self.port = parse_address(listen)
         self.listen = listen
         self.stats = GateStats()
@@ -80,8 +81,11 @@ class Gate:
         self.guard: guardmod.Guard | None = None
         self.refusals = Rejections(log or (lambda *a, **k: None), event="gate.refused",
                                    detail=_REFUSED, reasons=GUARD_REASONS)
-        self.door = Door(get_readiness)
-        self.forwarder = Forwarder(self.door, upstream, hold_timeout, retry_after, self.stats)
+        self._log = log or (lambda *a, **k: None)
+        self._generation = generation
+        self.door = Door(self._readiness(get_readiness))
+        self.forwarder = Forwarder(self.door, upstream, hold_timeout, retry_after, self.stats,
+                                   generation, self._log)
         self.error: str | None = None
         self._factory = loop_factory()  # chosen once: what /status says is what runs
         self.loop = "asyncio" if self._factory is None else "uvloop"
@@ -107,6 +111,43 @@ class Gate:
                 loop.call_soon_threadsafe(stop.set)
         if self._thread.is_alive():
             self._thread.join(timeout)
+
+    def _readiness(self, get: Callable[[], Readiness]) -> Callable[[], Readiness]:
+        """The daemon's readiness, held while its engine generation was told to stop."""
+        def readiness() -> Readiness:
+            state = get()
+            gen = self._generation() if self._generation is not None else None
+            if state == Readiness.OPEN and self.forwarder.fence.stopped(gen):
+                return Readiness.HOLD
+            return state
+        return readiness
+
+    def stop_order(self, gen: int | None, cut: bool = False) -> None:
+        """The daemon is about to signal engine generation `gen` (its pid): from now on
+        nothing is sent to it, and this returns once what was under way is in its socket
+        (bounded: gate/fence.py). cut: the engine is stuck, so its exchanges are ended at
+        once (those not begun are replayed). Called on the loop's thread."""
+        loop = self._loop
+        if gen is None or loop is None or not self.running:
+            return
+        with contextlib.suppress(RuntimeError):  # the loop closed in between
+            loop.call_soon_threadsafe(self._stopped, gen, cut)
+        if not self.forwarder.fence.order(gen):
+            self._log("warning", "gate.fence_timeout", engine_pid=gen,
+                      detail="requests being sent to vLLM were still not written when it "
+                             "was told to stop; they may fail and are counted in "
+                             "forwarded_after_stop")
+
+    def _stopped(self, gen: int, cut: bool) -> None:
+        """On the gate's loop: count the order, hold the door, cut a stuck engine's."""
+        self.stats.stop_orders += 1
+        self.door.refresh()
+        if cut:
+            n = self.forwarder.cut(gen)
+            if n:
+                self._log("warning", "gate.cut", engine_pid=gen, requests=n,
+                          detail="vLLM's engine is stuck: its requests in flight were ended "
+                                 "now; those with no answer begun wait for the next engine")
 
     @property
     def running(self) -> bool:

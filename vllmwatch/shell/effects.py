@@ -93,6 +93,9 @@ class RealEffects:
         self._sampler_gpus = config.vllm.gpus  # the GPUs self.sampler was made for
         self._fixed_sampler = sampler is not None
         self._publish = publish
+        # The gate's fence (gate/runner.Gate.stop_order): told before any signal to a child,
+        # so that no request reaches an engine after vllmwatch told it to stop (issue 37.9).
+        self.stop_order: Callable[[int | None, bool], None] | None = None
         self._versions = VersionCache()
         self._versions.prefetch(config.vllm.command)  # off the loop, before the first launch
         self._run: ChildHandle | None = None
@@ -184,13 +187,17 @@ class RealEffects:
         return exited
 
     def signal_group(self, signame: str) -> None:
-        """Signal the child's process group."""
+        """Signal the child's process group (the gate first stops sending to it)."""
         if self._run is not None:
+            if self.stop_order is not None:
+                self.stop_order(self._run.pid, False)
             self._run.signal(signame)
 
     def kill_engines(self) -> None:
         """SIGKILL the child's engine processes (a stuck engine; events.KillEngines)."""
         if self._run is not None:
+            if self.stop_order is not None:  # stuck: its requests in flight are cut now
+                self.stop_order(self._run.pid, True)
             self._run.kill_engines()
 
     def end_start(self, why: str) -> None:

@@ -18,6 +18,7 @@ from urllib.parse import urlsplit
 
 from vllmwatch import bounded_http
 from vllmwatch.config.hosts import connect_host, parse_listen, url_host
+from vllmwatch.config.redact import REDACT
 from vllmwatch.config.schema import ConfigError, config_path, load
 from vllmwatch.config.text import printable
 from vllmwatch.config.units import format_duration, format_mib
@@ -161,7 +162,8 @@ def parse(body: str, url: str) -> dict[str, Any]:
         raise StatusError(f"{url} returned JSON that is not vllmwatch's /status (missing "
                           f"{', '.join(missing) or 'a text state'}); is another service on "
                           "this port? Pass --url to the vllmwatch status listener")
-    document: dict[str, Any] = data
+    # An older vllmwatch (or another service) may answer unredacted: the same rules here.
+    document: dict[str, Any] = REDACT.deep(data)
     return document
 
 

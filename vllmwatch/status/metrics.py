@@ -45,8 +45,15 @@ GATE_COUNTERS = {
     "held": "Requests that waited at the gate for vLLM to be ready",
     "hold_timeouts": "Requests answered 503 after gate.hold_timeout",
     "refused_closed": "Requests answered 503 because vllmwatch is stopping",
-    "failed_midrequest": "Requests that failed because vLLM went away mid-request (not retried)",
+    "failed_midrequest": "Requests that failed because vLLM went away after they were sent",
     "connect_retries": "Connections vLLM refused; the request waited and was sent later",
+    "replayed": "Requests vLLM failed before answering, sent once more to the next engine",
+    "replay_answered": "Replayed requests the next engine answered",
+    "replay_gave_up": "Replayable requests answered 502/503: replay_max, hold_timeout, stop",
+    "not_replayed": "Failed requests not replayed: replay off, path or body size (502)",
+    "cut_midstream": "Answers that had begun when vLLM failed: ended with an error event",
+    "stop_orders": "vLLM engines the gate was told to stop sending to",
+    "forwarded_after_stop": "Requests sent to vLLM after it was told to stop (a defect: 0)",
 }
 
 # The gate's bounds (gate/guard.py); the reason label is the GateStats field.

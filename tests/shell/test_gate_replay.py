@@ -1,0 +1,402 @@
+"""The gate replays what vLLM never answered (issue 35), and sends nothing to an engine told
+to stop (issue 37.9). A scripted upstream plays vLLM: each request takes the next scripted
+answer (vLLM's exact engine-dead bodies, resets before and after the head, a stream cut
+midway), and the test moves the daemon's readiness and engine generation by hand.
+"""
+
+from __future__ import annotations
+
+import http.client
+import json
+import os
+import signal
+import socket
+import threading
+import time
+from collections.abc import Iterator
+from contextlib import contextmanager
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from typing import Any
+
+import pytest
+
+from tests.support import TIMEOUT_SCALE, free_port, wait_until
+from vllmwatch.gate import replay
+from vllmwatch.gate.door import Readiness
+from vllmwatch.gate.fence import Fence
+from vllmwatch.gate.runner import Gate
+
+# vLLM 0.32's answer with a dead EngineCore (seen here: issue 35), and 0.26's (its serving
+# layer's create_error_response of EngineDeadError, before the nested "error" object).
+DEAD_032 = json.dumps({"error": {"message": "EngineCore encountered an issue. See stack trace "
+                                 "(above) for the root cause.", "type": "InternalServerError",
+                                 "param": None, "code": 500}}).encode()
+DEAD_026 = json.dumps({"object": "error", "message": "EngineCore encountered an issue. See "
+                       "stack trace (above) for the root cause.", "type": "InternalServerError",
+                       "param": None, "code": 500}).encode()
+SHUTTING = json.dumps({"error": {"message": "The server is shutting down.",
+                                 "type": "ServiceUnavailableError", "code": 503}}).encode()
+OK = json.dumps({"id": "cmpl-1", "object": "text_completion",
+                 "choices": [{"index": 0, "text": "fine"}]}).encode()
+BODY = {"model": "m", "prompt": "hello", "max_tokens": 3}
+
+
+class Script:
+    """vLLM's answers, one per request in arrival order; the last one repeats."""
+
+    def __init__(self, *answers: Any) -> None:
+        self.answers = list(answers)
+        self.seen: list[tuple[str, int]] = []  # (path, generation at arrival)
+        self.gen = 1
+
+    def next(self, path: str) -> Any:
+        self.seen.append((path, self.gen))
+        return self.answers.pop(0) if len(self.answers) > 1 else self.answers[0]
+
+
+class _Handler(BaseHTTPRequestHandler):
+    protocol_version = "HTTP/1.1"
+    server: Any
+
+    def do_POST(self) -> None:
+        self.rfile.read(int(self.headers.get("Content-Length") or 0))
+        answer = self.server.script.next(self.path)
+        if answer == "reset":  # the engine died before anything was answered
+            self._reset()
+        elif answer == "head-then-reset":  # vLLM sent a stream's head, then died
+            self._head()
+            self._reset()
+        elif answer == ("stream-hang",):  # a stuck engine: no answer, ever (until cut)
+            time.sleep(30)
+        elif isinstance(answer, tuple) and answer[0] == "stream":  # chunks, then reset or end
+            self._head()
+            for chunk in answer[1]:
+                self._chunk(chunk)
+                time.sleep(0.05)
+            if answer[2] == "reset":
+                self._reset()
+            else:
+                self._chunk(b"")
+        else:
+            status, body = answer
+            self.send_response(status)
+            self.send_header("Content-Type", "application/json")
+            self.send_header("Content-Length", str(len(body)))
+            self.end_headers()
+            self.wfile.write(body)
+
+    def _head(self) -> None:
+        self.send_response(200)
+        self.send_header("Content-Type", "text/event-stream; charset=utf-8")
+        self.send_header("Transfer-Encoding", "chunked")
+        self.end_headers()
+        self.wfile.flush()
+
+    def _chunk(self, data: bytes) -> None:
+        self.wfile.write(b"%x\r\n%s\r\n" % (len(data), data))
+        self.wfile.flush()
+
+    def _reset(self) -> None:
+        self.wfile.flush()
+        self.connection.setsockopt(socket.SOL_SOCKET, socket.SO_LINGER, b"\x01\0\0\0\0\0\0\0")
+        self.connection.close()
+        self.close_connection = True
+
+    def log_message(self, *args: Any) -> None:
+        """Quiet."""
+
+
+class Daemonish:
+    """The daemon's side: readiness and the engine generation, moved by the test."""
+
+    def __init__(self) -> None:
+        self.state, self.gen = Readiness.OPEN, 1
+
+    def readiness(self) -> Readiness:
+        return self.state
+
+    def generation(self) -> int:
+        return self.gen
+
+    def relaunch(self, script: Script) -> None:
+        """A new engine serves: the next generation."""
+        self.gen += 1
+        script.gen = self.gen
+
+
+@contextmanager
+def setup(*answers: Any, hold: float = 20.0) -> Iterator[tuple[Gate, Script, Daemonish]]:
+    server = ThreadingHTTPServer(("127.0.0.1", 0), _Handler)
+    server.daemon_threads = True
+    script = server.script = Script(*answers)  # type: ignore[attr-defined]
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    d = Daemonish()
+    events: list[tuple[str, dict[str, Any]]] = []
+    g = Gate(f"127.0.0.1:{free_port()}", f"http://127.0.0.1:{server.server_address[1]}",
+             d.readiness, hold, retry_after=3, generation=d.generation,
+             log=lambda level, event, **kw: events.append((event, kw)))
+    g.events = events  # type: ignore[attr-defined]
+    g.start()
+    try:
+        yield g, script, d
+    finally:
+        g.stop()
+        server.shutdown()
+        server.server_close()
+
+
+def post(port: int, path: str = "/v1/completions", body: dict[str, Any] | None = None,
+         timeout: float = 30.0) -> tuple[int, bytes]:
+    conn = http.client.HTTPConnection("127.0.0.1", port, timeout=timeout * TIMEOUT_SCALE)
+    try:
+        conn.request("POST", path, json.dumps(body or BODY),
+                     {"Content-Type": "application/json", "Authorization": "Bearer sk-secret"})
+        resp = conn.getresponse()
+        return resp.status, resp.read()
+    except (OSError, http.client.HTTPException) as exc:  # a cut answer: what was read
+        return -1, str(exc).encode()
+    finally:
+        conn.close()
+
+
+def in_thread(fn: Any) -> tuple[list[Any], threading.Thread]:
+    out: list[Any] = []
+    t = threading.Thread(target=lambda: out.append(fn()))
+    t.start()
+    return out, t
+
+
+def settle(g: Gate) -> None:
+    """The gate's handler is done (a streamed answer reaches its client before it returns)."""
+    wait_until(lambda: g.stats.in_flight == 0 and g.stats.holding == 0, 10 * TIMEOUT_SCALE,
+               "the gate's handlers to finish")
+
+
+def relaunch_when_tried(g: Gate, script: Script, d: Daemonish, tries: int = 1) -> None:
+    """Wait until the engine failed `tries` requests, then a new one serves."""
+    wait_until(lambda: g.stats.replayed >= tries, 10 * TIMEOUT_SCALE, "the replay to wait")
+    d.relaunch(script)
+
+
+@pytest.mark.parametrize("failure", ["reset", "head-then-reset", (500, DEAD_032),
+                                     (500, DEAD_026), (503, SHUTTING),
+                                     ("stream", [b"data: " + DEAD_032 + b"\n\n"], "end")],
+                         ids=["reset-before-head", "reset-after-head", "dead-0.32",
+                              "dead-0.26", "shutting-down", "dead-event-first"])
+def test_a_request_vllm_never_answered_is_sent_to_the_next_engine(failure: Any) -> None:
+    with setup(failure, (200, OK)) as (g, script, d):
+        out, t = in_thread(lambda: post(g.port))
+        relaunch_when_tried(g, script, d)
+        t.join(30 * TIMEOUT_SCALE)
+        settle(g)
+        assert out == [(200, OK)]
+        assert [gen for _, gen in script.seen] == [1, 2]  # never twice to one engine
+        s = g.stats
+        assert (s.replayed, s.replay_answered, s.replay_gave_up, s.cut_midstream) == (1, 1, 0, 0)
+        event = dict(g.events)["gate.replayed"]  # type: ignore[attr-defined]
+        assert event["path"] == "/v1/completions" and event["engine_pid"] == 1
+        assert event["size"] == len(json.dumps(BODY))
+        assert "sk-secret" not in repr(g.events) and "hello" not in repr(g.events)  # type: ignore[attr-defined]
+
+
+def test_a_streamed_request_waits_for_the_next_engine_before_its_head() -> None:
+    chunks = [b'data: {"choices": [{"text": "a"}]}\n\n', b"data: [DONE]\n\n"]
+    with setup("head-then-reset", ("stream", chunks, "end")) as (g, script, d):
+        out, t = in_thread(lambda: post(g.port, "/v1/chat/completions", {**BODY, "stream": True}))
+        relaunch_when_tried(g, script, d)
+        t.join(30 * TIMEOUT_SCALE)
+        settle(g)
+        assert out == [(200, b"".join(chunks))]  # the client saw one clean stream
+        assert g.stats.replay_answered == 1
+
+
+@pytest.mark.parametrize(("path", "parse"), [
+    ("/v1/chat/completions", lambda ev: json.loads(ev.removeprefix(b"data: "))["error"]),
+    ("/v1/messages", lambda ev: json.loads(ev.split(b"\ndata: ")[1])["error"]),
+])
+def test_a_stream_that_had_begun_ends_with_the_error_event_its_client_parses(
+        path: str, parse: Any) -> None:
+    first = b'data: {"choices": [{"text": "a"}]}\n\n'
+    with setup(("stream", [first], "reset")) as (g, script, _d):
+        status, body = post(g.port, path, {**BODY, "stream": True})
+        settle(g)
+        assert status == 200 and body.startswith(first)
+        last = body[len(first):].strip()
+        if path == "/v1/messages":
+            assert last.startswith(b"event: error\n")
+        error = parse(last)
+        assert "had begun" in error["message"]
+        s = g.stats
+        assert (s.cut_midstream, s.replayed, s.failed_midrequest) == (1, 0, 1)
+        assert len(script.seen) == 1
+
+
+@pytest.mark.parametrize("answer", [
+    (404, b'{"error": {"message": "The model `x` does not exist.", "code": 404}}'),
+    (400, b'{"error": {"message": "maximum context length is 2048 tokens", "code": 400}}'),
+    (500, b'{"error": {"message": "Internal Server Error", "code": 500}}'),
+    (503, b'{"error": {"message": "Service Unavailable", "code": 503}}'),
+])
+def test_vllms_own_answers_from_a_live_engine_are_passed_on(answer: tuple[int, bytes]) -> None:
+    with setup(answer) as (g, script, _d):
+        assert post(g.port) == answer
+        assert g.stats.replayed == 0 and g.stats.failed_midrequest == 0 and len(script.seen) == 1
+
+
+def test_no_other_engine_within_hold_timeout_is_503() -> None:
+    with setup("reset", hold=1.0) as (g, script, _d):
+        status, body = post(g.port)
+        assert status == 503 and b"gate.hold_timeout" in body
+        assert g.stats.replay_gave_up == 1 and len(script.seen) == 1
+
+
+@pytest.mark.parametrize("replay_max", [1, 2])
+def test_replay_max(replay_max: int) -> None:
+    with setup("reset", "reset", (200, OK)) as (g, script, d):
+        g.forwarder.replay_max = replay_max
+        out, t = in_thread(lambda: post(g.port))
+        relaunch_when_tried(g, script, d, 1)
+        if replay_max == 2:
+            relaunch_when_tried(g, script, d, 2)
+        t.join(30 * TIMEOUT_SCALE)
+        settle(g)
+        if replay_max == 1:
+            assert out[0][0] == 502 and b"gate.replay_max" in out[0][1]
+            assert g.stats.replay_gave_up == 1 and len(script.seen) == 2
+        else:
+            assert out == [(200, OK)] and g.stats.replayed == 2 and len(script.seen) == 3
+
+
+@pytest.mark.parametrize(("setting", "path", "why"), [
+    ("off", "/v1/completions", b"gate.replay is off"),
+    ("on", "/v1/responses", b"not on the gate's replay list"),
+    ("on", "/v1/load_lora_adapter", b"not on the gate's replay list"),
+    ("small", "/v1/completions", b"over the 10 bytes the gate replays"),
+])
+def test_what_is_not_replayed_says_why(setting: str, path: str, why: bytes) -> None:
+    with setup("reset") as (g, script, _d):
+        g.forwarder.replay = setting != "off"
+        if setting == "small":
+            g.forwarder.replay_body = 10
+        status, body = post(g.port, path)
+        assert status == 502 and why in body
+        assert g.stats.not_replayed == 1 and g.stats.replayed == 0 and len(script.seen) == 1
+
+
+def test_a_stop_during_a_replay_answers_503_at_once() -> None:
+    with setup("reset") as (g, _script, d):
+        out, t = in_thread(lambda: post(g.port))
+        wait_until(lambda: g.stats.replayed == 1, 10 * TIMEOUT_SCALE, "the replay")
+        d.state = Readiness.CLOSED  # vllmwatch stops for good
+        t.join(10 * TIMEOUT_SCALE)
+        settle(g)
+        assert out[0][0] == 503 and b"vllmwatch is stopping" in out[0][1]
+        assert g.stats.replay_gave_up == 1
+
+
+def test_nothing_is_sent_to_an_engine_after_its_stop_order() -> None:
+    """37.9: after stop_order(gen) returns, the door is shut for gen: new requests wait for
+    the next engine even though the published readiness still says open."""
+    with setup((200, OK)) as (g, script, d):
+        assert post(g.port) == (200, OK)
+        g.stop_order(1)
+        out, t = in_thread(lambda: post(g.port))
+        wait_until(lambda: g.stats.holding == 1 or g.stats.held >= 1, 10 * TIMEOUT_SCALE,
+                   "the request to wait")
+        time.sleep(0.3)  # the door is polled: it would have passed by now
+        assert len(script.seen) == 1  # the readiness getter says OPEN, gen 1: still held
+        d.relaunch(script)
+        t.join(20 * TIMEOUT_SCALE)
+        settle(g)
+        assert out == [(200, OK)] and [gen for _, gen in script.seen] == [1, 2]
+        assert g.stats.stop_orders == 1 and g.stats.forwarded_after_stop == 0
+
+
+def test_a_stuck_engines_requests_are_cut_and_replayed() -> None:
+    """vllmwatch declared the engine stuck: its exchange (no answer yet) is ended at once and
+    sent to the next engine, instead of waiting up to an hour."""
+    with setup(("stream-hang",), (200, OK)) as (g, script, d):
+        out, t = in_thread(lambda: post(g.port))
+        wait_until(lambda: g.stats.in_flight == 1 and len(script.seen) == 1,
+                   10 * TIMEOUT_SCALE, "the request at the stuck engine")
+        g.stop_order(1, cut=True)
+        d.relaunch(script)
+        t.join(20 * TIMEOUT_SCALE)
+        settle(g)
+        assert out == [(200, OK)] and g.stats.replayed == 1
+
+
+def test_the_fence_waits_for_sends_under_way() -> None:
+    fence = Fence()
+    assert fence.begin(7)
+    done: list[bool] = []
+    t = threading.Thread(target=lambda: done.append(fence.order(7, wait=10)))
+    t.start()
+    time.sleep(0.1)
+    assert done == [] and not fence.begin(7) and fence.stopped(7)  # no new send to 7
+    fence.sent(7)
+    t.join(5)
+    assert done == [True] and fence.late == 0
+    assert fence.begin(8)  # another generation is not fenced
+    assert not fence.order(8, wait=0.05) and fence.timeouts == 1
+    fence.sent(8)
+    assert fence.late == 1  # written after its stop order went on: counted
+
+
+def test_the_replay_list() -> None:
+    assert replay.replayable_path("POST", "/v1/chat/completions")
+    assert replay.replayable_path("POST", "/v1/messages")
+    assert not replay.replayable_path("GET", "/v1/models")
+    for path in ("/v1/responses", "/v1/load_lora_adapter", "/sleep", "/collective_rpc",
+                 "/reset_prefix_cache", "/v1/responses/abc/cancel"):
+        assert not replay.replayable_path("POST", path), path
+
+
+def test_a_killed_fake_vllm_then_a_relaunched_one_answers_the_replay() -> None:
+    """The fake vLLM process itself: SIGKILL while it computes, a new one on the port."""
+    from tests.shell.test_gate import fake_vllm, running
+
+    port = free_port()
+    d = Daemonish()
+    g = Gate(f"127.0.0.1:{free_port()}", f"http://127.0.0.1:{port}", d.readiness, 30,
+             retry_after=3, generation=d.generation)
+    g.start()
+    try:
+        with fake_vllm(port, "--slow-completion", "30") as fake:
+            out, t = in_thread(lambda: post(g.port, body={**BODY, "model": "fake"}))
+            wait_until(lambda: running(port) >= 1, 20 * TIMEOUT_SCALE, "the request running")
+            d.state = Readiness.HOLD  # the daemon sees the child die ...
+            os.killpg(fake.pid, signal.SIGKILL)
+            wait_until(lambda: g.stats.replayed == 1, 20 * TIMEOUT_SCALE, "the replay")
+        with fake_vllm(port):
+            d.gen += 1  # ... and a new one serve
+            d.state = Readiness.OPEN
+            t.join(30 * TIMEOUT_SCALE)
+        settle(g)
+        assert out[0][0] == 200 and json.loads(out[0][1])["choices"]
+        assert g.stats.replay_answered == 1 and g.stats.failed_midrequest == 1
+    finally:
+        g.stop()
+
+
+def test_sighup_turns_replay_off_and_on() -> None:
+    from vllmwatch.config.schema import from_dict
+    from vllmwatch.live import Live, SwitchableLog
+
+    def config(replay: bool, most: int) -> Any:
+        return from_dict({"vllm": {"model": "/m", "port": 8001},
+                          "gate": {"enabled": True, "listen": "127.0.0.1:8000",
+                                   "replay": replay, "replay_max": most}})
+
+    events: list[str] = []
+    first = config(True, 1)
+    assert first.gate.replay is True and first.gate.replay_max == 1  # the defaults
+    live = Live(first, SwitchableLog(lambda level, event, **kw: events.append(event)),
+                lambda c: lambda *a, **k: None, lambda c: None)
+    with setup("reset") as (g, _script, _d):
+        live.gate = g
+        live.apply(config(False, 1))
+        assert post(g.port)[0] == 502 and g.stats.not_replayed == 1
+        live.apply(config(True, 3))
+        assert g.forwarder.replay and g.forwarder.replay_max == 3
+        assert events.count("gate.replay_changed") == 2

@@ -1,0 +1,149 @@
+"""One exchange with vLLM: send a request, pass the answer on, or say why it failed unseen.
+
+The answer's head is held until its first body byte (vLLM sends a stream's 200 head before
+any token): until then nothing has reached the client and the request may be sent again
+(gate/replay.py). The send is fenced (gate/fence.py): the request is marked written only on
+the event loop's next turn after its last write, so a stop order that waited for it comes
+after its bytes are in the socket.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+from dataclasses import dataclass, field
+from types import SimpleNamespace
+from typing import Any
+
+import aiohttp
+from aiohttp import web
+from multidict import CIMultiDict
+
+from vllmwatch.gate import replay
+from vllmwatch.gate.fence import Fence
+
+# RFC 9110 7.6.1: meaningful for one connection only, never forwarded.
+HOP_BY_HOP = frozenset({"connection", "keep-alive", "proxy-authenticate", "proxy-authorization",
+                        "te", "trailer", "transfer-encoding", "upgrade", "host",
+                        "content-length"})
+WHOLE_BODY = 4 * 2**20  # sized answers up to this are read whole, larger ones streamed
+WHOLE_BODY_TIMEOUT = 60.0  # reading such an answer once its head has come
+
+
+@dataclass(eq=False)
+class Exchange:
+    """One request on its way to one engine generation; what the gate knows of it."""
+
+    gen: int | None
+    fence: Fence
+    path: str = ""
+    has_body: bool = False
+    written: bool = False  # the fence was told the request is in the socket
+    begun: bool = False  # something of the answer reached the client
+    cut: bool = False  # the gate cut it: vllmwatch declared the engine stuck
+    vllm_error: bool = False  # vLLM itself ended the begun stream with an error event
+    broken: bool = False  # begun, then failed: ended by the gate (error event or cut)
+    task: asyncio.Task[Any] | None = field(default=None, repr=False)
+
+    def mark_written(self) -> None:
+        """The fence may let a stop order go on (once)."""
+        if not self.written:
+            self.written = True
+            self.fence.sent(self.gen)
+
+
+def trace_config() -> aiohttp.TraceConfig:
+    """Marks an exchange written on the loop turn after its last write: the body's chunk
+    (headers and body go out in one write), or the head of a request without a body."""
+    tc = aiohttp.TraceConfig()
+
+    async def chunk_sent(_s: Any, ctx: SimpleNamespace, _p: Any) -> None:
+        ex = ctx.trace_request_ctx
+        if isinstance(ex, Exchange) and ex.has_body:
+            asyncio.get_running_loop().call_soon(ex.mark_written)
+
+    async def headers_sent(_s: Any, ctx: SimpleNamespace, _p: Any) -> None:
+        ex = ctx.trace_request_ctx
+        if isinstance(ex, Exchange) and not ex.has_body:
+            asyncio.get_running_loop().call_soon(ex.mark_written)
+
+    tc.on_request_chunk_sent.append(chunk_sent)
+    tc.on_request_headers_sent.append(headers_sent)
+    return tc
+
+
+class Failed(str):
+    """Why an exchange failed with nothing sent to the client (a replayable failure):
+    connection | engine_dead | shutting_down | engine_stuck."""
+
+
+async def run(session: aiohttp.ClientSession, request: web.Request, url: str, body: bytes,
+              ex: Exchange) -> web.StreamResponse | Failed:
+    """Send, and pass the answer on; Failed when it failed before anything reached the
+    client. A begun answer that fails is ended (error event or cut) and returned."""
+    headers = CIMultiDict((k, v) for k, v in request.headers.items()
+                          if k.lower() not in HOP_BY_HOP)
+    response: web.StreamResponse | None = None
+    try:
+        async with session.request(request.method, url, headers=headers, data=body or None,
+                                   allow_redirects=False, trace_request_ctx=ex) as up:
+            ex.mark_written()  # an answer came: it was sent long ago
+            headers = CIMultiDict((k, v) for k, v in up.headers.items()
+                                  if k.lower() not in HOP_BY_HOP)
+            if up.content_length is not None and up.content_length <= WHOLE_BODY:
+                # A sized answer (not SSE): one read, one write; cheaper than chunks.
+                data = await asyncio.wait_for(up.read(), WHOLE_BODY_TIMEOUT)
+                gone = replay.engine_gone_answer(up.status, data)
+                if gone is not None:
+                    return Failed(gone)
+                return web.Response(body=data, status=up.status, reason=up.reason,
+                                    headers=headers)
+            first = await up.content.readany()  # the head waits for it: not begun before
+            if replay.engine_dead_event(first) or \
+                    replay.engine_gone_answer(up.status, first) is not None:
+                return Failed("engine_dead")
+            response = web.StreamResponse(status=up.status, reason=up.reason, headers=headers)
+            if up.content_length is not None:
+                response.content_length = up.content_length
+            await response.prepare(request)
+            ex.begun = True
+            chunk = first
+            while chunk:  # as it arrives: SSE stays live
+                if b'"error"' in chunk and replay.ENGINE_DEAD in chunk:
+                    ex.vllm_error = True  # vLLM's own error event: the stream is ended
+                await response.write(chunk)
+                chunk = await up.content.readany()
+            await response.write_eof()
+            return response
+    except asyncio.CancelledError:
+        if not ex.cut:
+            raise  # the client left, or the gate stops
+        return await _failed(request, response, ex, "engine_stuck")
+    except aiohttp.ClientConnectorError:
+        raise  # refused: nothing was sent; the caller holds it and tries again
+    except (aiohttp.ClientError, asyncio.TimeoutError) as exc:
+        if isinstance(exc, asyncio.TimeoutError) and response is None:
+            raise  # not a failure of the engine that vllmwatch confirmed: 504, as before
+        return await _failed(request, response, ex, "connection")
+    finally:
+        ex.mark_written()
+
+
+async def _failed(request: web.Request, response: web.StreamResponse | None, ex: Exchange,
+                  why: str) -> web.StreamResponse | Failed:
+    """Not begun: replayable. Begun: a stream ends with the error event its clients parse
+    and its end, then the connection closes (another answer is cut: the client sees it
+    incomplete)."""
+    if response is None or not response.prepared:
+        return Failed(why)
+    ex.broken = True
+    if response.content_type == "text/event-stream":
+        message = (f"vLLM failed during this answer ({why}); the answer had begun, so it "
+                   "was not sent again: send the request again")
+        with contextlib.suppress(ConnectionError, RuntimeError, asyncio.TimeoutError):
+            # A well-formed end after the event (the client may be gone already).
+            await asyncio.wait_for(response.write(replay.error_event(ex.path, message)), 1.0)
+            await asyncio.wait_for(response.write_eof(), 1.0)
+    if request.transport is not None:
+        request.transport.close()
+    return response
