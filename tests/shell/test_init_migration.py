@@ -223,3 +223,18 @@ def test_init_says_what_replaces_the_memory_cron_job_and_the_next_steps(tmp_path
     assert f"sudo -u vllmwatch vllmwatch check --config {output}" in out
     assert "systemctl enable --now vllmwatch" in out
     assert out.index("next steps") > out.index("$ vllmwatch check")  # after check's result
+
+
+@pytest.mark.parametrize(("vllm_host", "warned"), [("0.0.0.0", True), ("10.1.2.3", True),
+                                                   ("127.0.0.1", False), ("localhost", False)])
+def test_check_warns_when_vllms_own_port_is_on_the_network_beside_the_gate(
+        vllm_host: str, warned: bool) -> None:
+    from vllmwatch.check.base import Context
+    from vllmwatch.check.host import check_gate_beside
+
+    config = from_dict({"vllm": {"model": "/m", "host": vllm_host, "port": 8001},
+                        "gate": {"enabled": True, "listen": "0.0.0.0:8000"}})
+    got = check_gate_beside(Context(config))
+    assert bool(got) == warned and all("bypass the gate" in r.detail for r in got)
+    assert check_gate_beside(Context(from_dict({"vllm": {"model": "/m",
+                                                         "host": "0.0.0.0"}}))) == []

@@ -12,6 +12,7 @@ from pathlib import Path
 import psutil
 
 from vllmwatch.check.base import FAIL, PASS, SKIP, WARN, CheckResult, Context
+from vllmwatch.config import hosts
 from vllmwatch.shell import child, ports
 
 
@@ -38,6 +39,17 @@ def serving_now(ctx: Context) -> bool:
     found = ports.holders(ctx.config.vllm.host, ctx.config.vllm.port)
     marker = child.instance_id(ctx.config.path)
     return bool(found) and all(_own_child(h.pid, marker) for h in found)
+
+
+def check_gate_beside(ctx: Context) -> list[CheckResult]:
+    """With the gate on, vLLM listens on loopback only: its own port on the network beside
+    the gate lets clients bypass it (and fail during every restart the gate would hide)."""
+    c = ctx.config
+    if not c.gate.enabled or hosts.is_loopback(c.vllm.host):
+        return []
+    return [CheckResult("gate", WARN, f"vllm.host = {c.vllm.host!r} puts vLLM's own port "
+                        f"{c.vllm.port} on the network beside gate.listen = {c.gate.listen!r}: "
+                        'clients there bypass the gate; set vllm.host = "127.0.0.1"')]
 
 
 def check_port(ctx: Context) -> CheckResult:
