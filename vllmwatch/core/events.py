@@ -66,6 +66,7 @@ class ChildOutput:
 
     milestone: str | None = None
     compile_cache_hit: bool = False
+    reuse: tuple[tuple[str, object], ...] = ()  # start-up cache facts (core/reuse.py)
 
 
 @dataclass(frozen=True)

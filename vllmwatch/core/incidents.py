@@ -93,6 +93,7 @@ def facts(s: WatchState, now: float, reason: Reason) -> dict[str, Any]:
         "gen": c.gen, "pid": c.pid, "pgid": c.pgid, "uptime_s": round(now - c.started, 3),
         "ready_for_s": None if c.ready_at is None else round(now - c.ready_at, 3),
         "start_phases_s": dict(c.phases), "compile_cache_hit": c.compile_cache_hit,
+        "start_reuse": dict(c.reuse),
         "health_failures": c.health_failures, "canary_failures": c.canary_failures,
         "hang_suspect": c.hang_suspect, "engine_gone": c.engine_gone,
         "running": c.running, "waiting": c.waiting, "kv_cache_usage": c.kv_cache_usage,

@@ -77,6 +77,7 @@ class ChildRun:
     last_milestone_at: float | None = None
     phases: dict[str, float] = field(default_factory=dict)
     compile_cache_hit: bool = False
+    reuse: dict[str, object] = field(default_factory=dict)  # core/reuse.py: what it reused
     inflight: frozenset[ProbeKind] = frozenset()
     timers: dict[ProbeKind, float] = field(default_factory=dict)  # kind -> next due time
     probe_done_at: dict[ProbeKind, float] = field(default_factory=dict)  # kind -> last result
@@ -141,6 +142,7 @@ class WatchState:
     last_drain: dict[str, float] = field(default_factory=dict)  # phase -> s, last drain
     next_extend: float = 0.0
     rng: int = 0x2545F4914F6CDD1D
+    last_hits: dict[str, bool] = field(default_factory=dict)  # caches the last READY hit
     memory_failures: tuple[int, int] = (0, 0)  # (starts failed for memory in a row, last gen)
     # Who watches /readyz (issue 28): only a balancer polling it needs the deregister delay.
     readyz_tracked: bool = False  # the shell reports /readyz polls (else: always deregister)

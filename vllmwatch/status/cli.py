@@ -22,6 +22,7 @@ from vllmwatch.config.redact import REDACT
 from vllmwatch.config.schema import ConfigError, config_path, load
 from vllmwatch.config.text import printable
 from vllmwatch.config.units import format_duration, format_mib
+from vllmwatch.core.reuse import one_line
 from vllmwatch.status import stopped
 from vllmwatch.status.stopped import IncidentFinder
 
@@ -209,6 +210,10 @@ def clean(data: Mapping[str, Any]) -> dict[str, Any]:
                            for k, v in data.items() if k not in _NUMBERS + _TABLES}
     out.update({k: _num(data.get(k)) for k in _NUMBERS})
     out.update({k: _table(data.get(k)) for k in _TABLES})
+    reuse = data.get("start_reuse")  # flat: numbers and flags kept, text made printable
+    out["start_reuse"] = {printable(str(k), False): v if isinstance(v, (bool, int, float))
+                          else printable(str(v), False) for k, v in reuse.items()} \
+        if isinstance(reuse, dict) else {}
     if out.get("child_pid") is not None:
         out["child_pid"] = int(out["child_pid"])
     stale = data.get("stale_probes")
@@ -313,6 +318,10 @@ def _start_rows(data: Mapping[str, Any], state: str) -> list[tuple[str, str]]:
     if phases:
         rows.append(("startup", ", ".join(f"{k} at +{format_duration(v)}"
                                           for k, v in phases.items())))
+    reused = data.get("start_reuse")
+    if isinstance(reused, Mapping) and reused:  # issue 33: what the launch reused
+        hit = reused.get("compile_cache_hit")
+        rows.append(("reused", one_line(reused, hit if isinstance(hit, bool) else None)))
     return rows
 
 

@@ -55,6 +55,8 @@ class Snapshot:
     last_reason_detail: str | None = None
     last_restart_at: float | None = None  # wall clock
     start_phases_s: dict[str, float] = field(default_factory=dict)
+    # What the current (or last) launch reused of vLLM's start-up caches (core/reuse.py).
+    start_reuse: dict[str, object] = field(default_factory=dict)
     memory: MemoryFigures = field(default_factory=MemoryFigures)
     vllm_running: float | None = None
     vllm_waiting: float | None = None
