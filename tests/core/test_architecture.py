@@ -306,3 +306,21 @@ def test_the_side_effect_finder_finds_them() -> None:
             'def f() -> None:\n    atexit.register(print)\nif __name__ == "__main__":\n'
             '    sys.path.insert(0, ".")\n')
     assert side_effects(good) == []
+
+
+# The restart ladder's rungs once lived as flags on the state records (issue 32); each is a
+# core/restart.Phase now, and its data lives in the Restart record beside the phase.
+RUNG_FLAGS = {"killed", "sweeping", "release", "incident_wait", "pending", "recovering",
+              "exit_code", "draining", "terminating", "backoff", "launching"}
+
+
+def test_a_rung_is_a_phase_never_a_flag() -> None:
+    from dataclasses import fields
+
+    from vllmwatch.core.restart import Phase
+    from vllmwatch.core.state import ChildRun, WatchState
+
+    for record in (WatchState, ChildRun):
+        names = {f.name for f in fields(record)}
+        flags = names & (RUNG_FLAGS | {str(p) for p in Phase})
+        assert not flags, f"{record.__name__} keeps a rung as a field: {sorted(flags)}"
