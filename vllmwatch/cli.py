@@ -43,7 +43,7 @@ def _parser() -> argparse.ArgumentParser:
                        help="skip slow steps (checksums, vLLM version); for ExecStartPre")
     check.add_argument("--config-only", action="store_true",
                        help="only load the config as a reload would (the units' ExecReload=); "
-                       "exit 2 when a reload would refuse it")
+                       f"exit {exitcodes.CONFIG} when a reload would refuse it")
     add("print-command", "print the vLLM command line, secrets redacted")
     status = add("status", "show the running daemon's status")
     status.add_argument("--json", action="store_true", help="print the raw /status JSON")

@@ -86,7 +86,7 @@ def _run(config: Config, log_format: str | None, env: dict[str, str], log: Switc
         fx.stop_order = live.gate.stop_order
 
     def reload() -> Config:  # on a worker thread: reads the file, logs with the old level
-        # The same check as `check --config-only`, the units' first ExecReload= (exit 2).
+        # The same check as `check --config-only`, the units' first ExecReload= (exit CONFIG).
         return spread_config(load_for_reload(config.path), log)
 
     def reloaded(new: Config) -> None:  # on the loop's thread, with the new config

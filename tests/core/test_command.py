@@ -20,6 +20,7 @@ from vllmwatch.config.command import (
     redact_argv,
 )
 from vllmwatch.config.schema import ConfigError, from_dict
+from vllmwatch.core import exitcodes
 
 
 def cfg(**vllm: Any) -> Any:
@@ -159,7 +160,7 @@ def test_unreadable_key_file_is_a_config_error(tmp_path: Path) -> None:
     conf.write_text(f'[vllm]\nmodel = "/m"\napi_key_file = "{tmp_path}/missing"\n')
     out = subprocess.run([sys.executable, "-m", "vllmwatch", "print-command", "--config",
                           str(conf)], capture_output=True, text=True, check=False)
-    assert out.returncode == 2
+    assert out.returncode == exitcodes.CONFIG
     assert "vllm.api_key_file" in out.stderr and "Traceback" not in out.stderr
 
 

@@ -10,6 +10,7 @@ import pytest
 
 from vllmwatch.config import units
 from vllmwatch.config.schema import ConfigError, config_path, from_dict, load
+from vllmwatch.core import exitcodes
 
 REPO = Path(__file__).resolve().parents[2]
 
@@ -153,11 +154,11 @@ def test_sizes(text: object, mib: float) -> None:
     assert units.parse_size_mib(text) == pytest.approx(mib)
 
 
-def test_cli_config_error_is_one_line_and_exit_2(tmp_path: Path) -> None:
+def test_cli_config_error_is_one_line_and_the_config_exit_code(tmp_path: Path) -> None:
     path = write(tmp_path, '[vllm]\nmodel = "/m"\n[memory]\ngpu_limit = "huge"\n')
     out = subprocess.run([sys.executable, "-m", "vllmwatch", "print-command", "--config", path],
                          capture_output=True, text=True, check=False)
-    assert out.returncode == 2
+    assert out.returncode == exitcodes.CONFIG
     assert "Traceback" not in out.stderr
     assert "memory.gpu_limit" in out.stderr and "'huge'" in out.stderr
     assert out.stderr.count("\n") == 1

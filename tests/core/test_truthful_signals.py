@@ -9,7 +9,7 @@ import dataclasses
 import pytest
 
 from vllmwatch.config.schema import Config, from_dict
-from vllmwatch.core import machine, policy
+from vllmwatch.core import exitcodes, machine, policy
 from vllmwatch.core.events import (
     Action,
     CanaryResult,
@@ -162,12 +162,12 @@ def test_exit_2_explained_by_when(starting: bool, words: str) -> None:
     assert ("argument" in text) == starting
 
 
-def test_exit_2_during_the_start_still_exits_2() -> None:
+def test_exit_2_during_the_start_is_the_config_exit() -> None:
     core = Core()
     core.launch()
     core.step(ChildExited(core.pid, 2, None, last_lines=("vllm: error: unrecognized",)))
     assert core.events("child.rejected_arguments")
-    assert core.s.exit_code == 2
+    assert core.s.exit_code == exitcodes.CONFIG
 
 
 # ---- one clock jump, one alarm -----------------------------------------------------------------

@@ -15,6 +15,7 @@ from typing import Any
 import pytest
 
 from tests.support import Daemon, base_config, free_port, merge, to_toml, wait_for
+from vllmwatch.core import exitcodes
 
 Factory = Callable[..., Daemon]
 
@@ -85,7 +86,7 @@ def test_a_fifo_api_key_file_is_a_config_error(daemon: Factory, tmp_path: Path) 
     d = daemon({"vllm": {"api_key_file": str(key)}})
     failed = d.wait_event("child.spawn_failed", 30)
     assert str(key) in failed["error"] and "FIFO" in failed["error"]
-    assert d.wait_exit(30) == 2
+    assert d.wait_exit(30) == exitcodes.CONFIG
 
 
 def test_sighup_to_log_level_error_stops_forwarding_the_childs_info_lines(

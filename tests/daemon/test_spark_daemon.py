@@ -14,6 +14,7 @@ from typing import Any
 import pytest
 
 from tests.support import PYTHON, Daemon, free_port, wait_for
+from vllmwatch.core import exitcodes
 
 FAKE = [PYTHON, "-m", "vllmwatch.testing.fake_vllm", "--startup-seconds", "0.3"]
 FREE = ("ValueError: Free memory on device cuda:0 (2.6/121.63 GiB) on startup is less than "
@@ -72,7 +73,7 @@ def test_memory_failed_starts_stop_with_exit_5(tmp_path: Path, made: list[Daemon
     d = Daemon(tmp_path, config(tmp_path, [PYTHON, "-c", script], start_memory_retries=1))
     made.append(d)
     d.start()
-    assert d.wait_exit(60.0) == 5
+    assert d.wait_exit(60.0) == exitcodes.START_MEMORY
     failures = d.named("start.memory_failure")
     assert [f["failures_in_row"] for f in failures] == [1, 2]
     assert "page cache held" in failures[0]["detail"]

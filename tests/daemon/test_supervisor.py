@@ -40,6 +40,7 @@ from tests.support import (
     wait_for,
     wait_for_value,
 )
+from vllmwatch.core import exitcodes
 from vllmwatch.shell.child import MARKER, instance_id
 
 Factory = Callable[..., Daemon]
@@ -331,23 +332,23 @@ def test_host_memory_leak_drains_then_restarts(daemon: Factory) -> None:
 # ---- giving up, and refusing to start ----
 
 
-def test_crash_loop_gives_up_with_exit_3(daemon: Factory) -> None:
+def test_crash_loop_gives_up_with_its_exit_code(daemon: Factory) -> None:
     d = daemon(["--crash-during-start", "0.1"],
                {"restart": {"max_restarts": 2, "window": "1h"}})
     code = d.wait_exit(30.0)
-    assert code == 3
+    assert code == exitcodes.GAVE_UP
     gave_up = d.named("crashloop.gave_up")
     assert gave_up and gave_up[0]["restarts"] == 3
     assert len(d.named("child.started")) == 3
-    assert d.named("daemon.exit", code=3)
+    assert d.named("daemon.exit", code=exitcodes.GAVE_UP)
     report("crash loop (3 failed starts) -> exit", ts_of(d.named("daemon.exit")[0])
            - ts_of(d.named("child.started")[0]))
 
 
-def test_rejected_arguments_exit_2_at_once(daemon: Factory) -> None:
+def test_rejected_arguments_exit_config_at_once(daemon: Factory) -> None:
     d = daemon(["--fail-start"])
     code = d.wait_exit(10.0)
-    assert code == 2
+    assert code == exitcodes.CONFIG
     rejected = d.named("child.rejected_arguments")
     assert rejected and "vllm: error" in rejected[0]["error"]
     assert len(d.named("child.started")) == 1  # never retried
@@ -433,7 +434,7 @@ def test_stale_tree_without_kill_stale_exits_4(daemon: Factory) -> None:
     stale = _stale_tree(d)
     try:
         d.start()
-        assert d.wait_exit(15.0) == 4
+        assert d.wait_exit(15.0) == exitcodes.START
         remaining = d.named("leftovers.remaining")
         assert remaining and stale.pid in remaining[0]["pids"]
         assert d.named("port.busy")
@@ -451,7 +452,7 @@ def test_foreign_listener_on_port_exits_4_untouched(daemon: Factory) -> None:
     foreign.listen(8)
     try:
         d.start()
-        assert d.wait_exit(15.0) == 4
+        assert d.wait_exit(15.0) == exitcodes.START
         busy = d.named("port.busy")
         assert busy and busy[0]["port"] == d.port
         assert not d.named("child.started")

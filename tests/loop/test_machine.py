@@ -5,6 +5,7 @@ from __future__ import annotations
 import pytest
 
 from vllmwatch.config.schema import Config, from_dict
+from vllmwatch.core import exitcodes
 from vllmwatch.core.events import ReloadRequested, RestartRequested, StopRequested
 from vllmwatch.core.state import S
 from vllmwatch.testing import Driver, World, config_with
@@ -168,7 +169,7 @@ def test_crash_loop_gives_up_with_exit_code_3() -> None:
             break
         d.kill_child(code=1)
         d.run_until(lambda: ready(d) or d.exit_code is not None, 600)
-    assert d.exit_code == 3
+    assert d.exit_code == exitcodes.GAVE_UP
     assert d.events("crashloop.gave_up")
     assert len(restarts(d)) == 5
     assert d.state.state == S.FAILED
@@ -177,8 +178,8 @@ def test_crash_loop_gives_up_with_exit_code_3() -> None:
 def test_arguments_rejected_during_start_is_a_config_error() -> None:
     d = Driver(BASE, world=World(canary_ok=False))
     d.run_for(2)
-    d.kill_child(code=2)
-    assert d.exit_code == 2
+    d.kill_child(code=2)  # vLLM's argparse
+    assert d.exit_code == exitcodes.CONFIG
     assert d.events("child.rejected_arguments")
 
 
@@ -252,7 +253,7 @@ def test_second_stop_signal_kills_at_once() -> None:
 
 def test_foreign_process_on_the_port_is_a_start_error() -> None:
     d = Driver(BASE, world=World(port_holder="pid 77 (nginx)"))
-    assert d.exit_code == 4
+    assert d.exit_code == exitcodes.START
     assert d.events("port.busy")[0]["holder"] == "pid 77 (nginx)"
     assert d.world.spawns == 0
 

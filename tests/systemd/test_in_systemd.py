@@ -236,7 +236,8 @@ vllm_pids > after.txt
 
 
 def test_config_error_fails_without_restart(boot: Boot) -> None:
-    """Exit 2 is final (RestartPreventExitStatus=2); ExecStartPre's checklist is advisory."""
+    """The config exit (78, CONFIG) is final (RestartPreventExitStatus=); ExecStartPre's
+    checklist is advisory; systemd names the code by its meaning."""
     r = boot(write(CONF, "[vllm]\nport = 8000\n") + """
 systemctl start vllmwatch; echo $? > start.rc
 wait_for 30 is_state vllmwatch failed
@@ -244,11 +245,13 @@ sleep 3  # RestartSec=1s: a wrongly scheduled restart would show within this
 prop vllmwatch NRestarts > nrestarts.txt
 prop vllmwatch ExecMainStatus > status.txt
 journalctl -u vllmwatch --no-pager > unit.txt
+systemctl status --no-pager vllmwatch > systemctl-status.txt 2>&1
 """, units={FAST: dropin(RestartSec="1s")})
     ok(r)
     assert r.read("start.rc").strip() != "0"
     assert r.read("nrestarts.txt").strip() == "0"
-    assert r.read("status.txt").strip() == "2"
+    assert r.read("status.txt").strip() == str(exitcodes.CONFIG)
+    assert f"status={exitcodes.CONFIG}/CONFIG" in r.read("systemctl-status.txt")
     assert "vllm.model" in r.read("unit.txt")
 
 

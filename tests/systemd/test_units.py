@@ -14,6 +14,8 @@ from pathlib import Path
 
 import pytest
 
+from vllmwatch.core import exitcodes
+
 REPO = Path(__file__).resolve().parents[2]
 UNITS = ["vllmwatch.service", "vllmwatch@.service"]
 MAX_EXPOSURE = 2.0
@@ -67,7 +69,7 @@ def test_key_settings(unit: str) -> None:
     s = _settings(unit)
     for key, value in {
         "Type": "notify", "NotifyAccess": "main", "KillMode": "mixed", "Restart": "on-failure",
-        "RestartPreventExitStatus": "2 6 7", "User": "vllmwatch", "PrivateDevices": "no",
+        "User": "vllmwatch", "PrivateDevices": "no",
         "DevicePolicy": "closed", "ProtectSystem": "strict", "CacheDirectory": "vllmwatch",
         "TimeoutStartSec": "120",
     }.items():
@@ -78,6 +80,11 @@ def test_key_settings(unit: str) -> None:
     # Above the daemon's drain + stop budget (restart.drain_timeout + restart.stop_timeout).
     assert int(s["TimeoutStopSec"][0]) > 30 + 30
     assert int(s["WatchdogSec"][0]) >= 10
+    # The exits a restart cannot fix, by their numbers in the one table; sysexits.h codes
+    # (64-78), which systemd names by meaning, never LSB's 3-7 (mislabelled by systemd).
+    (prevent,) = s["RestartPreventExitStatus"]
+    assert sorted(int(c) for c in prevent.split()) == sorted(
+        {exitcodes.CONFIG, exitcodes.GPU_FAULT, exitcodes.ALREADY_RUNNING})
     # A reload checks the config before the signal, so a bad one fails `systemctl reload`.
     assert s["ExecReload"] == [
         "/opt/vllmwatch/bin/vllmwatch check --config-only --config ${VLLMWATCH_CONFIG}",

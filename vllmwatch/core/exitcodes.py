@@ -1,17 +1,24 @@
 """The one table of `vllmwatch` exit codes (README, docs/operations/exit-codes.md and the units
-rely on it)."""
+rely on it).
+
+The numbers come from BSD's sysexits.h, the one range systemd names by meaning (it shows
+`status=78/CONFIG`). 3-7 are the LSB init-script codes, which systemd shows by their LSB
+names: the crash-loop give-up used to read `status=3/NOTIMPLEMENTED` and "another instance"
+`status=7/NOTRUNNING`. Earlier builds used 2-7 (OLD below); docs/operations/exit-codes.md
+("Upgrading") lists old and new for scripts and alerts.
+"""
 
 from __future__ import annotations
 
 OK = 0  # stopped on request; `check` all passed
 FAILURE = 1  # a check failed, a required pre-warm step failed, or an internal error
-CONFIG = 2  # bad config or vLLM refused its arguments: restarting will not help
-GAVE_UP = 3  # crash-loop guard: too many failed restarts in restart.window
-START = 4  # cannot start: a foreign process holds vllm.port
-START_MEMORY = 5  # vLLM's start kept failing for memory (diagnosed; see core/unified.py)
-GPU_FAULT = 6  # a GPU hardware fault (lost, Xid, ECC): a person is needed, not a restart
-ALREADY_RUNNING = 7  # another vllmwatch runs this config (instance lock): nothing was touched
-INTERNAL = 70  # an unexpected error inside vllmwatch (EX_SOFTWARE); the vLLM tree was killed
+CONFIG = 78  # EX_CONFIG (was 2): bad config or vLLM refused its arguments: restarting won't help
+GAVE_UP = 75  # EX_TEMPFAIL (was 3): crash-loop guard: too many failed restarts in restart.window
+START = 69  # EX_UNAVAILABLE (was 4): cannot start: a foreign process holds vllm.port
+START_MEMORY = 71  # EX_OSERR (was 5): vLLM's start kept failing for memory (core/unified.py)
+GPU_FAULT = 74  # EX_IOERR (was 6): a GPU hardware fault (lost, Xid, ECC): a person is needed
+ALREADY_RUNNING = 73  # EX_CANTCREAT (was 7): another vllmwatch holds this config's instance lock
+INTERNAL = 70  # EX_SOFTWARE: an unexpected error inside vllmwatch; the vLLM tree was killed
 
 MEANING = {
     OK: "stopped on request",
@@ -24,3 +31,6 @@ MEANING = {
     ALREADY_RUNNING: "another vllmwatch runs this config; this one touched nothing",
     INTERNAL: "internal error in vllmwatch (a bug: please report the logged traceback)",
 }
+
+# The codes of earlier builds (issue 36.10): what scripts and alerts written for them change.
+OLD = {2: CONFIG, 3: GAVE_UP, 4: START, 5: START_MEMORY, 6: GPU_FAULT, 7: ALREADY_RUNNING}

@@ -65,7 +65,7 @@ def systemd_view(unit: str, run: Run = subprocess.run, booted: bool | None = Non
 
 
 def last_exit(view: Mapping[str, str]) -> str:
-    """ "exit 3 (crash-loop guard gave up)", "killed by SIGKILL", or "" when none is known."""
+    """ "exit 75 (crash-loop guard gave up)", "killed by SIGKILL", or "" when none is known."""
     code, status = view.get("ExecMainCode", ""), view.get("ExecMainStatus", "")
     if not status.isdigit() or code not in (_CLD_EXITED, _CLD_KILLED, _CLD_DUMPED):
         return ""
