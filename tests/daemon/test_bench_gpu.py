@@ -24,6 +24,7 @@ import pytest
 from bench.gpu.cli import main
 from bench.gpu.nvml import Nvml
 from bench.gpu.phases import PHASES
+from bench.gpu.phases.caches import STEPS
 from bench.gpu.run import Run
 from tests.support import FAKE, REPO
 from tests.support.procs import owned
@@ -37,7 +38,8 @@ RECOVERS = {"watch": ["kill_engine"], "big": ["kill_engine"], "matrix": ["kill_e
             "tp2apikill": ["engine_kill9"], "standby": ["engine_kill9", "api_server_sigkill"],
             "standbyoff": ["engine_kill9", "api_server_sigkill"], "standbyapi2": ["engine_kill9"],
             "hangstop": [f"sigstop_{i}" for i in range(1, 6)],
-            "incident": ["engine_sigstop"]}
+            "incident": ["engine_sigstop"], "cacheson": ["engine_kill9", "api_server_sigkill"],
+            "cachesoff": ["engine_kill9", "api_server_sigkill"]}
 # Phases whose restarts the standby takes (issue 28): at least one launch by it.
 BY_STANDBY = {"standby", "standbyapi2"}
 # The standby phases (issue 27): each fault's restart_timing must reach READY again.
@@ -94,11 +96,38 @@ def test_every_phase_runs_its_steps_on_the_fakes(tmp_path: Path, phase: str) -> 
         [rec] = [ln for ln in got if ln["what"] == "record"]
         engine = [p for p in rec["processes"] if p["role"] == "engine_core"]
         assert engine and engine[0]["dumps"]["py-spy"][0], rec
+    if phase.startswith("caches"):
+        _caches_checks(phase, got)
     stops = [ln for ln in got if ln["what"] == "sigterm_vllmwatch"]
     assert [s["exit_code"] for s in stops] == [0] * len(stops), stops
     # What a stop left for the sweep to kill (a zombie only waits to be reaped).
     swept = [p for ln in got if ln["what"] == "sweep_killed" for p in ln["processes"]]
     assert [p for p in swept + run.ours() if p["state"] != "Z"] == []
+
+
+# Issue 33: what each plain start reused (the fake plays vLLM's caches), in STEPS order.
+REUSED = {"cold": {"startup_plan": None, "aot_saved": None}, "neither": {"startup_plan": None},
+          "plan-writing": {"startup_plan": "saved"}, "plan": {"startup_plan": "applied"},
+          "artifact-writing": {"aot_saved": True, "startup_plan": None},
+          "artifact": {"aot_loaded": True, "startup_plan": None},
+          "both": {"aot_loaded": True, "startup_plan": "applied"}}
+
+
+def _caches_checks(phase: str, got: list[dict[str, Any]]) -> None:
+    starts = [ln for ln in got if ln["what"] == "plain_start"]
+    for s in starts:  # each start reached READY and says what it reused, as expected
+        assert s["launch_to_ready_s"] is not None and s["texts"], s
+        want = REUSED[s["config"]]
+        assert {k: s["reuse"].get(k) for k in want} == want, s
+    if phase == "cachesplain":
+        assert [s["config"] for s in starts] == [label for label, _ in STEPS], starts
+        summaries = {ln["config"]: ln["n"] for ln in got if ln["what"] == "config_summary"}
+        assert summaries == {"neither": 3, "plan": 3, "artifact": 3, "both": 3}, summaries
+    if phase in ("cachesplain", "cacheson", "cachesoff"):
+        [eq] = [ln for ln in got if ln["what"] == "greedy_equal"]
+        assert eq["equal"], eq
+    for t in (ln for ln in got if ln["what"] == "restart_timing" and "error" not in ln):
+        assert isinstance(t["reuse"], dict) and t["failures_in_row"] <= 1, t
 
 
 def test_auto_runs_the_auto_phases_in_order_and_never_twice(tmp_path: Path,

@@ -20,7 +20,9 @@ from vllmwatch.testing import FakeNotifier
 DAEMON_FIELDS = {"log", "notifier", "_environ", "reaper", "launcher", "marker", "platform",
                  "sampler", "_sampler_gpus", "_fixed_sampler", "_publish", "_versions", "_run",
                  "standby", "_config",  # the standby launcher's view, and the latest config
-                 "incidents"}  # incident records: the last child's evidence, kept on purpose
+                 "incidents",  # incident records: the last child's evidence, kept on purpose
+                 "_caches_said",  # the start-up cache decision last logged (issue 33)
+                 "stop_order"}  # the gate's fence, told before any signal (daemon lifetime)
 
 CHILD = [sys.executable, "-c", "import sys; print('bye', flush=True); sys.exit(3)"]
 

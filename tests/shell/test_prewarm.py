@@ -120,6 +120,10 @@ def test_caches_step_creates_dirs_and_reports_sizes(tmp_path: Path) -> None:
     assert sizes["torch_compile"]["files"] == 1
     assert sizes["torch_compile"]["bytes"] >= 100_000
     assert sizes["flashinfer"]["path"] == str(tmp_path / "cache/flashinfer/.cache/flashinfer")
+    # vLLM's start-up caches (issue 33): where they are, absent until a start writes them
+    assert sizes["startup_plan"] == {"path": str(tmp_path / "cache/vllm/startup_plan"),
+                                     "exists": False}
+    assert sizes["aot_artifacts"]["path"].endswith("torch_compile_cache/torch_aot_compile")
     assert step(report, "page_cache").status == "skipped"
 
 

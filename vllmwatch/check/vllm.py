@@ -7,7 +7,7 @@ import shlex
 import socket
 
 from vllmwatch.check.base import FAIL, PASS, SKIP, WARN, CheckResult, Context
-from vllmwatch.config import command, hosts, vllmflags, vllminfo
+from vllmwatch.config import command, hosts, startcaches, vllmflags, vllminfo
 from vllmwatch.config.schema import ConfigError
 
 
@@ -36,6 +36,20 @@ def check_vllm(ctx: Context) -> CheckResult:
         return CheckResult("vllm", PASS, exe)
     ver = vllminfo.version(cmd)
     return CheckResult("vllm", PASS, f"{exe} (vLLM {ver})" if ver else f"{exe} (version unknown)")
+
+
+def check_start_caches(ctx: Context) -> CheckResult:
+    """vLLM's start-up caches (issue 33): what the next launch turns on, and an operator's
+    VLLM_USE_STANDALONE_COMPILE=0 with the mega AOT artifact on refused (vLLM asserts)."""
+    c = ctx.config
+    info = startcaches.VllmInfo() if ctx.fast else vllminfo.info(c.vllm.command)
+    found = startcaches.problems(c, ctx.env, info)
+    if found:
+        return CheckResult("start caches", FAIL, f"{found[0].key}: {found[0].problem}")
+    d = startcaches.decide(c, ctx.env, info, unified=False)
+    return CheckResult("start caches", PASS, f"startup plan: {d.why['startup_plan']}; mega AOT "
+                       f"artifact: {d.why['mega_aot_artifact']} (on unified memory `auto` "
+                       "leaves the plan off)")
 
 
 def check_vllm_args(ctx: Context) -> CheckResult:

@@ -9,6 +9,7 @@ from vllmwatch.config.convert import show
 from vllmwatch.config.errors import Problem
 from vllmwatch.config.hosts import clashes, listen_problem, parse_address, parse_listen
 from vllmwatch.config.sections import Config
+from vllmwatch.config.startcaches import problems as startcache_problems
 
 
 def cross_checks(config: Config) -> list[Problem]:
@@ -25,7 +26,8 @@ def cross_checks(config: Config) -> list[Problem]:
     why = listen_problem(config.status.listen, config.status.allow_remote)
     if why is not None:
         out.append(Problem("status.listen", f"bad value {config.status.listen!r}: {why}"))
-    return out + _canary_checks(config) + _gate_checks(config) + _address_checks(config)
+    return out + _canary_checks(config) + _gate_checks(config) + _address_checks(config) \
+        + startcache_problems(config, {})
 
 
 def _address_checks(config: Config) -> list[Problem]:

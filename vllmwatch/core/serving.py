@@ -6,7 +6,7 @@ from dataclasses import replace
 
 from vllmwatch.config.quiet import in_window
 from vllmwatch.core import drain as drains
-from vllmwatch.core import gpufault, hangs, leak, policy, probing, sleep, stalls
+from vllmwatch.core import gpufault, hangs, leak, policy, probing, reuse, sleep, stalls
 from vllmwatch.core import hangverdicts as verdicts
 from vllmwatch.core.events import (
     Action,
@@ -21,6 +21,8 @@ from vllmwatch.core.events import (
 from vllmwatch.core.ladder import begin_restart
 from vllmwatch.core.names import ProbeKind as K
 from vllmwatch.core.names import Reason
+from vllmwatch.core.restart import Phase, pending
+from vllmwatch.core.restart import goto as rung
 from vllmwatch.core.samples import gpu_figure, host_figure
 from vllmwatch.core.state import ChildRun, Result, S, WatchState, goto
 from vllmwatch.core.stopping import stop_child
@@ -42,7 +44,8 @@ def child_output(s: WatchState, ev: ChildOutput, now: float) -> Result:
         return s, []
     c = s.child
     s = replace(s, child=replace(c, last_progress=now,
-                                 compile_cache_hit=c.compile_cache_hit or ev.compile_cache_hit))
+                                 compile_cache_hit=c.compile_cache_hit or ev.compile_cache_hit,
+                                 reuse=reuse.merge(c.reuse, ev.reuse) if ev.reuse else c.reuse))
     if ev.milestone is None or ev.milestone in c.phases:
         return s, []
     since_start = now - c.started
@@ -161,13 +164,26 @@ def _become_ready(s: WatchState, now: float, acts: list[Action]) -> Result:
         health_failures=0, canary_failures=0, probe_done_at={k: now for k in probing.bounds(s)},
         stale=()))
     log = Log("info", "child.ready", {"pid": c.pid, "startup_s": round(took, 2),
-                                      "phases": phases, "compile_cache_hit": c.compile_cache_hit})
-    acts = [*acts, *more, log]
-    if s.recovering and s.last_restart_at is not None:
+                                      "phases": phases, "compile_cache_hit": c.compile_cache_hit,
+                                      "reuse": dict(c.reuse)})
+    acts = [*acts, *more, log, *_missed(s.last_hits, c)]
+    s = replace(s, last_hits=reuse.hits(c.reuse, c.compile_cache_hit))
+    if s.restart.reason is not None and s.last_restart_at is not None:
         acts.append(Log("info", "restart.done", {
             "reason": s.last_reason, "downtime_s": round(now - s.last_restart_at, 2)}))
-        s = replace(s, recovering=False)
-    return s, [*acts, Notify(ready=True)]
+    s, more = rung(s, Phase.IDLE, now, "ready")
+    return s, [*acts, *more, Notify(ready=True)]
+
+
+def _missed(before: dict[str, bool], c: ChildRun) -> list[Action]:
+    """A relaunch that missed a start-up cache the last READY launch hit: say which and why
+    (issue 33); such a start is seconds slower, and the cause is usually outside vLLM."""
+    now = reuse.hits(c.reuse, c.compile_cache_hit)
+    return [Log("warning", "startup.cache_missed", {
+        "cache": cache, "likely_cause": why,
+        "detail": f"this launch did not reuse the {cache.replace('_', ' ')} that the last "
+                  "one did; its start took longer"})
+        for cache, why in reuse.misses(before, now, c.reuse)]
 
 
 def metrics(s: WatchState, ev: MetricsResult, now: float) -> Result:
@@ -236,11 +252,11 @@ def _judge_progress(s: WatchState, prev: policy.Progress | None, cur: policy.Pro
             return probing.set_timer(s, K.METRICS, ref.at + hangs.VERDICT_SPAN), acts
         s, acts = verdicts.on_canary_timeout(s, moved, cpu, now, "nothing the engine reports "
                                              "moved (tokens, queue, KV cache)")
-        if s.pending is not None:
+        if pending(s) is not None:
             return s, acts
     s, more = verdicts.frozen(s, prev, cur, now, cpu)
     acts += more
-    if s.pending is not None:
+    if pending(s) is not None:
         return s, acts
     stall = policy.stalled_since(c.stall_since, prev, cur)
     s = replace(s, child=replace(s.run, stall_since=stall))

@@ -12,6 +12,7 @@ from collections.abc import Mapping, Sequence
 from typing import Any
 
 from vllmwatch.config.text import printable
+from vllmwatch.core.reuse import one_line
 from vllmwatch.incident.cause import ERROR_LINE
 
 OUTPUT_SHOWN = 40  # last output lines in the report (all of them are in output.log)
@@ -40,6 +41,11 @@ def _head(r: Mapping[str, Any]) -> str:
     lines.append(f"tree: {tree.get('note', '?')}")
     v = r.get("versions") or {}
     lines.append("versions: " + ", ".join(f"{k} {val}" for k, val in v.items() if val))
+    core = r.get("core") or {}
+    if isinstance(core.get("start_reuse"), Mapping):  # issue 33: vLLM's start-up caches
+        hit = core.get("compile_cache_hit")
+        lines.append("last launch reused: " + one_line(core["start_reuse"],
+                                                       hit if isinstance(hit, bool) else None))
     lines.append(f"config sha256 {str(r.get('config_sha256', ''))[:12]}; record took "
                  f"{(r.get('capture') or {}).get('seconds', '?')} s")
     lines.append("timeline (s before the incident):")

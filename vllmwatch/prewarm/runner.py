@@ -24,6 +24,7 @@ from vllmwatch.prewarm import evict, kernels, pagecache
 CACHE_VARS = {"VLLM_CACHE_ROOT": "vllm", "TRITON_CACHE_DIR": "triton",
               "FLASHINFER_WORKSPACE_BASE": "flashinfer", "HF_HOME": "huggingface"}
 RESIDENT_ENOUGH = 0.9
+NESTED = ("torch_compile", "aot_artifacts", "startup_plan")  # inside "vllm": counted there
 
 # vLLM's compilation backend, on loading a graph compiled by an earlier start, logs e.g.
 # "Directly load the compiled graph(s) for compile range (1, 8192) from the cache, took 0.7 s"
@@ -115,7 +116,10 @@ def _cache_dirs(config: Config, environ: Mapping[str, str]) -> dict[str, Path]:
     xdg = Path(env.get("XDG_CACHE_HOME") or home / ".cache")
     vllm = Path(env.get("VLLM_CACHE_ROOT") or xdg / "vllm")
     fi_base = Path(env.get("FLASHINFER_WORKSPACE_BASE") or home)
+    # Issue 33: vLLM's startup plans and AOT artifacts (mega or not) live inside these two.
     return {"vllm": vllm, "torch_compile": vllm / "torch_compile_cache",
+            "aot_artifacts": vllm / "torch_compile_cache" / "torch_aot_compile",
+            "startup_plan": vllm / "startup_plan",
             "triton": Path(env.get("TRITON_CACHE_DIR") or home / ".triton" / "cache"),
             "flashinfer": fi_base / ".cache" / "flashinfer",
             "huggingface": Path(env.get("HF_HOME") or xdg / "huggingface")}
@@ -166,7 +170,7 @@ def _step_caches(config: Config, environ: Mapping[str, str], deadline: float
     problems = [f"{var}={path}: {why}" for var, path, why in unusable]
     report = cache_report(config, environ, max(0.0, min(10.0, deadline - time.monotonic())))
     data = {"env": ours, "caches": report, "env_usable": not problems}
-    total = sum(c.get("bytes", 0) for k, c in report.items() if k != "torch_compile")
+    total = sum(c.get("bytes", 0) for k, c in report.items() if k not in NESTED)
     compiled = report["torch_compile"].get("bytes", 0)
     if problems:
         return "warn", (f"cannot create cache dirs under prewarm.cache_dir "

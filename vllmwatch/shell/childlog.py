@@ -15,6 +15,7 @@ import time
 from collections.abc import Callable, Iterator
 from typing import IO
 
+from vllmwatch.core import reuse
 from vllmwatch.core.events import ChildOutput
 from vllmwatch.core.unified import is_memory_line
 from vllmwatch.prewarm.runner import compile_cache_hit
@@ -167,9 +168,10 @@ class ChildLog:
                 if is_memory_line(line):
                     self.memory_lines.append(line)
                 milestone, hit = milestone_of(line), compile_cache_hit(line)
+                facts = reuse.facts_of(line)
                 now = self._clock()
-                if milestone or hit or now - last_post >= PROGRESS_EVERY:
-                    self._post(ChildOutput(milestone, hit))
+                if milestone or hit or facts or now - last_post >= PROGRESS_EVERY:
+                    self._post(ChildOutput(milestone, hit, facts))
                     last_post = now
                 if self._forward and not _OWN_PROBE.search(line):
                     self._offer(level, line, now)

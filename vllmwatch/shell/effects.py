@@ -9,7 +9,7 @@ from collections.abc import Callable, Mapping
 from dataclasses import replace
 from typing import Any, Protocol
 
-from vllmwatch.config import command
+from vllmwatch.config import command, startcaches
 from vllmwatch.config.schema import Config, ConfigError
 from vllmwatch.core.events import (
     CheckRelease,
@@ -97,6 +97,8 @@ class RealEffects:
         # so that no request reaches an engine after vllmwatch told it to stop (issue 37.9).
         self.stop_order: Callable[[int | None, bool], None] | None = None
         self._versions = VersionCache()
+        # The start-up cache decision last logged (daemon lifetime: said once per change).
+        self._caches_said: list[tuple[dict[str, str], dict[str, str]]] = []
         self._versions.prefetch(config.vllm.command)  # off the loop, before the first launch
         self._run: ChildHandle | None = None
         # The launcher lives as long as the daemon; the standby one keeps a pre-imported
@@ -111,6 +113,10 @@ class RealEffects:
     def spawn(self, config: Config, post: Callable[[Event], None]) -> Event:
         """Build the command (refusing known-broken flags) and start the child."""
         version = self._versions.of(config.vllm.command)
+        refused = startcaches.problems(config, self._environ, self._versions.info)
+        if refused:
+            return SpawnFailed(f"{config.path}: {refused[0].key}: {refused[0].problem}",
+                               fatal=True)
         prepared = childrun.prepare(config, self._environ, self.marker, version,
                                     self._cache_env(config), self.log)
         if isinstance(prepared, SpawnFailed):
@@ -162,7 +168,15 @@ class RealEffects:
             self.log("warning", "prewarm.cache_unusable", variable=name, path=path,
                      error=why, detail="vLLM keeps its default cache location; "
                      "set prewarm.cache_dir to a writable directory")
-        return usable
+        # vLLM's own start-up caches (config/startcaches.py); said once per change.
+        decision = startcaches.decide(config, self._environ, self._versions.info,
+                                      self.platform.unified)
+        said = (decision.env, decision.why)
+        if said not in self._caches_said[-1:]:
+            self._caches_said[:] = [said]
+            self.log("info", "prewarm.start_caches", env=decision.env, why=decision.why,
+                     vllm=self._versions.current)
+        return {**usable, **decision.env}
 
     def child_fd(self) -> int | None:
         """The pidfd of the live child, for select()."""

@@ -22,6 +22,7 @@ from vllmwatch.config.redact import REDACT
 from vllmwatch.config.schema import ConfigError, config_path, load
 from vllmwatch.config.text import printable
 from vllmwatch.config.units import format_duration, format_mib
+from vllmwatch.core.reuse import one_line
 from vllmwatch.status import stopped
 from vllmwatch.status.stopped import IncidentFinder
 
@@ -172,8 +173,9 @@ def use_colour(stream: TextIO) -> bool:
     return stream.isatty() and "NO_COLOR" not in os.environ
 
 
-_NUMBERS = ("state_for_s", "child_pid", "child_uptime_s", "last_restart_at", "vllm_running",
-            "vllm_waiting", "vllm_kv_cache_usage", "standby_pid", "standby_rss_mib")
+_NUMBERS = ("state_for_s", "restart_phase_for_s", "child_pid", "child_uptime_s",
+            "last_restart_at", "vllm_running", "vllm_waiting", "vllm_kv_cache_usage",
+            "standby_pid", "standby_rss_mib")
 _TABLES = ("restarts_by_reason", "start_phases_s", "probe_last_completed", "probe_failures")
 # What a start is doing after its last milestone (shell/childlog.py MILESTONES, in order).
 _NEXT_PHASE = {
@@ -208,6 +210,10 @@ def clean(data: Mapping[str, Any]) -> dict[str, Any]:
                            for k, v in data.items() if k not in _NUMBERS + _TABLES}
     out.update({k: _num(data.get(k)) for k in _NUMBERS})
     out.update({k: _table(data.get(k)) for k in _TABLES})
+    reuse = data.get("start_reuse")  # flat: numbers and flags kept, text made printable
+    out["start_reuse"] = {printable(str(k), False): v if isinstance(v, (bool, int, float))
+                          else printable(str(v), False) for k, v in reuse.items()} \
+        if isinstance(reuse, dict) else {}
     if out.get("child_pid") is not None:
         out["child_pid"] = int(out["child_pid"])
     stale = data.get("stale_probes")
@@ -235,6 +241,11 @@ def render(data: Mapping[str, Any], colour: bool = False, now: float | None = No
     rows = [("state", shown + (f" for {format_duration(for_s)}" if for_s is not None else "")
              + (" (draining)" if data.get("draining") else "")),
             ("ready", "yes" if data.get("ready") and not data.get("draining") else "no")]
+    phase = data.get("restart_phase")
+    if phase and phase != "idle":  # a daemon older than the ladder's phases sends none
+        took = data.get("restart_phase_for_s")
+        rows.append(("restart", str(phase) + (f" for {format_duration(took)}"
+                                              if took is not None else "")))
     pid, uptime = data.get("child_pid"), data.get("child_uptime_s")
     launch = data.get("launch")
     rows.append(("child", "none" if pid is None else f"pid {pid}"
@@ -307,6 +318,10 @@ def _start_rows(data: Mapping[str, Any], state: str) -> list[tuple[str, str]]:
     if phases:
         rows.append(("startup", ", ".join(f"{k} at +{format_duration(v)}"
                                           for k, v in phases.items())))
+    reused = data.get("start_reuse")
+    if isinstance(reused, Mapping) and reused:  # issue 33: what the launch reused
+        hit = reused.get("compile_cache_hit")
+        rows.append(("reused", one_line(reused, hit if isinstance(hit, bool) else None)))
     return rows
 
 

@@ -42,6 +42,11 @@ class Snapshot:
     state_since_monotonic: float | None = None  # same moment, monotonic: for state_for_s
     ready: bool = False
     draining: bool = False
+    # The restart ladder's rung (core/restart.Phase; "idle": none under way) and since when
+    # (monotonic, like state_since_monotonic: /status adds restart_phase_for_s).
+    restart_phase: str = "idle"
+    restart_phase_since_monotonic: float | None = None
+    restart_phase_for_s: float | None = None  # at the snapshot (STATUS=, /metrics)
     child_pid: int | None = None
     child_started: float | None = None  # wall clock
     child_uptime_s: float | None = None
@@ -50,6 +55,8 @@ class Snapshot:
     last_reason_detail: str | None = None
     last_restart_at: float | None = None  # wall clock
     start_phases_s: dict[str, float] = field(default_factory=dict)
+    # What the current (or last) launch reused of vLLM's start-up caches (core/reuse.py).
+    start_reuse: dict[str, object] = field(default_factory=dict)
     memory: MemoryFigures = field(default_factory=MemoryFigures)
     vllm_running: float | None = None
     vllm_waiting: float | None = None

@@ -82,12 +82,15 @@ def snapshot_of(s: WatchState, now: float, wall: float, prev: Snapshot,
         state=str(s.state), state_since=state_since, state_since_monotonic=s.since,
         ready=s.state == S.READY,
         draining=s.state == S.DRAINING, child_pid=s.pid,
+        restart_phase=str(s.restart.phase), restart_phase_since_monotonic=s.restart.since,
+        restart_phase_for_s=round(max(0.0, now - s.restart.since), 3),
         child_started=to_wall(c.started) if c is not None and alive else None,
         child_uptime_s=round(now - c.started, 3) if c is not None and alive else None,
         restarts_by_reason={str(k): n for k, n in s.restarts_by_reason.items()},
         last_reason=str(s.last_reason) if s.last_reason is not None else None,
         last_reason_detail=s.last_detail, last_restart_at=to_wall(s.last_restart_at),
         start_phases_s=dict(c.phases) if c is not None else {},
+        start_reuse={**c.reuse, "compile_cache_hit": c.compile_cache_hit} if c else {},
         memory=_memory(s, now),
         vllm_running=c.running if c else None, vllm_waiting=c.waiting if c else None,
         vllm_kv_cache_usage=c.kv_cache_usage if c else None,
@@ -108,6 +111,9 @@ def snapshot_of(s: WatchState, now: float, wall: float, prev: Snapshot,
 def summary(snap: Snapshot) -> str:
     """One line for systemctl status: state, uptime, restarts, last reason, memory."""
     parts = [snap.state]
+    if snap.restart_phase != "idle":  # the rung of the restart (or exit) under way
+        parts.append(f"restart {snap.restart_phase} for "
+                     f"{format_duration(snap.restart_phase_for_s or 0.0)}")
     if snap.child_uptime_s is not None:
         parts.append(f"up {format_duration(snap.child_uptime_s)}")
     parts.append(f"restarts {snap.restarts_total}")

@@ -16,7 +16,17 @@ from collections.abc import Callable
 from dataclasses import dataclass
 
 from bench.gpu import models
-from bench.gpu.phases import faults, hangs, incident, probes, recipe, shapes, standby, standby2
+from bench.gpu.phases import (
+    caches,
+    faults,
+    hangs,
+    incident,
+    probes,
+    recipe,
+    shapes,
+    standby,
+    standby2,
+)
 from bench.gpu.run import Run
 
 
@@ -56,5 +66,9 @@ PHASES: tuple[Phase, ...] = (
     Phase("tp2standby", standby2.tp2standby, 570, auto=False),
     Phase("tp2standbyoff", standby2.tp2standbyoff, 420, auto=False),
     Phase("pairstandby", standby2.pairstandby, 400, auto=False),
+    # Issue 33 (docs/GPU.md section 10): vLLM's start-up caches, plain restarts then faults.
+    Phase("cachesplain", caches.cachesplain, 900, auto=False),  # resumes over 2 calls
+    Phase("cacheson", caches.cacheson, 260, auto=False),
+    Phase("cachesoff", caches.cachesoff, 260, auto=False),
 )
 BY_NAME = {p.name: p for p in PHASES}

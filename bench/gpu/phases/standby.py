@@ -85,6 +85,9 @@ def timed(d: GpuDaemon, what: str, status_port: int, fault: Callable[[], object]
                    begin_to_launch_s=round(s - b, 2), launch_to_ready_s=round(r - s, 2),
                    begin_to_ready_s=round(r - b, 2),
                    used=d.named("standby.used", mark)[:1],
+                   compile_cache_hit=ready[0].get("compile_cache_hit"),
+                   reuse=ready[0].get("reuse"), phases=ready[0].get("phases"),
+                   cache_missed=d.named("startup.cache_missed", mark),
                    discarded=d.named("standby.discarded", mark)[:1])
     else:
         rec["error"] = "no restart.begin, child.started and child.ready after the fault"

@@ -1,0 +1,149 @@
+"""Pure: what a launch reused of vLLM's own start-up caches, read from vLLM's log lines.
+
+The lines, verbatim from vLLM 0.26 (H200, docs/gpu/h200-round5) and 0.32 (the CPU build),
+and from vLLM's source (`v1/worker/startup_plan.py`, `compilation/decorators.py`,
+`compilation/backends.py`, `compilation/monitor.py`); tests/core/test_reuse.py holds them:
+
+  Directly load the compiled graph(s) for compile range (1, 8192) from the cache, took 1.782 s
+  Directly load AOT compilation from path /c/vllm/torch_compile_cache/torch_aot_compile/.../model
+  saved AOT compiled function to /c/vllm/torch_compile_cache/torch_aot_compile/.../model
+  (the same two lines for the mega AOT artifact: VLLM_USE_MEGA_AOT_ARTIFACT=1 changes what
+  the file holds, not what is logged; prewarm.start_caches says which was asked)
+  Cannot load aot compilation from path ..., error: ...                        (0.26)
+  Compiling model again due to a load failure from ..., reason: ...            (0.32)
+  Applying persisted startup plan (fingerprint 0123456789abcdef): kv_cache_memory_bytes=...
+  Saved startup plan to /c/vllm/startup_plan/startup_plan_0123456789abcdef.json
+  Startup plan not applied: current free memory (130.10 GiB) is below the recorded baseline ...
+  Ignoring unreadable startup plan ...: ...
+  Loading weights took 2.21 seconds
+  torch.compile took 5.03 s in total
+  Graph capturing finished in 4 secs, took 1.00 GiB
+  init engine (profile, create kv cache, warmup model) took 11.49 s (compilation: 5.03 s)
+
+A launch's facts are a flat dict (JSON in child.ready and /status `start_reuse`):
+`aot_loaded`/`aot_saved` (bool), `aot_error`, `startup_plan` ("applied" | "saved" |
+"not_applied"), `startup_plan_kv_bytes`, `startup_plan_why`, `weights_s`, `compile_s`,
+`graphs_s`, `engine_init_s`.
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Mapping
+
+Facts = tuple[tuple[str, object], ...]  # what one line says (hashable: it rides an event)
+
+_FLOAT = r"(\d+(?:\.\d+)?)"
+_SECONDS: tuple[tuple[str, re.Pattern[str]], ...] = (
+    ("weights_s", re.compile(r"Loading weights took " + _FLOAT + r" s")),
+    ("compile_s", re.compile(r"torch\.compile took " + _FLOAT + r" s in total")),
+    ("graphs_s", re.compile(r"Graph capturing finished in " + _FLOAT + r" sec")),
+    ("engine_init_s", re.compile(r"init engine \(profile, create kv cache, warmup model\) "
+                                 r"took " + _FLOAT + r" s")),
+)
+_PLAN_APPLIED = re.compile(r"Applying persisted startup plan \(fingerprint [0-9a-f]+\): "
+                           r"kv_cache_memory_bytes=(\d+)")
+_PLAN_NOT = re.compile(r"(Startup plan not applied: .*|Ignoring unreadable startup plan .*)$")
+# 0.26: "Cannot load aot compilation from path P, error: E"; 0.32: "Compiling model again
+# due to a load failure from P, reason: E".
+_AOT_ERROR = re.compile(r"(?:Cannot load aot compilation from path \S+, error: "
+                        r"|Compiling model again due to a load failure from \S+, reason: )(.*)$")
+WHY_MAX = 300  # characters of vLLM's own reason kept
+
+
+def facts_of(line: str) -> Facts:
+    """The reuse facts one vLLM line states (empty for almost every line: cheap checks)."""
+    if "took" in line:
+        for key, pattern in _SECONDS:
+            match = pattern.search(line)
+            if match:
+                return ((key, float(match.group(1))),)
+    if "startup plan" in line.lower():
+        match = _PLAN_APPLIED.search(line)
+        if match:
+            return (("startup_plan", "applied"), ("startup_plan_kv_bytes", int(match.group(1))))
+        if "Saved startup plan to " in line:
+            return (("startup_plan", "saved"),)
+        match = _PLAN_NOT.search(line)
+        if match:
+            return (("startup_plan", "not_applied"),
+                    ("startup_plan_why", match.group(1)[:WHY_MAX]))
+    if "AOT compil" in line or "aot compilation" in line or "load failure" in line:
+        if "Directly load AOT compilation from path" in line:
+            return (("aot_loaded", True),)
+        if "saved AOT compiled function to" in line:
+            return (("aot_saved", True),)
+        match = _AOT_ERROR.search(line)
+        if match:
+            return (("aot_error", match.group(1)[:WHY_MAX]),)
+    return ()
+
+
+def merge(old: Mapping[str, object], new: Facts) -> dict[str, object]:
+    """One launch's facts so far plus one line's. With several workers (TP), a plan that any
+    rank did not apply is not applied, and the slowest rank's seconds count."""
+    out = dict(old)
+    for key, value in new:
+        if key == "startup_plan" and out.get(key) == "not_applied":
+            continue
+        if key.endswith("_s") and isinstance(value, float):
+            prev = out.get(key)
+            value = max(value, prev) if isinstance(prev, float) else value
+        out[key] = value
+    return out
+
+
+def hits(facts: Mapping[str, object], compile_cache_hit: bool) -> dict[str, bool]:
+    """Which cache this launch read: compile cache, AOT artifact, startup plan."""
+    return {"compile_cache": compile_cache_hit, "aot_artifact": facts.get("aot_loaded") is True,
+            "startup_plan": facts.get("startup_plan") == "applied"}
+
+
+# Why a cache that hit last time missed now, where vLLM did not say (issue 33).
+_LIKELY = {
+    "compile_cache": "the compile-cache key changed (vLLM or torch upgraded, [vllm.args] or "
+                     "a compile variable such as VLLM_USE_MEGA_AOT_ARTIFACT changed), or "
+                     "the cache under prewarm.cache_dir was cleared",
+    "aot_artifact": "the AOT artifact's key changed (vLLM, torch or the model's source "
+                    "changed) or the cache under prewarm.cache_dir was cleared",
+    "startup_plan": "the plan's key changed (config, vLLM, device or torch/CUDA), the plan "
+                    "file was removed, or the start-up cache switch was turned off",
+}
+
+
+def misses(before: Mapping[str, bool], now: Mapping[str, bool],
+           facts: Mapping[str, object]) -> list[tuple[str, str]]:
+    """[(cache, likely cause)] for each cache the last READY launch hit and this one missed;
+    the cause is vLLM's own message where it gave one."""
+    out = []
+    for cache, hit in before.items():
+        if not hit or now.get(cache, False):
+            continue
+        said = facts.get("startup_plan_why") if cache == "startup_plan" else \
+            facts.get("aot_error") if cache in ("aot_artifact", "compile_cache") else None
+        out.append((cache, f"vLLM said: {said}" if said else _LIKELY[cache]))
+    return out
+
+
+def one_line(facts: Mapping[str, object], compile_cache_hit: bool | None) -> str:
+    """The reuse of a launch in one line, for `vllmwatch status` and the incident report."""
+    parts = []
+    if compile_cache_hit is not None:
+        parts.append("compile cache " + ("hit" if compile_cache_hit else "miss"))
+    if facts.get("aot_loaded") is True:
+        parts.append("AOT artifact loaded")
+    elif facts.get("aot_saved") is True:
+        parts.append("AOT artifact written")
+    plan = facts.get("startup_plan")
+    kv = facts.get("startup_plan_kv_bytes")
+    if plan == "applied":
+        parts.append("startup plan applied" + (f" (KV {kv / 2**30:.1f} GiB)"
+                                               if isinstance(kv, int) else ""))
+    elif plan == "saved":
+        parts.append("startup plan written")
+    elif plan == "not_applied":
+        parts.append("startup plan not applied")
+    timing = [f"{label} {facts[key]:g} s" for key, label in (
+        ("weights_s", "weights"), ("compile_s", "torch.compile"), ("graphs_s", "CUDA graphs"),
+        ("engine_init_s", "engine init")) if isinstance(facts.get(key), float)]
+    return "; ".join(p for p in (", ".join(parts), ", ".join(timing)) if p) or "nothing known"
