@@ -59,6 +59,21 @@ def test_the_layout_has_its_packages() -> None:
             f"vllmwatch/{pkg}/__init__.py must say what the package may import"
 
 
+# Dev extras only the contrib/ checks need: a core-tier file imports them inside a test or
+# through pytest.importorskip, so the tier collects and runs without them.
+CONTRIB_ONLY = {"yaml", "kubernetes_validate"}
+
+
+def test_the_core_tier_collects_without_the_contrib_libraries() -> None:
+    at_top = []
+    for path in sorted(Path(__file__).parent.glob("*.py")):
+        for node in ast.parse(path.read_text()).body:  # module level only
+            names = ([a.name for a in node.names] if isinstance(node, ast.Import) else
+                     [node.module or ""] if isinstance(node, ast.ImportFrom) else [])
+            at_top += [f"{path.name}: {n}" for n in names if n.split(".")[0] in CONTRIB_ONLY]
+    assert at_top == [], f"use pytest.importorskip for these: {at_top}"
+
+
 @pytest.mark.parametrize("module", CORE)
 def test_core_is_pure(module: str) -> None:
     for imported in _imports(MODULES[module], MODULES):
@@ -291,3 +306,21 @@ def test_the_side_effect_finder_finds_them() -> None:
             'def f() -> None:\n    atexit.register(print)\nif __name__ == "__main__":\n'
             '    sys.path.insert(0, ".")\n')
     assert side_effects(good) == []
+
+
+# The restart ladder's rungs once lived as flags on the state records (issue 32); each is a
+# core/restart.Phase now, and its data lives in the Restart record beside the phase.
+RUNG_FLAGS = {"killed", "sweeping", "release", "incident_wait", "pending", "recovering",
+              "exit_code", "draining", "terminating", "backoff", "launching"}
+
+
+def test_a_rung_is_a_phase_never_a_flag() -> None:
+    from dataclasses import fields
+
+    from vllmwatch.core.restart import Phase
+    from vllmwatch.core.state import ChildRun, WatchState
+
+    for record in (WatchState, ChildRun):
+        names = {f.name for f in fields(record)}
+        flags = names & (RUNG_FLAGS | {str(p) for p in Phase})
+        assert not flags, f"{record.__name__} keeps a rung as a field: {sorted(flags)}"

@@ -2,7 +2,9 @@
 
 Random sequences of events, signals, worker results (answered, failed or never) and time
 jumps are fed to `step`; after every step these must hold:
-- step never raises (a TransitionError would be a bug in the table or the ladder);
+- step never raises (a TransitionError or PhaseError would be a bug in a table or the ladder);
+- the restart ladder's rung agrees with the coarse state (restart.COARSE), and every rung
+  bounded by a deadline has one (restart.BOUND);
 - at most one child: a Spawn is never emitted while an earlier child may still be alive
   (every spawned child was reaped, killed or swept first);
 - from ANY reachable state, a stop request reaches Exit within
@@ -61,6 +63,7 @@ from vllmwatch.core.events import (
     failure_result,
 )
 from vllmwatch.core.names import Reason
+from vllmwatch.core.restart import BOUND, COARSE
 from vllmwatch.core.samples import GpuFault, MemorySample
 from vllmwatch.core.state import FINAL, S, WatchState
 from vllmwatch.core.stopping import KILL_WAIT, SWEEP_WAIT
@@ -298,6 +301,20 @@ class CoreMachine(RuleBasedStateMachine):
             check_one_way_out(history)
 
     @invariant()
+    def every_rung_shows_and_is_bounded(self) -> None:
+        # The restart ladder (core/restart.py): the rung agrees with the coarse state, and a
+        # rung bounded by a deadline has one (a stop from each: stop_always_exits_in_time).
+        s = self.s
+        if self.exited or s.state in FINAL:
+            return
+        event(f"rung {s.restart.phase}")  # --hypothesis-show-statistics: rungs reached
+        assert str(s.state) in COARSE[s.restart.phase], (s.restart.phase, s.state)
+        if BOUND[s.restart.phase] == "deadline":
+            assert s.deadline is not None, f"{s.restart.phase} without a deadline"
+        if BOUND[s.restart.phase] == "gate":
+            assert s.restart.gate is not None
+
+    @invariant()
     def ready_probes_are_fresh_or_flagged(self) -> None:
         c = self.s.child
         if self.s.state != S.READY or c is None:
@@ -444,15 +461,15 @@ def test_no_spin_while_a_restart_is_recorded(lost: bool) -> None:
         m.world_is_kind(1)
     m.time_passes(19.0)
     m.time_passes(41.0)  # past startup.stall_timeout: the restart waits on its record
-    assert m.s.incident_wait is not None, m.s
+    assert m.s.restart.wait is not None, m.s
     for _ in range(20):  # the loop's own turns, Ticks only, until the record's deadline
         due = machine.next_wakeup(m.s)
         assert due is not None and due > m.now, f"wakeup {due} <= now {m.now}"
-        if m.s.incident_wait is None:
+        if m.s.restart.wait is None:
             break
         m.now = due
         m._step(Tick())
-    assert m.s.incident_wait is None, "the record's deadline never came"
+    assert m.s.restart.wait is None, "the record's deadline never came"
 
 
 def test_a_fatal_exit_during_a_sweep_that_never_answers_still_exits() -> None:

@@ -12,7 +12,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from vllmwatch.config.schema import from_dict
-from vllmwatch.core import machine
+from vllmwatch.core import machine, restart
 from vllmwatch.core.events import (
     CanaryResult,
     HealthResult,
@@ -93,7 +93,7 @@ def test_alternating_samples_never_look_like_growth(pattern: list[bool], source:
         rule_host.append(mem.host_rule_mib)
         kinds.add(mem.host_rule_source)
     assert not fired, fired[0].fields
-    assert s.state == S.READY and s.pending is None
+    assert s.state == S.READY and restart.pending(s) is None
     assert set(rule_host) == {PSS_MIB} and kinds == {PSS}  # published: the rule's own figure
     want_gpu = {"unified": PSS_MIB + GPU_MIB, "host": PSS_MIB, "nvml-process": GPU_MIB}[source]
     assert set(rule_gpu) == {want_gpu}

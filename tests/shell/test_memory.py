@@ -14,7 +14,7 @@ import pytest
 from tests.support import TIMEOUT_SCALE, owned, wait_until
 from vllmwatch.config.schema import MemoryConfig
 from vllmwatch.core import leak
-from vllmwatch.core import release as gpu_release
+from vllmwatch.core import restart as gpu_release
 from vllmwatch.core.samples import GpuProcess, MemorySample
 from vllmwatch.shell import memory
 from vllmwatch.shell.memory import make_sampler, tree_pids

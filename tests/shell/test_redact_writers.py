@@ -57,9 +57,10 @@ def _record_files(text: str) -> dict[str, str]:
     return record.files_of(built, stacks, Redactor())
 
 
-def _logged(text: str, journal: tuple[str, socket.socket]) -> list[str]:
+def _logged(text: str, secret: str, journal: tuple[str, socket.socket]) -> list[str]:
     fields = {"pid": 7, "command": f"vllm serve /m {text}", "launch": "fresh",
-              "env": {"DATABASE_URL": text, "EXTRA": text}, "argv": ["vllm", text]}
+              "env": {"DATABASE_URL": text, "EXTRA": text}, "argv": ["vllm", text],
+              "args": ["vllm", "serve", "--api-key", secret, "--port", "8000"]}
     out = []
     for fmt in ("json", "console"):
         stream = io.StringIO()
@@ -119,7 +120,7 @@ def test_a_secret_never_leaves_through_any_writer(
         capsys: pytest.CaptureFixture[str]) -> None:
     text, secret = leak
     written = {f"record {name}": body for name, body in _record_files(text).items()}
-    written |= {f"log {i}": body for i, body in enumerate(_logged(text, journald))}
+    written |= {f"log {i}": body for i, body in enumerate(_logged(text, secret, journald))}
     written["/status"] = _status(text)
     written["vllmwatch status"] = _status_cli(text)
     written |= {f"gate {i}": body for i, body in enumerate(_gate(text))}

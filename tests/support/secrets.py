@@ -18,6 +18,10 @@ values = st.text(_ALPHABET, min_size=8, max_size=40).filter(
 NAMES = ("api_key", "API_KEY", "apiKey", "hf_token", "HF_TOKEN", "password", "DB_PASSWORD",
          "secret", "client_secret", "token", "access_token", "x-api-key", "auth",
          "AWS_SECRET_ACCESS_KEY", "PGPASS", "credentials", "privateKey", "authorization")
+# A URL's password as people write it: not percent-encoded.
+url_values = st.text(_ALPHABET + "/:#?@", min_size=8, max_size=40).filter(
+    lambda v: any(c.isdigit() for c in v) and any(c.isalpha() for c in v)
+    and not v[0].isdigit())
 names = st.sampled_from(NAMES)
 schemes = st.sampled_from(("https", "http", "postgres", "postgresql+psycopg", "redis", "amqp",
                            "s3", "grpc", "mongodb+srv", "ftp"))
@@ -31,7 +35,13 @@ def leaks(draw: st.DrawFn) -> tuple[str, str]:
     v, name = draw(values), draw(names)
     user = draw(st.sampled_from(("user", "bob", "svc-vllm", "")))
     flag = name.lower().replace("_", "-")
+    flags = ("api-key", "hf-token", "x-api-key", "password", "client-secret")
+    url_secret = draw(url_values)
+    if draw(st.integers(0, 5)) == 0:
+        return f"{draw(schemes)}://{user or 'u'}:{url_secret}@{draw(hosts)}", url_secret
     forms = [
+        f"['vllm', 'serve', '/m', '--{draw(st.sampled_from(flags))}', '{v}', '--port', '8000']",
+        json.dumps(["vllm", "serve", f"--{draw(st.sampled_from(flags))}", v]),
         f"{draw(schemes)}://{user}:{v}@{draw(hosts)}",
         f"{draw(schemes)}://{v}@{draw(hosts)}",
         f"DATABASE_URL={draw(schemes)}://{user}:{v}@{draw(hosts)}",

@@ -68,9 +68,9 @@ _RULES = (
     # 'name': 'value' / "name": "value" / 'name': ['v1', 'v2'] / "name": 123
     re.compile(r"""(?P<pre>(?P<kq>['"])(?P<name>""" + _NAME + r""")(?P=kq)\s*[:=]\s*)"""
                r"(?:" + _QUOTED + r"|(?P<list>\[[^\]]*\])|" + _BARE + ")"),
-    # ('authorization', 'Bearer x'): a header as a tuple
-    re.compile(r"""(?P<pre>\(\s*b?(?P<kq>['"])(?P<name>""" + _NAME + r""")(?P=kq)\s*,\s*)"""
-               + _QUOTED),
+    # ('authorization', 'Bearer x'): a header as a tuple; ['--api-key', 'x']: an argv list
+    re.compile(r"""(?P<pre>(?:\(\s*b?(?P<kq>['"])|(?P<fq>['"])--)(?P<name>""" + _NAME
+               + r""")(?:(?P=kq)|(?P=fq))\s*,\s*)""" + _QUOTED),
     # --name value / --name=value / NAME=value / name: value / Authorization: Bearer x
     re.compile(r"(?i)(?P<pre>(?<![\w.-])(?P<dash>--)?(?P<name>" + _NAME + r")"
                r"(?:\s*[=:]\s*|(?(dash)\s+|(?!)))" + _SCHEME + r")"
@@ -78,8 +78,14 @@ _RULES = (
 )
 _SHAPES = (
     # URL userinfo, any scheme: keep the user when there is a password
-    re.compile(r"(?i)(?P<pre>\b[a-z][a-z0-9+.-]*://(?:[^\s/?#@:'\"]*:)?)"
-               r"(?P<secret>[^\s/?#'\"]*)(?=@)"),
+    re.compile(r"(?i)(?P<pre>\b[a-z][a-z0-9+.-]*://[^\s/?#@:'\"]*:)"
+               r"(?P<secret>[^\s/?#@'\"]+)(?=@)"),
+    # a bare token as the user: https://TOKEN@host
+    re.compile(r"(?i)(?P<pre>\b[a-z][a-z0-9+.-]*://)(?P<secret>[^\s/?#@:'\"]+)(?=@)"),
+    # user:password@ with / ? # @ in the password (not percent-encoded): to the last @ of the
+    # word, unless it reads as host:port/path
+    re.compile(r"(?i)(?P<pre>\b[a-z][a-z0-9+.-]*://[^\s/?#@:'\"]*:)"
+               r"(?P<secret>(?!\d+(?:[/?#]|$))(?!<redacted>)[^\s'\"]+)(?=@)"),
     re.compile(r"(?i)(?P<pre>\bbearer\s+)(?P<secret>(?!<redacted>)[^\s'\",;)}\]>]+)"),
     re.compile(r"(?P<pre>)(?P<secret>-----BEGIN [A-Z ]*PRIVATE KEY-----.*?"
                r"(?:-----END [A-Z ]*PRIVATE KEY-----|\Z))", re.S),
@@ -227,6 +233,8 @@ class Redactor:
                     self._hidden(v) if isinstance(k, str) and is_secret_name(k)
                     else self.deep(v) for k, v in value.items()}
         if isinstance(value, (list, tuple)):
+            if value and all(isinstance(v, str) for v in value):  # an argv: --api-key X
+                return [self.text(v) for v in redact_argv(list(value))]
             return [self.deep(v) for v in value]
         return value
 

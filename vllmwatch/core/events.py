@@ -32,9 +32,7 @@ class Spawned:
 
     pid: int
     argv_display: str = ""
-    # Each GPU's used MiB just before the launch: the release gate compares against it after
-    # this child is gone (GPU index, MiB).
-    gpu_before_mib: tuple[tuple[int, float], ...] = ()
+    gpu_before_mib: tuple[tuple[int, float], ...] = ()  # (GPU, MiB) before: the release gate
     launch: str = "fresh"  # fresh (Popen) | standby (a pre-imported interpreter took it)
 
 
@@ -186,12 +184,9 @@ class IncidentRecorded:
     stacks: str = ""  # which stack methods ran, in a few words (for the log)
 
 
-Event = (
-    Tick | PrewarmDone | Spawned | SpawnFailed | ChildExited | ChildOutput | HealthResult
-    | CanaryResult | MetricsResult | MemorySampled | SweepDone | ReleaseChecked | StopRequested
-    | RestartRequested | ReloadRequested | ReadyzPolled
-    | IncidentRecorded
-)
+Event = (Tick | PrewarmDone | Spawned | SpawnFailed | ChildExited | ChildOutput | HealthResult
+         | CanaryResult | MetricsResult | MemorySampled | SweepDone | ReleaseChecked
+         | StopRequested | RestartRequested | ReloadRequested | ReadyzPolled | IncidentRecorded)
 
 # ---- actions: what to do (the shell executes them) ----
 
@@ -245,11 +240,9 @@ class KillEngines:
     """SIGKILL the child's engine processes (EngineCore, workers), not its API server.
 
     For a stuck engine (issue 24, measured on the CPU vLLM): with its engine gone the API
-    server answers the requests in flight with HTTP 500 within ~0.1 s and exits 0 by itself
-    ~1.5 s later, where a SIGTERM to the group left them to a connection reset at the
-    SIGKILL after the grace. The shell falls back to SIGTERM to the group when it finds no
-    engine process.
-    """
+    server answers the requests in flight with HTTP 500 within ~0.1 s and exits 0 ~1.5 s
+    later, where a SIGTERM to the group left them to a connection reset at the SIGKILL. With
+    no engine process found the shell sends SIGTERM to the group."""
 
 
 @dataclass(frozen=True)
@@ -300,8 +293,7 @@ class CheckRelease:
 
 @dataclass(frozen=True)
 class StartOver:
-    """The child's start is over (READY, or the start was left): the shell stops what it
-    runs only during a start (the unified-memory start guard)."""
+    """The start is over (READY, or left): the shell stops the unified-memory start guard."""
 
     why: str
 
@@ -320,7 +312,7 @@ class RecordIncident:
     detail: str
     timeout: float
     pgid: int | None  # the child's group: its processes may outlive the API server
-    exit_code: int | None = None  # set when vllmwatch leaves after this (3, 5, 6)
+    exit_code: int | None = None  # set when vllmwatch leaves after this (names.REASONS)
     facts: dict[str, Any] = field(default_factory=dict)
 
 
@@ -333,17 +325,13 @@ class Exit:
 
 Action = (Log | Notify | DoPrewarm | Spawn | SignalGroup | KillEngines | Probe | SampleMemory
           | Sweep | CheckRelease | StartOver | RecordIncident | Exit)
-
-
 AsyncAction = Probe | SampleMemory | Sweep | CheckRelease | DoPrewarm | RecordIncident
 
 
 def failure_result(action: AsyncAction, error: str) -> Event:
     """The result event that stands for a worker that raised: every effect the loop submits
-    posts exactly one result, so no probe stays marked in flight for good.
-
-    A failed probe counts as that probe failing; a failed sweep leaves what remains unknown.
-    """
+    posts exactly one result, so no probe stays marked in flight for good. A failed probe
+    counts as that probe failing; a failed sweep leaves what remains unknown."""
     if isinstance(action, Probe):
         if action.kind == ProbeKind.HEALTH:
             return HealthResult(False, None, 0.0, error, gen=action.gen)

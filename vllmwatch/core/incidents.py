@@ -16,7 +16,9 @@ from typing import Any
 from vllmwatch.core.events import Action, Log, RecordIncident
 from vllmwatch.core.leak import SeriesState
 from vllmwatch.core.names import Reason
-from vllmwatch.core.state import IncidentWait, Result, S, WatchState
+from vllmwatch.core.restart import IncidentWait, Phase
+from vllmwatch.core.restart import goto as rung
+from vllmwatch.core.state import Result, S, WatchState
 
 REQUESTED = frozenset({Reason.MANUAL, Reason.RELOAD})  # restarts a person asked for
 # Exits that are not a requested stop, and not a refusal to start: each gets a record.
@@ -39,9 +41,10 @@ def request(s: WatchState, now: float, reason: Reason, detail: str, drain: bool)
     code = s.exit_code  # halt sets it before asking
     wait = IncidentWait(seq=seq, until=now + timeout + WAIT_MARGIN, drain=drain, started=now,
                         reason=reason)
-    s = replace(s, incident_seq=seq, incident_wait=wait, deadline=wait.until)
+    s, acts = rung(replace(s, incident_seq=seq, deadline=wait.until), Phase.RECORDING, now,
+                   "the incident record first", wait=wait)
     c = s.child
-    acts: list[Action] = [RecordIncident(seq, reason, detail, timeout,
+    acts += [RecordIncident(seq, reason, detail, timeout,
                                          c.pgid if c is not None else None, code,
                                          facts(s, now, reason))]
     return s, acts
@@ -50,10 +53,10 @@ def request(s: WatchState, now: float, reason: Reason, detail: str, drain: bool)
 def recorded(s: WatchState, seq: int, incident_id: str, path: str, error: str, seconds: float,
              stacks: str) -> tuple[WatchState, list[Action], IncidentWait | None]:
     """The shell's answer: (state, logs, the wait it ends); the wait is None for a stale one."""
-    wait = s.incident_wait
+    wait = s.restart.wait
     if wait is None or wait.seq != seq:
         return s, [], None
-    s = replace(s, incident_wait=None, deadline=None)
+    s = replace(s, deadline=None)
     if error:
         return s, [Log("warning", "incident.failed", {
             "error": error, "detail": "no incident record for this restart; the restart "
@@ -68,9 +71,9 @@ def recorded(s: WatchState, seq: int, incident_id: str, path: str, error: str, s
 
 def timed_out(s: WatchState, now: float) -> tuple[WatchState, list[Action], IncidentWait]:
     """No answer by the core's deadline: go on without the record."""
-    wait = s.incident_wait
+    wait = s.restart.wait
     assert wait is not None
-    s = replace(s, incident_wait=None, deadline=None)
+    s = replace(s, deadline=None)
     return s, [Log("warning", "incident.timeout", {
         "waited_s": round(now - wait.started, 2), "detail": "the incident record did not "
         "come back in time; the restart goes on without waiting for it"})], wait

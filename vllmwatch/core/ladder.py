@@ -20,9 +20,11 @@ from vllmwatch.core.events import (
     Spawn,
 )
 from vllmwatch.core.names import FAILURE_REASONS, ProbeKind, Reason, exit_code
-from vllmwatch.core.release import ReleaseGate
+from vllmwatch.core.restart import Phase, ReleaseGate, on, pending
+from vllmwatch.core.restart import begin as begin_rung
+from vllmwatch.core.restart import goto as rung
 from vllmwatch.core.state import ChildRun, Result, S, WatchState, goto, next_random
-from vllmwatch.core.stopping import finish, leave, take_down
+from vllmwatch.core.stopping import finish, leave, stopping_deadline, take_down
 
 RELEASE_POLL = 1.0
 FIRST_POLL = 1.0  # the first /health and memory look after a launch
@@ -30,13 +32,14 @@ FIRST_POLL = 1.0  # the first /health and memory look after a launch
 
 def spawn(s: WatchState, now: float) -> Result:
     """Launch a new child generation: a fresh ChildRun replaces the last one whole."""
-    s, acts = goto(s, S.STARTING, now, s.pending[0] if s.pending else "launch",
-                   deadline=now + s.config.startup.timeout)
+    why = pending(s) or "launch"
+    s, acts = goto(s, S.STARTING, now, why, deadline=now + s.config.startup.timeout)
+    s, more = rung(s, Phase.LAUNCHING, now, why)
     run = ChildRun(gen=s.gen + 1, started=now, vllm=s.config.vllm, last_progress=now,
                    timers={ProbeKind.HEALTH: now + FIRST_POLL,
                            ProbeKind.MEMORY: now + FIRST_POLL})
-    s = replace(s, gen=run.gen, child=run, pending=None, release=None)
-    return s, [*acts, Spawn(s.config)]
+    s = replace(s, gen=run.gen, child=run)
+    return s, [*acts, *more, Spawn(s.config)]
 
 
 def halt(s: WatchState, now: float, reason: Reason, detail: str,
@@ -48,7 +51,7 @@ def halt(s: WatchState, now: float, reason: Reason, detail: str,
     if s.exit_code is not None:
         return s, []
     code = exit_code(reason)
-    s = replace(s, exit_code=code, exit_reason=reason, exit_detail=detail)
+    s = replace(s, exit_reason=reason, exit_detail=detail)
     acts: list[Action] = [Notify(stopping=True), Log(
         "info" if code == exitcodes.OK else "error", "daemon.exiting", {
             "code": code, "reason": str(reason), "detail": detail, "state": str(s.state),
@@ -67,7 +70,7 @@ def begin_restart(s: WatchState, now: float, reason: Reason, detail: str, drain:
                   ) -> Result:
     """Record a restart and start taking the child down (once: a restart under way wins);
     the crash-loop guard turns a failure restart past restart.max_restarts into a halt."""
-    if s.exit_code is not None or s.pending is not None:
+    if s.exit_code is not None or pending(s) is not None:
         return s, []
     failure = reason in FAILURE_REASONS
     if failure:
@@ -77,8 +80,8 @@ def begin_restart(s: WatchState, now: float, reason: Reason, detail: str, drain:
         s = replace(s, restart_times=times, failures=1 if stable else s.failures + 1)
     counts = dict(s.restarts_by_reason)
     counts[reason] = counts.get(reason, 0) + 1
-    s = replace(s, pending=(reason, detail), restarts_by_reason=counts, last_reason=reason,
-                last_detail=detail, last_restart_at=now, recovering=True)
+    s = replace(begin_rung(s, reason, detail), restarts_by_reason=counts, last_reason=reason,
+                last_detail=detail, last_restart_at=now)
     if failure and policy.crash_loop(s.restart_times, s.config.restart):
         r = s.config.restart
         log = Log("error", "crashloop.gave_up", {
@@ -93,6 +96,28 @@ def begin_restart(s: WatchState, now: float, reason: Reason, detail: str, drain:
         "failures_in_row": s.failures})
     s, acts = record_then_take_down(s, now, reason, detail, drain)
     return s, [log, *acts]
+
+
+def stop_requested(s: WatchState, signal: str, now: float) -> Result:
+    """Honoured in every state; repeated or combined signals never lose it."""
+    if s.exit_code is None:
+        return halt(s, now, Reason.STOP, f"{signal} received", {"signal": signal})
+    if s.state == S.STOPPING and s.child is not None and not on(s, Phase.KILLING):
+        return stopping_deadline(s, now)  # a second signal: no more patience
+    return leave(s, now)  # already leaving: make sure the way out is under way
+
+
+def manual_restart(s: WatchState, now: float) -> Result:
+    """SIGUSR1: a drained restart from READY or STARTING; in BACKOFF, launch now."""
+    if s.exit_code is not None:
+        return s, [Log("info", "restart.ignored", {"state": str(s.state),
+                                                    "detail": "vllmwatch is stopping"})]
+    if s.state == S.BACKOFF:
+        return spawn(s, now)
+    if s.state not in (S.READY, S.STARTING) or pending(s) is not None:
+        return s, [Log("info", "restart.ignored", {"state": str(s.state),
+                                                    "detail": "a restart is already under way"})]
+    return begin_restart(s, now, Reason.MANUAL, "SIGUSR1", drain=True)
 
 
 def record_then_take_down(s: WatchState, now: float, reason: Reason, detail: str, drain: bool
@@ -125,7 +150,6 @@ def swept(s: WatchState, now: float, killed: tuple[int, ...], remaining: tuple[i
           port_holder: str | None, foreign: tuple[str, ...], error: str = "",
           killed_what: tuple[str, ...] = ()) -> Result:
     """The sweep reported back; decide between fail, release gate, prewarm, backoff, launch."""
-    s = replace(s, sweeping=False)
     acts: list[Action] = []
     if error:
         acts.append(Log("error", "leftovers.sweep_failed", {"error": error, "detail":
@@ -147,39 +171,43 @@ def swept(s: WatchState, now: float, killed: tuple[int, ...], remaining: tuple[i
             "hint": "another process holds vllm.port; stop it or choose another port"}))
         s, more = halt(s, now, Reason.PORT_BUSY,
                        f"{port_holder} holds vllm.port {s.config.vllm.port}")
-        return s, acts + more
+        return finish(s, now, acts + more)  # the sweep is back: nothing left to wait for
     if killed:
         s = replace(s, old_pids=tuple(sorted({*s.old_pids, *killed})))
     if s.old_pids and s.config.vllm.uses_gpu and s.config.restart.gpu_release_timeout > 0:
         gate = ReleaseGate(s.old_pids, now + s.config.restart.gpu_release_timeout, look_at=now)
-        return replace(s, old_pids=(), release=gate), acts
+        s, more = rung(replace(s, old_pids=()), Phase.RELEASE_WAIT, now,
+                       "the old tree's GPU memory", gate=gate)
+        return s, acts + more
     s, more = after_cleanup(s, now)
     return s, acts + more
 
 
 def release_checked(s: WatchState, now: float, released: bool, detail: str) -> Result:
     """The GPU release gate: wait until the old tree's GPU memory is back, bounded."""
-    gate = s.release
+    gate = s.restart.gate
     if released or gate is None:
-        s = replace(s, release=None)
         s, acts = after_cleanup(s, now)
         return s, [Log("info", "gpu.released", {"detail": detail}), *acts]
     if now >= gate.deadline:
-        s = replace(s, release=None)
         s, acts = after_cleanup(s, now)
         return s, [Log("warning", "gpu.release_timeout", {
             "detail": detail, "hint": "GPU memory of the old vLLM is still held; the next "
             "start may fail with out-of-memory"}), *acts]
-    return replace(s, release=replace(gate, look_at=now + RELEASE_POLL)), []
+    return _with_gate(s, replace(gate, look_at=now + RELEASE_POLL)), []
 
 
 def check_release(s: WatchState) -> Result:
     """Ask the shell to look at the GPUs (one look in flight at a time)."""
-    gate = s.release
+    gate = s.restart.gate
     assert gate is not None, "no release gate to look for"
-    s = replace(s, release=replace(gate, look_at=None))
+    s = _with_gate(s, replace(gate, look_at=None))
     before = s.child.gpu_before_mib if s.child is not None else ()  # the old child's launch
     return s, [CheckRelease(gate.old_pids, s.config.restart.gpu_release_tolerance, before)]
+
+
+def _with_gate(s: WatchState, gate: ReleaseGate) -> WatchState:
+    return replace(s, restart=replace(s.restart, gate=gate))
 
 
 def after_cleanup(s: WatchState, now: float) -> Result:
@@ -188,8 +216,10 @@ def after_cleanup(s: WatchState, now: float) -> Result:
         return finish(s, now, [])
     if not s.prewarmed and s.config.prewarm.enabled:
         s, acts = goto(s, S.PREWARMING, now, "first start")
-        return replace(s, prewarmed=True), [*acts, DoPrewarm(s.config)]
-    planned = s.pending is not None and s.pending[0] not in FAILURE_REASONS
+        s, more = rung(s, Phase.PREWARMING, now, "first start")
+        return replace(s, prewarmed=True), [*acts, *more, DoPrewarm(s.config)]
+    why = pending(s)
+    planned = why is not None and why not in FAILURE_REASONS
     s, rand = next_random(s)
     # The first failure in a row relaunches at once: after a stable run one crash says
     # nothing about the next start, and every second of backoff is an outage (issue 28).
@@ -198,6 +228,8 @@ def after_cleanup(s: WatchState, now: float) -> Result:
     if delay <= 0:
         return spawn(replace(s, prewarmed=True), now)
     s, acts = goto(s, S.BACKOFF, now, f"wait {delay:.1f}s before restart", deadline=now + delay)
+    s, more = rung(s, Phase.BACKOFF, now, f"wait {delay:.1f}s before restart")
+    acts += more
     acts.append(Log("info", "restart.backoff", {"delay_s": round(delay, 2),
                                                  "failures_in_row": s.failures}))
     return s, acts

@@ -8,7 +8,7 @@ from vllmwatch.config.schema import Config
 from vllmwatch.core import (
     ladder,
     probing,
-    release,
+    restart,
     serving,
     stalls,
     startmem,
@@ -41,6 +41,7 @@ from vllmwatch.core.events import (
 from vllmwatch.core.names import PROBES, Reason
 from vllmwatch.core.names import ProbeKind as K
 from vllmwatch.core.policy import explain_exit
+from vllmwatch.core.restart import Phase, on, pending
 from vllmwatch.core.state import CHILD_STATES, FINAL, Result, S, WatchState, goto, seeded
 
 EXTEND_EVERY = 10.0  # how often EXTEND_TIMEOUT_USEC is sent while systemd waits for us
@@ -82,12 +83,12 @@ def _apply(s: WatchState, ev: Event, now: float) -> Result:
     if isinstance(ev, ChildExited):
         return _child_exited(s, ev, now)
     if isinstance(ev, SweepDone):
-        if s.state != S.CLEANUP or not s.sweeping:
+        if s.state != S.CLEANUP or not on(s, Phase.SWEEPING):
             return s, []
         return ladder.swept(s, now, ev.killed, ev.remaining, ev.port_holder, ev.foreign_vllm,
                             ev.error, ev.killed_what)
     if isinstance(ev, ReleaseChecked):
-        if s.state != S.CLEANUP or s.release is None:
+        if s.state != S.CLEANUP or not on(s, Phase.RELEASE_WAIT):
             return s, []
         return ladder.release_checked(s, now, ev.released, ev.detail)
     if isinstance(ev, PrewarmDone):
@@ -95,9 +96,9 @@ def _apply(s: WatchState, ev: Event, now: float) -> Result:
     if isinstance(ev, IncidentRecorded):
         return ladder.incident_recorded(s, now, ev)
     if isinstance(ev, StopRequested):
-        return _stop_requested(s, ev, now)
+        return ladder.stop_requested(s, ev.signal, now)
     if isinstance(ev, RestartRequested):
-        return _manual_restart(s, now)
+        return ladder.manual_restart(s, now)
     if isinstance(ev, ReadyzPolled):
         return replace(s, readyz_tracked=True,
                        readyz_seen_at=now if ev.polled else s.readyz_seen_at), []
@@ -119,7 +120,7 @@ def _result(s: WatchState, ev: HealthResult | CanaryResult | MetricsResult | Mem
     if s.child is None or ev.gen != s.child.gen:
         return s, []  # about an older child: its run is over
     s = probing.landed(s, _kind(ev), ev.gen, now)
-    if s.incident_wait is not None:
+    if on(s, Phase.RECORDING):
         return s, []  # the run is being recorded before it is taken down: nothing to judge
     if isinstance(ev, HealthResult):
         return serving.health(s, ev, now)
@@ -140,7 +141,7 @@ def _spawned(s: WatchState, ev: Spawned) -> Result:
                                                           "command": ev.argv_display,
                                                           "launch": ev.launch})]
     if s.state == S.STOPPING:  # a stop or restart came while the launch was out
-        acts.append(SignalGroup("SIGKILL" if c.killed else "SIGTERM"))
+        acts.append(SignalGroup("SIGKILL" if on(s, Phase.KILLING) else "SIGTERM"))
     elif s.state not in CHILD_STATES:  # the run was given up while the launch was out
         s = replace(s, child=replace(s.run, pgid=ev.pid))
         acts.append(SignalGroup("SIGKILL"))
@@ -165,7 +166,7 @@ def _crashed(s: WatchState, now: float, detail: str, why: str,
              reason: Reason = Reason.CRASH) -> Result:
     """The child is gone unasked: a crash restart, and the sweep at once (nothing to stop)."""
     s, acts = ladder.begin_restart(s, now, reason, detail, drain=False)
-    if s.state in CHILD_STATES and s.incident_wait is None:  # else: swept after the record
+    if s.state in CHILD_STATES and not on(s, Phase.RECORDING):  # else: swept after the record
         s, more = stopping.sweep(s, now, why)
         acts += more
     return s, acts
@@ -177,7 +178,7 @@ def _child_exited(s: WatchState, ev: ChildExited, now: float) -> Result:
         return s, [Log("debug", "child.exit_ignored", {"pid": ev.pid})]
     asked = s.state == S.STOPPING
     uptime = round(now - c.started, 2)
-    why = explain_exit(ev.code, ev.signal, asked, killed_by_us=asked and c.killed,
+    why = explain_exit(ev.code, ev.signal, asked, killed_by_us=asked and on(s, Phase.KILLING),
                        starting=s.state == S.STARTING)
     acts: list[Action] = [Log("info" if asked else "warning", "child.exited", {
         "pid": ev.pid, "code": ev.code, "signal": ev.signal, "uptime_s": uptime,
@@ -185,9 +186,9 @@ def _child_exited(s: WatchState, ev: ChildExited, now: float) -> Result:
     s = replace(s, child=replace(s.run, pid=None))
     if s.state not in CHILD_STATES:
         return s, acts
-    if s.incident_wait is not None:
+    if on(s, Phase.RECORDING):
         return s, acts  # the record of the restart goes on; the take-down sweeps after it
-    if asked or s.pending is not None or s.exit_code is not None:
+    if asked or pending(s) is not None or s.exit_code is not None:
         s, more = stopping.sweep(s, now, "child exited")
         return s, acts + more
     if s.state == S.STARTING and ev.code == 2:
@@ -225,28 +226,6 @@ def _prewarm_done(s: WatchState, ev: PrewarmDone, now: float) -> Result:
     return ladder.spawn(s, now)
 
 
-def _stop_requested(s: WatchState, ev: StopRequested, now: float) -> Result:
-    """Honoured in every state; repeated or combined signals never lose it."""
-    if s.exit_code is None:
-        return ladder.halt(s, now, Reason.STOP, f"{ev.signal} received",
-                           {"signal": ev.signal})
-    if s.state == S.STOPPING and s.child is not None and not s.child.killed:
-        return stopping.stopping_deadline(s, now)  # a second signal: no more patience
-    return stopping.leave(s, now)  # already leaving: make sure the way out is under way
-
-
-def _manual_restart(s: WatchState, now: float) -> Result:
-    if s.exit_code is not None:
-        return s, [Log("info", "restart.ignored", {"state": str(s.state),
-                                                    "detail": "vllmwatch is stopping"})]
-    if s.state == S.BACKOFF:
-        return ladder.spawn(s, now)
-    if s.state not in (S.READY, S.STARTING) or s.pending is not None:
-        return s, [Log("info", "restart.ignored", {"state": str(s.state),
-                                                    "detail": "a restart is already under way"})]
-    return ladder.begin_restart(s, now, Reason.MANUAL, "SIGUSR1", drain=True)
-
-
 def _reload(s: WatchState, ev: ReloadRequested, now: float) -> Result:
     # systemd takes any READY=1 as the end of the start: until the first READY (ever_ready)
     # a reload is applied quietly and the start goes on; after it, the RELOADING=1 ->
@@ -276,11 +255,11 @@ def _due(s: WatchState, now: float) -> Result:
     acts: list[Action] = []
     if s.deadline is not None and now >= s.deadline:
         s, acts = _deadline(s, now)
-    if s.state == S.CLEANUP and release.due(s.release, now):
+    if s.state == S.CLEANUP and restart.due(s.restart.gate, now):
         s, more = ladder.check_release(s)
         acts += more
     c = s.child
-    if c is not None and s.state in CHILD_STATES and s.incident_wait is None:
+    if c is not None and s.state in CHILD_STATES and not on(s, Phase.RECORDING):
         # While a restart's record is written nothing is judged (_result), so nothing is
         # fired either: a timer left in the past would spin the loop until the record lands.
         for kind, at in sorted(c.timers.items(), key=lambda kv: kv[1]):
@@ -297,7 +276,7 @@ def _due(s: WatchState, now: float) -> Result:
 
 
 def _deadline(s: WatchState, now: float) -> Result:
-    if s.incident_wait is not None and s.state in CHILD_STATES:
+    if on(s, Phase.RECORDING) and s.state in CHILD_STATES:
         return ladder.incident_timed_out(s, now)
     if s.state == S.STARTING:
         return ladder.begin_restart(s, now, Reason.START_TIMEOUT, "not ready after "
@@ -335,12 +314,13 @@ def next_wakeup(s: WatchState) -> float | None:
     if s.state in FINAL:
         return None
     times: list[float] = []
-    if s.state in CHILD_STATES and s.incident_wait is None:  # no probes while recording
+    if s.state in CHILD_STATES and not on(s, Phase.RECORDING):  # no probes while recording
         due = probing.next_due(s)
         if due is not None:
             times.append(due)
-    if s.state == S.CLEANUP and s.release is not None and s.release.look_at is not None:
-        times.append(s.release.look_at)
+    gate = s.restart.gate
+    if s.state == S.CLEANUP and gate is not None and gate.look_at is not None:
+        times.append(gate.look_at)
     if s.deadline is not None:
         times.append(s.deadline)
     if not s.ever_ready or s.exit_code is not None:

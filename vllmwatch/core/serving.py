@@ -21,6 +21,8 @@ from vllmwatch.core.events import (
 from vllmwatch.core.ladder import begin_restart
 from vllmwatch.core.names import ProbeKind as K
 from vllmwatch.core.names import Reason
+from vllmwatch.core.restart import Phase, pending
+from vllmwatch.core.restart import goto as rung
 from vllmwatch.core.samples import gpu_figure, host_figure
 from vllmwatch.core.state import ChildRun, Result, S, WatchState, goto
 from vllmwatch.core.stopping import stop_child
@@ -166,11 +168,11 @@ def _become_ready(s: WatchState, now: float, acts: list[Action]) -> Result:
                                       "reuse": dict(c.reuse)})
     acts = [*acts, *more, log, *_missed(s.last_hits, c)]
     s = replace(s, last_hits=reuse.hits(c.reuse, c.compile_cache_hit))
-    if s.recovering and s.last_restart_at is not None:
+    if s.restart.reason is not None and s.last_restart_at is not None:
         acts.append(Log("info", "restart.done", {
             "reason": s.last_reason, "downtime_s": round(now - s.last_restart_at, 2)}))
-        s = replace(s, recovering=False)
-    return s, [*acts, Notify(ready=True)]
+    s, more = rung(s, Phase.IDLE, now, "ready")
+    return s, [*acts, *more, Notify(ready=True)]
 
 
 def _missed(before: dict[str, bool], c: ChildRun) -> list[Action]:
@@ -250,11 +252,11 @@ def _judge_progress(s: WatchState, prev: policy.Progress | None, cur: policy.Pro
             return probing.set_timer(s, K.METRICS, ref.at + hangs.VERDICT_SPAN), acts
         s, acts = verdicts.on_canary_timeout(s, moved, cpu, now, "nothing the engine reports "
                                              "moved (tokens, queue, KV cache)")
-        if s.pending is not None:
+        if pending(s) is not None:
             return s, acts
     s, more = verdicts.frozen(s, prev, cur, now, cpu)
     acts += more
-    if s.pending is not None:
+    if pending(s) is not None:
         return s, acts
     stall = policy.stalled_since(c.stall_since, prev, cur)
     s = replace(s, child=replace(s.run, stall_since=stall))

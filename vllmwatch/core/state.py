@@ -9,9 +9,9 @@ from vllmwatch.config.schema import Config, VllmConfig
 from vllmwatch.core.drain import Drain
 from vllmwatch.core.events import Action, Log, StartOver
 from vllmwatch.core.leak import LeakState
-from vllmwatch.core.names import ProbeKind, Reason
+from vllmwatch.core.names import ProbeKind, Reason, exit_code
 from vllmwatch.core.policy import Progress
-from vllmwatch.core.release import ReleaseGate
+from vllmwatch.core.restart import Restart
 from vllmwatch.core.samples import HostFigure, MemorySample
 
 
@@ -71,7 +71,6 @@ class ChildRun:
     pgid: int | None = None
     spawned: bool = False  # the shell confirmed the launch (Spawned)
     ready_at: float | None = None
-    killed: bool = False  # SIGKILL already sent to this child
     last_progress: float = 0.0  # last child output line during start
     # (time, tree CPU s) of the first and the latest memory sample since last_progress
     cpu_since_progress: tuple[tuple[float, float], tuple[float, float]] | None = None
@@ -117,18 +116,6 @@ class ChildRun:
 
 
 @dataclass(frozen=True)
-class IncidentWait:
-    """A restart waits for its incident record (core/incidents.py) before taking the child
-    down: until the answer to `seq` comes, or `until` passes; then take_down(drain)."""
-
-    seq: int
-    until: float
-    drain: bool
-    started: float
-    reason: Reason
-
-
-@dataclass(frozen=True)
 class WatchState:
     """Everything the pure core knows for the daemon's lifetime. Replaced, never mutated."""
 
@@ -140,14 +127,10 @@ class WatchState:
     child: ChildRun | None = None  # the current (or last) child generation
     ever_ready: bool = False
     prewarmed: bool = False
-    exit_code: int | None = None  # set when vllmwatch is leaving: only ladder.halt (its reason's)
-    exit_reason: Reason | None = None  # ... and why (ladder.halt)
+    exit_reason: Reason | None = None  # set when vllmwatch is leaving: only ladder.halt
     exit_detail: str = ""
-    pending: tuple[Reason, str] | None = None  # (reason, detail) of the restart under way
-    recovering: bool = False  # a restart began and no child has been READY since
+    restart: Restart = field(default_factory=Restart)  # the restart ladder's rung (core/restart.py)
     old_pids: tuple[int, ...] = ()  # the old tree's pids, from the sweep to the release gate
-    release: ReleaseGate | None = None  # the GPU release gate, while CLEANUP waits on it
-    sweeping: bool = False  # a Sweep is out and its SweepDone not yet back
     failures: int = 0  # consecutive failures, for backoff
     restart_times: tuple[float, ...] = ()
     restarts_by_reason: dict[Reason, int] = field(default_factory=dict)
@@ -164,7 +147,6 @@ class WatchState:
     # Who watches /readyz (issue 28): only a balancer polling it needs the deregister delay.
     readyz_tracked: bool = False  # the shell reports /readyz polls (else: always deregister)
     readyz_seen_at: float | None = None  # the last /readyz poll it reported
-    incident_wait: IncidentWait | None = None  # a restart waiting for its incident record
     incident_seq: int = 0  # incident records asked for
     incidents_total: int = 0  # incident records written
     last_incident: str | None = None  # the id of the last one written
@@ -175,6 +157,11 @@ class WatchState:
         there is none."""
         assert self.child is not None, "no child record"
         return self.child
+
+    @property
+    def exit_code(self) -> int | None:
+        """The code vllmwatch leaves with, once it is leaving: its reason's (core/names.py)."""
+        return None if self.exit_reason is None else exit_code(self.exit_reason)
 
     @property
     def pid(self) -> int | None:

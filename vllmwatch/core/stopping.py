@@ -12,6 +12,8 @@ from vllmwatch.core import drain as drains
 from vllmwatch.core import exitcodes
 from vllmwatch.core.events import Action, Exit, KillEngines, Log, Notify, SignalGroup, Sweep
 from vllmwatch.core.names import STUCK_REASONS, ProbeKind, Reason
+from vllmwatch.core.restart import Phase, on, pending
+from vllmwatch.core.restart import goto as rung
 from vllmwatch.core.state import CHILD_STATES, Result, S, WatchState, goto
 
 KILL_WAIT = 10.0  # after SIGKILL, how long to wait for the exit before sweeping anyway
@@ -32,8 +34,8 @@ def _has_child(s: WatchState) -> bool:
 
 def take_down(s: WatchState, now: float, drain: bool) -> Result:
     """Drain if asked and possible, else stop the child; with no child, sweep at once."""
-    if s.incident_wait is not None:  # the record's wait ends here (a stop may overtake it)
-        s = replace(s, incident_wait=None, deadline=None)
+    if on(s, Phase.RECORDING):  # the record's wait ends here (a stop may overtake it)
+        s = replace(s, deadline=None)
     if s.state == S.STOPPING:
         return s, []
     if _has_child(s):
@@ -62,6 +64,8 @@ def begin_drain(s: WatchState, now: float, dereg: float, timeout: float) -> Resu
     """/readyz turns 503 now; stop once deregistered and idle (core/drain.py)."""
     d = drains.begin(now, dereg, timeout)
     s, acts = goto(s, S.DRAINING, now, "drain before restart", deadline=drains.deadline(d))
+    s, more = rung(s, Phase.DRAINING, now, "drain before restart")
+    acts += more
     look = drains.first_check(d, now)
     s = replace(s, child=replace(s.run, drain=d, timers={**s.run.timers, ProbeKind.METRICS: look}))
     acts.append(Log("info", "drain.begin", {"phase": str(drains.phase(d, now)),
@@ -76,7 +80,7 @@ def stop_child(s: WatchState, now: float) -> Result:
     if s.child is not None and s.child.drain is not None:
         s = replace(s, child=replace(s.run, drain=drains.stopping(s.child.drain, now)))
     grace = s.config.restart.stop_timeout
-    stuck = s.pending is not None and s.pending[0] in NOTHING_TO_DRAIN
+    stuck = pending(s) in NOTHING_TO_DRAIN
     if stuck or s.state == S.STARTING or (s.child is not None and s.child.engine_gone):
         # Measured: the API server of a hung engine waits on it and ignores SIGTERM, and with
         # --api-server-count 2 vLLM's launcher outlived a dead EngineCore's SIGTERM for the
@@ -84,6 +88,8 @@ def stop_child(s: WatchState, now: float) -> Result:
         # can finish anyway, nor in a start that never served (issue 28).
         grace = min(grace, STUCK_GRACE)
     s, acts = goto(s, S.STOPPING, now, "stop child", deadline=now + grace)
+    s, more = rung(s, Phase.TERMINATING, now, "stop child")
+    acts += more
     if stuck and not (s.child is not None and s.child.engine_gone):
         # A stuck engine cannot drain: kill it, and its API server fails the requests in
         # flight with an error and exits by itself (events.KillEngines); no SIGTERM, which
@@ -103,12 +109,12 @@ def stop_child(s: WatchState, now: float) -> Result:
 
 def stopping_deadline(s: WatchState, now: float) -> Result:
     """The grace period ran out: SIGKILL; after that, sweep whatever is left."""
-    if s.child is not None and not s.child.killed:
+    if s.child is not None and not on(s, Phase.KILLING):
         acts: list[Action] = [SignalGroup("SIGKILL"), Log("warning", "child.kill", {
             "pid": s.pid, "after_s": round(now - s.since, 1),
             "detail": "did not exit within the grace; sent SIGKILL to its process group"})]
-        s = replace(s, child=replace(s.run, killed=True))
-        return replace(s, deadline=now + KILL_WAIT), acts
+        s, more = rung(s, Phase.KILLING, now, "the grace ran out")
+        return replace(s, deadline=now + KILL_WAIT), acts + more
     s2, acts = sweep(s, now, "child did not exit after SIGKILL")
     acts.insert(0, Log("error", "child.unkillable", {"pid": s.pid, "hint": "the process may "
                        "be stuck in the kernel (D state); check `ps -o stat,wchan -p PID`"}))
@@ -123,7 +129,9 @@ def sweep(s: WatchState, now: float, reason: str) -> Result:
     # The tree's pids from the last sample: the GPU release gate waits until NVML drops them.
     old = c.memory.tree_pids if c is not None and c.memory is not None else ()
     deadline = now + SWEEP_WAIT if s.exit_code is not None else None
-    s, acts = goto(replace(s, incident_wait=None), S.CLEANUP, now, reason, deadline=deadline)
+    s, acts = goto(s, S.CLEANUP, now, reason, deadline=deadline)
+    s, more = rung(s, Phase.SWEEPING, now, reason)
+    acts += more
     if c is not None and c.drain is not None:  # the drain ends with the child
         phases = drains.durations(drains.exited(c.drain, now), now)
         s = replace(s, last_drain=phases)
@@ -132,7 +140,7 @@ def sweep(s: WatchState, now: float, reason: str) -> Result:
     if c is not None:
         s = replace(s, child=replace(s.run, pid=None, pgid=None, inflight=frozenset(),
                                      timers={}, memory=None))
-    s = replace(s, old_pids=tuple(old), sweeping=True, release=None)
+    s = replace(s, old_pids=tuple(old))
     v = c.vllm if c is not None else s.config.vllm
     acts.append(Sweep(old_pgid, v.host, v.port, s.config.restart.kill_stale, settle))
     return s, acts
@@ -145,7 +153,7 @@ def leave(s: WatchState, now: float) -> Result:
         return take_down(s, now, drain=False)
     if s.state in (S.BACKOFF, S.PREWARMING):
         return sweep(s, now, "stop requested")
-    if s.state == S.CLEANUP and not s.sweeping:
+    if s.state == S.CLEANUP and not on(s, Phase.SWEEPING):
         return finish(s, now, [])  # the release gate need not hold up an exit
     if s.state == S.CLEANUP and s.deadline is None:
         return replace(s, deadline=now + SWEEP_WAIT), []

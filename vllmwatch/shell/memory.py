@@ -11,7 +11,7 @@ from typing import Any, Protocol
 
 import psutil
 
-from vllmwatch.core import release
+from vllmwatch.core import restart
 from vllmwatch.core.samples import GpuProcess, MemorySample
 from vllmwatch.logfn import LogFn
 from vllmwatch.shell.gpufaults import FaultWatch
@@ -270,5 +270,5 @@ def _text(value: object) -> str:
 def release_check(sampler: MemorySampler, old_pids: set[int], before_launch: dict[int, float],
                   tolerance_mib: float) -> tuple[bool, str]:
     """Read the sampler once and apply the pure release decision."""
-    return release.released(old_pids, sampler.gpu_processes(), sampler.device_used_mib(),
+    return restart.released(old_pids, sampler.gpu_processes(), sampler.device_used_mib(),
                             before_launch, tolerance_mib)

@@ -173,8 +173,9 @@ def use_colour(stream: TextIO) -> bool:
     return stream.isatty() and "NO_COLOR" not in os.environ
 
 
-_NUMBERS = ("state_for_s", "child_pid", "child_uptime_s", "last_restart_at", "vllm_running",
-            "vllm_waiting", "vllm_kv_cache_usage", "standby_pid", "standby_rss_mib")
+_NUMBERS = ("state_for_s", "restart_phase_for_s", "child_pid", "child_uptime_s",
+            "last_restart_at", "vllm_running", "vllm_waiting", "vllm_kv_cache_usage",
+            "standby_pid", "standby_rss_mib")
 _TABLES = ("restarts_by_reason", "start_phases_s", "probe_last_completed", "probe_failures")
 # What a start is doing after its last milestone (shell/childlog.py MILESTONES, in order).
 _NEXT_PHASE = {
@@ -240,6 +241,11 @@ def render(data: Mapping[str, Any], colour: bool = False, now: float | None = No
     rows = [("state", shown + (f" for {format_duration(for_s)}" if for_s is not None else "")
              + (" (draining)" if data.get("draining") else "")),
             ("ready", "yes" if data.get("ready") and not data.get("draining") else "no")]
+    phase = data.get("restart_phase")
+    if phase and phase != "idle":  # a daemon older than the ladder's phases sends none
+        took = data.get("restart_phase_for_s")
+        rows.append(("restart", str(phase) + (f" for {format_duration(took)}"
+                                              if took is not None else "")))
     pid, uptime = data.get("child_pid"), data.get("child_uptime_s")
     launch = data.get("launch")
     rows.append(("child", "none" if pid is None else f"pid {pid}"

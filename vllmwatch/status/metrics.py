@@ -25,6 +25,7 @@ from prometheus_client.process_collector import ProcessCollector
 from prometheus_client.registry import Collector, CollectorRegistry
 
 from vllmwatch.core import names
+from vllmwatch.core.restart import Phase
 from vllmwatch.core.state import State
 from vllmwatch.status.snapshot import MemoryFigures, Snapshot
 
@@ -32,6 +33,7 @@ MIB = 2**20
 
 # Every state gets a series (0 or 1), so dashboards and alerts see a stable set of labels.
 KNOWN_STATES = tuple(str(s) for s in State)
+RESTART_PHASES = tuple(str(p) for p in Phase)
 # The probe kinds the core's freshness guard watches (core/names.PROBES), same reason.
 GUARDED_PROBES = tuple(str(k) for k in names.GUARDED_PROBES)
 # Every restart reason starts at 0, so that increase() sees the first restart of a kind too.
@@ -160,6 +162,15 @@ def _state(snap: Snapshot) -> Iterator[Metric]:
                             value=1.0 if snap.ready and not snap.draining else 0.0)
     yield _gauge("vllmwatch_state_since_timestamp_seconds", "Unix time the current state began",
                  snap.state_since or None)
+    rung = GaugeMetricFamily("vllmwatch_restart_phase", "1 for the rung of the restart ladder "
+                             "under way (idle: none)", labels=["phase"])
+    rungs = RESTART_PHASES if snap.restart_phase in RESTART_PHASES else (
+        *RESTART_PHASES, snap.restart_phase)
+    for name in rungs:
+        rung.add_metric([name], 1.0 if name == snap.restart_phase else 0.0)
+    yield rung
+    yield _gauge("vllmwatch_restart_phase_seconds", "Seconds the current rung of the restart "
+                 "ladder has lasted", snap.restart_phase_for_s)
     if snap.unified_memory is not None:
         yield GaugeMetricFamily("vllmwatch_unified_memory", "1 when GPU memory is system "
                                 "memory (DGX Spark): start guard on, rules on the tree",

@@ -189,6 +189,8 @@ class StatusServer:
             out["state_for_s"] = max(0.0, time.time() - snap.state_since)
         else:
             out["state_for_s"] = None
+        if snap.restart_phase_since_monotonic is not None:
+            out["restart_phase_for_s"] = max(0.0, self.now() - snap.restart_phase_since_monotonic)
         return out
 
     def _resolve(self) -> tuple[socket.AddressFamily, tuple[Any, ...]]:

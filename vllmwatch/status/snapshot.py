@@ -42,6 +42,11 @@ class Snapshot:
     state_since_monotonic: float | None = None  # same moment, monotonic: for state_for_s
     ready: bool = False
     draining: bool = False
+    # The restart ladder's rung (core/restart.Phase; "idle": none under way) and since when
+    # (monotonic, like state_since_monotonic: /status adds restart_phase_for_s).
+    restart_phase: str = "idle"
+    restart_phase_since_monotonic: float | None = None
+    restart_phase_for_s: float | None = None  # at the snapshot (STATUS=, /metrics)
     child_pid: int | None = None
     child_started: float | None = None  # wall clock
     child_uptime_s: float | None = None

@@ -82,6 +82,8 @@ def snapshot_of(s: WatchState, now: float, wall: float, prev: Snapshot,
         state=str(s.state), state_since=state_since, state_since_monotonic=s.since,
         ready=s.state == S.READY,
         draining=s.state == S.DRAINING, child_pid=s.pid,
+        restart_phase=str(s.restart.phase), restart_phase_since_monotonic=s.restart.since,
+        restart_phase_for_s=round(max(0.0, now - s.restart.since), 3),
         child_started=to_wall(c.started) if c is not None and alive else None,
         child_uptime_s=round(now - c.started, 3) if c is not None and alive else None,
         restarts_by_reason={str(k): n for k, n in s.restarts_by_reason.items()},
@@ -109,6 +111,9 @@ def snapshot_of(s: WatchState, now: float, wall: float, prev: Snapshot,
 def summary(snap: Snapshot) -> str:
     """One line for systemctl status: state, uptime, restarts, last reason, memory."""
     parts = [snap.state]
+    if snap.restart_phase != "idle":  # the rung of the restart (or exit) under way
+        parts.append(f"restart {snap.restart_phase} for "
+                     f"{format_duration(snap.restart_phase_for_s or 0.0)}")
     if snap.child_uptime_s is not None:
         parts.append(f"up {format_duration(snap.child_uptime_s)}")
     parts.append(f"restarts {snap.restarts_total}")
