@@ -66,7 +66,8 @@ def test_guard_runs_from_launch_to_ready(tmp_path: Path, made: list[Daemon]) -> 
     assert any(e.get("source") == "unified" for e in d.named("memory.source"))
 
 
-def test_memory_failed_starts_stop_with_the_start_memory_exit(tmp_path: Path, made: list[Daemon]) -> None:
+def test_memory_failed_starts_stop_with_the_start_memory_exit(tmp_path: Path,
+                                                             made: list[Daemon]) -> None:
     script = (f"import sys; print({FREE!r}); "
               "print('\\n'.join('  File \"x.py\", line %d' % i for i in range(40))); "
               "sys.exit(1)")
