@@ -33,6 +33,9 @@ ADDED_SINCE_608444D = {
     "vllmwatch.config.serveline": "issue 36.1-8: command.py's bare `vllm serve` check uses it",
     "vllmwatch.incident.cause": "issue 36.15-19: an incident record's cause lines and the "
                                 "unit's OOM-kill counts (record.py would pass 300 lines)",
+    "vllmwatch.config.startcaches": "issue 33: the variables that turn vLLM's start-up "
+                                    "caches on for the child",
+    "vllmwatch.core.reuse": "issue 33: what a launch reused of those caches (from its log)",
     # With the gate on only.
     "vllmwatch.gate.replay": "issue 35: which requests the gate may send again",
     "vllmwatch.gate.fence": "issue 37.9: no send to a generation after its stop order",

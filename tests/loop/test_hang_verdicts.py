@@ -88,6 +88,9 @@ def test_loaded_hang_is_seen_from_the_frozen_engine_before_the_canary_gives_up()
     begin = restarts(d)[0]
     assert begin["reason"] == "hang" and "no token counter or gauge moved" in begin["detail"]
     assert timeouts(d) == []  # the canary's own 8 s timeout had not even run out
+    # the verdict is in the incident's timeline (issue 36.19)
+    [(_, what)] = d.world.incidents[-1].facts["canary_verdicts"]
+    assert what.startswith("work queued and nothing moved for ") and what.endswith(": hang")
 
 
 def test_loaded_but_progressing_is_never_a_hang() -> None:

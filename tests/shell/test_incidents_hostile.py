@@ -155,3 +155,15 @@ def test_listing_many_records_reads_each_once_and_lists_the_folder_once(
     assert len(reads) == n and len(set(reads)) == n  # each record once
     assert len(listings) == 1  # the folder listed once, not once per record
     assert capsys.readouterr().out.splitlines()[-1].startswith(f"{n} records")
+
+
+def test_a_source_line_named_by_a_stack_is_never_read_from_a_fifo(tmp_path: Path) -> None:
+    # The "blocked on a lock" test reads the frame's source line; the path comes from the
+    # stack of a process we do not control.
+    fifo = tmp_path / "engine.py"
+    os.mkfifo(fifo)
+    code = ("from vllmwatch.incident import dumpers; "
+            f"print(repr(dumpers._source_line({str(fifo)!r}, 1)))")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
+                         timeout=HANG_GUARD, check=True, env={**os.environ})
+    assert out.stdout.strip() == "''"

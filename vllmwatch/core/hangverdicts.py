@@ -90,6 +90,7 @@ def frozen(s: WatchState, prev: policy.Progress | None, cur: policy.Progress, no
     # The unanswered canary guards against gauges that merely went stale while idle.
     if now - since < limit or waited < min(p.canary_timeout_min, p.canary_timeout):
         return s, []
+    s = _note(s, now, f"work queued and nothing moved for {now - since:.1f}s: hang")
     return begin_restart(s, now, Reason.HANG, f"{cur.running:g} running and {cur.waiting:g} "
                          f"waiting, but no token counter or gauge moved for {now - since:.1f}s "
                          f"(limit {limit:g}s) and the canary is unanswered after {waited:.1f}s",

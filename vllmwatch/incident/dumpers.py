@@ -23,6 +23,8 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 
+from vllmwatch.config import safefile
+
 HOOK_DIR = str(Path(__file__).with_name("hook"))
 STACKS_ENV = "VLLMWATCH_STACKS_DIR"
 PTRACER_ENV = "VLLMWATCH_PTRACER"  # the hook's prctl(PR_SET_PTRACER) names this pid
@@ -126,8 +128,10 @@ def _source_line(path: str, line: int | None) -> str:
     """One line of a source file (bounded: first 2 MiB), '' when unreadable."""
     if line is None or not path.startswith("/"):
         return ""
-    with contextlib.suppress(OSError, UnicodeDecodeError), open(path, encoding="utf-8") as fh:
-        lines = fh.read(2 << 20).splitlines()
+    # A path named by a stack: safefile.head opens it without blocking and reads only a
+    # regular file (a FIFO there would hold the record's worker for good).
+    with contextlib.suppress(safefile.FileProblem, UnicodeDecodeError):
+        lines = safefile.head(path, 2 << 20).decode("utf-8").splitlines()
         return lines[line - 1] if 0 < line <= len(lines) else ""
     return ""
 
