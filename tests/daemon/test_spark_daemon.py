@@ -66,7 +66,8 @@ def test_guard_runs_from_launch_to_ready(tmp_path: Path, made: list[Daemon]) -> 
     assert any(e.get("source") == "unified" for e in d.named("memory.source"))
 
 
-def test_memory_failed_starts_stop_with_exit_5(tmp_path: Path, made: list[Daemon]) -> None:
+def test_memory_failed_starts_stop_with_the_start_memory_exit(tmp_path: Path,
+                                                             made: list[Daemon]) -> None:
     script = (f"import sys; print({FREE!r}); "
               "print('\\n'.join('  File \"x.py\", line %d' % i for i in range(40))); "
               "sys.exit(1)")
@@ -82,4 +83,4 @@ def test_memory_failed_starts_stop_with_exit_5(tmp_path: Path, made: list[Daemon
     assert [b["reason"] for b in d.named("restart.begin")] == ["start_memory"]
     assert len(d.named("guard.evict", why="launch")) == 2  # evicted before each start
     wait_for(lambda: d.named("daemon.exit"), 5.0, "daemon.exit")
-    assert d.named("daemon.exit")[0]["code"] == 5
+    assert d.named("daemon.exit")[0]["code"] == exitcodes.START_MEMORY

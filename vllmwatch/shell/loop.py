@@ -262,6 +262,8 @@ class Loop:
                 now_ev = self._execute(action)
                 if now_ev is not None:
                     pending.insert(0, now_ev)
+        if self.exit_code is None:  # the standby's step: watch it, build one once READY
+            self.fx.tend_standby(self.state.state, self.state.pid)
         self._publish()
         return self.exit_code
 
