@@ -3,8 +3,9 @@
 Fixtures are verbatim: vLLM 0.26.0 on the H200 (docs/gpu/h200-round5/call2-logs.tar.gz,
 logs/standby-vllmwatch.log: the cold start of EngineCore pid 923, then the standby relaunch
 pid 1325), the startup plan's lines as vLLM's `v1/worker/startup_plan.py` formats them (with
-the 0.26 prefix and the KV size of issue 33's run), and vLLM 0.32 (CPU) as run here
-(V032 below, with how it was made).
+the 0.26 prefix and the KV size of issue 33's run), and vLLM 0.32.0 (the CPU build) as run
+on this machine: bench/results/logs/startup-compile-cold-0.jsonl and -warm-1.jsonl (the
+compile-cache bench of 2026-11-29, docs/BENCHMARKS.md).
 """
 
 from __future__ import annotations
@@ -57,6 +58,30 @@ AOT_ERROR_032 = ("(EngineCore pid=7) WARNING 12-02 06:40:00 [decorators.py:333] 
                  "file corrupted.")  # vLLM 0.32's format string (compilation/decorators.py)
 AOT_ERROR = (P + "[decorators.py:300] Cannot load aot compilation from path /c/model, error: "
              "Source code has changed since the last compilation. Recompiling the model.")
+
+
+V032_COLD = [
+    "(Worker pid=11735) INFO 11-29 18:30:01 [default_loader.py:501] Loading weights took 0.01 "
+    "seconds",
+    "(Worker pid=11735) INFO 11-29 18:31:13 [decorators.py:743] [backbone] saved AOT compiled "
+    "function to /tmp/vw-startup-caches-6x9u4rd6/compile-0/vllm/torch_compile_cache/torch_aot_"
+    "compile/f39a0a2caf5d225861d82f68764c6919bdd7f4ee651e4a21ff7df9fe3cb63c91/rank_0_0/model",
+    "(EngineCore pid=11703) INFO 11-29 18:31:15 [core.py:402] init engine (profile, create kv "
+    "cache, warmup model) took 70.33 s",
+]
+V032_WARM = [
+    "(Worker pid=15189) INFO 11-29 18:36:53 [default_loader.py:501] Loading weights took 0.01 "
+    "seconds",
+    "(Worker pid=15189) WARNING 11-29 18:37:00 [decorators.py:333] [backbone] Compiling model "
+    "again due to a load failure from /tmp/vw-startup-caches-6x9u4rd6/compile-1/vllm/torch_"
+    "compile_cache/torch_aot_compile/f39a0a2caf5d225861d82f68764c6919bdd7f4ee651e4a21ff7df9fe"
+    "3cb63c91/rank_0_0/model, reason: 'function' object has no attribute 'finalize_loading'",
+    "(Worker pid=15189) INFO 11-29 18:37:23 [decorators.py:743] [backbone] saved AOT compiled "
+    "function to /tmp/vw-startup-caches-6x9u4rd6/compile-1/vllm/torch_compile_cache/torch_aot_"
+    "compile/f39a0a2caf5d225861d82f68764c6919bdd7f4ee651e4a21ff7df9fe3cb63c91/rank_0_0/model",
+    "(EngineCore pid=15159) INFO 11-29 18:37:27 [core.py:402] init engine (profile, create kv "
+    "cache, warmup model) took 32.42 s",
+]
 
 
 def read(lines: list[str]) -> tuple[dict[str, object], bool]:
@@ -123,6 +148,24 @@ def test_a_miss_after_a_hit_names_the_cache_and_vllms_reason() -> None:
     # a cache that never hit cannot be missed; nothing hit before: nothing to say
     assert reuse.misses({}, reuse.hits(facts, hit), facts) == []
     assert reuse.misses(before, before, facts) == []
+
+
+def test_032_cpu_cold_start_writes_the_artifact() -> None:
+    facts, hit = read(V032_COLD)
+    assert facts == {"weights_s": 0.01, "aot_saved": True, "engine_init_s": 70.33}
+    assert reuse.hits(facts, hit) == {"compile_cache": False, "aot_artifact": False,
+                                      "startup_plan": False}
+
+
+def test_032_cpu_warm_start_could_not_load_it_and_says_why() -> None:
+    # vLLM 0.32's CPU build (torch 2.13: the mega artifact is its default) fails to load its
+    # own artifact and compiles again: no hit, and vLLM's reason is kept for a miss warning.
+    facts, hit = read(V032_WARM)
+    assert facts["aot_error"] == "'function' object has no attribute 'finalize_loading'"
+    assert facts["aot_saved"] is True and "aot_loaded" not in facts and not hit
+    missed = dict(reuse.misses({"aot_artifact": True}, reuse.hits(facts, hit), facts))
+    assert missed == {"aot_artifact": "vLLM said: 'function' object has no attribute "
+                                      "'finalize_loading'"}
 
 
 def test_032_aot_load_failure_is_the_reason() -> None:
