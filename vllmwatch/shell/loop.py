@@ -266,9 +266,7 @@ class Loop:
                     pending.insert(0, now_ev)
             if isinstance(ev, ReloadRequested) and ev.config is not None \
                     and self.state.config is ev.config and self._on_reloaded is not None:
-                # The core took the new config: only now do the pieces around the loop
-                # (log level, status listener, gate, standby) follow it, never ahead of it.
-                self._on_reloaded(ev.config)
+                self._on_reloaded(ev.config)  # the core took it: the rest follows, never ahead
         if self.exit_code is None:  # the standby's step: watch it, build one once READY
             self.fx.tend_standby(self.state.state, self.state.pid)
         self._publish()
