@@ -98,6 +98,9 @@ def test_standalone_compile_0_in_the_environment_is_refused_at_launch() -> None:
     # torch >= 2.12: vLLM's own default turns the artifact on, so 0 is refused there too
     assert problems(conf(), {STANDALONE: "0"}, V032)
     assert not problems(conf(), {STANDALONE: "0"}, V026)
+    # ... unless AOT compile is off there (vLLM's default then leaves the artifact off)
+    assert not problems(conf(), {STANDALONE: "0", "VLLM_USE_AOT_COMPILE": "0"}, V032)
+    assert not problems(conf(), {STANDALONE: "0", "VLLM_DISABLE_COMPILE_CACHE": "1"}, V032)
 
 
 # ---- the core: child.ready carries the reuse; a miss after a hit is a warning ----

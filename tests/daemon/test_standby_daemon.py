@@ -129,6 +129,30 @@ def test_a_dead_standby_means_a_fresh_launch(daemons: list[Daemon], tmp_path: Pa
     assert sigusr1(d)["launch"] == "fresh"
 
 
+def test_a_stopped_standby_is_discarded_and_the_launch_is_fresh(daemons: list[Daemon],
+                                                               tmp_path: Path) -> None:
+    """Issue 37.7: a SIGSTOPped standby looks alive (no exit, no report), but it must prove it
+    on its pipe within standby.PROOF_WAIT before it is handed a launch; else the launch is
+    fresh at once, not a handover that hangs until startup.stall_timeout (here 300 s: the
+    waits below are far shorter, so a launch handed to the stopped standby fails them)."""
+    cfg = config(tmp_path)
+    cfg["startup"] = {"stall_timeout": "300s", "timeout": "600s"}
+    d = start(daemons, tmp_path, cfg)
+    pid = int(ready_with_standby(d)["pid"])
+    os.kill(pid, signal.SIGSTOP)
+    try:
+        mark = d.mark()
+        started = sigusr1(d)
+        assert started["launch"] == "fresh", started
+        gone = d.wait_event("standby.discarded", 5, mark)
+        assert int(gone["pid"]) == pid and "did not answer" in gone["reason"], gone
+        assert not d.named("standby.used", mark)
+        wait_for(lambda: not _alive(pid), 10, "the stopped standby to be killed")
+    finally:
+        with contextlib.suppress(ProcessLookupError):
+            os.kill(pid, signal.SIGCONT)
+
+
 def test_a_sighup_that_changes_the_env_rebuilds_the_standby(daemons: list[Daemon],
                                                              tmp_path: Path) -> None:
     cfg = config(tmp_path)

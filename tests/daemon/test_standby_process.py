@@ -98,6 +98,27 @@ def test_handover_runs_the_entry_as_main_with_the_launchs_env_and_cwd(
                    "x": "launch", "tmpdir": str(tmp), "preimported": True, "name": "__main__"}
 
 
+def test_it_proves_it_is_alive_on_its_pipe_and_a_stopped_one_cannot(
+        world: dict[str, object]) -> None:
+    """Issue 37.7: the launcher hands a launch only to a standby that answers a ping on its
+    status pipe within the bound: while it imports (the reader thread answers) and after;
+    never while it is stopped; and a late answer to an old ping proves nothing new."""
+    tmp = Path(str(world["tmp"]))
+    standby, launch = _start(world)
+    assert standby.answers(sb.PROOF_WAIT)  # still importing slowmod: the reader answers
+    (tmp / "go").touch()
+    wait_until(lambda: _waiting(standby), 30, "the standby to report waiting")
+    assert standby.answers(sb.PROOF_WAIT)
+    os.kill(standby.pid, signal.SIGSTOP)
+    try:
+        assert not standby.answers(0.3)
+    finally:
+        os.kill(standby.pid, signal.SIGCONT)
+    assert standby.answers(sb.PROOF_WAIT)  # alive again: the newest ping is answered
+    child = standby.hand_over(launch, str(tmp), "m" * 16)  # the pings left it usable
+    assert child.proc.wait(30) == 0
+
+
 def test_a_handover_while_still_importing_waits_then_starts_fresh(
         world: dict[str, object]) -> None:
     standby, launch = _start(world)

@@ -20,15 +20,25 @@ import pytest
 from tests.support import wait_until
 from vllmwatch.incident import dumpers, record, store
 
+# "started" is printed only once both threads stand at `b.acquire()` (the deadlock is
+# reached): printed any earlier, a dump on a loaded box caught a thread still in the
+# barrier's wait (idle, not blocked). The announcing thread then ends; _start waits for it.
 DEADLOCK = textwrap.dedent('''
     import os, sys, threading, time
     def hold_forever(a, b, ready):
         with a:
             ready.wait()
             b.acquire()
+    def announce():
+        code = hold_forever.__code__
+        at = code.co_firstlineno + 3  # the `b.acquire()` line
+        while sum(f.f_code is code and f.f_lineno == at
+                  for f in sys._current_frames().values()) < 2:
+            time.sleep(0.001)
+        print("started", flush=True)
     a, b, ready = threading.Lock(), threading.Lock(), threading.Barrier(2)
     threading.Thread(target=hold_forever, args=(b, a, ready), daemon=True).start()
-    print("started", flush=True)
+    threading.Thread(target=announce, daemon=True).start()
     hold_forever(a, b, ready)
 ''')
 
@@ -44,6 +54,8 @@ def _start(tmp_path: Path, hook: bool, extra_path: str = "") -> subprocess.Popen
     proc = subprocess.Popen([sys.executable, str(script)], env=env, stdout=subprocess.PIPE,
                             text=True, start_new_session=True)
     assert proc.stdout is not None and proc.stdout.readline().strip() == "started"
+    # only the two deadlocked threads are left once the announcing one has ended
+    wait_until(lambda: len(os.listdir(f"/proc/{proc.pid}/task")) == 2, 10.0, "announcer gone")
     return proc
 
 

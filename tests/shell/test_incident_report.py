@@ -112,12 +112,18 @@ def test_the_first_error_block_comes_before_the_tail() -> None:
         "(APIServer pid=1) Traceback (most recent call last):",
         "(APIServer pid=1) vllm.v1.engine.exceptions.EngineDeadError: EngineCore encountered "
         "an issue."] + [f"(APIServer pid=1) INFO shutdown noise {i}" for i in range(60)]
+    warning = ("(APIServer pid=1) WARNING 12-02 [system_utils.py:255] Found ulimit of 20000 "
+               "... This can cause fd limit errors like `OSError: [Errno 24] Too many open "
+               "files`.")
+    assert not cause.ERROR_LINE.search(warning)  # a warning quoting an error is not one
+    assert cause.ERROR_LINE.search(out[7]) and cause.ERROR_LINE.search(out[5])
+    out = [warning, *out]
     text = report.render(_record(reason="engine_died", detail="x", output=out))
-    first = text.index("== first error in the output (line 6 of 68) ==")
-    assert first < text.index("EngineDeadError") < text.index("== last output lines (40 of 68")
+    first = text.index("== first error in the output (line 7 of 69) ==")
+    assert first < text.index("EngineDeadError") < text.index("== last output lines (40 of 69")
     assert "shutdown noise 59" in text
     # the error within the tail: shown once, in the tail
-    text = report.render(_record(reason="crash", detail="x", output=out[-40:] + out[5:8]))
+    text = report.render(_record(reason="crash", detail="x", output=out[-40:] + out[6:9]))
     assert "first error in the output" not in text and text.count("EngineDeadError") == 1
 
 

@@ -141,7 +141,12 @@ def artifact_on(config: Config, environ: Mapping[str, str], info: VllmInfo | Non
     if own is not None:
         return is_on(own)
     if not config.prewarm.enabled or config.prewarm.mega_aot_artifact == "auto":
-        return bool(info and info.has(MEGA) and torch_at_least(info.torch, MEGA_DEFAULT_TORCH))
+        # vLLM's own default (envs.py use_mega_aot_artifact): torch >= 2.12 with AOT compile,
+        # which is off when the operator turns it or the compile cache off
+        aot_off = is_off(operator_value(config, environ, "VLLM_USE_AOT_COMPILE")) or \
+            is_on(operator_value(config, environ, "VLLM_DISABLE_COMPILE_CACHE"))
+        return bool(info and info.has(MEGA) and not aot_off
+                    and torch_at_least(info.torch, MEGA_DEFAULT_TORCH))
     return config.prewarm.mega_aot_artifact == "true"
 
 

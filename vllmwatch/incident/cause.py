@@ -17,8 +17,10 @@ EVENTS_MAX = 4096  # memory.events is a few short lines; never read more
 _STOPPED = {"T": "stopped (state T: SIGSTOP, or a debugger holds it)",
             "t": "stopped by a tracer (state t: a debugger holds it)",
             "D": "in uninterruptible sleep (state D: stuck in the kernel or a driver)"}
-ERROR_LINE = re.compile(r"\bERROR\b|Traceback \(most recent call last\)|\b\w*Error: |"
-                        r"\bCRITICAL\b")
+# An error line: vLLM's ERROR/CRITICAL level, a traceback's start, or an exception line
+# ("(EngineCore pid=N) ...EngineDeadError: ..."); never a WARNING that quotes an error.
+ERROR_LINE = re.compile(r"(?:^|\) )(?:ERROR|CRITICAL)\b|Traceback \(most recent call last\)|"
+                        r"(?:^|\) )[\w.]*(?:Error|Exception): ")
 
 
 def unit_cgroup(proc_cgroup: str = "/proc/self/cgroup") -> str | None:

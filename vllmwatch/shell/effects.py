@@ -29,6 +29,7 @@ from vllmwatch.core.events import (
     SweepDone,
     failure_result,
 )
+from vllmwatch.core.state import State
 from vllmwatch.core.unified import Platform
 from vllmwatch.prewarm import runner as prewarm
 from vllmwatch.shell import child as childmod
@@ -67,6 +68,7 @@ class Effects(Protocol):
     def prewarm(self, config: Config) -> PrewarmDone: ...
     def record_incident(self, action: RecordIncident) -> IncidentRecorded: ...
     def vllm_version(self) -> str | None: ...
+    def tend_standby(self, state: State, child_pid: int | None) -> None: ...
     def publish(self, snapshot: Snapshot) -> None: ...
     def close(self) -> None: ...
 
@@ -281,16 +283,21 @@ class RealEffects:
         """The launched vLLM's version (read at launch, again after vllm.command changed)."""
         return self._versions.current
 
+    def tend_standby(self, state: State, child_pid: int | None) -> None:
+        """The loop's standby step, once a turn: watch the standby, and build one for the
+        next launch once the child is READY. Its other moves: used or discarded at a launch
+        (spawn), rebuilt after a SIGHUP (reconfigure), killed on the way out (close)."""
+        if self.standby is None:
+            return
+        self.standby.watch()
+        if state == State.READY:
+            config = self._config
+            self.standby.prepare(config, child_pid, lambda: self._next_command(config),
+                                 self.platform.unified)
+
     def publish(self, snapshot: Snapshot) -> None:
-        """Hand the latest snapshot to readers (the status server)."""
-        extra: dict[str, Any] = {}
-        if self.standby is not None:  # between launches: build, watch and show the standby
-            self.standby.watch()
-            if snapshot.state == "ready" and not snapshot.draining:
-                config = self._config
-                self.standby.prepare(config, snapshot.child_pid,
-                                     lambda: self._next_command(config), self.platform.unified)
-            extra = self.standby.info()
+        """Hand the latest snapshot to readers (the status server); starts nothing."""
+        extra: dict[str, Any] = self.standby.info() if self.standby is not None else {}
         self.incidents.snapshot = snapshot  # the /status an incident record shows
         if self._publish is not None:
             self._publish(replace(snapshot, unified_memory=self.platform.unified,

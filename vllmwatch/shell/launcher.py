@@ -46,6 +46,9 @@ class StandbyLauncher:
         standby, self._standby = self._standby, None
         if standby is not None:
             why = self._unusable(standby, config, cmd, unified)
+            if why is None and not standby.answers(sb.PROOF_WAIT):
+                why = (f"did not answer on its pipe within {sb.PROOF_WAIT:g}s (stopped or "
+                       "wedged): the launch is fresh")
             if why is None:
                 try:
                     child = standby.hand_over(cmd, os.getcwd(), self._marker)
@@ -53,7 +56,7 @@ class StandbyLauncher:
                     why = f"the handover failed: {exc.strerror or exc}"
                 else:
                     self._count("standby")
-                    self.log("info", "standby.used", pid=child.pid, state=standby.state,
+                    self.log("info", "standby.used", pid=child.pid, state=str(standby.state),
                              waited_s=round(time.monotonic() - standby.started, 1))
                     return child
             self._discard(standby, why)
@@ -78,7 +81,8 @@ class StandbyLauncher:
 
     def prepare(self, config: Config, child_pid: int | None, build: BuildCommand,
                 unified: bool) -> None:
-        """The child is READY: start one standby for the next launch (once per run)."""
+        """The child is READY: start one standby for the next launch (once per run).
+        Called from the loop's standby step (RealEffects.tend_standby), never elsewhere."""
         if self._standby is not None or child_pid is None or self._tried_for == child_pid:
             return
         self._tried_for = child_pid
@@ -144,7 +148,7 @@ class StandbyLauncher:
         """What /status and the metrics show."""
         s = self._standby
         return {"launch": self.last_launch, "launches": dict(self.launches),
-                "standby_state": s.state if s is not None else "off",
+                "standby_state": str(s.state if s is not None else sb.StandbyState.OFF),
                 "standby_pid": s.pid if s is not None else None,
                 "standby_rss_mib": self._rss if s is not None else None,
                 "standby_reason": self.reason}
@@ -181,5 +185,5 @@ class StandbyLauncher:
     def _discard(self, standby: sb.Standby, why: str) -> None:
         self.reason = why
         self.log("warning", "standby.discarded", pid=standby.pid, reason=why,
-                 state=standby.state)
+                 state=str(standby.state))
         standby.kill()

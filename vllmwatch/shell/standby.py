@@ -15,6 +15,7 @@ from __future__ import annotations
 import contextlib
 import json
 import os
+import select
 import shutil
 import signal
 import subprocess
@@ -22,6 +23,7 @@ import tempfile
 import time
 from collections.abc import Mapping
 from dataclasses import dataclass, field
+from enum import Enum
 from typing import Any
 
 import psutil
@@ -48,6 +50,22 @@ CPU_BACKEND = ("vllm.v1.attention.backends.cpu_attn",)
 # standby execs the plain command itself (standby_main.py): the loop never waits.
 HANDOVER_WAIT = 60.0
 VOLATILE_ENV = ("TMPDIR", MARKER)  # differ between launches without making a standby stale
+# Before a standby is handed a launch it must answer a ping on its status pipe within this
+# (issue 37.7): a stopped or wedged one is discarded and the launch is fresh at once, where a
+# handover to it would hang the start until startup.stall_timeout. Its reader thread
+# answers even while the imports run; the loop waits this long only for one that does not.
+PROOF_WAIT = 2.0
+
+
+class StandbyState(str, Enum):
+    """What the standby is doing (/status `standby_state`, the metrics' label)."""
+
+    OFF = "off"
+    IMPORTING = "importing"
+    WAITING = "waiting"
+
+    def __str__(self) -> str:
+        return self.value
 
 
 def key_of(entry: Entry, cmd: ChildCommand, command_len: int, modules: tuple[str, ...]
@@ -73,9 +91,11 @@ class Standby:
     entry: Entry
     tmpdir: str
     started: float
-    state: str = "importing"  # importing | waiting
+    state: StandbyState = StandbyState.IMPORTING
     report: dict[str, Any] = field(default_factory=dict)
     _buf: bytes = b""
+    _pings: int = 0  # pings sent (answers() numbers them)
+    _answered: int = 0  # the newest ping it answered
 
     @property
     def pid(self) -> int:
@@ -101,7 +121,32 @@ class Standby:
             with contextlib.suppress(ValueError):
                 msg = json.loads(line)
                 if isinstance(msg, dict) and msg.get("event") == "waiting":
-                    self.state, self.report = "waiting", msg
+                    self.state, self.report = StandbyState.WAITING, msg
+                elif isinstance(msg, dict) and msg.get("event") == "alive":
+                    with contextlib.suppress(TypeError, ValueError):
+                        self._answered = max(self._answered, int(msg.get("ping", 0)))
+
+    def answers(self, within: float) -> bool:
+        """Ping it on stdin; True when it answers this ping on its status pipe within
+        `within` seconds (a stopped, wedged or gone standby does not)."""
+        self._pings += 1
+        ping = self._pings
+        try:
+            assert self.proc.stdin is not None
+            self.proc.stdin.write(json.dumps({"ping": ping}).encode() + b"\n")
+            self.proc.stdin.flush()
+        except (OSError, ValueError):  # its stdin is gone (it exited): no proof
+            return False
+        deadline = time.monotonic() + within
+        while True:
+            self._read()
+            if self._answered >= ping:
+                return True
+            left = deadline - time.monotonic()
+            if left <= 0 or self.status_fd < 0:
+                return False
+            with contextlib.suppress(OSError, ValueError):
+                select.select([self.status_fd], [], [], left)
 
     def stale_vllm(self) -> str | None:
         """A vLLM reinstalled since the imports (the package file changed under it)."""
@@ -205,6 +250,6 @@ def describe(standby: Standby | None) -> Mapping[str, Any]:
     """pid, state, RSS and import time, for events and /status."""
     if standby is None:
         return {}
-    return {"pid": standby.pid, "state": standby.state, "rss_mib": standby.rss_mib(),
+    return {"pid": standby.pid, "state": str(standby.state), "rss_mib": standby.rss_mib(),
             "import_s": standby.report.get("seconds"),
             "failed_imports": sorted(standby.report.get("failed", {}))}

@@ -7,8 +7,9 @@ vllmwatch installed): stdlib only, no vllmwatch import. Lifecycle:
    VLLMWATCH::standby, report ``importing`` on the status pipe;
 2. import the modules of the spec (argv[1], JSON), never touching a GPU, then report
    ``waiting`` with what was imported, what failed and whether CUDA got initialized;
-3. read the handover (one JSON line on stdin: argv, env, cwd, wait_s), take its
-   environment and directory, and run the console script's entry as ``__main__``.
+3. answer each ping on stdin (``{"ping": N}``) with ``alive`` on the status pipe, from the
+   reader thread, so even while importing; read the handover (one JSON line: argv, env,
+   cwd, wait_s), take its environment and directory, and run the entry as ``__main__``.
 
 Where the pre-imported state cannot be trusted (CUDA initialized, a handover that came
 while the imports still ran for longer than wait_s) it execs the launch's argv instead: the
@@ -160,14 +161,22 @@ class Standby:
         imported.append(name)
 
     def read_handover(self) -> None:
-        """The reader thread: one line on stdin; EOF means we were discarded."""
-        line = sys.stdin.buffer.readline()
-        if not line:
-            os._exit(0)
-        try:
-            self.message = json.loads(line)
-        except ValueError:
-            os._exit(3)
+        """The reader thread: pings (each answered on the status pipe: vllmwatch's proof
+        that we are alive before it hands us a launch), then the handover line; EOF means
+        we were discarded."""
+        while True:
+            line = sys.stdin.buffer.readline()
+            if not line:
+                os._exit(0)
+            try:
+                msg = json.loads(line)
+            except ValueError:
+                os._exit(3)
+            if isinstance(msg, dict) and "ping" in msg and "argv" not in msg:
+                self.report("alive", ping=msg["ping"])
+                continue
+            self.message = msg
+            break
         self.arrived.set()
         wait_s = float(self.message.get("wait_s", 0.0)) if self.message else 0.0
         if not self.imported.wait(max(0.0, wait_s)):

@@ -31,6 +31,7 @@ from vllmwatch.core.events import (
 from vllmwatch.core.hangs import HostCpu
 from vllmwatch.core.names import ProbeKind
 from vllmwatch.core.samples import MemorySample
+from vllmwatch.core.state import State
 from vllmwatch.status.snapshot import Snapshot
 
 
@@ -264,6 +265,9 @@ class WorldEffects:
     def vllm_version(self) -> str | None:
         """No version."""
         return None
+
+    def tend_standby(self, state: State, child_pid: int | None) -> None:
+        """No standby in the fake world."""
 
     def publish(self, snapshot: Snapshot) -> None:
         """Keep the latest snapshot."""
