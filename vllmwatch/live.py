@@ -1,10 +1,11 @@
 """What a SIGHUP changes outside the core: the log level, the status listener, the gate.
 
-The core takes the new config (probes, launches, rules). The pieces around the loop are
-applied here, on the loop's thread once the new config was read: the log level (our events
-and the child's forwarded lines, which share one log function), a rebind of the status
-listener (the new address is bound before the old one is closed, so a failed bind keeps the
-old one), the gate's hold_timeout, retry_after, replay and replay_max. What cannot be applied
+The core takes the new config (probes, launches, rules) first; the pieces around the loop
+follow here, on the loop's thread, once the core has taken it (shell/loop.py): the log
+level (our events and the child's forwarded lines, which share one log function), a rebind
+of the status listener (the new address is bound before the old one is closed, so a failed
+bind keeps the old one), the gate's hold_timeout, retry_after, replay and replay_max
+(written on the gate's own thread: gate/runner.Gate.reconfigure). What cannot be applied
 safely while clients are connected (gate.enabled, gate.listen: moving the public port would
 cut every client) is logged as `config.restart_required` and shown in /status `restart_required`.
 """
@@ -68,13 +69,12 @@ class Live:
         if new.status != old.status:
             self._rebind_status(new)
         if self.gate is not None:
-            self.gate.forwarder.hold_timeout = new.gate.hold_timeout
-            self.gate.forwarder.retry_after = new.gate.retry_after
             if (new.gate.replay, new.gate.replay_max) != (old.gate.replay, old.gate.replay_max):
                 self.log("info", "gate.replay_changed", replay=new.gate.replay,
                          replay_max=new.gate.replay_max)
-            self.gate.forwarder.replay = new.gate.replay
-            self.gate.forwarder.replay_max = new.gate.replay_max
+            # written on the gate's own thread, where requests read them (Gate.reconfigure)
+            self.gate.reconfigure(new.gate.hold_timeout, new.gate.retry_after,
+                                  new.gate.replay, new.gate.replay_max)
         needed = tuple(key for key, get in RESTART_KEYS if get(new) != get(old))
         if needed != self.restart_required and needed:
             self.log("warning", "config.restart_required", keys=list(needed),

@@ -55,9 +55,25 @@ def test_useful_non_secrets_stay(text: str) -> None:
     ("DB_PASS", True), ("Authorization", True), ("max_num_batched_tokens", False),
     ("tokenizer", False), ("ssl-keyfile", False), ("api_key_file", False),
     ("api_server_alive", False), ("prompt_tokens", False),
+    # plural keys/tokens are lists of names or counts, unless a word says which credential
+    ("keys", False), ("restart_keys", False), ("keys_changed", False), ("num_tokens", False),
+    ("max_tokens", False), ("tokens_total", False), ("num_keys", False), ("max_token", False),
+    ("tokens", False), ("api_key", True), ("apikey", True), ("key", True),
+    ("access_token", True), ("hf_token", True), ("secret_key", True), ("api_keys", True),
+    ("hfTokens", True), ("ACCESS_TOKENS", True), ("secret_keys", True),
 ])
 def test_secret_names_by_their_words(name: str, secret: bool) -> None:
     assert is_secret_name(name) is secret
+
+
+def test_lists_of_key_names_stay_and_secret_keys_do_not() -> None:
+    event = {"keys": ["gate.listen", "engine.port"], "restart_keys": ["engine.model"],
+             "keys_changed": 2, "max_tokens": 16, "api_key": "zz9-x", "hf_token": "hf-v4l",
+             "headers": {"key": "k3y-v"}}
+    assert R.deep(event) == {**event, "api_key": REDACTED, "hf_token": REDACTED,
+                             "headers": {"key": REDACTED}}
+    text = "config.restart_required keys=['gate.listen'] api_keys=['k3y-v4l']"
+    assert R.text(text) == "config.restart_required keys=['gate.listen'] api_keys=['<redacted>']"
 
 
 def test_learnt_values_are_hidden_by_every_redactor_but_switches_are_not() -> None:

@@ -9,6 +9,7 @@ times come from vllmwatch's JSON log timestamps and land in .cache/e2e-times.jso
 
 from __future__ import annotations
 
+import itertools
 import json
 import os
 import signal
@@ -133,9 +134,30 @@ def test_enginecore_sigkill_restarts(start_daemon: StartDaemon) -> None:
     assert len(engines) == 1, [cmdline(p) for p in tree(pid)]
     mark, fault_at = d.mark(), time.time()
     engines[0].kill()
+    # /status names the rung while the restart is under way (issue 32): the relaunch of the
+    # real vLLM takes tens of seconds, so its `launching` rung is seen for sure.
+    seen: list[tuple[str, float]] = []
+
+    def on_a_rung() -> bool:
+        doc = status(d)
+        seen.append((doc["restart_phase"], doc["restart_phase_for_s"]))
+        return doc["restart_phase"] == "launching"
+
+    wait_for(on_a_rung, STARTUP, "/status shows the restart's launching rung")
     got = _recover(d, "enginecore_sigkill", fault_at, mark, {"crash", "engine_died"})
     assert got["ready"]["pid"] != pid
     assert _gone(engines[0])
+    assert all(for_s >= 0 for _, for_s in seen), seen
+    assert status(d)["restart_phase"] == "idle"
+    # one restart.phase event per rung, in the ladder's order, each from where the last went
+    moves = [(e["from"], e["to"]) for e in d.named("restart.phase", mark)]
+    order = ["idle", "recording", "draining", "terminating", "killing", "sweeping",
+             "release_wait", "launching"]
+    assert moves[0][0] == "idle" and moves[-1] == ("launching", "idle"), moves
+    assert all(a[1] == b[0] for a, b in itertools.pairwise(moves)), moves
+    rungs = [to for _, to in moves[:-1]]
+    assert rungs == sorted(rungs, key=order.index), moves
+    assert {"sweeping", "launching"} <= set(rungs), moves
 
 
 def test_engine_sigstop_is_hang(start_daemon: StartDaemon) -> None:

@@ -333,3 +333,24 @@ def test_stop_with_requests_held_is_bounded() -> None:
         t.join(10)
     assert sorted(r[0] for r in out) != [200, 200]  # cut, never forwarded
     assert g.stats.forwarded == 0
+
+
+def test_a_reload_writes_the_gate_settings_on_the_gate_thread() -> None:
+    """Issue 32 item 5: a SIGHUP's gate.hold_timeout, retry_after, replay and replay_max are
+    written on the gate's own thread, where requests read them, never from the loop's."""
+    port = free_port()
+    with gate(port, Switch(Readiness.OPEN)) as g:
+        writers: list[str] = []
+        fwd = g.forwarder
+
+        class Watched(type(fwd)):  # type: ignore[misc]
+            def __setattr__(self, name: str, value: object) -> None:
+                if name in ("hold_timeout", "retry_after", "replay", "replay_max"):
+                    writers.append(threading.current_thread().name)
+                super().__setattr__(name, value)
+
+        fwd.__class__ = Watched
+        g.reconfigure(3.0, 2.0, False, 3)
+        wait_for(lambda: (fwd.hold_timeout, fwd.retry_after, fwd.replay, fwd.replay_max)
+                 == (3.0, 2.0, False, 3), what="the new settings")
+        assert writers == ["vllmwatch-gate"] * 4

@@ -397,6 +397,7 @@ def test_sighup_turns_replay_off_and_on() -> None:
         live.gate = g
         live.apply(config(False, 1))
         assert post(g.port)[0] == 502 and g.stats.not_replayed == 1
-        live.apply(config(True, 3))
-        assert g.forwarder.replay and g.forwarder.replay_max == 3
+        live.apply(config(True, 3))  # applied on the gate's own thread (Gate.reconfigure)
+        wait_until(lambda: g.forwarder.replay and g.forwarder.replay_max == 3,
+                   10 * TIMEOUT_SCALE, "the gate to take the new replay settings")
         assert events.count("gate.replay_changed") == 2

@@ -35,7 +35,7 @@ MIN_SECRET = 4  # a shorter known "secret" would redact ordinary words
 _NOT_VALUES = frozenset({"true", "false", "none", "null", "yes", "no", "auto", "on", "off",
                          "enabled", "disabled", "required", "optional", "default"})
 # A name is secret when one of its words is one of these ...
-_WORDS = frozenset({"key", "keys", "token", "secret", "secrets", "password", "passwords",
+_WORDS = frozenset({"key", "token", "secret", "secrets", "password", "passwords",
                     "passwd", "pass", "pwd", "passphrase", "credential", "credentials",
                     "auth", "authorization", "apikey", "cookie", "privatekey"})
 # ... or ends in one of these (`hftoken`, `accesskey`, `dbpassword`, `pgpass`) ...
@@ -45,15 +45,25 @@ _ENDINGS = ("token", "apikey", "secret", "password", "passwd", "pass", "accesske
 _ABOUT = frozenset({"file", "path", "dir", "size", "len", "length", "count", "type", "mode",
                     "name", "format", "url", "env", "var", "header", "ttl", "timeout",
                     "expiry", "prefix"})
+# A plural `keys`/`tokens` is a list of names or a count (`restart_keys`, `prompt_tokens`)
+# unless a word before it says which credential (`api_keys`, `hf_tokens`, `accessTokens`).
+_PLURALS = frozenset({"keys", "tokens"})
+_QUALIFIERS = frozenset({"api", "access", "auth", "secret", "private", "hf", "bearer",
+                         "refresh", "session", "client", "ssh", "signing", "encryption"})
+_PLURAL_ENDINGS = tuple(q + p for q in _QUALIFIERS for p in _PLURALS)
+# A name with one of these words is a number about tokens or keys (`max_token`, `num_keys`).
+_COUNTS = frozenset({"num", "max", "min", "total", "count", "counts"})
 _SPLIT = re.compile(r"[^A-Za-z0-9]+|(?<=[a-z0-9])(?=[A-Z])|(?<=[A-Z])(?=[A-Z][a-z])")
 
 
 def is_secret_name(name: str) -> bool:
     """Whether a variable, flag or key name says its value is a secret."""
     words = [w.lower() for w in _SPLIT.split(name) if w]
-    if not words or words[-1] in _ABOUT:
+    if not words or words[-1] in _ABOUT or _COUNTS.intersection(words):
         return False
-    return any(w in _WORDS or w.endswith(_ENDINGS) for w in words)
+    return any(w in _WORDS or w.endswith(_ENDINGS) or w.endswith(_PLURAL_ENDINGS)
+               or (w in _PLURALS and _QUALIFIERS.intersection(words[:i]))
+               for i, w in enumerate(words))
 
 
 # A name holding one of the words every secret name holds (is_secret_name judges it whole):
@@ -71,10 +81,11 @@ _RULES = (
     # ('authorization', 'Bearer x'): a header as a tuple; ['--api-key', 'x']: an argv list
     re.compile(r"""(?P<pre>(?:\(\s*b?(?P<kq>['"])|(?P<fq>['"])--)(?P<name>""" + _NAME
                + r""")(?:(?P=kq)|(?P=fq))\s*,\s*)""" + _QUOTED),
-    # --name value / --name=value / NAME=value / name: value / Authorization: Bearer x
+    # --name value / --name=value / NAME=value / name: value / Authorization: Bearer x /
+    # name=['v1', 'v2']
     re.compile(r"(?i)(?P<pre>(?<![\w.-])(?P<dash>--)?(?P<name>" + _NAME + r")"
                r"(?:\s*[=:]\s*|(?(dash)\s+|(?!)))" + _SCHEME + r")"
-               r"(?:" + _QUOTED + "|" + _BARE + ")"),
+               r"(?:" + _QUOTED + r"|(?P<list>\[[^\]]*\])|" + _BARE + ")"),
 )
 _SHAPES = (
     # URL userinfo, any scheme: keep the user when there is a password

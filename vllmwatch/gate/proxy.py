@@ -154,15 +154,14 @@ class Forwarder:
                 await asyncio.sleep(NEXT_ENGINE_POLL)
                 continue
             try:
-                answer = await self._forward(request, body, gen)
+                answer = await self._forward(request, body, gen, bool(tried))
             except aiohttp.ClientConnectorError:
                 # Refused before anything was sent: vLLM is not up (yet); safe to try again.
                 self.stats.connect_retries += 1
                 self.door.suspect(REFUSED_HOLD)
                 continue
             if not isinstance(answer, exchange.Failed):
-                self.stats.replay_answered += 1 if tried else 0
-                return answer
+                return answer  # (a replay's answer is counted in _forward)
             tried.append(gen)
             why_not = self._why_not(request, body, len(tried))
             if why_not is not None:
@@ -208,20 +207,24 @@ class Forwarder:
                           "instance", self.retry_after)
         return None
 
-    async def _forward(self, request: web.Request, body: bytes, gen: int | None
-                       ) -> web.StreamResponse | exchange.Failed:
-        """One exchange with engine `gen` (the fence counted its send in _handle)."""
+    async def _forward(self, request: web.Request, body: bytes, gen: int | None,
+                       replay: bool = False) -> web.StreamResponse | exchange.Failed:
+        """One exchange with engine `gen` (the fence counted its send in _handle); replay:
+        it was sent to another engine before."""
         assert self.session is not None
         ex = exchange.Exchange(gen, self.fence, request.path, bool(body))
         url = self.upstream + request.rel_url.raw_path_qs
         self.stats.forwarded += 1
         self.stats.in_flight += 1
         self.live.add(ex)
+        answered = [False]  # an answer came back (counted here: a cut may cancel the caller)
         try:
             ex.task = asyncio.ensure_future(exchange.run(self.session, request, url, body, ex))
             answer: web.StreamResponse | exchange.Failed = await ex.task
             if isinstance(answer, exchange.Failed):
                 self.stats.failed_midrequest += 1
+            else:
+                answered[0] = True
             return answer
         except aiohttp.ClientConnectorError:
             self.stats.forwarded -= 1  # nothing was sent; the caller tries again
@@ -232,6 +235,8 @@ class Forwarder:
             return _error(504, "vLLM's answer was not complete within its deadline; it "
                           "was not retried: send it again if it is safe to repeat")
         finally:
+            if replay and (ex.begun or answered[0]):
+                self.stats.replay_answered += 1  # the next engine answered (maybe cut later)
             if ex.broken or ex.vllm_error:  # begun, then vLLM failed: ended, not replayed
                 # (here: closing the client's connection may cancel this handler)
                 self.stats.failed_midrequest += 1

@@ -149,6 +149,25 @@ class Gate:
                           detail="vLLM's engine is stuck: its requests in flight were ended "
                                  "now; those with no answer begun wait for the next engine")
 
+    def reconfigure(self, hold_timeout: float, retry_after: float, replay: bool,
+                    replay_max: int) -> None:
+        """A reload's gate.hold_timeout, retry_after, replay and replay_max (any thread):
+        written on the gate's own thread, where the forwarder reads them, so no attribute is
+        written from another thread while a request reads it (issue 32 item 5)."""
+        def apply() -> None:
+            fwd = self.forwarder
+            fwd.hold_timeout, fwd.retry_after = hold_timeout, retry_after
+            fwd.replay, fwd.replay_max = replay, replay_max
+
+        loop = self._loop
+        if loop is None or loop.is_closed():
+            apply()  # not serving (yet, or any more): no request reads them
+            return
+        try:
+            loop.call_soon_threadsafe(apply)
+        except RuntimeError:  # the loop closed in between
+            apply()
+
     @property
     def running(self) -> bool:
         """Whether the gate thread is alive and has not failed."""

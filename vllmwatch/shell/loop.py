@@ -27,6 +27,7 @@ from vllmwatch.core.events import (
     Notify,
     Probe,
     RecordIncident,
+    ReloadRequested,
     RestartRequested,
     SampleMemory,
     SignalGroup,
@@ -104,7 +105,8 @@ class Loop:
         self.exit_code: int | None = None
         self._repeats = Repeats(lambda *a, **kw: self.fx.log(*a, **kw), clock.monotonic)
         self._reloads = Reloads(reload_config, clock.monotonic, self._pool_submit,
-                                lambda: self.deliver_signal(signal.SIGHUP), on_reloaded)
+                                lambda: self.deliver_signal(signal.SIGHUP))
+        self._on_reloaded = on_reloaded
 
     # ---- plumbing ----
 
@@ -262,6 +264,9 @@ class Loop:
                 now_ev = self._execute(action)
                 if now_ev is not None:
                     pending.insert(0, now_ev)
+            if isinstance(ev, ReloadRequested) and ev.config is not None \
+                    and self.state.config is ev.config and self._on_reloaded is not None:
+                self._on_reloaded(ev.config)  # the core took it: the rest follows, never ahead
         if self.exit_code is None:  # the standby's step: watch it, build one once READY
             self.fx.tend_standby(self.state.state, self.state.pid)
         self._publish()

@@ -33,10 +33,9 @@ class Reloads:
     """The read in flight (if any) and its deadline; every method runs on the loop's thread."""
 
     def __init__(self, read: Callable[[], Config] | None, clock: Callable[[], float],
-                 submit: Submit, again: Callable[[], None],
-                 on_reloaded: Callable[[Config], None] | None = None) -> None:
+                 submit: Submit, again: Callable[[], None]) -> None:
         self.read, self._clock, self._submit = read, clock, submit
-        self._again_fn, self._on_reloaded = again, on_reloaded
+        self._again_fn = again
         self._token = 0  # the read in flight; answers of older reads are dropped
         self.due: float | None = None  # when the read in flight times out
         self._again = False  # a SIGHUP came while a read was out
@@ -74,8 +73,6 @@ class Reloads:
         if self._again:
             self._again = False
             self._again_fn()
-        if ev.event.config is not None and self._on_reloaded is not None:
-            self._on_reloaded(ev.event.config)
         return ev.event
 
     def overdue(self) -> Event | None:
