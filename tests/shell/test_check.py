@@ -380,6 +380,36 @@ def test_read_sums_gnu_and_bsd_styles(tmp_path: Path) -> None:
                                          (b.lower(), "y.json")]
 
 
+@pytest.mark.parametrize(("fifo", "check_name", "listed"), [
+    ("model-00002-of-00002.safetensors", "model.weights", False),
+    ("model.safetensors.index.json", "model.weights", False),
+    ("sha256sums.txt", "model.checksums", False),
+    ("SHA256SUMS", "model.checksums", False),
+    ("extra.bin", "model.checksums", True),  # named in the sums file: hashing it would block
+])
+def test_a_fifo_in_the_model_dir_is_one_finding_never_a_hang(
+        tmp_path: Path, fifo: str, check_name: str, listed: bool) -> None:
+    model = make_model(tmp_path / "m")
+    if fifo.lower() == "sha256sums.txt" or fifo == "SHA256SUMS":
+        (model / "sha256sums.txt").unlink()
+    os.mkfifo(model / fifo)  # nobody ever writes to it: a plain open() would block for good
+    if listed:
+        with (model / "sha256sums.txt").open("a") as fh:
+            fh.write(f"{'0' * 64}  {fifo}\n")
+    path = write_config(tmp_path, model)
+    # a subprocess with a generous timeout: a regression fails here, never hangs the suite
+    proc = subprocess.run([sys.executable, "-m", "vllmwatch", "--config", path, "check",
+                           "--json"], capture_output=True, text=True, cwd=REPO, timeout=120,
+                          check=False)
+    assert "Traceback" not in proc.stdout + proc.stderr, proc.stderr
+    assert proc.returncode != 0, proc.stdout
+    res = {r["name"]: r for r in json.loads(proc.stdout)}
+    assert res[check_name]["status"] == FAIL, res[check_name]
+    assert str(model / fifo) in res[check_name]["detail"], res[check_name]
+    assert "FIFO" in res[check_name]["detail"] or "not a regular file" in \
+        res[check_name]["detail"], res[check_name]
+
+
 def test_cli_never_prints_a_traceback_for_broken_toml(tmp_path: Path) -> None:
     path = tmp_path / "broken.toml"
     path.write_text('[vllm]\nmodel = "x\n')

@@ -87,7 +87,7 @@ def check_max_model_len(ctx: Context) -> CheckResult:
         overrides = flags.get("hf-overrides")
         if isinstance(overrides, str):
             overrides = json.loads(overrides)
-    except (UnicodeDecodeError, json.JSONDecodeError):
+    except (OSError, UnicodeDecodeError, json.JSONDecodeError):
         return CheckResult("max-model-len", SKIP, "config.json or hf-overrides is not valid "
                            "JSON (reported above)")
     if isinstance(overrides, dict) and isinstance(cfg, dict):

@@ -9,19 +9,29 @@ from __future__ import annotations
 
 import hashlib
 import json
+import os
 import re
+import stat
+import threading
 from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any, TextIO
 
 from vllmwatch.check.base import FAIL, PASS, SKIP, WARN, CheckResult, Context
-from vllmwatch.config import command
+from vllmwatch.config import command, safefile
 
 _CHUNK = 8 << 20
 PROGRESS_MIN_BYTES = 256 << 20  # files smaller than this hash too fast to need progress
 _SUMS_FILES = ("sha256sums.txt", "SHA256SUMS")
 _SUM_LINE = re.compile(r"^([0-9a-fA-F]{64})\s+\*?(.+)$")
 _BSD_SUM_LINE = re.compile(r"^SHA256 \((.+)\) = ([0-9a-fA-F]{64})$")
+# Files in the model dir are read through safefile: only a regular file, opened without
+# blocking (a FIFO named like a shard or a sums file would hang `check` for good), at most
+# a bound of bytes, within a deadline (a hung network mount blocks a read in the kernel).
+MAX_JSON = 64 << 20  # config.json / *.index.json: real ones are KiB to a few MiB
+MAX_SUMS = 4 << 20  # a sha256sums file: one line per file
+MAX_HEADER = 100 << 20  # a safetensors header longer than this is not one
+READ_TIMEOUT = 30.0  # s for one bounded read
 
 
 # --- the model -------------------------------------------------------------------------------
@@ -87,8 +97,35 @@ def _check_hub_model(model: str, env: Mapping[str, str]) -> CheckResult:
 
 
 def read_json(path: Path) -> Any:
-    """A JSON file's content."""
-    return json.loads(path.read_text(encoding="utf-8"))
+    """A JSON file's content; a file that cannot be read (not a regular file, too large, no
+    answer in time) raises OSError naming the path and why."""
+    try:
+        raw = safefile.read_within(str(path), MAX_JSON, READ_TIMEOUT)
+    except safefile.FileProblem as exc:
+        raise OSError(str(exc)) from None
+    return json.loads(raw.decode("utf-8"))
+
+
+def _head_within(path: Path, size: int) -> bytes:
+    """safefile.head (regular files only, never blocks on open) within READ_TIMEOUT."""
+    box: list[bytes | safefile.FileProblem] = []
+    done = threading.Event()
+
+    def work() -> None:
+        try:
+            box.append(safefile.head(str(path), size))
+        except safefile.FileProblem as exc:
+            box.append(exc)
+        finally:
+            done.set()
+
+    threading.Thread(target=work, name="vllmwatch-read", daemon=True).start()
+    if not done.wait(READ_TIMEOUT) or not box:
+        raise safefile.FileProblem(f"{str(path)!r}: the read did not answer within "
+                                   f"{READ_TIMEOUT:g}s (a hung network mount?)", True)
+    if isinstance(box[0], safefile.FileProblem):
+        raise box[0]
+    return box[0]
 
 
 def _check_model_config(path: Path) -> CheckResult:
@@ -168,22 +205,27 @@ def _few(names: Sequence[str], n: int = 5) -> str:
 
 def safetensors_problem(path: Path) -> str | None:
     """Why a safetensors file is cut short or malformed, or None when its size adds up."""
-    size = path.stat().st_size
-    with path.open("rb") as fh:
-        head = fh.read(8)
+    try:
+        size = path.stat().st_size
+        head = _head_within(path, 8)
         if len(head) < 8:
             return f"{path.name} is truncated: {size} bytes, shorter than its 8-byte header"
         hlen = int.from_bytes(head, "little")
-        if hlen > 100 << 20:
+        if hlen > MAX_HEADER:
             return f"{path.name} is not a safetensors file (header length {hlen})"
         if size < 8 + hlen:
             return f"{path.name} is truncated: {size} bytes, its header alone needs {8 + hlen}"
-        try:
-            header = json.loads(fh.read(hlen))
-            end = max((int(v["data_offsets"][1]) for k, v in header.items()
-                       if k != "__metadata__"), default=0)
-        except (ValueError, TypeError, KeyError, IndexError, AttributeError) as exc:
-            return f"{path.name} has a malformed header ({type(exc).__name__}: {exc})"
+        raw = _head_within(path, 8 + hlen)[8:]
+    except safefile.FileProblem as exc:
+        return str(exc)
+    except OSError as exc:
+        return f"{str(path)!r}: {exc.strerror or exc}"
+    try:
+        header = json.loads(raw)
+        end = max((int(v["data_offsets"][1]) for k, v in header.items()
+                   if k != "__metadata__"), default=0)
+    except (ValueError, TypeError, KeyError, IndexError, AttributeError) as exc:
+        return f"{path.name} has a malformed header ({type(exc).__name__}: {exc})"
     if size < 8 + hlen + end:
         return (f"{path.name} is truncated: {size} bytes, its header says "
                 f"{8 + hlen + end}")
@@ -193,7 +235,8 @@ def safetensors_problem(path: Path) -> str | None:
 def read_sums(path: Path) -> list[tuple[str, str]]:
     """(sha256, file name) pairs of a sha256sum (GNU or BSD style) file."""
     pairs = []
-    for line in path.read_text(encoding="utf-8").splitlines():
+    raw = safefile.read_within(str(path), MAX_SUMS, READ_TIMEOUT)
+    for line in raw.decode("utf-8", "replace").splitlines():
         line = line.strip()
         if (m := _SUM_LINE.match(line)):
             pairs.append((m.group(1).lower(), m.group(2)))
@@ -204,11 +247,21 @@ def read_sums(path: Path) -> list[tuple[str, str]]:
 
 def sha256_file(path: Path, progress: TextIO | None = None,
                 progress_min: int = PROGRESS_MIN_BYTES) -> str:
-    """Stream a file through sha256; report every 10% to progress for big files."""
-    digest, size, done, mark = hashlib.sha256(), path.stat().st_size, 0, 0.1
+    """Stream a file through sha256; report every 10% to progress for big files.
+
+    Only a regular file (FileProblem otherwise), opened without blocking: a FIFO or a device
+    named in the sums file would block or never end. Its whole size is read: that is the
+    point of a checksum, so it has no byte bound."""
+    fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK | os.O_CLOEXEC | os.O_NOCTTY)
+    st = os.fstat(fd)
+    if not stat.S_ISREG(st.st_mode):
+        os.close(fd)
+        raise safefile.FileProblem(f"{str(path)!r} is not a regular file; only a regular "
+                                   "file is hashed", transient=False)
+    digest, size, done, mark = hashlib.sha256(), st.st_size, 0, 0.1
     tty = progress is not None and progress.isatty()
     show = progress is not None and size >= progress_min
-    with path.open("rb") as fh:
+    with os.fdopen(fd, "rb") as fh:
         while chunk := fh.read(_CHUNK):
             digest.update(chunk)
             done += len(chunk)
@@ -224,25 +277,34 @@ def sha256_file(path: Path, progress: TextIO | None = None,
 
 
 def _check_checksums(path: Path, ctx: Context) -> CheckResult:
-    sums = next((path / n for n in _SUMS_FILES if (path / n).is_file()), None)
+    sums = next((path / n for n in _SUMS_FILES if os.path.lexists(path / n)), None)
     if sums is None:
         return CheckResult("model.checksums", SKIP, f"no {' or '.join(_SUMS_FILES)} in {path}")
-    pairs = read_sums(sums)
+    try:
+        pairs = read_sums(sums)
+    except safefile.FileProblem as exc:
+        return CheckResult("model.checksums", FAIL, f"{exc}; replace it with the sha256sum "
+                           "file of the model's download")
     if not pairs:
         return CheckResult("model.checksums", WARN, f"{sums.name} lists no sha256 lines")
     if ctx.fast:
         return CheckResult("model.checksums", SKIP, f"{sums.name} lists {len(pairs)} files; "
                            "not verified with --fast")
-    missing, wrong = [], []
+    missing, wrong, odd = [], [], []
     for want, name in pairs:
         target = path / name
-        if not target.is_file():
+        if not os.path.lexists(target):
             missing.append(name)
-        elif sha256_file(target, ctx.progress) != want:
-            wrong.append(name)
-    if wrong or missing:
+            continue
+        try:
+            if sha256_file(target, ctx.progress) != want:
+                wrong.append(name)
+        except (safefile.FileProblem, OSError) as exc:
+            odd.append(f"{name} ({getattr(exc, 'strerror', None) or exc})")
+    if wrong or missing or odd:
         parts = ([f"checksum mismatch: {_few(wrong)}"] if wrong else []) + (
-            [f"missing: {_few(missing)}"] if missing else [])
+            [f"missing: {_few(missing)}"] if missing else []) + (
+            [f"unreadable: {_few(odd)}"] if odd else [])
         return CheckResult("model.checksums", FAIL, f"{'; '.join(parts)} (per {sums.name}); "
                            "re-download those files")
     return CheckResult("model.checksums", PASS, f"{len(pairs)} files match {sums.name}")
