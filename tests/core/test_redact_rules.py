@@ -61,6 +61,8 @@ def test_useful_non_secrets_stay(text: str) -> None:
     ("tokens", False), ("api_key", True), ("apikey", True), ("key", True),
     ("access_token", True), ("hf_token", True), ("secret_key", True), ("api_keys", True),
     ("hfTokens", True), ("ACCESS_TOKENS", True), ("secret_keys", True),
+    # PWD is the shell's working directory; a password only with a word before it
+    ("PWD", False), ("OLDPWD", False), ("DB_PWD", True), ("MYSQL_PWD", True),
 ])
 def test_secret_names_by_their_words(name: str, secret: bool) -> None:
     assert is_secret_name(name) is secret

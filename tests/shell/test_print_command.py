@@ -13,9 +13,10 @@ import pytest
 
 from vllmwatch import cli
 from vllmwatch.config import vllminfo
+from vllmwatch.core import exitcodes
 
 
-@pytest.mark.parametrize("flag,rc", [("max-model-len", 0), ("max-modle-len", 2)])
+@pytest.mark.parametrize("flag,rc", [("max-model-len", 0), ("max-modle-len", exitcodes.CONFIG)])
 def test_print_command_refuses_what_run_refuses(tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
                                                 capsys: pytest.CaptureFixture[str], flag: str,
                                                 rc: int) -> None:

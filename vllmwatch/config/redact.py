@@ -61,6 +61,8 @@ def is_secret_name(name: str) -> bool:
     words = [w.lower() for w in _SPLIT.split(name) if w]
     if not words or words[-1] in _ABOUT or _COUNTS.intersection(words):
         return False
+    if words == ["pwd"]:  # the shell's working directory (PWD), in every child's environment
+        return False
     return any(w in _WORDS or w.endswith(_ENDINGS) or w.endswith(_PLURAL_ENDINGS)
                or (w in _PLURALS and _QUALIFIERS.intersection(words[:i]))
                for i, w in enumerate(words))
