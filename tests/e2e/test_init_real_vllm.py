@@ -67,6 +67,17 @@ def _stop(proc: subprocess.Popen[bytes]) -> None:
         proc.wait()
 
 
+def _stop_daemon(daemon: Daemon) -> None:
+    """SIGTERM -> exit 0, then nothing of its tree left (what is, is killed and fails)."""
+    if daemon.proc is not None and daemon.proc.poll() is None:
+        daemon.signal(signal.SIGTERM)
+        assert daemon.proc.wait(60) == 0
+    daemon.close(check=True)
+    left = group_leftovers(daemon)
+    kill_all(left)
+    assert not left, left
+
+
 def test_init_from_pid_then_run_serves_the_same(tmp_path: Path, vllm_venv: Path,
                                                 tiny_model: Path, vllm_flags: Path) -> None:
     port = free_port()
@@ -109,13 +120,7 @@ def test_init_from_pid_then_run_serves_the_same(tmp_path: Path, vllm_venv: Path,
         daemon.wait_ready(STARTUP)
         assert _models(port) == [SERVED_NAME]
     finally:
-        if daemon.proc is not None and daemon.proc.poll() is None:
-            daemon.signal(signal.SIGTERM)
-            assert daemon.proc.wait(60) == 0
-        daemon.close(check=True)
-        left = group_leftovers(daemon)
-        kill_all(left)
-        assert not left, left
+        _stop_daemon(daemon)
 
 
 def _listening(port: int) -> set[str]:
@@ -197,10 +202,4 @@ def test_init_of_the_guides_line_then_check_and_run_serve_where_the_hand_run_did
         assert "Application startup complete" in lines  # vLLM's lines are here ...
         assert "the `--model` option" not in lines  # ... and its --model warning is not
     finally:
-        if daemon.proc is not None and daemon.proc.poll() is None:
-            daemon.signal(signal.SIGTERM)
-            assert daemon.proc.wait(60) == 0
-        daemon.close(check=True)
-        left = group_leftovers(daemon)
-        kill_all(left)
-        assert not left, left
+        _stop_daemon(daemon)
