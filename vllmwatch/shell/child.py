@@ -131,16 +131,35 @@ def describe_pid(pid: int | None) -> str:
         return f"pid {pid}"
 
 
+# vLLM binds its ZMQ IPC sockets at `ipc://$TMPDIR/<uuid4>`; a Unix socket path holds at most
+# 107 bytes (sun_path), and vLLM's start fails past it ("ipc path ... is longer than 107
+# characters"). A TMPDIR that leaves no room for the 37 bytes of "/<uuid4>" is made under
+# /tmp instead (seen with a long $TMPDIR: a test's tmp_path, a deep home directory).
+IPC_PATH_MAX = 107
+_IPC_NAME = 37
+FALLBACK_TMP = "/tmp"
+
+
+def short_tmpdir(prefix: str) -> str:
+    """mkdtemp(prefix) where vLLM's IPC socket paths inside it fit, else under /tmp."""
+    path = tempfile.mkdtemp(prefix=prefix)
+    if len(os.fsencode(path)) + _IPC_NAME <= IPC_PATH_MAX:
+        return path
+    os.rmdir(path)
+    return tempfile.mkdtemp(prefix=prefix, dir=FALLBACK_TMP)
+
+
 def child_tmpdir(marker: str) -> str:
     """A fresh TMPDIR for one child generation: vLLM leaves its ZMQ IPC socket files in the
     temp directory when it is killed; a directory of its own is removed after the sweep."""
-    return tempfile.mkdtemp(prefix=f"vllmwatch-{marker}-")
+    return short_tmpdir(f"vllmwatch-{marker}-")
 
 
 def remove_tmpdirs(marker: str) -> None:
     """Remove the TMPDIRs of our earlier children (call only when none of them is alive)."""
-    for path in glob.glob(os.path.join(tempfile.gettempdir(), f"vllmwatch-{marker}-*")):
-        shutil.rmtree(path, ignore_errors=True)
+    for base in dict.fromkeys((tempfile.gettempdir(), FALLBACK_TMP)):
+        for path in glob.glob(os.path.join(base, f"vllmwatch-{marker}-*")):
+            shutil.rmtree(path, ignore_errors=True)
 
 
 def remember_group(marker: str, pgid: int | None) -> None:

@@ -19,7 +19,6 @@ import select
 import shutil
 import signal
 import subprocess
-import tempfile
 import time
 from collections.abc import Mapping
 from dataclasses import dataclass, field
@@ -29,7 +28,7 @@ from typing import Any
 import psutil
 
 from vllmwatch.config.command import ChildCommand, is_secret_name
-from vllmwatch.shell.child import MARKER, Child
+from vllmwatch.shell.child import MARKER, Child, short_tmpdir
 from vllmwatch.shell.standby_entry import Entry
 
 SCRIPT = os.path.join(os.path.dirname(os.path.abspath(__file__)), "standby_main.py")
@@ -207,7 +206,7 @@ class Standby:
 def start(entry: Entry, cmd: ChildCommand, key: tuple[Any, ...], modules: tuple[str, ...],
           model: str, marker: str) -> Standby:
     """Start a standby for launches like `cmd` (call from the loop's thread: see above)."""
-    tmpdir = tempfile.mkdtemp(prefix=f"vllmwatch-standby-{marker}-")  # not the run's glob
+    tmpdir = short_tmpdir(f"vllmwatch-standby-{marker}-")  # not the run's glob
     env = dict(cmd.env)
     env.update({MARKER: marker, "TMPDIR": tmpdir})
     read_fd, write_fd = os.pipe()
