@@ -106,8 +106,11 @@ def test_an_engine_core_sigkill_report_names_the_engine_and_the_signal(start_dae
     event = d.wait_event("incident.recorded", DETECT, mark)
     assert event["reason"] == "engine_died", event  # not `health`, not a doubled detail
     head = "\n".join(_first_lines(d, event))
-    assert f"reason: engine_died: engine process died: pid {engine.pid} (VLLM::EngineCore) " \
-           "killed by SIGKILL" in head, head
+    # How it died is read from the zombie before vLLM's API server reaps it: best effort (the
+    # API server wins that race now and then on a loaded box), and the record says which.
+    died = f"reason: engine_died: engine process died: pid {engine.pid} (VLLM::EngineCore) "
+    assert died + "killed by SIGKILL" in head \
+        or died + "exit status not seen (its parent reaped it first)" in head, head
     assert "SIGKILL: " in head and "journalctl -k" in head, head
     rec = _record(d, event)
     assert rec["oom"]["cgroup"], rec["oom"]
