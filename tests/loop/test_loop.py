@@ -23,6 +23,7 @@ from vllmwatch.testing import (
     config_with,
     no_wait,
 )
+from vllmwatch.testing.waiting import wait_until
 
 BASE = from_dict({
     "vllm": {"model": "/m", "gpus": []},
@@ -258,6 +259,9 @@ def test_a_changed_vllm_command_rereads_the_vllm_version(monkeypatch: pytest.Mon
 
     monkeypatch.setattr(vllminfo, "version", fake_version)
     fx = effects.RealEffects(BASE, lambda *a, **k: None, FakeNotifier(), {})
+    # The start's read runs on a thread of its own: let it land before the next command's
+    # (on a loaded box it came after it, and the order below is what is asserted).
+    wait_until(lambda: asked == [BASE.vllm.command], 30, "the start's version read")
     old = config_with(BASE, vllm={"command": ["/nonexistent/old-vllm", "serve"]})
     new = config_with(BASE, vllm={"command": ["/nonexistent/new-vllm", "serve"]})
     fx.spawn(old, lambda _e: None)  # fails to launch (no such file) after reading the version
