@@ -18,10 +18,10 @@ from tests.support import PYTHON, REPO, free_port, wait_until
 from vllmwatch.config.launch import FORK_VARIABLE
 from vllmwatch.config.schema import Config, from_dict
 from vllmwatch.core.events import CheckRelease, Event, Spawned, Sweep
+from vllmwatch.core.state import S
 from vllmwatch.core.unified import Platform
 from vllmwatch.shell.effects import RealEffects
 from vllmwatch.shell.memory import make_sampler
-from vllmwatch.status.snapshot import Snapshot
 from vllmwatch.testing import FakeNotifier
 from vllmwatch.testing.fake_nvml import FakeGpu, FakeNvml
 from vllmwatch.testing.world import LogCapture
@@ -71,7 +71,7 @@ def _spawn(fx: RealEffects, config: Config) -> Spawned:
 
 def _standby_waiting(fx: RealEffects, child_pid: int) -> int:
     def waiting() -> bool:
-        fx.publish(Snapshot(state="ready", ready=True, child_pid=child_pid))
+        fx.tend_standby(S.READY, child_pid)  # the loop's standby step, as on READY
         return fx.launcher.info()["standby_state"] == "waiting"
     wait_until(waiting, 30, "the standby's imports")
     pid = fx.launcher.info()["standby_pid"]
@@ -124,7 +124,7 @@ def test_a_standby_that_nvml_lists_is_discarded(two_gpus: dict[str, Any],
     standby = _standby_waiting(fx, first.pid)
     two_gpus["nvml"].gpus[1].procs = {standby: 518.0}  # a CUDA context, somehow
     fx.launcher._next_watch = 0.0  # the next look is due now (it looks every few seconds)
-    fx.publish(Snapshot(state="ready", ready=True, child_pid=first.pid))
+    fx.tend_standby(S.READY, first.pid)  # the loop's standby step, as on READY
     gone = two_gpus["log"].named("standby.discarded")
     assert gone and "NVML lists it" in gone[-1]["reason"]
     wait_until(lambda: not psutil.pid_exists(standby) or
@@ -137,6 +137,6 @@ def test_auto_is_off_on_unified_memory(two_gpus: dict[str, Any], tmp_path: Path)
     fx = two_gpus["make"](config)
     fx.platform = Platform(unified=True, reason="test")
     first = _spawn(fx, config)
-    fx.publish(Snapshot(state="ready", ready=True, child_pid=first.pid))
+    fx.tend_standby(S.READY, first.pid)  # the loop's standby step, as on READY
     off = two_gpus["log"].named("standby.off")
     assert off and "unified memory" in off[-1]["reason"]
