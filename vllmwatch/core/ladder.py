@@ -26,7 +26,11 @@ from vllmwatch.core.restart import goto as rung
 from vllmwatch.core.state import ChildRun, Result, S, WatchState, goto, next_random
 from vllmwatch.core.stopping import finish, leave, stopping_deadline, take_down
 
-RELEASE_POLL = 1.0
+RELEASE_POLL = 1.0  # the longest interval between two looks of the release gate
+# The shortest: the driver frees a killed 130 GiB EngineCore's memory within a second of its
+# death, and every look sooner is a second less of outage; the interval grows to
+# RELEASE_POLL while the memory stays held (a look is one NVML query in a worker thread).
+RELEASE_POLL_MIN = 0.05
 FIRST_POLL = 1.0  # the first /health and memory look after a launch
 
 
@@ -175,7 +179,8 @@ def swept(s: WatchState, now: float, killed: tuple[int, ...], remaining: tuple[i
     if killed:
         s = replace(s, old_pids=tuple(sorted({*s.old_pids, *killed})))
     if s.old_pids and s.config.vllm.uses_gpu and s.config.restart.gpu_release_timeout > 0:
-        gate = ReleaseGate(s.old_pids, now + s.config.restart.gpu_release_timeout, look_at=now)
+        gate = ReleaseGate(s.old_pids, now + s.config.restart.gpu_release_timeout, look_at=now,
+                           opened=now)
         s, more = rung(replace(s, old_pids=()), Phase.RELEASE_WAIT, now,
                        "the old tree's GPU memory", gate=gate)
         return s, acts + more
@@ -194,7 +199,16 @@ def release_checked(s: WatchState, now: float, released: bool, detail: str) -> R
         return s, [Log("warning", "gpu.release_timeout", {
             "detail": detail, "hint": "GPU memory of the old vLLM is still held; the next "
             "start may fail with out-of-memory"}), *acts]
-    return _with_gate(s, replace(gate, look_at=now + RELEASE_POLL)), []
+    return _with_gate(s, replace(gate, look_at=now + release_poll(now - gate.opened))), []
+
+
+def release_poll(waited: float) -> float:
+    """Seconds to the gate's next look after `waited` seconds of held memory: half the wait,
+    within [RELEASE_POLL_MIN, RELEASE_POLL]. With a fixed second, issue 33's H200 run lost
+    most of one: after an API server SIGKILL the first look (0.39 s after restart.begin, right
+    after the sweep killed the engine) found its memory still held, the next one (1.40 s)
+    found it back, and the relaunch began there."""
+    return min(RELEASE_POLL, max(RELEASE_POLL_MIN, waited / 2))
 
 
 def check_release(s: WatchState) -> Result:

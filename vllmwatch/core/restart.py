@@ -111,6 +111,7 @@ class ReleaseGate:
     old_pids: tuple[int, ...]
     deadline: float  # restart.gpu_release_timeout after the sweep
     look_at: float | None = None
+    opened: float = 0.0  # when the sweep handed over: the next look's interval grows from it
 
 
 def due(gate: ReleaseGate | None, now: float) -> bool:
