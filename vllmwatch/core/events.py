@@ -199,10 +199,15 @@ class SmokeResult:
     gen: int = 0
 
 
+@dataclass(frozen=True)
+class SpareEvent:
+    """What the spare engine did: core/failover.py's (imported only when it is on)."""
+
+
 Event = (Tick | PrewarmDone | Spawned | SpawnFailed | ChildExited | ChildOutput | HealthResult
          | CanaryResult | MetricsResult | MemorySampled | SweepDone | ReleaseChecked
          | StopRequested | RestartRequested | ReloadRequested | ReadyzPolled | IncidentRecorded
-         | SmokeResult)
+         | SmokeResult | SpareEvent)
 
 # ---- actions: what to do (the shell executes them) ----
 
@@ -353,8 +358,13 @@ class Exit:
     code: int
 
 
+@dataclass(frozen=True)
+class SpareAction:
+    """An action for the spare engine: core/failover.py's (imported only when it is on)."""
+
+
 Action = (Log | Notify | DoPrewarm | Spawn | SignalGroup | KillEngines | Probe | SampleMemory
-          | Sweep | CheckRelease | StartOver | RecordIncident | Exit | Smoke)
+          | Sweep | CheckRelease | StartOver | RecordIncident | Exit | Smoke | SpareAction)
 AsyncAction = Probe | SampleMemory | Sweep | CheckRelease | DoPrewarm | RecordIncident | Smoke
 
 

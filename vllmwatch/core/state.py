@@ -15,8 +15,9 @@ from vllmwatch.core.policy import Progress
 from vllmwatch.core.restart import Restart
 from vllmwatch.core.samples import HostFigure, MemorySample
 
-if TYPE_CHECKING:  # imported only when a config has [[smoke]] (the import count)
-    from vllmwatch.config.smoke import SmokeCheck
+if TYPE_CHECKING:
+    from vllmwatch.config.smoke import SmokeCheck  # only when a config has [[smoke]]
+    from vllmwatch.core.failover import Track  # imported by a run only when the spare is on
 
 
 class State(str, Enum):
@@ -185,6 +186,7 @@ class WatchState:
     incident_seq: int = 0  # incident records asked for
     incidents_total: int = 0  # incident records written
     last_incident: str | None = None  # the id of the last one written
+    spare: Track | None = None  # the spare engine's track (core/failover.py); None: no spare
 
     @property
     def run(self) -> ChildRun:
