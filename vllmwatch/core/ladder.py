@@ -14,6 +14,7 @@ from vllmwatch.core.events import (
     Action,
     CheckRelease,
     DoPrewarm,
+    Event,
     IncidentRecorded,
     Log,
     Notify,
@@ -46,6 +47,47 @@ def spawn(s: WatchState, now: float) -> Result:
     return s, [*acts, *more, Spawn(s.config)]
 
 
+def launch(s: WatchState, now: float) -> Result:
+    """The launch after the cleanup or the prewarm: on the first start with the spare on,
+    the spare is built first (core/spare.py) and its answer launches the full engine."""
+    if s.spare is not None:
+        from vllmwatch.core import spare
+
+        built = spare.build_first(s, now)
+        if built is not None:
+            return built
+    return spawn(s, now)
+
+
+def spare_event(s: WatchState, ev: Event, now: float) -> Result:
+    """One of the spare's events (core/failover.SPARE_EVENTS): the spare moves, and the full
+    engine launches when the first start's build is answered."""
+    from vllmwatch.core import spare
+
+    s, acts, go = spare.event(s, ev, now)
+    if go and on(s, Phase.SPARE_BUILD) and s.exit_code is None:
+        s, more = spawn(s, now)
+        return s, acts + more
+    return s, acts
+
+
+def spare_ready(s: WatchState, now: float) -> Result:
+    """The full engine is READY: the spare hands the traffic back and sleeps again."""
+    if s.spare is None:
+        return s, []
+    from vllmwatch.core import spare
+
+    return spare.full_ready(s, now)
+
+
+def spare_reloaded(s: WatchState, now: float) -> Result:
+    if s.spare is None:
+        return s, []
+    from vllmwatch.core import spare
+
+    return spare.reloaded(s, now)
+
+
 def halt(s: WatchState, now: float, reason: Reason, detail: str,
          fields: Mapping[str, object] | None = None) -> Result:
     """The one way out (gunicorn's HaltServer): record the reason and its exit code (the
@@ -60,6 +102,11 @@ def halt(s: WatchState, now: float, reason: Reason, detail: str,
         "info" if code == exitcodes.OK else "error", "daemon.exiting", {
             "code": code, "reason": str(reason), "detail": detail, "state": str(s.state),
             "meaning": exitcodes.MEANING.get(code, ""), **(fields or {})})]
+    if s.spare is not None:
+        from vllmwatch.core import spare  # only when the spare is on
+
+        s, down = spare.halted(s, now)
+        acts += down
     if reason in incidents.EXITS and s.state in incidents.STATES:
         # not a requested stop, and a child to read: the record first, then leave. Elsewhere
         # (a sweep under way, a backoff) leave() itself, which bounds a sweep that never
@@ -95,11 +142,17 @@ def begin_restart(s: WatchState, now: float, reason: Reason, detail: str, drain:
                     "`systemctl restart vllmwatch`"})
         s, acts = halt(s, now, Reason.CRASHLOOP, f"{reason}: {detail}")
         return s, [log, *acts]
+    extra: dict[str, object] = {}
+    wake: list[Action] = []
+    if s.spare is not None:  # the spare wakes before the record and the take-down
+        from vllmwatch.core import spare
+
+        s, wake, extra["failover"] = spare.restart_begins(s, now, reason)
     log = Log("warning", "restart.begin", {
         "reason": reason, "detail": detail, "restarts": sum(counts.values()),
-        "failures_in_row": s.failures})
+        "failures_in_row": s.failures, **extra})
     s, acts = record_then_take_down(s, now, reason, detail, drain)
-    return s, [log, *acts]
+    return s, [log, *wake, *acts]
 
 
 def stop_requested(s: WatchState, signal: str, now: float) -> Result:
@@ -228,6 +281,16 @@ def after_cleanup(s: WatchState, now: float) -> Result:
     """Everything of the old child is gone: prewarm once, wait out the backoff, launch."""
     if s.exit_code is not None:
         return finish(s, now, [])
+    if s.spare is not None:  # a wake that found no room beside the old tree goes now
+        from vllmwatch.core import spare
+
+        s, woke = spare.released(s, now)
+        s, acts = _after_cleanup(s, now)
+        return s, woke + acts
+    return _after_cleanup(s, now)
+
+
+def _after_cleanup(s: WatchState, now: float) -> Result:
     if not s.prewarmed and s.config.prewarm.enabled:
         s, acts = goto(s, S.PREWARMING, now, "first start")
         s, more = rung(s, Phase.PREWARMING, now, "first start")
@@ -240,7 +303,7 @@ def after_cleanup(s: WatchState, now: float) -> Result:
     # The crash-loop backoff starts at the second failure in a row.
     delay = 0.0 if planned else policy.backoff_delay(s.config.restart, s.failures - 1, rand)
     if delay <= 0:
-        return spawn(replace(s, prewarmed=True), now)
+        return launch(replace(s, prewarmed=True), now)
     s, acts = goto(s, S.BACKOFF, now, f"wait {delay:.1f}s before restart", deadline=now + delay)
     s, more = rung(s, Phase.BACKOFF, now, f"wait {delay:.1f}s before restart")
     acts += more
