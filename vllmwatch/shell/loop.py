@@ -34,6 +34,7 @@ from vllmwatch.core.events import (
     Spawn,
     StartOver,
     StopRequested,
+    StopSending,
     Sweep,
     Tick,
     failure_result,
@@ -286,6 +287,8 @@ class Loop:
             fx.signal_group(action.signal)
         elif isinstance(action, KillEngines):
             fx.kill_engines()
+        elif isinstance(action, StopSending):
+            fx.stop_sending()
         elif isinstance(action, StartOver):
             fx.end_start(action.why)
         elif isinstance(action, Probe):
