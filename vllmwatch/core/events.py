@@ -184,9 +184,15 @@ class IncidentRecorded:
     stacks: str = ""  # which stack methods ran, in a few words (for the log)
 
 
+@dataclass(frozen=True)
+class SpareEvent:
+    """What the spare engine did: core/failover.py's (imported only when it is on)."""
+
+
 Event = (Tick | PrewarmDone | Spawned | SpawnFailed | ChildExited | ChildOutput | HealthResult
          | CanaryResult | MetricsResult | MemorySampled | SweepDone | ReleaseChecked
-         | StopRequested | RestartRequested | ReloadRequested | ReadyzPolled | IncidentRecorded)
+         | StopRequested | RestartRequested | ReloadRequested | ReadyzPolled | IncidentRecorded
+         | SpareEvent)
 
 # ---- actions: what to do (the shell executes them) ----
 
@@ -332,8 +338,13 @@ class Exit:
     code: int
 
 
+@dataclass(frozen=True)
+class SpareAction:
+    """An action for the spare engine: core/failover.py's (imported only when it is on)."""
+
+
 Action = (Log | Notify | DoPrewarm | Spawn | SignalGroup | KillEngines | StopSending | Probe
-          | SampleMemory | Sweep | CheckRelease | StartOver | RecordIncident | Exit)
+          | SampleMemory | Sweep | CheckRelease | StartOver | RecordIncident | Exit | SpareAction)
 AsyncAction = Probe | SampleMemory | Sweep | CheckRelease | DoPrewarm | RecordIncident
 
 

@@ -102,7 +102,11 @@ def _apply(s: WatchState, ev: Event, now: float) -> Result:
     if isinstance(ev, ReadyzPolled):
         return replace(s, readyz_tracked=True,
                        readyz_seen_at=now if ev.polled else s.readyz_seen_at), []
-    return _reload(s, ev, now)
+    if isinstance(ev, ReloadRequested):
+        return _reload(s, ev, now)
+    if s.spare is not None:  # the spare's events (core/failover.py): only when it is on
+        return ladder.spare_event(s, ev, now)
+    return s, []
 
 
 def _kind(ev: HealthResult | CanaryResult | MetricsResult | MemorySampled) -> K:
@@ -213,7 +217,7 @@ def _child_exited(s: WatchState, ev: ChildExited, now: float) -> Result:
 
 
 def _prewarm_done(s: WatchState, ev: PrewarmDone, now: float) -> Result:
-    if s.state != S.PREWARMING:
+    if s.state != S.PREWARMING or not on(s, Phase.PREWARMING):  # (not the spare's build)
         return s, []
     if not ev.ok:  # nothing of vLLM runs yet: CLEANUP, then halt leaves at once
         s, acts = goto(s, S.CLEANUP, now, "a required pre-warm step failed")
@@ -221,9 +225,9 @@ def _prewarm_done(s: WatchState, ev: PrewarmDone, now: float) -> Result:
         s, more = ladder.halt(s, now, Reason.PREWARM_FAILED, ev.detail)
         return s, acts + more
     if ev.detail:
-        s, acts = ladder.spawn(s, now)
+        s, acts = ladder.launch(s, now)
         return s, [Log("warning", "prewarm.failed", {"detail": ev.detail}), *acts]
-    return ladder.spawn(s, now)
+    return ladder.launch(s, now)
 
 
 def _reload(s: WatchState, ev: ReloadRequested, now: float) -> Result:
@@ -244,6 +248,8 @@ def _reload(s: WatchState, ev: ReloadRequested, now: float) -> Result:
                                                 "restart_needed": relaunch}))
     if pair:
         acts.append(Notify(ready=True))
+    s, more = ladder.spare_reloaded(s, now)
+    acts += more
     if relaunch and s.state in (S.READY, S.STARTING) and s.exit_code is None:
         s, more = ladder.begin_restart(s, now, Reason.RELOAD, "the vLLM command or environment "
                                        "changed", drain=True)

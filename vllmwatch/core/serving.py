@@ -18,7 +18,7 @@ from vllmwatch.core.events import (
     MetricsResult,
     Notify,
 )
-from vllmwatch.core.ladder import begin_restart
+from vllmwatch.core.ladder import begin_restart, spare_ready
 from vllmwatch.core.names import ProbeKind as K
 from vllmwatch.core.names import Reason
 from vllmwatch.core.restart import Phase, pending
@@ -172,7 +172,8 @@ def _become_ready(s: WatchState, now: float, acts: list[Action]) -> Result:
         acts.append(Log("info", "restart.done", {
             "reason": s.last_reason, "downtime_s": round(now - s.last_restart_at, 2)}))
     s, more = rung(s, Phase.IDLE, now, "ready")
-    return s, [*acts, *more, Notify(ready=True)]
+    s, back = spare_ready(s, now)  # the gate routes back to the full engine first
+    return s, [*acts, *more, *back, Notify(ready=True)]
 
 
 def _missed(before: dict[str, bool], c: ChildRun) -> list[Action]:

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field, replace
 from enum import Enum
+from typing import TYPE_CHECKING
 
 from vllmwatch.config.schema import Config, VllmConfig
 from vllmwatch.core.drain import Drain
@@ -13,6 +14,9 @@ from vllmwatch.core.names import ProbeKind, Reason, exit_code
 from vllmwatch.core.policy import Progress
 from vllmwatch.core.restart import Restart
 from vllmwatch.core.samples import HostFigure, MemorySample
+
+if TYPE_CHECKING:  # imported by a run only when the spare is on (core/spare.py)
+    from vllmwatch.core.failover import Track
 
 
 class State(str, Enum):
@@ -150,6 +154,7 @@ class WatchState:
     incident_seq: int = 0  # incident records asked for
     incidents_total: int = 0  # incident records written
     last_incident: str | None = None  # the id of the last one written
+    spare: Track | None = None  # the spare engine's track (core/failover.py); None: no spare
 
     @property
     def run(self) -> ChildRun:
