@@ -5,9 +5,12 @@ crosschecks."""
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from vllmwatch.config.bounds import DAY
+
+if TYPE_CHECKING:  # imported at run time only when a config has [[smoke]] (import count)
+    from vllmwatch.config.smoke import SmokeCheck
 
 HOUR = 3600.0
 
@@ -247,6 +250,7 @@ class Config:
     gate: GateConfig = field(default_factory=GateConfig)
     incidents: IncidentsConfig = field(default_factory=IncidentsConfig)
     spare: SpareConfig = field(default_factory=SpareConfig)
+    smoke: tuple[SmokeCheck, ...] = ()  # [[smoke]]: checks before READY (config/smoke.py)
     path: str = ""
     sha256: str = ""
 

@@ -32,6 +32,7 @@ from vllmwatch.core.events import (
     ReloadRequested,
     RestartRequested,
     SignalGroup,
+    SmokeResult,
     Spawned,
     SpawnFailed,
     StopRequested,
@@ -99,6 +100,11 @@ def _apply(s: WatchState, ev: Event, now: float) -> Result:
         return ladder.stop_requested(s, ev.signal, now)
     if isinstance(ev, RestartRequested):
         return ladder.manual_restart(s, now)
+    if isinstance(ev, SmokeResult):  # only sent when a start has checks: imported then
+        from vllmwatch.core import smoke
+
+        s, acts, done = smoke.landed(s, ev)
+        return serving.become_ready(s, now, acts) if done else (s, acts)
     if isinstance(ev, ReadyzPolled):
         return replace(s, readyz_tracked=True,
                        readyz_seen_at=now if ev.polled else s.readyz_seen_at), []
@@ -285,9 +291,10 @@ def _deadline(s: WatchState, now: float) -> Result:
     if on(s, Phase.RECORDING) and s.state in CHILD_STATES:
         return ladder.incident_timed_out(s, now)
     if s.state == S.STARTING:
+        held = _smoke_held(s)  # a failed required smoke check: named, with its answer
         return ladder.begin_restart(s, now, Reason.START_TIMEOUT, "not ready after "
-                                    f"{s.config.startup.timeout:.0f}s (startup.timeout)",
-                                    drain=False)
+                                    f"{s.config.startup.timeout:.0f}s (startup.timeout)"
+                                    + (f": {held}" if held else ""), drain=False)
     if s.state == S.DRAINING:
         s, acts = stopping.stop_child(s, now)
         c = s.child
@@ -306,13 +313,21 @@ def _deadline(s: WatchState, now: float) -> Result:
 def _fire(s: WatchState, kind: K, now: float) -> Result:
     c = s.child
     assert c is not None
-    stalled = now - c.last_progress >= s.config.startup.stall_timeout
+    # A start held by a failed smoke check is not stalled: startup.timeout ends it, naming
+    # the check (_deadline), however quiet vLLM is meanwhile.
+    stalled = now - c.last_progress >= s.config.startup.stall_timeout and not _smoke_held(s)
     if kind == K.HEALTH and s.state == S.STARTING and stalled:
         return ladder.begin_restart(s, now, Reason.START_STALL, "no output and no progress for "
                                     f"{now - c.last_progress:.0f}s (startup.stall_timeout)"
                                     + stalls.hint(c.cpu_since_progress, c.last_progress),
                                     drain=False)
     return probing.fire(s, kind, now)
+
+
+def _smoke_held(s: WatchState) -> str:
+    """Why a failed required smoke check holds READY ('' when none does: core/smoke.py)."""
+    c = s.child
+    return c.smoke.held if c is not None and c.smoke is not None else ""
 
 
 def next_wakeup(s: WatchState) -> float | None:

@@ -15,8 +15,9 @@ from vllmwatch.core.policy import Progress
 from vllmwatch.core.restart import Restart
 from vllmwatch.core.samples import HostFigure, MemorySample
 
-if TYPE_CHECKING:  # imported by a run only when the spare is on (core/spare.py)
-    from vllmwatch.core.failover import Track
+if TYPE_CHECKING:
+    from vllmwatch.config.smoke import SmokeCheck  # only when a config has [[smoke]]
+    from vllmwatch.core.failover import Track  # imported by a run only when the spare is on
 
 
 class State(str, Enum):
@@ -57,6 +58,36 @@ CHILD_STATES = frozenset({S.STARTING, S.READY, S.DRAINING, S.STOPPING})
 
 class TransitionError(RuntimeError):
     """A bug: the core asked for a transition the table does not allow."""
+
+
+@dataclass(frozen=True)
+class SmokeOutcome:
+    """One smoke check's verdict in this start (core/smoke.py)."""
+
+    name: str
+    endpoint: str
+    model: str
+    ok: bool
+    required: bool
+    seconds: float = 0.0
+    error: str = ""
+    answer: str = ""  # the answer's first ANSWER_BYTES, redacted by the shell
+
+
+@dataclass(frozen=True)
+class SmokeRun:
+    """The checks of one start: fixed when the first is sent (a SIGHUP changes the next
+    start's), their outcomes in order, and `held` once a required one failed."""
+
+    checks: tuple[SmokeCheck, ...]
+    outcomes: tuple[SmokeOutcome, ...] = ()
+    held: str = ""  # why READY is held: the failed required check, its error and answer
+
+    @property
+    def next(self) -> int | None:
+        """The index of the check to send (or in flight); None when none is left to send."""
+        n = len(self.outcomes)
+        return None if self.held or n >= len(self.checks) else n
 
 
 @dataclass(frozen=True)
@@ -117,6 +148,7 @@ class ChildRun:
     # (time, GPU rule MiB, host rule MiB) of the newest samples the leak rules judged: an
     # incident record of a memory restart shows what made the rule fire (core/incidents.py)
     mem_recent: tuple[tuple[float, float | None, float | None], ...] = ()
+    smoke: SmokeRun | None = None  # this start's smoke checks, once the canary passed
 
 
 @dataclass(frozen=True)
