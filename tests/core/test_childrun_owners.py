@@ -28,6 +28,7 @@ OWNERS: dict[str, tuple[type, str]] = {
     "mem": (state.Memory, "vllmwatch.core.serving"),
     "canary": (state.Canary, "vllmwatch.core.hangverdicts"),
     "drain": (vllmwatch.core.drain.Drain, "vllmwatch.core.stopping"),
+    "smoke": (state.SmokeRun, "vllmwatch.core.smoke"),
 }
 IDENTITY = {"gen", "started", "vllm"}  # set at spawn, never replaced
 CREATOR = "vllmwatch.core.ladder"  # spawn: a fresh ChildRun per generation, sub-records included

@@ -27,6 +27,7 @@ from vllmwatch.config.sections import (
     PrewarmConfig,
     ProbeConfig,
     RestartConfig,
+    SpareConfig,
     StartupConfig,
     StatusConfig,
     VllmConfig,
@@ -38,6 +39,8 @@ else:  # pragma: no cover - exercised on Python 3.10 only
     import tomli as tomllib
 
 DEFAULT_PATH = "/etc/vllmwatch/vllmwatch.toml"
+# Arrays of tables ([[smoke]]): parsed by their own modules, not by SECTIONS' key tables.
+ARRAYS = ("smoke",)
 # The section types are re-exported: callers import the config from one place.
 __all__ = [
     "SECTIONS",
@@ -52,6 +55,7 @@ __all__ = [
     "ProbeConfig",
     "Problem",
     "RestartConfig",
+    "SpareConfig",
     "StartupConfig",
     "StatusConfig",
     "VllmConfig",
@@ -90,7 +94,7 @@ def load(path: str) -> Config:
 
 def from_dict(data: Mapping[str, object], path: str = "<config>") -> Config:
     """Validate a parsed TOML document into a Config; one ConfigError lists all problems."""
-    problems = _unknown(data.keys(), SECTIONS.keys(), "", "section")
+    problems = _unknown(data.keys(), (*SECTIONS.keys(), *ARRAYS), "", "section")
     sections: dict[str, object] = {}
     for name, cls in SECTIONS.items():
         table = data.get(name, {})
@@ -98,7 +102,12 @@ def from_dict(data: Mapping[str, object], path: str = "<config>") -> Config:
             problems.append(Problem(name, f"expected a table [{name}], got {show(table)}"))
             table = {}
         sections[name] = _section(cls, table, name, problems)
-    config = Config(path=path, **sections)  # type: ignore[arg-type]
+    arrays: dict[str, object] = {}
+    if "smoke" in data:  # imported only when configured (the daemon's import count)
+        from vllmwatch.config import smoke
+        arrays["smoke"], more = smoke.parse(data["smoke"])
+        problems += more
+    config = Config(path=path, **sections, **arrays)  # type: ignore[arg-type]
     problems += cross_checks(config)
     if problems:
         # Report the refused flags too, so that one edit cycle fixes the whole file.

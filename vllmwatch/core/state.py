@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field, replace
 from enum import Enum
+from typing import TYPE_CHECKING
 
 from vllmwatch.config.schema import Config, VllmConfig
 from vllmwatch.core.drain import Drain
@@ -13,6 +14,10 @@ from vllmwatch.core.names import ProbeKind, Reason, exit_code
 from vllmwatch.core.policy import Progress
 from vllmwatch.core.restart import Restart
 from vllmwatch.core.samples import HostFigure, MemorySample
+
+if TYPE_CHECKING:
+    from vllmwatch.config.smoke import SmokeCheck  # only when a config has [[smoke]]
+    from vllmwatch.core.failover import Track  # imported by a run only when the spare is on
 
 
 class State(str, Enum):
@@ -58,6 +63,37 @@ class TransitionError(RuntimeError):
 # ChildRun's sub-records (issue 32 item 4). Each is written by exactly one module, the one
 # that owns its concern (named in its docstring); any module may read any of them.
 # tests/core/test_childrun_owners.py fails when another module writes one.
+
+
+@dataclass(frozen=True)
+class SmokeOutcome:
+    """One smoke check's verdict in this start (core/smoke.py)."""
+
+    name: str
+    endpoint: str
+    model: str
+    ok: bool
+    required: bool
+    seconds: float = 0.0
+    error: str = ""
+    answer: str = ""  # the answer's first ANSWER_BYTES, redacted by the shell
+
+
+@dataclass(frozen=True)
+class SmokeRun:
+    """The checks of one start: fixed when the first is sent (a SIGHUP changes the next
+    start's), their outcomes in order, and `held` once a required one failed. Owner:
+    core/smoke.py."""
+
+    checks: tuple[SmokeCheck, ...]
+    outcomes: tuple[SmokeOutcome, ...] = ()
+    held: str = ""  # why READY is held: the failed required check, its error and answer
+
+    @property
+    def next(self) -> int | None:
+        """The index of the check to send (or in flight); None when none is left to send."""
+        n = len(self.outcomes)
+        return None if self.held or n >= len(self.checks) else n
 
 
 @dataclass(frozen=True)
@@ -165,6 +201,8 @@ class ChildRun:
     canary: Canary = field(default_factory=Canary)
     drain: Drain | None = None  # the drain before a planned restart (core/drain.py); owner:
     # core/stopping.py
+    smoke: SmokeRun | None = None  # this start's smoke checks, once the canary passed; owner:
+    # core/smoke.py
 
     @property
     def pid(self) -> int | None:
@@ -207,6 +245,7 @@ class WatchState:
     incident_seq: int = 0  # incident records asked for
     incidents_total: int = 0  # incident records written
     last_incident: str | None = None  # the id of the last one written
+    spare: Track | None = None  # the spare engine's track (core/failover.py); None: no spare
 
     @property
     def run(self) -> ChildRun:

@@ -31,9 +31,11 @@ from vllmwatch.core.events import (
     RestartRequested,
     SampleMemory,
     SignalGroup,
+    Smoke,
     Spawn,
     StartOver,
     StopRequested,
+    StopSending,
     Sweep,
     Tick,
     failure_result,
@@ -286,6 +288,8 @@ class Loop:
             fx.signal_group(action.signal)
         elif isinstance(action, KillEngines):
             fx.kill_engines()
+        elif isinstance(action, StopSending):
+            fx.stop_sending()
         elif isinstance(action, StartOver):
             fx.end_start(action.why)
         elif isinstance(action, Probe):
@@ -301,6 +305,8 @@ class Loop:
             self._submit(action, lambda: fx.prewarm(action.config))
         elif isinstance(action, RecordIncident):
             self._submit(action, lambda: fx.record_incident(action))
+        elif isinstance(action, Smoke):
+            self._submit(action, lambda: fx.smoke(action))
         elif isinstance(action, Exit):
             self.exit_code = action.code
         return None
