@@ -109,7 +109,7 @@ def sample_memory(s: WatchState, now: float) -> Result:
     if K.MEMORY in pr.inflight or c.pid is None:
         return s, []
     gpus = tuple(c.vllm.gpus) if c.vllm.gpus is not None else None
-    s = _with(s, replace(pr, inflight=pr.inflight | {K.MEMORY}))
+    s = _with(s, replace(s.run.probes, inflight=pr.inflight | {K.MEMORY}))
     return s, [SampleMemory(pss_due, c.gen, gpus)]
 
 
