@@ -43,7 +43,7 @@ REPLAYABLE = frozenset({
     "/v1/classify", "/tokenize", "/detokenize", "/v1/audio/transcriptions",
     "/v1/audio/translations", "/inference/v1/generate",
 })
-# vLLM's EngineDeadError message (vllm/v1/engine/exceptions.py:13 in 0.26.0, :14 in 0.32.0);
+# vLLM's EngineDeadError message (vllm/v1/engine/exceptions.py:13 in 0.26.0, :16 in 0.32.0);
 # both answer it as a 500 {"error": {"message": ...}} or, in a stream, as its first event
 # after the 200 head (read in both sources: vllmwatch/testing/fake_api.py cites the lines).
 # Not seen in Anthropic /v1/messages streams: vLLM's converter fails to parse the chat

@@ -33,13 +33,13 @@ def error(message: str, kind: str, code: int) -> dict[str, Any]:
 
 
 # vLLM's answer to a request whose EngineCore died (EngineDeadError), the same in 0.26.0 and
-# 0.32.0: the message is vllm/v1/engine/exceptions.py:13 (0.26) / :14 (0.32); a request not
+# 0.32.0: the message is vllm/v1/engine/exceptions.py:13 (0.26) / :16 (0.32); a request not
 # streamed gets engine_error_handler's JSONResponse of create_error_response(exc), status 500
 # (0.26: entrypoints/serve/utils/server_utils.py:328-368 via error_response.py:66-69 and
 # api_server.py:290; 0.32: entrypoints/serve/exception_handling/handlers/vllm_error.py:28-66
 # via error_response.py:66-70), compact JSON (starlette JSONResponse, separators=(",", ":")).
 # A stream got its 200 head first; the error comes as its next event, json.dumps with the
-# default separators, then [DONE] (completion/serving.py:494-498 in 0.26, :499-504 in 0.32;
+# default separators, then [DONE] (completion/serving.py:494-498 in 0.26, :499-503 in 0.32;
 # chat_completion/serving.py:829-834 in 0.26, :928-933 in 0.32). /health answers 503 empty.
 ENGINE_DEAD_MESSAGE = ("EngineCore encountered an issue. See stack trace (above) for the root "
                        "cause.")
