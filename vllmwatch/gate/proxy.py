@@ -113,6 +113,12 @@ class Forwarder:
         self.gens: dict[int | None, GenFigures] = {}  # newest GENS_KEPT generations
         self.session: aiohttp.ClientSession | None = None
         self.guard: Guard | None = None  # set by the runner once its server exists
+        # The sleeping spare engine (issue 34): its Unix socket, whether it serves now (the
+        # daemon's snapshot says so only once it is proven awake), and what it has in flight
+        self.spare_socket: str | None = None
+        self.to_spare: Callable[[], bool] = lambda: False
+        self.spare_session: aiohttp.ClientSession | None = None
+        self.spare_in_flight = 0
 
     async def open(self) -> None:
         """Create the client session (on the gate's loop)."""
@@ -120,11 +126,18 @@ class Forwarder:
             connector=aiohttp.TCPConnector(limit=0),  # vLLM queues; we must not
             timeout=aiohttp.ClientTimeout(total=UPSTREAM_TOTAL, connect=5.0),
             auto_decompress=False, trace_configs=[exchange.trace_config()])
+        if self.spare_socket is not None:
+            self.spare_session = aiohttp.ClientSession(
+                connector=aiohttp.UnixConnector(path=self.spare_socket, limit=0),
+                timeout=aiohttp.ClientTimeout(total=UPSTREAM_TOTAL, connect=5.0),
+                auto_decompress=False, trace_configs=[exchange.trace_config()])
 
     async def close(self) -> None:
-        """Close the client session."""
+        """Close the client sessions."""
         if self.session is not None:
             await self.session.close()
+        if self.spare_session is not None:
+            await self.spare_session.close()
 
     def cut(self, gen: int) -> int:
         """vllmwatch declared engine `gen` stuck: end its exchanges now (those not begun are
@@ -271,14 +284,18 @@ class Forwarder:
         it was sent to another engine before."""
         assert self.session is not None
         ex = exchange.Exchange(gen, self.fence, request.path, bool(body))
+        spare = self.spare_session is not None and self.to_spare()
+        session = self.spare_session if spare and self.spare_session else self.session
         # The path checked (gate/replay.py), never the client's raw form of it.
-        url = self.upstream + upstream_target(request.path, request.rel_url.raw_query_string)
+        url = ("http://spare" if spare else self.upstream) + upstream_target(
+            request.path, request.rel_url.raw_query_string)
+        self.spare_in_flight += spare
         self.stats.forwarded += 1
         self.stats.in_flight += 1
         self.live.add(ex)
         answered = [False]  # an answer came back (counted here: a cut may cancel the caller)
         try:
-            ex.task = asyncio.ensure_future(exchange.run(self.session, request, url, body, ex))
+            ex.task = asyncio.ensure_future(exchange.run(session, request, url, body, ex))
             answer: web.StreamResponse | exchange.Failed = await ex.task
             if isinstance(answer, exchange.Failed):
                 self.stats.failed_midrequest += 1
@@ -307,5 +324,6 @@ class Forwarder:
             elif answered[0] and self.fence.stopped(gen):
                 self.figures_of(gen).answered += 1
             self.stats.in_flight -= 1
+            self.spare_in_flight -= spare
             self.live.discard(ex)
             self.stats.forwarded_after_stop = self.fence.late
