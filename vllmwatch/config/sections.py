@@ -269,3 +269,7 @@ SECTIONS: dict[str, type] = {
     "incidents": IncidentsConfig,
     "spare": SpareConfig,
 }
+# Arrays of tables ([[name]]): each is checked by its own module, imported only when the file
+# has one (a feature that is off costs `vllmwatch run` no import). The module's
+# parse(value, config) -> (tuple, problems) gives the Config field of the same name.
+ARRAYS: dict[str, str] = {"smoke": "vllmwatch.config.smoke"}
