@@ -86,6 +86,7 @@ class SnapshotCollector(Collector):
         yield from _vllm(snap)
         yield from _drain(snap)
         yield from _gate(snap)
+        yield _smoke(snap)
         if self._rejected is not None:
             yield _labelled(CounterMetricFamily, "vllmwatch_status_rejected",
                             "Status connections refused, by reason (busy, timeout, overflow, "
@@ -317,6 +318,20 @@ def _gate(snap: Snapshot) -> Iterator[Metric]:
     for reason in GATE_REFUSALS:
         refused.add_metric([reason], float(g.get(reason, 0)))
     yield refused
+
+
+def _smoke(snap: Snapshot) -> Metric:
+    """This start's answered [[smoke]] checks: 1 passed, 0 failed (a required one holds
+    READY; required="false" is reported only)."""
+    family = GaugeMetricFamily("vllmwatch_smoke_check_passed", "1 when this start's smoke "
+                               "check passed, 0 when it failed (docs/operations/smoke.md)",
+                               labels=["check", "endpoint", "required"])
+    for c in snap.smoke_checks:
+        if c.get("result") in ("passed", "failed"):
+            family.add_metric([str(c["name"]), str(c["endpoint"]),
+                               "true" if c.get("required") else "false"],
+                              1.0 if c["result"] == "passed" else 0.0)
+    return family
 
 
 def _labelled(

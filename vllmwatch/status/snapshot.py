@@ -90,6 +90,9 @@ class Snapshot:
     standby_reason: str = ""  # why it is off, or why the last one was discarded
     last_incident: str | None = None  # the id of the last incident record written
     incidents_total: int = 0  # incident records written since vllmwatch started
+    # This start's [[smoke]] checks (core/smoke.view): name, endpoint, model, required, result
+    # (passed | failed | sending | not run), seconds, error, answer (its first 300 bytes).
+    smoke_checks: tuple[dict[str, Any], ...] = ()
 
     @property
     def restarts_total(self) -> int:
