@@ -135,6 +135,12 @@ def _caches_checks(phase: str, got: list[dict[str, Any]]) -> None:
     if phase in ("cacheson", "cachesoff"):  # the relaunched child's outputs are compared too
         [eq] = [ln for ln in got if ln["what"] == "greedy_equal"]
         assert f"{phase}-relaunched" in eq["compared"], eq
+        # each relaunch's seconds, split at vLLM's own lines, add up to its total
+        segs = [ln["seconds"] for ln in got if ln["what"] == "relaunch_segments"
+                and ln["seconds"]]
+        assert segs and all({"weights", "torch_compile", "cuda_graphs"} <= set(x) for x in segs)
+        assert all(abs(sum(v for k, v in x.items() if k != "total") - x["total"]) < 0.1
+                   for x in segs), segs
     for t in (ln for ln in got if ln["what"] == "restart_timing" and "error" not in ln):
         assert isinstance(t["reuse"], dict) and t["failures_in_row"] <= 1, t
 

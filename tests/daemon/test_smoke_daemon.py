@@ -99,7 +99,7 @@ def test_an_optional_check_is_reported_and_does_not_hold_ready(tmp_path: Path) -
         checks = {c["name"]: c for c in _status(d)["smoke_checks"]}
         assert checks["ide-tools"]["result"] == "failed" and checks["chat"]["result"] == \
             "passed"
-        code, body = d.http_get("/metrics")
+        _, body = d.http_get("/metrics")
         text = body.decode()
         assert 'vllmwatch_smoke_check_passed{check="ide-tools",endpoint="tools",' \
                'required="false"} 0.0' in text

@@ -270,7 +270,8 @@ def test_replay_max(replay_max: int) -> None:
 @pytest.mark.parametrize(("setting", "path", "why"), [
     ("off", "/v1/completions", b"gate.replay is off"),
     ("on", "/v1/responses", b"not on the gate's replay list"),
-    ("on", "/v1/load_lora_adapter", b"not on the gate's replay list"),
+    ("on", "/v1/responses/abc/cancel", b"not on the gate's replay list"),  # (the LoRA admin
+    # paths are not forwarded at all since issue 34: tests/shell/test_gate_paths.py)
     ("small", "/v1/completions", b"over the 10 bytes the gate replays"),
 ])
 def test_what_is_not_replayed_says_why(setting: str, path: str, why: bytes) -> None:

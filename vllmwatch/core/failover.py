@@ -18,7 +18,6 @@ from vllmwatch.core.events import Action, Log, SpareAction, SpareEvent
 from vllmwatch.core.names import Reason
 
 BUILD_TIMEOUT = 600.0  # READY on the empty H200 took 63.9 s and the first sleep 15.4 s
-WAKE_TIMEOUT = 10.0  # woke in 0.51-0.70 s on the H200; the canary after it is one token
 SLEEP_TIMEOUT = 60.0  # the spare's drain (bounded by restart.drain_timeout) and /sleep
 # A GPU fault (exit 6) leaves no GPU to fail over on; the daemon's own exits take the spare
 # down with everything else. Every other restart leaves the GPU usable.

@@ -14,7 +14,6 @@ from vllmwatch.core.events import Action, Event, Log
 from vllmwatch.core.failover import (
     BUILD_TIMEOUT,
     SLEEP_TIMEOUT,
-    WAKE_TIMEOUT,
     BuildSpare,
     Route,
     SleepSpare,
@@ -74,7 +73,8 @@ def restart_begins(s: WatchState, now: float, reason: Reason) -> tuple[WatchStat
     if not yes:
         return s, [], words
     t, acts = move(replace(t, began=now, late=False), R.WAKING, now, f"restart: {reason}")
-    acts += [Log("warning", "failover.begin", {"reason": str(reason)}), WakeSpare(WAKE_TIMEOUT)]
+    acts += [Log("warning", "failover.begin", {"reason": str(reason)}),
+             WakeSpare(s.config.spare.wake_timeout)]
     s, acts = _set(s, t, acts)
     return s, acts, words
 
@@ -85,7 +85,7 @@ def released(s: WatchState, now: float) -> Result:
     if not t.late or t.rung != R.ASLEEP or s.exit_code is not None:
         return s, []
     t, acts = move(t, R.WAKING, now, "the old tree's GPU memory is released")
-    return _set(s, t, [*acts, WakeSpare(WAKE_TIMEOUT)])
+    return _set(s, t, [*acts, WakeSpare(s.config.spare.wake_timeout)])
 
 
 def full_ready(s: WatchState, now: float) -> Result:

@@ -24,6 +24,7 @@ from vllmwatch.gate import exchange, replay
 from vllmwatch.gate.door import Door, Readiness
 from vllmwatch.gate.fence import Fence
 from vllmwatch.gate.guard import MAX_BODY, Guard
+from vllmwatch.gate.replay import upstream_target
 
 HOP_BY_HOP = exchange.HOP_BY_HOP
 REFUSED_HOLD = 0.5  # after vLLM refused a connection, hold this long before trying again
@@ -60,6 +61,7 @@ class GateStats:
     too_large: int = 0  # a request body over the cap: 413
     held_full: int = 0  # the bodies held at once would pass their cap: 503
     upstream_timeouts: int = 0  # vLLM's answer not complete within its deadline: 504
+    path_refused: int = 0  # a path not on the client API allow-list (gate/replay.py): 404
     connections: int = 0  # client connections open now
     held_bytes: int = 0  # request bodies in memory now
 
@@ -112,7 +114,11 @@ class Forwarder:
         return cut
 
     async def handle(self, request: web.Request) -> web.StreamResponse:
-        """Read the body within the guard's bounds, hold while vLLM is not ready, forward."""
+        """Refuse a path not on the allow-list; read the body within the guard's bounds, hold
+        while vLLM is not ready, forward."""
+        why = replay.refusal(request.method, request.path)
+        if why is not None:
+            return self._refuse_path(why)
         guard = self.guard
         if guard is None:
             return await self._handle(request, await request.read())
@@ -173,6 +179,16 @@ class Forwarder:
                       detail="vLLM failed before any of the answer reached the client; "
                              "the request waits for the next engine and is sent once more")
 
+    def _refuse_path(self, why: str) -> web.Response:
+        """404 from the gate itself, counted (and logged at a bounded rate by the runner)."""
+        if self.guard is not None:
+            self.guard.count("path_refused")
+        else:
+            self.stats.path_refused += 1
+        body = {"object": "error", "message": REDACT.text(why), "type": "NotFoundError",
+                "param": None, "code": 404}
+        return web.json_response(body, status=404)
+
     def _why_not(self, request: web.Request, body: bytes, failures: int) -> str | None:
         """None when the request may be replayed once more; else why not (counted)."""
         why = None
@@ -213,7 +229,8 @@ class Forwarder:
         it was sent to another engine before."""
         assert self.session is not None
         ex = exchange.Exchange(gen, self.fence, request.path, bool(body))
-        url = self.upstream + request.rel_url.raw_path_qs
+        # The path checked (gate/replay.py), never the client's raw form of it.
+        url = self.upstream + upstream_target(request.path, request.rel_url.raw_query_string)
         self.stats.forwarded += 1
         self.stats.in_flight += 1
         self.live.add(ex)

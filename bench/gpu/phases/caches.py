@@ -300,6 +300,7 @@ def _daemon(run: Run, phase: str, n: int, plan: bool | str, art: bool | str) -> 
             begin, ready = d.named("restart.begin", mark), d.named("child.ready", mark)
             relaunch[what] = (round(ready[0]["t"] - begin[0]["t"], 2) if begin and ready
                               else None)
+            run.emit(phase, "relaunch_segments", fault=what, seconds=segments(d, mark))
         if d.named("child.ready")[1:]:  # the relaunched child's outputs (after the last fault)
             _keep_greedy(run, f"{phase}-relaunched", greedy(port))
         _save_ref(run, relaunch={**_ref(run).get("relaunch", {}), phase: relaunch})
@@ -324,6 +325,35 @@ def _x_cold(run: Run, phase: str, d: GpuDaemon) -> None:
     run.emit(phase, "relaunch_summary", cold_s=cold, relaunches=rows,
              median_s=secs[len(secs) // 2] if secs else None,
              cache_missed=d.named("startup.cache_missed"))
+
+
+# vLLM's own lines that end each segment of a relaunch, in order (docs/GPU.md section 12).
+SEGMENTS = (("process_cuda_init", "Loading model from scratch"),
+            ("weights", "Loading weights took"), ("post_load", "Model loading took"),
+            ("torch_compile", "torch.compile took"), ("kv", "GPU KV cache size"),
+            ("cuda_graphs", "Graph capturing finished"), ("engine_tail", "init engine ("),
+            ("api_server", "Application startup complete"))
+
+
+def segments(d: GpuDaemon, mark: int) -> dict[str, float]:
+    """Where one relaunch's seconds went: restart.begin -> child.started, then from one of
+    vLLM's SEGMENTS lines to the next (a line vLLM did not print is left out), then to
+    child.ready (the canary)."""
+    begin, started = d.named("restart.begin", mark), d.named("child.started", mark)
+    ready = d.named("child.ready", mark)
+    if not (begin and started and ready):
+        return {}
+    prev, end = started[0]["t"], ready[0]["t"]
+    lines = [(e["t"], str(e.get("text", ""))) for e in d.named("child.line", mark)]
+    out = {"begin_to_launch": round(prev - begin[0]["t"], 2)}
+    for name, needle in SEGMENTS:
+        at = next((t for t, text in lines if needle in text and prev <= t <= end), None)
+        if at is not None:
+            out[name] = round(at - prev, 2)
+            prev = at
+    out["canary"] = round(end - prev, 2)
+    out["total"] = round(end - begin[0]["t"], 2)
+    return out
 
 
 def side_by_side(run: Run, phase: str) -> None:
