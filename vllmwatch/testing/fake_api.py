@@ -61,11 +61,17 @@ class Api:
         self.next_id, self.stopping = 0, False
         self.faults = FaultClock(args.arm_file)
         self.dead_at: float | None = None
+        # Sleep mode (fake_sleep.py, set by the API server): while asleep the scheduler is
+        # paused and new requests queue here (admit clear) until the wake.
+        self.sleep: Any = None
+        self.admit = threading.Event()
+        self.admit.set()
         self.stats: dict[str, Any] = dict.fromkeys(("run", "wait", "kv", "prompt", "gen", "ok"), 0)
 
     def submit(self, prompt: int, max_tokens: int) -> int | None:
         """Queue one request on the engine and wait for it; None if the engine is gone."""
         event, box = threading.Event(), list[int]()
+        self.admit.wait()  # asleep: queued, not refused (vLLM's paused scheduler)
         with self.lock:
             if self.dead_at is not None or self.stopping:
                 return None
@@ -94,9 +100,20 @@ class Api:
             self.dead_at = time.monotonic()
             for event, _ in self.pending.values():
                 event.set()
+        self.admit.set()  # requests queued by a sleep fail now, as vLLM's do
         if not self.stopping:
             log("ERROR", "Engine core proc EngineCore_DP0 died unexpectedly, shutting down "
                 "client.", "core_client.py:1")
+
+    def abort_all(self) -> None:
+        """/sleep with mode=abort: every request in flight ends now (finish_reason abort)."""
+        from vllmwatch.testing.fake_sleep import ABORTED
+
+        with self.lock:
+            for event, box in self.pending.values():
+                box.append(ABORTED)
+                event.set()
+            self.pending.clear()
 
     def health(self) -> int:
         """Status code of GET /health."""
@@ -129,6 +146,7 @@ class Api:
                 f"# TYPE {name} counter"]
         out += [f'{name}{{{lab},finished_reason="{r}"}} {float(s["ok"] if r == "length" else 0)}'
                 for r in ("stop", "length", "abort")]
+        out += self.sleep.metrics() if self.sleep is not None else []
         return "\n".join(out) + "\n"
 
     def pool(self, body: dict[str, Any], path: str) -> tuple[int, dict[str, Any]]:
@@ -163,8 +181,11 @@ class Api:
         if got is None:
             return 500, error("EngineCore encountered an issue. See stack trace for the root "
                                "cause.", "InternalServerError", 500)
+        reason = "length"
+        if got < 0:  # ended by /sleep (mode abort): vLLM's FinishReason.ABORT
+            got, reason = 0, "abort"
         out = " ".join(["fake"] * got)
-        choice: dict[str, Any] = {"index": 0, "finish_reason": "length", "logprobs": None,
+        choice: dict[str, Any] = {"index": 0, "finish_reason": reason, "logprobs": None,
                   **({"message": {"role": "assistant", "content": out}} if chat else {"text": out})}
         if body.get("return_token_ids"):  # vLLM's extra parameter: the sampled ids, greedy
             seed = sum(text.encode())  # the same prompt gives the same ids, like temperature 0
