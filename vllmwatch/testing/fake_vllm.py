@@ -27,7 +27,15 @@ if not __spec__:  # run by file path: make our package importable from the folde
     sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 from vllmwatch.testing import fake_sleep
-from vllmwatch.testing.fake_api import GENERATE, Api, error, routes
+from vllmwatch.testing.fake_api import (
+    ENGINE_DEAD_BODY,
+    ENGINE_DEAD_ERROR,
+    ENGINE_DEAD_EVENT,
+    GENERATE,
+    Api,
+    error,
+    routes,
+)
 from vllmwatch.testing.fake_engine import (
     CHILD_EXTRA,
     after,
@@ -117,6 +125,8 @@ class _Handler(BaseHTTPRequestHandler):
 
     def _send(self, code: int, reply: Any, ctype: str = "application/json") -> None:
         body = reply if isinstance(reply, bytes) else json.dumps(reply).encode()
+        if reply is ENGINE_DEAD_ERROR:
+            body = ENGINE_DEAD_BODY  # byte for byte what vLLM sends (fake_api.py)
         self.send_response(code)
         self.send_header("Content-Type", ctype)
         self.send_header("Content-Length", str(len(body)))
@@ -166,6 +176,8 @@ class _Handler(BaseHTTPRequestHandler):
         if path not in GENERATE:
             return self._send(*api.pool(body, path))
         code, reply = api.complete(body, chat=path.endswith("chat/completions"))
+        if reply is ENGINE_DEAD_ERROR and body.get("stream"):
+            return self._stream_dead()
         if code == 200 and body.get("stream"):
             return self._stream(reply)
         self._send(code, reply)
@@ -186,6 +198,14 @@ class _Handler(BaseHTTPRequestHandler):
             self.wfile.flush()
             time.sleep(self.server.api.args.stream_interval)
         self.wfile.write(b"data: [DONE]\n\n")
+
+    def _stream_dead(self) -> None:
+        """A stream whose engine died before its first token, as vLLM sends it: the 200
+        head, the error event, [DONE] (fake_api.ENGINE_DEAD_EVENT)."""
+        self.send_response(200)
+        self.send_header("Content-Type", "text/event-stream; charset=utf-8")
+        self.end_headers()
+        self.wfile.write(ENGINE_DEAD_EVENT)
 
     def log_request(self, code: int | str = "-", size: int | str = "-") -> None:
         """Log accesses like uvicorn does, unless --disable-uvicorn-access-log."""
