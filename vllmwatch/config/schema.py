@@ -6,6 +6,7 @@ from __future__ import annotations
 import dataclasses
 import difflib
 import hashlib
+import importlib
 import os
 import sys
 from collections.abc import Mapping
@@ -17,6 +18,7 @@ from vllmwatch.config.convert import CONVERTERS, choice, show
 from vllmwatch.config.crosschecks import cross_checks
 from vllmwatch.config.errors import ConfigError, Problem, line_of, raise_all
 from vllmwatch.config.sections import (
+    ARRAYS,
     SECTIONS,
     Config,
     DrainConfig,
@@ -90,7 +92,7 @@ def load(path: str) -> Config:
 
 def from_dict(data: Mapping[str, object], path: str = "<config>") -> Config:
     """Validate a parsed TOML document into a Config; one ConfigError lists all problems."""
-    problems = _unknown(data.keys(), SECTIONS.keys(), "", "section")
+    problems = _unknown(data.keys(), [*SECTIONS, *ARRAYS], "", "section")
     sections: dict[str, object] = {}
     for name, cls in SECTIONS.items():
         table = data.get(name, {})
@@ -99,6 +101,11 @@ def from_dict(data: Mapping[str, object], path: str = "<config>") -> Config:
             table = {}
         sections[name] = _section(cls, table, name, problems)
     config = Config(path=path, **sections)  # type: ignore[arg-type]
+    for name, module in ARRAYS.items():
+        if name in data:  # its module is imported only for a file that has one
+            parsed, more = importlib.import_module(module).parse(data[name], config)
+            config = dataclasses.replace(config, **{name: parsed})
+            problems += more
     problems += cross_checks(config)
     if problems:
         # Report the refused flags too, so that one edit cycle fixes the whole file.

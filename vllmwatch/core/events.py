@@ -323,8 +323,18 @@ class Exit:
     code: int
 
 
+@dataclass(frozen=True)
+class UpdateAdapters:
+    """[lora] live = true: load and unload LoRA adapters in the running vLLM (core/lora.py);
+    the shell sends them off the loop and reports what vLLM said (shell/adapters.py)."""
+
+    load: tuple[Any, ...] = ()  # config.sections.AdapterConfig: added and repointed
+    unload: tuple[str, ...] = ()
+    inplace: tuple[str, ...] = ()  # repointed: loaded again in place under the same name
+
+
 Action = (Log | Notify | DoPrewarm | Spawn | SignalGroup | KillEngines | Probe | SampleMemory
-          | Sweep | CheckRelease | StartOver | RecordIncident | Exit)
+          | Sweep | CheckRelease | StartOver | RecordIncident | Exit | UpdateAdapters)
 AsyncAction = Probe | SampleMemory | Sweep | CheckRelease | DoPrewarm | RecordIncident
 
 

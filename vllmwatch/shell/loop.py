@@ -36,6 +36,7 @@ from vllmwatch.core.events import (
     StopRequested,
     Sweep,
     Tick,
+    UpdateAdapters,
     failure_result,
 )
 from vllmwatch.core.names import Reason, exit_code
@@ -303,6 +304,8 @@ class Loop:
             self._submit(action, lambda: fx.record_incident(action))
         elif isinstance(action, Exit):
             self.exit_code = action.code
+        elif isinstance(action, UpdateAdapters):
+            fx.update_adapters(action)  # sent off the loop; vLLM's answers are logged
         return None
 
     def _notify(self, action: Notify) -> None:

@@ -27,6 +27,7 @@ from vllmwatch.core.events import (
     SpawnFailed,
     Sweep,
     SweepDone,
+    UpdateAdapters,
 )
 from vllmwatch.core.hangs import HostCpu
 from vllmwatch.core.names import ProbeKind
@@ -138,6 +139,7 @@ class WorldEffects:
         self.snapshot: Snapshot | None = None
         self.raise_on: set[str] = set()  # action names whose worker raises, for fault tests
         self.starts_over: list[str] = []  # StartOver's why, in order
+        self.adapter_updates: list[UpdateAdapters] = []  # live adapter changes, in order
 
     def log(self, level: str, event: str, **fields: Any) -> None:
         """Record a log event."""
@@ -272,6 +274,10 @@ class WorldEffects:
     def publish(self, snapshot: Snapshot) -> None:
         """Keep the latest snapshot."""
         self.snapshot = snapshot
+
+    def update_adapters(self, action: UpdateAdapters) -> None:
+        """Record a live adapter change."""
+        self.adapter_updates.append(action)
 
     def close(self) -> None:
         """Nothing to clean up."""
