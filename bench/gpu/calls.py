@@ -48,6 +48,27 @@ def completion(port: int, model: str, prompt: str = "Hello", max_tokens: int = 8
     return out
 
 
+def greedy_ids(port: int, model: str, prompt: str, max_tokens: int, timeout: float = 60
+               ) -> dict[str, Any]:
+    """A greedy completion's sampled token ids (vLLM's `return_token_ids`; the logprobs'
+    `token_id:N` strings as a fallback), exactly `max_tokens` of them (`ignore_eos`): text
+    alone proves nothing on a random-weight model, whose ids decode to an empty string."""
+    code, body = http("POST", f"http://127.0.0.1:{port}/v1/completions",
+                      {"model": model, "prompt": prompt, "max_tokens": max_tokens,
+                       "temperature": 0, "ignore_eos": True, "return_token_ids": True,
+                       "logprobs": 1, "return_tokens_as_token_ids": True}, timeout)
+    out: dict[str, Any] = {"status": code, "ids": None}
+    try:
+        choice = json.loads(body)["choices"][0]
+        ids = choice.get("token_ids")
+        if ids is None and choice.get("logprobs"):
+            ids = [int(str(t).removeprefix("token_id:")) for t in choice["logprobs"]["tokens"]]
+        out.update(ids=ids, text=choice.get("text"), finish=choice.get("finish_reason"))
+    except Exception:
+        out["body"] = body[:300]
+    return out
+
+
 def metric_names(port: int) -> dict[str, Any]:
     code, body = http("GET", f"http://127.0.0.1:{port}/metrics", timeout=10)
     names = sorted({re.split(r"[{ ]", ln, maxsplit=1)[0] for ln in body.splitlines()

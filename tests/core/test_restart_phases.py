@@ -10,7 +10,7 @@ from collections.abc import Callable
 import pytest
 
 from tests.core.test_core_properties import STOP_BOUND, CoreMachine, _ready, run_to_exit
-from vllmwatch.core import machine, restart
+from vllmwatch.core import ladder, machine, restart
 from vllmwatch.core.events import (
     Action,
     ChildExited,
@@ -119,10 +119,18 @@ def test_a_move_outside_the_table_is_a_bug() -> None:
         restart.goto(s, P.LAUNCHING, 1.0, "no restart under way")
 
 
+def _seen() -> dict[Phase, tuple[WatchState, float]]:
+    """The climb's rungs, and the first start's SPARE_BUILD from the spare's climb."""
+    from tests.core.test_spare_failover import spare_climb
+
+    spare = {p: v for p, v in spare_climb().seen.items() if isinstance(p, Phase)}
+    return {**spare, **_climb().seen}
+
+
 def test_every_rung_is_reached_and_a_stop_is_honoured_on_each() -> None:
-    m = _climb()
-    assert set(m.seen) == set(Phase)
-    for phase, (s, now) in m.seen.items():
+    seen = _seen()
+    assert set(seen) == set(Phase)
+    for phase, (s, now) in seen.items():
         history: list[Action] = []
         s2, acts = machine.step(s, StopRequested("SIGTERM"), now)
         history += acts
@@ -134,7 +142,7 @@ def test_every_rung_is_reached_and_a_stop_is_honoured_on_each() -> None:
 
 
 def test_the_rung_shows_as_its_coarse_state_and_has_a_bound() -> None:
-    for phase, (s, _) in _climb().seen.items():
+    for phase, (s, _) in _seen().items():
         assert str(s.state) in COARSE[phase], (phase, s.state)
         assert s.restart.phase == phase
         if BOUND[phase] == "deadline":
@@ -214,3 +222,30 @@ def test_phase_event_table(phase: Phase, event: Callable[[WatchState, float],
     assert s2.restart.phase == to, _phases(acts)
     assert kinds <= {type(a) for a in acts}, acts
     assert _phases(acts)[0] == (str(phase), str(to)) or to == phase
+
+
+def test_the_release_gate_looks_again_soon_then_every_second() -> None:
+    """Issue 33: a killed engine's GPU memory comes back within about a second; a gate that
+    waited a fixed second after a look that found it held lost most of that second. The next
+    look comes after half the time waited, from RELEASE_POLL_MIN up to RELEASE_POLL."""
+    s, now = _at(P.RELEASE_WAIT)
+    gate = s.restart.gate
+    assert gate is not None and gate.opened <= now
+    looks = []
+    t = gate.opened
+    for _ in range(40):
+        s, acts = machine.step(s, ReleaseChecked(False, "held"), t)
+        assert s.restart.phase == P.RELEASE_WAIT and acts == [], acts
+        g = s.restart.gate
+        assert g is not None and g.look_at is not None
+        looks.append(round(g.look_at - t, 3))
+        t = g.look_at
+        s, acts = machine.step(s, Tick(), t)  # due: one look goes out
+        assert [type(a).__name__ for a in acts] == ["CheckRelease"], acts
+        if t >= gate.deadline:
+            break
+    assert looks[0] == ladder.RELEASE_POLL_MIN
+    assert looks == sorted(looks) and max(looks) == ladder.RELEASE_POLL
+    assert sum(1 for x in looks if x < ladder.RELEASE_POLL) <= 12  # bounded extra looks
+    at = [sum(looks[:i + 1]) for i in range(len(looks))]  # each look, after the first
+    assert len([a for a in at if a <= 1.0]) >= 5  # several looks within the first second

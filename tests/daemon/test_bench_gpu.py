@@ -110,7 +110,8 @@ REUSED = {"cold": {"startup_plan": None, "aot_saved": None}, "neither": {"startu
           "plan-writing": {"startup_plan": "saved"}, "plan": {"startup_plan": "applied"},
           "artifact-writing": {"aot_saved": True, "startup_plan": None},
           "artifact": {"aot_loaded": True, "startup_plan": None},
-          "both": {"aot_loaded": True, "startup_plan": "applied"}}
+          "both": {"aot_loaded": True, "startup_plan": "applied"},
+          "both-writing": {"aot_saved": True, "startup_plan": "saved"}}
 
 
 def _caches_checks(phase: str, got: list[dict[str, Any]]) -> None:
@@ -123,9 +124,23 @@ def _caches_checks(phase: str, got: list[dict[str, Any]]) -> None:
         assert [s["config"] for s in starts] == [label for label, _ in STEPS], starts
         summaries = {ln["config"]: ln["n"] for ln in got if ln["what"] == "config_summary"}
         assert summaries == {"neither": 3, "plan": 3, "artifact": 3, "both": 3}, summaries
-    if phase in ("cachesplain", "cacheson", "cachesoff"):
+    if phase == "cachesprep":  # the cold reference, then both caches written
+        assert [s["config"] for s in starts] == ["cold", "both-writing"], starts
+        assert [ln["cold_s"] for ln in got if ln["what"] == "cold_reference"], got
+    if phase in ("cachesplain", "cacheson", "cachesoff", "cachesprep"):
         [eq] = [ln for ln in got if ln["what"] == "greedy_equal"]
-        assert eq["equal"], eq
+        # token ids, GREEDY_TOKENS for each prompt, of at least two starts, all equal
+        assert eq["equal"] and len(eq["compared"]) >= 2 and eq["full"] == eq["compared"], eq
+        assert all(len(one) == eq["tokens_each"] for ids in eq["ids"].values() for one in ids)
+    if phase in ("cacheson", "cachesoff"):  # the relaunched child's outputs are compared too
+        [eq] = [ln for ln in got if ln["what"] == "greedy_equal"]
+        assert f"{phase}-relaunched" in eq["compared"], eq
+        # each relaunch's seconds, split at vLLM's own lines, add up to its total
+        segs = [ln["seconds"] for ln in got if ln["what"] == "relaunch_segments"
+                and ln["seconds"]]
+        assert segs and all({"weights", "torch_compile", "cuda_graphs"} <= set(x) for x in segs)
+        assert all(abs(sum(v for k, v in x.items() if k != "total") - x["total"]) < 0.1
+                   for x in segs), segs
     for t in (ln for ln in got if ln["what"] == "restart_timing" and "error" not in ln):
         assert isinstance(t["reuse"], dict) and t["failures_in_row"] <= 1, t
 

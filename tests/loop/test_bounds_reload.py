@@ -189,6 +189,30 @@ def test_a_read_within_its_deadline_passes_problems_and_bytes_through(tmp_path: 
     with pytest.raises(safefile.FileProblem) as err:
         safefile.read_within(str(tmp_path), 100, 30.0)
     assert not err.value.transient and "is a directory" in str(err.value)
+    # head_within (check's safetensors headers): the same deadline, the same pass-through.
+    assert safefile.head_within(str(tmp_path / "k"), 2, 30.0) == b"ab"
+    with pytest.raises(safefile.FileProblem) as err:
+        safefile.head_within(str(tmp_path), 2, 30.0)
+    assert not err.value.transient
+
+
+def test_a_hung_head_read_ends_at_its_deadline(tmp_path: Path,
+                                               monkeypatch: pytest.MonkeyPatch) -> None:
+    from vllmwatch.config import safefile
+
+    release = threading.Event()
+
+    def hung(path: str, size: int) -> bytes:
+        release.wait()
+        return b"late"
+
+    monkeypatch.setattr(safefile, "head", hung)
+    try:
+        with pytest.raises(safefile.FileProblem) as err:
+            safefile.head_within(str(tmp_path / "w.safetensors"), 8, 0.2)
+    finally:
+        release.set()  # the stuck reader thread ends
+    assert err.value.transient and "did not answer within 0.2s" in str(err.value)
 
 
 def test_a_key_file_is_read_stripped(tmp_path: Path) -> None:

@@ -95,6 +95,19 @@ def test_entry_fields_of_an_event() -> None:
     assert fields["VLLMWATCH_SOURCE"] == "vllmwatch"
 
 
+@pytest.mark.parametrize("key", ["source", "event", "Source", "EVENT"])
+def test_an_event_key_named_like_our_own_fields_is_kept(key: str) -> None:
+    # memory.rule_fired says which memory figure fired (source=nvml|tree|cgroup): it must
+    # reach the journal beside the entry's own VLLMWATCH_SOURCE=vllmwatch, not be dropped.
+    entry = journal.entry_fields("warning", "memory.rule_fired", "m", {key: "nvml", "x": 1})
+    fields = dict(entry)
+    assert len(fields) == len(entry)  # no field twice
+    assert fields["VLLMWATCH_SOURCE"] == "vllmwatch"
+    assert fields["VLLMWATCH_EVENT"] == "memory.rule_fired"
+    assert fields[journal.field_name(key, prefix="VLLMWATCH_EVENT_")] == "nvml"
+    assert fields["VLLMWATCH_X"] == "1"
+
+
 @pytest.mark.parametrize("text,proc,pid", [
     ("(EngineCore pid=4242) INFO 11-30 load ok", "EngineCore", "4242"),
     ("(APIServer pid=7) INFO Starting vLLM server", "APIServer", "7"),

@@ -12,7 +12,6 @@ import json
 import os
 import re
 import stat
-import threading
 from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any, TextIO
@@ -106,28 +105,6 @@ def read_json(path: Path) -> Any:
     return json.loads(raw.decode("utf-8"))
 
 
-def _head_within(path: Path, size: int) -> bytes:
-    """safefile.head (regular files only, never blocks on open) within READ_TIMEOUT."""
-    box: list[bytes | safefile.FileProblem] = []
-    done = threading.Event()
-
-    def work() -> None:
-        try:
-            box.append(safefile.head(str(path), size))
-        except safefile.FileProblem as exc:
-            box.append(exc)
-        finally:
-            done.set()
-
-    threading.Thread(target=work, name="vllmwatch-read", daemon=True).start()
-    if not done.wait(READ_TIMEOUT) or not box:
-        raise safefile.FileProblem(f"{str(path)!r}: the read did not answer within "
-                                   f"{READ_TIMEOUT:g}s (a hung network mount?)", True)
-    if isinstance(box[0], safefile.FileProblem):
-        raise box[0]
-    return box[0]
-
-
 def _check_model_config(path: Path) -> CheckResult:
     cfg = path / "config.json"
     if not cfg.is_file():
@@ -207,7 +184,7 @@ def safetensors_problem(path: Path) -> str | None:
     """Why a safetensors file is cut short or malformed, or None when its size adds up."""
     try:
         size = path.stat().st_size
-        head = _head_within(path, 8)
+        head = safefile.head_within(str(path), 8, READ_TIMEOUT)
         if len(head) < 8:
             return f"{path.name} is truncated: {size} bytes, shorter than its 8-byte header"
         hlen = int.from_bytes(head, "little")
@@ -215,7 +192,7 @@ def safetensors_problem(path: Path) -> str | None:
             return f"{path.name} is not a safetensors file (header length {hlen})"
         if size < 8 + hlen:
             return f"{path.name} is truncated: {size} bytes, its header alone needs {8 + hlen}"
-        raw = _head_within(path, 8 + hlen)[8:]
+        raw = safefile.head_within(str(path), 8 + hlen, READ_TIMEOUT)[8:]
     except safefile.FileProblem as exc:
         return str(exc)
     except OSError as exc:

@@ -7,7 +7,7 @@ An adapter is `name`, `path` (a local directory holding adapter_config.json) and
 within READ_TIMEOUT (a hung mount fails the check, it never hangs the reload worker); the
 weights are vLLM's to read. The launch adds --enable-lora, --lora-modules, --max-loras and
 --max-lora-rank (the largest r rounded up to a rank vLLM accepts). Imported only when a
-config has [[adapters]] (config/sections.py ARRAYS): a config without them costs nothing.
+config has [[adapters]] (config/schema.py from_dict): a config without them costs nothing.
 """
 
 from __future__ import annotations

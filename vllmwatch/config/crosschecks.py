@@ -27,7 +27,7 @@ def cross_checks(config: Config) -> list[Problem]:
     if why is not None:
         out.append(Problem("status.listen", f"bad value {config.status.listen!r}: {why}"))
     return out + _canary_checks(config) + _gate_checks(config) + _address_checks(config) \
-        + startcache_problems(config, {})
+        + startcache_problems(config, {}) + _spare_checks(config)
 
 
 def _address_checks(config: Config) -> list[Problem]:
@@ -86,3 +86,24 @@ def _gate_checks(config: Config) -> list[Problem]:
                         "port and vLLM moves to a private one: set vllm.port to another port, "
                         "e.g. 8001")]
     return []
+
+
+# ---- issue 34 (the [spare] engine); kept apart from the checks above ----
+
+def _spare_checks(config: Config) -> list[Problem]:
+    """spare.enabled = true where the config alone rules a spare out (no gate, CPU, unified
+    memory, TP x PP > 1): refused at load, naming what to change. `auto` is never refused: it
+    is off, saying why (config/spare.py)."""
+    if config.spare.enabled != "true":
+        return []
+    from vllmwatch.config import spare  # lazy: `run` at the defaults never plans a spare
+    from vllmwatch.config.flags import flag_name
+
+    args = {flag_name(k): v for k, v in config.vllm.args.items()}
+    found = spare.static_problem(config.spare, config.gate.enabled, args,
+                                 cpu=not config.vllm.uses_gpu,
+                                 unified=config.memory.unified == "true")
+    if found is None:
+        return []
+    why, todo = found
+    return [Problem("spare.enabled", f"is true but {why}; {todo}")]

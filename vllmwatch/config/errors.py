@@ -72,7 +72,8 @@ def _nearest_line(text: str, key: str) -> int | None:
 def line_of(text: str, key: str) -> int | None:
     """The line that sets a dotted key ("memory.gpu_limit") or opens a table ("memory").
 
-    Also finds keys inside sub-tables such as "vllm.args.max-model-len".
+    Also finds keys inside sub-tables such as "vllm.args.max-model-len", and in the Nth table
+    of an array of tables: "smoke[2].endpoint" (N counts the `[[smoke]]` headers from 1).
     """
     array = re.fullmatch(r"(\w+)\[(\d+)\](?:\.([\w-]+))?", key)
     if array:  # "adapters[1].path": the second [[adapters]], then its key
@@ -82,8 +83,16 @@ def line_of(text: str, key: str) -> int | None:
     table = ".".join(parts[:-1]) if len(parts) > 1 else parts[0]
     section = parts[0]
     current = ""
+    arrays: dict[str, int] = {}
     for number, line in enumerate(text.splitlines(), 1):
         stripped = line.strip()
+        array = re.match(r"^\[\[\s*([\w.-]+)\s*\]\]", stripped)
+        if array:
+            arrays[array.group(1)] = arrays.get(array.group(1), 0) + 1
+            current = f"{array.group(1)}[{arrays[array.group(1)]}]"
+            if current == key:
+                return number
+            continue
         header = re.match(r"^\[\s*([\w.-]+)\s*\]", stripped)
         if header:
             current = header.group(1)

@@ -12,6 +12,7 @@ import errno
 import os
 import stat
 import threading
+from collections.abc import Callable
 
 MAX_FILE = 1 << 20  # config and key files: 1 MiB; a real one is a few KiB
 
@@ -89,12 +90,21 @@ def read_within(path: str, limit: int, timeout: float, nofollow: bool = False) -
     the kernel, which no flag avoids, so the read runs on a thread of its own and the caller
     waits at most `timeout` s. A read that has not answered by then is a transient problem
     (the thread is left to finish or hang; it holds nothing of the caller's)."""
+    return _within(lambda: read_bounded(path, limit, nofollow), path, timeout)
+
+
+def head_within(path: str, size: int, timeout: float) -> bytes:
+    """head() with read_within's deadline."""
+    return _within(lambda: head(path, size), path, timeout)
+
+
+def _within(read: Callable[[], bytes], path: str, timeout: float) -> bytes:
     box: list[bytes | FileProblem] = []
     done = threading.Event()
 
     def work() -> None:
         try:
-            box.append(read_bounded(path, limit, nofollow))
+            box.append(read())
         except FileProblem as exc:
             box.append(exc)
         finally:

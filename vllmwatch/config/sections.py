@@ -5,9 +5,12 @@ crosschecks."""
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from vllmwatch.config.bounds import DAY
+
+if TYPE_CHECKING:  # imported at run time only when a config has [[smoke]] (import count)
+    from vllmwatch.config.smoke import SmokeCheck
 
 HOUR = 3600.0
 
@@ -198,6 +201,28 @@ class GateConfig:
 
 
 @dataclass(frozen=True)
+class SpareConfig:
+    """A sleeping spare engine that takes the traffic while the serving engine restarts
+    (issue 34). Needs the gate; config/spare.py plans it (imported only when considered)."""
+
+    # "auto": on where it fits beside the operator's own setting as it is (never changes it);
+    # true: lowers the serving engine's setting to make room; false: never.
+    enabled: str = _conv("auto_bool", "auto")  # "auto" | "true" | "false"
+    kv_cache: float = _conv("size", 8192.0, low=64.0, zero=None)  # the spare's own KV cache
+    retries: int = _conv("pos_int", 3, high=100)  # failed builds, then off until a reload
+    # The spare's --gpu-memory-utilization: only vLLM's start-up check reads it when the KV
+    # cache is sized in bytes, so the smallest that covers its footprint.
+    utilization: float = _conv("fraction", 0.0, high=0.5,
+                               zero="auto: the spare's footprint, rounded up")
+    wake_timeout: float = _conv("duration", 10.0, high=HOUR)  # /wake_up to a canary answered
+
+    def considered(self, gate_enabled: bool) -> bool:
+        """Whether a plan is made at all (false, or auto with the gate off: never; so the
+        daemon imports config/spare.py only then)."""
+        return self.enabled == "true" or (self.enabled == "auto" and gate_enabled)
+
+
+@dataclass(frozen=True)
 class IncidentsConfig:
     """Incident records (vllmwatch/incident/): the evidence of every unplanned restart."""
 
@@ -227,10 +252,9 @@ class LoraConfig:
     """How adapters are served: at launch only, or also loaded live on a SIGHUP."""
 
     live: bool = _conv("bool", False)  # VLLM_ALLOW_RUNTIME_LORA_UPDATING and its endpoints
-    max_loras: int = _conv("auto_int", 0, high=64,
-                                zero="auto: the number of adapters")
+    max_loras: int = _conv("auto_int", 0, high=64, zero="auto: the number of adapters")
     max_lora_rank: int = _conv("auto_int", 0, high=512,
-                                    zero="auto: the adapters' largest r, rounded up")
+                               zero="auto: the adapters' largest r, rounded up")
 
 
 @dataclass(frozen=True)
@@ -248,6 +272,8 @@ class Config:
     drain: DrainConfig = field(default_factory=DrainConfig)
     gate: GateConfig = field(default_factory=GateConfig)
     incidents: IncidentsConfig = field(default_factory=IncidentsConfig)
+    spare: SpareConfig = field(default_factory=SpareConfig)
+    smoke: tuple[SmokeCheck, ...] = ()  # [[smoke]]: checks before READY (config/smoke.py)
     lora: LoraConfig = field(default_factory=LoraConfig)
     adapters: tuple[AdapterConfig, ...] = ()  # [[adapters]]: an array of tables, not in SECTIONS
     path: str = ""
@@ -266,9 +292,6 @@ SECTIONS: dict[str, type] = {
     "drain": DrainConfig,
     "gate": GateConfig,
     "incidents": IncidentsConfig,
+    "spare": SpareConfig,
     "lora": LoraConfig,
 }
-# Arrays of tables ([[name]]): each is checked by its own module, imported only when the file
-# has one (a feature that is off costs `vllmwatch run` no import). The module's
-# parse(value, config) -> (tuple, problems) gives the Config field of the same name.
-ARRAYS: dict[str, str] = {"adapters": "vllmwatch.config.adapters"}

@@ -3,12 +3,15 @@
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from vllmwatch.config.schema import Config, ProbeConfig
 from vllmwatch.core.hangs import HostCpu
 from vllmwatch.core.names import ProbeKind, Reason
 from vllmwatch.core.samples import MemorySample
+
+if TYPE_CHECKING:  # [[smoke]]'s module is imported only when a config has checks
+    from vllmwatch.config.smoke import SmokeCheck
 
 # ---- events: what happened (the shell observed it and hands it to step()) ----
 
@@ -184,9 +187,27 @@ class IncidentRecorded:
     stacks: str = ""  # which stack methods ran, in a few words (for the log)
 
 
+@dataclass(frozen=True)
+class SmokeResult:
+    """The answer to a Smoke action (core/smoke.py): ok, or why not and how it began."""
+
+    index: int  # Smoke.index
+    ok: bool
+    seconds: float
+    error: str = ""  # what was wrong: status, vLLM's own error message, the missing field
+    answer: str = ""  # the answer's first bytes, through the one redactor (config/redact.py)
+    gen: int = 0
+
+
+@dataclass(frozen=True)
+class SpareEvent:
+    """What the spare engine did: core/failover.py's (imported only when it is on)."""
+
+
 Event = (Tick | PrewarmDone | Spawned | SpawnFailed | ChildExited | ChildOutput | HealthResult
          | CanaryResult | MetricsResult | MemorySampled | SweepDone | ReleaseChecked
-         | StopRequested | RestartRequested | ReloadRequested | ReadyzPolled | IncidentRecorded)
+         | StopRequested | RestartRequested | ReloadRequested | ReadyzPolled | IncidentRecorded
+         | SmokeResult | SpareEvent)
 
 # ---- actions: what to do (the shell executes them) ----
 
@@ -263,6 +284,20 @@ class Probe:
 
 
 @dataclass(frozen=True)
+class Smoke:
+    """Send one smoke check to the child where it listens (shell/smoke.py), in the
+    background, with the probes' deadline and byte cap; answered by one SmokeResult."""
+
+    index: int  # which check of the start's (core/smoke.SmokeRun.checks)
+    check: SmokeCheck
+    gen: int
+    host: str
+    port: int
+    model_name: str  # the check's model, else the served model name
+    timeout: float  # for the whole request
+
+
+@dataclass(frozen=True)
 class SampleMemory:
     """Sample the memory of the child tree."""
 
@@ -333,9 +368,15 @@ class UpdateAdapters:
     inplace: tuple[str, ...] = ()  # repointed: loaded again in place under the same name
 
 
+@dataclass(frozen=True)
+class SpareAction:
+    """An action for the spare engine: core/failover.py's (imported only when it is on)."""
+
+
 Action = (Log | Notify | DoPrewarm | Spawn | SignalGroup | KillEngines | Probe | SampleMemory
-          | Sweep | CheckRelease | StartOver | RecordIncident | Exit | UpdateAdapters)
-AsyncAction = Probe | SampleMemory | Sweep | CheckRelease | DoPrewarm | RecordIncident
+          | Sweep | CheckRelease | StartOver | RecordIncident | Exit | Smoke | SpareAction
+          | UpdateAdapters)
+AsyncAction = Probe | SampleMemory | Sweep | CheckRelease | DoPrewarm | RecordIncident | Smoke
 
 
 def failure_result(action: AsyncAction, error: str) -> Event:
@@ -357,4 +398,6 @@ def failure_result(action: AsyncAction, error: str) -> Event:
         return ReleaseChecked(False, f"the GPU check failed: {error}")
     if isinstance(action, RecordIncident):
         return IncidentRecorded(action.seq, error=error)
+    if isinstance(action, Smoke):
+        return SmokeResult(action.index, False, 0.0, error, gen=action.gen)
     return PrewarmDone(not action.config.prewarm.required, f"pre-warm crashed: {error}")

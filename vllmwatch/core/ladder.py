@@ -14,6 +14,7 @@ from vllmwatch.core.events import (
     Action,
     CheckRelease,
     DoPrewarm,
+    Event,
     IncidentRecorded,
     Log,
     Notify,
@@ -26,7 +27,11 @@ from vllmwatch.core.restart import goto as rung
 from vllmwatch.core.state import ChildRun, Result, S, WatchState, goto, next_random
 from vllmwatch.core.stopping import finish, leave, stopping_deadline, take_down
 
-RELEASE_POLL = 1.0
+RELEASE_POLL = 1.0  # the longest interval between two looks of the release gate
+# The shortest: the driver frees a killed 130 GiB EngineCore's memory within a second of its
+# death, and every look sooner is a second less of outage; the interval grows to
+# RELEASE_POLL while the memory stays held (a look is one NVML query in a worker thread).
+RELEASE_POLL_MIN = 0.05
 FIRST_POLL = 1.0  # the first /health and memory look after a launch
 
 
@@ -40,6 +45,47 @@ def spawn(s: WatchState, now: float) -> Result:
                            ProbeKind.MEMORY: now + FIRST_POLL})
     s = replace(s, gen=run.gen, child=run)
     return s, [*acts, *more, Spawn(s.config)]
+
+
+def launch(s: WatchState, now: float) -> Result:
+    """The launch after the cleanup or the prewarm: on the first start with the spare on,
+    the spare is built first (core/spare.py) and its answer launches the full engine."""
+    if s.spare is not None:
+        from vllmwatch.core import spare
+
+        built = spare.build_first(s, now)
+        if built is not None:
+            return built
+    return spawn(s, now)
+
+
+def spare_event(s: WatchState, ev: Event, now: float) -> Result:
+    """One of the spare's events (core/failover.SPARE_EVENTS): the spare moves, and the full
+    engine launches when the first start's build is answered."""
+    from vllmwatch.core import spare
+
+    s, acts, go = spare.event(s, ev, now)
+    if go and on(s, Phase.SPARE_BUILD) and s.exit_code is None:
+        s, more = spawn(s, now)
+        return s, acts + more
+    return s, acts
+
+
+def spare_ready(s: WatchState, now: float) -> Result:
+    """The full engine is READY: the spare hands the traffic back and sleeps again."""
+    if s.spare is None:
+        return s, []
+    from vllmwatch.core import spare
+
+    return spare.full_ready(s, now)
+
+
+def spare_reloaded(s: WatchState, now: float) -> Result:
+    if s.spare is None:
+        return s, []
+    from vllmwatch.core import spare
+
+    return spare.reloaded(s, now)
 
 
 def halt(s: WatchState, now: float, reason: Reason, detail: str,
@@ -56,6 +102,11 @@ def halt(s: WatchState, now: float, reason: Reason, detail: str,
         "info" if code == exitcodes.OK else "error", "daemon.exiting", {
             "code": code, "reason": str(reason), "detail": detail, "state": str(s.state),
             "meaning": exitcodes.MEANING.get(code, ""), **(fields or {})})]
+    if s.spare is not None:
+        from vllmwatch.core import spare  # only when the spare is on
+
+        s, down = spare.halted(s, now)
+        acts += down
     if reason in incidents.EXITS and s.state in incidents.STATES:
         # not a requested stop, and a child to read: the record first, then leave. Elsewhere
         # (a sweep under way, a backoff) leave() itself, which bounds a sweep that never
@@ -91,11 +142,17 @@ def begin_restart(s: WatchState, now: float, reason: Reason, detail: str, drain:
                     "`systemctl restart vllmwatch`"})
         s, acts = halt(s, now, Reason.CRASHLOOP, f"{reason}: {detail}")
         return s, [log, *acts]
+    extra: dict[str, object] = {}
+    wake: list[Action] = []
+    if s.spare is not None:  # the spare wakes before the record and the take-down
+        from vllmwatch.core import spare
+
+        s, wake, extra["failover"] = spare.restart_begins(s, now, reason)
     log = Log("warning", "restart.begin", {
         "reason": reason, "detail": detail, "restarts": sum(counts.values()),
-        "failures_in_row": s.failures})
+        "failures_in_row": s.failures, **extra})
     s, acts = record_then_take_down(s, now, reason, detail, drain)
-    return s, [log, *acts]
+    return s, [log, *wake, *acts]
 
 
 def stop_requested(s: WatchState, signal: str, now: float) -> Result:
@@ -175,7 +232,8 @@ def swept(s: WatchState, now: float, killed: tuple[int, ...], remaining: tuple[i
     if killed:
         s = replace(s, old_pids=tuple(sorted({*s.old_pids, *killed})))
     if s.old_pids and s.config.vllm.uses_gpu and s.config.restart.gpu_release_timeout > 0:
-        gate = ReleaseGate(s.old_pids, now + s.config.restart.gpu_release_timeout, look_at=now)
+        gate = ReleaseGate(s.old_pids, now + s.config.restart.gpu_release_timeout, look_at=now,
+                           opened=now)
         s, more = rung(replace(s, old_pids=()), Phase.RELEASE_WAIT, now,
                        "the old tree's GPU memory", gate=gate)
         return s, acts + more
@@ -194,7 +252,16 @@ def release_checked(s: WatchState, now: float, released: bool, detail: str) -> R
         return s, [Log("warning", "gpu.release_timeout", {
             "detail": detail, "hint": "GPU memory of the old vLLM is still held; the next "
             "start may fail with out-of-memory"}), *acts]
-    return _with_gate(s, replace(gate, look_at=now + RELEASE_POLL)), []
+    return _with_gate(s, replace(gate, look_at=now + release_poll(now - gate.opened))), []
+
+
+def release_poll(waited: float) -> float:
+    """Seconds to the gate's next look after `waited` seconds of held memory: half the wait,
+    within [RELEASE_POLL_MIN, RELEASE_POLL]. With a fixed second, issue 33's H200 run lost
+    most of one: after an API server SIGKILL the first look (0.39 s after restart.begin, right
+    after the sweep killed the engine) found its memory still held, the next one (1.40 s)
+    found it back, and the relaunch began there."""
+    return min(RELEASE_POLL, max(RELEASE_POLL_MIN, waited / 2))
 
 
 def check_release(s: WatchState) -> Result:
@@ -214,6 +281,16 @@ def after_cleanup(s: WatchState, now: float) -> Result:
     """Everything of the old child is gone: prewarm once, wait out the backoff, launch."""
     if s.exit_code is not None:
         return finish(s, now, [])
+    if s.spare is not None:  # a wake that found no room beside the old tree goes now
+        from vllmwatch.core import spare
+
+        s, woke = spare.released(s, now)
+        s, acts = _after_cleanup(s, now)
+        return s, woke + acts
+    return _after_cleanup(s, now)
+
+
+def _after_cleanup(s: WatchState, now: float) -> Result:
     if not s.prewarmed and s.config.prewarm.enabled:
         s, acts = goto(s, S.PREWARMING, now, "first start")
         s, more = rung(s, Phase.PREWARMING, now, "first start")
@@ -226,7 +303,7 @@ def after_cleanup(s: WatchState, now: float) -> Result:
     # The crash-loop backoff starts at the second failure in a row.
     delay = 0.0 if planned else policy.backoff_delay(s.config.restart, s.failures - 1, rand)
     if delay <= 0:
-        return spawn(replace(s, prewarmed=True), now)
+        return launch(replace(s, prewarmed=True), now)
     s, acts = goto(s, S.BACKOFF, now, f"wait {delay:.1f}s before restart", deadline=now + delay)
     s, more = rung(s, Phase.BACKOFF, now, f"wait {delay:.1f}s before restart")
     acts += more

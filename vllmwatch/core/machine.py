@@ -32,6 +32,7 @@ from vllmwatch.core.events import (
     ReloadRequested,
     RestartRequested,
     SignalGroup,
+    SmokeResult,
     Spawned,
     SpawnFailed,
     StopRequested,
@@ -100,10 +101,19 @@ def _apply(s: WatchState, ev: Event, now: float) -> Result:
         return ladder.stop_requested(s, ev.signal, now)
     if isinstance(ev, RestartRequested):
         return ladder.manual_restart(s, now)
+    if isinstance(ev, SmokeResult):  # only sent when a start has checks: imported then
+        from vllmwatch.core import smoke
+
+        s, acts, done = smoke.landed(s, ev)
+        return serving.become_ready(s, now, acts) if done else (s, acts)
     if isinstance(ev, ReadyzPolled):
         return replace(s, readyz_tracked=True,
                        readyz_seen_at=now if ev.polled else s.readyz_seen_at), []
-    return _reload(s, ev, now)
+    if isinstance(ev, ReloadRequested):
+        return _reload(s, ev, now)
+    if s.spare is not None:  # the spare's events (core/failover.py): only when it is on
+        return ladder.spare_event(s, ev, now)
+    return s, []
 
 
 def _kind(ev: HealthResult | CanaryResult | MetricsResult | MemorySampled) -> K:
@@ -214,7 +224,7 @@ def _child_exited(s: WatchState, ev: ChildExited, now: float) -> Result:
 
 
 def _prewarm_done(s: WatchState, ev: PrewarmDone, now: float) -> Result:
-    if s.state != S.PREWARMING:
+    if s.state != S.PREWARMING or not on(s, Phase.PREWARMING):  # (not the spare's build)
         return s, []
     if not ev.ok:  # nothing of vLLM runs yet: CLEANUP, then halt leaves at once
         s, acts = goto(s, S.CLEANUP, now, "a required pre-warm step failed")
@@ -222,9 +232,9 @@ def _prewarm_done(s: WatchState, ev: PrewarmDone, now: float) -> Result:
         s, more = ladder.halt(s, now, Reason.PREWARM_FAILED, ev.detail)
         return s, acts + more
     if ev.detail:
-        s, acts = ladder.spawn(s, now)
+        s, acts = ladder.launch(s, now)
         return s, [Log("warning", "prewarm.failed", {"detail": ev.detail}), *acts]
-    return ladder.spawn(s, now)
+    return ladder.launch(s, now)
 
 
 def _reload(s: WatchState, ev: ReloadRequested, now: float) -> Result:
@@ -255,6 +265,8 @@ def _reload(s: WatchState, ev: ReloadRequested, now: float) -> Result:
                                                 "restart_needed": relaunch, **fields}))
     if pair:
         acts.append(Notify(ready=True))
+    s, more = ladder.spare_reloaded(s, now)
+    acts += more
     if relaunch and s.state in (S.READY, S.STARTING) and s.exit_code is None:
         s, more = ladder.begin_restart(s, now, Reason.RELOAD, why, drain=True)
         acts += more
@@ -289,9 +301,10 @@ def _deadline(s: WatchState, now: float) -> Result:
     if on(s, Phase.RECORDING) and s.state in CHILD_STATES:
         return ladder.incident_timed_out(s, now)
     if s.state == S.STARTING:
+        held = _smoke_held(s)  # a failed required smoke check: named, with its answer
         return ladder.begin_restart(s, now, Reason.START_TIMEOUT, "not ready after "
-                                    f"{s.config.startup.timeout:.0f}s (startup.timeout)",
-                                    drain=False)
+                                    f"{s.config.startup.timeout:.0f}s (startup.timeout)"
+                                    + (f": {held}" if held else ""), drain=False)
     if s.state == S.DRAINING:
         s, acts = stopping.stop_child(s, now)
         c = s.child
@@ -310,13 +323,21 @@ def _deadline(s: WatchState, now: float) -> Result:
 def _fire(s: WatchState, kind: K, now: float) -> Result:
     c = s.child
     assert c is not None
-    stalled = now - c.last_progress >= s.config.startup.stall_timeout
+    # A start held by a failed smoke check is not stalled: startup.timeout ends it, naming
+    # the check (_deadline), however quiet vLLM is meanwhile.
+    stalled = now - c.last_progress >= s.config.startup.stall_timeout and not _smoke_held(s)
     if kind == K.HEALTH and s.state == S.STARTING and stalled:
         return ladder.begin_restart(s, now, Reason.START_STALL, "no output and no progress for "
                                     f"{now - c.last_progress:.0f}s (startup.stall_timeout)"
                                     + stalls.hint(c.cpu_since_progress, c.last_progress),
                                     drain=False)
     return probing.fire(s, kind, now)
+
+
+def _smoke_held(s: WatchState) -> str:
+    """Why a failed required smoke check holds READY ('' when none does: core/smoke.py)."""
+    c = s.child
+    return c.smoke.held if c is not None and c.smoke is not None else ""
 
 
 def next_wakeup(s: WatchState) -> float | None:

@@ -16,9 +16,17 @@ each rung are made where they always were: core/ladder.py (begin, halt, after th
 core/stopping.py (the take-down), core/incidents.py (the record); the GPU release gate's
 record and pure check are here (`ReleaseGate`, `released`).
 
-Room for the spare-engine failover (a later issue): its rungs (wake the spare, route to it,
-route back, re-arm) go into `Phase`, `TABLE`, `COARSE` and `BOUND` like these; nothing
-here assumes the ladder ends in a fresh launch.
+The spare-engine failover (issue 34; core/failover.py, core/spare.py). Its wake, serving,
+route back and re-arm overlap the take-down and the relaunch instead of coming between two
+rungs: a rung of this ladder would hold the record and the SIGTERM of the old tree behind
+the wake (~0.7 s on the H200) and the relaunch behind the spare's drain. So the spare has
+its own track with its own table and bounds (failover.Rung: off, building, asleep, waking,
+serving, returning, down), moved by core/spare.py at fixed points of this ladder:
+`restart.begin` wakes it (WakeSpare goes out before RecordIncident), RELEASE_WAIT's end
+wakes it when NVML showed no room beside the dying tree, the full engine's READY routes
+back and re-arms it, `halt` stops it from any rung. The one rung it adds here is the
+first start's SPARE_BUILD: the spare is built, passes its canary and sleeps on the empty
+GPU before the first LAUNCHING (coarse state "prewarming", bounded by the build's one answer).
 """
 
 from __future__ import annotations
@@ -44,6 +52,7 @@ class Phase(str, Enum):
     SWEEPING = "sweeping"  # the Sweep of the old tree and the port is out
     RELEASE_WAIT = "release_wait"  # the old tree's GPU memory is not yet given back
     PREWARMING = "prewarming"  # the pre-warm steps before the first launch
+    SPARE_BUILD = "spare_build"  # the spare is built on the empty GPU before the first launch
     BACKOFF = "backoff"  # the crash-loop backoff before the next launch
     LAUNCHING = "launching"  # the new child starts; READY ends the restart (IDLE)
 
@@ -53,7 +62,7 @@ class Phase(str, Enum):
 
 P = Phase
 _TAKE_DOWN = frozenset({P.RECORDING, P.DRAINING, P.TERMINATING, P.SWEEPING})
-_AFTER_CLEANUP = frozenset({P.PREWARMING, P.BACKOFF, P.LAUNCHING})
+_AFTER_CLEANUP = frozenset({P.PREWARMING, P.SPARE_BUILD, P.BACKOFF, P.LAUNCHING})
 TABLE: dict[Phase, frozenset[Phase]] = {
     P.IDLE: _TAKE_DOWN,
     P.RECORDING: _TAKE_DOWN,  # a second record (an exit's) replaces the restart's
@@ -62,7 +71,8 @@ TABLE: dict[Phase, frozenset[Phase]] = {
     P.KILLING: frozenset({P.SWEEPING}),
     P.SWEEPING: frozenset({P.RELEASE_WAIT}) | _AFTER_CLEANUP,
     P.RELEASE_WAIT: _AFTER_CLEANUP,
-    P.PREWARMING: frozenset({P.LAUNCHING, P.SWEEPING}),
+    P.PREWARMING: frozenset({P.LAUNCHING, P.SPARE_BUILD, P.SWEEPING}),
+    P.SPARE_BUILD: frozenset({P.LAUNCHING, P.SWEEPING}),
     P.BACKOFF: frozenset({P.LAUNCHING, P.SWEEPING}),
     P.LAUNCHING: _TAKE_DOWN | {P.IDLE},
 }
@@ -75,7 +85,7 @@ TABLE: dict[Phase, frozenset[Phase]] = {
 BOUND: dict[Phase, str] = {
     P.IDLE: "", P.RECORDING: "deadline", P.DRAINING: "deadline", P.TERMINATING: "deadline",
     P.KILLING: "deadline", P.SWEEPING: "answer", P.RELEASE_WAIT: "gate",
-    P.PREWARMING: "answer", P.BACKOFF: "deadline", P.LAUNCHING: "deadline",
+    P.PREWARMING: "answer", P.SPARE_BUILD: "answer", P.BACKOFF: "deadline", P.LAUNCHING: "deadline",
 }
 
 # The coarse supervisor state(s) each rung shows as (core/state.State values).
@@ -88,6 +98,7 @@ COARSE: dict[Phase, frozenset[str]] = {
     P.SWEEPING: frozenset({"cleanup"}),
     P.RELEASE_WAIT: frozenset({"cleanup"}),
     P.PREWARMING: frozenset({"prewarming"}),
+    P.SPARE_BUILD: frozenset({"prewarming"}),
     P.BACKOFF: frozenset({"backoff"}),
     P.LAUNCHING: frozenset({"starting"}),
 }
@@ -111,6 +122,7 @@ class ReleaseGate:
     old_pids: tuple[int, ...]
     deadline: float  # restart.gpu_release_timeout after the sweep
     look_at: float | None = None
+    opened: float = 0.0  # when the sweep handed over: the next look's interval grows from it
 
 
 def due(gate: ReleaseGate | None, now: float) -> bool:

@@ -18,7 +18,7 @@ from vllmwatch.core.events import (
     MetricsResult,
     Notify,
 )
-from vllmwatch.core.ladder import begin_restart
+from vllmwatch.core.ladder import begin_restart, spare_ready
 from vllmwatch.core.names import ProbeKind as K
 from vllmwatch.core.names import Reason
 from vllmwatch.core.restart import Phase, pending
@@ -64,7 +64,7 @@ def health(s: WatchState, ev: HealthResult, now: float) -> Result:
     s = replace(s, probe_seconds={**s.probe_seconds, K.HEALTH: ev.seconds})
     if s.state == S.STARTING:
         s = probing.set_timer(s, K.HEALTH, now + probing.STARTUP_POLL)
-        if ev.ok:
+        if ev.ok and s.run.smoke is None:  # the canary passed once smoke checks began
             return probing.start(s, K.CANARY, now)
         # Refused: not listening yet. Listening but no whole answer within probe.timeout (a
         # trickle): counted like a failed probe while serving, never waited out silently
@@ -136,9 +136,11 @@ def canary(s: WatchState, ev: CanaryResult, now: float) -> Result:
 
 def _starting_canary(s: WatchState, ev: CanaryResult, now: float) -> Result:
     c = _run(s)
+    if c.smoke is not None:  # the smoke checks run: this start's canary is decided
+        return s, []
     if not ev.ok:
         if ev.warmup:  # a failed warm-up is worth a warning, not a failed start
-            return _become_ready(s, now, [
+            return checks_then_ready(s, now, [
                 Log("warning", "startup.warmup_failed", {"error": ev.error})])
         return s, [Log("debug", "startup.canary_not_yet", {"error": ev.error})]
     if not ev.warmup:
@@ -147,10 +149,21 @@ def _starting_canary(s: WatchState, ev: CanaryResult, now: float) -> Result:
             c.canary_seconds, ev.seconds)))
         if s.config.prewarm.enabled and s.config.prewarm.warmup_request:
             return probing.start(s, K.WARMUP, now)
-    return _become_ready(s, now, [])
+    return checks_then_ready(s, now, [])
 
 
-def _become_ready(s: WatchState, now: float, acts: list[Action]) -> Result:
+def checks_then_ready(s: WatchState, now: float, acts: list[Action]) -> Result:
+    """The canary passed: the smoke checks first when the config has some, then READY."""
+    if not s.config.smoke:
+        return become_ready(s, now, acts)
+    from vllmwatch.core import smoke  # only when configured: the daemon's import count
+
+    s, acts, done = smoke.begin(s, acts)
+    return become_ready(s, now, acts) if done else (s, acts)
+
+
+def become_ready(s: WatchState, now: float, acts: list[Action]) -> Result:
+    """READY: the probes' timers, the leak rules' start, READY=1 to systemd."""
     c = _run(s)
     took = now - c.started
     phases = {**c.phases, "ready": round(took, 3)}
@@ -172,7 +185,8 @@ def _become_ready(s: WatchState, now: float, acts: list[Action]) -> Result:
         acts.append(Log("info", "restart.done", {
             "reason": s.last_reason, "downtime_s": round(now - s.last_restart_at, 2)}))
     s, more = rung(s, Phase.IDLE, now, "ready")
-    return s, [*acts, *more, Notify(ready=True)]
+    s, back = spare_ready(s, now)  # the gate routes back to the full engine first
+    return s, [*acts, *more, *back, Notify(ready=True)]
 
 
 def _missed(before: dict[str, bool], c: ChildRun) -> list[Action]:

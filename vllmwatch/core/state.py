@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field, replace
 from enum import Enum
+from typing import TYPE_CHECKING
 
 from vllmwatch.config.schema import Config, VllmConfig
 from vllmwatch.core.drain import Drain
@@ -13,6 +14,10 @@ from vllmwatch.core.names import ProbeKind, Reason, exit_code
 from vllmwatch.core.policy import Progress
 from vllmwatch.core.restart import Restart
 from vllmwatch.core.samples import HostFigure, MemorySample
+
+if TYPE_CHECKING:
+    from vllmwatch.config.smoke import SmokeCheck  # only when a config has [[smoke]]
+    from vllmwatch.core.failover import Track  # imported by a run only when the spare is on
 
 
 class State(str, Enum):
@@ -53,6 +58,36 @@ CHILD_STATES = frozenset({S.STARTING, S.READY, S.DRAINING, S.STOPPING})
 
 class TransitionError(RuntimeError):
     """A bug: the core asked for a transition the table does not allow."""
+
+
+@dataclass(frozen=True)
+class SmokeOutcome:
+    """One smoke check's verdict in this start (core/smoke.py)."""
+
+    name: str
+    endpoint: str
+    model: str
+    ok: bool
+    required: bool
+    seconds: float = 0.0
+    error: str = ""
+    answer: str = ""  # the answer's first ANSWER_BYTES, redacted by the shell
+
+
+@dataclass(frozen=True)
+class SmokeRun:
+    """The checks of one start: fixed when the first is sent (a SIGHUP changes the next
+    start's), their outcomes in order, and `held` once a required one failed."""
+
+    checks: tuple[SmokeCheck, ...]
+    outcomes: tuple[SmokeOutcome, ...] = ()
+    held: str = ""  # why READY is held: the failed required check, its error and answer
+
+    @property
+    def next(self) -> int | None:
+        """The index of the check to send (or in flight); None when none is left to send."""
+        n = len(self.outcomes)
+        return None if self.held or n >= len(self.checks) else n
 
 
 @dataclass(frozen=True)
@@ -113,6 +148,7 @@ class ChildRun:
     # (time, GPU rule MiB, host rule MiB) of the newest samples the leak rules judged: an
     # incident record of a memory restart shows what made the rule fire (core/incidents.py)
     mem_recent: tuple[tuple[float, float | None, float | None], ...] = ()
+    smoke: SmokeRun | None = None  # this start's smoke checks, once the canary passed
 
 
 @dataclass(frozen=True)
@@ -150,6 +186,7 @@ class WatchState:
     incident_seq: int = 0  # incident records asked for
     incidents_total: int = 0  # incident records written
     last_incident: str | None = None  # the id of the last one written
+    spare: Track | None = None  # the spare engine's track (core/failover.py); None: no spare
 
     @property
     def run(self) -> ChildRun:

@@ -234,6 +234,11 @@ class ChildHandle:
         if self._guard is not None:
             self._guard.stop(why)
 
+    @property
+    def api_key(self) -> str | None:
+        """The key this child's /v1 routes want (None: none)."""
+        return self._api_key
+
     def prober(self, action: Probe) -> HttpProber:
         """A prober for this child where the action says it listens, with its API key."""
         return HttpProber(Endpoint(action.host, action.port, action.model_name, self._api_key),

@@ -23,6 +23,7 @@ from vllmwatch.core.events import (
     RecordIncident,
     ReleaseChecked,
     SampleMemory,
+    Smoke,
     Spawned,
     SpawnFailed,
     Sweep,
@@ -62,6 +63,7 @@ class Effects(Protocol):
     def signal_group(self, signame: str) -> None: ...
     def kill_engines(self) -> None: ...
     def probe(self, action: Probe) -> Event: ...
+    def smoke(self, action: Smoke) -> Event: ...
     def end_start(self, why: str) -> None: ...
     def sample_memory(self, action: SampleMemory, minute_of_day: int) -> MemorySampled: ...
     def sweep(self, action: Sweep) -> SweepDone: ...
@@ -235,6 +237,15 @@ class RealEffects:
         if isinstance(result, MetricsResult) and result.ok:
             self.incidents.scraped(run.last_metrics_text)
         return replace(result, gen=action.gen)
+
+    def smoke(self, action: Smoke) -> Event:
+        """Run one smoke check against the child (in a worker thread; core/smoke.py)."""
+        run = self._run
+        if run is None:  # reaped meanwhile: the result is about a run that is over
+            return failure_result(action, "no child running")
+        from vllmwatch.shell import smoke  # only when a start has checks (import count)
+
+        return smoke.run(action, run.api_key)
 
     def sample_memory(self, action: SampleMemory, minute_of_day: int) -> MemorySampled:
         """Sample the current child's tree on the child's GPUs."""

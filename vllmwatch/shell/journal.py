@@ -53,6 +53,11 @@ _VLLM_PREFIX = re.compile(r"^\s*\((?P<proc>[A-Za-z_][\w.-]*) pid=(?P<pid>\d+)\)"
 _BAD = re.compile(r"[^A-Z0-9_]")
 
 
+# The fields every entry of ours carries: an event key that maps onto one of them (the
+# memory rule's `source`: nvml, tree or cgroup) would be dropped, so it gets VLLMWATCH_EVENT_<KEY>.
+_OURS = frozenset({"VLLMWATCH_EVENT", "VLLMWATCH_SOURCE"})
+
+
 def field_name(key: str, prefix: str = "VLLMWATCH_") -> str:
     """A journal field name for `key`: uppercase A-Z, 0-9, _; no leading _; <= 64 chars."""
     name = prefix + _BAD.sub("_", key.upper())
@@ -82,6 +87,8 @@ def entry_fields(level: str, event: str, message: str, fields: Mapping[str, Any]
     taken = {name for name, _ in out}
     for key, value in fields.items():
         name = field_name(key)
+        if name in _OURS:  # an event's own `source` or `event` key: kept, under its own name
+            name = field_name(key, prefix="VLLMWATCH_EVENT_")
         if name not in taken:  # a key that sanitises onto another keeps the first
             taken.add(name)
             out.append((name, text_of(value)))

@@ -31,6 +31,7 @@ from vllmwatch.core.events import (
     RestartRequested,
     SampleMemory,
     SignalGroup,
+    Smoke,
     Spawn,
     StartOver,
     StopRequested,
@@ -302,6 +303,8 @@ class Loop:
             self._submit(action, lambda: fx.prewarm(action.config))
         elif isinstance(action, RecordIncident):
             self._submit(action, lambda: fx.record_incident(action))
+        elif isinstance(action, Smoke):
+            self._submit(action, lambda: fx.smoke(action))
         elif isinstance(action, Exit):
             self.exit_code = action.code
         elif isinstance(action, UpdateAdapters):

@@ -93,6 +93,10 @@ class Snapshot:
     adapters: dict[str, Any] | None = None
     last_incident: str | None = None  # the id of the last incident record written
     incidents_total: int = 0  # incident records written since vllmwatch started
+    # Who answers the gate's clients (issue 34): full | spare | nobody; and the spare engine
+    # (state, why, pid, awake/asleep MiB, failovers, last failover's seconds), None when off
+    serving: str = "nobody"
+    spare: dict[str, Any] | None = None
 
     @property
     def restarts_total(self) -> int:

@@ -105,12 +105,32 @@ def snapshot_of(s: WatchState, now: float, wall: float, prev: Snapshot,
         drain_phase=str(drains.phase(c.drain, now)) if c and c.drain else None,
         drain_phases_s=drains.durations(c.drain, now) if c and c.drain else dict(s.last_drain),
         vllm_asleep=c.asleep if c else None,
-        last_incident=s.last_incident, incidents_total=s.incidents_total)
+        last_incident=s.last_incident, incidents_total=s.incidents_total,
+        serving=_serving(s), spare=_spare(s))
+
+
+def _serving(s: WatchState) -> str:
+    """Who answers the gate's clients: the spare while it serves (core/failover.who_serves,
+    not imported: the spare's modules load only when it is on)."""
+    if s.spare is not None and s.spare.rung == "serving":
+        return "spare"
+    return "full" if s.state == S.READY and s.restart.phase == "idle" else "nobody"
+
+
+def _spare(s: WatchState) -> dict[str, object] | None:
+    t = s.spare
+    if t is None:
+        return None
+    return {"state": str(t.rung), "why": t.why, "pid": t.pid, "awake_mib": t.awake_mib,
+            "asleep_mib": t.asleep_mib, "failed_builds": t.failed_builds,
+            "failovers": t.failovers, "last_failover_s": t.last_seconds}
 
 
 def summary(snap: Snapshot) -> str:
     """One line for systemctl status: state, uptime, restarts, last reason, memory."""
     parts = [snap.state]
+    if snap.serving == "spare":  # issue 34: clients are answered, by the smaller engine
+        parts.append("degraded: spare serving")
     if snap.restart_phase != "idle":  # the rung of the restart (or exit) under way
         parts.append(f"restart {snap.restart_phase} for "
                      f"{format_duration(snap.restart_phase_for_s or 0.0)}")

@@ -66,6 +66,10 @@ def clean(data: Mapping[str, Any]) -> dict[str, Any]:
     stale = data.get("stale_probes")
     out["stale_probes"] = [printable(str(k), False) for k in stale] if isinstance(
         stale, (list, tuple)) else []
+    spare = data.get("spare")  # flat, like start_reuse (issue 34)
+    out["spare"] = {printable(str(k), False): v if v is None or isinstance(v, (bool, int, float))
+                    else printable(str(v), False) for k, v in spare.items()} \
+        if isinstance(spare, dict) else None
     mem = data.get("memory")
     mem = mem if isinstance(mem, dict) else {}
     out["memory"] = {k: (_table(v) if isinstance(v, dict) else _num(v)) for k, v in mem.items()
@@ -102,6 +106,7 @@ def render(data: Mapping[str, Any], colour: bool = False, now: float | None = No
     if url or model:
         rows.append(("serving", " ".join(filter(None, (url, model and f"model {model}")))))
     rows += _standby_rows(data)
+    rows += _spare_rows(data)
     rows += _adapter_rows(data.get("adapters"))
     rows += _restart_rows(data, now)
     rows += _start_rows(data, state)
@@ -131,6 +136,29 @@ def _standby_rows(data: Mapping[str, Any]) -> list[tuple[str, str]]:
     if state == "off" and data.get("standby_reason"):  # else the last discard's: stale
         line += f": {data['standby_reason']}"
     return [("standby", line)]
+
+
+def _spare_rows(data: Mapping[str, Any]) -> list[tuple[str, str]]:
+    """Who serves and the sleeping spare engine (issue 34); no rows when it is not planned."""
+    spare = data.get("spare")
+    if not isinstance(spare, Mapping):
+        return []
+    line = str(spare.get("state"))
+    if isinstance(spare.get("pid"), int):
+        line += f", pid {spare['pid']}"
+    mib = spare.get("memory_mib")
+    if isinstance(mib, (int, float)):
+        line += f", gpu {format_mib(float(mib))}"
+    if isinstance(spare.get("failovers"), int) and spare["failovers"]:
+        line += f", {spare['failovers']} failovers"
+        took = spare.get("last_failover_s")
+        if isinstance(took, (int, float)):
+            line += f" (last served {took:.2f}s after restart.begin)"
+    if spare.get("state") in ("off", "down") and spare.get("why"):
+        line += f": {spare['why']}"
+    who = str(data.get("serving") or "nobody")
+    return [("answering", who + (" (degraded: spare serving)" if who == "spare" else "")),
+            ("spare", line)]
 
 
 def _adapter_rows(data: object) -> list[tuple[str, str]]:

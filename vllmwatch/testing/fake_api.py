@@ -166,8 +166,11 @@ class Api:
             return 500, error("EngineCore encountered an issue. See stack trace for the root "
                                "cause.", "InternalServerError", 500)
         out = " ".join(["fake"] * got)
-        choice = {"index": 0, "finish_reason": "length", "logprobs": None,
+        choice: dict[str, Any] = {"index": 0, "finish_reason": "length", "logprobs": None,
                   **({"message": {"role": "assistant", "content": out}} if chat else {"text": out})}
+        if body.get("return_token_ids"):  # vLLM's extra parameter: the sampled ids, greedy
+            seed = sum(text.encode())  # the same prompt gives the same ids, like temperature 0
+            choice["token_ids"] = [(seed + 7 * i) % 1000 for i in range(got)]
         usage = {"prompt_tokens": prompt, "completion_tokens": got, "total_tokens": prompt + got}
         return 200, {"id": f"cmpl-{time.monotonic_ns()}", "model": model, "choices": [choice],
                      "object": "chat.completion" if chat else "text_completion",

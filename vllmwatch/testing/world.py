@@ -23,6 +23,8 @@ from vllmwatch.core.events import (
     RecordIncident,
     ReleaseChecked,
     SampleMemory,
+    Smoke,
+    SmokeResult,
     Spawned,
     SpawnFailed,
     Sweep,
@@ -126,6 +128,10 @@ class World:
     # Incident records asked for, and what the fake writer answers ("" writes one).
     incidents: list[RecordIncident] = field(default_factory=list)
     incident_error: str = ""
+    # Smoke checks (core/smoke.py): each check name's answer ("" passes, else the error the
+    # fake reports; absent: passes), and the names sent, in order.
+    smoke_errors: dict[str, str] = field(default_factory=dict)
+    smoke_sent: list[str] = field(default_factory=list)
 
 
 class WorldEffects:
@@ -222,6 +228,17 @@ class WorldEffects:
                                 gen=gen)
         return CanaryResult(w.canary_ok, False, w.canary_seconds,
                             "" if w.canary_ok else "HTTP 500", warm, gen=gen)
+
+    def smoke(self, action: Smoke) -> Event:
+        """Answer a smoke check from World.smoke_errors."""
+        self._maybe_raise("smoke")
+        w = self.world
+        w.smoke_sent.append(action.check.name)
+        if not w.child_alive:
+            return SmokeResult(action.index, False, 0.0, "connection refused", gen=action.gen)
+        error = w.smoke_errors.get(action.check.name, "")
+        return SmokeResult(action.index, not error, 0.01, error,
+                           '{"error": {"message": "x"}}' if error else "", gen=action.gen)
 
     def sample_memory(self, action: SampleMemory, minute_of_day: int) -> MemorySampled:
         """A sample with the World's GPU and host figures."""

@@ -70,5 +70,8 @@ PHASES: tuple[Phase, ...] = (
     Phase("cachesplain", caches.cachesplain, 900, auto=False),  # resumes over 2 calls
     Phase("cacheson", caches.cacheson, 260, auto=False),
     Phase("cachesoff", caches.cachesoff, 260, auto=False),
+    # Issue 33, second run (docs/GPU.md section 12): the cold reference and both caches'
+    # writing start in the install call, then `drive cacheson cachesoff` in one call.
+    Phase("cachesprep", caches.cachesprep, 260, auto=False),
 )
 BY_NAME = {p.name: p for p in PHASES}

@@ -10,6 +10,12 @@
   cacheson    vllmwatch with the caches on (prewarm.startup_plan auto, mega_aot_artifact
               true): EngineCore kill -9, API server SIGKILL, GPU leak, SIGUSR1
   cachesoff   the same four faults with both switches off
+  cachesprep  the ground of one measuring call (cacheson cachesoff): empty caches, the
+              run's cold start (the reference; it writes the compile cache cachesoff
+              reads), then the writing start of both caches (reported apart)
+
+Greedy outputs are compared as token ids (`return_token_ids`, `ignore_eos`: GREEDY_TOKENS
+ids per prompt), never as text alone: the random-weight model's ids decode to "".
 
 A plain start is `vllm serve` with the environment and flags vllmwatch itself builds for the
 same config (vllmwatch.config.command.build, the start-up cache variables from
@@ -35,7 +41,7 @@ import time
 from pathlib import Path
 from typing import Any
 
-from bench.gpu.calls import completion, health
+from bench.gpu.calls import completion, greedy_ids, health
 from bench.gpu.config import big_config, du_mib
 from bench.gpu.daemon import GpuDaemon, LineNotes
 from bench.gpu.inject import leak_env, serving
@@ -127,8 +133,8 @@ def plain_start(run: Run, phase: str, label: str, i: int, plan: bool | str,
     reader.start()
     rec: dict[str, Any] = {"config": label, "i": i, **decided, "gpu_before": gpu}
     try:
-        ready_s, texts = _until_ready(run, p, port, t0)
-        rec.update(launch_to_ready_s=ready_s, texts=texts, exit_code=p.poll(),
+        ready_s, greedy = _until_ready(run, p, port, t0)
+        rec.update(launch_to_ready_s=ready_s, **greedy, exit_code=p.poll(),
                    milestones_s=notes.first, compile_cache_hit=hit[0], reuse=dict(facts),
                    reuse_line=reuse.one_line(facts, hit[0]))
     finally:
@@ -144,19 +150,28 @@ def plain_start(run: Run, phase: str, label: str, i: int, plan: bool | str,
 
 
 def _until_ready(run: Run, p: subprocess.Popen[bytes], port: int, t0: float
-                 ) -> tuple[float | None, list[str | None]]:
-    """Seconds from launch to the first greedy completion, then the texts of PROMPTS."""
+                 ) -> tuple[float | None, dict[str, Any]]:
+    """Seconds from launch to the first greedy completion, then PROMPTS' greedy outputs."""
     end = t0 + min(480.0, run.left() - 20)
     while time.monotonic() < end and p.poll() is None:
         if health(port, timeout=2) == 200:
             first = completion(port, "q8b", PROMPTS[0], GREEDY_TOKENS, timeout=60)
             if first.get("status") == 200:
-                ready = round(time.monotonic() - t0, 2)
-                texts = [first.get("text")] + [completion(port, "q8b", q, GREEDY_TOKENS).get(
-                    "text") for q in PROMPTS[1:]]
-                return ready, texts
+                return round(time.monotonic() - t0, 2), greedy(port)
         time.sleep(0.1)
-    return None, []
+    return None, {"texts": [], "ids": []}
+
+
+def greedy(port: int) -> dict[str, Any]:
+    """The greedy texts and token ids of PROMPTS, GREEDY_TOKENS ids each."""
+    got = [greedy_ids(port, "q8b", q, GREEDY_TOKENS) for q in PROMPTS]
+    return {"texts": [g.get("text") for g in got], "ids": [g.get("ids") for g in got]}
+
+
+def _keep_greedy(run: Run, label: str, got: dict[str, Any]) -> None:
+    ref = _ref(run)
+    _save_ref(run, texts={**ref.get("texts", {}), label: got.get("texts")},
+              ids={**ref.get("ids", {}), label: got.get("ids")})
 
 
 def _stop(run: Run, p: subprocess.Popen[bytes]) -> dict[str, Any]:
@@ -215,8 +230,8 @@ def cachesplain(run: Run) -> None:
         if i > 0:
             samples[label] = [*samples.get(label, []),
                               {"s": rec["launch_to_ready_s"], "reuse": rec.get("reuse_line")}]
-        _save_ref(run, done=[*ref.get("done", []), key], samples=samples,
-                  texts={**ref.get("texts", {}), label: rec["texts"]})
+        _save_ref(run, done=[*ref.get("done", []), key], samples=samples)
+        _keep_greedy(run, label, rec)
     for label in CONFIGS:
         _summary(run, "cachesplain", label, _ref(run).get("samples", {}).get(label, []))
     greedy_check(run, "cachesplain")
@@ -233,13 +248,25 @@ def _summary(run: Run, phase: str, label: str, got: list[dict[str, Any]]) -> Non
 
 
 def greedy_check(run: Run, phase: str) -> bool:
-    """Greedy outputs of the same prompts equal with and without the caches."""
-    texts: dict[str, list[Any]] = _ref(run).get("texts", {})
-    distinct = {json.dumps(t) for t in texts.values() if t}
-    same = len(distinct) == 1
-    run.emit(phase, "greedy_equal", equal=same, configs=sorted(texts),
-             distinct=len(distinct), texts=texts)
+    """Greedy outputs of the same prompts equal with and without the caches, as token ids:
+    equal only when at least two starts were compared and every one of them gave
+    GREEDY_TOKENS ids for each prompt (an empty or missing output fails the check)."""
+    ref = _ref(run)
+    ids: dict[str, Any] = ref.get("ids", {})
+    full = sorted(k for k, v in ids.items() if _full(v))
+    distinct = {json.dumps(v) for v in ids.values()}
+    same = len(ids) >= 2 and len(full) == len(ids) and len(distinct) == 1
+    run.emit(phase, "greedy_equal", equal=same, compared=sorted(ids), full=full,
+             distinct=len(distinct), tokens_each=GREEDY_TOKENS, ids=ids,
+             texts=ref.get("texts", {}))
     return same
+
+
+def _full(ids: Any) -> bool:
+    """One list of exactly GREEDY_TOKENS integer ids per prompt."""
+    return (isinstance(ids, list) and len(ids) == len(PROMPTS)
+            and all(isinstance(one, list) and len(one) == GREEDY_TOKENS
+                    and all(isinstance(i, int) for i in one) for one in ids))
 
 
 def _daemon(run: Run, phase: str, n: int, plan: bool | str, art: bool | str) -> None:
@@ -262,14 +289,23 @@ def _daemon(run: Run, phase: str, n: int, plan: bool | str, art: bool | str) -> 
         first = d.named("child.ready")[:1]
         run.emit(phase, "first_launch", reuse=first[0].get("reuse") if first else None,
                  caches=d.named("prewarm.start_caches"))
-        texts = [completion(port, "q8b", q, GREEDY_TOKENS).get("text") for q in PROMPTS]
-        _save_ref(run, texts={**_ref(run).get("texts", {}), phase: texts})
+        _keep_greedy(run, phase, greedy(port))
+        relaunch: dict[str, float | None] = {}
         for what in FAULTS:
             if run.left() < 90:
                 run.emit(phase, "skipped", fault=what, left_s=round(run.left()))
                 continue
+            mark = d.count()
             timed(d, what, status_port, _fault(d, what, port, trigger))
+            begin, ready = d.named("restart.begin", mark), d.named("child.ready", mark)
+            relaunch[what] = (round(ready[0]["t"] - begin[0]["t"], 2) if begin and ready
+                              else None)
+            run.emit(phase, "relaunch_segments", fault=what, seconds=segments(d, mark))
+        if d.named("child.ready")[1:]:  # the relaunched child's outputs (after the last fault)
+            _keep_greedy(run, f"{phase}-relaunched", greedy(port))
+        _save_ref(run, relaunch={**_ref(run).get("relaunch", {}), phase: relaunch})
         _x_cold(run, phase, d)
+        side_by_side(run, phase)
         run.emit(phase, "status_at_end", status={k: d.status().get(k) for k in (
             "launches", "start_phases_s", "start_reuse", "restarts_by_reason")})
     finally:
@@ -289,6 +325,87 @@ def _x_cold(run: Run, phase: str, d: GpuDaemon) -> None:
     run.emit(phase, "relaunch_summary", cold_s=cold, relaunches=rows,
              median_s=secs[len(secs) // 2] if secs else None,
              cache_missed=d.named("startup.cache_missed"))
+
+
+# vLLM's own lines that end each segment of a relaunch, in order (docs/GPU.md section 12).
+SEGMENTS = (("process_cuda_init", "Loading model from scratch"),
+            ("weights", "Loading weights took"), ("post_load", "Model loading took"),
+            ("torch_compile", "torch.compile took"), ("kv", "GPU KV cache size"),
+            ("cuda_graphs", "Graph capturing finished"), ("engine_tail", "init engine ("),
+            ("api_server", "Application startup complete"))
+
+
+def segments(d: GpuDaemon, mark: int) -> dict[str, float]:
+    """Where one relaunch's seconds went: restart.begin -> child.started, then from one of
+    vLLM's SEGMENTS lines to the next (a line vLLM did not print is left out), then to
+    child.ready (the canary)."""
+    begin, started = d.named("restart.begin", mark), d.named("child.started", mark)
+    ready = d.named("child.ready", mark)
+    if not (begin and started and ready):
+        return {}
+    prev, end = started[0]["t"], ready[0]["t"]
+    lines = [(e["t"], str(e.get("text", ""))) for e in d.named("child.line", mark)]
+    out = {"begin_to_launch": round(prev - begin[0]["t"], 2)}
+    for name, needle in SEGMENTS:
+        at = next((t for t, text in lines if needle in text and prev <= t <= end), None)
+        if at is not None:
+            out[name] = round(at - prev, 2)
+            prev = at
+    out["canary"] = round(end - prev, 2)
+    out["total"] = round(end - begin[0]["t"], 2)
+    return out
+
+
+def side_by_side(run: Run, phase: str) -> None:
+    """Once both daemon phases ran in this run: each fault's restart.begin -> READY with the
+    caches on and off, and issue 33's three bars against the run's cold start."""
+    ref = _ref(run)
+    on, off = (ref.get("relaunch", {}).get(p) for p in ("cacheson", "cachesoff"))
+    if not on or not off:
+        return
+    cold = ref.get("cold_s")
+    rows = []
+    for what in FAULTS:
+        a, b = on.get(what), off.get(what)
+        rows.append({"fault": what, "on_s": a, "off_s": b,
+                     "faster_by_s": round(b - a, 2) if a is not None and b is not None else None,
+                     "on_x_cold": round(a / cold, 3) if a and isinstance(cold, float) else None})
+    got = sorted(r["on_s"] for r in rows if r["on_s"] is not None)
+    med = (got[(len(got) - 1) // 2] + got[len(got) // 2]) / 2 if got else None
+    ok = len(got) == len(FAULTS) and isinstance(cold, float) and med is not None
+    run.emit(phase, "caches_side_by_side", cold_s=cold, rows=rows,
+             on_median_s=round(med, 2) if med is not None else None,
+             each_le_0_2_cold=ok and all(r["on_x_cold"] <= 0.2 for r in rows),
+             median_le_0_15_cold=ok and isinstance(cold, float) and med is not None
+             and med <= 0.15 * cold,
+             each_7s_faster=all(r["faster_by_s"] is not None and r["faster_by_s"] >= 7
+                                for r in rows))
+
+
+def cachesprep(run: Run) -> None:
+    """The ground of one measuring call (`drive cacheson cachesoff`), run in the install
+    call: caches emptied, the run's cold start (start-up caches off: the reference; it writes
+    the compile cache that cachesoff reads), then the writing start of the plan and the
+    artifact together (reported apart: the artifact is in the compile-cache key, so it
+    compiles once more), so that every launch of the daemon phases reads warm caches."""
+    ensure_big(run)
+    shutil.rmtree(_cache(run), ignore_errors=True)
+    _ref_path(run).unlink(missing_ok=True)
+    for label, (plan, art) in (("cold", CONFIGS["neither"]), ("both-writing", CONFIGS["both"])):
+        if not run.dry and run.left() < NEED_S[0]:
+            run.emit("cachesprep", "failed_start", config=label, left_s=round(run.left()),
+                     detail="not enough time left in this call: give cachesprep a bigger budget")
+            return
+        rec = plain_start(run, "cachesprep", label, 0, plan, art, 30)
+        if not rec.get("launch_to_ready_s"):
+            run.emit("cachesprep", "failed_start", config=label, i=0)
+            return
+        if label == "cold":
+            _save_ref(run, cold_s=float(rec["launch_to_ready_s"]))
+            run.emit("cachesprep", "cold_reference", cold_s=rec["launch_to_ready_s"],
+                     cache_mib=du_mib(_cache(run)))
+        _keep_greedy(run, label, rec)
+    greedy_check(run, "cachesprep")
 
 
 def cacheson(run: Run) -> None:

@@ -1,0 +1,337 @@
+"""The spare engine's track and the failover (core/failover.py, core/spare.py, issue 34
+points 2-4) as tables and walks: its table is closed and every rung reached; the first start
+builds the spare before the full engine; every restart that leaves the GPU usable wakes it
+before the record, routes to it once it is proven awake and back at the full engine's READY;
+a stop is honoured on every rung and always stops the spare; hypothesis walks the whole core
+with the spare on and a world whose spare answers, fails, dies or never answers."""
+
+from __future__ import annotations
+
+import dataclasses
+import functools
+
+import pytest
+from hypothesis import HealthCheck, settings
+from hypothesis import strategies as st
+from hypothesis.stateful import invariant, precondition, rule
+
+from tests.core.test_core_properties import STOP_BOUND, CoreMachine, check_one_way_out, run_to_exit
+from vllmwatch.core import failover, machine
+from vllmwatch.core.events import (
+    Action,
+    ChildExited,
+    Event,
+    Log,
+    RecordIncident,
+    ReloadRequested,
+    Spawn,
+    StopRequested,
+)
+from vllmwatch.core.failover import (
+    BOUND,
+    TABLE,
+    BuildSpare,
+    Route,
+    SleepSpare,
+    SpareBuilt,
+    SpareExited,
+    SpareSlept,
+    SpareWoken,
+    StopSpare,
+    WakeSpare,
+)
+from vllmwatch.core.failover import Rung as R
+from vllmwatch.core.names import Reason
+from vllmwatch.core.restart import Phase
+from vllmwatch.core.state import FINAL, S, WatchState
+
+SPARE_ACTIONS = (BuildSpare, WakeSpare, SleepSpare)
+
+
+class SpareWorld(CoreMachine):
+    """The core's world with the spare on: BuildSpare, WakeSpare and SleepSpare are out
+    until answered; `seen` keeps the last state on each rung of both tracks."""
+
+    def __init__(self, retries: int = 2) -> None:
+        self.retries = retries
+        self.spare_pid = 5000
+        self.seen: dict[object, tuple[WatchState, float]] = {}
+        self.spare_out: list[object] = []  # the spare's actions not yet answered
+        super().__init__()
+
+    def _step(self, ev: Event) -> None:
+        if self.s.spare is None:  # the shell's plan said on: set before the first step
+            self.s = dataclasses.replace(self.s, spare=failover.new(True, "test", self.retries))
+        queue = [ev]
+        while queue and not self.exited:
+            self.s, acts = machine.step(self.s, queue.pop(0), self.now)
+            if self.s.spare is not None:
+                self.seen[self.s.spare.rung] = (self.s, self.now)
+            self.seen[self.s.restart.phase] = (self.s, self.now)
+            self.history += acts
+            self.answers = []
+            for a in acts:
+                self._effect(a)
+            queue = self.answers + queue
+
+    def _effect(self, a: Action) -> None:
+        if isinstance(a, SPARE_ACTIONS):
+            self.spare_out.append(a)
+            return
+        super()._effect(a)
+
+    def spare_answers(self, kind: type, ev: Event) -> None:
+        i = next(i for i, a in enumerate(self.spare_out) if isinstance(a, kind))
+        self.spare_out.pop(i)
+        self._step(ev)
+
+    def kind_spare(self, a: object) -> Event:
+        if isinstance(a, BuildSpare):
+            self.spare_pid += 1
+            return SpareBuilt(True, "", self.spare_pid, 27202.0, 1932.0)
+        if isinstance(a, WakeSpare):
+            return SpareWoken(True, "", 0.7)
+        return SpareSlept(True, "", 0.36)
+
+    @precondition(lambda self: bool(self.outstanding or self.spare_out))
+    @rule(turns=st.integers(1, 6))
+    def world_is_kind(self, turns: int) -> None:
+        for _ in range(turns):
+            spare, self.spare_out = self.spare_out, []
+            for a in spare:
+                self._step(self.kind_spare(a))
+            super().world_is_kind(1)
+
+    # ---- the hypothesis rules the spare adds ----
+
+    @precondition(lambda self: bool(self.spare_out))
+    @rule(how=st.sampled_from(["ok", "fail", "no_room", "lost"]))
+    def spare_answers_one(self, how: str) -> None:
+        a = self.spare_out.pop(0)
+        if how == "ok":
+            self._step(self.kind_spare(a))
+        elif how == "fail":
+            self._step({BuildSpare: SpareBuilt(False, "boom"), WakeSpare: SpareWoken(
+                False, "boom"), SleepSpare: SpareSlept(False, "boom")}[type(a)])
+        elif how == "no_room" and isinstance(a, WakeSpare):
+            self._step(SpareWoken(False, "no room", no_room=True))
+
+    @precondition(lambda self: self.s.spare is not None and self.s.spare.pid is not None)
+    @rule()
+    def spare_dies(self) -> None:
+        assert self.s.spare is not None and self.s.spare.pid is not None
+        self._step(SpareExited(self.s.spare.pid, "SIGKILL"))
+
+    @invariant()
+    def the_spare_is_stopped_on_the_way_out(self) -> None:
+        if not self.exited:
+            return
+        builds = [i for i, a in enumerate(self.history) if isinstance(a, BuildSpare)]
+        stops = [i for i, a in enumerate(self.history) if isinstance(a, StopSpare)]
+        assert not builds or (stops and stops[-1] > builds[-1]), "the spare outlived the exit"
+
+    @invariant()
+    def the_spare_rung_is_in_its_table(self) -> None:
+        t = self.s.spare
+        assert t is not None and t.rung in TABLE
+        if t.rung == R.SERVING:
+            assert self.s.exit_code is None
+
+
+SpareWorld.TestCase.settings = settings(
+    max_examples=80, stateful_step_count=40, deadline=None,
+    suppress_health_check=[HealthCheck.too_slow])
+TestSpareCore = SpareWorld.TestCase
+
+
+# ---- helpers ----
+
+def _ready(m: SpareWorld) -> None:
+    for _ in range(30):
+        if m.s.state == S.READY and m.s.restart.phase == Phase.IDLE and not m.spare_out:
+            return
+        if m.outstanding or m.spare_out:
+            m.world_is_kind(1)
+        else:
+            m.time_passes(5.0)
+    raise AssertionError(f"never READY: {m.s.state} {m.s.restart.phase}")
+
+
+def _pid(m: SpareWorld) -> int:
+    assert m.s.child is not None and m.s.child.pid is not None
+    return m.s.child.pid
+
+
+def _crash(m: SpareWorld) -> int:
+    pid = _pid(m)
+    m.alive.discard(pid)
+    mark = len(m.history)
+    m._step(ChildExited(pid, 1, None))
+    return mark
+
+
+def _logs(acts: list[Action], event: str) -> list[Log]:
+    return [a for a in acts if isinstance(a, Log) and a.event == event]
+
+
+def _index(acts: list[Action], kind: type) -> int:
+    return next(i for i, a in enumerate(acts) if isinstance(a, kind))
+
+
+def _rung(m: SpareWorld) -> R:
+    assert m.s.spare is not None
+    return m.s.spare.rung
+
+
+@functools.cache
+def spare_climb() -> SpareWorld:
+    """Every rung of both tracks: a first start that builds the spare, a failover and the way
+    back, a wake with no room, a failed wake, the spare dying asleep, builds that fail."""
+    m = SpareWorld(retries=2)
+    _ready(m)
+    m.time_passes(3.0)
+    m.world_is_kind(1)
+    _crash(m)  # waking -> serving
+    _ready(m)  # returning -> asleep
+    m.time_passes(70.0)  # the next failure is after a stable run: no backoff
+    _crash(m)
+    m.spare_answers(WakeSpare, SpareWoken(False, "full", no_room=True))  # asleep, late
+    _ready(m)  # woken after the release, then back
+    m.time_passes(70.0)
+    _crash(m)
+    m.spare_answers(WakeSpare, SpareWoken(False, "wake_up 500"))  # down; rebuilt at READY
+    _ready(m)
+    assert m.s.spare is not None and m.s.spare.pid is not None
+    m._step(SpareExited(m.s.spare.pid, "SIGKILL"))  # down, rebuilt at once beside READY
+    m.spare_answers(BuildSpare, SpareBuilt(False, "boom"))
+    m.spare_answers(BuildSpare, SpareBuilt(False, "boom"))  # off: 2 failed builds
+    return m
+
+
+# ---- tables ----
+
+def test_the_spare_table_is_closed_and_every_rung_is_reached() -> None:
+    assert set(TABLE) == set(BOUND) == set(R)
+    assert all(BOUND[r] for r in R)
+    m = spare_climb()
+    assert set(R) <= set(m.seen), set(R) - set(m.seen)
+    assert Phase.SPARE_BUILD in m.seen
+
+
+def test_a_move_outside_the_table_is_a_bug() -> None:
+    t = failover.new(True, "test", 2)
+    with pytest.raises(failover.SpareError, match="off -> serving"):
+        failover.move(t, R.SERVING, 1.0, "never")
+
+
+def test_the_spare_is_built_before_the_full_engine() -> None:
+    m = SpareWorld()
+    _ready(m)
+    build, spawn = _index(m.history, BuildSpare), _index(m.history, Spawn)
+    built = next(i for i, a in enumerate(m.history) if isinstance(a, Log)
+                 and a.event == "spare.ready")
+    assert build < built < spawn
+    assert _rung(m) == R.ASLEEP
+
+
+@pytest.mark.parametrize("reason", [r for r in Reason if r.value in (
+    "crash", "hang", "stall", "gpu_memory", "host_memory", "start_timeout", "manual", "reload",
+    "health", "engine_died")])
+def test_every_restart_that_leaves_the_gpu_usable_fails_over(reason: Reason) -> None:
+    t = dataclasses.replace(failover.new(True, "test", 2), rung=R.ASLEEP)
+    assert failover.fails_over(t, reason)[0]
+    no, why = failover.fails_over(t, Reason.GPU_FAULT)
+    assert not no and "gpu_fault" in why
+
+
+def test_a_crash_wakes_the_spare_before_the_record_and_routes_to_it_then_back() -> None:
+    m = SpareWorld()
+    _ready(m)
+    m.time_passes(3.0)
+    m.world_is_kind(1)
+    mark = _crash(m)
+    acts = m.history[mark:]
+    begin = _logs(acts, "restart.begin")[0]
+    assert "spare wakes" in str(begin.fields["failover"])
+    assert _index(acts, WakeSpare) < _index(acts, RecordIncident)
+    assert not [a for a in acts if isinstance(a, Route)], "routed before proven awake"
+    assert _rung(m) == R.WAKING
+    m.spare_answers(WakeSpare, SpareWoken(True, "", 0.7))
+    acts = m.history[mark:]
+    assert [a.to for a in acts if isinstance(a, Route)] == ["spare"]
+    assert _logs(acts, "failover.served") and _rung(m) == R.SERVING
+    assert failover.degraded(m.s.spare) == "degraded: spare serving"
+    assert failover.who_serves(str(m.s.state), False, m.s.spare) == "spare"
+    _ready(m)
+    acts = m.history[mark:]
+    assert [a.to for a in acts if isinstance(a, Route)] == ["spare", "full"]
+    assert _logs(acts, "failover.returned")
+    assert _rung(m) == R.ASLEEP, "re-armed at the full engine's READY"
+    assert failover.who_serves(str(m.s.state), True, m.s.spare) == "full"
+
+
+def test_no_room_beside_the_dying_tree_wakes_after_the_release() -> None:
+    m = SpareWorld()
+    _ready(m)
+    m.time_passes(3.0)
+    m.world_is_kind(1)
+    mark = _crash(m)
+    m.spare_answers(WakeSpare, SpareWoken(False, "3 GiB free", no_room=True))
+    assert _rung(m) == R.ASLEEP and m.s.spare is not None and m.s.spare.late
+    _ready(m)
+    acts = m.history[mark:]
+    wakes = [i for i, a in enumerate(acts) if isinstance(a, WakeSpare)]
+    released = next(i for i, a in enumerate(acts) if isinstance(a, Log)
+                    and a.event == "gpu.released")
+    assert len(wakes) == 2 and wakes[1] > released
+    assert [a.to for a in acts if isinstance(a, Route)] == ["spare", "full"]
+
+
+def test_a_spare_that_cannot_wake_leaves_the_restart_as_today() -> None:
+    m = SpareWorld()
+    _ready(m)
+    mark = _crash(m)
+    m.spare_answers(WakeSpare, SpareWoken(False, "wake_up answered 500"))
+    assert _logs(m.history[mark:], "failover.failed") and _rung(m) == R.DOWN
+    assert not [a for a in m.history[mark:] if isinstance(a, Route)]
+    _ready(m)  # relaunched as today, and the spare is rebuilt beside it
+    acts = m.history[mark:]
+    assert _index(acts, BuildSpare) > next(i for i, a in enumerate(acts) if isinstance(a, Log)
+                                           and a.event == "child.ready")
+    assert _rung(m) == R.ASLEEP
+
+
+def test_failed_builds_turn_the_spare_off_until_a_reload() -> None:
+    m = spare_climb()
+    t = m.s.spare
+    assert t is not None and t.rung == R.OFF and not t.wanted and "spare.retries" in t.why
+    assert _logs(m.history, "spare.off")
+    m._step(ReloadRequested(m.s.config))
+    assert _rung(m) == R.BUILDING
+
+
+def test_a_gpu_fault_never_fails_over() -> None:
+    t = dataclasses.replace(failover.new(True, "test", 2), rung=R.ASLEEP)
+    assert not failover.fails_over(t, Reason.GPU_FAULT)[0]
+
+
+def test_room_is_decided_on_numbers_and_unknown_says_no() -> None:
+    assert failover.room(30000.0, 27202.0, 1932.0)[0]
+    assert not failover.room(20000.0, 27202.0, 1932.0)[0]
+    assert not failover.room(None, 27202.0, 1932.0)[0]
+    assert not failover.room(30000.0, None, None)[0]
+
+
+def test_a_stop_is_honoured_on_every_rung_and_stops_the_spare() -> None:
+    m = spare_climb()
+    for key, (s, now) in m.seen.items():
+        history: list[Action] = []
+        s2, acts = machine.step(s, StopRequested("SIGTERM"), now)
+        history += acts
+        s2, t = run_to_exit(s2, now, history)
+        assert s2.state in FINAL, f"a stop on {key} did not exit"
+        assert t - now <= STOP_BOUND, f"a stop on {key} took {t - now:.1f}s"
+        assert not [a for a in history if isinstance(a, (Spawn, BuildSpare, WakeSpare))], key
+        assert [a for a in history if isinstance(a, StopSpare)], f"spare left on {key}"
+        assert s2.spare is not None and s2.spare.rung == R.OFF
+        check_one_way_out(history)

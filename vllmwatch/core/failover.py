@@ -1,0 +1,222 @@
+"""Pure: the sleeping spare engine and the failover to it (issue 34 points 2-4); the design
+is in core/restart.py's docstring.
+
+The spare's own track (`Rung`, `TABLE`, `BOUND`) runs beside the restart ladder: it is
+imported, and `WatchState.spare` set, only when the shell's plan turned the spare on, so a
+daemon without it runs none of this. The shell answers each action with exactly one event,
+bounded by the action's own timeout (as the sweep and the prewarm): BuildSpare ->
+SpareBuilt, WakeSpare -> SpareWoken, SleepSpare -> SpareSlept; StopSpare and Route are done
+at once. SpareExited comes when the spare's tree dies unasked.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, replace
+from enum import Enum
+
+from vllmwatch.core.events import Action, Log, SpareAction, SpareEvent
+from vllmwatch.core.names import Reason
+
+BUILD_TIMEOUT = 600.0  # READY on the empty H200 took 63.9 s and the first sleep 15.4 s
+SLEEP_TIMEOUT = 60.0  # the spare's drain (bounded by restart.drain_timeout) and /sleep
+# A GPU fault (exit 6) leaves no GPU to fail over on; the daemon's own exits take the spare
+# down with everything else. Every other restart leaves the GPU usable.
+NO_FAILOVER = frozenset({Reason.GPU_FAULT})
+
+
+class Rung(str, Enum):
+    """Where the spare is."""
+
+    OFF = "off"  # not wanted, or turned off (`Track.why` says why)
+    BUILDING = "building"  # its tree starts, passes its own canary and goes to sleep
+    ASLEEP = "asleep"  # armed: ~2 GiB of GPU, its weights in pinned host memory
+    WAKING = "waking"  # /wake_up sent; proven awake by /is_sleeping false and a canary
+    SERVING = "serving"  # the gate routes to it while the full engine relaunches
+    RETURNING = "returning"  # the full engine is READY: routed back, it drains and sleeps
+    DOWN = "down"  # died or broken: rebuilt once the full engine is READY
+
+    def __str__(self) -> str:
+        return self.value
+
+
+R = Rung
+TABLE: dict[Rung, frozenset[Rung]] = {
+    R.OFF: frozenset({R.BUILDING, R.DOWN}),  # DOWN: a reload turns it back on
+    R.BUILDING: frozenset({R.ASLEEP, R.BUILDING, R.DOWN, R.OFF}),
+    R.ASLEEP: frozenset({R.WAKING, R.DOWN, R.OFF}),
+    # ASLEEP: no room beside the dying tree (woken after its release); RETURNING: awake
+    # after the full engine was READY again
+    R.WAKING: frozenset({R.SERVING, R.ASLEEP, R.RETURNING, R.DOWN, R.OFF}),
+    R.SERVING: frozenset({R.RETURNING, R.DOWN, R.OFF}),
+    R.RETURNING: frozenset({R.ASLEEP, R.DOWN, R.OFF}),
+    R.DOWN: frozenset({R.BUILDING, R.OFF}),
+}
+# How long a rung lasts: "answer" the shell owes one event, bounded by the action's timeout;
+# "ladder" SERVING ends at the full engine's READY or the daemon's exit, both bounded by the
+# restart ladder's own rungs; "rest" a resting rung (nothing is waited on).
+BOUND: dict[Rung, str] = {
+    R.OFF: "rest", R.BUILDING: "answer", R.ASLEEP: "rest", R.WAKING: "answer",
+    R.SERVING: "ladder", R.RETURNING: "answer", R.DOWN: "rest",
+}
+
+
+class SpareError(RuntimeError):
+    """A bug: a move the spare's table does not allow."""
+
+
+# ---- actions (the shell does them) and events (the shell saw them) ----
+
+@dataclass(frozen=True)
+class BuildSpare(SpareAction):
+    """Start the spare's tree (own group, VLLMWATCH::spare, its Unix socket), wait for its
+    canary, sleep it (level 1); answer SpareBuilt within `timeout`."""
+
+    timeout: float
+
+
+@dataclass(frozen=True)
+class WakeSpare(SpareAction):
+    """Wake the spare when NVML shows room for it (else answer no_room), then prove it awake
+    (/is_sleeping false and a canary); answer SpareWoken within `timeout`."""
+
+    timeout: float
+
+
+@dataclass(frozen=True)
+class SleepSpare(SpareAction):
+    """Let the spare finish what it serves (at most `drain`), then /sleep?level=1; answer
+    SpareSlept within `timeout`."""
+
+    drain: float
+    timeout: float
+
+
+@dataclass(frozen=True)
+class StopSpare(SpareAction):
+    """Take the spare's whole group down now (SIGTERM, then SIGKILL) and sweep it."""
+
+    why: str
+
+
+@dataclass(frozen=True)
+class Route(SpareAction):
+    """Where the gate sends new and held requests: "full" or "spare"."""
+
+    to: str
+
+
+@dataclass(frozen=True)
+class SpareBuilt(SpareEvent):
+    ok: bool
+    detail: str = ""
+    pid: int | None = None
+    awake_mib: float | None = None  # its GPU figure awake (READY, before the sleep)
+    asleep_mib: float | None = None  # ... and asleep
+
+
+@dataclass(frozen=True)
+class SpareWoken(SpareEvent):
+    ok: bool
+    detail: str = ""
+    seconds: float = 0.0  # from the wake call to the canary's answer
+    no_room: bool = False  # NVML shows no room beside the dying tree: nothing was asked
+
+
+@dataclass(frozen=True)
+class SpareSlept(SpareEvent):
+    ok: bool
+    detail: str = ""
+    seconds: float = 0.0
+
+
+@dataclass(frozen=True)
+class SpareExited(SpareEvent):
+    pid: int
+    detail: str = ""
+
+
+SPARE_EVENTS = (SpareBuilt, SpareWoken, SpareSlept, SpareExited)
+
+
+@dataclass(frozen=True)
+class Track:
+    """The spare as the core knows it. `why`: why it is on or off (the plan's words, or what
+    turned it off); `late`: the wake waits for the old tree's release."""
+
+    why: str
+    retries: int
+    rung: Rung = R.OFF
+    since: float = 0.0
+    wanted: bool = True
+    failed_builds: int = 0  # in a row; `retries` of them turn it off until the next reload
+    pid: int | None = None
+    awake_mib: float | None = None
+    asleep_mib: float | None = None
+    late: bool = False
+    began: float | None = None  # restart.begin of the failover under way
+    served_at: float | None = None
+    failovers: int = 0
+    last_seconds: float | None = None  # restart.begin -> the spare serves, last failover
+
+
+def new(wanted: bool, why: str, retries: int) -> Track:
+    """The track at the daemon's start: `wanted` from the shell's plan (SparePlan)."""
+    return Track(why=why, retries=max(1, retries), wanted=wanted)
+
+
+def move(t: Track, to: Rung, now: float, why: str) -> tuple[Track, list[Action]]:
+    """The one place that moves the spare: validates against TABLE and logs `spare.state`."""
+    if to not in TABLE[t.rung]:
+        raise SpareError(f"{t.rung} -> {to} is not allowed ({why})")
+    log = Log("info", "spare.state", {"from": str(t.rung), "to": str(to), "why": why,
+                                      "after_s": round(now - t.since, 3)})
+    return replace(t, rung=to, since=now), [log]
+
+
+def fails_over(t: Track, reason: Reason) -> tuple[bool, str]:
+    """Whether a restart for `reason` wakes the spare, and the words restart.begin says."""
+    if reason in NO_FAILOVER:
+        return False, f"none: a {reason} leaves no usable GPU"
+    if t.rung == R.ASLEEP:
+        return True, "the spare wakes and serves until the full engine is READY"
+    if t.rung in (R.SERVING, R.WAKING):
+        return False, "the spare serves already"
+    if t.rung == R.OFF:
+        return False, f"none: the spare is off ({t.why})"
+    return False, f"none: the spare is {t.rung}"
+
+
+def room(free_mib: float | None, awake_mib: float | None, asleep_mib: float | None,
+         margin_mib: float = 512.0) -> tuple[bool, str]:
+    """Whether waking the spare now cannot run the GPU out of memory: what it adds awake
+    (awake - asleep, measured at its build) fits in NVML's free memory with a margin.
+    Unknown figures say no: a wake that may OOM the spare is never tried."""
+    if free_mib is None or awake_mib is None:
+        return False, "the spare's footprint or the GPU's free memory is unknown"
+    need = awake_mib - (asleep_mib or 0.0) + margin_mib
+    if free_mib >= need:
+        return True, f"{free_mib:.0f} MiB free, the spare needs {need:.0f} MiB awake"
+    return False, (f"{free_mib:.0f} MiB free beside the old tree, the spare needs "
+                   f"{need:.0f} MiB awake")
+
+
+def who_serves(state: str, restart_idle: bool, t: Track | None) -> str:
+    """Who answers the gate's requests now: "spare", "full" or "nobody"."""
+    if t is not None and t.rung == R.SERVING:
+        return "spare"
+    return "full" if state == "ready" and restart_idle else "nobody"
+
+
+def degraded(t: Track | None) -> str:
+    """The STATUS= words while the spare serves ("" otherwise)."""
+    return "degraded: spare serving" if t is not None and t.rung == R.SERVING else ""
+
+
+def fields(t: Track, now: float) -> dict[str, object]:
+    """The failover's seconds so far, for the failover.* events and the incident record."""
+    out: dict[str, object] = {"failovers": t.failovers}
+    if t.began is not None:
+        out["since_restart_begin_s"] = round(now - t.began, 3)
+    if t.served_at is not None:
+        out["served_s"] = round(now - t.served_at, 3)
+    return out

@@ -1,0 +1,107 @@
+"""Pure: the smoke checks before READY=1 (issue 38.2): when each runs and what its answer means.
+
+After the canary (and the warm-up) passed, the checks of this start run one after the other,
+each exactly once (ChildRun.smoke counts them): no check runs twice in one start, whatever
+/health says meanwhile. All passed, or failed with `required = false`: READY. A failed
+required check holds READY: nothing more is sent, and at startup.timeout the start fails
+with the check's name and the answer's first bytes (machine._deadline reads `held`).
+
+The canary stays the liveness probe: it runs all the time READY lasts, and a smoke check
+never runs after READY. Imported only when a start has checks (serving.checks_then_ready):
+the daemon's import count at the defaults.
+"""
+
+from __future__ import annotations
+
+from dataclasses import replace
+from typing import TYPE_CHECKING, Any
+
+from vllmwatch.core.events import Action, Log, Smoke, SmokeResult
+from vllmwatch.core.state import S, SmokeOutcome, SmokeRun, WatchState
+
+if TYPE_CHECKING:
+    from vllmwatch.config.sections import Config
+    from vllmwatch.config.smoke import SmokeCheck
+
+ANSWER_BYTES = 300  # of a failed check's answer, in the log, the record and /status
+# (state, actions, whether READY may come now): the caller (serving, machine) makes it READY,
+# so that this module never imports them back.
+Step = tuple[WatchState, list[Action], bool]
+
+
+def checks(config: Config) -> tuple[SmokeCheck, ...]:
+    """The checks a start runs before READY: the config's [[smoke]] tables."""
+    return config.smoke
+
+
+def begin(s: WatchState, acts: list[Action]) -> Step:
+    """The canary passed: send the first check (READY at once when there is none)."""
+    todo = checks(s.config)
+    if not todo:
+        return s, acts, True
+    s = replace(s, child=replace(s.run, smoke=SmokeRun(todo)))
+    return s, [*acts, _send(s, 0)], False
+
+
+def _send(s: WatchState, index: int) -> Smoke:
+    c = s.run
+    assert c.smoke is not None
+    check = c.smoke.checks[index]
+    timeout = check.timeout if check.timeout is not None else s.config.probe.canary_timeout
+    return Smoke(index, check, c.gen, c.vllm.host, c.vllm.port,
+                 check.model or c.vllm.model_name, timeout)
+
+
+def landed(s: WatchState, ev: SmokeResult) -> Step:
+    """A check's answer: the next check, READY, or READY held."""
+    c = s.child
+    run = c.smoke if c is not None else None
+    if c is None or run is None or ev.gen != c.gen or s.state != S.STARTING \
+            or ev.index != run.next:
+        return s, [], False  # about another start, or this start is over
+    check = run.checks[ev.index]
+    out = SmokeOutcome(check.name, check.endpoint, check.model or c.vllm.model_name, ev.ok,
+                       check.required, round(ev.seconds, 3), ev.error,
+                       ev.answer[:ANSWER_BYTES])
+    run = replace(run, outcomes=(*run.outcomes, out))
+    fields = {"check": check.name, "endpoint": check.endpoint, "path": check.path,
+              "model": out.model, "seconds": out.seconds, "required": check.required}
+    if ev.ok:
+        acts: list[Action] = [Log("info", "smoke.passed", fields)]
+    elif check.required:
+        run = replace(run, held=f"smoke check {check.name!r} ({check.endpoint}, "
+                                f"{check.path}) failed: {ev.error}; answer: "
+                                f"{out.answer or '(none)'}")
+        acts = [Log("error", "smoke.failed", {
+            **fields, "error": ev.error, "answer": out.answer,
+            "detail": "READY is held; the start fails at startup.timeout "
+                      f"({s.config.startup.timeout:g}s) with this check's name"})]
+    else:
+        acts = [Log("warning", "smoke.failed", {
+            **fields, "error": ev.error, "answer": out.answer,
+            "detail": "required = false: reported, READY is not held"})]
+    s = replace(s, child=replace(c, smoke=run))
+    if run.held:
+        return s, acts, False
+    if run.next is not None:
+        return s, [*acts, _send(s, run.next)], False
+    return s, acts, True
+
+
+def view(run: SmokeRun | None) -> list[dict[str, Any]]:
+    """The checks of a start as /status shows them: every check, answered or not."""
+    if run is None:
+        return []
+    out: list[dict[str, Any]] = []
+    for i, check in enumerate(run.checks):
+        if i < len(run.outcomes):
+            o = run.outcomes[i]
+            out.append({"name": o.name, "endpoint": o.endpoint, "model": o.model,
+                        "required": o.required, "result": "passed" if o.ok else "failed",
+                        "seconds": o.seconds, "error": o.error, "answer": o.answer})
+        else:
+            pending = "sending" if i == run.next else "not run"
+            out.append({"name": check.name, "endpoint": check.endpoint,
+                        "model": check.model, "required": check.required,
+                        "result": pending})
+    return out

@@ -1,0 +1,245 @@
+"""Pure: the spare's moves as the daemon meets them (issue 34 points 2-4); its track, actions
+and events are core/failover.py, the design is in core/restart.py's docstring.
+
+core/ladder.py calls these, and imports this module only when `WatchState.spare` is set (the
+shell's plan turned the spare on). Nothing here launches the full engine: a function whose
+answer may start it returns `launch` and the ladder spawns.
+"""
+
+from __future__ import annotations
+
+from dataclasses import replace
+
+from vllmwatch.core.events import Action, Event, Log
+from vllmwatch.core.failover import (
+    BUILD_TIMEOUT,
+    SLEEP_TIMEOUT,
+    BuildSpare,
+    Route,
+    SleepSpare,
+    SpareBuilt,
+    SpareExited,
+    SpareSlept,
+    SpareWoken,
+    StopSpare,
+    Track,
+    WakeSpare,
+    fails_over,
+    fields,
+    move,
+)
+from vllmwatch.core.failover import Rung as R
+from vllmwatch.core.names import Reason
+from vllmwatch.core.restart import Phase, on
+from vllmwatch.core.restart import goto as rung
+from vllmwatch.core.state import Result, S, WatchState, goto
+
+Moved = tuple[WatchState, list[Action], bool]  # ..., whether the full engine launches now
+
+
+def _t(s: WatchState) -> Track:
+    assert s.spare is not None, "no spare track"
+    return s.spare
+
+
+def _set(s: WatchState, t: Track, acts: list[Action]) -> Result:
+    return replace(s, spare=t), acts
+
+
+def _full_ready(s: WatchState) -> bool:
+    return s.state == S.READY and on(s, Phase.IDLE) and s.exit_code is None
+
+
+def build_first(s: WatchState, now: float) -> Result | None:
+    """Before the first launch: the spare is built on the empty GPU, reaches its canary and
+    sleeps; the full engine starts after it (SpareBuilt). None: not wanted here."""
+    t = s.spare
+    if t is None or not t.wanted or t.rung != R.OFF or s.gen > 0 or s.exit_code is not None:
+        return None
+    acts: list[Action] = []
+    if s.state != S.PREWARMING:
+        s, acts = goto(s, S.PREWARMING, now, "build the spare before the first launch")
+    s, more = rung(s, Phase.SPARE_BUILD, now, "the spare is built first on the empty GPU")
+    t, logs = move(t, R.BUILDING, now, "first start")
+    return _set(s, t, [*acts, *more, *logs, BuildSpare(BUILD_TIMEOUT)])
+
+
+def restart_begins(s: WatchState, now: float, reason: Reason) -> tuple[WatchState, list[Action],
+                                                                        str]:
+    """A restart begins: wake the spare at once (before the record and the take-down) when
+    it is armed and the GPU stays usable. The text is restart.begin's `failover` field."""
+    t = _t(s)
+    yes, words = fails_over(t, reason)
+    if not yes:
+        return s, [], words
+    t, acts = move(replace(t, began=now, late=False), R.WAKING, now, f"restart: {reason}")
+    acts += [Log("warning", "failover.begin", {"reason": str(reason)}),
+             WakeSpare(s.config.spare.wake_timeout)]
+    s, acts = _set(s, t, acts)
+    return s, acts, words
+
+
+def released(s: WatchState, now: float) -> Result:
+    """The old tree's GPU memory is back: a wake that found no room beside it goes now."""
+    t = _t(s)
+    if not t.late or t.rung != R.ASLEEP or s.exit_code is not None:
+        return s, []
+    t, acts = move(t, R.WAKING, now, "the old tree's GPU memory is released")
+    return _set(s, t, [*acts, WakeSpare(s.config.spare.wake_timeout)])
+
+
+def full_ready(s: WatchState, now: float) -> Result:
+    """The full engine is READY: route back and re-arm the spare, or rebuild a dead one."""
+    t = _t(s)
+    if t.rung == R.SERVING:
+        acts: list[Action] = [Route("full"), Log("info", "failover.returned", fields(t, now))]
+        t, more = move(replace(t, began=None, served_at=None, late=False), R.RETURNING, now,
+                       "the full engine is READY")
+        drain = s.config.restart.drain_timeout
+        return _set(s, t, [*acts, *more, SleepSpare(drain, SLEEP_TIMEOUT + drain)])
+    if t.rung == R.DOWN and t.wanted:
+        return _rebuild(s, t, now, "rebuilt beside the serving engine")
+    if t.rung == R.ASLEEP and t.late:  # the wake never found room: the failover is over
+        return _set(s, replace(t, late=False, began=None), [])
+    return s, []
+
+
+def halted(s: WatchState, now: float) -> Result:
+    """vllmwatch is leaving: the spare's tree goes down with the rest, from any rung."""
+    t = _t(s)
+    if t.rung == R.OFF:
+        return s, [StopSpare("vllmwatch is stopping")]  # a build answer may be out
+    t, acts = move(t, R.OFF, now, "vllmwatch is stopping")
+    return _set(s, replace(t, why="vllmwatch is stopping"), [*acts, StopSpare(
+        "vllmwatch is stopping")])
+
+
+def reloaded(s: WatchState, now: float) -> Result:
+    """A reload turns back on a spare that `spare.retries` failed builds turned off."""
+    t = _t(s)
+    if t.wanted or t.rung != R.OFF or s.exit_code is not None:
+        return s, []
+    t, acts = move(replace(t, wanted=True, failed_builds=0), R.DOWN, now, "config reloaded")
+    if _full_ready(s):
+        return _rebuild(s, t, now, "config reloaded")
+    return _set(s, t, acts)
+
+
+def _rebuild(s: WatchState, t: Track, now: float, why: str) -> Result:
+    t, acts = move(replace(t, pid=None), R.BUILDING, now, why)
+    return _set(s, t, [*acts, BuildSpare(BUILD_TIMEOUT)])
+
+
+def _down(s: WatchState, t: Track, now: float, why: str) -> Result:
+    """Dead or broken: its tree goes, and it is rebuilt at once beside a READY engine (it
+    fits by construction), else at the full engine's READY."""
+    t, acts = move(replace(t, pid=None), R.DOWN, now, why)
+    acts.append(StopSpare(why))
+    if _full_ready(s) and t.wanted:
+        s, more = _rebuild(s, t, now, "rebuilt beside the serving engine")
+        return s, acts + more
+    return _set(s, t, acts)
+
+
+def event(s: WatchState, ev: Event, now: float) -> Moved:
+    """One of the spare's events (failover.SPARE_EVENTS)."""
+    if isinstance(ev, SpareBuilt):
+        return _built(s, ev, now)
+    if isinstance(ev, SpareWoken):
+        return (*_woken(s, ev, now), False)
+    if isinstance(ev, SpareSlept):
+        return (*_slept(s, ev, now), False)
+    if isinstance(ev, SpareExited):
+        return (*_exited(s, ev, now), False)
+    return s, [], False
+
+
+def _built(s: WatchState, ev: SpareBuilt, now: float) -> Moved:
+    t = _t(s)
+    first = on(s, Phase.SPARE_BUILD)
+    if t.rung != R.BUILDING:  # stopped while it was built: nothing of it may stay
+        return s, [StopSpare("built after it was given up")] if ev.ok else [], False
+    if ev.ok:
+        t = replace(t, failed_builds=0, pid=ev.pid, awake_mib=ev.awake_mib,
+                    asleep_mib=ev.asleep_mib)
+        t, acts = move(t, R.ASLEEP, now, "built, passed its canary, asleep")
+        acts.append(Log("info", "spare.ready", {
+            "pid": ev.pid, "awake_mib": ev.awake_mib, "asleep_mib": ev.asleep_mib}))
+        s, acts = _set(s, t, acts)
+        return s, acts, first
+    t = replace(t, failed_builds=t.failed_builds + 1, pid=None)
+    acts = [StopSpare("its build failed"), Log("warning", "spare.build_failed", {
+        "detail": ev.detail, "failed_builds": t.failed_builds, "retries": t.retries})]
+    if t.failed_builds >= t.retries:
+        why = f"{t.failed_builds} failed builds (spare.retries): off until the next reload"
+        t, more = move(replace(t, wanted=False, why=why), R.OFF, now, why)
+        acts += [*more, Log("warning", "spare.off", {
+            "why": why, "last_error": ev.detail,
+            "hint": "read the spare's lines above, fix the cause, then reload (SIGHUP)"})]
+        s, acts = _set(s, t, acts)
+        return s, acts, first
+    if first or _full_ready(s):  # another try at once: on the empty GPU, or beside READY
+        s, more = _rebuild(s, t, now, f"build {t.failed_builds + 1} of {t.retries}")
+        return s, acts + more, False
+    t, more = move(t, R.DOWN, now, "its build failed: another try at the next READY")
+    s, acts = _set(s, t, acts + more)
+    return s, acts, False
+
+
+def _woken(s: WatchState, ev: SpareWoken, now: float) -> Result:
+    t = _t(s)
+    if t.rung != R.WAKING:
+        return s, []
+    if ev.ok and _full_ready(s):  # the full engine came back first: straight back to sleep
+        t, acts = move(t, R.RETURNING, now, "awake after the full engine was READY")
+        drain = s.config.restart.drain_timeout
+        return _set(s, replace(t, began=None), [*acts, SleepSpare(drain, SLEEP_TIMEOUT)])
+    if ev.ok:
+        took = now - t.began if t.began is not None else 0.0
+        t = replace(t, served_at=now, failovers=t.failovers + 1, last_seconds=round(took, 3))
+        t, acts = move(t, R.SERVING, now, "awake: /is_sleeping false and its canary passed")
+        acts += [Route("spare"), Log("warning", "failover.served", {
+            "seconds": round(took, 3), "wake_s": round(ev.seconds, 3), **fields(t, now)})]
+        return _set(s, t, acts)
+    if ev.no_room and not t.late and not _full_ready(s):
+        after = s.restart.phase in (Phase.PREWARMING, Phase.BACKOFF, Phase.LAUNCHING)
+        t, acts = move(replace(t, late=True), R.ASLEEP, now, "no room beside the old tree")
+        acts.append(Log("info", "failover.deferred", {
+            "detail": ev.detail, "then": "wakes right after the old tree's GPU release"}))
+        if after:  # that release is already behind us
+            s, more = released(replace(s, spare=t), now)
+            return s, acts + more
+        return _set(s, t, acts)
+    log = Log("warning", "failover.failed", {
+        "detail": ev.detail, "then": "the restart proceeds without the spare"})
+    if ev.no_room:  # it is still asleep and healthy: armed for the next restart
+        t, acts = move(replace(t, late=False, began=None), R.ASLEEP, now, "no room")
+        return _set(s, t, [*acts, log])
+    s, acts = _down(s, replace(t, began=None, late=False), now, f"wake failed: {ev.detail}")
+    return s, [log, *acts]
+
+
+def _slept(s: WatchState, ev: SpareSlept, now: float) -> Result:
+    t = _t(s)
+    if t.rung != R.RETURNING:
+        return s, []
+    if ev.ok:
+        t, acts = move(t, R.ASLEEP, now, "re-armed")
+        return _set(s, t, [*acts, Log("info", "spare.rearmed", {"seconds": round(ev.seconds,
+                                                                                     3)})])
+    return _down(s, t, now, f"could not sleep again: {ev.detail}")
+
+
+def _exited(s: WatchState, ev: SpareExited, now: float) -> Result:
+    t = _t(s)
+    if t.pid is None or ev.pid != t.pid or t.rung in (R.OFF, R.DOWN, R.BUILDING):
+        return s, []
+    acts: list[Action] = []
+    if t.rung == R.SERVING:
+        acts = [Route("full"), Log("error", "spare.died_serving", {
+            "detail": ev.detail, "then": "nobody serves until the full engine is READY"})]
+    else:
+        acts = [Log("warning", "spare.died", {"rung": str(t.rung), "detail": ev.detail})]
+    s, more = _down(s, replace(t, began=None, served_at=None, late=False), now,
+                    f"died: {ev.detail}")
+    return s, acts + more
