@@ -97,17 +97,17 @@ def test_bad_entries_name_file_key_value_and_what_is_accepted(tmp_path: Path) ->
         {"name": "dup", "path": good},
         {"name": "dup", "path": good},
     ])
-    assert "has space" in problems["adapters[0].name"] and "no spaces" in \
-        problems["adapters[0].name"]
-    assert "base model" in problems["adapters[1].name"]
-    assert "absolute path" in problems["adapters[2].path"]
-    assert "adapter_config.json" in problems["adapters[3].path"] and "not found" in \
-        problems["adapters[3].path"]
-    assert "not JSON" in problems["adapters[4].path"]
-    assert '"r"' in problems["adapters[5].path"]
-    assert "true or false" in problems["adapters[6].required"]
-    assert "unknown key" in problems["adapters[6].rank"]
-    assert "unique" in problems["adapters[8].name"]
+    assert "has space" in problems["adapters[1].name"] and "no spaces" in \
+        problems["adapters[1].name"]
+    assert "base model" in problems["adapters[2].name"]
+    assert "absolute path" in problems["adapters[3].path"]
+    assert "adapter_config.json" in problems["adapters[4].path"] and "not found" in \
+        problems["adapters[4].path"]
+    assert "not JSON" in problems["adapters[5].path"]
+    assert '"r"' in problems["adapters[6].path"]
+    assert "true or false" in problems["adapters[7].required"]
+    assert "unknown key" in problems["adapters[7].rank"]
+    assert "unique" in problems["adapters[9].name"]
 
 
 def test_not_an_array_too_many_and_ranks_beyond_vllm(tmp_path: Path) -> None:
@@ -116,7 +116,7 @@ def test_not_an_array_too_many_and_ranks_beyond_vllm(tmp_path: Path) -> None:
     many = [{"name": f"a{i}", "path": good} for i in range(adapters.MAX_ADAPTERS + 1)]
     assert "at most 64" in refused(many)["adapters"]
     huge = adapter_dir(tmp_path, "huge", r=1024)
-    assert "up to 512" in refused([{"name": "h", "path": huge}])["adapters[0].path"]
+    assert "up to 512" in refused([{"name": "h", "path": huge}])["adapters[1].path"]
     wide = adapter_dir(tmp_path, "wide", r=32)
     p = refused([{"name": "w", "path": wide}], {"max_lora_rank": 16})
     assert "rank 32, above 16" in p["lora.max_lora_rank"]
@@ -129,11 +129,11 @@ def test_the_adapter_config_is_read_with_a_byte_cap(tmp_path: Path) -> None:
     big = tmp_path / "big"
     big.mkdir()
     (big / "adapter_config.json").write_text('{"r": 8, "pad": "' + "x" * 70000 + '"}')
-    assert "big" in refused([{"name": "b", "path": str(big)}])["adapters[0].path"]
+    assert "big" in refused([{"name": "b", "path": str(big)}])["adapters[1].path"]
     fifo = tmp_path / "fifo"
     fifo.mkdir()
     os.mkfifo(fifo / "adapter_config.json")
-    assert "FIFO" in refused([{"name": "f", "path": str(fifo)}])["adapters[0].path"]
+    assert "FIFO" in refused([{"name": "f", "path": str(fifo)}])["adapters[1].path"]
 
 
 @pytest.mark.parametrize("where", ["args", "extra"])
@@ -162,8 +162,8 @@ def test_a_file_error_names_the_line_of_the_adapter(tmp_path: Path) -> None:
                     '[[adapters]]\nname = "b"\npath = "/nope"\n\n[lora]\nlive = true\n')
     with pytest.raises(ConfigError) as err:
         load(str(path))
-    assert err.value.problems[0].line == 10 and err.value.key == "adapters[1].path"
-    assert str(err.value).startswith(f"{path}:10: adapters[1].path: ")
+    assert err.value.problems[0].line == 10 and err.value.key == "adapters[2].path"
+    assert str(err.value).startswith(f"{path}:10: adapters[2].path: ")
     with pytest.raises(ConfigError) as err:
         from_dict({"vllm": {"model": "/m"}, "adapter": []})
     assert "did you mean adapters?" in str(err.value)

@@ -52,9 +52,9 @@ def parse(value: object, config: Config) -> tuple[tuple[AdapterConfig, ...], lis
     if len(value) > MAX_ADAPTERS:
         problems.append(Problem("adapters", f"{len(value)} adapters; accepted: at most "
                                 f"{MAX_ADAPTERS}"))
-    out: list[AdapterConfig] = []
+    placed: list[tuple[int, AdapterConfig]] = []  # N counts the [[adapters]] from 1
     seen: dict[str, int] = {}
-    for i, table in enumerate(value[:MAX_ADAPTERS]):
+    for i, table in enumerate(value[:MAX_ADAPTERS], 1):
         adapter = _entry(i, table, config, problems)
         if adapter is None:
             continue
@@ -63,8 +63,8 @@ def parse(value: object, config: Config) -> tuple[tuple[AdapterConfig, ...], lis
                                     f"adapters[{seen[adapter.name]}].name; names are unique"))
             continue
         seen[adapter.name] = i
-        out.append(adapter)
-    return tuple(out), problems + _lora_checks(config, out)
+        placed.append((i, adapter))
+    return tuple(a for _, a in placed), problems + _lora_checks(config, placed)
 
 
 def _entry(i: int, table: Mapping[str, object], config: Config,
@@ -179,13 +179,13 @@ def launch_env(config: Config) -> dict[str, str]:
     return {RUNTIME_VARIABLE: "True"} if config.lora.live else {}
 
 
-def _lora_checks(config: Config, adapters: list[AdapterConfig]) -> list[Problem]:
+def _lora_checks(config: Config, placed: list[tuple[int, AdapterConfig]]) -> list[Problem]:
     out: list[Problem] = []
     lora = config.lora
     if lora.max_lora_rank and lora.max_lora_rank not in RANKS:
         out.append(Problem("lora.max_lora_rank", f"bad value {lora.max_lora_rank}; vLLM "
                            f"accepts only {', '.join(map(str, RANKS))}"))
-    for i, a in enumerate(adapters):
+    for i, a in placed:
         limit = lora.max_lora_rank or RANKS[-1]
         if a.rank > limit:
             key = "lora.max_lora_rank" if lora.max_lora_rank else f"adapters[{i}].path"
