@@ -84,6 +84,7 @@ def _run(config: Config, log_format: str | None, env: dict[str, str], log: Switc
                      reaper=reaper.start(env, log))
     if live.gate is not None:
         fx.stop_order = live.gate.stop_order
+        fx.gate_figures = live.gate.figures
 
     def reload() -> Config:  # on a worker thread: reads the file, logs with the old level
         # The same check as `check --config-only`, the units' first ExecReload= (exit CONFIG).

@@ -182,3 +182,22 @@ def test_the_report_shows_control_characters_as_escapes() -> None:
     assert "\\x1b[31mERROR\\x1b[0m engine died\\x0d" in text and "plain line" in text
     assert "thread t\\x1b[2J" in text
     assert "\n" in text  # the page keeps its lines
+
+
+@pytest.mark.parametrize(("figures", "line"), [
+    ({"failed": 3, "replayed": 3, "cut": 1, "in_flight": 4},
+     "gate: 4 requests in flight: 3 replayed, 1 cut"),
+    ({"failed": 2, "not_replayed": 2, "in_flight": 2},
+     "gate: 2 requests in flight: 0 replayed, 0 cut; 2 answered 502 (not replayable)"),
+    ({"failed": 1, "replayed": 1, "answered": 2, "open": 1, "in_flight": 4},
+     "gate: 4 requests in flight: 1 replayed, 0 cut; 2 answered, 1 still open when recorded"),
+])
+def test_the_record_says_what_became_of_the_requests_in_flight(
+        figures: dict[str, int], line: str) -> None:
+    """Issue 35: the gate's figures of the engine that went, in the record and its report."""
+    assert "requests in flight" not in report.render(_record())  # no gate: no line
+    inp = record.Inputs(seq=1, reason="hang", detail="d", exit_code=None, timeout=3.0,
+                        pgid=None, child_pid=None, facts={}, gate=figures)
+    rec = record.build(inp, "20261201T000000Z-hang", 1.0, [], [], {}, Redactor())
+    assert rec["gate"] == figures
+    assert line in report.render(rec).splitlines()

@@ -224,6 +224,27 @@ def test_phase_event_table(phase: Phase, event: Callable[[WatchState, float],
     assert _phases(acts)[0] == (str(phase), str(to)) or to == phase
 
 
+@pytest.mark.parametrize(("reason", "cut"), [
+    ("hang", True), ("stall", True), ("engine_died", False), ("health", False),
+    ("gpu_memory", False), ("manual", False)])
+def test_a_stuck_engines_requests_are_cut_at_the_verdict(reason: str, cut: bool) -> None:
+    """Issue 35: a hang or stall verdict tells the gate at once (StopSending), before the
+    incident record and before any signal; other restarts leave their requests be."""
+    from vllmwatch.core.events import KillEngines, StopSending
+    from vllmwatch.core.ladder import begin_restart
+    from vllmwatch.core.names import Reason
+
+    s, now = _at(P.IDLE)
+    assert s.state == State.READY
+    _s2, acts = begin_restart(s, now, Reason(reason), "the verdict", drain=False)
+    kinds = [type(a) for a in acts]
+    assert (StopSending in kinds) is cut, kinds
+    if cut:
+        first_effect = min(kinds.index(k) for k in (RecordIncident, SignalGroup, KillEngines)
+                           if k in kinds)
+        assert kinds.index(StopSending) < first_effect, kinds
+
+
 def test_the_release_gate_looks_again_soon_then_every_second() -> None:
     """Issue 33: a killed engine's GPU memory comes back within about a second; a gate that
     waited a fixed second after a look that found it held lost most of that second. The next

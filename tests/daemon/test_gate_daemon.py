@@ -141,3 +141,58 @@ def test_no_request_reaches_a_vllm_after_its_stop_order(tmp_path: Path, launch: 
     finally:
         stop.set()
         d.close()
+
+
+def test_a_hung_engines_requests_are_cut_at_the_verdict(tmp_path: Path) -> None:
+    """Issue 35: the fake engine hangs with completions in flight through the gate. At the
+    hang verdict (restart.begin) the gate ends them at once, before the incident record and
+    the kill, and replays them to the relaunched engine: no client fails, and the record says
+    how many were in flight and what became of them. Order of events, never times."""
+    gate_port = free_port()
+    cfg = merge(base_config(free_port(), free_port(), ["--hang-after", "0",
+                                                       "--slow-completion", "1"]), {
+        "gate": {"enabled": True, "listen": f"127.0.0.1:{gate_port}", "hold_timeout": "60s"},
+        "probe": {"canary_timeout": "4s"},  # the canary is slow too: above its 1 s
+    })
+    d = Daemon(tmp_path, cfg, armed=True).start()
+    outcomes: list[str] = []
+    stop = threading.Event()
+
+    def client() -> None:
+        while not stop.is_set():
+            outcomes.append(complete(gate_port))
+
+    clients = [threading.Thread(target=client) for _ in range(4)]
+    try:
+        d.wait_ready(30)
+        for t in clients:
+            t.start()
+        wait_for(lambda: json.loads(d.http_get("/status")[1])["gate"]["in_flight"] >= 2, 20,
+                 "completions in flight at the engine")
+        since, _ = d.arm()  # the engine hangs from now; a relaunched one stays healthy
+        begin = d.wait_event("restart.begin", 60, since, reason="hang")
+        recorded = d.wait_event("incident.recorded", 60, since)
+        stopping = d.wait_event("child.stopping", 60, since)
+        d.wait_ready(30, since=d.events.index(begin))
+        wait_for(more_than(outcomes, 4), 30, "answers from the relaunched engine")
+        stop.set()
+        for t in clients:
+            t.join(60)
+        cut = d.wait_event("gate.cut", 1, since)
+        at = d.events.index
+        assert at(begin) < at(cut) < at(recorded) < at(stopping), (begin, cut, stopping)
+        pid = cut["engine_pid"]
+        replayed = [e for e in d.named("gate.replayed", since) if e["engine_pid"] == pid]
+        assert cut["requests"] >= 1 and len(replayed) == cut["requests"], replayed
+        assert {e["failure"] for e in replayed} == {"engine_stuck"}
+        assert outcomes and set(outcomes) == {"ok"}, sorted(set(outcomes))
+        record = json.loads((Path(recorded["incident_path"]) / "record.json").read_text())
+        gate = record["gate"]
+        assert (gate["in_flight"], gate["replayed"], gate["cut"], gate["open"]) == (
+            cut["requests"], cut["requests"], 0, 0), gate
+        report = (Path(recorded["incident_path"]) / "report.txt").read_text()
+        assert f"gate: {cut['requests']} requests in flight: {cut['requests']} replayed, " \
+               "0 cut" in report
+    finally:
+        stop.set()
+        d.close()

@@ -267,6 +267,15 @@ class KillEngines:
 
 
 @dataclass(frozen=True)
+class StopSending:
+    """The gate (when on) sends nothing more to the child's engine and ends its requests in
+    flight now: vllmwatch declared the engine stuck, so nothing there can finish. Those whose
+    answer had not begun wait for the next engine and are sent once more (issue 35); taken at
+    the verdict, before the incident record (which counts them) and the take-down, instead of
+    leaving them at the stuck engine until it is killed."""
+
+
+@dataclass(frozen=True)
 class Probe:
     """Start a probe in the background: health, canary, warmup or metrics.
 
@@ -373,9 +382,9 @@ class SpareAction:
     """An action for the spare engine: core/failover.py's (imported only when it is on)."""
 
 
-Action = (Log | Notify | DoPrewarm | Spawn | SignalGroup | KillEngines | Probe | SampleMemory
-          | Sweep | CheckRelease | StartOver | RecordIncident | Exit | Smoke | SpareAction
-          | UpdateAdapters)
+Action = (Log | Notify | DoPrewarm | Spawn | SignalGroup | KillEngines | StopSending | Probe
+          | SampleMemory | Sweep | CheckRelease | StartOver | RecordIncident | Exit | Smoke
+          | SpareAction | UpdateAdapters)
 AsyncAction = Probe | SampleMemory | Sweep | CheckRelease | DoPrewarm | RecordIncident | Smoke
 
 

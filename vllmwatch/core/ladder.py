@@ -19,8 +19,9 @@ from vllmwatch.core.events import (
     Log,
     Notify,
     Spawn,
+    StopSending,
 )
-from vllmwatch.core.names import FAILURE_REASONS, ProbeKind, Reason, exit_code
+from vllmwatch.core.names import FAILURE_REASONS, STUCK_REASONS, ProbeKind, Reason, exit_code
 from vllmwatch.core.restart import Phase, ReleaseGate, on, pending
 from vllmwatch.core.restart import begin as begin_rung
 from vllmwatch.core.restart import goto as rung
@@ -133,6 +134,10 @@ def begin_restart(s: WatchState, now: float, reason: Reason, detail: str, drain:
     counts[reason] = counts.get(reason, 0) + 1
     s = replace(begin_rung(s, reason, detail), restarts_by_reason=counts, last_reason=reason,
                 last_detail=detail, last_restart_at=now)
+    # A stuck engine finishes nothing: the gate ends its requests now, at the verdict, not
+    # once the record is written and the engine killed (those not begun are replayed).
+    cut: list[Action] = [StopSending()] if reason in STUCK_REASONS and s.pid is not None \
+        else []
     if failure and policy.crash_loop(s.restart_times, s.config.restart):
         r = s.config.restart
         log = Log("error", "crashloop.gave_up", {
@@ -141,7 +146,7 @@ def begin_restart(s: WatchState, now: float, reason: Reason, detail: str, drain:
             "hint": "vLLM keeps failing; read its last lines above, fix the cause, then "
                     "`systemctl restart vllmwatch`"})
         s, acts = halt(s, now, Reason.CRASHLOOP, f"{reason}: {detail}")
-        return s, [log, *acts]
+        return s, [log, *cut, *acts]
     extra: dict[str, object] = {}
     wake: list[Action] = []
     if s.spare is not None:  # the spare wakes before the record and the take-down
@@ -152,7 +157,7 @@ def begin_restart(s: WatchState, now: float, reason: Reason, detail: str, drain:
         "reason": reason, "detail": detail, "restarts": sum(counts.values()),
         "failures_in_row": s.failures, **extra})
     s, acts = record_then_take_down(s, now, reason, detail, drain)
-    return s, [log, *wake, *acts]
+    return s, [log, *cut, *wake, *acts]
 
 
 def stop_requested(s: WatchState, signal: str, now: float) -> Result:

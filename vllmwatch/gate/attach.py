@@ -22,7 +22,8 @@ def upstream_of(config: Config) -> str:
 
 
 def start_gate(config: Config, log: LogFn, get_snapshot: Callable[[], Snapshot],
-               max_connections: int = MAX_CONNECTIONS) -> Gate | None:
+               max_connections: int = MAX_CONNECTIONS, spare_socket: str | None = None
+               ) -> Gate | None:
     """Start the [gate] front door if enabled; None when off or when it could not start."""
     g = config.gate
     if not g.enabled:
@@ -31,6 +32,8 @@ def start_gate(config: Config, log: LogFn, get_snapshot: Callable[[], Snapshot],
 
     def readiness() -> Readiness:
         snap = get_snapshot()
+        if snap.serving == "spare":  # proven awake (issue 34): new and held requests go
+            return Readiness.OPEN
         return readiness_of(snap.state, snap.ready, snap.draining)
 
     def failed(error: str) -> None:
@@ -39,11 +42,17 @@ def start_gate(config: Config, log: LogFn, get_snapshot: Callable[[], Snapshot],
                  "on vllm.port; restart vllmwatch (systemctl restart vllmwatch)")
 
     def generation() -> int | None:  # the engine the door is open for: the child's pid
-        return get_snapshot().child_pid
+        snap = get_snapshot()
+        if snap.serving == "spare" and snap.spare is not None and snap.spare.get("pid"):
+            return -int(snap.spare["pid"])  # the spare's own generation, never a child's
+        return snap.child_pid
 
     gate = Gate(g.listen, upstream, readiness, g.hold_timeout, g.retry_after, failed, log=log,
                 max_connections=max_connections, generation=generation)
     gate.forwarder.replay, gate.forwarder.replay_max = g.replay, g.replay_max
+    if spare_socket is not None:  # the spare's plan is on: a second upstream
+        gate.forwarder.spare_socket = spare_socket
+        gate.forwarder.to_spare = lambda: get_snapshot().serving == "spare"
     try:
         gate.start()
     except GateError as exc:

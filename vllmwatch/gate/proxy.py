@@ -12,6 +12,7 @@ A connection that vLLM refused (nothing was sent) is tried again after waiting a
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import math
 import re
 from collections.abc import Callable
@@ -25,6 +26,7 @@ from vllmwatch.gate import exchange, replay
 from vllmwatch.gate.door import Door, Readiness
 from vllmwatch.gate.fence import Fence
 from vllmwatch.gate.guard import MAX_BODY, Guard
+from vllmwatch.gate.replay import upstream_target
 
 HOP_BY_HOP = exchange.HOP_BY_HOP
 REFUSED_HOLD = 0.5  # after vLLM refused a connection, hold this long before trying again
@@ -61,8 +63,31 @@ class GateStats:
     too_large: int = 0  # a request body over the cap: 413
     held_full: int = 0  # the bodies held at once would pass their cap: 503
     upstream_timeouts: int = 0  # vLLM's answer not complete within its deadline: 504
+    path_refused: int = 0  # a path not on the client API allow-list (gate/replay.py): 404
     connections: int = 0  # client connections open now
     held_bytes: int = 0  # request bodies in memory now
+
+
+@dataclass
+class GenFigures:
+    """What became of the requests in flight to one engine generation when it failed or was
+    told to stop: the incident record's "N requests in flight: M replayed, K cut". Written on
+    the gate's loop only; handed over as a copy (Gate.figures)."""
+
+    failed: int = 0  # ended with nothing of the answer sent (reset, engine-dead, cut)
+    replayed: int = 0  # ... and sent back to the door for the next engine
+    not_replayed: int = 0  # ... and answered 502 (replay off, not on the list, replay_max)
+    cut: int = 0  # the answer had begun: ended with an error event, or cut
+    answered: int = 0  # answered after the generation's stop order (e.g. within its grace)
+    open: int = 0  # still under way when the figures were read
+
+    @property
+    def in_flight(self) -> int:
+        """Every request that was under way at this generation when it went."""
+        return self.failed + self.cut + self.answered + self.open
+
+
+GENS_KEPT = 16  # generations whose figures are kept (a few per restart)
 
 
 # vLLM's LoRA admin paths (issue 38): with VLLM_ALLOW_RUNTIME_LORA_UPDATING they load and
@@ -101,8 +126,15 @@ class Forwarder:
         self._generation = generation or (lambda: -door.epoch)  # no daemon: the door's epoch
         self._log = log or (lambda *a, **k: None)
         self.live: set[exchange.Exchange] = set()  # exchanges under way, for cut()
+        self.gens: dict[int | None, GenFigures] = {}  # newest GENS_KEPT generations
         self.session: aiohttp.ClientSession | None = None
         self.guard: Guard | None = None  # set by the runner once its server exists
+        # The sleeping spare engine (issue 34): its Unix socket, whether it serves now (the
+        # daemon's snapshot says so only once it is proven awake), and what it has in flight
+        self.spare_socket: str | None = None
+        self.to_spare: Callable[[], bool] = lambda: False
+        self.spare_session: aiohttp.ClientSession | None = None
+        self.spare_in_flight = 0
 
     async def open(self) -> None:
         """Create the client session (on the gate's loop)."""
@@ -110,11 +142,18 @@ class Forwarder:
             connector=aiohttp.TCPConnector(limit=0),  # vLLM queues; we must not
             timeout=aiohttp.ClientTimeout(total=UPSTREAM_TOTAL, connect=5.0),
             auto_decompress=False, trace_configs=[exchange.trace_config()])
+        if self.spare_socket is not None:
+            self.spare_session = aiohttp.ClientSession(
+                connector=aiohttp.UnixConnector(path=self.spare_socket, limit=0),
+                timeout=aiohttp.ClientTimeout(total=UPSTREAM_TOTAL, connect=5.0),
+                auto_decompress=False, trace_configs=[exchange.trace_config()])
 
     async def close(self) -> None:
-        """Close the client session."""
+        """Close the client sessions."""
         if self.session is not None:
             await self.session.close()
+        if self.spare_session is not None:
+            await self.spare_session.close()
 
     def cut(self, gen: int) -> int:
         """vllmwatch declared engine `gen` stuck: end its exchanges now (those not begun are
@@ -127,8 +166,27 @@ class Forwarder:
                 cut += 1
         return cut
 
+    def figures_of(self, gen: int | None) -> GenFigures:
+        """The figures of generation `gen`, made on first use (the oldest is dropped)."""
+        got = self.gens.get(gen)
+        if got is None:
+            got = self.gens[gen] = GenFigures()
+            while len(self.gens) > GENS_KEPT:
+                del self.gens[next(iter(self.gens))]
+        return got
+
+    def settled(self, gen: int | None) -> GenFigures:
+        """A copy of `gen`'s figures, with the exchanges still open counted now."""
+        fig = dataclasses.replace(self.gens.get(gen) or GenFigures())
+        fig.open = sum(1 for ex in self.live if ex.gen == gen)
+        return fig
+
     async def handle(self, request: web.Request) -> web.StreamResponse:
-        """Read the body within the guard's bounds, hold while vLLM is not ready, forward."""
+        """Refuse a path not on the allow-list; read the body within the guard's bounds, hold
+        while vLLM is not ready, forward."""
+        why = replay.refusal(request.method, request.path)
+        if why is not None:
+            return self._refuse_path(why)
         guard = self.guard
         if guard is None:
             return await self._handle(request, await request.read())
@@ -184,14 +242,27 @@ class Forwarder:
                 return answer  # (a replay's answer is counted in _forward)
             tried.append(gen)
             why_not = self._why_not(request, body, len(tried))
+            fig = self.figures_of(gen)
             if why_not is not None:
+                fig.not_replayed += 1
                 return _error(502, f"vLLM failed before answering ({answer}); it was not "
                               f"sent again: {why_not}; send it again if it is safe to repeat")
             self.stats.replayed += 1
+            fig.replayed += 1
             self._log("warning", "gate.replayed", path=request.path, size=len(body),
                       engine_pid=gen, failure=str(answer), replay=len(tried),
                       detail="vLLM failed before any of the answer reached the client; "
                              "the request waits for the next engine and is sent once more")
+
+    def _refuse_path(self, why: str) -> web.Response:
+        """404 from the gate itself, counted (and logged at a bounded rate by the runner)."""
+        if self.guard is not None:
+            self.guard.count("path_refused")
+        else:
+            self.stats.path_refused += 1
+        body = {"object": "error", "message": REDACT.text(why), "type": "NotFoundError",
+                "param": None, "code": 404}
+        return web.json_response(body, status=404)
 
     def _why_not(self, request: web.Request, body: bytes, failures: int) -> str | None:
         """None when the request may be replayed once more; else why not (counted)."""
@@ -233,16 +304,22 @@ class Forwarder:
         it was sent to another engine before."""
         assert self.session is not None
         ex = exchange.Exchange(gen, self.fence, request.path, bool(body))
-        url = self.upstream + request.rel_url.raw_path_qs
+        spare = self.spare_session is not None and self.to_spare()
+        session = self.spare_session if spare and self.spare_session else self.session
+        # The path checked (gate/replay.py), never the client's raw form of it.
+        url = ("http://spare" if spare else self.upstream) + upstream_target(
+            request.path, request.rel_url.raw_query_string)
+        self.spare_in_flight += spare
         self.stats.forwarded += 1
         self.stats.in_flight += 1
         self.live.add(ex)
         answered = [False]  # an answer came back (counted here: a cut may cancel the caller)
         try:
-            ex.task = asyncio.ensure_future(exchange.run(self.session, request, url, body, ex))
+            ex.task = asyncio.ensure_future(exchange.run(session, request, url, body, ex))
             answer: web.StreamResponse | exchange.Failed = await ex.task
             if isinstance(answer, exchange.Failed):
                 self.stats.failed_midrequest += 1
+                self.figures_of(gen).failed += 1
             else:
                 answered[0] = True
             return answer
@@ -252,6 +329,8 @@ class Forwarder:
         except asyncio.TimeoutError:
             self.stats.failed_midrequest += 1
             self.stats.upstream_timeouts += 1
+            fig = self.figures_of(gen)
+            fig.failed, fig.not_replayed = fig.failed + 1, fig.not_replayed + 1
             return _error(504, "vLLM's answer was not complete within its deadline; it "
                           "was not retried: send it again if it is safe to repeat")
         finally:
@@ -261,6 +340,10 @@ class Forwarder:
                 # (here: closing the client's connection may cancel this handler)
                 self.stats.failed_midrequest += 1
                 self.stats.cut_midstream += 1
+                self.figures_of(gen).cut += 1
+            elif answered[0] and self.fence.stopped(gen):
+                self.figures_of(gen).answered += 1
             self.stats.in_flight -= 1
+            self.spare_in_flight -= spare
             self.live.discard(ex)
             self.stats.forwarded_after_stop = self.fence.late

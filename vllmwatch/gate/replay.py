@@ -1,4 +1,21 @@
-"""Which requests the gate may send again, and which answers of vLLM mean its engine is gone.
+"""Which paths the gate forwards at all, which requests it may send again, and which answers
+of vLLM mean its engine is gone.
+
+The gate forwards an allow-list of vLLM's client API paths, never by a deny-list. vLLM
+serves more than its client APIs, and the rest changes between versions: with
+VLLM_SERVER_DEV_MODE=1 (the spare engine needs it for sleep mode, issue 34) `/sleep`,
+`/wake_up`, `/collective_rpc`, `/pause`, `/update_weights`, `/reset_prefix_cache`, ... and
+always `/v1/load_lora_adapter`, `/start_profile`, `/scale_elastic_ep`, ...; vLLM's API key
+guards only the `/v1`, `/v2`, `/inference` and `/cohere` prefixes. So the gate forwards a
+request only when its path is on CLIENT_PATHS (or matches CLIENT_PATTERNS), and answers
+anything else 404 itself, counted (GateStats.path_refused). Read from vLLM 0.32's routers
+(vllm/entrypoints/*/api_router.py); the list is in docs/operations/gate.md.
+
+The path checked is the one vLLM will route: aiohttp's percent-decoded path, and only a
+canonical one (letters, digits, `/_.-`; no empty, `.` or `..` segment; no trailing slash).
+The gate then forwards exactly that path (plus the raw query string), never the client's
+raw form, so `//sleep`, `/v1/../sleep`, `/%73leep` or `/v1%2fmodels` cannot reach a path
+other than the one checked. A query string never selects a route.
 
 A request is replayed only when all of these hold (gate/proxy.py):
 - its path is on REPLAYABLE: pure inference (completions, chat, embeddings and the other
@@ -18,6 +35,7 @@ May import: the stdlib only.
 from __future__ import annotations
 
 import json
+import re
 
 REPLAYABLE = frozenset({
     "/v1/completions", "/v1/chat/completions", "/v1/embeddings", "/v1/messages",
@@ -64,3 +82,56 @@ def error_event(path: str, message: str) -> bytes:
     err = {"error": {"message": message, "type": "BadGatewayError", "param": None,
                      "code": 502}}
     return b"data: " + json.dumps(err).encode() + b"\n\n"
+
+
+# ---- the allow-list of client API paths (issue 34); REPLAYABLE is a subset ----
+
+CLIENT_PATHS = frozenset({
+    # OpenAI-compatible
+    "/v1/completions", "/v1/chat/completions", "/v1/chat/completions/batch",
+    "/v1/embeddings", "/v1/models", "/v1/responses", "/v1/audio/transcriptions",
+    "/v1/audio/translations",
+    # Anthropic-compatible
+    "/v1/messages", "/v1/messages/count_tokens",
+    # vLLM's pooling and scoring APIs (Jina/Cohere-compatible rerank and embed)
+    "/v1/score", "/score", "/v1/rerank", "/v2/rerank", "/rerank", "/pooling", "/classify",
+    "/v1/classify", "/v2/embed",
+    # tokens
+    "/tokenize", "/detokenize", "/inference/v1/generate",
+    # read-only
+    "/health", "/metrics", "/version",
+})
+# The Responses API's stored objects: GET /v1/responses/{id}, POST /v1/responses/{id}/cancel.
+CLIENT_PATTERNS = (re.compile(r"/v1/responses/[A-Za-z0-9_-]{1,200}(?:/cancel)?"),)
+_CANONICAL = re.compile(r"(?:/[A-Za-z0-9_.-]+)+")
+
+
+def canonical(path: str) -> bool:
+    """A path with nothing for a router to reinterpret: no empty, `.` or `..` segment, no
+    trailing slash, only letters, digits and `_.-` in segments."""
+    return bool(_CANONICAL.fullmatch(path)) and not any(
+        seg in (".", "..") for seg in path.split("/"))
+
+
+def allowed(path: str) -> bool:
+    """Whether the gate forwards a request for this (decoded) path."""
+    if not canonical(path):
+        return False
+    return path in CLIENT_PATHS or any(p.fullmatch(path) for p in CLIENT_PATTERNS)
+
+
+def refusal(method: str, path: str) -> str | None:
+    """Why the gate answers this request 404 itself; None when it forwards it."""
+    if allowed(path):
+        return None
+    shown = path if len(path) <= 200 else path[:200] + "..."
+    shown = shown.encode("ascii", "backslashreplace").decode()
+    return (f"{method} {shown} is not a client API path: the vllmwatch gate forwards only "
+            "vLLM's client APIs (OpenAI and Anthropic, pooling, tokenize, /health, "
+            "/metrics, /version; the list is in docs/operations/gate.md). Admin and "
+            "dev-mode endpoints are reachable only on vLLM's private address")
+
+
+def upstream_target(path: str, raw_query: str) -> str:
+    """What the gate sends upstream for an allowed path: the checked path itself."""
+    return path + ("?" + raw_query if raw_query else "")

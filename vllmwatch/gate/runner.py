@@ -7,6 +7,7 @@ counters and error (if the gate dies, the daemon says so loudly; /status shows i
 from __future__ import annotations
 
 import asyncio
+import concurrent.futures
 import contextlib
 import dataclasses
 import os
@@ -24,13 +25,19 @@ from vllmwatch.gate.proxy import Forwarder, GateStats
 from vllmwatch.status.http_guard import Rejections
 
 START_TIMEOUT = 10.0
+# An incident record waits this long for the failed engine's requests to be settled
+# (replayed, cut or answered): at once after a cut; vLLM fails them within ~0.1 s when its
+# engine dies; a record taken before a SIGTERM sees them still open, and says so.
+FIGURES_SETTLE, FIGURES_POLL = 1.0, 0.02
 SHUTDOWN_GRACE = 3.0
 GUARD_REASONS = ("shed_connections", "idle_timeouts", "header_timeouts", "body_timeouts",
-                 "too_large", "held_full")
+                 "too_large", "held_full", "path_refused")
 _REFUSED = ("gate clients were cut or refused (shed_connections: over the connection cap; "
             "idle/header/body_timeouts: too slow; too_large: body over the cap; held_full: "
-            "too many bodies held while vLLM is not ready); vLLM and the watchdog are not "
-            "affected. Look for clients that connect and stay idle or send slowly.")
+            "too many bodies held while vLLM is not ready; path_refused: a path that is not a "
+            "client API, answered 404: gate/replay.py); vLLM and the watchdog are not "
+            "affected. Look for clients that connect and stay idle or send slowly, or that "
+            "call admin endpoints through the gate.")
 
 
 def loop_factory() -> Callable[[], asyncio.AbstractEventLoop] | None:
@@ -130,17 +137,20 @@ class Gate:
         loop = self._loop
         if gen is None or loop is None or not self.running:
             return
+        first = not self.forwarder.fence.stopped(gen)  # a hang: at the verdict, then the kill
         with contextlib.suppress(RuntimeError):  # the loop closed in between
-            loop.call_soon_threadsafe(self._stopped, gen, cut)
+            loop.call_soon_threadsafe(self._stopped, gen, cut, first)
+        if not first:
+            return
         if not self.forwarder.fence.order(gen):
             self._log("warning", "gate.fence_timeout", engine_pid=gen,
                       detail="requests being sent to vLLM were still not written when it "
                              "was told to stop; they may fail and are counted in "
                              "forwarded_after_stop")
 
-    def _stopped(self, gen: int, cut: bool) -> None:
+    def _stopped(self, gen: int, cut: bool, first: bool) -> None:
         """On the gate's loop: count the order, hold the door, cut a stuck engine's."""
-        self.stats.stop_orders += 1
+        self.stats.stop_orders += 1 if first else 0
         self.door.refresh()
         if cut:
             n = self.forwarder.cut(gen)
@@ -148,6 +158,28 @@ class Gate:
                 self._log("warning", "gate.cut", engine_pid=gen, requests=n,
                           detail="vLLM's engine is stuck: its requests in flight were ended "
                                  "now; those with no answer begun wait for the next engine")
+
+    def figures(self, gen: int | None, settle: float = FIGURES_SETTLE) -> dict[str, int] | None:
+        """What became of the requests in flight to engine generation `gen` (its pid), for
+        the incident record: a copy made on the gate's loop once none of them is open any
+        more, or after `settle` seconds (any thread; None when the gate does not serve)."""
+        loop = self._loop
+        if loop is None or not self.running:
+            return None
+
+        async def settled() -> dict[str, int]:
+            end = loop.time() + settle
+            fig = self.forwarder.settled(gen)
+            while fig.open and loop.time() < end:
+                await asyncio.sleep(FIGURES_POLL)
+                fig = self.forwarder.settled(gen)
+            return {**dataclasses.asdict(fig), "in_flight": fig.in_flight}
+
+        try:
+            return asyncio.run_coroutine_threadsafe(settled(), loop).result(settle + 2.0)
+        except (RuntimeError, concurrent.futures.TimeoutError,
+                concurrent.futures.CancelledError):  # the gate stopped in between
+            return None
 
     def reconfigure(self, hold_timeout: float, retry_after: float, replay: bool,
                     replay_max: int) -> None:

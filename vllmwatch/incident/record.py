@@ -46,6 +46,7 @@ class Inputs:
     max_bytes: int = 200 << 20
     cgroup: str | None = None  # the unit's cgroup: its memory.events counts OOM kills
     oom_at_launch: Mapping[str, int] | None = None  # ... as read when the child started
+    gate: Mapping[str, int] | None = None  # the gate's figures of this engine (Gate.figures)
 
 
 @dataclass(frozen=True)
@@ -163,6 +164,7 @@ def build(inp: Inputs, rid: str, wall: float, procs: Sequence[tree.Proc],
         "versions": dict(inp.versions),
         "config_sha256": facts.get("config_sha256", ""),
         "oom": cause.oom_section(inp.cgroup, inp.oom_at_launch, cause.oom_counts(inp.cgroup)),
+        "gate": dict(inp.gate) if inp.gate is not None else None,
     }
     record["cause"] = cause.lines(record)
     return record

@@ -37,6 +37,9 @@ def _head(r: Mapping[str, Any]) -> str:
     lines += [f"cause: {c}" for c in r.get("cause") or []]
     if r.get("exit_code") is not None:
         lines.append(f"vllmwatch exited with code {r['exit_code']} after this")
+    gate = r.get("gate")
+    if isinstance(gate, Mapping):
+        lines.append("gate: " + gate_line(gate))
     tree = r.get("tree") or {}
     lines.append(f"tree: {tree.get('note', '?')}")
     v = r.get("versions") or {}
@@ -51,6 +54,17 @@ def _head(r: Mapping[str, Any]) -> str:
     lines.append("timeline (s before the incident):")
     lines += [f"  {t:>10.1f}  {what}" for t, what in r.get("timeline") or []]
     return "== reason and timeline ==\n" + "\n".join(lines)
+
+
+def gate_line(g: Mapping[str, Any]) -> str:
+    """The gate's figures of the engine that went: "N requests in flight: M replayed, K cut",
+    then what else became of them when anything did (issue 35)."""
+    line = (f"{g.get('in_flight', 0)} requests in flight: {g.get('replayed', 0)} replayed, "
+            f"{g.get('cut', 0)} cut")
+    rest = [f"{g[k]} {what}" for k, what in (
+        ("not_replayed", "answered 502 (not replayable)"), ("answered", "answered"),
+        ("open", "still open when recorded")) if g.get(k)]
+    return line + ("; " + ", ".join(rest) if rest else "")
 
 
 def is_vllm(frame: Sequence[Any]) -> bool:

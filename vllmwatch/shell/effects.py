@@ -62,6 +62,7 @@ class Effects(Protocol):
     def child_exit_pending(self) -> bool: ...
     def signal_group(self, signame: str) -> None: ...
     def kill_engines(self) -> None: ...
+    def stop_sending(self) -> None: ...
     def probe(self, action: Probe) -> Event: ...
     def smoke(self, action: Smoke) -> Event: ...
     def end_start(self, why: str) -> None: ...
@@ -102,6 +103,9 @@ class RealEffects:
         # The gate's fence (gate/runner.Gate.stop_order): told before any signal to a child,
         # so that no request reaches an engine after vllmwatch told it to stop (issue 37.9).
         self.stop_order: Callable[[int | None, bool], None] | None = None
+        # ... and what became of a failed engine's requests in flight (Gate.figures): handed
+        # over as a copy made on the gate's thread, for the incident record (issue 35).
+        self.gate_figures: Callable[[int | None], Mapping[str, int] | None] | None = None
         self._versions = VersionCache()
         # The start-up cache decision last logged (daemon lifetime: said once per change).
         self._caches_said: list[tuple[dict[str, str], dict[str, str]]] = []
@@ -223,6 +227,11 @@ class RealEffects:
                 self.stop_order(self._run.pid, True)
             self._run.kill_engines()
 
+    def stop_sending(self) -> None:
+        """The engine is declared stuck (events.StopSending): the gate ends its requests."""
+        if self._run is not None and self.stop_order is not None:
+            self.stop_order(self._run.pid, True)
+
     def end_start(self, why: str) -> None:
         """The core says the start is over (StartOver): stop the start guard."""
         if self._run is not None:
@@ -293,7 +302,11 @@ class RealEffects:
     def record_incident(self, action: RecordIncident) -> IncidentRecorded:
         """Write the incident record of the child tree (worker thread, bounded)."""
         pid = self._run.pid if self._run is not None else None
-        return self.incidents.record(action, pid, self._versions.current, self.sampler)
+        gen = action.facts.get("pid")  # the generation the gate sent to (reaped or not)
+        figures = self.gate_figures(gen if isinstance(gen, int) else pid) \
+            if self.gate_figures is not None else None
+        return self.incidents.record(action, pid, self._versions.current, self.sampler,
+                                     figures)
 
     def vllm_version(self) -> str | None:
         """The launched vLLM's version (read at launch, again after vllm.command changed)."""

@@ -163,7 +163,8 @@ class IncidentShell:
             self._scrapes = metrics.keep(self._scrapes, time.time(), text)
 
     def record(self, action: RecordIncident, child_pid: int | None, vllm_version: str | None,
-               sampler: MemorySampler) -> IncidentRecorded:
+               sampler: MemorySampler, gate: Mapping[str, int] | None = None
+               ) -> IncidentRecorded:
         """Write the record (worker thread); every problem comes back as the error."""
         t0 = time.monotonic()
         if self.root is None:
@@ -182,7 +183,7 @@ class IncidentShell:
                      stacks_dir=self.stacks_dir, gpu=lambda: _gpu_now(sampler, info),
                      max_records=self.cfg.max_records,
                      max_bytes=int(self.cfg.max_size * 1024 * 1024) or 1 << 62,
-                     cgroup=self.cgroup, oom_at_launch=self._oom_at_launch)
+                     cgroup=self.cgroup, oom_at_launch=self._oom_at_launch, gate=gate)
         try:
             done = capture(inp, self.root)
         except OSError as exc:

@@ -35,6 +35,7 @@ from vllmwatch.core.events import (
     Spawn,
     StartOver,
     StopRequested,
+    StopSending,
     Sweep,
     Tick,
     UpdateAdapters,
@@ -288,6 +289,8 @@ class Loop:
             fx.signal_group(action.signal)
         elif isinstance(action, KillEngines):
             fx.kill_engines()
+        elif isinstance(action, StopSending):
+            fx.stop_sending()
         elif isinstance(action, StartOver):
             fx.end_start(action.why)
         elif isinstance(action, Probe):

@@ -145,6 +145,7 @@ class WorldEffects:
         self.snapshot: Snapshot | None = None
         self.raise_on: set[str] = set()  # action names whose worker raises, for fault tests
         self.starts_over: list[str] = []  # StartOver's why, in order
+        self.stopped_sending: list[int] = []  # StopSending, with the child pid it was for
         self.adapter_updates: list[UpdateAdapters] = []  # live adapter changes, in order
 
     def log(self, level: str, event: str, **fields: Any) -> None:
@@ -194,6 +195,10 @@ class WorldEffects:
         if w.child_alive and not w.api_outlives_engine:
             w.child_alive = False
             self.exited = ChildExited(w.next_pid - 1, 0, None)
+
+    def stop_sending(self) -> None:
+        """The gate is told to end the stuck engine's requests: recorded, with the child."""
+        self.stopped_sending.append(self.world.next_pid - 1)
 
     def _maybe_raise(self, name: str) -> None:
         if name in self.raise_on:

@@ -1,0 +1,109 @@
+"""The gate's second upstream (issue 34 point 3): while the daemon's snapshot says the spare
+serves, new requests go to the spare's Unix socket, and back to the full engine's address
+once it does not; the spare's in-flight count (what its drain waits on) is kept."""
+
+from __future__ import annotations
+
+import http.client
+import json
+import os
+import socketserver
+import threading
+from collections.abc import Iterator
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from pathlib import Path
+
+import pytest
+
+from tests.support import free_port, wait_until
+from vllmwatch.gate.door import Readiness
+from vllmwatch.gate.runner import Gate
+
+
+def _handler(name: str, release: threading.Event | None = None) -> type[BaseHTTPRequestHandler]:
+    class Answer(BaseHTTPRequestHandler):
+        def do_POST(self) -> None:
+            self.rfile.read(int(self.headers.get("Content-Length") or 0))
+            if release is not None:
+                release.wait(20)
+            body = json.dumps({"engine": name}).encode()
+            self.send_response(200)
+            self.send_header("Content-Type", "application/json")
+            self.send_header("Content-Length", str(len(body)))
+            self.end_headers()
+            self.wfile.write(body)
+
+        def address_string(self) -> str:  # a Unix socket has no (host, port)
+            return name
+
+        def log_message(self, *args: object) -> None:
+            pass
+    return Answer
+
+
+class _UnixHTTP(socketserver.ThreadingMixIn, socketserver.UnixStreamServer):
+    daemon_threads = True
+
+
+@pytest.fixture
+def engines(tmp_path: Path) -> Iterator[tuple[int, str, threading.Event]]:
+    port = free_port()
+    full = ThreadingHTTPServer(("127.0.0.1", port), _handler("full"))
+    sock = str(tmp_path / "spare.sock")
+    release = threading.Event()
+    spare = _UnixHTTP(sock, _handler("spare", release))
+    threads = [threading.Thread(target=s.serve_forever, daemon=True) for s in (full, spare)]
+    for t in threads:
+        t.start()
+    try:
+        yield port, sock, release
+    finally:
+        release.set()
+        for s in (full, spare):
+            s.shutdown()
+            s.server_close()
+        if os.path.exists(sock):
+            os.unlink(sock)
+
+
+def _ask(port: int) -> str:
+    conn = http.client.HTTPConnection("127.0.0.1", port, timeout=30)
+    try:
+        conn.request("POST", "/v1/completions", json.dumps({"prompt": "x"}),
+                     {"Content-Type": "application/json"})
+        resp = conn.getresponse()
+        assert resp.status == 200, resp.read()
+        return str(json.loads(resp.read())["engine"])
+    finally:
+        conn.close()
+
+
+def test_the_gate_routes_to_the_spare_while_it_serves_and_back(
+        engines: tuple[int, str, threading.Event]) -> None:
+    port, sock, release = engines
+    serving = ["full"]
+    listen = free_port()
+    gate = Gate(f"127.0.0.1:{listen}", f"http://127.0.0.1:{port}", lambda: Readiness.OPEN,
+                5.0, 1.0)
+    gate.forwarder.spare_socket = sock
+    gate.forwarder.to_spare = lambda: serving[0] == "spare"
+    gate.start()
+    try:
+        assert _ask(listen) == "full"
+        serving[0] = "spare"
+        release.set()
+        assert _ask(listen) == "spare"
+        release.clear()  # one held at the spare: counted in flight until it answers
+        got: list[str] = []
+        held = threading.Thread(target=lambda: got.append(_ask(listen)))
+        held.start()
+        try:
+            wait_until(lambda: gate.forwarder.spare_in_flight == 1, 20, "spare in flight")
+            serving[0] = "full"
+            assert _ask(listen) == "full"  # new requests go back; the spare finishes its own
+        finally:
+            release.set()
+            held.join(30)
+        assert got == ["spare"] and gate.forwarder.spare_in_flight == 0
+    finally:
+        gate.stop()

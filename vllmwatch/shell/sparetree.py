@@ -1,0 +1,240 @@
+"""The sleeping spare engine's process tree (issue 34 point 2): build, wake, sleep, stop.
+
+A tree of its own: its own session and group, the marker `<instance>:spare` (never the
+serving tree's, so that tree's sweep, memory rules and release gate never count it), vLLM's
+process titles `VLLMWATCH::spare::...` (VLLM_PROCESS_NAME_PREFIX), and dev mode
+(VLLM_SERVER_DEV_MODE=1: /sleep, /wake_up, /is_sleeping) for it alone. It listens only on a
+Unix socket in vllmwatch's private runtime directory (--uds): dev mode's endpoints are open
+to anyone who reaches the port, and nobody but us reaches that socket. Imported only when
+the spare's plan is on; each blocking call runs on the loop's workers and returns the one
+event the core waits for (core/failover.py).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import http.client
+import json
+import os
+import signal
+import socket
+import subprocess
+import time
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass
+
+import psutil
+
+from vllmwatch.core.failover import SpareBuilt, SpareExited, SpareSlept, SpareWoken, room
+from vllmwatch.logfn import LogFn
+from vllmwatch.shell import child as childmod
+from vllmwatch.shell.groupfile import MARKER
+
+TITLE_PREFIX = "VLLMWATCH::spare"
+POLL = 0.05
+STOP_GRACE = 5.0
+
+
+class _Uds(http.client.HTTPConnection):
+    """HTTP over the spare's Unix socket."""
+
+    def __init__(self, path: str, timeout: float) -> None:
+        super().__init__("localhost", timeout=timeout)
+        self._path = path
+
+    def connect(self) -> None:
+        sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+        sock.settimeout(self.timeout)
+        sock.connect(self._path)
+        self.sock = sock
+
+
+def call(path: str, method: str, url: str, body: Mapping[str, object] | None = None,
+         timeout: float = 5.0) -> tuple[int, bytes]:
+    """One request to the spare; (status, body). OSError/HTTPException on no answer."""
+    conn = _Uds(path, timeout)
+    try:
+        data = json.dumps(body).encode() if body is not None else None
+        conn.request(method, url, body=data, headers={"Content-Type": "application/json"}
+                     if data else {})
+        resp = conn.getresponse()
+        return resp.status, resp.read(1 << 20)
+    finally:
+        conn.close()
+
+
+def marker_of(instance: str) -> str:
+    """The spare's marker: never equal to the serving tree's (the sweeps tell them apart)."""
+    return f"{instance}:spare"
+
+
+@dataclass(frozen=True)
+class SpareCommand:
+    """What the spare runs: the serving command with the plan's flags (config/spare.py)."""
+
+    argv: Sequence[str]
+    env: Mapping[str, str]
+    socket_path: str
+    model: str  # the served model name, for its canary
+
+
+class SpareTree:
+    """One spare tree at a time; the loop's thread starts and stops it, workers talk to it."""
+
+    def __init__(self, cmd: SpareCommand, instance: str, log: LogFn,
+                 gpu_of: Callable[[set[int]], float | None],
+                 free_mib: Callable[[], float | None]) -> None:
+        self.cmd, self.log = cmd, log
+        self.marker = marker_of(instance)
+        self._gpu_of, self._free = gpu_of, free_mib
+        self.proc: subprocess.Popen[bytes] | None = None
+        self.awake_mib: float | None = None
+        self.asleep_mib: float | None = None
+
+    @property
+    def pid(self) -> int | None:
+        return self.proc.pid if self.proc is not None else None
+
+    def pids(self) -> set[int]:
+        """The spare's tree now (its group): exempt from the serving tree's accounting."""
+        if self.proc is None:
+            return set()
+        found, _ = childmod.find_tree(self.proc.pid, self.marker)
+        return {p.pid for p in found} | {self.proc.pid}
+
+    def memory_mib(self) -> float | None:
+        """The spare tree's GPU memory now (NVML's per-process figures)."""
+        return self._gpu_of(self.pids()) if self.proc is not None else None
+
+    # ---- the loop's thread ----
+
+    def start(self) -> None:
+        """Popen in a new session; the socket's old file goes first (vLLM binds it anew)."""
+        with contextlib.suppress(FileNotFoundError):
+            os.unlink(self.cmd.socket_path)
+        env = {**self.cmd.env, MARKER: self.marker, "VLLM_SERVER_DEV_MODE": "1",
+               "VLLM_PROCESS_NAME_PREFIX": TITLE_PREFIX}
+        self.proc = subprocess.Popen(
+            list(self.cmd.argv), env=env, stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL,
+            stderr=subprocess.DEVNULL, start_new_session=True, close_fds=True)
+
+    def poll(self) -> SpareExited | None:
+        """The spare's API server exited unasked (reaped here)."""
+        if self.proc is None:
+            return None
+        code = self.proc.poll()
+        if code is None:
+            return None
+        pid, self.proc = self.proc.pid, None
+        what = f"exit code {code}" if code >= 0 else f"signal {signal.Signals(-code).name}"
+        return SpareExited(pid, what)
+
+    def stop(self, why: str) -> None:
+        """SIGTERM the group, SIGKILL after STOP_GRACE, then sweep anything with its marker
+        (an engine that left the group): nothing of the spare stays."""
+        proc, self.proc = self.proc, None
+        if proc is not None:
+            childmod.signal_group(proc.pid, "SIGTERM")
+            try:
+                proc.wait(STOP_GRACE)
+            except subprocess.TimeoutExpired:
+                childmod.signal_group(proc.pid, "SIGKILL")
+                with contextlib.suppress(subprocess.TimeoutExpired):
+                    proc.wait(STOP_GRACE)
+        left, _ = childmod.find_tree(proc.pid if proc is not None else None, self.marker)
+        for p in left:
+            with contextlib.suppress(psutil.Error):
+                p.kill()
+        _, alive = psutil.wait_procs(left, timeout=STOP_GRACE)
+        with contextlib.suppress(FileNotFoundError):
+            os.unlink(self.cmd.socket_path)
+        self.log("info" if not alive else "error", "spare.stopped", why=why,
+                 pid=proc.pid if proc else None, leftovers_killed=[p.pid for p in left],
+                 remaining=[p.pid for p in alive])
+
+    # ---- the workers ----
+
+    def _get(self, url: str, timeout: float = 2.0) -> tuple[int, bytes]:
+        return call(self.cmd.socket_path, "GET", url, timeout=timeout)
+
+    def _until(self, deadline: float, ok: Callable[[], bool]) -> bool:
+        while time.monotonic() < deadline:
+            if self.proc is None or self.proc.poll() is not None:
+                return False
+            with contextlib.suppress(OSError, http.client.HTTPException, ValueError):
+                if ok():
+                    return True
+            time.sleep(POLL)
+        return False
+
+    def _sleeping(self) -> bool | None:
+        status, body = self._get("/is_sleeping")
+        return bool(json.loads(body).get("is_sleeping")) if status == 200 else None
+
+    def canary(self, timeout: float) -> str:
+        """One greedy token; "" when it answered."""
+        try:
+            status, body = call(self.cmd.socket_path, "POST", "/v1/completions", {
+                "model": self.cmd.model, "prompt": "Hello", "max_tokens": 1,
+                "temperature": 0}, timeout=timeout)
+        except (OSError, http.client.HTTPException) as exc:
+            return f"canary: {type(exc).__name__}: {exc}"
+        return "" if status == 200 else f"canary: HTTP {status} {body[:200]!r}"
+
+    def build(self, timeout: float) -> SpareBuilt:
+        """READY (/health 200), its canary, its awake figure, /sleep?level=1, asleep."""
+        deadline = time.monotonic() + timeout
+        if not self._until(deadline, lambda: self._get("/health")[0] == 200):
+            return SpareBuilt(False, "not READY within the build's time" if self.proc
+                              else "exited during its start")
+        err = self.canary(max(1.0, deadline - time.monotonic()))
+        if err:
+            return SpareBuilt(False, err)
+        self.awake_mib = self.memory_mib()
+        status, body = call(self.cmd.socket_path, "POST", "/sleep?level=1",
+                            timeout=max(1.0, deadline - time.monotonic()))
+        if status != 200:
+            return SpareBuilt(False, f"/sleep answered {status} {body[:200]!r}")
+        if not self._until(deadline, lambda: self._sleeping() is True):
+            return SpareBuilt(False, "/is_sleeping never said true")
+        self.asleep_mib = self.memory_mib()
+        return SpareBuilt(True, "", self.pid, self.awake_mib, self.asleep_mib)
+
+    def wake(self, timeout: float) -> SpareWoken:
+        """Room first (never a wake that can OOM it), then /wake_up, /is_sleeping false and a
+        canary: a 200 from /wake_up alone is no proof."""
+        fits, why = room(self._free(), self.awake_mib, self.asleep_mib)
+        if not fits:
+            return SpareWoken(False, why, no_room=True)
+        t0 = time.monotonic()
+        deadline = t0 + timeout
+        try:
+            status, body = call(self.cmd.socket_path, "POST", "/wake_up", timeout=timeout)
+        except (OSError, http.client.HTTPException) as exc:
+            return SpareWoken(False, f"/wake_up: {type(exc).__name__}: {exc}")
+        if status != 200:
+            return SpareWoken(False, f"/wake_up answered {status} {body[:200]!r}")
+        if not self._until(deadline, lambda: self._sleeping() is False):
+            return SpareWoken(False, "/is_sleeping did not turn false in time")
+        err = self.canary(max(0.5, deadline - time.monotonic()))
+        if err:
+            return SpareWoken(False, err)
+        return SpareWoken(True, "", time.monotonic() - t0)
+
+    def sleep(self, drain: float, timeout: float, in_flight: Callable[[], int]) -> SpareSlept:
+        """Let what it serves finish (at most `drain`), then /sleep?level=1&mode=wait (vLLM's
+        default mode aborts what runs)."""
+        t0 = time.monotonic()
+        end = t0 + drain
+        while in_flight() > 0 and time.monotonic() < end:
+            time.sleep(POLL)
+        try:
+            status, body = call(self.cmd.socket_path, "POST", "/sleep?level=1&mode=wait",
+                                timeout=timeout)
+        except (OSError, http.client.HTTPException) as exc:
+            return SpareSlept(False, f"/sleep: {type(exc).__name__}: {exc}")
+        if status != 200:
+            return SpareSlept(False, f"/sleep answered {status} {body[:200]!r}")
+        if not self._until(t0 + timeout, lambda: self._sleeping() is True):
+            return SpareSlept(False, "/is_sleeping never said true")
+        return SpareSlept(True, "", time.monotonic() - t0)
