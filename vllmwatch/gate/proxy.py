@@ -14,7 +14,6 @@ from __future__ import annotations
 import asyncio
 import dataclasses
 import math
-import re
 from collections.abc import Callable
 from dataclasses import dataclass
 
@@ -90,25 +89,10 @@ class GenFigures:
 GENS_KEPT = 16  # generations whose figures are kept (a few per restart)
 
 
-# vLLM's LoRA admin paths (issue 38): with VLLM_ALLOW_RUNTIME_LORA_UPDATING they load and
-# unload adapters, and vLLM's SageMaker routes do the same under /adapters. Adapters are
-# vllmwatch's to restore after a restart, so clients never reach these through the gate.
-LORA_ADMIN = ("/v1/load_lora_adapter", "/v1/unload_lora_adapter", "/adapters")
-
-
-def refused_path(path: str) -> bool:
-    """A LoRA admin path, however spelled (vLLM routes on the decoded path; doubled or
-    trailing slashes and case are folded here so that no spelling slips through)."""
-    folded = re.sub(r"/+", "/", path).rstrip("/").lower()
-    return any(folded == p or folded.startswith(p + "/") for p in LORA_ADMIN)
-
-
 def _error(status: int, message: str, retry_after: float | None = None) -> web.Response:
     headers = {"Retry-After": str(math.ceil(retry_after))} if retry_after is not None else {}
-    kind = {503: "ServiceUnavailableError", 403: "PermissionDeniedError"}.get(
-        status, "BadGatewayError")
-    body = {"object": "error", "message": REDACT.text(message), "type": kind, "param": None,
-            "code": status}
+    body = {"object": "error", "message": REDACT.text(message), "type": "ServiceUnavailableError"
+            if status == 503 else "BadGatewayError", "param": None, "code": status}
     return web.json_response(body, status=status, headers=headers)
 
 
@@ -203,10 +187,6 @@ class Forwarder:
             guard.end(request.protocol)
 
     async def _handle(self, request: web.Request, body: bytes) -> web.StreamResponse:
-        if refused_path(request.path):
-            return _error(403, f"{request.method} {request.path}: the gate does not forward "
-                          "LoRA adapter loads; adapters are set in vllmwatch's config "
-                          "([[adapters]], then systemctl reload vllmwatch)")
         loop = asyncio.get_running_loop()
         deadline = loop.time() + self.hold_timeout  # replays too: counted from arrival
         held = False  # counted once per request, however often it waits
