@@ -21,22 +21,22 @@ def _check(**kw: Any) -> SmokeCheck:
 
 
 @pytest.mark.parametrize(("table", "key", "words"), [
-    ({}, "smoke[0].endpoint", "missing; expected one of 'chat', 'tools', 'messages'"),
-    ({"endpoint": "rerank"}, "smoke[0].endpoint", "bad value 'rerank'"),
-    ({"endpoint": "chat", "tools": []}, "smoke[0].tools", "accepted with endpoint = 'tools'"),
-    ({"endpoint": "chat", "expect": "any"}, "smoke[0].expect", "not used by endpoint"),
-    ({"endpoint": "tools", "expect": "some"}, "smoke[0].expect", "\"tool_calls\""),
-    ({"endpoint": "tools", "tools": [{"type": "function"}]}, "smoke[0].tools",
+    ({}, "smoke[1].endpoint", "missing; expected one of 'chat', 'tools', 'messages'"),
+    ({"endpoint": "rerank"}, "smoke[1].endpoint", "bad value 'rerank'"),
+    ({"endpoint": "chat", "tools": []}, "smoke[1].tools", "accepted with endpoint = 'tools'"),
+    ({"endpoint": "chat", "expect": "any"}, "smoke[1].expect", "not used by endpoint"),
+    ({"endpoint": "tools", "expect": "some"}, "smoke[1].expect", "\"tool_calls\""),
+    ({"endpoint": "tools", "tools": [{"type": "function"}]}, "smoke[1].tools",
      "OpenAI tool tables"),
-    ({"endpoint": "embeddings", "max_tokens": 3}, "smoke[0].max_tokens", "not used"),
-    ({"endpoint": "chat", "max_tokens": 0}, "smoke[0].max_tokens", "1-4096"),
-    ({"endpoint": "chat", "timeout": "soon"}, "smoke[0].timeout", "0.1 s to 1 h"),
-    ({"endpoint": "chat", "required": "yes"}, "smoke[0].required", "true (a failure holds"),
+    ({"endpoint": "embeddings", "max_tokens": 3}, "smoke[1].max_tokens", "not used"),
+    ({"endpoint": "chat", "max_tokens": 0}, "smoke[1].max_tokens", "1-4096"),
+    ({"endpoint": "chat", "timeout": "soon"}, "smoke[1].timeout", "0.1 s to 1 h"),
+    ({"endpoint": "chat", "required": "yes"}, "smoke[1].required", "true (a failure holds"),
     ({"endpoint": "chat", "messages": [{"role": "robot", "content": "x"}]},
-     "smoke[0].messages", "role one of system, user, assistant"),
+     "smoke[1].messages", "role one of system, user, assistant"),
     ({"endpoint": "chat", "prompt": "a", "messages": [{"role": "user", "content": "b"}]},
-     "smoke[0].prompt", "not both"),
-    ({"endpoint": "chat", "colour": 1}, "smoke[0].colour", "unknown key; known: name"),
+     "smoke[1].prompt", "not both"),
+    ({"endpoint": "chat", "colour": 1}, "smoke[1].colour", "unknown key; known: name"),
 ])
 def test_config_errors_name_the_key_the_value_and_what_is_accepted(
         table: dict[str, Any], key: str, words: str) -> None:
@@ -53,7 +53,7 @@ def test_config_errors_carry_the_line_of_the_nth_table(tmp_path: Path) -> None:
     with pytest.raises(ConfigError) as err:
         load(str(path))
     lines = {p.key: p.line for p in err.value.problems}
-    assert lines == {"smoke[1].required": 9, "smoke[2].name": 11}, err.value.problems
+    assert lines == {"smoke[2].required": 9, "smoke[3].name": 11}, err.value.problems
     assert "give each a distinct name" in str(err.value)
 
 

@@ -72,18 +72,24 @@ def _nearest_line(text: str, key: str) -> int | None:
 def line_of(text: str, key: str) -> int | None:
     """The line that sets a dotted key ("memory.gpu_limit") or opens a table ("memory").
 
-    Also finds keys inside sub-tables such as "vllm.args.max-model-len".
+    Also finds keys inside sub-tables such as "vllm.args.max-model-len", and in the Nth table
+    of an array of tables: "smoke[2].endpoint" (N counts the `[[smoke]]` headers from 1).
     """
-    array = re.fullmatch(r"(\w+)\[(\d+)\](?:\.([\w-]+))?", key)
-    if array:  # "adapters[1].path": the second [[adapters]], then its key
-        return _array_line(text, array.group(1), int(array.group(2)), array.group(3))
     parts = re.split(r"\.(?![^\[]*\])", key)
     name = re.split(r"\[", parts[-1])[0] if len(parts) > 1 else ""
     table = ".".join(parts[:-1]) if len(parts) > 1 else parts[0]
     section = parts[0]
     current = ""
+    arrays: dict[str, int] = {}
     for number, line in enumerate(text.splitlines(), 1):
         stripped = line.strip()
+        array = re.match(r"^\[\[\s*([\w.-]+)\s*\]\]", stripped)
+        if array:
+            arrays[array.group(1)] = arrays.get(array.group(1), 0) + 1
+            current = f"{array.group(1)}[{arrays[array.group(1)]}]"
+            if current == key:
+                return number
+            continue
         header = re.match(r"^\[\s*([\w.-]+)\s*\]", stripped)
         if header:
             current = header.group(1)
@@ -96,21 +102,3 @@ def line_of(text: str, key: str) -> int | None:
         if not current and re.match(rf"^{re.escape(section)}\s*=", stripped):
             return number
     return None
-
-
-def _array_line(text: str, table: str, index: int, name: str | None) -> int | None:
-    """The line of `name` in the index-th [[table]] (its header when name is not there)."""
-    seen, header = -1, None
-    for number, line in enumerate(text.splitlines(), 1):
-        stripped = line.strip()
-        opened = re.match(r"^\[\[?\s*([\w.-]+)\s*\]", stripped)
-        if opened:
-            if seen == index:
-                break  # past the wanted table
-            if stripped.startswith("[[") and opened.group(1) == table:
-                seen += 1
-                header = number if seen == index else header
-            continue
-        if seen == index and name and re.match(rf"^{re.escape(name)}\s*=", stripped):
-            return number
-    return header

@@ -6,7 +6,6 @@ from __future__ import annotations
 import dataclasses
 import difflib
 import hashlib
-import importlib
 import os
 import sys
 from collections.abc import Mapping
@@ -18,7 +17,6 @@ from vllmwatch.config.convert import CONVERTERS, choice, show
 from vllmwatch.config.crosschecks import cross_checks
 from vllmwatch.config.errors import ConfigError, Problem, line_of, raise_all
 from vllmwatch.config.sections import (
-    ARRAYS,
     SECTIONS,
     Config,
     DrainConfig,
@@ -41,6 +39,8 @@ else:  # pragma: no cover - exercised on Python 3.10 only
     import tomli as tomllib
 
 DEFAULT_PATH = "/etc/vllmwatch/vllmwatch.toml"
+# Arrays of tables ([[smoke]], [[adapters]]): parsed by their own modules, not by SECTIONS.
+ARRAYS = ("smoke", "adapters")
 # The section types are re-exported: callers import the config from one place.
 __all__ = [
     "SECTIONS",
@@ -94,7 +94,7 @@ def load(path: str) -> Config:
 
 def from_dict(data: Mapping[str, object], path: str = "<config>") -> Config:
     """Validate a parsed TOML document into a Config; one ConfigError lists all problems."""
-    problems = _unknown(data.keys(), [*SECTIONS, *ARRAYS], "", "section")
+    problems = _unknown(data.keys(), (*SECTIONS.keys(), *ARRAYS), "", "section")
     sections: dict[str, object] = {}
     for name, cls in SECTIONS.items():
         table = data.get(name, {})
@@ -102,12 +102,17 @@ def from_dict(data: Mapping[str, object], path: str = "<config>") -> Config:
             problems.append(Problem(name, f"expected a table [{name}], got {show(table)}"))
             table = {}
         sections[name] = _section(cls, table, name, problems)
-    config = Config(path=path, **sections)  # type: ignore[arg-type]
-    for name, module in ARRAYS.items():
-        if name in data:  # its module is imported only for a file that has one
-            parsed, more = importlib.import_module(module).parse(data[name], config)
-            config = dataclasses.replace(config, **{name: parsed})
-            problems += more
+    arrays: dict[str, object] = {}
+    if "smoke" in data:  # imported only when configured (the daemon's import count)
+        from vllmwatch.config import smoke
+        arrays["smoke"], more = smoke.parse(data["smoke"])
+        problems += more
+    config = Config(path=path, **sections, **arrays)  # type: ignore[arg-type]
+    if "adapters" in data:  # imported only when configured; checked with [vllm] and [lora]
+        from vllmwatch.config import adapters
+        parsed, more = adapters.parse(data["adapters"], config)
+        config = dataclasses.replace(config, adapters=parsed)
+        problems += more
     problems += cross_checks(config)
     if problems:
         # Report the refused flags too, so that one edit cycle fixes the whole file.

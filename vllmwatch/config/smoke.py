@@ -6,7 +6,7 @@ Messages API, an embedding route, an adapter's name). Parsed here, run by core/s
 (when) and shell/smoke.py (how). Imported only when a config has `[[smoke]]` (or
 `[[adapters]]`): the daemon's import count at the defaults (tests/daemon/test_import_count.py).
 
-Keys are named `smoke[N].key`, N counting the tables from 0, as errors.line_of finds them.
+Keys are named `smoke[N].key`, N counting the tables from 1, as errors.line_of finds them.
 """
 
 from __future__ import annotations
@@ -86,7 +86,7 @@ def adapter_check(adapter: str, required: bool, timeout: float | None = None) ->
 def parse(value: object, config: object = None
           ) -> tuple[tuple[SmokeCheck, ...], list[Problem]]:
     """The `smoke` value of a parsed TOML document: its checks and every problem found
-    (`config`: the rest of the file, schema.ARRAYS' signature; the checks need none of it)."""
+    (`config`: the rest of the file, as [[adapters]]' parse takes it; checks need none)."""
     if not isinstance(value, list) or not all(isinstance(t, dict) for t in value):
         return (), [Problem("smoke", f"expected [[smoke]] tables, got {show(value)}")]
     if len(value) > MAX_CHECKS:
@@ -94,7 +94,7 @@ def parse(value: object, config: object = None
                             "accepted (each runs before every READY)")]
     checks: list[tuple[int, SmokeCheck]] = []
     problems: list[Problem] = []
-    for n, table in enumerate(value):
+    for n, table in enumerate(value, 1):
         check = _check(table, f"smoke[{n}]", problems)
         if check is not None:
             checks.append((n, check))
