@@ -28,6 +28,7 @@ from vllmwatch.core.events import (
     SpawnFailed,
     Sweep,
     SweepDone,
+    UpdateAdapters,
     failure_result,
 )
 from vllmwatch.core.state import State
@@ -76,6 +77,7 @@ class Effects(Protocol):
     def vllm_version(self) -> str | None: ...
     def tend_standby(self, state: State, child_pid: int | None) -> None: ...
     def publish(self, snapshot: Snapshot) -> None: ...
+    def update_adapters(self, action: UpdateAdapters) -> None: ...
     def close(self) -> None: ...
 
 
@@ -121,6 +123,8 @@ class RealEffects:
         self._config = config  # the latest: the standby is built for the next launch of it
         # Incident records (daemon lifetime); it keeps the last child's evidence past the reap.
         self.incidents = IncidentShell(config, log, environ)
+        self._adapters: Any = None  # shell/adapters.AdapterWatch, once adapters are configured
+        self._watch_adapters(config)
 
     def spawn(self, config: Config, post: Callable[[Event], None]) -> Event:
         """Build the command (refusing known-broken flags) and start the child."""
@@ -168,6 +172,7 @@ class RealEffects:
     def reconfigure(self, config: Config) -> None:
         """A SIGHUP loaded `config`: a standby built for another command or environment goes."""
         self._config = config
+        self._watch_adapters(config)
         self._versions.prefetch(config.vllm.command)
         if self.standby is not None:
             self.standby.reconfigure(config, lambda: self._next_command(config),
@@ -356,10 +361,27 @@ class RealEffects:
         extra: dict[str, Any] = self.standby.info() if self.standby is not None else {}
         if self.spare is not None and snapshot.spare is not None:
             extra["spare"] = {**snapshot.spare, **self.spare.info()}
+        if self._adapters is not None:
+            extra["adapters"] = self._adapters.observe(snapshot.ready, snapshot.child_pid)
         self.incidents.snapshot = snapshot  # the /status an incident record shows
         if self._publish is not None:
             self._publish(replace(snapshot, unified_memory=self.platform.unified,
                                   platform_reason=self.platform.reason, **extra))
+
+    def update_adapters(self, action: UpdateAdapters) -> None:
+        """Load and unload adapters in the running vLLM, off the loop (shell/adapters.py)."""
+        if self._adapters is None:  # made at the reload that added the first adapter
+            self._watch_adapters(self._config)
+        if self._adapters is not None:
+            self._adapters.update(action.load, action.unload, action.inplace)
+
+    def _watch_adapters(self, config: Config) -> None:
+        """The adapters' watch, made the first time a config has [[adapters]] or live."""
+        if self._adapters is None and (config.adapters or config.lora.live):
+            from vllmwatch.shell.adapters import AdapterWatch  # only with adapters (issue 38)
+            self._adapters = AdapterWatch(config, self.log)
+        elif self._adapters is not None:
+            self._adapters.reconfigure(config)
 
     def close(self) -> None:
         """Last resort on the way out: never leave a child behind."""

@@ -40,6 +40,7 @@ from vllmwatch.core.events import (
     StopSending,
     Sweep,
     Tick,
+    UpdateAdapters,
     failure_result,
 )
 from vllmwatch.core.names import Reason, exit_code
@@ -323,6 +324,8 @@ class Loop:
             self._spare.do(action, self.post)
         elif isinstance(action, Exit):
             self.exit_code = action.code
+        elif isinstance(action, UpdateAdapters):
+            fx.update_adapters(action)  # sent off the loop; vLLM's answers are logged
         return None
 
     def _notify(self, action: Notify) -> None:

@@ -107,6 +107,7 @@ def render(data: Mapping[str, Any], colour: bool = False, now: float | None = No
         rows.append(("serving", " ".join(filter(None, (url, model and f"model {model}")))))
     rows += _standby_rows(data)
     rows += _spare_rows(data)
+    rows += _adapter_rows(data.get("adapters"))
     rows += _restart_rows(data, now)
     rows += _start_rows(data, state)
     rows += _probe_rows(data, now)
@@ -158,6 +159,23 @@ def _spare_rows(data: Mapping[str, Any]) -> list[tuple[str, str]]:
     who = str(data.get("serving") or "nobody")
     return [("answering", who + (" (degraded: spare serving)" if who == "spare" else "")),
             ("spare", line)]
+
+
+def _adapter_rows(data: object) -> list[tuple[str, str]]:
+    """[[adapters]]: each one's state (vLLM's error when it refused it), and the adapters
+    loaded by hand, which no restart brings back."""
+    if not isinstance(data, dict):
+        return []
+    rows = []
+    for row in data.get("managed", []):
+        line = f"{row.get('state')}" + ("" if row.get("required") else " (not required)")
+        if row.get("error"):
+            line += f": {row['error']}"
+        rows.append((f"adapter {row.get('name')}", line))
+    for name in data.get("unmanaged", []):
+        rows.append((f"adapter {name}", "unmanaged: loaded by hand, lost at the next "
+                     "restart (add it to [[adapters]] to keep it)"))
+    return rows
 
 
 def _restart_rows(data: Mapping[str, Any], now: float) -> list[tuple[str, str]]:
