@@ -24,7 +24,7 @@ import pytest
 
 from tests.support import PYTHON, REPO, free_port, wait_until
 from vllmwatch.config.schema import Config, from_dict
-from vllmwatch.core.events import StopRequested
+from vllmwatch.core.events import ReloadRequested, RestartRequested, StopRequested
 from vllmwatch.core.unified import Platform
 from vllmwatch.shell import sparefx, sparetree
 from vllmwatch.shell.clock import SystemClock
@@ -62,7 +62,9 @@ def _config(tmp: Path) -> Config:
     script.chmod(0o755)
     return from_dict({
         "vllm": {"command": [str(script), "--startup-seconds", "0.3", "--fake-weights-mib",
-                             str(WEIGHTS_MIB)], "model": _model(tmp),
+                             str(WEIGHTS_MIB), "--wake-fail-if", str(tmp / "wake-fails"),
+                             "--wake-hang-if", str(tmp / "wake-hangs")],
+                 "model": _model(tmp),
                  "port": free_port(), "gpus": [0], "args": {"max-model-len": 4096}},
         "gate": {"enabled": True, "listen": f"127.0.0.1:{free_port()}"},
         "spare": {"enabled": "true"},
@@ -91,7 +93,7 @@ def world(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Iterator[dict[str,
     runner.start()
     try:
         yield {"loop": loop, "log": log, "spare": spare, "fx": fx, "ledger": ledger,
-               "codes": codes, "runner": runner}
+               "codes": codes, "runner": runner, "tmp": tmp_path}
     finally:
         if runner.is_alive():
             loop.post(StopRequested("SIGTERM"))
@@ -159,3 +161,76 @@ def test_a_crash_fails_over_to_the_spare_and_back_and_a_stop_leaves_nothing(
     assert world["codes"] == [0]
     wait_until(lambda: not _ours(marker), 20, "no process of either tree left")
     assert not os.path.exists(sock)
+
+
+def _ready(world: dict[str, Any]) -> int:
+    """READY with the spare asleep; the serving child's pid."""
+    loop: Loop = world["loop"]
+    wait_until(lambda: _state(loop) == ("ready", "idle", "asleep"), WAIT, "READY, spare asleep")
+    child = loop.state.child
+    assert child is not None and child.pid is not None
+    return child.pid
+
+
+def _stop_and_nothing_left(world: dict[str, Any]) -> None:
+    spare: sparetree.SpareFx = world["spare"]
+    sock, marker = spare.tree.cmd.socket_path, spare.tree.marker.split(":")[0]
+    world["loop"].post(StopRequested("SIGTERM"))
+    world["runner"].join(WAIT)
+    assert world["codes"] == [0]
+    wait_until(lambda: not _ours(marker), 20, "no process of either tree left")
+    assert not os.path.exists(sock)
+
+
+def test_sigusr1_fails_over_and_re_arms(world: dict[str, Any]) -> None:
+    log: LogCapture = world["log"]
+    _ready(world)
+    world["loop"].post(RestartRequested())
+    wait_until(lambda: log.named("spare.rearmed"), WAIT, "the spare re-armed")
+    assert log.named("failover.served")[0]["seconds"] >= 0
+    assert [f["to"] for f in log.named("gate.route")] == ["spare", "full"]
+    _stop_and_nothing_left(world)
+
+
+def test_a_wake_that_fails_leaves_the_restart_as_today_and_the_spare_is_rebuilt(
+        world: dict[str, Any]) -> None:
+    log: LogCapture = world["log"]
+    pid = _ready(world)
+    (world["tmp"] / "wake-fails").touch()
+    os.killpg(pid, signal.SIGKILL)
+    wait_until(lambda: log.named("failover.failed"), WAIT, "failover.failed")
+    (world["tmp"] / "wake-fails").unlink()
+    wait_until(lambda: len(log.named("spare.ready")) == 2, WAIT, "the spare rebuilt")
+    _ready(world)
+    assert not log.named("gate.route"), "never routed to a spare not proven awake"
+    assert "500" in log.named("failover.failed")[0]["detail"]
+    _stop_and_nothing_left(world)
+
+
+def test_a_stop_while_the_spare_wakes_leaves_nothing(world: dict[str, Any]) -> None:
+    log: LogCapture = world["log"]
+    pid = _ready(world)
+    (world["tmp"] / "wake-hangs").touch()
+    os.killpg(pid, signal.SIGKILL)
+    wait_until(lambda: _state(world["loop"])[2] == "waking", WAIT, "the spare waking")
+    _stop_and_nothing_left(world)
+    assert not log.named("failover.served")
+
+
+def test_sighup_while_the_spare_serves_and_its_death_while_asleep(
+        world: dict[str, Any]) -> None:
+    log: LogCapture = world["log"]
+    loop: Loop = world["loop"]
+    pid = _ready(world)
+    os.killpg(pid, signal.SIGKILL)
+    wait_until(lambda: log.named("failover.served"), WAIT, "failover.served")
+    loop.post(ReloadRequested(loop.state.config))  # the same config: no second restart
+    wait_until(lambda: log.named("spare.rearmed"), WAIT, "the spare re-armed")
+    assert len(log.named("restart.begin")) == 1
+    spare: sparetree.SpareFx = world["spare"]
+    assert spare.tree.pid is not None
+    os.killpg(spare.tree.pid, signal.SIGKILL)  # the spare dies asleep: rebuilt beside READY
+    wait_until(lambda: log.named("spare.died"), WAIT, "spare.died")
+    wait_until(lambda: len(log.named("spare.ready")) == 2, WAIT, "the spare rebuilt")
+    _ready(world)
+    _stop_and_nothing_left(world)
