@@ -30,7 +30,8 @@ Step = tuple[WatchState, list[Action], bool]
 
 
 def checks(config: Config) -> tuple[SmokeCheck, ...]:
-    """The checks a start runs before READY: the config's [[smoke]] tables."""
+    """The checks a start runs before READY: the config's [[smoke]] tables (an adapter's is
+    config.smoke.adapter_check(name, required): endpoint completions under its name)."""
     return config.smoke
 
 

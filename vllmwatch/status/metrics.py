@@ -90,6 +90,7 @@ class SnapshotCollector(Collector):
         yield from _spare(snap)
         if snap.adapters is not None:
             yield from _adapters(snap.adapters)
+        yield _smoke(snap)
         if self._rejected is not None:
             yield _labelled(CounterMetricFamily, "vllmwatch_status_rejected",
                             "Status connections refused, by reason (busy, timeout, overflow, "
@@ -348,6 +349,20 @@ def _gate(snap: Snapshot) -> Iterator[Metric]:
     for reason in GATE_REFUSALS:
         refused.add_metric([reason], float(g.get(reason, 0)))
     yield refused
+
+
+def _smoke(snap: Snapshot) -> Metric:
+    """This start's answered [[smoke]] checks: 1 passed, 0 failed (a required one holds
+    READY; required="false" is reported only)."""
+    family = GaugeMetricFamily("vllmwatch_smoke_check_passed", "1 when this start's smoke "
+                               "check passed, 0 when it failed (docs/operations/smoke.md)",
+                               labels=["check", "endpoint", "required"])
+    for c in snap.smoke_checks:
+        if c.get("result") in ("passed", "failed"):
+            family.add_metric([str(c["name"]), str(c["endpoint"]),
+                               "true" if c.get("required") else "false"],
+                              1.0 if c["result"] == "passed" else 0.0)
+    return family
 
 
 def _labelled(

@@ -97,6 +97,9 @@ class Snapshot:
     # (state, why, pid, awake/asleep MiB, failovers, last failover's seconds), None when off
     serving: str = "nobody"
     spare: dict[str, Any] | None = None
+    # This start's [[smoke]] checks (core/smoke.view): name, endpoint, model, required, result
+    # (passed | failed | sending | not run), seconds, error, answer (its first 300 bytes).
+    smoke_checks: tuple[dict[str, Any], ...] = ()
 
     @property
     def restarts_total(self) -> int:

@@ -18,6 +18,7 @@ from typing import Any, BinaryIO
 
 from vllmwatch.testing.fake_engine import FaultClock, after, log
 from vllmwatch.testing.fake_lora import Loras
+from vllmwatch.testing.fake_smoke import ROUTES as SMOKE_ROUTES
 
 _METRICS = [  # (name, type, help, key in the engine's stats)
     ("num_requests_running", "gauge", "Number of requests in model execution batches.", "run"),
@@ -65,7 +66,7 @@ def routes(a: argparse.Namespace) -> tuple[str, ...]:
     if a.convert == "classify":
         return _POOLING["classify"]
     embed = a.runner == "pooling" or a.convert == "embed" or a.fake_embedding_model
-    return _POOLING["embed"] if embed else GENERATE
+    return _POOLING["embed"] if embed else GENERATE + SMOKE_ROUTES  # + /v1/messages
 
 
 class Api:

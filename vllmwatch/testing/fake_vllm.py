@@ -26,7 +26,7 @@ from typing import Any, NoReturn
 if not __spec__:  # run by file path: make our package importable from the folder above it
     sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
-from vllmwatch.testing import fake_lora, fake_sleep
+from vllmwatch.testing import fake_lora, fake_sleep, fake_smoke
 from vllmwatch.testing.fake_api import (
     ENGINE_DEAD_BODY,
     ENGINE_DEAD_ERROR,
@@ -89,6 +89,7 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
                  # listening socket, so it keeps vLLM's port after the server is gone
                  "spawn-setsid-orphan", "setsid-orphan-holds-port"):
         p.add_argument(f"--{name}", action="store_true")
+    fake_smoke.add_args(p)  # tool parser, chat template, /v1/messages (smoke checks)
     p.add_argument("--role", choices=("api", "engine", "worker"), default="api")
     # A pooling model has no completion routes (vLLM registers only its tasks' routes).
     p.add_argument("--runner", choices=("auto", "generate", "pooling"), default="auto")
@@ -182,6 +183,9 @@ class _Handler(BaseHTTPRequestHandler):
             body = None
         if not isinstance(body, dict):
             return self._send(400, error("Invalid JSON body", "BadRequestError", 400))
+        smoke = fake_smoke.answer(api.args, path, body, api.complete)
+        if smoke is not None:  # tools, /v1/messages, a missing chat template
+            return self._send(*smoke)
         if path not in GENERATE:
             return self._send(*api.pool(body, path))
         code, reply = api.complete(body, chat=path.endswith("chat/completions"))
