@@ -17,6 +17,8 @@ import time
 from typing import Any, BinaryIO
 
 from vllmwatch.testing.fake_engine import FaultClock, after, log
+from vllmwatch.testing.fake_lora import Loras
+from vllmwatch.testing.fake_smoke import ROUTES as SMOKE_ROUTES
 
 _METRICS = [  # (name, type, help, key in the engine's stats)
     ("num_requests_running", "gauge", "Number of requests in model execution batches.", "run"),
@@ -64,7 +66,7 @@ def routes(a: argparse.Namespace) -> tuple[str, ...]:
     if a.convert == "classify":
         return _POOLING["classify"]
     embed = a.runner == "pooling" or a.convert == "embed" or a.fake_embedding_model
-    return _POOLING["embed"] if embed else GENERATE
+    return _POOLING["embed"] if embed else GENERATE + SMOKE_ROUTES  # + /v1/messages
 
 
 class Api:
@@ -72,6 +74,7 @@ class Api:
 
     def __init__(self, sock: socket.socket, args: argparse.Namespace) -> None:
         self.sock, self.args, self.names = sock, args, args.served_model_name or [args.model]
+        self.loras = Loras(args)
         self.lock = threading.Lock()
         self.pending: dict[int, tuple[threading.Event, list[int]]] = {}
         self.next_id, self.stopping = 0, False
@@ -168,7 +171,7 @@ class Api:
     def pool(self, body: dict[str, Any], path: str) -> tuple[int, dict[str, Any]]:
         """An embedding, score or class through the engine (one engine step)."""
         model = body.get("model") or self.names[0]
-        if model not in self.names:
+        if model not in self.names and not self.loras.serves(model):
             return 404, error(f"The model `{model}` does not exist.", "NotFoundError", 404)
         if self.submit(1, 1) is None:
             return 500, ENGINE_DEAD_ERROR
@@ -183,7 +186,7 @@ class Api:
     def complete(self, body: dict[str, Any], chat: bool) -> tuple[int, dict[str, Any]]:
         """Run an OpenAI (chat) completion through the engine: (status, JSON reply)."""
         model = body.get("model") or self.names[0]
-        if model not in self.names:
+        if model not in self.names and not self.loras.serves(model):
             return 404, error(f"The model `{model}` does not exist.", "NotFoundError", 404)
         text = (" ".join(str(m.get("content", "")) for m in body.get("messages", [])) if chat
                 else str(body.get("prompt", "")))

@@ -26,7 +26,7 @@ from typing import Any, NoReturn
 if not __spec__:  # run by file path: make our package importable from the folder above it
     sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
-from vllmwatch.testing import fake_sleep
+from vllmwatch.testing import fake_lora, fake_sleep, fake_smoke
 from vllmwatch.testing.fake_api import (
     ENGINE_DEAD_BODY,
     ENGINE_DEAD_ERROR,
@@ -89,6 +89,7 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
                  # listening socket, so it keeps vLLM's port after the server is gone
                  "spawn-setsid-orphan", "setsid-orphan-holds-port"):
         p.add_argument(f"--{name}", action="store_true")
+    fake_smoke.add_args(p)  # tool parser, chat template, /v1/messages (smoke checks)
     p.add_argument("--role", choices=("api", "engine", "worker"), default="api")
     # A pooling model has no completion routes (vLLM registers only its tasks' routes).
     p.add_argument("--runner", choices=("auto", "generate", "pooling"), default="auto")
@@ -96,6 +97,7 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
     # The model itself says pooling (sentence-transformers modules.json): no flag shows it.
     p.add_argument("--fake-embedding-model", action="store_true")
     fake_sleep.add_args(p)  # sleep mode, GPU memory, --uds (issue 34)
+    fake_lora.add_args(p)
     return p.parse_known_args(argv)[0]
 
 
@@ -150,7 +152,7 @@ class _Handler(BaseHTTPRequestHandler):
             self._send(200, {"object": "list", "data": [
                 {"id": n, "object": "model", "created": 0, "owned_by": "vllm",
                  "root": api.args.model, "parent": None, "max_model_len": 2048}
-                for n in api.names]})
+                for n in api.names] + api.loras.models(api.names[0])})
         elif path == "/metrics":
             self._send(200, api.metrics().encode(), "text/plain; version=0.0.4; charset=utf-8")
         else:
@@ -163,6 +165,14 @@ class _Handler(BaseHTTPRequestHandler):
         if dev is not None:
             return self._send(*dev)
         key = api.args.api_key
+        if path in fake_lora.ROUTES and api.loras.runtime:
+            if key and self.headers.get("Authorization") != f"Bearer {key}":
+                return self._send(401, {"error": "Unauthorized"})
+            body = json.loads(self.rfile.read(int(self.headers.get("Content-Length") or 0)))
+            code, answer = api.loras.post(path, body, api.names) or (404, {})
+            ctype = "text/plain; charset=utf-8" if isinstance(answer, bytes) else \
+                "application/json"
+            return self._send(code, answer, ctype)
         if path not in routes(api.args):
             return self._send(404, {"detail": "Not Found"})
         if key and self.headers.get("Authorization") != f"Bearer {key}":
@@ -173,6 +183,9 @@ class _Handler(BaseHTTPRequestHandler):
             body = None
         if not isinstance(body, dict):
             return self._send(400, error("Invalid JSON body", "BadRequestError", 400))
+        smoke = fake_smoke.answer(api.args, path, body, api.complete)
+        if smoke is not None:  # tools, /v1/messages, a missing chat template
+            return self._send(*smoke)
         if path not in GENERATE:
             return self._send(*api.pool(body, path))
         code, reply = api.complete(body, chat=path.endswith("chat/completions"))
@@ -315,6 +328,10 @@ def api_main(a: argparse.Namespace, flags: list[str]) -> int:
                             f"above. Failed core proc(s): {{'EngineCore_DP0': {engine.wait()}}}",
                             "vllm/entrypoints/openai/api_server.py")
             return 1
+        refused = api.loras.load_static(log)  # vLLM's init_static_loras
+        if refused is not None:
+            write_traceback(refused, "vllm/entrypoints/openai/models/serving.py")
+            _shutdown(engine, api, 1)
         memory.hold(memory.awake_mib())
         where = f"unix:{a.uds}" if a.uds else f"http://{a.host}:{a.port}"
         log("INFO", f"Starting vLLM server on {where}", "api_server.py:2")
