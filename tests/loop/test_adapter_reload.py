@@ -144,3 +144,20 @@ def test_a_rank_change_in_place_is_a_repoint(dirs: dict[str, str], tmp_path: Pat
                      "lora": {"live": True, "max_loras": 2, "max_lora_rank": 64}})
     change = decide(old, new, True)
     assert (change.how, change.repointed) == ("live", ("a",))
+
+
+def test_each_adapter_answers_before_ready_and_only_a_required_one_holds_it(
+        dirs: dict[str, str]) -> None:
+    """An adapter's check is smoke's: one 1-token completion under its name, before READY,
+    with the adapter's `required`; [[smoke]] checks come after the adapters'."""
+    data = {**BASE, "adapters": [{"name": "a", "path": dirs["a"]},
+                                 {"name": "b", "path": dirs["b"], "required": False}],
+            "smoke": [{"endpoint": "chat"}]}
+    d = Driver(from_dict(data))
+    d.world.smoke_errors["adapter:b"] = "HTTP 404: The model `b` does not exist."
+    assert d.run_until(lambda: d.state.state == S.READY, 120)
+    assert d.world.smoke_sent == ["adapter:a", "adapter:b", "chat"]
+    d2 = Driver(from_dict(data))
+    d2.world.smoke_errors["adapter:a"] = "HTTP 404: The model `a` does not exist."
+    assert not d2.run_until(lambda: d2.state.state == S.READY, 60)
+    assert d2.world.smoke_sent == ["adapter:a"]  # held: nothing more is sent

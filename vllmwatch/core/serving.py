@@ -157,7 +157,7 @@ def checks_then_ready(s: WatchState, now: float, acts: list[Action]) -> Result:
 
     [[adapters]] (issue 38.1) adds its 1-token checks in core/smoke.checks(), and its
     condition here."""
-    if not s.config.smoke:
+    if not s.config.smoke and not s.config.adapters:
         return become_ready(s, now, acts)
     from vllmwatch.core import smoke  # only when configured: the daemon's import count
 
