@@ -64,11 +64,17 @@ def _run(config: Config, log_format: str | None, env: dict[str, str], log: Switc
                 lambda c: setup(log_format or c.log.format, c.log.level, environ=env),
                 lambda c: _status_server(c, log, get, no_watchdog, readyz))
     get: Callable[[], Snapshot] = lambda: live.decorate(holder["snap"])  # noqa: E731
+    spare_socket = None
+    considered = config.spare.considered(config.gate.enabled)
+    if considered:  # the sleeping spare engine (issue 34): only then imported
+        from vllmwatch.shell import child, sparefx
+
+        spare_socket = sparefx.socket_path(env, child.instance_id(config.path))
     if config.gate.enabled:  # aiohttp is imported only when the front door is on
         from vllmwatch.gate.attach import start_gate, with_gate
 
         live.gate = start_gate(config, log, lambda: holder["snap"],
-                               fdbudget.current().gate_connections)
+                               fdbudget.current().gate_connections, spare_socket)
         get = lambda: with_gate(live.decorate(holder["snap"]), live.gate)  # noqa: E731
     try:
         live.status = _status_server(config, log, get, no_watchdog, readyz)
@@ -85,6 +91,11 @@ def _run(config: Config, log_format: str | None, env: dict[str, str], log: Switc
     if live.gate is not None:
         fx.stop_order = live.gate.stop_order
         fx.gate_figures = live.gate.figures
+    if considered:  # the plan, from this machine's facts; on or off and why
+        fx.spare = sparefx.make(config, env, fx.sampler, fx.platform.unified, log)
+        gate = live.gate
+        if fx.spare is not None and gate is not None:
+            fx.spare.in_flight = lambda: gate.forwarder.spare_in_flight
 
     def reload() -> Config:  # on a worker thread: reads the file, logs with the old level
         # The same check as `check --config-only`, the units' first ExecReload= (exit CONFIG).
@@ -95,7 +106,7 @@ def _run(config: Config, log_format: str | None, env: dict[str, str], log: Switc
         fx.reconfigure(new)  # a standby built for another command or environment goes
 
     loop = Loop(config, fx, SystemClock(), reload_config=reload, environ=env,
-                on_reloaded=reloaded)
+                on_reloaded=reloaded, spare=fx.spare)
     if not config.gate.enabled:  # with the front door, a planned restart always deregisters
         readyz.watch(loop)
     try:

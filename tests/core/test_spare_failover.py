@@ -254,6 +254,9 @@ def test_a_crash_wakes_the_spare_before_the_record_and_routes_to_it_then_back() 
     begin = _logs(acts, "restart.begin")[0]
     assert "spare wakes" in str(begin.fields["failover"])
     assert _index(acts, WakeSpare) < _index(acts, RecordIncident)
+    record = acts[_index(acts, RecordIncident)]
+    assert isinstance(record, RecordIncident)
+    assert record.facts["failover"]["spare"] == "waking", "the record notes the failover"
     assert not [a for a in acts if isinstance(a, Route)], "routed before proven awake"
     assert _rung(m) == R.WAKING
     m.spare_answers(WakeSpare, SpareWoken(True, "", 0.7))

@@ -37,6 +37,11 @@ ADDED_SINCE_608444D = {
                                     "caches on for the child",
     "vllmwatch.core.reuse": "issue 33: what a launch reused of those caches (from its log)",
     # With the gate on only.
+    "vllmwatch.config.spare": "issue 34: [spare] = auto is considered with the gate on: its "
+                              "plan says on or off and why at every start",
+    "vllmwatch.config.spareargs": "issue 34: the plan's flag and KV arithmetic",
+    "vllmwatch.shell.sparefx": "issue 34: the plan's facts from this machine; the spare's "
+                               "tree and the core's failover load only when it is on",
     "vllmwatch.gate.replay": "issue 35: which requests the gate may send again",
     "vllmwatch.gate.fence": "issue 37.9: no send to a generation after its stop order",
     "vllmwatch.gate.exchange": "issues 35, 37.9: one fenced exchange with vLLM",

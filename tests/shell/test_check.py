@@ -152,7 +152,7 @@ def test_handmade_model_all_pass_and_exit_0(tmp_path: Path) -> None:
         "config": PASS, "vllm": PASS, "model.config": PASS, "model.tokenizer": PASS,
         "model.weights": PASS, "model.checksums": PASS, "max-model-len": PASS, "port": PASS,
         "gpu": PASS, "prewarm.cache_dir": PASS, "status.listen": PASS, "vllm.args": WARN,
-        "instances": PASS, "start memory": PASS, "start caches": PASS}
+        "instances": PASS, "start memory": PASS, "start caches": PASS, "spare": PASS}
     assert "CPU config" in res["gpu"].detail
     out = io.StringIO()
     assert check.main(path, as_json=False, fast=False, out=out, err=io.StringIO()) == 0

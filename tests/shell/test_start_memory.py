@@ -60,6 +60,14 @@ def test_a_gpu_with_less_free_memory_than_asked_fails_by_index() -> None:
     assert [r.status for r in check_start_memory(ctx([0], {}), nvml=FakeNvml)] == [PASS]
 
 
+def test_kv_cache_bytes_do_not_skip_the_gpu_check() -> None:
+    """vLLM's request_memory() runs on a GPU whatever the KV sizing (issue 34): utilization
+    x total must still be free."""
+    got = check_start_memory(ctx([1], {"gpu-memory-utilization": 0.9,
+                                       "kv-cache-memory-bytes": "8G"}), nvml=FakeNvml)
+    assert [r.status for r in got] == [FAIL] and "at most 0.24" in got[0].detail
+
+
 def test_node_memory_reads_numa_node_0_like_vllm_else_meminfo(tmp_path: Path) -> None:
     (tmp_path / "proc").mkdir()
     (tmp_path / "proc/meminfo").write_text("MemTotal: 1000 kB\nMemFree: 100 kB\n"

@@ -1,8 +1,8 @@
 """The preflight checklist (`vllmwatch check`): the runner and the output.
 
-The checks live in one module per group (vllm, model, maxlen, host, gpu), each importing
-only check/base.py, so this module imports them all at the top. A check never raises: the
-runner turns an unexpected error into a FAIL carrying its text.
+The checks live in one module per group (vllm, model, maxlen, host, gpu, spare, ...), each
+importing only check/base.py, so this module imports them all at the top. A check never
+raises: the runner turns an unexpected error into a FAIL carrying its text.
 """
 
 from __future__ import annotations
@@ -21,6 +21,7 @@ from vllmwatch.check import (
     maxlen,
     model,
     neighbours,
+    spare,
     startmem,
     unified,
     vllm,
@@ -141,6 +142,7 @@ CHECKS: tuple[tuple[str, Check], ...] = (
     ("gpu", _check_gpus),
     ("start memory", _check_start_memory),
     ("platform", unified.check_platform),
+    ("spare", spare.check_spare),
     ("prewarm.cache_dir", host.check_prewarm_cache),
     ("instances", neighbours.check_neighbours),
     ("fights", fights.check_fights),

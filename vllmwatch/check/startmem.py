@@ -8,8 +8,11 @@ refuse at its first start FAILs here, with the value to set.
   (available = MemFree + the file pages, per node; psutil's available without nodes).
 - GPU: `request_memory()` refuses when a GPU's free memory is below utilization x its total
   (FACTS.md). Unified memory (DGX Spark) has its own row (`unified.startup-check`).
-- Either is skipped when the KV cache is sized in bytes (`kv-cache-memory-bytes`, or on CPU the
-  legacy VLLM_CPU_KVCACHE_SPACE that vLLM maps onto it): vLLM then skips the check.
+- On CPU the check is skipped when the KV cache is sized in bytes (`kv-cache-memory-bytes`, or
+  the legacy VLLM_CPU_KVCACHE_SPACE that vLLM maps onto it): vLLM's CPUWorker skips it then.
+  On a GPU it is not: `request_memory()` runs in init_device whatever the KV sizing (vLLM
+  0.26/0.32 gpu_worker.py; measured on the H200, issue 34: a spare with 8G of KV bytes still
+  needs a small utilization to start beside a serving engine).
 """
 
 from __future__ import annotations
@@ -57,10 +60,10 @@ def check_start_memory(ctx: Context, meminfo: Meminfo = node_memory,
     flags = vllm_flags(ctx)
     env = {**ctx.env, **ctx.config.vllm.env}
     cpu = ctx.config.vllm.gpus == []
-    if "kv-cache-memory-bytes" in flags or (cpu and env.get("VLLM_CPU_KVCACHE_SPACE", "")):
+    if cpu and ("kv-cache-memory-bytes" in flags or env.get("VLLM_CPU_KVCACHE_SPACE", "")):
         return [CheckResult(NAME, PASS, "the KV cache is sized in bytes (kv-cache-memory-bytes"
-                            + (" / VLLM_CPU_KVCACHE_SPACE" if cpu else "") + "): vLLM skips "
-                            "its start-up memory check")]
+                            " / VLLM_CPU_KVCACHE_SPACE): vLLM skips its start-up memory "
+                            "check on CPU")]
     try:
         util = float(str(flags.get("gpu-memory-utilization", DEFAULT_UTILIZATION)))
     except ValueError:

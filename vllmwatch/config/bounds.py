@@ -71,6 +71,7 @@ DEFAULTS: dict[str, Bounds] = {
     "fraction": Bounds(0.0, 1.0),
     "pos_float": Bounds(1.0, 100.0),
     "pos_int": Bounds(1.0, 1_000_000.0),
+    "auto_int": Bounds(1.0, 1_000_000.0, zero="auto"),
     "port": Bounds(1.0, 65535.0),
 }
 

@@ -206,6 +206,11 @@ def build(config: Config, base_env: Mapping[str, str], api_key: str | None = Non
                                       *file_args])
     secret_env = {**file_env, **secret_env}
     argv += user
+    lora_env: dict[str, str] = {}
+    if config.adapters:  # [[adapters]] (issue 38): imported only when configured
+        from vllmwatch.config import adapters
+        argv += adapters.launch_args(config)
+        lora_env = adapters.launch_env(config)
     given = {flag_name(a.partition("=")[0]) for a in argv if a.startswith("--")}
     if accepts_shutdown_timeout(vllm_version) and "shutdown-timeout" not in given:
         argv += ["--shutdown-timeout", str(int(config.restart.drain_timeout))]
@@ -216,6 +221,7 @@ def build(config: Config, base_env: Mapping[str, str], api_key: str | None = Non
         shown["CUDA_DEVICE_ORDER"] = "PCI_BUS_ID"
         shown["CUDA_VISIBLE_DEVICES"] = ",".join(str(g) for g in v.gpus)
     shown.update(extra_env or {})
+    shown.update(lora_env)
     shown.update(v.env)
     # EngineCore by fork for one worker (config/launch.py says when and why).
     method, _ = engine_start_method(v.args, v.extra_args, {**base_env, **v.env})

@@ -119,6 +119,7 @@ CONVERTERS: dict[str, tuple[Converter, str]] = {
     "bool": (_bool, "true or false"),
     "port": (_int_in(1, 65535), "a port number 1-65535"),
     "pos_int": (_int_in(1, 1_000_000), "a whole number >= 1"),
+    "auto_int": (_int_in(0, 1_000_000), "a whole number >= 1, or 0 for auto"),
     "pos_float": (_number, "a number"),
     "fraction": (_number, "a number"),
     "duration": (units.parse_duration, units.DURATION_HELP),

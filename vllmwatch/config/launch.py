@@ -64,5 +64,9 @@ INJECTED_ENV = frozenset({
     "VLLM_CACHE_ROOT", "TRITON_CACHE_DIR", "FLASHINFER_WORKSPACE_BASE", "HF_HOME",
     # vLLM's start-up caches (issue 33), on when vllmwatch turns them on
     "VLLM_ENABLE_STARTUP_PLAN", "VLLM_USE_MEGA_AOT_ARTIFACT", "VLLM_USE_STANDALONE_COMPILE",
+    # [lora] live = true (config/adapters.py): vLLM's load/unload endpoints
+    "VLLM_ALLOW_RUNTIME_LORA_UPDATING",
 })
+# Not listed: [[adapters]]' --enable-lora, --lora-modules, --max-loras, --max-lora-rank:
+# `init --from-pid` keeps them as [vllm.args] (still served, not restored as [[adapters]]).
 INJECTED_FLAGS = frozenset({"shutdown-timeout"})  # restart.drain_timeout, for vLLM >= 0.18

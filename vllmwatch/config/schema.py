@@ -39,8 +39,8 @@ else:  # pragma: no cover - exercised on Python 3.10 only
     import tomli as tomllib
 
 DEFAULT_PATH = "/etc/vllmwatch/vllmwatch.toml"
-# Arrays of tables ([[smoke]]): parsed by their own modules, not by SECTIONS' key tables.
-ARRAYS = ("smoke",)
+# Arrays of tables ([[smoke]], [[adapters]]): parsed by their own modules, not by SECTIONS.
+ARRAYS = ("smoke", "adapters")
 # The section types are re-exported: callers import the config from one place.
 __all__ = [
     "SECTIONS",
@@ -108,6 +108,11 @@ def from_dict(data: Mapping[str, object], path: str = "<config>") -> Config:
         arrays["smoke"], more = smoke.parse(data["smoke"])
         problems += more
     config = Config(path=path, **sections, **arrays)  # type: ignore[arg-type]
+    if "adapters" in data:  # imported only when configured; checked with [vllm] and [lora]
+        from vllmwatch.config import adapters
+        parsed, more = adapters.parse(data["adapters"], config)
+        config = dataclasses.replace(config, adapters=parsed)
+        problems += more
     problems += cross_checks(config)
     if problems:
         # Report the refused flags too, so that one edit cycle fixes the whole file.

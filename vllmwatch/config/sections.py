@@ -234,6 +234,29 @@ class IncidentsConfig:
     output_lines: int = _conv("pos_int", 300, high=100000)  # vLLM's last lines kept
 
 
+# --- [[adapters]] and [lora] (issue 38: LoRA adapters that survive restarts) -------------
+
+
+@dataclass(frozen=True)
+class AdapterConfig:
+    """One [[adapters]] entry: a LoRA adapter vLLM is launched with (config/adapters.py)."""
+
+    name: str
+    path: str
+    required: bool = True  # false: READY for the base model even when this one fails
+    rank: int = 0  # not a key: read from the adapter's adapter_config.json when loaded
+
+
+@dataclass(frozen=True)
+class LoraConfig:
+    """How adapters are served: at launch only, or also loaded live on a SIGHUP."""
+
+    live: bool = _conv("bool", False)  # VLLM_ALLOW_RUNTIME_LORA_UPDATING and its endpoints
+    max_loras: int = _conv("auto_int", 0, high=64, zero="auto: the number of adapters")
+    max_lora_rank: int = _conv("auto_int", 0, high=512,
+                               zero="auto: the adapters' largest r, rounded up")
+
+
 @dataclass(frozen=True)
 class Config:
     """The whole configuration, plus where it came from."""
@@ -251,6 +274,8 @@ class Config:
     incidents: IncidentsConfig = field(default_factory=IncidentsConfig)
     spare: SpareConfig = field(default_factory=SpareConfig)
     smoke: tuple[SmokeCheck, ...] = ()  # [[smoke]]: checks before READY (config/smoke.py)
+    lora: LoraConfig = field(default_factory=LoraConfig)
+    adapters: tuple[AdapterConfig, ...] = ()  # [[adapters]]: an array of tables, not in SECTIONS
     path: str = ""
     sha256: str = ""
 
@@ -268,4 +293,5 @@ SECTIONS: dict[str, type] = {
     "gate": GateConfig,
     "incidents": IncidentsConfig,
     "spare": SpareConfig,
+    "lora": LoraConfig,
 }

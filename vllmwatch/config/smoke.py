@@ -83,8 +83,10 @@ def adapter_check(adapter: str, required: bool, timeout: float | None = None) ->
                       required=required)
 
 
-def parse(value: object) -> tuple[tuple[SmokeCheck, ...], list[Problem]]:
-    """The `smoke` value of a parsed TOML document: its checks and every problem found."""
+def parse(value: object, config: object = None
+          ) -> tuple[tuple[SmokeCheck, ...], list[Problem]]:
+    """The `smoke` value of a parsed TOML document: its checks and every problem found
+    (`config`: the rest of the file, as [[adapters]]' parse takes it; checks need none)."""
     if not isinstance(value, list) or not all(isinstance(t, dict) for t in value):
         return (), [Problem("smoke", f"expected [[smoke]] tables, got {show(value)}")]
     if len(value) > MAX_CHECKS:

@@ -368,13 +368,23 @@ class Exit:
 
 
 @dataclass(frozen=True)
+class UpdateAdapters:
+    """[lora] live = true: load and unload LoRA adapters in the running vLLM (core/lora.py);
+    the shell sends them off the loop and reports what vLLM said (shell/adapters.py)."""
+
+    load: tuple[Any, ...] = ()  # config.sections.AdapterConfig: added and repointed
+    unload: tuple[str, ...] = ()
+    inplace: tuple[str, ...] = ()  # repointed: loaded again in place under the same name
+
+
+@dataclass(frozen=True)
 class SpareAction:
     """An action for the spare engine: core/failover.py's (imported only when it is on)."""
 
 
 Action = (Log | Notify | DoPrewarm | Spawn | SignalGroup | KillEngines | StopSending | Probe
           | SampleMemory | Sweep | CheckRelease | StartOver | RecordIncident | Exit | Smoke
-          | SpareAction)
+          | SpareAction | UpdateAdapters)
 AsyncAction = Probe | SampleMemory | Sweep | CheckRelease | DoPrewarm | RecordIncident | Smoke
 
 

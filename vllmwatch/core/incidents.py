@@ -87,6 +87,12 @@ def facts(s: WatchState, now: float, reason: Reason) -> dict[str, Any]:
         "restarts_by_reason": dict(s.restarts_by_reason), "failures_in_row": s.failures,
         "config_path": s.config.path, "config_sha256": s.config.sha256,
     }
+    t = s.spare
+    if t is not None:  # issue 34: the failover as the take-down begins (the record follows
+        # the wake; failover.served and failover.returned in the journal give its seconds)
+        out["failover"] = {"spare": str(t.rung), "why": t.why, "failovers": t.failovers,
+                           "began_s_ago": None if t.began is None else round(now - t.began, 3),
+                           "last_failover_s": t.last_seconds}
     if c is None:
         return out
     st, e, sample = c.start, c.engine, c.probes.memory

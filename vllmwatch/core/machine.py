@@ -41,6 +41,7 @@ from vllmwatch.core.events import (
     StopRequested,
     SweepDone,
     Tick,
+    UpdateAdapters,
 )
 from vllmwatch.core.names import PROBES, Reason
 from vllmwatch.core.names import ProbeKind as K
@@ -248,17 +249,26 @@ def _reload(s: WatchState, ev: ReloadRequested, now: float) -> Result:
         return s, acts + ([Notify(ready=True)] if pair else [])
     old = s.config
     relaunch = old.vllm != ev.config.vllm or old.prewarm.cache_dir != ev.config.prewarm.cache_dir
+    why = "the vLLM command or environment changed"
+    fields: dict[str, object] = {}
+    if old.adapters != ev.config.adapters or old.lora != ev.config.lora:
+        from vllmwatch.core import lora  # [[adapters]] (issue 38): only when they change
+        change = lora.decide(old, ev.config, s.state == S.READY and not relaunch)
+        fields = change.fields()
+        if change.how == "live":
+            acts.append(UpdateAdapters(change.load, change.unload, change.repointed))
+        elif change.how == "restart" and not relaunch:
+            relaunch, why = True, f"adapters changed: {change.why}"
     s = replace(s, config=ev.config)
     acts.append(Log("info", "config.reloaded", {"path": ev.config.path,
                                                 "sha256": ev.config.sha256[:12],
-                                                "restart_needed": relaunch}))
+                                                "restart_needed": relaunch, **fields}))
     if pair:
         acts.append(Notify(ready=True))
     s, more = ladder.spare_reloaded(s, now)
     acts += more
     if relaunch and s.state in (S.READY, S.STARTING) and s.exit_code is None:
-        s, more = ladder.begin_restart(s, now, Reason.RELOAD, "the vLLM command or environment "
-                                       "changed", drain=True)
+        s, more = ladder.begin_restart(s, now, Reason.RELOAD, why, drain=True)
         acts += more
     return s, acts
 

@@ -166,8 +166,11 @@ def _starting_canary(s: WatchState, ev: CanaryResult, now: float) -> Result:
 
 
 def checks_then_ready(s: WatchState, now: float, acts: list[Action]) -> Result:
-    """The canary passed: the smoke checks first when the config has some, then READY."""
-    if not s.config.smoke:
+    """The canary passed: the smoke checks first when the config has some, then READY.
+
+    [[adapters]] (issue 38.1) adds its 1-token checks in core/smoke.checks(), and its
+    condition here."""
+    if not s.config.smoke and not s.config.adapters:
         return become_ready(s, now, acts)
     from vllmwatch.core import smoke  # only when configured: the daemon's import count
 

@@ -30,8 +30,13 @@ Step = tuple[WatchState, list[Action], bool]
 
 
 def checks(config: Config) -> tuple[SmokeCheck, ...]:
-    """The checks a start runs before READY: the config's [[smoke]] tables."""
-    return config.smoke
+    """The checks a start runs before READY: one 1-token completion under each [[adapters]]
+    name (its `required` is the check's, issue 38.1), then the config's [[smoke]] tables."""
+    if not config.adapters:
+        return config.smoke
+    from vllmwatch.config.smoke import adapter_check
+
+    return (*(adapter_check(a.name, a.required) for a in config.adapters), *config.smoke)
 
 
 def begin(s: WatchState, acts: list[Action]) -> Step:

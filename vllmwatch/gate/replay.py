@@ -43,12 +43,20 @@ REPLAYABLE = frozenset({
     "/v1/classify", "/tokenize", "/detokenize", "/v1/audio/transcriptions",
     "/v1/audio/translations", "/inference/v1/generate",
 })
-# vLLM's EngineDeadError message (vllm/v1/engine/exceptions.py, 0.26 and 0.32 alike); its
-# serving layer answers it as a 500 JSON error, or as a stream's error event.
+# vLLM's EngineDeadError message (vllm/v1/engine/exceptions.py:13 in 0.26.0, :16 in 0.32.0);
+# both answer it as a 500 {"error": {"message": ...}} or, in a stream, as its first event
+# after the 200 head (read in both sources: vllmwatch/testing/fake_api.py cites the lines).
+# Not seen in Anthropic /v1/messages streams: vLLM's converter fails to parse the chat
+# stream's error event and sends `event: error` with the pydantic error instead (0.32
+# anthropic/serving.py:1008 and :1224-1232), which names no engine: passed on as begun.
 ENGINE_DEAD = b"EngineCore encountered an issue"
 # vLLM >= 0.18 after SIGTERM (its shutdown drain): new requests get 503 with this message.
 SHUTTING_DOWN = b"The server is shutting down."
 ANTHROPIC = "/v1/messages"
+# The last event of a stream: OpenAI's `data: [DONE]`, Anthropic's `message_stop`. A failure
+# after it (the API server of a stuck or dying engine may not finish the chunked body) has
+# cost the client nothing: not a cut. Measured: 2 of 10 "cut" streams had it (issue 35 e2e).
+END_OF_STREAM = re.compile(rb"(?:^|\n)(?:data: \[DONE\]|event: message_stop)\s*(?:\n|$)")
 
 
 def replayable_path(method: str, path: str) -> bool:

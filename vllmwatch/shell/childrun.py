@@ -114,7 +114,24 @@ def prepare(config: Config, environ: Mapping[str, str], marker: str, version: st
     refused = flagcheck.refusal(config, environ, version, log)
     if refused is not None:
         return SpawnFailed(refused, fatal=True)
+    if config.adapters:
+        _say_adapters(config, log)
     return Prepared(cmd, api_key)
+
+
+def _say_adapters(config: Config, log: LogFn) -> None:
+    """[[adapters]] at each launch: which, and the rank vLLM gets (rounded up: it accepts
+    only some ranks)."""
+    from vllmwatch.config import adapters  # only with adapters (issue 38)
+
+    plan = adapters.plan(config)
+    rounded = {"detail": f"the adapters' largest rank {plan.largest_r} is not one vLLM "
+                         f"accepts ({', '.join(map(str, adapters.RANKS))}): rounded up to "
+                         f"{plan.max_lora_rank}"} if plan.rounded and \
+        not config.lora.max_lora_rank else {}
+    log("info", "lora.launch", adapters=[a.name for a in config.adapters],
+        max_loras=plan.max_loras, max_lora_rank=plan.max_lora_rank, largest_r=plan.largest_r,
+        live=plan.live, **rounded)
 
 
 class ChildHandle:

@@ -7,7 +7,7 @@ from __future__ import annotations
 import time
 from collections.abc import Callable, Mapping
 from dataclasses import replace
-from typing import Any, Protocol
+from typing import TYPE_CHECKING, Any, Protocol
 
 from vllmwatch.config import command, startcaches
 from vllmwatch.config.schema import Config, ConfigError
@@ -28,6 +28,7 @@ from vllmwatch.core.events import (
     SpawnFailed,
     Sweep,
     SweepDone,
+    UpdateAdapters,
     failure_result,
 )
 from vllmwatch.core.state import State
@@ -45,6 +46,9 @@ from vllmwatch.shell.notify import Notifier
 from vllmwatch.shell.reaper import Reaper
 from vllmwatch.shell.versions import VersionCache
 from vllmwatch.status.snapshot import Snapshot
+
+if TYPE_CHECKING:  # imported by a run only when the spare's plan is considered
+    from vllmwatch.shell.sparerun import SpareFx
 
 
 class Effects(Protocol):
@@ -73,6 +77,7 @@ class Effects(Protocol):
     def vllm_version(self) -> str | None: ...
     def tend_standby(self, state: State, child_pid: int | None) -> None: ...
     def publish(self, snapshot: Snapshot) -> None: ...
+    def update_adapters(self, action: UpdateAdapters) -> None: ...
     def close(self) -> None: ...
 
 
@@ -104,6 +109,7 @@ class RealEffects:
         # ... and what became of a failed engine's requests in flight (Gate.figures): handed
         # over as a copy made on the gate's thread, for the incident record (issue 35).
         self.gate_figures: Callable[[int | None], Mapping[str, int] | None] | None = None
+        self.spare: SpareFx | None = None  # the sleeping spare engine, when its plan is on
         self._versions = VersionCache()
         # The start-up cache decision last logged (daemon lifetime: said once per change).
         self._caches_said: list[tuple[dict[str, str], dict[str, str]]] = []
@@ -117,6 +123,8 @@ class RealEffects:
         self._config = config  # the latest: the standby is built for the next launch of it
         # Incident records (daemon lifetime); it keeps the last child's evidence past the reap.
         self.incidents = IncidentShell(config, log, environ)
+        self._adapters: Any = None  # shell/adapters.AdapterWatch, once adapters are configured
+        self._watch_adapters(config)
 
     def spawn(self, config: Config, post: Callable[[Event], None]) -> Event:
         """Build the command (refusing known-broken flags) and start the child."""
@@ -133,7 +141,11 @@ class RealEffects:
         if self._run is not None:  # never two: the core launches only after the reap
             self._run.close()
             self._run = None
-        before = self.sampler.device_used_mib() if config.vllm.uses_gpu else {}
+        before = {} if not config.vllm.uses_gpu else self.sampler.device_used_mib() \
+            if self.spare is None else self.spare.device_used(self.sampler)
+        if self.spare is not None:  # the serving engine's setting, lowered for the spare
+            prepared = replace(prepared, cmd=replace(
+                prepared.cmd, argv=tuple(self.spare.serving_argv(prepared.cmd.argv))))
         guard = startguard.make_guard(config, self.platform.unified, self.log,
                                       self._environ, time.monotonic)
         self._config = config
@@ -154,11 +166,14 @@ class RealEffects:
                                 extra_env=self._cache_env(config))
         except ConfigError:
             return None
+        if self.spare is not None:
+            cmd = replace(cmd, argv=tuple(self.spare.serving_argv(cmd.argv)))
         return self.incidents.standby_command(cmd, config)
 
     def reconfigure(self, config: Config) -> None:
         """A SIGHUP loaded `config`: a standby built for another command or environment goes."""
         self._config = config
+        self._watch_adapters(config)
         self._versions.prefetch(config.vllm.command)
         if self.standby is not None:
             self.standby.reconfigure(config, lambda: self._next_command(config),
@@ -202,7 +217,7 @@ class RealEffects:
             if exited is not None:
                 self._run = None  # the run is over: nothing of it stays here
         if self.reaper is not None:
-            keep = set(self.launcher.exempt())  # the launcher waits for its own
+            keep = set(self._exempt())  # the launcher (and the spare) wait for their own
             if self._run is not None:
                 keep.add(self._run.pid)
             self.reaper.reap(keep=keep)
@@ -268,20 +283,28 @@ class RealEffects:
             # As subreaper every orphan of the tree comes to us: what we adopted is ours.
             done = childmod.sweep(action.pgid, self.marker, action.host, action.port,
                                   settle=action.settle, log=self.log,
-                                  exempt=self.launcher.exempt(), adopt=self.reaper is not None)
+                                  exempt=self._exempt(), adopt=self.reaper is not None)
             if self.reaper is not None:
                 self.reaper.killed(done.killed)
             if not done.remaining:
                 childmod.remove_tmpdirs(self.marker)
             return done
         ours, foreign = childmod.find_tree(action.pgid, self.marker, self.log,
-                                           self.launcher.exempt(), self.reaper is not None)
+                                           self._exempt(), self.reaper is not None)
         holder = childmod.port_holder(action.host, action.port, ignore=set())
         return SweepDone((), tuple(p.pid for p in ours), holder,
                          tuple(childmod.describe(p) for p in foreign))
 
+    def _exempt(self) -> frozenset[int]:
+        """Ours and no child's: the standby, and the spare engine's API server (its own
+        session: a subreaper's sweep would take it for an adopted orphan)."""
+        spare = self.spare.tree.pid if self.spare is not None else None
+        return self.launcher.exempt() | ({spare} if spare is not None else set())
+
     def check_release(self, action: CheckRelease) -> ReleaseChecked:
         """Has the GPU given back the old tree's memory?"""
+        if self.spare is not None:  # judged without the spare's memory (it may be awake)
+            return self.spare.release_check(self.sampler, action)
         ok, detail = release_check(self.sampler, set(action.old_pids),
                                    dict(action.before_launch), action.tolerance_mib)
         return ReleaseChecked(ok, detail)
@@ -322,10 +345,29 @@ class RealEffects:
     def publish(self, snapshot: Snapshot) -> None:
         """Hand the latest snapshot to readers (the status server); starts nothing."""
         extra: dict[str, Any] = self.standby.info() if self.standby is not None else {}
+        if self.spare is not None and snapshot.spare is not None:
+            extra["spare"] = {**snapshot.spare, **self.spare.info()}
+        if self._adapters is not None:
+            extra["adapters"] = self._adapters.observe(snapshot.ready, snapshot.child_pid)
         self.incidents.snapshot = snapshot  # the /status an incident record shows
         if self._publish is not None:
             self._publish(replace(snapshot, unified_memory=self.platform.unified,
                                   platform_reason=self.platform.reason, **extra))
+
+    def update_adapters(self, action: UpdateAdapters) -> None:
+        """Load and unload adapters in the running vLLM, off the loop (shell/adapters.py)."""
+        if self._adapters is None:  # made at the reload that added the first adapter
+            self._watch_adapters(self._config)
+        if self._adapters is not None:
+            self._adapters.update(action.load, action.unload, action.inplace)
+
+    def _watch_adapters(self, config: Config) -> None:
+        """The adapters' watch, made the first time a config has [[adapters]] or live."""
+        if self._adapters is None and (config.adapters or config.lora.live):
+            from vllmwatch.shell.adapters import AdapterWatch  # only with adapters (issue 38)
+            self._adapters = AdapterWatch(config, self.log)
+        elif self._adapters is not None:
+            self._adapters.reconfigure(config)
 
     def close(self) -> None:
         """Last resort on the way out: never leave a child behind."""

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import os
 import queue
 import select
@@ -11,7 +12,7 @@ import traceback
 import weakref
 from collections.abc import Callable
 from concurrent.futures import Executor, Future, ThreadPoolExecutor
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from vllmwatch.config.schema import Config
 from vllmwatch.core import exitcodes, machine
@@ -32,12 +33,14 @@ from vllmwatch.core.events import (
     SampleMemory,
     SignalGroup,
     Smoke,
+    SpareAction,
     Spawn,
     StartOver,
     StopRequested,
     StopSending,
     Sweep,
     Tick,
+    UpdateAdapters,
     failure_result,
 )
 from vllmwatch.core.names import Reason, exit_code
@@ -48,6 +51,9 @@ from vllmwatch.shell.notify import status_line, watchdog_interval
 from vllmwatch.shell.reload import ReloadRead, Reloads
 from vllmwatch.status.snapshot import Snapshot
 from vllmwatch.status.statusline import snapshot_of, summary
+
+if TYPE_CHECKING:  # imported by a run only when the spare's plan is considered
+    from vllmwatch.shell.sparerun import SpareFx
 
 _SIGNALS = (signal.SIGTERM, signal.SIGINT, signal.SIGHUP, signal.SIGUSR1, signal.SIGCHLD)
 STATUS_EVERY = 10.0
@@ -84,7 +90,8 @@ class Loop:
                  environ: dict[str, str] | None = None, *, seed: int | None = None,
                  executor: Executor | None = None, waiter: Waiter | None = None,
                  install_signals: bool = True,
-                 on_reloaded: Callable[[Config], None] | None = None) -> None:
+                 on_reloaded: Callable[[Config], None] | None = None,
+                 spare: SpareFx | None = None) -> None:
         self.fx, self.clock = fx, clock
         self._events: queue.SimpleQueue[Event | ReloadRead] = queue.SimpleQueue()
         self._wake_r, self._wake_w = os.pipe()
@@ -97,6 +104,9 @@ class Loop:
         self._install = install_signals
         rng = seed if seed is not None else int.from_bytes(os.urandom(8), "little")
         self.state = machine.initial(config, clock.monotonic(), rng)
+        self._spare = spare  # the sleeping spare engine (issue 34): its track starts here
+        if spare is not None:
+            self.state = dataclasses.replace(self.state, spare=spare.track())
         self.snapshot = Snapshot(config_path=config.path, config_sha256=config.sha256)
         env = environ if environ is not None else dict(os.environ)
         self._watchdog = watchdog_interval(env, os.getpid())
@@ -234,6 +244,9 @@ class Loop:
         exited = self.fx.poll_child()
         if exited is not None:
             events.append(exited)
+        gone = self._spare.poll() if self._spare is not None else None
+        if gone is not None:
+            events.append(gone)
         while True:
             try:
                 got = self._reloads.answer(self._events.get_nowait())
@@ -307,8 +320,12 @@ class Loop:
             self._submit(action, lambda: fx.record_incident(action))
         elif isinstance(action, Smoke):
             self._submit(action, lambda: fx.smoke(action))
+        elif isinstance(action, SpareAction) and self._spare is not None:
+            self._spare.do(action, self.post)
         elif isinstance(action, Exit):
             self.exit_code = action.code
+        elif isinstance(action, UpdateAdapters):
+            fx.update_adapters(action)  # sent off the loop; vLLM's answers are logged
         return None
 
     def _notify(self, action: Notify) -> None:
@@ -352,4 +369,6 @@ class Loop:
         if self._install:
             signal.set_wakeup_fd(-1)
         self._pool.shutdown(wait=False, cancel_futures=True)
+        if self._spare is not None:
+            self._spare.close()
         self.fx.close()

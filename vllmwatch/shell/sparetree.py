@@ -25,7 +25,13 @@ from dataclasses import dataclass
 
 import psutil
 
-from vllmwatch.core.failover import SpareBuilt, SpareExited, SpareSlept, SpareWoken, room
+from vllmwatch.core.failover import (
+    SpareBuilt,
+    SpareExited,
+    SpareSlept,
+    SpareWoken,
+    room,
+)
 from vllmwatch.logfn import LogFn
 from vllmwatch.shell import child as childmod
 from vllmwatch.shell.groupfile import MARKER
@@ -97,10 +103,14 @@ class SpareTree:
 
     def pids(self) -> set[int]:
         """The spare's tree now (its group): exempt from the serving tree's accounting."""
-        if self.proc is None:
+        proc = self.proc
+        if proc is None:
             return set()
-        found, _ = childmod.find_tree(self.proc.pid, self.marker)
-        return {p.pid for p in found} | {self.proc.pid}
+        try:
+            kids = psutil.Process(proc.pid).children(recursive=True)
+        except psutil.Error:
+            kids = []
+        return {k.pid for k in kids} | {proc.pid}
 
     def memory_mib(self) -> float | None:
         """The spare tree's GPU memory now (NVML's per-process figures)."""

@@ -13,6 +13,7 @@ from __future__ import annotations
 import os
 import socket
 from collections.abc import Callable, Iterable, Iterator, Mapping
+from typing import Any
 
 from prometheus_client.core import (
     CounterMetricFamily,
@@ -87,6 +88,9 @@ class SnapshotCollector(Collector):
         yield from _drain(snap)
         yield from _gate(snap)
         yield from _spare(snap)
+        if snap.adapters is not None:
+            yield from _adapters(snap.adapters)
+        yield _smoke(snap)
         if self._rejected is not None:
             yield _labelled(CounterMetricFamily, "vllmwatch_status_rejected",
                             "Status connections refused, by reason (busy, timeout, overflow, "
@@ -202,31 +206,13 @@ def _child(snap: Snapshot) -> Iterator[Metric]:
                  None if snap.standby_rss_mib is None else snap.standby_rss_mib * 2**20)
 
 
-SPARE_STATES = ("off", "building", "asleep", "waking", "serving", "returning", "down")
-
-
 def _spare(snap: Snapshot) -> Iterator[Metric]:
-    """The sleeping spare engine (issue 34): none of these when it is not planned at all."""
-    spare = snap.spare
-    if spare is None:
+    """The sleeping spare engine (issue 34): none when it is not planned at all."""
+    if snap.spare is None:
         return
-    state = GaugeMetricFamily("vllmwatch_spare_state", "1 for the spare engine's state",
-                              labels=["state"])
-    for name in SPARE_STATES:
-        state.add_metric([name], 1.0 if name == spare.get("state") else 0.0)
-    yield state
-    serving = GaugeMetricFamily("vllmwatch_serving", "1 for who answers the gate's clients "
-                                "(full, spare, nobody)", labels=["engine"])
-    for name in ("full", "spare", "nobody"):
-        serving.add_metric([name], 1.0 if name == snap.serving else 0.0)
-    yield serving
-    yield CounterMetricFamily("vllmwatch_failovers", "Restarts the spare engine served",
-                              value=float(spare.get("failovers") or 0))
-    yield _gauge("vllmwatch_failover_seconds", "Seconds from restart.begin to the spare "
-                 "serving, in the last failover", spare.get("last_failover_s"))
-    mib = spare.get("memory_mib")
-    yield _gauge("vllmwatch_spare_gpu_memory_bytes", "GPU memory of the spare engine's tree",
-                 None if mib is None else float(mib) * 2**20)
+    from vllmwatch.status import sparemetrics  # only with a spare
+
+    yield from sparemetrics.collect(snap)
 
 
 def _memory(snap: Snapshot) -> Iterator[Metric]:
@@ -347,6 +333,20 @@ def _gate(snap: Snapshot) -> Iterator[Metric]:
     yield refused
 
 
+def _smoke(snap: Snapshot) -> Metric:
+    """This start's answered [[smoke]] checks: 1 passed, 0 failed (a required one holds
+    READY; required="false" is reported only)."""
+    family = GaugeMetricFamily("vllmwatch_smoke_check_passed", "1 when this start's smoke "
+                               "check passed, 0 when it failed (docs/operations/smoke.md)",
+                               labels=["check", "endpoint", "required"])
+    for c in snap.smoke_checks:
+        if c.get("result") in ("passed", "failed"):
+            family.add_metric([str(c["name"]), str(c["endpoint"]),
+                               "true" if c.get("required") else "false"],
+                              1.0 if c["result"] == "passed" else 0.0)
+    return family
+
+
 def _labelled(
     family: type[GaugeMetricFamily] | type[CounterMetricFamily],
     name: str,
@@ -359,6 +359,23 @@ def _labelled(
         if value is not None:
             metric.add_metric([str(key)], float(value))
     return metric
+
+
+def _adapters(data: Mapping[str, Any]) -> Iterator[Metric]:
+    """[[adapters]] (issue 38): one row per configured adapter, by its state."""
+    state = GaugeMetricFamily("vllmwatch_adapter_state", "1 for each configured LoRA "
+                              "adapter's state (loaded, missing, failed, unknown); the error "
+                              "is in /status", labels=["adapter", "state"])
+    for row in data.get("managed", []):
+        for name in ("loaded", "missing", "failed", "unknown"):
+            state.add_metric([str(row["name"]), name], 1.0 if row["state"] == name else 0.0)
+    yield state
+    yield CounterMetricFamily("vllmwatch_adapter_load_failures", "Live adapter loads vLLM "
+                              "refused or that timed out", value=float(data.get("loads_failed",
+                                                                                0)))
+    yield _gauge("vllmwatch_adapters_unmanaged", "Adapters vLLM serves that the config does "
+                 "not name (loaded by hand: lost at the next restart)",
+                 float(len(data.get("unmanaged", []))))
 
 
 def _per_s(per_hour: float | None) -> float | None:

@@ -88,12 +88,18 @@ class Snapshot:
     standby_pid: int | None = None
     standby_rss_mib: float | None = None
     standby_reason: str = ""  # why it is off, or why the last one was discarded
+    # [[adapters]] (issue 38, shell/adapters.py): live, managed rows (name, path, required,
+    # rank, state loaded|missing|failed|unknown, error: vLLM's words), unmanaged names.
+    adapters: dict[str, Any] | None = None
     last_incident: str | None = None  # the id of the last incident record written
     incidents_total: int = 0  # incident records written since vllmwatch started
     # Who answers the gate's clients (issue 34): full | spare | nobody; and the spare engine
     # (state, why, pid, awake/asleep MiB, failovers, last failover's seconds), None when off
     serving: str = "nobody"
     spare: dict[str, Any] | None = None
+    # This start's [[smoke]] checks (core/smoke.view): name, endpoint, model, required, result
+    # (passed | failed | sending | not run), seconds, error, answer (its first 300 bytes).
+    smoke_checks: tuple[dict[str, Any], ...] = ()
 
     @property
     def restarts_total(self) -> int:

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import contextlib
 from collections.abc import Callable
+from typing import Any
 
 from vllmwatch.config.hosts import parse_listen, url_host
 from vllmwatch.config.schema import Config, VllmConfig
@@ -108,7 +109,7 @@ def snapshot_of(s: WatchState, now: float, wall: float, prev: Snapshot,
         drain_phases_s=drains.durations(c.drain, now) if c and c.drain else dict(s.last_drain),
         vllm_asleep=c.engine.asleep if c else None,
         last_incident=s.last_incident, incidents_total=s.incidents_total,
-        serving=_serving(s), spare=_spare(s))
+        serving=_serving(s), spare=_spare(s), smoke_checks=_smoke(c))
 
 
 def _serving(s: WatchState) -> str:
@@ -128,6 +129,15 @@ def _spare(s: WatchState) -> dict[str, object] | None:
             "failovers": t.failovers, "last_failover_s": t.last_seconds}
 
 
+def _smoke(c: ChildRun | None) -> tuple[dict[str, Any], ...]:
+    """This start's smoke checks; core/smoke.py is imported only when a start has some."""
+    if c is None or c.smoke is None:
+        return ()
+    from vllmwatch.core import smoke
+
+    return tuple(smoke.view(c.smoke))
+
+
 def summary(snap: Snapshot) -> str:
     """One line for systemctl status: state, uptime, restarts, last reason, memory."""
     parts = [snap.state]
@@ -139,6 +149,10 @@ def summary(snap: Snapshot) -> str:
     if snap.child_uptime_s is not None:
         parts.append(f"up {format_duration(snap.child_uptime_s)}")
     parts.append(f"restarts {snap.restarts_total}")
+    held = [c["name"] for c in snap.smoke_checks if c.get("result") == "failed"
+            and c.get("required") and snap.state == "starting"]
+    if held:  # the start waits for startup.timeout: say why it is not READY
+        parts.append(f"READY held: smoke check {held[0]} failed")
     if snap.last_reason == Reason.START_MEMORY and snap.last_reason_detail:
         # The operator's next step depends on the numbers ("page cache held N GiB at start").
         parts.append(f"last start_memory: {snap.last_reason_detail}")

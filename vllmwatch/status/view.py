@@ -63,6 +63,10 @@ def clean(data: Mapping[str, Any]) -> dict[str, Any]:
         if isinstance(reuse, dict) else {}
     if out.get("child_pid") is not None:
         out["child_pid"] = int(out["child_pid"])
+    checks = data.get("smoke_checks")  # [[smoke]]: a list of flat tables, text made printable
+    out["smoke_checks"] = [{str(k): printable(str(v), False) if isinstance(v, str) else v
+                            for k, v in c.items()} for c in checks if isinstance(c, dict)
+                           ] if isinstance(checks, list) else []
     stale = data.get("stale_probes")
     out["stale_probes"] = [printable(str(k), False) for k in stale] if isinstance(
         stale, (list, tuple)) else []
@@ -107,8 +111,10 @@ def render(data: Mapping[str, Any], colour: bool = False, now: float | None = No
         rows.append(("serving", " ".join(filter(None, (url, model and f"model {model}")))))
     rows += _standby_rows(data)
     rows += _spare_rows(data)
+    rows += _adapter_rows(data.get("adapters"))
     rows += _restart_rows(data, now)
     rows += _start_rows(data, state)
+    rows += _smoke_rows(data["smoke_checks"])
     rows += _probe_rows(data, now)
     rows += _memory_rows(data.get("memory") or {})
     rows.append(("vLLM", _vllm_line(data)))
@@ -160,6 +166,23 @@ def _spare_rows(data: Mapping[str, Any]) -> list[tuple[str, str]]:
             ("spare", line)]
 
 
+def _adapter_rows(data: object) -> list[tuple[str, str]]:
+    """[[adapters]]: each one's state (vLLM's error when it refused it), and the adapters
+    loaded by hand, which no restart brings back."""
+    if not isinstance(data, dict):
+        return []
+    rows = []
+    for row in data.get("managed", []):
+        line = f"{row.get('state')}" + ("" if row.get("required") else " (not required)")
+        if row.get("error"):
+            line += f": {row['error']}"
+        rows.append((f"adapter {row.get('name')}", line))
+    for name in data.get("unmanaged", []):
+        rows.append((f"adapter {name}", "unmanaged: loaded by hand, lost at the next "
+                     "restart (add it to [[adapters]] to keep it)"))
+    return rows
+
+
 def _restart_rows(data: Mapping[str, Any], now: float) -> list[tuple[str, str]]:
     by_reason: Mapping[str, float] = data["restarts_by_reason"]
     total = sum(by_reason.values())
@@ -197,6 +220,23 @@ def _start_rows(data: Mapping[str, Any], state: str) -> list[tuple[str, str]]:
     if isinstance(reused, Mapping) and reused:  # issue 33: what the launch reused
         hit = reused.get("compile_cache_hit")
         rows.append(("reused", one_line(reused, hit if isinstance(hit, bool) else None)))
+    return rows
+
+
+def _smoke_rows(checks: list[dict[str, Any]]) -> list[tuple[str, str]]:
+    """This start's [[smoke]] checks: a summary, then one row per failed check with vLLM's
+    error (a required one holds READY; an optional one is only reported)."""
+    if not checks:
+        return []
+    counts: dict[str, int] = {}
+    for c in checks:
+        counts[str(c.get("result"))] = counts.get(str(c.get("result")), 0) + 1
+    rows = [("smoke", ", ".join(f"{n} {r}" for r, n in counts.items()))]
+    for c in checks:
+        if c.get("result") == "failed":
+            held = "holds READY" if c.get("required") else "optional, not holding READY"
+            rows.append(("  failed", f"{c.get('name')} ({c.get('endpoint')}, {held}): "
+                         f"{c.get('error')}"))
     return rows
 
 

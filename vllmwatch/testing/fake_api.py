@@ -17,6 +17,8 @@ import time
 from typing import Any, BinaryIO
 
 from vllmwatch.testing.fake_engine import FaultClock, after, log
+from vllmwatch.testing.fake_lora import Loras
+from vllmwatch.testing.fake_smoke import ROUTES as SMOKE_ROUTES
 
 _METRICS = [  # (name, type, help, key in the engine's stats)
     ("num_requests_running", "gauge", "Number of requests in model execution batches.", "run"),
@@ -31,6 +33,22 @@ _METRICS = [  # (name, type, help, key in the engine's stats)
 def error(message: str, kind: str, code: int) -> dict[str, Any]:
     return {"object": "error", "message": message, "type": kind, "param": None, "code": code}
 
+
+# vLLM's answer to a request whose EngineCore died (EngineDeadError), the same in 0.26.0 and
+# 0.32.0: the message is vllm/v1/engine/exceptions.py:13 (0.26) / :16 (0.32); a request not
+# streamed gets engine_error_handler's JSONResponse of create_error_response(exc), status 500
+# (0.26: entrypoints/serve/utils/server_utils.py:328-368 via error_response.py:66-69 and
+# api_server.py:290; 0.32: entrypoints/serve/exception_handling/handlers/vllm_error.py:28-66
+# via error_response.py:66-70), compact JSON (starlette JSONResponse, separators=(",", ":")).
+# A stream got its 200 head first; the error comes as its next event, json.dumps with the
+# default separators, then [DONE] (completion/serving.py:494-498 in 0.26, :499-503 in 0.32;
+# chat_completion/serving.py:829-834 in 0.26, :928-933 in 0.32). /health answers 503 empty.
+ENGINE_DEAD_MESSAGE = ("EngineCore encountered an issue. See stack trace (above) for the root "
+                       "cause.")
+ENGINE_DEAD_ERROR = {"error": {"message": ENGINE_DEAD_MESSAGE, "type": "InternalServerError",
+                               "param": None, "code": 500}}
+ENGINE_DEAD_BODY = json.dumps(ENGINE_DEAD_ERROR, separators=(",", ":")).encode()
+ENGINE_DEAD_EVENT = b"data: " + json.dumps(ENGINE_DEAD_ERROR).encode() + b"\n\ndata: [DONE]\n\n"
 
 GENERATE = ("/v1/completions", "/v1/chat/completions")
 _POOLED = {  # one data item of each pooling route's answer, shaped as vLLM's
@@ -48,7 +66,7 @@ def routes(a: argparse.Namespace) -> tuple[str, ...]:
     if a.convert == "classify":
         return _POOLING["classify"]
     embed = a.runner == "pooling" or a.convert == "embed" or a.fake_embedding_model
-    return _POOLING["embed"] if embed else GENERATE
+    return _POOLING["embed"] if embed else GENERATE + SMOKE_ROUTES  # + /v1/messages
 
 
 class Api:
@@ -56,16 +74,23 @@ class Api:
 
     def __init__(self, sock: socket.socket, args: argparse.Namespace) -> None:
         self.sock, self.args, self.names = sock, args, args.served_model_name or [args.model]
+        self.loras = Loras(args)
         self.lock = threading.Lock()
         self.pending: dict[int, tuple[threading.Event, list[int]]] = {}
         self.next_id, self.stopping = 0, False
         self.faults = FaultClock(args.arm_file)
         self.dead_at: float | None = None
+        # Sleep mode (fake_sleep.py, set by the API server): while asleep the scheduler is
+        # paused and new requests queue here (admit clear) until the wake.
+        self.sleep: Any = None
+        self.admit = threading.Event()
+        self.admit.set()
         self.stats: dict[str, Any] = dict.fromkeys(("run", "wait", "kv", "prompt", "gen", "ok"), 0)
 
     def submit(self, prompt: int, max_tokens: int) -> int | None:
         """Queue one request on the engine and wait for it; None if the engine is gone."""
         event, box = threading.Event(), list[int]()
+        self.admit.wait()  # asleep: queued, not refused (vLLM's paused scheduler)
         with self.lock:
             if self.dead_at is not None or self.stopping:
                 return None
@@ -94,9 +119,20 @@ class Api:
             self.dead_at = time.monotonic()
             for event, _ in self.pending.values():
                 event.set()
+        self.admit.set()  # requests queued by a sleep fail now, as vLLM's do
         if not self.stopping:
             log("ERROR", "Engine core proc EngineCore_DP0 died unexpectedly, shutting down "
                 "client.", "core_client.py:1")
+
+    def abort_all(self) -> None:
+        """/sleep with mode=abort: every request in flight ends now (finish_reason abort)."""
+        from vllmwatch.testing.fake_sleep import ABORTED
+
+        with self.lock:
+            for event, box in self.pending.values():
+                box.append(ABORTED)
+                event.set()
+            self.pending.clear()
 
     def health(self) -> int:
         """Status code of GET /health."""
@@ -129,15 +165,16 @@ class Api:
                 f"# TYPE {name} counter"]
         out += [f'{name}{{{lab},finished_reason="{r}"}} {float(s["ok"] if r == "length" else 0)}'
                 for r in ("stop", "length", "abort")]
+        out += self.sleep.metrics() if self.sleep is not None else []
         return "\n".join(out) + "\n"
 
     def pool(self, body: dict[str, Any], path: str) -> tuple[int, dict[str, Any]]:
         """An embedding, score or class through the engine (one engine step)."""
         model = body.get("model") or self.names[0]
-        if model not in self.names:
+        if model not in self.names and not self.loras.serves(model):
             return 404, error(f"The model `{model}` does not exist.", "NotFoundError", 404)
         if self.submit(1, 1) is None:
-            return 500, error("EngineCore encountered an issue.", "InternalServerError", 500)
+            return 500, ENGINE_DEAD_ERROR
         reply: dict[str, Any] = {"id": f"embd-{time.monotonic_ns()}", "object": "list",
                                  "model": model, "usage": {"prompt_tokens": 1, "total_tokens": 1}}
         if "rerank" in path:  # vLLM's RerankResponse: results, not data
@@ -149,7 +186,7 @@ class Api:
     def complete(self, body: dict[str, Any], chat: bool) -> tuple[int, dict[str, Any]]:
         """Run an OpenAI (chat) completion through the engine: (status, JSON reply)."""
         model = body.get("model") or self.names[0]
-        if model not in self.names:
+        if model not in self.names and not self.loras.serves(model):
             return 404, error(f"The model `{model}` does not exist.", "NotFoundError", 404)
         text = (" ".join(str(m.get("content", "")) for m in body.get("messages", [])) if chat
                 else str(body.get("prompt", "")))
@@ -161,10 +198,12 @@ class Api:
         if got is None and self.stopping:
             return 503, error("The server is shutting down.", "ServiceUnavailableError", 503)
         if got is None:
-            return 500, error("EngineCore encountered an issue. See stack trace for the root "
-                               "cause.", "InternalServerError", 500)
+            return 500, ENGINE_DEAD_ERROR
+        reason = "length"
+        if got < 0:  # ended by /sleep (mode abort): vLLM's FinishReason.ABORT
+            got, reason = 0, "abort"
         out = " ".join(["fake"] * got)
-        choice: dict[str, Any] = {"index": 0, "finish_reason": "length", "logprobs": None,
+        choice: dict[str, Any] = {"index": 0, "finish_reason": reason, "logprobs": None,
                   **({"message": {"role": "assistant", "content": out}} if chat else {"text": out})}
         if body.get("return_token_ids"):  # vLLM's extra parameter: the sampled ids, greedy
             seed = sum(text.encode())  # the same prompt gives the same ids, like temperature 0

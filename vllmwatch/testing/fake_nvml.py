@@ -10,6 +10,8 @@ from dataclasses import dataclass, field
 from types import SimpleNamespace
 from typing import Any
 
+from vllmwatch.testing import fake_gpu
+
 _MIB = 1024 * 1024
 
 
@@ -78,6 +80,9 @@ class FakeGpu:
     ecc_uncorrected: int = 0
     remapped_rows: tuple[int, int, int, int] = (0, 0, 0, 0)  # corr, unc, pending, failure
     pages_pending: int = 0
+    # A fake_gpu ledger directory: the device's total and used memory, and its processes,
+    # come from what the fake vLLMs write there (the spare's sleep and wake, issue 34).
+    ledger: str | None = None
 
 
 class FakeNvml:  # method names are pynvml's (camelCase)
@@ -141,11 +146,17 @@ class FakeNvml:  # method names are pynvml's (camelCase)
         if gpu.used_mib is None:
             raise NVMLError_NotSupported()
         total, used = int(gpu.total_mib * _MIB), int(gpu.used_mib * _MIB)
+        if gpu.ledger is not None:
+            total = int(fake_gpu.device(gpu.ledger)[0] * _MIB)
+            used = int((gpu.used_mib + fake_gpu.used(gpu.ledger)) * _MIB)
         return SimpleNamespace(total=total, used=used, free=total - used)
 
     def nvmlDeviceGetComputeRunningProcesses(self, handle: int) -> list[Any]:
         self._enter("nvmlDeviceGetComputeRunningProcesses", handle)
-        return _procs(self.gpus[handle].procs)
+        gpu = self.gpus[handle]
+        if gpu.ledger is not None:
+            return _procs({**gpu.procs, **fake_gpu.processes(gpu.ledger)})
+        return _procs(gpu.procs)
 
     def nvmlDeviceGetGraphicsRunningProcesses(self, handle: int) -> list[Any]:
         self._enter("nvmlDeviceGetGraphicsRunningProcesses", handle)

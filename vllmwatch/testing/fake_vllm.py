@@ -14,6 +14,7 @@ import argparse
 import json
 import os
 import signal
+import socketserver
 import subprocess
 import sys
 import threading
@@ -25,7 +26,16 @@ from typing import Any, NoReturn
 if not __spec__:  # run by file path: make our package importable from the folder above it
     sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
-from vllmwatch.testing.fake_api import GENERATE, Api, error, routes
+from vllmwatch.testing import fake_lora, fake_sleep, fake_smoke
+from vllmwatch.testing.fake_api import (
+    ENGINE_DEAD_BODY,
+    ENGINE_DEAD_ERROR,
+    ENGINE_DEAD_EVENT,
+    GENERATE,
+    Api,
+    error,
+    routes,
+)
 from vllmwatch.testing.fake_engine import (
     CHILD_EXTRA,
     after,
@@ -79,12 +89,15 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
                  # listening socket, so it keeps vLLM's port after the server is gone
                  "spawn-setsid-orphan", "setsid-orphan-holds-port"):
         p.add_argument(f"--{name}", action="store_true")
+    fake_smoke.add_args(p)  # tool parser, chat template, /v1/messages (smoke checks)
     p.add_argument("--role", choices=("api", "engine", "worker"), default="api")
     # A pooling model has no completion routes (vLLM registers only its tasks' routes).
     p.add_argument("--runner", choices=("auto", "generate", "pooling"), default="auto")
     p.add_argument("--convert", choices=("auto", "none", "embed", "classify"), default="auto")
     # The model itself says pooling (sentence-transformers modules.json): no flag shows it.
     p.add_argument("--fake-embedding-model", action="store_true")
+    fake_sleep.add_args(p)  # sleep mode, GPU memory, --uds (issue 34)
+    fake_lora.add_args(p)
     return p.parse_known_args(argv)[0]
 
 
@@ -97,11 +110,25 @@ class _Server(ThreadingHTTPServer):
         """Clients that hang up on a slow reply are normal here; stay quiet."""
 
 
+class _UnixServer(socketserver.ThreadingMixIn, socketserver.UnixStreamServer):
+    """--uds PATH: HTTP on a Unix socket, as vLLM 0.26/0.32 serve it (the file is left behind
+    at exit, as vLLM leaves it: a start on an existing path fails EADDRINUSE)."""
+
+    daemon_threads = True
+    request_queue_size = 2048
+    api: Api
+
+    def handle_error(self, request: Any, client_address: Any) -> None:
+        """Quiet, as _Server."""
+
+
 class _Handler(BaseHTTPRequestHandler):
     server: _Server
 
     def _send(self, code: int, reply: Any, ctype: str = "application/json") -> None:
         body = reply if isinstance(reply, bytes) else json.dumps(reply).encode()
+        if reply is ENGINE_DEAD_ERROR:
+            body = ENGINE_DEAD_BODY  # byte for byte what vLLM sends (fake_api.py)
         self.send_response(code)
         self.send_header("Content-Type", ctype)
         self.send_header("Content-Length", str(len(body)))
@@ -111,7 +138,10 @@ class _Handler(BaseHTTPRequestHandler):
     def do_GET(self) -> None:
         """Serve /health, /v1/models and /metrics."""
         api, path = self.server.api, self.path.split("?")[0]
-        if path == "/health":
+        dev = api.sleep.get(path)
+        if dev is not None:
+            self._send(*dev)
+        elif path == "/health":
             stall = api.args.health_stall_after_engine_death
             if api.dead_at is not None and stall > 0:
                 time.sleep(stall)
@@ -122,7 +152,7 @@ class _Handler(BaseHTTPRequestHandler):
             self._send(200, {"object": "list", "data": [
                 {"id": n, "object": "model", "created": 0, "owned_by": "vllm",
                  "root": api.args.model, "parent": None, "max_model_len": 2048}
-                for n in api.names]})
+                for n in api.names] + api.loras.models(api.names[0])})
         elif path == "/metrics":
             self._send(200, api.metrics().encode(), "text/plain; version=0.0.4; charset=utf-8")
         else:
@@ -130,8 +160,19 @@ class _Handler(BaseHTTPRequestHandler):
 
     def do_POST(self) -> None:
         """Serve the completion routes, or a pooling model's routes (--runner pooling)."""
-        api, path = self.server.api, self.path.split("?")[0]
+        api, (path, _, query) = self.server.api, self.path.partition("?")
+        dev = api.sleep.post(path, query)  # dev mode: not guarded by the API key, as vLLM's
+        if dev is not None:
+            return self._send(*dev)
         key = api.args.api_key
+        if path in fake_lora.ROUTES and api.loras.runtime:
+            if key and self.headers.get("Authorization") != f"Bearer {key}":
+                return self._send(401, {"error": "Unauthorized"})
+            body = json.loads(self.rfile.read(int(self.headers.get("Content-Length") or 0)))
+            code, answer = api.loras.post(path, body, api.names) or (404, {})
+            ctype = "text/plain; charset=utf-8" if isinstance(answer, bytes) else \
+                "application/json"
+            return self._send(code, answer, ctype)
         if path not in routes(api.args):
             return self._send(404, {"detail": "Not Found"})
         if key and self.headers.get("Authorization") != f"Bearer {key}":
@@ -142,9 +183,14 @@ class _Handler(BaseHTTPRequestHandler):
             body = None
         if not isinstance(body, dict):
             return self._send(400, error("Invalid JSON body", "BadRequestError", 400))
+        smoke = fake_smoke.answer(api.args, path, body, api.complete)
+        if smoke is not None:  # tools, /v1/messages, a missing chat template
+            return self._send(*smoke)
         if path not in GENERATE:
             return self._send(*api.pool(body, path))
         code, reply = api.complete(body, chat=path.endswith("chat/completions"))
+        if reply is ENGINE_DEAD_ERROR and body.get("stream"):
+            return self._stream_dead()
         if code == 200 and body.get("stream"):
             return self._stream(reply)
         self._send(code, reply)
@@ -166,10 +212,19 @@ class _Handler(BaseHTTPRequestHandler):
             time.sleep(self.server.api.args.stream_interval)
         self.wfile.write(b"data: [DONE]\n\n")
 
+    def _stream_dead(self) -> None:
+        """A stream whose engine died before its first token, as vLLM sends it: the 200
+        head, the error event, [DONE] (fake_api.ENGINE_DEAD_EVENT)."""
+        self.send_response(200)
+        self.send_header("Content-Type", "text/event-stream; charset=utf-8")
+        self.end_headers()
+        self.wfile.write(ENGINE_DEAD_EVENT)
+
     def log_request(self, code: int | str = "-", size: int | str = "-") -> None:
         """Log accesses like uvicorn does, unless --disable-uvicorn-access-log."""
         if not self.server.api.args.disable_uvicorn_access_log:
-            host, port = self.client_address[:2]
+            host, port = self.client_address[:2] if isinstance(self.client_address, tuple) \
+                else ("unix", 0)
             emit(f'INFO:     {host}:{port} - "{self.requestline}" {code}')
 
     def log_message(self, *args: Any, **kwargs: Any) -> None:
@@ -222,7 +277,7 @@ _ORPHAN = "import sys, time; time.sleep(float(sys.argv[2]))"
 ORPHAN_TAG = "vllmwatch-fake-setsid-orphan"  # in its argv, for tests to find it
 
 
-def _setsid_orphan(a: argparse.Namespace, server: ThreadingHTTPServer) -> None:
+def _setsid_orphan(a: argparse.Namespace, server: socketserver.TCPServer) -> None:
     fds = (server.socket.fileno(),) if a.setsid_orphan_holds_port else ()
     proc = subprocess.Popen([sys.executable, "-c", _ORPHAN, ORPHAN_TAG, str(a.orphan_timeout),
                              str(a.port)], env={}, start_new_session=True, pass_fds=fds,
@@ -237,23 +292,49 @@ def api_main(a: argparse.Namespace, flags: list[str]) -> int:
         sys.stderr.write("usage: vllm serve [model_tag] [options]\n"
                          "vllm: error: unrecognized arguments: --fail-start\n")
         return 2
+    if a.fake_cpu and a.enable_sleep_mode:
+        write_traceback("ValueError: Sleep mode is not supported on current platform.",
+                        "vllm/config/model.py")
+        return 1
     log("INFO", f"vLLM API server version {VERSION}", "api_server.py:1")
     log("INFO", f"non-default args: {{'model': '{a.model}', 'port': {a.port}}}", "utils.py:1")
     engine, api = None, None
     signal.signal(signal.SIGTERM, signal.SIG_IGN if a.ignore_sigterm else _raise_stop)
     signal.signal(signal.SIGINT, _raise_stop)
     try:
-        server = _Server((a.host, a.port), _Handler, bind_and_activate=False)
-        server.server_bind()  # like vLLM: take the port before the engine starts
+        server: _Server | _UnixServer = _Server((a.host, a.port), _Handler, False) \
+            if not a.uds else _UnixServer(a.uds, _Handler, False)
+        try:
+            server.server_bind()  # like vLLM: take the port before the engine starts
+        except OSError as exc:
+            write_traceback(f"OSError: [Errno {exc.errno}] {exc.strerror}", "launcher.py")
+            return 1
         engine, sock = spawn(_ENTRY, "VLLM::EngineCore", "engine", flags)
+        memory = fake_sleep.Memory(a)
+        memory.pid = engine.pid
         server.api = api = Api(sock, a)
+        api.sleep = fake_sleep.Sleep(a, api, memory)
+        problem = memory.start_problem()  # vLLM's request_memory(), in the engine's init
+        if problem is not None:
+            engine.kill()
+            write_traceback(problem, "vllm/v1/worker/utils.py")
+            write_traceback("RuntimeError: Engine core initialization failed. See root cause "
+                            "above. Failed core proc(s): {'EngineCore_DP0': 1}",
+                            "vllm/entrypoints/openai/api_server.py")
+            return 1
         rfile = sock.makefile("rb")
         if not rfile.readline():
             write_traceback("RuntimeError: Engine core initialization failed. See root cause "
                             f"above. Failed core proc(s): {{'EngineCore_DP0': {engine.wait()}}}",
                             "vllm/entrypoints/openai/api_server.py")
             return 1
-        log("INFO", f"Starting vLLM server on http://{a.host}:{a.port}", "api_server.py:2")
+        refused = api.loras.load_static(log)  # vLLM's init_static_loras
+        if refused is not None:
+            write_traceback(refused, "vllm/entrypoints/openai/models/serving.py")
+            _shutdown(engine, api, 1)
+        memory.hold(memory.awake_mib())
+        where = f"unix:{a.uds}" if a.uds else f"http://{a.host}:{a.port}"
+        log("INFO", f"Starting vLLM server on {where}", "api_server.py:2")
         server.server_activate()
         threading.Thread(target=server.serve_forever, daemon=True).start()
         threading.Thread(target=api.read_loop, args=(rfile,), daemon=True).start()

@@ -30,9 +30,16 @@ def _toml_key(key: str) -> str:
 
 
 def to_toml(config: Mapping[str, Mapping[str, Any]]) -> str:
-    """A two-level dict ({section: {key: value}}) as TOML text."""
+    """A two-level dict ({section: {key: value}}) as TOML text; a list of tables
+    ({"smoke": [{...}, {...}]}) is written as an array of tables."""
     out = []
     for section, table in config.items():
+        if isinstance(table, (list, tuple)):  # an array of tables: [[smoke]], [[adapters]]
+            for item in table:
+                out.append(f"[[{section}]]")
+                out += [f"{_toml_key(k)} = {_toml_value(v)}" for k, v in item.items()]
+                out.append("")
+            continue
         out.append(f"[{section}]")
         out += [f"{_toml_key(key)} = {_toml_value(value)}" for key, value in table.items()]
         out.append("")
@@ -41,11 +48,16 @@ def to_toml(config: Mapping[str, Mapping[str, Any]]) -> str:
 
 def merge(base: Mapping[str, Mapping[str, Any]], *overrides: Mapping[str, Mapping[str, Any]]
           ) -> dict[str, dict[str, Any]]:
-    """Section-wise merge of config dicts (later keys win)."""
-    out: dict[str, dict[str, Any]] = {k: dict(v) for k, v in base.items()}
+    """Section-wise merge of config dicts (later keys win; an array of tables, such as
+    [[smoke]], is replaced whole)."""
+    out: dict[str, Any] = {k: list(v) if isinstance(v, (list, tuple)) else dict(v)
+                           for k, v in base.items()}
     for extra in overrides:
         for section, table in extra.items():
-            out.setdefault(section, {}).update(table)
+            if isinstance(table, (list, tuple)):
+                out[section] = list(table)
+            else:
+                out.setdefault(section, {}).update(table)
     return out
 
 

@@ -29,6 +29,7 @@ from vllmwatch.core.events import (
     SpawnFailed,
     Sweep,
     SweepDone,
+    UpdateAdapters,
 )
 from vllmwatch.core.hangs import HostCpu
 from vllmwatch.core.names import ProbeKind
@@ -145,6 +146,7 @@ class WorldEffects:
         self.raise_on: set[str] = set()  # action names whose worker raises, for fault tests
         self.starts_over: list[str] = []  # StartOver's why, in order
         self.stopped_sending: list[int] = []  # StopSending, with the child pid it was for
+        self.adapter_updates: list[UpdateAdapters] = []  # live adapter changes, in order
 
     def log(self, level: str, event: str, **fields: Any) -> None:
         """Record a log event."""
@@ -294,6 +296,10 @@ class WorldEffects:
     def publish(self, snapshot: Snapshot) -> None:
         """Keep the latest snapshot."""
         self.snapshot = snapshot
+
+    def update_adapters(self, action: UpdateAdapters) -> None:
+        """Record a live adapter change."""
+        self.adapter_updates.append(action)
 
     def close(self) -> None:
         """Nothing to clean up."""

@@ -1,0 +1,161 @@
+"""The adapters' shell side (issue 38) against the fake vLLM, which answers as vLLM 0.32 does:
+live loads and unloads, vLLM refusing an adapter, an adapter whose files went missing, a load
+that times out, adapters loaded by hand ("unmanaged"), and our request bodies against vLLM's
+own request models (read from the installed vLLM's source)."""
+
+from __future__ import annotations
+
+import ast
+import json
+import os
+import shutil
+import subprocess
+import sys
+import threading
+from collections.abc import Iterator
+from contextlib import contextmanager
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from tests.support import TIMEOUT_SCALE, free_port, kill_tree, wait_until
+from tests.support.tinylora import make
+from vllmwatch import bounded_http
+from vllmwatch.config.schema import Config, from_dict
+from vllmwatch.shell import adapters as watchmod
+from vllmwatch.shell.adapters import AdapterWatch, load_body, unload_body
+from vllmwatch.testing.world import LogCapture
+
+VLLM_SITE = sorted(Path(__file__).resolve().parents[2].glob(
+    ".cache/vllm-venv/lib/python*/site-packages/vllm"))
+
+
+@contextmanager
+def fake_vllm(port: int, *flags: str) -> Iterator[subprocess.Popen[bytes]]:
+    env = {**os.environ, "VLLM_ALLOW_RUNTIME_LORA_UPDATING": "True"}
+    proc = subprocess.Popen([sys.executable, "-m", "vllmwatch.testing.fake_vllm", "--port",
+                             str(port), "--model", "base", "--enable-lora", *flags],
+                            stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, env=env,
+                            start_new_session=True)
+    try:
+        yield proc
+    finally:
+        kill_tree(proc)
+
+
+def config(port: int, adapters: dict[str, str], **lora: Any) -> Config:
+    return from_dict({"vllm": {"model": "base", "port": port, "gpus": []},
+                      "adapters": [{"name": n, "path": p} for n, p in adapters.items()],
+                      "lora": {"live": True, "max_loras": 4, **lora}})
+
+
+def up(watch: AdapterWatch) -> None:
+    wait_until(lambda: served(watch).get("a") == "loaded", 20 * TIMEOUT_SCALE, "the fake vLLM")
+
+
+def served(watch: AdapterWatch) -> dict[str, str]:
+    watch.refresh()
+    view = watch.view(True)
+    return {r["name"]: r["state"] for r in view["managed"]} | {
+        n: "unmanaged" for n in view["unmanaged"]}
+
+
+def test_live_loads_refusals_missing_files_unmanaged_and_unloads(tmp_path: Path) -> None:
+    a, b = str(make(tmp_path / "a")), str(make(tmp_path / "b"))
+    bad, gone = make(tmp_path / "bad"), str(make(tmp_path / "gone"))
+    data = json.loads((bad / "adapter_config.json").read_text())
+    (bad / "adapter_config.json").write_text(json.dumps({**data, "bias": "all"}))
+    port = free_port()
+    with fake_vllm(port, "--lora-modules", f"a={a}"):
+        c0 = config(port, {"a": a})
+        log = LogCapture()
+        watch = AdapterWatch(c0, log)
+        up(watch)
+        c1 = config(port, {"a": a, "b": b, "bad": str(bad), "gone": gone})
+        shutil.rmtree(gone)  # validated, then removed before the load
+        watch.update(c1.adapters[1:], (), ()).join(30)
+        watch.reconfigure(c1)
+        assert [f["adapter"] for f in log.named("lora.loaded")] == ["b"]
+        errors = {f["adapter"]: f["error"] for f in log.named("lora.load_failed")}
+        assert errors["bad"].startswith("HTTP 500: ") and "Adapter bias is not supported." \
+            in errors["bad"]
+        assert errors["gone"] == "HTTP 404: Loading lora gone failed: No adapter found for <path>"
+        view = watch.view(True)
+        rows = {r["name"]: r for r in view["managed"]}
+        assert [rows[n]["state"] for n in ("a", "b", "bad", "gone")] == [
+            "loaded", "loaded", "failed", "failed"]
+        assert rows["bad"]["error"] == errors["bad"] and view["loads_failed"] == 2
+        # loaded by hand, past vllmwatch: reported, and it is not ours to restore
+        body = json.dumps({"lora_name": "byhand", "lora_path": b}).encode()
+        assert bounded_http.request("127.0.0.1", port, "POST", "/v1/load_lora_adapter",
+                                    timeout=10, max_body=4096, body=body,
+                                    headers={"Content-Type": "application/json"})[0] == 200
+        assert served(watch)["byhand"] == "unmanaged"
+        # removed from the config: unloaded
+        c2 = config(port, {"a": a})
+        watch.update((), ("b",), ()).join(30)
+        watch.reconfigure(c2)
+        assert [f["adapter"] for f in log.named("lora.unloaded")] == ["b"]
+        assert "b" not in served(watch)
+
+
+def test_a_load_that_does_not_answer_in_time_is_a_failed_load(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    a, b = str(make(tmp_path / "a")), str(make(tmp_path / "b"))
+    port = free_port()
+    monkeypatch.setattr(watchmod, "LOAD_TIMEOUT", 0.5)
+    with fake_vllm(port, "--lora-modules", f"a={a}", "--fake-lora-load-seconds", "5"):
+        log = LogCapture()
+        watch = AdapterWatch(config(port, {"a": a}), log)
+        up(watch)
+        watch.update(config(port, {"a": a, "b": b}).adapters[1:], (), ()).join(30)
+        [failed] = log.named("lora.load_failed")
+        assert failed["adapter"] == "b" and failed["error"] == "no answer within 0.5s"
+        assert "SIGHUP" in failed["detail"]
+
+
+def test_one_change_at_a_time(tmp_path: Path) -> None:
+    """Two changes sent back to back are applied in order, never interleaved."""
+    a = str(make(tmp_path / "a"))
+    port = free_port()
+    with fake_vllm(port, "--lora-modules", f"a={a}", "--fake-lora-load-seconds", "0.3"):
+        log = LogCapture()
+        c = config(port, {"a": a, "b": a})
+        watch = AdapterWatch(c, log)
+        up(watch)
+        first = watch.update(c.adapters[1:], (), ())
+        second = watch.update((), ("b",), ())
+        for t in (first, second):
+            t.join(30)
+        order = [(e, f.get("adapter")) for e, f in log.got if e.startswith("lora.")]
+        assert order == [("lora.loaded", "b"), ("lora.unloaded", "b")]
+        assert threading.active_count() < 50
+
+
+def _fields(cls: str) -> dict[str, bool]:
+    """vLLM's request model: field -> required, read from its source (no vLLM import)."""
+    source = (VLLM_SITE[0] / "entrypoints" / "serve" / "lora" / "protocol.py").read_text()
+    for node in ast.parse(source).body:
+        if isinstance(node, ast.ClassDef) and node.name == cls:
+            return {s.target.id: s.value is None for s in node.body
+                    if isinstance(s, ast.AnnAssign) and isinstance(s.target, ast.Name)}
+    raise AssertionError(f"{cls} not in vLLM's protocol.py")
+
+
+@pytest.mark.skipif(not VLLM_SITE, reason="the real vLLM venv is missing (.cache/vllm-venv)")
+def test_our_request_bodies_match_vllms_request_models(tmp_path: Path) -> None:
+    """pydantic ignores unknown keys: a misspelt one would be dropped silently, so every key
+    we send must be one of vLLM's fields, and every field it requires must be sent."""
+    from vllmwatch.config.sections import AdapterConfig
+
+    adapter = AdapterConfig("sql", "/srv/lora/sql", True, 8)
+    for body, cls in ((load_body(adapter, False), "LoadLoRAAdapterRequest"),
+                      (load_body(adapter, True), "LoadLoRAAdapterRequest"),
+                      (unload_body("sql"), "UnloadLoRAAdapterRequest")):
+        fields = _fields(cls)
+        assert set(body) <= set(fields), (body, fields)
+        assert {f for f, required in fields.items() if required} <= set(body)
+    assert load_body(adapter, True)["load_inplace"] is True
+    routes = (VLLM_SITE[0] / "entrypoints" / "serve" / "lora" / "api_router.py").read_text()
+    assert f'"{watchmod.LOAD_PATH}"' in routes and f'"{watchmod.UNLOAD_PATH}"' in routes

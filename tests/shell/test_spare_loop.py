@@ -1,0 +1,236 @@
+"""The spare engine end to end in the loop (issue 34 points 2-5): the real Loop and
+RealEffects, the fake vLLM as both engines (sleep mode, --uds, its GPU memory on a fake_gpu
+ledger) and the fake NVML reading that ledger: the spare is built and asleep before the
+serving engine starts (with its setting lowered), a crash of the serving tree wakes the
+spare, which is proven awake and answers, then sleeps again at the full engine's READY; a
+stop leaves nothing of either tree and no socket.
+
+The daemon tier cannot give the daemon a fake NVML (no GPU here: the plan says off), so this
+is the tier that runs the whole failover; the gate's half is tests/shell/test_gate_spare_route.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import threading
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import psutil
+import pytest
+
+from tests.support import PYTHON, REPO, free_port, wait_until
+from vllmwatch.config.schema import Config, from_dict
+from vllmwatch.core.events import ReloadRequested, RestartRequested, StopRequested
+from vllmwatch.core.unified import Platform
+from vllmwatch.shell import sparefx, sparerun, sparetree
+from vllmwatch.shell.clock import SystemClock
+from vllmwatch.shell.effects import RealEffects
+from vllmwatch.shell.groupfile import MARKER
+from vllmwatch.shell.loop import Loop
+from vllmwatch.shell.memory import make_sampler
+from vllmwatch.testing import FakeNotifier, fake_gpu
+from vllmwatch.testing.fake_nvml import FakeGpu, FakeNvml
+from vllmwatch.testing.world import LogCapture
+
+SCRIPT = "#!{python}\nimport sys\nfrom vllmwatch.testing.fake_vllm import main\n" \
+         "if __name__ == '__main__':\n    sys.exit(main())\n"
+WAIT = 60.0
+WEIGHTS_MIB = 4096
+
+
+def _model(tmp: Path) -> str:
+    """A model directory whose weights measure WEIGHTS_MIB (a sparse file: this box has no
+    room in host memory for an 8B's pinned backup) and an 8B's config."""
+    d = tmp / "model"
+    d.mkdir()
+    with open(d / "model.safetensors", "wb") as fh:
+        fh.truncate(WEIGHTS_MIB * 2**20)
+    (d / "config.json").write_text(json.dumps({
+        "num_hidden_layers": 36, "num_attention_heads": 32, "num_key_value_heads": 8,
+        "hidden_size": 4096, "head_dim": 128, "torch_dtype": "bfloat16",
+        "max_position_embeddings": 32768}))
+    return str(d)
+
+
+def _config(tmp: Path) -> Config:
+    script = tmp / "vllm"
+    script.write_text(SCRIPT.format(python=PYTHON))
+    script.chmod(0o755)
+    return from_dict({
+        "vllm": {"command": [str(script), "--startup-seconds", "0.3", "--fake-weights-mib",
+                             str(WEIGHTS_MIB), "--wake-fail-if", str(tmp / "wake-fails"),
+                             "--wake-hang-if", str(tmp / "wake-hangs")],
+                 "model": _model(tmp),
+                 "port": free_port(), "gpus": [0], "args": {"max-model-len": 4096}},
+        "gate": {"enabled": True, "listen": f"127.0.0.1:{free_port()}"},
+        "spare": {"enabled": "true"},
+        "restart": {"standby": "false"},
+        "prewarm": {"enabled": False, "cache_dir": str(tmp / "cache")},
+    }, path=str(tmp / "vllmwatch.toml"))
+
+
+@pytest.fixture
+def world(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Iterator[dict[str, Any]]:
+    ledger = fake_gpu.create(str(tmp_path / "gpu"))
+    env = {**os.environ, "PYTHONPATH": str(REPO), fake_gpu.ENV: ledger,
+           "STATE_DIRECTORY": str(tmp_path / "state")}
+    monkeypatch.setenv("STATE_DIRECTORY", env["STATE_DIRECTORY"])
+    config = _config(tmp_path)
+    log = LogCapture()
+    sampler = make_sampler([0], log, nvml=FakeNvml([FakeGpu(used_mib=0.0, ledger=ledger)]))
+    spare = sparefx.make(config, env, sampler, False, log)
+    assert spare is not None, log.named("spare.plan")
+    fx = RealEffects(config, log, FakeNotifier(), env, sampler=sampler,
+                     platform=Platform(unified=False, reason="test"))
+    fx.spare = spare
+    loop = Loop(config, fx, SystemClock(), environ=env, install_signals=False, spare=spare)
+    codes: list[int] = []
+    runner = threading.Thread(target=lambda: codes.append(loop.run()), daemon=True)
+    runner.start()
+    try:
+        yield {"loop": loop, "log": log, "spare": spare, "fx": fx, "ledger": ledger,
+               "codes": codes, "runner": runner, "tmp": tmp_path}
+    finally:
+        if runner.is_alive():
+            loop.post(StopRequested("SIGTERM"))
+            runner.join(WAIT)
+
+
+def _events(log: LogCapture) -> list[str]:
+    return [e for e, _ in log.got]
+
+
+def _state(loop: Loop) -> tuple[str, str, str]:
+    s = loop.state
+    return str(s.state), str(s.restart.phase), str(s.spare.rung) if s.spare else "none"
+
+
+def _ours(marker: str) -> list[psutil.Process]:
+    out = []
+    for p in psutil.process_iter():
+        try:
+            if p.environ().get(MARKER, "").startswith(marker):
+                out.append(p)
+        except psutil.Error:
+            continue
+    return out
+
+
+def test_a_crash_fails_over_to_the_spare_and_back_and_a_stop_leaves_nothing(
+        world: dict[str, Any]) -> None:
+    loop: Loop = world["loop"]
+    log: LogCapture = world["log"]
+    spare: sparerun.SpareFx = world["spare"]
+    wait_until(lambda: _state(loop) == ("ready", "idle", "asleep"), WAIT, "READY, spare asleep")
+    order = _events(log)
+    assert order.index("spare.ready") < order.index("child.started"), "the spare comes first"
+    plan = log.named("spare.plan")[0]
+    assert plan["on"] and plan["serving_after"] < plan["serving_before"]
+    child = loop.state.child
+    assert child is not None and child.pid is not None
+    assert "--gpu-memory-utilization" in psutil.Process(child.pid).cmdline()
+    assert spare.tree.asleep_mib is not None and spare.tree.awake_mib is not None
+    assert spare.tree.asleep_mib < spare.tree.awake_mib, "the fake NVML saw it sleep"
+    # the serving tree dies at once (kill -9 of its group): the spare wakes and serves
+    mark = len(log.got)
+    os.killpg(child.pid, signal.SIGKILL)
+    wait_until(lambda: log.named("failover.served"), WAIT, "failover.served")
+    begin = next(f for e, f in log.got[mark:] if e == "restart.begin")
+    assert "spare wakes" in begin["failover"]
+    after = [e for e, _ in log.got[mark:]]
+    assert after.index("failover.begin") < after.index("failover.served")
+    status, body = sparetree.call(spare.tree.cmd.socket_path, "POST", "/v1/completions",
+                                  {"model": spare.tree.cmd.model, "prompt": "hi",
+                                   "max_tokens": 1}, 10.0)
+    assert status == 200, body
+    # the full engine comes back: routed back, the spare drains and sleeps again
+    wait_until(lambda: log.named("spare.rearmed"), WAIT, "the spare re-armed")
+    wait_until(lambda: _state(loop) == ("ready", "idle", "asleep"), WAIT, "READY again")
+    assert [f["to"] for f in log.named("gate.route")] == ["spare", "full"]
+    assert log.named("failover.returned")
+    assert loop.snapshot.serving == "full"
+    # stop: nothing of either tree stays, nor the spare's socket
+    sock = spare.tree.cmd.socket_path
+    marker = spare.tree.marker.split(":")[0]
+    loop.post(StopRequested("SIGTERM"))
+    world["runner"].join(WAIT)
+    assert world["codes"] == [0]
+    wait_until(lambda: not _ours(marker), 20, "no process of either tree left")
+    assert not os.path.exists(sock)
+
+
+def _ready(world: dict[str, Any]) -> int:
+    """READY with the spare asleep; the serving child's pid."""
+    loop: Loop = world["loop"]
+    wait_until(lambda: _state(loop) == ("ready", "idle", "asleep"), WAIT, "READY, spare asleep")
+    child = loop.state.child
+    assert child is not None and child.pid is not None
+    return child.pid
+
+
+def _stop_and_nothing_left(world: dict[str, Any]) -> None:
+    spare: sparerun.SpareFx = world["spare"]
+    sock, marker = spare.tree.cmd.socket_path, spare.tree.marker.split(":")[0]
+    world["loop"].post(StopRequested("SIGTERM"))
+    world["runner"].join(WAIT)
+    assert world["codes"] == [0]
+    wait_until(lambda: not _ours(marker), 20, "no process of either tree left")
+    assert not os.path.exists(sock)
+
+
+def test_sigusr1_fails_over_and_re_arms(world: dict[str, Any]) -> None:
+    log: LogCapture = world["log"]
+    _ready(world)
+    world["loop"].post(RestartRequested())
+    wait_until(lambda: log.named("spare.rearmed"), WAIT, "the spare re-armed")
+    assert log.named("failover.served")[0]["seconds"] >= 0
+    assert [f["to"] for f in log.named("gate.route")] == ["spare", "full"]
+    _stop_and_nothing_left(world)
+
+
+def test_a_wake_that_fails_leaves_the_restart_as_today_and_the_spare_is_rebuilt(
+        world: dict[str, Any]) -> None:
+    log: LogCapture = world["log"]
+    pid = _ready(world)
+    (world["tmp"] / "wake-fails").touch()
+    os.killpg(pid, signal.SIGKILL)
+    wait_until(lambda: log.named("failover.failed"), WAIT, "failover.failed")
+    (world["tmp"] / "wake-fails").unlink()
+    wait_until(lambda: len(log.named("spare.ready")) == 2, WAIT, "the spare rebuilt")
+    _ready(world)
+    assert not log.named("gate.route"), "never routed to a spare not proven awake"
+    assert "500" in log.named("failover.failed")[0]["detail"]
+    _stop_and_nothing_left(world)
+
+
+def test_a_stop_while_the_spare_wakes_leaves_nothing(world: dict[str, Any]) -> None:
+    log: LogCapture = world["log"]
+    pid = _ready(world)
+    (world["tmp"] / "wake-hangs").touch()
+    os.killpg(pid, signal.SIGKILL)
+    wait_until(lambda: _state(world["loop"])[2] == "waking", WAIT, "the spare waking")
+    _stop_and_nothing_left(world)
+    assert not log.named("failover.served")
+
+
+def test_sighup_while_the_spare_serves_and_its_death_while_asleep(
+        world: dict[str, Any]) -> None:
+    log: LogCapture = world["log"]
+    loop: Loop = world["loop"]
+    pid = _ready(world)
+    os.killpg(pid, signal.SIGKILL)
+    wait_until(lambda: log.named("failover.served"), WAIT, "failover.served")
+    loop.post(ReloadRequested(loop.state.config))  # the same config: no second restart
+    wait_until(lambda: log.named("spare.rearmed"), WAIT, "the spare re-armed")
+    assert len(log.named("restart.begin")) == 1
+    spare: sparerun.SpareFx = world["spare"]
+    assert spare.tree.pid is not None
+    os.killpg(spare.tree.pid, signal.SIGKILL)  # the spare dies asleep: rebuilt beside READY
+    wait_until(lambda: log.named("spare.died"), WAIT, "spare.died")
+    wait_until(lambda: len(log.named("spare.ready")) == 2, WAIT, "the spare rebuilt")
+    _ready(world)
+    _stop_and_nothing_left(world)

@@ -1,0 +1,212 @@
+"""The adapters' side in the shell (issue 38): live loads and unloads, and what vLLM serves.
+
+A live change (core/lora.py decided it; the core's UpdateAdapters action) is sent to vLLM on
+a worker thread of its own, one change at a time, each request bounded (connect to answer,
+and the answer's bytes): unloads first, then loads (`load_inplace` for a repointed one).
+vLLM's own error (its JSON `error.message`) is kept per adapter. While READY, vLLM's
+/v1/models is read at each new child and every REFRESH_EVERY seconds: a configured adapter
+it lists is "loaded", one it does not is "missing", and an adapter it lists that the config
+does not name was loaded by hand ("unmanaged": lost at the next restart). What the worker
+learns is written under a lock and read by the loop's publish (the snapshot's `adapters`).
+Imported only when [[adapters]] or [lora] live is configured (shell/effects.py).
+"""
+
+from __future__ import annotations
+
+import http.client
+import json
+import threading
+import time
+from collections.abc import Callable
+from typing import Any
+
+from vllmwatch import bounded_http
+from vllmwatch.config import command
+from vllmwatch.config.errors import ConfigError
+from vllmwatch.config.redact import REDACT
+from vllmwatch.config.sections import AdapterConfig, Config
+from vllmwatch.logfn import LogFn
+from vllmwatch.shell.probes import probe_host
+
+LOAD_PATH, UNLOAD_PATH, MODELS_PATH = ("/v1/load_lora_adapter", "/v1/unload_lora_adapter",
+                                       "/v1/models")
+LOAD_TIMEOUT = 120.0  # vLLM reads the adapter's weights before it answers
+REQUEST_TIMEOUT = 10.0  # an unload or the model list
+MAX_ANSWER = 256 * 1024  # /v1/models with 64 adapters is ~40 KiB
+REFRESH_EVERY = 30.0
+ERROR_BYTES = 300
+
+
+def load_body(adapter: AdapterConfig, inplace: bool) -> dict[str, object]:
+    """vLLM's LoadLoRAAdapterRequest (vllm/entrypoints/serve/lora/protocol.py)."""
+    body: dict[str, object] = {"lora_name": adapter.name, "lora_path": adapter.path}
+    if inplace:
+        body["load_inplace"] = True
+    return body
+
+
+def unload_body(name: str) -> dict[str, object]:
+    """vLLM's UnloadLoRAAdapterRequest."""
+    return {"lora_name": name}
+
+
+def vllm_error(status: int, raw: bytes) -> str:
+    """vLLM's own words for a refusal: error.message of its JSON, else the body's start."""
+    try:
+        message = json.loads(raw)["error"]["message"]
+        if isinstance(message, str):
+            return f"HTTP {status}: {REDACT.text(message[:ERROR_BYTES])}"
+    except (ValueError, KeyError, TypeError):
+        pass
+    text = raw[:ERROR_BYTES].decode("utf-8", "replace").strip()
+    return f"HTTP {status}: {REDACT.text(text)}" if text else f"HTTP {status}"
+
+
+class AdapterWatch:
+    """The configured adapters' state as vLLM last told it, and the live changes."""
+
+    def __init__(self, config: Config, log: LogFn,
+                 clock: Callable[[], float] = time.monotonic) -> None:
+        self._log, self._clock = log, clock
+        self._lock = threading.Lock()
+        self._config = config
+        self._errors: dict[str, str] = {}  # adapter -> vLLM's refusal of its last load
+        self._served: set[str] | None = None  # the names /v1/models lists (None: not read)
+        self._pid: int | None = None
+        self._next_refresh = 0.0
+        self._busy = threading.Lock()  # one change or refresh at a time
+        self.loads_failed = 0  # live loads vLLM refused or that timed out
+
+    def reconfigure(self, config: Config) -> None:
+        """A reload's config (the loop's thread): the adapters now configured."""
+        with self._lock:
+            self._config = config
+            names = {a.name for a in config.adapters}
+            self._errors = {k: v for k, v in self._errors.items() if k in names}
+
+    # ---- the loop's side ----
+
+    def update(self, load: tuple[AdapterConfig, ...], unload: tuple[str, ...],
+               inplace: tuple[str, ...]) -> threading.Thread:
+        """Send a live change on a worker thread (returned, for tests to join)."""
+        config = self._config
+        worker = threading.Thread(target=self._update, args=(config, load, unload, inplace),
+                                  name="vllmwatch-adapters", daemon=True)
+        worker.start()
+        return worker
+
+    def observe(self, ready: bool, pid: int | None) -> dict[str, Any]:
+        """What /status shows; while READY, a refresh of /v1/models when due (off-loop)."""
+        now = self._clock()
+        if ready and (pid != self._pid or now >= self._next_refresh):
+            if pid != self._pid:
+                with self._lock:
+                    self._errors, self._served = {}, None  # a new child: its own load
+            self._pid, self._next_refresh = pid, now + REFRESH_EVERY
+            threading.Thread(target=self.refresh, name="vllmwatch-adapters",
+                             daemon=True).start()
+        return self.view(ready)
+
+    def view(self, ready: bool) -> dict[str, Any]:
+        """The adapters' part of /status."""
+        with self._lock:
+            config, errors, served = self._config, dict(self._errors), self._served
+        rows = []
+        for a in config.adapters:
+            if a.name in errors:
+                state = "failed"
+            elif served is None or not ready:
+                state = "unknown"
+            else:
+                state = "loaded" if a.name in served else "missing"
+            rows.append({"name": a.name, "path": a.path, "required": a.required,
+                         "rank": a.rank, "state": state, "error": errors.get(a.name)})
+        names = {a.name for a in config.adapters}
+        unmanaged = sorted(served - names - {config.vllm.model_name}) if served else []
+        return {"live": config.lora.live, "managed": rows, "unmanaged": unmanaged,
+                "loads_failed": self.loads_failed}
+
+    # ---- the worker's side ----
+
+    def _update(self, config: Config, load: tuple[AdapterConfig, ...],
+                unload: tuple[str, ...], inplace: tuple[str, ...]) -> None:
+        with self._busy:
+            for name in unload:
+                status, answer = self._post(config, UNLOAD_PATH, unload_body(name),
+                                            REQUEST_TIMEOUT)
+                if status == 200 or status == 404:  # 404: not loaded, so unloaded
+                    self._log("info", "lora.unloaded", adapter=name)
+                else:
+                    self._log("error", "lora.unload_failed", adapter=name, error=answer,
+                              detail="vLLM still serves it until the next restart")
+            for adapter in load:
+                body = load_body(adapter, adapter.name in inplace)
+                status, answer = self._post(config, LOAD_PATH, body, LOAD_TIMEOUT)
+                self._loaded(adapter, status, answer)
+            self._refresh(config)
+
+    def _loaded(self, adapter: AdapterConfig, status: int, answer: str) -> None:
+        if status == 200:
+            with self._lock:
+                self._errors.pop(adapter.name, None)
+            self._log("info", "lora.loaded", adapter=adapter.name, path=adapter.path,
+                      how="live")
+            return
+        with self._lock:
+            self._errors[adapter.name] = answer
+            self.loads_failed += 1
+        self._log("error", "lora.load_failed", adapter=adapter.name, path=adapter.path,
+                  required=adapter.required, error=answer,
+                  detail="vLLM refused the adapter: fix it and send SIGHUP again "
+                         "(systemctl reload vllmwatch); the base model and the other "
+                         "adapters still serve")
+
+    def refresh(self) -> None:
+        """Read /v1/models now (a worker thread)."""
+        if self._busy.acquire(blocking=False):
+            try:
+                self._refresh(self._config)
+            finally:
+                self._busy.release()
+
+    def _refresh(self, config: Config) -> None:
+        status, raw = self._get(config, MODELS_PATH)
+        if status != 200:
+            return  # unknown stays unknown: the probes say whether vLLM is there
+        try:
+            served = {str(m["id"]) for m in json.loads(raw)["data"]}
+        except (ValueError, KeyError, TypeError):
+            return
+        with self._lock:
+            self._served = served
+
+    def _post(self, config: Config, path: str, body: dict[str, object], timeout: float
+              ) -> tuple[int, str]:
+        """(HTTP status, vLLM's answer in words); status 0 when no answer came."""
+        try:
+            status, raw = self._request(config, "POST", path, json.dumps(body).encode(),
+                                        timeout)
+        except bounded_http.DeadlineExceeded:
+            return 0, f"no answer within {timeout:g}s"
+        except (OSError, http.client.HTTPException) as exc:
+            return 0, f"{type(exc).__name__}: {exc}"
+        return status, ("ok" if status == 200 else vllm_error(status, raw))
+
+    def _get(self, config: Config, path: str) -> tuple[int, bytes]:
+        try:
+            return self._request(config, "GET", path, None, REQUEST_TIMEOUT)
+        except (OSError, http.client.HTTPException):
+            return 0, b""
+
+    def _request(self, config: Config, method: str, path: str, body: bytes | None,
+                 timeout: float) -> tuple[int, bytes]:
+        headers = {"Content-Type": "application/json"} if body is not None else {}
+        try:
+            key = command.read_api_key(config)
+        except ConfigError:
+            key = None
+        if key:
+            headers["Authorization"] = f"Bearer {key}"
+        v = config.vllm
+        return bounded_http.request(probe_host(v.host), v.port, method, path, timeout=timeout,
+                                    max_body=MAX_ANSWER, body=body, headers=headers)

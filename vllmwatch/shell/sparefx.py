@@ -1,0 +1,119 @@
+"""The daemon's side of the sleeping spare (issue 34 points 2-3): its plan from this
+machine's facts and its command. Imported only when `[spare]` is considered
+(SpareConfig.considered); the plan says on or off and why, and only an "on" imports the
+spare's tree and the core's failover (shell/sparetree.py).
+"""
+
+from __future__ import annotations
+
+import glob
+import json
+import os
+from collections.abc import Mapping
+from typing import TYPE_CHECKING, Any
+
+from vllmwatch.config import command, private
+from vllmwatch.config.schema import Config
+from vllmwatch.config.spare import SpareFacts, kv_bytes_per_token, plan_spare
+from vllmwatch.config.spare import with_flags as _with_flags
+from vllmwatch.logfn import LogFn
+from vllmwatch.shell import groupfile
+from vllmwatch.shell.child import instance_id
+from vllmwatch.shell.memory import MemorySampler
+from vllmwatch.shell.platform import read_meminfo
+
+if TYPE_CHECKING:
+    from vllmwatch.shell.sparerun import SpareFx
+
+_WEIGHTS = ("*.safetensors", "*.bin", "*.pt")
+
+
+SUN_PATH_MAX = 107  # a Unix socket's path (sun_path)
+
+
+def socket_path(environ: Mapping[str, str], instance: str) -> str | None:
+    """Where the spare listens: vllmwatch's private directory (no other user reaches it), or
+    a private one under /tmp when that path is too long for a socket; None: no such place."""
+    name = f"spare-{instance[:12]}.sock"
+    for where in (groupfile.state_dir(environ),
+                  private.ensure_dir(f"/tmp/vllmwatch-{os.geteuid()}")):
+        if where is not None and len(os.path.join(where, name)) <= SUN_PATH_MAX:
+            return os.path.join(where, name)
+    return None
+
+
+def facts(config: Config, sampler: MemorySampler, unified: bool, uds_path: str) -> SpareFacts:
+    """What the plan needs of this machine and model; None where it cannot be read."""
+    sample = sampler.sample(None, False)
+    gpus = config.vllm.gpus or sorted(sample.device_total_mib)
+    gpu = gpus[0] if gpus else None
+    total = sample.device_total_mib.get(gpu) if gpu is not None else None
+    used = sample.device_used_mib.get(gpu) if gpu is not None else None
+    mem = read_meminfo()
+    model = config.vllm.model
+    weights: float | None = None
+    cfg: dict[str, Any] = {}
+    if os.path.isdir(model):
+        files = [f for pat in _WEIGHTS for f in glob.glob(os.path.join(model, pat))]
+        weights = sum(os.path.getsize(f) for f in files) / 2**20 if files else None
+        try:
+            with open(os.path.join(model, "config.json"), encoding="utf-8") as fh:
+                got = json.load(fh)
+            cfg = got if isinstance(got, dict) else {}
+        except (OSError, ValueError):
+            cfg = {}
+    max_len = cfg.get("max_position_embeddings")
+    return SpareFacts(
+        platform="cpu" if not config.vllm.uses_gpu else "unified" if unified else "discrete",
+        gpu_total_mib=total, others_mib=used, uds_path=uds_path,
+        host_available_mib=mem.available_mib if mem is not None else None,
+        weights_mib=weights,
+        kv_bytes_per_token=kv_bytes_per_token(cfg, str(config.vllm.args.get(
+            "kv-cache-dtype", "auto"))) if cfg else None,
+        model_max_len=max_len if isinstance(max_len, int) else None)
+
+
+def flags_of(config: Config) -> dict[str, object]:
+    """The serving command's {flag: value} as the plan reads them (dashes)."""
+    return {str(k).replace("_", "-"): v for k, v in config.vllm.args.items()}
+
+
+def make(config: Config, environ: Mapping[str, str], sampler: MemorySampler, unified: bool,
+         log: LogFn) -> SpareFx | None:
+    """The plan, logged; a SpareFx when it is on."""
+    instance = instance_id(config.path)
+    path = socket_path(environ, instance)
+    if path is None:
+        log("warning", "spare.plan", on=False, reason="no private directory for the spare's "
+            "Unix socket (its dev-mode endpoints must not be reachable by other users)")
+        return None
+    plan = plan_spare(config.spare, config.gate.enabled, flags_of(config),
+                      facts(config, sampler, unified, path))
+    log("info" if plan.on else "warning", "spare.plan", **plan.fields(), lines=plan.lines())
+    if not plan.on:
+        return None
+    from vllmwatch.shell.sparerun import SpareFx  # plan on only
+    from vllmwatch.shell.sparetree import SpareCommand, SpareTree
+
+    cmd = command.build(config, environ, api_key=command.read_api_key(config))
+    argv = _with_flags(cmd.argv, dict(plan.spare_flags))
+    env = {**cmd.env, **plan.spare_env}
+    tree = SpareTree(SpareCommand(argv, env, path, config.vllm.model_name), instance, log,
+                     lambda pids: _gpu_of(sampler, pids), lambda: _free(sampler, config))
+    return SpareFx(config, plan, tree, log)
+
+
+def _gpu_of(sampler: MemorySampler, pids: set[int]) -> float | None:
+    procs = sampler.gpu_processes()
+    if procs is None:
+        return None
+    return sum(p.used_mib or 0.0 for p in procs if p.pid in pids)
+
+
+def _free(sampler: MemorySampler, config: Config) -> float | None:
+    sample = sampler.sample(None, False)
+    gpus = config.vllm.gpus or sorted(sample.device_total_mib)
+    if not gpus or gpus[0] not in sample.device_total_mib or gpus[0] not in \
+            sample.device_used_mib:
+        return None
+    return sample.device_total_mib[gpus[0]] - sample.device_used_mib[gpus[0]]

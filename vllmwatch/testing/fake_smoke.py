@@ -1,0 +1,114 @@
+"""The fake vLLM's answers to what smoke checks ask (issue 38.2): chat with `tools` (with and
+without the tool parser), the Anthropic Messages API (`/v1/messages`), and a tokenizer
+without a chat template. Shapes and error texts are vLLM 0.32's:
+
+- tools with tool_choice "auto" (the default when tools are given) and no
+  `--enable-auto-tool-choice`: 400 '"auto" tool choice requires --enable-auto-tool-choice
+  and --tool-call-parser to be set' (renderers/online_renderer.py);
+- "required" or a named tool without `--tool-call-parser`: 400 'tool_choice="required"
+  requires --tool-call-parser to be set';
+- no chat template (`--fake-no-chat-template`, unless `--chat-template`): 400 with
+  transformers' "As of transformers v4.44, default chat template is no longer allowed ...";
+- /v1/messages: AnthropicMessagesResponse (content blocks, stop_reason), errors as
+  `{"type": "error", "error": {"type", "message"}}` (entrypoints/anthropic/api_router.py).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+from collections.abc import Callable
+from typing import Any
+
+ROUTES = ("/v1/messages",)  # beside /v1/completions and /v1/chat/completions
+NO_TEMPLATE = ("As of transformers v4.44, default chat template is no longer allowed, so you "
+               "must provide a chat template if the tokenizer does not define one.")
+Complete = Callable[[dict[str, Any], bool], tuple[int, dict[str, Any]]]
+
+
+def add_args(p: argparse.ArgumentParser) -> None:
+    """The flags the smoke answers follow (vLLM's own, and the fake's fault flags)."""
+    p.add_argument("--enable-auto-tool-choice", action="store_true")
+    p.add_argument("--tool-call-parser")
+    p.add_argument("--chat-template")
+    p.add_argument("--fake-no-chat-template", action="store_true",
+                   help="the tokenizer has no chat template: chat needs --chat-template")
+    p.add_argument("--fake-messages-fail-while",
+                   help="/v1/messages answers 400 while this file exists")
+
+
+def _error(message: str, code: int = 400, kind: str = "BadRequestError") -> dict[str, Any]:
+    """vLLM 0.32's ErrorResponse."""
+    return {"error": {"message": message, "type": kind, "param": None, "code": code}}
+
+
+def answer(a: argparse.Namespace, path: str, body: dict[str, Any], complete: Complete
+           ) -> tuple[int, dict[str, Any]] | None:
+    """(status, reply) for a request the smoke answers own; None: the plain fake answers."""
+    if path == "/v1/messages":
+        return _messages(a, body, complete)
+    if path != "/v1/chat/completions":
+        return None
+    refused = _chat_refused(a, body)
+    if refused is not None:
+        return 400, _error(refused)
+    if not body.get("tools") or body.get("tool_choice") == "none":
+        return None
+    code, reply = complete(body, True)
+    if code != 200:
+        return code, reply
+    tool = body["tools"][0]["function"]
+    props = tool.get("parameters", {}).get("properties", {})
+    args = {name: "Paris" for name in props}
+    choice = reply["choices"][0]
+    choice.update(finish_reason="tool_calls", message={
+        "role": "assistant", "content": None, "tool_calls": [
+            {"id": "chatcmpl-tool-fake", "type": "function",
+             "function": {"name": tool["name"], "arguments": json.dumps(args)}}]})
+    return 200, reply
+
+
+def _chat_refused(a: argparse.Namespace, body: dict[str, Any]) -> str | None:
+    if a.fake_no_chat_template and not a.chat_template:
+        return NO_TEMPLATE
+    if not body.get("tools"):
+        return None
+    choice = body.get("tool_choice", "auto")
+    if choice == "auto" and not (a.enable_auto_tool_choice and a.tool_call_parser):
+        return ('"auto" tool choice requires --enable-auto-tool-choice and '
+                "--tool-call-parser to be set")
+    if choice not in ("auto", "none") and not a.tool_call_parser:
+        desc = (f'function "{choice["function"]["name"]}"' if isinstance(choice, dict)
+                else f'"{choice}"')
+        return f"tool_choice={desc} requires --tool-call-parser to be set"
+    return None
+
+
+def _messages(a: argparse.Namespace, body: dict[str, Any], complete: Complete
+              ) -> tuple[int, dict[str, Any]]:
+    failing = a.fake_messages_fail_while
+    if failing and os.path.exists(failing):
+        return 400, _anthropic("BadRequestError", "The model does not support Messages API")
+    if not isinstance(body.get("max_tokens"), int) or not isinstance(body.get("messages"), list):
+        return 400, _anthropic("BadRequestError", "max_tokens and messages are required")
+    refused = _chat_refused(a, {})
+    if refused is not None:
+        return 400, _anthropic("BadRequestError", refused)
+    code, reply = complete({**body, "messages": [
+        {"role": m.get("role"), "content": m.get("content")} for m in body["messages"]]}, True)
+    if code != 200:
+        message = reply.get("message") or reply.get("error", {}).get("message", "")
+        return code, _anthropic(str(reply.get("type", "InternalServerError")), str(message))
+    choice, usage = reply["choices"][0], reply["usage"]
+    text = choice["message"]["content"] or ""
+    stop = "max_tokens" if choice["finish_reason"] == "length" else "end_turn"
+    return 200, {"id": "msg_" + reply["id"], "type": "message", "role": "assistant",
+                 "content": [{"type": "text", "text": text}], "model": reply["model"],
+                 "stop_reason": stop,
+                 "usage": {"input_tokens": usage["prompt_tokens"],
+                           "output_tokens": usage["completion_tokens"]}}
+
+
+def _anthropic(kind: str, message: str) -> dict[str, Any]:
+    return {"type": "error", "error": {"type": kind, "message": message}}
