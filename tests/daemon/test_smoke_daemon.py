@@ -12,6 +12,7 @@ from typing import Any
 
 from tests.support import Daemon, base_config, free_port, merge
 from vllmwatch.testing.daemon import PYTHON
+from vllmwatch.testing.waiting import wait_for
 
 TOOLS = {"enable-auto-tool-choice": True, "tool-call-parser": "hermes"}
 
@@ -25,10 +26,16 @@ def _daemon(tmp_path: Path, smoke: list[dict[str, Any]], args: dict[str, Any] | 
     return Daemon(tmp_path, cfg).start()
 
 
-def _status(d: Daemon) -> dict[str, Any]:
-    code, body = d.http_get("/status")
-    assert code == 200
-    return json.loads(body)  # type: ignore[no-any-return]
+def _checks(d: Daemon, answered: int) -> list[dict[str, Any]]:
+    """/status's smoke_checks once `answered` of them have a result (the snapshot is
+    published at the end of the loop's turn, after the event that said so)."""
+    def look() -> list[dict[str, Any]] | None:
+        code, body = d.http_get("/status")
+        checks: list[dict[str, Any]] = json.loads(body)["smoke_checks"] if code == 200 else []
+        done = [c for c in checks if c["result"] in ("passed", "failed")]
+        return checks if len(done) >= answered else None
+
+    return wait_for(look, 10.0, f"{answered} smoke checks answered in /status")  # type: ignore[no-any-return]
 
 
 def test_chat_tools_and_messages_pass_before_ready(tmp_path: Path) -> None:
@@ -41,7 +48,7 @@ def test_chat_tools_and_messages_pass_before_ready(tmp_path: Path) -> None:
         assert all(e["ts"] <= ready["ts"] for e in passed)  # every check before READY
         canary = d.named("state.changed", to="ready")
         assert canary and not d.named("smoke.failed")
-        checks = _status(d)["smoke_checks"]
+        checks = _checks(d, 3)
         assert [(c["name"], c["result"]) for c in checks] == [
             ("chat", "passed"), ("tools", "passed"), ("messages", "passed")]
         code, _ = d.stop()
@@ -60,7 +67,7 @@ def test_tools_without_the_parser_hold_ready_and_fail_the_start_by_name(
         assert "--enable-auto-tool-choice --tool-call-parser NAME" in failed["error"]
         assert 'tool choice requires --enable-auto-tool-choice' in failed["answer"]
         assert d.http_get("/readyz")[0] == 503 and not d.named("child.ready")
-        checks = _status(d)["smoke_checks"]
+        checks = _checks(d, 1)
         assert checks[0]["result"] == "failed" and checks[0]["required"] is True
         begin = d.wait_event("restart.begin", 30)
         assert begin["reason"] == "start_timeout"
@@ -96,7 +103,7 @@ def test_an_optional_check_is_reported_and_does_not_hold_ready(tmp_path: Path) -
         d.wait_ready(30)
         failed = d.named("smoke.failed")
         assert [(e["check"], e["required"]) for e in failed] == [("ide-tools", False)]
-        checks = {c["name"]: c for c in _status(d)["smoke_checks"]}
+        checks = {c["name"]: c for c in _checks(d, 2)}
         assert checks["ide-tools"]["result"] == "failed" and checks["chat"]["result"] == \
             "passed"
         _, body = d.http_get("/metrics")

@@ -227,6 +227,21 @@ def test_a_stream_that_had_begun_ends_with_the_error_event_its_client_parses(
         assert len(script.seen) == 1
 
 
+@pytest.mark.parametrize("end", [b"data: [DONE]\n\n",
+                                 b'event: message_stop\ndata: {"type": "message_stop"}\n\n'])
+def test_a_failure_after_the_streams_last_event_is_not_a_cut(end: bytes) -> None:
+    """vLLM sent the whole stream but not the end of its chunked body (its API server was
+    stuck or dying): the client got everything, so it ends cleanly and nothing is counted
+    cut (in the issue 35 run, 2 of 10 counted cuts were such streams, seen as whole)."""
+    first = b'data: {"choices": [{"text": "a", "finish_reason": "length"}]}\n\n'
+    with setup(("stream", [first, end], "reset")) as (g, script, _d):
+        status, body = post(g.port, "/v1/chat/completions", {**BODY, "stream": True})
+        settle(g)
+        assert (status, body) == (200, first + end)
+        assert (g.stats.cut_midstream, g.stats.replayed) == (0, 0), g.stats
+        assert len(script.seen) == 1
+
+
 @pytest.mark.parametrize("answer", [
     (404, b'{"error": {"message": "The model `x` does not exist.", "code": 404}}'),
     (400, b'{"error": {"message": "maximum context length is 2048 tokens", "code": 400}}'),

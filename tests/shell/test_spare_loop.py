@@ -26,7 +26,7 @@ from tests.support import PYTHON, REPO, free_port, wait_until
 from vllmwatch.config.schema import Config, from_dict
 from vllmwatch.core.events import ReloadRequested, RestartRequested, StopRequested
 from vllmwatch.core.unified import Platform
-from vllmwatch.shell import sparefx, sparetree
+from vllmwatch.shell import sparefx, sparerun, sparetree
 from vllmwatch.shell.clock import SystemClock
 from vllmwatch.shell.effects import RealEffects
 from vllmwatch.shell.groupfile import MARKER
@@ -124,7 +124,7 @@ def test_a_crash_fails_over_to_the_spare_and_back_and_a_stop_leaves_nothing(
         world: dict[str, Any]) -> None:
     loop: Loop = world["loop"]
     log: LogCapture = world["log"]
-    spare: sparetree.SpareFx = world["spare"]
+    spare: sparerun.SpareFx = world["spare"]
     wait_until(lambda: _state(loop) == ("ready", "idle", "asleep"), WAIT, "READY, spare asleep")
     order = _events(log)
     assert order.index("spare.ready") < order.index("child.started"), "the spare comes first"
@@ -173,7 +173,7 @@ def _ready(world: dict[str, Any]) -> int:
 
 
 def _stop_and_nothing_left(world: dict[str, Any]) -> None:
-    spare: sparetree.SpareFx = world["spare"]
+    spare: sparerun.SpareFx = world["spare"]
     sock, marker = spare.tree.cmd.socket_path, spare.tree.marker.split(":")[0]
     world["loop"].post(StopRequested("SIGTERM"))
     world["runner"].join(WAIT)
@@ -227,7 +227,7 @@ def test_sighup_while_the_spare_serves_and_its_death_while_asleep(
     loop.post(ReloadRequested(loop.state.config))  # the same config: no second restart
     wait_until(lambda: log.named("spare.rearmed"), WAIT, "the spare re-armed")
     assert len(log.named("restart.begin")) == 1
-    spare: sparetree.SpareFx = world["spare"]
+    spare: sparerun.SpareFx = world["spare"]
     assert spare.tree.pid is not None
     os.killpg(spare.tree.pid, signal.SIGKILL)  # the spare dies asleep: rebuilt beside READY
     wait_until(lambda: log.named("spare.died"), WAIT, "spare.died")

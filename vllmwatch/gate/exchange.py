@@ -43,6 +43,7 @@ class Exchange:
     cut: bool = False  # the gate cut it: vllmwatch declared the engine stuck
     vllm_error: bool = False  # vLLM itself ended the begun stream with an error event
     broken: bool = False  # begun, then failed: ended by the gate (error event or cut)
+    ended: bool = False  # the stream's last event passed: the client has the whole answer
     task: asyncio.Task[Any] | None = field(default=None, repr=False)
 
     def mark_written(self) -> None:
@@ -111,6 +112,8 @@ async def run(session: aiohttp.ClientSession, request: web.Request, url: str, bo
             while chunk:  # as it arrives: SSE stays live
                 if b'"error"' in chunk and replay.ENGINE_DEAD in chunk:
                     ex.vllm_error = True  # vLLM's own error event: the stream is ended
+                if replay.END_OF_STREAM.search(chunk):
+                    ex.ended = True  # vLLM may fail after it (measured): nothing is lost
                 await response.write(chunk)
                 chunk = await up.content.readany()
             await response.write_eof()
@@ -136,6 +139,10 @@ async def _failed(request: web.Request, response: web.StreamResponse | None, ex:
     incomplete)."""
     if response is None or not response.prepared:
         return Failed(why)
+    if ex.ended:  # only the end of the chunked body was missing: end it, as vLLM would
+        with contextlib.suppress(ConnectionError, RuntimeError, asyncio.TimeoutError):
+            await asyncio.wait_for(response.write_eof(), 1.0)
+        return response
     ex.broken = True
     if response.content_type == "text/event-stream":
         message = (f"vLLM failed during this answer ({why}); the answer had begun, so it "

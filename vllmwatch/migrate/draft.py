@@ -60,6 +60,8 @@ class Draft:
     secret_env: dict[str, str] = field(default_factory=dict)  # for vllm.env_file, likewise
     todo: list[str] = field(default_factory=list)
     changed: int = 0  # flags changed or dropped (each has a comment)
+    # [[smoke]] checks proposed (migrate/smokeplan.py): (table, why, written active)
+    smoke: list[tuple[dict[str, object], str, bool]] = field(default_factory=list)
 
     def set(self, key: str, value: object, note: str = "") -> None:
         """A [vllm] key, with the comment that says where it came from."""

@@ -83,6 +83,10 @@ def render(draft: Draft, source: str) -> str:
         for name, (setting, note) in table.items():
             lines += comment(note)
             lines.append(f"{key(name)} = {value(setting)}")
+    for check, note, active in draft.smoke:  # checks before READY (docs/operations/smoke.md)
+        lines += ["", *comment(note)]
+        body = ["[[smoke]]", *(f"{key(k)} = {value(v)}" for k, v in check.items())]
+        lines += body if active else [f"# {line}" for line in body]
     return "\n".join(lines) + "\n"
 
 

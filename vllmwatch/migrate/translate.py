@@ -15,7 +15,7 @@ from vllmwatch.config.launch import INJECTED_FLAGS
 from vllmwatch.config.redact import REDACT
 from vllmwatch.config.serveline import ServeLine, is_number
 from vllmwatch.config.vllmflags import flag_problem as known_problem
-from vllmwatch.migrate import addresses, envwords, relaxed
+from vllmwatch.migrate import addresses, envwords, relaxed, smokeplan
 from vllmwatch.migrate.draft import Draft, Entry, Facts
 from vllmwatch.migrate.flagwords import Given, read
 
@@ -47,6 +47,7 @@ def translate(line: ServeLine, facts: Facts) -> Draft:
                           "the line did: for a CPU deployment add `--device cpu` to the line "
                           "(or set vllm.gpus = [])")
     addresses.keep(draft, facts)
+    smokeplan.propose(draft)  # [[smoke]] checks for the endpoints its flags serve
     return draft
 
 

@@ -48,7 +48,7 @@ from vllmwatch.shell.versions import VersionCache
 from vllmwatch.status.snapshot import Snapshot
 
 if TYPE_CHECKING:  # imported by a run only when the spare's plan is considered
-    from vllmwatch.shell.sparetree import SpareFx
+    from vllmwatch.shell.sparerun import SpareFx
 
 
 class Effects(Protocol):
@@ -143,7 +143,8 @@ class RealEffects:
         if self._run is not None:  # never two: the core launches only after the reap
             self._run.close()
             self._run = None
-        before = self._used_without_spare() if config.vllm.uses_gpu else {}
+        before = {} if not config.vllm.uses_gpu else self.sampler.device_used_mib() \
+            if self.spare is None else self.spare.device_used(self.sampler)
         if self.spare is not None:  # the serving engine's setting, lowered for the spare
             prepared = replace(prepared, cmd=replace(
                 prepared.cmd, argv=tuple(self.spare.serving_argv(prepared.cmd.argv))))
@@ -302,25 +303,10 @@ class RealEffects:
         spare = self.spare.tree.pid if self.spare is not None else None
         return self.launcher.exempt() | ({spare} if spare is not None else set())
 
-    def _used_without_spare(self) -> dict[int, float]:
-        """Device memory without the spare's tree: a release gate and its baseline compare
-        the serving trees only, whether the spare sleeps or serves (issue 34)."""
-        used = self.sampler.device_used_mib()
-        if self.spare is None or not used:
-            return used
-        mib = self.spare.tree.memory_mib() or 0.0
-        first = min(used)
-        return {**used, first: used[first] - mib}
-
     def check_release(self, action: CheckRelease) -> ReleaseChecked:
         """Has the GPU given back the old tree's memory?"""
         if self.spare is not None:  # judged without the spare's memory (it may be awake)
-            from vllmwatch.core.restart import released
-
-            ok, detail = released(set(action.old_pids), self.sampler.gpu_processes(),
-                                  self._used_without_spare(), dict(action.before_launch),
-                                  action.tolerance_mib)
-            return ReleaseChecked(ok, detail)
+            return self.spare.release_check(self.sampler, action)
         ok, detail = release_check(self.sampler, set(action.old_pids),
                                    dict(action.before_launch), action.tolerance_mib)
         return ReleaseChecked(ok, detail)

