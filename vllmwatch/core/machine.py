@@ -210,6 +210,11 @@ def _child_exited(s: WatchState, ev: ChildExited, now: float) -> Result:
         s, more = ladder.halt(s, now, Reason.CONFIG,
                               f"vLLM refused its arguments: {hint}")
         return s, acts + more
+    if s.state == S.STARTING and s.config.adapters:  # vLLM refused an adapter (issue 38)
+        from vllmwatch.core import lora
+
+        s, more = lora.start_refused(s, ev.last_lines)
+        acts += more
     reason, detail = Reason.CRASH, ("during start: " if s.state == S.STARTING else "") + why
     mem = startmem.start_failed(s, ev) if s.state == S.STARTING else None
     if mem is not None:  # vLLM said it ran out of memory: name it, stop if it repeats
