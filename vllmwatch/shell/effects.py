@@ -128,6 +128,8 @@ class RealEffects:
 
     def spawn(self, config: Config, post: Callable[[Event], None]) -> Event:
         """Build the command (refusing known-broken flags) and start the child."""
+        if self._adapters is not None:  # which adapters this launch carries
+            self._adapters.launched(config)
         version = self._versions.of(config.vllm.command)
         refused = startcaches.problems(config, self._environ, self._versions.info)
         if refused:
