@@ -234,3 +234,27 @@ def test_sighup_while_the_spare_serves_and_its_death_while_asleep(
     wait_until(lambda: len(log.named("spare.ready")) == 2, WAIT, "the spare rebuilt")
     _ready(world)
     _stop_and_nothing_left(world)
+
+
+def test_no_room_beside_the_dying_tree_wakes_the_spare_after_the_release(
+        world: dict[str, Any]) -> None:
+    """Another process took GPU memory after the plan (a leak, a neighbour): the wake waits
+    for the old tree's release instead of risking an out-of-memory spare."""
+    log: LogCapture = world["log"]
+    _ready(world)
+    total, _ = fake_gpu.device(world["ledger"])
+    fake_gpu.create(world["ledger"], total_mib=total, base_mib=8000.0)  # a neighbour's 8 GB
+    world["loop"].post(RestartRequested())  # the old tree holds its memory while it drains
+    wait_until(lambda: log.named("failover.deferred"), WAIT, "failover.deferred")
+    fake_gpu.create(world["ledger"], total_mib=total)  # the neighbour leaves
+    try:
+        wait_until(lambda: log.named("failover.served"), WAIT, "failover.served")
+    except AssertionError:
+        raise AssertionError([(e, f) for e, f in log.got if e.startswith(("failover", "spare",
+                              "gpu", "restart", "state"))]) from None
+    events = _events(log)
+    assert events.index("failover.deferred") < events.index("gpu.released") \
+        < events.index("failover.served")
+    assert "free beside the old tree" in log.named("failover.deferred")[0]["detail"]
+    wait_until(lambda: log.named("spare.rearmed"), WAIT, "the spare re-armed")
+    _stop_and_nothing_left(world)

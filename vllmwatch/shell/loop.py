@@ -106,7 +106,7 @@ class Loop:
         self.state = machine.initial(config, clock.monotonic(), rng)
         self._spare = spare  # the sleeping spare engine (issue 34): its track starts here
         if spare is not None:
-            self.state = dataclasses.replace(self.state, spare=spare.track())
+            self.state = dataclasses.replace(self.state, spare=spare.track(clock.monotonic()))
         self.snapshot = Snapshot(config_path=config.path, config_sha256=config.sha256)
         env = environ if environ is not None else dict(os.environ)
         self._watchdog = watchdog_interval(env, os.getpid())

@@ -8,6 +8,7 @@ from __future__ import annotations
 import threading
 import time
 from collections.abc import Callable, Sequence
+from dataclasses import replace
 from typing import Any
 
 from vllmwatch.config.schema import Config
@@ -51,9 +52,9 @@ class SpareFx:
         self._info_at = -INFO_EVERY
         self._memory: float | None = None
 
-    def track(self) -> failover.Track:
+    def track(self, now: float) -> failover.Track:
         """The core's record at the start: on (it is built before the first launch)."""
-        return failover.new(self.plan.on, self.plan.reason, self.retries)
+        return replace(failover.new(self.plan.on, self.plan.reason, self.retries), since=now)
 
     def serving_argv(self, argv: Sequence[str]) -> list[str]:
         """The serving engine's command with the plan's lowered setting (0.90 -> 0.78)."""
