@@ -315,12 +315,18 @@ RUNG_FLAGS = {"killed", "sweeping", "release", "incident_wait", "pending", "reco
 
 
 def test_a_rung_is_a_phase_never_a_flag() -> None:
-    from dataclasses import fields
+    import typing
+    from dataclasses import fields, is_dataclass
 
     from vllmwatch.core.restart import Phase
     from vllmwatch.core.state import ChildRun, WatchState
 
-    for record in (WatchState, ChildRun):
+    # ChildRun's owned sub-records too (issue 32 item 4): a rung hidden one level down is
+    # still a flag
+    subs = [t for t in typing.get_type_hints(ChildRun).values()
+            if isinstance(t, type) and is_dataclass(t)]
+    assert len(subs) >= 6, subs
+    for record in (WatchState, ChildRun, *subs):
         names = {f.name for f in fields(record)}
         flags = names & (RUNG_FLAGS | {str(p) for p in Phase})
         assert not flags, f"{record.__name__} keeps a rung as a field: {sorted(flags)}"

@@ -320,11 +320,11 @@ class CoreMachine(RuleBasedStateMachine):
         if self.s.state != S.READY or c is None:
             return
         for kind, bound in probing.bounds(self.s).items():
-            last = c.probe_done_at.get(kind, self.s.since)
+            last = c.probes.done_at.get(kind, self.s.since)
             if self.now - last > bound + 0.01 and machine.next_wakeup(self.s) is not None:
                 # overdue: the next step must flag it (a Tick at now is due)
                 s2, _ = machine.step(self.s, Tick(), self.now)
-                assert s2.state != S.READY or kind in (s2.child.stale if s2.child else ())
+                assert s2.state != S.READY or kind in (s2.child.probes.stale if s2.child else ())
 
     @invariant()
     def wakeup_is_never_in_a_loop(self) -> None:

@@ -29,7 +29,7 @@ def _serving() -> Core:
     core.launch()
     core.become_ready()
     core.step(MetricsResult(True, 0.01, running=0, waiting=0, gen=core.s.gen), 0.1)
-    assert ProbeKind.METRICS not in core.s.run.inflight  # no scrape under way
+    assert ProbeKind.METRICS not in core.s.run.probes.inflight  # no scrape under way
     return core
 
 
@@ -50,7 +50,8 @@ def test_a_busy_child_is_looked_at_again_every_poll_until_idle() -> None:
     gen = core.s.gen
     acts = core.step(MetricsResult(True, 0.01, running=2, waiting=0, gen=gen), 0.05)
     assert not any(isinstance(a, SignalGroup) for a in acts)
-    assert core.s.run.timers[ProbeKind.METRICS] == pytest.approx(core.now + probing.DRAIN_POLL)
+    timers = core.s.run.probes.timers
+    assert timers[ProbeKind.METRICS] == pytest.approx(core.now + probing.DRAIN_POLL)
     core.step(Tick(), probing.DRAIN_POLL)
     acts = core.step(MetricsResult(True, 0.01, running=0, waiting=0, gen=gen), 0.05)
     assert SignalGroup("SIGTERM") in acts
@@ -63,7 +64,7 @@ def test_with_a_balancer_watching_the_first_look_waits_for_the_deregistration() 
     core.step(RestartRequested())
     delay = core.s.config.drain.deregister_delay
     assert delay > 0
-    assert core.s.run.timers[ProbeKind.METRICS] == pytest.approx(begun + delay)
+    assert core.s.run.probes.timers[ProbeKind.METRICS] == pytest.approx(begun + delay)
     # An idle scrape during the deregistration stops nothing: new requests may still come.
     acts = core.step(MetricsResult(True, 0.01, running=0, waiting=0, gen=core.s.gen), 0.1)
     assert not any(isinstance(a, SignalGroup) for a in acts)
@@ -75,10 +76,11 @@ def test_health_is_asked_at_once_when_the_server_says_it_listens(milestone: str)
     core.launch()
     core.step(Tick(), 0.0)
     core.step(Tick(), 0.3)  # between two start polls
-    assert core.s.run.timers[ProbeKind.HEALTH] > core.now + 0.5
+    assert core.s.run.probes.timers[ProbeKind.HEALTH] > core.now + 0.5
     acts = core.step(ChildOutput(milestone), 0.0)
     assert any(isinstance(a, Probe) and a.kind == ProbeKind.HEALTH for a in acts)
-    assert core.s.run.timers[ProbeKind.HEALTH] == pytest.approx(core.now + probing.STARTUP_POLL)
+    timers = core.s.run.probes.timers
+    assert timers[ProbeKind.HEALTH] == pytest.approx(core.now + probing.STARTUP_POLL)
 
 
 @pytest.mark.parametrize("milestone", ["weights", "compile", "graphs", "engine_init"])
@@ -87,7 +89,7 @@ def test_earlier_phases_leave_the_start_poll_alone(milestone: str) -> None:
     core.launch()
     core.step(Tick(), 0.0)
     core.step(Tick(), 0.3)
-    due = core.s.run.timers[ProbeKind.HEALTH]
+    due = core.s.run.probes.timers[ProbeKind.HEALTH]
     acts = core.step(ChildOutput(milestone), 0.0)
     assert not any(isinstance(a, Probe) for a in acts)
-    assert core.s.run.timers[ProbeKind.HEALTH] == due
+    assert core.s.run.probes.timers[ProbeKind.HEALTH] == due

@@ -16,7 +16,7 @@ from hypothesis import strategies as st
 from hypothesis.stateful import invariant, precondition, rule
 
 from tests.core.test_core_properties import STOP_BOUND, CoreMachine, check_one_way_out, run_to_exit
-from vllmwatch.core import failover, machine
+from vllmwatch.core import failover, ladder, machine
 from vllmwatch.core.events import (
     Action,
     ChildExited,
@@ -24,6 +24,7 @@ from vllmwatch.core.events import (
     Log,
     RecordIncident,
     ReloadRequested,
+    SignalGroup,
     Spawn,
     StopRequested,
 )
@@ -41,7 +42,7 @@ from vllmwatch.core.failover import (
     WakeSpare,
 )
 from vllmwatch.core.failover import Rung as R
-from vllmwatch.core.names import Reason
+from vllmwatch.core.names import REASONS, Reason
 from vllmwatch.core.restart import Phase
 from vllmwatch.core.state import FINAL, S, WatchState
 
@@ -311,6 +312,22 @@ def test_failed_builds_turn_the_spare_off_until_a_reload() -> None:
     assert _logs(m.history, "spare.off")
     m._step(ReloadRequested(m.s.config))
     assert _rung(m) == R.BUILDING
+
+
+@pytest.mark.parametrize("reason", sorted(r for r in Reason if REASONS[r].restart))
+def test_every_restart_reason_wakes_the_spare_first_but_a_gpu_fault(reason: Reason) -> None:
+    """Whatever found the fault (crash, hang, stall, memory rules, start timeout, SIGUSR1, a
+    reload), the ladder's one entry wakes an armed spare before its record and take-down."""
+    m = SpareWorld()
+    _ready(m)
+    s, acts = ladder.begin_restart(m.s, m.now + 1, reason, "test", drain=False)
+    wakes = [a for a in acts if isinstance(a, WakeSpare)]
+    if reason == Reason.GPU_FAULT:
+        assert not wakes and s.spare is not None and s.spare.rung == R.ASLEEP
+        return
+    assert len(wakes) == 1 and s.spare is not None and s.spare.rung == R.WAKING
+    later = [i for i, a in enumerate(acts) if isinstance(a, (RecordIncident, SignalGroup))]
+    assert all(_index(acts, WakeSpare) < i for i in later)
 
 
 def test_a_gpu_fault_never_fails_over() -> None:

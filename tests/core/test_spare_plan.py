@@ -131,6 +131,28 @@ def test_with_flags_replaces_every_spelling_and_appends() -> None:
                    "--enable-sleep-mode", "--kv-cache-memory-bytes", "8"]
 
 
+FLAG_NAMES = ["gpu-memory-utilization", "gpu_memory_utilization", "enable-sleep-mode", "port",
+              "uds", "kv-cache-memory-bytes", "enforce-eager"]
+
+
+@settings(max_examples=300, deadline=None)
+@given(st.lists(st.one_of(st.sampled_from(FLAG_NAMES).map(lambda n: "--" + n),
+                          st.sampled_from(FLAG_NAMES).map(lambda n: f"--{n}=1"),
+                          st.sampled_from(["0.9", "x", "/m", "8001"])), max_size=12),
+       st.dictionaries(st.sampled_from(FLAG_NAMES[2:]),
+                       st.one_of(st.just(True), st.just(None), st.sampled_from(["1", "a"])),
+                       max_size=4))
+def test_with_flags_sets_each_flag_once(argv: list[str],
+                                        changes: dict[str, str | bool | None]) -> None:
+    got = with_flags(argv, changes)
+    for name, value in changes.items():
+        spelled = [t for t in got if t.split("=")[0].replace("_", "-") == f"--{name}"]
+        assert len(spelled) == (0 if value is None else 1), (got, name)
+        if isinstance(value, str):
+            assert got[got.index(f"--{name}") + 1] == value
+    assert with_flags(got, changes) == got  # applying twice changes nothing more
+
+
 FACTS = st.builds(
     SpareFacts,
     platform=st.sampled_from(["discrete", "discrete", "discrete", "unified", "cpu"]),

@@ -196,7 +196,7 @@ def test_one_clock_jump_logs_probe_stale_once() -> None:
         _answer(core, kind)  # they come back one by one
     assert len(core.events("watchdog.probe_stale")) == 1
     assert len(core.events("watchdog.probe_fresh")) == 1
-    assert core.s.child is not None and core.s.child.stale == ()
+    assert core.s.child is not None and core.s.child.probes.stale == ()
     assert machine.watchdog_ok(core.s)
 
 
@@ -208,7 +208,7 @@ def test_a_kind_that_turns_stale_later_is_still_reported() -> None:
     for kind in (ProbeKind.HEALTH, ProbeKind.METRICS, ProbeKind.CANARY):
         _answer(core, kind)
     c = core.s.child
-    assert c is not None and c.stale == (ProbeKind.MEMORY,)
+    assert c is not None and c.probes.stale == (ProbeKind.MEMORY,)
     assert not machine.watchdog_ok(core.s)  # still not vouching while one is stale
     assert len(core.events("watchdog.probe_stale")) == 1 and not core.events(
         "watchdog.probe_fresh")

@@ -12,7 +12,7 @@ import pytest
 
 from tests.support.tinylora import make
 from vllmwatch.config.schema import Config, from_dict
-from vllmwatch.core.events import ReloadRequested, RestartRequested
+from vllmwatch.core.events import ChildExited, ReloadRequested, RestartRequested, Tick
 from vllmwatch.core.lora import decide
 from vllmwatch.core.state import S
 from vllmwatch.testing import Driver
@@ -135,6 +135,8 @@ def test_nothing_of_the_adapters_changed_says_nothing(dirs: dict[str, str]) -> N
                                                                             interval=1))))
     assert "how" not in reloaded(d) and restarts(d) == []
     assert decide(c, c, True).how == "none"
+    bare = from_dict(BASE)  # no adapters: [lora] alone changes no launch
+    assert decide(bare, from_dict({**BASE, "lora": {"live": True}}), True).how == "none"
 
 
 def test_a_rank_change_in_place_is_a_repoint(dirs: dict[str, str], tmp_path: Path) -> None:
@@ -161,3 +163,42 @@ def test_each_adapter_answers_before_ready_and_only_a_required_one_holds_it(
     d2.world.smoke_errors["adapter:a"] = "HTTP 404: The model `a` does not exist."
     assert not d2.run_until(lambda: d2.state.state == S.READY, 60)
     assert d2.world.smoke_sent == ["adapter:a"]  # held: nothing more is sent
+
+
+REFUSED = ("(APIServer pid=1) ValueError: Call to add_lora method failed: Worker failed with "
+           "error 'Adapter bias is not supported.', please check the stack trace above for "
+           "the root cause", "resource_tracker: There appear to be 1 leaked semaphore")
+
+
+def _refused_at_start(d: Driver) -> None:
+    assert d.run_until(lambda: d.state.state == S.STARTING and d.world.child_alive, 60)
+    d.world.child_alive = False
+    d.fx.exited = ChildExited(d.world.next_pid - 1, 1, None, last_lines=REFUSED)
+    d.send(Tick())
+
+
+def test_vllm_refusing_an_optional_adapter_at_start_relaunches_without_it(
+        dirs: dict[str, str]) -> None:
+    data = {**BASE, "adapters": [{"name": "a", "path": dirs["a"]},
+                                 {"name": "b", "path": dirs["b"], "required": False}]}
+    d = Driver(from_dict(data))
+    d.world.health_ok = False  # the first start does not get far: vLLM exits
+    _refused_at_start(d)
+    [said] = d.events("lora.start_refused")
+    assert said["left_out"] == ["b"] and "Adapter bias is not supported." in said["error"]
+    d.world.health_ok = True
+    assert d.run_until(lambda: d.state.state == S.READY, 300)
+    assert [a.name for a in d.state.config.adapters] == ["a"]  # what the relaunch carried
+    # a SIGHUP with the file as it is brings it back (added: here a restart, live = false)
+    d.send(ReloadRequested(from_dict(data)))
+    assert reloaded(d)["adapters_added"] == ["b"]
+
+
+def test_vllm_refusing_a_required_adapter_at_start_fails_the_start(dirs: dict[str, str]) -> None:
+    d = Driver(config(dirs, {"a": "a"}))
+    d.world.health_ok = False
+    _refused_at_start(d)
+    [said] = d.events("lora.start_refused")
+    assert said["left_out"] == [] and "every adapter is required" in said["detail"]
+    assert [a.name for a in d.state.config.adapters] == ["a"]
+    assert restarts(d) == ["crash"]

@@ -81,7 +81,7 @@ def test_idle_hang_is_seen_within_10s_after_one_longer_retry() -> None:
 
 def test_loaded_hang_is_seen_from_the_frozen_engine_before_the_canary_gives_up() -> None:
     d = up(running=8, waiting=20, tokens_per_scrape=900, canary_seconds=2.0)
-    assert d.state.child is not None and min(d.state.child.canary_seconds[-5:]) == 2.0
+    assert d.state.child is not None and min(d.state.child.canary.seconds[-5:]) == 2.0
     d.world.tokens_per_scrape, d.world.canary_timeout = 0.0, True  # frozen with work queued
     took = detect(d)
     assert took <= 12.0, took
@@ -110,7 +110,7 @@ def test_a_canary_slow_once_is_retried_and_no_restart() -> None:
     d.tick(30)
     assert timeouts(d) == [2.0] and len(d.events("probe.canary_retry")) == 1
     assert not restarts(d)
-    assert d.state.child is not None and 3.0 in d.state.child.canary_seconds
+    assert d.state.child is not None and 3.0 in d.state.child.canary.seconds
 
 
 def test_starved_host_gives_the_retry_four_times_the_time() -> None:

@@ -46,7 +46,7 @@ def test_ready_only_after_health_and_a_real_completion() -> None:
     d.world.canary_ok = True
     assert d.run_until(lambda: ready(d), 10)
     assert len(d.notifier.sent("READY=1")) == 1
-    phases = d.state.child.phases if d.state.child else {}
+    phases = d.state.child.start.phases if d.state.child else {}
     assert "canary" in phases and "ready" in phases
 
 

@@ -1,5 +1,5 @@
 """The core ends the start (StartOver, which stops the start guard), and the canary kind
-`auto` found travels through the core (CanaryResult.kind -> ChildRun.canary_kind -> Probe)."""
+`auto` found travels through the core (CanaryResult.kind -> ChildRun.canary.kind -> Probe)."""
 
 from __future__ import annotations
 
@@ -37,11 +37,11 @@ def test_the_canary_kind_auto_found_lives_in_the_child_run() -> None:
     d = Driver(BASE, world=World())
     assert d.run_until(lambda: d.state.state == S.READY, 120)
     c = d.state.child
-    assert c is not None and c.canary_kind is None  # the World names no kind
+    assert c is not None and c.canary.kind is None  # the World names no kind
     s, _ = machine.step(d.state, CanaryResult(True, False, 0.01, gen=c.gen, kind="embeddings"),
                         d.clock.now)
     s, _ = machine.step(s, CanaryResult(True, False, 0.01, gen=c.gen), d.clock.now)
-    assert s.child is not None and s.child.canary_kind == "embeddings"  # kept, not reset
+    assert s.child is not None and s.child.canary.kind == "embeddings"  # kept, not reset
     s, acts = machine.step(s, Tick(), d.clock.now + BASE.probe.canary_interval + 1)
     probes = [a for a in acts if isinstance(a, Probe) and a.kind == "canary"]
     assert probes and probes[0].canary_kind == "embeddings"  # the next canary asks for it

@@ -26,7 +26,7 @@ from tests.support import PYTHON, REPO, free_port, wait_until
 from vllmwatch.config.schema import Config, from_dict
 from vllmwatch.core.events import ReloadRequested, RestartRequested, StopRequested
 from vllmwatch.core.unified import Platform
-from vllmwatch.shell import sparefx, sparetree
+from vllmwatch.shell import sparefx, sparerun, sparetree
 from vllmwatch.shell.clock import SystemClock
 from vllmwatch.shell.effects import RealEffects
 from vllmwatch.shell.groupfile import MARKER
@@ -124,7 +124,7 @@ def test_a_crash_fails_over_to_the_spare_and_back_and_a_stop_leaves_nothing(
         world: dict[str, Any]) -> None:
     loop: Loop = world["loop"]
     log: LogCapture = world["log"]
-    spare: sparetree.SpareFx = world["spare"]
+    spare: sparerun.SpareFx = world["spare"]
     wait_until(lambda: _state(loop) == ("ready", "idle", "asleep"), WAIT, "READY, spare asleep")
     order = _events(log)
     assert order.index("spare.ready") < order.index("child.started"), "the spare comes first"
@@ -173,7 +173,7 @@ def _ready(world: dict[str, Any]) -> int:
 
 
 def _stop_and_nothing_left(world: dict[str, Any]) -> None:
-    spare: sparetree.SpareFx = world["spare"]
+    spare: sparerun.SpareFx = world["spare"]
     sock, marker = spare.tree.cmd.socket_path, spare.tree.marker.split(":")[0]
     world["loop"].post(StopRequested("SIGTERM"))
     world["runner"].join(WAIT)
@@ -227,10 +227,34 @@ def test_sighup_while_the_spare_serves_and_its_death_while_asleep(
     loop.post(ReloadRequested(loop.state.config))  # the same config: no second restart
     wait_until(lambda: log.named("spare.rearmed"), WAIT, "the spare re-armed")
     assert len(log.named("restart.begin")) == 1
-    spare: sparetree.SpareFx = world["spare"]
+    spare: sparerun.SpareFx = world["spare"]
     assert spare.tree.pid is not None
     os.killpg(spare.tree.pid, signal.SIGKILL)  # the spare dies asleep: rebuilt beside READY
     wait_until(lambda: log.named("spare.died"), WAIT, "spare.died")
     wait_until(lambda: len(log.named("spare.ready")) == 2, WAIT, "the spare rebuilt")
     _ready(world)
+    _stop_and_nothing_left(world)
+
+
+def test_no_room_beside_the_dying_tree_wakes_the_spare_after_the_release(
+        world: dict[str, Any]) -> None:
+    """Another process took GPU memory after the plan (a leak, a neighbour): the wake waits
+    for the old tree's release instead of risking an out-of-memory spare."""
+    log: LogCapture = world["log"]
+    _ready(world)
+    total, _ = fake_gpu.device(world["ledger"])
+    fake_gpu.create(world["ledger"], total_mib=total, base_mib=8000.0)  # a neighbour's 8 GB
+    world["loop"].post(RestartRequested())  # the old tree holds its memory while it drains
+    wait_until(lambda: log.named("failover.deferred"), WAIT, "failover.deferred")
+    fake_gpu.create(world["ledger"], total_mib=total)  # the neighbour leaves
+    try:
+        wait_until(lambda: log.named("failover.served"), WAIT, "failover.served")
+    except AssertionError:
+        raise AssertionError([(e, f) for e, f in log.got if e.startswith(("failover", "spare",
+                              "gpu", "restart", "state"))]) from None
+    events = _events(log)
+    assert events.index("failover.deferred") < events.index("gpu.released") \
+        < events.index("failover.served")
+    assert "free beside the old tree" in log.named("failover.deferred")[0]["detail"]
+    wait_until(lambda: log.named("spare.rearmed"), WAIT, "the spare re-armed")
     _stop_and_nothing_left(world)

@@ -519,17 +519,18 @@ def test_cli_renders_a_sparse_document() -> None:
 
 def test_probe_completions_are_wall_clock_and_outlive_their_child() -> None:
     from vllmwatch.config.schema import VllmConfig
-    from vllmwatch.core.state import ChildRun
+    from vllmwatch.core.state import ChildRun, Probes
     from vllmwatch.status.statusline import completions
 
     def to_wall(t: float) -> float:
         return 1.7e9 + t  # monotonic 0 was this wall-clock time
 
     old = ChildRun(gen=1, started=0.0, vllm=VllmConfig(),
-                   probe_done_at={"health": 10.0, "canary": 12.0})
+                   probes=Probes(done_at={"health": 10.0, "canary": 12.0}))
     first = completions(old, Snapshot(), to_wall)
     assert first == {"health": 1.7e9 + 10, "canary": 1.7e9 + 12}
-    new = ChildRun(gen=2, started=50.0, vllm=VllmConfig(), probe_done_at={"health": 60.0})
+    new = ChildRun(gen=2, started=50.0, vllm=VllmConfig(),
+                   probes=Probes(done_at={"health": 60.0}))
     second = completions(new, Snapshot(probe_last_completed=first), to_wall)
     assert second == {"health": 1.7e9 + 60, "canary": 1.7e9 + 12}  # canary: from the old child
     assert completions(None, Snapshot(probe_last_completed=second), to_wall) == second

@@ -90,7 +90,9 @@ class SpareFacts:
     weights_mib: float | None = None  # the model's weights on the GPU (~2 bytes/param bf16)
     kv_bytes_per_token: int | None = None  # kv_bytes_per_token(config.json, kv-cache-dtype)
     model_max_len: int | None = None  # the model's own context length (config.json)
-    uds_path: str = ""  # where the spare listens (vllmwatch's private runtime directory)
+    # Where the spare listens (a socket in vllmwatch's private runtime directory); empty (as
+    # for `check`): spare_flags gets no --uds, and the caller must give the spare an address.
+    uds_path: str = ""
     measured: Footprint | None = None
 
 
@@ -213,6 +215,8 @@ def _sized(spare: SpareConfig, flags: Mapping[str, object], facts: SpareFacts) -
                     "upgrade vLLM (0.26 and 0.32 have it), or set spare.enabled = false")
     if facts.sleep_mode is None:
         notes.append("not checked: whether the installed vLLM has sleep mode")
+    if facts.uds is None:
+        notes.append("not checked: whether the installed vLLM has --uds")
     if facts.uds is False:
         exposure = ("vLLM has no --uds: the spare's dev-mode endpoints (/sleep, /wake_up, "
                     "/collective_rpc, ...) would listen on a loopback port that every local "

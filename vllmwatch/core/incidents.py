@@ -45,8 +45,8 @@ def request(s: WatchState, now: float, reason: Reason, detail: str, drain: bool)
                    "the incident record first", wait=wait)
     c = s.child
     acts += [RecordIncident(seq, reason, detail, timeout,
-                                         c.pgid if c is not None else None, code,
-                                         facts(s, now, reason))]
+                                         c.proc.pgid if c is not None else None, code,
+                                         facts(s, now, reason), s.config.incidents)]
     return s, acts
 
 
@@ -95,27 +95,28 @@ def facts(s: WatchState, now: float, reason: Reason) -> dict[str, Any]:
                            "last_failover_s": t.last_seconds}
     if c is None:
         return out
+    st, e, sample = c.start, c.engine, c.probes.memory
     out.update({
-        "gen": c.gen, "pid": c.pid, "pgid": c.pgid, "uptime_s": round(now - c.started, 3),
-        "ready_for_s": None if c.ready_at is None else round(now - c.ready_at, 3),
-        "start_phases_s": dict(c.phases), "compile_cache_hit": c.compile_cache_hit,
-        "start_reuse": dict(c.reuse),
-        "health_failures": c.health_failures, "canary_failures": c.canary_failures,
-        "hang_suspect": c.hang_suspect, "engine_gone": c.engine_gone,
-        "running": c.running, "waiting": c.waiting, "kv_cache_usage": c.kv_cache_usage,
-        "progress_age_s": round(now - c.last_progress, 3),
-        "canary_verdicts": [[round(t - now, 3), what] for t, what in c.verdicts],
-        "last_sample": None if c.memory is None else asdict(c.memory),
+        "gen": c.gen, "pid": c.pid, "pgid": c.proc.pgid, "uptime_s": round(now - c.started, 3),
+        "ready_for_s": None if st.ready_at is None else round(now - st.ready_at, 3),
+        "start_phases_s": dict(st.phases), "compile_cache_hit": st.compile_cache_hit,
+        "start_reuse": dict(st.reuse),
+        "health_failures": e.health_failures, "canary_failures": e.canary_failures,
+        "hang_suspect": c.canary.suspect, "engine_gone": e.engine_gone,
+        "running": e.running, "waiting": e.waiting, "kv_cache_usage": e.kv_cache_usage,
+        "progress_age_s": round(now - st.last_progress, 3),
+        "canary_verdicts": [[round(t - now, 3), what] for t, what in c.canary.verdicts],
+        "last_sample": None if sample is None else asdict(sample),
     })
     if reason in MEMORY_REASONS:
         # The samples the rules judged (newest last): the last `sustain` of them fired it.
         out["memory_samples"] = {
             "sustain": s.config.memory.sustain,
             "recent": [{"s_ago": round(now - t, 3), "gpu_rule_mib": gpu, "host_rule_mib": host}
-                       for t, gpu, host in c.mem_recent]}
-        if c.leak is not None:
-            out["memory_samples"].update({"gpu": _series(c.leak.gpu, now),
-                                          "host": _series(c.leak.host, now)})
+                       for t, gpu, host in c.mem.recent]}
+        if c.mem.leak is not None:
+            out["memory_samples"].update({"gpu": _series(c.mem.leak.gpu, now),
+                                          "host": _series(c.mem.leak.host, now)})
     return out
 
 

@@ -25,7 +25,16 @@ from vllmwatch.core.names import FAILURE_REASONS, STUCK_REASONS, ProbeKind, Reas
 from vllmwatch.core.restart import Phase, ReleaseGate, on, pending
 from vllmwatch.core.restart import begin as begin_rung
 from vllmwatch.core.restart import goto as rung
-from vllmwatch.core.state import ChildRun, Result, S, WatchState, goto, next_random
+from vllmwatch.core.state import (
+    ChildRun,
+    Probes,
+    Result,
+    S,
+    Start,
+    WatchState,
+    goto,
+    next_random,
+)
 from vllmwatch.core.stopping import finish, leave, stopping_deadline, take_down
 
 RELEASE_POLL = 1.0  # the longest interval between two looks of the release gate
@@ -41,9 +50,11 @@ def spawn(s: WatchState, now: float) -> Result:
     why = pending(s) or "launch"
     s, acts = goto(s, S.STARTING, now, why, deadline=now + s.config.startup.timeout)
     s, more = rung(s, Phase.LAUNCHING, now, why)
-    run = ChildRun(gen=s.gen + 1, started=now, vllm=s.config.vllm, last_progress=now,
-                   timers={ProbeKind.HEALTH: now + FIRST_POLL,
-                           ProbeKind.MEMORY: now + FIRST_POLL})
+    # Born whole: each sub-record's first values, from here on written by its owner only
+    run = ChildRun(gen=s.gen + 1, started=now, vllm=s.config.vllm,
+                   start=Start(last_progress=now),
+                   probes=Probes(timers={ProbeKind.HEALTH: now + FIRST_POLL,
+                                         ProbeKind.MEMORY: now + FIRST_POLL}))
     s = replace(s, gen=run.gen, child=run)
     return s, [*acts, *more, Spawn(s.config)]
 
@@ -126,7 +137,7 @@ def begin_restart(s: WatchState, now: float, reason: Reason, detail: str, drain:
         return s, []
     failure = reason in FAILURE_REASONS
     if failure:
-        ready_at = s.child.ready_at if s.child is not None else None
+        ready_at = s.child.start.ready_at if s.child is not None else None
         stable = ready_at is not None and now - ready_at >= s.config.restart.stable_after
         times = (*policy.prune_window(s.restart_times, now, s.config.restart.window), now)
         s = replace(s, restart_times=times, failures=1 if stable else s.failures + 1)
@@ -274,7 +285,7 @@ def check_release(s: WatchState) -> Result:
     gate = s.restart.gate
     assert gate is not None, "no release gate to look for"
     s = _with_gate(s, replace(gate, look_at=None))
-    before = s.child.gpu_before_mib if s.child is not None else ()  # the old child's launch
+    before = s.child.proc.gpu_before_mib if s.child is not None else ()  # the old child's launch
     return s, [CheckRelease(gate.old_pids, s.config.restart.gpu_release_tolerance, before)]
 
 

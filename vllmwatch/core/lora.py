@@ -7,15 +7,19 @@ max-loras follows the adapters' count, room for them. Anything else is a planned
 through the ladder (drained, the gate holds requests), and the next launch carries the new
 adapters on its command line. A live change is made only while READY: a start under way
 restarts with the new flags (the old ones are on its command line), a restart under way
-launches with them anyway. Imported only when adapters or [lora] change (core/machine.py).
+launches with them anyway. Also: a start vLLM ended because it refused an adapter
+(start_refused). Imported only when adapters or [lora] change, or a start with adapters
+fails (core/machine.py).
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 from vllmwatch.config import adapters as adaptercfg
 from vllmwatch.config.sections import AdapterConfig, Config
+from vllmwatch.core.events import Action, Log
+from vllmwatch.core.state import WatchState
 
 
 @dataclass(frozen=True)
@@ -51,8 +55,8 @@ def decide(old: Config, new: Config, ready: bool) -> AdapterChange:
     removed = tuple(n for n in before if n not in after)
     repointed = tuple(n for n in after if n in before and after[n] != before[n])
     change = AdapterChange(added, removed, repointed)
-    if not change.changed and old.lora == new.lora:
-        return change
+    if not change.changed and (old.lora == new.lora or not new.adapters):
+        return change  # [lora] alone does nothing to a launch without adapters
     why = _why_restart(old, new, ready)
     if why:
         return AdapterChange(added, removed, repointed, "restart", why)
@@ -77,3 +81,30 @@ def _why_restart(old: Config, new: Config, ready: bool) -> str:
         return (f"{now.max_loras} adapters, above --max-loras {was.max_loras} (set "
                 "lora.max_loras to leave room for live adds)")
     return ""
+
+
+# What vLLM 0.32 says when an adapter on --lora-modules cannot be loaded at start
+# (init_static_loras raises; seen on the CPU vLLM): the start fails as a whole.
+START_REFUSED = ("Call to add_lora method failed", "init_static_loras", "No adapter found for")
+
+
+def start_refused(s: WatchState, lines: tuple[str, ...]) -> tuple[WatchState, list[Action]]:
+    """A start vLLM ended because it refused an adapter: the next launch leaves out the
+    adapters with `required = false` (vLLM does not say which one it refused, so all of
+    them), and says so with vLLM's line. A SIGHUP puts them back (they count as added). A
+    required adapter stays: its start fails again and the crash-loop guard decides."""
+    said = next((ln for ln in reversed(lines) if any(m in ln for m in START_REFUSED)), None)
+    if said is None:
+        return s, []
+    optional = tuple(a.name for a in s.config.adapters if not a.required)
+    kept = tuple(a for a in s.config.adapters if a.required)
+    fields: dict[str, object] = {"error": said.strip()[:300], "left_out": list(optional)}
+    if not optional:
+        fields["detail"] = ("every adapter is required: the start fails; fix the adapter or set "
+                            "required = false, then systemctl reload vllmwatch")
+        return s, [Log("error", "lora.start_refused", fields)]
+    fields["detail"] = ("vLLM refused an adapter at start; the next launch leaves out the "
+                        "adapters with required = false; fix it, then systemctl reload "
+                        "vllmwatch to bring them back")
+    s = replace(s, config=replace(s.config, adapters=kept))
+    return s, [Log("error", "lora.start_refused", fields)]

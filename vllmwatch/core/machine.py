@@ -6,6 +6,9 @@ from dataclasses import replace
 
 from vllmwatch.config.schema import Config
 from vllmwatch.core import (
+    hangverdicts as verdicts,
+)
+from vllmwatch.core import (
     ladder,
     probing,
     restart,
@@ -144,24 +147,21 @@ def _result(s: WatchState, ev: HealthResult | CanaryResult | MetricsResult | Mem
 
 def _spawned(s: WatchState, ev: Spawned) -> Result:
     c = s.child
-    if c is None or c.spawned:
+    if c is None or c.proc.spawned:
         return s, []
-    s = replace(s, child=replace(s.run, pid=ev.pid, pgid=ev.pid, spawned=True,
-                                 gpu_before_mib=ev.gpu_before_mib))
+    s = stopping.launched(s, ev.pid, ev.gpu_before_mib)
     acts: list[Action] = [Log("info", "child.started", {"pid": ev.pid, "gen": c.gen,
                                                           "command": ev.argv_display,
                                                           "launch": ev.launch})]
     if s.state == S.STOPPING:  # a stop or restart came while the launch was out
         acts.append(SignalGroup("SIGKILL" if on(s, Phase.KILLING) else "SIGTERM"))
     elif s.state not in CHILD_STATES:  # the run was given up while the launch was out
-        s = replace(s, child=replace(s.run, pgid=ev.pid))
         acts.append(SignalGroup("SIGKILL"))
     return s, acts
 
 
 def _spawn_failed(s: WatchState, ev: SpawnFailed, now: float) -> Result:
-    if s.child is not None:
-        s = replace(s, child=replace(s.run, spawned=True))
+    s = stopping.launch_failed(s)
     acts: list[Action] = [Log("error", "child.spawn_failed", {"error": ev.error})]
     detail = f"could not start: {ev.error}"
     if ev.fatal and s.exit_code is None:
@@ -194,7 +194,7 @@ def _child_exited(s: WatchState, ev: ChildExited, now: float) -> Result:
     acts: list[Action] = [Log("info" if asked else "warning", "child.exited", {
         "pid": ev.pid, "code": ev.code, "signal": ev.signal, "uptime_s": uptime,
         "expected": asked, "detail": why, "last_lines": list(ev.last_lines[-5:])})]
-    s = replace(s, child=replace(s.run, pid=None))
+    s = stopping.exited(s)
     if s.state not in CHILD_STATES:
         return s, acts
     if on(s, Phase.RECORDING):
@@ -210,6 +210,11 @@ def _child_exited(s: WatchState, ev: ChildExited, now: float) -> Result:
         s, more = ladder.halt(s, now, Reason.CONFIG,
                               f"vLLM refused its arguments: {hint}")
         return s, acts + more
+    if s.state == S.STARTING and s.config.adapters:  # vLLM refused an adapter (issue 38)
+        from vllmwatch.core import lora
+
+        s, more = lora.start_refused(s, ev.last_lines)
+        acts += more
     reason, detail = Reason.CRASH, ("during start: " if s.state == S.STARTING else "") + why
     mem = startmem.start_failed(s, ev) if s.state == S.STARTING else None
     if mem is not None:  # vLLM said it ran out of memory: name it, stop if it repeats
@@ -256,7 +261,7 @@ def _reload(s: WatchState, ev: ReloadRequested, now: float) -> Result:
         change = lora.decide(old, ev.config, s.state == S.READY and not relaunch)
         fields = change.fields()
         if change.how == "live":
-            acts.append(UpdateAdapters(change.load, change.unload, change.repointed))
+            acts.append(UpdateAdapters(change.load, change.unload, change.repointed, ev.config))
         elif change.how == "restart" and not relaunch:
             relaunch, why = True, f"adapters changed: {change.why}"
     s = replace(s, config=ev.config)
@@ -284,7 +289,7 @@ def _due(s: WatchState, now: float) -> Result:
     if c is not None and s.state in CHILD_STATES and not on(s, Phase.RECORDING):
         # While a restart's record is written nothing is judged (_result), so nothing is
         # fired either: a timer left in the past would spin the loop until the record lands.
-        for kind, at in sorted(c.timers.items(), key=lambda kv: kv[1]):
+        for kind, at in sorted(c.probes.timers.items(), key=lambda kv: kv[1]):
             if not PROBES[kind].timer_only and now >= at and s.state in CHILD_STATES:
                 s, more = _fire(s, kind, now)
                 acts += more
@@ -309,7 +314,8 @@ def _deadline(s: WatchState, now: float) -> Result:
         s, acts = stopping.stop_child(s, now)
         c = s.child
         return s, [Log("warning", "drain.timeout", {
-            "running": c.running if c else None, "waiting": c.waiting if c else None}), *acts]
+            "running": c.engine.running if c else None,
+            "waiting": c.engine.waiting if c else None}), *acts]
     if s.state == S.STOPPING:
         return stopping.stopping_deadline(s, now)
     if s.state == S.BACKOFF:
@@ -323,14 +329,17 @@ def _deadline(s: WatchState, now: float) -> Result:
 def _fire(s: WatchState, kind: K, now: float) -> Result:
     c = s.child
     assert c is not None
+    st = c.start
     # A start held by a failed smoke check is not stalled: startup.timeout ends it, naming
     # the check (_deadline), however quiet vLLM is meanwhile.
-    stalled = now - c.last_progress >= s.config.startup.stall_timeout and not _smoke_held(s)
+    stalled = now - st.last_progress >= s.config.startup.stall_timeout and not _smoke_held(s)
     if kind == K.HEALTH and s.state == S.STARTING and stalled:
         return ladder.begin_restart(s, now, Reason.START_STALL, "no output and no progress for "
-                                    f"{now - c.last_progress:.0f}s (startup.stall_timeout)"
-                                    + stalls.hint(c.cpu_since_progress, c.last_progress),
+                                    f"{now - st.last_progress:.0f}s (startup.stall_timeout)"
+                                    + stalls.hint(st.cpu_since_progress, st.last_progress),
                                     drain=False)
+    if kind == K.CANARY:
+        return verdicts.fire(s, now)
     return probing.fire(s, kind, now)
 
 
@@ -361,4 +370,4 @@ def next_wakeup(s: WatchState) -> float | None:
 
 def watchdog_ok(s: WatchState) -> bool:
     """Whether vllmwatch may vouch for itself to systemd (WATCHDOG=1): not with a stale probe."""
-    return s.child is None or not s.child.stale or s.state != S.READY
+    return s.child is None or not s.child.probes.stale or s.state != S.READY

@@ -10,10 +10,10 @@ from __future__ import annotations
 
 from dataclasses import replace
 
-from vllmwatch.core import hangs, sleep
 from vllmwatch.core.events import Action, Log, Probe, SampleMemory
 from vllmwatch.core.names import PROBES, ProbeKind
-from vllmwatch.core.state import Result, S, WatchState
+from vllmwatch.core.samples import MemorySample
+from vllmwatch.core.state import Probes, Result, S, WatchState
 
 STARTUP_POLL = 1.0  # how often /health is asked while starting
 DRAIN_POLL = 1.0
@@ -28,32 +28,18 @@ def start(s: WatchState, kind: ProbeKind, now: float, canary_timeout: float | No
     `canary_timeout` replaces probe.canary_timeout for this one request (core/hangs.py).
     """
     c = s.child
-    if c is None or c.pid is None or kind in c.inflight:
+    if c is None or c.pid is None or kind in c.probes.inflight:
         return s, []
     v, p = c.vllm, s.config.probe
     if canary_timeout is not None:
         p = replace(p, canary_timeout=canary_timeout)
-    act = Probe(kind, c.gen, v.host, v.port, v.model_name, p, c.canary_kind)
-    return replace(s, child=replace(s.run, inflight=c.inflight | {kind})), [act]
+    act = Probe(kind, c.gen, v.host, v.port, v.model_name, p, c.canary.kind)
+    return _with(s, replace(s.run.probes, inflight=c.probes.inflight | {kind})), [act]
 
 
-def send_canary(s: WatchState, now: float) -> Result:
-    """The serving canary: the pending retry's timeout, or one derived from the latencies."""
-    c = s.run
-    if K.CANARY in c.inflight or c.pid is None:
-        return s, []
-    retry = c.canary_retry_s
-    timeout = retry if retry is not None else hangs.canary_timeout(s.config.probe,
-                                                                   c.canary_seconds)
-    # Busy-or-hung compares against a scrape taken after this point (serving.metrics fills
-    # canary_ref): an older one would count tokens from before a hang as progress.
-    s = replace(s, child=replace(c, canary_ref=None, canary_asleep=c.asleep,
-                                 canary_sent_at=now, canary_timeout_s=timeout,
-                                 canary_is_retry=retry is not None, canary_retry_s=None))
-    s, acts = start(s, K.CANARY, now, timeout)
-    s, more = start(set_timer(s, K.METRICS, now + s.config.probe.metrics_interval), K.METRICS,
-                    now)
-    return s, acts + more
+def _with(s: WatchState, probes: Probes) -> WatchState:
+    """The current child with this Probes record (this module owns it)."""
+    return replace(s, child=replace(s.run, probes=probes))
 
 
 def landed(s: WatchState, kind: ProbeKind, gen: int, now: float) -> WatchState:
@@ -61,14 +47,38 @@ def landed(s: WatchState, kind: ProbeKind, gen: int, now: float) -> WatchState:
     c = s.child
     if c is None or c.gen != gen:
         return s
-    return replace(s, child=replace(c, inflight=c.inflight - {kind},
-                                    probe_done_at={**c.probe_done_at, kind: now}))
+    return _with(s, replace(c.probes, inflight=c.probes.inflight - {kind},
+                            done_at={**c.probes.done_at, kind: now}))
+
+
+def vouched(s: WatchState, kind: ProbeKind, now: float) -> WatchState:
+    """Count a kind as fresh without a result: a canary not sent on purpose (asleep)."""
+    return _with(s, replace(s.run.probes, done_at={**s.run.probes.done_at, kind: now}))
 
 
 def set_timer(s: WatchState, kind: ProbeKind, at: float) -> WatchState:
     """Schedule a probe kind for the current child."""
     assert s.child is not None
-    return replace(s, child=replace(s.run, timers={**s.child.timers, kind: at}))
+    return _with(s, replace(s.run.probes, timers={**s.child.probes.timers, kind: at}))
+
+
+def serving(s: WatchState, now: float) -> WatchState:
+    """The child became READY: every serving probe's timer, all fresh, none stale."""
+    p = s.config.probe
+    timers = {K.HEALTH: now + p.interval, K.CANARY: now + p.canary_interval,
+              K.METRICS: now, K.MEMORY: now}
+    return _with(s, replace(s.run.probes, timers=timers, done_at={k: now for k in bounds(s)},
+                            stale=()))
+
+
+def sampled(s: WatchState, sample: MemorySample) -> WatchState:
+    """Keep the last memory sample (the release gate reads its tree pids)."""
+    return _with(s, replace(s.run.probes, memory=sample))
+
+
+def forget(s: WatchState) -> WatchState:
+    """The old tree is swept: nothing in flight, nothing due, no sample of it."""
+    return _with(s, replace(s.run.probes, inflight=frozenset(), timers={}, memory=None))
 
 
 def fire(s: WatchState, kind: ProbeKind, now: float) -> Result:
@@ -77,18 +87,6 @@ def fire(s: WatchState, kind: ProbeKind, now: float) -> Result:
     if kind == K.HEALTH:
         wait = p.interval if s.state == S.READY else STARTUP_POLL
         return start(set_timer(s, K.HEALTH, now + wait), K.HEALTH, now)
-    if kind == K.CANARY:
-        s = set_timer(s, K.CANARY, now + p.canary_interval)
-        c = s.child
-        assert c is not None
-        if s.state != S.READY:
-            return s, []
-        if not sleep.send_canary(c.asleep):  # asleep on purpose: nothing to prove
-            return replace(s, child=replace(c, probe_done_at={**c.probe_done_at,
-                                                              K.CANARY: now})), []
-        if c.hang_suspect:  # a timeout is being judged; its verdict sends the next one
-            return s, []
-        return send_canary(s, now)
     if kind == K.METRICS:
         wait = DRAIN_POLL if s.state == S.DRAINING else p.metrics_interval
         return start(set_timer(s, K.METRICS, now + wait), K.METRICS, now)
@@ -102,15 +100,16 @@ def sample_memory(s: WatchState, now: float) -> Result:
     m = s.config.memory
     c = s.child
     assert c is not None
-    timers = {**c.timers, K.MEMORY: now + m.sample_interval}
-    pss_due = now >= c.timers.get(K.PSS, 0.0)
+    pr = c.probes
+    timers = {**pr.timers, K.MEMORY: now + m.sample_interval}
+    pss_due = now >= pr.timers.get(K.PSS, 0.0)
     if pss_due:
         timers[K.PSS] = now + m.pss_interval
-    s = replace(s, child=replace(s.run, timers=timers))
-    if K.MEMORY in c.inflight or c.pid is None:
+    s = _with(s, replace(pr, timers=timers))
+    if K.MEMORY in pr.inflight or c.pid is None:
         return s, []
     gpus = tuple(c.vllm.gpus) if c.vllm.gpus is not None else None
-    s = replace(s, child=replace(s.run, inflight=c.inflight | {K.MEMORY}))
+    s = _with(s, replace(s.run.probes, inflight=pr.inflight | {K.MEMORY}))
     return s, [SampleMemory(pss_due, c.gen, gpus)]
 
 
@@ -133,11 +132,11 @@ def freshness(s: WatchState, now: float) -> Result:
     After a jump of the clock (a suspended VM) every kind is overdue at once and then comes
     back one by one: a kind coming back is not news, and it must not repeat the alarm.
     """
-    c = s.child
-    if s.state != S.READY or c is None:
+    if s.state != S.READY or s.child is None:
         return s, []
+    c = s.child.probes
     stale = tuple(sorted(k for k, bound in bounds(s).items()
-                         if now - c.probe_done_at.get(k, now) > bound))
+                         if now - c.done_at.get(k, now) > bound))
     if stale == c.stale:
         return s, []
     acts: list[Action] = []
@@ -148,16 +147,16 @@ def freshness(s: WatchState, now: float) -> Result:
             "vllmwatch stops sending WATCHDOG=1 so that systemd's watchdog takes over"}))
     elif not stale:
         acts.append(Log("info", "watchdog.probe_fresh", {"probes": list(c.stale)}))
-    return replace(s, child=replace(s.run, stale=stale)), acts
+    return _with(s, replace(c, stale=stale)), acts
 
 
 def next_due(s: WatchState) -> float | None:
     """The earliest probe timer, or the next freshness bound, of the current child."""
-    c = s.child
-    if c is None:
+    if s.child is None:
         return None
+    c = s.child.probes
     times = [t for k, t in c.timers.items() if not PROBES[k].timer_only]
     if s.state == S.READY:
-        times += [c.probe_done_at.get(k, s.since) + b + 0.001 for k, b in bounds(s).items()
+        times += [c.done_at.get(k, s.since) + b + 0.001 for k, b in bounds(s).items()
                   if k not in c.stale]
     return min(times) if times else None

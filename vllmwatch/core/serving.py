@@ -1,4 +1,7 @@
-"""Pure: readiness while starting, and the probe verdicts while serving."""
+"""Pure: readiness while starting, and the probe verdicts while serving.
+
+This module owns the child's `Start`, `Engine` and `Memory` records (core/state.py).
+"""
 
 from __future__ import annotations
 
@@ -24,7 +27,7 @@ from vllmwatch.core.names import Reason
 from vllmwatch.core.restart import Phase, pending
 from vllmwatch.core.restart import goto as rung
 from vllmwatch.core.samples import gpu_figure, host_figure
-from vllmwatch.core.state import ChildRun, Result, S, WatchState, goto
+from vllmwatch.core.state import ChildRun, Engine, Memory, Result, S, Start, WatchState, goto
 from vllmwatch.core.stopping import stop_child
 
 MEM_RECENT = 32  # memory samples kept for an incident record (core/incidents.py)
@@ -38,22 +41,35 @@ def _run(s: WatchState) -> ChildRun:
     return s.child
 
 
+# The records this module owns, put back into the current child
+def _start(s: WatchState, start: Start) -> WatchState:
+    return replace(s, child=replace(s.run, start=start))
+
+
+def _engine(s: WatchState, engine: Engine) -> WatchState:
+    return replace(s, child=replace(s.run, engine=engine))
+
+
+def _mem(s: WatchState, mem: Memory) -> WatchState:
+    return replace(s, child=replace(s.run, mem=mem))
+
+
 def child_output(s: WatchState, ev: ChildOutput, now: float) -> Result:
     """Any line is progress while starting; milestones are start phases with durations."""
     if s.state != S.STARTING or s.child is None:
         return s, []
-    c = s.child
-    s = replace(s, child=replace(c, last_progress=now,
-                                 compile_cache_hit=c.compile_cache_hit or ev.compile_cache_hit,
-                                 reuse=reuse.merge(c.reuse, ev.reuse) if ev.reuse else c.reuse))
-    if ev.milestone is None or ev.milestone in c.phases:
+    c, st = s.child, s.child.start
+    s = _start(s, replace(st, last_progress=now,
+                          compile_cache_hit=st.compile_cache_hit or ev.compile_cache_hit,
+                          reuse=reuse.merge(st.reuse, ev.reuse) if ev.reuse else st.reuse))
+    if ev.milestone is None or ev.milestone in st.phases:
         return s, []
     since_start = now - c.started
-    prev = c.last_milestone_at if c.last_milestone_at is not None else c.started
-    phases = {**c.phases, ev.milestone: round(since_start, 3)}
+    prev = st.last_milestone_at if st.last_milestone_at is not None else c.started
+    phases = {**st.phases, ev.milestone: round(since_start, 3)}
     log = Log("info", "startup.phase", {"phase": ev.milestone, "at_s": round(since_start, 2),
                                         "took_s": round(now - prev, 2)})
-    s = replace(s, child=replace(s.run, phases=phases, last_milestone_at=now))
+    s = _start(s, replace(s.run.start, phases=phases, last_milestone_at=now))
     if ev.milestone in ASK_HEALTH_AT:  # it says it serves: ask now, not at the next poll
         s = probing.set_timer(s, K.HEALTH, now)
     return s, [log]
@@ -74,13 +90,13 @@ def health(s: WatchState, ev: HealthResult, now: float) -> Result:
     if s.state != S.READY:
         return s, []
     if ev.ok:
-        return replace(s, child=replace(s.run, health_failures=0)), []
+        return _engine(s, replace(s.run.engine, health_failures=0)), []
     if ev.engine_gone:
         # Measured: EngineCore dead -> /health 503 within 0.2 s and the API server exits 0
         # seconds later; a dead TP worker -> 503 only ~4 s later. With an engine process gone
         # nothing can recover: do not wait for failure_threshold probes.
         # The shell's error names the dead process and how it died (shell/engines.py).
-        return begin_restart(replace(s, child=replace(s.run, engine_gone=True)), now,
+        return begin_restart(_engine(s, replace(s.run.engine, engine_gone=True)), now,
                              Reason.ENGINE_DIED, ev.error or "an engine process died",
                              drain=False)
     return _probe_failed(s, now, K.HEALTH, ev.error or f"HTTP {ev.status}")
@@ -89,12 +105,11 @@ def health(s: WatchState, ev: HealthResult, now: float) -> Result:
 def _probe_failed(s: WatchState, now: float, kind: K, error: str) -> Result:
     # One counter per probe: a canary that still succeeds must not hide a /health that
     # keeps failing (and the other way round), so neither resets the other's streak.
-    c = _run(s)
-    n = (c.health_failures if kind == K.HEALTH else c.canary_failures) + 1
+    e = _run(s).engine
+    n = (e.health_failures if kind == K.HEALTH else e.canary_failures) + 1
     s = replace(s, probe_failures={**s.probe_failures, kind: s.probe_failures.get(kind, 0) + 1})
-    run = replace(s.run, health_failures=n) if kind == K.HEALTH \
-        else replace(s.run, canary_failures=n)
-    s = replace(s, child=run)
+    s = _engine(s, replace(e, health_failures=n) if kind == K.HEALTH
+                else replace(e, canary_failures=n))
     threshold = s.config.probe.failure_threshold
     acts: list[Action] = [Log("warning", "probe.failed", {
         "probe": kind, "error": error, "consecutive": n, "threshold": threshold})]
@@ -110,26 +125,24 @@ def canary(s: WatchState, ev: CanaryResult, now: float) -> Result:
     kind = K.WARMUP if ev.warmup else K.CANARY
     s = replace(s, probe_seconds={**s.probe_seconds, kind: ev.seconds})
     if ev.ok and ev.kind is not None:  # `auto` found the model's kind: later canaries use it
-        s = replace(s, child=replace(s.run, canary_kind=ev.kind))
+        s = verdicts.found_kind(s, ev.kind)
     if s.state == S.STARTING:
         return _starting_canary(s, ev, now)
     if s.state != S.READY or ev.warmup:
         return s, []
     c = _run(s)
     if ev.ok:
-        return replace(s, child=replace(c, canary_failures=0, canary_retry_s=None,
-                                        busy_since=None,
-                                        canary_seconds=hangs.remember(c.canary_seconds,
-                                                                      ev.seconds))), []
-    if not sleep.judge_canary(c.canary_asleep, c.asleep):
+        s = _engine(s, replace(c.engine, canary_failures=0))
+        return verdicts.answered(s, ev.seconds, serving=True), []
+    if not sleep.judge_canary(c.canary.asleep, c.engine.asleep):
         return s, [Log("info", "probe.canary_asleep", {
             "error": ev.error or "timed out", "detail": "vLLM is in sleep mode; not judged"})]
     if ev.timed_out:
         # Health says 200 but a 1-token completion did not come back: hung, or merely busy.
         # A fresh scrape decides (_canary_verdict).
-        s = probing.set_timer(replace(s, child=replace(c, hang_suspect=True)), K.METRICS, now)
+        s = probing.set_timer(verdicts.suspect(s, True), K.METRICS, now)
         return s, [Log("warning", "probe.canary_timeout", {
-            "timeout_s": c.canary_timeout_s, "retry": c.canary_is_retry,
+            "timeout_s": c.canary.timeout_s, "retry": c.canary.is_retry,
             "detail": "checking whether the engine is busy or hung"})]
     return _probe_failed(s, now, K.CANARY, ev.error)
 
@@ -144,9 +157,9 @@ def _starting_canary(s: WatchState, ev: CanaryResult, now: float) -> Result:
                 Log("warning", "startup.warmup_failed", {"error": ev.error})])
         return s, [Log("debug", "startup.canary_not_yet", {"error": ev.error})]
     if not ev.warmup:
-        phases = {**c.phases, "canary": round(now - c.started, 3)}
-        s = replace(s, child=replace(s.run, phases=phases, canary_seconds=hangs.remember(
-            c.canary_seconds, ev.seconds)))
+        phases = {**c.start.phases, "canary": round(now - c.started, 3)}
+        s = verdicts.answered(_start(s, replace(c.start, phases=phases)), ev.seconds,
+                              serving=False)
         if s.config.prewarm.enabled and s.config.prewarm.warmup_request:
             return probing.start(s, K.WARMUP, now)
     return checks_then_ready(s, now, [])
@@ -168,22 +181,19 @@ def checks_then_ready(s: WatchState, now: float, acts: list[Action]) -> Result:
 def become_ready(s: WatchState, now: float, acts: list[Action]) -> Result:
     """READY: the probes' timers, the leak rules' start, READY=1 to systemd."""
     c = _run(s)
+    st = c.start
     took = now - c.started
-    phases = {**c.phases, "ready": round(took, 3)}
+    phases = {**st.phases, "ready": round(took, 3)}
     s, more = goto(s, S.READY, now, "health 200 and a real completion succeeded")
-    p = s.config.probe
-    timers = {K.HEALTH: now + p.interval, K.CANARY: now + p.canary_interval,
-              K.METRICS: now, K.MEMORY: now}
     s = replace(s, ever_ready=True)
-    s = replace(s, child=replace(
-        s.run, ready_at=now, phases=phases, timers=timers, leak=leak.new_state(now),
-        health_failures=0, canary_failures=0, probe_done_at={k: now for k in probing.bounds(s)},
-        stale=()))
+    s = probing.serving(_start(s, replace(st, ready_at=now, phases=phases)), now)
+    s = _mem(s, replace(c.mem, leak=leak.new_state(now)))
+    s = _engine(s, replace(c.engine, health_failures=0, canary_failures=0))
     log = Log("info", "child.ready", {"pid": c.pid, "startup_s": round(took, 2),
-                                      "phases": phases, "compile_cache_hit": c.compile_cache_hit,
-                                      "reuse": dict(c.reuse)})
-    acts = [*acts, *more, log, *_missed(s.last_hits, c)]
-    s = replace(s, last_hits=reuse.hits(c.reuse, c.compile_cache_hit))
+                                      "phases": phases, "compile_cache_hit": st.compile_cache_hit,
+                                      "reuse": dict(st.reuse)})
+    acts = [*acts, *more, log, *_missed(s.last_hits, st)]
+    s = replace(s, last_hits=reuse.hits(st.reuse, st.compile_cache_hit))
     if s.restart.reason is not None and s.last_restart_at is not None:
         acts.append(Log("info", "restart.done", {
             "reason": s.last_reason, "downtime_s": round(now - s.last_restart_at, 2)}))
@@ -192,7 +202,7 @@ def become_ready(s: WatchState, now: float, acts: list[Action]) -> Result:
     return s, [*acts, *more, *back, Notify(ready=True)]
 
 
-def _missed(before: dict[str, bool], c: ChildRun) -> list[Action]:
+def _missed(before: dict[str, bool], c: Start) -> list[Action]:
     """A relaunch that missed a start-up cache the last READY launch hit: say which and why
     (issue 33); such a start is seconds slower, and the cause is usually outside vLLM."""
     now = reuse.hits(c.reuse, c.compile_cache_hit)
@@ -210,30 +220,31 @@ def metrics(s: WatchState, ev: MetricsResult, now: float) -> Result:
     if not ev.ok:
         s = replace(s, probe_failures={**s.probe_failures,
                                     K.METRICS: s.probe_failures.get(K.METRICS, 0) + 1})
-        if s.state == S.READY and c.hang_suspect:
+        if s.state == S.READY and c.canary.suspect:
             return verdicts.on_canary_timeout(s, False, ev.host_cpu, now,
                                               "/metrics failed: " + ev.error)
         if s.state == S.DRAINING:
             return _drain_look(s, now, None, None)
         return s, [Log("debug", "probe.metrics_failed", {"error": ev.error})]
     acts: list[Action] = []
-    if ev.asleep != c.asleep and (ev.asleep or c.asleep):
+    e = c.engine
+    if ev.asleep != e.asleep and (ev.asleep or e.asleep):
         acts.append(Log("info", "vllm.sleep_state", {
             "asleep": ev.asleep, "detail": "put to sleep: no canary, no hang or stall verdict "
             "until it wakes" if ev.asleep else "awake again"}))
-    s = replace(s, child=replace(s.run, running=ev.running, waiting=ev.waiting,
-                                 kv_cache_usage=ev.kv_cache_usage, asleep=ev.asleep))
+    s = _engine(s, replace(e, running=ev.running, waiting=ev.waiting,
+                           kv_cache_usage=ev.kv_cache_usage, asleep=ev.asleep))
     cur = policy.progress_of(now, ev.running, ev.waiting, ev.prompt_tokens,
                              ev.generation_tokens, ev.kv_cache_usage)
-    prev = c.progress
+    prev = e.progress
     if s.state == S.DRAINING:
         s, more = _drain_look(s, now, ev.running, ev.waiting)
     elif s.state != S.READY or cur is None:
-        s, more = replace(s, child=replace(s.run, progress=cur or prev)), []
+        s, more = _engine(s, replace(s.run.engine, progress=cur or prev)), []
     else:
-        if c.canary_ref is None and (K.CANARY in c.inflight or c.hang_suspect):
-            s = replace(s, child=replace(s.run, canary_ref=cur))  # first scrape since the send
-        s, more = _judge_progress(replace(s, child=replace(s.run, progress=cur)), prev, cur,
+        if c.canary.ref is None and (K.CANARY in c.probes.inflight or c.canary.suspect):
+            s = verdicts.first_scrape(s, cur)  # first scrape since the send
+        s, more = _judge_progress(_engine(s, replace(s.run.engine, progress=cur)), prev, cur,
                                   now, ev.host_cpu)
     return s, acts + more
 
@@ -255,15 +266,15 @@ def _judge_progress(s: WatchState, prev: policy.Progress | None, cur: policy.Pro
                     now: float, cpu: hangs.HostCpu | None) -> Result:
     c = _run(s)
     acts: list[Action] = []
-    if c.hang_suspect and not sleep.judge_canary(c.canary_asleep, c.asleep):
-        s = replace(s, child=replace(s.run, hang_suspect=False))
+    if c.canary.suspect and not sleep.judge_canary(c.canary.asleep, c.engine.asleep):
+        s = verdicts.suspect(s, False)
         acts.append(Log("info", "probe.canary_asleep", {
             "error": "timed out", "detail": "vLLM is in sleep mode; not judged"}))
-    elif c.hang_suspect:
+    elif c.canary.suspect:
         # Against the first scrape after the canary was sent (probing.send_canary), not one
         # from before the send, which may predate the hang; and at least hangs.VERDICT_SPAN
         # older than this one, so that a working engine has had time to move a counter.
-        ref = c.canary_ref if c.canary_ref is not None else cur
+        ref = c.canary.ref if c.canary.ref is not None else cur
         moved = policy.moved(ref, cur)
         if not moved and now - ref.at < hangs.VERDICT_SPAN:
             return probing.set_timer(s, K.METRICS, ref.at + hangs.VERDICT_SPAN), acts
@@ -275,10 +286,10 @@ def _judge_progress(s: WatchState, prev: policy.Progress | None, cur: policy.Pro
     acts += more
     if pending(s) is not None:
         return s, acts
-    stall = policy.stalled_since(c.stall_since, prev, cur)
-    s = replace(s, child=replace(s.run, stall_since=stall))
+    stall = policy.stalled_since(c.engine.stall_since, prev, cur)
+    s = _engine(s, replace(s.run.engine, stall_since=stall))
     if stall is not None and now - stall >= s.config.probe.stall_timeout \
-            and sleep.judge_stall(c.asleep):
+            and sleep.judge_stall(c.engine.asleep):
         s, more = begin_restart(s, now, Reason.STALL,
                                 f"{cur.running:g} running and {cur.waiting:g} waiting, but "
                                 f"no token generated for {now - stall:.0f}s", drain=False)
@@ -291,26 +302,26 @@ def memory(s: WatchState, ev: MemorySampled, now: float) -> Result:
     sample = ev.sample
     if sample is None:
         return s, [Log("warning", "memory.sample_failed", {"error": ev.error})]
-    s = replace(s, child=replace(s.run, memory=sample))
+    s = probing.sampled(s, sample)
     if sample.gpu_faults:  # a hardware fault ends supervision: restarts would only loop
         (s, fault_acts), ends = gpufault.react(s, sample.gpu_faults, now)
         if ends:
             return s, fault_acts
         s, rest = memory(s, replace(ev, sample=replace(sample, gpu_faults=())), now)
         return s, [*fault_acts, *rest]
-    c = _run(s)
-    host = host_figure(c.host, sample, now, fixed=c.leak is not None)
-    s = replace(s, child=replace(c, host=host))
-    c = _run(s)
+    m = _run(s).mem
+    host = host_figure(m.host, sample, now, fixed=m.leak is not None)
+    s = _mem(s, replace(m, host=host))
+    st = _run(s).start
     if s.state == S.STARTING and sample.tree_cpu_s is not None:
-        cpu = stalls.mark_cpu(c.cpu_since_progress, c.last_progress, now, sample.tree_cpu_s)
-        s = replace(s, child=replace(c, cpu_since_progress=cpu))
-    if s.state != S.READY or c.leak is None:
+        cpu = stalls.mark_cpu(st.cpu_since_progress, st.last_progress, now, sample.tree_cpu_s)
+        s = _start(s, replace(st, cpu_since_progress=cpu))
+    if s.state != S.READY or m.leak is None:
         return s, []
     gpu, host_mib = gpu_figure(sample, host.mib), host.mib if host.fresh else None
-    recent = (*c.mem_recent, (now, gpu, host_mib))[-MEM_RECENT:]
-    state, verdict = leak.observe(c.leak, s.config.memory, now, gpu, host_mib)
-    s = replace(s, child=replace(s.run, leak=state, mem_recent=recent))
+    recent = (*m.recent, (now, gpu, host_mib))[-MEM_RECENT:]
+    state, verdict = leak.observe(m.leak, s.config.memory, now, gpu, host_mib)
+    s = _mem(s, replace(s.run.mem, leak=state, recent=recent))
     if verdict is None:
         return s, []
     if verdict.waits_for_quiet_hours and not in_window(s.config.restart.quiet_hours,

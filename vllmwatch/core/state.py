@@ -60,6 +60,11 @@ class TransitionError(RuntimeError):
     """A bug: the core asked for a transition the table does not allow."""
 
 
+# ChildRun's sub-records (issue 32 item 4). Each is written by exactly one module, the one
+# that owns its concern (named in its docstring); any module may read any of them.
+# tests/core/test_childrun_owners.py fails when another module writes one.
+
+
 @dataclass(frozen=True)
 class SmokeOutcome:
     """One smoke check's verdict in this start (core/smoke.py)."""
@@ -77,7 +82,8 @@ class SmokeOutcome:
 @dataclass(frozen=True)
 class SmokeRun:
     """The checks of one start: fixed when the first is sent (a SIGHUP changes the next
-    start's), their outcomes in order, and `held` once a required one failed."""
+    start's), their outcomes in order, and `held` once a required one failed. Owner:
+    core/smoke.py."""
 
     checks: tuple[SmokeCheck, ...]
     outcomes: tuple[SmokeOutcome, ...] = ()
@@ -91,21 +97,20 @@ class SmokeRun:
 
 
 @dataclass(frozen=True)
-class ChildRun:
-    """One child generation: created whole at spawn, never patched field by field across runs.
+class Proc:
+    """The child's process: launched (Spawned), exited, swept. Owner: core/stopping.py."""
 
-    `pid` is None between the Spawn action and its Spawned result, and again once the child
-    exited; `vllm` is the [vllm] section it was launched with (a SIGHUP may change the
-    config's, but this child keeps listening where it was started).
-    """
-
-    gen: int
-    started: float
-    vllm: VllmConfig
     pid: int | None = None
     pgid: int | None = None
     spawned: bool = False  # the shell confirmed the launch (Spawned)
-    ready_at: float | None = None
+    gpu_before_mib: tuple[tuple[int, float], ...] = ()  # GPU use before launch (release gate)
+
+
+@dataclass(frozen=True)
+class Start:
+    """The start: progress, phases, what it reused, when it became READY. Owner:
+    core/serving.py."""
+
     last_progress: float = 0.0  # last child output line during start
     # (time, tree CPU s) of the first and the latest memory sample since last_progress
     cpu_since_progress: tuple[tuple[float, float], tuple[float, float]] | None = None
@@ -113,42 +118,96 @@ class ChildRun:
     phases: dict[str, float] = field(default_factory=dict)
     compile_cache_hit: bool = False
     reuse: dict[str, object] = field(default_factory=dict)  # core/reuse.py: what it reused
+    ready_at: float | None = None
+
+
+@dataclass(frozen=True)
+class Probes:
+    """The probes' bookkeeping: in flight, when due, when last landed, which are overdue, and
+    the last memory sample. Owner: core/probing.py."""
+
     inflight: frozenset[ProbeKind] = frozenset()
     timers: dict[ProbeKind, float] = field(default_factory=dict)  # kind -> next due time
-    probe_done_at: dict[ProbeKind, float] = field(default_factory=dict)  # kind -> last result
+    done_at: dict[ProbeKind, float] = field(default_factory=dict)  # kind -> last result
+    stale: tuple[ProbeKind, ...] = ()  # probe kinds whose results are overdue
+    memory: MemorySample | None = None  # the last memory sample
+
+
+@dataclass(frozen=True)
+class Engine:
+    """What the engine's answers say: failure streaks, /metrics gauges, progress, stalls.
+    Owner: core/serving.py."""
+
     health_failures: int = 0  # consecutive /health failures; only /health 200 resets it
     canary_failures: int = 0  # consecutive canary errors (not timeouts); only a canary resets
-    hang_suspect: bool = False
     engine_gone: bool = False  # an engine or worker process of this child is gone
     progress: Progress | None = None
-    canary_ref: Progress | None = None  # progress when the canary in flight was sent
     stall_since: float | None = None
     running: float | None = None
     waiting: float | None = None
     kv_cache_usage: float | None = None
-    leak: LeakState | None = None  # the leak rules' state once READY
-    memory: MemorySample | None = None  # the last memory sample
-    host: HostFigure | None = None  # the host rules' figure (core/samples.host_figure)
-    stale: tuple[ProbeKind, ...] = ()  # probe kinds whose results are overdue
-    drain: Drain | None = None  # the drain before a planned restart (core/drain.py)
     asleep: bool | None = None  # vLLM sleep mode, from the last scrape (core/sleep.py)
-    canary_asleep: bool | None = None  # ... when the canary in flight was sent
-    canary_kind: str | None = None  # the kind `auto` found (CanaryResult.kind), for the next
-    gpu_before_mib: tuple[tuple[int, float], ...] = ()  # GPU use before launch (release gate)
-    # Issue 24 (core/hangs.py): this run's canary latencies, the canary in flight, the retry.
-    canary_seconds: tuple[float, ...] = ()  # successful canaries, the last hangs.HISTORY
-    canary_sent_at: float | None = None
-    canary_timeout_s: float | None = None  # the timeout the canary in flight was sent with
-    canary_is_retry: bool = False  # ... and whether it was the longer retry of a timeout
-    canary_retry_s: float | None = None  # the next canary is a retry with this timeout
+
+
+@dataclass(frozen=True)
+class Memory:
+    """The memory rules' view once READY. Owner: core/serving.py."""
+
+    leak: LeakState | None = None  # the leak rules' state once READY
+    host: HostFigure | None = None  # the host rules' figure (core/samples.host_figure)
+    # (time, GPU rule MiB, host rule MiB) of the newest samples the leak rules judged: an
+    # incident record of a memory restart shows what made the rule fire (core/incidents.py)
+    recent: tuple[tuple[float, float | None, float | None], ...] = ()
+
+
+@dataclass(frozen=True)
+class Canary:
+    """Issue 24 (core/hangs.py): this run's canary latencies, the canary in flight, the retry,
+    the hang suspicion and the verdicts. Owner: core/hangverdicts.py."""
+
+    kind: str | None = None  # the kind `auto` found (CanaryResult.kind), for the next
+    seconds: tuple[float, ...] = ()  # successful canaries, the last hangs.HISTORY
+    ref: Progress | None = None  # progress when the canary in flight was sent
+    asleep: bool | None = None  # vLLM's sleep mode when the canary in flight was sent
+    sent_at: float | None = None
+    timeout_s: float | None = None  # the timeout the canary in flight was sent with
+    is_retry: bool = False  # ... and whether it was the longer retry of a timeout
+    retry_s: float | None = None  # the next canary is a retry with this timeout
+    suspect: bool = False  # a canary timed out; a scrape decides busy or hung
     busy_since: float | None = None  # sent-time of the first canary excused as busy (37.8)
     # The canary verdicts of this run (time, what): an incident's timeline shows them
     verdicts: tuple[tuple[float, str], ...] = ()
     frozen_since: float | None = None  # work queued and no series moved since (policy)
-    # (time, GPU rule MiB, host rule MiB) of the newest samples the leak rules judged: an
-    # incident record of a memory restart shows what made the rule fire (core/incidents.py)
-    mem_recent: tuple[tuple[float, float | None, float | None], ...] = ()
-    smoke: SmokeRun | None = None  # this start's smoke checks, once the canary passed
+
+
+@dataclass(frozen=True)
+class ChildRun:
+    """One child generation: created whole at spawn (core/ladder.py), never patched field by
+    field across runs; each sub-record has one owner module (above).
+
+    `proc.pid` is None between the Spawn action and its Spawned result, and again once the
+    child exited; `vllm` is the [vllm] section it was launched with (a SIGHUP may change the
+    config's, but this child keeps listening where it was started).
+    """
+
+    gen: int
+    started: float
+    vllm: VllmConfig
+    proc: Proc = field(default_factory=Proc)
+    start: Start = field(default_factory=Start)
+    probes: Probes = field(default_factory=Probes)
+    engine: Engine = field(default_factory=Engine)
+    mem: Memory = field(default_factory=Memory)
+    canary: Canary = field(default_factory=Canary)
+    drain: Drain | None = None  # the drain before a planned restart (core/drain.py); owner:
+    # core/stopping.py
+    smoke: SmokeRun | None = None  # this start's smoke checks, once the canary passed; owner:
+    # core/smoke.py
+
+    @property
+    def pid(self) -> int | None:
+        """The live child's pid, if any (proc.pid)."""
+        return self.proc.pid
 
 
 @dataclass(frozen=True)
@@ -203,7 +262,7 @@ class WatchState:
     @property
     def pid(self) -> int | None:
         """The live child's pid, if any."""
-        return self.child.pid if self.child is not None else None
+        return self.child.proc.pid if self.child is not None else None
 
 
 Result = tuple[WatchState, list[Action]]  # what every core function returns

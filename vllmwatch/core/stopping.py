@@ -9,7 +9,7 @@ from __future__ import annotations
 from dataclasses import replace
 
 from vllmwatch.core import drain as drains
-from vllmwatch.core import exitcodes
+from vllmwatch.core import exitcodes, probing
 from vllmwatch.core.events import Action, Exit, KillEngines, Log, Notify, SignalGroup, Sweep
 from vllmwatch.core.names import STUCK_REASONS, ProbeKind, Reason
 from vllmwatch.core.restart import Phase, on, pending
@@ -29,7 +29,7 @@ NOTHING_TO_DRAIN = STUCK_REASONS | {Reason.GPU_FAULT}
 def _has_child(s: WatchState) -> bool:
     """A child is running, or its launch is out and not yet answered."""
     c = s.child
-    return s.state in CHILD_STATES and c is not None and (c.pid is not None or not c.spawned)
+    return s.state in CHILD_STATES and c is not None and (c.pid is not None or not c.proc.spawned)
 
 
 def take_down(s: WatchState, now: float, drain: bool) -> Result:
@@ -67,7 +67,7 @@ def begin_drain(s: WatchState, now: float, dereg: float, timeout: float) -> Resu
     s, more = rung(s, Phase.DRAINING, now, "drain before restart")
     acts += more
     look = drains.first_check(d, now)
-    s = replace(s, child=replace(s.run, drain=d, timers={**s.run.timers, ProbeKind.METRICS: look}))
+    s = probing.set_timer(replace(s, child=replace(s.run, drain=d)), ProbeKind.METRICS, look)
     acts.append(Log("info", "drain.begin", {"phase": str(drains.phase(d, now)),
                                             "deregister_delay_s": dereg,
                                             "drain_timeout_s": timeout}))
@@ -81,7 +81,8 @@ def stop_child(s: WatchState, now: float) -> Result:
         s = replace(s, child=replace(s.run, drain=drains.stopping(s.child.drain, now)))
     grace = s.config.restart.stop_timeout
     stuck = pending(s) in NOTHING_TO_DRAIN
-    if stuck or s.state == S.STARTING or (s.child is not None and s.child.engine_gone):
+    gone = s.child is not None and s.child.engine.engine_gone
+    if stuck or s.state == S.STARTING or gone:
         # Measured: the API server of a hung engine waits on it and ignores SIGTERM, and with
         # --api-server-count 2 vLLM's launcher outlived a dead EngineCore's SIGTERM for the
         # whole 20 s (2 x H200). The full grace would only add downtime; nothing in flight
@@ -90,7 +91,7 @@ def stop_child(s: WatchState, now: float) -> Result:
     s, acts = goto(s, S.STOPPING, now, "stop child", deadline=now + grace)
     s, more = rung(s, Phase.TERMINATING, now, "stop child")
     acts += more
-    if stuck and not (s.child is not None and s.child.engine_gone):
+    if stuck and not gone:
         # A stuck engine cannot drain: kill it, and its API server fails the requests in
         # flight with an error and exits by itself (events.KillEngines); no SIGTERM, which
         # made the API server wait for those requests until the SIGKILL (measured).
@@ -124,10 +125,11 @@ def stopping_deadline(s: WatchState, now: float) -> Result:
 def sweep(s: WatchState, now: float, reason: str) -> Result:
     """Kill what is left of the old tree, and look at the port."""
     c = s.child
-    old_pgid = c.pgid if c is not None else None
+    old_pgid = c.proc.pgid if c is not None else None
     settle = SETTLE if s.state == S.STOPPING else 0.0
     # The tree's pids from the last sample: the GPU release gate waits until NVML drops them.
-    old = c.memory.tree_pids if c is not None and c.memory is not None else ()
+    sample = c.probes.memory if c is not None else None
+    old = sample.tree_pids if sample is not None else ()
     deadline = now + SWEEP_WAIT if s.exit_code is not None else None
     s, acts = goto(s, S.CLEANUP, now, reason, deadline=deadline)
     s, more = rung(s, Phase.SWEEPING, now, reason)
@@ -138,8 +140,8 @@ def sweep(s: WatchState, now: float, reason: str) -> Result:
         s = replace(s, child=replace(s.run, drain=None))
         acts.append(Log("info", "drain.finished", {"phases_s": phases}))
     if c is not None:
-        s = replace(s, child=replace(s.run, pid=None, pgid=None, inflight=frozenset(),
-                                     timers={}, memory=None))
+        s = probing.forget(replace(s, child=replace(s.run, proc=replace(c.proc, pid=None,
+                                                                          pgid=None))))
     s = replace(s, old_pids=tuple(old))
     v = c.vllm if c is not None else s.config.vllm
     acts.append(Sweep(old_pgid, v.host, v.port, s.config.restart.kill_stale, settle))
@@ -172,3 +174,22 @@ def finish(s: WatchState, now: float, acts: list[Action]) -> Result:
         "code": code, "meaning": exitcodes.MEANING.get(code, "")}))
     acts.append(Exit(code))
     return s, acts
+
+
+def launched(s: WatchState, pid: int, gpu_before_mib: tuple[tuple[int, float], ...]
+             ) -> WatchState:
+    """The shell confirmed the launch (Spawned): the child's process group is its pid."""
+    return replace(s, child=replace(s.run, proc=replace(
+        s.run.proc, pid=pid, pgid=pid, spawned=True, gpu_before_mib=gpu_before_mib)))
+
+
+def launch_failed(s: WatchState) -> WatchState:
+    """The launch was answered (SpawnFailed): nothing runs."""
+    if s.child is None:
+        return s
+    return replace(s, child=replace(s.run, proc=replace(s.run.proc, spawned=True)))
+
+
+def exited(s: WatchState) -> WatchState:
+    """The child (the API server) exited and was reaped: no pid to signal any more."""
+    return replace(s, child=replace(s.run, proc=replace(s.run.proc, pid=None)))

@@ -73,6 +73,7 @@ class AdapterWatch:
         self._errors: dict[str, str] = {}  # adapter -> vLLM's refusal of its last load
         self._served: set[str] | None = None  # the names /v1/models lists (None: not read)
         self._pid: int | None = None
+        self._left_out: set[str] = set()  # configured, not on the last launch's command line
         self._next_refresh = 0.0
         self._busy = threading.Lock()  # one change or refresh at a time
         self.loads_failed = 0  # live loads vLLM refused or that timed out
@@ -83,8 +84,16 @@ class AdapterWatch:
             self._config = config
             names = {a.name for a in config.adapters}
             self._errors = {k: v for k, v in self._errors.items() if k in names}
+            self._left_out &= names
 
     # ---- the loop's side ----
+
+    def launched(self, config: Config) -> None:
+        """A launch with these adapters: the configured ones it leaves out (vLLM refused one
+        at the start before: core/lora.start_refused) are shown as such."""
+        with self._lock:
+            self._left_out = {a.name for a in self._config.adapters} - {
+                a.name for a in config.adapters}
 
     def update(self, load: tuple[AdapterConfig, ...], unload: tuple[str, ...],
                inplace: tuple[str, ...]) -> threading.Thread:
@@ -111,6 +120,9 @@ class AdapterWatch:
         """The adapters' part of /status."""
         with self._lock:
             config, errors, served = self._config, dict(self._errors), self._served
+            for name in self._left_out:
+                errors.setdefault(name, "left out of this launch: vLLM refused an adapter at "
+                                  "start (lora.start_refused in the log has its error)")
         rows = []
         for a in config.adapters:
             if a.name in errors:

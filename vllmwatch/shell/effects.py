@@ -48,7 +48,7 @@ from vllmwatch.shell.versions import VersionCache
 from vllmwatch.status.snapshot import Snapshot
 
 if TYPE_CHECKING:  # imported by a run only when the spare's plan is considered
-    from vllmwatch.shell.sparetree import SpareFx
+    from vllmwatch.shell.sparerun import SpareFx
 
 
 class Effects(Protocol):
@@ -75,7 +75,7 @@ class Effects(Protocol):
     def prewarm(self, config: Config) -> PrewarmDone: ...
     def record_incident(self, action: RecordIncident) -> IncidentRecorded: ...
     def vllm_version(self) -> str | None: ...
-    def tend_standby(self, state: State, child_pid: int | None) -> None: ...
+    def tend_standby(self, state: State, child_pid: int | None, config: Config) -> None: ...
     def publish(self, snapshot: Snapshot) -> None: ...
     def update_adapters(self, action: UpdateAdapters) -> None: ...
     def close(self) -> None: ...
@@ -120,7 +120,6 @@ class RealEffects:
         # "Standby").
         self.launcher: Launcher = launcher or StandbyLauncher(log, self.marker, self._gpu_pids)
         self.standby = self.launcher if isinstance(self.launcher, StandbyLauncher) else None
-        self._config = config  # the latest: the standby is built for the next launch of it
         # Incident records (daemon lifetime); it keeps the last child's evidence past the reap.
         self.incidents = IncidentShell(config, log, environ)
         self._adapters: Any = None  # shell/adapters.AdapterWatch, once adapters are configured
@@ -128,6 +127,8 @@ class RealEffects:
 
     def spawn(self, config: Config, post: Callable[[Event], None]) -> Event:
         """Build the command (refusing known-broken flags) and start the child."""
+        if self._adapters is not None:  # which adapters this launch carries
+            self._adapters.launched(config)
         version = self._versions.of(config.vllm.command)
         refused = startcaches.problems(config, self._environ, self._versions.info)
         if refused:
@@ -141,13 +142,19 @@ class RealEffects:
         if self._run is not None:  # never two: the core launches only after the reap
             self._run.close()
             self._run = None
-        before = self._used_without_spare() if config.vllm.uses_gpu else {}
+        if config.vllm.gpus != self._sampler_gpus and not self._fixed_sampler:
+            # The sampler follows the launch's GPUs, made here on the loop's thread before
+            # the child runs: the workers that sample only read it (issue 32 item 5).
+            self.sampler = make_sampler(config.vllm.gpus, self.log,
+                                        unified=self.platform.unified)
+            self._sampler_gpus = config.vllm.gpus
+        before = {} if not config.vllm.uses_gpu else self.sampler.device_used_mib() \
+            if self.spare is None else self.spare.device_used(self.sampler)
         if self.spare is not None:  # the serving engine's setting, lowered for the spare
             prepared = replace(prepared, cmd=replace(
                 prepared.cmd, argv=tuple(self.spare.serving_argv(prepared.cmd.argv))))
         guard = startguard.make_guard(config, self.platform.unified, self.log,
                                       self._environ, time.monotonic)
-        self._config = config
         self._run, result = ChildHandle.launch(self.launcher, prepared, config, self.marker,
                                                self.platform.unified, guard, post, self.log,
                                                before)
@@ -170,8 +177,8 @@ class RealEffects:
         return self.incidents.standby_command(cmd, config)
 
     def reconfigure(self, config: Config) -> None:
-        """A SIGHUP loaded `config`: a standby built for another command or environment goes."""
-        self._config = config
+        """A SIGHUP loaded `config` and the core took it: a standby built for another command
+        or environment goes."""
         self._watch_adapters(config)
         self._versions.prefetch(config.vllm.command)
         if self.standby is not None:
@@ -267,11 +274,6 @@ class RealEffects:
 
     def sample_memory(self, action: SampleMemory, minute_of_day: int) -> MemorySampled:
         """Sample the current child's tree on the child's GPUs."""
-        gpus = list(action.gpus) if action.gpus is not None else None
-        if gpus != self._sampler_gpus and not self._fixed_sampler:
-            self.sampler = make_sampler(gpus, self.log,
-                                        unified=self.platform.unified)
-            self._sampler_gpus = gpus
         pid = self._run.pid if self._run is not None else None
         return MemorySampled(self.sampler.sample(pid, action.with_pss), minute_of_day,
                              action.gen)
@@ -300,25 +302,10 @@ class RealEffects:
         spare = self.spare.tree.pid if self.spare is not None else None
         return self.launcher.exempt() | ({spare} if spare is not None else set())
 
-    def _used_without_spare(self) -> dict[int, float]:
-        """Device memory without the spare's tree: a release gate and its baseline compare
-        the serving trees only, whether the spare sleeps or serves (issue 34)."""
-        used = self.sampler.device_used_mib()
-        if self.spare is None or not used:
-            return used
-        mib = self.spare.tree.memory_mib() or 0.0
-        first = min(used)
-        return {**used, first: used[first] - mib}
-
     def check_release(self, action: CheckRelease) -> ReleaseChecked:
         """Has the GPU given back the old tree's memory?"""
         if self.spare is not None:  # judged without the spare's memory (it may be awake)
-            from vllmwatch.core.restart import released
-
-            ok, detail = released(set(action.old_pids), self.sampler.gpu_processes(),
-                                  self._used_without_spare(), dict(action.before_launch),
-                                  action.tolerance_mib)
-            return ReleaseChecked(ok, detail)
+            return self.spare.release_check(self.sampler, action)
         ok, detail = release_check(self.sampler, set(action.old_pids),
                                    dict(action.before_launch), action.tolerance_mib)
         return ReleaseChecked(ok, detail)
@@ -344,15 +331,15 @@ class RealEffects:
         """The launched vLLM's version (read at launch, again after vllm.command changed)."""
         return self._versions.current
 
-    def tend_standby(self, state: State, child_pid: int | None) -> None:
+    def tend_standby(self, state: State, child_pid: int | None, config: Config) -> None:
         """The loop's standby step, once a turn: watch the standby, and build one for the
-        next launch once the child is READY. Its other moves: used or discarded at a launch
-        (spawn), rebuilt after a SIGHUP (reconfigure), killed on the way out (close)."""
+        next launch once the child is READY, for `config` (the core's). Its other moves: used
+        or discarded at a launch (spawn), rebuilt after a SIGHUP (reconfigure), killed on the
+        way out (close)."""
         if self.standby is None:
             return
         self.standby.watch()
         if state == State.READY:
-            config = self._config
             self.standby.prepare(config, child_pid, lambda: self._next_command(config),
                                  self.platform.unified)
 
@@ -370,8 +357,8 @@ class RealEffects:
 
     def update_adapters(self, action: UpdateAdapters) -> None:
         """Load and unload adapters in the running vLLM, off the loop (shell/adapters.py)."""
-        if self._adapters is None:  # made at the reload that added the first adapter
-            self._watch_adapters(self._config)
+        if self._adapters is None and action.config is not None:  # made at the reload that
+            self._watch_adapters(action.config)  # added the first adapter
         if self._adapters is not None:
             self._adapters.update(action.load, action.unload, action.inplace)
 

@@ -53,7 +53,7 @@ from vllmwatch.status.snapshot import Snapshot
 from vllmwatch.status.statusline import snapshot_of, summary
 
 if TYPE_CHECKING:  # imported by a run only when the spare's plan is considered
-    from vllmwatch.shell.sparetree import SpareFx
+    from vllmwatch.shell.sparerun import SpareFx
 
 _SIGNALS = (signal.SIGTERM, signal.SIGINT, signal.SIGHUP, signal.SIGUSR1, signal.SIGCHLD)
 STATUS_EVERY = 10.0
@@ -106,7 +106,7 @@ class Loop:
         self.state = machine.initial(config, clock.monotonic(), rng)
         self._spare = spare  # the sleeping spare engine (issue 34): its track starts here
         if spare is not None:
-            self.state = dataclasses.replace(self.state, spare=spare.track())
+            self.state = dataclasses.replace(self.state, spare=spare.track(clock.monotonic()))
         self.snapshot = Snapshot(config_path=config.path, config_sha256=config.sha256)
         env = environ if environ is not None else dict(os.environ)
         self._watchdog = watchdog_interval(env, os.getpid())
@@ -283,7 +283,7 @@ class Loop:
                     and self.state.config is ev.config and self._on_reloaded is not None:
                 self._on_reloaded(ev.config)  # the core took it: the rest follows, never ahead
         if self.exit_code is None:  # the standby's step: watch it, build one once READY
-            self.fx.tend_standby(self.state.state, self.state.pid)
+            self.fx.tend_standby(self.state.state, self.state.pid, self.state.config)
         self._publish()
         return self.exit_code
 

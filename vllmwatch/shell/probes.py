@@ -2,7 +2,7 @@
 
 The canary's kind follows the model (core/canary.py): `auto` finds the first kind whose
 route the server has and says so in the result; the core keeps it for the rest of the child's
-run (ChildRun.canary_kind) and names it in the next Probe.
+run (ChildRun.canary.kind) and names it in the next Probe.
 """
 
 from __future__ import annotations

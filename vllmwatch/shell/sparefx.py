@@ -23,7 +23,7 @@ from vllmwatch.shell.memory import MemorySampler
 from vllmwatch.shell.platform import read_meminfo
 
 if TYPE_CHECKING:
-    from vllmwatch.shell.sparetree import SpareFx
+    from vllmwatch.shell.sparerun import SpareFx
 
 _WEIGHTS = ("*.safetensors", "*.bin", "*.pt")
 
@@ -92,7 +92,8 @@ def make(config: Config, environ: Mapping[str, str], sampler: MemorySampler, uni
     log("info" if plan.on else "warning", "spare.plan", **plan.fields(), lines=plan.lines())
     if not plan.on:
         return None
-    from vllmwatch.shell.sparetree import SpareCommand, SpareFx, SpareTree  # plan on only
+    from vllmwatch.shell.sparerun import SpareFx  # plan on only
+    from vllmwatch.shell.sparetree import SpareCommand, SpareTree
 
     cmd = command.build(config, environ, api_key=command.read_api_key(config))
     argv = _with_flags(cmd.argv, dict(plan.spare_flags))

@@ -19,29 +19,17 @@ import os
 import signal
 import socket
 import subprocess
-import threading
 import time
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
-from typing import Any
 
 import psutil
 
-from vllmwatch.config.schema import Config
-from vllmwatch.config.spare import SparePlan
-from vllmwatch.config.spare import with_flags as _with_flags
-from vllmwatch.core import failover
-from vllmwatch.core.events import Event, SpareAction
 from vllmwatch.core.failover import (
-    BuildSpare,
-    Route,
-    SleepSpare,
     SpareBuilt,
     SpareExited,
     SpareSlept,
     SpareWoken,
-    StopSpare,
-    WakeSpare,
     room,
 )
 from vllmwatch.logfn import LogFn
@@ -49,7 +37,6 @@ from vllmwatch.shell import child as childmod
 from vllmwatch.shell.groupfile import MARKER
 
 TITLE_PREFIX = "VLLMWATCH::spare"
-INFO_EVERY = 2.0  # the spare's memory for /status, read at most this often
 POLL = 0.05
 STOP_GRACE = 5.0
 
@@ -261,80 +248,3 @@ class SpareTree:
         if not self._until(t0 + timeout, lambda: self._sleeping() is True):
             return SpareSlept(False, "/is_sleeping never said true")
         return SpareSlept(True, "", time.monotonic() - t0)
-
-
-class SpareFx:
-    """The spare's tree and plan for the daemon's lifetime: the core's spare actions done.
-
-    Each of BuildSpare, WakeSpare and SleepSpare runs on a thread of its own and posts
-    exactly one answer (a raising one posts a failed answer); StopSpare and Route run on the
-    loop's thread (a stop is bounded: STOP_GRACE twice, then the marker's sweep)."""
-
-    def __init__(self, config: Config, plan: SparePlan, tree: SpareTree, log: LogFn,
-                 post: Callable[[Event], None] | None = None) -> None:
-        self.plan, self.tree, self.log = plan, tree, log
-        self.retries = config.spare.retries
-        self.in_flight: Callable[[], int] = lambda: 0  # the gate's count at the spare
-        self._post = post
-        self._threads: list[threading.Thread] = []
-        self._info_at = -INFO_EVERY
-        self._memory: float | None = None
-
-    def track(self) -> failover.Track:
-        """The core's record at the start: on (it is built before the first launch)."""
-        return failover.new(self.plan.on, self.plan.reason, self.retries)
-
-    def serving_argv(self, argv: Sequence[str]) -> list[str]:
-        """The serving engine's command with the plan's lowered setting (0.90 -> 0.78)."""
-        return _with_flags(argv, dict(self.plan.serving_flags)) if self.plan.serving_flags \
-            else list(argv)
-
-    def exempt(self) -> frozenset[int]:
-        """The spare's pids: never counted in the serving tree, its rules or release gate."""
-        return frozenset(self.tree.pids())
-
-    def info(self) -> dict[str, Any]:
-        """The spare's live figures for /status: its GPU memory (read at most every
-        INFO_EVERY seconds: NVML and the process table) and its plan."""
-        now = time.monotonic()
-        if now - self._info_at >= INFO_EVERY:
-            self._info_at, self._memory = now, self.tree.memory_mib()
-        return {"memory_mib": self._memory, "plan": self.plan.fields()}
-
-    def poll(self) -> SpareExited | None:
-        return self.tree.poll()
-
-    def do(self, action: SpareAction, post: Callable[[Event], None]) -> None:
-        """One of the core's spare actions."""
-        if isinstance(action, StopSpare):
-            self.tree.stop(action.why)
-        elif isinstance(action, Route):
-            self.log("info", "gate.route", to=action.to)
-        elif isinstance(action, BuildSpare):
-            self.tree.start()
-            self._run(lambda: self.tree.build(action.timeout), post,
-                      lambda e: SpareBuilt(False, e))
-        elif isinstance(action, WakeSpare):
-            self._run(lambda: self.tree.wake(action.timeout), post,
-                      lambda e: SpareWoken(False, e))
-        elif isinstance(action, SleepSpare):
-            self._run(lambda: self.tree.sleep(action.drain, action.timeout, self.in_flight),
-                      post, lambda e: SpareSlept(False, e))
-
-    def _run(self, fn: Callable[[], Event], post: Callable[[Event], None],
-             failed: Callable[[str], Event]) -> None:
-        def body() -> None:
-            try:
-                ev = fn()
-            except Exception as exc:  # one answer always: the core's rung waits on it
-                ev = failed(f"{type(exc).__name__}: {exc}")
-            post(ev)
-        t = threading.Thread(target=body, name="vllmwatch-spare", daemon=True)
-        self._threads = [x for x in self._threads if x.is_alive()] + [t]
-        t.start()
-
-    def close(self) -> None:
-        """Nothing of the spare stays after the daemon: its tree goes, then its workers."""
-        self.tree.stop("vllmwatch exits")
-        for t in self._threads:
-            t.join(5.0)

@@ -206,31 +206,13 @@ def _child(snap: Snapshot) -> Iterator[Metric]:
                  None if snap.standby_rss_mib is None else snap.standby_rss_mib * 2**20)
 
 
-SPARE_STATES = ("off", "building", "asleep", "waking", "serving", "returning", "down")
-
-
 def _spare(snap: Snapshot) -> Iterator[Metric]:
-    """The sleeping spare engine (issue 34): none of these when it is not planned at all."""
-    spare = snap.spare
-    if spare is None:
+    """The sleeping spare engine (issue 34): none when it is not planned at all."""
+    if snap.spare is None:
         return
-    state = GaugeMetricFamily("vllmwatch_spare_state", "1 for the spare engine's state",
-                              labels=["state"])
-    for name in SPARE_STATES:
-        state.add_metric([name], 1.0 if name == spare.get("state") else 0.0)
-    yield state
-    serving = GaugeMetricFamily("vllmwatch_serving", "1 for who answers the gate's clients "
-                                "(full, spare, nobody)", labels=["engine"])
-    for name in ("full", "spare", "nobody"):
-        serving.add_metric([name], 1.0 if name == snap.serving else 0.0)
-    yield serving
-    yield CounterMetricFamily("vllmwatch_failovers", "Restarts the spare engine served",
-                              value=float(spare.get("failovers") or 0))
-    yield _gauge("vllmwatch_failover_seconds", "Seconds from restart.begin to the spare "
-                 "serving, in the last failover", spare.get("last_failover_s"))
-    mib = spare.get("memory_mib")
-    yield _gauge("vllmwatch_spare_gpu_memory_bytes", "GPU memory of the spare engine's tree",
-                 None if mib is None else float(mib) * 2**20)
+    from vllmwatch.status import sparemetrics  # only with a spare
+
+    yield from sparemetrics.collect(snap)
 
 
 def _memory(snap: Snapshot) -> Iterator[Metric]:

@@ -27,21 +27,21 @@ def completions(c: ChildRun | None, prev: Snapshot, to_wall: Callable[[float], f
     those of earlier children, so a restart does not make the figures vanish."""
     done = dict(prev.probe_last_completed)
     if c is not None:
-        done.update({str(kind): round(to_wall(t), 3) for kind, t in c.probe_done_at.items()})
+        done.update({str(kind): round(to_wall(t), 3) for kind, t in c.probes.done_at.items()})
     return done
 
 
 def _memory(s: WatchState, now: float) -> MemoryFigures:
     c = s.child
-    m = c.memory if c is not None else None
+    m = c.probes.memory if c is not None else None
     cfg = s.config.memory
     gpu_limit, host_limit = _limit(cfg.gpu_limit), _limit(cfg.host_limit)
     if c is None or m is None:
         return MemoryFigures(gpu_limit_mib=gpu_limit, host_limit_mib=host_limit)
-    host = c.host  # the figure the rules use: one kind, PSS carried between PSS samples
+    host = c.mem.host  # the figure the rules use: one kind, PSS carried between PSS samples
     gpu_base = host_base = gpu_slope = host_slope = None
-    if c.leak is not None:
-        gpu_base, host_base, gpu_slope, host_slope = leak.figures(c.leak)
+    if c.mem.leak is not None:
+        gpu_base, host_base, gpu_slope, host_slope = leak.figures(c.mem.leak)
     return MemoryFigures(
         source=m.source, gpu_tree_mib=m.gpu_tree_mib,
         gpu_tree_by_gpu_mib=dict(m.gpu_tree_by_gpu_mib), device_used_mib=dict(m.device_used_mib),
@@ -90,12 +90,14 @@ def snapshot_of(s: WatchState, now: float, wall: float, prev: Snapshot,
         restarts_by_reason={str(k): n for k, n in s.restarts_by_reason.items()},
         last_reason=str(s.last_reason) if s.last_reason is not None else None,
         last_reason_detail=s.last_detail, last_restart_at=to_wall(s.last_restart_at),
-        start_phases_s=dict(c.phases) if c is not None else {},
-        start_reuse={**c.reuse, "compile_cache_hit": c.compile_cache_hit} if c else {},
+        start_phases_s=dict(c.start.phases) if c is not None else {},
+        start_reuse={**c.start.reuse, "compile_cache_hit": c.start.compile_cache_hit} if c
+        else {},
         memory=_memory(s, now),
-        vllm_running=c.running if c else None, vllm_waiting=c.waiting if c else None,
-        vllm_kv_cache_usage=c.kv_cache_usage if c else None,
-        stale_probes=tuple(str(k) for k in c.stale) if c is not None else (),
+        vllm_running=c.engine.running if c else None,
+        vllm_waiting=c.engine.waiting if c else None,
+        vllm_kv_cache_usage=c.engine.kv_cache_usage if c else None,
+        stale_probes=tuple(str(k) for k in c.probes.stale) if c is not None else (),
         probe_seconds={str(k): v for k, v in s.probe_seconds.items()},
         probe_failures={str(k): n for k, n in s.probe_failures.items()},
         config_path=s.config.path, config_sha256=s.config.sha256,
@@ -105,7 +107,7 @@ def snapshot_of(s: WatchState, now: float, wall: float, prev: Snapshot,
         serving_url=serving_url(c.vllm if c else s.config.vllm, s.config),
         drain_phase=str(drains.phase(c.drain, now)) if c and c.drain else None,
         drain_phases_s=drains.durations(c.drain, now) if c and c.drain else dict(s.last_drain),
-        vllm_asleep=c.asleep if c else None,
+        vllm_asleep=c.engine.asleep if c else None,
         last_incident=s.last_incident, incidents_total=s.incidents_total,
         serving=_serving(s), spare=_spare(s), smoke_checks=_smoke(c))
 

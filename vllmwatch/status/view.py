@@ -74,6 +74,7 @@ def clean(data: Mapping[str, Any]) -> dict[str, Any]:
     out["spare"] = {printable(str(k), False): v if v is None or isinstance(v, (bool, int, float))
                     else printable(str(v), False) for k, v in spare.items()} \
         if isinstance(spare, dict) else None
+    out["adapters"] = _adapters_clean(data.get("adapters"))
     mem = data.get("memory")
     mem = mem if isinstance(mem, dict) else {}
     out["memory"] = {k: (_table(v) if isinstance(v, dict) else _num(v)) for k, v in mem.items()
@@ -164,6 +165,19 @@ def _spare_rows(data: Mapping[str, Any]) -> list[tuple[str, str]]:
     who = str(data.get("serving") or "nobody")
     return [("answering", who + (" (degraded: spare serving)" if who == "spare" else "")),
             ("spare", line)]
+
+
+def _adapters_clean(data: object) -> dict[str, Any] | None:
+    """[[adapters]]' part of /status with every text made printable (vLLM's errors)."""
+    if not isinstance(data, dict):
+        return None
+    rows = data.get("managed")
+    names = data.get("unmanaged")
+    return {"managed": [{str(k): printable(v, False) if isinstance(v, str) else v
+                         for k, v in r.items()} for r in rows if isinstance(r, dict)]
+            if isinstance(rows, list) else [],
+            "unmanaged": [printable(str(n), False) for n in names]
+            if isinstance(names, list) else []}
 
 
 def _adapter_rows(data: object) -> list[tuple[str, str]]:

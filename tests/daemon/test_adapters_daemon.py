@@ -1,0 +1,47 @@
+"""[[adapters]] through `vllmwatch run` over the fake vLLM (issue 38): the launch carries them,
+each answers under its name before READY, vLLM refusing an optional one at start relaunches
+without it (its error in the log), /status and the status CLI name each adapter's state."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+from pathlib import Path
+
+from tests.support import PYTHON, Daemon, base_config, completion, free_port, merge
+from tests.support.tinylora import make
+
+
+def test_optional_adapter_vllm_refuses_at_start_is_left_out_and_reported(
+        tmp_path: Path) -> None:
+    good, bad = make(tmp_path / "good"), make(tmp_path / "bad")
+    data = json.loads((bad / "adapter_config.json").read_text())
+    (bad / "adapter_config.json").write_text(json.dumps({**data, "bias": "all"}))
+    port, status_port = free_port(), free_port()
+    cfg = merge(base_config(port, status_port), {
+        "adapters": [{"name": "sql", "path": str(good)},
+                     {"name": "chat", "path": str(bad), "required": False}]})
+    d = Daemon(tmp_path, cfg).start()
+    try:
+        d.wait_ready(60)
+        [refused] = d.named("lora.start_refused")
+        assert refused["left_out"] == ["chat"]
+        assert "Adapter bias is not supported." in refused["error"]
+        launches = d.named("lora.launch")
+        assert [x["adapters"] for x in launches] == [["sql", "chat"], ["sql"]]
+        assert completion(port, model="sql")[0] == 200
+        assert completion(port, model="chat")[0] == 404
+        code, raw = d.http_get("/status", timeout=5)
+        assert code == 200
+        doc = json.loads(raw)
+        rows = {r["name"]: r for r in doc["adapters"]["managed"]}
+        assert rows["sql"]["state"] in ("loaded", "unknown") and rows["chat"]["state"] == \
+            "failed" and "lora.start_refused" in rows["chat"]["error"], rows
+        shown = subprocess.run([PYTHON, "-m", "vllmwatch", "status", "--url",
+                                f"http://127.0.0.1:{status_port}"], capture_output=True,
+                               text=True, timeout=30)
+        assert "adapter sql" in shown.stdout and "adapter chat" in shown.stdout and \
+            "failed (not required): left out" in shown.stdout, shown.stdout + shown.stderr
+    finally:
+        d.stop()
+        d.close()
