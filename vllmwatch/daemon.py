@@ -101,12 +101,10 @@ def _run(config: Config, log_format: str | None, env: dict[str, str], log: Switc
         # The same check as `check --config-only`, the units' first ExecReload= (exit CONFIG).
         return spread_config(load_for_reload(config.path), log)
 
-    def reloaded(new: Config) -> None:  # on the loop's thread, with the new config
-        live.apply(new)
-        fx.reconfigure(new)  # a standby built for another command or environment goes
-
+    live.effects = fx
+    # on_reloaded: on the loop's thread, once the core took the new config (shell/loop.py)
     loop = Loop(config, fx, SystemClock(), reload_config=reload, environ=env,
-                on_reloaded=reloaded, spare=fx.spare)
+                on_reloaded=live.apply, spare=fx.spare)
     if not config.gate.enabled:  # with the front door, a planned restart always deregisters
         readyz.watch(loop)
     try:

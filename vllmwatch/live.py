@@ -1,4 +1,5 @@
-"""What a SIGHUP changes outside the core: the log level, the status listener, the gate.
+"""What a SIGHUP changes outside the core: the log level, the status listener, the gate,
+the effects (standby, adapters, version cache).
 
 The core takes the new config (probes, launches, rules) first; the pieces around the loop
 follow here, on the loop's thread, once the core has taken it (shell/loop.py): the log
@@ -8,6 +9,8 @@ bind keeps the old one), the gate's hold_timeout, retry_after, replay and replay
 (written on the gate's own thread: gate/runner.Gate.reconfigure). What cannot be applied
 safely while clients are connected (gate.enabled, gate.listen: moving the public port would
 cut every client) is logged as `config.restart_required` and shown in /status `restart_required`.
+Last, the effects' one reconfigure call (shell/effects.RealEffects.reconfigure). Nothing else
+keeps a copy of the config that a reload writes: the actions carry what the shell needs.
 """
 
 from __future__ import annotations
@@ -26,6 +29,9 @@ RESTART_KEYS: tuple[tuple[str, Callable[[Config], object]], ...] = (
     ("gate.enabled", lambda c: c.gate.enabled),
     ("gate.listen", lambda c: c.gate.listen),
     ("log.format", lambda c: c.log.format),
+    # The platform (unified memory or discrete) is decided once, at start, from this key
+    # and NVML (shell/platform.py): the sampler, the start guard and prewarm follow it.
+    ("memory.unified", lambda c: c.memory.unified),
 )
 
 
@@ -49,6 +55,7 @@ class Live:
         self._make_log, self._make_status = make_log, make_status
         self.status: StatusServer | None = None
         self.gate: Any = None  # vllmwatch.gate.runner.Gate when [gate] is on
+        self.effects: Any = None  # shell/effects.RealEffects: its reconfigure follows last
         self.restart_required: tuple[str, ...] = ()
 
     def decorate(self, snap: Snapshot) -> Snapshot:
@@ -85,6 +92,8 @@ class Live:
         self.config = dataclasses.replace(new, gate=dataclasses.replace(
             new.gate, enabled=old.gate.enabled, listen=old.gate.listen),
             log=dataclasses.replace(new.log, format=old.log.format))
+        if self.effects is not None:  # a standby built for another command or environment goes
+            self.effects.reconfigure(new)
 
     def _rebind_status(self, new: Config) -> None:
         old_server = self.status

@@ -135,6 +135,8 @@ def test_nothing_of_the_adapters_changed_says_nothing(dirs: dict[str, str]) -> N
                                                                             interval=1))))
     assert "how" not in reloaded(d) and restarts(d) == []
     assert decide(c, c, True).how == "none"
+    bare = from_dict(BASE)  # no adapters: [lora] alone changes no launch
+    assert decide(bare, from_dict({**BASE, "lora": {"live": True}}), True).how == "none"
 
 
 def test_a_rank_change_in_place_is_a_repoint(dirs: dict[str, str], tmp_path: Path) -> None:

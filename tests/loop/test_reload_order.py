@@ -1,13 +1,16 @@
 """One owner for the live config (issue 32 item 5): on SIGHUP the core takes the new config
-first; the pieces around the loop (log level, status listener, gate, standby) follow it only
-after, through the loop's one callback, and an invalid file reaches none of them."""
+first; the pieces around the loop (log level, status listener, gate, effects) follow it only
+after, through the loop's one callback (the daemon's: live.Live.apply), and an invalid file
+reaches none of them."""
 
 from __future__ import annotations
 
 import signal
+from typing import Any
 
 from tests.loop.test_loop import BASE
 from vllmwatch.config.schema import Config
+from vllmwatch.live import Live, SwitchableLog
 from vllmwatch.shell.loop import Loop
 from vllmwatch.testing import (
     FakeClock,
@@ -60,3 +63,76 @@ def test_an_invalid_file_reaches_no_piece_around_the_loop() -> None:
     loop, seen = _loop(ValueError("bad toml"))
     _sighup(loop)
     assert seen == [] and loop.state.config is BASE
+
+
+class _Follower:
+    """One piece around the loop: records what it was given and what the core held then."""
+
+    def __init__(self, loop: list[Loop]) -> None:
+        self.loop = loop
+        self.calls: list[tuple[object, Config]] = []
+
+    def saw(self, given: object) -> None:
+        self.calls.append((given, self.loop[0].state.config))
+
+    # the gate (Gate.reconfigure), the effects (RealEffects.reconfigure), a status listener
+    def reconfigure(self, *given: object) -> None:
+        self.saw(given if len(given) > 1 else given[0])
+
+    def stop(self) -> None:
+        pass
+
+
+def _live_loop(read: object) -> tuple[Loop, dict[str, _Follower]]:
+    """A loop whose on_reloaded is the daemon's: Live.apply, with every piece a recorder."""
+    holder: list[Loop] = []
+    parts = {name: _Follower(holder) for name in ("log", "status", "gate", "effects")}
+
+    def make_log(c: Config) -> Any:
+        parts["log"].saw(c.log.level)
+        return lambda *a, **k: None
+
+    def make_status(c: Config) -> Any:
+        parts["status"].saw(c.status.listen)
+        return parts["status"]
+
+    live = Live(BASE, SwitchableLog(lambda *a, **k: None), make_log, make_status)
+    live.gate, live.effects = parts["gate"], parts["effects"]
+
+    def reread() -> Config:
+        if isinstance(read, Exception):
+            raise read
+        assert isinstance(read, Config)
+        return read
+
+    loop = Loop(BASE, WorldEffects(World(), FakeNotifier()), FakeClock(), reread, environ={},
+                seed=1, executor=SyncExecutor(), waiter=no_wait, install_signals=False,
+                on_reloaded=live.apply)
+    holder.append(loop)
+    loop.start()
+    return loop, parts
+
+
+def test_each_piece_gets_the_new_values_only_after_the_core_took_them() -> None:
+    new = config_with(BASE, log={"level": "debug"}, status={"listen": "127.0.0.1:0"},
+                      gate={"hold_timeout": 7.0, "retry_after": 3.0},
+                      vllm={"args": {"max-num-seqs": 8}})
+    loop, parts = _live_loop(new)
+    _sighup(loop)
+    assert loop.state.config is new
+    for name, part in parts.items():
+        assert part.calls, f"{name} never heard of the reload"
+        for _, core_had in part.calls:
+            assert core_had is new, f"{name} got the new values before the core took them"
+    assert parts["log"].calls[0][0] == "debug"
+    assert parts["status"].calls[0][0] == "127.0.0.1:0"
+    assert parts["gate"].calls[0][0][:2] == (7.0, 3.0)
+    assert parts["effects"].calls[0][0] is new
+
+
+def test_a_rejected_reload_reaches_no_piece() -> None:
+    loop, parts = _live_loop(ValueError("bad toml"))
+    _sighup(loop)
+    assert loop.state.config is BASE
+    assert {name: part.calls for name, part in parts.items()} == {
+        name: [] for name in parts}

@@ -44,18 +44,18 @@ def test_publishing_a_ready_snapshot_starts_nothing() -> None:
 
 def test_the_step_builds_only_when_ready_and_watches_always() -> None:
     fx, rec = _fx()
-    fx.tend_standby(S.READY, 123)
+    fx.tend_standby(S.READY, 123, BASE)
     assert rec.calls == ["watch", "prepare"]
     for state in (S.STARTING, S.DRAINING, S.STOPPING, S.CLEANUP, S.BACKOFF):
         rec.calls.clear()
-        fx.tend_standby(state, 123)
+        fx.tend_standby(state, 123, BASE)
         assert rec.calls == ["watch"], state
 
 
 def test_the_loop_tends_the_standby_every_turn_with_the_typed_state() -> None:
     d = Driver(BASE)
     tended: list[tuple[State, int | None]] = []
-    d.fx.tend_standby = lambda state, pid: tended.append((state, pid))  # type: ignore[method-assign]
+    d.fx.tend_standby = lambda state, pid, config: tended.append((state, pid))  # type: ignore[method-assign]
     assert d.run_until(lambda: d.state.state == S.READY, 300)
     d.run_for(5.0)
     assert tended and all(isinstance(state, State) for state, _ in tended)

@@ -69,9 +69,9 @@ def _spawn(fx: RealEffects, config: Config) -> Spawned:
     return got
 
 
-def _standby_waiting(fx: RealEffects, child_pid: int) -> int:
+def _standby_waiting(fx: RealEffects, child_pid: int, config: Config) -> int:
     def waiting() -> bool:
-        fx.tend_standby(S.READY, child_pid)  # the loop's standby step, as on READY
+        fx.tend_standby(S.READY, child_pid, config)  # the loop's standby step, as on READY
         return fx.launcher.info()["standby_state"] == "waiting"
     wait_until(waiting, 30, "the standby's imports")
     pid = fx.launcher.info()["standby_pid"]
@@ -86,7 +86,7 @@ def test_tp2_keeps_vllms_choice_and_the_standby_is_used(two_gpus: dict[str, Any]
     first = _spawn(fx, config)
     env = psutil.Process(first.pid).environ()
     assert FORK_VARIABLE not in env and env["CUDA_VISIBLE_DEVICES"] == "0,1"
-    standby = _standby_waiting(fx, first.pid)
+    standby = _standby_waiting(fx, first.pid, config)
     nvml: FakeNvml = two_gpus["nvml"]
     # The old tree holds memory on both GPUs; the standby holds none and is never listed.
     def tree() -> list[int]:  # EngineCore and its two TP workers, once the fake made them
@@ -121,10 +121,10 @@ def test_a_standby_that_nvml_lists_is_discarded(two_gpus: dict[str, Any],
     config = _config(tmp_path, tp=2)
     fx = two_gpus["make"](config)
     first = _spawn(fx, config)
-    standby = _standby_waiting(fx, first.pid)
+    standby = _standby_waiting(fx, first.pid, config)
     two_gpus["nvml"].gpus[1].procs = {standby: 518.0}  # a CUDA context, somehow
     fx.launcher._next_watch = 0.0  # the next look is due now (it looks every few seconds)
-    fx.tend_standby(S.READY, first.pid)  # the loop's standby step, as on READY
+    fx.tend_standby(S.READY, first.pid, config)  # the loop's standby step, as on READY
     gone = two_gpus["log"].named("standby.discarded")
     assert gone and "NVML lists it" in gone[-1]["reason"]
     wait_until(lambda: not psutil.pid_exists(standby) or
@@ -137,6 +137,6 @@ def test_auto_is_off_on_unified_memory(two_gpus: dict[str, Any], tmp_path: Path)
     fx = two_gpus["make"](config)
     fx.platform = Platform(unified=True, reason="test")
     first = _spawn(fx, config)
-    fx.tend_standby(S.READY, first.pid)  # the loop's standby step, as on READY
+    fx.tend_standby(S.READY, first.pid, config)  # the loop's standby step, as on READY
     off = two_gpus["log"].named("standby.off")
     assert off and "unified memory" in off[-1]["reason"]

@@ -5,7 +5,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
-from vllmwatch.config.schema import Config, ProbeConfig
+from vllmwatch.config.schema import Config, IncidentsConfig, ProbeConfig
 from vllmwatch.core.hangs import HostCpu
 from vllmwatch.core.names import ProbeKind, Reason
 from vllmwatch.core.samples import MemorySample
@@ -348,7 +348,8 @@ class RecordIncident:
 
     The shell answers IncidentRecorded within `timeout` seconds (its dumpers are killed at the
     deadline); the ladder waits for that answer, or `timeout` + a margin, then goes on.
-    `facts` is what the core knows, JSON-ready: phases, restart counts, memory samples.
+    `facts` is what the core knows, JSON-ready: phases, restart counts, memory samples;
+    `config` the [incidents] settings in force now (the core's, issue 32 item 5).
     """
 
     seq: int
@@ -358,6 +359,7 @@ class RecordIncident:
     pgid: int | None  # the child's group: its processes may outlive the API server
     exit_code: int | None = None  # set when vllmwatch leaves after this (names.REASONS)
     facts: dict[str, Any] = field(default_factory=dict)
+    config: IncidentsConfig = field(default_factory=IncidentsConfig)
 
 
 @dataclass(frozen=True)
@@ -375,6 +377,7 @@ class UpdateAdapters:
     load: tuple[Any, ...] = ()  # config.sections.AdapterConfig: added and repointed
     unload: tuple[str, ...] = ()
     inplace: tuple[str, ...] = ()  # repointed: loaded again in place under the same name
+    config: Config | None = None  # the reload's config, which the core took (issue 32 item 5)
 
 
 @dataclass(frozen=True)

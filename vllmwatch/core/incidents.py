@@ -46,7 +46,7 @@ def request(s: WatchState, now: float, reason: Reason, detail: str, drain: bool)
     c = s.child
     acts += [RecordIncident(seq, reason, detail, timeout,
                                          c.proc.pgid if c is not None else None, code,
-                                         facts(s, now, reason))]
+                                         facts(s, now, reason), s.config.incidents)]
     return s, acts
 
 

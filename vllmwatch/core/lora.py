@@ -55,8 +55,8 @@ def decide(old: Config, new: Config, ready: bool) -> AdapterChange:
     removed = tuple(n for n in before if n not in after)
     repointed = tuple(n for n in after if n in before and after[n] != before[n])
     change = AdapterChange(added, removed, repointed)
-    if not change.changed and old.lora == new.lora:
-        return change
+    if not change.changed and (old.lora == new.lora or not new.adapters):
+        return change  # [lora] alone does nothing to a launch without adapters
     why = _why_restart(old, new, ready)
     if why:
         return AdapterChange(added, removed, repointed, "restart", why)

@@ -261,7 +261,7 @@ def _reload(s: WatchState, ev: ReloadRequested, now: float) -> Result:
         change = lora.decide(old, ev.config, s.state == S.READY and not relaunch)
         fields = change.fields()
         if change.how == "live":
-            acts.append(UpdateAdapters(change.load, change.unload, change.repointed))
+            acts.append(UpdateAdapters(change.load, change.unload, change.repointed, ev.config))
         elif change.how == "restart" and not relaunch:
             relaunch, why = True, f"adapters changed: {change.why}"
     s = replace(s, config=ev.config)

@@ -75,7 +75,7 @@ class Effects(Protocol):
     def prewarm(self, config: Config) -> PrewarmDone: ...
     def record_incident(self, action: RecordIncident) -> IncidentRecorded: ...
     def vllm_version(self) -> str | None: ...
-    def tend_standby(self, state: State, child_pid: int | None) -> None: ...
+    def tend_standby(self, state: State, child_pid: int | None, config: Config) -> None: ...
     def publish(self, snapshot: Snapshot) -> None: ...
     def update_adapters(self, action: UpdateAdapters) -> None: ...
     def close(self) -> None: ...
@@ -120,7 +120,6 @@ class RealEffects:
         # "Standby").
         self.launcher: Launcher = launcher or StandbyLauncher(log, self.marker, self._gpu_pids)
         self.standby = self.launcher if isinstance(self.launcher, StandbyLauncher) else None
-        self._config = config  # the latest: the standby is built for the next launch of it
         # Incident records (daemon lifetime); it keeps the last child's evidence past the reap.
         self.incidents = IncidentShell(config, log, environ)
         self._adapters: Any = None  # shell/adapters.AdapterWatch, once adapters are configured
@@ -143,6 +142,12 @@ class RealEffects:
         if self._run is not None:  # never two: the core launches only after the reap
             self._run.close()
             self._run = None
+        if config.vllm.gpus != self._sampler_gpus and not self._fixed_sampler:
+            # The sampler follows the launch's GPUs, made here on the loop's thread before
+            # the child runs: the workers that sample only read it (issue 32 item 5).
+            self.sampler = make_sampler(config.vllm.gpus, self.log,
+                                        unified=self.platform.unified)
+            self._sampler_gpus = config.vllm.gpus
         before = {} if not config.vllm.uses_gpu else self.sampler.device_used_mib() \
             if self.spare is None else self.spare.device_used(self.sampler)
         if self.spare is not None:  # the serving engine's setting, lowered for the spare
@@ -150,7 +155,6 @@ class RealEffects:
                 prepared.cmd, argv=tuple(self.spare.serving_argv(prepared.cmd.argv))))
         guard = startguard.make_guard(config, self.platform.unified, self.log,
                                       self._environ, time.monotonic)
-        self._config = config
         self._run, result = ChildHandle.launch(self.launcher, prepared, config, self.marker,
                                                self.platform.unified, guard, post, self.log,
                                                before)
@@ -173,8 +177,8 @@ class RealEffects:
         return self.incidents.standby_command(cmd, config)
 
     def reconfigure(self, config: Config) -> None:
-        """A SIGHUP loaded `config`: a standby built for another command or environment goes."""
-        self._config = config
+        """A SIGHUP loaded `config` and the core took it: a standby built for another command
+        or environment goes."""
         self._watch_adapters(config)
         self._versions.prefetch(config.vllm.command)
         if self.standby is not None:
@@ -270,11 +274,6 @@ class RealEffects:
 
     def sample_memory(self, action: SampleMemory, minute_of_day: int) -> MemorySampled:
         """Sample the current child's tree on the child's GPUs."""
-        gpus = list(action.gpus) if action.gpus is not None else None
-        if gpus != self._sampler_gpus and not self._fixed_sampler:
-            self.sampler = make_sampler(gpus, self.log,
-                                        unified=self.platform.unified)
-            self._sampler_gpus = gpus
         pid = self._run.pid if self._run is not None else None
         return MemorySampled(self.sampler.sample(pid, action.with_pss), minute_of_day,
                              action.gen)
@@ -332,15 +331,15 @@ class RealEffects:
         """The launched vLLM's version (read at launch, again after vllm.command changed)."""
         return self._versions.current
 
-    def tend_standby(self, state: State, child_pid: int | None) -> None:
+    def tend_standby(self, state: State, child_pid: int | None, config: Config) -> None:
         """The loop's standby step, once a turn: watch the standby, and build one for the
-        next launch once the child is READY. Its other moves: used or discarded at a launch
-        (spawn), rebuilt after a SIGHUP (reconfigure), killed on the way out (close)."""
+        next launch once the child is READY, for `config` (the core's). Its other moves: used
+        or discarded at a launch (spawn), rebuilt after a SIGHUP (reconfigure), killed on the
+        way out (close)."""
         if self.standby is None:
             return
         self.standby.watch()
         if state == State.READY:
-            config = self._config
             self.standby.prepare(config, child_pid, lambda: self._next_command(config),
                                  self.platform.unified)
 
@@ -358,8 +357,8 @@ class RealEffects:
 
     def update_adapters(self, action: UpdateAdapters) -> None:
         """Load and unload adapters in the running vLLM, off the loop (shell/adapters.py)."""
-        if self._adapters is None:  # made at the reload that added the first adapter
-            self._watch_adapters(self._config)
+        if self._adapters is None and action.config is not None:  # made at the reload that
+            self._watch_adapters(action.config)  # added the first adapter
         if self._adapters is not None:
             self._adapters.update(action.load, action.unload, action.inplace)
 

@@ -90,9 +90,9 @@ class IncidentShell:
     """The live inputs of incident records, and the capture itself."""
 
     def __init__(self, config: Config, log: LogFn, environ: Mapping[str, str]) -> None:
-        self.log, self.cfg = log, config.incidents
+        self.log = log
         found, self._why_none = find_root(environ, log)  # logged even with records off
-        self.root = found if self.cfg.enabled else None
+        self.root = found if config.incidents.enabled else None
         self.stacks_dir: str | None = None
         self._scrapes: list[tuple[float, str]] = []
         self._lock = threading.Lock()  # scrapes come from probe worker threads
@@ -115,10 +115,9 @@ class IncidentShell:
 
     def child_command(self, cmd: ChildCommand, config: Config) -> ChildCommand:
         """The child's environment with the faulthandler hook first on PYTHONPATH."""
-        self.cfg = config.incidents
         with self._lock:
             self._scrapes = []
-        self.stacks_dir = self._fresh_stacks_dir() if self.cfg.enabled else None
+        self.stacks_dir = self._fresh_stacks_dir() if config.incidents.enabled else None
         if self.stacks_dir is None:
             return cmd
         return self._with_hook(cmd, self.stacks_dir)
@@ -166,7 +165,7 @@ class IncidentShell:
                sampler: MemorySampler, gate: Mapping[str, int] | None = None
                ) -> IncidentRecorded:
         """Write the record (worker thread); every problem comes back as the error."""
-        t0 = time.monotonic()
+        t0, cfg = time.monotonic(), action.config  # the core's [incidents], not a copy here
         if self.root is None:
             return IncidentRecorded(action.seq, error=no_record_because(self._why_none))
         with self._lock:
@@ -177,12 +176,12 @@ class IncidentShell:
         inp = Inputs(seq=action.seq, reason=action.reason, detail=action.detail,
                      exit_code=action.exit_code, timeout=action.timeout, pgid=action.pgid,
                      child_pid=child_pid, facts=action.facts,
-                     output=_copy(self._tail)[-self.cfg.output_lines:], scrapes=scrapes,
+                     output=_copy(self._tail)[-cfg.output_lines:], scrapes=scrapes,
                      status=self.snapshot.to_json() if self.snapshot is not None else {},
                      versions=versions, secrets=secrets_of(self._env, self._api_key),
                      stacks_dir=self.stacks_dir, gpu=lambda: _gpu_now(sampler, info),
-                     max_records=self.cfg.max_records,
-                     max_bytes=int(self.cfg.max_size * 1024 * 1024) or 1 << 62,
+                     max_records=cfg.max_records,
+                     max_bytes=int(cfg.max_size * 1024 * 1024) or 1 << 62,
                      cgroup=self.cgroup, oom_at_launch=self._oom_at_launch, gate=gate)
         try:
             done = capture(inp, self.root)
@@ -191,7 +190,7 @@ class IncidentShell:
                                     f"{exc.strerror or exc}", seconds=time.monotonic() - t0)
         if done.pruned:
             self.log("info", "incident.pruned", removed=list(done.pruned),
-                     max_records=self.cfg.max_records, max_size_mib=self.cfg.max_size)
+                     max_records=cfg.max_records, max_size_mib=cfg.max_size)
         return IncidentRecorded(action.seq, done.incident_id, done.path, seconds=done.seconds,
                                 stacks=done.stacks)
 

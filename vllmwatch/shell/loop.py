@@ -283,7 +283,7 @@ class Loop:
                     and self.state.config is ev.config and self._on_reloaded is not None:
                 self._on_reloaded(ev.config)  # the core took it: the rest follows, never ahead
         if self.exit_code is None:  # the standby's step: watch it, build one once READY
-            self.fx.tend_standby(self.state.state, self.state.pid)
+            self.fx.tend_standby(self.state.state, self.state.pid, self.state.config)
         self._publish()
         return self.exit_code
 

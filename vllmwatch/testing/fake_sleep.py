@@ -28,6 +28,8 @@ from __future__ import annotations
 import argparse
 import math
 import os
+import socketserver
+import subprocess
 import threading
 import time
 from typing import Any
@@ -94,6 +96,21 @@ class Memory:
                 f"({self.a.gpu_memory_utilization}, {_gib(want)} GiB). Decrease GPU memory "
                 "utilization or reduce GPU memory used by other processes.")
 
+    def refuse_start(self, engine: subprocess.Popen[bytes]) -> bool:
+        """Fail the start as vLLM does when start_problem() says so (the engine's error, then
+        the API server's); True when it was refused (the API server exits 1)."""
+        from vllmwatch.testing.fake_engine import write_traceback
+
+        problem = self.start_problem()
+        if problem is None:
+            return False
+        engine.kill()
+        write_traceback(problem, "vllm/v1/worker/utils.py")
+        write_traceback("RuntimeError: Engine core initialization failed. See root cause "
+                        "above. Failed core proc(s): {'EngineCore_DP0': 1}",
+                        "vllm/entrypoints/openai/api_server.py")
+        return True
+
     def hold(self, mib: float) -> None:
         if self.ledger is not None and self.pid:
             fake_gpu.hold(self.ledger, self.pid, mib)
@@ -106,6 +123,18 @@ class Memory:
         need = self.awake_mib() - self.a.fake_asleep_mib
         free = total - fake_gpu.used(self.ledger)
         return need - free if need > free else None
+
+
+class UnixServer(socketserver.ThreadingMixIn, socketserver.UnixStreamServer):
+    """--uds PATH: HTTP on a Unix socket, as vLLM 0.26/0.32 serve it (the file is left behind
+    at exit, as vLLM leaves it: a start on an existing path fails EADDRINUSE)."""
+
+    daemon_threads = True
+    request_queue_size = 2048
+    api: Any
+
+    def handle_error(self, request: Any, client_address: Any) -> None:
+        """Clients that hang up are normal here; stay quiet."""
 
 
 class Sleep:

@@ -110,18 +110,6 @@ class _Server(ThreadingHTTPServer):
         """Clients that hang up on a slow reply are normal here; stay quiet."""
 
 
-class _UnixServer(socketserver.ThreadingMixIn, socketserver.UnixStreamServer):
-    """--uds PATH: HTTP on a Unix socket, as vLLM 0.26/0.32 serve it (the file is left behind
-    at exit, as vLLM leaves it: a start on an existing path fails EADDRINUSE)."""
-
-    daemon_threads = True
-    request_queue_size = 2048
-    api: Api
-
-    def handle_error(self, request: Any, client_address: Any) -> None:
-        """Quiet, as _Server."""
-
-
 class _Handler(BaseHTTPRequestHandler):
     server: _Server
 
@@ -302,8 +290,8 @@ def api_main(a: argparse.Namespace, flags: list[str]) -> int:
     signal.signal(signal.SIGTERM, signal.SIG_IGN if a.ignore_sigterm else _raise_stop)
     signal.signal(signal.SIGINT, _raise_stop)
     try:
-        server: _Server | _UnixServer = _Server((a.host, a.port), _Handler, False) \
-            if not a.uds else _UnixServer(a.uds, _Handler, False)
+        server: _Server | fake_sleep.UnixServer = _Server((a.host, a.port), _Handler,
+            False) if not a.uds else fake_sleep.UnixServer(a.uds, _Handler, False)
         try:
             server.server_bind()  # like vLLM: take the port before the engine starts
         except OSError as exc:
@@ -314,13 +302,7 @@ def api_main(a: argparse.Namespace, flags: list[str]) -> int:
         memory.pid = engine.pid
         server.api = api = Api(sock, a)
         api.sleep = fake_sleep.Sleep(a, api, memory)
-        problem = memory.start_problem()  # vLLM's request_memory(), in the engine's init
-        if problem is not None:
-            engine.kill()
-            write_traceback(problem, "vllm/v1/worker/utils.py")
-            write_traceback("RuntimeError: Engine core initialization failed. See root cause "
-                            "above. Failed core proc(s): {'EngineCore_DP0': 1}",
-                            "vllm/entrypoints/openai/api_server.py")
+        if memory.refuse_start(engine):  # vLLM's request_memory(), in the engine's init
             return 1
         rfile = sock.makefile("rb")
         if not rfile.readline():

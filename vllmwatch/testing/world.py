@@ -290,7 +290,7 @@ class WorldEffects:
         """No version."""
         return None
 
-    def tend_standby(self, state: State, child_pid: int | None) -> None:
+    def tend_standby(self, state: State, child_pid: int | None, config: Config) -> None:
         """No standby in the fake world."""
 
     def publish(self, snapshot: Snapshot) -> None:
