@@ -23,11 +23,13 @@ def watch_config(run: Run, name: str, model: Path, served: str, port: int, statu
                  warmup_request: bool = True, memory: dict[str, Any] | None = None,
                  probe_interval: str = "1s", probe_threshold: int = 3,
                  shipped_probe: bool = False, restart: dict[str, Any] | None = None,
-                 shipped_drain: bool = False, prewarm: dict[str, Any] | None = None) -> Path:
+                 shipped_drain: bool = False, prewarm: dict[str, Any] | None = None,
+                 tables: dict[str, dict[str, Any]] | None = None) -> Path:
     """A vllmwatch config for this run, written to WORK/NAME.toml; shipped_probe leaves
     [probe] out (vllmwatch's shipped defaults); `restart`, when given, replaces the bench's
     [restart] (the shipped defaults plus those keys); shipped_drain keeps [drain] out even
-    in the dry run; `prewarm` adds [prewarm] keys (e.g. the start-up cache switches)."""
+    in the dry run; `prewarm` adds [prewarm] keys (e.g. the start-up cache switches);
+    `tables` adds whole tables (e.g. [gate] and [spare])."""
     conf: dict[str, dict[str, Any]] = {
         "vllm": {"command": [*run.vllm, "serve"], "model": str(model),
                  "served_model_name": served, "port": port, "gpus": list(gpus)},
@@ -47,6 +49,7 @@ def watch_config(run: Run, name: str, model: Path, served: str, port: int, statu
         "status": {"listen": f"127.0.0.1:{status_port}"},
         "log": {"format": "json"},
     }
+    conf.update(tables or {})
     if run.dry and not shipped_drain:  # the dry run's planned restarts: no balancer to leave
         conf["drain"] = {"deregister_delay": 0}
     if shipped_probe:

@@ -164,7 +164,7 @@ def test_a_key_file_read_that_hangs_is_a_transient_problem_within_its_deadline(
     key.write_text("sk-1")
     release = threading.Event()
 
-    def hung(path: str, limit: int = safefile.MAX_FILE) -> bytes:
+    def hung(path: str, limit: int = safefile.MAX_FILE, nofollow: bool = False) -> bytes:
         release.wait(None if hang_s == float("inf") else hang_s)
         return b"late"
 

@@ -24,6 +24,7 @@ from bench.gpu.phases import (
     probes,
     recipe,
     shapes,
+    spare,
     standby,
     standby2,
 )
@@ -73,5 +74,7 @@ PHASES: tuple[Phase, ...] = (
     # Issue 33, second run (docs/GPU.md section 12): the cold reference and both caches'
     # writing start in the install call, then `drive cacheson cachesoff` in one call.
     Phase("cachesprep", caches.cachesprep, 260, auto=False),
+    # Issue 34 (docs/GPU.md section 14): the sleeping spare behind the gate, faults under load.
+    Phase("spare", spare.spare, 560, auto=False),
 )
 BY_NAME = {p.name: p for p in PHASES}
