@@ -9,7 +9,7 @@ from collections.abc import Callable, Mapping
 from dataclasses import replace
 
 from vllmwatch import __version__
-from vllmwatch.config.reloadcheck import load_for_reload
+from vllmwatch.config.command import load_for_reload
 from vllmwatch.config.schema import Config
 from vllmwatch.core import exitcodes
 from vllmwatch.core.events import ReadyzPolled

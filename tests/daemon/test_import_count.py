@@ -26,10 +26,12 @@ from vllmwatch.testing.daemon import PYTHON, run_argv
 
 AT_608444D = {"gate off": 101, "gate on": 107}
 # Imported by `vllmwatch run` now and not at 608444d (status/bounded_http.py moving to the top,
-# issue 32.6, changed no count).
+# issue 32.6, changed no count). Folded back at issue 32's landing, where they belonged:
+# config/reloadcheck.py into config/command.py (load_for_reload: the key-file check of a
+# reload, next to read_api_key), gate/fence.py into gate/exchange.py (the fenced exchange is
+# the fence's one user besides the proxy that makes both).
 ADDED_SINCE_608444D = {
     "vllmwatch.config.redact": "issue 37.1-2: the one redactor for all that leaves",
-    "vllmwatch.config.reloadcheck": "issue 36.9: the reload check, shared with `check`",
     "vllmwatch.config.serveline": "issue 36.1-8: command.py's bare `vllm serve` check uses it",
     "vllmwatch.incident.cause": "issue 36.15-19: an incident record's cause lines and the "
                                 "unit's OOM-kill counts (record.py would pass 300 lines)",
@@ -43,7 +45,6 @@ ADDED_SINCE_608444D = {
     "vllmwatch.shell.sparefx": "issue 34: the plan's facts from this machine; the spare's "
                                "tree and the core's failover load only when it is on",
     "vllmwatch.gate.replay": "issue 35: which requests the gate may send again",
-    "vllmwatch.gate.fence": "issue 37.9: no send to a generation after its stop order",
     "vllmwatch.gate.exchange": "issues 35, 37.9: one fenced exchange with vLLM",
 }
 IMPORTED = re.compile(r"import time:\s+\d+ \|\s+\d+ \|\s*(vllmwatch(?:\.\S+)?)\s*$")

@@ -2,7 +2,7 @@
 
 A reload must fail visibly: the check exits with the config exit code (so `systemctl reload`
 fails and `systemctl status` shows it) for exactly the configs the daemon's reload refuses
-(config/reloadcheck.py, shared by both), and says the running config is kept.
+(config/command.load_for_reload, shared by both), and says the running config is kept.
 """
 
 from __future__ import annotations
@@ -16,7 +16,7 @@ import pytest
 from tests.shell.test_check import write_config
 from vllmwatch import cli
 from vllmwatch.check import runner
-from vllmwatch.config.reloadcheck import load_for_reload
+from vllmwatch.config.command import load_for_reload
 from vllmwatch.config.schema import ConfigError
 from vllmwatch.core import exitcodes
 

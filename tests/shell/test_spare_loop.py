@@ -258,3 +258,19 @@ def test_no_room_beside_the_dying_tree_wakes_the_spare_after_the_release(
     assert "free beside the old tree" in log.named("failover.deferred")[0]["detail"]
     wait_until(lambda: log.named("spare.rearmed"), WAIT, "the spare re-armed")
     _stop_and_nothing_left(world)
+
+
+def test_the_spare_dying_while_it_serves_routes_back_and_is_rebuilt(
+        world: dict[str, Any]) -> None:
+    log: LogCapture = world["log"]
+    spare: sparerun.SpareFx = world["spare"]
+    _ready(world)
+    world["loop"].post(RestartRequested())
+    wait_until(lambda: log.named("failover.served"), WAIT, "failover.served")
+    assert spare.tree.pid is not None
+    os.killpg(spare.tree.pid, signal.SIGKILL)
+    wait_until(lambda: log.named("spare.died_serving"), WAIT, "spare.died_serving")
+    wait_until(lambda: len(log.named("spare.ready")) == 2, WAIT, "the spare rebuilt")
+    _ready(world)
+    assert [f["to"] for f in log.named("gate.route")] == ["spare", "full"]
+    _stop_and_nothing_left(world)

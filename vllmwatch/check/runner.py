@@ -36,7 +36,7 @@ from vllmwatch.check.base import (
     Context,
     exc_text,
 )
-from vllmwatch.config.reloadcheck import load_for_reload
+from vllmwatch.config.command import load_for_reload
 from vllmwatch.config.schema import ConfigError, load
 from vllmwatch.core import exitcodes
 

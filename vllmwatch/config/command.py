@@ -18,7 +18,7 @@ from vllmwatch.config.redact import REDACT
 from vllmwatch.config.redact import REDACTED as REDACTED
 from vllmwatch.config.redact import is_secret_name as is_secret_name
 from vllmwatch.config.redact import redact_argv as redact_argv
-from vllmwatch.config.schema import Config, ConfigError
+from vllmwatch.config.schema import Config, ConfigError, load
 
 # Variables that belong to our own unit and must never reach the child: a child that could
 # notify systemd or ping our watchdog would let a dead vllmwatch look alive.
@@ -249,3 +249,24 @@ def model_words(command: list[str] | tuple[str, ...], model: str) -> list[str]:
     if words and words[-1] == "serve" and serveline.program_end(words) == len(words):
         return [model]
     return ["--model", model]
+
+
+def load_for_reload(path: str) -> Config:
+    """The config at path, loaded and validated the way a SIGHUP applies it; ConfigError when
+    a reload would refuse it (issue 36.9).
+
+    Shared by the daemon's reload (on its worker thread) and `vllmwatch check --config-only`,
+    which the units run as the first `ExecReload=` before the signal: a config the daemon
+    would refuse then fails `systemctl reload` itself, instead of a reload that "succeeds"
+    while the daemon keeps the old config and only logs why. The API key file is read too: a
+    key file that can never work (a directory, a FIFO) is refused now, not at the next
+    launch; one that is briefly missing or empty (a key rotation replaces the file) is not,
+    as the daemon retries it.
+    """
+    config = load(path)
+    try:
+        read_api_key(config)
+    except KeyFileError as exc:
+        if not exc.transient:
+            raise
+    return config

@@ -23,7 +23,7 @@ from aiohttp import web
 from vllmwatch.config.redact import REDACT
 from vllmwatch.gate import exchange, replay
 from vllmwatch.gate.door import Door, Readiness
-from vllmwatch.gate.fence import Fence
+from vllmwatch.gate.exchange import Fence
 from vllmwatch.gate.guard import MAX_BODY, Guard
 from vllmwatch.gate.replay import upstream_target
 

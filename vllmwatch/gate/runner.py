@@ -132,7 +132,7 @@ class Gate:
     def stop_order(self, gen: int | None, cut: bool = False) -> None:
         """The daemon is about to signal engine generation `gen` (its pid): from now on
         nothing is sent to it, and this returns once what was under way is in its socket
-        (bounded: gate/fence.py). cut: the engine is stuck, so its exchanges are ended at
+        (bounded: gate/exchange.py, Fence). cut: the engine is stuck, so its exchanges are ended at
         once (those not begun are replayed). Called on the loop's thread."""
         loop = self._loop
         if gen is None or loop is None or not self.running:
