@@ -12,7 +12,8 @@ The issue asks for 60 s of load around each fault: VLLMWATCH_REPLAY_LOAD_S=60 (t
 docs/BENCHMARKS.md section 12 were taken so). The suite's default is shorter (LOAD_S): each
 fault also waits for vLLM to start again, ~45-70 s on this 2-core box shared with others, and
 at 60 s of load per fault this module took 8 min 45 s under the heavy lock (both tests,
-2026-12-02), for the same assertions (answers before and after each fault either way).
+2026-12-02; 5 min 18 s at the default 20 s), for the same assertions (answers before and
+after each fault either way).
 """
 
 from __future__ import annotations

@@ -83,7 +83,7 @@ class _Follower:
         pass
 
 
-def _live_loop(read: object) -> tuple[Loop, dict[str, _Follower]]:
+def _live_loop(read: object) -> tuple[Loop, dict[str, _Follower], Live]:
     """A loop whose on_reloaded is the daemon's: Live.apply, with every piece a recorder."""
     holder: list[Loop] = []
     parts = {name: _Follower(holder) for name in ("log", "status", "gate", "effects")}
@@ -110,14 +110,14 @@ def _live_loop(read: object) -> tuple[Loop, dict[str, _Follower]]:
                 on_reloaded=live.apply)
     holder.append(loop)
     loop.start()
-    return loop, parts
+    return loop, parts, live
 
 
 def test_each_piece_gets_the_new_values_only_after_the_core_took_them() -> None:
     new = config_with(BASE, log={"level": "debug"}, status={"listen": "127.0.0.1:0"},
                       gate={"hold_timeout": 7.0, "retry_after": 3.0},
                       vllm={"args": {"max-num-seqs": 8}})
-    loop, parts = _live_loop(new)
+    loop, parts, _ = _live_loop(new)
     _sighup(loop)
     assert loop.state.config is new
     for name, part in parts.items():
@@ -131,8 +131,16 @@ def test_each_piece_gets_the_new_values_only_after_the_core_took_them() -> None:
 
 
 def test_a_rejected_reload_reaches_no_piece() -> None:
-    loop, parts = _live_loop(ValueError("bad toml"))
+    loop, parts, _ = _live_loop(ValueError("bad toml"))
     _sighup(loop)
     assert loop.state.config is BASE
     assert {name: part.calls for name, part in parts.items()} == {
         name: [] for name in parts}
+
+
+def test_the_platform_setting_is_restart_only_and_said_so() -> None:
+    """memory.unified decides the platform once, at start (shell/platform.py): a SIGHUP that
+    changes it is reported, not silently half-applied."""
+    loop, _, live = _live_loop(config_with(BASE, memory={"unified": "true"}))
+    _sighup(loop)
+    assert "memory.unified" in live.restart_required
