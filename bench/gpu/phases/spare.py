@@ -209,48 +209,51 @@ def _spare_status(status_port: int) -> dict[str, Any]:
 
 
 @contextmanager
-def _prober(gate_port: int) -> Iterator[list[tuple[float, int | None, str]]]:
-    """One 4-token completion through the gate every 50 ms: (monotonic end, status, error)."""
-    out: list[tuple[float, int | None, str]] = []
+def _background(step: Callable[[], None], every: float, join: float) -> Iterator[None]:
+    """step() on a thread of its own every `every` s while inside; joined on the way out."""
     stop = threading.Event()
 
     def loop() -> None:
         while not stop.is_set():
-            code, body = http("POST", f"http://127.0.0.1:{gate_port}/v1/completions",
-                              {"model": "q8b", "prompt": "Hi", "max_tokens": 4}, 30)
-            out.append((time.monotonic(), code, "" if code == 200 else body[:120]))
-            stop.wait(0.05)
+            step()
+            stop.wait(every)
 
     th = threading.Thread(target=loop, daemon=True)
     th.start()
     try:
-        yield out
+        yield
     finally:
         stop.set()
-        th.join(35)
+        th.join(join)
+
+
+@contextmanager
+def _prober(gate_port: int) -> Iterator[list[tuple[float, int | None, str]]]:
+    """One 4-token completion through the gate every 50 ms: (monotonic end, status, error)."""
+    out: list[tuple[float, int | None, str]] = []
+
+    def ask() -> None:
+        code, body = http("POST", f"http://127.0.0.1:{gate_port}/v1/completions",
+                          {"model": "q8b", "prompt": "Hi", "max_tokens": 4}, 30)
+        out.append((time.monotonic(), code, "" if code == 200 else body[:120]))
+
+    with _background(ask, 0.05, 35):
+        yield out
 
 
 @contextmanager
 def _serving_trace(status_port: int) -> Iterator[list[tuple[float, Any, Any]]]:
     """/status `serving` and the spare's state at 10 Hz: each change, relative to entry."""
     out: list[tuple[float, Any, Any]] = []
-    stop = threading.Event()
     t0 = time.monotonic()
+    last: list[tuple[Any, Any]] = [(None, None)]
 
-    def loop() -> None:
-        last: tuple[Any, Any] = (None, None)
-        while not stop.is_set():
-            st = _spare_status(status_port)
-            now = (st.get("serving"), st.get("spare_state"))
-            if now != last:
-                out.append((round(time.monotonic() - t0, 2), *now))
-                last = now
-            stop.wait(0.1)
+    def look() -> None:
+        st = _spare_status(status_port)
+        now = (st.get("serving"), st.get("spare_state"))
+        if now != last[0]:
+            out.append((round(time.monotonic() - t0, 2), *now))
+            last[0] = now
 
-    th = threading.Thread(target=loop, daemon=True)
-    th.start()
-    try:
+    with _background(look, 0.1, 5):
         yield out
-    finally:
-        stop.set()
-        th.join(5)
