@@ -19,7 +19,10 @@ from vllmwatch.testing import FakeNotifier
 # belongs in shell/childrun.py's ChildHandle (`_run`), not here.
 DAEMON_FIELDS = {"log", "notifier", "_environ", "reaper", "launcher", "marker", "platform",
                  "sampler", "_sampler_gpus", "_fixed_sampler", "_publish", "_versions", "_run",
-                 "standby", "_config",  # the standby launcher's view, and the latest config
+                 "standby",  # the standby launcher's view
+                 "spare",  # the spare engine's runner (issue 34; None when it is off)
+                 "_adapters",  # the LoRA adapters' watcher (issue 38)
+                 "gate_figures",  # the gate's per-engine figures for incident records (35)
                  "incidents",  # incident records: the last child's evidence, kept on purpose
                  "_caches_said",  # the start-up cache decision last logged (issue 33)
                  "stop_order"}  # the gate's fence, told before any signal (daemon lifetime)

@@ -60,7 +60,7 @@ def test_tp2_standby_is_outside_the_trees_figure_on_both_gpus(two_gpus: dict[str
     config = _config(tmp_path, tp=2)
     fx = two_gpus["make"](config)
     first = _spawn(fx, config)
-    standby = _standby_waiting(fx, first.pid)
+    standby = _standby_waiting(fx, first.pid, config)
     workers = _tree(first.pid, 3)
     nvml: FakeNvml = two_gpus["nvml"]
     nvml.gpus[0].procs = {workers[-2]: 1500.0}
@@ -79,7 +79,7 @@ def test_a_restart_of_one_daemon_leaves_the_other_gpus_standby_alone(
     conf = [_on_gpu(base, g, tmp_path / f"gpu{g}.toml") for g in (0, 1)]
     fx = [two_gpus["make"](c) for c in conf]
     kids = [_spawn(f, c) for f, c in zip(fx, conf, strict=True)]
-    standbys = [_standby_waiting(f, k.pid) for f, k in zip(fx, kids, strict=True)]
+    standbys = [_standby_waiting(f, k.pid, c) for f, k, c in zip(fx, kids, conf, strict=True)]
     b_standby = psutil.Process(standbys[1])
     b_born, b_child = b_standby.create_time(), psutil.Process(kids[1].pid).create_time()
     nvml: FakeNvml = two_gpus["nvml"]
@@ -135,7 +135,7 @@ def test_the_operators_method_reaches_a_tp2_child_and_its_standby_launch(
     fx = two_gpus["make"](config)
     first = _spawn(fx, config)
     assert psutil.Process(first.pid).environ()[FORK_VARIABLE] == method
-    standby = _standby_waiting(fx, first.pid)
+    standby = _standby_waiting(fx, first.pid, config)
     _stop_tree(fx, config, first.pid)
     second = _spawn(fx, config)
     assert second.launch == "standby" and second.pid == standby  # built for that env

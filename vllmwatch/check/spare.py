@@ -12,8 +12,11 @@ from collections.abc import Callable
 from typing import Any
 
 from vllmwatch.check.base import FAIL, PASS, WARN, CheckResult, Context, vllm_flags
+from vllmwatch.check.gpu import load_nvml
+from vllmwatch.check.host import serving_now
 from vllmwatch.check.maxlen import _find_model_config, model_max_len
 from vllmwatch.check.model import read_json
+from vllmwatch.check.unified import platform_of
 from vllmwatch.config import spare, vllmflags, vllminfo
 from vllmwatch.prewarm import pagecache
 from vllmwatch.prewarm.runner import model_dir
@@ -49,8 +52,6 @@ def _facts(ctx: Context, flags: dict[str, object], meminfo: Callable[[], Any],
     c = ctx.config
     if not c.spare.considered(c.gate.enabled) or not c.vllm.uses_gpu:
         return spare.SpareFacts(platform="discrete" if c.vllm.uses_gpu else "cpu")
-    from vllmwatch.check.host import serving_now
-    from vllmwatch.check.unified import platform_of
 
     unified = platform_of(ctx)[0].unified
     total, used = _gpu(ctx)
@@ -68,8 +69,6 @@ def _facts(ctx: Context, flags: dict[str, object], meminfo: Callable[[], Any],
 
 def _gpu(ctx: Context) -> tuple[float | None, float | None]:
     """(total, used) MiB of the deployment's first GPU by NVML; None when not readable."""
-    from vllmwatch.check.gpu import load_nvml
-
     try:
         nvml = (ctx.nvml or load_nvml)()
     except Exception:
