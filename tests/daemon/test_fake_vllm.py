@@ -16,7 +16,7 @@ import pytest
 
 from tests.support.fakevllm import completion, fake, http
 from vllmwatch.testing.fake_vllm import parse_args
-from vllmwatch.testing.waiting import TIMEOUT_SCALE
+from vllmwatch.testing.waiting import TIMEOUT_SCALE, sigstop
 from vllmwatch.testing.waiting import wait_for as wait_scaled
 
 T = TypeVar("T")
@@ -125,7 +125,7 @@ def test_hang_keeps_health_200_while_completions_time_out(tmp_path: Path) -> Non
 def test_sigstopped_engine_hangs_completions(tmp_path: Path) -> None:
     with fake(tmp_path) as f:
         engine = engine_pid(f.proc.pid)
-        os.kill(engine, signal.SIGSTOP)
+        sigstop(engine)
         assert completion(f.port, timeout=0.5)[0] == 0
         assert f.health() == 200
         os.kill(engine, signal.SIGCONT)

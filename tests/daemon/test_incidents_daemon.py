@@ -20,7 +20,17 @@ from typing import Any
 import psutil
 import pytest
 
-from tests.support import PYTHON, REPO, Daemon, base_config, free_port, merge, ts_of, wait_for
+from tests.support import (
+    PYTHON,
+    REPO,
+    Daemon,
+    base_config,
+    free_port,
+    merge,
+    sigstop,
+    ts_of,
+    wait_for,
+)
 from vllmwatch.incident import store
 
 Factory = Callable[..., Daemon]
@@ -255,7 +265,7 @@ def test_an_engine_sigkill_and_a_sigstop_hang_name_their_cause_in_five_lines(
     assert "cgroup" in rec["oom"] and rec["cause"], rec["oom"]
     engine = _engine(d, d.events.index(event))
     since = d.mark()
-    engine.suspend()  # SIGSTOP; the engines' SIGKILL at the restart ends it
+    sigstop(engine.pid)  # SIGSTOP; the engines' SIGKILL at the restart ends it
     event = d.wait_event("incident.recorded", 60.0, since, reason="hang")
     head = "\n".join(_first_lines(d, event))
     assert "reason: hang: canary timed out" in head, head

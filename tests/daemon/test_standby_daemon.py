@@ -20,7 +20,7 @@ from typing import Any
 import psutil
 import pytest
 
-from tests.support import PYTHON, REPO, Daemon, free_port, merge, wait_for
+from tests.support import PYTHON, REPO, Daemon, free_port, merge, sigstop, wait_for
 from vllmwatch.shell.child import MARKER
 
 SCRIPT = """\
@@ -139,7 +139,7 @@ def test_a_stopped_standby_is_discarded_and_the_launch_is_fresh(daemons: list[Da
     cfg["startup"] = {"stall_timeout": "300s", "timeout": "600s"}
     d = start(daemons, tmp_path, cfg)
     pid = int(ready_with_standby(d)["pid"])
-    os.kill(pid, signal.SIGSTOP)
+    sigstop(pid)
     try:
         mark = d.mark()
         started = sigusr1(d)

@@ -19,7 +19,7 @@ from pathlib import Path
 import psutil
 import pytest
 
-from tests.support import wait_until
+from tests.support import sigstop, wait_until
 from vllmwatch.config.command import ChildCommand
 from vllmwatch.shell import standby as sb
 from vllmwatch.shell.child import MARKER
@@ -109,7 +109,7 @@ def test_it_proves_it_is_alive_on_its_pipe_and_a_stopped_one_cannot(
     (tmp / "go").touch()
     wait_until(lambda: _waiting(standby), 30, "the standby to report waiting")
     assert standby.answers(sb.PROOF_WAIT)
-    os.kill(standby.pid, signal.SIGSTOP)
+    sigstop(standby.pid)
     try:
         assert not standby.answers(0.3)
     finally:

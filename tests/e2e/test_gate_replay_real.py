@@ -31,7 +31,7 @@ import pytest
 
 from tests.e2e.conftest import real_vllm_config
 from tests.e2e.e2e_harness import SERVED_NAME, after, find_in_tree, record_times, status
-from tests.support import TIMEOUT_SCALE, Daemon, free_port, wait_for
+from tests.support import TIMEOUT_SCALE, Daemon, free_port, sigstop, wait_for
 
 openai = pytest.importorskip("openai", reason="the OpenAI client is in the dev extra")
 
@@ -130,7 +130,7 @@ def fault(d: Daemon, load: Load, how: str, since: int = 0) -> int:
     if how == "kill":
         engines[0].kill()
     else:
-        engines[0].suspend()  # the teardown SIGCONTs and kills whatever is left
+        sigstop(engines[0].pid)  # the teardown SIGCONTs and kills whatever is left
     begin = d.wait_event("restart.begin", 60, mark)
     back = after(d, begin)
     d.wait_ready(STARTUP, back)

@@ -25,7 +25,7 @@ import pytest
 
 from tests.e2e.conftest import real_vllm_config
 from tests.e2e.e2e_harness import SERVED_NAME, after, find_in_tree, record_times
-from tests.support import TIMEOUT_SCALE, Daemon, wait_for
+from tests.support import TIMEOUT_SCALE, Daemon, sigstop, wait_for
 
 pytestmark = pytest.mark.e2e
 
@@ -109,7 +109,7 @@ def test_enginecore_sigstop_is_a_hang_restart_at_the_shipped_defaults(
     assert len(engines) == 1, "no single VLLM::EngineCore in the tree"
     wait_for(lambda: d.http_get("/readyz")[0] == 200, 10.0, "/readyz 200")
     mark, fault_at = d.mark(), time.time()
-    engines[0].suspend()  # SIGSTOP; the teardown SIGCONTs and kills whatever is left
+    sigstop(engines[0].pid)  # SIGSTOP; the teardown SIGCONTs and kills whatever is left
     begin = d.wait_event("restart.begin", DETECT, mark)
     assert begin["reason"] == "hang", begin
     assert not d.named("probe.failed", mark, probe="health")  # /health kept saying 200

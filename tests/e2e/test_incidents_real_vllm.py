@@ -19,7 +19,7 @@ from typing import Any
 import pytest
 
 from tests.e2e.e2e_harness import find_in_tree, record_times, status
-from tests.support import PYTHON, REPO, TIMEOUT_SCALE, Daemon, wait_for
+from tests.support import PYTHON, REPO, TIMEOUT_SCALE, Daemon, sigstop, wait_for
 
 pytestmark = pytest.mark.e2e
 
@@ -43,7 +43,7 @@ def test_a_sigstopped_engine_core_hang_records_its_stack(start_daemon: Any) -> N
     pid = d.wait_ready(STARTUP)["pid"]
     engine = find_in_tree(pid, "VLLM::EngineCore")[0]
     mark = d.mark()
-    engine.suspend()  # SIGSTOP; the fixture's teardown kills what is left
+    sigstop(engine.pid)  # SIGSTOP; the fixture's teardown kills what is left
     event = d.wait_event("incident.recorded", DETECT, mark, reason="hang")
     stopping = d.wait_event("child.stopping", 30.0, mark)
     assert stopping["ts"] >= event["ts"], "the record is written before SIGTERM"
@@ -126,7 +126,7 @@ def test_a_sigstop_hang_report_names_the_stopped_engine_core(start_daemon: Any) 
     pid = d.wait_ready(STARTUP)["pid"]
     engine = find_in_tree(pid, "VLLM::EngineCore")[0]
     mark = d.mark()
-    engine.suspend()
+    sigstop(engine.pid)
     event = d.wait_event("incident.recorded", DETECT, mark, reason="hang")
     head = "\n".join(_first_lines(d, event))
     assert "reason: hang: " in head, head

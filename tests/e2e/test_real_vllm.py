@@ -35,7 +35,7 @@ from tests.e2e.e2e_harness import (
     status,
     tree,
 )
-from tests.support import TIMEOUT_SCALE, Daemon, port_free, wait_for
+from tests.support import TIMEOUT_SCALE, Daemon, port_free, sigstop, wait_for
 
 pytestmark = pytest.mark.e2e
 
@@ -167,7 +167,7 @@ def test_engine_sigstop_is_hang(start_daemon: StartDaemon) -> None:
     target = (find_in_tree(pid, "VLLM::Worker") or find_in_tree(pid, "VLLM::EngineCore"))[0]
     title = cmdline(target).strip()
     mark, fault_at = d.mark(), time.time()
-    target.suspend()  # SIGSTOP; the fixture's teardown SIGCONTs and kills what is left
+    sigstop(target.pid)  # SIGSTOP; the fixture's teardown SIGCONTs and kills what is left
     got = _recover(d, "engine_sigstop", fault_at, mark, {"hang"}, stopped=title)
     assert d.named("probe.canary_timeout", mark)
     assert _gone(target), f"the stopped {title} (pid {target.pid}) survived the restart"

@@ -17,7 +17,7 @@ from pathlib import Path
 import psutil
 import pytest
 
-from tests.support import wait_until
+from tests.support import sigstop, wait_until
 from vllmwatch.incident import dumpers, record, store
 
 # "started" is printed only once both threads stand at `b.acquire()` (the deadlock is
@@ -115,8 +115,7 @@ def test_a_stopped_process_is_read_by_py_spy_only(
         tmp_path: Path, procs: list[subprocess.Popen[str]]) -> None:
     p = _start(tmp_path, hook=True)
     procs.append(p)
-    os.kill(p.pid, signal.SIGSTOP)
-    wait_until(lambda: dumpers.process_state(p.pid) == "T", 5.0, "stopped")
+    sigstop(p.pid)
     fh = dumpers.faulthandler_dumps([p.pid], str(tmp_path / "stacks"), time.monotonic() + 1)
     assert not fh[p.pid].ok and "stopped" in fh[p.pid].error
     exe = dumpers.find_pyspy()

@@ -18,11 +18,11 @@ from vllmwatch.testing.leftovers import wait_for_gone, wait_for_value
 from vllmwatch.testing.notify import NotifyListener
 from vllmwatch.testing.ports import free_port, port_free
 from vllmwatch.testing.tomlfile import merge, to_toml, write_toml
-from vllmwatch.testing.waiting import TIMEOUT_SCALE, holds_within, wait_for, wait_until
+from vllmwatch.testing.waiting import TIMEOUT_SCALE, holds_within, sigstop, wait_for, wait_until
 
 __all__ = [
     "FAKE", "PYTHON", "REPO", "TIMEOUT_SCALE", "Daemon", "Event", "Fake", "NotifyListener",
     "base_config", "completion", "fake", "free_port", "holds_within", "http", "kill_tree",
-    "merge", "owned", "port_free", "to_toml", "ts_of", "wait_for", "wait_for_gone",
+    "merge", "owned", "port_free", "sigstop", "to_toml", "ts_of", "wait_for", "wait_for_gone",
     "wait_for_value", "wait_until", "write_toml",
 ]

@@ -6,6 +6,7 @@ Tests never sleep to synchronise; they name what they wait for, and a timeout sa
 from __future__ import annotations
 
 import os
+import signal
 import time
 from collections.abc import Callable
 from typing import Any, TypeVar
@@ -46,3 +47,31 @@ def wait_for(pred: Callable[[], Any], timeout: float, what: str = "condition",
     """Poll pred() until it returns something truthy; fail with `what` after
     timeout * TIMEOUT_SCALE seconds."""
     return wait_until(pred, timeout * TIMEOUT_SCALE, what, poll)
+
+
+def _threads_stopped(pid: int) -> bool:
+    """Every thread of pid is in group stop (state T); a gone process counts as stopped."""
+    try:
+        tids = os.listdir(f"/proc/{pid}/task")
+    except FileNotFoundError:
+        return True
+    for tid in tids:
+        try:
+            with open(f"/proc/{pid}/task/{tid}/stat", encoding="ascii", errors="replace") as f:
+                state = f.read().rsplit(")", 1)[1].split()[0]
+        except (FileNotFoundError, IndexError):
+            continue  # the thread ended meanwhile
+        if state not in ("T", "t"):
+            return False
+    return True
+
+
+def sigstop(pid: int, timeout: float = 10.0) -> None:
+    """SIGSTOP pid and return once every one of its threads has stopped.
+
+    kill() only queues the signal: a thread running on another CPU, or woken from a read,
+    can still answer a ping or serve a request for a moment after kill() returns (CI saw a
+    standby answer a ping written after its SIGSTOP). A test that asserts on "stopped" waits
+    for the stop itself."""
+    os.kill(pid, signal.SIGSTOP)
+    wait_for(lambda: _threads_stopped(pid), timeout, f"pid {pid} to stop (SIGSTOP)")
