@@ -4,7 +4,9 @@ spare is built and asleep before the serving engine; when the serving tree dies 
 SIGKILL, API server SIGKILL) or hangs (EngineCore SIGSTOP), clients of the gate keep their
 answers from the woken spare, the spare is re-armed (asleep again) once the full engine is
 READY, and a stop leaves no process of either tree, no port and no socket. A spare that dies
-is noticed and rebuilt.
+is noticed and rebuilt. With an API key throughout: the spare's canary sends it, the clients
+send it through the gate, and the spare's output (logged, tagged engine="spare") never
+shows it.
 
 What a failover may cost a client, by design: nothing, except a streamed answer that had
 begun at an API server that was SIGKILLed (its bytes went to the client: the gate cannot
@@ -42,8 +44,12 @@ from tests.support import (
 from vllmwatch.testing import fake_gpu
 from vllmwatch.testing.daemon import run_argv
 
-SCRIPT = "#!{python}\nimport sys\nfrom vllmwatch.testing.fake_vllm import main\n" \
+# The fake vLLM, saying first which API key it got (as vLLM's "non-default args" line does):
+# a spare's line that must reach the log tagged and redacted.
+SCRIPT = "#!{python}\nimport os, sys\nfrom vllmwatch.testing.fake_vllm import main\n" \
+         "print('api key:', os.environ.get('VLLM_API_KEY'), flush=True)\n" \
          "if __name__ == '__main__':\n    sys.exit(main())\n"
+KEY = "sk-SpareKey0123456789"
 WEIGHTS_MIB = 2048  # the model's (sparse) weights: the spare's pinned host backup, planned
 WAIT = 30.0
 
@@ -82,6 +88,9 @@ class Spared:
             "restart": {"standby": "false"},
             "drain": {"deregister_delay": "0s"},
         })
+        (tmp / "key").write_text(KEY + "\n")
+        (tmp / "key").chmod(0o600)
+        cfg["vllm"]["api_key_file"] = str(tmp / "key")
         argv = run_argv(tmp / "vllmwatch.toml", (PYTHON, "-m", "vllmwatch.testing.gpu_run",
                                                  self.ledger))
         self.d = Daemon(tmp, cfg, argv=argv, own_session=True)
@@ -94,7 +103,10 @@ class Spared:
     def start(self) -> None:
         self.d.start()
         self.d.wait_ready(WAIT)
-        wait_for(lambda: self.spare().get("state") == "asleep", WAIT, "the spare asleep")
+        try:
+            wait_for(lambda: self.spare().get("state") == "asleep", WAIT, "the spare asleep")
+        except AssertionError as exc:
+            raise AssertionError(f"{exc}\n{self.d.dump()}") from None
 
     def status(self) -> dict[str, Any]:
         return json.loads(self.d.http_get("/status")[1])  # type: ignore[no-any-return]
@@ -127,7 +139,8 @@ class Spared:
             conn = http.client.HTTPConnection("127.0.0.1", self.gate_port, timeout=60)
             try:
                 conn.request("POST", "/v1/completions", body,
-                             {"Content-Type": "application/json"})
+                             {"Content-Type": "application/json",
+                              "Authorization": f"Bearer {KEY}"})
                 resp = conn.getresponse()
                 data = resp.read()
                 if resp.status == 200 and (b"[DONE]" in data if stream else b'"choices"' in
@@ -158,6 +171,11 @@ class Spared:
         self._stop.set()
         sock = next((e.get("uds") for e in self.d.named("spare.plan")), None)
         self.d.close()  # asserts no process of either tree is left (either marker)
+        # The spare's output reaches the log as the serving child's does: tagged, redacted.
+        lines = [e for e in self.d.named("child.line") if e.get("engine") == "spare"]
+        assert any(e["text"] == "api key: <redacted>" for e in lines), lines[:5]
+        leaked = [e for e in self.d.events if KEY in json.dumps(e)]
+        assert not leaked and not [r for r in self.d.raw if KEY in r], leaked
         assert port_free(self.gate_port), "the gate's port is still taken"
         if sock:
             assert not os.path.exists(sock), "the spare's socket is left"

@@ -5,8 +5,10 @@ serving engine starts (with its setting lowered), a crash of the serving tree wa
 spare, which is proven awake and answers, then sleeps again at the full engine's READY; a
 stop leaves nothing of either tree and no socket.
 
-The daemon tier cannot give the daemon a fake NVML (no GPU here: the plan says off), so this
-is the tier that runs the whole failover; the gate's half is tests/shell/test_gate_spare_route.
+The daemon tier runs the failover in a real `vllmwatch run` too (testing/gpu_run.py,
+tests/daemon/test_spare_daemon.py); this tier drives the rarer paths (a wake that fails or
+hangs, no room, SIGHUP and deaths at each step); the gate's half is
+tests/shell/test_gate_spare_route.
 """
 
 from __future__ import annotations

@@ -100,8 +100,12 @@ class ChildLog:
     def __init__(self, stream: IO[bytes], pid: int, post: Callable[[ChildOutput], None],
                  log: LogFn, forward: bool = True, capacity: int = 10000,
                  rate: float = RATE, burst: float = BURST,
-                 clock: Callable[[], float] = time.monotonic, tail_lines: int = 300) -> None:
+                 clock: Callable[[], float] = time.monotonic, tail_lines: int = 300,
+                 engine: str | None = None) -> None:
         self._stream, self._pid, self._post, self._log = stream, pid, post, log
+        # Which engine printed it, on each forwarded line: "spare" for the sleeping spare
+        # (shell/sparetree.py); nothing for the serving child, whose lines stay as they were.
+        self._tag: dict[str, str] = {"engine": engine} if engine else {}
         self._forward = forward
         self._queue: queue.Queue[tuple[str, str] | None] = queue.Queue(maxsize=capacity)
         self.last_lines: collections.deque[str] = collections.deque(maxlen=30)
@@ -195,7 +199,7 @@ class ChildLog:
             if item is None:
                 break
             level, line = item
-            self._log(level, "child.line", pid=self._pid, text=line)
+            self._log(level, "child.line", pid=self._pid, **self._tag, text=line)
             self._report(force=False)
         self._report(force=True)
 
@@ -207,7 +211,8 @@ class ChildLog:
             return
         slow, rate, cut = (a - b for a, b in zip(counts, self._reported, strict=True))
         self._reported, self._next_report = counts, now + DROP_REPORT_EVERY
-        self._log("warning", "child.lines_dropped", pid=self._pid, count=slow + rate,
-                  over_rate=rate, log_too_slow=slow, cut_long=cut, rate_per_s=self._bucket.rate,
+        self._log("warning", "child.lines_dropped", pid=self._pid, **self._tag,
+                  count=slow + rate, over_rate=rate, log_too_slow=slow, cut_long=cut,
+                  rate_per_s=self._bucket.rate,
                   detail="vLLM printed more than is forwarded; it was not slowed down, and "
                          "its last lines are still kept for the exit diagnosis")

@@ -99,13 +99,16 @@ def _vllm_line(level: str, fields: Mapping[str, Any]) -> list[tuple[str, str]]:
     """A forwarded vLLM line: vLLM's text as MESSAGE (not repeated in another field), under
     vLLM's own identifier. The pid of the process vllmwatch launched is VLLM_MAIN_PID (never
     a VLLMWATCH_PID beside journald's _PID, which is vllmwatch's); the process that wrote the
-    line, where vLLM's prefix names it, is VLLM_PROCESS and VLLM_PID."""
+    line, where vLLM's prefix names it, is VLLM_PROCESS and VLLM_PID; VLLM_ENGINE=spare marks
+    the sleeping spare engine's lines."""
     text = text_of(fields.get("text", ""))
     out = [("MESSAGE", text), ("PRIORITY", str(PRIORITY.get(level, 6))),
            ("SYSLOG_IDENTIFIER", VLLM_IDENTIFIER), ("VLLMWATCH_EVENT", "child.line"),
            ("VLLMWATCH_SOURCE", "vllm")]
     if fields.get("pid") is not None:
         out.append(("VLLM_MAIN_PID", text_of(fields["pid"])))
+    if fields.get("engine"):  # "spare": the sleeping spare engine's line, not the serving one's
+        out.append(("VLLM_ENGINE", text_of(fields["engine"])))
     match = _VLLM_PREFIX.match(text)
     if match:
         out += [("VLLM_PROCESS", match["proc"]), ("VLLM_PID", match["pid"])]

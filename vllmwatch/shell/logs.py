@@ -61,8 +61,9 @@ def _kv(fields: Mapping[str, Any]) -> str:
 
 def message_text(name: str, fields: Mapping[str, Any]) -> str:
     """The human text of an event: `name key=value ...`; vLLM's own lines marked `vllm|`."""
-    if name == "child.line":
-        return f"vllm| {fields.get('text', '')}"
+    if name == "child.line":  # the spare engine's lines: `vllm spare|` (shell/sparetree.py)
+        engine = f" {fields['engine']}" if fields.get("engine") else ""
+        return f"vllm{engine}| {fields.get('text', '')}"
     return f"{name} {_kv(fields)}".rstrip()
 
 

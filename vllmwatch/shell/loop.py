@@ -225,6 +225,9 @@ class Loop:
         pidfd = self.fx.child_fd()
         if pidfd is not None:
             fds.append(pidfd)
+        spare_fd = self._spare.fd() if self._spare is not None else None
+        if spare_fd is not None:  # a dead spare is seen at once, with or without SIGCHLD
+            fds.append(spare_fd)
         self._wait_fn(fds, min(timeout, MAX_SLEEP))
 
     def _collect(self) -> list[Event]:

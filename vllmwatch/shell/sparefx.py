@@ -12,7 +12,7 @@ import os
 from collections.abc import Mapping
 from typing import TYPE_CHECKING, Any
 
-from vllmwatch.config import command, private
+from vllmwatch.config import command, private, redact
 from vllmwatch.config.schema import Config
 from vllmwatch.config.spare import SpareFacts, kv_bytes_per_token, plan_spare
 from vllmwatch.config.spare import with_flags as _with_flags
@@ -95,11 +95,16 @@ def make(config: Config, environ: Mapping[str, str], sampler: MemorySampler, uni
     from vllmwatch.shell.sparerun import SpareFx  # plan on only
     from vllmwatch.shell.sparetree import SpareCommand, SpareTree
 
-    cmd = command.build(config, environ, api_key=command.read_api_key(config))
+    api_key = command.read_api_key(config)
+    cmd = command.build(config, environ, api_key=api_key)
+    # The spare starts before the first serving child: every writer hides its secrets from
+    # now on (its lines are logged; vLLM prints its non-default args, --api-key among them).
+    redact.learn(redact.secrets_of(cmd.env, api_key))
     argv = _with_flags(cmd.argv, dict(plan.spare_flags))
     env = {**cmd.env, **plan.spare_env}
-    tree = SpareTree(SpareCommand(argv, env, path, config.vllm.model_name), instance, log,
-                     lambda pids: _gpu_of(sampler, pids), lambda: _free(sampler, config))
+    tree = SpareTree(SpareCommand(argv, env, path, config.vllm.model_name, api_key), instance, log,
+                     lambda pids: _gpu_of(sampler, pids), lambda: _free(sampler, config),
+                     forward=config.log.child_lines)
     return SpareFx(config, plan, tree, log)
 
 

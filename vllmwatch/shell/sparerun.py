@@ -77,6 +77,10 @@ class SpareFx:
     def poll(self) -> SpareExited | None:
         return self.tree.poll()
 
+    def fd(self) -> int | None:
+        """Readable once the spare's tree exited (the loop waits on it)."""
+        return self.tree.fd()
+
     def device_used(self, sampler: MemorySampler) -> dict[int, float]:
         """Device memory without the spare's tree: a release gate and its baseline compare
         the serving trees only, whether the spare sleeps or serves (TP x PP = 1: one GPU)."""

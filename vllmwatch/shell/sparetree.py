@@ -34,11 +34,13 @@ from vllmwatch.core.failover import (
 )
 from vllmwatch.logfn import LogFn
 from vllmwatch.shell import child as childmod
+from vllmwatch.shell.childlog import ChildLog
 from vllmwatch.shell.groupfile import MARKER
 
 TITLE_PREFIX = "VLLMWATCH::spare"
 POLL = 0.05
 STOP_GRACE = 5.0
+OUTPUT_TAIL = 30  # the spare's last lines kept, for a failed build's detail
 
 
 class _Uds(http.client.HTTPConnection):
@@ -56,13 +58,16 @@ class _Uds(http.client.HTTPConnection):
 
 
 def call(path: str, method: str, url: str, body: Mapping[str, object] | None = None,
-         timeout: float = 5.0) -> tuple[int, bytes]:
-    """One request to the spare; (status, body). OSError/HTTPException on no answer."""
+         timeout: float = 5.0, api_key: str | None = None) -> tuple[int, bytes]:
+    """One request to the spare; (status, body). OSError/HTTPException on no answer.
+    `api_key`: vLLM's key guards /v1 (the canary), not the dev paths."""
     conn = _Uds(path, timeout)
     try:
         data = json.dumps(body).encode() if body is not None else None
-        conn.request(method, url, body=data, headers={"Content-Type": "application/json"}
-                     if data else {})
+        headers = {"Content-Type": "application/json"} if data else {}
+        if api_key:
+            headers["Authorization"] = f"Bearer {api_key}"
+        conn.request(method, url, body=data, headers=headers)
         resp = conn.getresponse()
         return resp.status, resp.read(1 << 20)
     finally:
@@ -82,6 +87,7 @@ class SpareCommand:
     env: Mapping[str, str]
     socket_path: str
     model: str  # the served model name, for its canary
+    api_key: str | None = None  # vllm.api_key_file's key: the canary's /v1 wants it
 
 
 class SpareTree:
@@ -89,11 +95,16 @@ class SpareTree:
 
     def __init__(self, cmd: SpareCommand, instance: str, log: LogFn,
                  gpu_of: Callable[[set[int]], float | None],
-                 free_mib: Callable[[], float | None]) -> None:
+                 free_mib: Callable[[], float | None], forward: bool = True) -> None:
         self.cmd, self.log = cmd, log
+        self._forward = forward  # [log] child_lines: its lines forwarded as the child's are
+        self._output: ChildLog | None = None
         self.marker = marker_of(instance)
         self._gpu_of, self._free = gpu_of, free_mib
         self.proc: subprocess.Popen[bytes] | None = None
+        # Readable once the spare's API server exited: the loop waits on it beside the
+        # serving child's, so a dead spare is seen at once (not at the loop's next turn).
+        self._pidfd: int | None = None
         self.awake_mib: float | None = None
         self.asleep_mib: float | None = None
 
@@ -112,6 +123,16 @@ class SpareTree:
             kids = []
         return {k.pid for k in kids} | {proc.pid}
 
+    def fd(self) -> int | None:
+        """The spare's pidfd (None: no spare, or no pidfd on this kernel)."""
+        return self._pidfd
+
+    def _close_fd(self) -> None:
+        fd, self._pidfd = self._pidfd, None
+        if fd is not None:
+            with contextlib.suppress(OSError):
+                os.close(fd)
+
     def memory_mib(self) -> float | None:
         """The spare tree's GPU memory now (NVML's per-process figures)."""
         return self._gpu_of(self.pids()) if self.proc is not None else None
@@ -125,8 +146,18 @@ class SpareTree:
         env = {**self.cmd.env, MARKER: self.marker, "VLLM_SERVER_DEV_MODE": "1",
                "VLLM_PROCESS_NAME_PREFIX": TITLE_PREFIX}
         self.proc = subprocess.Popen(
-            list(self.cmd.argv), env=env, stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL,
-            stderr=subprocess.DEVNULL, start_new_session=True, close_fds=True)
+            list(self.cmd.argv), env=env, stdin=subprocess.DEVNULL, stdout=subprocess.PIPE,
+            stderr=subprocess.STDOUT, start_new_session=True, close_fds=True)
+        # Its output as the serving child's: child.line events tagged engine="spare", through
+        # the one redactor (the log's); its start milestones are not the serving child's, so
+        # nothing of it is posted to the loop.
+        assert self.proc.stdout is not None
+        self._output = ChildLog(self.proc.stdout, self.proc.pid, lambda _: None, self.log,
+                                forward=self._forward, tail_lines=OUTPUT_TAIL, engine="spare")
+        self._output.start()
+        self._close_fd()
+        with contextlib.suppress(OSError, AttributeError):  # Linux >= 5.3, Python >= 3.9
+            self._pidfd = os.pidfd_open(self.proc.pid)
 
     def poll(self) -> SpareExited | None:
         """The spare's API server exited unasked (reaped here)."""
@@ -136,6 +167,7 @@ class SpareTree:
         if code is None:
             return None
         pid, self.proc = self.proc.pid, None
+        self._close_fd()
         what = f"exit code {code}" if code >= 0 else f"signal {signal.Signals(-code).name}"
         return SpareExited(pid, what)
 
@@ -143,6 +175,7 @@ class SpareTree:
         """SIGTERM the group, SIGKILL after STOP_GRACE, then sweep anything with its marker
         (an engine that left the group): nothing of the spare stays."""
         proc, self.proc = self.proc, None
+        self._close_fd()
         if proc is not None:
             childmod.signal_group(proc.pid, "SIGTERM")
             try:
@@ -181,12 +214,20 @@ class SpareTree:
         status, body = self._get("/is_sleeping")
         return bool(json.loads(body).get("is_sleeping")) if status == 200 else None
 
+    def _said(self, why: str) -> str:
+        """`why` with the spare's last output line (its error, when it failed to start)."""
+        out = self._output
+        if out is not None:
+            out.join(0.3)  # an exit's last lines may still be in the pipe
+        last = out.last_lines[-1] if out is not None and out.last_lines else ""
+        return f"{why}; its last line: {last}" if last else why
+
     def canary(self, timeout: float) -> str:
         """One greedy token; "" when it answered."""
         try:
             status, body = call(self.cmd.socket_path, "POST", "/v1/completions", {
                 "model": self.cmd.model, "prompt": "Hello", "max_tokens": 1,
-                "temperature": 0}, timeout=timeout)
+                "temperature": 0}, timeout=timeout, api_key=self.cmd.api_key)
         except (OSError, http.client.HTTPException) as exc:
             return f"canary: {type(exc).__name__}: {exc}"
         return "" if status == 200 else f"canary: HTTP {status} {body[:200]!r}"
@@ -195,8 +236,8 @@ class SpareTree:
         """READY (/health 200), its canary, its awake figure, /sleep?level=1, asleep."""
         deadline = time.monotonic() + timeout
         if not self._until(deadline, lambda: self._get("/health")[0] == 200):
-            return SpareBuilt(False, "not READY within the build's time" if self.proc
-                              else "exited during its start")
+            return SpareBuilt(False, self._said("not READY within the build's time"
+                                                if self.proc else "exited during its start"))
         err = self.canary(max(1.0, deadline - time.monotonic()))
         if err:
             return SpareBuilt(False, err)
