@@ -55,4 +55,9 @@ fi
 echo "[test] ruff"; .venv/bin/ruff check vllmwatch tests bench scripts
 echo "[test] mypy --strict (vllmwatch, bench, tests/support: pyproject's [tool.mypy] files)"; .venv/bin/mypy
 echo "[test] pytest"
-exec .venv/bin/python -m pytest -ra "$@"
+if [[ $# -gt 0 ]]; then
+    exec .venv/bin/python -m pytest -ra "$@"
+fi
+# The whole suite: the real-vLLM tests (marker e2e) beside the rest, two pytests at once
+# (scripts/lanes.py says why); each lane's summary and a line per lane at the end.
+exec .venv/bin/python scripts/lanes.py .venv/bin/python

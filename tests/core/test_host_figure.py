@@ -13,10 +13,10 @@ from hypothesis import strategies as st
 
 from vllmwatch.config.schema import from_dict
 from vllmwatch.core import machine, restart
+from vllmwatch.core.actions import Log
 from vllmwatch.core.events import (
     CanaryResult,
     HealthResult,
-    Log,
     MemorySampled,
     Spawned,
     SweepDone,

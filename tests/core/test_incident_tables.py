@@ -6,11 +6,11 @@ from typing import Any
 
 import pytest
 
+from vllmwatch.config.redact import Redactor, secrets_of
 from vllmwatch.config.schema import from_dict
 from vllmwatch.core import incidents, machine
 from vllmwatch.core.names import Reason
 from vllmwatch.incident import dumpers, metrics, record, report
-from vllmwatch.incident.redact import Redactor, secrets_of
 
 R = Redactor(["s3cr3t-value-1234"])
 

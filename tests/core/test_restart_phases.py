@@ -11,21 +11,15 @@ import pytest
 
 from tests.core.test_core_properties import STOP_BOUND, CoreMachine, _ready, run_to_exit
 from vllmwatch.core import ladder, machine, restart
+from vllmwatch.core.actions import Action, Log, Notify, RecordIncident, SignalGroup, Spawn, Sweep
 from vllmwatch.core.events import (
-    Action,
     ChildExited,
     Event,
     IncidentRecorded,
-    Log,
-    Notify,
     PrewarmDone,
-    RecordIncident,
     ReleaseChecked,
     RestartRequested,
-    SignalGroup,
-    Spawn,
     StopRequested,
-    Sweep,
     Tick,
 )
 from vllmwatch.core.restart import BOUND, COARSE, TABLE, Phase, PhaseError
@@ -230,7 +224,7 @@ def test_phase_event_table(phase: Phase, event: Callable[[WatchState, float],
 def test_a_stuck_engines_requests_are_cut_at_the_verdict(reason: str, cut: bool) -> None:
     """Issue 35: a hang or stall verdict tells the gate at once (StopSending), before the
     incident record and before any signal; other restarts leave their requests be."""
-    from vllmwatch.core.events import KillEngines, StopSending
+    from vllmwatch.core.actions import KillEngines, StopSending
     from vllmwatch.core.ladder import begin_restart
     from vllmwatch.core.names import Reason
 

@@ -8,15 +8,8 @@ import pytest
 
 from tests.core.test_truthful_signals import Core
 from vllmwatch.core import probing
-from vllmwatch.core.events import (
-    ChildOutput,
-    MetricsResult,
-    Probe,
-    ReadyzPolled,
-    RestartRequested,
-    SignalGroup,
-    Tick,
-)
+from vllmwatch.core.actions import Probe, SignalGroup
+from vllmwatch.core.events import ChildOutput, MetricsResult, ReadyzPolled, RestartRequested, Tick
 from vllmwatch.core.names import ProbeKind
 from vllmwatch.core.state import S
 

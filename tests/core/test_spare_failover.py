@@ -17,17 +17,8 @@ from hypothesis.stateful import invariant, precondition, rule
 
 from tests.core.test_core_properties import STOP_BOUND, CoreMachine, check_one_way_out, run_to_exit
 from vllmwatch.core import failover, ladder, machine
-from vllmwatch.core.events import (
-    Action,
-    ChildExited,
-    Event,
-    Log,
-    RecordIncident,
-    ReloadRequested,
-    SignalGroup,
-    Spawn,
-    StopRequested,
-)
+from vllmwatch.core.actions import Action, Log, RecordIncident, SignalGroup, Spawn
+from vllmwatch.core.events import ChildExited, Event, ReloadRequested, StopRequested
 from vllmwatch.core.failover import (
     BOUND,
     TABLE,

@@ -10,18 +10,15 @@ import pytest
 
 from vllmwatch.config.schema import Config, from_dict
 from vllmwatch.core import exitcodes, machine, policy
+from vllmwatch.core.actions import Action, Log, Notify, Spawn
 from vllmwatch.core.events import (
-    Action,
     CanaryResult,
     ChildExited,
     Event,
     HealthResult,
-    Log,
     MemorySampled,
     MetricsResult,
-    Notify,
     ReloadRequested,
-    Spawn,
     Spawned,
     SweepDone,
     Tick,

@@ -14,6 +14,7 @@ import json
 import os
 import platform
 import signal
+import subprocess
 import time
 import urllib.error
 import urllib.request
@@ -23,7 +24,7 @@ from typing import Any
 
 import psutil
 
-from tests.support import REPO, Daemon
+from tests.support import PYTHON, REPO, Daemon
 
 TIMES_FILE = REPO / ".cache" / "e2e-times.json"
 LEAK_DIR = Path(__file__).resolve().parent / "leak"
@@ -137,3 +138,24 @@ def group_leftovers(d: Daemon) -> list[psutil.Process]:
             if proc.status() != psutil.STATUS_ZOMBIE and os.getpgid(proc.pid) in groups:
                 left.append(proc)
     return left
+
+
+def incident_record(d: Daemon, event: Mapping[str, Any]) -> dict[str, Any]:
+    """The record.json of an incident.recorded event, from the daemon's own state folder."""
+    path = Path(event["incident_path"])
+    assert path.parent == d.workdir / "state" / "incidents", path
+    return dict(json.loads((path / "record.json").read_text()))
+
+
+def stack_dumps(rec: Mapping[str, Any], role: str) -> list[dict[str, Any]]:
+    """Every stack dump (py-spy, faulthandler) an incident record holds for one role."""
+    return [dump for proc in rec["stacks"]["processes"] if proc["role"] == role
+            for dump in proc["dumps"]]
+
+
+def shown_head(d: Daemon, event: Mapping[str, Any], n: int = 5) -> list[str]:
+    """`vllmwatch incidents show ID` read cold: its first n lines."""
+    shown = subprocess.run([PYTHON, "-m", "vllmwatch", "incidents", "show", event["incident"],
+                            "--dir", str(d.workdir / "state" / "incidents")],
+                           capture_output=True, text=True, check=True, cwd=REPO).stdout
+    return shown.splitlines()[:n]

@@ -1,7 +1,8 @@
 """Issue 24 end to end: the real CPU vLLM under vllmwatch at the shipped [probe] defaults.
 
 - A SIGSTOPped EngineCore is a `hang` restart (detect time recorded, not asserted: the
-  figures are in docs/BENCHMARKS.md, from bench/hang_detect.py).
+  figures are in docs/BENCHMARKS.md, from bench/hang_detect.py), and its incident record
+  holds the stopped EngineCore's stack and says it is stopped (issues 25, 36).
 - 120 s of client load while two other processes keep both CPUs busy is no restart.
 The test owns the CPU hogs (their own process group) and kills them, whatever happens.
 """
@@ -24,7 +25,16 @@ from typing import Any
 import pytest
 
 from tests.e2e.conftest import real_vllm_config
-from tests.e2e.e2e_harness import SERVED_NAME, after, find_in_tree, record_times
+from tests.e2e.e2e_harness import (
+    SERVED_NAME,
+    after,
+    find_in_tree,
+    incident_record,
+    record_times,
+    shown_head,
+    stack_dumps,
+    status,
+)
 from tests.support import TIMEOUT_SCALE, Daemon, sigstop, wait_for
 
 pytestmark = pytest.mark.e2e
@@ -103,11 +113,18 @@ class Clients:
 
 def test_enginecore_sigstop_is_a_hang_restart_at_the_shipped_defaults(
         start_daemon: StartDaemon, tmp_path: Path, vllm_venv: Path, tiny_model: Path) -> None:
+    """The hang verdict at the shipped [probe] defaults, and its incident record (issues 25,
+    36): written before SIGTERM, it holds the EngineCore's stack (py-spy reads a stopped
+    process; faulthandler cannot, and the record says so) with frames of vLLM's engine core,
+    the API server's stacks, vLLM's output and the last /metrics scrape; read cold, its first
+    five lines say the engine core is stopped, and its timeline has the canary timeouts."""
     d = start_daemon(config=shipped_probe(tmp_path, vllm_venv, tiny_model))
     pid = d.wait_ready(STARTUP)["pid"]
     engines = find_in_tree(pid, "VLLM::EngineCore")
     assert len(engines) == 1, "no single VLLM::EngineCore in the tree"
     wait_for(lambda: d.http_get("/readyz")[0] == 200, 10.0, "/readyz 200")
+    # a /metrics scrape has succeeded (its gauges are in /status): the record keeps it
+    wait_for(lambda: status(d).get("vllm_running") is not None, 30.0, "a /metrics scrape")
     mark, fault_at = d.mark(), time.time()
     sigstop(engines[0].pid)  # SIGSTOP; the teardown SIGCONTs and kills whatever is left
     begin = d.wait_event("restart.begin", DETECT, mark)
@@ -115,6 +132,10 @@ def test_enginecore_sigstop_is_a_hang_restart_at_the_shipped_defaults(
     assert not d.named("probe.failed", mark, probe="health")  # /health kept saying 200
     timeouts = d.named("probe.canary_timeout", mark)
     assert timeouts and timeouts[0]["timeout_s"] <= 30.0
+    event = d.wait_event("incident.recorded", DETECT, mark, reason="hang")
+    stopping = d.wait_event("child.stopping", 30.0, mark)
+    assert stopping["ts"] >= event["ts"], "the record is written before SIGTERM"
+    _check_hang_record(d, event, engines[0].pid)
     ready = d.wait_ready(STARTUP, after(d, begin))
     assert ready["pid"] != pid
     record_times("hang_sigstop_shipped_defaults", {
@@ -124,6 +145,30 @@ def test_enginecore_sigstop_is_a_hang_restart_at_the_shipped_defaults(
                                            "cpu_pressure")}
                     for e in d.named("probe.canary_retry", mark)],
         "recover_s": round(ready["ts"] - begin["ts"], 2)})
+    record_times("incident_engine_sigstop", {
+        "record_s": event["seconds"], "restart_to_record_s": round(event["ts"] - begin["ts"], 3),
+        "restart_to_sigterm_s": round(stopping["ts"] - begin["ts"], 3),
+        "stacks": event["stacks"]})
+
+
+def _check_hang_record(d: Daemon, event: dict[str, Any], engine: int) -> None:
+    rec = incident_record(d, event)
+    dumps = {x["method"]: x for x in stack_dumps(rec, "engine_core")}
+    spy, fh = dumps["py-spy"], dumps["faulthandler"]
+    assert spy["ok"], spy
+    files = [f[1] for t in spy["threads"] for f in t["frames"]]
+    assert any("vllm/v1/engine/core" in f for f in files), files
+    assert not fh["ok"] and "stopped" in fh["error"], fh  # a stopped process cannot answer
+    api = {x["method"]: x for x in stack_dumps(rec, "api_server")}
+    assert api["faulthandler"]["ok"] and api["py-spy"]["ok"], api
+    assert rec["output"] and rec["metrics"]["last"]
+    head = "\n".join(shown_head(d, event))
+    assert "reason: hang: " in head, head
+    assert f"engine_core pid {engine} is stopped (state T: SIGSTOP" in head, head
+    assert any("canary timed out after" in what for _, what in rec["timeline"]), rec["timeline"]
+    spy_api = [x for x in stack_dumps(rec, "api_server") if x["method"] == "py-spy"]
+    assert all(x["ok"] or not x["error"].lstrip().startswith(tuple("0123456789"))
+               for x in spy_api), spy_api  # py-spy's own error line, never its backtrace
 
 
 def test_client_load_on_busy_cpus_is_no_restart(

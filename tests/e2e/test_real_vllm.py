@@ -2,9 +2,11 @@
 
 Each test starts its own vllmwatch (a real vLLM start costs ~30 s on two cores), injects one
 fault into the real process tree and waits for the restart with the expected reason and for
-READY again. The fixture's teardown stops vllmwatch with SIGTERM and fails the test when a
-process of the trees it started survives or the port stays held. Detection and recovery
-times come from vllmwatch's JSON log timestamps and land in .cache/e2e-times.json.
+READY again; the fault's incident record is checked on the way (one start serves both; the
+EngineCore SIGSTOP's record is checked in test_hang_real_vllm.py). The fixture's teardown
+stops vllmwatch with SIGTERM and fails the test when a process of the trees it started
+survives or the port stays held. Detection and recovery times come from vllmwatch's JSON log
+timestamps and land in .cache/e2e-times.json.
 """
 
 from __future__ import annotations
@@ -30,8 +32,10 @@ from tests.e2e.e2e_harness import (
     find_in_tree,
     group_leftovers,
     http,
+    incident_record,
     kill_all,
     record_times,
+    shown_head,
     status,
     tree,
 )
@@ -127,13 +131,17 @@ def test_ready_serves_and_sigterm_leaves_nothing(start_daemon: StartDaemon) -> N
 
 
 def test_enginecore_sigkill_restarts(start_daemon: StartDaemon) -> None:
-    """kill -9 of VLLM::EngineCore -> restart (crash or health) -> READY again."""
+    """kill -9 of VLLM::EngineCore -> restart -> READY again. Its incident record (issue
+    36.15), read cold, has reason engine_died, the EngineCore and how it died (SIGKILL, read
+    from the dead process before vLLM's API server reaps it), and where to look for the OOM
+    killer, in its first five lines."""
     d = start_daemon()
     pid = _ready(d)["pid"]
     engines = find_in_tree(pid, "VLLM::EngineCore")
     assert len(engines) == 1, [cmdline(p) for p in tree(pid)]
     mark, fault_at = d.mark(), time.time()
     engines[0].kill()
+    _check_engine_died_record(d, mark, engines[0].pid)
     # /status names the rung while the restart is under way (issue 32): the relaunch of the
     # real vLLM takes tens of seconds, so its `launching` rung is seen for sure.
     seen: list[tuple[str, float]] = []
@@ -160,6 +168,22 @@ def test_enginecore_sigkill_restarts(start_daemon: StartDaemon) -> None:
     assert {"sweeping", "launching"} <= set(rungs), moves
 
 
+def _check_engine_died_record(d: Daemon, mark: int, engine: int) -> None:
+    event = d.wait_event("incident.recorded", DETECT, mark)
+    assert event["reason"] == "engine_died", event  # not `health`, not a doubled detail
+    head = "\n".join(shown_head(d, event))
+    # How it died is read from the zombie before vLLM's API server reaps it: best effort (the
+    # API server wins that race now and then on a loaded box), and the record says which.
+    died = f"reason: engine_died: engine process died: pid {engine} (VLLM::EngineCore) "
+    assert died + "killed by SIGKILL" in head \
+        or died + "exit status not seen (its parent reaped it first)" in head, head
+    assert "SIGKILL: " in head and "journalctl -k" in head, head
+    rec = incident_record(d, event)
+    assert rec["oom"]["cgroup"], rec["oom"]
+    record_times("incident_engine_sigkill", {"record_s": event["seconds"],
+                                             "cause": rec["cause"]})
+
+
 def test_engine_sigstop_is_hang(start_daemon: StartDaemon) -> None:
     """SIGSTOP of the engine (Worker, else EngineCore): /health stays 200 -> reason hang."""
     d = start_daemon()
@@ -175,15 +199,28 @@ def test_engine_sigstop_is_hang(start_daemon: StartDaemon) -> None:
 
 
 def test_api_server_sigkill_reaps_orphans(start_daemon: StartDaemon) -> None:
-    """SIGKILL of the API server: EngineCore and Worker are orphans; they are killed."""
+    """SIGKILL of the API server: EngineCore and Worker are orphans; they are killed. The
+    crash's incident record says the API server was already gone and still holds vLLM's
+    last output and the last /metrics scrape (issue 25)."""
     d = start_daemon()
     pid = _ready(d)["pid"]
+    # a /metrics scrape has succeeded (its gauges are in /status): the record keeps it
+    wait_for(lambda: status(d).get("vllm_running") is not None, 30.0, "a /metrics scrape")
     orphans = [p for p in tree(pid) if p.pid != pid]
     titles = {p.pid: cmdline(p)[:40] for p in orphans}
     engine = [p.pid for p in orphans if "VLLM::EngineCore" in titles[p.pid]]
     assert engine, titles
     mark, fault_at = d.mark(), time.time()
     os.kill(pid, signal.SIGKILL)
+    event = d.wait_event("incident.recorded", DETECT, mark, reason="crash")
+    rec = incident_record(d, event)
+    assert rec["tree"]["api_server_alive"] is False
+    assert "already exited" in rec["tree"]["note"] or "already gone" in rec["tree"]["note"]
+    assert rec["output"], "vLLM's last output lines"
+    assert any("vllm:" in k for k in rec["metrics"]["last"]), rec["metrics"]
+    assert rec["core"]["pid"] is None  # the core saw the API server exit
+    record_times("incident_apiserver_sigkill", {"record_s": event["seconds"],
+                                                "tree": rec["tree"]["note"]})
     got = _recover(d, "apiserver_sigkill", fault_at, mark, {"crash"})
     survivors = [f"{p.pid} {titles[p.pid]}" for p in orphans if not _gone(p)]
     assert not survivors, f"orphans of the killed API server still run: {survivors}"

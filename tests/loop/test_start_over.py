@@ -7,7 +7,8 @@ import signal
 
 from vllmwatch.config.schema import from_dict
 from vllmwatch.core import machine
-from vllmwatch.core.events import CanaryResult, Probe, Tick
+from vllmwatch.core.actions import Probe
+from vllmwatch.core.events import CanaryResult, Tick
 from vllmwatch.core.state import S
 from vllmwatch.testing import Driver, World
 

@@ -12,7 +12,7 @@ import pytest
 from vllmwatch.check.base import FAIL, Context
 from vllmwatch.check.vllm import check_vllm
 from vllmwatch.config.schema import from_dict
-from vllmwatch.core.events import RecordIncident
+from vllmwatch.core.actions import RecordIncident
 from vllmwatch.core.names import Reason
 from vllmwatch.shell import childrun
 from vllmwatch.shell.childrun import ChildHandle

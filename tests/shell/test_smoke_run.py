@@ -15,7 +15,7 @@ import pytest
 
 from vllmwatch.config.redact import Redactor
 from vllmwatch.config.smoke import parse
-from vllmwatch.core.events import Smoke
+from vllmwatch.core.actions import Smoke
 from vllmwatch.shell import smoke
 from vllmwatch.testing.ports import free_port
 

@@ -17,7 +17,8 @@ import pytest
 from tests.support import PYTHON, REPO, free_port, wait_until
 from vllmwatch.config.launch import FORK_VARIABLE
 from vllmwatch.config.schema import Config, from_dict
-from vllmwatch.core.events import CheckRelease, Event, Spawned, Sweep
+from vllmwatch.core.actions import CheckRelease, Sweep
+from vllmwatch.core.events import Event, Spawned
 from vllmwatch.core.state import S
 from vllmwatch.core.unified import Platform
 from vllmwatch.shell.effects import RealEffects

@@ -22,7 +22,7 @@ pytest.importorskip("vllmwatch.shell.launcher", reason="needs the standby (issue
 from tests.shell import test_standby_gpus as one
 from tests.support import wait_until
 from vllmwatch.config.schema import Config, from_dict
-from vllmwatch.core.events import CheckRelease, SampleMemory, Sweep
+from vllmwatch.core.actions import CheckRelease, SampleMemory, Sweep
 from vllmwatch.shell.effects import RealEffects
 from vllmwatch.testing.fake_nvml import FakeNvml
 

@@ -14,7 +14,8 @@ from __future__ import annotations
 from dataclasses import dataclass, replace
 from enum import Enum
 
-from vllmwatch.core.events import Action, Log, SpareAction, SpareEvent
+from vllmwatch.core.actions import Action, Log, SpareAction
+from vllmwatch.core.events import SpareEvent
 from vllmwatch.core.names import Reason
 
 BUILD_TIMEOUT = 600.0  # READY on the empty H200 took 63.9 s and the first sleep 15.4 s

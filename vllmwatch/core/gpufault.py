@@ -13,7 +13,7 @@ from collections.abc import Iterable
 from dataclasses import replace
 
 from vllmwatch.core import ladder
-from vllmwatch.core.events import Action, Log
+from vllmwatch.core.actions import Action, Log
 from vllmwatch.core.names import Reason, exit_code
 from vllmwatch.core.samples import GpuFault
 from vllmwatch.core.state import Result, WatchState

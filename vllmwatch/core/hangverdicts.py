@@ -13,7 +13,7 @@ from __future__ import annotations
 from dataclasses import replace
 
 from vllmwatch.core import hangs, policy, probing, sleep
-from vllmwatch.core.events import Log
+from vllmwatch.core.actions import Log
 from vllmwatch.core.ladder import begin_restart
 from vllmwatch.core.names import ProbeKind as K
 from vllmwatch.core.names import Reason

@@ -13,7 +13,7 @@ from __future__ import annotations
 from dataclasses import asdict, replace
 from typing import Any
 
-from vllmwatch.core.events import Action, Log, RecordIncident
+from vllmwatch.core.actions import Action, Log, RecordIncident
 from vllmwatch.core.leak import SeriesState
 from vllmwatch.core.names import Reason
 from vllmwatch.core.restart import IncidentWait, Phase

@@ -10,17 +10,8 @@ from collections.abc import Mapping
 from dataclasses import replace
 
 from vllmwatch.core import exitcodes, incidents, policy
-from vllmwatch.core.events import (
-    Action,
-    CheckRelease,
-    DoPrewarm,
-    Event,
-    IncidentRecorded,
-    Log,
-    Notify,
-    Spawn,
-    StopSending,
-)
+from vllmwatch.core.actions import Action, CheckRelease, DoPrewarm, Log, Notify, Spawn, StopSending
+from vllmwatch.core.events import Event, IncidentRecorded
 from vllmwatch.core.names import FAILURE_REASONS, STUCK_REASONS, ProbeKind, Reason, exit_code
 from vllmwatch.core.restart import Phase, ReleaseGate, on, pending
 from vllmwatch.core.restart import begin as begin_rung

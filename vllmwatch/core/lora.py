@@ -18,7 +18,7 @@ from dataclasses import dataclass, replace
 
 from vllmwatch.config import adapters as adaptercfg
 from vllmwatch.config.sections import AdapterConfig, Config
-from vllmwatch.core.events import Action, Log
+from vllmwatch.core.actions import Action, Log
 from vllmwatch.core.state import WatchState
 
 

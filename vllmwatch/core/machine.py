@@ -17,31 +17,27 @@ from vllmwatch.core import (
     startmem,
     stopping,
 )
+from vllmwatch.core.actions import Action, Log, Notify, SignalGroup, UpdateAdapters
 from vllmwatch.core.events import (
-    Action,
     CanaryResult,
     ChildExited,
     ChildOutput,
     Event,
     HealthResult,
     IncidentRecorded,
-    Log,
     MemorySampled,
     MetricsResult,
-    Notify,
     PrewarmDone,
     ReadyzPolled,
     ReleaseChecked,
     ReloadRequested,
     RestartRequested,
-    SignalGroup,
     SmokeResult,
     Spawned,
     SpawnFailed,
     StopRequested,
     SweepDone,
     Tick,
-    UpdateAdapters,
 )
 from vllmwatch.core.names import PROBES, Reason
 from vllmwatch.core.names import ProbeKind as K

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 from dataclasses import replace
 
-from vllmwatch.core.events import Action, Log, Probe, SampleMemory
+from vllmwatch.core.actions import Action, Log, Probe, SampleMemory
 from vllmwatch.core.names import PROBES, ProbeKind
 from vllmwatch.core.samples import MemorySample
 from vllmwatch.core.state import Probes, Result, S, WatchState

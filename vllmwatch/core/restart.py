@@ -36,7 +36,7 @@ from dataclasses import dataclass, replace
 from enum import Enum
 from typing import Any, ClassVar, Protocol, TypeVar
 
-from vllmwatch.core.events import Action, Log
+from vllmwatch.core.actions import Action, Log
 from vllmwatch.core.names import Reason
 from vllmwatch.core.samples import GpuProcess
 

@@ -11,15 +11,13 @@ from vllmwatch.config.quiet import in_window
 from vllmwatch.core import drain as drains
 from vllmwatch.core import gpufault, hangs, leak, policy, probing, reuse, sleep, stalls
 from vllmwatch.core import hangverdicts as verdicts
+from vllmwatch.core.actions import Action, Log, Notify
 from vllmwatch.core.events import (
-    Action,
     CanaryResult,
     ChildOutput,
     HealthResult,
-    Log,
     MemorySampled,
     MetricsResult,
-    Notify,
 )
 from vllmwatch.core.ladder import begin_restart, spare_ready
 from vllmwatch.core.names import ProbeKind as K

@@ -16,7 +16,8 @@ from __future__ import annotations
 from dataclasses import replace
 from typing import TYPE_CHECKING, Any
 
-from vllmwatch.core.events import Action, Log, Smoke, SmokeResult
+from vllmwatch.core.actions import Action, Log, Smoke
+from vllmwatch.core.events import SmokeResult
 from vllmwatch.core.state import S, SmokeOutcome, SmokeRun, WatchState
 
 if TYPE_CHECKING:

@@ -10,7 +10,8 @@ from __future__ import annotations
 
 from dataclasses import replace
 
-from vllmwatch.core.events import Action, Event, Log
+from vllmwatch.core.actions import Action, Log
+from vllmwatch.core.events import Event
 from vllmwatch.core.failover import (
     BUILD_TIMEOUT,
     SLEEP_TIMEOUT,

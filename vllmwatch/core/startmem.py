@@ -9,7 +9,8 @@ from __future__ import annotations
 
 from dataclasses import replace
 
-from vllmwatch.core.events import Action, ChildExited, Log
+from vllmwatch.core.actions import Action, Log
+from vllmwatch.core.events import ChildExited
 from vllmwatch.core.names import Reason
 from vllmwatch.core.state import WatchState
 from vllmwatch.core.unified import diagnose, memory_verdict, reason_detail

@@ -7,8 +7,8 @@ from enum import Enum
 from typing import TYPE_CHECKING
 
 from vllmwatch.config.schema import Config, VllmConfig
+from vllmwatch.core.actions import Action, Log, StartOver
 from vllmwatch.core.drain import Drain
-from vllmwatch.core.events import Action, Log, StartOver
 from vllmwatch.core.leak import LeakState
 from vllmwatch.core.names import ProbeKind, Reason, exit_code
 from vllmwatch.core.policy import Progress

@@ -10,7 +10,7 @@ from dataclasses import replace
 
 from vllmwatch.core import drain as drains
 from vllmwatch.core import exitcodes, probing
-from vllmwatch.core.events import Action, Exit, KillEngines, Log, Notify, SignalGroup, Sweep
+from vllmwatch.core.actions import Action, Exit, KillEngines, Log, Notify, SignalGroup, Sweep
 from vllmwatch.core.names import STUCK_REASONS, ProbeKind, Reason
 from vllmwatch.core.restart import Phase, on, pending
 from vllmwatch.core.restart import goto as rung

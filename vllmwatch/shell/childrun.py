@@ -26,13 +26,13 @@ from typing import Protocol
 from vllmwatch.config import command, redact, vllminfo
 from vllmwatch.config.schema import Config, ConfigError
 from vllmwatch.core import canary as kinds
+from vllmwatch.core.actions import Probe
 from vllmwatch.core.events import (
     CanaryResult,
     ChildExited,
     Event,
     HealthResult,
     MetricsResult,
-    Probe,
     Spawned,
     SpawnFailed,
 )

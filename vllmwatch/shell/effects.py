@@ -11,25 +11,27 @@ from typing import TYPE_CHECKING, Any, Protocol
 
 from vllmwatch.config import command, startcaches
 from vllmwatch.config.schema import Config, ConfigError
-from vllmwatch.core.events import (
+from vllmwatch.core.actions import (
     CheckRelease,
+    Probe,
+    RecordIncident,
+    SampleMemory,
+    Smoke,
+    Sweep,
+    UpdateAdapters,
+    failure_result,
+)
+from vllmwatch.core.events import (
     ChildExited,
     Event,
     IncidentRecorded,
     MemorySampled,
     MetricsResult,
     PrewarmDone,
-    Probe,
-    RecordIncident,
     ReleaseChecked,
-    SampleMemory,
-    Smoke,
     Spawned,
     SpawnFailed,
-    Sweep,
     SweepDone,
-    UpdateAdapters,
-    failure_result,
 )
 from vllmwatch.core.state import State
 from vllmwatch.core.unified import Platform

@@ -21,11 +21,12 @@ from typing import Any
 
 from vllmwatch import __version__
 from vllmwatch.config.command import ChildCommand
+from vllmwatch.config.redact import secrets_of
 from vllmwatch.config.schema import Config
-from vllmwatch.core.events import IncidentRecorded, RecordIncident
+from vllmwatch.core.actions import RecordIncident
+from vllmwatch.core.events import IncidentRecorded
 from vllmwatch.incident import cause, dumpers, metrics, store
 from vllmwatch.incident.record import Inputs, capture
-from vllmwatch.incident.redact import secrets_of
 from vllmwatch.shell import groupfile
 from vllmwatch.shell.logs import LogFn
 from vllmwatch.shell.memory import MemorySampler

@@ -16,33 +16,29 @@ from typing import TYPE_CHECKING, Any
 
 from vllmwatch.config.schema import Config
 from vllmwatch.core import exitcodes, machine
-from vllmwatch.core.events import (
+from vllmwatch.core.actions import (
     Action,
     AsyncAction,
     CheckRelease,
     DoPrewarm,
-    Event,
     Exit,
     KillEngines,
     Log,
     Notify,
     Probe,
     RecordIncident,
-    ReloadRequested,
-    RestartRequested,
     SampleMemory,
     SignalGroup,
     Smoke,
     SpareAction,
     Spawn,
     StartOver,
-    StopRequested,
     StopSending,
     Sweep,
-    Tick,
     UpdateAdapters,
     failure_result,
 )
+from vllmwatch.core.events import Event, ReloadRequested, RestartRequested, StopRequested, Tick
 from vllmwatch.core.names import Reason, exit_code
 from vllmwatch.logfn import Repeats
 from vllmwatch.shell.clock import Clock

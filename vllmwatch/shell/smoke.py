@@ -12,7 +12,8 @@ from vllmwatch import bounded_http
 from vllmwatch.config.hosts import connect_host
 from vllmwatch.config.redact import REDACT, Redactor
 from vllmwatch.core import smokeanswers
-from vllmwatch.core.events import Smoke, SmokeResult
+from vllmwatch.core.actions import Smoke
+from vllmwatch.core.events import SmokeResult
 from vllmwatch.core.smoke import ANSWER_BYTES
 from vllmwatch.shell.probes import MAX_ANSWER
 

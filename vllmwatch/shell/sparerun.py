@@ -15,7 +15,8 @@ from vllmwatch.config.schema import Config
 from vllmwatch.config.spare import SparePlan
 from vllmwatch.config.spare import with_flags as _with_flags
 from vllmwatch.core import failover
-from vllmwatch.core.events import CheckRelease, Event, ReleaseChecked, SpareAction
+from vllmwatch.core.actions import CheckRelease, SpareAction
+from vllmwatch.core.events import Event, ReleaseChecked
 from vllmwatch.core.failover import (
     BuildSpare,
     Route,

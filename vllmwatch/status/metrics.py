@@ -13,7 +13,6 @@ from __future__ import annotations
 import os
 import socket
 from collections.abc import Callable, Iterable, Iterator, Mapping
-from typing import Any
 
 from prometheus_client.core import (
     CounterMetricFamily,
@@ -41,25 +40,6 @@ GUARDED_PROBES = tuple(str(k) for k in names.GUARDED_PROBES)
 RESTART_REASONS = tuple(str(r) for r in names.RESTART_REASONS)
 
 DRAIN_PHASES = ("deregistering", "draining", "stopping")
-GATE_COUNTERS = {
-    "forwarded": "Requests the gate sent to vLLM",
-    "held": "Requests that waited at the gate for vLLM to be ready",
-    "hold_timeouts": "Requests answered 503 after gate.hold_timeout",
-    "refused_closed": "Requests answered 503 because vllmwatch is stopping",
-    "failed_midrequest": "Requests that failed because vLLM went away after they were sent",
-    "connect_retries": "Connections vLLM refused; the request waited and was sent later",
-    "replayed": "Requests vLLM failed before answering, sent once more to the next engine",
-    "replay_answered": "Replayed requests the next engine answered",
-    "replay_gave_up": "Replayable requests answered 502/503: replay_max, hold_timeout, stop",
-    "not_replayed": "Failed requests not replayed: replay off, path or body size (502)",
-    "cut_midstream": "Answers that had begun when vLLM failed: ended with an error event",
-    "stop_orders": "vLLM engines the gate was told to stop sending to",
-    "forwarded_after_stop": "Requests sent to vLLM after it was told to stop (a defect: 0)",
-}
-
-# The gate's bounds (gate/guard.py); the reason label is the GateStats field.
-GATE_REFUSALS = ("shed_connections", "idle_timeouts", "header_timeouts", "body_timeouts",
-                 "too_large", "held_full", "upstream_timeouts", "path_refused")
 
 
 class SnapshotCollector(Collector):
@@ -88,8 +68,10 @@ class SnapshotCollector(Collector):
         yield from _drain(snap)
         yield from _gate(snap)
         yield from _spare(snap)
-        if snap.adapters is not None:
-            yield from _adapters(snap.adapters)
+        if snap.adapters is not None:  # the module only with [[adapters]] or [lora] live
+            from vllmwatch.status import adaptermetrics
+
+            yield from adaptermetrics.collect(snap.adapters)
         yield _smoke(snap)
         if self._rejected is not None:
             yield _labelled(CounterMetricFamily, "vllmwatch_status_rejected",
@@ -313,24 +295,12 @@ def _drain(snap: Snapshot) -> Iterator[Metric]:
 
 
 def _gate(snap: Snapshot) -> Iterator[Metric]:
-    g = snap.gate
-    if g is None:
+    """The [gate] front door's metrics: none when it is off."""
+    if snap.gate is None:
         return
-    yield GaugeMetricFamily("vllmwatch_gate_up", "1 while the [gate] front door serves",
-                            value=1.0 if g.get("running") else 0.0)
-    for key, doc in GATE_COUNTERS.items():
-        yield CounterMetricFamily(f"vllmwatch_gate_{key}", doc, value=float(g.get(key, 0)))
-    for key, doc in (("holding", "Requests waiting at the gate now"),
-                     ("in_flight", "Requests forwarded by the gate and not yet answered"),
-                     ("connections", "Client connections open at the gate now"),
-                     ("held_bytes", "Bytes of request bodies the gate holds now")):
-        yield GaugeMetricFamily(f"vllmwatch_gate_{key}", doc, value=float(g.get(key, 0)))
-    refused = CounterMetricFamily("vllmwatch_gate_refused", "Gate connections shed and "
-                                  "requests refused or cut by its bounds, by reason",
-                                  labels=["reason"])
-    for reason in GATE_REFUSALS:
-        refused.add_metric([reason], float(g.get(reason, 0)))
-    yield refused
+    from vllmwatch.status import gatemetrics  # only with the gate, and only at a scrape
+
+    yield from gatemetrics.collect(snap.gate)
 
 
 def _smoke(snap: Snapshot) -> Metric:
@@ -359,23 +329,6 @@ def _labelled(
         if value is not None:
             metric.add_metric([str(key)], float(value))
     return metric
-
-
-def _adapters(data: Mapping[str, Any]) -> Iterator[Metric]:
-    """[[adapters]] (issue 38): one row per configured adapter, by its state."""
-    state = GaugeMetricFamily("vllmwatch_adapter_state", "1 for each configured LoRA "
-                              "adapter's state (loaded, missing, failed, unknown); the error "
-                              "is in /status", labels=["adapter", "state"])
-    for row in data.get("managed", []):
-        for name in ("loaded", "missing", "failed", "unknown"):
-            state.add_metric([str(row["name"]), name], 1.0 if row["state"] == name else 0.0)
-    yield state
-    yield CounterMetricFamily("vllmwatch_adapter_load_failures", "Live adapter loads vLLM "
-                              "refused or that timed out", value=float(data.get("loads_failed",
-                                                                                0)))
-    yield _gauge("vllmwatch_adapters_unmanaged", "Adapters vLLM serves that the config does "
-                 "not name (loaded by hand: lost at the next restart)",
-                 float(len(data.get("unmanaged", []))))
 
 
 def _per_s(per_hour: float | None) -> float | None:

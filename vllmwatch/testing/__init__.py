@@ -18,7 +18,8 @@ from concurrent.futures import Executor
 from typing import Any
 
 from vllmwatch.config.schema import Config
-from vllmwatch.core.events import ChildExited, Event, Log
+from vllmwatch.core.actions import Log
+from vllmwatch.core.events import ChildExited, Event
 from vllmwatch.core.state import WatchState
 from vllmwatch.shell.loop import Loop
 from vllmwatch.testing.executors import ClockedExecutor, HeldExecutor, SyncExecutor, no_wait

@@ -8,28 +8,30 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from vllmwatch.config.schema import Config
+from vllmwatch.core.actions import (
+    CheckRelease,
+    Log,
+    Probe,
+    RecordIncident,
+    SampleMemory,
+    Smoke,
+    Sweep,
+    UpdateAdapters,
+)
 from vllmwatch.core.events import (
     CanaryResult,
-    CheckRelease,
     ChildExited,
     Event,
     HealthResult,
     IncidentRecorded,
-    Log,
     MemorySampled,
     MetricsResult,
     PrewarmDone,
-    Probe,
-    RecordIncident,
     ReleaseChecked,
-    SampleMemory,
-    Smoke,
     SmokeResult,
     Spawned,
     SpawnFailed,
-    Sweep,
     SweepDone,
-    UpdateAdapters,
 )
 from vllmwatch.core.hangs import HostCpu
 from vllmwatch.core.names import ProbeKind
