@@ -1,5 +1,6 @@
-"""What of a daemon's tree is left after it exited: live processes with its instance marker, or
-a vLLM/fake_vllm command line with its port (a process that lost the marker)."""
+"""What of a daemon's tree is left after it exited: live processes with its instance marker
+(the serving tree's, or the spare engine's `<marker>:spare`), or a vLLM/fake_vllm command line
+with its port (a process that lost the marker)."""
 
 from __future__ import annotations
 
@@ -25,7 +26,8 @@ def _ours(proc: psutil.Process, marker: str, port: int) -> bool:
             return False  # dead; only waits for its parent (or PID 1) to reap it
         cmd = proc.cmdline()
         with contextlib.suppress(psutil.AccessDenied):
-            if proc.environ().get(MARKER) == marker:
+            # The spare engine's tree carries `<marker>:spare` (shell/sparetree.marker_of).
+            if proc.environ().get(MARKER, "").partition(":")[0] == marker:
                 return True
         return any("VLLM::" in a or "fake_vllm" in a for a in cmd) and str(port) in cmd
     except psutil.Error:

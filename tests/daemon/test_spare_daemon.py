@@ -1,0 +1,223 @@
+"""The sleeping spare engine (issue 34) in a real `vllmwatch run` process over a fake GPU
+(vllmwatch/testing/gpu_run.py: the fake NVML reads the ledger the fake vLLMs write): the
+spare is built and asleep before the serving engine; when the serving tree dies (EngineCore
+SIGKILL, API server SIGKILL) or hangs (EngineCore SIGSTOP), clients of the gate keep their
+answers from the woken spare, the spare is re-armed (asleep again) once the full engine is
+READY, and a stop leaves no process of either tree, no port and no socket. A spare that dies
+is noticed and rebuilt.
+
+What a failover may cost a client, by design: nothing, except a streamed answer that had
+begun at an API server that was SIGKILLed (its bytes went to the client: the gate cannot
+replay it, and counts it in `cut_midstream`). The gate holds new requests until the spare is
+proven awake and replays a request that got no byte from the dead or hung engine, so for an
+EngineCore death or hang no request may fail, and for an API server death only such cut
+streams, each counted by the gate. Timings are printed (`-s`), never asserted.
+"""
+
+from __future__ import annotations
+
+import http.client
+import json
+import os
+import signal
+import threading
+import time
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import psutil
+import pytest
+
+from tests.support import (
+    PYTHON,
+    Daemon,
+    base_config,
+    free_port,
+    merge,
+    port_free,
+    sigstop,
+    wait_for,
+)
+from vllmwatch.testing import fake_gpu
+from vllmwatch.testing.daemon import run_argv
+
+SCRIPT = "#!{python}\nimport sys\nfrom vllmwatch.testing.fake_vllm import main\n" \
+         "if __name__ == '__main__':\n    sys.exit(main())\n"
+WEIGHTS_MIB = 2048  # the model's (sparse) weights: the spare's pinned host backup, planned
+WAIT = 30.0
+
+
+def _model(tmp: Path) -> str:
+    """A model directory whose weights measure WEIGHTS_MIB (a sparse file) and an 8B's
+    config (the spare's KV per token)."""
+    d = tmp / "model"
+    d.mkdir()
+    with open(d / "model.safetensors", "wb") as fh:
+        fh.truncate(WEIGHTS_MIB * 2**20)
+    (d / "config.json").write_text(json.dumps({
+        "num_hidden_layers": 36, "num_attention_heads": 32, "num_key_value_heads": 8,
+        "hidden_size": 4096, "head_dim": 128, "torch_dtype": "bfloat16",
+        "max_position_embeddings": 32768}))
+    return str(d)
+
+
+class Spared:
+    """One daemon with the gate and the spare on, over a fake H200 ledger."""
+
+    def __init__(self, tmp: Path) -> None:
+        script = tmp / "vllm"
+        script.write_text(SCRIPT.format(python=PYTHON))
+        script.chmod(0o755)
+        self.ledger = fake_gpu.create(str(tmp / "gpu"))
+        self.gate_port = free_port()
+        self.model = _model(tmp)
+        cfg = merge(base_config(free_port(), free_port()), {
+            "vllm": {"command": [str(script), "--startup-seconds", "0.3", "--fake-weights-mib",
+                                 str(WEIGHTS_MIB)],
+                     "model": self.model, "gpus": [0], "args": {"max-model-len": 4096}},
+            "gate": {"enabled": True, "listen": f"127.0.0.1:{self.gate_port}",
+                     "hold_timeout": "30s"},
+            "spare": {"enabled": "true"},
+            "restart": {"standby": "false"},
+            "drain": {"deregister_delay": "0s"},
+        })
+        argv = run_argv(tmp / "vllmwatch.toml", (PYTHON, "-m", "vllmwatch.testing.gpu_run",
+                                                 self.ledger))
+        self.d = Daemon(tmp, cfg, argv=argv, own_session=True)
+        self.outcomes: list[str] = []
+        self._stop = threading.Event()
+        self._clients: list[threading.Thread] = []
+
+    # ---- the daemon ----
+
+    def start(self) -> None:
+        self.d.start()
+        self.d.wait_ready(WAIT)
+        wait_for(lambda: self.spare().get("state") == "asleep", WAIT, "the spare asleep")
+
+    def status(self) -> dict[str, Any]:
+        return json.loads(self.d.http_get("/status")[1])  # type: ignore[no-any-return]
+
+    def spare(self) -> dict[str, Any]:
+        return self.status().get("spare") or {}
+
+    def child_pid(self) -> int:
+        return int(self.d.named("child.started")[-1]["pid"])
+
+    def engine_pid(self) -> int:
+        """The serving tree's EngineCore (the fake's `--role engine` process)."""
+        kids = psutil.Process(self.child_pid()).children(recursive=True)
+        [engine] = [p.pid for p in kids if "engine" in p.cmdline()]
+        return engine
+
+    # ---- clients through the gate ----
+
+    def clients(self, n: int = 4) -> None:
+        """n clients, each a closed loop of completions through the gate (half streamed)."""
+        for k in range(n):
+            t = threading.Thread(target=self._client, args=(k % 2 == 1,), daemon=True)
+            t.start()
+            self._clients.append(t)
+
+    def _client(self, stream: bool) -> None:
+        body = json.dumps({"model": self.model, "prompt": "a b c", "max_tokens": 4,
+                           "stream": stream})
+        while not self._stop.is_set():
+            conn = http.client.HTTPConnection("127.0.0.1", self.gate_port, timeout=60)
+            try:
+                conn.request("POST", "/v1/completions", body,
+                             {"Content-Type": "application/json"})
+                resp = conn.getresponse()
+                data = resp.read()
+                if resp.status == 200 and (b"[DONE]" in data if stream else b'"choices"' in
+                                           data):
+                    self.outcomes.append("ok")
+                elif resp.status == 200 and stream:  # its head came, then it was cut
+                    self.outcomes.append(f"stream cut after {len(data)} bytes")
+                else:
+                    self.outcomes.append(f"HTTP {resp.status} {data[:120]!r} stream={stream}")
+            except (OSError, http.client.HTTPException) as exc:
+                self.outcomes.append(f"{type(exc).__name__}: {exc} stream={stream}")
+            finally:
+                conn.close()
+
+    def more(self, n: int, what: str) -> None:
+        now = len(self.outcomes)
+        wait_for(lambda: len(self.outcomes) >= now + n, WAIT, what)
+
+    def end_clients(self) -> list[str]:
+        self._stop.set()
+        for t in self._clients:
+            t.join(70)
+        return [o for o in self.outcomes if o != "ok"]
+
+    # ---- the end ----
+
+    def close(self) -> None:
+        self._stop.set()
+        sock = next((e.get("uds") for e in self.d.named("spare.plan")), None)
+        self.d.close()  # asserts no process of either tree is left (either marker)
+        assert port_free(self.gate_port), "the gate's port is still taken"
+        if sock:
+            assert not os.path.exists(sock), "the spare's socket is left"
+
+
+@pytest.fixture
+def spared(tmp_path: Path) -> Iterator[Spared]:
+    s = Spared(tmp_path)
+    try:
+        yield s
+    finally:
+        s.close()
+
+
+def _fail_over(s: Spared, fault: str) -> None:
+    s.start()
+    pid0 = s.spare()["pid"]
+    s.clients()
+    s.more(10, "answers through the gate")
+    since, t0 = s.d.mark(), time.time()
+    if fault == "engine":
+        os.kill(s.engine_pid(), signal.SIGKILL)
+    elif fault == "api":
+        os.kill(s.child_pid(), signal.SIGKILL)
+    else:
+        sigstop(s.engine_pid())
+    served = s.d.wait_event("failover.served", WAIT, since)
+    begin = s.d.named("restart.begin", since)[0]
+    assert "spare wakes" in begin["failover"], begin
+    s.more(10, "answers while the spare serves")
+    s.d.wait_event("spare.rearmed", WAIT, since)
+    s.d.wait_ready(WAIT, since)
+    s.more(10, "answers from the full engine again")
+    failed = s.end_clients()
+    st = s.status()
+    cut = [f for f in failed if f.startswith("stream cut")]
+    if fault == "api":  # streams that had begun at the dead API server end cut, and only they
+        assert cut == failed and len(cut) == st["gate"]["cut_midstream"], (failed, st["gate"])
+    else:
+        assert not failed, failed
+    assert st["serving"] == "full" and st["spare"]["state"] == "asleep", st["spare"]
+    assert st["spare"]["pid"] == pid0, "the same spare, re-armed"
+    print(f"{fault}: restart.begin {begin['ts'] - t0:.2f} s after the fault, the spare served "
+          f"{served['ts'] - t0:.2f} s after it; {len(s.outcomes)} requests, {len(cut)} streams "
+          "cut, no other failure")
+
+
+@pytest.mark.parametrize("fault", ["engine", "api", "hang"])
+def test_a_dead_or_hung_engine_fails_over_to_the_spare_and_no_request_fails(
+        spared: Spared, fault: str) -> None:
+    _fail_over(spared, fault)
+
+
+def test_a_dead_spare_is_noticed_at_once_and_rebuilt(spared: Spared) -> None:
+    spared.start()
+    pid0 = spared.spare()["pid"]
+    since, t0 = spared.d.mark(), time.time()
+    os.killpg(pid0, signal.SIGKILL)
+    died = spared.d.wait_event("spare.died", WAIT, since)
+    spared.d.wait_event("spare.ready", WAIT, since)
+    wait_for(lambda: spared.spare().get("state") == "asleep", WAIT, "the new spare asleep")
+    assert spared.spare()["pid"] != pid0
+    print(f"spare.died {died['ts'] - t0:.3f} s after the kill")
