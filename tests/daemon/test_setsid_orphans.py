@@ -103,8 +103,9 @@ def test_a_setsid_descendant_is_killed_at_the_stop(daemon: Daemon) -> None:
 # (adopted by us when its parent exited). Then it sweeps as RealEffects does, twice: with the
 # exempt pid, and without it (the control: the marker alone would have taken it).
 _SUBREAPER = textwrap.dedent("""
-    import json, os, subprocess, sys, time
+    import json, os, subprocess, sys
     from vllmwatch.shell import child, reaper
+    from vllmwatch.testing.waiting import wait_until
     assert reaper.become_subreaper()
     marker, port = sys.argv[1], int(sys.argv[2])
     sleeper = [sys.executable, "-c", "import time; time.sleep(60)"]
@@ -116,10 +117,8 @@ _SUBREAPER = textwrap.dedent("""
         + sleeper + ["orphan"],
         stdout=subprocess.PIPE, text=True)
     orphan = int(parent.communicate()[0])
-    deadline = time.monotonic() + 10
-    while open(f"/proc/{orphan}/stat").read().rsplit(")", 1)[1].split()[1] != str(os.getpid()):
-        assert time.monotonic() < deadline, "the orphan was not adopted"
-        time.sleep(0.02)
+    wait_until(lambda: reaper.parse_stat(open(f"/proc/{orphan}/stat").read())[3]
+               == os.getpid(), 10, "the orphan to be adopted")
     first = child.sweep(None, marker, "127.0.0.1", port, grace=3,
                         exempt=frozenset({standby.pid}), adopt=True)
     standby_alive = standby.poll() is None

@@ -260,7 +260,7 @@ def test_a_restart_while_the_standby_imports_waits_for_it(daemons: list[Daemon],
         import os, time
         deadline = time.monotonic() + 60
         while not os.path.exists({str(gate)!r}) and time.monotonic() < deadline:
-            time.sleep(0.02)
+            time.sleep(0.02)  # a slow import: it polls the test's go-file, bounded
         """))
     cfg = config(tmp_path, standby_imports=["slowmod"])
     cfg["vllm"]["env"] = {"PYTHONPATH": f"{lib}{os.pathsep}{REPO}"}

@@ -48,7 +48,7 @@ def world(tmp_path: Path) -> Iterator[dict[str, object]]:
         import os, time
         deadline = time.monotonic() + 60
         while not os.path.exists({str(tmp_path / "go")!r}) and time.monotonic() < deadline:
-            time.sleep(0.02)
+            time.sleep(0.02)  # a slow import: it polls the test's go-file, bounded
         """))
     script = tmp_path / "fakeserve"
     script.write_text(ENTRY.format(python=PYTHON, module="slowmod"))

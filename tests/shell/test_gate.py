@@ -103,8 +103,10 @@ class Switch:
 
     def __init__(self, state: Readiness = Readiness.HOLD) -> None:
         self.state = state
+        self.reads = 0  # how often the door looked (proof that it had its chance)
 
     def __call__(self) -> Readiness:
+        self.reads += 1
         return self.state
 
 
@@ -173,7 +175,13 @@ def test_door_releases_in_arrival_order() -> None:
             tasks.append(asyncio.create_task(one(i)))
             await asyncio.sleep(0)  # each reaches the door before the next arrives
         watcher = asyncio.create_task(door.watch())
-        await asyncio.sleep(0.05)
+        reads = switch.reads
+
+        async def polled() -> None:
+            while switch.reads < reads + 2:  # the watcher read HOLD twice: nobody passed
+                await asyncio.sleep(0.01)
+
+        await asyncio.wait_for(polled(), 10 * TIMEOUT_SCALE)
         assert order == [] and door.waiting == 20
         switch.state = Readiness.OPEN
         await asyncio.wait_for(asyncio.gather(*tasks), 5)

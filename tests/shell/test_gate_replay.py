@@ -6,13 +6,15 @@ midway), and the test moves the daemon's readiness and engine generation by hand
 
 from __future__ import annotations
 
+import fcntl
 import http.client
 import json
 import os
 import signal
 import socket
+import struct
+import termios
 import threading
-import time
 from collections.abc import Iterator
 from contextlib import contextmanager
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
@@ -45,6 +47,7 @@ class Script:
         self.answers = list(answers)
         self.seen: list[tuple[str, int]] = []  # (path, generation at arrival)
         self.gen = 1
+        self.hung = threading.Event()  # ends a "stream-hang" answer
 
     def next(self, path: str) -> Any:
         self.seen.append((path, self.gen))
@@ -64,12 +67,12 @@ class _Handler(BaseHTTPRequestHandler):
             self._head()
             self._reset()
         elif answer == ("stream-hang",):  # a stuck engine: no answer, ever (until cut)
-            time.sleep(30)
+            self.server.script.hung.wait(30)  # released at the test's end (setup)
         elif isinstance(answer, tuple) and answer[0] == "stream":  # chunks, then reset or end
             self._head()
             for chunk in answer[1]:
                 self._chunk(chunk)
-                time.sleep(0.05)
+                self._delivered()
             if answer[2] == "reset":
                 self._reset()
             else:
@@ -93,6 +96,15 @@ class _Handler(BaseHTTPRequestHandler):
         self.wfile.write(b"%x\r\n%s\r\n" % (len(data), data))
         self.wfile.flush()
 
+    def _delivered(self) -> None:
+        """Wait until the gate's kernel has acknowledged every byte sent: a reset after this
+        cannot drop a chunk the test expects the client to get (what arrived stays readable
+        ahead of the reset's error)."""
+        sock = self.connection
+        wait_until(lambda: fcntl.ioctl(sock.fileno(), termios.TIOCOUTQ,
+                                       struct.pack("i", 0)) == struct.pack("i", 0),
+                   10 * TIMEOUT_SCALE, "the gate to acknowledge the chunk")
+
     def _reset(self) -> None:
         self.wfile.flush()
         self.connection.setsockopt(socket.SOL_SOCKET, socket.SO_LINGER, b"\x01\0\0\0\0\0\0\0")
@@ -108,8 +120,10 @@ class Daemonish:
 
     def __init__(self) -> None:
         self.state, self.gen = Readiness.OPEN, 1
+        self.reads = 0  # readiness reads: the gate's door polls (proof it looked)
 
     def readiness(self) -> Readiness:
+        self.reads += 1
         return self.state
 
     def generation(self) -> int:
@@ -137,6 +151,7 @@ def setup(*answers: Any, hold: float = 20.0) -> Iterator[tuple[Gate, Script, Dae
     try:
         yield g, script, d
     finally:
+        script.hung.set()
         g.stop()
         server.shutdown()
         server.server_close()
@@ -315,8 +330,9 @@ def test_nothing_is_sent_to_an_engine_after_its_stop_order() -> None:
         out, t = in_thread(lambda: post(g.port))
         wait_until(lambda: g.stats.holding == 1 or g.stats.held >= 1, 10 * TIMEOUT_SCALE,
                    "the request to wait")
-        time.sleep(0.3)  # the door is polled: it would have passed by now
-        assert len(script.seen) == 1  # the readiness getter says OPEN, gen 1: still held
+        reads = d.reads  # the door polls readiness: two reads of OPEN after the request
+        wait_until(lambda: d.reads >= reads + 2, 10 * TIMEOUT_SCALE, "two door polls")
+        assert g.stats.holding == 1 and len(script.seen) == 1  # saw OPEN, gen 1: still held
         d.relaunch(script)
         t.join(20 * TIMEOUT_SCALE)
         settle(g)
@@ -370,8 +386,10 @@ def test_the_fence_waits_for_sends_under_way() -> None:
     done: list[bool] = []
     t = threading.Thread(target=lambda: done.append(fence.order(7, wait=10)))
     t.start()
-    time.sleep(0.1)
-    assert done == [] and not fence.begin(7) and fence.stopped(7)  # no new send to 7
+    # stopped(7) takes the fence's lock, which order() holds from the mark until its wait:
+    # once it is True the order waits for the send under way, and only sent() ends that.
+    wait_until(lambda: fence.stopped(7), 10 * TIMEOUT_SCALE, "the stop order to be placed")
+    assert done == [] and t.is_alive() and not fence.begin(7)  # no new send to 7
     fence.sent(7)
     t.join(5)
     assert done == [True] and fence.late == 0

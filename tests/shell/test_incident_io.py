@@ -34,7 +34,7 @@ DEADLOCK = textwrap.dedent('''
         at = code.co_firstlineno + 3  # the `b.acquire()` line
         while sum(f.f_code is code and f.f_lineno == at
                   for f in sys._current_frames().values()) < 2:
-            time.sleep(0.001)
+            time.sleep(0.001)  # the child polls its own threads (no vllmwatch on its path)
         print("started", flush=True)
     a, b, ready = threading.Lock(), threading.Lock(), threading.Barrier(2)
     threading.Thread(target=hold_forever, args=(b, a, ready), daemon=True).start()

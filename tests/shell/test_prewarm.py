@@ -13,6 +13,7 @@ from typing import Any
 import psutil
 import pytest
 
+from tests.support import wait_for
 from vllmwatch.config.schema import Config, from_dict
 from vllmwatch.prewarm import kernels, pagecache
 from vllmwatch.prewarm import runner as prewarm
@@ -340,16 +341,14 @@ def test_kernel_time_out_kills_the_process_group(tmp_path: Path) -> None:
     assert k.status == "failed" and "timed out" in k.detail
     assert not report.ok
     grandchild = int(pidfile.read_text())
-    deadline = time.monotonic() + 5
-    while time.monotonic() < deadline:
+
+    def gone() -> bool:
         try:
-            if psutil.Process(grandchild).status() == psutil.STATUS_ZOMBIE:
-                break
+            return psutil.Process(grandchild).status() == psutil.STATUS_ZOMBIE
         except psutil.NoSuchProcess:
-            break
-        time.sleep(0.02)
-    else:
-        pytest.fail(f"grandchild {grandchild} survived the time-out")
+            return True
+
+    wait_for(gone, 5, f"grandchild {grandchild} to die with the time-out")
 
 
 @pytest.mark.skipif(not VLLM_PYTHON.exists(), reason="no vLLM venv (scripts/setup_vllm.sh)")

@@ -30,8 +30,9 @@ def test_wanted(env: dict[str, str], pid: int, want: bool) -> None:
 
 # Runs in its own process: becoming a subreaper must not change the pytest process.
 _SCENARIO = r"""
-import json, os, subprocess, sys, time
+import json, os, subprocess, sys
 from vllmwatch.shell import reaper
+from vllmwatch.testing.waiting import wait_until
 assert reaper.become_subreaper()
 events = []
 r = reaper.Reaper(lambda level, event, **kw: events.append(event), grace=60.0)
@@ -45,23 +46,19 @@ orphan = int(mid.stdout.readline())
 mid.wait()
 kept = subprocess.Popen([sys.executable, "-c", "raise SystemExit(5)"], start_new_session=True)
 mine = subprocess.Popen([sys.executable, "-c", "raise SystemExit(7)"])
-deadline = time.monotonic() + 20
 reaped = []
-while time.monotonic() < deadline:
-    reaped += r.reap(keep={kept.pid})
+def orphan_reaped_children_kept():
+    reaped.extend(r.reap(keep={kept.pid}))
     zombies = {z.pid for z in reaper.zombie_children(os.getpid())}
-    if orphan in {p for p, _ in reaped} and {kept.pid, mine.pid} <= zombies:
-        break
-    time.sleep(0.05)
+    return orphan in {p for p, _ in reaped} and {kept.pid, mine.pid} <= zombies
+wait_until(orphan_reaped_children_kept, 20, "the orphan reaped, both children left as zombies")
+zombies = {z.pid for z in reaper.zombie_children(os.getpid())}  # nobody has waited for them
 kept_code, mine_code = kept.wait(), mine.wait()
 # A helper whose owner never waits for it: reaped once its grace has passed.
 abandoned = subprocess.Popen([sys.executable, "-c", "raise SystemExit(3)"])
 late = reaper.Reaper(lambda level, event, **kw: None, grace=0.0)
-deadline = time.monotonic() + 20
 late_reaped = []
-while not late_reaped and time.monotonic() < deadline:
-    late_reaped = late.reap()
-    time.sleep(0.05)
+wait_until(lambda: late_reaped.extend(late.reap()) or late_reaped, 20, "the abandoned reaped")
 print(json.dumps({"orphan": orphan, "reaped": reaped, "events": events,
                   "zombies": sorted(zombies), "kept": kept.pid, "mine": mine.pid,
                   "kept_code": kept_code, "mine_code": mine_code,

@@ -95,7 +95,7 @@ def test_a_trickling_answer_ends_at_the_deadline(server: Any) -> None:
         for _ in range(100):  # one byte each 0.1 s: every read is quick, the whole is not
             h.wfile.write(b" ")
             h.wfile.flush()
-            time.sleep(0.1)
+            time.sleep(0.1)  # the trickle itself (pacing), not a wait for a condition
 
     replies.append(trickle)
     got = smoke.run(_action(port, timeout=1.0, endpoint="chat"), None)

@@ -8,8 +8,8 @@ through the ladder (drained, the gate holds requests), and the next launch carri
 adapters on its command line. A live change is made only while READY: a start under way
 restarts with the new flags (the old ones are on its command line), a restart under way
 launches with them anyway. Also: a start vLLM ended because it refused an adapter
-(start_refused). Imported only when adapters or [lora] change, or a start with adapters
-fails (core/machine.py).
+(start_refused). Imported only when adapters or [lora] change (core/reload.py), or a start
+with adapters fails (core/machine.py).
 """
 
 from __future__ import annotations

@@ -17,7 +17,7 @@ from vllmwatch.core import (
     startmem,
     stopping,
 )
-from vllmwatch.core.actions import Action, Log, Notify, SignalGroup, UpdateAdapters
+from vllmwatch.core.actions import Action, Log, Notify, SignalGroup
 from vllmwatch.core.events import (
     CanaryResult,
     ChildExited,
@@ -108,8 +108,10 @@ def _apply(s: WatchState, ev: Event, now: float) -> Result:
     if isinstance(ev, ReadyzPolled):
         return replace(s, readyz_tracked=True,
                        readyz_seen_at=now if ev.polled else s.readyz_seen_at), []
-    if isinstance(ev, ReloadRequested):
-        return _reload(s, ev, now)
+    if isinstance(ev, ReloadRequested):  # a SIGHUP: its module only then (import count)
+        from vllmwatch.core import reload
+
+        return reload.reloaded(s, ev, now)
     if s.spare is not None:  # the spare's events (core/failover.py): only when it is on
         return ladder.spare_event(s, ev, now)
     return s, []
@@ -236,42 +238,6 @@ def _prewarm_done(s: WatchState, ev: PrewarmDone, now: float) -> Result:
         s, acts = ladder.launch(s, now)
         return s, [Log("warning", "prewarm.failed", {"detail": ev.detail}), *acts]
     return ladder.launch(s, now)
-
-
-def _reload(s: WatchState, ev: ReloadRequested, now: float) -> Result:
-    # systemd takes any READY=1 as the end of the start: until the first READY (ever_ready)
-    # a reload is applied quietly and the start goes on; after it, the RELOADING=1 ->
-    # READY=1 pair tells systemd the reload is done.
-    pair = s.ever_ready
-    acts: list[Action] = [Notify(reloading=True)] if pair else []
-    if ev.config is None:
-        acts.append(Log("error", "config.reload_failed", {
-            "error": ev.error, "detail": "keeping the running config"}))
-        return s, acts + ([Notify(ready=True)] if pair else [])
-    old = s.config
-    relaunch = old.vllm != ev.config.vllm or old.prewarm.cache_dir != ev.config.prewarm.cache_dir
-    why = "the vLLM command or environment changed"
-    fields: dict[str, object] = {}
-    if old.adapters != ev.config.adapters or old.lora != ev.config.lora:
-        from vllmwatch.core import lora  # [[adapters]] (issue 38): only when they change
-        change = lora.decide(old, ev.config, s.state == S.READY and not relaunch)
-        fields = change.fields()
-        if change.how == "live":
-            acts.append(UpdateAdapters(change.load, change.unload, change.repointed, ev.config))
-        elif change.how == "restart" and not relaunch:
-            relaunch, why = True, f"adapters changed: {change.why}"
-    s = replace(s, config=ev.config)
-    acts.append(Log("info", "config.reloaded", {"path": ev.config.path,
-                                                "sha256": ev.config.sha256[:12],
-                                                "restart_needed": relaunch, **fields}))
-    if pair:
-        acts.append(Notify(ready=True))
-    s, more = ladder.spare_reloaded(s, now)
-    acts += more
-    if relaunch and s.state in (S.READY, S.STARTING) and s.exit_code is None:
-        s, more = ladder.begin_restart(s, now, Reason.RELOAD, why, drain=True)
-        acts += more
-    return s, acts
 
 
 def _due(s: WatchState, now: float) -> Result:

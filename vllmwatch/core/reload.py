@@ -1,0 +1,54 @@
+"""Pure: what a SIGHUP does to the core (shell/reload.py reads the config off the loop and
+hands it over as ReloadRequested): the new config is taken, systemd hears RELOADING=1 ->
+READY=1, adapters change live or by a restart (core/lora.py), and a changed vLLM command or
+environment is a planned restart through the ladder. Imported by core/machine.py only when a
+reload arrives (the daemon's import count: a run without SIGHUP never loads it).
+"""
+
+from __future__ import annotations
+
+from dataclasses import replace
+
+from vllmwatch.core import ladder
+from vllmwatch.core.actions import Action, Log, Notify, UpdateAdapters
+from vllmwatch.core.events import ReloadRequested
+from vllmwatch.core.names import Reason
+from vllmwatch.core.state import Result, S, WatchState
+
+
+def reloaded(s: WatchState, ev: ReloadRequested, now: float) -> Result:
+    """Take the config a SIGHUP read (or keep the running one when it was invalid), tell
+    systemd, and restart through the ladder when the launch would differ."""
+    # systemd takes any READY=1 as the end of the start: until the first READY (ever_ready)
+    # a reload is applied quietly and the start goes on; after it, the RELOADING=1 ->
+    # READY=1 pair tells systemd the reload is done.
+    pair = s.ever_ready
+    acts: list[Action] = [Notify(reloading=True)] if pair else []
+    if ev.config is None:
+        acts.append(Log("error", "config.reload_failed", {
+            "error": ev.error, "detail": "keeping the running config"}))
+        return s, acts + ([Notify(ready=True)] if pair else [])
+    old = s.config
+    relaunch = old.vllm != ev.config.vllm or old.prewarm.cache_dir != ev.config.prewarm.cache_dir
+    why = "the vLLM command or environment changed"
+    fields: dict[str, object] = {}
+    if old.adapters != ev.config.adapters or old.lora != ev.config.lora:
+        from vllmwatch.core import lora  # [[adapters]] (issue 38): only when they change
+        change = lora.decide(old, ev.config, s.state == S.READY and not relaunch)
+        fields = change.fields()
+        if change.how == "live":
+            acts.append(UpdateAdapters(change.load, change.unload, change.repointed, ev.config))
+        elif change.how == "restart" and not relaunch:
+            relaunch, why = True, f"adapters changed: {change.why}"
+    s = replace(s, config=ev.config)
+    acts.append(Log("info", "config.reloaded", {"path": ev.config.path,
+                                                "sha256": ev.config.sha256[:12],
+                                                "restart_needed": relaunch, **fields}))
+    if pair:
+        acts.append(Notify(ready=True))
+    s, more = ladder.spare_reloaded(s, now)
+    acts += more
+    if relaunch and s.state in (S.READY, S.STARTING) and s.exit_code is None:
+        s, more = ladder.begin_restart(s, now, Reason.RELOAD, why, drain=True)
+        acts += more
+    return s, acts
