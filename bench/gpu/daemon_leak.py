@@ -24,7 +24,8 @@ from pathlib import Path
 from typing import Any
 
 from vllmwatch.shell.memory import make_sampler
-from vllmwatch.testing.daemon import REPO, Daemon, Event
+from vllmwatch.testing.daemon import Daemon, Event
+from vllmwatch.testing.daemonenv import REPO
 from vllmwatch.testing.waiting import holds_within
 
 KEEP = ("daemon.", "child.started", "child.ready", "child.exited", "restart.", "memory.",

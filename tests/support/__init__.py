@@ -13,7 +13,8 @@ from __future__ import annotations
 from tests.support.daemon import FAKE, base_config
 from tests.support.fakevllm import Fake, completion, fake, http
 from tests.support.procs import kill_tree, owned
-from vllmwatch.testing.daemon import PYTHON, REPO, Daemon, Event, ts_of
+from vllmwatch.testing.daemon import PYTHON, Daemon, Event, ts_of
+from vllmwatch.testing.daemonenv import REPO
 from vllmwatch.testing.leftovers import wait_for_gone, wait_for_value
 from vllmwatch.testing.notify import NotifyListener
 from vllmwatch.testing.ports import free_port, port_free

@@ -38,6 +38,7 @@ else:  # pragma: no cover - exercised on Python 3.10 only
     import tomli as tomllib
 
 from vllmwatch.shell.child import instance_id
+from vllmwatch.testing.daemonenv import daemon_env
 from vllmwatch.testing.leftovers import leftovers, wait_for_gone, wait_for_value
 from vllmwatch.testing.notify import NotifyListener
 from vllmwatch.testing.ports import port_free
@@ -45,12 +46,9 @@ from vllmwatch.testing.tomlfile import merge, to_toml
 from vllmwatch.testing.waiting import wait_for
 
 PYTHON = sys.executable
-# The folder that holds this vllmwatch (the checkout), put on the daemon's PYTHONPATH.
-REPO = Path(__file__).resolve().parents[2]
 Event = dict[str, Any]
 # Called for every stderr line: (monotonic arrival time, the line, its event or None).
 LineHook = Callable[[float, str, "Event | None"], None]
-_SYSTEMD_VARS = ("NOTIFY_SOCKET", "WATCHDOG_USEC", "WATCHDOG_PID", "JOURNAL_STREAM")
 
 
 def run_argv(config_path: Path, vllmwatch: Iterable[str] = (PYTHON, "-m", "vllmwatch")
@@ -103,7 +101,7 @@ class Daemon:
         self.arrived: list[float] = []  # monotonic arrival time of each event
         self.raw: list[str] = []  # stderr lines that were not JSON (tracebacks)
         self.proc: subprocess.Popen[bytes] | None = None
-        self._env = _daemon_env(env, self.notify, checkout_path)
+        self._env = daemon_env(env, self.notify, checkout_path)
         # The state directory (group file, incident records) of this daemon, not the host's.
         self._env.setdefault("STATE_DIRECTORY", str(workdir / "state"))
         self._argv = argv or [*argv_prefix, *run_argv(self.config_path)]
@@ -329,22 +327,6 @@ def _parse(line: str) -> Event | None:
     except ValueError:
         return None
     return event if isinstance(event, dict) and "event" in event else None
-
-
-def _daemon_env(env: Mapping[str, str] | None, notify: NotifyListener | None,
-                checkout_path: bool) -> dict[str, str]:
-    """The daemon's environment: ours (or env) without systemd's variables, plus env, the
-    notify socket and (checkout_path) this checkout on PYTHONPATH."""
-    out = dict(os.environ if env is None else env)
-    for name in _SYSTEMD_VARS:
-        out.pop(name, None)
-    if env is not None:
-        out.update(env)
-    if notify is not None:
-        out["NOTIFY_SOCKET"] = notify.path
-    if checkout_path:
-        out["PYTHONPATH"] = str(REPO) + os.pathsep + out.get("PYTHONPATH", "")
-    return out
 
 
 def ts_of(event: Event) -> float:

@@ -23,6 +23,8 @@ from dataclasses import dataclass
 from types import FrameType
 from typing import Any, NoReturn
 
+from vllmwatch.testing.fake_caches import start_caches
+
 _OUT = threading.Lock()
 _PREFIX = "APIServer"
 CHILD_EXTRA = 7  # argv items that spawn appends after the user's flags
@@ -39,53 +41,6 @@ def emit(text: str) -> None:
 def log(level: str, msg: str, where: str = "fake_vllm.py:1") -> None:
     """Emit a vLLM-style line: ``INFO 11-29 17:00:00 [file.py:1] msg``."""
     emit(f"{level} {time.strftime('%m-%d %H:%M:%S')} [{where}] {msg}")
-
-
-PLAN_KV = 1 << 30  # the fake's "profiled" KV cache size
-
-
-def start_caches(env: dict[str, str] | os._Environ[str]
-                 ) -> tuple[list[tuple[str, str]], list[tuple[str, str]]]:
-    """vLLM's start-up caches as the fake plays them (issue 33), only where the variables ask:
-    the mega AOT artifact (VLLM_USE_MEGA_AOT_ARTIFACT=1) and the startup plan
-    (VLLM_ENABLE_STARTUP_PLAN=1) under VLLM_CACHE_ROOT: the first start writes, the next
-    read, with vLLM's own lines (core/reuse.py). FAKE_PLAN_FREE_BELOW=1 plays a start whose
-    free memory is below the plan's baseline."""
-    root = env.get("VLLM_CACHE_ROOT")
-    aot: list[tuple[str, str]] = []
-    plan: list[tuple[str, str]] = []
-    if not root:
-        return aot, plan
-    if env.get("VLLM_USE_MEGA_AOT_ARTIFACT") == "1":
-        path = os.path.join(root, "torch_compile_cache", "torch_aot_compile", "fake",
-                            "rank_0_0", "model")
-        if os.path.exists(path):
-            aot.append(("decorators.py:311", f"Directly load AOT compilation from path {path}"))
-        else:
-            _touch(path)
-            aot.append(("decorators.py:708", f"saved AOT compiled function to {path}"))
-    if env.get("VLLM_ENABLE_STARTUP_PLAN") == "1":
-        path = os.path.join(root, "startup_plan", "startup_plan_0123456789abcdef.json")
-        if os.path.exists(path) and env.get("FAKE_PLAN_FREE_BELOW") == "1":
-            plan.append(("startup_plan.py:150", "Startup plan not applied: current free "
-                         "memory (0.50 GiB) is below the recorded baseline (1.00 GiB); "
-                         "falling back to full memory profiling."))
-        elif os.path.exists(path):
-            plan.append(("startup_plan.py:160", "Applying persisted startup plan (fingerprint "
-                         f"0123456789abcdef): kv_cache_memory_bytes={PLAN_KV} (1.00 GiB), "
-                         "recorded free-memory baseline 1.00 GiB, current 1.00 GiB. Memory "
-                         "profiling will be skipped."))
-        else:
-            _touch(path)
-            plan.append(("startup_plan.py:190", f"Saved startup plan to {path}"))
-    return aot, plan
-
-
-def _touch(path: str) -> None:
-    with contextlib.suppress(OSError):
-        os.makedirs(os.path.dirname(path), exist_ok=True)
-        with open(path, "a", encoding="utf-8"):
-            pass
 
 
 def spawn(entry: list[str], marker: str, role: str, flags: list[str], rank: int = 0
