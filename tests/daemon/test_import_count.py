@@ -38,6 +38,10 @@ ADDED_SINCE_608444D = {
     "vllmwatch.config.startcaches": "issue 33: the variables that turn vLLM's start-up "
                                     "caches on for the child",
     "vllmwatch.core.reuse": "issue 33: what a launch reused of those caches (from its log)",
+    "vllmwatch.shell.outputs": "issue 32: shell/loop.py's outputs (the snapshot, STATUS=, "
+                               "WATCHDOG=1, the sd_notify messages) with their own timers, "
+                               "split from loop.py (374 lines); no small module of the "
+                               "daemon's belongs folded into another",
     # With the gate on only.
     "vllmwatch.config.spare": "issue 34: [spare] = auto is considered with the gate on: its "
                               "plan says on or off and why at every start",

@@ -43,16 +43,15 @@ from vllmwatch.core.names import Reason, exit_code
 from vllmwatch.logfn import Repeats
 from vllmwatch.shell.clock import Clock
 from vllmwatch.shell.effects import Effects
-from vllmwatch.shell.notify import status_line, watchdog_interval
+from vllmwatch.shell.notify import watchdog_interval
+from vllmwatch.shell.outputs import Outputs
 from vllmwatch.shell.reload import ReloadRead, Reloads
 from vllmwatch.status.snapshot import Snapshot
-from vllmwatch.status.statusline import snapshot_of, summary
 
 if TYPE_CHECKING:  # imported by a run only when the spare's plan is considered
     from vllmwatch.shell.sparerun import SpareFx
 
 _SIGNALS = (signal.SIGTERM, signal.SIGINT, signal.SIGHUP, signal.SIGUSR1, signal.SIGCHLD)
-STATUS_EVERY = 10.0
 MAX_SLEEP = 5.0  # wake at least this often, whatever the core says
 
 
@@ -76,7 +75,7 @@ class Loop:
     """One loop owns all mutable state; worker threads only do I/O and post events back.
 
     Every effect it submits posts exactly one result: the worker's own, or, when the worker
-    raised, the action's failure result (events.failure_result) — so no probe stays in flight
+    raised, the action's failure result (actions.failure_result) — so no probe stays in flight
     for good. An unexpected error in the loop itself is logged once with its traceback, the
     vLLM tree is killed, and run() returns exitcodes.INTERNAL.
     """
@@ -103,12 +102,9 @@ class Loop:
         self._spare = spare  # the sleeping spare engine (issue 34): its track starts here
         if spare is not None:
             self.state = dataclasses.replace(self.state, spare=spare.track(clock.monotonic()))
-        self.snapshot = Snapshot(config_path=config.path, config_sha256=config.sha256)
         env = environ if environ is not None else dict(os.environ)
-        self._watchdog = watchdog_interval(env, os.getpid())
-        self._next_ping = 0.0
-        self._next_status = 0.0
-        self._last_status = ""
+        self._out = Outputs(fx, clock, watchdog_interval(env, os.getpid()),
+                            Snapshot(config_path=config.path, config_sha256=config.sha256))
         self._pending_signals: list[int] = []
         self.exit_code: int | None = None
         self._repeats = Repeats(lambda *a, **kw: self.fx.log(*a, **kw), clock.monotonic)
@@ -214,8 +210,8 @@ class Loop:
 
     def next_deadline(self) -> float | None:
         """The earliest moment the loop must wake by itself."""
-        due = [t for t in (machine.next_wakeup(self.state), self._next_ping_due(),
-                           self._next_status, self._reloads.due) if t is not None]
+        due = [t for t in (machine.next_wakeup(self.state), *self._out.due(),
+                           self._reloads.due) if t is not None]
         return min(due) if due else None
 
     def _wait(self) -> None:
@@ -283,8 +279,13 @@ class Loop:
                 self._on_reloaded(ev.config)  # the core took it: the rest follows, never ahead
         if self.exit_code is None:  # the standby's step: watch it, build one once READY
             self.fx.tend_standby(self.state.state, self.state.pid, self.state.config)
-        self._publish()
+        self._out.publish(self.state)
         return self.exit_code
+
+    @property
+    def snapshot(self) -> Snapshot:
+        """The latest snapshot the loop published."""
+        return self._out.snapshot
 
     # ---- actions ----
 
@@ -293,7 +294,7 @@ class Loop:
         if isinstance(action, Log):
             fx.log(action.level, action.event, **action.fields)
         elif isinstance(action, Notify):
-            self._notify(action)
+            self._out.notify(action, self.state)
         elif isinstance(action, Spawn):
             return fx.spawn(action.config, self.post)
         elif isinstance(action, SignalGroup):
@@ -326,42 +327,6 @@ class Loop:
         elif isinstance(action, UpdateAdapters):
             fx.update_adapters(action)  # sent off the loop; vLLM's answers are logged
         return None
-
-    def _notify(self, action: Notify) -> None:
-        lines = []
-        if action.reloading:
-            lines.append("RELOADING=1")
-        if action.ready:
-            # /status and /readyz say ready before systemd (and the units ordered After=
-            # us) hear READY=1: a reader that asks at once must not get a 503.
-            self._publish()
-            lines.append("READY=1")
-        if action.stopping:
-            lines.append("STOPPING=1")
-        if action.extend_usec is not None:
-            lines.append(f"EXTEND_TIMEOUT_USEC={action.extend_usec}")
-        if lines:
-            self.fx.notifier.send("\n".join(lines))
-
-    # ---- outputs: snapshot, STATUS=, WATCHDOG=1 ----
-
-    def _next_ping_due(self) -> float | None:
-        return self._next_ping if self._watchdog is not None else None
-
-    def _publish(self) -> None:
-        now = self.clock.monotonic()
-        self.snapshot = snapshot_of(self.state, now, self.clock.wall(), self.snapshot,
-                                    self.fx.vllm_version())
-        self.fx.publish(self.snapshot)
-        text = summary(self.snapshot)
-        if text != self._last_status or now >= self._next_status:
-            self.fx.notifier.send(status_line(text))
-            self._last_status, self._next_status = text, now + STATUS_EVERY
-        if self._watchdog is not None and now >= self._next_ping:
-            # A stale probe means we can no longer vouch for vLLM: let systemd's watchdog act.
-            if machine.watchdog_ok(self.state):
-                self.fx.notifier.send("WATCHDOG=1")
-            self._next_ping = now + self._watchdog
 
     def close(self) -> None:
         """Restore signals, stop the workers, and never leave a child behind."""

@@ -97,13 +97,14 @@ def make(config: Config, environ: Mapping[str, str], sampler: MemorySampler, uni
 
     api_key = command.read_api_key(config)
     cmd = command.build(config, environ, api_key=api_key)
-    # The spare starts before the first serving child: every writer hides its secrets from
-    # now on (its lines are logged; vLLM prints its non-default args, --api-key among them).
-    redact.learn(redact.secrets_of(cmd.env, api_key))
     argv = _with_flags(cmd.argv, dict(plan.spare_flags))
     env = {**cmd.env, **plan.spare_env}
-    tree = SpareTree(SpareCommand(argv, env, path, config.vllm.model_name, api_key), instance, log,
-                     lambda pids: _gpu_of(sampler, pids), lambda: _free(sampler, config),
+    # The spare is built before the first launch learns them: its events, /status and
+    # output (its lines are logged; vLLM prints its non-default args) hide these values
+    # from the start too.
+    redact.learn(redact.secrets_of(env, api_key))
+    tree = SpareTree(SpareCommand(argv, env, path, config.vllm.model_name, api_key), instance,
+                     log, lambda pids: _gpu_of(sampler, pids), lambda: _free(sampler, config),
                      forward=config.log.child_lines)
     return SpareFx(config, plan, tree, log)
 

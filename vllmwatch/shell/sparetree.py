@@ -25,6 +25,7 @@ from dataclasses import dataclass
 
 import psutil
 
+from vllmwatch.config.redact import REDACT
 from vllmwatch.core.failover import (
     SpareBuilt,
     SpareExited,
@@ -220,7 +221,8 @@ class SpareTree:
         if out is not None:
             out.join(0.3)  # an exit's last lines may still be in the pipe
         last = out.last_lines[-1] if out is not None and out.last_lines else ""
-        return f"{why}; its last line: {last}" if last else why
+        # An excerpt, redacted before the cut: it goes to the log, /status and the core.
+        return f"{why}; its last line: {REDACT.tail(last, 300)}" if last else why
 
     def canary(self, timeout: float) -> str:
         """One greedy token; "" when it answered."""
@@ -230,7 +232,7 @@ class SpareTree:
                 "temperature": 0}, timeout=timeout, api_key=self.cmd.api_key)
         except (OSError, http.client.HTTPException) as exc:
             return f"canary: {type(exc).__name__}: {exc}"
-        return "" if status == 200 else f"canary: HTTP {status} {body[:200]!r}"
+        return "" if status == 200 else f"canary: HTTP {status} {REDACT.head(body, 200)!r}"
 
     def build(self, timeout: float) -> SpareBuilt:
         """READY (/health 200), its canary, its awake figure, /sleep?level=1, asleep."""
