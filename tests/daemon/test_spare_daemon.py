@@ -10,10 +10,10 @@ shows it.
 
 What a failover may cost a client, by design: nothing, except a streamed answer that had
 begun at an API server that was SIGKILLed (its bytes went to the client: the gate cannot
-replay it, and counts it in `cut_midstream`). The gate holds new requests until the spare is
+replay it). The gate holds new requests until the spare is
 proven awake and replays a request that got no byte from the dead or hung engine, so for an
 EngineCore death or hang no request may fail, and for an API server death only such cut
-streams, each counted by the gate. Timings are printed (`-s`), never asserted.
+streams. Timings are printed (`-s`), never asserted.
 """
 
 from __future__ import annotations
@@ -52,6 +52,7 @@ SCRIPT = "#!{python}\nimport os, sys\nfrom vllmwatch.testing.fake_vllm import ma
 KEY = "sk-SpareKey0123456789"
 WEIGHTS_MIB = 2048  # the model's (sparse) weights: the spare's pinned host backup, planned
 WAIT = 30.0
+STREAMS = 2  # clients that stream; as many send plain completions
 
 
 def _model(tmp: Path) -> str:
@@ -125,7 +126,7 @@ class Spared:
 
     # ---- clients through the gate ----
 
-    def clients(self, n: int = 4) -> None:
+    def clients(self, n: int = 2 * STREAMS) -> None:
         """n clients, each a closed loop of completions through the gate (half streamed)."""
         for k in range(n):
             t = threading.Thread(target=self._client, args=(k % 2 == 1,), daemon=True)
@@ -137,6 +138,7 @@ class Spared:
                            "stream": stream})
         while not self._stop.is_set():
             conn = http.client.HTTPConnection("127.0.0.1", self.gate_port, timeout=60)
+            began = time.time()
             try:
                 conn.request("POST", "/v1/completions", body,
                              {"Content-Type": "application/json",
@@ -151,7 +153,8 @@ class Spared:
                 else:
                     self.outcomes.append(f"HTTP {resp.status} {data[:120]!r} stream={stream}")
             except (OSError, http.client.HTTPException) as exc:
-                self.outcomes.append(f"{type(exc).__name__}: {exc} stream={stream}")
+                self.outcomes.append(f"{type(exc).__name__}: {exc} stream={stream} "
+                                     f"sent at {began:.3f}")
             finally:
                 conn.close()
 
@@ -213,9 +216,12 @@ def _fail_over(s: Spared, fault: str) -> None:
     st = s.status()
     cut = [f for f in failed if f.startswith("stream cut")]
     if fault == "api":  # streams that had begun at the dead API server end cut, and only they
-        assert cut == failed and len(cut) == st["gate"]["cut_midstream"], (failed, st["gate"])
+        # (at most one per streaming client: the one in flight at the kill). The gate cannot
+        # count them here: the fake ends a stream by closing (HTTP/1.0, no length), so a cut
+        # looks like an end; vLLM's uvicorn streams chunked, and the gate counts its cuts.
+        assert cut == failed and len(cut) <= STREAMS, (failed, st["gate"], s.d.dump())
     else:
-        assert not failed, failed
+        assert not failed, (failed, st["gate"], s.d.dump())
     assert st["serving"] == "full" and st["spare"]["state"] == "asleep", st["spare"]
     assert st["spare"]["pid"] == pid0, "the same spare, re-armed"
     print(f"{fault}: restart.begin {begin['ts'] - t0:.2f} s after the fault, the spare served "
