@@ -81,3 +81,22 @@ def test_lists_of_key_names_stay_and_secret_keys_do_not() -> None:
 def test_learnt_values_are_hidden_by_every_redactor_but_switches_are_not() -> None:
     learn(["learnt-V4lue-xyz", "true"])
     assert Redactor().text("a learnt-V4lue-xyz b true") == "a <redacted> b true"
+
+
+KNOWN_KEY = "Zq7KnownApiKey9Value3xx"  # no token shape: only the known value hides it
+
+
+@pytest.mark.parametrize("cut", range(1, len(KNOWN_KEY)))
+def test_an_excerpt_never_keeps_part_of_a_secret_across_its_cut(cut: int) -> None:
+    """head()/tail() redact before they cut: a secret across the cut is hidden whole, not
+    left as a first (or last) part that no rule and no known value matches."""
+    red = Redactor([KNOWN_KEY], known=False)
+    shaped = "sk-proj-Abc123def456ghi789"
+    for secret in (KNOWN_KEY, shaped):
+        text = "x" * (39 - cut) + " " + secret + " and more " * 20
+        for excerpt in (red.head(text, 40), red.head(text.encode(), 40)):
+            assert len(excerpt) == 40 and secret[:4] not in excerpt, excerpt
+        ending = " and more " * 20 + secret + " " + "y" * (39 - cut)
+        tail = red.tail(ending, 40)
+        assert len(tail) == 40 and secret[-4:] not in tail, tail
+    assert red.head("short", 40) == "short" and red.tail("short", 0) == ""

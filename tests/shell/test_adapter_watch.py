@@ -159,3 +159,22 @@ def test_our_request_bodies_match_vllms_request_models(tmp_path: Path) -> None:
     assert load_body(adapter, True)["load_inplace"] is True
     routes = (VLLM_SITE[0] / "entrypoints" / "serve" / "lora" / "api_router.py").read_text()
     assert f'"{watchmod.LOAD_PATH}"' in routes and f'"{watchmod.UNLOAD_PATH}"' in routes
+
+
+@pytest.mark.parametrize("cut", [5, 15])
+def test_vllms_refusal_is_redacted_before_it_is_cut(monkeypatch: pytest.MonkeyPatch,
+                                                    cut: int) -> None:
+    """vLLM's error for a load (what the log, /status and the metric's rows name) with the
+    API key, a Bearer token and a URL password in it, the key across the 300-byte cut."""
+    from vllmwatch.config import redact
+
+    monkeypatch.setattr(redact, "KNOWN", redact._Known())
+    key = "Zq7KnownApiKey9Value3xx"
+    redact.learn([key])  # as the daemon does at its launch (shell/childrun.py)
+    tail = " Bearer t0kenB3arer9 from https://u:Passw0rdUrl9@hub/x" * 5
+    for raw in (json.dumps({"error": {"message": "m" * (watchmod.ERROR_BYTES - cut) + key
+                                      + tail}}).encode(),
+                b"z" * (watchmod.ERROR_BYTES - cut) + key.encode() + tail.encode()):
+        said = watchmod.vllm_error(500, raw)
+        for piece in (key[:4], "t0kenB3", "Passw0r"):
+            assert piece not in said, said

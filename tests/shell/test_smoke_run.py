@@ -16,6 +16,7 @@ import pytest
 from vllmwatch.config.redact import Redactor
 from vllmwatch.config.smoke import parse
 from vllmwatch.core.actions import Smoke
+from vllmwatch.core.smoke import ANSWER_BYTES
 from vllmwatch.shell import smoke
 from vllmwatch.testing.ports import free_port
 
@@ -83,6 +84,21 @@ def test_the_answer_head_goes_through_the_redactor(server: Any) -> None:
     got = smoke.run(_action(port, endpoint="chat"), None, Redactor())
     assert not got.ok and "sk-leaked" not in got.error and "sk-leaked" not in got.answer
     assert "<redacted>" in got.answer and got.error.startswith("HTTP 400")
+
+
+@pytest.mark.parametrize("cut", [1, 9, 20])
+def test_a_secret_across_the_answers_300_bytes_is_hidden_whole(server: Any, cut: int) -> None:
+    """The API key (a known value, no token shape) where the excerpt ends: redacted before
+    the cut, so not even its first characters are kept."""
+    key = "Zq7KnownApiKey9Value3xx"
+    port, replies = server
+    head = json.dumps({"error": {"message": ""}})[:-3]  # the body up to the message's text
+    message = "x" * (ANSWER_BYTES - cut - len(head)) + key + " Bearer t0kenB3arer9 " * 20
+    replies.append(_json(400, {"error": {"message": message}}))
+    got = smoke.run(_action(port, endpoint="chat"), None, Redactor([key], known=False))
+    assert not got.ok and len(got.answer) == ANSWER_BYTES
+    for piece in (key[:4], "t0kenB3"):
+        assert piece not in got.answer and piece not in got.error, got
 
 
 def test_a_trickling_answer_ends_at_the_deadline(server: Any) -> None:

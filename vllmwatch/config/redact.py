@@ -31,6 +31,9 @@ from vllmwatch.config import flags
 
 REDACTED = "<redacted>"
 MIN_SECRET = 4  # a shorter known "secret" would redact ordinary words
+# An excerpt (head, tail) is redacted over this much more than it keeps: a secret that starts
+# inside the excerpt and is shorter than this is matched whole before the cut.
+EXCERPT_MARGIN = 4096
 # Values of secret-named variables that are switches, not secrets (VLLM_USE_AUTH=true).
 _NOT_VALUES = frozenset({"true", "false", "none", "null", "yes", "no", "auto", "on", "off",
                          "enabled", "disabled", "required", "optional", "default"})
@@ -223,6 +226,21 @@ class Redactor:
             for rule in _RULES:
                 text = _sub_named(rule, text)
         return text
+
+    def head(self, text: str | bytes, limit: int) -> str:
+        """The first `limit` characters of the redacted text: an excerpt (an answer's first
+        bytes, an error's start). Cut first, a secret across the cut would keep its first
+        part (too short to match a rule, not equal to a known value): so redact a window of
+        EXCERPT_MARGIN more, then cut."""
+        if isinstance(text, bytes):
+            text = text[:limit + EXCERPT_MARGIN].decode("utf-8", "replace")
+        return self.text(text[:limit + EXCERPT_MARGIN])[:limit]
+
+    def tail(self, text: str, limit: int) -> str:
+        """The last `limit` characters of the redacted text (a process's last output); the
+        same window as head(), from the end."""
+        cleaned = self.text(text[-(limit + EXCERPT_MARGIN):])
+        return cleaned[-limit:] if limit else ""
 
     def lines(self, lines: Iterable[str]) -> list[str]:
         """Many lines, redacted."""

@@ -184,7 +184,7 @@ def _dump_json(d: dumpers.Dump, red: Redactor) -> dict[str, Any]:
             "threads": [{"name": t.name, "current": t.current, "blocked": t.blocked,
                          "frames": [[f.function, f.file, f.line] for f in t.frames]}
                         for t in d.threads] if d.ok else []} | \
-        ({} if d.ok else {"output": red.text(d.raw[-2000:])})
+        ({} if d.ok else {"output": red.tail(d.raw, 2000)})
 
 
 def _gpu(read: Callable[[], dict[str, Any]] | None) -> dict[str, Any]:

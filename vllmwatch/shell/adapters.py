@@ -55,11 +55,11 @@ def vllm_error(status: int, raw: bytes) -> str:
     try:
         message = json.loads(raw)["error"]["message"]
         if isinstance(message, str):
-            return f"HTTP {status}: {REDACT.text(message[:ERROR_BYTES])}"
+            return f"HTTP {status}: {REDACT.head(message, ERROR_BYTES)}"
     except (ValueError, KeyError, TypeError):
         pass
-    text = raw[:ERROR_BYTES].decode("utf-8", "replace").strip()
-    return f"HTTP {status}: {REDACT.text(text)}" if text else f"HTTP {status}"
+    text = REDACT.head(raw, ERROR_BYTES).strip()
+    return f"HTTP {status}: {text}" if text else f"HTTP {status}"
 
 
 class AdapterWatch:

@@ -18,6 +18,7 @@ from prometheus_client.parser import text_string_to_metric_families
 
 from vllmwatch import bounded_http
 from vllmwatch.config.hosts import connect_host
+from vllmwatch.config.redact import REDACT
 from vllmwatch.config.schema import Config, ProbeConfig
 from vllmwatch.core import canary as kinds
 from vllmwatch.core import sleep
@@ -156,7 +157,7 @@ class HttpProber:
         if status != 200:
             absent = kinds.route_missing(status, body) and self.canary_kind == "auto"
             return CanaryResult(False, False, took, f"HTTP {status} from {path}: "
-                                f"{body[:200]!r}", warmup), absent
+                                f"{REDACT.head(body, 200)!r}", warmup), absent
         problem = kinds.answer_problem(kind, body)
         if problem:  # a 200 that is not the answer (HTML, empty): a failure, never READY
             return CanaryResult(False, False, took, f"HTTP 200 from {path} but {problem}",

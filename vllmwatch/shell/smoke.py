@@ -44,7 +44,6 @@ def run(action: Smoke, api_key: str | None, redactor: Redactor = REDACT) -> Smok
 
 def _result(action: Smoke, t0: float, error: str, body: bytes, redactor: Redactor
             ) -> SmokeResult:
-    head = body[:ANSWER_BYTES].decode("utf-8", "replace")
     return SmokeResult(action.index, not error, time.monotonic() - t0,
-                       redactor.text(error)[:1000], redactor.text(head) if error else "",
-                       gen=action.gen)
+                       redactor.head(error, 1000),
+                       redactor.head(body, ANSWER_BYTES) if error else "", gen=action.gen)

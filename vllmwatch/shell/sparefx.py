@@ -12,7 +12,7 @@ import os
 from collections.abc import Mapping
 from typing import TYPE_CHECKING, Any
 
-from vllmwatch.config import command, private
+from vllmwatch.config import command, private, redact
 from vllmwatch.config.schema import Config
 from vllmwatch.config.spare import SpareFacts, kv_bytes_per_token, plan_spare
 from vllmwatch.config.spare import with_flags as _with_flags
@@ -95,9 +95,13 @@ def make(config: Config, environ: Mapping[str, str], sampler: MemorySampler, uni
     from vllmwatch.shell.sparerun import SpareFx  # plan on only
     from vllmwatch.shell.sparetree import SpareCommand, SpareTree
 
-    cmd = command.build(config, environ, api_key=command.read_api_key(config))
+    api_key = command.read_api_key(config)
+    cmd = command.build(config, environ, api_key=api_key)
     argv = _with_flags(cmd.argv, dict(plan.spare_flags))
     env = {**cmd.env, **plan.spare_env}
+    # The spare is built before the first launch learns them: its events, /status and
+    # output hide these values from the start too.
+    redact.learn(redact.secrets_of(env, api_key))
     tree = SpareTree(SpareCommand(argv, env, path, config.vllm.model_name), instance, log,
                      lambda pids: _gpu_of(sampler, pids), lambda: _free(sampler, config))
     return SpareFx(config, plan, tree, log)

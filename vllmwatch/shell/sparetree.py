@@ -25,6 +25,7 @@ from dataclasses import dataclass
 
 import psutil
 
+from vllmwatch.config.redact import REDACT
 from vllmwatch.core.failover import (
     SpareBuilt,
     SpareExited,
@@ -189,7 +190,7 @@ class SpareTree:
                 "temperature": 0}, timeout=timeout)
         except (OSError, http.client.HTTPException) as exc:
             return f"canary: {type(exc).__name__}: {exc}"
-        return "" if status == 200 else f"canary: HTTP {status} {body[:200]!r}"
+        return "" if status == 200 else f"canary: HTTP {status} {REDACT.head(body, 200)!r}"
 
     def build(self, timeout: float) -> SpareBuilt:
         """READY (/health 200), its canary, its awake figure, /sleep?level=1, asleep."""
