@@ -13,14 +13,14 @@ import socket
 import subprocess
 import sys
 import threading
-from collections.abc import Iterator
-from contextlib import contextmanager, suppress
+from contextlib import AbstractContextManager
 from pathlib import Path
 from typing import Any
 
 import pytest
 
 from tests.support.fakevllm import ROOT, completion, fake, http
+from tests.support.procs import owned
 from vllmwatch.testing import fake_gpu
 from vllmwatch.testing.fake_nvml import FakeGpu, FakeNvml
 from vllmwatch.testing.waiting import TIMEOUT_SCALE, wait_for
@@ -156,29 +156,17 @@ def test_a_wake_without_room_is_a_cuda_oom_and_stays_asleep(tmp_path: Path,
         assert http(f.port, "/wake_up", {})[0] == 200
 
 
-def start(*flags: str, **kw: Any) -> subprocess.Popen[bytes]:
-    return subprocess.Popen([sys.executable, "-m", "vllmwatch.testing.fake_vllm", "serve",
-                             "--model", "fake", "--startup-seconds", "0.1", *flags], cwd=ROOT,
-                            stdout=subprocess.DEVNULL, stderr=subprocess.PIPE,
-                            start_new_session=True, **kw)
-
-
-@contextmanager
-def owned(proc: subprocess.Popen[bytes]) -> Iterator[subprocess.Popen[bytes]]:
-    try:
-        yield proc
-    finally:
-        with suppress(ProcessLookupError):
-            os.killpg(proc.pid, signal.SIGKILL)
-        proc.wait()
-        assert proc.stderr is not None
-        proc.stderr.close()
+def start(*flags: str) -> AbstractContextManager[subprocess.Popen[bytes]]:
+    """The fake vLLM with these flags, owned: its tree killed on the way out."""
+    return owned([sys.executable, "-m", "vllmwatch.testing.fake_vllm", "serve", "--model",
+                  "fake", "--startup-seconds", "0.1", *flags], cwd=ROOT,
+                 stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
 
 
 def test_the_start_memory_check_refuses_like_request_memory(tmp_path: Path,
                                                             ledger: str) -> None:
     fake_gpu.hold(ledger, os.getpid(), 113968)  # the serving engine at 0.78 (issue 34)
-    with owned(start("--port", "0")) as proc:  # default utilization 0.9
+    with start("--port", "0") as proc:  # default utilization 0.9
         _, err = proc.communicate(timeout=60 * TIMEOUT_SCALE)
         assert proc.returncode == 1
         assert "Free memory on device cuda:0 (29.1/140.4 GiB) on startup is less than " \
@@ -189,7 +177,7 @@ def test_the_start_memory_check_refuses_like_request_memory(tmp_path: Path,
 
 
 def test_sleep_mode_exits_on_cpu(tmp_path: Path) -> None:
-    with owned(start("--enable-sleep-mode", "--fake-cpu")) as proc:
+    with start("--enable-sleep-mode", "--fake-cpu") as proc:
         _, err = proc.communicate(timeout=60 * TIMEOUT_SCALE)
         assert proc.returncode == 1 and b"Sleep mode is not supported" in err
 
@@ -217,10 +205,10 @@ def uds_get(path: str, url: str) -> int:
 
 def test_uds_serves_on_a_unix_socket_and_leaves_it_behind(tmp_path: Path, ledger: str) -> None:
     sock = str(tmp_path / "spare.sock")
-    with owned(start(*SPARE, "--uds", sock)) as proc:
+    with start(*SPARE, "--uds", sock) as proc:
         wait_for(lambda: uds_get(sock, "/health") == 200, 10, "/health on the socket")
         assert uds_get(sock, "/is_sleeping") == 200
-        with owned(start("--uds", sock)) as second:  # the path is taken: EADDRINUSE
+        with start("--uds", sock) as second:  # the path is taken: EADDRINUSE
             _, err = second.communicate(timeout=60 * TIMEOUT_SCALE)
             assert second.returncode == 1 and b"Address already in use" in err
         os.killpg(proc.pid, signal.SIGKILL)

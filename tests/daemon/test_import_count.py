@@ -42,6 +42,9 @@ ADDED_SINCE_608444D = {
                                "WATCHDOG=1, the sd_notify messages) with their own timers, "
                                "split from loop.py (374 lines); no small module of the "
                                "daemon's belongs folded into another",
+    "vllmwatch.shell.cacheenv": "issue 32: a launch's cache variables and the start-up cache "
+                                "decision said once per change, split from shell/effects.py "
+                                "(382 lines)",
     # With the gate on only.
     "vllmwatch.config.spare": "issue 34: [spare] = auto is considered with the gate on: its "
                               "plan says on or off and why at every start",

@@ -42,3 +42,45 @@ def test_no_secret_leaves_the_daemon(tmp_path: Path) -> None:
                **files}
     leaked = [(where, s) for where, text in written.items() for s in LEAKS if s in text]
     assert not leaked, leaked
+
+
+KEY = "Zq7KnownApiKey9Value3xx"  # no token shape: only the known value (the key file) hides it
+PLANTED = (KEY, "t0kenB3arer9", "Passw0rdUrl9")
+
+
+def test_a_smoke_checks_failed_answer_leaves_no_secret(tmp_path: Path) -> None:
+    """Issue 38's smoke excerpts: vLLM's failed answer quotes the API key (across the
+    300 bytes the excerpt keeps), a Bearer token and a URL password; the log, /status, the
+    start failure and its incident record say the check failed and hold none of them."""
+    key = tmp_path / "key"
+    key.write_text(KEY + "\n")
+    key.chmod(0o600)
+    said = "The model does not support Messages API"
+    head = json.dumps({"type": "error", "error": {"type": "BadRequestError",
+                                                  "message": said}})[:-3]
+    planted = tmp_path / "messages-broken"  # the fake's message ends with this text
+    planted.write_text("p" * (300 - 9 - len(head)) + KEY
+                       + " Bearer t0kenB3arer9 from https://u:Passw0rdUrl9@hub/x" * 4)
+    cfg = merge(base_config(free_port(), free_port(),
+                            ["--fake-messages-fail-while", str(planted)]),
+                {"vllm": {"api_key_file": str(key)}, "startup": {"timeout": "5s"}})
+    cfg["smoke"] = [{"endpoint": "messages"}]
+    (tmp_path / "d").mkdir()
+    d = Daemon(tmp_path / "d", cfg)
+    d.start()
+    try:
+        failed = d.wait_event("smoke.failed", 30.0)
+        # the key stood across the cut: hidden whole, then cut inside "<redacted>"
+        assert said in failed["error"] and failed["answer"].endswith("<redacted")
+        status = d.http_get("/status")[1].decode()
+        assert "<redacted>" in status
+        event = d.wait_event("incident.recorded", 30.0)
+        files = {p.name: p.read_text() for p in Path(event["incident_path"]).iterdir()}
+        assert "smoke check 'messages'" in files["record.json"]
+    finally:
+        d.close()
+    written = {"events": json.dumps(d.events), "raw": "\n".join(d.raw), "/status": status,
+               **files}
+    leaked = [(where, s[:6]) for where, text in written.items() for s in PLANTED
+              if s[:6] in text]
+    assert not leaked, leaked

@@ -6,6 +6,7 @@ reaches none of them."""
 from __future__ import annotations
 
 import signal
+from collections.abc import Callable
 from typing import Any
 
 from tests.loop.test_loop import BASE
@@ -23,14 +24,9 @@ from vllmwatch.testing import (
 )
 
 
-def _loop(read: object) -> tuple[Loop, list[tuple[Config, Config]]]:
-    seen: list[tuple[Config, Config]] = []
-    loop: Loop | None = None
-
-    def reloaded(new: Config) -> None:
-        assert loop is not None
-        seen.append((new, loop.state.config))  # what the core holds when the shell follows
-
+def _started(read: object, on_reloaded: Callable[[Config], None]) -> Loop:
+    """A loop over the fake world whose SIGHUP rereads `read` (a Config, or the exception
+    the reread raises), started."""
     def reread() -> Config:
         if isinstance(read, Exception):
             raise read
@@ -39,9 +35,20 @@ def _loop(read: object) -> tuple[Loop, list[tuple[Config, Config]]]:
 
     loop = Loop(BASE, WorldEffects(World(), FakeNotifier()), FakeClock(), reread, environ={},
                 seed=1, executor=SyncExecutor(), waiter=no_wait, install_signals=False,
-                on_reloaded=reloaded)
+                on_reloaded=on_reloaded)
     loop.start()
-    return loop, seen
+    return loop
+
+
+def _loop(read: object) -> tuple[Loop, list[tuple[Config, Config]]]:
+    seen: list[tuple[Config, Config]] = []
+    holder: list[Loop] = []
+
+    def reloaded(new: Config) -> None:
+        seen.append((new, holder[0].state.config))  # what the core holds when the shell follows
+
+    holder.append(_started(read, reloaded))
+    return holder[0], seen
 
 
 def _sighup(loop: Loop) -> None:
@@ -98,19 +105,8 @@ def _live_loop(read: object) -> tuple[Loop, dict[str, _Follower], Live]:
 
     live = Live(BASE, SwitchableLog(lambda *a, **k: None), make_log, make_status)
     live.gate, live.effects = parts["gate"], parts["effects"]
-
-    def reread() -> Config:
-        if isinstance(read, Exception):
-            raise read
-        assert isinstance(read, Config)
-        return read
-
-    loop = Loop(BASE, WorldEffects(World(), FakeNotifier()), FakeClock(), reread, environ={},
-                seed=1, executor=SyncExecutor(), waiter=no_wait, install_signals=False,
-                on_reloaded=live.apply)
-    holder.append(loop)
-    loop.start()
-    return loop, parts, live
+    holder.append(_started(read, live.apply))
+    return holder[0], parts, live
 
 
 def test_each_piece_gets_the_new_values_only_after_the_core_took_them() -> None:

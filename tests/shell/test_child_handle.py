@@ -24,7 +24,7 @@ DAEMON_FIELDS = {"log", "notifier", "_environ", "reaper", "launcher", "marker", 
                  "_adapters",  # the LoRA adapters' watcher (issue 38)
                  "gate_figures",  # the gate's per-engine figures for incident records (35)
                  "incidents",  # incident records: the last child's evidence, kept on purpose
-                 "_caches_said",  # the start-up cache decision last logged (issue 33)
+                 "_caches",  # the cache variables and the start-up cache decision (33)
                  "stop_order"}  # the gate's fence, told before any signal (daemon lifetime)
 
 CHILD = [sys.executable, "-c", "import sys; print('bye', flush=True); sys.exit(3)"]

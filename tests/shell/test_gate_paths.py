@@ -156,3 +156,16 @@ def test_the_gate_refuses_admin_paths_in_any_form_and_forwards_client_paths_as_c
         assert seen[-6:] == ["/v1/completions", "/v1/completions?x=%26y", "/v1/models",
                              "/health", "/metrics", "/v1/messages"]
         assert g.stats.forwarded == 6
+
+
+def test_a_refused_paths_echo_is_redacted_before_it_is_cut(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    """The 404's echo of a long path keeps 200 characters: a known secret across them is
+    hidden whole (the gate's answer passes the one redactor, config/redact.py)."""
+    from vllmwatch.config import redact
+
+    monkeypatch.setattr(redact, "KNOWN", redact._Known())
+    key = "Zq7KnownApiKey9Value3xx"
+    redact.learn([key])
+    why = refusal("POST", "/" + "a" * 190 + key + "/more")
+    assert why is not None and "<redacte" in why and key[:4] not in why

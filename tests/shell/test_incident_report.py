@@ -152,3 +152,17 @@ def test_the_metrics_summary_comes_before_the_full_list() -> None:
     assert summary < text.index("generation tokens last moved between 65 and 125 s")
     assert text.index("5 generation tokens/s") < text.index("every series that moved")
     assert "vllm:e2e_request_latency_seconds_sum" in text  # the full list, below
+
+
+def test_the_cause_lines_first_error_is_redacted_before_it_is_cut(monkeypatch: Any) -> None:
+    """The cause quotes 200 characters of vLLM's first error line; the record is redacted
+    after, too late for a part of a known secret across the cut: hidden whole first."""
+    from vllmwatch.config import redact
+
+    monkeypatch.setattr(redact, "KNOWN", redact._Known())
+    key = "Zq7KnownApiKey9Value3xx"
+    redact.learn([key])
+    line = "ERROR " + "e" * 185 + key + " Bearer t0kenB3arer9"
+    said = cause.lines({"output": ["INFO fine", line]})
+    assert said and said[-1].startswith("first error in vLLM's output: ERROR eee")
+    assert key[:4] not in said[-1] and "<redacte" in said[-1]

@@ -145,3 +145,25 @@ def test_the_log_still_says_what_is_not_secret() -> None:
     event = json.loads(stream.getvalue())
     assert event["command"] == "vllm serve /models/x --port 8000" and event["pid"] == 3
 
+
+
+@pytest.mark.parametrize("cut", [5, 15])
+def test_the_spares_canary_detail_is_redacted_before_it_is_cut(
+        monkeypatch: pytest.MonkeyPatch, cut: int) -> None:
+    """The spare's canary failure (its spare.* events and /status say it) quotes vLLM's
+    answer: the API key across the 200 bytes it keeps is hidden whole."""
+    from vllmwatch.config import redact
+    from vllmwatch.shell import sparetree
+
+    monkeypatch.setattr(redact, "KNOWN", redact._Known())
+    key = "Zq7KnownApiKey9Value3xx"
+    redact.learn([key])  # shell/sparefx.make learns the spare's secrets when it is built
+    answer = b"e" * (200 - cut) + key.encode() + b" Bearer t0kenB3arer9" * 5
+    monkeypatch.setattr(sparetree, "call", lambda *a, **k: (500, answer))
+    tree_ = sparetree.SpareTree(sparetree.SpareCommand(["vllm"], {}, "/nonexistent", "m"),
+                                "i" * 16, lambda *a, **k: None, lambda pids: None,
+                                lambda: None)
+    said = tree_.canary(1.0)
+    assert said.startswith("canary: HTTP 500")
+    for piece in (key[:4], "t0kenB3"):
+        assert piece not in said, said

@@ -4,17 +4,16 @@ tests that talk to it directly (no daemon in between)."""
 from __future__ import annotations
 
 import json
-import os
-import signal
 import subprocess
 import sys
 import urllib.error
 import urllib.request
 from collections.abc import Iterator
-from contextlib import contextmanager, suppress
+from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
+from tests.support.procs import kill_tree
 from vllmwatch.testing.ports import free_port
 from vllmwatch.testing.waiting import TIMEOUT_SCALE, wait_for
 
@@ -95,8 +94,4 @@ def fake(tmp_path: Path, *flags: str, ready: int = 200, armed: bool = False) -> 
             f.wait_ready(ready)
         yield f
     finally:
-        with suppress(ProcessLookupError):
-            os.killpg(proc.pid, signal.SIGKILL)
-        proc.wait()
-        assert proc.stderr is not None
-        proc.stderr.close()
+        kill_tree(proc)  # the group, each descendant, then reaped and its pipes closed

@@ -37,6 +37,8 @@ from __future__ import annotations
 import json
 import re
 
+from vllmwatch.config.redact import REDACT
+
 REPLAYABLE = frozenset({
     "/v1/completions", "/v1/chat/completions", "/v1/embeddings", "/v1/messages",
     "/v1/score", "/score", "/v1/rerank", "/v2/rerank", "/rerank", "/pooling", "/classify",
@@ -132,7 +134,7 @@ def refusal(method: str, path: str) -> str | None:
     """Why the gate answers this request 404 itself; None when it forwards it."""
     if allowed(path):
         return None
-    shown = path if len(path) <= 200 else path[:200] + "..."
+    shown = REDACT.head(path, 200) + ("..." if len(path) > 200 else "")  # redacted, then cut
     shown = shown.encode("ascii", "backslashreplace").decode()
     return (f"{method} {shown} is not a client API path: the vllmwatch gate forwards only "
             "vLLM's client APIs (OpenAI and Anthropic, pooling, tokenize, /health, "

@@ -13,6 +13,8 @@ import re
 from collections.abc import Mapping, Sequence
 from typing import Any
 
+from vllmwatch.config.redact import REDACT
+
 EVENTS_MAX = 4096  # memory.events is a few short lines; never read more
 _STOPPED = {"T": "stopped (state T: SIGSTOP, or a debugger holds it)",
             "t": "stopped by a tracer (state t: a debugger holds it)",
@@ -90,5 +92,6 @@ def lines(r: Mapping[str, Any]) -> list[str]:
                        f"in {', '.join(blocked[:3])} (a deadlock?)")
     first = next((ln for ln in r.get("output") or [] if ERROR_LINE.search(ln)), None)
     if first is not None:
-        out.append(f"first error in vLLM's output: {first.strip()[:200]}")
+        # redacted before the cut (the record's redaction comes after: too late for a part)
+        out.append(f"first error in vLLM's output: {REDACT.head(first.strip(), 200)}")
     return out

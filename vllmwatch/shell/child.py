@@ -12,7 +12,7 @@ import subprocess
 import tempfile
 import time
 from dataclasses import dataclass
-from typing import IO
+from typing import IO, TYPE_CHECKING
 
 import psutil
 
@@ -22,6 +22,10 @@ from vllmwatch.core.policy import signal_name
 from vllmwatch.logfn import LogFn
 from vllmwatch.shell import groupfile, kin, ports
 from vllmwatch.shell.groupfile import MARKER as MARKER  # re-exported: the env marker
+
+if TYPE_CHECKING:
+    from vllmwatch.core.actions import Sweep
+    from vllmwatch.shell.reaper import Reaper
 
 # How vLLM's processes look in a process list (FACTS: comm is truncated; match the cmdline).
 _VLLM_SIGNS = ("VLLM::", "vllm serve", "vllm.entrypoints", "vllm.v1.engine")
@@ -276,3 +280,22 @@ def sweep(pgid: int | None, marker: str, host: str, port: int, grace: float = 5.
     return SweepDone(killed=killed, remaining=tuple(p.pid for p in alive), port_holder=holder,
                      foreign_vllm=tuple(describe(p) for p in foreign),
                      killed_what=tuple(what[p] for p in stragglers if p not in alive))
+
+
+def sweep_or_look(action: Sweep, marker: str, log: LogFn, exempt: frozenset[int],
+                  reaper: Reaper | None) -> SweepDone:
+    """The core's Sweep: kill leftovers of our tree and check the port; at start (no group)
+    honour kill_stale, and without it only look and say what is there."""
+    if action.pgid is not None or action.kill_stale:
+        # As subreaper every orphan of the tree comes to us: what we adopted is ours.
+        done = sweep(action.pgid, marker, action.host, action.port, settle=action.settle,
+                     log=log, exempt=exempt, adopt=reaper is not None)
+        if reaper is not None:
+            reaper.killed(done.killed)
+        if not done.remaining:
+            remove_tmpdirs(marker)
+        return done
+    ours, foreign = find_tree(action.pgid, marker, log, exempt, reaper is not None)
+    holder = port_holder(action.host, action.port, ignore=set())
+    return SweepDone((), tuple(p.pid for p in ours), holder,
+                     tuple(describe(p) for p in foreign))

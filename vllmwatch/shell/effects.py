@@ -39,11 +39,12 @@ from vllmwatch.prewarm import runner as prewarm
 from vllmwatch.shell import child as childmod
 from vllmwatch.shell import childrun, startguard
 from vllmwatch.shell import platform as platformmod
+from vllmwatch.shell.cacheenv import CacheEnv
 from vllmwatch.shell.childrun import ChildHandle, Launcher
 from vllmwatch.shell.incidents import IncidentShell
 from vllmwatch.shell.launcher import StandbyLauncher
 from vllmwatch.shell.logs import LogFn
-from vllmwatch.shell.memory import MemorySampler, make_sampler, release_check
+from vllmwatch.shell.memory import MemorySampler, gpu_pids, make_sampler, release_check
 from vllmwatch.shell.notify import Notifier
 from vllmwatch.shell.reaper import Reaper
 from vllmwatch.shell.versions import VersionCache
@@ -113,14 +114,16 @@ class RealEffects:
         self.gate_figures: Callable[[int | None], Mapping[str, int] | None] | None = None
         self.spare: SpareFx | None = None  # the sleeping spare engine, when its plan is on
         self._versions = VersionCache()
-        # The start-up cache decision last logged (daemon lifetime: said once per change).
-        self._caches_said: list[tuple[dict[str, str], dict[str, str]]] = []
+        # The cache variables of a launch (the start-up cache decision said once per change).
+        self._caches = CacheEnv(log, self._environ, self._versions,
+                                lambda: self.platform.unified)
         self._versions.prefetch(config.vllm.command)  # off the loop, before the first launch
         self._run: ChildHandle | None = None
         # The launcher lives as long as the daemon; the standby one keeps a pre-imported
         # interpreter for the next launch (shell/launcher.py; docs/operations/restarts.md,
         # "Standby").
-        self.launcher: Launcher = launcher or StandbyLauncher(log, self.marker, self._gpu_pids)
+        self.launcher: Launcher = launcher or StandbyLauncher(
+            log, self.marker, lambda: gpu_pids(self.sampler))
         self.standby = self.launcher if isinstance(self.launcher, StandbyLauncher) else None
         # Incident records (daemon lifetime); it keeps the last child's evidence past the reap.
         self.incidents = IncidentShell(config, log, environ)
@@ -137,7 +140,7 @@ class RealEffects:
             return SpawnFailed(f"{config.path}: {refused[0].key}: {refused[0].problem}",
                                fatal=True)
         prepared = childrun.prepare(config, self._environ, self.marker, version,
-                                    self._cache_env(config), self.log)
+                                    self._caches.env(config), self.log)
         if isinstance(prepared, SpawnFailed):
             return prepared
         prepared = replace(prepared, cmd=self.incidents.child_command(prepared.cmd, config))
@@ -171,7 +174,7 @@ class RealEffects:
         try:
             cmd = command.build(config, self._environ, api_key=command.read_api_key(config),
                                 vllm_version=self._versions.current,
-                                extra_env=self._cache_env(config))
+                                extra_env=self._caches.env(config))
         except ConfigError:
             return None
         if self.spare is not None:
@@ -186,28 +189,6 @@ class RealEffects:
         if self.standby is not None:
             self.standby.reconfigure(config, lambda: self._next_command(config),
                                      self.platform.unified)
-
-    def _gpu_pids(self) -> set[int] | None:
-        procs = self.sampler.gpu_processes()
-        return None if procs is None else {p.pid for p in procs}
-
-    def _cache_env(self, config: Config) -> dict[str, str]:
-        """The persistent cache variables whose directories we could create; vLLM would crash
-        on one it cannot write (e.g. `vllmwatch run` by hand without /var/cache access)."""
-        usable, unusable = prewarm.make_cache_dirs(config, self._environ)
-        for name, path, why in unusable:
-            self.log("warning", "prewarm.cache_unusable", variable=name, path=path,
-                     error=why, detail="vLLM keeps its default cache location; "
-                     "set prewarm.cache_dir to a writable directory")
-        # vLLM's own start-up caches (config/startcaches.py); said once per change.
-        decision = startcaches.decide(config, self._environ, self._versions.info,
-                                      self.platform.unified)
-        said = (decision.env, decision.why)
-        if said not in self._caches_said[-1:]:
-            self._caches_said[:] = [said]
-            self.log("info", "prewarm.start_caches", env=decision.env, why=decision.why,
-                     vllm=self._versions.current)
-        return {**usable, **decision.env}
 
     def child_fd(self) -> int | None:
         """The pidfd of the live child, for select()."""
@@ -282,21 +263,8 @@ class RealEffects:
 
     def sweep(self, action: Sweep) -> SweepDone:
         """Kill leftovers of our tree and check the port; at start honour kill_stale."""
-        if action.pgid is not None or action.kill_stale:
-            # As subreaper every orphan of the tree comes to us: what we adopted is ours.
-            done = childmod.sweep(action.pgid, self.marker, action.host, action.port,
-                                  settle=action.settle, log=self.log,
-                                  exempt=self._exempt(), adopt=self.reaper is not None)
-            if self.reaper is not None:
-                self.reaper.killed(done.killed)
-            if not done.remaining:
-                childmod.remove_tmpdirs(self.marker)
-            return done
-        ours, foreign = childmod.find_tree(action.pgid, self.marker, self.log,
-                                           self._exempt(), self.reaper is not None)
-        holder = childmod.port_holder(action.host, action.port, ignore=set())
-        return SweepDone((), tuple(p.pid for p in ours), holder,
-                         tuple(childmod.describe(p) for p in foreign))
+        return childmod.sweep_or_look(action, self.marker, self.log, self._exempt(),
+                                      self.reaper)
 
     def _exempt(self) -> frozenset[int]:
         """Ours and no child's: the standby, and the spare engine's API server (its own

@@ -267,6 +267,12 @@ def _text(value: object) -> str:
     return value.decode() if isinstance(value, bytes) else str(value)
 
 
+def gpu_pids(sampler: MemorySampler) -> set[int] | None:
+    """The pids of every process on the sampled GPUs (None when NVML cannot say)."""
+    procs = sampler.gpu_processes()
+    return None if procs is None else {p.pid for p in procs}
+
+
 def release_check(sampler: MemorySampler, old_pids: set[int], before_launch: dict[int, float],
                   tolerance_mib: float) -> tuple[bool, str]:
     """Read the sampler once and apply the pure release decision."""

@@ -35,7 +35,8 @@ def add_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--fake-no-chat-template", action="store_true",
                    help="the tokenizer has no chat template: chat needs --chat-template")
     p.add_argument("--fake-messages-fail-while",
-                   help="/v1/messages answers 400 while this file exists")
+                   help="/v1/messages answers 400 while this file exists (its text, if "
+                   "any, ends vLLM's message: what a test plants there)")
 
 
 def _error(message: str, code: int = 400, kind: str = "BadRequestError") -> dict[str, Any]:
@@ -89,7 +90,10 @@ def _messages(a: argparse.Namespace, body: dict[str, Any], complete: Complete
               ) -> tuple[int, dict[str, Any]]:
     failing = a.fake_messages_fail_while
     if failing and os.path.exists(failing):
-        return 400, _anthropic("BadRequestError", "The model does not support Messages API")
+        with open(failing, encoding="utf-8") as f:
+            said = f.read()
+        return 400, _anthropic("BadRequestError",
+                               "The model does not support Messages API" + said)
     if not isinstance(body.get("max_tokens"), int) or not isinstance(body.get("messages"), list):
         return 400, _anthropic("BadRequestError", "max_tokens and messages are required")
     refused = _chat_refused(a, {})
