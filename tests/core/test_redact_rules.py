@@ -6,7 +6,7 @@ from __future__ import annotations
 import pytest
 from hypothesis import given, settings
 
-from tests.support.secrets import leaks
+from tests.support.secrets import KNOWN_KEY, leaks
 from vllmwatch.config.redact import REDACTED, Redactor, is_secret_name, learn
 
 R = Redactor(known=False)
@@ -83,7 +83,6 @@ def test_learnt_values_are_hidden_by_every_redactor_but_switches_are_not() -> No
     assert Redactor().text("a learnt-V4lue-xyz b true") == "a <redacted> b true"
 
 
-KNOWN_KEY = "Zq7KnownApiKey9Value3xx"  # no token shape: only the known value hides it
 
 
 @pytest.mark.parametrize("cut", range(1, len(KNOWN_KEY)))

@@ -10,6 +10,7 @@ import signal
 from pathlib import Path
 
 from tests.support import Daemon, base_config, free_port, merge
+from tests.support.secrets import KNOWN_KEY
 
 SECRETS = {"DATABASE_URL": "postgres://bob:Db5ecretPw9@db.internal:5432/app",
            "HTTPS_PROXY": "http://svc:Pr0xyPw7x@proxy:3128",
@@ -44,7 +45,7 @@ def test_no_secret_leaves_the_daemon(tmp_path: Path) -> None:
     assert not leaked, leaked
 
 
-KEY = "Zq7KnownApiKey9Value3xx"  # no token shape: only the known value (the key file) hides it
+KEY = KNOWN_KEY  # no token shape: only the known value (the key file) hides it
 PLANTED = (KEY, "t0kenB3arer9", "Passw0rdUrl9")
 
 

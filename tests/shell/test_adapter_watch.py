@@ -20,6 +20,7 @@ from typing import Any
 import pytest
 
 from tests.support import TIMEOUT_SCALE, free_port, kill_tree, wait_until
+from tests.support.secrets import known_key
 from tests.support.tinylora import make
 from vllmwatch import bounded_http
 from vllmwatch.config.schema import Config, from_dict
@@ -166,11 +167,7 @@ def test_vllms_refusal_is_redacted_before_it_is_cut(monkeypatch: pytest.MonkeyPa
                                                     cut: int) -> None:
     """vLLM's error for a load (what the log, /status and the metric's rows name) with the
     API key, a Bearer token and a URL password in it, the key across the 300-byte cut."""
-    from vllmwatch.config import redact
-
-    monkeypatch.setattr(redact, "KNOWN", redact._Known())
-    key = "Zq7KnownApiKey9Value3xx"
-    redact.learn([key])  # as the daemon does at its launch (shell/childrun.py)
+    key = known_key(monkeypatch)  # as the daemon does at its launch (shell/childrun.py)
     tail = " Bearer t0kenB3arer9 from https://u:Passw0rdUrl9@hub/x" * 5
     for raw in (json.dumps({"error": {"message": "m" * (watchmod.ERROR_BYTES - cut) + key
                                       + tail}}).encode(),

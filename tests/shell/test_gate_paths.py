@@ -17,6 +17,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from tests.support import free_port
+from tests.support.secrets import known_key
 from vllmwatch.gate.door import Readiness
 from vllmwatch.gate.replay import CLIENT_PATHS, REPLAYABLE, allowed, refusal, upstream_target
 from vllmwatch.gate.runner import Gate
@@ -162,10 +163,6 @@ def test_a_refused_paths_echo_is_redacted_before_it_is_cut(
         monkeypatch: pytest.MonkeyPatch) -> None:
     """The 404's echo of a long path keeps 200 characters: a known secret across them is
     hidden whole (the gate's answer passes the one redactor, config/redact.py)."""
-    from vllmwatch.config import redact
-
-    monkeypatch.setattr(redact, "KNOWN", redact._Known())
-    key = "Zq7KnownApiKey9Value3xx"
-    redact.learn([key])
+    key = known_key(monkeypatch)
     why = refusal("POST", "/" + "a" * 190 + key + "/more")
     assert why is not None and "<redacte" in why and key[:4] not in why

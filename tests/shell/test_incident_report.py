@@ -9,6 +9,7 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
+from tests.support.secrets import known_key
 from vllmwatch.incident import cause, dumpers, metrics, record, report
 
 ENGINE = "VLLM::EngineCore"
@@ -157,11 +158,7 @@ def test_the_metrics_summary_comes_before_the_full_list() -> None:
 def test_the_cause_lines_first_error_is_redacted_before_it_is_cut(monkeypatch: Any) -> None:
     """The cause quotes 200 characters of vLLM's first error line; the record is redacted
     after, too late for a part of a known secret across the cut: hidden whole first."""
-    from vllmwatch.config import redact
-
-    monkeypatch.setattr(redact, "KNOWN", redact._Known())
-    key = "Zq7KnownApiKey9Value3xx"
-    redact.learn([key])
+    key = known_key(monkeypatch)
     line = "ERROR " + "e" * 185 + key + " Bearer t0kenB3arer9"
     said = cause.lines({"output": ["INFO fine", line]})
     assert said and said[-1].startswith("first error in vLLM's output: ERROR eee")

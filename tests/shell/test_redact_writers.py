@@ -15,7 +15,7 @@ from pathlib import Path
 import pytest
 from hypothesis import HealthCheck, given, settings
 
-from tests.support.secrets import leaks
+from tests.support.secrets import known_key, leaks
 from vllmwatch.config.command import ChildCommand
 from vllmwatch.config.redact import Redactor
 from vllmwatch.gate import guard, proxy
@@ -152,12 +152,9 @@ def test_the_spares_canary_detail_is_redacted_before_it_is_cut(
         monkeypatch: pytest.MonkeyPatch, cut: int) -> None:
     """The spare's canary failure (its spare.* events and /status say it) quotes vLLM's
     answer: the API key across the 200 bytes it keeps is hidden whole."""
-    from vllmwatch.config import redact
     from vllmwatch.shell import sparetree
 
-    monkeypatch.setattr(redact, "KNOWN", redact._Known())
-    key = "Zq7KnownApiKey9Value3xx"
-    redact.learn([key])  # shell/sparefx.make learns the spare's secrets when it is built
+    key = known_key(monkeypatch)  # shell/sparefx.make learns the spare's when it is built
     answer = b"e" * (200 - cut) + key.encode() + b" Bearer t0kenB3arer9" * 5
     monkeypatch.setattr(sparetree, "call", lambda *a, **k: (500, answer))
     tree_ = sparetree.SpareTree(sparetree.SpareCommand(["vllm"], {}, "/nonexistent", "m"),

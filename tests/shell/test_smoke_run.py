@@ -13,6 +13,7 @@ from typing import Any
 
 import pytest
 
+from tests.support.secrets import KNOWN_KEY
 from vllmwatch.config.redact import Redactor
 from vllmwatch.config.smoke import parse
 from vllmwatch.core.actions import Smoke
@@ -90,7 +91,7 @@ def test_the_answer_head_goes_through_the_redactor(server: Any) -> None:
 def test_a_secret_across_the_answers_300_bytes_is_hidden_whole(server: Any, cut: int) -> None:
     """The API key (a known value, no token shape) where the excerpt ends: redacted before
     the cut, so not even its first characters are kept."""
-    key = "Zq7KnownApiKey9Value3xx"
+    key = KNOWN_KEY
     port, replies = server
     head = json.dumps({"error": {"message": ""}})[:-3]  # the body up to the message's text
     message = "x" * (ANSWER_BYTES - cut - len(head)) + key + " Bearer t0kenB3arer9 " * 20
