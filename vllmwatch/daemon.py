@@ -94,8 +94,10 @@ def _run(config: Config, log_format: str | None, env: dict[str, str], log: Switc
     if considered:  # the plan, from this machine's facts; on or off and why
         fx.spare = sparefx.make(config, env, fx.sampler, fx.platform.unified, log)
         gate = live.gate
-        if fx.spare is not None and gate is not None:
-            fx.spare.in_flight = lambda: gate.forwarder.spare_in_flight
+        spare = fx.spare
+        if spare is not None and gate is not None:
+            spare.in_flight = lambda: gate.forwarder.spare_in_flight
+            gate.forwarder.to_spare = lambda: spare.routed == "spare"  # by Route, at once
 
     def reload() -> Config:  # on a worker thread: reads the file, logs with the old level
         # The same check as `check --config-only`, the units' first ExecReload= (exit CONFIG).

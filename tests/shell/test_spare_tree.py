@@ -14,6 +14,7 @@ import pytest
 from tests.support import PYTHON, wait_for
 from vllmwatch.config.schema import from_dict
 from vllmwatch.config.spare import SparePlan
+from vllmwatch.core.failover import Route
 from vllmwatch.shell import child as childmod
 from vllmwatch.shell import journal, logs
 from vllmwatch.shell.loop import Loop
@@ -78,3 +79,18 @@ def test_a_spare_line_says_so_in_the_journal_and_in_text() -> None:
     assert ("VLLM_ENGINE", "spare") in got and ("MESSAGE", "INFO x") in got
     assert not [k for k, _ in journal.entry_fields("info", "child.line", "", {"text": "x"})
                 if k == "VLLM_ENGINE"]
+
+
+def test_a_route_takes_effect_when_it_is_done_not_at_the_turns_end(
+        tmp_path: Path, tree: tuple[SpareTree, LogCapture]) -> None:
+    """The gate routes by SpareFx.routed (daemon.py), set by the core's Route as it is done:
+    the SleepSpare after a Route("full") drains with no new request sent to the spare."""
+    t, _ = tree
+    config = from_dict({"vllm": {"command": ["vllm", "serve"], "model": "m", "gpus": []}},
+                       path=str(tmp_path / "vllmwatch.toml"))
+    spare = SpareFx(config, SparePlan(on=True, reason="test"), t, LogCapture())
+    assert spare.routed == "full"
+    spare.do(Route("spare"), lambda _: None)
+    assert spare.routed == "spare"
+    spare.do(Route("full"), lambda _: None)
+    assert spare.routed == "full"

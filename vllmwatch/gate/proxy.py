@@ -284,12 +284,15 @@ class Forwarder:
         it was sent to another engine before."""
         assert self.session is not None
         ex = exchange.Exchange(gen, self.fence, request.path, bool(body))
+        # Counted before the look (issue 34): a spare's drain that sees none in flight after
+        # the route went back (to_spare false) knows none will reach the spare any more.
+        self.spare_in_flight += 1
         spare = self.spare_session is not None and self.to_spare()
+        self.spare_in_flight -= not spare
         session = self.spare_session if spare and self.spare_session else self.session
         # The path checked (gate/replay.py), never the client's raw form of it.
         url = ("http://spare" if spare else self.upstream) + upstream_target(
             request.path, request.rel_url.raw_query_string)
-        self.spare_in_flight += spare
         self.stats.forwarded += 1
         self.stats.in_flight += 1
         self.live.add(ex)

@@ -48,6 +48,11 @@ class SpareFx:
         self.plan, self.tree, self.log = plan, tree, log
         self.retries = config.spare.retries
         self.in_flight: Callable[[], int] = lambda: 0  # the gate's count at the spare
+        # Where the gate sends requests, set by the core's Route as it is done: before the
+        # SleepSpare that follows it starts its drain. The snapshot says so only at the end
+        # of the loop's turn: a gate routing by it could send a request to a spare whose
+        # /sleep had begun (vLLM queues it until the next wake: the client hangs).
+        self.routed = "full"
         self._post = post
         self._threads: list[threading.Thread] = []
         self._info_at = -INFO_EVERY
@@ -102,6 +107,7 @@ class SpareFx:
         if isinstance(action, StopSpare):
             self.tree.stop(action.why)
         elif isinstance(action, Route):
+            self.routed = action.to
             self.log("info", "gate.route", to=action.to)
         elif isinstance(action, BuildSpare):
             self.tree.start()
