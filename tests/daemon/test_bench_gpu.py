@@ -25,6 +25,7 @@ from bench.gpu.cli import main
 from bench.gpu.nvml import Nvml
 from bench.gpu.phases import PHASES
 from bench.gpu.phases.caches import STEPS
+from bench.gpu.phases.hangs import DRY_RUNS
 from bench.gpu.run import Run
 from tests.support import FAKE, REPO
 from tests.support.procs import owned
@@ -37,7 +38,7 @@ RECOVERS = {"watch": ["kill_engine"], "big": ["kill_engine"], "matrix": ["kill_e
             "tp2big": ["worker_tp1_kill9", "engine_kill9"], "tp2api": ["engine_kill9"],
             "tp2apikill": ["engine_kill9"], "standby": ["engine_kill9", "api_server_sigkill"],
             "standbyoff": ["engine_kill9", "api_server_sigkill"], "standbyapi2": ["engine_kill9"],
-            "hangstop": [f"sigstop_{i}" for i in range(1, 6)],
+            "hangstop": [f"sigstop_{i}" for i in range(1, DRY_RUNS + 1)],
             "incident": ["engine_sigstop"], "cacheson": ["engine_kill9", "api_server_sigkill"],
             "cachesoff": ["engine_kill9", "api_server_sigkill"]}
 # Phases whose restarts the standby takes (issue 28): at least one launch by it.

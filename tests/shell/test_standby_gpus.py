@@ -14,7 +14,7 @@ from typing import Any
 import psutil
 import pytest
 
-from tests.support import PYTHON, REPO, free_port, wait_until
+from tests.support import PYTHON, REPO, free_port, wait_for
 from vllmwatch.config.launch import FORK_VARIABLE
 from vllmwatch.config.schema import Config, from_dict
 from vllmwatch.core.actions import CheckRelease, Sweep
@@ -74,7 +74,7 @@ def _standby_waiting(fx: RealEffects, child_pid: int, config: Config) -> int:
     def waiting() -> bool:
         fx.tend_standby(S.READY, child_pid, config)  # the loop's standby step, as on READY
         return fx.launcher.info()["standby_state"] == "waiting"
-    wait_until(waiting, 30, "the standby's imports")
+    wait_for(waiting, 30, "the standby's imports")
     pid = fx.launcher.info()["standby_pid"]
     assert isinstance(pid, int)
     return pid
@@ -93,11 +93,11 @@ def test_tp2_keeps_vllms_choice_and_the_standby_is_used(two_gpus: dict[str, Any]
     def tree() -> list[int]:  # EngineCore and its two TP workers, once the fake made them
         kids = [p.pid for p in psutil.Process(first.pid).children(recursive=True)]
         return kids if len(kids) >= 3 else []
-    workers = wait_until(tree, 30, "the fake's engine and TP workers")
+    workers = wait_for(tree, 30, "the fake's engine and TP workers")
     nvml.gpus[0].procs, nvml.gpus[1].procs = {first.pid: 1000.0}, {workers[-1]: 1000.0}
     nvml.gpus[0].used_mib = nvml.gpus[1].used_mib = 1000.0
     os.killpg(first.pid, signal.SIGTERM)
-    wait_until(lambda: fx.poll_child() is not None, 20, "the old child to exit")
+    wait_for(lambda: fx.poll_child() is not None, 20, "the old child to exit")
     done = fx.sweep(Sweep(first.pid, "127.0.0.1", config.vllm.port, settle=3.0))
     assert standby not in done.killed and psutil.pid_exists(standby)
     gate = CheckRelease(old_pids=(first.pid, *workers), tolerance_mib=512.0)
@@ -128,8 +128,8 @@ def test_a_standby_that_nvml_lists_is_discarded(two_gpus: dict[str, Any],
     fx.tend_standby(S.READY, first.pid, config)  # the loop's standby step, as on READY
     gone = two_gpus["log"].named("standby.discarded")
     assert gone and "NVML lists it" in gone[-1]["reason"]
-    wait_until(lambda: not psutil.pid_exists(standby) or
-               psutil.Process(standby).status() == psutil.STATUS_ZOMBIE, 10, "it to go")
+    wait_for(lambda: not psutil.pid_exists(standby) or
+             psutil.Process(standby).status() == psutil.STATUS_ZOMBIE, 10, "it to go")
     assert fx.launcher.info()["standby_state"] == "off"
 
 

@@ -20,7 +20,7 @@ import pytest
 pytest.importorskip("vllmwatch.shell.launcher", reason="needs the standby (issue 28)")
 
 from tests.shell import test_standby_gpus as one
-from tests.support import wait_until
+from tests.support import wait_for
 from vllmwatch.config.schema import Config, from_dict
 from vllmwatch.core.actions import CheckRelease, SampleMemory, Sweep
 from vllmwatch.shell.effects import RealEffects
@@ -46,12 +46,12 @@ def _tree(pid: int, at_least: int) -> list[int]:
     def found() -> list[int]:
         kids = [p.pid for p in psutil.Process(pid).children(recursive=True)]
         return kids if len(kids) >= at_least else []
-    return wait_until(found, 30, f"{at_least} processes under {pid}")
+    return wait_for(found, 30, f"{at_least} processes under {pid}")
 
 
 def _stop_tree(fx: RealEffects, config: Config, pid: int) -> None:
     os.killpg(pid, signal.SIGTERM)
-    wait_until(lambda: fx.poll_child() is not None, 20, "the old child to exit")
+    wait_for(lambda: fx.poll_child() is not None, 20, "the old child to exit")
     fx.sweep(Sweep(pid, "127.0.0.1", config.vllm.port, settle=3.0))
 
 

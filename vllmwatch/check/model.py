@@ -22,8 +22,8 @@ from vllmwatch.config import command, safefile
 _CHUNK = 8 << 20
 PROGRESS_MIN_BYTES = 256 << 20  # files smaller than this hash too fast to need progress
 _SUMS_FILES = ("sha256sums.txt", "SHA256SUMS")
-_SUM_LINE = re.compile(r"^([0-9a-fA-F]{64})\s+\*?(.+)$")
-_BSD_SUM_LINE = re.compile(r"^SHA256 \((.+)\) = ([0-9a-fA-F]{64})$")
+_SUM_LINE = re.compile(r"^([0-9a-fA-F]{64})\s+\*?(.+)\Z")
+_BSD_SUM_LINE = re.compile(r"^SHA256 \((.+)\) = ([0-9a-fA-F]{64})\Z")
 # Files in the model dir are read through safefile: only a regular file, opened without
 # blocking (a FIFO named like a shard or a sums file would hang `check` for good), at most
 # a bound of bytes, within a deadline (a hung network mount blocks a read in the kernel).

@@ -17,7 +17,7 @@ _WRAPPERS = ("nohup", "sudo", "exec", "time", "nice", "setsid", "stdbuf", "numac
 # vLLM's entry modules that serve the OpenAI API, old and new.
 _MODULES = ("vllm.entrypoints.openai.api_server", "vllm.entrypoints.cli.main",
             "vllm.entrypoints.api_server")
-_NUMBER = re.compile(r"^-?\d+(\.\d*)?([eE][-+]?\d+)?$")
+_NUMBER = re.compile(r"^-?\d+(\.\d*)?([eE][-+]?\d+)?\Z")
 
 
 class LineError(ValueError):

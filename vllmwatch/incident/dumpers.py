@@ -194,7 +194,7 @@ def parse_pyspy(text: str) -> tuple[Thread, ...]:
 
 
 _FH_THREAD = re.compile(r"^(Current thread|Thread) (0x[0-9a-f]+)")
-_FH_FRAME = re.compile(r'^\s+File "(.+)", line (\d+) in (.+)$')
+_FH_FRAME = re.compile(r'^\s+File "(.+)", line (\d+) in (.+)\Z')
 
 
 def parse_faulthandler(text: str) -> tuple[Thread, ...]:

@@ -26,7 +26,7 @@ SUBDIR = "incidents"
 RECORD = "record.json"
 MAX_RECORD = 64 << 20  # bytes of record.json read by `vllmwatch incidents`; ours are < 1 MiB
 READ_TIMEOUT = 5.0  # s for one record.json (a hung mount); then "unreadable"
-_NAME = re.compile(r"^\d{8}T\d{6}Z-[a-z_]+(?:-\d+)?$")
+_NAME = re.compile(r"^\d{8}T\d{6}Z-[a-z_]+(?:-\d+)?\Z")
 
 
 @dataclass(frozen=True)

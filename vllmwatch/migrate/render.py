@@ -9,7 +9,7 @@ import textwrap
 
 from vllmwatch.migrate.draft import Draft, Entry
 
-_BARE_KEY = re.compile(r"^[A-Za-z0-9_-]+$")
+_BARE_KEY = re.compile(r"^[A-Za-z0-9_-]+\Z")  # \Z: "$" also matches before a final "\n"
 _VLLM_ORDER = ("command", "model", "served_model_name", "host", "port", "gpus",
                "api_key_file", "env_file")
 

@@ -17,7 +17,7 @@ from dataclasses import dataclass
 # pip writes this two-line sh trampoline instead of a shebang when the interpreter's path is
 # longer than the kernel's limit: #!/bin/sh / '''exec' "/long/path/python" "$0" "$@"
 _TRAMPOLINE = re.compile(rb"""^'''exec' "?([^"\s]+)"? "\$0" "\$@"\s*$""", re.MULTILINE)
-_PYTHON = re.compile(r"^python[0-9.]*$")
+_PYTHON = re.compile(r"^python[0-9.]*\Z")
 
 
 @dataclass(frozen=True)
