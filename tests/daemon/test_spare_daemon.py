@@ -41,6 +41,7 @@ from tests.support import (
     sigstop,
     wait_for,
 )
+from tests.support.models import sparse_8b
 from vllmwatch.testing import fake_gpu
 from vllmwatch.testing.daemon import run_argv
 
@@ -56,17 +57,7 @@ STREAMS = 2  # clients that stream; as many send plain completions
 
 
 def _model(tmp: Path) -> str:
-    """A model directory whose weights measure WEIGHTS_MIB (a sparse file) and an 8B's
-    config (the spare's KV per token)."""
-    d = tmp / "model"
-    d.mkdir()
-    with open(d / "model.safetensors", "wb") as fh:
-        fh.truncate(WEIGHTS_MIB * 2**20)
-    (d / "config.json").write_text(json.dumps({
-        "num_hidden_layers": 36, "num_attention_heads": 32, "num_key_value_heads": 8,
-        "hidden_size": 4096, "head_dim": 128, "torch_dtype": "bfloat16",
-        "max_position_embeddings": 32768}))
-    return str(d)
+    return sparse_8b(tmp, WEIGHTS_MIB)
 
 
 class Spared:

@@ -13,7 +13,6 @@ tests/shell/test_gate_spare_route.
 
 from __future__ import annotations
 
-import json
 import os
 import signal
 import threading
@@ -25,6 +24,7 @@ import psutil
 import pytest
 
 from tests.support import PYTHON, REPO, free_port, wait_until
+from tests.support.models import sparse_8b
 from vllmwatch.config.schema import Config, from_dict
 from vllmwatch.core.events import ReloadRequested, RestartRequested, StopRequested
 from vllmwatch.core.unified import Platform
@@ -45,17 +45,7 @@ WEIGHTS_MIB = 4096
 
 
 def _model(tmp: Path) -> str:
-    """A model directory whose weights measure WEIGHTS_MIB (a sparse file: this box has no
-    room in host memory for an 8B's pinned backup) and an 8B's config."""
-    d = tmp / "model"
-    d.mkdir()
-    with open(d / "model.safetensors", "wb") as fh:
-        fh.truncate(WEIGHTS_MIB * 2**20)
-    (d / "config.json").write_text(json.dumps({
-        "num_hidden_layers": 36, "num_attention_heads": 32, "num_key_value_heads": 8,
-        "hidden_size": 4096, "head_dim": 128, "torch_dtype": "bfloat16",
-        "max_position_embeddings": 32768}))
-    return str(d)
+    return sparse_8b(tmp, WEIGHTS_MIB)
 
 
 def _config(tmp: Path) -> Config:
