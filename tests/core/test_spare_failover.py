@@ -15,7 +15,14 @@ from hypothesis import HealthCheck, settings
 from hypothesis import strategies as st
 from hypothesis.stateful import invariant, precondition, rule
 
-from tests.core.test_core_properties import STOP_BOUND, CoreMachine, check_one_way_out, run_to_exit
+from tests.core.test_core_properties import (
+    CONFIG,
+    OTHER,
+    STOP_BOUND,
+    CoreMachine,
+    check_one_way_out,
+    run_to_exit,
+)
 from vllmwatch.core import failover, ladder, machine
 from vllmwatch.core.actions import Action, Log, RecordIncident, SignalGroup, Spawn
 from vllmwatch.core.events import ChildExited, Event, ReloadRequested, StopRequested
@@ -38,6 +45,7 @@ from vllmwatch.core.restart import Phase
 from vllmwatch.core.state import FINAL, S, WatchState
 
 SPARE_ACTIONS = (BuildSpare, WakeSpare, SleepSpare)
+SPARE_OFF = dataclasses.replace(CONFIG, spare=dataclasses.replace(CONFIG.spare, enabled="false"))
 
 
 class SpareWorld(CoreMachine):
@@ -49,11 +57,15 @@ class SpareWorld(CoreMachine):
         self.spare_pid = 5000
         self.seen: dict[object, tuple[WatchState, float]] = {}
         self.spare_out: list[object] = []  # the spare's actions not yet answered
+        self.changed_at = -1  # history's length at the last reload that changed the command
         super().__init__()
 
     def _step(self, ev: Event) -> None:
         if self.s.spare is None:  # the shell's plan said on: set before the first step
             self.s = dataclasses.replace(self.s, spare=failover.new(True, "test", self.retries))
+        if isinstance(ev, ReloadRequested) and ev.config is not None \
+                and ev.config.vllm != self.s.config.vllm and not self.exited:
+            self.changed_at = len(self.history)
         queue = [ev]
         while queue and not self.exited:
             self.s, acts = machine.step(self.s, queue.pop(0), self.now)
@@ -114,6 +126,28 @@ class SpareWorld(CoreMachine):
         assert self.s.spare is not None and self.s.spare.pid is not None
         self._step(SpareExited(self.s.spare.pid, "SIGKILL"))
 
+    @rule(which=st.sampled_from(["off", "on", "other"]))
+    def spare_reload(self, which: str) -> None:
+        self._step(ReloadRequested({"off": SPARE_OFF, "on": CONFIG, "other": OTHER}[which]))
+
+    @invariant()
+    def an_armed_spare_runs_the_current_command(self) -> None:
+        """Asleep, waking, serving or returning: built after the last reload that changed
+        the vLLM command, or marked stale (rebuilt as soon as its answer is in)."""
+        t = self.s.spare
+        if t is None or self.exited or t.rung not in (R.ASLEEP, R.WAKING, R.SERVING,
+                                                       R.RETURNING):
+            return
+        builds = [i for i, a in enumerate(self.history) if isinstance(a, BuildSpare)]
+        assert t.stale or (builds and builds[-1] >= self.changed_at), "spare runs the old command"
+
+    @invariant()
+    def a_spare_turned_off_by_the_config_stays_off(self) -> None:
+        t = self.s.spare
+        if t is not None and self.s.config.spare.enabled == "false" \
+                and self.s.exit_code is None:
+            assert t.rung == R.OFF and not t.wanted
+
     @invariant()
     def the_spare_is_stopped_on_the_way_out(self) -> None:
         if not self.exited:
@@ -139,7 +173,7 @@ TestSpareCore = SpareWorld.TestCase
 # ---- helpers ----
 
 def _ready(m: SpareWorld) -> None:
-    for _ in range(30):
+    for _ in range(80):
         if m.s.state == S.READY and m.s.restart.phase == Phase.IDLE and not m.spare_out:
             return
         if m.outstanding or m.spare_out:
@@ -346,3 +380,83 @@ def test_a_stop_is_honoured_on_every_rung_and_stops_the_spare() -> None:
         assert [a for a in history if isinstance(a, StopSpare)], f"spare left on {key}"
         assert s2.spare is not None and s2.spare.rung == R.OFF
         check_one_way_out(history)
+
+
+# ---- a reload that changes what vLLM runs (the spare serves what the serving engine does) ----
+
+def _armed() -> SpareWorld:
+    m = SpareWorld()
+    _ready(m)
+    assert _rung(m) == R.ASLEEP
+    return m
+
+
+def test_a_changed_command_stops_the_asleep_spare_and_rebuilds_it_at_the_new_ready() -> None:
+    m = _armed()
+    mark = len(m.history)
+    m._step(ReloadRequested(OTHER))
+    acts = m.history[mark:]
+    rebuilt = _logs(acts, "spare.rebuilt")
+    assert rebuilt and rebuilt[0].fields["why"] == "config reloaded: the vLLM command changed"
+    begin = _logs(acts, "restart.begin")  # no failover to the spare of the old command
+    assert _index(acts, StopSpare) < acts.index(begin[0])
+    assert begin[0].fields["failover"] == "none: the spare is down"
+    assert not [a for a in acts if isinstance(a, WakeSpare)]
+    assert _rung(m) == R.DOWN
+    _ready(m)  # the new serving engine is READY: the spare is built from the new config
+    later = m.history[mark:]
+    assert _index(later, BuildSpare) > max(i for i, a in enumerate(later) if isinstance(a, Log)
+                                           and a.event == "child.ready")
+    assert _rung(m) == R.ASLEEP and not m.s.spare.stale  # type: ignore[union-attr]
+
+
+def test_the_same_command_leaves_the_spare_armed() -> None:
+    m = _armed()
+    pid = m.s.spare.pid  # type: ignore[union-attr]
+    mark = len(m.history)
+    m._step(ReloadRequested(CONFIG))
+    assert not [a for a in m.history[mark:] if isinstance(a, (StopSpare, BuildSpare))]
+    assert _rung(m) == R.ASLEEP and m.s.spare.pid == pid  # type: ignore[union-attr]
+
+
+def test_a_changed_command_while_the_spare_serves_rebuilds_it_after_it_sleeps() -> None:
+    m = _armed()
+    m.time_passes(3.0)
+    _crash(m)
+    m.world_is_kind(1)
+    assert _rung(m) in (R.SERVING, R.WAKING)
+    m._step(ReloadRequested(OTHER))
+    assert m.s.spare is not None and m.s.spare.stale  # it serves on until the full READY
+    mark = len(m.history)
+    _ready(m)
+    acts = m.history[mark:]
+    assert _index(acts, SleepSpare) < _index(acts, StopSpare) < _index(acts, BuildSpare)
+    assert _rung(m) == R.ASLEEP and not m.s.spare.stale
+
+
+def test_a_changed_command_during_the_first_build_launches_then_rebuilds() -> None:
+    m = SpareWorld()
+    m._step(ReloadRequested(CONFIG))  # starts the world: the first build is out
+    for _ in range(10):
+        if m.spare_out:
+            break
+        m.world_is_kind(1) if m.outstanding else m.time_passes(1.0)
+    assert _rung(m) == R.BUILDING and m.s.restart.phase == Phase.SPARE_BUILD
+    m._step(ReloadRequested(OTHER))
+    mark = len(m.history)
+    m.spare_answers(BuildSpare, m.kind_spare(BuildSpare(1.0)))
+    acts = m.history[mark:]
+    assert [a for a in acts if isinstance(a, StopSpare)] and [a for a in acts
+                                                              if isinstance(a, Spawn)]
+    assert _rung(m) == R.DOWN
+    _ready(m)
+    assert _rung(m) == R.ASLEEP and m.s.config is OTHER
+
+
+def test_spare_enabled_false_turns_it_off_and_a_later_reload_back_on() -> None:
+    m = _armed()
+    m._step(ReloadRequested(SPARE_OFF))
+    assert _rung(m) == R.OFF and m.s.spare is not None and not m.s.spare.wanted
+    assert [a for a in m.history if isinstance(a, StopSpare)]
+    m._step(ReloadRequested(CONFIG))
+    assert _rung(m) == R.BUILDING

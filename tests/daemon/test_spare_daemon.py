@@ -83,6 +83,7 @@ class Spared:
         (tmp / "key").write_text(KEY + "\n")
         (tmp / "key").chmod(0o600)
         cfg["vllm"]["api_key_file"] = str(tmp / "key")
+        self.cfg, self.key, self.tmp = cfg, KEY, tmp
         argv = run_argv(tmp / "vllmwatch.toml", (PYTHON, "-m", "vllmwatch.testing.gpu_run",
                                                  self.ledger))
         self.d = Daemon(tmp, cfg, argv=argv, own_session=True)
@@ -133,7 +134,7 @@ class Spared:
             try:
                 conn.request("POST", "/v1/completions", body,
                              {"Content-Type": "application/json",
-                              "Authorization": f"Bearer {KEY}"})
+                              "Authorization": f"Bearer {self.key}"})
                 resp = conn.getresponse()
                 data = resp.read()
                 if resp.status == 200 and (b"[DONE]" in data if stream else b'"choices"' in
@@ -168,8 +169,9 @@ class Spared:
         # The spare's output reaches the log as the serving child's does: tagged, redacted.
         lines = [e for e in self.d.named("child.line") if e.get("engine") == "spare"]
         assert any(e["text"] == "api key: <redacted>" for e in lines), lines[:5]
-        leaked = [e for e in self.d.events if KEY in json.dumps(e)]
-        assert not leaked and not [r for r in self.d.raw if KEY in r], leaked
+        for key in {KEY, self.key}:
+            leaked = [e for e in self.d.events if key in json.dumps(e)]
+            assert not leaked and not [r for r in self.d.raw if key in r], leaked
         assert port_free(self.gate_port), "the gate's port is still taken"
         if sock:
             assert not os.path.exists(sock), "the spare's socket is left"
@@ -236,3 +238,47 @@ def test_a_dead_spare_is_noticed_at_once_and_rebuilt(spared: Spared) -> None:
     wait_for(lambda: spared.spare().get("state") == "asleep", WAIT, "the new spare asleep")
     assert spared.spare()["pid"] != pid0
     print(f"spare.died {died['ts'] - t0:.3f} s after the kill")
+
+
+def _argv(pid: int) -> list[str]:
+    return psutil.Process(pid).cmdline()
+
+
+def test_a_reload_that_changes_the_command_rebuilds_the_spare_from_it(spared: Spared) -> None:
+    """SIGHUP with new vllm.args and a rotated key (a new file): the serving engine restarts
+    with them, the spare of the old command is stopped and rebuilt from the new one at the
+    new engine's READY (its canary passes with the new key), and it still fails over."""
+    spared.start()
+    pid0, child0 = spared.spare()["pid"], spared.child_pid()
+    assert "--max-num-seqs" not in _argv(pid0)
+    tmp0 = psutil.Process(pid0).environ()["TMPDIR"]  # its own, not the serving child's
+    assert os.path.isdir(tmp0) and tmp0 != psutil.Process(child0).environ().get("TMPDIR")
+    rotated = "sk-SpareKeyRotated98765"
+    (spared.tmp / "key2").write_text(rotated + "\n")
+    (spared.tmp / "key2").chmod(0o600)
+    since = spared.d.mark()
+    spared.d.write_config(merge(spared.cfg, {"vllm": {
+        "args": {"max-model-len": 4096, "max-num-seqs": 8},
+        "api_key_file": str(spared.tmp / "key2")}}))
+    spared.d.signal(signal.SIGHUP)
+    rebuilt = spared.d.wait_event("spare.rebuilt", WAIT, since)
+    assert rebuilt["why"] == "config reloaded: the vLLM command changed", rebuilt
+    spared.d.wait_event("spare.ready", WAIT, since)
+    wait_for(lambda: spared.spare().get("state") == "asleep", WAIT, "the rebuilt spare asleep")
+    pid1, child1 = spared.spare()["pid"], spared.child_pid()
+    assert pid1 != pid0 and child1 != child0
+    assert not psutil.pid_exists(pid0) or psutil.Process(pid0).status() == psutil.STATUS_ZOMBIE
+    assert not os.path.exists(tmp0), "the stopped spare's TMPDIR is left"
+    for pid in (pid1, child1):  # both run the new command
+        argv = _argv(pid)
+        assert argv[argv.index("--max-num-seqs") + 1] == "8", argv
+    spared.key = rotated  # the clients send the new key; the spare's canary passed with it
+    spared.clients()
+    spared.more(6, "answers with the rotated key")
+    since = spared.d.mark()
+    os.kill(spared.engine_pid(), signal.SIGKILL)
+    spared.d.wait_event("failover.served", WAIT, since)
+    spared.more(6, "answers while the rebuilt spare serves")
+    spared.d.wait_event("spare.rearmed", WAIT, since)
+    failed = spared.end_clients()
+    assert not failed, (failed, spared.d.dump())

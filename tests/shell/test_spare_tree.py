@@ -5,19 +5,23 @@ reaches the log as the serving child's does, each line tagged engine="spare"."""
 
 from __future__ import annotations
 
+import os
 import select
 from collections.abc import Iterator
 from pathlib import Path
 
+import psutil
 import pytest
 
-from tests.support import PYTHON, wait_for
-from vllmwatch.config.schema import from_dict
-from vllmwatch.config.spare import SparePlan
-from vllmwatch.core.failover import Route
+from tests.support import PYTHON, merge, wait_for
+from vllmwatch.config.schema import Config, from_dict
+from vllmwatch.config.spare import SpareFacts, SparePlan
+from vllmwatch.core.events import Event
+from vllmwatch.core.failover import BuildSpare, Route, SpareBuilt
 from vllmwatch.shell import child as childmod
 from vllmwatch.shell import journal, logs
 from vllmwatch.shell.loop import Loop
+from vllmwatch.shell.sparefx import Planner
 from vllmwatch.shell.sparerun import SpareFx
 from vllmwatch.shell.sparetree import SpareCommand, SpareTree
 from vllmwatch.testing import FakeClock, FakeNotifier, LogCapture, World, WorldEffects
@@ -94,3 +98,55 @@ def test_a_route_takes_effect_when_it_is_done_not_at_the_turns_end(
     assert spare.routed == "spare"
     spare.do(Route("full"), lambda _: None)
     assert spare.routed == "full"
+
+
+class _Planner(Planner):
+    """The plan and command from each config: the command carries its vllm.args."""
+
+    def __init__(self, sock: str) -> None:
+        super().__init__(SpareFacts(uds_path=sock), {}, LogCapture())
+        self.planned: list[Config] = []
+
+    def plan(self, config: Config) -> SparePlan:
+        self.planned.append(config)
+        return SparePlan(on=config.spare.enabled != "false", reason="test plan")
+
+    def command(self, config: Config, plan: SparePlan) -> SpareCommand:
+        flags = [f"--{k}={v}" for k, v in config.vllm.args.items()]
+        return SpareCommand([PYTHON, "-c", SPARE, *flags], {}, self.base.uds_path, "m")
+
+
+def test_a_build_after_a_reload_runs_the_new_command_in_a_tmpdir_of_its_own(
+        tmp_path: Path, tree: tuple[SpareTree, LogCapture]) -> None:
+    """BuildSpare is answered from the config current at that moment (re-planned when the
+    vLLM command changed: the spare serves what the serving engine serves); the spare gets
+    its own TMPDIR, removed when it stops; a re-plan that says off answers a failed build."""
+    t, _ = tree
+    base = {"vllm": {"command": ["vllm", "serve"], "model": "m", "gpus": [],
+                     "args": {"max-num-seqs": 4}}}
+    old = from_dict(base, path=str(tmp_path / "vllmwatch.toml"))
+    new = from_dict(merge(base, {"vllm": {"args": {"max-num-seqs": 8}}}),
+                    path=str(tmp_path / "vllmwatch.toml"))
+    off = from_dict(merge(base, {"spare": {"enabled": "false"}}),
+                    path=str(tmp_path / "vllmwatch.toml"))
+    planner = _Planner(t.cmd.socket_path)
+    spare = SpareFx(old, SparePlan(on=True, reason="test"), t, LogCapture(), planner=planner)
+    posted: list[Event] = []
+    spare.do(BuildSpare(0.2), posted.append, old)
+    assert not planner.planned and "--max-num-seqs=4" in t.cmd.argv  # (the key re-read)
+    assert t.pid is not None
+    tmp = psutil.Process(t.pid).environ()["TMPDIR"]
+    assert os.path.isdir(tmp) and tmp == t.tmpdir
+    wait_for(lambda: bool(posted), 30.0, "the build's answer")
+    t.stop("rebuilt")
+    assert not os.path.exists(tmp), "the stopped spare's TMPDIR is left"
+    posted.clear()
+    spare.do(BuildSpare(0.2), posted.append, new)
+    assert planner.planned == [new] and "--max-num-seqs=8" in t.cmd.argv
+    assert t.pid is not None and "--max-num-seqs=8" in psutil.Process(t.pid).cmdline()
+    wait_for(lambda: bool(posted), 30.0, "the build's answer")
+    t.stop("turned off")
+    posted.clear()
+    spare.do(BuildSpare(0.2), posted.append, off)
+    assert t.pid is None and posted and isinstance(posted[0], SpareBuilt)
+    assert not posted[0].ok and "off" in posted[0].detail

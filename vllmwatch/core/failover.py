@@ -158,6 +158,9 @@ class Track:
     served_at: float | None = None
     failovers: int = 0
     last_seconds: float | None = None  # restart.begin -> the spare serves, last failover
+    # Why it runs a command the config no longer has (a reload changed the vLLM command): it
+    # is stopped and rebuilt from the current config as soon as nothing waits on it.
+    stale: str = ""
 
 
 def new(wanted: bool, why: str, retries: int) -> Track:
@@ -178,6 +181,8 @@ def fails_over(t: Track, reason: Reason) -> tuple[bool, str]:
     """Whether a restart for `reason` wakes the spare, and the words restart.begin says."""
     if reason in NO_FAILOVER:
         return False, f"none: a {reason} leaves no usable GPU"
+    if t.stale and t.rung == R.ASLEEP:
+        return False, f"none: the spare runs the command before the reload ({t.stale})"
     if t.rung == R.ASLEEP:
         return True, "the spare wakes and serves until the full engine is READY"
     if t.rung in (R.SERVING, R.WAKING):

@@ -83,12 +83,12 @@ def spare_ready(s: WatchState, now: float) -> Result:
     return spare.full_ready(s, now)
 
 
-def spare_reloaded(s: WatchState, now: float) -> Result:
+def spare_reloaded(s: WatchState, now: float, changed: str = "") -> Result:
     if s.spare is None:
         return s, []
     from vllmwatch.core import spare
 
-    return spare.reloaded(s, now)
+    return spare.reloaded(s, now, changed)
 
 
 def halt(s: WatchState, now: float, reason: Reason, detail: str,

@@ -46,7 +46,9 @@ def reloaded(s: WatchState, ev: ReloadRequested, now: float) -> Result:
                                                 "restart_needed": relaunch, **fields}))
     if pair:
         acts.append(Notify(ready=True))
-    s, more = ladder.spare_reloaded(s, now)
+    # The spare runs the serving command with the plan's flags: a changed one is rebuilt
+    s, more = ladder.spare_reloaded(s, now, "the vLLM command changed"
+                                    if old.vllm != ev.config.vllm else "")
     acts += more
     if relaunch and s.state in (S.READY, S.STARTING) and s.exit_code is None:
         s, more = ladder.begin_restart(s, now, Reason.RELOAD, why, drain=True)

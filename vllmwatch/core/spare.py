@@ -100,6 +100,8 @@ def full_ready(s: WatchState, now: float) -> Result:
         return _set(s, t, [*acts, *more, SleepSpare(drain, SLEEP_TIMEOUT + drain)])
     if t.rung == R.DOWN and t.wanted:
         return _rebuild(s, t, now, "rebuilt beside the serving engine")
+    if t.rung == R.ASLEEP and t.stale:  # a reload changed its command while it was out
+        return _down(s, replace(t, late=False, began=None), now, t.stale)
     if t.rung == R.ASLEEP and t.late:  # the wake never found room: the failover is over
         return _set(s, replace(t, late=False, began=None), [])
     return s, []
@@ -115,19 +117,47 @@ def halted(s: WatchState, now: float) -> Result:
         "vllmwatch is stopping")])
 
 
-def reloaded(s: WatchState, now: float) -> Result:
-    """A reload turns back on a spare that `spare.retries` failed builds turned off."""
+def reloaded(s: WatchState, now: float, changed: str = "") -> Result:
+    """A reload (s.config is the new config). `changed`: why the spare's command changed
+    ("" when it did not): the spare must serve what the serving engine serves, so one that
+    runs the old command is stopped and rebuilt from the new config (the shell re-plans it
+    at BuildSpare): at once when nothing waits on it, else when its answer comes. `spare.
+    enabled = false` turns it off; any other reload turns back on a spare that
+    `spare.retries` failed builds (or `spare.enabled = false`) turned off."""
     t = _t(s)
-    if t.wanted or t.rung != R.OFF or s.exit_code is not None:
+    if s.exit_code is not None:
         return s, []
-    t, acts = move(replace(t, wanted=True, failed_builds=0), R.DOWN, now, "config reloaded")
-    if _full_ready(s):
-        return _rebuild(s, t, now, "config reloaded")
-    return _set(s, t, acts)
+    if s.config.spare.enabled == "false":
+        if t.rung == R.OFF and not t.wanted:
+            return s, []
+        why = "spare.enabled = false (config reloaded)"
+        if t.rung == R.OFF:  # not built yet (or a build answer may still be out)
+            return _set(s, replace(t, wanted=False, why=why, stale=""), [StopSpare(why)])
+        t, acts = move(replace(t, wanted=False, why=why, stale="", began=None, late=False),
+                       R.OFF, now, why)
+        back: list[Action] = [Route("full")] if _t(s).rung == R.SERVING else []
+        return _set(s, t, [*back, *acts, StopSpare(why)])
+    if not t.wanted and t.rung == R.OFF:
+        t, acts = move(replace(t, wanted=True, failed_builds=0, stale=""), R.DOWN, now,
+                       "config reloaded")
+        if _full_ready(s):
+            s, more = _rebuild(s, t, now, "config reloaded")
+            return s, acts + more
+        return _set(s, t, acts)
+    if not changed or t.rung in (R.OFF, R.DOWN):  # a later build reads the new config
+        return s, []
+    why = f"config reloaded: {changed}"
+    log = Log("info", "spare.rebuilt", {"why": why, "rung": str(t.rung)})
+    if t.rung == R.ASLEEP:  # nothing waits on it: it goes now, rebuilt at the READY of the
+        # serving engine the reload relaunches (never two engines starting side by side)
+        t, acts = move(replace(t, pid=None, began=None, late=False), R.DOWN, now, why)
+        return _set(s, t, [log, *acts, StopSpare(why)])
+    # building, waking, serving or returning: its answer (or the return) is awaited first
+    return _set(s, replace(t, stale=why), [log])
 
 
 def _rebuild(s: WatchState, t: Track, now: float, why: str) -> Result:
-    t, acts = move(replace(t, pid=None), R.BUILDING, now, why)
+    t, acts = move(replace(t, pid=None, stale=""), R.BUILDING, now, why)
     return _set(s, t, [*acts, BuildSpare(BUILD_TIMEOUT)])
 
 
@@ -160,6 +190,10 @@ def _built(s: WatchState, ev: SpareBuilt, now: float) -> Moved:
     first = on(s, Phase.SPARE_BUILD)
     if t.rung != R.BUILDING:  # stopped while it was built: nothing of it may stay
         return s, [StopSpare("built after it was given up")] if ev.ok else [], False
+    if ev.ok and t.stale:  # built from the command before a reload: rebuilt from the new
+        t = replace(t, failed_builds=0, pid=ev.pid)
+        s, acts = _down(s, t, now, t.stale)  # (rebuilt at the full engine's READY)
+        return s, acts, first  # a first start's full engine launches now
     if ev.ok:
         t = replace(t, failed_builds=0, pid=ev.pid, awake_mib=ev.awake_mib,
                     asleep_mib=ev.asleep_mib)
@@ -224,6 +258,8 @@ def _slept(s: WatchState, ev: SpareSlept, now: float) -> Result:
     t = _t(s)
     if t.rung != R.RETURNING:
         return s, []
+    if ev.ok and t.stale:
+        return _down(s, t, now, t.stale)
     if ev.ok:
         t, acts = move(t, R.ASLEEP, now, "re-armed")
         return _set(s, t, [*acts, Log("info", "spare.rearmed", {"seconds": round(ev.seconds,

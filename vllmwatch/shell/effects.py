@@ -157,7 +157,7 @@ class RealEffects:
             if self.spare is None else self.spare.device_used(self.sampler)
         if self.spare is not None:  # the serving engine's setting, lowered for the spare
             prepared = replace(prepared, cmd=replace(
-                prepared.cmd, argv=tuple(self.spare.serving_argv(prepared.cmd.argv))))
+                prepared.cmd, argv=tuple(self.spare.serving_argv(prepared.cmd.argv, config))))
         guard = startguard.make_guard(config, self.platform.unified, self.log,
                                       self._environ, time.monotonic)
         self._run, result = ChildHandle.launch(self.launcher, prepared, config, self.marker,
@@ -178,7 +178,7 @@ class RealEffects:
         except ConfigError:
             return None
         if self.spare is not None:
-            cmd = replace(cmd, argv=tuple(self.spare.serving_argv(cmd.argv)))
+            cmd = replace(cmd, argv=tuple(self.spare.serving_argv(cmd.argv, config)))
         return self.incidents.standby_command(cmd, config)
 
     def reconfigure(self, config: Config) -> None:

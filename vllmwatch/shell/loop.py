@@ -321,7 +321,7 @@ class Loop:
         elif isinstance(action, Smoke):
             self._submit(action, lambda: fx.smoke(action))
         elif isinstance(action, SpareAction) and self._spare is not None:
-            self._spare.do(action, self.post)
+            self._spare.do(action, self.post, self.state.config)
         elif isinstance(action, Exit):
             self.exit_code = action.code
         elif isinstance(action, UpdateAdapters):

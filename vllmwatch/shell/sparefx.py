@@ -10,11 +10,12 @@ import glob
 import json
 import os
 from collections.abc import Mapping
+from dataclasses import replace
 from typing import TYPE_CHECKING, Any
 
 from vllmwatch.config import command, private, redact
 from vllmwatch.config.schema import Config
-from vllmwatch.config.spare import SpareFacts, kv_bytes_per_token, plan_spare
+from vllmwatch.config.spare import SpareFacts, SparePlan, kv_bytes_per_token, plan_spare
 from vllmwatch.config.spare import with_flags as _with_flags
 from vllmwatch.logfn import LogFn
 from vllmwatch.shell import groupfile
@@ -24,6 +25,7 @@ from vllmwatch.shell.platform import read_meminfo
 
 if TYPE_CHECKING:
     from vllmwatch.shell.sparerun import SpareFx
+    from vllmwatch.shell.sparetree import SpareCommand
 
 _WEIGHTS = ("*.safetensors", "*.bin", "*.pt")
 
@@ -50,6 +52,14 @@ def facts(config: Config, sampler: MemorySampler, unified: bool, uds_path: str) 
     total = sample.device_total_mib.get(gpu) if gpu is not None else None
     used = sample.device_used_mib.get(gpu) if gpu is not None else None
     mem = read_meminfo()
+    return model_facts(SpareFacts(
+        platform="cpu" if not config.vllm.uses_gpu else "unified" if unified else "discrete",
+        gpu_total_mib=total, others_mib=used, uds_path=uds_path,
+        host_available_mib=mem.available_mib if mem is not None else None), config)
+
+
+def model_facts(base: SpareFacts, config: Config) -> SpareFacts:
+    """`base` with the model's own figures (its weights, KV bytes per token, context)."""
     model = config.vllm.model
     weights: float | None = None
     cfg: dict[str, Any] = {}
@@ -63,11 +73,8 @@ def facts(config: Config, sampler: MemorySampler, unified: bool, uds_path: str) 
         except (OSError, ValueError):
             cfg = {}
     max_len = cfg.get("max_position_embeddings")
-    return SpareFacts(
-        platform="cpu" if not config.vllm.uses_gpu else "unified" if unified else "discrete",
-        gpu_total_mib=total, others_mib=used, uds_path=uds_path,
-        host_available_mib=mem.available_mib if mem is not None else None,
-        weights_mib=weights,
+    return replace(
+        base, weights_mib=weights,
         kv_bytes_per_token=kv_bytes_per_token(cfg, str(config.vllm.args.get(
             "kv-cache-dtype", "auto"))) if cfg else None,
         model_max_len=max_len if isinstance(max_len, int) else None)
@@ -76,6 +83,37 @@ def facts(config: Config, sampler: MemorySampler, unified: bool, uds_path: str) 
 def flags_of(config: Config) -> dict[str, object]:
     """The serving command's {flag: value} as the plan reads them (dashes)."""
     return {str(k).replace("_", "-"): v for k, v in config.vllm.args.items()}
+
+
+class Planner:
+    """The spare's plan and command from a config: at the daemon's start, and again when a
+    reload changed what vLLM runs (the spare serves what the serving engine serves). The
+    machine's figures stay those measured at the start (the GPU was ours alone then: beside
+    a running engine the plan would count it as another's memory); the model's are re-read."""
+
+    def __init__(self, base: SpareFacts, environ: Mapping[str, str], log: LogFn) -> None:
+        self.base, self.environ, self.log = base, environ, log
+
+    def plan(self, config: Config) -> SparePlan:
+        plan = plan_spare(config.spare, config.gate.enabled, flags_of(config),
+                          model_facts(self.base, config))
+        self.log("info" if plan.on else "warning", "spare.plan", **plan.fields(),
+                 lines=plan.lines())
+        return plan
+
+    def command(self, config: Config, plan: SparePlan) -> SpareCommand:
+        """The spare's command now: the key file is read again (a rotated key)."""
+        from vllmwatch.shell.sparetree import SpareCommand
+
+        api_key = command.read_api_key(config)
+        cmd = command.build(config, self.environ, api_key=api_key)
+        argv = _with_flags(cmd.argv, dict(plan.spare_flags))
+        env = {**cmd.env, **plan.spare_env}
+        # Its events, /status and output (vLLM prints its non-default args) hide these
+        # values from the start: the spare is built before the first launch learns them.
+        redact.learn(redact.secrets_of(env, api_key))
+        return SpareCommand(argv, env, self.base.uds_path, config.vllm.model_name, api_key,
+                            own_tmpdir="TMPDIR" not in config.vllm.env)
 
 
 def make(config: Config, environ: Mapping[str, str], sampler: MemorySampler, unified: bool,
@@ -87,26 +125,17 @@ def make(config: Config, environ: Mapping[str, str], sampler: MemorySampler, uni
         log("warning", "spare.plan", on=False, reason="no private directory for the spare's "
             "Unix socket (its dev-mode endpoints must not be reachable by other users)")
         return None
-    plan = plan_spare(config.spare, config.gate.enabled, flags_of(config),
-                      facts(config, sampler, unified, path))
-    log("info" if plan.on else "warning", "spare.plan", **plan.fields(), lines=plan.lines())
+    planner = Planner(facts(config, sampler, unified, path), environ, log)
+    plan = planner.plan(config)
     if not plan.on:
         return None
     from vllmwatch.shell.sparerun import SpareFx  # plan on only
-    from vllmwatch.shell.sparetree import SpareCommand, SpareTree
+    from vllmwatch.shell.sparetree import SpareTree
 
-    api_key = command.read_api_key(config)
-    cmd = command.build(config, environ, api_key=api_key)
-    argv = _with_flags(cmd.argv, dict(plan.spare_flags))
-    env = {**cmd.env, **plan.spare_env}
-    # The spare is built before the first launch learns them: its events, /status and
-    # output (its lines are logged; vLLM prints its non-default args) hide these values
-    # from the start too.
-    redact.learn(redact.secrets_of(env, api_key))
-    tree = SpareTree(SpareCommand(argv, env, path, config.vllm.model_name, api_key), instance,
-                     log, lambda pids: _gpu_of(sampler, pids), lambda: _free(sampler, config),
+    tree = SpareTree(planner.command(config, plan), instance, log,
+                     lambda pids: _gpu_of(sampler, pids), lambda: _free(sampler, config),
                      forward=config.log.child_lines)
-    return SpareFx(config, plan, tree, log)
+    return SpareFx(config, plan, tree, log, planner=planner)
 
 
 def _gpu_of(sampler: MemorySampler, pids: set[int]) -> float | None:

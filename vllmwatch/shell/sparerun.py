@@ -9,7 +9,7 @@ import threading
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import replace
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from vllmwatch.config.schema import Config
 from vllmwatch.config.spare import SparePlan
@@ -33,6 +33,9 @@ from vllmwatch.logfn import LogFn
 from vllmwatch.shell.memory import MemorySampler
 from vllmwatch.shell.sparetree import SpareTree
 
+if TYPE_CHECKING:
+    from vllmwatch.shell.sparefx import Planner
+
 INFO_EVERY = 2.0  # the spare's memory for /status, read at most this often
 
 
@@ -44,8 +47,12 @@ class SpareFx:
     loop's thread (a stop is bounded: STOP_GRACE twice, then the marker's sweep)."""
 
     def __init__(self, config: Config, plan: SparePlan, tree: SpareTree, log: LogFn,
-                 post: Callable[[Event], None] | None = None) -> None:
+                 post: Callable[[Event], None] | None = None,
+                 planner: Planner | None = None) -> None:
         self.plan, self.tree, self.log = plan, tree, log
+        # The config the plan was made from; a reload that changes what vLLM runs re-plans
+        # (the core stops the spare and asks for a BuildSpare, answered from the new one).
+        self._config, self._planner = config, planner
         self.retries = config.spare.retries
         self.in_flight: Callable[[], int] = lambda: 0  # the gate's count at the spare
         # Where the gate sends requests, set by the core's Route as it is done: before the
@@ -62,8 +69,21 @@ class SpareFx:
         """The core's record at the start: on (it is built before the first launch)."""
         return replace(failover.new(self.plan.on, self.plan.reason, self.retries), since=now)
 
-    def serving_argv(self, argv: Sequence[str]) -> list[str]:
-        """The serving engine's command with the plan's lowered setting (0.90 -> 0.78)."""
+    def use(self, config: Config) -> None:
+        """The plan for `config` (the core's current one): re-planned when a reload changed
+        the vLLM command or [spare]; the spare's tree takes it at its next build."""
+        old, self._config = self._config, config
+        if self._planner is None or config is old or (
+                config.vllm, config.spare, config.gate.enabled) == (
+                old.vllm, old.spare, old.gate.enabled):
+            return
+        self.plan = self._planner.plan(config)
+
+    def serving_argv(self, argv: Sequence[str], config: Config | None = None) -> list[str]:
+        """The serving engine's command with the plan's lowered setting (0.90 -> 0.78), the
+        plan of `config` (the launch's)."""
+        if config is not None:
+            self.use(config)
         return _with_flags(argv, dict(self.plan.serving_flags)) if self.plan.serving_flags \
             else list(argv)
 
@@ -102,14 +122,18 @@ class SpareFx:
                               action.tolerance_mib)
         return ReleaseChecked(ok, detail)
 
-    def do(self, action: SpareAction, post: Callable[[Event], None]) -> None:
-        """One of the core's spare actions."""
+    def do(self, action: SpareAction, post: Callable[[Event], None],
+           config: Config | None = None) -> None:
+        """One of the core's spare actions; `config`: the core's current one (a build runs
+        the command of the config current at that moment)."""
         if isinstance(action, StopSpare):
             self.tree.stop(action.why)
         elif isinstance(action, Route):
             self.routed = action.to
             self.log("info", "gate.route", to=action.to)
         elif isinstance(action, BuildSpare):
+            if not self._prepare(config, post):
+                return
             self.tree.start()
             self._run(lambda: self.tree.build(action.timeout), post,
                       lambda e: SpareBuilt(False, e))
@@ -119,6 +143,23 @@ class SpareFx:
         elif isinstance(action, SleepSpare):
             self._run(lambda: self.tree.sleep(action.drain, action.timeout, self.in_flight),
                       post, lambda e: SpareSlept(False, e))
+
+    def _prepare(self, config: Config | None, post: Callable[[Event], None]) -> bool:
+        """The tree's command from the current config (re-planned when it changed; the key
+        file read again); False: answered already (no build can run)."""
+        if config is None or self._planner is None:
+            return True
+        self.use(config)
+        if not self.plan.on:
+            post(SpareBuilt(False, f"the plan for the reloaded config is off: "
+                                   f"{self.plan.reason}"))
+            return False
+        try:
+            self.tree.cmd = self._planner.command(config, self.plan)
+        except Exception as exc:  # a key file that cannot be read: a failed build, logged
+            post(SpareBuilt(False, f"its command: {type(exc).__name__}: {exc}"))
+            return False
+        return True
 
     def _run(self, fn: Callable[[], Event], post: Callable[[Event], None],
              failed: Callable[[str], Event]) -> None:

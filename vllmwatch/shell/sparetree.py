@@ -16,6 +16,7 @@ import contextlib
 import http.client
 import json
 import os
+import shutil
 import signal
 import socket
 import subprocess
@@ -89,6 +90,9 @@ class SpareCommand:
     socket_path: str
     model: str  # the served model name, for its canary
     api_key: str | None = None  # vllm.api_key_file's key: the canary's /v1 wants it
+    # A TMPDIR of its own (vLLM leaves its ZMQ IPC socket files there when killed), removed
+    # when it stops; False: vllm.env sets TMPDIR (as for the serving child, childrun.py).
+    own_tmpdir: bool = True
 
 
 class SpareTree:
@@ -108,6 +112,7 @@ class SpareTree:
         self._pidfd: int | None = None
         self.awake_mib: float | None = None
         self.asleep_mib: float | None = None
+        self.tmpdir: str | None = None
 
     @property
     def pid(self) -> int | None:
@@ -146,6 +151,10 @@ class SpareTree:
             os.unlink(self.cmd.socket_path)
         env = {**self.cmd.env, MARKER: self.marker, "VLLM_SERVER_DEV_MODE": "1",
                "VLLM_PROCESS_NAME_PREFIX": TITLE_PREFIX}
+        self._remove_tmpdir()  # (a stop removed the last one; nothing of it is alive)
+        if self.cmd.own_tmpdir:  # never the serving child's glob (its marker is not ours)
+            self.tmpdir = childmod.short_tmpdir(f"vllmwatch-{self.marker}-")
+            env["TMPDIR"] = self.tmpdir
         self.proc = subprocess.Popen(
             list(self.cmd.argv), env=env, stdin=subprocess.DEVNULL, stdout=subprocess.PIPE,
             stderr=subprocess.STDOUT, start_new_session=True, close_fds=True)
@@ -192,9 +201,16 @@ class SpareTree:
         _, alive = psutil.wait_procs(left, timeout=STOP_GRACE)
         with contextlib.suppress(FileNotFoundError):
             os.unlink(self.cmd.socket_path)
+        if not alive:
+            self._remove_tmpdir()
         self.log("info" if not alive else "error", "spare.stopped", why=why,
                  pid=proc.pid if proc else None, leftovers_killed=[p.pid for p in left],
                  remaining=[p.pid for p in alive])
+
+    def _remove_tmpdir(self) -> None:
+        path, self.tmpdir = self.tmpdir, None
+        if path is not None:
+            shutil.rmtree(path, ignore_errors=True)
 
     # ---- the workers ----
 
