@@ -9,7 +9,7 @@ import threading
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import replace
-from typing import TYPE_CHECKING, Any
+from typing import Any, Protocol
 
 from vllmwatch.config.schema import Config
 from vllmwatch.config.spare import SparePlan
@@ -31,10 +31,16 @@ from vllmwatch.core.failover import (
 from vllmwatch.core.restart import released
 from vllmwatch.logfn import LogFn
 from vllmwatch.shell.memory import MemorySampler
-from vllmwatch.shell.sparetree import SpareTree
+from vllmwatch.shell.sparetree import SpareCommand, SpareTree
 
-if TYPE_CHECKING:
-    from vllmwatch.shell.sparefx import Planner
+
+class Planner(Protocol):
+    """What a rebuild after a reload asks of shell/sparefx.py's Planner (named here as a
+    protocol: sparefx imports this module, so this one may not import it back)."""
+
+    def plan(self, config: Config) -> SparePlan: ...
+
+    def command(self, config: Config, plan: SparePlan) -> SpareCommand: ...
 
 INFO_EVERY = 2.0  # the spare's memory for /status, read at most this often
 
