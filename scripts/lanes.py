@@ -37,7 +37,12 @@ LANES = (
 
 def _tied() -> None:
     """In the lane, before pytest: SIGTERM when this runner dies (even by SIGKILL), so a lane
-    never outlives it; pytest takes SIGTERM as Ctrl-C and runs its teardowns."""
+    never outlives it; pytest takes SIGTERM as Ctrl-C and runs its teardowns. SIGINT and
+    SIGTERM at their defaults: a runner started in the background (`cmd &`, nohup) inherits
+    them ignored, and an ignored SIGINT survives exec, so the lane would ignore a forwarded
+    Ctrl-C and pass the ignore on to every process a test starts (the demo's Ctrl-C trap)."""
+    for signum in (signal.SIGINT, signal.SIGTERM):
+        signal.signal(signum, signal.SIG_DFL)
     libc = ctypes.CDLL(None, use_errno=True)
     libc.prctl(PR_SET_PDEATHSIG, signal.SIGTERM)
 

@@ -30,6 +30,13 @@ def get(url: str, data: bytes | None = None) -> tuple[int, bytes]:
         return 0, b""
 
 
+def _as_from_a_terminal() -> None:
+    """SIGINT at its default, as a shell at a terminal starts the demo: a test run started in
+    the background (`cmd &`, nohup) has it ignored, bash cannot trap a signal ignored at its
+    start, and the demo's Ctrl-C lines would never come."""
+    signal.signal(signal.SIGINT, signal.SIG_DFL)
+
+
 def ours(marker: str) -> list[int]:
     """Processes of the demo's tree: its marker, or the session of a marked process."""
     return [p.pid for p in find_tree(None, marker)[0]]
@@ -54,7 +61,8 @@ def test_demo_reaches_ready_serves_and_ctrl_c_leaves_nothing(tmp_path: Path) -> 
     out_path = tmp_path / "demo.out"
     with out_path.open("wb") as out:
         demo = subprocess.Popen(["bash", "scripts/demo.sh"], cwd=REPO, env=env,
-                                start_new_session=True, stdout=out, stderr=subprocess.STDOUT)
+                                start_new_session=True, stdout=out, stderr=subprocess.STDOUT,
+                                preexec_fn=_as_from_a_terminal)
     marker = instance_id(str(REPO / ".cache" / "demo.toml"))
     run_dir = Path("/run/vllmwatch")
     try:

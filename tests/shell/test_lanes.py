@@ -4,6 +4,7 @@ rest's, and the exit status fails when either lane fails."""
 
 from __future__ import annotations
 
+import signal
 import subprocess
 import sys
 from pathlib import Path
@@ -36,3 +37,23 @@ def test_each_lane_runs_and_its_failure_fails_the_whole(tmp_path: Path, fail: st
     out = run.stdout
     assert out.index("ran: not e2e") < out.index("lane: real vLLM") < out.index("ran: e2e")
     assert "[test] lane 'real vLLM': exit" in out and "[test] lane 'the rest': exit" in out
+
+
+def test_a_lane_takes_ctrl_c_even_when_the_runner_was_started_with_it_ignored(
+        tmp_path: Path) -> None:
+    """A run started in the background (`cmd &`, nohup) inherits SIGINT ignored; a lane must
+    not: it would ignore a forwarded Ctrl-C and hand the ignore to every process a test starts
+    (bash cannot trap a signal ignored at its start: the demo's Ctrl-C lines never came)."""
+    fake = tmp_path / "python"
+    fake.write_text('#!/bin/sh\necho "lane $5 $(grep SigIgn /proc/$$/status)"\n')
+    fake.chmod(0o755)
+
+    def background() -> None:
+        signal.signal(signal.SIGINT, signal.SIG_IGN)
+
+    run = subprocess.run([sys.executable, str(REPO / "scripts" / "lanes.py"), str(fake)],
+                         capture_output=True, text=True, timeout=60, preexec_fn=background)
+    masks = [line.split("SigIgn:")[1].strip() for line in run.stdout.splitlines()
+             if line.startswith("lane ")]
+    assert len(masks) == 2, run.stdout
+    assert all(not int(mask, 16) & (1 << (signal.SIGINT - 1)) for mask in masks), masks
