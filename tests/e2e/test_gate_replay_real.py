@@ -112,7 +112,11 @@ def gated(tmp_path: Path, venv: Path, model: Path, replay: bool) -> tuple[dict[s
                                                                         int]:
     cfg = real_vllm_config(venv, model, tmp_path)
     port = free_port()
-    cfg["gate"] = {"enabled": True, "listen": f"127.0.0.1:{port}", "replay": replay}
+    # The hold outlasts any restart this box makes: the test is about what replay hides, and a
+    # loaded run (CPU hogs, the other lane) took the hang's restart past the 2 min default,
+    # so 9 held requests got their 503 (hold_timeouts 9) before vLLM was back.
+    cfg["gate"] = {"enabled": True, "listen": f"127.0.0.1:{port}", "replay": replay,
+                   "hold_timeout": "10m"}
     return cfg, port
 
 
