@@ -55,8 +55,10 @@ class Fake:
         return http(self.port, "/health", timeout=0.5)[0]
 
     def wait_ready(self, status: int = 200) -> None:
-        # A start takes seconds on a loaded machine: the deadline scales (TIMEOUT_SCALE).
-        wait_for(lambda: self.health() == status, 5.0, f"/health {status}")
+        # A start takes seconds on a loaded machine: the deadline scales (TIMEOUT_SCALE). 20 s
+        # (60 s scaled): a loaded two-lane run (CPU hogs, a real vLLM starting in the other
+        # lane) took a fake with --convert classify past 15 s.
+        wait_for(lambda: self.health() == status, 20.0, f"/health {status}")
 
     def arm(self) -> None:
         """Start the --*-after fault delays now (the fake was started with armed=True)."""
