@@ -11,6 +11,8 @@ import time
 from collections.abc import Callable
 from typing import Any, TypeVar
 
+from vllmwatch.incident.dumpers import process_state
+
 T = TypeVar("T")
 
 
@@ -50,20 +52,13 @@ def wait_for(pred: Callable[[], Any], timeout: float, what: str = "condition",
 
 
 def _threads_stopped(pid: int) -> bool:
-    """Every thread of pid is in group stop (state T); a gone process counts as stopped."""
+    """Every thread of pid is in group stop (state T); a gone process or thread counts as
+    stopped. /proc/TID/stat answers for a thread as for a process."""
     try:
         tids = os.listdir(f"/proc/{pid}/task")
     except FileNotFoundError:
         return True
-    for tid in tids:
-        try:
-            with open(f"/proc/{pid}/task/{tid}/stat", encoding="ascii", errors="replace") as f:
-                state = f.read().rsplit(")", 1)[1].split()[0]
-        except (FileNotFoundError, IndexError):
-            continue  # the thread ended meanwhile
-        if state not in ("T", "t"):
-            return False
-    return True
+    return all(process_state(int(tid)) in ("T", "t", "") for tid in tids)
 
 
 def sigstop(pid: int, timeout: float = 10.0) -> None:
