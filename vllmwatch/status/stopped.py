@@ -17,7 +17,7 @@ from collections.abc import Callable, Mapping
 from pathlib import Path
 from typing import Any
 
-from vllmwatch.config.text import printable
+from vllmwatch.config.redact import printable
 from vllmwatch.core import exitcodes
 
 SHOW_TIMEOUT_S = 3.0
