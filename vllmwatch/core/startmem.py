@@ -9,6 +9,7 @@ from __future__ import annotations
 
 from dataclasses import replace
 
+from vllmwatch.config.redact import REDACT
 from vllmwatch.core.actions import Action, Log
 from vllmwatch.core.events import ChildExited
 from vllmwatch.core.names import Reason
@@ -33,7 +34,7 @@ def start_failed(s: WatchState, ev: ChildExited
     verdict, text = memory_verdict(d, n, retries, ev.unified)
     detail = reason_detail(d, ev.page_cache_gib, ev.unified)
     acts: list[Action] = [Log("warning", "start.memory_failure", {
-        "cause": d.cause, "detail": detail, "line": d.line[:300], "failures_in_row": n,
+        "cause": d.cause, "detail": detail, "line": REDACT.head(d.line, 300), "failures_in_row": n,
         "retries": retries, "unified": ev.unified, "next": text if verdict == "retry" else
         "stop"})]
     stop = verdict == "stop"
