@@ -13,6 +13,7 @@ import re
 from collections.abc import Iterable
 from dataclasses import dataclass, replace
 
+from vllmwatch.config.redact import REDACT
 from vllmwatch.core.actions import Action, Log
 from vllmwatch.core.events import ChildExited
 from vllmwatch.core.names import Reason
@@ -261,7 +262,7 @@ def start_failed(s: WatchState, ev: ChildExited
     verdict, text = memory_verdict(d, n, retries, ev.unified)
     detail = reason_detail(d, ev.page_cache_gib, ev.unified)
     acts: list[Action] = [Log("warning", "start.memory_failure", {
-        "cause": d.cause, "detail": detail, "line": d.line[:300], "failures_in_row": n,
+        "cause": d.cause, "detail": detail, "line": REDACT.head(d.line, 300), "failures_in_row": n,
         "retries": retries, "unified": ev.unified, "next": text if verdict == "retry" else
         "stop"})]
     stop = verdict == "stop"

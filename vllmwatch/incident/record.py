@@ -19,7 +19,7 @@ from typing import Any
 
 import psutil
 
-from vllmwatch.config.redact import Redactor
+from vllmwatch.config.redact import REDACT, Redactor
 from vllmwatch.incident import cause, dumpers, metrics, report, store
 
 FORMAT = 1
@@ -266,8 +266,8 @@ def processes(pgid: int | None) -> list[Proc]:
                 title = " ".join(proc.cmdline()) or proc.name()
                 state = _state(proc.pid)
                 out.append(Proc(proc.pid, proc.ppid(), role_of(title, proc.pid == pgid),
-                                title[:400], state, round(proc.memory_info().rss / _MIB, 1),
-                                proc.num_threads()))
+                                REDACT.head(title, 400), state,
+                                round(proc.memory_info().rss / _MIB, 1), proc.num_threads()))
         except (psutil.Error, OSError):
             continue
     return sorted(out, key=lambda p: (p.pid != pgid, p.pid))

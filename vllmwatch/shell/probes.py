@@ -181,7 +181,7 @@ class HttpProber:
             # vLLM's text is not Prometheus' format: a failed scrape, never a traceback.
             return MetricsResult(False, time.monotonic() - t0,
                                  error=f"malformed /metrics ({type(exc).__name__}: "
-                                       f"{str(exc)[:200]})")
+                                       f"{REDACT.head(str(exc), 200)})")
         return MetricsResult(
             True, time.monotonic() - t0,
             running=values.get("vllm:num_requests_running"),
