@@ -7,7 +7,7 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from vllmwatch.core import drain, sleep
+from vllmwatch.core import drain, hangs
 from vllmwatch.core.drain import Phase, Verdict
 from vllmwatch.shell import probes
 
@@ -114,7 +114,7 @@ def test_never_stops_before_deregistered_and_never_waits_past_the_deadline(
     ([1.0, 1.0], False),
 ])
 def test_asleep_from_the_awake_series(awake: list[float], want: bool | None) -> None:
-    assert sleep.asleep_from_awake(awake) is want
+    assert hangs.asleep_from_awake(awake) is want
 
 
 @pytest.mark.parametrize(("when_sent", "now", "send", "judge"), [
@@ -126,9 +126,9 @@ def test_asleep_from_the_awake_series(awake: list[float], want: bool | None) -> 
 ])
 def test_sleep_rule(when_sent: bool | None, now: bool | None, send: bool,
                     judge: bool) -> None:
-    assert sleep.send_canary(now) is send
-    assert sleep.judge_canary(when_sent, now) is judge
-    assert sleep.judge_stall(now) is (now is not True)
+    assert hangs.send_canary(now) is send
+    assert hangs.judge_canary(when_sent, now) is judge
+    assert hangs.judge_stall(now) is (now is not True)
 
 
 VLLM_SLEEP_TEXT = """# HELP vllm:engine_sleep_state Engine sleep state; awake = 0 means sleeping
@@ -144,5 +144,5 @@ vllm:num_requests_running{{engine="0",model_name="m"}} 0.0
     ("1.0", "0.0", False), ("0.0", "1.0", True)])
 def test_the_sleep_series_as_vllm_writes_it(awake: str, level1: str, want: bool) -> None:
     text = VLLM_SLEEP_TEXT.format(awake=awake, level1=level1)
-    assert sleep.asleep_from_awake(probes.awake_values(text)) is want
+    assert hangs.asleep_from_awake(probes.awake_values(text)) is want
     assert probes.awake_values("vllm:num_requests_running 0\n") == []

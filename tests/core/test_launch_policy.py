@@ -5,9 +5,14 @@ from __future__ import annotations
 import pytest
 
 from vllmwatch.config.command import build
-from vllmwatch.config.launch import FORK_VARIABLE, engine_start_method, parallel_sizes
+from vllmwatch.config.launch import (
+    FORK_VARIABLE,
+    STANDBY_ROOM_MIB,
+    engine_start_method,
+    parallel_sizes,
+    standby_wanted,
+)
 from vllmwatch.config.schema import from_dict
-from vllmwatch.core.standby import ROOM_MIB, wanted
 
 
 @pytest.mark.parametrize(("setting", "gpu", "unified", "avail", "on", "words"), [
@@ -17,11 +22,11 @@ from vllmwatch.core.standby import ROOM_MIB, wanted
     ("auto", True, False, None, True, "discrete GPU"),  # MemAvailable unknown: not a veto
     ("auto", False, False, 1e6, False, "CPU config"),
     ("auto", True, True, 1e6, False, "unified memory"),
-    ("auto", True, False, ROOM_MIB - 1, False, "leaves no room"),
+    ("auto", True, False, STANDBY_ROOM_MIB - 1, False, "leaves no room"),
 ])
 def test_wanted(setting: str, gpu: bool, unified: bool, avail: float | None, on: bool,
                 words: str) -> None:
-    got, why = wanted(setting, gpu, unified, avail)
+    got, why = standby_wanted(setting, gpu, unified, avail)
     assert got is on and words in why
 
 

@@ -11,7 +11,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from vllmwatch.config.schema import from_dict
-from vllmwatch.core import exitcodes, startmem
+from vllmwatch.core import exitcodes, unified
 from vllmwatch.core.events import ChildExited, Tick
 from vllmwatch.core.state import ChildRun, Proc, S, WatchState
 from vllmwatch.status.statusline import summary
@@ -126,7 +126,7 @@ def test_stop_exactly_after_retries_plus_one_memory_failures_in_a_row(
         s = replace(s, child=ChildRun(gen=gen, started=0.0, vllm=cfg.vllm,
                                                 proc=Proc(pid=gen)))
         ev = ChildExited(gen, 1, None, memory_lines=(OOM,) if is_memory else ())
-        got = startmem.start_failed(s, ev)
+        got = unified.start_failed(s, ev)
         run = run + 1 if is_memory else 0
         if not is_memory:
             assert got is None

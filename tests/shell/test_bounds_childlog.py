@@ -6,6 +6,9 @@ from __future__ import annotations
 import io
 from typing import Any
 
+import pytest
+
+from tests.support.secrets import known_key
 from vllmwatch.core.events import ChildOutput
 from vllmwatch.shell.childlog import MAX_LINE, ChildLog
 
@@ -44,3 +47,25 @@ def test_a_line_without_end_is_cut_at_the_cap() -> None:
     assert len(texts[0].encode()) <= MAX_LINE + 64 and texts[0].endswith("[cut: line over 16 KiB]")
     assert log.cut == 1
     assert [kw["cut_long"] for event, kw in events if event == "child.lines_dropped"] == [1]
+
+
+@pytest.mark.parametrize("before_cut", [1, 8, 20])
+def test_a_secret_across_the_cut_is_hidden_whole(monkeypatch: pytest.MonkeyPatch,
+                                                 before_cut: int) -> None:
+    key = known_key(monkeypatch)
+    # The key starts `before_cut` bytes before the 16 KiB mark; the line goes on past it.
+    data = b"INFO " + b"z" * (MAX_LINE - 5 - before_cut) + key.encode() + b"q" * 9000 \
+        + b"\nINFO after\n"
+    log, events, _ = _run(data)
+    texts = [kw["text"] for event, kw in events if event == "child.line"]
+    assert texts[-1] == "INFO after" and texts[0].endswith("[cut: line over 16 KiB]")
+    assert not any(key[i:i + 6] in texts[0] for i in range(len(key) - 5)), texts[0][-80:]
+    assert log.cut == 1
+
+
+def test_a_line_just_past_the_cap_ends_where_it_ends() -> None:
+    # Its rest is read with the redaction window: the next line is not taken for its tail.
+    data = b"INFO " + b"z" * MAX_LINE + b"\nINFO next\nINFO last\n"
+    _, events, _ = _run(data)
+    texts = [kw["text"] for event, kw in events if event == "child.line"]
+    assert texts[1:] == ["INFO next", "INFO last"], texts[1:]

@@ -191,7 +191,7 @@ def test_real_vllm_flags_typo_and_removed_flag(tmp_path: Path) -> None:
 
 
 def test_daemon_refusal_uses_the_cache_only_and_never_blocks(tmp_path: Path) -> None:
-    from vllmwatch.shell import flagcheck
+    from vllmwatch.shell import versions
 
     command = [sys.executable]
     config = from_dict({"vllm": {"model": "/m", "command": command,
@@ -200,7 +200,7 @@ def test_daemon_refusal_uses_the_cache_only_and_never_blocks(tmp_path: Path) -> 
     events: list[str] = []
     started = time.monotonic()
     # Not cached: goes ahead at once (the background question fails: no vLLM here).
-    assert flagcheck.refusal(config, {}, "0.99.0", lambda lvl, ev, **kw: events.append(ev)) \
+    assert versions.refusal(config, {}, "0.99.0", lambda lvl, ev, **kw: events.append(ev)) \
         is None
     assert time.monotonic() - started < 1.0
     wait_until(lambda: "vllm.flags_unknown" in events, 60, "the background question")
@@ -210,7 +210,7 @@ def test_daemon_refusal_uses_the_cache_only_and_never_blocks(tmp_path: Path) -> 
     key = hashlib.sha256(f"0.99.0\0{python}".encode()).hexdigest()[:16]
     Path(cache, f"{key}.json").write_text(json.dumps(
         {"version": "0.99.0", "flags": ["max-model-len"], "switches": []}))
-    why = flagcheck.refusal(config, {}, "0.99.0", lambda *a, **k: None)
+    why = versions.refusal(config, {}, "0.99.0", lambda *a, **k: None)
     assert why is not None and "did you mean max-model-len" in why
 
 

@@ -20,7 +20,7 @@ from vllmwatch.config.command import ChildCommand
 from vllmwatch.config.redact import Redactor
 from vllmwatch.gate import guard, proxy
 from vllmwatch.incident import cli as incidents_cli
-from vllmwatch.incident import dumpers, record, store, tree
+from vllmwatch.incident import dumpers, record, store
 from vllmwatch.shell import logs
 from vllmwatch.status import cli as status_cli
 from vllmwatch.status.server import StatusServer
@@ -51,7 +51,7 @@ def _record_files(text: str) -> dict[str, str]:
                                                    raw=f'Thread 7 (idle): "{text}"\n'),
                                       dumpers.Dump("faulthandler", False, error=text,
                                                    raw=f"File {text}")])]
-    procs = [tree.Proc(7, 1, "api_server", f"vllm serve /m {text}", "S", 100.0, 4)]
+    procs = [record.Proc(7, 1, "api_server", f"vllm serve /m {text}", "S", 100.0, 4)]
     built = record.build(inp, "20261201T000000Z-hang", 10.0, procs, stacks,
                          {"py-spy": text}, Redactor())
     return record.files_of(built, stacks, Redactor())

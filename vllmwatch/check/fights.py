@@ -162,7 +162,7 @@ def _cron_line(scan: Scan, path: str, number: int, text: str, todo: str) -> list
     if verdict is not None:
         if verdict.startswith("kills") and _GPU_QUERY.search(text):
             todo += f"; {MEMORY_RULES}"
-        return [Finding(where, f"{verdict}: {text[:120]}", todo)]
+        return [Finding(where, f"{verdict}: {REDACT.head(text, 120)}", todo)]
     for word in text.split():  # a script the line runs: one level deep
         script = os.path.join(root, word.lstrip("/")) if word.startswith("/") else ""
         if script and os.path.isfile(script):
@@ -213,7 +213,8 @@ def supervisors(root: str, scan: Scan) -> list[Finding]:
             elif text.startswith("command") and _verdict(text.partition("=")[2]):
                 out.append(Finding(f"{_shown(root, path)}:{number}",
                                    f"supervisord program {program!r} runs vLLM "
-                                   f"({text[:80]})", f"supervisorctl stop {program} and "
+                                   f"({REDACT.head(text, 80)})",
+                                   f"supervisorctl stop {program} and "
                                    f"delete its section from {_shown(root, path)}"))
     return out
 

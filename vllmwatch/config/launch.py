@@ -1,4 +1,5 @@
-"""Pure: how vLLM's EngineCore is started (VLLM_WORKER_MULTIPROC_METHOD), from the config."""
+"""Pure: how vLLM's EngineCore is started (VLLM_WORKER_MULTIPROC_METHOD), from the config, and
+whether a standby interpreter is wanted for the next launch (standby_wanted)."""
 
 from __future__ import annotations
 
@@ -70,3 +71,28 @@ INJECTED_ENV = frozenset({
 # Not listed: [[adapters]]' --enable-lora, --lora-modules, --max-loras, --max-lora-rank:
 # `init --from-pid` keeps them as [vllm.args] (still served, not restored as [[adapters]]).
 INJECTED_FLAGS = frozenset({"shutdown-timeout"})  # restart.drain_timeout, for vLLM >= 0.18
+
+
+# --- whether a standby interpreter is wanted (was core/standby.py) ---------------------------
+# A standby is vLLM's serve path imported in an idle interpreter ahead of the next launch
+# (shell/standby.py); it costs about 1 GiB of host RSS (measured on the H200: 1027 MiB).
+
+# Room the standby needs beside everything else: its ~1 GiB and a margin for the page cache.
+STANDBY_ROOM_MIB = 4096.0
+
+
+def standby_wanted(setting: str, uses_gpu: bool, unified: bool,
+                   mem_available_mib: float | None) -> tuple[bool, str]:
+    """(on, why) for `[restart] standby` = "auto" | "true" | "false"."""
+    if setting == "false":
+        return False, "restart.standby = false"
+    if setting == "true":
+        return True, "restart.standby = true"
+    if not uses_gpu:
+        return False, "a CPU config (vllm.gpus = []); restart.standby = true turns it on"
+    if unified:
+        return False, "unified memory: the standby's ~1 GiB of RSS would be GPU memory"
+    if mem_available_mib is not None and mem_available_mib < STANDBY_ROOM_MIB:
+        return False, (f"MemAvailable {mem_available_mib:.0f} MiB leaves no room "
+                       f"(auto wants {STANDBY_ROOM_MIB:.0f} MiB)")
+    return True, "auto: a discrete GPU with room in host memory"

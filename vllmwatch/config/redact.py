@@ -17,6 +17,8 @@ added here holds everywhere. What is hidden:
 Names are judged by their words (`HF_TOKEN`, `apiKey`, `--x-api-key`, `DB_PASS`), so that
 counts and paths stay readable: `--max-num-batched-tokens 2048`, `prompt_tokens=5`,
 `--tokenizer /models/x`, `--ssl-keyfile /etc/k.pem`, `KEY_PATH=/x` are not secrets.
+`printable` (at the end) is the other half of text made safe to leave: control characters
+escaped before text from outside reaches a person's terminal.
 Pure: stdlib and config only (the core may use it).
 """
 
@@ -305,3 +307,22 @@ def secrets_of(env: Mapping[str, str], api_key: str | None) -> list[str]:
 
 
 REDACT = Redactor()  # the rules and every learnt value: for writers with no secrets of their own
+
+
+# --- text for a terminal (was config/text.py) ------------------------------------------------
+# Text from outside (a /status answer, vLLM's output, an incident record) made safe to print
+# on a person's terminal: control characters are shown as escapes, never sent raw.
+
+# C0 and C1 controls and DEL, except newline and tab: ESC alone can retitle a terminal, move
+# the cursor over earlier lines or hide text (a foreign service on the status port, or a
+# line vLLM's output carried into a record).
+_CONTROL = re.compile(r"[\x00-\x08\x0b-\x1f\x7f-\x9f]")
+
+
+def printable(text: str, keep_newlines: bool = True) -> str:
+    """``text`` with every control character as a visible ``\\xNN`` escape (newline and tab
+    kept, or escaped too when ``keep_newlines`` is False: a one-line field)."""
+    out = _CONTROL.sub(lambda m: f"\\x{ord(m.group()):02x}", text)
+    if not keep_newlines:
+        out = out.replace("\n", "\\n").replace("\t", "\\t")
+    return out

@@ -133,7 +133,7 @@ class RestartConfig:
                                        zero="do not wait for the GPU to release memory")
     gpu_release_tolerance: float = _conv("size", 512.0,
                                          zero="device memory must return to its exact level")
-    # A pre-imported interpreter for the next launch (shell/standby.py, core/standby.py).
+    # A pre-imported interpreter for the next launch (shell/standby.py, config/launch.py).
     standby: str = _conv("auto_bool", "auto")  # "auto" | "true" | "false"
     standby_imports: list[str] = _conv("str_list", [])  # more modules it imports ahead
 

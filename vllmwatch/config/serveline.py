@@ -11,6 +11,8 @@ import re
 import shlex
 from dataclasses import dataclass, field
 
+from vllmwatch.config.redact import REDACT
+
 _ASSIGN = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*=")
 _REDIRECT = re.compile(r"^\d*(>>?|<)(&\d+)?")
 _WRAPPERS = ("nohup", "sudo", "exec", "time", "nice", "setsid", "stdbuf", "numactl")
@@ -46,8 +48,8 @@ def split_text(text: str) -> list[str]:
         try:
             got = shlex.split(line)
         except ValueError as exc:
-            raise LineError(f"cannot split {line[:60]!r}...: {exc} (a quote is not closed)"
-                            ) from None
+            raise LineError(f"cannot split {REDACT.head(line, 60)!r}...: {exc} (a quote is "
+                            "not closed)") from None
         if got and got[0] == "export":
             got = got[1:]
         words += [w for w in got if w != "\\"]
@@ -129,4 +131,4 @@ def shown(argv: list[str], width: int = 100) -> str:
                   or w in _MODULES), 0)
     text = " ".join(["vllm", *argv[start + 1:]] if argv[start:start + 1] and
                     argv[start].rsplit("/", 1)[-1] == "vllm" else argv[start:])
-    return text if len(text) <= width else text[:width - 3] + "..."
+    return text if len(text) <= width else REDACT.head(text, width - 3) + "..."

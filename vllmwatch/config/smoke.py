@@ -18,6 +18,7 @@ from dataclasses import dataclass
 from vllmwatch.config import units
 from vllmwatch.config.convert import show
 from vllmwatch.config.errors import Problem
+from vllmwatch.config.redact import REDACT
 
 ENDPOINTS = ("chat", "tools", "messages", "embeddings", "completions")
 PATHS = {"chat": "/v1/chat/completions", "tools": "/v1/chat/completions",
@@ -159,8 +160,8 @@ def _text(t: Mapping[str, object], key: str, at: str, problems: list[Problem],
           limit: int) -> str:
     value = t.get(key, "")
     if not isinstance(value, str) or len(value) > limit:
-        problems.append(Problem(f"{at}.{key}", f"bad value {show(value)[:80]}; expected a "
-                                f"string of at most {limit} characters"))
+        problems.append(Problem(f"{at}.{key}", f"bad value {REDACT.head(show(value), 80)}; "
+                                f"expected a string of at most {limit} characters"))
         return ""
     return value
 

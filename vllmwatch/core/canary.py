@@ -13,6 +13,8 @@ from __future__ import annotations
 import json
 from collections.abc import Mapping, Sequence
 
+from vllmwatch.config.redact import REDACT
+
 KINDS = ("auto", "completions", "chat", "embeddings", "score", "rerank", "classify",
          "pooling", "custom")
 PATHS = {"completions": "/v1/completions", "chat": "/v1/chat/completions",
@@ -106,14 +108,14 @@ def answer_problem(kind: str, body: bytes) -> str:
     try:
         parsed = json.loads(body)
     except ValueError:
-        return f"not JSON: {body[:80]!r}"
+        return f"not JSON: {REDACT.head(body, 80)!r}"
     if kind not in _LISTS:  # custom: its shape is the operator's; JSON is all we can ask
         return ""
     if not isinstance(parsed, dict):
-        return f"not a JSON object: {body[:80]!r}"
+        return f"not a JSON object: {REDACT.head(body, 80)!r}"
     items = parsed.get(_LISTS[kind])
     if not isinstance(items, list) or not items or not isinstance(items[0], dict):
-        return f"no {_LISTS[kind]!r} list in the answer: {body[:120]!r}"
+        return f"no {_LISTS[kind]!r} list in the answer: {REDACT.head(body, 120)!r}"
     if kind in ("completions", "chat"):
         usage = parsed.get("usage")
         tokens = usage.get("completion_tokens") if isinstance(usage, dict) else None

@@ -111,7 +111,7 @@ class MetricsResult:
     generation_tokens: float | None = None
     error: str = ""
     gen: int = 0
-    asleep: bool | None = None  # vLLM sleep mode (core/sleep.py); None: not reported
+    asleep: bool | None = None  # vLLM sleep mode (core/hangs.py); None: not reported
     host_cpu: HostCpu | None = None  # the host's CPU pressure at the scrape (core/hangs.py)
 
 

@@ -6,12 +6,15 @@ last `HISTORY` successes times `probe.canary_timeout_margin`, kept between
 `probe.canary_timeout_min` and `probe.canary_timeout`), and a timeout is never a verdict by
 itself: the engine's token counters and the host's CPU pressure decide (`on_timeout`).
 docs/operations/incidents.md "How long a hang takes to see" has the resulting table of waits.
+
+Two more answers to "hung?" live here: a start that printed nothing, busy or stuck by its
+CPU use (`stall_hint`), and an engine asleep on purpose, never hung (`judge_canary`).
 """
 
 from __future__ import annotations
 
 import math
-from collections.abc import Sequence
+from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 from enum import Enum
 
@@ -109,3 +112,98 @@ def on_timeout(moved: bool, retried: bool, busy_for: float = 0.0,
 def frozen_limit(p: ProbeConfig, cpu: HostCpu | None) -> float:
     """How long queued work may see no counter or gauge move before it is a hang."""
     return p.progress_timeout * (FROZEN_STARVED_FACTOR if saturated(cpu) else 1.0)
+
+
+# --- a silent start: busy or stuck, from its CPU use (was core/stalls.py) --------------------
+# Why a start made no progress: the vLLM tree's CPU use while nothing was printed.
+#
+# A start that prints nothing for `startup.stall_timeout` is restarted either way, but the
+# operator's next step differs: a tree that burned a CPU meanwhile was busy without output
+# (compiling, loading; the timeout may be too short for this box), one that used almost none
+# was waiting or starved (a lock, a download, a hung collective, or another process spinning
+# on the cores it is bound to). Memory samples carry the tree's CPU seconds; mark_cpu keeps
+# the first and the latest reading since the last progress and stall_hint turns them into that
+# hint.
+
+Mark = tuple[float, float]  # (monotonic time, tree CPU seconds)
+
+STALL_BUSY = 0.2  # share of one CPU above which a silent tree counts as busy
+STALL_MIN_SPAN = 5.0  # seconds between readings below which no rate is given
+
+
+def mark_cpu(marks: tuple[Mark, Mark] | None, last_progress: float, now: float,
+             cpu_s: float) -> tuple[Mark, Mark]:
+    """Record a reading: the first since the last progress starts a new span."""
+    if marks is None or marks[0][0] < last_progress:
+        return (now, cpu_s), (now, cpu_s)
+    return marks[0], (now, cpu_s)
+
+
+def cpu_share(marks: tuple[Mark, Mark] | None) -> tuple[float, float] | None:
+    """(share of one CPU, seconds it covers) over the span, or None when it cannot say."""
+    if marks is None:
+        return None
+    (t0, c0), (t1, c1) = marks
+    span = t1 - t0
+    # too short, or a process exited and took its CPU time
+    if span < STALL_MIN_SPAN or c1 < c0:
+        return None
+    return (c1 - c0) / span, span
+
+
+def stall_hint(marks: tuple[Mark, Mark] | None, last_progress: float) -> str:
+    """The stall detail's tail: what the tree did meanwhile and what to look at ('' if unknown)."""
+    if marks is None or marks[0][0] < last_progress:
+        return ""
+    got = cpu_share(marks)
+    if got is None:
+        return ""
+    share, span = got
+    used = f"; the vLLM tree used {100 * share:.0f}% of one CPU over the last {span:.0f}s"
+    if share >= STALL_BUSY:
+        return used + (": busy without output (compiling or loading?); if starts are this "
+                       "slow here, raise startup.stall_timeout")
+    return used + (": waiting or starved (a download, a lock, a hung collective, or another "
+                   "process spinning on the CPUs it is bound to)")
+
+
+# --- vLLM's sleep mode: asleep on purpose is not hung (was core/sleep.py) --------------------
+# An engine put to sleep on purpose is not hung.
+#
+# With `--enable-sleep-mode`, `POST /sleep` frees the weights and KV cache; /health stays 200
+# while completions are refused (or wait) until `POST /wake_up`. vLLM says so on /metrics:
+# `vllm:engine_sleep_state{sleep_state="awake"}` is 1 when awake and 0 while asleep (one series
+# per engine). A canary that fails or times out while asleep proves nothing about a hang, so
+# while the last scrape said "asleep" the canary is not sent and its results are not judged.
+
+SLEEP_SERIES = "vllm:engine_sleep_state"
+
+
+def asleep_from_awake(awake_values: Iterable[float]) -> bool | None:
+    """From the `awake` series of each engine: True if any engine sleeps, None if no series.
+
+    None means this vLLM does not report sleep (an older version): judge as before.
+    """
+    values = list(awake_values)
+    if not values:
+        return None
+    return any(v < 0.5 for v in values)
+
+
+def send_canary(asleep: bool | None) -> bool:
+    """Whether the periodic canary should be sent now."""
+    return asleep is not True
+
+
+def judge_canary(asleep_when_sent: bool | None, asleep_now: bool | None) -> bool:
+    """Whether a canary failure or timeout may count toward a restart.
+
+    Not if the engine slept when the canary left or sleeps now (it may have gone to sleep
+    while the canary was in flight): in both cases the failure is the sleep, not a fault.
+    """
+    return asleep_when_sent is not True and asleep_now is not True
+
+
+def judge_stall(asleep: bool | None) -> bool:
+    """Whether "requests waiting but no token generated" may count as a stall."""
+    return asleep is not True

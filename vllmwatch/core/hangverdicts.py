@@ -12,7 +12,7 @@ from __future__ import annotations
 
 from dataclasses import replace
 
-from vllmwatch.core import hangs, policy, probing, sleep
+from vllmwatch.core import hangs, policy, probing
 from vllmwatch.core.actions import Log
 from vllmwatch.core.ladder import begin_restart
 from vllmwatch.core.names import ProbeKind as K
@@ -32,7 +32,7 @@ def fire(s: WatchState, now: float) -> Result:
     c = s.run
     if s.state != S.READY:
         return s, []
-    if not sleep.send_canary(c.engine.asleep):  # asleep on purpose: nothing to prove
+    if not hangs.send_canary(c.engine.asleep):  # asleep on purpose: nothing to prove
         return probing.vouched(s, K.CANARY, now), []
     if c.canary.suspect:  # a timeout is being judged; its verdict sends the next one
         return s, []
@@ -145,7 +145,7 @@ def frozen(s: WatchState, prev: policy.Progress | None, cur: policy.Progress, no
     c, p = s.run.canary, s.config.probe
     since = policy.frozen_since(c.frozen_since, prev, cur)
     s = _with(s, replace(s.run.canary, frozen_since=since))
-    if since is None or p.progress_timeout <= 0 or not sleep.judge_stall(s.run.engine.asleep):
+    if since is None or p.progress_timeout <= 0 or not hangs.judge_stall(s.run.engine.asleep):
         return s, []
     waited = now - c.sent_at if K.CANARY in s.run.probes.inflight and c.sent_at else 0.0
     limit = hangs.frozen_limit(p, cpu)

@@ -17,6 +17,7 @@ from __future__ import annotations
 from dataclasses import dataclass, replace
 
 from vllmwatch.config import adapters as adaptercfg
+from vllmwatch.config.redact import REDACT
 from vllmwatch.config.sections import AdapterConfig, Config
 from vllmwatch.core.actions import Action, Log
 from vllmwatch.core.state import WatchState
@@ -98,7 +99,8 @@ def start_refused(s: WatchState, lines: tuple[str, ...]) -> tuple[WatchState, li
         return s, []
     optional = tuple(a.name for a in s.config.adapters if not a.required)
     kept = tuple(a for a in s.config.adapters if a.required)
-    fields: dict[str, object] = {"error": said.strip()[:300], "left_out": list(optional)}
+    fields: dict[str, object] = {"error": REDACT.head(said.strip(), 300),
+                                 "left_out": list(optional)}
     if not optional:
         fields["detail"] = ("every adapter is required: the start fails; fix the adapter or set "
                             "required = false, then systemctl reload vllmwatch")

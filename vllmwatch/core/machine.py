@@ -6,16 +6,16 @@ from dataclasses import replace
 
 from vllmwatch.config.schema import Config
 from vllmwatch.core import (
-    hangverdicts as verdicts,
-)
-from vllmwatch.core import (
+    hangs,
     ladder,
     probing,
     restart,
     serving,
-    stalls,
-    startmem,
     stopping,
+    unified,
+)
+from vllmwatch.core import (
+    hangverdicts as verdicts,
 )
 from vllmwatch.core.actions import Action, Log, Notify, SignalGroup
 from vllmwatch.core.events import (
@@ -214,11 +214,11 @@ def _child_exited(s: WatchState, ev: ChildExited, now: float) -> Result:
         s, more = lora.start_refused(s, ev.last_lines)
         acts += more
     reason, detail = Reason.CRASH, ("during start: " if s.state == S.STARTING else "") + why
-    mem = startmem.start_failed(s, ev) if s.state == S.STARTING else None
+    mem = unified.start_failed(s, ev) if s.state == S.STARTING else None
     if mem is not None:  # vLLM said it ran out of memory: name it, stop if it repeats
         s, logs, detail, stop = mem
         acts += logs
-        reason = startmem.REASON
+        reason = unified.MEMORY_REASON
         if stop:
             s, more = ladder.halt(s, now, reason, detail)
             return s, acts + more
@@ -298,7 +298,7 @@ def _fire(s: WatchState, kind: K, now: float) -> Result:
     if kind == K.HEALTH and s.state == S.STARTING and stalled:
         return ladder.begin_restart(s, now, Reason.START_STALL, "no output and no progress for "
                                     f"{now - st.last_progress:.0f}s (startup.stall_timeout)"
-                                    + stalls.hint(st.cpu_since_progress, st.last_progress),
+                                    + hangs.stall_hint(st.cpu_since_progress, st.last_progress),
                                     drain=False)
     if kind == K.CANARY:
         return verdicts.fire(s, now)

@@ -31,6 +31,8 @@ from __future__ import annotations
 import re
 from collections.abc import Mapping
 
+from vllmwatch.config.redact import REDACT
+
 Facts = tuple[tuple[str, object], ...]  # what one line says (hashable: it rides an event)
 
 _FLOAT = r"(\d+(?:\.\d+)?)"
@@ -67,7 +69,7 @@ def facts_of(line: str) -> Facts:
         match = _PLAN_NOT.search(line)
         if match:
             return (("startup_plan", "not_applied"),
-                    ("startup_plan_why", match.group(1)[:WHY_MAX]))
+                    ("startup_plan_why", REDACT.head(match.group(1), WHY_MAX)))
     if "AOT compil" in line or "aot compilation" in line or "load failure" in line:
         if "Directly load AOT compilation from path" in line:
             return (("aot_loaded", True),)
@@ -75,7 +77,7 @@ def facts_of(line: str) -> Facts:
             return (("aot_saved", True),)
         match = _AOT_ERROR.search(line)
         if match:
-            return (("aot_error", match.group(1)[:WHY_MAX]),)
+            return (("aot_error", REDACT.head(match.group(1), WHY_MAX)),)
     return ()
 
 

@@ -9,7 +9,7 @@ from dataclasses import replace
 
 from vllmwatch.config.quiet import in_window
 from vllmwatch.core import drain as drains
-from vllmwatch.core import gpufault, hangs, leak, policy, probing, reuse, sleep, stalls
+from vllmwatch.core import gpufault, hangs, leak, policy, probing, reuse
 from vllmwatch.core import hangverdicts as verdicts
 from vllmwatch.core.actions import Action, Log, Notify
 from vllmwatch.core.events import (
@@ -132,7 +132,7 @@ def canary(s: WatchState, ev: CanaryResult, now: float) -> Result:
     if ev.ok:
         s = _engine(s, replace(c.engine, canary_failures=0))
         return verdicts.answered(s, ev.seconds, serving=True), []
-    if not sleep.judge_canary(c.canary.asleep, c.engine.asleep):
+    if not hangs.judge_canary(c.canary.asleep, c.engine.asleep):
         return s, [Log("info", "probe.canary_asleep", {
             "error": ev.error or "timed out", "detail": "vLLM is in sleep mode; not judged"})]
     if ev.timed_out:
@@ -264,7 +264,7 @@ def _judge_progress(s: WatchState, prev: policy.Progress | None, cur: policy.Pro
                     now: float, cpu: hangs.HostCpu | None) -> Result:
     c = _run(s)
     acts: list[Action] = []
-    if c.canary.suspect and not sleep.judge_canary(c.canary.asleep, c.engine.asleep):
+    if c.canary.suspect and not hangs.judge_canary(c.canary.asleep, c.engine.asleep):
         s = verdicts.suspect(s, False)
         acts.append(Log("info", "probe.canary_asleep", {
             "error": "timed out", "detail": "vLLM is in sleep mode; not judged"}))
@@ -287,7 +287,7 @@ def _judge_progress(s: WatchState, prev: policy.Progress | None, cur: policy.Pro
     stall = policy.stalled_since(c.engine.stall_since, prev, cur)
     s = _engine(s, replace(s.run.engine, stall_since=stall))
     if stall is not None and now - stall >= s.config.probe.stall_timeout \
-            and sleep.judge_stall(c.engine.asleep):
+            and hangs.judge_stall(c.engine.asleep):
         s, more = begin_restart(s, now, Reason.STALL,
                                 f"{cur.running:g} running and {cur.waiting:g} waiting, but "
                                 f"no token generated for {now - stall:.0f}s", drain=False)
@@ -312,7 +312,7 @@ def memory(s: WatchState, ev: MemorySampled, now: float) -> Result:
     s = _mem(s, replace(m, host=host))
     st = _run(s).start
     if s.state == S.STARTING and sample.tree_cpu_s is not None:
-        cpu = stalls.mark_cpu(st.cpu_since_progress, st.last_progress, now, sample.tree_cpu_s)
+        cpu = hangs.mark_cpu(st.cpu_since_progress, st.last_progress, now, sample.tree_cpu_s)
         s = _start(s, replace(st, cpu_since_progress=cpu))
     if s.state != S.READY or m.leak is None:
         return s, []

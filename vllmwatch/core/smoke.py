@@ -16,6 +16,7 @@ from __future__ import annotations
 from dataclasses import replace
 from typing import TYPE_CHECKING, Any
 
+from vllmwatch.config.redact import REDACT
 from vllmwatch.core.actions import Action, Log, Smoke
 from vllmwatch.core.events import SmokeResult
 from vllmwatch.core.state import S, SmokeOutcome, SmokeRun, WatchState
@@ -68,7 +69,7 @@ def landed(s: WatchState, ev: SmokeResult) -> Step:
     check = run.checks[ev.index]
     out = SmokeOutcome(check.name, check.endpoint, check.model or c.vllm.model_name, ev.ok,
                        check.required, round(ev.seconds, 3), ev.error,
-                       ev.answer[:ANSWER_BYTES])
+                       REDACT.head(ev.answer, ANSWER_BYTES))
     run = replace(run, outcomes=(*run.outcomes, out))
     fields = {"check": check.name, "endpoint": check.endpoint, "path": check.path,
               "model": out.model, "seconds": out.seconds, "required": check.required}

@@ -14,6 +14,8 @@ from __future__ import annotations
 import json
 from typing import TYPE_CHECKING, Any
 
+from vllmwatch.config.redact import REDACT
+
 if TYPE_CHECKING:
     from vllmwatch.config.smoke import SmokeCheck
 
@@ -56,7 +58,7 @@ def vllm_error(body: bytes) -> str:
         return str(inner["message"])
     for key in ("message", "detail"):  # older vLLM; FastAPI's 404 / 422
         if isinstance(parsed.get(key), (str, list)):
-            return str(parsed[key])[:500]
+            return REDACT.head(str(parsed[key]), 500)
     return ""
 
 
@@ -182,7 +184,7 @@ def _completions(check: SmokeCheck, parsed: dict[str, Any]) -> str:
 
 def _short(value: object) -> str:
     text = json.dumps(value) if not isinstance(value, str) else repr(value)
-    return text if len(text) <= 80 else text[:77] + "..."
+    return text if len(text) <= 80 else REDACT.head(text, 77) + "..."
 
 
 _SHAPES = {"chat": _chat, "tools": _tools, "messages": _messages, "embeddings": _embeddings,

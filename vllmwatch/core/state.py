@@ -146,7 +146,7 @@ class Engine:
     running: float | None = None
     waiting: float | None = None
     kv_cache_usage: float | None = None
-    asleep: bool | None = None  # vLLM sleep mode, from the last scrape (core/sleep.py)
+    asleep: bool | None = None  # vLLM sleep mode, from the last scrape (core/hangs.py)
 
 
 @dataclass(frozen=True)

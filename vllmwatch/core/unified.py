@@ -1,5 +1,6 @@
 """Unified memory (DGX Spark / GB10): platform decision, the start guard's decision, and the
-diagnosis of vLLM's start-up memory failures. Pure: readings and lines in, decisions out.
+diagnosis of vLLM's start-up memory failures, and what the core does with one (start_failed).
+Pure: readings and lines in, decisions out.
 
 On unified memory the GPU allocates from system RAM, and `torch.cuda.mem_get_info()` reports
 MemFree there: clean page cache (the checkpoint just read) counts as used. See
@@ -10,7 +11,13 @@ from __future__ import annotations
 
 import re
 from collections.abc import Iterable
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
+
+from vllmwatch.config.redact import REDACT
+from vllmwatch.core.actions import Action, Log
+from vllmwatch.core.events import ChildExited
+from vllmwatch.core.names import Reason
+from vllmwatch.core.state import WatchState
 
 GIB_MIB = 1024.0
 # The floor under which the guard acts when memory.guard_floor = 0 (auto): the larger of
@@ -228,3 +235,39 @@ def memory_verdict(d: Diagnosis, failures_in_a_row: int, retries: int,
     return "stop", (f"vLLM failed to start for memory {failures_in_a_row} times in a row "
                     f"({d.cause}): {advice}; check other tenants' memory (nvidia-smi, "
                     "free -g) and memory.guard_floor; then restart vllmwatch")
+
+
+# --- a start that died for memory: named, counted, stopped (was core/startmem.py) ------------
+# A start that died for memory gets a named reason, and stops after repeated tries.
+#
+# Glue between machine._child_exited and the diagnosis above: the same memory
+# failure in consecutive child generations counts up; after memory.start_memory_retries the
+# daemon stops with exitcodes.START_MEMORY instead of crash-looping.
+
+MEMORY_REASON = Reason.START_MEMORY
+
+
+def start_failed(s: WatchState, ev: ChildExited
+                 ) -> tuple[WatchState, list[Action], str, bool] | None:
+    """(state, log actions, restart detail, stop) when the child's output names a memory
+    failure; None otherwise. `stop`: the failure repeated past the retries, and the caller
+    halts with exitcodes.START_MEMORY."""
+    d = diagnose((*ev.memory_lines, *ev.last_lines))
+    if d is None or s.child is None:
+        return None
+    count, last_gen = s.memory_failures
+    n = count + 1 if last_gen == s.child.gen - 1 and count > 0 else 1
+    s = replace(s, memory_failures=(n, s.child.gen))
+    retries = s.config.memory.start_memory_retries
+    verdict, text = memory_verdict(d, n, retries, ev.unified)
+    detail = reason_detail(d, ev.page_cache_gib, ev.unified)
+    acts: list[Action] = [Log("warning", "start.memory_failure", {
+        "cause": d.cause, "detail": detail, "line": REDACT.head(d.line, 300), "failures_in_row": n,
+        "retries": retries, "unified": ev.unified, "next": text if verdict == "retry" else
+        "stop"})]
+    stop = verdict == "stop"
+    if stop:  # no restart follows to record the reason: /status shows it as the last one
+        s = replace(s, last_reason=MEMORY_REASON, last_detail=detail)
+        acts.append(Log("error", "start.memory_gave_up", {"cause": d.cause, "detail": detail,
+                                                          "hint": text}))
+    return s, acts, detail, stop

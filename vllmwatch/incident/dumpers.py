@@ -24,6 +24,7 @@ from dataclasses import dataclass, field, replace
 from pathlib import Path
 
 from vllmwatch.config import safefile
+from vllmwatch.config.redact import REDACT
 
 HOOK_DIR = str(Path(__file__).with_name("hook"))
 STACKS_ENV = "VLLMWATCH_STACKS_DIR"
@@ -101,7 +102,7 @@ def pyspy_dump(exe: str, pid: int, deadline: float) -> Dump:
     if done.returncode != 0:
         return Dump("py-spy", False, error=_pyspy_error(
             error_line(done.stderr or done.stdout) or f"exit {done.returncode}"),
-                    seconds=took, raw=done.stderr[-4000:])
+                    seconds=took, raw=REDACT.tail(done.stderr, 4000))
     threads = tuple(_shortened(mark_blocked(t)) for t in parse_pyspy(done.stdout))
     return Dump("py-spy", True, threads, seconds=took, raw=done.stdout)
 

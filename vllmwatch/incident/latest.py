@@ -5,7 +5,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import Any
 
-from vllmwatch.config.text import printable
+from vllmwatch.config.redact import printable
 from vllmwatch.incident import store
 
 

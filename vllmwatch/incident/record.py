@@ -8,6 +8,7 @@ says what went wrong, and the restart goes on regardless.
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import time
@@ -16,8 +17,10 @@ from concurrent.futures import ThreadPoolExecutor
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
-from vllmwatch.config.redact import Redactor
-from vllmwatch.incident import cause, dumpers, metrics, report, store, tree
+import psutil
+
+from vllmwatch.config.redact import REDACT, Redactor
+from vllmwatch.incident import cause, dumpers, metrics, report, store
 
 FORMAT = 1
 _WRITE_RESERVE_S = 0.3  # of the deadline, kept for writing the files
@@ -66,7 +69,7 @@ def capture(inp: Inputs, root: str, wall: float | None = None) -> Written:
     t0 = time.monotonic()
     wall = time.time() if wall is None else wall
     deadline = t0 + max(0.2, inp.timeout - _WRITE_RESERVE_S)
-    procs = tree.processes(inp.pgid)
+    procs = processes(inp.pgid)
     stacks, methods = _stacks(procs, inp.stacks_dir, deadline)
     red = Redactor(inp.secrets)
     rid = store.record_id(wall, inp.reason)
@@ -97,7 +100,7 @@ def files_of(record: Mapping[str, Any], stacks: StackDumps, red: Redactor) -> di
     return files
 
 
-def _stacks(procs: Sequence[tree.Proc], stacks_dir: str | None, deadline: float
+def _stacks(procs: Sequence[Proc], stacks_dir: str | None, deadline: float
             ) -> tuple[StackDumps, dict[str, str]]:
     """Both methods at once over every live process; what ran and why not."""
     pids = [p.pid for p in procs if p.state not in ("Z", "")]
@@ -134,7 +137,7 @@ def _verdict(dumps: Sequence[dumpers.Dump], missing: str) -> str:
     return f"ran for {ok} of {len(dumps)} processes; " + "; ".join(errors[:3])
 
 
-def build(inp: Inputs, rid: str, wall: float, procs: Sequence[tree.Proc],
+def build(inp: Inputs, rid: str, wall: float, procs: Sequence[Proc],
           stacks: StackDumps, methods: Mapping[str, str], red: Redactor) -> dict[str, Any]:
     """The record as JSON-ready data (sections in the order the report shows them)."""
     by_pid = {p.pid: p for p in procs}
@@ -170,7 +173,7 @@ def build(inp: Inputs, rid: str, wall: float, procs: Sequence[tree.Proc],
     return record
 
 
-def _tree_note(inp: Inputs, child_alive: bool, procs: Sequence[tree.Proc]) -> str:
+def _tree_note(inp: Inputs, child_alive: bool, procs: Sequence[Proc]) -> str:
     if not procs:
         return "the vLLM tree was already gone when the record was taken"
     if not child_alive:
@@ -214,3 +217,63 @@ def timeline(facts: Mapping[str, Any]) -> list[list[Any]]:
             out.append([entry[0], str(entry[1])])
     out.append([0.0, "incident: restart decided"])
     return sorted(out, key=lambda e: e[0])
+
+
+# --- the processes of the child's tree as a record shows them (was incident/tree.py) ---------
+# The processes of the child's tree as a record shows them: pid, role, state, memory.
+#
+# vLLM never leaves the session we start it in (setsid) and keeps the API server's process
+# group, so the group (or session) finds every process, even ones orphaned by an API server
+# that was killed.
+
+_MIB = 1024 * 1024
+
+
+@dataclass(frozen=True)
+class Proc:
+    """One live process of the tree."""
+
+    pid: int
+    ppid: int
+    role: str  # api_server | engine_core | worker | other
+    title: str  # the process title / command line (redacted by the record)
+    state: str  # R S D T t Z (from /proc)
+    rss_mib: float
+    threads: int
+
+
+def role_of(title: str, is_leader: bool) -> str:
+    """What a vLLM process is, from its title (VLLM::EngineCore, VLLM::Worker_TP0, ...)."""
+    if "EngineCore" in title:
+        return "engine_core"
+    if "VLLM::Worker" in title or "VllmWorker" in title:
+        return "worker"
+    if "APIServer" in title or is_leader:
+        return "api_server"
+    return "other"
+
+
+def processes(pgid: int | None) -> list[Proc]:
+    """The live processes in the child's group or session, leader first."""
+    if pgid is None:
+        return []
+    out = []
+    for proc in psutil.process_iter():
+        try:
+            if os.getpgid(proc.pid) != pgid and os.getsid(proc.pid) != pgid:
+                continue
+            with proc.oneshot():
+                title = " ".join(proc.cmdline()) or proc.name()
+                state = _state(proc.pid)
+                out.append(Proc(proc.pid, proc.ppid(), role_of(title, proc.pid == pgid),
+                                REDACT.head(title, 400), state,
+                                round(proc.memory_info().rss / _MIB, 1), proc.num_threads()))
+        except (psutil.Error, OSError):
+            continue
+    return sorted(out, key=lambda p: (p.pid != pgid, p.pid))
+
+
+def _state(pid: int) -> str:
+    with contextlib.suppress(OSError), open(f"/proc/{pid}/stat") as fh:
+        return fh.read().rpartition(")")[2].split()[0]
+    return ""

@@ -11,7 +11,7 @@ from __future__ import annotations
 from collections.abc import Mapping, Sequence
 from typing import Any
 
-from vllmwatch.config.text import printable
+from vllmwatch.config.redact import printable
 from vllmwatch.core.reuse import one_line
 from vllmwatch.incident.cause import ERROR_LINE
 

@@ -8,6 +8,7 @@ import os
 from dataclasses import dataclass, field
 
 from vllmwatch.config.launch import INJECTED_ENV
+from vllmwatch.config.redact import REDACT
 from vllmwatch.config.serveline import is_vllm_serve
 
 # Variables that change what vLLM does or which devices it sees; the rest of a login
@@ -84,7 +85,7 @@ def vllm_root(pid: int, proc: str = "/proc") -> tuple[int, list[str]]:
             best = (current, argv)
         current, seen = parent_of(current, proc), seen + 1
     if best is None:
-        shown = " ".join(argv_of(pid, proc) or [])[:80]
+        shown = REDACT.head(" ".join(argv_of(pid, proc) or []), 80)
         raise ProcError(f"pid {pid} ({shown!r}) is not a vLLM server and none of its parents "
                         "is; give the pid of `vllm serve` (pgrep -af 'vllm serve')")
     return best

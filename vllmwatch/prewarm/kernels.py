@@ -13,6 +13,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from vllmwatch.config.redact import REDACT
 from vllmwatch.prewarm import backend
 
 MARKER = "VLLMWATCH_KERNELS "
@@ -227,7 +228,7 @@ def _parse(stdout: str, stderr: str, code: int) -> KernelOutcome:
                                      f"{data.get('head_dim')} {data.get('dtype')} first call "
                                      f"{data.get('first_call_s')}s", data)
             return KernelOutcome("warn", str(data.get("error")) + _tried(data), data)
-    tail = (stderr.strip().splitlines() or ["no output"])[-1][:300]
+    tail = REDACT.head((stderr.strip().splitlines() or ["no output"])[-1], 300)
     return KernelOutcome("warn", f"warm script exited {code}: {tail}", {"exit_code": code})
 
 

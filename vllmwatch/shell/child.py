@@ -17,6 +17,7 @@ from typing import IO, TYPE_CHECKING
 import psutil
 
 from vllmwatch.config.command import ChildCommand
+from vllmwatch.config.redact import REDACT
 from vllmwatch.core.events import ChildExited, SweepDone
 from vllmwatch.core.policy import signal_name
 from vllmwatch.logfn import LogFn
@@ -121,7 +122,7 @@ def _looks_like_vllm(proc: psutil.Process) -> bool:
 def describe(proc: psutil.Process) -> str:
     """pid and command line, for logs."""
     with contextlib.suppress(psutil.Error):
-        return f"pid {proc.pid} ({' '.join(proc.cmdline())[:80] or proc.name()})"
+        return f"pid {proc.pid} ({REDACT.head(' '.join(proc.cmdline()), 80) or proc.name()})"
     return f"pid {proc.pid}"
 
 

@@ -15,6 +15,7 @@ import time
 from collections.abc import Callable, Iterator
 from typing import IO
 
+from vllmwatch.config.redact import EXCERPT_MARGIN, REDACT
 from vllmwatch.core import reuse
 from vllmwatch.core.events import ChildOutput
 from vllmwatch.core.unified import is_memory_line
@@ -155,9 +156,13 @@ class ChildLog:
                 continue
             if not whole and len(raw) > MAX_LINE:
                 self.cut += 1
-                skipping = True
-                raw = raw[:MAX_LINE] + b" [cut: line over 16 KiB]"
-            line = raw.decode("utf-8", "replace").rstrip("\r\n")
+                # Redacted over a window past the cut, then cut (Redactor.head): a secret
+                # across the 16 KiB mark would otherwise leave its first part unmatched.
+                more = readline(EXCERPT_MARGIN)
+                skipping = bool(more) and not more.endswith(b"\n")
+                line = REDACT.head(raw + more, MAX_LINE) + " [cut: line over 16 KiB]"
+            else:
+                line = raw.decode("utf-8", "replace").rstrip("\r\n")
             if line.strip():
                 yield line
 

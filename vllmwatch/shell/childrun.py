@@ -39,7 +39,7 @@ from vllmwatch.core.events import (
 from vllmwatch.core.names import ProbeKind
 from vllmwatch.logfn import LogFn
 from vllmwatch.shell import child as childmod
-from vllmwatch.shell import flagcheck, hostcpu
+from vllmwatch.shell import hostcpu, versions
 from vllmwatch.shell.childlog import ChildLog
 from vllmwatch.shell.engines import EngineWatch
 from vllmwatch.shell.probes import Endpoint, HttpProber
@@ -111,7 +111,7 @@ def prepare(config: Config, environ: Mapping[str, str], marker: str, version: st
     except ConfigError as exc:
         return SpawnFailed(str(exc), fatal=True)
     # [vllm.args] against the flags this vLLM accepts (cache only: never blocks the loop).
-    refused = flagcheck.refusal(config, environ, version, log)
+    refused = versions.refusal(config, environ, version, log)
     if refused is not None:
         return SpawnFailed(refused, fatal=True)
     if config.adapters:

@@ -17,6 +17,8 @@ from collections.abc import Collection, Iterable
 
 import psutil
 
+from vllmwatch.config.redact import REDACT
+
 
 def _ppid(proc: psutil.Process) -> int:
     try:
@@ -87,7 +89,7 @@ def describe_all(procs: Iterable[psutil.Process]) -> list[str]:
     out = []
     for proc in procs:
         try:
-            line = " ".join(proc.cmdline())[:120] or proc.name()
+            line = REDACT.head(" ".join(proc.cmdline()), 120) or proc.name()
         except psutil.Error:
             line = "?"
         out.append(f"pid {proc.pid} ({line})")

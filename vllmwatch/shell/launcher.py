@@ -13,8 +13,8 @@ from collections.abc import Callable
 from typing import Any
 
 from vllmwatch.config.command import ChildCommand
+from vllmwatch.config.launch import standby_wanted
 from vllmwatch.config.schema import Config
-from vllmwatch.core import standby as policy
 from vllmwatch.shell import child as childmod
 from vllmwatch.shell import standby as sb
 from vllmwatch.shell.logs import LogFn
@@ -164,7 +164,7 @@ class StandbyLauncher:
 
     def _plan(self, config: Config, cmd: ChildCommand, unified: bool, memory: bool = True
               ) -> Entry | str:
-        on, why = policy.wanted(config.restart.standby, config.vllm.uses_gpu, unified,
+        on, why = standby_wanted(config.restart.standby, config.vllm.uses_gpu, unified,
                                 sb.mem_available_mib() if memory else None)
         if not on:
             return why

@@ -55,7 +55,7 @@ def host_memory(pids: tuple[int, ...], with_pss: bool
 
     A partial PSS would understate the tree, so one unreadable process makes it None. Exited
     processes drop out of the CPU sum, so it can fall; the core only compares readings taken
-    while nothing printed (core/stalls.py).
+    while nothing printed (core/hangs.py).
     """
     rss = 0.0
     pss: float | None = 0.0 if with_pss else None

@@ -8,6 +8,7 @@ from typing import Any, Protocol
 
 import sdnotify
 
+from vllmwatch.config.redact import REDACT
 from vllmwatch.logfn import LogFn
 
 
@@ -78,4 +79,4 @@ def watchdog_interval(environ: Mapping[str, str], pid: int) -> float | None:
 def status_line(text: str) -> str:
     """A STATUS= message: one line, bounded."""
     one = " ".join(text.split())
-    return "STATUS=" + (one[:200] + "..." if len(one) > 200 else one)
+    return "STATUS=" + (REDACT.head(one, 200) + "..." if len(one) > 200 else one)

@@ -21,7 +21,7 @@ from vllmwatch.config.hosts import connect_host
 from vllmwatch.config.redact import REDACT
 from vllmwatch.config.schema import Config, ProbeConfig
 from vllmwatch.core import canary as kinds
-from vllmwatch.core import sleep
+from vllmwatch.core import hangs
 from vllmwatch.core.events import CanaryResult, HealthResult, MetricsResult
 
 # Only these series are parsed; filtering the 48 KB text first cuts a ~7 ms parse to ~0.2 ms.
@@ -181,7 +181,7 @@ class HttpProber:
             # vLLM's text is not Prometheus' format: a failed scrape, never a traceback.
             return MetricsResult(False, time.monotonic() - t0,
                                  error=f"malformed /metrics ({type(exc).__name__}: "
-                                       f"{str(exc)[:200]})")
+                                       f"{REDACT.head(str(exc), 200)})")
         return MetricsResult(
             True, time.monotonic() - t0,
             running=values.get("vllm:num_requests_running"),
@@ -190,7 +190,7 @@ class HttpProber:
                                       values.get("vllm:gpu_cache_usage_perc")),
             prompt_tokens=values.get("vllm:prompt_tokens_total"),
             generation_tokens=values.get("vllm:generation_tokens_total"),
-            asleep=sleep.asleep_from_awake(awake))
+            asleep=hangs.asleep_from_awake(awake))
 
 
 def filter_lines(text: str, wanted: Iterable[str] = _WANTED) -> str:
@@ -212,9 +212,9 @@ def parse_metrics(text: str) -> dict[str, float]:
 def awake_values(text: str) -> list[float]:
     """The `awake` sample of vllm:engine_sleep_state for each engine (none on older vLLM)."""
     out = []
-    for family in text_string_to_metric_families(filter_lines(text, (sleep.SERIES,))):
+    for family in text_string_to_metric_families(filter_lines(text, (hangs.SLEEP_SERIES,))):
         out += [float(x.value) for x in family.samples
-                if x.name == sleep.SERIES and x.labels.get("sleep_state") == "awake"]
+                if x.name == hangs.SLEEP_SERIES and x.labels.get("sleep_state") == "awake"]
     return out
 
 

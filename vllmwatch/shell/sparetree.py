@@ -263,7 +263,7 @@ class SpareTree:
         status, body = call(self.cmd.socket_path, "POST", "/sleep?level=1",
                             timeout=max(1.0, deadline - time.monotonic()))
         if status != 200:
-            return SpareBuilt(False, f"/sleep answered {status} {body[:200]!r}")
+            return SpareBuilt(False, f"/sleep answered {status} {REDACT.head(body, 200)!r}")
         if not self._until(deadline, lambda: self._sleeping() is True):
             return SpareBuilt(False, "/is_sleeping never said true")
         self.asleep_mib = self.memory_mib()
@@ -282,7 +282,7 @@ class SpareTree:
         except (OSError, http.client.HTTPException) as exc:
             return SpareWoken(False, f"/wake_up: {type(exc).__name__}: {exc}")
         if status != 200:
-            return SpareWoken(False, f"/wake_up answered {status} {body[:200]!r}")
+            return SpareWoken(False, f"/wake_up answered {status} {REDACT.head(body, 200)!r}")
         if not self._until(deadline, lambda: self._sleeping() is False):
             return SpareWoken(False, "/is_sleeping did not turn false in time")
         err = self.canary(max(0.5, deadline - time.monotonic()))
@@ -303,7 +303,7 @@ class SpareTree:
         except (OSError, http.client.HTTPException) as exc:
             return SpareSlept(False, f"/sleep: {type(exc).__name__}: {exc}")
         if status != 200:
-            return SpareSlept(False, f"/sleep answered {status} {body[:200]!r}")
+            return SpareSlept(False, f"/sleep answered {status} {REDACT.head(body, 200)!r}")
         if not self._until(t0 + timeout, lambda: self._sleeping() is True):
             return SpareSlept(False, "/is_sleeping never said true")
         return SpareSlept(True, "", time.monotonic() - t0)

@@ -1,6 +1,7 @@
-"""vLLM's version per `vllm.command`, read off the loop.
+"""What the daemon learns of its vLLM without blocking the loop: its version per
+`vllm.command` (VersionCache), and whether it accepts [vllm.args] (`refusal`, below).
 
-Reading it runs the command's interpreter (`config/vllminfo.py`, up to its 15 s timeout),
+Reading the version runs the command's interpreter (`config/vllminfo.py`, up to its 15 s timeout),
 so it is read on a thread of its own as soon as the command is known: at the daemon's start
 and when a SIGHUP changes the command. The first launch (after the leftover sweep and the
 pre-warm) then finds it ready; a launch that comes sooner waits for it, bounded by the
@@ -10,10 +11,13 @@ probe's own timeout. Read once per command, not at every restart.
 from __future__ import annotations
 
 import threading
+from collections.abc import Mapping
 from dataclasses import replace
 
-from vllmwatch.config import vllminfo
+from vllmwatch.config import vllmflags, vllminfo
+from vllmwatch.config.schema import Config
 from vllmwatch.config.startcaches import VllmInfo
+from vllmwatch.logfn import LogFn
 
 WAIT = 20.0  # the probe's own subprocess timeout is 15 s; the rest is the thread's start
 
@@ -65,3 +69,55 @@ class VersionCache:
         self.prefetch(cmd)
         self._done.wait(WAIT)
         return self.current
+
+
+# --- the daemon's check of [vllm.args] before a launch (was shell/flagcheck.py) --------------
+# The daemon's check of [vllm.args] before a launch, without ever blocking the loop.
+#
+# Asking vLLM for its flags imports torch (5-40 s), and the launch runs on the loop thread,
+# which must answer SIGTERM at every moment. So a launch consults only the on-disk cache
+# (microseconds). When this vLLM's flags are not cached yet, a background thread asks vLLM
+# and fills the cache, and the launch goes ahead unchecked (logged): the next launch, and
+# `vllmwatch check`, use the answer. `vllmwatch check` without --fast fills the cache too.
+
+_asking: set[tuple[str, ...]] = set()
+_lock = threading.Lock()
+
+
+def refusal(config: Config, environ: Mapping[str, str], version: str | None,
+            log: LogFn) -> str | None:
+    """Why this launch must not happen (flags this vLLM rejects), or None to go ahead.
+
+    Call it from RealEffects.spawn after command.build; a text means
+    `SpawnFailed(text, fatal=True)`: vLLM would exit at once with "unrecognized arguments".
+    """
+    cache = vllmflags.default_cache_dir(config, environ)
+    known = vllmflags.known_flags(config.vllm.command, version, cache, ask=False)
+    if known is None:
+        if version is not None:
+            _learn(config, version, cache, log)
+        return None
+    return vllmflags.refusal_text(config, known)
+
+
+def _learn(config: Config, version: str, cache: str, log: LogFn) -> None:
+    key = (version, *config.vllm.command)
+    with _lock:
+        if key in _asking:
+            return
+        _asking.add(key)
+    log("info", "vllm.flags_unchecked", version=version,
+        detail="this vLLM's flags are not cached yet; asking it in the background, the next "
+               "launch checks [vllm.args] (or run `vllmwatch check` now)")
+
+    def ask() -> None:
+        try:
+            got = vllmflags.known_flags(config.vllm.command, version, cache)
+            if got is None:
+                log("warning", "vllm.flags_unknown", version=version,
+                    detail="cannot ask vLLM for its flags; [vllm.args] stays unchecked")
+        finally:
+            with _lock:
+                _asking.discard(key)
+
+    threading.Thread(target=ask, name="vllm-flags", daemon=True).start()

@@ -17,7 +17,7 @@ from collections.abc import Callable, Mapping
 from pathlib import Path
 from typing import Any
 
-from vllmwatch.config.text import printable
+from vllmwatch.config.redact import REDACT, printable
 from vllmwatch.core import exitcodes
 
 SHOW_TIMEOUT_S = 3.0
@@ -58,7 +58,7 @@ def systemd_view(unit: str, run: Run = subprocess.run, booted: bool | None = Non
     for line in proc.stdout.splitlines()[:len(PROPERTIES) * 2]:
         key, sep, value = line.partition("=")
         if sep and key in PROPERTIES:
-            view[key] = printable(value[:MAX_VALUE], False)
+            view[key] = printable(REDACT.head(value, MAX_VALUE), False)
     if view.get("LoadState") != "loaded":
         return None
     return view
