@@ -12,6 +12,7 @@ import contextlib
 import json
 import os
 import shutil
+import signal
 import subprocess
 from collections.abc import Callable, Iterator
 from pathlib import Path
@@ -276,3 +277,25 @@ def test_an_engine_sigkill_and_a_sigstop_hang_name_their_cause_in_five_lines(
     # the canary timeouts and the retry that made the verdict are in the timeline
     timeline = shown[shown.index("timeline"):shown.index("incident: restart decided")]
     assert "nothing moved, retry with" in timeline and ": hang" in timeline, timeline
+
+
+def test_records_turned_on_by_a_reload_are_written_at_the_next_fault(daemon: Factory) -> None:
+    d = daemon([], {"incidents": {"enabled": False}})
+    ready = d.wait_ready()
+    d.write_config(merge(d.config, {"incidents": {"enabled": True}}))
+    since = d.mark()
+    d.signal(signal.SIGHUP)
+    d.wait_event("config.reloaded", 5.0, since)
+    os.kill(ready["pid"], signal.SIGKILL)
+    event = d.wait_event("incident.recorded", 15.0, since, reason="crash")
+    assert record_of(d, event)["reason"] == "crash"
+    ready = d.wait_ready(10.0, since=d.events.index(event))
+    # ... and turned off again, none: the core decides at each restart.
+    d.write_config(merge(d.config, {"incidents": {"enabled": False}}))
+    again = d.mark()
+    d.signal(signal.SIGHUP)
+    d.wait_event("config.reloaded", 5.0, again)
+    os.kill(ready["pid"], signal.SIGKILL)
+    d.wait_event("restart.begin", 10.0, again, reason="crash")
+    d.wait_ready(10.0, since=again)
+    assert not d.named("incident.recorded", again)

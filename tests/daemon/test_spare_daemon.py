@@ -282,3 +282,38 @@ def test_a_reload_that_changes_the_command_rebuilds_the_spare_from_it(spared: Sp
     spared.d.wait_event("spare.rearmed", WAIT, since)
     failed = spared.end_clients()
     assert not failed, (failed, spared.d.dump())
+
+
+def test_a_key_file_rewritten_in_place_rebuilds_the_spare_and_relaunches_with_it(
+        spared: Spared) -> None:
+    """SIGHUP after the key file was rewritten in place (same path, same config): the asleep
+    spare of the old key is stopped, the serving engine relaunches with the new key and the
+    spare is rebuilt with it at its READY; clients with the new key keep their answers
+    through a failover (before this, the spare kept the old key: 401 at the failover)."""
+    spared.start()
+    pid0, child0 = spared.spare()["pid"], spared.child_pid()
+    assert psutil.Process(pid0).environ()["VLLM_API_KEY"] == KEY
+    rotated = "sk-SpareKeyInPlace24680"
+    (spared.tmp / "key").write_text(rotated + "\n")  # same path, new key
+    since = spared.d.mark()
+    spared.d.signal(signal.SIGHUP)
+    rebuilt = spared.d.wait_event("spare.rebuilt", WAIT, since)
+    assert rebuilt["why"] == "config reloaded: the API key changed", rebuilt
+    begin = spared.d.wait_event("restart.begin", WAIT, since)
+    assert begin["failover"] == "none: the spare is down", begin
+    spared.d.wait_event("spare.ready", WAIT, since)
+    wait_for(lambda: spared.spare().get("state") == "asleep", WAIT, "the rebuilt spare asleep")
+    pid1, child1 = spared.spare()["pid"], spared.child_pid()
+    assert pid1 != pid0 and child1 != child0
+    for pid in (pid1, child1):  # both answer the new key
+        assert psutil.Process(pid).environ()["VLLM_API_KEY"] == rotated
+    spared.key = rotated
+    spared.clients()
+    spared.more(6, "answers with the rotated key")
+    since = spared.d.mark()
+    os.kill(spared.engine_pid(), signal.SIGKILL)
+    spared.d.wait_event("failover.served", WAIT, since)
+    spared.more(6, "answers while the rebuilt spare serves")
+    spared.d.wait_event("spare.rearmed", WAIT, since)
+    failed = spared.end_clients()
+    assert not failed, (failed, spared.d.dump())

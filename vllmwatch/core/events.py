@@ -171,6 +171,9 @@ class ReloadRequested:
 
     config: Config | None
     error: str = ""
+    # With the spare on: what a spare built from `config` now would run (core/failover.py's
+    # Inputs, read by the same worker: the key file's contents are no part of the config)
+    spare_inputs: tuple[tuple[str, str], ...] = ()
 
 
 @dataclass(frozen=True)

@@ -23,6 +23,10 @@ SLEEP_TIMEOUT = 60.0  # the spare's drain (bounded by restart.drain_timeout) and
 # A GPU fault (exit 6) leaves no GPU to fail over on; the daemon's own exits take the spare
 # down with everything else. Every other restart leaves the GPU usable.
 NO_FAILOVER = frozenset({Reason.GPU_FAULT})
+# What a spare is built from, by part (the vLLM command, its environment, the API key the key
+# file held, the GPU list), each as a digest the shell computed: ((part, digest), ...). A
+# reload that changes any part rebuilds the spare (changed()).
+Inputs = tuple[tuple[str, str], ...]
 
 
 class Rung(str, Enum):
@@ -113,6 +117,7 @@ class SpareBuilt(SpareEvent):
     pid: int | None = None
     awake_mib: float | None = None  # its GPU figure awake (READY, before the sleep)
     asleep_mib: float | None = None  # ... and asleep
+    inputs: Inputs = ()  # what this build ran (the shell's digests; () unknown)
 
 
 @dataclass(frozen=True)
@@ -161,6 +166,17 @@ class Track:
     # Why it runs a command the config no longer has (a reload changed the vLLM command): it
     # is stopped and rebuilt from the current config as soon as nothing waits on it.
     stale: str = ""
+    built_from: Inputs = ()  # the running (or last) spare's inputs, from its SpareBuilt
+    # A reload's inputs while a build was out: that build read the files before the reload
+    want: Inputs = ()
+
+
+def changed(built: Inputs, now: Inputs) -> str:
+    """The parts of what the spare was built from that differ now, in words ("" when none;
+    a part unknown on either side is not compared: an unreadable key file is no change)."""
+    new_ = dict(now)
+    diff = [part for part, digest in built if part in new_ and new_[part] != digest]
+    return f"{', '.join(diff)} changed" if diff else ""
 
 
 def new(wanted: bool, why: str, retries: int) -> Track:

@@ -83,12 +83,13 @@ def spare_ready(s: WatchState, now: float) -> Result:
     return spare.full_ready(s, now)
 
 
-def spare_reloaded(s: WatchState, now: float, changed: str = "") -> Result:
+def spare_reloaded(s: WatchState, now: float, changed: str = "",
+                   inputs: tuple[tuple[str, str], ...] = ()) -> Result:
     if s.spare is None:
         return s, []
     from vllmwatch.core import spare
 
-    return spare.reloaded(s, now, changed)
+    return spare.reloaded(s, now, changed, inputs)
 
 
 def halt(s: WatchState, now: float, reason: Reason, detail: str,

@@ -31,6 +31,11 @@ def reloaded(s: WatchState, ev: ReloadRequested, now: float) -> Result:
     old = s.config
     relaunch = old.vllm != ev.config.vllm or old.prewarm.cache_dir != ev.config.prewarm.cache_dir
     why = "the vLLM command or environment changed"
+    # What the spare runs beyond the config (the key file's contents) changed: the spare is
+    # rebuilt and the serving engine relaunched with it, so both answer the same key
+    rekey = _spare_inputs_changed(s, ev) if old.vllm == ev.config.vllm else ""
+    if rekey and not relaunch:
+        relaunch, why = True, rekey
     fields: dict[str, object] = {}
     if old.adapters != ev.config.adapters or old.lora != ev.config.lora:
         from vllmwatch.core import lora  # [[adapters]] (issue 38): only when they change
@@ -48,9 +53,19 @@ def reloaded(s: WatchState, ev: ReloadRequested, now: float) -> Result:
         acts.append(Notify(ready=True))
     # The spare runs the serving command with the plan's flags: a changed one is rebuilt
     s, more = ladder.spare_reloaded(s, now, "the vLLM command changed"
-                                    if old.vllm != ev.config.vllm else "")
+                                    if old.vllm != ev.config.vllm else rekey, ev.spare_inputs)
     acts += more
     if relaunch and s.state in (S.READY, S.STARTING) and s.exit_code is None:
         s, more = ladder.begin_restart(s, now, Reason.RELOAD, why, drain=True)
         acts += more
     return s, acts
+
+
+def _spare_inputs_changed(s: WatchState, ev: ReloadRequested) -> str:
+    """Which of the spare's inputs (beyond the config) a reload changed, in words ("")."""
+    t = s.spare
+    if t is None or not ev.spare_inputs or not t.built_from or str(t.rung) == "off":
+        return ""
+    from vllmwatch.core.failover import changed  # imported already: the spare is on
+
+    return changed(t.built_from, ev.spare_inputs)

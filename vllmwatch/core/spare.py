@@ -16,6 +16,7 @@ from vllmwatch.core.failover import (
     BUILD_TIMEOUT,
     SLEEP_TIMEOUT,
     BuildSpare,
+    Inputs,
     Route,
     SleepSpare,
     SpareBuilt,
@@ -25,6 +26,7 @@ from vllmwatch.core.failover import (
     StopSpare,
     Track,
     WakeSpare,
+    changed,
     fails_over,
     fields,
     move,
@@ -117,16 +119,21 @@ def halted(s: WatchState, now: float) -> Result:
         "vllmwatch is stopping")])
 
 
-def reloaded(s: WatchState, now: float, changed: str = "") -> Result:
+def reloaded(s: WatchState, now: float, changed: str = "", inputs: Inputs = ()) -> Result:
     """A reload (s.config is the new config). `changed`: why the spare's command changed
     ("" when it did not): the spare must serve what the serving engine serves, so one that
     runs the old command is stopped and rebuilt from the new config (the shell re-plans it
     at BuildSpare): at once when nothing waits on it, else when its answer comes. `spare.
     enabled = false` turns it off; any other reload turns back on a spare that
-    `spare.retries` failed builds (or `spare.enabled = false`) turned off."""
+    `spare.retries` failed builds (or `spare.enabled = false`) turned off. `inputs`: what a
+    spare built now would run; a build out now read its files before this reload, so its
+    answer is compared with them (_built)."""
     t = _t(s)
     if s.exit_code is not None:
         return s, []
+    if inputs and t.rung == R.BUILDING:
+        s = replace(s, spare=replace(t, want=inputs))
+        t = _t(s)
     if s.config.spare.enabled == "false":
         if t.rung == R.OFF and not t.wanted:
             return s, []
@@ -190,13 +197,16 @@ def _built(s: WatchState, ev: SpareBuilt, now: float) -> Moved:
     first = on(s, Phase.SPARE_BUILD)
     if t.rung != R.BUILDING:  # stopped while it was built: nothing of it may stay
         return s, [StopSpare("built after it was given up")] if ev.ok else [], False
+    if ev.ok and t.want and not t.stale and changed(ev.inputs, t.want):  # a reload since
+        t = replace(t, stale=f"config reloaded: {changed(ev.inputs, t.want)}")  # it began
+    t = replace(t, want=())
     if ev.ok and t.stale:  # built from the command before a reload: rebuilt from the new
         t = replace(t, failed_builds=0, pid=ev.pid)
         s, acts = _down(s, t, now, t.stale)  # (rebuilt at the full engine's READY)
         return s, acts, first  # a first start's full engine launches now
     if ev.ok:
         t = replace(t, failed_builds=0, pid=ev.pid, awake_mib=ev.awake_mib,
-                    asleep_mib=ev.asleep_mib)
+                    asleep_mib=ev.asleep_mib, built_from=ev.inputs)
         t, acts = move(t, R.ASLEEP, now, "built, passed its canary, asleep")
         acts.append(Log("info", "spare.ready", {
             "pid": ev.pid, "awake_mib": ev.awake_mib, "asleep_mib": ev.asleep_mib}))

@@ -92,8 +92,10 @@ class IncidentShell:
 
     def __init__(self, config: Config, log: LogFn, environ: Mapping[str, str]) -> None:
         self.log = log
-        found, self._why_none = find_root(environ, log)  # logged even with records off
-        self.root = found if config.incidents.enabled else None
+        # Found whether or not records are on now: `incidents.enabled` is the core's to read
+        # at each restart (RecordIncident carries it), so a SIGHUP that turns records on
+        # writes the next one; a root kept only when on at start wrote none until a restart.
+        self.root, self._why_none = find_root(environ, log)  # logged even with records off
         self.stacks_dir: str | None = None
         self._scrapes: list[tuple[float, str]] = []
         self._lock = threading.Lock()  # scrapes come from probe worker threads

@@ -109,7 +109,8 @@ class Loop:
         self.exit_code: int | None = None
         self._repeats = Repeats(lambda *a, **kw: self.fx.log(*a, **kw), clock.monotonic)
         self._reloads = Reloads(reload_config, clock.monotonic, self._pool_submit,
-                                lambda: self.deliver_signal(signal.SIGHUP))
+                                lambda: self.deliver_signal(signal.SIGHUP),
+                                spare.inputs if spare is not None else None)
         self._on_reloaded = on_reloaded
 
     # ---- plumbing ----

@@ -33,8 +33,10 @@ class Reloads:
     """The read in flight (if any) and its deadline; every method runs on the loop's thread."""
 
     def __init__(self, read: Callable[[], Config] | None, clock: Callable[[], float],
-                 submit: Submit, again: Callable[[], None]) -> None:
+                 submit: Submit, again: Callable[[], None],
+                 inputs: Callable[[Config], tuple[tuple[str, str], ...]] | None = None) -> None:
         self.read, self._clock, self._submit = read, clock, submit
+        self._inputs = inputs  # the spare's (SpareFx.inputs): read by the same worker
         self._again_fn = again
         self._token = 0  # the read in flight; answers of older reads are dropped
         self.due: float | None = None  # when the read in flight times out
@@ -55,6 +57,8 @@ class Reloads:
         def work() -> ReloadRead:
             try:
                 ev = ReloadRequested(read())
+                if self._inputs is not None and ev.config is not None:
+                    ev = ReloadRequested(ev.config, spare_inputs=self._inputs(ev.config))
             except Exception as exc:
                 ev = ReloadRequested(None, str(exc) or type(exc).__name__)
             return ReloadRead(token, ev)

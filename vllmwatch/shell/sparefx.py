@@ -94,11 +94,13 @@ class Planner:
     def __init__(self, base: SpareFacts, environ: Mapping[str, str], log: LogFn) -> None:
         self.base, self.environ, self.log = base, environ, log
 
-    def plan(self, config: Config) -> SparePlan:
+    def plan(self, config: Config, quiet: bool = False) -> SparePlan:
+        """The plan for `config`, logged as spare.plan unless `quiet`."""
         plan = plan_spare(config.spare, config.gate.enabled, flags_of(config),
                           model_facts(self.base, config))
-        self.log("info" if plan.on else "warning", "spare.plan", **plan.fields(),
-                 lines=plan.lines())
+        if not quiet:
+            self.log("info" if plan.on else "warning", "spare.plan", **plan.fields(),
+                     lines=plan.lines())
         return plan
 
     def command(self, config: Config, plan: SparePlan) -> SpareCommand:

@@ -5,6 +5,8 @@ tree's release gate must not count. Imported only when the spare's plan is on.
 
 from __future__ import annotations
 
+import hashlib
+import json
 import threading
 import time
 from collections.abc import Callable, Sequence
@@ -38,7 +40,7 @@ class Planner(Protocol):
     """What a rebuild after a reload asks of shell/sparefx.py's Planner (named here as a
     protocol: sparefx imports this module, so this one may not import it back)."""
 
-    def plan(self, config: Config) -> SparePlan: ...
+    def plan(self, config: Config, quiet: bool = False) -> SparePlan: ...
 
     def command(self, config: Config, plan: SparePlan) -> SpareCommand: ...
 
@@ -93,6 +95,17 @@ class SpareFx:
         return _with_flags(argv, dict(self.plan.serving_flags)) if self.plan.serving_flags \
             else list(argv)
 
+    def inputs(self, config: Config) -> failover.Inputs:
+        """What a spare built from `config` now would run (a reload's worker asks, off the
+        loop: the key file is read); () when unknown (no planner, plan off, key unreadable)."""
+        if self._planner is None:
+            return ()
+        try:
+            plan = self._planner.plan(config, quiet=True)
+            return digest(self._planner.command(config, plan)) if plan.on else ()
+        except Exception:  # an unreadable key file: unknown, compared at the next build
+            return ()
+
     def exempt(self) -> frozenset[int]:
         """The spare's pids: never counted in the serving tree, its rules or release gate."""
         return frozenset(self.tree.pids())
@@ -141,7 +154,8 @@ class SpareFx:
             if not self._prepare(config, post):
                 return
             self.tree.start()
-            self._run(lambda: self.tree.build(action.timeout), post,
+            ran = digest(self.tree.cmd)
+            self._run(lambda: replace(self.tree.build(action.timeout), inputs=ran), post,
                       lambda e: SpareBuilt(False, e))
         elif isinstance(action, WakeSpare):
             self._run(lambda: self.tree.wake(action.timeout), post,
@@ -184,3 +198,16 @@ class SpareFx:
         self.tree.stop("vllmwatch exits")
         for t in self._threads:
             t.join(5.0)
+
+
+def _sha(value: object) -> str:
+    return hashlib.sha256(json.dumps(value, sort_keys=True).encode()).hexdigest()[:16]
+
+
+def digest(cmd: SpareCommand) -> failover.Inputs:
+    """The parts of a spare's command that a reload may change, each digested (the core
+    compares them and names the part that changed; the key itself never leaves here)."""
+    env = {k: v for k, v in cmd.env.items() if k not in ("VLLM_API_KEY", "CUDA_VISIBLE_DEVICES")}
+    return (("the vLLM command", _sha(list(cmd.argv))), ("the environment", _sha(env)),
+            ("the API key", _sha(cmd.api_key or "")),
+            ("the GPU list", _sha(cmd.env.get("CUDA_VISIBLE_DEVICES", ""))))
