@@ -41,7 +41,7 @@ from bench._common import (
     track_group,
     write_config,
 )
-from vllmwatch.shell.hostcpu import sample as host_cpu
+from vllmwatch.shell.probes import sample_host_cpu as host_cpu
 from vllmwatch.testing.lb import post_completion
 
 # Long for the tiny model's byte-level tokenizer, within its max-model-len of 2048 tokens (the

@@ -15,7 +15,7 @@ from vllmwatch.core import exitcodes
 from vllmwatch.core.events import ReadyzPolled
 from vllmwatch.core.names import Reason, exit_code
 from vllmwatch.live import Live, SwitchableLog
-from vllmwatch.shell import fdbudget, instancelock, reaper
+from vllmwatch.shell import fdbudget, groupfile, reaper
 from vllmwatch.shell.child import instance_id
 from vllmwatch.shell.clock import SystemClock
 from vllmwatch.shell.effects import RealEffects
@@ -71,7 +71,7 @@ def _run(config: Config, log_format: str | None, env: dict[str, str], log: Switc
 
         spare_socket = sparefx.socket_path(env, child.instance_id(config.path))
     if config.gate.enabled:  # aiohttp is imported only when the front door is on
-        from vllmwatch.gate.attach import start_gate, with_gate
+        from vllmwatch.gate.runner import start_gate, with_gate
 
         live.gate = start_gate(config, log, lambda: holder["snap"],
                                fdbudget.current().gate_connections, spare_socket)
@@ -138,12 +138,12 @@ class ReadyzWatch:
 
 
 def _lock_instance(config: Config, env: Mapping[str, str], log: LogFn
-                   ) -> instancelock.InstanceLock | int | None:
+                   ) -> groupfile.InstanceLock | int | None:
     """This config's instance lock; an exit code when another live daemon holds it; None
     (logged) when no private directory can hold one."""
     try:
-        got = instancelock.acquire(instance_id(config.path), env)
-    except instancelock.AlreadyRunning as exc:
+        got = groupfile.acquire_lock(instance_id(config.path), env)
+    except groupfile.AlreadyRunning as exc:
         code = exit_code(Reason.ALREADY_RUNNING)
         log("error", "daemon.exiting", code=code, reason=str(Reason.ALREADY_RUNNING),
             detail=f"another vllmwatch (pid {exc.pid}) runs {config.path}; nothing touched",

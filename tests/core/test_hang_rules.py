@@ -12,7 +12,7 @@ from hypothesis import strategies as st
 from vllmwatch.config.schema import ProbeConfig
 from vllmwatch.core import canary, hangs, policy
 from vllmwatch.core.hangs import HostCpu, Verdict
-from vllmwatch.shell.hostcpu import psi_some_avg10
+from vllmwatch.shell.probes import psi_some_avg10
 
 P = ProbeConfig()  # the shipped defaults: floor 2 s, margin 4, ceiling 30 s
 

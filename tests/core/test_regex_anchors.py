@@ -13,7 +13,7 @@ import pytest
 from vllmwatch.config.serveline import _NUMBER
 from vllmwatch.incident.store import _NAME
 from vllmwatch.migrate.render import key
-from vllmwatch.shell.standby_entry import _PYTHON
+from vllmwatch.shell.standby import _PYTHON
 
 PKG = Path(__file__).resolve().parents[2] / "vllmwatch"
 ANCHORED = re.compile(r"""re\.(?:compile|match|fullmatch)\(\s*r?(["'])\^(.*?)\1""")

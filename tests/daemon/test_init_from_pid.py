@@ -91,7 +91,7 @@ def test_from_the_engine_pid_to_a_config(
     # The kernel shows [python, .../bin/vllm, serve]; written as the script itself, the form
     # systemd and the standby run (issue 36.3).
     assert vllm["command"] == [str(tmp_path / "venv" / "bin" / "vllm"), "serve"]
-    from vllmwatch.shell.standby_entry import Entry, resolve
+    from vllmwatch.shell.standby import Entry, resolve
 
     assert isinstance(resolve(vllm["command"], None), Entry)
     assert vllm["model"] == str(work / "models" / "tiny")  # was relative to its cwd

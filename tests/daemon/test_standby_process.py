@@ -23,7 +23,7 @@ from tests.support import sigstop, wait_until
 from vllmwatch.config.command import ChildCommand
 from vllmwatch.shell import standby as sb
 from vllmwatch.shell.child import MARKER
-from vllmwatch.shell.standby_entry import Entry, resolve
+from vllmwatch.shell.standby import Entry, resolve
 
 PYTHON = sys.executable
 ENTRY = """\
@@ -210,7 +210,7 @@ def test_it_dies_with_its_parent(tmp_path: Path, world: dict[str, object]) -> No
         sys.path.insert(0, {str(Path(__file__).resolve().parents[2])!r})
         from vllmwatch.config.command import ChildCommand
         from vllmwatch.shell import standby as sb
-        from vllmwatch.shell.standby_entry import resolve
+        from vllmwatch.shell.standby import resolve
         cmd = ChildCommand(argv=({str(world['script'])!r},),
                            env={{"PATH": "/usr/bin:/bin", "PYTHONPATH": {str(world['lib'])!r}}})
         s = sb.start(resolve(cmd.argv, "/usr/bin"), cmd, (), (), "", "p" * 16)

@@ -15,7 +15,7 @@ import pytest
 
 from tests.support import free_port
 from vllmwatch.config.schema import from_dict
-from vllmwatch.gate.attach import start_gate, upstream_of
+from vllmwatch.gate.runner import start_gate, upstream_of
 from vllmwatch.status.snapshot import Snapshot
 
 

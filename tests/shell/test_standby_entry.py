@@ -1,4 +1,4 @@
-"""Which vllm.command a standby can stand in for (shell/standby_entry.py), on real files."""
+"""Which vllm.command a standby can stand in for (shell/standby.py), on real files."""
 
 from __future__ import annotations
 
@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 
-from vllmwatch.shell.standby_entry import Entry, resolve
+from vllmwatch.shell.standby import Entry, resolve
 
 PYTHON = sys.executable
 

@@ -39,10 +39,10 @@ from vllmwatch.core.events import (
 from vllmwatch.core.names import ProbeKind
 from vllmwatch.logfn import LogFn
 from vllmwatch.shell import child as childmod
-from vllmwatch.shell import hostcpu, versions
+from vllmwatch.shell import versions
 from vllmwatch.shell.childlog import ChildLog
 from vllmwatch.shell.engines import EngineWatch
-from vllmwatch.shell.probes import Endpoint, HttpProber
+from vllmwatch.shell.probes import Endpoint, HttpProber, sample_host_cpu
 from vllmwatch.shell.startguard import StartGuard
 
 
@@ -251,7 +251,7 @@ class ChildHandle:
         if action.kind == ProbeKind.HEALTH:
             return self._health(prober)
         if action.kind == ProbeKind.METRICS:  # with the host's CPU pressure: slow is not dead
-            result = replace(prober.metrics(), host_cpu=hostcpu.sample())
+            result = replace(prober.metrics(), host_cpu=sample_host_cpu())
             self.last_metrics_text = prober.last_metrics_text
             return result
         return prober.canary(warmup=action.kind == ProbeKind.WARMUP)

@@ -39,7 +39,6 @@ from vllmwatch.prewarm import runner as prewarm
 from vllmwatch.shell import child as childmod
 from vllmwatch.shell import childrun, startguard
 from vllmwatch.shell import platform as platformmod
-from vllmwatch.shell.cacheenv import CacheEnv
 from vllmwatch.shell.childrun import ChildHandle, Launcher
 from vllmwatch.shell.incidents import IncidentShell
 from vllmwatch.shell.launcher import StandbyLauncher
@@ -47,7 +46,7 @@ from vllmwatch.shell.logs import LogFn
 from vllmwatch.shell.memory import MemorySampler, gpu_pids, make_sampler, release_check
 from vllmwatch.shell.notify import Notifier
 from vllmwatch.shell.reaper import Reaper
-from vllmwatch.shell.versions import VersionCache
+from vllmwatch.shell.versions import CacheEnv, VersionCache
 from vllmwatch.status.snapshot import Snapshot
 
 if TYPE_CHECKING:  # imported by a run only when the spare's plan is considered

@@ -18,7 +18,7 @@ from vllmwatch.config.schema import Config
 from vllmwatch.shell import child as childmod
 from vllmwatch.shell import standby as sb
 from vllmwatch.shell.logs import LogFn
-from vllmwatch.shell.standby_entry import Entry, resolve
+from vllmwatch.shell.standby import Entry, resolve
 
 WATCH_EVERY = 5.0  # how often the standby's RSS and NVML's process lists are looked at
 BuildCommand = Callable[[], ChildCommand | None]

@@ -1,4 +1,5 @@
-"""HTTP probes of the vLLM server: /health, /metrics (a few series), a real request (canary).
+"""HTTP probes of the vLLM server: /health, /metrics (a few series), a real request (canary);
+and the host's CPU pressure that a /metrics scrape carries (sample_host_cpu, at the end).
 
 The canary's kind follows the model (core/canary.py): `auto` finds the first kind whose
 route the server has and says so in the result; the core keeps it for the rest of the child's
@@ -9,6 +10,7 @@ from __future__ import annotations
 
 import http.client
 import json
+import os
 import time
 from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, replace
@@ -23,6 +25,7 @@ from vllmwatch.config.schema import Config, ProbeConfig
 from vllmwatch.core import canary as kinds
 from vllmwatch.core import hangs
 from vllmwatch.core.events import CanaryResult, HealthResult, MetricsResult
+from vllmwatch.core.hangs import HostCpu
 
 # Only these series are parsed; filtering the 48 KB text first cuts a ~7 ms parse to ~0.2 ms.
 _WANTED = ("vllm:num_requests_running", "vllm:num_requests_waiting", "vllm:kv_cache_usage_perc",
@@ -226,3 +229,42 @@ def _describe(exc: BaseException) -> str:
     if isinstance(exc, ConnectionRefusedError):
         return "connection refused"
     return f"{type(exc).__name__}: {exc}"
+
+
+# --- the host's CPU pressure at a scrape (was shell/hostcpu.py) ------------------------------
+# The host's CPU pressure, read for the core's slow-or-hung verdict (core/hangs.py).
+#
+# PSI (`/proc/pressure/cpu`, Linux >= 4.20) says how much of the last 10 s some runnable task
+# waited for a CPU: exactly "this box is starved". Without it (older kernels, some
+# containers) the 1-minute load average per CPU stands in. Reading both costs microseconds.
+
+PSI_PATH = "/proc/pressure/cpu"
+
+
+def psi_some_avg10(text: str) -> float | None:
+    """The `some avg10=` figure of a PSI file's text, or None when it has none."""
+    for line in text.splitlines():
+        fields = line.split()
+        if fields and fields[0] == "some":
+            for item in fields[1:]:
+                name, _, value = item.partition("=")
+                if name == "avg10":
+                    try:
+                        return float(value)
+                    except ValueError:
+                        return None
+    return None
+
+
+def sample_host_cpu(psi_path: str = PSI_PATH) -> HostCpu:
+    """Read PSI and the load average now; a figure that cannot be read is None."""
+    try:
+        with open(psi_path, encoding="ascii") as f:
+            psi = psi_some_avg10(f.read())
+    except (OSError, UnicodeDecodeError):
+        psi = None
+    try:
+        load = os.getloadavg()[0] / (os.cpu_count() or 1)
+    except OSError:
+        load = None
+    return HostCpu(psi, load)

@@ -1,5 +1,6 @@
 """What the daemon learns of its vLLM without blocking the loop: its version per
-`vllm.command` (VersionCache), and whether it accepts [vllm.args] (`refusal`, below).
+`vllm.command` (VersionCache), whether it accepts [vllm.args] (`refusal`, below), and the
+cache variables a launch of it carries (CacheEnv, at the end: decided per vLLM version).
 
 Reading the version runs the command's interpreter (`config/vllminfo.py`, up to its 15 s timeout),
 so it is read on a thread of its own as soon as the command is known: at the daemon's start
@@ -11,13 +12,14 @@ probe's own timeout. Read once per command, not at every restart.
 from __future__ import annotations
 
 import threading
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import replace
 
-from vllmwatch.config import vllmflags, vllminfo
+from vllmwatch.config import startcaches, vllmflags, vllminfo
 from vllmwatch.config.schema import Config
 from vllmwatch.config.startcaches import VllmInfo
 from vllmwatch.logfn import LogFn
+from vllmwatch.prewarm import runner as prewarm
 
 WAIT = 20.0  # the probe's own subprocess timeout is 15 s; the rest is the thread's start
 
@@ -121,3 +123,38 @@ def _learn(config: Config, version: str, cache: str, log: LogFn) -> None:
                 _asking.discard(key)
 
     threading.Thread(target=ask, name="vllm-flags", daemon=True).start()
+
+
+# --- the cache variables a launch carries for this vLLM (was shell/cacheenv.py) --------------
+# The cache variables a launch carries (and the standby's next command): our persistent
+# cache directories, made or said unusable, and vLLM's own start-up caches as
+# config/startcaches.py decides them for this vLLM. Apart from shell/effects.py because it is
+# one decision with a memory of its own: the start-up cache decision is logged once per change,
+# not at every launch (issue 33).
+
+class CacheEnv:
+    """The cache variables per launch; lives as long as the daemon."""
+
+    def __init__(self, log: LogFn, environ: Mapping[str, str], versions: VersionCache,
+                 unified: Callable[[], bool]) -> None:
+        self.log, self._environ, self._versions, self._unified = log, environ, versions, unified
+        # The start-up cache decision last logged (daemon lifetime: said once per change).
+        self._said: list[tuple[dict[str, str], dict[str, str]]] = []
+
+    def env(self, config: Config) -> dict[str, str]:
+        """The persistent cache variables whose directories we could create; vLLM would crash
+        on one it cannot write (e.g. `vllmwatch run` by hand without /var/cache access)."""
+        usable, unusable = prewarm.make_cache_dirs(config, self._environ)
+        for name, path, why in unusable:
+            self.log("warning", "prewarm.cache_unusable", variable=name, path=path,
+                     error=why, detail="vLLM keeps its default cache location; "
+                     "set prewarm.cache_dir to a writable directory")
+        # vLLM's own start-up caches (config/startcaches.py); said once per change.
+        decision = startcaches.decide(config, self._environ, self._versions.info,
+                                      self._unified())
+        said = (decision.env, decision.why)
+        if said not in self._said[-1:]:
+            self._said[:] = [said]
+            self.log("info", "prewarm.start_caches", env=decision.env, why=decision.why,
+                     vllm=self._versions.current)
+        return {**usable, **decision.env}
