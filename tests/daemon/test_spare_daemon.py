@@ -237,6 +237,10 @@ def test_a_dead_spare_is_noticed_at_once_and_rebuilt(spared: Spared) -> None:
     spared.d.wait_event("spare.ready", WAIT, since)
     wait_for(lambda: spared.spare().get("state") == "asleep", WAIT, "the new spare asleep")
     assert spared.spare()["pid"] != pid0
+    # each event names its build (the journal pairs them): the first died, the second serves
+    assert died["build"] == 1 and spared.spare()["build"] == 2
+    assert [e["build"] for e in spared.d.named("spare.ready", since)] == [2]
+    assert [e["build"] for e in spared.d.named("spare.stopped", since)][:1] == [1]
     print(f"spare.died {died['ts'] - t0:.3f} s after the kill")
 
 

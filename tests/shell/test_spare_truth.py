@@ -48,6 +48,8 @@ def test_every_surface_says_who_serves_through_a_failover() -> None:
     assert doc["spare"]["failovers"] == 1 and doc["spare"]["last_failover_s"] == 0.7
     text = status_cli.render(doc)
     assert "degraded: spare serving" in text and "serving, pid" in text
+    # the build that serves, as its spare.* and failover.* events name it (leftover 3)
+    assert doc["spare"]["build"] == 1 and ", build 1" in text
     got = _metrics(snap)
     assert got[("vllmwatch_serving", (("engine", "spare"),))] == 1.0
     assert got[("vllmwatch_spare_state", (("state", "serving"),))] == 1.0

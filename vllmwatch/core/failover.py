@@ -77,6 +77,7 @@ class BuildSpare(SpareAction):
     canary, sleep it (level 1); answer SpareBuilt within `timeout`."""
 
     timeout: float
+    build: int = 0  # Track.build: its answer and every event of this build carry it
 
 
 @dataclass(frozen=True)
@@ -118,6 +119,7 @@ class SpareBuilt(SpareEvent):
     awake_mib: float | None = None  # its GPU figure awake (READY, before the sleep)
     asleep_mib: float | None = None  # ... and asleep
     inputs: Inputs = ()  # what this build ran (the shell's digests; () unknown)
+    build: int = 0  # BuildSpare.build it answers (0: unknown)
 
 
 @dataclass(frozen=True)
@@ -169,6 +171,9 @@ class Track:
     built_from: Inputs = ()  # the running (or last) spare's inputs, from its SpareBuilt
     # A reload's inputs while a build was out: that build read the files before the reload
     want: Inputs = ()
+    # Builds so far (per daemon, increasing): the spare's events name the build they are of,
+    # so a person pairs a spare.build_failed with its spare.state to=building across retries
+    build: int = 0
 
 
 def changed(built: Inputs, now: Inputs) -> str:
@@ -188,9 +193,10 @@ def move(t: Track, to: Rung, now: float, why: str) -> tuple[Track, list[Action]]
     """The one place that moves the spare: validates against TABLE and logs `spare.state`."""
     if to not in TABLE[t.rung]:
         raise SpareError(f"{t.rung} -> {to} is not allowed ({why})")
-    log = Log("info", "spare.state", {"from": str(t.rung), "to": str(to), "why": why,
-                                      "after_s": round(now - t.since, 3)})
-    return replace(t, rung=to, since=now), [log]
+    build = t.build + 1 if to == R.BUILDING else t.build  # each build numbered here, once
+    log = Log("info", "spare.state", {"build": build, "from": str(t.rung), "to": str(to),
+                                      "why": why, "after_s": round(now - t.since, 3)})
+    return replace(t, rung=to, since=now, build=build), [log]
 
 
 def fails_over(t: Track, reason: Reason) -> tuple[bool, str]:
@@ -236,7 +242,7 @@ def degraded(t: Track | None) -> str:
 
 def fields(t: Track, now: float) -> dict[str, object]:
     """The failover's seconds so far, for the failover.* events and the incident record."""
-    out: dict[str, object] = {"failovers": t.failovers}
+    out: dict[str, object] = {"build": t.build, "failovers": t.failovers}
     if t.began is not None:
         out["since_restart_begin_s"] = round(now - t.began, 3)
     if t.served_at is not None:

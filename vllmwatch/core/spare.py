@@ -64,7 +64,7 @@ def build_first(s: WatchState, now: float) -> Result | None:
         s, acts = goto(s, S.PREWARMING, now, "build the spare before the first launch")
     s, more = rung(s, Phase.SPARE_BUILD, now, "the spare is built first on the empty GPU")
     t, logs = move(t, R.BUILDING, now, "first start")
-    return _set(s, t, [*acts, *more, *logs, BuildSpare(BUILD_TIMEOUT)])
+    return _set(s, t, [*acts, *more, *logs, BuildSpare(BUILD_TIMEOUT, t.build)])
 
 
 def restart_begins(s: WatchState, now: float, reason: Reason) -> tuple[WatchState, list[Action],
@@ -76,7 +76,7 @@ def restart_begins(s: WatchState, now: float, reason: Reason) -> tuple[WatchStat
     if not yes:
         return s, [], words
     t, acts = move(replace(t, began=now, late=False), R.WAKING, now, f"restart: {reason}")
-    acts += [Log("warning", "failover.begin", {"reason": str(reason)}),
+    acts += [Log("warning", "failover.begin", {"build": t.build, "reason": str(reason)}),
              WakeSpare(s.config.spare.wake_timeout)]
     s, acts = _set(s, t, acts)
     return s, acts, words
@@ -154,7 +154,7 @@ def reloaded(s: WatchState, now: float, changed: str = "", inputs: Inputs = ()) 
     if not changed or t.rung in (R.OFF, R.DOWN):  # a later build reads the new config
         return s, []
     why = f"config reloaded: {changed}"
-    log = Log("info", "spare.rebuilt", {"why": why, "rung": str(t.rung)})
+    log = Log("info", "spare.rebuilt", {"build": t.build, "why": why, "rung": str(t.rung)})
     if t.rung == R.ASLEEP:  # nothing waits on it: it goes now, rebuilt at the READY of the
         # serving engine the reload relaunches (never two engines starting side by side)
         t, acts = move(replace(t, pid=None, began=None, late=False), R.DOWN, now, why)
@@ -165,7 +165,7 @@ def reloaded(s: WatchState, now: float, changed: str = "", inputs: Inputs = ()) 
 
 def _rebuild(s: WatchState, t: Track, now: float, why: str) -> Result:
     t, acts = move(replace(t, pid=None, stale=""), R.BUILDING, now, why)
-    return _set(s, t, [*acts, BuildSpare(BUILD_TIMEOUT)])
+    return _set(s, t, [*acts, BuildSpare(BUILD_TIMEOUT, t.build)])
 
 
 def _down(s: WatchState, t: Track, now: float, why: str) -> Result:
@@ -195,6 +195,8 @@ def event(s: WatchState, ev: Event, now: float) -> Moved:
 def _built(s: WatchState, ev: SpareBuilt, now: float) -> Moved:
     t = _t(s)
     first = on(s, Phase.SPARE_BUILD)
+    if ev.build and ev.build != t.build:  # an earlier build's late answer: its tree is gone
+        return s, [], False  # (a StopSpare now would stop the build under way)
     if t.rung != R.BUILDING:  # stopped while it was built: nothing of it may stay
         return s, [StopSpare("built after it was given up")] if ev.ok else [], False
     if ev.ok and t.want and not t.stale and changed(ev.inputs, t.want):  # a reload since
@@ -209,17 +211,19 @@ def _built(s: WatchState, ev: SpareBuilt, now: float) -> Moved:
                     asleep_mib=ev.asleep_mib, built_from=ev.inputs)
         t, acts = move(t, R.ASLEEP, now, "built, passed its canary, asleep")
         acts.append(Log("info", "spare.ready", {
-            "pid": ev.pid, "awake_mib": ev.awake_mib, "asleep_mib": ev.asleep_mib}))
+            "build": t.build, "pid": ev.pid, "awake_mib": ev.awake_mib,
+            "asleep_mib": ev.asleep_mib}))
         s, acts = _set(s, t, acts)
         return s, acts, first
     t = replace(t, failed_builds=t.failed_builds + 1, pid=None)
     acts = [StopSpare("its build failed"), Log("warning", "spare.build_failed", {
-        "detail": ev.detail, "failed_builds": t.failed_builds, "retries": t.retries})]
+        "build": t.build, "detail": ev.detail, "failed_builds": t.failed_builds,
+        "retries": t.retries})]
     if t.failed_builds >= t.retries:
         why = f"{t.failed_builds} failed builds (spare.retries): off until the next reload"
         t, more = move(replace(t, wanted=False, why=why), R.OFF, now, why)
         acts += [*more, Log("warning", "spare.off", {
-            "why": why, "last_error": ev.detail,
+            "build": t.build, "why": why, "last_error": ev.detail,
             "hint": "read the spare's lines above, fix the cause, then reload (SIGHUP)"})]
         s, acts = _set(s, t, acts)
         return s, acts, first
@@ -250,13 +254,14 @@ def _woken(s: WatchState, ev: SpareWoken, now: float) -> Result:
         after = s.restart.phase in (Phase.PREWARMING, Phase.BACKOFF, Phase.LAUNCHING)
         t, acts = move(replace(t, late=True), R.ASLEEP, now, "no room beside the old tree")
         acts.append(Log("info", "failover.deferred", {
-            "detail": ev.detail, "then": "wakes right after the old tree's GPU release"}))
+            "build": t.build, "detail": ev.detail,
+            "then": "wakes right after the old tree's GPU release"}))
         if after:  # that release is already behind us
             s, more = released(replace(s, spare=t), now)
             return s, acts + more
         return _set(s, t, acts)
     log = Log("warning", "failover.failed", {
-        "detail": ev.detail, "then": "the restart proceeds without the spare"})
+        "build": t.build, "detail": ev.detail, "then": "the restart proceeds without the spare"})
     if ev.no_room:  # it is still asleep and healthy: armed for the next restart
         t, acts = move(replace(t, late=False, began=None), R.ASLEEP, now, "no room")
         return _set(s, t, [*acts, log])
@@ -272,8 +277,8 @@ def _slept(s: WatchState, ev: SpareSlept, now: float) -> Result:
         return _down(s, t, now, t.stale)
     if ev.ok:
         t, acts = move(t, R.ASLEEP, now, "re-armed")
-        return _set(s, t, [*acts, Log("info", "spare.rearmed", {"seconds": round(ev.seconds,
-                                                                                     3)})])
+        return _set(s, t, [*acts, Log("info", "spare.rearmed", {
+            "build": t.build, "seconds": round(ev.seconds, 3)})])
     return _down(s, t, now, f"could not sleep again: {ev.detail}")
 
 
@@ -284,9 +289,11 @@ def _exited(s: WatchState, ev: SpareExited, now: float) -> Result:
     acts: list[Action] = []
     if t.rung == R.SERVING:
         acts = [Route("full"), Log("error", "spare.died_serving", {
-            "detail": ev.detail, "then": "nobody serves until the full engine is READY"})]
+            "build": t.build, "detail": ev.detail,
+            "then": "nobody serves until the full engine is READY"})]
     else:
-        acts = [Log("warning", "spare.died", {"rung": str(t.rung), "detail": ev.detail})]
+        acts = [Log("warning", "spare.died", {"build": t.build, "rung": str(t.rung),
+                                              "detail": ev.detail})]
     s, more = _down(s, replace(t, began=None, served_at=None, late=False), now,
                     f"died: {ev.detail}")
     return s, acts + more

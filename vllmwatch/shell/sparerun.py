@@ -156,12 +156,13 @@ class SpareFx:
             self.routed = action.to
             self.log("info", "gate.route", to=action.to)
         elif isinstance(action, BuildSpare):
-            if not self._prepare(config, post):
+            if not self._prepare(config, post, action.build):
                 return
+            self.tree.build_no = action.build
             self.tree.start()
-            ran = digest(self.tree.cmd)
-            self._run(lambda: replace(self.tree.build(action.timeout), inputs=ran), post,
-                      lambda e: SpareBuilt(False, e))
+            ran, n = digest(self.tree.cmd), action.build
+            self._run(lambda: replace(self.tree.build(action.timeout), inputs=ran, build=n),
+                      post, lambda e: SpareBuilt(False, e, build=n))
         elif isinstance(action, WakeSpare):
             self._run(lambda: self.tree.wake(action.timeout), post,
                       lambda e: SpareWoken(False, e))
@@ -169,7 +170,8 @@ class SpareFx:
             self._run(lambda: self.tree.sleep(action.drain, action.timeout, self.in_flight),
                       post, lambda e: SpareSlept(False, e))
 
-    def _prepare(self, config: Config | None, post: Callable[[Event], None]) -> bool:
+    def _prepare(self, config: Config | None, post: Callable[[Event], None],
+                 build: int = 0) -> bool:
         """The tree's command from the current config (re-planned when it changed; the key
         file read again); False: answered already (no build can run)."""
         if config is None or self._planner is None:
@@ -177,12 +179,12 @@ class SpareFx:
         self.use(config)
         if not self.plan.on:
             post(SpareBuilt(False, f"the plan for the reloaded config is off: "
-                                   f"{self.plan.reason}"))
+                                   f"{self.plan.reason}", build=build))
             return False
         try:
             self.tree.cmd = self._planner.command(config, self.plan)
         except Exception as exc:  # a key file that cannot be read: a failed build, logged
-            post(SpareBuilt(False, f"its command: {type(exc).__name__}: {exc}"))
+            post(SpareBuilt(False, f"its command: {type(exc).__name__}: {exc}", build=build))
             return False
         return True
 

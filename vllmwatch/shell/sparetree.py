@@ -113,6 +113,7 @@ class SpareTree:
         self.awake_mib: float | None = None
         self.asleep_mib: float | None = None
         self.tmpdir: str | None = None
+        self.build_no = 0  # the core's BuildSpare.build of the tree now: named in its events
 
     @property
     def pid(self) -> int | None:
@@ -203,7 +204,7 @@ class SpareTree:
             os.unlink(self.cmd.socket_path)
         if not alive:
             self._remove_tmpdir()
-        self.log("info" if not alive else "error", "spare.stopped", why=why,
+        self.log("info" if not alive else "error", "spare.stopped", build=self.build_no, why=why,
                  pid=proc.pid if proc else None, leftovers_killed=[p.pid for p in left],
                  remaining=[p.pid for p in alive])
 

@@ -152,6 +152,8 @@ def _spare_rows(data: Mapping[str, Any]) -> list[tuple[str, str]]:
     line = str(spare.get("state"))
     if isinstance(spare.get("pid"), int):
         line += f", pid {spare['pid']}"
+    if isinstance(spare.get("build"), int) and spare["build"]:  # pairs with spare.* events
+        line += f", build {spare['build']}"
     mib = spare.get("memory_mib")
     if isinstance(mib, (int, float)):
         line += f", gpu {format_mib(float(mib))}"
