@@ -20,6 +20,7 @@ from vllmwatch.config.spare import (
     human_int,
     kv_bytes_per_token,
     plan_spare,
+    spare_gpu,
     with_flags,
 )
 
@@ -205,3 +206,24 @@ def test_plan_invariants(spare: SpareConfig, gate: bool, flags: dict[str, object
         assert (plan.host_needed_mib or 0) <= f.host_available_mib
     assert plan.spare_flags["enable-sleep-mode"] is True
     assert plan.spare_env == {"VLLM_SERVER_DEV_MODE": "1"}
+
+
+# ---- the spare's GPU (issue 34 leftover 2: a reload may change vllm.gpus) ----
+
+@given(st.one_of(st.none(), st.lists(st.integers(0, 7), max_size=3)),
+       st.sets(st.integers(0, 7), max_size=4))
+def test_the_spares_gpu_is_the_configs_first_else_the_first_nvml_shows(
+        gpus: list[int] | None, seen: set[int]) -> None:
+    got = spare_gpu(gpus, seen)
+    if gpus:
+        assert got == gpus[0]
+    else:
+        assert got == (min(seen) if seen else None)
+
+
+@pytest.mark.parametrize(("gpus", "seen", "gpu"), [
+    ([1], {0, 1}, 1), ([0], {0, 1}, 0), (None, {2, 3}, 2), ([], {0}, 0), (None, set(), None),
+    ([3], {0}, 3),  # a GPU the sampler does not watch: its figures are unknown, never GPU 0's
+])
+def test_spare_gpu_table(gpus: list[int] | None, seen: set[int], gpu: int | None) -> None:
+    assert spare_gpu(gpus, seen) == gpu

@@ -107,7 +107,7 @@ class _Planner(Planner):
         super().__init__(SpareFacts(uds_path=sock), {}, LogCapture())
         self.planned: list[Config] = []
 
-    def plan(self, config: Config) -> SparePlan:
+    def plan(self, config: Config, quiet: bool = False) -> SparePlan:
         self.planned.append(config)
         return SparePlan(on=config.spare.enabled != "false", reason="test plan")
 

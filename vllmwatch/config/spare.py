@@ -34,7 +34,7 @@ the asleep spare's 1,932 MiB; 141,095 of 143,771 MiB with the spare awake).
 from __future__ import annotations
 
 import math
-from collections.abc import Mapping, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Literal
 
@@ -157,6 +157,16 @@ class SparePlan:
 
 def _gib(mib: float | None) -> str:
     return "? GiB" if mib is None else f"{mib / 1024:.1f} GiB"
+
+
+def spare_gpu(gpus: Sequence[int] | None, seen: Iterable[int]) -> int | None:
+    """The one GPU the spare shares with the serving engine (TP x PP = 1): vllm.gpus' first,
+    else the first NVML shows. Every figure of the spare (its plan's total and others, the
+    free memory its wake needs, the release gate's device figure) reads this GPU of the
+    config current at that moment: a reload may change vllm.gpus."""
+    if gpus:
+        return gpus[0]
+    return min(seen, default=None)
 
 
 def _number(flags: Mapping[str, object], name: str, default: float) -> float | None:

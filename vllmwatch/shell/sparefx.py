@@ -15,8 +15,15 @@ from typing import TYPE_CHECKING, Any
 
 from vllmwatch.config import command, redact, safefile
 from vllmwatch.config.schema import Config
-from vllmwatch.config.spare import SpareFacts, SparePlan, kv_bytes_per_token, plan_spare
+from vllmwatch.config.spare import (
+    SpareFacts,
+    SparePlan,
+    kv_bytes_per_token,
+    plan_spare,
+    spare_gpu,
+)
 from vllmwatch.config.spare import with_flags as _with_flags
+from vllmwatch.core.samples import MemorySample
 from vllmwatch.logfn import LogFn
 from vllmwatch.shell import groupfile
 from vllmwatch.shell.child import instance_id
@@ -44,18 +51,22 @@ def socket_path(environ: Mapping[str, str], instance: str) -> str | None:
     return None
 
 
-def facts(config: Config, sampler: MemorySampler, unified: bool, uds_path: str) -> SpareFacts:
+def facts(config: Config, sample: MemorySample, unified: bool, uds_path: str) -> SpareFacts:
     """What the plan needs of this machine and model; None where it cannot be read."""
-    sample = sampler.sample(None, False)
-    gpus = config.vllm.gpus or sorted(sample.device_total_mib)
-    gpu = gpus[0] if gpus else None
-    total = sample.device_total_mib.get(gpu) if gpu is not None else None
-    used = sample.device_used_mib.get(gpu) if gpu is not None else None
     mem = read_meminfo()
-    return model_facts(SpareFacts(
+    return model_facts(on_gpu(SpareFacts(
         platform="cpu" if not config.vllm.uses_gpu else "unified" if unified else "discrete",
-        gpu_total_mib=total, others_mib=used, uds_path=uds_path,
-        host_available_mib=mem.available_mib if mem is not None else None), config)
+        uds_path=uds_path, host_available_mib=mem.available_mib if mem is not None else None),
+        config, sample), config)
+
+
+def on_gpu(base: SpareFacts, config: Config, sample: MemorySample) -> SpareFacts:
+    """`base` with the figures of the spare's GPU for `config` (config/spare.spare_gpu) in
+    `sample`: its total, and what others use on it."""
+    gpu = spare_gpu(config.vllm.gpus, sample.device_total_mib)
+    return replace(base, gpu_total_mib=sample.device_total_mib.get(gpu) if gpu is not None
+                   else None, others_mib=sample.device_used_mib.get(gpu)
+                   if gpu is not None else None)
 
 
 def model_facts(base: SpareFacts, config: Config) -> SpareFacts:
@@ -91,13 +102,16 @@ class Planner:
     machine's figures stay those measured at the start (the GPU was ours alone then: beside
     a running engine the plan would count it as another's memory); the model's are re-read."""
 
-    def __init__(self, base: SpareFacts, environ: Mapping[str, str], log: LogFn) -> None:
+    def __init__(self, base: SpareFacts, environ: Mapping[str, str], log: LogFn,
+                 start: MemorySample | None = None) -> None:
         self.base, self.environ, self.log = base, environ, log
+        self.start = start  # the machine at the start, every GPU: a reload may move the spare
 
     def plan(self, config: Config, quiet: bool = False) -> SparePlan:
         """The plan for `config`, logged as spare.plan unless `quiet`."""
+        base = self.base if self.start is None else on_gpu(self.base, config, self.start)
         plan = plan_spare(config.spare, config.gate.enabled, flags_of(config),
-                          model_facts(self.base, config))
+                          model_facts(base, config))
         if not quiet:
             self.log("info" if plan.on else "warning", "spare.plan", **plan.fields(),
                      lines=plan.lines())
@@ -127,17 +141,21 @@ def make(config: Config, environ: Mapping[str, str], sampler: MemorySampler, uni
         log("warning", "spare.plan", on=False, reason="no private directory for the spare's "
             "Unix socket (its dev-mode endpoints must not be reachable by other users)")
         return None
-    planner = Planner(facts(config, sampler, unified, path), environ, log)
+    sample = sampler.sample(None, False)
+    planner = Planner(facts(config, sample, unified, path), environ, log, sample)
     plan = planner.plan(config)
     if not plan.on:
         return None
     from vllmwatch.shell.sparerun import SpareFx  # plan on only
     from vllmwatch.shell.sparetree import SpareTree
 
+    # Its free memory on the GPU of the config its SpareFx runs now (set at each build and
+    # launch; `fx` is bound below, before anything calls this)
     tree = SpareTree(planner.command(config, plan), instance, log,
-                     lambda pids: _gpu_of(sampler, pids), lambda: _free(sampler, config),
+                     lambda pids: _gpu_of(sampler, pids), lambda: free_mib(sampler, fx.config),
                      forward=config.log.child_lines)
-    return SpareFx(config, plan, tree, log, planner=planner)
+    fx = SpareFx(config, plan, tree, log, planner=planner)
+    return fx
 
 
 def _gpu_of(sampler: MemorySampler, pids: set[int]) -> float | None:
@@ -147,10 +165,11 @@ def _gpu_of(sampler: MemorySampler, pids: set[int]) -> float | None:
     return sum(p.used_mib or 0.0 for p in procs if p.pid in pids)
 
 
-def _free(sampler: MemorySampler, config: Config) -> float | None:
+def free_mib(sampler: MemorySampler, config: Config) -> float | None:
+    """NVML's free memory on the spare's GPU for `config` (None: not sampled, e.g. a GPU
+    the sampler does not watch: the wake then says no, never an OOM)."""
     sample = sampler.sample(None, False)
-    gpus = config.vllm.gpus or sorted(sample.device_total_mib)
-    if not gpus or gpus[0] not in sample.device_total_mib or gpus[0] not in \
-            sample.device_used_mib:
+    gpu = spare_gpu(config.vllm.gpus, sample.device_total_mib)
+    if gpu not in sample.device_total_mib or gpu not in sample.device_used_mib:
         return None
-    return sample.device_total_mib[gpus[0]] - sample.device_used_mib[gpus[0]]
+    return sample.device_total_mib[gpu] - sample.device_used_mib[gpu]

@@ -14,7 +14,7 @@ from dataclasses import replace
 from typing import Any, Protocol
 
 from vllmwatch.config.schema import Config
-from vllmwatch.config.spare import SparePlan
+from vllmwatch.config.spare import SparePlan, spare_gpu
 from vllmwatch.config.spare import with_flags as _with_flags
 from vllmwatch.core import failover
 from vllmwatch.core.actions import CheckRelease, SpareAction
@@ -95,6 +95,11 @@ class SpareFx:
         return _with_flags(argv, dict(self.plan.serving_flags)) if self.plan.serving_flags \
             else list(argv)
 
+    @property
+    def config(self) -> Config:
+        """The config of the spare's last build or the serving engine's last launch."""
+        return self._config
+
     def inputs(self, config: Config) -> failover.Inputs:
         """What a spare built from `config` now would run (a reload's worker asks, off the
         loop: the key file is read); () when unknown (no planner, plan off, key unreadable)."""
@@ -129,10 +134,10 @@ class SpareFx:
         """Device memory without the spare's tree: a release gate and its baseline compare
         the serving trees only, whether the spare sleeps or serves (TP x PP = 1: one GPU)."""
         used = sampler.device_used_mib()
-        if not used:
+        gpu = spare_gpu(self._config.vllm.gpus, used)
+        if gpu is None or gpu not in used:
             return used
-        first = min(used)
-        return {**used, first: used[first] - (self.tree.memory_mib() or 0.0)}
+        return {**used, gpu: used[gpu] - (self.tree.memory_mib() or 0.0)}
 
     def release_check(self, sampler: MemorySampler, action: CheckRelease) -> ReleaseChecked:
         """The GPU release gate's look (shell/memory.release_check) without the spare."""

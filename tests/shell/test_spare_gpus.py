@@ -1,0 +1,64 @@
+"""The spare's GPU follows the config (issue 34 leftover 2): vllm.gpus may change by a reload
+(a restart of the serving engine on the new GPU, and a rebuilt spare); the spare's free
+memory for its wake, the release gate's device figure without the spare and the re-plan's
+machine figures then read the new GPU, not the one decided at the daemon's start."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from tests.support import PYTHON, free_port, merge
+from tests.support.models import sparse_8b
+from vllmwatch.config.schema import Config, from_dict
+from vllmwatch.shell import sparefx
+from vllmwatch.shell.memory import make_sampler
+from vllmwatch.testing.fake_nvml import FakeGpu, FakeNvml
+from vllmwatch.testing.world import LogCapture
+
+GPU0 = FakeGpu(total_mib=143771.0, used_mib=100_000.0)  # another user's engine on GPU 0
+GPU1 = FakeGpu(name="NVIDIA H100", total_mib=81559.0, used_mib=1_000.0)
+
+
+def _config(tmp: Path, gpus: list[int]) -> Config:
+    model = tmp / "model"
+    base = {
+        "vllm": {"command": [PYTHON, "-m", "vllmwatch.testing.fake_vllm"],
+                 "model": str(model) if model.is_dir() else sparse_8b(tmp, 2048),
+                 "port": free_port(), "gpus": [0],
+                 "args": {"max-model-len": 4096}},
+        "gate": {"enabled": True, "listen": f"127.0.0.1:{free_port()}"},
+        "spare": {"enabled": "true"},
+        "restart": {"standby": "false"},
+    }
+    return from_dict(merge(base, {"vllm": {"gpus": gpus}}), path=str(tmp / "vllmwatch.toml"))
+
+
+def test_free_memory_release_figure_and_plan_read_the_current_configs_gpu(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("STATE_DIRECTORY", str(tmp_path / "state"))
+    on0, on1 = _config(tmp_path, [0]), _config(tmp_path, [1])
+    log = LogCapture()
+    sampler = make_sampler([0, 1], log, nvml=FakeNvml([GPU0, GPU1]))
+    fx = sparefx.make(on0, {"STATE_DIRECTORY": str(tmp_path / "state")}, sampler, False, log)
+    assert fx is not None, log.named("spare.plan")
+    assert fx.tree._free() == pytest.approx(143771.0 - 100_000.0)
+    fx.use(on1)  # a reload moved vLLM to GPU 1 (the launch or the rebuild takes the config)
+    assert fx.config is on1
+    assert fx.tree._free() == pytest.approx(81559.0 - 1_000.0), "GPU 0's figure after a move"
+    fx.tree.memory_mib = lambda: 500.0  # type: ignore[method-assign]  # the spare's tree
+    assert fx.device_used(sampler) == {0: 100_000.0, 1: 500.0}, "not taken off GPU 0"
+    plans = log.named("spare.plan")
+    assert len(plans) == 2 and plans[1]["serving_before"] == plans[0]["serving_before"]
+    # GPU 0: 140 GiB with 98 GiB of another's: the serving engine lowered to 0.19; GPU 1: 80
+    # GiB, 1 GiB used: 0.78, and the same spare is a larger fraction of the smaller GPU
+    assert (plans[0]["serving_after"], plans[1]["serving_after"]) == (0.19, 0.78), plans
+    assert plans[1]["spare_utilization"] > plans[0]["spare_utilization"]
+
+
+def test_a_gpu_the_sampler_does_not_watch_is_unknown_never_another_gpus_figure(
+        tmp_path: Path) -> None:
+    sampler = make_sampler([0], LogCapture(), nvml=FakeNvml([GPU0, GPU1]))
+    assert sparefx.free_mib(sampler, _config(tmp_path, [1])) is None
+    assert sparefx.free_mib(sampler, _config(tmp_path, [0])) == pytest.approx(43771.0)
