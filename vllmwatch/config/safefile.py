@@ -1,4 +1,5 @@
-"""Reading a file a person names (the config, vllm.api_key_file) without ever blocking on it.
+"""Reading a file a person names (the config, vllm.api_key_file) without ever blocking on it;
+and the files only this user can write, the only ones whose content we trust (at the end).
 
 Only a regular file is read: a FIFO would block the reader until someone writes to it, a
 device (/dev/zero) never ends, a directory is a mistake. The open never blocks (O_NONBLOCK:
@@ -8,9 +9,11 @@ bytes are read: a larger file is refused, never loaded whole.
 
 from __future__ import annotations
 
+import contextlib
 import errno
 import os
 import stat
+import tempfile
 import threading
 from collections.abc import Callable
 
@@ -133,3 +136,59 @@ def head(path: str, size: int) -> bytes:
         raise FileProblem(f"{path!r}: cannot read: {exc.strerror or exc}", True) from None
     finally:
         os.close(fd)
+
+
+# --- files only this user can write (was config/private.py) ----------------------------------
+# Directories and files that only this user can write: the only places whose content we trust.
+#
+# A file another local user could write (a predictable name in /tmp, a group-writable directory)
+# must never steer what we kill or which flags we believe vLLM accepts.
+
+def trusted(st: os.stat_result) -> bool:
+    """Owned by us and writable by nobody else."""
+    return st.st_uid == os.geteuid() and not st.st_mode & (stat.S_IWGRP | stat.S_IWOTH)
+
+
+def private_dir(path: str) -> str | None:
+    """Create path (0700) if missing; the path when it is a trusted directory, else None."""
+    with contextlib.suppress(OSError):
+        os.makedirs(path, mode=0o700, exist_ok=True)
+    try:
+        st = os.lstat(path)
+    except OSError:
+        return None
+    return path if stat.S_ISDIR(st.st_mode) and trusted(st) else None
+
+
+def read_private(path: str, limit: int = 1 << 20) -> str | None:
+    """The text of a trusted regular file (not a link), or None for anything else."""
+    try:
+        fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK)
+    except OSError:
+        return None
+    with os.fdopen(fd, "rb") as fh:
+        st = os.fstat(fh.fileno())
+        if not stat.S_ISREG(st.st_mode) or not trusted(st):
+            return None
+        try:
+            return fh.read(limit).decode("utf-8")
+        except (OSError, UnicodeDecodeError):
+            return None
+
+
+def write_private(path: str, text: str) -> bool:
+    """Write atomically (temp file in the same directory, then rename), mode 0600."""
+    directory = os.path.dirname(path) or "."
+    try:
+        fd, tmp = tempfile.mkstemp(dir=directory, prefix=".tmp-")
+    except OSError:
+        return False
+    try:
+        with os.fdopen(fd, "w", encoding="utf-8") as fh:
+            fh.write(text)
+        os.replace(tmp, path)
+    except OSError:
+        with contextlib.suppress(OSError):
+            os.unlink(tmp)
+        return False
+    return True

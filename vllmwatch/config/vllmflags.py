@@ -17,7 +17,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from vllmwatch.config import flags, private, vllminfo
+from vllmwatch.config import flags, safefile, vllminfo
 from vllmwatch.config.errors import Problem
 from vllmwatch.config.schema import Config
 
@@ -116,7 +116,7 @@ def known_flags(command: list[str] | tuple[str, ...], version: str | None,
     if version is None or python is None:
         return None
     key = hashlib.sha256(f"{version}\0{python}".encode()).hexdigest()[:16]
-    directory = private.ensure_dir(cache_dir) if cache_dir else None
+    directory = safefile.private_dir(cache_dir) if cache_dir else None
     path = os.path.join(directory, f"{key}.json") if directory else None
     cached = _read(path, version) if path else None
     # An entry of an older vllmwatch has no kinds: usable (the built-in JSON list stands
@@ -125,7 +125,7 @@ def known_flags(command: list[str] | tuple[str, ...], version: str | None,
         return cached
     got = _ask(python, version, timeout)
     if got is not None and path is not None:
-        private.write_text(path, json.dumps({"version": version, "flags": sorted(got.flags),
+        safefile.write_private(path, json.dumps({"version": version, "flags": sorted(got.flags),
                                              "switches": sorted(got.switches),
                                              "kinds": dict(sorted(got.kinds.items())),
                                              "aliases": dict(got.aliases)}))
@@ -133,7 +133,7 @@ def known_flags(command: list[str] | tuple[str, ...], version: str | None,
 
 
 def _read(path: str, version: str) -> FlagSet | None:
-    text = private.read_text(path)
+    text = safefile.read_private(path)
     if text is None:
         return None
     try:

@@ -20,7 +20,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from vllmwatch.config import private, safefile
+from vllmwatch.config import safefile
 
 SUBDIR = "incidents"
 RECORD = "record.json"
@@ -43,7 +43,7 @@ class Summary:
 
 def root_of(state_dir: str) -> str | None:
     """The trusted incidents folder under a state directory, created 0700; None if untrusted."""
-    return private.ensure_dir(os.path.join(state_dir, SUBDIR))
+    return safefile.private_dir(os.path.join(state_dir, SUBDIR))
 
 
 def record_id(wall: float, reason: str) -> str:
@@ -131,7 +131,7 @@ def find(root: str, rid: str, names: list[str] | None = None) -> str | None:
 def read(root: str, rid: str) -> dict[str, Any] | str:
     """The record.json of the record rid as a JSON object, or why it cannot be read.
 
-    Not private.read_text: root reads the service user's records (`vllmwatch incidents`),
+    Not safefile.read_private: root reads the service user's records (`vllmwatch incidents`),
     and that user owns the folder: record.json may be anything it made. Only a regular file
     is read (a FIFO or device is refused without blocking), at most MAX_RECORD bytes, within
     READ_TIMEOUT (safefile.read_within)."""

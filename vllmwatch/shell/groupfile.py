@@ -25,7 +25,7 @@ from pathlib import Path
 
 import psutil
 
-from vllmwatch.config import private
+from vllmwatch.config import safefile
 
 MARKER = "VLLMWATCH_INSTANCE"
 _START_SLACK_S = 0.05  # create_time is boot time + jiffies: equal when it is the same process
@@ -42,7 +42,7 @@ class Remembered:
 
 def state_dir(environ: Mapping[str, str] | None = None) -> str | None:
     """The trusted directory for our state; None when none can be had."""
-    return private.ensure_dir(state_dir_candidate(environ))
+    return safefile.private_dir(state_dir_candidate(environ))
 
 
 def state_dir_candidate(environ: Mapping[str, str] | None = None) -> str:
@@ -78,13 +78,13 @@ def remember(marker: str, pgid: int | None) -> None:
         started = psutil.Process(pgid).create_time()
     except psutil.Error:
         return
-    private.write_text(path, json.dumps({"pgid": pgid, "started": started, "marker": marker}))
+    safefile.write_private(path, json.dumps({"pgid": pgid, "started": started, "marker": marker}))
 
 
 def read(marker: str) -> Remembered | None:
     """What a trusted group file of this instance says; None when absent or untrusted."""
     path = path_of(marker)
-    text = private.read_text(path) if path else None
+    text = safefile.read_private(path) if path else None
     if text is None:
         return None
     try:
@@ -165,7 +165,7 @@ def lock_path(marker: str, environ: Mapping[str, str] | None = None) -> str | No
 
 def lock_holder(path: str) -> int | None:
     """The pid the holder wrote into the lock file; None when unreadable."""
-    text = private.read_text(path, limit=64)
+    text = safefile.read_private(path, limit=64)
     if text is None:
         return None
     with contextlib.suppress(ValueError):
@@ -184,7 +184,7 @@ def acquire_lock(marker: str, environ: Mapping[str, str] | None = None) -> Insta
     except OSError as exc:
         return f"cannot open {path}: {exc.strerror or exc}"
     st = os.fstat(fd)
-    if not stat.S_ISREG(st.st_mode) or not private.trusted(st):
+    if not stat.S_ISREG(st.st_mode) or not safefile.trusted(st):
         os.close(fd)
         return f"{path} is not a regular file of ours that only we can write"
     try:

@@ -13,7 +13,7 @@ from collections.abc import Mapping
 from dataclasses import replace
 from typing import TYPE_CHECKING, Any
 
-from vllmwatch.config import command, private, redact
+from vllmwatch.config import command, redact, safefile
 from vllmwatch.config.schema import Config
 from vllmwatch.config.spare import (
     SpareFacts,
@@ -45,7 +45,7 @@ def socket_path(environ: Mapping[str, str], instance: str) -> str | None:
     a private one under /tmp when that path is too long for a socket; None: no such place."""
     name = f"spare-{instance[:12]}.sock"
     for where in (groupfile.state_dir(environ),
-                  private.ensure_dir(f"/tmp/vllmwatch-{os.geteuid()}")):
+                  safefile.private_dir(f"/tmp/vllmwatch-{os.geteuid()}")):
         if where is not None and len(os.path.join(where, name)) <= SUN_PATH_MAX:
             return os.path.join(where, name)
     return None
