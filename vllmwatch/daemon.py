@@ -93,6 +93,7 @@ def _run(config: Config, log_format: str | None, env: dict[str, str], log: Switc
         fx.gate_figures = live.gate.figures
     if considered:  # the plan, from this machine's facts; on or off and why
         fx.spare = sparefx.make(config, env, fx.sampler, fx.platform.unified, log)
+        live.spare_planned = fx.spare is not None  # else turning it on waits for a restart
         gate = live.gate
         spare = fx.spare
         if spare is not None and gate is not None:

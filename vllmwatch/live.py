@@ -51,12 +51,14 @@ class Live:
     def __init__(self, config: Config, log: SwitchableLog, make_log: Callable[[Config], LogFn],
                  make_status: Callable[[Config], StatusServer | None]) -> None:
         self.config = config  # what was started (restart-only keys are compared with this)
+        self.started = config  # as started, whatever reloads came since
         self.log = log
         self._make_log, self._make_status = make_log, make_status
         self.status: StatusServer | None = None
         self.gate: Any = None  # vllmwatch.gate.runner.Gate when [gate] is on
         self.effects: Any = None  # shell/effects.RealEffects: its reconfigure follows last
         self.restart_required: tuple[str, ...] = ()
+        self.spare_planned = False  # the daemon's start made a spare (shell/sparefx.make)
 
     def decorate(self, snap: Snapshot) -> Snapshot:
         """The snapshot with what this layer knows (restart_required)."""
@@ -83,6 +85,8 @@ class Live:
             self.gate.reconfigure(new.gate.hold_timeout, new.gate.retry_after,
                                   new.gate.replay, new.gate.replay_max)
         needed = tuple(key for key, get in RESTART_KEYS if get(new) != get(old))
+        needed += self.started.spare.restart_keys(new.spare, old.gate.enabled,
+                                                  self.spare_planned)
         if needed != self.restart_required and needed:
             self.log("warning", "config.restart_required", keys=list(needed),
                      detail="these keys take effect when vllmwatch restarts "

@@ -227,3 +227,29 @@ def test_the_spares_gpu_is_the_configs_first_else_the_first_nvml_shows(
 ])
 def test_spare_gpu_table(gpus: list[int] | None, seen: set[int], gpu: int | None) -> None:
     assert spare_gpu(gpus, seen) == gpu
+
+
+# ---- a spare turned on by a reload (issue 34 leftover 4): a restart key unless planned ----
+
+SPARES = st.builds(SpareConfig, enabled=st.sampled_from(["auto", "true", "false"]),
+                   kv_cache=st.sampled_from([4096.0, 8192.0]), retries=st.sampled_from([1, 3]))
+
+
+@given(SPARES, SPARES, st.booleans(), st.booleans())
+def test_spare_keys_need_a_restart_only_when_no_spare_was_planned_and_it_would_be_now(
+        started: SpareConfig, new: SpareConfig, gate: bool, planned: bool) -> None:
+    keys = started.restart_keys(new, gate, planned)
+    if planned or not new.considered(gate):
+        assert keys == ()  # a planned spare follows every reload; an off one stays off
+    else:
+        assert keys == tuple(f"spare.{k}" for k in ("enabled", "kv_cache", "retries")
+                             if getattr(started, k) != getattr(new, k))
+
+
+def test_spare_restart_keys_table() -> None:
+    off, on = SpareConfig(enabled="false"), TRUE
+    assert off.restart_keys(on, False, planned=False) == ("spare.enabled",)
+    assert off.restart_keys(AUTO, True, planned=False) == ("spare.enabled",)
+    assert off.restart_keys(AUTO, False, planned=False) == ()  # auto with the gate off: off
+    assert on.restart_keys(off, True, planned=True) == ()  # turned off live
+    assert AUTO.restart_keys(AUTO, True, planned=False) == ()  # nothing changed

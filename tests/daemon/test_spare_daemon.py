@@ -321,3 +321,30 @@ def test_a_key_file_rewritten_in_place_rebuilds_the_spare_and_relaunches_with_it
     spared.d.wait_event("spare.rearmed", WAIT, since)
     failed = spared.end_clients()
     assert not failed, (failed, spared.d.dump())
+
+
+def test_a_spare_turned_on_by_a_reload_waits_for_a_restart_and_says_so(tmp_path: Path) -> None:
+    """Started with spare.enabled = false, a SIGHUP that turns it on is refused as a restart
+    key (the plan measures the GPU while it is ours alone, before the serving engine): the
+    serving engine keeps serving, no spare is planned or built, and config.restart_required
+    and /status name the key until vllmwatch restarts."""
+    s = Spared(tmp_path)
+    off = merge(s.cfg, {"spare": {"enabled": "false"}})
+    s.d.write_config(off)
+    try:
+        s.d.start()
+        s.d.wait_ready(WAIT)
+        assert s.status().get("spare") is None
+        child0, since = s.child_pid(), s.d.mark()
+        s.d.write_config(s.cfg)  # spare.enabled = "true"
+        s.d.signal(signal.SIGHUP)
+        needed = s.d.wait_event("config.restart_required", WAIT, since)
+        assert needed["keys"] == ["spare.enabled"] and "restarts" in needed["detail"], needed
+        wait_for(lambda: s.status().get("restart_required") == ["spare.enabled"], WAIT,
+                 "restart_required in /status")
+        reloaded = s.d.named("config.reloaded", since)
+        assert reloaded and reloaded[0]["restart_needed"] is False, reloaded
+        assert not s.d.named("spare.plan", since) and not s.d.named("spare.state", since)
+        assert s.child_pid() == child0 and s.status().get("spare") is None
+    finally:
+        s.d.close()

@@ -4,7 +4,7 @@ crosschecks."""
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, fields
 from typing import TYPE_CHECKING, Any
 
 from vllmwatch.config.bounds import DAY
@@ -220,6 +220,18 @@ class SpareConfig:
         """Whether a plan is made at all (false, or auto with the gate off: never; so the
         daemon imports config/spare.py only then)."""
         return self.enabled == "true" or (self.enabled == "auto" and gate_enabled)
+
+    def restart_keys(self, new: SpareConfig, gate_enabled: bool, planned: bool) -> tuple[
+            str, ...]:
+        """The [spare] keys of a reload (`self`: the started config's) that only a restart of
+        vllmwatch applies: all that changed, when no spare was planned at the start (its
+        plan measures the GPU while it is ours alone, and the gate and sweep learn its
+        socket then) and the new [spare] would be considered; none when it was planned
+        (a reload turns it off, on again, or re-plans it)."""
+        if planned or not new.considered(gate_enabled):
+            return ()
+        return tuple(f"spare.{f.name}" for f in fields(self)
+                     if getattr(self, f.name) != getattr(new, f.name))
 
 
 @dataclass(frozen=True)
