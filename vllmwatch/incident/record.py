@@ -8,7 +8,6 @@ says what went wrong, and the restart goes on regardless.
 
 from __future__ import annotations
 
-import contextlib
 import json
 import os
 import time
@@ -264,16 +263,10 @@ def processes(pgid: int | None) -> list[Proc]:
                 continue
             with proc.oneshot():
                 title = " ".join(proc.cmdline()) or proc.name()
-                state = _state(proc.pid)
+                state = dumpers.process_state(proc.pid)
                 out.append(Proc(proc.pid, proc.ppid(), role_of(title, proc.pid == pgid),
                                 REDACT.head(title, 400), state,
                                 round(proc.memory_info().rss / _MIB, 1), proc.num_threads()))
         except (psutil.Error, OSError):
             continue
     return sorted(out, key=lambda p: (p.pid != pgid, p.pid))
-
-
-def _state(pid: int) -> str:
-    with contextlib.suppress(OSError), open(f"/proc/{pid}/stat") as fh:
-        return fh.read().rpartition(")")[2].split()[0]
-    return ""
