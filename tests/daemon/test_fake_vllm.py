@@ -238,3 +238,53 @@ def test_unknown_vllm_flags_are_ignored_and_key_comes_from_env(
     a = parse_args(["serve", "--model", "m", "--port=9", "--max-model-len", "2048",
                     "--enforce-eager", "--hf-overrides", '{"a": 1}', "-tp", "2"])
     assert (a.model, a.port, a.api_key, a.workers, a.role) == ("m", 9, "secret", None, "api")
+
+
+def _raw_stream(port: int) -> bytes:
+    """A stream=true completion read off the socket to its close: the bytes as sent."""
+    import socket
+
+    body = json.dumps({"model": "fake", "prompt": "a b", "max_tokens": 3, "stream": True})
+    with socket.create_connection(("127.0.0.1", port), timeout=30) as sock:
+        sock.sendall(f"POST /v1/completions HTTP/1.1\r\nHost: x\r\nContent-Type: "
+                     f"application/json\r\nContent-Length: {len(body)}\r\n\r\n{body}".encode())
+        out = b""
+        while chunk := sock.recv(65536):
+            out += chunk
+    return out
+
+
+def test_a_stream_ends_as_vllms_does_chunked_with_done_and_the_last_chunk(
+        tmp_path: Path) -> None:
+    """As uvicorn sends it: chunked, [DONE], then the zero-length chunk (a client tells a whole
+    stream from a cut one); http.client reads it whole."""
+    import http.client
+
+    with fake(tmp_path) as f:
+        wait_for(lambda: f.health() == 200, 20, "ready")
+        raw = _raw_stream(f.port)
+        head, _, body = raw.partition(b"\r\n\r\n")
+        assert b"Transfer-Encoding: chunked" in head and head.startswith(b"HTTP/1.1 200")
+        assert body.endswith(b"data: [DONE]\n\n\r\n0\r\n\r\n"), body[-80:]
+        conn = http.client.HTTPConnection("127.0.0.1", f.port, timeout=30)
+        conn.request("POST", "/v1/completions", json.dumps(
+            {"model": "fake", "prompt": "a", "max_tokens": 2, "stream": True}))
+        data = conn.getresponse().read()  # raises IncompleteRead on a cut body
+        assert data.startswith(b"data: {") and data.endswith(b"data: [DONE]\n\n")
+        conn.close()
+
+
+def test_a_cut_stream_is_an_injected_fault_and_reads_as_cut(tmp_path: Path) -> None:
+    import http.client
+
+    with fake(tmp_path, "--cut-stream-after", "1") as f:
+        wait_for(lambda: f.health() == 200, 20, "ready")
+        raw = _raw_stream(f.port)
+        assert raw.count(b"data: ") == 1 and not raw.endswith(b"0\r\n\r\n"), raw[-80:]
+        conn = http.client.HTTPConnection("127.0.0.1", f.port, timeout=30)
+        conn.request("POST", "/v1/completions", json.dumps(
+            {"model": "fake", "prompt": "a b", "max_tokens": 3, "stream": True}))
+        with pytest.raises(http.client.IncompleteRead):
+            conn.getresponse().read()
+        conn.close()
+        assert completion(f.port)[0] == 200, "a plain completion is not cut"

@@ -136,7 +136,11 @@ class Spared:
                              {"Content-Type": "application/json",
                               "Authorization": f"Bearer {self.key}"})
                 resp = conn.getresponse()
-                data = resp.read()
+                try:
+                    data = resp.read()
+                except http.client.IncompleteRead as exc:  # a chunked body with no end
+                    self.outcomes.append(f"stream cut after {len(exc.partial)} bytes")
+                    continue
                 if resp.status == 200 and (b"[DONE]" in data if stream else b'"choices"' in
                                            data):
                     self.outcomes.append("ok")
@@ -209,10 +213,10 @@ def _fail_over(s: Spared, fault: str) -> None:
     st = s.status()
     cut = [f for f in failed if f.startswith("stream cut")]
     if fault == "api":  # streams that had begun at the dead API server end cut, and only they
-        # (at most one per streaming client: the one in flight at the kill). The gate cannot
-        # count them here: the fake ends a stream by closing (HTTP/1.0, no length), so a cut
-        # looks like an end; vLLM's uvicorn streams chunked, and the gate counts its cuts.
+        # (at most one per streaming client: the one in flight at the kill). The fake streams
+        # chunked as vLLM's uvicorn does, so the gate sees each cut and counts it.
         assert cut == failed and len(cut) <= STREAMS, (failed, st["gate"], s.d.dump())
+        assert st["gate"]["cut_midstream"] >= len(cut), st["gate"]
     else:
         assert not failed, (failed, st["gate"], s.d.dump())
     assert st["serving"] == "full" and st["spare"]["state"] == "asleep", st["spare"]

@@ -14,6 +14,7 @@ import os
 import socket
 import threading
 import time
+from http.server import BaseHTTPRequestHandler
 from typing import Any, BinaryIO
 
 from vllmwatch.testing.fake_engine import FaultClock, after, log
@@ -51,6 +52,44 @@ ENGINE_DEAD_BODY = json.dumps(ENGINE_DEAD_ERROR, separators=(",", ":")).encode()
 ENGINE_DEAD_EVENT = b"data: " + json.dumps(ENGINE_DEAD_ERROR).encode() + b"\n\ndata: [DONE]\n\n"
 
 GENERATE = ("/v1/completions", "/v1/chat/completions")
+
+
+def sse_events(reply: dict[str, Any]) -> list[bytes]:
+    """A finished completion as vLLM streams it: one SSE event a token, then [DONE]."""
+    choice = reply["choices"][0]
+    text = choice.get("text", choice.get("message", {}).get("content", ""))
+    out = []
+    for token in text.split(" "):
+        delta = {**choice, "text": token + " ", "finish_reason": None}
+        delta.pop("message", None)
+        chunk = {"id": reply["id"], "object": reply["object"], "model": reply["model"],
+                 "choices": [delta]}
+        out.append(b"data: " + json.dumps(chunk).encode() + b"\n\n")
+    return [*out, b"data: [DONE]\n\n"]
+
+
+def write_stream(h: BaseHTTPRequestHandler, events: list[bytes], interval: float,
+                 cut_after: int) -> None:
+    """A streamed answer as vLLM's uvicorn sends it: HTTP/1.1 chunked, one SSE event a
+    chunk, then the zero-length chunk that ends the body, so a client (the gate's replay and
+    metrics) tells a whole stream from a cut one; before, the fake ended a stream by closing
+    (HTTP/1.0, no length), which reads as an end. `cut_after` >= 0, the injected fault: after
+    that many events the connection closes with no terminator (an API server killed
+    mid-stream). Connection: close after it (this server serves one request a connection)."""
+    h.protocol_version = "HTTP/1.1"
+    h.send_response(200)
+    h.send_header("Content-Type", "text/event-stream; charset=utf-8")
+    h.send_header("Transfer-Encoding", "chunked")
+    h.send_header("Connection", "close")
+    h.end_headers()
+    for i, event in enumerate(events):
+        if 0 <= cut_after <= i:
+            return  # the handler closes the connection: a body with no end
+        h.wfile.write(b"%x\r\n%s\r\n" % (len(event), event))
+        h.wfile.flush()
+        if interval and event != events[-1]:
+            time.sleep(interval)
+    h.wfile.write(b"0\r\n\r\n")
 _POOLED = {  # one data item of each pooling route's answer, shaped as vLLM's
     "/v1/embeddings": {"index": 0, "object": "embedding", "embedding": [0.6, 0.8]},
     "/v1/score": {"index": 0, "object": "score", "score": 0.5},

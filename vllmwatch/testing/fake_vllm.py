@@ -35,6 +35,8 @@ from vllmwatch.testing.fake_api import (
     Api,
     error,
     routes,
+    sse_events,
+    write_stream,
 )
 from vllmwatch.testing.fake_engine import (
     CHILD_EXTRA,
@@ -65,7 +67,9 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
     p.add_argument("--hold-start-until", help="the engine's start ends when this file exists")
     p.add_argument("--workers", type=int, help="TP workers (default: TP size if > 1, else 0)")
     for name, number in (("port", 8000), ("tensor-parallel-size", 1), ("max-num-seqs", 256),
-                         ("exit-code", 0), ("fd", -1), ("rank", 0)):
+                         ("exit-code", 0), ("fd", -1), ("rank", 0),
+                         # a stream cut (no end) after this many tokens: fake_api.write_stream
+                         ("cut-stream-after", -1)):
         p.add_argument(f"--{name}", type=int, default=number)
     for name, seconds in (("startup-seconds", 0.5), ("engine-death-exit-delay", 3.0),
                           ("orphan-timeout", 120.0), ("slow-completion", 0.0),
@@ -185,28 +189,13 @@ class _Handler(BaseHTTPRequestHandler):
 
     def _stream(self, reply: dict[str, Any]) -> None:
         """Send the finished reply as SSE, one token a chunk, like vLLM with stream=true."""
-        self.send_response(200)
-        self.send_header("Content-Type", "text/event-stream; charset=utf-8")
-        self.end_headers()  # HTTP/1.0 without a length: the body ends when we close
-        choice = reply["choices"][0]
-        text = choice.get("text", choice.get("message", {}).get("content", ""))
-        for token in text.split(" "):
-            delta = {**choice, "text": token + " ", "finish_reason": None}
-            delta.pop("message", None)
-            chunk = {"id": reply["id"], "object": reply["object"], "model": reply["model"],
-                     "choices": [delta]}
-            self.wfile.write(b"data: " + json.dumps(chunk).encode() + b"\n\n")
-            self.wfile.flush()
-            time.sleep(self.server.api.args.stream_interval)
-        self.wfile.write(b"data: [DONE]\n\n")
+        a = self.server.api.args
+        write_stream(self, sse_events(reply), a.stream_interval, a.cut_stream_after)
 
     def _stream_dead(self) -> None:
         """A stream whose engine died before its first token, as vLLM sends it: the 200
         head, the error event, [DONE] (fake_api.ENGINE_DEAD_EVENT)."""
-        self.send_response(200)
-        self.send_header("Content-Type", "text/event-stream; charset=utf-8")
-        self.end_headers()
-        self.wfile.write(ENGINE_DEAD_EVENT)
+        write_stream(self, [ENGINE_DEAD_EVENT], 0.0, -1)
 
     def log_request(self, code: int | str = "-", size: int | str = "-") -> None:
         """Log accesses like uvicorn does, unless --disable-uvicorn-access-log."""
