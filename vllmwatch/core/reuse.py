@@ -113,6 +113,25 @@ _LIKELY = {
 }
 
 
+# The startup plan beside the awake spare (issue 34): vLLM applies a plan only while free GPU
+# memory is at least the baseline recorded with it, and the plan is recorded beside the
+# sleeping spare (~2 GiB); a failover's relaunch starts beside the awake one (its KV cache
+# too), so vLLM skips it and profiles. vllmwatch lets vLLM decide, as anywhere: that miss
+# is expected, said once (failover.startup_plan), and not remembered as the last launch's.
+BESIDE_AWAKE = ("the relaunch started beside the awake spare (a failover): free GPU memory "
+                "was below the plan's baseline, recorded beside the sleeping spare, so vLLM "
+                "profiled instead (a few seconds more); the next launch beside the sleeping "
+                "spare applies it again")
+
+
+def kept(before: Mapping[str, bool], now: dict[str, bool], awake: bool) -> dict[str, bool]:
+    """The hits the next launch is compared with: a plan missed beside the awake spare keeps
+    the last launch's (a later miss beside the sleeping spare is still a miss)."""
+    if awake and not now.get("startup_plan", False):
+        return {**now, "startup_plan": before.get("startup_plan", False)}
+    return now
+
+
 def misses(before: Mapping[str, bool], now: Mapping[str, bool],
            facts: Mapping[str, object]) -> list[tuple[str, str]]:
     """[(cache, likely cause)] for each cache the last READY launch hit and this one missed;
