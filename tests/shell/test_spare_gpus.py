@@ -5,6 +5,7 @@ machine figures then read the new GPU, not the one decided at the daemon's start
 
 from __future__ import annotations
 
+import dataclasses
 from pathlib import Path
 
 import pytest
@@ -62,3 +63,27 @@ def test_a_gpu_the_sampler_does_not_watch_is_unknown_never_another_gpus_figure(
     sampler = make_sampler([0], LogCapture(), nvml=FakeNvml([GPU0, GPU1]))
     assert sparefx.free_mib(sampler, _config(tmp_path, [1])) is None
     assert sparefx.free_mib(sampler, _config(tmp_path, [0])) == pytest.approx(43771.0)
+
+
+def test_the_spares_inputs_are_stable_and_a_rewritten_key_file_changes_only_the_key(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """What a reload's worker digests (SpareFx.inputs) equals what the build ran (digest of
+    the tree's command) while nothing changed (a reload is no rebuild), and a key file
+    rewritten in place changes the API key's part alone (issue 34 leftover 1)."""
+    from vllmwatch.core.failover import changed
+    from vllmwatch.shell.sparerun import digest
+
+    monkeypatch.setenv("STATE_DIRECTORY", str(tmp_path / "state"))
+    key = tmp_path / "key"
+    key.write_text("sk-first-key-0123456789\n")
+    key.chmod(0o600)
+    config = dataclasses.replace(_config(tmp_path, [0]), vllm=dataclasses.replace(
+        _config(tmp_path, [0]).vllm, api_key_file=str(key)))
+    sampler = make_sampler([0, 1], LogCapture(), nvml=FakeNvml([GPU0, GPU1]))
+    fx = sparefx.make(config, {"STATE_DIRECTORY": str(tmp_path / "state")}, sampler, False,
+                      LogCapture())
+    assert fx is not None
+    built = digest(fx.tree.cmd)
+    assert fx.inputs(config) == fx.inputs(config) == built
+    key.write_text("sk-second-key-9876543210\n")  # same path, new key
+    assert changed(built, fx.inputs(config)) == "the API key changed"
