@@ -50,7 +50,7 @@ class Live:
 
     def __init__(self, config: Config, log: SwitchableLog, make_log: Callable[[Config], LogFn],
                  make_status: Callable[[Config], StatusServer | None]) -> None:
-        self.config = config  # what was started (restart-only keys are compared with this)
+        self.config = config  # the applied config: the restart-only keys keep their start value
         self.started = config  # as started, whatever reloads came since
         self.log = log
         self._make_log, self._make_status = make_log, make_status
@@ -84,7 +84,9 @@ class Live:
             # written on the gate's own thread, where requests read them (Gate.reconfigure)
             self.gate.reconfigure(new.gate.hold_timeout, new.gate.retry_after,
                                   new.gate.replay, new.gate.replay_max)
-        needed = tuple(key for key, get in RESTART_KEYS if get(new) != get(old))
+        # Against the config as started, never the last reload's: a second reload must not
+        # clear a notice for a key that still waits for the restart (memory.unified did).
+        needed = tuple(key for key, get in RESTART_KEYS if get(new) != get(self.started))
         needed += self.started.spare.restart_keys(new.spare, old.gate.enabled,
                                                   self.spare_planned)
         if needed != self.restart_required and needed:

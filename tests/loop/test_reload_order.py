@@ -9,6 +9,8 @@ import signal
 from collections.abc import Callable
 from typing import Any
 
+import pytest
+
 from tests.loop.test_loop import BASE
 from vllmwatch.config.schema import Config
 from vllmwatch.live import Live, SwitchableLog
@@ -140,3 +142,25 @@ def test_the_platform_setting_is_restart_only_and_said_so() -> None:
     loop, _, live = _live_loop(config_with(BASE, memory={"unified": "true"}))
     _sighup(loop)
     assert "memory.unified" in live.restart_required
+
+
+@pytest.mark.parametrize(("key", "changed"), [
+    ("memory.unified", {"memory": {"unified": "true"}}),
+    ("gate.listen", {"gate": {"listen": "127.0.0.1:1"}}),
+    ("log.format", {"log": {"format": "json"}}),
+])
+def test_a_restart_key_stays_said_across_later_reloads(key: str,
+                                                       changed: dict[str, Any]) -> None:
+    """Compared with the config as started: a second reload (this one changing another key)
+    keeps the notice; only putting the started value back clears it."""
+    live = Live(BASE, SwitchableLog(lambda *a, **k: None), lambda c: (lambda *a, **k: None),
+                lambda c: None)
+    first = config_with(BASE, **changed)
+    assert getattr(getattr(first, key.split(".")[0]), key.split(".")[1]) != \
+        getattr(getattr(BASE, key.split(".")[0]), key.split(".")[1])
+    live.apply(first)
+    assert key in live.restart_required
+    live.apply(config_with(first, probe={"timeout": 4}))
+    assert key in live.restart_required
+    live.apply(config_with(BASE, probe={"timeout": 4}))
+    assert key not in live.restart_required
