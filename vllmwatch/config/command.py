@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import hashlib
 import json
 import re
 import shlex
@@ -167,6 +168,16 @@ def read_env_file(config: Config) -> tuple[dict[str, str], list[str]]:
         else:
             env[name] = value
     return env, args
+
+
+def file_inputs(config: Config, api_key: str | None) -> tuple[tuple[str, str], ...]:
+    """What a launch reads from files the config only names, as (part, sha256): a key
+    rotation rewrites them in place, so a reload compares these, not the config's text.
+    Raises what read_env_file raises (a reload's worker: then unknown, not compared)."""
+    env, args = read_env_file(config)
+    return (("the API key", hashlib.sha256((api_key or "").encode()).hexdigest()),
+            ("vllm.env_file's contents", hashlib.sha256(json.dumps(
+                [sorted(env.items()), args]).encode()).hexdigest()))
 
 
 class KeyFileError(ConfigError):

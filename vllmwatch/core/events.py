@@ -35,6 +35,7 @@ class Spawned:
     argv_display: str = ""
     gpu_before_mib: tuple[tuple[int, float], ...] = ()  # (GPU, MiB) before: the release gate
     launch: str = "fresh"  # fresh (Popen) | standby (a pre-imported interpreter took it)
+    inputs: tuple[tuple[str, str], ...] = ()  # config/command.file_inputs of this launch
 
 
 @dataclass(frozen=True)
@@ -174,6 +175,8 @@ class ReloadRequested:
     # With the spare on: what a spare built from `config` now would run (core/failover.py's
     # Inputs, read by the same worker: the key file's contents are no part of the config)
     spare_inputs: tuple[tuple[str, str], ...] = ()
+    # config/command.file_inputs for `config` now (the key file, vllm.env_file); () unknown
+    serving_inputs: tuple[tuple[str, str], ...] = ()
 
 
 @dataclass(frozen=True)

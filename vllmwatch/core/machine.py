@@ -147,7 +147,7 @@ def _spawned(s: WatchState, ev: Spawned) -> Result:
     c = s.child
     if c is None or c.proc.spawned:
         return s, []
-    s = stopping.launched(s, ev.pid, ev.gpu_before_mib)
+    s = stopping.launched(s, ev.pid, ev.gpu_before_mib, ev.inputs)
     acts: list[Action] = [Log("info", "child.started", {"pid": ev.pid, "gen": c.gen,
                                                           "command": ev.argv_display,
                                                           "launch": ev.launch})]

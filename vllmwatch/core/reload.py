@@ -36,6 +36,11 @@ def reloaded(s: WatchState, ev: ReloadRequested, now: float) -> Result:
     rekey = _spare_inputs_changed(s, ev) if old.vllm == ev.config.vllm else ""
     if rekey and not relaunch:
         relaunch, why = True, rekey
+    # The same for the serving engine, spare or not: a key or env file rewritten in place
+    # (a rotation) and SIGHUP relaunches it, drained, so it answers the new key.
+    beyond = _files_changed(s, ev) if old.vllm == ev.config.vllm else ""
+    if beyond and not relaunch:
+        relaunch, why = True, beyond
     fields: dict[str, object] = {}
     if old.adapters != ev.config.adapters or old.lora != ev.config.lora:
         from vllmwatch.core import lora  # [[adapters]] (issue 38): only when they change
@@ -69,3 +74,12 @@ def _spare_inputs_changed(s: WatchState, ev: ReloadRequested) -> str:
     from vllmwatch.core.failover import changed  # imported already: the spare is on
 
     return changed(t.built_from, ev.spare_inputs)
+
+
+def _files_changed(s: WatchState, ev: ReloadRequested) -> str:
+    """Which files the running engine read at its launch now read differently, in words
+    (""); a part unknown on either side is not compared."""
+    had = dict(s.child.proc.inputs) if s.child is not None else {}
+    now = dict(ev.serving_inputs)
+    parts = [part for part, sha in now.items() if part in had and had[part] != sha]
+    return " and ".join(parts) + " changed" if parts else ""

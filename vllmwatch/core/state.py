@@ -104,6 +104,7 @@ class Proc:
     pgid: int | None = None
     spawned: bool = False  # the shell confirmed the launch (Spawned)
     gpu_before_mib: tuple[tuple[int, float], ...] = ()  # GPU use before launch (release gate)
+    inputs: tuple[tuple[str, str], ...] = ()  # what it read beyond the config (Spawned.inputs)
 
 
 @dataclass(frozen=True)

@@ -176,11 +176,12 @@ def finish(s: WatchState, now: float, acts: list[Action]) -> Result:
     return s, acts
 
 
-def launched(s: WatchState, pid: int, gpu_before_mib: tuple[tuple[int, float], ...]
-             ) -> WatchState:
+def launched(s: WatchState, pid: int, gpu_before_mib: tuple[tuple[int, float], ...],
+             inputs: tuple[tuple[str, str], ...] = ()) -> WatchState:
     """The shell confirmed the launch (Spawned): the child's process group is its pid."""
     return replace(s, child=replace(s.run, proc=replace(
-        s.run.proc, pid=pid, pgid=pid, spawned=True, gpu_before_mib=gpu_before_mib)))
+        s.run.proc, pid=pid, pgid=pid, spawned=True, gpu_before_mib=gpu_before_mib,
+        inputs=inputs)))
 
 
 def launch_failed(s: WatchState) -> WatchState:

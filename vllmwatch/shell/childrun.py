@@ -90,6 +90,7 @@ class Prepared:
 
     cmd: command.ChildCommand
     api_key: str | None
+    inputs: tuple[tuple[str, str], ...] = ()  # command.file_inputs: a reload compares them
 
 
 def prepare(config: Config, environ: Mapping[str, str], marker: str, version: str | None,
@@ -104,6 +105,7 @@ def prepare(config: Config, environ: Mapping[str, str], marker: str, version: st
                             extra_env=extra)
         # Every writer (log, /status, records) hides these values from now on.
         redact.learn(redact.secrets_of(cmd.env, api_key))
+        inputs = command.file_inputs(config, api_key)
     except command.KeyFileError as exc:
         if exc.transient:  # a key rotation: retried with backoff, not a config error
             return SpawnFailed(f"{exc} (retried with backoff)", fatal=False)
@@ -116,7 +118,7 @@ def prepare(config: Config, environ: Mapping[str, str], marker: str, version: st
         return SpawnFailed(refused, fatal=True)
     if config.adapters:
         _say_adapters(config, log)
-    return Prepared(cmd, api_key)
+    return Prepared(cmd, api_key, inputs)
 
 
 def _say_adapters(config: Config, log: LogFn) -> None:
@@ -177,7 +179,7 @@ class ChildHandle:
         childlog.start()
         handle = cls(child, childlog, prepared.api_key, config, guard, log)
         return handle, Spawned(child.pid, prepared.cmd.display(),
-                               tuple(sorted(gpu_before.items())))
+                               tuple(sorted(gpu_before.items())), inputs=prepared.inputs)
 
     @property
     def pid(self) -> int:

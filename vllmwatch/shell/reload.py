@@ -10,8 +10,9 @@ the last edit always counts.
 from __future__ import annotations
 
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
+from vllmwatch.config import command
 from vllmwatch.config.schema import Config
 from vllmwatch.core.events import Event, ReloadRequested
 
@@ -59,6 +60,8 @@ class Reloads:
                 ev = ReloadRequested(read())
                 if self._inputs is not None and ev.config is not None:
                     ev = ReloadRequested(ev.config, spare_inputs=self._inputs(ev.config))
+                if ev.config is not None:
+                    ev = replace(ev, serving_inputs=_serving_inputs(ev.config))
             except Exception as exc:
                 ev = ReloadRequested(None, str(exc) or type(exc).__name__)
             return ReloadRead(token, ev)
@@ -86,3 +89,12 @@ class Reloads:
         self.due = None
         return ReloadRequested(None, f"reading the config took longer than "
                                      f"{RELOAD_TIMEOUT:g}s (a file on a hung network mount?)")
+
+
+def _serving_inputs(config: Config) -> tuple[tuple[str, str], ...]:
+    """What a launch from `config` would read from the key file and vllm.env_file now; ()
+    when unknown (a file mid-rotation): then not compared, the next launch reads it."""
+    try:
+        return command.file_inputs(config, command.read_api_key(config))
+    except Exception:  # any read problem is "unknown", never a failed reload
+        return ()
