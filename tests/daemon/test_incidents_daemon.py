@@ -207,7 +207,10 @@ def test_an_unwritable_state_directory_is_a_warning_and_the_restart_goes_on(
             assert _mount("-o", "remount,bind,ro", str(incidents))
         since, _ = d.arm()
         failed = d.wait_event("incident.failed", 20.0, since)
-        begin = d.wait_event("restart.begin", 1.0, since, reason="crash")
+        begin = d.wait_event("restart.begin", 1.0, since)
+        # The fake's API server exits 1 and its engine 0: whichever the daemon sees first
+        # names the restart (test_supervisor: crash or engine_died).
+        assert begin["reason"] in ("crash", "engine_died"), begin
         assert failed["error"] and ts_of(failed) >= ts_of(begin)
         # The ladder went on as soon as the failure came back, not at the core's deadline.
         d.wait_event("child.started", 10.0, d.events.index(failed))
@@ -287,8 +290,8 @@ def test_records_turned_on_by_a_reload_are_written_at_the_next_fault(daemon: Fac
     d.signal(signal.SIGHUP)
     d.wait_event("config.reloaded", 5.0, since)
     os.kill(ready["pid"], signal.SIGKILL)
-    event = d.wait_event("incident.recorded", 15.0, since, reason="crash")
-    assert record_of(d, event)["reason"] == "crash"
+    event = d.wait_event("incident.recorded", 15.0, since)
+    assert record_of(d, event)["reason"] in ("crash", "engine_died")
     ready = d.wait_ready(10.0, since=d.events.index(event))
     # ... and turned off again, none: the core decides at each restart.
     d.write_config(merge(d.config, {"incidents": {"enabled": False}}))
@@ -296,6 +299,6 @@ def test_records_turned_on_by_a_reload_are_written_at_the_next_fault(daemon: Fac
     d.signal(signal.SIGHUP)
     d.wait_event("config.reloaded", 5.0, again)
     os.kill(ready["pid"], signal.SIGKILL)
-    d.wait_event("restart.begin", 10.0, again, reason="crash")
+    d.wait_event("restart.begin", 10.0, again)
     d.wait_ready(10.0, since=again)
     assert not d.named("incident.recorded", again)

@@ -222,7 +222,8 @@ def test_engine_death_restarts_at_the_first_503_not_after_the_threshold(
 def test_a_dead_tp_worker_is_a_restart_at_the_next_probe(daemon: Factory) -> None:
     # Threshold 5 probes 0.5 s apart: waiting for it would take 2.5 s after /health fails.
     d = daemon(["--tensor-parallel-size", "2"], {"probe": {"failure_threshold": 5}})
-    root = psutil.Process(d.wait_ready()["pid"])
+    # Four interpreters start before READY: a loaded run took one past the default wait.
+    root = psutil.Process(d.wait_ready(30.0)["pid"])
     workers = wait_for(lambda: [p for p in root.children(recursive=True)
                                 if "--role worker" in " ".join(p.cmdline())], 10, "TP workers")
     since = d.mark()
