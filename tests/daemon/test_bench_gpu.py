@@ -215,3 +215,18 @@ def test_fork_or_spawn_is_told_by_the_memory_layout(method: str) -> None:
     finally:
         child.kill()
         child.join(10)
+
+
+def test_the_spare_phase_takes_its_faults_and_the_spare_off_from_the_environment() -> None:
+    """`SPARE_FAULTS=hang,gpu_leak SPARE_ENABLED=false bash $S drive spare`: the same run's
+    relaunches without the spare beside those with it (docs/GPU.md section 15)."""
+    from bench.gpu.phases.spare import FAULTS, choice
+
+    assert choice({}) == (None, True)
+    assert choice({"SPARE_FAULTS": " hang, gpu_leak ,engine_kill9",
+                   "SPARE_ENABLED": "False"}) == (("hang", "gpu_leak", "engine_kill9"), False)
+    assert choice({"SPARE_FAULTS": ",".join(FAULTS)}) == (FAULTS, True)
+    for bad in ({"SPARE_FAULTS": "hang,kill"}, {"SPARE_ENABLED": "off"}):
+        with pytest.raises(SystemExit) as e:
+            choice(bad)
+        assert "SPARE_" in str(e.value)

@@ -13,6 +13,9 @@
           answer after the fault (and after restart.begin); who served (/status `serving`,
           sampled at 10 Hz); what the clients saw. Greedy token ids of the full engine and of
           the spare while it serves. After the stop: nothing of either tree left.
+          SPARE_FAULTS (names from FAULTS, comma-separated) picks the faults;
+          SPARE_ENABLED=false runs the same with the spare off, for the same host's relaunch
+          and outage without it (`choice`).
 """
 
 from __future__ import annotations
@@ -45,9 +48,26 @@ EVENTS = ("restart.begin", "failover.begin", "failover.deferred", "failover.fail
           "failover.served", "gpu.released", "child.started", "child.ready",
           "failover.returned", "spare.rearmed")
 PROMPTS = ("The capital of France is", "def fibonacci(n):", "Once upon a time")
+KNOWN = frozenset(FAULTS)
+
+
+def choice(env: dict[str, str]) -> tuple[tuple[str, ...] | None, bool]:
+    """What a call asks of the phase beyond its defaults: SPARE_FAULTS (comma-separated names
+    from FAULTS, in order) and SPARE_ENABLED=false (the same run without the spare: the
+    relaunch and the gate's hold measured on the same host, docs/GPU.md section 15)."""
+    raw = env.get("SPARE_FAULTS", "").strip()
+    faults = tuple(f.strip() for f in raw.split(",") if f.strip()) if raw else None
+    bad = sorted(set(faults or ()) - KNOWN)
+    if bad:
+        raise SystemExit(f"SPARE_FAULTS: unknown {bad}; known: {sorted(KNOWN)}")
+    on = env.get("SPARE_ENABLED", "true").strip().lower()
+    if on not in ("true", "false"):
+        raise SystemExit(f"SPARE_ENABLED={on!r}: true or false")
+    return faults, on == "true"
 
 
 def spare(run: Run) -> None:
+    faults, enabled = choice(dict(os.environ))
     ensure_big(run)
     trigger = run.work / "spare.trigger"
     trigger.unlink(missing_ok=True)
@@ -57,8 +77,9 @@ def spare(run: Run) -> None:
                       shipped_probe=True, shipped_drain=True,
                       restart={"stable_after": f"{stable_after(run):.0f}s"},
                       tables={"gate": {"enabled": True, "listen": f"127.0.0.1:{gate_port}"},
-                              "spare": {"enabled": True}})
-    run.emit("spare", "start", gpu=run.wait_idle_gpu(), gate_port=gate_port)
+                              "spare": {"enabled": enabled}})
+    run.emit("spare", "start", gpu=run.wait_idle_gpu(), gate_port=gate_port,
+             spare_enabled=enabled, faults=faults or FAULTS)
     d = GpuDaemon(run, "spare", conf, "spare-vllmwatch.log")
     try:
         if not serving(d, "ready", gate_port, "q8b", timeout=600):
@@ -71,7 +92,7 @@ def spare(run: Run) -> None:
                  nvml=run.nv.snapshot())
         full_ids = [greedy_ids(gate_port, "q8b", p, 24) for p in PROMPTS]
         spare_ids: list[dict[str, Any]] = []
-        for i, what in enumerate(DRY_FAULTS if run.dry else FAULTS):
+        for i, what in enumerate(DRY_FAULTS if run.dry else faults or FAULTS):
             if run.left() < 100:
                 run.emit("spare", "skipped", fault=what, i=i, left_s=round(run.left()))
                 continue
