@@ -22,6 +22,7 @@ from vllmwatch.shell.effects import RealEffects
 from vllmwatch.shell.fleet import spread_config
 from vllmwatch.shell.logs import LogFn, setup
 from vllmwatch.shell.loop import Loop
+from vllmwatch.shell.memory import make_sampler
 from vllmwatch.shell.notify import SystemdNotifier
 from vllmwatch.status.server import StatusListenError, StatusServer
 from vllmwatch.status.snapshot import Snapshot
@@ -92,7 +93,13 @@ def _run(config: Config, log_format: str | None, env: dict[str, str], log: Switc
         fx.stop_order = live.gate.stop_order
         fx.gate_figures = live.gate.figures
     if considered:  # the plan, from this machine's facts; on or off and why
-        fx.spare = sparefx.make(config, env, fx.sampler, fx.platform.unified, log)
+        # Every GPU at the start for the planner (a reload may move vLLM to one that
+        # vllm.gpus does not name now); the launch's own sampler for the wake's figures.
+        machine = None if config.vllm.gpus is None or not config.vllm.uses_gpu else \
+            make_sampler(None, lambda *_a, **_k: None,
+                         unified=fx.platform.unified).sample(None, False)
+        fx.spare = sparefx.make(config, env, fx.sampler, fx.platform.unified, log,
+                                current=lambda: fx.sampler, machine=machine)
         live.spare_planned = fx.spare is not None  # else turning it on waits for a restart
         gate = live.gate
         spare = fx.spare

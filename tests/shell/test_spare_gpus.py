@@ -87,3 +87,29 @@ def test_the_spares_inputs_are_stable_and_a_rewritten_key_file_changes_only_the_
     assert fx.inputs(config) == fx.inputs(config) == built
     key.write_text("sk-second-key-9876543210\n")  # same path, new key
     assert changed(built, fx.inputs(config)) == "the API key changed"
+
+
+def test_after_a_move_the_spare_reads_the_sampler_of_the_launch_at_hand(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """vllmwatch started with vllm.gpus = [0] samples GPU 0 only; a reload moves vLLM to GPU 1
+    and the launch makes a sampler for it (RealEffects.spawn). The re-plan reads GPU 1's
+    total in the start's view of every GPU (`machine`), and the wake's free memory and the
+    spare's figure read the launch's sampler (`current`): before, the plan went off with
+    "the GPU's total memory is unknown (NVML not readable)" and no failover was tried."""
+    monkeypatch.setenv("STATE_DIRECTORY", str(tmp_path / "state"))
+    on0, on1 = _config(tmp_path, [0]), _config(tmp_path, [1])
+    nvml = FakeNvml([GPU0, GPU1])
+    now = {"sampler": make_sampler([0], LogCapture(), nvml=nvml)}
+    machine = make_sampler(None, LogCapture(), nvml=nvml).sample(None, False)
+    log = LogCapture()
+    fx = sparefx.make(on0, {"STATE_DIRECTORY": str(tmp_path / "state")}, now["sampler"],
+                      False, log, current=lambda: now["sampler"], machine=machine)
+    assert fx is not None
+    assert fx.tree._free() == pytest.approx(143771.0 - 100_000.0)
+    now["sampler"] = make_sampler([1], LogCapture(), nvml=nvml)  # the move's launch
+    fx.use(on1)
+    plans = log.named("spare.plan")
+    assert [p["on"] for p in plans] == [True, True], plans
+    assert plans[1]["serving_after"] == 0.78, plans[1]  # GPU 1's 80 GiB, 1 GiB used
+    assert fx.tree._free() == pytest.approx(81559.0 - 1_000.0)
+    assert fx.tree._gpu_of(set()) == 0.0  # GPU 1's processes are read: none of the spare's

@@ -9,7 +9,7 @@ from __future__ import annotations
 import glob
 import json
 import os
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import replace
 from typing import TYPE_CHECKING, Any
 
@@ -133,8 +133,13 @@ class Planner:
 
 
 def make(config: Config, environ: Mapping[str, str], sampler: MemorySampler, unified: bool,
-         log: LogFn) -> SpareFx | None:
-    """The plan, logged; a SpareFx when it is on."""
+         log: LogFn, current: Callable[[], MemorySampler] | None = None,
+         machine: MemorySample | None = None) -> SpareFx | None:
+    """The plan, logged; a SpareFx when it is on. `sampler` measures the start; `machine`
+    is every GPU at the start (a reload may move vLLM to a GPU the start's sampler does not
+    watch: its re-plan reads that GPU's total there); `current` gives the sampler of the
+    launch at hand (RealEffects makes a new one when a reload moves vLLM to other GPUs), so
+    the wake's free memory and the spare's figure are read on the GPUs sampled now."""
     instance = instance_id(config.path)
     path = socket_path(environ, instance)
     if path is None:
@@ -142,7 +147,7 @@ def make(config: Config, environ: Mapping[str, str], sampler: MemorySampler, uni
             "Unix socket (its dev-mode endpoints must not be reachable by other users)")
         return None
     sample = sampler.sample(None, False)
-    planner = Planner(facts(config, sample, unified, path), environ, log, sample)
+    planner = Planner(facts(config, sample, unified, path), environ, log, machine or sample)
     plan = planner.plan(config)
     if not plan.on:
         return None
@@ -151,8 +156,9 @@ def make(config: Config, environ: Mapping[str, str], sampler: MemorySampler, uni
 
     # Its free memory on the GPU of the config its SpareFx runs now (set at each build and
     # launch; `fx` is bound below, before anything calls this)
+    now = current or (lambda: sampler)
     tree = SpareTree(planner.command(config, plan), instance, log,
-                     lambda pids: _gpu_of(sampler, pids), lambda: free_mib(sampler, fx.config),
+                     lambda pids: _gpu_of(now(), pids), lambda: free_mib(now(), fx.config),
                      forward=config.log.child_lines)
     fx = SpareFx(config, plan, tree, log, planner=planner)
     return fx
