@@ -9,12 +9,13 @@ import socket
 import threading
 from collections.abc import Iterator
 from contextlib import contextmanager
-from typing import Any
+from typing import Any, ClassVar
 
 import pytest
 
-from tests.support import free_port
+from tests.support import free_port, wait_until
 from vllmwatch.config.schema import from_dict
+from vllmwatch.core.restart import Phase
 from vllmwatch.gate.runner import start_gate, upstream_of
 from vllmwatch.status.snapshot import Snapshot
 
@@ -89,3 +90,60 @@ def test_the_gate_reaches_an_ipv6_only_vllm_on_the_wildcard() -> None:
             conn.close()
         finally:
             gate.stop()
+
+
+class _Counting(_Answer):
+    seen: ClassVar[list[str]] = []
+
+    def do_POST(self) -> None:
+        _Counting.seen.append(self.path)
+        super().do_POST()
+
+
+@pytest.mark.parametrize("phase", [p.value for p in Phase if p is not Phase.IDLE])
+def test_nothing_new_goes_to_an_engine_once_its_restart_has_begun(phase: str) -> None:
+    """Whatever the rung and whatever the coarse state says (a crash's RECORDING keeps
+    "ready" while its engine is dead), a request that arrives once restart.begin is
+    published waits at the door and goes to the next engine only."""
+    srv = http.server.ThreadingHTTPServer(("127.0.0.1", 0), _Counting)
+    _Counting.seen = []
+    thread = threading.Thread(target=srv.serve_forever, daemon=True)
+    thread.start()
+    snap = {"now": Snapshot(state="ready", ready=True, child_pid=100, restart_phase=phase)}
+    reads = [0]  # the gate's looks at the snapshot: proof that it had its chance to send
+
+    def look() -> Snapshot:
+        reads[0] += 1
+        return snap["now"]
+
+    config = from_dict({"vllm": {"model": "m", "host": "127.0.0.1",
+                                 "port": int(srv.server_address[1])},
+                        "gate": {"enabled": True, "listen": f"127.0.0.1:{free_port()}"}})
+    gate = start_gate(config, lambda *_a, **_k: None, look)
+    assert gate is not None
+    answer: dict[str, Any] = {}
+
+    def client() -> None:
+        conn = http.client.HTTPConnection("127.0.0.1", gate.port, timeout=60)
+        conn.request("POST", "/v1/completions", b'{"prompt": "x"}',
+                     {"Content-Type": "application/json"})
+        resp = conn.getresponse()
+        answer["got"] = (resp.status, resp.read())
+        conn.close()
+
+    sender = threading.Thread(target=client, daemon=True)
+    try:
+        sender.start()
+        wait_until(lambda: gate.forwarder.stats.held == 1, 30, "the request held at the door")
+        seen = reads[0]
+        wait_until(lambda: reads[0] >= seen + 4, 30, "the door looked again, twice or more")
+        assert _Counting.seen == [] and "got" not in answer
+        snap["now"] = Snapshot(state="ready", ready=True, child_pid=101)  # the next engine
+        sender.join(30)
+        assert answer.get("got") == (200, b'{"choices": [{"text": "v6"}]}')
+        assert _Counting.seen == ["/v1/completions"]
+    finally:
+        gate.stop()
+        srv.shutdown()
+        srv.server_close()
+        thread.join(10)
