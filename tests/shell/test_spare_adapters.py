@@ -10,10 +10,9 @@ from typing import Any
 
 import pytest
 
-from tests.support import PYTHON, free_port
-from tests.support.models import sparse_8b
+from tests.support.models import spare_config
 from tests.support.tinylora import make
-from vllmwatch.config.schema import Config, from_dict
+from vllmwatch.config.schema import Config
 from vllmwatch.core.failover import changed
 from vllmwatch.shell import sparefx
 from vllmwatch.shell.memory import make_sampler
@@ -23,16 +22,7 @@ from vllmwatch.testing.world import LogCapture
 
 
 def _config(tmp: Path, adapters: list[dict[str, Any]]) -> Config:
-    model = tmp / "model"
-    return from_dict({
-        "vllm": {"command": [PYTHON, "-m", "vllmwatch.testing.fake_vllm"],
-                 "model": str(model) if model.is_dir() else sparse_8b(tmp, 2048),
-                 "port": free_port(), "gpus": [0], "args": {"max-model-len": 4096}},
-        "gate": {"enabled": True, "listen": f"127.0.0.1:{free_port()}"},
-        "spare": {"enabled": "true"},
-        "restart": {"standby": "false"},
-        "adapters": adapters,
-    }, path=str(tmp / "vllmwatch.toml"))
+    return spare_config(tmp, adapters=adapters)
 
 
 def _modules(argv: list[str]) -> list[str]:

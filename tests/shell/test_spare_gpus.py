@@ -10,9 +10,8 @@ from pathlib import Path
 
 import pytest
 
-from tests.support import PYTHON, free_port, merge
-from tests.support.models import sparse_8b
-from vllmwatch.config.schema import Config, from_dict
+from tests.support.models import spare_config
+from vllmwatch.config.schema import Config
 from vllmwatch.shell import sparefx
 from vllmwatch.shell.memory import make_sampler
 from vllmwatch.testing.fake_nvml import FakeGpu, FakeNvml
@@ -23,17 +22,7 @@ GPU1 = FakeGpu(name="NVIDIA H100", total_mib=81559.0, used_mib=1_000.0)
 
 
 def _config(tmp: Path, gpus: list[int]) -> Config:
-    model = tmp / "model"
-    base = {
-        "vllm": {"command": [PYTHON, "-m", "vllmwatch.testing.fake_vllm"],
-                 "model": str(model) if model.is_dir() else sparse_8b(tmp, 2048),
-                 "port": free_port(), "gpus": [0],
-                 "args": {"max-model-len": 4096}},
-        "gate": {"enabled": True, "listen": f"127.0.0.1:{free_port()}"},
-        "spare": {"enabled": "true"},
-        "restart": {"standby": "false"},
-    }
-    return from_dict(merge(base, {"vllm": {"gpus": gpus}}), path=str(tmp / "vllmwatch.toml"))
+    return spare_config(tmp, vllm={"gpus": gpus})
 
 
 def test_free_memory_release_figure_and_plan_read_the_current_configs_gpu(

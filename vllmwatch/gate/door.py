@@ -25,10 +25,16 @@ class Readiness(str, Enum):
         return self.value
 
 
-def readiness_of(state: str, ready: bool, draining: bool) -> Readiness:
-    """Map the daemon's snapshot fields to what the gate does with a new request."""
+def readiness_of(state: str, ready: bool, draining: bool,
+                 restart_phase: str = "idle") -> Readiness:
+    """Map the daemon's snapshot fields to what the gate does with a new request. Once
+    restart.begin is published (a rung other than idle) nothing new goes to the engine that
+    is going, whatever the coarse state says: a crash's RECORDING rung keeps "ready" while
+    its engine is dead (on the H200 a replay sent there failed again and was answered 502)."""
     if state in ("stopped", "failed"):
         return Readiness.CLOSED
+    if restart_phase != "idle":
+        return Readiness.HOLD
     return Readiness.OPEN if ready and not draining else Readiness.HOLD
 
 

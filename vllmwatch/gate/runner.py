@@ -306,12 +306,7 @@ def start_gate(config: Config, log: LogFn, get_snapshot: Callable[[], Snapshot],
         snap = get_snapshot()
         if snap.serving == "spare":  # proven awake (issue 34): new and held requests go
             return Readiness.OPEN
-        if snap.restart_phase != "idle":
-            # restart.begin is published: nothing new goes to the engine that is going. A
-            # crash's RECORDING rung keeps the coarse state "ready" while its engine is dead
-            # (on the H200 a replay sent there then failed again and was answered 502).
-            return Readiness.HOLD
-        return readiness_of(snap.state, snap.ready, snap.draining)
+        return readiness_of(snap.state, snap.ready, snap.draining, snap.restart_phase)
 
     def failed(error: str) -> None:
         log("error", "gate.failed", error=error, listen=g.listen,
