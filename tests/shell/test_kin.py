@@ -6,10 +6,15 @@ from __future__ import annotations
 import contextlib
 import os
 import signal
+import socket
 import subprocess
 import sys
 import textwrap
+import threading
 from pathlib import Path
+
+import psutil
+import pytest
 
 from tests.support import REPO, wait_for
 from vllmwatch.shell import child
@@ -53,3 +58,31 @@ def test_a_sweep_never_takes_its_own_line(tmp_path: Path) -> None:
                          capture_output=True, text=True, timeout=60)
     assert out.returncode == 0, out.stderr
     assert out.stdout.strip() == "False"
+
+
+def test_a_foreign_vllm_is_named_as_it_was_seen(tmp_path: Path,
+                                                 monkeypatch: pytest.MonkeyPatch) -> None:
+    """The sweep waits up to `grace` for a busy port; a foreign vLLM that ends meanwhile is
+    still named by its command line, read when it was found (not 'pid N' alone)."""
+    monkeypatch.setenv("STATE_DIRECTORY", str(tmp_path))
+    go = tmp_path / "go"
+    script = ("import os, sys, time\nwhile not os.path.exists(sys.argv[1]): time.sleep(0.05)")
+    foreign = subprocess.Popen([sys.executable, "-c", script, str(go), "vllm serve", "tiny"],
+                               start_new_session=True)
+    with socket.socket() as busy:  # the port the sweep waits on stays held throughout
+        busy.bind(("127.0.0.1", 0))
+        busy.listen()
+        port = busy.getsockname()[1]
+        try:
+            wait_for(lambda: "vllm serve" in " ".join(psutil.Process(foreign.pid).cmdline()),
+                     10, "the foreign vLLM started")
+            timer = threading.Timer(0.5, go.touch)  # it ends while the sweep waits on the port
+            timer.start()
+            done = child.sweep(None, f"foreign{os.getpid()}", "127.0.0.1", port, grace=3.0)
+            timer.join()
+        finally:
+            foreign.kill()
+            foreign.wait()
+    [seen] = [d for d in done.foreign_vllm if d.split(" (")[0] == f"pid {foreign.pid}"]
+    assert seen.startswith(f"pid {foreign.pid} ({sys.executable} -c import"), done.foreign_vllm
+    assert done.port_holder is not None and not done.killed

@@ -262,6 +262,9 @@ def sweep(pgid: int | None, marker: str, host: str, port: int, grace: float = 5.
     their own when the API server is gone; give them that long before calling them leftovers.
     """
     ours, foreign = find_tree(pgid, marker, log, exempt, adopt)
+    # Read now: the port wait below can take `grace` seconds, and a process that ends in
+    # between would be named by its pid alone.
+    foreign_what = tuple(describe(p) for p in foreign)
     stragglers = _wait_gone(ours, settle) if settle > 0 else ours
     what = dict(zip(stragglers, kin.describe_all(stragglers), strict=True))  # while alive
     for proc in stragglers:
@@ -279,7 +282,7 @@ def sweep(pgid: int | None, marker: str, host: str, port: int, grace: float = 5.
             break
         time.sleep(0.2)
     return SweepDone(killed=killed, remaining=tuple(p.pid for p in alive), port_holder=holder,
-                     foreign_vllm=tuple(describe(p) for p in foreign),
+                     foreign_vllm=foreign_what,
                      killed_what=tuple(what[p] for p in stragglers if p not in alive))
 
 
