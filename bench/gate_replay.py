@@ -4,7 +4,8 @@
 
 One fake vLLM (vllmwatch.testing.fake_vllm) and one Gate in this process in front of it; one
 client sends --requests completions (and a tenth as many streamed ones: time to the first
-chunk) back to back through the gate, in runs that alternate replay on / off, --runs each.
+chunk) back to back through the gate, in runs that alternate replay on / off (the order swapped
+each round), --runs each.
 The fake answers in about a millisecond, so what is measured is mostly the gate itself.
 Prints one JSON object: per setting, each run's p50/p99 in ms and the spread over the runs.
 """
@@ -96,15 +97,18 @@ def main() -> int:
                 time.sleep(0.2)
         time.sleep(1.0)  # the fake's engine is up
         gate.start()
-        for _ in range(a.runs):
-            for setting in ("on", "off"):
+        for i in range(a.runs):
+            # The order swaps each round (on/off, off/on, ...): a warm-up or a neighbour's
+            # load that favours whichever runs second falls on both settings alike.
+            for setting in (("on", "off") if i % 2 == 0 else ("off", "on")):
                 gate.forwarder.replay = setting == "on"
                 results[setting].append(run(gate.port, a.requests))
     finally:
         gate.stop()
         os.killpg(fake.pid, signal.SIGKILL)
         fake.wait(10)
-    out: dict[str, Any] = {"runs": a.runs, "requests": a.requests, "loop": gate.loop}
+    out: dict[str, Any] = {"runs": a.runs, "requests": a.requests, "loop": gate.loop,
+                           "order": "on/off, then off/on, alternating by round"}
     for setting, rows in results.items():
         summary = {}
         for key in rows[0]:
