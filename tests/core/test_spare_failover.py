@@ -157,6 +157,24 @@ class SpareWorld(CoreMachine):
         assert not builds or (stops and stops[-1] > builds[-1]), "the spare outlived the exit"
 
     @invariant()
+    def the_first_start_waits_only_on_a_build_under_way(self) -> None:
+        """On Phase.SPARE_BUILD the full engine waits for the spare's answer: a spare no
+        longer building (stopped, failed for good, turned off by a reload) must have let it
+        launch, else the daemon waits forever (EXTEND_TIMEOUT keeps systemd waiting too)."""
+        t = self.s.spare
+        if self.s.restart.phase == Phase.SPARE_BUILD and self.s.exit_code is None:
+            assert t is not None and t.rung == R.BUILDING, f"first start stuck: {t}"
+
+    @invariant()
+    def never_two_engines_start_side_by_side(self) -> None:
+        """A spare builds only on the empty GPU (the first start) or beside a serving
+        engine that is not being restarted: a restart stops a rebuild under way."""
+        t = self.s.spare
+        if t is not None and t.rung == R.BUILDING and self.s.exit_code is None:
+            assert self.s.restart.phase in (Phase.IDLE, Phase.SPARE_BUILD), \
+                f"the spare builds while the full engine is on {self.s.restart.phase}"
+
+    @invariant()
     def the_spare_rung_is_in_its_table(self) -> None:
         t = self.s.spare
         assert t is not None and t.rung in TABLE
@@ -460,3 +478,81 @@ def test_spare_enabled_false_turns_it_off_and_a_later_reload_back_on() -> None:
     assert [a for a in m.history if isinstance(a, StopSpare)]
     m._step(ReloadRequested(CONFIG))
     assert _rung(m) == R.BUILDING
+
+
+def _first_build_out() -> SpareWorld:
+    m = SpareWorld()
+    m._step(ReloadRequested(CONFIG))  # starts the world: the first build is out
+    for _ in range(10):
+        if m.spare_out:
+            break
+        m.world_is_kind(1) if m.outstanding else m.time_passes(1.0)
+    assert _rung(m) == R.BUILDING and m.s.restart.phase == Phase.SPARE_BUILD
+    return m
+
+
+@pytest.mark.parametrize("answer", ["failed", "built", "never"])
+def test_spare_enabled_false_during_the_first_build_launches_the_full_engine(
+        answer: str) -> None:
+    """The reload turns the spare off while the first start waits on its build: the full
+    engine launches at once (not when, or if, the stopped build answers), and the build's
+    late answer changes nothing."""
+    m = _first_build_out()
+    build = m.s.spare.build if m.s.spare else 0
+    mark = len(m.history)
+    m._step(ReloadRequested(SPARE_OFF))
+    acts = m.history[mark:]
+    assert _index(acts, StopSpare) < _index(acts, Spawn)
+    assert m.s.restart.phase == Phase.LAUNCHING and _rung(m) == R.OFF
+    assert m.s.spare is not None and "enabled = false" in m.s.spare.why
+    if answer != "never":
+        late = SpareBuilt(answer == "built", "" if answer == "built" else "stopped", 7001,
+                          27202.0, 1932.0, build=build)
+        m.spare_answers(BuildSpare, late)
+    _ready(m)
+    assert _rung(m) == R.OFF and sum(isinstance(a, Spawn) for a in m.history) == 1
+
+
+@pytest.mark.parametrize("fault", ["crash", "sigusr1"])
+def test_a_restart_during_the_spares_rebuild_stops_it_and_builds_it_at_the_next_ready(
+        fault: str) -> None:
+    """The spare died asleep and is rebuilt beside the READY engine; the serving engine
+    fails meanwhile: the rebuild stops before the relaunch (never two engines starting side
+    by side), restart.begin says so, and the spare is built again at the next READY."""
+    m = _armed()
+    assert m.s.spare is not None and m.s.spare.pid is not None
+    m._step(SpareExited(m.s.spare.pid, "SIGKILL"))
+    assert _rung(m) == R.BUILDING
+    build = m.s.spare.build
+    mark = len(m.history)
+    if fault == "crash":
+        _crash(m)
+    else:
+        m._step(ladder_sigusr1())
+    acts = m.history[mark:]
+    assert _rung(m) == R.DOWN and [a for a in acts if isinstance(a, StopSpare)]
+    begin = _logs(acts, "restart.begin")
+    assert begin and "being rebuilt" in str(begin[0].fields["failover"])
+    # the stopped build's own answer comes in late: nothing of it may stay
+    m.spare_answers(BuildSpare, SpareBuilt(False, "exited during its start", build=build))
+    mark = len(m.history)
+    _ready(m)
+    acts = m.history[mark:]
+    assert _index(acts, Spawn) < _index(acts, BuildSpare)
+    assert _rung(m) == R.ASLEEP and m.s.spare.build > build
+
+
+def ladder_sigusr1() -> Event:
+    from vllmwatch.core.events import RestartRequested
+
+    return RestartRequested()
+
+
+def test_a_spare_turned_back_on_forgets_why_it_was_off() -> None:
+    m = _armed()
+    m._step(ReloadRequested(SPARE_OFF))
+    assert m.s.spare is not None and "enabled = false" in m.s.spare.why
+    m._step(ReloadRequested(CONFIG))
+    assert _rung(m) == R.BUILDING and m.s.spare.why == ""
+    m.spare_answers(BuildSpare, m.kind_spare(BuildSpare(1.0)))
+    assert _rung(m) == R.ASLEEP and m.s.spare.why == ""

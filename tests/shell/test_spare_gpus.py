@@ -87,7 +87,7 @@ def test_after_a_move_the_spare_reads_the_sampler_of_the_launch_at_hand(
     "the GPU's total memory is unknown (NVML not readable)" and no failover was tried."""
     monkeypatch.setenv("STATE_DIRECTORY", str(tmp_path / "state"))
     on0, on1 = _config(tmp_path, [0]), _config(tmp_path, [1])
-    nvml = FakeNvml([GPU0, GPU1])
+    nvml = FakeNvml([GPU0, dataclasses.replace(GPU1, procs={4242: 1_000.0})])
     now = {"sampler": make_sampler([0], LogCapture(), nvml=nvml)}
     machine = make_sampler(None, LogCapture(), nvml=nvml).sample(None, False)
     log = LogCapture()
@@ -101,4 +101,18 @@ def test_after_a_move_the_spare_reads_the_sampler_of_the_launch_at_hand(
     assert [p["on"] for p in plans] == [True, True], plans
     assert plans[1]["serving_after"] == 0.78, plans[1]  # GPU 1's 80 GiB, 1 GiB used
     assert fx.tree._free() == pytest.approx(81559.0 - 1_000.0)
-    assert fx.tree._gpu_of(set()) == 0.0  # GPU 1's processes are read: none of the spare's
+    assert fx.tree._gpu_of({4242}) == 1_000.0  # GPU 1's processes are read
+    assert fx.tree._gpu_of(set()) is None  # none of them the spare's: unknown, never 0
+
+
+def test_the_spares_figure_is_unknown_unless_nvml_gives_every_process_of_it() -> None:
+    """A 0 for a process NVML does not list, or lists without its memory, would pass the
+    wake's room check with no room: the figure is None (unknown) then, and the wake says no."""
+    from vllmwatch.core.failover import room
+
+    nvml = FakeNvml([dataclasses.replace(GPU1, procs={10: 2_000.0, 11: None, 12: 500.0})])
+    sampler = make_sampler([0], LogCapture(), nvml=nvml)
+    assert sparefx._gpu_of(sampler, {10, 12}) == 2_500.0
+    assert sparefx._gpu_of(sampler, {10, 11}) is None, "one figure missing: unknown"
+    assert sparefx._gpu_of(sampler, {99}) is None, "not listed: unknown"
+    assert not room(80_000.0, sparefx._gpu_of(sampler, {99}), None)[0]

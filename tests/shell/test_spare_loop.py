@@ -13,6 +13,7 @@ tests/shell/test_gate_spare_route.
 
 from __future__ import annotations
 
+import dataclasses
 import os
 import signal
 import threading
@@ -48,14 +49,16 @@ def _model(tmp: Path) -> str:
     return sparse_8b(tmp, WEIGHTS_MIB)
 
 
-def _config(tmp: Path) -> Config:
+def _config(tmp: Path, hold: bool = False) -> Config:
+    """`hold`: every engine's start (the spare's too) lasts until the file `go` exists."""
     script = tmp / "vllm"
     script.write_text(SCRIPT.format(python=PYTHON))
     script.chmod(0o755)
+    held = ["--hold-start-until", str(tmp / "go")] if hold else []
     return from_dict({
         "vllm": {"command": [str(script), "--startup-seconds", "0.3", "--fake-weights-mib",
                              str(WEIGHTS_MIB), "--wake-fail-if", str(tmp / "wake-fails"),
-                             "--wake-hang-if", str(tmp / "wake-hangs")],
+                             "--wake-hang-if", str(tmp / "wake-hangs"), *held],
                  "model": _model(tmp),
                  "port": free_port(), "gpus": [0], "args": {"max-model-len": 4096}},
         "gate": {"enabled": True, "listen": f"127.0.0.1:{free_port()}"},
@@ -66,14 +69,19 @@ def _config(tmp: Path) -> Config:
 
 
 @pytest.fixture
-def world(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Iterator[dict[str, Any]]:
+def world(tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
+          request: pytest.FixtureRequest) -> Iterator[dict[str, Any]]:
+    """`request.param` (indirect): {"hold": True} holds every engine's start until the file
+    `go` exists; {"figures": False} is an NVML that lists processes without their memory."""
+    opts: dict[str, bool] = getattr(request, "param", {})
     ledger = fake_gpu.create(str(tmp_path / "gpu"))
     env = {**os.environ, "PYTHONPATH": str(REPO), fake_gpu.ENV: ledger,
            "STATE_DIRECTORY": str(tmp_path / "state")}
     monkeypatch.setenv("STATE_DIRECTORY", env["STATE_DIRECTORY"])
-    config = _config(tmp_path)
+    config = _config(tmp_path, hold=opts.get("hold", False))
     log = LogCapture()
-    sampler = make_sampler([0], log, nvml=FakeNvml([FakeGpu(used_mib=0.0, ledger=ledger)]))
+    sampler = make_sampler([0], log, nvml=FakeNvml([FakeGpu(
+        used_mib=0.0, ledger=ledger, figures=opts.get("figures", True))]))
     spare = sparefx.make(config, env, sampler, False, log)
     assert spare is not None, log.named("spare.plan")
     fx = RealEffects(config, log, FakeNotifier(), env, sampler=sampler,
@@ -265,4 +273,76 @@ def test_the_spare_dying_while_it_serves_routes_back_and_is_rebuilt(
     wait_until(lambda: len(log.named("spare.ready")) == 2, WAIT, "the spare rebuilt")
     _ready(world)
     assert [f["to"] for f in log.named("gate.route")] == ["spare", "full"]
+    _stop_and_nothing_left(world)
+
+
+@pytest.mark.parametrize("world", [{"hold": True}], indirect=True)
+def test_spare_turned_off_by_sighup_during_the_first_build_launches_the_full_engine(
+        world: dict[str, Any]) -> None:
+    """The first start waits on the spare's build; a reload with spare.enabled = false stops
+    the build, and the full engine launches at once (before, nothing launched: the daemon
+    waited for an answer that never moved it, and systemd for READY=1)."""
+    loop: Loop = world["loop"]
+    log: LogCapture = world["log"]
+    spare: sparerun.SpareFx = world["spare"]
+    wait_until(lambda: _state(loop) == ("prewarming", "spare_build", "building")
+               and spare.tree.pid is not None, WAIT, "the first build under way")
+    off = dataclasses.replace(loop.state.config, spare=dataclasses.replace(
+        loop.state.config.spare, enabled="false"))
+    loop.post(ReloadRequested(off))
+    wait_until(lambda: log.named("child.started"), WAIT, "the full engine launched")
+    assert not (world["tmp"] / "go").exists(), "launched while the build was still held"
+    assert log.named("spare.stopped"), "the build's tree was stopped"
+    (world["tmp"] / "go").touch()
+    wait_until(lambda: _state(loop) == ("ready", "idle", "off"), WAIT, "READY, spare off")
+    child = loop.state.child
+    assert child is not None and child.pid is not None
+    argv = psutil.Process(child.pid).cmdline()
+    assert "--gpu-memory-utilization" not in argv, "the operator's setting, not the plan's"
+    assert not log.named("spare.ready")
+    _stop_and_nothing_left(world)
+
+
+@pytest.mark.parametrize("world", [{"hold": True}], indirect=True)
+def test_a_crash_during_the_spares_rebuild_stops_it_before_the_relaunch(
+        world: dict[str, Any]) -> None:
+    """The spare died asleep and is rebuilt beside the READY engine; the serving engine
+    crashes meanwhile: the rebuild is stopped before the relaunch (never two engines
+    starting side by side) and built again at the relaunch's READY."""
+    log: LogCapture = world["log"]
+    spare: sparerun.SpareFx = world["spare"]
+    (world["tmp"] / "go").touch()
+    pid = _ready(world)
+    (world["tmp"] / "go").unlink()  # the rebuild's start holds from here
+    assert spare.tree.pid is not None
+    os.killpg(spare.tree.pid, signal.SIGKILL)
+    wait_until(lambda: _state(world["loop"])[2] == "building" and spare.tree.pid is not None,
+               WAIT, "the rebuild under way")
+    mark = len(log.got)
+    os.killpg(pid, signal.SIGKILL)
+    wait_until(lambda: [e for e, _ in log.got[mark:] if e == "child.started"], WAIT,
+               "the relaunch")
+    after = [e for e, _ in log.got[mark:]]
+    assert "spare.stopped" in after and after.index("spare.stopped") < after.index(
+        "child.started"), after
+    begin = next(f for e, f in log.got[mark:] if e == "restart.begin")
+    assert "being rebuilt" in begin["failover"]
+    (world["tmp"] / "go").touch()
+    wait_until(lambda: len(log.named("spare.ready")) == 2, WAIT, "built again at READY")
+    _ready(world)
+    _stop_and_nothing_left(world)
+
+
+@pytest.mark.parametrize("world", [{"figures": False}], indirect=True)
+def test_a_spare_nvml_cannot_measure_is_turned_off_and_the_full_engine_serves(
+        world: dict[str, Any]) -> None:
+    """NVML lists the spare's processes without their memory: its footprint is unknown, so
+    no wake could be proven to fit. Its builds fail saying so (never an armed spare whose
+    room check passes on a 0), it is turned off, and the full engine serves."""
+    loop: Loop = world["loop"]
+    log: LogCapture = world["log"]
+    wait_until(lambda: _state(loop) == ("ready", "idle", "off"), WAIT, "READY, spare off")
+    failed = log.named("spare.build_failed")
+    assert failed and all("NVML gives no GPU memory" in f["detail"] for f in failed), failed
+    assert log.named("spare.off") and not log.named("spare.ready")
     _stop_and_nothing_left(world)

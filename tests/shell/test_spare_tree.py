@@ -150,3 +150,26 @@ def test_a_build_after_a_reload_runs_the_new_command_in_a_tmpdir_of_its_own(
     spare.do(BuildSpare(0.2), posted.append, off)
     assert t.pid is None and posted and isinstance(posted[0], SpareBuilt)
     assert not posted[0].ok and "off" in posted[0].detail
+
+
+@pytest.mark.parametrize("argv,env", [
+    (["/nonexistent/vllm", "serve"], {}),  # FileNotFoundError
+    ([PYTHON, "-c", SPARE], {"BAD": "a\0b"}),  # ValueError: embedded null byte
+], ids=["no-executable", "bad-env"])
+def test_a_spare_that_cannot_start_is_a_failed_build_not_the_daemons_crash(
+        tmp_path: Path, argv: list[str], env: dict[str, str]) -> None:
+    """Popen raising on the loop's thread took the daemon down (daemon.crashed, the serving
+    tree killed): it is a failed build like any other, answered once, nothing left."""
+    log = LogCapture()
+    cmd = SpareCommand(argv, env, str(tmp_path / "s.sock"), "m", own_tmpdir=True)
+    t = SpareTree(cmd, "0123456789abcdef", log, lambda _: None, lambda: None)
+    config = from_dict({"vllm": {"command": ["vllm", "serve"], "model": "m", "gpus": []}},
+                       path=str(tmp_path / "vllmwatch.toml"))
+    fx = SpareFx(config, SparePlan(on=True, reason="test"), t, LogCapture())
+    posted: list[Event] = []
+    fx.do(BuildSpare(5.0, 3), posted.append)
+    assert len(posted) == 1 and isinstance(posted[0], SpareBuilt), posted
+    assert not posted[0].ok and posted[0].build == 3
+    assert "its start:" in posted[0].detail
+    assert t.pid is None and t.tmpdir is None, "nothing of the attempt stays"
+    assert log.named("spare.stopped")

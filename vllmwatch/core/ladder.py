@@ -68,7 +68,24 @@ def spare_event(s: WatchState, ev: Event, now: float) -> Result:
     from vllmwatch.core import spare
 
     s, acts, go = spare.event(s, ev, now)
-    if go and on(s, Phase.SPARE_BUILD) and s.exit_code is None:
+    if go or _build_given_up(s):
+        return _first_launch(s, acts, now)
+    return s, acts
+
+
+def _build_given_up(s: WatchState) -> bool:
+    """The first start waits on the spare's build (Phase.SPARE_BUILD) only while it is
+    building: a build stopped, failed for good or turned off by a reload leaves the full
+    engine to launch now (else the daemon would wait for an answer that never comes)."""
+    if not on(s, Phase.SPARE_BUILD):
+        return False
+    from vllmwatch.core import spare  # on this rung the spare is on
+
+    return not spare.building(s)
+
+
+def _first_launch(s: WatchState, acts: list[Action], now: float) -> Result:
+    if on(s, Phase.SPARE_BUILD) and s.exit_code is None:
         s, more = spawn(s, now)
         return s, acts + more
     return s, acts
@@ -89,7 +106,8 @@ def spare_reloaded(s: WatchState, now: float, changed: str = "",
         return s, []
     from vllmwatch.core import spare
 
-    return spare.reloaded(s, now, changed, inputs)
+    s, acts = spare.reloaded(s, now, changed, inputs)
+    return _first_launch(s, acts, now) if _build_given_up(s) else (s, acts)
 
 
 def halt(s: WatchState, now: float, reason: Reason, detail: str,

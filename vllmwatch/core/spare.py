@@ -53,6 +53,11 @@ def _full_ready(s: WatchState) -> bool:
     return s.state == S.READY and on(s, Phase.IDLE) and s.exit_code is None
 
 
+def building(s: WatchState) -> bool:
+    """Whether a build of the spare is under way (its answer is awaited)."""
+    return s.spare is not None and s.spare.rung == R.BUILDING
+
+
 def build_first(s: WatchState, now: float) -> Result | None:
     """Before the first launch: the spare is built on the empty GPU, reaches its canary and
     sleeps; the full engine starts after it (SpareBuilt). None: not wanted here."""
@@ -72,6 +77,15 @@ def restart_begins(s: WatchState, now: float, reason: Reason) -> tuple[WatchStat
     """A restart begins: wake the spare at once (before the record and the take-down) when
     it is armed and the GPU stays usable. The text is restart.begin's `failover` field."""
     t = _t(s)
+    if t.rung == R.BUILDING and not on(s, Phase.SPARE_BUILD):
+        # A rebuild beside the serving engine: it goes, and is built again at the relaunch's
+        # READY. Never two engines starting side by side (the relaunch's startup plan and
+        # CUDA graphs would measure a GPU the half-built spare moves under them).
+        why = f"restart ({reason}) during its rebuild: built again at the next READY"
+        t, acts = move(replace(t, pid=None, stale="", began=None, late=False), R.DOWN, now,
+                       why)
+        return replace(s, spare=t), [*acts, StopSpare(why)], \
+            "none: the spare was being rebuilt (stopped; built again at the next READY)"
     yes, words = fails_over(t, reason)
     if not yes:
         return s, [], words
@@ -145,8 +159,8 @@ def reloaded(s: WatchState, now: float, changed: str = "", inputs: Inputs = ()) 
         back: list[Action] = [Route("full")] if _t(s).rung == R.SERVING else []
         return _set(s, t, [*back, *acts, StopSpare(why)])
     if not t.wanted and t.rung == R.OFF:
-        t, acts = move(replace(t, wanted=True, failed_builds=0, stale=""), R.DOWN, now,
-                       "config reloaded")
+        t, acts = move(replace(t, wanted=True, failed_builds=0, stale="", why=""), R.DOWN,
+                       now, "config reloaded")
         if _full_ready(s):
             s, more = _rebuild(s, t, now, "config reloaded")
             return s, acts + more

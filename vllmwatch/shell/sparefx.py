@@ -165,10 +165,16 @@ def make(config: Config, environ: Mapping[str, str], sampler: MemorySampler, uni
 
 
 def _gpu_of(sampler: MemorySampler, pids: set[int]) -> float | None:
+    """The spare tree's GPU memory from NVML's per-process figures; None (unknown) when NVML
+    lists none of its processes or gives one without its figure: a 0 there would pass the
+    wake's room check with no room and under-count the release gate's spare."""
     procs = sampler.gpu_processes()
     if procs is None:
         return None
-    return sum(p.used_mib or 0.0 for p in procs if p.pid in pids)
+    mine = [p.used_mib for p in procs if p.pid in pids]
+    if not mine or any(mib is None for mib in mine):
+        return None
+    return sum(mib for mib in mine if mib is not None)
 
 
 def free_mib(sampler: MemorySampler, config: Config) -> float | None:

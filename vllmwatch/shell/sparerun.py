@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+import subprocess
 import threading
 import time
 from collections.abc import Callable, Sequence
@@ -159,7 +160,15 @@ class SpareFx:
             if not self._prepare(config, post, action.build):
                 return
             self.tree.build_no = action.build
-            self.tree.start()
+            try:
+                self.tree.start()
+            except (OSError, ValueError, subprocess.SubprocessError) as exc:
+                # No executable, no memory for a fork, a bad env value: a failed build like
+                # any other (counted against spare.retries), never the daemon's crash
+                self.tree.stop(f"its start failed: {type(exc).__name__}")
+                post(SpareBuilt(False, f"its start: {type(exc).__name__}: {exc}",
+                                build=action.build))
+                return
             ran, n = digest(self.tree.cmd), action.build
             self._run(lambda: replace(self.tree.build(action.timeout), inputs=ran, build=n),
                       post, lambda e: SpareBuilt(False, e, build=n))

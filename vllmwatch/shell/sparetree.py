@@ -43,6 +43,11 @@ TITLE_PREFIX = "VLLMWATCH::spare"
 POLL = 0.05
 STOP_GRACE = 5.0
 OUTPUT_TAIL = 30  # the spare's last lines kept, for a failed build's detail
+# A spare whose footprint NVML cannot give (no per-process figures: e.g. a container that does
+# not share the host's PID namespace) could never be woken safely: its build fails, saying so.
+UNMEASURED = ("NVML gives no GPU memory for the spare's processes, so no wake could be "
+              "proven to fit (a container without the host's PID namespace?): run vllmwatch "
+              "where nvidia-smi lists vLLM's processes, or set spare.enabled = false")
 
 
 class _Uds(http.client.HTTPConnection):
@@ -261,6 +266,8 @@ class SpareTree:
         if err:
             return SpareBuilt(False, err)
         self.awake_mib = self.memory_mib()
+        if not self.awake_mib:  # None or 0: no wake could ever be proven to fit
+            return SpareBuilt(False, UNMEASURED)
         status, body = call(self.cmd.socket_path, "POST", "/sleep?level=1",
                             timeout=max(1.0, deadline - time.monotonic()))
         if status != 200:
@@ -268,6 +275,8 @@ class SpareTree:
         if not self._until(deadline, lambda: self._sleeping() is True):
             return SpareBuilt(False, "/is_sleeping never said true")
         self.asleep_mib = self.memory_mib()
+        if self.asleep_mib is None:
+            return SpareBuilt(False, UNMEASURED)
         return SpareBuilt(True, "", self.pid, self.awake_mib, self.asleep_mib)
 
     def wake(self, timeout: float) -> SpareWoken:

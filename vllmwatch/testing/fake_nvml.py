@@ -83,6 +83,9 @@ class FakeGpu:
     # A fake_gpu ledger directory: the device's total and used memory, and its processes,
     # come from what the fake vLLMs write there (the spare's sleep and wake, issue 34).
     ledger: str | None = None
+    # False: NVML lists the processes but not their memory (usedGpuMemory None, as in a
+    # container that does not share the host's PID namespace)
+    figures: bool = True
 
 
 class FakeNvml:  # method names are pynvml's (camelCase)
@@ -154,9 +157,9 @@ class FakeNvml:  # method names are pynvml's (camelCase)
     def nvmlDeviceGetComputeRunningProcesses(self, handle: int) -> list[Any]:
         self._enter("nvmlDeviceGetComputeRunningProcesses", handle)
         gpu = self.gpus[handle]
-        if gpu.ledger is not None:
-            return _procs({**gpu.procs, **fake_gpu.processes(gpu.ledger)})
-        return _procs(gpu.procs)
+        table = {**gpu.procs, **fake_gpu.processes(gpu.ledger)} if gpu.ledger is not None \
+            else gpu.procs
+        return _procs(table if gpu.figures else dict.fromkeys(table))
 
     def nvmlDeviceGetGraphicsRunningProcesses(self, handle: int) -> list[Any]:
         self._enter("nvmlDeviceGetGraphicsRunningProcesses", handle)
