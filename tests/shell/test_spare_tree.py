@@ -173,3 +173,86 @@ def test_a_spare_that_cannot_start_is_a_failed_build_not_the_daemons_crash(
     assert "its start:" in posted[0].detail
     assert t.pid is None and t.tmpdir is None, "nothing of the attempt stays"
     assert log.named("spare.stopped")
+
+
+ORPHANING = ("import subprocess, sys, time\n"
+             "kid = subprocess.Popen([sys.executable, '-c', 'import time; time.sleep(600)'],"
+             " env={})\n"
+             "print('INFO engine', kid.pid, flush=True)\n"
+             "time.sleep(600)\n")
+
+
+def test_an_engine_that_outlived_the_spares_api_server_goes_at_the_stop(
+        tmp_path: Path) -> None:
+    """The spare's API server dies alone (reaped by poll()); its EngineCore lives on without
+    the marker (vLLM's title overwrites the environment, played here by an empty one). The
+    stop that follows must still find it by the tree's group: nothing of the spare stays."""
+    log = LogCapture()
+    cmd = SpareCommand([PYTHON, "-c", ORPHANING], {}, str(tmp_path / "s.sock"), "m")
+    t = SpareTree(cmd, "0123456789abcdef", log, lambda _: None, lambda: None)
+    engine: psutil.Process | None = None
+    try:
+        t.start()
+        api = t.pid
+        assert api is not None
+        kids = wait_for(lambda: psutil.Process(api).children(), 30.0, "the engine started")
+        engine = kids[0]
+        os.kill(api, 9)  # the API server alone: its engine stays, in its group
+        gone = wait_for(t.poll, 30.0, "the API server reaped")
+        assert gone.pid == api and t.pid is None
+        assert engine.is_running()
+        t.stop("died: signal SIGKILL")
+        assert engine.wait(10.0) is not None or not engine.is_running()
+        stopped = log.named("spare.stopped")[-1]
+        assert engine.pid in stopped["leftovers_killed"], stopped
+    finally:
+        if engine is not None and engine.is_running():
+            engine.kill()
+        t.stop("test ends")
+
+
+@pytest.mark.parametrize("kill_stale", [True, False])
+def test_a_spare_left_by_a_killed_vllmwatch_is_swept_at_the_next_start(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch, kill_stale: bool) -> None:
+    """vllmwatch was SIGKILLed with its spare asleep: the spare (API server and an engine
+    that lost the marker) holds GPU memory and its socket. The next start's first sweep
+    kills it (restart.kill_stale) or names it, and only at the start: a later sweep never
+    touches the spare of this daemon."""
+    from tests.support import free_port
+    from vllmwatch.core.actions import Sweep
+    from vllmwatch.core.unified import Platform
+    from vllmwatch.shell.effects import RealEffects
+    from vllmwatch.shell.sparetree import marker_of
+    from vllmwatch.testing import FakeNotifier
+
+    monkeypatch.setenv("STATE_DIRECTORY", str(tmp_path / "state"))
+    config = from_dict({"vllm": {"command": [PYTHON, "-c", "pass"], "model": "m", "gpus": []},
+                        "restart": {"standby": "false", "kill_stale": kill_stale},
+                        "prewarm": {"enabled": False}}, path=str(tmp_path / "vllmwatch.toml"))
+    instance = childmod.instance_id(config.path)
+    cmd = SpareCommand([PYTHON, "-c", ORPHANING], {}, str(tmp_path / "s.sock"), "m")
+    old = SpareTree(cmd, instance, LogCapture(), lambda _: None, lambda: None)
+    assert old.marker == marker_of(instance)
+    old.start()
+    api = old.pid
+    assert api is not None
+    engine = wait_for(lambda: psutil.Process(api).children(), 30.0, "the engine started")[0]
+    log = LogCapture()
+    fx = RealEffects(config, log, FakeNotifier(), dict(os.environ),
+                     platform=Platform(unified=False, reason="test"))
+    try:
+        fx.sweep(Sweep(None, "127.0.0.1", free_port(), kill_stale=kill_stale))
+        got = log.named("spare.leftovers")
+        assert got and set(got[0]["pids"]) == {api, engine.pid}, got
+        assert got[0]["killed"] is kill_stale
+        if kill_stale:
+            assert not engine.is_running() or engine.status() == psutil.STATUS_ZOMBIE
+            assert old.proc is not None and old.proc.wait(10.0) == -9
+        else:
+            assert engine.is_running() and old.proc is not None and old.proc.poll() is None
+        mark = len(log.got)
+        fx.sweep(Sweep(None, "127.0.0.1", free_port(), kill_stale=kill_stale))
+        assert not [e for e, _ in log.got[mark:] if e == "spare.leftovers"], "once, at start"
+    finally:
+        old.stop("test ends")
+        fx.close()

@@ -286,6 +286,42 @@ def sweep(pgid: int | None, marker: str, host: str, port: int, grace: float = 5.
                      killed_what=tuple(what[p] for p in stragglers if p not in alive))
 
 
+def spare_marker(instance: str) -> str:
+    """The spare engine's marker: never equal to the serving tree's (the sweeps tell them
+    apart; its group file and tmpdirs are its own)."""
+    return f"{instance}:spare"
+
+
+def sweep_spare_leftovers(instance: str, log: LogFn, kill: bool,
+                          exempt: frozenset[int] = frozenset()) -> tuple[int, ...]:
+    """At the daemon's start: a spare engine left by a vllmwatch that was killed (SIGKILL,
+    OOM) holds GPU memory and its socket; the serving tree's sweep does not know its marker.
+    Killed when `kill` (restart.kill_stale), else named. Returns the pids killed."""
+    marker = spare_marker(instance)
+    ours, _ = find_tree(None, marker, log, exempt)
+    if not ours:
+        return ()
+    what = kin.describe_all(ours)
+    if not kill:
+        log("warning", "spare.leftovers", pids=[p.pid for p in ours], what=list(what),
+            killed=False, hint="restart.kill_stale = false: stop them yourself (they hold "
+                               "GPU memory a new spare needs)")
+        return ()
+    for proc in ours:
+        with contextlib.suppress(psutil.Error):
+            proc.kill()
+    alive = _wait_gone(ours, 5.0)
+    if not alive:
+        remember_group(marker, None)
+        remove_tmpdirs(marker)
+    killed = tuple(p.pid for p in ours if p not in alive)
+    log("warning" if not alive else "error", "spare.leftovers", pids=[p.pid for p in ours],
+        what=list(what), killed=True, remaining=[p.pid for p in alive],
+        detail="a spare engine of an earlier vllmwatch of this config (killed before it "
+               "could stop it)")
+    return killed
+
+
 def sweep_or_look(action: Sweep, marker: str, log: LogFn, exempt: frozenset[int],
                   reaper: Reaper | None) -> SweepDone:
     """The core's Sweep: kill leftovers of our tree and check the port; at start (no group)

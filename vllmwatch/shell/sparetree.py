@@ -83,7 +83,7 @@ def call(path: str, method: str, url: str, body: Mapping[str, object] | None = N
 
 def marker_of(instance: str) -> str:
     """The spare's marker: never equal to the serving tree's (the sweeps tell them apart)."""
-    return f"{instance}:spare"
+    return childmod.spare_marker(instance)
 
 
 @dataclass(frozen=True)
@@ -112,6 +112,10 @@ class SpareTree:
         self.marker = marker_of(instance)
         self._gpu_of, self._free = gpu_of, free_mib
         self.proc: subprocess.Popen[bytes] | None = None
+        # The group (and session) of the last tree started, kept after its API server is
+        # reaped: an EngineCore that outlived it lost the marker to its title, and only its
+        # group says it is ours at the stop that follows.
+        self._group: int | None = None
         # Readable once the spare's API server exited: the loop waits on it beside the
         # serving child's, so a dead spare is seen at once (not at the loop's next turn).
         self._pidfd: int | None = None
@@ -164,6 +168,9 @@ class SpareTree:
         self.proc = subprocess.Popen(
             list(self.cmd.argv), env=env, stdin=subprocess.DEVNULL, stdout=subprocess.PIPE,
             stderr=subprocess.STDOUT, start_new_session=True, close_fds=True)
+        self._group = self.proc.pid  # start_new_session: its own group and session
+        # For the next vllmwatch's start, should this one be killed (child.sweep_spare_...)
+        childmod.remember_group(self.marker, self.proc.pid)
         # Its output as the serving child's: child.line events tagged engine="spare", through
         # the one redactor (the log's); its start milestones are not the serving child's, so
         # nothing of it is posted to the loop.
@@ -191,6 +198,7 @@ class SpareTree:
         """SIGTERM the group, SIGKILL after STOP_GRACE, then sweep anything with its marker
         (an engine that left the group): nothing of the spare stays."""
         proc, self.proc = self.proc, None
+        group, self._group = self._group, None
         self._close_fd()
         if proc is not None:
             childmod.signal_group(proc.pid, "SIGTERM")
@@ -200,7 +208,7 @@ class SpareTree:
                 childmod.signal_group(proc.pid, "SIGKILL")
                 with contextlib.suppress(subprocess.TimeoutExpired):
                     proc.wait(STOP_GRACE)
-        left, _ = childmod.find_tree(proc.pid if proc is not None else None, self.marker)
+        left, _ = childmod.find_tree(proc.pid if proc is not None else group, self.marker)
         for p in left:
             with contextlib.suppress(psutil.Error):
                 p.kill()
@@ -209,6 +217,7 @@ class SpareTree:
             os.unlink(self.cmd.socket_path)
         if not alive:
             self._remove_tmpdir()
+            childmod.remember_group(self.marker, None)
         self.log("info" if not alive else "error", "spare.stopped", build=self.build_no, why=why,
                  pid=proc.pid if proc else None, leftovers_killed=[p.pid for p in left],
                  remaining=[p.pid for p in alive])
