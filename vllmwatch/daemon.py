@@ -16,7 +16,7 @@ from vllmwatch.core.events import ReadyzPolled
 from vllmwatch.core.names import Reason, exit_code
 from vllmwatch.live import Live, SwitchableLog
 from vllmwatch.shell import fdbudget, groupfile, reaper
-from vllmwatch.shell.child import instance_id
+from vllmwatch.shell.child import instance_id, sweep_spare_leftovers
 from vllmwatch.shell.clock import SystemClock
 from vllmwatch.shell.effects import RealEffects
 from vllmwatch.shell.fleet import spread_config
@@ -55,6 +55,10 @@ def _run(config: Config, log_format: str | None, env: dict[str, str], log: Switc
          ) -> int:
     """The daemon, once this config's instance is ours."""
     fdbudget.raise_limit(log)
+    # A spare engine left by a vllmwatch of this config that was killed holds GPU memory
+    # (which the spare's plan would count as another's) and its socket: swept before
+    # anything is planned or launched, whether or not the spare is on now.
+    sweep_spare_leftovers(instance_id(config.path), log, config.restart.kill_stale)
     config = spread_config(config, log)  # this host's slot in the quiet hours (fleets)
     notifier = SystemdNotifier(log, env)
     holder: dict[str, Snapshot] = {"snap": Snapshot()}

@@ -10,6 +10,7 @@ import signal
 from pathlib import Path
 
 import psutil
+import pytest
 
 from tests.support import Daemon, base_config, free_port, http, merge, wait_for
 from vllmwatch.core import exitcodes
@@ -101,3 +102,33 @@ def test_without_a_lock_a_live_daemons_tree_is_not_a_leftover(tmp_path: Path) ->
     finally:
         first.close()
         second.close()
+
+
+def test_a_spare_left_by_a_killed_daemon_is_swept_at_the_next_start(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A vllmwatch SIGKILLed with its spare engine up leaves that spare (its own marker, not
+    the serving tree's): the next `vllmwatch run` on the config kills it before it plans or
+    launches anything, and says so (spare.leftovers)."""
+    from tests.support import PYTHON
+    from vllmwatch.shell.sparetree import SpareCommand, SpareTree
+    from vllmwatch.testing import LogCapture
+
+    d = Daemon(tmp_path, _config())
+    monkeypatch.setenv("STATE_DIRECTORY", str(tmp_path / "state"))  # the daemon's own
+    script = "import time\nprint('INFO spare', flush=True)\ntime.sleep(600)\n"
+    old = SpareTree(SpareCommand([PYTHON, "-c", script], {}, str(tmp_path / "s.sock"), "m"),
+                    d.marker, LogCapture(), lambda _: None, lambda: None)
+    old.start()
+    pid = old.pid
+    assert pid is not None
+    try:
+        d.start()
+        d.wait_ready(30)
+        [said] = d.named("spare.leftovers")
+        assert said["pids"] == [pid] and said["killed"] is True and not said["remaining"]
+        assert old.proc is not None and old.proc.wait(10) == -signal.SIGKILL
+        names = [e["event"] for e in d.events]
+        assert names.index("spare.leftovers") < names.index("child.started")
+    finally:
+        d.close()
+        old.stop("test ends")

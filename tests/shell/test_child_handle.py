@@ -21,7 +21,6 @@ DAEMON_FIELDS = {"log", "notifier", "_environ", "reaper", "launcher", "marker", 
                  "sampler", "_sampler_gpus", "_fixed_sampler", "_publish", "_versions", "_run",
                  "standby",  # the standby launcher's view
                  "spare",  # the spare engine's runner (issue 34; None when it is off)
-                 "_spare_swept",  # an earlier daemon's spare, swept once at the start
                  "_adapters",  # the LoRA adapters' watcher (issue 38)
                  "gate_figures",  # the gate's per-engine figures for incident records (35)
                  "incidents",  # incident records: the last child's evidence, kept on purpose

@@ -215,44 +215,33 @@ def test_an_engine_that_outlived_the_spares_api_server_goes_at_the_stop(
 def test_a_spare_left_by_a_killed_vllmwatch_is_swept_at_the_next_start(
         tmp_path: Path, monkeypatch: pytest.MonkeyPatch, kill_stale: bool) -> None:
     """vllmwatch was SIGKILLed with its spare asleep: the spare (API server and an engine
-    that lost the marker) holds GPU memory and its socket. The next start's first sweep
-    kills it (restart.kill_stale) or names it, and only at the start: a later sweep never
-    touches the spare of this daemon."""
-    from tests.support import free_port
-    from vllmwatch.core.actions import Sweep
-    from vllmwatch.core.unified import Platform
-    from vllmwatch.shell.effects import RealEffects
+    that lost the marker) holds GPU memory and its socket. The next start (daemon.py, before
+    the spare's plan measures the GPU) kills it (restart.kill_stale) or names it."""
     from vllmwatch.shell.sparetree import marker_of
-    from vllmwatch.testing import FakeNotifier
 
     monkeypatch.setenv("STATE_DIRECTORY", str(tmp_path / "state"))
-    config = from_dict({"vllm": {"command": [PYTHON, "-c", "pass"], "model": "m", "gpus": []},
-                        "restart": {"standby": "false", "kill_stale": kill_stale},
-                        "prewarm": {"enabled": False}}, path=str(tmp_path / "vllmwatch.toml"))
-    instance = childmod.instance_id(config.path)
+    instance = childmod.instance_id(str(tmp_path / "vllmwatch.toml"))
     cmd = SpareCommand([PYTHON, "-c", ORPHANING], {}, str(tmp_path / "s.sock"), "m")
     old = SpareTree(cmd, instance, LogCapture(), lambda _: None, lambda: None)
-    assert old.marker == marker_of(instance)
+    assert old.marker == marker_of(instance) == childmod.spare_marker(instance)
     old.start()
     api = old.pid
     assert api is not None
     engine = wait_for(lambda: psutil.Process(api).children(), 30.0, "the engine started")[0]
     log = LogCapture()
-    fx = RealEffects(config, log, FakeNotifier(), dict(os.environ),
-                     platform=Platform(unified=False, reason="test"))
     try:
-        fx.sweep(Sweep(None, "127.0.0.1", free_port(), kill_stale=kill_stale))
+        killed = childmod.sweep_spare_leftovers(instance, log, kill_stale)
         got = log.named("spare.leftovers")
-        assert got and set(got[0]["pids"]) == {api, engine.pid}, got
+        assert len(got) == 1 and set(got[0]["pids"]) == {api, engine.pid}, got
         assert got[0]["killed"] is kill_stale
         if kill_stale:
-            assert not engine.is_running() or engine.status() == psutil.STATUS_ZOMBIE
+            assert set(killed) == {api, engine.pid}
             assert old.proc is not None and old.proc.wait(10.0) == -9
+            assert not engine.is_running() or engine.status() == psutil.STATUS_ZOMBIE
         else:
-            assert engine.is_running() and old.proc is not None and old.proc.poll() is None
-        mark = len(log.got)
-        fx.sweep(Sweep(None, "127.0.0.1", free_port(), kill_stale=kill_stale))
-        assert not [e for e, _ in log.got[mark:] if e == "spare.leftovers"], "once, at start"
+            assert killed == () and engine.is_running() and old.proc is not None \
+                and old.proc.poll() is None
+        # another instance's sweep never touches it
+        assert childmod.sweep_spare_leftovers("f" * 16, log, True) == ()
     finally:
         old.stop("test ends")
-        fx.close()

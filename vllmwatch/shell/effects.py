@@ -112,7 +112,6 @@ class RealEffects:
         # over as a copy made on the gate's thread, for the incident record (issue 35).
         self.gate_figures: Callable[[int | None], Mapping[str, int] | None] | None = None
         self.spare: SpareFx | None = None  # the sleeping spare engine, when its plan is on
-        self._spare_swept = False  # an earlier daemon's spare, swept once at the start
         self._versions = VersionCache()
         # The cache variables of a launch (the start-up cache decision said once per change).
         self._caches = CacheEnv(log, self._environ, self._versions,
@@ -263,10 +262,6 @@ class RealEffects:
 
     def sweep(self, action: Sweep) -> SweepDone:
         """Kill leftovers of our tree and check the port; at start honour kill_stale."""
-        if not self._spare_swept:  # the first sweep is the start's: nothing of ours runs yet
-            self._spare_swept = True
-            childmod.sweep_spare_leftovers(self.marker, self.log, action.kill_stale,
-                                           self._exempt())
         return childmod.sweep_or_look(action, self.marker, self.log, self._exempt(),
                                       self.reaper)
 
