@@ -103,3 +103,39 @@ def test_the_checklist_has_the_spare_row(model: Path, tmp_path: Path) -> None:
     names = [r.name for r in check.run(str(path), fast=True, env={},
                                        nvml=lambda: FakeNvml([FakeGpu()]))]
     assert "spare" in names
+
+
+@pytest.mark.parametrize("where", ["path", "hub"])
+def test_the_check_and_the_daemon_read_the_same_model_figures(tmp_path: Path, where: str
+                                                              ) -> None:
+    """`vllmwatch check` and the daemon plan the spare from one reading of the model's files:
+    a Hub id already downloaded (found in the child's HF_HOME) and the context length with
+    rope scaling (yarn x4 here: 131072, not max_position_embeddings' 40960). Before, the
+    daemon read a local path only and max_position_embeddings alone: for a Hub id its plan
+    went off for want of the weights' size while the check said on."""
+    from vllmwatch.config.spare import SpareFacts
+    from vllmwatch.shell import sparefx
+
+    cfg = {**QWEN3_8B, "rope_scaling": {"rope_type": "yarn", "factor": 4.0,
+                                        "original_max_position_embeddings": 32768}}
+    if where == "hub":
+        repo = tmp_path / "hf" / "hub" / "models--org--name"
+        d = repo / "snapshots" / "abc123"
+        (repo / "refs").mkdir(parents=True)
+        (repo / "refs" / "main").write_text("abc123")
+    else:
+        d = tmp_path / "model"
+    d.mkdir(parents=True)
+    (d / "config.json").write_text(json.dumps(cfg))
+    with open(d / "model.safetensors", "wb") as fh:
+        fh.truncate(16282 * 2**20)
+    env = {"HF_HOME": str(tmp_path / "hf")}
+    data = config(d, {"enabled": "true"})
+    if where == "hub":
+        data["vllm"]["model"] = "org/name"
+    conf = from_dict(data)
+    ctx = check.Context(conf, fast=True, env=env, nvml=lambda: FakeNvml([FakeGpu()]))
+    checked = cs._model(ctx, {})
+    daemon = sparefx.model_facts(SpareFacts(), conf, env)
+    assert checked == (daemon.weights_mib, daemon.kv_bytes_per_token, daemon.model_max_len)
+    assert checked == (16282.0, 36 * 2 * 8 * 128 * 2, 131072)

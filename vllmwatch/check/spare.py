@@ -14,13 +14,10 @@ from typing import Any
 from vllmwatch.check.base import FAIL, PASS, WARN, CheckResult, Context, vllm_flags
 from vllmwatch.check.gpu import load_nvml
 from vllmwatch.check.host import serving_now
-from vllmwatch.check.maxlen import _find_model_config, model_max_len
-from vllmwatch.check.model import read_json
 from vllmwatch.check.unified import platform_of
 from vllmwatch.config import spare, vllmflags, vllminfo
-from vllmwatch.prewarm import pagecache
-from vllmwatch.prewarm.runner import model_dir
 from vllmwatch.shell import platform as plat
+from vllmwatch.shell.sparefx import model_figures
 
 NAME = "spare"
 _MIB = 2**20
@@ -105,19 +102,6 @@ def _vllm_flags(ctx: Context) -> tuple[bool | None, bool | None]:
 
 def _model(ctx: Context, flags: dict[str, object]
            ) -> tuple[float | None, int | None, int | None]:
-    """(weights MiB, KV bytes per token, the model's context length) from local files."""
-    where = model_dir(ctx.config, ctx.env)
-    files = pagecache.weight_files(where) if where is not None else []
-    weights = sum(f.stat().st_size for f in files) / _MIB if files else None
-    cfg_path = _find_model_config(ctx)
-    per_token = max_len = None
-    if cfg_path is not None:
-        with contextlib.suppress(OSError, ValueError, UnicodeDecodeError):
-            cfg = read_json(cfg_path)
-            if isinstance(cfg, dict):
-                per_token = spare.kv_bytes_per_token(cfg, str(flags.get("kv-cache-dtype",
-                                                                        "auto")))
-                found = model_max_len(cfg)
-                max_len = found[0] if found else None
-    return weights, per_token, max_len
-
+    """(weights MiB, KV bytes per token, the model's context length) from local files: what
+    the daemon's plan reads (shell/sparefx.model_figures), so the check says its plan."""
+    return model_figures(ctx.config, ctx.env, str(flags.get("kv-cache-dtype", "auto")))

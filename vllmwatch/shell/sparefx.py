@@ -6,7 +6,6 @@ spare's tree and the core's failover (shell/sparetree.py).
 
 from __future__ import annotations
 
-import glob
 import json
 import os
 from collections.abc import Callable, Mapping
@@ -14,6 +13,7 @@ from dataclasses import replace
 from typing import TYPE_CHECKING, Any
 
 from vllmwatch.config import command, redact, safefile
+from vllmwatch.config.modellen import model_max_len
 from vllmwatch.config.schema import Config
 from vllmwatch.config.spare import (
     SpareFacts,
@@ -25,6 +25,8 @@ from vllmwatch.config.spare import (
 from vllmwatch.config.spare import with_flags as _with_flags
 from vllmwatch.core.samples import MemorySample
 from vllmwatch.logfn import LogFn
+from vllmwatch.prewarm import pagecache
+from vllmwatch.prewarm.runner import model_dir
 from vllmwatch.shell import groupfile
 from vllmwatch.shell.child import instance_id
 from vllmwatch.shell.memory import MemorySampler
@@ -33,9 +35,6 @@ from vllmwatch.shell.platform import read_meminfo
 if TYPE_CHECKING:
     from vllmwatch.shell.sparerun import SpareFx
     from vllmwatch.shell.sparetree import SpareCommand
-
-_WEIGHTS = ("*.safetensors", "*.bin", "*.pt")
-
 
 SUN_PATH_MAX = 107  # a Unix socket's path (sun_path)
 
@@ -51,13 +50,14 @@ def socket_path(environ: Mapping[str, str], instance: str) -> str | None:
     return None
 
 
-def facts(config: Config, sample: MemorySample, unified: bool, uds_path: str) -> SpareFacts:
+def facts(config: Config, sample: MemorySample, unified: bool, uds_path: str,
+          environ: Mapping[str, str]) -> SpareFacts:
     """What the plan needs of this machine and model; None where it cannot be read."""
     mem = read_meminfo()
     return model_facts(on_gpu(SpareFacts(
         platform="cpu" if not config.vllm.uses_gpu else "unified" if unified else "discrete",
         uds_path=uds_path, host_available_mib=mem.available_mib if mem is not None else None),
-        config, sample), config)
+        config, sample), config, environ)
 
 
 def on_gpu(base: SpareFacts, config: Config, sample: MemorySample) -> SpareFacts:
@@ -69,26 +69,32 @@ def on_gpu(base: SpareFacts, config: Config, sample: MemorySample) -> SpareFacts
                    if gpu is not None else None)
 
 
-def model_facts(base: SpareFacts, config: Config) -> SpareFacts:
+def model_facts(base: SpareFacts, config: Config, environ: Mapping[str, str]) -> SpareFacts:
     """`base` with the model's own figures (its weights, KV bytes per token, context)."""
-    model = config.vllm.model
-    weights: float | None = None
+    weights, per_token, max_len = model_figures(config, environ, str(flags_of(config).get(
+        "kv-cache-dtype", "auto")))
+    return replace(base, weights_mib=weights, kv_bytes_per_token=per_token,
+                   model_max_len=max_len)
+
+
+def model_figures(config: Config, environ: Mapping[str, str], kv_dtype: str
+                  ) -> tuple[float | None, int | None, int | None]:
+    """(weights MiB, KV bytes per token, the model's context length) from its local files: a
+    path, or a Hub id already downloaded (found as the child finds it: its HF_HOME). `vllmwatch
+    check` reads these too, so the check and the daemon say the same plan."""
+    where = model_dir(config, environ)
+    files = pagecache.weight_files(where) if where is not None else []
+    weights = sum(f.stat().st_size for f in files) / 2**20 if files else None
     cfg: dict[str, Any] = {}
-    if os.path.isdir(model):
-        files = [f for pat in _WEIGHTS for f in glob.glob(os.path.join(model, pat))]
-        weights = sum(os.path.getsize(f) for f in files) / 2**20 if files else None
+    if where is not None and where.is_dir():
         try:
-            with open(os.path.join(model, "config.json"), encoding="utf-8") as fh:
-                got = json.load(fh)
+            got = json.loads((where / "config.json").read_text(encoding="utf-8"))
             cfg = got if isinstance(got, dict) else {}
         except (OSError, ValueError):
             cfg = {}
-    max_len = cfg.get("max_position_embeddings")
-    return replace(
-        base, weights_mib=weights,
-        kv_bytes_per_token=kv_bytes_per_token(cfg, str(config.vllm.args.get(
-            "kv-cache-dtype", "auto"))) if cfg else None,
-        model_max_len=max_len if isinstance(max_len, int) else None)
+    found = model_max_len(cfg) if cfg else None
+    return (weights, kv_bytes_per_token(cfg, kv_dtype) if cfg else None,
+            found[0] if found else None)
 
 
 def flags_of(config: Config) -> dict[str, object]:
@@ -111,7 +117,7 @@ class Planner:
         """The plan for `config`, logged as spare.plan unless `quiet`."""
         base = self.base if self.start is None else on_gpu(self.base, config, self.start)
         plan = plan_spare(config.spare, config.gate.enabled, flags_of(config),
-                          model_facts(base, config))
+                          model_facts(base, config, self.environ))
         if not quiet:
             self.log("info" if plan.on else "warning", "spare.plan", **plan.fields(),
                      lines=plan.lines())
@@ -147,7 +153,8 @@ def make(config: Config, environ: Mapping[str, str], sampler: MemorySampler, uni
             "Unix socket (its dev-mode endpoints must not be reachable by other users)")
         return None
     sample = sampler.sample(None, False)
-    planner = Planner(facts(config, sample, unified, path), environ, log, machine or sample)
+    planner = Planner(facts(config, sample, unified, path, environ), environ, log,
+                      machine or sample)
     plan = planner.plan(config)
     if not plan.on:
         return None
