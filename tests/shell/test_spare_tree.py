@@ -75,6 +75,19 @@ def test_the_spares_output_is_logged_tagged_as_the_spare(
                     "text": "INFO hello from the spare"}
 
 
+def test_the_spares_lines_carry_its_build_number(
+        tree: tuple[SpareTree, LogCapture]) -> None:
+    """A build's output is found by its number as its events are (build=N): in JSON, in the
+    text format (`grep 'build=3'`) and in the journal (VLLM_SPARE_BUILD=3)."""
+    t, log = tree
+    t.build_no = 3
+    t.start()
+    line = wait_for(lambda: log.named("child.line"), 30.0, "the spare's line")[0]
+    assert line["engine"] == "spare" and line["build"] == 3
+    assert logs.message_text("child.line", line) == "vllm spare build=3| INFO hello from the spare"
+    assert ("VLLM_SPARE_BUILD", "3") in journal._vllm_line("info", line)
+
+
 def test_a_spare_line_says_so_in_the_journal_and_in_text() -> None:
     fields = {"pid": 7, "engine": "spare", "text": "INFO x"}
     assert logs.message_text("child.line", fields) == "vllm spare| INFO x"

@@ -102,11 +102,14 @@ class ChildLog:
                  log: LogFn, forward: bool = True, capacity: int = 10000,
                  rate: float = RATE, burst: float = BURST,
                  clock: Callable[[], float] = time.monotonic, tail_lines: int = 300,
-                 engine: str | None = None) -> None:
+                 engine: str | None = None, build: int = 0) -> None:
         self._stream, self._pid, self._post, self._log = stream, pid, post, log
         # Which engine printed it, on each forwarded line: "spare" for the sleeping spare
-        # (shell/sparetree.py); nothing for the serving child, whose lines stay as they were.
-        self._tag: dict[str, str] = {"engine": engine} if engine else {}
+        # (shell/sparetree.py) with its build's number (its events' build=); nothing for the
+        # serving child, whose lines stay as they were.
+        self._tag: dict[str, object] = {"engine": engine} if engine else {}
+        if engine and build:
+            self._tag["build"] = build
         self._forward = forward
         self._queue: queue.Queue[tuple[str, str] | None] = queue.Queue(maxsize=capacity)
         self.last_lines: collections.deque[str] = collections.deque(maxlen=30)

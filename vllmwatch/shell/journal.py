@@ -109,6 +109,8 @@ def _vllm_line(level: str, fields: Mapping[str, Any]) -> list[tuple[str, str]]:
         out.append(("VLLM_MAIN_PID", text_of(fields["pid"])))
     if fields.get("engine"):  # "spare": the sleeping spare engine's line, not the serving one's
         out.append(("VLLM_ENGINE", text_of(fields["engine"])))
+    if fields.get("build"):  # the spare's build (its events' build=)
+        out.append(("VLLM_SPARE_BUILD", text_of(fields["build"])))
     match = _VLLM_PREFIX.match(text)
     if match:
         out += [("VLLM_PROCESS", match["proc"]), ("VLLM_PID", match["pid"])]

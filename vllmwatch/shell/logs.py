@@ -63,7 +63,8 @@ def message_text(name: str, fields: Mapping[str, Any]) -> str:
     """The human text of an event: `name key=value ...`; vLLM's own lines marked `vllm|`."""
     if name == "child.line":  # the spare engine's lines: `vllm spare|` (shell/sparetree.py)
         engine = f" {fields['engine']}" if fields.get("engine") else ""
-        return f"vllm{engine}| {fields.get('text', '')}"
+        build = f" build={fields['build']}" if fields.get("build") else ""
+        return f"vllm{engine}{build}| {fields.get('text', '')}"
     return f"{name} {_kv(fields)}".rstrip()
 
 

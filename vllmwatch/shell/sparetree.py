@@ -176,7 +176,8 @@ class SpareTree:
         # nothing of it is posted to the loop.
         assert self.proc.stdout is not None
         self._output = ChildLog(self.proc.stdout, self.proc.pid, lambda _: None, self.log,
-                                forward=self._forward, tail_lines=OUTPUT_TAIL, engine="spare")
+                                forward=self._forward, tail_lines=OUTPUT_TAIL, engine="spare",
+                                build=self.build_no)
         self._output.start()
         self._close_fd()
         with contextlib.suppress(OSError, AttributeError):  # Linux >= 5.3, Python >= 3.9
