@@ -45,6 +45,7 @@ class Exchange:
     vllm_error: bool = False  # vLLM itself ended the begun stream with an error event
     broken: bool = False  # begun, then failed: ended by the gate (error event or cut)
     ended: bool = False  # the stream's last event passed: the client has the whole answer
+    tail: bytes = b""  # the last bytes passed on: whether an SSE event was left unfinished
     task: asyncio.Task[Any] | None = field(default=None, repr=False)
 
     def mark_written(self) -> None:
@@ -116,6 +117,7 @@ async def run(session: aiohttp.ClientSession, request: web.Request, url: str, bo
                 if replay.END_OF_STREAM.search(chunk):
                     ex.ended = True  # vLLM may fail after it (measured): nothing is lost
                 await response.write(chunk)
+                ex.tail = (ex.tail + chunk)[-2:]
                 chunk = await up.content.readany()
             await response.write_eof()
             return response
@@ -150,7 +152,12 @@ async def _failed(request: web.Request, response: web.StreamResponse | None, ex:
                    "was not sent again: send the request again")
         with contextlib.suppress(ConnectionError, RuntimeError, asyncio.TimeoutError):
             # A well-formed end after the event (the client may be gone already).
-            await asyncio.wait_for(response.write(replay.error_event(ex.path, message)), 1.0)
+            # An event cut mid-line is ended first, else the error event would be glued
+            # onto it and neither would parse.
+            end = b"" if not ex.tail or ex.tail == b"\n\n" else \
+                b"\n" if ex.tail.endswith(b"\n") else b"\n\n"
+            await asyncio.wait_for(response.write(end + replay.error_event(ex.path, message)),
+                                   1.0)
             await asyncio.wait_for(response.write_eof(), 1.0)
     if request.transport is not None:
         request.transport.close()

@@ -24,6 +24,7 @@ from typing import Any
 from aiohttp import web
 
 from vllmwatch.config.redact import REDACT
+from vllmwatch.gate.replay import error_body
 
 MAX_CONNECTIONS = 1024
 IDLE_TIMEOUT = 60.0  # no request in progress (before the first one, or between them)
@@ -174,8 +175,8 @@ class Guard:
         length = request.content_length
         if length is not None and length > MAX_BODY:
             self.count("too_large")
-            return _refuse(413, f"request body of {length} bytes is over the gate's cap of "
-                           f"{MAX_BODY} bytes")
+            return _refuse(request.path, 413, f"request body of {length} bytes is over the "
+                           f"gate's cap of {MAX_BODY} bytes")
         chunks: list[bytes] = []
         got = [0]
 
@@ -184,7 +185,7 @@ class Guard:
                 got[0] += len(chunk)
                 self.held += len(chunk)
                 chunks.append(chunk)
-                refusal = self._over(got[0])
+                refusal = self._over(request.path, got[0])
                 if refusal is not None:
                     return refusal
             return None
@@ -193,7 +194,8 @@ class Guard:
             refusal = await asyncio.wait_for(read(), BODY_TIMEOUT)
         except asyncio.TimeoutError:
             self.count("body_timeouts")
-            refusal = _refuse(408, f"request body not complete within {BODY_TIMEOUT:g}s")
+            refusal = _refuse(request.path, 408,
+                              f"request body not complete within {BODY_TIMEOUT:g}s")
         except BaseException:
             self.release(got[0])
             raise
@@ -206,21 +208,20 @@ class Guard:
         """A body read by read_body is no longer held."""
         self.held -= size
 
-    def _over(self, size: int) -> web.Response | None:
+    def _over(self, path: str, size: int) -> web.Response | None:
         if size > MAX_BODY:
             self.count("too_large")
-            return _refuse(413, f"request body over the gate's cap of {MAX_BODY} bytes")
+            return _refuse(path, 413, f"request body over the gate's cap of {MAX_BODY} bytes")
         if self.held > MAX_HELD:
             self.count("held_full")
-            return _refuse(503, f"the gate holds {MAX_HELD} bytes of request bodies already; "
+            return _refuse(path, 503, f"the gate holds {MAX_HELD} bytes of request bodies already; "
                            "try again shortly", retry_after=1)
         return None
 
 
-def _refuse(status: int, message: str, retry_after: int | None = None) -> web.Response:
+def _refuse(path: str, status: int, message: str, retry_after: int | None = None
+            ) -> web.Response:
     headers = {"Retry-After": str(retry_after)} if retry_after is not None else {}
-    body = {"object": "error", "message": REDACT.text(message), "type": "RequestRefused",
-            "param": None,
-            "code": status}
     headers["Connection"] = "close"
-    return web.json_response(body, status=status, headers=headers)
+    return web.json_response(error_body(path, status, REDACT.text(message), "RequestRefused"),
+                             status=status, headers=headers)

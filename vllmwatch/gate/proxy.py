@@ -31,6 +31,11 @@ HOP_BY_HOP = exchange.HOP_BY_HOP
 REFUSED_HOLD = 0.5  # after vLLM refused a connection, hold this long before trying again
 # One forwarded exchange with vLLM, head to last byte (a long streamed generation included).
 UPSTREAM_TOTAL = 3600.0
+# An idle upstream connection is dropped after this long. vLLM's uvicorn closes one idle for 5 s
+# (VLLM_HTTP_TIMEOUT_KEEP_ALIVE); aiohttp's own 15 s let the gate reuse a connection vLLM was
+# closing: the request met a disconnect, was taken for the engine's failure, and a healthy
+# engine's client got a 503 after hold_timeout (502 without replay).
+KEEPALIVE = 2.0
 NEXT_ENGINE_POLL = 0.05  # a replay waits for an engine it was not sent to yet
 
 
@@ -89,11 +94,14 @@ class GenFigures:
 GENS_KEPT = 16  # generations whose figures are kept (a few per restart)
 
 
-def _error(status: int, message: str, retry_after: float | None = None) -> web.Response:
+def _error(path: str, status: int, message: str, retry_after: float | None = None
+           ) -> web.Response:
+    """The gate's own error answer, in the shape of the path's API (replay.error_body)."""
     headers = {"Retry-After": str(math.ceil(retry_after))} if retry_after is not None else {}
-    body = {"object": "error", "message": REDACT.text(message), "type": "ServiceUnavailableError"
-            if status == 503 else "BadGatewayError", "param": None, "code": status}
-    return web.json_response(body, status=status, headers=headers)
+    kind = {503: "ServiceUnavailableError", 504: "GatewayTimeoutError"}.get(status,
+                                                                           "BadGatewayError")
+    return web.json_response(replay.error_body(path, status, REDACT.text(message), kind),
+                             status=status, headers=headers)
 
 
 class Forwarder:
@@ -123,12 +131,14 @@ class Forwarder:
     async def open(self) -> None:
         """Create the client session (on the gate's loop)."""
         self.session = aiohttp.ClientSession(
-            connector=aiohttp.TCPConnector(limit=0),  # vLLM queues; we must not
+            connector=aiohttp.TCPConnector(limit=0, keepalive_timeout=KEEPALIVE),  # vLLM
+            # queues; we must not
             timeout=aiohttp.ClientTimeout(total=UPSTREAM_TOTAL, connect=5.0),
             auto_decompress=False, trace_configs=[exchange.trace_config()])
         if self.spare_socket is not None:
             self.spare_session = aiohttp.ClientSession(
-                connector=aiohttp.UnixConnector(path=self.spare_socket, limit=0),
+                connector=aiohttp.UnixConnector(path=self.spare_socket, limit=0,
+                                                keepalive_timeout=KEEPALIVE),
                 timeout=aiohttp.ClientTimeout(total=UPSTREAM_TOTAL, connect=5.0),
                 auto_decompress=False, trace_configs=[exchange.trace_config()])
 
@@ -168,14 +178,15 @@ class Forwarder:
     async def handle(self, request: web.Request) -> web.StreamResponse:
         """Refuse a path not on the allow-list; read the body within the guard's bounds, hold
         while vLLM is not ready, forward."""
-        why = replay.refusal(request.method, request.path)
-        if why is not None:
-            return self._refuse_path(why)
         guard = self.guard
-        if guard is None:
-            return await self._handle(request, await request.read())
-        guard.begin(request.protocol)
-        try:
+        if guard is not None:  # its head is complete: the header deadline is over, refused
+            guard.begin(request.protocol)  # or not (a refused one left it running: cut at
+        try:  # HEADER_TIMEOUT while the client idled, counted as a slow head)
+            why = replay.refusal(request.method, request.path)
+            if why is not None:
+                return self._refuse_path(request.path, why)
+            if guard is None:
+                return await self._handle(request, await request.read())
             got = await guard.read_body(request)
             if isinstance(got, web.Response):
                 return got
@@ -184,7 +195,8 @@ class Forwarder:
             finally:
                 guard.release(len(got))
         finally:
-            guard.end(request.protocol)
+            if guard is not None:
+                guard.end(request.protocol)
 
     async def _handle(self, request: web.Request, body: bytes) -> web.StreamResponse:
         loop = asyncio.get_running_loop()
@@ -196,7 +208,7 @@ class Forwarder:
             if not held and (self.door.state != Readiness.OPEN or self.door.waiting):
                 held = True
                 self.stats.held += 1
-            verdict = await self._wait_at_door(deadline - loop.time())
+            verdict = await self._wait_at_door(request.path, deadline - loop.time())
             if verdict is not None:
                 self.stats.replay_gave_up += 1 if tried else 0
                 return verdict
@@ -207,8 +219,9 @@ class Forwarder:
                 if loop.time() >= deadline:
                     self.stats.hold_timeouts += 1
                     self.stats.replay_gave_up += 1 if tried else 0
-                    return _error(503, f"no other vLLM engine served within {self.hold_timeout:g}s "
-                                  "(gate.hold_timeout); it is restarting", self.retry_after)
+                    return _error(request.path, 503, "no other vLLM engine served within "
+                                  f"{self.hold_timeout:g}s (gate.hold_timeout); it is "
+                                  "restarting", self.retry_after)
                 await asyncio.sleep(NEXT_ENGINE_POLL)
                 continue
             try:
@@ -225,8 +238,9 @@ class Forwarder:
             fig = self.figures_of(gen)
             if why_not is not None:
                 fig.not_replayed += 1
-                return _error(502, f"vLLM failed before answering ({answer}); it was not "
-                              f"sent again: {why_not}; send it again if it is safe to repeat")
+                return _error(request.path, 502, f"vLLM failed before answering ({answer}); "
+                              f"it was not sent again: {why_not}; send it again if it is "
+                              "safe to repeat")
             self.stats.replayed += 1
             fig.replayed += 1
             self._log("warning", "gate.replayed", path=request.path, size=len(body),
@@ -234,15 +248,14 @@ class Forwarder:
                       detail="vLLM failed before any of the answer reached the client; "
                              "the request waits for the next engine and is sent once more")
 
-    def _refuse_path(self, why: str) -> web.Response:
+    def _refuse_path(self, path: str, why: str) -> web.Response:
         """404 from the gate itself, counted (and logged at a bounded rate by the runner)."""
         if self.guard is not None:
             self.guard.count("path_refused")
         else:
             self.stats.path_refused += 1
-        body = {"object": "error", "message": REDACT.text(why), "type": "NotFoundError",
-                "param": None, "code": 404}
-        return web.json_response(body, status=404)
+        return web.json_response(replay.error_body(path, 404, REDACT.text(why),
+                                                   "NotFoundError"), status=404)
 
     def _why_not(self, request: web.Request, body: bytes, failures: int) -> str | None:
         """None when the request may be replayed once more; else why not (counted)."""
@@ -262,7 +275,7 @@ class Forwarder:
             return f"it was replayed {self.replay_max} time(s) already (gate.replay_max)"
         return None
 
-    async def _wait_at_door(self, timeout: float) -> web.Response | None:
+    async def _wait_at_door(self, path: str, timeout: float) -> web.Response | None:
         self.stats.holding += 1
         try:
             passed = await self.door.enter(max(0.0, timeout))
@@ -270,11 +283,11 @@ class Forwarder:
             self.stats.holding -= 1
         if passed is None:
             self.stats.hold_timeouts += 1
-            return _error(503, f"vLLM is not ready after {self.hold_timeout:g}s "
+            return _error(path, 503, f"vLLM is not ready after {self.hold_timeout:g}s "
                           "(gate.hold_timeout); it is starting or restarting", self.retry_after)
         if not passed:
             self.stats.refused_closed += 1
-            return _error(503, "vllmwatch is stopping; vLLM will not come back on this "
+            return _error(path, 503, "vllmwatch is stopping; vLLM will not come back on this "
                           "instance", self.retry_after)
         return None
 
@@ -299,7 +312,15 @@ class Forwarder:
         answered = [False]  # an answer came back (counted here: a cut may cancel the caller)
         try:
             ex.task = asyncio.ensure_future(exchange.run(session, request, url, body, ex))
-            answer: web.StreamResponse | exchange.Failed = await ex.task
+            answer: web.StreamResponse | exchange.Failed
+            try:
+                answer = await ex.task
+            except asyncio.CancelledError:
+                if not ex.cut or ex.begun:
+                    raise  # the client left, or the gate stops
+                # Cut before its first step (vllmwatch declared the engine stuck as it was
+                # sent): nothing was sent, so it is replayed like any unanswered request.
+                answer = exchange.Failed("engine_stuck")
             if isinstance(answer, exchange.Failed):
                 self.stats.failed_midrequest += 1
                 self.figures_of(gen).failed += 1
@@ -314,8 +335,8 @@ class Forwarder:
             self.stats.upstream_timeouts += 1
             fig = self.figures_of(gen)
             fig.failed, fig.not_replayed = fig.failed + 1, fig.not_replayed + 1
-            return _error(504, "vLLM's answer was not complete within its deadline; it "
-                          "was not retried: send it again if it is safe to repeat")
+            return _error(request.path, 504, "vLLM's answer was not complete within its "
+                          "deadline; it was not retried: send it again if it is safe to repeat")
         finally:
             if replay and (ex.begun or answered[0]):
                 self.stats.replay_answered += 1  # the next engine answered (maybe cut later)
@@ -326,6 +347,7 @@ class Forwarder:
                 self.figures_of(gen).cut += 1
             elif answered[0] and self.fence.stopped(gen):
                 self.figures_of(gen).answered += 1
+            ex.mark_written()  # once: a task cut before its first step never told the fence
             self.stats.in_flight -= 1
             self.spare_in_flight -= spare
             self.live.discard(ex)

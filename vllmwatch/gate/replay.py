@@ -82,11 +82,33 @@ def engine_dead_event(chunk: bytes) -> bool:
         ENGINE_DEAD in chunk
 
 
+# The Anthropic API's error types by the status the gate answers (its clients read `type`).
+_ANTHROPIC_TYPES = {400: "invalid_request_error", 404: "not_found_error", 408: "timeout_error",
+                    413: "request_too_large", 502: "api_error", 503: "overloaded_error",
+                    504: "timeout_error"}
+
+
+def anthropic(path: str) -> bool:
+    """Whether `path` is the Anthropic Messages API (its clients parse Anthropic's errors)."""
+    return path.rstrip("/") == ANTHROPIC or path.startswith(ANTHROPIC + "/")
+
+
+def error_body(path: str, status: int, message: str, kind: str) -> dict[str, object]:
+    """The gate's own error answer in the shape the path's clients parse: Anthropic's on
+    /v1/messages (`{"type": "error", "error": {"type", "message"}}`), else vLLM's
+    OpenAI-style body with `kind` as its type. `message` is redacted by the caller."""
+    if anthropic(path):
+        return {"type": "error", "error": {"type": _ANTHROPIC_TYPES.get(status, "api_error"),
+                                           "message": message}}
+    return {"object": "error", "message": message, "type": kind, "param": None,
+            "code": status}
+
+
 def error_event(path: str, message: str) -> bytes:
     """The event that ends a begun stream so that its client's parser raises: OpenAI's
     `data: {"error": ...}` (the openai package raises APIError on it), or Anthropic's
     `event: error`."""
-    if path.rstrip("/") == ANTHROPIC:
+    if anthropic(path):
         data = {"type": "error", "error": {"type": "api_error", "message": message}}
         return b"event: error\ndata: " + json.dumps(data).encode() + b"\n\n"
     err = {"error": {"message": message, "type": "BadGatewayError", "param": None,
