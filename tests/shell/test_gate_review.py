@@ -7,6 +7,7 @@ Anthropic's shape. A scripted upstream plays vLLM (tests/shell/test_gate_replay.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import json
 import socket
 import threading
@@ -299,3 +300,67 @@ def test_pipelined_requests_behind_a_held_one_are_not_read_without_bound(
     finally:
         s.close()
         g.stop()
+
+
+# ---- a connection vLLM never accepted -------------------------------------------------
+
+def test_a_connect_timeout_is_tried_again_not_answered_504(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    """vLLM's listen queue is full (SYNs dropped): the connect timed out and the gate answered
+    504 "not retried", as for an answer that never came; but nothing was sent, so it waits
+    and tries again, as for a refused connection."""
+    from vllmwatch.gate import exchange
+    monkeypatch.setattr(exchange, "CONNECT_TIMEOUT", 0.3)
+    listener = socket.socket()
+    listener.bind(("127.0.0.1", 0))
+    listener.listen(0)  # one connection fits in the accept queue; later SYNs are dropped
+    port = listener.getsockname()[1]
+    fillers = []
+    for _ in range(3):
+        f = socket.socket()
+        f.setblocking(False)
+        f.connect_ex(("127.0.0.1", port))
+        fillers.append(f)
+    serving = threading.Event()
+
+    def serve_one(c: socket.socket) -> None:
+        with c:
+            got = b""
+            while b"\r\n\r\n" not in got:
+                more = c.recv(65536)
+                if not more:
+                    return
+                got += more
+            head, _, rest = got.partition(b"\r\n\r\n")
+            length = next((int(x.split(b":")[1]) for x in head.split(b"\r\n")
+                           if x.lower().startswith(b"content-length:")), 0)
+            while len(rest) < length:
+                rest += c.recv(65536)
+            c.sendall(b"HTTP/1.1 200 OK\r\nContent-Type: application/json\r\n"
+                      b"Connection: close\r\nContent-Length: %d\r\n\r\n%s" % (len(OK), OK))
+
+    def serve() -> None:
+        serving.wait()
+        listener.settimeout(60)
+        with contextlib.suppress(OSError):
+            while True:
+                c, _ = listener.accept()
+                threading.Thread(target=serve_one, args=(c,), daemon=True).start()
+
+    threading.Thread(target=serve, daemon=True).start()
+    g = Gate(f"127.0.0.1:{free_port()}", f"http://127.0.0.1:{port}", lambda: Readiness.OPEN,
+             60.0, retry_after=1, generation=lambda: 1)
+    g.start()
+    try:
+        out, t = in_thread(lambda: post(g.port))
+        wait_until(lambda: g.stats.connect_retries >= 1, 30 * TIMEOUT_SCALE,
+                   "a connect to time out")
+        serving.set()  # the queue drains: vLLM accepts again
+        t.join(60 * TIMEOUT_SCALE)
+        assert out == [(200, OK)]
+        assert (g.stats.upstream_timeouts, g.stats.failed_midrequest) == (0, 0)
+    finally:
+        g.stop()
+        listener.close()
+        for f in fillers:
+            f.close()

@@ -29,6 +29,11 @@ HOP_BY_HOP = frozenset({"connection", "keep-alive", "proxy-authenticate", "proxy
                         "content-length"})
 WHOLE_BODY = 4 * 2**20  # sized answers up to this are read whole, larger ones streamed
 WHOLE_BODY_TIMEOUT = 60.0  # reading such an answer once its head has come
+# Nothing of the request reached vLLM: refused, or no connection within CONNECT_TIMEOUT (vLLM's
+# listen queue full, SYNs dropped). The gate waits and tries the same request again; a connect
+# timeout was answered 504 "not retried" like an answer that never came.
+NOT_SENT = (aiohttp.ClientConnectorError, aiohttp.ConnectionTimeoutError)
+CONNECT_TIMEOUT = 5.0
 
 
 @dataclass(eq=False)
@@ -125,8 +130,8 @@ async def run(session: aiohttp.ClientSession, request: web.Request, url: str, bo
         if not ex.cut:
             raise  # the client left, or the gate stops
         return await _failed(request, response, ex, "engine_stuck")
-    except aiohttp.ClientConnectorError:
-        raise  # refused: nothing was sent; the caller holds it and tries again
+    except NOT_SENT:
+        raise  # refused or not connected in time: nothing was sent; the caller tries again
     except (aiohttp.ClientError, asyncio.TimeoutError) as exc:
         if isinstance(exc, asyncio.TimeoutError) and response is None:
             raise  # not a failure of the engine that vllmwatch confirmed: 504, as before

@@ -133,13 +133,15 @@ class Forwarder:
         self.session = aiohttp.ClientSession(
             connector=aiohttp.TCPConnector(limit=0, keepalive_timeout=KEEPALIVE),  # vLLM
             # queues; we must not
-            timeout=aiohttp.ClientTimeout(total=UPSTREAM_TOTAL, connect=5.0),
+            timeout=aiohttp.ClientTimeout(total=UPSTREAM_TOTAL,
+                                          connect=exchange.CONNECT_TIMEOUT),
             auto_decompress=False, trace_configs=[exchange.trace_config()])
         if self.spare_socket is not None:
             self.spare_session = aiohttp.ClientSession(
                 connector=aiohttp.UnixConnector(path=self.spare_socket, limit=0,
                                                 keepalive_timeout=KEEPALIVE),
-                timeout=aiohttp.ClientTimeout(total=UPSTREAM_TOTAL, connect=5.0),
+                timeout=aiohttp.ClientTimeout(total=UPSTREAM_TOTAL,
+                                          connect=exchange.CONNECT_TIMEOUT),
                 auto_decompress=False, trace_configs=[exchange.trace_config()])
 
     async def close(self) -> None:
@@ -226,8 +228,9 @@ class Forwarder:
                 continue
             try:
                 answer = await self._forward(request, body, gen, bool(tried))
-            except aiohttp.ClientConnectorError:
-                # Refused before anything was sent: vLLM is not up (yet); safe to try again.
+            except exchange.NOT_SENT:
+                # Refused (or not connected in time) before anything was sent: vLLM is not up
+                # (yet), or its listen queue is full; safe to try again.
                 self.stats.connect_retries += 1
                 self.door.suspect(REFUSED_HOLD)
                 continue
@@ -327,7 +330,7 @@ class Forwarder:
             else:
                 answered[0] = True
             return answer
-        except aiohttp.ClientConnectorError:
+        except exchange.NOT_SENT:
             self.stats.forwarded -= 1  # nothing was sent; the caller tries again
             raise
         except asyncio.TimeoutError:
