@@ -91,8 +91,10 @@ def _status_cli(text: str) -> str:
 
 
 def _gate(text: str) -> list[str]:
-    return [proxy._error(502, f"vLLM refused: {text}").text or "",
-            guard._refuse(503, f"no: {text}").text or ""]
+    return [proxy._error(path, 502, f"vLLM refused: {text}").text or ""
+            for path in ("/v1/completions", "/v1/messages")] + \
+        [guard._refuse(path, 503, f"no: {text}").text or ""
+         for path in ("/v1/completions", "/v1/messages")]
 
 
 def _incidents_cli(text: str, root: Path, capsys: pytest.CaptureFixture[str]) -> str:

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import math
 import threading
 from collections import deque
 from dataclasses import dataclass, field
@@ -21,6 +22,7 @@ import aiohttp
 from aiohttp import web
 from multidict import CIMultiDict
 
+from vllmwatch.config.redact import REDACT
 from vllmwatch.gate import replay
 
 # RFC 9110 7.6.1: meaningful for one connection only, never forwarded.
@@ -34,6 +36,18 @@ WHOLE_BODY_TIMEOUT = 60.0  # reading such an answer once its head has come
 # timeout was answered 504 "not retried" like an answer that never came.
 NOT_SENT = (aiohttp.ClientConnectorError, aiohttp.ConnectionTimeoutError)
 CONNECT_TIMEOUT = 5.0
+
+
+_KINDS = {503: "ServiceUnavailableError", 504: "GatewayTimeoutError"}
+
+
+def error_response(path: str, status: int, message: str, retry_after: float | None = None
+           ) -> web.Response:
+    """The gate's own error answer, in the shape of the path's API (replay.error_body)."""
+    headers = {"Retry-After": str(math.ceil(retry_after))} if retry_after is not None else {}
+    kind = _KINDS.get(status, "BadGatewayError")
+    return web.json_response(replay.error_body(path, status, REDACT.text(message), kind),
+                             status=status, headers=headers)
 
 
 @dataclass(eq=False)

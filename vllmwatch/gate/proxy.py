@@ -13,7 +13,6 @@ from __future__ import annotations
 
 import asyncio
 import dataclasses
-import math
 from collections.abc import Callable
 from dataclasses import dataclass
 
@@ -24,6 +23,7 @@ from vllmwatch.config.redact import REDACT
 from vllmwatch.gate import exchange, replay
 from vllmwatch.gate.door import Door, Readiness
 from vllmwatch.gate.exchange import Fence
+from vllmwatch.gate.exchange import error_response as _error
 from vllmwatch.gate.guard import MAX_BODY, Guard
 from vllmwatch.gate.replay import upstream_target
 
@@ -31,10 +31,8 @@ HOP_BY_HOP = exchange.HOP_BY_HOP
 REFUSED_HOLD = 0.5  # after vLLM refused a connection, hold this long before trying again
 # One forwarded exchange with vLLM, head to last byte (a long streamed generation included).
 UPSTREAM_TOTAL = 3600.0
-# An idle upstream connection is dropped after this long. vLLM's uvicorn closes one idle for 5 s
-# (VLLM_HTTP_TIMEOUT_KEEP_ALIVE); aiohttp's own 15 s let the gate reuse a connection vLLM was
-# closing: the request met a disconnect, was taken for the engine's failure, and a healthy
-# engine's client got a 503 after hold_timeout (502 without replay).
+# Idle upstream connections are dropped before vLLM's uvicorn drops them (5 s): a reused one it
+# was closing looked like the engine's death, and a healthy engine's client got a 503 or 502.
 KEEPALIVE = 2.0
 NEXT_ENGINE_POLL = 0.05  # a replay waits for an engine it was not sent to yet
 
@@ -94,16 +92,6 @@ class GenFigures:
 GENS_KEPT = 16  # generations whose figures are kept (a few per restart)
 
 
-def _error(path: str, status: int, message: str, retry_after: float | None = None
-           ) -> web.Response:
-    """The gate's own error answer, in the shape of the path's API (replay.error_body)."""
-    headers = {"Retry-After": str(math.ceil(retry_after))} if retry_after is not None else {}
-    kind = {503: "ServiceUnavailableError", 504: "GatewayTimeoutError"}.get(status,
-                                                                           "BadGatewayError")
-    return web.json_response(replay.error_body(path, status, REDACT.text(message), kind),
-                             status=status, headers=headers)
-
-
 class Forwarder:
     """Owns the client session to vLLM and handles every request of the gate's server."""
 
@@ -131,8 +119,7 @@ class Forwarder:
     async def open(self) -> None:
         """Create the client session (on the gate's loop)."""
         self.session = aiohttp.ClientSession(
-            connector=aiohttp.TCPConnector(limit=0, keepalive_timeout=KEEPALIVE),  # vLLM
-            # queues; we must not
+            connector=aiohttp.TCPConnector(limit=0, keepalive_timeout=KEEPALIVE),  # vLLM queues
             timeout=aiohttp.ClientTimeout(total=UPSTREAM_TOTAL,
                                           connect=exchange.CONNECT_TIMEOUT),
             auto_decompress=False, trace_configs=[exchange.trace_config()])
@@ -319,10 +306,8 @@ class Forwarder:
             try:
                 answer = await ex.task
             except asyncio.CancelledError:
-                if not ex.cut or ex.begun:
-                    raise  # the client left, or the gate stops
-                # Cut before its first step (vllmwatch declared the engine stuck as it was
-                # sent): nothing was sent, so it is replayed like any unanswered request.
+                if not ex.cut or ex.begun:  # the client left, or the gate stops
+                    raise  # (else cut before its first step: nothing was sent, replayed)
                 answer = exchange.Failed("engine_stuck")
             if isinstance(answer, exchange.Failed):
                 self.stats.failed_midrequest += 1
