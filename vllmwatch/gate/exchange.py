@@ -41,11 +41,14 @@ CONNECT_TIMEOUT = 5.0
 _KINDS = {503: "ServiceUnavailableError", 504: "GatewayTimeoutError"}
 
 
-def error_response(path: str, status: int, message: str, retry_after: float | None = None
-           ) -> web.Response:
-    """The gate's own error answer, in the shape of the path's API (replay.error_body)."""
+def error_response(path: str, status: int, message: str, retry_after: float | None = None,
+                   kind: str | None = None, close: bool = False) -> web.Response:
+    """The gate's own error answer, in the shape of the path's API (replay.error_body); its
+    message redacted. close: the connection closes after it (a refused body)."""
     headers = {"Retry-After": str(math.ceil(retry_after))} if retry_after is not None else {}
-    kind = _KINDS.get(status, "BadGatewayError")
+    if close:
+        headers["Connection"] = "close"
+    kind = kind or _KINDS.get(status, "BadGatewayError")
     return web.json_response(replay.error_body(path, status, REDACT.text(message), kind),
                              status=status, headers=headers)
 

@@ -23,8 +23,7 @@ from typing import Any
 
 from aiohttp import web
 
-from vllmwatch.config.redact import REDACT
-from vllmwatch.gate.replay import error_body
+from vllmwatch.gate.exchange import error_response
 
 MAX_CONNECTIONS = 1024
 IDLE_TIMEOUT = 60.0  # no request in progress (before the first one, or between them)
@@ -221,7 +220,4 @@ class Guard:
 
 def _refuse(path: str, status: int, message: str, retry_after: int | None = None
             ) -> web.Response:
-    headers = {"Retry-After": str(retry_after)} if retry_after is not None else {}
-    headers["Connection"] = "close"
-    return web.json_response(error_body(path, status, REDACT.text(message), "RequestRefused"),
-                             status=status, headers=headers)
+    return error_response(path, status, message, retry_after, "RequestRefused", close=True)

@@ -19,7 +19,6 @@ from dataclasses import dataclass
 import aiohttp
 from aiohttp import web
 
-from vllmwatch.config.redact import REDACT
 from vllmwatch.gate import exchange, replay
 from vllmwatch.gate.door import Door, Readiness
 from vllmwatch.gate.exchange import Fence
@@ -244,8 +243,7 @@ class Forwarder:
             self.guard.count("path_refused")
         else:
             self.stats.path_refused += 1
-        return web.json_response(replay.error_body(path, 404, REDACT.text(why),
-                                                   "NotFoundError"), status=404)
+        return _error(path, 404, why, kind="NotFoundError")
 
     def _why_not(self, request: web.Request, body: bytes, failures: int) -> str | None:
         """None when the request may be replayed once more; else why not (counted)."""
