@@ -20,6 +20,7 @@ from collections.abc import Callable
 from typing import Any
 
 from vllmwatch.config.schema import Config
+from vllmwatch.gate.exchange import keepalive_of
 from vllmwatch.logfn import LogFn
 from vllmwatch.status.server import StatusListenError, StatusServer
 from vllmwatch.status.snapshot import Snapshot
@@ -83,7 +84,7 @@ class Live:
                          replay_max=new.gate.replay_max)
             # written on the gate's own thread, where requests read them (Gate.reconfigure)
             self.gate.reconfigure(new.gate.hold_timeout, new.gate.retry_after,
-                                  new.gate.replay, new.gate.replay_max)
+                                  new.gate.replay, new.gate.replay_max, keepalive_of(new))
         # Against the config as started, never the last reload's: a second reload must not
         # clear a notice for a key that still waits for the restart (memory.unified did).
         needed = tuple(key for key, get in RESTART_KEYS if get(new) != get(self.started))

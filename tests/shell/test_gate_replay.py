@@ -24,8 +24,7 @@ import pytest
 
 from tests.support import TIMEOUT_SCALE, free_port, wait_until
 from vllmwatch.gate import replay
-from vllmwatch.gate.door import Readiness
-from vllmwatch.gate.exchange import Fence
+from vllmwatch.gate.door import Fence, Readiness
 from vllmwatch.gate.runner import Gate
 from vllmwatch.testing.fake_api import ENGINE_DEAD_BODY, ENGINE_DEAD_EVENT
 

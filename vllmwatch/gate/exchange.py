@@ -2,9 +2,10 @@
 
 The answer's head is held until its first body byte (vLLM sends a stream's 200 head before
 any token): until then nothing has reached the client and the request may be sent again
-(gate/replay.py). The send is fenced (Fence, below): the request is marked written only on
-the event loop's next turn after its last write, so a stop order that waited for it comes
-after its bytes are in the socket.
+(gate/replay.py). The send is fenced (gate/door.py Fence): the request is marked written only
+on the event loop's next turn after its last write, so a stop order that waited for it comes
+after its bytes are in the socket. Upstreams (below) owns the sessions to vLLM, whose idle
+connections it drops before vLLM does.
 """
 
 from __future__ import annotations
@@ -12,8 +13,8 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import math
-import threading
-from collections import deque
+import os
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 from types import SimpleNamespace
 from typing import Any
@@ -22,8 +23,11 @@ import aiohttp
 from aiohttp import web
 from multidict import CIMultiDict
 
+from vllmwatch.config.command import KeyFileError, read_env_file
 from vllmwatch.config.redact import REDACT
+from vllmwatch.config.schema import Config
 from vllmwatch.gate import replay
+from vllmwatch.gate.door import Fence
 
 # RFC 9110 7.6.1: meaningful for one connection only, never forwarded.
 HOP_BY_HOP = frozenset({"connection", "keep-alive", "proxy-authenticate", "proxy-authorization",
@@ -186,71 +190,95 @@ async def _failed(request: web.Request, response: web.StreamResponse | None, ex:
     return response
 
 
-# ---- the fence ----------------------------------------------------------------------
-# The fence between the watchdog's stop orders and the gate's sends (issue 37.9).
+# ---- keep-alive: the sessions to vLLM ----------------------------------------------------
+# The gate's client sessions to vLLM, whose idle connections it drops before vLLM does.
 #
-# The daemon's loop tells the gate, on its own thread and BEFORE it signals a child, that the
-# child's engine generation (its pid) is to stop: `order(gen)`. From then on no request is sent
-# to that generation, and `order` returns only once every send that had passed the check has
-# been written to its socket (bounded by FENCE_WAIT): what the old vLLM receives, it received
-# before its SIGTERM. A send that still completes after that is counted (`late`), a defect by
-# definition; the snapshot's readiness alone (polled, published at the end of a loop turn)
-# cannot give this order, since a turn may signal the child before its new state is published.
-# Thread-safe: `order` runs on the loop's thread, everything else on the gate's event loop.
+# vLLM's uvicorn closes a connection idle `VLLM_HTTP_TIMEOUT_KEEP_ALIVE` seconds (its own
+# `envs.py`: `int(os.getenv(..., "5"))`, vLLM 0.26 and 0.32). A request the gate writes on a
+# connection uvicorn is closing meets a disconnect before any answer: the gate cannot tell that
+# from the engine's death, so a healthy engine's client was held for a replay that never came
+# and got 503. The gate therefore drops its idle connections first, at 0.4 x vLLM's figure and
+# at most KEEPALIVE; a figure of 0 or one vLLM cannot parse means no reuse at all.
 
-FENCE_WAIT = 2.0  # the longest a stop order waits for sends under way (connect: 5 s cap)
-REMEMBERED = 64  # stopped generations remembered (pids; a few per restart)
+VLLM_VAR = "VLLM_HTTP_TIMEOUT_KEEP_ALIVE"
+VLLM_DEFAULT = 5  # seconds, when the variable is not set (vLLM's default)
+KEEPALIVE = 2.0  # the gate's ceiling: 2 s before uvicorn's default 5 s
+SHARE = 0.4  # of vLLM's figure: the gate's clock starts after uvicorn's (the answer read)
+UPSTREAM_TOTAL = 3600.0  # one exchange with vLLM, head to last byte (a long stream included)
 
 
-class Fence:
-    """Which engine generations were told to stop, and the sends under way to each."""
+def upstream_keepalive(env: Mapping[str, str], ceiling: float = KEEPALIVE) -> float:
+    """Seconds an idle upstream connection is kept for reuse; 0 = never reused."""
+    raw = env.get(VLLM_VAR)
+    if raw is None:
+        seconds = VLLM_DEFAULT
+    else:
+        try:
+            seconds = int(raw.strip())
+        except ValueError:  # vLLM itself will not start with it; never reuse meanwhile
+            return 0.0
+    return max(0.0, min(ceiling, SHARE * seconds))
+
+
+def child_env(config: Config, base_env: Mapping[str, str] | None = None) -> dict[str, str]:
+    """The variables vLLM is started with that decide its keep-alive, in the order
+    config/command.build applies them: the daemon's environment, [vllm.env], vllm.env_file."""
+    env = dict(os.environ if base_env is None else base_env)
+    env.update(config.vllm.env)
+    with contextlib.suppress(KeyFileError):  # the launch reports it, with what to do
+        env.update(read_env_file(config)[0])
+    return env
+
+
+def keepalive_of(config: Config, ceiling: float = KEEPALIVE) -> float:
+    """The gate's upstream keep-alive for vLLM as `config` starts it."""
+    return upstream_keepalive(child_env(config), ceiling)
+
+
+class Upstreams:
+    """The client sessions to vLLM's port and to the spare's Unix socket (issue 34), made on
+    the gate's loop with one keep-alive. A reload only ever shortens it (the engine that runs
+    until the restart may still have the old, shorter figure): new sessions are made and the
+    old ones stay open for the exchanges under way, closed at close(). The figure is vLLM's
+    whole seconds x SHARE under KEEPALIVE, so it can shorten at most five times: the retired
+    sessions are bounded by construction."""
 
     def __init__(self) -> None:
-        self._cond = threading.Condition()
-        self._stopped: deque[int] = deque(maxlen=REMEMBERED)
-        self._signalled: deque[int] = deque(maxlen=REMEMBERED)  # the wait is over
-        self._sending: dict[int, int] = {}
-        self.late = 0  # sends written after the stop order's wait ended (must stay 0)
-        self.timeouts = 0  # stop orders that did not see their sends done within FENCE_WAIT
+        self.keepalive = upstream_keepalive({})  # start_gate sets vLLM's own
+        self.spare_socket: str | None = None
+        self.main: aiohttp.ClientSession | None = None
+        self.spare: aiohttp.ClientSession | None = None
+        self.retired: list[aiohttp.ClientSession] = []
 
-    def stopped(self, gen: int | None) -> bool:
-        """Whether `gen` was told to stop (None: unknown generation, never fenced)."""
-        with self._cond:
-            return gen is not None and gen in self._stopped
+    def open(self) -> None:
+        """Make the sessions (on the gate's loop: aiohttp binds them to it)."""
+        reuse: dict[str, object] = ({"keepalive_timeout": self.keepalive}
+                                    if self.keepalive > 0 else {"force_close": True})
+        timeout = aiohttp.ClientTimeout(total=UPSTREAM_TOTAL, connect=CONNECT_TIMEOUT)
+        self.main = aiohttp.ClientSession(
+            connector=aiohttp.TCPConnector(limit=0, **reuse),  # type: ignore[arg-type]
+            timeout=timeout, auto_decompress=False,  # limit 0: vLLM queues, not the gate
+            trace_configs=[trace_config()])
+        if self.spare_socket is not None:
+            self.spare = aiohttp.ClientSession(
+                connector=aiohttp.UnixConnector(path=self.spare_socket, limit=0,
+                                                **reuse),  # type: ignore[arg-type]
+                timeout=timeout, auto_decompress=False,
+                trace_configs=[trace_config()])
 
-    def begin(self, gen: int | None) -> bool:
-        """A send to `gen` is about to start: False (and nothing counted) if it may not."""
-        if gen is None:
-            return True
-        with self._cond:
-            if gen in self._stopped:
-                return False
-            self._sending[gen] = self._sending.get(gen, 0) + 1
-            return True
-
-    def sent(self, gen: int | None) -> None:
-        """The send begun by begin(gen) is written (or failed): the stop order may go on."""
-        if gen is None:
+    def narrow(self, seconds: float) -> None:
+        """A reload's keep-alive (on the gate's loop, or with the gate not serving): taken
+        only when shorter."""
+        if seconds >= self.keepalive:
             return
-        with self._cond:
-            left = self._sending.get(gen, 0) - 1
-            if left > 0:
-                self._sending[gen] = left
-            else:
-                self._sending.pop(gen, None)
-            if gen in self._signalled:
-                self.late += 1
-            self._cond.notify_all()
+        self.keepalive = seconds
+        if self.main is None or self.main.closed:
+            return  # not serving: open() takes it
+        self.retired += [s for s in (self.main, self.spare) if s is not None]
+        self.open()
 
-    def order(self, gen: int, wait: float = FENCE_WAIT) -> bool:
-        """`gen` is told to stop: no new send to it; wait for the sends under way. True when
-        none is left (False: timed out, counted)."""
-        with self._cond:
-            if gen not in self._stopped:
-                self._stopped.append(gen)
-            done = self._cond.wait_for(lambda: not self._sending.get(gen), wait)
-            if not done:
-                self.timeouts += 1
-            if gen not in self._signalled:
-                self._signalled.append(gen)
-            return done
+    async def close(self) -> None:
+        """Close every session."""
+        for session in (self.main, self.spare, *self.retired):
+            if session is not None:
+                await session.close()

@@ -16,23 +16,19 @@ import dataclasses
 from collections.abc import Callable
 from dataclasses import dataclass
 
-import aiohttp
 from aiohttp import web
 
 from vllmwatch.gate import exchange, replay
-from vllmwatch.gate.door import Door, Readiness
-from vllmwatch.gate.exchange import Fence
+from vllmwatch.gate.door import Door, Fence, Readiness
 from vllmwatch.gate.exchange import error_response as _error
 from vllmwatch.gate.guard import MAX_BODY, Guard
 from vllmwatch.gate.replay import upstream_target
 
 HOP_BY_HOP = exchange.HOP_BY_HOP
 REFUSED_HOLD = 0.5  # after vLLM refused a connection, hold this long before trying again
-# One forwarded exchange with vLLM, head to last byte (a long streamed generation included).
-UPSTREAM_TOTAL = 3600.0
-# Idle upstream connections are dropped before vLLM's uvicorn drops them (5 s): a reused one it
-# was closing looked like the engine's death, and a healthy engine's client got a 503 or 502.
-KEEPALIVE = 2.0
+# Idle upstream connections are dropped before vLLM's uvicorn drops them (exchange.Upstreams):
+# a reused one it was closing looked like the engine's death; a healthy engine's client got 503.
+KEEPALIVE = exchange.KEEPALIVE  # the ceiling of Forwarder.upstreams.keepalive
 NEXT_ENGINE_POLL = 0.05  # a replay waits for an engine it was not sent to yet
 
 
@@ -106,36 +102,23 @@ class Forwarder:
         self._log = log or (lambda *a, **k: None)
         self.live: set[exchange.Exchange] = set()  # exchanges under way, for cut()
         self.gens: dict[int | None, GenFigures] = {}  # newest GENS_KEPT generations
-        self.session: aiohttp.ClientSession | None = None
+        self.upstreams = exchange.Upstreams()  # the sessions to vLLM and to the spare
+        self.upstreams.keepalive = min(KEEPALIVE, self.upstreams.keepalive)
         self.guard: Guard | None = None  # set by the runner once its server exists
         # The sleeping spare engine (issue 34): its Unix socket, whether it serves now (the
         # daemon's snapshot says so only once it is proven awake), and what it has in flight
         self.spare_socket: str | None = None
         self.to_spare: Callable[[], bool] = lambda: False
-        self.spare_session: aiohttp.ClientSession | None = None
         self.spare_in_flight = 0
 
     async def open(self) -> None:
-        """Create the client session (on the gate's loop)."""
-        self.session = aiohttp.ClientSession(
-            connector=aiohttp.TCPConnector(limit=0, keepalive_timeout=KEEPALIVE),  # vLLM queues
-            timeout=aiohttp.ClientTimeout(total=UPSTREAM_TOTAL,
-                                          connect=exchange.CONNECT_TIMEOUT),
-            auto_decompress=False, trace_configs=[exchange.trace_config()])
-        if self.spare_socket is not None:
-            self.spare_session = aiohttp.ClientSession(
-                connector=aiohttp.UnixConnector(path=self.spare_socket, limit=0,
-                                                keepalive_timeout=KEEPALIVE),
-                timeout=aiohttp.ClientTimeout(total=UPSTREAM_TOTAL,
-                                          connect=exchange.CONNECT_TIMEOUT),
-                auto_decompress=False, trace_configs=[exchange.trace_config()])
+        """Create the client sessions (on the gate's loop)."""
+        self.upstreams.spare_socket = self.spare_socket
+        self.upstreams.open()
 
     async def close(self) -> None:
         """Close the client sessions."""
-        if self.session is not None:
-            await self.session.close()
-        if self.spare_session is not None:
-            await self.spare_session.close()
+        await self.upstreams.close()
 
     def cut(self, gen: int) -> int:
         """vllmwatch declared engine `gen` stuck: end its exchanges now (those not begun are
@@ -283,14 +266,15 @@ class Forwarder:
                        replay: bool = False) -> web.StreamResponse | exchange.Failed:
         """One exchange with engine `gen` (the fence counted its send in _handle); replay:
         it was sent to another engine before."""
-        assert self.session is not None
+        main, spare_session = self.upstreams.main, self.upstreams.spare
+        assert main is not None
         ex = exchange.Exchange(gen, self.fence, request.path, bool(body))
         # Counted before the look (issue 34): a spare's drain that sees none in flight after
         # the route went back (to_spare false) knows none will reach the spare any more.
         self.spare_in_flight += 1
-        spare = self.spare_session is not None and self.to_spare()
+        spare = spare_session is not None and self.to_spare()
         self.spare_in_flight -= not spare
-        session = self.spare_session if spare and self.spare_session else self.session
+        session = spare_session if spare and spare_session else main
         # The path checked (gate/replay.py), never the client's raw form of it.
         url = ("http://spare" if spare else self.upstream) + upstream_target(
             request.path, request.rel_url.raw_query_string)

@@ -23,6 +23,7 @@ from vllmwatch.config.hosts import connect_host, parse_address, url_host
 from vllmwatch.config.schema import Config
 from vllmwatch.gate import guard as guardmod
 from vllmwatch.gate.door import Door, Readiness, readiness_of
+from vllmwatch.gate.exchange import keepalive_of
 from vllmwatch.gate.guard import MAX_CONNECTIONS
 from vllmwatch.gate.proxy import Forwarder, GateStats
 from vllmwatch.logfn import LogFn
@@ -137,7 +138,7 @@ class Gate:
     def stop_order(self, gen: int | None, cut: bool = False) -> None:
         """The daemon is about to signal engine generation `gen` (its pid): from now on
         nothing is sent to it, and this returns once what was under way is in its socket
-        (bounded: gate/exchange.py, Fence). cut: the engine is stuck, so its exchanges are ended at
+        (bounded: gate/door.py, Fence). cut: the engine is stuck, so its exchanges are ended at
         once (those not begun are replayed). Called on the loop's thread."""
         loop = self._loop
         if gen is None or loop is None or not self.running:
@@ -187,14 +188,16 @@ class Gate:
             return None
 
     def reconfigure(self, hold_timeout: float, retry_after: float, replay: bool,
-                    replay_max: int) -> None:
-        """A reload's gate.hold_timeout, retry_after, replay and replay_max (any thread):
-        written on the gate's own thread, where the forwarder reads them, so no attribute is
-        written from another thread while a request reads it (issue 32 item 5)."""
+                    replay_max: int, keepalive: float | None = None) -> None:
+        """A reload's gate.hold_timeout, retry_after, replay, replay_max and vLLM's keep-alive
+        (any thread): written on the gate's own thread, where the forwarder reads them, so no
+        attribute is written from another thread while a request reads it (issue 32 item 5)."""
         def apply() -> None:
             fwd = self.forwarder
             fwd.hold_timeout, fwd.retry_after = hold_timeout, retry_after
             fwd.replay, fwd.replay_max = replay, replay_max
+            if keepalive is not None:
+                fwd.upstreams.narrow(keepalive)
 
         loop = self._loop
         if loop is None or loop.is_closed():
@@ -322,6 +325,7 @@ def start_gate(config: Config, log: LogFn, get_snapshot: Callable[[], Snapshot],
     gate = Gate(g.listen, upstream, readiness, g.hold_timeout, g.retry_after, failed, log=log,
                 max_connections=max_connections, generation=generation)
     gate.forwarder.replay, gate.forwarder.replay_max = g.replay, g.replay_max
+    gate.forwarder.upstreams.keepalive = keepalive_of(config)
     if spare_socket is not None:  # the spare's plan is on: a second upstream
         gate.forwarder.spare_socket = spare_socket
         gate.forwarder.to_spare = lambda: get_snapshot().serving == "spare"
@@ -332,7 +336,7 @@ def start_gate(config: Config, log: LogFn, get_snapshot: Callable[[], Snapshot],
         return gate  # kept, so /status and the metrics show the error
     log("info", "gate.listening", listen=g.listen, upstream=upstream,
         hold_timeout_s=g.hold_timeout, replay=g.replay, replay_max=g.replay_max,
-        loop=gate.loop)
+        loop=gate.loop, upstream_keepalive_s=gate.forwarder.upstreams.keepalive)
     return gate
 
 
