@@ -82,6 +82,10 @@ interval = 2
      ["HH:MM-HH:MM"]),
     ('[vllm]\nmodel = "/m"\n[vllm.args]\n"--max-model-len" = 5\n', "vllm.args",
      ["without dashes"]),
+    ('[vllm]\nmodel = "/m"\n[vllm.env]\nVLLM_HTTP_TIMEOUT_KEEP_ALIVE = "2.5"\n',
+     "vllm.env.VLLM_HTTP_TIMEOUT_KEEP_ALIVE", ["'2.5'", "whole number", '"5"']),
+    ('[vllm]\nmodel = "/m"\n[vllm.env]\nVLLM_HTTP_TIMEOUT_KEEP_ALIVE = "5s"\n',
+     "vllm.env.VLLM_HTTP_TIMEOUT_KEEP_ALIVE", ["'5s'", "whole number"]),
     ('[vllm]\nport = 8000\n', "vllm.model", ["missing"]),
     ('vllm = 5\n', "vllm", ["expected a table"]),
 ])
@@ -168,3 +172,10 @@ def test_cli_version() -> None:
     out = subprocess.run([sys.executable, "-m", "vllmwatch", "--version"], capture_output=True,
                          text=True, check=True)
     assert out.stdout.startswith("vllmwatch ")
+
+
+@pytest.mark.parametrize("value", ["5", "600", "0", " 3 ", "-1"])
+def test_vllm_keepalive_values_vllm_parses_are_taken(tmp_path: Path, value: str) -> None:
+    cfg = load(write(tmp_path, f'[vllm]\nmodel = "/m"\n[vllm.env]\n'
+                               f'VLLM_HTTP_TIMEOUT_KEEP_ALIVE = "{value}"\n'))
+    assert cfg.vllm.env["VLLM_HTTP_TIMEOUT_KEEP_ALIVE"] == value

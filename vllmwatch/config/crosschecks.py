@@ -27,7 +27,28 @@ def cross_checks(config: Config) -> list[Problem]:
     if why is not None:
         out.append(Problem("status.listen", f"bad value {config.status.listen!r}: {why}"))
     return out + _canary_checks(config) + _gate_checks(config) + _address_checks(config) \
-        + startcache_problems(config, {}) + _spare_checks(config)
+        + startcache_problems(config, {}) + _spare_checks(config) + _env_checks(config)
+
+
+# vLLM reads these with int() when it uses them, after the weights have loaded (the API
+# server's start): a value it cannot parse costs a whole start, then a crash loop.
+INT_VARIABLES = {"VLLM_HTTP_TIMEOUT_KEEP_ALIVE": "whole seconds, e.g. \"5\" (vLLM's default)"}
+
+
+def _env_checks(config: Config) -> list[Problem]:
+    """[vllm.env] values vLLM is known to refuse, named with what it accepts."""
+    out = []
+    for name, accepted in INT_VARIABLES.items():
+        value = config.vllm.env.get(name)
+        if value is None:
+            continue
+        try:
+            int(value.strip())
+        except ValueError:
+            out.append(Problem(f"vllm.env.{name}", f"bad value {show(value)}: vLLM reads it "
+                               f"as a whole number and stops its start on anything else; "
+                               f"expected {accepted}"))
+    return out
 
 
 def _address_checks(config: Config) -> list[Problem]:
