@@ -7,11 +7,12 @@ native socket is missing or a send fails, the same event goes to stderr as a `<N
 from __future__ import annotations
 
 import json
+import logging
 import os
 import sys
 import threading
 import time
-from collections.abc import Mapping, MutableMapping
+from collections.abc import Callable, Mapping, MutableMapping
 from typing import IO, Any
 
 import structlog
@@ -145,4 +146,40 @@ def setup(fmt: str = "auto", level: str = "info", stream: IO[str] | None = None,
             return
         logger.msg(event, level=level, **fields)  # no journal: the same event on stderr
 
+    logging.root.handlers = [Bridge(log)]  # a reload's setup replaces, never stacks
+    logging.root.setLevel(logging.WARNING)
     return log
+
+
+LIBRARY_EVERY = 60.0  # one library.message per logger per this many seconds, with a count
+
+
+class Bridge(logging.Handler):
+    """Records of the libraries' stdlib loggers (aiohttp's server quotes a request it cannot
+    parse, its headers included): without a handler they reach stderr through logging's
+    lastResort, unredacted and with a traceback. Here they become `library.message` events
+    through the one redactor, with the exception's type and text and no traceback, at most
+    one per logger per LIBRARY_EVERY seconds (a client can send bad requests in a loop)."""
+
+    def __init__(self, log: LogFn, clock: Callable[[], float] = time.monotonic) -> None:
+        super().__init__(logging.WARNING)
+        self._log, self._clock = log, clock
+        self._last: dict[str, float] = {}
+        self._held: dict[str, int] = {}
+
+    def emit(self, record: logging.LogRecord) -> None:
+        try:
+            now, name = self._clock(), record.name
+            if now - self._last.get(name, float("-inf")) < LIBRARY_EVERY:
+                self._held[name] = self._held.get(name, 0) + 1
+                return
+            self._last[name] = now
+            fields: dict[str, Any] = {"logger": name, "message": record.getMessage()}
+            if record.exc_info and record.exc_info[1] is not None:
+                exc = record.exc_info[1]
+                fields["error"] = f"{type(exc).__name__}: {exc}"
+            fields["since_last"] = self._held.pop(name, 0)  # not logged in between
+            level = "error" if record.levelno >= logging.ERROR else "warning"
+            self._log(level, "library.message", **fields)
+        except Exception:  # a log line never takes the daemon down, nor prints a traceback
+            return
