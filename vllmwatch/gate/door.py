@@ -53,6 +53,7 @@ class Door:
         # child's pid), each opening stands for a new engine (a replay waits for the next).
         self.epoch = 0
         self._was_open = False
+        self._closed = False  # the gate stops: CLOSED from now on, whatever the daemon says
 
     @property
     def waiting(self) -> int:
@@ -62,7 +63,7 @@ class Door:
     def refresh(self) -> None:
         """Read readiness now and release the waiters if it allows."""
         loop = asyncio.get_running_loop()
-        state = self._get()
+        state = Readiness.CLOSED if self._closed else self._get()
         if state == Readiness.OPEN and not self._was_open:
             self.epoch += 1
         self._was_open = state == Readiness.OPEN
@@ -99,6 +100,14 @@ class Door:
                 fut.cancel()
             with contextlib.suppress(ValueError):
                 self._waiters.remove(fut)
+
+    def close(self) -> None:
+        """The gate stops: every request waiting here, and every later one, is refused now
+        (503 "vllmwatch is stopping"), never left to the server's shutdown grace, which
+        drops its connection without an answer (the watcher's last poll may predate the
+        daemon's final "stopped")."""
+        self._closed = True
+        self.refresh()
 
     def suspect(self, seconds: float) -> None:
         """vLLM refused a connection although the daemon said ready: hold for a moment."""

@@ -14,7 +14,7 @@ import asyncio
 import contextlib
 import math
 import os
-from collections.abc import Mapping
+from collections.abc import Awaitable, Mapping
 from dataclasses import dataclass, field
 from types import SimpleNamespace
 from typing import Any
@@ -134,7 +134,7 @@ async def run(session: aiohttp.ClientSession, request: web.Request, url: str, bo
             response = web.StreamResponse(status=up.status, reason=up.reason, headers=headers)
             if up.content_length is not None:
                 response.content_length = up.content_length
-            await response.prepare(request)
+            await _to_client(response.prepare(request))
             ex.begun = True
             chunk = first
             while chunk:  # as it arrives: SSE stays live
@@ -142,11 +142,14 @@ async def run(session: aiohttp.ClientSession, request: web.Request, url: str, bo
                     ex.vllm_error = True  # vLLM's own error event: the stream is ended
                 if replay.END_OF_STREAM.search(chunk):
                     ex.ended = True  # vLLM may fail after it (measured): nothing is lost
-                await response.write(chunk)
+                await _to_client(response.write(chunk))
                 ex.tail = (ex.tail + chunk)[-2:]
                 chunk = await up.content.readany()
-            await response.write_eof()
+            await _to_client(response.write_eof())
             return response
+    except ClientGone:
+        assert response is not None  # raised by a write to it
+        return response  # never the engine's failure: nothing counted, nothing replayed
     except asyncio.CancelledError:
         if not ex.cut:
             raise  # the client left, or the gate stops
@@ -159,6 +162,20 @@ async def run(session: aiohttp.ClientSession, request: web.Request, url: str, bo
         return await _failed(request, response, ex, "connection")
     finally:
         ex.mark_written()
+
+
+class ClientGone(Exception):
+    """The client's connection broke while the gate wrote to it (a chat UI's stop button):
+    aiohttp raises ClientConnectionResetError, an aiohttp.ClientError, which was taken for
+    vLLM failing and counted against a healthy engine (cut, failed_midrequest)."""
+
+
+async def _to_client(write: Awaitable[object]) -> None:
+    """A write to the client; its connection breaking is ClientGone, never a ClientError."""
+    try:
+        await write
+    except ConnectionError as exc:
+        raise ClientGone from exc
 
 
 async def _failed(request: web.Request, response: web.StreamResponse | None, ex: Exchange,

@@ -273,6 +273,7 @@ class Gate:
                     task.result()  # the readiness watcher or the sweeper died: raise it
                     raise RuntimeError("a gate task ended")
         finally:
+            self.door.close()  # held requests get their 503 before the shutdown grace
             watcher.cancel()
             sweeper.cancel()
             if listener is not None:
