@@ -129,7 +129,7 @@ def halted(s: WatchState, now: float) -> Result:
     if t.rung == R.OFF:
         return s, [StopSpare("vllmwatch is stopping")]  # a build answer may be out
     t, acts = move(t, R.OFF, now, "vllmwatch is stopping")
-    return _set(s, replace(t, why="vllmwatch is stopping"), [*acts, StopSpare(
+    return _set(s, replace(t, why="vllmwatch is stopping", pid=None), [*acts, StopSpare(
         "vllmwatch is stopping")])
 
 
@@ -145,6 +145,9 @@ def reloaded(s: WatchState, now: float, changed: str = "", inputs: Inputs = ()) 
     t = _t(s)
     if s.exit_code is not None:
         return s, []
+    if t.retries != max(1, s.config.spare.retries):  # reloadable: the next failure counts it
+        s = replace(s, spare=replace(t, retries=max(1, s.config.spare.retries)))
+        t = _t(s)
     if inputs and t.rung == R.BUILDING:
         s = replace(s, spare=replace(t, want=inputs))
         t = _t(s)
@@ -154,8 +157,8 @@ def reloaded(s: WatchState, now: float, changed: str = "", inputs: Inputs = ()) 
         why = "spare.enabled = false (config reloaded)"
         if t.rung == R.OFF:  # not built yet (or a build answer may still be out)
             return _set(s, replace(t, wanted=False, why=why, stale=""), [StopSpare(why)])
-        t, acts = move(replace(t, wanted=False, why=why, stale="", began=None, late=False),
-                       R.OFF, now, why)
+        t, acts = move(replace(t, wanted=False, why=why, stale="", began=None, late=False,
+                               pid=None), R.OFF, now, why)  # its tree is stopped: no pid
         back: list[Action] = [Route("full")] if _t(s).rung == R.SERVING else []
         return _set(s, t, [*back, *acts, StopSpare(why)])
     if not t.wanted and t.rung == R.OFF:
