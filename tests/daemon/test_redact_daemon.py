@@ -64,18 +64,22 @@ def test_a_smoke_checks_failed_answer_leaves_no_secret(tmp_path: Path) -> None:
                        + " Bearer t0kenB3arer9 from https://u:Passw0rdUrl9@hub/x" * 4)
     cfg = merge(base_config(free_port(), free_port(),
                             ["--fake-messages-fail-while", str(planted)]),
-                {"vllm": {"api_key_file": str(key)}, "startup": {"timeout": "5s"}})
+                {"vllm": {"api_key_file": str(key)},
+                 # the failed check holds READY until startup.timeout ends the start: long
+                 # enough for the fake's start and its check on a loaded box (5 s was not:
+                 # every start timed out before the check ran), short enough for one test
+                 "startup": {"timeout": "25s"}})
     cfg["smoke"] = [{"endpoint": "messages"}]
     (tmp_path / "d").mkdir()
     d = Daemon(tmp_path / "d", cfg)
     d.start()
     try:
-        failed = d.wait_event("smoke.failed", 30.0)
+        failed = d.wait_event("smoke.failed", 60.0)
         # the key stood across the cut: hidden whole, then cut inside "<redacted>"
         assert said in failed["error"] and failed["answer"].endswith("<redacted")
         status = d.http_get("/status")[1].decode()
         assert "<redacted>" in status
-        event = d.wait_event("incident.recorded", 30.0)
+        event = d.wait_event("incident.recorded", 60.0)
         files = {p.name: p.read_text() for p in Path(event["incident_path"]).iterdir()}
         assert "smoke check 'messages'" in files["record.json"]
     finally:
