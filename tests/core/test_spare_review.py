@@ -1,16 +1,21 @@
-"""The spare's track against a hostile review: a reload's spare.retries is taken, and a spare
-turned off (by a reload or by vllmwatch stopping) shows no pid. Each failed on the previous
-code."""
+"""The spare's track against hostile reviews: a reload's spare.retries is taken, a spare
+turned off (by a reload or by vllmwatch stopping) shows no pid, a spare that keeps dying
+after its build is turned off, one reaped in its build's turn is never armed with a dead
+pid (those failed on the previous code); a sound spare is rebuilt every time, a deferred
+build is not a failure."""
 
 from __future__ import annotations
 
 import dataclasses
 
-from tests.core.test_core_properties import CONFIG
+from tests.core.test_core_properties import CONFIG, CoreMachine
 from tests.core.test_spare_failover import SPARE_OFF, SpareWorld, _ready, _rung
-from vllmwatch.core.events import ReloadRequested
-from vllmwatch.core.failover import BuildSpare, SpareBuilt, SpareExited
+from vllmwatch.core.actions import Log
+from vllmwatch.core.events import ReloadRequested, RestartRequested
+from vllmwatch.core.failover import STEADY, BuildSpare, SpareBuilt, SpareExited
 from vllmwatch.core.failover import Rung as R
+from vllmwatch.core.restart import Phase
+from vllmwatch.core.state import S
 from vllmwatch.status.statusline import _spare as status_spare
 
 
@@ -23,6 +28,7 @@ def test_a_reload_of_spare_retries_is_honoured() -> None:
     m._step(ReloadRequested(one))
     t = m.s.spare
     assert t is not None and t.pid is not None
+    m.now += STEADY + 1.0  # a sound spare's death: rebuilt (an early one counts itself)
     m._step(SpareExited(t.pid, "signal SIGKILL"))  # rebuilt at once beside READY
     m.spare_answers(BuildSpare, SpareBuilt(False, "boom", build=m.s.spare.build))
     assert _rung(m) == R.OFF, (
@@ -50,3 +56,107 @@ def test_status_names_no_pid_for_a_spare_stopped_with_vllmwatch() -> None:
     _ready(m)
     s, _acts = halted(m.s, 1000.0)
     assert s.spare is not None and s.spare.rung == R.OFF and s.spare.pid is None
+
+
+def _builds(m: SpareWorld) -> int:
+    return sum(isinstance(a, BuildSpare) for a in m.history)
+
+
+def _kill_armed(m: SpareWorld) -> bool:
+    """SIGKILL the armed spare and answer its rebuild kindly; False when none is armed."""
+    t = m.s.spare
+    if t is None or t.rung != R.ASLEEP or t.pid is None:
+        return False
+    m._step(SpareExited(t.pid, "signal SIGKILL"))
+    while m.spare_out:
+        m.spare_answers(BuildSpare, m.kind_spare(m.spare_out[0]))
+    return True
+
+
+def test_a_spare_that_keeps_dying_is_turned_off_after_spare_retries() -> None:
+    """A spare that builds fine but dies soon after it sleeps (the host OOM killer on its
+    pinned weights, a sleep-mode bug) was rebuilt beside the READY engine forever: its deaths
+    never counted against spare.retries and each build reset the count."""
+    for retries in (1, 2, 3, 5):
+        m = SpareWorld(retries=retries)
+        _ready(m)
+        deaths = 0
+        while deaths < 20 and _kill_armed(m):
+            deaths += 1
+        assert _rung(m) == R.OFF and m.s.spare is not None and not m.s.spare.wanted, (
+            f"retries {retries}: after {deaths} deaths the spare is {_rung(m)}")
+        assert deaths == retries and _builds(m) == retries, (deaths, _builds(m))
+        off = [a for a in m.history if isinstance(a, Log) and a.event == "spare.off"]
+        assert off and "died" in off[-1].fields["why"], off
+        # a reload turns it on again, the count from zero (as failed builds)
+        m._step(ReloadRequested(CONFIG))
+        while m.spare_out:
+            m.spare_answers(BuildSpare, m.kind_spare(m.spare_out[0]))
+        assert _rung(m) == R.ASLEEP and m.s.spare.lost == 0
+
+
+def test_a_spare_that_lived_past_steady_is_rebuilt_every_time() -> None:
+    """Deaths far apart are not a broken spare: each one that lived STEADY s after its build
+    is rebuilt, however many there are."""
+    m = SpareWorld(retries=1)
+    _ready(m)
+    for _ in range(6):
+        m.now += STEADY + 1.0
+        assert _kill_armed(m), f"not rebuilt: {_rung(m)}"
+    assert _rung(m) == R.ASLEEP and m.s.spare is not None and m.s.spare.wanted
+
+
+def test_a_spare_reaped_in_its_builds_turn_is_never_armed_with_a_dead_pid() -> None:
+    """The loop collects the spare's exit (poll) before the build worker's answer: a tree
+    that died as its build ended was armed with its dead pid, and the next failover woke
+    nothing. The answer of a tree already reaped is a failed build."""
+    m = SpareWorld(retries=2)
+    _ready(m)
+    t = m.s.spare
+    assert t is not None and t.pid is not None
+    m._step(SpareExited(t.pid, "signal SIGKILL"))  # rebuilt at once beside READY
+    assert _rung(m) == R.BUILDING
+    dead = 7777
+    m._step(SpareExited(dead, "exit code 1"))  # the same turn: reaped first ...
+    m.spare_answers(BuildSpare, SpareBuilt(True, "", dead, 27202.0, 1932.0,
+                                           build=m.s.spare.build))  # ... then "built"
+    t = m.s.spare
+    assert t.pid != dead and (t.rung != R.ASLEEP or t.pid is not None), t
+    failed = [a for a in m.history if isinstance(a, Log) and a.event == "spare.build_failed"]
+    assert failed and "exit code 1" in failed[-1].fields["detail"], failed
+    while m.spare_out:  # its next build, kindly answered, is armed
+        m.spare_answers(BuildSpare, m.kind_spare(m.spare_out[0]))
+    assert _rung(m) == R.ASLEEP and m.s.spare.pid not in (None, dead)
+
+
+def _full_ready(m: SpareWorld) -> None:
+    """The full engine to READY, its own answers only (the spare's stay out)."""
+    for _ in range(80):
+        if m.s.state == S.READY and m.s.restart.phase == Phase.IDLE:
+            return
+        if m.outstanding:
+            CoreMachine.world_is_kind(m, 1)
+        else:
+            m.time_passes(5.0)
+    raise AssertionError(f"never READY: {m.s.state} {m.s.restart.phase}")
+
+
+def test_a_deferred_build_is_not_a_failure_and_builds_at_the_next_ready() -> None:
+    """The shell defers a build beside an engine launched without the spare's room (a
+    reload turned the spare on again): DOWN, uncounted, built at the next READY."""
+    m = SpareWorld(retries=1)
+    _ready(m)
+    t = m.s.spare
+    assert t is not None and t.pid is not None
+    m.now += STEADY + 1.0
+    m._step(SpareExited(t.pid, "signal SIGKILL"))
+    for _ in range(3):  # deferred any number of times: never off
+        m.spare_answers(BuildSpare, SpareBuilt(False, "no room", build=m.s.spare.build,
+                                               deferred=True))
+        assert _rung(m) == R.DOWN and m.s.spare.wanted and m.s.spare.failed_builds == 0
+        assert not m.spare_out, "a deferred build is not retried beside the same engine"
+        m._step(RestartRequested())  # the next launch ...
+        _full_ready(m)
+        assert _rung(m) == R.BUILDING  # ... and its READY builds it
+    m.spare_answers(BuildSpare, m.kind_spare(m.spare_out[0]))
+    assert _rung(m) == R.ASLEEP

@@ -20,6 +20,10 @@ from vllmwatch.core.names import Reason
 
 BUILD_TIMEOUT = 600.0  # READY on the empty H200 took 63.9 s and the first sleep 15.4 s
 SLEEP_TIMEOUT = 60.0  # the spare's drain (bounded by restart.drain_timeout) and /sleep
+# A spare that lived this long after its build was sound: its death starts a new count. One
+# that dies sooner (the host OOM killer on its pinned weights, a sleep-mode bug) counts
+# against spare.retries like a failed build: never rebuilt forever.
+STEADY = 600.0
 # A GPU fault (exit 6) leaves no GPU to fail over on; the daemon's own exits take the spare
 # down with everything else. Every other restart leaves the GPU usable.
 NO_FAILOVER = frozenset({Reason.GPU_FAULT})
@@ -120,6 +124,9 @@ class SpareBuilt(SpareEvent):
     asleep_mib: float | None = None  # ... and asleep
     inputs: Inputs = ()  # what this build ran (the shell's digests; () unknown)
     build: int = 0  # BuildSpare.build it answers (0: unknown)
+    # Not built, not failed: the serving engine running now was launched without the room
+    # this spare takes (a reload turned it on): built after that engine's next launch
+    deferred: bool = False
 
 
 @dataclass(frozen=True)
@@ -174,6 +181,11 @@ class Track:
     # Builds so far (per daemon, increasing): the spare's events name the build they are of,
     # so a person pairs a spare.build_failed with its spare.state to=building across retries
     build: int = 0
+    built_at: float | None = None  # when the running (or last) spare passed its build
+    lost: int = 0  # in a row: spares that died within STEADY s of their build
+    # A pid reaped while its build's answer was still out (the same loop turn): that
+    # answer's "built" is of a dead tree
+    dead: tuple[int, str] | None = None
 
 
 def changed(built: Inputs, now: Inputs) -> str:

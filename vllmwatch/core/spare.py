@@ -15,6 +15,7 @@ from vllmwatch.core.events import Event
 from vllmwatch.core.failover import (
     BUILD_TIMEOUT,
     SLEEP_TIMEOUT,
+    STEADY,
     BuildSpare,
     Inputs,
     Route,
@@ -162,7 +163,8 @@ def reloaded(s: WatchState, now: float, changed: str = "", inputs: Inputs = ()) 
         back: list[Action] = [Route("full")] if _t(s).rung == R.SERVING else []
         return _set(s, t, [*back, *acts, StopSpare(why)])
     if not t.wanted and t.rung == R.OFF:
-        t, acts = move(replace(t, wanted=True, failed_builds=0, stale="", why=""), R.DOWN,
+        t, acts = move(replace(t, wanted=True, failed_builds=0, lost=0, stale="", why=""),
+                       R.DOWN,
                        now, "config reloaded")
         if _full_ready(s):
             s, more = _rebuild(s, t, now, "config reloaded")
@@ -181,7 +183,7 @@ def reloaded(s: WatchState, now: float, changed: str = "", inputs: Inputs = ()) 
 
 
 def _rebuild(s: WatchState, t: Track, now: float, why: str) -> Result:
-    t, acts = move(replace(t, pid=None, stale=""), R.BUILDING, now, why)
+    t, acts = move(replace(t, pid=None, stale="", dead=None), R.BUILDING, now, why)
     return _set(s, t, [*acts, BuildSpare(BUILD_TIMEOUT, t.build)])
 
 
@@ -219,13 +221,21 @@ def _built(s: WatchState, ev: SpareBuilt, now: float) -> Moved:
     if ev.ok and t.want and not t.stale and changed(ev.inputs, t.want):  # a reload since
         t = replace(t, stale=f"config reloaded: {changed(ev.inputs, t.want)}")  # it began
     t = replace(t, want=())
+    if ev.deferred:  # the serving engine has no room for it until its next launch
+        t, acts = move(t, R.DOWN, now, "built after the serving engine's next launch")
+        acts.append(Log("warning", "spare.deferred", {"build": t.build, "detail": ev.detail}))
+        s, acts = _set(s, t, acts)
+        return s, acts, first
+    if ev.ok and t.dead is not None and t.dead[0] == ev.pid:  # reaped before this answer
+        ev = replace(ev, ok=False, detail=f"its tree exited as its build ended: {t.dead[1]}")
+    t = replace(t, dead=None)
     if ev.ok and t.stale:  # built from the command before a reload: rebuilt from the new
         t = replace(t, failed_builds=0, pid=ev.pid)
         s, acts = _down(s, t, now, t.stale)  # (rebuilt at the full engine's READY)
         return s, acts, first  # a first start's full engine launches now
     if ev.ok:
         t = replace(t, failed_builds=0, pid=ev.pid, awake_mib=ev.awake_mib,
-                    asleep_mib=ev.asleep_mib, built_from=ev.inputs)
+                    asleep_mib=ev.asleep_mib, built_from=ev.inputs, built_at=now)
         t, acts = move(t, R.ASLEEP, now, "built, passed its canary, asleep")
         acts.append(Log("info", "spare.ready", {
             "build": t.build, "pid": ev.pid, "awake_mib": ev.awake_mib,
@@ -301,6 +311,8 @@ def _slept(s: WatchState, ev: SpareSlept, now: float) -> Result:
 
 def _exited(s: WatchState, ev: SpareExited, now: float) -> Result:
     t = _t(s)
+    if t.rung == R.BUILDING and t.pid is None:  # its build's answer is still out: kept
+        return _set(s, replace(t, dead=(ev.pid, ev.detail)), [])  # for _built to compare
     if t.pid is None or ev.pid != t.pid or t.rung in (R.OFF, R.DOWN, R.BUILDING):
         return s, []
     acts: list[Action] = []
@@ -311,6 +323,15 @@ def _exited(s: WatchState, ev: SpareExited, now: float) -> Result:
     else:
         acts = [Log("warning", "spare.died", {"build": t.build, "rung": str(t.rung),
                                               "detail": ev.detail})]
-    s, more = _down(s, replace(t, began=None, served_at=None, late=False), now,
-                    f"died: {ev.detail}")
-    return s, acts + more
+    early = t.built_at is not None and now - t.built_at < STEADY
+    t = replace(t, began=None, served_at=None, late=False, lost=t.lost + 1 if early else 0)
+    if t.lost < t.retries:
+        s, more = _down(s, t, now, f"died: {ev.detail}")
+        return s, acts + more
+    why = (f"died {t.lost} times in a row, each within {STEADY:.0f} s of its build "
+           f"(spare.retries): off until the next reload")
+    t, more = move(replace(t, wanted=False, why=why, pid=None), R.OFF, now, why)
+    return _set(s, t, [*acts, *more, StopSpare(why), Log("warning", "spare.off", {
+        "build": t.build, "why": why, "last_error": ev.detail,
+        "hint": "read the spare's lines above (the host's OOM killer: journalctl -k), fix "
+                "the cause, then reload (SIGHUP)"})])

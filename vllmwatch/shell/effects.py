@@ -156,7 +156,8 @@ class RealEffects:
             if self.spare is None else self.spare.device_used(self.sampler)
         if self.spare is not None:  # the serving engine's setting, lowered for the spare
             prepared = replace(prepared, cmd=replace(
-                prepared.cmd, argv=tuple(self.spare.serving_argv(prepared.cmd.argv, config))))
+                prepared.cmd, argv=tuple(self.spare.serving_argv(prepared.cmd.argv, config,
+                                                              launch=True))))
         guard = startguard.make_guard(config, self.platform.unified, self.log,
                                       self._environ, time.monotonic)
         self._run, result = ChildHandle.launch(self.launcher, prepared, config, self.marker,

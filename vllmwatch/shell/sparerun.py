@@ -73,6 +73,10 @@ class SpareFx:
         self._threads: list[threading.Thread] = []
         self._info_at = -INFO_EVERY
         self._memory: float | None = None
+        # The plan's serving flags the running engine was launched with (None: no launch
+        # yet). A spare turned back on by a reload needs the room of the plan's flags: beside
+        # an engine launched without them (spare.enabled was false then) it cannot fit.
+        self.launched: dict[str, str] | None = None
 
     def track(self, now: float) -> failover.Track:
         """The core's record at the start: on (it is built before the first launch)."""
@@ -88,13 +92,17 @@ class SpareFx:
             return
         self.plan = self._planner.plan(config)
 
-    def serving_argv(self, argv: Sequence[str], config: Config | None = None) -> list[str]:
+    def serving_argv(self, argv: Sequence[str], config: Config | None = None,
+                     launch: bool = False) -> list[str]:
         """The serving engine's command with the plan's lowered setting (0.90 -> 0.78), the
-        plan of `config` (the launch's)."""
+        plan of `config` (the launch's); `launch`: this command is launched now (not the
+        standby's next one), its flags are the running engine's."""
         if config is not None:
             self.use(config)
-        return _with_flags(argv, dict(self.plan.serving_flags)) if self.plan.serving_flags \
-            else list(argv)
+        flags = dict(self.plan.serving_flags)
+        if launch:
+            self.launched = flags
+        return _with_flags(argv, flags) if flags else list(argv)
 
     @property
     def config(self) -> Config:
@@ -190,6 +198,14 @@ class SpareFx:
             post(SpareBuilt(False, f"the plan for the reloaded config is off: "
                                    f"{self.plan.reason}", build=build))
             return False
+        wants = dict(self.plan.serving_flags)
+        if self.launched is not None and self.launched != wants:
+            has, needs = _flags(self.launched), _flags(wants)
+            post(SpareBuilt(False, f"the serving engine was launched with {has}; beside it "
+                            f"this spare needs {needs}: built after the engine's next launch "
+                            "(one now, without failover: systemctl kill -s SIGUSR1 vllmwatch)",
+                            build=build, deferred=True))
+            return False
         try:
             self.tree.cmd = self._planner.command(config, self.plan)
         except Exception as exc:  # a key file that cannot be read: a failed build, logged
@@ -214,6 +230,10 @@ class SpareFx:
         self.tree.stop("vllmwatch exits")
         for t in self._threads:
             t.join(5.0)
+
+
+def _flags(flags: dict[str, str]) -> str:
+    return ", ".join(f"--{k} {v}" for k, v in sorted(flags.items())) or "the operator's setting"
 
 
 def _sha(value: object) -> str:
