@@ -160,3 +160,30 @@ def test_a_deferred_build_is_not_a_failure_and_builds_at_the_next_ready() -> Non
         assert _rung(m) == R.BUILDING  # ... and its READY builds it
     m.spare_answers(BuildSpare, m.kind_spare(m.spare_out[0]))
     assert _rung(m) == R.ASLEEP
+
+
+def test_the_first_start_waits_on_one_spare_build_only() -> None:
+    """A first build that fails (or hangs to its 600 s timeout) launched no serving engine
+    until spare.retries builds had failed: half an hour of no service for a hanging spare.
+    The serving engine launches after the first failure; the spare is tried again beside it
+    at its READY (the plan's room is in its launch), and still counts against retries."""
+    from vllmwatch.core.actions import Spawn
+    for retries in (1, 2, 3):
+        m = SpareWorld(retries=retries)
+        tries = dataclasses.replace(CONFIG, spare=dataclasses.replace(CONFIG.spare,
+                                                                      retries=retries))
+        m._step(ReloadRequested(tries))  # starts the world: the first build is out
+        for _ in range(10):
+            if m.spare_out:
+                break
+            m.world_is_kind(1) if m.outstanding else m.time_passes(1.0)
+        assert _rung(m) == R.BUILDING and not any(isinstance(a, Spawn) for a in m.history)
+        m.spare_answers(BuildSpare, SpareBuilt(False, "timed out after 600 s",
+                                               build=m.s.spare.build))
+        assert any(isinstance(a, Spawn) for a in m.history), "the serving engine waits"
+        assert _builds(m) == 1 and _rung(m) in (R.DOWN, R.OFF)
+        _full_ready(m)
+        for _ in range(retries - 1):  # the rest of its tries, each beside READY
+            assert _rung(m) == R.BUILDING, _rung(m)
+            m.spare_answers(BuildSpare, SpareBuilt(False, "boom", build=m.s.spare.build))
+        assert _rung(m) == R.OFF and _builds(m) == retries, (_rung(m), _builds(m))

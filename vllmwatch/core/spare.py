@@ -254,7 +254,14 @@ def _built(s: WatchState, ev: SpareBuilt, now: float) -> Moved:
             "hint": "read the spare's lines above, fix the cause, then reload (SIGHUP)"})]
         s, acts = _set(s, t, acts)
         return s, acts, first
-    if first or _full_ready(s):  # another try at once: on the empty GPU, or beside READY
+    if first:  # the serving engine never waits on a second try (spare.retries x the build's
+        # timeout, half an hour for a hanging build): it launches now with the plan's room,
+        # and the spare is tried again beside it at its READY
+        t, more = move(t, R.DOWN, now, "its first build failed: tried again beside the "
+                       "serving engine at its READY")
+        s, acts = _set(s, t, acts + more)
+        return s, acts, True
+    if _full_ready(s):  # another try at once beside the READY engine
         s, more = _rebuild(s, t, now, f"build {t.failed_builds + 1} of {t.retries}")
         return s, acts + more, False
     t, more = move(t, R.DOWN, now, "its build failed: another try at the next READY")
