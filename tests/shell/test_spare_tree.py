@@ -258,3 +258,43 @@ def test_a_spare_left_by_a_killed_vllmwatch_is_swept_at_the_next_start(
         assert childmod.sweep_spare_leftovers("f" * 16, log, True) == ()
     finally:
         old.stop("test ends")
+
+
+def test_a_stopped_builds_worker_never_touches_the_tree_built_after_it(
+        tmp_path: Path, tree: tuple[SpareTree, LogCapture],
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    """A build given up (a restart during the rebuild, a reload) goes on in its worker until
+    its own deadline; the next build binds the same socket. The old worker saw that tree's
+    /health 200 and went on: its canary, its "awake" figure and its /sleep hit the new
+    spare (asleep before its own build measured it awake). It ends, saying why, instead."""
+    import threading
+
+    from vllmwatch.shell import sparetree
+    t, _ = tree
+    up = threading.Event()  # the socket answers (the newer tree's vLLM is READY)
+    asked: list[str] = []
+
+    def fake_call(path: str, method: str, url: str, *a: object, **k: object) -> tuple[
+            int, bytes]:
+        asked.append(url)
+        return 200, b'{"choices": [{"text": "x"}]}'
+    monkeypatch.setattr(sparetree, "call", fake_call)
+    polled = threading.Event()  # the worker waits on the first tree's /health
+
+    def fake_get(url: str, timeout: float = 2.0) -> tuple[int, bytes]:
+        polled.set()  # its /health answers only once the newer tree is up: the worker is
+        up.wait(30.0)  # inside that call while the loop stops its tree and starts the next
+        return 200, b'{"is_sleeping": false}'
+    monkeypatch.setattr(t, "_get", fake_get)
+    monkeypatch.setattr(t, "memory_mib", lambda: 27202.0)
+    t.start()
+    got: list[SpareBuilt] = []
+    worker = threading.Thread(target=lambda: got.append(t.build(60.0)), daemon=True)
+    worker.start()
+    assert polled.wait(30.0)
+    t.stop("a restart during its rebuild")
+    t.start()  # the next build's tree, on the same socket
+    up.set()
+    worker.join(30.0)
+    assert got and not got[0].ok and "stopped" in got[0].detail, got
+    assert not asked, f"the stale worker called {asked} on the new tree"

@@ -45,6 +45,7 @@ STOP_GRACE = 5.0
 OUTPUT_TAIL = 30  # the spare's last lines kept, for a failed build's detail
 # A spare whose footprint NVML cannot give (no per-process figures: e.g. a container that does
 # not share the host's PID namespace) could never be woken safely: its build fails, saying so.
+SUPERSEDED = "its tree was stopped (a newer build or a stop took the spare's socket)"
 UNMEASURED = ("NVML gives no GPU memory for the spare's processes, so no wake could be "
               "proven to fit (a container without the host's PID namespace?): run vllmwatch "
               "where nvidia-smi lists vLLM's processes, or set spare.enabled = false")
@@ -233,9 +234,13 @@ class SpareTree:
     def _get(self, url: str, timeout: float = 2.0) -> tuple[int, bytes]:
         return call(self.cmd.socket_path, "GET", url, timeout=timeout)
 
-    def _until(self, deadline: float, ok: Callable[[], bool]) -> bool:
+    def _until(self, deadline: float, ok: Callable[[], bool],
+                mine: subprocess.Popen[bytes] | None = None) -> bool:
+        """`ok` within the deadline, while the tree is alive and still `mine` (the tree the
+        caller began with: a stop and a newer build bind the same socket)."""
         while time.monotonic() < deadline:
-            if self.proc is None or self.proc.poll() is not None:
+            if self.proc is None or self.proc.poll() is not None or (
+                    mine is not None and self.proc is not mine):
                 return False
             with contextlib.suppress(OSError, http.client.HTTPException, ValueError):
                 if ok():
@@ -269,20 +274,30 @@ class SpareTree:
     def build(self, timeout: float) -> SpareBuilt:
         """READY (/health 200), its canary, its awake figure, /sleep?level=1, asleep."""
         deadline = time.monotonic() + timeout
-        if not self._until(deadline, lambda: self._get("/health")[0] == 200):
-            return SpareBuilt(False, self._said("not READY within the build's time"
-                                                if self.proc else "exited during its start"))
+        mine = self.proc  # a build stopped and followed by another must never touch that
+        # one: it listens on the same socket (a /sleep from here would put it to sleep)
+        if mine is None:
+            return SpareBuilt(False, SUPERSEDED)
+        if not self._until(deadline, lambda: self._get("/health")[0] == 200, mine):
+            return SpareBuilt(False, SUPERSEDED if self.proc is not mine else self._said(
+                "not READY within the build's time" if self.proc else "exited during its "
+                "start"))
+        if self.proc is not mine:  # (stopped and replaced while /health was answering)
+            return SpareBuilt(False, SUPERSEDED)
         err = self.canary(max(1.0, deadline - time.monotonic()))
         if err:
             return SpareBuilt(False, err)
-        self.awake_mib = self.memory_mib()
+        awake = self.memory_mib()
+        if self.proc is not mine:  # (the figure would be the newer tree's)
+            return SpareBuilt(False, SUPERSEDED)
+        self.awake_mib = awake
         if not self.awake_mib:  # None or 0: no wake could ever be proven to fit
             return SpareBuilt(False, UNMEASURED)
         status, body = call(self.cmd.socket_path, "POST", "/sleep?level=1",
                             timeout=max(1.0, deadline - time.monotonic()))
         if status != 200:
             return SpareBuilt(False, f"/sleep answered {status} {REDACT.head(body, 200)!r}")
-        if not self._until(deadline, lambda: self._sleeping() is True):
+        if not self._until(deadline, lambda: self._sleeping() is True, mine):
             return SpareBuilt(False, "/is_sleeping never said true")
         self.asleep_mib = self.memory_mib()
         if self.asleep_mib is None:
