@@ -187,3 +187,20 @@ def test_the_first_start_waits_on_one_spare_build_only() -> None:
             assert _rung(m) == R.BUILDING, _rung(m)
             m.spare_answers(BuildSpare, SpareBuilt(False, "boom", build=m.s.spare.build))
         assert _rung(m) == R.OFF and _builds(m) == retries, (_rung(m), _builds(m))
+
+
+def test_vllmwatch_stopping_while_the_spare_serves_routes_back_before_its_stop() -> None:
+    """halted() from SERVING stopped the spare's tree but left the gate routed to it: until
+    the gate closed, clients were sent to a stopped engine (errors, not the 503 of a stop)."""
+    from vllmwatch.core.failover import Route, StopSpare
+    from vllmwatch.core.spare import halted
+    m = SpareWorld()
+    _ready(m)
+    m._step(RestartRequested())
+    while m.spare_out and _rung(m) != R.SERVING:
+        m.spare_answers(type(m.spare_out[0]), m.kind_spare(m.spare_out[0]))
+    assert _rung(m) == R.SERVING
+    _s, acts = halted(m.s, m.now)
+    routes = [i for i, a in enumerate(acts) if isinstance(a, Route) and a.to == "full"]
+    stops = [i for i, a in enumerate(acts) if isinstance(a, StopSpare)]
+    assert routes and stops and routes[0] < stops[0], acts

@@ -129,8 +129,9 @@ def halted(s: WatchState, now: float) -> Result:
     t = _t(s)
     if t.rung == R.OFF:
         return s, [StopSpare("vllmwatch is stopping")]  # a build answer may be out
-    t, acts = move(t, R.OFF, now, "vllmwatch is stopping")
-    return _set(s, replace(t, why="vllmwatch is stopping", pid=None), [*acts, StopSpare(
+    back: list[Action] = [Route("full")] if t.rung == R.SERVING else []  # never routed to
+    t, acts = move(t, R.OFF, now, "vllmwatch is stopping")  # a tree that is stopped
+    return _set(s, replace(t, why="vllmwatch is stopping", pid=None), [*back, *acts, StopSpare(
         "vllmwatch is stopping")])
 
 
