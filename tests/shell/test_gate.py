@@ -212,7 +212,7 @@ def test_hold_timeout_is_503_with_retry_after() -> None:
         status, headers, body = post(g.port, BODY)
         assert status == 503 and headers["Retry-After"] == "7"
         assert "gate.hold_timeout" in json.loads(body)["message"]
-        assert 0.4 <= time.monotonic() - t0 < 5
+        assert 0.4 <= time.monotonic() - t0 < 15  # its 0.5 s, not the 120 s default
         assert g.stats.hold_timeouts == 1 and g.stats.forwarded == 0
 
 
@@ -225,26 +225,26 @@ def test_closed_refuses_at_once() -> None:
 
 
 def test_streaming_passes_chunk_by_chunk() -> None:
+    """The gate forwards each SSE event as vLLM sends it, never the stream at its end. The
+    proof does not time the box: the client's first read that holds an event holds fewer than
+    all of them (a buffering gate delivers all at once), with 2 s between vLLM's chunks."""
     port = free_port()
-    with fake_vllm(port, "--stream-interval", "0.3"), gate(port, Switch(Readiness.OPEN)) as g:
-        conn = http.client.HTTPConnection("127.0.0.1", g.port, timeout=20)
-        t0 = time.monotonic()
-        conn.request("POST", "/v1/completions", json.dumps({**BODY, "max_tokens": 5,
+    with fake_vllm(port, "--stream-interval", "2.0"), gate(port, Switch(Readiness.OPEN)) as g:
+        conn = http.client.HTTPConnection("127.0.0.1", g.port, timeout=60)
+        conn.request("POST", "/v1/completions", json.dumps({**BODY, "max_tokens": 3,
                                                              "stream": True}))
         resp = conn.getresponse()
         assert resp.status == 200
         assert resp.getheader("Content-Type", "").startswith("text/event-stream")
-        arrivals, buf = [], b""
+        seen, buf = [], b""  # the events the client held after each read
         while chunk := resp.read1(65536):
             buf += chunk
-            arrivals.append((time.monotonic() - t0, buf.count(b"data: ")))
+            seen.append(buf.count(b"data: "))
         conn.close()
         events = [e for e in buf.split(b"\n\n") if e]
-        assert len(events) == 6 and events[-1] == b"data: [DONE]"
-        # 5 tokens 0.3 s apart: the first must reach the client long before the last.
-        first = next(t for t, n in arrivals if n >= 1)
-        assert arrivals[-1][0] - first >= 1.0, arrivals
-        assert len({n for _, n in arrivals}) >= 4, arrivals  # several separate arrivals
+        assert len(events) == 4 and events[-1] == b"data: [DONE]"
+        first = next(n for n in seen if n >= 1)
+        assert first < len(events), f"all {len(events)} events came in one read: {seen}"
 
 
 def test_failure_mid_request_is_counted_not_retried_with_replay_off() -> None:

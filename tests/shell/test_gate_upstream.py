@@ -147,3 +147,53 @@ def test_nothing_new_goes_to_an_engine_once_its_restart_has_begun(phase: str) ->
         srv.shutdown()
         srv.server_close()
         thread.join(10)
+
+
+class _Headers(_Answer):
+    seen: ClassVar[list[dict[str, str]]] = []
+
+    def do_POST(self) -> None:
+        _Headers.seen.append({k.lower(): v for k, v in self.headers.items()})
+        super().do_POST()
+
+
+@pytest.mark.parametrize("sent", [
+    {},  # a bare client (curl -H 'User-Agent:' style, raw sockets)
+    {"User-Agent": "my-client/1.0", "Accept-Encoding": "identity"},
+], ids=["bare", "own"])
+def test_the_gate_adds_no_header_the_client_did_not_send(sent: dict[str, str]) -> None:
+    """aiohttp's client adds User-Agent (Python/aiohttp), Accept, Accept-Encoding: gzip,
+    deflate and Content-Type: application/octet-stream to what the gate forwards: vLLM's
+    access log named the gate, not the client, and a vLLM behind compression would answer
+    gzip to a client that never asked (the gate passes bodies through undecoded). What vLLM
+    gets is what the client sent, hop-by-hop aside."""
+    srv = http.server.ThreadingHTTPServer(("127.0.0.1", 0), _Headers)
+    _Headers.seen = []
+    thread = threading.Thread(target=srv.serve_forever, daemon=True)
+    thread.start()
+    config = from_dict({"vllm": {"model": "m", "host": "127.0.0.1",
+                                 "port": int(srv.server_address[1])},
+                        "gate": {"enabled": True, "listen": f"127.0.0.1:{free_port()}"}})
+    gate = start_gate(config, lambda *_a, **_k: None,
+                      lambda: Snapshot(state="ready", ready=True))
+    assert gate is not None
+    try:
+        with socket.create_connection(("127.0.0.1", gate.port), timeout=30) as sock:
+            body = b'{"prompt": "x"}'
+            head = "".join(f"{k}: {v}\r\n" for k, v in sent.items())
+            sock.sendall(f"POST /v1/completions HTTP/1.1\r\nHost: vllm\r\nContent-Length: "
+                         f"{len(body)}\r\n{head}Connection: close\r\n\r\n".encode() + body)
+            got = b""
+            while chunk := sock.recv(65536):
+                got += chunk
+        assert got.startswith(b"HTTP/1.1 200"), got[:200]
+        assert len(_Headers.seen) == 1
+        seen = _Headers.seen[0]
+        for name in ("user-agent", "accept", "accept-encoding", "content-type"):
+            want = {k.lower(): v for k, v in sent.items()}.get(name)
+            assert seen.get(name) == want, f"{name}: vLLM got {seen.get(name)!r}, sent {want!r}"
+    finally:
+        gate.stop()
+        srv.shutdown()
+        srv.server_close()
+        thread.join(10)

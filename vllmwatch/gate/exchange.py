@@ -30,6 +30,11 @@ from vllmwatch.gate import replay
 from vllmwatch.gate.door import Fence
 
 # RFC 9110 7.6.1: meaningful for one connection only, never forwarded.
+# What aiohttp's client adds to a request that lacks it: vLLM gets what the client sent, so
+# its access log and its answers are the ones the client would get without the gate (a
+# User-Agent naming aiohttp; Accept-Encoding: gzip, deflate asking a vLLM behind compression
+# for what the client never asked, passed through undecoded; an octet-stream Content-Type).
+NOT_ADDED = ("User-Agent", "Accept-Encoding", "Accept", "Content-Type")
 HOP_BY_HOP = frozenset({"connection", "keep-alive", "proxy-authenticate", "proxy-authorization",
                         "te", "trailer", "transfer-encoding", "upgrade", "host",
                         "content-length"})
@@ -275,12 +280,12 @@ class Upstreams:
         self.main = aiohttp.ClientSession(
             connector=aiohttp.TCPConnector(limit=0, **reuse),  # type: ignore[arg-type]
             timeout=timeout, auto_decompress=False,  # limit 0: vLLM queues, not the gate
-            trace_configs=[trace_config()])
+            skip_auto_headers=NOT_ADDED, trace_configs=[trace_config()])
         if self.spare_socket is not None:
             self.spare = aiohttp.ClientSession(
                 connector=aiohttp.UnixConnector(path=self.spare_socket, limit=0,
                                                 **reuse),  # type: ignore[arg-type]
-                timeout=timeout, auto_decompress=False,
+                timeout=timeout, auto_decompress=False, skip_auto_headers=NOT_ADDED,
                 trace_configs=[trace_config()])
 
     def narrow(self, seconds: float) -> None:
