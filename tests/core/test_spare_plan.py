@@ -105,10 +105,13 @@ def test_every_off_says_why_and_what_to_change(spare: SpareConfig, gate: bool,
     assert not plan.spare_flags and not plan.serving_flags
 
 
-def test_true_without_uds_is_on_and_names_the_exposure() -> None:
+def test_true_without_uds_is_off_and_names_the_exposure() -> None:
+    """`true` once took the exposure (the plan on, no --uds), but vllmwatch reaches the
+    spare only on its socket: built without --uds it bound the serving command's --port and
+    answered nothing there. Off, saying what the exposure would be and what to do."""
     plan = plan_spare(TRUE, True, {}, facts(uds=False))
-    assert plan.on and "uds" not in plan.spare_flags
-    assert any("every local user" in n for n in plan.notes)
+    assert not plan.on and not plan.spare_flags and not plan.serving_flags
+    assert "every local user" in plan.reason and "upgrade vLLM" in plan.todo
 
 
 def test_true_where_the_config_rules_it_out_is_a_config_error() -> None:

@@ -50,3 +50,38 @@ def test_a_spare_turned_on_again_waits_for_a_launch_with_its_room(
     # the next launch takes the lowered setting: the build after it goes ahead
     assert fx.serving_argv(ARGV, on, launch=True) == lowered
     assert fx._prepare(on, posted.append, 4) and len(posted) == 1
+
+
+@pytest.mark.parametrize("flags,on,said", [
+    (None, True, "not checked: whether the installed vLLM has sleep mode"),
+    ({"enable-sleep-mode", "uds"}, True, ""),
+    ({"uds"}, False, "no --enable-sleep-mode"),
+    ({"enable-sleep-mode"}, False, "no --uds"),
+], ids=["not-cached", "both", "no-sleep-mode", "no-uds"])
+def test_the_daemons_plan_reads_vllms_cached_flags(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch, flags: set[str] | None, on: bool,
+        said: str) -> None:
+    """The daemon's plan never learnt whether vLLM has sleep mode and --uds (only `check`
+    did): `auto` went on for a vLLM without sleep mode and every build failed, and `true`
+    with a vLLM without --uds would have started a spare on the serving command's --port.
+    It reads the flag list that `check` or the first launch cached (never asks vLLM)."""
+    from vllmwatch.config import vllmflags, vllminfo
+    monkeypatch.setenv("STATE_DIRECTORY", str(tmp_path / "state"))
+    asked: list[bool] = []
+
+    def known(command: object, version: object, cache: object, *, ask: bool = True,
+              timeout: float = 0.0) -> vllmflags.FlagSet | None:
+        asked.append(ask)
+        return None if flags is None else vllmflags.FlagSet("0.26.0", frozenset(flags),
+                                                           frozenset())
+    monkeypatch.setattr(vllminfo, "version", lambda command: "0.26.0")
+    monkeypatch.setattr(vllmflags, "known_flags", known)
+    log = LogCapture()
+    sampler = make_sampler([0], log, nvml=FakeNvml([FakeGpu(total_mib=143771.0)]))
+    fx = sparefx.make(spare_config(tmp_path), {"STATE_DIRECTORY": str(tmp_path / "state")},
+                      sampler, False, log)
+    assert asked == [False], "the start asked vLLM (or never looked at the cache)"
+    plan = log.named("spare.plan")[-1]
+    assert (fx is not None) == on == plan["on"], plan
+    text = f"{plan['reason']} {plan.get('todo', '')} {plan['lines']}"
+    assert said in text if said else "not checked" not in text, text

@@ -95,9 +95,7 @@ def _vllm_flags(ctx: Context) -> tuple[bool | None, bool | None]:
     cache = ctx.flags_cache or vllmflags.default_cache_dir(c, ctx.env)
     known = vllmflags.known_flags(c.vllm.command, version, cache, ask=not ctx.fast) \
         if version is not None else None
-    if known is None:
-        return None, None
-    return "enable-sleep-mode" in known.flags, "uds" in known.flags
+    return vllmflags.spare_support(known)
 
 
 def _model(ctx: Context, flags: dict[str, object]

@@ -227,14 +227,13 @@ def _sized(spare: SpareConfig, flags: Mapping[str, object], facts: SpareFacts) -
         notes.append("not checked: whether the installed vLLM has sleep mode")
     if facts.uds is None:
         notes.append("not checked: whether the installed vLLM has --uds")
-    if facts.uds is False:
-        exposure = ("vLLM has no --uds: the spare's dev-mode endpoints (/sleep, /wake_up, "
-                    "/collective_rpc, ...) would listen on a loopback port that every local "
-                    "user can reach, without the API key")
-        if enabled == "auto":
-            return _off(enabled, exposure, "upgrade vLLM (0.26 and 0.32 have --uds), or set "
-                        "spare.enabled = true to accept that exposure")
-        notes.append(exposure)
+    if facts.uds is False:  # off for `true` too: vllmwatch reaches the spare only on its
+        # socket, and without one the spare would bind the serving command's own --port
+        return _off(enabled, "vLLM has no --uds: the spare's dev-mode endpoints (/sleep, "
+                    "/wake_up, /collective_rpc, ...) would listen on a loopback port that "
+                    "every local user can reach, without the API key; vllmwatch runs the "
+                    "spare only on a private Unix socket", "upgrade vLLM (0.26 and 0.32 have "
+                    "--uds), or set spare.enabled = false")
     total = facts.gpu_total_mib
     if total is None or total <= 0:
         return _off(enabled, "the GPU's total memory is unknown (NVML not readable)",
@@ -297,7 +296,7 @@ def _sized(spare: SpareConfig, flags: Mapping[str, object], facts: SpareFacts) -
     spare_flags: dict[str, str | bool] = {
         "enable-sleep-mode": True, "gpu-memory-utilization": f"{u_sp:g}",
         "kv-cache-memory-bytes": str(int(kv_mib * 2**20))}
-    if facts.uds_path and facts.uds is not False:
+    if facts.uds_path:  # (a vLLM known to lack --uds was turned off above)
         spare_flags["uds"] = facts.uds_path
     why = ("auto: it fits beside the operator's setting as it is" if enabled == "auto"
            else "spare.enabled = true")

@@ -132,6 +132,14 @@ def known_flags(command: list[str] | tuple[str, ...], version: str | None,
     return got or cached
 
 
+def spare_support(known: FlagSet | None) -> tuple[bool | None, bool | None]:
+    """Whether this vLLM has --enable-sleep-mode and --uds (None: its flags are unknown):
+    what the spare's plan needs of it (config/spare.py), for `check` and the daemon alike."""
+    if known is None:
+        return None, None
+    return "enable-sleep-mode" in known.flags, "uds" in known.flags
+
+
 def _read(path: str, version: str) -> FlagSet | None:
     text = safefile.read_private(path)
     if text is None:

@@ -12,7 +12,7 @@ from collections.abc import Callable, Mapping
 from dataclasses import replace
 from typing import TYPE_CHECKING, Any
 
-from vllmwatch.config import command, redact, safefile
+from vllmwatch.config import command, redact, safefile, vllmflags, vllminfo
 from vllmwatch.config.modellen import model_max_len
 from vllmwatch.config.schema import Config
 from vllmwatch.config.spare import (
@@ -52,12 +52,18 @@ def socket_path(environ: Mapping[str, str], instance: str) -> str | None:
 
 def facts(config: Config, sample: MemorySample, unified: bool, uds_path: str,
           environ: Mapping[str, str]) -> SpareFacts:
-    """What the plan needs of this machine and model; None where it cannot be read."""
+    """What the plan needs of this machine and model; None where it cannot be read. Whether
+    vLLM has sleep mode and --uds comes from its cached flag list (`check`, or the first
+    launch, learns it; never asked here: the start does not wait on vLLM's import)."""
     mem = read_meminfo()
+    version = vllminfo.version(config.vllm.command)
+    sleep_mode, uds = vllmflags.spare_support(vllmflags.known_flags(
+        config.vllm.command, version, vllmflags.default_cache_dir(config, environ),
+        ask=False))
     return model_facts(on_gpu(SpareFacts(
         platform="cpu" if not config.vllm.uses_gpu else "unified" if unified else "discrete",
-        uds_path=uds_path, host_available_mib=mem.available_mib if mem is not None else None),
-        config, sample), config, environ)
+        uds_path=uds_path, host_available_mib=mem.available_mib if mem is not None else None,
+        sleep_mode=sleep_mode, uds=uds), config, sample), config, environ)
 
 
 def on_gpu(base: SpareFacts, config: Config, sample: MemorySample) -> SpareFacts:
