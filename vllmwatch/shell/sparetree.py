@@ -234,6 +234,10 @@ class SpareTree:
     def _get(self, url: str, timeout: float = 2.0) -> tuple[int, bytes]:
         return call(self.cmd.socket_path, "GET", url, timeout=timeout)
 
+    def _replaced(self, mine: subprocess.Popen[bytes] | None) -> bool:
+        """A newer tree runs in place of `mine` (a stop, then another build's start)."""
+        return self.proc is not None and self.proc is not mine
+
     def _until(self, deadline: float, ok: Callable[[], bool],
                 mine: subprocess.Popen[bytes] | None = None) -> bool:
         """`ok` within the deadline, while the tree is alive and still `mine` (the tree the
@@ -276,19 +280,19 @@ class SpareTree:
         deadline = time.monotonic() + timeout
         mine = self.proc  # a build stopped and followed by another must never touch that
         # one: it listens on the same socket (a /sleep from here would put it to sleep)
-        if mine is None:
-            return SpareBuilt(False, SUPERSEDED)
+        if mine is None:  # reaped (or stopped) before its worker began
+            return SpareBuilt(False, self._said("exited during its start"))
         if not self._until(deadline, lambda: self._get("/health")[0] == 200, mine):
-            return SpareBuilt(False, SUPERSEDED if self.proc is not mine else self._said(
+            return SpareBuilt(False, SUPERSEDED if self._replaced(mine) else self._said(
                 "not READY within the build's time" if self.proc else "exited during its "
                 "start"))
-        if self.proc is not mine:  # (stopped and replaced while /health was answering)
+        if self._replaced(mine):  # (stopped and replaced while /health was answering)
             return SpareBuilt(False, SUPERSEDED)
         err = self.canary(max(1.0, deadline - time.monotonic()))
         if err:
             return SpareBuilt(False, err)
         awake = self.memory_mib()
-        if self.proc is not mine:  # (the figure would be the newer tree's)
+        if self._replaced(mine):  # (the figure would be the newer tree's)
             return SpareBuilt(False, SUPERSEDED)
         self.awake_mib = awake
         if not self.awake_mib:  # None or 0: no wake could ever be proven to fit
