@@ -198,9 +198,12 @@ def test_plan_invariants(spare: SpareConfig, gate: bool, flags: dict[str, object
         assert f.uds is not False
     assert plan.serving_after <= plan.serving_before
     # the spare's budget covers its footprint, and spare + serving fit the device total
-    assert plan.spare_utilization * total >= plan.awake_mib
+    # (a measured spare larger than its budget is met by the room the serving engine leaves)
+    room = max(plan.spare_utilization * total, plan.awake_mib)
+    if f.measured is None:
+        assert plan.spare_utilization * total >= plan.awake_mib
     others = max(f.others_mib or 0.0, OTHERS_FLOOR_MIB)
-    assert (plan.spare_utilization + plan.serving_after) * total + SERVING_EXTRA_MIB + \
+    assert room + plan.serving_after * total + SERVING_EXTRA_MIB + \
         others + SAFETY_MIB <= total + 1e-6
     # one request of max-model-len fits the spare's KV; the host holds its backup
     if plan.kv_tokens is not None and plan.max_model_len is not None:
@@ -210,6 +213,26 @@ def test_plan_invariants(spare: SpareConfig, gate: bool, flags: dict[str, object
     assert plan.spare_flags["enable-sleep-mode"] is True
     assert plan.spare_env == {"VLLM_SERVER_DEV_MODE": "1"}
 
+
+
+@settings(max_examples=400, deadline=None)
+@given(SPARES, FLAGS, FACTS, st.builds(Footprint, st.floats(500, 150_000), st.floats(0, 5_000)))
+def test_a_measurement_never_moves_the_spares_command_nor_loosens_the_room(
+        spare: SpareConfig, flags: dict[str, object], f: SpareFacts, got: Footprint) -> None:
+    """The daemon plans again with the first build's measured footprint: the spare's flags
+    stay those it was built with (a reload compares them), and the serving engine is never
+    given more than the estimate gave it (the room is the larger of budget and measure)."""
+    f = dataclasses.replace(f, measured=None)
+    measured = plan_spare(spare, True, flags, dataclasses.replace(f, measured=got))
+    if not measured.on or f.weights_mib is None:
+        return
+    est = plan_spare(spare, True, flags, f)
+    assert est.on, (est.reason, measured)
+    assert dict(measured.spare_flags) == dict(est.spare_flags)
+    assert measured.spare_utilization == est.spare_utilization
+    assert measured.serving_after is not None and est.serving_after is not None
+    assert measured.serving_after <= est.serving_after
+    assert (measured.awake_mib, measured.asleep_mib) == (got.awake_mib, got.asleep_mib)
 
 # ---- the spare's GPU (issue 34 leftover 2: a reload may change vllm.gpus) ----
 

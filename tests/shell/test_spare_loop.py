@@ -128,11 +128,18 @@ def test_a_crash_fails_over_to_the_spare_and_back_and_a_stop_leaves_nothing(
     wait_until(lambda: _state(loop) == ("ready", "idle", "asleep"), WAIT, "READY, spare asleep")
     order = _events(log)
     assert order.index("spare.ready") < order.index("child.started"), "the spare comes first"
-    plan = log.named("spare.plan")[0]
+    plan, measured = log.named("spare.plan")  # estimated, then from the build's figures
     assert plan["on"] and plan["serving_after"] < plan["serving_before"]
+    assert not plan["measured"] and measured["measured"], (plan, measured)
+    assert [i for i, e in enumerate(order) if e == "spare.plan"][1] < order.index(
+        "child.started")
+    ready = log.named("spare.ready")[0]
+    assert (measured["awake_mib"], measured["asleep_mib"]) == (
+        round(ready["awake_mib"]), round(ready["asleep_mib"])), (measured, ready)
     child = loop.state.child
     assert child is not None and child.pid is not None
-    assert "--gpu-memory-utilization" in psutil.Process(child.pid).cmdline()
+    argv = psutil.Process(child.pid).cmdline()  # the first launch takes the measured plan
+    assert argv[argv.index("--gpu-memory-utilization") + 1] == f"{measured['serving_after']:g}"
     assert spare.tree.asleep_mib is not None and spare.tree.awake_mib is not None
     assert spare.tree.asleep_mib < spare.tree.awake_mib, "the fake NVML saw it sleep"
     # the serving tree dies at once (kill -9 of its group): the spare wakes and serves

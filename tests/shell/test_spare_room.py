@@ -11,6 +11,7 @@ from pathlib import Path
 import pytest
 
 from tests.support.models import spare_config
+from vllmwatch.config.schema import Config
 from vllmwatch.core.events import Event
 from vllmwatch.core.failover import SpareBuilt
 from vllmwatch.shell import sparefx
@@ -85,3 +86,76 @@ def test_the_daemons_plan_reads_vllms_cached_flags(
     assert (fx is not None) == on == plan["on"], plan
     text = f"{plan['reason']} {plan.get('todo', '')} {plan['lines']}"
     assert said in text if said else "not checked" not in text, text
+
+
+def _built(awake: float, asleep: float = 1932.0) -> SpareBuilt:
+    return SpareBuilt(True, "", 4242, awake, asleep)
+
+
+def test_the_measured_footprint_replaces_the_estimate_before_the_first_launch(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Issue 34 point 2: the figures come from what vllmwatch measured. A first build that
+    measures a spare larger than estimated lowers the setting of the engine's launch that
+    follows; the spare's own command never moves (a reload would call it stale); only the
+    first build of a configuration is kept (a running engine cannot follow each rebuild's
+    few MiB); a running engine is judged by the room it leaves, not by spelling."""
+    monkeypatch.setenv("STATE_DIRECTORY", str(tmp_path / "state"))
+    on = spare_config(tmp_path)
+    log = LogCapture()
+    sampler = make_sampler([0], log, nvml=FakeNvml([FakeGpu(total_mib=143771.0)]))
+    fx = sparefx.make(on, {"STATE_DIRECTORY": str(tmp_path / "state")}, sampler, False, log)
+    assert fx is not None
+    est = fx.plan
+    assert not est.measured and est.awake_mib is not None and est.serving_after is not None
+    spare_flags = dict(est.spare_flags)
+    posted: list[Event] = []
+    assert fx._prepare(on, posted.append, 1) and not posted
+    big = est.awake_mib + 12_000.0  # 12 GiB more than the estimate
+    ev = _built(big)
+    assert fx._measured(on, ev) is ev  # the core hears the build as it was
+    plan = fx.plan
+    assert plan.measured and plan.awake_mib == big and plan.asleep_mib == 1932.0
+    assert plan.serving_after is not None and plan.serving_after < est.serving_after
+    assert dict(plan.spare_flags) == spare_flags, "a measurement moved the spare's command"
+    said = log.named("spare.plan")[-1]
+    assert said["measured"] and said["awake_mib"] == round(big), said
+    argv = fx.serving_argv(ARGV, on, launch=True)
+    assert argv[argv.index("--gpu-memory-utilization") + 1] == f"{plan.serving_after:g}"
+    # a rebuild measures a few MiB less: the plan (and the running engine's room) stay
+    fx._measured(on, _built(big - 40.0))
+    assert fx.plan is plan and len(log.named("spare.plan")) == 2
+    assert fx._prepare(on, posted.append, 2) and not posted
+    # an engine launched above the measured plan's setting: the next build waits for a launch
+    fx.launched, fx.launched_at = {"gpu-memory-utilization": "0.9"}, 0.9
+    assert not fx._prepare(on, posted.append, 3) and posted[-1].deferred  # type: ignore[attr-defined]
+
+
+def test_a_running_engine_is_judged_by_its_setting_not_by_how_it_was_spelt(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """The operator's own setting at the plan's figure (auto, no flag added) leaves the room
+    that `true`'s added --gpu-memory-utilization leaves: a reload from one to the other
+    builds at once; an engine launched above it (spare.enabled = false then) still waits."""
+    monkeypatch.setenv("STATE_DIRECTORY", str(tmp_path / "state"))
+    env = {"STATE_DIRECTORY": str(tmp_path / "state")}
+    on = spare_config(tmp_path)
+    sampler = make_sampler([0], LogCapture(), nvml=FakeNvml([FakeGpu(total_mib=143771.0)]))
+    probe = sparefx.make(on, env, sampler, False, LogCapture())
+    assert probe is not None and probe.plan.serving_after is not None
+    bound = probe.plan.serving_after
+
+    def operator(value: float, enabled: str) -> Config:
+        return spare_config(tmp_path, spare={"enabled": enabled}, vllm={
+            "args": {"max-model-len": 4096, "gpu-memory-utilization": value}})
+    auto = operator(bound, "auto")
+    fx = sparefx.make(auto, env, sampler, False, LogCapture())
+    assert fx is not None and fx.plan.on and not fx.plan.serving_flags, fx.plan
+    fx.serving_argv(ARGV, auto, launch=True)
+    assert fx.launched == {} and fx.launched_at == bound
+    posted: list[Event] = []
+    assert fx._prepare(on, posted.append, 1) and not posted, posted
+    assert fx.plan.serving_flags == {"gpu-memory-utilization": f"{bound:g}"}
+    above = operator(round(bound + 0.05, 2), "false")
+    fx.serving_argv(ARGV, above, launch=True)
+    assert fx.launched_at == round(bound + 0.05, 2)
+    assert not fx._prepare(on, posted.append, 2)
+    assert isinstance(posted[-1], SpareBuilt) and posted[-1].deferred, posted

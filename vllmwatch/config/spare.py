@@ -20,11 +20,13 @@ The arithmetic. vLLM's start refuses when free GPU memory < utilization x total
 (`request_memory()`, vllm/v1/worker/utils.py, 0.26 and 0.32), also when the KV cache is
 sized in bytes (the spare's case), so the spare's utilization is the smallest that covers
 its footprint, and the serving engine's is bounded by what the spare leaves:
-  spare awake A = weights + kv_cache + AWAKE_EXTRA (measured when known)
-  spare utilization u_sp = ceil3(A / T)   (T: the GPU's total)
-  serving u <= floor2((T - u_sp T - SERVING_EXTRA - others) / T)
+  spare awake A = weights + kv_cache + AWAKE_EXTRA (the estimate E; measured when known)
+  spare utilization u_sp = ceil3(E / T)   (T: the GPU's total; E stays its base once
+      measured, so that a measurement never changes the spare's command)
+  room R = max(u_sp T, A)
+  serving u <= floor2((T - R - SERVING_EXTRA - others - SAFETY) / T)
 so that (1) a spare rebuilt beside the serving engine passes request_memory (u_sp T free),
-(2) the spare wakes beside a running or dying serving tree without an OOM (A <= u_sp T), and
+(2) the spare wakes beside a running or dying serving tree without an OOM (A <= R), and
 (3) a serving engine relaunched beside the awake spare passes request_memory. On the H200
 (T = 143,771 MiB, 8B: 15.9 GiB weights, kv_cache 8 GiB): A ~ 27,546 MiB estimated (27,202
 measured), u_sp = 0.192, serving 0.90 -> 0.78 (issue 34's table: 113,968 MiB at 0.78 beside
@@ -179,6 +181,12 @@ def _number(flags: Mapping[str, object], name: str, default: float) -> float | N
         return None
 
 
+def serving_utilization(flags: Mapping[str, object]) -> float | None:
+    """The serving engine's --gpu-memory-utilization in `flags` (dashes), else vLLM's
+    default; None: not a number."""
+    return _number(flags, "gpu-memory-utilization", VLLM_DEFAULT_UTILIZATION)
+
+
 def static_problem(spare: SpareConfig, gate_on: bool, flags: Mapping[str, object],
                    cpu: bool, unified: bool) -> tuple[str, str] | None:
     """(why off, what to change) for what the config alone rules out; None otherwise."""
@@ -238,15 +246,17 @@ def _sized(spare: SpareConfig, flags: Mapping[str, object], facts: SpareFacts) -
     if total is None or total <= 0:
         return _off(enabled, "the GPU's total memory is unknown (NVML not readable)",
                     "install nvidia-ml-py and check the driver (`vllmwatch check` says why)")
-    before = _number(flags, "gpu-memory-utilization", VLLM_DEFAULT_UTILIZATION)
+    before = serving_utilization(flags)
     if before is None:
         return _off(enabled, "vllm.args.gpu-memory-utilization is not a number",
                     "set it to a fraction such as 0.9")
     kv_mib = spare.kv_cache
+    est = (facts.weights_mib + kv_mib + AWAKE_EXTRA_MIB if facts.weights_mib is not None
+           else None)
     if facts.measured is not None:
         awake, asleep = facts.measured.awake_mib, facts.measured.asleep_mib
-    elif facts.weights_mib is not None:
-        awake, asleep = facts.weights_mib + kv_mib + AWAKE_EXTRA_MIB, ASLEEP_MIB
+    elif est is not None:
+        awake, asleep = est, ASLEEP_MIB
     else:
         return _off(enabled, "the model's weight size is unknown (no local weight files)",
                     "download the model to a local directory, or set spare.enabled = false")
@@ -256,13 +266,17 @@ def _sized(spare: SpareConfig, flags: Mapping[str, object], facts: SpareFacts) -
     if tokens is None:
         notes.append("not checked: whether the spare's KV cache holds one max-model-len "
                      "request (the model's config.json is not readable)")
-    u_sp = spare.utilization or ceil3(awake / total)
-    if u_sp * total < awake:
+    # The spare's own utilization comes from the estimate where there is one, measured or
+    # not: a measurement must not change the spare's command (a reload would call the
+    # running spare stale and rebuild it); a spare larger than its budget is met by `room`.
+    u_sp = spare.utilization or ceil3((est if est is not None else awake) / total)
+    if spare.utilization and u_sp * total < awake:
         return _off(enabled, f"spare.utilization {u_sp:g} x {total:.0f} MiB is below the "
                     f"spare's {awake:.0f} MiB", f"set spare.utilization to at least "
                     f"{ceil3(awake / total):g}, or 0 (auto)")
+    room = max(u_sp * total, awake)  # free for a rebuild's start check, and for its wake
     others = max(facts.others_mib or 0.0, OTHERS_FLOOR_MIB)
-    bound = floor2((total - u_sp * total - SERVING_EXTRA_MIB - others - SAFETY_MIB) / total)
+    bound = floor2((total - room - SERVING_EXTRA_MIB - others - SAFETY_MIB) / total)
     host_need = (facts.weights_mib if facts.weights_mib is not None
                  else max(0.0, awake - kv_mib - AWAKE_EXTRA_MIB)) + HOST_EXTRA_MIB
     host = facts.host_available_mib

@@ -16,6 +16,7 @@ from vllmwatch.config import command, redact, safefile, vllmflags, vllminfo
 from vllmwatch.config.modellen import model_max_len
 from vllmwatch.config.schema import Config
 from vllmwatch.config.spare import (
+    Footprint,
     SpareFacts,
     SparePlan,
     kv_bytes_per_token,
@@ -118,10 +119,20 @@ class Planner:
                  start: MemorySample | None = None) -> None:
         self.base, self.environ, self.log = base, environ, log
         self.start = start  # the machine at the start, every GPU: a reload may move the spare
+        # The spare's footprint as its first build of a configuration measured it (NVML),
+        # keyed by what sizes it: later plans of that configuration use it for the estimate
+        self.measured: dict[str, Footprint] = {}
+
+    def measure(self, config: Config, footprint: Footprint) -> bool:
+        """Keep the footprint a build of `config` measured; False when one is kept already
+        (the first stays: a plan that moved with each rebuild's few MiB would move the
+        serving engine's setting, and a running engine's setting cannot follow)."""
+        return self.measured.setdefault(_sized_by(config), footprint) is footprint
 
     def plan(self, config: Config, quiet: bool = False) -> SparePlan:
         """The plan for `config`, logged as spare.plan unless `quiet`."""
         base = self.base if self.start is None else on_gpu(self.base, config, self.start)
+        base = replace(base, measured=self.measured.get(_sized_by(config)))
         plan = plan_spare(config.spare, config.gate.enabled, flags_of(config),
                           model_facts(base, config, self.environ))
         if not quiet:
@@ -142,6 +153,15 @@ class Planner:
         redact.learn(redact.secrets_of(env, api_key))
         return SpareCommand(argv, env, self.base.uds_path, config.vllm.model_name, api_key,
                             own_tmpdir="TMPDIR" not in config.vllm.env)
+
+
+def _sized_by(config: Config) -> str:
+    """What sizes the spare's footprint: the model, the serving command's flags (dtype,
+    max-model-len, ...), its environment, [spare] and the GPUs."""
+    v = config.vllm
+    return json.dumps([v.model, v.command, v.env, flags_of(config), v.extra_args, v.gpus,
+                       config.spare.kv_cache, config.spare.utilization], sort_keys=True,
+                      default=str)
 
 
 def make(config: Config, environ: Mapping[str, str], sampler: MemorySampler, unified: bool,

@@ -15,7 +15,7 @@ from dataclasses import replace
 from typing import Any, Protocol
 
 from vllmwatch.config.schema import Config
-from vllmwatch.config.spare import SparePlan, spare_gpu
+from vllmwatch.config.spare import Footprint, SparePlan, serving_utilization, spare_gpu
 from vllmwatch.config.spare import with_flags as _with_flags
 from vllmwatch.core import failover
 from vllmwatch.core.actions import CheckRelease, SpareAction
@@ -44,6 +44,8 @@ class Planner(Protocol):
     def plan(self, config: Config, quiet: bool = False) -> SparePlan: ...
 
     def command(self, config: Config, plan: SparePlan) -> SpareCommand: ...
+
+    def measure(self, config: Config, footprint: Footprint) -> bool: ...
 
 INFO_EVERY = 2.0  # the spare's memory for /status, read at most this often
 
@@ -77,6 +79,7 @@ class SpareFx:
         # yet). A spare turned back on by a reload needs the room of the plan's flags: beside
         # an engine launched without them (spare.enabled was false then) it cannot fit.
         self.launched: dict[str, str] | None = None
+        self.launched_at: float | None = None  # ... and its gpu-memory-utilization
 
     def track(self, now: float) -> failover.Track:
         """The core's record at the start: on (it is built before the first launch)."""
@@ -102,6 +105,9 @@ class SpareFx:
         flags = dict(self.plan.serving_flags)
         if launch:
             self.launched = flags
+            self.launched_at = serving_utilization(
+                {**{str(k).replace("_", "-"): v for k, v in self.config.vllm.args.items()},
+                 **flags})
         return _with_flags(argv, flags) if flags else list(argv)
 
     @property
@@ -177,9 +183,10 @@ class SpareFx:
                 post(SpareBuilt(False, f"its start: {type(exc).__name__}: {exc}",
                                 build=action.build))
                 return
-            ran, n = digest(self.tree.cmd), action.build
-            self._run(lambda: replace(self.tree.build(action.timeout), inputs=ran, build=n),
-                      post, lambda e: SpareBuilt(False, e, build=n))
+            ran, n, cfg = digest(self.tree.cmd), action.build, self._config
+            self._run(lambda: self._measured(cfg, replace(
+                self.tree.build(action.timeout), inputs=ran, build=n)),
+                post, lambda e: SpareBuilt(False, e, build=n))
         elif isinstance(action, WakeSpare):
             self._run(lambda: self.tree.wake(action.timeout), post,
                       lambda e: SpareWoken(False, e))
@@ -199,7 +206,7 @@ class SpareFx:
                                    f"{self.plan.reason}", build=build))
             return False
         wants = dict(self.plan.serving_flags)
-        if self.launched is not None and self.launched != wants:
+        if self.launched is not None and not self._fits():
             has, needs = _flags(self.launched), _flags(wants)
             post(SpareBuilt(False, f"the serving engine was launched with {has}; beside it "
                             f"this spare needs {needs}: built after the engine's next launch "
@@ -212,6 +219,31 @@ class SpareFx:
             post(SpareBuilt(False, f"its command: {type(exc).__name__}: {exc}", build=build))
             return False
         return True
+
+    def _fits(self) -> bool:
+        """The running engine leaves this plan's spare its room: launched at no more than
+        the plan's setting for it (by number: the operator's 0.78 is the plan's 0.78)."""
+        if self.launched_at is None or self.plan.serving_after is None:
+            return self.launched == dict(self.plan.serving_flags)
+        return self.launched_at <= self.plan.serving_after + 1e-9
+
+    def _measured(self, config: Config, ev: SpareBuilt) -> SpareBuilt:
+        """A first build's measured footprint (NVML, awake and asleep) takes the estimate's
+        place in the plan before the core hears of the build: the figures logged and shown,
+        and the room the serving engine leaves (its first launch waits on this build). A
+        spare larger than estimated lowers the setting of the engine's next launch."""
+        if (not ev.ok or self._planner is None or ev.awake_mib is None
+                or ev.asleep_mib is None
+                or not self._planner.measure(config, Footprint(ev.awake_mib, ev.asleep_mib))):
+            return ev
+        plan = self._planner.plan(config)  # logged: spare.plan, measured
+        if not plan.on:  # (a spare too large to leave the engine any room): the estimate's
+            self.log("warning", "spare.measured", reason=plan.reason, todo=plan.todo,
+                     detail="the plan from the spare's measured footprint is off; the "
+                     "estimate's stays (each wake is still checked against NVML's free)")
+        elif config is self._config:  # (not replaced by a reload meanwhile)
+            self.plan = plan
+        return ev
 
     def _run(self, fn: Callable[[], Event], post: Callable[[Event], None],
              failed: Callable[[str], Event]) -> None:
