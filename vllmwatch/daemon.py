@@ -110,6 +110,8 @@ def _run(config: Config, log_format: str | None, env: dict[str, str], log: Switc
         if spare is not None and gate is not None:
             spare.in_flight = lambda: gate.forwarder.spare_in_flight
             gate.forwarder.to_spare = lambda: spare.routed == "spare"  # by Route, at once
+            # ... and its generation from the same look (not the snapshot's, a turn later)
+            gate.forwarder.route = lambda: spare.route(holder["snap"].child_pid)
 
     def reload() -> Config:  # on a worker thread: reads the file, logs with the old level
         # The same check as `check --config-only`, the units' first ExecReload= (exit CONFIG).

@@ -107,3 +107,56 @@ def test_the_gate_routes_to_the_spare_while_it_serves_and_back(
         assert got == ["spare"] and gate.forwarder.spare_in_flight == 0
     finally:
         gate.stop()
+
+
+def test_the_generation_and_the_upstream_come_from_one_look(
+        engines: tuple[int, str, threading.Event]) -> None:
+    """The gate read the engine generation (the daemon's snapshot, a loop turn late) and
+    the upstream (the spare's `routed`, at once) apart: a route that moved between the two
+    sent a request to the full engine counted under the spare's generation, so a stop order
+    of the engine it reached did not wait for it. One look gives both now: whatever else
+    says, the request goes where its generation is, and its send is counted there."""
+    port, sock, release = engines
+    release.set()
+    listen = free_port()
+    gate = Gate(f"127.0.0.1:{listen}", f"http://127.0.0.1:{port}", lambda: Readiness.OPEN,
+                5.0, 1.0)
+    gate.forwarder.spare_socket = sock
+    gate.forwarder.to_spare = lambda: True  # (what a second read would say: ignored)
+    looks: list[tuple[int | None, bool]] = []
+    fenced: list[int | None] = []
+    begin = gate.forwarder.fence.begin
+
+    def counted(gen: int | None) -> bool:
+        fenced.append(gen)
+        return begin(gen)
+    gate.forwarder.fence.begin = counted  # type: ignore[method-assign]
+    route: list[tuple[int | None, bool]] = [(4242, False)]
+
+    def look() -> tuple[int | None, bool]:
+        looks.append(route[0])
+        return route[0]
+    gate.forwarder.route = look
+    gate.start()
+    try:
+        assert _ask(listen) == "full" and fenced == [4242]
+        route[0] = (-77, True)
+        assert _ask(listen) == "spare" and fenced == [4242, -77]
+        assert len(looks) == 2 and gate.forwarder.spare_in_flight == 0
+    finally:
+        gate.stop()
+
+
+def test_the_spares_route_names_its_own_generation() -> None:
+    """SpareFx.route: the spare's pid negated while `routed` says spare, else the child's."""
+    from types import SimpleNamespace
+
+    from vllmwatch.shell.sparerun import SpareFx
+    fx = SpareFx.__new__(SpareFx)
+    fx.tree = SimpleNamespace(pid=321)  # type: ignore[assignment]
+    fx.routed = "full"
+    assert fx.route(1234) == (1234, False)
+    fx.routed = "spare"
+    assert fx.route(1234) == (-321, True)
+    fx.tree = SimpleNamespace(pid=None)  # type: ignore[assignment]
+    assert fx.route(1234) == (None, True)

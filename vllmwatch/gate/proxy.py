@@ -84,6 +84,10 @@ class GenFigures:
         return self.failed + self.cut + self.answered + self.open
 
 
+class RouteMoved(Exception):
+    """Not sent to this generation: sent there already, or told to stop."""
+
+
 GENS_KEPT = 16  # generations whose figures are kept (a few per restart)
 
 
@@ -109,6 +113,9 @@ class Forwarder:
         # daemon's snapshot says so only once it is proven awake), and what it has in flight
         self.spare_socket: str | None = None
         self.to_spare: Callable[[], bool] = lambda: False
+        # (generation, to the spare) in one look; the daemon's runner reads one snapshot
+        self.route: Callable[[], tuple[int | None, bool]] = lambda: (
+            self._generation(), self.to_spare())
         self.spare_in_flight = 0
 
     async def open(self) -> None:
@@ -183,10 +190,15 @@ class Forwarder:
             if verdict is not None:
                 self.stats.replay_gave_up += 1 if tried else 0
                 return verdict
-            gen = self._generation()
-            if gen in tried or not self.fence.begin(gen):
+            gen, spare = self._route()
+            try:
                 # Open for an engine it was sent to already (its failure not published yet),
                 # or one told to stop: never sent there; wait for the next one.
+                if gen in tried or not self.fence.begin(gen):
+                    raise RouteMoved
+                answer = await self._forward(request, body, gen, spare, bool(tried))
+            except RouteMoved:
+                self.spare_in_flight -= spare
                 if loop.time() >= deadline:
                     self.stats.hold_timeouts += 1
                     self.stats.replay_gave_up += 1 if tried else 0
@@ -195,8 +207,6 @@ class Forwarder:
                                   "restarting", self.retry_after)
                 await asyncio.sleep(NEXT_ENGINE_POLL)
                 continue
-            try:
-                answer = await self._forward(request, body, gen, bool(tried))
             except exchange.NOT_SENT:
                 # Refused (or not connected in time) before anything was sent: vLLM is not up
                 # (yet), or its listen queue is full; safe to try again.
@@ -262,18 +272,28 @@ class Forwarder:
                           "instance", self.retry_after)
         return None
 
+    def _route(self) -> tuple[int | None, bool]:
+        """(the engine generation, whether it is the spare) from one look at the daemon's
+        snapshot: read apart, a route that moved between the reads sent a request to one
+        engine counted under the other's generation (a stop order of the one it reached
+        would not wait for it). Counted in the spare's in-flight before the look (issue 34):
+        a spare's drain that sees none in flight after the route went back knows none will
+        reach the spare any more; the caller takes a request not sent there off again."""
+        self.spare_in_flight += 1
+        gen, spare = self.route()
+        spare = spare and self.upstreams.spare is not None
+        self.spare_in_flight -= not spare
+        return gen, spare
+
     async def _forward(self, request: web.Request, body: bytes, gen: int | None,
-                       replay: bool = False) -> web.StreamResponse | exchange.Failed:
-        """One exchange with engine `gen` (the fence counted its send in _handle); replay:
-        it was sent to another engine before."""
+                       spare: bool, replay: bool = False
+                       ) -> web.StreamResponse | exchange.Failed:
+        """One exchange with engine `gen` (the fence counted its send in _handle), the spare
+        when `spare` (counted in its in-flight by _route); replay: it was sent to another
+        engine before."""
         main, spare_session = self.upstreams.main, self.upstreams.spare
         assert main is not None
         ex = exchange.Exchange(gen, self.fence, request.path, bool(body))
-        # Counted before the look (issue 34): a spare's drain that sees none in flight after
-        # the route went back (to_spare false) knows none will reach the spare any more.
-        self.spare_in_flight += 1
-        spare = spare_session is not None and self.to_spare()
-        self.spare_in_flight -= not spare
         session = spare_session if spare and spare_session else main
         # The path checked (gate/replay.py), never the client's raw form of it.
         url = ("http://spare" if spare else self.upstream) + upstream_target(

@@ -110,6 +110,14 @@ class SpareFx:
                  **flags})
         return _with_flags(argv, flags) if flags else list(argv)
 
+    def route(self, child_pid: int | None) -> tuple[int | None, bool]:
+        """The gate's route and its engine generation from one look at `routed`: the
+        spare's pid, negative (never a child's), or the serving child's `child_pid`."""
+        if self.routed == "spare":
+            pid = self.tree.pid
+            return (-pid if pid else None), True
+        return child_pid, False
+
     @property
     def config(self) -> Config:
         """The config of the spare's last build or the serving engine's last launch."""
