@@ -94,7 +94,7 @@ def _run(config: Config, log_format: str | None, env: dict[str, str], log: Switc
     fx = RealEffects(config, log, notifier, env, publish=publish,
                      reaper=reaper.start(env, log))
     if live.gate is not None:
-        fx.stop_order = live.gate.stop_order
+        fx.stop_order, fx.new_engine = live.gate.stop_order, live.gate.forwarder.new_engine
         fx.gate_figures = live.gate.figures
     if considered:  # the plan, from this machine's facts; on or off and why
         # Every GPU at the start for the planner (a reload may move vLLM to one that

@@ -25,7 +25,8 @@ DAEMON_FIELDS = {"log", "notifier", "_environ", "reaper", "launcher", "marker", 
                  "gate_figures",  # the gate's per-engine figures for incident records (35)
                  "incidents",  # incident records: the last child's evidence, kept on purpose
                  "_caches",  # the cache variables and the start-up cache decision (33)
-                 "stop_order"}  # the gate's fence, told before any signal (daemon lifetime)
+                 "stop_order",  # the gate's fence, told before any signal (daemon lifetime)
+                 "new_engine"}  # ... and told of each launch's pid (a reused pid is new)
 
 CHILD = [sys.executable, "-c", "import sys; print('bye', flush=True); sys.exit(3)"]
 
@@ -43,8 +44,12 @@ def test_real_effects_keeps_no_per_child_field(tmp_path: Path,
     fx = RealEffects(config, _quiet, FakeNotifier(), {"PATH": "/usr/bin:/bin"})
     before = dict(vars(fx))
     assert set(before) == DAEMON_FIELDS and fx._run is None
+    told: list[int] = []
+    fx.new_engine = told.append
+    before = dict(vars(fx))
     got = fx.spawn(config, lambda _e: None)
     assert isinstance(got, Spawned) and got.pid > 0
+    assert told == [got.pid], "the gate was not told of the launch's pid"
     changed = {k for k, v in vars(fx).items() if v is not before[k]}
     assert changed == {"_run"}  # the launch is all in the handle
     wait_until(fx.child_exit_pending, 20, "the child exits")

@@ -339,6 +339,27 @@ def test_nothing_is_sent_to_an_engine_after_its_stop_order() -> None:
         assert g.stats.stop_orders == 1 and g.stats.forwarded_after_stop == 0
 
 
+def test_a_launch_that_reuses_a_fenced_pid_is_a_new_engine() -> None:
+    """The fence remembers stopped generations by pid (64 of them). The kernel reuses pids
+    (pid_max 32768 on many hosts): an engine launched with a remembered pid was fenced for
+    good, the door held every request to the hold timeout while vllmwatch said READY. The
+    daemon tells the gate of each launch (RealEffects.spawn -> Forwarder.new_engine)."""
+    with setup((200, OK), hold=2.0) as (g, script, _d):
+        assert post(g.port) == (200, OK)
+        g.stop_order(1)
+        assert g.figures(1) is not None
+        assert g.door._get() == Readiness.HOLD  # the daemon says OPEN; the fence holds
+        status, _ = post(g.port)  # (held to the hold timeout: what every client got)
+        assert status == 503
+        # the old engine is gone; the kernel gives the new one the same pid
+        g.forwarder.new_engine(1)
+        assert g.door._get() == Readiness.OPEN and not g.forwarder.fence.stopped(1)
+        assert 1 not in g.forwarder.gens, "the old engine's figures were kept for the new"
+        assert post(g.port) == (200, OK)
+        assert [gen for _, gen in script.seen] == [1, 1]
+        assert g.stats.forwarded_after_stop == 0
+
+
 def test_a_stuck_engines_requests_are_cut_and_replayed() -> None:
     """vllmwatch declared the engine stuck: its exchange (no answer yet) is ended at once and
     sent to the next engine, instead of waiting up to an hour."""

@@ -147,6 +147,15 @@ class Fence:
         with self._cond:
             return gen is not None and gen in self._stopped
 
+    def forget(self, gen: int) -> None:
+        """`gen` is a new engine now (vllmwatch launched it: a pid reused by the kernel): its
+        stop order was another process's, and would hold the door for this one for good."""
+        with self._cond:
+            for told in (self._stopped, self._signalled):
+                while gen in told:
+                    told.remove(gen)
+            self._sending.pop(gen, None)
+
     def begin(self, gen: int | None) -> bool:
         """A send to `gen` is about to start: False (and nothing counted) if it may not."""
         if gen is None:

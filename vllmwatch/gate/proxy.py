@@ -138,6 +138,12 @@ class Forwarder:
                 cut += 1
         return cut
 
+    def new_engine(self, gen: int) -> None:
+        """vllmwatch launched engine `gen` (its pid), not READY yet: a pid the kernel reused is
+        a new engine, not fenced (the door would hold for good) nor given the old figures."""
+        self.fence.forget(gen)
+        self.gens.pop(gen, None)  # (one dict operation: atomic beside the gate's thread)
+
     def figures_of(self, gen: int | None) -> GenFigures:
         """The figures of generation `gen`, made on first use (the oldest is dropped)."""
         got = self.gens.get(gen)

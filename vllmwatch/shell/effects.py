@@ -106,8 +106,10 @@ class RealEffects:
         self._fixed_sampler = sampler is not None
         self._publish = publish
         # The gate's fence (gate/runner.Gate.stop_order): told before any signal to a child,
-        # so that no request reaches an engine after vllmwatch told it to stop (issue 37.9).
-        self.stop_order: Callable[[int | None, bool], None] | None = None
+        # so that no request reaches an engine after vllmwatch told it to stop (issue 37.9);
+        # told of each launch's pid (Gate.new_engine): a reused pid is a new engine
+        self.stop_order: Callable[[int | None, bool], None] = lambda _gen, _cut: None
+        self.new_engine: Callable[[int], None] = lambda _gen: None
         # ... and what became of a failed engine's requests in flight (Gate.figures): handed
         # over as a copy made on the gate's thread, for the incident record (issue 35).
         self.gate_figures: Callable[[int | None], Mapping[str, int] | None] | None = None
@@ -119,8 +121,7 @@ class RealEffects:
         self._versions.prefetch(config.vllm.command)  # off the loop, before the first launch
         self._run: ChildHandle | None = None
         # The launcher lives as long as the daemon; the standby one keeps a pre-imported
-        # interpreter for the next launch (shell/launcher.py; docs/operations/restarts.md,
-        # "Standby").
+        # interpreter for the next launch (shell/launcher.py; restarts.md, "Standby").
         self.launcher: Launcher = launcher or StandbyLauncher(
             log, self.marker, lambda: gpu_pids(self.sampler))
         self.standby = self.launcher if isinstance(self.launcher, StandbyLauncher) else None
@@ -167,6 +168,7 @@ class RealEffects:
             result = replace(result, launch=self.standby.last_launch)
         if self._run is not None:
             self.incidents.launched(self._run.output_tail, prepared.cmd.env, prepared.api_key)
+            self.new_engine(self._run.pid)
         return result
 
     def _next_command(self, config: Config) -> command.ChildCommand | None:
@@ -215,20 +217,18 @@ class RealEffects:
     def signal_group(self, signame: str) -> None:
         """Signal the child's process group (the gate first stops sending to it)."""
         if self._run is not None:
-            if self.stop_order is not None:
-                self.stop_order(self._run.pid, False)
+            self.stop_order(self._run.pid, False)
             self._run.signal(signame)
 
     def kill_engines(self) -> None:
         """SIGKILL the child's engine processes (a stuck engine; events.KillEngines)."""
         if self._run is not None:
-            if self.stop_order is not None:  # stuck: its requests in flight are cut now
-                self.stop_order(self._run.pid, True)
+            self.stop_order(self._run.pid, True)  # stuck: its requests in flight are cut now
             self._run.kill_engines()
 
     def stop_sending(self) -> None:
         """The engine is declared stuck (events.StopSending): the gate ends its requests."""
-        if self._run is not None and self.stop_order is not None:
+        if self._run is not None:
             self.stop_order(self._run.pid, True)
 
     def end_start(self, why: str) -> None:
