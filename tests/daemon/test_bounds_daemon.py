@@ -156,6 +156,20 @@ def test_a_sighup_to_a_fifo_api_key_file_is_refused_and_the_running_config_kept(
     assert d.http_get("/readyz")[0] == 200
 
 
+def test_a_sighup_to_flags_the_launch_refuses_keeps_the_running_vllm(daemon: Factory) -> None:
+    """The hostile pass: a reload to a removed flag loaded (flags were judged at the launch
+    only), drained and stopped a healthy vLLM, then refused its relaunch: exit 78."""
+    d = daemon()
+    d.wait_ready(30)
+    d.write_config(merge(d.config, {"vllm": {"extra_args": ["--rope-scaling", "{}"]}}))
+    mark = d.mark()
+    d.signal(signal.SIGHUP)
+    failed = d.wait_event("config.reload_failed", 20, mark)
+    assert "--rope-scaling" in failed["error"] and "removed" in failed["error"], failed
+    assert not d.named("restart.begin", mark)  # the running vLLM stays
+    assert d.http_get("/readyz")[0] == 200
+
+
 def test_idle_gate_clients_past_the_budget_are_shed_and_the_watchdog_goes_on(
         tmp_path: Path) -> None:
     """The hostile pass: 1,100 idle gate connections at systemd's 1,024 descriptors made every

@@ -54,6 +54,43 @@ def test_what_a_reload_refuses_fails_with_the_config_code(tmp_path: Path, mangle
     assert "Traceback" not in text
 
 
+# What a launch refuses (fatal) or cannot start, which loading alone let through: a reload
+# that --config-only passed then stopped a healthy vLLM and the daemon exited 78 (or crashed,
+# 70, on a value the command line cannot carry). Each class: more than one case.
+@pytest.mark.parametrize("args,vllm,named", [
+    ('device = "cuda"', "", "vllm.args.device"),  # removed from vLLM
+    ("port = 9000", "", "vllm.args.port"),  # vllmwatch's own
+    ('kv-cache-dtype = "fp16"', "", "vllm.args.kv-cache-dtype"),  # not a choice
+    ("", 'extra_args = ["--rope-scaling", "{}"]', "vllm.extra_args[0]"),
+    ("", 'extra_args = ["--model=/other"]', "vllm.extra_args[0]"),
+    ("max_model_len = 100\nmax-model-len = 200", "", "vllm.args.max-model-len"),  # twice
+    ("max-model-len = 200", 'extra_args = ["--max-model-len", "100"]', "vllm.extra_args[0]"),
+    ("max-model-len = 200", 'extra_args = ["--max_model_len=100"]', "vllm.extra_args[0]"),
+    ("hf-overrides = { t = 1979-05-27 }", "", "hf-overrides.t"),  # a TOML date
+    ("seed = 07:32:00", "", "seed"),  # a TOML time
+    ("x = nan", "", "x: nan"),
+    ('"max-model-len " = 5', "", "max-model-len "),  # not a flag's name
+    ('tokenizer = "a\\u0000b"', "", "NUL"),
+])
+def test_flags_a_launch_refuses_fail_the_reload(tmp_path: Path, args: str, vllm: str,
+                                                named: str) -> None:
+    path = write_config(tmp_path, "some/model", args=args, vllm=vllm)
+    with pytest.raises(ConfigError):
+        load_for_reload(path)
+    code, text = _run(path)
+    assert code == exitcodes.CONFIG, text
+    assert "FAIL  config" in text and named in text, text
+    assert "Traceback" not in text
+
+
+@pytest.mark.parametrize("env", ['"A=B" = "x"', '"1X" = "x"', 'C = "a\\u0000b"', '"" = "x"'])
+def test_an_environment_a_process_cannot_have_fails_the_load(tmp_path: Path, env: str) -> None:
+    path = Path(write_config(tmp_path, "some/model"))
+    path.write_text(path.read_text().replace("[vllm.env]\n", f"[vllm.env]\n{env}\n"))
+    code, text = _run(str(path))
+    assert code == exitcodes.CONFIG and "vllm.env" in text and "Traceback" not in text, text
+
+
 def test_a_key_file_that_can_never_work_fails_a_briefly_missing_one_does_not(
         tmp_path: Path) -> None:
     as_dir = tmp_path / "key-dir"

@@ -13,6 +13,8 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from vllmwatch import cli
 from vllmwatch.config import serveline, vllmflags
@@ -200,3 +202,36 @@ def test_a_line_without_vllm_is_refused() -> None:
     req = runner.Request(["python3 train.py --lr 3"], None, "/nonexistent/x.toml", stdout=True)
     assert runner.main(req, os.environ, out=io.StringIO(), err=err) == 2
     assert "no `vllm serve`" in err.getvalue()
+
+
+# ---- what vLLM receives is what the line gave it (the hostile pass: a revision "0123" became
+# 123, "1.10" became 1.1, and a JSON null became "" when vLLM's flag list was unknown) ----
+
+def _argv_of(vllm: dict[str, Any]) -> list[str]:
+    from vllmwatch.config.command import args_to_argv
+    return args_to_argv(vllm.get("args", {})) + list(vllm.get("extra_args", []))
+
+
+@settings(max_examples=150, deadline=None)
+@given(st.from_regex(r"[+-]?(0|[0-9]{1,4})(\.[0-9]{1,3})?([eE][+-]?[0-9]{1,2})?",
+                     fullmatch=True))
+def test_a_number_like_text_reaches_vllm_as_the_line_had_it(text: str) -> None:
+    """Typed by its looks (no flag list): a number only where TOML writes it back the same."""
+    vllm, _, _ = init(f"vllm serve m --revision {text} --seed {text}", Facts())
+    argv = _argv_of(vllm)
+    assert argv[argv.index("--revision") + 1] == text, (vllm, argv)
+    assert argv[argv.index("--seed") + 1] == text, (vllm, argv)
+
+
+@pytest.mark.parametrize("flag,json_text", [
+    ("hf-overrides", '{"rope_scaling": null}'),
+    ("hf-overrides", '{"a": {"b": [1, null]}}'),
+    ("speculative-config", '{"method": null, "num_speculative_tokens": 3}'),
+])
+def test_a_json_null_is_kept_as_json_not_turned_into_an_empty_string(
+        flag: str, json_text: str) -> None:
+    for facts in (Facts(), Facts(known=known())):
+        vllm, _, draft = init(f"vllm serve m --{flag} '{json_text}'", facts)
+        argv = _argv_of(vllm)
+        assert json.loads(argv[argv.index(f"--{flag}") + 1]) == json.loads(json_text), argv
+        assert any("null" in said for said in draft.said), draft.said

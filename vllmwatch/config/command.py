@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+import os
 import re
 import shlex
 from collections.abc import Mapping
@@ -280,4 +281,14 @@ def load_for_reload(path: str) -> Config:
     except KeyFileError as exc:
         if not exc.transient:
             raise
+    # The flags the launch refuses (fatal: the daemon would stop a healthy vLLM for a config
+    # it then cannot start): the known-bad ones, and those this vLLM's cached flag list lacks
+    from vllmwatch.config import vllmflags, vllminfo  # (at reload and check only)
+
+    v = config.vllm
+    problems = flags.args_problems(v.args, v.extra_args)
+    version = vllminfo.version(v.command)
+    known = vllmflags.known_flags(v.command, version, vllmflags.default_cache_dir(
+        config, os.environ), ask=False) if version else None
+    _raise(path, problems + (vllmflags.validate_args(config, known) if known else []))
     return config

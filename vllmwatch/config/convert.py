@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import math
+import re
 from collections.abc import Callable
 
 from vllmwatch.config import units
@@ -30,10 +32,18 @@ def choice(value: object, choices: tuple[str, ...]) -> str:
     return value.lower()
 
 
+def _no_nul(text: str, what: str = "") -> str:
+    # A NUL byte cannot be in a command line, a path or an environment: the launch would
+    # crash the daemon ("embedded null byte") instead of refusing the config.
+    if "\0" in text:
+        raise ValueError(f"{what}a NUL byte (\\u0000) cannot be passed to vLLM")
+    return text
+
+
 def _str(value: object) -> str:
     if not isinstance(value, str):
         raise TypeError("")
-    return value
+    return _no_nul(value)
 
 
 def _bool(value: object) -> bool:
@@ -61,27 +71,52 @@ def _number(value: object) -> float:
 def _str_list(value: object) -> list[str]:
     if not isinstance(value, list) or not all(isinstance(v, str) for v in value):
         raise TypeError("")
-    return list(value)
+    return [_no_nul(v, f"item {i}: ") for i, v in enumerate(value)]
 
 
 def _str_table(value: object) -> dict[str, str]:
+    """An environment table: NAME = "value" (a string or number)."""
     if not isinstance(value, dict):
         raise TypeError("")
     out = {}
     for k, v in value.items():
+        if not re.fullmatch(r"[A-Za-z_][A-Za-z0-9_]*", str(k)):
+            raise ValueError(f"{str(k)!r}: an environment variable's name has only letters, "
+                             "digits and _, and does not start with a digit")
         if isinstance(v, bool) or not isinstance(v, (str, int, float)):
             raise ValueError(f"{k} must be a string or number")
-        out[str(k)] = str(v)
+        out[str(k)] = _no_nul(str(v), f"{k}: ")
     return out
 
 
 def _args_table(value: object) -> dict[str, object]:
     if not isinstance(value, dict):
         raise TypeError("")
-    for k in value:
+    for k, v in value.items():
         if str(k).startswith("-"):
             raise ValueError(f"write flag names without dashes: {str(k).lstrip('-')!r}")
+        if not re.fullmatch(r"[A-Za-z0-9][A-Za-z0-9_.-]*", str(k)):
+            raise ValueError(f"{str(k)!r}: a flag's name has only letters, digits, - and _")
+        _flag_value(v, str(k))
     return dict(value)
+
+
+def _flag_value(value: object, key: str) -> None:
+    """What a flag's value may be: what vLLM's command line can carry (a TOML date or time
+    is not, nor a number that is not finite, nor a NUL byte)."""
+    if isinstance(value, str):
+        _no_nul(value, f"{key}: ")
+    elif isinstance(value, float) and not math.isfinite(value):
+        raise ValueError(f"{key}: {value}: vLLM takes finite numbers only")
+    elif isinstance(value, list):
+        for item in value:
+            _flag_value(item, key)
+    elif isinstance(value, dict):
+        for k, item in value.items():
+            _flag_value(item, f"{key}.{k}")
+    elif not isinstance(value, (bool, int, float)):
+        raise ValueError(f"{key}: a TOML {type(value).__name__} ({value}) cannot be a vLLM "
+                         "flag's value; quote it (\"...\") to pass the text")
 
 
 def _gpus(value: object) -> list[int] | None:

@@ -99,7 +99,28 @@ def args_problems(args: Mapping[str, object], extra: Sequence[str],
             out.append(flag_problem(flag_name(name), value, key, version))
         elif token.lstrip().startswith(("{", "[")) and not _is_value_of_flag(extra, i):
             out.append(json_problem(token, key))
-    return [p for p in out if p is not None]
+    return [p for p in out if p is not None] + _twice(args, extra)
+
+
+def _twice(args: Mapping[str, object], extra: Sequence[str]) -> list[Problem]:
+    """A flag set twice where vLLM takes the last one silently: two spellings of one key in
+    [vllm.args] (max_model_len and max-model-len), or a key of [vllm.args] again in
+    extra_args, where vllmwatch (the spare's plan, check) reads the table's value and vLLM
+    the other. Repeated tokens within extra_args are left alone (append flags)."""
+    first: dict[str, str] = {}
+    out = []
+    for k in args:
+        key = f"vllm.args.{k}"
+        if flag_name(k) in first:
+            out.append(Problem(key, f"--{flag_name(k)} is set by {first[flag_name(k)]} too "
+                                    "(vLLM would take the last one); keep one"))
+        first.setdefault(flag_name(k), key)
+    for i, token in enumerate(extra):
+        name = flag_name(token.partition("=")[0]) if token.startswith("--") else ""
+        if name in first:
+            out.append(Problem(f"vllm.extra_args[{i}]", f"--{name} is set by {first[name]} "
+                               "too (vLLM would take the last one); keep one"))
+    return out
 
 
 def _is_value_of_flag(extra: Sequence[str], i: int) -> bool:

@@ -72,8 +72,21 @@ def json_flag(given: Given, value: object, draft: Draft, note: str) -> None:
         draft.arg(Entry(given.name, _text_of(value), f"{note}the line had `{given.raw}`: "
                         f"{why}; fix it and uncomment", False))
         return
+    if _has_null(got):  # TOML has no null: a table would change it (to ""); kept as JSON
+        draft.extra_args += [f"--{given.name}", json.dumps(got, separators=(",", ":"))]
+        draft.said.append(f"--{given.name} holds a JSON null, which TOML cannot write: "
+                          "kept in vllm.extra_args as JSON")
+        return
     draft.arg(Entry(given.name, got, f"{note}the line had `{given.raw}`: {why}" if why
                     else note))
+
+
+def _has_null(value: object) -> bool:
+    if isinstance(value, dict):
+        return any(_has_null(v) for v in value.values())
+    if isinstance(value, list):
+        return any(_has_null(v) for v in value)
+    return value is None
 
 
 def rope(given: Given, value: object, draft: Draft) -> None:

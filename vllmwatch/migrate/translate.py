@@ -180,17 +180,24 @@ def _typed(given: Given, value: object, draft: Draft, facts: Facts, note: str) -
         draft.extra_args += [f"--{name}", *value]
         draft.changed += bool(note)
     else:
-        _text(given, value if kind == "text" else _number(value), draft, facts, note)
+        _text(given, value if kind == "text" else _number(value, facts.known is None), draft,
+              facts, note)
 
 
 def _plain(value: object) -> object:
     return " ".join(value) if isinstance(value, list) else value
 
 
-def _number(value: object) -> object:
+def _number(value: object, guessed: bool = False) -> object:
+    """The number a text means. `guessed` (vLLM's flag list unknown: typed by its looks):
+    only where TOML writes it back as the line had it ("8192", "0.9"); else the text as
+    written, which vLLM gets unchanged ("0123", a revision, stays "0123", not 123)."""
     if isinstance(value, str) and is_number(value):
         number = float(value)
-        return int(number) if number.is_integer() and "." not in value else number
+        whole = number.is_integer() and "." not in value
+        got: int | float = int(number) if whole else number
+        if not guessed or str(got) == value:
+            return got
     return value
 
 
