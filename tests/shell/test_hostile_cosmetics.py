@@ -5,6 +5,7 @@ not the script missing (the launch and `check`)."""
 from __future__ import annotations
 
 import re
+import sys
 from pathlib import Path
 
 import pytest
@@ -64,3 +65,23 @@ def test_a_script_that_cannot_run_says_why_not_that_it_is_missing(
     handle, event = ChildHandle.launch(childrun.PopenLauncher("m"), prepared, config, "m",
                                        False, None, lambda e: None, LogCapture(), {})
     assert handle is None and words in getattr(event, "error", ""), event
+
+
+@pytest.mark.parametrize("env", [{"A=B": "x"}, {"C": "a\0b"}])
+def test_a_command_no_process_can_have_is_a_refused_launch_not_a_crash(
+        tmp_path: Path, env: dict[str, str]) -> None:
+    """The load refuses the forms it knows (tests/shell/test_check_config_only.py); whatever
+    still reaches the spawn (an env_file, a key file) is a fatal SpawnFailed naming what to
+    check, never the daemon's crash (exit 70, a traceback)."""
+    from dataclasses import replace
+
+    config = from_dict({"vllm": {"model": "/m", "command": [sys.executable, "-c", "0"]},
+                        "prewarm": {"enabled": False}})
+    prepared = childrun.prepare(config, {"PATH": "/usr/bin:/bin"}, "m", None, {},
+                                LogCapture())
+    assert isinstance(prepared, childrun.Prepared)
+    prepared = replace(prepared, cmd=replace(prepared.cmd, env={**prepared.cmd.env, **env}))
+    handle, event = ChildHandle.launch(childrun.PopenLauncher("m"), prepared, config, "m",
+                                       False, None, lambda e: None, LogCapture(), {})
+    assert handle is None and getattr(event, "fatal", False), event
+    assert "cannot be started" in getattr(event, "error", ""), event

@@ -172,6 +172,13 @@ class ChildHandle:
             if guard is not None:
                 guard.stop("spawn_failed")
             return None, SpawnFailed(f"{argv0}: {exc.strerror or exc}")
+        except ValueError as exc:  # a command no process can have (an embedded NUL byte, a
+            # variable name with "="): the load refuses those it knows; never the daemon's crash
+            if guard is not None:
+                guard.stop("spawn_failed")
+            return None, SpawnFailed(f"{config.path}: the vLLM command cannot be started: "
+                                     f"{exc}; check vllm.command, [vllm.env], [vllm.args] and "
+                                     "vllm.env_file", fatal=True)
         childmod.remember_group(marker, child.pid)
         childlog = ChildLog(child.stdout, child.pid, post, log,
                             forward=config.log.child_lines,
