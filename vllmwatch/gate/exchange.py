@@ -22,6 +22,7 @@ from typing import Any
 import aiohttp
 from aiohttp import web
 from multidict import CIMultiDict
+from yarl import URL
 
 from vllmwatch.config.command import KeyFileError, read_env_file
 from vllmwatch.config.redact import REDACT
@@ -35,9 +36,22 @@ from vllmwatch.gate.door import Fence
 # User-Agent naming aiohttp; Accept-Encoding: gzip, deflate asking a vLLM behind compression
 # for what the client never asked, passed through undecoded; an octet-stream Content-Type).
 NOT_ADDED = ("User-Agent", "Accept-Encoding", "Accept", "Content-Type")
+# Also: Proxy-Connection (the old name), and Expect: the gate read the whole body already
+# (aiohttp answered the client's 100-continue); forwarded, aiohttp's client waited for vLLM's
+# 100 before sending the body, for good where a hop does not answer it.
 HOP_BY_HOP = frozenset({"connection", "keep-alive", "proxy-authenticate", "proxy-authorization",
                         "te", "trailer", "transfer-encoding", "upgrade", "host",
-                        "content-length"})
+                        "content-length", "proxy-connection", "expect"})
+
+
+def end_to_end(headers: Mapping[str, str]) -> CIMultiDict[str]:
+    """The headers without the hop-by-hop ones: the fixed set, and every header the
+    Connection header names (RFC 9110 7.6.1), in either direction."""
+    getall = getattr(headers, "getall", None)
+    values = getall("Connection", ()) if getall else [headers.get("Connection", "")]
+    named = {t.strip().lower() for v in values for t in v.split(",")}
+    return CIMultiDict((k, v) for k, v in headers.items()
+                       if k.lower() not in HOP_BY_HOP and k.lower() not in named)
 WHOLE_BODY = 4 * 2**20  # sized answers up to this are read whole, larger ones streamed
 WHOLE_BODY_TIMEOUT = 60.0  # reading such an answer once its head has come
 # Nothing of the request reached vLLM: refused, or no connection within CONNECT_TIMEOUT (vLLM's
@@ -115,15 +129,23 @@ async def run(session: aiohttp.ClientSession, request: web.Request, url: str, bo
               ex: Exchange) -> web.StreamResponse | Failed:
     """Send, and pass the answer on; Failed when it failed before anything reached the
     client. A begun answer that fails is ended (error event or cut) and returned."""
-    headers = CIMultiDict((k, v) for k, v in request.headers.items()
-                          if k.lower() not in HOP_BY_HOP)
+    headers = end_to_end(request.headers)
     response: web.StreamResponse | None = None
     try:
-        async with session.request(request.method, url, headers=headers, data=body or None,
-                                   allow_redirects=False, trace_request_ctx=ex) as up:
+        # The target as checked, byte for byte (a str would be re-quoted: %2F, %zz).
+        async with session.request(request.method, URL(url, encoded=True), headers=headers,
+                                   data=body or None, allow_redirects=False,
+                                   trace_request_ctx=ex) as up:
             ex.mark_written()  # an answer came: it was sent long ago
-            headers = CIMultiDict((k, v) for k, v in up.headers.items()
-                                  if k.lower() not in HOP_BY_HOP)
+            headers = end_to_end(up.headers)
+            if request.method == "HEAD":  # vLLM's length, with no body (a Response of b""
+                response = web.StreamResponse(status=up.status, reason=up.reason,
+                                              headers=headers)  # would drop it)
+                if up.content_length is not None:
+                    response.content_length = up.content_length
+                await _to_client(response.prepare(request))
+                await _to_client(response.write_eof())
+                return response
             if up.content_length is not None and up.content_length <= WHOLE_BODY:
                 # A sized answer (not SSE): one read, one write; cheaper than chunks.
                 data = await asyncio.wait_for(up.read(), WHOLE_BODY_TIMEOUT)
@@ -161,6 +183,13 @@ async def run(session: aiohttp.ClientSession, request: web.Request, url: str, bo
         return await _failed(request, response, ex, "engine_stuck")
     except NOT_SENT:
         raise  # refused or not connected in time: nothing was sent; the caller tries again
+    except aiohttp.ClientResponseError as exc:
+        if response is not None:
+            return await _failed(request, response, ex, "connection")
+        # vLLM answered, but its head cannot be read (a header over aiohttp's 8190 bytes):
+        # its answer, not its engine's death; neither replayed nor counted against it
+        return error_response(request.path, 502, f"vLLM's answer could not be read: "
+                              f"{exc.message}; it was not sent again")
     except (aiohttp.ClientError, asyncio.TimeoutError) as exc:
         if isinstance(exc, asyncio.TimeoutError) and response is None:
             raise  # not a failure of the engine that vllmwatch confirmed: 504, as before

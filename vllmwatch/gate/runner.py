@@ -244,8 +244,9 @@ class Gate:
         app.router.add_route("*", "/{tail:.*}", self.forwarder.handle)
         # On stop, in-flight and held requests get SHUTDOWN_GRACE s, then are cut. Idle
         # keep-alive connections close at the guard's idle deadline (counted there).
+        # auto_decompress off: vLLM gets the client's body byte for byte (not decoded gzip)
         runner = web.AppRunner(app, access_log=None, handler_cancellation=True,
-                               shutdown_timeout=SHUTDOWN_GRACE,
+                               shutdown_timeout=SHUTDOWN_GRACE, auto_decompress=False,
                                keepalive_timeout=guardmod.IDLE_TIMEOUT + 5.0)  # ours first
         await runner.setup()
         assert runner.server is not None
