@@ -177,3 +177,15 @@ def test_an_answer_whose_head_cannot_be_read_is_a_502_not_an_engine_death(method
         stats: dict[str, Any] = gate.stats.__dict__
         assert stats["replayed"] == 0 and stats["failed_midrequest"] == 0, stats
         assert len(srv.got) == 1
+
+
+@pytest.mark.parametrize("sent", ["", "X-Forwarded-For: 10.9.8.7\r\nX-Forwarded-Proto: https\r\n"])
+def test_vllm_is_told_who_the_gate_forwards_for_never_what_a_client_claims(sent: str) -> None:
+    """vLLM's uvicorn believes X-Forwarded-* from 127.0.0.1, which is the gate: a client's
+    own header would have put any address in vLLM's log."""
+    with _gate(_answer()) as (gate, srv):
+        got = _send(gate, _post(headers=sent))
+        assert got.startswith(b"HTTP/1.1 200"), got[:200]
+        upstream = _head_of(srv.got[0])
+        assert upstream["x-forwarded-for"] == "127.0.0.1", upstream
+        assert upstream["x-forwarded-proto"] == "http", upstream

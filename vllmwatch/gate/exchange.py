@@ -130,6 +130,9 @@ async def run(session: aiohttp.ClientSession, request: web.Request, url: str, bo
     """Send, and pass the answer on; Failed when it failed before anything reached the
     client. A begun answer that fails is ended (error event or cut) and returned."""
     headers = end_to_end(request.headers)
+    # vLLM's uvicorn believes X-Forwarded-* from 127.0.0.1, the gate's address: a client's
+    # own would name any address in vLLM's log; the gate says who it forwards for instead
+    headers["X-Forwarded-For"], headers["X-Forwarded-Proto"] = request.remote or "", "http"
     response: web.StreamResponse | None = None
     try:
         # The target as checked, byte for byte (a str would be re-quoted: %2F, %zz).
