@@ -60,6 +60,9 @@ def test_what_a_reload_refuses_fails_with_the_config_code(tmp_path: Path, mangle
 @pytest.mark.parametrize("args,vllm,named", [
     ('device = "cuda"', "", "vllm.args.device"),  # removed from vLLM
     ("port = 9000", "", "vllm.args.port"),  # vllmwatch's own
+    ("por = 9000", "", "vllm.args.por"),  # ... abbreviated: vLLM's parser takes prefixes
+    ("", 'extra_args = ["--served=x"]', "vllm.extra_args[0]"),
+    ('"api-k" = "sk-1"', "", "vllm.args.api-k"),  # a secret abbreviated would stay on argv
     ('kv-cache-dtype = "fp16"', "", "vllm.args.kv-cache-dtype"),  # not a choice
     ("", 'extra_args = ["--rope-scaling", "{}"]', "vllm.extra_args[0]"),
     ("", 'extra_args = ["--model=/other"]', "vllm.extra_args[0]"),

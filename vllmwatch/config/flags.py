@@ -70,6 +70,14 @@ def flag_problem(name: str, value: object, key: str, version: str | None = None,
     """The flags a widely copied guide gets wrong, each with its modern replacement."""
     if name in OWNED_FLAGS:
         return Problem(key, f"--{name} is set by vllmwatch; use {OWNED_FLAGS[name]}")
+    # vLLM's parser takes a unique prefix for the flag (argparse's allow_abbrev): --por 9000
+    # would move vLLM off the port vllmwatch probes, --api-k would put the key on argv
+    whole = next((f for f in (*OWNED_FLAGS, *SECRET_FLAGS) if f.startswith(name)), None)
+    if whole is not None and name != whole:
+        use = OWNED_FLAGS.get(whole) or f"{whole} written in full (vllmwatch moves it to " \
+            f"vLLM's environment, off its command line)"
+        return Problem(key, f"--{name} is --{whole} abbreviated (vLLM's parser takes "
+                       f"prefixes); use {use}")
     if name in REMOVED:
         where = f"vLLM {version}" if version else "vLLM"
         return Problem(key, f"--{name} was removed from {where}; {REMOVED[name]}")
