@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from pathlib import Path
+
 import pytest
 
 from vllmwatch.config.command import build
@@ -12,7 +14,7 @@ from vllmwatch.config.launch import (
     parallel_sizes,
     standby_wanted,
 )
-from vllmwatch.config.schema import from_dict
+from vllmwatch.config.schema import ConfigError, from_dict
 
 
 @pytest.mark.parametrize(("setting", "gpu", "unified", "avail", "on", "words"), [
@@ -68,3 +70,25 @@ def test_the_launch_gets_fork_for_tp1_and_leaves_tp2_and_the_operator_alone() ->
     assert FORK_VARIABLE not in _cmd_env({"args": {"tensor-parallel-size": 2}})
     assert _cmd_env({"env": {FORK_VARIABLE: "spawn"}})[FORK_VARIABLE] == "spawn"
     assert _cmd_env({}, {"PATH": "/usr/bin", FORK_VARIABLE: "spawn"})[FORK_VARIABLE] == "spawn"
+
+
+@pytest.mark.parametrize("line", ["VLLMWATCH_ARG_TENSOR_PARALLEL_SIZE=2",
+                                  "VLLMWATCH_ARG_PIPELINE_PARALLEL_SIZE=4"])
+def test_a_parallel_size_from_the_env_file_leaves_vllm_its_choice(tmp_path: Path,
+                                                                   line: str) -> None:
+    """vllm.env_file may carry flag values: a parallel size there was not seen, and a TP=2
+    launch got EngineCore by fork (the hostile review of the config)."""
+    env_file = tmp_path / "secrets.env"
+    env_file.write_text(line + "\n")
+    assert FORK_VARIABLE not in _cmd_env({"env_file": str(env_file)})
+
+
+@pytest.mark.parametrize("name", ["PORT", "MODEL", "POR", "DEVICE"])
+def test_a_flag_the_launch_refuses_is_refused_from_the_env_file_too(tmp_path: Path,
+                                                                    name: str) -> None:
+    env_file = tmp_path / "secrets.env"
+    env_file.write_text(f"VLLMWATCH_ARG_{name}=sekrit-value\n")
+    with pytest.raises(ConfigError) as err:
+        _cmd_env({"env_file": str(env_file)})
+    assert f"VLLMWATCH_ARG_{name}" in str(err.value)
+    assert "sekrit-value" not in str(err.value), "a value of the env file was shown"

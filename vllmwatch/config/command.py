@@ -214,6 +214,9 @@ def build(config: Config, base_env: Mapping[str, str], api_key: str | None = Non
     argv += ["--host", v.host, "--port", str(v.port)]
     _raise(config.path, flags.args_problems(v.args, v.extra_args, vllm_version))
     file_env, file_args = read_env_file(config)
+    _raise(config.path, [p for p in (flags.flag_problem(  # its names only: values are secret
+        a[2:], None, f"vllm.env_file: {ARG_PREFIX}{a[2:].upper().replace('-', '_')}",
+        vllm_version) for a in file_args[::2]) if p is not None])
     user, secret_env = split_secrets([*args_to_argv(v.args, config.path), *v.extra_args,
                                       *file_args])
     secret_env = {**file_env, **secret_env}
@@ -236,7 +239,7 @@ def build(config: Config, base_env: Mapping[str, str], api_key: str | None = Non
     shown.update(lora_env)
     shown.update(v.env)
     # EngineCore by fork for one worker (config/launch.py says when and why).
-    method, _ = engine_start_method(v.args, v.extra_args, {**base_env, **v.env})
+    method, _ = engine_start_method(v.args, [*v.extra_args, *file_args], {**base_env, **v.env})
     if method is not None:
         shown[FORK_VARIABLE] = method
     env = {k: val for k, val in base_env.items() if k not in _STRIP_ENV}
