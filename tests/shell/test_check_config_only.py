@@ -66,6 +66,7 @@ def test_what_a_reload_refuses_fails_with_the_config_code(tmp_path: Path, mangle
     ('kv-cache-dtype = "fp16"', "", "vllm.args.kv-cache-dtype"),  # not a choice
     ("", 'extra_args = ["--rope-scaling", "{}"]', "vllm.extra_args[0]"),
     ("", 'extra_args = ["--model=/other"]', "vllm.extra_args[0]"),
+    ("", 'extra_args = ["", "--enforce-eager"]', "vllm.extra_args[0]"),  # an empty word
     ("max_model_len = 100\nmax-model-len = 200", "", "vllm.args.max-model-len"),  # twice
     ("max-model-len = 200", 'extra_args = ["--max-model-len", "100"]', "vllm.extra_args[0]"),
     ("max-model-len = 200", 'extra_args = ["--max_model_len=100"]', "vllm.extra_args[0]"),

@@ -101,7 +101,10 @@ def args_problems(args: Mapping[str, object], extra: Sequence[str],
     out = [flag_problem(flag_name(k), v, f"vllm.args.{k}", version) for k, v in args.items()]
     for i, token in enumerate(extra):
         key = f"vllm.extra_args[{i}]"
-        if token.startswith("--"):
+        if not token.strip() and not _is_value_of_flag(extra, i):  # vLLM reads it as a
+            # positional and exits at once (a flag's empty value is the flag's business)
+            out.append(Problem(key, "an empty word; remove it"))
+        elif token.startswith("--"):
             name, eq, inline = token[2:].partition("=")
             value: object = inline if eq else next_value(extra, i)
             out.append(flag_problem(flag_name(name), value, key, version))
