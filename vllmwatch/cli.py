@@ -84,6 +84,11 @@ def load_config(path: str | None) -> Config:
 
 def main(argv: Sequence[str] | None = None) -> int:
     """Entry point of the `vllmwatch` console script."""
+    for stream in (sys.stdout, sys.stderr):  # a lone surrogate in a record, a status
+        # answer or a log line is printed escaped, never a UnicodeEncodeError's traceback
+        reconfigure = getattr(stream, "reconfigure", None)
+        if reconfigure is not None:
+            reconfigure(errors="backslashreplace")
     args = _parser().parse_args(argv)
     if args.command is None:
         _parser().print_help()

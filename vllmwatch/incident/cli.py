@@ -59,7 +59,12 @@ def _show(root: str, rid: str, as_json: bool) -> int:
         print(printable(f"vllmwatch: incident {name} in {root} is unreadable: {data}", False),
               file=sys.stderr)
         return 1
-    data = REDACT.deep(data)
+    try:
+        data = REDACT.deep(data)
+    except RecursionError:  # (json reads deeper than the redactor's walk goes)
+        print(printable(f"vllmwatch: incident {name} in {root} is nested too deeply to "
+                        "show", False), file=sys.stderr)
+        return 1
     if as_json:
         print(json.dumps(data, indent=1))
         return 0
@@ -68,7 +73,7 @@ def _show(root: str, rid: str, as_json: bool) -> int:
         print(printable(f"vllmwatch: incident {name}: {problem}", False), file=sys.stderr)
     try:
         text = report.render(kept)
-    except (AttributeError, TypeError, KeyError, IndexError, ValueError) as exc:
+    except (AttributeError, TypeError, KeyError, IndexError, ValueError, RecursionError) as exc:
         print(printable(f"vllmwatch: incident {name} cannot be shown as a report: a field "
                         f"has an unexpected shape ({type(exc).__name__}: {exc}); "
                         f"`vllmwatch incidents show {name} --json` prints it as it is",

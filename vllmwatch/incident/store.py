@@ -144,6 +144,8 @@ def read(root: str, rid: str) -> dict[str, Any] | str:
         data = json.loads(raw)
     except ValueError as exc:
         return f"record.json is not JSON ({exc})"
+    except RecursionError:
+        return "record.json is nested too deeply to read"
     if not isinstance(data, dict):
         return f"record.json holds a JSON {type(data).__name__}, not an object"
     return data

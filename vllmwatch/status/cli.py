@@ -46,17 +46,22 @@ def main(config_arg: str | None, url: str | None, as_json: bool,
         target = status_url(url) if url else status_url(url_from_config(config_arg))
         body = fetch(target)
         data = parse(body, target)
-        text = body if as_json else render(data, colour=use_colour(sys.stdout))
+        # The answer as it came, unless the redactor changed it (an older vllmwatch may
+        # answer unredacted): then the redacted document
+        text = (body if json.loads(body) == data else json.dumps(data, indent=2)) \
+            if as_json else render(data, colour=use_colour(sys.stdout))
     except StatusError as exc:
         if exc.code == EXIT_NOT_RUNNING:
-            print(_not_running(str(exc), config_arg, find_incident), file=sys.stderr)
+            print(REDACT.text(_not_running(str(exc), config_arg, find_incident)),
+                  file=sys.stderr)
         else:
-            print(f"vllmwatch status: {exc}", file=sys.stderr)
+            print(REDACT.text(f"vllmwatch status: {exc}"), file=sys.stderr)
         return exc.code
     except Exception as exc:  # a last net: the one line, never a traceback
-        print(f"vllmwatch status: unexpected error: {type(exc).__name__}: {exc}",
-              file=sys.stderr)
+        print(REDACT.text(f"vllmwatch status: unexpected error: {type(exc).__name__}: "
+                          f"{exc}"), file=sys.stderr)
         return EXIT_ERROR
+    text = text.encode("utf-8", "backslashreplace").decode("utf-8")  # a lone surrogate
     try:
         sys.stdout.write(text if text.endswith("\n") else text + "\n")
         sys.stdout.flush()

@@ -24,6 +24,7 @@ from prometheus_client.exposition import choose_encoder
 from prometheus_client.process_collector import ProcessCollector
 from prometheus_client.registry import Collector, CollectorRegistry
 
+from vllmwatch.config.redact import REDACT
 from vllmwatch.core import names
 from vllmwatch.core.restart import Phase
 from vllmwatch.core.state import State
@@ -135,7 +136,9 @@ def build_registry(get_snapshot: Callable[[], Snapshot],
 def render(registry: CollectorRegistry, accept: str = "") -> tuple[bytes, str]:
     """The exposition body and its content type, negotiated from the Accept header."""
     encoder, content_type = choose_encoder(accept)
-    return encoder(registry), content_type
+    # Through the one redactor, as every byte that leaves: a label holds what the config
+    # said (a model URL with a token, a smoke check's endpoint, an adapter's path)
+    return REDACT.text(encoder(registry).decode("utf-8")).encode("utf-8"), content_type
 
 
 def _state(snap: Snapshot) -> Iterator[Metric]:
