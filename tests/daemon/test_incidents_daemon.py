@@ -79,11 +79,13 @@ def frames_of(record: dict[str, Any], role: str, method: str) -> list[str]:
 
 
 def test_a_deadlocked_engine_thread_shows_the_deadlocked_frame(daemon: Factory) -> None:
-    # 5 s: room for both dumpers on a loaded 2-core box (the default is 3 s)
-    d = daemon(["--deadlock-after", "0"], {"incidents": {"timeout": "5s"}}, armed=True)
+    # The record's deadline, not its length (it ends when the dumpers are done): room for
+    # both dumpers on a loaded 2-core box (the default is 3 s; at 5 s a loaded run's record
+    # timed out, incident.timeout, and the test waited for one never written)
+    d = daemon(["--deadlock-after", "0"], {"incidents": {"timeout": "20s"}}, armed=True)
     d.wait_ready()
     since, _ = d.arm()  # the deadlock starts after the mark, however slow this box is
-    event = d.wait_event("incident.recorded", 30.0, since, reason="hang")
+    event = d.wait_event("incident.recorded", 60.0, since, reason="hang")
     stopping = d.wait_event("child.stopping", 10.0, since)
     assert ts_of(stopping) >= ts_of(event)  # the record came before SIGTERM
     rec = record_of(d, event)
@@ -256,11 +258,11 @@ def test_an_engine_sigkill_and_a_sigstop_hang_name_their_cause_in_five_lines(
     """Issue 36: the reports of an EngineCore SIGKILL and of a SIGSTOPped EngineCore, read
     cold, name the cause (the process, the signal or its state, where to look) in their
     first five lines."""
-    d = daemon([], {"incidents": {"timeout": "5s"}})
+    d = daemon([], {"incidents": {"timeout": "20s"}})  # (a deadline: as above)
     engine = _engine(d, 0)
     since = d.mark()
     engine.kill()
-    event = d.wait_event("incident.recorded", 30.0, since, reason="engine_died")
+    event = d.wait_event("incident.recorded", 60.0, since, reason="engine_died")
     head = "\n".join(_first_lines(d, event))
     assert f"reason: engine_died: engine process died: pid {engine.pid} (VLLM::EngineCore) " \
            "killed by SIGKILL" in head, head
@@ -270,7 +272,7 @@ def test_an_engine_sigkill_and_a_sigstop_hang_name_their_cause_in_five_lines(
     engine = _engine(d, d.events.index(event))
     since = d.mark()
     sigstop(engine.pid)  # SIGSTOP; the engines' SIGKILL at the restart ends it
-    event = d.wait_event("incident.recorded", 60.0, since, reason="hang")
+    event = d.wait_event("incident.recorded", 90.0, since, reason="hang")
     head = "\n".join(_first_lines(d, event))
     assert "reason: hang: canary timed out" in head, head
     assert f"engine_core pid {engine.pid} is stopped (state T: SIGSTOP" in head, head

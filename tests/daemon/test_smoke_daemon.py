@@ -59,9 +59,12 @@ def test_chat_tools_and_messages_pass_before_ready(tmp_path: Path) -> None:
 
 def test_tools_without_the_parser_hold_ready_and_fail_the_start_by_name(
         tmp_path: Path) -> None:
-    d = _daemon(tmp_path, [{"endpoint": "tools"}], startup="6s")
+    # A failed required check holds READY until startup.timeout ends the start: long
+    # enough that a loaded box's start reaches its check first (6 s did not, on CI's class
+    # of box: every start timed out before the check ran)
+    d = _daemon(tmp_path, [{"endpoint": "tools"}], startup="25s")
     try:
-        failed = d.wait_event("smoke.failed", 30)
+        failed = d.wait_event("smoke.failed", 60)
         assert failed["check"] == "tools" and failed["required"] is True
         assert "--enable-auto-tool-choice and --tool-call-parser to be set" in failed["error"]
         assert "--enable-auto-tool-choice --tool-call-parser NAME" in failed["error"]
@@ -69,11 +72,11 @@ def test_tools_without_the_parser_hold_ready_and_fail_the_start_by_name(
         assert d.http_get("/readyz")[0] == 503 and not d.named("child.ready")
         checks = _checks(d, 1)
         assert checks[0]["result"] == "failed" and checks[0]["required"] is True
-        begin = d.wait_event("restart.begin", 30)
+        begin = d.wait_event("restart.begin", 60)
         assert begin["reason"] == "start_timeout"
         assert "smoke check 'tools'" in begin["detail"]
         assert "requires --enable-auto-tool-choice" in begin["detail"]
-        rec = d.wait_event("incident.recorded", 30)
+        rec = d.wait_event("incident.recorded", 60)
         record = json.loads((Path(rec["incident_path"]) / "record.json").read_text())
         assert "smoke check 'tools'" in json.dumps(record)
     finally:
@@ -84,13 +87,13 @@ def test_a_check_failing_then_passing_on_the_next_start(tmp_path: Path) -> None:
     flag = tmp_path / "messages-broken"
     flag.touch()
     d = _daemon(tmp_path, [{"endpoint": "messages"}],
-                fake=["--fake-messages-fail-while", str(flag)], startup="5s")
+                fake=["--fake-messages-fail-while", str(flag)], startup="25s")  # (as above)
     try:
-        failed = d.wait_event("smoke.failed", 30)
+        failed = d.wait_event("smoke.failed", 60)
         assert "does not support Messages API" in failed["error"]
         flag.unlink()  # fixed: the next start's check passes (this one's is never re-sent)
-        d.wait_event("restart.begin", 30, reason="start_timeout")
-        d.wait_ready(60)
+        d.wait_event("restart.begin", 60, reason="start_timeout")
+        d.wait_ready(90)
         assert len(d.named("smoke.failed")) == 1 and len(d.named("smoke.passed")) == 1
     finally:
         d.close()
