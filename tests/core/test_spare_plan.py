@@ -215,7 +215,7 @@ def test_plan_invariants(spare: SpareConfig, gate: bool, flags: dict[str, object
 
 
 
-@settings(max_examples=400, deadline=None)
+@settings(max_examples=1500, deadline=None)
 @given(SPARES, FLAGS, FACTS, st.builds(Footprint, st.floats(500, 150_000), st.floats(0, 5_000)))
 def test_a_measurement_never_moves_the_spares_command_nor_loosens_the_room(
         spare: SpareConfig, flags: dict[str, object], f: SpareFacts, got: Footprint) -> None:
@@ -223,11 +223,12 @@ def test_a_measurement_never_moves_the_spares_command_nor_loosens_the_room(
     stay those it was built with (a reload compares them), and the serving engine is never
     given more than the estimate gave it (the room is the larger of budget and measure)."""
     f = dataclasses.replace(f, measured=None)
-    measured = plan_spare(spare, True, flags, dataclasses.replace(f, measured=got))
-    if not measured.on or f.weights_mib is None:
-        return
     est = plan_spare(spare, True, flags, f)
-    assert est.on, (est.reason, measured)
+    if not est.on or f.weights_mib is None:
+        return  # a spare the estimate kept off is never built, so never measured
+    measured = plan_spare(spare, True, flags, dataclasses.replace(f, measured=got))
+    if not measured.on:
+        return  # (a spare larger than planned may leave no room: the plan says why)
     assert dict(measured.spare_flags) == dict(est.spare_flags)
     assert measured.spare_utilization == est.spare_utilization
     assert measured.serving_after is not None and est.serving_after is not None
