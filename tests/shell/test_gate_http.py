@@ -18,6 +18,7 @@ from typing import Any
 import pytest
 
 from tests.support import free_port
+from tests.support.rawhttp import read_request
 from vllmwatch.config.schema import from_dict
 from vllmwatch.gate.runner import Gate, start_gate
 from vllmwatch.status.snapshot import Snapshot
@@ -41,17 +42,10 @@ class _Record(socketserver.BaseRequestHandler):
     def handle(self) -> None:
         sock: socket.socket = self.request
         sock.settimeout(WAIT)
-        data = b""
-        while b"\r\n\r\n" not in data:
-            chunk = sock.recv(65536)
-            if not chunk:
-                return
-            data += chunk
-        head, _, body = data.partition(b"\r\n\r\n")
-        length = next((int(line.split(b":", 1)[1]) for line in head.split(b"\r\n")
-                       if line.lower().startswith(b"content-length:")), 0)
-        while len(body) < length:
-            body += sock.recv(65536)
+        got = read_request(sock)
+        if got is None:
+            return
+        head, body = got
         self.server.got.append(head + b"\r\n\r\n" + body)
         sock.sendall(self.server.answer)
 

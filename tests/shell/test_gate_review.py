@@ -27,6 +27,7 @@ from tests.shell.test_gate_replay import (
     setup,
 )
 from tests.support import TIMEOUT_SCALE, free_port, wait_until
+from tests.support.rawhttp import read_request
 from vllmwatch.gate import proxy
 from vllmwatch.gate.door import Readiness
 from vllmwatch.gate.runner import Gate
@@ -325,17 +326,8 @@ def test_a_connect_timeout_is_tried_again_not_answered_504(
 
     def serve_one(c: socket.socket) -> None:
         with c:
-            got = b""
-            while b"\r\n\r\n" not in got:
-                more = c.recv(65536)
-                if not more:
-                    return
-                got += more
-            head, _, rest = got.partition(b"\r\n\r\n")
-            length = next((int(x.split(b":")[1]) for x in head.split(b"\r\n")
-                           if x.lower().startswith(b"content-length:")), 0)
-            while len(rest) < length:
-                rest += c.recv(65536)
+            if read_request(c) is None:
+                return
             c.sendall(b"HTTP/1.1 200 OK\r\nContent-Type: application/json\r\n"
                       b"Connection: close\r\nContent-Length: %d\r\n\r\n%s" % (len(OK), OK))
 

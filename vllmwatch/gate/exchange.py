@@ -21,7 +21,7 @@ from typing import Any
 
 import aiohttp
 from aiohttp import web
-from multidict import CIMultiDict
+from multidict import CIMultiDict, MultiMapping
 from yarl import URL
 
 from vllmwatch.config.command import KeyFileError, read_env_file
@@ -44,12 +44,10 @@ HOP_BY_HOP = frozenset({"connection", "keep-alive", "proxy-authenticate", "proxy
                         "content-length", "proxy-connection", "expect"})
 
 
-def end_to_end(headers: Mapping[str, str]) -> CIMultiDict[str]:
+def end_to_end(headers: MultiMapping[str]) -> CIMultiDict[str]:
     """The headers without the hop-by-hop ones: the fixed set, and every header the
     Connection header names (RFC 9110 7.6.1), in either direction."""
-    getall = getattr(headers, "getall", None)
-    values = getall("Connection", ()) if getall else [headers.get("Connection", "")]
-    named = {t.strip().lower() for v in values for t in v.split(",")}
+    named = {t.strip().lower() for v in headers.getall("Connection", ()) for t in v.split(",")}
     return CIMultiDict((k, v) for k, v in headers.items()
                        if k.lower() not in HOP_BY_HOP and k.lower() not in named)
 WHOLE_BODY = 4 * 2**20  # sized answers up to this are read whole, larger ones streamed
