@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import pytest
 from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from tests.support.secrets import KNOWN_KEY, leaks
 from vllmwatch.config.redact import REDACTED, Redactor, is_secret_name, learn
@@ -18,6 +19,24 @@ def test_no_form_of_a_secret_passes_the_rules(leak: tuple[str, str]) -> None:
     text, secret = leak
     out = R.text(text)
     assert secret not in out and REDACTED in out
+
+
+@settings(max_examples=400, deadline=None)
+@given(leaks(), st.data())
+def test_a_known_part_of_a_secret_hides_all_of_it(leak: tuple[str, str],
+                                                  data: st.DataObject) -> None:
+    """A known value that is only part of a secret in the text (the key file holds
+    `Tr0ub4dor`, a line prints `PASSWORD=Tr0ub4dor2024`) hides the whole secret, not the
+    known part with the rest left beside `<redacted>` where no rule sees it any more."""
+    text, secret = leak
+    start = data.draw(st.integers(0, len(secret) - 4), label="start")
+    end = data.draw(st.integers(start + 4, len(secret)), label="end")
+    known = secret[start:end]
+    out = Redactor([known], known=False).text(text)
+    assert known not in out and REDACTED in out
+    for rest in (secret[:start], secret[end:]):
+        if len(rest) >= 4 and rest not in text.replace(secret, " "):
+            assert rest not in out, (known, rest, out)
 
 
 @pytest.mark.parametrize("text,want", [

@@ -80,7 +80,9 @@ _NAME = r"(?=[A-Za-z_])[\w.-]*?(?i:" + _HINT_WORDS + r")[\w.-]*"
 _QUOTED = r"""b?(?P<vq>['"])(?P<qv>(?:\\.|(?!(?P=vq)).)*)(?P=vq)"""
 _AUTH = r"(?:bearer|basic|token|digest|apikey)\s+"
 _SCHEME = r"(?P<scheme>" + _AUTH + ")?"
-_BARE = r"""(?P<bare>(?!<redacted>|""" + _AUTH + r""")[^\s'",;&)}\]>]+)"""
+# A value already hidden is left, not one a known value only began (`PASSWORD=<redacted>2024`)
+_DONE = r"""<redacted>(?![^\s'",;&)}\]>])"""
+_BARE = r"""(?P<bare>(?!""" + _DONE + "|" + _AUTH + r""")(?:<redacted>|[^\s'",;&)}\]>])+)"""
 _RULES = (
     # 'name': 'value' / "name": "value" / 'name': ['v1', 'v2'] / "name": 123
     re.compile(r"""(?P<pre>(?P<kq>['"])(?P<name>""" + _NAME + r""")(?P=kq)\s*[:=]\s*)"""
@@ -103,8 +105,12 @@ _SHAPES = (
     # user:password@ with / ? # @ in the password (not percent-encoded): to the last @ of the
     # word, unless it reads as host:port/path
     re.compile(r"(?i)(?P<pre>\b[a-z][a-z0-9+.-]*://[^\s/?#@:'\"]*:)"
-               r"(?P<secret>(?!\d+(?:[/?#]|$))(?!<redacted>)[^\s'\"]+)(?=@)"),
-    re.compile(r"(?i)(?P<pre>\bbearer\s+)(?P<secret>(?!<redacted>)[^\s'\",;)}\]>]+)"),
+               r"(?P<secret>(?!\d+(?:[/?#]|$))[^\s'\"]+)(?=@)"),
+    re.compile(r"(?i)(?P<pre>\bbearer\s+)(?P<secret>(?!" + _DONE
+               + r")(?:<redacted>|[^\s'\",;)}\]>])+)"),
+)
+# Whole tokens by their shape: hidden with the known values (Redactor._known_and_tokens).
+_TOKENS = (
     re.compile(r"(?P<pre>)(?P<secret>-----BEGIN [A-Z ]*PRIVATE KEY-----.*?"
                r"(?:-----END [A-Z ]*PRIVATE KEY-----|\Z))", re.S),
     re.compile(r"(?P<pre>)(?P<secret>\b(?:sk-[A-Za-z0-9_-]{8,}|hf_[A-Za-z0-9]{20,}|"
@@ -112,15 +118,11 @@ _SHAPES = (
                r"AKIA[0-9A-Z]{16}|xox[abposr]-[\w-]{10,}|"
                r"eyJ[\w-]{8,}\.eyJ[\w-]{8,}\.[\w-]+))"),
 )
-
-
 # Cheap tests first (every forwarded vLLM line passes here): a rule runs only on a text
 # that holds what it needs. Every secret name holds one of these words (see _WORDS).
 _HINTS = tuple(_HINT_WORDS.split("|"))
 _SHAPE_HINTS = ("://", "earer", "EARER", "PRIVATE KEY", "sk-", "hf_", "ghp_", "gho_", "ghu_",
                 "ghs_", "ghr_", "github_pat_", "glpat-", "AKIA", "xox", "eyJ")
-
-
 _WORD_CHARS = frozenset("abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZ0123456789_.-")
 
 
@@ -217,16 +219,33 @@ class Redactor:
 
     def text(self, text: str) -> str:
         """One string, redacted."""
-        for value in self._values():
-            if value in text:
-                text = text.replace(value, REDACTED)
-        if any(hint in text for hint in _SHAPE_HINTS) or "bearer" in text.lower():
+        shaped = any(hint in text for hint in _SHAPE_HINTS)
+        text = self._known_and_tokens(text, shaped)
+        if shaped or "bearer" in text.lower():
             for shape in _SHAPES:
                 text = shape.sub(lambda m: m["pre"] + (REDACTED if m["secret"] else ""),
                                  text)
         if _has_secret_name(text):
             for rule in _RULES:
                 text = _sub_named(rule, text)
+        return text
+
+    def _known_and_tokens(self, text: str, shaped: bool) -> str:
+        """Known values and shaped tokens, found in the text as it came and hidden as one span
+        where they overlap: one after the other, a known value that is part of a token (or of
+        a longer known value) would leave the rest beside `<redacted>`, where nothing matches."""
+        spans = [m.span() for v in self._values() if v in text
+                 for m in re.finditer(re.escape(v), text)]
+        if shaped:
+            spans.extend(m.span("secret") for token in _TOKENS for m in token.finditer(text))
+        merged: list[list[int]] = []
+        for start, end in sorted(spans):
+            if merged and start <= merged[-1][1]:
+                merged[-1][1] = max(merged[-1][1], end)
+            else:
+                merged.append([start, end])
+        for start, end in reversed(merged):
+            text = text[:start] + REDACTED + text[end:]
         return text
 
     def head(self, text: str | bytes, limit: int) -> str:
