@@ -51,6 +51,10 @@ def test_a_known_part_of_a_secret_hides_all_of_it(leak: tuple[str, str],
     ("thread poller token=abc123", "thread poller token=<redacted>"),
     ("DB_PASS=pa55 HOME=/root", "DB_PASS=<redacted> HOME=/root"),
     ("X-Api-Key: k3y", "X-Api-Key: <redacted>"),
+    ("GET /c/b.gguf?sv=2024-08-04&se=2026-12-05&sp=r&sig=AbC%2Bd3f%3D HTTP/1.1",
+     "GET /c/b.gguf?sv=2024-08-04&se=2026-12-05&sp=r&sig=<redacted> HTTP/1.1"),
+    ("https://b.s3.amazonaws.com/m?X-Amz-Expires=60&X-Amz-Signature=9f86d081&x=1",
+     "https://b.s3.amazonaws.com/m?X-Amz-Expires=60&X-Amz-Signature=<redacted>&x=1"),
 ])
 def test_each_form(text: str, want: str) -> None:
     assert R.text(text) == want

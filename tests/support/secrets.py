@@ -20,7 +20,8 @@ values = st.text(_ALPHABET, min_size=8, max_size=40).filter(
     lambda v: any(c.isdigit() for c in v) and any(c.isalpha() for c in v))
 NAMES = ("api_key", "API_KEY", "apiKey", "hf_token", "HF_TOKEN", "password", "DB_PASSWORD",
          "secret", "client_secret", "token", "access_token", "x-api-key", "auth",
-         "AWS_SECRET_ACCESS_KEY", "PGPASS", "credentials", "privateKey", "authorization")
+         "AWS_SECRET_ACCESS_KEY", "PGPASS", "credentials", "privateKey", "authorization",
+         "sig", "X-Amz-Signature")
 # A URL's password as people write it: not percent-encoded.
 url_values = st.text(_ALPHABET + "/:#?@", min_size=8, max_size=40).filter(
     lambda v: any(c.isdigit() for c in v) and any(c.isalpha() for c in v)

@@ -42,7 +42,8 @@ _NOT_VALUES = frozenset({"true", "false", "none", "null", "yes", "no", "auto", "
 # A name is secret when one of its words is one of these ...
 _WORDS = frozenset({"key", "token", "secret", "secrets", "password", "passwords",
                     "passwd", "pass", "pwd", "passphrase", "credential", "credentials",
-                    "auth", "authorization", "apikey", "cookie", "privatekey"})
+                    "auth", "authorization", "apikey", "cookie", "privatekey",
+                    "sig", "signature"})  # a signed URL's proof: Azure SAS `sig=`, S3's
 # ... or ends in one of these (`hftoken`, `accesskey`, `dbpassword`, `pgpass`) ...
 _ENDINGS = ("token", "apikey", "secret", "password", "passwd", "pass", "accesskey",
             "privatekey")
@@ -75,7 +76,7 @@ def is_secret_name(name: str) -> bool:
 
 # A name holding one of the words every secret name holds (is_secret_name judges it whole):
 # the search stops only at candidates, not at every `word:` of a vLLM line.
-_HINT_WORDS = r"key|token|secret|pass|pwd|credential|auth|cookie"
+_HINT_WORDS = r"key|token|secret|pass|pwd|credential|auth|cookie|sig"
 _NAME = r"(?=[A-Za-z_])[\w.-]*?(?i:" + _HINT_WORDS + r")[\w.-]*"
 _QUOTED = r"""b?(?P<vq>['"])(?P<qv>(?:\\.|(?!(?P=vq)).)*)(?P=vq)"""
 _AUTH = r"(?:bearer|basic|token|digest|apikey)\s+"
