@@ -171,6 +171,27 @@ def test_a_failed_scrape_at_the_verdict_counts_as_no_progress(scrape_fails: bool
     assert restarts(d)[0]["reason"] == "hang"
 
 
+def test_a_hang_is_judged_when_metrics_carries_no_series() -> None:
+    """vLLM run with --disable-log-stats: /metrics answers 200 without the progress series.
+    A timed-out canary still gets its verdict (nothing can be seen to move), and the canary
+    goes on: before, the suspicion waited for a series that never came and no canary was
+    sent again, so a hang behind /health 200 was never restarted."""
+    d = up(stats=False)
+    d.world.canary_timeout = True
+    assert detect(d) <= 10.0
+    [begin] = restarts(d)
+    assert begin["reason"] == "hang" and "no progress series" in begin["detail"], begin
+    assert timeouts(d) == [2.0, 4.0]
+
+
+def test_without_series_a_slow_canary_that_answers_is_no_restart() -> None:
+    d = up(stats=False)
+    one_canary_stuck(d)
+    d.tick(30, step=0.25)
+    assert not restarts(d), restarts(d)
+    assert len(d.events("probe.canary_retry")) == 1
+
+
 def test_a_long_prefill_alone_is_not_a_hang() -> None:
     """One huge prompt, nothing else: no token until its prefill ends, the canary waits behind
     it, but the KV-cache usage grows chunk by chunk (vLLM sends its stats every step)."""

@@ -242,6 +242,12 @@ def metrics(s: WatchState, ev: MetricsResult, now: float) -> Result:
     prev = e.progress
     if s.state == S.DRAINING:
         s, more = _drain_look(s, now, ev.running, ev.waiting)
+    elif s.state == S.READY and cur is None and c.canary.suspect:
+        # A timed-out canary needs a verdict from this scrape: without the series (vLLM run
+        # with --disable-log-stats) nothing can be seen to move. Waiting for a series that
+        # never comes would keep the suspicion, and so every later canary, off for good.
+        s, more = verdicts.on_canary_timeout(s, False, ev.host_cpu, now, "/metrics carries "
+                                             "no progress series (--disable-log-stats?)")
     elif s.state != S.READY or cur is None:
         s, more = _engine(s, replace(s.run.engine, progress=cur or prev)), []
     else:

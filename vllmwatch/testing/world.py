@@ -107,6 +107,7 @@ class World:
     tokens_per_scrape: float = 0.0  # how much the counters move between scrapes
     kv: float = 0.1  # KV-cache usage the scrape reports ...
     kv_per_scrape: float = 0.0  # ... and how much it grows between scrapes (a long prefill)
+    stats: bool = True  # False: /metrics answers without vLLM's series (--disable-log-stats)
     gpu_mib: float | None = None
     host_mib: float = 1000.0
     tree_cpu_s: float | None = None  # the tree's CPU seconds, as memory samples carry it
@@ -224,6 +225,8 @@ class WorldEffects:
         if kind == ProbeKind.HEALTH:
             return HealthResult(w.health_ok, 200 if w.health_ok else 503, 0.001, gen=gen,
                                 engine_gone=w.engine_gone)
+        if kind == ProbeKind.METRICS and not w.stats:
+            return MetricsResult(True, 0.002, gen=gen, host_cpu=HostCpu(w.cpu_pressure, None))
         if kind == ProbeKind.METRICS:
             w.tokens += w.tokens_per_scrape
             w.kv += w.kv_per_scrape
