@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import faulthandler
 import os
+import sys
+import threading
 import time
 from collections.abc import Callable, Mapping
 from dataclasses import replace
@@ -28,6 +30,7 @@ from vllmwatch.status.server import StatusListenError, StatusServer
 from vllmwatch.status.snapshot import Snapshot
 
 READYZ_EVERY = 5.0  # /readyz polls reported to the loop at most this often
+STUCK_JOIN_S = 5.0  # how long a finished daemon waits for its worker threads
 
 
 def main(config: Config, log_format: str | None = None, prewarm: bool = True,
@@ -45,10 +48,36 @@ def main(config: Config, log_format: str | None = None, prewarm: bool = True,
     if isinstance(lock, int):
         return lock
     try:
-        return _run(config, log_format, env, log)
+        code = _run(config, log_format, env, log)
     finally:
         if lock is not None:
             lock.release()
+    leave_past_stuck_threads(code, log)
+    return code
+
+
+def leave_past_stuck_threads(code: int, log: LogFn, join_s: float = STUCK_JOIN_S) -> None:
+    """Python joins every worker thread at exit (concurrent.futures' own hook): one stuck for
+    good (NVML wedged on a faulted GPU, /proc/PID/smaps of a process in D state) would keep a
+    daemon that has finished alive until systemd's TimeoutStopSec kills it, and turn its exit
+    code (74, 75: no restart) into a kill that systemd restarts. Wait a bounded time, then
+    leave without them; nothing of vLLM is left by then (the loop has stopped it)."""
+    deadline = time.monotonic() + join_s
+    for thread in _others():
+        thread.join(max(0.0, deadline - time.monotonic()))
+    stuck = [t.name for t in _others() if t.is_alive()]
+    if stuck:
+        log("warning", "daemon.threads_stuck", threads=stuck, code=code,
+            detail=f"exiting without {len(stuck)} worker thread(s) still blocked after "
+            f"{join_s:g}s (a stuck NVML or /proc read)")
+        sys.stdout.flush()
+        sys.stderr.flush()
+        os._exit(code)
+
+
+def _others() -> list[threading.Thread]:
+    return [t for t in threading.enumerate()
+            if t is not threading.current_thread() and not t.daemon]
 
 
 def _run(config: Config, log_format: str | None, env: dict[str, str], log: SwitchableLog
