@@ -162,6 +162,25 @@ def test_backoff_grows_and_resets_after_a_stable_period() -> None:
     assert d.state.failures == 1
 
 
+@pytest.mark.parametrize("stable", [True, False])
+def test_a_planned_restart_after_a_stable_run_ends_the_failures_in_a_row(stable: bool) -> None:
+    """restarts.md: no backoff before the first failure after a stable run. A stable run that
+    ends in a planned restart (SIGUSR1; a reload that relaunches) counts too: before, the
+    failures in a row from before it were kept, and the first crash after a day of service
+    waited a backoff. A planned restart of a child not yet stable keeps the count."""
+    d = up()
+    for _ in range(2):  # two failures in a row
+        d.kill_child()
+        assert d.run_until(lambda: ready(d), 120)
+    d.run_for(700 if stable else 60)
+    d.send(RestartRequested())
+    assert d.run_until(lambda: ready(d) and len(restarts(d)) == 3, 300)
+    seen = len(d.events("restart.backoff"))
+    d.kill_child()
+    assert d.events("restart.begin")[-1]["failures_in_row"] == (1 if stable else 3)
+    assert bool(d.events("restart.backoff")[seen:]) is not stable
+
+
 def test_crash_loop_gives_up_with_exit_code_3() -> None:
     d = up()
     for _ in range(10):

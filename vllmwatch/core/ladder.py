@@ -146,11 +146,13 @@ def begin_restart(s: WatchState, now: float, reason: Reason, detail: str, drain:
     if s.exit_code is not None or pending(s) is not None:
         return s, []
     failure = reason in FAILURE_REASONS
+    ready_at = s.child.start.ready_at if s.child is not None else None
+    stable = ready_at is not None and now - ready_at >= s.config.restart.stable_after
     if failure:
-        ready_at = s.child.start.ready_at if s.child is not None else None
-        stable = ready_at is not None and now - ready_at >= s.config.restart.stable_after
         times = (*policy.prune_window(s.restart_times, now, s.config.restart.window), now)
         s = replace(s, restart_times=times, failures=1 if stable else s.failures + 1)
+    elif stable:  # a planned restart ends a stable run too: the next failure is a first
+        s = replace(s, failures=0)
     counts = dict(s.restarts_by_reason)
     counts[reason] = counts.get(reason, 0) + 1
     s = replace(begin_rung(s, reason, detail), restarts_by_reason=counts, last_reason=reason,
