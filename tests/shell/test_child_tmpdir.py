@@ -35,3 +35,23 @@ def test_the_child_tmpdir_always_fits_an_ipc_socket_path(
         for path in made:
             if os.path.isdir(path):
                 os.rmdir(path)
+
+
+@pytest.mark.parametrize("trouble", ["missing", "not a directory"])
+def test_a_temp_dir_that_cannot_be_made_is_a_spawn_retried_not_a_crash(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch, trouble: str) -> None:
+    """/tmp full (ENOSPC) or gone between two launches: the launch fails and is retried with
+    backoff (SpawnFailed, not fatal), naming what to free. Before, the OSError escaped the
+    loop: daemon.crashed, exit 70, at every start under systemd."""
+    from vllmwatch.config.schema import from_dict
+    from vllmwatch.shell import childrun
+
+    base = tmp_path / "tmp"
+    if trouble == "not a directory":
+        base.write_text("")
+    monkeypatch.setattr(tempfile, "tempdir", str(base))
+    config = from_dict({"vllm": {"model": "/m", "gpus": []}})
+    got = childrun.prepare(config, {"PATH": "/usr/bin:/bin"}, uuid.uuid4().hex[:16], None, {},
+                           lambda *a, **k: None)
+    assert isinstance(got, childrun.SpawnFailed), got
+    assert not got.fatal and "temporary directory" in got.error and "TMPDIR" in got.error

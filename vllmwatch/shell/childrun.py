@@ -100,7 +100,12 @@ def prepare(config: Config, environ: Mapping[str, str], marker: str, version: st
         api_key = command.read_api_key(config)
         extra = dict(cache_env)
         if "TMPDIR" not in config.vllm.env:
-            extra["TMPDIR"] = childmod.child_tmpdir(marker)
+            try:
+                extra["TMPDIR"] = childmod.child_tmpdir(marker)
+            except OSError as exc:  # a full or missing /tmp may pass: retried with backoff
+                return SpawnFailed(f"cannot make vLLM's temporary directory: {exc} (free "
+                                   "space under $TMPDIR, or set TMPDIR in [vllm.env]; "
+                                   "retried with backoff)", fatal=False)
         cmd = command.build(config, environ, api_key=api_key, vllm_version=version,
                             extra_env=extra)
         # Every writer (log, /status, records) hides these values from now on.
