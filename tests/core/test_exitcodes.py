@@ -37,3 +37,30 @@ def test_the_old_codes_map_to_the_new_ones() -> None:
     assert sorted(exitcodes.OLD) == [2, 3, 4, 5, 6, 7]
     assert set(exitcodes.OLD.values()) == set(CODES.values()) - {
         exitcodes.OK, exitcodes.FAILURE, exitcodes.INTERNAL}
+
+
+def test_the_shipped_config_and_the_operations_pages_give_only_current_codes() -> None:
+    """A sentence that says how vllmwatch exits names a code of the table: the shipped
+    /etc/vllmwatch/vllmwatch.toml and spare.md still said 3, 5, 6 after the move to
+    sysexits.h. exit-codes.md's upgrading table names the old ones on purpose; a line about
+    vLLM's own exit (argparse's 2) is vLLM's."""
+    import re
+    from pathlib import Path
+
+    root = Path(__file__).resolve().parents[2]
+    pages = [root / "etc" / "vllmwatch.toml", root / "README.md",
+             *sorted((root / "docs" / "operations").glob("*.md"))]
+    said = re.compile(r"\b(?:exits?|exited|exit code|exits with code)\s+(\d+(?:(?:, | or | and )"
+                      r"\d+)*)\b|\(exit (\d+)\)")
+    wrong = []
+    for page in pages:
+        if page.name == "exit-codes.md":
+            continue
+        for n, line in enumerate(page.read_text().splitlines(), 1):
+            if re.search(r"vLLM (?:exits|exited)|argparse", line):
+                continue
+            for m in said.finditer(line):
+                for code in re.findall(r"\d+", m.group(1) or m.group(2)):
+                    if int(code) not in exitcodes.MEANING:
+                        wrong.append(f"{page.relative_to(root)}:{n}: {line.strip()}")
+    assert not wrong, "\n".join(wrong)
