@@ -130,7 +130,7 @@ def _run(config: Config, log_format: str | None, env: dict[str, str], log: Switc
         # vllm.gpus does not name now); the launch's own sampler for the wake's figures.
         machine = None if config.vllm.gpus is None or not config.vllm.uses_gpu else \
             make_sampler(None, lambda *_a, **_k: None,
-                         unified=fx.platform.unified).sample(None, False)
+                         unified=fx.platform.unified).sample(None, False, faults=False)
         fx.spare = sparefx.make(config, env, fx.sampler, fx.platform.unified, log,
                                 current=lambda: fx.sampler, machine=machine)
         live.spare_planned = fx.spare is not None  # else turning it on waits for a restart

@@ -23,8 +23,11 @@ _MIB = 1024.0 * 1024.0
 class MemorySampler(Protocol):
     """What the loop needs from a sampler; the real one and fakes implement it."""
 
-    def sample(self, root_pid: int | None, with_pss: bool) -> MemorySample:
-        """Read the tree rooted at root_pid (None: no child) on the configured GPUs."""
+    def sample(self, root_pid: int | None, with_pss: bool, faults: bool = True
+               ) -> MemorySample:
+        """Read the tree rooted at root_pid (None: no child) on the configured GPUs; with
+        `faults`, take the GPU faults NVML reports once (only the core's own samples may:
+        a fault read anywhere else is lost to it)."""
         ...
 
     def gpu_processes(self) -> list[GpuProcess] | None:
@@ -94,8 +97,9 @@ class NvmlSampler:
         self._unified = unified  # GPU memory is system memory (DGX Spark)
         self._faults = FaultWatch(nvml, handles, log) if nvml is not None else None
 
-    def sample(self, root_pid: int | None, with_pss: bool) -> MemorySample:
-        """Read the tree; see MemorySample."""
+    def sample(self, root_pid: int | None, with_pss: bool, faults: bool = True
+               ) -> MemorySample:
+        """Read the tree; see MemorySample (and the protocol for `faults`)."""
         pids = tree_pids(root_pid)
         rss, pss, cpu = host_memory(pids, with_pss)
         procs = self._processes() if self._nvml is not None else None
@@ -103,11 +107,11 @@ class NvmlSampler:
         by_gpu = _tree_by_gpu(procs, set(pids))
         tree = None if by_gpu is None else sum(by_gpu.values())
         source = self._choose(tree, used)
-        faults = self._faults.poll() if self._faults is not None else ()
+        seen = self._faults.poll() if self._faults is not None and faults else ()
         return MemorySample(source=source, tree_pids=pids, gpu_tree_mib=tree,
                             gpu_tree_by_gpu_mib=by_gpu or {}, device_used_mib=used,
                             device_total_mib=total, host_rss_mib=rss, host_pss_mib=pss,
-                            gpu_faults=faults, tree_cpu_s=cpu)
+                            gpu_faults=seen, tree_cpu_s=cpu)
 
     def gpu_processes(self) -> list[GpuProcess] | None:
         """All compute and graphics processes on the configured GPUs; None when unknown."""

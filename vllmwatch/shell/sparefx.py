@@ -178,7 +178,7 @@ def make(config: Config, environ: Mapping[str, str], sampler: MemorySampler, uni
         log("warning", "spare.plan", on=False, reason="no private directory for the spare's "
             "Unix socket (its dev-mode endpoints must not be reachable by other users)")
         return None
-    sample = sampler.sample(None, False)
+    sample = sampler.sample(None, False, faults=False)  # the core's first sample reads them
     planner = Planner(facts(config, sample, unified, path, environ), environ, log,
                       machine or sample)
     plan = planner.plan(config)
@@ -212,8 +212,10 @@ def _gpu_of(sampler: MemorySampler, pids: set[int]) -> float | None:
 
 def free_mib(sampler: MemorySampler, config: Config) -> float | None:
     """NVML's free memory on the spare's GPU for `config` (None: not sampled, e.g. a GPU
-    the sampler does not watch: the wake then says no, never an OOM)."""
-    sample = sampler.sample(None, False)
+    the sampler does not watch: the wake then says no, never an OOM). Without the GPU faults:
+    taken here (the wake's check, right after an engine died of an Xid), the core's next
+    sample would miss them, and a GPU fault would fail over instead of halting (exit 74)."""
+    sample = sampler.sample(None, False, faults=False)
     gpu = spare_gpu(config.vllm.gpus, sample.device_total_mib)
     if gpu not in sample.device_total_mib or gpu not in sample.device_used_mib:
         return None
