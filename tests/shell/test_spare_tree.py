@@ -298,3 +298,53 @@ def test_a_stopped_builds_worker_never_touches_the_tree_built_after_it(
     worker.join(30.0)
     assert got and not got[0].ok and "stopped" in got[0].detail, got
     assert not asked, f"the stale worker called {asked} on the new tree"
+
+
+def test_a_spare_killed_by_a_signal_python_does_not_name_is_an_exit_not_a_crash(
+        tmp_path: Path) -> None:
+    """A realtime signal (40): signal.Signals(40) raised ValueError on the loop's thread
+    (daemon.crashed, exit 70, the serving engine taken down with it)."""
+    cmd = SpareCommand([PYTHON, "-c", "import time; time.sleep(600)"], {},
+                       str(tmp_path / "s.sock"), "m")
+    tree = SpareTree(cmd, "0123456789abcdef", LogCapture(), lambda _: None, lambda: None)
+    tree.start()
+    try:
+        assert tree.pid is not None
+        os.kill(tree.pid, 40)
+        got: list[object] = []
+        wait_for(lambda: got.append(tree.poll()) or got[-1] is not None, 60, "the spare reaped")
+        assert getattr(got[-1], "detail", None) == "signal SIG40", got[-1]
+    finally:
+        tree.stop("test")
+
+
+def test_a_sleep_that_ends_past_its_deadline_is_still_asked_once(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """/sleep?mode=wait answers 200 once what ran has finished, which can be after the
+    deadline the drain began: /is_sleeping was then never asked, and a spare asleep was
+    called failed, stopped and rebuilt (a minute with no failover)."""
+    import json
+    import time
+
+    from vllmwatch.shell import sparetree
+
+    asleep = [False]
+
+    def call(path: str, method: str, url: str, body: object = None, timeout: float = 5.0,
+             api_key: str | None = None) -> tuple[int, bytes]:
+        if url.startswith("/sleep"):
+            time.sleep(0.6)  # past drain + timeout below, however fast this box is
+            asleep[0] = True
+            return 200, b""
+        return 200, json.dumps({"is_sleeping": asleep[0]}).encode()
+
+    monkeypatch.setattr(sparetree, "call", call)
+    cmd = SpareCommand([PYTHON, "-c", "import time; time.sleep(600)"], {},
+                       str(tmp_path / "s.sock"), "m")
+    tree = SpareTree(cmd, "0123456789abcdef", LogCapture(), lambda _: 1.0, lambda: 1e6)
+    tree.start()
+    try:
+        slept = tree.sleep(0.1, 0.3, lambda: 1)  # one request in flight for the whole drain
+        assert slept.ok and asleep[0], slept
+    finally:
+        tree.stop("test")

@@ -17,7 +17,6 @@ import http.client
 import json
 import os
 import shutil
-import signal
 import socket
 import subprocess
 import time
@@ -34,6 +33,7 @@ from vllmwatch.core.failover import (
     SpareWoken,
     room,
 )
+from vllmwatch.core.policy import signal_name
 from vllmwatch.logfn import LogFn
 from vllmwatch.shell import child as childmod
 from vllmwatch.shell.childlog import ChildLog
@@ -193,7 +193,7 @@ class SpareTree:
             return None
         pid, self.proc = self.proc.pid, None
         self._close_fd()
-        what = f"exit code {code}" if code >= 0 else f"signal {signal.Signals(-code).name}"
+        what = f"exit code {code}" if code >= 0 else f"signal {signal_name(-code)}"
         return SpareExited(pid, what)
 
     def stop(self, why: str) -> None:
@@ -242,15 +242,16 @@ class SpareTree:
                 mine: subprocess.Popen[bytes] | None = None) -> bool:
         """`ok` within the deadline, while the tree is alive and still `mine` (the tree the
         caller began with: a stop and a newer build bind the same socket)."""
-        while time.monotonic() < deadline:
+        while True:  # asked once at least: the call before it may have used the time
             if self.proc is None or self.proc.poll() is not None or (
                     mine is not None and self.proc is not mine):
                 return False
             with contextlib.suppress(OSError, http.client.HTTPException, ValueError):
                 if ok():
                     return True
+            if time.monotonic() >= deadline:
+                return False
             time.sleep(POLL)
-        return False
 
     def _sleeping(self) -> bool | None:
         status, body = self._get("/is_sleeping")
