@@ -556,3 +556,37 @@ def test_a_spare_turned_back_on_forgets_why_it_was_off() -> None:
     assert _rung(m) == R.BUILDING and m.s.spare.why == ""
     m.spare_answers(BuildSpare, m.kind_spare(BuildSpare(1.0)))
     assert _rung(m) == R.ASLEEP and m.s.spare.why == ""
+
+
+@pytest.mark.parametrize("fault", ["crash", "sigusr1"])
+def test_failure_restarts_during_rebuilds_count_against_spare_retries(fault: str) -> None:
+    """A rebuild may be what fails the serving engine (the host's OOM killer on the spare's
+    pinned weights, a memory spike at its start): each failure restart during a rebuild
+    counts as a failed build, so `spare.retries` of them in a row turn the spare off (before,
+    they never counted: the same rebuild began at every READY until the crash-loop guard
+    gave up). A planned restart (SIGUSR1) during a rebuild says nothing about the spare."""
+    m = _armed()
+    assert m.s.spare is not None and m.s.spare.pid is not None
+    m._step(SpareExited(m.s.spare.pid, "SIGKILL"))
+    for cycle in range(1, 4):
+        assert _rung(m) == R.BUILDING, (cycle, _rung(m))
+        if fault == "crash":
+            _crash(m)
+        else:
+            m._step(ladder_sigusr1())
+        if fault == "crash" and cycle == m.s.spare.retries:
+            break
+        for _ in range(80):  # relaunch and READY; the rebuild begins and is left unanswered
+            if m.s.state == S.READY and m.s.restart.phase == Phase.IDLE:
+                break
+            if m.outstanding:
+                m.world_is_kind(1)
+            else:
+                m.time_passes(5.0)
+    off = _logs(m.history, "spare.off")
+    if fault == "crash":
+        assert _rung(m) == R.OFF and not m.s.spare.wanted and len(off) == 1, _rung(m)
+        assert "2 failed builds" in m.s.spare.why and "restart (crash)" in str(
+            off[0].fields["last_error"]), off
+    else:
+        assert not off and _rung(m) == R.BUILDING and m.s.spare.failed_builds == 0

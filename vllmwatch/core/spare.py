@@ -33,7 +33,7 @@ from vllmwatch.core.failover import (
     move,
 )
 from vllmwatch.core.failover import Rung as R
-from vllmwatch.core.names import Reason
+from vllmwatch.core.names import FAILURE_REASONS, Reason
 from vllmwatch.core.restart import Phase, on
 from vllmwatch.core.restart import goto as rung
 from vllmwatch.core.state import Result, S, WatchState, goto
@@ -83,8 +83,10 @@ def restart_begins(s: WatchState, now: float, reason: Reason) -> tuple[WatchStat
         # READY. Never two engines starting side by side (the relaunch's startup plan and
         # CUDA graphs would measure a GPU the half-built spare moves under them).
         why = f"restart ({reason}) during its rebuild: built again at the next READY"
-        t, acts = move(replace(t, pid=None, stale="", began=None, late=False), R.DOWN, now,
-                       why)
+        t = replace(t, pid=None, stale="", began=None, late=False, failed_builds=t.failed_builds
+                    + (reason in FAILURE_REASONS))  # the rebuild's doing (OOM)? it counts
+        t, acts = _off(t, now, why) if t.failed_builds >= t.retries else \
+            move(t, R.DOWN, now, why)
         return replace(s, spare=t), [*acts, StopSpare(why)], \
             "none: the spare was being rebuilt (stopped; built again at the next READY)"
     yes, words = fails_over(t, reason)
@@ -136,14 +138,11 @@ def halted(s: WatchState, now: float) -> Result:
 
 
 def reloaded(s: WatchState, now: float, changed: str = "", inputs: Inputs = ()) -> Result:
-    """A reload (s.config is the new config). `changed`: why the spare's command changed
-    ("" when it did not): the spare must serve what the serving engine serves, so one that
-    runs the old command is stopped and rebuilt from the new config (the shell re-plans it
-    at BuildSpare): at once when nothing waits on it, else when its answer comes. `spare.
-    enabled = false` turns it off; any other reload turns back on a spare that
-    `spare.retries` failed builds (or `spare.enabled = false`) turned off. `inputs`: what a
-    spare built now would run; a build out now read its files before this reload, so its
-    answer is compared with them (_built)."""
+    """A reload (s.config is the new one). `changed`: why the spare's command changed ("":
+    it did not); one that runs the old command is stopped and rebuilt from the new config (the
+    shell re-plans it at BuildSpare): at once when nothing waits on it, else at its answer.
+    `spare.enabled = false` turns it off; any other reload turns back on a spare turned off.
+    `inputs`: what a spare built now would run (a build out now read its files before)."""
     t = _t(s)
     if s.exit_code is not None:
         return s, []
@@ -181,6 +180,15 @@ def reloaded(s: WatchState, now: float, changed: str = "", inputs: Inputs = ()) 
         return _set(s, t, [log, *acts, StopSpare(why)])
     # building, waking, serving or returning: its answer (or the return) is awaited first
     return _set(s, replace(t, stale=why), [log])
+
+
+def _off(t: Track, now: float, last_error: str) -> tuple[Track, list[Action]]:
+    """`spare.retries` failed builds in a row: off until the next reload."""
+    why = f"{t.failed_builds} failed builds (spare.retries): off until the next reload"
+    t, acts = move(replace(t, wanted=False, why=why), R.OFF, now, why)
+    return t, [*acts, Log("warning", "spare.off", {
+        "build": t.build, "why": why, "last_error": last_error,
+        "hint": "read the spare's lines above, fix the cause, then reload (SIGHUP)"})]
 
 
 def _rebuild(s: WatchState, t: Track, now: float, why: str) -> Result:
@@ -248,12 +256,8 @@ def _built(s: WatchState, ev: SpareBuilt, now: float) -> Moved:
         "build": t.build, "detail": ev.detail, "failed_builds": t.failed_builds,
         "retries": t.retries})]
     if t.failed_builds >= t.retries:
-        why = f"{t.failed_builds} failed builds (spare.retries): off until the next reload"
-        t, more = move(replace(t, wanted=False, why=why), R.OFF, now, why)
-        acts += [*more, Log("warning", "spare.off", {
-            "build": t.build, "why": why, "last_error": ev.detail,
-            "hint": "read the spare's lines above, fix the cause, then reload (SIGHUP)"})]
-        s, acts = _set(s, t, acts)
+        t, more = _off(t, now, ev.detail)
+        s, acts = _set(s, t, acts + more)
         return s, acts, first
     if first:  # the serving engine never waits on a second try (spare.retries x the build's
         # timeout, half an hour for a hanging build): it launches now with the plan's room,
