@@ -590,3 +590,21 @@ def test_failure_restarts_during_rebuilds_count_against_spare_retries(fault: str
             off[0].fields["last_error"]), off
     else:
         assert not off and _rung(m) == R.BUILDING and m.s.spare.failed_builds == 0
+
+
+def test_status_says_why_a_spare_is_down_not_why_it_was_planned_on() -> None:
+    """/status and `vllmwatch status` print the track's why for a spare down; no move to
+    DOWN set it, so a spare whose wake failed read `down, build 1: spare.enabled = true`."""
+    from vllmwatch.core.failover import SpareWoken, WakeSpare
+    from vllmwatch.status.statusline import _spare as status_spare
+    from vllmwatch.status.view import _spare_rows
+
+    m = _armed()
+    _crash(m)
+    m.spare_answers(WakeSpare, SpareWoken(False, "/wake_up answered 500 CUDA out of memory"))
+    assert _rung(m) == R.DOWN
+    [_, (_, line)] = _spare_rows({"spare": status_spare(m.s), "serving": "nobody"})
+    assert line.startswith("down") and "wake failed: /wake_up answered 500" in line, line
+    _ready(m)  # rebuilt and asleep again: the plan's words are back
+    assert m.s.spare is not None and _rung(m) == R.ASLEEP
+    assert (status_spare(m.s) or {})["why"] == m.s.spare.why

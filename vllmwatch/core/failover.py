@@ -186,6 +186,7 @@ class Track:
     # A pid reaped while its build's answer was still out (the same loop turn): that
     # answer's "built" is of a dead tree
     dead: tuple[int, str] | None = None
+    down_why: str = ""  # why it went DOWN last (a failed wake, a death): what status says
 
 
 def changed(built: Inputs, now: Inputs) -> str:
@@ -208,7 +209,8 @@ def move(t: Track, to: Rung, now: float, why: str) -> tuple[Track, list[Action]]
     build = t.build + 1 if to == R.BUILDING else t.build  # each build numbered here, once
     log = Log("info", "spare.state", {"build": build, "from": str(t.rung), "to": str(to),
                                       "why": why, "after_s": round(now - t.since, 3)})
-    return replace(t, rung=to, since=now, build=build), [log]
+    down = why if to == R.DOWN else t.down_why
+    return replace(t, rung=to, since=now, build=build, down_why=down), [log]
 
 
 def fails_over(t: Track, reason: Reason) -> tuple[bool, str]:

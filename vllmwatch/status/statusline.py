@@ -124,7 +124,8 @@ def _spare(s: WatchState) -> dict[str, object] | None:
     t = s.spare
     if t is None:
         return None
-    return {"state": str(t.rung), "build": t.build, "why": t.why, "pid": t.pid,
+    why = t.down_why if t.rung == "down" and t.down_why else t.why  # down: why, not the plan
+    return {"state": str(t.rung), "build": t.build, "why": why, "pid": t.pid,
             "awake_mib": t.awake_mib,
             "asleep_mib": t.asleep_mib, "failed_builds": t.failed_builds,
             "failovers": t.failovers, "last_failover_s": t.last_seconds}
