@@ -187,3 +187,34 @@ def test_forged_file_of_another_user_in_the_default_place_is_ignored(
     finally:
         path.unlink(missing_ok=True)
         tmp_name.unlink(missing_ok=True)
+
+
+@pytest.mark.parametrize("title", ["VLLM::EngineCore", "sleep-not-vllm"])
+def test_an_engine_orphaned_by_its_dead_api_server_is_swept_at_the_next_start(
+        tmp_path: Path, marker: str, monkeypatch: pytest.MonkeyPatch, title: str) -> None:
+    """vLLM's API server died, then its vllmwatch was SIGKILLed: the remembered group has no
+    leader, and the engine's title erased our marker. It still is in the group and session
+    we made (Linux gives no new process a pid used as a live group's id), of our user and
+    younger than the leader: swept, where before it kept its GPU memory through the next
+    start. Something in that group that does not look like vLLM is left alone."""
+    state = tmp_path / "state"
+    state.mkdir(mode=0o700)
+    monkeypatch.setenv("STATE_DIRECTORY", str(state))
+    leader_sh = (f"env -i bash -c 'exec -a {title} sleep 300' & echo $!; read _")
+    with owned(["bash", "-c", leader_sh], env={"PATH": os.environ["PATH"],
+                                               child.MARKER: marker},
+               stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True) as leader:
+        assert leader.stdout is not None and leader.stdin is not None
+        engine = psutil.Process(int(leader.stdout.readline()))
+        wait_until(lambda: title in " ".join(engine.cmdline()), 10, "the engine's title")
+        child.remember_group(marker, leader.pid)  # what the killed vllmwatch had written
+        leader.stdin.close()  # the API server exits; the engine lives on, orphaned
+        leader.wait(60)
+        events: list[str] = []
+        done = child.sweep(None, marker, "127.0.0.1", free_port(), grace=0.5,
+                           log=lambda lvl, ev, **kw: events.append(ev))
+        assert "child.group_unproven" in events
+        if title.startswith("VLLM::"):
+            assert engine.pid in done.killed, done
+        else:
+            assert engine.pid not in done.killed and engine.is_running(), done

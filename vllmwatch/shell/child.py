@@ -182,7 +182,8 @@ def remembered_group(marker: str, log: LogFn | None = None) -> int | None:
         return got.pgid
     if log is not None:
         log("warning", "child.group_unproven", pgid=got.pgid, reason=why,
-            detail="the remembered process group is left alone")
+            detail="only its vLLM processes of our user started after it are swept"
+            if why == groupfile.LEADER_GONE else "the remembered process group is left alone")
     return None
 
 
@@ -219,11 +220,14 @@ def find_tree(pgid: int | None, marker: str, log: LogFn | None = None,
     old = remembered_group(marker, log) if pgid is None else None
     if old is not None:
         groups.add(old)
+    gone = groupfile.leaderless(marker) if pgid is None and old is None else None
     took = kin.adopted(((p, sid) for p, _, sid in procs), me, os.getsid(0)) if adopt else set()
     ours: list[psutil.Process] = []
     foreign: list[psutil.Process] = []
     for proc, group, session in procs:
-        mine = group in groups or session in groups or proc.pid in marked or proc.pid in took
+        mine = group in groups or session in groups or proc.pid in marked or proc.pid in took \
+            or (gone is not None and _looks_like_vllm(proc)
+                and groupfile.orphan_of(gone, proc, group, session))
         if mine and (proc.pid in took or kin.owning_daemon(proc, me) is None):
             ours.append(proc)
         elif _looks_like_vllm(proc):

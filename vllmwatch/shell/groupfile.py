@@ -102,7 +102,7 @@ def proven(got: Remembered) -> str | None:
         started = leader.create_time()
         group = os.getpgid(got.pgid)
     except (psutil.Error, OSError):
-        return "its leader is gone"
+        return LEADER_GONE
     if group != got.pgid:
         return "the pid now leads no group of ours"
     if abs(started - got.started) <= _START_SLACK_S:
@@ -110,6 +110,30 @@ def proven(got: Remembered) -> str | None:
     if carries_marker(leader, got.marker):
         return None
     return "its leader started at another time (a recycled pid)"
+
+
+LEADER_GONE = "its leader is gone"
+
+
+def leaderless(marker: str) -> Remembered | None:
+    """The remembered group when only its leader is gone (vLLM's API server died, then its
+    vllmwatch was SIGKILLed): its members may still run (orphan_of)."""
+    got = read(marker)
+    return got if got is not None and proven(got) == LEADER_GONE else None
+
+
+def orphan_of(got: Remembered, proc: psutil.Process, group: int, session: int) -> bool:
+    """`proc` is left of the remembered group whose leader is gone: in its group or session
+    (Linux gives no new process a pid still used as a group or session id, so while a member
+    lives the id is still that group's), of our user, started after its leader. vLLM's titles
+    erase the marker of an engine (VLLM::EngineCore): without this, an engine orphaned by a
+    SIGKILLed vllmwatch kept its GPU memory through the next start."""
+    if got.pgid not in (group, session):
+        return False
+    with contextlib.suppress(psutil.Error, OSError):
+        return proc.uids().real == os.geteuid() and \
+            proc.create_time() >= got.started - _START_SLACK_S
+    return False
 
 
 def carries_marker(proc: psutil.Process, marker: str) -> bool:
