@@ -122,6 +122,8 @@ def test_true_where_the_config_rules_it_out_is_a_config_error() -> None:
     with pytest.raises(ConfigError, match="parallel size is 4"):
         from_dict({**base, "gate": gate, "vllm": {"model": "/m", "args": {
             "tensor_parallel_size": 4}}})
+    with pytest.raises(ConfigError, match="parallel size is 2"):  # given in extra_args
+        from_dict({**base, "gate": gate, "vllm": {"model": "/m", "extra_args": ["-tp", "2"]}})
     assert from_dict({**base, "gate": gate}).spare.enabled == "true"
     assert from_dict({"vllm": {"model": "/m"}}).spare == SpareConfig()  # auto, 8 GiB, 3
 

@@ -159,3 +159,33 @@ def test_a_running_engine_is_judged_by_its_setting_not_by_how_it_was_spelt(
     assert fx.launched_at == round(bound + 0.05, 2)
     assert not fx._prepare(on, posted.append, 2)
     assert isinstance(posted[-1], SpareBuilt) and posted[-1].deferred, posted
+
+
+@pytest.mark.parametrize("where", ["args", "extra_args", "extra_args=", "env_file", "-tp"])
+def test_the_plan_reads_the_flags_wherever_the_config_gives_them(
+        tmp_path: Path, where: str) -> None:
+    """The plan read [vllm.args] only: a TP of 2 or a utilization in extra_args, or a TP in
+    vllm.env_file (VLLMWATCH_ARG_*), was planned as absent (a spare sized for one GPU's
+    engine at the wrong setting). Of the env file only the sizes are read: its values are
+    secret."""
+    env = tmp_path / "vllm.env"
+    env.write_text("VLLMWATCH_ARG_TENSOR_PARALLEL_SIZE=2\nVLLMWATCH_ARG_HF_TOKEN=hf_x\n")
+    env.chmod(0o600)
+    vllm: dict[str, object] = {
+        "args": {"max-model-len": 4096, **({"tensor-parallel-size": 2,
+                                           "gpu-memory-utilization": 0.8}
+                                          if where == "args" else {})},
+        "extra_args": {"extra_args": ["--tensor-parallel-size", "2",
+                                      "--gpu-memory-utilization", "0.8"],
+                       "extra_args=": ["--tensor-parallel-size=2",
+                                       "--gpu-memory-utilization=0.8"],
+                       "-tp": ["-tp", "2", "--gpu-memory-utilization", "0.8"]}.get(where, []),
+    }
+    if where == "env_file":
+        vllm["env_file"] = str(env)
+    config = spare_config(tmp_path, spare={"enabled": "auto"}, vllm=vllm)
+    got = sparefx.flags_of(config)
+    assert got["tensor-parallel-size"] == 2, got
+    assert "hf-token" not in got  # the env file's secret values are never read into it
+    if where != "env_file":
+        assert float(str(got["gpu-memory-utilization"])) == 0.8, got

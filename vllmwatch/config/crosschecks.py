@@ -120,7 +120,11 @@ def _spare_checks(config: Config) -> list[Problem]:
     from vllmwatch.config import spare  # lazy: `run` at the defaults never plans a spare
     from vllmwatch.config.flags import flag_name
 
-    args = {flag_name(k): v for k, v in config.vllm.args.items()}
+    from vllmwatch.config.launch import parallel_sizes
+
+    args: dict[str, object] = {flag_name(k): v for k, v in config.vllm.args.items()}
+    sizes = parallel_sizes(args, config.vllm.extra_args)  # extra_args' sizes count too
+    args.update({"tensor-parallel-size": sizes["tp"], "pipeline-parallel-size": sizes["pp"]})
     found = spare.static_problem(config.spare, config.gate.enabled, args,
                                  cpu=not config.vllm.uses_gpu,
                                  unified=config.memory.unified == "true")

@@ -12,7 +12,10 @@ from collections.abc import Callable, Mapping
 from dataclasses import replace
 from typing import TYPE_CHECKING, Any
 
-from vllmwatch.config import command, redact, safefile, vllmflags, vllminfo
+from vllmwatch.config import command, flags, redact, safefile, vllmflags, vllminfo
+from vllmwatch.config.errors import ConfigError
+from vllmwatch.config.flags import flag_name
+from vllmwatch.config.launch import parallel_sizes
 from vllmwatch.config.modellen import model_max_len
 from vllmwatch.config.schema import Config
 from vllmwatch.config.spare import (
@@ -105,8 +108,24 @@ def model_figures(config: Config, environ: Mapping[str, str], kv_dtype: str
 
 
 def flags_of(config: Config) -> dict[str, object]:
-    """The serving command's {flag: value} as the plan reads them (dashes)."""
-    return {str(k).replace("_", "-"): v for k, v in config.vllm.args.items()}
+    """The serving command's {flag: value} as the plan reads them (dashes): [vllm.args], with
+    extra_args over them as vLLM reads its argv (`check` refuses a flag given twice), and
+    the parallel sizes vllm.env_file gives (its other values are secret, and no size of the
+    plan's). Before, a `--gpu-memory-utilization` or a TP=2 in extra_args or the env file
+    was planned as absent: the spare sized beside one GPU's engine of the wrong setting."""
+    found = {flag_name(str(k)): v for k, v in config.vllm.args.items()}
+    extra = config.vllm.extra_args
+    for i, token in enumerate(extra):
+        if token.startswith("--"):
+            name, eq, inline = token[2:].partition("=")
+            found[flag_name(name)] = inline if eq else flags.next_value(extra, i)
+    try:
+        _, file_args = command.read_env_file(config)
+    except ConfigError:  # the launch says what is wrong with it
+        file_args = []
+    sizes = parallel_sizes(found, [*extra, *file_args])
+    found.update({"tensor-parallel-size": sizes["tp"], "pipeline-parallel-size": sizes["pp"]})
+    return found
 
 
 class Planner:
