@@ -119,7 +119,6 @@ def _spare_checks(config: Config) -> list[Problem]:
         return []
     from vllmwatch.config import spare  # lazy: `run` at the defaults never plans a spare
     from vllmwatch.config.flags import flag_name
-
     from vllmwatch.config.launch import parallel_sizes
 
     args: dict[str, object] = {flag_name(k): v for k, v in config.vllm.args.items()}
