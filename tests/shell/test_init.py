@@ -235,3 +235,19 @@ def test_a_json_null_is_kept_as_json_not_turned_into_an_empty_string(
         argv = _argv_of(vllm)
         assert json.loads(argv[argv.index(f"--{flag}") + 1]) == json.loads(json_text), argv
         assert any("null" in said for said in draft.said), draft.said
+
+
+@pytest.mark.parametrize("value", [">gpt", "<s>{{ messages }}</s>", "<|im_start|>", "2>x",
+                                   "|", "&", ";"])
+def test_a_value_the_shell_would_not_act_on_is_kept(value: str) -> None:
+    """A quoted word that looks like a redirection or an operator is literal to the shell,
+    and so to vLLM: init dropped `'>gpt'` and `'<s>...'` as redirections (and made the flag
+    a bare switch). Unquoted, the shell's own words go; argv (from /proc, or split by the
+    shell after `init --`) is what vLLM received, every word literal."""
+    for quote in ("'", '"'):
+        text = (f"vllm serve /m --served-model-name {quote}{value}{quote} --port 8001 "
+                "> /var/log/vllm.log 2>&1 &")
+        line = serveline.parse(serveline.split_text(text))
+        assert line.rest == ["/m", "--served-model-name", value, "--port", "8001"], line
+    argv = ["vllm", "serve", "/m", "--served-model-name", value, "--port", "8001"]
+    assert serveline.parse(argv).rest == argv[2:]

@@ -47,22 +47,40 @@ def split_text(text: str) -> list[str]:
         line = re.sub(r"^[$#>] ", "", line)
         try:
             got = shlex.split(line)
+            quoted = _quoted(got, line)
         except ValueError as exc:
             raise LineError(f"cannot split {REDACT.head(line, 60)!r}...: {exc} (a quote is "
                             "not closed)") from None
-        if got and got[0] == "export":
-            got = got[1:]
-        words += [w for w in got if w != "\\"]
+        keep = [i for i, w in enumerate(got) if w != "\\" and (i or w != "export")]
+        words += strip_shell([got[i] for i in keep],
+                             {n for n, i in enumerate(keep) if i in quoted})
     return words
 
 
-def strip_shell(words: list[str]) -> list[str]:
-    """Drop what the shell, not vLLM, acts on: redirections, `&`, and all after `|`, `;`."""
+def _quoted(words: list[str], line: str) -> set[int]:
+    """The indexes of words that began with a quote in `line`: literal, whatever they hold
+    (`--served-model-name '>gpt'`, `--chat-template '<s>...'`), never a redirection."""
+    found: set[int] = set()
+    lexer = shlex.shlex(line, posix=False)
+    lexer.whitespace_split, lexer.commenters = True, ""  # as shlex.split reads it
+    raw = list(lexer)
+    if len(raw) != len(words):  # the two readings disagree: judge every word as the shell
+        return found
+    return {i for i, word in enumerate(raw) if word[:1] in ("'", '"')}
+
+
+def strip_shell(words: list[str], literal: set[int] | None = None) -> list[str]:
+    """Drop what the shell, not vLLM, acts on: redirections, `&`, and all after `|`, `;`.
+    Only for a line as a shell reads it (split_text): argv read from /proc, or words the
+    shell already split after `init --`, are what vLLM received, each word literal."""
     out: list[str] = []
     skip = False
-    for word in words:
+    for i, word in enumerate(words):
         if skip:
             skip = False
+            continue
+        if i in (literal or set()):
+            out.append(word)
             continue
         if word in ("|", "||", "&&", ";"):
             break
@@ -82,8 +100,8 @@ def is_number(word: str) -> bool:
 
 
 def parse(words: list[str]) -> ServeLine:
-    """Find the vLLM program in the words; raise LineError when there is none."""
-    words = strip_shell(words)
+    """Find the vLLM program in the words (literal: split_text took the shell's own words
+    out of a pasted line); raise LineError when there is none."""
     env: dict[str, str] = {}
     i = 0
     while i < len(words):
