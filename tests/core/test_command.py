@@ -248,3 +248,25 @@ def test_every_variable_and_flag_vllmwatch_adds_is_in_the_one_injected_list() ->
     ours = {a.lstrip("-") for a in build(c, base, vllm_version="0.32.0").argv
             if a.startswith("--")}
     assert ours - user <= INJECTED_FLAGS
+
+
+@pytest.mark.parametrize("key,flag", [
+    ("hf-overrides.rope_scaling.factor", "--hf-overrides.rope_scaling.factor"),
+    ("hf_overrides.rope_scaling.factor", "--hf-overrides.rope_scaling.factor"),
+    ("compilation_config.cudagraph_mode", "--compilation-config.cudagraph_mode"),
+    ("compilation-config.pass_config.enable_fusion",
+     "--compilation-config.pass_config.enable_fusion"),
+    ("max_model_len", "--max-model-len"),
+])
+def test_a_dotted_flag_keeps_its_keys_as_vllm_reads_them(key: str, flag: str) -> None:
+    """vLLM turns underscores into dashes before the first dot only: after it come the keys
+    of the flag's JSON (`rope_scaling` of the model's config). Every underscore was turned,
+    so `rope-scaling` reached the model's config, a key nothing reads; and `pass_config`
+    read as a secret name (its value hidden, the flag moved off argv)."""
+    from vllmwatch.config.flags import flag_name
+    from vllmwatch.config.redact import is_secret_name
+
+    assert flag_name(key) == flag[2:]
+    assert args_to_argv({key: True}, "x") == [flag]
+    assert not is_secret_name(key)
+    assert is_secret_name("hf-overrides.api_key") and is_secret_name("db.password")

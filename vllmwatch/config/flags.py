@@ -50,8 +50,11 @@ BUILTIN_JSON = frozenset({  # vLLM 0.32.0's JSON flags (its argparse types), com
 
 
 def flag_name(key: str) -> str:
-    """Normalise a flag name: no dashes in front, dashes instead of underscores."""
-    return key.lstrip("-").replace("_", "-")
+    """Normalise a flag name as vLLM's parser does: no dashes in front, dashes instead of
+    underscores before the first dot only (`hf_overrides.rope_scaling` is the flag
+    `hf-overrides` and the key `rope_scaling` of its JSON, which keeps its underscore)."""
+    head, dot, tail = key.lstrip("-").partition(".")
+    return head.replace("_", "-") + dot + tail
 
 
 def json_problem(text: str, key: str) -> Problem | None:

@@ -63,8 +63,10 @@ _SPLIT = re.compile(r"[^A-Za-z0-9]+|(?<=[a-z0-9])(?=[A-Z])|(?<=[A-Z])(?=[A-Z][a-
 
 
 def is_secret_name(name: str) -> bool:
-    """Whether a variable, flag or key name says its value is a secret."""
-    words = [w.lower() for w in _SPLIT.split(name) if w]
+    """Whether a variable, flag or key name says its value is a secret. A dotted name (vLLM's
+    `--compilation-config.pass_config.enable_fusion`, `db.password`) by its last key: the
+    value is that key's, and the ones before name where it lives."""
+    words = [w.lower() for w in _SPLIT.split(name.rstrip(".").rsplit(".", 1)[-1]) if w]
     if not words or words[-1] in _ABOUT or _COUNTS.intersection(words):
         return False
     if words == ["pwd"]:  # the shell's working directory (PWD), in every child's environment

@@ -7,6 +7,8 @@ import math
 import re
 from collections.abc import Mapping, Sequence
 
+from vllmwatch.config.flags import flag_name
+
 
 def ceil3(x: float) -> float:
     """Round up to 0.001 (a utilization that must cover a footprint: finer than 0.01, which
@@ -89,12 +91,12 @@ def with_flags(argv: Sequence[str], changes: Mapping[str, str | bool | None]) ->
     """argv with each flag set to its value (True: a switch; None: removed), replacing
     `--name value`, `--name=value` and the underscore spelling; new flags go at the end."""
     out: list[str] = []
-    wanted = {k.lstrip("-").replace("_", "-"): v for k, v in changes.items()}
+    wanted = {flag_name(k): v for k, v in changes.items()}
     i = 0
     while i < len(argv):
         token = argv[i]
         name, eq, _ = token[2:].partition("=") if token.startswith("--") else ("", "", "")
-        name = name.replace("_", "-")
+        name = flag_name(name)
         if name in wanted:
             takes_value = wanted[name] is not True and not eq
             nxt = argv[i + 1] if i + 1 < len(argv) else ""

@@ -8,6 +8,7 @@ import json
 import os
 
 from vllmwatch.config import safefile
+from vllmwatch.config.flags import flag_name
 from vllmwatch.config.serveline import LineError
 
 MAX_YAML = 1 << 20  # a vLLM config is a few hundred bytes; more is not one
@@ -59,7 +60,7 @@ def words(data: dict[str, object]) -> list[str]:
     --key False (init writes key = false), lists -> several values, tables -> JSON."""
     out: list[str] = []
     for key, value in data.items():
-        flag = "--" + key.replace("_", "-")
+        flag = "--" + flag_name(key)
         if value is True:
             out.append(flag)
         elif value is False:

@@ -14,6 +14,7 @@ from collections.abc import Callable, Sequence
 from dataclasses import replace
 from typing import Any, Protocol
 
+from vllmwatch.config.flags import flag_name
 from vllmwatch.config.schema import Config
 from vllmwatch.config.spare import Footprint, SparePlan, serving_utilization, spare_gpu
 from vllmwatch.config.spare import with_flags as _with_flags
@@ -106,7 +107,7 @@ class SpareFx:
         if launch:
             self.launched = flags
             self.launched_at = serving_utilization(
-                {**{str(k).replace("_", "-"): v for k, v in self.config.vllm.args.items()},
+                {**{flag_name(str(k)): v for k, v in self.config.vllm.args.items()},
                  **flags})
         return _with_flags(argv, flags) if flags else list(argv)
 
