@@ -121,7 +121,37 @@ def test_vllms_yaml_config_is_folded_in_and_the_line_wins(tmp_path: Path) -> Non
                             "enable-prefix-caching": True}
 
 
+@pytest.mark.parametrize("where", ["before", "after"])
+def test_the_lines_flags_win_over_the_yaml_wherever_config_stands(tmp_path: Path,
+                                                                 where: str) -> None:
+    """vLLM puts the YAML's keys right after the model, before every flag of the line: init
+    put them where --config stood, so a flag before it lost (8192 written, 4096 served). An
+    empty list passes nothing; null passes `None`, as vLLM's load_config_file does."""
+    yaml = tmp_path / "serve.yaml"
+    yaml.write_text("max-model-len: 8192\nallowed-origins: []\nseed: null\n")
+    line = ["--max-model-len", "4096"]
+    conf = ["--config", str(yaml)]
+    rc, out, err = run_init(["--", "vllm", "serve", "/srv/m",
+                             *(line + conf if where == "before" else conf + line)],
+                            tmp_path / "vw.toml", stdout=True)
+    assert rc == 0, err
+    args = tomllib.loads(out)["vllm"]["args"]
+    assert args["max-model-len"] == 4096 and "allowed-origins" not in args, args
+    assert args["seed"] == "None", args
+
+
+def test_config_with_an_equals_sign_is_not_read_as_vllm_does_not(tmp_path: Path) -> None:
+    yaml = tmp_path / "serve.yaml"
+    yaml.write_text("max-model-len: 8192\n")
+    rc, out, err = run_init(["--", "vllm", "serve", "/srv/m", f"--config={yaml}"],
+                            tmp_path / "vw.toml", stdout=True)
+    assert rc == 0, err
+    vllm = tomllib.loads(out)["vllm"]
+    assert "max-model-len" not in vllm.get("args", {}) and "config" not in vllm.get("args", {})
+
+
 @pytest.mark.parametrize(("make", "words"), [
+    (lambda p: p.write_text("x: &a {y: *a}\n"), "refers to itself"),
     (lambda p: p.mkdir(), "is a directory"),
     (lambda p: os.mkfifo(p), "only a regular file is read"),
     (lambda p: p.write_text("x" * (2 << 20)), "at most"),

@@ -89,7 +89,10 @@ def _read(req: Request, environ: Mapping[str, str], err: TextIO
     if yaml_path is not None:
         notes.append(f"--config {yaml_path}: its keys are read as flags before the line's own "
                      "(which win, as in vLLM)")
-        line = serveline.ServeLine(line.env, line.command, rest)
+    elif rest != line.rest:
+        notes.append("--config=FILE dropped: vLLM reads its YAML only as `--config FILE`, and "
+                     "ignored this one")
+    line = serveline.ServeLine(line.env, line.command, rest)
     source = REDACT.text(source)  # a URL's password: the comment names the flag, not it
     command = list(line.command)
     full = proc.which(command[0], path, cwd) if not command[0].startswith("/") else None

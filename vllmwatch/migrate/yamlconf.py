@@ -18,17 +18,22 @@ _WHAT_TO_DO = "write its keys on the line as flags (`--key value`) and run init 
 
 def fold(rest: list[str], cwd: str | None) -> tuple[list[str], str | None]:
     """(the words after the program with --config replaced by its keys, the YAML's path or
-    None when the line has no --config). Raises LineError naming the file and what to do."""
+    None when vLLM reads none). As vLLM's parser does (`_pull_args_from_config`): the keys go
+    right after the model, before every flag of the line, so the line's flags win wherever
+    --config stands; only the two words `--config FILE` are read (vLLM takes
+    `--config=FILE` as a flag it then ignores: dropped here too, with nothing folded).
+    Raises LineError naming the file and what to do."""
     for i, word in enumerate(rest):
-        name, eq, inline = word.partition("=")
-        if name != "--config":
+        if word.startswith("--config="):
+            return [*rest[:i], *rest[i + 1:]], None
+        if word != "--config":
             continue
-        path = inline if eq else (rest[i + 1] if i + 1 < len(rest) else "")
+        path = rest[i + 1] if i + 1 < len(rest) else ""
         if not path or path.startswith("-"):
             raise LineError("--config has no file after it: give vLLM's YAML config's path")
         path = os.path.join(cwd or os.getcwd(), path)
-        after = rest[i + 1:] if eq else rest[i + 2:]
-        return [*rest[:i], *words(_load(path)), *after], path
+        model = 1 if rest and not rest[0].startswith("-") else 0
+        return [*rest[:model], *words(_load(path)), *rest[model:i], *rest[i + 2:]], path
     return rest, None
 
 
@@ -56,8 +61,9 @@ def _load(path: str) -> dict[str, object]:
 
 
 def words(data: dict[str, object]) -> list[str]:
-    """The flags a YAML mapping stands for, as vLLM reads it: true -> --key, false ->
-    --key False (init writes key = false), lists -> several values, tables -> JSON."""
+    """The flags a YAML mapping stands for, as vLLM's `load_config_file` reads it: true ->
+    --key, false -> --key False (init writes key = false), a list -> its items (none when
+    empty), a table -> JSON, anything else (null included: `None`) -> its str()."""
     out: list[str] = []
     for key, value in data.items():
         flag = "--" + flag_name(key)
@@ -66,10 +72,13 @@ def words(data: dict[str, object]) -> list[str]:
         elif value is False:
             out += [flag, "False"]
         elif isinstance(value, list):
-            out += [flag, *(json.dumps(v) if isinstance(v, (dict, list)) else str(v)
-                            for v in value)]
+            out += [flag, *map(str, value)] if value else []
         elif isinstance(value, dict):
-            out += [flag, json.dumps(value)]
-        elif value is not None:
+            try:
+                out += [flag, json.dumps(value)]
+            except (ValueError, RecursionError):  # an alias of itself: no JSON, no vLLM
+                raise LineError(f"--config: the value of {key!r} refers to itself (a YAML "
+                                f"alias); {_WHAT_TO_DO}") from None
+        else:
             out += [flag, str(value)]
     return out
