@@ -251,3 +251,20 @@ def test_a_value_the_shell_would_not_act_on_is_kept(value: str) -> None:
         assert line.rest == ["/m", "--served-model-name", value, "--port", "8001"], line
     argv = ["vllm", "serve", "/m", "--served-model-name", value, "--port", "8001"]
     assert serveline.parse(argv).rest == argv[2:]
+
+
+def test_an_appending_flag_given_twice_keeps_each_value() -> None:
+    """vLLM appends --middleware (action="append"): init kept the last only."""
+    vllm, _, draft = init("vllm serve /m --middleware pkg.a --max-num-seqs 8 "
+                          "--middleware pkg.b --max-num-seqs 16")
+    assert vllm["extra_args"] == ["--middleware", "pkg.a", "--middleware", "pkg.b"]
+    assert vllm["args"]["max-num-seqs"] == 16  # every other flag: the last counts
+    assert any("--middleware is given 2 times" in said for said in draft.said), draft.said
+
+
+def test_several_api_keys_are_refused_not_joined_into_one() -> None:
+    """`--api-key k1 k2`: vLLM takes each as a key; init joined them into one key file, so
+    after migration every client got 401."""
+    _, _, draft = init("vllm serve /m --api-key key-one key-two")
+    assert draft.api_key is None
+    assert any("gives 2 keys" in e and "keep one key" in e for e in draft.errors), draft.errors

@@ -49,6 +49,11 @@ BUILTIN_JSON = frozenset({  # vLLM 0.32.0's JSON flags (its argparse types), com
 })
 
 
+# Flags vLLM appends to when given again (action="append"; vllm/entrypoints/launchers/
+# cli_args.py, 0.26-0.32): every other flag keeps its last value.
+APPEND_FLAGS = frozenset({"middleware"})
+
+
 def flag_name(key: str) -> str:
     """Normalise a flag name as vLLM's parser does: no dashes in front, dashes instead of
     underscores before the first dot only (`hf_overrides.rope_scaling` is the flag

@@ -72,6 +72,11 @@ def secret_flag(given: Given, draft: Draft, facts: Facts) -> None:
         draft.arg(Entry("hf-token", True))  # the cached login: nothing secret in it
     elif given.name == "hf-token":
         to_env_file("HF_TOKEN", " ".join(given.values), f"the line's {shown}", draft, facts)
+    elif len(given.values) > 1:  # vLLM takes each as a key; VLLM_API_KEY holds one
+        draft.errors.append(f"--{given.name} gives {len(given.values)} keys: vllmwatch hands "
+                            "vLLM one (vllm.api_key_file, in VLLM_API_KEY), so every client "
+                            "of the others would get 401; keep one key on the line (or put "
+                            "a gate in front of the keys), then run init again")
     else:
         api_key(shown, " ".join(given.values), draft, facts)
 

@@ -37,7 +37,8 @@ def translate(line: ServeLine, facts: Facts) -> Draft:
         counts.setdefault(given.name, []).append(given)
     envwords.apply(line.env, draft, facts)  # before the flags: --device cpu wins
     for all_given in counts.values():
-        _flag(all_given[-1], draft, facts, all_given[:-1])
+        if not _repeated(all_given, draft):
+            _flag(all_given[-1], draft, facts, all_given[:-1])
     if "model" not in draft.vllm:
         draft.errors.append("no model: set vllm.model to the model directory or hub id")
     if "gpus" not in draft.vllm and facts.has_gpu is False:
@@ -106,6 +107,21 @@ def _flag(given: Given, draft: Draft, facts: Facts, earlier: list[Given]) -> Non
         return
     if note and draft.args and draft.args[-1].key == name:
         draft.args[-1].note = note + draft.args[-1].note
+
+
+def _repeated(all_given: list[Given], draft: Draft) -> bool:
+    """A flag vLLM appends (flags.APPEND_FLAGS: --middleware) given more than once goes to
+    extra_args as the line had each: keeping the last, as for every other flag, dropped the
+    others from what vLLM received."""
+    last = all_given[-1]
+    if len(all_given) < 2 or last.name not in flags.APPEND_FLAGS \
+            or any(envwords.holds_secret("", v) for g in all_given for v in g.values):
+        return False
+    for given in all_given:
+        draft.extra_args += [f"--{given.name}", *given.values]
+    draft.said.append(f"--{last.name} is given {len(all_given)} times: vLLM keeps each, so "
+                      "they are passed as the line had them, in vllm.extra_args")
+    return True
 
 
 def _joined(values: tuple[str, ...]) -> object:
