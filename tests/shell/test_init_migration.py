@@ -268,3 +268,33 @@ def test_check_warns_when_vllms_own_port_is_on_the_network_beside_the_gate(
     assert bool(got) == warned and all("bypass the gate" in r.detail for r in got)
     assert check_gate_beside(Context(from_dict({"vllm": {"model": "/m",
                                                          "host": "0.0.0.0"}}))) == []
+
+
+@pytest.mark.parametrize("words", [
+    ["vllm", "serve", "/models/caf\udce9"],  # Python's form of a Latin-1 byte in argv
+    ["vllm", "serve", "/m", "--served-model-name", "caf\udce9"],
+    ["LANG_X=caf\udce9", "vllm", "serve", "/m"],
+])
+def test_a_word_that_is_not_utf8_is_refused_naming_it(tmp_path: Path,
+                                                     words: list[str]) -> None:
+    """Before: a traceback (UnicodeEncodeError) writing the config, and from /proc a stand-in
+    character written silently in place of the byte, which `check` passed."""
+    for stdout in (True, False):
+        rc, out, err = run_init(["--", *words], tmp_path / "vw.toml", stdout=stdout)
+        assert rc == 2 and out == "" and not (tmp_path / "vw.toml").exists(), (rc, err)
+        assert "is not UTF-8" in err and "Traceback" not in err, err
+
+
+def test_proc_words_are_read_losslessly(tmp_path: Path) -> None:
+    """/proc's bytes decode so that a byte that is not UTF-8 stays itself (then refused by
+    the check above), not a stand-in character written into the config."""
+    from vllmwatch.migrate import proc
+
+    (tmp_path / "123").mkdir()
+    (tmp_path / "123" / "cmdline").write_bytes(b"vllm\0serve\0/models/caf\xe9\0")
+    (tmp_path / "123" / "environ").write_bytes(b"X=caf\xe9\0")
+    argv = proc.argv_of(123, str(tmp_path))
+    env = proc.environ_of(123, str(tmp_path))
+    assert argv is not None and env is not None
+    assert argv[2].encode("utf-8", "surrogateescape") == b"/models/caf\xe9"
+    assert env["X"].encode("utf-8", "surrogateescape") == b"caf\xe9"

@@ -43,7 +43,7 @@ def argv_of(pid: int, proc: str = "/proc") -> list[str] | None:
             raw = fh.read()
     except OSError:
         return None
-    return [w.decode("utf-8", "replace") for w in raw.rstrip(b"\0").split(b"\0")] if raw \
+    return [w.decode("utf-8", "surrogateescape") for w in raw.rstrip(b"\0").split(b"\0")] if raw \
         else []
 
 
@@ -66,7 +66,7 @@ def environ_of(pid: int, proc: str = "/proc") -> dict[str, str] | None:
         return None
     out = {}
     for item in raw.split(b"\0"):
-        name, eq, value = item.decode("utf-8", "replace").partition("=")
+        name, eq, value = item.decode("utf-8", "surrogateescape").partition("=")
         if eq:
             out[name] = value
     return out

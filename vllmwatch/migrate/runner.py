@@ -61,6 +61,30 @@ def main(req: Request, environ: Mapping[str, str], out: TextIO | None = None,
     return deliver.deliver(how, text, draft, facts, out, err)
 
 
+def _utf8_only(line: serveline.ServeLine) -> None:
+    """A config is UTF-8 TOML: a word that is not UTF-8 (a path in another encoding) cannot
+    reach vLLM unchanged through it. Refused, naming it (a value of the environment by its
+    name only), never written with a stand-in character nor a traceback."""
+    def bad(text: str) -> bool:
+        try:
+            text.encode("utf-8")
+        except UnicodeEncodeError:
+            return True
+        return False
+
+    for i, word in enumerate([*line.command, *line.rest]):
+        if bad(word):
+            raise serveline.LineError(f"word {i + 1} of the command line, "
+                                      f"{REDACT.text(ascii(word))}, is not UTF-8 text: a "
+                                      "config could not pass it to vLLM unchanged; rename "
+                                      "what it names, then run init again")
+    for name, value in line.env.items():
+        if bad(name) or bad(value):
+            raise serveline.LineError(f"the environment variable {name!a} is not UTF-8 "
+                                      "text (its value is not shown): a config could not "
+                                      "pass it unchanged; set it in UTF-8, then run init again")
+
+
 def _read(req: Request, environ: Mapping[str, str], err: TextIO
           ) -> tuple[serveline.ServeLine, str, Facts, list[str]]:
     notes: list[str] = []
@@ -85,6 +109,7 @@ def _read(req: Request, environ: Mapping[str, str], err: TextIO
         text = " ".join(words) if len(words) == 1 else shlex.join(words)
         line = serveline.parse(serveline.split_text(text) if len(words) == 1 else words)
         source = shlex.join(redact_argv([*line.command, *line.rest]))
+    _utf8_only(line)
     rest, yaml_path = yamlconf.fold(line.rest, cwd)
     if yaml_path is not None:
         notes.append(f"--config {yaml_path}: its keys are read as flags before the line's own "
