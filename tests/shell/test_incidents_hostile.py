@@ -77,6 +77,7 @@ def test_a_record_without_a_time_is_not_shown_with_the_current_time(
 
 
 _JSON = st.recursive(st.none() | st.booleans() | st.integers() | st.floats(allow_nan=False)
+                     | st.sampled_from((10**400, -10**400))  # no float holds it
                      | st.text(max_size=8), lambda inner: st.lists(inner, max_size=3)
                      | st.dictionaries(st.text(max_size=6), inner, max_size=3), max_leaves=12)
 _FIELDS = ("id", "time_utc", "reason", "detail", "exit_code", "tree", "timeline", "versions",
@@ -109,6 +110,29 @@ def test_any_record_shape_is_shown_or_is_one_clear_line_never_a_traceback(
         assert code in (0, 1)
     out = capsys.readouterr()
     assert out.out or out.err
+
+
+@pytest.mark.parametrize("bad", [
+    {"tree": {"host_rss_mib": 10**400}},
+    {"memory": {"last_sample": {"tree_cpu_s": 10**400}}},
+    {"timeline": [[10**400, "x"]]},
+    {"metrics": {"last": {"vllm:num_requests_running": 1},
+                 "summary": {"kv_cache_usage": 10**400}}},
+    {"tree": {"processes": [{"role": "api", "pid": 1, "state": "R", "rss_mib": "many"}]}},
+])
+def test_one_bad_field_costs_its_section_not_the_page(
+        tmp_path: Path, capsys: pytest.CaptureFixture[str], bad: dict[str, Any]) -> None:
+    """A number no float holds (or a string for one) raised out of `show` (OverflowError: a
+    traceback), and any bad field cost the whole page, the cause lines with it."""
+    doc = {"id": RID, "reason": "hang", "detail": "canary timed out twice",
+           "cause": ["the engine stopped answering"], "output": ["ERROR boom"], **bad}
+    (_folder(tmp_path) / store.RECORD).write_text(json.dumps(doc))
+    assert cli.main("show", RID, False, [str(tmp_path)]) == 0
+    out = capsys.readouterr().out
+    assert "cause: the engine stopped answering" in out or "not shown" in out.split(
+        "==")[2], out
+    assert out.count("not shown: a field has an unexpected shape") == 1, out
+    assert "ERROR boom" in out  # the output section is still there
 
 
 def test_a_wrong_field_type_names_the_field(tmp_path: Path,

@@ -73,7 +73,7 @@ def _show(root: str, rid: str, as_json: bool) -> int:
         print(printable(f"vllmwatch: incident {name}: {problem}", False), file=sys.stderr)
     try:
         text = report.render(kept)
-    except (AttributeError, TypeError, KeyError, IndexError, ValueError, RecursionError) as exc:
+    except report.SHAPE_ERRORS as exc:  # (each section has its own; this is the page's)
         print(printable(f"vllmwatch: incident {name} cannot be shown as a report: a field "
                         f"has an unexpected shape ({type(exc).__name__}: {exc}); "
                         f"`vllmwatch incidents show {name} --json` prints it as it is",

@@ -23,9 +23,25 @@ _KEY_SERIES = ("vllm:num_requests_running", "vllm:num_requests_waiting",
                "vllm:prompt_tokens_total", "vllm:num_preemptions_total")
 
 
+# What a field of the wrong shape raises while a section is written (a damaged or hostile
+# record: a string for a number, an integer of 400 digits for a float).
+SHAPE_ERRORS = (AttributeError, TypeError, KeyError, IndexError, ValueError, ArithmeticError,
+                RecursionError)
+
+
 def render(r: Mapping[str, Any]) -> str:
-    """The whole report."""
-    parts = [_head(r), _threads(r), _metrics(r), _memory(r), _output(r)]
+    """The whole report; a section with a field of an unexpected shape says so in its place,
+    and the others are shown (one bad field no longer costs the whole page)."""
+    parts = []
+    for title, section in (("reason and timeline", _head), ("threads", _threads),
+                           ("metrics", _metrics), ("memory and GPU", _memory),
+                           ("output", _output)):
+        try:
+            parts.append(section(r))
+        except SHAPE_ERRORS as exc:
+            parts.append(f"== {title} ==\n(not shown: a field has an unexpected shape, "
+                         f"{type(exc).__name__}: {exc}; `vllmwatch incidents show "
+                         f"{r.get('id')} --json` prints the record as it is)")
     # vLLM's lines, thread names and paths are outside text: no raw control character
     # reaches the terminal (an ANSI colour code shows as \x1b[...).
     return printable("\n\n".join(p for p in parts if p)) + "\n"
