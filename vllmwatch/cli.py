@@ -117,8 +117,9 @@ def _dispatch(args: argparse.Namespace) -> int:
         from vllmwatch.incident import cli as incident_cli
         from vllmwatch.shell.incidents import roots
 
-        where = [args.dir] if args.dir else roots(os.environ)
-        return incident_cli.main(args.action, args.id, args.json, where)
+        if args.dir:  # that folder only
+            return incident_cli.main(args.action, args.id, args.json, [args.dir], None)
+        return incident_cli.main(args.action, args.id, args.json, roots(os.environ))
     if args.command == "init":
         from vllmwatch.migrate import runner as init
 

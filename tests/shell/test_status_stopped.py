@@ -180,10 +180,35 @@ def test_a_starting_unit_is_not_called_stopped() -> None:
     assert "systemd says it is activating" in text and "systemctl start" not in text
 
 
-def test_an_instance_looks_in_its_own_state_directory_first() -> None:
+def test_an_instance_looks_in_its_own_state_directory_only(tmp_path: Path) -> None:
+    """A template instance with no record of its own showed another unit's newest record
+    (/var/lib/vllmwatch/incidents) as its own "incident last"."""
     assert latest.instance_roots("vllmwatch@gpu0.service", ["/a"]) == [
-        "/var/lib/vllmwatch/gpu0/incidents", "/a"]
+        "/var/lib/vllmwatch/gpu0/incidents"]
     assert latest.instance_roots("vllmwatch.service", ["/a"]) == ["/a"]
+    other = tmp_path / "incidents"
+    (other / "20261201T000000Z-hang").mkdir(parents=True)
+    (other / "20261201T000000Z-hang" / "record.json").write_text('{"reason": "hang"}')
+    assert latest.newest(latest.instance_roots("vllmwatch@a.service", [str(other)],
+                                               str(tmp_path))) is None
+
+
+def test_show_finds_a_template_instances_record_by_its_id(
+        tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    """`vllmwatch incidents show ID`, the hint of a vllmwatch@NAME unit's log line, run from
+    a shell (no STATE_DIRECTORY): the id is found in the instance's own folder."""
+    from vllmwatch.incident import cli as incident_cli
+
+    rid = "20261201T000000Z-hang"
+    mine = tmp_path / "gpu1" / "incidents" / rid
+    mine.mkdir(parents=True, mode=0o700)
+    (mine / "record.json").write_text(json.dumps({"id": rid, "reason": "hang",
+                                                  "detail": "canary timed out"}))
+    default = tmp_path / "incidents"
+    default.mkdir()
+    assert incident_cli.main("show", rid, False, [str(default)], str(tmp_path)) == 0
+    assert "reason: hang: canary timed out" in capsys.readouterr().out
+    assert incident_cli.main("show", rid, False, [str(default)], None) == 1  # --dir: only it
 
 
 def test_the_command_line_wires_the_incident_lookup(tmp_path: Path) -> None:

@@ -8,6 +8,7 @@ a traceback. What is printed passes the redactor (config/redact.py) as every wri
 
 from __future__ import annotations
 
+import glob
 import json
 import os
 import sys
@@ -28,8 +29,10 @@ _JSON = {dict: "an object", list: "a list", str: "a string", int: "a number",
          float: "a number", bool: "true or false", type(None): "null"}
 
 
-def main(action: str | None, rid: str | None, as_json: bool, roots: Sequence[str]) -> int:
-    """List (no action) or show one record; roots are the incidents folders to look in."""
+def main(action: str | None, rid: str | None, as_json: bool, roots: Sequence[str],
+         instances: str | None = "/var/lib/vllmwatch") -> int:
+    """List (no action) or show one record; roots are the incidents folders to look in (for
+    `show`, then the template instances' under `instances`; None: only `roots`)."""
     root = next((r for r in roots if os.path.isdir(r)), None)
     if root is None:
         print("vllmwatch: no incident records (looked in " + ", ".join(roots) + ")",
@@ -44,6 +47,15 @@ def main(action: str | None, rid: str | None, as_json: bool, roots: Sequence[str
     if action != "show" or not rid:
         print("vllmwatch: usage: vllmwatch incidents [show ID] [--json]", file=sys.stderr)
         return 2
+    # The id a log line or `status` named may be another folder's: a template instance's
+    # (vllmwatch@NAME keeps its own), read here without its unit's STATE_DIRECTORY.
+    more = sorted(glob.glob(os.path.join(instances, "*", store.SUBDIR))) if instances else []
+    for other in [*roots, *more]:
+        if other != root and os.access(other, os.R_OK | os.X_OK) and \
+                store.find(root, rid, store.ids(root)) is None and \
+                store.find(other, rid, store.ids(other)) is not None:
+            root = other
+            break
     return _show(root, rid, as_json)
 
 

@@ -23,11 +23,12 @@ def newest(roots: Sequence[str]) -> dict[str, Any] | None:
     return None
 
 
-def instance_roots(unit: str, roots: Sequence[str]) -> list[str]:
-    """Where a unit keeps its records: a template instance's own state directory
-    (/var/lib/vllmwatch/NAME, StateDirectory=vllmwatch/%i) first, then `roots`."""
-    found = list(roots)
+def instance_roots(unit: str, roots: Sequence[str], base: str = "/var/lib/vllmwatch"
+                   ) -> list[str]:
+    """Where a unit keeps its records: a template instance only in its own state directory
+    (BASE/NAME, StateDirectory=vllmwatch/%i: another unit's newest record is not this
+    one's, however empty its own folder is), any other unit in `roots`."""
     if unit.startswith("vllmwatch@"):
         name = unit.removeprefix("vllmwatch@").removesuffix(".service")
-        found.insert(0, f"/var/lib/vllmwatch/{name}/{store.SUBDIR}")
-    return found
+        return [f"{base}/{name}/{store.SUBDIR}"]
+    return list(roots)
