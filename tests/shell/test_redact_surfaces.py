@@ -105,3 +105,14 @@ def test_a_record_with_a_lone_surrogate_is_listed_and_shown_escaped(
         cli.main(["incidents", "--dir", str(tmp_path), *args])
         got = capsys.readouterr()
         assert rid in got.out + got.err and "Traceback" not in got.err, (args, got)
+
+
+@pytest.mark.parametrize("length", [40, 400])
+def test_a_status_line_for_systemd_passes_the_redactor_short_or_long(length: int) -> None:
+    """STATUS= (what `systemctl status` shows every local user) was redacted only when cut
+    (over 200 characters)."""
+    from vllmwatch.shell.notify import status_line
+
+    text = "restarting: vLLM failed with api_key=Zq7Secret9Value " + "x" * length
+    line = status_line(text)
+    assert line.startswith("STATUS=") and "Zq7Secret9Value" not in line and "<redacted>" in line

@@ -78,5 +78,5 @@ def watchdog_interval(environ: Mapping[str, str], pid: int) -> float | None:
 
 def status_line(text: str) -> str:
     """A STATUS= message: one line, bounded."""
-    one = " ".join(text.split())
-    return "STATUS=" + (REDACT.head(one, 200) + "..." if len(one) > 200 else one)
+    one = " ".join(text.split())  # redacted whole or cut: systemctl status shows it to all
+    return "STATUS=" + (REDACT.head(one, 200) + "..." if len(one) > 200 else REDACT.text(one))
