@@ -55,6 +55,12 @@ def test_a_known_part_of_a_secret_hides_all_of_it(leak: tuple[str, str],
      "GET /c/b.gguf?sv=2024-08-04&se=2026-12-05&sp=r&sig=<redacted> HTTP/1.1"),
     ("https://b.s3.amazonaws.com/m?X-Amz-Expires=60&X-Amz-Signature=9f86d081&x=1",
      "https://b.s3.amazonaws.com/m?X-Amz-Expires=60&X-Amz-Signature=<redacted>&x=1"),
+    ("postgres://app:it'sS3cret@db/x", "postgres://app:<redacted>@db/x"),
+    ("https://0a1b2c3d4e:x-oauth-basic@github.com/o/r.git",
+     "https://<redacted>:<redacted>@github.com/o/r.git"),
+    ("Authorization: Negotiate YIIabc123", "Authorization: Negotiate <redacted>"),
+    ("proxy-authorization: SharedKey acct:c2ln", "proxy-authorization: SharedKey <redacted>"),
+    ("Authorization: Splunk 0a1b-2c3d, next", "Authorization: Splunk <redacted>, next"),
 ])
 def test_each_form(text: str, want: str) -> None:
     assert R.text(text) == want

@@ -116,3 +116,24 @@ def test_a_status_line_for_systemd_passes_the_redactor_short_or_long(length: int
     text = "restarting: vLLM failed with api_key=Zq7Secret9Value " + "x" * length
     line = status_line(text)
     assert line.startswith("STATUS=") and "Zq7Secret9Value" not in line and "<redacted>" in line
+
+
+def test_a_flag_value_from_the_env_file_is_hidden_wherever_vllm_echoes_it(
+        tmp_path: Path) -> None:
+    """vllm.env_file's flag values are secret (that is why they are there), but only those
+    of secret-looking names were learnt: vLLM's "non-default args" line echoed the rest."""
+    from vllmwatch.config.redact import Redactor
+    from vllmwatch.config.schema import from_dict
+    from vllmwatch.shell import childrun
+
+    value = "https://collector.internal:4317/v1/Zq7tenantXy9"
+    env = tmp_path / "vllm.env"
+    env.write_text(f"VLLMWATCH_ARG_OTLP_TRACES_ENDPOINT={value}\n")
+    env.chmod(0o600)
+    config = from_dict({"vllm": {"model": "/m", "gpus": [], "env_file": str(env),
+                                 "env": {"TMPDIR": str(tmp_path)}}})
+    got = childrun.prepare(config, {"PATH": "/usr/bin:/bin"}, "0123456789abcdef", None, {},
+                           lambda *a, **k: None)
+    assert isinstance(got, childrun.Prepared), got
+    line = f"non-default args: {{'otlp_traces_endpoint': '{value}'}}"
+    assert value not in Redactor().text(line)

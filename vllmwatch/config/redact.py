@@ -1,25 +1,16 @@
-"""The one set of redaction rules for everything vllmwatch writes (issue 37 §1-2).
-
-Incident records (record.json, report.txt, output.log, stack files), every log event (the
-journal's fields, stderr), /status and `incidents show` pass through `Redactor`, so a rule
-added here holds everywhere. What is hidden:
-
-- every secret value the daemon knows (the API key, values of secret-named variables),
-  wherever it appears (`learn` registers them for the whole process);
-- the value after a secret-looking name in every form vLLM, Python and shells print:
-  `--api-key X`, `--hf-token=X`, `HF_TOKEN=X`, `password: X`, `'api_key': 'X'`,
-  `'api_key': ['X']`, `"token": "X"`, `('authorization', 'Bearer X')`;
-- credentials in URL userinfo, any scheme: `https://user:X@host` keeps the user, a bare
-  `scheme://X@host` hides X;
-- `Bearer X`, PEM private key blocks, and tokens of known shapes (`sk-...`, `hf_...`,
-  `ghp_...`, `AKIA...`, `xox?-...`, JWTs).
-
-Names are judged by their words (`HF_TOKEN`, `apiKey`, `--x-api-key`, `DB_PASS`), so that
-counts and paths stay readable: `--max-num-batched-tokens 2048`, `prompt_tokens=5`,
-`--tokenizer /models/x`, `--ssl-keyfile /etc/k.pem`, `KEY_PATH=/x` are not secrets.
-`printable` (at the end) is the other half of text made safe to leave: control characters
-escaped before text from outside reaches a person's terminal.
-Pure: stdlib and config only (the core may use it).
+"""The one set of redaction rules for everything vllmwatch writes (issue 37 §1-2): records,
+log events, /status, STATUS=, `incidents show` pass through `Redactor`. What is hidden:
+- every secret value the daemon knows (`learn`: the API key, secret variables, the flags
+  of vllm.env_file), wherever it appears, with the rest of a token it is part of;
+- the value after a secret-looking name in every form vLLM, Python and shells print
+  (`--api-key X`, `HF_TOKEN=X`, `'api_key': ['X']`, `('authorization', 'Bearer X')`), an
+  `Authorization:` header's scheme and credentials;
+- URL userinfo, any scheme (`https://user:X@host` keeps the user; `scheme://X@host` and
+  GitHub's `https://X:x-oauth-basic@host` hide X); `Bearer X`; PEM private keys; tokens of
+  known shapes (`sk-...`, `hf_...`, `ghp_...`, `AKIA...`, `xox?-...`, JWTs).
+Names are judged by their words, so counts and paths stay readable (`prompt_tokens=5`,
+`--ssl-keyfile /etc/k.pem`, `KEY_PATH=/x`). `printable` (at the end) escapes control
+characters before outside text reaches a terminal. Pure: stdlib and config only.
 """
 
 from __future__ import annotations
@@ -81,7 +72,8 @@ def is_secret_name(name: str) -> bool:
 _HINT_WORDS = r"key|token|secret|pass|pwd|credential|auth|cookie|sig"
 _NAME = r"(?=[A-Za-z_])[\w.-]*?(?i:" + _HINT_WORDS + r")[\w.-]*"
 _QUOTED = r"""b?(?P<vq>['"])(?P<qv>(?:\\.|(?!(?P=vq)).)*)(?P=vq)"""
-_AUTH = r"(?:bearer|basic|token|digest|apikey)\s+"
+_AUTH = (r"(?:bearer|basic|token|digest|apikey|negotiate|ntlm|splunk|sharedkey|hmac|"
+         r"aws4-hmac-sha256)\s+")
 _SCHEME = r"(?P<scheme>" + _AUTH + ")?"
 # A value already hidden is left, not one a known value only began (`PASSWORD=<redacted>2024`)
 _DONE = r"""<redacted>(?![^\s'",;&)}\]>])"""
@@ -100,15 +92,19 @@ _RULES = (
                r"(?:" + _QUOTED + r"|(?P<list>\[[^\]]*\])|" + _BARE + ")"),
 )
 _SHAPES = (
+    # a token as the user: https://TOKEN@host, https://TOKEN:x-oauth-basic@host (GitHub)
+    re.compile(r"(?i)(?P<pre>\b[a-z][a-z0-9+.-]*://)(?P<secret>[^\s/?#@:'\"]+)"
+               r"(?=(?::x-oauth-basic)?@)"),
     # URL userinfo, any scheme: keep the user when there is a password
     re.compile(r"(?i)(?P<pre>\b[a-z][a-z0-9+.-]*://[^\s/?#@:'\"]*:)"
-               r"(?P<secret>[^\s/?#@'\"]+)(?=@)"),
-    # a bare token as the user: https://TOKEN@host
-    re.compile(r"(?i)(?P<pre>\b[a-z][a-z0-9+.-]*://)(?P<secret>[^\s/?#@:'\"]+)(?=@)"),
+               r"(?P<secret>[^\s/?#@\"]+)(?=@)"),  # (an apostrophe is legal in a password)
     # user:password@ with / ? # @ in the password (not percent-encoded): to the last @ of the
     # word, unless it reads as host:port/path
     re.compile(r"(?i)(?P<pre>\b[a-z][a-z0-9+.-]*://[^\s/?#@:'\"]*:)"
                r"(?P<secret>(?!\d+(?:[/?#]|$))[^\s'\"]+)(?=@)"),
+    # Authorization: SCHEME CREDENTIALS, any scheme (Negotiate, SharedKey a:b, Splunk x)
+    re.compile(r"(?i)(?P<pre>\b(?:proxy-)?authorization\s*:\s*[A-Za-z][\w-]*\s+)"
+               r"(?P<secret>(?!" + _DONE + r")(?:<redacted>|[^\s'\",;)}\]>])+)"),
     re.compile(r"(?i)(?P<pre>\bbearer\s+)(?P<secret>(?!" + _DONE
                + r")(?:<redacted>|[^\s'\",;)}\]>])+)"),
 )
@@ -124,8 +120,9 @@ _TOKENS = (
 # Cheap tests first (every forwarded vLLM line passes here): a rule runs only on a text
 # that holds what it needs. Every secret name holds one of these words (see _WORDS).
 _HINTS = tuple(_HINT_WORDS.split("|"))
-_SHAPE_HINTS = ("://", "earer", "EARER", "PRIVATE KEY", "sk-", "hf_", "ghp_", "gho_", "ghu_",
-                "ghs_", "ghr_", "github_pat_", "glpat-", "AKIA", "xox", "eyJ")
+_SHAPE_HINTS = ("://", "earer", "EARER", "uthorization", "UTHORIZATION", "PRIVATE KEY", "sk-",
+                "hf_", "ghp_", "gho_", "ghu_", "ghs_", "ghr_", "github_pat_", "glpat-", "AKIA",
+                "xox", "eyJ")
 _WORD_CHARS = frozenset("abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZ0123456789_.-")
 
 
