@@ -268,3 +268,16 @@ def test_several_api_keys_are_refused_not_joined_into_one() -> None:
     _, _, draft = init("vllm serve /m --api-key key-one key-two")
     assert draft.api_key is None
     assert any("gives 2 keys" in e and "keep one key" in e for e in draft.errors), draft.errors
+
+
+@pytest.mark.parametrize("words", [
+    ["HF_TOKEN=hf_line1\nline2", "vllm", "serve", "/m"],
+    ["vllm", "serve", "/m", "--api-key", " sk-spaced-key "],
+    ["vllm", "serve", "/m", "--hf-token", "hf_abc\rdef"],
+])
+def test_a_secret_its_file_cannot_carry_is_refused_not_written_broken(words: list[str]) -> None:
+    """init wrote `HF_TOKEN=...` over two lines: every launch was refused ("expected
+    NAME=value") while init had said it was done; spaces at an end were trimmed off."""
+    draft = translate.translate(serveline.parse(words), Facts(known=known()))
+    assert not draft.secret_env and draft.api_key is None
+    assert any("line break or spaces" in e for e in draft.errors), draft.errors

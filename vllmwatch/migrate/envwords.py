@@ -43,6 +43,8 @@ def key_file_todo(path: str) -> str:
 def api_key(source: str, value: str, draft: Draft, facts: Facts) -> None:
     """An API key seen in argv or the environment: into vllm.api_key_file (init writes the
     file, 0600); the flag's value wins over VLLM_API_KEY, as in vLLM."""
+    if not _one_line(value, source, "vllm.api_key_file (one line, trimmed)", draft):
+        return
     draft.api_key = value
     if "api_key_file" in draft.vllm:
         return
@@ -53,9 +55,24 @@ def api_key(source: str, value: str, draft: Draft, facts: Facts) -> None:
     draft.changed += 1
 
 
+def _one_line(value: str, source: str, where: str, draft: Draft) -> bool:
+    """Whether `where` carries the secret unchanged; else an error naming its source (the
+    value is not shown). A line break made a file every launch refused, while init said it
+    had written it; spaces at either end were trimmed off the secret."""
+    if value == value.strip() and not any(c in value for c in "\r\n\0"):
+        return True
+    draft.errors.append(f"{source}: its value has a line break or spaces at an end, which "
+                        f"{where} cannot carry unchanged; put the secret there yourself in "
+                        "the form vLLM should get, then run init again")
+    return False
+
+
 def to_env_file(name: str, value: str, source: str, draft: Draft, facts: Facts) -> None:
     """A secret variable (or a flag's secret value, as VLLMWATCH_ARG_<FLAG>): into
     vllm.env_file, which vllmwatch reads at each launch; the TOML names the file only."""
+    if not _one_line(value, source, "vllm.env_file (one NAME=value line each, trimmed)",
+                     draft):
+        return
     draft.secret_env[name] = value
     draft.set("env_file", facts.env_file, "secrets of the line, moved out of this file: "
               f"{', '.join(sorted(draft.secret_env))} (NAME=value lines; vllmwatch reads "
