@@ -154,3 +154,17 @@ def test_control_characters_from_the_answer_never_reach_the_terminal(
     assert "ready\\x1b]0;owned\\x07" in out and "a\\nb\\x0dc\\x9bd" in out
     # one more row than GOOD ("last"), and no line broken by a newline in the answer
     assert out.count("\n") == len(status_cli.render(GOOD).splitlines()) + 1
+
+
+@pytest.mark.parametrize("ready,draining,shown", [
+    (True, False, "yes"), (False, False, "no"), ("no", False, "no"), (1, False, "no"),
+    ("false", None, "no"), (True, "no", "yes"), (True, True, "no"), (None, None, "no"),
+])
+def test_ready_is_yes_only_for_true(ready: object, draining: object, shown: str) -> None:
+    """An answer whose `ready` is "no" or 1 (a foreign service, an odd version) read
+    `ready yes`: only JSON true is a yes, and only JSON true drains."""
+    from vllmwatch.status import view
+
+    text = view.render({"state": "ready", "ready": ready, "draining": draining})
+    assert [line.split() for line in text.splitlines() if line.split()[:1] == ["ready"]] == [
+        ["ready", shown]], text

@@ -96,7 +96,9 @@ def render(data: Mapping[str, Any], colour: bool = False, now: float | None = No
     for_s = data.get("state_for_s")
     rows = [("state", shown + (f" for {format_duration(for_s)}" if for_s is not None else "")
              + (" (draining)" if data.get("draining") else "")),
-            ("ready", "yes" if data.get("ready") and not data.get("draining") else "no")]
+            # `true` only: a foreign service's "ready": "no" (a non-empty string) is not a yes
+            ("ready", "yes" if data.get("ready") is True and data.get("draining") is not True
+             else "no")]
     phase = data.get("restart_phase")
     if phase and phase != "idle":  # a daemon older than the ladder's phases sends none
         took = data.get("restart_phase_for_s")
