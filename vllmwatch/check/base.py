@@ -10,7 +10,7 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from typing import Any, TextIO
 
-from vllmwatch.config import command
+from vllmwatch.config import flags
 from vllmwatch.config.schema import Config
 
 PASS, WARN, FAIL, SKIP = "PASS", "WARN", "FAIL", "SKIP"
@@ -48,14 +48,5 @@ def exc_text(exc: BaseException) -> str:
 
 
 def vllm_flags(ctx: Context) -> dict[str, object]:
-    """[vllm.args] and extra_args as one {flag-name: value} table (extra_args win; a flag
-    without a value is True)."""
-    flags: dict[str, object] = {command.flag_name(k): v for k, v in ctx.config.vllm.args.items()}
-    extra = ctx.config.vllm.extra_args
-    for i, token in enumerate(extra):
-        if token.startswith("--"):
-            name, eq, inline = token[2:].partition("=")
-            nxt = extra[i + 1] if i + 1 < len(extra) and not extra[i + 1].startswith("--") \
-                else True
-            flags[command.flag_name(name)] = inline if eq else nxt
-    return flags
+    """[vllm.args] and extra_args as one {flag-name: value} table (config/flags.table)."""
+    return flags.table(ctx.config.vllm.args, ctx.config.vllm.extra_args)

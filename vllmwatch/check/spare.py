@@ -11,13 +11,13 @@ import contextlib
 from collections.abc import Callable
 from typing import Any
 
-from vllmwatch.check.base import FAIL, PASS, WARN, CheckResult, Context, vllm_flags
+from vllmwatch.check.base import FAIL, PASS, WARN, CheckResult, Context
 from vllmwatch.check.gpu import load_nvml
 from vllmwatch.check.host import serving_now
 from vllmwatch.check.unified import platform_of
 from vllmwatch.config import spare, vllmflags, vllminfo
 from vllmwatch.shell import platform as plat
-from vllmwatch.shell.sparefx import model_figures
+from vllmwatch.shell.sparefx import flags_of, model_figures
 
 NAME = "spare"
 _MIB = 2**20
@@ -29,7 +29,7 @@ def check_spare(ctx: Context, meminfo: Callable[[], Any] = plat.read_meminfo,
     the serving engine's setting and the host memory. FAIL where spare.enabled = true cannot
     be honoured; WARN where a figure needed is unknown; auto's "off" is a PASS (by design)."""
     c = ctx.config
-    flags = vllm_flags(ctx)
+    flags = flags_of(c)  # the daemon's own reading: the check says the plan it will make
     plan = spare.plan_spare(c.spare, c.gate.enabled, flags, _facts(ctx, flags, meminfo,
                                                                    serving))
     lines = plan.lines()

@@ -147,6 +147,17 @@ def _is_value_of_flag(extra: Sequence[str], i: int) -> bool:
     return i > 0 and extra[i - 1].startswith("--") and "=" not in extra[i - 1]
 
 
+def table(args: Mapping[str, object], extra: Sequence[str]) -> dict[str, object]:
+    """[vllm.args] and extra_args as one {flag-name: value} table, as vLLM reads its argv:
+    extra_args after the table (the last wins), a flag without a value True."""
+    found = {flag_name(str(k)): v for k, v in args.items()}
+    for i, token in enumerate(extra):
+        if token.startswith("--"):
+            name, eq, inline = token[2:].partition("=")
+            found[flag_name(name)] = inline if eq else next_value(extra, i)
+    return found
+
+
 def next_value(extra: Sequence[str], i: int) -> object:
     """The value that follows flag i in an argv list, or True for a bare flag."""
     if i + 1 < len(extra) and not extra[i + 1].startswith("--"):

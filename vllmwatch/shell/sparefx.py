@@ -14,7 +14,6 @@ from typing import TYPE_CHECKING, Any
 
 from vllmwatch.config import command, flags, redact, safefile, vllmflags, vllminfo
 from vllmwatch.config.errors import ConfigError
-from vllmwatch.config.flags import flag_name
 from vllmwatch.config.launch import parallel_sizes
 from vllmwatch.config.modellen import model_max_len
 from vllmwatch.config.schema import Config
@@ -113,12 +112,8 @@ def flags_of(config: Config) -> dict[str, object]:
     the parallel sizes vllm.env_file gives (its other values are secret, and no size of the
     plan's). Before, a `--gpu-memory-utilization` or a TP=2 in extra_args or the env file
     was planned as absent: the spare sized beside one GPU's engine of the wrong setting."""
-    found = {flag_name(str(k)): v for k, v in config.vllm.args.items()}
     extra = config.vllm.extra_args
-    for i, token in enumerate(extra):
-        if token.startswith("--"):
-            name, eq, inline = token[2:].partition("=")
-            found[flag_name(name)] = inline if eq else flags.next_value(extra, i)
+    found = flags.table(config.vllm.args, extra)
     try:
         _, file_args = command.read_env_file(config)
     except ConfigError:  # the launch says what is wrong with it
