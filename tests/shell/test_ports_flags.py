@@ -239,3 +239,24 @@ def test_check_port_names_a_foreign_address_and_a_privileged_port(tmp_path: Path
     low = from_dict({"vllm": {"model": "/m", "port": 80}})
     r = check_host.check_port(Context(low))
     assert r.status == FAIL and ("CAP_NET_BIND_SERVICE" in r.detail or "in use" in r.detail)
+
+
+@pytest.mark.parametrize("where,warned", [
+    ({"args": {"disable-log-stats": True}}, True),
+    ({"extra_args": ["--disable-log-stats"]}, True),
+    ({"args": {"max-num-seqs": 4}, "extra_args": ["--seed", "1"]}, False),
+    ({"args": {"seed": 1}}, False),
+])
+def test_check_warns_that_disable_log_stats_blinds_the_hang_verdicts(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch, where: dict[str, object],
+        warned: bool) -> None:
+    """--disable-log-stats leaves /metrics without vLLM's series: busy and hung look alike
+    to the canary's verdict, and the stall rule never fires. `check` says so."""
+    monkeypatch.setattr(check_vllm.vllminfo, "version", lambda _c: "0.32.0")
+    monkeypatch.setattr(check_vllm.vllmflags, "known_flags", lambda *a, **k: vllmflags.FlagSet(
+        "0.32.0", frozenset({"disable-log-stats", "seed", "max-num-seqs"}),
+        frozenset({"disable-log-stats"})))
+    config = from_dict({"vllm": {"model": "/m", **where}})
+    r = check_vllm.check_vllm_args(Context(config, flags_cache=str(tmp_path)))
+    assert (r.status, "disable-log-stats" in r.detail) == ((WARN, True) if warned
+                                                            else (PASS, False)), r

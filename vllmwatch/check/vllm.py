@@ -6,7 +6,7 @@ from __future__ import annotations
 import shlex
 import socket
 
-from vllmwatch.check.base import FAIL, PASS, SKIP, WARN, CheckResult, Context
+from vllmwatch.check.base import FAIL, PASS, SKIP, WARN, CheckResult, Context, vllm_flags
 from vllmwatch.config import command, hosts, startcaches, vllmflags, vllminfo
 from vllmwatch.config.schema import ConfigError
 
@@ -74,6 +74,12 @@ def check_vllm_args(ctx: Context) -> CheckResult:
         return CheckResult("vllm.args", FAIL, "; ".join(f"{p.key}: {p.problem}"
                                                         for p in problems))
     given = len(c.vllm.args) + sum(t.startswith("--") for t in c.vllm.extra_args)
+    if str(vllm_flags(ctx).get("disable-log-stats", False)).lower() not in ("false", "0"):
+        return CheckResult("vllm.args", WARN, f"{given} flag(s) accepted by vLLM {version}; "
+                           "but --disable-log-stats leaves /metrics without vLLM's progress "
+                           "series: vllmwatch cannot tell a busy engine from a hung one (a "
+                           "canary that times out twice under load is a hang restart) and "
+                           "the stall rule is off; remove it unless the engine runs idle")
     return CheckResult("vllm.args", PASS, f"{given} flag(s) accepted by vLLM {version}")
 
 
