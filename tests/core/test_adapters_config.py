@@ -54,8 +54,11 @@ def test_adapters_launch_with_their_flags_and_the_rank_rounded_up(tmp_path: Path
     assert "VLLM_ALLOW_RUNTIME_LORA_UPDATING" not in build(c, {}).env
 
 
-def test_lora_overrides_live_and_the_json_form_for_a_comma(tmp_path: Path) -> None:
-    a = adapter_dir(tmp_path, "x,y", r=8)
+@pytest.mark.parametrize("folder", ["x,y", "sql_lr=2e-4", "a=b,c"])
+def test_lora_overrides_live_and_the_json_form_for_a_comma(tmp_path: Path, folder: str) -> None:
+    """A path with a comma, or an "=" (some vLLM versions split name=path at every "=":
+    `sql=/srv/sql_lr=2e-4` ended every start in a ValueError), goes in vLLM's JSON form."""
+    a = adapter_dir(tmp_path, folder, r=8)
     c = cfg([{"name": "one", "path": a}], {"live": True, "max_loras": 4, "max_lora_rank": 64})
     cmd = build(c, {})
     argv = cmd.argv

@@ -166,10 +166,10 @@ def launch_args(config: Config) -> list[str]:
 
 
 def module_word(adapter: AdapterConfig) -> str:
-    """One --lora-modules value: name=path, or vLLM's JSON form for a path with a comma
-    (vllm/entrypoints/launchers/cli_args.py LoRAParserAction reads name=path only when
-    the value has an "=" and no ",")."""
-    if "," in adapter.path:
+    """One --lora-modules value: name=path, or vLLM's JSON form for a path with a comma or
+    an "=" (vllm/entrypoints/launchers/cli_args.py LoRAParserAction reads name=path only
+    when the value has an "=" and no ","; some versions split at every "=")."""
+    if "," in adapter.path or "=" in adapter.path:
         return json.dumps({"name": adapter.name, "path": adapter.path})
     return f"{adapter.name}={adapter.path}"
 
