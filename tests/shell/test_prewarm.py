@@ -378,3 +378,50 @@ def test_model_shape_and_backend_from_config(tmp_path: Path) -> None:
     assert kernels.pick_backend({}, {}) == "auto"
     assert kernels.args_dtype({"dtype": "half"}) == "float16"
     assert kernels.args_dtype({"dtype": "auto"}) is None
+
+
+def _returns(fn: Any, seconds: float = 60.0) -> list[Any]:
+    """fn() on a thread of its own: what it returned, [] when it is still blocked."""
+    import threading
+
+    box: list[Any] = []
+    t = threading.Thread(target=lambda: box.append(fn()), daemon=True)
+    t.start()
+    t.join(seconds)  # a bound for a hang only: the reads answer at once
+    return box
+
+
+def test_a_fifo_where_a_small_model_file_is_never_blocks(tmp_path: Path) -> None:
+    """A FIFO (or a hung mount) at refs/main or config.json blocked prewarm for good, and
+    on unified memory the start guard's lookup froze the daemon's loop: these reads are
+    capped and bounded now, and give up on anything but a regular file."""
+    import os
+
+    from vllmwatch.prewarm import kernels, pagecache
+
+    repo = tmp_path / "hub" / "models--org--m"
+    (repo / "snapshots" / "abc").mkdir(parents=True)
+    (repo / "refs").mkdir()
+    os.mkfifo(repo / "refs" / "main")
+    model = tmp_path / "model"
+    model.mkdir()
+    os.mkfifo(model / "config.json")
+    got = _returns(lambda: pagecache.hub_snapshot("org/m", tmp_path / "hub"))
+    assert got == [repo / "snapshots" / "abc"]  # the newest snapshot instead
+    shape = _returns(lambda: kernels.model_shape(model))
+    assert shape and shape[0]["from_config"] is False
+
+
+def test_weight_map_names_outside_the_model_directory_are_not_read(tmp_path: Path) -> None:
+    import json
+
+    from vllmwatch.prewarm import pagecache
+
+    model = tmp_path / "model"
+    model.mkdir()
+    (tmp_path / "outside.safetensors").write_bytes(b"\0" * 64)
+    (model / "a.safetensors").write_bytes(b"\0" * 64)
+    (model / "model.safetensors.index.json").write_text(json.dumps({"weight_map": {
+        "x": "a.safetensors", "y": "../outside.safetensors",
+        "z": str(tmp_path / "outside.safetensors")}}))
+    assert pagecache.weight_files(model) == [model / "a.safetensors"]

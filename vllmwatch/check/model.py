@@ -18,6 +18,7 @@ from typing import Any, TextIO
 
 from vllmwatch.check.base import FAIL, PASS, SKIP, WARN, CheckResult, Context
 from vllmwatch.config import command, safefile
+from vllmwatch.prewarm import pagecache
 
 _CHUNK = 8 << 20
 PROGRESS_MIN_BYTES = 256 << 20  # files smaller than this hash too fast to need progress
@@ -53,13 +54,7 @@ def hub_cache_dir(env: Mapping[str, str]) -> Path:
 
 def hub_snapshot(model: str, env: Mapping[str, str]) -> Path | None:
     """The cached snapshot of a hub id (refs/main first, else the newest), or None."""
-    repo = hub_cache_dir(env) / ("models--" + model.replace("/", "--"))
-    snaps = repo / "snapshots"
-    ref = repo / "refs" / "main"
-    if ref.is_file() and (snaps / ref.read_text().strip()).is_dir():
-        return snaps / ref.read_text().strip()
-    found = sorted(snaps.iterdir(), key=lambda p: p.stat().st_mtime) if snaps.is_dir() else []
-    return found[-1] if found else None
+    return pagecache.hub_snapshot(model, hub_cache_dir(env))  # the one reading (bounded)
 
 
 def check_model(ctx: Context) -> list[CheckResult]:

@@ -96,6 +96,19 @@ def read_within(path: str, limit: int, timeout: float, nofollow: bool = False) -
     return _within(lambda: read_bounded(path, limit, nofollow), path, timeout)
 
 
+MAX_MODEL_CONFIG = 4 << 20  # a model's config.json is a few KiB; more is not one
+
+
+def text_within(path: str | os.PathLike[str], limit: int, timeout: float = 5.0) -> str | None:
+    """A small UTF-8 file a model directory holds (config.json, an index, a hub ref), read
+    with read_within's cap and deadline; None for anything else: a FIFO, a device, a hung
+    mount or a huge file there blocked prewarm or the daemon's loop for good."""
+    try:
+        return read_within(os.fspath(path), limit, timeout).decode("utf-8")
+    except (FileProblem, UnicodeDecodeError):
+        return None
+
+
 def head_within(path: str, size: int, timeout: float) -> bytes:
     """head() with read_within's deadline."""
     return _within(lambda: head(path, size), path, timeout)

@@ -13,6 +13,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from vllmwatch.config import safefile
 from vllmwatch.config.redact import REDACT
 from vllmwatch.prewarm import backend
 
@@ -125,9 +126,11 @@ def model_shape(model_dir: Path | None) -> dict[str, Any]:
     """Head size, head counts and dtype from the model's config.json (defaults if unreadable)."""
     spec: dict[str, Any] = {"head_dim": 128, "num_heads": 8, "num_kv_heads": 8,
                             "dtype": "bfloat16", "from_config": False}
+    text = safefile.text_within(model_dir / "config.json", safefile.MAX_MODEL_CONFIG) \
+        if model_dir else None
     try:
-        raw = json.loads((model_dir / "config.json").read_text()) if model_dir else None
-    except (OSError, ValueError):
+        raw = json.loads(text) if text is not None else None
+    except ValueError:
         raw = None
     if not isinstance(raw, dict):
         return spec

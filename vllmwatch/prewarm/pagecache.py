@@ -13,7 +13,10 @@ from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
+from vllmwatch.config import safefile
 from vllmwatch.logfn import LogFn
+
+MAX_INDEX = 64 << 20  # a safetensors index is KiBs to a few MiB
 
 WEIGHT_SUFFIXES = (".safetensors", ".bin", ".pt", ".gguf")
 PAGE = mmap.PAGESIZE
@@ -30,11 +33,15 @@ def weight_files(model_dir: Path) -> list[Path]:
         return [model_dir]
     if not model_dir.is_dir():
         return []
-    index = model_dir / "model.safetensors.index.json"
-    if index.is_file():
+    text = safefile.text_within(model_dir / "model.safetensors.index.json", MAX_INDEX)
+    if text is not None:
         try:
-            names = set(json.loads(index.read_text())["weight_map"].values())
-            found = sorted(model_dir / n for n in names if (model_dir / n).is_file())
+            names = set(json.loads(text)["weight_map"].values())
+            # a name is a file of the directory (`../x` or `/etc/x` is not: never read, nor
+            # evicted by the start guard); its link into the hub's blobs is followed
+            found = sorted(model_dir / n for n in names if isinstance(n, str) and
+                           not os.path.isabs(n) and ".." not in Path(n).parts and
+                           (model_dir / n).is_file())
             if found:
                 return found
         except (OSError, ValueError, KeyError, TypeError, AttributeError):
@@ -49,12 +56,10 @@ def weight_files(model_dir: Path) -> list[Path]:
 def hub_snapshot(model: str, hub_cache: Path) -> Path | None:
     """The local snapshot directory of a hub id (org/name) in a Hugging Face hub cache."""
     repo = hub_cache / ("models--" + model.replace("/", "--"))
-    try:
-        main = repo / "snapshots" / (repo / "refs" / "main").read_text().strip()
-        if main.is_dir():
-            return main
-    except OSError:
-        pass
+    ref = safefile.text_within(repo / "refs" / "main", 4096)
+    main = repo / "snapshots" / ref.strip() if ref and ref.strip() else None
+    if main is not None and main.is_dir():
+        return main
     try:
         snaps = sorted((repo / "snapshots").iterdir(), key=lambda p: p.stat().st_mtime)
     except OSError:

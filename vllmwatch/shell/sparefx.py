@@ -96,10 +96,11 @@ def model_figures(config: Config, environ: Mapping[str, str], kv_dtype: str
     weights = sum(f.stat().st_size for f in files) / 2**20 if files else None
     cfg: dict[str, Any] = {}
     if where is not None and where.is_dir():
+        text = safefile.text_within(where / "config.json", safefile.MAX_MODEL_CONFIG)
         try:
-            got = json.loads((where / "config.json").read_text(encoding="utf-8"))
+            got = json.loads(text) if text is not None else None
             cfg = got if isinstance(got, dict) else {}
-        except (OSError, ValueError):
+        except ValueError:
             cfg = {}
     found = model_max_len(cfg) if cfg else None
     return (weights, kv_bytes_per_token(cfg, kv_dtype) if cfg else None,
