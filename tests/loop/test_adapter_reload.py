@@ -202,3 +202,18 @@ def test_vllm_refusing_a_required_adapter_at_start_fails_the_start(dirs: dict[st
     assert said["left_out"] == [] and "every adapter is required" in said["detail"]
     assert [a.name for a in d.state.config.adapters] == ["a"]
     assert restarts(d) == ["crash"]
+
+
+@pytest.mark.parametrize("live", [True, False])
+def test_changing_only_required_restarts_nothing_and_loads_nothing(dirs: dict[str, str],
+                                                                  live: bool) -> None:
+    """`required` is the smoke check's (READY waits for the adapter or not); nothing vLLM is
+    launched or loaded with: before, it counted as a repoint (a drained restart with
+    live = false, a needless load in place with true)."""
+    c = config(dirs, {"a": "a"}, live=live)
+    d = up(c)
+    flipped = dataclasses.replace(c, adapters=tuple(dataclasses.replace(a, required=False)
+                                                    for a in c.adapters))
+    d.send(ReloadRequested(flipped))
+    assert restarts(d) == [] and d.fx.adapter_updates == [], reloaded(d)
+    assert d.state.config.adapters[0].required is False

@@ -101,6 +101,32 @@ def test_live_loads_refusals_missing_files_unmanaged_and_unloads(tmp_path: Path)
         assert "b" not in served(watch)
 
 
+def test_a_reload_with_the_same_adapters_retries_the_one_vllm_refused(tmp_path: Path) -> None:
+    """lora.load_failed says "fix it and send SIGHUP again": the same config read as no
+    change, so the adapter fixed in place stayed failed until a restart."""
+    a, bad = str(make(tmp_path / "a")), make(tmp_path / "bad")
+    good = (bad / "adapter_config.json").read_text()
+    (bad / "adapter_config.json").write_text(json.dumps({**json.loads(good), "bias": "all"}))
+    port = free_port()
+    with fake_vllm(port, "--lora-modules", f"a={a}"):
+        c0 = config(port, {"a": a})
+        log = LogCapture()
+        watch = AdapterWatch(c0, log)
+        up(watch)
+        c1 = config(port, {"a": a, "bad": str(bad)})
+        watch.reconfigure(c1)  # a change: the core sends it as UpdateAdapters
+        watch.update(c1.adapters[1:], (), ()).join(30)
+        assert served(watch)["bad"] == "failed"
+        (bad / "adapter_config.json").write_text(good)  # fixed in place, then SIGHUP
+        worker = watch.reconfigure(c1)
+        assert worker is not None and [f["adapters"] for f in log.named("lora.retry")] == [
+            ["bad"]]
+        worker.join(30)
+        assert served(watch)["bad"] == "loaded" and log.named("lora.loaded")[-1]["adapter"] \
+            == "bad"
+        assert watch.reconfigure(c1) is None  # nothing left to retry
+
+
 def test_a_load_that_does_not_answer_in_time_is_a_failed_load(
         tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     a, b = str(make(tmp_path / "a")), str(make(tmp_path / "b"))

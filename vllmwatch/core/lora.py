@@ -54,7 +54,9 @@ def decide(old: Config, new: Config, ready: bool) -> AdapterChange:
     after = {a.name: a for a in new.adapters}
     added = tuple(n for n in after if n not in before)
     removed = tuple(n for n in before if n not in after)
-    repointed = tuple(n for n in after if n in before and after[n] != before[n])
+    # path or rank: `required` is the smoke check's, nothing vLLM is launched or loaded with
+    repointed = tuple(n for n in after if n in before and (after[n].path, after[n].rank)
+                      != (before[n].path, before[n].rank))
     change = AdapterChange(added, removed, repointed)
     if not change.changed and (old.lora == new.lora or not new.adapters):
         return change  # [lora] alone does nothing to a launch without adapters

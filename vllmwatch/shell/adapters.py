@@ -78,13 +78,26 @@ class AdapterWatch:
         self._busy = threading.Lock()  # one change or refresh at a time
         self.loads_failed = 0  # live loads vLLM refused or that timed out
 
-    def reconfigure(self, config: Config) -> None:
-        """A reload's config (the loop's thread): the adapters now configured."""
+    def reconfigure(self, config: Config) -> threading.Thread | None:
+        """A reload's config (the loop's thread): the adapters now configured. A reload that
+        changes none of them retries, live, those vLLM refused or does not list: `lora.
+        load_failed` says "fix it, then reload", and the same config read as no change, so
+        the fixed adapter waited for a restart. The retry's worker (for tests), or None."""
         with self._lock:
+            same = (config.adapters, config.lora) == (self._config.adapters, self._config.lora)
             self._config = config
             names = {a.name for a in config.adapters}
             self._errors = {k: v for k, v in self._errors.items() if k in names}
             self._left_out &= names
+            retry = tuple(a for a in config.adapters if a.name in self._errors or (
+                self._served is not None and a.name not in self._served)) \
+                if same and config.lora.live and self._served is not None else ()
+        if not retry:
+            return None
+        self._log("info", "lora.retry", adapters=[a.name for a in retry],
+                  detail="reloaded with the same adapters: those vLLM refused or does not "
+                         "list are loaded again")
+        return self.update(retry, (), ())
 
     # ---- the loop's side ----
 
