@@ -170,3 +170,19 @@ def test_a_file_error_names_the_line_of_the_adapter(tmp_path: Path) -> None:
     with pytest.raises(ConfigError) as err:
         from_dict({"vllm": {"model": "/m"}, "adapter": []})
     assert "did you mean adapters?" in str(err.value)
+
+
+def test_the_runtime_variable_is_lora_lives_alone(tmp_path: Path) -> None:
+    """VLLM_ALLOW_RUNTIME_LORA_UPDATING set by the operator won over lora.live: with it off,
+    vLLM had no unload endpoint, and its 404 was logged as an unload while vLLM still
+    served the adapter. Refused in [vllm.env] at load and in vllm.env_file at the launch."""
+    good = adapter_dir(tmp_path, "g")
+    p = refused([{"name": "g", "path": good}], {"live": True},
+                env={"VLLM_ALLOW_RUNTIME_LORA_UPDATING": "false"})
+    assert "lora.live" in p["vllm.env.VLLM_ALLOW_RUNTIME_LORA_UPDATING"]
+    env = tmp_path / "vllm.env"
+    env.write_text("VLLM_ALLOW_RUNTIME_LORA_UPDATING=false\n")
+    env.chmod(0o600)
+    c = cfg([{"name": "g", "path": good}], {"live": True}, env_file=str(env))
+    with pytest.raises(ConfigError, match=r"vllm\.env_file: VLLM_ALLOW_RUNTIME_LORA_UPDATING"):
+        build(c, {})

@@ -33,8 +33,9 @@ VLLM_SITE = sorted(Path(__file__).resolve().parents[2].glob(
 
 
 @contextmanager
-def fake_vllm(port: int, *flags: str) -> Iterator[subprocess.Popen[bytes]]:
-    env = {**os.environ, "VLLM_ALLOW_RUNTIME_LORA_UPDATING": "True"}
+def fake_vllm(port: int, *flags: str, runtime: bool = True
+              ) -> Iterator[subprocess.Popen[bytes]]:
+    env = {**os.environ, "VLLM_ALLOW_RUNTIME_LORA_UPDATING": "True" if runtime else "False"}
     proc = subprocess.Popen([sys.executable, "-m", "vllmwatch.testing.fake_vllm", "--port",
                              str(port), "--model", "base", "--enable-lora", *flags],
                             stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, env=env,
@@ -125,6 +126,21 @@ def test_a_reload_with_the_same_adapters_retries_the_one_vllm_refused(tmp_path: 
         assert served(watch)["bad"] == "loaded" and log.named("lora.loaded")[-1]["adapter"] \
             == "bad"
         assert watch.reconfigure(c1) is None  # nothing left to retry
+
+
+def test_an_unload_without_vllms_endpoint_is_not_called_done(tmp_path: Path) -> None:
+    """A 404 from a route that is not there (the runtime endpoints off) was logged as
+    `lora.unloaded` while vLLM still served the adapter; only vLLM's own "cannot be found"
+    means it is not loaded."""
+    a = str(make(tmp_path / "a"))
+    port = free_port()
+    with fake_vllm(port, "--lora-modules", f"a={a}", runtime=False):
+        log = LogCapture()
+        watch = AdapterWatch(config(port, {"a": a}), log)
+        up(watch)
+        watch.update((), ("a",), ()).join(30)
+        assert not log.named("lora.unloaded") and log.named("lora.unload_failed")
+        assert served(watch)["a"] == "loaded"
 
 
 def test_a_load_that_does_not_answer_in_time_is_a_failed_load(

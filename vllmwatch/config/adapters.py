@@ -208,4 +208,8 @@ def flag_problems(config: Config) -> list[Problem]:
         if name in OWNED_FLAGS:
             out.append(Problem(key, f"--{name} is set by vllmwatch when [[adapters]] is "
                                f"configured; use {OWNED_FLAGS[name]} instead"))
+    if RUNTIME_VARIABLE in v.env:  # it would win over lora.live: a live unload then met no
+        # endpoint (404) and was logged done while vLLM still served the adapter
+        out.append(Problem(f"vllm.env.{RUNTIME_VARIABLE}", "is set by vllmwatch from "
+                           "lora.live when [[adapters]] is configured; use lora.live instead"))
     return out

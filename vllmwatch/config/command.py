@@ -224,6 +224,10 @@ def build(config: Config, base_env: Mapping[str, str], api_key: str | None = Non
     lora_env: dict[str, str] = {}
     if config.adapters:  # [[adapters]] (issue 38): imported only when configured
         from vllmwatch.config import adapters
+        if adapters.RUNTIME_VARIABLE in file_env:  # it would win over lora.live
+            _raise(config.path, [Problem(f"vllm.env_file: {adapters.RUNTIME_VARIABLE}",
+                                         "is set by vllmwatch from lora.live when "
+                                         "[[adapters]] is configured; remove it there")])
         argv += adapters.launch_args(config)
         lora_env = adapters.launch_env(config)
     given = {flag_name(a.partition("=")[0]) for a in argv if a.startswith("--")}

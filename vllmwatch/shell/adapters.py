@@ -159,7 +159,9 @@ class AdapterWatch:
             for name in unload:
                 status, answer = self._post(config, UNLOAD_PATH, unload_body(name),
                                             REQUEST_TIMEOUT)
-                if status == 200 or status == 404:  # 404: not loaded, so unloaded
+                # vLLM's 404 for an adapter it does not have: unloaded. A route's own 404
+                # (the runtime endpoints are off) says nothing of the adapter: not done.
+                if status == 200 or (status == 404 and "cannot be found" in answer):
                     self._log("info", "lora.unloaded", adapter=name)
                 else:
                     self._log("error", "lora.unload_failed", adapter=name, error=answer,
