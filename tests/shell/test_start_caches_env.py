@@ -88,3 +88,22 @@ def test_standalone_compile_0_from_the_environment_is_refused_at_launch(
     out, _ = launch(tmp_path, monkeypatch, V026, {"mega_aot_artifact": True},
                     environ={STANDALONE: "0"})
     assert out.startswith("refused: ") and "vLLM refuses to start" in out
+
+
+@pytest.mark.parametrize("name", ["VLLM_USE_STANDALONE_COMPILE", "VLLM_ENABLE_STARTUP_PLAN",
+                                  "VLLM_USE_MEGA_AOT_ARTIFACT", "VLLM_WORKER_MULTIPROC_METHOD"])
+def test_a_variable_vllmwatch_decides_is_refused_in_the_env_file(tmp_path: Path,
+                                                                 name: str) -> None:
+    """The env file is applied last and read by no check: VLLM_USE_STANDALONE_COMPILE=0
+    there beside the mega AOT artifact passed `check` and failed vLLM's start on an
+    assertion, and the launch's log named a decision the file overrode."""
+    from vllmwatch.config.command import build
+    from vllmwatch.config.schema import ConfigError, from_dict
+
+    env = tmp_path / "vllm.env"
+    env.write_text(f"{name}=0\nHF_TOKEN=hf_abcdefghijklmnopqrstuvwxyz\n")
+    env.chmod(0o600)
+    config = from_dict({"vllm": {"model": "/m", "gpus": [], "env_file": str(env)}})
+    with pytest.raises(ConfigError, match=f"vllm.env_file: {name}") as err:
+        build(config, {})
+    assert "[vllm.env]" in str(err.value) and "hf_abc" not in str(err.value)

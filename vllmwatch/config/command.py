@@ -10,7 +10,7 @@ import shlex
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 
-from vllmwatch.config import flags, safefile, serveline
+from vllmwatch.config import flags, safefile, serveline, startcaches
 from vllmwatch.config.errors import Problem
 from vllmwatch.config.flags import flag_name as flag_name  # re-exported for callers
 from vllmwatch.config.launch import FORK_VARIABLE, engine_start_method
@@ -214,6 +214,12 @@ def build(config: Config, base_env: Mapping[str, str], api_key: str | None = Non
     argv += ["--host", v.host, "--port", str(v.port)]
     _raise(config.path, flags.args_problems(v.args, v.extra_args, vllm_version))
     file_env, file_args = read_env_file(config)
+    # Variables vllmwatch decides, with the operator's [vllm.env] value winning where it
+    # says so: from the env file (applied last, unseen by `check` and the decision's log)
+    # one would win unannounced, e.g. VLLM_USE_STANDALONE_COMPILE=0 beside the AOT artifact.
+    _raise(config.path, [Problem(f"vllm.env_file: {name}", "is read by vllmwatch's own "
+                                 "decision (check, the launch's log); set it in [vllm.env]")
+                         for name in (*startcaches.KNOWN, FORK_VARIABLE) if name in file_env])
     _raise(config.path, [p for p in (flags.flag_problem(  # its names only: values are secret
         a[2:], None, f"vllm.env_file: {ARG_PREFIX}{a[2:].upper().replace('-', '_')}",
         vllm_version) for a in file_args[::2]) if p is not None])
