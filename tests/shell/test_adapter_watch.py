@@ -217,3 +217,25 @@ def test_vllms_refusal_is_redacted_before_it_is_cut(monkeypatch: pytest.MonkeyPa
         said = watchmod.vllm_error(500, raw)
         for piece in (key[:4], "t0kenB3", "Passw0r"):
             assert piece not in said, said
+
+
+def test_live_changes_reach_vllm_in_the_order_of_the_reloads(tmp_path: Path) -> None:
+    """Three SIGHUPs inside one slow load (add b, remove b, add b): each change ran on a
+    thread of its own, queued on a lock that keeps no order, so the last two could swap and
+    vLLM end without b while the config has it. One worker takes them in order now."""
+    watch = AdapterWatch(config(free_port(), {}), LogCapture())
+    order: list[str] = []
+    first = threading.Event()
+
+    def update(config: Config, load: Any, unload: Any, inplace: Any) -> None:
+        if not order:
+            first.wait(30)  # the first load is slow: the next two are sent meanwhile
+        order.append(f"load {load[0]}" if load else f"unload {unload[0]}")
+
+    watch._update = update  # type: ignore[method-assign]
+    sent = [watch.update(("b",), (), ()),  # type: ignore[arg-type]
+            watch.update((), ("b",), ()), watch.update(("b2",), (), ())]  # type: ignore[arg-type]
+    first.set()
+    for s in sent:
+        s.join(30)
+    assert order == ["load b", "unload b", "load b2"]

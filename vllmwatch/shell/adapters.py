@@ -62,6 +62,17 @@ def vllm_error(status: int, raw: bytes) -> str:
     return f"HTTP {status}: {text}" if text else f"HTTP {status}"
 
 
+class Sent:
+    """A live change handed to the worker: `done` once vLLM answered it (or failed to)."""
+
+    def __init__(self) -> None:
+        self.done = threading.Event()
+
+    def join(self, timeout: float | None = None) -> None:
+        """Wait until it is done (at most `timeout` s), as Thread.join does."""
+        self.done.wait(timeout)
+
+
 class AdapterWatch:
     """The configured adapters' state as vLLM last told it, and the live changes."""
 
@@ -76,9 +87,13 @@ class AdapterWatch:
         self._left_out: set[str] = set()  # configured, not on the last launch's command line
         self._next_refresh = 0.0
         self._busy = threading.Lock()  # one change or refresh at a time
+        # Live changes in the order sent, one worker at a time (update, _drain)
+        self._queue: list[tuple[Config, tuple[AdapterConfig, ...], tuple[str, ...],
+                                tuple[str, ...], Sent]] = []
+        self._worker: threading.Thread | None = None
         self.loads_failed = 0  # live loads vLLM refused or that timed out
 
-    def reconfigure(self, config: Config) -> threading.Thread | None:
+    def reconfigure(self, config: Config) -> Sent | None:
         """A reload's config (the loop's thread): the adapters now configured. A reload that
         changes none of them retries, live, those vLLM refused or does not list: `lora.
         load_failed` says "fix it, then reload", and the same config read as no change, so
@@ -109,13 +124,31 @@ class AdapterWatch:
                 a.name for a in config.adapters}
 
     def update(self, load: tuple[AdapterConfig, ...], unload: tuple[str, ...],
-               inplace: tuple[str, ...]) -> threading.Thread:
-        """Send a live change on a worker thread (returned, for tests to join)."""
-        config = self._config
-        worker = threading.Thread(target=self._update, args=(config, load, unload, inplace),
-                                  name="vllmwatch-adapters", daemon=True)
-        worker.start()
-        return worker
+               inplace: tuple[str, ...]) -> Sent:
+        """Send a live change off the loop, after the changes sent before it: each SIGHUP's
+        change in the order the reloads came (threads queued on a lock could swap two, and
+        vLLM end without an adapter the config has). What is returned is done when vLLM
+        has answered it (tests join it)."""
+        sent = Sent()
+        with self._lock:
+            self._queue.append((self._config, load, unload, inplace, sent))
+            if self._worker is None or not self._worker.is_alive():
+                self._worker = threading.Thread(target=self._drain, name="vllmwatch-adapters",
+                                                daemon=True)
+                self._worker.start()
+        return sent
+
+    def _drain(self) -> None:
+        while True:
+            with self._lock:
+                if not self._queue:
+                    self._worker = None
+                    return
+                config, load, unload, inplace, sent = self._queue.pop(0)
+            try:
+                self._update(config, load, unload, inplace)
+            finally:
+                sent.done.set()
 
     def observe(self, ready: bool, pid: int | None) -> dict[str, Any]:
         """What /status shows; while READY, a refresh of /v1/models when due (off-loop)."""
