@@ -225,17 +225,22 @@ def test_live_changes_reach_vllm_in_the_order_of_the_reloads(tmp_path: Path) -> 
     vLLM end without b while the config has it. One worker takes them in order now."""
     watch = AdapterWatch(config(free_port(), {}), LogCapture())
     order: list[str] = []
+    started: list[str] = []
     first = threading.Event()
 
     def update(config: Config, load: Any, unload: Any, inplace: Any) -> None:
-        if not order:
+        what = f"load {load[0]}" if load else f"unload {unload[0]}"
+        started.append(what)
+        if what == "load b":
             first.wait(30)  # the first load is slow: the next two are sent meanwhile
-        order.append(f"load {load[0]}" if load else f"unload {unload[0]}")
+        order.append(what)
 
     watch._update = update  # type: ignore[method-assign]
     sent = [watch.update(("b",), (), ()),  # type: ignore[arg-type]
             watch.update((), ("b",), ()), watch.update(("b2",), (), ())]  # type: ignore[arg-type]
+    for s in sent[1:]:
+        s.join(1)  # in order, they wait behind the slow first; out of order, they are done
     first.set()
     for s in sent:
         s.join(30)
-    assert order == ["load b", "unload b", "load b2"]
+    assert order == ["load b", "unload b", "load b2"], order
