@@ -530,3 +530,27 @@ def test_gpu_config_through_run_uses_injected_nvml(tmp_path: Path) -> None:
     Path(path).write_text(Path(path).read_text().replace("gpus = []", "gpus = [1]"))
     res = results(path, fast=True, nvml=lambda: FakeNvml([H200]))
     assert res["gpu 1"].status == FAIL
+
+
+def test_the_model_is_looked_for_in_the_cache_vllm_is_given(tmp_path: Path) -> None:
+    """vLLM gets HF_HOME under the cache root (prewarm's cache variables); check looked in
+    ~/.cache and FAILed a model cached where vLLM reads it (sudo -u vllmwatch vllmwatch
+    check, container mode)."""
+    path = write_config(tmp_path, "org/name")
+    repo = tmp_path / "cache" / "huggingface" / "hub" / "models--org--name"
+    make_model(repo / "snapshots" / "abc123", max_pos=1024)
+    (repo / "refs").mkdir()
+    (repo / "refs" / "main").write_text("abc123")
+    env = {**BASE_ENV, "HOME": str(tmp_path / "home"), "HF_HUB_OFFLINE": "1"}
+    res = results(path, fast=True, env=env)
+    assert res["model"].status == PASS and "abc123" in res["model"].detail, res["model"]
+
+
+def test_the_cache_row_checks_the_directory_the_daemon_uses(tmp_path: Path) -> None:
+    """Under systemd the daemon uses $CACHE_DIRECTORY, not prewarm.cache_dir."""
+    real = tmp_path / "real"
+    real.mkdir()
+    path = write_config(tmp_path, make_model(tmp_path / "m"))
+    r = results(path, fast=True, env={**BASE_ENV, "CACHE_DIRECTORY": str(real)})[
+        "prewarm.cache_dir"]
+    assert r.status == PASS and str(real) in r.detail, r

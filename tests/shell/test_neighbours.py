@@ -72,3 +72,28 @@ def test_cpu_binding_is_not_asked_of_gpu_instances(tmp_path: Path) -> None:
     a = _write(tmp_path / "a.toml", 8000, 9101, "[0]")
     _write(tmp_path / "b.toml", 8001, 9102, "[1]")
     assert neighbours.check_neighbours(Context(load(str(a)))).status == PASS
+
+
+@pytest.mark.parametrize("me,other", [("gpu0.toml", "vllmwatch.toml"),
+                                      ("vllmwatch.toml", "gpu0.toml")])
+def test_the_packaged_config_beside_an_instance_is_a_warn(tmp_path: Path, me: str,
+                                                          other: str) -> None:
+    """balancers.md's set-up (`cp vllmwatch.toml gpu0.toml`, gpus = [0]) FAILed check at
+    every instance's ExecStartPre: the packaged /etc/vllmwatch/vllmwatch.toml (every GPU,
+    port 8000) is vllmwatch.service's, which does not run beside the instances."""
+    a = _write(tmp_path / me, 8000, 9101, "[0]" if me != "vllmwatch.toml" else None)
+    _write(tmp_path / other, 8000, 9101, "[0]" if other != "vllmwatch.toml" else None)
+    got = neighbours.check_neighbours(Context(load(str(a))))
+    assert got.status == WARN and "vllmwatch.service" in got.detail and "port 8000" in \
+        got.detail, got
+
+
+def test_two_gates_on_one_port_clash(tmp_path: Path) -> None:
+    """gate.listen is where clients come: two instances' gates on one port PASSed."""
+    for name, port, status, gpus in (("a.toml", 8001, 9101, "[0]"), ("b.toml", 8002, 9102,
+                                                                     "[1]")):
+        path = _write(tmp_path / name, port, status, gpus)
+        path.write_text(path.read_text() + '[gate]\nenabled = true\nlisten = "0.0.0.0:8000"\n')
+    got = neighbours.check_neighbours(Context(load(str(tmp_path / "a.toml"))))
+    assert got.status == FAIL and "port 8000 (gate.listen here, gate.listen there)" in \
+        got.detail, got

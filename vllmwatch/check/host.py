@@ -13,6 +13,7 @@ import psutil
 
 from vllmwatch.check.base import FAIL, PASS, SKIP, WARN, CheckResult, Context
 from vllmwatch.config import hosts
+from vllmwatch.prewarm.runner import cache_root
 from vllmwatch.shell import child, ports
 
 
@@ -93,7 +94,8 @@ def check_prewarm_cache(ctx: Context) -> CheckResult:
     pre = ctx.config.prewarm
     if not pre.enabled:
         return CheckResult("prewarm.cache_dir", SKIP, "prewarm.enabled = false")
-    path = Path(pre.cache_dir).expanduser()
+    # the directory the daemon uses: systemd's $CACHE_DIRECTORY when set, else cache_dir
+    path = Path(cache_root(ctx.config, ctx.env)).expanduser()
     if path.is_dir():
         try:
             with tempfile.TemporaryFile(dir=path):

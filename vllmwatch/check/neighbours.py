@@ -19,9 +19,11 @@ from vllmwatch.config.schema import Config, ConfigError, load
 
 def _ports(c: Config) -> dict[int, str]:
     out = {c.vllm.port: "vllm.port"}
-    listen = parse_listen(c.status.listen) if c.status.listen else None
-    if listen is not None:
-        out.setdefault(listen[1], "status.listen")
+    for key, value in (("status.listen", c.status.listen),
+                       ("gate.listen", c.gate.listen if c.gate.enabled else "")):
+        listen = parse_listen(value) if value else None
+        if listen is not None:  # the gate's port is where clients come: two cannot share it
+            out.setdefault(listen[1], key)
     return out
 
 
@@ -48,6 +50,7 @@ def clashes(mine: Config, other: Config) -> list[str]:
 
 
 BIND = "VLLM_CPU_OMP_THREADS_BIND"
+DEFAULT = "vllmwatch.toml"  # vllmwatch.service's config; the template reads NAME.toml
 
 
 def cpu_binding(c: Config) -> set[int] | None:
@@ -85,6 +88,7 @@ def check_neighbours(ctx: Context) -> CheckResult:
     if here is None or not here.parent.is_dir():
         return CheckResult("instances", SKIP, "the config has no directory to look in")
     found: list[str] = []
+    maybe: list[str] = []  # with vllmwatch.service's own config
     cores: list[str] = []
     unreadable: list[str] = []
     others = sorted(p for p in here.parent.glob("*.toml") if p.resolve() != here.resolve())
@@ -94,13 +98,22 @@ def check_neighbours(ctx: Context) -> CheckResult:
         except (ConfigError, OSError):
             unreadable.append(path.name)
             continue
-        found += [f"{path.name}: {what}" for what in clashes(ctx.config, other)]
+        what = [f"{path.name}: {w}" for w in clashes(ctx.config, other)]
+        # vllmwatch.toml is vllmwatch.service's (the package ships it): beside the template's
+        # instances it clashes only while that unit runs, so a WARN that says so
+        default = DEFAULT in (path.name, here.name) and path.name != here.name
+        (maybe if default else found).extend(what)
         why = shared_cpus(ctx.config, other)
         if why is not None:
             cores.append(f"{path.name}: {why}")
     if found:
         return CheckResult("instances", FAIL, "shared with another instance: " + "; ".join(found)
                            + " (each vllmwatch@NAME needs its own GPUs and ports)")
+    if maybe:
+        return CheckResult("instances", WARN, "shared with " + "; ".join(maybe) + f" ({DEFAULT} "
+                           "is vllmwatch.service's config: fine while that unit does not run "
+                           "beside the vllmwatch@NAME instances; systemctl disable --now "
+                           "vllmwatch)")
     if cores:
         return CheckResult("instances", WARN, "; ".join(cores) + f": set {BIND} in [vllm.env] "
                            "of each to its own CPUs (e.g. \"0-7\" and \"8-15\"), or an idle "

@@ -39,6 +39,7 @@ from vllmwatch.check.base import (
 from vllmwatch.config.command import load_for_reload
 from vllmwatch.config.schema import ConfigError, load
 from vllmwatch.core import exitcodes
+from vllmwatch.prewarm import runner as prewarm
 
 __all__ = [
     "CHECKS",
@@ -82,7 +83,9 @@ def run(path: str, *, fast: bool = False, env: Mapping[str, str] | None = None,
         return [CheckResult("config", FAIL, str(exc))]
     except Exception as exc:  # a bug in loading must still not print a traceback
         return [CheckResult("config", FAIL, f"{path}: cannot load: {exc_text(exc)}")]
-    child_env = {**(env if env is not None else os.environ), **config.vllm.env}
+    # The environment vLLM gets, its cache variables included (HF_HOME under the cache
+    # root): the model rows looked in ~/.cache while vLLM reads the cache vllmwatch gives it
+    child_env = prewarm.child_env(config, env if env is not None else os.environ)
     ctx = Context(config, fast, child_env, nvml, progress)
     results: list[CheckResult] = []
     for name, check in CHECKS:
