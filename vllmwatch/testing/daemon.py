@@ -281,8 +281,10 @@ class Daemon:
         self.arm_file.touch()
         return since, now
 
-    def wait_ready(self, timeout: float = 10.0, since: int = 0) -> Event:
-        """Wait for child.ready (and, with a notify listener, the READY=1 datagram)."""
+    def wait_ready(self, timeout: float = 30.0, since: int = 0) -> Event:
+        """Wait for child.ready (and, with a notify listener, the READY=1 datagram). The
+        default is an upper bound for a loaded box: a fake vLLM beside a real one's tests
+        and two busy CPUs once took over 30 s from its first line to its server (run Q)."""
         ev = self.wait_event("child.ready", timeout, since)
         if self.notify is not None:
             wait_for(lambda: any(t >= ev["ts"] - 0.001 for t, _ in
