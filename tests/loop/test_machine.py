@@ -6,7 +6,12 @@ import pytest
 
 from vllmwatch.config.schema import Config, from_dict
 from vllmwatch.core import exitcodes
-from vllmwatch.core.events import ReloadRequested, RestartRequested, StopRequested
+from vllmwatch.core.events import (
+    ChildOutput,
+    ReloadRequested,
+    RestartRequested,
+    StopRequested,
+)
 from vllmwatch.core.state import S
 from vllmwatch.testing import Driver, World, config_with
 
@@ -135,6 +140,24 @@ def test_a_start_stall_says_whether_the_silent_tree_was_busy_or_starved(
         assert "CPU" not in begin["detail"]
     else:
         assert words in begin["detail"], begin["detail"]
+
+
+@pytest.mark.parametrize("serves", [True, False])
+def test_a_start_stall_after_vllm_said_it_serves_names_what_health_answered(
+        serves: bool) -> None:
+    """CI, 2026-12-04: vLLM printed "Application startup complete" and the start stalled out
+    with "waiting or starved". What /health answered meanwhile is the operator's next clue;
+    before vLLM says it serves, a refused /health is only the start going on."""
+    c = config_with(BASE, startup={"stall_timeout": 60, "timeout": 600})
+    d = Driver(c, world=World(health_ok=False))
+    d.run_for(2)
+    if serves:
+        d.send(ChildOutput(milestone="api_ready"))
+    d.run_for(70)
+    (begin,) = d.events("restart.begin")
+    assert begin["reason"] == "start_stall"
+    said = "vLLM said it serves, but /health answered: HTTP 503"
+    assert (said in begin["detail"]) is serves, begin["detail"]
 
 
 def test_start_timeout() -> None:

@@ -6,12 +6,15 @@ import sys
 from pathlib import Path
 from typing import Any
 
+import psutil
 import pytest
 
-from tests.support import wait_until
+from tests.support import free_port, wait_until
 from vllmwatch.config import vllminfo
 from vllmwatch.config.schema import from_dict
-from vllmwatch.core.events import ChildExited, Spawned
+from vllmwatch.core.actions import Probe
+from vllmwatch.core.events import ChildExited, HealthResult, Spawned
+from vllmwatch.core.names import ProbeKind
 from vllmwatch.shell.effects import RealEffects
 from vllmwatch.testing import FakeNotifier
 
@@ -59,3 +62,55 @@ def test_real_effects_keeps_no_per_child_field(tmp_path: Path,
     assert set(after) == DAEMON_FIELDS
     assert all(after[k] is before[k] for k in before), "a per-child field outlived the reap"
     fx.close()
+
+
+# A server whose /health is always 200, with one child titled as vLLM's engine.
+TREE = """
+import http.server, subprocess, sys
+port = int(sys.argv[sys.argv.index("--port") + 1])
+subprocess.Popen([sys.executable, "-c", "import time; time.sleep(300)", "VLLM::EngineCore"])
+class H(http.server.BaseHTTPRequestHandler):
+    def do_GET(self):
+        self.send_response(200); self.send_header("Content-Length", "0"); self.end_headers()
+    def log_message(self, *a): pass
+http.server.HTTPServer(("127.0.0.1", port), H).serve_forever()
+"""
+
+
+def test_while_starting_a_gone_engine_never_keeps_health_unasked(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """While starting, /health decides and the gone engine is said once; once serving, a gone
+    engine is engine_gone at once (/health not asked: it can hang for seconds then). Before,
+    a start whose engine watch saw a death (a wall-clock step made it see one in every live
+    engine) never asked /health and waited silently until startup.stall_timeout."""
+    monkeypatch.setenv("STATE_DIRECTORY", str(tmp_path / "state"))
+    monkeypatch.setattr(vllminfo, "version", lambda _command: None)
+    script = tmp_path / "tree.py"
+    script.write_text(TREE)
+    port = free_port()
+    config = from_dict({"vllm": {"command": [sys.executable, str(script)], "model": "m",
+                                 "gpus": [], "port": port},
+                        "prewarm": {"enabled": False}})
+    said: list[tuple[str, dict[str, Any]]] = []
+    fx = RealEffects(config, lambda _lvl, ev, **kw: said.append((ev, kw)), FakeNotifier(),
+                     {"PATH": "/usr/bin:/bin"})
+    try:
+        assert isinstance(fx.spawn(config, lambda _e: None), Spawned)
+        probe = Probe(ProbeKind.HEALTH, 1, "127.0.0.1", port, "m", config.probe)
+        first = wait_until(lambda: (r := fx.probe(probe)).ok and r, 30, "/health 200")
+        assert isinstance(first, HealthResult) and not first.engine_gone
+        assert fx._run is not None
+        [engine] = [p for p in psutil.Process(fx._run.pid).children()
+                    if "VLLM::EngineCore" in " ".join(p.cmdline())]
+        engine.kill()  # left a zombie: the server never reaps it
+        wait_until(lambda: engine.status() == psutil.STATUS_ZOMBIE, 10, "the engine dead")
+        for _ in range(2):
+            got = fx.probe(probe)
+            assert isinstance(got, HealthResult) and got.ok and got.status == 200, got
+        gone = [kw for ev, kw in said if ev == "startup.engine_gone"]
+        assert len(gone) == 1 and str(engine.pid) in gone[0]["engines"][0], said
+        fx.end_start("ready")
+        got = fx.probe(probe)
+        assert isinstance(got, HealthResult) and got.engine_gone and not got.ok, got
+    finally:
+        fx.close()

@@ -11,6 +11,7 @@ import psutil
 import pytest
 
 from tests.support import owned, wait_until
+from vllmwatch.shell import proctime
 from vllmwatch.shell.engines import EngineWatch
 
 # A parent that starts children whose command lines carry vLLM's process titles (what
@@ -63,6 +64,26 @@ def test_engine_worker_and_api_server_processes_are_watched(
     watch.close()
 
 
+@pytest.mark.parametrize("step", [27.0, -27.0])
+def test_a_wall_clock_step_kills_no_engine(tree: tuple[int, dict[str, int]],
+                                           monkeypatch: pytest.MonkeyPatch, step: float) -> None:
+    """An NTP step moves psutil's create_time of every process (boot time + ticks, the boot
+    time from the wall clock). CI, 2026-12-04: after a 27 s step every engine of a live vLLM
+    looked dead, and its start skipped /health until startup.stall_timeout restarted it."""
+    root, pids = tree
+    watch = EngineWatch()
+    wait_until(lambda: len(watch.look(root) or watch.seen) == 3, 10, "three titled processes")
+    real = psutil._psplatform.boot_time  # type: ignore[attr-defined]
+    monkeypatch.setattr(psutil._psplatform, "boot_time", lambda: real() + step)
+    assert watch.look(root) == []
+    assert sorted(watch.engines()) == sorted([pids["VLLM::EngineCore"],
+                                              pids["VLLM::Worker_TP1"]])
+    psutil.Process(pids["VLLM::Worker_TP1"]).kill()  # a real death is still seen
+    gone = wait_until(lambda: watch.look(root), 10, "the worker noticed gone")
+    assert gone and gone[0].startswith(f"pid {pids['VLLM::Worker_TP1']} (VLLM::Worker)"), gone
+    watch.close()
+
+
 # vLLM's API server: waits on the engine's sentinel, logs, then reaps it at once.
 REAPER = """
 import multiprocessing as mp, multiprocessing.connection as mc, sys, time
@@ -86,7 +107,9 @@ def test_an_engine_reaped_by_its_parent_at_once_still_says_how_it_died(tmp_path:
         assert root.stdout is not None
         pid = int(root.stdout.readline())
         watch = EngineWatch()
-        watch.seen[pid] = (psutil.Process(pid).create_time(), "VLLM::EngineCore")
+        started = proctime.started(pid)
+        assert started is not None
+        watch.seen[pid] = (started, "VLLM::EngineCore")
         watch._exits.watch(pid)
         psutil.Process(pid).kill()
         assert root.stdout.readline().strip() == "died unexpectedly"

@@ -14,7 +14,7 @@ import psutil
 import pytest
 
 from tests.support import free_port, owned, wait_until
-from vllmwatch.shell import child, groupfile
+from vllmwatch.shell import child, groupfile, proctime
 
 
 @pytest.fixture
@@ -138,6 +138,43 @@ def test_our_own_remembered_group_is_found(tmp_path: Path, foreign: psutil.Proce
     assert not path.exists()
 
 
+@pytest.mark.parametrize("step", [27.0, -27.0])
+def test_our_group_stays_ours_across_a_wall_clock_step(
+        tmp_path: Path, foreign: psutil.Process, marker: str, monkeypatch: pytest.MonkeyPatch,
+        step: float) -> None:
+    """The leader carries no marker (vLLM's titles can erase it): its start time alone proves
+    it ours, and a wall-clock step between the write and the read must not unprove it."""
+    state = tmp_path / "state"
+    state.mkdir(mode=0o700)
+    monkeypatch.setenv("STATE_DIRECTORY", str(state))
+    child.remember_group(marker, foreign.pid)
+    clock_step(monkeypatch, step)
+    assert child.remembered_group(marker) == foreign.pid
+    ours, _ = child.find_tree(None, marker)
+    assert foreign.pid in [p.pid for p in ours]
+
+
+def test_a_recycled_pid_is_told_in_the_new_format_and_after_a_reboot(
+        tmp_path: Path, foreign: psutil.Process, marker: str,
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    """The file's start since boot decides in this boot; a file of another boot falls back
+    to the wall-clock start: either way, another start time is a recycled pid."""
+    state = tmp_path / "state"
+    state.mkdir(mode=0o700)
+    monkeypatch.setenv("STATE_DIRECTORY", str(state))
+    path = Path(groupfile.path_of(marker) or "")
+    since = proctime.started(foreign.pid)
+    assert since is not None
+    for boot, since_boot, wall in ((proctime.boot_id(), since - 5.0, foreign.create_time()),
+                                   ("another-boot", since, foreign.create_time() - 5.0)):
+        path.write_text(json.dumps({"pgid": foreign.pid, "started": wall, "marker": marker,
+                                    "since_boot": since_boot, "boot_id": boot}))
+        path.chmod(0o600)
+        got = groupfile.read(marker)
+        assert got is not None and "recycled" in str(groupfile.proven(got)), boot
+    assert survives_sweep(foreign, marker)
+
+
 def test_private_fallback_directory_is_0700(tmp_path: Path,
                                             monkeypatch: pytest.MonkeyPatch) -> None:
     for var in ("STATE_DIRECTORY", "RUNTIME_DIRECTORY"):
@@ -189,9 +226,18 @@ def test_forged_file_of_another_user_in_the_default_place_is_ignored(
         tmp_name.unlink(missing_ok=True)
 
 
-@pytest.mark.parametrize("title", ["VLLM::EngineCore", "sleep-not-vllm"])
+def clock_step(monkeypatch: pytest.MonkeyPatch, seconds: float) -> None:
+    """The wall clock steps by `seconds` (NTP after a VM pause): the kernel's boot time in
+    /proc/stat moves with it, and so does every psutil create_time read from now on."""
+    real = psutil._psplatform.boot_time  # type: ignore[attr-defined]
+    monkeypatch.setattr(psutil._psplatform, "boot_time", lambda: real() + seconds)
+
+
+@pytest.mark.parametrize("title,step", [("VLLM::EngineCore", 0.0), ("sleep-not-vllm", 0.0),
+                                        ("VLLM::EngineCore", -27.0)])
 def test_an_engine_orphaned_by_its_dead_api_server_is_swept_at_the_next_start(
-        tmp_path: Path, marker: str, monkeypatch: pytest.MonkeyPatch, title: str) -> None:
+        tmp_path: Path, marker: str, monkeypatch: pytest.MonkeyPatch, title: str,
+        step: float) -> None:
     """vLLM's API server died, then its vllmwatch was SIGKILLed: the remembered group has no
     leader, and the engine's title erased our marker. It still is in the group and session
     we made (Linux gives no new process a pid used as a live group's id), of our user and
@@ -208,6 +254,7 @@ def test_an_engine_orphaned_by_its_dead_api_server_is_swept_at_the_next_start(
         engine = psutil.Process(int(leader.stdout.readline()))
         wait_until(lambda: title in " ".join(engine.cmdline()), 10, "the engine's title")
         child.remember_group(marker, leader.pid)  # what the killed vllmwatch had written
+        clock_step(monkeypatch, step)  # "younger than the leader" in a clock no step moves
         leader.stdin.close()  # the API server exits; the engine lives on, orphaned
         leader.wait(60)
         events: list[str] = []

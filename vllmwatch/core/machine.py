@@ -43,7 +43,7 @@ from vllmwatch.core.names import PROBES, Reason
 from vllmwatch.core.names import ProbeKind as K
 from vllmwatch.core.policy import explain_exit
 from vllmwatch.core.restart import Phase, on, pending
-from vllmwatch.core.state import CHILD_STATES, FINAL, Result, S, WatchState, goto, seeded
+from vllmwatch.core.state import CHILD_STATES, FINAL, Result, S, Start, WatchState, goto, seeded
 
 EXTEND_EVERY = 10.0  # how often EXTEND_TIMEOUT_USEC is sent while systemd waits for us
 EXTEND_BY = 60.0
@@ -298,11 +298,19 @@ def _fire(s: WatchState, kind: K, now: float) -> Result:
     if kind == K.HEALTH and s.state == S.STARTING and stalled:
         return ladder.begin_restart(s, now, Reason.START_STALL, "no output and no progress for "
                                     f"{now - st.last_progress:.0f}s (startup.stall_timeout)"
-                                    + hangs.stall_hint(st.cpu_since_progress, st.last_progress),
-                                    drain=False)
+                                    + hangs.stall_hint(st.cpu_since_progress, st.last_progress)
+                                    + _health_said(st), drain=False)
     if kind == K.CANARY:
         return verdicts.fire(s, now)
     return probing.fire(s, kind, now)
+
+
+def _health_said(st: Start) -> str:
+    """What /health last answered, once vLLM said it serves: a start it keeps refusing is
+    not "waiting or starved" (the stall hint's guess from the tree's CPU use alone)."""
+    if not st.health_said or not serving.ASK_HEALTH_AT & st.phases.keys():
+        return ""
+    return f"; vLLM said it serves, but /health answered: {st.health_said}"
 
 
 def _smoke_held(s: WatchState) -> str:

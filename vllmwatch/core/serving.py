@@ -78,6 +78,8 @@ def health(s: WatchState, ev: HealthResult, now: float) -> Result:
     s = replace(s, probe_seconds={**s.probe_seconds, K.HEALTH: ev.seconds})
     if s.state == S.STARTING:
         s = probing.set_timer(s, K.HEALTH, now + probing.STARTUP_POLL)
+        s = _start(s, replace(s.run.start, health_said="" if ev.ok else  # for a stall's detail
+                              ev.error or f"HTTP {ev.status}"))
         if ev.ok and s.run.smoke is None:  # the canary passed once smoke checks began
             return probing.start(s, K.CANARY, now)
         # Refused: not listening yet. Listening but no whole answer within probe.timeout (a

@@ -120,6 +120,7 @@ class Start:
     compile_cache_hit: bool = False
     reuse: dict[str, object] = field(default_factory=dict)  # core/reuse.py: what it reused
     ready_at: float | None = None
+    health_said: str = ""  # the last /health answer that was not 200 ('' after a 200)
 
 
 @dataclass(frozen=True)

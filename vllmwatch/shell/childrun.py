@@ -151,6 +151,8 @@ class ChildHandle:
         self._order = kinds.order(config.probe.canary, config.vllm.args,
                                   config.vllm.extra_args)  # auto's first guess
         self._engines = EngineWatch()
+        self._starting = True  # until StartOver (or the exit): see _health
+        self._said_gone: frozenset[str] = frozenset()
         self.last_metrics_text: str | None = None  # the last /metrics body, for incidents
 
     @classmethod
@@ -245,6 +247,7 @@ class ChildHandle:
     def end_start(self, why: str) -> None:
         """The start is over (StartOver from the core, the exit, or the daemon's): the start
         guard stops."""
+        self._starting = False
         if self._guard is not None:
             self._guard.stop(why)
 
@@ -276,6 +279,8 @@ class ChildHandle:
         # H200, against 0.1-0.5 s with one API server). A gone engine is fatal for vLLM
         # whatever /health says, so it is not asked then.
         gone = self._engines.look(self.pid)
+        if gone and self._starting:
+            return self._health_starting(prober, gone)
         asked = not gone
         health = (HealthResult(ok=False, status=None, seconds=0.0) if gone
                   else prober.health())
@@ -287,6 +292,19 @@ class ChildHandle:
             health = replace(health, ok=False, engine_gone=True,
                              error=f"engine process died: {', '.join(gone)}{said}")
         return health
+
+    def _health_starting(self, prober: HttpProber, gone: list[str]) -> HealthResult:
+        """While starting, /health decides: the engine watch only says what it saw, once.
+        A start is not READY before /health and the canary answer, and vLLM exits when its
+        engine dies during the start; a watch that took a live engine for dead (a wall-clock
+        step did, before shell/proctime.py) must never hold the start silently until
+        startup.stall_timeout, as it did when /health was not even asked."""
+        if not set(gone) <= self._said_gone:
+            self._said_gone |= set(gone)
+            self._log("warning", "startup.engine_gone", pid=self.pid, engines=gone,
+                      detail="an engine process seen during the start is gone; /health and "
+                      "the canary decide (vLLM exits when its engine dies)")
+        return prober.health()
 
     def close(self) -> None:
         """Last resort on the way out: never leave this child behind."""

@@ -17,6 +17,8 @@ import threading
 
 import psutil
 
+from vllmwatch.shell import proctime
+
 # vLLM titles its processes VLLM::EngineCore and VLLM::Worker_TP<n> (setproctitle; /proc's comm
 # keeps 15 characters, so match the command line), and with --api-server-count > 1 its API
 # servers VLLM::APIServer_<n>: vLLM tears the whole server down when one of those dies, but
@@ -49,22 +51,16 @@ def _inherited(proc: psutil.Process) -> bool:
         return False
 
 
+# A process is known by its pid and its start in ticks since boot (shell/proctime.py), never
+# by psutil's create_time: a wall-clock step moves that, and every engine looked dead after one.
 def _gone(pid: int, created: float) -> bool:
-    try:
-        proc = psutil.Process(pid)
-        return proc.create_time() != created or proc.status() == psutil.STATUS_ZOMBIE
-    except psutil.NoSuchProcess:
-        return True
-    except psutil.Error:
-        return False  # cannot tell (permissions): not evidence of a death
+    got = proctime.stat(pid)
+    return got is None or got[1] != created or got[0] == "Z"
 
 
 def _same(pid: int, created: float) -> bool:
     """The pid still names the process seen (alive or a zombie), not a reused pid."""
-    try:
-        return psutil.Process(pid).create_time() == created
-    except psutil.Error:
-        return False
+    return proctime.started(pid) == created
 
 
 def zombie_status(pid: int) -> int | None:
@@ -156,7 +152,7 @@ class EngineWatch:
     """The engine processes seen under one child; reset at each launch."""
 
     def __init__(self) -> None:
-        self.seen: dict[int, tuple[float, str]] = {}  # pid -> (create time, title)
+        self.seen: dict[int, tuple[float, str]] = {}  # pid -> (start since boot, title)
         self.died: dict[int, str] = {}  # pid -> how it died, once seen gone
         self._exits = _Exits()
 
@@ -184,10 +180,10 @@ class EngineWatch:
             if proc.pid not in self.seen:
                 title = _title(proc)
                 if title is not None and not _inherited(proc):
-                    try:
-                        self.seen[proc.pid] = (proc.create_time(), title)
-                    except psutil.Error:
+                    created = proctime.started(proc.pid)
+                    if created is None:
                         continue
+                    self.seen[proc.pid] = (created, title)
                     if "APIServer" not in title:
                         self._exits.watch(proc.pid)
         out = []

@@ -26,6 +26,7 @@ from pathlib import Path
 import psutil
 
 from vllmwatch.config import safefile
+from vllmwatch.shell import proctime
 
 MARKER = "VLLMWATCH_INSTANCE"
 _START_SLACK_S = 0.05  # create_time is boot time + jiffies: equal when it is the same process
@@ -33,11 +34,25 @@ _START_SLACK_S = 0.05  # create_time is boot time + jiffies: equal when it is th
 
 @dataclass(frozen=True)
 class Remembered:
-    """What the file says: the child's group (its leader's pid) and the leader's start time."""
+    """What the file says: the child's group (its leader's pid) and the leader's start time:
+    `started` on the wall clock (what earlier builds wrote), `since_boot` in the clock no
+    wall-clock step moves (shell/proctime.py), valid for the boot `boot_id` only."""
 
     pgid: int
     started: float
     marker: str
+    since_boot: float | None = None
+    boot_id: str = ""
+
+    def start_of(self, pid: int) -> tuple[float, float] | None:
+        """(pid's start, the leader's) in the best clock both have; None if pid is gone."""
+        if self.since_boot is not None and self.boot_id and self.boot_id == proctime.boot_id():
+            mine = proctime.started(pid)
+            return None if mine is None else (mine, self.since_boot)
+        try:  # a file of an earlier build: the wall clock is all it has
+            return psutil.Process(pid).create_time(), self.started
+        except psutil.Error:
+            return None
 
 
 def state_dir(environ: Mapping[str, str] | None = None) -> str | None:
@@ -74,11 +89,16 @@ def remember(marker: str, pgid: int | None) -> None:
         with contextlib.suppress(OSError):
             os.unlink(path)
         return
+    since_boot = proctime.started(pgid)
     try:
         started = psutil.Process(pgid).create_time()
     except psutil.Error:
         return
-    safefile.write_private(path, json.dumps({"pgid": pgid, "started": started, "marker": marker}))
+    if since_boot is None:
+        return
+    safefile.write_private(path, json.dumps({"pgid": pgid, "started": started, "marker": marker,
+                                             "since_boot": since_boot,
+                                             "boot_id": proctime.boot_id()}))
 
 
 def read(marker: str) -> Remembered | None:
@@ -89,7 +109,9 @@ def read(marker: str) -> Remembered | None:
         return None
     try:
         data = json.loads(text)
-        got = Remembered(int(data["pgid"]), float(data["started"]), str(data["marker"]))
+        since = data.get("since_boot")
+        got = Remembered(int(data["pgid"]), float(data["started"]), str(data["marker"]),
+                         None if since is None else float(since), str(data.get("boot_id", "")))
     except (ValueError, KeyError, TypeError):
         return None
     return got if got.marker == marker and got.pgid > 1 else None
@@ -99,13 +121,15 @@ def proven(got: Remembered) -> str | None:
     """None when the remembered group is provably ours; else why it is not."""
     try:
         leader = psutil.Process(got.pgid)
-        started = leader.create_time()
         group = os.getpgid(got.pgid)
     except (psutil.Error, OSError):
         return LEADER_GONE
+    starts = got.start_of(got.pgid)
+    if starts is None:
+        return LEADER_GONE
     if group != got.pgid:
         return "the pid now leads no group of ours"
-    if abs(started - got.started) <= _START_SLACK_S:
+    if abs(starts[0] - starts[1]) <= _START_SLACK_S:
         return None
     if carries_marker(leader, got.marker):
         return None
@@ -131,8 +155,9 @@ def orphan_of(got: Remembered, proc: psutil.Process, group: int, session: int) -
     if got.pgid not in (group, session):
         return False
     with contextlib.suppress(psutil.Error, OSError):
-        return proc.uids().real == os.geteuid() and \
-            proc.create_time() >= got.started - _START_SLACK_S
+        starts = got.start_of(proc.pid)
+        return proc.uids().real == os.geteuid() and starts is not None and \
+            starts[0] >= starts[1] - _START_SLACK_S
     return False
 
 

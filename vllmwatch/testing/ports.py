@@ -3,13 +3,28 @@
 from __future__ import annotations
 
 import socket
+import threading
+from collections import deque
+
+# Ports handed out by this process: the kernel may offer a just-released ephemeral port
+# again at once, and two "free" ports of one config that came out equal made vllmwatch
+# refuse it (status.listen is also vllm.port): CI, 2026-12-04, the pergpu dry run.
+# The last RECENT are remembered: a whole suite asks for more than the ephemeral range holds.
+RECENT = 1024
+_GIVEN: deque[int] = deque(maxlen=RECENT)
+_LOCK = threading.Lock()
 
 
 def free_port() -> int:
-    """A TCP port that nothing listens on right now."""
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
+    """A TCP port that nothing listens on right now, none this process was given lately."""
+    with _LOCK:
+        while True:
+            with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
+                s.bind(("127.0.0.1", 0))
+                port = int(s.getsockname()[1])
+            if port not in _GIVEN:
+                _GIVEN.append(port)
+                return port
 
 
 def port_free(port: int, host: str = "127.0.0.1") -> bool:
