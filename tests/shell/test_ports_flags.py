@@ -12,6 +12,7 @@ import sys
 import time
 from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -21,7 +22,7 @@ from vllmwatch.check import vllm as check_vllm
 from vllmwatch.check.base import FAIL, PASS, WARN, Context
 from vllmwatch.config import vllmflags, vllminfo
 from vllmwatch.config.schema import from_dict
-from vllmwatch.shell import child, ports
+from vllmwatch.shell import child, groupfile, ports
 
 REPO = Path(__file__).resolve().parents[2]
 VLLM = REPO / ".cache" / "vllm-venv" / "bin" / "vllm"
@@ -260,3 +261,53 @@ def test_check_warns_that_disable_log_stats_blinds_the_hang_verdicts(
     r = check_vllm.check_vllm_args(Context(config, flags_cache=str(tmp_path)))
     assert (r.status, "disable-log-stats" in r.detail) == ((WARN, True) if warned
                                                             else (PASS, False)), r
+
+
+@pytest.mark.parametrize("key", ["status.listen", "gate.listen"])
+def test_check_says_who_holds_our_own_listeners(tmp_path: Path, key: str) -> None:
+    """status.listen and gate.listen are bind-tested like vllm.port: held by another process,
+    the daemon would run without its status endpoint or without the gate (every client
+    failing): a FAIL naming the holder. Held by this instance's running vllmwatch (the pid in
+    its instance lock): PASS; by another vllmwatch: a WARN (two instances on one port)."""
+    port = free_port()
+    path = str(tmp_path / "c.toml")
+
+    def config(at: str = path) -> Context:
+        listen = {"status": {"listen": f"127.0.0.1:{port}"}} if key == "status.listen" else \
+            {"gate": {"enabled": True, "listen": f"127.0.0.1:{port}"}}
+        state = tmp_path / "state"
+        state.mkdir(mode=0o700, exist_ok=True)
+        return Context(from_dict({"vllm": {"model": "/m", "port": free_port()}, **listen}, at),
+                       env={"STATE_DIRECTORY": str(state)})
+
+    def mine(ctx: Context) -> list[Any]:
+        got = check_vllm.check_status_listen(ctx) if key == "status.listen" else \
+            check_host.check_gate_listen(ctx)
+        return [got] if not isinstance(got, list) else got
+
+    [free] = mine(config())
+    assert free.name == key and free.status == PASS and "is free" in free.detail, free
+    with socket.socket() as sock:  # somebody else's listener: this test process
+        sock.bind(("127.0.0.1", port))
+        sock.listen()
+        [taken] = mine(config())
+        assert taken.status == FAIL and f"pid {os.getpid()}" in taken.detail, taken
+        assert f"change {key}" in taken.detail
+    code = (f"import socket,time; s=socket.socket(); s.bind(('127.0.0.1', {port})); "
+            "s.listen(); print('up', flush=True); time.sleep(300)")
+    daemon = subprocess.Popen(["bash", "-c", f'exec -a vllmwatch {sys.executable} -c "$0" run',
+                               code], stdout=subprocess.PIPE, start_new_session=True)
+    try:
+        assert daemon.stdout is not None and daemon.stdout.readline() == b"up\n"
+        ctx = config()
+        lock = groupfile.lock_path(child.instance_id(path), ctx.env)
+        assert lock is not None
+        Path(lock).write_text(f"{daemon.pid}\n")
+        os.chmod(lock, 0o600)
+        [running] = mine(ctx)
+        assert running.status == PASS and "this instance's running vllmwatch" in running.detail
+        [other] = mine(config(str(tmp_path / "other.toml")))
+        assert other.status == WARN and "two instances share it" in other.detail, other
+    finally:
+        daemon.kill()
+        daemon.wait(timeout=10)

@@ -1,5 +1,6 @@
 """Checks of this machine: vllm.host:vllm.port is free (by the same rule `run` uses, and
-recognising this instance's own running vLLM), and the pre-warm cache directory is usable."""
+recognising this instance's own running vLLM), so are status.listen and gate.listen
+(recognising this instance's running vllmwatch), and the pre-warm cache directory is usable."""
 
 from __future__ import annotations
 
@@ -14,7 +15,7 @@ import psutil
 from vllmwatch.check.base import FAIL, PASS, SKIP, WARN, CheckResult, Context
 from vllmwatch.config import hosts
 from vllmwatch.prewarm.runner import cache_root
-from vllmwatch.shell import child, ports
+from vllmwatch.shell import child, groupfile, kin, ports
 
 
 def _own_child(pid: int | None, marker: str) -> bool:
@@ -76,17 +77,64 @@ def check_port(ctx: Context) -> CheckResult:
                        "change vllm.port")
 
 
-def _bindable(host: str, port: int, where: str) -> CheckResult:
+def _bindable(host: str, port: int, where: str, name: str = "port",
+              key: str = "vllm.host") -> CheckResult:
     err = ports.bind_error(host, port)
     if err is None:
-        return CheckResult("port", PASS, f"{where} is free")
+        return CheckResult(name, PASS, f"{where} is free")
     if err.errno == errno.EADDRNOTAVAIL:
-        return CheckResult("port", FAIL, f"vllm.host {host!r} is not an address of this "
+        return CheckResult(name, FAIL, f"{key} {host!r} is not an address of this "
                            "machine; use 127.0.0.1, 0.0.0.0 or one of its addresses")
     if err.errno == errno.EACCES:
-        return CheckResult("port", FAIL, f"binding {where} is not permitted (a port below "
+        return CheckResult(name, FAIL, f"binding {where} is not permitted (a port below "
                            "1024 needs CAP_NET_BIND_SERVICE); use a port >= 1024")
-    return CheckResult("port", FAIL, f"cannot bind {where}: {err.strerror or err}")
+    return CheckResult(name, FAIL, f"cannot bind {where}: {err.strerror or err}")
+
+
+def check_gate_listen(ctx: Context) -> list[CheckResult]:
+    """gate.listen can be had (listener); its form and address are the config's to check."""
+    c = ctx.config
+    try:
+        listen = hosts.parse_listen(c.gate.listen) if c.gate.enabled else None
+    except ValueError:
+        return []  # the config's own check names a bad value
+    return [] if listen is None else [listener(ctx, "gate.listen", *listen)]
+
+
+def listener(ctx: Context, key: str, host: str, port: int) -> CheckResult:
+    """One of our own listeners (status.listen, gate.listen) can be had: free, or held by
+    this instance's running vllmwatch. Taken by something else, the daemon runs without its
+    status endpoint (status.listen_failed) or its gate (gate.failed: every client fails):
+    said here, before the start, with who holds it."""
+    where = f"[{host}]:{port}" if ":" in host else f"{host or '*'}:{port}"
+    found = ports.holders(host, port)
+    if not found:
+        return _bindable(host, port, where, key, key)
+    pids = ", ".join(child.describe_pid(h.pid) for h in found)
+    if all(_own_daemon(h.pid, ctx) for h in found):
+        return CheckResult(key, PASS, f"{where} is held by this instance's running vllmwatch "
+                           f"({pids})")
+    if all(_is_daemon(h.pid) for h in found):
+        return CheckResult(key, WARN, f"{where} is held by vllmwatch ({pids}): fine if that "
+                           f"is this instance, running; else two instances share it: change "
+                           f"{key}")
+    if any(h.pid is None for h in found):
+        return CheckResult(key, FAIL, f"{where} is in use by a process not visible here; find "
+                           f"it with: ss -ltnp 'sport = :{port}' (as root)")
+    return CheckResult(key, FAIL, f"{where} is in use by {pids}; stop it or change {key}")
+
+
+def _own_daemon(pid: int | None, ctx: Context) -> bool:
+    """The listener is the vllmwatch that holds this config's instance lock."""
+    path = groupfile.lock_path(child.instance_id(ctx.config.path), ctx.env or None)
+    return pid is not None and path is not None and groupfile.lock_holder(path) == pid \
+        and _is_daemon(pid)
+
+
+def _is_daemon(pid: int | None) -> bool:
+    with contextlib.suppress(psutil.Error):
+        return pid is not None and kin.is_vllmwatch_daemon(psutil.Process(pid))
+    return False
 
 
 def check_prewarm_cache(ctx: Context) -> CheckResult:

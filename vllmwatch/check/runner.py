@@ -141,6 +141,7 @@ CHECKS: tuple[tuple[str, Check], ...] = (
     ("max-model-len", maxlen.check_max_model_len),
     ("port", host.check_port),
     ("gate", host.check_gate_beside),
+    ("gate.listen", host.check_gate_listen),
     ("status.listen", vllm.check_status_listen),
     ("gpu", _check_gpus),
     ("start memory", _check_start_memory),

@@ -6,6 +6,7 @@ from __future__ import annotations
 import shlex
 import socket
 
+from vllmwatch.check import host as host_checks
 from vllmwatch.check.base import FAIL, PASS, SKIP, WARN, CheckResult, Context, vllm_flags
 from vllmwatch.config import command, hosts, startcaches, vllmflags, vllminfo
 from vllmwatch.config.schema import ConfigError
@@ -84,7 +85,8 @@ def check_vllm_args(ctx: Context) -> CheckResult:
 
 
 def check_status_listen(ctx: Context) -> CheckResult:
-    """status.listen is well formed (load checks that), resolves, and its port is free."""
+    """status.listen is well formed (load checks that), resolves, and its port is free
+    (or this instance's running vllmwatch holds it)."""
     s = ctx.config.status
     try:
         parsed = hosts.parse_listen(s.listen)
@@ -105,4 +107,4 @@ def check_status_listen(ctx: Context) -> CheckResult:
         return CheckResult("status.listen", FAIL, f"{s.listen!r} resolves to {address}, not "
                            f"a loopback address; use 127.0.0.1:{port} or set "
                            "status.allow_remote = true")
-    return CheckResult("status.listen", PASS, f"{hosts.url_host(address)}:{port}")
+    return host_checks.listener(ctx, "status.listen", host, port)
