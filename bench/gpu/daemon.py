@@ -112,10 +112,13 @@ class GpuDaemon:
         run's time left): (index, seconds since start, event), or (-1, -1.0, {})."""
         end = time.monotonic() + max(0.0, min(timeout, self.run.left() - 10))
         while True:
+            # Whether it is over, taken before the look: an exit whose last events the reader
+            # read meanwhile still finds them (its daemon.exit, say).
+            over = time.monotonic() >= end or self.d.exited()
             idx = self.d.first(pred, since)
             if idx is not None:
                 return idx, round(self.d.arrived[idx] - self.t0, 2), self.d.events[idx]
-            if time.monotonic() >= end or self.d.exited():
+            if over:
                 return -1, -1.0, {}
             time.sleep(0.1)
 
