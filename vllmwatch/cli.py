@@ -8,7 +8,7 @@ import sys
 from collections.abc import Sequence
 
 from vllmwatch import __version__
-from vllmwatch.config import command, vllmflags, vllminfo
+from vllmwatch.config import command, startcaches, vllmflags, vllminfo
 from vllmwatch.config.schema import Config, ConfigError, config_path, load
 from vllmwatch.core import exitcodes
 from vllmwatch.prewarm import runner as prewarm
@@ -148,16 +148,38 @@ def _newest_incident(unit: str) -> dict[str, object] | None:
 
 def _print_command(config: Config) -> int:
     api_key = command.read_api_key(config)
+    info = vllminfo.info(config.vllm.command)
     version = vllminfo.version(config.vllm.command)
+    # RealEffects.spawn refuses these before it builds (fatal): not a command to copy either.
+    caches = startcaches.problems(config, os.environ, info)
+    if caches:
+        print(f"vllmwatch: config error: {config.path}: {caches[0].key}: {caches[0].problem}",
+              file=sys.stderr)
+        return exitcodes.CONFIG
     cmd = command.build(config, os.environ, api_key=api_key, vllm_version=version,
-                        extra_env=_cache_env(config))
+                        extra_env=_cache_env(config, info))
     refused = _flag_refusal(config, version)
     if refused is not None:
         # What `run` would refuse is not a command to copy (issue 23).
         print(f"vllmwatch: config error: {refused}", file=sys.stderr)
         return exitcodes.CONFIG
+    _say_unshown(config)
     print(cmd.display())
     return exitcodes.OK
+
+
+def _say_unshown(config: Config) -> None:
+    """What `run` adds per launch and this line cannot carry: said on stderr, so that stdout
+    stays the one line to copy."""
+    if "TMPDIR" not in config.vllm.env:
+        print("vllmwatch: note: each `run` launch also gets a private TMPDIR (removed after "
+              "the child; set TMPDIR in [vllm.env] to choose it)"
+              + (" and the incident faulthandler hook on PYTHONPATH" if
+                 config.incidents.enabled else "") + "; not needed by hand", file=sys.stderr)
+    if config.spare.considered(config.gate.enabled) and config.vllm.uses_gpu:
+        print("vllmwatch: note: with the [spare] plan on, `run` lowers the serving engine's "
+              "--gpu-memory-utilization (the row spare.serving of `vllmwatch check` says to "
+              "what); the line shows the configured value", file=sys.stderr)
 
 
 def _flag_refusal(config: Config, version: str | None) -> str | None:
@@ -171,5 +193,9 @@ def _flag_refusal(config: Config, version: str | None) -> str | None:
     return None if known is None else vllmflags.refusal_text(config, known)
 
 
-def _cache_env(config: Config) -> dict[str, str]:
-    return prewarm.cache_env(config, os.environ)
+def _cache_env(config: Config, info: startcaches.VllmInfo) -> dict[str, str]:
+    """The launch's cache variables as shell/versions.CacheEnv gives them: ours, and vLLM's
+    start-up caches (without these a hand run compiles under another cache key)."""
+    unified = platform.detect(config, None).unified
+    return {**prewarm.cache_env(config, os.environ),
+            **startcaches.decide(config, os.environ, info, unified).env}

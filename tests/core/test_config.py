@@ -179,3 +179,13 @@ def test_vllm_keepalive_values_vllm_parses_are_taken(tmp_path: Path, value: str)
     cfg = load(write(tmp_path, f'[vllm]\nmodel = "/m"\n[vllm.env]\n'
                                f'VLLM_HTTP_TIMEOUT_KEEP_ALIVE = "{value}"\n'))
     assert cfg.vllm.env["VLLM_HTTP_TIMEOUT_KEEP_ALIVE"] == value
+
+
+def test_a_refused_model_is_not_also_called_missing(tmp_path: Path) -> None:
+    """model = "/m\\u0000" is refused for its NUL byte; the default it kept ("") then made
+    the cross-checks add "vllm.model: missing", which the file's model is not."""
+    path = write(tmp_path, '[vllm]\nmodel = "/m\\u0000"\n')
+    with pytest.raises(ConfigError) as got:
+        load(path)
+    text = str(got.value)
+    assert "NUL byte" in text and "missing" not in text

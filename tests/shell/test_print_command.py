@@ -40,3 +40,66 @@ def test_print_command_refuses_what_run_refuses(tmp_path: Path, monkeypatch: pyt
         assert "did you mean max-model-len" in err
     else:
         assert "--max-model-len 2048" in out
+
+
+def _config(tmp_path: Path, extra: str = "") -> Path:
+    config = tmp_path / "v.toml"
+    config.write_text(f'[vllm]\nmodel = "/m"\ncommand = ["{sys.executable}", "-m", "vllm"]\n'
+                      f'[memory]\nunified = "false"\n{extra}')
+    return config
+
+
+def _vllm(monkeypatch: pytest.MonkeyPatch, tmp_path: Path, torch: str) -> None:
+    from vllmwatch.config import startcaches
+
+    monkeypatch.setenv("CACHE_DIRECTORY", str(tmp_path / "cache"))
+    for name in (*startcaches.KNOWN, "TMPDIR"):
+        monkeypatch.delenv(name, raising=False)
+    info = startcaches.VllmInfo("0.99.0", torch, frozenset(startcaches.KNOWN))
+    monkeypatch.setattr(vllminfo, "info", lambda command: info)
+    monkeypatch.setattr(vllminfo, "version", lambda command: "0.99.0")
+
+
+def test_print_command_carries_the_start_cache_variables_run_sets(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
+        capsys: pytest.CaptureFixture[str]) -> None:
+    """The daemon's launch adds config/startcaches.py's variables (shell/versions.CacheEnv);
+    a hand run without them compiles under another cache key and profiles in full."""
+    _vllm(monkeypatch, tmp_path, "2.11.0")
+    config = _config(tmp_path, "[prewarm]\nmega_aot_artifact = true\n")
+    assert cli.main(["print-command", "-c", str(config)]) == exitcodes.OK
+    out = capsys.readouterr().out
+    for pair in ("VLLM_ENABLE_STARTUP_PLAN=1", "VLLM_USE_MEGA_AOT_ARTIFACT=1",
+                 "VLLM_USE_STANDALONE_COMPILE=1"):
+        assert pair in out
+
+
+def test_print_command_refuses_what_run_refuses_for_the_start_caches(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
+        capsys: pytest.CaptureFixture[str]) -> None:
+    """VLLM_USE_STANDALONE_COMPILE=0 in the daemon's environment with torch >= 2.12 (vLLM's
+    own artifact default): RealEffects.spawn refuses it (fatal); print-command printed it."""
+    _vllm(monkeypatch, tmp_path, "2.12.0")
+    monkeypatch.setenv("VLLM_USE_STANDALONE_COMPILE", "0")
+    assert cli.main(["print-command", "-c", str(_config(tmp_path))]) == exitcodes.CONFIG
+    out, err = capsys.readouterr()
+    assert out == "" and "VLLM_USE_STANDALONE_COMPILE=0" in err
+
+
+def test_print_command_says_what_it_cannot_reproduce(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
+        capsys: pytest.CaptureFixture[str]) -> None:
+    """The daemon's per-launch TMPDIR and the spare's lowered gpu-memory-utilization are not
+    in the printed line: said on stderr, stdout stays one line to copy."""
+    _vllm(monkeypatch, tmp_path, "2.11.0")
+    config = _config(tmp_path, '[spare]\nenabled = "true"\n[gate]\nenabled = true\n'
+                     'listen = "127.0.0.1:18999"\n')
+    assert cli.main(["print-command", "-c", str(config)]) == exitcodes.OK
+    out, err = capsys.readouterr()
+    assert len(out.strip().splitlines()) == 1
+    assert "TMPDIR" in err and "gpu-memory-utilization" in err
+    # TMPDIR set in [vllm.env]: the daemon uses it, nothing to say about it.
+    _config(tmp_path, '[vllm.env]\nTMPDIR = "/srv/tmp"\n')
+    assert cli.main(["print-command", "-c", str(config)]) == exitcodes.OK
+    out, err = capsys.readouterr()
+    assert "TMPDIR=/srv/tmp" in out and "TMPDIR" not in err and "spare" not in err

@@ -132,6 +132,9 @@ def read_api_key(config: Config) -> str | None:
     if not key:
         raise KeyFileError(config.path, "vllm.api_key_file", f"{path!r} is empty (a key "
                            "rotation in progress?)", transient=True)
+    if "\0" in key:  # else `check` passes and the launch's Popen raises ValueError
+        raise KeyFileError(config.path, "vllm.api_key_file", f"{path!r} holds a NUL byte, "
+                           "which cannot reach vLLM's environment", transient=False)
     return key
 
 
@@ -163,6 +166,10 @@ def read_env_file(config: Config) -> tuple[dict[str, str], list[str]]:
         if not eq or not re.fullmatch(r"[A-Za-z_][A-Za-z0-9_]*", name):
             raise KeyFileError(config.path, "vllm.env_file", f"{path!r} line {number}: "
                                "expected NAME=value (the value itself is not shown)",
+                               transient=False)
+        if "\0" in value:  # as in the key file: Popen would refuse it at the launch
+            raise KeyFileError(config.path, "vllm.env_file", f"{path!r} line {number}: "
+                               "a NUL byte in the value, which cannot reach vLLM",
                                transient=False)
         if name.startswith(ARG_PREFIX) and len(name) > len(ARG_PREFIX):
             args += [f"--{flag_name(name[len(ARG_PREFIX):].lower())}", value]

@@ -113,7 +113,9 @@ def from_dict(data: Mapping[str, object], path: str = "<config>") -> Config:
         parsed, more = adapters.parse(data["adapters"], config)
         config = dataclasses.replace(config, adapters=parsed)
         problems += more
-    problems += cross_checks(config)
+    # A key already refused keeps its default: never also "missing" (vllm.model = "/m\0").
+    refused = {p.key for p in problems}
+    problems += [p for p in cross_checks(config) if p.key not in refused]
     if problems:
         # Report the refused flags too, so that one edit cycle fixes the whole file.
         vllm = data.get("vllm")
