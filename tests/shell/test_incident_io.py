@@ -102,11 +102,37 @@ def test_a_process_without_the_hook_is_never_sent_the_dump_signal(
     assert not got[p.pid].ok and "hook is not loaded" in got[p.pid].error
     assert not dumpers.catches_dump_signal(p.pid)
     assert p.poll() is None  # SIGUSR2 would have killed it
-    # A file made after the process started but no handler: the hook ran and the
+    # The hook's line of this process in it but no handler: the hook ran and the
     # interpreter is exiting (it drops its handlers): said so, and still no signal.
-    os.utime(stale, None)
+    _stamp(stale, p.pid)
     got = dumpers.faulthandler_dumps([p.pid], str(tmp_path / "stacks"), time.monotonic() + 1)
     assert got[p.pid].error.startswith("process exiting"), got[p.pid]
+    assert p.poll() is None
+
+
+def _stamp(path: Path, pid: int) -> None:
+    """The line the hook writes when it opens the file in process pid."""
+    with open(f"/proc/{pid}/stat") as fh:
+        ticks = fh.read().rpartition(")")[2].split()[19]
+    path.write_text(f"{dumpers.HOOK_LINE}{ticks}\n")
+
+
+@pytest.mark.parametrize("ours,step", [(True, 3600.0), (False, -3600.0)])
+def test_whether_the_hook_ran_survives_a_wall_clock_step(
+        tmp_path: Path, procs: list[subprocess.Popen[str]], ours: bool, step: float) -> None:
+    p = _start(tmp_path, hook=False)
+    procs.append(p)
+    (tmp_path / "stacks").mkdir()
+    path = tmp_path / "stacks" / f"{p.pid}.stacks"
+    if ours:  # the hook ran in p, then the clock stepped an hour on
+        _stamp(path, p.pid)
+    else:  # an earlier owner of the pid, then the clock stepped an hour back
+        path.write_text(f"{dumpers.HOOK_LINE}1\n")
+    # btime (/proc/stat) moves with the step: against it, the file's time moves back by it
+    os.utime(path, (time.time() - step, time.time() - step))
+    got = dumpers.faulthandler_dumps([p.pid], str(tmp_path / "stacks"), time.monotonic() + 1)
+    said = got[p.pid].error
+    assert said.startswith("process exiting") if ours else "hook is not loaded" in said, said
     assert p.poll() is None
 
 
@@ -156,6 +182,33 @@ def test_the_store_prunes_the_oldest_to_its_bounds_and_keeps_the_newest(tmp_path
     assert store.load(root, again) == {"reason": "hang"}
 
 
+def test_a_record_still_being_written_survives_a_prune_after_a_clock_step(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    root = store.root_of(str(tmp_path))
+    assert root is not None
+    real = time.time
+
+    def files() -> Iterator[tuple[str, str]]:
+        yield store.RECORD, json.dumps({"reason": "hang"})
+        # the last record outlived its wait and the next one prunes; NTP stepped an hour on
+        monkeypatch.setattr(time, "time", lambda: real() + 3600)
+        store.prune(root, 50, 1 << 30)
+        monkeypatch.setattr(time, "time", real)
+        yield "output.log", "x"
+
+    class Slow(dict[str, str]):
+        def items(self) -> Iterator[tuple[str, str]]:  # type: ignore[override]
+            return files()
+
+    rid = store.write(root, store.record_id(1.7e9, "hang"), Slow())
+    assert sorted(os.listdir(os.path.join(root, rid))) == ["output.log", store.RECORD]
+    leftover = Path(root, ".tmp-20261201T000000Z-crash-1")  # a writer killed half-way
+    leftover.mkdir()
+    os.utime(leftover, (real() - 120, real() - 120))
+    store.prune(root, 50, 1 << 30)
+    assert not leftover.exists()
+
+
 def test_a_capture_of_a_live_group(tmp_path: Path, procs: list[subprocess.Popen[str]]) -> None:
     p = _start(tmp_path, hook=True)
     procs.append(p)
@@ -197,3 +250,54 @@ def test_the_cli_lists_shows_and_speaks_json(tmp_path: Path,
     assert capsys.readouterr().out.startswith("== reason and timeline ==")
     assert cli.main("show", "nope", False, [root]) == 1
     assert "no incident 'nope'" in capsys.readouterr().err
+
+
+class _SteppedClock:
+    """time for vllmwatch.shell.incidents: monotonic `mono`, the wall clock `step` off."""
+
+    def __init__(self) -> None:
+        self.mono, self.step = 100.0, 0.0
+
+    def monotonic(self) -> float:
+        return self.mono
+
+    def time(self) -> float:
+        return 1.7e9 + self.mono + self.step
+
+
+class _NoGpu:
+    def gpu_processes(self) -> None:
+        return None
+
+    def device_used_mib(self) -> None:
+        return None
+
+
+def test_a_wall_clock_step_between_scrapes_leaves_the_records_ages_and_rates_true(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    from vllmwatch.config.schema import from_dict
+    from vllmwatch.core.actions import RecordIncident
+    from vllmwatch.core.names import Reason
+    from vllmwatch.shell import incidents
+    from vllmwatch.testing.world import LogCapture
+
+    (tmp_path / "state").mkdir(mode=0o700)
+    shell = incidents.IncidentShell(from_dict({"vllm": {"model": "/m"}}), LogCapture(),
+                                    {"STATE_DIRECTORY": str(tmp_path / "state")})
+    clock = _SteppedClock()
+    monkeypatch.setattr(incidents, "time", clock)
+    for at, tokens in ((0, 100), (60, 200), (120, 300)):
+        clock.mono = 100.0 + at
+        clock.step = -3600.0 if at == 120 else 0.0  # NTP stepped back an hour before this
+        shell.scraped(f"vllm:generation_tokens_total {tokens}\n")
+    clock.mono += 5
+    got = shell.record(RecordIncident(1, Reason.HANG, "x", 3.0, None), None, None,
+                       _NoGpu())  # type: ignore[arg-type]  # only the two calls record makes
+    assert not got.error, got
+    assert shell.root is not None
+    rec = store.load(shell.root, got.incident_id)
+    assert rec is not None
+    m = rec["metrics"]
+    assert (m["last_age_s"], m["since_s"]) == (5.0, 120.0), m
+    assert m["summary"]["generation_tokens_per_s"] == round(200 / 120, 2), m["summary"]
+    assert m["summary"]["tokens_last_moved_s_ago"] == [5.0, 65.0], m["summary"]

@@ -29,6 +29,7 @@ from vllmwatch.config.redact import REDACT
 HOOK_DIR = str(Path(__file__).with_name("hook"))
 STACKS_ENV = "VLLMWATCH_STACKS_DIR"
 PTRACER_ENV = "VLLMWATCH_PTRACER"  # the hook's prctl(PR_SET_PTRACER) names this pid
+HOOK_LINE = "# vllmwatch hook: started "  # + the start in ticks since boot (hook's too)
 DUMP_SIGNAL = signal.SIGUSR2
 _SETTLE_S = 0.05  # a faulthandler file that stopped growing this long is complete
 
@@ -279,18 +280,17 @@ def _faulthandler_refusal(pid: int, stacks_dir: str | None) -> str:
 
 
 def _hook_ran(path: Path, pid: int) -> bool:
-    """The hook made this file in this process (created after it started, not a stale file
-    of an earlier process with the same pid). faulthandler writes only at a dump, so the
-    mtime is the hook's open."""
+    """The hook opened this file in this process, not an earlier process with the same pid:
+    it writes its process's start (ticks since boot) there. Not by the file's mtime against
+    btime + start: btime moves with the wall clock, so a step after the hook ran said
+    "hook not loaded" (forward) or took a stale file for this process's (back)."""
     try:
         with open(f"/proc/{pid}/stat") as fh:
             start_ticks = int(fh.read().rpartition(")")[2].split()[19])
-        with open("/proc/stat") as fh:
-            boot = next(int(ln.split()[1]) for ln in fh if ln.startswith("btime "))
-        started = boot + start_ticks / os.sysconf("SC_CLK_TCK")
-        return path.stat().st_mtime >= started - 1.0  # btime has whole seconds
-    except (OSError, ValueError, IndexError, StopIteration):
+        head = safefile.head(str(path), 1 << 20)  # the hook's line comes before any dump
+    except (OSError, ValueError, IndexError, safefile.FileProblem):
         return False
+    return f"{HOOK_LINE}{start_ticks}\n".encode() in head
 
 
 def _size(path: Path) -> int:

@@ -27,6 +27,10 @@ RECORD = "record.json"
 MAX_RECORD = 64 << 20  # bytes of record.json read by `vllmwatch incidents`; ours are < 1 MiB
 READ_TIMEOUT = 5.0  # s for one record.json (a hung mount); then "unreadable"
 _NAME = re.compile(r"^\d{8}T\d{6}Z-[a-z_]+(?:-\d+)?\Z")
+# The hidden folders this process is writing now. A record can outlive its wait (a slow
+# disk) while the next one prunes, and the age by mtime is no proof: a wall-clock step
+# forward made a folder being written look a minute old, and the prune deleted it.
+_WRITING: set[str] = set()
 
 
 @dataclass(frozen=True)
@@ -61,6 +65,7 @@ def write(root: str, rid: str, files: Mapping[str, str]) -> str:
         final = f"{rid}-{n}"
     tmp = os.path.join(root, f".tmp-{final}-{os.getpid()}")
     os.mkdir(tmp, 0o700)
+    _WRITING.add(os.path.basename(tmp))
     try:
         for name, text in files.items():
             fd = os.open(os.path.join(tmp, name), os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
@@ -70,6 +75,8 @@ def write(root: str, rid: str, files: Mapping[str, str]) -> str:
     except BaseException:
         shutil.rmtree(tmp, ignore_errors=True)
         raise
+    finally:
+        _WRITING.discard(os.path.basename(tmp))
     return final
 
 
@@ -112,7 +119,7 @@ def prune(root: str, max_records: int, max_bytes: int) -> list[str]:
         total -= sizes[oldest]
         gone.append(oldest)
     for leftover in os.listdir(root) if os.path.isdir(root) else []:
-        if leftover.startswith(".tmp-"):  # a writer killed half-way: not a record
+        if leftover.startswith(".tmp-") and leftover not in _WRITING:  # killed half-way
             with contextlib.suppress(OSError):
                 if time.time() - os.stat(os.path.join(root, leftover)).st_mtime > 60:
                     shutil.rmtree(os.path.join(root, leftover), ignore_errors=True)

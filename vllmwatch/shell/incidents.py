@@ -161,8 +161,10 @@ class IncidentShell:
         """A /metrics answer (probe worker thread)."""
         if text is None:
             return
+        # Monotonic: stamped by the wall clock, a clock step between scrapes skewed which
+        # were kept and every age and rate in the record; record() makes them wall time.
         with self._lock:
-            self._scrapes = metrics.keep(self._scrapes, time.time(), text)
+            self._scrapes = metrics.keep(self._scrapes, time.monotonic(), text)
 
     def record(self, action: RecordIncident, child_pid: int | None, vllm_version: str | None,
                sampler: MemorySampler, gate: Mapping[str, int] | None = None
@@ -172,7 +174,8 @@ class IncidentShell:
         if self.root is None:
             return IncidentRecorded(action.seq, error=no_record_because(self._why_none))
         with self._lock:
-            scrapes = list(self._scrapes)
+            now, wall = time.monotonic(), time.time()
+            scrapes = [(wall - (now - at), text) for at, text in self._scrapes]
         info = _describe(sampler)
         versions = {"vllmwatch": __version__, "vllm": vllm_version,
                     "driver": info.get("driver"), "python": platform.python_version()}
@@ -187,7 +190,7 @@ class IncidentShell:
                      max_bytes=int(cfg.max_size * 1024 * 1024) or 1 << 62,
                      cgroup=self.cgroup, oom_at_launch=self._oom_at_launch, gate=gate)
         try:
-            done = capture(inp, self.root)
+            done = capture(inp, self.root, wall)
         except OSError as exc:
             return IncidentRecorded(action.seq, error=f"{exc.filename or self.root}: "
                                     f"{exc.strerror or exc}", seconds=time.monotonic() - t0)

@@ -20,6 +20,7 @@ still run (chained), as Python would have run it without us.
 import faulthandler
 import importlib.machinery
 import importlib.util
+import io
 import os
 import signal
 import sys
@@ -39,9 +40,22 @@ def _register() -> None:
         fd = os.open(os.path.join(_DIR, f"{os.getpid()}.stacks"),
                      os.O_WRONLY | os.O_CREAT | os.O_APPEND | os.O_CLOEXEC, 0o600)
         fh = os.fdopen(fd, "w")
+        _stamp(fh)
         faulthandler.register(signal.SIGUSR2, file=fh, all_threads=True, chain=False)
         _files.append(fh)
     except (OSError, ValueError, RuntimeError):
+        pass
+
+
+def _stamp(fh: io.TextIOWrapper) -> None:
+    """Say which process opened the file (dumpers.HOOK_LINE): its start in ticks since boot,
+    which no wall-clock step moves (a file's mtime against a start does not survive one)."""
+    try:
+        with open("/proc/self/stat") as st:
+            ticks = st.read().rpartition(")")[2].split()[19]
+        fh.write(f"# vllmwatch hook: started {ticks}\n")
+        fh.flush()
+    except Exception:
         pass
 
 
