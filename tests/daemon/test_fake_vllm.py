@@ -15,6 +15,7 @@ from typing import TypeVar
 import pytest
 
 from tests.support.fakevllm import completion, fake, http
+from vllmwatch.testing.fake_engine import FaultClock
 from vllmwatch.testing.fake_vllm import parse_args
 from vllmwatch.testing.waiting import TIMEOUT_SCALE, sigstop
 from vllmwatch.testing.waiting import wait_for as wait_scaled
@@ -288,3 +289,24 @@ def test_a_cut_stream_is_an_injected_fault_and_reads_as_cut(tmp_path: Path) -> N
             conn.getresponse().read()
         conn.close()
         assert completion(f.port)[0] == 200, "a plain completion is not cut"
+
+
+@pytest.mark.parametrize("mtime_offset", [0.0, -3600.0])
+def test_the_arm_file_arms_by_a_touch_whatever_the_wall_clock_says(
+        tmp_path: Path, mtime_offset: float) -> None:
+    """The fake's faults are armed by a touch of --arm-file after its start. Compared as an
+    mtime against the start's wall time, a wall-clock step back (CI's box had a 27 s step)
+    left a touch unseen and the test waited for a fault that never came; so did a touch
+    within the file system's timestamp granularity of the start."""
+    arm = tmp_path / "faults.arm"
+    arm.touch()  # touched before this fake started: a restarted fake stays healthy
+    clock = FaultClock(str(arm))
+    assert clock.age() == float("-inf")
+    now = time.time() + mtime_offset  # the touch's mtime, as a clock stepped back stamps it
+    os.utime(arm, (now, now))
+    assert clock.age() >= 0.0
+    fresh = tmp_path / "absent.arm"
+    late = FaultClock(str(fresh))
+    assert late.age() == float("-inf")
+    fresh.touch()  # made after the start: armed
+    assert late.age() >= 0.0

@@ -94,7 +94,9 @@ class FaultClock:
     """
 
     def __init__(self, path: str | None) -> None:
-        self.path, self.born, self.at = path, time.time(), math.inf
+        # The file as it was at our start: a touch changes it. Not its mtime against our
+        # start's wall time: a wall-clock step (CI's box had one) left a touch unseen.
+        self.path, self.born, self.at = path, _stamp(path), math.inf
 
     def ready(self) -> None:
         """This role is up: without an arm file the fault delays count from now."""
@@ -103,11 +105,20 @@ class FaultClock:
 
     def age(self) -> float:
         """Seconds since the faults were armed; -inf while they are not."""
-        if self.at == math.inf and self.path is not None:
-            with contextlib.suppress(OSError):
-                if os.stat(self.path).st_mtime > self.born:
-                    self.at = time.monotonic()
+        if self.at == math.inf and self.path is not None and _stamp(self.path) != self.born:
+            self.at = time.monotonic()
         return time.monotonic() - self.at
+
+
+def _stamp(path: str | None) -> tuple[int, int, int] | None:
+    """What a touch of the file changes (None while there is none)."""
+    if path is None:
+        return None
+    try:
+        st = os.stat(path)
+    except OSError:
+        return None
+    return st.st_ino, st.st_mtime_ns, st.st_ctime_ns
 
 
 @dataclass
