@@ -11,7 +11,7 @@ import psutil
 import pytest
 
 from tests.support import owned, wait_until
-from vllmwatch.shell import proctime
+from vllmwatch.shell import kin
 from vllmwatch.shell.engines import EngineWatch
 
 # A parent that starts children whose command lines carry vLLM's process titles (what
@@ -107,7 +107,7 @@ def test_an_engine_reaped_by_its_parent_at_once_still_says_how_it_died(tmp_path:
         assert root.stdout is not None
         pid = int(root.stdout.readline())
         watch = EngineWatch()
-        started = proctime.started(pid)
+        started = kin.started(pid)
         assert started is not None
         watch.seen[pid] = (started, "VLLM::EngineCore")
         watch._exits.watch(pid)

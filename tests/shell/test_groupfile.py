@@ -14,7 +14,7 @@ import psutil
 import pytest
 
 from tests.support import free_port, owned, wait_until
-from vllmwatch.shell import child, groupfile, proctime
+from vllmwatch.shell import child, groupfile, kin
 
 
 @pytest.fixture
@@ -163,9 +163,9 @@ def test_a_recycled_pid_is_told_in_the_new_format_and_after_a_reboot(
     state.mkdir(mode=0o700)
     monkeypatch.setenv("STATE_DIRECTORY", str(state))
     path = Path(groupfile.path_of(marker) or "")
-    since = proctime.started(foreign.pid)
+    since = kin.started(foreign.pid)
     assert since is not None
-    for boot, since_boot, wall in ((proctime.boot_id(), since - 5.0, foreign.create_time()),
+    for boot, since_boot, wall in ((kin.boot_id(), since - 5.0, foreign.create_time()),
                                    ("another-boot", since, foreign.create_time() - 5.0)):
         path.write_text(json.dumps({"pgid": foreign.pid, "started": wall, "marker": marker,
                                     "since_boot": since_boot, "boot_id": boot}))

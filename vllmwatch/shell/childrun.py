@@ -297,7 +297,7 @@ class ChildHandle:
         """While starting, /health decides: the engine watch only says what it saw, once.
         A start is not READY before /health and the canary answer, and vLLM exits when its
         engine dies during the start; a watch that took a live engine for dead (a wall-clock
-        step did, before shell/proctime.py) must never hold the start silently until
+        step did, before starts were read in ticks since boot) must never hold the start until
         startup.stall_timeout, as it did when /health was not even asked."""
         if not set(gone) <= self._said_gone:
             self._said_gone |= set(gone)

@@ -17,7 +17,7 @@ import threading
 
 import psutil
 
-from vllmwatch.shell import proctime
+from vllmwatch.shell import kin
 
 # vLLM titles its processes VLLM::EngineCore and VLLM::Worker_TP<n> (setproctitle; /proc's comm
 # keeps 15 characters, so match the command line), and with --api-server-count > 1 its API
@@ -51,16 +51,16 @@ def _inherited(proc: psutil.Process) -> bool:
         return False
 
 
-# A process is known by its pid and its start in ticks since boot (shell/proctime.py), never
+# A process is known by its pid and its start in ticks since boot (shell/kin.py), never
 # by psutil's create_time: a wall-clock step moves that, and every engine looked dead after one.
 def _gone(pid: int, created: float) -> bool:
-    got = proctime.stat(pid)
+    got = kin.start_stat(pid)
     return got is None or got[1] != created or got[0] == "Z"
 
 
 def _same(pid: int, created: float) -> bool:
     """The pid still names the process seen (alive or a zombie), not a reused pid."""
-    return proctime.started(pid) == created
+    return kin.started(pid) == created
 
 
 def zombie_status(pid: int) -> int | None:
@@ -180,7 +180,7 @@ class EngineWatch:
             if proc.pid not in self.seen:
                 title = _title(proc)
                 if title is not None and not _inherited(proc):
-                    created = proctime.started(proc.pid)
+                    created = kin.started(proc.pid)
                     if created is None:
                         continue
                     self.seen[proc.pid] = (created, title)

@@ -26,7 +26,7 @@ from pathlib import Path
 import psutil
 
 from vllmwatch.config import safefile
-from vllmwatch.shell import proctime
+from vllmwatch.shell import kin
 
 MARKER = "VLLMWATCH_INSTANCE"
 _START_SLACK_S = 0.05  # create_time is boot time + jiffies: equal when it is the same process
@@ -36,7 +36,7 @@ _START_SLACK_S = 0.05  # create_time is boot time + jiffies: equal when it is th
 class Remembered:
     """What the file says: the child's group (its leader's pid) and the leader's start time:
     `started` on the wall clock (what earlier builds wrote), `since_boot` in the clock no
-    wall-clock step moves (shell/proctime.py), valid for the boot `boot_id` only."""
+    wall-clock step moves (shell/kin.py), valid for the boot `boot_id` only."""
 
     pgid: int
     started: float
@@ -46,8 +46,8 @@ class Remembered:
 
     def start_of(self, pid: int) -> tuple[float, float] | None:
         """(pid's start, the leader's) in the best clock both have; None if pid is gone."""
-        if self.since_boot is not None and self.boot_id and self.boot_id == proctime.boot_id():
-            mine = proctime.started(pid)
+        if self.since_boot is not None and self.boot_id and self.boot_id == kin.boot_id():
+            mine = kin.started(pid)
             return None if mine is None else (mine, self.since_boot)
         try:  # a file of an earlier build: the wall clock is all it has
             return psutil.Process(pid).create_time(), self.started
@@ -89,7 +89,7 @@ def remember(marker: str, pgid: int | None) -> None:
         with contextlib.suppress(OSError):
             os.unlink(path)
         return
-    since_boot = proctime.started(pgid)
+    since_boot = kin.started(pgid)
     try:
         started = psutil.Process(pgid).create_time()
     except psutil.Error:
@@ -98,7 +98,7 @@ def remember(marker: str, pgid: int | None) -> None:
         return
     safefile.write_private(path, json.dumps({"pgid": pgid, "started": started, "marker": marker,
                                              "since_boot": since_boot,
-                                             "boot_id": proctime.boot_id()}))
+                                             "boot_id": kin.boot_id()}))
 
 
 def read(marker: str) -> Remembered | None:
