@@ -63,17 +63,29 @@ def served(watch: AdapterWatch) -> dict[str, str]:
         n: "unmanaged" for n in view["unmanaged"]}
 
 
+def refused(path: Path) -> tuple[Path, str]:
+    """An adapter vLLM refuses (bias "all"), and its good adapter_config.json text."""
+    bad = make(path)
+    good = (bad / "adapter_config.json").read_text()
+    (bad / "adapter_config.json").write_text(json.dumps({**json.loads(good), "bias": "all"}))
+    return bad, good
+
+
+@contextmanager
+def watching(port: int, a: str) -> Iterator[tuple[AdapterWatch, LogCapture]]:
+    """A fake vLLM started with adapter `a`, and a watch of it that saw it served."""
+    with fake_vllm(port, "--lora-modules", f"a={a}"):
+        log = LogCapture()
+        watch = AdapterWatch(config(port, {"a": a}), log)
+        up(watch)
+        yield watch, log
+
+
 def test_live_loads_refusals_missing_files_unmanaged_and_unloads(tmp_path: Path) -> None:
     a, b = str(make(tmp_path / "a")), str(make(tmp_path / "b"))
-    bad, gone = make(tmp_path / "bad"), str(make(tmp_path / "gone"))
-    data = json.loads((bad / "adapter_config.json").read_text())
-    (bad / "adapter_config.json").write_text(json.dumps({**data, "bias": "all"}))
+    (bad, _), gone = refused(tmp_path / "bad"), str(make(tmp_path / "gone"))
     port = free_port()
-    with fake_vllm(port, "--lora-modules", f"a={a}"):
-        c0 = config(port, {"a": a})
-        log = LogCapture()
-        watch = AdapterWatch(c0, log)
-        up(watch)
+    with watching(port, a) as (watch, log):
         c1 = config(port, {"a": a, "b": b, "bad": str(bad), "gone": gone})
         shutil.rmtree(gone)  # validated, then removed before the load
         watch.update(c1.adapters[1:], (), ()).join(30)
@@ -105,15 +117,9 @@ def test_live_loads_refusals_missing_files_unmanaged_and_unloads(tmp_path: Path)
 def test_a_reload_with_the_same_adapters_retries_the_one_vllm_refused(tmp_path: Path) -> None:
     """lora.load_failed says "fix it and send SIGHUP again": the same config read as no
     change, so the adapter fixed in place stayed failed until a restart."""
-    a, bad = str(make(tmp_path / "a")), make(tmp_path / "bad")
-    good = (bad / "adapter_config.json").read_text()
-    (bad / "adapter_config.json").write_text(json.dumps({**json.loads(good), "bias": "all"}))
+    a, (bad, good) = str(make(tmp_path / "a")), refused(tmp_path / "bad")
     port = free_port()
-    with fake_vllm(port, "--lora-modules", f"a={a}"):
-        c0 = config(port, {"a": a})
-        log = LogCapture()
-        watch = AdapterWatch(c0, log)
-        up(watch)
+    with watching(port, a) as (watch, log):
         c1 = config(port, {"a": a, "bad": str(bad)})
         watch.reconfigure(c1)  # a change: the core sends it as UpdateAdapters
         watch.update(c1.adapters[1:], (), ()).join(30)
