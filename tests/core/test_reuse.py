@@ -138,10 +138,16 @@ def test_other_lines_state_nothing(line: str) -> None:
     assert reuse.facts_of(line) == ()
 
 
+def causes(missed: list[tuple[str, str, bool]]) -> dict[str, str]:
+    """{cache: likely cause} of reuse.misses, for the misses no reload explains."""
+    assert not [m for m in missed if m[2]], "no config changed here: no miss is expected"
+    return {cache: why for cache, why, _ in missed}
+
+
 def test_a_miss_after_a_hit_names_the_cache_and_vllms_reason() -> None:
     before = reuse.hits(read([*V026_WARM, PLAN_APPLIED])[0], True)
     facts, hit = read([PLAN_NOT, AOT_ERROR])
-    missed = dict(reuse.misses(before, reuse.hits(facts, hit), facts))
+    missed = causes(reuse.misses(before, reuse.hits(facts, hit), facts))
     assert set(missed) == {"compile_cache", "aot_artifact", "startup_plan"}
     assert missed["startup_plan"].startswith("vLLM said: Startup plan not applied")
     assert "Source code has changed" in missed["aot_artifact"]
@@ -163,7 +169,7 @@ def test_032_cpu_warm_start_could_not_load_it_and_says_why() -> None:
     facts, hit = read(V032_WARM)
     assert facts["aot_error"] == "'function' object has no attribute 'finalize_loading'"
     assert facts["aot_saved"] is True and "aot_loaded" not in facts and not hit
-    missed = dict(reuse.misses({"aot_artifact": True}, reuse.hits(facts, hit), facts))
+    missed = causes(reuse.misses({"aot_artifact": True}, reuse.hits(facts, hit), facts))
     assert missed == {"aot_artifact": "vLLM said: 'function' object has no attribute "
                                       "'finalize_loading'"}
 
@@ -173,5 +179,5 @@ def test_032_aot_load_failure_is_the_reason() -> None:
 
 
 def test_a_miss_without_vllms_reason_gives_the_likely_cause() -> None:
-    missed = dict(reuse.misses({"startup_plan": True}, {"startup_plan": False}, {}))
+    missed = causes(reuse.misses({"startup_plan": True}, {"startup_plan": False}, {}))
     assert "plan file was removed" in missed["startup_plan"]

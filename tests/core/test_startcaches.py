@@ -6,6 +6,7 @@ on the core: child.ready carries the reuse, a relaunch that missed a cache logs 
 
 from __future__ import annotations
 
+from dataclasses import replace
 from typing import Any
 
 import pytest
@@ -13,7 +14,8 @@ import pytest
 from tests.core.test_truthful_signals import Core
 from vllmwatch.config.schema import ConfigError, from_dict
 from vllmwatch.config.startcaches import MEGA, PLAN, STANDALONE, VllmInfo, decide, problems
-from vllmwatch.core.events import ChildExited, ChildOutput, SweepDone, Tick
+from vllmwatch.core.actions import Log
+from vllmwatch.core.events import ChildExited, ChildOutput, ReloadRequested, SweepDone, Tick
 from vllmwatch.core.reuse import facts_of
 from vllmwatch.core.state import S
 
@@ -164,3 +166,81 @@ def test_status_and_the_incident_report_show_the_last_launchs_reuse_in_one_line(
     page = report({"id": "x", "core": {"start_reuse": reused, "compile_cache_hit": False}})
     assert "last launch reused: compile cache miss, AOT artifact loaded" in page
     assert "\x1b" not in text + page
+
+
+# ---- a miss a reload explains is expected (info, the changed key named), not a warning ----
+
+def _hit_then_relaunch(config_after: Any, *second: str, hit: bool = False) -> Core:
+    """READY with every cache hit, a reload to `config_after`, a crash, the relaunch READY with
+    the `second` start's lines (no compile-cache hit)."""
+    from tests.core.test_reuse import PLAN_APPLIED, V026_WARM
+    core = Core()
+    core.launch()
+    _start(core, *V026_WARM, PLAN_APPLIED, hit=True)
+    assert core.s.last_hits == {"compile_cache": True, "aot_artifact": True,
+                                "startup_plan": True}
+    core.step(ReloadRequested(config_after))
+    core.step(ChildExited(core.pid, 1, None))
+    for _ in range(40):
+        if core.s.state == S.STARTING:
+            break
+        core.step(SweepDone((), (), None) if core.s.state == S.CLEANUP else Tick(), 5.0)
+    _start(core, *second, hit=hit)
+    return core
+
+
+def _with(**prewarm: Any) -> Any:
+    from tests.core.test_truthful_signals import CONFIG
+    return replace(CONFIG, prewarm=replace(CONFIG.prewarm, **prewarm))
+
+
+def test_switching_the_artifact_explains_the_compile_misses_not_the_plans() -> None:
+    from tests.core.test_reuse import P
+    from tests.core.test_truthful_signals import CONFIG
+    core = _hit_then_relaunch(replace(_with(mega_aot_artifact="true"), path=CONFIG.path))
+    # (auto -> true: the artifact now asked for, a new compile-cache key; true -> false the same)
+    missed = {str(m["cache"]): m for m in core.events("startup.cache_missed")}
+    assert set(missed) == {"compile_cache", "aot_artifact", "startup_plan"}
+    for cache in ("compile_cache", "aot_artifact"):
+        assert missed[cache]["expected"] is True
+        assert missed[cache]["likely_cause"] == ("a reload changed prewarm.mega_aot_artifact "
+                                                 "(auto -> true)")
+    # the plan's miss is not the artifact switch's doing: still a warning, the usual causes
+    assert missed["startup_plan"]["expected"] is False
+    assert "plan file was removed" in str(missed["startup_plan"]["likely_cause"])
+    levels = {(a.event, a.fields.get("cache")): a.level for a in core.acts
+              if isinstance(a, Log) and a.event == "startup.cache_missed"}
+    assert levels == {("startup.cache_missed", "compile_cache"): "info",
+                      ("startup.cache_missed", "aot_artifact"): "info",
+                      ("startup.cache_missed", "startup_plan"): "warning"}
+    assert P  # (the fixtures' prefix: the lines are vLLM 0.26's, verbatim)
+
+
+def test_turning_the_plan_off_explains_its_miss_and_nothing_else() -> None:
+    from tests.core.test_reuse import V026_WARM
+    core = _hit_then_relaunch(_with(startup_plan="false"), *V026_WARM, hit=True)
+    [missed] = core.events("startup.cache_missed")
+    assert missed["cache"] == "startup_plan" and missed["expected"] is True
+    assert missed["likely_cause"] == "a reload changed prewarm.startup_plan (auto -> false)"
+
+
+def test_a_changed_vllm_env_value_is_named_never_shown() -> None:
+    from tests.core.test_truthful_signals import CONFIG
+    secret = "hf_abcdefghijklmnopqrstuvwxyz0123456789"
+    after = replace(CONFIG, vllm=replace(CONFIG.vllm, env={"HF_TOKEN": secret}))
+    core = _hit_then_relaunch(after)
+    missed = core.events("startup.cache_missed")
+    assert missed and all(m["expected"] is True for m in missed)
+    assert all(m["likely_cause"] == "a reload changed vllm.env.HF_TOKEN" for m in missed)
+    logs = [a for a in core.acts if isinstance(a, Log)]
+    assert secret not in repr(logs) + repr(core.s.last_inputs)
+
+
+def test_without_a_change_the_same_miss_stays_a_warning_with_the_usual_cause() -> None:
+    from tests.core.test_truthful_signals import CONFIG
+    core = _hit_then_relaunch(CONFIG)
+    missed = core.events("startup.cache_missed")
+    assert {m["cache"] for m in missed} == {"compile_cache", "aot_artifact", "startup_plan"}
+    assert all(m["expected"] is False for m in missed)
+    assert "cache under prewarm.cache_dir was cleared" in str(
+        next(m["likely_cause"] for m in missed if m["cache"] == "compile_cache"))

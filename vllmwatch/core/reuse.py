@@ -28,10 +28,13 @@ A launch's facts are a flat dict (JSON in child.ready and /status `start_reuse`)
 
 from __future__ import annotations
 
+import hashlib
 import re
 from collections.abc import Mapping
 
 from vllmwatch.config.redact import REDACT
+from vllmwatch.config.sections import Config
+from vllmwatch.core.actions import Log
 
 Facts = tuple[tuple[str, object], ...]  # what one line says (hashable: it rides an event)
 
@@ -132,17 +135,79 @@ def kept(before: Mapping[str, bool], now: dict[str, bool], awake: bool) -> dict[
     return now
 
 
+def inputs(config: Config) -> dict[str, str]:
+    """What of vllmwatch's config the caches of a launch are keyed on or placed by: the
+    prewarm switches by value, the vLLM command, model, flags and environment by digest (a
+    value there may be a secret, and this rides the state that records keep)."""
+    p, v = config.prewarm, config.vllm
+    out = {f"prewarm.{k}": str(getattr(p, k)).lower()
+           for k in ("enabled", "cache_dir", "startup_plan", "mega_aot_artifact")}
+    hidden = {"vllm.command": repr(v.command), "vllm.model": v.model,
+              "vllm.extra_args": repr(v.extra_args),
+              **{f"vllm.args.{k}": repr(val) for k, val in v.args.items()},
+              **{f"vllm.env.{k}": val for k, val in v.env.items()}}
+    return {**out, **{k: hashlib.sha256(val.encode()).hexdigest()[:16]
+                      for k, val in hidden.items()}}
+
+
+# Which switch concerns which cache: turning the plan off explains no compile-cache miss.
+_ONLY = {"prewarm.startup_plan": ("startup_plan",),
+         "prewarm.mega_aot_artifact": ("compile_cache", "aot_artifact")}
+
+
+def changed(before: Mapping[str, str], now: Mapping[str, str], cache: str) -> list[str]:
+    """The config keys a reload changed that `cache` depends on; the prewarm switches with
+    their values ("prewarm.startup_plan (auto -> false)"), the rest by name only."""
+    out = []
+    for key in sorted(set(before) | set(now)):
+        if before.get(key) == now.get(key) or cache not in _ONLY.get(key, (cache,)):
+            continue
+        out.append(f"{key} ({before.get(key, 'unset')} -> {now.get(key, 'unset')})"
+                   if key.startswith("prewarm.") else key)
+    return out
+
+
 def misses(before: Mapping[str, bool], now: Mapping[str, bool],
-           facts: Mapping[str, object]) -> list[tuple[str, str]]:
-    """[(cache, likely cause)] for each cache the last READY launch hit and this one missed;
-    the cause is vLLM's own message where it gave one."""
+           facts: Mapping[str, object], inputs_before: Mapping[str, str] | None = None,
+           inputs_now: Mapping[str, str] | None = None) -> list[tuple[str, str, bool]]:
+    """[(cache, likely cause, expected)] for each cache the last READY launch hit and this one
+    missed. The cause is vLLM's own message where it gave one; else a config change since
+    that launch (a reload) where there was one: then the miss is expected (a cache keyed on
+    that key is written anew, one switched off is not read); else the usual causes."""
     out = []
     for cache, hit in before.items():
         if not hit or now.get(cache, False):
             continue
         said = facts.get("startup_plan_why") if cache == "startup_plan" else \
             facts.get("aot_error") if cache in ("aot_artifact", "compile_cache") else None
-        out.append((cache, f"vLLM said: {said}" if said else _LIKELY[cache]))
+        moved = changed(inputs_before, inputs_now, cache) if inputs_before and inputs_now \
+            else []
+        if said:
+            out.append((cache, f"vLLM said: {said}", False))
+        elif moved:
+            out.append((cache, "a reload changed " + ", ".join(moved), True))
+        else:
+            out.append((cache, _LIKELY[cache], False))
+    return out
+
+
+def missed_logs(before: Mapping[str, bool], inputs_before: Mapping[str, str],
+                now: Mapping[str, bool], facts: Mapping[str, object],
+                inputs_now: Mapping[str, str], awake: bool) -> list[Log]:
+    """What a READY launch says of the caches it missed (issue 33): a warning naming the cache
+    and the likely cause, as info where a reload explains it; beside the awake spare the plan's
+    miss is expected, said once as failover.startup_plan (BESIDE_AWAKE)."""
+    out = []
+    for cache, why, expected in misses(before, now, facts, inputs_before, inputs_now):
+        if cache == "startup_plan" and awake:
+            out.append(Log("info", "failover.startup_plan", {
+                "applied": False, "vllm_said": why, "detail": BESIDE_AWAKE}))
+            continue
+        out.append(Log("info" if expected else "warning", "startup.cache_missed", {
+            "cache": cache, "likely_cause": why, "expected": expected,
+            "detail": f"this launch did not reuse the {cache.replace('_', ' ')} that the last "
+                      "one did; its start took longer" + (
+                          " (expected after that change)" if expected else "")}))
     return out
 
 

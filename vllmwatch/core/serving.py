@@ -193,29 +193,16 @@ def become_ready(s: WatchState, now: float, acts: list[Action]) -> Result:
                                       "phases": phases, "compile_cache_hit": st.compile_cache_hit,
                                       "reuse": dict(st.reuse)})
     awake = s.spare is not None and str(s.spare.rung) in ("serving", "waking")  # a failover
-    acts = [*acts, *more, log, *_missed(s.last_hits, st, awake)]
-    s = replace(s, last_hits=reuse.kept(s.last_hits, reuse.hits(st.reuse,
-                                                                st.compile_cache_hit), awake))
+    now_hits, now_inputs = reuse.hits(st.reuse, st.compile_cache_hit), reuse.inputs(s.config)
+    acts = [*acts, *more, log, *reuse.missed_logs(s.last_hits, s.last_inputs, now_hits,
+                                                  st.reuse, now_inputs, awake)]
+    s = replace(s, last_hits=reuse.kept(s.last_hits, now_hits, awake), last_inputs=now_inputs)
     if s.restart.reason is not None and s.last_restart_at is not None:
         acts.append(Log("info", "restart.done", {
             "reason": s.last_reason, "downtime_s": round(now - s.last_restart_at, 2)}))
     s, more = rung(s, Phase.IDLE, now, "ready")
     s, back = spare_ready(s, now)  # the gate routes back to the full engine first
     return s, [*acts, *more, *back, Notify(ready=True)]
-
-
-def _missed(before: dict[str, bool], c: Start, awake: bool = False) -> list[Action]:
-    """A relaunch that missed a start-up cache the last READY launch hit: say which and why
-    (issue 33); such a start is seconds slower, and the cause is usually outside vLLM. Beside
-    the awake spare the plan's miss is expected, said once as info (reuse.BESIDE_AWAKE)."""
-    now = reuse.hits(c.reuse, c.compile_cache_hit)
-    return [Log("info", "failover.startup_plan", {"applied": False, "vllm_said": why,
-                                                  "detail": reuse.BESIDE_AWAKE})
-            if cache == "startup_plan" and awake else Log("warning", "startup.cache_missed", {
-                "cache": cache, "likely_cause": why,
-                "detail": f"this launch did not reuse the {cache.replace('_', ' ')} that the "
-                          "last one did; its start took longer"})
-            for cache, why in reuse.misses(before, now, c.reuse)]
 
 
 def metrics(s: WatchState, ev: MetricsResult, now: float) -> Result:

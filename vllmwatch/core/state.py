@@ -240,6 +240,7 @@ class WatchState:
     next_extend: float = 0.0
     rng: int = 0x2545F4914F6CDD1D
     last_hits: dict[str, bool] = field(default_factory=dict)  # caches the last READY hit
+    last_inputs: dict[str, str] = field(default_factory=dict)  # ... its config (reuse.inputs)
     memory_failures: tuple[int, int] = (0, 0)  # (starts failed for memory in a row, last gen)
     # Who watches /readyz (issue 28): only a balancer polling it needs the deregister delay.
     readyz_tracked: bool = False  # the shell reports /readyz polls (else: always deregister)
