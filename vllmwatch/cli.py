@@ -197,5 +197,13 @@ def _cache_env(config: Config, info: startcaches.VllmInfo) -> dict[str, str]:
     """The launch's cache variables as shell/versions.CacheEnv gives them: ours, and vLLM's
     start-up caches (without these a hand run compiles under another cache key)."""
     unified = platform.detect(config, None).unified
-    return {**prewarm.cache_env(config, os.environ),
-            **startcaches.decide(config, os.environ, info, unified).env}
+    ours = {}
+    for name, path in prewarm.cache_env(config, os.environ).items():
+        why = prewarm.cannot_make(path)  # `run` leaves it out too (prewarm.cache_unusable)
+        if why is None:
+            ours[name] = path
+        else:
+            print(f"vllmwatch: note: {name}={path} left out ({why}), as `run` would: vLLM "
+                  "keeps its default location; set prewarm.cache_dir to a directory you can "
+                  "write", file=sys.stderr)
+    return {**ours, **startcaches.decide(config, os.environ, info, unified).env}

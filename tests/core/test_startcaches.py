@@ -152,6 +152,22 @@ def test_check_refuses_standalone_compile_0_from_the_environment(tmp_path: Any) 
     assert ok.status == PASS and "prewarm.mega_aot_artifact = true" in ok.detail
 
 
+@pytest.mark.parametrize("fast", [True, False], ids=["fast", "full"])
+def test_check_fast_and_full_both_refuse_what_vllms_own_default_makes_fatal(
+        fast: bool, monkeypatch: pytest.MonkeyPatch) -> None:
+    """torch >= 2.12: vLLM's own default turns the artifact on; an operator's 0 for
+    VLLM_USE_STANDALONE_COMPILE is then refused by `run` (78), so by both checks too (the
+    ExecStartPre one is --fast)."""
+    from vllmwatch.check import vllm as checks
+    from vllmwatch.check.base import FAIL, PASS, Context
+    monkeypatch.setattr(checks.vllminfo, "info", lambda command: V032)
+    bad = checks.check_start_caches(Context(conf(), fast=fast, env={STANDALONE: "0"}))
+    assert bad.status == FAIL and "vLLM's own default for torch 2.13.0+cpu >= 2.12" in bad.detail
+    monkeypatch.setattr(checks.vllminfo, "info", lambda command: V026)  # torch 2.11: off
+    assert checks.check_start_caches(Context(conf(), fast=fast, env={STANDALONE: "0"})
+                                     ).status == PASS
+
+
 def test_status_and_the_incident_report_show_the_last_launchs_reuse_in_one_line() -> None:
     from vllmwatch.incident.report import render as report
     from vllmwatch.status.cli import render as status

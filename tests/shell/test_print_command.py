@@ -103,3 +103,40 @@ def test_print_command_says_what_it_cannot_reproduce(
     assert cli.main(["print-command", "-c", str(config)]) == exitcodes.OK
     out, err = capsys.readouterr()
     assert "TMPDIR=/srv/tmp" in out and "TMPDIR" not in err and "spare" not in err
+
+
+def test_print_command_leaves_out_a_cache_dir_run_could_not_make(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
+        capsys: pytest.CaptureFixture[str]) -> None:
+    """`run` drops a cache variable whose directory it cannot make or write (vLLM would crash
+    on it, prewarm.cache_unusable); the printed line drops it too, says so on stderr, and
+    makes no directory itself."""
+    _vllm(monkeypatch, tmp_path, "2.11.0")
+    blocked = tmp_path / "blocked"
+    blocked.write_text("a file where the cache dir's parent should be")
+    monkeypatch.setenv("CACHE_DIRECTORY", str(blocked / "cache"))
+    assert cli.main(["print-command", "-c", str(_config(tmp_path))]) == exitcodes.OK
+    out, err = capsys.readouterr()
+    assert "VLLM_CACHE_ROOT" not in out and "HF_HOME" not in out
+    assert f"VLLM_CACHE_ROOT={blocked}/cache/vllm left out ({blocked} is not a directory)" in err
+    assert "VLLM_ENABLE_STARTUP_PLAN=1" in out  # vLLM's own caches: under its default root
+    # A directory that does not exist yet under a writable one: kept, and not made here.
+    fresh = tmp_path / "fresh"
+    monkeypatch.setenv("CACHE_DIRECTORY", str(fresh))
+    assert cli.main(["print-command", "-c", str(_config(tmp_path))]) == exitcodes.OK
+    out, err = capsys.readouterr()
+    assert f"VLLM_CACHE_ROOT={fresh}/vllm" in out and "left out" not in err
+    assert not fresh.exists()
+
+
+@pytest.mark.skipif(os.geteuid() == 0, reason="root writes any directory: no unwritable one")
+def test_print_command_leaves_out_an_unwritable_cache_dir(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
+        capsys: pytest.CaptureFixture[str]) -> None:
+    _vllm(monkeypatch, tmp_path, "2.11.0")
+    locked = tmp_path / "locked"
+    locked.mkdir(mode=0o500)
+    monkeypatch.setenv("CACHE_DIRECTORY", str(locked / "cache"))
+    assert cli.main(["print-command", "-c", str(_config(tmp_path))]) == exitcodes.OK
+    out, err = capsys.readouterr()
+    assert "VLLM_CACHE_ROOT" not in out and f"({locked} is not writable)" in err

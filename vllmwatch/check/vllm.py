@@ -43,7 +43,10 @@ def check_start_caches(ctx: Context) -> CheckResult:
     """vLLM's start-up caches (issue 33): what the next launch turns on, and an operator's
     VLLM_USE_STANDALONE_COMPILE=0 with the mega AOT artifact on refused (vLLM asserts)."""
     c = ctx.config
-    info = startcaches.VllmInfo() if ctx.fast else vllminfo.info(c.vllm.command)
+    # Also with --fast: this is the package-metadata read that check_vllm_args' version()
+    # makes anyway (cached); without it a vLLM whose own default turns the artifact on
+    # (torch >= 2.12) would pass here and be refused by `run` (exit 78).
+    info = vllminfo.info(c.vllm.command)
     found = startcaches.problems(c, ctx.env, info)
     if found:
         return CheckResult("start caches", FAIL, f"{found[0].key}: {found[0].problem}")

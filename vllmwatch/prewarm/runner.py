@@ -90,6 +90,17 @@ def child_env(config: Config, environ: Mapping[str, str]) -> dict[str, str]:
     return {**environ, **cache_env(config, environ), **config.vllm.env}
 
 
+def cannot_make(path: str) -> str | None:
+    """Why make_cache_dirs would find `path` unusable for us now, without making anything
+    (`print-command`: a line to run by hand must not create dirs); None: it would be usable."""
+    where = Path(path)
+    while not where.exists() and where.parent != where:
+        where = where.parent  # the directory that mkdir -p would make it in
+    if not where.is_dir():
+        return f"{where} is not a directory"
+    return None if os.access(where, os.W_OK | os.X_OK) else f"{where} is not writable"
+
+
 def make_cache_dirs(config: Config, environ: Mapping[str, str]
                     ) -> tuple[dict[str, str], list[tuple[str, str, str]]]:
     """Create our cache directories: (the variables whose directory is usable, and
