@@ -127,6 +127,9 @@ class SpareBuilt(SpareEvent):
     # Not built, not failed: the serving engine running now was launched without the room
     # this spare takes (a reload turned it on): built after that engine's next launch
     deferred: bool = False
+    # Failed for a cause every try on this host meets alike (NVML gives no figure for the
+    # spare's processes): off at once, never retried (each try is a full vLLM start)
+    permanent: bool = False
 
 
 @dataclass(frozen=True)

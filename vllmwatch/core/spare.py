@@ -164,8 +164,7 @@ def reloaded(s: WatchState, now: float, changed: str = "", inputs: Inputs = ()) 
         return _set(s, t, [*back, *acts, StopSpare(why)])
     if not t.wanted and t.rung == R.OFF:
         t, acts = move(replace(t, wanted=True, failed_builds=0, lost=0, stale="", why=""),
-                       R.DOWN,
-                       now, "config reloaded")
+                       R.DOWN, now, "config reloaded")
         if _full_ready(s):
             s, more = _rebuild(s, t, now, "config reloaded")
             return s, acts + more
@@ -182,9 +181,11 @@ def reloaded(s: WatchState, now: float, changed: str = "", inputs: Inputs = ()) 
     return _set(s, replace(t, stale=why), [log])
 
 
-def _off(t: Track, now: float, last_error: str) -> tuple[Track, list[Action]]:
-    """`spare.retries` failed builds in a row: off until the next reload."""
-    why = f"{t.failed_builds} failed builds (spare.retries): off until the next reload"
+def _off(t: Track, now: float, last_error: str, permanent: bool = False
+         ) -> tuple[Track, list[Action]]:
+    """Off until the next reload: `spare.retries` failed builds in a row, or a permanent one."""
+    why = f"not retried, off until the next reload: {last_error}" if permanent else \
+        f"{t.failed_builds} failed builds (spare.retries): off until the next reload"
     t, acts = move(replace(t, wanted=False, why=why), R.OFF, now, why)
     return t, [*acts, Log("warning", "spare.off", {
         "build": t.build, "why": why, "last_error": last_error,
@@ -255,8 +256,8 @@ def _built(s: WatchState, ev: SpareBuilt, now: float) -> Moved:
     acts = [StopSpare("its build failed"), Log("warning", "spare.build_failed", {
         "build": t.build, "detail": ev.detail, "failed_builds": t.failed_builds,
         "retries": t.retries})]
-    if t.failed_builds >= t.retries:
-        t, more = _off(t, now, ev.detail)
+    if t.failed_builds >= t.retries or ev.permanent:  # (a first start's engine launches)
+        t, more = _off(t, now, ev.detail, ev.permanent)
         s, acts = _set(s, t, acts + more)
         return s, acts, first
     if first:  # the serving engine never waits on a second try (spare.retries x the build's

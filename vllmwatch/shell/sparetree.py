@@ -26,13 +26,7 @@ from dataclasses import dataclass
 import psutil
 
 from vllmwatch.config.redact import REDACT
-from vllmwatch.core.failover import (
-    SpareBuilt,
-    SpareExited,
-    SpareSlept,
-    SpareWoken,
-    room,
-)
+from vllmwatch.core.failover import SpareBuilt, SpareExited, SpareSlept, SpareWoken, room
 from vllmwatch.core.policy import signal_name
 from vllmwatch.logfn import LogFn
 from vllmwatch.shell import child as childmod
@@ -43,9 +37,9 @@ TITLE_PREFIX = "VLLMWATCH::spare"
 POLL = 0.05
 STOP_GRACE = 5.0
 OUTPUT_TAIL = 30  # the spare's last lines kept, for a failed build's detail
-# A spare whose footprint NVML cannot give (no per-process figures: e.g. a container that does
-# not share the host's PID namespace) could never be woken safely: its build fails, saying so.
 SUPERSEDED = "its tree was stopped (a newer build or a stop took the spare's socket)"
+# No per-process figure from NVML for the spare (e.g. a container without the host's PID
+# namespace): no wake could be proven to fit, on any try here (SpareBuilt.permanent).
 UNMEASURED = ("NVML gives no GPU memory for the spare's processes, so no wake could be "
               "proven to fit (a container without the host's PID namespace?): run vllmwatch "
               "where nvidia-smi lists vLLM's processes, or set spare.enabled = false")
@@ -297,7 +291,7 @@ class SpareTree:
             return SpareBuilt(False, SUPERSEDED)
         self.awake_mib = awake
         if not self.awake_mib:  # None or 0: no wake could ever be proven to fit
-            return SpareBuilt(False, UNMEASURED)
+            return self._unmeasured(mine)
         status, body = call(self.cmd.socket_path, "POST", "/sleep?level=1",
                             timeout=max(1.0, deadline - time.monotonic()))
         if status != 200:
@@ -306,8 +300,15 @@ class SpareTree:
             return SpareBuilt(False, "/is_sleeping never said true")
         self.asleep_mib = self.memory_mib()
         if self.asleep_mib is None:
-            return SpareBuilt(False, UNMEASURED)
+            return self._unmeasured(mine)
         return SpareBuilt(True, "", self.pid, self.awake_mib, self.asleep_mib)
+
+    def _unmeasured(self, mine: subprocess.Popen[bytes] | None) -> SpareBuilt:
+        """UNMEASURED, for good, of a tree alive and still `mine`; one gone is a failed build."""
+        if mine is not None and self.proc is mine and mine.poll() is None:
+            return SpareBuilt(False, UNMEASURED, permanent=True)
+        return SpareBuilt(False, SUPERSEDED if self._replaced(mine) else self._said(
+            "exited during its build"))
 
     def wake(self, timeout: float) -> SpareWoken:
         """Room first (never a wake that can OOM it), then /wake_up, /is_sleeping false and a

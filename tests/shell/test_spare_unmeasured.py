@@ -1,0 +1,70 @@
+"""A spare NVML gives no figure for (a container without the host's PID namespace): its build
+answers SpareBuilt.permanent, so the core turns the spare off at once instead of retrying a
+full vLLM start spare.retries times. A tree that died before its figure was read is no such
+host: an ordinary failed build. The spare is a small Python process; its HTTP is faked."""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Callable
+from pathlib import Path
+
+import pytest
+
+from tests.support import PYTHON, wait_for
+from vllmwatch.config.schema import from_dict
+from vllmwatch.config.spare import SparePlan
+from vllmwatch.core.events import Event
+from vllmwatch.core.failover import BuildSpare, SpareBuilt
+from vllmwatch.shell import sparetree
+from vllmwatch.shell.sparerun import SpareFx
+from vllmwatch.shell.sparetree import UNMEASURED, SpareCommand, SpareTree
+from vllmwatch.testing import LogCapture
+
+SPARE = "import time\nprint('INFO hello from the spare', flush=True)\ntime.sleep(600)\n"
+
+
+def _build(tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
+           figure: Callable[[SpareTree], float | None]) -> SpareBuilt:
+    """One build through SpareFx (as the loop asks it) of a spare that answers /health,
+    its canary, /sleep and /is_sleeping; `figure`: NVML's figure for its tree, each read."""
+    def call(path: str, method: str, url: str, *a: object, **k: object) -> tuple[int, bytes]:
+        return 200, b'{"choices": [{"text": "x"}]}'
+    monkeypatch.setattr(sparetree, "call", call)
+    cmd = SpareCommand([PYTHON, "-c", SPARE], {}, str(tmp_path / "s.sock"), "m")
+    t = SpareTree(cmd, "0123456789abcdef", LogCapture(), lambda _: figure(t), lambda: 1e6)
+    monkeypatch.setattr(t, "_get", lambda url, timeout=2.0: (
+        200, json.dumps({"is_sleeping": True}).encode()))
+    config = from_dict({"vllm": {"command": ["vllm", "serve"], "model": "m", "gpus": []}},
+                       path=str(tmp_path / "vllmwatch.toml"))
+    fx = SpareFx(config, SparePlan(on=True, reason="test"), t, LogCapture())
+    posted: list[Event] = []
+    try:
+        fx.do(BuildSpare(30.0, 3), posted.append)
+        wait_for(lambda: bool(posted), 30.0, "the build's answer")
+    finally:
+        t.stop("test ends")
+    assert len(posted) == 1 and isinstance(posted[0], SpareBuilt), posted
+    assert not posted[0].ok and posted[0].build == 3, posted[0]
+    return posted[0]
+
+
+@pytest.mark.parametrize("which", ["awake", "awake-zero", "asleep"])
+def test_no_nvml_figure_for_the_spare_is_a_permanent_failure(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch, which: str) -> None:
+    reads: list[float | None] = {"awake": [None], "awake-zero": [0.0],
+                                 "asleep": [27202.0, None]}[which]
+    got = _build(tmp_path, monkeypatch, lambda _: reads.pop(0) if len(reads) > 1 else reads[0])
+    assert got.permanent and got.detail == UNMEASURED, got
+
+
+def test_a_tree_that_died_before_its_figure_is_an_ordinary_failed_build(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Its pids are gone, so NVML lists none of them: that says nothing of the host."""
+    def dies(t: SpareTree) -> float | None:
+        assert t.proc is not None
+        t.proc.kill()
+        t.proc.wait(10.0)
+        return None
+    got = _build(tmp_path, monkeypatch, dies)
+    assert not got.permanent and "exited during its build" in got.detail, got
