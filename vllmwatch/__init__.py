@@ -1,3 +1,153 @@
-"""vllmwatch: a systemd-supervised watchdog that keeps one vLLM server healthy."""
+"""vllmwatch: a systemd-supervised watchdog that keeps one vLLM server healthy.
+
+The package also pins its own code for a running daemon (`pin`): a package upgrade (the .deb's
+postinst leaves a running vllmwatch alone) replaces these files under a daemon that imports
+some of them only when a feature is first used (the spare's failover, LoRA, the smoke test,
+hours later) and runs two of them in other interpreters (the standby's script, the incident
+hook). New files beside old modules in memory are two versions in one process, and the first
+call across them can crash the daemon at 3 a.m. Pinned, a daemon runs the code it started with,
+all of it, until it is restarted; `code_changed` says when the files moved on.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import importlib.util
+import os
+import re
+import sys
+from collections.abc import Sequence
+from importlib.machinery import ModuleSpec
+from types import ModuleType
+from typing import Any, cast
 
 __version__ = "0.1.0"
+
+_HERE = os.path.dirname(os.path.abspath(__file__))
+_SOURCES: dict[str, tuple[str, bytes]] = {}  # module name -> (file, its bytes at the pin)
+_BY_FILE: dict[str, bytes] = {}
+_STATS: dict[str, tuple[int, int, int]] = {}  # file -> (inode, size, mtime_ns) at the pin
+_VERSION = re.compile(rb"""^__version__ = ["']([^"']+)["']""", re.MULTILINE)
+
+
+class _PinnedFinder:
+    """Serves vllmwatch's modules not yet imported from the bytes read at the pin, where the
+    file on disk is no longer the one read then."""
+
+    def find_spec(self, name: str, path: Sequence[str] | None = None,
+                  target: ModuleType | None = None) -> ModuleSpec | None:
+        got = _SOURCES.get(name)
+        if got is None or not _moved(got[0]):
+            return None  # unchanged on disk: the normal import, with its .pyc (postinst's)
+        package = os.path.basename(got[0]) == "__init__.py"
+        # (a loader by its methods: importlib.abc would cost every CLI call ~9 ms of imports)
+        spec = importlib.util.spec_from_loader(name, cast(Any, self), origin=got[0],
+                                               is_package=package)
+        if spec is not None:
+            spec.has_location = True  # __file__ is the file's path, as for a plain import
+            if package:
+                spec.submodule_search_locations = [os.path.dirname(got[0])]
+        return spec
+
+    def create_module(self, spec: ModuleSpec) -> ModuleType | None:
+        return None  # the default module object
+
+    def exec_module(self, module: ModuleType) -> None:
+        import linecache  # (only here: a pinned module is served after an upgrade)
+
+        file, source = _SOURCES[module.__name__]
+        # Tracebacks quote the lines that run, not the newer file's: an entry without an
+        # mtime is one linecache never re-reads from disk.
+        lines = source.decode("utf-8", "replace").splitlines(keepends=True)
+        linecache.cache[file] = (len(source), None, lines, file)
+        exec(compile(source, file, "exec", dont_inherit=True), module.__dict__)
+
+    def get_source(self, name: str) -> str | None:
+        """For tracebacks (linecache): the pinned lines, not those of a newer file."""
+        got = _SOURCES.get(name)
+        return got[1].decode("utf-8", "replace") if got is not None else None
+
+
+def pin() -> int:
+    """Read every module of the package now and serve later imports from these bytes (a
+    daemon's start, before its lazy imports); returns how many files were pinned. Idempotent."""
+    if _SOURCES:
+        return len(_SOURCES)
+    for folder, dirs, files in os.walk(_HERE):
+        dirs[:] = [d for d in dirs if d != "__pycache__"]
+        for name in files:
+            if not name.endswith(".py"):
+                continue
+            file = os.path.join(folder, name)
+            rel = os.path.relpath(file, os.path.dirname(_HERE))[:-3].split(os.sep)
+            module = ".".join(rel[:-1] if rel[-1] == "__init__" else rel)
+            try:
+                with open(file, "rb") as f:
+                    stat, data = os.fstat(f.fileno()), f.read()
+            except OSError:
+                continue  # unreadable now: imported from disk as before
+            _SOURCES[module], _BY_FILE[file] = (file, data), data
+            _STATS[file] = (stat.st_ino, stat.st_size, stat.st_mtime_ns)
+    if _SOURCES:
+        sys.meta_path.insert(0, _PinnedFinder())
+    return len(_SOURCES)
+
+
+def pinned_file(path: str) -> bytes | None:
+    """A package file's bytes at the pin (a script another interpreter runs); None unpinned."""
+    return _BY_FILE.get(os.path.abspath(path))
+
+
+def _moved(file: str) -> bool:
+    """Whether the file is no longer the one read at the pin (dpkg renames a new one in)."""
+    try:
+        st = os.stat(file)
+    except OSError:
+        return True
+    return (st.st_ino, st.st_size, st.st_mtime_ns) != _STATS.get(file)
+
+
+def pinned_copy(path: str, folder: str) -> str | None:
+    """The pinned bytes of package file `path` written to `folder` under its name, for a script
+    another interpreter runs (the standby's, the incident hook); its path, or None when nothing
+    is pinned or it cannot be written (the caller then runs the package's own file)."""
+    data = pinned_file(path)
+    if data is None:
+        return None
+    target = os.path.join(folder, os.path.basename(path))
+    try:
+        with open(target, "rb") as f:
+            if f.read() == data:
+                return target
+    except OSError:
+        pass
+    tmp = f"{target}.{os.getpid()}.tmp"
+    try:
+        fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_NOFOLLOW | os.O_CLOEXEC,
+                     0o600)
+        with os.fdopen(fd, "wb") as f:
+            f.write(data)
+        os.replace(tmp, target)
+    except OSError:
+        with contextlib.suppress(OSError):
+            os.unlink(tmp)
+        return None
+    return target
+
+
+def code_changed() -> str | None:
+    """What changed in the package's files since the pin (an upgrade under a running daemon),
+    in words with the installed version; None when nothing did (or nothing was pinned)."""
+    if not _STATS:
+        return None
+    moved = [file for file in _STATS if _moved(file)]
+    if not moved:
+        return None
+    try:
+        with open(os.path.join(_HERE, "__init__.py"), "rb") as f:
+            found = _VERSION.search(f.read())
+    except OSError:
+        found = None
+    now = found.group(1).decode("ascii", "replace") if found else "unknown"
+    return (f"vllmwatch {now} is installed since this daemon started ({__version__}; "
+            f"{len(moved)} of {len(_STATS)} files changed)")

@@ -133,6 +133,9 @@ def _dispatch(args: argparse.Namespace) -> int:
     if args.command == "prewarm":
         return prewarm.main(config, as_json=args.json,
                             unified=platform.detect(config, None).unified)
+    import vllmwatch
+
+    vllmwatch.pin()  # before the daemon's imports: one version of our code for its lifetime
     from vllmwatch import daemon
 
     return daemon.main(config, log_format=args.log_format, prewarm=not args.no_prewarm)

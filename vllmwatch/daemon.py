@@ -10,6 +10,7 @@ import time
 from collections.abc import Callable, Mapping
 from dataclasses import replace
 
+import vllmwatch
 from vllmwatch import __version__
 from vllmwatch.config.command import load_for_reload
 from vllmwatch.config.schema import Config
@@ -142,7 +143,16 @@ def _run(config: Config, log_format: str | None, env: dict[str, str], log: Switc
             # ... and its generation from the same look (not the snapshot's, a turn later)
             gate.forwarder.route = lambda: spare.route(holder["snap"].child_pid)
 
+    said: list[str] = []
+
     def reload() -> Config:  # on a worker thread: reads the file, logs with the old level
+        changed = vllmwatch.code_changed()  # an upgrade since the start (vllmwatch.pin)
+        if changed is not None and changed not in said:
+            said.append(changed)
+            log("warning", "daemon.code_changed", detail=changed,
+                then="this daemon keeps running the code it started with (a reload re-reads "
+                     "the config, not the code); restart vllmwatch when convenient to run "
+                     "the new one (vLLM restarts with it)")
         # The same check as `check --config-only`, the units' first ExecReload= (exit CONFIG).
         return spread_config(load_for_reload(config.path), log)
 

@@ -232,14 +232,14 @@ def test_every_variable_and_flag_vllmwatch_adds_is_in_the_one_injected_list() ->
     (issue 36.4); it reads config/launch.py's lists, so every launch path must stay in them."""
     from vllmwatch.config.launch import INJECTED_ENV, INJECTED_FLAGS
     from vllmwatch.prewarm.runner import CACHE_VARS, cache_env
-    from vllmwatch.shell.incidents import IncidentShell
+    from vllmwatch.shell.incidents import with_hook
 
     c = from_dict({"vllm": {"model": "/m", "gpus": [0], "env": {"MINE": "1"}},
                    "prewarm": {"cache_dir": "/var/cache/vw"}})
     base = {"PATH": "/usr/bin", "HOME": "/root"}
     extra = {**cache_env(c, base), "TMPDIR": "/tmp/vllmwatch-x"}
-    cmd = IncidentShell._with_hook(build(c, base, api_key="k", vllm_version="0.32.0",
-                                       extra_env=extra), "/stacks")
+    cmd = with_hook(build(c, base, api_key="k", vllm_version="0.32.0", extra_env=extra),
+                    "/stacks")
     added = set(cmd.env) - set(base) - {"MINE"}
     # vllm.gpus and the key are the config's own settings (init maps them back).
     assert added - {"CUDA_VISIBLE_DEVICES", "VLLM_API_KEY"} <= INJECTED_ENV

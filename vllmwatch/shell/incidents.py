@@ -10,6 +10,7 @@ error, which the core logs as a warning and goes on.
 from __future__ import annotations
 
 import contextlib
+import hashlib
 import os
 import platform
 import threading
@@ -19,6 +20,7 @@ from dataclasses import asdict, replace
 from pathlib import Path
 from typing import Any
 
+import vllmwatch
 from vllmwatch import __version__
 from vllmwatch.config.command import ChildCommand
 from vllmwatch.config.redact import secrets_of
@@ -109,6 +111,7 @@ class IncidentShell:
         # says whether the OOM killer struck since (issue 36.15).
         self.cgroup = cause.unit_cgroup()
         self._oom_at_launch: dict[str, int] | None = None
+        self._hook: str | None = None  # the hook's folder (pinned_hook_dir), from the first use
 
     def launched(self, tail: Sequence[str], env: Mapping[str, str], api_key: str | None
                  ) -> None:
@@ -133,14 +136,10 @@ class IncidentShell:
             return cmd
         return self._with_hook(cmd, str(Path(self.root, STACKS)))
 
-    @staticmethod
-    def _with_hook(cmd: ChildCommand, stacks_dir: str) -> ChildCommand:
-        env = dict(cmd.env)
-        old = env.get("PYTHONPATH", "")
-        env["PYTHONPATH"] = dumpers.HOOK_DIR + (os.pathsep + old if old else "")
-        env[dumpers.STACKS_ENV] = stacks_dir
-        env[dumpers.PTRACER_ENV] = str(os.getpid())
-        return replace(cmd, env=env)
+    def _with_hook(self, cmd: ChildCommand, stacks_dir: str) -> ChildCommand:
+        if self._hook is None:  # once: a standby's PYTHONPATH stays what it was built with
+            self._hook = pinned_hook_dir(self.root)
+        return with_hook(cmd, stacks_dir, self._hook)
 
     def _fresh_stacks_dir(self) -> str | None:
         if self.root is None:
@@ -236,3 +235,29 @@ def _alive(stem: str) -> bool:
     except PermissionError:
         return True
     return True
+
+
+def with_hook(cmd: ChildCommand, stacks_dir: str, hook_dir: str = dumpers.HOOK_DIR
+              ) -> ChildCommand:
+    """`cmd` with the faulthandler hook first on PYTHONPATH and its variables."""
+    env = dict(cmd.env)
+    old = env.get("PYTHONPATH", "")
+    env["PYTHONPATH"] = hook_dir + (os.pathsep + old if old else "")
+    env[dumpers.STACKS_ENV] = stacks_dir
+    env[dumpers.PTRACER_ENV] = str(os.getpid())
+    return replace(cmd, env=env)
+
+
+def pinned_hook_dir(root: str | None) -> str:
+    """The hook's folder for this daemon's vLLM: a copy of the hook as the daemon started with
+    it (vllmwatch.pin) in `root/.hook-<digest>`, so that an upgrade which replaces the
+    package's hook does not change what this daemon's children run; the package's own folder
+    when nothing is pinned or the copy cannot be made."""
+    source = os.path.join(dumpers.HOOK_DIR, "sitecustomize.py")
+    data = vllmwatch.pinned_file(source)
+    if root is None or data is None:
+        return dumpers.HOOK_DIR
+    folder = os.path.join(root, ".hook-" + hashlib.sha256(data).hexdigest()[:12])
+    with contextlib.suppress(OSError):
+        os.makedirs(folder, mode=0o700, exist_ok=True)
+    return folder if vllmwatch.pinned_copy(source, folder) else dumpers.HOOK_DIR

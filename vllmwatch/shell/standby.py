@@ -29,6 +29,7 @@ from typing import Any
 
 import psutil
 
+import vllmwatch
 from vllmwatch.config.command import ChildCommand, is_secret_name
 from vllmwatch.shell.child import MARKER, Child, short_tmpdir
 
@@ -215,8 +216,11 @@ def start(entry: Entry, cmd: ChildCommand, key: tuple[Any, ...], modules: tuple[
     spec = {"parent": os.getpid(), "status_fd": write_fd, "modules": list(modules),
             "model": model, "entry": entry.as_spec()}
     try:
+        # The script as this daemon started with it (vllmwatch.pin): an upgrade since must
+        # not put a newer one across the old daemon's side of the handover.
+        script = vllmwatch.pinned_copy(SCRIPT, tmpdir) or SCRIPT
         proc = subprocess.Popen(
-            [entry.interpreter, SCRIPT, json.dumps(spec)], env=env, stdin=subprocess.PIPE,
+            [entry.interpreter, script, json.dumps(spec)], env=env, stdin=subprocess.PIPE,
             stdout=subprocess.PIPE, stderr=subprocess.STDOUT, start_new_session=True,
             close_fds=True, pass_fds=(write_fd,), cwd=os.getcwd())
     except OSError:
