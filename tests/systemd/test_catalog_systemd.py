@@ -27,8 +27,13 @@ journalctl -x -u vllmwatch MESSAGE_ID={ready} --no-pager > ready-x.txt
 journalctl -x -u vllmwatch MESSAGE_ID={start} --no-pager > start-x.txt
 journalctl -u vllmwatch MESSAGE_ID={ready} --no-pager > ready-plain.txt
 systemctl stop vllmwatch
+# an instance config of the admin's and the key `vllmwatch init` wrote (the purge keeps the
+# first, and says so; the key goes)
+echo '[vllm]' > /etc/vllmwatch/mine.toml
+(umask 077; echo sk-init-made > /etc/vllmwatch/api-key)
 dpkg --purge vllmwatch > purge.log 2>&1
 journalctl --list-catalog > after-purge.txt
+ls -A /etc/vllmwatch > etc-after-purge.txt
 """)
     ok(r)
     assert r.read("update.rc").strip() == "0"
@@ -43,3 +48,6 @@ journalctl --list-catalog > after-purge.txt
     assert "Subject:" not in r.read("ready-plain.txt")
     assert f"config {CONF}" in r.read("start-x.txt"), r.read("start-x.txt")
     assert not [mid for mid in MESSAGE_IDS.values() if mid in r.read("after-purge.txt")]
+    assert r.read("etc-after-purge.txt").split() == ["mine.toml"]
+    assert ("vllmwatch: /etc/vllmwatch kept: it holds files the package did not install: "
+            "mine.toml") in r.read("purge.log")

@@ -46,8 +46,11 @@ systemctl is-enabled vllmwatch.service > enabled.txt 2>&1 || true
 prop vllmwatch.service ActiveState > active.txt
 /opt/vllmwatch/bin/vllmwatch --version > version.txt
 find /opt/vllmwatch -name '*.pyc' | wc -l > pyc.txt
+# what `vllmwatch init` writes beside the config: a purge leaves no secret behind
+(umask 077; echo sk-init-made > /etc/vllmwatch/api-key; echo HF_TOKEN=x > /etc/vllmwatch/secrets.env)
 dpkg --purge vllmwatch > purge.log 2>&1; echo $? > purge.rc
 test -e /opt/vllmwatch/venv/bin/python; echo $? > opt-after-purge.txt
+test -e /etc/vllmwatch; echo $? > etc-after-purge.txt
 """)
     ok(r)
     assert r.read("verify.txt") == ""
@@ -61,6 +64,7 @@ test -e /opt/vllmwatch/venv/bin/python; echo $? > opt-after-purge.txt
     assert int(r.read("pyc.txt")) > 0  # compiled in postinst
     assert r.read("purge.rc").strip() == "0", r.read("purge.log")
     assert r.read("opt-after-purge.txt").strip() == "1"
+    assert r.read("etc-after-purge.txt").strip() == "1", r.read("purge.log")
 
 
 def _samples(r: SystemdResult) -> list[tuple[float, str, str, str]]:
