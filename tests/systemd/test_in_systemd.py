@@ -47,7 +47,8 @@ prop vllmwatch.service ActiveState > active.txt
 /opt/vllmwatch/bin/vllmwatch --version > version.txt
 find /opt/vllmwatch -name '*.pyc' | wc -l > pyc.txt
 # what `vllmwatch init` writes beside the config: a purge leaves no secret behind
-(umask 077; echo sk-init-made > /etc/vllmwatch/api-key; echo HF_TOKEN=x > /etc/vllmwatch/secrets.env)
+(umask 077; echo sk-init-made > /etc/vllmwatch/api-key
+ echo HF_TOKEN=x > /etc/vllmwatch/secrets.env)
 dpkg --purge vllmwatch > purge.log 2>&1; echo $? > purge.rc
 test -e /opt/vllmwatch/venv/bin/python; echo $? > opt-after-purge.txt
 test -e /etc/vllmwatch; echo $? > etc-after-purge.txt
