@@ -109,7 +109,12 @@ def test_sighup_to_log_level_error_stops_forwarding_the_childs_info_lines(
 
 
 def _canaries_at(body: bytes) -> float:
-    return float(json.loads(body)["probe_last_completed"].get("canary", 0.0))
+    """The last canary's completion, monotonic: /status says it in wall seconds, and its
+    state_since both ways (the same snapshot's pair) turns it back, so that a wall-clock
+    step between two /status reads (NTP) moves neither."""
+    doc = json.loads(body)
+    wall = float(doc["probe_last_completed"].get("canary", 0.0))
+    return wall - float(doc["state_since"]) + float(doc["state_since_monotonic"])
 
 
 def _canaries(d: Daemon) -> float:

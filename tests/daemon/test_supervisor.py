@@ -2,8 +2,10 @@
 
 Each test starts the daemon as a subprocess on free ports, waits on its JSON events and
 sd_notify datagrams with deadlines, and on teardown checks that no process of its tree is
-left and the port is free (tests/support/daemon.py). Detection and recovery times are read
-from event timestamps and printed (`pytest -s` shows them).
+left and the port is free (tests/support/daemon.py). Detection and recovery times are
+printed (`pytest -s` shows them). Order is the event list's (Daemon.index, mark/since) and a
+duration that is asserted is the test's monotonic clock (Daemon.at: an event's arrival, or
+the time signal()/arm() returned), never the events' wall-clock `ts` (NTP steps it).
 """
 
 from __future__ import annotations
@@ -77,10 +79,11 @@ def report(what: str, seconds: float) -> None:
 
 
 def fault_at(d: Daemon, text: str, since: int = 0) -> float:
-    """When the fake vLLM printed `text` (its fault announcement), as the daemon logged it."""
+    """When the fake vLLM's `text` (its fault announcement) reached us, as the daemon logged
+    it: its monotonic arrival (Daemon.at), to subtract from d.at() of a later event."""
     hits = [e for e in d.named("child.line", since) if text in e["text"]]
     assert hits, f"no child line with {text!r}\n" + d.dump()
-    return ts_of(hits[0])
+    return d.at(hits[0])
 
 
 def restart_cycle(d: Daemon, reason: str, since: int, ready_timeout: float = 10.0
@@ -98,12 +101,16 @@ def test_ready_only_after_health_and_canary_with_status_lines(daemon: Factory) -
     d = daemon()
     ready = d.wait_ready()
     assert d.notify is not None
-    first_ready = d.notify.with_prefix("READY=1")[0][0]
-    assert first_ready >= ts_of(ready) - 0.001
+    # READY=1 only once the daemon was ready: on the one socket, in the order sent (no
+    # clock), STATUS=starting and then STATUS=ready came before the first READY=1.
+    told = [v for _, v in d.notify.lines()]
+    before = [v.split("=", 1)[1].split(" ")[0] for v in told[:told.index("READY=1")]
+              if v.startswith("STATUS=")]
+    assert "starting" in before and before[-1] == "ready", told
     # The canary (a real completion) succeeded during the start, before READY.
     assert 0 < ready["phases"]["canary"] <= ready["phases"]["ready"]
     starting = d.named("state.changed", to="starting")[0]
-    assert ts_of(starting) < first_ready
+    first_ready = d.notify.with_prefix("READY=1")[0][0]  # monotonic, like d.at()
     # STATUS= follows the state: starting first, then ready.
     wait_for(lambda: any(v.startswith("STATUS=ready") for _, v in d.notify.with_prefix(
         "STATUS=")), 2.0, "STATUS=ready")
@@ -111,7 +118,7 @@ def test_ready_only_after_health_and_canary_with_status_lines(daemon: Factory) -
     first = [s.split("=", 1)[1].split(" ")[0] for s in statuses]
     assert first.index("starting") < first.index("ready")
     assert "restarts 0" in statuses[-1]
-    report("start to READY (0.3s fake start)", first_ready - ts_of(starting))
+    report("start to READY (0.3s fake start)", first_ready - d.at(starting))
 
 
 def test_no_ready_while_health_200_but_canary_hangs(daemon: Factory) -> None:
@@ -151,8 +158,8 @@ def test_watchdog_unset_pid_pings_and_foreign_pid_does_not(daemon: Factory) -> N
     d.close()
     other = daemon(env={"WATCHDOG_USEC": "400000", "WATCHDOG_PID": "1"})
     other.wait_ready()
-    mark = time.time()
-    wait_for(lambda: time.time() - mark > 1.0 and other.named("child.ready"), 3.0,
+    mark = time.monotonic()
+    wait_for(lambda: time.monotonic() - mark > 1.0 and other.named("child.ready"), 3.0,
              "a second of READY")
     assert other.notify is not None
     assert not other.notify.with_prefix("WATCHDOG=1")
@@ -168,7 +175,7 @@ def test_extend_timeout_during_slow_start(daemon: Factory) -> None:
     assert all(int(v.split("=")[1]) > 0 for _, v in d.notify.with_prefix("EXTEND_TIMEOUT_USEC="))
     phases = d.named("startup.phase")
     assert [p["phase"] for p in phases][:3] == ["load_start", "weights", "model_loaded"]
-    assert ready_at - d.started_at >= 3.0
+    assert ready_at - d.started_mono >= 3.0  # both monotonic: the listener's and the start's
 
 
 # ---- detection: crash, health, hang, busy, stall ----
@@ -196,7 +203,7 @@ def test_engine_crash_is_crash_or_engine_died(daemon: Factory) -> None:
         assert "(VLLM::EngineCore) exited with code" in begin["detail"], begin
     ready = d.wait_ready(10.0, since=d.events.index(begin))
     crashed = fault_at(d, "EngineCore encountered a fatal error", since)
-    report(f"engine crash ({begin['reason']}): fault -> restart.begin", ts_of(begin) - crashed)
+    report(f"engine crash ({begin['reason']}): fault -> restart.begin", d.at(begin) - crashed)
     report("engine crash: restart.begin -> READY", ts_of(ready) - ts_of(begin))
 
 
@@ -214,8 +221,8 @@ def test_engine_death_restarts_at_the_first_503_not_after_the_threshold(
     assert len(health_fails) < 5  # the threshold was not waited for
     crashed = fault_at(d, "EngineCore encountered a fatal error", since)
     report("engine death (API server alive, 503): fault -> restart.begin",
-           ts_of(begin) - crashed)
-    assert ts_of(begin) - crashed < 5.0 * TIMEOUT_SCALE  # an upper bound: a slow box stretches it
+           d.at(begin) - crashed)
+    assert d.at(begin) - crashed < 5.0 * TIMEOUT_SCALE  # an upper bound: a slow box stretches it
     d.wait_ready(15.0, since=d.events.index(begin))
 
 
@@ -227,12 +234,12 @@ def test_a_dead_tp_worker_is_a_restart_at_the_next_probe(daemon: Factory) -> Non
     workers = wait_for(lambda: [p for p in root.children(recursive=True)
                                 if "--role worker" in " ".join(p.cmdline())], 10, "TP workers")
     since = d.mark()
-    killed_at = time.time()
+    killed_at = time.monotonic()
     workers[-1].kill()
     begin = wait_for(lambda: d.named("restart.begin", since), 10.0, "restart.begin")[0]
     assert begin["reason"] == "engine_died" and "engine process died" in begin["detail"]
     assert "Worker" in begin["detail"], begin
-    report("TP worker kill -9: fault -> restart.begin", ts_of(begin) - killed_at)
+    report("TP worker kill -9: fault -> restart.begin", d.at(begin) - killed_at)
     d.wait_ready(15.0, since=d.events.index(begin))
 
 
@@ -247,7 +254,7 @@ def test_a_dead_engine_is_a_restart_at_the_next_probe_while_health_hangs(
     engine = wait_for(lambda: [p for p in root.children(recursive=True)
                                if "--role engine" in " ".join(p.cmdline())], 10, "EngineCore")[0]
     since = d.mark()
-    killed_at = time.time()
+    killed_at = time.monotonic()
     engine.kill()
     begin = wait_for(lambda: d.named("restart.begin", since), 15.0, "restart.begin")[0]
     assert begin["reason"] == "engine_died" and "engine process died" in begin["detail"], begin
@@ -255,9 +262,9 @@ def test_a_dead_engine_is_a_restart_at_the_next_probe_while_health_hangs(
     assert begin["detail"].count("died") == 1 and "/health" not in begin["detail"], begin
     # the fake's API server reaps its engine only at its own exit: the zombie says how
     assert "(VLLM::EngineCore) killed by SIGKILL" in begin["detail"], begin
-    assert ts_of(begin) - killed_at < 20.0  # before the 20 s probe timeout could have fired
+    assert d.at(begin) - killed_at < 20.0  # before the 20 s probe timeout could have fired
     report("EngineCore kill -9, /health hanging: fault -> restart.begin",
-           ts_of(begin) - killed_at)
+           d.at(begin) - killed_at)
     d.wait_ready(20.0, since=d.events.index(begin))
 
 
@@ -269,8 +276,8 @@ def test_health_failures_restart_after_threshold(daemon: Factory) -> None:
     begin, ready = restart_cycle(d, "health", since)
     fails = d.named("probe.failed", since, probe="health")
     assert [f["consecutive"] for f in fails[:3]] == [1, 2, 3]
-    assert ts_of(fails[2]) <= ts_of(begin)
-    report("health: fault -> restart.begin (3 x 0.5s)", ts_of(begin) - armed_at - 1.0)
+    assert d.index(fails[2]) < d.index(begin)
+    report("health: fault -> restart.begin (3 x 0.5s)", d.at(begin) - armed_at - 1.0)
     report("health: restart.begin -> READY", ts_of(ready) - ts_of(begin))
 
 
@@ -282,7 +289,7 @@ def test_hang_detected_by_canary(daemon: Factory) -> None:
     assert d.named("probe.canary_timeout")
     assert not d.named("probe.failed", probe="health")  # /health kept saying 200
     report("hang: fault -> restart.begin (canary every 1s, timeout 1s)",
-           ts_of(begin) - fault_at(d, "Injected fault: engine hang"))
+           d.at(begin) - fault_at(d, "Injected fault: engine hang"))
     report("hang: restart.begin -> READY", ts_of(ready) - ts_of(begin))
 
 
@@ -309,7 +316,7 @@ def test_stall_detected_from_frozen_counters(daemon: Factory) -> None:
     since, _ = d.arm()
     begin, ready = restart_cycle(d, "stall", since)
     report("stall: fault -> restart.begin (stall_timeout 1s, metrics every 0.5s)",
-           ts_of(begin) - fault_at(d, "Injected fault: engine stall"))
+           d.at(begin) - fault_at(d, "Injected fault: engine stall"))
     report("stall: restart.begin -> READY", ts_of(ready) - ts_of(begin))
 
 
@@ -329,7 +336,7 @@ def test_host_memory_leak_drains_then_restarts(daemon: Factory) -> None:
     assert after[:2] == ["draining", "stopping"], after
     assert d.named("drain.done", since)
     report("host leak 50MiB/s, growth limit 40MiB: leak start -> restart.begin",
-           ts_of(begin) - armed_at)
+           d.at(begin) - armed_at)
     report("host leak: restart.begin -> READY", ts_of(ready) - ts_of(begin))
 
 
@@ -371,9 +378,9 @@ def test_ignored_sigterm_escalates_to_sigkill(daemon: Factory) -> None:
     kill = d.named("child.kill")
     assert kill, d.dump()
     # stop_timeout 1s: never sooner; later only by how slow the machine is
-    assert 0.9 <= ts_of(kill[0]) - sent <= 1.0 + 3.0 * TIMEOUT_SCALE
+    assert 0.9 <= d.at(kill[0]) - sent <= 1.0 + 3.0 * TIMEOUT_SCALE  # monotonic, both
     assert d.named("child.exited")[-1]["signal"] == "SIGKILL"
-    report("ignored SIGTERM: stop -> SIGKILL (stop_timeout 1s)", ts_of(kill[0]) - sent)
+    report("ignored SIGTERM: stop -> SIGKILL (stop_timeout 1s)", d.at(kill[0]) - sent)
 
 
 @pytest.mark.parametrize("sig", [signal.SIGTERM, signal.SIGINT])
@@ -389,7 +396,7 @@ def test_stop_signal_exits_0_and_reaps(daemon: Factory, sig: int) -> None:
     assert not psutil.pid_exists(ready["pid"]) or \
         psutil.Process(ready["pid"]).status() == psutil.STATUS_ZOMBIE
     assert d.notify is not None and d.notify.with_prefix("STOPPING=1")
-    report(f"{signal.Signals(sig).name} -> exit", ts_of(d.named("daemon.exit")[0]) - sent)
+    report(f"{signal.Signals(sig).name} -> exit", d.at(d.named("daemon.exit")[0]) - sent)
     # The child ran with a TMPDIR of its own (vLLM leaves IPC socket files there when it
     # is killed), and that directory is gone with it.
     marker = instance_id(str(d.config_path))
@@ -502,7 +509,7 @@ def test_reload_probe_settings_live_without_restart(daemon: Factory) -> None:
                       and v in ("RELOADING=1", "READY=1")] == ["RELOADING=1", "READY=1"],
              2.0, "RELOADING=1 then READY=1")
     pid = d.named("child.ready")[0]["pid"]
-    wait_for(lambda: time.time() - ts_of(ev) > 1.0, 2.0, "a second after the reload")
+    wait_for(lambda: time.monotonic() - d.at(ev) > 1.0, 2.0, "a second after the reload")
     assert not d.named("restart.begin") and not d.named("child.exited")
     assert psutil.pid_exists(pid)
 

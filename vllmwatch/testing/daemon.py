@@ -4,7 +4,7 @@ Shared by the daemon tests (fake vLLM), the end-to-end tests (real vLLM), bench/
 bench/gpu/ (which runs on the GPU machine from an export of vllmwatch/ and bench/gpu/ only,
 hence here, in the package tree, and not under tests/; the .deb leaves it out):
 - the config is a dict written as TOML, or a file already written;
-- a NOTIFY_SOCKET listener (AF_UNIX datagrams) records every message with its wall-clock time;
+- a NOTIFY_SOCKET listener (AF_UNIX datagrams) records every message with its monotonic time;
 - the daemon's JSON log lines on stderr are parsed into events by a reader thread, each with
   its monotonic arrival time; a hook sees every line (benchmarks timestamp them into a file);
 - `wait_event` polls against a deadline, never a bare sleep;
@@ -99,6 +99,8 @@ class Daemon:
         self.notify = NotifyListener(self._sockdir / "notify") if notify else None
         self.events: list[Event] = []
         self.arrived: list[float] = []  # monotonic arrival time of each event
+        self._readies: list[int] = []  # READY=1 datagrams had when each event arrived
+        self._marks: dict[int, int] = {}  # a mark -> READY=1 datagrams had when taken
         self.raw: list[str] = []  # stderr lines that were not JSON (tracebacks)
         self.proc: subprocess.Popen[bytes] | None = None
         self._env = daemon_env(env, self.notify, checkout_path)
@@ -109,7 +111,6 @@ class Daemon:
         self._on_line = on_line
         self._lock = threading.Lock()
         self._reader: threading.Thread | None = None
-        self.started_at = 0.0  # wall clock
         self.started_mono = 0.0
 
     # ---- life cycle ----
@@ -121,7 +122,7 @@ class Daemon:
 
     def start(self) -> Daemon:
         """Launch the daemon with JSON logs on stderr."""
-        self.started_at, self.started_mono = time.time(), time.monotonic()
+        self.started_mono = time.monotonic()
         self.proc = subprocess.Popen(self._argv, env=self._env, stdin=subprocess.DEVNULL,
                                      stdout=subprocess.DEVNULL, stderr=subprocess.PIPE,
                                      cwd=str(self.workdir), start_new_session=self._own_session)
@@ -132,7 +133,7 @@ class Daemon:
     def _read(self) -> None:
         assert self.proc is not None and self.proc.stderr is not None
         for raw in iter(self.proc.stderr.readline, b""):
-            now = time.monotonic()
+            now, readies = time.monotonic(), self._ready_count()
             line = raw.decode("utf-8", "replace").rstrip("\n")
             event = _parse(line)
             if self._on_line is not None:
@@ -143,6 +144,10 @@ class Daemon:
                 else:
                     self.events.append(event)
                     self.arrived.append(now)
+                    self._readies.append(readies)
+
+    def _ready_count(self) -> int:
+        return self.notify.count("READY=1") if self.notify is not None else 0
 
     @property
     def pid(self) -> int:
@@ -155,9 +160,9 @@ class Daemon:
         return self.proc is not None and self.proc.poll() is None
 
     def signal(self, sig: int) -> float:
-        """Send a signal to the daemon; return the wall time it was sent."""
+        """Send a signal to the daemon; return the monotonic time it was sent (see at())."""
         assert self.proc is not None
-        now = time.time()
+        now = time.monotonic()
         self.proc.send_signal(sig)
         return now
 
@@ -237,6 +242,15 @@ class Daemon:
             events = self.events[since:]
         return next((since + k for k, e in enumerate(events) if pred(e)), None)
 
+    def index(self, event: Event) -> int:
+        """Where event (this very dict) stands in events: what came before it, what after."""
+        with self._lock:
+            return next(k for k, e in enumerate(self.events) if e is event)
+
+    def at(self, event: Event) -> float:
+        """When event's line arrived, on the test's monotonic clock (never its wall ts)."""
+        return self.arrived[self.index(event)]
+
     def exited(self) -> bool:
         """The daemon exited and its reader has read everything it wrote."""
         return self.proc is not None and self.proc.poll() is not None and \
@@ -265,8 +279,10 @@ class Daemon:
             raise
 
     def mark(self) -> int:
-        """An index into events: wait for things that happen after this point."""
+        """An index into events: wait for things (and READY=1 datagrams) after this point."""
+        readies = self._ready_count()  # before the index: a datagram between is not missed
         with self._lock:
+            self._marks.setdefault(len(self.events), readies)
             return len(self.events)
 
     @property
@@ -276,20 +292,18 @@ class Daemon:
 
     def arm(self) -> tuple[int, float]:
         """Start the fake's fault delays now: a mark taken before the touch (nothing the
-        fault causes falls before it) and the wall time of the touch."""
-        since, now = self.mark(), time.time()
+        fault causes falls before it) and the monotonic time of the touch (see at())."""
+        since, now = self.mark(), time.monotonic()
         self.arm_file.touch()
         return since, now
 
     def wait_ready(self, timeout: float = 30.0, since: int = 0) -> Event:
-        """Wait for child.ready (and, with a notify listener, the READY=1 datagram). The
-        default is an upper bound for a loaded box: a fake vLLM beside a real one's tests
-        and two busy CPUs once took over 30 s from its first line to its server (run Q)."""
+        """child.ready from since on, then (a listener) a READY=1 past the count at mark since
+        (else at event since-1's arrival): counted, never timed. 30 s bounds a loaded box."""
         ev = self.wait_event("child.ready", timeout, since)
         if self.notify is not None:
-            wait_for(lambda: any(t >= ev["ts"] - 0.001 for t, _ in
-                                 self.notify.with_prefix("READY=1")),  # type: ignore[union-attr]
-                     2.0, "READY=1 datagram")
+            seen = self._marks.get(since, self._readies[since - 1] if since else 0)
+            wait_for(lambda: self._ready_count() > seen, 2.0, "READY=1 datagram")
         return ev
 
     def states(self) -> list[str]:
@@ -332,5 +346,5 @@ def _parse(line: str) -> Event | None:
 
 
 def ts_of(event: Event) -> float:
-    """An event's wall-clock timestamp."""
+    """Its wall-clock stamp, to report: order is Daemon.index(), time Daemon.at() (NTP)."""
     return float(event["ts"])

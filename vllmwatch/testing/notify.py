@@ -11,7 +11,9 @@ from pathlib import Path
 
 
 class NotifyListener:
-    """A NOTIFY_SOCKET stand-in: records (wall time, message) for every datagram."""
+    """A NOTIFY_SOCKET stand-in: records (monotonic receive time, message) for every datagram,
+    in the order received. The times are the test's clock (time.monotonic(), as the daemon
+    harness's marks and event arrivals): a wall-clock step (NTP) moves none of them."""
 
     def __init__(self, path: Path) -> None:
         self.path = str(path)
@@ -31,15 +33,19 @@ class NotifyListener:
                 continue
             except OSError:
                 return
-            self.messages.append((time.time(), data.decode("utf-8", "replace")))
+            self.messages.append((time.monotonic(), data.decode("utf-8", "replace")))
 
     def lines(self) -> list[tuple[float, str]]:
-        """Every NAME=value line received, each with its datagram's time."""
+        """Every NAME=value line received, in order, each with its datagram's monotonic time."""
         return [(t, line) for t, msg in list(self.messages) for line in msg.split("\n") if line]
 
     def with_prefix(self, prefix: str) -> list[tuple[float, str]]:
         """The lines that start with prefix (e.g. "READY=1", "STATUS=")."""
         return [(t, line) for t, line in self.lines() if line.startswith(prefix)]
+
+    def count(self, prefix: str) -> int:
+        """How many lines starting with prefix were received so far (a mark to wait beyond)."""
+        return len(self.with_prefix(prefix))
 
     def close(self) -> None:
         """Stop listening and remove the socket file."""
