@@ -53,19 +53,31 @@ class _PinnedFinder:
         return None  # the default module object
 
     def exec_module(self, module: ModuleType) -> None:
-        import linecache  # (only here: a pinned module is served after an upgrade)
-
         file, source = _SOURCES[module.__name__]
-        # Tracebacks quote the lines that run, not the newer file's: an entry without an
-        # mtime is one linecache never re-reads from disk.
-        lines = source.decode("utf-8", "replace").splitlines(keepends=True)
-        linecache.cache[file] = (len(source), None, lines, file)
+        _freeze_lines()
         exec(compile(source, file, "exec", dont_inherit=True), module.__dict__)
 
     def get_source(self, name: str) -> str | None:
         """For tracebacks (linecache): the pinned lines, not those of a newer file."""
         got = _SOURCES.get(name)
         return got[1].decode("utf-8", "replace") if got is not None else None
+
+
+_FROZEN: list[bool] = []
+
+
+def _freeze_lines() -> None:
+    """Once files moved: tracebacks quote the lines that run, not the newer files' (an entry
+    without an mtime is one linecache never re-reads). Not at the pin: ~3 MB for every daemon
+    against a rare upgrade; every path that learns of one calls this first."""
+    if _FROZEN:
+        return
+    _FROZEN.append(True)
+    import linecache
+
+    for file, data in _BY_FILE.items():
+        lines = data.decode("utf-8", "replace").splitlines(keepends=True)
+        linecache.cache[file] = (len(data), None, lines, file)
 
 
 def pin() -> int:
@@ -143,6 +155,7 @@ def code_changed() -> str | None:
     moved = [file for file in _STATS if _moved(file)]
     if not moved:
         return None
+    _freeze_lines()
     try:
         with open(os.path.join(_HERE, "__init__.py"), "rb") as f:
             found = _VERSION.search(f.read())

@@ -242,14 +242,54 @@ def test_turning_the_plan_off_explains_its_miss_and_nothing_else() -> None:
 
 def test_a_changed_vllm_env_value_is_named_never_shown() -> None:
     from tests.core.test_truthful_signals import CONFIG
-    secret = "hf_abcdefghijklmnopqrstuvwxyz0123456789"
-    after = replace(CONFIG, vllm=replace(CONFIG.vllm, env={"HF_TOKEN": secret}))
+    value = "/srv/models/private-name-of-a-checkpoint"
+    after = replace(CONFIG, vllm=replace(CONFIG.vllm, env={"VLLM_PLUGIN_DIR": value}))
     core = _hit_then_relaunch(after)
     missed = core.events("startup.cache_missed")
     assert missed and all(m["expected"] is True for m in missed)
-    assert all(m["likely_cause"] == "a reload changed vllm.env.HF_TOKEN" for m in missed)
+    assert all(m["likely_cause"] == "a reload changed vllm.env.VLLM_PLUGIN_DIR" for m in missed)
     logs = [a for a in core.acts if isinstance(a, Log)]
-    assert secret not in repr(logs) + repr(core.s.last_inputs)
+    assert value not in repr(logs) + repr(core.s.last_inputs)
+
+
+@pytest.mark.parametrize("where", ["env", "args"])
+def test_a_rotated_secret_explains_no_miss(where: str) -> None:
+    """A token or key keys no cache: rotating one (a routine reload) must not hide a cache
+    that was cleared or broke under the same reload as "expected"."""
+    from tests.core.test_truthful_signals import CONFIG
+    v = CONFIG.vllm
+    after = replace(CONFIG, vllm=replace(v, env={**v.env, "HF_TOKEN": "hf_rotated"})
+                    if where == "env" else replace(v, args={**v.args, "api-key": "sk-new"}))
+    core = _hit_then_relaunch(after)
+    missed = core.events("startup.cache_missed")
+    assert missed and not [m for m in missed if m["expected"]], missed
+    assert "hf_rotated" not in repr(core.s.last_inputs) + repr(missed)
+
+
+def test_a_reload_during_the_start_is_not_that_launchs_config() -> None:
+    """A prewarm switch changes no running launch (no relaunch): a reload during a start that
+    hits leaves that launch's inputs as they were; the next launch's miss is the reload's."""
+    from tests.core.test_reuse import PLAN_APPLIED, V026_WARM
+    core = Core()
+    core.launch()
+    _start(core, *V026_WARM, PLAN_APPLIED, hit=True)
+    core.step(ChildExited(core.pid, 1, None))
+    for _ in range(40):
+        if core.s.state == S.STARTING:
+            break
+        core.step(SweepDone((), (), None) if core.s.state == S.CLEANUP else Tick(), 5.0)
+    core.step(ReloadRequested(_with(startup_plan="false")))
+    assert core.s.state == S.STARTING  # the start goes on, launched with the plan on
+    _start(core, *V026_WARM, PLAN_APPLIED, hit=True)
+    assert core.s.last_inputs["prewarm.startup_plan"] == "auto"
+    core.step(ChildExited(core.pid, 1, None))
+    for _ in range(40):
+        if core.s.state == S.STARTING:
+            break
+        core.step(SweepDone((), (), None) if core.s.state == S.CLEANUP else Tick(), 5.0)
+    _start(core, *V026_WARM, hit=True)
+    [missed] = core.events("startup.cache_missed")
+    assert missed["cache"] == "startup_plan" and missed["expected"] is True, missed
 
 
 def test_without_a_change_the_same_miss_stays_a_warning_with_the_usual_cause() -> None:

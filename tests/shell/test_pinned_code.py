@@ -124,3 +124,19 @@ print(json.dumps({"changed": vllmwatch.code_changed(),
                   "hook": incidents.pinned_hook_dir(os.path.abspath("r")) == dumpers.HOOK_DIR}))
 """)
     assert got == {"changed": None, "copy": None, "hook": True}
+
+
+def test_after_an_upgrade_tracebacks_quote_the_lines_that_run(tmp_path: Path) -> None:
+    """A module imported before the upgrade runs its old code: once the daemon learns of the
+    upgrade (a reload, a lazy import, its crash handler: code_changed), linecache quotes the
+    pinned lines for every pinned file, not the new file's under the old line numbers."""
+    got = _run(_package(tmp_path), f"""
+import linecache
+vllmwatch.pin()
+from vllmwatch.config import units  # imported before the upgrade: the normal loader
+first = vllmwatch.pinned_file(units.__file__).decode().splitlines(True)[0]
+upgrade("config/units.py", {BROKEN!r})  # (nothing read it into linecache before)
+vllmwatch.code_changed()
+print(json.dumps({{"same": linecache.getline(units.__file__, 1) == first, "first": first}}))
+""")
+    assert got["same"] is True and "new version" not in str(got["first"])

@@ -140,3 +140,32 @@ def test_print_command_leaves_out_an_unwritable_cache_dir(
     assert cli.main(["print-command", "-c", str(_config(tmp_path))]) == exitcodes.OK
     out, err = capsys.readouterr()
     assert "VLLM_CACHE_ROOT" not in out and f"({locked} is not writable)" in err
+
+
+def test_a_dangling_cache_link_is_left_out_as_run_leaves_it_out(tmp_path: Path) -> None:
+    """A cache dir that is a symlink to an unmounted disk: makedirs fails there (run's
+    prewarm.cache_unusable), so the printed line must not carry it either."""
+    from vllmwatch.prewarm.runner import cannot_make
+    link = tmp_path / "cache"
+    link.symlink_to(tmp_path / "unmounted" / "disk")
+    assert cannot_make(str(link / "vllm")) == f"{link} is not a directory"
+    assert cannot_make(str(tmp_path / "fresh" / "vllm")) is None
+
+
+@pytest.mark.skipif(os.geteuid() != 0, reason="drops to nobody: needs root")
+def test_a_cache_dir_under_a_folder_nobody_may_search_is_a_reason_never_a_traceback() -> None:
+    """`print-command` by a user who cannot search the cache dir's parent (a 0750 service
+    home): a reason to leave the variable out, as `run` would, never a PermissionError."""
+    import subprocess
+    import tempfile
+    home = tempfile.mkdtemp(prefix="vw-home-")  # under /tmp: nobody reaches it ...
+    try:
+        os.chmod(home, 0o750)  # ... but not into it
+        code = ("import os, sys\nfrom vllmwatch.prewarm.runner import cannot_make\n"
+                "os.setgid(65534); os.setuid(65534)\nprint(cannot_make(sys.argv[1]))\n")
+        done = subprocess.run([sys.executable, "-c", code, os.path.join(home, "cache", "vllm")],
+                              capture_output=True, text=True, timeout=60)
+        assert done.returncode == 0, done.stderr
+        assert done.stdout.strip() == f"{home} is not writable"
+    finally:
+        os.rmdir(home)

@@ -68,3 +68,14 @@ def test_a_tree_that_died_before_its_figure_is_an_ordinary_failed_build(
         return None
     got = _build(tmp_path, monkeypatch, dies)
     assert not got.permanent and "exited during its build" in got.detail, got
+
+
+@pytest.mark.parametrize("reads", [[None, 27202.0], [27202.0, None, 1932.0]],
+                         ids=["awake", "asleep"])
+def test_one_missing_figure_is_an_ordinary_failed_build(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch, reads: list[float | None]) -> None:
+    """NVML's call failed once (the sampler's _call gives None), or the engine was dying under
+    a live API server: the second look, a second later, has a figure. Nothing says the host
+    cannot measure the spare: retried as any failed build, never off until a reload."""
+    got = _build(tmp_path, monkeypatch, lambda _: reads.pop(0) if len(reads) > 1 else reads[0])
+    assert not got.permanent and got.detail == UNMEASURED, got

@@ -9,7 +9,7 @@ from __future__ import annotations
 from collections.abc import Mapping
 from dataclasses import replace
 
-from vllmwatch.core import exitcodes, incidents, policy
+from vllmwatch.core import exitcodes, incidents, policy, reuse
 from vllmwatch.core.actions import Action, CheckRelease, DoPrewarm, Log, Notify, Spawn, StopSending
 from vllmwatch.core.events import Event, IncidentRecorded
 from vllmwatch.core.names import FAILURE_REASONS, STUCK_REASONS, ProbeKind, Reason, exit_code
@@ -43,7 +43,7 @@ def spawn(s: WatchState, now: float) -> Result:
     s, more = rung(s, Phase.LAUNCHING, now, why)
     # Born whole: each sub-record's first values, from here on written by its owner only
     run = ChildRun(gen=s.gen + 1, started=now, vllm=s.config.vllm,
-                   start=Start(last_progress=now),
+                   start=Start(last_progress=now, inputs=reuse.inputs(s.config)),
                    probes=Probes(timers={ProbeKind.HEALTH: now + FIRST_POLL,
                                          ProbeKind.MEMORY: now + FIRST_POLL}))
     s = replace(s, gen=run.gen, child=run)

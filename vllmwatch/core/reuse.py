@@ -32,7 +32,7 @@ import hashlib
 import re
 from collections.abc import Mapping
 
-from vllmwatch.config.redact import REDACT
+from vllmwatch.config.redact import REDACT, is_secret_name
 from vllmwatch.config.sections import Config
 from vllmwatch.core.actions import Log
 
@@ -138,14 +138,17 @@ def kept(before: Mapping[str, bool], now: dict[str, bool], awake: bool) -> dict[
 def inputs(config: Config) -> dict[str, str]:
     """What of vllmwatch's config the caches of a launch are keyed on or placed by: the
     prewarm switches by value, the vLLM command, model, flags and environment by digest (a
-    value there may be a secret, and this rides the state that records keep)."""
+    value there may be a secret, and this rides the state that records keep). Secret-named
+    flags and variables are left out: a rotated token or key keys no cache, and would
+    "explain" (hide) a miss that something else caused."""
     p, v = config.prewarm, config.vllm
-    out = {f"prewarm.{k}": str(getattr(p, k)).lower()
+    out = {f"prewarm.{k}": str(getattr(p, k)).lower() if k != "cache_dir" else p.cache_dir
            for k in ("enabled", "cache_dir", "startup_plan", "mega_aot_artifact")}
     hidden = {"vllm.command": repr(v.command), "vllm.model": v.model,
               "vllm.extra_args": repr(v.extra_args),
-              **{f"vllm.args.{k}": repr(val) for k, val in v.args.items()},
-              **{f"vllm.env.{k}": val for k, val in v.env.items()}}
+              **{f"vllm.args.{k}": repr(val) for k, val in v.args.items()
+                 if not is_secret_name(k)},
+              **{f"vllm.env.{k}": val for k, val in v.env.items() if not is_secret_name(k)}}
     return {**out, **{k: hashlib.sha256(val.encode()).hexdigest()[:16]
                       for k, val in hidden.items()}}
 

@@ -193,7 +193,8 @@ def become_ready(s: WatchState, now: float, acts: list[Action]) -> Result:
                                       "phases": phases, "compile_cache_hit": st.compile_cache_hit,
                                       "reuse": dict(st.reuse)})
     awake = s.spare is not None and str(s.spare.rung) in ("serving", "waking")  # a failover
-    now_hits, now_inputs = reuse.hits(st.reuse, st.compile_cache_hit), reuse.inputs(s.config)
+    now_hits = reuse.hits(st.reuse, st.compile_cache_hit)
+    now_inputs = st.inputs or reuse.inputs(s.config)  # the launch's, not a reload's since
     acts = [*acts, *more, log, *reuse.missed_logs(s.last_hits, s.last_inputs, now_hits,
                                                   st.reuse, now_inputs, awake)]
     s = replace(s, last_hits=reuse.kept(s.last_hits, now_hits, awake), last_inputs=now_inputs)

@@ -119,6 +119,7 @@ class Start:
     phases: dict[str, float] = field(default_factory=dict)
     compile_cache_hit: bool = False
     reuse: dict[str, object] = field(default_factory=dict)  # core/reuse.py: what it reused
+    inputs: dict[str, str] = field(default_factory=dict)  # reuse.inputs of the launch's config
     ready_at: float | None = None
     health_said: str = ""  # the last /health answer that was not 200 ('' after a 200)
 

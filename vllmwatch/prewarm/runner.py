@@ -94,10 +94,13 @@ def cannot_make(path: str) -> str | None:
     """Why make_cache_dirs would find `path` unusable for us now, without making anything
     (`print-command`: a line to run by hand must not create dirs); None: it would be usable."""
     where = Path(path)
-    while not where.exists() and where.parent != where:
-        where = where.parent  # the directory that mkdir -p would make it in
-    if not where.is_dir():
-        return f"{where} is not a directory"
+    try:  # lexists: a dangling symlink (an unmounted disk) is no place makedirs can use
+        while not os.path.lexists(where) and where.parent != where:
+            where = where.parent  # the directory that mkdir -p would make it in
+        if not where.is_dir():
+            return f"{where} is not a directory"
+    except OSError as exc:  # EACCES: a parent this user cannot search
+        return f"{where}: {exc.strerror or exc}"
     return None if os.access(where, os.W_OK | os.X_OK) else f"{where} is not writable"
 
 

@@ -14,6 +14,7 @@ from collections.abc import Callable
 from concurrent.futures import Executor, Future, ThreadPoolExecutor
 from typing import TYPE_CHECKING, Any
 
+import vllmwatch
 from vllmwatch.config.schema import Config
 from vllmwatch.core import exitcodes, machine
 from vllmwatch.core.actions import (
@@ -178,8 +179,9 @@ class Loop:
                 code = self.turn()
             return code
         except Exception as exc:
+            moved = vllmwatch.code_changed()  # first: the traceback quotes the lines that ran
             self.fx.log("critical", "daemon.crashed", error=f"{type(exc).__name__}: {exc}",
-                        traceback="".join(traceback.format_exception(exc)),
+                        traceback="".join(traceback.format_exception(exc)), code_changed=moved,
                         hint="a bug in vllmwatch; the vLLM tree was killed. Please report it "
                         "with this traceback")
             if self.state.exit_code is None:

@@ -1,13 +1,12 @@
 """The sleeping spare engine's process tree (issue 34 point 2): build, wake, sleep, stop.
 
-A tree of its own: its own session and group, the marker `<instance>:spare` (never the
-serving tree's, so that tree's sweep, memory rules and release gate never count it), vLLM's
-process titles `VLLMWATCH::spare::...` (VLLM_PROCESS_NAME_PREFIX), and dev mode
-(VLLM_SERVER_DEV_MODE=1: /sleep, /wake_up, /is_sleeping) for it alone. It listens only on a
-Unix socket in vllmwatch's private runtime directory (--uds): dev mode's endpoints are open
-to anyone who reaches the port, and nobody but us reaches that socket. Imported only when
-the spare's plan is on; each blocking call runs on the loop's workers and returns the one
-event the core waits for (core/failover.py).
+A tree of its own: own session and group, the marker `<instance>:spare` (never the serving
+tree's: its sweep, memory rules and release gate never count it), titles `VLLMWATCH::spare::`
+(VLLM_PROCESS_NAME_PREFIX), dev mode (VLLM_SERVER_DEV_MODE=1: /sleep, /wake_up, /is_sleeping)
+for it alone, on a Unix socket in vllmwatch's private runtime directory (--uds) only: dev
+mode's endpoints are open to whoever reaches the port; nobody but us reaches that socket.
+Imported only when the spare's plan is on; each blocking call runs on the loop's workers and
+returns the one event the core waits for (core/failover.py).
 """
 
 from __future__ import annotations
@@ -67,8 +66,7 @@ def call(path: str, method: str, url: str, body: Mapping[str, object] | None = N
     try:
         data = json.dumps(body).encode() if body is not None else None
         headers = {"Content-Type": "application/json"} if data else {}
-        if api_key:
-            headers["Authorization"] = f"Bearer {api_key}"
+        headers.update({"Authorization": f"Bearer {api_key}"} if api_key else {})
         conn.request(method, url, body=data, headers=headers)
         resp = conn.getresponse()
         return resp.status, resp.read(1 << 20)
@@ -107,9 +105,8 @@ class SpareTree:
         self.marker = marker_of(instance)
         self._gpu_of, self._free = gpu_of, free_mib
         self.proc: subprocess.Popen[bytes] | None = None
-        # The group (and session) of the last tree started, kept after its API server is
-        # reaped: an EngineCore that outlived it lost the marker to its title, and only its
-        # group says it is ours at the stop that follows.
+        # The last tree's group (and session), kept past its API server's reap: an EngineCore
+        # that outlived it lost the marker to its title; only its group says it is ours.
         self._group: int | None = None
         # Readable once the spare's API server exited: the loop waits on it beside the
         # serving child's, so a dead spare is seen at once (not at the loop's next turn).
@@ -304,9 +301,12 @@ class SpareTree:
         return SpareBuilt(True, "", self.pid, self.awake_mib, self.asleep_mib)
 
     def _unmeasured(self, mine: subprocess.Popen[bytes] | None) -> SpareBuilt:
-        """UNMEASURED, for good, of a tree alive and still `mine`; one gone is a failed build."""
+        """UNMEASURED, for good if so on a second look at a live tree (one failed NVML call or
+        a dying engine is no property of the host: retried); a tree gone is a failed build."""
         if mine is not None and self.proc is mine and mine.poll() is None:
-            return SpareBuilt(False, UNMEASURED, permanent=True)
+            time.sleep(1.0)  # NVML's next figure (the memory probe's pace: ~1 s)
+            gone = self.proc is not mine or mine.poll() is not None
+            return SpareBuilt(False, UNMEASURED, permanent=not gone and not self.memory_mib())
         return SpareBuilt(False, SUPERSEDED if self._replaced(mine) else self._said(
             "exited during its build"))
 
