@@ -9,6 +9,7 @@ from collections.abc import Sequence
 
 from vllmwatch import __version__
 from vllmwatch.config import command, startcaches, vllmflags, vllminfo
+from vllmwatch.config.redact import REDACT
 from vllmwatch.config.schema import Config, ConfigError, config_path, load
 from vllmwatch.core import exitcodes
 from vllmwatch.prewarm import runner as prewarm
@@ -206,7 +207,7 @@ def _cache_env(config: Config, info: startcaches.VllmInfo) -> dict[str, str]:
         if why is None:
             ours[name] = path
         else:
-            print(f"vllmwatch: note: {name}={path} left out ({why}), as `run` would: vLLM "
-                  "keeps its default location; set prewarm.cache_dir to a directory you can "
-                  "write", file=sys.stderr)
+            print(REDACT.text(f"vllmwatch: note: {name}={path} left out ({why}), as `run` "
+                              "would: vLLM keeps its default location; set prewarm.cache_dir "
+                              "to a directory you can write"), file=sys.stderr)
     return {**ours, **startcaches.decide(config, os.environ, info, unified).env}

@@ -169,3 +169,16 @@ def test_a_cache_dir_under_a_folder_nobody_may_search_is_a_reason_never_a_traceb
         assert done.stdout.strip() == f"{home} is not writable"
     finally:
         os.rmdir(home)
+
+
+def test_the_left_out_note_passes_the_redactor(tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
+                                               capsys: pytest.CaptureFixture[str]) -> None:
+    """stderr leaves too: a cache path that carries a URL's password is said redacted."""
+    _vllm(monkeypatch, tmp_path, "2.11.0")
+    blocked = tmp_path / "blocked"
+    blocked.write_text("a file")
+    monkeypatch.delenv("CACHE_DIRECTORY")  # prewarm.cache_dir decides, as in the config
+    config = _config(tmp_path, f'[prewarm]\ncache_dir = "{blocked}/https://u:hunter2pass@h"\n')
+    assert cli.main(["print-command", "-c", str(config)]) == exitcodes.OK
+    err = capsys.readouterr().err
+    assert "VLLM_CACHE_ROOT=" in err and "left out" in err and "hunter2pass" not in err
