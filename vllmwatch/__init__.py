@@ -127,24 +127,12 @@ def pinned_copy(path: str, folder: str) -> str | None:
     if data is None:
         return None
     target = os.path.join(folder, os.path.basename(path))
-    try:
-        with open(target, "rb") as f:
-            if f.read() == data:
-                return target
-    except OSError:
-        pass
-    tmp = f"{target}.{os.getpid()}.tmp"
-    try:
-        fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_NOFOLLOW | os.O_CLOEXEC,
-                     0o600)
-        with os.fdopen(fd, "wb") as f:
-            f.write(data)
-        os.replace(tmp, target)
-    except OSError:
-        with contextlib.suppress(OSError):
-            os.unlink(tmp)
-        return None
-    return target
+    with contextlib.suppress(OSError), open(target, "rb") as f:
+        if f.read() == data:
+            return target
+    from vllmwatch.config import safefile  # (the daemon has it: no import for the CLI)
+
+    return target if safefile.write_private(target, data.decode("utf-8")) else None
 
 
 def code_changed() -> str | None:

@@ -109,11 +109,7 @@ def _first_build_out(retries: int) -> SpareWorld:
     m = NumberedWorld(retries=retries)
     tries = dataclasses.replace(CONFIG, spare=dataclasses.replace(CONFIG.spare,
                                                                   retries=retries))
-    m._step(ReloadRequested(tries))  # starts the world: the first build is out
-    for _ in range(10):
-        if m.spare_out:
-            break
-        m.world_is_kind(1) if m.outstanding else m.time_passes(1.0)
+    m.first_build_out(tries)
     assert _rung(m) == R.BUILDING and m.s.restart.phase == Phase.SPARE_BUILD
     return m
 

@@ -23,6 +23,7 @@ from tests.core.test_core_properties import (
     check_one_way_out,
     run_to_exit,
 )
+from vllmwatch.config.schema import Config
 from vllmwatch.core import failover, ladder, machine
 from vllmwatch.core.actions import Action, Log, RecordIncident, SignalGroup, Spawn
 from vllmwatch.core.events import ChildExited, Event, ReloadRequested, StopRequested
@@ -59,6 +60,14 @@ class SpareWorld(CoreMachine):
         self.spare_out: list[object] = []  # the spare's actions not yet answered
         self.changed_at = -1  # history's length at the last reload that changed the command
         super().__init__()
+
+    def first_build_out(self, config: Config) -> None:
+        """Start the world with `config`: step until the first BuildSpare is out."""
+        self._step(ReloadRequested(config))  # starts the world: the first build is out
+        for _ in range(10):
+            if self.spare_out:
+                break
+            self.world_is_kind(1) if self.outstanding else self.time_passes(1.0)
 
     def _step(self, ev: Event) -> None:
         if self.s.spare is None:  # the shell's plan said on: set before the first step
@@ -482,11 +491,7 @@ def test_spare_enabled_false_turns_it_off_and_a_later_reload_back_on() -> None:
 
 def _first_build_out() -> SpareWorld:
     m = SpareWorld()
-    m._step(ReloadRequested(CONFIG))  # starts the world: the first build is out
-    for _ in range(10):
-        if m.spare_out:
-            break
-        m.world_is_kind(1) if m.outstanding else m.time_passes(1.0)
+    m.first_build_out(CONFIG)
     assert _rung(m) == R.BUILDING and m.s.restart.phase == Phase.SPARE_BUILD
     return m
 

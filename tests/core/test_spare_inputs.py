@@ -133,11 +133,7 @@ def test_a_key_changed_while_a_rebuild_is_out_marks_it_stale_and_rebuilds_again(
 
 def test_the_first_build_answering_with_keys_before_the_reload_is_rebuilt_after_launch() -> None:
     m = InputsWorld()
-    m._step(ReloadRequested(CONFIG))  # starts the world: the first build is out
-    for _ in range(10):
-        if m.spare_out:
-            break
-        m.world_is_kind(1) if m.outstanding else m.time_passes(1.0)
+    m.first_build_out(CONFIG)
     assert _rung(m) == R.BUILDING and m.s.restart.phase == Phase.SPARE_BUILD
     new = _with("the API key")
     m._step(ReloadRequested(CONFIG, spare_inputs=new))

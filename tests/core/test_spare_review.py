@@ -172,11 +172,7 @@ def test_the_first_start_waits_on_one_spare_build_only() -> None:
         m = SpareWorld(retries=retries)
         tries = dataclasses.replace(CONFIG, spare=dataclasses.replace(CONFIG.spare,
                                                                       retries=retries))
-        m._step(ReloadRequested(tries))  # starts the world: the first build is out
-        for _ in range(10):
-            if m.spare_out:
-                break
-            m.world_is_kind(1) if m.outstanding else m.time_passes(1.0)
+        m.first_build_out(tries)
         assert _rung(m) == R.BUILDING and not any(isinstance(a, Spawn) for a in m.history)
         m.spare_answers(BuildSpare, SpareBuilt(False, "timed out after 600 s",
                                                build=m.s.spare.build))

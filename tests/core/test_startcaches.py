@@ -116,6 +116,15 @@ REFUSED = ("(EngineCore pid=1) INFO 12-01 20:47:52 [startup_plan.py:128] Startup
            "GiB); falling back to full memory profiling.")
 
 
+def _crash_to_relaunch(core: Core) -> None:
+    """A crash: back to STARTING after the backoff."""
+    core.step(ChildExited(core.pid, 1, None))
+    for _ in range(40):
+        if core.s.state == S.STARTING:
+            break
+        core.step(SweepDone((), (), None) if core.s.state == S.CLEANUP else Tick(), 5.0)
+
+
 def _start(core: Core, *lines: str, hit: bool = False) -> None:
     for line in lines:
         core.step(ChildOutput(None, hit, facts_of(line)), 0.1)
@@ -130,11 +139,7 @@ def test_child_ready_carries_the_reuse_and_a_miss_after_a_hit_warns() -> None:
     assert ready["reuse"] == {"startup_plan": "applied", "startup_plan_kv_bytes": 116391570944}
     assert ready["compile_cache_hit"] is True
     assert not core.events("startup.cache_missed")
-    core.step(ChildExited(core.pid, 1, None))  # a crash: back to STARTING after backoff
-    for _ in range(40):
-        if core.s.state == S.STARTING:
-            break
-        core.step(SweepDone((), (), None) if core.s.state == S.CLEANUP else Tick(), 5.0)
+    _crash_to_relaunch(core)
     _start(core, REFUSED, hit=True)
     missed = core.events("startup.cache_missed")
     assert [m["cache"] for m in missed] == ["startup_plan"]
@@ -196,11 +201,7 @@ def _hit_then_relaunch(config_after: Any, *second: str, hit: bool = False) -> Co
     assert core.s.last_hits == {"compile_cache": True, "aot_artifact": True,
                                 "startup_plan": True}
     core.step(ReloadRequested(config_after))
-    core.step(ChildExited(core.pid, 1, None))
-    for _ in range(40):
-        if core.s.state == S.STARTING:
-            break
-        core.step(SweepDone((), (), None) if core.s.state == S.CLEANUP else Tick(), 5.0)
+    _crash_to_relaunch(core)
     _start(core, *second, hit=hit)
     return core
 
@@ -273,20 +274,12 @@ def test_a_reload_during_the_start_is_not_that_launchs_config() -> None:
     core = Core()
     core.launch()
     _start(core, *V026_WARM, PLAN_APPLIED, hit=True)
-    core.step(ChildExited(core.pid, 1, None))
-    for _ in range(40):
-        if core.s.state == S.STARTING:
-            break
-        core.step(SweepDone((), (), None) if core.s.state == S.CLEANUP else Tick(), 5.0)
+    _crash_to_relaunch(core)
     core.step(ReloadRequested(_with(startup_plan="false")))
     assert core.s.state == S.STARTING  # the start goes on, launched with the plan on
     _start(core, *V026_WARM, PLAN_APPLIED, hit=True)
     assert core.s.last_inputs["prewarm.startup_plan"] == "auto"
-    core.step(ChildExited(core.pid, 1, None))
-    for _ in range(40):
-        if core.s.state == S.STARTING:
-            break
-        core.step(SweepDone((), (), None) if core.s.state == S.CLEANUP else Tick(), 5.0)
+    _crash_to_relaunch(core)
     _start(core, *V026_WARM, hit=True)
     [missed] = core.events("startup.cache_missed")
     assert missed["cache"] == "startup_plan" and missed["expected"] is True, missed

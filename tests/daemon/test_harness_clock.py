@@ -30,7 +30,7 @@ log("child.ready", time.time(), pid=1)
 sock.sendto(b"READY=1", os.environ["NOTIFY_SOCKET"])
 wait("restart")
 log("restart.begin", time.time())
-time.sleep(0.5)  # a relaunch takes time: its READY=1 is never right behind restart.begin
+wait("relaunch")  # its READY=1 only once the harness has read restart.begin
 log("child.ready", time.time() + 27.0, pid=2)  # stamped, then the clock stepped back 27 s
 sock.sendto(b"READY=1", os.environ["NOTIFY_SOCKET"])
 wait("quiet")
@@ -49,6 +49,8 @@ def test_wait_ready_counts_datagrams_past_the_mark_whatever_the_wall_clock(
         first = d.wait_ready(10.0)
         since = d.mark()
         (tmp_path / "restart").touch()
+        d.wait_event("restart.begin", 10.0, since)
+        (tmp_path / "relaunch").touch()
         again = d.wait_ready(10.0, since)  # the ts comparison timed out here
         assert again["pid"] == 2
         assert d.index(again) > d.index(first) and d.at(again) >= d.at(first)

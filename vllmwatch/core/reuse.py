@@ -183,14 +183,11 @@ def misses(before: Mapping[str, bool], now: Mapping[str, bool],
             continue
         said = facts.get("startup_plan_why") if cache == "startup_plan" else \
             facts.get("aot_error") if cache in ("aot_artifact", "compile_cache") else None
-        moved = changed(inputs_before, inputs_now, cache) if inputs_before and inputs_now \
-            else []
-        if said:
-            out.append((cache, f"vLLM said: {said}", False))
-        elif moved:
-            out.append((cache, "a reload changed " + ", ".join(moved), True))
-        else:
-            out.append((cache, _LIKELY[cache], False))
+        moved = [] if said or not inputs_before or not inputs_now else \
+            changed(inputs_before, inputs_now, cache)
+        out.append((cache, f"vLLM said: {said}", False) if said else
+                   (cache, "a reload changed " + ", ".join(moved), True) if moved else
+                   (cache, _LIKELY[cache], False))
     return out
 
 
