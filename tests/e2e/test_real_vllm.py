@@ -106,8 +106,10 @@ def test_ready_serves_and_sigterm_leaves_nothing(start_daemon: StartDaemon) -> N
     """READY=1 after health and a real completion; phases logged; SIGTERM -> 0, nothing left."""
     d = start_daemon()
     ready = _ready(d)
+    # vLLM prints "Application startup complete" before it answers, but on a busy box our
+    # reader can hand the line over after READY: it is then logged late (core/serving.py).
+    d.wait_event("startup.phase", 30, phase="api_ready")
     phases = [ev["phase"] for ev in d.named("startup.phase")]
-    assert "api_ready" in phases, phases
     assert len(phases) >= 3, f"too few start phases logged: {phases}"
     assert {"canary", "ready"} <= set(ready["phases"]), ready["phases"]
     body = _complete(d)

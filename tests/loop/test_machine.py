@@ -55,6 +55,26 @@ def test_ready_only_after_health_and_a_real_completion() -> None:
     assert "canary" in phases and "ready" in phases
 
 
+def test_a_milestone_read_after_ready_is_still_logged_once_and_marked_late() -> None:
+    """The API answers only after vLLM printed "Application startup complete", but our reader
+    thread can hand that line over after the probes made READY (a busy box): the phase is
+    logged late, once, and never from a child that is no longer serving."""
+    d = up()
+    mark = len(d.events("startup.phase"))
+    d.send(ChildOutput(milestone="api_ready"))
+    d.send(ChildOutput(milestone="api_ready"))
+    late = d.events("startup.phase")[mark:]
+    assert [(e["phase"], e.get("late")) for e in late] == [("api_ready", True)], late
+    assert d.state.child is not None and "api_ready" in d.state.child.start.phases
+    d.send(ChildOutput(milestone="server_start"))
+    assert d.events("startup.phase")[-1]["phase"] == "server_start"
+    d.send(StopRequested("SIGTERM"))
+    assert d.state.state != S.READY
+    mark = len(d.events("startup.phase"))
+    d.send(ChildOutput(milestone="weights"))
+    assert d.events("startup.phase")[mark:] == []
+
+
 def test_warmup_request_runs_before_ready_when_enabled() -> None:
     c = config_with(BASE, prewarm={"enabled": True, "kernels": False, "page_cache": False})
     d = up(c)

@@ -54,6 +54,8 @@ def _mem(s: WatchState, mem: Memory) -> WatchState:
 
 def child_output(s: WatchState, ev: ChildOutput, now: float) -> Result:
     """Any line is progress while starting; milestones are start phases with durations."""
+    if s.state == S.READY and s.child is not None:
+        return _late_milestone(s, ev, now)
     if s.state != S.STARTING or s.child is None:
         return s, []
     c, st = s.child, s.child.start
@@ -71,6 +73,18 @@ def child_output(s: WatchState, ev: ChildOutput, now: float) -> Result:
     if ev.milestone in ASK_HEALTH_AT:  # it says it serves: ask now, not at the next poll
         s = probing.set_timer(s, K.HEALTH, now)
     return s, [log]
+
+
+def _late_milestone(s: WatchState, ev: ChildOutput, now: float) -> Result:
+    """A milestone read after READY is logged, marked late: written before the API answered,
+    its line can reach us after the probes on a busy box; a missing phase reads as skipped."""
+    st = s.run.start
+    if ev.milestone is None or ev.milestone in st.phases:
+        return s, []
+    at = round(now - s.run.started, 3)
+    s = _start(s, replace(st, phases={**st.phases, ev.milestone: at}))
+    return s, [Log("info", "startup.phase", {"phase": ev.milestone, "at_s": round(at, 2),
+                                             "late": True})]
 
 
 def health(s: WatchState, ev: HealthResult, now: float) -> Result:
