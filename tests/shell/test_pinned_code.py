@@ -114,6 +114,35 @@ print(json.dumps({{"copy": open(copy, "rb").read() == start,
     assert got["unpinned_root"] is True
 
 
+def test_other_versions_hook_folders_are_pruned_and_ours_is_made_again(tmp_path: Path) -> None:
+    """Each upgrade that changes the hook leaves a `.hook-<digest>` folder: one unused for a
+    week is removed at a launch; a recent one (another daemon's, maybe) and ours stay, and
+    ours comes back if someone removed it while the daemon runs."""
+    got = _run(_package(tmp_path), """
+import shutil, time
+vllmwatch.pin()
+from vllmwatch.shell import incidents
+root = os.path.abspath("records")
+week = incidents.HOOK_KEEP_S
+for name, age in ((".hook-0ld", week + 60), (".hook-recent", week - 3600), ("keep", 2 * week)):
+    os.makedirs(os.path.join(root, name, "x"))
+    os.utime(os.path.join(root, name), (time.time() - age, time.time() - age))
+open(os.path.join(root, ".hook-file"), "w").close()
+os.utime(os.path.join(root, ".hook-file"), (0, 0))
+ours = incidents.pinned_hook_dir(root)
+left = sorted(os.listdir(root))
+os.utime(ours, (0, 0))  # a daemon whose last launch was long ago launches again
+touched = incidents.pinned_hook_dir(root) == ours and time.time() - os.stat(ours).st_mtime < 3600
+shutil.rmtree(ours)
+again = incidents.pinned_hook_dir(root)
+print(json.dumps({"left": left, "ours": os.path.basename(ours), "again": again == ours,
+    "hook": os.path.exists(os.path.join(again, "sitecustomize.py")), "touched": touched}))
+""")
+    ours = str(got["ours"])
+    assert got["left"] == sorted([".hook-file", ".hook-recent", "keep", ours]), got
+    assert got["touched"] is True and got["again"] is True and got["hook"] is True
+
+
 def test_without_a_pin_nothing_is_served_or_copied(tmp_path: Path) -> None:
     """`vllmwatch status`, `check` and the tests' own imports never pin: files as they are."""
     got = _run(_package(tmp_path), """

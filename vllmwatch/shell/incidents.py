@@ -13,6 +13,7 @@ import contextlib
 import hashlib
 import os
 import platform
+import shutil
 import threading
 import time
 from collections.abc import Mapping, Sequence
@@ -35,6 +36,7 @@ from vllmwatch.shell.memory import MemorySampler
 from vllmwatch.status.snapshot import Snapshot
 
 STACKS = ".stacks"  # under the incidents folder: one <pid>.stacks file per vLLM process
+HOOK_KEEP_S = 7 * 86400  # another version's hook folder (pinned_hook_dir) is kept this long
 
 
 def roots(environ: Mapping[str, str]) -> list[str]:
@@ -137,8 +139,9 @@ class IncidentShell:
         return self._with_hook(cmd, str(Path(self.root, STACKS)))
 
     def _with_hook(self, cmd: ChildCommand, stacks_dir: str) -> ChildCommand:
+        folder = pinned_hook_dir(self.root)  # at each launch: kept fresh, made again if gone
         if self._hook is None:  # once: a standby's PYTHONPATH stays what it was built with
-            self._hook = pinned_hook_dir(self.root)
+            self._hook = folder
         return with_hook(cmd, stacks_dir, self._hook)
 
     def _fresh_stacks_dir(self) -> str | None:
@@ -260,4 +263,21 @@ def pinned_hook_dir(root: str | None) -> str:
     folder = os.path.join(root, ".hook-" + hashlib.sha256(data).hexdigest()[:12])
     with contextlib.suppress(OSError):
         os.makedirs(folder, mode=0o700, exist_ok=True)
-    return folder if vllmwatch.pinned_copy(source, folder) else dumpers.HOOK_DIR
+    if not vllmwatch.pinned_copy(source, folder):
+        return dumpers.HOOK_DIR
+    with contextlib.suppress(OSError):
+        os.utime(folder)  # in use: what _prune_hooks goes by
+    _prune_hooks(root, folder)
+    return folder
+
+
+def _prune_hooks(root: str, keep: str) -> None:
+    """Other versions' hook folders unused for HOOK_KEEP_S: each upgrade that changed the hook
+    leaves one. A daemon touches its own at every launch, and makes it again if it is gone."""
+    cutoff = time.time() - HOOK_KEEP_S
+    with contextlib.suppress(OSError), os.scandir(root) as entries:
+        for entry in entries:
+            if (entry.name.startswith(".hook-") and entry.path != keep
+                    and entry.is_dir(follow_symlinks=False)
+                    and entry.stat(follow_symlinks=False).st_mtime < cutoff):
+                shutil.rmtree(entry.path, ignore_errors=True)
