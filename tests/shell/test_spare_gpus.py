@@ -14,7 +14,7 @@ from tests.support.models import spare_config
 from vllmwatch.config.schema import Config
 from vllmwatch.shell import sparefx
 from vllmwatch.shell.memory import make_sampler
-from vllmwatch.testing.fake_nvml import FakeGpu, FakeNvml
+from vllmwatch.testing.fake_nvml import FakeGpu, FakeNvml, NVMLError
 from vllmwatch.testing.world import LogCapture
 
 GPU0 = FakeGpu(total_mib=143771.0, used_mib=100_000.0)  # another user's engine on GPU 0
@@ -116,3 +116,6 @@ def test_the_spares_figure_is_unknown_unless_nvml_gives_every_process_of_it() ->
     assert sparefx._gpu_of(sampler, {10, 11}) is None, "one figure missing: unknown"
     assert sparefx._gpu_of(sampler, {99}) is None, "not listed: unknown"
     assert not room(80_000.0, sparefx._gpu_of(sampler, {99}), None)[0]
+    assert sparefx._listing(sampler, {99}) == (None, True), "NVML answered: without us"
+    nvml.fail["nvmlDeviceGetComputeRunningProcesses"] = NVMLError(999)  # NVML_ERROR_UNKNOWN
+    assert sparefx._listing(sampler, {10, 12}) == (None, False), "the call failed"

@@ -18,21 +18,25 @@ from vllmwatch.core.events import Event
 from vllmwatch.core.failover import BuildSpare, SpareBuilt
 from vllmwatch.shell import sparetree
 from vllmwatch.shell.sparerun import SpareFx
-from vllmwatch.shell.sparetree import UNMEASURED, SpareCommand, SpareTree
+from vllmwatch.shell.sparetree import NVML_FAILED, UNMEASURED, SpareCommand, SpareTree
 from vllmwatch.testing import LogCapture
 
 SPARE = "import time\nprint('INFO hello from the spare', flush=True)\ntime.sleep(600)\n"
 
 
 def _build(tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
-           figure: Callable[[SpareTree], float | None]) -> SpareBuilt:
+           figure: Callable[[SpareTree], float | None],
+           listed: Callable[[], bool] | None = None) -> SpareBuilt:
     """One build through SpareFx (as the loop asks it) of a spare that answers /health,
-    its canary, /sleep and /is_sleeping; `figure`: NVML's figure for its tree, each read."""
+    its canary, /sleep and /is_sleeping; `figure`: NVML's figure for its tree, each read;
+    `listed`: whether NVML answered its process list on the second look (else: it did)."""
     def call(path: str, method: str, url: str, *a: object, **k: object) -> tuple[int, bytes]:
         return 200, b'{"choices": [{"text": "x"}]}'
     monkeypatch.setattr(sparetree, "call", call)
     cmd = SpareCommand([PYTHON, "-c", SPARE], {}, str(tmp_path / "s.sock"), "m")
-    t = SpareTree(cmd, "0123456789abcdef", LogCapture(), lambda _: figure(t), lambda: 1e6)
+    listing = None if listed is None else (lambda _: (figure(t), listed()))
+    t = SpareTree(cmd, "0123456789abcdef", LogCapture(), lambda _: figure(t), lambda: 1e6,
+                  listing=listing)
     monkeypatch.setattr(t, "_get", lambda url, timeout=2.0: (
         200, json.dumps({"is_sleeping": True}).encode()))
     config = from_dict({"vllm": {"command": ["vllm", "serve"], "model": "m", "gpus": []}},
@@ -79,3 +83,23 @@ def test_one_missing_figure_is_an_ordinary_failed_build(
     cannot measure the spare: retried as any failed build, never off until a reload."""
     got = _build(tmp_path, monkeypatch, lambda _: reads.pop(0) if len(reads) > 1 else reads[0])
     assert not got.permanent and got.detail == UNMEASURED, got
+
+
+@pytest.mark.parametrize("which", ["awake", "asleep"])
+def test_nvmls_list_failing_on_both_looks_is_an_ordinary_failed_build(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch, which: str) -> None:
+    """NVML's process-list call failed at the figure and again a second later (a driver
+    hiccup, NVML_ERROR_UNKNOWN): that says nothing of what the host can measure, so the
+    build is retried as any failed build, and says the call failed, not "a container"."""
+    reads: list[float | None] = {"awake": [None], "asleep": [27202.0, None]}[which]
+    got = _build(tmp_path, monkeypatch, lambda _: reads.pop(0) if len(reads) > 1 else reads[0],
+                 listed=lambda: False)
+    assert not got.permanent and got.detail == NVML_FAILED, got
+
+
+def test_a_list_without_the_spare_on_the_second_look_is_permanent_even_after_a_failed_call(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """The first look's call failed; the second answered and lists none of the spare's
+    processes: that is the host (NVML cannot see them), off at once."""
+    got = _build(tmp_path, monkeypatch, lambda _: None, listed=lambda: True)
+    assert got.permanent and got.detail == UNMEASURED, got

@@ -207,7 +207,7 @@ def make(config: Config, environ: Mapping[str, str], sampler: MemorySampler, uni
     now = current or (lambda: sampler)
     tree = SpareTree(planner.command(config, plan), instance, log,
                      lambda pids: _gpu_of(now(), pids), lambda: free_mib(now(), fx.config),
-                     forward=config.log.child_lines)
+                     forward=config.log.child_lines, listing=lambda pids: _listing(now(), pids))
     fx = SpareFx(config, plan, tree, log, planner=planner)
     return fx
 
@@ -216,13 +216,19 @@ def _gpu_of(sampler: MemorySampler, pids: set[int]) -> float | None:
     """The spare tree's GPU memory from NVML's per-process figures; None (unknown) when NVML
     lists none of its processes or gives one without its figure: a 0 there would pass the
     wake's room check with no room and under-count the release gate's spare."""
+    return _listing(sampler, pids)[0]
+
+
+def _listing(sampler: MemorySampler, pids: set[int]) -> tuple[float | None, bool]:
+    """_gpu_of's figure, and whether NVML answered its process list at all: a failed call is
+    no property of the host (SpareTree._unmeasured retries it), a list without us is."""
     procs = sampler.gpu_processes()
     if procs is None:
-        return None
+        return None, False
     mine = [p.used_mib for p in procs if p.pid in pids]
     if not mine or any(mib is None for mib in mine):
-        return None
-    return sum(mib for mib in mine if mib is not None)
+        return None, True
+    return sum(mib for mib in mine if mib is not None), True
 
 
 def free_mib(sampler: MemorySampler, config: Config) -> float | None:

@@ -16,7 +16,6 @@ import http.client
 import json
 import os
 import shutil
-import socket
 import subprocess
 import time
 from collections.abc import Callable, Mapping, Sequence
@@ -31,6 +30,7 @@ from vllmwatch.logfn import LogFn
 from vllmwatch.shell import child as childmod
 from vllmwatch.shell.childlog import ChildLog
 from vllmwatch.shell.groupfile import MARKER
+from vllmwatch.shell.udshttp import call
 
 TITLE_PREFIX = "VLLMWATCH::spare"
 POLL = 0.05
@@ -42,36 +42,8 @@ SUPERSEDED = "its tree was stopped (a newer build or a stop took the spare's soc
 UNMEASURED = ("NVML gives no GPU memory for the spare's processes, so no wake could be "
               "proven to fit (a container without the host's PID namespace?): run vllmwatch "
               "where nvidia-smi lists vLLM's processes, or set spare.enabled = false")
-
-
-class _Uds(http.client.HTTPConnection):
-    """HTTP over the spare's Unix socket."""
-
-    def __init__(self, path: str, timeout: float) -> None:
-        super().__init__("localhost", timeout=timeout)
-        self._path = path
-
-    def connect(self) -> None:
-        sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
-        sock.settimeout(self.timeout)
-        sock.connect(self._path)
-        self.sock = sock
-
-
-def call(path: str, method: str, url: str, body: Mapping[str, object] | None = None,
-         timeout: float = 5.0, api_key: str | None = None) -> tuple[int, bytes]:
-    """One request to the spare; (status, body). OSError/HTTPException on no answer.
-    `api_key`: vLLM's key guards /v1 (the canary), not the dev paths."""
-    conn = _Uds(path, timeout)
-    try:
-        data = json.dumps(body).encode() if body is not None else None
-        headers = {"Content-Type": "application/json"} if data else {}
-        headers.update({"Authorization": f"Bearer {api_key}"} if api_key else {})
-        conn.request(method, url, body=data, headers=headers)
-        resp = conn.getresponse()
-        return resp.status, resp.read(1 << 20)
-    finally:
-        conn.close()
+NVML_FAILED = ("NVML's process list failed, so the spare's GPU memory is unknown and no wake "
+               "could be proven to fit; retried (see the memory.nvml_call_failed event)")
 
 
 def marker_of(instance: str) -> str:
@@ -98,8 +70,12 @@ class SpareTree:
 
     def __init__(self, cmd: SpareCommand, instance: str, log: LogFn,
                  gpu_of: Callable[[set[int]], float | None],
-                 free_mib: Callable[[], float | None], forward: bool = True) -> None:
+                 free_mib: Callable[[], float | None], forward: bool = True,
+                 listing: Callable[[set[int]], tuple[float | None, bool]] | None = None
+                 ) -> None:
         self.cmd, self.log = cmd, log
+        # gpu_of's figure and whether NVML answered its process list (sparefx._listing)
+        self._listing = listing or (lambda pids: (gpu_of(pids), True))
         self._forward = forward  # [log] child_lines: its lines forwarded as the child's are
         self._output: ChildLog | None = None
         self.marker = marker_of(instance)
@@ -301,12 +277,16 @@ class SpareTree:
         return SpareBuilt(True, "", self.pid, self.awake_mib, self.asleep_mib)
 
     def _unmeasured(self, mine: subprocess.Popen[bytes] | None) -> SpareBuilt:
-        """UNMEASURED, for good if so on a second look at a live tree (one failed NVML call or
-        a dying engine is no property of the host: retried); a tree gone is a failed build."""
+        """UNMEASURED, for good if so on a second look at a live tree that NVML answered for
+        (a failed NVML call, on either look, or a dying engine is no property of the host:
+        retried); a tree gone is a failed build."""
         if mine is not None and self.proc is mine and mine.poll() is None:
             time.sleep(1.0)  # NVML's next figure (the memory probe's pace: ~1 s)
+            figure, listed = self._listing(self.pids())
             gone = self.proc is not mine or mine.poll() is not None
-            return SpareBuilt(False, UNMEASURED, permanent=not gone and not self.memory_mib())
+            if not listed:
+                return SpareBuilt(False, NVML_FAILED)
+            return SpareBuilt(False, UNMEASURED, permanent=not gone and not figure)
         return SpareBuilt(False, SUPERSEDED if self._replaced(mine) else self._said(
             "exited during its build"))
 
