@@ -10,6 +10,8 @@ from typing import Any
 
 import psutil
 
+from vllmwatch.shell import kin
+
 # (pid, start time, title): a process of a tree, recognisable after its pid is reused.
 Proc = tuple[int, float, str]
 
@@ -114,7 +116,9 @@ def tree(root: int) -> list[Proc]:
     out = []
     for pid in descendants(root):
         with contextlib.suppress(psutil.Error):
-            out.append((pid, psutil.Process(pid).create_time(), title(pid)))
+            started = kin.started(pid)  # since boot: a wall-clock step never moves it
+            if started is not None:
+                out.append((pid, started, title(pid)))
     return out
 
 
@@ -124,6 +128,6 @@ def survivors(old: list[Proc]) -> list[dict[str, Any]]:
     for pid, started, name in old:
         with contextlib.suppress(psutil.Error):
             p = psutil.Process(pid)
-            if p.create_time() == started:
+            if kin.started(pid) == started:
                 left.append({"pid": pid, "title": name, "status": p.status()})
     return left

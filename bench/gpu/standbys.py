@@ -17,6 +17,7 @@ import psutil
 
 from bench.gpu.daemon import GpuDaemon
 from bench.gpu.procs import cmdline, descendants
+from vllmwatch.shell import kin
 
 FORK_VARIABLE = "VLLM_WORKER_MULTIPROC_METHOD"
 STANDBY_WAIT = 120.0  # the standby's imports took ~19 s on the H200 (issue 28)
@@ -113,17 +114,15 @@ def alive(pid: int | None, created: float | None) -> bool:
         return False
     try:
         p = psutil.Process(pid)
-        return (created is None or p.create_time() == created) and \
+        return (created is None or kin.started(pid) == created) and \
             p.status() != psutil.STATUS_ZOMBIE
     except psutil.Error:
         return False
 
 
 def created(pid: int | None) -> float | None:
-    try:
-        return None if pid is None else psutil.Process(pid).create_time()
-    except psutil.Error:
-        return None
+    """Its start in seconds since boot (shell/kin.py): a wall-clock step never moves it."""
+    return None if pid is None else kin.started(pid)
 
 
 Sample = tuple[float, list[int], list[tuple[int, int]]]  # (t, used MiB per GPU, (gpu, pid))

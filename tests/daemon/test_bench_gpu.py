@@ -27,7 +27,7 @@ from bench.gpu.phases import PHASES
 from bench.gpu.phases.caches import STEPS
 from bench.gpu.phases.hangs import DRY_RUNS
 from bench.gpu.run import Run
-from tests.support import FAKE, REPO
+from tests.support import FAKE, REPO, wait_for
 from tests.support.procs import owned
 from vllmwatch.testing.fake_nvml import FakeGpu, FakeNvml
 
@@ -230,3 +230,30 @@ def test_the_spare_phase_takes_its_faults_and_the_spare_off_from_the_environment
         with pytest.raises(SystemExit) as e:
             choice(bad)
         assert "SPARE_" in str(e.value)
+
+
+def test_the_benchs_process_identity_is_the_start_since_boot(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    """The bench's leftover check (procs.survivors) and its standby check (standbys.alive)
+    know a process by its start since boot, as the daemon does (shell/kin.py): a wall-clock
+    step, which moves psutil's create_time of every process, never makes a survivor look
+    gone nor a live standby look replaced."""
+    import psutil
+
+    from bench.gpu import procs, standbys
+
+    script = ("import subprocess, sys, time\n"
+              "subprocess.Popen([sys.executable, '-c', 'import time; time.sleep(60)']).wait()\n"
+              "time.sleep(60)\n")  # it reaps its child: a kill leaves no zombie
+    with owned([sys.executable, "-c", script]) as proc:
+        wait_for(lambda: bool(procs.tree(proc.pid)), 60, "the grandchild")
+        old = procs.tree(proc.pid)
+        assert len(old) == 1, old
+        born = standbys.created(proc.pid)
+        real = psutil.Process.create_time
+        monkeypatch.setattr(psutil.Process, "create_time",
+                            lambda self: real(self) + 27.0)  # the CI box's 27 s step
+        assert [s["pid"] for s in procs.survivors(old)] == [old[0][0]]
+        assert standbys.alive(proc.pid, born)
+        psutil.Process(old[0][0]).kill()
+        wait_for(lambda: procs.survivors(old) == [], 60, "the killed grandchild gone")
