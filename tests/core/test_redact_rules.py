@@ -61,6 +61,18 @@ def test_a_known_part_of_a_secret_hides_all_of_it(leak: tuple[str, str],
     ("Authorization: Negotiate YIIabc123", "Authorization: Negotiate <redacted>"),
     ("proxy-authorization: SharedKey acct:c2ln", "proxy-authorization: SharedKey <redacted>"),
     ("Authorization: Splunk 0a1b-2c3d, next", "Authorization: Splunk <redacted>, next"),
+    # JSON inside a string: a request body quoted in an error message or a log record
+    ('body=\'{\\"token\\":\\"Zq9XkLmP\\", \\"n\\": 1}\'',
+     'body=\'{\\"token\\":\\"<redacted>\\", \\"n\\": 1}\''),
+    ('{"msg": "{\\n  \\"api_key\\": \\"Zq9XkLmP\\"\\n}"}',
+     '{"msg": "{\\n  \\"api_key\\": \\"<redacted>\\"\\n}"}'),
+    # percent-encoded: a query or a form body as an access log prints it
+    ("GET /v1/models?api%5Fkey=Zq9XkLmP&x=1 HTTP/1.1",
+     "GET /v1/models?api%5Fkey=<redacted>&x=1 HTTP/1.1"),
+    ("a%26api_key%3DZq9X%2BkLmP%26b%3D2", "a%26api_key%3D<redacted>%26b%3D2"),
+    ("%7B%22api_key%22%3A%22Zq9XkLmP%22%7D", "%7B%22api_key%22%3A%22<redacted>%22%7D"),
+    ("x%20password%3A%20hunter22%20y", "x%20password%3A%20<redacted>%20y"),
+    ("API%2DKEY=Zq9XkLmP", "API%2DKEY=<redacted>"),
 ])
 def test_each_form(text: str, want: str) -> None:
     assert R.text(text) == want
@@ -74,6 +86,8 @@ def test_each_form(text: str, want: str) -> None:
     "http://127.0.0.1:8000/v1/completions",
     "KEY_PATH=/etc/k.pem TOKEN_URL=https://auth.example.com/token",
     "write to bob@example.com",
+    "max_tokens%3D16%26prompt_tokens%3D5", "a=100%25 tokens%2Fs=3", "?foo%5Fbar=1",
+    'body={\\"max_tokens\\": 16, \\"prompt\\": \\"key\\"}',
 ])
 def test_useful_non_secrets_stay(text: str) -> None:
     assert R.text(text) == text

@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import re
 import threading
+import urllib.parse
 from collections.abc import Iterable, Mapping
 from typing import Any
 
@@ -70,8 +71,13 @@ def is_secret_name(name: str) -> bool:
 # A name holding one of the words every secret name holds (is_secret_name judges it whole):
 # the search stops only at candidates, not at every `word:` of a vLLM line.
 _HINT_WORDS = r"key|token|secret|pass|pwd|credential|auth|cookie|sig"
-_NAME = r"(?=[A-Za-z_])[\w.-]*?(?i:" + _HINT_WORDS + r")[\w.-]*"
-_QUOTED = r"""b?(?P<vq>['"])(?P<qv>(?:\\.|(?!(?P=vq)).)*)(?P=vq)"""
+# Bounded: a name is short, and an unbounded lazy scan is quadratic in a long word's length
+_NAME = r"(?=[A-Za-z_])[\w.-]{0,80}?(?i:" + _HINT_WORDS + r")[\w.-]{0,80}"
+_PCT = r"(?:[\w.-]|%(?:5[Ff]|2[DdEe]))"  # a name's own characters, encoded: _ - .
+_PCT_NAME = _PCT + r"{0,80}?(?i:" + _HINT_WORDS + r")" + _PCT + "{0,80}"
+# 'value' / "value", or \"value\": JSON inside a string (a request body in an error message)
+_QUOTED = (r"""(?:b?(?P<vq>['"])(?P<qv>(?:\\.|(?!(?P=vq)).)*)(?P=vq)"""
+           r"""|\\(?P<evq>['"])(?P<eqv>(?:(?!\\(?P=evq)).)*)\\(?P=evq))""")
 _AUTH = (r"(?:bearer|basic|token|digest|apikey|negotiate|ntlm|splunk|sharedkey|hmac|"
          r"aws4-hmac-sha256)\s+")
 _SCHEME = r"(?P<scheme>" + _AUTH + ")?"
@@ -79,8 +85,8 @@ _SCHEME = r"(?P<scheme>" + _AUTH + ")?"
 _DONE = r"""<redacted>(?![^\s'",;&)}\]>])"""
 _BARE = r"""(?P<bare>(?!""" + _DONE + "|" + _AUTH + r""")(?:<redacted>|[^\s'",;&)}\]>])+)"""
 _RULES = (
-    # 'name': 'value' / "name": "value" / 'name': ['v1', 'v2'] / "name": 123
-    re.compile(r"""(?P<pre>(?P<kq>['"])(?P<name>""" + _NAME + r""")(?P=kq)\s*[:=]\s*)"""
+    # 'name': 'value' / "name": "value" / 'name': ['v1', 'v2'] / "name": 123 / \"name\": ..
+    re.compile(r"""(?P<pre>(?P<kq>\\?['"])(?P<name>""" + _NAME + r""")(?P=kq)\s*[:=]\s*)"""
                r"(?:" + _QUOTED + r"|(?P<list>\[[^\]]*\])|" + _BARE + ")"),
     # ('authorization', 'Bearer x'): a header as a tuple; ['--api-key', 'x']: an argv list
     re.compile(r"""(?P<pre>(?:\(\s*b?(?P<kq>['"])|(?P<fq>['"])--)(?P<name>""" + _NAME
@@ -91,6 +97,12 @@ _RULES = (
                r"(?:\s*[=:]\s*|(?(dash)\s+|(?!)))" + _SCHEME + r")"
                r"(?:" + _QUOTED + r"|(?P<list>\[[^\]]*\])|" + _BARE + ")"),
 )
+# percent-encoded: api%5Fkey=x, token%3Dx, %22api_key%22%3A%22x%22 (a query or a form
+# body in an access log); the name is judged decoded (_sub_named)
+_ENCODED = re.compile(
+    r"(?P<pre>(?:(?<![\w.-])|(?<=%[0-9A-Fa-f]{2}))(?:%2[27])?"
+    r"(?P<name>(?=[A-Za-z_%])" + _PCT_NAME + r")(?:%2[27])?(?:%3[DdAa]|=)(?:%20|\+)*(?:%2[27])?)"
+    r"(?P<bare>(?:(?!%2[027Cc]|%26|%7[Dd]|%5[Dd]|%0[9AaDd])(?:%[0-9A-Fa-f]{2}|[^\s&'\",;%)}\]>]))+)")
 _SHAPES = (
     # a token as the user: https://TOKEN@host, https://TOKEN:x-oauth-basic@host (GitHub)
     re.compile(r"(?i)(?P<pre>\b[a-z][a-z0-9+.-]*://)(?P<secret>[^\s/?#@:'\"]+)"
@@ -120,6 +132,7 @@ _TOKENS = (
 # Cheap tests first (every forwarded vLLM line passes here): a rule runs only on a text
 # that holds what it needs. Every secret name holds one of these words (see _WORDS).
 _HINTS = tuple(_HINT_WORDS.split("|"))
+_PERCENT = re.compile(r"%[0-9A-Fa-f]{2}")
 _SHAPE_HINTS = ("://", "earer", "EARER", "uthorization", "UTHORIZATION", "PRIVATE KEY", "sk-",
                 "hf_", "ghp_", "gho_", "ghu_", "ghs_", "ghr_", "github_pat_", "glpat-", "AKIA",
                 "xox", "eyJ")
@@ -144,9 +157,10 @@ def _has_secret_name(text: str) -> bool:
     return False
 
 
-def _sub_named(rule: re.Pattern[str], text: str) -> str:
+def _sub_named(rule: re.Pattern[str], text: str, encoded: bool = False) -> str:
     """rule.sub(_hide, text), except that a match whose name is not secret consumes only
-    its name: its value may hold the next name (`failed: API_KEY=x`)."""
+    its name: its value may hold the next name (`failed: API_KEY=x`). `encoded`: only a
+    match with percent-encoding before its value (the others are the plain rules')."""
     out: list[str] = []
     pos = 0
     while True:
@@ -154,7 +168,9 @@ def _sub_named(rule: re.Pattern[str], text: str) -> str:
         if m is None:
             out.append(text[pos:])
             return "".join(out)
-        if is_secret_name(m["name"]):
+        name = m["name"]
+        if (not encoded or "%" in m["pre"]) and is_secret_name(
+                urllib.parse.unquote(name) if encoded else name):
             out.append(text[pos:m.start()] + _hide(m))
             pos = m.end()
         else:
@@ -163,12 +179,14 @@ def _sub_named(rule: re.Pattern[str], text: str) -> str:
 
 
 def _hide(m: re.Match[str]) -> str:
-    pre = m["pre"]
-    if m["qv"] is not None:
+    pre, groups = m["pre"], m.groupdict()
+    if groups.get("eqv") is not None:
+        return f"{pre}\\{m['evq']}{REDACTED}\\{m['evq']}"
+    if groups.get("qv") is not None:
         q = m["vq"]
         lead = "b" if m.group(0)[len(pre):].startswith("b") else ""
         return f"{pre}{lead}{q}{REDACTED}{q}"
-    if m.groupdict().get("list") is not None:
+    if groups.get("list") is not None:
         return pre + re.sub(r"""(['"])(?:\\.|(?!\1).)*\1""", rf"\1{REDACTED}\1", m["list"]) \
             if re.search(r"['\"]", m["list"]) else pre + f"[{REDACTED}]"
     return pre + REDACTED
@@ -228,6 +246,8 @@ class Redactor:
         if _has_secret_name(text):
             for rule in _RULES:
                 text = _sub_named(rule, text)
+        if "%" in text and _PERCENT.search(text) and _has_secret_name(urllib.parse.unquote(text)):
+            text = _sub_named(_ENCODED, text, encoded=True)
         return text
 
     def _known_and_tokens(self, text: str, shaped: bool) -> str:
