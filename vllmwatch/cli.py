@@ -97,7 +97,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     try:
         return _dispatch(args)
     except ConfigError as exc:
-        print(f"vllmwatch: config error: {exc}", file=sys.stderr)
+        print(f"vllmwatch: config error: {REDACT.text(str(exc))}", file=sys.stderr)
         return exitcodes.CONFIG
     except KeyboardInterrupt:
         return 130
@@ -165,7 +165,7 @@ def _print_command(config: Config) -> int:
     refused = _flag_refusal(config, version)
     if refused is not None:
         # What `run` would refuse is not a command to copy (issue 23).
-        print(f"vllmwatch: config error: {refused}", file=sys.stderr)
+        print(f"vllmwatch: config error: {REDACT.text(str(refused))}", file=sys.stderr)
         return exitcodes.CONFIG
     _say_unshown(config)
     print(cmd.display())

@@ -37,6 +37,7 @@ from vllmwatch.check.base import (
     exc_text,
 )
 from vllmwatch.config.command import load_for_reload
+from vllmwatch.config.redact import REDACT
 from vllmwatch.config.schema import ConfigError, load
 from vllmwatch.core import exitcodes
 from vllmwatch.prewarm import runner as prewarm
@@ -109,7 +110,8 @@ def render_text(results: Sequence[CheckResult], path: str = "") -> str:
     """One line per result, aligned, then a count line."""
     width = max((len(r.name) for r in results), default=0)
     lines = [f"vllmwatch check: {path}"] if path else []
-    lines += [f"{r.status}  {r.name:<{width}}  {r.detail}" for r in results]
+    # Details quote the operator's values (a bad JSON flag, a URL): one redactor for all
+    lines += [f"{r.status}  {r.name:<{width}}  {REDACT.text(r.detail)}" for r in results]
     counts = {s: sum(r.status == s for r in results) for s in (PASS, WARN, FAIL, SKIP)}
     lines.append(f"{counts[PASS]} passed, {counts[WARN]} warned, {counts[FAIL]} failed, "
                  f"{counts[SKIP]} skipped")
@@ -118,7 +120,8 @@ def render_text(results: Sequence[CheckResult], path: str = "") -> str:
 
 def render_json(results: Sequence[CheckResult]) -> str:
     """A JSON list of {name, status, detail}."""
-    return json.dumps([asdict(r) for r in results], indent=2)
+    return json.dumps([{**asdict(r), "detail": REDACT.text(r.detail)} for r in results],
+                      indent=2)
 
 
 def _check_gpus(ctx: Context) -> list[CheckResult]:

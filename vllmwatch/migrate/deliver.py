@@ -16,6 +16,7 @@ from dataclasses import dataclass
 from typing import TextIO
 
 from vllmwatch.check.fights import MEMORY_RULES
+from vllmwatch.config.redact import REDACT
 from vllmwatch.config.schema import ConfigError, load
 from vllmwatch.migrate.draft import Draft, Facts
 from vllmwatch.migrate.envwords import key_file_todo
@@ -48,10 +49,10 @@ def deliver(how: Out, text: str, draft: Draft, facts: Facts, out: TextIO, err: T
         try:
             load(target)
         except ConfigError as exc:
-            problem = str(exc).replace(target, "the config")
+            problem = REDACT.text(str(exc).replace(target, "the config"))
             print(f"vllmwatch init: the config would not load: {problem}", file=err)
             for error in draft.errors:
-                print(f"error: {error}", file=err)
+                print(f"error: {REDACT.text(error)}", file=err)
             print("nothing written: fix the line (or the running vLLM's) and run init again",
                   file=err)
             return CONFIG
@@ -63,7 +64,7 @@ def deliver(how: Out, text: str, draft: Draft, facts: Facts, out: TextIO, err: T
             try:
                 _write_all(how, text, draft, facts)
             except WriteError as exc:
-                print(f"vllmwatch init: {exc}", file=err)
+                print(f"vllmwatch init: {REDACT.text(str(exc))}", file=err)
                 return CONFIG
             checked = how.output
             print(f"vllmwatch init: wrote {how.output}", file=err)
@@ -166,11 +167,11 @@ def summary(draft: Draft, err: TextIO) -> None:
     print(f"{draft.changed} flag(s) changed or dropped; each has a comment in the file",
           file=err)
     for error in draft.errors:
-        print(f"error: {error}", file=err)
+        print(f"error: {REDACT.text(error)}", file=err)
     for said in draft.said:
-        print(f"note: {said}", file=err)
+        print(f"note: {REDACT.text(said)}", file=err)
     for todo in draft.todo:
-        print(f"to do: {todo}", file=err)
+        print(f"to do: {REDACT.text(todo)}", file=err)
     print("note: a cron job that restarts vLLM past a memory figure (the guides' 75000 MiB "
           f"of nvidia-smi): {MEMORY_RULES}", file=err)
 

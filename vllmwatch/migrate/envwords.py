@@ -8,6 +8,7 @@ from __future__ import annotations
 import re
 import shlex
 
+from vllmwatch.config.redact import is_secret_name
 from vllmwatch.migrate.draft import Draft, Entry, Facts
 from vllmwatch.migrate.flagwords import Given
 
@@ -18,8 +19,10 @@ _OURS = ("CUDA_DEVICE_ORDER", "PYTHONUNBUFFERED")  # vllmwatch sets these itself
 
 
 def is_secret(name: str) -> bool:
-    """A variable or flag whose value must not be written in clear."""
-    return any(word in name.lower() for word in SECRET_WORDS)
+    """A variable or flag whose value must not be written in clear: by our words, or by the
+    one redactor's rule (PGPASS, DB_PWD, SESSION_COOKIE: a value it would hide everywhere
+    else must not sit in the TOML in clear)."""
+    return any(word in name.lower() for word in SECRET_WORDS) or is_secret_name(name)
 
 
 # A URL with a password in its userinfo (scheme://user:password@host): a secret whatever the

@@ -80,8 +80,9 @@ def _flag(given: Given, draft: Draft, facts: Facts, earlier: list[Given]) -> Non
     """One flag (its last occurrence) into the draft."""
     note = ""
     if earlier:
-        note = (f"given {len(earlier) + 1} times ({', '.join(g.raw for g in earlier)} "
-                f"before {given.raw}); the last counts, as in vLLM. ")
+        note = REDACT.text(f"given {len(earlier) + 1} times ("
+                           f"{', '.join(g.raw for g in earlier)} before {given.raw}); the last "
+                           "counts, as in vLLM. ")
     name, base = given.name, given.name.split(".")[0]
     value: object = _joined(given.values)
     if base in OWNED:
