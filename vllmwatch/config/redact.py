@@ -81,9 +81,11 @@ _QUOTED = (r"""(?:b?(?P<vq>['"])(?P<qv>(?:\\.|(?!(?P=vq)).)*)(?P=vq)"""
 _AUTH = (r"(?:bearer|basic|token|digest|apikey|negotiate|ntlm|splunk|sharedkey|hmac|"
          r"aws4-hmac-sha256)\s+")
 _SCHEME = r"(?P<scheme>" + _AUTH + ")?"
-# A value already hidden is left, not one a known value only began (`PASSWORD=<redacted>2024`)
+# A value already hidden is left, not one a known value only began (`PASSWORD=<redacted>2024`);
+# a value ends at an escaped line break too (a repr'd request: `Authorization: x\nX-Api-Key:`)
 _DONE = r"""<redacted>(?![^\s'",;&)}\]>])"""
-_BARE = r"""(?P<bare>(?!""" + _DONE + "|" + _AUTH + r""")(?:<redacted>|[^\s'",;&)}\]>])+)"""
+_BARE = (r"""(?P<bare>(?!""" + _DONE + "|" + _AUTH
+         + r""")(?:<redacted>|(?!\\[nrt])[^\s'",;&)}\]>])+)""")
 _RULES = (
     # 'name': 'value' / "name": "value" / 'name': ['v1', 'v2'] / "name": 123 / \"name\": ..
     re.compile(r"""(?P<pre>(?P<kq>\\?['"])(?P<name>""" + _NAME + r""")(?P=kq)\s*[:=]\s*)"""
@@ -116,9 +118,9 @@ _SHAPES = (
                r"(?P<secret>(?!\d+(?:[/?#]|$))[^\s'\"]+)(?=@)"),
     # Authorization: SCHEME CREDENTIALS, any scheme (Negotiate, SharedKey a:b, Splunk x)
     re.compile(r"(?i)(?P<pre>\b(?:proxy-)?authorization\s*:\s*[A-Za-z][\w-]*\s+)"
-               r"(?P<secret>(?!" + _DONE + r")(?:<redacted>|[^\s'\",;)}\]>])+)"),
+               r"(?P<secret>(?!" + _DONE + r")(?:<redacted>|(?!\\[nrt])[^\s'\",;)}\]>])+)"),
     re.compile(r"(?i)(?P<pre>\bbearer\s+)(?P<secret>(?!" + _DONE
-               + r")(?:<redacted>|[^\s'\",;)}\]>])+)"),
+               + r")(?:<redacted>|(?!\\[nrt])[^\s'\",;)}\]>])+)"),
 )
 # Whole tokens by their shape: hidden with the known values (Redactor._known_and_tokens).
 _TOKENS = (

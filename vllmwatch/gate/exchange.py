@@ -194,7 +194,9 @@ async def run(session: aiohttp.ClientSession, request: web.Request, url: str, bo
     except (aiohttp.ClientError, asyncio.TimeoutError) as exc:
         if isinstance(exc, asyncio.TimeoutError) and response is None:
             raise  # not a failure of the engine that vllmwatch confirmed: 504, as before
-        return await _failed(request, response, ex, "connection")
+        why = f"no byte from vLLM for {UPSTREAM_IDLE:g} s" \
+            if isinstance(exc, asyncio.TimeoutError) else "connection"
+        return await _failed(request, response, ex, why)
     finally:
         ex.mark_written()
 
@@ -256,7 +258,10 @@ VLLM_VAR = "VLLM_HTTP_TIMEOUT_KEEP_ALIVE"
 VLLM_DEFAULT = 5  # seconds, when the variable is not set (vLLM's default)
 KEEPALIVE = 2.0  # the gate's ceiling: 2 s before uvicorn's default 5 s
 SHARE = 0.4  # of vLLM's figure: the gate's clock starts after uvicorn's (the answer read)
-UPSTREAM_TOTAL = 3600.0  # one exchange with vLLM, head to last byte (a long stream included)
+# vLLM silent this long within one exchange (its head, or between two reads of its body): an
+# idle bound, never one on the whole exchange, so a healthy stream may run for hours (a long
+# reasoning answer on a slow box); a hung engine is the watchdog's, which restarts it sooner.
+UPSTREAM_IDLE = 3600.0
 
 
 def upstream_keepalive(env: Mapping[str, str], ceiling: float = KEEPALIVE) -> float:
@@ -306,7 +311,8 @@ class Upstreams:
         """Make the sessions (on the gate's loop: aiohttp binds them to it)."""
         reuse: dict[str, object] = ({"keepalive_timeout": self.keepalive}
                                     if self.keepalive > 0 else {"force_close": True})
-        timeout = aiohttp.ClientTimeout(total=UPSTREAM_TOTAL, connect=CONNECT_TIMEOUT)
+        timeout = aiohttp.ClientTimeout(total=None, sock_read=UPSTREAM_IDLE,
+                                        connect=CONNECT_TIMEOUT)
         self.main = aiohttp.ClientSession(
             connector=aiohttp.TCPConnector(limit=0, **reuse),  # type: ignore[arg-type]
             timeout=timeout, auto_decompress=False,  # limit 0: vLLM queues, not the gate
