@@ -163,3 +163,20 @@ def test_the_cause_lines_first_error_is_redacted_before_it_is_cut(monkeypatch: A
     said = cause.lines({"output": ["INFO fine", line]})
     assert said and said[-1].startswith("first error in vLLM's output: ERROR eee")
     assert key[:4] not in said[-1] and "<redacte" in said[-1]
+
+
+def test_the_kv_cache_use_of_several_engines_is_the_fullest_never_a_sum() -> None:
+    """Data parallel: one kv_cache_usage_perc per engine, each a fraction of its own cache.
+    Two engines at 90 % are a KV cache 90 % used (the fullest), not 180 %; the request
+    counts are still summed over the engines."""
+    from vllmwatch.shell.probes import parse_metrics
+
+    scrape = "".join(f'vllm:kv_cache_usage_perc{{engine="{e}",model_name="m"}} {kv}\n'
+                     f'vllm:num_requests_running{{engine="{e}",model_name="m"}} {run}\n'
+                     for e, kv, run in (("0", 0.9, 3.0), ("1", 0.4, 4.0)))
+    m = metrics.section([(1000.0, scrape), (1060.0, scrape)], 1065.0)
+    assert (m["summary"]["kv_cache_usage"], m["summary"]["running"]) == (0.9, 7.0)
+    assert "summary: 7 running, - waiting, KV cache 90% used" in report.render(
+        _record(reason="hang", detail="x", metrics=m))
+    live = parse_metrics(scrape)
+    assert live["vllm:kv_cache_usage_perc"] == 0.9 and live["vllm:num_requests_running"] == 7.0

@@ -230,3 +230,18 @@ def _free_port() -> int:
         s.bind(("127.0.0.1", 0))
         port: int = s.getsockname()[1]
     return port
+
+
+def test_a_records_detail_is_redacted_before_it_is_cut(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A record written unredacted (an older version's, a hand-copied one) with a token
+    across the 160 characters `status` and `incidents --json` show: hidden whole, never its
+    first part (too short for the token's shape once cut)."""
+    token = "hf_" + "AbCdEfGhIjKlMnOpQrStUv0123"
+    detail = "e" * 140 + " using token " + token  # the cut at 160 falls in the token
+    root = tmp_path / "incidents"
+    _record(root, "crash", detail, NOW)
+    shown = latest.newest([str(root)])
+    assert shown is not None and "hf_AbC" not in shown["detail"], shown
+    (summary,) = store.summaries(str(root))
+    assert "hf_AbC" not in summary.detail and len(summary.detail) <= 160, summary

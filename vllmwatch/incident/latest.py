@@ -5,7 +5,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import Any
 
-from vllmwatch.config.redact import printable
+from vllmwatch.config.redact import REDACT, printable
 from vllmwatch.incident import store
 
 
@@ -18,8 +18,9 @@ def newest(roots: Sequence[str]) -> dict[str, Any] | None:
             continue
         data = store.load(root, ids[-1]) or {}
         return {"id": ids[-1], "time": str(data.get("time_utc", "")),
-                "reason": printable(str(data.get("reason", "?"))[:40], False),
-                "detail": printable(str(data.get("detail", ""))[:160], False)}
+                "reason": printable(REDACT.head(str(data.get("reason", "?")), 40), False),
+                # redacted, then cut: a secret across the cut would keep its first part
+                "detail": printable(REDACT.head(str(data.get("detail", "")), 160), False)}
     return None
 
 

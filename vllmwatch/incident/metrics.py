@@ -68,14 +68,20 @@ _SUMMED = {"running": "vllm:num_requests_running", "waiting": "vllm:num_requests
            "requests_finished": "vllm:request_success_total"}
 
 
+_FULLEST = frozenset({"kv_cache_usage", "kv_cache_usage_old"})  # a fraction per engine
+
+
 def totals(series: dict[str, float]) -> dict[str, float]:
-    """The few series a person asks about first, summed over their labels (engines)."""
+    """The few series a person asks about first, summed over their labels (engines); the KV
+    cache's use is each engine's fraction of its own cache: the fullest, never a sum (two
+    engines at 90 % are not 180 %)."""
     out: dict[str, float] = {}
     for name, value in series.items():
         base = name.split("{")[0]
         for key, wanted in _SUMMED.items():
             if base == wanted and not math.isnan(value):
-                out[key] = out.get(key, 0.0) + value
+                out[key] = max(out.get(key, 0.0), value) if key in _FULLEST else \
+                    out.get(key, 0.0) + value
     if "kv_cache_usage" not in out and "kv_cache_usage_old" in out:
         out["kv_cache_usage"] = out["kv_cache_usage_old"]
     out.pop("kv_cache_usage_old", None)

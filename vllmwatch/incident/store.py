@@ -21,6 +21,7 @@ from pathlib import Path
 from typing import Any
 
 from vllmwatch.config import safefile
+from vllmwatch.config.redact import REDACT
 
 SUBDIR = "incidents"
 RECORD = "record.json"
@@ -175,7 +176,7 @@ def summaries(root: str) -> list[Summary]:
                                error=data))
             continue
         out.append(Summary(rid, _text(data.get("time_utc")), _text(data.get("reason"), "?"),
-                           _text(data.get("detail"))[:160], _size(Path(root, rid))))
+                           REDACT.head(_text(data.get("detail")), 160), _size(Path(root, rid))))
     return out
 
 

@@ -31,6 +31,7 @@ from vllmwatch.core.hangs import HostCpu
 _WANTED = ("vllm:num_requests_running", "vllm:num_requests_waiting", "vllm:kv_cache_usage_perc",
            "vllm:gpu_cache_usage_perc", "vllm:prompt_tokens_total",
            "vllm:generation_tokens_total")
+_FRACTIONS = frozenset({"vllm:kv_cache_usage_perc", "vllm:gpu_cache_usage_perc"})
 WARMUP_PROMPT = "Write one short sentence about the sea."
 # Bodies read at most (issue 22): vLLM's /metrics is ~50 KB (a few MB with many LoRAs).
 MAX_BODY = {"/metrics": 16 * 2**20, "/health": 64 * 2**10}
@@ -203,12 +204,15 @@ def filter_lines(text: str, wanted: Iterable[str] = _WANTED) -> str:
 
 
 def parse_metrics(text: str) -> dict[str, float]:
-    """Sum each wanted series over its label sets (engines, models)."""
+    """Sum each wanted series over its label sets (engines, models); a KV cache's use is a
+    fraction of each engine's own cache: the fullest engine's, never a sum."""
     out: dict[str, float] = {}
     for family in text_string_to_metric_families(filter_lines(text)):
         for sample in family.samples:
             if sample.name in _WANTED:
-                out[sample.name] = out.get(sample.name, 0.0) + float(sample.value)
+                value = float(sample.value)
+                out[sample.name] = max(out.get(sample.name, 0.0), value) \
+                    if sample.name in _FRACTIONS else out.get(sample.name, 0.0) + value
     return out
 
 
