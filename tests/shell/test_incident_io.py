@@ -182,6 +182,18 @@ def test_the_store_prunes_the_oldest_to_its_bounds_and_keeps_the_newest(tmp_path
     assert store.load(root, again) == {"reason": "hang"}
 
 
+def test_the_record_just_written_survives_its_prune_after_the_clock_stepped_back(
+        tmp_path: Path) -> None:
+    """At max_records, the clock stepped back (NTP, a board booted with its clock ahead): the
+    new record's id sorts first. Its own prune removes the oldest of the others, never it."""
+    root = store.root_of(str(tmp_path))
+    assert root is not None
+    names = [_write(Path(root), store.record_id(1.7e9 + i, "hang"), 10) for i in range(3)]
+    new = _write(Path(root), store.record_id(1.7e9 - 3600, "crash"), 10)
+    assert store.prune(root, 3, 1 << 30, keep=new) == names[:1]
+    assert sorted(store.ids(root)) == sorted([new, *names[1:]])
+
+
 def test_a_record_still_being_written_survives_a_prune_after_a_clock_step(
         tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     root = store.root_of(str(tmp_path))

@@ -108,12 +108,16 @@ def _is_dir(entry: os.DirEntry[str]) -> bool:
         return False
 
 
-def prune(root: str, max_records: int, max_bytes: int) -> list[str]:
-    """Remove the oldest records beyond the bounds (never the newest); return what went."""
+def prune(root: str, max_records: int, max_bytes: int, keep: str | None = None) -> list[str]:
+    """Remove the oldest records beyond the bounds (never the newest, nor `keep`: the one just
+    written, which sorts first after the wall clock stepped back); return what went."""
     names = ids(root)
     sizes = {n: _size(Path(root, n)) for n in names}
     total = sum(sizes.values())
     gone = []
+    if keep in names:  # counted in the bounds, never removed
+        names.remove(keep)
+        names.append(keep)
     while len(names) > 1 and (len(names) > max_records or total > max_bytes):
         oldest = names.pop(0)
         shutil.rmtree(os.path.join(root, oldest), ignore_errors=True)
