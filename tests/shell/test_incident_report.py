@@ -9,6 +9,8 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
+import pytest
+
 from tests.support.secrets import known_key
 from vllmwatch.incident import cause, dumpers, metrics, record, report
 
@@ -180,3 +182,22 @@ def test_the_kv_cache_use_of_several_engines_is_the_fullest_never_a_sum() -> Non
         _record(reason="hang", detail="x", metrics=m))
     live = parse_metrics(scrape)
     assert live["vllm:kv_cache_usage_perc"] == 0.9 and live["vllm:num_requests_running"] == 7.0
+
+
+@pytest.mark.parametrize("odd", [
+    {"timeline": [[None, "x"], [3.5, "restart.begin"]]}, {"timeline": [{"t": 1}, "s"]},
+    {"timeline": "s"}, {"cause": 7}, {"versions": ["vllm"]}, {"tree": "gone"},
+    {"capture": 5}, {"gate": None, "core": [1]},
+], ids=lambda odd: ",".join(f"{k}={type(v).__name__}" for k, v in odd.items()))
+def test_an_odd_field_never_hides_why_the_restart_happened(odd: dict[str, Any]) -> None:
+    """A record of an older version, or hand-edited: whatever shape a field of the head has,
+    its first lines still say the reason and the detail; a timeline entry of a wrong shape
+    costs only its own line."""
+    r = _record(reason="engine_died", detail="pid 812 (VLLM::EngineCore) killed by SIGKILL")
+    r.update(odd)
+    lines = _head(r)
+    assert lines[0] == "== reason and timeline ==", lines
+    assert lines[2] == "reason: engine_died: pid 812 (VLLM::EngineCore) killed by SIGKILL"
+    if isinstance(odd.get("timeline"), list) and [3.5, "restart.begin"] in odd["timeline"]:
+        text = report.render(r)
+        assert "       3.5  restart.begin" in text and "         ?  x" in text, text

@@ -39,18 +39,26 @@ def render(r: Mapping[str, Any]) -> str:
         try:
             parts.append(section(r))
         except SHAPE_ERRORS as exc:
-            parts.append(f"== {title} ==\n(not shown: a field has an unexpected shape, "
-                         f"{type(exc).__name__}: {exc}; `vllmwatch incidents show "
+            # why it happened is never lost: the reason lines are plain text of any shape
+            first = "\n".join(_reason(r)) + "\n" if section is _head else ""
+            parts.append(f"== {title} ==\n{first}(not shown: a field has an unexpected "
+                         f"shape, {type(exc).__name__}: {exc}; `vllmwatch incidents show "
                          f"{r.get('id')} --json` prints the record as it is)")
     # vLLM's lines, thread names and paths are outside text: no raw control character
     # reaches the terminal (an ANSI colour code shows as \x1b[...).
     return printable("\n\n".join(p for p in parts if p)) + "\n"
 
 
+def _reason(r: Mapping[str, Any]) -> list[str]:
+    return [f"incident {r.get('id')}  {r.get('time_utc')}",
+            f"reason: {r.get('reason')}: {r.get('detail')}"]
+
+
 def _head(r: Mapping[str, Any]) -> str:
-    lines = [f"incident {r.get('id')}  {r.get('time_utc')}",
-             f"reason: {r.get('reason')}: {r.get('detail')}"]
-    lines += [f"cause: {c}" for c in r.get("cause") or []]
+    lines = _reason(r)
+    cause = r.get("cause")
+    lines += [f"cause: {c}" for c in cause] if isinstance(cause, list) else \
+        [f"cause: {cause}"] if cause else []
     if r.get("exit_code") is not None:
         lines.append(f"vllmwatch exited with code {r['exit_code']} after this")
     gate = r.get("gate")
@@ -68,7 +76,10 @@ def _head(r: Mapping[str, Any]) -> str:
     lines.append(f"config sha256 {str(r.get('config_sha256', ''))[:12]}; record took "
                  f"{(r.get('capture') or {}).get('seconds', '?')} s")
     lines.append("timeline (s before the incident):")
-    lines += [f"  {t:>10.1f}  {what}" for t, what in r.get("timeline") or []]
+    for entry in r.get("timeline") or []:  # one odd entry costs its line, not the page
+        t, what = entry if isinstance(entry, list | tuple) and len(entry) == 2 else (None, entry)
+        lines.append(f"  {t:>10.1f}  {what}" if isinstance(t, int | float) and
+                     not isinstance(t, bool) else f"  {'?':>10}  {what}")
     return "== reason and timeline ==\n" + "\n".join(lines)
 
 
