@@ -201,3 +201,29 @@ def test_an_odd_field_never_hides_why_the_restart_happened(odd: dict[str, Any]) 
     if isinstance(odd.get("timeline"), list) and [3.5, "restart.begin"] in odd["timeline"]:
         text = report.render(r)
         assert "       3.5  restart.begin" in text and "         ?  x" in text, text
+
+
+def test_the_cause_is_where_the_last_burst_of_errors_began_not_an_old_error() -> None:
+    """A server up for hours has a client's 400 (logged at ERROR, with a traceback) high in
+    the window: the cause line and the first-error block name the engine's fatal error at
+    the end; a cascade with a few ordinary lines inside it still starts at its first line."""
+    info = "(APIServer pid=800) INFO 12-02 05:40:00 [loggers.py:1] Engine 000: 10 tokens/s"
+    old = ["(APIServer pid=800) ERROR 12-02 05:12:01 [serving_chat.py:222] Error in "
+           "preprocessing prompt inputs",
+           "(APIServer pid=800) ValueError: maximum context length is 8192 tokens"]
+    fatal = "(EngineCore_DP0 pid=812) ERROR 12-02 06:00:00 [core.py:710] EngineCore fatal error"
+    cascade = [fatal, "(EngineCore_DP0 pid=812) torch.OutOfMemoryError: CUDA out of memory",
+               *[info] * cause.CALM_GAP,  # the API server's own lines, inside the cascade
+               "(APIServer pid=800) ERROR 12-02 06:00:01 [async_llm.py:1] output_handler failed",
+               "(APIServer pid=800) vllm.v1.engine.exceptions.EngineDeadError: EngineCore died"]
+    out = [info] * 20 + old + [info] * 200 + cascade + ["shutdown noise"] * report.OUTPUT_SHOWN
+    r = _record(reason="engine_died", detail="engine process died: pid 812", output=out)
+    assert r["cause"][-1] == f"first error in vLLM's output: {fatal}", r["cause"]
+    text = report.render(r)
+    at = out.index(fatal) + 1
+    assert f"== first error in the output (line {at} of {len(out)}) ==\n{fatal}" in text
+    assert "preprocessing prompt inputs" not in text
+    assert cause.first_error(old + [info] * (cause.CALM_GAP + 1) + cascade) == \
+        len(old) + cause.CALM_GAP + 1
+    assert cause.first_error(old + [info] * cause.CALM_GAP + cascade) == 0  # one burst
+    assert cause.first_error([info, "plain line"]) is None

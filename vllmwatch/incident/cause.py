@@ -23,6 +23,29 @@ _STOPPED = {"T": "stopped (state T: SIGSTOP, or a debugger holds it)",
 # ("(EngineCore pid=N) ...EngineDeadError: ..."); never a WARNING that quotes an error.
 ERROR_LINE = re.compile(r"(?:^|\) )(?:ERROR|CRITICAL)\b|Traceback \(most recent call last\)|"
                         r"(?:^|\) )[\w.]*(?:Error|Exception): ")
+# An ordinary log line (vLLM's, uvicorn's access log): CALM_GAP of them in a row end a burst
+_CALM = re.compile(r"(?:^|\) )(?:INFO|DEBUG|WARNING)\b")
+CALM_GAP = 10
+
+
+def first_error(out: Sequence[object]) -> int | None:
+    """Where the failure began: the first error line of the window's last burst of errors (a
+    cascade's first line: the engine's traceback above the API server's EngineDeadError),
+    never an older, unrelated error (a client's 400 an hour before) that more than CALM_GAP
+    ordinary log lines in a row set apart from it."""
+    text = [str(line) for line in out]
+    last = next((i for i in range(len(text) - 1, -1, -1) if ERROR_LINE.search(text[i])), None)
+    if last is None:
+        return None
+    first, calm = last, 0
+    for i in range(last - 1, -1, -1):
+        if ERROR_LINE.search(text[i]):
+            first, calm = i, 0
+        elif _CALM.search(text[i]):
+            calm += 1
+            if calm > CALM_GAP:
+                break
+    return first
 
 
 def unit_cgroup(proc_cgroup: str = "/proc/self/cgroup") -> str | None:
@@ -90,8 +113,9 @@ def lines(r: Mapping[str, Any]) -> list[str]:
         if blocked:
             out.append(f"{proc.get('role')} pid {proc.get('pid')}: threads blocked on a lock "
                        f"in {', '.join(blocked[:3])} (a deadlock?)")
-    first = next((ln for ln in r.get("output") or [] if ERROR_LINE.search(ln)), None)
-    if first is not None:
+    output = r.get("output") or []
+    at = first_error(output) if isinstance(output, list) else None
+    if at is not None:
         # redacted before the cut (the record's redaction comes after: too late for a part)
-        out.append(f"first error in vLLM's output: {REDACT.head(first.strip(), 200)}")
+        out.append(f"first error in vLLM's output: {REDACT.head(str(output[at]).strip(), 200)}")
     return out

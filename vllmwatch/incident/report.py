@@ -13,7 +13,7 @@ from typing import Any
 
 from vllmwatch.config.redact import printable
 from vllmwatch.core.reuse import one_line
-from vllmwatch.incident.cause import ERROR_LINE
+from vllmwatch.incident.cause import first_error
 
 OUTPUT_SHOWN = 40  # last output lines in the report (all of them are in output.log)
 ERROR_BLOCK = 30  # lines of the first ERROR/Traceback block shown above them
@@ -283,7 +283,7 @@ def _output(r: Mapping[str, Any]) -> str:
     noise, issue 36.17), then the tail."""
     out = list(r.get("output") or [])
     tail_from = max(0, len(out) - OUTPUT_SHOWN)
-    first = next((i for i, ln in enumerate(out) if ERROR_LINE.search(ln)), None)
+    first = first_error(out)
     parts = []
     if first is not None and first < tail_from:
         block = out[first:min(first + ERROR_BLOCK, tail_from)]
