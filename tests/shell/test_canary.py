@@ -147,6 +147,12 @@ def test_config_builds_the_prober() -> None:
     ({"canary": "custom", "canary_path": "/x", "canary_body": "[1]"}, "probe.canary_body",
      "JSON object"),
     ({"canary_path": "/x"}, "probe.canary", 'probe.canary = "custom"'),
+    ({"canary": "custom", "canary_path": "/v1/my endpoint"}, "probe.canary_path",
+     "percent-encode"),
+    ({"canary": "custom", "canary_path": "/v1/e\tx"}, "probe.canary_path", "percent-encode"),
+    ({"canary": "custom", "canary_path": "/v1/é"}, "probe.canary_path", "percent-encode"),
+    ({"canary": "custom", "canary_path": "/x", "canary_body": '{"t": NaN}'},
+     "probe.canary_body", "not JSON"),
     ({"canary": "embedding"}, "probe.canary", "'embeddings'"),
 ])
 def test_config_errors(probe: dict[str, object], key: str, says: str) -> None:

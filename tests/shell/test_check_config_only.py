@@ -114,3 +114,54 @@ def test_a_missing_or_odd_file_is_a_line_not_a_traceback(tmp_path: Path,
         assert cli.main(["check", "--config-only", "--config", str(path)]) == exitcodes.CONFIG
         out = capsys.readouterr()
         assert "FAIL  config" in out.out and "Traceback" not in out.out + out.err
+
+
+@pytest.mark.parametrize("lines,named", [
+    ("VLLMWATCH_ARG_PORT=9000\n", "VLLMWATCH_ARG_PORT"),  # a flag vllmwatch owns
+    ("VLLMWATCH_ARG_DEVICE=cuda\n", "VLLMWATCH_ARG_DEVICE"),  # removed from vLLM
+    ("this is not NAME=value\n", "line 2"),
+    ("NOTIFY_SOCKET=/run/x\n", "NOTIFY_SOCKET"),  # a variable vllmwatch owns
+    ("VLLM_SERVER_DEV_MODE=1\n", "VLLM_SERVER_DEV_MODE"),
+    (None, "is a directory"),
+])
+def test_an_env_file_the_launch_refuses_fails_the_reload(tmp_path: Path, lines: str | None,
+                                                        named: str) -> None:
+    """vllm.env_file is read at each launch: a reload that took one the launch refuses
+    stopped a healthy vLLM and then could not start it. Refused now, with its line's name
+    (never its value)."""
+    env_file = tmp_path / "secrets.env"
+    if lines is None:
+        env_file.mkdir()
+    else:
+        env_file.write_text("HF_TOKEN=hf_notshown0123456789abcdef\n" + lines)
+    path = write_config(tmp_path, "some/model", vllm=f'env_file = "{env_file}"')
+    with pytest.raises(ConfigError):
+        load_for_reload(path)
+    code, text = _run(path)
+    assert code == exitcodes.CONFIG and named in text and "notshown" not in text, text
+    env_file.unlink() if lines is not None else env_file.rmdir()
+    env_file.write_text("HF_TOKEN=hf_notshown0123456789abcdef\nVLLMWATCH_ARG_SEED=7\n")
+    assert _run(path)[0] == exitcodes.OK  # the operator's own: fine
+
+
+@pytest.mark.parametrize("env,gpus,named", [
+    ('NOTIFY_SOCKET = "/run/systemd/notify"', "", "vllm.env.NOTIFY_SOCKET"),
+    ('WATCHDOG_USEC = "60000000"', "", "vllm.env.WATCHDOG_USEC"),
+    ('VLLMWATCH_CONFIG = "/etc/other.toml"', "", "vllm.env.VLLMWATCH_CONFIG"),
+    ('VLLM_SERVER_DEV_MODE = "1"', "", "vllm.env.VLLM_SERVER_DEV_MODE"),
+    ('CUDA_VISIBLE_DEVICES = "3"', "gpus = [0]", "vllm.env.CUDA_VISIBLE_DEVICES"),
+    ('CUDA_DEVICE_ORDER = "FASTEST_FIRST"', "gpus = [0]", "vllm.env.CUDA_DEVICE_ORDER"),
+])
+def test_a_variable_vllmwatch_owns_in_vllm_env_fails_the_load(
+        tmp_path: Path, env: str, gpus: str, named: str) -> None:
+    """systemd's variables, vllmwatch's own, vLLM's dev mode (its /sleep and /collective_rpc
+    on the public port, open to every local user) and, with vllm.gpus set, the GPU choice
+    its memory rules read: an override would run vLLM on GPU 3 while vllmwatch watches 0."""
+    path = Path(write_config(tmp_path, "some/model"))
+    text = path.read_text().replace("[vllm.env]\n", f"[vllm.env]\n{env}\n")
+    path.write_text(text.replace("gpus = []\n", gpus + "\n") if gpus else text)
+    code, out = _run(str(path))
+    assert code == exitcodes.CONFIG and named in out and "Traceback" not in out, out
+    if "CUDA" in env:  # vllm.gpus = "all": the operator's own choice (MIG UUIDs)
+        path.write_text(text.replace("gpus = []\n", 'gpus = "all"\n'))
+        assert _run(str(path))[0] == exitcodes.OK

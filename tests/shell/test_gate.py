@@ -319,6 +319,23 @@ def test_gate_config_errors_name_the_key(gate: dict[str, Any], key: str, text: s
     assert err.value.key == key and text in str(err.value), str(err.value)
 
 
+@pytest.mark.parametrize(("host", "listen"), [
+    ("127.0.0.1", "localhost:8000"), ("0.0.0.0", "127.0.0.1:8000"),
+    ("127.0.0.1", "0.0.0.0:8000"), ("::1", "[::1]:8000"), ("", "localhost:8000"),
+])
+def test_gate_listen_on_vllms_own_socket_by_any_name_is_refused(host: str, listen: str) -> None:
+    """The gate binds first: on vLLM's socket under another name (localhost, a wildcard on
+    either side) vLLM would find it busy at every start."""
+    from vllmwatch.config.schema import ConfigError, from_dict
+
+    with pytest.raises(ConfigError) as err:
+        from_dict({"vllm": {"model": "/m", "host": host, "port": 8000},
+                   "gate": {"enabled": True, "listen": listen}}, "/etc/vw.toml")
+    assert err.value.key == "gate.listen" and "is vllm.port" in str(err.value), str(err.value)
+    from_dict({"vllm": {"model": "/m", "host": "127.0.0.1", "port": 8000},  # another address
+               "gate": {"enabled": True, "listen": "127.0.0.2:8000"}})
+
+
 def test_gate_config_accepted_and_off_by_default() -> None:
     from vllmwatch.config.schema import from_dict
 

@@ -11,6 +11,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 
 from vllmwatch.config import flags, safefile, serveline, startcaches
+from vllmwatch.config.crosschecks import owned_env_problem
 from vllmwatch.config.errors import Problem
 from vllmwatch.config.flags import flag_name as flag_name  # re-exported for callers
 from vllmwatch.config.launch import FORK_VARIABLE, engine_start_method
@@ -227,6 +228,8 @@ def build(config: Config, base_env: Mapping[str, str], api_key: str | None = Non
     _raise(config.path, [Problem(f"vllm.env_file: {name}", "is read by vllmwatch's own "
                                  "decision (check, the launch's log); set it in [vllm.env]")
                          for name in (*startcaches.KNOWN, FORK_VARIABLE) if name in file_env])
+    _raise(config.path, [p for name in file_env if (p := owned_env_problem(
+        name, config, f"vllm.env_file: {name}")) is not None])
     _raise(config.path, [p for p in (flags.flag_problem(  # its names only: values are secret
         a[2:], None, f"vllm.env_file: {ARG_PREFIX}{a[2:].upper().replace('-', '_')}",
         vllm_version) for a in file_args[::2]) if p is not None])
@@ -293,11 +296,13 @@ def load_for_reload(path: str) -> Config:
     while the daemon keeps the old config and only logs why. The API key file is read too: a
     key file that can never work (a directory, a FIFO) is refused now, not at the next
     launch; one that is briefly missing or empty (a key rotation replaces the file) is not,
-    as the daemon retries it.
+    as the daemon retries it. So is vllm.env_file, with the checks the launch makes of it (a
+    directory, a line that is not NAME=value, a flag or variable vllmwatch owns).
     """
     config = load(path)
+    key: str | None = None
     try:
-        read_api_key(config)
+        key = read_api_key(config)
     except KeyFileError as exc:
         if not exc.transient:
             raise
@@ -311,4 +316,9 @@ def load_for_reload(path: str) -> Config:
     known = vllmflags.known_flags(v.command, version, vllmflags.default_cache_dir(
         config, os.environ), ask=False) if version else None
     _raise(path, problems + (vllmflags.validate_args(config, known) if known else []))
+    try:  # the command as the launch builds it: vllm.env_file read and checked, as there
+        build(config, os.environ, api_key=key, vllm_version=version)
+    except KeyFileError as exc:
+        if not exc.transient:
+            raise
     return config

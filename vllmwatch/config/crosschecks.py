@@ -35,9 +35,39 @@ def cross_checks(config: Config) -> list[Problem]:
 INT_VARIABLES = {"VLLM_HTTP_TIMEOUT_KEEP_ALIVE": "whole seconds, e.g. \"5\" (vLLM's default)"}
 
 
+_SYSTEMD = "systemd's, for vllmwatch alone: vLLM never sees it"
+# Variables vllmwatch owns in vLLM's environment, with why one of the operator's would break
+# something: systemd's, our own markers, and vLLM's dev mode.
+OWNED_ENV = {
+    **{name: _SYSTEMD for name in ("NOTIFY_SOCKET", "WATCHDOG_USEC", "WATCHDOG_PID",
+                                   "LISTEN_FDS", "LISTEN_PID", "LISTEN_FDNAMES")},
+    "VLLMWATCH_CONFIG": "vllmwatch's own: vLLM never sees it",
+    "VLLMWATCH_INSTANCE": "vllmwatch's mark of its own processes (the sweeps of leftovers)",
+    "VLLM_SERVER_DEV_MODE": "it opens vLLM's dev endpoints (/sleep, /collective_rpc, ...) on "
+                            "its port, to every local user and without the API key; "
+                            "vllmwatch gives them only to the spare, on a private socket",
+}
+_BY_GPUS = ("CUDA_VISIBLE_DEVICES", "CUDA_DEVICE_ORDER")
+
+
+def owned_env_problem(name: str, config: Config, key: str) -> Problem | None:
+    """A variable of [vllm.env] or vllm.env_file (the problem's `key`) that vllmwatch sets
+    or keeps from vLLM; None when it is the operator's."""
+    if name in OWNED_ENV:
+        return Problem(key, f"belongs to vllmwatch, not to vLLM's environment: "
+                       f"{OWNED_ENV[name]}; remove it")
+    if name in _BY_GPUS and config.vllm.gpus is not None:
+        return Problem(key, f"is set by vllmwatch from vllm.gpus {config.vllm.gpus}, which its "
+                       "memory rules and checks read: remove it here, or set vllm.gpus = "
+                       '"all" to pass your own (MIG UUIDs)')
+    return None
+
+
 def _env_checks(config: Config) -> list[Problem]:
-    """[vllm.env] values vLLM is known to refuse, named with what it accepts."""
-    out = []
+    """[vllm.env] values vLLM is known to refuse, named with what it accepts; the variables
+    vllmwatch owns."""
+    out = [p for name in config.vllm.env
+           if (p := owned_env_problem(name, config, f"vllm.env.{name}")) is not None]
     for name, accepted in INT_VARIABLES.items():
         value = config.vllm.env.get(name)
         if value is None:
@@ -75,9 +105,14 @@ def _canary_checks(config: Config) -> list[Problem]:
     if p.canary == "custom" and not p.canary_path.startswith("/"):
         out.append(Problem("probe.canary_path", f"bad value {show(p.canary_path)}; "
                            'probe.canary = "custom" needs a path such as "/v1/embeddings"'))
+    elif p.canary_path and not all("\x20" < ch < "\x7f" for ch in p.canary_path):
+        # never sent (the HTTP request line refuses it): every canary fails, no READY
+        out.append(Problem("probe.canary_path", f"bad value {show(p.canary_path)}: a space, "
+                           "control or non-ASCII character cannot be sent in a request "
+                           "line; percent-encode it (a space is %20)"))
     if p.canary_body:
         try:
-            body = json.loads(p.canary_body)
+            body = json.loads(p.canary_body, parse_constant=_no_constant)
         except ValueError as exc:
             body = {}  # reported here; not again below
             out.append(Problem("probe.canary_body", f"not JSON ({exc}); expected a JSON "
@@ -91,6 +126,11 @@ def _canary_checks(config: Config) -> list[Problem]:
     return out
 
 
+def _no_constant(name: str) -> object:
+    """NaN and Infinity: Python's JSON reads them, a server's strict parser refuses them."""
+    raise ValueError(f"{name} is not JSON")
+
+
 # ---- issue 15 (the [gate] front door); kept apart from the checks above ----
 
 def _gate_checks(config: Config) -> list[Problem]:
@@ -102,7 +142,8 @@ def _gate_checks(config: Config) -> list[Problem]:
         host, port = parse_address(g.listen)
     except ValueError as exc:
         return [Problem("gate.listen", f"bad value {show(g.listen)}: {exc}")]
-    if port == config.vllm.port and host in ("", "0.0.0.0", "::", config.vllm.host):
+    # the same socket by any name (localhost, 127.0.0.1, a wildcard on either side)
+    if clashes([("vllm.port", config.vllm.host, config.vllm.port), ("gate.listen", host, port)]):
         return [Problem("gate.listen", f"port {port} is vllm.port; the gate takes the public "
                         "port and vLLM moves to a private one: set vllm.port to another port, "
                         "e.g. 8001")]
