@@ -75,6 +75,10 @@ def test_what_a_reload_refuses_fails_with_the_config_code(tmp_path: Path, mangle
     ("x = nan", "", "x: nan"),
     ('"max-model-len " = 5', "", "max-model-len "),  # not a flag's name
     ('tokenizer = "a\\u0000b"', "", "NUL"),
+    # a key of [vllm] under [vllm.args] (TOML's tables): --api-key-file, and no key read
+    ('api_key_file = "/etc/vllmwatch/api-key"', "", "vllm.args.api_key_file"),
+    ('extra_args = ["--enforce-eager"]', "", "vllm.args.extra_args"),
+    ('env-file = "/etc/vllmwatch/secrets.env"', "", "vllm.args.env-file"),
 ])
 def test_flags_a_launch_refuses_fail_the_reload(tmp_path: Path, args: str, vllm: str,
                                                 named: str) -> None:

@@ -7,6 +7,7 @@ import json
 
 from vllmwatch.config.convert import show
 from vllmwatch.config.errors import Problem
+from vllmwatch.config.flags import flag_name
 from vllmwatch.config.hosts import clashes, listen_problem, parse_address, parse_listen
 from vllmwatch.config.sections import Config
 from vllmwatch.config.startcaches import problems as startcache_problems
@@ -27,7 +28,21 @@ def cross_checks(config: Config) -> list[Problem]:
     if why is not None:
         out.append(Problem("status.listen", f"bad value {config.status.listen!r}: {why}"))
     return out + _canary_checks(config) + _gate_checks(config) + _address_checks(config) \
-        + startcache_problems(config, {}) + _spare_checks(config) + _env_checks(config)
+        + startcache_problems(config, {}) + _spare_checks(config) + _env_checks(config) \
+        + _misplaced(config)
+
+
+# Keys of [vllm] that no vLLM has as a flag: under [vllm.args] (TOML gives every key after a
+# table's header to that table) one became `--api-key-file PATH`, and no key was read.
+_VLLM_KEYS = ("command", "gpus", "api_key_file", "env_file", "extra_args", "env")
+
+
+def _misplaced(config: Config) -> list[Problem]:
+    ours = {flag_name(k): k for k in _VLLM_KEYS}
+    return [Problem(f"vllm.args.{key}", f"is a key of [vllm] ({ours[flag_name(key)]}), not "
+                    "a vLLM flag: TOML gives every key after the [vllm.args] header to that "
+                    "table; move it above [vllm.env] and [vllm.args]")
+            for key in config.vllm.args if flag_name(key) in ours]
 
 
 # vLLM reads these with int() when it uses them, after the weights have loaded (the API
@@ -159,7 +174,6 @@ def _spare_checks(config: Config) -> list[Problem]:
     if config.spare.enabled != "true":
         return []
     from vllmwatch.config import spare  # lazy: `run` at the defaults never plans a spare
-    from vllmwatch.config.flags import flag_name
     from vllmwatch.config.launch import parallel_sizes
 
     args: dict[str, object] = {flag_name(k): v for k, v in config.vllm.args.items()}
