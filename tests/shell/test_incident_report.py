@@ -227,3 +227,22 @@ def test_the_cause_is_where_the_last_burst_of_errors_began_not_an_old_error() ->
         len(old) + cause.CALM_GAP + 1
     assert cause.first_error(old + [info] * cause.CALM_GAP + cascade) == 0  # one burst
     assert cause.first_error([info, "plain line"]) is None
+
+
+@pytest.mark.parametrize("reason,code,stays", [
+    ("crashloop", 75, False), ("start_memory", 71, False), ("gpu_fault", 74, True),
+    ("config", 78, True),
+])
+def test_a_record_of_an_exit_says_what_the_code_means_and_what_to_do(
+        reason: str, code: int, stays: bool) -> None:
+    """After the daemon gave up, the head says what its exit code means and what becomes of
+    the service under the shipped units (down for good, or started again by systemd), and
+    the next step, before the timeline."""
+    from vllmwatch.core import exitcodes
+
+    text = report.render(_record(reason=reason, detail="x", exit_code=code))
+    said = f"vllmwatch exited with code {code} after this: {exitcodes.MEANING[code]}"
+    assert said in text and text.index(said) < text.index("timeline (s before"), text
+    nxt = next(line for line in text.splitlines() if line.startswith("next: "))
+    assert ("stays down" in nxt and "reset-failed" in nxt) is stays, nxt
+    assert ("systemd starts vllmwatch again" in nxt) is not stays, nxt

@@ -85,6 +85,7 @@ def test_key_settings(unit: str) -> None:
     (prevent,) = s["RestartPreventExitStatus"]
     assert sorted(int(c) for c in prevent.split()) == sorted(
         {exitcodes.CONFIG, exitcodes.GPU_FAULT, exitcodes.ALREADY_RUNNING})
+    assert {int(c) for c in prevent.split()} == exitcodes.FINAL  # what records say of them
     # A reload checks the config before the signal, so a bad one fails `systemctl reload`.
     assert s["ExecReload"] == [
         "/opt/vllmwatch/bin/vllmwatch check --config-only --config ${VLLMWATCH_CONFIG}",

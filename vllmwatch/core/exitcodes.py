@@ -32,5 +32,23 @@ MEANING = {
     INTERNAL: "internal error in vllmwatch (a bug: please report the logged traceback)",
 }
 
+# The exits the units never restart (RestartPreventExitStatus=): a restart cannot fix them.
+FINAL = frozenset({CONFIG, GPU_FAULT, ALREADY_RUNNING})
+
+
+def after_exit(code: int) -> str:
+    """What becomes of the service after vllmwatch exits with `code` under the shipped units,
+    and what a person does next (an incident record's head)."""
+    if code == OK:
+        return "stopped on request; nothing to do"
+    if code in FINAL:
+        return ("the service stays down (its unit never restarts this code): fix the cause, "
+                "then `systemctl reset-failed vllmwatch && systemctl start vllmwatch` (for an "
+                "instance: vllmwatch@NAME)")
+    return ("systemd starts vllmwatch again in RestartSec (10 s) until the unit's start limit; "
+            "a cause left in place fails it the same way: fix it, or `systemctl stop "
+            "vllmwatch` to keep it down (`journalctl -u vllmwatch` says why each start ended)")
+
+
 # The codes of earlier builds (issue 36.10): what scripts and alerts written for them change.
 OLD = {2: CONFIG, 3: GAVE_UP, 4: START, 5: START_MEMORY, 6: GPU_FAULT, 7: ALREADY_RUNNING}

@@ -12,6 +12,7 @@ from collections.abc import Mapping, Sequence
 from typing import Any
 
 from vllmwatch.config.redact import printable
+from vllmwatch.core import exitcodes
 from vllmwatch.core.reuse import one_line
 from vllmwatch.incident.cause import first_error
 
@@ -59,8 +60,13 @@ def _head(r: Mapping[str, Any]) -> str:
     cause = r.get("cause")
     lines += [f"cause: {c}" for c in cause] if isinstance(cause, list) else \
         [f"cause: {cause}"] if cause else []
-    if r.get("exit_code") is not None:
-        lines.append(f"vllmwatch exited with code {r['exit_code']} after this")
+    code = r.get("exit_code")
+    if isinstance(code, int) and not isinstance(code, bool):
+        lines.append(f"vllmwatch exited with code {code} after this: "
+                     f"{exitcodes.MEANING.get(code, 'a code this version does not know')}")
+        lines.append(f"next: {exitcodes.after_exit(code)}")
+    elif code is not None:
+        lines.append(f"vllmwatch exited with code {code!r} after this")
     gate = r.get("gate")
     if isinstance(gate, Mapping):
         lines.append("gate: " + gate_line(gate))
