@@ -30,6 +30,8 @@ NOT_EXCERPTS = {
     "proc.stdout.splitlines()[:len(PROPERTIES) * 2]": "a list of lines",
     "recent[-12:]": "a list of samples",
     "line[:80]": "childlog.level_of looks for the level word; nothing leaves",
+    "seen[-TAIL:]": "gate/exchange: a stream's last bytes, kept to find its markers; "
+                    "nothing leaves",
     "name[:64]": "a journal field name: [A-Z0-9_] made from ours",
     "data[:MAX_VALUE - 15]": "a journal value: shell/logs.py redacted the event whole first",
     'str(data.get("reason", "?"))[:40]': "a stored record: redacted whole when written",

@@ -9,8 +9,7 @@ log events, /status, STATUS=, `incidents show` pass through `Redactor`. What is 
   GitHub's `https://X:x-oauth-basic@host` hide X); `Bearer X`; PEM private keys; tokens of
   known shapes (`sk-...`, `hf_...`, `ghp_...`, `AKIA...`, `xox?-...`, JWTs).
 Names are judged by their words, so counts and paths stay readable (`prompt_tokens=5`,
-`--ssl-keyfile /etc/k.pem`, `KEY_PATH=/x`). `printable` (at the end) escapes control
-characters before outside text reaches a terminal. Pure: stdlib and config only.
+`--ssl-keyfile /etc/k.pem`, `KEY_PATH=/x`). Pure: stdlib and config only.
 """
 
 from __future__ import annotations
@@ -348,22 +347,3 @@ def secrets_of(env: Mapping[str, str], api_key: str | None) -> list[str]:
 
 
 REDACT = Redactor()  # the rules and every learnt value: for writers with no secrets of their own
-
-
-# --- text for a terminal (was config/text.py) ------------------------------------------------
-# Text from outside (a /status answer, vLLM's output, an incident record) made safe to print
-# on a person's terminal: control characters are shown as escapes, never sent raw.
-
-# C0 and C1 controls and DEL, except newline and tab: ESC alone can retitle a terminal, move
-# the cursor over earlier lines or hide text (a foreign service on the status port, or a
-# line vLLM's output carried into a record).
-_CONTROL = re.compile(r"[\x00-\x08\x0b-\x1f\x7f-\x9f]")
-
-
-def printable(text: str, keep_newlines: bool = True) -> str:
-    """``text`` with every control character as a visible ``\\xNN`` escape (newline and tab
-    kept, or escaped too when ``keep_newlines`` is False: a one-line field)."""
-    out = _CONTROL.sub(lambda m: f"\\x{ord(m.group()):02x}", text)
-    if not keep_newlines:
-        out = out.replace("\n", "\\n").replace("\t", "\\t")
-    return out

@@ -51,6 +51,8 @@ def end_to_end(headers: MultiMapping[str]) -> CIMultiDict[str]:
     return CIMultiDict((k, v) for k, v in headers.items()
                        if k.lower() not in HOP_BY_HOP and k.lower() not in named)
 WHOLE_BODY = 4 * 2**20  # sized answers up to this are read whole, larger ones streamed
+FIRST_EVENT = 64 * 2**10  # a stream's first event is read whole, up to this, before it begins
+TAIL = 256  # bytes of a stream kept from one read to the next: its markers may span two
 WHOLE_BODY_TIMEOUT = 60.0  # reading such an answer once its head has come
 # Nothing of the request reached vLLM: refused, or no connection within CONNECT_TIMEOUT (vLLM's
 # listen queue full, SYNs dropped). The gate waits and tries the same request again; a connect
@@ -88,7 +90,7 @@ class Exchange:
     vllm_error: bool = False  # vLLM itself ended the begun stream with an error event
     broken: bool = False  # begun, then failed: ended by the gate (error event or cut)
     ended: bool = False  # the stream's last event passed: the client has the whole answer
-    tail: bytes = b""  # the last bytes passed on: whether an SSE event was left unfinished
+    tail: bytes = b""  # the last TAIL bytes passed on: an SSE event left unfinished, a marker
     task: asyncio.Task[Any] | None = field(default=None, repr=False)
 
     def mark_written(self) -> None:
@@ -156,6 +158,10 @@ async def run(session: aiohttp.ClientSession, request: web.Request, url: str, bo
                 return web.Response(body=data, status=up.status, reason=up.reason,
                                     headers=headers)
             first = await up.content.readany()  # the head waits for it: not begun before
+            while (0 < len(first) < FIRST_EVENT and b"\n\n" not in first  # the whole first
+                   and up.content_type == "text/event-stream"  # event: a marker may span
+                   and (more := await up.content.readany())):  # two reads of the socket
+                first += more
             if replay.engine_dead_event(first) or \
                     replay.engine_gone_answer(up.status, first) is not None:
                 return Failed("engine_dead")
@@ -166,12 +172,13 @@ async def run(session: aiohttp.ClientSession, request: web.Request, url: str, bo
             ex.begun = True
             chunk = first
             while chunk:  # as it arrives: SSE stays live
-                if b'"error"' in chunk and replay.ENGINE_DEAD in chunk:
+                seen = ex.tail + chunk  # a marker may span two reads of the socket
+                if b'"error"' in seen and replay.ENGINE_DEAD in seen:
                     ex.vllm_error = True  # vLLM's own error event: the stream is ended
-                if replay.END_OF_STREAM.search(chunk):
+                if replay.END_OF_STREAM.search(seen):
                     ex.ended = True  # vLLM may fail after it (measured): nothing is lost
                 await _to_client(response.write(chunk))
-                ex.tail = (ex.tail + chunk)[-2:]
+                ex.tail = seen[-TAIL:]
                 chunk = await up.content.readany()
             await _to_client(response.write_eof())
             return response
@@ -234,7 +241,7 @@ async def _failed(request: web.Request, response: web.StreamResponse | None, ex:
             # A well-formed end after the event (the client may be gone already).
             # An event cut mid-line is ended first, else the error event would be glued
             # onto it and neither would parse.
-            end = b"" if not ex.tail or ex.tail == b"\n\n" else \
+            end = b"" if not ex.tail or ex.tail.endswith(b"\n\n") else \
                 b"\n" if ex.tail.endswith(b"\n") else b"\n\n"
             await asyncio.wait_for(response.write(end + replay.error_event(ex.path, message)),
                                    1.0)

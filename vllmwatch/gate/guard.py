@@ -9,7 +9,8 @@ in memory while vLLM is not ready. Here:
   has begun must be complete within HEADER_TIMEOUT;
 - a body is read within BODY_TIMEOUT (else 408) and up to MAX_BODY (else 413); all bodies
   held at once are at most MAX_HELD (else 503).
-Every shed connection and refusal is counted (GateStats) and logged at a bounded rate.
+Every shed connection and refusal is counted (GateStats, the gate's counters, here) and
+logged at a bounded rate.
 Runs on the gate's event loop only.
 """
 
@@ -24,6 +25,40 @@ from typing import Any
 from aiohttp import web
 
 from vllmwatch.gate.exchange import error_response
+
+
+@dataclass
+class GateStats:
+    """Counters of the gate; written on its event loop only, read from any thread."""
+
+    forwarded: int = 0  # requests sent to vLLM (a replay is sent again: counted again)
+    held: int = 0  # requests that had to wait at the door
+    hold_timeouts: int = 0  # answered 503 after gate.hold_timeout
+    refused_closed: int = 0  # answered 503 because vllmwatch is stopping or gave up
+    failed_midrequest: int = 0  # vLLM went away after the request was sent
+    connect_retries: int = 0  # vLLM refused the connection; held again, then sent
+    holding: int = 0  # waiting at the door now
+    in_flight: int = 0  # forwarded and not yet answered
+    # Replays (gate/replay.py): of the failures before the answer began, by outcome.
+    replayed: int = 0  # sent once more to the next engine
+    replay_answered: int = 0  # ... and that engine answered it (any status)
+    replay_gave_up: int = 0  # replay_max reached, or hold_timeout/stop while waiting: 502/503
+    not_replayed: int = 0  # replay off, a path not on the list, or a body over the bound: 502
+    cut_midstream: int = 0  # the answer had begun: stream ended with an error event, or cut
+    stop_orders: int = 0  # engine generations vllmwatch told to stop (the fence)
+    forwarded_after_stop: int = 0  # sent to an engine after its stop order: a defect, 0
+    # Bounds (gate/guard.py): connections shed and refused requests, by reason.
+    shed_connections: int = 0  # over the connection cap: 503 and closed at once
+    idle_timeouts: int = 0  # no request within the idle deadline: closed
+    header_timeouts: int = 0  # a request head not complete within its deadline: closed
+    body_timeouts: int = 0  # a request body not complete within its deadline: 408
+    too_large: int = 0  # a request body over the cap: 413
+    held_full: int = 0  # the bodies held at once would pass their cap: 503
+    upstream_timeouts: int = 0  # vLLM's answer not complete within its deadline: 504
+    path_refused: int = 0  # a path not on the client API allow-list (gate/replay.py): 404
+    connections: int = 0  # client connections open now
+    held_bytes: int = 0  # request bodies in memory now
+
 
 MAX_CONNECTIONS = 1024
 IDLE_TIMEOUT = 60.0  # no request in progress (before the first one, or between them)

@@ -1,6 +1,7 @@
 """The forwarding handler: hold at the door, forward, replay what vLLM never answered.
 
-A request is sent to one engine generation (the child's pid) at most once. When that engine
+A request is sent to one engine generation (the child's pid) at most once (unless that
+engine serves on, no restart of it begun, SAME_ENGINE_GRACE after it failed). When that engine
 dies, hangs or is stopped before anything of the answer reached the client, a request to a
 pure-inference path (gate/replay.py) waits at the door again and is sent to the next engine
 that serves, at most gate.replay_max times and within gate.hold_timeout from its arrival;
@@ -22,6 +23,7 @@ from vllmwatch.gate import exchange, replay
 from vllmwatch.gate.door import Door, Fence, Readiness
 from vllmwatch.gate.exchange import error_response as _error
 from vllmwatch.gate.guard import MAX_BODY, Guard
+from vllmwatch.gate.guard import GateStats as GateStats
 from vllmwatch.gate.replay import upstream_target
 
 HOP_BY_HOP = exchange.HOP_BY_HOP
@@ -30,39 +32,9 @@ REFUSED_HOLD = 0.5  # after vLLM refused a connection, hold this long before try
 # a reused one it was closing looked like the engine's death; a healthy engine's client got 503.
 KEEPALIVE = exchange.KEEPALIVE  # the ceiling of Forwarder.upstreams.keepalive
 NEXT_ENGINE_POLL = 0.05  # a replay waits for an engine it was not sent to yet
-
-
-@dataclass
-class GateStats:
-    """Counters of the gate; written on its event loop only, read from any thread."""
-
-    forwarded: int = 0  # requests sent to vLLM (a replay is sent again: counted again)
-    held: int = 0  # requests that had to wait at the door
-    hold_timeouts: int = 0  # answered 503 after gate.hold_timeout
-    refused_closed: int = 0  # answered 503 because vllmwatch is stopping or gave up
-    failed_midrequest: int = 0  # vLLM went away after the request was sent
-    connect_retries: int = 0  # vLLM refused the connection; held again, then sent
-    holding: int = 0  # waiting at the door now
-    in_flight: int = 0  # forwarded and not yet answered
-    # Replays (gate/replay.py): of the failures before the answer began, by outcome.
-    replayed: int = 0  # sent once more to the next engine
-    replay_answered: int = 0  # ... and that engine answered it (any status)
-    replay_gave_up: int = 0  # replay_max reached, or hold_timeout/stop while waiting: 502/503
-    not_replayed: int = 0  # replay off, a path not on the list, or a body over the bound: 502
-    cut_midstream: int = 0  # the answer had begun: stream ended with an error event, or cut
-    stop_orders: int = 0  # engine generations vllmwatch told to stop (the fence)
-    forwarded_after_stop: int = 0  # sent to an engine after its stop order: a defect, 0
-    # Bounds (gate/guard.py): connections shed and refused requests, by reason.
-    shed_connections: int = 0  # over the connection cap: 503 and closed at once
-    idle_timeouts: int = 0  # no request within the idle deadline: closed
-    header_timeouts: int = 0  # a request head not complete within its deadline: closed
-    body_timeouts: int = 0  # a request body not complete within its deadline: 408
-    too_large: int = 0  # a request body over the cap: 413
-    held_full: int = 0  # the bodies held at once would pass their cap: 503
-    upstream_timeouts: int = 0  # vLLM's answer not complete within its deadline: 504
-    path_refused: int = 0  # a path not on the client API allow-list (gate/replay.py): 404
-    connections: int = 0  # client connections open now
-    held_bytes: int = 0  # request bodies in memory now
+# ... or this long for the failed one's restart to begin: vLLM that dropped a connection and
+# serves on (vllmwatch saw no death past its engine-death and health checks) gets it again.
+SAME_ENGINE_GRACE = 10.0
 
 
 @dataclass
@@ -186,7 +158,8 @@ class Forwarder:
         loop = asyncio.get_running_loop()
         deadline = loop.time() + self.hold_timeout  # replays too: counted from arrival
         held = False  # counted once per request, however often it waits
-        tried: list[int | None] = []  # the engine generations it was sent to
+        tried: dict[int | None, float] = {}  # engines it failed on, and when
+        failures = 0
         while True:
             self.door.refresh()
             if not held and (self.door.state != Readiness.OPEN or self.door.waiting):
@@ -194,20 +167,22 @@ class Forwarder:
                 self.stats.held += 1
             verdict = await self._wait_at_door(request.path, deadline - loop.time())
             if verdict is not None:
-                self.stats.replay_gave_up += 1 if tried else 0
+                self.stats.replay_gave_up += 1 if failures else 0
                 return verdict
             gen, spare = self._route()
             try:
                 # Open for an engine it was sent to already (its failure not published yet),
                 # or one told to stop: never sent there; wait for the next one.
+                if gen in tried and loop.time() - tried[gen] >= SAME_ENGINE_GRACE:
+                    del tried[gen]  # no restart of it began: it lives, and gets it once more
                 if gen in tried or not self.fence.begin(gen):
                     raise RouteMoved
-                answer = await self._forward(request, body, gen, spare, bool(tried))
+                answer = await self._forward(request, body, gen, spare, failures > 0)
             except RouteMoved:
                 self.spare_in_flight -= spare
                 if loop.time() >= deadline:
                     self.stats.hold_timeouts += 1
-                    self.stats.replay_gave_up += 1 if tried else 0
+                    self.stats.replay_gave_up += 1 if failures else 0
                     return _error(request.path, 503, "no other vLLM engine served within "
                                   f"{self.hold_timeout:g}s (gate.hold_timeout); it is "
                                   "restarting", self.retry_after)
@@ -221,8 +196,8 @@ class Forwarder:
                 continue
             if not isinstance(answer, exchange.Failed):
                 return answer  # (a replay's answer is counted in _forward)
-            tried.append(gen)
-            why_not = self._why_not(request, body, len(tried))
+            tried[gen], failures = loop.time(), failures + 1
+            why_not = self._why_not(request, body, failures)
             fig = self.figures_of(gen)
             if why_not is not None:
                 fig.not_replayed += 1
@@ -232,7 +207,7 @@ class Forwarder:
             self.stats.replayed += 1
             fig.replayed += 1
             self._log("warning", "gate.replayed", path=request.path, size=len(body),
-                      engine_pid=gen, failure=str(answer), replay=len(tried),
+                      engine_pid=gen, failure=str(answer), replay=failures,
                       detail="vLLM failed before any of the answer reached the client; "
                              "the request waits for the next engine and is sent once more")
 

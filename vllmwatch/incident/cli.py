@@ -15,7 +15,8 @@ import sys
 from collections.abc import Mapping, Sequence
 from typing import Any
 
-from vllmwatch.config.redact import REDACT, printable
+from vllmwatch.config.convert import printable
+from vllmwatch.config.redact import REDACT
 from vllmwatch.incident import report, store
 
 # The sections the report reads, and the JSON type each must have.

@@ -5,7 +5,8 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import Any
 
-from vllmwatch.config.redact import REDACT, printable
+from vllmwatch.config.convert import printable
+from vllmwatch.config.redact import REDACT
 from vllmwatch.incident import store
 
 

@@ -11,7 +11,7 @@ from __future__ import annotations
 from collections.abc import Mapping, Sequence
 from typing import Any
 
-from vllmwatch.config.redact import printable
+from vllmwatch.config.convert import printable
 from vllmwatch.core import exitcodes
 from vllmwatch.core.reuse import one_line
 from vllmwatch.incident.cause import first_error

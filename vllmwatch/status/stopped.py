@@ -17,7 +17,8 @@ from collections.abc import Callable, Mapping
 from pathlib import Path
 from typing import Any
 
-from vllmwatch.config.redact import REDACT, printable
+from vllmwatch.config.convert import printable
+from vllmwatch.config.redact import REDACT
 from vllmwatch.core import exitcodes
 
 SHOW_TIMEOUT_S = 3.0

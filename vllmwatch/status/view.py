@@ -10,7 +10,7 @@ import time
 from collections.abc import Mapping
 from typing import Any
 
-from vllmwatch.config.redact import printable
+from vllmwatch.config.convert import printable
 from vllmwatch.config.units import format_duration, format_mib
 from vllmwatch.core.reuse import one_line
 
