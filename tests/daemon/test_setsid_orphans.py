@@ -16,6 +16,7 @@ import psutil
 import pytest
 
 from tests.support import PYTHON, REPO, Daemon, base_config, free_port, wait_for
+from tests.support.procs import environ
 from vllmwatch.shell import reaper
 from vllmwatch.shell.child import MARKER
 from vllmwatch.testing.fake_vllm import ORPHAN_TAG
@@ -49,7 +50,7 @@ def _the_orphan(d: Daemon, child: int) -> psutil.Process:
     got = wait_for(lambda: _orphans(d.port), 10, "the setsid'd descendant")
     [orphan] = got
     assert os.getsid(orphan.pid) != os.getsid(child)  # out of the child's session
-    assert MARKER not in orphan.environ()  # and without our marker
+    assert MARKER not in environ(orphan.pid)  # and without our marker
     return orphan
 
 

@@ -20,6 +20,7 @@ import psutil
 import pytest
 
 from tests.support import sigstop, wait_until
+from tests.support.procs import environ
 from vllmwatch.config.command import ChildCommand
 from vllmwatch.shell import standby as sb
 from vllmwatch.shell.child import MARKER
@@ -243,7 +244,7 @@ def _alive(pid: int) -> bool:
 def test_the_marker_and_tmpdir_of_a_standby(world: dict[str, object]) -> None:
     (Path(str(world["tmp"])) / "go").touch()
     standby, _ = _start(world)
-    env = psutil.Process(standby.pid).environ()
+    env = environ(standby.pid)  # (read too soon, a just-started process's is empty)
     assert env[MARKER] == "m" * 16
     assert os.path.basename(env["TMPDIR"]).startswith("vllmwatch-standby-")  # not a run's
     standby.kill()

@@ -152,10 +152,13 @@ def _events(body: bytes) -> list[bytes]:
     b'data: {"id":"c1","choices":[]}\n\n',  # a whole event
 ], ids=["mid-line", "mid-event", "whole"])
 def test_the_error_event_starts_an_event_of_its_own(path: str, sent: bytes) -> None:
-    with setup(("stream", [sent], "reset")) as (g, _script, _d):
+    """The stream had begun (its first event passed: the gate reads a first event whole
+    before it begins, test_gate_split_events.py), then vLLM failed with `sent` half-written."""
+    first = b'data: {"id":"c0","choices":[]}\n\n'
+    with setup(("stream", [first, sent], "reset")) as (g, _script, _d):
         status, body = post(g.port, path, {**BODY, "stream": True})
         settle(g)
-    assert status == 200 and body.startswith(sent.rstrip(b"\n"))
+    assert status == 200 and body.startswith(first + sent.rstrip(b"\n")), body
     last = _events(body)[-1]
     lines = last.split(b"\n")
     if path == "/v1/messages":

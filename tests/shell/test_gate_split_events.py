@@ -114,3 +114,21 @@ def test_a_dead_engines_first_event_split_across_reads_is_replayed(
         stats = gate.snapshot()
     assert status == 200 and b'"tok": "ok"' in body and b"EngineCore" not in body, body
     assert len(seen) == 2 and stats["replayed"] == 1, stats
+
+
+def test_a_first_event_vllm_never_finished_is_no_begun_answer(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    """vLLM wrote half of its first event and its connection died: nothing the client could
+    use had reached it, so the answer had not begun; the request is replayed (here to the same
+    engine, which serves on) and the client gets one whole answer, never the half event."""
+    monkeypatch.setattr(proxy, "SAME_ENGINE_GRACE", 0.5)
+    half: Answer = lambda c: _pieces(  # noqa: E731
+        c, HEAD + _chunk(b'data: {"id":"c1","choices":[{"delta":{"content":"hel'))
+    fine: Answer = lambda c: c.sendall(  # noqa: E731
+        HEAD + _chunk(b'data: {"tok": "ok"}\n\n') + _chunk(b"data: [DONE]\n\n") + b"0\r\n\r\n")
+    with _gate([half, fine]) as (port, seen, gate):
+        status, body = _stream(port)
+        wait_until(lambda: gate.snapshot()["in_flight"] == 0, 30, "the exchange ended")
+        stats = gate.snapshot()
+    assert status == 200 and b'"tok": "ok"' in body and b'"hel' not in body, body
+    assert len(seen) == 2 and stats["replayed"] == 1 and stats["cut_midstream"] == 0, stats

@@ -14,6 +14,7 @@ import psutil
 import pytest
 
 from tests.support import PYTHON, merge, wait_for
+from tests.support.procs import environ
 from vllmwatch.config.schema import Config, from_dict
 from vllmwatch.config.spare import SpareFacts, SparePlan
 from vllmwatch.core.events import Event
@@ -148,7 +149,7 @@ def test_a_build_after_a_reload_runs_the_new_command_in_a_tmpdir_of_its_own(
     spare.do(BuildSpare(0.2), posted.append, old)
     assert not planner.planned and "--max-num-seqs=4" in t.cmd.argv  # (the key re-read)
     assert t.pid is not None
-    tmp = psutil.Process(t.pid).environ()["TMPDIR"]
+    tmp = environ(t.pid)["TMPDIR"]
     assert os.path.isdir(tmp) and tmp == t.tmpdir
     wait_for(lambda: bool(posted), 30.0, "the build's answer")
     t.stop("rebuilt")

@@ -15,6 +15,7 @@ import psutil
 import pytest
 
 from tests.support import PYTHON, REPO, free_port, wait_for
+from tests.support.procs import environ
 from vllmwatch.config.launch import FORK_VARIABLE
 from vllmwatch.config.schema import Config, from_dict
 from vllmwatch.core.actions import CheckRelease, Sweep
@@ -85,7 +86,7 @@ def test_tp2_keeps_vllms_choice_and_the_standby_is_used(two_gpus: dict[str, Any]
     config = _config(tmp_path, tp=2)
     fx = two_gpus["make"](config)
     first = _spawn(fx, config)
-    env = psutil.Process(first.pid).environ()
+    env = environ(first.pid)
     assert FORK_VARIABLE not in env and env["CUDA_VISIBLE_DEVICES"] == "0,1"
     standby = _standby_waiting(fx, first.pid, config)
     nvml: FakeNvml = two_gpus["nvml"]

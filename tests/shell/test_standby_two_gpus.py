@@ -21,6 +21,7 @@ pytest.importorskip("vllmwatch.shell.launcher", reason="needs the standby (issue
 
 from tests.shell import test_standby_gpus as one
 from tests.support import wait_for
+from tests.support.procs import environ
 from vllmwatch.config.schema import Config, from_dict
 from vllmwatch.core.actions import CheckRelease, SampleMemory, Sweep
 from vllmwatch.shell.effects import RealEffects
@@ -134,7 +135,7 @@ def test_the_operators_method_reaches_a_tp2_child_and_its_standby_launch(
     config = from_dict(raw)
     fx = two_gpus["make"](config)
     first = _spawn(fx, config)
-    assert psutil.Process(first.pid).environ()[FORK_VARIABLE] == method
+    assert environ(first.pid)[FORK_VARIABLE] == method
     standby = _standby_waiting(fx, first.pid, config)
     _stop_tree(fx, config, first.pid)
     second = _spawn(fx, config)

@@ -89,3 +89,17 @@ def describe(proc: psutil.Process) -> str:
         return f"{proc.pid}: {' '.join(proc.cmdline())[:160]}"
     except psutil.Error:
         return f"{proc.pid}: (gone)"
+
+
+def environ(pid: int, timeout: float = 30.0) -> dict[str, str]:
+    """A just-started process's environment. Popen returns when exec closes its error pipe,
+    which the kernel does before it lays out the new program's environment: read too soon (a
+    loaded box), /proc/PID/environ is still empty. So read until it is not."""
+    import time
+
+    deadline = time.monotonic() + timeout
+    while True:
+        env = psutil.Process(pid).environ()
+        if env or time.monotonic() >= deadline:
+            return env
+        time.sleep(0.02)  # a poll of a condition, bounded by the deadline
