@@ -6,15 +6,13 @@ from __future__ import annotations
 
 import http.client
 import socket
-import threading
-from collections.abc import Iterator
-from contextlib import contextmanager, suppress
+from collections.abc import Callable
 from typing import Any
 
 import pytest
 
 from tests.support import free_port, wait_until
-from tests.support.rawhttp import read_request
+from tests.support.rawhttp import raw_upstream
 from vllmwatch.config.schema import from_dict
 from vllmwatch.gate import proxy
 from vllmwatch.gate.runner import start_gate
@@ -23,41 +21,15 @@ from vllmwatch.status.snapshot import Snapshot
 ANSWER = b'{"choices": [{"text": "ok"}]}'
 
 
-@contextmanager
-def _upstream(drops: int) -> Iterator[tuple[int, list[bytes]]]:
-    """A raw vLLM stand-in: the first `drops` requests are read and their connection closed
-    without an answer; the others are answered 200."""
-    srv = socket.create_server(("127.0.0.1", 0))
-    seen: list[bytes] = []
-
-    def serve() -> None:
-        while True:
-            try:
-                conn, _ = srv.accept()
-            except OSError:
-                return
-            with conn:
-                conn.settimeout(30)
-                got = read_request(conn)
-                if got is None:
-                    continue
-                seen.append(got[0])
-                if len(seen) <= drops:
-                    continue  # closed with no answer
-                conn.sendall(b"HTTP/1.1 200 OK\r\nContent-Type: application/json\r\n"
-                             b"Content-Length: %d\r\nConnection: close\r\n\r\n%s"
-                             % (len(ANSWER), ANSWER))
-
-    thread = threading.Thread(target=serve, daemon=True)
-    thread.start()
-    try:
-        yield srv.getsockname()[1], seen
-    finally:
-        with suppress(OSError):
-            srv.shutdown(socket.SHUT_RDWR)  # wakes its accept(); close() alone does not
-        srv.close()
-        thread.join(10)
-        assert not thread.is_alive()
+def _drops(first: int) -> Callable[[socket.socket, int], None]:
+    """The first `first` requests are read and their connection closed without an answer;
+    the others are answered 200."""
+    def answer(conn: socket.socket, n: int) -> None:
+        if n > first:
+            conn.sendall(b"HTTP/1.1 200 OK\r\nContent-Type: application/json\r\n"
+                         b"Content-Length: %d\r\nConnection: close\r\n\r\n%s"
+                         % (len(ANSWER), ANSWER))
+    return answer
 
 
 def _ask(port: int) -> tuple[int, bytes]:
@@ -75,7 +47,7 @@ def _ask(port: int) -> tuple[int, bytes]:
 def test_a_dropped_connection_of_a_vllm_that_serves_on_is_sent_again_to_it(
         monkeypatch: pytest.MonkeyPatch, replay: bool) -> None:
     monkeypatch.setattr(proxy, "SAME_ENGINE_GRACE", 0.5, raising=False)
-    with _upstream(drops=1) as (port, seen):
+    with raw_upstream(_drops(1)) as (port, seen):
         config = from_dict({"vllm": {"model": "m", "host": "127.0.0.1", "port": port},
                             "gate": {"enabled": True, "listen": f"127.0.0.1:{free_port()}",
                                      "replay": replay, "hold_timeout": "60s"}})

@@ -7,7 +7,6 @@ from __future__ import annotations
 
 import http.client
 import socket
-import threading
 import time
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager, suppress
@@ -15,10 +14,10 @@ from contextlib import contextmanager, suppress
 import pytest
 
 from tests.support import free_port, wait_until
-from tests.support.rawhttp import read_request
+from tests.support.rawhttp import raw_upstream
 from vllmwatch.config.schema import from_dict
 from vllmwatch.gate import proxy
-from vllmwatch.gate.runner import start_gate
+from vllmwatch.gate.runner import Gate, start_gate
 from vllmwatch.status.snapshot import Snapshot
 
 HEAD = (b"HTTP/1.1 200 OK\r\nContent-Type: text/event-stream\r\n"
@@ -39,39 +38,19 @@ def _pieces(conn: socket.socket, *parts: bytes) -> None:
 
 
 @contextmanager
-def _gate(answers: list[Answer]) -> Iterator[tuple[int, list[bytes], object]]:
-    srv = socket.create_server(("127.0.0.1", 0))
-    seen: list[bytes] = []
-
-    def serve() -> None:
-        while True:
-            try:
-                conn, _ = srv.accept()
-            except OSError:
-                return
-            with conn:
-                conn.settimeout(30)
-                got = read_request(conn)
-                if got is not None:
-                    seen.append(got[0])
-                    answers[min(len(seen), len(answers)) - 1](conn)
-
-    thread = threading.Thread(target=serve, daemon=True)
-    thread.start()
-    config = from_dict({"vllm": {"model": "m", "host": "127.0.0.1",
-                                 "port": srv.getsockname()[1]},
-                        "gate": {"enabled": True, "listen": f"127.0.0.1:{free_port()}"}})
-    gate = start_gate(config, lambda *_a, **_k: None,
-                      lambda: Snapshot(state="ready", ready=True, child_pid=7))
-    assert gate is not None
-    try:
-        yield gate.port, seen, gate
-    finally:
-        gate.stop()
-        with suppress(OSError):
-            srv.shutdown(socket.SHUT_RDWR)
-        srv.close()
-        thread.join(10)
+def _gate(answers: list[Answer]) -> Iterator[tuple[int, list[bytes], Gate]]:
+    """The gate before a raw vLLM stand-in whose n-th request gets answers[n-1] (the last
+    one again past the list)."""
+    with raw_upstream(lambda conn, n: answers[min(n, len(answers)) - 1](conn)) as (port, seen):
+        config = from_dict({"vllm": {"model": "m", "host": "127.0.0.1", "port": port},
+                            "gate": {"enabled": True, "listen": f"127.0.0.1:{free_port()}"}})
+        gate = start_gate(config, lambda *_a, **_k: None,
+                          lambda: Snapshot(state="ready", ready=True, child_pid=7))
+        assert gate is not None
+        try:
+            yield gate.port, seen, gate
+        finally:
+            gate.stop()
 
 
 def _stream(port: int) -> tuple[int, bytes]:
