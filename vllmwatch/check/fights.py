@@ -259,7 +259,7 @@ def _shared_gpus(ours: list[int] | None, theirs: str | None) -> str:
     parts = {p.strip() for p in theirs.split(",") if p.strip()}
     if ours is None:
         return f"GPU {theirs}" if parts else ""
-    if any(not p.isdigit() for p in parts):
+    if any(not (p.isascii() and p.isdigit()) for p in parts):
         return f"GPUs {theirs} (by UUID: compare with nvidia-smi -L)" if parts else ""
     both = sorted(set(ours) & {int(p) for p in parts})
     return f"GPU {', '.join(map(str, both))}" if both else ""

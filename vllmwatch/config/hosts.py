@@ -32,7 +32,7 @@ def parse_listen(text: str) -> tuple[str, int] | None:
         if ":" in host:
             raise ValueError(f"write an IPv6 address in brackets; {LISTEN_HELP}")
     # 0 (any free port) parses, for servers in tests; a config refuses it (listen_problem).
-    if not port_text.isdigit() or int(port_text) > 65535:
+    if not (port_text.isascii() and port_text.isdigit()) or int(port_text) > 65535:
         raise ValueError(f"port {port_text!r} is not a number from 1 to 65535; {LISTEN_HELP}")
     return host, int(port_text)
 

@@ -5,7 +5,7 @@ from __future__ import annotations
 import hashlib
 import re
 
-_WINDOW = re.compile(r"^\s*(\d{1,2}):(\d{2})\s*-\s*(\d{1,2}):(\d{2})\s*$")
+_WINDOW = re.compile(r"^\s*(\d{1,2}):(\d{2})\s*-\s*(\d{1,2}):(\d{2})\s*$", re.ASCII)
 
 
 def parse_window(text: str) -> tuple[int, int]:

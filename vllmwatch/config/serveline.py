@@ -14,7 +14,7 @@ from dataclasses import dataclass, field
 from vllmwatch.config.redact import REDACT
 
 _ASSIGN = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*=")
-_REDIRECT = re.compile(r"^\d*(>>?|<)(&\d+)?")
+_REDIRECT = re.compile(r"^\d*(>>?|<)(&\d+)?", re.ASCII)
 _WRAPPERS = ("nohup", "sudo", "exec", "time", "nice", "setsid", "stdbuf", "numactl")
 # vLLM's entry modules that serve the OpenAI API, old and new.
 _MODULES = ("vllm.entrypoints.openai.api_server", "vllm.entrypoints.cli.main",

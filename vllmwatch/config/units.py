@@ -6,7 +6,7 @@ import math
 import re
 
 _DURATION_UNITS = {"ms": 0.001, "s": 1.0, "m": 60.0, "h": 3600.0, "d": 86400.0}
-_DURATION_PART = re.compile(r"(\d+(?:\.\d+)?)\s*(ms|s|m|h|d)")
+_DURATION_PART = re.compile(r"(\d+(?:\.\d+)?)\s*(ms|s|m|h|d)", re.ASCII)
 
 # Binary units are the norm for memory; decimal ones are accepted because people write them.
 _SIZE_UNITS_MIB = {
@@ -24,7 +24,7 @@ _SIZE_UNITS_MIB = {
     "t": 1024.0**2,
     "tb": 1000**4 / 2**20,
 }
-_SIZE = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*([a-zA-Z]*)\s*$")
+_SIZE = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*([a-zA-Z]*)\s*$", re.ASCII)
 _PER_HOUR = re.compile(r"\s*/\s*(h|hr|hour)\s*$", re.IGNORECASE)
 
 DURATION_HELP = 'seconds as a number, or a string such as "500ms", "30s", "15m", "2h", "1h30m"'
@@ -41,7 +41,7 @@ def parse_duration(value: object) -> float:
     if not isinstance(value, str):
         raise ValueError("not a duration")
     text = value.strip().lower()
-    if re.fullmatch(r"\d+(?:\.\d+)?", text):
+    if re.fullmatch(r"\d+(?:\.\d+)?", text, re.ASCII):
         return float(text)
     pos, total = 0, 0.0
     for match in _DURATION_PART.finditer(text):

@@ -121,7 +121,7 @@ def apply(env: dict[str, str], draft: Draft, facts: Facts) -> None:
 
 def _gpus(value: str, draft: Draft, facts: Facts) -> None:
     parts = [p.strip() for p in value.split(",") if p.strip()]
-    if all(p.isdigit() for p in parts):
+    if all(p.isascii() and p.isdigit() for p in parts):
         draft.set("gpus", [int(p) for p in parts], f"from CUDA_VISIBLE_DEVICES={value}"
                   if parts else "CUDA_VISIBLE_DEVICES was empty: no GPU, a CPU deployment")
         return

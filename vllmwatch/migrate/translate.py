@@ -151,10 +151,16 @@ def _owned(given: Given, value: object, draft: Draft, facts: Facts) -> None:
     if isinstance(value, list):
         note += f"; only the first name is used ({', '.join(value[1:])} dropped)"
         draft.changed += 1
-    if key == "port" and isinstance(text, str) and text.isdigit():
-        draft.set(key, int(text), note)
-    else:
-        draft.set(key, str(text), note)
+    draft.set(key, _port(text) if key == "port" else str(text), note)
+
+
+def _port(text: object) -> int | str:
+    """The port as vLLM reads it (argparse's int(): '٨٠٠٠' is 8000 there, '²' an error);
+    a word vLLM refuses stays text, for the config's load to name."""
+    try:
+        return int(str(text))
+    except ValueError:
+        return str(text)
 
 
 def _device(given: Given, value: object, draft: Draft) -> None:

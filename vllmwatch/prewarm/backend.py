@@ -42,7 +42,7 @@ def parse_version(text: str | None) -> tuple[int, ...] | None:
     for piece in text.split("+")[0].split(".")[:3]:
         digits = ""
         for ch in piece:
-            if not ch.isdigit():
+            if not (ch.isascii() and ch.isdigit()):
                 break
             digits += ch
         if not digits:
@@ -71,8 +71,11 @@ def _int(value: object) -> int | None:
         return None
     if isinstance(value, int):
         return value
-    if isinstance(value, str) and value.strip().isdigit():
-        return int(value.strip())
+    if isinstance(value, str):
+        try:  # as vLLM reads it (int()): '٣' is 3 there; '²' or '3.0' is nothing
+            return int(value.strip())
+        except ValueError:
+            return None
     return None
 
 
