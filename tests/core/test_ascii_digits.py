@@ -1,3 +1,4 @@
+# ruff: noqa: RUF001, RUF002  (the characters under test are the point)
 """Digits are 0-9 where vllmwatch reads its own syntax, and what vLLM reads where the value is
 vLLM's. Python's `\\d` and `str.isdigit()` also take other scripts' digits: '٣' (which int()
 reads as 3) and '²' (which int() refuses). So a duration "٣٠s" was 30 s, a port "٨٠٠٠" 8000,
@@ -14,8 +15,12 @@ from hypothesis import strategies as st
 from tests.shell.test_init_migration import toml_of
 from vllmwatch.check.fights import _shared_gpus
 from vllmwatch.config.hosts import parse_listen
-from vllmwatch.config.quiet import parse_window
-from vllmwatch.config.units import parse_duration, parse_rate_mib_per_h, parse_size_mib
+from vllmwatch.config.units import (
+    parse_duration,
+    parse_rate_mib_per_h,
+    parse_size_mib,
+    parse_window,
+)
 from vllmwatch.prewarm.backend import parse_version, requested
 
 # Every character str.isdigit() takes that is not 0-9: decimal digits of other scripts and

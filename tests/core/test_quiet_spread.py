@@ -9,8 +9,8 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from vllmwatch.config.quiet import host_offset, in_window, parse_window, spread
 from vllmwatch.config.schema import from_dict
+from vllmwatch.config.units import host_offset, in_window, parse_window, spread
 from vllmwatch.shell.fleet import host_key, spread_config
 
 

@@ -3,12 +3,21 @@ what is useful and not secret (a model path, a port, counts of tokens) stays."""
 
 from __future__ import annotations
 
+import re
+
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from tests.support.secrets import KNOWN_KEY, leaks
-from vllmwatch.config.redact import REDACTED, Redactor, is_secret_name, learn
+from vllmwatch.config.redact import (
+    REDACTED,
+    Redactor,
+    _to_last_at,
+    is_secret_name,
+    learn,
+    redact_argv,
+)
 
 R = Redactor(known=False)
 
@@ -93,6 +102,9 @@ def test_each_form(text: str, want: str) -> None:
     "write to bob@example.com",
     "max_tokens%3D16%26prompt_tokens%3D5", "a=100%25 tokens%2Fs=3", "?foo%5Fbar=1",
     'body={\\"max_tokens\\": 16, \\"prompt\\": \\"key\\"}',
+    # identifiers of tokens and keys, as vLLM logs a request (were hidden whole)
+    "prompt_token_ids: [1, 2, 3], params: SamplingParams(stop_token_ids=[2], n=1)",
+    "{'prompt_token_ids': [101, 7592], 'token_type_ids': [0, 0]}", "key_id=k-17",
 ])
 def test_useful_non_secrets_stay(text: str) -> None:
     assert R.text(text) == text
@@ -111,6 +123,9 @@ def test_useful_non_secrets_stay(text: str) -> None:
     ("hfTokens", True), ("ACCESS_TOKENS", True), ("secret_keys", True),
     # PWD is the shell's working directory; a password only with a word before it
     ("PWD", False), ("OLDPWD", False), ("DB_PWD", True), ("MYSQL_PWD", True),
+    # an id names a token or key, it is not one; a token named by id is still a token
+    ("prompt_token_ids", False), ("token_id", False), ("access_key_id", False),
+    ("id_token", True), ("token_identity", True),
 ])
 def test_secret_names_by_their_words(name: str, secret: bool) -> None:
     assert is_secret_name(name) is secret
@@ -147,3 +162,32 @@ def test_an_excerpt_never_keeps_part_of_a_secret_across_its_cut(cut: int) -> Non
         tail = red.tail(ending, 40)
         assert len(tail) == 40 and secret[-4:] not in tail, tail
     assert red.head("short", 40) == "short" and red.tail("short", 0) == ""
+
+
+# The old rule for a password with / ? # @ in it, kept as the reference: a regex tried at
+# every `scheme://x:` of a word, quadratic in the word's length (0.3 s for a 16 KiB line).
+_LAST_AT = re.compile(r"(?i)(?P<pre>\b[a-z][a-z0-9+.-]*://[^\s/?#@:'\"]*:)"
+                      r"(?P<secret>(?!\d+(?:[/?#]|$))[^\s'\"]+)(?=@)")
+_PIECES = st.sampled_from(["x://", "ht.tp://", "u", ":", "@", "/", "?", "#", "'", '"', " ",
+                           "\n", "12", "p", "-", "a.b"])
+
+
+@settings(max_examples=600, deadline=None)
+@given(st.lists(_PIECES, max_size=24).map("".join))
+def test_the_password_scan_hides_what_the_quadratic_regex_hid(text: str) -> None:
+    """_to_last_at (a scan, once per word) hides exactly what the regex did."""
+    want = _LAST_AT.sub(lambda m: m["pre"] + REDACTED, text)
+    assert _to_last_at(text) == want
+
+
+@pytest.mark.parametrize(("argv", "want"), [
+    (["--api-ke", "Zq9XkLmP", "--port", "8000"], ["--api-ke", REDACTED, "--port", "8000"]),
+    (["--api-k=Zq9XkLmP"], [f"--api-k={REDACTED}"]),
+    (["--hf-tok", "Zq9XkLmP"], ["--hf-tok", REDACTED]),
+    (["--hf", "Zq9XkLmP"], ["--hf", REDACTED]),  # not unique in vLLM: refused, hidden anyway
+    (["--", "--api-ke"], ["--", "--api-ke"]),  # `--` alone ends the flags: nothing follows
+    (["--host", "h", "--api-server-count", "2"], ["--host", "h", "--api-server-count", "2"]),
+])
+def test_an_abbreviated_secret_flag_hides_its_value(argv: list[str], want: list[str]) -> None:
+    """vLLM's parser takes a flag's prefix (`--api-ke X` is `--api-key X`)."""
+    assert redact_argv(argv) == want

@@ -7,7 +7,7 @@ import re
 from collections.abc import Callable
 
 from vllmwatch.config import units
-from vllmwatch.config.quiet import parse_window
+from vllmwatch.config.units import parse_window
 
 Converter = Callable[[object], object]
 

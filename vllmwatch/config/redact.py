@@ -21,6 +21,7 @@ from collections.abc import Iterable, Mapping
 from typing import Any
 
 from vllmwatch.config import flags
+from vllmwatch.config.secretnames import is_secret_name as is_secret_name
 
 REDACTED = "<redacted>"
 MIN_SECRET = 4  # a shorter known "secret" would redact ordinary words
@@ -30,43 +31,6 @@ EXCERPT_MARGIN = 4096
 # Values of secret-named variables that are switches, not secrets (VLLM_USE_AUTH=true).
 _NOT_VALUES = frozenset({"true", "false", "none", "null", "yes", "no", "auto", "on", "off",
                          "enabled", "disabled", "required", "optional", "default"})
-# A name is secret when one of its words is one of these ...
-_WORDS = frozenset({"key", "token", "secret", "secrets", "password", "passwords",
-                    "passwd", "pass", "pwd", "passphrase", "credential", "credentials",
-                    "auth", "authorization", "apikey", "cookie", "privatekey",
-                    "sig", "signature"})  # a signed URL's proof: Azure SAS `sig=`, S3's
-# ... or ends in one of these (`hftoken`, `accesskey`, `dbpassword`, `pgpass`) ...
-_ENDINGS = ("token", "apikey", "secret", "password", "passwd", "pass", "accesskey",
-            "privatekey")
-# ... unless its last word says the value is about the secret, not the secret itself.
-_ABOUT = frozenset({"file", "path", "dir", "size", "len", "length", "count", "type", "mode",
-                    "name", "format", "url", "env", "var", "header", "ttl", "timeout",
-                    "expiry", "prefix"})
-# A plural `keys`/`tokens` is a list of names or a count (`restart_keys`, `prompt_tokens`)
-# unless a word before it says which credential (`api_keys`, `hf_tokens`, `accessTokens`).
-_PLURALS = frozenset({"keys", "tokens"})
-_QUALIFIERS = frozenset({"api", "access", "auth", "secret", "private", "hf", "bearer",
-                         "refresh", "session", "client", "ssh", "signing", "encryption"})
-_PLURAL_ENDINGS = tuple(q + p for q in _QUALIFIERS for p in _PLURALS)
-# A name with one of these words is a number about tokens or keys (`max_token`, `num_keys`).
-_COUNTS = frozenset({"num", "max", "min", "total", "count", "counts"})
-_SPLIT = re.compile(r"[^A-Za-z0-9]+|(?<=[a-z0-9])(?=[A-Z])|(?<=[A-Z])(?=[A-Z][a-z])")
-
-
-def is_secret_name(name: str) -> bool:
-    """Whether a variable, flag or key name says its value is a secret. A dotted name (vLLM's
-    `--compilation-config.pass_config.enable_fusion`, `db.password`) by its last key: the
-    value is that key's, and the ones before name where it lives."""
-    words = [w.lower() for w in _SPLIT.split(name.rstrip(".").rsplit(".", 1)[-1]) if w]
-    if not words or words[-1] in _ABOUT or _COUNTS.intersection(words):
-        return False
-    if words == ["pwd"]:  # the shell's working directory (PWD), in every child's environment
-        return False
-    return any(w in _WORDS or w.endswith(_ENDINGS) or w.endswith(_PLURAL_ENDINGS)
-               or (w in _PLURALS and _QUALIFIERS.intersection(words[:i]))
-               for i, w in enumerate(words))
-
-
 # A name holding one of the words every secret name holds (is_secret_name judges it whole):
 # the search stops only at candidates, not at every `word:` of a vLLM line.
 _HINT_WORDS = r"key|token|secret|pass|pwd|credential|auth|cookie|sig"
@@ -111,16 +75,36 @@ _SHAPES = (
     # URL userinfo, any scheme: keep the user when there is a password
     re.compile(r"(?i)(?P<pre>\b[a-z][a-z0-9+.-]*://[^\s/?#@:'\"]*:)"
                r"(?P<secret>[^\s/?#@\"]+)(?=@)"),  # (an apostrophe is legal in a password)
-    # user:password@ with / ? # @ in the password (not percent-encoded): to the last @ of the
-    # word, unless it reads as host:port/path
-    re.compile(r"(?i)(?P<pre>\b[a-z][a-z0-9+.-]*://[^\s/?#@:'\"]*:)"
-               r"(?P<secret>(?!\d+(?:[/?#]|$))[^\s'\"]+)(?=@)"),
     # Authorization: SCHEME CREDENTIALS, any scheme (Negotiate, SharedKey a:b, Splunk x)
     re.compile(r"(?i)(?P<pre>\b(?:proxy-)?authorization\s*:\s*[A-Za-z][\w-]*\s+)"
                r"(?P<secret>(?!" + _DONE + r")(?:<redacted>|(?!\\[nrt])[^\s'\",;)}\]>])+)"),
     re.compile(r"(?i)(?P<pre>\bbearer\s+)(?P<secret>(?!" + _DONE
                + r")(?:<redacted>|(?!\\[nrt])[^\s'\",;)}\]>])+)"),
 )
+_USERINFO = re.compile(r"(?i)\b[a-z][a-z0-9+.-]*://[^\s/?#@:'\"]*:")
+_WORD_END = re.compile(r"[\s'\"]")
+_HOST_PORT = re.compile(r"\d+(?:[/?#]|$)")
+
+
+def _to_last_at(text: str) -> str:
+    """user:password@ with / ? # @ in the password (not percent-encoded): hidden to the last @
+    of the word, unless it reads as host:port/path. A scan, not `[^\\s'"]+(?=@)`: that regex,
+    tried at each `scheme://x:` of a long word, is quadratic (0.3 s for 16 KiB of `x://:`)."""
+    out, pos, word_end, last_at = [], 0, -1, -1
+    for m in _USERINFO.finditer(text):
+        start = m.end()
+        if m.start() < pos:  # inside a password already hidden
+            continue
+        if start > word_end:  # the word's end and its last @, once per word
+            end = _WORD_END.search(text, start)
+            word_end = end.start() if end else len(text)
+            last_at = text.rfind("@", start, word_end)
+        if last_at > start and not _HOST_PORT.match(text, start):
+            out.append(text[pos:start] + REDACTED)
+            pos = last_at
+    return "".join(out) + text[pos:]
+
+
 # Whole tokens by their shape: hidden with the known values (Redactor._known_and_tokens).
 _TOKENS = (
     re.compile(r"(?P<pre>)(?P<secret>-----BEGIN [A-Z ]*PRIVATE KEY-----.*?"
@@ -241,9 +225,10 @@ class Redactor:
         shaped = any(hint in text for hint in _SHAPE_HINTS)
         text = self._known_and_tokens(text, shaped)
         if shaped or "bearer" in text.lower():
-            for shape in _SHAPES:
+            for i, shape in enumerate(_SHAPES):
                 text = shape.sub(lambda m: m["pre"] + (REDACTED if m["secret"] else ""),
                                  text)
+                text = _to_last_at(text) if i == 1 else text  # after the plain userinfo
         if _has_secret_name(text):
             for rule in _RULES:
                 text = _sub_named(rule, text)
@@ -331,13 +316,20 @@ def redact_argv(argv: tuple[str, ...] | list[str]) -> list[str]:
             out.append(REDACTED)
             hide_next = False
             continue
-        if token.startswith("--") and is_secret_name(token.partition("=")[0]):
+        if token.startswith("--") and _secret_flag(token.partition("=")[0][2:]):
             name, eq, _ = token.partition("=")
             out.append(f"{name}={REDACTED}" if eq else token)
             hide_next = not eq and flags.next_value(list(argv), i) is not True
             continue
         out.append(token)
     return out
+
+
+def _secret_flag(name: str) -> bool:
+    """A secret by its name, or a secret flag abbreviated: vLLM's parser takes a prefix of a
+    flag (`--api-ke X` is `--api-key X`; one that is not unique is refused)."""
+    return is_secret_name(name) or (bool(name) and any(f.startswith(name)
+                                                      for f in flags.SECRET_FLAGS))
 
 
 def secrets_of(env: Mapping[str, str], api_key: str | None) -> list[str]:

@@ -7,7 +7,7 @@ from __future__ import annotations
 
 from dataclasses import replace
 
-from vllmwatch.config.quiet import in_window
+from vllmwatch.config.units import in_window
 from vllmwatch.core import drain as drains
 from vllmwatch.core import gpufault, hangs, leak, policy, probing, reuse
 from vllmwatch.core import hangverdicts as verdicts

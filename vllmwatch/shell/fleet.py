@@ -6,8 +6,8 @@ import dataclasses
 import socket
 from collections.abc import Callable, Sequence
 
-from vllmwatch.config.quiet import spread
 from vllmwatch.config.schema import Config
+from vllmwatch.config.units import spread
 
 MACHINE_ID_PATHS = ("/etc/machine-id", "/var/lib/dbus/machine-id")
 

@@ -1,0 +1,47 @@
+"""Which names say that their value is a secret: a variable, a flag, a JSON or TOML key,
+judged by its words, so counts and paths stay readable (`prompt_tokens`, `prompt_token_ids`,
+`--ssl-keyfile`, `KEY_PATH`) while `HF_TOKEN`, `--api-key`, `dbPassword`, `hf_tokens` are
+hidden. The redactor (config/redact.py) and every writer that drops a value by its name
+(init, migrate, the environment shown in records) ask here. Pure: stdlib only."""
+
+from __future__ import annotations
+
+import re
+
+# A name is secret when one of its words is one of these ...
+_WORDS = frozenset({"key", "token", "secret", "secrets", "password", "passwords",
+                    "passwd", "pass", "pwd", "passphrase", "credential", "credentials",
+                    "auth", "authorization", "apikey", "cookie", "privatekey",
+                    "sig", "signature"})  # a signed URL's proof: Azure SAS `sig=`, S3's
+# ... or ends in one of these (`hftoken`, `accesskey`, `dbpassword`, `pgpass`) ...
+_ENDINGS = ("token", "apikey", "secret", "password", "passwd", "pass", "accesskey",
+            "privatekey")
+# ... unless its last word says the value is about the secret, not the secret itself: an
+# `_id`/`_ids` is an identifier (`prompt_token_ids`, `stop_token_ids`, `key_id`), never the
+# credential (an AWS key id's AKIA... shape is hidden as a token anyway).
+_ABOUT = frozenset({"file", "path", "dir", "size", "len", "length", "count", "type", "mode",
+                    "name", "format", "url", "env", "var", "header", "ttl", "timeout",
+                    "expiry", "prefix", "id", "ids"})
+# A plural `keys`/`tokens` is a list of names or a count (`restart_keys`, `prompt_tokens`)
+# unless a word before it says which credential (`api_keys`, `hf_tokens`, `accessTokens`).
+_PLURALS = frozenset({"keys", "tokens"})
+_QUALIFIERS = frozenset({"api", "access", "auth", "secret", "private", "hf", "bearer",
+                         "refresh", "session", "client", "ssh", "signing", "encryption"})
+_PLURAL_ENDINGS = tuple(q + p for q in _QUALIFIERS for p in _PLURALS)
+# A name with one of these words is a number about tokens or keys (`max_token`, `num_keys`).
+_COUNTS = frozenset({"num", "max", "min", "total", "count", "counts"})
+_SPLIT = re.compile(r"[^A-Za-z0-9]+|(?<=[a-z0-9])(?=[A-Z])|(?<=[A-Z])(?=[A-Z][a-z])")
+
+
+def is_secret_name(name: str) -> bool:
+    """Whether a variable, flag or key name says its value is a secret. A dotted name (vLLM's
+    `--compilation-config.pass_config.enable_fusion`, `db.password`) by its last key: the
+    value is that key's, and the ones before name where it lives."""
+    words = [w.lower() for w in _SPLIT.split(name.rstrip(".").rsplit(".", 1)[-1]) if w]
+    if not words or words[-1] in _ABOUT or _COUNTS.intersection(words):
+        return False
+    if words == ["pwd"]:  # the shell's working directory (PWD), in every child's environment
+        return False
+    return any(w in _WORDS or w.endswith(_ENDINGS) or w.endswith(_PLURAL_ENDINGS)
+               or (w in _PLURALS and _QUALIFIERS.intersection(words[:i]))
+               for i, w in enumerate(words))
