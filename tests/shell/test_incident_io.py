@@ -18,7 +18,7 @@ import psutil
 import pytest
 
 from tests.support import sigstop, wait_until
-from vllmwatch.incident import dumpers, record, store
+from vllmwatch.incident import dumpers, latest, record, store
 
 # "started" is printed only once both threads stand at `b.acquire()` (the deadlock is
 # reached): printed any earlier, a dump on a loaded box caught a thread still in the
@@ -192,6 +192,46 @@ def test_the_record_just_written_survives_its_prune_after_the_clock_stepped_back
     new = _write(Path(root), store.record_id(1.7e9 - 3600, "crash"), 10)
     assert store.prune(root, 3, 1 << 30, keep=new) == names[:1]
     assert sorted(store.ids(root)) == sorted([new, *names[1:]])
+
+
+def test_the_newest_is_the_record_written_last_whatever_the_clock_said(tmp_path: Path) -> None:
+    """`vllmwatch status` of a stopped daemon names the newest record: after the clock stepped
+    back, the last written has the earliest id, and the last by name is an older run's."""
+    root = store.root_of(str(tmp_path))
+    assert root is not None
+    assert store.newest(root) is None
+    old = _write(Path(root), store.record_id(1.7e9, "hang"), 10)
+    assert store.newest(root) == old
+    new = _write(Path(root), store.record_id(1.7e9 - 86400, "crash"), 10)
+    assert store.ids(root)[-1] == old and store.newest(root) == new
+    assert latest.newest([root])["id"] == new  # type: ignore[index]
+    assert not [n for n in os.listdir(root) if n.startswith(".tmp-")]
+
+
+@pytest.mark.parametrize("pointer", ["", "garbage\n", "20261201T000000Z-hang\n", "x" * 500,
+                                     "../../etc\n"])
+def test_a_missing_or_stale_latest_pointer_falls_back_to_the_names(tmp_path: Path,
+                                                                   pointer: str) -> None:
+    root = store.root_of(str(tmp_path))
+    assert root is not None
+    names = [_write(Path(root), store.record_id(1.7e9 + i, "hang"), 10) for i in range(2)]
+    Path(root, store.LATEST).write_text(pointer)
+    assert store.newest(root) == names[-1]
+    Path(root, store.LATEST).unlink()
+    assert store.newest(root) == names[-1]
+    os.symlink(os.path.join(root, names[0]), os.path.join(root, store.LATEST))
+    assert store.newest(root) == names[-1]  # never followed
+
+
+def test_a_latest_pointer_left_half_written_is_pruned(tmp_path: Path) -> None:
+    root = store.root_of(str(tmp_path))
+    assert root is not None
+    left = Path(root, ".tmp-latest-999999")
+    left.write_text("x")
+    os.utime(left, (time.time() - 120, time.time() - 120))
+    _write(Path(root), store.record_id(1.7e9, "hang"), 10)
+    store.prune(root, 50, 1 << 30)
+    assert not left.exists()
 
 
 def test_a_record_still_being_written_survives_a_prune_after_a_clock_step(

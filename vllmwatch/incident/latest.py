@@ -14,11 +14,11 @@ def newest(roots: Sequence[str]) -> dict[str, Any] | None:
     """The newest record's id, time, reason and detail in the first folder that has one;
     None when none is readable (no folder, no record, or no permission: records are 0700)."""
     for root in roots:
-        ids = store.ids(root)
-        if not ids:
+        rid = store.newest(root)
+        if rid is None:
             continue
-        data = store.load(root, ids[-1]) or {}
-        return {"id": ids[-1], "time": str(data.get("time_utc", "")),
+        data = store.load(root, rid) or {}
+        return {"id": rid, "time": str(data.get("time_utc", "")),
                 "reason": printable(REDACT.head(str(data.get("reason", "?")), 40), False),
                 # redacted, then cut: a secret across the cut would keep its first part
                 "detail": printable(REDACT.head(str(data.get("detail", "")), 160), False)}

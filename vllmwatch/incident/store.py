@@ -25,6 +25,7 @@ from vllmwatch.config.redact import REDACT
 
 SUBDIR = "incidents"
 RECORD = "record.json"
+LATEST = "LATEST"  # the id of the record written last (newest())
 MAX_RECORD = 64 << 20  # bytes of record.json read by `vllmwatch incidents`; ours are < 1 MiB
 READ_TIMEOUT = 5.0  # s for one record.json (a hung mount); then "unreadable"
 _NAME = re.compile(r"^\d{8}T\d{6}Z-[a-z_]+(?:-\d+)?\Z")
@@ -78,7 +79,33 @@ def write(root: str, rid: str, files: Mapping[str, str]) -> str:
         raise
     finally:
         _WRITING.discard(os.path.basename(tmp))
+    _point_latest(root, final)
     return final
+
+
+def _point_latest(root: str, rid: str) -> None:
+    """LATEST names the record written last. Ids sort by the wall clock, which can step back
+    (a box without an RTC before NTP sets it: a crash loop at boot writes records dated
+    earlier than the last run's): the newest by name is then not the newest written."""
+    tmp = os.path.join(root, f".tmp-latest-{os.getpid()}")
+    with contextlib.suppress(OSError):  # only a pointer: newest() falls back to the names
+        fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_NOFOLLOW, 0o600)
+        with os.fdopen(fd, "w", encoding="ascii") as fh:
+            fh.write(rid + "\n")
+        os.replace(tmp, os.path.join(root, LATEST))
+
+
+def newest(root: str, names: list[str] | None = None) -> str | None:
+    """The record written last: LATEST's while it names a record still here, else the last
+    by name; None when there is none."""
+    names = ids(root) if names is None else names
+    try:
+        raw = safefile.read_within(os.path.join(root, LATEST), 128, READ_TIMEOUT,
+                                   nofollow=True)
+    except safefile.FileProblem:
+        raw = b""
+    pointed = raw.decode("ascii", "replace").strip()
+    return pointed if pointed in names else (names[-1] if names else None)
 
 
 def _size(path: Path) -> int:
@@ -126,8 +153,12 @@ def prune(root: str, max_records: int, max_bytes: int, keep: str | None = None) 
     for leftover in os.listdir(root) if os.path.isdir(root) else []:
         if leftover.startswith(".tmp-") and leftover not in _WRITING:  # killed half-way
             with contextlib.suppress(OSError):
-                if time.time() - os.stat(os.path.join(root, leftover)).st_mtime > 60:
-                    shutil.rmtree(os.path.join(root, leftover), ignore_errors=True)
+                path = os.path.join(root, leftover)
+                if time.time() - os.lstat(path).st_mtime > 60:
+                    if os.path.isdir(path) and not os.path.islink(path):
+                        shutil.rmtree(path, ignore_errors=True)
+                    else:  # a LATEST pointer's, killed between write and rename
+                        os.unlink(path)
     return gone
 
 
