@@ -7,6 +7,7 @@ from __future__ import annotations
 import io
 import json
 import os
+import shlex
 import stat
 import sys
 from pathlib import Path
@@ -63,7 +64,7 @@ def comment_before(toml: str, line: str) -> str:
 # The guide's flags that init changes or drops, and a word the comment must carry.
 GUIDE_CHANGES = [
     ("gpus = []", "--device cpu"),
-    ('api_key_file = "/etc/vllmwatch/api-key"', "--api-key <redacted>"),
+    ('api_key_file = "/etc/vllmwatch/api-key"', "`--api-key` and its value"),
     ('hf-overrides = { rope_parameters = { rope_type = "dynamic", factor = 4.0 } }',
      "--rope-scaling {type:dynamic,factor:4.0}"),
     ("enforce-eager = false", "--enforce-eager False"),
@@ -281,3 +282,51 @@ def test_a_secret_its_file_cannot_carry_is_refused_not_written_broken(words: lis
     draft = translate.translate(serveline.parse(words), Facts(known=known()))
     assert not draft.secret_env and draft.api_key is None
     assert any("line break or spaces" in e for e in draft.errors), draft.errors
+
+
+@pytest.mark.parametrize("text", [
+    "HF_TOKEN=hf_abcdefghijklmnopqrstu vllm serve m",
+    "MY_PASSWORD=p1x2y3 vllm serve m --hf-token hf_ghijklmnopqrstuvwxyz",
+    "vllm serve m --api-key k1x2y3z4",
+    "VLLM_API_KEY=k1x2y3z4 vllm serve m --hf-token",
+    "vllm serve m --api-key a1b2c3 --api-key d4e5f6",
+    "AWS_SECRET_ACCESS_KEY=abcd1234 DB_PASS=zz99yy88 vllm serve m",
+    "HF_TOKEN='a b ' vllm serve m",  # (a quote after a space: split_text raised on it)
+    "vllm serve m --chat-template 'x y ' --api-key 'k1 '",
+])
+def test_inits_own_words_pass_the_redactor_unchanged(text: str) -> None:
+    """init's notes go through the redactor; its own words must not read as a secret's name
+    and value to it ("holds a secret: written to ..." came out "holds a secret: <redacted>
+    to ..."), and none of them carries a secret's value to be hidden."""
+    from vllmwatch.config.redact import REDACT
+    from vllmwatch.migrate.deliver import _secrets_todo
+    _, _, draft = init(text)
+    _secrets_todo(draft, Facts(known=known()), io.StringIO())
+    said = [*draft.errors, *draft.said, *draft.todo]
+    assert said and [m for m in said if REDACT.text(m) != m] == []
+
+
+def test_stdout_says_where_the_secrets_go_never_that_it_wrote_them(tmp_path: Path) -> None:
+    path = tmp_path / "vllmwatch.toml"
+    err = io.StringIO()
+    req = runner.Request([f"HF_TOKEN=hf_abcdefghijklmnopqrstu vllm serve /srv/m --api-key "
+                          f"{SECRET}"], None, str(path), stdout=True, fast=True)
+    assert runner.main(req, os.environ, out=io.StringIO(), err=err) == 0
+    text = err.getvalue()
+    assert not path.exists() and not (tmp_path / "secrets.env").exists()
+    assert "written" not in text and "wrote" not in text, text
+    assert f"create {tmp_path / 'secrets.env'}" in text and "HF_TOKEN" in text
+    assert SECRET not in text and "hf_abcdefghijklmnopqrstu" not in text
+
+
+_SHELL_CHARS = st.sampled_from(list("ab '\"=-{}:\\$#>&|;<\t"))
+
+
+@settings(max_examples=500, deadline=None)
+@given(st.lists(st.text(_SHELL_CHARS, min_size=1, max_size=8), max_size=5))
+def test_a_line_the_shell_would_quote_gives_back_its_words(words: list[str]) -> None:
+    """A pasted line is read as sh reads it: a word quoted or escaped from its first
+    character (`';'`, `'>x'`, `\\|`, a lone `'\\'`) is vLLM's, never the end of the command,
+    a redirection or a continuation; a quote after a space (X='a b ') no longer fails."""
+    argv = ["vllm", "serve", *words]
+    assert serveline.split_text(shlex.join(argv)) == argv

@@ -51,22 +51,40 @@ def split_text(text: str) -> list[str]:
         except ValueError as exc:
             raise LineError(f"cannot split {REDACT.head(line, 60)!r}...: {exc} (a quote is "
                             "not closed)") from None
-        keep = [i for i, w in enumerate(got) if w != "\\" and (i or w != "export")]
+        keep = [i for i, w in enumerate(got)  # a lone \ was a continuation, unless quoted
+                if (w != "\\" or i in quoted) and (i or w != "export")]
         words += strip_shell([got[i] for i in keep],
                              {n for n, i in enumerate(keep) if i in quoted})
     return words
 
 
 def _quoted(words: list[str], line: str) -> set[int]:
-    """The indexes of words that began with a quote in `line`: literal, whatever they hold
-    (`--served-model-name '>gpt'`, `--chat-template '<s>...'`), never a redirection."""
+    """The indexes of words whose first character the shell took literally (quoted or
+    escaped): `--served-model-name '>gpt'`, `';'`, `\\|` are words for vLLM, never a
+    redirection or the end of the command. Read as POSIX sh splits (shlex.split's words)."""
     found: set[int] = set()
-    lexer = shlex.shlex(line, posix=False)
-    lexer.whitespace_split, lexer.commenters = True, ""  # as shlex.split reads it
-    raw = list(lexer)
-    if len(raw) != len(words):  # the two readings disagree: judge every word as the shell
-        return found
-    return {i for i, word in enumerate(raw) if word[:1] in ("'", '"')}
+    count, in_word, quote, i = 0, False, "", 0
+    while i < len(line):
+        c = line[i]
+        if quote == "'":
+            quote = "" if c == "'" else quote
+        elif quote == '"':
+            if c == "\\" and line[i + 1:i + 2] in ('"', "\\", "$", "`"):
+                i += 1
+            elif c == '"':
+                quote = ""
+        elif c in " \t\r\n":  # shlex's whitespace
+            count, in_word = count + in_word, False
+        else:
+            if not in_word and c in "'\"\\":
+                found.add(count)
+            in_word = True
+            if c in "'\"":
+                quote = c
+            elif c == "\\":
+                i += 1
+        i += 1
+    return found if count + in_word == len(words) else set()
 
 
 def strip_shell(words: list[str], literal: set[int] | None = None) -> list[str]:

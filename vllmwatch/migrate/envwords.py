@@ -40,7 +40,7 @@ def key_file_todo(path: str) -> str:
     q = shlex.quote(path)
     return (f"create {path} with the API key (the service user reads it, only root "
             f"writes it):\n    sudo install -m 0640 -o root -g vllmwatch /dev/null {q}\n"
-            f"    sudoedit {q}    # paste the key (vLLM's --api-key value), save")
+            f"    sudoedit {q}    # paste the key (the value of vLLM's --api-key), save")
 
 
 def api_key(source: str, value: str, draft: Draft, facts: Facts) -> None:
@@ -80,14 +80,16 @@ def to_env_file(name: str, value: str, source: str, draft: Draft, facts: Facts) 
     draft.set("env_file", facts.env_file, "secrets of the line, moved out of this file: "
               f"{', '.join(sorted(draft.secret_env))} (NAME=value lines; vllmwatch reads "
               "them at each launch, never shows them)")
-    draft.said.append(f"{source} holds a secret: written to {facts.env_file} (mode 0600) as "
-                      f"{name}, not to the config")
+    # (no "secret:" in the words: the redactor would read the next word as the secret)
+    draft.said.append(f"{source} goes to {facts.env_file} (mode 0600) as {name}, not to "
+                      "the config, which many can read: it holds a secret")
     draft.changed += 1
 
 
 def secret_flag(given: Given, draft: Draft, facts: Facts) -> None:
     """--api-key KEY, --hf-token TOKEN."""
-    shown = f"`--{given.name} <redacted>`" if given.values else f"`--{given.name}`"
+    # (no <redacted> before a backtick: the redactor takes "<redacted>`" for a value)
+    shown = f"`--{given.name}` and its value" if given.values else f"`--{given.name}`"
     if given.name == "hf-token" and not given.values:
         draft.arg(Entry("hf-token", True))  # the cached login: nothing secret in it
     elif given.name == "hf-token":
