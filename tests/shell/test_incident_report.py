@@ -6,6 +6,7 @@ memory.events file, canary verdicts in the timeline), then rendered.
 
 from __future__ import annotations
 
+import json
 from pathlib import Path
 from typing import Any
 
@@ -246,3 +247,30 @@ def test_a_record_of_an_exit_says_what_the_code_means_and_what_to_do(
     nxt = next(line for line in text.splitlines() if line.startswith("next: "))
     assert ("stays down" in nxt and "reset-failed" in nxt) is stays, nxt
     assert ("systemd starts vllmwatch again" in nxt) is not stays, nxt
+
+
+@pytest.mark.parametrize("key,error,calm", [
+    ("levelname", "ERROR", "INFO"), ("level", "error", "info"), ("severity", "CRITICAL", "WARN"),
+    ("log.level", "fatal", "debug")])
+def test_json_log_lines_are_read_by_their_level(key: str, error: str, calm: str) -> None:
+    """vLLM logging through a JSON formatter (VLLM_LOGGING_CONFIG_PATH, for a log shipper):
+    the cause is the last burst's first JSON error, found as in vLLM's text lines; an old
+    error set apart by ordinary JSON lines is not it."""
+    def line(level: str, msg: str, prefix: str = "") -> str:
+        return prefix + json.dumps({key: level, "message": msg})
+    info = line(calm, "Engine 000: 10 tokens/s", "(APIServer pid=800) ")
+    old = [line(error, "Error in preprocessing prompt inputs", "(APIServer pid=800) ")]
+    fatal = line(error, "EngineCore fatal error", "(EngineCore_DP0 pid=812) ")
+    cascade = [fatal, *[info] * 3, line(error, "output_handler failed")]
+    out = old + [info] * (cause.CALM_GAP + 1) + cascade
+    assert cause.first_error(out) == out.index(fatal)
+    assert cause.first_error(old + [info] * cause.CALM_GAP + cascade) == 0  # one burst
+    assert cause.first_error([info, line(calm, "ValueError: quoted in a warning")]) is None
+    r = _record(reason="engine_died", detail="engine process died: pid 812", output=out)
+    assert r["cause"][-1] == f"first error in vLLM's output: {fatal}", r["cause"]
+
+
+@pytest.mark.parametrize("text", ['{"levelname": "ERROR"', '{"message": "x"}', "[1, 2]",
+                                  '{"level": 3}', "{" * 5000 + "}" * 5000, "x" * 100 + '{"a":1}'])
+def test_lines_that_are_not_json_log_lines_are_not_errors(text: str) -> None:
+    assert not cause.is_error(text)

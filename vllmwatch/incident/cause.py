@@ -9,6 +9,7 @@ lock, and the first error line of vLLM's output.
 from __future__ import annotations
 
 import contextlib
+import json
 import re
 from collections.abc import Mapping, Sequence
 from typing import Any
@@ -26,6 +27,37 @@ ERROR_LINE = re.compile(r"(?:^|\) )(?:ERROR|CRITICAL)\b|Traceback \(most recent 
 # An ordinary log line (vLLM's, uvicorn's access log): CALM_GAP of them in a row end a burst
 _CALM = re.compile(r"(?:^|\) )(?:INFO|DEBUG|WARNING)\b")
 CALM_GAP = 10
+# A JSON log line (VLLM_LOGGING_CONFIG_PATH with a JSON formatter, as log shippers want):
+# its level field, by the names the common formatters give it.
+_JSON_LEVEL = ("levelname", "level", "severity", "log.level", "lvl")
+_JSON_MAX = 65536  # a longer line is not read as JSON (its text rules still apply)
+
+
+def _json_level(line: str) -> str:
+    """The level a JSON log line carries ("ERROR"), after vLLM's `(EngineCore pid=N) `
+    prefix if any; "" for any other line."""
+    start = line.find("{")
+    if start < 0 or start > 80 or len(line) > _JSON_MAX or not line.rstrip().endswith("}"):
+        return ""
+    try:
+        obj = json.loads(line[start:])
+    except (ValueError, RecursionError):
+        return ""
+    level = next((obj[k] for k in _JSON_LEVEL if isinstance(obj, dict) and
+                  isinstance(obj.get(k), str)), "")
+    return str(level).strip().upper()
+
+
+def is_error(line: str) -> bool:
+    """vLLM's ERROR/CRITICAL, a traceback's start, an exception line; or a JSON line at
+    ERROR, CRITICAL or FATAL."""
+    return bool(ERROR_LINE.search(line)) or _json_level(line) in ("ERROR", "CRITICAL",
+                                                                    "FATAL")
+
+
+def _is_calm(line: str) -> bool:
+    return bool(_CALM.search(line)) or _json_level(line) in ("INFO", "DEBUG", "WARNING",
+                                                             "WARN", "NOTICE")
 
 
 def first_error(out: Sequence[object]) -> int | None:
@@ -34,14 +66,14 @@ def first_error(out: Sequence[object]) -> int | None:
     never an older, unrelated error (a client's 400 an hour before) that more than CALM_GAP
     ordinary log lines in a row set apart from it."""
     text = [str(line) for line in out]
-    last = next((i for i in range(len(text) - 1, -1, -1) if ERROR_LINE.search(text[i])), None)
+    last = next((i for i in range(len(text) - 1, -1, -1) if is_error(text[i])), None)
     if last is None:
         return None
     first, calm = last, 0
     for i in range(last - 1, -1, -1):
-        if ERROR_LINE.search(text[i]):
+        if is_error(text[i]):
             first, calm = i, 0
-        elif _CALM.search(text[i]):
+        elif _is_calm(text[i]):
             calm += 1
             if calm > CALM_GAP:
                 break
