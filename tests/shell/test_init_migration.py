@@ -16,6 +16,7 @@ import pytest
 
 from tests.shell.test_init import known
 from vllmwatch.config import command, serveline
+from vllmwatch.config.redact import REDACT
 from vllmwatch.config.schema import from_dict, load
 from vllmwatch.migrate import render, runner, translate
 from vllmwatch.migrate.draft import Facts
@@ -230,6 +231,40 @@ def test_secrets_move_to_0600_files_and_the_config_still_launches(tmp_path: Path
     shown = cmd.display()
     for secret in (KEY, PW, PROXY_PW, TOKEN):
         assert secret not in shown, shown
+
+
+@pytest.mark.parametrize(("line", "flag", "values"), [
+    # a flag vLLM appends, given twice, one with a secret: init kept the last only
+    ("vllm serve /m --middleware pkg.a --middleware 'pkg.b?token=Zq9XkLmP42'", "--middleware",
+     ["pkg.a", "pkg.b?token=Zq9XkLmP42"]),
+    ("vllm serve /m --middleware 'pkg.a?api_key=Zq9XkLmP42' --middleware pkg.b --middleware "
+     "pkg.c", "--middleware", ["pkg.a?api_key=Zq9XkLmP42", "pkg.b", "pkg.c"]),
+    # a value the redactor hides, not a URL password: it sat in the TOML in clear
+    ("vllm serve /m --otlp-traces-endpoint 'http://collector:4317/v1?token=Zq9XkLmP42'",
+     "--otlp-traces-endpoint", ["http://collector:4317/v1?token=Zq9XkLmP42"]),
+    ("OTEL_EXPORTER_OTLP_HEADERS='Authorization=Bearer Zq9XkLmP42' vllm serve /m",
+     "OTEL_EXPORTER_OTLP_HEADERS", ["Authorization=Bearer Zq9XkLmP42"]),
+])
+def test_what_the_redactor_hides_never_sits_in_the_toml_and_each_value_still_reaches_vllm(
+        tmp_path: Path, line: str, flag: str, values: list[str]) -> None:
+    output = tmp_path / "vw.toml"
+    rc, out, err = run_init([line], output)
+    assert rc == 0, err
+    strings: list[str] = []
+
+    def walk(node: object) -> None:
+        if isinstance(node, str):
+            strings.append(node)
+        for child in node.values() if isinstance(node, dict) else \
+                node if isinstance(node, list) else []:
+            walk(child)
+    walk(tomllib.loads(output.read_text()))
+    assert [v for v in strings if REDACT.text(v) != v] == []  # none a log would hide
+    cmd = command.build(load(str(output)), {}, api_key=None)
+    got = [cmd.argv[i + 1] for i, word in enumerate(cmd.argv) if word == flag] \
+        if flag.startswith("--") else [cmd.env[flag]]
+    assert got == values, cmd.argv
+    assert "Zq9XkLmP42" not in out + err + cmd.display()
 
 
 def test_existing_secret_files_are_not_replaced_without_force(tmp_path: Path) -> None:

@@ -79,8 +79,8 @@ def _secrets_todo(draft: Draft, facts: Facts, err: TextIO) -> None:
     """--stdout writes nothing: say which files the printed config needs (never the values)."""
     if draft.api_key is not None:
         draft.todo.append(key_file_todo(facts.api_key_file))
-    if draft.secret_env:
-        names = ", ".join(sorted(draft.secret_env))
+    if draft.secret_env or draft.secret_args:
+        names = ", ".join(sorted({*draft.secret_env, *(n for n, _ in draft.secret_args)}))
         draft.todo.append(f"create {facts.env_file} (mode 0600, the service user's) with "
                           f"NAME=value lines for {names}, as the hand-run line had them")
 
@@ -89,8 +89,9 @@ def _write_all(how: Out, text: str, draft: Draft, facts: Facts) -> None:
     files = []
     if draft.api_key is not None:
         files.append((facts.api_key_file, draft.api_key + "\n", 0o600))
-    if draft.secret_env:
-        body = "".join(f"{k}={v}\n" for k, v in sorted(draft.secret_env.items()))
+    if draft.secret_env or draft.secret_args:
+        body = "".join(f"{k}={v}\n" for k, v in [*sorted(draft.secret_env.items()),
+                                                  *draft.secret_args])
         files.append((facts.env_file, "# written by vllmwatch init: NAME=value, read at each "
                       "launch (vllm.env_file)\n" + body, 0o600))
     for path, _, _ in files:  # all refused before any is written

@@ -58,6 +58,9 @@ class Draft:
     said: list[str] = field(default_factory=list)  # what init says beside the file
     api_key: str | None = None  # for vllm.api_key_file: written by init, never in the TOML
     secret_env: dict[str, str] = field(default_factory=dict)  # for vllm.env_file, likewise
+    # A flag vLLM appends, given several times with a secret among them: one env_file line
+    # each (VLLMWATCH_ARG_<FLAG>=value), in the line's order
+    secret_args: list[tuple[str, str]] = field(default_factory=list)
     todo: list[str] = field(default_factory=list)
     changed: int = 0  # flags changed or dropped (each has a comment)
     # [[smoke]] checks proposed (migrate/smokeplan.py): (table, why, written active)

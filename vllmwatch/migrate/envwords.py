@@ -8,7 +8,7 @@ from __future__ import annotations
 import re
 import shlex
 
-from vllmwatch.config.redact import is_secret_name
+from vllmwatch.config.redact import Redactor, is_secret_name
 from vllmwatch.migrate.draft import Draft, Entry, Facts
 from vllmwatch.migrate.flagwords import Given
 
@@ -30,9 +30,14 @@ def is_secret(name: str) -> bool:
 _USERINFO = re.compile(r"[A-Za-z][A-Za-z0-9+.-]*://[^/\s@:]*:[^/\s@]+@")
 
 
+_RULES = Redactor(known=False)
+
+
 def holds_secret(name: str, value: str) -> bool:
-    """A variable or flag whose value must leave the TOML: by its name or its value."""
-    return is_secret(name) or bool(_USERINFO.search(value))
+    """A variable or flag whose value must leave the TOML: by its name, or by its value when
+    the one redactor would hide part of it (a password in a URL, `?token=...`, `hf_...`):
+    what every log hides must not sit in the TOML in clear."""
+    return is_secret(name) or bool(_USERINFO.search(value)) or _RULES.text(value) != value
 
 
 def key_file_todo(path: str) -> str:
@@ -83,6 +88,22 @@ def to_env_file(name: str, value: str, source: str, draft: Draft, facts: Facts) 
     # (no "secret:" in the words: the redactor would read the next word as the secret)
     draft.said.append(f"{source} goes to {facts.env_file} (mode 0600) as {name}, not to "
                       "the config, which many can read: it holds a secret")
+    draft.changed += 1
+
+
+def repeated_to_env_file(name: str, values: list[str], flag: str, draft: Draft,
+                         facts: Facts) -> None:
+    """A flag vLLM appends (--middleware), given several times with a secret among them: all
+    of them to vllm.env_file, one line each in the line's order (the order is vLLM's)."""
+    if not all(_one_line(v, f"the line's `--{flag}`", "vllm.env_file (one NAME=value line "
+                                                        "each, trimmed)", draft) for v in values):
+        return
+    draft.secret_args += [(name, v) for v in values]
+    draft.set("env_file", facts.env_file, "secrets of the line, moved out of this file "
+              "(NAME=value lines; vllmwatch reads them at each launch, never shows them)")
+    draft.said.append(f"--{flag} is given {len(values)} times and one holds a secret: each "
+                      f"goes to {facts.env_file} (mode 0600) as a {name} line, in the "
+                      "line's order, not to the config")
     draft.changed += 1
 
 

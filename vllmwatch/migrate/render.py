@@ -59,8 +59,8 @@ def render(draft: Draft, source: str) -> str:
     """The whole file."""
     lines = [*comment(f"Written by `vllmwatch init` from: {source}"),
              *comment("A comment above a line says what the line had and why it changed; "
-                      "lines that vLLM would refuse are commented out. Defaults of every "
-                      "other key: etc/vllmwatch.toml and docs/OPERATIONS.md."),
+                      "lines that vLLM would refuse are commented out. The defaults of every "
+                      "other key are in etc/vllmwatch.toml and docs/OPERATIONS.md."),
              "", "[vllm]"]
     keys = [k for k in _VLLM_ORDER if k in draft.vllm] + [
         k for k in draft.vllm if k not in _VLLM_ORDER]

@@ -37,7 +37,7 @@ def translate(line: ServeLine, facts: Facts) -> Draft:
         counts.setdefault(given.name, []).append(given)
     envwords.apply(line.env, draft, facts)  # before the flags: --device cpu wins
     for all_given in counts.values():
-        if not _repeated(all_given, draft):
+        if not _repeated(all_given, draft, facts):
             _flag(all_given[-1], draft, facts, all_given[:-1])
     if "model" not in draft.vllm:
         draft.errors.append("no model: set vllm.model to the model directory or hub id")
@@ -110,14 +110,18 @@ def _flag(given: Given, draft: Draft, facts: Facts, earlier: list[Given]) -> Non
         draft.args[-1].note = note + draft.args[-1].note
 
 
-def _repeated(all_given: list[Given], draft: Draft) -> bool:
+def _repeated(all_given: list[Given], draft: Draft, facts: Facts) -> bool:
     """A flag vLLM appends (flags.APPEND_FLAGS: --middleware) given more than once goes to
     extra_args as the line had each: keeping the last, as for every other flag, dropped the
     others from what vLLM received."""
     last = all_given[-1]
-    if len(all_given) < 2 or last.name not in flags.APPEND_FLAGS \
-            or any(envwords.holds_secret("", v) for g in all_given for v in g.values):
+    if len(all_given) < 2 or last.name not in flags.APPEND_FLAGS:
         return False
+    if any(envwords.holds_secret("", v) for g in all_given for v in g.values):
+        envwords.repeated_to_env_file(ARG_PREFIX + last.name.upper().replace("-", "_"),
+                                      [" ".join(g.values) for g in all_given], last.name,
+                                      draft, facts)
+        return True
     for given in all_given:
         draft.extra_args += [f"--{given.name}", *given.values]
     draft.said.append(f"--{last.name} is given {len(all_given)} times: vLLM keeps each, so "
