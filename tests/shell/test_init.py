@@ -268,7 +268,7 @@ def test_several_api_keys_are_refused_not_joined_into_one() -> None:
     after migration every client got 401."""
     _, _, draft = init("vllm serve /m --api-key key-one key-two")
     assert draft.api_key is None
-    assert any("gives 2 keys" in e and "keep one key" in e for e in draft.errors), draft.errors
+    assert any("gives 2 keys" in e and "keep one key" in e for e in draft.fatal), draft.fatal
 
 
 @pytest.mark.parametrize("words", [
@@ -281,7 +281,7 @@ def test_a_secret_its_file_cannot_carry_is_refused_not_written_broken(words: lis
     NAME=value") while init had said it was done; spaces at an end were trimmed off."""
     draft = translate.translate(serveline.parse(words), Facts(known=known()))
     assert not draft.secret_env and draft.api_key is None
-    assert any("line break or spaces" in e for e in draft.errors), draft.errors
+    assert any("line break or spaces" in e for e in draft.fatal), draft.fatal
 
 
 @pytest.mark.parametrize("text", [
@@ -302,7 +302,7 @@ def test_inits_own_words_pass_the_redactor_unchanged(text: str) -> None:
     from vllmwatch.migrate.deliver import _secrets_todo
     _, _, draft = init(text)
     _secrets_todo(draft, Facts(known=known()), io.StringIO())
-    said = [*draft.errors, *draft.said, *draft.todo]
+    said = [*draft.fatal, *draft.errors, *draft.said, *draft.todo]
     assert said and [m for m in said if REDACT.text(m) != m] == []
 
 
@@ -330,3 +330,22 @@ def test_a_line_the_shell_would_quote_gives_back_its_words(words: list[str]) -> 
     a redirection or a continuation; a quote after a space (X='a b ') no longer fails."""
     argv = ["vllm", "serve", *words]
     assert serveline.split_text(shlex.join(argv)) == argv
+
+
+@pytest.mark.parametrize("words", [
+    ["vllm serve /m --api-key key-one key-two"],
+    ["vllm", "serve", "/m", "--api-key", "sk-spaced-key "],
+    ["VLLM_API_KEY='k1 ' vllm serve /m"],
+    ["HF_TOKEN='hf_abc def ' vllm serve /m"],
+])
+def test_a_secret_init_cannot_carry_stops_it_writing_anything(tmp_path: Path,
+                                                              words: list[str]) -> None:
+    """init printed an error for a key it dropped and still wrote a config, exit 0: vLLM
+    would then serve on 0.0.0.0 without the line's key. Now nothing is written, exit 2."""
+    path = tmp_path / "vllmwatch.toml"
+    for stdout in (False, True):
+        out, err = io.StringIO(), io.StringIO()
+        req = runner.Request(words, None, str(path), fast=True, stdout=stdout)
+        assert runner.main(req, os.environ, out=out, err=err) == 2
+        assert "nothing written" in err.getvalue() and out.getvalue() == "", err.getvalue()
+        assert list(tmp_path.iterdir()) == []

@@ -55,6 +55,9 @@ class Draft:
     extra_args: list[str] = field(default_factory=list)
     sections: dict[str, dict[str, tuple[object, str]]] = field(default_factory=dict)
     errors: list[str] = field(default_factory=list)
+    # Errors after which no config may be written: a secret of the line it cannot carry (a
+    # config without the line's API key serves everyone who reaches the port)
+    fatal: list[str] = field(default_factory=list)
     said: list[str] = field(default_factory=list)  # what init says beside the file
     api_key: str | None = None  # for vllm.api_key_file: written by init, never in the TOML
     secret_env: dict[str, str] = field(default_factory=dict)  # for vllm.env_file, likewise

@@ -69,9 +69,9 @@ def _one_line(value: str, source: str, where: str, draft: Draft) -> bool:
     had written it; spaces at either end were trimmed off the secret."""
     if value == value.strip() and not any(c in value for c in "\r\n\0"):
         return True
-    draft.errors.append(f"{source}: its value has a line break or spaces at an end, which "
-                        f"{where} cannot carry unchanged; put the secret there yourself in "
-                        "the form vLLM should get, then run init again")
+    draft.fatal.append(f"{source}: its value has a line break or spaces at an end, which "
+                       f"{where} cannot carry unchanged; put the secret there yourself in "
+                       "the form vLLM should get, then run init again")
     return False
 
 
@@ -116,7 +116,7 @@ def secret_flag(given: Given, draft: Draft, facts: Facts) -> None:
     elif given.name == "hf-token":
         to_env_file("HF_TOKEN", " ".join(given.values), f"the line's {shown}", draft, facts)
     elif len(given.values) > 1:  # vLLM takes each as a key; VLLM_API_KEY holds one
-        draft.errors.append(f"--{given.name} gives {len(given.values)} keys: vllmwatch hands "
+        draft.fatal.append(f"--{given.name} gives {len(given.values)} keys: vllmwatch hands "
                             "vLLM one (vllm.api_key_file, in VLLM_API_KEY), so every client "
                             "of the others would get 401; keep one key on the line (or put "
                             "a gate in front of the keys), then run init again")
