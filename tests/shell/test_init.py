@@ -349,3 +349,44 @@ def test_a_secret_init_cannot_carry_stops_it_writing_anything(tmp_path: Path,
         assert runner.main(req, os.environ, out=out, err=err) == 2
         assert "nothing written" in err.getvalue() and out.getvalue() == "", err.getvalue()
         assert list(tmp_path.iterdir()) == []
+
+
+@pytest.mark.parametrize(("line", "name"), [
+    (f"vllm serve /m --api-k {SECRET}", "--api-k"),
+    (f"vllm serve /m --api-ke={SECRET}", "--api-ke"),
+    (f"vllm serve /m \u2014api-key {SECRET}", "\u2014api-key"),  # an em dash, from a web page
+    (f"vllm serve /m \u2013api-key={SECRET}", "\u2013api-key"),
+])
+def test_a_secret_flag_spelt_otherwise_is_still_a_secret(tmp_path: Path, line: str,
+                                                         name: str) -> None:
+    """`--api-k KEY` (vLLM takes the prefix) was written as `api-k = "KEY"` in the TOML and
+    the header; an em-dashed `—api-key KEY` was printed whole as a word that follows no flag."""
+    path = tmp_path / "vllmwatch.toml"
+    out, err = io.StringIO(), io.StringIO()
+    assert runner.main(runner.Request([line], None, str(path), fast=True), os.environ,
+                       out=out, err=err) == 0, err.getvalue()
+    assert SECRET not in path.read_text() + out.getvalue() + err.getvalue()
+    assert (tmp_path / "api-key").read_text() == SECRET + "\n"
+    assert f"the line's `{name}`" in err.getvalue()
+
+
+def test_an_abbreviated_flag_is_written_in_full_as_vllm_reads_it() -> None:
+    vllm, _, draft = init("vllm serve /m --max-model 4096 --gpu-memory-util 0.8")
+    assert vllm["args"]["max-model-len"] == 4096
+    assert vllm["args"]["gpu-memory-utilization"] == 0.8
+    assert any("`--max-model` is vLLM's --max-model-len, abbreviated" in s for s in draft.said)
+
+
+@pytest.mark.parametrize("text", [
+    "sudo -u vllm HF_TOKEN=hf_abcdefghijklmnopqrstu vllm serve /m --port 9000",
+    "nice -n 10 vllm serve /m --port 9000", "numactl -N 0 -m 0 vllm serve /m --port 9000",
+    "taskset -c 0-7 vllm serve /m --port 9000", "taskset 0x3 vllm serve /m --port 9000",
+    "sudo -E -u vllm env X=1 nice -n 5 vllm serve /m --port 9000",
+    "chrt -f 99 stdbuf -oL vllm serve /m --port 9000",
+])
+def test_a_wrapper_with_options_is_read_past(text: str) -> None:
+    """`sudo -u vllm HF_TOKEN=... vllm serve` became command = ["vllm", "HF_TOKEN=...", ...]
+    (the token in clear); `nice -n 10`, `numactl -N 0` failed with "no vllm serve"."""
+    line = serveline.parse(serveline.split_text(text))
+    assert line.command == ["vllm", "serve"] and line.rest == ["/m", "--port", "9000"], line
+    assert all("=" not in word for word in line.command)

@@ -15,7 +15,15 @@ from vllmwatch.config.redact import REDACT
 
 _ASSIGN = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*=")
 _REDIRECT = re.compile(r"^\d*(>>?|<)(&\d+)?", re.ASCII)
-_WRAPPERS = ("nohup", "sudo", "exec", "time", "nice", "setsid", "stdbuf", "numactl")
+# Programs a line runs vLLM under, with their options that take the next word as a value
+# (`sudo -u vllm`, `nice -n 10`, `numactl -N 0`) and how many words come before the command
+# (`taskset 0x3`, `taskset -c 0-7`, `chrt -f 99`).
+_WRAPPERS = {"nohup": (), "sudo": ("-u", "-g", "-h", "-p", "-C", "-D", "-r", "-t", "-U", "-T"),
+             "exec": ("-a",), "time": ("-f", "-o"), "nice": ("-n",), "setsid": (),
+             "stdbuf": ("-o", "-e", "-i"), "numactl": ("-N", "-m", "-C", "-p", "-i", "-P"),
+             "env": ("-u", "-C", "-S"), "taskset": (), "ionice": ("-c", "-n", "-p"),
+             "chrt": ()}
+_OPERANDS = {"taskset": 1, "chrt": 1}
 # vLLM's entry modules that serve the OpenAI API, old and new.
 _MODULES = ("vllm.entrypoints.openai.api_server", "vllm.entrypoints.cli.main",
             "vllm.entrypoints.api_server")
@@ -121,15 +129,19 @@ def parse(words: list[str]) -> ServeLine:
     """Find the vLLM program in the words (literal: split_text took the shell's own words
     out of a pasted line); raise LineError when there is none."""
     env: dict[str, str] = {}
-    i = 0
+    i, wrapper, operands = 0, "", 0
     while i < len(words):
         word = words[i]
-        if _ASSIGN.match(word):
+        if wrapper and word.startswith("-") and len(word) > 1:
+            i += 1 + (word in _WRAPPERS[wrapper])  # its option, and the option's value
+            continue
+        if operands:  # taskset's mask, chrt's priority
+            operands -= 1
+        elif _ASSIGN.match(word):
             name, _, value = word.partition("=")
             env[name] = value
-        elif word in _WRAPPERS or word == "env" or (word.startswith("-") and i > 0
-                                                      and words[i - 1] in _WRAPPERS):
-            pass
+        elif word in _WRAPPERS:
+            wrapper, operands = word, _OPERANDS.get(word, 0)
         else:
             break
         i += 1

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from vllmwatch.config.flags import flag_name
+from vllmwatch.config.flags import SECRET_FLAGS, flag_name
 from vllmwatch.config.serveline import is_number
 from vllmwatch.config.vllmflags import FlagSet
 
@@ -18,6 +18,9 @@ SHORT = {"-tp": "tensor-parallel-size", "-pp": "pipeline-parallel-size",
          "-sc": "speculative-config", "-cc": "compilation-config", "-ac": "attention-config",
          "-n": "nnodes", "-r": "node-rank", "-ep": "enable-expert-parallel"}
 _BOOL_WORDS = ("true", "false")
+# A dash a web page typeset (an em or en dash before api-key): vLLM takes the word for a
+# positional and refuses the line; read as the -- that was meant (translate says so).
+DASHES = ("\u2014", "\u2013", "\u2212", "\u2012", "\u2010", "\u2011", "\ufe63", "\uff0d")
 
 
 @dataclass(frozen=True)
@@ -40,7 +43,23 @@ class Words:
 
 
 def _is_flag(word: str) -> bool:
-    return word.startswith("-") and len(word) > 1 and not is_number(word)
+    return (word.startswith("-") and len(word) > 1 and not is_number(word)) or (
+        word[:1] in DASHES and word[1:2].isalpha())
+
+
+def whole(name: str, known: FlagSet | None) -> str:
+    """The flag an abbreviation names, as vLLM's parser reads it (a unique prefix of a flag:
+    --max-model is --max-model-len); a prefix of a secret flag is that flag, so that its
+    value never lands in the TOML (`--api-k KEY`, which vLLM takes as --api-key)."""
+    if "." in name or (known is not None and name in known.flags):
+        return name
+    found = [f for f in known.flags if f.startswith(name)] if known is not None else []
+    if len(found) == 1:
+        return found[0]
+    # (vLLM refuses a prefix that is not unique: the line did not run; its secret still
+    # stays out of the TOML. Three letters at least: `--h` is not taken for --hf-token.)
+    secret = [f for f in SECRET_FLAGS if f.startswith(name)] if len(name) >= 3 else []
+    return secret[0] if secret else name
 
 
 def _short(word: str, known: FlagSet | None) -> tuple[str | None, str | None]:
@@ -72,8 +91,8 @@ def read(rest: list[str], known: FlagSet | None) -> Words:
             else:
                 stray.append(word)
             continue
-        if word.startswith("--"):
-            name, eq, inline = word[2:].partition("=")
+        if word.startswith("--") or word[:1] in DASHES:
+            name, eq, inline = word[1 if word[:1] in DASHES else 2:].partition("=")
             value: str | None = inline if eq else None
         else:
             long, value = _short(word, known)
@@ -81,7 +100,7 @@ def read(rest: list[str], known: FlagSet | None) -> Words:
                 stray.append(word)
                 continue
             name, eq = long, "=" if value is not None else ""
-        name = flag_name(name)
+        name = whole(flag_name(name), known)
         if eq:
             out.append(Given(name, (value or "",), word))
             continue

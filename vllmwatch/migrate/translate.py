@@ -11,13 +11,14 @@ import json
 
 from vllmwatch.config import flags
 from vllmwatch.config.command import ARG_PREFIX
+from vllmwatch.config.flags import flag_name
 from vllmwatch.config.launch import INJECTED_FLAGS
 from vllmwatch.config.redact import REDACT
 from vllmwatch.config.serveline import ServeLine, is_number
 from vllmwatch.config.vllmflags import flag_problem as known_problem
 from vllmwatch.migrate import addresses, envwords, relaxed, smokeplan
 from vllmwatch.migrate.draft import Draft, Entry, Facts
-from vllmwatch.migrate.flagwords import Given, read
+from vllmwatch.migrate.flagwords import DASHES, Given, read
 
 OWNED = {"model": "model", "port": "port", "host": "host",
          "served-model-name": "served_model_name"}
@@ -85,6 +86,7 @@ def _flag(given: Given, draft: Draft, facts: Facts, earlier: list[Given]) -> Non
                            "counts, as in vLLM. ")
     name, base = given.name, given.name.split(".")[0]
     value: object = _joined(given.values)
+    _spelling(given, draft)
     if base in OWNED:
         _owned(given, value, draft, facts)
     elif base in flags.SECRET_FLAGS:
@@ -108,6 +110,19 @@ def _flag(given: Given, draft: Draft, facts: Facts, earlier: list[Given]) -> Non
         return
     if note and draft.args and draft.args[-1].key == name:
         draft.args[-1].note = note + draft.args[-1].note
+
+
+def _spelling(given: Given, draft: Draft) -> None:
+    """Say how a flag the line spelt otherwise was read (never with its value). (No flag
+    name before a space and a word here: the redactor would take the word for its value.)"""
+    word = given.raw.split(" ", 1)[0].partition("=")[0]
+    if word[:1] in DASHES:
+        draft.said.append(f"the line's `{word}` has a typographic dash (copied from a web "
+                          f"page?): read as --{given.name}, which vLLM would otherwise have "
+                          "refused")
+    elif word.startswith("--") and flag_name(word) != given.name:
+        draft.said.append(f"the line's `{word}` is vLLM's --{given.name}, abbreviated (its "
+                          "parser takes a prefix): written in full")
 
 
 def _repeated(all_given: list[Given], draft: Draft, facts: Facts) -> bool:
