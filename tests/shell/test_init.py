@@ -390,3 +390,30 @@ def test_a_wrapper_with_options_is_read_past(text: str) -> None:
     line = serveline.parse(serveline.split_text(text))
     assert line.command == ["vllm", "serve"] and line.rest == ["/m", "--port", "9000"], line
     assert all("=" not in word for word in line.command)
+
+
+@pytest.mark.parametrize(("text", "named"), [
+    ('vllm serve /m --api-key "$VLLM_KEY"', "$VLLM_KEY"),
+    ("HF_TOKEN=${HF_TOKEN} vllm serve /m", "${HF_TOKEN}"),
+    ("vllm serve /m --served-model-name $(hostname)", "$(hostname)"),
+    ("vllm serve /m --served-model-name `hostname`", "`hostname`"),
+    ("vllm serve /m --download-dir ~/models", "~"),
+])
+def test_a_line_that_needs_the_shell_to_expand_it_is_refused_saying_why(text: str,
+                                                                       named: str) -> None:
+    """`--api-key "$VLLM_KEY"` wrote the text `$VLLM_KEY` into the key file: every client
+    then got 401. init cannot know what the shell put there."""
+    with pytest.raises(serveline.LineError, match="--from-pid") as got:
+        serveline.split_text(text)
+    assert f"the line uses the shell's {named}" in str(got.value)
+
+
+@pytest.mark.parametrize(("text", "words"), [
+    ("vllm serve /m --port 9000  # the test box", ["/m", "--port", "9000"]),
+    ("vllm serve /m --x a#b", ["/m", "--x", "a#b"]),  # not a comment: inside a word
+    ("vllm serve /m --t '$x `y` ~z' --p \\$5 \"#x\"", ["/m", "--t", "$x `y` ~z", "--p", "$5",
+                                                       "#x"]),
+])
+def test_a_comment_is_dropped_and_what_the_shell_keeps_literal_stays(text: str,
+                                                                    words: list[str]) -> None:
+    assert serveline.split_text(text) == ["vllm", "serve", *words]

@@ -53,12 +53,19 @@ def split_text(text: str) -> list[str]:
         if not line or line.startswith("#"):
             continue
         line = re.sub(r"^[$#>] ", "", line)
+        scan = _scan(line)
+        if scan.expansions:
+            raise LineError(f"the line uses the shell's {', '.join(dict.fromkeys(scan.expansions))}"
+                            ": init cannot know what vLLM got from it; paste the line with the "
+                            "values written out, or run `vllmwatch init --from-pid PID` on the "
+                            "running vLLM")
+        line = line[:scan.comment].rstrip() if scan.comment is not None else line
         try:
             got = shlex.split(line)
-            quoted = _quoted(got, line)
         except ValueError as exc:
             raise LineError(f"cannot split {REDACT.head(line, 60)!r}...: {exc} (a quote is "
                             "not closed)") from None
+        quoted = scan.quoted if scan.words == len(got) else set()
         keep = [i for i, w in enumerate(got)  # a lone \ was a continuation, unless quoted
                 if (w != "\\" or i in quoted) and (i or w != "export")]
         words += strip_shell([got[i] for i in keep],
@@ -66,33 +73,53 @@ def split_text(text: str) -> list[str]:
     return words
 
 
-def _quoted(words: list[str], line: str) -> set[int]:
-    """The indexes of words whose first character the shell took literally (quoted or
-    escaped): `--served-model-name '>gpt'`, `';'`, `\\|` are words for vLLM, never a
-    redirection or the end of the command. Read as POSIX sh splits (shlex.split's words)."""
-    found: set[int] = set()
-    count, in_word, quote, i = 0, False, "", 0
+@dataclass
+class _Scan:
+    """A line as POSIX sh reads it, short of running it: the words whose first character it
+    took literally (quoted or escaped: `'>gpt'`, `';'`, `\\|` are vLLM's words, never a
+    redirection or the command's end), where a comment begins, and the expansions it would
+    have made (`$KEY`, `${HF_TOKEN}`, `$(hostname)`, a backtick, a leading `~`)."""
+
+    quoted: set[int] = field(default_factory=set)
+    words: int = 0
+    comment: int | None = None
+    expansions: list[str] = field(default_factory=list)
+
+
+_EXPANSION = re.compile(r"\$(?:[A-Za-z_][A-Za-z0-9_]*|\{[^}]*\}?|\([^)]*\)?)|`[^`]*`?|~[\w.-]*")
+
+
+def _scan(line: str) -> _Scan:
+    out = _Scan()
+    in_word, quote, i = False, "", 0
     while i < len(line):
         c = line[i]
         if quote == "'":
             quote = "" if c == "'" else quote
-        elif quote == '"':
-            if c == "\\" and line[i + 1:i + 2] in ('"', "\\", "$", "`"):
-                i += 1
-            elif c == '"':
-                quote = ""
-        elif c in " \t\r\n":  # shlex's whitespace
-            count, in_word = count + in_word, False
+        elif quote == '"' and c == "\\" and line[i + 1:i + 2] in ('"', "\\", "$", "`"):
+            i += 1
+        elif quote == '"' and c == '"':
+            quote = ""
+        elif c in " \t\r\n" and not quote:  # shlex's whitespace
+            out.words, in_word = out.words + in_word, False
+        elif c == "#" and not quote and not in_word:
+            out.comment = i
+            break
         else:
-            if not in_word and c in "'\"\\":
-                found.add(count)
+            if not quote and not in_word and c in "'\"\\":
+                out.quoted.add(out.words)
+            if c in "$`" or (c == "~" and not in_word and not quote):
+                m = _EXPANSION.match(line, i)  # (None for a lone $ or $5: sh keeps those)
+                if m:
+                    out.expansions.append(m.group(0))
             in_word = True
-            if c in "'\"":
+            if c in "'\"" and not quote:
                 quote = c
-            elif c == "\\":
+            elif c == "\\" and not quote:
                 i += 1
         i += 1
-    return found if count + in_word == len(words) else set()
+    out.words += in_word
+    return out
 
 
 def strip_shell(words: list[str], literal: set[int] | None = None) -> list[str]:
