@@ -11,7 +11,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 
 from vllmwatch.config import flags, safefile, serveline, startcaches
-from vllmwatch.config.crosschecks import owned_env_problem
+from vllmwatch.config.crosschecks import owned_env_problem, secret_twice
 from vllmwatch.config.errors import Problem
 from vllmwatch.config.flags import flag_name as flag_name  # re-exported for callers
 from vllmwatch.config.launch import FORK_VARIABLE, engine_start_method
@@ -233,6 +233,7 @@ def build(config: Config, base_env: Mapping[str, str], api_key: str | None = Non
     _raise(config.path, [p for p in (flags.flag_problem(  # its names only: values are secret
         a[2:], None, f"vllm.env_file: {ARG_PREFIX}{a[2:].upper().replace('-', '_')}",
         vllm_version) for a in file_args[::2]) if p is not None])
+    _raise(config.path, secret_twice(config, file_env, file_args))
     user, secret_env = split_secrets([*args_to_argv(v.args, config.path), *v.extra_args,
                                       *file_args])
     secret_env = {**file_env, **secret_env}

@@ -4,7 +4,9 @@ key was converted on its own; each problem names the key to change."""
 from __future__ import annotations
 
 import json
+from collections.abc import Mapping
 
+from vllmwatch.config import flags
 from vllmwatch.config.convert import show
 from vllmwatch.config.errors import Problem
 from vllmwatch.config.flags import flag_name
@@ -29,7 +31,33 @@ def cross_checks(config: Config) -> list[Problem]:
         out.append(Problem("status.listen", f"bad value {config.status.listen!r}: {why}"))
     return out + _canary_checks(config) + _gate_checks(config) + _address_checks(config) \
         + startcache_problems(config, {}) + _spare_checks(config) + _env_checks(config) \
-        + _misplaced(config)
+        + _misplaced(config) + secret_twice(config, {}, [])
+
+
+def secret_twice(config: Config, file_env: Mapping[str, str],
+                 file_args: list[str]) -> list[Problem]:
+    """The API key or hub token given in two places (vllm.api_key_file, [vllm.args],
+    [vllm.env], vllm.extra_args, vllm.env_file): one silently won over the other, and a
+    client holding the other key got 401. Also an api-key that is not one key as text."""
+    v, out = config.vllm, []
+    args = {flag_name(k): val for k, val in v.args.items()}
+    given = [a.partition("=")[0][2:] for a in v.extra_args if a.startswith("--")]
+    for flag, variable in flags.SECRET_FLAGS.items():
+        where = [key for key, present in [
+            ("vllm.api_key_file", flag == "api-key" and bool(v.api_key_file)),
+            (f"vllm.args.{flag}", args.get(flag, True) is not True),
+            (f"vllm.env.{variable}", variable in v.env),
+            ("vllm.extra_args", flag in map(flag_name, given)),
+            (f"vllm.env_file: {variable}", variable in file_env),
+            ("vllm.env_file: --" + flag, f"--{flag}" in file_args[::2])] if present]
+        if len(where) > 1:
+            out.append(Problem(where[1], f"sets {variable} a second time (also {where[0]}); "
+                               "keep one: vllm.api_key_file or vllm.env_file keeps it out "
+                               "of the config"))
+        if flag == "api-key" and not isinstance(args.get(flag, ""), str):
+            out.append(Problem("vllm.args.api-key", "takes one key as text; vllmwatch hands "
+                               "vLLM one key (VLLM_API_KEY): put it in vllm.api_key_file"))
+    return out
 
 
 # Keys of [vllm] that no vLLM has as a flag: under [vllm.args] (TOML gives every key after a

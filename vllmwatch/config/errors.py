@@ -6,6 +6,8 @@ import re
 from collections.abc import Sequence
 from dataclasses import dataclass
 
+from vllmwatch.config.secretnames import is_secret_name
+
 
 @dataclass(frozen=True)
 class Problem:
@@ -16,9 +18,12 @@ class Problem:
     line: int | None = None
 
     def render(self, path: str) -> str:
-        """'path:line: key: problem', the form editors jump to."""
+        """'path:line: key: problem', the form editors jump to. After a secret's name no
+        colon ('vllm.env.HF_TOKEN is set twice'): every writer passes the redactor, which
+        reads `HF_TOKEN: word` as a secret and its value, and would hide the problem's word."""
         place = f"{path}:{self.line}" if self.line else path
-        return f"{place}: {self.key}: {self.problem}" if self.key else f"{place}: {self.problem}"
+        sep = " " if is_secret_name(self.key) else ": "
+        return f"{place}: {self.key}{sep}{self.problem}" if self.key else f"{place}: {self.problem}"
 
 
 class ConfigError(Exception):
