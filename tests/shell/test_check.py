@@ -249,11 +249,26 @@ def test_parse_len(raw: object, want: int | None) -> None:
     assert checks_maxlen.parse_len(raw) == want
 
 
+@pytest.mark.parametrize("raw", ["abc", "1e5", "0x2000", 0, True, [8192], "1.5K", "", -5])
+def test_a_length_vllm_refuses_is_named_not_called_unset(raw: object) -> None:
+    """check said "PASS not set; vLLM uses the model's 4096" for each of these."""
+    with pytest.raises(ValueError, match="is not a length vLLM reads"):
+        checks_maxlen.parse_len(raw)
+
+
 def test_hf_overrides_rope_raise_the_limit(tmp_path: Path) -> None:
     args = ('max_model_len = 16384\n'
             'hf-overrides = { rope_parameters = { rope_type = "dynamic", factor = 4.0 } }')
     res = results(write_config(tmp_path, make_model(tmp_path / "m"), args=args), fast=True)
     assert res["max-model-len"].status == PASS and "16384" in res["max-model-len"].detail
+
+
+@pytest.mark.parametrize("args", ['max-model-len = "abc"', 'max_model_len = 0',
+                                  'max-model-len = "1e5"'])
+def test_a_max_model_len_vllm_refuses_fails_the_check(tmp_path: Path, args: str) -> None:
+    res = results(write_config(tmp_path, make_model(tmp_path / "m"), args=args), fast=True)
+    row = res["max-model-len"]
+    assert row.status == FAIL and "is not a length vLLM reads" in row.detail, row
 
 
 def test_max_model_len_in_extra_args_and_allow_long(tmp_path: Path) -> None:

@@ -4,7 +4,6 @@ length of the model's config.json, rope scaling and hf-overrides included."""
 from __future__ import annotations
 
 import json
-import re
 from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
@@ -12,18 +11,21 @@ from typing import Any
 from vllmwatch.check.base import FAIL, PASS, SKIP, WARN, CheckResult, Context, vllm_flags
 from vllmwatch.check.model import hub_snapshot, local_model_dir, read_json
 from vllmwatch.config.modellen import model_max_len
+from vllmwatch.config.spareargs import human_int
 
 
 def parse_len(value: object) -> int | None:
-    """vLLM's max-model-len syntax: 4096, "32k" (x1000), "32K" (x1024), "1m"; -1/auto = None."""
-    if isinstance(value, int) and not isinstance(value, bool):
-        return value if value > 0 else None
-    text = str(value).strip()
-    m = re.fullmatch(r"(\d+(?:\.\d+)?)([kKmMgG]?)", text)
-    if not m:
+    """vLLM's max-model-len syntax (human_readable_int_or_auto): 4096, "32k" (x1000), "32K"
+    (x1024), "1m"; -1/"auto" = None (the model's own). Raises ValueError, saying what is
+    accepted, for what vLLM refuses ("abc", "1e5", 0, true): check once called those "not
+    set" and passed them."""
+    if value in (-1, "-1") or (isinstance(value, str) and value.strip().lower() == "auto"):
         return None
-    mult = {"": 1, "k": 1000, "K": 1024, "m": 10**6, "M": 2**20, "g": 10**9, "G": 2**30}
-    return int(float(m.group(1)) * mult[m.group(2)])
+    got = human_int(value) if isinstance(value, (int, str)) else None
+    if got is None or got <= 0:
+        raise ValueError(f"{value!r} is not a length vLLM reads (a whole number such as "
+                         "8192, 32k = 32000, 32K = 32768, or auto)")
+    return got
 
 
 def _apply_overrides(cfg: dict[str, Any], overrides: Mapping[str, Any]) -> dict[str, Any]:
@@ -67,7 +69,10 @@ def check_max_model_len(ctx: Context) -> CheckResult:
     if found is None:
         return CheckResult("max-model-len", SKIP, f"{cfg_path} names no context length")
     limit, why = found
-    wanted = parse_len(raw) if raw is not None else None
+    try:
+        wanted = parse_len(raw) if raw is not None else None
+    except ValueError as exc:
+        return CheckResult("max-model-len", FAIL, f"{exc}: vLLM would refuse to start")
     if wanted is None:
         return CheckResult("max-model-len", PASS, f"not set; vLLM uses the model's {limit} "
                            f"({why})")
