@@ -111,3 +111,23 @@ def test_conflicting_addresses_are_refused_at_load(data: dict[str, Any], key: st
 def test_distinct_addresses_load(data: dict[str, Any]) -> None:
     data.setdefault("vllm", {})["model"] = "m"
     from_dict(data)
+
+
+@pytest.mark.parametrize(("extra", "says"), [
+    (["\u2014enforce-eager"], "typographic dash"),  # an em dash, pasted from a web page
+    (["--max-model-len 8192"], "are one word to vLLM"),
+    (["--port 9000"], "is set by vllmwatch; use vllm.port"),  # was let through as one word
+    (["--api-key sk-one-word"], "are one word to vLLM"),
+    (["stray", "--enforce-eager"], "comes before any flag"),
+])
+def test_extra_args_words_vllm_cannot_read_are_refused(extra: list[str], says: str) -> None:
+    problems = flags.args_problems({}, extra)
+    assert any(says in p.problem for p in problems), problems
+    assert all("sk-one-word" not in p.problem for p in problems)
+
+
+@pytest.mark.parametrize("extra", [["--enforce-eager"], ["--served-model-name-x", "a b"],
+                                   ["--middleware", "pkg.a", "--middleware", "pkg.b"],
+                                   ["--max-model-len=8192"]])
+def test_extra_args_vllm_reads_pass(extra: list[str]) -> None:
+    assert flags.args_problems({}, extra) == []

@@ -20,6 +20,9 @@ OWNED_FLAGS = {
 # Secret flags and the variable vLLM (or huggingface_hub) reads instead: argv is public (ps,
 # /proc/PID/cmdline), the environment is readable only by the process owner and root.
 SECRET_FLAGS = {"hf-token": "HF_TOKEN", "api-key": "VLLM_API_KEY"}
+# A dash a web page typeset (an em or en dash before api-key): vLLM takes the word for a
+# positional and refuses the line (init reads it as the -- that was meant, saying so).
+DASHES = ("\u2014", "\u2013", "\u2212", "\u2012", "\u2010", "\u2011", "\ufe63", "\uff0d")
 KV_CACHE_DTYPES = ("auto", "bfloat16", "fp8", "fp8_e4m3", "fp8_e5m2", "fp8_inc", "fp8_ds_mla")
 # Flags removed from vLLM, with what to do instead.
 REMOVED = {
@@ -112,10 +115,25 @@ def args_problems(args: Mapping[str, object], extra: Sequence[str],
         if not token.strip() and not _is_value_of_flag(extra, i):  # vLLM reads it as a
             # positional and exits at once (a flag's empty value is the flag's business)
             out.append(Problem(key, "an empty word; remove it"))
+        elif token[:1] in DASHES and token[1:2].isalpha():
+            out.append(Problem(key, f"{token.split()[0]!r} starts with a typographic dash "
+                               "(copied from a web page?), which vLLM takes for a second "
+                               f"model: write --{token[1:].split()[0]}"))
         elif token.startswith("--"):
             name, eq, inline = token[2:].partition("=")
-            value: object = inline if eq else next_value(extra, i)
+            value: object
+            if len(name.split()) > 1:  # "--max-model-len 8192" as one item: one word
+                out.append(Problem(key, f"--{name.split()[0]} and its value are one word to "
+                                   "vLLM (a flag named with a space, which it takes for a "
+                                   "second model): write them as two items"))
+                name, value = name.split()[0], " ".join(name.split()[1:])
+            else:
+                value = inline if eq else next_value(extra, i)
             out.append(flag_problem(flag_name(name), value, key, version))
+        elif i == 0 and not token.startswith("-"):
+            out.append(Problem(key, f"{token!r} comes before any flag: vLLM takes it for a "
+                               "second model and refuses to start (extra_args hold flags "
+                               "and their values)"))
         elif token.lstrip().startswith(("{", "[")) and not _is_value_of_flag(extra, i):
             out.append(json_problem(token, key))
     return [p for p in out if p is not None] + _twice(args, extra)

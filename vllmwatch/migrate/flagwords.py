@@ -8,7 +8,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from vllmwatch.config.flags import SECRET_FLAGS, flag_name
+from vllmwatch.config.flags import DASHES, SECRET_FLAGS, flag_name
 from vllmwatch.config.serveline import is_number
 from vllmwatch.config.vllmflags import FlagSet
 
@@ -18,9 +18,6 @@ SHORT = {"-tp": "tensor-parallel-size", "-pp": "pipeline-parallel-size",
          "-sc": "speculative-config", "-cc": "compilation-config", "-ac": "attention-config",
          "-n": "nnodes", "-r": "node-rank", "-ep": "enable-expert-parallel"}
 _BOOL_WORDS = ("true", "false")
-# A dash a web page typeset (an em or en dash before api-key): vLLM takes the word for a
-# positional and refuses the line; read as the -- that was meant (translate says so).
-DASHES = ("\u2014", "\u2013", "\u2212", "\u2012", "\u2010", "\u2011", "\ufe63", "\uff0d")
 
 
 @dataclass(frozen=True)

@@ -11,14 +11,14 @@ import json
 
 from vllmwatch.config import flags
 from vllmwatch.config.command import ARG_PREFIX
-from vllmwatch.config.flags import flag_name
+from vllmwatch.config.flags import DASHES, flag_name
 from vllmwatch.config.launch import INJECTED_FLAGS
 from vllmwatch.config.redact import REDACT
 from vllmwatch.config.serveline import ServeLine, is_number
 from vllmwatch.config.vllmflags import flag_problem as known_problem
 from vllmwatch.migrate import addresses, envwords, relaxed, smokeplan
 from vllmwatch.migrate.draft import Draft, Entry, Facts
-from vllmwatch.migrate.flagwords import DASHES, Given, read
+from vllmwatch.migrate.flagwords import Given, read
 
 OWNED = {"model": "model", "port": "port", "host": "host",
          "served-model-name": "served_model_name"}
