@@ -417,3 +417,14 @@ def test_a_line_that_needs_the_shell_to_expand_it_is_refused_saying_why(text: st
 def test_a_comment_is_dropped_and_what_the_shell_keeps_literal_stays(text: str,
                                                                     words: list[str]) -> None:
     assert serveline.split_text(text) == ["vllm", "serve", *words]
+
+
+def test_a_relative_api_key_file_is_written_absolute(tmp_path: Path,
+                                                     monkeypatch: pytest.MonkeyPatch) -> None:
+    """`init --api-key-file mykey` wrote api_key_file = "mykey": the service starts in /."""
+    monkeypatch.chdir(tmp_path)
+    req = runner.Request([f"vllm serve /m --api-key {SECRET}"], None, str(tmp_path / "v.toml"),
+                         fast=True, api_key_file="mykey")
+    assert runner.main(req, os.environ, out=io.StringIO(), err=io.StringIO()) == 0
+    assert tomllib.loads((tmp_path / "v.toml").read_text())["vllm"]["api_key_file"] == \
+        str(tmp_path / "mykey")

@@ -7,6 +7,7 @@ import re
 from collections.abc import Callable
 
 from vllmwatch.config import units
+from vllmwatch.config.hosts import host_ok
 from vllmwatch.config.units import parse_window
 
 Converter = Callable[[object], object]
@@ -44,6 +45,43 @@ def _str(value: object) -> str:
     if not isinstance(value, str):
         raise TypeError("")
     return _no_nul(value)
+
+
+def _name(value: object) -> str:
+    """A model, a served name or a host: one word as vLLM reads it, printable on a terminal
+    (`check` prints it; an ESC in it was sent raw), no space at an end (an error that does
+    not show it), not read by vLLM as a flag (`--enable-auto-tool-choice` as a name)."""
+    text = _str(value)
+    if _CONTROL.search(text) or "\n" in text or "\t" in text:
+        raise ValueError("a control character, shown as \\xNN, in it")
+    if text != text.strip():
+        raise ValueError("a space at an end")
+    if text.startswith("-"):
+        raise ValueError("it starts with '-', which vLLM reads as a flag")
+    return text
+
+
+def _host(value: object) -> str:
+    text = _name(value)
+    if text and not host_ok(text):
+        raise ValueError("not a host name or an IP address")
+    return text
+
+
+def _path(value: object) -> str:
+    """A file the service reads, or "" for none: absolute, since the service's working
+    directory is not the shell's (`check` passed in the folder and failed from /)."""
+    text = _name(value)
+    if text and not text.startswith("/"):
+        raise ValueError("a relative path: write it from / (the service starts elsewhere)")
+    return text
+
+
+def _dir(value: object) -> str:
+    text = _path(value)
+    if not text:
+        raise ValueError("empty: the caches would land in whatever folder the service starts")
+    return text
 
 
 def _bool(value: object) -> bool:
@@ -151,6 +189,10 @@ def _auto_bool(value: object) -> str:
 
 CONVERTERS: dict[str, tuple[Converter, str]] = {
     "str": (_str, "a string"),
+    "name": (_name, "a string"),
+    "host": (_host, 'a host name or IP address, e.g. "127.0.0.1", "0.0.0.0", "::1"'),
+    "path": (_path, 'an absolute path, or "" for none'),
+    "dir": (_dir, "an absolute path"),
     "bool": (_bool, "true or false"),
     "port": (_int_in(1, 65535), "a port number 1-65535"),
     "pos_int": (_int_in(1, 1_000_000), "a whole number >= 1"),

@@ -6,8 +6,8 @@ import ipaddress
 import re
 
 LISTEN_HELP = 'expected "HOST:PORT", e.g. "127.0.0.1:9101", "[::1]:9101" or ":9101"'
-_HOSTNAME = re.compile(r"^(?=.{1,253}$)[A-Za-z0-9]([A-Za-z0-9-]{0,61}[A-Za-z0-9])?"
-                       r"(\.[A-Za-z0-9]([A-Za-z0-9-]{0,61}[A-Za-z0-9])?)*$")
+_HOSTNAME = re.compile(r"^(?=.{1,253}\Z)[A-Za-z0-9]([A-Za-z0-9-]{0,61}[A-Za-z0-9])?"
+                       r"(\.[A-Za-z0-9]([A-Za-z0-9-]{0,61}[A-Za-z0-9])?)*\Z")
 # A server bound to a wildcard answers on loopback; connect there.
 _WILDCARD_TO_LOOPBACK = {"": "127.0.0.1", "0.0.0.0": "127.0.0.1", "::": "::1"}
 
@@ -89,6 +89,11 @@ def listen_problem(text: str, allow_remote: bool) -> str | None:
         return (f"{host or 'all interfaces'} is not a loopback address; use "
                 f"127.0.0.1:{port} or [::1]:{port}, or set status.allow_remote = true")
     return None
+
+
+def host_ok(host: str) -> bool:
+    """A host name or an IP address (vllm.host): what vLLM can bind."""
+    return bool(_HOSTNAME.match(host)) or _is_ip(host)
 
 
 def _is_ip(host: str) -> bool:

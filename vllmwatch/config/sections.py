@@ -28,17 +28,17 @@ def _conv(kind: str, default: object, **extra: Any) -> Any:
 class VllmConfig:
     """How to launch the supervised vLLM server."""
 
-    model: str = _conv("str", "")
+    model: str = _conv("name", "")
     command: list[str] = _conv("str_list", ["vllm", "serve"])
-    served_model_name: str = _conv("str", "")
-    host: str = _conv("str", "127.0.0.1")
+    served_model_name: str = _conv("name", "")
+    host: str = _conv("host", "127.0.0.1")
     port: int = _conv("port", 8000)
     gpus: list[int] | None = _conv("gpus", None)
     env: dict[str, str] = _conv("str_table", {})
     args: dict[str, object] = _conv("args_table", {})
     extra_args: list[str] = _conv("str_list", [])
-    api_key_file: str = _conv("str", "")
-    env_file: str = _conv("str", "")  # secret variables (and flag values) kept out of here
+    api_key_file: str = _conv("path", "")
+    env_file: str = _conv("path", "")  # secret variables (and flag values) kept out of here
 
     @property
     def model_name(self) -> str:
@@ -143,7 +143,7 @@ class PrewarmConfig:
     """What to do before a start so that it is fast."""
 
     enabled: bool = _conv("bool", True)
-    cache_dir: str = _conv("str", "/var/cache/vllmwatch")
+    cache_dir: str = _conv("dir", "/var/cache/vllmwatch")
     page_cache: bool = _conv("bool", True)
     page_cache_max_fraction: float = _conv("fraction", 0.5,
                                            zero="never read weights into the page cache")

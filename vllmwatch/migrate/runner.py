@@ -123,7 +123,8 @@ def _read(req: Request, environ: Mapping[str, str], err: TextIO
     full = proc.which(command[0], path, cwd) if not command[0].startswith("/") else None
     known = _known([full or command[0], *command[1:]], req.fast, err)
     here = os.path.dirname(os.path.abspath(req.output))
-    facts = Facts(known=known, api_key_file=req.api_key_file or os.path.join(here, "api-key"),
+    key_file = os.path.abspath(req.api_key_file) if req.api_key_file else ""  # (the service
+    facts = Facts(known=known, api_key_file=key_file or os.path.join(here, "api-key"),  # not here)
                   env_file=os.path.join(here, "secrets.env"),
                   supervised=supervised, gate=req.gate, searched=True,
                   has_gpu=os.path.exists("/dev/nvidiactl"), cwd=cwd,
