@@ -189,3 +189,11 @@ def test_a_refused_model_is_not_also_called_missing(tmp_path: Path) -> None:
         load(path)
     text = str(got.value)
     assert "NUL byte" in text and "missing" not in text
+
+
+def test_a_config_saved_with_a_byte_order_mark_loads(tmp_path: Path) -> None:
+    """Notepad's UTF-8 starts with a BOM: it was "invalid TOML: Invalid statement (at line 1,
+    column 1)", naming nothing a person could see."""
+    path = tmp_path / "v.toml"
+    path.write_bytes(b"\xef\xbb\xbf" + b'[vllm]\nmodel = "/m"\n')
+    assert load(str(path)).vllm.model == "/m"

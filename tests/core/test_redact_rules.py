@@ -191,3 +191,10 @@ def test_the_password_scan_hides_what_the_quadratic_regex_hid(text: str) -> None
 def test_an_abbreviated_secret_flag_hides_its_value(argv: list[str], want: list[str]) -> None:
     """vLLM's parser takes a flag's prefix (`--api-ke X` is `--api-key X`)."""
     assert redact_argv(argv) == want
+
+
+@pytest.mark.parametrize("name", ["S3_CREDS", "aws_cred", "DB_CREDENTIALS"])
+def test_credentials_by_any_spelling_are_secret(name: str) -> None:
+    """`S3_CREDS` in [vllm.env] was printed in clear by print-command."""
+    assert is_secret_name(name)
+    assert R.text(f"{name}=Zq9XkLmP42") == f"{name}={REDACTED}"

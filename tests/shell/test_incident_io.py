@@ -353,3 +353,12 @@ def test_a_wall_clock_step_between_scrapes_leaves_the_records_ages_and_rates_tru
     assert (m["last_age_s"], m["since_s"]) == (5.0, 120.0), m
     assert m["summary"]["generation_tokens_per_s"] == round(200 / 120, 2), m["summary"]
     assert m["summary"]["tokens_last_moved_s_ago"] == [5.0, 65.0], m["summary"]
+
+
+def test_a_folder_named_with_other_digits_is_not_a_record(tmp_path: Path) -> None:
+    """A folder named with Arabic-Indic digits was listed as a record, and pruned."""
+    root = store.root_of(str(tmp_path))
+    assert root is not None
+    odd = "".join(chr(0x660 + int(c)) if c.isdigit() else c for c in "20261201T000000Z-hang")
+    Path(root, odd).mkdir()
+    assert store.ids(root) == []

@@ -168,3 +168,14 @@ def test_ready_is_yes_only_for_true(ready: object, draining: object, shown: str)
     text = view.render({"state": "ready", "ready": ready, "draining": draining})
     assert [line.split() for line in text.splitlines() if line.split()[:1] == ["ready"]] == [
         ["ready", shown]], text
+
+
+@pytest.mark.parametrize(("given", "url"), [
+    ("http://127.0.0.1:9101#x", "http://127.0.0.1:9101/status"),  # asked / before
+    ("127.0.0.1:9101/", "http://127.0.0.1:9101/status"),
+    ("http://[::1]:9101/status?x=1#y", "http://[::1]:9101/status?x=1"),
+    ("http://h:9101/other", "http://h:9101/other"),
+])
+def test_the_status_url_asks_for_status(given: str, url: str) -> None:
+    from vllmwatch.status.cli import status_url
+    assert status_url(given) == url

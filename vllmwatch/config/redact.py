@@ -33,7 +33,7 @@ _NOT_VALUES = frozenset({"true", "false", "none", "null", "yes", "no", "auto", "
                          "enabled", "disabled", "required", "optional", "default"})
 # A name holding one of the words every secret name holds (is_secret_name judges it whole):
 # the search stops only at candidates, not at every `word:` of a vLLM line.
-_HINT_WORDS = r"key|token|secret|pass|pwd|credential|auth|cookie|sig"
+_HINT_WORDS = r"key|token|secret|pass|pwd|cred|auth|cookie|sig"
 # Bounded: a name is short, and an unbounded lazy scan is quadratic in a long word's length
 _NAME = r"(?=[A-Za-z_])[\w.-]{0,80}?(?i:" + _HINT_WORDS + r")[\w.-]{0,80}"
 _PCT = r"(?:[\w.-]|%(?:5[Ff]|2[DdEe]))"  # a name's own characters, encoded: _ - .

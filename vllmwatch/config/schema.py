@@ -79,7 +79,8 @@ def load(path: str) -> Config:
         hint = " (pass --config PATH or set VLLMWATCH_CONFIG)" if exc.transient else ""
         raise ConfigError(path, "", f"{exc}{hint}") from None
     try:
-        text = raw.decode("utf-8")
+        # A byte-order mark (Notepad's UTF-8) is not TOML, but is no reason to refuse it
+        text = raw.decode("utf-8-sig")
         data = tomllib.loads(text)
     except UnicodeDecodeError as exc:
         raise ConfigError(path, "", f"not UTF-8 text ({exc.reason} at byte {exc.start})") from None

@@ -11,6 +11,7 @@ import re
 # A name is secret when one of its words is one of these ...
 _WORDS = frozenset({"key", "token", "secret", "secrets", "password", "passwords",
                     "passwd", "pass", "pwd", "passphrase", "credential", "credentials",
+                    "cred", "creds",
                     "auth", "authorization", "apikey", "cookie", "privatekey",
                     "sig", "signature"})  # a signed URL's proof: Azure SAS `sig=`, S3's
 # ... or ends in one of these (`hftoken`, `accesskey`, `dbpassword`, `pgpass`) ...

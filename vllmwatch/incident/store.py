@@ -28,7 +28,7 @@ RECORD = "record.json"
 LATEST = "LATEST"  # the id of the record written last (newest())
 MAX_RECORD = 64 << 20  # bytes of record.json read by `vllmwatch incidents`; ours are < 1 MiB
 READ_TIMEOUT = 5.0  # s for one record.json (a hung mount); then "unreadable"
-_NAME = re.compile(r"^\d{8}T\d{6}Z-[a-z_]+(?:-\d+)?\Z")
+_NAME = re.compile(r"^\d{8}T\d{6}Z-[a-z_]+(?:-\d+)?\Z", re.ASCII)  # (\d: 0-9 only)
 # The hidden folders this process is writing now. A record can outlive its wait (a slow
 # disk) while the next one prunes, and the age by mtime is no proof: a wall-clock step
 # forward made a folder being written look a minute old, and the prune deleted it.

@@ -12,7 +12,7 @@ import json
 import os
 import sys
 from typing import Any, TextIO
-from urllib.parse import urlsplit
+from urllib.parse import urlsplit, urlunsplit
 
 from vllmwatch import bounded_http
 from vllmwatch.config.hosts import connect_host, parse_listen, url_host
@@ -119,7 +119,9 @@ def status_url(base: str) -> str:
                           "http://127.0.0.1:9101", EXIT_USAGE)
     if port == 0:
         raise StatusError(f"bad --url {base!r}: port 0", EXIT_USAGE)
-    return text.rstrip("/") + "/status" if parts.path in ("", "/") else text
+    # (rebuilt from its parts: "http://h:1#x" + "/status" was a fragment, and GET asked /)
+    path = "/status" if parts.path in ("", "/") else parts.path
+    return urlunsplit((parts.scheme, parts.netloc, path, parts.query, ""))
 
 
 def fetch(url: str) -> str:
