@@ -99,15 +99,25 @@ def test_an_environment_a_process_cannot_have_fails_the_load(tmp_path: Path, env
     assert code == exitcodes.CONFIG and "vllm.env" in text and "Traceback" not in text, text
 
 
-def test_a_key_file_that_can_never_work_fails_a_briefly_missing_one_does_not(
+def test_a_key_file_that_can_never_work_or_is_missing_fails_an_empty_one_does_not(
         tmp_path: Path) -> None:
+    """A missing file is a typo, not a rotation (a rotation renames a new file into place):
+    the reload was applied and every relaunch then failed. An empty one is mid-rotation
+    (an editor truncates, then writes): the daemon retries it."""
     as_dir = tmp_path / "key-dir"
     as_dir.mkdir()
     bad = write_config(tmp_path, "some/model", vllm=f'api_key_file = "{as_dir}"')
     assert _run(bad)[0] == exitcodes.CONFIG
-    (tmp_path / "a").mkdir()
-    rotating = write_config(tmp_path / "a", "some/model",
-                            vllm=f'api_key_file = "{tmp_path / "not-yet"}"')
+    for name, key in (("a", "api_key_file"), ("b", "env_file")):
+        (tmp_path / name).mkdir()
+        missing = write_config(tmp_path / name, "some/model",
+                               vllm=f'{key} = "{tmp_path / "typo"}"')
+        code, text = _run(missing)
+        assert code == exitcodes.CONFIG and f"vllm.{key}" in text and "not found" in text, text
+    (tmp_path / "c").mkdir()
+    (tmp_path / "empty").write_text("")
+    rotating = write_config(tmp_path / "c", "some/model",
+                            vllm=f'api_key_file = "{tmp_path / "empty"}"')
     assert _run(rotating)[0] == exitcodes.OK  # the daemon retries it (a key rotation)
 
 

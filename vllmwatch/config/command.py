@@ -298,9 +298,17 @@ def load_for_reload(path: str) -> Config:
     key file that can never work (a directory, a FIFO) is refused now, not at the next
     launch; one that is briefly missing or empty (a key rotation replaces the file) is not,
     as the daemon retries it. So is vllm.env_file, with the checks the launch makes of it (a
-    directory, a line that is not NAME=value, a flag or variable vllmwatch owns).
+    directory, a line that is not NAME=value, a flag or variable vllmwatch owns). A file
+    that is not there at all is refused: a rotation never removes the path.
     """
     config = load(path)
+    # Missing is not a rotation (one renames a new file into place: the path never goes): a
+    # typo applied would restart vLLM into launches that fail until someone notices
+    _raise(path, [Problem(f"vllm.{name}", f"{file!r}: file not found; create it before the "
+                          "reload (a key rotation renames a new file into place)")
+                  for name, file in (("api_key_file", config.vllm.api_key_file),
+                                     ("env_file", config.vllm.env_file))
+                  if file and not os.path.lexists(file)])
     key: str | None = None
     try:
         key = read_api_key(config)
