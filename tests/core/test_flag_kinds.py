@@ -131,3 +131,28 @@ def test_extra_args_words_vllm_cannot_read_are_refused(extra: list[str], says: s
                                    ["--max-model-len=8192"]])
 def test_extra_args_vllm_reads_pass(extra: list[str]) -> None:
     assert flags.args_problems({}, extra) == []
+
+
+@pytest.mark.parametrize(("name", "value", "refused"), [
+    ("max-model-len", "abc", True), ("gpu-memory-utilization", "high", True),
+    ("max-num-seqs", True, True), ("max-model-len", [8192, "x"], True),
+    ("max-model-len", "32k", False), ("max-model-len", "auto", False),
+    ("gpu-memory-utilization", 0.9, False), ("max-model-len", "8192", False),
+    ("max-model-len", -1, False), ("seed", "1e3", False), ("seed", "None", False),
+])
+def test_a_number_flag_takes_what_vllm_reads_as_a_number(name: str, value: object,
+                                                         refused: bool) -> None:
+    """The reload gate and check passed `max-model-len = "abc"` although the cached flag
+    list says the flag takes a number: vLLM then stopped at every launch."""
+    from tests.shell.test_init import known
+    problem = vllmflags.flag_problem(name, value, f"vllm.args.{name}", known())
+    assert (problem is not None and "takes a number" in problem.problem) is refused, problem
+
+
+@pytest.mark.parametrize("args,extra", [({"help": True}, []), ({}, ["--help"]),
+                                        ({"version": True}, [])])
+def test_a_flag_that_makes_vllm_exit_without_serving_is_refused(
+        args: dict[str, object], extra: list[str]) -> None:
+    """`help = true`: vLLM printed its help and exited 0 at every launch (an engine that
+    "dies with exit code 0")."""
+    assert any("exit 0 without serving" in p.problem for p in flags.args_problems(args, extra))

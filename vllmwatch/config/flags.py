@@ -89,6 +89,9 @@ def flag_problem(name: str, value: object, key: str, version: str | None = None,
             f"vLLM's environment, off its command line)"
         return Problem(key, f"--{name} is --{whole} abbreviated (vLLM's parser takes "
                        f"prefixes); use {use}")
+    if name in ("help", "version") and value is not False:
+        return Problem(key, f"--{name} makes vLLM print and exit 0 without serving, at every "
+                       "launch; remove it (`vllm serve --help` shows the flags)")
     if name in REMOVED:
         where = f"vLLM {version}" if version else "vLLM"
         return Problem(key, f"--{name} was removed from {where}; {REMOVED[name]}")

@@ -12,12 +12,14 @@ import difflib
 import hashlib
 import json
 import os
+import re
 import subprocess
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 
 from vllmwatch.config import flags, safefile, vllminfo
+from vllmwatch.config.convert import show
 from vllmwatch.config.errors import Problem
 from vllmwatch.config.schema import Config
 
@@ -220,7 +222,27 @@ def flag_problem(name: str, value: object, key: str, known: FlagSet) -> Problem 
     if base in known.switches and not isinstance(value, bool) and "." not in name:
         return Problem(key, f"--{base} takes no value in vLLM {known.version}; write "
                        f"{base} = true")
+    if known.kind(base) == "number" and "." not in name and not _numeric(value):
+        return Problem(key, f"--{base} takes a number in vLLM {known.version} (8192, 0.9, "
+                       f"32k); {show(value)} is not one, and vLLM would stop")
     return None
+
+
+# (auto: human_readable_int_or_auto; None or empty: optional_type's "no value")
+_NUMERIC = re.compile(r"\s*-?\d+(?:\.\d+)?(?:[eE][-+]?\d+)?[kKmMgGtT]?\s*|\s*(?:auto|none)?\s*",
+                      re.ASCII | re.IGNORECASE)
+
+
+def _numeric(value: object) -> bool:
+    """A value vLLM's int, float or human_readable_int(_or_auto) reads; a list of them for a
+    flag given several numbers (--cuda-graph-sizes 1 2 4)."""
+    if isinstance(value, bool):
+        return False
+    if isinstance(value, (int, float)):
+        return True
+    if isinstance(value, list):
+        return bool(value) and all(_numeric(v) for v in value)
+    return isinstance(value, str) and bool(_NUMERIC.fullmatch(value))
 
 
 def refusal_text(config: Config, known: FlagSet) -> str | None:
