@@ -32,6 +32,15 @@ SHAPES = {
     "percent-encoded name": "api%5Fkey%3D",
     "long word with a hint": "a_token_",
     "plain log line": "INFO 12-04 22:30:45 [loggers.py:123] Avg prompt throughput: 1.0 ",
+    # no :// at all; "sk-" inside "task-" switched the URL rules on (quadratic before)
+    "task-": "task-",
+}
+# Shapes that were exponential: one short line each, not repeated to --kib (each escaped
+# quote more after an unclosed quote doubled the time before)
+SHORT = {
+    "unclosed quote, 20 escaped quotes": "prompt: 'cfg, token='{" + ", ".join(
+        f'\\"k{i}\\": \\"v\\"' for i in range(5)),
+    "unclosed quote, 32 backslashes": "api_key='" + "\\" * 32,
 }
 
 
@@ -43,8 +52,8 @@ def main() -> None:
     redactor = Redactor(known=False)
     size = args.kib * 1024
     out = {}
-    for name, piece in SHAPES.items():
-        line = (piece * (size // len(piece) + 1))[:size]
+    lines = {name: (piece * (size // len(piece) + 1))[:size] for name, piece in SHAPES.items()}
+    for name, line in {**lines, **SHORT}.items():
         samples = []
         for _ in range(args.repeat):
             start = time.perf_counter()

@@ -38,9 +38,16 @@ _HINT_WORDS = r"key|token|secret|pass|pwd|cred|auth|cookie|sig"
 _NAME = r"(?=[A-Za-z_])[\w.-]{0,80}?(?i:" + _HINT_WORDS + r")[\w.-]{0,80}"
 _PCT = r"(?:[\w.-]|%(?:5[Ff]|2[DdEe]))"  # a name's own characters, encoded: _ - .
 _PCT_NAME = _PCT + r"{0,80}?(?i:" + _HINT_WORDS + r")" + _PCT + "{0,80}"
-# 'value' / "value", or \"value\": JSON inside a string (a request body in an error message)
-_QUOTED = (r"""(?:b?(?P<vq>['"])(?P<qv>(?:\\.|(?!(?P=vq)).)*)(?P=vq)"""
-           r"""|\\(?P<evq>['"])(?P<eqv>(?:(?!\\(?P=evq)).)*)\\(?P=evq))""")
+# 'value' / "value", or \"value\" (\\\"value\\\"): JSON inside a string, once or twice (a
+# request body in an error message). The two steps of a quoted value never both match a
+# backslash: `(?:\\.|(?!q).)*` backtracked exponentially over an unclosed quote with
+# backslashes (60 s for a 218-character prompt cut by --max-log-len). An unclosed quote runs
+# to the line's end: that prompt's secret is hidden too.
+_QUOTED = (r"""(?:b?(?P<vq>['"])(?P<qv>(?:\\.|(?!(?P=vq))[^\\\n])*)(?:(?P=vq)|(?=\n)|\Z)"""
+           r"""|(?P<esc>\\+)(?P<evq>['"])(?P<eqv>(?:(?!\\+(?P=evq)).)*)(?P=esc)(?P=evq))"""
+           )
+# ['v1', 'v2'], ('user', 'pw'), {'primary': 'k'}: every quoted string inside is hidden
+_LIST = r"(?P<list>\[[^\]]*\]|\([^)]*\)|\{[^}]*\})"
 _AUTH = (r"(?:bearer|basic|token|digest|apikey|negotiate|ntlm|splunk|sharedkey|hmac|"
          r"aws4-hmac-sha256)\s+")
 _SCHEME = r"(?P<scheme>" + _AUTH + ")?"
@@ -51,8 +58,8 @@ _BARE = (r"""(?P<bare>(?!""" + _DONE + "|" + _AUTH
          + r""")(?:<redacted>|(?!\\[nrt])[^\s'",;&)}\]>])+)""")
 _RULES = (
     # 'name': 'value' / "name": "value" / 'name': ['v1', 'v2'] / "name": 123 / \"name\": ..
-    re.compile(r"""(?P<pre>(?P<kq>\\?['"])(?P<name>""" + _NAME + r""")(?P=kq)\s*[:=]\s*)"""
-               r"(?:" + _QUOTED + r"|(?P<list>\[[^\]]*\])|" + _BARE + ")"),
+    re.compile(r"""(?P<pre>(?P<kq>\\*['"])(?P<name>""" + _NAME + r""")(?P=kq)\s*[:=]\s*)"""
+               r"(?:" + _QUOTED + "|" + _LIST + "|" + _BARE + ")"),
     # ('authorization', 'Bearer x'): a header as a tuple; ['--api-key', 'x']: an argv list
     re.compile(r"""(?P<pre>(?:\(\s*b?(?P<kq>['"])|(?P<fq>['"])--)(?P<name>""" + _NAME
                + r""")(?:(?P=kq)|(?P=fq))\s*,\s*)""" + _QUOTED),
@@ -60,20 +67,21 @@ _RULES = (
     # name=['v1', 'v2']
     re.compile(r"(?i)(?P<pre>(?<![\w.-])(?P<dash>--)?(?P<name>" + _NAME + r")"
                r"(?:\s*[=:]\s*|(?(dash)\s+|(?!)))" + _SCHEME + r")"
-               r"(?:" + _QUOTED + r"|(?P<list>\[[^\]]*\])|" + _BARE + ")"),
+               r"(?:" + _QUOTED + "|" + _LIST + "|" + _BARE + ")"),
 )
 # percent-encoded: api%5Fkey=x, token%3Dx, %22api_key%22%3A%22x%22 (a query or a form
 # body in an access log); the name is judged decoded (_sub_named)
 _ENCODED = re.compile(
     r"(?P<pre>(?:(?<![\w.-])|(?<=%[0-9A-Fa-f]{2}))(?:%2[27])?"
-    r"(?P<name>(?=[A-Za-z_%])" + _PCT_NAME + r")(?:%2[27])?(?:%3[DdAa]|=)(?:%20|\+)*(?:%2[27])?)"
+    r"(?P<name>(?=[A-Za-z_%])" + _PCT_NAME + r")(?:%2[27])?(?:%3[DdAa]|=)(?:%20|\+)*(?:%2[27])?"
+    r"(?:(?i:bearer|basic|token|digest|apikey)(?:%20|\+)+)?)"  # Authorization%3A%20Bearer%20x
     r"(?P<bare>(?:(?!%2[027Cc]|%26|%7[Dd]|%5[Dd]|%0[9AaDd])(?:%[0-9A-Fa-f]{2}|[^\s&'\",;%)}\]>]))+)")
 _SHAPES = (
     # a token as the user: https://TOKEN@host, https://TOKEN:x-oauth-basic@host (GitHub)
-    re.compile(r"(?i)(?P<pre>\b[a-z][a-z0-9+.-]*://)(?P<secret>[^\s/?#@:'\"]+)"
+    re.compile(r"(?i)(?P<pre>\b[a-z][a-z0-9+.-]{0,31}://)(?P<secret>[^\s/?#@:'\"]+)"
                r"(?=(?::x-oauth-basic)?@)"),
     # URL userinfo, any scheme: keep the user when there is a password
-    re.compile(r"(?i)(?P<pre>\b[a-z][a-z0-9+.-]*://[^\s/?#@:'\"]*:)"
+    re.compile(r"(?i)(?P<pre>\b[a-z][a-z0-9+.-]{0,31}://[^\s/?#@:'\"]*:)"
                r"(?P<secret>[^\s/?#@\"]+)(?=@)"),  # (an apostrophe is legal in a password)
     # Authorization: SCHEME CREDENTIALS, any scheme (Negotiate, SharedKey a:b, Splunk x)
     re.compile(r"(?i)(?P<pre>\b(?:proxy-)?authorization\s*:\s*[A-Za-z][\w-]*\s+)"
@@ -81,7 +89,7 @@ _SHAPES = (
     re.compile(r"(?i)(?P<pre>\bbearer\s+)(?P<secret>(?!" + _DONE
                + r")(?:<redacted>|(?!\\[nrt])[^\s'\",;)}\]>])+)"),
 )
-_USERINFO = re.compile(r"(?i)\b[a-z][a-z0-9+.-]*://[^\s/?#@:'\"]*:")
+_USERINFO = re.compile(r"(?i)\b[a-z][a-z0-9+.-]{0,31}://[^\s/?#@:'\"]*:")
 _WORD_END = re.compile(r"[\s'\"]")
 _HOST_PORT = re.compile(r"\d+(?:[/?#]|$)")
 
@@ -166,14 +174,15 @@ def _sub_named(rule: re.Pattern[str], text: str, encoded: bool = False) -> str:
 def _hide(m: re.Match[str]) -> str:
     pre, groups = m["pre"], m.groupdict()
     if groups.get("eqv") is not None:
-        return f"{pre}\\{m['evq']}{REDACTED}\\{m['evq']}"
+        return f"{pre}{m['esc']}{m['evq']}{REDACTED}{m['esc']}{m['evq']}"
     if groups.get("qv") is not None:
         q = m["vq"]
         lead = "b" if m.group(0)[len(pre):].startswith("b") else ""
         return f"{pre}{lead}{q}{REDACTED}{q}"
     if groups.get("list") is not None:
-        return pre + re.sub(r"""(['"])(?:\\.|(?!\1).)*\1""", rf"\1{REDACTED}\1", m["list"]) \
-            if re.search(r"['\"]", m["list"]) else pre + f"[{REDACTED}]"
+        listed = m["list"]
+        return pre + re.sub(r"""(['"])(?:\\.|(?!\1)[^\\])*\1""", rf"\1{REDACTED}\1", listed) \
+            if re.search(r"['\"]", listed) else pre + f"{listed[0]}{REDACTED}{listed[-1]}"
     return pre + REDACTED
 
 
@@ -225,10 +234,12 @@ class Redactor:
         shaped = any(hint in text for hint in _SHAPE_HINTS)
         text = self._known_and_tokens(text, shaped)
         if shaped or "bearer" in text.lower():
+            url = "://" in text  # (the URL rules only then: "sk-" in "task-" shapes a text)
             for i, shape in enumerate(_SHAPES):
-                text = shape.sub(lambda m: m["pre"] + (REDACTED if m["secret"] else ""),
-                                 text)
-                text = _to_last_at(text) if i == 1 else text  # after the plain userinfo
+                if url or i >= 2:
+                    text = shape.sub(lambda m: m["pre"] + (REDACTED if m["secret"] else ""),
+                                     text)
+                text = _to_last_at(text) if i == 1 and url else text  # after plain userinfo
         if _has_secret_name(text):
             for rule in _RULES:
                 text = _sub_named(rule, text)
@@ -330,12 +341,6 @@ def _secret_flag(name: str) -> bool:
     flag (`--api-ke X` is `--api-key X`; one that is not unique is refused)."""
     return is_secret_name(name) or (bool(name) and any(f.startswith(name)
                                                       for f in flags.SECRET_FLAGS))
-
-
-def secrets_of(env: Mapping[str, str], api_key: str | None) -> list[str]:
-    """The secret values of a child's environment (by name), and its API key."""
-    found = [v for k, v in env.items() if is_secret_name(k)]
-    return [*found, api_key] if api_key else found
 
 
 REDACT = Redactor()  # the rules and every learnt value: for writers with no secrets of their own

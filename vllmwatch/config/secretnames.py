@@ -7,6 +7,7 @@ hidden. The redactor (config/redact.py) and every writer that drops a value by i
 from __future__ import annotations
 
 import re
+from collections.abc import Mapping
 
 # A name is secret when one of its words is one of these ...
 _WORDS = frozenset({"key", "token", "secret", "secrets", "password", "passwords",
@@ -22,7 +23,13 @@ _ENDINGS = ("token", "apikey", "secret", "password", "passwd", "pass", "accesske
 # credential (an AWS key id's AKIA... shape is hidden as a token anyway).
 _ABOUT = frozenset({"file", "path", "dir", "size", "len", "length", "count", "type", "mode",
                     "name", "format", "url", "env", "var", "header", "ttl", "timeout",
-                    "expiry", "prefix", "id", "ids"})
+                    "expiry", "prefix", "id", "ids",
+                    # an exception class names what failed: `KeyError: 'model.layers.0...'`
+                    # hid the missing weight's name, the cause of the crash
+                    "error", "exception", "warning", "config"})
+# A tokenizer's special tokens are text, not credentials (`eos_token: '</s>'`).
+_SPECIAL = frozenset({"eos", "bos", "pad", "unk", "sep", "cls", "mask", "special", "stop",
+                      "additional", "image", "audio", "video", "chat"})
 # A plural `keys`/`tokens` is a list of names or a count (`restart_keys`, `prompt_tokens`)
 # unless a word before it says which credential (`api_keys`, `hf_tokens`, `accessTokens`).
 _PLURALS = frozenset({"keys", "tokens"})
@@ -41,8 +48,16 @@ def is_secret_name(name: str) -> bool:
     words = [w.lower() for w in _SPLIT.split(name.rstrip(".").rsplit(".", 1)[-1]) if w]
     if not words or words[-1] in _ABOUT or _COUNTS.intersection(words):
         return False
+    if words[-1] in ("token", "tokens") and len(words) > 1 and words[-2] in _SPECIAL:
+        return False
     if words == ["pwd"]:  # the shell's working directory (PWD), in every child's environment
         return False
     return any(w in _WORDS or w.endswith(_ENDINGS) or w.endswith(_PLURAL_ENDINGS)
                or (w in _PLURALS and _QUALIFIERS.intersection(words[:i]))
                for i, w in enumerate(words))
+
+
+def secrets_of(env: Mapping[str, str], api_key: str | None) -> list[str]:
+    """The secret values of a child's environment (by name), and its API key."""
+    found = [v for k, v in env.items() if is_secret_name(k)]
+    return [*found, api_key] if api_key else found

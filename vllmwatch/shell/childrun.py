@@ -23,7 +23,7 @@ from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, replace
 from typing import Protocol
 
-from vllmwatch.config import command, redact, vllminfo
+from vllmwatch.config import command, redact, secretnames, vllminfo
 from vllmwatch.config.schema import Config, ConfigError
 from vllmwatch.core import canary as kinds
 from vllmwatch.core.actions import Probe
@@ -109,7 +109,7 @@ def prepare(config: Config, environ: Mapping[str, str], marker: str, version: st
         cmd = command.build(config, environ, api_key=api_key, vllm_version=version,
                             extra_env=extra)
         # Every writer (log, /status, records) hides these values from now on.
-        redact.learn([*redact.secrets_of(cmd.env, api_key), *cmd.hidden])  # (env_file flags)
+        redact.learn([*secretnames.secrets_of(cmd.env, api_key), *cmd.hidden])  # (env_file flags)
         inputs = command.file_inputs(config, api_key)
     except command.KeyFileError as exc:
         if exc.transient:  # a key rotation: retried with backoff, not a config error
