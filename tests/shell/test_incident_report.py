@@ -119,16 +119,21 @@ def test_the_first_error_block_comes_before_the_tail() -> None:
     warning = ("(APIServer pid=1) WARNING 12-02 [system_utils.py:255] Found ulimit of 20000 "
                "... This can cause fd limit errors like `OSError: [Errno 24] Too many open "
                "files`.")
-    assert not cause.ERROR_LINE.search(warning)  # a warning quoting an error is not one
-    assert cause.ERROR_LINE.search(out[7]) and cause.ERROR_LINE.search(out[5])
+    assert not cause.is_error(warning)  # a warning quoting an error is not one
+    assert cause.is_error(out[7]) and cause.is_error(out[5])
     out = [warning, *out]
     text = report.render(_record(reason="engine_died", detail="x", output=out))
     first = text.index("== first error in the output (line 7 of 69) ==")
-    assert first < text.index("EngineDeadError") < text.index("== last output lines (40 of 69")
+    assert first < text.index("EngineDeadError", first) < text.index(
+        "== last output lines (40 of 69")
+    # the cause line names the exception the traceback ends in, not its first line
+    assert "cause: first error in vLLM's output: (APIServer pid=1) vllm.v1.engine.exceptions" \
+        ".EngineDeadError" in text
     assert "shutdown noise 59" in text
     # the error within the tail: shown once, in the tail
     text = report.render(_record(reason="crash", detail="x", output=out[-40:] + out[6:9]))
-    assert "first error in the output" not in text and text.count("EngineDeadError") == 1
+    assert "== first error in the output" not in text  # the cause line, and the tail
+    assert text.count("EngineDeadError") == 2
 
 
 def _scrape(gen: float, prompt: float, running: float, ok: float) -> str:
@@ -274,3 +279,50 @@ def test_json_log_lines_are_read_by_their_level(key: str, error: str, calm: str)
                                   '{"level": 3}', "{" * 5000 + "}" * 5000, "x" * 100 + '{"a":1}'])
 def test_lines_that_are_not_json_log_lines_are_not_errors(text: str) -> None:
     assert not cause.is_error(text)
+
+
+_FRAMES = [f'(EngineCore_DP0 pid=812)   File "/x/m{i}.py", line {i}, in f{i}' for i in range(45)]
+_LONG = ["(EngineCore_DP0 pid=812) ERROR 12-02 06:00:00 [core.py:710] EngineCore encountered a "
+         "fatal error.", "(EngineCore_DP0 pid=812) Traceback (most recent call last):",
+         *_FRAMES, "(EngineCore_DP0 pid=812) torch.OutOfMemoryError: CUDA out of memory. Tried "
+         "to allocate 2.00 GiB"]
+
+
+@pytest.mark.parametrize(("lines", "named"), [
+    (_LONG, "torch.OutOfMemoryError: CUDA out of memory"),  # 45 frames: past the block
+    (["[rank0]: Traceback (most recent call last):", '[rank0]:   File "/x.py", line 1, in f',
+      "[rank0]: torch.distributed.DistBackendError: NCCL error in: ProcessGroupNCCL.cpp:1"],
+     "DistBackendError: NCCL error"),
+    (["terminate called after throwing an instance of 'c10::Error'", "  what():  CUDA error"],
+     "terminate called after throwing"),
+    (["[PG ID 0 PG GUID 0(default_pg) Rank 0] Watchdog caught collective operation timeout: "
+      "WorkNCCL(SeqNum=7, OpType=ALLREDUCE) ran for 600000 milliseconds"],
+     "Watchdog caught collective operation timeout"),
+    (["Fatal Python error: Segmentation fault", "", "Thread 0x1 (most recent call first):"],
+     "Fatal Python error: Segmentation fault"),
+])
+def test_the_cause_names_what_failed_and_the_report_shows_it(lines: list[str],
+                                                             named: str) -> None:
+    """The cause line was a bare "Traceback (most recent call last):" or "EngineCore
+    encountered a fatal error.", a C++ abort or NCCL's watchdog had none, and the first-error
+    block of a traceback longer than 30 lines stopped before its exception."""
+    info = "(APIServer pid=800) INFO 12-02 05:40:00 [loggers.py:1] Engine 000: 10 tokens/s"
+    out = [info] * 20 + lines + [f"(APIServer pid=800) INFO shutdown {i}" for i in range(45)]
+    r = _record(reason="engine_died", detail="engine process died: pid 812", output=out)
+    assert named in r["cause"][-1], r["cause"]
+    head, _, tail = report.render(r).partition("== last output lines")
+    assert named in head.partition("== first error in the output")[2], head
+
+
+@pytest.mark.parametrize("line", [
+    "(EngineCore_DP0 pid=812) torch.OutOfMemoryError: CUDA out of memory.",
+    "(APIServer pid=800) RuntimeError: Engine core initialization failed.",
+    "[rank0]: torch.distributed.DistBackendError: NCCL error in: ProcessGroupNCCL.cpp:1",
+    "Fatal Python error: Segmentation fault", "(EngineCore_DP0 pid=812) KeyboardInterrupt",
+])
+def test_vllms_error_lines_go_to_the_journal_at_error_priority(line: str) -> None:
+    """`journalctl -p err` missed prefixed tracebacks and deaths below Python (priority 6)."""
+    from vllmwatch.shell.childlog import level_of
+    assert level_of(line, "info") == "error"
+    frame = '(EngineCore_DP0 pid=812)   File "/x.py", line 1, in f'
+    assert level_of(frame, "error") == "error" and level_of(frame, "info") == "info"

@@ -20,13 +20,22 @@ EVENTS_MAX = 4096  # memory.events is a few short lines; never read more
 _STOPPED = {"T": "stopped (state T: SIGSTOP, or a debugger holds it)",
             "t": "stopped by a tracer (state t: a debugger holds it)",
             "D": "in uninterruptible sleep (state D: stuck in the kernel or a driver)"}
-# An error line: vLLM's ERROR/CRITICAL level, a traceback's start, or an exception line
-# ("(EngineCore pid=N) ...EngineDeadError: ..."); never a WARNING that quotes an error.
-ERROR_LINE = re.compile(r"(?:^|\) )(?:ERROR|CRITICAL)\b|Traceback \(most recent call last\)|"
-                        r"(?:^|\) )[\w.]*(?:Error|Exception): ")
+# What a vLLM line says before its text: its process `(EngineCore_DP0 pid=812) `, a torch
+# rank `[rank0]: `, as many as it has.
+PREFIX = re.compile(r"(?:\([A-Za-z_][\w.-]*\s+pid=\d+\)\s|\[rank\d+\]:\s?)*")
+# An exception line: `torch.OutOfMemoryError: CUDA out of memory`, `KeyboardInterrupt`
+EXCEPTION = re.compile(r"[A-Za-z_][\w.]*(?:Error|Exception|Interrupt|Exit)\b(?::|\s*$)")
+# An error line, after its prefix: vLLM's ERROR/CRITICAL level, a traceback's start, an
+# exception line, and what dies below Python (a C++ abort, a segfault, NCCL's watchdog);
+# never a WARNING that quotes an error.
+ERROR_LINE = re.compile(r"(?:ERROR|CRITICAL)\b|Traceback \(most recent call last\)|"
+                        r"[A-Za-z_][\w.]*(?:Error|Exception|Interrupt): |Fatal Python error|"
+                        r"terminate called (?:after|without)|Segmentation fault|"
+                        r".*(?:Watchdog caught collective operation timeout|NCCL error)")
 # An ordinary log line (vLLM's, uvicorn's access log): CALM_GAP of them in a row end a burst
-_CALM = re.compile(r"(?:^|\) )(?:INFO|DEBUG|WARNING)\b")
+_CALM = re.compile(r"(?:INFO|DEBUG|WARNING)\b")
 CALM_GAP = 10
+TRACEBACK_MAX = 400  # lines of one traceback read to find its exception (a deep one: ~150)
 # A JSON log line (VLLM_LOGGING_CONFIG_PATH with a JSON formatter, as log shippers want):
 # its level field, by the names the common formatters give it.
 _JSON_LEVEL = ("levelname", "level", "severity", "log.level", "lvl")
@@ -48,16 +57,39 @@ def _json_level(line: str) -> str:
     return str(level).strip().upper()
 
 
+def body(line: str) -> str:
+    """The line without vLLM's process and rank prefixes."""
+    return line[PREFIX.match(line).end():]  # type: ignore[union-attr]  # (always matches)
+
+
 def is_error(line: str) -> bool:
-    """vLLM's ERROR/CRITICAL, a traceback's start, an exception line; or a JSON line at
-    ERROR, CRITICAL or FATAL."""
-    return bool(ERROR_LINE.search(line)) or _json_level(line) in ("ERROR", "CRITICAL",
-                                                                    "FATAL")
+    """vLLM's ERROR/CRITICAL, a traceback's start, an exception line, a death below Python
+    (the journal's priority and the cause line read the same); or a JSON line at ERROR,
+    CRITICAL or FATAL."""
+    return bool(ERROR_LINE.match(body(line))) or "Traceback (most recent call last)" in line \
+        or _json_level(line) in ("ERROR", "CRITICAL", "FATAL")
 
 
 def _is_calm(line: str) -> bool:
-    return bool(_CALM.search(line)) or _json_level(line) in ("INFO", "DEBUG", "WARNING",
-                                                             "WARN", "NOTICE")
+    return bool(_CALM.match(body(line))) or _json_level(line) in ("INFO", "DEBUG", "WARNING",
+                                                                  "WARN", "NOTICE")
+
+
+def telling(out: Sequence[object], first: int) -> int:
+    """The line that says what failed, from the burst's first error on: the exception that
+    ends its first traceback (`torch.OutOfMemoryError: ...`, below an `ERROR ... fatal
+    error` line and 40 frames), else the first error line itself."""
+    text = [str(line) for line in out]
+    seen_traceback = False
+    for i in range(first, min(len(text), first + TRACEBACK_MAX)):
+        line = body(text[i])
+        if line.startswith("Traceback (most recent call last)"):
+            seen_traceback = True
+        elif seen_traceback and EXCEPTION.match(line):
+            return i
+        elif i > first and not seen_traceback and not is_error(text[i]):
+            break
+    return first
 
 
 def first_error(out: Sequence[object]) -> int | None:
@@ -149,5 +181,6 @@ def lines(r: Mapping[str, Any]) -> list[str]:
     at = first_error(output) if isinstance(output, list) else None
     if at is not None:
         # redacted before the cut (the record's redaction comes after: too late for a part)
-        out.append(f"first error in vLLM's output: {REDACT.head(str(output[at]).strip(), 200)}")
+        said = telling(output, at)
+        out.append(f"first error in vLLM's output: {REDACT.head(str(output[said]).strip(), 200)}")
     return out

@@ -14,7 +14,7 @@ from typing import Any
 from vllmwatch.config.convert import printable
 from vllmwatch.core import exitcodes
 from vllmwatch.core.reuse import one_line
-from vllmwatch.incident.cause import first_error
+from vllmwatch.incident.cause import first_error, telling
 
 OUTPUT_SHOWN = 40  # last output lines in the report (all of them are in output.log)
 ERROR_BLOCK = 30  # lines of the first ERROR/Traceback block shown above them
@@ -293,6 +293,11 @@ def _output(r: Mapping[str, Any]) -> str:
     parts = []
     if first is not None and first < tail_from:
         block = out[first:min(first + ERROR_BLOCK, tail_from)]
+        said = telling(out, first)  # a traceback longer than the block: its end is the cause
+        if first + ERROR_BLOCK <= said < tail_from:
+            skipped = said - 4 - (first + ERROR_BLOCK - 6)
+            block = [*out[first:first + ERROR_BLOCK - 6],
+                     f"... ({skipped} lines; all in output.log) ...", *out[said - 4:said + 1]]
         parts.append(f"== first error in the output (line {first + 1} of {len(out)}) ==\n"
                      + "\n".join(block))
     shown = out[tail_from:]

@@ -19,6 +19,8 @@ from vllmwatch.config.redact import EXCERPT_MARGIN, REDACT
 from vllmwatch.core import reuse
 from vllmwatch.core.events import ChildOutput
 from vllmwatch.core.unified import is_memory_line
+from vllmwatch.incident import cause
+from vllmwatch.incident.cause import EXCEPTION
 from vllmwatch.prewarm.runner import compile_cache_hit
 from vllmwatch.shell.logs import LogFn
 
@@ -61,13 +63,16 @@ def milestone_of(line: str) -> str | None:
 
 
 def level_of(line: str, previous: str) -> str:
-    """The log level of a vLLM line; a traceback continues at error level."""
+    """The log level of a vLLM line: its logger's level word, else an error line as the
+    incident's cause line reads it (`(EngineCore_DP0 pid=8) torch.OutOfMemoryError: ...`,
+    `[rank0]: ...NCCL error`, `Fatal Python error`: `journalctl -p err` missed them); a
+    traceback's frames continue at error level."""
     match = _LEVEL.search(line[:80])
     if match:
         return _LEVEL_MAP[match.group(1)]
-    if line.startswith("Traceback") or (previous == "error" and line[:1] in (" ", "\t")):
-        return "error"
-    if re.match(r"^\w*(Error|Exception)\b", line) or line.startswith("vllm: error"):
+    text = cause.body(line)
+    if (previous == "error" and text[:1] in (" ", "\t")) or cause.is_error(line) or \
+            EXCEPTION.match(text) or line.startswith("vllm: error"):
         return "error"
     return "info"
 
