@@ -76,9 +76,17 @@ def test_encode_round_trips(fields: list[tuple[str, str]]) -> None:
     assert got == [(k, v.encode("utf-8", "replace")) for k, v in fields]
 
 
-def test_encode_truncates_a_runaway_value() -> None:
-    (_, value), = decode(journal.encode([("F", "x" * (journal.MAX_VALUE * 2))]))
-    assert len(value) <= journal.MAX_VALUE and value.endswith(b"[truncated]")
+@given(st.text(alphabet="aé€😀\n", min_size=1, max_size=40), st.integers(0, 3))
+def test_a_runaway_value_keeps_its_end_in_whole_characters(piece: str, shift: int) -> None:
+    """The cut kept the start, ended inside a character (invalid UTF-8: journalctl shows
+    `[N blob data]`) and dropped a process's last line, the error that ended it."""
+    start = "a" * shift + piece * (journal.MAX_VALUE // len(piece.encode()) + 1)
+    text = start + "\nCUDA error: an illegal memory access was encountered"
+    (_, value), = decode(journal.encode([("MESSAGE", text)]))
+    assert len(value) <= journal.MAX_VALUE
+    shown = value.decode("utf-8")  # whole characters: strict decoding passes
+    assert shown.endswith("CUDA error: an illegal memory access was encountered")
+    assert shown.startswith(text[:100]) and "bytes cut ...]" in shown
 
 
 def test_entry_fields_of_an_event() -> None:

@@ -123,13 +123,23 @@ def encode(fields: Iterable[tuple[str, str]]) -> bytes:
     for name, value in fields:
         data = value.encode("utf-8", "replace")
         if len(data) > MAX_VALUE:
-            data = data[:MAX_VALUE - 15] + b" [truncated]"
+            data = _cut(data)
         key = name.encode("ascii")
         if b"\n" in data:
             parts.append(key + b"\n" + struct.pack("<Q", len(data)) + data + b"\n")
         else:
             parts.append(key + b"=" + data + b"\n")
     return b"".join(parts)
+
+
+def _cut(data: bytes) -> bytes:
+    """The start and the end of a value over MAX_VALUE, whole UTF-8 characters (a cut inside
+    one made journalctl show `[N blob data]`): the end holds a process's last lines, where
+    the error that ended it is (`child.exited`)."""
+    keep = (MAX_VALUE - 64) // 2
+    head = data[:keep].decode("utf-8", "ignore").encode()
+    tail = data[-keep:].decode("utf-8", "ignore").encode()
+    return head + f" [... {len(data) - len(head) - len(tail)} bytes cut ...] ".encode() + tail
 
 
 def available(path: str = SOCKET) -> bool:
