@@ -202,3 +202,31 @@ def test_the_record_says_what_became_of_the_requests_in_flight(
     rec = record.build(inp, "20261201T000000Z-hang", 1.0, [], [], {}, Redactor())
     assert rec["gate"] == figures
     assert line in report.render(rec).splitlines()
+
+
+def test_a_record_is_json_every_parser_reads() -> None:
+    """A NaN gauge made record.json and `show --json` invalid JSON (JSON.parse refuses it)."""
+    import json
+
+    from vllmwatch.incident import store
+    text = store.dumps({"kv": float("nan"), "m": [float("inf"), 1.5], "t": {"x": -float("inf")}})
+
+    def refuse(name: str) -> None:
+        raise ValueError(name)
+    assert json.loads(text, parse_constant=refuse) == {"kv": None, "m": [None, 1.5],
+                                                       "t": {"x": None}}
+
+
+@pytest.mark.parametrize(("value", "shown"), [(123456789.0, "123456789"), (0.5, "0.5"),
+                                              (3.0, "3"), (0.00167, "0.00167"), (None, "-")])
+def test_figures_read_as_counted(value: float | None, shown: str) -> None:
+    """Counters were `1.23457e+08 -> 1.23457e+08` across a move that changed them."""
+    assert report._num(value) == shown
+
+
+def test_a_slow_rate_is_not_rounded_to_zero() -> None:
+    lab = 'engine="0",model_name="m"'
+    scrapes = [(t, f"vllm:request_success_total{{{lab}}} {n}\n")
+               for t, n in ((1000.0, 5.0), (1600.0, 6.0))]
+    summary = metrics.summary(scrapes, 1600.0)  # one request in 10 minutes
+    assert summary["requests_finished_per_s"] == pytest.approx(1 / 600, rel=0.01)

@@ -79,7 +79,7 @@ def _show(root: str, rid: str, as_json: bool) -> int:
                         "show", False), file=sys.stderr)
         return 1
     if as_json:
-        print(json.dumps(data, indent=1))
+        print(store.dumps(data))
         return 0
     kept, problems = shaped(data)
     for problem in problems:

@@ -99,7 +99,8 @@ def summary(scrapes: Sequence[tuple[float, str]], wall: float) -> dict[str, Any]
     if span > 0:
         for key in ("generation_tokens", "prompt_tokens", "requests_finished"):
             if key in last and key in first:
-                out[f"{key}_per_s"] = round((last[key] - first[key]) / span, 2)
+                # three significant digits: one request in 10 min is 0.00167/s, not 0
+                out[f"{key}_per_s"] = float(f"{(last[key] - first[key]) / span:.3g}")
     out["window_s"] = round(span, 1)
     moved = None
     for (at0, a), (at1, b) in zip(kept[-2::-1], kept[:0:-1], strict=True):  # newest pair first

@@ -8,7 +8,6 @@ says what went wrong, and the restart goes on regardless.
 
 from __future__ import annotations
 
-import json
 import os
 import time
 from collections.abc import Callable, Mapping, Sequence
@@ -89,7 +88,7 @@ def files_of(record: Mapping[str, Any], stacks: StackDumps, red: Redactor) -> di
     record (thread names, frames, titles, /status, versions) that report.txt and output.log
     are then made from, and the raw stack dumps."""
     clean = red.deep(dict(record))
-    files = {store.RECORD: json.dumps(clean, indent=1, default=str),
+    files = {store.RECORD: store.dumps(clean),
              "report.txt": report.render(clean),
              "output.log": "\n".join(str(line) for line in clean.get("output") or []) + "\n"}
     for pid, dumps in stacks:

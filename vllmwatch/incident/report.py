@@ -183,7 +183,7 @@ def _summary(m: Mapping[str, Any]) -> list[str]:
     out.append("  generation tokens last moved " + (
         f"between {moved[0]:g} and {moved[1]:g} s before the incident" if moved
         else f"not at all in the {window:g} s kept" if window else "(one scrape: unknown)"))
-    rates = [f"{s[k]:g} {what}/s" for k, what in (
+    rates = [f"{_num(s[k])} {what}/s" for k, what in (
         ("generation_tokens_per_s", "generation tokens"), ("prompt_tokens_per_s",
                                                             "prompt tokens"),
         ("requests_finished_per_s", "requests finished")) if s.get(k) is not None]
@@ -193,6 +193,10 @@ def _summary(m: Mapping[str, Any]) -> list[str]:
 
 
 def _num(v: Any) -> str:
+    """A figure as it was counted: a counter whole (`123456789`, which `:g` made 1.23457e+08
+    on both sides of a move that changed it), a gauge to 6 significant digits."""
+    if isinstance(v, float) and v.is_integer() and abs(v) < 1e18:
+        return str(int(v))
     return "-" if v is None else f"{v:g}" if isinstance(v, float) else str(v)
 
 

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import contextlib
 import json
+import math
 import os
 import re
 import shutil
@@ -45,6 +46,22 @@ class Summary:
     detail: str
     size_bytes: int
     error: str = ""  # why record.json could not be read ("" when it was)
+
+
+def dumps(value: Any) -> str:
+    """A record as JSON any parser reads: a gauge vLLM reported as NaN (or an infinity) is
+    null, not the `NaN` that Python writes and JSON.parse and jq refuse or turn to null."""
+    return json.dumps(_finite(value), indent=1, default=str)
+
+
+def _finite(value: Any) -> Any:
+    if isinstance(value, float) and not math.isfinite(value):
+        return None
+    if isinstance(value, Mapping):
+        return {k: _finite(v) for k, v in value.items()}
+    if isinstance(value, (list, tuple)):
+        return [_finite(v) for v in value]
+    return value
 
 
 def root_of(state_dir: str) -> str | None:
