@@ -208,25 +208,41 @@ def test_the_newest_is_the_record_written_last_whatever_the_clock_said(tmp_path:
     assert not [n for n in os.listdir(root) if n.startswith(".tmp-")]
 
 
-@pytest.mark.parametrize("pointer", ["", "garbage\n", "20261201T000000Z-hang\n", "x" * 500,
-                                     "../../etc\n"])
-def test_a_missing_or_stale_latest_pointer_falls_back_to_the_names(tmp_path: Path,
-                                                                   pointer: str) -> None:
+@pytest.mark.parametrize("order", ["", "garbage\n", "20261201T000000Z-hang\n", "x" * 500,
+                                   "../../etc\n"])
+def test_a_missing_or_stale_order_falls_back_to_the_names(tmp_path: Path, order: str) -> None:
     root = store.root_of(str(tmp_path))
     assert root is not None
     names = [_write(Path(root), store.record_id(1.7e9 + i, "hang"), 10) for i in range(2)]
-    Path(root, store.LATEST).write_text(pointer)
+    Path(root, store.ORDER).write_text(order)
+    assert store.newest(root) == names[-1] and store.written(root) == names
+    Path(root, store.ORDER).unlink()
     assert store.newest(root) == names[-1]
-    Path(root, store.LATEST).unlink()
-    assert store.newest(root) == names[-1]
-    os.symlink(os.path.join(root, names[0]), os.path.join(root, store.LATEST))
+    os.symlink(os.path.join(root, names[0]), os.path.join(root, store.ORDER))
     assert store.newest(root) == names[-1]  # never followed
 
 
-def test_a_latest_pointer_left_half_written_is_pruned(tmp_path: Path) -> None:
+def test_after_a_clock_step_back_the_prune_removes_the_oldest_written(tmp_path: Path) -> None:
+    """The records written after the clock stepped back sort first by name: the prune removed
+    them, the crash loop's evidence, and kept an older run's; the list showed them first."""
     root = store.root_of(str(tmp_path))
     assert root is not None
-    left = Path(root, ".tmp-latest-999999")
+    before = [_write(Path(root), store.record_id(1.7e9 + i, "hang"), 10) for i in range(3)]
+    after = [_write(Path(root), store.record_id(1.7e9 - 86400 + i, "crash"), 10)
+             for i in range(3)]
+    for rid in after:  # each write prunes to 4, as record.write does
+        store.prune(root, 4, 1 << 30, keep=rid)
+    assert sorted(store.ids(root)) == sorted([before[2], *after])
+    assert store.written(root) == [before[2], *after]
+    assert [s.id for s in store.summaries(root)] == [before[2], *after]
+    assert store.newest(root) == after[-1]
+    assert Path(root, store.ORDER).read_text().split() == [before[2], *after]  # compacted
+
+
+def test_an_order_rewrite_left_half_done_is_pruned(tmp_path: Path) -> None:
+    root = store.root_of(str(tmp_path))
+    assert root is not None
+    left = Path(root, ".tmp-order-999999")
     left.write_text("x")
     os.utime(left, (time.time() - 120, time.time() - 120))
     _write(Path(root), store.record_id(1.7e9, "hang"), 10)

@@ -26,7 +26,8 @@ from vllmwatch.config.redact import REDACT
 
 SUBDIR = "incidents"
 RECORD = "record.json"
-LATEST = "LATEST"  # the id of the record written last (newest())
+ORDER = "ORDER"  # the record ids in the order they were written, one a line (written())
+ORDER_MAX = 1 << 20  # bytes of ORDER read; a prune rewrites it with the records kept
 MAX_RECORD = 64 << 20  # bytes of record.json read by `vllmwatch incidents`; ours are < 1 MiB
 READ_TIMEOUT = 5.0  # s for one record.json (a hung mount); then "unreadable"
 _NAME = re.compile(r"^\d{8}T\d{6}Z-[a-z_]+(?:-\d+)?\Z", re.ASCII)  # (\d: 0-9 only)
@@ -96,33 +97,51 @@ def write(root: str, rid: str, files: Mapping[str, str]) -> str:
         raise
     finally:
         _WRITING.discard(os.path.basename(tmp))
-    _point_latest(root, final)
+    _append_order(root, final)
     return final
 
 
-def _point_latest(root: str, rid: str) -> None:
-    """LATEST names the record written last. Ids sort by the wall clock, which can step back
-    (a box without an RTC before NTP sets it: a crash loop at boot writes records dated
-    earlier than the last run's): the newest by name is then not the newest written."""
-    tmp = os.path.join(root, f".tmp-latest-{os.getpid()}")
-    with contextlib.suppress(OSError):  # only a pointer: newest() falls back to the names
-        fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_NOFOLLOW, 0o600)
-        with os.fdopen(fd, "w", encoding="ascii") as fh:
+def _append_order(root: str, rid: str) -> None:
+    """ORDER lists the records in the order they were written. Ids sort by the wall clock,
+    which can step back (a box without an RTC before NTP sets it: a crash loop at boot
+    writes records dated earlier than the last run's): then the order by name is not the
+    order of writing, and the newest by name is an older run's."""
+    with contextlib.suppress(OSError):  # only an order: written() falls back to the names
+        fd = os.open(os.path.join(root, ORDER), os.O_WRONLY | os.O_CREAT | os.O_APPEND |
+                     os.O_NOFOLLOW, 0o600)
+        with os.fdopen(fd, "a", encoding="ascii") as fh:
             fh.write(rid + "\n")
-        os.replace(tmp, os.path.join(root, LATEST))
 
 
-def newest(root: str, names: list[str] | None = None) -> str | None:
-    """The record written last: LATEST's while it names a record still here, else the last
-    by name; None when there is none."""
+def written(root: str, names: list[str] | None = None) -> list[str]:
+    """The record ids, oldest written first: those ORDER lists, in its order, after any it
+    does not (by name: written before ORDER was kept, or it was lost)."""
     names = ids(root) if names is None else names
     try:
-        raw = safefile.read_within(os.path.join(root, LATEST), 128, READ_TIMEOUT,
+        raw = safefile.read_within(os.path.join(root, ORDER), ORDER_MAX, READ_TIMEOUT,
                                    nofollow=True)
     except safefile.FileProblem:
         raw = b""
-    pointed = raw.decode("ascii", "replace").strip()
-    return pointed if pointed in names else (names[-1] if names else None)
+    present = set(names)
+    order = list(dict.fromkeys(line for line in raw.decode("ascii", "replace").splitlines()
+                               if line in present))
+    listed = set(order)
+    return [n for n in names if n not in listed] + order
+
+
+def newest(root: str, names: list[str] | None = None) -> str | None:
+    """The record written last, None when there is none."""
+    order = written(root, names)
+    return order[-1] if order else None
+
+
+def _rewrite_order(root: str, order: list[str]) -> None:
+    tmp = os.path.join(root, f".tmp-order-{os.getpid()}")
+    with contextlib.suppress(OSError):
+        fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_NOFOLLOW, 0o600)
+        with os.fdopen(fd, "w", encoding="ascii") as fh:
+            fh.write("".join(f"{rid}\n" for rid in order))
+        os.replace(tmp, os.path.join(root, ORDER))
 
 
 def _size(path: Path) -> int:
@@ -153,20 +172,23 @@ def _is_dir(entry: os.DirEntry[str]) -> bool:
 
 
 def prune(root: str, max_records: int, max_bytes: int, keep: str | None = None) -> list[str]:
-    """Remove the oldest records beyond the bounds (never the newest, nor `keep`: the one just
-    written, which sorts first after the wall clock stepped back); return what went."""
-    names = ids(root)
+    """Remove the oldest written records beyond the bounds (never the newest, nor `keep`: the
+    one just written); return what went. Oldest by writing, not by name: after the wall
+    clock stepped back, the records written since sort first and went first."""
+    names = written(root)
+    order = list(names)
     sizes = {n: _size(Path(root, n)) for n in names}
     total = sum(sizes.values())
     gone = []
     if keep in names:  # counted in the bounds, never removed
-        names.remove(keep)
-        names.append(keep)
+        names = [n for n in names if n != keep] + [keep]
     while len(names) > 1 and (len(names) > max_records or total > max_bytes):
         oldest = names.pop(0)
         shutil.rmtree(os.path.join(root, oldest), ignore_errors=True)
         total -= sizes[oldest]
         gone.append(oldest)
+    if gone:
+        _rewrite_order(root, [n for n in order if n not in gone])
     for leftover in os.listdir(root) if os.path.isdir(root) else []:
         if leftover.startswith(".tmp-") and leftover not in _WRITING:  # killed half-way
             with contextlib.suppress(OSError):
@@ -174,7 +196,7 @@ def prune(root: str, max_records: int, max_bytes: int, keep: str | None = None) 
                 if time.time() - os.lstat(path).st_mtime > 60:
                     if os.path.isdir(path) and not os.path.islink(path):
                         shutil.rmtree(path, ignore_errors=True)
-                    else:  # a LATEST pointer's, killed between write and rename
+                    else:  # ORDER's rewrite, killed before its rename
                         os.unlink(path)
     return gone
 
@@ -219,9 +241,9 @@ def load(root: str, rid: str) -> dict[str, Any] | None:
 
 
 def summaries(root: str) -> list[Summary]:
-    """Every record, oldest first, as one line each: one listing, one read per record."""
+    """Every record, oldest written first, as one line each: one listing, one read each."""
     out = []
-    for rid in ids(root):
+    for rid in written(root):
         data = read(root, rid)
         if isinstance(data, str):
             out.append(Summary(rid, "", "?", f"unreadable: {data}", _size(Path(root, rid)),
