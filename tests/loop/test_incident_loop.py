@@ -96,6 +96,19 @@ def test_a_failed_record_is_a_warning_and_the_restart_goes_on_at_once() -> None:
     assert d.state.incidents_total == 0
 
 
+def test_status_never_pairs_a_restart_with_the_previous_restarts_record() -> None:
+    """The second restart's record failed: status showed `last hang: ...` beside the first
+    restart's record (`incident fake-1-crash`)."""
+    d = up()
+    d.kill_child(code=1)
+    assert d.run_until(lambda: d.state.state == S.READY and d.world.spawns == 2, 300)
+    assert d.state.last_incident is not None
+    d.world.incident_error = "/var/lib/vllmwatch/incidents: No space left on device"
+    d.kill_child(code=1)
+    assert d.events("incident.failed")
+    assert d.state.last_incident is None and d.state.incidents_total == 1
+
+
 def test_a_record_that_never_answers_holds_the_restart_for_its_deadline_only() -> None:
     world = World()
     d = up(world=world, executor=NeverAnswersIncidents(world))
@@ -109,6 +122,7 @@ def test_a_record_that_never_answers_holds_the_restart_for_its_deadline_only() -
     assert d.world.signals == ["SIGKILL engines"]  # a hang: the stuck engine is killed first
     [timeout] = d.events("incident.timeout")
     assert timeout["waited_s"] == waited
+    assert d.state.last_incident is None
     d.world.canary_timeout = False  # the next child serves
     assert d.run_until(lambda: d.state.state == S.READY and d.world.spawns == 2, 300)
 

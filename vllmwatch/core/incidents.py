@@ -57,7 +57,8 @@ def recorded(s: WatchState, seq: int, incident_id: str, path: str, error: str, s
     if wait is None or wait.seq != seq:
         return s, [], None
     s = replace(s, deadline=None)
-    if error:
+    if error:  # (the last record is not this restart's: status must not pair them)
+        s = replace(s, last_incident=None)
         return s, [Log("warning", "incident.failed", {
             "error": error, "detail": "no incident record for this restart; the restart "
             "goes on"})], wait
@@ -73,7 +74,7 @@ def timed_out(s: WatchState, now: float) -> tuple[WatchState, list[Action], Inci
     """No answer by the core's deadline: go on without the record."""
     wait = s.restart.wait
     assert wait is not None
-    s = replace(s, deadline=None)
+    s = replace(s, deadline=None, last_incident=None)  # (as for a failed one)
     return s, [Log("warning", "incident.timeout", {
         "waited_s": round(now - wait.started, 2), "detail": "the incident record did not "
         "come back in time; the restart goes on without waiting for it"})], wait
