@@ -326,3 +326,22 @@ def test_vllms_error_lines_go_to_the_journal_at_error_priority(line: str) -> Non
     assert level_of(line, "info") == "error"
     frame = '(EngineCore_DP0 pid=812)   File "/x.py", line 1, in f'
     assert level_of(frame, "error") == "error" and level_of(frame, "info") == "info"
+
+
+def test_a_hangs_cause_is_not_an_error_vllm_logged_normally_after() -> None:
+    """A hung engine goes silent, so no calm gap follows a client's 400 minutes before: the
+    cause line named that 400 as the hang's first error."""
+    a = "(APIServer pid=800) "
+    info = a + "INFO 12-02 05:50:00 [loggers.py:1] Engine 000: 95.1 tokens/s, Running: 12 reqs"
+    old = [a + "ERROR 12-02 05:51:02 [serving_chat.py:1] Error in preprocessing prompt inputs",
+           a + "ValueError: This model's maximum context length is 8192 tokens."]
+    out = [info] * 30 + old + [a + 'INFO:     10.0.0.7:40000 - "POST /v1/chat/completions '
+                               'HTTP/1.1" 400 Bad Request', info]
+    hang = _record(reason="hang", detail="canary timed out twice", output=out)
+    assert hang["cause"][-1].startswith("an earlier error in vLLM's output, which logged "
+                                        "normally after it (so likely not the hang's cause)")
+    # silent after its error: the error is the hang's first error
+    stuck = _record(reason="hang", detail="canary timed out twice", output=[info] * 30 + old)
+    assert stuck["cause"][-1].startswith("first error in vLLM's output: ")
+    crash = _record(reason="engine_died", detail="x", output=out)  # not a hang: as before
+    assert crash["cause"][-1].startswith("first error in vLLM's output: ")

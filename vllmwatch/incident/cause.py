@@ -75,6 +75,13 @@ def _is_calm(line: str) -> bool:
                                                                   "WARN", "NOTICE")
 
 
+def _went_on(out: Sequence[object]) -> bool:
+    """Whether an ordinary log line follows the window's last error line."""
+    text = [str(line) for line in out]
+    last = max((i for i, line in enumerate(text) if is_error(line)), default=len(text))
+    return any(_is_calm(line) for line in text[last + 1:])
+
+
 def telling(out: Sequence[object], first: int) -> int:
     """The line that says what failed, from the burst's first error on: the exception that
     ends its first traceback (`torch.OutOfMemoryError: ...`, below an `ERROR ... fatal
@@ -182,5 +189,12 @@ def lines(r: Mapping[str, Any]) -> list[str]:
     if at is not None:
         # redacted before the cut (the record's redaction comes after: too late for a part)
         said = telling(output, at)
-        out.append(f"first error in vLLM's output: {REDACT.head(str(output[said]).strip(), 200)}")
+        line = REDACT.head(str(output[said]).strip(), 200)
+        if str(r.get("reason")) == "hang" and _went_on(output):
+            # a hung engine goes silent: an error vLLM logged normally after is an older,
+            # other one (a client's 400), which the last burst of errors then is
+            out.append(f"an earlier error in vLLM's output, which logged normally after it "
+                       f"(so likely not the hang's cause): {line}")
+        else:
+            out.append(f"first error in vLLM's output: {line}")
     return out
