@@ -196,7 +196,14 @@ def test_replay_off_is_todays_502(
     d.wait_ready(STARTUP)
     load = Load(port)
     try:
-        fault(d, load, "kill")
+        # A kill can find no request of the load at vLLM (CI saw it once: 500 ok, the record's
+        # in_flight 0), and then there is no failure to see: kill again, up to three times.
+        back = 0
+        for _ in range(3):
+            back = fault(d, load, "kill", back)
+            with load.lock:
+                if sum(n for out, n in load.outcomes["completion"].items() if out != "ok"):
+                    break
     finally:
         load.close()
     g = status(d)["gate"]
