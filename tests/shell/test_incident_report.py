@@ -345,3 +345,12 @@ def test_a_hangs_cause_is_not_an_error_vllm_logged_normally_after() -> None:
     assert stuck["cause"][-1].startswith("first error in vLLM's output: ")
     crash = _record(reason="engine_died", detail="x", output=out)  # not a hang: as before
     assert crash["cause"][-1].startswith("first error in vLLM's output: ")
+
+
+def test_a_bad_field_in_the_head_keeps_its_cause_lines() -> None:
+    r = _record(reason="engine_died", detail="engine process died: pid 812",
+                output=["(EngineCore_DP0 pid=812) torch.OutOfMemoryError: CUDA out of memory"])
+    r["tree"] = ["not", "a", "table"]
+    text = report.render(r)
+    assert "cause: first error in vLLM's output: (EngineCore_DP0 pid=812) torch.Out" in text
+    assert "(not shown: a field has an unexpected shape" in text

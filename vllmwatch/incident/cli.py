@@ -82,6 +82,8 @@ def _show(root: str, rid: str, as_json: bool) -> int:
         print(store.dumps(data))
         return 0
     kept, problems = shaped(data)
+    if not isinstance(kept.get("id"), str) or not kept.get("id"):
+        kept = {**kept, "id": name}  # (the folder's name is the id: "incident None" was shown)
     for problem in problems:
         print(printable(f"vllmwatch: incident {name}: {problem}", False), file=sys.stderr)
     try:

@@ -41,7 +41,7 @@ def render(r: Mapping[str, Any]) -> str:
             parts.append(section(r))
         except SHAPE_ERRORS as exc:
             # why it happened is never lost: the reason lines are plain text of any shape
-            first = "\n".join(_reason(r)) + "\n" if section is _head else ""
+            first = "\n".join(_reason(r) + _cause(r)) + "\n" if section is _head else ""
             parts.append(f"== {title} ==\n{first}(not shown: a field has an unexpected "
                          f"shape, {type(exc).__name__}: {exc}; `vllmwatch incidents show "
                          f"{r.get('id')} --json` prints the record as it is)")
@@ -51,15 +51,20 @@ def render(r: Mapping[str, Any]) -> str:
 
 
 def _reason(r: Mapping[str, Any]) -> list[str]:
-    return [f"incident {r.get('id')}  {r.get('time_utc')}",
-            f"reason: {r.get('reason')}: {r.get('detail')}"]
+    return [f"incident {r.get('id')}  {r.get('time_utc') or 'time unknown'}",
+            f"reason: {r.get('reason') or '?'}: {r.get('detail') or ''}"]
+
+
+def _cause(r: Mapping[str, Any]) -> list[str]:
+    """The cause lines, whatever the rest of the head holds (a bad field elsewhere in it
+    dropped them with it)."""
+    cause = r.get("cause")
+    return [f"cause: {c}" for c in cause] if isinstance(cause, list) else \
+        [f"cause: {cause}"] if cause else []
 
 
 def _head(r: Mapping[str, Any]) -> str:
-    lines = _reason(r)
-    cause = r.get("cause")
-    lines += [f"cause: {c}" for c in cause] if isinstance(cause, list) else \
-        [f"cause: {cause}"] if cause else []
+    lines = _reason(r) + _cause(r)
     code = r.get("exit_code")
     if isinstance(code, int) and not isinstance(code, bool):
         lines.append(f"vllmwatch exited with code {code} after this: "
