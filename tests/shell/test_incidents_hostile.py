@@ -202,3 +202,21 @@ def test_a_record_without_an_id_is_named_by_its_folder(
     assert cli.main("show", RID, False, [str(tmp_path)]) == 0
     out = capsys.readouterr().out
     assert f"incident {RID}  time unknown" in out and "None" not in out, out
+
+
+def test_a_prefix_of_several_ids_says_so(tmp_path: Path,
+                                         capsys: pytest.CaptureFixture[str]) -> None:
+    """It said "no incident" for a prefix that matched two."""
+    for name in (RID, RID.replace("Z-hang", "Z-crash")):
+        (_folder(tmp_path, name) / store.RECORD).write_text('{"reason": "hang"}')
+    assert cli.main("show", "20261201T", False, [str(tmp_path)]) == 1
+    err = capsys.readouterr().err
+    assert "'20261201T' begins 2 ids" in err and "give more of it" in err, err
+
+
+def test_status_says_the_newest_record_is_unreadable(tmp_path: Path) -> None:
+    from vllmwatch.incident import latest
+    (_folder(tmp_path) / store.RECORD).write_text("{not json")
+    shown = latest.newest([str(tmp_path)])
+    assert shown is not None and shown["reason"] == "unreadable", shown
+    assert "not JSON" in shown["detail"]

@@ -64,8 +64,12 @@ def _show(root: str, rid: str, as_json: bool) -> int:
     names = store.ids(root)
     name = store.find(root, rid, names)
     if name is None:
-        print(printable(f"vllmwatch: no incident {rid!r} in {root} (there are {len(names)}; "
-                        "`vllmwatch incidents` lists them)", False), file=sys.stderr)
+        many = [n for n in names if n.startswith(rid)]
+        why = (f"{rid!r} begins {len(many)} ids in {root} ({', '.join(many[:3])}"
+               f"{', ...' if len(many) > 3 else ''}): give more of it") if len(many) > 1 else (
+            f"no incident {rid!r} in {root} (there are {len(names)}; `vllmwatch incidents` "
+            "lists them)")
+        print(printable(f"vllmwatch: {why}", False), file=sys.stderr)
         return 1
     data = store.read(root, name)
     if isinstance(data, str):

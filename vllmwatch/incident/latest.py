@@ -17,7 +17,11 @@ def newest(roots: Sequence[str]) -> dict[str, Any] | None:
         rid = store.newest(root)
         if rid is None:
             continue
-        data = store.load(root, rid) or {}
+        got = store.read(root, rid)
+        if isinstance(got, str):  # ("(?)" said nothing of why)
+            return {"id": rid, "time": "", "reason": "unreadable",
+                    "detail": printable(REDACT.head(got, 160), False)}
+        data = got
         return {"id": rid, "time": str(data.get("time_utc", "")),
                 "reason": printable(REDACT.head(str(data.get("reason", "?")), 40), False),
                 # redacted, then cut: a secret across the cut would keep its first part
