@@ -196,3 +196,43 @@ def test_a_hung_engines_requests_are_cut_at_the_verdict(tmp_path: Path) -> None:
     finally:
         stop.set()
         d.close()
+
+
+def test_with_replay_off_the_record_counts_the_requests_the_death_failed(tmp_path: Path) -> None:
+    """Real-vLLM runs with gate.replay = false wrote `0 requests in flight` in the record's
+    gate line while clients got 502s; with replay on the figures were right."""
+    gate_port = free_port()
+    cfg = merge(base_config(free_port(), free_port(), ["--engine-crash-after", "0",
+                                                       "--slow-completion", "1"]), {
+        "gate": {"enabled": True, "listen": f"127.0.0.1:{gate_port}", "hold_timeout": "60s",
+                 "replay": False},
+        "probe": {"canary_timeout": "4s"},  # the canary is slow too: above its 1 s
+    })
+    d = Daemon(tmp_path, cfg, armed=True).start()
+    outcomes: list[str] = []
+    stop = threading.Event()
+
+    def client() -> None:
+        while not stop.is_set():
+            outcomes.append(complete(gate_port))
+
+    clients = [threading.Thread(target=client) for _ in range(4)]
+    try:
+        d.wait_ready(30)
+        for t in clients:
+            t.start()
+        wait_for(lambda: json.loads(d.http_get("/status")[1])["gate"]["in_flight"] >= 2, 20,
+                 "completions in flight at the engine")
+        since, _ = d.arm()  # the engine dies from now
+        recorded = d.wait_event("incident.recorded", 60, since)
+        stop.set()
+        for t in clients:
+            t.join(60)
+        failed = sum(1 for o in outcomes if o != "ok")
+        record = json.loads((Path(recorded["incident_path"]) / "record.json").read_text())
+        gate = record["gate"]
+        assert failed >= 1 and gate["in_flight"] >= 1, (outcomes, gate)
+        assert gate["replayed"] == 0 and gate["not_replayed"] == gate["failed"], gate
+    finally:
+        stop.set()
+        d.close()
