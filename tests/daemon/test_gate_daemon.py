@@ -198,12 +198,13 @@ def test_a_hung_engines_requests_are_cut_at_the_verdict(tmp_path: Path) -> None:
         d.close()
 
 
-def test_with_replay_off_the_record_counts_the_requests_the_death_failed(tmp_path: Path) -> None:
+@pytest.mark.parametrize("death", ["--engine-crash-after", "--exit-after"])
+def test_with_replay_off_the_record_counts_the_requests_the_death_failed(tmp_path: Path,
+                                                                        death: str) -> None:
     """Real-vLLM runs with gate.replay = false wrote `0 requests in flight` in the record's
     gate line while clients got 502s; with replay on the figures were right."""
     gate_port = free_port()
-    cfg = merge(base_config(free_port(), free_port(), ["--engine-crash-after", "0",
-                                                       "--slow-completion", "1"]), {
+    cfg = merge(base_config(free_port(), free_port(), [death, "0", "--slow-completion", "1"]), {
         "gate": {"enabled": True, "listen": f"127.0.0.1:{gate_port}", "hold_timeout": "60s",
                  "replay": False},
         "probe": {"canary_timeout": "4s"},  # the canary is slow too: above its 1 s

@@ -103,6 +103,7 @@ class Proc:
     pid: int | None = None
     pgid: int | None = None
     spawned: bool = False  # the shell confirmed the launch (Spawned)
+    exited_pid: int | None = None  # the pid it had once it exited: the gate's generation key
     gpu_before_mib: tuple[tuple[int, float], ...] = ()  # GPU use before launch (release gate)
     inputs: tuple[tuple[str, str], ...] = ()  # what it read beyond the config (Spawned.inputs)
 

@@ -193,4 +193,5 @@ def launch_failed(s: WatchState) -> WatchState:
 
 def exited(s: WatchState) -> WatchState:
     """The child (the API server) exited and was reaped: no pid to signal any more."""
-    return replace(s, child=replace(s.run, proc=replace(s.run.proc, pid=None)))
+    proc = s.run.proc
+    return replace(s, child=replace(s.run, proc=replace(proc, pid=None, exited_pid=proc.pid)))
