@@ -252,7 +252,9 @@ def test_an_engine_orphaned_by_its_dead_api_server_is_swept_at_the_next_start(
                stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True) as leader:
         assert leader.stdout is not None and leader.stdin is not None
         engine = psutil.Process(int(leader.stdout.readline()))
-        wait_until(lambda: title in " ".join(engine.cmdline()), 10, "the engine's title")
+        # its title as argv[0], after the last exec: before it, `env` still carried our
+        # marker, and a loaded CI run swept that `env` as ours
+        wait_until(lambda: engine.cmdline()[:1] == [title], 10, "the engine's title")
         child.remember_group(marker, leader.pid)  # what the killed vllmwatch had written
         clock_step(monkeypatch, step)  # "younger than the leader" in a clock no step moves
         leader.stdin.close()  # the API server exits; the engine lives on, orphaned

@@ -98,10 +98,10 @@ def facts(s: WatchState, now: float, reason: Reason) -> dict[str, Any]:
         return out
     st, e, sample = c.start, c.engine, c.probes.memory
     out.update({
-        # (a child that exited keeps its pid here: the gate counted its requests under it,
-        # and a crash's record read the figures of no engine: "0 requests in flight")
-        "gen": c.gen, "pid": c.pid if c.pid is not None else c.proc.exited_pid,
-        "pgid": c.proc.pgid, "uptime_s": round(now - c.started, 3),
+        # pid: None once the core saw it exit; exited_pid keeps it, the gate's generation key
+        # (a crash's record looked up the figures of no engine: "0 requests in flight")
+        "gen": c.gen, "pid": c.pid, "exited_pid": c.proc.exited_pid, "pgid": c.proc.pgid,
+        "uptime_s": round(now - c.started, 3),
         "ready_for_s": None if st.ready_at is None else round(now - st.ready_at, 3),
         "start_phases_s": dict(st.phases), "compile_cache_hit": st.compile_cache_hit,
         "start_reuse": dict(st.reuse),
