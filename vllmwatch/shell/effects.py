@@ -291,8 +291,7 @@ class RealEffects:
     def record_incident(self, action: RecordIncident) -> IncidentRecorded:
         """Write the incident record of the child tree (worker thread, bounded)."""
         pid = self._run.pid if self._run is not None else None
-        gen = action.facts.get("pid") or action.facts.get("exited_pid")  # the generation
-        # the gate sent to, reaped or not
+        gen = action.facts.get("pid") or action.facts.get("exited_pid")  # (reaped or not)
         figures = self.gate_figures(gen if isinstance(gen, int) else pid) \
             if self.gate_figures is not None else None
         return self.incidents.record(action, pid, self._versions.current, self.sampler,
