@@ -3,6 +3,7 @@ fails no request, and /status and /metrics show the gate and the drain phases.""
 
 from __future__ import annotations
 
+import contextlib
 import http.client
 import json
 import signal
@@ -143,15 +144,16 @@ def test_no_request_reaches_a_vllm_after_its_stop_order(tmp_path: Path, launch: 
         d.close()
 
 
-def test_a_hung_engines_requests_are_cut_at_the_verdict(tmp_path: Path) -> None:
-    """Issue 35: the fake engine hangs with completions in flight through the gate. At the
-    hang verdict (restart.begin) the gate ends them at once, before the incident record and
-    the kill, and replays them to the relaunched engine: no client fails, and the record says
-    how many were in flight and what became of them. Order of events, never times."""
+@contextlib.contextmanager
+def _in_flight(tmp_path: Path, fault: str, replay: bool) -> Iterator[
+        tuple[Daemon, list[str], threading.Event, list[threading.Thread]]]:
+    """A daemon behind the gate over a fake with 1 s completions and `fault` armed at 0 s,
+    four clients sending back to back, at least two completions in flight at the engine:
+    (daemon, outcomes, the clients' stop, the clients). Stopped and closed on the way out."""
     gate_port = free_port()
-    cfg = merge(base_config(free_port(), free_port(), ["--hang-after", "0",
-                                                       "--slow-completion", "1"]), {
-        "gate": {"enabled": True, "listen": f"127.0.0.1:{gate_port}", "hold_timeout": "60s"},
+    cfg = merge(base_config(free_port(), free_port(), [fault, "0", "--slow-completion", "1"]), {
+        "gate": {"enabled": True, "listen": f"127.0.0.1:{gate_port}", "hold_timeout": "60s",
+                 "replay": replay},
         "probe": {"canary_timeout": "4s"},  # the canary is slow too: above its 1 s
     })
     d = Daemon(tmp_path, cfg, armed=True).start()
@@ -169,6 +171,18 @@ def test_a_hung_engines_requests_are_cut_at_the_verdict(tmp_path: Path) -> None:
             t.start()
         wait_for(lambda: json.loads(d.http_get("/status")[1])["gate"]["in_flight"] >= 2, 20,
                  "completions in flight at the engine")
+        yield d, outcomes, stop, clients
+    finally:
+        stop.set()
+        d.close()
+
+
+def test_a_hung_engines_requests_are_cut_at_the_verdict(tmp_path: Path) -> None:
+    """Issue 35: the fake engine hangs with completions in flight through the gate. At the
+    hang verdict (restart.begin) the gate ends them at once, before the incident record and
+    the kill, and replays them to the relaunched engine: no client fails, and the record says
+    how many were in flight and what became of them. Order of events, never times."""
+    with _in_flight(tmp_path, "--hang-after", replay=True) as (d, outcomes, stop, clients):
         since, _ = d.arm()  # the engine hangs from now; a relaunched one stays healthy
         begin = d.wait_event("restart.begin", 60, since, reason="hang")
         recorded = d.wait_event("incident.recorded", 60, since)
@@ -193,9 +207,6 @@ def test_a_hung_engines_requests_are_cut_at_the_verdict(tmp_path: Path) -> None:
         report = (Path(recorded["incident_path"]) / "report.txt").read_text()
         assert f"gate: {cut['requests']} requests in flight: {cut['requests']} replayed, " \
                "0 cut" in report
-    finally:
-        stop.set()
-        d.close()
 
 
 @pytest.mark.parametrize("death", ["--engine-crash-after", "--exit-after"])
@@ -203,27 +214,7 @@ def test_with_replay_off_the_record_counts_the_requests_the_death_failed(tmp_pat
                                                                         death: str) -> None:
     """Real-vLLM runs with gate.replay = false wrote `0 requests in flight` in the record's
     gate line while clients got 502s; with replay on the figures were right."""
-    gate_port = free_port()
-    cfg = merge(base_config(free_port(), free_port(), [death, "0", "--slow-completion", "1"]), {
-        "gate": {"enabled": True, "listen": f"127.0.0.1:{gate_port}", "hold_timeout": "60s",
-                 "replay": False},
-        "probe": {"canary_timeout": "4s"},  # the canary is slow too: above its 1 s
-    })
-    d = Daemon(tmp_path, cfg, armed=True).start()
-    outcomes: list[str] = []
-    stop = threading.Event()
-
-    def client() -> None:
-        while not stop.is_set():
-            outcomes.append(complete(gate_port))
-
-    clients = [threading.Thread(target=client) for _ in range(4)]
-    try:
-        d.wait_ready(30)
-        for t in clients:
-            t.start()
-        wait_for(lambda: json.loads(d.http_get("/status")[1])["gate"]["in_flight"] >= 2, 20,
-                 "completions in flight at the engine")
+    with _in_flight(tmp_path, death, replay=False) as (d, outcomes, stop, clients):
         since, _ = d.arm()  # the engine dies from now
         recorded = d.wait_event("incident.recorded", 60, since)
         stop.set()
@@ -234,6 +225,3 @@ def test_with_replay_off_the_record_counts_the_requests_the_death_failed(tmp_pat
         gate = record["gate"]
         assert failed >= 1 and gate["in_flight"] >= 1, (outcomes, gate)
         assert gate["replayed"] == 0 and gate["not_replayed"] == gate["failed"], gate
-    finally:
-        stop.set()
-        d.close()
