@@ -79,11 +79,8 @@ def listen_problem(text: str, allow_remote: bool) -> str | None:
     host, port = parsed
     if port == 0:
         return f"port 0 picks a random port that `vllmwatch status` cannot find; {LISTEN_HELP}"
-    if host and not _HOSTNAME.match(host):
-        try:
-            ipaddress.ip_address(host)
-        except ValueError:
-            return f"host {host!r} is neither an IP address nor a host name; {LISTEN_HELP}"
+    if host and not host_ok(host):
+        return f"host {host!r} is neither an IP address nor a host name; {LISTEN_HELP}"
     literal = host in ("", "0.0.0.0", "::") or _is_ip(host)
     if literal and not allow_remote and not is_loopback(host):
         return (f"{host or 'all interfaces'} is not a loopback address; use "
