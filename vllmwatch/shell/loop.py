@@ -282,6 +282,7 @@ class Loop:
                 self._on_reloaded(ev.config)  # the core took it: the rest follows, never ahead
         if self.exit_code is None:  # the standby's step: watch it, build one once READY
             self.fx.tend_standby(self.state.state, self.state.pid, self.state.config)
+        self._repeats.flush(force=self.exit_code is not None)  # counts of a failure now gone
         self._out.publish(self.state)
         return self.exit_code
 

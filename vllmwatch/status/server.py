@@ -118,6 +118,7 @@ class StatusServer:
         if self._thread is not None:
             self._thread.join(timeout=5.0)
         self.rejections.flush(time.monotonic(), force=True)
+        self.repeats.flush(force=True)
         self.log("info", "status.stopped")
 
     # ---- the front thread's hooks (vllmwatch.status.front.FrontApp) ----
@@ -144,8 +145,9 @@ class StatusServer:
         send_and_close(pending.sock, response)
 
     def tick(self, now: float) -> None:
-        """Log refusals not yet logged once the rate limit allows."""
+        """Log refusals and repeated failures not yet logged once the rate limit allows."""
         self.rejections.flush(now)
+        self.repeats.flush()
 
     def respond(self, path: str, accept: str = "") -> Response:
         """The response for a GET of path: (code, content type, body)."""
