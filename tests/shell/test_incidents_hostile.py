@@ -137,11 +137,19 @@ def test_one_bad_field_costs_its_section_not_the_page(
 def test_a_wrong_field_type_names_the_field(tmp_path: Path,
                                             capsys: pytest.CaptureFixture[str]) -> None:
     (_folder(tmp_path) / store.RECORD).write_text(json.dumps(
-        {"id": RID, "reason": "hang", "tree": 5, "output": {"a": 1}}))
+        {"id": RID, "reason": "hang", "tree": 5, "output": {"a": 1}, "exit_code": 1.5}))
+    # (NaN and Infinity below: json.loads reads them, a hand-edited record has them)
     assert cli.main("show", RID, False, [str(tmp_path)]) == 0
     err = capsys.readouterr().err
-    assert "field 'tree' is a number, an object expected" in err
+    assert "field 'tree' is a whole number (5), an object expected" in err
     assert "field 'output' is an object, a list expected" in err
+    assert "field 'exit_code' is a number (1.5), a whole number or null expected" in err
+    for odd in ("NaN", "Infinity", "-Infinity"):
+        (tmp_path / RID / store.RECORD).write_text(
+            f'{{"id": "{RID}", "reason": "crash", "exit_code": {odd}}}')
+        assert cli.main("show", RID, False, [str(tmp_path)]) == 0
+        err = capsys.readouterr().err
+        assert f"field 'exit_code' is a number ({float(odd)!r}), a whole number" in err, err
 
 
 def test_listing_many_records_reads_each_once_and_lists_the_folder_once(

@@ -26,7 +26,7 @@ _SHAPE: dict[str, tuple[type, ...]] = {
     "timeline": (list,), "versions": (dict,), "capture": (dict,), "stacks": (dict,),
     "metrics": (dict,), "memory": (dict,), "output": (list,), "status": (dict,),
     "core": (dict,)}
-_JSON = {dict: "an object", list: "a list", str: "a string", int: "a number",
+_JSON = {dict: "an object", list: "a list", str: "a string", int: "a whole number",
          float: "a number", bool: "true or false", type(None): "null"}
 
 
@@ -112,9 +112,11 @@ def shaped(data: Mapping[str, Any]) -> tuple[dict[str, Any], list[str]]:
                 isinstance(value, bool) and bool not in want)):
             kept[key] = value
             continue
-        problems.append(f"field {key!r} is {_JSON.get(type(value), type(value).__name__)}, "
-                        f"{' or '.join(_JSON[t] for t in want)} expected; left out of the "
-                        "report")
+        # the value itself where it is short (NaN, 1.5): "a number" alone puzzles
+        shown = f" ({value!r})" if isinstance(value, (int, float)) else ""
+        problems.append(f"field {key!r} is {_JSON.get(type(value), type(value).__name__)}"
+                        f"{shown}, {' or '.join(_JSON[t] for t in want)} expected; left out "
+                        "of the report")
     return kept, problems
 
 
