@@ -18,11 +18,17 @@ _REDIRECT = re.compile(r"^\d*(>>?|<)(&\d+)?", re.ASCII)
 # Programs a line runs vLLM under, with their options that take the next word as a value
 # (`sudo -u vllm`, `nice -n 10`, `numactl -N 0`) and how many words come before the command
 # (`taskset 0x3`, `taskset -c 0-7`, `chrt -f 99`).
-_WRAPPERS = {"nohup": (), "sudo": ("-u", "-g", "-h", "-p", "-C", "-D", "-r", "-t", "-U", "-T"),
-             "exec": ("-a",), "time": ("-f", "-o"), "nice": ("-n",), "setsid": (),
-             "stdbuf": ("-o", "-e", "-i"), "numactl": ("-N", "-m", "-C", "-p", "-i", "-P"),
-             "env": ("-u", "-C", "-S"), "taskset": (), "ionice": ("-c", "-n", "-p"),
-             "chrt": ()}
+WRAPPERS = {"nohup": (), "sudo": ("-u", "-g", "-h", "-p", "-C", "-D", "-r", "-t", "-U", "-T",
+                                  "-R", "--user", "--group", "--host", "--prompt", "--chdir",
+                                  "--chroot", "--role", "--type", "--close-from",
+                                  "--other-user", "--command-timeout"),
+             "exec": ("-a",), "time": ("-f", "-o", "--format", "--output"),
+             "nice": ("-n", "--adjustment"), "setsid": (),
+             "stdbuf": ("-o", "-e", "-i", "--output", "--error", "--input"),
+             "numactl": ("-N", "-m", "-C", "-p", "-i", "-P", "--cpunodebind", "--membind",
+                         "--physcpubind", "--preferred", "--interleave"),
+             "env": ("-u", "-C", "-S", "--unset", "--chdir", "--split-string"), "taskset": (),
+             "ionice": ("-c", "-n", "-p", "--class", "--classdata", "--pid"), "chrt": ()}
 _OPERANDS = {"taskset": 1, "chrt": 1}
 # vLLM's entry modules that serve the OpenAI API, old and new.
 _MODULES = ("vllm.entrypoints.openai.api_server", "vllm.entrypoints.cli.main",
@@ -41,6 +47,9 @@ class ServeLine:
     env: dict[str, str] = field(default_factory=dict)
     command: list[str] = field(default_factory=list)
     rest: list[str] = field(default_factory=list)
+    # the programs it ran under, each with its words (`["sudo", "-u", "vllm"]`): a service
+    # has its own way to say what they said (User=, CPUAffinity=), and init names it
+    wrappers: list[list[str]] = field(default_factory=list)
 
 
 def split_text(text: str) -> list[str]:
@@ -156,19 +165,24 @@ def parse(words: list[str]) -> ServeLine:
     """Find the vLLM program in the words (literal: split_text took the shell's own words
     out of a pasted line); raise LineError when there is none."""
     env: dict[str, str] = {}
+    wrappers: list[list[str]] = []
     i, wrapper, operands = 0, "", 0
     while i < len(words):
         word = words[i]
         if wrapper and word.startswith("-") and len(word) > 1:
-            i += 1 + (word in _WRAPPERS[wrapper])  # its option, and the option's value
+            step = 1 + (word in WRAPPERS[wrapper])  # its option, and the option's value
+            wrappers[-1] += words[i:i + step]
+            i += step
             continue
         if operands:  # taskset's mask, chrt's priority
             operands -= 1
+            wrappers[-1].append(word)
         elif _ASSIGN.match(word):
             name, _, value = word.partition("=")
             env[name] = value
-        elif word in _WRAPPERS:
+        elif word in WRAPPERS:
             wrapper, operands = word, _OPERANDS.get(word, 0)
+            wrappers.append([word])
         else:
             break
         i += 1
@@ -176,7 +190,7 @@ def parse(words: list[str]) -> ServeLine:
     if end is None:
         raise LineError("no `vllm serve` (or `python -m vllm.entrypoints.openai.api_server`) "
                         "in the command line")
-    return ServeLine(env, words[i:i + end], words[i + end:])
+    return ServeLine(env, words[i:i + end], words[i + end:], wrappers)
 
 
 def program_end(argv: list[str]) -> int | None:

@@ -18,11 +18,10 @@ from typing import TextIO
 from vllmwatch.check.fights import MEMORY_RULES
 from vllmwatch.config.redact import REDACT
 from vllmwatch.config.schema import ConfigError, load
-from vllmwatch.migrate.draft import Draft, Facts
+from vllmwatch.migrate.draft import SERVICE_USER, Draft, Facts
 from vllmwatch.migrate.envwords import key_file_todo
 
 CONFIG, OK = 2, 0
-SERVICE_USER = "vllmwatch"
 UNIT_CONFIG = "/etc/vllmwatch/vllmwatch.toml"  # the unit's VLLMWATCH_CONFIG
 
 

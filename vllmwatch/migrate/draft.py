@@ -7,6 +7,8 @@ from dataclasses import dataclass, field
 
 from vllmwatch.config.vllmflags import FlagSet
 
+SERVICE_USER = "vllmwatch"  # the units' User= (systemd/vllmwatch.service)
+
 
 def _no_path(word: str) -> str | None:
     return None

@@ -99,7 +99,8 @@ def _read(req: Request, environ: Mapping[str, str], err: TextIO
         line = serveline.parse(running.argv)
         cwd, path, notes = running.cwd, running.path or path, notes + running.notes
         line = serveline.ServeLine({**running.env, **line.env},
-                                   proc.script_form(line.command, cwd, path), line.rest)
+                                   proc.script_form(line.command, cwd, path), line.rest,
+                                   line.wrappers)
         source = f"pid {running.pid}: " + shlex.join(redact_argv(running.argv))
     else:
         words = req.words[1:] if req.words[:1] == ["--"] else req.words
@@ -117,7 +118,7 @@ def _read(req: Request, environ: Mapping[str, str], err: TextIO
     elif rest != line.rest:
         notes.append("--config=FILE dropped: vLLM reads its YAML only as `--config FILE`, and "
                      "ignored this one")
-    line = serveline.ServeLine(line.env, line.command, rest)
+    line = serveline.ServeLine(line.env, line.command, rest, line.wrappers)
     source = REDACT.text(source)  # a URL's password: the comment names the flag, not it
     command = list(line.command)
     full = proc.which(command[0], path, cwd) if not command[0].startswith("/") else None

@@ -16,7 +16,7 @@ from vllmwatch.config.launch import INJECTED_FLAGS
 from vllmwatch.config.redact import REDACT
 from vllmwatch.config.serveline import ServeLine, is_number
 from vllmwatch.config.vllmflags import flag_problem as known_problem
-from vllmwatch.migrate import addresses, envwords, relaxed, smokeplan
+from vllmwatch.migrate import addresses, envwords, relaxed, smokeplan, wrapwords
 from vllmwatch.migrate.draft import Draft, Entry, Facts
 from vllmwatch.migrate.flagwords import Given, read
 
@@ -48,6 +48,7 @@ def translate(line: ServeLine, facts: Facts) -> Draft:
         draft.said.append("no NVIDIA GPU is visible here; the config asks for every GPU, as "
                           "the line did: for a CPU deployment add `--device cpu` to the line "
                           "(or set vllm.gpus = [])")
+    draft.todo += wrapwords.todo(line.wrappers)  # `sudo -u`, `numactl`: the unit's words
     addresses.keep(draft, facts)
     smokeplan.propose(draft)  # [[smoke]] checks for the endpoints its flags serve
     return draft
