@@ -235,6 +235,36 @@ def test_the_cause_is_where_the_last_burst_of_errors_began_not_an_old_error() ->
     assert cause.first_error([info, "plain line"]) is None
 
 
+@pytest.mark.parametrize("aborted", [cause.CALM_GAP + 1, 16, 200])
+def test_a_cascade_under_load_is_one_burst_by_vllms_time_stamps(aborted: int) -> None:
+    """The engine dies with requests in flight: its traceback, then an access-log line per
+    aborted request (more than CALM_GAP of them under load, without time stamps), then the
+    API server's errors, a second later. The cause is the engine's error, not the API
+    server's EngineDeadError; an old error an hour before stays apart however few lines
+    separate it, and errors without stamps are set apart by the line count as before."""
+    access = '(APIServer pid=800) INFO:     127.0.0.1:5{:04d} - "POST /v1/completions ' \
+        'HTTP/1.1" 500 Internal Server Error'
+    fatal = "(EngineCore_DP0 pid=812) ERROR 12-02 06:00:00 [core.py:710] EngineCore fatal error"
+    engine = [fatal, "(EngineCore_DP0 pid=812) Traceback (most recent call last):",
+              '(EngineCore_DP0 pid=812)   File "core.py", line 701, in run_engine_core',
+              "(EngineCore_DP0 pid=812) torch.OutOfMemoryError: CUDA out of memory"]
+    api = ["(APIServer pid=800) ERROR 12-02 06:00:01 [async_llm.py:1] output_handler failed",
+           "(APIServer pid=800) vllm.v1.engine.exceptions.EngineDeadError: EngineCore died"]
+    out = engine + [access.format(i) for i in range(aborted)] + api
+    assert cause.first_error(out) == 0
+    r = _record(reason="engine_died", detail="engine process died: pid 812", output=out)
+    assert r["cause"][-1] == "first error in vLLM's output: (EngineCore_DP0 pid=812) " \
+        "torch.OutOfMemoryError: CUDA out of memory", r["cause"]
+    old = ["(APIServer pid=800) ERROR 12-02 05:00:00 [serving_chat.py:222] Error in "
+           "preprocessing prompt inputs"]
+    gap = [access.format(i) for i in range(cause.CALM_GAP + 1)]
+    assert cause.first_error(old + gap + out) == len(old + gap)
+    late = [api[0].replace("06:00:01", "06:00:30"), api[1]]  # past CASCADE_S: apart
+    assert cause.first_error(engine + gap + late) == len(engine + gap)
+    unstamped = [line.replace("ERROR 12-02 06:00:00 ", "ERROR ") for line in engine]
+    assert cause.first_error(unstamped + gap + api) == len(unstamped + gap)
+
+
 @pytest.mark.parametrize("reason,code,stays", [
     ("crashloop", 75, False), ("start_memory", 71, False), ("gpu_fault", 74, True),
     ("config", 78, True),

@@ -32,9 +32,16 @@ ERROR_LINE = re.compile(r"(?:ERROR|CRITICAL)\b|Traceback \(most recent call last
                         r"[A-Za-z_][\w.]*(?:Error|Exception|Interrupt): |Fatal Python error|"
                         r"terminate called (?:after|without)|Segmentation fault|"
                         r".*(?:Watchdog caught collective operation timeout|NCCL error)")
-# An ordinary log line (vLLM's, uvicorn's access log): CALM_GAP of them in a row end a burst
+# An ordinary log line (vLLM's, uvicorn's access log): CALM_GAP of them in a row end a burst,
+# unless the errors on both sides carry vLLM's time stamp within CASCADE_S of each other:
+# one failure's cascade under load (the engine's traceback, then an access-log line per
+# aborted request, then the API server's EngineDeadError per request) is one burst.
 _CALM = re.compile(r"(?:INFO|DEBUG|WARNING)\b")
 CALM_GAP = 10
+CASCADE_S = 10
+# vLLM's logger: `ERROR 12-02 06:00:01 [core.py:710] ...` (no year: seconds in a year suffice)
+_STAMP = re.compile(r"[A-Z]+ (\d\d)-(\d\d) (\d\d):(\d\d):(\d\d)\b", re.ASCII)
+_STAMP_SCAN = 50  # error lines read to find a burst's stamp (a traceback's lines have none)
 TRACEBACK_MAX = 400  # lines of one traceback read to find its exception (a deep one: ~150)
 # A JSON log line (VLLM_LOGGING_CONFIG_PATH with a JSON formatter, as log shippers want):
 # its level field, by the names the common formatters give it.
@@ -108,15 +115,39 @@ def first_error(out: Sequence[object]) -> int | None:
     last = next((i for i in range(len(text) - 1, -1, -1) if is_error(text[i])), None)
     if last is None:
         return None
-    first, calm = last, 0
-    for i in range(last - 1, -1, -1):
+    first, calm, i = last, 0, last - 1
+    while i >= 0:
         if is_error(text[i]):
             first, calm = i, 0
         elif _is_calm(text[i]):
             calm += 1
             if calm > CALM_GAP:
-                break
+                above = next((j for j in range(i - 1, -1, -1) if is_error(text[j])), None)
+                if above is None or not _one_cascade(text, above, first, last):
+                    break
+                first, calm, i = above, 0, above
+        i -= 1
     return first
+
+
+def _stamp(text: Sequence[str], lines: range) -> int | None:
+    """Seconds into the year of the first time-stamped error line among `lines` (read at
+    most _STAMP_SCAN * 4 of them: a traceback's own lines have no stamp)."""
+    for i in lines[:_STAMP_SCAN * 4]:
+        match = _STAMP.match(body(text[i]))
+        if match and is_error(text[i]):
+            month, day, hour, minute, sec = (int(g) for g in match.groups())
+            return (((month * 31 + day) * 24 + hour) * 60 + minute) * 60 + sec
+    return None
+
+
+def _one_cascade(text: Sequence[str], above: int, first: int, last: int) -> bool:
+    """Whether the error at `above` (the end of an older burst: its stamp is on the lines
+    up from it) and the burst from `first` are one failure by vLLM's time stamps (both
+    stamped, within CASCADE_S); unstamped lines never join."""
+    older = _stamp(text, range(above, -1, -1))
+    newer = _stamp(text, range(first, last + 1))
+    return older is not None and newer is not None and 0 <= newer - older <= CASCADE_S
 
 
 def unit_cgroup(proc_cgroup: str = "/proc/self/cgroup") -> str | None:
