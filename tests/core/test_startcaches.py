@@ -277,6 +277,9 @@ def test_a_reload_during_the_start_is_not_that_launchs_config() -> None:
     _crash_to_relaunch(core)
     core.step(ReloadRequested(_with(startup_plan="false")))
     assert core.s.state == S.STARTING  # the start goes on, launched with the plan on
+    [said] = core.events("config.reloaded")  # and the log says when the switch applies
+    assert said["restart_needed"] is False, said
+    assert said["at_next_launch"] == "prewarm.startup_plan", said
     _start(core, *V026_WARM, PLAN_APPLIED, hit=True)
     assert core.s.last_inputs["prewarm.startup_plan"] == "auto"
     _crash_to_relaunch(core)

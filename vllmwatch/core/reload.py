@@ -7,6 +7,7 @@ reload arrives (the daemon's import count: a run without SIGHUP never loads it).
 
 from __future__ import annotations
 
+from dataclasses import fields as fields_of
 from dataclasses import replace
 
 from vllmwatch.core import ladder
@@ -50,6 +51,12 @@ def reloaded(s: WatchState, ev: ReloadRequested, now: float) -> Result:
             acts.append(UpdateAdapters(change.load, change.unload, change.repointed, ev.config))
         elif change.how == "restart" and not relaunch:
             relaunch, why = True, f"adapters changed: {change.why}"
+    if not relaunch and old.prewarm != ev.config.prewarm:
+        # [prewarm] (the start-up caches' switches too) is read at each launch: say so, or
+        # "restart_needed": false reads as "applied"
+        fields["at_next_launch"] = ", ".join(
+            f"prewarm.{f.name}" for f in fields_of(old.prewarm)
+            if getattr(old.prewarm, f.name) != getattr(ev.config.prewarm, f.name))
     s = replace(s, config=ev.config)
     acts.append(Log("info", "config.reloaded", {"path": ev.config.path,
                                                 "sha256": ev.config.sha256[:12],
