@@ -14,7 +14,7 @@ import asyncio
 import contextlib
 import math
 import os
-from collections.abc import Awaitable, Mapping
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 from types import SimpleNamespace
 from typing import Any
@@ -27,7 +27,9 @@ from yarl import URL
 from vllmwatch.config.command import KeyFileError, read_env_file
 from vllmwatch.config.redact import REDACT
 from vllmwatch.config.schema import Config
-from vllmwatch.gate import replay
+from vllmwatch.gate import clientio, replay
+from vllmwatch.gate.clientio import STALLED, ClientGone
+from vllmwatch.gate.clientio import to_client as _to_client
 from vllmwatch.gate.door import Fence
 
 # RFC 9110 7.6.1: meaningful for one connection only, never forwarded.
@@ -72,8 +74,11 @@ def error_response(path: str, status: int, message: str, retry_after: float | No
     if close:
         headers["Connection"] = "close"
     kind = kind or _KINDS.get(status, "BadGatewayError")
-    return web.json_response(replay.error_body(path, status, REDACT.text(message), kind),
-                             status=status, headers=headers)
+    response = web.json_response(replay.error_body(path, status, REDACT.text(message), kind),
+                                 status=status, headers=headers)
+    if close:  # the header alone kept it open: aiohttp served the next pipelined request
+        response.force_close()
+    return response
 
 
 @dataclass(eq=False)
@@ -182,8 +187,10 @@ async def run(session: aiohttp.ClientSession, request: web.Request, url: str, bo
                 chunk = await up.content.readany()
             await _to_client(response.write_eof())
             return response
-    except ClientGone:
+    except ClientGone as gone:
         assert response is not None  # raised by a write to it
+        if str(gone) == STALLED and request.transport is not None:
+            request.transport.abort()  # what it never read is dropped, the socket with it
         return response  # never the engine's failure: nothing counted, nothing replayed
     except asyncio.CancelledError:
         if not ex.cut:
@@ -206,20 +213,6 @@ async def run(session: aiohttp.ClientSession, request: web.Request, url: str, bo
         return await _failed(request, response, ex, why)
     finally:
         ex.mark_written()
-
-
-class ClientGone(Exception):
-    """The client's connection broke while the gate wrote to it (a chat UI's stop button):
-    aiohttp raises ClientConnectionResetError, an aiohttp.ClientError, which was taken for
-    vLLM failing and counted against a healthy engine (cut, failed_midrequest)."""
-
-
-async def _to_client(write: Awaitable[object]) -> None:
-    """A write to the client; its connection breaking is ClientGone, never a ClientError."""
-    try:
-        await write
-    except ConnectionError as exc:
-        raise ClientGone from exc
 
 
 async def _failed(request: web.Request, response: web.StreamResponse | None, ex: Exchange,
@@ -246,8 +239,7 @@ async def _failed(request: web.Request, response: web.StreamResponse | None, ex:
             await asyncio.wait_for(response.write(end + replay.error_event(ex.path, message)),
                                    1.0)
             await asyncio.wait_for(response.write_eof(), 1.0)
-    if request.transport is not None:
-        request.transport.close()
+    clientio.close(request.transport)  # its last bytes go out; unread, it is aborted
     return response
 
 

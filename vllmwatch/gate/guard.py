@@ -64,6 +64,9 @@ MAX_CONNECTIONS = 1024
 IDLE_TIMEOUT = 60.0  # no request in progress (before the first one, or between them)
 HEADER_TIMEOUT = 10.0  # from the first byte of a request head to its end
 BODY_TIMEOUT = 60.0  # the whole request body
+# A request head's fields, and the bytes of one: aiohttp's default 128 fields let each
+# connection hold ~1 MiB of unfinished head for HEADER_TIMEOUT, 1 GiB at the connection cap.
+MAX_HEADERS, MAX_FIELD = 64, 8190
 MAX_BODY = 16 * 2**20  # one request body (prompts with images); aiohttp's default is 1 MiB
 MAX_HELD = 256 * 2**20  # all request bodies in memory at once
 SWEEP_EVERY = 1.0
@@ -195,7 +198,10 @@ class Guard:
         self.count(reason)
         transport = handler.transport
         if transport is not None:
-            transport.close()
+            # abort, not close: close waits for the write buffer to drain, which a client
+            # that never reads its answer never lets happen (the socket and the answer's
+            # bytes stayed, uncounted, past max_connections)
+            transport.abort()
         self.conns.pop(handler, None)
 
     def _gone(self, handler: Any) -> None:

@@ -31,9 +31,8 @@ from vllmwatch.status.http_guard import Rejections
 from vllmwatch.status.snapshot import Snapshot
 
 START_TIMEOUT = 10.0
-# An incident record waits this long for the failed engine's requests to be settled
-# (replayed, cut or answered): at once after a cut; vLLM fails them within ~0.1 s when its
-# engine dies; a record taken before a SIGTERM sees them still open, and says so.
+# An incident record waits this long for the failed engine's requests to be settled (replayed,
+# cut or answered): at once after a cut; vLLM fails them within ~0.1 s when its engine dies.
 FIGURES_SETTLE, FIGURES_POLL = 1.0, 0.02
 SHUTDOWN_GRACE = 3.0
 GUARD_REASONS = ("shed_connections", "idle_timeouts", "header_timeouts", "body_timeouts",
@@ -83,8 +82,7 @@ class Gate:
 
     def __init__(self, listen: str, upstream: str, get_readiness: Callable[[], Readiness],
                  hold_timeout: float, retry_after: float,
-                 on_error: Callable[[str], None] | None = None,
-                 log: Callable[..., None] | None = None,
+                 on_error: Callable[[str], None] | None = None, log: LogFn | None = None,
                  max_connections: int = guardmod.MAX_CONNECTIONS,
                  generation: Callable[[], int | None] | None = None) -> None:
         self.host, self.port = parse_address(listen)
@@ -247,7 +245,9 @@ class Gate:
         # auto_decompress off: vLLM gets the client's body byte for byte (not decoded gzip)
         runner = web.AppRunner(app, access_log=None, handler_cancellation=True,
                                shutdown_timeout=SHUTDOWN_GRACE, auto_decompress=False,
-                               keepalive_timeout=guardmod.IDLE_TIMEOUT + 5.0)  # ours first
+                               keepalive_timeout=guardmod.IDLE_TIMEOUT + 5.0,  # ours first
+                               max_headers=guardmod.MAX_HEADERS,
+                               max_field_size=guardmod.MAX_FIELD)
         await runner.setup()
         assert runner.server is not None
         guard = self.guard = guardmod.Guard(runner.server, self._count, self.max_connections)
