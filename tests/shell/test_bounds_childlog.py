@@ -69,3 +69,46 @@ def test_a_line_just_past_the_cap_ends_where_it_ends() -> None:
     _, events, _ = _run(data)
     texts = [kw["text"] for event, kw in events if event == "child.line"]
     assert texts[1:] == ["INFO next", "INFO last"], texts[1:]
+
+
+@pytest.mark.parametrize("poison", [
+    # vLLM's request log echoing a client's prompt: 4,400 digits where a byte count goes
+    "INFO Received request: prompt: 'Applying persisted startup plan (fingerprint 0abc): "
+    "kv_cache_memory_bytes=" + "9" * 4400 + "'",
+    "INFO Applying persisted startup plan (fingerprint 0abc): kv_cache_memory_bytes="
+    + "9" * 5000])
+def test_a_line_the_readers_choke_on_never_ends_the_reading(poison: str) -> None:
+    """The reader thread read any exception while looking at a line as the pipe's end and
+    stopped: vLLM then blocked on a full pipe, failed /health and was restarted for a
+    "deadlock". Every later line is still read, forwarded and looked at for milestones."""
+    after = [f"INFO line {i}" for i in range(50)] + ["INFO Starting vLLM server on x"]
+    log, events, posted = _run(("\n".join([poison, *after]) + "\n").encode())
+    forwarded = [kw["text"] for event, kw in events if event == "child.line"]
+    assert forwarded[-len(after):] == after
+    assert any(p.milestone == "server_start" for p in posted)
+    assert list(log.last_lines)[-1] == after[-1]
+    unread = [kw for event, kw in events if event == "child.line_unread"]
+    assert len(unread) <= 1 and log.failed == len(unread)
+
+
+def test_a_reader_that_raises_is_said_once_and_the_reading_goes_on(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    from vllmwatch.core import reuse
+
+    real = reuse.facts_of
+
+    def facts_of(line: str) -> Any:
+        if "odd" in line:
+            raise RuntimeError("a reader's bug")
+        return real(line)
+
+    monkeypatch.setattr(reuse, "facts_of", facts_of)
+    lines = ["INFO odd 1", "INFO fine", "INFO odd 2", "INFO Starting vLLM server on x"]
+    log, events, posted = _run(("\n".join(lines) + "\n").encode())
+    assert [kw for event, kw in events if event == "child.line_unread"] == [
+        {"error": "RuntimeError: a reader's bug", "line": "INFO odd 1",
+         "hint": "a vllmwatch bug reading this line (kept for the incident record); the "
+                 "reading goes on; please report it"}]
+    assert log.failed == 2 and list(log.tail) == lines
+    assert [kw["text"] for event, kw in events if event == "child.line"] == lines
+    assert any(p.milestone == "server_start" for p in posted)

@@ -47,7 +47,7 @@ _SECONDS: tuple[tuple[str, re.Pattern[str]], ...] = (
                                  r"took " + _FLOAT + r" s")),
 )
 _PLAN_APPLIED = re.compile(r"Applying persisted startup plan \(fingerprint [0-9a-f]+\): "
-                           r"kv_cache_memory_bytes=(\d+)")
+                           r"kv_cache_memory_bytes=(\d{1,20})\b")  # (int(): 4300 digits max)
 _PLAN_NOT = re.compile(r"(Startup plan not applied: .*|Ignoring unreadable startup plan .*)$")
 # 0.26: "Cannot load aot compilation from path P, error: E"; 0.32: "Compiling model again
 # due to a load failure from P, reason: E".

@@ -126,6 +126,7 @@ class ChildLog:
         self.dropped = 0  # lines not forwarded: the log was too slow (queue full)
         self.limited = 0  # lines not forwarded: over the rate
         self.cut = 0  # lines longer than MAX_LINE, cut there
+        self.failed = 0  # lines our readers raised on (kept in the tail, not read for facts)
         self._clock = clock
         self._bucket = Bucket(rate, burst, clock())
         self._reported = (0, 0, 0)
@@ -179,23 +180,39 @@ class ChildLog:
         last_post = 0.0
         try:
             for line in self._lines():
-                level = level_of(line, level)
-                self.last_lines.append(line)  # before any limit: the diagnosis sees all
-                self.tail.append(line)  # ... and so does an incident record
-                if is_memory_line(line):
-                    self.memory_lines.append(line)
-                milestone, hit = milestone_of(line), compile_cache_hit(line)
-                facts = reuse.facts_of(line)
-                now = self._clock()
-                if milestone or hit or facts or now - last_post >= PROGRESS_EVERY:
-                    self._post(ChildOutput(milestone, hit, facts))
-                    last_post = now
-                if self._forward and not _OWN_PROBE.search(line):
-                    self._offer(level, line, now)
+                try:
+                    level, last_post = self._take(line, level, last_post)
+                except Exception as exc:
+                    # One line our readers choke on (a client's prompt echoed by vLLM's
+                    # request log) must not end the reading: vLLM would block on a full
+                    # pipe and be restarted for a "deadlock". Said once, then counted.
+                    self.failed += 1
+                    if self.failed == 1:
+                        self._log("error", "child.line_unread", error=f"{type(exc).__name__}: "
+                                  f"{exc}"[:300], line=line[:200], **self._tag,
+                                  hint="a vllmwatch bug reading this line (kept for the "
+                                  "incident record); the reading goes on; please report it")
+                    if not self.tail or self.tail[-1] is not line:
+                        self.tail.append(line)
         except (OSError, ValueError):
             pass  # the pipe closed under us
         finally:
             self._queue.put(None)
+
+    def _take(self, line: str, level: str, last_post: float) -> tuple[str, float]:
+        self.last_lines.append(line)  # before any limit: the diagnosis sees all
+        self.tail.append(line)  # ... and so does an incident record
+        level, now = level_of(line, level), self._clock()
+        if self._forward and not _OWN_PROBE.search(line):
+            self._offer(level, line, now)
+        if is_memory_line(line):
+            self.memory_lines.append(line)
+        milestone, hit = milestone_of(line), compile_cache_hit(line)
+        facts = reuse.facts_of(line)
+        if milestone or hit or facts or now - last_post >= PROGRESS_EVERY:
+            self._post(ChildOutput(milestone, hit, facts))
+            last_post = now
+        return level, last_post
 
     def _offer(self, level: str, line: str, now: float) -> None:
         if not self._bucket.take(now):
