@@ -6,6 +6,7 @@ from dataclasses import replace
 
 from vllmwatch.config.schema import Config
 from vllmwatch.core import (
+    gpufault,
     hangs,
     ladder,
     probing,
@@ -129,7 +130,13 @@ def _kind(ev: HealthResult | CanaryResult | MetricsResult | MemorySampled) -> K:
 
 def _result(s: WatchState, ev: HealthResult | CanaryResult | MetricsResult | MemorySampled,
             now: float) -> Result:
-    if s.child is None or ev.gen != s.child.gen:
+    stale = s.child is None or ev.gen != s.child.gen
+    if isinstance(ev, MemorySampled) and ev.sample is not None and ev.sample.gpu_faults and \
+            (stale or on(s, Phase.RECORDING)):
+        # A GPU fault is the machine's, not the run's: never dropped with a late sample (said
+        # once; a lost GPU also kills the engine: its sample lands in that crash's restart)
+        return gpufault.react(s, ev.sample.gpu_faults, now)[0]
+    if stale:
         return s, []  # about an older child: its run is over
     s = probing.landed(s, _kind(ev), ev.gen, now)
     if on(s, Phase.RECORDING):

@@ -9,6 +9,7 @@ lock, and the first error line of vLLM's output.
 from __future__ import annotations
 
 import contextlib
+import itertools
 import json
 import re
 from collections.abc import Mapping, Sequence
@@ -133,7 +134,7 @@ def first_error(out: Sequence[object]) -> int | None:
 def _stamp(text: Sequence[str], lines: range) -> int | None:
     """Seconds into the year of the first time-stamped error line among `lines` (read at
     most _STAMP_SCAN * 4 of them: a traceback's own lines have no stamp)."""
-    for i in lines[:_STAMP_SCAN * 4]:
+    for i in itertools.islice(lines, _STAMP_SCAN * 4):
         match = _STAMP.match(body(text[i]))
         if match and is_error(text[i]):
             month, day, hour, minute, sec = (int(g) for g in match.groups())

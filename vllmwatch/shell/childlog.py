@@ -188,8 +188,9 @@ class ChildLog:
                     # pipe and be restarted for a "deadlock". Said once, then counted.
                     self.failed += 1
                     if self.failed == 1:
-                        self._log("error", "child.line_unread", error=f"{type(exc).__name__}: "
-                                  f"{exc}"[:300], line=line[:200], **self._tag,
+                        self._log("error", "child.line_unread", error=REDACT.head(
+                                  f"{type(exc).__name__}: {exc}", 300),
+                                  line=REDACT.head(line, 200), **self._tag,
                                   hint="a vllmwatch bug reading this line (kept for the "
                                   "incident record); the reading goes on; please report it")
                     if not self.tail or self.tail[-1] is not line:
