@@ -20,7 +20,7 @@ import psutil
 import pytest
 
 from tests.support import free_port, wait_until
-from vllmwatch.gate import clientio, guard
+from vllmwatch.gate import guard
 from vllmwatch.gate.door import Readiness
 from vllmwatch.gate.runner import Gate
 from vllmwatch.shell import logs
@@ -107,7 +107,7 @@ def _get(port: int, timeout: float = 20.0) -> bytes:
 
 def test_clients_that_stop_reading_a_stream_are_cut_and_others_get_in(
         monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setattr(clientio, "WRITE_STALL", 1.0)
+    monkeypatch.setattr(guard, "WRITE_STALL", 1.0)
     with _gate(max_connections=4) as g, ExitStack() as stack:
         for _ in range(4):  # as many as the cap, each with its stream in flight
             stack.callback(_reader(g.port).close)

@@ -27,10 +27,10 @@ from yarl import URL
 from vllmwatch.config.command import KeyFileError, read_env_file
 from vllmwatch.config.redact import REDACT
 from vllmwatch.config.schema import Config
-from vllmwatch.gate import clientio, replay
-from vllmwatch.gate.clientio import STALLED, ClientGone
-from vllmwatch.gate.clientio import to_client as _to_client
+from vllmwatch.gate import guard, replay
 from vllmwatch.gate.door import Fence
+from vllmwatch.gate.guard import STALLED, ClientGone
+from vllmwatch.gate.guard import to_client as _to_client
 
 # RFC 9110 7.6.1: meaningful for one connection only, never forwarded.
 # What aiohttp's client adds to a request that lacks it: vLLM gets what the client sent, so
@@ -239,7 +239,7 @@ async def _failed(request: web.Request, response: web.StreamResponse | None, ex:
             await asyncio.wait_for(response.write(end + replay.error_event(ex.path, message)),
                                    1.0)
             await asyncio.wait_for(response.write_eof(), 1.0)
-    clientio.close(request.transport)  # its last bytes go out; unread, it is aborted
+    guard.close(request.transport)  # its last bytes go out; unread, it is aborted
     return response
 
 
