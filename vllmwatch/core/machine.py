@@ -5,19 +5,8 @@ from __future__ import annotations
 from dataclasses import replace
 
 from vllmwatch.config.schema import Config
-from vllmwatch.core import (
-    gpufault,
-    hangs,
-    ladder,
-    probing,
-    restart,
-    serving,
-    stopping,
-    unified,
-)
-from vllmwatch.core import (
-    hangverdicts as verdicts,
-)
+from vllmwatch.core import gpufault, hangs, ladder, probing, restart, serving, stopping, unified
+from vllmwatch.core import hangverdicts as verdicts
 from vllmwatch.core.actions import Action, Log, Notify, SignalGroup
 from vllmwatch.core.events import (
     CanaryResult,
@@ -267,7 +256,8 @@ def _due(s: WatchState, now: float) -> Result:
     waiting = not s.ever_ready or s.exit_code is not None  # systemd waits on a start or stop
     if waiting and now >= s.next_extend and s.state not in FINAL:
         s = replace(s, next_extend=now + EXTEND_EVERY)
-        acts.append(Notify(extend_usec=int(EXTEND_BY * 1e6)))
+        if not restart.stuck(s, now):  # (stuck: systemd's start or stop timeout acts)
+            acts.append(Notify(extend_usec=int(EXTEND_BY * 1e6)))
     return s, acts
 
 
@@ -345,6 +335,9 @@ def next_wakeup(s: WatchState) -> float | None:
     return min(times) if times else None
 
 
-def watchdog_ok(s: WatchState) -> bool:
-    """Whether vllmwatch may vouch for itself to systemd (WATCHDOG=1): not with a stale probe."""
-    return s.child is None or not s.child.probes.stale or s.state != S.READY
+def watchdog_ok(s: WatchState, now: float | None = None) -> bool:
+    """Whether vllmwatch may vouch for itself to systemd (WATCHDOG=1): not with a stale probe,
+    nor with a rung waiting past its bound on a worker that never answered (restart.overdue)."""
+    return not (now is not None and restart.stuck(s, now)) and (
+        s.child is None or not s.child.probes.stale or s.state != S.READY)
+

@@ -36,6 +36,7 @@ from dataclasses import dataclass, replace
 from enum import Enum
 from typing import Any, ClassVar, Protocol, TypeVar
 
+from vllmwatch.config.sections import Config
 from vllmwatch.core.actions import Action, Log
 from vllmwatch.core.names import Reason
 from vllmwatch.core.samples import GpuProcess
@@ -87,6 +88,24 @@ BOUND: dict[Phase, str] = {
     P.KILLING: "deadline", P.SWEEPING: "answer", P.RELEASE_WAIT: "gate",
     P.PREWARMING: "answer", P.SPARE_BUILD: "answer", P.BACKOFF: "deadline", P.LAUNCHING: "deadline",
 }
+
+# A rung that waits on a worker's one answer ("answer", "gate") is bounded by that worker's
+# own deadline; OVERDUE_S past it, the worker never answered (NVML or /proc stuck in the
+# kernel, which no thread can interrupt): vllmwatch stops vouching to systemd (no WATCHDOG=1,
+# no start extension), whose watchdog or start timeout then restarts the service with a
+# fresh sweep, instead of waiting forever while saying all is well.
+OVERDUE_S = 120.0
+SWEEP_S = 60.0  # a sweep reads /proc of every process: seconds even on a busy box
+SPARE_BUILD_S = 600.0  # core/failover.BUILD_TIMEOUT (not imported: a spare's run loads it)
+
+
+def stuck(s: _Configured, now: float) -> bool:
+    """Whether the rung under way has waited OVERDUE_S past its worker's own bound."""
+    c, r = s.config, s.restart
+    bound = {P.SWEEPING: SWEEP_S, P.RELEASE_WAIT: c.restart.gpu_release_timeout,
+             P.PREWARMING: c.prewarm.timeout, P.SPARE_BUILD: SPARE_BUILD_S}.get(r.phase)
+    return bound is not None and now - r.since > bound + OVERDUE_S
+
 
 # The coarse supervisor state(s) each rung shows as (core/state.State values).
 COARSE: dict[Phase, frozenset[str]] = {
@@ -195,6 +214,11 @@ class _Climbing(Protocol):
 
     @property
     def restart(self) -> Restart: ...
+
+
+class _Configured(_Climbing, Protocol):
+    @property
+    def config(self) -> Config: ...
 
 
 _S = TypeVar("_S", bound=_Climbing)

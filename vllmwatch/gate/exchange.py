@@ -12,7 +12,6 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import math
 import os
 from collections.abc import Mapping
 from dataclasses import dataclass, field
@@ -25,11 +24,10 @@ from multidict import CIMultiDict, MultiMapping
 from yarl import URL
 
 from vllmwatch.config.command import KeyFileError, read_env_file
-from vllmwatch.config.redact import REDACT
 from vllmwatch.config.schema import Config
 from vllmwatch.gate import guard, replay
 from vllmwatch.gate.door import Fence
-from vllmwatch.gate.guard import STALLED, ClientGone
+from vllmwatch.gate.guard import STALLED, ClientGone, error_response
 from vllmwatch.gate.guard import to_client as _to_client
 
 # RFC 9110 7.6.1: meaningful for one connection only, never forwarded.
@@ -61,24 +59,6 @@ WHOLE_BODY_TIMEOUT = 60.0  # reading such an answer once its head has come
 # timeout was answered 504 "not retried" like an answer that never came.
 NOT_SENT = (aiohttp.ClientConnectorError, aiohttp.ConnectionTimeoutError)
 CONNECT_TIMEOUT = 5.0
-
-
-_KINDS = {503: "ServiceUnavailableError", 504: "GatewayTimeoutError"}
-
-
-def error_response(path: str, status: int, message: str, retry_after: float | None = None,
-                   kind: str | None = None, close: bool = False) -> web.Response:
-    """The gate's own error answer, in the shape of the path's API (replay.error_body); its
-    message redacted. close: the connection closes after it (a refused body)."""
-    headers = {"Retry-After": str(math.ceil(retry_after))} if retry_after is not None else {}
-    if close:
-        headers["Connection"] = "close"
-    kind = kind or _KINDS.get(status, "BadGatewayError")
-    response = web.json_response(replay.error_body(path, status, REDACT.text(message), kind),
-                                 status=status, headers=headers)
-    if close:  # the header alone kept it open: aiohttp served the next pipelined request
-        response.force_close()
-    return response
 
 
 @dataclass(eq=False)

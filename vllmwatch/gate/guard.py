@@ -20,11 +20,32 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import math
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 from typing import Any
 
 from aiohttp import web
+
+from vllmwatch.config.redact import REDACT
+from vllmwatch.gate import replay
+
+_KINDS = {503: "ServiceUnavailableError", 504: "GatewayTimeoutError"}
+
+
+def error_response(path: str, status: int, message: str, retry_after: float | None = None,
+                   kind: str | None = None, close: bool = False) -> web.Response:
+    """The gate's own error answer, in the shape of the path's API (replay.error_body); its
+    message redacted. close: the connection closes after it (a refused body)."""
+    headers = {"Retry-After": str(math.ceil(retry_after))} if retry_after is not None else {}
+    if close:
+        headers["Connection"] = "close"
+    kind = kind or _KINDS.get(status, "BadGatewayError")
+    response = web.json_response(replay.error_body(path, status, REDACT.text(message), kind),
+                                 status=status, headers=headers)
+    if close:  # the header alone kept it open: aiohttp served the next pipelined request
+        response.force_close()
+    return response
 
 
 @dataclass
@@ -261,8 +282,6 @@ class Guard:
 
 def _refuse(path: str, status: int, message: str, retry_after: int | None = None
             ) -> web.Response:
-    from vllmwatch.gate.exchange import error_response  # (exchange imports this module)
-
     return error_response(path, status, message, retry_after, "RequestRefused", close=True)
 
 

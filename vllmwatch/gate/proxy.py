@@ -21,9 +21,9 @@ from aiohttp import web
 
 from vllmwatch.gate import exchange, replay
 from vllmwatch.gate.door import Door, Fence, Readiness
-from vllmwatch.gate.exchange import error_response as _error
 from vllmwatch.gate.guard import MAX_BODY, Guard
 from vllmwatch.gate.guard import GateStats as GateStats
+from vllmwatch.gate.guard import error_response as _error
 from vllmwatch.gate.replay import upstream_target
 
 HOP_BY_HOP = exchange.HOP_BY_HOP

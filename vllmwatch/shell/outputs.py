@@ -7,7 +7,7 @@ the next STATUS= line) that the loop only asks for (due())."""
 
 from __future__ import annotations
 
-from vllmwatch.core import machine
+from vllmwatch.core import machine, restart
 from vllmwatch.core.actions import Notify
 from vllmwatch.core.state import WatchState
 from vllmwatch.shell.clock import Clock
@@ -29,6 +29,7 @@ class Outputs:
         self._next_ping = 0.0
         self._next_status = 0.0
         self._last_status = ""
+        self._withheld = False  # WATCHDOG=1 held back, and said so
 
     def due(self) -> tuple[float | None, float]:
         """When the next WATCHDOG=1 (None: no watchdog) and the next STATUS= line are due."""
@@ -47,8 +48,19 @@ class Outputs:
             self._last_status, self._next_status = text, now + STATUS_EVERY
         if self._watchdog is not None and now >= self._next_ping:
             # A stale probe means we can no longer vouch for vLLM: let systemd's watchdog act.
-            if machine.watchdog_ok(state):
+            if machine.watchdog_ok(state, now):
                 self.fx.notifier.send("WATCHDOG=1")
+                self._withheld = False
+            elif not self._withheld:  # said once: systemd's watchdog acts next
+                self._withheld = True
+                stuck = restart.stuck(state, now)
+                self.fx.log("error", "watchdog.withheld", state=str(state.state),
+                            rung=str(state.restart.phase),
+                            rung_for_s=round(now - state.restart.since, 1),
+                            why="a worker never answered (NVML or /proc stuck in the kernel?)"
+                            if stuck else "a probe of vLLM is stale",
+                            hint="systemd's watchdog restarts vllmwatch (WatchdogSec=); "
+                            "`journalctl -k` for a GPU or driver fault")
             self._next_ping = now + self._watchdog
 
     def notify(self, action: Notify, state: WatchState) -> None:
