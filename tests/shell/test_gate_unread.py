@@ -39,11 +39,7 @@ class _Vllm(http.server.BaseHTTPRequestHandler):
         self.seen.append(self.path)
         self.rfile.read(int(self.headers.get("Content-Length", "0")))
         if self.big:  # a whole answer of some MiB (embeddings)
-            self.send_response(200)
-            self.send_header("Content-Type", "application/json")
-            self.send_header("Content-Length", str(len(self.big)))
-            self.end_headers()
-            self.wfile.write(self.big)
+            self._json(self.big)
             return
         self.send_response(200)
         self.send_header("Content-Type", "text/event-stream")
@@ -58,7 +54,9 @@ class _Vllm(http.server.BaseHTTPRequestHandler):
 
     def do_GET(self) -> None:
         self.seen.append(self.path)
-        body = b'{"object": "list", "data": []}'
+        self._json(b'{"object": "list", "data": []}')
+
+    def _json(self, body: bytes) -> None:
         self.send_response(200)
         self.send_header("Content-Type", "application/json")
         self.send_header("Content-Length", str(len(body)))
