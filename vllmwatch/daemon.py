@@ -133,7 +133,7 @@ def _run(config: Config, log_format: str | None, env: dict[str, str], log: Switc
             make_sampler(None, lambda *_a, **_k: None,
                          unified=fx.platform.unified).sample(None, False, faults=False)
         fx.spare = sparefx.make(config, env, fx.sampler, fx.platform.unified, log,
-                                current=lambda: fx.sampler, machine=machine)
+                                current=lambda: fx.reads, machine=machine)
         live.spare_planned = fx.spare is not None  # else turning it on waits for a restart
         gate = live.gate
         spare = fx.spare

@@ -43,7 +43,7 @@ from vllmwatch.shell.childrun import ChildHandle, Launcher
 from vllmwatch.shell.incidents import IncidentShell
 from vllmwatch.shell.launcher import StandbyLauncher
 from vllmwatch.shell.logs import LogFn
-from vllmwatch.shell.memory import MemorySampler, gpu_pids, make_sampler, release_check
+from vllmwatch.shell.memory import LoopReads, MemorySampler, gpu_pids, make_sampler, release_check
 from vllmwatch.shell.notify import Notifier
 from vllmwatch.shell.reaper import Reaper
 from vllmwatch.shell.versions import CacheEnv, VersionCache
@@ -104,6 +104,7 @@ class RealEffects:
                                                unified=self.platform.unified)
         self._sampler_gpus = config.vllm.gpus  # the GPUs self.sampler was made for
         self._fixed_sampler = sampler is not None
+        self.reads = LoopReads(lambda: self.sampler, log)  # NVML on the loop's thread, bounded
         self._publish = publish
         # The gate's fence (gate/runner.Gate.stop_order): told before any signal to a child,
         # so that no request reaches an engine after vllmwatch told it to stop (issue 37.9);
@@ -123,7 +124,7 @@ class RealEffects:
         # The launcher lives as long as the daemon; the standby one keeps a pre-imported
         # interpreter for the next launch (shell/launcher.py; restarts.md, "Standby").
         self.launcher: Launcher = launcher or StandbyLauncher(
-            log, self.marker, lambda: gpu_pids(self.sampler))
+            log, self.marker, lambda: gpu_pids(self.reads))
         self.standby = self.launcher if isinstance(self.launcher, StandbyLauncher) else None
         # Incident records (daemon lifetime); it keeps the last child's evidence past the reap.
         self.incidents = IncidentShell(config, log, environ)
@@ -148,13 +149,14 @@ class RealEffects:
             self._run.close()
             self._run = None
         if config.vllm.gpus != self._sampler_gpus and not self._fixed_sampler:
-            # The sampler follows the launch's GPUs, made here on the loop's thread before
-            # the child runs: the workers that sample only read it (issue 32 item 5).
-            self.sampler = make_sampler(config.vllm.gpus, self.log,
-                                        unified=self.platform.unified)
-            self._sampler_gpus = config.vllm.gpus
-        before = {} if not config.vllm.uses_gpu else self.sampler.device_used_mib() \
-            if self.spare is None else self.spare.device_used(self.sampler)
+            # The sampler follows the launch's GPUs, made here before the child runs: the
+            # workers that sample only read it (issue 32 item 5). A stuck open: none this time.
+            made = self.reads.within("open", lambda: make_sampler(
+                config.vllm.gpus, self.log, unified=self.platform.unified), lambda: None)
+            self.sampler = made or make_sampler([], self.log, unified=self.platform.unified)
+            self._sampler_gpus = config.vllm.gpus if made else self._sampler_gpus  # try again
+        before = {} if not config.vllm.uses_gpu else self.reads.device_used_mib() \
+            if self.spare is None else self.spare.device_used(self.reads)
         if self.spare is not None:  # the serving engine's setting, lowered for the spare
             prepared = replace(prepared, cmd=replace(
                 prepared.cmd, argv=tuple(self.spare.serving_argv(prepared.cmd.argv, config,
@@ -302,10 +304,8 @@ class RealEffects:
         return self._versions.current
 
     def tend_standby(self, state: State, child_pid: int | None, config: Config) -> None:
-        """The loop's standby step, once a turn: watch the standby, and build one for the
-        next launch once the child is READY, for `config` (the core's). Its other moves: used
-        or discarded at a launch (spawn), rebuilt after a SIGHUP (reconfigure), killed on the
-        way out (close)."""
+        """The loop's standby step, once a turn: watch it; once READY, build one for `config`.
+        Used or discarded at a launch, rebuilt after a SIGHUP, killed on the way out."""
         if self.standby is None:
             return
         self.standby.watch()

@@ -7,7 +7,9 @@ an NVML failure: the figure becomes unknown and the first failure of each kind i
 
 from __future__ import annotations
 
-from typing import Any, Protocol
+import threading
+from collections.abc import Callable
+from typing import Any, Protocol, TypeVar
 
 import psutil
 
@@ -17,7 +19,10 @@ from vllmwatch.logfn import LogFn
 from vllmwatch.shell.gpufaults import FaultWatch
 
 _MIB = 1024.0 * 1024.0
-
+# How long the loop's thread (SIGTERM and every deadline wait on it) waits for one NVML read:
+# NVML answers in under a millisecond (FACTS.md); a wedged driver can hold a call for good.
+LOOP_READ_S = 3.0
+_T = TypeVar("_T")
 
 
 class MemorySampler(Protocol):
@@ -37,6 +42,66 @@ class MemorySampler(Protocol):
     def device_used_mib(self) -> dict[int, float]:
         """Used memory per configured GPU; empty where NVML cannot say."""
         ...
+
+
+class LoopReads:
+    """The NVML reads of the loop's thread (the device's use before a launch, the standby's
+    GPU check, the spare's figures), each on a daemon thread, waited for LOOP_READ_S at most.
+
+    Past it the answer is "unknown" ({}, None, a sample without GPU figures), as when NVML
+    fails; while that read is stuck the next answers unknown at once (one stuck thread, not
+    one per call). The core's samples run on workers: a stuck one turns its probe stale.
+    """
+
+    def __init__(self, sampler: Callable[[], MemorySampler], log: LogFn,
+                 wait: float = LOOP_READ_S) -> None:
+        self._sampler, self._log, self._wait = sampler, log, wait
+        self._lock = threading.Lock()
+        self._stuck: threading.Thread | None = None  # the read that has not answered yet
+
+    def sample(self, root_pid: int | None, with_pss: bool, faults: bool = True
+               ) -> MemorySample:
+        """MemorySampler.sample with a deadline; unknown: no GPU figure, no fault."""
+        return self.within("sample", lambda: self._sampler().sample(root_pid, with_pss, faults),
+                           lambda: MemorySample("none", (), None))
+
+    def gpu_processes(self) -> list[GpuProcess] | None:
+        """MemorySampler.gpu_processes with a deadline; unknown: None."""
+        return self.within("gpu_processes", lambda: self._sampler().gpu_processes(),
+                           lambda: None)
+
+    def device_used_mib(self) -> dict[int, float]:
+        """MemorySampler.device_used_mib with a deadline; unknown: {}."""
+        return self.within("device_used_mib", lambda: self._sampler().device_used_mib(), dict)
+
+    def within(self, what: str, read: Callable[[], _T], unknown: Callable[[], _T]) -> _T:
+        """read()'s answer within the deadline (what it raised, raised here), else unknown()'s."""
+        with self._lock:
+            if self._stuck is not None and self._stuck.is_alive():
+                return unknown()
+            if self._stuck is not None:
+                self._stuck = None
+                self._log("info", "nvml.answering", read=what)
+            box: list[Any] = []
+            def run() -> None:
+                try:
+                    box.append((True, read()))
+                except BaseException as exc:  # handed to the caller below
+                    box.append((False, exc))
+
+            worker = threading.Thread(target=run, name="vllmwatch-nvml", daemon=True)
+            worker.start()
+            worker.join(self._wait)
+            if worker.is_alive():
+                self._stuck = worker
+                self._log("error", "nvml.stuck", read=what, waited_s=self._wait, effect="GPU "
+                          "figures unknown until NVML answers; stops are still honoured",
+                          hint="a wedged NVIDIA driver? see nvidia-smi and dmesg (Xid)")
+                return unknown()
+        ok, got = box[0]
+        if not ok:
+            raise got
+        return got  # type: ignore[no-any-return]
 
 
 def tree_pids(root_pid: int | None) -> tuple[int, ...]:
