@@ -77,8 +77,28 @@ class GateStats:
     held_full: int = 0  # the bodies held at once would pass their cap: 503
     upstream_timeouts: int = 0  # vLLM's answer not complete within its deadline: 504
     path_refused: int = 0  # a path not on the client API allow-list (gate/replay.py): 404
+    quarantined: int = 0  # requests that killed an engine alone (gate/replay.py Suspects)
+    quarantine_refused: int = 0  # ... sent again while quarantined: 422
     connections: int = 0  # client connections open now
     held_bytes: int = 0  # request bodies in memory now
+
+
+@dataclass
+class GenFigures:
+    """What became of the requests in flight to one engine generation when it failed or was
+    told to stop (the incident record's "N in flight: M replayed, K cut"); the gate's loop's."""
+
+    failed: int = 0  # ended with nothing of the answer sent (reset, engine-dead, cut)
+    replayed: int = 0  # ... and sent back to the door for the next engine
+    not_replayed: int = 0  # ... and answered 502 (replay off, not on the list, replay_max)
+    cut: int = 0  # the answer had begun: ended with an error event, or cut
+    answered: int = 0  # answered after the generation's stop order (e.g. within its grace)
+    open: int = 0  # still under way when the figures were read
+
+    @property
+    def in_flight(self) -> int:
+        """Every request that was under way at this generation when it went."""
+        return self.failed + self.cut + self.answered + self.open
 
 
 MAX_CONNECTIONS = 1024

@@ -15,13 +15,12 @@ from __future__ import annotations
 import asyncio
 import dataclasses
 from collections.abc import Callable
-from dataclasses import dataclass
 
 from aiohttp import web
 
 from vllmwatch.gate import exchange, replay
 from vllmwatch.gate.door import Door, Fence, Readiness
-from vllmwatch.gate.guard import MAX_BODY, Guard
+from vllmwatch.gate.guard import MAX_BODY, GenFigures, Guard
 from vllmwatch.gate.guard import GateStats as GateStats
 from vllmwatch.gate.guard import error_response as _error
 from vllmwatch.gate.replay import upstream_target
@@ -35,29 +34,6 @@ NEXT_ENGINE_POLL = 0.05  # a replay waits for an engine it was not sent to yet
 # ... or this long for the failed one's restart to begin: vLLM that dropped a connection and
 # serves on (vllmwatch saw no death past its engine-death and health checks) gets it again.
 SAME_ENGINE_GRACE = 10.0
-
-
-@dataclass
-class GenFigures:
-    """What became of the requests in flight to one engine generation when it failed or was
-    told to stop: the incident record's "N requests in flight: M replayed, K cut". Written on
-    the gate's loop only; handed over as a copy (Gate.figures)."""
-
-    failed: int = 0  # ended with nothing of the answer sent (reset, engine-dead, cut)
-    replayed: int = 0  # ... and sent back to the door for the next engine
-    not_replayed: int = 0  # ... and answered 502 (replay off, not on the list, replay_max)
-    cut: int = 0  # the answer had begun: ended with an error event, or cut
-    answered: int = 0  # answered after the generation's stop order (e.g. within its grace)
-    open: int = 0  # still under way when the figures were read
-
-    @property
-    def in_flight(self) -> int:
-        """Every request that was under way at this generation when it went."""
-        return self.failed + self.cut + self.answered + self.open
-
-
-class RouteMoved(Exception):
-    """Not sent to this generation: sent there already, or told to stop."""
 
 
 GENS_KEPT = 16  # generations whose figures are kept (a few per restart)
@@ -74,6 +50,7 @@ class Forwarder:
         self.replay, self.replay_max = True, 1  # [gate] replay, replay_max (SIGHUP sets them)
         self.replay_body = MAX_BODY  # a held body over this is not replayed
         self.fence = Fence()
+        self.suspects = replay.Suspects()  # requests in flight at engine deaths
         self._generation = generation or (lambda: -door.epoch)  # no daemon: the door's epoch
         self._log = log or (lambda *a, **k: None)
         self.live: set[exchange.Exchange] = set()  # exchanges under way, for cut()
@@ -157,6 +134,11 @@ class Forwarder:
     async def _handle(self, request: web.Request, body: bytes) -> web.StreamResponse:
         loop = asyncio.get_running_loop()
         deadline = loop.time() + self.hold_timeout  # replays too: counted from arrival
+        fp = replay.Suspects.fingerprint(request.method, request.path, body)
+        jailed = self.suspects.refusal(fp, loop.time())
+        if jailed is not None:
+            self.stats.quarantine_refused += 1
+            return _error(request.path, 422, jailed, kind="UnprocessableEntityError")
         held = False  # counted once per request, however often it waits
         tried: dict[int | None, float] = {}  # engines it failed on, and when
         failures = 0
@@ -169,17 +151,23 @@ class Forwarder:
             if verdict is not None:
                 self.stats.replay_gave_up += 1 if failures else 0
                 return verdict
-            gen, spare = self._route()
+            probation = self.suspects.on_probation(fp, loop.time())
+            broke: list[bool] = []
             try:
-                # Open for an engine it was sent to already (its failure not published yet),
-                # or one told to stop: never sent there; wait for the next one.
-                if gen in tried and loop.time() - tried[gen] >= SAME_ENGINE_GRACE:
-                    del tried[gen]  # no restart of it began: it lives, and gets it once more
-                if gen in tried or not self.fence.begin(gen):
-                    raise RouteMoved
-                answer = await self._forward(request, body, gen, spare, failures > 0)
-            except RouteMoved:
-                self.spare_in_flight -= spare
+                async with self.suspects.turn(probation, deadline - loop.time()) as turn:
+                    sent = await self._send(request, body, tried, failures > 0, broke)
+                    turn.freeze()  # (read before the next request's turn)
+            except replay.TurnMissed:
+                self.stats.hold_timeouts += 1
+                return _error(request.path, 503, replay.turn_missed(self.hold_timeout),
+                              self.retry_after)
+            except exchange.NOT_SENT:
+                # Refused (or not connected in time) before anything was sent: vLLM is not up
+                # (yet), or its listen queue is full; safe to try again.
+                self.stats.connect_retries += 1
+                self.door.suspect(REFUSED_HOLD)
+                continue
+            if sent is None:  # an engine it was sent to already, or told to stop
                 if loop.time() >= deadline:
                     self.stats.hold_timeouts += 1
                     self.stats.replay_gave_up += 1 if failures else 0
@@ -188,16 +176,20 @@ class Forwarder:
                                   "restarting", self.retry_after)
                 await asyncio.sleep(NEXT_ENGINE_POLL)
                 continue
-            except exchange.NOT_SENT:
-                # Refused (or not connected in time) before anything was sent: vLLM is not up
-                # (yet), or its listen queue is full; safe to try again.
-                self.stats.connect_retries += 1
-                self.door.suspect(REFUSED_HOLD)
-                continue
+            gen, answer = sent
+            # A death (not a stop vllmwatch ordered, nor vLLM refusing it while shutting
+            # down) is counted against the request, before or after its answer began.
+            died = (broke or isinstance(answer, exchange.Failed)) and answer != \
+                "shutting_down" and (answer in ("engine_dead", "engine_stuck")
+                                     or not self.fence.stopped(gen))
+            if died:
+                self._died(request, body, fp, gen, turn)
             if not isinstance(answer, exchange.Failed):
+                if not died:
+                    self.suspects.answered(fp)
                 return answer  # (a replay's answer is counted in _forward)
             tried[gen], failures = loop.time(), failures + 1
-            why_not = self._why_not(request, body, failures)
+            why_not = self._why_not(request, body, failures, fp)
             fig = self.figures_of(gen)
             if why_not is not None:
                 fig.not_replayed += 1
@@ -211,6 +203,32 @@ class Forwarder:
                       detail="vLLM failed before any of the answer reached the client; "
                              "the request waits for the next engine and is sent once more")
 
+    async def _send(self, request: web.Request, body: bytes, tried: dict[int | None, float],
+                    replayed: bool, broke: list[bool]
+                    ) -> tuple[int | None, web.StreamResponse | exchange.Failed] | None:
+        """One try: (engine, its answer or why it failed before answering); None when not
+        sent (an engine it was sent to already, or one told to stop). `broke` gets True when
+        the answer began and vLLM failed."""
+        loop = asyncio.get_running_loop()
+        gen, spare = self._route()
+        # Open for an engine it was sent to already (its failure not published yet), or one
+        # told to stop: never sent there; wait for the next one.
+        if gen in tried and loop.time() - tried[gen] >= SAME_ENGINE_GRACE:
+            del tried[gen]  # no restart of it began: it lives, and gets it once more
+        if gen in tried or not self.fence.begin(gen):
+            self.spare_in_flight -= spare
+            return None
+        return gen, await self._forward(request, body, gen, spare, replayed, broke)
+
+    def _died(self, request: web.Request, body: bytes, fp: bytes, gen: int | None,
+              turn: replay.Turn) -> None:
+        """The engine died with this request in flight: counted against it (replay.py)."""
+        deaths = self.suspects.died(fp, asyncio.get_running_loop().time(), turn, gen)
+        if deaths is not None:
+            self.stats.quarantined += 1
+            self._log("error", "gate.quarantined", **replay.quarantined_fields(
+                fp, request.path, len(body), gen, deaths))
+
     def _refuse_path(self, path: str, why: str) -> web.Response:
         """404 from the gate itself, counted (and logged at a bounded rate by the runner)."""
         if self.guard is not None:
@@ -219,10 +237,13 @@ class Forwarder:
             self.stats.path_refused += 1
         return _error(path, 404, why, kind="NotFoundError")
 
-    def _why_not(self, request: web.Request, body: bytes, failures: int) -> str | None:
+    def _why_not(self, request: web.Request, body: bytes, failures: int, fp: bytes
+                 ) -> str | None:
         """None when the request may be replayed once more; else why not (counted)."""
         why = None
-        if not self.replay:
+        if self.suspects.refusal(fp, asyncio.get_running_loop().time()) is not None:
+            why = "it is quarantined (gate.quarantined)"
+        elif not self.replay:
             why = "gate.replay is off"
         elif not replay.replayable_path(request.method, request.path):
             why = f"{request.method} {request.path} is not on the gate's replay list"
@@ -267,7 +288,7 @@ class Forwarder:
         return gen, spare
 
     async def _forward(self, request: web.Request, body: bytes, gen: int | None,
-                       spare: bool, replay: bool = False
+                       spare: bool, replay: bool = False, broke: list[bool] | None = None
                        ) -> web.StreamResponse | exchange.Failed:
         """One exchange with engine `gen` (the fence counted its send in _handle), the spare
         when `spare` (counted in its in-flight by _route); replay: it was sent to another
@@ -316,6 +337,8 @@ class Forwarder:
                 self.stats.failed_midrequest += 1
                 self.stats.cut_midstream += 1
                 self.figures_of(gen).cut += 1
+                if broke is not None:
+                    broke.append(True)
             elif answered[0] and self.fence.stopped(gen):
                 self.figures_of(gen).answered += 1
             ex.mark_written()  # once: a task cut before its first step never told the fence

@@ -29,13 +29,27 @@ A request is replayed only when all of these hold (gate/proxy.py):
   of vLLM's engine-dead handlers (ENGINE_DEAD), vLLM refusing it because it is shutting down
   (SHUTTING_DOWN: it never started it), or an exchange the gate cut itself once vllmwatch
   declared the engine stuck. A 4xx, or another 5xx, is vLLM's answer and is passed on.
+
+A request that takes the engine down takes the next one down when it is replayed or sent
+again by its client (the openai package retries a 502 twice by default): a crash loop, then
+vllmwatch gives up (exit 75). Suspects keeps, by a fingerprint of method, path and body, how
+many engine deaths each request was in flight at. From PROBATION_AT on it is sent alone (one
+such request in flight at a time: innocents in flight beside the culprit at every death are
+told apart); one that dies alone is quarantined: refused 422 (no client retries it) for
+SUSPECT_FOR. An answer clears the count. A stop vllmwatch ordered counts no death.
 May import: the stdlib only.
 """
 
 from __future__ import annotations
 
+import asyncio
+import contextlib
+import hashlib
 import json
 import re
+from collections import OrderedDict
+from collections.abc import AsyncIterator, Callable
+from typing import Any
 
 from vllmwatch.config.redact import REDACT
 
@@ -167,3 +181,149 @@ def refusal(method: str, path: str) -> str | None:
 def upstream_target(path: str, raw_query: str) -> str:
     """What the gate sends upstream for an allowed path: the checked path itself."""
     return path + ("?" + raw_query if raw_query else "")
+
+
+# ---- requests in flight when an engine died (see the module's docstring) ----
+
+PROBATION_AT = 2  # engine deaths a request was in flight at: sent alone from then on
+SUSPECT_FOR = 600.0  # how long a death is held against a request, and a quarantine lasts
+SUSPECTS_KEPT = 4096  # fingerprints remembered (16 bytes each), oldest first out
+# A request sent alone first waits this long at most for the others in flight to end, then
+# runs alone this long at most: every other request waits meanwhile (only while requests
+# on probation are waiting: after engine deaths), then goes, and it is alone no more.
+ALONE_S = 15.0
+POLL = 0.05  # how often a request held back looks again
+
+
+class TurnMissed(Exception):
+    """A request's turn to be sent did not come before its hold deadline."""
+
+
+class Turn:
+    """One request's send; `alone`: it ran on probation with no other request beside it."""
+
+    def __init__(self, suspects: Suspects, probation: bool) -> None:
+        self._suspects, self._probation = suspects, probation
+        self.sent_at = 0.0  # when its turn came (the loop's clock)
+
+        self.alone = probation  # until freeze(): on probation, with no other beside it
+
+    def freeze(self) -> None:
+        """Its exchange is over: whether it was alone, fixed before the next one's turn."""
+        self.alone = self._probation and not self._suspects.crowded
+
+
+class Suspects:
+    """Deaths per request fingerprint, probation and quarantine; on the gate's loop only."""
+
+    def __init__(self) -> None:
+        # fp: (deaths, when the last, the engine of the last): one engine's death counts once
+        self._deaths: OrderedDict[bytes, tuple[int, float, int | None]] = OrderedDict()
+        self._jail: OrderedDict[bytes, tuple[int, float]] = OrderedDict()  # fp: (n, until)
+        self.sending = 0  # requests under way to vLLM now
+        self._alone: Turn | None = None  # the request on probation, draining or alone
+        self._since = 0.0  # when its drain, then its run alone, began (the loop's clock)
+        self.crowded = False  # another request was sent beside the one alone
+        self._dead: OrderedDict[int | None, float] = OrderedDict()  # engine: first death seen
+
+    @staticmethod
+    def fingerprint(method: str, path: str, body: bytes) -> bytes:
+        """The request's identity: the same bytes sent again are the same request."""
+        return hashlib.sha256(b"%s\0%s\0%s" % (method.encode(), path.encode(), body)
+                              ).digest()[:16]
+
+    def refusal(self, fp: bytes, now: float) -> str | None:
+        """Why this request is refused at once (quarantined), or None."""
+        n, until = self._jail.get(fp, (0, 0.0))
+        if until <= now:
+            self._jail.pop(fp, None)
+            return None
+        return (f"this exact request was in flight each time vLLM's engine died ({n} "
+                "times, the last time sent alone), so it may be what takes the engine down; "
+                f"vllmwatch refuses it for another {until - now:.0f}s (fingerprint "
+                f"{fp.hex()[:12]}, in vllmwatch's log as gate.quarantined). Change it, or "
+                "find the cause in vLLM's log")
+
+    def on_probation(self, fp: bytes, now: float) -> bool:
+        """Whether it is sent alone: in flight at PROBATION_AT deaths within SUSPECT_FOR."""
+        n, last, _gen = self._deaths.get(fp, (0, 0.0, None))
+        return n >= PROBATION_AT and now - last < SUSPECT_FOR
+
+    @contextlib.asynccontextmanager
+    async def turn(self, probation: bool, timeout: float) -> AsyncIterator[Turn]:
+        """Wait for this request's turn to be sent (TurnMissed: not within timeout): on
+        probation, one at a time and alone; else at once, unless one runs alone (ALONE_S)."""
+        loop = asyncio.get_running_loop()
+        end, turn = loop.time() + timeout, Turn(self, probation)
+
+        async def until(free: Callable[[], bool]) -> None:
+            while not free():
+                if loop.time() >= end:
+                    raise TurnMissed
+                await asyncio.sleep(POLL)
+
+        if probation:
+            await until(lambda: self._alone is None)
+            self._alone, self._since = turn, loop.time()
+            try:  # the others in flight end first (ALONE_S at most)
+                await until(lambda: not self.sending or loop.time() - self._since >= ALONE_S)
+            except TurnMissed:
+                self._alone = None
+                raise
+            self.crowded, self._since = self.sending > 0, loop.time()
+        else:
+            await until(lambda: self._alone is None or loop.time() - self._since >= ALONE_S)
+            self.crowded = self.crowded or self._alone is not None
+        self.sending, turn.sent_at = self.sending + 1, loop.time()
+        try:
+            yield turn
+        finally:
+            self.sending -= 1
+            if self._alone is turn:
+                self._alone = None
+
+    def died(self, fp: bytes, now: float, turn: Turn, gen: int | None) -> int | None:
+        """It was in flight at engine `gen`'s death: its count of deaths when that
+        quarantines it (it was sent alone), else None. Sent to an engine already seen dead
+        (vLLM's API server answers for a while after its engine died), it is not counted."""
+        if self._dead.setdefault(gen, now) < turn.sent_at:
+            return None
+        while len(self._dead) > 16:
+            self._dead.popitem(last=False)
+        n, last, was = self._deaths.pop(fp, (0, 0.0, None))
+        n = 0 if now - last >= SUSPECT_FOR else n
+        n += gen is None or gen != was  # identical requests at one death: one death
+        if turn.alone:
+            self._jail[fp] = (n, now + SUSPECT_FOR)
+            _bound(self._jail)
+            return n
+        self._deaths[fp] = (n, now, gen)
+        _bound(self._deaths)
+        return None
+
+    def answered(self, fp: bytes) -> None:
+        """An engine answered it: it is not what kills engines."""
+        self._deaths.pop(fp, None)
+
+
+def quarantined_fields(fp: bytes, path: str, size: int, gen: int | None, deaths: int
+                       ) -> dict[str, object]:
+    """The gate.quarantined event's fields (the body is never shown: its fingerprint is)."""
+    return {"fingerprint": fp.hex()[:12], "path": path, "size": size, "engine_pid": gen,
+            "deaths": deaths, "refused_for_s": SUSPECT_FOR,
+            "detail": "vLLM's engine died each time this request was in flight, the last "
+            "time with it sent alone: the same request is refused (422) so that it cannot "
+            "take the engine down again",
+            "hint": "find why in vLLM's lines before the death (journalctl -t vllm)"}
+
+
+def turn_missed(hold_timeout: float) -> str:
+    """The 503 of a request whose turn to be sent did not come (gate/replay.py Suspects)."""
+    return ("requests that were in flight at more than one of vLLM's engine deaths are sent "
+            "alone, one at a time; this request's turn did not come within "
+            f"{hold_timeout:g}s (gate.hold_timeout)")
+
+
+def _bound(table: OrderedDict[bytes, Any]) -> None:
+    while len(table) > SUSPECTS_KEPT:
+        table.popitem(last=False)

@@ -230,6 +230,8 @@ class Api:
         text = (" ".join(str(m.get("content", "")) for m in body.get("messages", [])) if chat
                 else str(body.get("prompt", "")))
         prompt = max(1, len(text.split()))
+        if self.args.crash_on_prompt and self.args.crash_on_prompt in text:
+            prompt = -1  # the engine crashes at its first step with it (fake_engine.step)
         if self.wedged_for() is not None:
             log("WARNING", "Injected fault: API server wedged (--wedge-api-after)")
             threading.Event().wait()  # never answers; the process exits around it

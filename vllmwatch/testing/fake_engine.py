@@ -242,6 +242,9 @@ class Engine:
             self.running.append(req)
         if not (self.running or self.a.busy):
             return []
+        if any(req.prompt < 0 for req in self.running):
+            self.crash("EngineCore encountered a fatal error.", "injected crash "
+                       "(--crash-on-prompt)")
         try:  # a stopped worker blocks the step, as a hung TP worker blocks real vLLM
             for _, sock in self.workers:
                 sock.sendall(b"s")

@@ -65,6 +65,9 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
     # The *-after delays count from the touch of this file, not from ready (FaultClock).
     p.add_argument("--arm-file")
     p.add_argument("--hold-start-until", help="the engine's start ends when this file exists")
+    # A request whose prompt holds this text crashes the engine at its first step (a request
+    # that takes vLLM down: the gate's quarantine, gate/replay.py Suspects)
+    p.add_argument("--crash-on-prompt")
     p.add_argument("--workers", type=int, help="TP workers (default: TP size if > 1, else 0)")
     for name, number in (("port", 8000), ("tensor-parallel-size", 1), ("max-num-seqs", 256),
                          ("exit-code", 0), ("fd", -1), ("rank", 0),
