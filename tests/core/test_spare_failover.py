@@ -613,3 +613,57 @@ def test_status_says_why_a_spare_is_down_not_why_it_was_planned_on() -> None:
     _ready(m)  # rebuilt and asleep again: the plan's words are back
     assert m.s.spare is not None and _rung(m) == R.ASLEEP
     assert (status_spare(m.s) or {})["why"] == m.s.spare.why
+
+
+# ---- a fault while the spare goes back to sleep (RETURNING) ----
+
+def _returning() -> tuple[SpareWorld, int]:
+    """A failover and the full engine READY again: the spare drains to sleep (its SleepSpare
+    not answered yet); the time since the last failure is past the backoff's reset."""
+    m = SpareWorld()
+    _ready(m)
+    m.time_passes(3.0)
+    m.world_is_kind(1)
+    _crash(m)
+    m.spare_answers(WakeSpare, SpareWoken(True, "", 0.7))
+    for _ in range(80):  # the full engine's relaunch: everything answered but the sleep
+        if _rung(m) == R.RETURNING:
+            break
+        CoreMachine.world_is_kind(m, 1) if m.outstanding else m.time_passes(5.0)
+    assert _rung(m) == R.RETURNING and [type(a) for a in m.spare_out] == [SleepSpare]
+    m.time_passes(70.0)
+    return m, _crash(m)
+
+
+def test_a_crash_while_the_spare_returns_fails_over_once_it_sleeps() -> None:
+    """The full engine back from a failover dies while the spare drains to sleep: the spare
+    is woken again as soon as it sleeps (a wake from asleep is the path that is proven), and
+    serves until the next READY. Before, the restart went on with nobody serving."""
+    m, mark = _returning()
+    acts = m.history[mark:]
+    begin = _logs(acts, "restart.begin")[0]
+    assert "wakes again as soon as it sleeps" in str(begin.fields["failover"])
+    assert _logs(acts, "failover.begin")[0].fields["deferred"]
+    assert not [a for a in acts if isinstance(a, WakeSpare)], "woken while awake"
+    m.spare_answers(SleepSpare, SpareSlept(True, "", 0.36))
+    assert _rung(m) == R.WAKING and [type(a) for a in m.spare_out] == [WakeSpare]
+    m.spare_answers(WakeSpare, SpareWoken(True, "", 0.5))
+    acts = m.history[mark:]
+    assert [a.to for a in acts if isinstance(a, Route)] == ["spare"]
+    assert _rung(m) == R.SERVING and _logs(acts, "failover.served")
+    _ready(m)
+    assert [a.to for a in m.history[mark:] if isinstance(a, Route)] == ["spare", "full"]
+    assert _rung(m) == R.ASLEEP
+
+
+def test_a_relaunch_ready_before_the_spare_sleeps_leaves_it_asleep() -> None:
+    m, mark = _returning()
+    for _ in range(80):  # the relaunch reaches READY while the sleep is still out
+        if m.s.state == S.READY and m.s.restart.phase == Phase.IDLE:
+            break
+        CoreMachine.world_is_kind(m, 1) if m.outstanding else m.time_passes(5.0)
+    assert m.s.state == S.READY and _rung(m) == R.RETURNING
+    m.spare_answers(SleepSpare, SpareSlept(True, "", 0.36))
+    assert _rung(m) == R.ASLEEP and not m.spare_out
+    assert not m.s.spare.late and m.s.spare.began is None  # type: ignore[union-attr]
+    assert not [a for a in m.history[mark:] if isinstance(a, Route)]

@@ -216,6 +216,17 @@ def move(t: Track, to: Rung, now: float, why: str) -> tuple[Track, list[Action]]
     return replace(t, rung=to, since=now, build=build, down_why=down), [log]
 
 
+def off(t: Track, now: float, last_error: str, permanent: bool = False
+        ) -> tuple[Track, list[Action]]:
+    """Off until the next reload: `spare.retries` failed builds in a row, or a permanent one."""
+    why = f"not retried, off until the next reload: {last_error}" if permanent else \
+        f"{t.failed_builds} failed builds (spare.retries): off until the next reload"
+    t, acts = move(replace(t, wanted=False, why=why), R.OFF, now, why)
+    return t, [*acts, Log("warning", "spare.off", {
+        "build": t.build, "why": why, "last_error": last_error,
+        "hint": "read the spare's lines above, fix the cause, then reload (SIGHUP)"})]
+
+
 def fails_over(t: Track, reason: Reason) -> tuple[bool, str]:
     """Whether a restart for `reason` wakes the spare, and the words restart.begin says."""
     if reason in NO_FAILOVER:
@@ -224,6 +235,9 @@ def fails_over(t: Track, reason: Reason) -> tuple[bool, str]:
         return False, f"none: the spare runs the command before the reload ({t.stale})"
     if t.rung == R.ASLEEP:
         return True, "the spare wakes and serves until the full engine is READY"
+    if t.rung == R.RETURNING and not t.stale:
+        return True, ("the spare, going back to sleep after the last failover, wakes again "
+                      "as soon as it sleeps and serves until the full engine is READY")
     if t.rung in (R.SERVING, R.WAKING):
         return False, "the spare serves already"
     if t.rung == R.OFF:

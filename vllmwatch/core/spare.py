@@ -31,6 +31,7 @@ from vllmwatch.core.failover import (
     fails_over,
     fields,
     move,
+    off,
 )
 from vllmwatch.core.failover import Rung as R
 from vllmwatch.core.names import FAILURE_REASONS, Reason
@@ -85,11 +86,16 @@ def restart_begins(s: WatchState, now: float, reason: Reason) -> tuple[WatchStat
         why = f"restart ({reason}) during its rebuild: built again at the next READY"
         t = replace(t, pid=None, stale="", began=None, late=False, failed_builds=t.failed_builds
                     + (reason in FAILURE_REASONS))  # the rebuild's doing (OOM)? it counts
-        t, acts = _off(t, now, why) if t.failed_builds >= t.retries else \
+        t, acts = off(t, now, why) if t.failed_builds >= t.retries else \
             move(t, R.DOWN, now, why)
         return replace(s, spare=t), [*acts, StopSpare(why)], \
             "none: the spare was being rebuilt (stopped; built again at the next READY)"
     yes, words = fails_over(t, reason)
+    if yes and t.rung == R.RETURNING:  # awake, draining to sleep: woken again once asleep
+        t = replace(t, began=now, late=True)
+        return replace(s, spare=t), [Log("warning", "failover.begin", {
+            "build": t.build, "reason": str(reason), "deferred": "the spare is going back "
+            "to sleep after the last failover: woken as soon as it sleeps"})], words
     if not yes:
         return s, [], words
     t, acts = move(replace(t, began=now, late=False), R.WAKING, now, f"restart: {reason}")
@@ -181,17 +187,6 @@ def reloaded(s: WatchState, now: float, changed: str = "", inputs: Inputs = ()) 
     return _set(s, replace(t, stale=why), [log])
 
 
-def _off(t: Track, now: float, last_error: str, permanent: bool = False
-         ) -> tuple[Track, list[Action]]:
-    """Off until the next reload: `spare.retries` failed builds in a row, or a permanent one."""
-    why = f"not retried, off until the next reload: {last_error}" if permanent else \
-        f"{t.failed_builds} failed builds (spare.retries): off until the next reload"
-    t, acts = move(replace(t, wanted=False, why=why), R.OFF, now, why)
-    return t, [*acts, Log("warning", "spare.off", {
-        "build": t.build, "why": why, "last_error": last_error,
-        "hint": "read the spare's lines above, fix the cause, then reload (SIGHUP)"})]
-
-
 def _rebuild(s: WatchState, t: Track, now: float, why: str) -> Result:
     t, acts = move(replace(t, pid=None, stale="", dead=None), R.BUILDING, now, why)
     return _set(s, t, [*acts, BuildSpare(BUILD_TIMEOUT, t.build)])
@@ -257,7 +252,7 @@ def _built(s: WatchState, ev: SpareBuilt, now: float) -> Moved:
         "build": t.build, "detail": ev.detail, "failed_builds": t.failed_builds,
         "retries": t.retries})]
     if t.failed_builds >= t.retries or ev.permanent:  # (a first start's engine launches)
-        t, more = _off(t, now, ev.detail, ev.permanent)
+        t, more = off(t, now, ev.detail, ev.permanent)
         s, acts = _set(s, t, acts + more)
         return s, acts, first
     if first:  # the serving engine never waits on a second try (spare.retries x the build's
@@ -317,9 +312,14 @@ def _slept(s: WatchState, ev: SpareSlept, now: float) -> Result:
         return _down(s, t, now, t.stale)
     if ev.ok:
         t, acts = move(t, R.ASLEEP, now, "re-armed")
-        return _set(s, t, [*acts, Log("info", "spare.rearmed", {
-            "build": t.build, "seconds": round(ev.seconds, 3)})])
-    return _down(s, t, now, f"could not sleep again: {ev.detail}")
+        acts.append(Log("info", "spare.rearmed", {"build": t.build,
+                                                  "seconds": round(ev.seconds, 3)}))
+        if t.late and not _full_ready(s):  # a restart began while it went back to sleep
+            s, more = released(replace(s, spare=t), now)
+            return s, acts + more
+        return _set(s, replace(t, late=False, began=None), acts)
+    return _down(s, replace(t, late=False, began=None), now,
+                 f"could not sleep again: {ev.detail}")
 
 
 def _exited(s: WatchState, ev: SpareExited, now: float) -> Result:
