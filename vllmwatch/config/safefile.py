@@ -173,6 +173,20 @@ def private_dir(path: str) -> str | None:
     return path if stat.S_ISDIR(st.st_mode) and trusted(st) else None
 
 
+def closed_dir(path: str) -> str | None:
+    """private_dir that no other user may even enter (0700, made so when looser): what a Unix
+    socket inside needs whatever mode its server gives it (the umask's: UMask=0000 makes it
+    connectable by all). None when it cannot be had."""
+    got = private_dir(path)
+    with contextlib.suppress(OSError):
+        if got is not None and os.lstat(got).st_mode & 0o077:
+            os.chmod(got, 0o700)
+    try:
+        return got if got is not None and not os.lstat(got).st_mode & 0o077 else None
+    except OSError:
+        return None
+
+
 def read_private(path: str, limit: int = 1 << 20) -> str | None:
     """The text of a trusted regular file (not a link), or None for anything else."""
     try:

@@ -43,13 +43,16 @@ SUN_PATH_MAX = 107  # a Unix socket's path (sun_path)
 
 
 def socket_path(environ: Mapping[str, str], instance: str) -> str | None:
-    """Where the spare listens: vllmwatch's private directory (no other user reaches it), or
-    a private one under /tmp when that path is too long for a socket; None: no such place."""
+    """Where the spare listens: a directory of vllmwatch's private one that no other user may
+    enter (the state directory may be 0755: systemd's StateDirectoryMode default), or one
+    under /tmp when that path is too long for a socket; None: no such place."""
     name = f"spare-{instance[:12]}.sock"
     for where in (groupfile.state_dir(environ),
                   safefile.private_dir(f"/tmp/vllmwatch-{os.geteuid()}")):
-        if where is not None and len(os.path.join(where, name)) <= SUN_PATH_MAX:
-            return os.path.join(where, name)
+        room = where is not None and len(os.path.join(where, "spare", name)) <= SUN_PATH_MAX
+        closed = safefile.closed_dir(os.path.join(where, "spare")) if room and where else None
+        if closed is not None:
+            return os.path.join(closed, name)
     return None
 
 
