@@ -232,6 +232,10 @@ class Suspects:
         return hashlib.sha256(b"%s\0%s\0%s" % (method.encode(), path.encode(), body)
                               ).digest()[:16]
 
+    def idle(self) -> bool:
+        """No request is suspect or quarantined (fingerprints are needed only at a death)."""
+        return not self._deaths and not self._jail
+
     def refusal(self, fp: bytes, now: float) -> str | None:
         """Why this request is refused at once (quarantined), or None."""
         n, until = self._jail.get(fp, (0, 0.0))
