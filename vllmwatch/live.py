@@ -79,12 +79,15 @@ class Live:
         if new.status != old.status:
             self._rebind_status(new)
         if self.gate is not None:
+            from vllmwatch.gate.runner import upstream_of  # (loaded with the gate)
+
             if (new.gate.replay, new.gate.replay_max) != (old.gate.replay, old.gate.replay_max):
                 self.log("info", "gate.replay_changed", replay=new.gate.replay,
                          replay_max=new.gate.replay_max)
             # written on the gate's own thread, where requests read them (Gate.reconfigure)
             self.gate.reconfigure(new.gate.hold_timeout, new.gate.retry_after,
-                                  new.gate.replay, new.gate.replay_max, keepalive_of(new))
+                                  new.gate.replay, new.gate.replay_max, keepalive_of(new),
+                                  upstream_of(new))  # vLLM relaunches there (a new port)
         # Against the config as started, never the last reload's: a second reload must not
         # clear a notice for a key that still waits for the restart (memory.unified did).
         needed = tuple(key for key, get in RESTART_KEYS if get(new) != get(self.started))

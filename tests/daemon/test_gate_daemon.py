@@ -10,6 +10,7 @@ import signal
 import threading
 from collections.abc import Callable, Iterator
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -225,3 +226,29 @@ def test_with_replay_off_the_record_counts_the_requests_the_death_failed(tmp_pat
         gate = record["gate"]
         assert failed >= 1 and gate["in_flight"] >= 1, (outcomes, gate)
         assert gate["replayed"] == 0 and gate["not_replayed"] == gate["failed"], gate
+
+
+def test_a_reload_that_moves_vllms_port_moves_the_gate_with_it(tmp_path: Path) -> None:
+    """A SIGHUP that changes vllm.port relaunches vLLM there; the gate kept forwarding to the
+    port it started with, so every client got 503 "not ready" while /status said ready."""
+    gate_port, status_port = free_port(), free_port()
+
+    def cfg(port: int) -> dict[str, Any]:
+        return merge(base_config(port, status_port), {"gate": {
+            "enabled": True, "listen": f"127.0.0.1:{gate_port}", "hold_timeout": "20s"}})
+
+    d = Daemon(tmp_path, cfg(free_port())).start()
+    try:
+        d.wait_ready(30)
+        assert complete(gate_port) == "ok"
+        mark = d.mark()
+        d.write_config(cfg(free_port()))
+        d.signal(signal.SIGHUP)
+        d.wait_ready(30, since=mark)
+        assert complete(gate_port) == "ok"
+        gate = json.loads(d.http_get("/status")[1])["gate"]
+        assert gate["hold_timeouts"] == 0, gate
+        code, _ = d.stop()
+        assert code == 0, d.dump()
+    finally:
+        d.close()

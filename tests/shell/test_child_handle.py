@@ -23,6 +23,7 @@ from vllmwatch.testing import FakeNotifier
 DAEMON_FIELDS = {"log", "notifier", "_environ", "reaper", "launcher", "marker", "platform",
                  "sampler", "_sampler_gpus", "_fixed_sampler", "_publish", "_versions", "_run",
                  "standby",  # the standby launcher's view
+                 "reads",  # NVML reads of the loop's thread, with a deadline (LoopReads)
                  "spare",  # the spare engine's runner (issue 34; None when it is off)
                  "_adapters",  # the LoRA adapters' watcher (issue 38)
                  "gate_figures",  # the gate's per-engine figures for incident records (35)

@@ -12,6 +12,8 @@ any other prompt is answered once the test releases it, or reset with the engine
 
 from __future__ import annotations
 
+import asyncio
+import contextlib
 import json
 import threading
 from collections.abc import Iterator
@@ -261,3 +263,22 @@ def test_the_tables_are_bounded() -> None:
         fp = replay.Suspects.fingerprint("POST", "/p", b"%d" % i)
         s.died(fp, 1.0, _turn(s, fp, 0.5, False), gen=1)
     assert len(s._deaths) == replay.SUSPECTS_KEPT
+
+
+def test_a_request_that_leaves_while_waiting_its_turn_frees_it() -> None:
+    """Its client left (the handler cancelled) while it waited for the others to end: the
+    one place is free again, else every later request on probation waited out its hold."""
+    async def go() -> None:
+        s = replay.Suspects()
+        s.sending = 1  # another request in flight: the one on probation waits for it
+        waiting = asyncio.ensure_future(s.turn(True, 30.0).__aenter__())
+        await asyncio.sleep(3 * replay.POLL)
+        assert s._alone is not None and not waiting.done()
+        waiting.cancel()
+        with contextlib.suppress(asyncio.CancelledError):
+            await waiting
+        assert s._alone is None
+        s.sending = 0
+        async with s.turn(True, 5.0) as turn:
+            assert turn.alone
+    asyncio.run(go())

@@ -271,7 +271,7 @@ class Suspects:
             self._alone, self._since = turn, loop.time()
             try:  # the others in flight end first (ALONE_S at most)
                 await until(lambda: not self.sending or loop.time() - self._since >= ALONE_S)
-            except TurnMissed:
+            except BaseException:  # TurnMissed, or its client left (cancelled): free it
                 self._alone = None
                 raise
             self.crowded, self._since = self.sending > 0, loop.time()

@@ -186,14 +186,14 @@ class Gate:
             return None
 
     def reconfigure(self, hold_timeout: float, retry_after: float, replay: bool,
-                    replay_max: int, keepalive: float | None = None) -> None:
-        """A reload's gate.hold_timeout, retry_after, replay, replay_max and vLLM's keep-alive
-        (any thread): written on the gate's own thread, where the forwarder reads them, so no
-        attribute is written from another thread while a request reads it (issue 32 item 5)."""
+                    replay_max: int, keepalive: float | None = None, upstream: str = "") -> None:
+        """A reload's gate.hold_timeout, retry_after, replay, replay_max, vLLM's keep-alive and
+        address (any thread): written on the gate's thread, where requests read them (32.5)."""
         def apply() -> None:
             fwd = self.forwarder
             fwd.hold_timeout, fwd.retry_after = hold_timeout, retry_after
             fwd.replay, fwd.replay_max = replay, replay_max
+            fwd.upstream = upstream.rstrip("/") or fwd.upstream  # vllm.host/port reloaded
             if keepalive is not None:
                 fwd.upstreams.narrow(keepalive)
 
