@@ -119,16 +119,20 @@ def test_distinct_addresses_load(data: dict[str, Any]) -> None:
     (["--port 9000"], "is set by vllmwatch; use vllm.port"),  # was let through as one word
     (["--api-key sk-one-word"], "are one word to vLLM"),
     (["stray", "--enforce-eager"], "comes before any flag"),
+    (["--enforce-eager", "-h"], "exit 0 without serving"),  # -h is --help to vLLM
+    (["--api-key", "sk-one-word", "sk-two"], "more than one key"),  # the second stayed
+    (["--api-key=sk-one-word", "sk-two", "--enforce-eager"], "more than one key"),  # on argv
 ])
 def test_extra_args_words_vllm_cannot_read_are_refused(extra: list[str], says: str) -> None:
     problems = flags.args_problems({}, extra)
     assert any(says in p.problem for p in problems), problems
-    assert all("sk-one-word" not in p.problem for p in problems)
+    assert all("sk-one-word" not in p.problem and "sk-two" not in p.problem for p in problems)
 
 
 @pytest.mark.parametrize("extra", [["--enforce-eager"], ["--served-model-name-x", "a b"],
                                    ["--middleware", "pkg.a", "--middleware", "pkg.b"],
-                                   ["--max-model-len=8192"]])
+                                   ["--max-model-len=8192"],
+                                   ["--api-key", "sk-one", "--enforce-eager"]])
 def test_extra_args_vllm_reads_pass(extra: list[str]) -> None:
     assert flags.args_problems({}, extra) == []
 

@@ -122,8 +122,16 @@ def args_problems(args: Mapping[str, object], extra: Sequence[str],
             out.append(Problem(key, f"{token.split()[0]!r} starts with a typographic dash "
                                "(copied from a web page?), which vLLM takes for a second "
                                f"model: write --{token[1:].split()[0]}"))
+        elif token == "-h" or token.startswith("-h="):  # vLLM's short --help
+            out.append(Problem(key, "-h is --help: it makes vLLM print its help and exit 0 without "
+                               "serving, at every launch; remove it"))
         elif token.startswith("--"):
             name, eq, inline = token[2:].partition("=")
+            after = extra[i + (1 if eq else 2):][:1]  # the word after its value
+            if flag_name(name) == "api-key" and after and not after[0].startswith("-"):
+                out.append(Problem(key, "--api-key with more than one key: vllmwatch moves "
+                                   "one key off vLLM's command line, a second would stay "
+                                   "there in clear; give one key (vllm.api_key_file)"))
             value: object
             if len(name.split()) > 1:  # "--max-model-len 8192" as one item: one word
                 out.append(Problem(key, f"--{name.split()[0]} and its value are one word to "
