@@ -498,8 +498,10 @@ def test_sighup_turns_replay_off_and_on() -> None:
     from vllmwatch.config.schema import from_dict
     from vllmwatch.live import Live, SwitchableLog
 
+    vllm_port = [8001]  # the scripted vLLM's, once it listens: a reload moves the gate there
+
     def config(replay: bool, most: int) -> Any:
-        return from_dict({"vllm": {"model": "/m", "port": 8001},
+        return from_dict({"vllm": {"model": "/m", "port": vllm_port[0]},
                           "gate": {"enabled": True, "listen": "127.0.0.1:8000",
                                    "replay": replay, "replay_max": most}})
 
@@ -510,6 +512,7 @@ def test_sighup_turns_replay_off_and_on() -> None:
                 lambda c: lambda *a, **k: None, lambda c: None)
     with setup("reset") as (g, _script, _d):
         live.gate = g
+        vllm_port[0] = int(g.forwarder.upstream.rsplit(":", 1)[1])
         live.apply(config(False, 1))
         assert post(g.port)[0] == 502 and g.stats.not_replayed == 1
         live.apply(config(True, 3))  # applied on the gate's own thread (Gate.reconfigure)
