@@ -135,6 +135,14 @@ def test_useful_non_secrets_stay(text: str) -> None:
     ("KeyError", False), ("LocalTokenNotFoundError", False), ("eos_token", False),
     ("pad_token", False), ("additional_special_tokens", False), ("pass_config", False),
     ("access_token", True), ("HF_TOKEN", True),
+    # a header's value is the credential the server checks; a list of headers carries
+    # credentials under any name; a header's name, a CORS list or a switch are not secrets
+    ("AUTHORIZATION_HEADER", True), ("AUTH_HEADER", True), ("API_KEY_HEADER", True),
+    ("COOKIE_HEADER", True), ("X_TOKEN_HEADER", True), ("OTEL_EXPORTER_OTLP_HEADERS", True),
+    ("OTEL_EXPORTER_OTLP_TRACES_HEADERS", True), ("extraHeaders", True),
+    ("CONTENT_TYPE_HEADER", False), ("HEADER", False), ("headers", False),
+    ("API_KEY_HEADER_NAME", False), ("allowed-headers", False),
+    ("enable-request-id-headers", False), ("h11-max-header-count", False),
 ])
 def test_secret_names_by_their_words(name: str, secret: bool) -> None:
     assert is_secret_name(name) is secret

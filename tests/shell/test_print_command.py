@@ -182,3 +182,22 @@ def test_the_left_out_note_passes_the_redactor(tmp_path: Path, monkeypatch: pyte
     assert cli.main(["print-command", "-c", str(config)]) == exitcodes.OK
     err = capsys.readouterr().err
     assert "VLLM_CACHE_ROOT=" in err and "left out" in err and "hunter2pass" not in err
+
+
+def test_print_command_hides_header_variables_and_the_check_does_too(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
+        capsys: pytest.CaptureFixture[str]) -> None:
+    """A header's value is the credential (`AUTHORIZATION_HEADER`), a list of headers carries
+    them under names no rule knows (`OTEL_EXPORTER_OTLP_HEADERS`): both were printed in clear,
+    and logged so in child.started, while init moved them out of the TOML as secrets."""
+    _vllm(monkeypatch, tmp_path, "2.11.0")
+    secrets = ("Basic dXNlcjpzM2NyM3Q=", "x-honeycomb-team=hc4ppk3y9")
+    config = _config(tmp_path, f'[vllm.env]\nAUTHORIZATION_HEADER = "{secrets[0]}"\n'
+                     f'OTEL_EXPORTER_OTLP_HEADERS = "{secrets[1]}"\n'
+                     'CONTENT_TYPE_HEADER = "application/json"\n')
+    assert cli.main(["print-command", "-c", str(config)]) == exitcodes.OK
+    out, err = capsys.readouterr()
+    assert "AUTHORIZATION_HEADER=" in out and "OTEL_EXPORTER_OTLP_HEADERS=" in out
+    assert "CONTENT_TYPE_HEADER=application/json" in out
+    for secret in (*secrets, "dXNlcjpzM2NyM3Q", "hc4ppk3y9"):
+        assert secret not in out + err

@@ -22,7 +22,7 @@ _ENDINGS = ("token", "apikey", "secret", "password", "passwd", "pass", "accesske
 # `_id`/`_ids` is an identifier (`prompt_token_ids`, `stop_token_ids`, `key_id`), never the
 # credential (an AWS key id's AKIA... shape is hidden as a token anyway).
 _ABOUT = frozenset({"file", "path", "dir", "size", "len", "length", "count", "type", "mode",
-                    "name", "format", "url", "env", "var", "header", "ttl", "timeout",
+                    "name", "format", "url", "env", "var", "ttl", "timeout",
                     "expiry", "prefix", "id", "ids",
                     # an exception class names what failed: `KeyError: 'model.layers.0...'`
                     # hid the missing weight's name, the cause of the crash
@@ -36,6 +36,12 @@ _PLURALS = frozenset({"keys", "tokens"})
 _QUALIFIERS = frozenset({"api", "access", "auth", "secret", "private", "hf", "bearer",
                          "refresh", "session", "client", "ssh", "signing", "encryption"})
 _PLURAL_ENDINGS = tuple(q + p for q in _QUALIFIERS for p in _PLURALS)
+# A header's value is what the server checks, so `AUTHORIZATION_HEADER`, `API_KEY_HEADER` are
+# judged by their other words (a `*_HEADER_NAME` stays readable); a list of headers
+# (`OTEL_EXPORTER_OTLP_HEADERS="x-honeycomb-team=..."`) carries credentials under names no rule
+# knows, so it is hidden whole, unless a word before says it lists header names or switches
+# them (`--allowed-headers`, `--enable-request-id-headers`).
+_HEADER_LISTS = frozenset({"allowed", "allow", "expose", "exposed", "enable", "disable"})
 # A name with one of these words is a number about tokens or keys (`max_token`, `num_keys`).
 _COUNTS = frozenset({"num", "max", "min", "total", "count", "counts"})
 _SPLIT = re.compile(r"[^A-Za-z0-9]+|(?<=[a-z0-9])(?=[A-Z])|(?<=[A-Z])(?=[A-Z][a-z])")
@@ -50,6 +56,8 @@ def is_secret_name(name: str) -> bool:
         return False
     if words[-1] in ("token", "tokens") and len(words) > 1 and words[-2] in _SPECIAL:
         return False
+    if words[-1] == "headers" and len(words) > 1:
+        return not _HEADER_LISTS.intersection(words)
     if words == ["pwd"]:  # the shell's working directory (PWD), in every child's environment
         return False
     return any(w in _WORDS or w.endswith(_ENDINGS) or w.endswith(_PLURAL_ENDINGS)
