@@ -23,6 +23,7 @@ from vllmwatch.check import maxlen as checks_maxlen
 from vllmwatch.check import model as checks_model
 from vllmwatch.check import runner as check
 from vllmwatch.check.runner import FAIL, PASS, SKIP, WARN, CheckResult
+from vllmwatch.core import exitcodes
 
 REPO = Path(__file__).resolve().parents[2]
 VLLM_VENV_PY = REPO / ".cache" / "vllm-venv" / "bin" / "python"
@@ -297,7 +298,7 @@ def test_legacy_flag_fails_config_but_other_checks_run(tmp_path: Path) -> None:
     res = results(path, fast=True)
     assert res["config"].status == FAIL and "fp16" in res["config"].detail
     assert res["model.weights"].status == PASS
-    assert check.main(path, as_json=False, fast=True, out=io.StringIO()) == 1
+    assert check.main(path, as_json=False, fast=True, out=io.StringIO()) == exitcodes.CONFIG
 
 
 def test_unreadable_api_key_file_fails_config(tmp_path: Path) -> None:
@@ -352,12 +353,12 @@ def test_cache_dir_not_writable_warns(tmp_path: Path) -> None:
     assert results(path, fast=True)["prewarm.cache_dir"].status == SKIP
 
 
-def test_broken_config_is_one_fail_exit_1(tmp_path: Path) -> None:
+def test_broken_config_is_one_fail_exit_78(tmp_path: Path) -> None:
     path = tmp_path / "bad.toml"
     path.write_text("[vllm\nmodel = 1\n")
     assert [(r.name, r.status) for r in check.run(str(path))] == [("config", FAIL)]
     out = io.StringIO()
-    assert check.main(str(path), as_json=True, fast=False, out=out) == 1
+    assert check.main(str(path), as_json=True, fast=False, out=out) == exitcodes.CONFIG
     assert json.loads(out.getvalue())[0]["detail"].startswith(str(path))
 
 
@@ -430,7 +431,7 @@ def test_cli_never_prints_a_traceback_for_broken_toml(tmp_path: Path) -> None:
     path.write_text('[vllm]\nmodel = "x\n')
     proc = subprocess.run([sys.executable, "-m", "vllmwatch", "--config", str(path), "check"],
                           capture_output=True, text=True, cwd=REPO, timeout=60, check=False)
-    assert proc.returncode == 1
+    assert proc.returncode == exitcodes.CONFIG  # exit-codes.md: 78, as `run` exits
     assert "Traceback" not in proc.stdout + proc.stderr
     assert "FAIL" in proc.stdout and "config" in proc.stdout
 

@@ -61,7 +61,9 @@ __all__ = [
 
 def main(path: str, as_json: bool, fast: bool, *, nvml: Callable[[], Any] | None = None,
          out: TextIO | None = None, err: TextIO | None = None) -> int:
-    """Run the checklist for the config at path and print it; 0 if nothing failed, else 1."""
+    """Run the checklist for the config at path and print it: 0 if nothing failed; 78 (as
+    `run` and `print-command` exit) when the config itself is refused, so a script tells a
+    file to fix from a host to fix; else 1."""
     out, err = out or sys.stdout, err or sys.stderr
     show_progress = not as_json or err.isatty()
     results = run(path, fast=fast, env=os.environ, nvml=nvml,
@@ -71,6 +73,8 @@ def main(path: str, as_json: bool, fast: bool, *, nvml: Callable[[], Any] | None
         out.flush()
     except BrokenPipeError:  # `vllmwatch check | head`: the reader left; not our failure
         pass
+    if any(r.status == FAIL and r.name == "config" for r in results):
+        return exitcodes.CONFIG
     return 1 if any(r.status == FAIL for r in results) else 0
 
 
