@@ -5,10 +5,21 @@ without it (its error in the log), /status and the status CLI name each adapter'
 from __future__ import annotations
 
 import json
+import signal
 import subprocess
 from pathlib import Path
+from typing import Any
 
-from tests.support import PYTHON, Daemon, base_config, completion, free_port, merge
+from tests.support import (
+    PYTHON,
+    TIMEOUT_SCALE,
+    Daemon,
+    base_config,
+    completion,
+    free_port,
+    merge,
+    wait_until,
+)
 from tests.support.tinylora import make
 
 
@@ -42,6 +53,42 @@ def test_optional_adapter_vllm_refuses_at_start_is_left_out_and_reported(
                                text=True, timeout=30)
         assert "adapter sql" in shown.stdout and "adapter chat" in shown.stdout and \
             "failed (not required): left out" in shown.stdout, shown.stdout + shown.stderr
+    finally:
+        d.stop()
+        d.close()
+
+
+def test_a_left_out_adapter_fixed_in_place_comes_back_live_with_one_load(
+        tmp_path: Path) -> None:
+    """The log says "fix it, then systemctl reload vllmwatch": with live changes on, the
+    reload brings the left-out adapter back without a restart, loaded once (the core's change
+    and the watch's retry both loaded it; vLLM's "already been loaded" left it failed)."""
+    good, bad = make(tmp_path / "good"), make(tmp_path / "bad")
+    fixed = (bad / "adapter_config.json").read_text()
+    (bad / "adapter_config.json").write_text(json.dumps({**json.loads(fixed), "bias": "all"}))
+    port, status_port = free_port(), free_port()
+    cfg = merge(base_config(port, status_port), {
+        "lora": {"live": True, "max_loras": 4},
+        "adapters": [{"name": "sql", "path": str(good)},
+                     {"name": "chat", "path": str(bad), "required": False}]})
+    d = Daemon(tmp_path, cfg).start()
+    try:
+        d.wait_ready(60)
+        assert completion(port, model="chat")[0] == 404
+        (bad / "adapter_config.json").write_text(fixed)
+        mark = d.mark()
+        d.signal(signal.SIGHUP)
+        d.wait_event("lora.loaded", 60, since=mark, adapter="chat")
+        assert completion(port, model="chat")[0] == 200
+
+        def rows() -> dict[str, Any] | None:
+            doc = json.loads(d.http_get("/status", timeout=5)[1])["adapters"]
+            states = {r["name"]: r["state"] for r in doc["managed"]}
+            return doc if states["chat"] == "loaded" else None
+
+        doc = wait_until(rows, 30 * TIMEOUT_SCALE, "chat shown loaded in /status")
+        assert doc["loads_failed"] == 0 and d.named("lora.load_failed", since=mark) == []
+        assert len(d.named("child.started")) == 2  # the refused start and its relaunch only
     finally:
         d.stop()
         d.close()

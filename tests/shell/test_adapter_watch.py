@@ -134,6 +134,52 @@ def test_a_reload_with_the_same_adapters_retries_the_one_vllm_refused(tmp_path: 
         assert watch.reconfigure(c1) is None  # nothing left to retry
 
 
+@pytest.mark.parametrize("retry_first", [False, True])
+def test_a_reload_that_brings_back_a_left_out_adapter_loads_it_once(
+        tmp_path: Path, retry_first: bool) -> None:
+    """vLLM refused an optional adapter at start (core/lora.start_refused: the launch left it
+    out); fixed in place, a SIGHUP: the core's change adds it (its config had dropped it) and
+    the watch retries it (not served). Both loaded it: vLLM's 400 "already been loaded"
+    marked it failed for good while it served, and loads_failed went up."""
+    a, (bad, good) = str(make(tmp_path / "a")), refused(tmp_path / "bad")
+    port = free_port()
+    with watching(port, a) as (watch, log):
+        c1 = config(port, {"a": a, "bad": str(bad)})
+        watch.reconfigure(c1)
+        watch.launched(config(port, {"a": a}))  # the launch that left it out
+        (bad / "adapter_config.json").write_text(good)
+        if retry_first:
+            retry = watch.reconfigure(c1)
+            change = watch.update(c1.adapters[1:], (), ())
+        else:
+            change = watch.update(c1.adapters[1:], (), ())
+            retry = watch.reconfigure(c1)
+        assert retry is not None
+        for sent in (retry, change):
+            sent.join(30)
+        assert served(watch)["bad"] == "loaded" and watch.view(True)["loads_failed"] == 0
+        assert log.named("lora.load_failed") == []
+        assert [f["adapter"] for f in log.named("lora.loaded")] == ["bad"]
+
+
+def test_an_adapter_loaded_by_hand_under_a_configured_name_is_replaced(tmp_path: Path) -> None:
+    """vLLM already serves a same-named adapter vllmwatch did not load: the config's path
+    replaces it (load_inplace), not a refusal that leaves the wrong weights serving."""
+    a, b, other = (str(make(tmp_path / n)) for n in ("a", "b", "other"))
+    port = free_port()
+    with watching(port, a) as (watch, log):
+        body = json.dumps({"lora_name": "b", "lora_path": other}).encode()
+        assert bounded_http.request("127.0.0.1", port, "POST", "/v1/load_lora_adapter",
+                                    timeout=10, max_body=4096, body=body,
+                                    headers={"Content-Type": "application/json"})[0] == 200
+        c1 = config(port, {"a": a, "b": b})
+        watch.update(c1.adapters[1:], (), ()).join(30)
+        watch.reconfigure(c1)
+        [loaded] = log.named("lora.loaded")
+        assert loaded["adapter"] == "b" and "in place" in loaded["how"]
+        assert served(watch)["b"] == "loaded" and log.named("lora.load_failed") == []
+
+
 def test_an_unload_without_vllms_endpoint_is_not_called_done(tmp_path: Path) -> None:
     """A 404 from a route that is not there (the runtime endpoints off) was logged as
     `lora.unloaded` while vLLM still served the adapter; only vLLM's own "cannot be found"

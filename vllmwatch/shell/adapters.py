@@ -85,6 +85,9 @@ class AdapterWatch:
         self._served: set[str] | None = None  # the names /v1/models lists (None: not read)
         self._pid: int | None = None
         self._left_out: set[str] = set()  # configured, not on the last launch's command line
+        # adapter -> the path this child loaded live (200): a second load of the same (the
+        # core's change and the retry of one reload) would be refused "already loaded"
+        self._ours: dict[str, str] = {}
         self._next_refresh = 0.0
         self._busy = threading.Lock()  # one change or refresh at a time
         # Live changes in the order sent, one worker at a time (update, _drain)
@@ -155,8 +158,8 @@ class AdapterWatch:
         now = self._clock()
         if ready and (pid != self._pid or now >= self._next_refresh):
             if pid != self._pid:
-                with self._lock:
-                    self._errors, self._served = {}, None  # a new child: its own load
+                with self._lock:  # a new child: its own load
+                    self._errors, self._served, self._ours = {}, None, {}
             self._pid, self._next_refresh = pid, now + REFRESH_EVERY
             threading.Thread(target=self.refresh, name="vllmwatch-adapters",
                              daemon=True).start()
@@ -195,22 +198,38 @@ class AdapterWatch:
                 # vLLM's 404 for an adapter it does not have: unloaded. A route's own 404
                 # (the runtime endpoints are off) says nothing of the adapter: not done.
                 if status == 200 or (status == 404 and "cannot be found" in answer):
+                    with self._lock:
+                        self._ours.pop(name, None)
                     self._log("info", "lora.unloaded", adapter=name)
                 else:
                     self._log("error", "lora.unload_failed", adapter=name, error=answer,
                               detail="vLLM still serves it until the next restart")
             for adapter in load:
-                body = load_body(adapter, adapter.name in inplace)
-                status, answer = self._post(config, LOAD_PATH, body, LOAD_TIMEOUT)
-                self._loaded(adapter, status, answer)
+                inplace_ = adapter.name in inplace
+                with self._lock:
+                    done = not inplace_ and self._ours.get(adapter.name) == adapter.path
+                if done:  # one reload's change and its retry named the same adapter
+                    continue
+                status, answer = self._post(config, LOAD_PATH, load_body(adapter, inplace_),
+                                            LOAD_TIMEOUT)
+                how = "live"
+                if status == 400 and "already been loaded" in answer and not inplace_:
+                    # vLLM serves an adapter of this name we did not load (by hand, past
+                    # us): the config's path replaces it, as a repointed one is
+                    status, answer = self._post(config, LOAD_PATH, load_body(adapter, True),
+                                                LOAD_TIMEOUT)
+                    how = "live, in place of an adapter of the same name vLLM served"
+                self._loaded(adapter, status, answer, how)
             self._refresh(config)
 
-    def _loaded(self, adapter: AdapterConfig, status: int, answer: str) -> None:
+    def _loaded(self, adapter: AdapterConfig, status: int, answer: str, how: str) -> None:
         if status == 200:
             with self._lock:
                 self._errors.pop(adapter.name, None)
+                self._ours[adapter.name] = adapter.path
+                self._left_out.discard(adapter.name)  # left out of the launch, served now
             self._log("info", "lora.loaded", adapter=adapter.name, path=adapter.path,
-                      how="live")
+                      how=how)
             return
         with self._lock:
             self._errors[adapter.name] = answer
