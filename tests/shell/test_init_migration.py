@@ -175,6 +175,35 @@ def test_a_line_with_no_model_says_so_and_blames_no_one(tmp_path: Path) -> None:
     assert rc == 2 and "vllm.model" in err and "bug" not in err, err
 
 
+@pytest.mark.parametrize("line", [
+    "vllm serve /srv/served --model /srv/other", "vllm serve --model /srv/other /srv/served",
+    "vllm serve /srv/served --model=/srv/other --max-model-len 2048",
+])
+def test_the_positional_model_wins_over_model_as_in_vllm(line: str) -> None:
+    """vLLM's serve sets args.model from the positional MODEL when one is given: --model is
+    never read. init kept --model, so the service served another model than the line did."""
+    data, draft = toml_of(line)
+    assert data["vllm"]["model"] == "/srv/served"
+    assert "model" not in data["vllm"].get("args", {})
+    assert "--model" not in " ".join(map(str, data["vllm"].get("extra_args", [])))
+    [dropped] = [e for e in draft.args if e.key == "model"]
+    assert "/srv/other" in dropped.note and "positional" in dropped.note
+    alone, _ = toml_of("vllm serve --model /srv/other")
+    assert alone["vllm"]["model"] == "/srv/other"
+
+
+@pytest.mark.parametrize("line", [
+    "vllm serve --max-model-len 2048 /srv/served",
+    "vllm serve --enforce-eager /srv/served --port 9000",
+    "vllm serve --host 127.0.0.1 /srv/served",
+])
+def test_the_model_after_the_flags_is_the_model_as_argparse_reads_it(line: str) -> None:
+    """argparse gives the optional positional the first word no flag takes, wherever it
+    stands: init called it a stray word and wrote no model."""
+    data, draft = toml_of(line)
+    assert data["vllm"]["model"] == "/srv/served" and draft.errors == []
+
+
 # ---- 36.6: write errors are one line ----
 
 def _write_cases(tmp: Path) -> list[tuple[Path, str]]:

@@ -68,6 +68,7 @@ class Draft:
     secret_args: list[tuple[str, str]] = field(default_factory=list)
     todo: list[str] = field(default_factory=list)
     changed: int = 0  # flags changed or dropped (each has a comment)
+    positional_model: bool = False  # the line named its model positionally (vLLM's choice)
     # [[smoke]] checks proposed (migrate/smokeplan.py): (table, why, written active)
     smoke: list[tuple[dict[str, object], str, bool]] = field(default_factory=list)
 

@@ -18,6 +18,9 @@ SHORT = {"-tp": "tensor-parallel-size", "-pp": "pipeline-parallel-size",
          "-sc": "speculative-config", "-cc": "compilation-config", "-ac": "attention-config",
          "-n": "nnodes", "-r": "node-rank", "-ep": "enable-expert-parallel"}
 _BOOL_WORDS = ("true", "false")
+# Text flags of vLLM that take one word (argparse's nargs=None; the flag list does not say
+# nargs): a word after their value is the positional MODEL, as argparse reads it.
+_ONE_WORD = frozenset({"model", "host", "tokenizer", "revision", "dtype", "device"})
 
 
 @dataclass(frozen=True)
@@ -83,7 +86,9 @@ def read(rest: list[str], known: FlagSet | None) -> Words:
         word = rest[i]
         i += 1
         if not _is_flag(word):
-            if model is None and not out:
+            # argparse gives the optional positional the first word no flag takes, before
+            # the flags or after them (`vllm serve --max-model-len 2048 /m` serves /m)
+            if model is None:
                 model = word
             else:
                 stray.append(word)
@@ -101,7 +106,8 @@ def read(rest: list[str], known: FlagSet | None) -> Words:
         if eq:
             out.append(Given(name, (value or "",), word))
             continue
-        taken = _values(rest, i, known.kind(name.split(".")[0]) if known else None)
+        kind = known.kind(name.split(".")[0]) if known else None
+        taken = _values(rest, i, "one" if name in _ONE_WORD and kind != "bool" else kind)
         out.append(Given(name, tuple(taken), " ".join([word, *taken])))
         i += len(taken)
     return Words(model, tuple(out), tuple(stray))
@@ -116,6 +122,6 @@ def _values(rest: list[str], i: int, kind: str | None) -> list[str]:
             break
         taken.append(rest[i])
         i += 1
-        if kind in ("bool", "number"):
+        if kind in ("bool", "number", "one"):
             break
     return taken

@@ -31,6 +31,7 @@ def translate(line: ServeLine, facts: Facts) -> Draft:
     words = read(line.rest, facts.known)
     if words.model is not None:
         _model(words.model, draft, facts, "the positional MODEL")
+        draft.positional_model = True
     for word in words.stray:
         draft.errors.append(f"{word!r} follows no flag (vLLM would refuse it); not written")
     counts: dict[str, list[Given]] = {}
@@ -164,6 +165,14 @@ def _drop(given: Given, draft: Draft, why: str) -> None:
 def _owned(given: Given, value: object, draft: Draft, facts: Facts) -> None:
     key = OWNED[given.name]
     text = value[0] if isinstance(value, list) else value
+    if key == "model" and draft.positional_model:
+        # vLLM's serve: "If model is specified in CLI (as positional arg), it takes
+        # precedence" (args.model = args.model_tag): --model is never read
+        draft.arg(Entry(given.name, None, f"the line had `{given.raw}`: dropped: vLLM serves "
+                        f"the positional MODEL {draft.vllm['model']!r} and ignores --model",
+                        False))
+        draft.changed += 1
+        return
     if key == "model":
         _model(str(text), draft, facts, "--model")
         return
