@@ -151,8 +151,22 @@ def test_config_with_an_equals_sign_is_not_read_as_vllm_does_not(tmp_path: Path)
     assert "max-model-len" not in vllm.get("args", {}) and "config" not in vllm.get("args", {})
 
 
+def _bomb(shape: str) -> str:
+    """A YAML alias bomb: each level holds nine aliases of the level below."""
+    lines = ["a0: &a0 [lol]"]
+    for n in range(1, 10):
+        refs = ", ".join(f"k{i}: *a{n - 1}" if shape.startswith("{{") else f"*a{n - 1}"
+                         for i in range(9))
+        lines.append(f"a{n}: &a{n} " + shape.format(refs))
+    return "\n".join(lines) + "\n"
+
+
 @pytest.mark.parametrize(("make", "words"), [
-    (lambda p: p.write_text("x: &a {y: *a}\n"), "refers to itself"),
+    (lambda p: p.write_text("x: &a {y: *a}\n"), "an alias of itself"),
+    (lambda p: p.write_text("l: &b [*b]\n"), "an alias of itself"),
+    # aliases of aliases: 9 levels of 9 are 387 million words (a hang, then MemoryError)
+    (lambda p: p.write_text(_bomb("[{}]")), "expand to more than"),
+    (lambda p: p.write_text(_bomb("{{{}}}")), "expand to more than"),
     (lambda p: p.mkdir(), "is a directory"),
     (lambda p: os.mkfifo(p), "only a regular file is read"),
     (lambda p: p.write_text("x" * (2 << 20)), "at most"),

@@ -57,7 +57,33 @@ def _load(path: str) -> dict[str, object]:
     if not isinstance(data, dict) or not all(isinstance(k, str) for k in data):
         raise LineError(f"--config {path}: expected a mapping of flag names to values, as "
                         f"vLLM reads it; {_WHAT_TO_DO}")
+    if not _within(data, MAX_NODES, 0):
+        raise LineError(f"--config {path}: its values expand to more than {MAX_NODES} items or "
+                        f"{MAX_DEPTH} levels (YAML aliases of aliases, or an alias of "
+                        f"itself), more than any vLLM flag takes; {_WHAT_TO_DO}")
     return data
+
+
+# PyYAML builds an alias as a reference (the load is fast), but the flags' words write
+# every reference out: nine levels of nine aliases are 387 million items, a hang or a
+# MemoryError. What the words would hold is counted first, with a budget.
+MAX_NODES = 100_000
+MAX_DEPTH = 64
+
+
+def _within(value: object, budget: int, depth: int) -> int:
+    """The budget left after counting `value` as written out (0: over the budget or too
+    deep; a value that refers to itself is too deep)."""
+    budget -= 1
+    if budget <= 0 or depth > MAX_DEPTH:
+        return 0
+    items = value.values() if isinstance(value, dict) else (
+        value if isinstance(value, list) else ())
+    for item in items:
+        budget = _within(item, budget, depth + 1)
+        if budget <= 0:
+            return 0
+    return budget
 
 
 def words(data: dict[str, object]) -> list[str]:
