@@ -218,6 +218,32 @@ def test_the_model_after_the_flags_is_the_model_as_argparse_reads_it(line: str) 
     assert data["vllm"]["model"] == "/srv/served" and draft.errors == []
 
 
+_TAILS = [["-c", "{x}"], ["--stdout"], ["--force", "-c", "{x}"], ["--api-key-file", "{x}"],
+          ["--gate"], ["-c={x}"]]
+
+
+# (`-- vllm serve ... --config F` is vLLM's own --config, its YAML: only after a quoted line)
+@pytest.mark.parametrize(("quoted", "tail"), [*[(False, t) for t in _TAILS],
+                                              *[(True, t) for t in [*_TAILS, ["--config={x}"],
+                                                                    ["--config", "{x}"]]]])
+def test_inits_own_options_after_the_line_are_refused_not_passed_to_vllm(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str],
+        tail: list[str], quoted: bool) -> None:
+    """argparse hands every word after the command words to the line: `-c PATH` there was
+    a stray word of vLLM's line and the config went to the default path."""
+    from vllmwatch import cli
+
+    default, asked = tmp_path / "default.toml", tmp_path / "asked.toml"
+    monkeypatch.setenv("VLLMWATCH_CONFIG", str(default))
+    line = ["vllm serve /m --max-model-len 2048"] if quoted else [
+        "--", "vllm", "serve", "/m", "--max-model-len", "2048"]
+    words = [w.format(x=asked) for w in tail]
+    assert cli.main(["init", "--fast", *line, *words]) == 2
+    err = capsys.readouterr().err
+    assert "init's options go first" in err and "nothing written" in err, err
+    assert not default.exists() and not asked.exists()
+
+
 # ---- 36.6: write errors are one line ----
 
 def _write_cases(tmp: Path) -> list[tuple[Path, str]]:

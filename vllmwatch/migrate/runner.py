@@ -85,6 +85,25 @@ def _utf8_only(line: serveline.ServeLine) -> None:
                                       "pass it unchanged; set it in UTF-8, then run init again")
 
 
+# init's own options, none of them a flag of vLLM: after the command words argparse hands them
+# to the line (its words take the rest), so `-c PATH` there wrote the default path
+_OWN = ("-c", "--config", "--stdout", "--force", "--fast", "--api-key-file", "--gate",
+        "--from-pid")
+
+
+def _own_options_first(words: list[str]) -> None:
+    """Refuse init's own options among the command words (`--config` only after a one-string
+    line, as vLLM has a --config of its own), naming them and the order that works."""
+    quoted = " " in words[0]  # `init "vllm serve /m" -c x.toml`: the line is the one string
+    own = [w for w in (words[1:] if quoted else words) if w.split("=", 1)[0] in _OWN and (
+        quoted or w.split("=", 1)[0] != "--config")]
+    if own:
+        raise serveline.LineError(
+            f"{' '.join(own)} after the command line is read as part of it (init's options go "
+            "first): vllmwatch init -c PATH [--stdout] ... -- vllm serve MODEL ...; "
+            "nothing written")
+
+
 def _read(req: Request, environ: Mapping[str, str], err: TextIO
           ) -> tuple[serveline.ServeLine, str, Facts, list[str]]:
     notes: list[str] = []
@@ -107,6 +126,7 @@ def _read(req: Request, environ: Mapping[str, str], err: TextIO
         if not words:
             raise serveline.LineError("give the command line: vllmwatch init -- vllm serve "
                                       "MODEL ..., or --from-pid PID")
+        _own_options_first(words)
         text = " ".join(words) if len(words) == 1 else shlex.join(words)
         line = serveline.parse(serveline.split_text(text) if len(words) == 1 else words)
         source = shlex.join(redact_argv([*line.command, *line.rest]))
