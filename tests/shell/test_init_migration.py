@@ -244,6 +244,24 @@ def test_inits_own_options_after_the_line_are_refused_not_passed_to_vllm(
     assert not default.exists() and not asked.exists()
 
 
+@pytest.mark.parametrize(("config", "key_file", "line"), [
+    ("k", "k", "vllm serve /m --api-key sk-abc123x"),  # the same path
+    ("k", "./sub/../k", "vllm serve /m --api-key sk-abc123x"),  # the same file, spelt twice
+    ("secrets.env", "", "vllm serve /m --hf-token hf_abcdefgh1234"),  # init's own name
+    ("c.toml", "secrets.env", "HF_TOKEN=hf_abcdefgh1234 vllm serve /m --api-key sk-abc1x"),
+])
+def test_a_secret_file_on_the_configs_path_is_refused_before_anything_is_written(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch, config: str, key_file: str,
+        line: str) -> None:
+    """The config's rename came last, over the secret it names: the key was lost and the
+    service started without it (or the key file held TOML)."""
+    monkeypatch.chdir(tmp_path)
+    (tmp_path / "sub").mkdir()
+    rc, _, err = run_init([line], tmp_path / config, api_key_file=key_file, force=True)
+    assert rc == 2 and "would be both" in err and "nothing written" in err, err
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["sub"]
+
+
 # ---- 36.6: write errors are one line ----
 
 def _write_cases(tmp: Path) -> list[tuple[Path, str]]:

@@ -99,6 +99,13 @@ def _write_all(how: Out, text: str, draft: Draft, facts: Facts) -> None:
                                                   *draft.secret_args])
         files.append((facts.env_file, "# written by vllmwatch init: NAME=value, read at each "
                       "launch (vllm.env_file)\n" + body, 0o600))
+    seen = {_same(how.output): "the config"}
+    for path, what in [(p, "the API key file" if p == facts.api_key_file else
+                        "the secrets file") for p, _, _ in files]:
+        if _same(path) in seen:  # the later rename would put one over the other
+            raise WriteError(f"{path} would be both {seen[_same(path)]} and {what}; give each "
+                             "its own path (-c, --api-key-file); nothing written")
+        seen[_same(path)] = what
     for path, _, _ in files:  # all refused before any is written
         if os.path.lexists(path) and not how.force:
             raise WriteError(f"{path} exists; not replaced (--force replaces it; nothing "
@@ -117,6 +124,11 @@ def _write_all(how: Out, text: str, draft: Draft, facts: Facts) -> None:
         for tmp, _ in staged:
             with contextlib.suppress(OSError):
                 os.unlink(tmp)
+
+
+def _same(path: str) -> str:
+    """The file a path names, through links (`-c ./k` and `--api-key-file k` are one)."""
+    return os.path.realpath(os.path.abspath(path))
 
 
 def stage(path: str, text: str, mode: int) -> str:
