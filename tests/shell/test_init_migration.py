@@ -13,9 +13,12 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from tests.shell.test_init import known
 from vllmwatch.config import command, serveline
+from vllmwatch.config.hosts import parse_listen
 from vllmwatch.config.redact import REDACT
 from vllmwatch.config.schema import from_dict, load
 from vllmwatch.migrate import render, runner, translate
@@ -66,6 +69,22 @@ def test_clients_keep_the_address_the_hand_run_vllm_had(
         assert config.gate.enabled and config.gate.listen == listen
         assert config.drain.deregister_delay == 0
     assert any("clients keep" in s for s in draft.said), draft.said
+
+
+@given(port=st.sampled_from([8000, 9100, 9101, 9102, 65534, 65535]) | st.integers(1, 65535),
+       gate=st.booleans(), host=st.sampled_from(["", "127.0.0.1", "0.0.0.0", "::"]))
+@settings(max_examples=80, deadline=None)
+def test_inits_own_ports_never_collide_with_the_lines(port: int, gate: bool,
+                                                      host: str) -> None:
+    """`--port 9101` (status.listen's default port), or `--port 9100 --gate` (the private
+    port 9101): init wrote a config that does not load, "status.listen ... is also
+    vllm.port". Whatever the line's address, the config init writes loads, and clients keep
+    the line's port."""
+    line = f"vllm serve m --port {port}" + (f" --host {host}" if host else "")
+    data, _ = toml_of(line, Facts(known=known(), gate=gate))
+    config = from_dict(data)  # raises on a clash
+    listen = parse_listen(config.gate.listen) if gate else None
+    assert (listen[1] if listen else config.vllm.port) == port
 
 
 # ---- 36.2: the GPUs the line asked for, not the ones this machine has ----

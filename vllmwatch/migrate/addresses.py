@@ -27,7 +27,31 @@ def shown(host: str, port: int) -> str:
 
 
 def keep(draft: Draft, facts: Facts) -> None:
-    """vllm.host (and [gate], with --gate) so that clients reach the same address."""
+    """vllm.host (and [gate], with --gate) so that clients reach the same address, and
+    status.listen off the ports they take."""
+    _addresses(draft, facts)
+    taken = {p for p in (draft.vllm.get("port", VLLM_DEFAULT_PORT),
+                         _port_of(draft.sections.get("gate", {}).get("listen")))
+             if isinstance(p, int)}
+    if STATUS_PORT in taken:  # the config would not load: "also vllm.port"
+        free = next(p for p in range(STATUS_PORT + 1, 65536) if p not in taken)
+        draft.put("status", "listen", f"127.0.0.1:{free}", f"vllmwatch's status port (its "
+                  f"default {STATUS_PORT} is the line's port, which clients keep)")
+        draft.changed += 1
+
+
+STATUS_PORT = 9101  # status.listen's default port (config/sections.py)
+
+
+def _port_of(put: object) -> int | None:
+    """The port of a draft's (value, note) listen entry."""
+    if not isinstance(put, tuple) or not isinstance(put[0], str):
+        return None
+    tail = put[0].rpartition(":")[2]
+    return int(tail) if tail.isdigit() else None
+
+
+def _addresses(draft: Draft, facts: Facts) -> None:
     given = "host" in draft.vllm
     host = str(draft.vllm.get("host", ALL))
     port = draft.vllm.get("port", VLLM_DEFAULT_PORT)
