@@ -281,6 +281,25 @@ def test_a_secret_file_on_the_configs_path_is_refused_before_anything_is_written
     assert sorted(p.name for p in tmp_path.iterdir()) == ["sub"]
 
 
+@pytest.mark.parametrize(("line", "key"), [
+    ("vllm serve /m --api-key ''", None),  # vLLM served without a key
+    ("VLLM_API_KEY= vllm serve /m", None),
+    ("VLLM_API_KEY=sk-env12345 vllm serve /m --api-key ''", "sk-env12345"),  # `or` in vLLM
+    ("VLLM_API_KEY=sk-env12345 vllm serve /m --api-key sk-flag12345", "sk-flag12345"),
+])
+def test_an_empty_api_key_is_no_key_as_in_vllm(tmp_path: Path, line: str,
+                                               key: str | None) -> None:
+    """vLLM reads `args.api_key or VLLM_API_KEY`: an empty key is none. init wrote an empty
+    key file, which every start (and check) then refused."""
+    rc, _, err = run_init([line], tmp_path / "c.toml")
+    assert rc == 0, err
+    config = load(str(tmp_path / "c.toml"))
+    assert command.read_api_key(config) == key
+    assert (tmp_path / "api-key").exists() is (key is not None)
+    if key is None:
+        assert "served without one" in err, err
+
+
 # ---- 36.6: write errors are one line ----
 
 def _write_cases(tmp: Path) -> list[tuple[Path, str]]:

@@ -50,7 +50,15 @@ def key_file_todo(path: str) -> str:
 
 def api_key(source: str, value: str, draft: Draft, facts: Facts) -> None:
     """An API key seen in argv or the environment: into vllm.api_key_file (init writes the
-    file, 0600); the flag's value wins over VLLM_API_KEY, as in vLLM."""
+    file, 0600); the flag's value wins over VLLM_API_KEY, as in vLLM. An empty one is no key:
+    vLLM reads `args.api_key or VLLM_API_KEY` (so an empty flag leaves the variable's key),
+    and an empty file would stop every start."""
+    if not value:
+        draft.said.append(f"{source} is empty: vLLM takes no key from it" + (
+            "; the environment's VLLM_API_KEY stays the key, as in vLLM"
+            if draft.api_key else ", and served without one: so does this config (set "
+            "vllm.api_key_file to require a key)"))
+        return
     if not _one_line(value, source, "vllm.api_key_file (one line, trimmed)", draft):
         return
     draft.api_key = value
@@ -110,7 +118,8 @@ def repeated_to_env_file(name: str, values: list[str], flag: str, draft: Draft,
 def secret_flag(given: Given, draft: Draft, facts: Facts) -> None:
     """--api-key KEY, --hf-token TOKEN."""
     # (no <redacted> before a backtick: the redactor takes "<redacted>`" for a value)
-    shown = f"`--{given.name}` and its value" if given.values else f"`--{given.name}`"
+    shown = f"`--{given.name}` and its value" if "".join(given.values) else \
+        f"the line's `--{given.name}`"
     if given.name == "hf-token" and not given.values:
         draft.arg(Entry("hf-token", True))  # the cached login: nothing secret in it
     elif given.name == "hf-token":
