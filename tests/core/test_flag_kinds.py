@@ -139,7 +139,7 @@ def test_extra_args_vllm_reads_pass(extra: list[str]) -> None:
 
 @pytest.mark.parametrize(("name", "value", "refused"), [
     ("max-model-len", "abc", True), ("gpu-memory-utilization", "high", True),
-    ("max-num-seqs", True, True), ("max-model-len", [8192, "x"], True),
+    ("max-num-seqs", True, True),
     ("max-model-len", "32k", False), ("max-model-len", "auto", False),
     ("gpu-memory-utilization", 0.9, False), ("max-model-len", "8192", False),
     ("max-model-len", -1, False), ("seed", "1e3", False), ("seed", "None", False),
@@ -151,6 +151,60 @@ def test_a_number_flag_takes_what_vllm_reads_as_a_number(name: str, value: objec
     from tests.shell.test_init import known
     problem = vllmflags.flag_problem(name, value, f"vllm.args.{name}", known())
     assert (problem is not None and "takes a number" in problem.problem) is refused, problem
+
+
+@pytest.mark.parametrize(("args", "extra", "says"), [
+    # [vllm.args] writes a list as one JSON word: int("[1,2,4]") stopped vLLM at each launch
+    ({"cudagraph-capture-sizes": [1, 2, 4]}, [], '["--cudagraph-capture-sizes", "1", "2"'),
+    ({"numa-bind-nodes": [0, 1]}, [], "vllm.extra_args"),
+    ({"max-model-len": [8192, 4096]}, [], "takes one value"),
+    ({"tokenizer": ["/a", "/b"]}, [], "takes one value"),
+    # a flag of one value followed by more words: vLLM's `unrecognized arguments`
+    ({}, ["--max-model-len", "8192", "4096"], "follow a flag that takes one value"),
+    ({}, ["--tokenizer=/a", "/b"], "follow a flag that takes one value"),
+])
+def test_a_list_reaches_vllm_only_as_words_of_a_flag_that_takes_several(
+        args: dict[str, object], extra: list[str], says: str) -> None:
+    from tests.shell.test_init import known
+    config = from_dict({"vllm": {"model": "/m", "args": args, "extra_args": extra}})
+    problems = vllmflags.validate_args(config, known())
+    assert len(problems) == 1 and says in problems[0].problem, problems
+
+
+@pytest.mark.parametrize(("args", "extra"), [
+    ({}, ["--cudagraph-capture-sizes", "1", "2", "4"]), ({}, ["--max-model-len", "-1"]),
+    ({"allowed-origins": ["https://a", "https://b"]}, []),  # a JSON flag: JSON is right
+    ({}, ["--numa-bind-nodes", "0", "1", "--max-model-len", "8192"]),
+])
+def test_words_of_a_flag_that_takes_several_pass(args: dict[str, object],
+                                                 extra: list[str]) -> None:
+    from tests.shell.test_init import known
+    config = from_dict({"vllm": {"model": "/m", "args": args, "extra_args": extra}})
+    assert vllmflags.validate_args(config, known()) == []
+
+
+def test_init_writes_a_flag_of_several_numbers_as_words_vllm_reads() -> None:
+    """init took one number and called the others stray words (nothing written); the
+    launch now carries `--cudagraph-capture-sizes 1 2 4` and the config loads."""
+    from tests.shell.test_init import init, known
+    vllm, _, draft = init("vllm serve /m --cudagraph-capture-sizes 1 2 4 --max-model-len 2048")
+    assert vllm["extra_args"] == ["--cudagraph-capture-sizes", "1", "2", "4"] and \
+        vllm["args"] == {"max-model-len": 2048} and draft.errors == []
+    config = from_dict({"vllm": vllm})
+    assert vllmflags.validate_args(config, known()) == []
+
+
+def test_a_flag_list_cached_before_lists_were_asked_reads_as_unknown(tmp_path: Path) -> None:
+    """An older vllmwatch's cache has no "lists": which flags take several words is
+    unknown (words after a flag are not judged), and a list for a number flag is still
+    refused, as it is written as one JSON word."""
+    path = tmp_path / "flags.json"
+    path.write_text(json.dumps({"version": "0.99.0", "flags": ["max-model-len"],
+                                "switches": [], "kinds": {"max-model-len": "number"}}))
+    path.chmod(0o600)
+    got = vllmflags._read(str(path), "0.99.0")
+    assert got is not None and got.lists is None
+    assert vllmflags.flag_problem("max-model-len", [1, 2], "k", got) is not None  # (JSON word)
 
 
 @pytest.mark.parametrize("args,extra", [({"help": True}, []), ({}, ["--help"]),

@@ -25,7 +25,8 @@ FIXTURES = Path(__file__).resolve().parent.parent / "shell" / "fixtures"
 def _known() -> vllmflags.FlagSet:
     data = json.loads((FIXTURES / "vllm-0.32.0-flags.json").read_text())
     return vllmflags.FlagSet(data["version"], frozenset(data["flags"]),
-                             frozenset(data["switches"]), data["kinds"], data["aliases"])
+                             frozenset(data["switches"]), data["kinds"], data["aliases"],
+                             frozenset(data["lists"]))
 
 
 def _init(text: str) -> tuple[Config, str]:

@@ -203,3 +203,18 @@ def test_init_of_the_guides_line_then_check_and_run_serve_where_the_hand_run_did
         assert "the `--model` option" not in lines  # ... and its --model warning is not
     finally:
         _stop_daemon(daemon)
+
+
+def test_vllms_own_flag_list_says_which_flags_take_several_words(vllm_venv: Path,
+                                                                  vllm_flags: Path) -> None:
+    """The probe asks the real vLLM's parser which flags take several words (nargs "+"):
+    `--cudagraph-capture-sizes 1 2 4` reaches vLLM as words, a list for `--max-model-len`
+    is refused before a launch (config/vllmflags.py)."""
+    from vllmwatch.config import vllmflags, vllminfo
+
+    command = [str(vllm_venv / "bin" / "vllm"), "serve"]
+    got = vllmflags.known_flags(command, vllminfo.version(command), str(vllm_flags),
+                                ask=False)
+    assert got is not None and got.lists is not None, "the flag list was not cached"
+    assert {"cudagraph-capture-sizes", "served-model-name"} <= got.lists
+    assert not {"max-model-len", "tokenizer", "enforce-eager"} & got.lists

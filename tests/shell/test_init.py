@@ -37,7 +37,8 @@ def known() -> vllmflags.FlagSet:
     """vLLM 0.32.0's flags as its own parser reported them (vllmflags' probe, cache format)."""
     data = json.loads((FIXTURES / "vllm-0.32.0-flags.json").read_text())
     return vllmflags.FlagSet(data["version"], frozenset(data["flags"]),
-                             frozenset(data["switches"]), data["kinds"], data["aliases"])
+                             frozenset(data["switches"]), data["kinds"], data["aliases"],
+                             frozenset(data["lists"]))
 
 
 def init(text: str, facts: Facts | None = None) -> tuple[dict[str, Any], str, translate.Draft]:

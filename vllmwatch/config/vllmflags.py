@@ -54,12 +54,15 @@ for mod, cls in (("vllm.entrypoints.launchers.cli_args", "vllm.utils.argparse_ut
     except (ImportError, AttributeError):
         continue
     parser = make(parser_cls(prog="vllm serve"))
-    kinds, aliases = {}, {}
+    kinds, aliases, lists = {}, {}, []
     for a in parser._actions:
         longs = [s[2:] for s in a.option_strings if s.startswith("--")]
         kinds.update((s, kind(a)) for s in longs)
         aliases.update((s, longs[0]) for s in a.option_strings if longs and s[1] != "-")
-    print("MARK" + json.dumps({"kinds": kinds, "aliases": aliases}), flush=True)
+        if a.nargs in ("+", "*") or (isinstance(a.nargs, int) and a.nargs > 1):
+            lists += longs
+    print("MARK" + json.dumps({"kinds": kinds, "aliases": aliases, "lists": lists}),
+          flush=True)
     break
 """.replace("MARK", _MARK)
 
@@ -77,6 +80,9 @@ class FlagSet:
     switches: frozenset[str]
     kinds: Mapping[str, str] = field(default_factory=dict)
     aliases: Mapping[str, str] = field(default_factory=dict)  # "-tp" -> "tensor-parallel-size"
+    # Flags that take several words (argparse nargs "+"): `--cudagraph-capture-sizes 1 2 4`;
+    # None when cached by an older vllmwatch (not known)
+    lists: frozenset[str] | None = None
 
     @property
     def json_flags(self) -> frozenset[str]:
@@ -121,16 +127,18 @@ def known_flags(command: list[str] | tuple[str, ...], version: str | None,
     directory = safefile.private_dir(cache_dir) if cache_dir else None
     path = os.path.join(directory, f"{key}.json") if directory else None
     cached = _read(path, version) if path else None
-    # An entry of an older vllmwatch has no kinds: usable (the built-in JSON list stands
-    # in), and replaced by a full answer whenever vLLM may be asked.
-    if (cached is not None and cached.kinds) or not ask:
+    # An entry of an older vllmwatch has no kinds or lists: usable (the built-in JSON list
+    # stands in; lists unknown), and replaced by a full answer whenever vLLM may be asked.
+    if (cached is not None and cached.kinds and cached.lists is not None) or not ask:
         return cached
     got = _ask(python, version, timeout)
     if got is not None and path is not None:
         safefile.write_private(path, json.dumps({"version": version, "flags": sorted(got.flags),
                                              "switches": sorted(got.switches),
                                              "kinds": dict(sorted(got.kinds.items())),
-                                             "aliases": dict(got.aliases)}))
+                                             "aliases": dict(got.aliases),
+                                             **({"lists": sorted(got.lists)}
+                                                if got.lists is not None else {})}))
     return got or cached
 
 
@@ -153,9 +161,11 @@ def _read(path: str, version: str) -> FlagSet | None:
         kinds, aliases = data.get("kinds", {}), data.get("aliases", {})
         if not isinstance(kinds, dict) or not all(v in KINDS for v in kinds.values()):
             kinds = {}
+        lists = data.get("lists")
         return FlagSet(version, frozenset(data["flags"]), frozenset(data["switches"]),
                        {str(k): str(v) for k, v in kinds.items()},
-                       {str(k): str(v) for k, v in dict(aliases).items()})
+                       {str(k): str(v) for k, v in dict(aliases).items()},
+                       frozenset(map(str, lists)) if isinstance(lists, list) else None)
     except (ValueError, KeyError, TypeError, AttributeError):
         return None
 
@@ -181,11 +191,11 @@ def _from_probe(version: str, table: object) -> FlagSet | None:
     if not isinstance(table, dict) or not isinstance(table.get("kinds"), dict):
         return None
     kinds = {str(k): (v if v in KINDS else "text") for k, v in table["kinds"].items()}
-    aliases = table.get("aliases")
+    aliases, lists = table.get("aliases"), table.get("lists")
     return FlagSet(version, frozenset(kinds),
                    frozenset(k for k, v in kinds.items() if v == "bool"), kinds,
                    {str(k): str(v) for k, v in aliases.items()} if isinstance(aliases, dict)
-                   else {})
+                   else {}, frozenset(map(str, lists)) if isinstance(lists, list) else None)
 
 
 def validate_args(config: Config, known: FlagSet) -> list[Problem]:
@@ -197,6 +207,11 @@ def validate_args(config: Config, known: FlagSet) -> list[Problem]:
             name, eq, inline = token[2:].partition("=")
             value = inline if eq else flags.next_value(extra, i)
             names.append((flags.flag_name(name), value, f"vllm.extra_args[{i}]"))
+            more = _words_after(extra, i + (0 if eq else 1))
+            base = flags.flag_name(name).split(".")[0]
+            if more and known.lists is not None and base not in known.lists and \
+                    base in known.flags and base not in known.switches:
+                names.append(("", more, f"vllm.extra_args[{i}]"))  # (the words vLLM refuses)
     out = []
     for name, value, key in names:
         problem = flag_problem(name, value, key, known)
@@ -205,8 +220,21 @@ def validate_args(config: Config, known: FlagSet) -> list[Problem]:
     return out
 
 
+def _words_after(extra: list[str], i: int) -> list[str]:
+    """The words after extra[i] up to the next flag (`-1` is a number, not a flag)."""
+    out: list[str] = []
+    for word in extra[i + 1:]:
+        if word.startswith("-") and not _NUMERIC.fullmatch(word):
+            break
+        out.append(word)
+    return out
+
+
 def flag_problem(name: str, value: object, key: str, known: FlagSet) -> Problem | None:
     """Why this vLLM refuses one flag and value (unknown, with a did-you-mean), or None."""
+    if not name:  # words after a flag of one value (validate_args)
+        return Problem(key, f"{show(value)} follow a flag that takes one value in vLLM "
+                       f"{known.version}: vLLM would stop with `unrecognized arguments`")
     base = name.split(".")[0]  # --compilation-config.level=3 sets one field of a JSON flag
     legacy = flags.flag_problem(base, value, key, known.version, known.json_flags)
     if legacy is not None and (base in flags.REMOVED or base in known.json_flags):
@@ -222,6 +250,18 @@ def flag_problem(name: str, value: object, key: str, known: FlagSet) -> Problem 
     if base in known.switches and not isinstance(value, bool) and "." not in name:
         return Problem(key, f"--{base} takes no value in vLLM {known.version}; write "
                        f"{base} = true")
+    if isinstance(value, list) and "." not in name and known.kinds and known.kind(base) in (
+            "number", "text"):
+        # [vllm.args] writes a list as one JSON word: `--cudagraph-capture-sizes [1,2,4]`
+        # stops vLLM (int("[1,2,4]")), `--numa-bind-nodes ["0","1"]` is one odd word
+        if known.lists is not None and base not in known.lists:
+            return Problem(key, f"--{base} takes one value in vLLM {known.version}; "
+                           f"{show(value)} is a list")
+        words = ", ".join(json.dumps(str(v)) for v in value[:3]) + (
+            ", ..." if len(value) > 3 else "")
+        return Problem(key, f"--{base} does not read JSON in vLLM {known.version}, and a list "
+                       f"is written as one JSON word ({show(value)}); give its values as "
+                       f'words in vllm.extra_args: ["--{base}", {words}]')
     if known.kind(base) == "number" and "." not in name and not _numeric(value):
         return Problem(key, f"--{base} takes a number in vLLM {known.version} (8192, 0.9, "
                        f"32k); {show(value)} is not one, and vLLM would stop")
@@ -234,14 +274,12 @@ _NUMERIC = re.compile(r"\s*-?\d+(?:\.\d+)?(?:[eE][-+]?\d+)?[kKmMgGtT]?\s*|\s*(?:
 
 
 def _numeric(value: object) -> bool:
-    """A value vLLM's int, float or human_readable_int(_or_auto) reads; a list of them for a
-    flag given several numbers (--cuda-graph-sizes 1 2 4)."""
+    """A value vLLM's int, float or human_readable_int(_or_auto) reads (one word: a flag of
+    several numbers takes them in extra_args, `--cudagraph-capture-sizes 1 2 4`)."""
     if isinstance(value, bool):
         return False
     if isinstance(value, (int, float)):
         return True
-    if isinstance(value, list):
-        return bool(value) and all(_numeric(v) for v in value)
     return isinstance(value, str) and bool(_NUMERIC.fullmatch(value))
 
 

@@ -106,11 +106,24 @@ def read(rest: list[str], known: FlagSet | None) -> Words:
         if eq:
             out.append(Given(name, (value or "",), word))
             continue
-        kind = known.kind(name.split(".")[0]) if known else None
-        taken = _values(rest, i, "one" if name in _ONE_WORD and kind != "bool" else kind)
+        taken = _values(rest, i, _takes(name, known))
         out.append(Given(name, tuple(taken), " ".join([word, *taken])))
         i += len(taken)
     return Words(model, tuple(out), tuple(stray))
+
+
+def _takes(name: str, known: FlagSet | None) -> str | None:
+    """How many words a flag takes, as its kind for _values: "many" for vLLM's nargs="+"
+    flags (`--cudagraph-capture-sizes 1 2 4`), "one" for another text flag when vLLM said
+    which take several; a JSON flag takes the words up to the next flag (a guide's
+    unquoted JSON, read loosely by migrate/relaxed.py)."""
+    base = name.split(".")[0]
+    kind = known.kind(base) if known else None
+    if known is not None and known.lists is not None and kind != "bool" and "." not in name:
+        if base in known.lists:
+            return "many"
+        return "one" if kind == "text" else kind
+    return "one" if name in _ONE_WORD and kind != "bool" else kind
 
 
 def _values(rest: list[str], i: int, kind: str | None) -> list[str]:
