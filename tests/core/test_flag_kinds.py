@@ -214,3 +214,53 @@ def test_a_flag_that_makes_vllm_exit_without_serving_is_refused(
     """`help = true`: vLLM printed its help and exited 0 at every launch (an engine that
     "dies with exit code 0")."""
     assert any("exit 0 without serving" in p.problem for p in flags.args_problems(args, extra))
+
+
+@pytest.mark.parametrize(("args", "extra", "says"), [
+    # set twice: vLLM reads -tp as --tensor-parallel-size and takes the last
+    ({"tensor-parallel-size": 1}, ["-tp", "2"], "--tensor-parallel-size is set by"),
+    ({"tensor-parallel-size": 1}, ["-tp=2"], "--tensor-parallel-size is set by"),
+    ({"optimization-level": 2}, ["-O3"], "--optimization-level is set by"),
+    # the kind checks: a number flag's word, a JSON flag's JSON
+    ({}, ["-tp", "two"], "takes a number"),
+    ({}, ["-cc", "{level: 3"], "bad JSON"),
+    ({}, ["-tp=two"], "takes a number"),
+    ({}, ["-tp", "[1,2]"], "takes a number"),
+])
+def test_a_short_flag_is_judged_as_its_long_form(args: dict[str, object], extra: list[str],
+                                                 says: str) -> None:
+    """`-tp 2` in extra_args skipped the kind and set-twice checks that
+    `--tensor-parallel-size 2` gets: vLLM then ran with the other size (the spare's plan and
+    check read the table's), or stopped at a word it cannot read."""
+    from tests.shell.test_init import known
+    config = from_dict({"vllm": {"model": "/m", "args": args, "extra_args": extra}})
+    # what the launch refuses: the built-in rules and this vLLM's flag list (also check's
+    # and the reload's)
+    problems = [*flags.args_problems(args, extra), *vllmflags.validate_args(config, known())]
+    assert any(says in p.problem for p in problems), problems
+
+
+def test_a_short_flag_counts_where_its_long_form_does() -> None:
+    """The readers: TP from `-tp 2` turns the spare's `auto` off (TP x PP = 1) and the
+    engine's start method to vLLM's own, as `--tensor-parallel-size 2` does."""
+    from vllmwatch.config.launch import parallel_sizes
+
+    assert flags.table({}, ["-tp", "2", "-O3"]) == {"tensor-parallel-size": "2",
+                                                    "optimization-level": "3"}
+    assert parallel_sizes({}, ["-tp=2", "-pp", "2"])["tp"] == 2
+    assert flags.long_forms(["-tp", "2", "-O", "3", "-h", "--x", "-1"]) == [
+        "--tensor-parallel-size", "2", "--optimization-level", "3", "-h", "--x", "-1"]
+
+
+@pytest.mark.parametrize(("args", "extra"), [
+    ({"uds": "/run/v.sock"}, []), ({}, ["--uds", "/run/v.sock"]), ({}, ["--uds=/run/v.sock"]),
+    ({"ssl-keyfile": "/k.pem", "ssl-certfile": "/c.pem"}, []),
+    ({}, ["--ssl-certfile", "/c.pem"]), ({"headless": True}, []),
+])
+def test_a_flag_that_takes_vllm_off_the_probes_address_is_refused(
+        args: dict[str, object], extra: list[str]) -> None:
+    """`--uds` in extra_args was accepted: vLLM listened on the socket only, no probe
+    reached it, and every launch timed out before READY (a crash loop)."""
+    problems = flags.args_problems(args, extra)
+    assert problems and all("never be READY" in p.problem for p in problems), problems
+    assert flags.args_problems({"ssl-keyfile": False}, []) == []

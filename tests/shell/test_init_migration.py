@@ -17,7 +17,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from tests.shell.test_init import known
-from vllmwatch.config import command, serveline
+from vllmwatch.config import command, flags, serveline
 from vllmwatch.config.hosts import parse_listen
 from vllmwatch.config.redact import REDACT
 from vllmwatch.config.schema import from_dict, load
@@ -298,6 +298,20 @@ def test_an_empty_api_key_is_no_key_as_in_vllm(tmp_path: Path, line: str,
     assert (tmp_path / "api-key").exists() is (key is not None)
     if key is None:
         assert "served without one" in err, err
+
+
+@pytest.mark.parametrize(("line", "says"), [
+    ("vllm serve /m --ssl-keyfile /k.pem --ssl-certfile /c.pem", "TLS"),
+    ("vllm serve /m --uds /run/vllm.sock", "Unix socket"),
+])
+def test_a_line_that_serves_off_the_probes_address_is_migrated_without_it(
+        line: str, says: str) -> None:
+    """init wrote `--uds` or vLLM's TLS into the config: the service never became READY."""
+    data, draft = toml_of(line)
+    config = from_dict(data)
+    assert not set(config.vllm.args) & set(flags.OFF_THE_PROBES)
+    assert flags.args_problems(config.vllm.args, config.vllm.extra_args) == []
+    assert any(says in e for e in draft.errors), draft.errors
 
 
 # ---- 36.6: write errors are one line ----

@@ -17,6 +17,15 @@ OWNED_FLAGS = {
     "host": "vllm.host",
     "served-model-name": "vllm.served_model_name",
 }
+# Flags that take vLLM's API off the plain HTTP on vllm.host:vllm.port that every probe (and
+# the gate) speaks: the start would never be READY, a crash loop at each launch.
+OFF_THE_PROBES = {
+    "uds": "makes vLLM listen on a Unix socket only, never on vllm.host:vllm.port",
+    "ssl-keyfile": "makes vLLM speak only TLS on vllm.port, where vllmwatch's probes (and "
+                   "the gate) speak plain HTTP",
+    "headless": "runs vLLM's engines without an API server",
+}
+OFF_THE_PROBES["ssl-certfile"] = OFF_THE_PROBES["ssl-keyfile"]
 # Secret flags and the variable vLLM (or huggingface_hub) reads instead: argv is public (ps,
 # /proc/PID/cmdline), the environment is readable only by the process owner and root.
 SECRET_FLAGS = {"hf-token": "HF_TOKEN", "api-key": "VLLM_API_KEY"}
@@ -89,6 +98,10 @@ def flag_problem(name: str, value: object, key: str, version: str | None = None,
             f"vLLM's environment, off its command line)"
         return Problem(key, f"--{name} is --{whole} abbreviated (vLLM's parser takes "
                        f"prefixes); use {use}")
+    if name in OFF_THE_PROBES and value is not False:
+        return Problem(key, f"--{name} {OFF_THE_PROBES[name]}: no probe would reach it and "
+                       "the start would never be READY; remove it (for TLS, put a TLS proxy "
+                       "in front of vLLM or of [gate])")
     if name in ("help", "version") and value is not False:
         return Problem(key, f"--{name} makes vLLM print and exit 0 without serving, at every "
                        "launch; remove it (`vllm serve --help` shows the flags)")
@@ -113,6 +126,7 @@ def args_problems(args: Mapping[str, object], extra: Sequence[str],
                   version: str | None = None) -> list[Problem]:
     """Every refused flag in [vllm.args] and vllm.extra_args (JSON judged by BUILTIN_JSON)."""
     out = [flag_problem(flag_name(k), v, f"vllm.args.{k}", version) for k, v in args.items()]
+    extra = long_forms(extra)
     for i, token in enumerate(extra):
         key = f"vllm.extra_args[{i}]"
         if not token.strip() and not _is_value_of_flag(extra, i):  # vLLM reads it as a
@@ -176,10 +190,45 @@ def _is_value_of_flag(extra: Sequence[str], i: int) -> bool:
     return i > 0 and extra[i - 1].startswith("--") and "=" not in extra[i - 1]
 
 
+# vLLM's short flags (0.32's parser aliases; vllmflags' probe has each version's own), and
+# -O: `-tp 2` in extra_args is --tensor-parallel-size to vLLM, so to every check and reader.
+SHORT_FLAGS = {"-tp": "tensor-parallel-size", "-pp": "pipeline-parallel-size",
+               "-dp": "data-parallel-size", "-q": "quantization", "-O": "optimization-level",
+               "-sc": "speculative-config", "-cc": "compilation-config",
+               "-ac": "attention-config", "-dc": "diffusion-config", "-n": "nnodes",
+               "-r": "node-rank", "-ep": "enable-expert-parallel",
+               "-asc": "api-server-count", "-dcp": "decode-context-parallel-size",
+               "-pcp": "prefill-context-parallel-size", "-dpn": "data-parallel-rank",
+               "-dpr": "data-parallel-start-rank", "-dpl": "data-parallel-size-local",
+               "-dpa": "data-parallel-address", "-dpp": "data-parallel-rpc-port",
+               "-dpb": "data-parallel-backend", "-dph": "data-parallel-hybrid-lb",
+               "-dpe": "data-parallel-external-lb",
+               "-dpm": "data-parallel-multi-port-external-lb"}
+
+
+def long_form(token: str, aliases: Mapping[str, str] | None = None) -> str:
+    """A short flag in its long form, one word for one, so that indexes stay (`-tp=2` ->
+    `--tensor-parallel-size=2`, `-O3` -> `--optimization-level=3`); any other word as it
+    is. For the checks and readers only: vLLM gets extra_args as written."""
+    head, eq, inline = token.partition("=")
+    known = {**SHORT_FLAGS, **(aliases or {})}
+    if head in known and head != "-h":  # (-h is refused on its own: vLLM's --help)
+        return f"--{known[head]}{eq}{inline}"
+    if token.startswith("-O") and len(token) > 2:  # -O3, -O=3: vLLM's FlexibleArgumentParser
+        return f"--{known['-O']}={token[2:].removeprefix('=')}"
+    return token
+
+
+def long_forms(extra: Sequence[str], aliases: Mapping[str, str] | None = None) -> list[str]:
+    """Every word of extra_args in its long form (long_form)."""
+    return [long_form(t, aliases) for t in extra]
+
+
 def table(args: Mapping[str, object], extra: Sequence[str]) -> dict[str, object]:
     """[vllm.args] and extra_args as one {flag-name: value} table, as vLLM reads its argv:
     extra_args after the table (the last wins), a flag without a value True."""
     found = {flag_name(str(k)): v for k, v in args.items()}
+    extra = long_forms(extra)
     for i, token in enumerate(extra):
         if token.startswith("--"):
             name, eq, inline = token[2:].partition("=")

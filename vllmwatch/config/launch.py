@@ -5,13 +5,11 @@ from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
 
-from vllmwatch.config.flags import flag_name
+from vllmwatch.config.flags import flag_name, long_forms
 
 FORK_VARIABLE = "VLLM_WORKER_MULTIPROC_METHOD"
 _SIZE_FLAGS = {"tensor-parallel-size": "tp", "pipeline-parallel-size": "pp",
                "data-parallel-size": "dp"}
-_SHORT = {"-tp": "tensor-parallel-size", "-pp": "pipeline-parallel-size",
-          "-dp": "data-parallel-size"}
 
 
 def parallel_sizes(args: Mapping[str, object], extra: Sequence[str]) -> dict[str, int]:
@@ -19,9 +17,10 @@ def parallel_sizes(args: Mapping[str, object], extra: Sequence[str]) -> dict[str
     found: dict[str, object] = {}
     for key, value in args.items():
         found[flag_name(key)] = value
+    extra = long_forms(extra)
     for i, token in enumerate(extra):
         name, eq, inline = token.partition("=")
-        name = _SHORT.get(name, flag_name(name) if name.startswith("--") else "")
+        name = flag_name(name) if name.startswith("--") else ""
         if name in _SIZE_FLAGS:
             found[name] = inline if eq else (extra[i + 1] if i + 1 < len(extra) else "1")
     out = {}

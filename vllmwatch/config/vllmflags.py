@@ -201,7 +201,9 @@ def _from_probe(version: str, table: object) -> FlagSet | None:
 def validate_args(config: Config, known: FlagSet) -> list[Problem]:
     """Every [vllm.args] key and extra_args flag that this vLLM does not accept."""
     names = [(flags.flag_name(k), v, f"vllm.args.{k}") for k, v in config.vllm.args.items()]
-    extra = config.vllm.extra_args
+    level = {} if "optimization-level" in known.flags else {"-O": "compilation-config"}
+    extra = flags.long_forms(config.vllm.extra_args, {**known.aliases, **level})  # (-O3 was
+    # --compilation-config's level before vLLM had --optimization-level)
     for i, token in enumerate(extra):
         if token.startswith("--"):
             name, eq, inline = token[2:].partition("=")

@@ -8,15 +8,12 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from vllmwatch.config.flags import DASHES, SECRET_FLAGS, flag_name
+from vllmwatch.config.flags import DASHES, SECRET_FLAGS, SHORT_FLAGS, flag_name
 from vllmwatch.config.serveline import is_number
 from vllmwatch.config.vllmflags import FlagSet
 
 # vLLM's short flags, for when its flag list is not known (the list's aliases win).
-SHORT = {"-tp": "tensor-parallel-size", "-pp": "pipeline-parallel-size",
-         "-dp": "data-parallel-size", "-q": "quantization", "-O": "optimization-level",
-         "-sc": "speculative-config", "-cc": "compilation-config", "-ac": "attention-config",
-         "-n": "nnodes", "-r": "node-rank", "-ep": "enable-expert-parallel"}
+SHORT = SHORT_FLAGS
 _BOOL_WORDS = ("true", "false")
 # Text flags of vLLM that take one word (argparse's nargs=None; the flag list does not say
 # nargs): a word after their value is the positional MODEL, as argparse reads it.

@@ -107,11 +107,21 @@ def _flag(given: Given, draft: Draft, facts: Facts, earlier: list[Given]) -> Non
               "again (--shutdown-timeout is restart.drain_timeout)")
     elif base in flags.REMOVED:
         _drop(given, draft, _why(base, value, facts))
+    elif base in flags.OFF_THE_PROBES and value is not False:
+        _drop(given, draft, f"it {flags.OFF_THE_PROBES[base]}, so no probe would reach it")
+        draft.errors.append(f"--{base}: the hand-run vLLM's clients {_reached(base)}; under "
+                            "vllmwatch vLLM serves plain HTTP on vllm.host:vllm.port: put a "
+                            "TLS proxy in front of it (or of [gate]) for clients that need it")
     else:
         _typed(given, value, draft, facts, note)
         return
     if note and draft.args and draft.args[-1].key == name:
         draft.args[-1].note = note + draft.args[-1].note
+
+
+def _reached(flag: str) -> str:
+    return {"uds": "reached it on a Unix socket", "headless": "reached no API server"}.get(
+        flag, "used TLS (https)")
 
 
 def _spelling(given: Given, draft: Draft) -> None:

@@ -59,7 +59,7 @@ def serving_url(vllm: VllmConfig, config: Config) -> str:
     """The base URL clients use: the [gate] front door when it is on, else vLLM's own
     address (the child's [vllm]: a reload does not move a running vLLM). A wildcard host is
     shown as bound ("0.0.0.0": every interface)."""
-    scheme = "https" if vllm.args.get("ssl-keyfile") or vllm.args.get("ssl_keyfile") else "http"
+    scheme = "http"  # (vLLM's own TLS flags are refused: config/flags.OFF_THE_PROBES)
     host, port = vllm.host, vllm.port
     if config.gate.enabled:  # a bad listen was refused at load; never crash a snapshot on it
         with contextlib.suppress(ValueError):
