@@ -7,6 +7,8 @@ import sys
 from pathlib import Path
 
 import pytest
+from hypothesis import given
+from hypothesis import strategies as st
 
 from vllmwatch.config import units
 from vllmwatch.config.schema import ConfigError, config_path, from_dict, load
@@ -77,7 +79,7 @@ interval = 2
      ["true or false"]),
     ('[vllm]\nmodel = "/m"\n[log]\nlevel = "loud"\n', "log.level", ["'loud'", "'debug'"]),
     ('[vllm]\nmodel = "/m"\ngpus = [0, 0]\n', "vllm.gpus", ["twice"]),
-    ('[vllm]\nmodel = "/m"\ncommand = "vllm serve"\n', "vllm.command", ["array of strings"]),
+    ('[vllm]\nmodel = "/m"\ncommand = "vllm serve"\n', "vllm.command", ["an array of words"]),
     ('[vllm]\nmodel = "/m"\n[restart]\nquiet_hours = "2am-5am"\n', "restart.quiet_hours",
      ["HH:MM-HH:MM"]),
     ('[vllm]\nmodel = "/m"\n[vllm.args]\n"--max-model-len" = 5\n', "vllm.args",
@@ -145,10 +147,41 @@ def test_durations(text: object, seconds: float) -> None:
     assert units.parse_duration(text) == seconds
 
 
-@pytest.mark.parametrize("bad", ["", "abc", "5 m s", "-3", True, [1], "1h foo"])
+@pytest.mark.parametrize("bad", ["", "abc", "5 m s", "-3", True, [1], "1h foo",
+                                 # a unit twice or out of order: "1h1h" read as 2 h
+                                 "1h1h", "30m1h", "1s1s", "1m 2m", "5ms1s"])
 def test_bad_durations(bad: object) -> None:
     with pytest.raises(ValueError):
         units.parse_duration(bad)
+
+
+_UNITS = [("d", 86400), ("h", 3600), ("m", 60), ("s", 1), ("ms", 0.001)]
+
+
+@given(st.lists(st.tuples(st.integers(0, 4), st.integers(0, 999)), min_size=1, max_size=5))
+def test_a_duration_reads_as_its_parts_only_with_each_unit_once_largest_first(
+        parts: list[tuple[int, int]]) -> None:
+    text = "".join(f"{n}{_UNITS[u][0]}" for u, n in parts)
+    units_in_order = [u for u, _ in parts]
+    if units_in_order == sorted(set(units_in_order)):
+        assert units.parse_duration(text) == pytest.approx(
+            sum(n * _UNITS[u][1] for u, n in parts))
+    else:
+        with pytest.raises(ValueError):
+            units.parse_duration(text)
+
+
+@pytest.mark.parametrize(("key", "value"), [
+    ("gpus", [99999999999999999999]), ("gpus", 256), ("gpus", [0, 2**40]),
+    ("command", ["", "serve"]), ("command", ["vllm", ""]), ("command", ["vllm", "  "]),
+    ("command", []),
+])
+def test_values_vllm_or_nvml_cannot_take_are_refused_at_load(key: str, value: object) -> None:
+    """A GPU index past NVML's unsigned int overflowed in the daemon; an empty program
+    cannot be run, an empty word after it is a second MODEL to vLLM."""
+    with pytest.raises(ConfigError, match=f"vllm.{key}"):
+        from_dict({"vllm": {"model": "/m", key: value}})
+    assert from_dict({"vllm": {"model": "/m", "gpus": [0, 255]}}).vllm.gpus == [0, 255]
 
 
 @pytest.mark.parametrize(("text", "mib"), [

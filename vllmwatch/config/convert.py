@@ -112,6 +112,18 @@ def _str_list(value: object) -> list[str]:
     return [_no_nul(v, f"item {i}: ") for i, v in enumerate(value)]
 
 
+def _command(value: object) -> list[str]:
+    """vLLM's command: words, none of them empty (an empty program cannot be run; an empty
+    word after it is a positional MODEL to vLLM, and the configured one a second)."""
+    words = _str_list(value)
+    if not words:
+        raise ValueError("an empty command")
+    empty = [i for i, w in enumerate(words) if not w.strip()]
+    if empty:
+        raise ValueError(f"item {empty[0]} is empty or blank")
+    return words
+
+
 def _str_table(value: object) -> dict[str, str]:
     """An environment table: NAME = "value" (a string or number)."""
     if not isinstance(value, dict):
@@ -157,14 +169,21 @@ def _flag_value(value: object, key: str) -> None:
                          "flag's value; quote it (\"...\") to pass the text")
 
 
+MAX_GPU_INDEX = 255  # NVML and CUDA_VISIBLE_DEVICES take small indexes; a larger one is a
+# typo, and NVML's C unsigned int overflowed on it (a traceback, not an error)
+
+
+def _gpu_index(value: object) -> bool:
+    return isinstance(value, int) and not isinstance(value, bool) and \
+        0 <= value <= MAX_GPU_INDEX
+
+
 def _gpus(value: object) -> list[int] | None:
     if isinstance(value, str) and value.lower() == "all":
         return None
-    if isinstance(value, int) and not isinstance(value, bool) and value >= 0:
+    if isinstance(value, int) and _gpu_index(value):
         return [value]
-    if isinstance(value, list) and all(
-        isinstance(v, int) and not isinstance(v, bool) and v >= 0 for v in value
-    ):
+    if isinstance(value, list) and all(_gpu_index(v) for v in value):
         if len(set(value)) != len(value):
             raise ValueError("a GPU is listed twice")
         return list(value)
@@ -205,7 +224,9 @@ CONVERTERS: dict[str, tuple[Converter, str]] = {
     "str_list": (_str_list, "an array of strings"),
     "str_table": (_str_table, "a table of names to strings"),
     "args_table": (_args_table, "a table of vLLM flag names (no dashes) to values"),
-    "gpus": (_gpus, 'an array of GPU indexes such as [0, 1], [] for CPU only, or "all"'),
+    "gpus": (_gpus, f'an array of GPU indexes (0-{MAX_GPU_INDEX}) such as [0, 1], [] for '
+             'CPU only, or "all"'),
+    "command": (_command, 'an array of words such as ["/opt/vllm/bin/vllm", "serve"]'),
     "quiet_hours": (_quiet_hours, 'a local time window "HH:MM-HH:MM" such as "02:00-05:00"'),
     "choice": (_str, ""),
     "auto_bool": (_auto_bool, '"auto", true or false'),

@@ -29,7 +29,7 @@ class VllmConfig:
     """How to launch the supervised vLLM server."""
 
     model: str = _conv("name", "")
-    command: list[str] = _conv("str_list", ["vllm", "serve"])
+    command: list[str] = _conv("command", ["vllm", "serve"])
     served_model_name: str = _conv("name", "")
     host: str = _conv("host", "127.0.0.1")
     port: int = _conv("port", 8000)

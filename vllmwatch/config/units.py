@@ -30,7 +30,8 @@ _SIZE_UNITS_MIB = {
 _SIZE = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*([a-zA-Z]*)\s*$", re.ASCII)
 _PER_HOUR = re.compile(r"\s*/\s*(h|hr|hour)\s*$", re.IGNORECASE)
 
-DURATION_HELP = 'seconds as a number, or a string such as "500ms", "30s", "15m", "2h", "1h30m"'
+DURATION_HELP = ('seconds as a number, or a string such as "500ms", "30s", "15m", "2h", "1h30m" '
+                 '(each unit once, the largest first)')
 SIZE_HELP = 'MiB as a number, or a string such as "512MiB", "75000MiB", "70GiB"'
 RATE_HELP = 'MiB per hour as a number, or a string such as "200MiB/h", "1GiB/h"'
 
@@ -46,12 +47,15 @@ def parse_duration(value: object) -> float:
     text = value.strip().lower()
     if re.fullmatch(r"\d+(?:\.\d+)?", text, re.ASCII):
         return float(text)
-    pos, total = 0, 0.0
+    pos, total, last = 0, 0.0, math.inf
     for match in _DURATION_PART.finditer(text):
         if match.start() != pos and text[pos : match.start()].strip():
             raise ValueError("not a duration")
-        total += float(match.group(1)) * _DURATION_UNITS[match.group(2)]
-        pos = match.end()
+        unit = _DURATION_UNITS[match.group(2)]
+        if unit >= last:  # "1h1h" (2 h?) or "30m1h": a typo, not a duration to guess at
+            raise ValueError(f"{match.group(2)!r} after a unit as small or smaller; write "
+                             "each unit once, the largest first (1h30m)")
+        total, pos, last = total + float(match.group(1)) * unit, match.end(), unit
     if pos == 0 or text[pos:].strip():
         raise ValueError("not a duration")
     return _finite(total)
