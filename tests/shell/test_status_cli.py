@@ -96,13 +96,34 @@ def test_foreign_json_is_refused(capsys: pytest.CaptureFixture[str], doc: object
 @settings(max_examples=150, deadline=None)
 @given(st.dictionaries(st.sampled_from([*sorted(GOOD), "state_for_s", "extra"]),
                        st.recursive(st.none() | st.booleans() | st.floats() | st.integers()
-                                    | st.text(max_size=5),
+                                    | st.text(max_size=5)
+                                    # past a float's range: float() raised OverflowError
+                                    | st.integers(min_value=10**308) | st.just(-10**400),
                                     lambda inner: st.lists(inner, max_size=3)
                                     | st.dictionaries(st.text(max_size=3), inner, max_size=3),
                                     max_leaves=8)))
 def test_render_survives_any_shape(fields: dict[str, Any]) -> None:
     text = status_cli.render({**GOOD, **fields})
     assert text.startswith("state")
+
+
+@pytest.mark.parametrize("body", [b"[" * 200_000 + b"]" * 200_000,
+                                  b'{"a":' * 100_000 + b"1" + b"}" * 100_000])
+def test_json_nested_past_the_stack_is_one_line(capsys: pytest.CaptureFixture[str],
+                                                body: bytes) -> None:
+    """json.loads raised RecursionError, which is not a ValueError: "unexpected error"."""
+    with serving(body) as url:
+        code, out, err = run_cli(capsys, url)
+    assert code == 1 and "nested deeper" in err and out == ""
+
+
+def test_numbers_past_a_floats_range_render(capsys: pytest.CaptureFixture[str]) -> None:
+    """10**400 as a pid or a count: float() raised OverflowError out of the status line."""
+    doc = {**GOOD, "child_pid": 10**400, "vllm_running": -10**400,
+           "spare": {"state": "asleep", "memory_mib": 10**400}}
+    with serving(json.dumps(doc).encode()) as url:
+        code, out, _ = run_cli(capsys, url)
+    assert code == 0 and "ready" in out
 
 
 def test_odd_shapes_render_through_main(capsys: pytest.CaptureFixture[str]) -> None:

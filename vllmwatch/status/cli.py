@@ -49,7 +49,7 @@ def main(config_arg: str | None, url: str | None, as_json: bool,
         # The answer as it came, unless the redactor changed it (an older vllmwatch may
         # answer unredacted): then the redacted document
         text = (body if json.loads(body) == data else json.dumps(data, indent=2)) \
-            if as_json else render(data, colour=use_colour(sys.stdout))
+            if as_json else _shown(data, target)
     except StatusError as exc:
         if exc.code == EXIT_NOT_RUNNING:
             print(REDACT.text(_not_running(str(exc), config_arg, find_incident)),
@@ -156,6 +156,9 @@ def parse(body: str, url: str) -> dict[str, Any]:
     except ValueError as exc:
         raise StatusError(f"{url} did not return JSON ({exc}); is another service on this "
                           "port?") from None
+    except RecursionError:  # [[[[...]]]] past Python's stack: no /status is nested so
+        raise StatusError(f"{url} returned JSON nested deeper than any /status; is another "
+                          "service on this port?") from None
     missing = [k for k in REQUIRED_KEYS if not isinstance(data, dict) or k not in data]
     if missing or not isinstance(data.get("state"), str):
         raise StatusError(f"{url} returned JSON that is not vllmwatch's /status (missing "
@@ -164,6 +167,19 @@ def parse(body: str, url: str) -> dict[str, Any]:
     # An older vllmwatch (or another service) may answer unredacted: the same rules here.
     document: dict[str, Any] = REDACT.deep(data)
     return document
+
+
+def _shown(data: dict[str, Any], url: str) -> str:
+    """The document in lines; a field of a type or size vllmwatch never writes (another
+    service, another version: 1e999 as a count, a list as a state) is one StatusError."""
+    try:
+        return render(data, colour=use_colour(sys.stdout))
+    except (TypeError, ValueError, OverflowError, KeyError, AttributeError, IndexError,
+            RecursionError) as exc:
+        raise StatusError(f"{url} returned a /status this vllmwatch cannot show "
+                          f"({type(exc).__name__}: {str(exc)[:120]}); is it another service, "
+                          "or another vllmwatch version? `vllmwatch status --json` prints "
+                          "it as it came") from None
 
 
 def use_colour(stream: TextIO) -> bool:

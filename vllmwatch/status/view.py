@@ -38,9 +38,15 @@ _NEXT_PHASE = {
 
 
 def _num(value: object) -> float | None:
+    """A finite number of the answer, or None (an int past a float's range: 10**400 from
+    another service overflowed the whole status line)."""
     if isinstance(value, bool) or not isinstance(value, (int, float)):
         return None
-    return float(value) if math.isfinite(value) else None
+    try:
+        number = float(value)
+    except OverflowError:
+        return None
+    return number if math.isfinite(number) else None
 
 
 def _table(value: object) -> dict[str, float]:
@@ -156,9 +162,9 @@ def _spare_rows(data: Mapping[str, Any]) -> list[tuple[str, str]]:
         line += f", pid {spare['pid']}"
     if isinstance(spare.get("build"), int) and spare["build"]:  # pairs with spare.* events
         line += f", build {spare['build']}"
-    mib = spare.get("memory_mib")
-    if isinstance(mib, (int, float)):
-        line += f", gpu {format_mib(float(mib))}"
+    mib = _num(spare.get("memory_mib"))
+    if mib is not None:
+        line += f", gpu {format_mib(mib)}"
     if isinstance(spare.get("failovers"), int) and spare["failovers"]:
         line += f", {spare['failovers']} failovers"
         took = spare.get("last_failover_s")
