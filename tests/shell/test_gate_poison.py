@@ -16,6 +16,7 @@ import asyncio
 import contextlib
 import json
 import threading
+import time
 from collections.abc import Iterator
 from contextlib import contextmanager
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
@@ -99,7 +100,7 @@ class _Handler(BaseHTTPRequestHandler):
 
 
 @contextmanager
-def upstream() -> Iterator[tuple[Gate, Engine]]:
+def upstream(hold: float = 60.0) -> Iterator[tuple[Gate, Engine]]:
     server = ThreadingHTTPServer(("127.0.0.1", 0), _Handler)
     server.daemon_threads = True
     d = Daemonish()
@@ -107,7 +108,7 @@ def upstream() -> Iterator[tuple[Gate, Engine]]:
     threading.Thread(target=server.serve_forever, daemon=True).start()
     events: list[tuple[str, dict[str, Any]]] = []
     g = Gate(f"127.0.0.1:{free_port()}", f"http://127.0.0.1:{server.server_address[1]}",
-             d.readiness, 60.0, retry_after=3, generation=d.generation,
+             d.readiness, hold, retry_after=3, generation=d.generation,
              log=lambda level, event, **kw: events.append((event, kw)))
     g.events = events  # type: ignore[attr-defined]
     g.start()
@@ -282,3 +283,42 @@ def test_a_request_that_leaves_while_waiting_its_turn_frees_it() -> None:
         async with s.turn(True, 5.0) as turn:
             assert turn.alone
     asyncio.run(go())
+
+
+def test_a_request_waiting_its_turn_when_the_gate_stops_is_answered_stopping() -> None:
+    """A request on probation waits for the others in flight to end; the gate stopped
+    meanwhile: its wait never looked at the door, and the server's shutdown dropped its
+    connection without an answer (every other held request gets 503 "stopping")."""
+    with upstream() as (g, engine):
+        fp = replay.Suspects.fingerprint("POST", "/v1/completions",
+                                         json.dumps(_body(POISON)).encode())
+        g.forwarder.suspects._deaths[fp] = (replay.PROBATION_AT, time.monotonic(), 0)
+        innocent = in_thread(lambda: post(g.port, body=_body("innocent")))
+        with engine.cond:
+            engine.cond.wait_for(lambda: engine.in_flight(1) == 1, WAIT)
+        out, t = in_thread(lambda: post(g.port, body=_body(POISON)))
+        wait_until(lambda: g.forwarder.suspects._alone is not None, WAIT,
+                   "the request on probation to wait for its turn")
+        g.stop()
+        t.join(WAIT)
+        assert out[0][0] == 503 and b"vllmwatch is stopping" in out[0][1], out
+        engine.let_go()
+        innocent[1].join(WAIT)
+
+
+def test_a_replay_whose_hold_is_spent_is_not_sent_through_an_open_door() -> None:
+    """The engine died after the request's gate.hold_timeout had passed: the door was open
+    (the next engine serves), so the replay went out at once, past its hold, where every
+    other wait of it ends in 503 at the hold."""
+    hold = 1.0
+    with upstream(hold) as (g, engine):
+        start = time.monotonic()
+        out, t = in_thread(lambda: post(g.port, body=_body("slow")))
+        with engine.cond:
+            engine.cond.wait_for(lambda: engine.in_flight(1) == 1, WAIT)
+        wait_until(lambda: time.monotonic() > start + hold + 0.5, WAIT, "the hold to pass")
+        engine.kill()  # the next engine serves at once: the door stays open
+        t.join(WAIT)
+        assert out[0][0] == 503 and b"gate.hold_timeout" in out[0][1], out
+        assert [p for p, _g in engine.seen] == ["slow"]  # never sent to engine 2
+        assert g.stats.replay_gave_up == 1

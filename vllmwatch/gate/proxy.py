@@ -31,11 +31,10 @@ REFUSED_HOLD = 0.5  # after vLLM refused a connection, hold this long before try
 # a reused one it was closing looked like the engine's death; a healthy engine's client got 503.
 KEEPALIVE = exchange.KEEPALIVE  # the ceiling of Forwarder.upstreams.keepalive
 NEXT_ENGINE_POLL = 0.05  # a replay waits for an engine it was not sent to yet
+STOPPING = "vllmwatch is stopping; vLLM will not come back on this instance"
 # ... or this long for the failed one's restart to begin: vLLM that dropped a connection and
 # serves on (vllmwatch saw no death past its engine-death and health checks) gets it again.
 SAME_ENGINE_GRACE = 10.0
-
-
 GENS_KEPT = 16  # generations whose figures are kept (a few per restart)
 
 
@@ -143,22 +142,27 @@ class Forwarder:
             return _error(request.path, 422, jailed, kind="UnprocessableEntityError")
         held = False  # counted once per request, however often it waits
         tried: dict[int | None, float] = {}  # engines it failed on, and when
-        failures = 0
+        failures = tries = 0
         while True:
+            tries += 1
             self.door.refresh()
             if not held and (self.door.state != Readiness.OPEN or self.door.waiting):
                 held = True
                 self.stats.held += 1
-            verdict = await self._wait_at_door(request.path, deadline - loop.time())
+            verdict = await self._wait_at_door(request.path, deadline - loop.time(), tries > 1)
             if verdict is not None:
                 self.stats.replay_gave_up += 1 if failures else 0
                 return verdict
             probation = self.suspects.on_probation(fp, loop.time())
             broke: list[bool] = []
             try:
-                async with self.suspects.turn(probation, deadline - loop.time()) as turn:
+                async with self.suspects.turn(probation, deadline - loop.time(), lambda: (
+                        self.door.state == Readiness.CLOSED)) as turn:
                     sent = await self._send(request, body, tried, failures > 0, broke)
                     turn.freeze()  # (read before the next request's turn)
+            except replay.TurnClosed:
+                self.stats.refused_closed += 1
+                return _error(request.path, 503, STOPPING, self.retry_after)
             except replay.TurnMissed:
                 self.stats.hold_timeouts += 1
                 return _error(request.path, 503, replay.turn_missed(self.hold_timeout),
@@ -169,14 +173,8 @@ class Forwarder:
                 self.stats.connect_retries += 1
                 self.door.suspect(REFUSED_HOLD)
                 continue
-            if sent is None:  # an engine it was sent to already, or told to stop
-                if loop.time() >= deadline:
-                    self.stats.hold_timeouts += 1
-                    self.stats.replay_gave_up += 1 if failures else 0
-                    return _error(request.path, 503, "no other vLLM engine served within "
-                                  f"{self.hold_timeout:g}s (gate.hold_timeout); it is "
-                                  "restarting", self.retry_after)
-                await asyncio.sleep(NEXT_ENGINE_POLL)
+            if sent is None:  # an engine it was sent to already, or told to stop: the next
+                await asyncio.sleep(NEXT_ENGINE_POLL)  # one, until its hold is spent (above)
                 continue
             gen, answer = sent
             # A death (not a stop vllmwatch ordered, nor vLLM refusing it while shutting
@@ -260,10 +258,12 @@ class Forwarder:
             return f"it was replayed {self.replay_max} time(s) already (gate.replay_max)"
         return None
 
-    async def _wait_at_door(self, path: str, timeout: float) -> web.Response | None:
+    async def _wait_at_door(self, path: str, timeout: float, again: bool
+                            ) -> web.Response | None:
+        """None: send it now; else its answer (`again`: a retry, ended by its spent hold)."""
         self.stats.holding += 1
         try:
-            passed = await self.door.enter(max(0.0, timeout))
+            passed = None if again and timeout <= 0 else await self.door.enter(max(0.0, timeout))
         finally:
             self.stats.holding -= 1
         if passed is None:
@@ -272,8 +272,7 @@ class Forwarder:
                           "(gate.hold_timeout); it is starting or restarting", self.retry_after)
         if not passed:
             self.stats.refused_closed += 1
-            return _error(path, 503, "vllmwatch is stopping; vLLM will not come back on this "
-                          "instance", self.retry_after)
+            return _error(path, 503, STOPPING, self.retry_after)
         return None
 
     def _route(self) -> tuple[int | None, bool]:

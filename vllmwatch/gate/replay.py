@@ -199,6 +199,10 @@ class TurnMissed(Exception):
     """A request's turn to be sent did not come before its hold deadline."""
 
 
+class TurnClosed(TurnMissed):
+    """The gate closed (vllmwatch stops) while a request waited for its turn."""
+
+
 class Turn:
     """One request's send; `alone`: it ran on probation with no other request beside it."""
 
@@ -254,14 +258,19 @@ class Suspects:
         return n >= PROBATION_AT and now - last < SUSPECT_FOR
 
     @contextlib.asynccontextmanager
-    async def turn(self, probation: bool, timeout: float) -> AsyncIterator[Turn]:
-        """Wait for this request's turn to be sent (TurnMissed: not within timeout): on
-        probation, one at a time and alone; else at once, unless one runs alone (ALONE_S)."""
+    async def turn(self, probation: bool, timeout: float,
+                   closed: Callable[[], bool] = lambda: False) -> AsyncIterator[Turn]:
+        """Wait for this request's turn to be sent (TurnMissed: not within timeout;
+        TurnClosed: the gate closed meanwhile, so it is refused, never left to the server's
+        shutdown, which drops the connection): on probation, one at a time and alone; else
+        at once, unless one runs alone (ALONE_S)."""
         loop = asyncio.get_running_loop()
         end, turn = loop.time() + timeout, Turn(self, probation)
 
         async def until(free: Callable[[], bool]) -> None:
             while not free():
+                if closed():
+                    raise TurnClosed
                 if loop.time() >= end:
                     raise TurnMissed
                 await asyncio.sleep(POLL)
