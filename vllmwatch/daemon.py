@@ -139,6 +139,7 @@ def _run(config: Config, log_format: str | None, env: dict[str, str], log: Switc
         spare = fx.spare
         if spare is not None and gate is not None:
             spare.in_flight = lambda: gate.forwarder.spare_in_flight
+            spare.stop_order = gate.stop_order
             gate.forwarder.to_spare = lambda: spare.routed == "spare"  # by Route, at once
             # ... and its generation from the same look (not the snapshot's, a turn later)
             gate.forwarder.route = lambda: spare.route(holder["snap"].child_pid)

@@ -67,6 +67,9 @@ class SpareFx:
         self._config, self._planner = config, planner
         self.retries = config.spare.retries
         self.in_flight: Callable[[], int] = lambda: 0  # the gate's count at the spare
+        # The gate's fence (gate/runner.Gate.stop_order): a spare vllmwatch stops is not a
+        # death of the requests on it (counted against them: gate/replay.py Suspects)
+        self.stop_order: Callable[[int | None, bool], None] = lambda _gen, _cut: None
         # Where the gate sends requests, set by the core's Route as it is done: before the
         # SleepSpare that follows it starts its drain. The snapshot says so only at the end
         # of the loop's turn: a gate routing by it could send a request to a spare whose
@@ -175,6 +178,8 @@ class SpareFx:
         """One of the core's spare actions; `config`: the core's current one (a build runs
         the command of the config current at that moment)."""
         if isinstance(action, StopSpare):
+            if self.tree.pid:  # (its gate generation: route())
+                self.stop_order(-self.tree.pid, False)
             self.tree.stop(action.why)
         elif isinstance(action, Route):
             self.routed = action.to
