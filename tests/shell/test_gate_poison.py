@@ -231,6 +231,17 @@ def test_probation_quarantine_expiry_and_an_answer() -> None:
     assert s.refusal(FP, 6.0 + replay.SUSPECT_FOR) is None  # the quarantine ends
 
 
+def test_an_engine_that_answers_after_a_dropped_connection_is_not_seen_dead() -> None:
+    """A connection dropped on an engine that serves on had the engine seen dead for good:
+    a request that really killed it later went uncounted (sent after its "death")."""
+    s = replay.Suspects()
+    other = replay.Suspects.fingerprint("POST", "/p", b"other")
+    assert s.died(other, 1.0, _turn(s, other, 0.5, False), 7) is None  # a dropped connection
+    s.answered(replay.Suspects.fingerprint("POST", "/p", b"x"), 7)  # engine 7 answers on
+    assert s.died(FP, 3.0, _turn(s, FP, 2.0, False), 7) is None
+    assert s._deaths[FP][0] == 1  # counted: engine 7 lived until then
+
+
 @settings(max_examples=200, deadline=None)
 @given(st.lists(st.tuples(st.integers(0, 3), st.sampled_from(["died", "alone", "answered"]),
                           st.floats(0.0, 2 * replay.SUSPECT_FOR), st.integers(1, 4)),

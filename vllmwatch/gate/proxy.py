@@ -187,7 +187,7 @@ class Forwarder:
                 self._died(request, body, fp, gen, turn)
             if not isinstance(answer, exchange.Failed):
                 if not died:
-                    self.suspects.answered(fp)
+                    self.suspects.answered(fp, gen)
                 return answer  # (a replay's answer is counted in _forward)
             tried[gen], failures = loop.time(), failures + 1
             why_not = self._why_not(request, body, failures, fp)

@@ -314,9 +314,12 @@ class Suspects:
         _bound(self._deaths)
         return None
 
-    def answered(self, fp: bytes) -> None:
-        """An engine answered it: it is not what kills engines."""
+    def answered(self, fp: bytes, gen: int | None = None) -> None:
+        """Engine `gen` answered it: it is not what kills engines, and that engine lives (a
+        dropped connection had it seen dead, so a real death later went uncounted)."""
         self._deaths.pop(fp, None)
+        if gen is not None:
+            self._dead.pop(gen, None)
 
 
 def quarantined_fields(fp: bytes, path: str, size: int, gen: int | None, deaths: int
