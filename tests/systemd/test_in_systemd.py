@@ -130,8 +130,8 @@ systemctl stop vllmwatch
 
 
 # systemd's watchdog runs from the start: under CI's load (two busy CPUs and the real-vLLM
-# lane) the interpreter's imports before the first WATCHDOG=1 took longer than 3 s, and the
-# start itself was killed ("systemctl start" failed). The unit ships 60 s.
+# lane) the interpreter's imports before the first WATCHDOG=1 can outlast 3 s (suspected: the
+# start itself failed there, its cause not in the journal). The unit ships 60 s.
 WATCHDOG_S = 10
 
 
