@@ -284,7 +284,12 @@ def test_a_request_that_leaves_while_waiting_its_turn_frees_it() -> None:
         s = replay.Suspects()
         s.sending = 1  # another request in flight: the one on probation waits for it
         waiting = asyncio.ensure_future(s.turn(True, 30.0).__aenter__())
-        await asyncio.sleep(3 * replay.POLL)
+
+        async def took_the_place() -> None:  # then it waits for the others to end
+            while s._alone is None and not waiting.done():
+                await asyncio.sleep(0.01)
+
+        await asyncio.wait_for(took_the_place(), WAIT)
         assert s._alone is not None and not waiting.done()
         waiting.cancel()
         with contextlib.suppress(asyncio.CancelledError):
