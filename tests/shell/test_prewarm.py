@@ -246,7 +246,7 @@ def test_slow_reader_stops_at_the_deadline_and_reports_progress(tmp_path: Path) 
                             reader=slow_reader)
     assert not result.finished
     assert 0 < result.read_bytes < result.total_bytes
-    assert time.monotonic() - start < 0.3 + 1.0
+    assert time.monotonic() - start < 0.3 + 30  # a hang's bound, not a speed target
     assert events.named("prewarm.page_cache.progress")
 
 
