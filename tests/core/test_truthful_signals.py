@@ -20,6 +20,7 @@ from vllmwatch.core.events import (
     MetricsResult,
     ReloadRequested,
     Spawned,
+    StopRequested,
     SweepDone,
     Tick,
 )
@@ -89,6 +90,22 @@ def test_a_reload_during_the_start_sends_neither_reloading_nor_ready(config: Con
         assert core.events("config.reload_failed") and core.s.config == CONFIG
     core.become_ready()
     assert core.notified() == ["ready"]  # the first READY=1 is the first READY
+
+
+@pytest.mark.parametrize("config", [CONFIG, VLLM_CHANGED, None], ids=["same", "vllm", "bad"])
+def test_a_reload_after_the_stop_began_sends_nothing_and_takes_nothing(
+        config: Config | None) -> None:
+    """SIGHUP after SIGTERM: RELOADING=1 and READY=1 followed STOPPING=1 (nothing serves
+    then), and the new config was taken while the tree went down."""
+    core = Core()
+    core.launch()
+    core.become_ready()
+    core.step(StopRequested("SIGTERM"))
+    assert "stopping" in core.notified()
+    core.acts.clear()
+    core.step(ReloadRequested(config, "" if config else "x.toml: bad"))
+    assert core.notified() == [] and core.s.config == CONFIG
+    assert core.events("config.reload_ignored") and not core.events("config.reloaded")
 
 
 def test_a_reload_that_changes_vllm_during_the_start_relaunches_without_ready() -> None:

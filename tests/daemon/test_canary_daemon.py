@@ -23,7 +23,8 @@ def test_the_daemon_finds_an_embedding_models_canary(tmp_path: Path) -> None:
         # Later canaries (every 1 s) go straight to /v1/embeddings: completions was asked once.
         wait_for(lambda: posts("/v1/embeddings") >= 4, 20, "four canaries on /v1/embeddings")
         assert posts("/v1/completions") == 1
-        assert not d.named("probe.failed") and not d.named("restart.begin")
+        # (a health probe late on a loaded box is no failure of the canary's choice)
+        assert not d.named("probe.failed", probe="canary") and not d.named("restart.begin")
     finally:
         d.close()
 

@@ -26,6 +26,9 @@ _SIZE_UNITS_MIB = {
     "tib": 1024.0**2,
     "t": 1024.0**2,
     "tb": 1000**4 / 2**20,
+    "pib": 1024.0**3,  # the sizes' ceiling (config/bounds.py) is written so
+    "p": 1024.0**3,
+    "pb": 1000**5 / 2**20,
 }
 _SIZE = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*([a-zA-Z]*)\s*$", re.ASCII)
 _PER_HOUR = re.compile(r"\s*/\s*(h|hr|hour)\s*$", re.IGNORECASE)

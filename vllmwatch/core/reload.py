@@ -23,6 +23,10 @@ def reloaded(s: WatchState, ev: ReloadRequested, now: float) -> Result:
     # systemd takes any READY=1 as the end of the start: until the first READY (ever_ready)
     # a reload is applied quietly and the start goes on; after it, the RELOADING=1 ->
     # READY=1 pair tells systemd the reload is done.
+    if s.exit_code is not None:  # stopping: nothing serves, so no READY=1 after STOPPING=1,
+        # and no config taken that nothing will run
+        return s, [Log("info", "config.reload_ignored", {"state": str(s.state),
+                                                          "detail": "vllmwatch is stopping"})]
     pair = s.ever_ready
     acts: list[Action] = [Notify(reloading=True)] if pair else []
     if ev.config is None:

@@ -177,7 +177,8 @@ def _shown(data: dict[str, Any], url: str) -> str:
     except (TypeError, ValueError, OverflowError, KeyError, AttributeError, IndexError,
             RecursionError) as exc:
         raise StatusError(f"{url} returned a /status this vllmwatch cannot show "
-                          f"({type(exc).__name__}: {str(exc)[:120]}); is it another service, "
+                          f"({type(exc).__name__}: {REDACT.head(str(exc), 120)}); is it another "
+                          "service, "
                           "or another vllmwatch version? `vllmwatch status --json` prints "
                           "it as it came") from None
 
