@@ -50,7 +50,7 @@ def main(req: Request, environ: Mapping[str, str], out: TextIO | None = None,
     try:
         line, source, facts, notes = _read(req, environ, err)
     except (serveline.LineError, proc.ProcError) as exc:
-        print(f"vllmwatch init: {exc}", file=err)
+        print(REDACT.text(f"vllmwatch init: {exc}"), file=err)
         return CONFIG
     draft = translate.translate(line, facts)
     text = render.render(draft, source)
