@@ -16,7 +16,7 @@ from pathlib import Path
 import psutil
 import pytest
 
-from tests.support import Daemon, base_config, free_port, wait_for
+from tests.support import Daemon, base_config, free_port, wait_for, zombie
 
 
 def _unavailable() -> str | None:
@@ -76,7 +76,7 @@ def test_pid1_reaps_orphaned_engines_and_restarts(tmp_path: Path) -> None:
         d.wait_ready(30, mark)
         # The killed API server and the swept engine are both reaped: no zombie under PID 1.
         wait_for(lambda: not _zombies(daemon), 15, "no zombie under PID 1")
-        assert not psutil.pid_exists(engine.pid) or engine.status() != psutil.STATUS_ZOMBIE
+        assert not zombie(engine)
         assert begin["reason"] in ("crash", "engine_died")
         assert d.named("reaper.on")
         assert d.named("reaper.reaped"), d.dump()

@@ -15,7 +15,7 @@ from typing import Any
 import psutil
 import pytest
 
-from tests.support import PYTHON, REPO, Daemon, base_config, free_port, wait_for
+from tests.support import PYTHON, REPO, Daemon, base_config, dead, free_port, wait_for
 from tests.support.procs import environ
 from vllmwatch.shell import reaper
 from vllmwatch.shell.child import MARKER
@@ -36,14 +36,6 @@ def _orphans(port: int) -> list[psutil.Process]:
         if with_tag:
             found.append(proc)
     return found
-
-
-def _gone(proc: psutil.Process) -> bool:
-    """Dead: exited, or a zombie waiting for the reaper (it holds neither memory nor port)."""
-    try:
-        return proc.status() == psutil.STATUS_ZOMBIE
-    except psutil.NoSuchProcess:
-        return True
 
 
 def _the_orphan(d: Daemon, child: int) -> psutil.Process:
@@ -79,7 +71,7 @@ def test_a_setsid_descendant_holding_the_port_is_killed_at_a_restart(daemon: Dae
     assert any(p.startswith(f"pid {orphan.pid} ") and ORPHAN_TAG in p
                for p in killed["processes"]), killed
     d.wait_ready(30, since=mark)  # the port was freed: no "foreign process" exit 4
-    assert not d.named("port.busy") and _gone(orphan)
+    assert not d.named("port.busy") and dead(orphan)
     # Reaped by the reaper's killed-by-the-sweep path, not left a zombie until its grace (a
     # setsid'd orphan looks like a child some Popen of ours waits for): within the grace of
     # the restart's start, which the grace path cannot be.
@@ -96,7 +88,7 @@ def test_a_setsid_descendant_is_killed_at_the_stop(daemon: Daemon) -> None:
     d.signal(signal.SIGTERM)
     assert d.wait_exit(30) == 0
     assert orphan.pid in d.wait_event("leftovers.killed", 5, mark)["pids"]
-    assert _gone(orphan)
+    assert dead(orphan)
 
 
 # A subreaper that starts what a daemon would: a process of ours that is no child's (marker,

@@ -35,6 +35,7 @@ from tests.support import (
     PYTHON,
     Daemon,
     base_config,
+    dead,
     free_port,
     merge,
     port_free,
@@ -275,7 +276,7 @@ def test_a_reload_that_changes_the_command_rebuilds_the_spare_from_it(spared: Sp
     wait_for(lambda: spared.spare().get("state") == "asleep", WAIT, "the rebuilt spare asleep")
     pid1, child1 = spared.spare()["pid"], spared.child_pid()
     assert pid1 != pid0 and child1 != child0
-    assert not psutil.pid_exists(pid0) or psutil.Process(pid0).status() == psutil.STATUS_ZOMBIE
+    assert dead(pid0)
     assert not os.path.exists(tmp0), "the stopped spare's TMPDIR is left"
     for pid in (pid1, child1):  # both run the new command
         argv = _argv(pid)

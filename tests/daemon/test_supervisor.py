@@ -36,6 +36,7 @@ from tests.support import (
     TIMEOUT_SCALE,
     Daemon,
     base_config,
+    dead,
     free_port,
     merge,
     ts_of,
@@ -393,8 +394,7 @@ def test_stop_signal_exits_0_and_reaps(daemon: Factory, sig: int) -> None:
     assert exited and exited[-1]["pid"] == ready["pid"] and exited[-1]["expected"] is True
     assert exited[-1]["signal"] is None  # a graceful exit, no SIGKILL needed
     assert not d.named("child.kill")
-    assert not psutil.pid_exists(ready["pid"]) or \
-        psutil.Process(ready["pid"]).status() == psutil.STATUS_ZOMBIE
+    assert dead(ready["pid"])
     assert d.notify is not None and d.notify.with_prefix("STOPPING=1")
     report(f"{signal.Signals(sig).name} -> exit", d.at(d.named("daemon.exit")[0]) - sent)
     # The child ran with a TMPDIR of its own (vLLM leaves IPC socket files there when it
@@ -485,8 +485,7 @@ def test_sigkill_of_api_server_sweeps_orphans(daemon: Factory) -> None:
     assert set(orphans) <= set(killed["pids"])
     d.wait_event("restart.begin", 10.0, since, reason="crash")  # its log order is not ours
     again = d.wait_ready(10.0, since=since)
-    assert all(not psutil.pid_exists(p) or psutil.Process(p).status() == psutil.STATUS_ZOMBIE
-               for p in orphans)
+    assert all(dead(p) for p in orphans)
     report("API server SIGKILL: exit -> orphans swept",
            ts_of(killed) - ts_of(d.named("child.exited", since)[0]))
     report("API server SIGKILL: exit -> READY", ts_of(again) - ts_of(

@@ -39,7 +39,7 @@ from tests.e2e.e2e_harness import (
     status,
     tree,
 )
-from tests.support import TIMEOUT_SCALE, Daemon, port_free, sigstop, wait_for
+from tests.support import TIMEOUT_SCALE, Daemon, dead, port_free, sigstop, wait_for
 
 pytestmark = pytest.mark.e2e
 
@@ -66,18 +66,8 @@ def _complete(d: Daemon) -> dict[str, Any]:
     return dict(body)
 
 
-def _gone(proc: psutil.Process) -> bool:
-    try:
-        return proc.status() == psutil.STATUS_ZOMBIE
-    except psutil.NoSuchProcess:
-        return True
-
-
 def _alive(pid: int) -> bool:
-    try:
-        return not _gone(psutil.Process(pid))
-    except psutil.NoSuchProcess:
-        return False
+    return not dead(pid)
 
 
 def _recover(d: Daemon, name: str, fault_at: float, since: int, reasons: Collection[str],
@@ -156,7 +146,7 @@ def test_enginecore_sigkill_restarts(start_daemon: StartDaemon) -> None:
     wait_for(on_a_rung, STARTUP, "/status shows the restart's launching rung")
     got = _recover(d, "enginecore_sigkill", fault_at, mark, {"crash", "engine_died"})
     assert got["ready"]["pid"] != pid
-    assert _gone(engines[0])
+    assert dead(engines[0])
     assert all(for_s >= 0 for _, for_s in seen), seen
     assert status(d)["restart_phase"] == "idle"
     # one restart.phase event per rung, in the ladder's order, each from where the last went
@@ -196,7 +186,7 @@ def test_engine_sigstop_is_hang(start_daemon: StartDaemon) -> None:
     sigstop(target.pid)  # SIGSTOP; the fixture's teardown SIGCONTs and kills what is left
     got = _recover(d, "engine_sigstop", fault_at, mark, {"hang"}, stopped=title)
     assert d.named("probe.canary_timeout", mark)
-    assert _gone(target), f"the stopped {title} (pid {target.pid}) survived the restart"
+    assert dead(target), f"the stopped {title} (pid {target.pid}) survived the restart"
     assert got["ready"]["pid"] != pid
 
 
@@ -224,7 +214,7 @@ def test_api_server_sigkill_reaps_orphans(start_daemon: StartDaemon) -> None:
     record_times("incident_apiserver_sigkill", {"record_s": event["seconds"],
                                                 "tree": rec["tree"]["note"]})
     got = _recover(d, "apiserver_sigkill", fault_at, mark, {"crash"})
-    survivors = [f"{p.pid} {titles[p.pid]}" for p in orphans if not _gone(p)]
+    survivors = [f"{p.pid} {titles[p.pid]}" for p in orphans if not dead(p)]
     assert not survivors, f"orphans of the killed API server still run: {survivors}"
     killed = d.wait_event("leftovers.killed", SHORT, mark)
     assert set(engine) <= set(killed["pids"]), (

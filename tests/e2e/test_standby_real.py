@@ -10,7 +10,7 @@ from collections.abc import Callable
 import psutil
 
 from tests.e2e.e2e_harness import group_leftovers, record_times, status
-from tests.support import TIMEOUT_SCALE, Daemon, port_free
+from tests.support import TIMEOUT_SCALE, Daemon, dead, port_free
 
 StartDaemon = Callable[..., Daemon]
 
@@ -34,8 +34,7 @@ def test_a_sigusr1_restart_is_taken_by_the_standby(start_daemon: StartDaemon) ->
     t0 = d.signal(signal.SIGTERM)
     assert d.wait_exit(60 / TIMEOUT_SCALE) == 0
     assert not d.leftovers() and not group_leftovers(d) and port_free(d.port)
-    assert not psutil.pid_exists(int(nxt["pid"])) or \
-        psutil.Process(int(nxt["pid"])).status() == psutil.STATUS_ZOMBIE
+    assert dead(int(nxt["pid"]))
     record_times("standby_sigusr1", {
         "standby_import_s": waiting["import_s"], "standby_rss_mib": waiting["rss_mib"],
         "startup_after_handover_s": ready["startup_s"],

@@ -11,7 +11,7 @@ import sys
 
 import psutil
 
-from tests.support import wait_until
+from tests.support import dead, wait_until
 from vllmwatch.shell.engines import EngineWatch
 
 # "EngineCore": forks one helper (same command line) that lives until it is killed.
@@ -42,8 +42,7 @@ def test_a_forked_helper_of_the_engine_is_not_an_engine_process() -> None:
         assert watch.look(root.pid) == []
         assert set(watch.seen) == {core.pid}  # the helper is not remembered
         helper.kill()  # the helper is done (the engine reaps it)
-        wait_until(lambda: not psutil.pid_exists(helper.pid) or
-                   helper.status() == psutil.STATUS_ZOMBIE, 20, "the helper to exit")
+        wait_until(lambda: dead(helper), 20, "the helper to exit")
         assert watch.look(root.pid) == []  # no engine died
     finally:
         os.killpg(root.pid, signal.SIGKILL)

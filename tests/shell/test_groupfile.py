@@ -13,7 +13,7 @@ from pathlib import Path
 import psutil
 import pytest
 
-from tests.support import free_port, owned, wait_until
+from tests.support import dead, free_port, owned, wait_until
 from vllmwatch.shell import child, groupfile, kin
 
 
@@ -40,7 +40,7 @@ def forged(proc: psutil.Process, marker: str, started: float | None = None) -> s
 def survives_sweep(proc: psutil.Process, marker: str) -> bool:
     done = child.sweep(None, marker, "127.0.0.1", free_port(), grace=0.5)
     assert proc.pid not in done.killed
-    return proc.is_running() and proc.status() != psutil.STATUS_ZOMBIE
+    return proc.is_running() and not dead(proc)
 
 
 def plant_everywhere_untrusted(tmp_path: Path, proc: psutil.Process, marker: str,

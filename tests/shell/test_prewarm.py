@@ -10,10 +10,9 @@ import time
 from pathlib import Path
 from typing import Any
 
-import psutil
 import pytest
 
-from tests.support import wait_for
+from tests.support import dead, wait_for
 from vllmwatch.config.schema import Config, from_dict
 from vllmwatch.prewarm import kernels, pagecache
 from vllmwatch.prewarm import runner as prewarm
@@ -341,14 +340,7 @@ def test_kernel_time_out_kills_the_process_group(tmp_path: Path) -> None:
     assert k.status == "failed" and "timed out" in k.detail
     assert not report.ok
     grandchild = int(pidfile.read_text())
-
-    def gone() -> bool:
-        try:
-            return psutil.Process(grandchild).status() == psutil.STATUS_ZOMBIE
-        except psutil.NoSuchProcess:
-            return True
-
-    wait_for(gone, 5, f"grandchild {grandchild} to die with the time-out")
+    wait_for(lambda: dead(grandchild), 5, f"grandchild {grandchild} to die with the time-out")
 
 
 @pytest.mark.skipif(not VLLM_PYTHON.exists(), reason="no vLLM venv (scripts/setup_vllm.sh)")

@@ -13,7 +13,7 @@ from pathlib import Path
 import psutil
 import pytest
 
-from tests.support import PYTHON, merge, wait_for
+from tests.support import PYTHON, dead, merge, wait_for
 from tests.support.procs import environ
 from vllmwatch.config.schema import Config, from_dict
 from vllmwatch.config.spare import SpareFacts, SparePlan
@@ -251,7 +251,7 @@ def test_a_spare_left_by_a_killed_vllmwatch_is_swept_at_the_next_start(
         if kill_stale:
             assert set(killed) == {api, engine.pid}
             assert old.proc is not None and old.proc.wait(10.0) == -9
-            assert not engine.is_running() or engine.status() == psutil.STATUS_ZOMBIE
+            assert dead(engine)
         else:
             assert killed == () and engine.is_running() and old.proc is not None \
                 and old.proc.poll() is None

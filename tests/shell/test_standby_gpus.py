@@ -14,7 +14,7 @@ from typing import Any
 import psutil
 import pytest
 
-from tests.support import PYTHON, REPO, free_port, wait_for
+from tests.support import PYTHON, REPO, dead, free_port, wait_for
 from tests.support.procs import environ
 from vllmwatch.config.launch import FORK_VARIABLE
 from vllmwatch.config.schema import Config, from_dict
@@ -129,8 +129,7 @@ def test_a_standby_that_nvml_lists_is_discarded(two_gpus: dict[str, Any],
     fx.tend_standby(S.READY, first.pid, config)  # the loop's standby step, as on READY
     gone = two_gpus["log"].named("standby.discarded")
     assert gone and "NVML lists it" in gone[-1]["reason"]
-    wait_for(lambda: not psutil.pid_exists(standby) or
-             psutil.Process(standby).status() == psutil.STATUS_ZOMBIE, 10, "it to go")
+    wait_for(lambda: dead(standby), 10, "it to go")
     assert fx.launcher.info()["standby_state"] == "off"
 
 

@@ -20,7 +20,7 @@ import pytest
 pytest.importorskip("vllmwatch.shell.launcher", reason="needs the standby (issue 28)")
 
 from tests.shell import test_standby_gpus as one
-from tests.support import wait_for
+from tests.support import dead, wait_for
 from tests.support.procs import environ
 from vllmwatch.config.schema import Config, from_dict
 from vllmwatch.core.actions import CheckRelease, SampleMemory, Sweep
@@ -101,8 +101,7 @@ def test_a_restart_of_one_daemon_leaves_the_other_gpus_standby_alone(
     assert fx[1].launcher.info()["standby_pid"] == standbys[1]
     assert psutil.Process(kids[1].pid).create_time() == b_child and fx[1].poll_child() is None
     assert (nvml.gpus[1].procs, nvml.gpus[1].used_mib) == gpu1  # b's GPU: nobody touched it
-    assert all(not psutil.pid_exists(p) or psutil.Process(p).status() == psutil.STATUS_ZOMBIE
-               for p in old_a)
+    assert all(dead(p) for p in old_a)
 
 
 def test_release_gates_are_per_daemon_gpu(two_gpus: dict[str, Any], tmp_path: Path) -> None:

@@ -15,7 +15,7 @@ from tests.support.fakevllm import Fake, completion, fake, http
 from tests.support.procs import kill_tree, owned
 from vllmwatch.testing.daemon import PYTHON, Daemon, Event, ts_of
 from vllmwatch.testing.daemonenv import REPO
-from vllmwatch.testing.leftovers import wait_for_gone, wait_for_value
+from vllmwatch.testing.leftovers import dead, wait_for_gone, wait_for_value, zombie
 from vllmwatch.testing.notify import NotifyListener
 from vllmwatch.testing.ports import free_port, port_free
 from vllmwatch.testing.tomlfile import merge, to_toml, write_toml
@@ -23,7 +23,7 @@ from vllmwatch.testing.waiting import TIMEOUT_SCALE, holds_within, sigstop, wait
 
 __all__ = [
     "FAKE", "PYTHON", "REPO", "TIMEOUT_SCALE", "Daemon", "Event", "Fake", "NotifyListener",
-    "base_config", "completion", "fake", "free_port", "holds_within", "http", "kill_tree",
+    "base_config", "completion", "dead", "fake", "free_port", "holds_within", "http", "kill_tree",
     "merge", "owned", "port_free", "sigstop", "to_toml", "ts_of", "wait_for", "wait_for_gone",
-    "wait_for_value", "wait_until", "write_toml",
+    "wait_for_value", "wait_until", "write_toml", "zombie",
 ]

@@ -34,6 +34,25 @@ def _ours(proc: psutil.Process, marker: str, port: int) -> bool:
         return False
 
 
+def zombie(proc: psutil.Process | int) -> bool:
+    """A zombie now; False for a process already gone. One read of /proc: a check of
+    pid_exists and then of status races a reaper that runs between the two reads."""
+    try:
+        return (proc if isinstance(proc, psutil.Process) else psutil.Process(proc)
+                ).status() == psutil.STATUS_ZOMBIE
+    except psutil.NoSuchProcess:
+        return False
+
+
+def dead(proc: psutil.Process | int) -> bool:
+    """Exited or a zombie waiting for its reaper (it holds neither memory nor a port)."""
+    try:
+        return (proc if isinstance(proc, psutil.Process) else psutil.Process(proc)
+                ).status() == psutil.STATUS_ZOMBIE
+    except psutil.NoSuchProcess:
+        return True
+
+
 def wait_for_gone(get: Callable[[], list[psutil.Process]], timeout: float
                   ) -> list[psutil.Process]:
     """Poll get() until it is empty or timeout (scaled by TIMEOUT_SCALE: a loaded machine
