@@ -7,9 +7,8 @@ from __future__ import annotations
 
 from dataclasses import replace
 
-from vllmwatch.config.units import in_window
 from vllmwatch.core import drain as drains
-from vllmwatch.core import gpufault, hangs, leak, policy, probing, reuse
+from vllmwatch.core import gpufault, hangs, leak, policy, probing, quietwait, reuse
 from vllmwatch.core import hangverdicts as verdicts
 from vllmwatch.core.actions import Action, Log, Notify
 from vllmwatch.core.events import (
@@ -335,16 +334,14 @@ def memory(s: WatchState, ev: MemorySampled, now: float) -> Result:
     recent = (*m.recent, (now, gpu, host_mib))[-MEM_RECENT:]
     state, verdict = leak.observe(m.leak, s.config.memory, now, gpu, host_mib)
     s = _mem(s, replace(s.run.mem, leak=state, recent=recent))
-    if verdict is None:
-        return s, []
-    if verdict.waits_for_quiet_hours and not in_window(s.config.restart.quiet_hours,
-                                                       ev.minute_of_day):
-        return s, [Log("info", "memory.rule_held", {
-            "rule": verdict.rule, "detail": verdict.detail,
-            "quiet_hours": s.config.restart.quiet_hours})]
-    acts: list[Action] = [Log("warning", "memory.rule_fired", {
+    waiting, acts, fires = quietwait.judge(s.run.mem.waiting, verdict,
+                                           s.config.restart.quiet_hours, ev.minute_of_day, now)
+    s = _mem(s, replace(s.run.mem, waiting=waiting))
+    if verdict is None or not fires:
+        return s, acts
+    acts.append(Log("warning", "memory.rule_fired", {
         "rule": verdict.rule, "value_mib": round(verdict.value, 1),
         "limit_mib": round(verdict.limit, 1), "source": sample.source,
-        "detail": verdict.detail})]
+        "detail": verdict.detail}))
     s, more = begin_restart(s, now, verdict.reason, verdict.detail, drain=True)
     return s, acts + more

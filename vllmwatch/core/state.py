@@ -12,6 +12,7 @@ from vllmwatch.core.drain import Drain
 from vllmwatch.core.leak import LeakState
 from vllmwatch.core.names import ProbeKind, Reason, exit_code
 from vllmwatch.core.policy import Progress
+from vllmwatch.core.quietwait import Waiting
 from vllmwatch.core.restart import Restart
 from vllmwatch.core.samples import HostFigure, MemorySample
 
@@ -162,6 +163,7 @@ class Memory:
     # (time, GPU rule MiB, host rule MiB) of the newest samples the leak rules judged: an
     # incident record of a memory restart shows what made the rule fire (core/incidents.py)
     recent: tuple[tuple[float, float | None, float | None], ...] = ()
+    waiting: Waiting = field(default_factory=Waiting)  # a restart held for the quiet hours
 
 
 @dataclass(frozen=True)

@@ -39,6 +39,7 @@ def _memory(s: WatchState, now: float) -> MemoryFigures:
     if c is None or m is None:
         return MemoryFigures(gpu_limit_mib=gpu_limit, host_limit_mib=host_limit)
     host = c.mem.host  # the figure the rules use: one kind, PSS carried between PSS samples
+    hold = c.mem.waiting.hold
     gpu_base = host_base = gpu_slope = host_slope = None
     if c.mem.leak is not None:
         gpu_base, host_base, gpu_slope, host_slope = leak.figures(c.mem.leak)
@@ -52,7 +53,10 @@ def _memory(s: WatchState, now: float) -> MemoryFigures:
         host_rule_mib=host.mib if host is not None else None,
         host_rule_source=host.kind if host is not None else None,
         host_rule_age_s=round(now - host.at, 3) if host is not None else None,
-        gpu_limit_mib=gpu_limit, host_limit_mib=host_limit)
+        gpu_limit_mib=gpu_limit, host_limit_mib=host_limit,
+        held_rule=hold.rule if hold is not None else None,
+        held_for_s=round(now - hold.since, 1) if hold is not None else None,
+        held_detail=hold.detail if hold is not None else None)
 
 
 def serving_url(vllm: VllmConfig, config: Config) -> str:
@@ -174,4 +178,6 @@ def memory_words(mem: MemoryFigures) -> list[str]:
         out.append(f"host pss {format_mib(mem.host_pss_mib)}")
     elif mem.host_rss_mib is not None:
         out.append(f"host rss {format_mib(mem.host_rss_mib)}")
+    if mem.held_rule is not None:
+        out.append(f"memory restart waits for quiet hours ({mem.held_rule})")
     return out

@@ -55,6 +55,9 @@ def _table(value: object) -> dict[str, float]:
     return {printable(str(k), False): n for k, v in value.items() if (n := _num(v)) is not None}
 
 
+_MEMORY_TEXT = ("source", "host_rule_source", "held_rule", "held_detail")  # the rest: numbers
+
+
 def clean(data: Mapping[str, Any]) -> dict[str, Any]:
     """The document in the shapes render expects: a field of the wrong type counts as absent
     (a newer or older daemon, or a hand-made answer, must not crash the summary)."""
@@ -84,8 +87,10 @@ def clean(data: Mapping[str, Any]) -> dict[str, Any]:
     mem = data.get("memory")
     mem = mem if isinstance(mem, dict) else {}
     out["memory"] = {k: (_table(v) if isinstance(v, dict) else _num(v)) for k, v in mem.items()
-                     if k != "source"}
+                     if k not in _MEMORY_TEXT}
     out["memory"] = {k: v for k, v in out["memory"].items() if v is not None}
+    out["memory"].update({k: printable(v, False) for k in _MEMORY_TEXT
+                          if isinstance(v := mem.get(k), str)})
     out["memory"]["source"] = printable(str(mem.get("source", "none")), False)
     for key in ("gpu_tree_by_gpu_mib", "device_used_mib", "device_total_mib"):
         table = out["memory"].get(key)
@@ -306,6 +311,10 @@ def _memory_rows(mem: Mapping[str, Any]) -> list[tuple[str, str]]:
                  if mem.get(f"{kind}_{suffix}") is not None]
         if parts:
             rows.append((label, ", ".join(parts)))
+    if mem.get("held_rule") is not None:
+        rows.append(("  held", f"{mem['held_rule']} holds; the restart waits for "
+                     f"restart.quiet_hours ({format_duration(mem.get('held_for_s') or 0.0)} "
+                     f"so far): {mem.get('held_detail') or ''}"))
     return rows
 
 
