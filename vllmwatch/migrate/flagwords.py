@@ -8,12 +8,11 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from vllmwatch.config.flags import DASHES, SECRET_FLAGS, SHORT_FLAGS, flag_name
+from vllmwatch.config.flags import DASHES, SECRET_FLAGS, flag_name, long_form
 from vllmwatch.config.serveline import is_number
 from vllmwatch.config.vllmflags import FlagSet
 
 # vLLM's short flags, for when its flag list is not known (the list's aliases win).
-SHORT = SHORT_FLAGS
 _BOOL_WORDS = ("true", "false")
 # Text flags of vLLM that take one word (argparse's nargs=None; the flag list does not say
 # nargs): a word after their value is the positional MODEL, as argparse reads it.
@@ -60,17 +59,16 @@ def whole(name: str, known: FlagSet | None) -> str:
 
 
 def _short(word: str, known: FlagSet | None) -> tuple[str | None, str | None]:
-    """(long name, inline value) of a short flag: -tp, -tp=2, -O3, -O=3."""
-    head, eq, inline = word.partition("=")
-    aliases = {**SHORT, **(dict(known.aliases) if known else {})}
-    if head in aliases:
-        return aliases[head], inline if eq else None
-    if word.startswith("-O") and len(word) > 2:  # -O3, -Odecode: vLLM's optimization level
-        level = word[2:].lstrip("=")
-        if known is not None and "optimization-level" not in known.flags:
-            return "compilation-config", f'{{"level": {level}}}'
-        return "optimization-level", level
-    return None, None
+    """(long name, inline value) of a short flag: -tp, -tp=2, -O3, -O=3, as the checks read
+    it (flags.long_form: one reading for both). Before vLLM had --optimization-level, -O3
+    was --compilation-config 3."""
+    level = {} if known is None or "optimization-level" in known.flags else {
+        "-O": "compilation-config"}
+    long = long_form(word, {**(dict(known.aliases) if known else {}), **level})
+    if long == word or not long.startswith("--"):
+        return None, None
+    name, eq, inline = long[2:].partition("=")
+    return name, inline if eq else None
 
 
 def read(rest: list[str], known: FlagSet | None) -> Words:
