@@ -6,11 +6,10 @@ of it); a migrated line is a config the checks pass."""
 from __future__ import annotations
 
 import dataclasses
-import tomllib
 
 import pytest
 
-from tests.shell.test_init import init, known
+from tests.shell.test_init import init, known, tomllib
 from vllmwatch.config import flags, vllmflags
 from vllmwatch.config.schema import from_dict
 from vllmwatch.migrate import flagwords
