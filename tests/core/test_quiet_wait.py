@@ -1,4 +1,4 @@
-"""A memory restart held for restart.quiet_hours (core/quietwait.py): logged when the hold
+"""A memory restart held for restart.quiet_hours (core/leak.py): logged when the hold
 begins and once an hour while it lasts, not at every sample (it was: ~6000 info lines for a
 hold from 09:00 to 02:00 at a 10 s sample); its end logged when its beginning was; the
 restart fires exactly when a rule holds and may not wait. Proved over any sequence."""
@@ -11,9 +11,9 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from vllmwatch.core.actions import Log
-from vllmwatch.core.leak import LeakVerdict
+from vllmwatch.core.leak import REMIND_S, LeakVerdict, Waiting
+from vllmwatch.core.leak import judge_hold as judge
 from vllmwatch.core.names import Reason
-from vllmwatch.core.quietwait import REMIND_S, Waiting, judge
 
 QUIET = "02:00-05:00"
 IN, OUT = 3 * 60, 12 * 60  # minutes of day inside / outside the window

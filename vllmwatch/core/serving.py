@@ -8,7 +8,7 @@ from __future__ import annotations
 from dataclasses import replace
 
 from vllmwatch.core import drain as drains
-from vllmwatch.core import gpufault, hangs, leak, policy, probing, quietwait, reuse
+from vllmwatch.core import gpufault, hangs, leak, policy, probing, reuse
 from vllmwatch.core import hangverdicts as verdicts
 from vllmwatch.core.actions import Action, Log, Notify
 from vllmwatch.core.events import (
@@ -334,7 +334,7 @@ def memory(s: WatchState, ev: MemorySampled, now: float) -> Result:
     recent = (*m.recent, (now, gpu, host_mib))[-MEM_RECENT:]
     state, verdict = leak.observe(m.leak, s.config.memory, now, gpu, host_mib)
     s = _mem(s, replace(s.run.mem, leak=state, recent=recent))
-    waiting, acts, fires = quietwait.judge(s.run.mem.waiting, verdict,
+    waiting, acts, fires = leak.judge_hold(s.run.mem.waiting, verdict,
                                            s.config.restart.quiet_hours, ev.minute_of_day, now)
     s = _mem(s, replace(s.run.mem, waiting=waiting))
     if verdict is None or not fires:

@@ -9,10 +9,9 @@ from typing import TYPE_CHECKING
 from vllmwatch.config.schema import Config, VllmConfig
 from vllmwatch.core.actions import Action, Log, StartOver
 from vllmwatch.core.drain import Drain
-from vllmwatch.core.leak import LeakState
+from vllmwatch.core.leak import LeakState, Waiting
 from vllmwatch.core.names import ProbeKind, Reason, exit_code
 from vllmwatch.core.policy import Progress
-from vllmwatch.core.quietwait import Waiting
 from vllmwatch.core.restart import Restart
 from vllmwatch.core.samples import HostFigure, MemorySample
 

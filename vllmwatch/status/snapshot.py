@@ -31,7 +31,7 @@ class MemoryFigures:
     host_rule_age_s: float | None = None
     gpu_limit_mib: float | None = None  # memory.gpu_limit; None when off
     host_limit_mib: float | None = None  # memory.host_limit; None when off
-    # A memory restart waiting for restart.quiet_hours (core/quietwait.py): the rule, for how
+    # A memory restart waiting for restart.quiet_hours (core/leak.py): the rule, for how
     # long, and its detail; None while none waits
     held_rule: str | None = None
     held_for_s: float | None = None
