@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import os
 import time
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import asdict, dataclass, field
 from typing import Any
@@ -251,12 +251,25 @@ def role_of(title: str, is_leader: bool) -> str:
     return "other"
 
 
+def processes_now() -> Iterator[psutil.Process]:
+    """Every process as it is now: a fresh psutil.Process per pid. psutil >= 6's
+    process_iter() hands back the objects of its last call without checking that a pid was
+    not reused meanwhile: such an object reads the new process (cmdline, environ) while its
+    kill() and ppid() refuse it ("PID has been reused"). A sweep then found a leftover of
+    ours and left it running (the refusal suppressed), and a record dropped a live process."""
+    for pid in psutil.pids():
+        try:
+            yield psutil.Process(pid)
+        except psutil.Error:
+            continue
+
+
 def processes(pgid: int | None) -> list[Proc]:
     """The live processes in the child's group or session, leader first."""
     if pgid is None:
         return []
     out = []
-    for proc in psutil.process_iter():
+    for proc in processes_now():
         try:
             if os.getpgid(proc.pid) != pgid and os.getsid(proc.pid) != pgid:
                 continue

@@ -20,6 +20,7 @@ from vllmwatch.config.command import ChildCommand
 from vllmwatch.config.redact import REDACT
 from vllmwatch.core.events import ChildExited, SweepDone
 from vllmwatch.core.policy import signal_name
+from vllmwatch.incident.record import processes_now
 from vllmwatch.logfn import LogFn
 from vllmwatch.shell import groupfile, kin, ports
 from vllmwatch.shell.groupfile import MARKER as MARKER  # re-exported: the env marker
@@ -211,7 +212,7 @@ def find_tree(pgid: int | None, marker: str, log: LogFn | None = None,
     """
     me = os.getpid()
     skip = exempt | kin.me_and_ancestors(me)  # never our own line (a shell with the marker)
-    procs = [(p, *_ids(p.pid)) for p in psutil.process_iter()
+    procs = [(p, *_ids(p.pid)) for p in processes_now()  # (not process_iter: its cache)
              if p.pid not in skip and _alive(p)]
     marked = {p.pid for p, _, _ in procs if _is_ours(p, marker)}
     groups = {g for p, g, _ in procs if p.pid in marked and g > 0}
