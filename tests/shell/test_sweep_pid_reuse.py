@@ -15,22 +15,9 @@ import psutil
 import pytest
 
 from tests.support import free_port
-from tests.support.procs import kill_tree
+from tests.support.procs import REUSE_TRIES, can_reuse_pids, kill_tree, reuse
 from vllmwatch.incident import record
 from vllmwatch.shell import child
-
-NS_LAST_PID = Path("/proc/sys/kernel/ns_last_pid")
-TRIES = 50  # another process may take the pid first on a busy box
-
-
-def _writable() -> bool:
-    return os.geteuid() == 0 and os.access(NS_LAST_PID, os.W_OK)
-
-
-def _spawn(env: dict[str, str], at: int | None = None) -> subprocess.Popen[bytes]:
-    if at is not None:
-        NS_LAST_PID.write_text(str(at - 1))
-    return subprocess.Popen(["sleep", "300"], env=env, start_new_session=True)
 
 
 @pytest.fixture
@@ -39,24 +26,24 @@ def reused(tmp_path: Path) -> Iterator[tuple[subprocess.Popen[bytes], str]]:
     dead process."""
     marker = child.instance_id(str(tmp_path / "vllmwatch.toml"))
     env = {"PATH": os.environ["PATH"], child.MARKER: marker}
-    for _ in range(TRIES):
-        first = _spawn({"PATH": os.environ["PATH"]})
+    for _ in range(REUSE_TRIES):
+        first = subprocess.Popen(["sleep", "300"], env={"PATH": os.environ["PATH"]},
+                                 start_new_session=True)
         list(psutil.process_iter())  # an earlier look: psutil keeps Process(first.pid)
         first.kill()
         first.wait()
-        again = _spawn(env, at=first.pid)
-        if again.pid == first.pid:
+        again = reuse(first.pid, env)
+        if again is not None:
             break
-        kill_tree(again, group=True)
     else:
-        pytest.skip(f"no pid could be reused in {TRIES} tries (a busy pid space)")
+        pytest.skip(f"no pid could be reused in {REUSE_TRIES} tries (a busy pid space)")
     try:
         yield again, marker
     finally:
         kill_tree(again, group=True)
 
 
-@pytest.mark.skipif(not _writable(), reason="reusing a pid needs root and ns_last_pid")
+@pytest.mark.skipif(not can_reuse_pids(), reason="reusing a pid needs root and ns_last_pid")
 def test_the_sweep_kills_a_leftover_on_a_reused_pid(
         reused: tuple[subprocess.Popen[bytes], str]) -> None:
     proc, marker = reused
@@ -65,7 +52,7 @@ def test_the_sweep_kills_a_leftover_on_a_reused_pid(
     assert proc.wait(10) == -9
 
 
-@pytest.mark.skipif(not _writable(), reason="reusing a pid needs root and ns_last_pid")
+@pytest.mark.skipif(not can_reuse_pids(), reason="reusing a pid needs root and ns_last_pid")
 def test_a_record_lists_a_process_on_a_reused_pid(
         reused: tuple[subprocess.Popen[bytes], str]) -> None:
     proc, _ = reused

@@ -103,3 +103,32 @@ def environ(pid: int, timeout: float = 30.0) -> dict[str, str]:
         if env or time.monotonic() >= deadline:
             return env
         time.sleep(0.02)  # a poll of a condition, bounded by the deadline
+
+
+# --- a pid reused on purpose (root only: /proc/sys/kernel/ns_last_pid) ----------------------
+
+NS_LAST_PID = "/proc/sys/kernel/ns_last_pid"
+REUSE_TRIES = 50  # another process may take the pid first on a busy box
+
+
+def can_reuse_pids() -> bool:
+    """Whether this test run may choose the next pid (root, a writable ns_last_pid)."""
+    return os.geteuid() == 0 and os.access(NS_LAST_PID, os.W_OK)
+
+
+def spawn_at(pid: int, env: dict[str, str] | None = None) -> subprocess.Popen[bytes]:
+    """`sleep 300` in a session of its own, asked to get `pid` (the caller checks it did,
+    and owns it: kill_tree)."""
+    with open(NS_LAST_PID, "w") as fh:
+        fh.write(str(pid - 1))
+    return subprocess.Popen(["sleep", "300"], env=env, start_new_session=True)
+
+
+def reuse(dead: int, env: dict[str, str] | None = None) -> subprocess.Popen[bytes] | None:
+    """A new process on the pid of `dead` (reaped already), or None when another process
+    took it first."""
+    again = spawn_at(dead, env)
+    if again.pid == dead:
+        return again
+    kill_tree(again, group=True)
+    return None

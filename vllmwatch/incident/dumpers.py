@@ -244,18 +244,33 @@ def faulthandler_dumps(pids: Sequence[int], stacks_dir: str | None, deadline: fl
     out: dict[int, Dump] = {}
     sent: dict[int, tuple[Path, int, float]] = {}
     for pid in pids:
-        why = _faulthandler_refusal(pid, stacks_dir)
-        if why:
-            out[pid] = Dump("faulthandler", False, error=why)
-            continue
-        path = Path(stacks_dir or "", f"{pid}.stacks")
-        size = _size(path)
+        # SIGUSR2 kills a process that does not catch it: the pidfd, opened before the
+        # check, names the process checked; if its pid is reused before the signal, the
+        # signal fails instead of killing the newcomer (shell/kin.py pinned(), which this
+        # layer may not import)
         try:
-            os.kill(pid, DUMP_SIGNAL)
-        except OSError as exc:
-            out[pid] = Dump("faulthandler", False, error=f"kill: {exc.strerror}")
-            continue
-        sent[pid] = (path, size, time.monotonic())
+            pidfd: int | None = os.pidfd_open(pid)
+        except (OSError, AttributeError):
+            pidfd = None
+        try:
+            why = _faulthandler_refusal(pid, stacks_dir)
+            if why:
+                out[pid] = Dump("faulthandler", False, error=why)
+                continue
+            path = Path(stacks_dir or "", f"{pid}.stacks")
+            size = _size(path)
+            try:
+                if pidfd is not None:
+                    signal.pidfd_send_signal(pidfd, DUMP_SIGNAL)
+                else:
+                    os.kill(pid, DUMP_SIGNAL)
+            except OSError as exc:
+                out[pid] = Dump("faulthandler", False, error=f"kill: {exc.strerror}")
+                continue
+            sent[pid] = (path, size, time.monotonic())
+        finally:
+            if pidfd is not None:
+                os.close(pidfd)
     for pid, (path, size, t0) in sent.items():
         out[pid] = _collect(path, size, t0, deadline)
     return out

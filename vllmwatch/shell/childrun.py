@@ -16,8 +16,6 @@ no child's: the leftover sweep leaves them alone).
 from __future__ import annotations
 
 import contextlib
-import os
-import signal
 import subprocess
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, replace
@@ -235,10 +233,7 @@ class ChildHandle:
         """SIGKILL the engine processes (not the API servers); SIGTERM the group if none is
         found, as for any other stop."""
         self._engines.look(self.pid)
-        pids = self._engines.engines()
-        for pid in pids:
-            with contextlib.suppress(OSError):
-                os.kill(pid, signal.SIGKILL)
+        pids = self._engines.kill()
         if self._log is not None:
             self._log("info", "child.engines_killed", pids=pids)
         if not pids:

@@ -170,6 +170,12 @@ class EngineWatch:
         return [pid for pid, (created, title) in sorted(self.seen.items())
                 if "APIServer" not in title and not _gone(pid, created)]
 
+    def kill(self) -> list[int]:
+        """SIGKILL the engine processes seen and alive (not the API servers), each only if
+        its pid still names the process seen (kin.signal_same); the pids killed."""
+        return [pid for pid, (created, title) in sorted(self.seen.items())
+                if "APIServer" not in title and kin.signal_same(pid, created, signal.SIGKILL)]
+
     def look(self, root_pid: int) -> list[str]:
         """Learn the engine processes now under root_pid; describe those seen before and gone."""
         try:
@@ -178,10 +184,12 @@ class EngineWatch:
             kids = []
         for proc in kids:
             if proc.pid not in self.seen:
+                # the start before and after the title: the title read is of this process,
+                # not of one that got its pid in between
+                created = kin.started(proc.pid)
                 title = _title(proc)
                 if title is not None and not _inherited(proc):
-                    created = kin.started(proc.pid)
-                    if created is None:
+                    if created is None or kin.started(proc.pid) != created:
                         continue
                     self.seen[proc.pid] = (created, title)
                     if "APIServer" not in title:

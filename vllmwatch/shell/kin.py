@@ -15,7 +15,8 @@ from __future__ import annotations
 
 import contextlib
 import os
-from collections.abc import Collection, Iterable
+import signal
+from collections.abc import Callable, Collection, Iterable, Iterator
 
 import psutil
 
@@ -136,3 +137,43 @@ def boot_id() -> str:
             return fh.read().strip()
     except OSError:
         return ""
+
+
+# --- signalling the process a pid named when it was judged, never its successor -------------
+#
+# A check (its start time, its SigCgt) and then os.kill(pid) leave a window in which the pid
+# may be reaped and reused: the signal then reaches a stranger. A pidfd opened before the
+# check names one process for good: if that process is gone by the signal, the signal fails
+# (ESRCH) instead of reaching whoever got the pid since.
+
+
+@contextlib.contextmanager
+def pinned(pid: int) -> Iterator[Callable[[int], None] | None]:
+    """A sender bound to the process `pid` names now (None: there is none). Judge the
+    process inside the block, then send: the signal reaches that process or no one. Without
+    pidfd_open (Linux < 5.3) it falls back to os.kill."""
+    try:
+        fd = os.pidfd_open(pid)
+    except ProcessLookupError:
+        yield None
+        return
+    except (OSError, AttributeError):
+        yield lambda sig: os.kill(pid, sig)
+        return
+    try:
+        yield lambda sig: signal.pidfd_send_signal(fd, sig)
+    finally:
+        os.close(fd)
+
+
+def signal_same(pid: int, created: float, sig: int) -> bool:
+    """Send `sig` to `pid` if it is still the process that started at `created` (seconds
+    after boot, `started()`); True when sent."""
+    with pinned(pid) as send:
+        if send is None or started(pid) != created:
+            return False
+        try:
+            send(sig)
+        except OSError:
+            return False
+        return True
