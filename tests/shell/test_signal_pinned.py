@@ -12,6 +12,7 @@ import signal
 import subprocess
 from collections.abc import Callable, Iterator
 from pathlib import Path
+from typing import Any, cast
 
 import pytest
 
@@ -161,3 +162,21 @@ def test_a_stack_dump_spares_a_newcomer_on_the_pid(
 
     r = _until_reused(reuser, act)
     assert r.again is not None and _untouched(r.again), "SIGUSR2 reached the newcomer"
+
+
+def test_a_reaped_standby_s_kill_spares_a_stranger_group_on_its_id(
+        reuser: Callable[[], Reuser], tmp_path: Path) -> None:
+    """The standby is its own session (group id = its pid). Reaped at an earlier poll, its
+    id is free: a new session leader may get it, and killpg then killed that whole group."""
+
+    def act(r: Reuser) -> None:
+        r.first.kill()
+        r.first.wait()  # the earlier poll reaped it
+        r.now()
+
+    r = _until_reused(reuser, act)
+    from vllmwatch.shell.standby import Standby  # the loop tier's module, heavy imports
+    entry = cast(Any, None)
+    standby = Standby(r.first, None, -1, (), entry, str(tmp_path / "standby"), 0.0)
+    standby.kill()
+    assert r.again is not None and _untouched(r.again), "killpg reached the stranger's group"

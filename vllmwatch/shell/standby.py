@@ -183,8 +183,13 @@ class Standby:
 
     def kill(self) -> None:
         """SIGKILL its session and reap it; release everything it held."""
-        with contextlib.suppress(ProcessLookupError, PermissionError):
-            os.killpg(self.pid, signal.SIGKILL)
+        # Only while we have not reaped it (returncode unset: alive or a zombie of ours,
+        # whose pid, and so its group id, no new process can get); once reaped earlier, the
+        # id may name a stranger's group by now (the sweep finds what of ours is left by its
+        # marker).
+        if self.proc.returncode is None:
+            with contextlib.suppress(ProcessLookupError, PermissionError):
+                os.killpg(self.pid, signal.SIGKILL)
         with contextlib.suppress(subprocess.TimeoutExpired):
             self.proc.wait(5)
         for stream in (self.proc.stdin, self.proc.stdout):
