@@ -85,6 +85,13 @@ class FlagSet:
     lists: frozenset[str] | None = None
 
     @property
+    def short_aliases(self) -> dict[str, str]:
+        """The short flags as this vLLM reads them: its own aliases, and -O (-O3, -O=3) as
+        --compilation-config where it has no --optimization-level yet (the older meaning)."""
+        level = {} if "optimization-level" in self.flags else {"-O": "compilation-config"}
+        return {**self.aliases, **level}
+
+    @property
     def json_flags(self) -> frozenset[str]:
         """The flags whose value is JSON: from vLLM itself, else the built-in list."""
         if not self.kinds:
@@ -201,9 +208,7 @@ def _from_probe(version: str, table: object) -> FlagSet | None:
 def validate_args(config: Config, known: FlagSet) -> list[Problem]:
     """Every [vllm.args] key and extra_args flag that this vLLM does not accept."""
     names = [(flags.flag_name(k), v, f"vllm.args.{k}") for k, v in config.vllm.args.items()]
-    level = {} if "optimization-level" in known.flags else {"-O": "compilation-config"}
-    extra = flags.long_forms(config.vllm.extra_args, {**known.aliases, **level})  # (-O3 was
-    # --compilation-config's level before vLLM had --optimization-level)
+    extra = flags.long_forms(config.vllm.extra_args, known.short_aliases)
     for i, token in enumerate(extra):
         if token.startswith("--"):
             name, eq, inline = token[2:].partition("=")

@@ -60,11 +60,8 @@ def whole(name: str, known: FlagSet | None) -> str:
 
 def _short(word: str, known: FlagSet | None) -> tuple[str | None, str | None]:
     """(long name, inline value) of a short flag: -tp, -tp=2, -O3, -O=3, as the checks read
-    it (flags.long_form: one reading for both). Before vLLM had --optimization-level, -O3
-    was --compilation-config 3."""
-    level = {} if known is None or "optimization-level" in known.flags else {
-        "-O": "compilation-config"}
-    long = long_form(word, {**(dict(known.aliases) if known else {}), **level})
+    it (flags.long_form and FlagSet.short_aliases: one reading for both)."""
+    long = long_form(word, known.short_aliases if known else None)
     if long == word or not long.startswith("--"):
         return None, None
     name, eq, inline = long[2:].partition("=")
