@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import json
 import os
+import shutil
 import signal
 import socket
 from collections.abc import Callable, Iterator
@@ -16,6 +17,7 @@ import pytest
 
 from tests.support import Daemon, base_config, free_port, merge, to_toml, wait_for
 from vllmwatch.core import exitcodes
+from vllmwatch.testing.daemon import run_argv
 
 Factory = Callable[..., Daemon]
 
@@ -87,6 +89,29 @@ def test_a_fifo_api_key_file_is_a_config_error(daemon: Factory, tmp_path: Path) 
     failed = d.wait_event("child.spawn_failed", 30)
     assert str(key) in failed["error"] and "FIFO" in failed["error"]
     assert d.wait_exit(30) == exitcodes.CONFIG
+
+
+@pytest.mark.skipif(shutil.which("prlimit") is None, reason="needs prlimit (util-linux)")
+def test_a_command_line_and_environment_past_the_kernel_s_limit_is_a_config_error(
+        tmp_path: Path) -> None:
+    """Each value under the 128 KiB of one string (the load refuses one past it), together
+    past what exec takes (a quarter of the stack limit: 512 KiB under a 2 MiB stack): E2BIG
+    at every launch was retried as a crash until max_restarts, an incident record each
+    time. It is the config's: exit 78 at once."""
+    big = {f"BIG_{i}": "x" * 120_000 for i in range(6)}  # 720 kB: past 512 KiB
+    cfg = merge(base_config(free_port(), free_port()), {"vllm": {"env": big},
+                                                         "restart": {"max_restarts": 100}})
+    argv = ["prlimit", f"--stack={2 << 20}", "--",
+            *run_argv(tmp_path / "vllmwatch.toml")]
+    d = Daemon(tmp_path, cfg, argv=argv).start()
+    try:
+        failed = d.wait_event("child.spawn_failed", 30)
+        assert "Argument list too long" in failed["error"] and "[vllm.env]" in failed["error"]
+        assert len(failed["error"]) < 1000, "a value was echoed"
+        assert d.wait_exit(30) == exitcodes.CONFIG
+        assert d.named("restart.begin") == []
+    finally:
+        d.close()
 
 
 def test_sighup_to_log_level_error_stops_forwarding_the_childs_info_lines(

@@ -38,7 +38,8 @@ def known() -> vllmflags.FlagSet:
     data = json.loads((FIXTURES / "vllm-0.32.0-flags.json").read_text())
     return vllmflags.FlagSet(data["version"], frozenset(data["flags"]),
                              frozenset(data["switches"]), data["kinds"], data["aliases"],
-                             frozenset(data["lists"]))
+                             frozenset(data["lists"]), frozenset(data["integers"]),
+                             {k: tuple(v) for k, v in data["choices"].items()})
 
 
 def init(text: str, facts: Facts | None = None) -> tuple[dict[str, Any], str, translate.Draft]:

@@ -192,6 +192,14 @@ def _bomb(shape: str) -> str:
     (lambda p: p.write_text("model: [unclosed\n"), "not YAML"),
     (lambda p: p.write_text("- a list\n"), "expected a mapping"),
     (lambda p: None, "file not found"),
+    # what YAML reads and neither JSON nor a flag can say (a review, 2026-12-05: tracebacks)
+    (lambda p: p.write_text("hf-overrides: {a: 2020-01-01}\n"), "JSON cannot say"),
+    (lambda p: p.write_text("hf-overrides: {a: !!binary aGVsbG8=}\n"), "JSON cannot say"),
+    (lambda p: p.write_text("seed: 2020-01-01\n"), "YAML date"),
+    (lambda p: p.write_text("seed: !!binary aGVsbG8=\n"), "YAML bytes"),
+    (lambda p: p.write_text("seed: 2020-01-01 10:00:00\n"), "YAML datetime"),
+    (lambda p: p.write_text("max-model-len: " + "[" * 5000 + "]" * 5000 + "\n"),
+     "nested too deep"),
 ])
 def test_a_yaml_config_init_cannot_read_is_refused_with_what_to_do(
         tmp_path: Path, make: Any, words: str) -> None:

@@ -8,14 +8,21 @@ from collections.abc import Callable
 
 from vllmwatch.config import units
 from vllmwatch.config.hosts import host_ok
+from vllmwatch.config.redact import REDACT
 from vllmwatch.config.units import parse_window
 
 Converter = Callable[[object], object]
 
 
+SHOW_CHARS = 120  # of a value in a message: a 100 kB string is named, not echoed whole
+
+
 def show(value: object) -> str:
-    """A TOML value as a person wrote it, for error messages."""
+    """A TOML value as a person wrote it, for error messages (a long one cut, its length
+    said)."""
     if isinstance(value, str):
+        if len(value) > SHOW_CHARS:
+            return f"{REDACT.head(value, SHOW_CHARS)!r}... ({len(value)} characters)"
         return repr(value)
     if isinstance(value, bool):
         return "true" if value else "false"
@@ -23,7 +30,9 @@ def show(value: object) -> str:
         return "a table"
     if isinstance(value, list):
         return "an array"
-    return repr(value)
+    text = repr(value)  # a number: a 4000-digit int is no more readable than a long string
+    return text if len(text) <= SHOW_CHARS else \
+        f"{REDACT.head(text, SHOW_CHARS)}... ({len(text)} digits)"
 
 
 def choice(value: object, choices: tuple[str, ...]) -> str:
@@ -33,11 +42,20 @@ def choice(value: object, choices: tuple[str, ...]) -> str:
     return value.lower()
 
 
+# 128 KiB (MAX_ARG_STRLEN) holds NAME=value and its NUL: a margin for the longest name
+MAX_ONE_STRING = 128 * 1024 - 1024
+
+
 def _no_nul(text: str, what: str = "") -> str:
     # A NUL byte cannot be in a command line, a path or an environment: the launch would
     # crash the daemon ("embedded null byte") instead of refusing the config.
     if "\0" in text:
         raise ValueError(f"{what}a NUL byte (\\u0000) cannot be passed to vLLM")
+    size = len(text.encode("utf-8", "surrogatepass"))
+    if size > MAX_ONE_STRING:  # the kernel's MAX_ARG_STRLEN: exec fails with E2BIG
+        raise ValueError(f"{what}{size} bytes; the kernel passes at most {MAX_ONE_STRING} "
+                         "in one argument or environment variable, so vLLM could not be "
+                         "started (put a long value in a file and pass its path)")
     return text
 
 
@@ -128,27 +146,52 @@ def _str_table(value: object) -> dict[str, str]:
     """An environment table: NAME = "value" (a string or number)."""
     if not isinstance(value, dict):
         raise TypeError("")
-    out = {}
+    out, bad = {}, []  # every bad entry named at once: one edit fixes the table
     for k, v in value.items():
-        if not re.fullmatch(r"[A-Za-z_][A-Za-z0-9_]*", str(k)):
-            raise ValueError(f"{str(k)!r}: an environment variable's name has only letters, "
-                             "digits and _, and does not start with a digit")
-        if isinstance(v, bool) or not isinstance(v, (str, int, float)):
-            raise ValueError(f"{k} must be a string or number")
-        out[str(k)] = _no_nul(str(v), f"{k}: ")
+        try:
+            if not re.fullmatch(r"[A-Za-z_][A-Za-z0-9_]*", str(k)):
+                raise ValueError(f"{str(k)!r}: an environment variable's name has only "
+                                 "letters, digits and _, and does not start with a digit")
+            if isinstance(v, bool) or not isinstance(v, (str, int, float)):
+                raise ValueError(f"{k} = {show(v)} must be a string or number")
+            out[str(k)] = _no_nul(str(v), f"{k}: ")
+        except ValueError as exc:
+            bad.append(str(exc))
+    if bad:
+        raise ValueError("; ".join(bad))
     return out
 
 
 def _args_table(value: object) -> dict[str, object]:
     if not isinstance(value, dict):
         raise TypeError("")
+    bad = []  # every bad entry named at once: one edit fixes the table
     for k, v in value.items():
-        if str(k).startswith("-"):
-            raise ValueError(f"write flag names without dashes: {str(k).lstrip('-')!r}")
-        if not re.fullmatch(r"[A-Za-z0-9][A-Za-z0-9_.-]*", str(k)):
-            raise ValueError(f"{str(k)!r}: a flag's name has only letters, digits, - and _")
-        _flag_value(v, str(k))
+        try:
+            if str(k).startswith("-"):
+                raise ValueError(f"write flag names without dashes: {str(k).lstrip('-')!r}")
+            if not re.fullmatch(r"[A-Za-z0-9][A-Za-z0-9_.-]*", str(k)):
+                raise ValueError(f"{str(k)!r}: a flag's name has only letters, digits, - "
+                                 "and _")
+            _flag_value(v, str(k))
+        except ValueError as exc:
+            bad.append(str(exc))
+    if bad:
+        raise ValueError("; ".join(bad))
     return dict(value)
+
+
+def valid_args(value: object) -> dict[str, object]:
+    """The entries of a [vllm.args] table that pass on their own (the flag checks still judge
+    them when another entry refused the table)."""
+    out: dict[str, object] = {}
+    for k, v in value.items() if isinstance(value, dict) else ():
+        try:
+            _args_table({k: v})
+        except ValueError:
+            continue
+        out[str(k)] = v
+    return out
 
 
 def _flag_value(value: object, key: str) -> None:

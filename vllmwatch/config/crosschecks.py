@@ -31,7 +31,8 @@ def cross_checks(config: Config) -> list[Problem]:
         out.append(Problem("status.listen", f"bad value {config.status.listen!r}: {why}"))
     return out + _canary_checks(config) + _gate_checks(config) + _address_checks(config) \
         + startcache_problems(config, {}) + _spare_checks(config) + _env_checks(config) \
-        + _misplaced(config) + secret_twice(config, {}, [])
+        + _misplaced(config) + secret_twice(config, {}, []) \
+        + flags.command_problems(config.vllm.command)
 
 
 def secret_twice(config: Config, file_env: Mapping[str, str],
@@ -142,9 +143,21 @@ def _address_checks(config: Config) -> list[Problem]:
 
 # ---- issue 16 (canary kinds); kept apart from the checks above ----
 
+MAX_CANARY_PROMPT = 1000  # characters: a canary needs a token's answer, not a context
+
+
 def _canary_checks(config: Config) -> list[Problem]:
     """probe.canary = "custom" needs a path; a body, when given, is a JSON object."""
     p, out = config.probe, []
+    if not p.canary_prompt.strip():  # vLLM: 400 "prompt ... must be provided and non-empty"
+        out.append(Problem("probe.canary_prompt", f"bad value {show(p.canary_prompt)}: vLLM "
+                           "refuses an empty prompt (HTTP 400), so no canary would pass and "
+                           'vLLM would never be READY; write a few words, e.g. "Hello"'))
+    elif len(p.canary_prompt) > MAX_CANARY_PROMPT:
+        out.append(Problem("probe.canary_prompt", f"{len(p.canary_prompt)} characters; at "
+                           f"most {MAX_CANARY_PROMPT}: every canary sends it (every "
+                           f"{p.canary_interval:g}s), and past max-model-len vLLM refuses it "
+                           "(HTTP 400) and is never READY; a few words suffice"))
     if p.canary == "custom" and not p.canary_path.startswith("/"):
         out.append(Problem("probe.canary_path", f"bad value {show(p.canary_path)}; "
                            'probe.canary = "custom" needs a path such as "/v1/embeddings"'))

@@ -102,6 +102,11 @@ def flag_problem(name: str, value: object, key: str, version: str | None = None,
         return Problem(key, f"--{name} {OFF_THE_PROBES[name]}: no probe would reach it and "
                        "the start would never be READY; remove it (for TLS, put a TLS proxy "
                        "in front of vLLM or of [gate])")
+    if name == "config" and value is not False:
+        return Problem(key, "--config makes vLLM read flags from a YAML file that no check "
+                       "of vllmwatch sees (a port, a socket or a model there would pass "
+                       "unjudged); put its settings in [vllm.args]: `vllmwatch init -- vllm "
+                       "serve --config FILE` converts the file")
     if name in ("help", "version") and value is not False:
         return Problem(key, f"--{name} makes vLLM print and exit 0 without serving, at every "
                        "launch; remove it (`vllm serve --help` shows the flags)")
@@ -123,13 +128,18 @@ def flag_problem(name: str, value: object, key: str, version: str | None = None,
 
 
 def args_problems(args: Mapping[str, object], extra: Sequence[str],
-                  version: str | None = None) -> list[Problem]:
-    """Every refused flag in [vllm.args] and vllm.extra_args (JSON judged by BUILTIN_JSON)."""
+                  version: str | None = None, where: str = "vllm.extra_args", offset: int = 0
+                  ) -> list[Problem]:
+    """Every refused flag in [vllm.args] and vllm.extra_args (JSON judged by BUILTIN_JSON);
+    `where` and `offset` name the words when they are vllm.command's (command_problems)."""
     out = [flag_problem(flag_name(k), v, f"vllm.args.{k}", version) for k, v in args.items()]
     extra = long_forms(extra)
     for i, token in enumerate(extra):
-        key = f"vllm.extra_args[{i}]"
-        if not token.strip() and not _is_value_of_flag(extra, i):  # vLLM reads it as a
+        key = f"{where}[{i + offset}]"
+        if token == "--":  # argparse: the end of the flags; the words after it positionals
+            out.append(Problem(key, "a bare -- ends vLLM's flags: what follows it is taken "
+                               "for a second model and vLLM refuses to start; remove it"))
+        elif not token.strip() and not is_value_of_flag(extra, i):  # vLLM reads it as a
             # positional and exits at once (a flag's empty value is the flag's business)
             out.append(Problem(key, "an empty word; remove it"))
         elif token[:1] in DASHES and token[1:2].isalpha():
@@ -155,11 +165,11 @@ def args_problems(args: Mapping[str, object], extra: Sequence[str],
             else:
                 value = inline if eq else next_value(extra, i)
             out.append(flag_problem(flag_name(name), value, key, version))
-        elif i == 0 and not token.startswith("-"):
+        elif i == 0 and not token.startswith("-") and where == "vllm.extra_args":
             out.append(Problem(key, f"{token!r} comes before any flag: vLLM takes it for a "
                                "second model and refuses to start (extra_args hold flags "
                                "and their values)"))
-        elif token.lstrip().startswith(("{", "[")) and not _is_value_of_flag(extra, i):
+        elif token.lstrip().startswith(("{", "[")) and not is_value_of_flag(extra, i):
             out.append(json_problem(token, key))
     return [p for p in out if p is not None] + _twice(args, extra)
 
@@ -185,7 +195,7 @@ def _twice(args: Mapping[str, object], extra: Sequence[str]) -> list[Problem]:
     return out
 
 
-def _is_value_of_flag(extra: Sequence[str], i: int) -> bool:
+def is_value_of_flag(extra: Sequence[str], i: int) -> bool:
     # The value after a flag was already judged with the flag.
     return i > 0 and extra[i - 1].startswith("--") and "=" not in extra[i - 1]
 
@@ -241,3 +251,51 @@ def next_value(extra: Sequence[str], i: int) -> object:
     if i + 1 < len(extra) and not extra[i + 1].startswith("--"):
         return extra[i + 1]
     return True
+
+
+# --- vLLM's own words inside vllm.command -------------------------------------------------
+#
+# vllm.command is the argv prefix that starts vLLM's server, and a prefix may go on with
+# vLLM's flags (["vllm", "serve", "--uds", "/tmp/s"]): they reach vLLM before ours, so each
+# is judged as one in extra_args, and a key there would stay on the command line in clear.
+
+_ENTRY_MODULES = ("vllm.entrypoints.openai.api_server",)
+
+
+def command_tail(command: Sequence[str]) -> int | None:
+    """The index of the first word vLLM's parser reads in vllm.command (after `vllm serve`,
+    `-m vllm.entrypoints.cli.main serve` or `-m vllm.entrypoints.openai.api_server`); None
+    when the command does not show where vLLM begins (a shell, a container)."""
+    for i, word in enumerate(command[1:], start=1):
+        before = command[i - 1]
+        if word == "serve" and (before.rpartition("/")[2] == "vllm"
+                                or before == "vllm.entrypoints.cli.main"):
+            return i + 1
+        if before == "-m" and word in _ENTRY_MODULES:
+            return i + 1
+    return None
+
+
+def command_problems(command: Sequence[str]) -> list[Problem]:
+    """vLLM's flags written in vllm.command, judged as in extra_args; a key there (it would
+    stay on vLLM's argv, for `ps` to show) and a positional (vLLM serves it instead of
+    vllm.model) refused."""
+    start = command_tail(command)
+    if start is None:
+        return []
+    tail = long_forms(command[start:])
+    out: list[Problem] = []
+    for i, token in enumerate(tail):
+        key = f"vllm.command[{start + i}]"
+        name = flag_name(token[2:].partition("=")[0]) if token.startswith("--") else ""
+        if name in SECRET_FLAGS:
+            out.append(Problem(key, f"the {name} flag written in vllm.command stays on "
+                               "vLLM's command line in clear (any local user's `ps` shows "
+                               "it); "
+                               + ("use vllm.api_key_file" if name == "api-key" else
+                                  f"set {SECRET_FLAGS[name]} in [vllm.env]")))
+        elif token.strip() and not token.startswith("-") and not is_value_of_flag(tail, i):
+            out.append(Problem(key, f"{token!r} after the server's name is a model to vLLM, "
+                               "which serves it instead of vllm.model (and vllmwatch checks, "
+                               "warms and probes the other); set vllm.model and remove it"))
+    return out + args_problems({}, command[start:], where="vllm.command", offset=start)

@@ -13,7 +13,7 @@ from typing import Any
 
 from vllmwatch.config import flags, safefile
 from vllmwatch.config.bounds import bounds_of
-from vllmwatch.config.convert import CONVERTERS, choice, show
+from vllmwatch.config.convert import CONVERTERS, choice, show, valid_args
 from vllmwatch.config.crosschecks import cross_checks
 from vllmwatch.config.errors import ConfigError, Problem, line_of, raise_all
 from vllmwatch.config.sections import (
@@ -86,6 +86,12 @@ def load(path: str) -> Config:
         raise ConfigError(path, "", f"not UTF-8 text ({exc.reason} at byte {exc.start})") from None
     except tomllib.TOMLDecodeError as exc:
         raise ConfigError(path, "", f"invalid TOML: {exc}") from None
+    except ValueError:  # Python's cap on int digits (4300): tomllib lets it through
+        raise ConfigError(path, "", "invalid TOML: a number of more than 4300 digits (no "
+                          "setting takes such a number)") from None
+    except RecursionError:
+        raise ConfigError(path, "", "invalid TOML: arrays or tables nested too deep (no "
+                          "setting nests more than a few levels)") from None
     try:
         config = from_dict(data, path)
     except ConfigError as exc:
@@ -121,7 +127,8 @@ def from_dict(data: Mapping[str, object], path: str = "<config>") -> Config:
         # Report the refused flags too, so that one edit cycle fixes the whole file.
         vllm = data.get("vllm")
         if isinstance(vllm, dict):
-            problems += flags.args_problems(config.vllm.args, config.vllm.extra_args)
+            args = config.vllm.args or valid_args(vllm.get("args"))
+            problems += flags.args_problems(args, config.vllm.extra_args)
     raise_all(path, problems)
     return config
 

@@ -14,7 +14,7 @@ import json
 import os
 import re
 import subprocess
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -25,46 +25,9 @@ from vllmwatch.config.schema import Config
 
 ASK_TIMEOUT_S = 120.0  # importing torch on a loaded 2-core box took 38 s
 _MARK = "VLLMWATCH_FLAGS "
-# vLLM moved make_arg_parser between releases; try the known homes, newest first.
-_PROBE = """
-import json, importlib
-def kind(a):
-    # What a value of this flag is: vLLM wraps its parsers (optional_type(parse_type(
-    # json.loads))), so follow the closures down to the function that does the work.
-    if a.nargs == 0:
-        return "bool"
-    f = a.type
-    for _ in range(6):
-        name = getattr(f, "__name__", "")
-        if f is json.loads or name in ("union_dict_and_str", "parse_dataclass"):
-            return "json"
-        if f in (int, float) or name.startswith("human_readable_int"):
-            return "number"
-        cells = [c.cell_contents for c in (getattr(f, "__closure__", None) or ())]
-        f = next((c for c in cells if callable(c)), None)
-        if f is None:
-            break
-    return "text"
-for mod, cls in (("vllm.entrypoints.launchers.cli_args", "vllm.utils.argparse_utils"),
-                 ("vllm.entrypoints.openai.cli_args", "vllm.utils.argparse_utils"),
-                 ("vllm.entrypoints.openai.cli_args", "vllm.utils")):
-    try:
-        make = importlib.import_module(mod).make_arg_parser
-        parser_cls = importlib.import_module(cls).FlexibleArgumentParser
-    except (ImportError, AttributeError):
-        continue
-    parser = make(parser_cls(prog="vllm serve"))
-    kinds, aliases, lists = {}, {}, []
-    for a in parser._actions:
-        longs = [s[2:] for s in a.option_strings if s.startswith("--")]
-        kinds.update((s, kind(a)) for s in longs)
-        aliases.update((s, longs[0]) for s in a.option_strings if longs and s[1] != "-")
-        if a.nargs in ("+", "*") or (isinstance(a.nargs, int) and a.nargs > 1):
-            lists += longs
-    print("MARK" + json.dumps({"kinds": kinds, "aliases": aliases, "lists": lists}),
-          flush=True)
-    break
-""".replace("MARK", _MARK)
+# What vLLM's parser says of each flag: a script run by vLLM's interpreter (`-c`: its folder
+# never joins sys.path), never imported by vllmwatch.
+_PROBE_FILE = Path(__file__).with_name("vllm_flag_probe.py")
 
 
 KINDS = ("bool", "number", "json", "text")
@@ -83,6 +46,10 @@ class FlagSet:
     # Flags that take several words (argparse nargs "+"): `--cudagraph-capture-sizes 1 2 4`;
     # None when cached by an older vllmwatch (not known)
     lists: frozenset[str] | None = None
+    # Number flags that take whole numbers only (int, human_readable_int: `1.5` stops vLLM),
+    # and the words a flag accepts (argparse choices); None when cached by an older vllmwatch
+    integers: frozenset[str] | None = None
+    choices: Mapping[str, tuple[str, ...]] | None = None
 
     @property
     def short_aliases(self) -> dict[str, str]:
@@ -136,7 +103,8 @@ def known_flags(command: list[str] | tuple[str, ...], version: str | None,
     cached = _read(path, version) if path else None
     # An entry of an older vllmwatch has no kinds or lists: usable (the built-in JSON list
     # stands in; lists unknown), and replaced by a full answer whenever vLLM may be asked.
-    if (cached is not None and cached.kinds and cached.lists is not None) or not ask:
+    if (cached is not None and cached.kinds and cached.lists is not None
+            and cached.choices is not None) or not ask:
         return cached
     got = _ask(python, version, timeout)
     if got is not None and path is not None:
@@ -145,7 +113,11 @@ def known_flags(command: list[str] | tuple[str, ...], version: str | None,
                                              "kinds": dict(sorted(got.kinds.items())),
                                              "aliases": dict(got.aliases),
                                              **({"lists": sorted(got.lists)}
-                                                if got.lists is not None else {})}))
+                                                if got.lists is not None else {}),
+                                             **({"integers": sorted(got.integers)}
+                                                if got.integers is not None else {}),
+                                             **({"choices": dict(got.choices)}
+                                                if got.choices is not None else {})}))
     return got or cached
 
 
@@ -172,7 +144,8 @@ def _read(path: str, version: str) -> FlagSet | None:
         return FlagSet(version, frozenset(data["flags"]), frozenset(data["switches"]),
                        {str(k): str(v) for k, v in kinds.items()},
                        {str(k): str(v) for k, v in dict(aliases).items()},
-                       frozenset(map(str, lists)) if isinstance(lists, list) else None)
+                       frozenset(map(str, lists)) if isinstance(lists, list) else None,
+                       *_integers_choices(data))
     except (ValueError, KeyError, TypeError, AttributeError):
         return None
 
@@ -180,7 +153,8 @@ def _read(path: str, version: str) -> FlagSet | None:
 def _ask(python: str, version: str, timeout: float) -> FlagSet | None:
     env = {k: v for k, v in os.environ.items() if not k.startswith(("NOTIFY_", "WATCHDOG_"))}
     try:
-        out = subprocess.run([python, "-I", "-c", _PROBE], capture_output=True, text=True,
+        out = subprocess.run([python, "-I", "-c", _PROBE_FILE.read_text(), _MARK],
+                             capture_output=True, text=True,
                              timeout=timeout, check=False, env=env, stdin=subprocess.DEVNULL)
     except (OSError, subprocess.SubprocessError):
         return None
@@ -202,28 +176,54 @@ def _from_probe(version: str, table: object) -> FlagSet | None:
     return FlagSet(version, frozenset(kinds),
                    frozenset(k for k, v in kinds.items() if v == "bool"), kinds,
                    {str(k): str(v) for k, v in aliases.items()} if isinstance(aliases, dict)
-                   else {}, frozenset(map(str, lists)) if isinstance(lists, list) else None)
+                   else {}, frozenset(map(str, lists)) if isinstance(lists, list) else None,
+                   *_integers_choices(table))
+
+
+def _integers_choices(table: Mapping[str, object]
+                      ) -> tuple[frozenset[str] | None, dict[str, tuple[str, ...]] | None]:
+    """The probe's (or the cache's) whole-number flags and choices; None where absent."""
+    ints, choices = table.get("integers"), table.get("choices")
+    return (frozenset(map(str, ints)) if isinstance(ints, list) else None,
+            {str(k): tuple(map(str, v)) for k, v in choices.items() if isinstance(v, list)}
+            if isinstance(choices, dict) else None)
 
 
 def validate_args(config: Config, known: FlagSet) -> list[Problem]:
     """Every [vllm.args] key and extra_args flag that this vLLM does not accept."""
     names = [(flags.flag_name(k), v, f"vllm.args.{k}") for k, v in config.vllm.args.items()]
-    extra = flags.long_forms(config.vllm.extra_args, known.short_aliases)
-    for i, token in enumerate(extra):
-        if token.startswith("--"):
-            name, eq, inline = token[2:].partition("=")
-            value = inline if eq else flags.next_value(extra, i)
-            names.append((flags.flag_name(name), value, f"vllm.extra_args[{i}]"))
-            more = _words_after(extra, i + (0 if eq else 1))
-            base = flags.flag_name(name).split(".")[0]
-            if more and known.lists is not None and base not in known.lists and \
-                    base in known.flags and base not in known.switches:
-                names.append(("", more, f"vllm.extra_args[{i}]"))  # (the words vLLM refuses)
+    names += _named(config.vllm.extra_args, known, "vllm.extra_args", 0)
+    start = flags.command_tail(config.vllm.command)  # vLLM's flags written in the command
+    if start is not None:
+        names += _named(config.vllm.command[start:], known, "vllm.command", start)
     out = []
     for name, value, key in names:
         problem = flag_problem(name, value, key, known)
         if problem is not None:
             out.append(problem)
+    return out
+
+
+def _named(words: Sequence[str], known: FlagSet, where: str, offset: int
+           ) -> list[tuple[str, object, str]]:
+    """(flag name, value, key) of each flag in an argv list, and ("", the extra words, key)
+    after a flag of one value (the words vLLM refuses)."""
+    out: list[tuple[str, object, str]] = []
+    extra = flags.long_forms(words, known.short_aliases)
+    for i, token in enumerate(extra):
+        if token.startswith("--"):
+            name, eq, inline = token[2:].partition("=")
+            value = inline if eq else flags.next_value(extra, i)
+            key = f"{where}[{i + offset}]"
+            out.append((flags.flag_name(name), value, key))
+            more = _words_after(extra, i + (0 if eq else 1))
+            base = flags.flag_name(name).split(".")[0]
+            if more and known.lists is not None and base not in known.lists and \
+                    base in known.flags and base not in known.switches:
+                out.append(("", more, key))
+        elif token.startswith("-") and not _NUMERIC.fullmatch(token) and \
+                not flags.is_value_of_flag(extra, i):  # a short flag this vLLM lacks
+            out.append((token.partition("=")[0], None, f"{where}[{i + offset}]"))
     return out
 
 
@@ -239,6 +239,9 @@ def _words_after(extra: list[str], i: int) -> list[str]:
 
 def flag_problem(name: str, value: object, key: str, known: FlagSet) -> Problem | None:
     """Why this vLLM refuses one flag and value (unknown, with a did-you-mean), or None."""
+    if name.startswith("-"):  # a short flag none of this vLLM's aliases names (_named)
+        return Problem(key, f"{name} is not a flag of vLLM {known.version}: vLLM would stop "
+                       "with `unrecognized arguments`; write flags in full (--max-model-len)")
     if not name:  # words after a flag of one value (validate_args)
         return Problem(key, f"{show(value)} follow a flag that takes one value in vLLM "
                        f"{known.version}: vLLM would stop with `unrecognized arguments`")
@@ -272,7 +275,30 @@ def flag_problem(name: str, value: object, key: str, known: FlagSet) -> Problem 
     if known.kind(base) == "number" and "." not in name and not _numeric(value):
         return Problem(key, f"--{base} takes a number in vLLM {known.version} (8192, 0.9, "
                        f"32k); {show(value)} is not one, and vLLM would stop")
+    if known.integers is not None and base in known.integers and "." not in name and \
+            not _whole(value):
+        return Problem(key, f"--{base} takes a whole number in vLLM {known.version} (8192, "
+                       f"32k, 1.5k); {show(value)} is not one, and vLLM would stop")
+    allowed = (known.choices or {}).get(base)
+    if allowed and "." not in name and isinstance(value, str) and value not in allowed:
+        close = difflib.get_close_matches(value, allowed, n=1, cutoff=0.6)
+        return Problem(key, f"--{base} {value!r} is not accepted by vLLM {known.version}; "
+                       f"choose one of {', '.join(allowed)}"
+                       + (f" (did you mean {close[0]!r}?)" if close else ""))
     return None
+
+
+# int(), or human_readable_int: a decimal only before a decimal suffix (25.6k), a binary
+# suffix on a whole number (2K); -1/auto for _or_auto; None or empty: optional_type's none
+_WHOLE = re.compile(r"\s*(?:-?\d+|\d+(?:\.\d+)?[kmgt]|\d+[KMGT]|(?i:auto|none))?\s*",
+                    re.ASCII)
+
+
+def _whole(value: object) -> bool:
+    """A value vLLM's int or human_readable_int(_or_auto) reads."""
+    if isinstance(value, (bool, float)):
+        return False
+    return isinstance(value, int) or (isinstance(value, str) and bool(_WHOLE.fullmatch(value)))
 
 
 # (auto: human_readable_int_or_auto; None or empty: optional_type's "no value")

@@ -266,9 +266,12 @@ def _deadline(s: WatchState, now: float) -> Result:
         return ladder.incident_timed_out(s, now)
     if s.state == S.STARTING:
         held = _smoke_held(s)  # a failed required smoke check: named, with its answer
+        said = s.child.start.canary_said if s.child is not None and not held else ""
         return ladder.begin_restart(s, now, Reason.START_TIMEOUT, "not ready after "
                                     f"{s.config.startup.timeout:.0f}s (startup.timeout)"
-                                    + (f": {held}" if held else ""), drain=False)
+                                    + (f": {held}" if held else "")
+                                    + (f"; the last canary: {said}" if said else ""),
+                                    drain=False)
     if s.state == S.DRAINING:
         s, acts = stopping.stop_child(s, now)
         c = s.child

@@ -168,6 +168,7 @@ def _starting_canary(s: WatchState, ev: CanaryResult, now: float) -> Result:
         if ev.warmup:  # a failed warm-up is worth a warning, not a failed start
             return checks_then_ready(s, now, [
                 Log("warning", "startup.warmup_failed", {"error": ev.error})])
+        s = _start(s, replace(c.start, canary_said=ev.error or "timed out"))
         return s, [Log("debug", "startup.canary_not_yet", {"error": ev.error})]
     if not ev.warmup:
         phases = {**c.start.phases, "canary": round(now - c.started, 3)}

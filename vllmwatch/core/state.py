@@ -123,6 +123,7 @@ class Start:
     inputs: dict[str, str] = field(default_factory=dict)  # reuse.inputs of the launch's config
     ready_at: float | None = None
     health_said: str = ""  # the last /health answer that was not 200 ('' after a 200)
+    canary_said: str = ""  # why the last canary of the start failed (a start timeout says it)
 
 
 @dataclass(frozen=True)

@@ -13,7 +13,8 @@ from vllmwatch.config.serveline import LineError
 
 MAX_YAML = 1 << 20  # a vLLM config is a few hundred bytes; more is not one
 READ_TIMEOUT = 5.0
-_WHAT_TO_DO = "write its keys on the line as flags (`--key value`) and run init again"
+_WHAT_TO_DO = ("write its settings on the line as flags (`--max-model-len 8192`) and run init "
+               "again")
 
 
 def fold(rest: list[str], cwd: str | None) -> tuple[list[str], str | None]:
@@ -52,6 +53,9 @@ def _load(path: str) -> dict[str, object]:
         first = str(exc).splitlines()[0] if str(exc) else type(exc).__name__
         raise LineError(f"--config {path}: not YAML vLLM would read ({first}); "
                         f"{_WHAT_TO_DO}") from None
+    except (RecursionError, ValueError):  # PyYAML recurses per level of nesting
+        raise LineError(f"--config {path}: nested too deep to read (no vLLM flag nests more "
+                        f"than a few levels); {_WHAT_TO_DO}") from None
     if data is None:
         return {}
     if not isinstance(data, dict) or not all(isinstance(k, str) for k in data):
@@ -105,6 +109,13 @@ def words(data: dict[str, object]) -> list[str]:
             except (ValueError, RecursionError):  # an alias of itself: no JSON, no vLLM
                 raise LineError(f"--config: the value of {key!r} refers to itself (a YAML "
                                 f"alias); {_WHAT_TO_DO}") from None
-        else:
-            out += [flag, str(value)]
+            except TypeError as exc:  # a YAML date or !!binary: JSON has no such value
+                raise LineError(f"--config: the value of {key!r} holds what JSON cannot say "
+                                f"({exc}); write it as a string; {_WHAT_TO_DO}") from None
+        elif value is None or isinstance(value, (str, int, float)):  # null: `None`, as
+            out += [flag, str(value)]  # vLLM's load_config_file passes it
+        else:  # a YAML date, time or !!binary: vLLM's own reading of it is no flag value
+            raise LineError(f"--config: the value of {key!r} is a YAML "
+                            f"{type(value).__name__}, not a string or number; write it as a "
+                            f"string; {_WHAT_TO_DO}")
     return out

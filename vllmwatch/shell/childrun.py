@@ -16,6 +16,7 @@ no child's: the leftover sweep leaves them alone).
 from __future__ import annotations
 
 import contextlib
+import errno
 import subprocess
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, replace
@@ -176,6 +177,13 @@ class ChildHandle:
         except OSError as exc:
             if guard is not None:
                 guard.stop("spawn_failed")
+            if exc.errno == errno.E2BIG:  # the command line and environment, as configured:
+                # every retry fails the same way (vllm.env_file's values are unseen by the load)
+                return None, SpawnFailed(f"{config.path}: the vLLM command cannot be started: "
+                                         f"{exc.strerror}: its arguments and environment "
+                                         "exceed the kernel's limit; shorten the long values "
+                                         "in [vllm.args], [vllm.env] or vllm.env_file",
+                                         fatal=True)
             return None, SpawnFailed(f"{argv0}: {exc.strerror or exc}")
         except ValueError as exc:  # a command no process can have (an embedded NUL byte, a
             # variable name with "="): the load refuses those it knows; never the daemon's crash
