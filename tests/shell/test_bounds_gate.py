@@ -61,9 +61,13 @@ def fast(monkeypatch: pytest.MonkeyPatch) -> None:
 
 
 def test_connections_past_the_cap_are_shed_with_503_and_counted() -> None:
+    """None of the 8 is idle (each has begun a request head): the newcomer is shed. (An
+    idle one makes room instead: tests/shell/test_gate_review3.py.)"""
     with gate(max_connections=8) as (g, events), ExitStack() as stack:
         idle = [stack.enter_context(socket.create_connection(("127.0.0.1", g.port)))
                 for _ in range(8)]
+        for sock in idle:
+            sock.sendall(b"GET /v1/models HTTP/1.1\r\n")  # a head begun, not complete
         wait_until(lambda: g.snapshot()["connections"] == 8, 10, "8 connections tracked")
         code, body = _post(g, b"{}")
         assert code == 503 and b"too many clients" in body

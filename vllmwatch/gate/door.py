@@ -1,5 +1,6 @@
 """The door: whether a new request may go to vLLM now, and the queue of those that wait;
-the fence: which engine generations no request may be sent to any more (below).
+the fence: which engine generations no request may be sent to any more (below); and the gate's
+figures of what went through it (GateStats, GenFigures).
 
 Readiness comes from the daemon (a thread-safe getter over its latest snapshot) and is polled
 on the gate's own event loop; requests that arrive while vLLM is starting, restarting or
@@ -13,6 +14,7 @@ import contextlib
 import threading
 from collections import deque
 from collections.abc import Callable
+from dataclasses import dataclass
 from enum import Enum
 
 
@@ -192,3 +194,59 @@ class Fence:
             if gen not in self._signalled:
                 self._signalled.append(gen)
             return done
+
+
+# ---- the gate's figures ----------------------------------------------------------------
+
+@dataclass
+class GateStats:
+    """Counters of the gate; written on its event loop only, read from any thread."""
+
+    forwarded: int = 0  # requests sent to vLLM (a replay is sent again: counted again)
+    held: int = 0  # requests that had to wait at the door
+    hold_timeouts: int = 0  # answered 503 after gate.hold_timeout
+    refused_closed: int = 0  # answered 503 because vllmwatch is stopping or gave up
+    failed_midrequest: int = 0  # vLLM went away after the request was sent
+    connect_retries: int = 0  # vLLM refused the connection; held again, then sent
+    holding: int = 0  # waiting at the door now
+    in_flight: int = 0  # forwarded and not yet answered
+    # Replays (gate/replay.py): of the failures before the answer began, by outcome.
+    replayed: int = 0  # sent once more to the next engine
+    replay_answered: int = 0  # ... and that engine answered it (any status)
+    replay_gave_up: int = 0  # replay_max reached, or hold_timeout/stop while waiting: 502/503
+    not_replayed: int = 0  # replay off, a path not on the list, or a body over the bound: 502
+    cut_midstream: int = 0  # the answer had begun: stream ended with an error event, or cut
+    stop_orders: int = 0  # engine generations vllmwatch told to stop (the fence)
+    forwarded_after_stop: int = 0  # sent to an engine after its stop order: a defect, 0
+    # Bounds (gate/guard.py): connections shed and refused requests, by reason.
+    shed_connections: int = 0  # over the connection cap: 503 and closed at once
+    idle_timeouts: int = 0  # no request within the idle deadline: closed
+    header_timeouts: int = 0  # a request head not complete within its deadline: closed
+    body_timeouts: int = 0  # a request body not complete within its deadline: 408
+    too_large: int = 0  # a request body over the cap: 413
+    bad_encoding: int = 0  # a transfer coding other than chunked (gzip, chunked): 501
+    held_full: int = 0  # the bodies held at once would pass their cap: 503
+    upstream_timeouts: int = 0  # vLLM's answer not complete within its deadline: 504
+    path_refused: int = 0  # a path not on the client API allow-list (gate/replay.py): 404
+    quarantined: int = 0  # requests that killed an engine alone (gate/replay.py Suspects)
+    quarantine_refused: int = 0  # ... sent again while quarantined: 422
+    connections: int = 0  # client connections open now
+    held_bytes: int = 0  # request bodies in memory now
+
+
+@dataclass
+class GenFigures:
+    """What became of the requests in flight to one engine generation when it failed or was
+    told to stop (the incident record's "N in flight: M replayed, K cut"); the gate's loop's."""
+
+    failed: int = 0  # ended with nothing of the answer sent (reset, engine-dead, cut)
+    replayed: int = 0  # ... and sent back to the door for the next engine
+    not_replayed: int = 0  # ... and answered 502 (replay off, not on the list, replay_max)
+    cut: int = 0  # the answer had begun: ended with an error event, or cut
+    answered: int = 0  # answered after the generation's stop order (e.g. within its grace)
+    open: int = 0  # still under way when the figures were read
+
+    @property
+    def in_flight(self) -> int:
+        """Every request that was under way at this generation when it went."""
+        return self.failed + self.cut + self.answered + self.open

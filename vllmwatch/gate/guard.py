@@ -3,10 +3,12 @@
 aiohttp caps header sizes but not how many connections are open, how long one may stay idle
 before its first request, how slowly a head may trickle, or how many request bodies are held
 in memory while vLLM is not ready. Here:
-- at most `max_connections` client connections; past it a new one gets 503 and is closed
-  (shed first, so the descriptors of probes, spawns and the status endpoint stay free);
-- a connection with no request in progress is closed after IDLE_TIMEOUT; a request head that
-  has begun must be complete within HEADER_TIMEOUT;
+- at most `max_connections` client connections; at the cap the longest idle one is closed
+  for a new one, and with none idle the new one gets 503 and is closed (shed first, so the
+  descriptors of probes, spawns and the status endpoint stay free);
+- a connection with no request in progress is closed after IDLE_TIMEOUT (HEADER_TIMEOUT
+  before its first byte); a request head that has begun must be complete within
+  HEADER_TIMEOUT; aiohttp's page for a request it cannot parse never echoes its bytes;
 - a body is read within BODY_TIMEOUT (else 408) and up to MAX_BODY (else 413); all bodies
   held at once are at most MAX_HELD (else 503);
 - a client that takes no byte of its answer for WRITE_STALL is cut (ClientGone), and a
@@ -26,6 +28,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from aiohttp import web
+from aiohttp.web_protocol import RequestHandler
 
 from vllmwatch.config.redact import REDACT
 from vllmwatch.gate import replay
@@ -48,59 +51,6 @@ def error_response(path: str, status: int, message: str, retry_after: float | No
     return response
 
 
-@dataclass
-class GateStats:
-    """Counters of the gate; written on its event loop only, read from any thread."""
-
-    forwarded: int = 0  # requests sent to vLLM (a replay is sent again: counted again)
-    held: int = 0  # requests that had to wait at the door
-    hold_timeouts: int = 0  # answered 503 after gate.hold_timeout
-    refused_closed: int = 0  # answered 503 because vllmwatch is stopping or gave up
-    failed_midrequest: int = 0  # vLLM went away after the request was sent
-    connect_retries: int = 0  # vLLM refused the connection; held again, then sent
-    holding: int = 0  # waiting at the door now
-    in_flight: int = 0  # forwarded and not yet answered
-    # Replays (gate/replay.py): of the failures before the answer began, by outcome.
-    replayed: int = 0  # sent once more to the next engine
-    replay_answered: int = 0  # ... and that engine answered it (any status)
-    replay_gave_up: int = 0  # replay_max reached, or hold_timeout/stop while waiting: 502/503
-    not_replayed: int = 0  # replay off, a path not on the list, or a body over the bound: 502
-    cut_midstream: int = 0  # the answer had begun: stream ended with an error event, or cut
-    stop_orders: int = 0  # engine generations vllmwatch told to stop (the fence)
-    forwarded_after_stop: int = 0  # sent to an engine after its stop order: a defect, 0
-    # Bounds (gate/guard.py): connections shed and refused requests, by reason.
-    shed_connections: int = 0  # over the connection cap: 503 and closed at once
-    idle_timeouts: int = 0  # no request within the idle deadline: closed
-    header_timeouts: int = 0  # a request head not complete within its deadline: closed
-    body_timeouts: int = 0  # a request body not complete within its deadline: 408
-    too_large: int = 0  # a request body over the cap: 413
-    held_full: int = 0  # the bodies held at once would pass their cap: 503
-    upstream_timeouts: int = 0  # vLLM's answer not complete within its deadline: 504
-    path_refused: int = 0  # a path not on the client API allow-list (gate/replay.py): 404
-    quarantined: int = 0  # requests that killed an engine alone (gate/replay.py Suspects)
-    quarantine_refused: int = 0  # ... sent again while quarantined: 422
-    connections: int = 0  # client connections open now
-    held_bytes: int = 0  # request bodies in memory now
-
-
-@dataclass
-class GenFigures:
-    """What became of the requests in flight to one engine generation when it failed or was
-    told to stop (the incident record's "N in flight: M replayed, K cut"); the gate's loop's."""
-
-    failed: int = 0  # ended with nothing of the answer sent (reset, engine-dead, cut)
-    replayed: int = 0  # ... and sent back to the door for the next engine
-    not_replayed: int = 0  # ... and answered 502 (replay off, not on the list, replay_max)
-    cut: int = 0  # the answer had begun: ended with an error event, or cut
-    answered: int = 0  # answered after the generation's stop order (e.g. within its grace)
-    open: int = 0  # still under way when the figures were read
-
-    @property
-    def in_flight(self) -> int:
-        """Every request that was under way at this generation when it went."""
-        return self.failed + self.cut + self.answered + self.open
-
-
 MAX_CONNECTIONS = 1024
 IDLE_TIMEOUT = 60.0  # no request in progress (before the first one, or between them)
 HEADER_TIMEOUT = 10.0  # from the first byte of a request head to its end
@@ -121,6 +71,23 @@ class _Conn:
     since: float  # accepted, or the end of the last request
     head_began: float | None = None  # first byte of a request head not yet handled
     busy: int = 0  # requests of this connection in our handler now
+    silent: bool = True  # no byte received yet: held to HEADER_TIMEOUT, not IDLE_TIMEOUT
+
+    def idle(self) -> bool:
+        return not self.busy and self.head_began is None
+
+
+class _Quiet(RequestHandler):
+    """aiohttp's handler, whose own error page for a request it cannot parse quoted the
+    offending bytes (a header with the client's key, a query's api_key) back unredacted:
+    a fixed text instead (the log's copy passes the redactor, shell/logs.py)."""
+
+    __slots__ = ()
+
+    def handle_error(self, request: Any, status: int = 500, exc: BaseException | None = None,
+                     message: str | None = None) -> web.StreamResponse:
+        return super().handle_error(request, status, exc, None if status == 500 else
+                                    f"{status}: the gate could not parse the request\n")
 
 
 class _Shed(asyncio.Protocol):
@@ -168,6 +135,7 @@ class _Tracked(asyncio.Protocol):
 
     def data_received(self, data: bytes) -> None:
         conn = self.conn
+        conn.silent = False
         if not conn.busy and conn.head_began is None:
             conn.head_began = asyncio.get_running_loop().time()
         self.handler.data_received(data)
@@ -196,12 +164,18 @@ class Guard:
         self.held = 0  # bytes of request bodies in memory now
 
     def factory(self) -> asyncio.BaseProtocol:
-        """The protocol factory for the listening socket: the handler, or a shed."""
+        """The protocol factory for the listening socket: the handler, or a shed. At the cap
+        the longest idle connection makes room (a keep-alive may be closed when idle; 1024
+        connections that never send a byte locked every client out until their deadline)."""
         if len(self.conns) >= self.max_connections:
-            self.count("shed_connections")
-            return _Shed()
-        handler = self.server()
-        conn = _Conn(asyncio.get_running_loop().time())
+            idle = [(c.since, h) for h, c in self.conns.items() if c.idle()]
+            if not idle:
+                self.count("shed_connections")
+                return _Shed()
+            self._cut(min(idle, key=lambda pair: pair[0])[1], "idle_timeouts")
+        loop = asyncio.get_running_loop()
+        handler = _Quiet(self.server, loop=loop, **self.server._kwargs)
+        conn = _Conn(loop.time())
         self.conns[handler] = conn
         return _Tracked(handler, conn, self._gone)
 
@@ -232,7 +206,8 @@ class Guard:
                 continue
             if conn.head_began is not None and now - conn.head_began > HEADER_TIMEOUT:
                 self._cut(handler, "header_timeouts")
-            elif conn.head_began is None and now - conn.since > IDLE_TIMEOUT:
+            elif conn.head_began is None and now - conn.since > (
+                    HEADER_TIMEOUT if conn.silent else IDLE_TIMEOUT):
                 self._cut(handler, "idle_timeouts")
 
     def _cut(self, handler: Any, reason: str) -> None:
@@ -253,6 +228,11 @@ class Guard:
 
         A body returned stays counted in `held` until release(len(body)).
         """
+        coding = request.headers.get("Transfer-Encoding", "")
+        if coding and coding.replace(" ", "").lower() != "chunked":  # gzip, chunked: vLLM
+            self.count("bad_encoding")  # would get the compressed bytes as if plain
+            return _refuse(request.path, 501, f"Transfer-Encoding {REDACT.head(coding, 40)!r} "
+                           "is not supported; send the body plain or chunked")
         length = request.content_length
         if length is not None and length > MAX_BODY:
             self.count("too_large")
@@ -295,8 +275,9 @@ class Guard:
             return _refuse(path, 413, f"request body over the gate's cap of {MAX_BODY} bytes")
         if self.held > MAX_HELD:
             self.count("held_full")
-            return _refuse(path, 503, f"the gate holds {MAX_HELD} bytes of request bodies already; "
-                           "try again shortly", retry_after=1)
+            return _refuse(path, 503, f"the gate holds {self.held} bytes of request bodies "
+                           f"(at most {MAX_HELD}: of requests held or under way); try again "
+                           "shortly", retry_after=1)
         return None
 
 

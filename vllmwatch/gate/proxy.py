@@ -19,9 +19,9 @@ from collections.abc import Callable
 from aiohttp import web
 
 from vllmwatch.gate import exchange, replay
-from vllmwatch.gate.door import Door, Fence, Readiness
-from vllmwatch.gate.guard import MAX_BODY, GenFigures, Guard
-from vllmwatch.gate.guard import GateStats as GateStats
+from vllmwatch.gate.door import Door, Fence, GenFigures, Readiness
+from vllmwatch.gate.door import GateStats as GateStats
+from vllmwatch.gate.guard import MAX_BODY, Guard
 from vllmwatch.gate.guard import error_response as _error
 from vllmwatch.gate.replay import upstream_target
 
