@@ -15,6 +15,7 @@ import contextlib
 import importlib.util
 import os
 import re
+import signal
 import sys
 from collections.abc import Sequence
 from importlib.machinery import ModuleSpec
@@ -152,3 +153,37 @@ def code_changed() -> str | None:
     now = found.group(1).decode("ascii", "replace") if found else "unknown"
     return (f"vllmwatch {now} is installed since this daemon started ({__version__}; "
             f"{len(moved)} of {len(_STATS)} files changed)")
+
+
+# --- signals before the daemon's loop takes them -------------------------------------------
+#
+# `vllmwatch run` spends its first second (more on a loaded box) importing, loading the config,
+# sweeping, starting the gate and the status server before its loop installs its handlers. A
+# signal then took its default action: SIGHUP or SIGUSR1 (a reload, `systemctl kill -s
+# SIGUSR1`) ended the daemon, and systemd takes a death by SIGHUP for a clean exit (no
+# restart); SIGTERM exited -15 without STOPPING=1. They are recorded and handed to the loop,
+# which acts on them as on any later one. The same signal twice before then takes its default
+# action after all: a stop insisted on is honoured even if the start never reaches the loop.
+
+_EARLY: list[int] = []
+
+
+def _record(signum: int, frame: object) -> None:
+    if signum in _EARLY:
+        signal.signal(signum, signal.SIG_DFL)
+        os.kill(os.getpid(), signum)
+        return
+    _EARLY.append(signum)
+
+
+def hold_signals(signals: Sequence[int]) -> None:
+    """Record these signals until the loop takes them (early_signals)."""
+    for signum in signals:
+        signal.signal(signum, _record)
+
+
+def early_signals() -> list[int]:
+    """The signals recorded since hold_signals, once (the loop's handlers are in place)."""
+    taken = list(_EARLY)
+    _EARLY.clear()
+    return taken

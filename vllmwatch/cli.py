@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import argparse
 import os
+import signal
 import sys
 from collections.abc import Sequence
 
@@ -91,6 +92,9 @@ def main(argv: Sequence[str] | None = None) -> int:
         if reconfigure is not None:
             reconfigure(errors="backslashreplace")
     args = _parser().parse_args(argv)
+    if args.command == "run":  # until the loop takes them (vllmwatch/__init__.py)
+        import vllmwatch
+        vllmwatch.hold_signals((signal.SIGTERM, signal.SIGINT, signal.SIGHUP, signal.SIGUSR1))
     if args.command is None:
         _parser().print_help()
         return exitcodes.CONFIG

@@ -166,6 +166,8 @@ class Loop:
         signal.set_wakeup_fd(self._wake_w, warn_on_full_buffer=False)
         for sig in _SIGNALS:
             signal.signal(sig, self.deliver_signal)
+        for early in vllmwatch.early_signals():  # came while `run` was starting (cli.py)
+            self.deliver_signal(early, None)
 
     # ---- the loop ----
 
@@ -196,6 +198,11 @@ class Loop:
             return exit_code(Reason.INTERNAL)
         finally:
             self.close()
+            if self._install:  # decided: a signal during the exit that follows must not
+                # turn code 0 into a death by that signal (Python restores the defaults at
+                # its shutdown, after main returns)
+                for sig in _SIGNALS[:-1]:  # (not SIGCHLD)
+                    signal.signal(sig, signal.SIG_IGN)
 
     def has_work(self) -> bool:
         """Whether events or signals are waiting (for drivers that step the loop by hand)."""

@@ -7,6 +7,8 @@ the next STATUS= line) that the loop only asks for (due())."""
 
 from __future__ import annotations
 
+import time
+
 from vllmwatch.core import machine, restart
 from vllmwatch.core.actions import Notify
 from vllmwatch.core.state import WatchState
@@ -66,8 +68,9 @@ class Outputs:
     def notify(self, action: Notify, state: WatchState) -> None:
         """The core's Notify as one sd_notify message."""
         lines = []
-        if action.reloading:
-            lines.append("RELOADING=1")
+        if action.reloading:  # the clock a Type=notify-reload unit (systemd >= 253) wants
+            usec = time.clock_gettime_ns(time.CLOCK_MONOTONIC) // 1000
+            lines += ["RELOADING=1", f"MONOTONIC_USEC={usec}"]
         if action.ready:
             # /status and /readyz say ready before systemd (and the units ordered After=
             # us) hear READY=1: a reader that asks at once must not get a 503.

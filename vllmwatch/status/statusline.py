@@ -149,7 +149,8 @@ def summary(snap: Snapshot) -> str:
     parts = [snap.state]
     if snap.serving == "spare":  # issue 34: clients are answered, by the smaller engine
         parts.append("degraded: spare serving")
-    if snap.restart_phase != "idle":  # the rung of the restart (or exit) under way
+    if snap.restart_phase != "idle" and snap.state not in ("stopped", "failed"):  # the rung
+        # of the restart (or exit) under way; none once the daemon is done
         parts.append(f"restart {snap.restart_phase} for "
                      f"{format_duration(snap.restart_phase_for_s or 0.0)}")
     if snap.child_uptime_s is not None:

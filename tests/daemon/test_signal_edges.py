@@ -1,0 +1,122 @@
+"""Signals at the edges of the daemon's life (a chaos review, 2026-12-05).
+
+- Before its loop installs its handlers (imports, the config, the gate, the status server:
+  ~0.7 s here, more on a loaded box) a SIGHUP or SIGUSR1 ended the daemon, and systemd takes a
+  death by SIGHUP for a clean exit (no restart); a SIGTERM exited -15 without STOPPING=1. They
+  are recorded from the top of `vllmwatch run` and handed to the loop.
+- After its loop decided to exit (code 0), a repeated SIGTERM or SIGINT killed it: Python
+  restores the default handlers at its shutdown, so the exit status read -15 or -2 (6 of 6
+  runs)."""
+
+from __future__ import annotations
+
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+from tests.support import Daemon, base_config, free_port, wait_for
+
+
+@pytest.mark.parametrize("sig", [signal.SIGHUP, signal.SIGUSR1, signal.SIGTERM])
+def test_a_signal_held_before_the_loop_is_recorded_then_handed_over(sig: int) -> None:
+    code = ("import os, signal, vllmwatch\n"
+            f"vllmwatch.hold_signals([{int(sig)}])\n"
+            f"os.kill(os.getpid(), {int(sig)})\n"
+            "print(vllmwatch.early_signals(), vllmwatch.early_signals(), flush=True)\n")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
+                         timeout=60, check=False)
+    assert out.returncode == 0 and out.stdout.split() == [f"[{int(sig)}]", "[]"], out
+
+
+def test_the_same_signal_twice_before_the_loop_takes_its_default_action() -> None:
+    """A stop insisted on is honoured even if the start never reaches the loop."""
+    code = ("import os, signal, vllmwatch\n"
+            "vllmwatch.hold_signals([signal.SIGTERM])\n"
+            "os.kill(os.getpid(), signal.SIGTERM)\n"
+            "os.kill(os.getpid(), signal.SIGTERM)\n"
+            "print('survived', flush=True)\n")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
+                         timeout=60, check=False)
+    assert out.returncode == -signal.SIGTERM and "survived" not in out.stdout, out
+
+
+@pytest.mark.parametrize("sig", [signal.SIGHUP, signal.SIGUSR1])
+def test_a_reload_or_restart_signal_at_the_start_does_not_end_the_daemon(
+        tmp_path: Path, sig: int) -> None:
+    """Sent as soon as the daemon logs its first line (its loop is not running yet, or
+    has just started: either way the signal must be acted on, not kill it)."""
+    d = Daemon(tmp_path, base_config(free_port(), free_port())).start()
+    try:
+        d.wait_event("daemon.version", 60)
+        d.signal(sig)
+        d.wait_ready(60)
+        assert d.running(), d.dump()
+        assert d.stop(30)[0] == 0, d.dump()
+    finally:
+        d.close()
+
+
+def test_a_stop_at_the_start_exits_0_with_stopping_said(tmp_path: Path) -> None:
+    d = Daemon(tmp_path, base_config(free_port(), free_port())).start()
+    try:
+        d.wait_event("daemon.version", 60)
+        d.signal(signal.SIGTERM)
+        assert d.wait_exit(60) == 0, d.dump()
+        assert d.notify is not None and d.notify.count("STOPPING=1") >= 1
+    finally:
+        d.close()
+
+
+@pytest.mark.parametrize("sig", [signal.SIGTERM, signal.SIGINT])
+def test_signals_repeated_while_the_daemon_exits_keep_its_exit_code(
+        tmp_path: Path, sig: int) -> None:
+    d = Daemon(tmp_path, base_config(free_port(), free_port())).start()
+    try:
+        d.wait_ready(60)
+        d.signal(sig)
+        assert d.proc is not None
+        while d.proc.poll() is None:  # one every 5 ms until it is gone: the storm
+            try:
+                d.proc.send_signal(sig)
+            except ProcessLookupError:
+                break
+            time.sleep(0.005)  # the storm's pace, not a wait for a condition
+        wait_for(lambda: not d.running(), 60, "the daemon's exit")
+        assert d.wait_exit(5) == 0, d.dump()
+    finally:
+        d.close()
+
+
+def test_the_last_status_line_of_a_stopped_daemon_names_no_restart_rung(tmp_path: Path) -> None:
+    """It read `stopped | restart sweeping for 3.1s` (the exit's own rung, never cleared)."""
+    d = Daemon(tmp_path, base_config(free_port(), free_port())).start()
+    try:
+        d.wait_ready(60)
+        assert d.stop(30)[0] == 0, d.dump()
+        assert d.notify is not None
+        last = d.notify.with_prefix("STATUS=")[-1][1]
+        assert last.startswith("STATUS=stopped") and "| restart " not in last, last
+    finally:
+        d.close()
+
+
+def test_reloading_comes_with_the_monotonic_clock_systemd_asks_for(tmp_path: Path) -> None:
+    """systemd's Type=notify-reload (>= 253) wants MONOTONIC_USEC beside RELOADING=1."""
+    d = Daemon(tmp_path, base_config(free_port(), free_port())).start()
+    try:
+        d.wait_ready(60)
+        before = time.clock_gettime_ns(time.CLOCK_MONOTONIC) // 1000
+        d.signal(signal.SIGHUP)
+        assert d.notify is not None
+        wait_for(lambda: any("RELOADING=1" in m for _, m in d.notify.messages), 30,
+                 "RELOADING=1")
+        message = next(m for _, m in d.notify.messages if "RELOADING=1" in m)
+        usec = int(message.split("MONOTONIC_USEC=")[1].split()[0])
+        assert before <= usec <= time.clock_gettime_ns(time.CLOCK_MONOTONIC) // 1000, message
+        assert d.stop(30)[0] == 0, d.dump()
+    finally:
+        d.close()
