@@ -151,6 +151,8 @@ def test_every_bad_entry_of_a_table_is_named_and_the_good_ones_still_judged() ->
     ({}, ["-x"], "not a flag"),
     ({}, ["-V"], "not a flag"),
     ({}, ["-tp", "1", "-q=awq", "-Z"], "not a flag"),
+    ({"compilation-config": 3}, [], "--optimization-level"),
+    ({}, ["--compilation-config", "3"], "--optimization-level"),
 ])
 def test_values_vllm_s_own_parser_refuses(args: dict[str, object], extra: list[str],
                                           says: str) -> None:
@@ -166,6 +168,7 @@ def test_values_vllm_s_own_parser_refuses(args: dict[str, object], extra: list[s
     ({"max-model-len": "auto"}, ["--max-num-seqs", "-1"]),
     ({"max-model-len": "2K"}, ["--dtype", "bfloat16", "-tp", "1", "-O", "3"]),
     ({"dtype": "half"}, ["--uvicorn-log-level=warning"]),
+    ({"compilation-config": {"cudagraph_mode": "PIECEWISE"}}, ["-O3"]),
 ])
 def test_values_vllm_s_own_parser_reads(args: dict[str, object], extra: list[str]) -> None:
     from tests.shell.test_init import known

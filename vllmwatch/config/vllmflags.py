@@ -249,6 +249,13 @@ def flag_problem(name: str, value: object, key: str, known: FlagSet) -> Problem 
     legacy = flags.flag_problem(base, value, key, known.version, known.json_flags)
     if legacy is not None and (base in flags.REMOVED or base in known.json_flags):
         return legacy
+    if base == "compilation-config" and "optimization-level" in known.flags and \
+            "." not in name and str(value).strip().isdigit() and not isinstance(value, bool):
+        # -O3 meant --compilation-config 3 before --optimization-level; now a bare level
+        # there stops vLLM (its JSON is a CompilationConfig)
+        return Problem(key, f"--compilation-config {value} (a bare level) stops vLLM "
+                       f"{known.version}, which takes the level as --optimization-level; "
+                       f"write optimization-level = {value}")
     if base not in known.flags:
         close = difflib.get_close_matches(base, sorted(known.flags), n=2, cutoff=0.75)
         hint = ("; did you mean " + " or ".join(close) + "?") if close else (
