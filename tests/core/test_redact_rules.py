@@ -110,6 +110,9 @@ def test_each_form(text: str, want: str) -> None:
     "huggingface_hub.errors.LocalTokenNotFoundError: Token is required",
     "tokenizer: eos_token: '</s>', pad_token: '<pad>'",
     "'pass_config': {'enable_fusion': True}",
+    # a secret flag without its value: the next flag is not its key (init's comment of a
+    # line showed `--api-key <redacted> 9000`, the port's flag gone)
+    "vllm serve /m --api-key --port 9000", "--hf-token --max-model-len 8192",
 ])
 def test_useful_non_secrets_stay(text: str) -> None:
     assert R.text(text) == text

@@ -66,7 +66,7 @@ _RULES = (
     # --name value / --name=value / NAME=value / name: value / Authorization: Bearer x /
     # name=['v1', 'v2']
     re.compile(r"(?i)(?P<pre>(?<![\w.-])(?P<dash>--)?(?P<name>" + _NAME + r")"
-               r"(?:\s*[=:]\s*|(?(dash)\s+|(?!)))" + _SCHEME + r")"
+               r"(?:\s*[=:]\s*|(?(dash)\s+(?!--[A-Za-z])|(?!)))" + _SCHEME + r")"
                r"(?:" + _QUOTED + "|" + _LIST + "|" + _BARE + ")"),
 )
 # percent-encoded: api%5Fkey=x, token%3Dx, %22api_key%22%3A%22x%22 (a query or a form
