@@ -60,6 +60,8 @@ def test_what_python_cannot_read_is_a_config_error_not_a_traceback(
     (["vllm", "serve", "--por", "9000"], 2, "--port abbreviated"),
     (["vllm", "serve", "/other/model"], 2, "instead of vllm.model"),
     (["vllm", "serve", "--max-model-len", "8192", "/other"], 4, "instead of vllm.model"),
+    (["vllm", "serve", "--model", "/other"], 2, "vllm.model"),
+    (["vllm", "serve", "/m", "/other"], 3, "instead of vllm.model"),
     (["uv", "run", "vllm", "serve", "--host", "0.0.0.0"], 4, "vllm.host"),
     (["python3", "-m", "vllm.entrypoints.openai.api_server", "--port", "1"], 3, "vllm.port"),
     (["python3", "-m", "vllm.entrypoints.cli.main", "serve", "--help"], 4, "exit 0"),
@@ -80,6 +82,9 @@ def test_vllm_s_flags_in_vllm_command_are_judged(command: list[str], index: int,
     ["numactl", "--cpunodebind=0", "vllm", "serve", "--seed", "1"],
     ["bash", "-c", "exec vllm serve \"$@\"", "vllm"],  # where vLLM begins is not shown: unjudged
     ["python3", "-m", "vllm.entrypoints.openai.api_server"],
+    # vllm.model named again there (a file that ran before these checks): what vLLM serves
+    ["vllm", "serve", "/m"], ["vllm", "serve", "--model", "/m"], ["vllm", "serve", "--model=/m"],
+    ["vllm", "serve", "--max-model-len", "8192", "/m", "--seed", "1"],
 ])
 def test_a_vllm_command_that_passes(command: list[str]) -> None:
     config = from_dict({"vllm": {"model": "/m", "command": command}})
@@ -183,3 +188,14 @@ def test_vllm_s_flags_in_vllm_command_meet_the_flag_list() -> None:
     problems = {p.key: p.problem for p in vllmflags.validate_args(config, known())}
     assert "whole number" in problems["vllm.command[2]"] and \
         "not a flag" in problems["vllm.command[4]"], problems
+
+
+def test_a_flag_list_without_aliases_judges_no_short_flag() -> None:
+    """A cache of an older vllmwatch has no aliases: a short flag it cannot name is left to
+    vLLM (the launch reads that cache: refusing it would stop a config that ran before)."""
+    import dataclasses
+
+    from tests.shell.test_init import known
+    config = from_dict({"vllm": {"model": "/m", "extra_args": ["-zz", "2"]}})
+    assert vllmflags.validate_args(config, dataclasses.replace(known(), aliases={})) == []
+    assert vllmflags.validate_args(config, known())[0].problem.startswith("-zz is not")

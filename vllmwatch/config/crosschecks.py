@@ -32,7 +32,7 @@ def cross_checks(config: Config) -> list[Problem]:
     return out + _canary_checks(config) + _gate_checks(config) + _address_checks(config) \
         + startcache_problems(config, {}) + _spare_checks(config) + _env_checks(config) \
         + _misplaced(config) + secret_twice(config, {}, []) \
-        + flags.command_problems(config.vllm.command)
+        + flags.command_problems(config.vllm.command, config.vllm.model)
 
 
 def secret_twice(config: Config, file_env: Mapping[str, str],

@@ -276,14 +276,23 @@ def command_tail(command: Sequence[str]) -> int | None:
     return None
 
 
-def command_problems(command: Sequence[str]) -> list[Problem]:
+def command_problems(command: Sequence[str], model: str) -> list[Problem]:
     """vLLM's flags written in vllm.command, judged as in extra_args; a key there (it would
     stay on vLLM's argv, for `ps` to show) and a positional (vLLM serves it instead of
-    vllm.model) refused."""
+    vllm.model) refused. The model named there as vllm.model names it (`vllm serve /m`,
+    `--model /m`: a file that ran before this check) passes."""
     start = command_tail(command)
     if start is None:
         return []
-    tail = long_forms(command[start:])
+    words = list(command[start:])  # vllm.model named again: what vLLM serves is vllm.model
+    for i, word in enumerate(words):  # (blanked: vllm.command's own words are never blank)
+        if word == f"--model={model}":
+            words[i] = ""
+        elif word == model and i > 0 and words[i - 1] == "--model":
+            words[i - 1] = words[i] = ""
+        elif word == model and not is_value_of_flag(words, i):
+            words[i] = ""
+    tail = long_forms(words)
     out: list[Problem] = []
     for i, token in enumerate(tail):
         key = f"vllm.command[{start + i}]"
@@ -298,4 +307,5 @@ def command_problems(command: Sequence[str]) -> list[Problem]:
             out.append(Problem(key, f"{token!r} after the server's name is a model to vLLM, "
                                "which serves it instead of vllm.model (and vllmwatch checks, "
                                "warms and probes the other); set vllm.model and remove it"))
-    return out + args_problems({}, command[start:], where="vllm.command", offset=start)
+    return out + [p for p in args_problems({}, words, where="vllm.command", offset=start)
+                  if not p.problem.startswith("an empty word")]

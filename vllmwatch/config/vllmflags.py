@@ -221,8 +221,9 @@ def _named(words: Sequence[str], known: FlagSet, where: str, offset: int
             if more and known.lists is not None and base not in known.lists and \
                     base in known.flags and base not in known.switches:
                 out.append(("", more, key))
-        elif token.startswith("-") and not _NUMERIC.fullmatch(token) and \
-                not flags.is_value_of_flag(extra, i):  # a short flag this vLLM lacks
+        elif token.startswith("-") and not _NUMERIC.fullmatch(token) and known.aliases and \
+                not flags.is_value_of_flag(extra, i):  # a short flag this vLLM lacks (known
+            # only where the flag list has its aliases: a cache of an older vllmwatch has none)
             out.append((token.partition("=")[0], None, f"{where}[{i + offset}]"))
     return out
 
