@@ -14,11 +14,22 @@ import signal
 import subprocess
 import sys
 import time
+from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
 
 from tests.support import Daemon, base_config, free_port, wait_for
+
+
+@pytest.fixture
+def daemon(tmp_path: Path) -> Iterator[Daemon]:
+    """`vllmwatch run` over the fake vLLM, started; closed (nothing left) after the test."""
+    d = Daemon(tmp_path, base_config(free_port(), free_port())).start()
+    try:
+        yield d
+    finally:
+        d.close()
 
 
 @pytest.mark.parametrize("sig", [signal.SIGHUP, signal.SIGUSR1, signal.SIGTERM])
@@ -46,77 +57,62 @@ def test_the_same_signal_twice_before_the_loop_takes_its_default_action() -> Non
 
 @pytest.mark.parametrize("sig", [signal.SIGHUP, signal.SIGUSR1])
 def test_a_reload_or_restart_signal_at_the_start_does_not_end_the_daemon(
-        tmp_path: Path, sig: int) -> None:
+        daemon: Daemon, sig: int) -> None:
     """Sent as soon as the daemon logs its first line (its loop is not running yet, or
     has just started: either way the signal must be acted on, not kill it)."""
-    d = Daemon(tmp_path, base_config(free_port(), free_port())).start()
-    try:
-        d.wait_event("daemon.version", 60)
-        d.signal(sig)
-        d.wait_ready(60)
-        assert d.running(), d.dump()
-        assert d.stop(30)[0] == 0, d.dump()
-    finally:
-        d.close()
+    d = daemon
+    d.wait_event("daemon.version", 60)
+    d.signal(sig)
+    d.wait_ready(60)
+    assert d.running(), d.dump()
+    assert d.stop(30)[0] == 0, d.dump()
 
 
-def test_a_stop_at_the_start_exits_0_with_stopping_said(tmp_path: Path) -> None:
-    d = Daemon(tmp_path, base_config(free_port(), free_port())).start()
-    try:
-        d.wait_event("daemon.version", 60)
-        d.signal(signal.SIGTERM)
-        assert d.wait_exit(60) == 0, d.dump()
-        assert d.notify is not None and d.notify.count("STOPPING=1") >= 1
-    finally:
-        d.close()
+def test_a_stop_at_the_start_exits_0_with_stopping_said(daemon: Daemon) -> None:
+    d = daemon
+    d.wait_event("daemon.version", 60)
+    d.signal(signal.SIGTERM)
+    assert d.wait_exit(60) == 0, d.dump()
+    assert d.notify is not None and d.notify.count("STOPPING=1") >= 1
 
 
 @pytest.mark.parametrize("sig", [signal.SIGTERM, signal.SIGINT])
 def test_signals_repeated_while_the_daemon_exits_keep_its_exit_code(
-        tmp_path: Path, sig: int) -> None:
-    d = Daemon(tmp_path, base_config(free_port(), free_port())).start()
-    try:
-        d.wait_ready(60)
-        d.signal(sig)
-        assert d.proc is not None
-        while d.proc.poll() is None:  # one every 5 ms until it is gone: the storm
-            try:
-                d.proc.send_signal(sig)
-            except ProcessLookupError:
-                break
-            time.sleep(0.005)  # the storm's pace, not a wait for a condition
-        wait_for(lambda: not d.running(), 60, "the daemon's exit")
-        assert d.wait_exit(5) == 0, d.dump()
-    finally:
-        d.close()
+        daemon: Daemon, sig: int) -> None:
+    d = daemon
+    d.wait_ready(60)
+    d.signal(sig)
+    assert d.proc is not None
+    while d.proc.poll() is None:  # one every 5 ms until it is gone: the storm
+        try:
+            d.proc.send_signal(sig)
+        except ProcessLookupError:
+            break
+        time.sleep(0.005)  # the storm's pace, not a wait for a condition
+    wait_for(lambda: not d.running(), 60, "the daemon's exit")
+    assert d.wait_exit(5) == 0, d.dump()
 
 
-def test_the_last_status_line_of_a_stopped_daemon_names_no_restart_rung(tmp_path: Path) -> None:
+def test_the_last_status_line_of_a_stopped_daemon_names_no_restart_rung(daemon: Daemon) -> None:
     """It read `stopped | restart sweeping for 3.1s` (the exit's own rung, never cleared)."""
-    d = Daemon(tmp_path, base_config(free_port(), free_port())).start()
-    try:
-        d.wait_ready(60)
-        assert d.stop(30)[0] == 0, d.dump()
-        assert d.notify is not None
-        last = d.notify.with_prefix("STATUS=")[-1][1]
-        assert last.startswith("STATUS=stopped") and "| restart " not in last, last
-    finally:
-        d.close()
+    d = daemon
+    d.wait_ready(60)
+    assert d.stop(30)[0] == 0, d.dump()
+    assert d.notify is not None
+    last = d.notify.with_prefix("STATUS=")[-1][1]
+    assert last.startswith("STATUS=stopped") and "| restart " not in last, last
 
 
-def test_reloading_comes_with_the_monotonic_clock_systemd_asks_for(tmp_path: Path) -> None:
+def test_reloading_comes_with_the_monotonic_clock_systemd_asks_for(daemon: Daemon) -> None:
     """systemd's Type=notify-reload (>= 253) wants MONOTONIC_USEC beside RELOADING=1."""
-    d = Daemon(tmp_path, base_config(free_port(), free_port())).start()
-    try:
-        d.wait_ready(60)
-        before = time.clock_gettime_ns(time.CLOCK_MONOTONIC) // 1000
-        d.signal(signal.SIGHUP)
-        assert d.notify is not None
-        wait_for(lambda: any("RELOADING=1" in m for _, m in d.notify.messages), 30,
-                 "RELOADING=1")
-        message = next(m for _, m in d.notify.messages if "RELOADING=1" in m)
-        usec = int(message.split("MONOTONIC_USEC=")[1].split()[0])
-        assert before <= usec <= time.clock_gettime_ns(time.CLOCK_MONOTONIC) // 1000, message
-        assert d.stop(30)[0] == 0, d.dump()
-    finally:
-        d.close()
+    d = daemon
+    d.wait_ready(60)
+    before = time.clock_gettime_ns(time.CLOCK_MONOTONIC) // 1000
+    d.signal(signal.SIGHUP)
+    assert d.notify is not None
+    wait_for(lambda: any("RELOADING=1" in m for _, m in d.notify.messages), 30,
+             "RELOADING=1")
+    message = next(m for _, m in d.notify.messages if "RELOADING=1" in m)
+    usec = int(message.split("MONOTONIC_USEC=")[1].split()[0])
+    assert before <= usec <= time.clock_gettime_ns(time.CLOCK_MONOTONIC) // 1000, message
+    assert d.stop(30)[0] == 0, d.dump()

@@ -14,38 +14,37 @@ import sys
 MARK = sys.argv[1]  # the caller's marker: the line it reads among vLLM's own output
 
 
-def kind(a):
-    # What a value of this flag is: vLLM wraps its parsers (optional_type(parse_type(
-    # json.loads))), so follow the closures down to the function that does the work.
-    if a.nargs == 0:
-        return "bool"
+def worker(a):
+    # The function that reads this flag's value: vLLM wraps its parsers (optional_type(
+    # parse_type(json.loads))), so follow the closures down to the one that does the work.
     f = a.type
     for _ in range(6):
         name = getattr(f, "__name__", "")
-        if f is json.loads or name in ("union_dict_and_str", "parse_dataclass"):
-            return "json"
-        if f in (int, float) or name.startswith("human_readable_int"):
-            return "number"
+        if f in (json.loads, int, float) or name in ("union_dict_and_str", "parse_dataclass") \
+                or name.startswith("human_readable_int"):
+            return f
         cells = [c.cell_contents for c in (getattr(f, "__closure__", None) or ())]
         f = next((c for c in cells if callable(c)), None)
         if f is None:
             break
-    return "text"
+    return None
+
+
+def kind(a):
+    # What a value of this flag is
+    if a.nargs == 0:
+        return "bool"
+    f = worker(a)
+    if f is None:
+        return "text"
+    return "number" if f in (int, float) or f.__name__.startswith("human_readable_int") \
+        else "json"
 
 
 def whole(a):
-    # int or human_readable_int(_or_auto) under vLLM's wrappers, not float
-    f = a.type
-    for _ in range(6):
-        if f is int or getattr(f, "__name__", "").startswith("human_readable_int"):
-            return True
-        if f is float:
-            return False
-        cells = [c.cell_contents for c in (getattr(f, "__closure__", None) or ())]
-        f = next((c for c in cells if callable(c)), None)
-        if f is None:
-            break
-    return False
+    # int or human_readable_int(_or_auto), not float
+    f = worker(a)
+    return f is int or getattr(f, "__name__", "").startswith("human_readable_int")
 
 
 for mod, cls in (("vllm.entrypoints.launchers.cli_args", "vllm.utils.argparse_utils"),
