@@ -111,7 +111,7 @@ def test_a_spare_left_by_a_killed_daemon_is_swept_at_the_next_start(
     launches anything, and says so (spare.leftovers)."""
     from tests.support import PYTHON
     from vllmwatch.shell.sparetree import SpareCommand, SpareTree
-    from vllmwatch.testing import LogCapture
+    from vllmwatch.testing.driver import LogCapture
 
     d = Daemon(tmp_path, _config())
     monkeypatch.setenv("STATE_DIRECTORY", str(tmp_path / "state"))  # the daemon's own

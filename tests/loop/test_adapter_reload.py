@@ -15,7 +15,7 @@ from vllmwatch.config.schema import Config, from_dict
 from vllmwatch.core.events import ChildExited, ReloadRequested, RestartRequested, Tick
 from vllmwatch.core.lora import decide
 from vllmwatch.core.state import S
-from vllmwatch.testing import Driver
+from vllmwatch.testing.driver import Driver
 
 BASE: dict[str, Any] = {
     "vllm": {"model": "/m", "gpus": []},

@@ -19,7 +19,7 @@ from vllmwatch.config import command
 from vllmwatch.config.schema import Config, ConfigError, from_dict, load
 from vllmwatch.core.state import S
 from vllmwatch.shell.reload import RELOAD_TIMEOUT
-from vllmwatch.testing import Driver, config_with
+from vllmwatch.testing.driver import Driver, config_with
 from vllmwatch.testing.executors import SyncExecutor
 
 BASE = from_dict({

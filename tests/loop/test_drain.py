@@ -9,7 +9,7 @@ from vllmwatch.config.schema import from_dict
 from vllmwatch.core import machine
 from vllmwatch.core.events import RestartRequested
 from vllmwatch.core.state import S
-from vllmwatch.testing import Driver, World
+from vllmwatch.testing.driver import Driver, World
 
 # drain.deregister_delay=10, restart.drain_timeout=30, started at t=100
 

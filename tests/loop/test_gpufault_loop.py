@@ -10,7 +10,7 @@ from vllmwatch.core import gpufault
 from vllmwatch.core.events import MemorySampled
 from vllmwatch.core.samples import GpuFault, MemorySample
 from vllmwatch.core.state import S
-from vllmwatch.testing import Driver
+from vllmwatch.testing.driver import Driver
 
 BASE = from_dict({"vllm": {"model": "m"}, "prewarm": {"enabled": False}})
 

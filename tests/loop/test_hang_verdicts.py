@@ -22,7 +22,7 @@ from hypothesis import strategies as st
 from vllmwatch.config.schema import from_dict
 from vllmwatch.core.events import CanaryResult
 from vllmwatch.core.state import S
-from vllmwatch.testing import ClockedExecutor, Driver, FakeClock, World
+from vllmwatch.testing.driver import ClockedExecutor, Driver, FakeClock, World
 
 SHIPPED = from_dict({"vllm": {"model": "/m", "gpus": []}, "prewarm": {"enabled": False},
                      "drain": {"deregister_delay": 0}})

@@ -8,7 +8,7 @@ from tests.loop.test_machine import BASE, restarts
 from tests.shell.test_bounds_http import _prober, peer, trickle, trickle_head
 from vllmwatch.core.state import S
 from vllmwatch.shell.probes import HttpProber
-from vllmwatch.testing import Driver, World, config_with
+from vllmwatch.testing.driver import Driver, World, config_with
 
 
 def test_a_trickling_health_while_starting_is_counted_and_restarts_at_the_threshold() -> None:

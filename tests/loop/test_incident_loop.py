@@ -17,7 +17,7 @@ from vllmwatch.core import exitcodes, incidents
 from vllmwatch.core.events import ChildExited, MemorySampled, ReloadRequested, Tick
 from vllmwatch.core.samples import GpuFault, MemorySample
 from vllmwatch.core.state import S
-from vllmwatch.testing import Driver, World, config_with
+from vllmwatch.testing.driver import Driver, World, config_with
 
 BASE = from_dict({
     "vllm": {"model": "/m", "gpus": []},

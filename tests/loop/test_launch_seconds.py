@@ -5,7 +5,7 @@ from __future__ import annotations
 from vllmwatch.config.schema import from_dict
 from vllmwatch.core.events import ReadyzPolled, RestartRequested, StopRequested
 from vllmwatch.core.state import S
-from vllmwatch.testing import Driver, World, config_with
+from vllmwatch.testing.driver import Driver, World, config_with
 
 BASE = from_dict({
     "vllm": {"model": "/m", "gpus": []},

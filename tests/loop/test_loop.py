@@ -13,7 +13,7 @@ from vllmwatch.core import exitcodes
 from vllmwatch.core.state import S
 from vllmwatch.core.stopping import KILL_WAIT, SWEEP_WAIT
 from vllmwatch.shell.loop import Loop
-from vllmwatch.testing import (
+from vllmwatch.testing.driver import (
     Driver,
     FakeClock,
     FakeNotifier,

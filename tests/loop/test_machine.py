@@ -13,7 +13,7 @@ from vllmwatch.core.events import (
     StopRequested,
 )
 from vllmwatch.core.state import S
-from vllmwatch.testing import Driver, World, config_with
+from vllmwatch.testing.driver import Driver, World, config_with
 
 BASE = from_dict({
     "vllm": {"model": "/m", "gpus": []},

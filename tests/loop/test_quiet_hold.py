@@ -6,7 +6,7 @@ from __future__ import annotations
 
 from tests.loop.test_machine import BASE, restarts, up
 from vllmwatch.status.view import render
-from vllmwatch.testing import config_with
+from vllmwatch.testing.driver import config_with
 
 
 def test_a_held_memory_restart_is_logged_hourly_and_shown_by_status() -> None:

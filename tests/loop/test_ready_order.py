@@ -6,7 +6,7 @@ from __future__ import annotations
 
 from vllmwatch.config.schema import from_dict
 from vllmwatch.core.state import S
-from vllmwatch.testing import Driver
+from vllmwatch.testing.driver import Driver
 
 CONFIG = from_dict({"vllm": {"model": "/m", "gpus": []}, "prewarm": {"enabled": False}})
 

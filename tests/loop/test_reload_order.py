@@ -15,7 +15,7 @@ from tests.loop.test_loop import BASE
 from vllmwatch.config.schema import Config
 from vllmwatch.live import Live, SwitchableLog
 from vllmwatch.shell.loop import Loop
-from vllmwatch.testing import (
+from vllmwatch.testing.driver import (
     FakeClock,
     FakeNotifier,
     SyncExecutor,

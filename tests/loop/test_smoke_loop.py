@@ -10,7 +10,7 @@ from typing import Any
 from vllmwatch.config.schema import Config, from_dict
 from vllmwatch.core.events import ReloadRequested
 from vllmwatch.core.state import S
-from vllmwatch.testing import Driver, World
+from vllmwatch.testing.driver import Driver, World
 
 RAW: dict[str, Any] = {
     "vllm": {"model": "/m", "gpus": []},

@@ -10,7 +10,7 @@ from tests.loop.test_loop import BASE
 from vllmwatch.core.state import S, State
 from vllmwatch.shell import effects
 from vllmwatch.status.snapshot import Snapshot
-from vllmwatch.testing import Driver, FakeNotifier
+from vllmwatch.testing.driver import Driver, FakeNotifier
 
 
 class Recorder:

@@ -10,7 +10,7 @@ from vllmwatch.core import machine
 from vllmwatch.core.actions import Probe
 from vllmwatch.core.events import CanaryResult, Tick
 from vllmwatch.core.state import S
-from vllmwatch.testing import Driver, World
+from vllmwatch.testing.driver import Driver, World
 
 BASE = from_dict({
     "vllm": {"model": "/m", "gpus": []},

@@ -6,7 +6,7 @@ says nothing of a canary."""
 from __future__ import annotations
 
 from tests.loop.test_machine import BASE, restarts
-from vllmwatch.testing import Driver, World, config_with
+from vllmwatch.testing.driver import Driver, World, config_with
 
 
 def _start_timeout(d: Driver) -> dict[str, object]:

@@ -15,7 +15,7 @@ from vllmwatch.core import exitcodes, unified
 from vllmwatch.core.events import ChildExited, Tick
 from vllmwatch.core.state import ChildRun, Proc, S, WatchState
 from vllmwatch.status.statusline import summary
-from vllmwatch.testing import Driver, World, config_with
+from vllmwatch.testing.driver import Driver, World, config_with
 
 CONFIG = from_dict({
     "vllm": {"model": "/m", "gpus": []},

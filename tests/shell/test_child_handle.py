@@ -16,7 +16,7 @@ from vllmwatch.core.actions import Probe
 from vllmwatch.core.events import ChildExited, HealthResult, Spawned
 from vllmwatch.core.names import ProbeKind
 from vllmwatch.shell.effects import RealEffects
-from vllmwatch.testing import FakeNotifier
+from vllmwatch.testing.driver import FakeNotifier
 
 # What RealEffects may keep: each lives as long as the daemon. A field about one child run
 # belongs in shell/childrun.py's ChildHandle (`_run`), not here.

@@ -9,7 +9,7 @@ import pytest
 from vllmwatch.core import gpufault
 from vllmwatch.core.samples import GpuFault
 from vllmwatch.shell.memory import make_sampler
-from vllmwatch.testing import LogCapture
+from vllmwatch.testing.driver import LogCapture
 from vllmwatch.testing.fake_nvml import (
     FakeGpu,
     FakeNvml,

@@ -18,7 +18,7 @@ from vllmwatch.core import restart as gpu_release
 from vllmwatch.core.samples import GpuProcess, MemorySample
 from vllmwatch.shell import memory
 from vllmwatch.shell.memory import make_sampler, tree_pids
-from vllmwatch.testing import LogCapture
+from vllmwatch.testing.driver import LogCapture
 from vllmwatch.testing.fake_nvml import (
     FakeGpu,
     FakeNvml,

@@ -28,7 +28,7 @@ from vllmwatch.shell.clock import SystemClock
 from vllmwatch.shell.effects import RealEffects
 from vllmwatch.shell.loop import Loop
 from vllmwatch.shell.memory import LoopReads, make_sampler
-from vllmwatch.testing import FakeNotifier
+from vllmwatch.testing.driver import FakeNotifier
 from vllmwatch.testing.fake_nvml import FakeGpu, FakeNvml
 from vllmwatch.testing.world import LogCapture
 

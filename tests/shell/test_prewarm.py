@@ -16,7 +16,7 @@ from tests.support import dead, wait_for
 from vllmwatch.config.schema import Config, from_dict
 from vllmwatch.prewarm import kernels, pagecache
 from vllmwatch.prewarm import runner as prewarm
-from vllmwatch.testing import LogCapture
+from vllmwatch.testing.driver import LogCapture
 
 REPO = Path(__file__).resolve().parents[2]
 VLLM_PYTHON = REPO / ".cache" / "vllm-venv" / "bin" / "python"

@@ -35,7 +35,8 @@ from vllmwatch.shell.effects import RealEffects
 from vllmwatch.shell.groupfile import MARKER
 from vllmwatch.shell.loop import Loop
 from vllmwatch.shell.memory import make_sampler
-from vllmwatch.testing import FakeNotifier, fake_gpu
+from vllmwatch.testing import fake_gpu
+from vllmwatch.testing.driver import FakeNotifier
 from vllmwatch.testing.fake_nvml import FakeGpu, FakeNvml
 from vllmwatch.testing.world import LogCapture
 

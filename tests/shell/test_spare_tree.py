@@ -25,7 +25,7 @@ from vllmwatch.shell.loop import Loop
 from vllmwatch.shell.sparefx import Planner
 from vllmwatch.shell.sparerun import SpareFx
 from vllmwatch.shell.sparetree import SpareCommand, SpareTree
-from vllmwatch.testing import FakeClock, FakeNotifier, LogCapture, World, WorldEffects
+from vllmwatch.testing.driver import FakeClock, FakeNotifier, LogCapture, World, WorldEffects
 
 SPARE = "import time\nprint('INFO hello from the spare', flush=True)\ntime.sleep(600)\n"
 

@@ -19,7 +19,7 @@ from vllmwatch.core.failover import BuildSpare, SpareBuilt
 from vllmwatch.shell import sparetree
 from vllmwatch.shell.sparerun import SpareFx
 from vllmwatch.shell.sparetree import NVML_FAILED, UNMEASURED, SpareCommand, SpareTree
-from vllmwatch.testing import LogCapture
+from vllmwatch.testing.driver import LogCapture
 
 SPARE = "import time\nprint('INFO hello from the spare', flush=True)\ntime.sleep(600)\n"
 

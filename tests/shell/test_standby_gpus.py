@@ -24,7 +24,7 @@ from vllmwatch.core.state import S
 from vllmwatch.core.unified import Platform
 from vllmwatch.shell.effects import RealEffects
 from vllmwatch.shell.memory import make_sampler
-from vllmwatch.testing import FakeNotifier
+from vllmwatch.testing.driver import FakeNotifier
 from vllmwatch.testing.fake_nvml import FakeGpu, FakeNvml
 from vllmwatch.testing.world import LogCapture
 

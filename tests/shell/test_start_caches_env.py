@@ -16,7 +16,7 @@ from vllmwatch.config.schema import from_dict
 from vllmwatch.config.startcaches import MEGA, PLAN, STANDALONE, VllmInfo
 from vllmwatch.core.events import ChildExited, Spawned, SpawnFailed
 from vllmwatch.shell.effects import RealEffects
-from vllmwatch.testing import FakeNotifier
+from vllmwatch.testing.driver import FakeNotifier
 
 # The child prints the variables it got, then exits.
 CHILD = [sys.executable, "-c", "import os; print('got', *(f'{k}={os.environ.get(k)}' for k in "

@@ -19,7 +19,7 @@ from vllmwatch.prewarm import evict, pagecache
 from vllmwatch.prewarm import runner as prewarm
 from vllmwatch.shell import platform
 from vllmwatch.shell.startguard import GuardIO, StartGuard, make_guard
-from vllmwatch.testing import LogCapture
+from vllmwatch.testing.driver import LogCapture
 from vllmwatch.testing.fake_nvml import FakeGpu, FakeNvml, NVMLError_LibraryNotFound
 
 MIB = 1 << 20

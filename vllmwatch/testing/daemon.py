@@ -43,7 +43,7 @@ from vllmwatch.testing.leftovers import leftovers, wait_for_gone, wait_for_value
 from vllmwatch.testing.notify import NotifyListener
 from vllmwatch.testing.ports import port_free
 from vllmwatch.testing.tomlfile import merge, to_toml
-from vllmwatch.testing.waiting import wait_for
+from vllmwatch.testing.waiting import FIRST_READY_S, wait_for
 
 PYTHON = sys.executable
 Event = dict[str, Any]
@@ -259,17 +259,13 @@ class Daemon:
     def wait_event(self, name: str, timeout: float, since: int = 0, **fields: Any) -> Event:
         """The first event called `name` (from index since) with matching fields."""
         def found() -> Event | None:
+            gone = self.exited()  # before the look: once gone, every event has been read
             hits = self.named(name, since, **fields)
-            if hits:
-                return hits[0]
-            if self.exited():
-                hits = self.named(name, since, **fields)
-                if not hits:
-                    assert self.proc is not None
-                    raise AssertionError(f"daemon exited ({self.proc.returncode}) before "
-                                         f"{name} {fields}\n" + self.dump())
-                return hits[0]
-            return None
+            if hits or not gone:
+                return hits[0] if hits else None
+            assert self.proc is not None
+            raise AssertionError(f"daemon exited ({self.proc.returncode}) before "
+                                 f"{name} {fields}\n" + self.dump())
 
         try:
             return wait_for(found, timeout, f"{name} {fields}")  # type: ignore[no-any-return]
@@ -299,7 +295,9 @@ class Daemon:
 
     def wait_ready(self, timeout: float = 30.0, since: int = 0) -> Event:
         """child.ready from since on, then (a listener) a READY=1 past the count at mark since
-        (else at event since-1's arrival): counted, never timed. 30 s bounds a loaded box."""
+        (else at event since-1's arrival): counted, never timed. A first start (since 0) waits
+        at least FIRST_READY_S (waiting.py says why)."""
+        timeout = max(timeout, FIRST_READY_S) if since == 0 else timeout
         ev = self.wait_event("child.ready", timeout, since)
         if self.notify is not None:
             seen = self._marks.get(since, self._readies[since - 1] if since else 0)
@@ -322,7 +320,8 @@ class Daemon:
         lines.append("  --- vllmwatch's own events ---")
         mine = [e for e in events if e.get("event") != "child.line"]
         lines += ["  " + json.dumps(dict(e))[:300] for e in mine[-own:]]
-        return "daemon events:\n" + "\n".join(lines)
+        tail = ", ".join(str(e.get("event")) for e in mine[-8:])  # a clipped CI log keeps this
+        return f"daemon events (the last: {tail}; {len(kids)} child lines):\n" + "\n".join(lines)
 
     # ---- the status endpoint ----
 

@@ -42,6 +42,10 @@ def holds_within(pred: Callable[[], object], timeout: float, poll: float = 0.05)
 # Deadlines are upper bounds, so stretching them costs nothing when all goes well; on a
 # loaded 2-core machine (a real vLLM next door) a daemon start alone can take seconds.
 TIMEOUT_SCALE = float(os.environ.get("VLLMWATCH_TEST_TIMEOUT_SCALE", "3"))
+# The least a daemon's first start is waited for (before TIMEOUT_SCALE): it pays for the
+# daemon's and the fake's fresh interpreters while, on CI, the real-vLLM lane compiles beside
+# it (a 2-core box once took 50 s there). No test bounds that speed; bench/ does.
+FIRST_READY_S = 60.0
 
 
 def wait_for(pred: Callable[[], Any], timeout: float, what: str = "condition",
