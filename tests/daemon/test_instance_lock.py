@@ -12,7 +12,7 @@ from pathlib import Path
 import psutil
 import pytest
 
-from tests.support import Daemon, base_config, free_port, http, merge, wait_for
+from tests.support import FIRST_READY_S, Daemon, base_config, free_port, http, merge, wait_for
 from vllmwatch.core import exitcodes
 
 # These tests assert that the first daemon's vLLM is never touched, so its probes must not
@@ -26,7 +26,7 @@ def _config() -> dict[str, dict[str, object]]:
 
 
 def _child_pid(d: Daemon) -> int:
-    return int(d.wait_event("child.started", 10)["pid"])
+    return int(d.wait_event("child.started", FIRST_READY_S)["pid"])
 
 
 def test_a_second_daemon_on_the_same_config_exits_at_once_touching_nothing(

@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.support import Daemon, base_config, free_port, merge, wait_for
+from tests.support import FIRST_READY_S, Daemon, base_config, free_port, merge, wait_for
 
 
 @pytest.fixture
@@ -33,7 +33,7 @@ def _told(d: Daemon, *kinds: str) -> list[str]:
 
 def test_a_reload_during_the_start_ends_nothing(daemon: Daemon) -> None:
     d = daemon
-    d.wait_event("child.started", 10.0)
+    d.wait_event("child.started", FIRST_READY_S)
     d.write_config(merge(d.config, {"probe": {"interval": "0.4s"}}))
     since = d.mark()
     d.signal(signal.SIGHUP)

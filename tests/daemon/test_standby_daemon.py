@@ -20,7 +20,7 @@ from typing import Any
 import psutil
 import pytest
 
-from tests.support import PYTHON, REPO, Daemon, free_port, merge, sigstop, wait_for
+from tests.support import FIRST_READY_S, PYTHON, REPO, Daemon, free_port, merge, sigstop, wait_for
 from vllmwatch.shell.child import MARKER
 
 SCRIPT = """\
@@ -97,7 +97,7 @@ def sigusr1(d: Daemon) -> dict[str, Any]:
 
 def test_a_restart_is_taken_by_the_standby(daemons: list[Daemon], tmp_path: Path) -> None:
     d = start(daemons, tmp_path, config(tmp_path))
-    first = d.wait_event("child.started", 20)
+    first = d.wait_event("child.started", FIRST_READY_S)
     assert first["launch"] == "fresh"
     waiting = ready_with_standby(d)
     pid = int(waiting["pid"])

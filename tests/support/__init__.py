@@ -19,10 +19,18 @@ from vllmwatch.testing.leftovers import dead, wait_for_gone, wait_for_value, zom
 from vllmwatch.testing.notify import NotifyListener
 from vllmwatch.testing.ports import free_port, port_free
 from vllmwatch.testing.tomlfile import merge, to_toml, write_toml
-from vllmwatch.testing.waiting import TIMEOUT_SCALE, holds_within, sigstop, wait_for, wait_until
+from vllmwatch.testing.waiting import (
+    FIRST_READY_S,
+    TIMEOUT_SCALE,
+    holds_within,
+    sigstop,
+    wait_for,
+    wait_until,
+)
 
 __all__ = [
-    "FAKE", "PYTHON", "REPO", "TIMEOUT_SCALE", "Daemon", "Event", "Fake", "NotifyListener",
+    "FAKE", "FIRST_READY_S", "PYTHON", "REPO", "TIMEOUT_SCALE", "Daemon", "Event", "Fake",
+    "NotifyListener",
     "base_config", "completion", "dead", "fake", "free_port", "holds_within", "http", "kill_tree",
     "merge", "owned", "port_free", "sigstop", "to_toml", "ts_of", "wait_for", "wait_for_gone",
     "wait_for_value", "wait_until", "write_toml", "zombie",
