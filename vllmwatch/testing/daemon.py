@@ -21,7 +21,6 @@ import os
 import signal
 import subprocess
 import sys
-import tempfile
 import threading
 import time
 import urllib.error
@@ -94,9 +93,7 @@ class Daemon:
         self.port = int(self.config.get("vllm", {}).get("port", 8000))
         self.status_listen = str(self.config.get("status", {}).get("listen", ""))
         self.marker = instance_id(str(self.config_path))
-        # AF_UNIX paths are limited to 108 bytes: pytest's tmp dirs can be longer.
-        self._sockdir = Path(tempfile.mkdtemp(prefix="vwn-"))
-        self.notify = NotifyListener(self._sockdir / "notify") if notify else None
+        self.notify = NotifyListener() if notify else None
         self.events: list[Event] = []
         self.arrived: list[float] = []  # monotonic arrival time of each event
         self._readies: list[int] = []  # READY=1 datagrams had when each event arrived
@@ -220,8 +217,6 @@ class Daemon:
                     proc.kill()
             if self.notify is not None:
                 self.notify.close()
-            with contextlib.suppress(OSError):
-                self._sockdir.rmdir()
 
     def leftovers(self) -> list[psutil.Process]:
         """Live processes carrying our marker, or a vLLM/fake_vllm cmdline with our port."""

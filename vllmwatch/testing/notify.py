@@ -5,8 +5,10 @@ from __future__ import annotations
 import contextlib
 import os
 import socket
+import tempfile
 import threading
 import time
+import weakref
 from pathlib import Path
 
 
@@ -15,8 +17,13 @@ class NotifyListener:
     in the order received. The times are the test's clock (time.monotonic(), as the daemon
     harness's marks and event arrivals): a wall-clock step (NTP) moves none of them."""
 
-    def __init__(self, path: Path) -> None:
-        self.path = str(path)
+    def __init__(self, path: Path | None = None) -> None:
+        # AF_UNIX paths are limited to 108 bytes and pytest's tmp dirs can be longer: by
+        # default a short private folder, removed at close() or else at exit (a test that
+        # never closes its daemon left one behind each time: hundreds in /tmp).
+        folder = None if path is not None else tempfile.mkdtemp(prefix="vwn-")
+        self.path = str(path) if path is not None else os.path.join(str(folder), "notify")
+        self._remove = weakref.finalize(self, _remove, self.path, folder)
         self.sock = socket.socket(socket.AF_UNIX, socket.SOCK_DGRAM)
         self.sock.bind(self.path)
         self.sock.settimeout(0.1)
@@ -52,5 +59,13 @@ class NotifyListener:
         self._stop = True
         self._thread.join(1.0)
         self.sock.close()
+        self._remove()
+
+
+def _remove(path: str, folder: str | None) -> None:
+    """The socket file, and the folder made for it."""
+    with contextlib.suppress(OSError):
+        os.unlink(path)
+    if folder is not None:
         with contextlib.suppress(OSError):
-            os.unlink(self.path)
+            os.rmdir(folder)
