@@ -162,18 +162,22 @@ def code_changed() -> str | None:
 # signal then took its default action: SIGHUP or SIGUSR1 (a reload, `systemctl kill -s
 # SIGUSR1`) ended the daemon, and systemd takes a death by SIGHUP for a clean exit (no
 # restart); SIGTERM exited -15 without STOPPING=1. They are recorded and handed to the loop,
-# which acts on them as on any later one. The same signal twice before then takes its default
-# action after all: a stop insisted on is honoured even if the start never reaches the loop.
+# which acts on them as on any later one. A stop (SIGTERM, SIGINT) twice before then takes
+# its default action after all: a stop insisted on is honoured even if the start never reaches
+# the loop. A reload or a restart asked twice is one (the loop would coalesce them too): its
+# default action would end the daemon, the very death this hold is for.
 
 _EARLY: list[int] = []
+_INSIST = (signal.SIGTERM, signal.SIGINT)
 
 
 def _record(signum: int, frame: object) -> None:
-    if signum in _EARLY:
+    if signum in _EARLY and signum in _INSIST:
         signal.signal(signum, signal.SIG_DFL)
         os.kill(os.getpid(), signum)
         return
-    _EARLY.append(signum)
+    if signum not in _EARLY:
+        _EARLY.append(signum)
 
 
 def hold_signals(signals: Sequence[int]) -> None:

@@ -10,6 +10,7 @@
 
 from __future__ import annotations
 
+import os
 import signal
 import subprocess
 import sys
@@ -43,16 +44,52 @@ def test_a_signal_held_before_the_loop_is_recorded_then_handed_over(sig: int) ->
     assert out.returncode == 0 and out.stdout.split() == [f"[{int(sig)}]", "[]"], out
 
 
-def test_the_same_signal_twice_before_the_loop_takes_its_default_action() -> None:
-    """A stop insisted on is honoured even if the start never reaches the loop."""
+def _twice(sig: int) -> subprocess.CompletedProcess[str]:
     code = ("import os, signal, vllmwatch\n"
-            "vllmwatch.hold_signals([signal.SIGTERM])\n"
-            "os.kill(os.getpid(), signal.SIGTERM)\n"
-            "os.kill(os.getpid(), signal.SIGTERM)\n"
-            "print('survived', flush=True)\n")
-    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
-                         timeout=60, check=False)
-    assert out.returncode == -signal.SIGTERM and "survived" not in out.stdout, out
+            "vllmwatch.hold_signals([signal.SIGTERM, signal.SIGINT, signal.SIGHUP, "
+            "signal.SIGUSR1])\n"
+            f"os.kill(os.getpid(), {int(sig)})\n"
+            f"os.kill(os.getpid(), {int(sig)})\n"
+            "print('survived', vllmwatch.early_signals(), flush=True)\n")
+    return subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
+                          timeout=60, check=False)
+
+
+@pytest.mark.parametrize("sig", [signal.SIGTERM, signal.SIGINT])
+def test_a_stop_twice_before_the_loop_takes_its_default_action(sig: int) -> None:
+    """A stop insisted on is honoured even if the start never reaches the loop."""
+    out = _twice(sig)
+    assert out.returncode == -sig and "survived" not in out.stdout, out
+
+
+@pytest.mark.parametrize("sig", [signal.SIGHUP, signal.SIGUSR1])
+def test_a_reload_or_restart_twice_before_the_loop_is_one_and_never_a_death(sig: int) -> None:
+    """Their default action ends the daemon (a death by SIGHUP reads to systemd as a clean
+    exit): two asked before the loop runs are one, handed over once."""
+    out = _twice(sig)
+    assert out.returncode == 0 and out.stdout.split() == ["survived", f"[{int(sig)}]"], out
+
+
+@pytest.mark.parametrize("sig", [signal.SIGHUP, signal.SIGUSR1])
+def test_two_reloads_or_restarts_at_the_first_line_leave_the_daemon_serving(
+        tmp_path: Path, sig: int) -> None:
+    """Both sent as the daemon writes its first line: before its loop has its handlers."""
+    sent: list[int] = []
+
+    def at_first_line(_now: float, _line: str, event: object) -> None:
+        if not sent and isinstance(event, dict) and event.get("event") == "daemon.version":
+            sent.append(int(event["pid"]))
+            os.kill(sent[0], sig)
+            os.kill(sent[0], sig)
+
+    d = Daemon(tmp_path, base_config(free_port(), free_port()), on_line=at_first_line)
+    try:
+        d.start()
+        d.wait_ready(60)
+        assert sent and d.running(), d.dump()
+        assert d.stop(30)[0] == 0, d.dump()
+    finally:
+        d.close()
 
 
 @pytest.mark.parametrize("sig", [signal.SIGHUP, signal.SIGUSR1])
