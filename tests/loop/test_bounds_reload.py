@@ -98,6 +98,30 @@ def test_a_sighup_while_a_read_is_out_reads_once_more_after_it() -> None:
     assert d.state.config.probe.interval == 3.0
 
 
+def test_a_sighup_during_a_read_that_times_out_gets_a_read_of_its_own() -> None:
+    """The read hangs (a slow mount); the operator fixes the file and sends SIGHUP again;
+    the first read times out: the second SIGHUP still reads, and its config is taken."""
+    reads = [0]
+
+    def read() -> Config:
+        reads[0] += 1
+        return config_with(BASE, probe={"interval": 1.0 + reads[0]})
+
+    d, ex = _up(read)
+    ex.holding = True
+    d.signal(signal.SIGHUP)  # read 1: held
+    d.signal(signal.SIGHUP)  # the fix: waits for read 1
+    assert len(ex.held) == 1
+    ex.holding = False
+    d.run_for(RELOAD_TIMEOUT + 1)
+    assert len(d.events("config.reload_failed")) == 1  # read 1, past its deadline
+    assert len(d.events("config.reloaded")) == 1 and reads[0] == 1  # the second's read
+    assert d.state.config.probe.interval == 2.0
+    ex.release()  # read 1's late answer: dropped
+    d.run_for(1)
+    assert len(d.events("config.reloaded")) == 1 and d.state.config.probe.interval == 2.0
+
+
 def test_a_read_that_raises_is_a_failed_reload_with_its_error() -> None:
     def read() -> Config:
         raise ConfigError("/etc/x.toml", "", "'/etc/x.toml' is a FIFO (named pipe)")

@@ -3,8 +3,8 @@
 The loop never reads the file itself (a FIFO, a hung mount or /dev/zero would stop it): the
 read runs on a worker and its answer comes back as an event. A read that has not answered
 by RELOAD_TIMEOUT is a failed reload (the running config is kept) and its late answer is
-dropped; SIGHUPs that come while a read is out make one more read once it is answered, so
-the last edit always counts.
+dropped; SIGHUPs that come while a read is out make one more read once it is answered or
+timed out, so the last edit always counts.
 """
 
 from __future__ import annotations
@@ -87,6 +87,9 @@ class Reloads:
         if self.due is None or self._clock() < self.due:
             return None
         self.due = None
+        if self._again:  # a SIGHUP sent during the hung read (the edit that fixes it?):
+            self._again = False  # a read of its own, with its own deadline, never dropped
+            self._again_fn()
         return ReloadRequested(None, f"reading the config took longer than "
                                      f"{RELOAD_TIMEOUT:g}s (a file on a hung network mount?)")
 
