@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import io
 import json
+import sys
 from pathlib import Path
 
 import pytest
@@ -179,3 +180,64 @@ def test_a_variable_vllmwatch_owns_in_vllm_env_fails_the_load(
     if "CUDA" in env:  # vllm.gpus = "all": the operator's own choice (MIG UUIDs)
         path.write_text(text.replace("gpus = []\n", 'gpus = "all"\n'))
         assert _run(str(path))[0] == exitcodes.OK
+
+
+def _program(tmp: Path, how: str) -> str:
+    """A vllm.command program that cannot be started, each its own way."""
+    script = tmp / "vllm"
+    if how == "missing":
+        return str(tmp / "no-such-venv" / "bin" / "vllm")
+    if how == "not executable":
+        script.write_text("#!/bin/sh\nexit 0\n")
+        script.chmod(0o644)
+    elif how == "interpreter missing":
+        script.write_text(f"#!{tmp}/gone-venv/bin/python3\n")
+        script.chmod(0o755)
+    else:  # saved with Windows line endings: the kernel looks for "sh\r"
+        script.write_text("#!/bin/sh\r\nexit 0\r\n")
+        script.chmod(0o755)
+    return str(script)
+
+
+@pytest.mark.parametrize("how,said", [
+    ("missing", "not found"), ("not executable", "not executable"),
+    ("interpreter missing", "does not"), ("carriage return", "carriage return")])
+def test_a_program_the_launch_cannot_start_fails_the_reload(tmp_path: Path, how: str,
+                                                           said: str) -> None:
+    """Taken by a reload, a typo in vllm.command drained the healthy vLLM, then the launch
+    refused it as fatal: exit 78, the service down until someone edits the file."""
+    path = Path(write_config(tmp_path, "some/model"))
+    program = _program(tmp_path, how)
+    path.write_text(path.read_text().replace(f'command = ["{sys.executable}", "-m", "vllm"]',
+                                             f'command = ["{program}", "serve"]'))
+    with pytest.raises(ConfigError, match=r"vllm\.command"):
+        load_for_reload(str(path))
+    code, text = _run(str(path))
+    assert code == exitcodes.CONFIG and "vllm.command" in text and said in text, text
+    assert "a reload would keep the running config" in text
+
+
+def test_a_bare_program_name_is_left_to_the_launch(tmp_path: Path) -> None:
+    """A bare name is looked up on vLLM's own PATH ([vllm.env] may set it): not judged."""
+    path = Path(write_config(tmp_path, "some/model"))
+    path.write_text(path.read_text().replace(f'command = ["{sys.executable}", "-m", "vllm"]',
+                                             'command = ["vllm-not-on-this-path", "serve"]'))
+    assert load_for_reload(str(path)).vllm.command[0] == "vllm-not-on-this-path"
+
+
+@pytest.mark.parametrize("where", ["daemon", "vllm.env"])
+def test_standalone_compile_off_with_the_artifact_on_fails_the_reload(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch, where: str) -> None:
+    """The launch refuses it (fatal): vLLM asserts on it. The daemon's own environment
+    (the unit's Environment=) counts as the launch's does."""
+    if where == "daemon":
+        monkeypatch.setenv("VLLM_USE_STANDALONE_COMPILE", "0")
+    path = Path(write_config(tmp_path, "some/model",
+                             extra='enabled = true\nmega_aot_artifact = "true"'))
+    if where == "vllm.env":
+        path.write_text(path.read_text().replace(
+            "[vllm.env]\n", '[vllm.env]\nVLLM_USE_STANDALONE_COMPILE = "0"\n'))
+    with pytest.raises(ConfigError, match="VLLM_USE_STANDALONE_COMPILE"):
+        load_for_reload(str(path))
+    code, text = _run(str(path))
+    assert code == exitcodes.CONFIG and "VLLM_USE_STANDALONE_COMPILE=0" in text, text

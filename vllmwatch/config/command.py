@@ -325,6 +325,7 @@ def load_for_reload(path: str) -> Config:
     known = vllmflags.known_flags(v.command, version, vllmflags.default_cache_dir(
         config, os.environ), ask=False) if version else None
     _raise(path, problems + (vllmflags.validate_args(config, known) if known else []))
+    _raise(path, vllminfo.launch_problems(config, os.environ))
     try:  # the command as the launch builds it: vllm.env_file read and checked, as there
         build(config, os.environ, api_key=key, vllm_version=version)
     except KeyFileError as exc:

