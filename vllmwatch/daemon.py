@@ -161,6 +161,7 @@ def _run(config: Config, log_format: str | None, env: dict[str, str], log: Switc
     # on_reloaded: on the loop's thread, once the core took the new config (shell/loop.py)
     loop = Loop(config, fx, SystemClock(), reload_config=reload, environ=env,
                 on_reloaded=live.apply, spare=fx.spare)
+    fx.versions.give_up = loop.stop_asked
     if not config.gate.enabled:  # with the front door, a planned restart always deregisters
         readyz.watch(loop)
     try:

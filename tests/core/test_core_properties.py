@@ -187,7 +187,8 @@ class CoreMachine(RuleBasedStateMachine):
 
     def _launch(self) -> Event:
         if not self.spawn_ok:
-            return SpawnFailed("no such file", fatal=getattr(self, "spawn_fatal", False))
+            return SpawnFailed("no such file", fatal=getattr(self, "spawn_fatal", False),
+                               called_off=getattr(self, "spawn_called_off", False))
         pid = self.next_pid
         self.next_pid += 1
         self.alive.add(pid)
@@ -196,7 +197,11 @@ class CoreMachine(RuleBasedStateMachine):
     def _effect(self, a: Action) -> None:
         if isinstance(a, Spawn):
             assert not self.alive, f"Spawn while children {self.alive} may be alive"
-            self.answers.append(self._launch())
+            answer = self._launch()
+            self.answers.append(answer)
+            if isinstance(answer, SpawnFailed) and answer.called_off:
+                # the shell calls a launch off only for a stop that waits: it comes next
+                self.answers.append(StopRequested("SIGTERM"))
         elif isinstance(a, (Probe, SampleMemory, Sweep, CheckRelease, DoPrewarm,
                             RecordIncident)):
             self.outstanding.append(a)
@@ -225,10 +230,11 @@ class CoreMachine(RuleBasedStateMachine):
         config: Config | None = {"same": CONFIG, "other": OTHER, "invalid": None}[which]
         self._step(ReloadRequested(config, "" if config else "bad"))
 
-    @rule(how=st.sampled_from(["ok", "fails", "fatal"]))
+    @rule(how=st.sampled_from(["ok", "fails", "fatal", "called_off"]))
     def next_launch_works(self, how: str) -> None:
         self.spawn_ok = how == "ok"
         self.spawn_fatal = how == "fatal"
+        self.spawn_called_off = how == "called_off"
 
     @precondition(lambda self: bool(self.alive))
     @rule(code=st.sampled_from([0, 1, 2, None]), oom=st.booleans())
@@ -411,6 +417,11 @@ def _fatal_launch(m: CoreMachine) -> None:
     m.world_is_kind(3)
 
 
+def _called_off(m: CoreMachine) -> None:
+    m.next_launch_works("called_off")  # a stop came while the launch waited (the shell)
+    m.world_is_kind(3)
+
+
 def _port_busy(m: CoreMachine) -> None:
     _answer(m, Sweep, _hostile(Sweep(None, "", 0), 0.0))
 
@@ -437,6 +448,7 @@ def _prewarm_fails(m: CoreMachine) -> None:
 @pytest.mark.parametrize(("provoke", "code", "reason"), [
     (_stop, exitcodes.OK, Reason.STOP), (_crash_loop, exitcodes.GAVE_UP, Reason.CRASHLOOP),
     (_rejected, exitcodes.CONFIG, Reason.CONFIG), (_fatal_launch, exitcodes.CONFIG, Reason.CONFIG),
+    (_called_off, exitcodes.OK, Reason.STOP),
     (_port_busy, exitcodes.START, Reason.PORT_BUSY),
     (_start_memory, exitcodes.START_MEMORY, Reason.START_MEMORY),
     (_gpu_fault, exitcodes.GPU_FAULT, Reason.GPU_FAULT),
@@ -450,6 +462,17 @@ def test_every_exit_goes_through_halt(provoke: Callable[[CoreMachine], None], co
     assert [(a.fields["code"], a.fields["reason"]) for a in exiting] == [(code, reason)]
     assert [a.code for a in m.history if isinstance(a, Exit)] == [code]
     assert not m.alive  # the child was taken down on every way out
+
+
+def test_a_launch_called_off_is_no_failure_and_the_stop_takes_over() -> None:
+    m = CoreMachine()
+    _called_off(m)
+    _leave(m)
+    said = [a.event for a in m.history if isinstance(a, Log)]
+    assert "child.launch_called_off" in said and "child.spawn_failed" not in said, said
+    assert "restart.begin" not in said, said
+    assert not any(isinstance(a, RecordIncident) for a in m.history)  # a stop: no incident
+    assert [a.code for a in m.history if isinstance(a, Exit)] == [exitcodes.OK]
 
 
 @pytest.mark.parametrize("lost", [True, False])

@@ -20,7 +20,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.support import Daemon, base_config, free_port, wait_for
+from tests.support import FIRST_READY_S, PYTHON, Daemon, base_config, free_port, merge, wait_for
 
 
 @pytest.fixture
@@ -153,3 +153,29 @@ def test_reloading_comes_with_the_monotonic_clock_systemd_asks_for(daemon: Daemo
     usec = int(message.split("MONOTONIC_USEC=")[1].split()[0])
     assert before <= usec <= time.clock_gettime_ns(time.CLOCK_MONOTONIC) // 1000, message
     assert d.stop(30)[0] == 0, d.dump()
+
+
+def test_a_stop_while_the_launch_waits_for_the_vllm_version_calls_the_launch_off(
+        tmp_path: Path) -> None:
+    """The launch runs on the loop's thread and waited up to 20 s for the version read (the
+    command's interpreter, slow on a cold page cache), then launched vLLM after the stop was
+    asked. Now the stop ends the wait: nothing is launched, exit 0."""
+    release = tmp_path / "release"
+    slow = tmp_path / "python3-slow"  # the version read (`python -I -c ...`) waits for release
+    slow.write_text(f'#!/bin/sh\nif [ "$1" = "-I" ]; then\n  while [ ! -e {release} ]; do '
+                    f'sleep 0.05; done\nfi\nexec {PYTHON} "$@"\n')
+    slow.chmod(0o755)
+    cfg = merge(base_config(free_port(), free_port()), {"vllm": {"command": [
+        str(slow), "-m", "vllmwatch.testing.fake_vllm", "--startup-seconds", "0.3"]}})
+    (tmp_path / "d").mkdir()
+    d = Daemon(tmp_path / "d", cfg)
+    try:
+        d.start()
+        d.wait_event("restart.phase", FIRST_READY_S, to="launching")
+        d.signal(signal.SIGTERM)
+        assert d.wait_exit(60) == 0, d.dump()
+        assert d.named("child.launch_called_off") and not d.named("child.started"), d.dump()
+        assert d.notify is not None and d.notify.count("STOPPING=1") >= 1
+    finally:
+        release.touch()  # the held version read ends (its interpreter exits)
+        d.close()

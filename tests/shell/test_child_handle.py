@@ -21,7 +21,7 @@ from vllmwatch.testing.driver import FakeNotifier
 # What RealEffects may keep: each lives as long as the daemon. A field about one child run
 # belongs in shell/childrun.py's ChildHandle (`_run`), not here.
 DAEMON_FIELDS = {"log", "notifier", "_environ", "reaper", "launcher", "marker", "platform",
-                 "sampler", "_sampler_gpus", "_fixed_sampler", "_publish", "_versions", "_run",
+                 "sampler", "_sampler_gpus", "_fixed_sampler", "_publish", "versions", "_run",
                  "standby",  # the standby launcher's view
                  "reads",  # NVML reads of the loop's thread, with a deadline (LoopReads)
                  "spare",  # the spare engine's runner (issue 34; None when it is off)

@@ -44,6 +44,7 @@ class SpawnFailed:
 
     error: str
     fatal: bool = False  # a config error: retrying cannot help
+    called_off: bool = False  # a stop came while the launch waited: nothing ran, none fails
 
 
 @dataclass(frozen=True)

@@ -156,6 +156,8 @@ def _spawned(s: WatchState, ev: Spawned) -> Result:
 
 def _spawn_failed(s: WatchState, ev: SpawnFailed, now: float) -> Result:
     s = stopping.launch_failed(s)
+    if ev.called_off:  # the stop that called it off is the next event: it takes over
+        return s, [Log("info", "child.launch_called_off", {"detail": ev.error})]
     acts: list[Action] = [Log("error", "child.spawn_failed", {"error": ev.error})]
     detail = f"could not start: {ev.error}"
     if ev.fatal and s.exit_code is None:

@@ -9,7 +9,7 @@ from collections.abc import Callable, Mapping
 from dataclasses import replace
 from typing import TYPE_CHECKING, Any, Protocol
 
-from vllmwatch.config import command, startcaches
+from vllmwatch.config import command
 from vllmwatch.config.schema import Config, ConfigError
 from vllmwatch.core.actions import (
     CheckRelease,
@@ -37,7 +37,7 @@ from vllmwatch.core.state import State
 from vllmwatch.core.unified import Platform
 from vllmwatch.prewarm import runner as prewarm
 from vllmwatch.shell import child as childmod
-from vllmwatch.shell import childrun, startguard
+from vllmwatch.shell import childrun, startguard, versions
 from vllmwatch.shell import platform as platformmod
 from vllmwatch.shell.childrun import ChildHandle, Launcher
 from vllmwatch.shell.incidents import IncidentShell
@@ -115,11 +115,11 @@ class RealEffects:
         # over as a copy made on the gate's thread, for the incident record (issue 35).
         self.gate_figures: Callable[[int | None], Mapping[str, int] | None] | None = None
         self.spare: SpareFx | None = None  # the sleeping spare engine, when its plan is on
-        self._versions = VersionCache()
+        self.versions = VersionCache()
         # The cache variables of a launch (the start-up cache decision said once per change).
-        self._caches = CacheEnv(log, self._environ, self._versions,
+        self._caches = CacheEnv(log, self._environ, self.versions,
                                 lambda: self.platform.unified)
-        self._versions.prefetch(config.vllm.command)  # off the loop, before the first launch
+        self.versions.prefetch(config.vllm.command)  # off the loop, before the first launch
         self._run: ChildHandle | None = None
         # The launcher lives as long as the daemon; the standby one keeps a pre-imported
         # interpreter for the next launch (shell/launcher.py; restarts.md, "Standby").
@@ -135,11 +135,9 @@ class RealEffects:
         """Build the command (refusing known-broken flags) and start the child."""
         if self._adapters is not None:  # which adapters this launch carries
             self._adapters.launched(config)
-        version = self._versions.of(config.vllm.command)
-        refused = startcaches.problems(config, self._environ, self._versions.info)
-        if refused:
-            return SpawnFailed(f"{config.path}: {refused[0].key}: {refused[0].problem}",
-                               fatal=True)
+        version = versions.for_launch(self.versions, config, self._environ)
+        if isinstance(version, SpawnFailed):
+            return version
         prepared = childrun.prepare(config, self._environ, self.marker, version,
                                     self._caches.env(config), self.log)
         if isinstance(prepared, SpawnFailed):
@@ -177,7 +175,7 @@ class RealEffects:
         """What the next launch would run, for the standby (without a TMPDIR of its own)."""
         try:
             cmd = command.build(config, self._environ, api_key=command.read_api_key(config),
-                                vllm_version=self._versions.current,
+                                vllm_version=self.versions.current,
                                 extra_env=self._caches.env(config))
         except ConfigError:
             return None
@@ -189,7 +187,7 @@ class RealEffects:
         """A SIGHUP loaded `config` and the core took it: a standby built for another command
         or environment goes."""
         self._watch_adapters(config)
-        self._versions.prefetch(config.vllm.command)
+        self.versions.prefetch(config.vllm.command)
         if self.standby is not None:
             self.standby.reconfigure(config, lambda: self._next_command(config),
                                      self.platform.unified)
@@ -296,12 +294,12 @@ class RealEffects:
         gen = action.facts.get("pid") or action.facts.get("exited_pid")  # (reaped or not)
         figures = self.gate_figures(gen if isinstance(gen, int) else pid) \
             if self.gate_figures is not None else None
-        return self.incidents.record(action, pid, self._versions.current, self.sampler,
+        return self.incidents.record(action, pid, self.versions.current, self.sampler,
                                      figures)
 
     def vllm_version(self) -> str | None:
         """The launched vLLM's version (read at launch, again after vllm.command changed)."""
-        return self._versions.current
+        return self.versions.current
 
     def tend_standby(self, state: State, child_pid: int | None, config: Config) -> None:
         """The loop's standby step, once a turn: watch it; once READY, build one for `config`.

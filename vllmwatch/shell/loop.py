@@ -209,6 +209,10 @@ class Loop:
         return bool(self._pending_signals) or not self._events.empty() \
             or self.fx.child_exit_pending()
 
+    def stop_asked(self) -> bool:
+        """Whether a SIGTERM or SIGINT waits for the next turn (a launch gives up for it)."""
+        return any(sig in (signal.SIGTERM, signal.SIGINT) for sig in self._pending_signals)
+
     def start(self) -> int | None:
         """The first turn: the core's opening Tick."""
         return self._turn([Tick()])
@@ -227,13 +231,9 @@ class Loop:
     def _wait(self) -> None:
         due = self.next_deadline()
         timeout = 1.0 if due is None else max(0.0, due - self.clock.monotonic())
-        fds = [self._wake_r]
-        pidfd = self.fx.child_fd()
-        if pidfd is not None:
-            fds.append(pidfd)
+        # (a dead spare is seen at once, with or without SIGCHLD)
         spare_fd = self._spare.fd() if self._spare is not None else None
-        if spare_fd is not None:  # a dead spare is seen at once, with or without SIGCHLD
-            fds.append(spare_fd)
+        fds = [fd for fd in (self._wake_r, self.fx.child_fd(), spare_fd) if fd is not None]
         self._wait_fn(fds, min(timeout, MAX_SLEEP))
 
     def _collect(self) -> list[Event]:

@@ -18,10 +18,16 @@ from dataclasses import replace
 from vllmwatch.config import startcaches, vllmflags, vllminfo
 from vllmwatch.config.schema import Config
 from vllmwatch.config.startcaches import VllmInfo
+from vllmwatch.core.events import SpawnFailed
 from vllmwatch.logfn import LogFn
 from vllmwatch.prewarm import runner as prewarm
 
 WAIT = 20.0  # the probe's own subprocess timeout is 15 s; the rest is the thread's start
+SLICE = 0.1  # how often a launch waiting for the read looks for a stop
+
+
+class CalledOff(Exception):
+    """A stop came while the launch waited for the version: the launch must not happen."""
 
 
 class VersionCache:
@@ -31,6 +37,9 @@ class VersionCache:
         self._cmd: list[str] | None = None
         self._box: list[VllmInfo] = []  # the read's answer, once it has one
         self._done = threading.Event()
+        # Whether a stop is waiting (the loop's, set by daemon.py): the launch runs on the
+        # loop's thread, so a stop must end its wait, not come 20 s later after a launch
+        self.give_up: Callable[[], bool] = lambda: False
 
     @property
     def current(self) -> str | None:
@@ -67,10 +76,30 @@ class VersionCache:
 
     def of(self, cmd: list[str]) -> str | None:
         """The version of this command, for a launch: read now unless already read or under
-        way (then wait for it, at most WAIT)."""
+        way (then wait for it, at most WAIT); CalledOff when a stop comes meanwhile."""
         self.prefetch(cmd)
-        self._done.wait(WAIT)
+        done, slices = self._done, int(WAIT / SLICE)
+        while not done.wait(SLICE) and slices > 0:
+            slices -= 1
+            if self.give_up():
+                raise CalledOff("vllmwatch is stopping: the launch was called off while it "
+                                "waited for the vLLM version (its interpreter was slow)")
         return self.current
+
+
+def for_launch(cache: VersionCache, config: Config, environ: Mapping[str, str]
+               ) -> str | SpawnFailed | None:
+    """The launch's vLLM version, or why no launch: a stop came while it was read, or the
+    start-up cache variables vLLM would fail its start on (fatal)."""
+    try:
+        version = cache.of(config.vllm.command)
+    except CalledOff as exc:
+        return SpawnFailed(str(exc), called_off=True)
+    refused = startcaches.problems(config, environ, cache.info)
+    if refused:
+        return SpawnFailed(f"{config.path}: {refused[0].key}: {refused[0].problem}",
+                           fatal=True)
+    return version
 
 
 # --- the daemon's check of [vllm.args] before a launch (was shell/flagcheck.py) --------------
