@@ -238,7 +238,7 @@ def test_metrics_parse_back_with_the_values() -> None:
         for k in ("canary", "health", "memory", "metrics")}
     assert fam["vllmwatch_status_rejected"] == {
         ("vllmwatch_status_rejected_total", (("reason", r),)): 0.0
-        for r in ("busy", "timeout", "overflow", "too_large", "no_fds")}
+        for r in ("busy", "timeout", "overflow", "too_large", "no_fds", "bad_request")}
     assert fam["vllmwatch_probe_duration_seconds"][
         ("vllmwatch_probe_duration_seconds", (("probe", "canary"),))] == 0.4
     assert fam["vllmwatch_probe_failures"] == {

@@ -6,6 +6,9 @@ snapshot, so no number of idle, trickling or slow clients can make a kubelet or 
 wait for a handler slot. Other requests go to `dispatch`, which takes a handler slot or answers
 503 at once. An idle client costs one entry here, never a thread, and is closed at its deadline;
 when `max_pending` connections wait, the oldest is dropped so that a new one can be read.
+Nothing one client sends can touch another's connection: a request line that cannot be read is
+answered 400 and counted (`bad_request`), and whatever a connection raises closes that one only
+and is logged at a bounded rate (any local user can connect, and the journal drops a flood).
 """
 
 from __future__ import annotations
@@ -19,8 +22,10 @@ import threading
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import Protocol
+from typing import Any, Protocol
 from urllib.parse import urlsplit
+
+from vllmwatch.logfn import Repeats
 
 MAX_HEAD = 16 * 1024  # bytes of request line + headers; a probe sends about 100
 
@@ -68,6 +73,9 @@ class Front:
         self._sel.register(self._wake_r, selectors.EVENT_READ)
         self._pending: collections.OrderedDict[Pending, None] = collections.OrderedDict()
         self._stopping = threading.Event()
+        # An unexpected failure, per kind, once a minute with a count: a client that can
+        # trigger one could otherwise write an error event per connection.
+        self.repeats = Repeats(app.log, clock)
         self._thread = threading.Thread(target=self._run, name="vllmwatch-status-front",
                                         daemon=True)
 
@@ -105,29 +113,33 @@ class Front:
                 try:
                     self._turn()
                 except Exception as exc:  # never end the front door: the probes live here
-                    self.app.log("error", "status.front_failed", error=repr(exc))
+                    self.failed(exc)
                     self._stopping.wait(0.1)
         finally:
             self._close_all()
+            self.repeats.flush(force=True)
+
+    def failed(self, exc: BaseException, event: str = "status.front_failed",
+               level: str = "error", **fields: Any) -> None:
+        """An unexpected exception: logged once a minute per event and kind, with a count."""
+        self.repeats((event, type(exc).__name__), level, event, **fields, error=repr(exc))
 
     def _turn(self) -> None:
         ready = self._sel.select(self._timeout())
         # Heads that arrived are read before newcomers are taken in, so that a flood of new
         # connections cannot evict a probe whose request is already here.
         for key, _ in ready:
-            if key.fileobj is self._wake_r:
-                continue
-            try:
-                self._read(key.data)
-            except Exception as exc:  # one bad connection must not end the front door
-                self.app.log("error", "status.front_failed", error=repr(exc))
-                self._drop(key.data)
-                key.data.sock.close()
+            if key.fileobj is not self._wake_r:
+                self._serve(key.data)
         if any(key.fileobj is self._wake_r for key, _ in ready):
-            self._take_incoming()
+            self._drain_wake()
+        # The queue is looked at every turn, not only on a wake-up: a turn that failed after
+        # the wake-up was drained must not leave connections queued with no deadline.
+        self._take_incoming()
         now = self.clock()
         self._expire(now)
         self.app.tick(now)
+        self.repeats.flush()
 
     def _timeout(self) -> float:
         if not self._pending:
@@ -135,12 +147,14 @@ class Front:
         first = next(iter(self._pending))
         return min(1.0, max(0.0, first.deadline - self.clock()))
 
-    def _take_incoming(self) -> None:
+    def _drain_wake(self) -> None:
         try:
             while self._wake_r.recv(4096):
                 pass
         except BlockingIOError:
             pass
+
+    def _take_incoming(self) -> None:
         while True:
             try:
                 pending = self._incoming.get_nowait()
@@ -153,7 +167,7 @@ class Front:
                 continue
             # Most probes have sent their request by now: answer it before anything is
             # evicted, so a churn of idle clients past the cap cannot cut a probe unread.
-            if self._read(pending):
+            if self._serve(pending):
                 continue
             while len(self._pending) >= self.max_pending:
                 oldest = next(iter(self._pending))
@@ -165,6 +179,16 @@ class Front:
                 pending.sock.close()
                 continue
             self._pending[pending] = None
+
+    def _serve(self, pending: Pending) -> bool:
+        """_read, where whatever one connection raises closes that connection only."""
+        try:
+            return self._read(pending)
+        except Exception as exc:
+            self.failed(exc)
+            self._drop(pending)
+            pending.sock.close()
+            return True
 
     def _read(self, pending: Pending) -> bool:
         """Read what arrived; True when the connection is done with (answered or closed)."""
@@ -187,7 +211,11 @@ class Front:
                 return True
             return False
         self._drop(pending)
-        method, path = _request_line(bytes(pending.head[:end]))
+        line = _request_line(bytes(pending.head[:end]))
+        if line is None:
+            self.app.reject("bad_request", pending, _BAD_REQUEST)
+            return True
+        method, path = line
         answer = self.app.inline(method, path)
         if answer is None:
             self.dispatch(pending)
@@ -227,6 +255,8 @@ class Front:
 
 _TOO_LARGE = (b"HTTP/1.0 431 Request Header Fields Too Large\r\nContent-Length: 0\r\n"
               b"Connection: close\r\n\r\n")
+_BAD_REQUEST = (b"HTTP/1.0 400 Bad Request\r\nContent-Type: text/plain; charset=utf-8\r\n"
+                b"Content-Length: 12\r\nConnection: close\r\n\r\nbad request\n")
 
 
 def _head_end(buf: bytearray) -> int:
@@ -235,9 +265,14 @@ def _head_end(buf: bytearray) -> int:
     return min(ends) if ends else -1
 
 
-def _request_line(head: bytes) -> tuple[str, str]:
-    """(method, path) of a request head; ("", "") when the line is not one we could answer."""
+def _request_line(head: bytes) -> tuple[str, str] | None:
+    """(method, path) of a request head; None when it is no `METHOD target HTTP/x` line with a
+    target urlsplit can read (`//[x` raises ValueError). HTTP/0.9's bare `GET /path` is refused
+    too: this listener speaks HTTP/1.0, and no probe sends one."""
     words = head.split(b"\n", 1)[0].decode("latin-1").split()
     if len(words) != 3 or not words[2].startswith("HTTP/"):
-        return "", ""
-    return words[0], urlsplit(words[1]).path
+        return None
+    try:
+        return words[0], urlsplit(words[1]).path
+    except ValueError:
+        return None

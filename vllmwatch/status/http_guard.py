@@ -22,7 +22,7 @@ from typing import Any, Generic, Protocol, TypeVar
 
 from vllmwatch.status.front import Front, FrontApp, Pending
 
-REJECT_REASONS = ("busy", "timeout", "overflow", "too_large", "no_fds")
+REJECT_REASONS = ("busy", "timeout", "overflow", "too_large", "no_fds", "bad_request")
 NO_FDS_PAUSE = 0.1  # accepting again at once would spin while descriptors are exhausted
 _BUSY = (b"HTTP/1.0 503 Service Unavailable\r\nContent-Type: text/plain; charset=utf-8\r\n"
          b"Content-Length: 5\r\nRetry-After: 1\r\nConnection: close\r\n\r\nbusy\n")
@@ -52,7 +52,8 @@ class Slots:
 
 _DETAIL = ("status clients were refused (busy: all handler slots taken; timeout: no complete "
            "request in time; overflow: more idle connections than the cap, oldest dropped; "
-           "no_fds: the process is out of file descriptors); "
+           "no_fds: the process is out of file descriptors; bad_request: a request line "
+           "that is not HTTP, answered 400); "
            "probes (/livez, /readyz) are still answered. Look for clients that connect and "
            "stay idle.")
 
@@ -169,11 +170,12 @@ class GuardedServer(HTTPServer, Generic[App]):
             self.app.slots.give()
 
     def handle_error(self, request: Any, client_address: Any) -> None:
-        # Clients that hang up or stall are routine; anything else is worth an event.
+        # Clients that hang up or stall are routine; anything else is worth an event, at a
+        # bounded rate: a client that can cause one could otherwise flood the journal.
         exc = sys.exc_info()[1]
-        if not isinstance(exc, (ConnectionError, TimeoutError)):
-            self.app.log("warning", "status.request_failed", client=str(client_address[0]),
-                         error=repr(exc))
+        if exc is not None and not isinstance(exc, (ConnectionError, TimeoutError)):
+            self.front.failed(exc, "status.request_failed", "warning",
+                              client=str(client_address[0]))
 
 
 def send_and_close(sock: socket.socket, response: bytes | None) -> None:

@@ -77,7 +77,7 @@ class SnapshotCollector(Collector):
         if self._rejected is not None:
             yield _labelled(CounterMetricFamily, "vllmwatch_status_rejected",
                             "Status connections refused, by reason (busy, timeout, overflow, "
-                            "too_large, no_fds); probes are never refused", "reason",
+                            "too_large, no_fds, bad_request); probes are never refused", "reason",
                             self._rejected())
         info = InfoMetricFamily("vllmwatch", "Who this vllmwatch is: join on instance, job")
         info.add_metric([], {
