@@ -64,6 +64,8 @@ def test_field_names_always_valid(key: str) -> None:
     ("two\nlines", b"F\n" + struct.pack("<Q", 9) + b"two\nlines\n"),
     ("\n", b"F\n" + struct.pack("<Q", 1) + b"\n\n"),
     ("ünï", "F=ünï\n".encode()),
+    # A NUL in the binary form too: a reader taking `NAME=value` as a C string ends it there.
+    ("a\x00<0>b", b"F\n" + struct.pack("<Q", 6) + b"a\x00<0>b\n"),
 ])
 def test_encode_table(value: str, wire: bytes) -> None:
     assert journal.encode([("F", value)]) == wire

@@ -1,8 +1,8 @@
 """journald's native protocol: one event, one journal entry with fields.
 
 The protocol (systemd.io/JOURNAL_NATIVE_PROTOCOL) is a datagram of `NAME=value\\n` fields to
-/run/systemd/journal/socket; a value with a newline is sent as `NAME\\n` + its length as a
-64-bit little-endian integer + the bytes + `\\n`. An entry too big for a datagram goes in a
+/run/systemd/journal/socket; a value with a newline or a NUL is sent as `NAME\\n` + its length
+as a 64-bit little-endian integer + the bytes + `\\n`. An entry too big for a datagram goes in a
 sealed memfd passed with SCM_RIGHTS. No library is needed for that, and the one binding
 (systemd-python) needs libsystemd headers to build.
 """
@@ -125,7 +125,9 @@ def encode(fields: Iterable[tuple[str, str]]) -> bytes:
         if len(data) > MAX_VALUE:
             data = _cut(data)
         key = name.encode("ascii")
-        if b"\n" in data:
+        # The binary form for a NUL too: the protocol's `NAME=value` form is for text, and a
+        # reader that takes the value as a C string would end it at the NUL.
+        if b"\n" in data or b"\0" in data:
             parts.append(key + b"\n" + struct.pack("<Q", len(data)) + data + b"\n")
         else:
             parts.append(key + b"=" + data + b"\n")

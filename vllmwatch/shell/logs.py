@@ -2,6 +2,9 @@
 
 Under journald each event is an entry with VLLMWATCH_* fields (shell/journal.py); where the
 native socket is missing or a send fails, the same event goes to stderr as a `<N>` line.
+Every line written to a stream shows its control characters as escapes (`one_line`): vLLM's
+forwarded lines and any field may carry them, and raw they forge entries (journald's stdout
+stream splits at NUL and reads a `<N>` prefix per piece) or drive the operator's terminal.
 """
 
 from __future__ import annotations
@@ -18,6 +21,7 @@ from typing import IO, Any
 
 import structlog
 
+from vllmwatch.config.convert import printable
 from vllmwatch.config.redact import REDACT
 from vllmwatch.logfn import LogFn
 
@@ -27,6 +31,16 @@ from vllmwatch.shell import journal
 
 LEVELS = {"debug": 10, "info": 20, "warning": 30, "error": 40, "critical": 50}
 _PRIORITY = {"debug": 7, "info": 6, "warning": 4, "error": 3, "critical": 2}
+# What json.dumps(ensure_ascii=False) leaves raw that a terminal may act on: DEL and the C1
+# controls (U+009B is CSI). It escapes U+0000-U+001F itself.
+_JSON_RAW = re.compile(r"[\x7f-\x9f]")
+
+
+def one_line(text: str) -> str:
+    """`text` as one line safe for a stream: every C0/C1 control character but tab, newline
+    included, as a visible escape (a NUL or a newline would start a new journal entry, `\\r`
+    or ESC would rewrite the operator's terminal)."""
+    return printable(text).replace("\n", "\\n")
 
 
 def under_journald(environ: Mapping[str, str], stream: IO[str]) -> bool:
@@ -83,9 +97,11 @@ class Renderer:
         name = event.pop("event", "")
         stamp = event.pop("timestamp", None)
         if self.fmt == "json":
-            return json.dumps({"ts": stamp, "level": level, "event": name, **event},
+            line = json.dumps({"ts": stamp, "level": level, "event": name, **event},
                               ensure_ascii=False, default=str)
-        body = message_text(name, event)
+            # Only inside JSON strings (JSON's own syntax is ASCII): \u00XX reads back the same.
+            return _JSON_RAW.sub(lambda m: f"\\u{ord(m.group()):04x}", line)
+        body = one_line(message_text(name, event))
         if self.fmt == "journal":
             return f"<{_PRIORITY.get(level, 6)}>{body}"
         clock = time.strftime("%H:%M:%S", time.localtime(stamp or time.time()))

@@ -1,0 +1,96 @@
+"""No control character reaches a log stream raw, whatever vLLM prints or a field carries.
+
+A vLLM line `INFO hello\\x00<0>daemon.exit ...` was written to stderr as it was: journald's
+stdout stream splits at NUL and reads `<N>` per piece, so it became an emergency-level
+entry under vllmwatch's identifier; the console format passed ESC and `\\r` to the operator's
+terminal; the JSON format left DEL and the C1 controls (U+009B is CSI, U+0085 a line break
+to str.splitlines) raw.
+"""
+
+from __future__ import annotations
+
+import io
+import json
+import re
+from typing import Any
+
+import pytest
+
+from vllmwatch.shell import logs
+from vllmwatch.shell.childlog import ChildLog
+
+FORGED = b'INFO hello\x00<0>daemon.exit code=0 reason=stop detail="stopped on request"\n'
+NASTY = "a\x00b\x1b[2J\rc\x07d\x7fe\x85f\x9b31mg\nh\x0bi"  # NUL ESC CR BEL DEL NEL CSI LF VT
+# Anything a terminal or journald acts on; tab is allowed (printable keeps it).
+RAW = re.compile(r"[\x00-\x08\x0a-\x1f\x7f-\x9f]")
+STREAM_FORMATS = ["journal", "console", "json"]
+
+
+def _setup(fmt: str) -> tuple[io.StringIO, logs.LogFn]:
+    """A logger in `fmt` writing to a string; `journal` with no native socket (the fallback)."""
+    out = io.StringIO()
+    log = logs.setup(fmt, "info", stream=out, environ={}, journal_socket="/nonexistent/socket")
+    return out, log
+
+
+def _lines(out: io.StringIO) -> list[str]:
+    text = out.getvalue()
+    assert text.endswith("\n")
+    lines = text[:-1].split("\n")
+    for line in lines:
+        assert not RAW.search(line), repr(line)
+    return lines
+
+
+def _forward(data: bytes, log: logs.LogFn) -> None:
+    child = ChildLog(io.BytesIO(data), 7, [].append, log)
+    child.start()
+    child.join(10)  # both threads end at the stream's end
+
+
+def test_a_forged_entry_in_a_vllm_line_stays_one_escaped_line_in_the_journal_fallback() -> None:
+    out, log = _setup("journal")
+    _forward(FORGED, log)
+    assert "\x00" not in out.getvalue()
+    assert _lines(out) == ['<6>vllm| INFO hello\\x00<0>daemon.exit code=0 reason=stop '
+                           'detail="stopped on request"']
+
+
+@pytest.mark.parametrize("fmt", STREAM_FORMATS)
+def test_a_vllm_line_with_control_characters_is_one_line_with_them_escaped(fmt: str) -> None:
+    out, log = _setup(fmt)
+    _forward(b"INFO " + NASTY.replace("\n", "").encode() + b"\tend\n", log)
+    (line,) = _lines(out)
+    if fmt == "json":  # escaped by JSON: the text reads back exactly
+        assert json.loads(line)["text"] == "INFO " + NASTY.replace("\n", "") + "\tend"
+    else:
+        assert line.endswith("vllm| INFO a\\x00b\\x1b[2J\\x0dc\\x07d\\x7fe\\x85f\\x9b31mgh\\x0bi"
+                             "\tend")
+
+
+@pytest.mark.parametrize("fmt", STREAM_FORMATS)
+def test_our_own_event_fields_are_escaped_too(fmt: str) -> None:
+    """child.exited quotes vLLM's last lines; any text field may carry what vLLM printed."""
+    out, log = _setup(fmt)
+    fields: dict[str, Any] = {"code": 1, "last_lines": [NASTY, "ok"], "detail": NASTY,
+                              "word": "x\x00<0>y", NASTY: "key"}
+    log("error", "child.exited", **fields)
+    (line,) = _lines(out)
+    if fmt == "json":
+        doc = json.loads(line)
+        assert {k: doc[k] for k in fields} == fields
+    else:
+        assert "word=x\\x00<0>y" in line and "\\x1b[2J" in line and "\\x9b31m" in line
+
+
+def test_the_console_colour_is_the_only_escape_on_a_terminal() -> None:
+    class Tty(io.StringIO):
+        def isatty(self) -> bool:
+            return True
+
+    out = Tty()
+    log = logs.setup("console", "info", stream=out, environ={})
+    log("warning", "child.exited", detail=NASTY)
+    line = out.getvalue()
+    assert line.count("\x1b") == 2 and "\x1b[33mWARN\x1b[0m " in line  # the tag's colour
+    assert not RAW.search(line.replace("\x1b[33mWARN\x1b[0m", "")[:-1]), repr(line)
