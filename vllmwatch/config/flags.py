@@ -153,8 +153,9 @@ def args_problems(args: Mapping[str, object], extra: Sequence[str],
             name, eq, inline = token[2:].partition("=")
             after = extra[i + (1 if eq else 2):][:1]  # the word after its value
             if flag_name(name) == "api-key" and after and not after[0].startswith("-"):
-                out.append(Problem(key, "--api-key with more than one key: vllmwatch moves "
-                                   "one key off vLLM's command line, a second would stay "
+                # (`--api-key with`, `key: vllmwatch`: the redactor reads a value there)
+                out.append(Problem(key, "`--api-key` has more than one key, and vllmwatch "
+                                   "moves one off vLLM's command line, a second would stay "
                                    "there in clear; give one key (vllm.api_key_file)"))
             value: object
             if len(name.split()) > 1:  # "--max-model-len 8192" as one item: one word

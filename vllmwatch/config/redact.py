@@ -21,9 +21,11 @@ from collections.abc import Iterable, Mapping
 from typing import Any
 
 from vllmwatch.config import flags
+from vllmwatch.config.redactrules import DONE as _DONE
+from vllmwatch.config.redactrules import ENCODED, HINT_WORDS, RULES, sub_named
+from vllmwatch.config.redactrules import REDACTED as REDACTED
 from vllmwatch.config.secretnames import is_secret_name as is_secret_name
 
-REDACTED = "<redacted>"
 MIN_SECRET = 4  # a shorter known "secret" would redact ordinary words
 # An excerpt (head, tail) is redacted over this much more than it keeps: a secret that starts
 # inside the excerpt and is shorter than this is matched whole before the cut.
@@ -31,51 +33,6 @@ EXCERPT_MARGIN = 4096
 # Values of secret-named variables that are switches, not secrets (VLLM_USE_AUTH=true).
 _NOT_VALUES = frozenset({"true", "false", "none", "null", "yes", "no", "auto", "on", "off",
                          "enabled", "disabled", "required", "optional", "default"})
-# A name holding one of the words every secret name holds (is_secret_name judges it whole):
-# the search stops only at candidates, not at every `word:` of a vLLM line.
-_HINT_WORDS = r"key|token|secret|pass|pwd|cred|auth|cookie|sig"
-# Bounded: a name is short, and an unbounded lazy scan is quadratic in a long word's length
-_NAME = r"(?=[A-Za-z_])[\w.-]{0,80}?(?i:" + _HINT_WORDS + r")[\w.-]{0,80}"
-_PCT = r"(?:[\w.-]|%(?:5[Ff]|2[DdEe]))"  # a name's own characters, encoded: _ - .
-_PCT_NAME = _PCT + r"{0,80}?(?i:" + _HINT_WORDS + r")" + _PCT + "{0,80}"
-# 'value' / "value", or \"value\" (\\\"value\\\"): JSON inside a string, once or twice (a
-# request body in an error message). The two steps of a quoted value never both match a
-# backslash: `(?:\\.|(?!q).)*` backtracked exponentially over an unclosed quote with
-# backslashes (60 s for a 218-character prompt cut by --max-log-len). An unclosed quote runs
-# to the line's end: that prompt's secret is hidden too.
-_QUOTED = (r"""(?:b?(?P<vq>['"])(?P<qv>(?:\\.|(?!(?P=vq))[^\\\n])*)(?:(?P=vq)|(?=\n)|\Z)"""
-           r"""|(?P<esc>\\+)(?P<evq>['"])(?P<eqv>(?:(?!\\+(?P=evq)).)*)(?P=esc)(?P=evq))"""
-           )
-# ['v1', 'v2'], ('user', 'pw'), {'primary': 'k'}: every quoted string inside is hidden
-_LIST = r"(?P<list>\[[^\]]*\]|\([^)]*\)|\{[^}]*\})"
-_AUTH = (r"(?:bearer|basic|token|digest|apikey|negotiate|ntlm|splunk|sharedkey|hmac|"
-         r"aws4-hmac-sha256)\s+")
-_SCHEME = r"(?P<scheme>" + _AUTH + ")?"
-# A value already hidden is left, not one a known value only began (`PASSWORD=<redacted>2024`);
-# a value ends at an escaped line break too (a repr'd request: `Authorization: x\nX-Api-Key:`)
-_DONE = r"""<redacted>(?![^\s'",;&)}\]>])"""
-_BARE = (r"""(?P<bare>(?!""" + _DONE + "|" + _AUTH
-         + r""")(?:<redacted>|(?!\\[nrt])[^\s'",;&)}\]>])+)""")
-_RULES = (
-    # 'name': 'value' / "name": "value" / 'name': ['v1', 'v2'] / "name": 123 / \"name\": ..
-    re.compile(r"""(?P<pre>(?P<kq>\\*['"])(?P<name>""" + _NAME + r""")(?P=kq)\s*[:=]\s*)"""
-               r"(?:" + _QUOTED + "|" + _LIST + "|" + _BARE + ")"),
-    # ('authorization', 'Bearer x'): a header as a tuple; ['--api-key', 'x']: an argv list
-    re.compile(r"""(?P<pre>(?:\(\s*b?(?P<kq>['"])|(?P<fq>['"])--)(?P<name>""" + _NAME
-               + r""")(?:(?P=kq)|(?P=fq))\s*,\s*)""" + _QUOTED),
-    # --name value / --name=value / NAME=value / name: value / Authorization: Bearer x /
-    # name=['v1', 'v2']
-    re.compile(r"(?i)(?P<pre>(?<![\w.-])(?P<dash>--)?(?P<name>" + _NAME + r")"
-               r"(?:\s*[=:]\s*|(?(dash)\s+(?!--[A-Za-z])|(?!)))" + _SCHEME + r")"
-               r"(?:" + _QUOTED + "|" + _LIST + "|" + _BARE + ")"),
-)
-# percent-encoded: api%5Fkey=x, token%3Dx, %22api_key%22%3A%22x%22 (a query or a form
-# body in an access log); the name is judged decoded (_sub_named)
-_ENCODED = re.compile(
-    r"(?P<pre>(?:(?<![\w.-])|(?<=%[0-9A-Fa-f]{2}))(?:%2[27])?"
-    r"(?P<name>(?=[A-Za-z_%])" + _PCT_NAME + r")(?:%2[27])?(?:%3[DdAa]|=)(?:%20|\+)*(?:%2[27])?"
-    r"(?:(?i:bearer|basic|token|digest|apikey)(?:%20|\+)+)?)"  # Authorization%3A%20Bearer%20x
-    r"(?P<bare>(?:(?!%2[027Cc]|%26|%7[Dd]|%5[Dd]|%0[9AaDd])(?:%[0-9A-Fa-f]{2}|[^\s&'\",;%)}\]>]))+)")
 _SHAPES = (
     # a token as the user: https://TOKEN@host, https://TOKEN:x-oauth-basic@host (GitHub)
     re.compile(r"(?i)(?P<pre>\b[a-z][a-z0-9+.-]{0,31}://)(?P<secret>[^\s/?#@:'\"]+)"
@@ -120,11 +77,13 @@ _TOKENS = (
     re.compile(r"(?P<pre>)(?P<secret>\b(?:sk-[A-Za-z0-9_-]{8,}|hf_[A-Za-z0-9]{20,}|"
                r"gh[pousr]_[A-Za-z0-9]{20,}|github_pat_\w{20,}|glpat-[\w-]{20,}|"
                r"AKIA[0-9A-Z]{16}|xox[abposr]-[\w-]{10,}|"
-               r"eyJ[\w-]{8,}\.eyJ[\w-]{8,}\.[\w-]+))"),
+               # a JWT's first part stops before a `-eyJ`, where the next try starts: tried at
+               # each `eyJ` of `eyJ-eyJ-...`, it ran to the word's end (quadratic)
+               r"eyJ(?:(?!-eyJ)[\w-]){8,}\.eyJ[\w-]{8,}\.[\w-]+))"),
 )
 # Cheap tests first (every forwarded vLLM line passes here): a rule runs only on a text
 # that holds what it needs. Every secret name holds one of these words (see _WORDS).
-_HINTS = tuple(_HINT_WORDS.split("|"))
+_HINTS = tuple(HINT_WORDS.split("|"))
 _PERCENT = re.compile(r"%[0-9A-Fa-f]{2}")
 _SHAPE_HINTS = ("://", "earer", "EARER", "uthorization", "UTHORIZATION", "PRIVATE KEY", "sk-",
                 "hf_", "ghp_", "gho_", "ghu_", "ghs_", "ghr_", "github_pat_", "glpat-", "AKIA",
@@ -148,42 +107,6 @@ def _has_secret_name(text: str) -> bool:
                 return True
             at = low.find(hint, end)
     return False
-
-
-def _sub_named(rule: re.Pattern[str], text: str, encoded: bool = False) -> str:
-    """rule.sub(_hide, text), except that a match whose name is not secret consumes only
-    its name: its value may hold the next name (`failed: API_KEY=x`). `encoded`: only a
-    match with percent-encoding before its value (the others are the plain rules')."""
-    out: list[str] = []
-    pos = 0
-    while True:
-        m = rule.search(text, pos)
-        if m is None:
-            out.append(text[pos:])
-            return "".join(out)
-        name = m["name"]
-        if (not encoded or "%" in m["pre"]) and is_secret_name(
-                urllib.parse.unquote(name) if encoded else name):
-            out.append(text[pos:m.start()] + _hide(m))
-            pos = m.end()
-        else:
-            out.append(text[pos:m.end("name")])
-            pos = m.end("name")
-
-
-def _hide(m: re.Match[str]) -> str:
-    pre, groups = m["pre"], m.groupdict()
-    if groups.get("eqv") is not None:
-        return f"{pre}{m['esc']}{m['evq']}{REDACTED}{m['esc']}{m['evq']}"
-    if groups.get("qv") is not None:
-        q = m["vq"]
-        lead = "b" if m.group(0)[len(pre):].startswith("b") else ""
-        return f"{pre}{lead}{q}{REDACTED}{q}"
-    if groups.get("list") is not None:
-        listed = m["list"]
-        return pre + re.sub(r"""(['"])(?:\\.|(?!\1)[^\\])*\1""", rf"\1{REDACTED}\1", listed) \
-            if re.search(r"['\"]", listed) else pre + f"{listed[0]}{REDACTED}{listed[-1]}"
-    return pre + REDACTED
 
 
 class _Known:
@@ -241,10 +164,10 @@ class Redactor:
                                      text)
                 text = _to_last_at(text) if i == 1 and url else text  # after plain userinfo
         if _has_secret_name(text):
-            for rule in _RULES:
-                text = _sub_named(rule, text)
+            for rule in RULES:
+                text = sub_named(rule, text)
         if "%" in text and _PERCENT.search(text) and _has_secret_name(urllib.parse.unquote(text)):
-            text = _sub_named(_ENCODED, text, encoded=True)
+            text = sub_named(ENCODED, text)
         return text
 
     def _known_and_tokens(self, text: str, shaped: bool) -> str:

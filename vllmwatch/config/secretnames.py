@@ -11,13 +11,19 @@ from collections.abc import Mapping
 
 # A name is secret when one of its words is one of these ...
 _WORDS = frozenset({"key", "token", "secret", "secrets", "password", "passwords",
-                    "passwd", "pass", "pwd", "passphrase", "credential", "credentials",
+                    "passwd", "pass", "pwd", "pw", "passphrase", "credential", "credentials",
                     "cred", "creds",
                     "auth", "authorization", "apikey", "cookie", "privatekey",
                     "sig", "signature"})  # a signed URL's proof: Azure SAS `sig=`, S3's
-# ... or ends in one of these (`hftoken`, `accesskey`, `dbpassword`, `pgpass`) ...
-_ENDINGS = ("token", "apikey", "secret", "password", "passwd", "pass", "accesskey",
-            "privatekey")
+# ... or ends in one of these (`hftoken`, `accesskey`, `dbpassword`, `pgpass`, MinIO's
+# `secretkey`) ... A `...key` ending only with a word that says which credential: a bare one
+# reads `hotkey`, `monkey`, `turkey` as secrets.
+_ENDINGS = ("token", "apikey", "secret", "password", "passwd", "pass", "webhook",
+            *(q + "key" for q in ("access", "private", "secret", "signing", "master",
+                                  "encryption", "session", "account", "auth", "license")))
+# A webhook's URL carries its secret in the path (Slack's /services/T../B../XXXX): the URL
+# is the credential, not a place to find it (`SLACK_WEBHOOK_URL` showed in clear).
+_WEBHOOK_URLS = frozenset({"url", "uri", "urls", "endpoint"})
 # ... unless its last word says the value is about the secret, not the secret itself: an
 # `_id`/`_ids` is an identifier (`prompt_token_ids`, `stop_token_ids`, `key_id`), never the
 # credential (an AWS key id's AKIA... shape is hidden as a token anyway).
@@ -52,6 +58,8 @@ def is_secret_name(name: str) -> bool:
     `--compilation-config.pass_config.enable_fusion`, `db.password`) by its last key: the
     value is that key's, and the ones before name where it lives."""
     words = [w.lower() for w in _SPLIT.split(name.rstrip(".").rsplit(".", 1)[-1]) if w]
+    if len(words) > 1 and words[-1] in _WEBHOOK_URLS and words[-2].endswith("webhook"):
+        return True
     if not words or words[-1] in _ABOUT or _COUNTS.intersection(words):
         return False
     if words[-1] in ("token", "tokens") and len(words) > 1 and words[-2] in _SPECIAL:

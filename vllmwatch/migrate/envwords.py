@@ -109,8 +109,10 @@ def repeated_to_env_file(name: str, values: list[str], flag: str, draft: Draft,
     draft.secret_args += [(name, v) for v in values]
     draft.set("env_file", facts.env_file, "secrets of the line, moved out of this file "
               "(NAME=value lines; vllmwatch reads them at each launch, never shows them)")
-    draft.said.append(f"--{flag} is given {len(values)} times and one holds a secret: each "
-                      f"goes to {facts.env_file} (mode 0600) as a {name} line, in the "
+    # (a secret flag's name in backticks, and no `secret: word`: the redactor takes the word
+    # after either for its value, and the message read `--hf-token <redacted> given`)
+    draft.said.append(f"`--{flag}` is given {len(values)} times and one holds a secret, so "
+                      f"each goes to {facts.env_file} (mode 0600) as a {name} line, in the "
                       "line's order, not to the config")
     draft.changed += 1
 
@@ -125,7 +127,7 @@ def secret_flag(given: Given, draft: Draft, facts: Facts) -> None:
     elif given.name == "hf-token":
         to_env_file("HF_TOKEN", " ".join(given.values), f"the line's {shown}", draft, facts)
     elif len(given.values) > 1:  # vLLM takes each as a key; VLLM_API_KEY holds one
-        draft.fatal.append(f"--{given.name} gives {len(given.values)} keys: vllmwatch hands "
+        draft.fatal.append(f"`--{given.name}` gives {len(given.values)} keys: vllmwatch hands "
                             "vLLM one (vllm.api_key_file, in VLLM_API_KEY), so every client "
                             "of the others would get 401; keep one key on the line (or put "
                             "a gate in front of the keys), then run init again")

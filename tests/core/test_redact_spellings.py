@@ -1,0 +1,93 @@
+"""Secrets by more spellings (config/secretnames.py, config/redactrules.py), and vllmwatch's
+own messages left whole: a secret's name with a word after it read as a secret and its value
+(`password: not set` showed `password: <redacted> set`)."""
+
+from __future__ import annotations
+
+import io
+import os
+
+import pytest
+
+from vllmwatch.config import flags
+from vllmwatch.config.redact import REDACT, REDACTED, Redactor, is_secret_name
+from vllmwatch.migrate import runner
+
+R = Redactor(known=False)
+
+
+@pytest.mark.parametrize(("name", "secret"), [
+    # MinIO's and others' one-word keys; a key whose first word says which credential
+    ("SECRETKEY", True), ("MINIO_SECRETKEY", True), ("AWS_SECRETKEY", True),
+    ("minioSecretKey", True), ("SIGNINGKEY", True), ("JWT_SIGNINGKEY", True),
+    ("MASTERKEY", True), ("ENCRYPTIONKEY", True), ("STORAGE_ACCOUNTKEY", True),
+    # a password's short spelling; PWD and OLDPWD are the shell's directories
+    ("DB_PW", True), ("ROOT_PW", True), ("pw", True), ("PWD", False), ("OLDPWD", False),
+    ("PW_FILE", False),
+    # a webhook's URL is its credential (the secret is in the path)
+    ("SLACK_WEBHOOK_URL", True), ("DISCORD_WEBHOOK", True), ("WEBHOOK_URL", True),
+    ("WEBHOOK_TIMEOUT", False), ("WEBHOOK_URL_FILE", False), ("webhooks_enabled", False),
+    # a key of a keyboard, a hot key, an animal
+    ("KEYBOARD_LAYOUT", False), ("HOTKEY", False), ("MONKEY", False), ("KEY_PATH", False),
+    ("POWER_LIMIT", False),
+])
+def test_secret_names_by_more_spellings(name: str, secret: bool) -> None:
+    assert is_secret_name(name) is secret
+    line = f"{name}=Zq9XkLmP42"
+    assert (R.text(line) == f"{name}={REDACTED}") is secret, R.text(line)
+
+
+@pytest.mark.parametrize(("text", "want"), [
+    # NAME=value as a shell or an env file writes it: to the next space
+    ("DB_PASSWORD=abc;def", "DB_PASSWORD=<redacted>"),
+    ("export TOKEN=abc&def x", "export TOKEN=<redacted> x"),
+    ("x token=;abcd12345", "x token=<redacted>"),
+    ("TOKEN=abc,def x", "TOKEN=<redacted> x"),
+    ("--api-key=abc;def --port 1", "--api-key=<redacted> --port 1"),
+    # but a query's `;`/`&` still ends it, and a closing bracket stays
+    ("GET /?token=abc;def HTTP", "GET /?token=<redacted>;def HTTP"),
+    ("GET /?a=1&token=abc&b=2 HTTP", "GET /?a=1&token=<redacted>&b=2 HTTP"),
+    ("Namespace(x=1, api_key=None, y=2)", "Namespace(x=1, api_key=<redacted>, y=2)"),
+    ("f(a, token=abc)", "f(a, token=<redacted>)"),
+    # Perl's, PHP's, Ruby's `=>`
+    ("password => abcd12345", "password => <redacted>"),
+    ("'password' => 'abcd12345'", "'password' => '<redacted>'"),
+    ('{"api_key" => "abcd12345"}', '{"api_key" => "<redacted>"}'),
+])
+def test_a_value_by_more_spellings_is_hidden_whole(text: str, want: str) -> None:
+    assert R.text(text) == want
+
+
+@pytest.mark.parametrize("text", [
+    "password: not set", "api_key: none given", "--api-key is given twice",
+    "--api-key gives 2 keys", "token: missing", "--hf-token has no value",
+])
+def test_a_sentence_after_a_secret_name_stays(text: str) -> None:
+    assert R.text(text) == text
+
+
+@pytest.mark.parametrize(("text", "want"), [
+    ("password=not", "password=<redacted>"),  # after `=`, a value whatever it reads
+    ("password: notset", "password: <redacted>"),
+])
+def test_a_word_after_equals_is_still_a_value(text: str, want: str) -> None:
+    assert R.text(text) == want
+
+
+def test_inits_message_on_two_keys_reads_whole(tmp_path: os.PathLike[str]) -> None:
+    """`vllmwatch init -- vllm serve m --api-key K1 K2` said `--api-key <redacted> 2 keys`."""
+    err = io.StringIO()
+    req = runner.Request(["--", "vllm", "serve", "m", "--api-key", "SEKRETaaa", "jjj"], None,
+                         os.path.join(tmp_path, "x.toml"), stdout=True, fast=True)
+    runner.main(req, os.environ, out=io.StringIO(), err=err)
+    said = err.getvalue()
+    assert "`--api-key` gives 2 keys" in said and "SEKRETaaa" not in said, said
+    assert REDACT.text(said) == said
+
+
+def test_the_configs_message_on_two_keys_reads_whole() -> None:
+    """flags' problem said `--api-key with more than one key: vllmwatch`: both `with` and
+    `vllmwatch` read as values."""
+    problems = flags.args_problems({}, ["--api-key", "sk-one-word", "sk-two"])
+    text = " ".join(p.problem for p in problems)
+    assert "more than one key" in text and REDACT.text(text) == text, text
