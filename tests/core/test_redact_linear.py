@@ -1,4 +1,4 @@
-"""The redactor costs a hostile line what it costs a plain one (config/redactrules.py): a
+"""The redactor costs a hostile line what it costs a plain one (config/secretnames.py): a
 client's prompt reaches it in vLLM's request log (--enable-log-requests), in the thread that
 reads vLLM's stdout, so a quadratic rule stalls vLLM on its own log (a 16 K-backslash prompt
 after `key=\\"` took 3.9 s; 32 K, 20 s)."""

@@ -1,4 +1,4 @@
-"""Secrets by more spellings (config/secretnames.py, config/redactrules.py), and vllmwatch's
+"""Secrets by more spellings (config/secretnames.py, config/secretnames.py), and vllmwatch's
 own messages left whole: a secret's name with a word after it read as a secret and its value
 (`password: not set` showed `password: <redacted> set`)."""
 

@@ -21,9 +21,9 @@ from collections.abc import Iterable, Mapping
 from typing import Any
 
 from vllmwatch.config import flags
-from vllmwatch.config.redactrules import DONE as _DONE
-from vllmwatch.config.redactrules import ENCODED, HINT_WORDS, RULES, sub_named
-from vllmwatch.config.redactrules import REDACTED as REDACTED
+from vllmwatch.config.secretnames import DONE as _DONE
+from vllmwatch.config.secretnames import ENCODED, HINT_WORDS, RULES, sub_named
+from vllmwatch.config.secretnames import REDACTED as REDACTED
 from vllmwatch.config.secretnames import is_secret_name as is_secret_name
 
 MIN_SECRET = 4  # a shorter known "secret" would redact ordinary words

@@ -1,13 +1,30 @@
-"""Which names say that their value is a secret: a variable, a flag, a JSON or TOML key,
-judged by its words, so counts and paths stay readable (`prompt_tokens`, `prompt_token_ids`,
-`--ssl-keyfile`, `KEY_PATH`) while `HF_TOKEN`, `--api-key`, `dbPassword`, `hf_tokens` are
-hidden. The redactor (config/redact.py) and every writer that drops a value by its name
-(init, migrate, the environment shown in records) ask here. Pure: stdlib only."""
+"""Which names say that their value is a secret, and the rules that hide such a value.
+
+The names: a variable, a flag, a JSON or TOML key, judged by its words, so counts and paths
+stay readable (`prompt_tokens`, `prompt_token_ids`, `--ssl-keyfile`, `KEY_PATH`) while
+`HF_TOKEN`, `--api-key`, `dbPassword`, `hf_tokens` are hidden. The redactor (config/redact.py)
+and every writer that drops a value by its name (init, migrate, the environment shown in
+records) ask here.
+
+The rules (below; config/redact.py runs them): `--api-key X`, `HF_TOKEN=X`,
+`'api_key': ['X']`, `('authorization', 'Bearer X')`, `api%5Fkey=X`. Every forwarded vLLM line
+passes them in the reader of vLLM's stdout, and a client's prompt is in those lines, so each
+rule is linear in the line's length for any input (a stall there blocks vLLM writing its
+log). Hence: a rule's regex finds only a name and its separator (bounded), is_secret_name
+judges it, and only then is the value matched, once, at that place, by patterns where each
+character is consumed in one way and a failed value never scans further than the next place
+one could start (tests/core/test_redact_linear.py). A value found is skipped whole; a name
+that is not secret skips only itself (its value may hold the next name: `failed:
+API_KEY=x`). One module with the names: the daemon imports no more modules than it did.
+Pure: stdlib only.
+"""
 
 from __future__ import annotations
 
 import re
+import urllib.parse
 from collections.abc import Mapping
+from typing import NamedTuple
 
 # A name is secret when one of its words is one of these ...
 _WORDS = frozenset({"key", "token", "secret", "secrets", "password", "passwords",
@@ -77,3 +94,183 @@ def secrets_of(env: Mapping[str, str], api_key: str | None) -> list[str]:
     """The secret values of a child's environment (by name), and its API key."""
     found = [v for k, v in env.items() if is_secret_name(k)]
     return [*found, api_key] if api_key else found
+
+
+# --- the rules that hide the value after a secret-looking name ----------------------------
+
+REDACTED = "<redacted>"
+# A name holding one of the words every secret name holds (is_secret_name judges it whole):
+# the search stops only at candidates, not at every `word:` of a vLLM line.
+HINT_WORDS = r"key|token|secret|pass|pw|cred|auth|cookie|sig|webhook"
+# Bounded: a name is short, and an unbounded lazy scan is quadratic in a long word's length
+_NAME = r"(?=[A-Za-z_])[\w.-]{0,80}?(?i:" + HINT_WORDS + r")[\w.-]{0,80}"
+_PCT = r"(?:[\w.-]|%(?:5[Ff]|2[DdEe]))"  # a name's own characters, encoded: _ - .
+_PCT_NAME = _PCT + r"{0,80}?(?i:" + HINT_WORDS + r")" + _PCT + "{0,80}"
+# 'value' / "value", or \"value\" (\\\"value\\\"): JSON inside a string, once or twice (a
+# request body in an error message). A backslash is consumed with the character after it (or
+# alone before a line's end), so an unclosed quote runs to the line's end in one pass (that
+# prompt's secret is hidden too) and never backtracks: `(?:\\.|(?!q).)*` was exponential.
+# An escaped value's backslash run is consumed whole, once: `(?!\\+q).` rescanned the run at
+# each of its characters (quadratic: 4 s for 16 K backslashes).
+_QUOTED = (r"""(?:b?(?P<vq>['"])(?P<qv>(?:\\(?:.|(?!.))|(?!(?P=vq))[^\\\n])*)"""
+           r"""(?:(?P=vq)|(?=\n)|\Z)"""
+           r"""|(?P<esc>\\+)(?P<evq>['"])(?P<eqv>(?:[^\\\n]|\\+(?![\\]|(?P=evq)))*)"""
+           r"""(?P=esc)(?P=evq))""")
+AUTH = (r"(?:bearer|basic|token|digest|apikey|negotiate|ntlm|splunk|sharedkey|hmac|"
+        r"aws4-hmac-sha256)\s+")
+# A value already hidden is left, not one a known value only began (`PASSWORD=<redacted>2024`);
+# a value ends at an escaped line break too (a repr'd request: `Authorization: x\nX-Api-Key:`)
+DONE = r"""<redacted>(?![^\s'",;&)}\]>])"""
+_BARE = (r"""(?P<bare>(?!""" + DONE + "|" + AUTH
+         + r""")(?:<redacted>|(?!\\[nrt])[^\s'",;&)}\]>])+)""")
+# NAME=value as a shell or an env file writes it (at a line's or a word's start, not after
+# `?`/`&` of a query): the value runs to the next space, `;` and `&` included (`DB_PASSWORD=
+# abc;def` kept `;def`), but not a closing `,)}]>` before a space (`Namespace(api_key=x, n=1)`).
+_ENV_BARE = (r"""(?P<bare>(?!<redacted>(?![^\s'",)}\]>])|""" + AUTH
+             + r""")(?:<redacted>|(?!\\[nrt])[^\s'",)}\]>]|[,)}\]>]+(?=[^\s'",)}\]>]))+)""")
+_QUOTED_ONLY = re.compile(_QUOTED)
+_VALUE = re.compile(_QUOTED + "|" + _BARE)
+_VALUE_I = re.compile("(?i)" + _QUOTED + "|" + _BARE)
+_ENV_VALUE_I = re.compile("(?i)" + _QUOTED + "|" + _ENV_BARE)
+_LIST_ENDS = {"[": "]", "(": ")", "{": "}"}
+# Words of a sentence, not a value, after `name: ` or `--flag ` (`password: not set`,
+# `--api-key is given twice`); never after `=`, where a value is what follows.
+_ENGLISH = frozenset({"not", "is", "was", "are", "were", "none", "empty", "missing", "given",
+                      "gives", "has", "have", "had", "required", "set", "unset", "provided",
+                      "needed", "must", "should", "and", "or", "of", "for", "from", "with",
+                      "the", "a", "an", "to", "in", "on", "at", "by"})
+
+
+class Rule(NamedTuple):
+    """A name and its separator (`pre`); which values may follow; how the name is read."""
+    pre: re.Pattern[str]
+    value: re.Pattern[str]
+    lists: bool = True  # ['v1'], ('u', 'p'), {'k': 'v'}: each quoted string inside hidden
+    keyed: bool = False  # the name in quotes, escaped as often on both sides (rule 0)
+    encoded: bool = False  # percent-encoded: judged decoded, only with a % before the value
+    env: bool = False  # NAME=value, at a word's start: _ENV_BARE
+
+
+RULES = (
+    # 'name': 'value' / "name": "value" / 'name': ['v1', 'v2'] / "name": 123 / \"name\": ..
+    # 'name' => 'value' (Perl, PHP, Ruby). A start only at a backslash run's first character
+    # (tried at each, `\\*['"]` rescanned the run: quadratic); the closing run says how many
+    # of them open the name.
+    Rule(re.compile(r"""(?<!\\)(?P<obs>\\*)(?P<oq>['"])(?P<name>""" + _NAME
+                    + r""")(?P<cbs>\\*)(?P=oq)\s*(?P<sep>=>|[:=])\s*"""), _VALUE, keyed=True),
+    # ('authorization', 'Bearer x'): a header as a tuple; ['--api-key', 'x']: an argv list
+    Rule(re.compile(r"""(?:\(\s*b?(?P<kq>['"])|(?P<fq>['"])--)(?P<name>""" + _NAME
+                    + r""")(?:(?P=kq)|(?P=fq))\s*,\s*"""), _QUOTED_ONLY, lists=False),
+    # --name value / --name=value / NAME=value / name: value / name => value /
+    # Authorization: Bearer x / name=['v1', 'v2']
+    Rule(re.compile(r"(?i)(?<![\w.-])(?P<dash>--)?(?P<name>" + _NAME + r")"
+                    r"(?:\s*(?P<sep>=>|[=:])\s*|(?(dash)\s+(?!--[A-Za-z])|(?!)))"
+                    r"(?P<scheme>" + AUTH + ")?"), _VALUE_I, env=True),
+)
+# percent-encoded: api%5Fkey=x, token%3Dx, %22api_key%22%3A%22x%22 (a query or a form
+# body in an access log); the name is judged decoded, whole: it starts after a %XX that is
+# not one of its own characters (_ - .), as a plain name starts at a word's start (tried
+# after each %5F of a long run, the bounded name cost 100x a plain line's time)
+ENCODED = Rule(re.compile(
+    r"(?:(?<![\w.-])|(?<=%[0-9A-Fa-f]{2})(?<!%5[Ff])(?<!%2[DdEe]))(?:%2[27])?"
+    r"(?P<name>(?=[A-Za-z_%])" + _PCT_NAME + r")(?:%2[27])?(?:%3[DdAa]|=)(?:%20|\+)*(?:%2[27])?"
+    r"(?P<scheme>(?i:bearer|basic|token|digest|apikey)(?:%20|\+)+)?"),  # Authorization%3A%20..
+    re.compile(r"(?P<bare>(?:(?!%2[027Cc]|%26|%7[Dd]|%5[Dd]|%0[9AaDd])"
+               r"(?:%[0-9A-Fa-f]{2}|[^\s&'\",;%)}\]>]))+)"), lists=False, encoded=True)
+
+
+class _Closers:
+    """The next `]`/`)`/`}` at or after a point, each found once per run of a rule: a list
+    never closed, after each of many names (`key=[,key=[,...`), was scanned to the end for
+    each of them (quadratic). The points asked about only grow within one run."""
+
+    def __init__(self, text: str) -> None:
+        self.text = text
+        self.found: dict[str, int] = {}
+
+    def find(self, closer: str, start: int) -> int:
+        hit = self.found.get(closer)
+        if hit is None or 0 <= hit < start:
+            hit = self.found[closer] = self.text.find(closer, start)
+        return hit
+
+
+def sub_named(rule: Rule, text: str) -> str:
+    """Each secret name's value in `text` hidden by `rule`."""
+    out: list[str] = []
+    pos = copied = 0
+    closers = _Closers(text)
+    while (m := rule.pre.search(text, pos)) is not None:
+        start = m.start()
+        if rule.keyed:  # `\\"name\"`: the match opens with as many backslashes as close it
+            extra = len(m["obs"]) - len(m["cbs"])
+            if extra < 0:
+                pos = m.end("name")
+                continue
+            start += extra
+        name = m["name"]
+        if rule.encoded and "%" not in text[start:m.end()]:
+            secret = False  # a plain rule's
+        else:
+            secret = is_secret_name(urllib.parse.unquote(name) if rule.encoded else name)
+        if not secret:
+            pos = m.end("name")
+            continue
+        hidden = _hide(rule, m, start, text, closers)
+        if hidden is None:
+            pos = start + 1
+            continue
+        end, shown = hidden
+        out.append(text[copied:start] + shown)
+        copied = pos = end
+    out.append(text[copied:])
+    return "".join(out)
+
+
+def _hide(rule: Rule, m: re.Match[str], start: int, text: str,
+          closers: _Closers) -> tuple[int, str] | None:
+    """Where the value after a secret name ends, and the name with it hidden; None when no
+    value follows. With a scheme word (`token: Bearer x`), the value may be that word."""
+    groups = m.groupdict()
+    scheme_at = m.start("scheme") if groups.get("scheme") else -1
+    value = rule.value
+    if rule.env and m["sep"] == "=" and m.start("sep") == m.end("name") and m.end("sep") == (
+            scheme_at if scheme_at >= 0 else m.end()) and (
+            start == 0 or text[start - 1] in " \t\n'\"`"):
+        value = _ENV_VALUE_I
+    for where in (m.end(), scheme_at):
+        if where < 0:
+            continue
+        pre = text[start:where]
+        if rule.lists and text[where:where + 1] in _LIST_ENDS:
+            close = closers.find(_LIST_ENDS[text[where]], where + 1)
+            if close >= 0:
+                return close + 1, pre + _hide_list(text[where:close + 1])
+        v = value.match(text, where)
+        if v is None:
+            continue
+        found = v.groupdict()
+        sep = text[m.end("name"):where]
+        if found.get("bare") is not None and found["bare"].lower() in _ENGLISH and \
+                "=" not in sep and sep[-1:].isspace():
+            return None  # a sentence (`password: not set`), not a value
+        if found.get("eqv") is not None:
+            return v.end(), f"{pre}{v['esc']}{v['evq']}{REDACTED}{v['esc']}{v['evq']}"
+        if found.get("qv") is not None:
+            lead = "b" if v.group(0).startswith("b") else ""
+            return v.end(), f"{pre}{lead}{v['vq']}{REDACTED}{v['vq']}"
+        return v.end(), pre + REDACTED
+    return None
+
+
+# A quoted string inside a list, to its closing quote or the list's end (a quote never
+# closed ran to the end at each quote after it: quadratic); a backslash takes the next
+# character with it, so each is consumed one way.
+_IN_LIST = re.compile(r"""(['"])(?:\\[\s\S]|(?!\1)[^\\])*(?:\1|\\?\Z)""")
+
+
+def _hide_list(listed: str) -> str:
+    if not re.search(r"['\"]", listed):
+        return f"{listed[0]}{REDACTED}{listed[-1]}"
+    inner = _IN_LIST.sub(lambda q: f"{q[1]}{REDACTED}{q[1]}", listed[1:-1])
+    return listed[0] + inner + listed[-1]
