@@ -79,7 +79,7 @@ def test_pid1_reaps_orphaned_engines_and_restarts(tmp_path: Path) -> None:
         assert not zombie(engine)
         assert begin["reason"] in ("crash", "engine_died")
         assert d.named("reaper.on")
-        assert d.named("reaper.reaped"), d.dump()
+        d.wait_event("reaper.reaped", 15)  # (its line may be read after the zombie is gone)
         assert not d.named("notify.failed")  # sd_notify absent is normal in a container
         daemon.send_signal(signal.SIGTERM)
         assert d.wait_exit(60) == 0, d.dump()
