@@ -16,7 +16,7 @@ from typing import Any
 
 import pytest
 
-from vllmwatch.shell import logs
+from vllmwatch.shell import journal, logs
 from vllmwatch.shell.childlog import ChildLog
 
 FORGED = b'INFO hello\x00<0>daemon.exit code=0 reason=stop detail="stopped on request"\n'
@@ -59,13 +59,33 @@ def test_a_forged_entry_in_a_vllm_line_stays_one_escaped_line_in_the_journal_fal
 @pytest.mark.parametrize("fmt", STREAM_FORMATS)
 def test_a_vllm_line_with_control_characters_is_one_line_with_them_escaped(fmt: str) -> None:
     out, log = _setup(fmt)
-    _forward(b"INFO " + NASTY.replace("\n", "").encode() + b"\tend\n", log)
+    sent = NASTY.replace("\n", "").replace("\r", "")  # (a \r is a redraw: the next test)
+    _forward(b"INFO " + sent.encode() + b"\tend\n", log)
     (line,) = _lines(out)
     if fmt == "json":  # escaped by JSON: the text reads back exactly
-        assert json.loads(line)["text"] == "INFO " + NASTY.replace("\n", "") + "\tend"
+        assert json.loads(line)["text"] == "INFO " + sent + "\tend"
     else:
-        assert line.endswith("vllm| INFO a\\x00b\\x1b[2J\\x0dc\\x07d\\x7fe\\x85f\\x9b31mgh\\x0bi"
+        assert line.endswith("vllm| INFO a\\x00b\\x1b[2Jc\\x07d\\x7fe\\x85f\\x9b31mgh\\x0bi"
                              "\tend")
+
+
+@pytest.mark.parametrize("fmt", STREAM_FORMATS)
+def test_a_progress_bar_redrawn_with_cr_is_its_last_draw(fmt: str) -> None:
+    """tqdm to a pipe writes every draw after a \r on one line; a terminal shows the last."""
+    out, log = _setup(fmt)
+    bar = b"Loading shards:   0% 0/4\rLoading shards:  50% 2/4\rLoading shards: 100% 4/4\r  \n"
+    _forward(b"INFO before\n" + bar + b"INFO after\n", log)
+    lines = _lines(out)
+    texts = [json.loads(x)["text"] for x in lines] if fmt == "json" else lines
+    assert len(texts) == 3 and texts[1].endswith("Loading shards: 100% 4/4"), texts
+    assert not any("0/4" in t or "\\x0d" in t for t in texts), texts
+
+
+def test_a_vllm_line_in_the_native_journal_is_text_journalctl_shows() -> None:
+    """journalctl prints an entry whose MESSAGE holds a control character as "[N blob
+    data]": vLLM's line is sent with them escaped (vllmwatch's own fields keep their bytes)."""
+    fields = dict(journal.entry_fields("info", "child.line", "", {"text": "a\x1b[31mb\x00c"}))
+    assert fields["MESSAGE"] == "a\\x1b[31mb\\x00c"
 
 
 @pytest.mark.parametrize("fmt", STREAM_FORMATS)

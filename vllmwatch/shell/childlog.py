@@ -172,6 +172,9 @@ class ChildLog:
                 line = REDACT.head(raw + more, MAX_LINE) + " [cut: line over 16 KiB]"
             else:
                 line = raw.decode("utf-8", "replace").rstrip("\r\n")
+            if "\r" in line:  # a progress bar redrawn with \r (tqdm, to a pipe): what a
+                # terminal shows, its last draw, not every draw in one escaped line
+                line = next((d for d in reversed(line.split("\r")) if d.strip()), "")
             if line.strip():
                 yield line
 

@@ -21,6 +21,8 @@ import struct
 from collections.abc import Iterable, Mapping
 from typing import Any
 
+from vllmwatch.config.convert import printable
+
 SOCKET = "/run/systemd/journal/socket"
 IDENTIFIER = "vllmwatch"
 # vLLM's forwarded lines are vLLM's, not ours: `journalctl -t vllm` finds them and
@@ -101,7 +103,8 @@ def _vllm_line(level: str, fields: Mapping[str, Any]) -> list[tuple[str, str]]:
     a VLLMWATCH_PID beside journald's _PID, which is vllmwatch's); the process that wrote the
     line, where vLLM's prefix names it, is VLLM_PROCESS and VLLM_PID; VLLM_ENGINE=spare marks
     the sleeping spare engine's lines."""
-    text = text_of(fields.get("text", ""))
+    # Its controls as escapes: journalctl shows an entry with a raw one as "[N blob data]"
+    text = printable(text_of(fields.get("text", "")))
     out = [("MESSAGE", text), ("PRIORITY", str(PRIORITY.get(level, 6))),
            ("SYSLOG_IDENTIFIER", VLLM_IDENTIFIER), ("VLLMWATCH_EVENT", "child.line"),
            ("VLLMWATCH_SOURCE", "vllm")]
