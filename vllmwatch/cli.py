@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import argparse
+import contextlib
+import errno
 import os
 import signal
 import sys
@@ -99,12 +101,25 @@ def main(argv: Sequence[str] | None = None) -> int:
         _parser().print_help()
         return exitcodes.CONFIG
     try:
-        return _dispatch(args)
+        code = _dispatch(args)
+        sys.stdout.flush()  # a full disk or a reader gone is met here, not at the exit
+        return code
     except ConfigError as exc:
         print(f"vllmwatch: config error: {REDACT.text(str(exc))}", file=sys.stderr)
         return exitcodes.CONFIG
     except KeyboardInterrupt:
         return 130
+    except OSError as exc:  # `... | head` (the reader left), `> /dev/full`: a line, no traceback
+        if exc.errno not in _OUTPUT_ERRORS or args.command == "run":
+            raise
+        with contextlib.suppress(OSError):  # what is still buffered goes nowhere at the exit
+            os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
+        if exc.errno != errno.EPIPE:  # (a reader that left needs no word)
+            print(f"vllmwatch: cannot write: {exc.strerror or exc}", file=sys.stderr)
+        return exitcodes.FAILURE
+
+
+_OUTPUT_ERRORS = (errno.EPIPE, errno.ENOSPC, errno.EIO, errno.EDQUOT)
 
 
 def _dispatch(args: argparse.Namespace) -> int:

@@ -127,9 +127,9 @@ def read_api_key(config: Config) -> str | None:
         raise KeyFileError(config.path, "vllm.api_key_file", f"{exc}; check the path and "
                            "that the service user may read it", transient=exc.transient) \
             from None
-    except UnicodeDecodeError as exc:
+    except UnicodeDecodeError as exc:  # (stays so: a rotation renames a whole file in)
         raise KeyFileError(config.path, "vllm.api_key_file", f"{path!r} is not UTF-8 text "
-                           f"({exc.reason} at byte {exc.start})", transient=True) from None
+                           f"({exc.reason} at byte {exc.start})", transient=False) from None
     if not key:
         raise KeyFileError(config.path, "vllm.api_key_file", f"{path!r} is empty (a key "
                            "rotation in progress?)", transient=True)
@@ -156,7 +156,7 @@ def read_env_file(config: Config) -> tuple[dict[str, str], list[str]]:
                            "the service user may read it", transient=exc.transient) from None
     except UnicodeDecodeError as exc:
         raise KeyFileError(config.path, "vllm.env_file", f"{path!r} is not UTF-8 text "
-                           f"({exc.reason} at byte {exc.start})", transient=True) from None
+                           f"({exc.reason} at byte {exc.start})", transient=False) from None
     env: dict[str, str] = {}
     args: list[str] = []
     for number, raw in enumerate(text.splitlines(), 1):

@@ -59,8 +59,10 @@ def read_bounded(path: str, limit: int = MAX_FILE, nofollow: bool = False) -> by
         if nofollow and exc.errno == errno.ELOOP:
             raise FileProblem(f"{path!r} is a symbolic link; only a regular file is read",
                               transient=False) from None
-        raise FileProblem(f"{path!r}: cannot open: {exc.strerror or exc}",
-                          transient=True) from None
+        # a path no retry opens (a symlink loop, a file where a folder should be, a name
+        # too long) is no rotation in progress: a reload refuses it
+        raise FileProblem(f"{path!r}: cannot open: {exc.strerror or exc}", transient=exc.errno
+                          not in (errno.ELOOP, errno.ENOTDIR, errno.ENAMETOOLONG)) from None
     try:
         st = os.fstat(fd)
         if not stat.S_ISREG(st.st_mode):

@@ -126,6 +126,11 @@ def secret_flag(given: Given, draft: Draft, facts: Facts) -> None:
         draft.arg(Entry("hf-token", True))  # the cached login: nothing secret in it
     elif given.name == "hf-token":
         to_env_file("HF_TOKEN", " ".join(given.values), f"the line's {shown}", draft, facts)
+    elif not given.values:  # `--api-key $KEY` with KEY unset: written, it served no key
+        draft.fatal.append(f"`--{given.name}` has no value on the line: vLLM refuses it "
+                           "(expected at least one argument), so this line never served; "
+                           "give the key (is the variable that held it set?), then run init "
+                           "again")
     elif len(given.values) > 1:  # vLLM takes each as a key; VLLM_API_KEY holds one
         draft.fatal.append(f"`--{given.name}` gives {len(given.values)} keys: vllmwatch hands "
                             "vLLM one (vllm.api_key_file, in VLLM_API_KEY), so every client "

@@ -31,14 +31,21 @@ class Given:
 
 @dataclass(frozen=True)
 class Words:
-    """The positional model (or None), the flags in order, and words that fit nowhere."""
+    """The positional model (or None), the flags in order, words that fit nowhere (quoted,
+    as shown), and the secret flags whose next word fits nowhere (that word is never shown:
+    a key that starts with a dash is a flag to argparse)."""
 
     model: str | None
     flags: tuple[Given, ...]
     stray: tuple[str, ...]
+    hidden: tuple[str, ...] = ()
 
 
 def _is_flag(word: str) -> bool:
+    """As argparse reads a word: a dash starts a flag, except a negative number and a word
+    with a space before any `=` (`--api-key '-my key'` serves the key `-my key`)."""
+    if " " in word.partition("=")[0]:
+        return False
     return (word.startswith("-") and len(word) > 1 and not is_number(word)) or (
         word[:1] in DASHES and word[1:2].isalpha())
 
@@ -73,6 +80,7 @@ def read(rest: list[str], known: FlagSet | None) -> Words:
     model: str | None = None
     out: list[Given] = []
     stray: list[str] = []
+    hidden: list[str] = []
     i = 0
     while i < len(rest):
         word = rest[i]
@@ -83,7 +91,7 @@ def read(rest: list[str], known: FlagSet | None) -> Words:
             if model is None:
                 model = word
             else:
-                stray.append(word)
+                stray.append(repr(word))
             continue
         if word.startswith("--") or word[:1] in DASHES:
             name, eq, inline = word[1 if word[:1] in DASHES else 2:].partition("=")
@@ -91,7 +99,11 @@ def read(rest: list[str], known: FlagSet | None) -> Words:
         else:
             long, value = _short(word, known)
             if long is None:
-                stray.append(word)
+                # right after a secret flag that took no word, it may be the secret itself
+                # (a key that starts with a dash: argparse takes it for a flag): never shown
+                after = out[-1].name if out and not out[-1].values and \
+                    out[-1].raw == rest[i - 2] and out[-1].name in SECRET_FLAGS else None
+                (hidden if after else stray).append(after or repr(word))
                 continue
             name, eq = long, "=" if value is not None else ""
         name = whole(flag_name(name), known)
@@ -101,7 +113,7 @@ def read(rest: list[str], known: FlagSet | None) -> Words:
         taken = _values(rest, i, _takes(name, known))
         out.append(Given(name, tuple(taken), " ".join([word, *taken])))
         i += len(taken)
-    return Words(model, tuple(out), tuple(stray))
+    return Words(model, tuple(out), tuple(stray), tuple(hidden))
 
 
 def _takes(name: str, known: FlagSet | None) -> str | None:

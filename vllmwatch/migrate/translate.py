@@ -33,7 +33,11 @@ def translate(line: ServeLine, facts: Facts) -> Draft:
         _model(words.model, draft, facts, "the positional MODEL")
         draft.positional_model = True
     for word in words.stray:
-        draft.errors.append(f"{word!r} follows no flag (vLLM would refuse it); not written")
+        draft.errors.append(f"{word} follows no flag (vLLM would refuse it); not written")
+    for name in words.hidden:  # the line never ran, and its secret has no place here
+        draft.fatal.append(f"the word after `--{name}` (not shown: it may be the secret) "
+                           "follows no flag: vLLM refuses the line (a value that starts with "
+                           f"a dash is a flag to it: write `--{name}=VALUE`)")
     counts: dict[str, list[Given]] = {}
     for given in words.flags:
         counts.setdefault(given.name, []).append(given)
