@@ -168,8 +168,9 @@ class Fence:
             self._sending[gen] = self._sending.get(gen, 0) + 1
             return True
 
-    def sent(self, gen: int | None) -> None:
-        """The send begun by begin(gen) is written (or failed): the stop order may go on."""
+    def sent(self, gen: int | None, written: bool = True) -> None:
+        """The send begun by begin(gen) is written (or failed): the stop order may go on.
+        `written` False: nothing of it reached the engine (never connected), so never late."""
         if gen is None:
             return
         with self._cond:
@@ -178,7 +179,7 @@ class Fence:
                 self._sending[gen] = left
             else:
                 self._sending.pop(gen, None)
-            if gen in self._signalled:
+            if gen in self._signalled and written:
                 self.late += 1
             self._cond.notify_all()
 

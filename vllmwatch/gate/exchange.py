@@ -78,11 +78,12 @@ class Exchange:
     tail: bytes = b""  # the last TAIL bytes passed on: an SSE event left unfinished, a marker
     task: asyncio.Task[Any] | None = field(default=None, repr=False)
 
-    def mark_written(self) -> None:
-        """The fence may let a stop order go on (once)."""
+    def mark_written(self, reached: bool = True) -> None:
+        """The fence may let a stop order go on (once); `reached` False: nothing of it
+        reached vLLM (not connected), never counted as sent after a stop order."""
         if not self.written:
             self.written = True
-            self.fence.sent(self.gen)
+            self.fence.sent(self.gen, reached)
 
 
 def trace_config() -> aiohttp.TraceConfig:
@@ -177,6 +178,7 @@ async def run(session: aiohttp.ClientSession, request: web.Request, url: str, bo
             raise  # the client left, or the gate stops
         return await _failed(request, response, ex, "engine_stuck")
     except NOT_SENT:
+        ex.mark_written(reached=False)  # (a connect that failed after a stop order's wait)
         raise  # refused or not connected in time: nothing was sent; the caller tries again
     except aiohttp.ClientResponseError as exc:
         if response is not None:
@@ -292,16 +294,16 @@ class Upstreams:
                                     if self.keepalive > 0 else {"force_close": True})
         timeout = aiohttp.ClientTimeout(total=None, sock_read=UPSTREAM_IDLE,
                                         connect=CONNECT_TIMEOUT)
-        self.main = aiohttp.ClientSession(
+        self.main = _no_resend(aiohttp.ClientSession(
             connector=aiohttp.TCPConnector(limit=0, **reuse),  # type: ignore[arg-type]
             timeout=timeout, auto_decompress=False,  # limit 0: vLLM queues, not the gate
-            skip_auto_headers=NOT_ADDED, trace_configs=[trace_config()])
+            skip_auto_headers=NOT_ADDED, trace_configs=[trace_config()]))
         if self.spare_socket is not None:
-            self.spare = aiohttp.ClientSession(
+            self.spare = _no_resend(aiohttp.ClientSession(
                 connector=aiohttp.UnixConnector(path=self.spare_socket, limit=0,
                                                 **reuse),  # type: ignore[arg-type]
                 timeout=timeout, auto_decompress=False, skip_auto_headers=NOT_ADDED,
-                trace_configs=[trace_config()])
+                trace_configs=[trace_config()]))
 
     def narrow(self, seconds: float) -> None:
         """A reload's keep-alive (on the gate's loop, or with the gate not serving): taken
@@ -319,3 +321,13 @@ class Upstreams:
         for session in (self.main, self.spare, *self.retired):
             if session is not None:
                 await session.close()
+
+
+def _no_resend(session: aiohttp.ClientSession) -> aiohttp.ClientSession:
+    """aiohttp sends an idempotent method (GET, DELETE, PUT, ...) once more on a new
+    connection when the first closed unanswered, even where vLLM had read it: past the
+    gate's replay rules, its fence and its counters (a DELETE ran twice; a GET reached an
+    engine told to stop). 3.14 has no public switch: this is the attribute its retry reads
+    (tests/shell/test_gate_no_resend.py fails if a new aiohttp moves it)."""
+    session._retry_connection = False
+    return session
