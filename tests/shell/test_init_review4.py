@@ -103,3 +103,17 @@ def test_a_reader_that_left_is_no_traceback(tmp_path: Path) -> None:
     proc.stdout.close()  # the reader is gone before anything is written (`| true`)
     _, err = proc.communicate(timeout=120)
     assert proc.returncode == 1 and "Traceback" not in err and "Exception" not in err, err
+
+
+@pytest.mark.parametrize("words,key", [
+    (["--help"], "vllm.args.help"),
+    (["--por", "9000"], "vllm.args.por"),  # no flag list: an owned flag abbreviated
+    (["--ho", "0.0.0.0"], "vllm.args.ho"),
+])
+def test_init_writes_nothing_a_reload_would_refuse(tmp_path: Path, words: list[str],
+                                                   key: str) -> None:
+    """init wrote these (exit 0) and `check --config-only`, the units' ExecReload=, then
+    refused the file: every reload failed."""
+    out = tmp_path / "vllmwatch.toml"
+    rc, _, stderr = run_init(["vllm", "serve", "/m", *words], out)
+    assert rc != 0 and not out.exists() and key in stderr, stderr

@@ -16,6 +16,7 @@ from dataclasses import dataclass
 from typing import TextIO
 
 from vllmwatch.check.fights import MEMORY_RULES
+from vllmwatch.config import flags
 from vllmwatch.config.redact import REDACT
 from vllmwatch.config.schema import ConfigError, load
 from vllmwatch.migrate.draft import SERVICE_USER, Draft, Facts
@@ -52,7 +53,12 @@ def deliver(how: Out, text: str, draft: Draft, facts: Facts, out: TextIO, err: T
         with open(target, "w", encoding="utf-8") as fh:
             fh.write(text)
         try:
-            load(target)
+            loaded = load(target)
+            # what a reload refuses too (check --config-only, the units' ExecReload=): the
+            # flags vLLM or vllmwatch would refuse at the launch (`--help`, `--config` twice)
+            refused = flags.args_problems(loaded.vllm.args, loaded.vllm.extra_args)
+            if refused:
+                raise ConfigError(target, refused[0].key, refused[0].problem)
         except ConfigError as exc:
             problem = REDACT.text(str(exc).replace(target, "the config"))
             print(f"vllmwatch init: the config would not load: {problem}", file=err)
