@@ -117,3 +117,30 @@ def test_init_writes_nothing_a_reload_would_refuse(tmp_path: Path, words: list[s
     out = tmp_path / "vllmwatch.toml"
     rc, _, stderr = run_init(["vllm", "serve", "/m", *words], out)
     assert rc != 0 and not out.exists() and key in stderr, stderr
+
+
+def test_served_model_names_dropped_are_an_error_said_aloud(tmp_path: Path) -> None:
+    _, stdout, stderr = run_init(["vllm", "serve", "/m", "--served-model-name", "a", "b"],
+                                  tmp_path / "c.toml", stdout=True)
+    assert 'served_model_name = "a"' in stdout
+    assert "error: --served-model-name gives 2 names" in stderr and "'b' will get 404" in stderr
+
+
+def test_a_record_field_with_a_newline_adds_no_line_to_the_report() -> None:
+    from vllmwatch.incident import report
+
+    r = {"id": "20261202T060000Z-x\nforged", "time_utc": "2026-12-02T06:00:00Z\nreason: ok",
+         "reason": "crash\nx", "tree": {"note": "alive", "processes": []},
+         "stacks": {"methods": {}, "processes": []}, "output": []}
+    head = report.render(r).splitlines()[1:3]  # (under "== reason and timeline ==")
+    assert head[0] == "incident 20261202T060000Z-x\\nforged  2026-12-02T06:00:00Z\\nreason: ok"
+    assert head[1].startswith("reason: crash\\nx: ")
+
+
+def test_a_folder_named_for_the_key_file_is_said_as_a_folder(tmp_path: Path) -> None:
+    folder = tmp_path / "keys"
+    folder.mkdir()
+    rc, _, stderr = run_init(["vllm", "serve", "/m", "--api-key", "sk-abcdefgh12345"],
+                             tmp_path / "c.toml", force=True, api_key_file=str(folder))
+    assert rc != 0 and "it is a directory; name a file, not a folder" in stderr, stderr
+    assert "-c" not in stderr.split("directory")[1].split("\n")[0]

@@ -51,8 +51,10 @@ def render(r: Mapping[str, Any]) -> str:
 
 
 def _reason(r: Mapping[str, Any]) -> list[str]:
-    return [f"incident {r.get('id')}  {r.get('time_utc') or 'time unknown'}",
-            f"reason: {r.get('reason') or '?'}: {r.get('detail') or ''}"]
+    # one line each, whatever a record holds: a newline in a field added lines to the report
+    one = {k: printable(str(r.get(k) or ""), False) for k in ("id", "time_utc", "reason")}
+    return [f"incident {one['id']}  {one['time_utc'] or 'time unknown'}",
+            f"reason: {one['reason'] or '?'}: {r.get('detail') or ''}"]
 
 
 def _cause(r: Mapping[str, Any]) -> list[str]:

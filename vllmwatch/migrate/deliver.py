@@ -17,6 +17,7 @@ from typing import TextIO
 
 from vllmwatch.check.fights import MEMORY_RULES
 from vllmwatch.config import flags
+from vllmwatch.config.convert import printable
 from vllmwatch.config.redact import REDACT
 from vllmwatch.config.schema import ConfigError, load
 from vllmwatch.migrate.draft import SERVICE_USER, Draft, Facts
@@ -78,7 +79,7 @@ def deliver(how: Out, text: str, draft: Draft, facts: Facts, out: TextIO, err: T
                 print(f"vllmwatch init: {REDACT.text(str(exc))}", file=err)
                 return CONFIG
             checked = how.output
-            print(f"vllmwatch init: wrote {how.output}", file=err)
+            print(f"vllmwatch init: wrote {printable(how.output, False)}", file=err)
         summary(draft, err)
         report = err if how.stdout else out
         _check(checked, how.full_check, report)
@@ -144,8 +145,8 @@ def stage(path: str, text: str, mode: int) -> str:
     do."""
     directory = os.path.dirname(os.path.abspath(path))
     if os.path.isdir(path) and not os.path.islink(path):
-        raise WriteError(f"cannot write {path}: it is a directory; give a file path with -c; "
-                         "nothing written")
+        raise WriteError(f"cannot write {path}: it is a directory; name a file, not a "
+                         "folder; nothing written")
     try:
         os.makedirs(directory, exist_ok=True)
         fd, tmp = tempfile.mkstemp(prefix=".init-", dir=directory)

@@ -194,6 +194,11 @@ def _owned(given: Given, value: object, draft: Draft, facts: Facts) -> None:
     if isinstance(value, list):
         note += f"; only the first name is used ({', '.join(value[1:])} dropped)"
         draft.changed += 1
+        if key == "served_model_name":  # said aloud, not only in a comment: their calls 404
+            draft.errors.append(f"--served-model-name gives {len(value)} names; vllmwatch "
+                                f"serves one ({value[0]!r}): clients that call "
+                                f"{', '.join(map(repr, value[1:]))} will get 404 (point them "
+                                "at the first name, or keep one name on the line)")
     draft.set(key, _port(text) if key == "port" else str(text), note)
 
 
