@@ -144,3 +144,18 @@ def test_a_folder_named_for_the_key_file_is_said_as_a_folder(tmp_path: Path) -> 
                              tmp_path / "c.toml", force=True, api_key_file=str(folder))
     assert rc != 0 and "it is a directory; name a file, not a folder" in stderr, stderr
     assert "-c" not in stderr.split("directory")[1].split("\n")[0]
+
+
+@pytest.mark.parametrize("words,model,flag", [
+    (["--max-model-len", "4096", "/m"], "/m", "max-model-len = 4096"),
+    (["--gpu-memory-utilization", "0.9", "/m"], "/m", "gpu-memory-utilization = 0.9"),
+    (["--tensor-parallel-size", "1", "/m", "--seed", "-1"], "/m", "seed = -1"),
+    (["/m", "--cudagraph-capture-sizes", "1", "2", "4"], "/m", '"1", "2", "4"'),  # nargs="+"
+])
+def test_without_a_flag_list_a_number_is_one_flags_whole_value(
+        tmp_path: Path, words: list[str], model: str, flag: str) -> None:
+    """`--fast` with nothing cached: a model after a flag with a number was taken as the
+    flag's second word ("no model"), though the line served it."""
+    _, stdout, stderr = run_init(["vllm", "serve", *words], tmp_path / "c.toml", stdout=True)
+    assert f'model = "{model}"' in stdout and flag in stdout, stdout + stderr
+    assert "no model" not in stderr, stderr

@@ -17,6 +17,9 @@ _BOOL_WORDS = ("true", "false")
 # Text flags of vLLM that take one word (argparse's nargs=None; the flag list does not say
 # nargs): a word after their value is the positional MODEL, as argparse reads it.
 _ONE_WORD = frozenset({"model", "host", "tokenizer", "revision", "dtype", "device"})
+# vLLM's flags that take several numbers (nargs="+"): without a flag list, every other flag
+# whose first word is a number takes that word alone (`--max-model-len 4096 /m` serves /m)
+_NUMBER_LISTS = frozenset({"cudagraph-capture-sizes", "numa-bind-nodes", "numa-bind-cpus"})
 
 
 @dataclass(frozen=True)
@@ -127,6 +130,8 @@ def _takes(name: str, known: FlagSet | None) -> str | None:
         if base in known.lists:
             return "many"
         return "one" if kind == "text" else kind
+    if known is None and base not in _NUMBER_LISTS and name not in _ONE_WORD:
+        return "number?"  # no flag list: a number is one flag's whole value (below)
     return "one" if name in _ONE_WORD and kind != "bool" else kind
 
 
@@ -139,6 +144,6 @@ def _values(rest: list[str], i: int, kind: str | None) -> list[str]:
             break
         taken.append(rest[i])
         i += 1
-        if kind in ("bool", "number", "one"):
+        if kind in ("bool", "number", "one") or (kind == "number?" and is_number(taken[0])):
             break
     return taken
