@@ -57,6 +57,18 @@ def _up(read: Callable[[], Config]) -> tuple[Driver, HoldReads]:
     return d, ex
 
 
+def _counted() -> tuple[list[int], Callable[[], Config]]:
+    """A read that counts its calls and answers a config of its own each time (interval 2,
+    3, ...): which read's config was taken shows in probe.interval."""
+    reads = [0]
+
+    def read() -> Config:
+        reads[0] += 1
+        return config_with(BASE, probe={"interval": 1.0 + reads[0]})
+
+    return reads, read
+
+
 def test_a_read_that_never_returns_does_not_stop_the_loop() -> None:
     newer = config_with(BASE, probe={"interval": 2.0})
     d, ex = _up(lambda: newer)
@@ -79,12 +91,7 @@ def test_a_read_that_never_returns_does_not_stop_the_loop() -> None:
 
 
 def test_a_sighup_while_a_read_is_out_reads_once_more_after_it() -> None:
-    reads = [0]
-
-    def read() -> Config:
-        reads[0] += 1
-        return config_with(BASE, probe={"interval": 1.0 + reads[0]})
-
+    reads, read = _counted()
     d, ex = _up(read)
     ex.holding = True
     d.signal(signal.SIGHUP)
@@ -101,12 +108,7 @@ def test_a_sighup_while_a_read_is_out_reads_once_more_after_it() -> None:
 def test_a_sighup_during_a_read_that_times_out_gets_a_read_of_its_own() -> None:
     """The read hangs (a slow mount); the operator fixes the file and sends SIGHUP again;
     the first read times out: the second SIGHUP still reads, and its config is taken."""
-    reads = [0]
-
-    def read() -> Config:
-        reads[0] += 1
-        return config_with(BASE, probe={"interval": 1.0 + reads[0]})
-
+    reads, read = _counted()
     d, ex = _up(read)
     ex.holding = True
     d.signal(signal.SIGHUP)  # read 1: held
