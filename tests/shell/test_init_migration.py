@@ -219,18 +219,17 @@ def test_a_line_with_no_model_says_so_and_blames_no_one(tmp_path: Path) -> None:
 @pytest.mark.parametrize("line", [
     "vllm serve /srv/served --model /srv/other", "vllm serve --model /srv/other /srv/served",
     "vllm serve /srv/served --model=/srv/other --max-model-len 2048",
+    "vllm serve /srv/served --model /srv/served",
 ])
-def test_the_positional_model_wins_over_model_as_in_vllm(line: str) -> None:
-    """vLLM's serve sets args.model from the positional MODEL when one is given: --model is
-    never read. init kept --model, so the service served another model than the line did."""
-    data, draft = toml_of(line)
-    assert data["vllm"]["model"] == "/srv/served"
-    assert "model" not in data["vllm"].get("args", {})
-    assert "--model" not in " ".join(map(str, data["vllm"].get("extra_args", [])))
-    [dropped] = [e for e in draft.args if e.key == "model"]
-    assert "/srv/other" in dropped.note and "positional" in dropped.note
-    alone, _ = toml_of("vllm serve --model /srv/other")
-    assert alone["vllm"]["model"] == "/srv/other"
+def test_a_model_given_twice_is_refused_as_vllm_refuses_it(line: str, tmp_path: Path) -> None:
+    """vLLM's parser moves --model's value to the front (vllm#25967): the positional MODEL
+    is then an extra word, and `vllm serve /m --model /a` exits with `unrecognized
+    arguments: /m` (vLLM 0.32, run here). init wrote a config serving /m, as if vLLM had."""
+    rc, _, err = run_init([line], tmp_path / "vw.toml")
+    assert rc == 2 and "names its model twice" in err and "unrecognized" in err, err
+    assert not (tmp_path / "vw.toml").exists()
+    alone, draft = toml_of("vllm serve --model /srv/other")
+    assert alone["vllm"]["model"] == "/srv/other" and draft.errors == []
 
 
 @pytest.mark.parametrize("line", [

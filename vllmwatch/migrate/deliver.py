@@ -43,7 +43,7 @@ class Out:
 
 def deliver(how: Out, text: str, draft: Draft, facts: Facts, out: TextIO, err: TextIO) -> int:
     """Load-test the text, write (or print) it and its secrets, report; 0 or 2."""
-    if draft.fatal:  # a config without a secret of the line (its API key): never written
+    if draft.fatal:  # a line vLLM refuses, or a config without its secret: never written
         for error in [*draft.fatal, *draft.errors]:
             print(f"error: {REDACT.text(error)}", file=err)
         print("vllmwatch init: nothing written: the config would not do what the line did",

@@ -180,11 +180,13 @@ def _owned(given: Given, value: object, draft: Draft, facts: Facts) -> None:
     key = OWNED[given.name]
     text = value[0] if isinstance(value, list) else value
     if key == "model" and draft.positional_model:
-        # vLLM's serve: "If model is specified in CLI (as positional arg), it takes
-        # precedence" (args.model = args.model_tag): --model is never read
-        draft.arg(Entry(given.name, None, f"the line had `{given.raw}`: dropped: vLLM serves "
-                        f"the positional MODEL {draft.vllm['model']!r} and ignores --model",
-                        False))
+        # vLLM refuses the model given twice: since 2024 (vllm#7347) an error, since 0.11
+        # (vllm#25967) its parser moves --model's value to the front, and the positional
+        # MODEL is then an extra word ("unrecognized arguments", seen with vLLM 0.32)
+        draft.arg(Entry(given.name, None, f"the line had `{given.raw}`: dropped", False))
+        draft.fatal.append(f"the line names its model twice, {draft.vllm['model']!r} and "
+                            f"`{given.raw}`: vLLM refuses that line (`unrecognized "
+                            "arguments`); keep one, positionally (`vllm serve MODEL ...`)")
         draft.changed += 1
         return
     if key == "model":
