@@ -417,3 +417,32 @@ def test_weight_map_names_outside_the_model_directory_are_not_read(tmp_path: Pat
         "x": "a.safetensors", "y": "../outside.safetensors",
         "z": str(tmp_path / "outside.safetensors")}}))
     assert pagecache.weight_files(model) == [model / "a.safetensors"]
+
+
+@pytest.mark.parametrize("as_json", [False, True])
+def test_the_report_and_its_log_pass_the_redactor_with_control_characters_shown(
+        tmp_path: Path, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch,
+        as_json: bool) -> None:
+    """`vllmwatch prewarm` printed its log lines and report raw: a step's detail (an
+    exception's text, the kernel script's output) with ESC rewrote the operator's terminal,
+    and a token in it was shown in clear."""
+    token = "hf_" + "a1B2c3D4e5" * 3
+    hostile = f"boom\x1b]0;pwned\x07 HF_TOKEN={token}\nsecond line"
+
+    def run(config: Config, log: Any, environ: Any, hooks: Any) -> prewarm.PrewarmReport:
+        log("warning", "prewarm.step", detail=hostile)
+        return prewarm.PrewarmReport((prewarm.StepResult("kernels", "warn", hostile, 0.1),),
+                                     True)
+
+    monkeypatch.setattr(prewarm, "run", run)
+    config = make_config(tmp_path / "nomodel", cache_dir=str(tmp_path / f"c {token}"), gpus=[])
+    assert prewarm.main(config, as_json=as_json) == 0
+    got = capsys.readouterr()
+    assert "kernels" in got.out and "prewarm.step" in got.err, got
+    for text in (got.out, got.err):
+        assert token not in text and "\x1b" not in text and "\x07" not in text, text
+    assert len(got.err.splitlines()) == 1  # one event, one line
+    if as_json:
+        assert json.loads(got.out)["steps"][0]["status"] == "warn"
+    else:
+        assert "\\x1b" in got.out and "boom" in got.out

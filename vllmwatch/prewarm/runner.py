@@ -15,6 +15,8 @@ from typing import Any
 import psutil
 
 from vllmwatch.config import command, vllminfo
+from vllmwatch.config.convert import printable
+from vllmwatch.config.redact import REDACT
 from vllmwatch.config.schema import Config
 from vllmwatch.logfn import LogFn
 from vllmwatch.prewarm import evict, kernels, pagecache
@@ -323,24 +325,26 @@ def _one(name: str, enabled: bool, fn: Callable[[], tuple[str, str, dict[str, An
 
 
 def _stderr_log(level: str, event: str, **fields: Any) -> None:
-    kv = " ".join(f"{k}={v}" for k, v in fields.items())
     tag = "" if level == "info" else f"{level.upper()} "
-    print(f"{tag}{event} {kv}".rstrip(), file=sys.stderr, flush=True)
+    print(_out(f"{tag}{event} " + " ".join(f"{k}={v}" for k, v in fields.items())),
+          file=sys.stderr, flush=True)
+
+
+def _out(text: str) -> str:  # one line: redacted, control characters as escapes
+    return printable(REDACT.text(text.rstrip()), keep_newlines=False)
 
 
 def main(config: Config, as_json: bool = False, unified: bool = False) -> int:
     """`vllmwatch prewarm`: run the steps now, print a report; 1 if a required step failed.
-
-    `unified`: the box has unified memory (the caller asks shell.platform): evict, not warm.
-    """
+    `unified`: the box has unified memory (the caller asks shell.platform): evict, not warm."""
     report = run(config, _stderr_log, os.environ, Hooks(unified=lambda _c: unified))
     if as_json:
-        print(json.dumps(report.to_dict(), indent=2, default=str))
+        print(json.dumps(REDACT.deep(report.to_dict()), indent=2, default=str))
     else:
         for s in report.steps:
-            print(f"{s.name:<11} {s.status:<8} {s.seconds:7.1f}s  {s.detail}")
+            print(_out(f"{s.name:<11} {s.status:<8} {s.seconds:7.1f}s  {s.detail}"))
         for name, c in cache_report(config, os.environ).items():
             size = _mib(c["bytes"]) + (" (partial)" if c.get("partial") else "") \
                 if c["exists"] else "absent"
-            print(f"cache {name:<14} {size:>14}  {c['path']}")
+            print(_out(f"cache {name:<14} {size:>14}  {c['path']}"))
     return 0 if report.ok else 1
