@@ -83,9 +83,22 @@ def test_a_progress_bar_redrawn_with_cr_is_its_last_draw(fmt: str) -> None:
 
 def test_a_vllm_line_in_the_native_journal_is_text_journalctl_shows() -> None:
     """journalctl prints an entry whose MESSAGE holds a control character as "[N blob
-    data]": vLLM's line is sent with them escaped (vllmwatch's own fields keep their bytes)."""
+    data]": vLLM's line is sent with them escaped."""
     fields = dict(journal.entry_fields("info", "child.line", "", {"text": "a\x1b[31mb\x00c"}))
     assert fields["MESSAGE"] == "a\\x1b[31mb\\x00c"
+
+
+def test_our_own_events_in_the_native_journal_are_text_journalctl_shows() -> None:
+    """vllmwatch's own events quote what vLLM printed (child.exited's last lines, an
+    error's detail): their MESSAGE and every field had the raw bytes, shown as blobs."""
+    given: dict[str, Any] = {"detail": NASTY, "last_lines": [NASTY, "ok"], "word": "x\x00y",
+                             "code": 1, "multi": "line one\nline two\tend"}
+    fields = journal.entry_fields("error", "child.exited", f"vLLM exited: {NASTY}", given)
+    for name, value in fields:  # newline and tab kept: journalctl prints them
+        assert not re.search(r"[\x00-\x08\x0b-\x1f\x7f-\x9f]", value), (name, value)
+    got = dict(fields)
+    assert got["VLLMWATCH_WORD"] == "x\\x00y" and got["VLLMWATCH_CODE"] == "1"
+    assert got["VLLMWATCH_MULTI"] == "line one\nline two\tend"  # journalctl prints these
 
 
 @pytest.mark.parametrize("fmt", STREAM_FORMATS)

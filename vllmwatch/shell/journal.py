@@ -81,7 +81,9 @@ def entry_fields(level: str, event: str, message: str, fields: Mapping[str, Any]
     """The journal fields of one event, in order; MESSAGE first."""
     if event == "child.line":
         return _vllm_line(level, fields)
-    out = [("MESSAGE", message), ("PRIORITY", str(PRIORITY.get(level, 6))),
+    # Control characters as escapes, as in every other format: journalctl shows a field
+    # with a raw one as "[N blob data]" (a field may quote what vLLM printed)
+    out = [("MESSAGE", printable(message)), ("PRIORITY", str(PRIORITY.get(level, 6))),
            ("SYSLOG_IDENTIFIER", identifier), ("VLLMWATCH_EVENT", event)]
     if event in MESSAGE_IDS:
         out.append(("MESSAGE_ID", MESSAGE_IDS[event]))
@@ -93,7 +95,7 @@ def entry_fields(level: str, event: str, message: str, fields: Mapping[str, Any]
             name = field_name(key, prefix="VLLMWATCH_EVENT_")
         if name not in taken:  # a key that sanitises onto another keeps the first
             taken.add(name)
-            out.append((name, text_of(value)))
+            out.append((name, printable(text_of(value))))
     return out
 
 
