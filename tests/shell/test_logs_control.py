@@ -127,3 +127,22 @@ def test_the_console_colour_is_the_only_escape_on_a_terminal() -> None:
     line = out.getvalue()
     assert line.count("\x1b") == 2 and "\x1b[33mWARN\x1b[0m " in line  # the tag's colour
     assert not RAW.search(line.replace("\x1b[33mWARN\x1b[0m", "")[:-1]), repr(line)
+
+
+@pytest.mark.parametrize("fmt", STREAM_FORMATS)
+def test_line_separators_and_bidi_overrides_are_escaped(fmt: str) -> None:
+    """U+2028/U+2029 break a line in some viewers, and the bidi overrides and isolates show a
+    text in another order than its bytes (`...\u202etxt.exe` reads as `exe.txt`): a vLLM
+    line or a field with one passed raw."""
+    tricky = "evil\u2028forged entry \u202egnp.exe\u2066x\u2069 \u2029end"
+    out, log = _setup(fmt)
+    log("error", "child.exited", detail=tricky)
+    _forward(f"INFO {tricky}\n".encode(), log)
+    lines = _lines(out)
+    assert len(lines) == 2, lines
+    for line in lines:
+        assert not re.search("[\u2028-\u202e\u2066-\u2069]", line), repr(line)
+        if fmt != "json":  # JSON writes them as \u escapes of its own
+            assert "\\u2028" in line and "\\u202e" in line, line
+    native = dict(journal.entry_fields("error", "child.exited", tricky, {"detail": tricky}))
+    assert "\\u202e" in native["MESSAGE"] and "\\u2028" in native["VLLMWATCH_DETAIL"]

@@ -283,13 +283,20 @@ CONVERTERS: dict[str, tuple[Converter, str]] = {
 # C0 and C1 controls and DEL, except newline and tab: ESC alone can retitle a terminal, move
 # the cursor over earlier lines or hide text (a foreign service on the status port, or a
 # line vLLM's output carried into a record).
-_CONTROL = re.compile(r"[\x00-\x08\x0b-\x1f\x7f-\x9f]")
+# And the line and paragraph separators (a line break to some viewers) and the bidi
+# overrides and isolates, which show text in another order than its bytes (Trojan Source).
+_CONTROL = re.compile(r"[\x00-\x08\x0b-\x1f\x7f-\x9f\u2028-\u202e\u2066-\u2069]")
+
+
+def _escape(m: re.Match[str]) -> str:
+    code = ord(m.group())
+    return f"\\x{code:02x}" if code < 0x100 else f"\\u{code:04x}"
 
 
 def printable(text: str, keep_newlines: bool = True) -> str:
-    """``text`` with every control character as a visible ``\\xNN`` escape (newline and tab
-    kept, or escaped too when ``keep_newlines`` is False: a one-line field)."""
-    out = _CONTROL.sub(lambda m: f"\\x{ord(m.group()):02x}", text)
+    """``text`` with every control character as a visible ``\\xNN`` (``\\uNNNN``) escape
+    (newline and tab kept, or escaped too when ``keep_newlines`` is False: a one-line field)."""
+    out = _CONTROL.sub(_escape, text)
     if not keep_newlines:
         out = out.replace("\n", "\\n").replace("\t", "\\t")
     return out

@@ -32,8 +32,9 @@ from vllmwatch.shell import journal
 LEVELS = {"debug": 10, "info": 20, "warning": 30, "error": 40, "critical": 50}
 _PRIORITY = {"debug": 7, "info": 6, "warning": 4, "error": 3, "critical": 2}
 # What json.dumps(ensure_ascii=False) leaves raw that a terminal may act on: DEL and the C1
-# controls (U+009B is CSI). It escapes U+0000-U+001F itself.
-_JSON_RAW = re.compile(r"[\x7f-\x9f]")
+# controls (U+009B is CSI), the line separators and bidi overrides (printable's list). It
+# escapes U+0000-U+001F itself.
+_JSON_RAW = re.compile(r"[\x7f-\x9f\u2028-\u202e\u2066-\u2069]")
 
 
 def one_line(text: str) -> str:
