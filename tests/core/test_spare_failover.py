@@ -656,6 +656,43 @@ def test_a_crash_while_the_spare_returns_fails_over_once_it_sleeps() -> None:
     assert _rung(m) == R.ASLEEP
 
 
+def test_no_room_for_the_wake_after_the_return_waits_for_the_release() -> None:
+    """The relaunched engine dies while the spare drains back to sleep; woken once asleep,
+    NVML shows no room beside the dying tree (a leak restart's case). That wake is a first
+    wake like any other: deferred to the old tree's GPU release (failover.deferred), not
+    given up (failover.failed, nobody serving the whole relaunch). Review of 2026-12-05."""
+    m, mark = _returning()
+    m.spare_answers(SleepSpare, SpareSlept(True, "", 0.36))
+    assert _rung(m) == R.WAKING
+    m.spare_answers(WakeSpare, SpareWoken(False, "3 GiB free beside the old tree",
+                                          no_room=True))
+    acts = m.history[mark:]
+    assert _logs(acts, "failover.deferred") and not _logs(acts, "failover.failed")
+    assert _rung(m) == R.ASLEEP
+    _ready(m)  # the release wakes it; it serves until the relaunch's READY
+    acts = m.history[mark:]
+    assert len([a for a in acts if isinstance(a, WakeSpare)]) == 2
+    assert [a.to for a in acts if isinstance(a, Route)] == ["spare", "full"]
+
+
+def test_no_room_again_after_the_release_gives_the_failover_up_once() -> None:
+    """The second wake, after the release, finding no room either: failed, armed again; never
+    a third wake."""
+    m, mark = _returning()
+    m.spare_answers(SleepSpare, SpareSlept(True, "", 0.36))
+    no_room = SpareWoken(False, "no room", no_room=True)
+    m.spare_answers(WakeSpare, no_room)
+    for _ in range(80):  # to the release: the deferred wake goes out
+        if m.spare_out:
+            break
+        CoreMachine.world_is_kind(m, 1) if m.outstanding else m.time_passes(5.0)
+    m.spare_answers(WakeSpare, no_room)
+    acts = m.history[mark:]
+    assert len(_logs(acts, "failover.failed")) == 1 and _rung(m) == R.ASLEEP
+    _ready(m)
+    assert len([a for a in m.history[mark:] if isinstance(a, WakeSpare)]) == 2
+
+
 def test_a_relaunch_ready_before_the_spare_sleeps_leaves_it_asleep() -> None:
     m, mark = _returning()
     for _ in range(80):  # the relaunch reaches READY while the sleep is still out

@@ -27,10 +27,12 @@ STEADY = 600.0
 # A GPU fault (exit 6) leaves no GPU to fail over on; the daemon's own exits take the spare
 # down with everything else. Every other restart leaves the GPU usable.
 NO_FAILOVER = frozenset({Reason.GPU_FAULT})
-# What a spare is built from, by part (the vLLM command, its environment, the API key the key
-# file held, the GPU list), each as a digest the shell computed: ((part, digest), ...). A
-# reload that changes any part rebuilds the spare (changed()).
+# What a spare is built from, by part (the vLLM command, its adapters, its environment, the
+# API key the key file held, the GPU list), each as a digest the shell computed: ((part,
+# digest), ...). A reload that changes any part rebuilds the spare (changed()); the adapters
+# are a part of their own, as a live change of them relaunches no serving engine.
 Inputs = tuple[tuple[str, str], ...]
+COMMAND, ADAPTERS = "the vLLM command", "the adapters"
 
 
 class Rung(str, Enum):
@@ -192,11 +194,13 @@ class Track:
     down_why: str = ""  # why it went DOWN last (a failed wake, a death): what status says
 
 
-def changed(built: Inputs, now: Inputs) -> str:
+def changed(built: Inputs, now: Inputs, skip: tuple[str, ...] = ()) -> str:
     """The parts of what the spare was built from that differ now, in words ("" when none;
-    a part unknown on either side is not compared: an unreadable key file is no change)."""
+    a part unknown on either side is not compared: an unreadable key file is no change);
+    `skip`: parts not compared."""
     new_ = dict(now)
-    diff = [part for part, digest in built if part in new_ and new_[part] != digest]
+    diff = [part for part, digest in built
+            if part in new_ and new_[part] != digest and part not in skip]
     return f"{', '.join(diff)} changed" if diff else ""
 
 

@@ -101,12 +101,12 @@ def spare_ready(s: WatchState, now: float) -> Result:
 
 
 def spare_reloaded(s: WatchState, now: float, changed: str = "",
-                   inputs: tuple[tuple[str, str], ...] = ()) -> Result:
+                   inputs: tuple[tuple[str, str], ...] = (), relaunch: bool = True) -> Result:
     if s.spare is None:
         return s, []
     from vllmwatch.core import spare
 
-    s, acts = spare.reloaded(s, now, changed, inputs)
+    s, acts = spare.reloaded(s, now, changed, inputs, relaunch)
     return _first_launch(s, acts, now) if _build_given_up(s) else (s, acts)
 
 

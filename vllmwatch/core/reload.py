@@ -37,8 +37,10 @@ def reloaded(s: WatchState, ev: ReloadRequested, now: float) -> Result:
     relaunch = old.vllm != ev.config.vllm or old.prewarm.cache_dir != ev.config.prewarm.cache_dir
     why = "the vLLM command or environment changed"
     # What the spare runs beyond the config (the key file's contents) changed: the spare is
-    # rebuilt and the serving engine relaunched with it, so both answer the same key
-    rekey = _spare_inputs_changed(s, ev) if old.vllm == ev.config.vllm else ""
+    # rebuilt and the serving engine relaunched with it, so both answer the same key. Its
+    # adapters are the [[adapters]] decision's below (live: the serving engine stays).
+    spare_diff = _spare_inputs_changed(s, ev) if old.vllm == ev.config.vllm else ""
+    rekey = _spare_inputs_changed(s, ev, adapters=False) if spare_diff else ""
     if rekey and not relaunch:
         relaunch, why = True, rekey
     # The same for the serving engine, spare or not: a key or env file rewritten in place
@@ -69,7 +71,8 @@ def reloaded(s: WatchState, ev: ReloadRequested, now: float) -> Result:
         acts.append(Notify(ready=True))
     # The spare runs the serving command with the plan's flags: a changed one is rebuilt
     s, more = ladder.spare_reloaded(s, now, "the vLLM command changed"
-                                    if old.vllm != ev.config.vllm else rekey, ev.spare_inputs)
+                                    if old.vllm != ev.config.vllm else spare_diff,
+                                    ev.spare_inputs, relaunch)
     acts += more
     if relaunch and s.state in (S.READY, S.STARTING) and s.exit_code is None:
         s, more = ladder.begin_restart(s, now, Reason.RELOAD, why, drain=True)
@@ -77,14 +80,15 @@ def reloaded(s: WatchState, ev: ReloadRequested, now: float) -> Result:
     return s, acts
 
 
-def _spare_inputs_changed(s: WatchState, ev: ReloadRequested) -> str:
-    """Which of the spare's inputs (beyond the config) a reload changed, in words ("")."""
+def _spare_inputs_changed(s: WatchState, ev: ReloadRequested, adapters: bool = True) -> str:
+    """Which of the spare's inputs (beyond the config) a reload changed, in words ("");
+    `adapters`: its adapters compared too."""
     t = s.spare
     if t is None or not ev.spare_inputs or not t.built_from or str(t.rung) == "off":
         return ""
-    from vllmwatch.core.failover import changed  # imported already: the spare is on
+    from vllmwatch.core.failover import ADAPTERS, changed  # imported already: the spare is on
 
-    return changed(t.built_from, ev.spare_inputs)
+    return changed(t.built_from, ev.spare_inputs, () if adapters else (ADAPTERS,))
 
 
 def _files_changed(s: WatchState, ev: ReloadRequested) -> str:

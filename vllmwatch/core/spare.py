@@ -101,8 +101,7 @@ def restart_begins(s: WatchState, now: float, reason: Reason) -> tuple[WatchStat
     t, acts = move(replace(t, began=now, late=False), R.WAKING, now, f"restart: {reason}")
     acts += [Log("warning", "failover.begin", {"build": t.build, "reason": str(reason)}),
              WakeSpare(s.config.spare.wake_timeout)]
-    s, acts = _set(s, t, acts)
-    return s, acts, words
+    return (*_set(s, t, acts), words)
 
 
 def released(s: WatchState, now: float) -> Result:
@@ -143,12 +142,14 @@ def halted(s: WatchState, now: float) -> Result:
         "vllmwatch is stopping")])
 
 
-def reloaded(s: WatchState, now: float, changed: str = "", inputs: Inputs = ()) -> Result:
+def reloaded(s: WatchState, now: float, changed: str = "", inputs: Inputs = (),
+             relaunch: bool = True) -> Result:
     """A reload (s.config is the new one). `changed`: why the spare's command changed ("":
     it did not); one that runs the old command is stopped and rebuilt from the new config (the
     shell re-plans it at BuildSpare): at once when nothing waits on it, else at its answer.
     `spare.enabled = false` turns it off; any other reload turns back on a spare turned off.
-    `inputs`: what a spare built now would run (a build out now read its files before)."""
+    `inputs`: what a spare built now would run (a build out now read its files before);
+    `relaunch`: the serving engine is relaunched too (else an asleep spare is rebuilt now)."""
     t = _t(s)
     if s.exit_code is not None:
         return s, []
@@ -179,6 +180,9 @@ def reloaded(s: WatchState, now: float, changed: str = "", inputs: Inputs = ()) 
         return s, []
     why = f"config reloaded: {changed}"
     log = Log("info", "spare.rebuilt", {"build": t.build, "why": why, "rung": str(t.rung)})
+    if t.rung == R.ASLEEP and not relaunch:  # the serving engine stays: rebuilt beside it
+        s, acts = _down(s, replace(t, began=None, late=False), now, why)
+        return s, [log, *acts]
     if t.rung == R.ASLEEP:  # nothing waits on it: it goes now, rebuilt at the READY of the
         # serving engine the reload relaunches (never two engines starting side by side)
         t, acts = move(replace(t, pid=None, began=None, late=False), R.DOWN, now, why)
@@ -229,8 +233,7 @@ def _built(s: WatchState, ev: SpareBuilt, now: float) -> Moved:
     if ev.deferred:  # the serving engine has no room for it until its next launch
         t, acts = move(t, R.DOWN, now, "built after the serving engine's next launch")
         acts.append(Log("warning", "spare.deferred", {"build": t.build, "detail": ev.detail}))
-        s, acts = _set(s, t, acts)
-        return s, acts, first
+        return (*_set(s, t, acts), first)
     if ev.ok and t.dead is not None and t.dead[0] == ev.pid:  # reaped before this answer
         ev = replace(ev, ok=False, detail=f"its tree exited as its build ended: {t.dead[1]}")
     t = replace(t, dead=None)
@@ -245,29 +248,25 @@ def _built(s: WatchState, ev: SpareBuilt, now: float) -> Moved:
         acts.append(Log("info", "spare.ready", {
             "build": t.build, "pid": ev.pid, "awake_mib": ev.awake_mib,
             "asleep_mib": ev.asleep_mib}))
-        s, acts = _set(s, t, acts)
-        return s, acts, first
+        return (*_set(s, t, acts), first)
     t = replace(t, failed_builds=t.failed_builds + 1, pid=None)
     acts = [StopSpare("its build failed"), Log("warning", "spare.build_failed", {
         "build": t.build, "detail": ev.detail, "failed_builds": t.failed_builds,
         "retries": t.retries})]
     if t.failed_builds >= t.retries or ev.permanent:  # (a first start's engine launches)
         t, more = off(t, now, ev.detail, ev.permanent)
-        s, acts = _set(s, t, acts + more)
-        return s, acts, first
+        return (*_set(s, t, acts + more), first)
     if first:  # the serving engine never waits on a second try (spare.retries x the build's
         # timeout, half an hour for a hanging build): it launches now with the plan's room,
         # and the spare is tried again beside it at its READY
         t, more = move(t, R.DOWN, now, "its first build failed: tried again beside the "
                        "serving engine at its READY")
-        s, acts = _set(s, t, acts + more)
-        return s, acts, True
+        return (*_set(s, t, acts + more), True)
     if _full_ready(s):  # another try at once beside the READY engine
         s, more = _rebuild(s, t, now, f"build {t.failed_builds + 1} of {t.retries}")
         return s, acts + more, False
     t, more = move(t, R.DOWN, now, "its build failed: another try at the next READY")
-    s, acts = _set(s, t, acts + more)
-    return s, acts, False
+    return (*_set(s, t, acts + more), False)
 
 
 def _woken(s: WatchState, ev: SpareWoken, now: float) -> Result:
@@ -314,9 +313,10 @@ def _slept(s: WatchState, ev: SpareSlept, now: float) -> Result:
         t, acts = move(t, R.ASLEEP, now, "re-armed")
         acts.append(Log("info", "spare.rearmed", {"build": t.build,
                                                   "seconds": round(ev.seconds, 3)}))
-        if t.late and not _full_ready(s):  # a restart began while it went back to sleep
+        if t.late and not _full_ready(s):  # a restart began while it went back to sleep:
+            # woken now, as a first wake (no room beside the dying tree: its release awaited)
             s, more = released(replace(s, spare=t), now)
-            return s, acts + more
+            return _set(s, replace(_t(s), late=False), acts + more)
         return _set(s, replace(t, late=False, began=None), acts)
     return _down(s, replace(t, late=False, began=None), now,
                  f"could not sleep again: {ev.detail}")

@@ -290,6 +290,12 @@ def digest(cmd: SpareCommand) -> failover.Inputs:
     """The parts of a spare's command that a reload may change, each digested (the core
     compares them and names the part that changed; the key itself never leaves here)."""
     env = {k: v for k, v in cmd.env.items() if k not in ("VLLM_API_KEY", "CUDA_VISIBLE_DEVICES")}
-    return (("the vLLM command", _sha(list(cmd.argv))), ("the environment", _sha(env)),
+    argv, modules = list(cmd.argv), []
+    if "--lora-modules" in argv:  # the adapters apart: a live change relaunches nothing
+        at = argv.index("--lora-modules")
+        end = next((i for i in range(at + 1, len(argv)) if argv[i].startswith("--")), len(argv))
+        argv, modules = argv[:at] + argv[end:], argv[at + 1:end]
+    return ((failover.COMMAND, _sha(argv)), (failover.ADAPTERS, _sha(modules)),
+            ("the environment", _sha(env)),
             ("the API key", _sha(cmd.api_key or "")),
             ("the GPU list", _sha(cmd.env.get("CUDA_VISIBLE_DEVICES", ""))))
