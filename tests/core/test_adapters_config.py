@@ -75,6 +75,31 @@ def test_rank_pattern_counts_and_every_accepted_rank_rounds(tmp_path: Path) -> N
         1, 8, 8, 16, 320, 320, 512, 512, None]
 
 
+@pytest.mark.parametrize(("extra", "named"), [
+    ({"rank_pattern": {"q_proj": "16"}}, '"rank_pattern"["q_proj"] must be a whole number '
+                                         ">= 1, got '16'"),
+    ({"rank_pattern": {"q_proj": 8, "v_proj": 0}}, '"rank_pattern"["v_proj"]'),
+    ({"rank_pattern": [1, 2]}, '"rank_pattern" must be an object'),
+    ({"r": True}, '"r" must be a whole number >= 1, got true'),
+    ({"r": 8.5}, '"r" must be a whole number >= 1, got 8.5'),
+])
+def test_a_bad_rank_is_named_by_its_key_and_value(tmp_path: Path, extra: dict[str, Any],
+                                                  named: str) -> None:
+    """The error quoted the valid `r` when the bad value was in rank_pattern, and a
+    rank_pattern that is a list was taken silently. Review of 2026-12-05."""
+    a = adapter_dir(tmp_path, "p", r=8)
+    conf = Path(a) / "adapter_config.json"
+    conf.write_text(json.dumps({**json.loads(conf.read_text()), **extra}))
+    with pytest.raises(ConfigError) as got:
+        cfg([{"name": "p", "path": a}])
+    assert named in str(got.value) and "adapter_config.json" in str(got.value), got.value
+
+
+def test_a_null_rank_pattern_is_no_pattern(tmp_path: Path) -> None:
+    a = adapter_dir(tmp_path, "p", r=8, rank_pattern=None)
+    assert cfg([{"name": "p", "path": a}]).adapters[0].rank == 8
+
+
 def test_no_adapters_no_lora_flags() -> None:
     argv = build(from_dict({"vllm": {"model": "/m"}, "lora": {"live": True}}), {}).argv
     assert not [a for a in argv if "lora" in a]

@@ -115,14 +115,17 @@ def read_rank(path: str) -> int:
         raise AdapterProblem(f"{config_path!r} is not JSON ({exc})") from None
     if not isinstance(data, dict):
         raise AdapterProblem(f"{config_path!r} is not a JSON object")
-    ranks = [data.get("r")]
     pattern = data.get("rank_pattern")
-    if isinstance(pattern, dict):
-        ranks += list(pattern.values())
-    if not all(isinstance(r, int) and not isinstance(r, bool) and r > 0 for r in ranks):
-        raise AdapterProblem(f"{config_path!r}: \"r\" (and rank_pattern's values) must be "
-                             f"whole numbers >= 1, got r = {show(data.get('r'))}")
-    return max(r for r in ranks if isinstance(r, int))
+    if pattern is not None and not isinstance(pattern, dict):
+        raise AdapterProblem(f"{config_path!r}: \"rank_pattern\" must be an object of module "
+                             f"name -> rank, got {show(pattern)}")
+    named = [('"r"', data.get("r")), *((f'"rank_pattern"[{json.dumps(k)}]', v)
+                                       for k, v in (pattern or {}).items())]
+    for key, r in named:  # the one that is wrong, by name (not always "r")
+        if not isinstance(r, int) or isinstance(r, bool) or r <= 0:
+            raise AdapterProblem(f"{config_path!r}: {key} must be a whole number >= 1, got "
+                                 f"{show(r)}")
+    return max(int(r) for _, r in named)
 
 
 def round_rank(rank: int) -> int | None:
