@@ -479,3 +479,31 @@ def test_proc_words_are_read_losslessly(tmp_path: Path) -> None:
     assert argv is not None and env is not None
     assert argv[2].encode("utf-8", "surrogateescape") == b"/models/caf\xe9"
     assert env["X"].encode("utf-8", "surrogateescape") == b"caf\xe9"
+
+
+@pytest.mark.parametrize("line", [
+    "vllm serve /m --served-model-name --port 8001", "vllm serve /m --host --port 8001",
+    "vllm serve /m --port --host 127.0.0.1", "vllm serve /m --port",
+])
+def test_an_owned_flag_without_its_value_is_refused(line: str, tmp_path: Path) -> None:
+    """`--served-model-name $NAME` with NAME unset: init wrote served_model_name = "True"
+    (clients got 404) and host = "True"; vLLM refuses the line. Review of 2026-12-05."""
+    rc, _, err = run_init([line], tmp_path / "vw.toml")
+    assert rc == 2 and "has no value on the line" in err, err
+    assert not (tmp_path / "vw.toml").exists()
+
+
+@pytest.mark.parametrize("line", ["vllm serve /m --max-model-len --port 8001",
+                                  "vllm serve /m --gpu-memory-utilization --enforce-eager",
+                                  "vllm serve /m --compilation-config --port 8001"])
+def test_a_flag_that_takes_a_number_or_json_without_it_is_refused(line: str) -> None:
+    """With vLLM's flag list the kind is known: a number or JSON flag needs its value (init
+    wrote `max-model-len = true`)."""
+    draft = translate.translate(serveline.parse(serveline.split_text(line)), Facts(known=known()))
+    assert any("has no value on the line" in f for f in draft.fatal), draft.fatal
+
+
+def test_a_flag_that_may_go_bare_is_kept() -> None:
+    """`--hf-token` alone (the cached login) and switches stay as they were."""
+    data, draft = toml_of("vllm serve /m --hf-token --enforce-eager")
+    assert not draft.fatal and data["vllm"]["args"]["hf-token"] is True

@@ -93,6 +93,14 @@ def _flag(given: Given, draft: Draft, facts: Facts, earlier: list[Given]) -> Non
     name, base = given.name, given.name.split(".")[0]
     value: object = _joined(given.values)
     _spelling(given, draft)
+    if not given.values and "=" not in given.raw and (base in OWNED or (
+            facts.known is not None and facts.known.kind(base) in ("number", "json"))):
+        # `--port $PORT` with PORT unset: the next word is a flag, and argparse refuses the
+        # line (a flag that may go bare, `bool | str` in vLLM, is "text" here: not judged)
+        draft.fatal.append(f"`{given.raw}` has no value on the line: vLLM refuses it (expected "
+                           "one argument), so this line never served; give its value (is the "
+                           "variable that held it set?), then run init again")
+        return
     if base in OWNED:
         _owned(given, value, draft, facts)
     elif base in flags.SECRET_FLAGS:
