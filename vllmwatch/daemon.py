@@ -89,6 +89,7 @@ def _run(config: Config, log_format: str | None, env: dict[str, str], log: Switc
     # (which the spare's plan would count as another's) and its socket: swept before
     # anything is planned or launched, whether or not the spare is on now.
     sweep_spare_leftovers(instance_id(config.path), log, config.restart.kill_stale)
+    groupfile.remove_stale_socket(env, instance_id(config.path), log)  # (its socket file)
     config = spread_config(config, log)  # this host's slot in the quiet hours (fleets)
     notifier = SystemdNotifier(log, env)
     holder: dict[str, Snapshot] = {"snap": Snapshot()}

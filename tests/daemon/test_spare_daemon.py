@@ -353,3 +353,32 @@ def test_a_spare_turned_on_by_a_reload_waits_for_a_restart_and_says_so(tmp_path:
         assert s.child_pid() == child0 and s.status().get("spare") is None
     finally:
         s.d.close()
+
+
+def test_a_killed_daemons_spare_is_swept_socket_and_all(tmp_path: Path) -> None:
+    """vllmwatch SIGKILLed (the OOM killer) with its spare asleep; the next start, with the
+    spare turned off, swept the spare's processes but left its Unix socket file, for good:
+    nothing of vLLM unlinks it. Review of 2026-12-05."""
+    s = Spared(tmp_path)
+    d2: Daemon | None = None
+    try:
+        s.start()
+        sock = next(e["uds"] for e in s.d.named("spare.plan") if e.get("uds"))
+        assert os.path.exists(sock)
+        assert s.d.proc is not None
+        s.d.proc.send_signal(signal.SIGKILL)
+        s.d.proc.wait(10)
+        argv = run_argv(tmp_path / "vllmwatch.toml", (PYTHON, "-m", "vllmwatch.testing.gpu_run",
+                                                      s.ledger))
+        d2 = Daemon(tmp_path, merge(s.cfg, {"spare": {"enabled": "false"}}), argv=argv,
+                    own_session=True)
+        d2.start()
+        swept = d2.wait_event("spare.leftovers", WAIT)
+        assert swept["killed"] and not swept["remaining"], swept
+        removed = d2.wait_event("spare.socket_removed", WAIT)
+        assert removed["path"] == sock and not os.path.exists(sock)
+        d2.wait_ready(WAIT)
+    finally:
+        if d2 is not None:
+            d2.close()
+        s.d.close()

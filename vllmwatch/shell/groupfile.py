@@ -18,6 +18,7 @@ import contextlib
 import fcntl
 import json
 import os
+import socket
 import stat
 from collections.abc import Mapping
 from dataclasses import dataclass
@@ -26,6 +27,7 @@ from pathlib import Path
 import psutil
 
 from vllmwatch.config import safefile
+from vllmwatch.logfn import LogFn
 from vllmwatch.shell import kin
 
 MARKER = "VLLMWATCH_INSTANCE"
@@ -248,3 +250,30 @@ def acquire_lock(marker: str, environ: Mapping[str, str] | None = None) -> Insta
         os.ftruncate(fd, 0)
         os.pwrite(fd, f"{os.getpid()}\n".encode(), 0)
     return InstanceLock(path, fd)
+
+
+def spare_socket_name(instance: str) -> str:
+    """The spare's socket file in its folder (shell/sparefx.socket_path chooses the folder)."""
+    return f"spare-{instance[:12]}.sock"
+
+
+def remove_stale_socket(environ: Mapping[str, str], instance: str, log: LogFn) -> None:
+    """At the daemon's start, after the leftovers' sweep: the socket file of a spare whose
+    vllmwatch was killed before it could remove it (nothing of vLLM's unlinks it) goes, unless
+    something still listens there (a leftover kept: restart.kill_stale = false)."""
+    name = spare_socket_name(instance)
+    for where in (state_dir(environ), f"/tmp/vllmwatch-{os.geteuid()}"):
+        path = os.path.join(where, "spare", name) if where else ""
+        try:
+            if not path or not stat.S_ISSOCK(os.lstat(path).st_mode):
+                continue
+            with socket.socket(socket.AF_UNIX) as probe:
+                probe.settimeout(1.0)
+                probe.connect(path)  # a listener: kept
+        except ConnectionRefusedError:  # (a timeout: a listener slow to accept, kept)
+            with contextlib.suppress(FileNotFoundError):
+                os.unlink(path)
+                log("info", "spare.socket_removed", path=path,
+                    detail="left by a vllmwatch killed before it could remove it")
+        except OSError:  # not there, or not ours to look at
+            continue

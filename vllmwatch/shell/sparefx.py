@@ -46,7 +46,7 @@ def socket_path(environ: Mapping[str, str], instance: str) -> str | None:
     """Where the spare listens: a directory of vllmwatch's private one that no other user may
     enter (the state directory may be 0755: systemd's StateDirectoryMode default), or one
     under /tmp when that path is too long for a socket; None: no such place."""
-    name = f"spare-{instance[:12]}.sock"
+    name = groupfile.spare_socket_name(instance)
     for where in (groupfile.state_dir(environ),
                   safefile.private_dir(f"/tmp/vllmwatch-{os.geteuid()}")):
         room = where is not None and len(os.path.join(where, "spare", name)) <= SUN_PATH_MAX
@@ -155,7 +155,7 @@ class Planner:
                           model_facts(base, config, self.environ))
         if not quiet:
             self.log("info" if plan.on else "warning", "spare.plan", **plan.fields(),
-                     lines=plan.lines())
+                     lines=plan.lines(), uds=self.base.uds_path)
         return plan
 
     def command(self, config: Config, plan: SparePlan) -> SpareCommand:
