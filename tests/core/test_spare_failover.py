@@ -34,6 +34,7 @@ from vllmwatch.core.failover import (
     Route,
     SleepSpare,
     SpareBuilt,
+    SpareChecked,
     SpareExited,
     SpareSlept,
     SpareWoken,
@@ -134,6 +135,14 @@ class SpareWorld(CoreMachine):
     def spare_dies(self) -> None:
         assert self.s.spare is not None and self.s.spare.pid is not None
         self._step(SpareExited(self.s.spare.pid, "SIGKILL"))
+
+    @precondition(lambda self: self.s.spare is not None and self.s.spare.pid is not None)
+    @rule(ok=st.booleans(), moved=st.booleans(), times=st.integers(1, 4))
+    def spare_checked(self, ok: bool, moved: bool, times: int) -> None:
+        """The shell's checks of the serving spare (any rung: a late one lands anywhere)."""
+        for _ in range(times):
+            assert self.s.spare is not None
+            self._step(SpareChecked(ok, "canary: timed out", self.s.spare.pid, moved))
 
     @rule(which=st.sampled_from(["off", "on", "other"]))
     def spare_reload(self, which: str) -> None:

@@ -18,6 +18,7 @@ streams. Timings are printed (`-s`), never asserted.
 
 from __future__ import annotations
 
+import contextlib
 import http.client
 import json
 import os
@@ -382,3 +383,44 @@ def test_a_killed_daemons_spare_is_swept_socket_and_all(tmp_path: Path) -> None:
         if d2 is not None:
             d2.close()
         s.d.close()
+
+
+def test_a_spare_that_hangs_while_serving_is_routed_away_and_rebuilt(tmp_path: Path) -> None:
+    """Nothing watched the spare while it served: one whose engine hung (SIGSTOP) took every
+    request for as long as the relaunch took, unseen, and status said it served. Its canary
+    and counters are checked now: called hung, routed away, stopped and rebuilt at the
+    relaunch's READY, nothing left behind. Review of 2026-12-05."""
+    s = Spared(tmp_path)
+    go = tmp_path / "go"
+    go.write_text("")
+    s.d.config["vllm"]["command"] = [*s.d.config["vllm"]["command"], "--hold-start-until",
+                                     str(go)]
+    s.d.config["probe"] = {**s.d.config.get("probe", {}), "canary_timeout": "2s",
+                           "canary_timeout_min": "1s", "failure_threshold": 2}
+    s.d.write_config(s.d.config)
+    stopped: list[int] = []
+    try:
+        s.start()
+        spare_pid = s.spare()["pid"]
+        go.unlink()  # the relaunch waits: a slow relaunch, the spare serving meanwhile
+        since = s.d.mark()
+        os.kill(s.engine_pid(), signal.SIGKILL)
+        s.d.wait_event("failover.served", WAIT, since)
+        [engine] = [p.pid for p in psutil.Process(spare_pid).children(recursive=True)
+                    if "engine" in p.cmdline()]
+        sigstop(engine)
+        stopped.append(engine)
+        hung = s.d.wait_event("spare.hung_serving", 2 * WAIT, since)
+        assert "canaries in a row" in hung["detail"], hung
+        wait_for(lambda: s.status().get("serving") != "spare", WAIT, "status routed away")
+        wait_for(lambda: dead(spare_pid) and dead(engine), WAIT, "the hung spare stopped")
+        go.write_text("")  # the relaunch reaches READY: the spare is rebuilt beside it
+        s.d.wait_ready(WAIT, since)
+        wait_for(lambda: s.spare().get("state") == "asleep", 2 * WAIT, "a new spare asleep")
+        assert s.spare()["pid"] != spare_pid
+    finally:
+        for pid in stopped:
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(pid, signal.SIGCONT)
+        go.write_text("")
+        s.close()

@@ -155,7 +155,19 @@ class SpareExited(SpareEvent):
     detail: str = ""
 
 
-SPARE_EVENTS = (SpareBuilt, SpareWoken, SpareSlept, SpareExited)
+@dataclass(frozen=True)
+class SpareChecked(SpareEvent):
+    """The serving spare's canary (the shell checks it at probe.canary_interval while the
+    gate routes to it): answered (`ok`), else `detail`; `moved`: its token counters moved
+    since the last check (busy: a full KV cache queues a canary, the engine still works)."""
+
+    ok: bool
+    detail: str = ""
+    pid: int | None = None
+    moved: bool = False
+
+
+SPARE_EVENTS = (SpareBuilt, SpareWoken, SpareSlept, SpareExited, SpareChecked)
 
 
 @dataclass(frozen=True)
@@ -192,6 +204,7 @@ class Track:
     # answer's "built" is of a dead tree
     dead: tuple[int, str] | None = None
     down_why: str = ""  # why it went DOWN last (a failed wake, a death): what status says
+    unanswered: int = 0  # serving: canaries in a row unanswered while its counters stood still
 
 
 def changed(built: Inputs, now: Inputs, skip: tuple[str, ...] = ()) -> str:
@@ -202,6 +215,20 @@ def changed(built: Inputs, now: Inputs, skip: tuple[str, ...] = ()) -> str:
     diff = [part for part, digest in built
             if part in new_ and new_[part] != digest and part not in skip]
     return f"{', '.join(diff)} changed" if diff else ""
+
+
+def checked(t: Track, ev: SpareChecked, threshold: int) -> tuple[Track, str]:
+    """A check of the serving spare: its track, and "" or why it is hung (`threshold`
+    canaries in a row unanswered while its token counters stood still: nothing served)."""
+    if t.rung != R.SERVING or ev.pid != t.pid:
+        return t, ""  # an earlier spare's, or a check that landed after the spare served
+    if ev.ok or ev.moved:
+        return replace(t, unanswered=0), ""
+    n = t.unanswered + 1
+    if n < threshold:
+        return replace(t, unanswered=n), ""
+    return replace(t, unanswered=0), (f"hung while serving: {n} canaries in a row unanswered "
+                                      f"and its token counters still ({ev.detail})")
 
 
 def new(wanted: bool, why: str, retries: int) -> Track:

@@ -26,6 +26,7 @@ from vllmwatch.core.failover import (
     Route,
     SleepSpare,
     SpareBuilt,
+    SpareChecked,
     SpareExited,
     SpareSlept,
     SpareWoken,
@@ -77,6 +78,7 @@ class SpareFx:
         self.routed = "full"
         self._post = post
         self._threads: list[threading.Thread] = []
+        self._unwatch = threading.Event()  # set: the watch of the serving spare ends
         self._info_at = -INFO_EVERY
         self._memory: float | None = None
         # The plan's serving flags the running engine was launched with (None: no launch
@@ -178,12 +180,16 @@ class SpareFx:
         """One of the core's spare actions; `config`: the core's current one (a build runs
         the command of the config current at that moment)."""
         if isinstance(action, StopSpare):
+            self._unwatch.set()
             if self.tree.pid:  # (its gate generation: route())
                 self.stop_order(-self.tree.pid, False)
             self.tree.stop(action.why)
         elif isinstance(action, Route):
             self.routed = action.to
             self.log("info", "gate.route", to=action.to)
+            self._unwatch.set()  # a watch of the spare serves only while it serves
+            if action.to == "spare" and config is not None:
+                self._watch(post, config)
         elif isinstance(action, BuildSpare):
             if not self._prepare(config, post, action.build):
                 return
@@ -259,6 +265,27 @@ class SpareFx:
             self.plan = plan
         return ev
 
+    def _watch(self, post: Callable[[Event], None], config: Config) -> None:
+        """While the gate routes to the spare, its canary every probe.canary_interval and
+        whether its token counters moved since the last look: the core judges (a hung spare
+        would hold every request until the relaunch's READY, unseen)."""
+        stop, pid, p = threading.Event(), self.tree.pid, config.probe
+        every, timeout = p.canary_interval, min(p.canary_timeout, max(p.canary_timeout_min, 10.0))
+        self._unwatch = stop
+
+        def body() -> None:
+            last = self.tree.progress()
+            while not stop.wait(every):
+                said = self.tree.canary(timeout)
+                now = self.tree.progress()
+                moved = now is not None and last is not None and now > last
+                last = now if now is not None else last
+                if not stop.is_set():
+                    post(SpareChecked(not said, said, pid, moved))
+        t = threading.Thread(target=body, name="vllmwatch-spare-watch", daemon=True)
+        self._threads = [x for x in self._threads if x.is_alive()] + [t]
+        t.start()
+
     def _run(self, fn: Callable[[], Event], post: Callable[[Event], None],
              failed: Callable[[str], Event]) -> None:
         def body() -> None:
@@ -273,6 +300,7 @@ class SpareFx:
 
     def close(self) -> None:
         """Nothing of the spare stays after the daemon: its tree goes, then its workers."""
+        self._unwatch.set()
         self.tree.stop("vllmwatch exits")
         for t in self._threads:
             t.join(5.0)

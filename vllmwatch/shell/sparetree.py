@@ -30,6 +30,7 @@ from vllmwatch.logfn import LogFn
 from vllmwatch.shell import child as childmod
 from vllmwatch.shell.childlog import ChildLog
 from vllmwatch.shell.groupfile import MARKER
+from vllmwatch.shell.probes import parse_metrics
 from vllmwatch.shell.udshttp import call
 
 TITLE_PREFIX = "VLLMWATCH::spare"
@@ -242,6 +243,17 @@ class SpareTree:
         except (OSError, http.client.HTTPException) as exc:
             return f"canary: {type(exc).__name__}: {exc}"
         return "" if status == 200 else f"canary: HTTP {status} {REDACT.head(body, 200)!r}"
+
+    def progress(self) -> float | None:
+        """Its tokens so far (vLLM's prompt and generation counters on /metrics, which its API
+        key does not guard); None when unread."""
+        try:
+            status, body = self._get("/metrics")
+            got = parse_metrics(body.decode("utf-8", "replace")) if status == 200 else {}
+        except (OSError, http.client.HTTPException, ValueError, TypeError, LookupError):
+            return None  # (a malformed page: unread, never a traceback)
+        values = [v for k, v in got.items() if k.endswith("_tokens_total")]
+        return sum(values) if values else None
 
     def build(self, timeout: float) -> SpareBuilt:
         """READY (/health 200), its canary, its awake figure, /sleep?level=1, asleep."""
