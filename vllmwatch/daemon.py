@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import faulthandler
 import os
 import sys
@@ -18,7 +19,7 @@ from vllmwatch.core import exitcodes
 from vllmwatch.core.events import ReadyzPolled
 from vllmwatch.core.names import Reason, exit_code
 from vllmwatch.live import Live, SwitchableLog
-from vllmwatch.shell import fdbudget, groupfile, reaper
+from vllmwatch.shell import crash, fdbudget, groupfile, reaper
 from vllmwatch.shell.child import instance_id, sweep_spare_leftovers
 from vllmwatch.shell.clock import SystemClock
 from vllmwatch.shell.effects import RealEffects
@@ -45,14 +46,21 @@ def main(config: Config, log_format: str | None = None, prewarm: bool = True,
         config = replace(config, prewarm=replace(config.prewarm, enabled=False))
     log = SwitchableLog(setup(log_format or config.log.format, config.log.level, environ=env))
     log("info", "daemon.version", version=__version__, pid=os.getpid(), config=config.path)
-    lock = _lock_instance(config, env, log)  # before anything is bound, swept or launched
-    if isinstance(lock, int):
-        return lock
+    notifier = SystemdNotifier(log, env)
     try:
-        code = _run(config, log_format, env, log)
-    finally:
-        if lock is not None:
-            lock.release()
+        lock = _lock_instance(config, env, log)  # before anything is bound, swept or launched
+        if isinstance(lock, int):
+            return lock
+        try:
+            code = _run(config, log_format, env, log, notifier)
+        finally:
+            if lock is not None:
+                lock.release()
+    except Exception as exc:
+        # A crash of the start, before the loop runs (one in the loop is the loop's): what
+        # it had started is stopped by now (_run's own finally); the documented exit 70,
+        # not a bare traceback and exit 1 that systemd restarts every RestartSec unsaid.
+        code = crash.report(log, notifier, exc, "starting", crash.START_HINT)
     leave_past_stuck_threads(code, log)
     return code
 
@@ -81,9 +89,17 @@ def _others() -> list[threading.Thread]:
             if t is not threading.current_thread() and not t.daemon]
 
 
-def _run(config: Config, log_format: str | None, env: dict[str, str], log: SwitchableLog
-         ) -> int:
-    """The daemon, once this config's instance is ours."""
+def _run(config: Config, log_format: str | None, env: dict[str, str], log: SwitchableLog,
+         notifier: SystemdNotifier) -> int:
+    """The daemon, once this config's instance is ours. What its start makes (the gate, the
+    status server, the effects and the spare) is stopped on the way out, whether the loop ran
+    or the start raised before it: nothing is left behind for the crash report (main)."""
+    with contextlib.ExitStack() as started:
+        return _start(config, log_format, env, log, notifier, started)
+
+
+def _start(config: Config, log_format: str | None, env: dict[str, str], log: SwitchableLog,
+           notifier: SystemdNotifier, started: contextlib.ExitStack) -> int:
     fdbudget.raise_limit(log)
     # A spare engine left by a vllmwatch of this config that was killed holds GPU memory
     # (which the spare's plan would count as another's) and its socket: swept before
@@ -91,7 +107,6 @@ def _run(config: Config, log_format: str | None, env: dict[str, str], log: Switc
     sweep_spare_leftovers(instance_id(config.path), log, config.restart.kill_stale)
     groupfile.remove_stale_socket(env, instance_id(config.path), log)  # (its socket file)
     config = spread_config(config, log)  # this host's slot in the quiet hours (fleets)
-    notifier = SystemdNotifier(log, env)
     holder: dict[str, Snapshot] = {"snap": Snapshot()}
     # Without systemd's watchdog (a container), a stale probe fails /livez: the kubelet acts.
     no_watchdog = not env.get("WATCHDOG_USEC")
@@ -99,6 +114,7 @@ def _run(config: Config, log_format: str | None, env: dict[str, str], log: Switc
     live = Live(config, log,
                 lambda c: setup(log_format or c.log.format, c.log.level, environ=env),
                 lambda c: _status_server(c, log, get, no_watchdog, readyz))
+    started.callback(_quietly, live.stop)  # the gate and the status server, last
     get: Callable[[], Snapshot] = lambda: live.decorate(holder["snap"])  # noqa: E731
     spare_socket = None
     considered = config.spare.considered(config.gate.enabled)
@@ -124,6 +140,8 @@ def _run(config: Config, log_format: str | None, env: dict[str, str], log: Switc
     # As PID 1 of a container (or with VLLMWATCH_SUBREAPER=1): orphans come to us; reap them.
     fx = RealEffects(config, log, notifier, env, publish=publish,
                      reaper=reaper.start(env, log))
+    until_loop = started.enter_context(contextlib.ExitStack())  # the loop's close, once it runs
+    until_loop.callback(_quietly, fx.close)
     if live.gate is not None:
         fx.stop_order, fx.new_engine = live.gate.stop_order, live.gate.forwarder.new_engine
         fx.gate_figures = live.gate.figures
@@ -135,6 +153,8 @@ def _run(config: Config, log_format: str | None, env: dict[str, str], log: Switc
                          unified=fx.platform.unified).sample(None, False, faults=False)
         fx.spare = sparefx.make(config, env, fx.sampler, fx.platform.unified, log,
                                 current=lambda: fx.reads, machine=machine)
+        if fx.spare is not None:
+            until_loop.callback(_quietly, fx.spare.close)
         live.spare_planned = fx.spare is not None  # else turning it on waits for a restart
         gate = live.gate
         spare = fx.spare
@@ -162,13 +182,19 @@ def _run(config: Config, log_format: str | None, env: dict[str, str], log: Switc
     # on_reloaded: on the loop's thread, once the core took the new config (shell/loop.py)
     loop = Loop(config, fx, SystemClock(), reload_config=reload, environ=env,
                 on_reloaded=live.apply, spare=fx.spare)
+    until_loop.pop_all()
+    until_loop.callback(_quietly, loop.close)  # the effects and the spare are the loop's now
     fx.versions.give_up = loop.stop_asked
     if not config.gate.enabled:  # with the front door, a planned restart always deregisters
         readyz.watch(loop)
-    try:
-        return loop.run()
-    finally:
-        live.stop()
+    until_loop.pop_all()  # Loop.run closes itself, crash or not
+    return loop.run()
+
+
+def _quietly(stop: Callable[[], None]) -> None:
+    """One step of the way out: a failure of one does not keep the next from stopping."""
+    with contextlib.suppress(Exception):
+        stop()
 
 
 class ReadyzWatch:

@@ -16,7 +16,7 @@ from typing import TYPE_CHECKING, Any
 
 import vllmwatch
 from vllmwatch.config.schema import Config
-from vllmwatch.core import exitcodes, machine
+from vllmwatch.core import machine
 from vllmwatch.core.actions import (
     Action,
     AsyncAction,
@@ -40,8 +40,8 @@ from vllmwatch.core.actions import (
     failure_result,
 )
 from vllmwatch.core.events import Event, ReloadRequested, RestartRequested, StopRequested, Tick
-from vllmwatch.core.names import Reason, exit_code
 from vllmwatch.logfn import Repeats
+from vllmwatch.shell import crash
 from vllmwatch.shell.clock import Clock
 from vllmwatch.shell.effects import Effects
 from vllmwatch.shell.notify import watchdog_interval
@@ -181,21 +181,11 @@ class Loop:
                 code = self.turn()
             return code
         except Exception as exc:
-            moved = vllmwatch.code_changed()  # first: the traceback quotes the lines that ran
-            self.fx.log("critical", "daemon.crashed", error=f"{type(exc).__name__}: {exc}",
-                        traceback="".join(traceback.format_exception(exc)), code_changed=moved,
-                        hint="a bug in vllmwatch; the vLLM tree was killed. Please report it "
-                        "with this traceback")
-            if self.state.exit_code is None:
-                # The one exit the core cannot decide (it may be what raised): the same exit
-                # event and STOPPING=1 that ladder.halt gives every other exit.
-                self.fx.log("error", "daemon.exiting", code=exit_code(Reason.INTERNAL),
-                            reason=str(Reason.INTERNAL), detail=f"{type(exc).__name__}: {exc}",
-                            state=str(self.state.state),
-                            meaning=exitcodes.MEANING[exit_code(Reason.INTERNAL)])
-                with contextlib.suppress(Exception):
-                    self.fx.notifier.send("STOPPING=1")
-            return exit_code(Reason.INTERNAL)
+            # The exit the core cannot decide (it may be what raised) gets the same exit
+            # event and STOPPING=1 that ladder.halt gives every other exit; one it decided
+            # already was said.
+            return crash.report(self.fx.log, self.fx.notifier, exc, str(self.state.state),
+                                crash.LOOP_HINT, exiting=self.state.exit_code is None)
         finally:
             self.close()
             if self._install:  # decided: a signal during the exit that follows must not
