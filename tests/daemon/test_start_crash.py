@@ -8,7 +8,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from tests.support import PYTHON, Daemon, base_config, free_port, merge, wait_for
+from tests.support import FIRST_READY_S, PYTHON, Daemon, base_config, free_port, merge, wait_for
 from vllmwatch.core import exitcodes
 from vllmwatch.testing.daemon import run_argv
 from vllmwatch.testing.ports import port_free
@@ -49,5 +49,26 @@ def test_a_start_up_exception_exits_70_with_one_crash_event_and_nothing_left(
         assert not [line for line in d.raw if "Traceback" in line], d.raw
         assert not d.named("child.started")  # the loop never ran: nothing launched
         assert port_free(gate_port) and port_free(status_port)
+    finally:
+        d.close()
+
+
+def test_a_model_config_json_with_nan_is_no_crash_of_the_start(tmp_path: Path) -> None:
+    """The repro of the defect: `{"max_position_embeddings": NaN}` crashed the spare's plan
+    (int(NaN)) before the loop ran. The figure is unknown now, as for an unreadable
+    config.json, the plan says why, and the daemon serves."""
+    model = tmp_path / "model"
+    model.mkdir()
+    (model / "config.json").write_text('{"max_position_embeddings": NaN}')
+    cfg = merge(base_config(free_port(), free_port()), {
+        "vllm": {"model": str(model)},
+        "gate": {"enabled": True, "listen": f"127.0.0.1:{free_port()}"},
+        "spare": {"enabled": "auto"},
+    })
+    d = Daemon(tmp_path, cfg).start()
+    try:
+        d.wait_ready(FIRST_READY_S)
+        assert not d.named("daemon.crashed") and not d.named("daemon.exiting")
+        assert d.named("spare.plan")
     finally:
         d.close()

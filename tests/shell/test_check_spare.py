@@ -135,7 +135,7 @@ def test_the_check_and_the_daemon_read_the_same_model_figures(tmp_path: Path, wh
         data["vllm"]["model"] = "org/name"
     conf = from_dict(data)
     ctx = check.Context(conf, fast=True, env=env, nvml=lambda: FakeNvml([FakeGpu()]))
-    checked = cs._model(ctx, {})
+    checked = cs._model(ctx, {}, [])
     daemon = sparefx.model_facts(SpareFacts(), conf, env)
     assert checked == (daemon.weights_mib, daemon.kv_bytes_per_token, daemon.model_max_len)
     assert checked == (16282.0, 36 * 2 * 8 * 128 * 2, 131072)

@@ -10,7 +10,7 @@ from typing import Any
 
 from vllmwatch.check.base import FAIL, PASS, SKIP, WARN, CheckResult, Context, vllm_flags
 from vllmwatch.check.model import hub_snapshot, local_model_dir, read_json
-from vllmwatch.config.modellen import model_max_len
+from vllmwatch.config.modellen import BadModelValue, model_max_len
 from vllmwatch.config.spareargs import human_int
 
 
@@ -63,9 +63,16 @@ def check_max_model_len(ctx: Context) -> CheckResult:
     except (OSError, UnicodeDecodeError, json.JSONDecodeError):
         return CheckResult("max-model-len", SKIP, "config.json or hf-overrides is not valid "
                            "JSON (reported above)")
+    overridden = isinstance(overrides, dict) and isinstance(cfg, dict)
     if isinstance(overrides, dict) and isinstance(cfg, dict):
         cfg = _apply_overrides(cfg, overrides)
-    found = model_max_len(cfg) if isinstance(cfg, dict) else None
+    try:
+        found = model_max_len(cfg) if isinstance(cfg, dict) else None
+    except BadModelValue as exc:  # NaN, a string, `true`: vLLM cannot use it either
+        source = f"{cfg_path} (with vllm.args.hf-overrides)" if overridden else str(cfg_path)
+        return CheckResult("max-model-len", FAIL, f"{exc.text(source)}; fix the model's "
+                           "config.json (re-download it), or set the key with hf-overrides "
+                           "in [vllm.args]")
     if found is None:
         return CheckResult("max-model-len", SKIP, f"{cfg_path} names no context length")
     limit, why = found

@@ -17,7 +17,7 @@ from pathlib import Path
 from typing import Any, TextIO
 
 from vllmwatch.check.base import FAIL, PASS, SKIP, WARN, CheckResult, Context
-from vllmwatch.config import command, safefile
+from vllmwatch.config import command, modelnums, safefile
 from vllmwatch.prewarm import pagecache
 
 _CHUNK = 8 << 20
@@ -116,9 +116,13 @@ def _check_model_config(path: Path) -> CheckResult:
                            "re-download it")
     if not isinstance(data, dict):
         return CheckResult("model.config", FAIL, f"{cfg} is not a JSON object")
-    arch = ", ".join(data.get("architectures") or []) or "architecture not named"
-    return CheckResult("model.config", PASS, f"{cfg}: {arch} "
-                       f"(model_type {data.get('model_type', '?')})")
+    try:  # vLLM picks its model class by these names
+        arch = ", ".join(modelnums.strings(data, "architectures") or []) \
+            or "architecture not named"
+        kind = modelnums.string(data, "model_type") or "?"
+    except modelnums.BadModelValue as exc:
+        return CheckResult("model.config", FAIL, f"{exc.text(str(cfg))}; re-download it")
+    return CheckResult("model.config", PASS, f"{cfg}: {arch} (model_type {kind})")
 
 
 def _check_tokenizer(path: Path, args: Mapping[str, object]) -> CheckResult:

@@ -55,13 +55,14 @@ def _facts(ctx: Context, flags: dict[str, object], meminfo: Callable[[], Any],
     running = (serving or serving_now)(ctx)
     info = meminfo()
     sleep_mode, uds = _vllm_flags(ctx)
-    weights, per_token, max_len = _model(ctx, flags)
+    problems: list[str] = []  # a figure config.json gives of the wrong kind: said in the note
+    weights, per_token, max_len = _model(ctx, flags, problems)
     return spare.SpareFacts(
         platform="unified" if unified else "discrete", gpu_total_mib=total,
         others_mib=None if running else used,  # our own engine's memory is not "others"
         host_available_mib=info.available_mib if info is not None else None,
         sleep_mode=sleep_mode, uds=uds, weights_mib=weights, kv_bytes_per_token=per_token,
-        model_max_len=max_len)
+        model_max_len=max_len, model_problem=problems[0] if problems else None)
 
 
 def _gpu(ctx: Context) -> tuple[float | None, float | None]:
@@ -98,8 +99,9 @@ def _vllm_flags(ctx: Context) -> tuple[bool | None, bool | None]:
     return vllmflags.spare_support(known)
 
 
-def _model(ctx: Context, flags: dict[str, object]
+def _model(ctx: Context, flags: dict[str, object], problems: list[str]
            ) -> tuple[float | None, int | None, int | None]:
     """(weights MiB, KV bytes per token, the model's context length) from local files: what
     the daemon's plan reads (shell/sparefx.model_figures), so the check says its plan."""
-    return model_figures(ctx.config, ctx.env, str(flags.get("kv-cache-dtype", "auto")))
+    return model_figures(ctx.config, ctx.env, str(flags.get("kv-cache-dtype", "auto")),
+                         problems)

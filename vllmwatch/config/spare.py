@@ -92,6 +92,7 @@ class SpareFacts:
     weights_mib: float | None = None  # the model's weights on the GPU (~2 bytes/param bf16)
     kv_bytes_per_token: int | None = None  # kv_bytes_per_token(config.json, kv-cache-dtype)
     model_max_len: int | None = None  # the model's own context length (config.json)
+    model_problem: str | None = None  # why config.json gave no figure (file, key, value)
     # Where the spare listens (a socket in vllmwatch's private runtime directory); empty (as
     # for `check`): spare_flags gets no --uds, and the caller must give the spare an address.
     uds_path: str = ""
@@ -264,8 +265,9 @@ def _sized(spare: SpareConfig, flags: Mapping[str, object], facts: SpareFacts) -
     if kv_problem is not None:
         return _off(enabled, kv_problem[0], kv_problem[1])
     if tokens is None:
-        notes.append("not checked: whether the spare's KV cache holds one max-model-len "
-                     "request (the model's config.json is not readable)")
+        why = facts.model_problem or "the model's config.json is not readable"
+        notes.append(f"not checked: whether the spare's KV cache holds one max-model-len "
+                     f"request ({why})")
     # The spare's own utilization comes from the estimate where there is one, measured or
     # not: a measurement must not change the spare's command (a reload would call the
     # running spare stale and rebuild it); a spare larger than its budget is met by `room`.

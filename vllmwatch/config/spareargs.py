@@ -8,6 +8,7 @@ import re
 from collections.abc import Mapping, Sequence
 
 from vllmwatch.config.flags import flag_name
+from vllmwatch.config.modelnums import count, string, strings
 
 
 def ceil3(x: float) -> float:
@@ -49,31 +50,34 @@ def kv_bytes_per_token(model: Mapping[str, object], kv_cache_dtype: str = "auto"
     """Bytes of KV cache one token takes on one GPU (TP 1), from a model's config.json:
     layers x kv heads x head dim x 2 (K and V) x dtype bytes; MLA (kv_lora_rank): layers x
     (kv_lora_rank + qk_rope_head_dim) x dtype bytes. None for layouts it does not model
-    (sliding-window, linear-attention or Mamba layers) or a config without the figures."""
+    (sliding-window, linear-attention or Mamba layers) or a config without the figures.
+    Raises BadModelValue for a figure of the wrong kind (NaN, `true`, a negative, a string:
+    config/modelnums.py), and nothing else for any JSON in these keys."""
     text = model.get("text_config")
-    cfg: Mapping[str, object] = text if isinstance(text, dict) and \
-        "num_hidden_layers" not in model else model
-    types = cfg.get("layer_types")
-    if isinstance(types, list) and any(t != "full_attention" for t in types):
+    nested = isinstance(text, dict) and model.get("num_hidden_layers") is None
+    cfg, where = (text, "text_config.") if isinstance(text, dict) and nested else (model, "")
+    types = strings(cfg, "layer_types", where)
+    if types is not None and any(t != "full_attention" for t in types):
         return None
     if kv_cache_dtype.startswith("fp8"):
         size = 1
     else:
-        dtype = str(cfg.get("torch_dtype") or cfg.get("dtype") or model.get("torch_dtype")
-                    or "bfloat16")
+        dtype = string(cfg, "torch_dtype", where) or string(cfg, "dtype", where) \
+            or string(model, "torch_dtype") or "bfloat16"
         size = _DTYPE_BYTES.get(dtype if kv_cache_dtype == "auto" else kv_cache_dtype, 2)
-    layers = cfg.get("num_hidden_layers")
-    if not isinstance(layers, int) or layers <= 0:
+    layers = count(cfg, "num_hidden_layers", where)
+    if layers is None:
         return None
-    rank, rope = cfg.get("kv_lora_rank"), cfg.get("qk_rope_head_dim")
-    if isinstance(rank, int) and isinstance(rope, int):
+    rank, rope = count(cfg, "kv_lora_rank", where), count(cfg, "qk_rope_head_dim", where)
+    if rank is not None and rope is not None:
         return layers * (rank + rope) * size
-    heads = cfg.get("num_attention_heads")
-    kv_heads = cfg.get("num_key_value_heads", heads)
-    hidden = cfg.get("hidden_size")
-    head_dim = cfg.get("head_dim") or (hidden // heads if isinstance(hidden, int) and
-                                       isinstance(heads, int) and heads > 0 else None)
-    if not isinstance(kv_heads, int) or not isinstance(head_dim, int) or kv_heads <= 0:
+    heads = count(cfg, "num_attention_heads", where)
+    kv_heads = count(cfg, "num_key_value_heads", where) or heads
+    head_dim = count(cfg, "head_dim", where)
+    if head_dim is None:
+        hidden = count(cfg, "hidden_size", where)
+        head_dim = hidden // heads if hidden is not None and heads is not None else None
+    if kv_heads is None or not head_dim:
         return None
     return layers * kv_heads * head_dim * 2 * size
 

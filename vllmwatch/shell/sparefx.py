@@ -10,12 +10,12 @@ import json
 import os
 from collections.abc import Callable, Mapping
 from dataclasses import replace
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, TypeVar
 
 from vllmwatch.config import command, flags, redact, safefile, secretnames, vllmflags, vllminfo
 from vllmwatch.config.errors import ConfigError
 from vllmwatch.config.launch import parallel_sizes
-from vllmwatch.config.modellen import model_max_len
+from vllmwatch.config.modellen import BadModelValue, model_max_len
 from vllmwatch.config.schema import Config
 from vllmwatch.config.spare import (
     Footprint,
@@ -39,6 +39,7 @@ if TYPE_CHECKING:
     from vllmwatch.shell.sparerun import SpareFx
     from vllmwatch.shell.sparetree import SpareCommand
 
+T = TypeVar("T")
 SUN_PATH_MAX = 107  # a Unix socket's path (sun_path)
 
 
@@ -83,17 +84,21 @@ def on_gpu(base: SpareFacts, config: Config, sample: MemorySample) -> SpareFacts
 
 def model_facts(base: SpareFacts, config: Config, environ: Mapping[str, str]) -> SpareFacts:
     """`base` with the model's own figures (its weights, KV bytes per token, context)."""
+    problems: list[str] = []
     weights, per_token, max_len = model_figures(config, environ, str(flags_of(config).get(
-        "kv-cache-dtype", "auto")))
+        "kv-cache-dtype", "auto")), problems)
     return replace(base, weights_mib=weights, kv_bytes_per_token=per_token,
-                   model_max_len=max_len)
+                   model_max_len=max_len, model_problem=problems[0] if problems else None)
 
 
-def model_figures(config: Config, environ: Mapping[str, str], kv_dtype: str
+def model_figures(config: Config, environ: Mapping[str, str], kv_dtype: str,
+                  problems: list[str] | None = None
                   ) -> tuple[float | None, int | None, int | None]:
     """(weights MiB, KV bytes per token, the model's context length) from its local files: a
     path, or a Hub id already downloaded (found as the child finds it: its HF_HOME). `vllmwatch
-    check` reads these too, so the check and the daemon say the same plan."""
+    check` reads these too, so the check and the daemon say the same plan. A figure whose
+    keys hold a value of the wrong kind (NaN, a string: config/modelnums.py) is unknown, as
+    for an unreadable config.json, and the problem, naming the file, goes to `problems`."""
     where = model_dir(config, environ)
     files = pagecache.weight_files(where) if where is not None else []
     weights = sum(f.stat().st_size for f in files) / 2**20 if files else None
@@ -105,9 +110,20 @@ def model_figures(config: Config, environ: Mapping[str, str], kv_dtype: str
             cfg = got if isinstance(got, dict) else {}
         except ValueError:
             cfg = {}
-    found = model_max_len(cfg) if cfg else None
-    return (weights, kv_bytes_per_token(cfg, kv_dtype) if cfg else None,
-            found[0] if found else None)
+    said = problems if problems is not None else []
+    file = str(where / "config.json") if where is not None else "config.json"
+    per_token = _figure(lambda: kv_bytes_per_token(cfg, kv_dtype), file, said) if cfg else None
+    found = _figure(lambda: model_max_len(cfg), file, said) if cfg else None
+    return weights, per_token, found[0] if found else None
+
+
+def _figure(read: Callable[[], T], file: str, problems: list[str]) -> T | None:
+    """read(), or None with its problem said when a key holds a value of the wrong kind."""
+    try:
+        return read()
+    except BadModelValue as exc:
+        problems.append(exc.text(file))
+        return None
 
 
 def flags_of(config: Config) -> dict[str, object]:

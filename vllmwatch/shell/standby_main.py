@@ -83,7 +83,10 @@ def architecture_modules(model: str) -> list[str]:
     except Exception:  # not a local model, or a vLLM without that registry: skip it
         return []
     table = getattr(registry, "_VLLM_MODELS", {})
-    return [f"vllm.model_executor.models.{table[a][0]}" for a in archs if a in table]
+    if not isinstance(archs, list):  # a config.json of the wrong kind: vLLM says so itself
+        return []
+    return [f"vllm.model_executor.models.{table[a][0]}" for a in archs
+            if isinstance(a, str) and a in table]
 
 
 def cuda_initialized() -> bool:
