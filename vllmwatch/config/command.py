@@ -10,8 +10,9 @@ import shlex
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 
-from vllmwatch.config import flags, safefile, serveline, startcaches
-from vllmwatch.config.crosschecks import owned_env_problem, secret_twice
+from vllmwatch.config import flags, safefile, serveline
+from vllmwatch.config.envfilechecks import ARG_PREFIX as ARG_PREFIX  # init writes it
+from vllmwatch.config.envfilechecks import env_file_problems
 from vllmwatch.config.errors import Problem
 from vllmwatch.config.flags import flag_name as flag_name  # re-exported for callers
 from vllmwatch.config.launch import FORK_VARIABLE, engine_start_method
@@ -139,9 +140,6 @@ def read_api_key(config: Config) -> str | None:
     return key
 
 
-ARG_PREFIX = "VLLMWATCH_ARG_"  # in vllm.env_file: a flag's value, not a variable
-
-
 def read_env_file(config: Config) -> tuple[dict[str, str], list[str]]:
     """vllm.env_file: (secret variables for vLLM's environment, flags whose values are
     secret). ({}, []) when none is set. Lines are NAME=value (no quoting: the value is the
@@ -222,18 +220,7 @@ def build(config: Config, base_env: Mapping[str, str], api_key: str | None = Non
     argv += ["--host", v.host, "--port", str(v.port)]
     _raise(config.path, flags.args_problems(v.args, v.extra_args, vllm_version))
     file_env, file_args = read_env_file(config)
-    # Variables vllmwatch decides, with the operator's [vllm.env] value winning where it
-    # says so: from the env file (applied last, unseen by `check` and the decision's log)
-    # one would win unannounced, e.g. VLLM_USE_STANDALONE_COMPILE=0 beside the AOT artifact.
-    _raise(config.path, [Problem(f"vllm.env_file: {name}", "is read by vllmwatch's own "
-                                 "decision (check, the launch's log); set it in [vllm.env]")
-                         for name in (*startcaches.KNOWN, FORK_VARIABLE) if name in file_env])
-    _raise(config.path, [p for name in file_env if (p := owned_env_problem(
-        name, config, f"vllm.env_file: {name}")) is not None])
-    _raise(config.path, [p for p in (flags.flag_problem(  # its names only: values are secret
-        a[2:], None, f"vllm.env_file: {ARG_PREFIX}{a[2:].upper().replace('-', '_')}",
-        vllm_version) for a in file_args[::2]) if p is not None])
-    _raise(config.path, secret_twice(config, file_env, file_args))
+    _raise(config.path, env_file_problems(config, file_env, file_args, vllm_version))
     user, secret_env = split_secrets([*args_to_argv(v.args, config.path), *v.extra_args,
                                       *file_args])
     secret_env = {**file_env, **secret_env}
