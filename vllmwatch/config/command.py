@@ -52,6 +52,15 @@ class ChildCommand:
                           for k, v in sorted(self.shown_env.items()))
         return (prefix + " " if prefix else "") + shlex.join(self.shown_argv())
 
+    @property
+    def api_key(self) -> str | None:
+        """The key this vLLM enforces: it reads `args.api_key or VLLM_API_KEY`, and build()
+        moves every --api-key value to VLLM_API_KEY, so the variable holds it from whichever
+        source gave it (the key file, [vllm.args], [vllm.env], extra_args, vllm.env_file or
+        our own environment). Every client of this engine sends it (probes, canary, smoke,
+        adapters, the spare); an empty value is no key, as in vLLM."""
+        return self.env.get("VLLM_API_KEY") or None
+
     def shown_argv(self) -> list[str]:
         """argv with secrets redacted (config/redact.py's rules; values from vllm.env_file)."""
         return REDACT.argv([REDACTED if a in self.hidden else a for a in self.argv])
@@ -112,7 +121,10 @@ def split_secrets(argv: list[str]) -> tuple[list[str], dict[str, str]]:
 
 
 def read_api_key(config: Config) -> str | None:
-    """Read vllm.api_key_file; None when no key is configured."""
+    """Read vllm.api_key_file (or [vllm.args] api-key); None when neither is set. Only what
+    build() takes as its `api_key`: the key vLLM enforces may come from elsewhere too
+    ([vllm.env], extra_args, vllm.env_file): a client asks effective_api_key or
+    ChildCommand.api_key, never this."""
     path = config.vllm.api_key_file
     in_args = {flag_name(k): v for k, v in config.vllm.args.items()}.get("api-key")
     if path and in_args is not None:
@@ -138,6 +150,12 @@ def read_api_key(config: Config) -> str | None:
         raise KeyFileError(config.path, "vllm.api_key_file", f"{path!r} holds a NUL byte, "
                            "which cannot reach vLLM's environment", transient=False)
     return key
+
+
+def effective_api_key(config: Config, base_env: Mapping[str, str]) -> str | None:
+    """The key the next launch's vLLM enforces, computed as the launch does (the key file and
+    vllm.env_file read now); raises what read_api_key and build raise."""
+    return build(config, base_env, api_key=read_api_key(config)).api_key
 
 
 def read_env_file(config: Config) -> tuple[dict[str, str], list[str]]:

@@ -15,9 +15,10 @@ from __future__ import annotations
 
 import http.client
 import json
+import os
 import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from typing import Any
 
 from vllmwatch import bounded_http
@@ -77,8 +78,10 @@ class AdapterWatch:
     """The configured adapters' state as vLLM last told it, and the live changes."""
 
     def __init__(self, config: Config, log: LogFn,
-                 clock: Callable[[], float] = time.monotonic) -> None:
+                 clock: Callable[[], float] = time.monotonic,
+                 environ: Mapping[str, str] | None = None) -> None:
         self._log, self._clock = log, clock
+        self._environ = os.environ if environ is None else environ  # vLLM's, for the key
         self._lock = threading.Lock()
         self._config = config
         self._errors: dict[str, str] = {}  # adapter -> vLLM's refusal of its last load
@@ -281,7 +284,7 @@ class AdapterWatch:
                  timeout: float) -> tuple[int, bytes]:
         headers = {"Content-Type": "application/json"} if body is not None else {}
         try:
-            key = command.read_api_key(config)
+            key = command.effective_api_key(config, self._environ)  # as the launch gives it
         except ConfigError:
             key = None
         if key:

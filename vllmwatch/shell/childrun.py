@@ -96,7 +96,7 @@ def prepare(config: Config, environ: Mapping[str, str], marker: str, version: st
             cache_env: Mapping[str, str], log: LogFn) -> Prepared | SpawnFailed:
     """The command of the next launch, or why there must be none (a config problem)."""
     try:
-        api_key = command.read_api_key(config)
+        file_key = command.read_api_key(config)
         extra = dict(cache_env)
         if "TMPDIR" not in config.vllm.env:
             try:
@@ -105,11 +105,13 @@ def prepare(config: Config, environ: Mapping[str, str], marker: str, version: st
                 return SpawnFailed(f"cannot make vLLM's temporary directory: {exc} (free "
                                    "space under $TMPDIR, or set TMPDIR in [vllm.env]; "
                                    "retried with backoff)", fatal=False)
-        cmd = command.build(config, environ, api_key=api_key, vllm_version=version,
+        cmd = command.build(config, environ, api_key=file_key, vllm_version=version,
                             extra_env=extra)
+        # The key vLLM enforces, from any source (not only the key file): the clients' key
+        api_key = cmd.api_key
         # Every writer (log, /status, records) hides these values from now on.
         redact.learn([*secretnames.secrets_of(cmd.env, api_key), *cmd.hidden])  # (env_file flags)
-        inputs = command.file_inputs(config, api_key)
+        inputs = command.file_inputs(config, file_key)
     except command.KeyFileError as exc:
         if exc.transient:  # a key rotation: retried with backoff, not a config error
             return SpawnFailed(f"{exc} (retried with backoff)", fatal=False)

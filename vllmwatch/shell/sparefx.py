@@ -178,8 +178,8 @@ class Planner:
         """The spare's command now: the key file is read again (a rotated key)."""
         from vllmwatch.shell.sparetree import SpareCommand
 
-        api_key = command.read_api_key(config)
-        cmd = command.build(config, self.environ, api_key=api_key)
+        cmd = command.build(config, self.environ, api_key=command.read_api_key(config))
+        api_key = cmd.api_key  # the one it enforces, from any source (as the launch's)
         argv = _with_flags(cmd.argv, dict(plan.spare_flags))
         env = {**cmd.env, **plan.spare_env}
         # Its events, /status and output (vLLM prints its non-default args) hide these
