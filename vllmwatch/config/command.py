@@ -322,11 +322,13 @@ def load_for_reload(path: str) -> Config:
             raise
     # The flags the launch refuses (fatal: the daemon would stop a healthy vLLM for a config
     # it then cannot start): the known-bad ones, and those this vLLM's cached flag list lacks
-    from vllmwatch.config import vllmflags, vllminfo  # (at reload and check only)
+    from vllmwatch.config import steps, vllmflags, vllminfo  # (at reload and check only)
 
     v = config.vllm
     problems = flags.args_problems(v.args, v.extra_args)
+    steps.step(steps.VERSION)  # runs an interpreter: a deadline of its own (shell/reload.py)
     version = vllminfo.version(v.command)
+    steps.step(steps.READ)
     known = vllmflags.known_flags(v.command, version, vllmflags.default_cache_dir(
         config, os.environ), ask=False) if version else None
     _raise(path, problems + (vllmflags.validate_args(config, known) if known else []))

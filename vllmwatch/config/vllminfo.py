@@ -95,11 +95,15 @@ def interpreter(command: tuple[str, ...] | list[str]) -> str | None:
     return parts[0] if os.access(parts[0], os.X_OK) else None
 
 
+# The version probe's own bound (an interpreter on a cold page cache is slow to start)
+PROBE_TIMEOUT = 15.0
+
+
 @functools.lru_cache(maxsize=8)
 def _info_of(python: str) -> VllmInfo:
     try:
         out = subprocess.run([python, "-I", "-c", _PROBE], capture_output=True, text=True,
-                             timeout=15, check=False)
+                             timeout=PROBE_TIMEOUT, check=False)
         data = json.loads(out.stdout.strip().splitlines()[-1])
     except (OSError, subprocess.TimeoutExpired, ValueError, IndexError):
         return VllmInfo()

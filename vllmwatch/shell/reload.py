@@ -1,22 +1,32 @@
 """A SIGHUP's config read, off the loop: one read at a time, with a deadline.
 
 The loop never reads the file itself (a FIFO, a hung mount or /dev/zero would stop it): the
-read runs on a worker and its answer comes back as an event. A read that has not answered
-by RELOAD_TIMEOUT is a failed reload (the running config is kept) and its late answer is
-dropped; SIGHUPs that come while a read is out make one more read once it is answered or
-timed out, so the last edit always counts.
+read runs on a worker and its answer comes back as an event. Each step of the read has its
+deadline (config/steps.py tells which step it is in): file reads RELOAD_TIMEOUT, the vLLM
+version probe (an interpreter: seconds on a cold page cache) the probe's own bound and
+RELOAD_TIMEOUT more. A read past its step's deadline is a failed reload naming the step (the
+running config is kept) and its late answer is dropped; SIGHUPs that come while a read is out
+make one more read once it is answered or timed out, so the last edit always counts.
 """
 
 from __future__ import annotations
 
+import threading
 from collections.abc import Callable
 from dataclasses import dataclass, replace
 
-from vllmwatch.config import command
+from vllmwatch.config import command, steps
 from vllmwatch.config.schema import Config
+from vllmwatch.config.vllminfo import PROBE_TIMEOUT
 from vllmwatch.core.events import Event, ReloadRequested
 
 RELOAD_TIMEOUT = 5.0
+# What a step may take; a read past it fails with the step's name and a hint (file reads:
+# the first; a slow interpreter: `vllmwatch check` times it outside the daemon)
+BUDGETS = {steps.VERSION: PROBE_TIMEOUT + RELOAD_TIMEOUT}
+HINTS = {steps.READ: " (a file on a hung network mount?)",
+         steps.VERSION: ": vllm.command's interpreter did not answer (`vllmwatch check "
+                        "--config-only` runs the same probe)"}
 
 
 @dataclass(frozen=True)
@@ -41,7 +51,9 @@ class Reloads:
         self._again_fn = again
         self._token = 0  # the read in flight; answers of older reads are dropped
         self.due: float | None = None  # when the read in flight times out
+        self._step = steps.READ  # the step the read in flight is in
         self._again = False  # a SIGHUP came while a read was out
+        self._lock = threading.Lock()  # due and _step: the worker moves them (stepped)
 
     def request(self) -> Event | None:
         """A SIGHUP: start a read (None: its answer comes later as a ReloadRead)."""
@@ -51,13 +63,15 @@ class Reloads:
         if self.due is not None:
             self._again = True
             return None
-        self._token += 1
-        token = self._token
-        self.due = self._clock() + RELOAD_TIMEOUT
+        with self._lock:
+            self._token += 1
+            token = self._token
+            self._step, self.due = steps.READ, self._clock() + RELOAD_TIMEOUT
 
         def work() -> ReloadRead:
             try:
-                ev = ReloadRequested(read())
+                with steps.watched(lambda name: self._stepped(token, name)):
+                    ev = ReloadRequested(read())
                 if self._inputs is not None and ev.config is not None:
                     ev = ReloadRequested(ev.config, spare_inputs=self._inputs(ev.config))
                 if ev.config is not None:
@@ -74,9 +88,10 @@ class Reloads:
         ReloadRequested, a late one nothing; any other event passes unchanged."""
         if not isinstance(ev, ReloadRead):
             return ev
-        if ev.token != self._token or self.due is None:
-            return None  # answered already by its deadline
-        self.due = None
+        with self._lock:
+            if ev.token != self._token or self.due is None:
+                return None  # answered already by its deadline
+            self.due = None
         if self._again:
             self._again = False
             self._again_fn()
@@ -84,14 +99,23 @@ class Reloads:
 
     def overdue(self) -> Event | None:
         """The failed reload of a read past its deadline, once; else None."""
-        if self.due is None or self._clock() < self.due:
-            return None
-        self.due = None
+        with self._lock:
+            if self.due is None or self._clock() < self.due:
+                return None
+            self.due, step = None, self._step
         if self._again:  # a SIGHUP sent during the hung read (the edit that fixes it?):
             self._again = False  # a read of its own, with its own deadline, never dropped
             self._again_fn()
-        return ReloadRequested(None, f"reading the config took longer than "
-                                     f"{RELOAD_TIMEOUT:g}s (a file on a hung network mount?)")
+        return ReloadRequested(None, f"{step} took longer than "
+                                     f"{BUDGETS.get(step, RELOAD_TIMEOUT):g}s{HINTS.get(step, '')}")
+
+    def _stepped(self, token: int, name: str) -> None:
+        """The worker's read entered step `name`: the deadline is the step's own from now,
+        never earlier than it was (the loop sleeps until the deadline it last saw)."""
+        with self._lock:
+            if token == self._token and self.due is not None:
+                self._step = name
+                self.due = max(self.due, self._clock() + BUDGETS.get(name, RELOAD_TIMEOUT))
 
 
 def _serving_inputs(config: Config) -> tuple[tuple[str, str], ...]:
