@@ -6,16 +6,19 @@ from __future__ import annotations
 
 import contextlib
 import errno
+import itertools
 import os
 import tempfile
+from collections.abc import Mapping
 from pathlib import Path
 
 import psutil
 
 from vllmwatch.check.base import FAIL, PASS, SKIP, WARN, CheckResult, Context
 from vllmwatch.config import hosts
+from vllmwatch.config.schema import DEFAULT_PATH
 from vllmwatch.prewarm.runner import cache_root
-from vllmwatch.shell import child, groupfile, kin, ports
+from vllmwatch.shell import child, groupfile, kin, ports, reloadports
 
 
 def _own_child(pid: int | None, marker: str) -> bool:
@@ -41,6 +44,49 @@ def serving_now(ctx: Context) -> bool:
     found = ports.holders(ctx.config.vllm.host, ctx.config.vllm.port)
     marker = child.instance_id(ctx.config.path)
     return bool(found) and all(_own_child(h.pid, marker) for h in found)
+
+
+def whose_here(ctx: Context) -> reloadports.Whose:
+    """Whose a listener is, for `check --config-only` (the units' first ExecReload=, another
+    process than the daemon): this instance's running vllmwatch and its vLLM tree, known as
+    the full check's port rows know them (a reload's own look: shell/reloadports.py)."""
+    marker = child.instance_id(ctx.config.path)
+    return lambda pid: ({reloadports.DAEMON} if _this_daemon(pid, ctx) else set()) | (
+        {reloadports.TREE} if _own_child(pid, marker) else set())
+
+
+def _this_daemon(pid: int, ctx: Context) -> bool:
+    """A vllmwatch that runs this config: the instance lock's holder, the unit's MAINPID, or
+    one whose --config (else $VLLMWATCH_CONFIG, else the default), from its working
+    directory, is this file. Not the lock alone: a shell's check finds another lock than the
+    unit's (its STATE_DIRECTORY)."""
+    if _own_daemon(pid, ctx):
+        return True
+    if not _is_daemon(pid):
+        return False
+    if ctx.env.get("MAINPID") == str(pid):
+        return True
+    with contextlib.suppress(psutil.Error, OSError):
+        proc = psutil.Process(pid)
+        args = proc.cmdline()
+        given = [a.split("=", 1)[1] for a in args if a.startswith("--config=")] + [
+            b for a, b in itertools.pairwise(args) if a == "--config"]
+        path = given[-1] if given else proc.environ().get("VLLMWATCH_CONFIG") or DEFAULT_PATH
+        return os.path.realpath(os.path.join(proc.cwd(), path)) == os.path.realpath(
+            ctx.config.path)
+    return False
+
+
+def sees_ours(env: Mapping[str, str]) -> bool:
+    """This check would see the sockets of this instance's vllmwatch and vLLM: run as root,
+    or by the unit's ExecReload= (systemd sets MAINPID) as the daemon's user. Else a listener
+    it cannot see may be ours (the service user's vLLM on the running vllm.port): not a
+    refusal here; the daemon's own reload still refuses a foreign one."""
+    if os.geteuid() == 0:
+        return True
+    with contextlib.suppress(psutil.Error, ValueError):
+        return psutil.Process(int(env.get("MAINPID", ""))).uids().effective == os.geteuid()
+    return False
 
 
 def check_gate_beside(ctx: Context) -> list[CheckResult]:

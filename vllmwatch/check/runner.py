@@ -41,6 +41,7 @@ from vllmwatch.config.redact import REDACT
 from vllmwatch.config.schema import ConfigError, load
 from vllmwatch.core import exitcodes
 from vllmwatch.prewarm import runner as prewarm
+from vllmwatch.shell import reloadports
 
 __all__ = [
     "CHECKS",
@@ -167,6 +168,11 @@ def config_only(path: str, as_json: bool, out: TextIO | None = None) -> int:
     out = out or sys.stdout
     try:
         config = load_for_reload(path)
+        # What the daemon's reload refuses beyond the file: an address it would bind that
+        # another process holds. The running config is not known here: every address is
+        # looked at, and this instance's own vllmwatch and vLLM are recognised by pid
+        reloadports.refuse_busy(path, config, None, host.whose_here(Context(
+            config, env=os.environ)), unseen=host.sees_ours(os.environ))
         result = CheckResult("config", PASS, f"loads (sha256 {config.sha256[:12]}); a reload "
                              "applies it")
     except ConfigError as exc:

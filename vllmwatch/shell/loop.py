@@ -111,7 +111,8 @@ class Loop:
         self._repeats = Repeats(lambda *a, **kw: self.fx.log(*a, **kw), clock.monotonic)
         self._reloads = Reloads(reload_config, clock.monotonic, self._pool_submit,
                                 lambda: self.deliver_signal(signal.SIGHUP),
-                                spare.inputs if spare is not None else None)
+                                spare.inputs if spare is not None else None,
+                                running=lambda: self.state.config)
         self._on_reloaded = on_reloaded
 
     # ---- plumbing ----

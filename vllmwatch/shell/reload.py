@@ -19,6 +19,7 @@ from vllmwatch.config import command, steps
 from vllmwatch.config.schema import Config
 from vllmwatch.config.vllminfo import PROBE_TIMEOUT
 from vllmwatch.core.events import Event, ReloadRequested
+from vllmwatch.shell import reloadports
 
 RELOAD_TIMEOUT = 5.0
 # What a step may take; a read past it fails with the step's name and a hint (file reads:
@@ -45,8 +46,10 @@ class Reloads:
 
     def __init__(self, read: Callable[[], Config] | None, clock: Callable[[], float],
                  submit: Submit, again: Callable[[], None],
-                 inputs: Callable[[Config], tuple[tuple[str, str], ...]] | None = None) -> None:
+                 inputs: Callable[[Config], tuple[tuple[str, str], ...]] | None = None,
+                 running: Callable[[], Config] | None = None) -> None:
         self.read, self._clock, self._submit = read, clock, submit
+        self._running = running  # the config the core runs: its addresses are ours already
         self._inputs = inputs  # the spare's (SpareFx.inputs): read by the same worker
         self._again_fn = again
         self._token = 0  # the read in flight; answers of older reads are dropped
@@ -67,11 +70,16 @@ class Reloads:
             self._token += 1
             token = self._token
             self._step, self.due = steps.READ, self._clock() + RELOAD_TIMEOUT
+        running = self._running() if self._running is not None else None  # (loop's thread)
 
         def work() -> ReloadRead:
             try:
                 with steps.watched(lambda name: self._stepped(token, name)):
                     ev = ReloadRequested(read())
+                    if ev.config is not None and running is not None:  # as the launch would
+                        steps.step(steps.PORTS)
+                        reloadports.refuse_busy(ev.config.path, ev.config, running,
+                                                reloadports.in_daemon())
                 if self._inputs is not None and ev.config is not None:
                     ev = ReloadRequested(ev.config, spare_inputs=self._inputs(ev.config))
                 if ev.config is not None:
