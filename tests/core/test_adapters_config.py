@@ -211,3 +211,14 @@ def test_the_runtime_variable_is_lora_lives_alone(tmp_path: Path) -> None:
     c = cfg([{"name": "g", "path": good}], {"live": True}, env_file=str(env))
     with pytest.raises(ConfigError, match=r"vllm\.env_file: VLLM_ALLOW_RUNTIME_LORA_UPDATING"):
         build(c, {})
+
+
+@pytest.mark.parametrize("missing", ["name", "path"])
+def test_a_missing_key_is_said_missing(tmp_path: Path, missing: str) -> None:
+    """A [[adapters]] entry without its path read `bad value None`."""
+    entry = {"name": "sql", "path": adapter_dir(tmp_path, "a")}
+    del entry[missing]
+    with pytest.raises(ConfigError) as got:
+        cfg([entry])
+    assert f"adapters[1].{missing}: missing; expected" in str(got.value), got.value
+    assert "None" not in str(got.value)

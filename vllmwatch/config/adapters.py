@@ -76,7 +76,10 @@ def _entry(i: int, table: Mapping[str, object], config: Config,
             problems.append(Problem(f"{key}.{unknown}", f"unknown key; known: "
                                     f"{', '.join(KEYS)}"))
     name, path, required = table.get("name"), table.get("path"), table.get("required", True)
-    if not isinstance(name, str) or not NAME.fullmatch(name):
+    if name is None:
+        problems.append(Problem(f"{key}.name", "missing; expected the name clients send as "
+                                "\"model\""))
+    elif not isinstance(name, str) or not NAME.fullmatch(name):
         problems.append(Problem(f"{key}.name", f"bad value {show(name)}; expected the name "
                                 "clients send as \"model\": letters, digits and . _ : / @ + -, "
                                 "at most 128, no spaces, '=' or ','"))
@@ -88,8 +91,9 @@ def _entry(i: int, table: Mapping[str, object], config: Config,
                                 "true or false"))
     rank = 0
     if not isinstance(path, str) or not path.startswith("/"):
-        problems.append(Problem(f"{key}.path", f"bad value {show(path)}; expected the "
-                                "absolute path of a directory holding adapter_config.json"))
+        said = "missing" if path is None else f"bad value {show(path)}"
+        problems.append(Problem(f"{key}.path", f"{said}; expected the absolute path of a "
+                                "directory holding adapter_config.json"))
     else:
         try:
             rank = read_rank(path)
