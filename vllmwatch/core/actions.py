@@ -130,6 +130,8 @@ class SampleMemory:
     with_pss: bool
     gen: int = 0
     gpus: tuple[int, ...] | None = None  # the child's GPUs; None = every GPU
+    # (GPU, MiB) in use before the child's launch: is NVML blind to it? (shell/gpusight.py)
+    before_launch: tuple[tuple[int, float], ...] = ()
 
 
 @dataclass(frozen=True)

@@ -110,7 +110,7 @@ def sample_memory(s: WatchState, now: float) -> Result:
         return s, []
     gpus = tuple(c.vllm.gpus) if c.vllm.gpus is not None else None
     s = _with(s, replace(s.run.probes, inflight=pr.inflight | {K.MEMORY}))
-    return s, [SampleMemory(pss_due, c.gen, gpus)]
+    return s, [SampleMemory(pss_due, c.gen, gpus, c.proc.gpu_before_mib)]
 
 
 def bounds(s: WatchState) -> dict[ProbeKind, float]:

@@ -258,8 +258,9 @@ class RealEffects:
     def sample_memory(self, action: SampleMemory, minute_of_day: int) -> MemorySampled:
         """Sample the current child's tree on the child's GPUs."""
         pid = self._run.pid if self._run is not None else None
-        return MemorySampled(self.sampler.sample(pid, action.with_pss), minute_of_day,
-                             action.gen)
+        spare = self.spare.exempt() if self.spare is not None else frozenset()
+        got = self.sampler.sample(pid, action.with_pss, True, dict(action.before_launch), spare)
+        return MemorySampled(got, minute_of_day, action.gen)
 
     def sweep(self, action: Sweep) -> SweepDone:
         """Kill leftovers of our tree and check the port; at start honour kill_stale."""

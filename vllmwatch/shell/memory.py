@@ -8,7 +8,7 @@ an NVML failure: the figure becomes unknown and the first failure of each kind i
 from __future__ import annotations
 
 import threading
-from collections.abc import Callable
+from collections.abc import Callable, Collection, Mapping
 from typing import Any, Protocol, TypeVar
 
 import psutil
@@ -17,6 +17,7 @@ from vllmwatch.core import restart
 from vllmwatch.core.samples import GpuProcess, MemorySample
 from vllmwatch.logfn import LogFn
 from vllmwatch.shell.gpufaults import FaultWatch
+from vllmwatch.shell.gpusight import PAUSED, Sight, tree_by_gpu
 
 _MIB = 1024.0 * 1024.0
 # How long the loop's thread (SIGTERM and every deadline wait on it) waits for one NVML read:
@@ -28,11 +29,14 @@ _T = TypeVar("_T")
 class MemorySampler(Protocol):
     """What the loop needs from a sampler; the real one and fakes implement it."""
 
-    def sample(self, root_pid: int | None, with_pss: bool, faults: bool = True
-               ) -> MemorySample:
+    def sample(self, root_pid: int | None, with_pss: bool, faults: bool = True,
+               before_launch: Mapping[int, float] | None = None,
+               spare: Collection[int] = ()) -> MemorySample:
         """Read the tree rooted at root_pid (None: no child) on the configured GPUs; with
         `faults`, take the GPU faults NVML reports once (only the core's own samples may:
-        a fault read anywhere else is lost to it)."""
+        a fault read anywhere else is lost to it). `before_launch`: the device's use before
+        the tree's launch, `spare`: the spare's live pids (shell/gpusight.py: is NVML's
+        process list blind to the tree, and whose memory would the device's figure hold?)."""
         ...
 
     def gpu_processes(self) -> list[GpuProcess] | None:
@@ -59,11 +63,13 @@ class LoopReads:
         self._lock = threading.Lock()
         self._stuck: threading.Thread | None = None  # the read that has not answered yet
 
-    def sample(self, root_pid: int | None, with_pss: bool, faults: bool = True
-               ) -> MemorySample:
+    def sample(self, root_pid: int | None, with_pss: bool, faults: bool = True,
+               before_launch: Mapping[int, float] | None = None,
+               spare: Collection[int] = ()) -> MemorySample:
         """MemorySampler.sample with a deadline; unknown: no GPU figure, no fault."""
-        return self.within("sample", lambda: self._sampler().sample(root_pid, with_pss, faults),
-                           lambda: MemorySample("none", (), None))
+        return self.within("sample", lambda: self._sampler().sample(
+            root_pid, with_pss, faults, before_launch, spare),
+            lambda: MemorySample("none", (), None))
 
     def gpu_processes(self) -> list[GpuProcess] | None:
         """MemorySampler.gpu_processes with a deadline; unknown: None."""
@@ -159,19 +165,24 @@ class NvmlSampler:
         self._log = log
         self._warned: set[str] = set()
         self._source: str | None = None
+        self._sight = Sight()
         self._unified = unified  # GPU memory is system memory (DGX Spark)
         self._faults = FaultWatch(nvml, handles, log) if nvml is not None else None
 
-    def sample(self, root_pid: int | None, with_pss: bool, faults: bool = True
-               ) -> MemorySample:
-        """Read the tree; see MemorySample (and the protocol for `faults`)."""
+    def sample(self, root_pid: int | None, with_pss: bool, faults: bool = True,
+               before_launch: Mapping[int, float] | None = None,
+               spare: Collection[int] = ()) -> MemorySample:
+        """Read the tree; see MemorySample (and the protocol for the keywords)."""
         pids = tree_pids(root_pid)
         rss, pss, cpu = host_memory(pids, with_pss)
         procs = self._processes() if self._nvml is not None else None
         used, total = self._device_memory()
-        by_gpu = _tree_by_gpu(procs, set(pids))
+        # NVML blind to the tree (a PID namespace): its 0 MiB is unknown, not nothing
+        blind = self._sight.judge(procs, pids, used, before_launch)
+        by_gpu = None if blind else tree_by_gpu(procs, set(pids))
         tree = None if by_gpu is None else sum(by_gpu.values())
-        source = self._choose(tree, used)
+        # blind, the device's figure would hold the spare's unseen build: no GPU figure then
+        source = self._choose(tree, used, paused=blind and bool(spare))
         seen = self._faults.poll() if self._faults is not None and faults else ()
         return MemorySample(source=source, tree_pids=pids, gpu_tree_mib=tree,
                             gpu_tree_by_gpu_mib=by_gpu or {}, device_used_mib=used,
@@ -197,10 +208,10 @@ class NvmlSampler:
         except Exception:  # a report can do without these
             return {}
 
-    def _choose(self, tree: float | None, used: dict[int, float]) -> str:
+    def _choose(self, tree: float | None, used: dict[int, float], paused: bool) -> str:
         if self._unified:
             source = "unified"
-        elif self._nvml is None:
+        elif self._nvml is None or paused:
             source = "none"
         elif tree is not None:
             source = "nvml-process"
@@ -209,8 +220,10 @@ class NvmlSampler:
         else:
             source = "host"
         if source != self._source:
-            self._log("info", "memory.source", source=source, previous=self._source,
-                      gpus=sorted(self._handles))
+            why = self._sight.say() if self._sight.blind and source == "nvml-device" else {}
+            self._log("warning" if why else "info", "memory.source", source=source,
+                      previous=self._source, gpus=sorted(self._handles),
+                      **({"why": PAUSED} if paused else why))
             self._source = source
         return source
 
@@ -262,20 +275,6 @@ class NvmlSampler:
 def _not_supported(nvml: Any) -> type[BaseException] | tuple[()]:
     cls = getattr(nvml, "NVMLError_NotSupported", None)
     return cls if isinstance(cls, type) else ()
-
-
-def _tree_by_gpu(procs: list[GpuProcess] | None, pids: set[int]) -> dict[int, float] | None:
-    """Tree memory per GPU; None when NVML lists a tree process without a figure."""
-    if procs is None:
-        return None
-    by_gpu: dict[int, float] = {}
-    for p in procs:
-        if p.pid not in pids:
-            continue
-        if p.used_mib is None:
-            return None
-        by_gpu[p.gpu_index] = by_gpu.get(p.gpu_index, 0.0) + p.used_mib
-    return by_gpu
 
 
 def _load_nvml() -> Any:
