@@ -9,7 +9,7 @@ from collections.abc import Callable
 
 import pytest
 
-from tests.core.test_core_properties import STOP_BOUND, CoreMachine, _ready, run_to_exit
+from tests.core.test_core_properties import CONFIG, STOP_BOUND, CoreMachine, _ready, run_to_exit
 from vllmwatch.core import ladder, machine, restart
 from vllmwatch.core.actions import Action, Log, Notify, RecordIncident, SignalGroup, Spawn, Sweep
 from vllmwatch.core.events import (
@@ -264,3 +264,21 @@ def test_the_release_gate_looks_again_soon_then_every_second() -> None:
     assert sum(1 for x in looks if x < ladder.RELEASE_POLL) <= 12  # bounded extra looks
     at = [sum(looks[:i + 1]) for i in range(len(looks))]  # each look, after the first
     assert len([a for a in at if a <= 1.0]) >= 5  # several looks within the first second
+
+
+# ---- the first rung's clock ------------------------------------------------------------------
+
+UPTIME = 864000.0  # a box up for ten days: time.monotonic() is about its uptime
+
+
+def test_the_first_restart_phase_counts_from_the_daemons_start_not_the_boot() -> None:
+    """The initial rung's `since` was 0.0: the first `restart.phase` said after_s = uptime."""
+    s = machine.initial(CONFIG, UPTIME)
+    _, acts = machine.step(s, Tick(), UPTIME + 0.01)
+    first = next(a.fields for a in acts if isinstance(a, Log) and a.event == "restart.phase")
+    assert first["from"] == "idle" and first["after_s"] == 0.01, first
+
+
+def test_every_clock_of_the_initial_state_starts_now() -> None:
+    s = machine.initial(CONFIG, UPTIME)
+    assert s.since == s.restart.since == UPTIME

@@ -32,7 +32,7 @@ from vllmwatch.core.events import (
 from vllmwatch.core.names import PROBES, Reason
 from vllmwatch.core.names import ProbeKind as K
 from vllmwatch.core.policy import explain_exit
-from vllmwatch.core.restart import Phase, on, pending
+from vllmwatch.core.restart import Phase, Restart, on, pending
 from vllmwatch.core.state import CHILD_STATES, FINAL, Result, S, Start, WatchState, goto, seeded
 
 EXTEND_EVERY = 10.0  # how often EXTEND_TIMEOUT_USEC is sent while systemd waits for us
@@ -42,7 +42,7 @@ EXTEND_BY = 60.0
 def initial(config: Config, now: float, seed: int = 0) -> WatchState:
     """The state before anything ran; `seed` feeds the backoff jitter (the shell passes an OS
     random number so a fleet does not restart in lock-step; tests pass a fixed one)."""
-    s = WatchState(config=config, since=now)
+    s = WatchState(config=config, since=now, restart=Restart(since=now))  # (not the boot)
     return replace(s, rng=seeded(seed)) if seed else s
 
 
