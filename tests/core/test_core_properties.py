@@ -14,7 +14,10 @@ jumps are fed to `step`; after every step these must hold:
   (stop, crash-loop 3, vLLM refusing its arguments 2, a fatal launch error 2, a foreign port
   holder 4, repeated start memory failures 5, a fatal GPU fault 6, a failed required
   prewarm 1), logs `daemon.exiting` exactly once, with the code Exit carries, and sends
-  STOPPING=1 before Exit; no exit logs `restart.begin` after its `daemon.exiting`.
+  STOPPING=1 before Exit; no exit logs `restart.begin` after its `daemon.exiting`;
+- the config exit (78) for a launch that cannot exec or exits 2 at start is only ever the
+  verdict on a [vllm] section that never reached READY: once one did, the same failure is
+  a restart the crash-loop guard counts (an upgrade under way, core/launchfail.py).
 """
 
 from __future__ import annotations
@@ -169,6 +172,7 @@ class CoreMachine(RuleBasedStateMachine):
         self.gpu = 100.0
         self.exited = False
         self.history: list[Action] = []  # every action of this run, in order
+        self.ready_vllm: object = None  # the [vllm] of the last READY seen (an oracle)
         self._step(Tick())
 
     # ---- plumbing ----
@@ -180,6 +184,8 @@ class CoreMachine(RuleBasedStateMachine):
         while queue and not self.exited:
             self.s, acts = machine.step(self.s, queue.pop(0), self.now)
             self.history += acts
+            if self.s.state == S.READY and self.s.child is not None:
+                self.ready_vllm = self.s.child.vllm
             self.answers: list[Event] = []
             for a in acts:
                 self._effect(a)
@@ -309,6 +315,15 @@ class CoreMachine(RuleBasedStateMachine):
             check_one_way_out(history)
 
     @invariant()
+    def config_exit_only_for_a_command_never_ready(self) -> None:
+        # A launch of the [vllm] that last reached READY failing "fatally" (no such file, exit
+        # 2 at start) is an upgrade under way: retried, never the final 78.
+        s = self.s
+        if s.exit_reason == Reason.CONFIG:
+            assert s.child is not None and s.child.vllm != self.ready_vllm, \
+                "exit 78 for the vLLM command that ran"
+
+    @invariant()
     def every_rung_shows_and_is_bounded(self) -> None:
         # The restart ladder (core/restart.py): the rung agrees with the coarse state, and a
         # rung bounded by a deadline has one (a stop from each: stop_always_exits_in_time).
@@ -417,6 +432,13 @@ def _fatal_launch(m: CoreMachine) -> None:
     m.world_is_kind(3)
 
 
+def _fatal_after_ready(m: CoreMachine) -> None:
+    """The command that ran cannot exec any more, ever: the guard's 75, never the 78."""
+    _ready(m)
+    m.next_launch_works("fatal")
+    m.child_dies(0, False)
+
+
 def _called_off(m: CoreMachine) -> None:
     m.next_launch_works("called_off")  # a stop came while the launch waited (the shell)
     m.world_is_kind(3)
@@ -448,6 +470,7 @@ def _prewarm_fails(m: CoreMachine) -> None:
 @pytest.mark.parametrize(("provoke", "code", "reason"), [
     (_stop, exitcodes.OK, Reason.STOP), (_crash_loop, exitcodes.GAVE_UP, Reason.CRASHLOOP),
     (_rejected, exitcodes.CONFIG, Reason.CONFIG), (_fatal_launch, exitcodes.CONFIG, Reason.CONFIG),
+    (_fatal_after_ready, exitcodes.GAVE_UP, Reason.CRASHLOOP),
     (_called_off, exitcodes.OK, Reason.STOP),
     (_port_busy, exitcodes.START, Reason.PORT_BUSY),
     (_start_memory, exitcodes.START_MEMORY, Reason.START_MEMORY),

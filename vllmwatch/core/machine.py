@@ -160,9 +160,12 @@ def _spawn_failed(s: WatchState, ev: SpawnFailed, now: float) -> Result:
         return s, [Log("info", "child.launch_called_off", {"detail": ev.error})]
     acts: list[Action] = [Log("error", "child.spawn_failed", {"error": ev.error})]
     detail = f"could not start: {ev.error}"
-    if ev.fatal and s.exit_code is None:
-        s, more = ladder.halt(s, now, Reason.CONFIG, detail)
-        return s, acts + more
+    if ev.fatal:  # the config's fault, or the command that ran failing for a moment
+        from vllmwatch.core import launchfail  # only then: the daemon's import count
+
+        s, acts, detail, halted = launchfail.spawn_failed(s, ev, now)
+        if halted:
+            return s, acts
     if s.state not in CHILD_STATES:
         return s, acts
     s, more = _crashed(s, now, detail, "spawn failed")
@@ -198,14 +201,12 @@ def _child_exited(s: WatchState, ev: ChildExited, now: float) -> Result:
     if asked or pending(s) is not None or s.exit_code is not None:
         s, more = stopping.sweep(s, now, "child exited")
         return s, acts + more
-    if s.state == S.STARTING and ev.code == 2:
-        hint = next((ln for ln in reversed(ev.last_lines) if "error" in ln.lower()), why)
-        acts.append(Log("error", "child.rejected_arguments", {
-            "error": hint, "hint": "vLLM refused its command line; fix [vllm] in the config "
-            "(see `vllmwatch print-command` and `vllmwatch check`)"}))
-        s, more = ladder.halt(s, now, Reason.CONFIG,
-                              f"vLLM refused its arguments: {hint}")
-        return s, acts + more
+    if s.state == S.STARTING and ev.code == 2:  # the config's fault, or a passing one
+        from vllmwatch.core import launchfail  # only then: the daemon's import count
+
+        s, more, again = launchfail.exited_2(s, ev, now)  # again: a crash restart's detail
+        s, crash = (s, []) if again is None else _crashed(s, now, again, "child exited")
+        return s, acts + more + crash
     if s.state == S.STARTING and s.config.adapters:  # vLLM refused an adapter (issue 38)
         from vllmwatch.core import lora
 

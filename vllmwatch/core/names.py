@@ -94,7 +94,8 @@ REASONS: dict[Reason, ReasonInfo] = {
     _R.CRASHLOOP: ReasonInfo(False, False, False, _X.GAVE_UP, "too many failure restarts in "
                              "restart.window"),
     _R.CONFIG: ReasonInfo(False, False, False, _X.CONFIG, "vLLM refused its arguments during "
-                          "start, or cannot be launched at all"),
+                          "start, or cannot be launched at all (a [vllm] that never reached "
+                          "READY in this daemon's life: core/launchfail.py)"),
     _R.PORT_BUSY: ReasonInfo(False, False, False, _X.START, "a foreign process holds "
                              "vllm.port"),
     _R.PREWARM_FAILED: ReasonInfo(False, False, False, _X.FAILURE, "a required pre-warm step "

@@ -128,7 +128,9 @@ def explain_exit(code: int | None, signame: str | None, requested: bool,
     if code == 0 and not requested:
         return "exited with code 0 without being asked (vLLM does this when its engine dies)"
     if code == 2 and starting:
-        return "exited with code 2 (vLLM rejected its arguments; see `vllm: error:` above)"
+        # (not "see `vllm: error:` above": Python exits 2 too, for a script it cannot open)
+        return ("exited with code 2 (what vLLM does when it rejected its arguments, and "
+                "Python when its script is missing)")
     return f"exited with code {code}"
 
 

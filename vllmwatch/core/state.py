@@ -227,6 +227,9 @@ class WatchState:
     gen: int = 0  # child generations launched; results about older children are dropped
     child: ChildRun | None = None  # the current (or last) child generation
     ever_ready: bool = False
+    # The [vllm] section of the last launch that reached READY (goto): a launch of it that
+    # fails the config's way is a passing failure, not exit 78 (core/launchfail.py)
+    proven: VllmConfig | None = None
     prewarmed: bool = False
     exit_reason: Reason | None = None  # set when vllmwatch is leaving: only ladder.halt
     exit_detail: str = ""
@@ -285,7 +288,8 @@ def goto(s: WatchState, to: State, now: float, reason: str, deadline: float | No
     acts: list[Action] = [log]
     if s.state == S.STARTING and to != S.STARTING:  # the start guard runs until here
         acts.append(StartOver("ready" if to == S.READY else str(to)))
-    return replace(s, state=to, since=now, deadline=deadline), acts
+    proven = s.child.vllm if to == S.READY and s.child is not None else s.proven
+    return replace(s, state=to, since=now, deadline=deadline, proven=proven), acts
 
 
 def seeded(seed: int) -> int:

@@ -169,7 +169,8 @@ class ChildHandle:
         except (FileNotFoundError, PermissionError) as exc:
             if guard is not None:
                 guard.stop("spawn_failed")
-            # A missing or non-executable vLLM is a config problem: retrying cannot help.
+            # A missing or non-executable vLLM is a config problem: retrying cannot help
+            # (unless that command reached READY before: an upgrade, core/launchfail.py).
             # ENOENT for a script that exists means its interpreter is missing (or its #!
             # line ends in \r): say that, not that the script is missing.
             found = vllminfo.executable([argv0])
