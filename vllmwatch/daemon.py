@@ -19,7 +19,7 @@ from vllmwatch.core import exitcodes
 from vllmwatch.core.events import ReadyzPolled
 from vllmwatch.core.names import Reason, exit_code
 from vllmwatch.live import Live, SwitchableLog
-from vllmwatch.shell import crash, fdbudget, groupfile, reaper
+from vllmwatch.shell import fdbudget, groupfile, reaper
 from vllmwatch.shell.child import instance_id, sweep_spare_leftovers
 from vllmwatch.shell.clock import SystemClock
 from vllmwatch.shell.effects import RealEffects
@@ -27,7 +27,7 @@ from vllmwatch.shell.fleet import spread_config
 from vllmwatch.shell.logs import LogFn, setup
 from vllmwatch.shell.loop import Loop
 from vllmwatch.shell.memory import make_sampler
-from vllmwatch.shell.notify import SystemdNotifier
+from vllmwatch.shell.notify import START_HINT, SystemdNotifier, report_crash
 from vllmwatch.status.server import StatusListenError, StatusServer
 from vllmwatch.status.snapshot import Snapshot
 
@@ -60,7 +60,7 @@ def main(config: Config, log_format: str | None = None, prewarm: bool = True,
         # A crash of the start, before the loop runs (one in the loop is the loop's): what
         # it had started is stopped by now (_run's own finally); the documented exit 70,
         # not a bare traceback and exit 1 that systemd restarts every RestartSec unsaid.
-        code = crash.report(log, notifier, exc, "starting", crash.START_HINT)
+        code = report_crash(log, notifier, exc, "starting", START_HINT)
     leave_past_stuck_threads(code, log)
     return code
 

@@ -1,4 +1,4 @@
-"""The figures read from a model's config.json (config/modelnums.py, modellen, spareargs):
+"""The figures read from a model's config.json (config/modellen.py, modellen, spareargs):
 a value of the wrong kind is a BadModelValue naming the key, the value and what is accepted,
 never a ValueError, an OverflowError or a TypeError from deep inside (`int(NaN)` crashed the
 daemon's start and `check`; `true` counted as 1), and any JSON in the keys read raises
@@ -12,8 +12,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from vllmwatch.config.modellen import LEN_KEYS, model_max_len
-from vllmwatch.config.modelnums import BadModelValue
+from vllmwatch.config.modellen import LEN_KEYS, BadModelValue, model_max_len
 from vllmwatch.config.spareargs import kv_bytes_per_token
 
 NAN, INF = float("nan"), float("inf")

@@ -1,7 +1,7 @@
 """`vllmwatch run` where NVML cannot see vLLM's processes under their pids (a container
 without the host's PID namespace: NVML lists them under host pids, or lists none at all),
 over the fake GPU ledger: the GPU limit still fires, on the device's figure, and the
-`memory.source` warning says why (shell/gpusight.py)."""
+`memory.source` warning says why (shell/gpufaults.py)."""
 
 from __future__ import annotations
 

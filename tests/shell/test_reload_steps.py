@@ -16,7 +16,8 @@ from pathlib import Path
 import pytest
 
 from tests.shell.test_check import write_config
-from vllmwatch.config import command, steps, vllminfo
+from vllmwatch.config import command, vllminfo
+from vllmwatch.config import vllminfo as steps
 from vllmwatch.config.schema import Config, from_dict
 from vllmwatch.core.events import ReloadRequested
 from vllmwatch.shell.reload import RELOAD_TIMEOUT, ReloadRead, Reloads

@@ -17,7 +17,7 @@ from pathlib import Path
 from typing import Any, TextIO
 
 from vllmwatch.check.base import FAIL, PASS, SKIP, WARN, CheckResult, Context
-from vllmwatch.config import command, modelnums, safefile
+from vllmwatch.config import command, modellen, safefile
 from vllmwatch.prewarm import pagecache
 
 _CHUNK = 8 << 20
@@ -117,10 +117,10 @@ def _check_model_config(path: Path) -> CheckResult:
     if not isinstance(data, dict):
         return CheckResult("model.config", FAIL, f"{cfg} is not a JSON object")
     try:  # vLLM picks its model class by these names
-        arch = ", ".join(modelnums.strings(data, "architectures") or []) \
+        arch = ", ".join(modellen.strings(data, "architectures") or []) \
             or "architecture not named"
-        kind = modelnums.string(data, "model_type") or "?"
-    except modelnums.BadModelValue as exc:
+        kind = modellen.string(data, "model_type") or "?"
+    except modellen.BadModelValue as exc:
         return CheckResult("model.config", FAIL, f"{exc.text(str(cfg))}; re-download it")
     return CheckResult("model.config", PASS, f"{cfg}: {arch} (model_type {kind})")
 

@@ -11,8 +11,6 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 
 from vllmwatch.config import flags, safefile, serveline
-from vllmwatch.config.envfilechecks import ARG_PREFIX as ARG_PREFIX  # init writes it
-from vllmwatch.config.envfilechecks import env_file_problems
 from vllmwatch.config.errors import Problem
 from vllmwatch.config.flags import flag_name as flag_name  # re-exported for callers
 from vllmwatch.config.launch import FORK_VARIABLE, engine_start_method
@@ -188,8 +186,8 @@ def read_env_file(config: Config) -> tuple[dict[str, str], list[str]]:
             raise KeyFileError(config.path, "vllm.env_file", f"{path!r} line {number}: "
                                "a NUL byte in the value, which cannot reach vLLM",
                                transient=False)
-        if name.startswith(ARG_PREFIX) and len(name) > len(ARG_PREFIX):
-            args += [f"--{flag_name(name[len(ARG_PREFIX):].lower())}", value]
+        if name.startswith(flags.ARG_PREFIX) and len(name) > len(flags.ARG_PREFIX):
+            args += [f"--{flag_name(name[len(flags.ARG_PREFIX):].lower())}", value]
         else:
             env[name] = value
     return env, args
@@ -238,7 +236,10 @@ def build(config: Config, base_env: Mapping[str, str], api_key: str | None = Non
     argv += ["--host", v.host, "--port", str(v.port)]
     _raise(config.path, flags.args_problems(v.args, v.extra_args, vllm_version))
     file_env, file_args = read_env_file(config)
-    _raise(config.path, env_file_problems(config, file_env, file_args, vllm_version))
+    if file_env or file_args:  # vllm.env_file's lines, judged as the tables are (its module
+        from vllmwatch.config.envfilechecks import env_file_problems  # only then)
+
+        _raise(config.path, env_file_problems(config, file_env, file_args, vllm_version))
     user, secret_env = split_secrets([*args_to_argv(v.args, config.path), *v.extra_args,
                                       *file_args])
     secret_env = {**file_env, **secret_env}
@@ -322,13 +323,13 @@ def load_for_reload(path: str) -> Config:
             raise
     # The flags the launch refuses (fatal: the daemon would stop a healthy vLLM for a config
     # it then cannot start): the known-bad ones, and those this vLLM's cached flag list lacks
-    from vllmwatch.config import steps, vllmflags, vllminfo  # (at reload and check only)
+    from vllmwatch.config import vllmflags, vllminfo  # (at reload and check only)
 
     v = config.vllm
     problems = flags.args_problems(v.args, v.extra_args)
-    steps.step(steps.VERSION)  # runs an interpreter: a deadline of its own (shell/reload.py)
+    vllminfo.step(vllminfo.VERSION)  # runs an interpreter: a deadline of its own (shell/reload.py)
     version = vllminfo.version(v.command)
-    steps.step(steps.READ)
+    vllminfo.step(vllminfo.READ)
     known = vllmflags.known_flags(v.command, version, vllmflags.default_cache_dir(
         config, os.environ), ask=False) if version else None
     _raise(path, problems + (vllmflags.validate_args(config, known) if known else []))

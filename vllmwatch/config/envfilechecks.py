@@ -9,11 +9,10 @@ from collections.abc import Mapping
 from vllmwatch.config import flags, startcaches
 from vllmwatch.config.crosschecks import INT_VARIABLES, owned_env_problem, secret_twice
 from vllmwatch.config.errors import Problem
-from vllmwatch.config.flags import flag_name
+from vllmwatch.config.flags import ARG_PREFIX, flag_name
 from vllmwatch.config.launch import FORK_VARIABLE
 from vllmwatch.config.sections import Config
 
-ARG_PREFIX = "VLLMWATCH_ARG_"  # in vllm.env_file: a flag's value, not a variable
 WHERE = "vllm.env_file: "
 
 

@@ -29,6 +29,7 @@ OFF_THE_PROBES["ssl-certfile"] = OFF_THE_PROBES["ssl-keyfile"]
 # Secret flags and the variable vLLM (or huggingface_hub) reads instead: argv is public (ps,
 # /proc/PID/cmdline), the environment is readable only by the process owner and root.
 SECRET_FLAGS = {"hf-token": "HF_TOKEN", "api-key": "VLLM_API_KEY"}
+ARG_PREFIX = "VLLMWATCH_ARG_"  # in vllm.env_file: a flag's value, not a variable
 # A dash a web page typeset (an em or en dash before api-key): vLLM takes the word for a
 # positional and refuses the line (init reads it as the -- that was meant, saying so).
 DASHES = ("\u2014", "\u2013", "\u2212", "\u2012", "\u2010", "\u2011", "\ufe63", "\uff0d")

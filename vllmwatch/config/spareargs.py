@@ -8,7 +8,7 @@ import re
 from collections.abc import Mapping, Sequence
 
 from vllmwatch.config.flags import flag_name
-from vllmwatch.config.modelnums import count, string, strings
+from vllmwatch.config.modellen import count, string, strings
 
 
 def ceil3(x: float) -> float:
@@ -52,7 +52,7 @@ def kv_bytes_per_token(model: Mapping[str, object], kv_cache_dtype: str = "auto"
     (kv_lora_rank + qk_rope_head_dim) x dtype bytes. None for layouts it does not model
     (sliding-window, linear-attention or Mamba layers) or a config without the figures.
     Raises BadModelValue for a figure of the wrong kind (NaN, `true`, a negative, a string:
-    config/modelnums.py), and nothing else for any JSON in these keys."""
+    config/modellen.py), and nothing else for any JSON in these keys."""
     text = model.get("text_config")
     nested = isinstance(text, dict) and model.get("num_hidden_layers") is None
     cfg, where = (text, "text_config.") if isinstance(text, dict) and nested else (model, "")

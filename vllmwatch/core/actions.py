@@ -130,7 +130,7 @@ class SampleMemory:
     with_pss: bool
     gen: int = 0
     gpus: tuple[int, ...] | None = None  # the child's GPUs; None = every GPU
-    # (GPU, MiB) in use before the child's launch: is NVML blind to it? (shell/gpusight.py)
+    # (GPU, MiB) in use before the child's launch: is NVML blind to it? (shell/gpufaults.py)
     before_launch: tuple[tuple[int, float], ...] = ()
 
 

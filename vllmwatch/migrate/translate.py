@@ -10,8 +10,7 @@ from __future__ import annotations
 import json
 
 from vllmwatch.config import flags
-from vllmwatch.config.command import ARG_PREFIX
-from vllmwatch.config.flags import DASHES, flag_name
+from vllmwatch.config.flags import ARG_PREFIX, DASHES, flag_name
 from vllmwatch.config.launch import INJECTED_FLAGS
 from vllmwatch.config.redact import REDACT
 from vllmwatch.config.serveline import ServeLine, is_number

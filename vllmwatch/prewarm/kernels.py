@@ -13,7 +13,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from vllmwatch.config import modelnums, safefile
+from vllmwatch.config import safefile
 from vllmwatch.config.redact import REDACT
 from vllmwatch.prewarm import backend
 
@@ -136,14 +136,16 @@ def model_shape(model_dir: Path | None) -> dict[str, Any]:
         return spec
     # Multimodal configs nest the language model's under text_config.
     cfg: dict[str, Any] = raw["text_config"] if isinstance(raw.get("text_config"), dict) else raw
-    try:  # a figure of the wrong kind (NaN, a string: config/modelnums.py): the defaults
-        heads = modelnums.count(cfg, "num_attention_heads")
-        hidden = modelnums.count(cfg, "hidden_size")
-        head_dim = modelnums.count(cfg, "head_dim") or (
+    from vllmwatch.config import modellen  # (at the warm-up only)
+
+    try:  # a figure of the wrong kind (NaN, a string: config/modellen.py): the defaults
+        heads = modellen.count(cfg, "num_attention_heads")
+        hidden = modellen.count(cfg, "hidden_size")
+        head_dim = modellen.count(cfg, "head_dim") or (
             hidden // heads if heads is not None and hidden is not None else None)
-        kv_heads = modelnums.count(cfg, "num_key_value_heads") or heads
-        dtype = modelnums.string(cfg, "torch_dtype") or modelnums.string(cfg, "dtype") or ""
-    except modelnums.BadModelValue:
+        kv_heads = modellen.count(cfg, "num_key_value_heads") or heads
+        dtype = modellen.string(cfg, "torch_dtype") or modellen.string(cfg, "dtype") or ""
+    except modellen.BadModelValue:
         return spec
     if head_dim and heads is not None:
         spec.update(head_dim=head_dim, num_heads=heads, from_config=True, num_kv_heads=kv_heads)

@@ -41,10 +41,9 @@ from vllmwatch.core.actions import (
 )
 from vllmwatch.core.events import Event, ReloadRequested, RestartRequested, StopRequested, Tick
 from vllmwatch.logfn import Repeats
-from vllmwatch.shell import crash
 from vllmwatch.shell.clock import Clock
 from vllmwatch.shell.effects import Effects
-from vllmwatch.shell.notify import watchdog_interval
+from vllmwatch.shell.notify import LOOP_HINT, report_crash, watchdog_interval
 from vllmwatch.shell.outputs import Outputs
 from vllmwatch.shell.reload import ReloadRead, Reloads
 from vllmwatch.status.snapshot import Snapshot
@@ -185,8 +184,8 @@ class Loop:
             # The exit the core cannot decide (it may be what raised) gets the same exit
             # event and STOPPING=1 that ladder.halt gives every other exit; one it decided
             # already was said.
-            return crash.report(self.fx.log, self.fx.notifier, exc, str(self.state.state),
-                                crash.LOOP_HINT, exiting=self.state.exit_code is None)
+            return report_crash(self.fx.log, self.fx.notifier, exc, str(self.state.state),
+                                LOOP_HINT, exiting=self.state.exit_code is None)
         finally:
             self.close()
             if self._install:  # decided: a signal during the exit that follows must not

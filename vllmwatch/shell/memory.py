@@ -16,8 +16,7 @@ import psutil
 from vllmwatch.core import restart
 from vllmwatch.core.samples import GpuProcess, MemorySample
 from vllmwatch.logfn import LogFn
-from vllmwatch.shell.gpufaults import FaultWatch
-from vllmwatch.shell.gpusight import PAUSED, Sight, tree_by_gpu
+from vllmwatch.shell.gpufaults import PAUSED, FaultWatch, Sight, tree_by_gpu
 
 _MIB = 1024.0 * 1024.0
 # How long the loop's thread (SIGTERM and every deadline wait on it) waits for one NVML read:
@@ -35,7 +34,7 @@ class MemorySampler(Protocol):
         """Read the tree rooted at root_pid (None: no child) on the configured GPUs; with
         `faults`, take the GPU faults NVML reports once (only the core's own samples may:
         a fault read anywhere else is lost to it). `before_launch`: the device's use before
-        the tree's launch, `spare`: the spare's live pids (shell/gpusight.py: is NVML's
+        the tree's launch, `spare`: the spare's live pids (shell/gpufaults.py: is NVML's
         process list blind to the tree, and whose memory would the device's figure hold?)."""
         ...
 

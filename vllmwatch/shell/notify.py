@@ -2,13 +2,18 @@
 
 from __future__ import annotations
 
+import contextlib
 import os
+import traceback
 from collections.abc import Mapping
 from typing import Any, Protocol
 
 import sdnotify
 
+import vllmwatch
 from vllmwatch.config.redact import REDACT
+from vllmwatch.core import exitcodes
+from vllmwatch.core.names import Reason, exit_code
 from vllmwatch.logfn import LogFn
 
 
@@ -80,3 +85,31 @@ def status_line(text: str) -> str:
     """A STATUS= message: one line, bounded."""
     one = " ".join(text.split())  # redacted whole or cut: systemctl status shows it to all
     return "STATUS=" + (REDACT.head(one, 200) + "..." if len(one) > 200 else REDACT.text(one))
+
+
+# ---- the one way vllmwatch reports a crash of its own (was shell/crash.py): in the loop
+# (shell/loop.py) and in the daemon's start before it (daemon.py) alike, exit 70 comes with
+# one `daemon.crashed` event carrying the traceback (through the logger: the redactor runs),
+# the `daemon.exiting` event and STOPPING=1 that every other exit gives.
+
+LOOP_HINT = ("a bug in vllmwatch; the vLLM tree was killed. Please report it with this "
+             "traceback")
+START_HINT = ("a bug in vllmwatch, during its start (before its loop ran); what it had "
+              "started was stopped. Please report it with this traceback")
+
+
+def report_crash(log: LogFn, notifier: Notifier, exc: BaseException, state: str, hint: str,
+           exiting: bool = True) -> int:
+    """Log the crash (and, unless the exit was decided already, `daemon.exiting`), tell
+    systemd STOPPING=1; return the exit code (70)."""
+    moved = vllmwatch.code_changed()  # first: the traceback quotes the lines that ran
+    log("critical", "daemon.crashed", error=f"{type(exc).__name__}: {exc}",
+        traceback="".join(traceback.format_exception(exc)), code_changed=moved, hint=hint)
+    code = exit_code(Reason.INTERNAL)
+    if exiting:
+        log("error", "daemon.exiting", code=code, reason=str(Reason.INTERNAL),
+            detail=f"{type(exc).__name__}: {exc}", state=state,
+            meaning=exitcodes.MEANING[code])
+        with contextlib.suppress(Exception):  # (the crash may be the notifier's own)
+            notifier.send("STOPPING=1")
+    return code

@@ -2,7 +2,7 @@
 
 The loop never reads the file itself (a FIFO, a hung mount or /dev/zero would stop it): the
 read runs on a worker and its answer comes back as an event. Each step of the read has its
-deadline (config/steps.py tells which step it is in): file reads RELOAD_TIMEOUT, the vLLM
+deadline (config/vllminfo.py's steps tell which step it is in): file reads RELOAD_TIMEOUT, the vLLM
 version probe (an interpreter: seconds on a cold page cache) the probe's own bound and
 RELOAD_TIMEOUT more. A read past its step's deadline is a failed reload naming the step (the
 running config is kept) and its late answer is dropped; SIGHUPs that come while a read is out
@@ -15,18 +15,17 @@ import threading
 from collections.abc import Callable
 from dataclasses import dataclass, replace
 
-from vllmwatch.config import command, steps
+from vllmwatch.config import command, vllminfo
 from vllmwatch.config.schema import Config
 from vllmwatch.config.vllminfo import PROBE_TIMEOUT
 from vllmwatch.core.events import Event, ReloadRequested
-from vllmwatch.shell import reloadports
 
 RELOAD_TIMEOUT = 5.0
 # What a step may take; a read past it fails with the step's name and a hint (file reads:
 # the first; a slow interpreter: `vllmwatch check` times it outside the daemon)
-BUDGETS = {steps.VERSION: PROBE_TIMEOUT + RELOAD_TIMEOUT}
-HINTS = {steps.READ: " (a file on a hung network mount?)",
-         steps.VERSION: ": vllm.command's interpreter did not answer (`vllmwatch check "
+BUDGETS = {vllminfo.VERSION: PROBE_TIMEOUT + RELOAD_TIMEOUT}
+HINTS = {vllminfo.READ: " (a file on a hung network mount?)",
+         vllminfo.VERSION: ": vllm.command's interpreter did not answer (`vllmwatch check "
                         "--config-only` runs the same probe)"}
 
 
@@ -54,7 +53,7 @@ class Reloads:
         self._again_fn = again
         self._token = 0  # the read in flight; answers of older reads are dropped
         self.due: float | None = None  # when the read in flight times out
-        self._step = steps.READ  # the step the read in flight is in
+        self._step = vllminfo.READ  # the step the read in flight is in
         self._again = False  # a SIGHUP came while a read was out
         self._lock = threading.Lock()  # due and _step: the worker moves them (stepped)
 
@@ -69,15 +68,17 @@ class Reloads:
         with self._lock:
             self._token += 1
             token = self._token
-            self._step, self.due = steps.READ, self._clock() + RELOAD_TIMEOUT
+            self._step, self.due = vllminfo.READ, self._clock() + RELOAD_TIMEOUT
         running = self._running() if self._running is not None else None  # (loop's thread)
 
         def work() -> ReloadRead:
             try:
-                with steps.watched(lambda name: self._stepped(token, name)):
+                with vllminfo.watched(lambda name: self._stepped(token, name)):
                     ev = ReloadRequested(read())
                     if ev.config is not None and running is not None:  # as the launch would
-                        steps.step(steps.PORTS)
+                        from vllmwatch.shell import reloadports  # (at a reload only)
+
+                        vllminfo.step(vllminfo.PORTS)
                         reloadports.refuse_busy(ev.config.path, ev.config, running,
                                                 reloadports.in_daemon())
                 if self._inputs is not None and ev.config is not None:

@@ -97,7 +97,7 @@ def model_figures(config: Config, environ: Mapping[str, str], kv_dtype: str,
     """(weights MiB, KV bytes per token, the model's context length) from its local files: a
     path, or a Hub id already downloaded (found as the child finds it: its HF_HOME). `vllmwatch
     check` reads these too, so the check and the daemon say the same plan. A figure whose
-    keys hold a value of the wrong kind (NaN, a string: config/modelnums.py) is unknown, as
+    keys hold a value of the wrong kind (NaN, a string: config/modellen.py) is unknown, as
     for an unreadable config.json, and the problem, naming the file, goes to `problems`."""
     where = model_dir(config, environ)
     files = pagecache.weight_files(where) if where is not None else []
