@@ -138,3 +138,24 @@ def test_a_holder_not_visible_here_is_refused_only_where_ours_would_be_visible(
     assert not host.sees_ours({"MAINPID": str(os.getpid())})  # the daemon is another user's
     monkeypatch.setattr(os, "geteuid", lambda: 0)
     assert host.sees_ours({})
+
+
+@pytest.mark.parametrize(("argv", "path"), [
+    (["vllmwatch", "run", "--config", "/a.toml"], "/a.toml"),
+    (["vllmwatch", "run", "--config=/a.toml"], "/a.toml"),
+    (["vllmwatch", "run", "-c", "/a.toml"], "/a.toml"),
+    (["vllmwatch", "-c/a.toml", "run"], "/a.toml"),
+    (["vllmwatch", "run", "-c=/a.toml"], "/a.toml"),
+    (["vllmwatch", "run", "--conf", "/a.toml"], "/a.toml"),
+    (["vllmwatch", "--config", "/b.toml", "run", "-c", "/a.toml"], "/a.toml"),
+    (["vllmwatch", "run", "--log-format", "json"], None),
+    (["vllmwatch", "check", "--config-only"], None),
+])
+def test_the_daemons_config_is_read_in_every_spelling_the_cli_takes(
+        argv: list[str], path: str | None) -> None:
+    """`check --config-only` knew a running vllmwatch of this config by `--config` only: one
+    started with `-c` (a custom unit) held its status port as a stranger's, and a reload of
+    the unchanged config was refused. Review of the fix, 2026-12-05."""
+    from vllmwatch.check.host import _config_of
+
+    assert _config_of(argv) == path

@@ -30,55 +30,60 @@ from vllmwatch.shell.sparerun import digest
 from vllmwatch.testing.fake_nvml import FakeGpu, FakeNvml
 from vllmwatch.testing.world import LogCapture
 
+Pairs = tuple[tuple[str, str], ...]  # (adapter name, which of the made paths)
 
-def _shell(tmp: Path, monkeypatch: pytest.MonkeyPatch, live: bool
-           ) -> tuple[Inputs, dict[str, Inputs], dict[str, str]]:
-    """The digests the real shell computes: the spare built with adapter `sql`, and what a
-    reload to each variant would build (`two`: `chat` added; `moved`: `sql` repointed)."""
+
+def _pair(tmp: Path, monkeypatch: pytest.MonkeyPatch, live: bool, max_loras: int,
+          before: Pairs, after: Pairs) -> tuple[Inputs, Inputs, Config, Config]:
+    """The digests the real shell computes for a spare built with `before`'s adapters and
+    for `after`'s, and the core's configs (the same [lora]) with each."""
     monkeypatch.setenv("STATE_DIRECTORY", str(tmp / "state"))
     paths = {n: str(make(tmp / n, rank=8)) for n in ("sql", "chat", "sql2")}
-    lora = {"live": live, "max_loras": 4}
-
     base = spare_config(tmp, adapters=[{"name": "sql", "path": paths["sql"]}])
-    one = dataclasses.replace(base, lora=dataclasses.replace(base.lora, **lora))
+    base = dataclasses.replace(base, lora=dataclasses.replace(base.lora, live=live,
+                                                              max_loras=max_loras))
 
-    def cfg(*adapters: tuple[str, str]) -> Config:  # the same config but its adapters
-        return dataclasses.replace(one, adapters=tuple(
-            dataclasses.replace(one.adapters[0], name=n, path=paths[p]) for n, p in adapters))
+    def shell(pairs: Pairs) -> Config:  # the same config but its adapters
+        return dataclasses.replace(base, adapters=tuple(
+            dataclasses.replace(base.adapters[0], name=n, path=paths[k]) for n, k in pairs))
+
+    def core(pairs: Pairs) -> Config:
+        return dataclasses.replace(CONFIG, lora=LoraConfig(live=live, max_loras=max_loras),
+                                   adapters=tuple(AdapterConfig(n, paths[k], rank=8)
+                                                  for n, k in pairs))
 
     sampler = make_sampler([0], LogCapture(), nvml=FakeNvml([FakeGpu(total_mib=143771.0)]))
-    fx = sparefx.make(one, {"STATE_DIRECTORY": str(tmp / "state")}, sampler, False, LogCapture())
+    fx = sparefx.make(shell(before), {"STATE_DIRECTORY": str(tmp / "state")}, sampler, False,
+                      LogCapture())
     assert fx is not None
-    now = {"two": fx.inputs(cfg(("sql", "sql"), ("chat", "chat"))),
-           "moved": fx.inputs(cfg(("sql", "sql2")))}
-    return digest(fx.tree.cmd), now, paths
+    return digest(fx.tree.cmd), fx.inputs(shell(after)), core(before), core(after)
 
 
-def _core(paths: dict[str, str], live: bool, variant: str) -> tuple[Config, Config]:
-    lora = LoraConfig(live=live, max_loras=4)
-    one = dataclasses.replace(CONFIG, adapters=(AdapterConfig("sql", paths["sql"], rank=8),),
-                              lora=lora)
-    more = ((AdapterConfig("sql", paths["sql"], rank=8), AdapterConfig("chat", paths["chat"],
-                                                                        rank=8))
-            if variant == "two" else (AdapterConfig("sql", paths["sql2"], rank=8),))
-    return one, dataclasses.replace(one, adapters=more)
+SQL, CHAT, SQL2 = ("sql", "sql"), ("chat", "chat"), ("sql", "sql2")
+LIVE = {  # (lora.max_loras, before, after): changes lora.live applies without a launch
+    "added": (4, (SQL,), (SQL, CHAT)), "repointed": (4, (SQL,), (SQL2,)),
+    # --max-loras automatic (0): one adapter less moves it, which the digest took for a
+    # change of the vLLM command (review of the fix, 2026-12-05)
+    "removed, max_loras auto": (0, (SQL, CHAT), (SQL,)),
+    "repointed, max_loras auto": (0, (SQL,), (SQL2,)),
+}
 
 
-@pytest.mark.parametrize("variant", ["two", "moved"])
+@pytest.mark.parametrize("case", sorted(LIVE))
 def test_a_live_adapter_change_stays_live_and_rebuilds_the_spare_beside_the_engine(
-        tmp_path: Path, monkeypatch: pytest.MonkeyPatch, variant: str) -> None:
-    built, now, paths = _shell(tmp_path, monkeypatch, live=True)
-    assert dict(built)[COMMAND] == dict(now[variant])[COMMAND]  # only the adapters differ
-    assert dict(built)[ADAPTERS] != dict(now[variant])[ADAPTERS]
-    one, changed = _core(paths, True, variant)
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch, case: str) -> None:
+    max_loras, before, after = LIVE[case]
+    built, now, one, changed = _pair(tmp_path, monkeypatch, True, max_loras, before, after)
+    assert dict(built)[COMMAND] == dict(now)[COMMAND]  # only the adapters differ
+    assert dict(built)[ADAPTERS] != dict(now)[ADAPTERS]
     m = InputsWorld()
     m.inputs = built
     _ready(m)
-    m.s = dataclasses.replace(m.s, config=one)  # READY with `sql`, as launched with it
+    m.s = dataclasses.replace(m.s, config=one)  # READY with `before`, as launched with it
     assert _rung(m) == R.ASLEEP
     pid = m.s.child.pid if m.s.child else None
     mark = len(m.history)
-    m._step(ReloadRequested(changed, spare_inputs=now[variant]))
+    m._step(ReloadRequested(changed, spare_inputs=now))
     acts = m.history[mark:]
     said = _logs(acts, "config.reloaded")[0].fields
     assert said["how"] == "live" and said["restart_needed"] is False, said
@@ -94,36 +99,34 @@ def test_a_live_adapter_change_stays_live_and_rebuilds_the_spare_beside_the_engi
 
 def test_an_adapter_change_that_needs_a_launch_relaunches_and_rebuilds_the_spare_after(
         tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    built, now, paths = _shell(tmp_path, monkeypatch, live=False)
-    one, changed = _core(paths, False, "two")
+    built, now, one, changed = _pair(tmp_path, monkeypatch, False, 4, (SQL,), (SQL, CHAT))
     m = InputsWorld()
     m.inputs = built
     _ready(m)
     m.s = dataclasses.replace(m.s, config=one)
     mark = len(m.history)
-    m._step(ReloadRequested(changed, spare_inputs=now["two"]))
+    m._step(ReloadRequested(changed, spare_inputs=now))
     acts = m.history[mark:]
     said = _logs(acts, "config.reloaded")[0].fields
     assert said["how"] == "restart" and said["restart_needed"] is True, said
     assert _logs(acts, "restart.begin")
     assert not [a for a in acts if isinstance(a, BuildSpare)], "built beside a relaunch"
     assert _rung(m) == R.DOWN
-    m.inputs = now["two"]
+    m.inputs = now
     # The relaunch's READY (the core world runs no adapter smoke, the shell's work: READY
     # without it): the spare is built then, from the new list
     m.s = dataclasses.replace(m.s, config=dataclasses.replace(changed, adapters=()))
     _ready(m)
     assert _rung(m) == R.ASLEEP and m.s.spare is not None
-    assert m.s.spare.built_from == now["two"]
+    assert m.s.spare.built_from == now
 
 
 def test_a_key_rotation_still_relaunches_the_serving_engine_with_the_spare(
         tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     """The adapters' part apart changes nothing for the others: a new API key in the spare's
     inputs relaunches the serving engine, whatever the adapters did."""
-    built, now, paths = _shell(tmp_path, monkeypatch, live=True)
-    one, changed = _core(paths, True, "two")
-    rotated = tuple((p, "f" * 16 if p == "the API key" else d) for p, d in now["two"])
+    built, now, one, changed = _pair(tmp_path, monkeypatch, True, 4, (SQL,), (SQL, CHAT))
+    rotated = tuple((p, "f" * 16 if p == "the API key" else d) for p, d in now)
     m = InputsWorld()
     m.inputs = built
     _ready(m)

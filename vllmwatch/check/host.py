@@ -6,7 +6,6 @@ from __future__ import annotations
 
 import contextlib
 import errno
-import itertools
 import os
 import tempfile
 from collections.abc import Mapping
@@ -68,13 +67,24 @@ def _this_daemon(pid: int, ctx: Context) -> bool:
         return True
     with contextlib.suppress(psutil.Error, OSError):
         proc = psutil.Process(pid)
-        args = proc.cmdline()
-        given = [a.split("=", 1)[1] for a in args if a.startswith("--config=")] + [
-            b for a, b in itertools.pairwise(args) if a == "--config"]
-        path = given[-1] if given else proc.environ().get("VLLMWATCH_CONFIG") or DEFAULT_PATH
+        path = _config_of(proc.cmdline()) or proc.environ().get("VLLMWATCH_CONFIG") \
+            or DEFAULT_PATH
         return os.path.realpath(os.path.join(proc.cwd(), path)) == os.path.realpath(
             ctx.config.path)
     return False
+
+
+def _config_of(args: list[str]) -> str | None:
+    """The config a vllmwatch's argv names, in any of the CLI's spellings (--config X,
+    --config=X, an abbreviation such as --conf X, -c X, -cX, -c=X); the last one wins."""
+    got = None
+    for i, word in enumerate(args):
+        name, eq, value = word.partition("=")
+        if name == "-c" or (len(name) > 3 and "--config".startswith(name)):
+            got = value if eq else (args[i + 1] if i + 1 < len(args) else got)
+        elif word.startswith("-c") and not word.startswith("--") and len(word) > 2:
+            got = word[2:]
+    return got
 
 
 def sees_ours(env: Mapping[str, str]) -> bool:
