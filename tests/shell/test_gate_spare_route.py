@@ -166,16 +166,19 @@ def test_a_spare_vllmwatch_stops_is_fenced_first() -> None:
     """StopSpare told the gate nothing: requests cut on the spare vllmwatch stopped counted
     as engine deaths against them (gate/replay.py Suspects: two put a request on
     probation), and new ones could still be sent to it while it went down."""
+    import threading
     from types import SimpleNamespace
 
     from vllmwatch.core.failover import StopSpare
     from vllmwatch.shell.sparerun import SpareFx
     calls: list[object] = []
     fx = SpareFx.__new__(SpareFx)
+    fx._unwatch = threading.Event()  # (the watch of a serving spare: StopSpare ends it)
     fx.tree = SimpleNamespace(pid=321, stop=lambda why: calls.append(("stop", why)))  # type: ignore[assignment]
     fx.stop_order = lambda gen, cut: calls.append(("fence", gen, cut))
     fx.do(StopSpare("vllmwatch is stopping"), lambda e: None)
     assert calls == [("fence", -321, False), ("stop", "vllmwatch is stopping")]
+    assert fx._unwatch.is_set()
     calls.clear()
     fx.tree = SimpleNamespace(pid=None, stop=lambda why: calls.append(("stop", why)))  # type: ignore[assignment]
     fx.do(StopSpare("off"), lambda e: None)
