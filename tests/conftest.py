@@ -118,7 +118,7 @@ def _still_there(session: str, grace: float) -> list[psutil.Process]:
     """Leftovers that outlive a short grace (a process killed a moment ago is not one)."""
     deadline = time.monotonic() + grace
     while (left := session_leftovers(session)) and time.monotonic() < deadline:
-        time.sleep(0.2)
+        time.sleep(0.2)  # a poll of a condition, bounded by the grace
     return left
 
 

@@ -24,7 +24,7 @@ def log(event, ts, **fields):
 
 def wait(name):
     while not Path(sys.argv[1], name).exists():
-        time.sleep(0.02)
+        time.sleep(0.02)  # the fake child polls the test's go-file (a condition)
 
 log("child.ready", time.time(), pid=1)
 sock.sendto(b"READY=1", os.environ["NOTIFY_SOCKET"])

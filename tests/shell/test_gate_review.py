@@ -296,7 +296,7 @@ def test_pipelined_requests_behind_a_held_one_are_not_read_without_bound(
             except BlockingIOError:  # the client's send blocks: what the bound is for
                 if paused():
                     break
-                time.sleep(0.01)
+                time.sleep(0.01)  # the client retries its send; bounded by the deadline
         wait_until(paused, 30 * TIMEOUT_SCALE,
                    "the gate to stop reading the pipelining connection")
         assert consumed[0] < 2 * 2**20, f"the gate read {consumed[0]} bytes of {sent}"

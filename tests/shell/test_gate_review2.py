@@ -58,7 +58,7 @@ def _streaming_upstream(chunks: int = 4000) -> tuple[int, threading.Event]:
             event = b'data: {"choices":[{"index":0,"text":"tok"}]}\n\n'
             for _ in range(chunks // 8):
                 c.sendall(b"%x\r\n%s\r\n" % (len(event), event) * 8)
-                time.sleep(0.001)
+                time.sleep(0.001)  # the stream's own pace, not a wait for a condition
             c.sendall(b"0\r\n\r\n")
         except OSError:
             pass  # the gate went away: the client left, its exchange was cancelled
@@ -96,7 +96,7 @@ def test_a_client_leaving_a_healthy_stream_is_not_counted_as_vllm_failing(
             got = b""
             while b"data:" not in got:
                 got += s.recv(1024)
-            time.sleep(0.01)
+            time.sleep(0.01)  # a client that reads a little before it leaves (pacing)
             s.setsockopt(socket.SOL_SOCKET, socket.SO_LINGER, b"\x01\0\0\0\0\0\0\0")
             s.close()  # the client leaves: reset
             wait_until(lambda st=g.stats: st.in_flight == 0,
