@@ -169,7 +169,10 @@ class StatusServer:
                 return 503, TEXT, f"not ready: the loop last turned {age:.1f}s ago\n".encode()
             if snap.ready and not snap.draining:
                 return 200, TEXT, b"ready\n"
-            why = f"not ready: state={snap.state} draining={str(snap.draining).lower()}\n"
+            why = f"not ready: state={snap.state} draining={str(snap.draining).lower()}"
+            if snap.restart_phase != "idle":  # (state=ready said nothing of why not)
+                why += f" restart={snap.restart_phase}"
+            why += "\n"
             return 503, TEXT, why.encode()
         if path == "/status":
             return 200, "application/json", (json.dumps(self.status_json(snap)) + "\n").encode()

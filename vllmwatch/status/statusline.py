@@ -12,6 +12,7 @@ from vllmwatch.config.units import format_duration, format_mib
 from vllmwatch.core import drain as drains
 from vllmwatch.core import leak
 from vllmwatch.core.names import Reason
+from vllmwatch.core.restart import Phase
 from vllmwatch.core.samples import gpu_figure
 from vllmwatch.core.state import ChildRun, S, WatchState
 from vllmwatch.status.snapshot import MemoryFigures, Snapshot
@@ -85,7 +86,7 @@ def snapshot_of(s: WatchState, now: float, wall: float, prev: Snapshot,
     alive = c is not None and c.pid is not None
     return Snapshot(
         state=str(s.state), state_since=state_since, state_since_monotonic=s.since,
-        ready=s.state == S.READY,
+        ready=_ready(s),
         draining=s.state == S.DRAINING, child_pid=s.pid,
         restart_phase=str(s.restart.phase), restart_phase_since_monotonic=s.restart.since,
         restart_phase_for_s=round(max(0.0, now - s.restart.since), 3),
@@ -116,12 +117,21 @@ def snapshot_of(s: WatchState, now: float, wall: float, prev: Snapshot,
         serving=_serving(s), spare=_spare(s), smoke_checks=_smoke(c))
 
 
+def _ready(s: WatchState) -> bool:
+    """What /readyz, /status "ready", vllmwatch_ready and STATUS= call ready: READY with no
+    restart under way. An unplanned restart's first rung (RECORDING: the incident record,
+    before the tree is touched) keeps the coarse state READY while the engine is dead or
+    stuck; the gate already held its clients then (gate/door.readiness_of), but /readyz said
+    200 to the balancers for up to incidents.timeout + 1 s."""
+    return s.state == S.READY and s.restart.phase == Phase.IDLE
+
+
 def _serving(s: WatchState) -> str:
     """Who answers the gate's clients: the spare while it serves (core/failover.who_serves,
     not imported: the spare's modules load only when it is on)."""
     if s.spare is not None and s.spare.rung == "serving":
         return "spare"
-    return "full" if s.state == S.READY and s.restart.phase == "idle" else "nobody"
+    return "full" if _ready(s) else "nobody"
 
 
 def _spare(s: WatchState) -> dict[str, object] | None:
@@ -146,7 +156,9 @@ def _smoke(c: ChildRun | None) -> tuple[dict[str, Any], ...]:
 
 def summary(snap: Snapshot) -> str:
     """One line for systemctl status: state, uptime, restarts, last reason, memory."""
-    parts = [snap.state]
+    # "ready" only while it is (_ready): a restart's rung that leaves the coarse state READY
+    # (the incident record of a crash) began the line "ready" beside "restart recording"
+    parts = ["not ready" if snap.state == "ready" and not snap.ready else snap.state]
     if snap.serving == "spare":  # issue 34: clients are answered, by the smaller engine
         parts.append("degraded: spare serving")
     if snap.restart_phase != "idle" and snap.state not in ("stopped", "failed"):  # the rung
