@@ -9,6 +9,7 @@ from __future__ import annotations
 from collections.abc import Mapping
 from dataclasses import replace
 
+from vllmwatch.config.units import format_duration
 from vllmwatch.core import exitcodes, incidents, policy, reuse
 from vllmwatch.core.actions import Action, CheckRelease, DoPrewarm, Log, Notify, Spawn, StopSending
 from vllmwatch.core.events import Event, IncidentRecorded
@@ -168,7 +169,11 @@ def begin_restart(s: WatchState, now: float, reason: Reason, detail: str, drain:
             "max_restarts": r.max_restarts,
             "hint": "vLLM keeps failing; read its last lines above, fix the cause, then "
                     "`systemctl restart vllmwatch`"})
-        s, acts = halt(s, now, Reason.CRASHLOOP, f"{reason}: {detail}")
+        # The guard's numbers first (the record's and daemon.exiting's head), then the last
+        # restart: "crash: exited with code 1" alone said nothing of the loop.
+        s, acts = halt(s, now, Reason.CRASHLOOP, f"{len(s.restart_times)} failure restarts "
+                       f"within {format_duration(r.window)} (restart.window; "
+                       f"restart.max_restarts {r.max_restarts}); the last: {reason}: {detail}")
         return s, [log, *cut, *acts]
     extra: dict[str, object] = {}
     wake: list[Action] = []

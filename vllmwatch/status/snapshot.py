@@ -59,6 +59,11 @@ class Snapshot:
     last_reason: str | None = None
     last_reason_detail: str | None = None
     last_restart_at: float | None = None  # wall clock
+    # Once vllmwatch has decided to leave (core/ladder.halt): its exit code, the reason and
+    # the detail (daemon.exiting's), shown until the process is gone; None while it stays.
+    exit_code: int | None = None
+    exit_reason: str | None = None
+    exit_detail: str | None = None
     start_phases_s: dict[str, float] = field(default_factory=dict)
     # What the current (or last) launch reused of vLLM's start-up caches (core/reuse.py).
     start_reuse: dict[str, object] = field(default_factory=dict)

@@ -95,6 +95,8 @@ def snapshot_of(s: WatchState, now: float, wall: float, prev: Snapshot,
         restarts_by_reason={str(k): n for k, n in s.restarts_by_reason.items()},
         last_reason=str(s.last_reason) if s.last_reason is not None else None,
         last_reason_detail=s.last_detail, last_restart_at=to_wall(s.last_restart_at),
+        exit_code=s.exit_code, exit_reason=None if s.exit_reason is None else str(s.exit_reason),
+        exit_detail=s.exit_detail or None,
         start_phases_s=dict(c.start.phases) if c is not None else {},
         start_reuse={**c.start.reuse, "compile_cache_hit": c.start.compile_cache_hit} if c
         else {},
@@ -159,6 +161,12 @@ def summary(snap: Snapshot) -> str:
     # "ready" only while it is (_ready): a restart's rung that leaves the coarse state READY
     # (the incident record of a crash) began the line "ready" beside "restart recording"
     parts = ["not ready" if snap.state == "ready" and not snap.ready else snap.state]
+    if snap.exit_reason is not None and snap.exit_reason != Reason.STOP:
+        # Leaving for a cause: said first, until the process is gone (a crash-loop give-up
+        # read "stopping | ... | last crash", a crash restart it seemed; the exit code and
+        # why were in the journal alone). A requested stop is "stopping" already.
+        parts.append(f"exiting {snap.exit_code}: {snap.exit_reason}"
+                     + (f" ({snap.exit_detail[:100]})" if snap.exit_detail else ""))
     if snap.serving == "spare":  # issue 34: clients are answered, by the smaller engine
         parts.append("degraded: spare serving")
     if snap.restart_phase != "idle" and snap.state not in ("stopped", "failed"):  # the rung

@@ -115,6 +115,10 @@ def render(data: Mapping[str, Any], colour: bool = False, now: float | None = No
         took = data.get("restart_phase_for_s")
         rows.append(("restart", str(phase) + (f" for {format_duration(took)}"
                                               if took is not None else "")))
+    why = data.get("exit_reason")
+    if why and why != "stop":  # leaving for a cause (statusline.summary says it the same way)
+        rows.append(("exiting", f"{data.get('exit_code')}: {why}"
+                     + (f" ({data['exit_detail']})" if data.get("exit_detail") else "")))
     pid, uptime = data.get("child_pid"), data.get("child_uptime_s")
     launch = data.get("launch")
     rows.append(("child", "none" if pid is None else f"pid {pid}"
