@@ -2,9 +2,10 @@
 
 `<state dir>/incidents/<UTC time>-<reason>/` (the state directory is the process-group
 file's: $STATE_DIRECTORY under the shipped unit), every folder 0700 and every file 0600 —
-a record can hold prompts from vLLM's output. A record is written in a hidden folder and
-renamed into place, so a reader never sees half of one; the oldest go first when there are
-more than max_records or more than max_size in all (the newest is always kept).
+a record can hold prompts from vLLM's output. A record is written in a hidden folder, synced
+and renamed into place, so a reader never sees half of one, nor a crash of the box an empty
+one; the oldest go first when there are more than max_records or more than max_size in all
+(the newest is always kept).
 """
 
 from __future__ import annotations
@@ -91,14 +92,31 @@ def write(root: str, rid: str, files: Mapping[str, str]) -> str:
             fd = os.open(os.path.join(tmp, name), os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
             with os.fdopen(fd, "w", encoding="utf-8") as fh:
                 fh.write(text)
+                fh.flush()
+                os.fsync(fh.fileno())  # the data before the name that publishes it
+        _sync_dir(tmp)
         os.rename(tmp, os.path.join(root, final))
     except BaseException:
         shutil.rmtree(tmp, ignore_errors=True)
         raise
     finally:
         _WRITING.discard(os.path.basename(tmp))
+    _sync_dir(root)
     _append_order(root, final)
     return final
+
+
+def _sync_dir(path: str) -> None:
+    """Make a folder's entries durable. The records that matter most are written just before
+    a box dies (a GPU fault that hangs the kernel, the hard reset of a wedged host): without
+    the syncs a folder could come back with an empty record.json (the name committed, the
+    delayed data not). Best effort: a file system that cannot sync a folder still has it."""
+    with contextlib.suppress(OSError):
+        fd = os.open(path, os.O_RDONLY | os.O_DIRECTORY)
+        try:
+            os.fsync(fd)
+        finally:
+            os.close(fd)
 
 
 def _append_order(root: str, rid: str) -> None:
