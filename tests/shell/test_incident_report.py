@@ -384,3 +384,22 @@ def test_a_bad_field_in_the_head_keeps_its_cause_lines() -> None:
     text = report.render(r)
     assert "cause: first error in vLLM's output: (EngineCore_DP0 pid=812) torch.Out" in text
     assert "(not shown: a field has an unexpected shape" in text
+
+
+@pytest.mark.parametrize("reason", ["gpu_memory", "host_memory"])
+def test_a_memory_restarts_cause_is_not_an_error_vllm_logged_normally_after(
+        reason: str) -> None:
+    """A memory rule is vllmwatch's own measure of a serving engine: a client's 400 that vLLM
+    logged minutes before, and went on serving after, was the record's "cause: first error in
+    vLLM's output" under "reason: gpu_memory: GPU memory ... above its baseline"."""
+    a = "(APIServer pid=800) "
+    info = a + "INFO 12-02 05:50:00 [loggers.py:1] Engine 000: 95.1 tokens/s, Running: 12 reqs"
+    old = [a + "ERROR 12-02 05:51:02 [serving_chat.py:1] Error in preprocessing prompt inputs",
+           a + "ValueError: This model's maximum context length is 8192 tokens."]
+    out = [info] * 30 + old + [info] * 5
+    r = _record(reason=reason, detail="GPU memory 137120 MiB is 7168 MiB above its baseline",
+                output=out)
+    assert r["cause"][-1].startswith("an earlier error in vLLM's output, which logged "
+                                     f"normally after it (so likely not the {reason}'s cause)")
+    text = report.render(r)
+    assert "cause: first error in vLLM's output" not in text

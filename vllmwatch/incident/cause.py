@@ -18,6 +18,10 @@ from typing import Any
 from vllmwatch.config.redact import REDACT
 
 EVENTS_MAX = 4096  # memory.events is a few short lines; never read more
+# Restarts of an engine that was still running, decided by vllmwatch's own measure (a canary
+# that never answered, a memory rule): vLLM's output carries no failure of theirs, so an
+# error it logged normally after is not named as their cause (names.Reason's values).
+JUDGED = frozenset({"hang", "gpu_memory", "host_memory"})
 _STOPPED = {"T": "stopped (state T: SIGSTOP, or a debugger holds it)",
             "t": "stopped by a tracer (state t: a debugger holds it)",
             "D": "in uninterruptible sleep (state D: stuck in the kernel or a driver)"}
@@ -222,11 +226,13 @@ def lines(r: Mapping[str, Any]) -> list[str]:
         # redacted before the cut (the record's redaction comes after: too late for a part)
         said = telling(output, at)
         line = REDACT.head(str(output[said]).strip(), 200)
-        if str(r.get("reason")) == "hang" and _went_on(output):
-            # a hung engine goes silent: an error vLLM logged normally after is an older,
-            # other one (a client's 400), which the last burst of errors then is
+        reason = str(r.get("reason"))
+        if reason in JUDGED and _went_on(output):
+            # vLLM kept logging normally after this error: an older, other one (a client's
+            # 400), not why vllmwatch took the engine down (a hung engine goes silent; a
+            # memory rule is vllmwatch's own measure, not something vLLM reports failing)
             out.append(f"an earlier error in vLLM's output, which logged normally after it "
-                       f"(so likely not the hang's cause): {line}")
+                       f"(so likely not the {reason}'s cause): {line}")
         else:
             out.append(f"first error in vLLM's output: {line}")
     return out
