@@ -11,6 +11,7 @@ from typing import Any, Protocol
 import sdnotify
 
 import vllmwatch
+from vllmwatch.config.convert import printable
 from vllmwatch.config.redact import REDACT
 from vllmwatch.core import exitcodes
 from vllmwatch.core.names import Reason, exit_code
@@ -82,9 +83,12 @@ def watchdog_interval(environ: Mapping[str, str], pid: int) -> float | None:
 
 
 def status_line(text: str) -> str:
-    """A STATUS= message: one line, bounded."""
+    """A STATUS= message: one line, bounded, no raw control character."""
     one = " ".join(text.split())  # redacted whole or cut: systemctl status shows it to all
-    return "STATUS=" + (REDACT.head(one, 200) + "..." if len(one) > 200 else REDACT.text(one))
+    shown = REDACT.head(one, 200) + "..." if len(one) > 200 else REDACT.text(one)
+    # vLLM's words reach it (the line it refused its arguments with): an ANSI code, a bell or
+    # a bidi override would act on the terminal of whoever runs `systemctl status`
+    return "STATUS=" + printable(shown, False)
 
 
 # ---- the one way vllmwatch reports a crash of its own (was shell/crash.py): in the loop
