@@ -4,7 +4,7 @@ aiohttp caps header sizes but not how many connections are open, how long one ma
 before its first request, how slowly a head may trickle, or how many request bodies are held
 in memory while vLLM is not ready. Here:
 - at most `max_connections` client connections; at the cap the longest idle one is closed
-  for a new one, and with none idle the new one gets 503 and is closed (shed first, so the
+  for a new one, and with none idle the new one gets 503 and is closed (gate/shed.py; so the
   descriptors of probes, spawns and the status endpoint stay free);
 - a connection with no request in progress is closed after IDLE_TIMEOUT (HEADER_TIMEOUT
   before its first byte); a request head that has begun must be complete within
@@ -61,9 +61,6 @@ MAX_HEADERS, MAX_FIELD = 64, 8190
 MAX_BODY = 16 * 2**20  # one request body (prompts with images); aiohttp's default is 1 MiB
 MAX_HELD = 256 * 2**20  # all request bodies in memory at once
 SWEEP_EVERY = 1.0
-SHED_WAIT, SHED_LINGER = 1.0, 64  # a shed connection waits this long for its request, so many
-_SHED = (b"HTTP/1.1 503 Service Unavailable\r\nContent-Type: text/plain\r\nRetry-After: 1\r\n"
-         b"Content-Length: 33\r\nConnection: close\r\n\r\nvllmwatch gate: too many clients\n")
 
 
 @dataclass
@@ -88,39 +85,6 @@ class _Quiet(RequestHandler):
                      message: str | None = None) -> web.StreamResponse:
         return super().handle_error(request, status, exc, None if status == 500 else
                                     f"{status}: the gate could not parse the request\n")
-
-
-class _Shed(asyncio.Protocol):
-    """A connection over the cap: answered 503 once its request arrives (so the client reads
-    the answer instead of a reset), and closed; at once when SHED_LINGER others wait."""
-
-    lingering = 0  # shed connections waiting for their request, over all gates
-
-    def connection_made(self, transport: asyncio.BaseTransport) -> None:
-        self.transport = transport
-        if _Shed.lingering >= SHED_LINGER:
-            self._answer()
-            return
-        _Shed.lingering += 1
-        self._counted = True
-        self._timer = asyncio.get_running_loop().call_later(SHED_WAIT, self._answer)
-
-    def data_received(self, data: bytes) -> None:
-        self._answer()
-
-    def connection_lost(self, exc: Exception | None) -> None:
-        self._answer()
-
-    def _answer(self) -> None:
-        if getattr(self, "_counted", False):
-            _Shed.lingering -= 1
-            self._counted = False
-            self._timer.cancel()
-        transport = self.transport
-        if not transport.is_closing():
-            with contextlib.suppress(Exception):  # uvloop's transports are not asyncio's
-                transport.write(_SHED)  # type: ignore[attr-defined]
-            transport.close()
 
 
 class _Tracked(asyncio.Protocol):
@@ -171,7 +135,8 @@ class Guard:
             idle = [(c.since, h) for h, c in self.conns.items() if c.idle()]
             if not idle:
                 self.count("shed_connections")
-                return _Shed()
+                from vllmwatch.gate.shed import Shed  # (only at the cap: not in every run)
+                return Shed()
             self._cut(min(idle, key=lambda pair: pair[0])[1], "idle_timeouts")
         loop = asyncio.get_running_loop()
         handler = _Quiet(self.server, loop=loop, **self.server._kwargs)
