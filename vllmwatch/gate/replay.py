@@ -98,7 +98,8 @@ def engine_dead_event(chunk: bytes) -> bool:
 
 # The Anthropic API's error types by the status the gate answers (its clients read `type`).
 _ANTHROPIC_TYPES = {400: "invalid_request_error", 404: "not_found_error", 408: "timeout_error",
-                    413: "request_too_large", 502: "api_error", 503: "overloaded_error",
+                    413: "request_too_large", 417: "invalid_request_error",
+                    502: "api_error", 503: "overloaded_error",
                     504: "timeout_error"}
 
 

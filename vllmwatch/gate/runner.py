@@ -236,10 +236,10 @@ class Gate:
 
     async def _main(self) -> None:
         self._loop = asyncio.get_running_loop()
-        self._stop = asyncio.Event()
-        loop = asyncio.get_running_loop()
+        self._stop, loop = asyncio.Event(), asyncio.get_running_loop()
         app = web.Application(client_max_size=guardmod.MAX_BODY)
-        app.router.add_route("*", "/{tail:.*}", self.forwarder.handle)
+        app.router.add_route("*", "/{tail:.*}", self.forwarder.handle,
+                             expect_handler=guardmod.expect_continue)
         # On stop, in-flight and held requests get SHUTDOWN_GRACE s, then are cut. Idle
         # keep-alive connections close at the guard's idle deadline (counted there).
         # auto_decompress off: vLLM gets the client's body byte for byte (not decoded gzip)
