@@ -9,6 +9,8 @@ import socket
 import pytest
 
 from tests.shell.test_gate_http import WAIT, _answer, _gate
+from tests.support import wait_until
+from vllmwatch.gate import guard as guardmod
 from vllmwatch.gate.guard import MAX_BODY
 
 
@@ -53,3 +55,43 @@ def test_an_unknown_expectation_is_refused_in_the_apis_shape_without_quoting_it(
         assert b"sk-secret" not in got, got
         assert json.loads(got.partition(b"\r\n\r\n")[2])["object"] == "error"
         assert srv.got == []
+
+
+def test_an_answer_still_going_out_to_a_slow_client_is_not_cut_as_idle(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    """A sized answer is written by aiohttp after the gate's handler returned (its
+    connection idle from then on), and its last bytes wait in the socket's send queue for a
+    slow client: the idle sweep aborted the connection IDLE_TIMEOUT after the handler
+    ended, dropping the answer's unsent tail (the client got a truncated body, counted as
+    an idle connection). A connection with bytes of its answer still going out is not
+    idle while the client takes them (no byte for the deadline: cut, as before)."""
+    idle = 3.0
+    monkeypatch.setattr(guardmod, "IDLE_TIMEOUT", idle)
+    monkeypatch.setattr(guardmod, "SWEEP_EVERY", 0.05)
+    past: list[float] = []  # how far past its answer's end each pass saw the connection
+    sweep = guardmod.Guard.sweep_once
+
+    def spy(self: guardmod.Guard, now: float) -> None:
+        past.extend(now - c.since for c in self.conns.values() if c.idle() and not c.silent)
+        sweep(self, now)
+
+    monkeypatch.setattr(guardmod.Guard, "sweep_once", spy)
+    size = 3 * 2**20
+    with _gate(_answer(body=b"x" * size)) as (gate, _srv):
+        with socket.socket() as sock:
+            sock.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 4096)  # a slow client
+            sock.settimeout(WAIT)
+            sock.connect(("127.0.0.1", gate.port))
+            sock.sendall(b"GET /v1/models HTTP/1.1\r\nHost: x\r\n\r\n")
+            got = sock.recv(65536)
+            wait_until(lambda: any(p > idle for p in past), WAIT, "a sweep past the deadline")
+            head, _, body = got.partition(b"\r\n\r\n")
+            while len(body) < size and (chunk := sock.recv(65536)):
+                body += chunk
+        assert len(body) == size, (len(body), head)
+        assert gate.stats.idle_timeouts == 0
+        with socket.create_connection(("127.0.0.1", gate.port), timeout=WAIT) as stalled:
+            stalled.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 4096)
+            stalled.sendall(b"GET /v1/models HTTP/1.1\r\nHost: x\r\n\r\n")
+            # one that takes nothing more is still cut: the deadline bounds it, as before
+            wait_until(lambda: gate.stats.idle_timeouts == 1, 4 * idle + WAIT, "the cut")

@@ -13,7 +13,9 @@ in memory while vLLM is not ready. Here:
   held at once are at most MAX_HELD (else 503); `Expect: 100-continue` is met only for a
   body the gate will read (expect_continue);
 - a client that takes no byte of its answer for WRITE_STALL is cut (ClientGone), and a
-  connection the gate closes is aborted if its last bytes are not taken (`close`).
+  connection the gate closes is aborted if its last bytes are not taken (`close`); once its
+  handler returned, an answer still going out keeps its connection from the idle deadline
+  for as long as the client takes bytes of it (none for IDLE_TIMEOUT: cut).
 Every shed connection and refusal is counted (GateStats, the gate's counters, here) and
 logged at a bounded rate.
 Runs on the gate's event loop only.
@@ -70,6 +72,7 @@ class _Conn:
     head_began: float | None = None  # first byte of a request head not yet handled
     busy: int = 0  # requests of this connection in our handler now
     silent: bool = True  # no byte received yet: held to HEADER_TIMEOUT, not IDLE_TIMEOUT
+    unsent: int = 0  # bytes of its answers not yet taken, at the last sweep past its deadline
 
     def idle(self) -> bool:
         return not self.busy and self.head_began is None
@@ -174,7 +177,14 @@ class Guard:
                 self._cut(handler, "header_timeouts")
             elif conn.head_began is None and now - conn.since > (
                     HEADER_TIMEOUT if conn.silent else IDLE_TIMEOUT):
-                self._cut(handler, "idle_timeouts")
+                # An answer still going out to a slow client (a sized one is written after
+                # the handler returned; a stream's tail waits in the send queue) is not idle
+                # while the client takes bytes of it: the abort dropped its unsent tail
+                unsent = _unsent(handler.transport)
+                if unsent and unsent != conn.unsent:
+                    conn.since, conn.unsent = now, unsent
+                else:
+                    self._cut(handler, "idle_timeouts")
 
     def _cut(self, handler: Any, reason: str) -> None:
         self.count(reason)
@@ -267,6 +277,18 @@ async def expect_continue(request: web.Request) -> None:
             body_refusal(request) is None:
         await request.writer.write(b"HTTP/1.1 100 Continue\r\n\r\n")
         request.writer.output_size = 0  # (as aiohttp's: the answer's size starts after it)
+
+
+def _unsent(transport: Any) -> int:
+    """Bytes written that the client has not taken (the transport's buffer, the socket's
+    send queue: TIOCOUTQ); 0 when unknown. (Imported here: only past an idle deadline.)"""
+    import fcntl
+    import termios
+    with contextlib.suppress(OSError, ValueError, AttributeError):
+        queued = fcntl.ioctl(transport.get_extra_info("socket").fileno(), termios.TIOCOUTQ,
+                             bytes(4))
+        return int(transport.get_write_buffer_size()) + memoryview(queued).cast("i")[0]
+    return 0
 
 
 def _refuse(path: str, status: int, message: str, retry_after: int | None = None
