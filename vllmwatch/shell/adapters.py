@@ -57,7 +57,9 @@ def vllm_error(status: int, raw: bytes) -> str:
         message = json.loads(raw)["error"]["message"]
         if isinstance(message, str):
             return f"HTTP {status}: {REDACT.head(message, ERROR_BYTES)}"
-    except (ValueError, KeyError, TypeError):
+    # RecursionError is no ValueError: [[[[...]]]] deeper than Python's stack (it fits
+    # MAX_ANSWER) would end the live-change worker with a traceback, the load never counted
+    except (ValueError, KeyError, TypeError, RecursionError):
         pass
     text = REDACT.head(raw, ERROR_BYTES).strip()
     return f"HTTP {status}: {text}" if text else f"HTTP {status}"
@@ -92,6 +94,7 @@ class AdapterWatch:
         # core's change and the retry of one reload) would be refused "already loaded"
         self._ours: dict[str, str] = {}
         self._next_refresh = 0.0
+        self._unreadable = ""  # why the last /v1/models answer was not the list ("" read)
         self._busy = threading.Lock()  # one change or refresh at a time
         # Live changes in the order sent, one worker at a time (update, _drain)
         self._queue: list[tuple[Config, tuple[AdapterConfig, ...], tuple[str, ...],
@@ -257,10 +260,18 @@ class AdapterWatch:
             return  # unknown stays unknown: the probes say whether vLLM is there
         try:
             served = {str(m["id"]) for m in json.loads(raw)["data"]}
-        except (ValueError, KeyError, TypeError):
+        except (ValueError, KeyError, TypeError, RecursionError) as exc:
+            # (RecursionError: nesting deeper than Python's stack, no ValueError.) A failed
+            # refresh: unknown stays unknown, said once per kind of answer, not per refresh
+            why = f"{type(exc).__name__}: {REDACT.head(str(exc), ERROR_BYTES)}"
+            if why != self._unreadable:
+                self._unreadable = why
+                self._log("warning", "lora.models_unreadable", path=MODELS_PATH, error=why,
+                          detail="vLLM's model list is not the JSON it serves: the adapters "
+                                 "show state unknown until it is")
             return
         with self._lock:
-            self._served = served
+            self._served, self._unreadable = served, ""
 
     def _post(self, config: Config, path: str, body: dict[str, object], timeout: float
               ) -> tuple[int, str]:
