@@ -14,8 +14,10 @@ import pytest
 
 from tests.support import free_port, wait_until
 from tests.support.tinylora import make
+from vllmwatch.config import smoke
 from vllmwatch.config.schema import from_dict
 from vllmwatch.config.sections import Config
+from vllmwatch.core import canary, smokeanswers
 from vllmwatch.shell.adapters import AdapterWatch
 from vllmwatch.testing.world import LogCapture
 
@@ -116,3 +118,21 @@ def test_a_refusal_nested_past_the_stack_is_a_failed_load(crashes: list[str],
         assert len(failed) == 2 and failed[0]["error"].startswith("HTTP 400: [[[")
         assert watch.loads_failed == 2 and state(watch) == "failed"
     assert crashes == []
+
+
+def test_the_canarys_and_smoke_checks_answers_nested_past_the_stack_are_failures() -> None:
+    """Read on a probe worker: a RecursionError was an io.failed event with a traceback; now
+    the answer is what it is, not JSON, and the canary or the check fails with that reason."""
+    assert canary.answer_problem("chat", DEEP).startswith("not JSON")
+    assert canary.route_missing(404, DEEP) is False
+    check = smoke.parse([{"endpoint": "chat"}])[0][0]
+    assert smokeanswers.problem(check, 200, DEEP).endswith("but not JSON")
+    assert smokeanswers.vllm_error(DEEP) == ""  # an error answer with no message of vLLM's
+    assert smokeanswers.problem(check, 500, DEEP) == smokeanswers.problem(check, 500, b"")
+
+
+def test_a_canary_answer_that_counts_nan_tokens_is_no_answer() -> None:
+    body = b'{"choices": [{"text": ""}], "usage": {"completion_tokens": NaN}}'
+    assert "usage.completion_tokens is nan" in canary.answer_problem("completions", body)
+    ok = b'{"choices": [{"text": ""}], "usage": {"completion_tokens": 1}}'
+    assert canary.answer_problem("completions", ok) == ""

@@ -86,7 +86,7 @@ def route_missing(status: int | None, body: bytes) -> bool:
         return False
     try:
         parsed = json.loads(body)
-    except ValueError:
+    except (ValueError, RecursionError):  # (RecursionError: [[[[...]]]] past the stack)
         return False
     return isinstance(parsed, dict) and parsed.get("detail") == "Not Found"
 
@@ -107,7 +107,7 @@ def answer_problem(kind: str, body: bytes) -> str:
     """Why a 200 body is not the answer this kind promises ('' when it is)."""
     try:
         parsed = json.loads(body)
-    except ValueError:
+    except (ValueError, RecursionError):  # (RecursionError: [[[[...]]]] past the stack)
         return f"not JSON: {REDACT.head(body, 80)!r}"
     if kind not in _LISTS:  # custom: its shape is the operator's; JSON is all we can ask
         return ""
@@ -119,6 +119,8 @@ def answer_problem(kind: str, body: bytes) -> str:
     if kind in ("completions", "chat"):
         usage = parsed.get("usage")
         tokens = usage.get("completion_tokens") if isinstance(usage, dict) else None
-        if not isinstance(tokens, (int, float)) or isinstance(tokens, bool) or tokens < 1:
+        # `not >= 1`, not `< 1`: a NaN (json.loads takes it) compares false to everything
+        if not isinstance(tokens, (int, float)) or isinstance(tokens, bool) \
+                or not tokens >= 1:
             return f"usage.completion_tokens is {tokens!r}, expected >= 1"
     return ""

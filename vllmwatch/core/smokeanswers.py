@@ -49,7 +49,7 @@ def vllm_error(body: bytes) -> str:
     """vLLM's own error message in an error answer ('' when there is none)."""
     try:
         parsed = json.loads(body)
-    except ValueError:
+    except (ValueError, RecursionError):  # (RecursionError: [[[[...]]]] past the stack)
         return ""
     if not isinstance(parsed, dict):
         return ""
@@ -70,7 +70,7 @@ def problem(check: SmokeCheck, status: int, body: bytes) -> str:
             + _hint(check, status, said)
     try:
         parsed = json.loads(body)
-    except ValueError:
+    except (ValueError, RecursionError):  # (RecursionError: [[[[...]]]] past the stack)
         return f"HTTP 200 from {check.path} but not JSON"
     if not isinstance(parsed, dict):
         return f"HTTP 200 from {check.path} but not a JSON object"
@@ -134,7 +134,7 @@ def _tools(check: SmokeCheck, parsed: dict[str, Any]) -> str:
         args = fn.get("arguments")
         try:
             json.loads(args) if isinstance(args, str) else None
-        except ValueError:
+        except (ValueError, RecursionError):  # (RecursionError: [[[[...]]]] past the stack)
             args = None
         if not isinstance(args, str):
             return f"{at}.arguments is not a JSON string: {_short(fn.get('arguments'))}"
