@@ -27,7 +27,12 @@ from vllmwatch.shell.fleet import spread_config
 from vllmwatch.shell.logs import LogFn, setup
 from vllmwatch.shell.loop import Loop
 from vllmwatch.shell.memory import make_sampler
-from vllmwatch.shell.notify import START_HINT, SystemdNotifier, report_crash
+from vllmwatch.shell.notify import (
+    START_HINT,
+    SystemdNotifier,
+    report_crash,
+    thread_crash_hook,
+)
 from vllmwatch.status.server import StatusListenError, StatusServer
 from vllmwatch.status.snapshot import Snapshot
 
@@ -46,23 +51,29 @@ def main(config: Config, log_format: str | None = None, prewarm: bool = True,
         config = replace(config, prewarm=replace(config.prewarm, enabled=False))
     log = SwitchableLog(setup(log_format or config.log.format, config.log.level, environ=env))
     log("info", "daemon.version", version=__version__, pid=os.getpid(), config=config.path)
-    notifier = SystemdNotifier(log, env)
+    # A worker thread's uncaught exception: one redacted event, not Python's raw traceback
+    # on stderr (what follows, and why: shell/notify.py). This thread's are report_crash's.
+    hook, threading.excepthook = threading.excepthook, thread_crash_hook(log)
     try:
-        lock = _lock_instance(config, env, log)  # before anything is bound, swept or launched
-        if isinstance(lock, int):
-            return lock
+        notifier = SystemdNotifier(log, env)
         try:
-            code = _run(config, log_format, env, log, notifier)
-        finally:
-            if lock is not None:
-                lock.release()
-    except Exception as exc:
-        # A crash of the start, before the loop runs (one in the loop is the loop's): what
-        # it had started is stopped by now (_run's own finally); the documented exit 70,
-        # not a bare traceback and exit 1 that systemd restarts every RestartSec unsaid.
-        code = report_crash(log, notifier, exc, "starting", START_HINT)
-    leave_past_stuck_threads(code, log)
-    return code
+            lock = _lock_instance(config, env, log)  # before anything is bound or launched
+            if isinstance(lock, int):
+                return lock
+            try:
+                code = _run(config, log_format, env, log, notifier)
+            finally:
+                if lock is not None:
+                    lock.release()
+        except Exception as exc:
+            # A crash of the start, before the loop runs (one in the loop is the loop's):
+            # what it had started is stopped by now (_run's own finally); the documented
+            # exit 70, not a bare traceback and exit 1 that systemd restarts unsaid.
+            code = report_crash(log, notifier, exc, "starting", START_HINT)
+        leave_past_stuck_threads(code, log)
+        return code
+    finally:
+        threading.excepthook = hook
 
 
 def leave_past_stuck_threads(code: int, log: LogFn, join_s: float = STUCK_JOIN_S) -> None:

@@ -4,8 +4,9 @@ from __future__ import annotations
 
 import contextlib
 import os
+import threading
 import traceback
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from typing import Any, Protocol
 
 import sdnotify
@@ -117,3 +118,35 @@ def report_crash(log: LogFn, notifier: Notifier, exc: BaseException, state: str,
         with contextlib.suppress(Exception):  # (the crash may be the notifier's own)
             notifier.send("STOPPING=1")
     return code
+
+
+# ---- a worker thread's uncaught exception (threading.excepthook, set by daemon.main): one
+# `daemon.thread_crashed` event through the logger (the redactor runs on its fields), never
+# Python's default hook, which prints the raw traceback to stderr (the journal), unredacted.
+# What follows is what the design does for a worker's failure elsewhere (the loop's pool:
+# io.failed, a failed result, the next probe runs): the daemon goes on, no exit 70. A
+# thread started per occasion (an adapter refresh, a version or NVML read, a spare step) is
+# started anew at the next one; a thread that lives as long as its job catches per round
+# and says its own failure (status/front.py, the gate's gate.failed, start-guard's
+# guard.failed, the spare's watch in shell/sparerun.py). Exit 70 would stop vLLM, serving
+# fine, for what a side thread failed to read.
+
+THREAD_HINT = ("a bug in vllmwatch: that thread's job stopped until it next starts (most "
+               "start anew at their next occasion); the loop, its probes and vLLM go on. "
+               "Please report it with this traceback; if that job is not back, restart "
+               "vllmwatch (systemctl restart vllmwatch)")
+
+
+def thread_crash_hook(log: LogFn) -> Callable[[threading.ExceptHookArgs], None]:
+    """A threading.excepthook that logs `daemon.thread_crashed` at error level."""
+    def hook(args: threading.ExceptHookArgs) -> None:
+        if args.exc_type is SystemExit:  # a thread's own way out (as Python's hook does)
+            return
+        exc = args.exc_value
+        error = f"{args.exc_type.__name__}: {exc if exc is not None else ''}"
+        with contextlib.suppress(Exception):  # (the hook's own failure: Python's raw one)
+            log("error", "daemon.thread_crashed",
+                thread=args.thread.name if args.thread is not None else "?", error=error,
+                traceback="".join(traceback.format_exception(
+                    args.exc_type, exc, args.exc_traceback)), hint=THREAD_HINT)
+    return hook

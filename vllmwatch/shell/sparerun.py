@@ -276,7 +276,10 @@ class SpareFx:
         def body() -> None:
             last = self.tree.progress()
             while not stop.wait(every):
-                said = self.tree.canary(timeout)
+                try:  # a round that raised is a failed check: the core judges, the watch goes on
+                    said = self.tree.canary(timeout)
+                except Exception as exc:
+                    said = f"canary: {type(exc).__name__}: {exc}"
                 now = self.tree.progress()
                 moved = now is not None and last is not None and now > last
                 last = now if now is not None else last
