@@ -127,7 +127,8 @@ def facts(s: WatchState, now: float, reason: Reason) -> dict[str, Any]:
 def _series(series: SeriesState, now: float) -> dict[str, Any]:
     """One leak series: baseline, slope and the newest points as (seconds ago, MiB)."""
     points = series.points[-SAMPLES_KEPT:]
-    return {"baseline_mib": series.baseline, "slope_mib_per_h": series.slope,
+    return {"source": series.source, "baseline_mib": series.baseline,
+            "slope_mib_per_h": series.slope,
             "streaks": {"limit": series.limit_streak, "growth": series.growth_streak,
                         "rate": series.rate_streak},
             "points": [[round(now - t, 3), round(v, 3)] for t, v in points]}

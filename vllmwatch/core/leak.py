@@ -10,6 +10,12 @@ samples. Why the growth rate is spike- and step-resistant:
 - both halves of the window must also grow at >= half the rate, so a one-off step (a cache
   filling once) does not look like steady growth; the growth limit is the rule for steps.
 A growth or rate verdict outside restart.quiet_hours waits: judge_hold (at the end).
+
+The GPU series keeps one kind of figure (`source`, core/samples.gpu_kind): the sampler's
+fallbacks read the same tree as the tree's NVML sum, the whole device's use or the host's
+PSS, figures that differ by the model's size. A sample of another kind is unknown to the
+series (a glitch at the baseline sample made a steady tree look 60 GB grown: a false
+restart); a kind that lasts `sustain` samples starts the series again on it (restarted_log).
 """
 
 from __future__ import annotations
@@ -34,6 +40,8 @@ class SeriesState:
     """One figure's history: baseline, slope window, and the streak of each rule."""
 
     baseline: float | None = None
+    source: str | None = None  # the kind of figure the series holds (GPU series only)
+    other: tuple[str, int] | None = None  # another kind seen last, and for how many samples
     points: tuple[Point, ...] = ()
     slope: float | None = None  # MiB/h over the whole window, filtered
     half_slopes: tuple[float, float] | None = None  # MiB/h of the older and newer half
@@ -77,12 +85,15 @@ def new_state(ready_at: float) -> LeakState:
 
 
 def observe(state: LeakState, cfg: MemoryConfig, now: float, gpu_mib: float | None,
-            host_mib: float | None) -> tuple[LeakState, LeakVerdict | None]:
+            host_mib: float | None, gpu_source: str | None = None
+            ) -> tuple[LeakState, LeakVerdict | None]:
     """Take one sample (None: unknown, leaves that series as it was); return a verdict if any.
 
+    `gpu_source`: the kind of gpu_mib (core/samples.gpu_kind; None: not tracked).
     A verdict that must not wait (absolute limit) wins over one that may; GPU before host.
     """
-    gpu, gpu_v = _observe_one(state.gpu, _rules(cfg, "gpu"), cfg, state.ready_at, now, gpu_mib)
+    series, gpu_mib = _follow(state.gpu, gpu_source, gpu_mib, cfg.sustain)
+    gpu, gpu_v = _observe_one(series, _rules(cfg, "gpu"), cfg, state.ready_at, now, gpu_mib)
     host, host_v = _observe_one(state.host, _rules(cfg, "host"), cfg, state.ready_at, now,
                                 host_mib)
     verdicts = gpu_v + host_v
@@ -118,6 +129,33 @@ def median_filter(points: Sequence[Point], half: int) -> list[Point]:
     values = [v for _, v in points]
     return [(points[i][0], statistics.median(values[i - half:i + half + 1]))
             for i in range(half, len(points) - half)]
+
+
+def _follow(s: SeriesState, source: str | None, value: float | None, sustain: int
+            ) -> tuple[SeriesState, float | None]:
+    """The series and the value it takes: None (unknown) for a figure of another kind until
+    that kind has lasted `sustain` samples in a row; then a new series of that kind."""
+    if source is None or value is None:
+        return s, value
+    if s.source is None or s.source == source:
+        return replace(s, source=source, other=None), value
+    seen = s.other[1] + 1 if s.other is not None and s.other[0] == source else 1
+    if seen < sustain:
+        return replace(s, other=(source, seen)), None
+    return SeriesState(source=source), value
+
+
+def restarted_log(old: LeakState, new: LeakState) -> list[Action]:
+    """`memory.series_restarted` when the GPU series started again on another kind."""
+    was, now_s = old.gpu, new.gpu
+    if was.source is None or now_s.source == was.source:
+        return []
+    return [Log("warning", "memory.series_restarted", {
+        "source": now_s.source, "previous": was.source,
+        "previous_baseline_mib": was.baseline, "previous_slope_mib_h": was.slope,
+        "span_lost_s": round(was.points[-1][0] - was.points[0][0], 1) if was.points else 0.0,
+        "detail": "the GPU figure is now read another way (an NVML read keeps failing, "
+                  "see memory.source): growth is measured from a new baseline"})]
 
 
 def _rules(cfg: MemoryConfig, kind: str) -> _Rules:

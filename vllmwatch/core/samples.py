@@ -74,6 +74,16 @@ def gpu_figure(sample: MemorySample, host_mib: float) -> float | None:
     return None
 
 
+def gpu_kind(sample: MemorySample) -> str | None:
+    """How gpu_figure makes this sample's figure; None: it makes none. A leak series keeps one
+    kind (core/leak.py): the sampler's fallbacks (no process list -> the device's figure, no
+    NVML answer -> the host's; on unified memory a failed per-process read leaves the host
+    part alone) give figures that differ by the model's size for the same tree."""
+    if sample.source == "unified":
+        return "unified" if sample.gpu_tree_mib is not None else "unified-host"
+    return None if sample.source == "none" else sample.source
+
+
 PSS, RSS = "pss", "rss"
 
 

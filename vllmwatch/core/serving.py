@@ -23,7 +23,7 @@ from vllmwatch.core.names import ProbeKind as K
 from vllmwatch.core.names import Reason
 from vllmwatch.core.restart import Phase, pending
 from vllmwatch.core.restart import goto as rung
-from vllmwatch.core.samples import gpu_figure, host_figure
+from vllmwatch.core.samples import gpu_figure, gpu_kind, host_figure
 from vllmwatch.core.state import ChildRun, Engine, Memory, Result, S, Start, WatchState, goto
 from vllmwatch.core.stopping import stop_child
 
@@ -332,11 +332,13 @@ def memory(s: WatchState, ev: MemorySampled, now: float) -> Result:
     if s.state != S.READY or m.leak is None:
         return s, []
     gpu, host_mib = gpu_figure(sample, host.mib), host.mib if host.fresh else None
-    recent = (*m.recent, (now, gpu, host_mib))[-MEM_RECENT:]
-    state, verdict = leak.observe(m.leak, s.config.memory, now, gpu, host_mib)
+    state, verdict = leak.observe(m.leak, s.config.memory, now, gpu, host_mib, gpu_kind(sample))
+    judged = None if state.gpu.other is not None else gpu  # another kind: unknown to the rules
+    recent = (*m.recent, (now, judged, host_mib))[-MEM_RECENT:]
     s = _mem(s, replace(s.run.mem, leak=state, recent=recent))
     waiting, acts, fires = leak.judge_hold(s.run.mem.waiting, verdict,
                                            s.config.restart.quiet_hours, ev.minute_of_day, now)
+    acts = [*leak.restarted_log(m.leak, state), *acts]
     s = _mem(s, replace(s.run.mem, waiting=waiting))
     if verdict is None or not fires:
         return s, acts
