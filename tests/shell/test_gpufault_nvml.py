@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+from collections.abc import Callable
 
 import pytest
 
@@ -13,6 +14,7 @@ from vllmwatch.testing.driver import LogCapture
 from vllmwatch.testing.fake_nvml import (
     FakeGpu,
     FakeNvml,
+    NVMLError,
     NVMLError_GpuIsLost,
     NVMLError_NotSupported,
     NVMLError_ResetRequired,
@@ -88,3 +90,48 @@ def test_a_driver_without_these_calls_is_quiet() -> None:
 
 def test_no_nvml_no_faults() -> None:
     assert make_sampler([], Logs()).sample(os.getpid(), False).gpu_faults == ()
+
+
+@pytest.mark.parametrize("call,setup,kind", [
+    ("nvmlDeviceGetTotalEccErrors", lambda g: setattr(g, "ecc_uncorrected", 3),
+     "ecc_uncorrectable"),
+    ("nvmlDeviceGetRemappedRows", lambda g: setattr(g, "remapped_rows", (0, 1, 0, 1)),
+     "row_remap_failed"),
+    ("nvmlDeviceGetRetiredPagesPendingStatus", lambda g: setattr(g, "pages_pending", 1),
+     "pages_pending"),
+    ("nvmlDeviceGetMemoryInfo", lambda g: setattr(g, "lost", True), "gpu_lost"),
+])
+def test_a_transient_nvml_error_does_not_turn_a_fault_check_off(
+        call: str, setup: Callable[[FakeGpu], None], kind: str) -> None:
+    # NVML_ERROR_UNKNOWN (999) once: the driver was busy, the call is supported. Only the
+    # errors that say "never" (NOT_SUPPORTED, NO_PERMISSION, ...) turn a check off; before,
+    # any error did, and the ECC error or lost GPU that came later went unseen (a crash
+    # loop instead of exit 74). GPU lost: the other checks are off (a part without them).
+    nvml = FakeNvml([FakeGpu()])
+    if kind == "gpu_lost":
+        for fn in ("nvmlDeviceRegisterEvents", "nvmlDeviceGetTotalEccErrors",
+                   "nvmlDeviceGetRemappedRows", "nvmlDeviceGetRetiredPagesPendingStatus"):
+            nvml.fail[fn] = NVMLError_NotSupported()
+    logs = Logs()
+    sampler = make_sampler(None, logs, nvml=nvml)
+    assert sampler.sample(os.getpid(), False).gpu_faults == ()
+    nvml.fail[call] = NVMLError()
+    for _ in range(3):
+        assert sampler.sample(os.getpid(), False).gpu_faults == ()
+    said = [f for e, f in logs.got if e == "gpu.fault_check_failed"]
+    # said once, not at every sample (memory info: by the sampler, memory.nvml_call_failed)
+    assert [f["call"] for f in said] == ([] if call == "nvmlDeviceGetMemoryInfo" else [call])
+    del nvml.fail[call]
+    assert sampler.sample(os.getpid(), False).gpu_faults == ()  # (the ECC count's base)
+    setup(nvml.gpus[0])
+    assert [f.kind for f in sampler.sample(os.getpid(), False).gpu_faults] == [kind]
+
+
+@pytest.mark.parametrize("error", [NVMLError_NotSupported(), AttributeError("no such call")])
+def test_a_call_that_can_never_answer_is_asked_once(error: Exception) -> None:
+    nvml = FakeNvml([FakeGpu()])
+    nvml.fail["nvmlDeviceGetRemappedRows"] = error
+    sampler = make_sampler(None, Logs(), nvml=nvml)
+    for _ in range(3):
+        sampler.sample(os.getpid(), False)
+    assert nvml.calls.count("nvmlDeviceGetRemappedRows") == 1

@@ -2,8 +2,10 @@
 remapping, a GPU that is lost), and whether its process list sees vLLM's tree at all.
 
 Each `poll()` returns the faults that are new since the previous one; core/gpufault.py
-decides what they mean. Calls the driver does not support are dropped after their first
-NOT_SUPPORTED; nothing here raises.
+decides what they mean. A call the driver can never answer (NOT_SUPPORTED, NO_PERMISSION, a
+pynvml without it) is dropped after its first answer; any other error (UNKNOWN, a busy
+driver) is asked again at the next poll, or one transient error would hide every later ECC
+error or lost GPU for good. Nothing here raises.
 
 Whether NVML's process list can see vLLM's tree, and the tree's share of it.
 
@@ -26,6 +28,11 @@ from vllmwatch.core.samples import GpuFault, GpuProcess
 from vllmwatch.logfn import LogFn
 
 _GPU_IS_LOST, _RESET_REQUIRED, _NOT_SUPPORTED, _TIMEOUT = 15, 16, 3, 10
+# NVML return codes that mean "never on this part/driver/user": INVALID_ARGUMENT,
+# NOT_SUPPORTED, NO_PERMISSION, FUNCTION_NOT_FOUND, VGPU_ECC_NOT_SUPPORTED,
+# ARGUMENT_VERSION_MISMATCH, DEPRECATED (nvml.h). None: no code at all (AttributeError: this
+# pynvml lacks the call).
+_NEVER = frozenset({2, _NOT_SUPPORTED, 4, 13, 22, 25, 26, None})
 _XID_CRITICAL = 0x8  # nvmlEventTypeXidCriticalError
 _UNCORRECTED, _VOLATILE = 1, 0  # NVML_MEMORY_ERROR_TYPE_UNCORRECTED, NVML_VOLATILE_ECC
 
@@ -41,6 +48,7 @@ class FaultWatch:
     def __init__(self, nvml: Any, handles: dict[int, Any], log: LogFn) -> None:
         self._nvml, self._handles, self._log = nvml, handles, log
         self._unsupported: set[tuple[str, int]] = set()
+        self._failed: set[tuple[str, int]] = set()  # a transient failure was logged
         self._ecc: dict[int, int] = {}  # first reading: only a rise is news
         self._reported: set[tuple[int, str]] = set()  # standing conditions, reported once
         self._events: dict[int, Any] = {}
@@ -116,11 +124,17 @@ class FaultWatch:
                 return GpuFault(index, "gpu_lost", str(exc))
             if code == _RESET_REQUIRED:
                 return GpuFault(index, "reset_required", str(exc))
-            if code != _TIMEOUT:
+            if code == _TIMEOUT:  # (the event wait's "nothing pending")
+                return None
+            if code in _NEVER:
                 self._unsupported.add((fn, index))
-                if not quiet and code != _NOT_SUPPORTED:
-                    self._log("info", "gpu.fault_check_failed", call=fn, gpu=index,
-                              error=str(exc))
+            elif (fn, index) in self._failed:
+                return None  # asked again each poll; said once
+            else:
+                self._failed.add((fn, index))
+            if not quiet and code != _NOT_SUPPORTED:
+                self._log("info", "gpu.fault_check_failed", call=fn, gpu=index,
+                          error=str(exc), retried=code not in _NEVER)
             return None
         return result
 
