@@ -117,3 +117,21 @@ def test_blind_with_the_spare_alive_the_gpu_rules_wait() -> None:
     assert [(s["source"], s["level"]) for s in said] == [
         ("nvml-device", "warning"), ("none", "info"), ("nvml-device", "info")], said
     assert "spare" in said[1]["why"]
+
+
+def test_tree_figure_unknown_with_the_spare_alive_the_gpu_rules_wait() -> None:
+    # NVML sees our pids, but one of the tree's processes has no figure (or the process list
+    # failed): the device's figure would stand in, and it holds the spare's memory (asleep,
+    # or a whole model while it builds), which the rules would read as the tree's growth.
+    spare = 4_000_001
+    gpu = FakeGpu(used_mib=63_500.0, procs={ME: None, spare: 3_000.0})
+    sampler, log = _sampler(gpu)
+    assert sampler.sample(ME, False, before_launch=BEFORE).source == "nvml-device"  # no spare
+    sample = sampler.sample(ME, False, before_launch=BEFORE, spare={spare})
+    assert sample.source == "none" and gpu_figure(sample, 0.0) is None
+    said = log.named("memory.source")
+    assert said[-1]["source"] == "none" and "spare" in said[-1]["why"]
+    assert "cannot see" not in said[-1]["why"]  # not the blind container's words
+    gpu.procs[ME] = 60_000.0  # the figure is back: the tree's own sum, the spare left out
+    sample = sampler.sample(ME, False, before_launch=BEFORE, spare={spare})
+    assert sample.source == "nvml-process" and sample.gpu_tree_mib == 60_000.0

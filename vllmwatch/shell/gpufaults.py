@@ -159,6 +159,11 @@ HINT = ("run the container with the host's PID namespace (Kubernetes `hostPID: t
 # and cannot be told apart, so the GPU rules wait for it to end rather than fire on it.
 PAUSED = ("NVML cannot see vLLM's pids and the spare's tree shares the GPU: its memory "
           "cannot be taken out of the device's figure; the GPU rules wait until it is gone")
+# The same where NVML sees our pids but not the tree's figure (a tree process listed without
+# one, or the list failed): the device's figure would stand in, with the spare's in it.
+PAUSED_UNKNOWN = ("NVML gives no figure for vLLM's tree and the spare's tree shares the GPU: "
+                  "its memory cannot be taken out of the device's figure; the GPU rules "
+                  "wait until the tree's figure is back or the spare is gone")
 
 
 def tree_by_gpu(procs: list[GpuProcess] | None, pids: set[int]) -> dict[int, float] | None:

@@ -16,7 +16,7 @@ import psutil
 from vllmwatch.core import restart
 from vllmwatch.core.samples import GpuProcess, MemorySample
 from vllmwatch.logfn import LogFn
-from vllmwatch.shell.gpufaults import PAUSED, FaultWatch, Sight, tree_by_gpu
+from vllmwatch.shell.gpufaults import PAUSED, PAUSED_UNKNOWN, FaultWatch, Sight, tree_by_gpu
 
 _MIB = 1024.0 * 1024.0
 # How long the loop's thread (SIGTERM and every deadline wait on it) waits for one NVML read:
@@ -180,8 +180,8 @@ class NvmlSampler:
         blind = self._sight.judge(procs, pids, used, before_launch)
         by_gpu = None if blind else tree_by_gpu(procs, set(pids))
         tree = None if by_gpu is None else sum(by_gpu.values())
-        # blind, the device's figure would hold the spare's unseen build: no GPU figure then
-        source = self._choose(tree, used, paused=blind and bool(spare))
+        # the device's figure standing in would hold the spare's memory: no GPU figure then
+        source = self._choose(tree, used, paused=tree is None and bool(spare))
         seen = self._faults.poll() if self._faults is not None and faults else ()
         return MemorySample(source=source, tree_pids=pids, gpu_tree_mib=tree,
                             gpu_tree_by_gpu_mib=by_gpu or {}, device_used_mib=used,
@@ -222,7 +222,8 @@ class NvmlSampler:
             why = self._sight.say() if self._sight.blind and source == "nvml-device" else {}
             self._log("warning" if why else "info", "memory.source", source=source,
                       previous=self._source, gpus=sorted(self._handles),
-                      **({"why": PAUSED} if paused else why))
+                      **({"why": PAUSED if self._sight.blind else PAUSED_UNKNOWN}
+                         if paused else why))
             self._source = source
         return source
 
