@@ -15,7 +15,7 @@ in memory while vLLM is not ready. Here:
 - a client that takes no byte of its answer for WRITE_STALL is cut (ClientGone), and a
   connection the gate closes is aborted if its last bytes are not taken (`close`); once its
   handler returned, an answer still going out keeps its connection from the idle deadline
-  for as long as the client takes bytes of it (none for IDLE_TIMEOUT: cut).
+  and the cap's pick for as long as the client takes bytes of it (none for IDLE_TIMEOUT: cut).
 Every shed connection and refusal is counted (GateStats, the gate's counters, here) and
 logged at a bounded rate.
 Runs on the gate's event loop only.
@@ -136,12 +136,17 @@ class Guard:
         the longest idle connection makes room (a keep-alive may be closed when idle; 1024
         connections that never send a byte locked every client out until their deadline)."""
         if len(self.conns) >= self.max_connections:
-            idle = [(c.since, h) for h, c in self.conns.items() if c.idle()]
-            if not idle:
+            from vllmwatch.gate.shed import Shed, sending  # (only at the cap: not every run)
+            # Never one whose answer still goes out to a client taking it (`sending`, the
+            # sweep's own test): cut, its client got a truncated body, counted as idle
+            idle = sorted(((c.since, h) for h, c in self.conns.items() if c.idle()),
+                          key=lambda pair: pair[0])
+            room = next((h for _, h in idle if not sending(h.transport, self.conns[h].unsent)),
+                        None)
+            if room is None:
                 self.count("shed_connections")
-                from vllmwatch.gate.shed import Shed  # (only at the cap: not in every run)
                 return Shed()
-            self._cut(min(idle, key=lambda pair: pair[0])[1], "idle_timeouts")
+            self._cut(room, "idle_timeouts")
         loop = asyncio.get_running_loop()
         handler = _Quiet(self.server, loop=loop, **self.server._kwargs)
         conn = _Conn(loop.time())
@@ -159,8 +164,8 @@ class Guard:
         """That request was answered."""
         conn = self.conns.get(handler)
         if conn is not None:
-            conn.busy -= 1
-            conn.since = asyncio.get_running_loop().time()
+            conn.busy -= 1  # (its answer's unsent figure is this answer's from now on)
+            conn.since, conn.unsent = asyncio.get_running_loop().time(), 0
 
     async def sweep(self) -> None:
         """Close connections past their idle or header deadline, for as long as the gate runs."""
@@ -177,11 +182,8 @@ class Guard:
                 self._cut(handler, "header_timeouts")
             elif conn.head_began is None and now - conn.since > (
                     HEADER_TIMEOUT if conn.silent else IDLE_TIMEOUT):
-                # An answer still going out to a slow client (a sized one is written after
-                # the handler returned; a stream's tail waits in the send queue) is not idle
-                # while the client takes bytes of it: the abort dropped its unsent tail
-                unsent = _unsent(handler.transport)
-                if unsent and unsent != conn.unsent:
+                from vllmwatch.gate.shed import sending  # (only past a deadline, at the cap)
+                if unsent := sending(handler.transport, conn.unsent):  # its answer goes out
                     conn.since, conn.unsent = now, unsent
                 else:
                     self._cut(handler, "idle_timeouts")
@@ -277,18 +279,6 @@ async def expect_continue(request: web.Request) -> None:
             body_refusal(request) is None:
         await request.writer.write(b"HTTP/1.1 100 Continue\r\n\r\n")
         request.writer.output_size = 0  # (as aiohttp's: the answer's size starts after it)
-
-
-def _unsent(transport: Any) -> int:
-    """Bytes written that the client has not taken (the transport's buffer, the socket's
-    send queue: TIOCOUTQ); 0 when unknown. (Imported here: only past an idle deadline.)"""
-    import fcntl
-    import termios
-    with contextlib.suppress(OSError, ValueError, AttributeError):
-        queued = fcntl.ioctl(transport.get_extra_info("socket").fileno(), termios.TIOCOUTQ,
-                             bytes(4))
-        return int(transport.get_write_buffer_size()) + memoryview(queued).cast("i")[0]
-    return 0
 
 
 def _refuse(path: str, status: int, message: str, retry_after: int | None = None

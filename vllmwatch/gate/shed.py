@@ -1,13 +1,16 @@
-"""A client connection over the gate's connection cap (gate/guard.py Guard.factory): shed.
+"""A client connection over the gate's connection cap (gate/guard.py Guard.factory): shed;
+and how much of a connection's answer its client has not taken yet (`unsent`).
 
-Imported only when the cap is reached, so a daemon that never meets it does not load it (the
-import count of `vllmwatch run`, tests/daemon/test_import_count.py).
+Imported only when the cap is reached or a connection passes its idle deadline, so a daemon
+that meets neither does not load it (the import count of `vllmwatch run`,
+tests/daemon/test_import_count.py).
 """
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
+from typing import Any
 
 SHED_WAIT, SHED_LINGER = 1.0, 64  # a shed connection waits this long for its request, so many
 _SHED = (b"HTTP/1.1 503 Service Unavailable\r\nContent-Type: text/plain\r\nRetry-After: 1\r\n"
@@ -45,3 +48,26 @@ class Shed(asyncio.Protocol):
             with contextlib.suppress(Exception):  # uvloop's transports are not asyncio's
                 transport.write(_SHED)  # type: ignore[attr-defined]
             transport.close()
+
+
+def unsent(transport: Any) -> int:
+    """Bytes written that the client has not taken (the transport's buffer, the socket's
+    send queue: TIOCOUTQ); 0 when unknown."""
+    import fcntl
+    import termios
+    with contextlib.suppress(OSError, ValueError, AttributeError):
+        queued = fcntl.ioctl(transport.get_extra_info("socket").fileno(), termios.TIOCOUTQ,
+                             bytes(4))
+        return int(transport.get_write_buffer_size()) + memoryview(queued).cast("i")[0]
+    return 0
+
+
+def sending(transport: Any, last: int) -> int:
+    """Bytes of a connection's answer still going out to a client that takes them; 0 when
+    none, or as many as `last` (the figure at its last deadline: it took none since, stalled).
+    An answer outlives its handler (a sized one is written after it returned; a stream's
+    tail waits in the send queue): the one test of the idle sweep and of the cap's pick
+    (gate/guard.py), so no path closes as idle a connection delivering an answer (the abort
+    dropped its unsent tail: the client got a truncated body)."""
+    left = unsent(transport)
+    return left if left != last else 0

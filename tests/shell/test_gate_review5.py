@@ -1,0 +1,49 @@
+"""A fifth review of the gate (2026-12-06): the cap's pick closed as idle a connection whose
+answer was still going out to its client (the sweep no longer did); a client that left
+mid-upload was logged as an error of the library; bytes pipelined behind an upgrade request
+were swallowed, never answered."""
+
+from __future__ import annotations
+
+import socket
+
+import pytest
+
+from tests.shell.test_gate_http import WAIT, _answer, _gate
+from tests.support import wait_until
+from vllmwatch.gate import guard as guardmod
+
+
+def test_at_the_cap_a_connection_still_delivering_its_answer_is_not_the_one_closed(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    """At the cap the longest-idle connection made room even while its client was still
+    taking its answer (a sized answer is written after the handler returned): it was
+    aborted, the client got a truncated body. The cap's pick asks what the sweep asks: a
+    silent connection younger than it is closed instead."""
+    monkeypatch.setattr(guardmod, "HEADER_TIMEOUT", 10 * WAIT)  # (the silent one stays)
+    size = 3 * 2**20
+    with _gate(_answer(body=b"x" * size)) as (gate, _srv):
+        wait_until(lambda: gate.guard is not None, WAIT, "the guard")
+        assert gate.guard is not None
+        guard = gate.guard
+        guard.max_connections = 2
+        with socket.socket() as slow:
+            slow.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 4096)  # takes it slowly
+            slow.settimeout(WAIT)
+            slow.connect(("127.0.0.1", gate.port))
+            slow.sendall(b"GET /v1/models HTTP/1.1\r\nHost: x\r\n\r\n")
+            got = slow.recv(65536)
+            # its handler returned: idle to the guard, its answer still going out
+            wait_until(lambda: len(guard.conns) == 1 and all(
+                c.idle() for c in list(guard.conns.values())) and
+                gate.stats.in_flight == 0, WAIT, "the answer handed to aiohttp")
+            with socket.create_connection(("127.0.0.1", gate.port), timeout=WAIT) as silent:
+                wait_until(lambda: len(guard.conns) == 2, WAIT, "the silent one")
+                with socket.create_connection(("127.0.0.1", gate.port), timeout=WAIT):
+                    wait_until(lambda: gate.stats.idle_timeouts == 1, WAIT, "room made")
+                    assert silent.recv(1) == b"", "the silent connection made room"
+            head, _, body = got.partition(b"\r\n\r\n")
+            while len(body) < size and (chunk := slow.recv(65536)):
+                body += chunk
+        assert len(body) == size, (len(body), head)
+        assert gate.stats.shed_connections == 0
