@@ -5,13 +5,18 @@ were swallowed, never answered."""
 
 from __future__ import annotations
 
+import io
+import logging
 import socket
+import struct
 
 import pytest
 
+from tests.shell import test_gate_http
 from tests.shell.test_gate_http import WAIT, _answer, _gate
 from tests.support import wait_until
 from vllmwatch.gate import guard as guardmod
+from vllmwatch.shell import logs
 
 
 def test_at_the_cap_a_connection_still_delivering_its_answer_is_not_the_one_closed(
@@ -47,3 +52,36 @@ def test_at_the_cap_a_connection_still_delivering_its_answer_is_not_the_one_clos
                 body += chunk
         assert len(body) == size, (len(body), head)
         assert gate.stats.shed_connections == 0
+
+
+@pytest.mark.parametrize("reset", [False, True])
+def test_a_client_that_leaves_mid_upload_is_counted_not_logged_as_an_error(
+        reset: bool, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A client that closed (or reset) its connection in the middle of its body made aiohttp
+    log "Error handling request" (ConnectionResetError: Connection lost) through the bridge
+    as an error-level library.message: the client's doing, never vllmwatch's error. It is
+    counted (clients_left) and logged at debug as gate.client_left."""
+    events: list[tuple[str, str]] = []
+    real = test_gate_http.start_gate
+    monkeypatch.setattr(test_gate_http, "start_gate", lambda config, _log, snap: real(
+        config, lambda level, event, **_k: events.append((level, event)), snap))
+    buf = io.StringIO()
+    old = logging.root.handlers[:]
+    logs.setup(fmt="json", stream=buf, environ={})  # the bridge of the libraries' loggers
+    try:
+        with _gate(_answer()) as (gate, srv):
+            with socket.create_connection(("127.0.0.1", gate.port), timeout=WAIT) as sock:
+                sock.sendall(b"POST /v1/completions HTTP/1.1\r\nHost: x\r\n"
+                             b"Content-Length: 1000\r\n\r\n{\"prompt\": ")
+                guard = gate.guard
+                wait_until(lambda: guard is not None and any(
+                    c.busy for c in list(guard.conns.values())), WAIT, "the body being read")
+                if reset:
+                    sock.setsockopt(socket.SOL_SOCKET, socket.SO_LINGER, struct.pack("ii", 1, 0))
+            wait_until(lambda: getattr(gate.stats, "clients_left", 0) == 1 or
+                       "library.message" in buf.getvalue(), WAIT, "the client's leaving seen")
+            assert "library.message" not in buf.getvalue(), buf.getvalue()
+            assert gate.stats.clients_left == 1 and srv.got == []
+    finally:
+        logging.root.handlers[:] = old
+    assert ("debug", "gate.client_left") in events, events

@@ -229,6 +229,7 @@ class GateStats:
     held_full: int = 0  # the bodies held at once would pass their cap: 503
     upstream_timeouts: int = 0  # vLLM's answer not complete within its deadline: 504
     path_refused: int = 0  # a path not on the client API allow-list (gate/replay.py): 404
+    clients_left: int = 0  # clients that left before their answer (mid-upload): not errors
     quarantined: int = 0  # requests that killed an engine alone (gate/replay.py Suspects)
     quarantine_refused: int = 0  # ... sent again while quarantined: 422
     connections: int = 0  # client connections open now

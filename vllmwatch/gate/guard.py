@@ -16,9 +16,8 @@ in memory while vLLM is not ready. Here:
   connection the gate closes is aborted if its last bytes are not taken (`close`); once its
   handler returned, an answer still going out keeps its connection from the idle deadline
   and the cap's pick for as long as the client takes bytes of it (none for IDLE_TIMEOUT: cut).
-Every shed connection and refusal is counted (GateStats, the gate's counters, here) and
-logged at a bounded rate.
-Runs on the gate's event loop only.
+Every shed connection and refusal is counted (GateStats) and logged at a bounded rate; a
+client that left mid-request is counted, never an error. Runs on the gate's event loop only.
 """
 
 from __future__ import annotations
@@ -81,12 +80,22 @@ class _Conn:
 class _Quiet(RequestHandler):
     """aiohttp's handler, whose own error page for a request it cannot parse quoted the
     offending bytes (a header with the client's key, a query's api_key) back unredacted:
-    a fixed text instead (the log's copy passes the redactor, shell/logs.py)."""
+    a fixed text instead (the log's copy passes the redactor, shell/logs.py). A client that
+    left is counted (`count`, clients_left), never logged as the library's error."""
 
-    __slots__ = ()
+    __slots__ = ("count",)
+    count: Callable[[str], None]
 
     def handle_error(self, request: Any, status: int = 500, exc: BaseException | None = None,
                      message: str | None = None) -> web.StreamResponse:
+        transport = self.transport
+        if isinstance(exc, ConnectionError) and (transport is None or transport.is_closing()):
+            # The client left (mid-upload, before its 100 Continue): its doing, counted, not
+            # aiohttp's error-level "Error handling request" (library.message); nothing sent
+            self.count("clients_left")
+            gone = web.Response(status=status)
+            gone.force_close()
+            return gone
         return super().handle_error(request, status, exc, None if status == 500 else
                                     f"{status}: the gate could not parse the request\n")
 
@@ -149,6 +158,7 @@ class Guard:
             self._cut(room, "idle_timeouts")
         loop = asyncio.get_running_loop()
         handler = _Quiet(self.server, loop=loop, **self.server._kwargs)
+        handler.count = self.count
         conn = _Conn(loop.time())
         self.conns[handler] = conn
         return _Tracked(handler, conn, self._gone)

@@ -156,12 +156,10 @@ class Gate:
         """On the gate's loop: count the order, hold the door, cut a stuck engine's."""
         self.stats.stop_orders += 1 if first else 0
         self.door.refresh()
-        if cut:
-            n = self.forwarder.cut(gen)
-            if n:
-                self._log("warning", "gate.cut", engine_pid=gen, requests=n,
-                          detail="vLLM's engine is stuck: its requests in flight were ended "
-                                 "now; those with no answer begun wait for the next engine")
+        if cut and (n := self.forwarder.cut(gen)):
+            self._log("warning", "gate.cut", engine_pid=gen, requests=n,
+                      detail="vLLM's engine is stuck: its requests in flight were ended "
+                             "now; those with no answer begun wait for the next engine")
 
     def figures(self, gen: int | None, settle: float = FIGURES_SETTLE) -> dict[str, int] | None:
         """What became of the requests in flight to engine generation `gen` (its pid), for
@@ -284,13 +282,14 @@ class Gate:
             self.refusals.flush(loop.time(), force=True)
 
     def _count(self, reason: str) -> None:
-        """One more shed connection or refused request (on the gate's loop)."""
+        """One more shed connection or refused request, or a client that left (on the loop)."""
         setattr(self.stats, reason, getattr(self.stats, reason) + 1)
+        if reason not in GUARD_REASONS:  # clients_left: the client's doing, not a refusal
+            return self._log("debug", "gate.client_left", clients_left=self.stats.clients_left)
         self.refusals.count(reason)
 
 
-# --- how the daemon attaches the gate (was gate/attach.py) -----------------------------------
-# How the daemon attaches the gate: readiness from its snapshot, failures logged loudly.
+# --- how the daemon attaches the gate: readiness from its snapshot, failures logged loudly ---
 
 def upstream_of(config: Config) -> str:
     """Where the gate forwards to: vLLM's address, a wildcard by the one mapping
