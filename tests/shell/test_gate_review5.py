@@ -5,6 +5,7 @@ were swallowed, never answered."""
 
 from __future__ import annotations
 
+import contextlib
 import io
 import logging
 import socket
@@ -85,3 +86,29 @@ def test_a_client_that_leaves_mid_upload_is_counted_not_logged_as_an_error(
     finally:
         logging.root.handlers[:] = old
     assert ("debug", "gate.client_left") in events, events
+
+
+_H2C = (b"POST /v1/completions HTTP/1.1\r\nHost: x\r\nConnection: Upgrade, HTTP2-Settings\r\n"
+        b"Upgrade: h2c\r\nHTTP2-Settings: AAMAAABkAARAAAAAAAIAAAAA\r\nContent-Length: 2\r\n\r\n{}")
+
+
+@pytest.mark.parametrize("first", [
+    _H2C,  # curl --http2 on an http:// URL sends it on every request
+    b"GET /v1/models HTTP/1.1\r\nHost: x\r\nConnection: Upgrade\r\nUpgrade: websocket\r\n"
+    b"Sec-WebSocket-Key: dGhlIHNhbXBsZSBub25jZQ==\r\nSec-WebSocket-Version: 13\r\n\r\n"])
+def test_a_request_pipelined_behind_an_upgrade_is_answered_or_its_connection_closed(
+        first: bytes) -> None:
+    """aiohttp's parser stops at a request asking to switch protocols (llhttp pauses there):
+    the gate answered it, then swallowed the bytes pipelined behind it, never answered, and
+    kept the connection open. The gate speaks HTTP/1.1 only: it answers the request and
+    closes the connection, so the client knows the rest was not answered."""
+    with _gate(_answer()) as (gate, _srv):
+        with socket.create_connection(("127.0.0.1", gate.port), timeout=WAIT) as sock:
+            sock.sendall(first + b"GET /v1/models HTTP/1.1\r\nHost: x\r\n\r\n")
+            got = b""
+            with contextlib.suppress(ConnectionResetError):
+                while chunk := sock.recv(65536):  # (a timeout: neither answer nor close)
+                    got += chunk
+        assert got.startswith(b"HTTP/1.1 "), got[:200]
+        answers = got.count(b"HTTP/1.1 ")
+        assert answers in (1, 2), got  # the first; the second only if it was read

@@ -170,8 +170,15 @@ class Guard:
             conn.busy += 1
             conn.head_began = None
 
-    def end(self, handler: Any) -> None:
-        """That request was answered."""
+    def end(self, request: web.BaseRequest) -> None:
+        """That request was answered. One that asks to switch protocols (Upgrade: h2c, as
+        curl --http2 sends; websocket) closes its connection after its answer: aiohttp's
+        parser stops at it (llhttp's pause), so bytes pipelined behind it were dropped, never
+        answered, the connection left open; the gate speaks HTTP/1.1 only (RFC 9110 7.8: it
+        may ignore Upgrade), and a close tells the client what was not answered."""
+        handler = request.protocol
+        if "Upgrade" in request.headers:
+            handler.close()  # (its answer goes out first; not at begin: its body is read)
         conn = self.conns.get(handler)
         if conn is not None:
             conn.busy -= 1  # (its answer's unsent figure is this answer's from now on)

@@ -128,7 +128,7 @@ class Forwarder:
                 guard.release(len(got))
         finally:
             if guard is not None:
-                guard.end(request.protocol)
+                guard.end(request)
 
     async def _handle(self, request: web.Request, body: bytes) -> web.StreamResponse:
         loop = asyncio.get_running_loop()
