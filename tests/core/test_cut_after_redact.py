@@ -21,7 +21,7 @@ NOT_EXCERPTS = {
     "(*c.verdicts, (now, what))[-VERDICTS_KEPT:]": "a list of verdicts",
     "(*history, seconds)[-HISTORY:]": "a list of seconds",
     "history[-HISTORY:]": "a list of seconds",
-    "(*m.recent, (now, gpu, host_mib))[-MEM_RECENT:]": "a list of samples",
+    "(*m.recent, (now, judged, host_mib))[-MEM_RECENT:]": "a list of samples",
     "[*scrapes, (wall, text)][-KEEP:]": "a list of scrapes (the record redacts each whole)",
     "[f for f in frames if is_vllm(f)][:VLLM_FRAMES]": "a list of frames",
     "points[-2 * MAX_POINTS:]": "a list of points",

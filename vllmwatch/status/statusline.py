@@ -7,6 +7,7 @@ from collections.abc import Callable
 from typing import Any
 
 from vllmwatch.config.hosts import parse_listen, url_host
+from vllmwatch.config.redact import REDACT
 from vllmwatch.config.schema import Config, VllmConfig
 from vllmwatch.config.units import format_duration, format_mib
 from vllmwatch.core import drain as drains
@@ -166,7 +167,7 @@ def summary(snap: Snapshot) -> str:
         # read "stopping | ... | last crash", a crash restart it seemed; the exit code and
         # why were in the journal alone). A requested stop is "stopping" already.
         parts.append(f"exiting {snap.exit_code}: {snap.exit_reason}"
-                     + (f" ({snap.exit_detail[:100]})" if snap.exit_detail else ""))
+                     + (f" ({REDACT.head(snap.exit_detail, 100)})" if snap.exit_detail else ""))
     if snap.serving == "spare":  # issue 34: clients are answered, by the smaller engine
         parts.append("degraded: spare serving")
     if snap.restart_phase != "idle" and snap.state not in ("stopped", "failed"):  # the rung
