@@ -135,3 +135,43 @@ def test_a_call_that_can_never_answer_is_asked_once(error: Exception) -> None:
     for _ in range(3):
         sampler.sample(os.getpid(), False)
     assert nvml.calls.count("nvmlDeviceGetRemappedRows") == 1
+
+
+def test_a_transient_error_at_xid_registration_is_tried_again() -> None:
+    # NVML_ERROR_UNKNOWN (999) from nvmlDeviceRegisterEvents at start-up: before, the Xid
+    # watch was given up for good and a later Xid 79 went unseen; now it is registered at a
+    # later poll, said once, and the failed try's event set freed.
+    nvml = FakeNvml([FakeGpu(xids=[79])])
+    nvml.fail["nvmlDeviceRegisterEvents"] = NVMLError()
+    logs = Logs()
+    sampler = make_sampler(None, logs, nvml=nvml)
+    for _ in range(2):
+        assert sampler.sample(os.getpid(), False).gpu_faults == ()
+    said = [f for e, f in logs.got if e == "gpu.fault_check_failed"]
+    assert [(f["call"], f["retried"]) for f in said] == [("nvmlDeviceRegisterEvents", True)]
+    tries = nvml.calls.count("nvmlDeviceRegisterEvents")
+    assert tries == 3 and nvml.freed == tries  # start-up and once per poll, none leaked
+    del nvml.fail["nvmlDeviceRegisterEvents"]
+    assert sampler.sample(os.getpid(), False).gpu_faults == (GpuFault(0, "xid", xid=79),)
+    assert nvml.calls.count("nvmlDeviceRegisterEvents") == tries + 1  # registered: done
+    sampler.sample(os.getpid(), False)
+    assert nvml.calls.count("nvmlDeviceRegisterEvents") == tries + 1
+
+
+class _NoPermission(NVMLError):
+    value = 4  # NVML_ERROR_NO_PERMISSION
+
+
+@pytest.mark.parametrize("error,said", [(NVMLError_NotSupported(), False),
+                                        (_NoPermission(), True)])
+def test_xid_registration_that_can_never_work_is_tried_once(error: Exception,
+                                                            said: bool) -> None:
+    nvml = FakeNvml([FakeGpu(xids=[79])])
+    nvml.fail["nvmlDeviceRegisterEvents"] = error
+    logs = Logs()
+    sampler = make_sampler(None, logs, nvml=nvml)
+    for _ in range(3):
+        assert sampler.sample(os.getpid(), False).gpu_faults == ()
+    assert nvml.calls.count("nvmlDeviceRegisterEvents") == 1
+    got = [(f["call"], f["retried"]) for e, f in logs.got if e == "gpu.fault_check_failed"]
+    assert got == ([("nvmlDeviceRegisterEvents", False)] if said else [])

@@ -5,7 +5,7 @@ Each `poll()` returns the faults that are new since the previous one; core/gpufa
 decides what they mean. A call the driver can never answer (NOT_SUPPORTED, NO_PERMISSION, a
 pynvml without it) is dropped after its first answer; any other error (UNKNOWN, a busy
 driver) is asked again at the next poll, or one transient error would hide every later ECC
-error or lost GPU for good. Nothing here raises.
+error, Xid or lost GPU for good (the Xid events' registration included). Nothing here raises.
 
 Whether NVML's process list can see vLLM's tree, and the tree's share of it.
 
@@ -19,6 +19,7 @@ the tree genuinely holds nothing yet, and the sampler falls back to the device's
 
 from __future__ import annotations
 
+import contextlib
 from collections.abc import Mapping
 from typing import Any
 
@@ -34,6 +35,7 @@ _GPU_IS_LOST, _RESET_REQUIRED, _NOT_SUPPORTED, _TIMEOUT = 15, 16, 3, 10
 # pynvml lacks the call).
 _NEVER = frozenset({2, _NOT_SUPPORTED, 4, 13, 22, 25, 26, None})
 _XID_CRITICAL = 0x8  # nvmlEventTypeXidCriticalError
+_REGISTER = "nvmlDeviceRegisterEvents"  # (the Xid watch's set-up: nvmlEventSetCreate too)
 _UNCORRECTED, _VOLATILE = 1, 0  # NVML_MEMORY_ERROR_TYPE_UNCORRECTED, NVML_VOLATILE_ECC
 
 
@@ -56,11 +58,21 @@ class FaultWatch:
             self._register(index, handle)
 
     def _register(self, index: int, handle: Any) -> None:
-        """An event set per GPU for its Xid events; none where the driver refuses."""
+        """An event set per GPU for its Xid events. None where the driver never gives one
+        (NOT_SUPPORTED: vGPU, some MIG and consumer parts); after any other error (UNKNOWN, a
+        driver busy at start-up) asked again at the next poll, once per poll: one bad answer
+        at start would otherwise hide every later Xid for good."""
+        if (_REGISTER, index) in self._unsupported:
+            return
+        event_set = None
         try:
             event_set = self._nvml.nvmlEventSetCreate()
             self._nvml.nvmlDeviceRegisterEvents(handle, _XID_CRITICAL, event_set)
-        except Exception:  # NOT_SUPPORTED (vGPU, some MIG and consumer parts): no Xids
+        except Exception as exc:  # a fault reader must never stop the daemon
+            if event_set is not None:  # a set per failed try would leak at every poll
+                with contextlib.suppress(Exception):
+                    self._nvml.nvmlEventSetFree(event_set)
+            self._failure(_REGISTER, index, exc, quiet=False)  # (a lost GPU: _standing's)
             return
         self._events[index] = event_set
 
@@ -68,6 +80,8 @@ class FaultWatch:
         """Faults new since the last poll, on every configured GPU."""
         found: list[GpuFault] = []
         for index, handle in self._handles.items():
+            if index not in self._events:
+                self._register(index, handle)  # its start-up error was transient
             found += self._xids(index)
             found += self._standing(index, handle)
         # Xids are events; everything else is a standing condition: report each once.
@@ -119,24 +133,29 @@ class FaultWatch:
         try:
             result = getattr(self._nvml, fn)(*args)
         except Exception as exc:  # a fault reader must never stop the daemon
-            code = _code(exc)
-            if code == _GPU_IS_LOST:
-                return GpuFault(index, "gpu_lost", str(exc))
-            if code == _RESET_REQUIRED:
-                return GpuFault(index, "reset_required", str(exc))
-            if code == _TIMEOUT:  # (the event wait's "nothing pending")
-                return None
-            if code in _NEVER:
-                self._unsupported.add((fn, index))
-            elif (fn, index) in self._failed:
-                return None  # asked again each poll; said once
-            else:
-                self._failed.add((fn, index))
-            if not quiet and code != _NOT_SUPPORTED:
-                self._log("info", "gpu.fault_check_failed", call=fn, gpu=index,
-                          error=str(exc), retried=code not in _NEVER)
-            return None
+            return self._failure(fn, index, exc, quiet)
         return result
+
+    def _failure(self, fn: str, index: int, exc: Exception, quiet: bool) -> GpuFault | None:
+        """What an NVML error means: a GpuFault for a lost GPU, else None; a code that means
+        never turns the call off, any other is asked again and said once."""
+        code = _code(exc)
+        if code == _GPU_IS_LOST:
+            return GpuFault(index, "gpu_lost", str(exc))
+        if code == _RESET_REQUIRED:
+            return GpuFault(index, "reset_required", str(exc))
+        if code == _TIMEOUT:  # (the event wait's "nothing pending")
+            return None
+        if code in _NEVER:
+            self._unsupported.add((fn, index))
+        elif (fn, index) in self._failed:
+            return None  # asked again each poll; said once
+        else:
+            self._failed.add((fn, index))
+        if not quiet and code != _NOT_SUPPORTED:
+            self._log("info", "gpu.fault_check_failed", call=fn, gpu=index,
+                      error=str(exc), retried=code not in _NEVER)
+        return None
 
 
 # ---- NVML's sight of the tree (was shell/gpusight.py) ----

@@ -107,6 +107,7 @@ class FakeNvml:  # method names are pynvml's (camelCase)
         self.fail: dict[str, Exception] = {}  # function name -> error it raises
         self.calls: list[str] = []
         self.initialized = False
+        self.freed = 0  # event sets freed
 
     def _enter(self, name: str, handle: int | None = None) -> None:
         self.calls.append(name)
@@ -172,6 +173,10 @@ class FakeNvml:  # method names are pynvml's (camelCase)
     def nvmlDeviceRegisterEvents(self, handle: int, types: int, event_set: list[int]) -> None:
         self._enter("nvmlDeviceRegisterEvents", handle)
         event_set.append(handle)
+
+    def nvmlEventSetFree(self, event_set: list[int]) -> None:
+        self._enter("nvmlEventSetFree")
+        self.freed += 1
 
     def nvmlEventSetWait_v2(self, event_set: list[int], timeout_ms: int) -> Any:
         self._enter("nvmlEventSetWait_v2")
