@@ -87,6 +87,39 @@ def with_descendants(procs: list[psutil.Process], skip: Collection[int]
     return out
 
 
+def tree_pids(root_pid: int | None) -> tuple[int, ...]:
+    """The root and all its descendants that exist now; () when the root is gone (reaped).
+
+    A root that exited and is not reaped yet (a zombie) still owns its tree: at its exit its
+    children were reparented (to us, the subreaper, or to init), so `children()` finds none
+    and the engines that still hold the GPU would drop out of the tree's figure. They keep
+    the session and group the root leads (vLLM's child is started with setsid; its pid cannot
+    be reused while it is a zombie), so that is where they are found, with their descendants.
+    """
+    if root_pid is None:
+        return ()
+    try:
+        root = psutil.Process(root_pid)
+        kids = root.children(recursive=True)
+        if root.status() == psutil.STATUS_ZOMBIE:
+            kids = with_descendants(_led_by(root_pid), {root_pid})
+    except (psutil.NoSuchProcess, psutil.AccessDenied):
+        return ()
+    return (root_pid, *(k.pid for k in kids))
+
+
+def _led_by(leader: int) -> list[psutil.Process]:
+    """The processes in the session or process group `leader` leads (not itself)."""
+    out = []
+    for pid in psutil.pids():
+        try:
+            if pid != leader and leader in (os.getsid(pid), os.getpgid(pid)):
+                out.append(psutil.Process(pid))
+        except (OSError, psutil.Error):
+            continue  # gone meanwhile
+    return out
+
+
 def describe_all(procs: Iterable[psutil.Process]) -> list[str]:
     """'pid N (cmdline)' for each, read while they are alive (a dead one has no cmdline)."""
     out = []

@@ -17,6 +17,7 @@ from vllmwatch.core import restart
 from vllmwatch.core.samples import GpuProcess, MemorySample
 from vllmwatch.logfn import LogFn
 from vllmwatch.shell.gpufaults import PAUSED, PAUSED_UNKNOWN, FaultWatch, Sight, tree_by_gpu
+from vllmwatch.shell.kin import tree_pids as tree_pids  # (its old home: callers name it here)
 
 _MIB = 1024.0 * 1024.0
 # How long the loop's thread (SIGTERM and every deadline wait on it) waits for one NVML read:
@@ -107,18 +108,6 @@ class LoopReads:
         if not ok:
             raise got
         return got  # type: ignore[no-any-return]
-
-
-def tree_pids(root_pid: int | None) -> tuple[int, ...]:
-    """The root and all its descendants that exist now; () when the root is gone."""
-    if root_pid is None:
-        return ()
-    try:
-        root = psutil.Process(root_pid)
-        kids = root.children(recursive=True)
-    except (psutil.NoSuchProcess, psutil.AccessDenied):
-        return ()
-    return (root_pid, *(k.pid for k in kids))
 
 
 def host_memory(pids: tuple[int, ...], with_pss: bool
