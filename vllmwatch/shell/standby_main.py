@@ -12,7 +12,9 @@ vllmwatch installed): stdlib only, no vllmwatch import. Lifecycle:
    cwd, wait_s), take its environment and directory, and run the entry as ``__main__``.
 
 Where the pre-imported state cannot be trusted (CUDA initialized, a handover that came
-while the imports still ran for longer than wait_s) it execs the launch's argv instead: the
+while the imports still ran for longer than wait_s, a file of an imported module changed on
+disk since the imports: `pip install -U` of any package, a `git pull` under an editable
+install) it execs the launch's argv instead: the
 same pid and pipes, a fresh interpreter. EOF on stdin without a handover: exit 0.
 """
 
@@ -126,6 +128,7 @@ class Standby:
         self.message: dict[str, Any] | None = None
         self.arrived = threading.Event()
         self.status_fd = int(spec.get("status_fd", -1))
+        self.stamps: dict[str, tuple[int, int, int]] = {}
 
     def report(self, event: str, **fields: Any) -> None:
         """One JSON line to vllmwatch; a gone reader is not our problem."""
@@ -147,6 +150,7 @@ class Standby:
             self._import(name, imported, failed)
         for name in architecture_modules(str(self.spec.get("model", ""))):
             self._import(name, imported, failed)
+        self.stamps = module_stamps()
         self.report("waiting", imported=imported, failed=failed,
                     seconds=round(time.monotonic() - started, 3), cuda=cuda_initialized(),
                     vllm=_vllm_stamp())
@@ -208,6 +212,10 @@ class Standby:
         assert msg is not None
         if cuda_initialized():
             self.exec_fresh("CUDA was initialized by the imports")
+        moved = changed_files(self.stamps)
+        if moved:  # old code in memory would run against the new files on disk
+            self.exec_fresh(f"{len(moved)} imported module file(s) changed on disk since the "
+                            f"imports (a package reinstalled?), e.g. {moved[0]}")
         _prctl(_PR_SET_PDEATHSIG, 0)  # the child contract from here on: as a Popen child
         os.environ.clear()
         os.environ.update({str(k): str(v) for k, v in msg["env"].items()})
@@ -243,6 +251,41 @@ def run_entry(entry: dict[str, Any], argv: list[str]) -> None:
         return
     sys.argv = [entry["target"], *argv[skip:]]
     runpy.run_path(entry["target"], run_name="__main__")
+
+
+def module_stamps() -> dict[str, tuple[int, int, int]]:
+    """Every imported module's file now, (mtime_ns, inode, size): vllmwatch stamps only
+    vLLM's __init__.py, which an upgrade of another package (transformers, torch) or an edited
+    source file under an editable install leaves as it was. Not this script (__main__: its
+    pinned copy goes with the standby's TMPDIR at the handover) nor anything under that
+    TMPDIR; a module without a file of its own (built-in, zipimport) has no stamp."""
+    tmp = os.environ.get("TMPDIR") or "/nonexistent"
+    own = (tmp.rstrip(os.sep) + os.sep, os.path.realpath(tmp) + os.sep)
+    main = getattr(sys.modules.get("__main__"), "__file__", None)
+    out: dict[str, tuple[int, int, int]] = {}
+    for module in list(sys.modules.values()):
+        path = getattr(module, "__file__", None)
+        if not isinstance(path, str) or path in out or path == main \
+                or path.startswith(own):
+            continue
+        with contextlib.suppress(OSError):
+            st = os.stat(path)
+            out[path] = (st.st_mtime_ns, st.st_ino, st.st_size)
+    return out
+
+
+def changed_files(stamps: dict[str, tuple[int, int, int]]) -> list[str]:
+    """The stamped files changed or gone since (a few ms for vLLM's ~5000 modules)."""
+    out = []
+    for path, stamp in stamps.items():
+        try:
+            st = os.stat(path)
+        except OSError:
+            out.append(path)
+            continue
+        if (st.st_mtime_ns, st.st_ino, st.st_size) != stamp:
+            out.append(path)
+    return out
 
 
 def _unique(names: list[str]) -> list[str]:
