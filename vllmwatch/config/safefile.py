@@ -15,7 +15,7 @@ import os
 import stat
 import tempfile
 import threading
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 
 MAX_FILE = 1 << 20  # config and key files: 1 MiB; a real one is a few KiB
 
@@ -221,3 +221,27 @@ def write_private(path: str, text: str) -> bool:
             os.unlink(tmp)
         return False
     return True
+
+
+def foreign_owner(paths: Iterable[str]) -> tuple[str, str] | None:
+    """As root: (directory, its owner's name) of the first of `paths` that another user owns
+    (the path, or the nearest directory above it that exists, links followed: where root
+    would create it). None when this process is not root, or all are root's: what root
+    writes into another user's tree stays root's, and its owner (a service's user) cannot
+    write over it."""
+    if os.geteuid() != 0:
+        return None
+    for path in paths:
+        where = os.path.abspath(path)
+        while not os.path.lexists(where) and os.path.dirname(where) != where:
+            where = os.path.dirname(where)
+        with contextlib.suppress(OSError):
+            uid = os.stat(where).st_uid
+            if uid != 0:
+                import pwd  # (only here: the daemon's import count)
+
+                try:
+                    return where, pwd.getpwuid(uid).pw_name
+                except KeyError:
+                    return where, f"#{uid}"  # as sudo -u takes a uid
+    return None

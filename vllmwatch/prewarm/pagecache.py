@@ -12,6 +12,7 @@ import time
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 from vllmwatch.config import safefile
 from vllmwatch.logfn import LogFn
@@ -301,3 +302,23 @@ def hub_cache_dir(env: Mapping[str, str]) -> Path:
         return Path(env["HF_HOME"]) / "hub"
     xdg = env.get("XDG_CACHE_HOME") or str(Path(env.get("HOME") or "~").expanduser() / ".cache")
     return Path(xdg) / "huggingface" / "hub"
+
+
+def du(path: Path, deadline: float) -> dict[str, Any]:
+    """Size and file count of a tree, without following links; stops at the deadline."""
+    size = files = 0
+    stack = [path]
+    while stack:
+        if time.monotonic() >= deadline:
+            return {"bytes": size, "files": files, "partial": True}
+        try:
+            with os.scandir(stack.pop()) as it:
+                for entry in it:
+                    if entry.is_dir(follow_symlinks=False):
+                        stack.append(Path(entry.path))
+                    elif entry.is_file(follow_symlinks=False):
+                        size += entry.stat(follow_symlinks=False).st_blocks * 512
+                        files += 1
+        except OSError:
+            continue
+    return {"bytes": size, "files": files, "partial": False}

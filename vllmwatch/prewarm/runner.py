@@ -14,7 +14,7 @@ from typing import Any
 
 import psutil
 
-from vllmwatch.config import command, vllminfo
+from vllmwatch.config import command, safefile, vllminfo
 from vllmwatch.config.convert import printable
 from vllmwatch.config.redact import REDACT
 from vllmwatch.config.schema import Config
@@ -26,6 +26,7 @@ from vllmwatch.prewarm import evict, kernels, pagecache
 CACHE_VARS = {"VLLM_CACHE_ROOT": "vllm", "TRITON_CACHE_DIR": "triton",
               "FLASHINFER_WORKSPACE_BASE": "flashinfer", "HF_HOME": "huggingface"}
 RESIDENT_ENOUGH = 0.9
+Step = Callable[[], tuple[str, str, dict[str, Any]]]  # (status, detail, data)
 NESTED = ("torch_compile", "aot_artifacts", "startup_plan")  # inside "vllm": counted there
 
 # vLLM's compilation backend, on loading a graph compiled by an earlier start, logs e.g.
@@ -141,26 +142,6 @@ def _cache_dirs(config: Config, environ: Mapping[str, str]) -> dict[str, Path]:
             "huggingface": Path(env.get("HF_HOME") or xdg / "huggingface")}
 
 
-def _du(path: Path, deadline: float) -> dict[str, Any]:
-    """Size and file count of a tree, without following links; stops at the deadline."""
-    size = files = 0
-    stack = [path]
-    while stack:
-        if time.monotonic() >= deadline:
-            return {"bytes": size, "files": files, "partial": True}
-        try:
-            with os.scandir(stack.pop()) as it:
-                for entry in it:
-                    if entry.is_dir(follow_symlinks=False):
-                        stack.append(Path(entry.path))
-                    elif entry.is_file(follow_symlinks=False):
-                        size += entry.stat(follow_symlinks=False).st_blocks * 512
-                        files += 1
-        except OSError:
-            continue
-    return {"bytes": size, "files": files, "partial": False}
-
-
 def cache_report(config: Config, environ: Mapping[str, str],
                  time_limit: float = 2.0) -> dict[str, Any]:
     """Each cache's path, whether it exists, its size on disk and file count (like du)."""
@@ -169,7 +150,7 @@ def cache_report(config: Config, environ: Mapping[str, str],
     for name, path in _cache_dirs(config, environ).items():
         entry: dict[str, Any] = {"path": str(path), "exists": path.is_dir()}
         if entry["exists"]:
-            entry.update(_du(path, deadline))
+            entry.update(pagecache.du(path, deadline))
         out[name] = entry
     return out
 
@@ -291,12 +272,22 @@ def run(config: Config, log: LogFn, environ: Mapping[str, str],
     hooks = hooks or Hooks()
     p = config.prewarm
     deadline = time.monotonic() + p.timeout
-    steps: list[tuple[str, bool, Callable[[], tuple[str, str, dict[str, Any]]]]] = [
-        ("caches", p.enabled, lambda: _step_caches(config, environ, deadline)),
+    # As root in caches another user owns (`sudo vllmwatch prewarm` beside the unit's
+    # User=vllmwatch): what root would create there (0700 directories, JIT kernels) stays
+    # root's, and the service could no longer write, or even read, its own cache: the steps
+    # that write refuse (a warning) and say how to run it.
+    theirs = safefile.foreign_owner([cache_root(config, environ), *(  # (weights: read only)
+        str(path) for name, path in _cache_dirs(config, environ).items() if name != "huggingface")])
+    refuse: Step | None = None if theirs is None else (lambda: (
+        "warn", f"running as root would leave root-owned files in {theirs[0]} (owned by "
+        f"{theirs[1]}), which that user could not write: run `sudo -u {theirs[1]} vllmwatch "
+        "prewarm`", {}))
+    steps: list[tuple[str, bool, Step]] = [
+        ("caches", p.enabled, refuse or (lambda: _step_caches(config, environ, deadline))),
         ("page_cache", p.enabled and p.page_cache,
          lambda: _step_page_cache(config, environ, deadline, log, hooks)),
         ("kernels", p.enabled and p.kernels,
-         lambda: _step_kernels(config, environ, deadline, hooks)),
+         refuse or (lambda: _step_kernels(config, environ, deadline, hooks))),
     ]
     results = tuple(_one(name, on, fn, deadline, p.required, log) for name, on, fn in steps)
     ok = not any(r.status == "failed" for r in results)
