@@ -245,3 +245,19 @@ def foreign_owner(paths: Iterable[str]) -> tuple[str, str] | None:
                 except KeyError:
                     return where, f"#{uid}"  # as sudo -u takes a uid
     return None
+
+
+def shared_dir(path: str) -> str | None:
+    """Why another user could put files into the directory `path` (owned by a user other than
+    us or root; writable by every user without the sticky bit: /tmp's may hold ours); None
+    when only we (and root) can, or when it is not there. For directories whose content a
+    process loads as code (vLLM's compile caches)."""
+    try:
+        st = os.stat(path)
+    except OSError:
+        return None
+    if st.st_uid not in (os.geteuid(), 0):
+        return f"{path} is owned by uid {st.st_uid}, another user"
+    if st.st_mode & stat.S_IWOTH and not st.st_mode & stat.S_ISVTX:
+        return f"{path} is writable by every user (chmod o-w it)"
+    return None

@@ -104,7 +104,9 @@ def cannot_make(path: str) -> str | None:
             return f"{where} is not a directory"
     except OSError as exc:  # EACCES: a parent this user cannot search
         return f"{where}: {exc.strerror or exc}"
-    return None if os.access(where, os.W_OK | os.X_OK) else f"{where} is not writable"
+    if not os.access(where, os.W_OK | os.X_OK):
+        return f"{where} is not writable"
+    return _shared(str(where)) or _shared(str(where.parent))  # the cache root
 
 
 def make_cache_dirs(config: Config, environ: Mapping[str, str]
@@ -119,11 +121,18 @@ def make_cache_dirs(config: Config, environ: Mapping[str, str]
         except OSError as exc:
             problems.append((var, path, exc.strerror or str(exc)))
             continue
-        if os.access(path, os.W_OK):
+        why = "not writable" if not os.access(path, os.W_OK) else \
+            _shared(cache_root(config, environ)) or _shared(path)
+        if why is None:
             usable[var] = path
         else:
-            problems.append((var, path, "not writable"))
+            problems.append((var, path, why))
     return usable, problems
+
+
+def _shared(path: str) -> str | None:  # vLLM loads what its caches hold as code (Inductor's
+    why = safefile.shared_dir(path)  # graphs are Python modules): others' files would run
+    return None if why is None else f"{why}: another user could plant code that vLLM loads"
 
 
 def _cache_dirs(config: Config, environ: Mapping[str, str]) -> dict[str, Path]:
