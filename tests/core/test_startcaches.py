@@ -296,3 +296,18 @@ def test_without_a_change_the_same_miss_stays_a_warning_with_the_usual_cause() -
     assert all(m["expected"] is False for m in missed)
     assert "cache under prewarm.cache_dir was cleared" in str(
         next(m["likely_cause"] for m in missed if m["cache"] == "compile_cache"))
+
+
+@pytest.mark.parametrize("key", ["gpus", "env_file"])
+def test_moving_to_other_gpus_or_another_env_file_explains_the_misses(key: str) -> None:
+    """A reload that moves vLLM to other GPUs (another model of card: another device in the
+    plan's and the compile cache's keys) or names another vllm.env_file (other variables)
+    explains the misses that follow: not a warning naming upgrades and cleared caches."""
+    from tests.core.test_truthful_signals import CONFIG
+    v = CONFIG.vllm
+    after = replace(CONFIG, vllm=replace(v, gpus=[1]) if key == "gpus" else
+                    replace(v, env_file="/etc/vllmwatch/other.env"))
+    core = _hit_then_relaunch(after)
+    missed = core.events("startup.cache_missed")
+    assert missed and all(m["expected"] is True for m in missed), missed
+    assert all(m["likely_cause"] == f"a reload changed vllm.{key}" for m in missed)

@@ -137,15 +137,19 @@ def kept(before: Mapping[str, bool], now: dict[str, bool], awake: bool) -> dict[
 
 def inputs(config: Config) -> dict[str, str]:
     """What of vllmwatch's config the caches of a launch are keyed on or placed by: the
-    prewarm switches by value, the vLLM command, model, flags and environment by digest (a
+    prewarm switches by value, the vLLM command, model, flags, GPUs and environment (its
+    table and vllm.env_file's path) by digest (a
     value there may be a secret, and this rides the state that records keep). Secret-named
     flags and variables are left out: a rotated token or key keys no cache, and would
     "explain" (hide) a miss that something else caused."""
     p, v = config.prewarm, config.vllm
     out = {f"prewarm.{k}": str(getattr(p, k)).lower() if k != "cache_dir" else p.cache_dir
            for k in ("enabled", "cache_dir", "startup_plan", "mega_aot_artifact")}
+    # vllm.gpus: another card is another device in the plan's and the compile cache's keys;
+    # vllm.env_file: other variables (by its path: its content is read at the launch)
     hidden = {"vllm.command": repr(v.command), "vllm.model": v.model,
-              "vllm.extra_args": repr(v.extra_args),
+              "vllm.extra_args": repr(v.extra_args), "vllm.gpus": repr(v.gpus),
+              "vllm.env_file": v.env_file,
               **{f"vllm.args.{k}": repr(val) for k, val in v.args.items()
                  if not is_secret_name(k)},
               **{f"vllm.env.{k}": val for k, val in v.env.items() if not is_secret_name(k)}}
