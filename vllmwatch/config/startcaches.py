@@ -48,6 +48,7 @@ class VllmInfo:
     version: str | None = None
     torch: str | None = None
     envs: frozenset[str] = field(default_factory=frozenset)  # names of KNOWN it defines
+    origin: str | None = None  # its package's __init__.py: a reinstall changes it
 
     def has(self, name: str) -> bool:
         """Whether this vLLM reads the variable (False when unknown)."""

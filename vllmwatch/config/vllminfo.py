@@ -33,6 +33,7 @@ _PROBE = (
     "names = set()\n"
     "try:\n"
     "    spec = u.find_spec('vllm')\n"
+    "    out['origin'] = spec.origin if spec else None\n"
     "    for base in (spec.submodule_search_locations or []) if spec else []:\n"
     "        for rel in ('envs.py', os.path.join('foundation', 'system', 'envs.py')):\n"
     "            try:\n"
@@ -113,12 +114,18 @@ def _info_of(python: str) -> VllmInfo:
         return VllmInfo()
     names = data.get("envs")
     return VllmInfo(version=_text(data.get("vllm")), torch=_text(data.get("torch")),
+                    origin=_text(data.get("origin")),
                     envs=frozenset(n for n in names if n in startcaches.KNOWN)
                     if isinstance(names, list) else frozenset())
 
 
 def _text(value: object) -> str | None:
     return value if isinstance(value, str) and value else None
+
+
+def forget() -> None:
+    """Read every interpreter's vLLM again (one was reinstalled: shell/versions.py)."""
+    _info_of.cache_clear()
 
 
 def info(command: tuple[str, ...] | list[str]) -> VllmInfo:

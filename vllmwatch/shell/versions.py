@@ -11,6 +11,7 @@ probe's own timeout. Read once per command, not at every restart.
 
 from __future__ import annotations
 
+import os
 import threading
 from collections.abc import Callable, Mapping
 from dataclasses import replace
@@ -40,6 +41,11 @@ class VersionCache:
         # Whether a stop is waiting (the loop's, set by daemon.py): the launch runs on the
         # loop's thread, so a stop must end its wait, not come 20 s later after a launch
         self.give_up: Callable[[], bool] = lambda: False
+        self._stamp: tuple[int, int] | None = None  # the read vLLM's package file then
+
+    def _reinstalled(self) -> bool:
+        box = self._box
+        return bool(box and box[0].origin) and _stamp(box[0].origin) != self._stamp
 
     @property
     def current(self) -> str | None:
@@ -55,8 +61,11 @@ class VersionCache:
         return box[0] if box else VllmInfo()
 
     def prefetch(self, cmd: list[str]) -> None:
-        """Start reading cmd's version unless it is the command already read or being read."""
-        if self._cmd == cmd:
+        """Start reading cmd's version unless it is the command already read or being read,
+        and its vLLM was not reinstalled since the read (`pip install -U vllm` under the
+        daemon: the launches after it are judged as the new vLLM's, flags and caches)."""
+        again = self._cmd == cmd and self._reinstalled()
+        if self._cmd == cmd and not again:
             return
         self._cmd = list(cmd)
         box: list[VllmInfo] = []
@@ -66,7 +75,11 @@ class VersionCache:
 
         def work() -> None:
             try:  # one probe answers both (vllminfo caches it per interpreter)
-                box.append(replace(vllminfo.info(argv), version=vllminfo.version(argv)))
+                if again:
+                    vllminfo.forget()
+                got = replace(vllminfo.info(argv), version=vllminfo.version(argv))
+                self._stamp = _stamp(got.origin)
+                box.append(got)
             except Exception:  # an unknown version is allowed; the launch goes on without it
                 box.append(VllmInfo())
             finally:
@@ -85,6 +98,14 @@ class VersionCache:
                 raise CalledOff("vllmwatch is stopping: the launch was called off while it "
                                 "waited for the vLLM version (its interpreter was slow)")
         return self.current
+
+
+def _stamp(path: str | None) -> tuple[int, int] | None:
+    try:
+        st = os.stat(path) if path else None
+    except OSError:
+        return None
+    return (st.st_mtime_ns, st.st_ino) if st is not None else None
 
 
 def for_launch(cache: VersionCache, config: Config, environ: Mapping[str, str]
