@@ -197,12 +197,25 @@ def args_dtype(args: Mapping[str, object]) -> str | None:
     return _DTYPES.get(value) if isinstance(value, str) else None
 
 
+# Before the script: it dies with the thread that started it (PR_SET_PDEATHSIG, SIGKILL;
+# gone already: exit), as it runs in a session of its own that no stop of ours reaches.
+_PRELUDE = """import ctypes as _c, os as _o, signal as _s
+try:
+    _c.CDLL(None, use_errno=True).prctl(1, int(_s.SIGKILL), 0, 0, 0)
+except (OSError, AttributeError):
+    pass
+if _o.getppid() != {parent}:
+    _o._exit(0)
+"""
+
+
 def run_script(python: str, spec: Mapping[str, Any], env: Mapping[str, str], timeout: float,
                script: str = SCRIPT) -> KernelOutcome:
     """Run the warm script in its own session; kill the whole group at the time limit."""
     start = time.monotonic()
     try:
-        proc = subprocess.Popen([python, "-c", script, json.dumps(spec)], env=dict(env),
+        proc = subprocess.Popen([python, "-c", _PRELUDE.format(parent=os.getpid()) + script,
+                                 json.dumps(spec)], env=dict(env),
                                 stdin=subprocess.DEVNULL, stdout=subprocess.PIPE,
                                 stderr=subprocess.PIPE, text=True, start_new_session=True)
     except OSError as exc:
@@ -213,6 +226,9 @@ def run_script(python: str, spec: Mapping[str, Any], env: Mapping[str, str], tim
         _kill_group(proc)
         return KernelOutcome("warn", f"timed out after {time.monotonic() - start:.1f}s; killed",
                              {"timeout_s": round(timeout, 3)})
+    except BaseException:  # Ctrl-C at `vllmwatch prewarm`: its session got no SIGINT
+        _kill_group(proc)
+        raise
     return _parse(stdout, stderr, proc.returncode)
 
 
