@@ -7,7 +7,10 @@ Called only from the loop's thread (the standby's death signal follows that thre
 
 from __future__ import annotations
 
+import glob
 import os
+import shutil
+import tempfile
 import time
 from collections.abc import Callable
 from typing import Any
@@ -38,6 +41,7 @@ class StandbyLauncher:
         self.launches: dict[str, int] = {}
         self._rss: float | None = None
         self._next_watch = 0.0
+        remove_leftover_dirs(marker)  # before this daemon starts a standby of its own
 
     # ---- launches ----
 
@@ -187,3 +191,14 @@ class StandbyLauncher:
         self.log("warning", "standby.discarded", pid=standby.pid, reason=why,
                  state=str(standby.state))
         standby.kill()
+
+
+def remove_leftover_dirs(marker: str) -> None:
+    """The TMPDIRs (with the pinned standby script) of the standbys an earlier vllmwatch of
+    this instance left: its death signal killed them with it (a SIGKILL: no kill() removed
+    their folder), and the run's cleanup leaves `vllmwatch-standby-*` alone on purpose (a
+    living standby uses its own). Outside systemd's PrivateTmp (a container's restart, a
+    run by hand) they piled up, one per daemon killed."""
+    for base in dict.fromkeys((tempfile.gettempdir(), childmod.FALLBACK_TMP)):
+        for path in glob.glob(os.path.join(base, f"vllmwatch-standby-{marker}-*")):
+            shutil.rmtree(path, ignore_errors=True)
