@@ -28,6 +28,13 @@ def test_a_sigusr1_restart_is_taken_by_the_standby(start_daemon: StartDaemon) ->
     assert started["launch"] == "standby" and started["pid"] == standby
     ready = d.wait_event("child.ready", 300 / TIMEOUT_SCALE, mark)
     assert ready["pid"] == standby
+    # The launch ran in the pre-imported interpreter: the standby did not exec the command
+    # fresh (it says so on stderr: "vllmwatch standby: <why>; starting <argv0> fresh"), e.g.
+    # because its stamp of every imported module's file saw one move on an unchanged install.
+    lines = d.named("child.line", mark)
+    assert lines, "no child.line after the handover: nothing to read the standby's word in"
+    fresh = [e["text"] for e in lines if "vllmwatch standby:" in str(e.get("text", ""))]
+    assert not fresh, fresh
     doc = status(d)
     assert doc["launch"] == "standby" and doc["launches"] == {"fresh": 1, "standby": 1}
     nxt = d.wait_event("standby.waiting", 300 / TIMEOUT_SCALE, mark)  # the next one
