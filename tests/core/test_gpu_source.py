@@ -12,16 +12,12 @@ from __future__ import annotations
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from tests.core.test_host_figure import _ready
 from vllmwatch.config.schema import from_dict
 from vllmwatch.core import machine, restart
 from vllmwatch.core.actions import Action, Log
 from vllmwatch.core.events import (
-    CanaryResult,
-    HealthResult,
     MemorySampled,
-    Spawned,
-    SweepDone,
-    Tick,
 )
 from vllmwatch.core.samples import MemorySample, gpu_kind
 from vllmwatch.core.state import S, WatchState
@@ -53,19 +49,8 @@ def _sample(kind: str, extra: float = 0.0) -> MemorySample:
     return MemorySample("unified", (1,), None, host_rss_mib=4091.0, host_pss_mib=PSS_MIB)
 
 
-def _ready() -> tuple[WatchState, float]:
-    now = 100.0
-    s = machine.initial(CONFIG, now)
-    for ev in (Tick(), SweepDone((), (), None), Spawned(4242), HealthResult(True, 200, 0.01,
-               gen=1), CanaryResult(True, False, 0.01, gen=1)):
-        now += 1.0
-        s, _ = machine.step(s, ev, now)
-    assert s.state == S.READY, s.state
-    return s, now
-
-
 def _feed(kinds: list[str], extra: float = 0.0) -> tuple[WatchState, list[Log]]:
-    s, now = _ready()
+    s, now = _ready(CONFIG)
     logs: list[Log] = []
     for kind in kinds:
         now += 1.0
@@ -123,7 +108,7 @@ def test_a_lasting_change_restarts_the_series_once_and_says_so() -> None:
 
 
 def test_growth_after_a_restarted_series_still_fires() -> None:
-    s, now = _ready()
+    s, now = _ready(CONFIG)
     fired: list[str] = []
     kinds = ["nvml-process"] * 5 + ["nvml-device"] * 8
     for i, kind in enumerate(kinds + ["nvml-device"] * 10):

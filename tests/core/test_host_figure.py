@@ -11,7 +11,7 @@ from __future__ import annotations
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from vllmwatch.config.schema import from_dict
+from vllmwatch.config.schema import Config, from_dict
 from vllmwatch.core import machine, restart
 from vllmwatch.core.actions import Log
 from vllmwatch.core.events import (
@@ -42,10 +42,10 @@ def _sample(with_pss: bool, source: str = "unified", pss: float = PSS_MIB) -> Me
                         host_pss_mib=pss if with_pss else None)
 
 
-def _ready() -> tuple[WatchState, float]:
-    """The pure core, stepped to READY by hand."""
+def _ready(config: Config = CONFIG) -> tuple[WatchState, float]:
+    """The pure core, stepped to READY by hand (tests/core/test_gpu_source.py too)."""
     now = 100.0
-    s = machine.initial(CONFIG, now)
+    s = machine.initial(config, now)
     for ev in (Tick(), SweepDone((), (), None), Spawned(4242), HealthResult(True, 200, 0.01,
                gen=1), CanaryResult(True, False, 0.01, gen=1)):
         now += 1.0

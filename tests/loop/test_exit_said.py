@@ -8,11 +8,10 @@ them because each set last_reason by hand."""
 
 from __future__ import annotations
 
-from tests.loop.test_incident_loop import up
+from tests.loop.test_incident_loop import crash_until_given_up, up
 from vllmwatch.core import exitcodes
 from vllmwatch.core.events import MemorySampled
 from vllmwatch.core.samples import GpuFault, MemorySample
-from vllmwatch.core.state import S
 from vllmwatch.status.view import render
 from vllmwatch.testing.driver import Driver
 
@@ -26,11 +25,7 @@ def _after_stopping(d: Driver) -> list[str]:
 
 def test_the_crash_loop_give_up_says_how_many_restarts_in_what_window() -> None:
     d = up()
-    for _ in range(10):
-        if d.exit_code is not None:
-            break
-        d.kill_child(code=1)
-        d.run_until(lambda: d.state.state == S.READY or d.exit_code is not None, 600)
+    crash_until_given_up(d)
     assert d.exit_code == exitcodes.GAVE_UP
     last = d.world.incidents[-1]
     assert last.reason == "crashloop"

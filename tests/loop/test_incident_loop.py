@@ -150,13 +150,18 @@ def test_the_child_dying_during_the_record_waits_for_it() -> None:
     assert d.world.signals == []  # nothing left to signal: swept
 
 
-def test_the_crash_loop_give_up_is_recorded_with_exit_3() -> None:
-    d = up()
+def crash_until_given_up(d: Driver) -> None:
+    """Crash vLLM (exit 1) at each READY until the crash-loop guard gives up (or 10 tries)."""
     for _ in range(10):
         if d.exit_code is not None:
             break
         d.kill_child(code=1)
         d.run_until(lambda: d.state.state == S.READY or d.exit_code is not None, 600)
+
+
+def test_the_crash_loop_give_up_is_recorded_with_exit_3() -> None:
+    d = up()
+    crash_until_given_up(d)
     assert d.exit_code == exitcodes.GAVE_UP
     *crashes, last = d.world.incidents
     assert (last.reason, last.exit_code) == ("crashloop", exitcodes.GAVE_UP)
