@@ -44,6 +44,7 @@ from vllmwatch.core.actions import (
     RecordIncident,
     SampleMemory,
     SignalGroup,
+    Smoke,
     Spawn,
     Sweep,
     failure_result,
@@ -61,6 +62,7 @@ from vllmwatch.core.events import (
     ReleaseChecked,
     ReloadRequested,
     RestartRequested,
+    SmokeResult,
     Spawned,
     SpawnFailed,
     StopRequested,
@@ -83,6 +85,9 @@ CONFIG = from_dict({
                 "gpu_release_timeout": 6},
     "prewarm": {"enabled": True},
     "memory": {"sample_interval": 2, "pss_interval": 4, "gpu_limit": 1000},
+    # A check before READY: its answer may land in any state (after the start it belonged
+    # to was taken down too: it was judged during the incident record and raised PhaseError)
+    "smoke": [{"endpoint": "chat", "required": False}],
 })
 OTHER = dataclasses.replace(CONFIG, vllm=dataclasses.replace(CONFIG.vllm, port=8001))
 STOP_BOUND = CONFIG.restart.stop_timeout + KILL_WAIT + SWEEP_WAIT + 0.01
@@ -124,6 +129,8 @@ def _success(action: AsyncAction, gpu: float) -> Event:
         return ReleaseChecked(True, "ok")
     if isinstance(action, RecordIncident):
         return IncidentRecorded(action.seq, f"i-{action.seq}", f"/i/{action.seq}")
+    if isinstance(action, Smoke):
+        return SmokeResult(action.index, True, 0.01, gen=action.gen)
     assert isinstance(action, DoPrewarm)
     return PrewarmDone(True)
 
@@ -209,7 +216,7 @@ class CoreMachine(RuleBasedStateMachine):
                 # the shell calls a launch off only for a stop that waits: it comes next
                 self.answers.append(StopRequested("SIGTERM"))
         elif isinstance(a, (Probe, SampleMemory, Sweep, CheckRelease, DoPrewarm,
-                            RecordIncident)):
+                            RecordIncident, Smoke)):
             self.outstanding.append(a)
         elif isinstance(a, SignalGroup) and a.signal == "SIGKILL":
             self.alive.clear()  # SIGKILL to the group always works in this world
@@ -540,3 +547,36 @@ def test_a_fatal_exit_during_a_sweep_that_never_answers_still_exits() -> None:
     s, t = run_to_exit(m.s, m.now, history)  # the sweep never answers
     assert s.state in FINAL and t - m.now <= STOP_BOUND
     check_one_way_out(history)
+
+
+@pytest.mark.parametrize("ended_by", ["crash", "startup.timeout"])
+@pytest.mark.parametrize("ok", [True, False])
+def test_a_smoke_answer_after_its_start_was_taken_down_is_not_judged(ended_by: str,
+                                                                     ok: bool) -> None:
+    # vLLM died (or startup.timeout passed) while a smoke check was out: the start keeps the
+    # coarse state STARTING while its incident record is written. The check's answer that
+    # lands then (a passed one, or an optional one failed) made it READY: READY=1 for a
+    # dead vLLM, and the ladder's RECORDING -> IDLE raised PhaseError: exit 70.
+    s = machine.initial(CONFIG, 1000.0)
+    now = 1000.0
+    for ev in (Tick(), SweepDone((), (), None), PrewarmDone(True), Spawned(4242),
+               HealthResult(True, 200, 0.01, gen=1), CanaryResult(True, False, 0.01, gen=1),
+               CanaryResult(True, False, 0.01, warmup=True, gen=1)):
+        now += 1.0
+        s, acts = machine.step(s, ev, now)
+    smoke = [a for a in acts if isinstance(a, Smoke)]
+    assert smoke and s.state == S.STARTING, (s.state, acts)
+    if ended_by == "crash":
+        now += 1.0
+        s, _ = machine.step(s, ChildExited(4242, 1, None), now)
+    else:
+        now += CONFIG.startup.timeout
+        s, _ = machine.step(s, Tick(), now)
+    assert s.restart.phase == "recording", s.restart.phase
+    s, acts = machine.step(s, SmokeResult(0, ok, 0.01, "" if ok else "HTTP 500", gen=1), now)
+    assert s.state == S.STARTING and s.restart.phase == "recording"
+    assert not any(isinstance(a, Notify) and a.ready for a in acts), acts
+    wait = s.restart.wait
+    assert wait is not None  # the take-down goes on once the record is written
+    s, _ = machine.step(s, IncidentRecorded(wait.seq, "i-1", "/i/1"), now + 0.1)
+    assert s.state in (S.STOPPING, S.CLEANUP), s.state

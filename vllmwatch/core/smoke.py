@@ -19,6 +19,7 @@ from typing import TYPE_CHECKING, Any
 from vllmwatch.config.redact import REDACT
 from vllmwatch.core.actions import Action, Log, Smoke
 from vllmwatch.core.events import SmokeResult
+from vllmwatch.core.restart import Phase
 from vllmwatch.core.state import S, SmokeOutcome, SmokeRun, WatchState
 
 if TYPE_CHECKING:
@@ -63,8 +64,13 @@ def landed(s: WatchState, ev: SmokeResult) -> Step:
     """A check's answer: the next check, READY, or READY held."""
     c = s.child
     run = c.smoke if c is not None else None
+    # A start taken down keeps the coarse state STARTING while its incident record is written
+    # (Phase.RECORDING: vLLM died, or startup.timeout, with a check in flight): its answer
+    # judges nothing, as machine._result drops the probes' then. Judged, a passed or optional
+    # check made it READY (READY=1 to systemd for a dead vLLM) and the ladder's move from
+    # RECORDING to IDLE raised PhaseError: the daemon crashed with exit 70.
     if c is None or run is None or ev.gen != c.gen or s.state != S.STARTING \
-            or ev.index != run.next:
+            or s.restart.phase != Phase.LAUNCHING or ev.index != run.next:
         return s, [], False  # about another start, or this start is over
     check = run.checks[ev.index]
     out = SmokeOutcome(check.name, check.endpoint, check.model or c.vllm.model_name, ev.ok,
