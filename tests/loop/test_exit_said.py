@@ -61,3 +61,58 @@ def test_a_requested_stop_is_not_called_an_exit_for_a_cause() -> None:
     assert d.run_until(lambda: d.exit_code is not None, 600)
     assert d.exit_code == exitcodes.OK
     assert not any("exiting" in line for line in _after_stopping(d))
+
+
+def _crash_on_publish(d: Driver) -> None:
+    def boom(_snapshot: object) -> None:
+        raise ValueError("a bug")
+
+    d.fx.publish = boom  # type: ignore[method-assign]
+
+
+def test_a_crash_on_the_way_out_keeps_the_exit_decided() -> None:
+    # A GPU fault's exit (74: the unit never restarts it) decided, vLLM still stopping, then
+    # the loop crashes (the smoke answer's PhaseError was one such crash): the daemon exited
+    # 70, which Restart=on-failure restarts, onto the faulted GPU; and systemctl status went
+    # on showing the last STATUS= sent ("stopping ...") for a process that was gone.
+    d = up()
+    d.world.ignore_sigterm = True  # the exit is under way, not done, when the crash comes
+    assert d.state.child is not None
+    d.send(MemorySampled(MemorySample("nvml-process", (100,), 1000.0,
+                                      gpu_faults=(GpuFault(0, "gpu_lost"),)),
+                         0, d.state.child.gen))
+    assert d.state.exit_code == exitcodes.GPU_FAULT and d.exit_code is None
+    _crash_on_publish(d)
+    closed: list[bool] = []
+    d.fx.close = lambda: closed.append(True)  # type: ignore[method-assign]
+    assert d.loop.run() == exitcodes.GPU_FAULT
+    assert [e["code"] for e in d.events("daemon.exiting")] == [exitcodes.GPU_FAULT]
+    assert len(d.events("daemon.crashed")) == 1
+    last = [ln for m in d.notifier.messages for ln in m.splitlines() if ln.startswith("STATUS=")]
+    assert last[-1].startswith("STATUS=failed | exiting 74 | vllmwatch crashed on the way "
+                               "out (ValueError: a bug)"), last
+    assert closed == [True]  # the tree is killed on the way out all the same (fx.close)
+
+
+def test_a_crash_with_no_exit_decided_is_70_and_said_on_the_status_line() -> None:
+    d = up()
+    _crash_on_publish(d)
+    assert d.loop.run() == exitcodes.INTERNAL
+    [exiting] = d.events("daemon.exiting")
+    assert exiting["code"] == exitcodes.INTERNAL
+    said = _after_stopping(d)
+    # not the last "ready | ..." that systemctl status would keep showing for a failed unit
+    assert said and said[-1].startswith("STATUS=failed | exiting 70: internal (ValueError: "
+                                        "a bug)"), said
+
+
+def test_a_crash_on_the_way_out_of_a_stop_still_exits_0() -> None:
+    # 70 after a stop asked by hand (kill -TERM, not systemctl) was restarted by the unit
+    d = up()
+    d.world.ignore_sigterm = True
+    d.signal(15)
+    assert d.state.exit_code == exitcodes.OK and d.exit_code is None
+    _crash_on_publish(d)
+    assert d.loop.run() == exitcodes.OK
+    last = [ln for m in d.notifier.messages for ln in m.splitlines() if ln.startswith("STATUS=")]
+    assert last[-1].startswith("STATUS=stopped | vllmwatch crashed on the way out"), last

@@ -183,9 +183,9 @@ class Loop:
         except Exception as exc:
             # The exit the core cannot decide (it may be what raised) gets the same exit
             # event and STOPPING=1 that ladder.halt gives every other exit; one it decided
-            # already was said.
+            # already was said, and its code stands (shell/notify.py).
             return report_crash(self.fx.log, self.fx.notifier, exc, str(self.state.state),
-                                LOOP_HINT, exiting=self.state.exit_code is None)
+                                LOOP_HINT, decided=self.state.exit_code)
         finally:
             self.close()
             if self._install:  # decided: a signal during the exit that follows must not

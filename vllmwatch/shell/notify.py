@@ -95,7 +95,12 @@ def status_line(text: str) -> str:
 # ---- the one way vllmwatch reports a crash of its own (was shell/crash.py): in the loop
 # (shell/loop.py) and in the daemon's start before it (daemon.py) alike, exit 70 comes with
 # one `daemon.crashed` event carrying the traceback (through the logger: the redactor runs),
-# the `daemon.exiting` event and STOPPING=1 that every other exit gives.
+# the `daemon.exiting` event and STOPPING=1 that every other exit gives, and a last STATUS=
+# line that says so: systemd keeps showing the last one after the process is gone (the unit
+# failed, or waiting RestartSec), and the loop's last was "ready | ..." or "stopping | ...".
+# A crash on the way out of an exit already decided (and said by daemon.exiting) keeps that
+# exit's code: the unit acts on it (a GPU fault's 74 and a config error's 78 are never
+# restarted, a stop's 0 neither; as 70 they were, onto the faulted GPU or the bad file).
 
 LOOP_HINT = ("a bug in vllmwatch; the vLLM tree was killed. Please report it with this "
              "traceback")
@@ -104,19 +109,24 @@ START_HINT = ("a bug in vllmwatch, during its start (before its loop ran); what 
 
 
 def report_crash(log: LogFn, notifier: Notifier, exc: BaseException, state: str, hint: str,
-           exiting: bool = True) -> int:
-    """Log the crash (and, unless the exit was decided already, `daemon.exiting`), tell
-    systemd STOPPING=1; return the exit code (70)."""
+                 decided: int | None = None) -> int:
+    """Log the crash (and, unless an exit was decided already with code `decided`,
+    `daemon.exiting`), tell systemd STOPPING=1 and STATUS=; return the exit code: `decided`,
+    else 70."""
     moved = vllmwatch.code_changed()  # first: the traceback quotes the lines that ran
-    log("critical", "daemon.crashed", error=f"{type(exc).__name__}: {exc}",
+    error = f"{type(exc).__name__}: {exc}"
+    log("critical", "daemon.crashed", error=error,
         traceback="".join(traceback.format_exception(exc)), code_changed=moved, hint=hint)
-    code = exit_code(Reason.INTERNAL)
-    if exiting:
-        log("error", "daemon.exiting", code=code, reason=str(Reason.INTERNAL),
-            detail=f"{type(exc).__name__}: {exc}", state=state,
-            meaning=exitcodes.MEANING[code])
-        with contextlib.suppress(Exception):  # (the crash may be the notifier's own)
-            notifier.send("STOPPING=1")
+    code = exit_code(Reason.INTERNAL) if decided is None else decided
+    if decided is None:
+        log("error", "daemon.exiting", code=code, reason=str(Reason.INTERNAL), detail=error,
+            state=state, meaning=exitcodes.MEANING[code])
+        said = f"failed | exiting {code}: {Reason.INTERNAL} ({error})"
+    else:  # (a stop's 0 is no failure: the unit stays stopped either way)
+        said = (f"failed | exiting {code}" if code != exitcodes.OK else "stopped") + \
+            f" | vllmwatch crashed on the way out ({error})"
+    with contextlib.suppress(Exception):  # (the crash may be the notifier's own)
+        notifier.send("STOPPING=1\n" + status_line(said))
     return code
 
 
