@@ -192,7 +192,7 @@ def _start(config: Config, log_format: str | None, env: dict[str, str], log: Swi
     live.effects = fx
     # on_reloaded: on the loop's thread, once the core took the new config (shell/loop.py)
     loop = Loop(config, fx, SystemClock(), reload_config=reload, environ=env,
-                on_reloaded=live.apply, spare=fx.spare)
+                on_reloaded=live.apply, spare=fx.spare, down=lambda: _gate_down(live))
     until_loop.pop_all()
     until_loop.callback(_quietly, loop.close)  # the effects and the spare are the loop's now
     fx.versions.give_up = loop.stop_asked
@@ -200,6 +200,15 @@ def _start(config: Config, log_format: str | None, env: dict[str, str], log: Swi
         readyz.watch(loop)
     until_loop.pop_all()  # Loop.run closes itself, crash or not
     return loop.run()
+
+
+def _gate_down(live: Live) -> tuple[str, ...]:
+    """The STATUS= words for a [gate] that could not listen or died (gate.failed): its
+    clients get connection errors while vLLM itself may be ready."""
+    gate = live.gate
+    if gate is None or gate.running:
+        return ()
+    return (f"gate down: {gate.error or 'its thread ended'}",)
 
 
 def _quietly(stop: Callable[[], None]) -> None:

@@ -86,7 +86,8 @@ class Loop:
                  executor: Executor | None = None, waiter: Waiter | None = None,
                  install_signals: bool = True,
                  on_reloaded: Callable[[Config], None] | None = None,
-                 spare: SpareFx | None = None) -> None:
+                 spare: SpareFx | None = None,
+                 down: Callable[[], tuple[str, ...]] | None = None) -> None:
         self.fx, self.clock = fx, clock
         self._events: queue.SimpleQueue[Event | ReloadRead] = queue.SimpleQueue()
         self._wake_r, self._wake_w = os.pipe()
@@ -104,7 +105,8 @@ class Loop:
             self.state = dataclasses.replace(self.state, spare=spare.track(clock.monotonic()))
         env = environ if environ is not None else dict(os.environ)
         self._out = Outputs(fx, clock, watchdog_interval(env, os.getpid()),
-                            Snapshot(config_path=config.path, config_sha256=config.sha256))
+                            Snapshot(config_path=config.path, config_sha256=config.sha256),
+                            down)  # (STATUS=: the gate down, daemon.py)
         self._pending_signals: list[int] = []
         self.exit_code: int | None = None
         self._repeats = Repeats(lambda *a, **kw: self.fx.log(*a, **kw), clock.monotonic)

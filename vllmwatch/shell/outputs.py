@@ -8,6 +8,7 @@ the next STATUS= line) that the loop only asks for (due())."""
 from __future__ import annotations
 
 import time
+from collections.abc import Callable
 
 from vllmwatch.core import machine, restart
 from vllmwatch.core.actions import Notify
@@ -25,8 +26,10 @@ class Outputs:
     """The loop's outputs: owned by the loop's thread, like everything the loop owns."""
 
     def __init__(self, fx: Effects, clock: Clock, watchdog: float | None,
-                 snapshot: Snapshot) -> None:
+                 snapshot: Snapshot, down: Callable[[], tuple[str, ...]] | None = None) -> None:
         self.fx, self.clock, self.snapshot = fx, clock, snapshot
+        # What of vllmwatch's own is down (daemon.py: the gate): the line says so first
+        self._down = down or (lambda: ())
         self._watchdog = watchdog  # seconds between WATCHDOG=1, None without systemd's
         self._next_ping = 0.0
         self._next_status = 0.0
@@ -44,7 +47,7 @@ class Outputs:
         self.snapshot = snapshot_of(state, now, self.clock.wall(), self.snapshot,
                                     self.fx.vllm_version())
         self.fx.publish(self.snapshot)
-        text = summary(self.snapshot)
+        text = summary(self.snapshot, self._down())
         if text != self._last_status or now >= self._next_status:
             self.fx.notifier.send(status_line(text))
             self._last_status, self._next_status = text, now + STATUS_EVERY

@@ -157,11 +157,13 @@ def _smoke(c: ChildRun | None) -> tuple[dict[str, Any], ...]:
     return tuple(smoke.view(c.smoke))
 
 
-def summary(snap: Snapshot) -> str:
-    """One line for systemctl status: state, uptime, restarts, last reason, memory."""
+def summary(snap: Snapshot, down: tuple[str, ...] = ()) -> str:
+    """One line for systemctl status: state, uptime, restarts, last reason, memory; `down`:
+    parts of vllmwatch itself that are down (the gate), said right after the state."""
     # "ready" only while it is (_ready): a restart's rung that leaves the coarse state READY
     # (the incident record of a crash) began the line "ready" beside "restart recording"
     parts = ["not ready" if snap.state == "ready" and not snap.ready else snap.state]
+    parts += [REDACT.head(words, 120) for words in down]  # (before the 200-character cut)
     if snap.exit_reason is not None and snap.exit_reason != Reason.STOP:
         # Leaving for a cause: said first, until the process is gone (a crash-loop give-up
         # read "stopping | ... | last crash", a crash restart it seemed; the exit code and
