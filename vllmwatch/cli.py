@@ -222,7 +222,7 @@ def _cache_env(config: Config, info: startcaches.VllmInfo) -> dict[str, str]:
     unified = platform.detect(config, None).unified
     ours = {}
     for name, path in prewarm.cache_env(config, os.environ).items():
-        why = prewarm.cannot_make(path)  # `run` leaves it out too (prewarm.cache_unusable)
+        why = prewarm.cannot_make(path, name)  # `run` leaves it out too (prewarm.cache_unusable)
         if why is None:
             ours[name] = path
         else:

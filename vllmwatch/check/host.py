@@ -16,7 +16,7 @@ import psutil
 from vllmwatch.check.base import FAIL, PASS, SKIP, WARN, CheckResult, Context
 from vllmwatch.config import hosts
 from vllmwatch.config.schema import DEFAULT_PATH
-from vllmwatch.prewarm.runner import cache_root
+from vllmwatch.prewarm.runner import cache_env, cache_root, cannot_make
 from vllmwatch.shell import child, groupfile, kin, ports, reloadports
 
 
@@ -208,6 +208,12 @@ def check_prewarm_cache(ctx: Context) -> CheckResult:
             return CheckResult("prewarm.cache_dir", WARN, f"{path} is not writable "
                                f"({exc.strerror}); caches will be cold after every restart: "
                                "make it writable for the service user (CacheDirectory=)")
+        # the daemon's own rule (prewarm.cache_unusable): vLLM loads the caches as code
+        shared = [f"{var}: {why}" for var, sub in cache_env(ctx.config, ctx.env).items()
+                  if (why := cannot_make(sub, var))]
+        if shared:
+            return CheckResult("prewarm.cache_dir", WARN, "; ".join(shared) + "; the daemon "
+                               "leaves these out (vLLM keeps its default location)")
         return CheckResult("prewarm.cache_dir", PASS, f"{path} is writable")
     parent = next((p for p in path.parents if p.exists()), Path("/"))
     if path.exists() or not os.access(parent, os.W_OK | os.X_OK):

@@ -249,15 +249,45 @@ def foreign_owner(paths: Iterable[str]) -> tuple[str, str] | None:
 
 def shared_dir(path: str) -> str | None:
     """Why another user could put files into the directory `path` (owned by a user other than
-    us or root; writable by every user without the sticky bit: /tmp's may hold ours); None
-    when only we (and root) can, or when it is not there. For directories whose content a
-    process loads as code (vLLM's compile caches)."""
+    us or root; writable by every user, or by a group that has members other than us, without
+    the sticky bit: /tmp's may hold ours); None when only we (and root) can, or when it is not
+    there. For directories whose content a process loads as code (vLLM's compile caches).
+    The group rule is sshd's StrictModes (Debian's): group-writable passes only where the
+    group is our own private one, its only member us (by primary group or membership)."""
     try:
         st = os.stat(path)
     except OSError:
         return None
     if st.st_uid not in (os.geteuid(), 0):
         return f"{path} is owned by uid {st.st_uid}, another user"
-    if st.st_mode & stat.S_IWOTH and not st.st_mode & stat.S_ISVTX:
+    if st.st_mode & stat.S_ISVTX:
+        return None  # others' entries may sit beside ours, never replace ours
+    if st.st_mode & stat.S_IWOTH:
         return f"{path} is writable by every user (chmod o-w it)"
+    if st.st_mode & stat.S_IWGRP:
+        others = group_others(st.st_gid)
+        if others is not None:
+            return f"{path} is writable by group {others} (chmod g-w it)"
     return None
+
+
+def group_others(gid: int) -> str | None:
+    """None when the group `gid` is our own private group (its members: us, and root, who
+    may write anywhere: root:root 0775 is safe); else the group's name and the other members
+    found, for a message ("ml (members alice, bob)"). A group without members is not ours:
+    whoever is given it later could write."""
+    import grp  # (only here: the daemon's import count)
+    import pwd
+
+    try:
+        group = grp.getgrgid(gid)
+        me = {pwd.getpwuid(os.geteuid()).pw_name, pwd.getpwuid(0).pw_name}
+    except KeyError:  # a gid or uid without a name: nobody can say who is in it
+        return f"#{gid} (unknown members)"
+    members = set(group.gr_mem) | {p.pw_name for p in pwd.getpwall() if p.pw_gid == gid}
+    others = sorted(members - me)
+    if members and not others:
+        return None
+    return f"{group.gr_name} (" + (f"members {', '.join(others[:5])}" + (
+        f" and {len(others) - 5} more" if len(others) > 5 else "") if others else
+        "no members: anyone given it later") + ")"

@@ -28,6 +28,9 @@ CACHE_VARS = {"VLLM_CACHE_ROOT": "vllm", "TRITON_CACHE_DIR": "triton",
 RESIDENT_ENOUGH = 0.9
 Step = Callable[[], tuple[str, str, dict[str, Any]]]  # (status, detail, data)
 NESTED = ("torch_compile", "aot_artifacts", "startup_plan")  # inside "vllm": counted there
+# Folders below a variable's that vLLM (FlashInfer) loads code from: refused as the variable's.
+LOADED = {"VLLM_CACHE_ROOT": ("torch_compile_cache", "torch_compile_cache/torch_aot_compile"),
+          "FLASHINFER_WORKSPACE_BASE": (".cache", ".cache/flashinfer")}
 
 # vLLM's compilation backend, on loading a graph compiled by an earlier start, logs e.g.
 # "Directly load the compiled graph(s) for compile range (1, 8192) from the cache, took 0.7 s"
@@ -93,9 +96,9 @@ def child_env(config: Config, environ: Mapping[str, str]) -> dict[str, str]:
     return {**environ, **cache_env(config, environ), **config.vllm.env}
 
 
-def cannot_make(path: str) -> str | None:
-    """Why make_cache_dirs would find `path` unusable for us now, without making anything
-    (`print-command`: a line to run by hand must not create dirs); None: it would be usable."""
+def cannot_make(path: str, var: str = "") -> str | None:
+    """Why make_cache_dirs would find `path` (of `var`) unusable for us now, without making
+    anything (`print-command`: a line to run by hand must not create dirs); None: usable."""
     where = Path(path)
     try:  # lexists: a dangling symlink (an unmounted disk) is no place makedirs can use
         while not os.path.lexists(where) and where.parent != where:
@@ -106,13 +109,13 @@ def cannot_make(path: str) -> str | None:
         return f"{where}: {exc.strerror or exc}"
     if not os.access(where, os.W_OK | os.X_OK):
         return f"{where} is not writable"
-    return _shared(str(where)) or _shared(str(where.parent))  # the cache root
+    return _shared(str(where.parent), str(where), var if where == Path(path) else "")  # root
 
 
 def make_cache_dirs(config: Config, environ: Mapping[str, str]
                     ) -> tuple[dict[str, str], list[tuple[str, str, str]]]:
-    """Create our cache directories: (the variables whose directory is usable, and
-    [(variable, path, why)] for those that are not: vLLM would crash on an unwritable one)."""
+    """Create our cache directories: (the variables whose directory is usable, and [(variable,
+    path, why)] for the rest: vLLM would crash on an unwritable one, run others' code)."""
     usable: dict[str, str] = {}
     problems: list[tuple[str, str, str]] = []
     for var, path in cache_env(config, environ).items():
@@ -122,7 +125,7 @@ def make_cache_dirs(config: Config, environ: Mapping[str, str]
             problems.append((var, path, exc.strerror or str(exc)))
             continue
         why = "not writable" if not os.access(path, os.W_OK) else \
-            _shared(cache_root(config, environ)) or _shared(path)
+            _shared(cache_root(config, environ), path, var)
         if why is None:
             usable[var] = path
         else:
@@ -130,8 +133,9 @@ def make_cache_dirs(config: Config, environ: Mapping[str, str]
     return usable, problems
 
 
-def _shared(path: str) -> str | None:  # vLLM loads what its caches hold as code (Inductor's
-    why = safefile.shared_dir(path)  # graphs are Python modules): others' files would run
+def _shared(root: str, path: str, var: str) -> str | None:  # vLLM loads what its caches
+    paths = (root, path, *(os.path.join(path, sub) for sub in LOADED.get(var, ())))  # hold
+    why = next(filter(None, map(safefile.shared_dir, paths)), None)  # as code (Python)
     return None if why is None else f"{why}: another user could plant code that vLLM loads"
 
 
@@ -201,12 +205,6 @@ def model_dir(config: Config, environ: Mapping[str, str]) -> Path | None:
     return None
 
 
-def _is_unified(config: Config, hooks: Hooks) -> bool:
-    # The caller decides (the daemon's one platform decision; the CLI asks shell.platform):
-    # prewarm/ does not reach into the shell.
-    return hooks.unified(config) if hooks.unified is not None else False
-
-
 def _step_evict(files: list[Path], log: LogFn) -> tuple[str, str, dict[str, Any]]:
     """Unified memory: the page cache is what vLLM's start-up check counts as used."""
     res = evict.evict_measured(files)
@@ -226,7 +224,8 @@ def _step_page_cache(config: Config, environ: Mapping[str, str], deadline: float
     files = pagecache.weight_files(where) if where else []
     if not files:
         return "skipped", f"no local weight files for vllm.model {config.vllm.model!r}", {}
-    if _is_unified(config, hooks):
+    # unified: the caller decides (the daemon's one platform decision; the CLI asks
+    if hooks.unified is not None and hooks.unified(config):  # shell.platform), not prewarm/
         return _step_evict(files, log)
     total = sum(p.stat().st_size for p in files)
     before = pagecache.residency(files)
@@ -261,10 +260,11 @@ def _step_kernels(config: Config, environ: Mapping[str, str], deadline: float,
     python = hooks.python or vllminfo.interpreter(config.vllm.command)
     if python is None:
         return "warn", f"cannot find the Python of vllm.command {config.vllm.command!r}", {}
-    try:
-        env = dict(command.build(config, environ, extra_env=cache_env(config, environ)).env)
+    usable = make_cache_dirs(config, environ)[0]  # as a launch: the script JIT-loads kernels
+    try:  # from them (Triton's, FlashInfer's), so never from one another user can write
+        env = dict(command.build(config, environ, extra_env=usable).env)
     except Exception:  # a bad command is `check`'s to report, not ours
-        env = child_env(config, environ)
+        env = {**environ, **usable, **config.vllm.env}
     spec = kernels.model_shape(model_dir(config, environ))
     spec["dtype"] = kernels.args_dtype(config.vllm.args) or spec["dtype"]
     gpu = config.vllm.gpus[0] if config.vllm.gpus else 0  # vLLM's first (rank 0) GPU
