@@ -29,6 +29,7 @@ A launch's facts are a flat dict (JSON in child.ready and /status `start_reuse`)
 from __future__ import annotations
 
 import hashlib
+import json
 import re
 from collections.abc import Mapping
 
@@ -37,6 +38,7 @@ from vllmwatch.config.sections import Config
 from vllmwatch.core.actions import Log
 
 Facts = tuple[tuple[str, object], ...]  # what one line says (hashable: it rides an event)
+Inputs = tuple[tuple[str, str], ...]  # (part, value) as Spawned.inputs carries them
 
 _FLOAT = r"(\d+(?:\.\d+)?)"
 _SECONDS: tuple[tuple[str, re.Pattern[str]], ...] = (
@@ -146,7 +148,8 @@ def inputs(config: Config) -> dict[str, str]:
     out = {f"prewarm.{k}": str(getattr(p, k)).lower() if k != "cache_dir" else p.cache_dir
            for k in ("enabled", "cache_dir", "startup_plan", "mega_aot_artifact")}
     # vllm.gpus: another card is another device in the plan's and the compile cache's keys;
-    # vllm.env_file: other variables (by its path: its content is read at the launch)
+    # vllm.env_file: other variables (its path here; its content is read at the launch, so
+    # the shell adds it with the versions: launch_inputs)
     hidden = {"vllm.command": repr(v.command), "vllm.model": v.model,
               "vllm.extra_args": repr(v.extra_args), "vllm.gpus": repr(v.gpus),
               "vllm.env_file": v.env_file,
@@ -155,6 +158,31 @@ def inputs(config: Config) -> dict[str, str]:
               **{f"vllm.env.{k}": val for k, val in v.env.items() if not is_secret_name(k)}}
     return {**out, **{k: hashlib.sha256(val.encode()).hexdigest()[:16]
                       for k, val in hidden.items()}}
+
+
+# Beyond the config, what the shell knows at a launch that vLLM's caches are keyed on
+# (Spawned.inputs; reuse.launched adds them to the launch's inputs): the installed vLLM
+# and torch by value (no secret; the 3 a.m. line names the upgrade), vllm.env_file's variables
+# by digest (read at the launch: an edit of the file under the same path changes the key).
+# Compared only where both launches knew them (a version read that timed out explains nothing).
+VLLM, TORCH, ENV_FILE = "vllm.version", "torch.version", "vllm.env_file.contents"
+LAUNCH = {VLLM: "vLLM", TORCH: "torch", ENV_FILE: "vllm.env_file's variables"}
+
+
+def launch_inputs(version: str | None, torch: str | None,
+                  env_file: Mapping[str, str]) -> tuple[tuple[str, str], ...]:
+    """The launch's LAUNCH parts: its vLLM and torch versions (where known), and a digest of
+    vllm.env_file's variables without the secret-named ones (a rotated token keys no cache;
+    the file's flags are its secret channel: left out too)."""
+    keyed = json.dumps(sorted((k, v) for k, v in env_file.items() if not is_secret_name(k)))
+    known = tuple((part, value) for part, value in ((VLLM, version), (TORCH, torch)) if value)
+    return (*known, (ENV_FILE, hashlib.sha256(keyed.encode()).hexdigest()[:16]))
+
+
+def launched(config_inputs: Mapping[str, str], spawned: Inputs) -> dict[str, str]:
+    """A launch's inputs: its config's (reuse.inputs when it began, not a reload's since) and
+    the LAUNCH parts of what the shell read for it (Spawned.inputs)."""
+    return {**config_inputs, **{part: value for part, value in spawned if part in LAUNCH}}
 
 
 # Which switch concerns which cache: turning the plan off explains no compile-cache miss.
@@ -167,20 +195,32 @@ def changed(before: Mapping[str, str], now: Mapping[str, str], cache: str) -> li
     their values ("prewarm.startup_plan (auto -> false)"), the rest by name only."""
     out = []
     for key in sorted(set(before) | set(now)):
-        if before.get(key) == now.get(key) or cache not in _ONLY.get(key, (cache,)):
+        if before.get(key) == now.get(key) or cache not in _ONLY.get(key, (cache,)) or \
+                (key in LAUNCH and (key not in before or key not in now)):
             continue
         out.append(f"{key} ({before.get(key, 'unset')} -> {now.get(key, 'unset')})"
                    if key.startswith("prewarm.") else key)
     return out
 
 
+def _since(moved: list[str], before: Mapping[str, str], now: Mapping[str, str]) -> str:
+    """The cause in words: "a reload changed K1, K2" for config keys; the installed vLLM or
+    torch with both versions, and vllm.env_file's variables, as changed since that launch."""
+    keys = [k for k in moved if k not in LAUNCH]
+    other = [f"{LAUNCH[k]} {before[k]} -> {now[k]} (installed since the launch that hit)"
+             if k in (VLLM, TORCH) else f"{LAUNCH[k]} changed since the launch that hit"
+             for k in moved if k in LAUNCH]
+    return "; ".join(["a reload changed " + ", ".join(keys)] * bool(keys) + other)
+
+
 def misses(before: Mapping[str, bool], now: Mapping[str, bool],
            facts: Mapping[str, object], inputs_before: Mapping[str, str] | None = None,
            inputs_now: Mapping[str, str] | None = None) -> list[tuple[str, str, bool]]:
     """[(cache, likely cause, expected)] for each cache the last READY launch hit and this one
-    missed. The cause is vLLM's own message where it gave one; else a config change since
-    that launch (a reload) where there was one: then the miss is expected (a cache keyed on
-    that key is written anew, one switched off is not read); else the usual causes."""
+    missed. The cause is vLLM's own message where it gave one; else a change since that
+    launch of what the cache is keyed on (a reload's config key, an upgraded vLLM or torch,
+    vllm.env_file's variables) where there was one: then the miss is expected (a cache keyed
+    on it is written anew, one switched off is not read); else the usual causes."""
     out = []
     for cache, hit in before.items():
         if not hit or now.get(cache, False):
@@ -190,7 +230,8 @@ def misses(before: Mapping[str, bool], now: Mapping[str, bool],
         moved = [] if said or not inputs_before or not inputs_now else \
             changed(inputs_before, inputs_now, cache)
         out.append((cache, f"vLLM said: {said}", False) if said else
-                   (cache, "a reload changed " + ", ".join(moved), True) if moved else
+                   (cache, _since(moved, inputs_before or {}, inputs_now or {}), True)
+                   if moved else
                    (cache, _LIKELY[cache], False))
     return out
 

@@ -208,7 +208,7 @@ def become_ready(s: WatchState, now: float, acts: list[Action]) -> Result:
                                       "reuse": dict(st.reuse)})
     awake = s.spare is not None and str(s.spare.rung) in ("serving", "waking")  # a failover
     now_hits = reuse.hits(st.reuse, st.compile_cache_hit)
-    now_inputs = st.inputs or reuse.inputs(s.config)  # the launch's, not a reload's since
+    now_inputs = reuse.launched(st.inputs or reuse.inputs(s.config), c.proc.inputs)  # the launch's
     acts = [*acts, *more, log, *reuse.missed_logs(s.last_hits, s.last_inputs, now_hits,
                                                   st.reuse, now_inputs, awake)]
     s = replace(s, last_hits=reuse.kept(s.last_hits, now_hits, awake), last_inputs=now_inputs)

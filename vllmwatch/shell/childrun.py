@@ -25,6 +25,7 @@ from typing import Protocol
 from vllmwatch.config import command, redact, secretnames, vllminfo
 from vllmwatch.config.schema import Config, ConfigError
 from vllmwatch.core import canary as kinds
+from vllmwatch.core import reuse
 from vllmwatch.core.actions import Probe
 from vllmwatch.core.events import (
     CanaryResult,
@@ -93,8 +94,10 @@ class Prepared:
 
 
 def prepare(config: Config, environ: Mapping[str, str], marker: str, version: str | None,
-            cache_env: Mapping[str, str], log: LogFn) -> Prepared | SpawnFailed:
-    """The command of the next launch, or why there must be none (a config problem)."""
+            cache_env: Mapping[str, str], log: LogFn,
+            torch: str | None = None) -> Prepared | SpawnFailed:
+    """The command of the next launch, or why there must be none (a config problem).
+    `version`, `torch`: the installed vLLM's (a cache miss after an upgrade is explained)."""
     try:
         file_key = command.read_api_key(config)
         extra = dict(cache_env)
@@ -111,7 +114,8 @@ def prepare(config: Config, environ: Mapping[str, str], marker: str, version: st
         api_key = cmd.api_key
         # Every writer (log, /status, records) hides these values from now on.
         redact.learn([*secretnames.secrets_of(cmd.env, api_key), *cmd.hidden])  # (env_file flags)
-        inputs = command.file_inputs(config, file_key)
+        inputs = (*command.file_inputs(config, file_key), *reuse.launch_inputs(
+            version, torch, command.read_env_file(config)[0]))  # (what vLLM's caches key on)
     except command.KeyFileError as exc:
         if exc.transient:  # a key rotation: retried with backoff, not a config error
             return SpawnFailed(f"{exc} (retried with backoff)", fatal=False)

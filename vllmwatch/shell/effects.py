@@ -139,7 +139,7 @@ class RealEffects:
         if isinstance(version, SpawnFailed):
             return version
         prepared = childrun.prepare(config, self._environ, self.marker, version,
-                                    self._caches.env(config), self.log)
+                                    self._caches.env(config), self.log, self.versions.info.torch)
         if isinstance(prepared, SpawnFailed):
             return prepared
         prepared = replace(prepared, cmd=self.incidents.child_command(prepared.cmd, config))
