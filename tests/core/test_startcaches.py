@@ -311,3 +311,23 @@ def test_moving_to_other_gpus_or_another_env_file_explains_the_misses(key: str) 
     missed = core.events("startup.cache_missed")
     assert missed and all(m["expected"] is True for m in missed), missed
     assert all(m["likely_cause"] == f"a reload changed vllm.{key}" for m in missed)
+
+
+def test_a_launch_killed_before_vllm_compiled_shows_no_compile_cache_miss() -> None:
+    """A launch that never got to vLLM's compile (killed while loading weights, or one still
+    loading) read no cache: its incident report and `vllmwatch status` must not point the
+    reader at a compile-cache miss."""
+    from vllmwatch.incident.report import render as report
+    from vllmwatch.status.cli import render as status
+    early = {"load_start": 3.0}  # no vLLM line past the weights
+    text = status({"state": "starting", "ready": False, "start_phases_s": early,
+                   "start_reuse": {"compile_cache_hit": False}}, now=0.0)
+    [line] = [ln for ln in text.splitlines() if ln.startswith("reused")]
+    assert line.split(None, 1)[1] == "compile cache not reached"
+    page = report({"id": "x", "core": {"start_reuse": {}, "compile_cache_hit": False,
+                                       "start_phases_s": {}}})
+    assert "last launch reused: compile cache not reached" in page
+    late = report({"id": "x", "core": {"start_reuse": {"compile_s": 5.0},
+                                       "compile_cache_hit": False,
+                                       "start_phases_s": {"compile": 9.0}}})
+    assert "last launch reused: compile cache miss; torch.compile 5 s" in late

@@ -256,11 +256,23 @@ def missed_logs(before: Mapping[str, bool], inputs_before: Mapping[str, str],
     return out
 
 
-def one_line(facts: Mapping[str, object], compile_cache_hit: bool | None) -> str:
-    """The reuse of a launch in one line, for `vllmwatch status` and the incident report."""
+# The start-up steps (shell/childlog milestones) at or after vLLM's compile: before one, no
+# hit line is no miss (a launch killed while loading weights, or one still loading).
+_PAST_COMPILE = frozenset(("compile", "kv_cache", "graphs_start", "graphs", "engine_init",
+                           "server_start", "api_ready", "canary", "ready"))
+
+
+def one_line(facts: Mapping[str, object], compile_cache_hit: bool | None,
+             phases: object = None) -> str:
+    """The reuse of a launch in one line, for `vllmwatch status` and the incident report.
+    `phases`: the launch's start-up steps (start_phases_s), where known: a miss is said only
+    once vLLM got to its compile, "not reached" before."""
     parts = []
+    reached = not isinstance(phases, Mapping) or "compile_s" in facts or \
+        bool(_PAST_COMPILE.intersection(phases))
     if compile_cache_hit is not None:
-        parts.append("compile cache " + ("hit" if compile_cache_hit else "miss"))
+        parts.append("compile cache " + ("hit" if compile_cache_hit else
+                                         "miss" if reached else "not reached"))
     if facts.get("aot_loaded") is True:
         parts.append("AOT artifact loaded")
     elif facts.get("aot_saved") is True:

@@ -84,8 +84,9 @@ def _head(r: Mapping[str, Any]) -> str:
     core = r.get("core") or {}
     if isinstance(core.get("start_reuse"), Mapping):  # issue 33: vLLM's start-up caches
         hit = core.get("compile_cache_hit")
-        lines.append("last launch reused: " + one_line(core["start_reuse"],
-                                                       hit if isinstance(hit, bool) else None))
+        lines.append("last launch reused: " + one_line(
+            core["start_reuse"], hit if isinstance(hit, bool) else None,
+            core.get("start_phases_s")))
     lines.append(f"config sha256 {str(r.get('config_sha256', ''))[:12]}; record took "
                  f"{(r.get('capture') or {}).get('seconds', '?')} s")
     lines.append("timeline (s before the incident):")

@@ -252,7 +252,8 @@ def _start_rows(data: Mapping[str, Any], state: str) -> list[tuple[str, str]]:
     reused = data.get("start_reuse")
     if isinstance(reused, Mapping) and reused:  # issue 33: what the launch reused
         hit = reused.get("compile_cache_hit")
-        rows.append(("reused", one_line(reused, hit if isinstance(hit, bool) else None)))
+        rows.append(("reused", one_line(reused, hit if isinstance(hit, bool) else None,
+                                        data.get("start_phases_s"))))
     return rows
 
 
