@@ -116,3 +116,21 @@ def test_the_launch_carries_the_versions_and_the_env_files_variables(tmp_path: P
         parts.append(dict(got.inputs))
     assert parts[0][reuse.VLLM] == "0.32.0" and parts[0][reuse.TORCH] == "2.11.0"
     assert parts[0][reuse.ENV_FILE] != parts[1][reuse.ENV_FILE]
+
+
+def test_adding_adapters_or_a_larger_lora_rank_explains_the_compile_miss(tmp_path: Path) -> None:
+    """[[adapters]] add --enable-lora --max-loras --max-lora-rank to vLLM's command: its LoRA
+    config is in the compile cache's key, so the reload that adds the first adapter (or one of
+    a larger rank) is why the next launch compiles; another adapter of the same size is not."""
+    from tests.core.test_adapters_config import adapter_dir, cfg
+    plain = cfg([])
+    one = cfg([{"name": "a", "path": adapter_dir(tmp_path, "a", r=8)}])
+    same = cfg([{"name": "b", "path": adapter_dir(tmp_path, "b", r=8)}])
+    wide = cfg([{"name": "c", "path": adapter_dir(tmp_path, "c", r=64)}])
+    hit, miss = {"compile_cache": True}, {"compile_cache": False}
+    for before, after in ((plain, one), (one, wide)):
+        [(_, why, expected)] = reuse.misses(hit, miss, {}, reuse.inputs(before),
+                                                reuse.inputs(after))
+        assert expected and why == "a reload changed lora (--max-loras, --max-lora-rank)", why
+    [(_, why, expected)] = reuse.misses(hit, miss, {}, reuse.inputs(one), reuse.inputs(same))
+    assert not expected, why

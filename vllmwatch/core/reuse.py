@@ -139,8 +139,8 @@ def kept(before: Mapping[str, bool], now: dict[str, bool], awake: bool) -> dict[
 
 def inputs(config: Config) -> dict[str, str]:
     """What of vllmwatch's config the caches of a launch are keyed on or placed by: the
-    prewarm switches by value, the vLLM command, model, flags, GPUs and environment (its
-    table and vllm.env_file's path) by digest (a
+    prewarm switches by value, the vLLM command, model, flags, GPUs, environment (its
+    table and vllm.env_file's path) and the LoRA size [[adapters]]/[lora] add by digest (a
     value there may be a secret, and this rides the state that records keep). Secret-named
     flags and variables are left out: a rotated token or key keys no cache, and would
     "explain" (hide) a miss that something else caused."""
@@ -156,6 +156,11 @@ def inputs(config: Config) -> dict[str, str]:
               **{f"vllm.args.{k}": repr(val) for k, val in v.args.items()
                  if not is_secret_name(k)},
               **{f"vllm.env.{k}": val for k, val in v.env.items() if not is_secret_name(k)}}
+    if config.adapters:  # --enable-lora --max-loras N --max-lora-rank R: vLLM's LoRA config,
+        from vllmwatch.config import adapters  # part of its compile-cache key (not the list
+        # of modules); imported only when configured (the daemon's import count)
+        plan = adapters.plan(config)
+        hidden["lora (--max-loras, --max-lora-rank)"] = repr((plan.max_loras, plan.max_lora_rank))
     return {**out, **{k: hashlib.sha256(val.encode()).hexdigest()[:16]
                       for k, val in hidden.items()}}
 
