@@ -56,8 +56,9 @@ class ChildExited:
     signal: str | None  # e.g. "SIGKILL"
     last_lines: tuple[str, ...] = ()
     # Unified memory / start-up memory diagnosis (core/unified.py): lines of the whole run
-    # that look like a memory failure (the traceback may push them out of last_lines), the
-    # page cache at launch as the start guard saw it, and the platform.
+    # that look like a memory failure or a full disk (reuse.disk_full) (the traceback may
+    # push them out of last_lines), the page cache at launch as the start guard saw it, and
+    # the platform.
     memory_lines: tuple[str, ...] = ()
     page_cache_gib: float | None = None
     unified: bool = False

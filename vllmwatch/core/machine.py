@@ -33,6 +33,7 @@ from vllmwatch.core.names import PROBES, Reason
 from vllmwatch.core.names import ProbeKind as K
 from vllmwatch.core.policy import explain_exit
 from vllmwatch.core.restart import Phase, Restart, on, pending
+from vllmwatch.core.reuse import disk_full
 from vllmwatch.core.state import CHILD_STATES, FINAL, Result, S, Start, WatchState, goto, seeded
 
 EXTEND_EVERY = 10.0  # how often EXTEND_TIMEOUT_USEC is sent while systemd waits for us
@@ -213,6 +214,7 @@ def _child_exited(s: WatchState, ev: ChildExited, now: float) -> Result:
         s, more = lora.start_refused(s, ev.last_lines)
         acts += more
     reason, detail = Reason.CRASH, ("during start: " if s.state == S.STARTING else "") + why
+    acts += disk_full(s.config, (*ev.memory_lines, *ev.last_lines))  # its cause, named
     mem = unified.start_failed(s, ev) if s.state == S.STARTING else None
     if mem is not None:  # vLLM said it ran out of memory: name it, stop if it repeats
         s, logs, detail, stop = mem
@@ -309,8 +311,7 @@ def _fire(s: WatchState, kind: K, now: float) -> Result:
 
 
 def _health_said(st: Start) -> str:
-    """What /health last answered, once vLLM said it serves: a start it keeps refusing is
-    not "waiting or starved" (the stall hint's guess from the tree's CPU use alone)."""
+    """What /health last answered once vLLM said it serves (a start refused, not stalled)."""
     if not st.health_said or not serving.ASK_HEALTH_AT & st.phases.keys():
         return ""
     return f"; vLLM said it serves, but /health answered: {st.health_said}"

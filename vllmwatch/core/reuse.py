@@ -295,3 +295,36 @@ def one_line(facts: Mapping[str, object], compile_cache_hit: bool | None,
         ("weights_s", "weights"), ("compile_s", "torch.compile"), ("graphs_s", "CUDA graphs"),
         ("engine_init_s", "engine init")) if isinstance(facts.get(key), float)]
     return "; ".join(p for p in (", ".join(parts), ", ".join(timing)) if p) or "nothing known"
+
+
+# A write that failed for a full disk (or a quota): vLLM's compile (Inductor's C++ build and
+# `ld`), its caches and its temporary files all write there, and the start then fails with
+# "Engine core initialization failed. See root cause above", the cause far above its last
+# lines. Seen with vLLM 0.32 (CPU) on a full VLLM_CACHE_ROOT: "/usr/bin/ld: final link
+# failed: No space left on device".
+_DISK_FULL = re.compile(r"No space left on device|Disk quota exceeded|\[Errno (?:28|122)\]")
+
+
+def disk_full_line(line: str) -> bool:
+    """Whether a child line says a write failed for a full disk (cheap for every line)."""
+    return ("space" in line or "quota" in line or "Errno" in line) and \
+        _DISK_FULL.search(line) is not None
+
+
+def disk_full(config: Config, lines: tuple[str, ...]) -> list[Log]:
+    """child.disk_full (error) when the exited child's output says a write failed for a full
+    disk: what to free, before the restarts (and the crash-loop guard) that would follow."""
+    line = next((ln for ln in lines if disk_full_line(ln)), None)
+    if line is None:
+        return []
+    where = config.vllm.env.get("VLLM_CACHE_ROOT") or (
+        f"prewarm.cache_dir ({config.prewarm.cache_dir}, or systemd's CacheDirectory=)"
+        if config.prewarm.enabled else "~/.cache/vllm")
+    return [Log("error", "child.disk_full", {
+        "line": REDACT.head(line, 300),
+        "detail": "vLLM failed writing to a full disk: it writes its compile caches under "
+                  f"{where} and temporary files under TMPDIR",
+        "hint": "free space on that disk (old compile caches: docs/operations/restarts.md, "
+                "Clearing); vllmwatch restarts with backoff meanwhile, until the crash-loop "
+                "guard stops"})]
+

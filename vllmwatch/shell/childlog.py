@@ -120,8 +120,8 @@ class ChildLog:
         self.last_lines: collections.deque[str] = collections.deque(maxlen=30)
         # The longer tail an incident record keeps ([incidents] output_lines).
         self.tail: collections.deque[str] = collections.deque(maxlen=tail_lines)
-        # Memory-failure lines of the whole run (core/unified.py): vLLM's traceback after
-        # them can be longer than last_lines.
+        # Memory-failure and full-disk lines of the whole run (core/unified.py, reuse.py):
+        # vLLM's traceback after them can be longer than last_lines.
         self.memory_lines: collections.deque[str] = collections.deque(maxlen=5)
         self.dropped = 0  # lines not forwarded: the log was too slow (queue full)
         self.limited = 0  # lines not forwarded: over the rate
@@ -209,7 +209,7 @@ class ChildLog:
         level, now = level_of(line, level), self._clock()
         if self._forward and not _OWN_PROBE.search(line):
             self._offer(level, line, now)
-        if is_memory_line(line):
+        if is_memory_line(line) or reuse.disk_full_line(line):  # (a full disk: child.disk_full)
             self.memory_lines.append(line)
         milestone, hit = milestone_of(line), compile_cache_hit(line)
         facts = reuse.facts_of(line)
