@@ -128,6 +128,22 @@ def test_the_kernel_warm_up_never_uses_a_cache_another_user_can_write(tmp_path: 
     assert env["VLLM_CACHE_ROOT"] == str(root / "vllm")
 
 
+def test_leaving_a_cache_out_says_so_when_vllms_own_default_is_the_same_place(
+        tmp_path: Path) -> None:
+    """The shipped unit sets XDG_CACHE_HOME to the cache root: without VLLM_CACHE_ROOT (or
+    HF_HOME) vLLM's own default is the very folder refused; the warning must not let
+    "vLLM keeps its default cache location" read as safe there."""
+    root = tmp_path / "cache"
+    root.mkdir()
+    root.chmod(0o777)
+    environ = {"HOME": str(tmp_path / "home"), "XDG_CACHE_HOME": str(root)}
+    _, problems = prewarm.make_cache_dirs(make_config(tmp_path, cache_dir=str(root)), environ)
+    why = {var: text for var, _, text in problems}
+    for var, sub in (("VLLM_CACHE_ROOT", "vllm"), ("HF_HOME", "huggingface")):
+        assert f"its default without {var}, {root / sub}, is under the same {root}" in why[var]
+    assert "its default without" not in why["TRITON_CACHE_DIR"]  # $HOME/.triton: elsewhere
+
+
 def test_root_s_own_group_writable_folder_is_fine_and_a_memberless_group_is_not(
         tmp_path: Path) -> None:
     """root may write anywhere already: a group whose only members are us and root adds no

@@ -9,7 +9,9 @@ from __future__ import annotations
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
+from vllmwatch.logfn import LogFn
 from vllmwatch.prewarm.pagecache import evict, file_residency
 
 
@@ -56,3 +58,18 @@ def evict_measured(paths: Sequence[Path]) -> EvictResult:
     before = resident_bytes(paths)
     evict(paths)
     return EvictResult(len(paths), total, before, resident_bytes(paths))
+
+
+def step(files: list[Path], log: LogFn) -> tuple[str, str, dict[str, Any]]:
+    """The pre-warm's page-cache step on unified memory: the page cache is what vLLM's
+    start-up check counts as used, so the weights are evicted, not read."""
+    res = evict_measured(files)
+    log("info", "prewarm.page_cache.evicted", **res.fields())
+    data: dict[str, Any] = {"unified": True, **res.fields()}
+    if res.before_bytes is None:
+        return "ok", (f"unified memory: evicted {len(files)} weight files from the page "
+                      "cache (residency not measurable here)"), data
+    return "ok", (f"unified memory: evicted the weights from the page cache "
+                  f"({res.before_bytes / 2**20:.1f} MiB resident before, "
+                  f"{(res.freed_bytes or 0) / 2**20:.1f} MiB freed)"), data
+

@@ -124,12 +124,17 @@ def make_cache_dirs(config: Config, environ: Mapping[str, str]
         except OSError as exc:
             problems.append((var, path, exc.strerror or str(exc)))
             continue
-        why = "not writable" if not os.access(path, os.W_OK) else \
-            _shared(cache_root(config, environ), path, var)
+        root = cache_root(config, environ)
+        why = "not writable" if not os.access(path, os.W_OK) else _shared(root, path, var)
         if why is None:
             usable[var] = path
-        else:
-            problems.append((var, path, why))
+        else:  # left out, vLLM (Triton, ...) takes its own default: is that elsewhere?
+            default = str(_cache_dirs(config, {**environ, var: ""})[CACHE_VARS[var]])
+            same = os.path.commonpath([os.path.realpath(default), os.path.realpath(root)])
+            problems.append((var, path, why if same != os.path.realpath(root) or why ==
+                             "not writable" else f"{why}; and its default without {var}, "
+                             f"{default}, is under the same {root}: fix the permissions, "
+                             "until then nothing keeps others' code out"))
     return usable, problems
 
 
@@ -205,19 +210,6 @@ def model_dir(config: Config, environ: Mapping[str, str]) -> Path | None:
     return None
 
 
-def _step_evict(files: list[Path], log: LogFn) -> tuple[str, str, dict[str, Any]]:
-    """Unified memory: the page cache is what vLLM's start-up check counts as used."""
-    res = evict.evict_measured(files)
-    log("info", "prewarm.page_cache.evicted", **res.fields())
-    data: dict[str, Any] = {"unified": True, **res.fields()}
-    if res.before_bytes is None:
-        return "ok", (f"unified memory: evicted {len(files)} weight files from the page "
-                      "cache (residency not measurable here)"), data
-    return "ok", (f"unified memory: evicted the weights from the page cache "
-                  f"({_mib(res.before_bytes)} resident before, {_mib(res.freed_bytes or 0)} "
-                  "freed)"), data
-
-
 def _step_page_cache(config: Config, environ: Mapping[str, str], deadline: float, log: LogFn,
                      hooks: Hooks) -> tuple[str, str, dict[str, Any]]:
     where = model_dir(config, environ)
@@ -226,7 +218,7 @@ def _step_page_cache(config: Config, environ: Mapping[str, str], deadline: float
         return "skipped", f"no local weight files for vllm.model {config.vllm.model!r}", {}
     # unified: the caller decides (the daemon's one platform decision; the CLI asks
     if hooks.unified is not None and hooks.unified(config):  # shell.platform), not prewarm/
-        return _step_evict(files, log)
+        return evict.step(files, log)
     total = sum(p.stat().st_size for p in files)
     before = pagecache.residency(files)
     data: dict[str, Any] = {"files": len(files), "total_bytes": total, "resident_before": before}
