@@ -153,6 +153,32 @@ def test_a_number_flag_takes_what_vllm_reads_as_a_number(name: str, value: objec
     assert (problem is not None and "takes a number" in problem.problem) is refused, problem
 
 
+# What vLLM 0.32's own parser was given and read (int(), float(), human_readable_int):
+# `vllm serve /m --gpu-memory-utilization .9` served, and check failed it, `run` refused it.
+@pytest.mark.parametrize(("name", "value"), [
+    ("gpu-memory-utilization", ".9"), ("gpu-memory-utilization", "1."),
+    ("gpu-memory-utilization", "9e-1"), ("max-num-seqs", "1_000"), ("max-num-seqs", "+5"),
+    ("max-num-batched-tokens", " 8192"), ("max-model-len", "1_000"), ("max-num-seqs", "\u0663"),
+])
+def test_a_number_vllm_s_parser_reads_is_not_refused(name: str, value: str) -> None:
+    from tests.shell.test_init import known
+    for vllm in ({"args": {name: value}}, {"extra_args": [f"--{name}", value]}):
+        config = from_dict({"vllm": {"model": "/m", **vllm}})
+        assert vllmflags.validate_args(config, known()) == [], vllm
+
+
+@pytest.mark.parametrize(("name", "value", "says"), [
+    ("max-num-seqs", "0x10", "takes a number"), ("gpu-memory-utilization", "nan", "takes a number"),
+    ("max-model-len", "1.5K", "takes a whole number"),
+    ("max-num-seqs", "1e3", "takes a whole number"),
+    ("max-num-seqs", ".9", "takes a whole number"), ("gpu-memory-utilization", "1e3k", "a number"),
+])
+def test_a_number_vllm_s_parser_refuses_is_refused(name: str, value: str, says: str) -> None:
+    from tests.shell.test_init import known
+    problem = vllmflags.flag_problem(name, value, f"vllm.args.{name}", known())
+    assert problem is not None and says in problem.problem, problem
+
+
 @pytest.mark.parametrize(("args", "extra", "says"), [
     # [vllm.args] writes a list as one JSON word: int("[1,2,4]") stopped vLLM at each launch
     ({"cudagraph-capture-sizes": [1, 2, 4]}, [], '["--cudagraph-capture-sizes", "1", "2"'),

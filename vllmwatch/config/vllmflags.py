@@ -11,6 +11,7 @@ from __future__ import annotations
 import difflib
 import hashlib
 import json
+import math
 import os
 import re
 import subprocess
@@ -221,7 +222,7 @@ def _named(words: Sequence[str], known: FlagSet, where: str, offset: int
             if more and known.lists is not None and base not in known.lists and \
                     base in known.flags and base not in known.switches:
                 out.append(("", more, key))
-        elif token.startswith("-") and not _NUMERIC.fullmatch(token) and known.aliases and \
+        elif token.startswith("-") and not _number(token, False) and known.aliases and \
                 not flags.is_value_of_flag(extra, i):  # a short flag this vLLM lacks (known
             # only where the flag list has its aliases: a cache of an older vllmwatch has none)
             out.append((token.partition("=")[0], None, f"{where}[{i + offset}]"))
@@ -232,7 +233,7 @@ def _words_after(extra: list[str], i: int) -> list[str]:
     """The words after extra[i] up to the next flag (`-1` is a number, not a flag)."""
     out: list[str] = []
     for word in extra[i + 1:]:
-        if word.startswith("-") and not _NUMERIC.fullmatch(word):
+        if word.startswith("-") and not _number(word, False):
             break
         out.append(word)
     return out
@@ -280,11 +281,11 @@ def flag_problem(name: str, value: object, key: str, known: FlagSet) -> Problem 
         return Problem(key, f"--{base} does not read JSON in vLLM {known.version}, and a list "
                        f"is written as one JSON word ({show(value)}); give its values as "
                        f'words in vllm.extra_args: ["--{base}", {words}]')
-    if known.kind(base) == "number" and "." not in name and not _numeric(value):
+    if known.kind(base) == "number" and "." not in name and not _number(value, False):
         return Problem(key, f"--{base} takes a number in vLLM {known.version} (8192, 0.9, "
                        f"32k); {show(value)} is not one, and vLLM would stop")
     if known.integers is not None and base in known.integers and "." not in name and \
-            not _whole(value):
+            not _number(value, True):
         return Problem(key, f"--{base} takes a whole number in vLLM {known.version} (8192, "
                        f"32k, 1.5k); {show(value)} is not one, and vLLM would stop")
     allowed = (known.choices or {}).get(base)
@@ -296,32 +297,33 @@ def flag_problem(name: str, value: object, key: str, known: FlagSet) -> Problem 
     return None
 
 
-# int(), or human_readable_int: a decimal only before a decimal suffix (25.6k), a binary
-# suffix on a whole number (2K); -1/auto for _or_auto; None or empty: optional_type's none
-_WHOLE = re.compile(r"\s*(?:-?\d+|\d+(?:\.\d+)?[kmgt]|\d+[KMGT]|(?i:auto|none))?\s*",
-                    re.ASCII)
+# vLLM's human_readable_int: a decimal before a decimal suffix (25.6k), a whole number before
+# a binary one (2K). Its pattern has no re.ASCII, as int() and float() take any digit.
+_SUFFIXED = re.compile(r"(\d+(?:\.\d+)?)([kKmMgGtT])")
 
 
-def _whole(value: object) -> bool:
-    """A value vLLM's int or human_readable_int(_or_auto) reads."""
-    if isinstance(value, (bool, float)):
+def _number(value: object, whole: bool) -> bool:
+    """One word vLLM's int (whole), float or human_readable_int(_or_auto) reads as they do:
+    int() and float() take `.9`, `1.`, `+5`, `1_000` (a pattern of ours refused them: `run`
+    refused a line that served); -1/auto (_or_auto), None or empty (optional_type's "no
+    value"); never nan or inf (no setting of vLLM's is that)."""
+    if isinstance(value, (int, float)):  # a TOML value: bool is an int to Python
+        return not isinstance(value, bool) and not (whole and isinstance(value, float))
+    if not isinstance(value, str):
         return False
-    return isinstance(value, int) or (isinstance(value, str) and bool(_WHOLE.fullmatch(value)))
-
-
-# (auto: human_readable_int_or_auto; None or empty: optional_type's "no value")
-_NUMERIC = re.compile(r"\s*-?\d+(?:\.\d+)?(?:[eE][-+]?\d+)?[kKmMgGtT]?\s*|\s*(?:auto|none)?\s*",
-                      re.ASCII | re.IGNORECASE)
-
-
-def _numeric(value: object) -> bool:
-    """A value vLLM's int, float or human_readable_int(_or_auto) reads (one word: a flag of
-    several numbers takes them in extra_args, `--cudagraph-capture-sizes 1 2 4`)."""
-    if isinstance(value, bool):
-        return False
-    if isinstance(value, (int, float)):
+    text = value.strip()
+    if text.lower() in ("", "auto", "none"):
         return True
-    return isinstance(value, str) and bool(_NUMERIC.fullmatch(value))
+    suffixed = _SUFFIXED.fullmatch(text)
+    if suffixed:  # a binary suffix takes int() of its number: no decimal
+        return not whole or suffixed.group(2).islower() or "." not in suffixed.group(1)
+    for parse in (int,) if whole else (int, float):
+        try:
+            number = parse(text)
+        except ValueError:
+            continue
+        return math.isfinite(number) if isinstance(number, float) else True
+    return False
 
 
 def refusal_text(config: Config, known: FlagSet) -> str | None:
