@@ -507,3 +507,24 @@ def test_a_flag_that_may_go_bare_is_kept() -> None:
     """`--hf-token` alone (the cached login) and switches stay as they were."""
     data, draft = toml_of("vllm serve /m --hf-token --enforce-eager")
     assert not draft.fatal and data["vllm"]["args"]["hf-token"] is True
+
+
+@pytest.mark.parametrize(("line", "key", "want"), [
+    # vLLM under the service opens these from its WorkingDirectory, not the line's folder:
+    # a chat template it could not open stopped every start, a tokenizer became a hub id
+    ("vllm serve /m --chat-template=./t.jinja", "chat-template", "/home/me/t.jinja"),
+    ("vllm serve /m --chat-template t.jinja", "chat-template", "/home/me/t.jinja"),
+    ("vllm serve /m --tokenizer tok", "tokenizer", "/home/me/tok"),
+    ("vllm serve /m --download-dir ../cache", "download-dir", "/home/cache"),
+    ("vllm serve /m --tokenizer org/name", "tokenizer", "org/name"),  # no such folder: a hub id
+    ("vllm serve /m --dtype auto", "dtype", "auto"),  # a file named auto: still vLLM's word
+    ("vllm serve /m --chat-template /srv/t.jinja", "chat-template", "/srv/t.jinja"),
+])
+def test_a_relative_path_in_a_flag_is_made_absolute_as_the_model_is(
+        line: str, key: str, want: str) -> None:
+    here = {"/home/me/t.jinja", "/home/me/tok", "/home/me/auto"}
+    data, draft = toml_of(line, Facts(known=known(), cwd="/home/me", exists=here.__contains__))
+    assert data["vllm"]["args"][key] == want
+    if want.startswith("/home/"):
+        note = next(e.note for e in draft.args if e.key == key)
+        assert "relative to /home/me" in note and "starts elsewhere" in note

@@ -8,6 +8,7 @@ what is broken, so init and the daemon never disagree about a flag.
 from __future__ import annotations
 
 import json
+import os
 
 from vllmwatch.config import flags
 from vllmwatch.config.flags import ARG_PREFIX, DASHES, flag_name
@@ -287,7 +288,24 @@ def _text(given: Given, value: object, draft: Draft, facts: Facts, note: str) ->
         draft.arg(Entry(name, "auto", f"{note}the line had `{given.raw}`: "
                         f"{_why(name, value, facts)}"))
         return
-    draft.arg(Entry(name, value, note))
+    draft.arg(Entry(name, *_absolute(name, value, facts, note)))
+
+
+_DIRS = ("tokenizer", "hf-config-path", "generation-config", "download-dir")  # a folder's name
+
+
+def _absolute(name: str, value: object, facts: Facts, note: str) -> tuple[object, str]:
+    """A path relative to the line's folder made absolute, as _model does: vLLM opens it from
+    the service's WorkingDirectory (`--chat-template ./t.jinja` stopped each start there,
+    `--download-dir d` filled another folder). A word with no / or . is a path only to a
+    flag's value by chance (`--dtype auto` beside a file named auto), unless the flag names a
+    folder (`--tokenizer tok`: vLLM looks there before the hub): kept as written."""
+    if not isinstance(value, str) or not facts.cwd or value.startswith("/") or not (
+            value.startswith(("./", "../")) or (("/" in value or "." in value or name in _DIRS)
+                                                and facts.exists(f"{facts.cwd}/{value}"))):
+        return value, note
+    path = os.path.normpath(os.path.join(facts.cwd, value))
+    return path, f"{note}{value!r} was relative to {facts.cwd}; the service starts elsewhere"
 
 
 def _switch(given: Given, value: object, draft: Draft, facts: Facts, note: str) -> None:
