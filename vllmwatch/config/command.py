@@ -147,6 +147,12 @@ def read_api_key(config: Config) -> str | None:
     if "\0" in key:  # else `check` passes and the launch's Popen raises ValueError
         raise KeyFileError(config.path, "vllm.api_key_file", f"{path!r} holds a NUL byte, "
                            "which cannot reach vLLM's environment", transient=False)
+    # Quotes (a shell's, a .env's) reached vLLM as part of the key, and our probes sent the
+    # same: vllmwatch saw a healthy vLLM while every client got 401
+    if len(key) > 1 and key[0] == key[-1] and key[0] in "\"'":
+        raise KeyFileError(config.path, "vllm.api_key_file", f"{path!r} holds the key in "
+                           "quotes, which vLLM would take as part of it; remove them",
+                           transient=False)
     return key
 
 

@@ -48,7 +48,22 @@ def env_file_problems(config: Config, file_env: Mapping[str, str], file_args: li
             out.append(Problem(WHERE + name, "is not a whole number (the value is not shown): "
                                "vLLM reads it as one and stops its start on anything else; "
                                f"expected {accepted}"))
-    return out + _flag_twice(config, file_args)
+    return out + _flag_twice(config, file_args) + _quoted(file_env, file_args)
+
+
+def _quoted(file_env: Mapping[str, str], file_args: list[str]) -> list[Problem]:
+    """A value in quotes (`HF_TOKEN="hf_..."`, as a shell, a .env or systemd's
+    EnvironmentFile= is written): this file has no quoting, so the quotes reached vLLM as
+    part of the value: a hub token refused with 401, or an API key that vLLM (and our own
+    probes, which send the same) took with its quotes while clients got 401."""
+    pairs = zip(file_args[::2], file_args[1::2], strict=True)  # (read_env_file: in pairs)
+    values = [*file_env.items(), *((arg_key(flag), value) for flag, value in pairs)]
+    return [Problem(name if name.startswith(WHERE) else WHERE + name,
+                    "has its value in quotes, which vLLM would get as part of it (this file "
+                    "is NAME=value with no quoting: the value is the rest of the line); "
+                    "remove the quotes")
+            for name, value in values
+            if len(value) >= 2 and value[0] == value[-1] and value[0] in "\"'"]
 
 
 def _is_int(value: str) -> bool:
