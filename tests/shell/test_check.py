@@ -570,3 +570,24 @@ def test_the_cache_row_checks_the_directory_the_daemon_uses(tmp_path: Path) -> N
     r = results(path, fast=True, env={**BASE_ENV, "CACHE_DIRECTORY": str(real)})[
         "prewarm.cache_dir"]
     assert r.status == PASS and str(real) in r.detail, r
+
+
+@pytest.mark.parametrize("written", ["models/m", "./models/m"])
+def test_a_relative_model_is_not_judged_from_checks_own_folder(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch, written: str) -> None:
+    """`check` run where the model is (a relative vllm.model) read its files and passed,
+    while the service's vLLM, started in the unit's WorkingDirectory=, found no such folder
+    and asked the hub for that name."""
+    make_model(tmp_path / "models" / "m")
+    monkeypatch.chdir(tmp_path)
+    res = results(write_config(tmp_path, written), fast=True)
+    assert res["model"].status == WARN, res["model"]
+    assert "WorkingDirectory=" in res["model"].detail
+    assert repr(str(tmp_path / "models" / "m")) in res["model"].detail
+    assert "model.config" not in res and res["max-model-len"].status == SKIP
+
+
+def test_a_model_under_a_tilde_is_refused_as_vllm_expands_none(tmp_path: Path) -> None:
+    from vllmwatch.config.schema import ConfigError, load
+    with pytest.raises(ConfigError, match=r"vllm\.model: bad value '~/m': vLLM does not expand"):
+        load(write_config(tmp_path, "~/m"))

@@ -37,9 +37,11 @@ READ_TIMEOUT = 30.0  # s for one bounded read
 # --- the model -------------------------------------------------------------------------------
 
 def local_model_dir(model: str) -> Path | None:
-    """The model as a local path when it exists, else None (a hub id)."""
-    p = Path(model).expanduser()
-    return p if p.exists() else None
+    """The model as the service's vLLM finds it: an absolute path that exists, else None (a
+    hub id). A relative path is looked up from the unit's WorkingDirectory=, not from the
+    folder `check` runs in (which passed a model the service then asked the hub for)."""
+    p = Path(model)
+    return p if p.is_absolute() and p.exists() else None
 
 
 def hub_cache_dir(env: Mapping[str, str]) -> Path:
@@ -61,6 +63,12 @@ def check_model(ctx: Context) -> list[CheckResult]:
     """A local model directory has config, tokenizer, whole weights and matching checksums."""
     model = ctx.config.vllm.model
     path = local_model_dir(model)
+    if path is None and not model.startswith("/") and os.path.lexists(model):
+        return [CheckResult("model", WARN, f"{model!r} is a relative path, found in this "
+                            f"folder ({os.getcwd()}); the service's vLLM starts in the unit's "
+                            "WorkingDirectory= (/var/lib/vllmwatch as shipped) and looks "
+                            "there, or asks the hub for that name: write it from /, e.g. "
+                            f"{os.path.abspath(model)!r}")]
     if path is None and (model.startswith(("/", ".", "~")) or model.count("/") > 1):
         return [CheckResult("model", FAIL, f"{model} does not exist (vllm.model is a path, not "
                             "a hub id \"org/name\"); fix the path or download the model")]

@@ -21,6 +21,10 @@ def cross_checks(config: Config) -> list[Problem]:
     if not config.vllm.model:
         out.append(Problem("vllm.model", "missing; set it to a local model directory "
                            "or a hub id, e.g. model = \"/srv/models/Qwen3.5-9B\""))
+    elif config.vllm.model.startswith("~"):  # no hub id starts so; vLLM expands no ~
+        out.append(Problem("vllm.model", f"bad value {show(config.vllm.model)}: vLLM does not "
+                           "expand ~ (a shell does), and would ask the hub for that name; "
+                           "write the path from /"))
     if not config.vllm.command:
         out.append(Problem("vllm.command", 'empty; expected e.g. ["vllm", "serve"]'))
     if config.restart.backoff_max < config.restart.backoff_initial:
