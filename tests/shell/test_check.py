@@ -591,3 +591,23 @@ def test_a_model_under_a_tilde_is_refused_as_vllm_expands_none(tmp_path: Path) -
     from vllmwatch.config.schema import ConfigError, load
     with pytest.raises(ConfigError, match=r"vllm\.model: bad value '~/m': vLLM does not expand"):
         load(write_config(tmp_path, "~/m"))
+
+
+@pytest.mark.parametrize(("args", "extra", "key"), [
+    ('chat-template = "./t.jinja"', "", "vllm.args.chat-template"),
+    ("", 'extra_args = ["--lora-modules", "a=../adapters/a"]', "vllm.extra_args[1]"),
+])
+def test_a_relative_path_for_vllm_is_a_warning_naming_its_key(
+        tmp_path: Path, args: str, extra: str, key: str) -> None:
+    """vLLM opens it from the unit's WorkingDirectory=, not from where the config was
+    written: `check` passed it, and vLLM could not open the template at each start."""
+    res = results(write_config(tmp_path, tmp_path / "m", args=args, vllm=extra), fast=True)
+    row = res["relative paths"]
+    assert row.status == WARN and key in row.detail and "WorkingDirectory=" in row.detail
+    assert "t.jinja" not in row.detail and "adapters" not in row.detail  # keys, not values
+
+
+def test_no_relative_path_no_row(tmp_path: Path) -> None:
+    res = results(write_config(tmp_path, tmp_path / "m", args='chat-template = "/t.jinja"'),
+                  fast=True)
+    assert "relative paths" not in res

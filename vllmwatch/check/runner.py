@@ -144,6 +144,7 @@ CHECKS: tuple[tuple[str, Check], ...] = (
     ("config", vllm.check_config),
     ("vllm", vllm.check_vllm),
     ("vllm.args", vllm.check_vllm_args),
+    ("relative paths", vllm.check_relative_paths),
     ("start caches", vllm.check_start_caches),
     ("model", model.check_model),
     ("max-model-len", maxlen.check_max_model_len),

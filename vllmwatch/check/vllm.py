@@ -87,6 +87,23 @@ def check_vllm_args(ctx: Context) -> CheckResult:
     return CheckResult("vllm.args", PASS, f"{given} flag(s) accepted by vLLM {version}")
 
 
+def check_relative_paths(ctx: Context) -> list[CheckResult]:
+    """Values of [vllm.args], extra_args and [vllm.env] that are relative paths (./x, ../x,
+    also after a flag's =): vLLM opens them from the unit's WorkingDirectory=, not from the
+    folder the config was written in (`chat-template = "./t.jinja"` stopped each start)."""
+    v = ctx.config.vllm
+    values = [*((f"vllm.args.{k}", x) for k, x in v.args.items()),
+              *((f"vllm.extra_args[{i}]", x) for i, x in enumerate(v.extra_args)),
+              *((f"vllm.env.{k}", x) for k, x in v.env.items())]
+    found = [key for key, x in values if isinstance(x, str) and (
+        x.startswith(("./", "../")) or "=./" in x or "=../" in x)]
+    if not found:
+        return []
+    return [CheckResult("relative paths", WARN, f"{', '.join(found)}: a path relative to the "
+                        "folder vLLM starts in, the unit's WorkingDirectory= (/var/lib/vllmwatch "
+                        "as shipped), not this one; write it from /")]
+
+
 def check_status_listen(ctx: Context) -> CheckResult:
     """status.listen is well formed (load checks that), resolves, and its port is free
     (or this instance's running vllmwatch holds it)."""
