@@ -199,3 +199,18 @@ def test_a_flag_list_without_aliases_judges_no_short_flag() -> None:
     config = from_dict({"vllm": {"model": "/m", "extra_args": ["-zz", "2"]}})
     assert vllmflags.validate_args(config, dataclasses.replace(known(), aliases={})) == []
     assert vllmflags.validate_args(config, known())[0].problem.startswith("-zz is not")
+
+
+@pytest.mark.parametrize(("text", "shown"), [
+    ("timeout = 00:30:00", "bad value 00:30:00 (a TOML time)"),  # half an hour, unquoted
+    ("timeout = 1979-05-27", "bad value 1979-05-27 (a TOML date)"),
+    ("timeout = 1979-05-27T07:32:00Z", "bad value 1979-05-27T07:32:00+00:00 (a TOML date-time)"),
+])
+def test_a_toml_date_or_time_is_named_as_written_not_as_pythons_repr(
+        tmp_path: Path, text: str, shown: str) -> None:
+    path = tmp_path / "v.toml"
+    path.write_text(f'[vllm]\nmodel = "/m"\n[startup]\n{text}\n')
+    with pytest.raises(ConfigError) as got:
+        load(str(path))
+    assert f"v.toml:4: startup.timeout: {shown}; expected seconds" in str(got.value)
+    assert "datetime." not in str(got.value)

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import datetime
 import math
 import re
 from collections.abc import Callable
@@ -30,6 +31,9 @@ def show(value: object) -> str:
         return "a table"
     if isinstance(value, list):
         return "an array"
+    if isinstance(value, (datetime.date, datetime.time)):  # `timeout = 00:30:00`, unquoted:
+        kind = "date-time" if isinstance(value, datetime.datetime) else type(value).__name__
+        return f"{value.isoformat()} (a TOML {kind})"  # as written, not datetime.time(0, 30)
     text = repr(value)  # a number: a 4000-digit int is no more readable than a long string
     return text if len(text) <= SHOW_CHARS else \
         f"{REDACT.head(text, SHOW_CHARS)}... ({len(text)} digits)"
