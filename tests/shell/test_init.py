@@ -256,6 +256,28 @@ def test_a_value_the_shell_would_not_act_on_is_kept(value: str) -> None:
     assert serveline.parse(argv).rest == argv[2:]
 
 
+@pytest.mark.parametrize(("text", "rest"), [
+    # sh ends the command at an unquoted ; | & also inside a word: init kept `8001;` as the
+    # port (refused), `/m&` as the model (a path that is not there), `4096|tee` as a value
+    ("vllm serve /m --port 8001; echo started", ["/m", "--port", "8001"]),
+    ("vllm serve /m --max-model-len 4096|tee vllm.log", ["/m", "--max-model-len", "4096"]),
+    ("vllm serve /m --port 8001 2>&1|tee vllm.log", ["/m", "--port", "8001"]),
+    ("vllm serve /m&", ["/m"]),
+    ("vllm serve /m --port 8001&&echo up", ["/m", "--port", "8001"]),
+    ("vllm serve /m --port 8001 & echo $!", ["/m", "--port", "8001"]),
+    # bash's &> and &>>, and >| (noclobber's override): redirections, their file dropped
+    ("vllm serve /m --port 8001 &> vllm.log &", ["/m", "--port", "8001"]),
+    ("vllm serve /m --port 8001 &>>vllm.log", ["/m", "--port", "8001"]),
+    ("vllm serve /m --port 8001 >| vllm.log", ["/m", "--port", "8001"]),
+    # quoted or escaped, they are vLLM's
+    ("vllm serve /m --x 'a;b' --y a\\|b --z \"a&b\"", ["/m", "--x", "a;b", "--y", "a|b",
+                                                      "--z", "a&b"]),
+])
+def test_a_shell_operator_inside_a_word_ends_the_command_as_sh_reads_it(
+        text: str, rest: list[str]) -> None:
+    assert serveline.parse(serveline.split_text(text)).rest == rest
+
+
 def test_an_appending_flag_given_twice_keeps_each_value() -> None:
     """vLLM appends --middleware (action="append"): init kept the last only."""
     vllm, _, draft = init("vllm serve /m --middleware pkg.a --max-num-seqs 8 "

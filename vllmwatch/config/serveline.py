@@ -14,7 +14,7 @@ from dataclasses import dataclass, field
 from vllmwatch.config.redact import REDACT
 
 _ASSIGN = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*=")
-_REDIRECT = re.compile(r"^\d*(>>?|<)(&\d+)?", re.ASCII)
+_REDIRECT = re.compile(r"^(\d*|&)(>\||>>?|<)(&\d+)?", re.ASCII)  # 2>&1, bash's &> log, >| log
 # Programs a line runs vLLM under, with their options that take the next word as a value
 # (`sudo -u vllm`, `nice -n 10`, `numactl -N 0`) and how many words come before the command
 # (`taskset 0x3`, `taskset -c 0-7`, `chrt -f 99`).
@@ -69,6 +69,7 @@ def split_text(text: str) -> list[str]:
                             "values written out, or run `vllmwatch init --from-pid PID` on the "
                             "running vLLM")
         line = line[:scan.comment].rstrip() if scan.comment is not None else line
+        line = line[:scan.end] if scan.end is not None else line
         try:
             got = shlex.split(line)
         except ValueError as exc:
@@ -86,12 +87,15 @@ def split_text(text: str) -> list[str]:
 class _Scan:
     """A line as POSIX sh reads it, short of running it: the words whose first character it
     took literally (quoted or escaped: `'>gpt'`, `';'`, `\\|` are vLLM's words, never a
-    redirection or the command's end), where a comment begins, and the expansions it would
-    have made (`$KEY`, `${HF_TOKEN}`, `$(hostname)`, a backtick, a leading `~`)."""
+    redirection or the command's end), where a comment begins, where the command ends (an
+    unquoted `;`, `|`, `&&`, `&`, also inside a word: `--port 8001;`, `/m&`), and the
+    expansions it would have made (`$KEY`, `${HF_TOKEN}`, `$(hostname)`, a backtick, a
+    leading `~`)."""
 
     quoted: set[int] = field(default_factory=set)
     words: int = 0
     comment: int | None = None
+    end: int | None = None
     expansions: list[str] = field(default_factory=list)
 
 
@@ -114,6 +118,9 @@ def _scan(line: str) -> _Scan:
         elif c == "#" and not quote and not in_word:
             out.comment = i
             break
+        elif not quote and _ends_command(line, i):  # sh splits `8001;` into 8001 and ;
+            out.end = i
+            break
         else:
             if not quote and not in_word and c in "'\"\\":
                 out.quoted.add(out.words)
@@ -129,6 +136,15 @@ def _scan(line: str) -> _Scan:
         i += 1
     out.words += in_word
     return out
+
+
+def _ends_command(line: str, i: int) -> bool:
+    """An unquoted ;, |, & at line[i] that ends the command, not one of a redirection
+    (`2>&1`, `<&0`, bash's `&> log`, `>| log`)."""
+    c, before, after = line[i], line[i - 1:i], line[i + 1:i + 2]
+    if c == "&":
+        return before not in ("<", ">") and after != ">"
+    return c == ";" or (c == "|" and before != ">")
 
 
 def strip_shell(words: list[str], literal: set[int] | None = None) -> list[str]:
