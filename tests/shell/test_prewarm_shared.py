@@ -3,9 +3,11 @@ loads what it finds there as code (Inductor's compiled graphs are Python modules
 artifact and Triton's kernels are loaded as they are), so a planted entry runs as the
 service. A cache root (or a cache under it, or a folder in one that vLLM loads code from)
 writable by every user, or by a group with members other than us (sshd's StrictModes), or
-owned by another user (pre-created in /tmp by someone else), is left out like an unwritable
-one: vLLM keeps its default location, `prewarm.cache_unusable` says why; `check` warns, and
-`vllmwatch prewarm`'s kernel warm-up does not use it either."""
+owned by another user (pre-created in /tmp by someone else), is not used: the compiled-code
+caches go to a folder of this service's own under its private state directory instead
+(vLLM's default may be that very root: the shipped unit's XDG_CACHE_HOME), HF_HOME is left
+out (a new one would download the model again); `prewarm.cache_unusable` says why and where;
+`check` warns, and `vllmwatch prewarm`'s kernel warm-up does not use it either."""
 
 from __future__ import annotations
 
@@ -28,20 +30,43 @@ def test_a_world_writable_cache_root_is_left_out(tmp_path: Path) -> None:
     root = tmp_path / "cache"
     root.mkdir()
     root.chmod(0o777)  # what `chmod 777` on a shared disk does
-    usable, problems = prewarm.make_cache_dirs(make_config(tmp_path, cache_dir=str(root)), {})
-    assert usable == {}
+    state = tmp_path / "state"
+    usable, problems = prewarm.make_cache_dirs(make_config(tmp_path, cache_dir=str(root)),
+                                               {"STATE_DIRECTORY": str(state)})
+    code = set(prewarm.CACHE_VARS) - {"HF_HOME"}
+    assert usable == {var: str(state / "private-cache" / prewarm.CACHE_VARS[var])
+                      for var in code}  # never under the refused root
+    for path in usable.values():
+        assert os.stat(path).st_mode & 0o777 == 0o700 and safefile.shared_dir(path) is None
     assert {var for var, _, _ in problems} == set(prewarm.CACHE_VARS)
     assert all("every user" in why for _, _, why in problems)
+    assert all(f"using {usable[var]}" in why for var, _, why in problems if var in code)
     assert prewarm.cannot_make(str(root / "vllm")) is not None  # print-command agrees
+
+
+def test_with_no_private_place_a_shared_cache_is_left_out(tmp_path: Path) -> None:
+    root = tmp_path / "cache"
+    root.mkdir()
+    root.chmod(0o777)
+    state = tmp_path / "state"
+    state.mkdir()
+    state.chmod(0o777)  # not ours alone: no private cache can be had under it
+    usable, problems = prewarm.make_cache_dirs(make_config(tmp_path, cache_dir=str(root)),
+                                               {"STATE_DIRECTORY": str(state)})
+    assert usable == {} and {var for var, _, _ in problems} == set(prewarm.CACHE_VARS)
+    assert not (state / "private-cache").exists()
 
 
 def test_a_world_writable_cache_under_a_good_root_is_left_out_alone(tmp_path: Path) -> None:
     root = tmp_path / "cache"
     (root / "triton").mkdir(parents=True)
     (root / "triton").chmod(0o777)
-    usable, problems = prewarm.make_cache_dirs(make_config(tmp_path, cache_dir=str(root)), {})
+    state = tmp_path / "state"
+    usable, problems = prewarm.make_cache_dirs(make_config(tmp_path, cache_dir=str(root)),
+                                               {"STATE_DIRECTORY": str(state)})
     assert [var for var, _, _ in problems] == ["TRITON_CACHE_DIR"]
-    assert set(usable) == set(prewarm.CACHE_VARS) - {"TRITON_CACHE_DIR"}
+    assert usable["TRITON_CACHE_DIR"] == str(state / "private-cache" / "triton")
+    assert all(usable[var].startswith(str(root)) for var in usable if var != "TRITON_CACHE_DIR")
 
 
 @pytest.mark.skipif(os.geteuid() != 0, reason="chown to another user needs root")
@@ -50,7 +75,8 @@ def test_a_cache_another_user_created_first_is_left_out(tmp_path: Path) -> None:
     (root / "vllm").mkdir(parents=True)
     os.chown(root / "vllm", 4242, 4242)  # pre-created by another user (0755: root may
     # still write into it, and its owner may replace what is there)
-    _, problems = prewarm.make_cache_dirs(make_config(tmp_path, cache_dir=str(root)), {})
+    _, problems = prewarm.make_cache_dirs(make_config(tmp_path, cache_dir=str(root)),
+                                          {"STATE_DIRECTORY": str(tmp_path / "s")})
     assert [var for var, _, _ in problems] == ["VLLM_CACHE_ROOT"]
 
 
@@ -79,8 +105,8 @@ def test_a_cache_root_writable_by_a_group_others_are_in_is_left_out(tmp_path: Pa
     os.chown(root, os.geteuid(), gid)
     root.chmod(0o770)  # `chmod g+w` for a team's group on a shared disk
     config = make_config(tmp_path, cache_dir=str(root))
-    usable, problems = prewarm.make_cache_dirs(config, {})
-    assert usable == {}
+    usable, problems = prewarm.make_cache_dirs(config, {"STATE_DIRECTORY": str(tmp_path / "s")})
+    assert not any(path.startswith(str(root)) for path in usable.values())
     assert all("writable by group" in why and "chmod g-w" in why for _, _, why in problems)
     assert prewarm.cannot_make(str(root / "vllm"), "VLLM_CACHE_ROOT") is not None
     result = host.check_prewarm_cache(Context(config=config, env={}))  # `check` agrees
@@ -94,9 +120,11 @@ def test_a_group_writable_folder_vllm_loads_code_from_is_left_out(tmp_path: Path
     aot.mkdir(parents=True)
     os.chown(aot, os.geteuid(), _other_members_gid())
     aot.chmod(0o770)
-    _, problems = prewarm.make_cache_dirs(make_config(tmp_path, cache_dir=str(root)), {})
+    usable, problems = prewarm.make_cache_dirs(make_config(tmp_path, cache_dir=str(root)),
+                                               {"STATE_DIRECTORY": str(tmp_path / "s")})
     assert [var for var, _, _ in problems] == ["VLLM_CACHE_ROOT"]
     assert str(aot) in problems[0][2]
+    assert usable["VLLM_CACHE_ROOT"] == str(tmp_path / "s" / "private-cache" / "vllm")
     assert prewarm.cannot_make(str(root / "vllm"), "VLLM_CACHE_ROOT") is not None
 
 
@@ -122,9 +150,10 @@ def test_the_kernel_warm_up_never_uses_a_cache_another_user_can_write(tmp_path: 
     script = f"import json, os; json.dump(dict(os.environ), open({str(seen)!r}, 'w'))"
     config = make_config(tmp_path, cache_dir=str(root), page_cache=False, kernels=True)
     hooks = prewarm.Hooks(gpu_count=lambda: 1, python=sys.executable, kernel_script=script)
-    prewarm.run(config, Events(), {"HOME": str(tmp_path)}, hooks)
+    prewarm.run(config, Events(), {"HOME": str(tmp_path), "STATE_DIRECTORY": str(tmp_path / "s")},
+                hooks)
     env = json.loads(seen.read_text())
-    assert "TRITON_CACHE_DIR" not in env  # Triton's default, as the daemon's launch
+    assert env["TRITON_CACHE_DIR"] == str(tmp_path / "s" / "private-cache" / "triton")  # ours
     assert env["VLLM_CACHE_ROOT"] == str(root / "vllm")
 
 
@@ -137,11 +166,22 @@ def test_leaving_a_cache_out_says_so_when_vllms_own_default_is_the_same_place(
     root.mkdir()
     root.chmod(0o777)
     environ = {"HOME": str(tmp_path / "home"), "XDG_CACHE_HOME": str(root)}
-    _, problems = prewarm.make_cache_dirs(make_config(tmp_path, cache_dir=str(root)), environ)
+    state = tmp_path / "state"
+    state.mkdir(mode=0o777)
+    state.chmod(0o777)  # no private place for a cache of our own: left out
+    usable, problems = prewarm.make_cache_dirs(make_config(tmp_path, cache_dir=str(root)),
+                                               {**environ, "STATE_DIRECTORY": str(state)})
     why = {var: text for var, _, text in problems}
     for var, sub in (("VLLM_CACHE_ROOT", "vllm"), ("HF_HOME", "huggingface")):
         assert f"its default without {var}, {root / sub}, is under the same {root}" in why[var]
     assert "its default without" not in why["TRITON_CACHE_DIR"]  # $HOME/.triton: elsewhere
+    assert usable == {}
+    state.chmod(0o755)  # a private place: the compiled-code caches go there, never the root
+    usable, problems = prewarm.make_cache_dirs(make_config(tmp_path, cache_dir=str(root)),
+                                               {**environ, "STATE_DIRECTORY": str(state)})
+    assert usable["VLLM_CACHE_ROOT"] == str(state / "private-cache" / "vllm")
+    assert "HF_HOME" not in usable and "its default without HF_HOME" in dict(
+        (var, text) for var, _, text in problems)["HF_HOME"]
 
 
 def test_root_s_own_group_writable_folder_is_fine_and_a_memberless_group_is_not(

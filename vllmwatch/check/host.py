@@ -213,7 +213,9 @@ def check_prewarm_cache(ctx: Context) -> CheckResult:
                   if (why := cannot_make(sub, var))]
         if shared:
             return CheckResult("prewarm.cache_dir", WARN, "; ".join(shared) + "; the daemon "
-                               "leaves these out (vLLM keeps its default location)")
+                               "puts vLLM's compiled code in a private folder of its state "
+                               "directory instead (cold compiles), HF_HOME at its default: "
+                               "chmod o-w,g-w the root")
         return CheckResult("prewarm.cache_dir", PASS, f"{path} is writable")
     parent = next((p for p in path.parents if p.exists()), Path("/"))
     if path.exists() or not os.access(parent, os.W_OK | os.X_OK):

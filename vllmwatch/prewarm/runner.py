@@ -20,6 +20,7 @@ from vllmwatch.config.redact import REDACT
 from vllmwatch.config.schema import Config
 from vllmwatch.logfn import LogFn
 from vllmwatch.prewarm import evict, kernels, pagecache
+from vllmwatch.shell import groupfile
 
 # Variable -> subdirectory of the cache root. FlashInfer keeps its JIT cache under
 # $FLASHINFER_WORKSPACE_BASE/.cache/flashinfer (flashinfer/jit/env.py).
@@ -128,6 +129,12 @@ def make_cache_dirs(config: Config, environ: Mapping[str, str]
         why = "not writable" if not os.access(path, os.W_OK) else _shared(root, path, var)
         if why is None:
             usable[var] = path
+        elif why != "not writable" and var != "HF_HOME" and (  # a new HF_HOME: a new download
+                private := groupfile.private_cache(environ, CACHE_VARS[var])):
+            usable[var] = private  # vLLM's default may be the refused root itself (the unit's
+            # XDG_CACHE_HOME): its compiled code goes where only we can write, meanwhile
+            problems.append((var, path, f"{why}; using {private} (this service's own) until "
+                             "the permissions are fixed"))
         else:  # left out, vLLM (Triton, ...) takes its own default: is that elsewhere?
             default = str(_cache_dirs(config, {**environ, var: ""})[CACHE_VARS[var]])
             same = os.path.commonpath([os.path.realpath(default), os.path.realpath(root)])
@@ -136,6 +143,7 @@ def make_cache_dirs(config: Config, environ: Mapping[str, str]
                              f"{default}, is under the same {root}: fix the permissions, "
                              "until then nothing keeps others' code out"))
     return usable, problems
+
 
 
 def _shared(root: str, path: str, var: str) -> str | None:  # vLLM loads what its caches

@@ -62,6 +62,14 @@ def state_dir(environ: Mapping[str, str] | None = None) -> str | None:
     return safefile.private_dir(state_dir_candidate(environ))
 
 
+def private_cache(environ: Mapping[str, str], name: str) -> str | None:
+    """A cache folder under our private state directory (0700, ours): where vLLM's compiled
+    code goes when its cache folder is one other users can write into; None: no such place."""
+    state = state_dir(environ)
+    base = safefile.closed_dir(os.path.join(state, "private-cache")) if state else None
+    return safefile.closed_dir(os.path.join(base, name)) if base else None
+
+
 def state_dir_candidate(environ: Mapping[str, str] | None = None) -> str:
     """Where our state goes by the rule, trusted or not (for a message that names it)."""
     env = os.environ if environ is None else environ

@@ -197,9 +197,9 @@ class CacheEnv:
         usable, unusable = prewarm.make_cache_dirs(config, self._environ)
         for name, path, why in unusable:
             self.log("warning", "prewarm.cache_unusable", variable=name, path=path,
-                     error=why, detail="vLLM keeps its default cache location (`error` "
-                     "says when that is under the same directory); set prewarm.cache_dir to "
-                     "a directory only this user can write")
+                     error=why, detail="`error` says where that cache goes instead (this "
+                     "service's own folder, or vLLM's default); set prewarm.cache_dir to a "
+                     "directory only this user can write")
         # vLLM's own start-up caches (config/startcaches.py); said once per change.
         decision = startcaches.decide(config, self._environ, self._versions.info,
                                       self._unified())
