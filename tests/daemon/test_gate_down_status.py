@@ -1,7 +1,8 @@
 """The unit's STATUS= line says when the [gate] front door is down: `systemctl status` read
 "ready | up ..." (and the unit active) for a daemon whose gate could not bind gate.listen, or
 died, while every client of gate.listen got connection errors; `gate.failed` was in the
-journal alone."""
+journal alone; and /readyz answered 200 to a balancer that sends the traffic to the gate's
+port (a black hole)."""
 
 from __future__ import annotations
 
@@ -31,6 +32,8 @@ def test_a_gate_that_cannot_listen_is_said_on_the_status_line(tmp_path: Path) ->
 
             lines = wait_for(said, 10.0, "a STATUS= line after READY")
             assert all("gate down: gate.listen 127.0.0.1:" in line for line in lines), lines
+            code, body = d.http_get("/readyz")  # vLLM is ready; the clients' address is not
+            assert code == 503 and b"not ready: gate down: gate.listen 127.0.0.1:" in body, body
             code, _ = d.stop()
             assert code == 0
         finally:

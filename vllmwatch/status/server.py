@@ -20,6 +20,7 @@ from collections.abc import Callable
 from typing import Any
 from urllib.parse import urlsplit
 
+from vllmwatch.config.convert import printable
 from vllmwatch.config.hosts import parse_listen
 from vllmwatch.config.redact import REDACT
 from vllmwatch.logfn import Repeats
@@ -167,6 +168,10 @@ class StatusServer:
                 self.on_readyz()
             if stuck:
                 return 503, TEXT, f"not ready: the loop last turned {age:.1f}s ago\n".encode()
+            gate = snap.gate
+            if gate is not None and not gate.get("running"):  # clients' address: refused
+                why = REDACT.head(printable(f"{gate.get('error') or 'its thread ended'}"), 300)
+                return 503, TEXT, f"not ready: gate down: {why}\n".encode()
             if snap.ready and not snap.draining:
                 return 200, TEXT, b"ready\n"
             why = f"not ready: state={snap.state} draining={str(snap.draining).lower()}"
