@@ -32,8 +32,6 @@ from vllmwatch.testing.fake_api import ENGINE_DEAD_BODY, ENGINE_DEAD_EVENT
 # their sources; file and line in vllmwatch/testing/fake_api.py): a 500 with this compact
 # JSON, or a stream's 200 head, then this error event and [DONE].
 DEAD = ENGINE_DEAD_BODY
-SHUTTING = json.dumps({"error": {"message": "The server is shutting down.",
-                                 "type": "ServiceUnavailableError", "code": 503}}).encode()
 OK = json.dumps({"id": "cmpl-1", "object": "text_completion",
                  "choices": [{"index": 0, "text": "fine"}]}).encode()
 BODY = {"model": "m", "prompt": "hello", "max_tokens": 3}
@@ -189,10 +187,11 @@ def relaunch_when_tried(g: Gate, script: Script, d: Daemonish, tries: int = 1) -
     d.relaunch(script)
 
 
-@pytest.mark.parametrize("failure", ["reset", "head-then-reset", (500, DEAD), (503, SHUTTING),
+# (vLLM's answer to a request it aborted as it stopped: tests/shell/test_gate_aborted.py)
+@pytest.mark.parametrize("failure", ["reset", "head-then-reset", (500, DEAD),
                                      ("stream", [ENGINE_DEAD_EVENT], "end")],
                          ids=["reset-before-head", "reset-after-head", "engine-dead-500",
-                              "shutting-down", "engine-dead-event-first"])
+                              "engine-dead-event-first"])
 def test_a_request_vllm_never_answered_is_sent_to_the_next_engine(failure: Any) -> None:
     with setup(failure, (200, OK)) as (g, script, d):
         out, t = in_thread(lambda: post(g.port))

@@ -154,7 +154,8 @@ def _events(body: bytes) -> list[bytes]:
 def test_the_error_event_starts_an_event_of_its_own(path: str, sent: bytes) -> None:
     """The stream had begun (its first event passed: the gate reads a first event whole
     before it begins, test_gate_split_events.py), then vLLM failed with `sent` half-written."""
-    first = b'data: {"id":"c0","choices":[]}\n\n'
+    # (a token: an event with none does not begin a completion stream, gate/aborted.py)
+    first = b'data: {"id":"c0","choices":[{"index":0,"delta":{"content":"a"}}]}\n\n'
     with setup(("stream", [first, sent], "reset")) as (g, _script, _d):
         status, body = post(g.port, path, {**BODY, "stream": True})
         settle(g)

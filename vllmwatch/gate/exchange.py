@@ -16,7 +16,7 @@ import os
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from types import SimpleNamespace
-from typing import Any
+from typing import Any, cast
 
 import aiohttp
 from aiohttp import web
@@ -108,7 +108,10 @@ def trace_config() -> aiohttp.TraceConfig:
 
 class Failed(str):
     """Why an exchange failed with nothing sent to the client (a replayable failure):
-    connection | engine_dead | shutting_down | engine_stuck."""
+    connection | engine_dead | aborted | engine_stuck. `answer`: vLLM's own answer, passed
+    on when it is not replayed (an aborted completion, gate/aborted.py)."""
+
+    answer: web.Response | None = None
 
 
 async def run(session: aiohttp.ClientSession, request: web.Request, url: str, body: bytes,
@@ -141,6 +144,8 @@ async def run(session: aiohttp.ClientSession, request: web.Request, url: str, bo
                 gone = replay.engine_gone_answer(up.status, data)
                 if gone is not None:
                     return Failed(gone)
+                if request.path in replay.GENERATE and _ab().answer(request.path, up.status, data):
+                    return cast(Failed, _ab().failed(up, data, headers))
                 return web.Response(body=data, status=up.status, reason=up.reason,
                                     headers=headers)
             first = await up.content.readany()  # the head waits for it: not begun before
@@ -151,6 +156,10 @@ async def run(session: aiohttp.ClientSession, request: web.Request, url: str, bo
             if replay.engine_dead_event(first) or \
                     replay.engine_gone_answer(up.status, first) is not None:
                 return Failed("engine_dead")
+            if request.path in replay.GENERATE:  # aborted before its first token?
+                first, said = await _ab().hold(up, request.path, first, FIRST_EVENT)
+                if said != "begun":  # its engine stopped or died first (gate/aborted.py)
+                    return cast(Failed, _ab().failed(up, first, headers, said))
             response = web.StreamResponse(status=up.status, reason=up.reason, headers=headers)
             if up.content_length is not None:
                 response.content_length = up.content_length
@@ -195,6 +204,11 @@ async def run(session: aiohttp.ClientSession, request: web.Request, url: str, bo
         return await _failed(request, response, ex, why)
     finally:
         ex.mark_written()
+
+
+def _ab() -> Any:  # gate/aborted.py, at the first completion's answer: not at start (the
+    from vllmwatch.gate import aborted  # import count of `vllmwatch run`)
+    return aborted
 
 
 async def _failed(request: web.Request, response: web.StreamResponse | None, ex: Exchange,

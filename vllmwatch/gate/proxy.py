@@ -177,11 +177,10 @@ class Forwarder:
                 await asyncio.sleep(NEXT_ENGINE_POLL)  # one, until its hold is spent (above)
                 continue
             gen, answer = sent
-            # A death (not a stop vllmwatch ordered, nor vLLM refusing it while shutting
-            # down) is counted against the request, before or after its answer began.
-            died = (broke or isinstance(answer, exchange.Failed)) and answer != \
-                "shutting_down" and (answer in ("engine_dead", "engine_stuck")
-                                     or not self.fence.stopped(gen))
+            # A death (not a stop vllmwatch ordered, nor vLLM aborting it as it stops) is
+            # counted against the request, before or after its answer began.
+            died = (broke or isinstance(answer, exchange.Failed)) and answer != "aborted" \
+                and (answer in ("engine_dead", "engine_stuck") or not self.fence.stopped(gen))
             if died:
                 fp = fp or self.suspects.fingerprint(request.method, request.path, body)
                 self._died(request, body, fp, gen, turn)
@@ -194,6 +193,8 @@ class Forwarder:
             fig = self.figures_of(gen)
             if why_not is not None:
                 fig.not_replayed += 1
+                if answer.answer is not None:  # vLLM's own (aborted) answer, as it came
+                    return answer.answer
                 return _error(request.path, 502, f"vLLM failed before answering ({answer}); "
                               f"it was not sent again: {why_not}; send it again if it is "
                               "safe to repeat")

@@ -26,9 +26,10 @@ A request is replayed only when all of these hold (gate/proxy.py):
 - nothing of its answer reached the client (a stream's head is held until its first body
   byte, which vLLM sends only with the first token or an error);
 - the failure says the engine is gone: the connection reset or closed by vLLM, an answer
-  of vLLM's engine-dead handlers (ENGINE_DEAD), vLLM refusing it because it is shutting down
-  (SHUTTING_DOWN: it never started it), or an exchange the gate cut itself once vllmwatch
-  declared the engine stuck. A 4xx, or another 5xx, is vLLM's answer and is passed on.
+  of vLLM's engine-dead handlers (ENGINE_DEAD), a completion vLLM aborted because it was told
+  to stop (gate/aborted.py: no error, a 200 with finish_reason "abort"), or an exchange the
+  gate cut itself once vllmwatch declared the engine stuck. A 4xx, or another 5xx, is vLLM's
+  answer and is passed on.
 
 A request that takes the engine down takes the next one down when it is replayed or sent
 again by its client (the openai package retries a 502 twice by default): a crash loop, then
@@ -59,6 +60,7 @@ REPLAYABLE = frozenset({
     "/v1/classify", "/tokenize", "/detokenize", "/v1/audio/transcriptions",
     "/v1/audio/translations", "/inference/v1/generate",
 })
+GENERATE = frozenset({"/v1/completions", "/v1/chat/completions"})  # aborts read: gate/aborted.py
 # vLLM's EngineDeadError message (vllm/v1/engine/exceptions.py:13 in 0.26.0, :16 in 0.32.0);
 # both answer it as a 500 {"error": {"message": ...}} or, in a stream, as its first event
 # after the 200 head (read in both sources: vllmwatch/testing/fake_api.py cites the lines).
@@ -66,8 +68,6 @@ REPLAYABLE = frozenset({
 # stream's error event and sends `event: error` with the pydantic error instead (0.32
 # anthropic/serving.py:1008 and :1224-1232), which names no engine: passed on as begun.
 ENGINE_DEAD = b"EngineCore encountered an issue"
-# vLLM >= 0.18 after SIGTERM (its shutdown drain): new requests get 503 with this message.
-SHUTTING_DOWN = b"The server is shutting down."
 ANTHROPIC = "/v1/messages"
 # The last event of a stream: OpenAI's `data: [DONE]`, Anthropic's `message_stop`. A failure
 # after it (the API server of a stuck or dying engine may not finish the chunked body) has
@@ -82,12 +82,8 @@ def replayable_path(method: str, path: str) -> bool:
 
 def engine_gone_answer(status: int, body: bytes) -> str | None:
     """Why this answer of vLLM means the request never ran to an answer on a live engine:
-    "engine_dead" or "shutting_down"; None for an answer to pass on."""
-    if status >= 500 and ENGINE_DEAD in body:
-        return "engine_dead"
-    if status == 503 and SHUTTING_DOWN in body:
-        return "shutting_down"
-    return None
+    "engine_dead"; None for an answer to pass on (an aborted one: gate/aborted.py)."""
+    return "engine_dead" if status >= 500 and ENGINE_DEAD in body else None
 
 
 def engine_dead_event(chunk: bytes) -> bool:

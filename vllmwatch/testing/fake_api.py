@@ -14,6 +14,7 @@ import os
 import socket
 import threading
 import time
+from collections.abc import Iterator
 from http.server import BaseHTTPRequestHandler
 from typing import Any, BinaryIO
 
@@ -52,20 +53,30 @@ ENGINE_DEAD_BODY = json.dumps(ENGINE_DEAD_ERROR, separators=(",", ":")).encode()
 ENGINE_DEAD_EVENT = b"data: " + json.dumps(ENGINE_DEAD_ERROR).encode() + b"\n\ndata: [DONE]\n\n"
 
 GENERATE = ("/v1/completions", "/v1/chat/completions")
+DONE = b"data: [DONE]\n\n"
 
 
 def sse_events(reply: dict[str, Any]) -> list[bytes]:
-    """A finished completion as vLLM streams it: one SSE event a token, then [DONE]."""
+    """A finished completion as vLLM streams it: one SSE event a token, then [DONE]. One
+    aborted with no token (vLLM 0.32.0): a completion has no event for it (completion/
+    serving.py:373-379), a chat completion its role event and its last, empty, event
+    (chat_completion/serving.py:537-588 and :708-718, :763-785)."""
     choice = reply["choices"][0]
     text = choice.get("text", choice.get("message", {}).get("content", ""))
     out = []
+    if not text and choice["finish_reason"] == "abort":
+        head = {"id": reply["id"], "object": "chat.completion.chunk", "model": reply["model"]}
+        last = {"index": 0, "delta": {}, "logprobs": None, "finish_reason": "abort"}
+        role = {**last, "delta": {"role": "assistant", "content": ""}, "finish_reason": None}
+        chat = [{**head, "choices": [c]} for c in (role, last)] if "message" in choice else []
+        return [b"data: " + json.dumps(c).encode() + b"\n\n" for c in chat] + [DONE]
     for token in text.split(" "):
         delta = {**choice, "text": token + " ", "finish_reason": None}
         delta.pop("message", None)
         chunk = {"id": reply["id"], "object": reply["object"], "model": reply["model"],
                  "choices": [delta]}
         out.append(b"data: " + json.dumps(chunk).encode() + b"\n\n")
-    return [*out, b"data: [DONE]\n\n"]
+    return [*out, DONE]
 
 
 def write_stream(h: BaseHTTPRequestHandler, events: list[bytes], interval: float,
@@ -117,6 +128,7 @@ class Api:
         self.lock = threading.Lock()
         self.pending: dict[int, tuple[threading.Event, list[int]]] = {}
         self.next_id, self.stopping = 0, False
+        self.answering = 0  # POSTs being served (a stop lets them answer first)
         self.faults = FaultClock(args.arm_file)
         self.dead_at: float | None = None
         # Sleep mode (fake_sleep.py, set by the API server): while asleep the scheduler is
@@ -162,6 +174,17 @@ class Api:
         if not self.stopping:
             log("ERROR", "Engine core proc EngineCore_DP0 died unexpectedly, shutting down "
                 "client.", "core_client.py:1")
+
+    @contextlib.contextmanager
+    def serving(self) -> Iterator[None]:
+        """One POST being served: a stop lets those admitted send their answers first."""
+        with self.lock:
+            self.answering += 1
+        try:
+            yield
+        finally:
+            with self.lock:
+                self.answering -= 1
 
     def abort_all(self) -> None:
         """/sleep with mode=abort: every request in flight ends now (finish_reason abort)."""
@@ -236,12 +259,14 @@ class Api:
             log("WARNING", "Injected fault: API server wedged (--wedge-api-after)")
             threading.Event().wait()  # never answers; the process exits around it
         got = self.submit(prompt, int(body.get("max_tokens") or 16))
-        if got is None and self.stopping:
-            return 503, error("The server is shutting down.", "ServiceUnavailableError", 503)
-        if got is None:
+        # Told to stop (SIGTERM), vLLM has no error answer: its EngineCore aborts a request
+        # added after the signal, and one in flight in abort mode, and the API server answers
+        # it as a finished completion with finish_reason "abort" (vllm/v1/engine/core.py
+        # :1641-1651 and :1708-1717 in 0.32.0; gate/aborted.py cites the rest).
+        if got is None and not self.stopping:
             return 500, ENGINE_DEAD_ERROR
         reason = "length"
-        if got < 0:  # ended by /sleep (mode abort): vLLM's FinishReason.ABORT
+        if got is None or got < 0:  # stopping, or ended by /sleep (mode abort): ABORT
             got, reason = 0, "abort"
         out = " ".join(["fake"] * got)
         choice: dict[str, Any] = {"index": 0, "finish_reason": reason, "logprobs": None,

@@ -155,7 +155,11 @@ class _Handler(BaseHTTPRequestHandler):
 
     def do_POST(self) -> None:
         """Serve the completion routes, or a pooling model's routes (--runner pooling)."""
-        api, (path, _, query) = self.server.api, self.path.partition("?")
+        with self.server.api.serving():
+            self._post(self.server.api)
+
+    def _post(self, api: Api) -> None:
+        path, _, query = self.path.partition("?")
         dev = api.sleep.post(path, query)  # dev mode: not guarded by the API key, as vLLM's
         if dev is not None:
             return self._send(*dev)
@@ -226,6 +230,7 @@ def _shutdown(engine: subprocess.Popen[bytes] | None, api: Api | None, code: int
         signal.signal(sig, signal.SIG_IGN)
     if api is not None:
         api.stopping, deadline = True, time.monotonic() + drain
+        log("INFO", "[shutdown] API server: shutdown triggered", "launcher.py:254")  # 0.32's
         while api.pending and api.dead_at is None and time.monotonic() < deadline:
             time.sleep(0.02)
     log("INFO", "Shutting down", "launcher.py:1")
@@ -236,6 +241,9 @@ def _shutdown(engine: subprocess.Popen[bytes] | None, api: Api | None, code: int
         except subprocess.TimeoutExpired:
             engine.kill()
             engine.wait()
+    deadline = time.monotonic() + 2.0  # vLLM's uvicorn sends the aborted requests' answers
+    while api is not None and api.answering and time.monotonic() < deadline:  # before exit
+        time.sleep(0.02)
     log("INFO", "Application shutdown complete.", "launcher.py:2")
     os._exit(code)
 

@@ -1,0 +1,208 @@
+"""The gate replays a completion that real vLLM aborted because it was told to stop, and only
+when nothing of it reached the client (gate/aborted.py cites vLLM's source). vLLM answers such
+a request as a finished completion, a 200 with finish_reason "abort" (no "shutting down"
+error exists in vLLM 0.26 or 0.32); before, the gate passed it on: the client got an empty
+or cut completion as a success across every restart that SIGTERMed vLLM with it in flight.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+from typing import Any
+
+import pytest
+
+from tests.shell import test_gate_replay as scripted
+from tests.shell.test_gate_replay import BODY, OK, in_thread, post, relaunch_when_tried, settle
+from tests.support import TIMEOUT_SCALE
+from vllmwatch.gate import aborted
+from vllmwatch.testing.fake_api import ENGINE_DEAD_EVENT
+
+
+def _done(choices: list[dict[str, Any]], chat: bool = False) -> bytes:
+    """vLLM 0.32's whole answer (request_output_to_completion_response's shape)."""
+    return json.dumps({"id": "cmpl-1", "object": "chat.completion" if chat else
+                       "text_completion", "created": 1, "model": "m", "choices": choices,
+                       "usage": {"prompt_tokens": 1, "total_tokens": 1,
+                                 "completion_tokens": 0}}, separators=(",", ":")).encode()
+
+
+REJECTED = _done([{"index": 0, "text": "", "logprobs": None, "finish_reason": "abort",
+                   "stop_reason": None, "prompt_logprobs": None}])
+# n=2 in abort mode (--shutdown-timeout 0): one choice had finished, the other was cut
+CUT_N2 = _done([{"index": 0, "text": "a b c", "finish_reason": "length"},
+                {"index": 1, "text": "a", "finish_reason": "abort"}])
+CHAT_CUT = _done([{"index": 0, "message": {"role": "assistant", "content": "par"},
+                   "finish_reason": "abort"}], chat=True)
+DONE = b"data: [DONE]\n\n"
+ROLE = (b'data: {"id":"chatcmpl-1","object":"chat.completion.chunk","created":1,"model":"m",'
+        b'"choices":[{"index":0,"delta":{"role":"assistant","content":""},"logprobs":null,'
+        b'"finish_reason":null}]}\n\n')
+ABORT = (b'data: {"id":"chatcmpl-1","object":"chat.completion.chunk","created":1,"model":"m",'
+         b'"choices":[{"index":0,"delta":{},"logprobs":null,"finish_reason":"abort",'
+         b'"stop_reason":null}]}\n\n')
+TOKEN = b'data: {"choices":[{"index":0,"delta":{"content":"Hi"},"finish_reason":null}]}\n\n'
+
+
+@pytest.mark.parametrize(("path", "failure"), [
+    ("/v1/completions", (200, REJECTED)),  # sent after the SIGTERM: rejected, no token
+    ("/v1/completions", (200, CUT_N2)),  # in flight at it, abort mode, n=2
+    ("/v1/chat/completions", (200, CHAT_CUT)),
+    ("/v1/completions", ("stream", [DONE], "end")),  # completions: no event for no token
+    ("/v1/chat/completions", ("stream", [ROLE, ABORT, DONE], "end")),  # one chunk each
+    ("/v1/chat/completions", ("stream", [ROLE + ABORT + DONE], "end")),
+    ("/v1/chat/completions", ("stream", [ROLE, ENGINE_DEAD_EVENT], "end")),
+    ("/v1/chat/completions", ("stream", [ROLE], "reset")),  # gone after the role event
+], ids=["rejected", "cut-n2", "chat-cut", "stream-done-only", "chat-stream", "chat-one-read",
+        "dead-after-role", "reset-after-role"])
+def test_a_completion_vllm_aborted_as_it_stopped_goes_to_the_next_engine(
+        path: str, failure: Any) -> None:
+    with scripted.setup(failure, (200, OK)) as (g, script, d):
+        out, t = in_thread(lambda: post(g.port, path, {**BODY, "n": 2}))
+        relaunch_when_tried(g, script, d)
+        t.join(30 * TIMEOUT_SCALE)
+        settle(g)
+        assert out == [(200, OK)]
+        assert [gen for _, gen in script.seen] == [1, 2]
+        s = g.stats
+        assert (s.replayed, s.replay_answered, s.cut_midstream) == (1, 1, 0)
+        event = dict(g.events)["gate.replayed"]  # type: ignore[attr-defined]
+        dead = failure[1][-1] == ENGINE_DEAD_EVENT or failure[-1] == "reset"
+        assert event["failure"] == ("connection" if failure[-1] == "reset" else
+                                    "engine_dead" if dead else "aborted")
+        assert dead or g.forwarder.suspects.idle()  # a stop is no death: nothing held
+
+
+def test_a_stream_with_a_token_before_the_abort_is_never_replayed() -> None:
+    """The client has the token: a replay would send it again (duplicate tokens)."""
+    answer = ("stream", [ROLE, TOKEN, ABORT, DONE], "end")
+    with scripted.setup(answer, (200, OK)) as (g, script, _d):
+        status, body = post(g.port, "/v1/chat/completions", {**BODY, "stream": True})
+        settle(g)
+        assert (status, body) == (200, ROLE + TOKEN + ABORT + DONE)
+        assert g.stats.replayed == 0 and len(script.seen) == 1
+
+
+@pytest.mark.parametrize(("setting", "path"), [("off", "/v1/completions"),
+                                               ("on", "/v1/responses")])
+def test_an_aborted_answer_not_replayed_is_passed_on_as_vllm_sent_it(
+        setting: str, path: str) -> None:
+    with scripted.setup((200, REJECTED)) as (g, script, _d):
+        g.forwarder.replay = setting == "on"
+        assert post(g.port, path) == (200, REJECTED)
+        assert g.stats.replayed == 0 and len(script.seen) == 1
+
+
+def test_an_aborted_stream_not_replayed_is_passed_on_whole() -> None:
+    with scripted.setup(("stream", [ROLE, ABORT, DONE], "end")) as (g, script, _d):
+        g.forwarder.replay = False
+        status, body = post(g.port, "/v1/chat/completions", {**BODY, "stream": True})
+        assert (status, body) == (200, ROLE + ABORT + DONE)
+        assert len(script.seen) == 1
+
+
+def test_an_aborted_request_with_no_next_engine_within_the_hold_is_503() -> None:
+    with scripted.setup((200, REJECTED), hold=1.0) as (g, script, _d):
+        status, body = post(g.port)
+        assert status == 503 and b"gate.hold_timeout" in body
+        assert len(script.seen) == 1
+
+
+@pytest.mark.parametrize("answer", [
+    b'{"choices":[{"index":0,"text":"x","finish_reason":"length"}]}',
+    b'{"choices":[{"index":0,"text":"abort","finish_reason":"stop"}]}',
+    b"not json, \"abort\"",
+])
+def test_other_answers_are_not_aborted(answer: bytes) -> None:
+    assert not aborted.answer("/v1/completions", 200, answer)
+
+
+@pytest.mark.parametrize(("held", "said"), [
+    (ROLE, "more"), (ROLE[:-1], "more"), (ROLE + ABORT, "aborted"), (DONE, "aborted"),
+    (ROLE + TOKEN, "begun"), (b": comment\n\n", "begun"),
+    (b'data: {"choices":[{"index":0,"delta":{},"finish_reason":"stop"}]}\n\n', "begun"),
+    (b'data: {"choices":[{"index":0,"delta":{"reasoning":"hm"},"finish_reason":null}]}\n\n',
+     "begun"),
+    (b'data: {"choices":[],"usage":{"prompt_tokens":1}}\n\n', "more"),
+])
+def test_what_a_held_stream_says(held: bytes, said: str) -> None:
+    assert aborted.stream("/v1/chat/completions", held) == said
+    assert aborted.stream("/v1/messages", held) == "begun"  # not read: passed on as before
+
+
+@pytest.mark.parametrize("stream", [False, True], ids=["completion", "stream"])
+def test_the_fake_vllm_stopped_with_a_request_in_flight_aborts_it_and_the_gate_replays(
+        stream: bool) -> None:
+    """The fake vLLM answers as vLLM 0.32 does when SIGTERMed in abort mode (its drain 0): a
+    finished completion with finish_reason "abort", never an error; the gate sends the
+    request to the next engine and its client gets one whole answer."""
+    from tests.shell.test_gate import fake_vllm, running
+    from tests.shell.test_gate_replay import Daemonish
+    from tests.support import free_port, wait_until
+    from vllmwatch.gate.door import Readiness
+    from vllmwatch.gate.runner import Gate
+
+    port, d = free_port(), Daemonish()
+    events: list[tuple[str, dict[str, Any]]] = []
+    g = Gate(f"127.0.0.1:{free_port()}", f"http://127.0.0.1:{port}", d.readiness, 60,
+             retry_after=3, generation=d.generation,
+             log=lambda level, event, **kw: events.append((event, kw)))
+    g.start()
+    path = "/v1/chat/completions" if stream else "/v1/completions"
+    body = {"model": "fake", "max_tokens": 3, "stream": stream,
+            **({"messages": [{"role": "user", "content": "hi"}]} if stream else
+               {"prompt": "hello"})}
+    try:
+        with fake_vllm(port, "--slow-completion", "30", "--shutdown-timeout", "0") as fake:
+            out, t = in_thread(lambda: post(g.port, path, body))
+            wait_until(lambda: running(port) >= 1, 20 * TIMEOUT_SCALE, "the request running")
+            fake.send_signal(signal.SIGTERM)  # a restart: vllmwatch stops this vLLM
+            wait_until(lambda: g.stats.replayed == 1, 20 * TIMEOUT_SCALE, "the replay")
+            d.state = Readiness.HOLD
+            fake.wait(20 * TIMEOUT_SCALE)
+        with fake_vllm(port):
+            d.gen += 1
+            d.state = Readiness.OPEN
+            t.join(30 * TIMEOUT_SCALE)
+        settle(g)
+        assert out[0][0] == 200 and b"abort" not in out[0][1], out
+        assert (b"fake" in out[0][1]) and ((b"data: [DONE]" in out[0][1]) if stream else
+                                           json.loads(out[0][1])["choices"])
+        assert [kw["failure"] for e, kw in events if e == "gate.replayed"] == ["aborted"]
+        assert g.stats.replay_answered == 1 and g.stats.cut_midstream == 0
+    finally:
+        g.stop()
+
+
+def test_the_fake_vllm_answers_a_request_sent_during_its_stop_with_an_abort(
+        tmp_path: Any) -> None:
+    """vLLM rejects a request added after SIGTERM (drain mode) by aborting it: 200, empty."""
+    from tests.shell.test_gate import health, running
+    from tests.support import free_port, wait_until
+
+    port, out = free_port(), tmp_path / "fake.log"
+    with out.open("wb") as f:
+        fake = subprocess.Popen([sys.executable, "-m", "vllmwatch.testing.fake_vllm", "--port",
+                                 str(port), "--model", "fake", "--slow-completion", "30",
+                                 "--shutdown-timeout", "20"], stdout=f, stderr=f,
+                                start_new_session=True)
+    try:
+        wait_until(lambda: health(port) == 200, 20 * TIMEOUT_SCALE, "the fake vLLM")
+        _first, t = in_thread(lambda: post(port, body={**BODY, "model": "fake"}))
+        wait_until(lambda: running(port) >= 1, 20 * TIMEOUT_SCALE, "the request running")
+        fake.send_signal(signal.SIGTERM)  # it drains the first one (20 s)
+        wait_until(lambda: b"shutdown triggered" in out.read_bytes(), 20 * TIMEOUT_SCALE,
+                   "the fake vLLM to take the SIGTERM")
+        status, raw = post(port, body={**BODY, "model": "fake"})
+        assert status == 200, raw
+        choice = json.loads(raw)["choices"][0]
+        assert (choice["finish_reason"], choice["text"]) == ("abort", "")
+        assert aborted.answer("/v1/completions", status, raw)
+    finally:
+        os.killpg(fake.pid, signal.SIGKILL)
+        fake.wait(10)
+    t.join(30 * TIMEOUT_SCALE)

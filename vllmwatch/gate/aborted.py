@@ -1,0 +1,143 @@
+"""Whether vLLM's answer to a completion is its engine stopping it unfinished: the request was
+aborted (finish_reason "abort"), with nothing of the answer sent to the client yet.
+
+What real vLLM sends when it is told to stop (SIGTERM; read in vLLM 0.32.0's source; the same
+code is in an upstream snapshot of unknown version, and came with vLLM PR 36666, the
+--shutdown-timeout of vLLM >= 0.18, so 0.26 has it; v0.26.0 itself was not read): the
+EngineCore rejects every request added after the signal (`v1/engine/core.py:1708-1717`,
+`_reject_add_in_shutdown`: `_send_abort_outputs_to_client`) and, with `--shutdown-timeout 0`
+(abort mode, our
+`restart.drain_timeout = 0`), aborts every request in flight (`:1641-1651`). Neither is an
+error: the request ends with FinishReason.ABORT (`v1/engine/__init__.py:48-66`), and the
+API server answers it as a finished completion:
+- not streamed: HTTP 200 with each aborted choice's `"finish_reason":"abort"` and the text
+  made so far (none for a rejected request);
+- streamed: the 200 head, then for /v1/completions no event for a choice that has no token
+  (`openai/completion/serving.py:373-379`, "don't return empty chunks") and `data: [DONE]`;
+  for /v1/chat/completions the role event (`"delta":{"role":"assistant","content":""}`,
+  `chat_completion/serving.py:537-588`), then the choice's last event with an empty delta
+  and `"finish_reason":"abort"` (:708-718, :763-785), then `data: [DONE]`.
+There is no "shutting down" error answer in 0.32 (the 503 "The server is shutting
+down." that the gate used to look for was only ever sent by the fake vLLM).
+
+Such an answer is vLLM's engine stopping, not an answer: the gate replays it like a dropped
+connection when nothing of it reached the client (a whole answer not streamed; a stream that
+has sent no token), and passes it on as it came when it may not be replayed.
+May import: the stdlib, aiohttp, gate/replay.py and gate/exchange.py (Failed). Imported at
+the first completion's answer (gate/exchange.py), not at start: the import count of `vllmwatch
+run`.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import json
+from typing import Any
+
+import aiohttp
+from aiohttp import web
+from multidict import CIMultiDict
+
+from vllmwatch.gate.exchange import Failed
+from vllmwatch.gate.replay import ENGINE_DEAD, GENERATE
+
+ABORT = "abort"
+_LEAD = b"data: "
+REST = 2**20  # an aborted stream's rest (its last events: usage, [DONE]) read at most
+REST_S = 10.0  # in at most this long
+
+
+async def hold(up: aiohttp.ClientResponse, path: str, first: bytes, bound: int
+               ) -> tuple[bytes, str]:
+    """A completion stream is held (its head too) while its events carry no token, up to
+    `bound` bytes: vLLM sends the role event at the first token, so the time to the first
+    token is unchanged. (What was read, what it says: "aborted" (then with its rest, passed
+    on whole should it not be replayed), "dead" (vLLM's engine-dead event before any token)
+    or "begun".)"""
+    said = stream(path, first) if up.status == 200 else "begun"
+    while said == "more" and len(first) < bound and (more := await up.content.readany()):
+        first += more
+        said = stream(path, first)
+    if said == "aborted":
+        first += await _rest(up)
+    return first, said if said in ("aborted", "dead") else "begun"
+
+
+async def _rest(up: aiohttp.ClientResponse) -> bytes:
+    """What vLLM sends after an abort (REST bytes, REST_S seconds at most), or its part."""
+    got = bytearray()
+
+    async def read() -> None:
+        while len(got) < REST and (more := await up.content.readany()):
+            got.extend(more)
+
+    with contextlib.suppress(aiohttp.ClientError, asyncio.TimeoutError):
+        await asyncio.wait_for(read(), REST_S)
+    return bytes(got)
+
+
+def failed(up: aiohttp.ClientResponse, body: bytes, headers: CIMultiDict[str],
+           said: str = "aborted") -> Failed:
+    """The failure "aborted", with vLLM's answer whole, passed on should it not be replayed;
+    "dead": vLLM's engine-dead event (after the role event), as gate/exchange.py's own."""
+    if said == "dead":
+        return Failed("engine_dead")
+    out = Failed("aborted")
+    out.answer = web.Response(body=body, status=up.status, reason=up.reason, headers=headers)
+    return out
+
+
+def answer(path: str, status: int, body: bytes) -> bool:
+    """A whole answer (not streamed) with a choice that vLLM aborted (n > 1: any choice, as
+    vLLM aborts every choice of a request it stops)."""
+    if status != 200 or path not in GENERATE or b'"abort"' not in body:
+        return False
+    data = _json(body)
+    choices = data.get("choices") if isinstance(data, dict) else None
+    return isinstance(choices, list) and any(
+        isinstance(c, dict) and c.get("finish_reason") == ABORT for c in choices)
+
+
+def stream(path: str, held: bytes) -> str:
+    """What the held start of a stream says: "more" (only events with no token yet: the role
+    event, a usage event; hold on), "aborted" (vLLM ended it with no token: its engine
+    stopped), "dead" (its engine-dead event) or "begun" (a token, or anything else)."""
+    if path not in GENERATE:
+        return "begun"
+    *events, _partial = held.split(b"\n\n")
+    for event in events:
+        event = event.strip()
+        if event == b"data: [DONE]":  # the end, and no token before it: only an abort
+            return "aborted"
+        data = _json(event[len(_LEAD):]) if event.startswith(_LEAD) else None
+        if isinstance(data, dict) and "error" in data and ENGINE_DEAD in event:
+            return "dead"  # the engine died after the role event, before any token
+        if not isinstance(data, dict) or "error" in data:
+            return "begun"
+        choices = data.get("choices")
+        if not isinstance(choices, list):
+            return "begun"
+        if not all(isinstance(c, dict) and _empty(c) for c in choices):
+            return "begun"
+        finished = {c.get("finish_reason") for c in choices}
+        if ABORT in finished:
+            return "aborted"
+        if finished - {None}:  # finished with no token for another reason: vLLM's answer
+            return "begun"
+    return "more"
+
+
+def _empty(choice: dict[str, Any]) -> bool:
+    """No token in this choice's event: no text, token ids or logprobs, a delta of at most
+    the role and empty strings."""
+    delta = choice.get("delta") or {}
+    return not (choice.get("text") or choice.get("token_ids") or choice.get("logprobs")) \
+        and isinstance(delta, dict) and not any(v for k, v in delta.items() if k != "role")
+
+
+def _json(raw: bytes) -> Any:
+    try:
+        return json.loads(raw)
+    except ValueError:
+        return None
