@@ -10,8 +10,8 @@ from __future__ import annotations
 import pytest
 
 from tests.core.test_core_properties import CoreMachine, _ready
-from vllmwatch.core.actions import CheckRelease, SampleMemory
-from vllmwatch.core.events import ChildExited, MemorySampled, RestartRequested
+from vllmwatch.core.actions import CheckRelease, SampleMemory, Sweep
+from vllmwatch.core.events import ChildExited, MemorySampled, RestartRequested, SweepDone
 from vllmwatch.core.samples import MemorySample
 from vllmwatch.core.state import State
 
@@ -44,3 +44,28 @@ def test_a_sample_of_the_exited_root_never_becomes_the_gates_old_tree(how: str) 
         m.world_is_kind(1)
     assert gates, f"no release gate: {m.s.state} {m.s.restart.phase}"
     assert {root, engine} <= set(gates[0].old_pids)
+
+
+def test_a_tree_dead_before_its_first_sample_still_opens_the_gate_on_every_pid() -> None:
+    # A start that failed: no sample was ever taken (they start at READY), the engine exited
+    # on its own while the sweep settled (found, not killed). The gate knows both pids.
+    m = CoreMachine()
+    for _ in range(20):
+        if m.s.state == State.STARTING and m.alive:
+            break
+        m.world_is_kind(1)
+    root = max(m.alive)
+    assert m.s.child is not None and m.s.child.probes.memory is None
+    m.alive.discard(root)
+    m._step(ChildExited(root, 1, None))
+    for _ in range(20):
+        sweeps = [a for a in m.outstanding if isinstance(a, Sweep)]
+        if sweeps:
+            break
+        m.world_is_kind(1)
+    assert sweeps, f"no sweep: {m.s.state} {m.s.restart.phase}"
+    m.outstanding.remove(sweeps[0])
+    m._step(SweepDone((), (), None, seen=(root + 500,)))
+    gates = [a for a in m.history if isinstance(a, CheckRelease)]
+    assert gates, f"no release gate: {m.s.state} {m.s.restart.phase}"
+    assert {root, root + 500} <= set(gates[0].old_pids)

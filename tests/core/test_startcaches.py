@@ -15,7 +15,7 @@ from tests.core.test_truthful_signals import Core
 from vllmwatch.config.schema import ConfigError, from_dict
 from vllmwatch.config.startcaches import MEGA, PLAN, STANDALONE, VllmInfo, decide, problems
 from vllmwatch.core.actions import Log
-from vllmwatch.core.events import ChildExited, ChildOutput, ReloadRequested, SweepDone, Tick
+from vllmwatch.core.events import ChildExited, ChildOutput, ReloadRequested, Tick
 from vllmwatch.core.reuse import facts_of
 from vllmwatch.core.state import S
 
@@ -122,7 +122,7 @@ def _crash_to_relaunch(core: Core) -> None:
     for _ in range(40):
         if core.s.state == S.STARTING:
             break
-        core.step(SweepDone((), (), None) if core.s.state == S.CLEANUP else Tick(), 5.0)
+        core.step(core.cleanup_answer() if core.s.state == S.CLEANUP else Tick(), 5.0)
 
 
 def _start(core: Core, *lines: str, hit: bool = False) -> None:

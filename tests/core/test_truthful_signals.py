@@ -18,6 +18,7 @@ from vllmwatch.core.events import (
     HealthResult,
     MemorySampled,
     MetricsResult,
+    ReleaseChecked,
     ReloadRequested,
     Spawned,
     StopRequested,
@@ -66,6 +67,13 @@ class Core:
         self.step(Tick())
         self.step(SweepDone((), (), None))
         assert self.s.state == S.STARTING
+
+    def cleanup_answer(self) -> Event:
+        """What the shell answers in CLEANUP: the sweep's report, or the GPU release gate's
+        look (every old tree with a known pid passes the gate), all given back."""
+        if self.s.restart.gate is not None:
+            return ReleaseChecked(True, "released")
+        return SweepDone((), (), None)
 
     def become_ready(self) -> None:
         gen = self.s.gen
@@ -120,7 +128,7 @@ def test_a_reload_that_changes_vllm_during_the_start_relaunches_without_ready() 
         if core.s.state == S.STOPPING:
             core.step(ChildExited(core.pid, 0, None))
         elif core.s.state == S.CLEANUP:
-            core.step(SweepDone((), (), None))
+            core.step(core.cleanup_answer())
         else:
             core.step(Tick())
     assert core.s.gen > first and core.s.child is not None
@@ -148,7 +156,7 @@ def test_a_reload_during_a_later_restart_still_answers_systemd() -> None:
     for _ in range(40):
         if core.s.state == S.STARTING:
             break
-        core.step(SweepDone((), (), None) if core.s.state == S.CLEANUP else Tick(), 5.0)
+        core.step(core.cleanup_answer() if core.s.state == S.CLEANUP else Tick(), 5.0)
     assert core.s.state == S.STARTING
     core.step(ReloadRequested(PROBE_CHANGED))
     assert core.notified() == ["ready", "reloading", "ready"]

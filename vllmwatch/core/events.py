@@ -138,6 +138,7 @@ class SweepDone:
     foreign_vllm: tuple[str, ...] = ()  # vLLM-looking processes that are not ours
     error: str = ""  # the sweep itself failed: what is left is unknown
     killed_what: tuple[str, ...] = ()  # "pid N (cmdline)" of each killed, for the log
+    seen: tuple[int, ...] = ()  # every pid of our tree it found, killed or gone meanwhile
 
 
 @dataclass(frozen=True)

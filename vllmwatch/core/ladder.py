@@ -238,7 +238,7 @@ def incident_timed_out(s: WatchState, now: float) -> Result:
 
 def swept(s: WatchState, now: float, killed: tuple[int, ...], remaining: tuple[int, ...],
           port_holder: str | None, foreign: tuple[str, ...], error: str = "",
-          killed_what: tuple[str, ...] = ()) -> Result:
+          killed_what: tuple[str, ...] = (), seen: tuple[int, ...] = ()) -> Result:
     """The sweep reported back; decide between fail, release gate, prewarm, backoff, launch."""
     acts: list[Action] = []
     if error:
@@ -262,8 +262,9 @@ def swept(s: WatchState, now: float, killed: tuple[int, ...], remaining: tuple[i
         s, more = halt(s, now, Reason.PORT_BUSY,
                        f"{port_holder} holds vllm.port {s.config.vllm.port}")
         return finish(s, now, acts + more)  # the sweep is back: nothing left to wait for
-    if killed:
-        s = replace(s, old_pids=tuple(sorted({*s.old_pids, *killed})))
+    # Every pid of the old tree the sweep killed or found (gone meanwhile: its memory may
+    # still be held), beside those the sweep began with (core/stopping.sweep).
+    s = replace(s, old_pids=tuple(sorted({*s.old_pids, *killed, *seen})))
     if s.old_pids and s.config.vllm.uses_gpu and s.config.restart.gpu_release_timeout > 0:
         gate = ReleaseGate(s.old_pids, now + s.config.restart.gpu_release_timeout, look_at=now,
                            opened=now)

@@ -78,7 +78,7 @@ def _apply(s: WatchState, ev: Event, now: float) -> Result:
         if s.state != S.CLEANUP or not on(s, Phase.SWEEPING):
             return s, []
         return ladder.swept(s, now, ev.killed, ev.remaining, ev.port_holder, ev.foreign_vllm,
-                            ev.error, ev.killed_what)
+                            ev.error, ev.killed_what, ev.seen)
     if isinstance(ev, ReleaseChecked):
         if s.state != S.CLEANUP or not on(s, Phase.RELEASE_WAIT):
             return s, []

@@ -127,9 +127,13 @@ def sweep(s: WatchState, now: float, reason: str) -> Result:
     c = s.child
     old_pgid = c.proc.pgid if c is not None else None
     settle = SETTLE if s.state == S.STOPPING else 0.0
-    # The tree's pids from the last sample: the GPU release gate waits until NVML drops them.
+    # The GPU release gate waits until NVML drops the old tree's pids: the last sample's, and
+    # the root's own, which a tree that died before its first sample (a start that failed,
+    # a stop while STARTING) has alone: without it the gate did not open at all, and the
+    # relaunch met the dead tree's memory still held (vLLM's start-up free-memory check).
     sample = c.probes.memory if c is not None else None
-    old = sample.tree_pids if sample is not None else ()
+    old = {*(sample.tree_pids if sample is not None else ()),
+           *((p for p in (c.proc.pid, c.proc.exited_pid) if p is not None) if c else ())}
     deadline = now + SWEEP_WAIT if s.exit_code is not None else None
     s, acts = goto(s, S.CLEANUP, now, reason, deadline=deadline)
     s, more = rung(s, Phase.SWEEPING, now, reason)
@@ -142,7 +146,7 @@ def sweep(s: WatchState, now: float, reason: str) -> Result:
     if c is not None:
         s = probing.forget(replace(s, child=replace(s.run, proc=replace(c.proc, pid=None,
                                                                           pgid=None))))
-    s = replace(s, old_pids=tuple(old))
+    s = replace(s, old_pids=tuple(sorted(old)))
     v = c.vllm if c is not None else s.config.vllm
     acts.append(Sweep(old_pgid, v.host, v.port, s.config.restart.kill_stale, settle))
     return s, acts

@@ -287,7 +287,7 @@ def sweep(pgid: int | None, marker: str, host: str, port: int, grace: float = 5.
             break
         time.sleep(0.2)
     return SweepDone(killed=killed, remaining=tuple(p.pid for p in alive), port_holder=holder,
-                     foreign_vllm=foreign_what,
+                     foreign_vllm=foreign_what, seen=tuple(p.pid for p in ours),
                      killed_what=tuple(what[p] for p in stragglers if p not in alive))
 
 
