@@ -15,7 +15,8 @@ import os
 import stat
 import tempfile
 import threading
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Mapping
+from pathlib import Path
 
 MAX_FILE = 1 << 20  # config and key files: 1 MiB; a real one is a few KiB
 
@@ -291,3 +292,30 @@ def group_others(gid: int) -> str | None:
     return f"{group.gr_name} (" + (f"members {', '.join(others[:5])}" + (
         f" and {len(others) - 5} more" if len(others) > 5 else "") if others else
         "no members: anyone given it later") + ")"
+
+
+def state_dir(environ: Mapping[str, str] | None = None) -> str | None:
+    """The trusted directory for our state; None when none can be had."""
+    return private_dir(state_dir_candidate(environ))
+
+
+def private_cache(environ: Mapping[str, str], name: str) -> str | None:
+    """A cache folder under our private state directory (0700, ours): where vLLM's compiled
+    code goes when its cache folder is one other users can write into; None: no such place."""
+    state = state_dir(environ)
+    base = closed_dir(os.path.join(state, "private-cache")) if state else None
+    return closed_dir(os.path.join(base, name)) if base else None
+
+
+def state_dir_candidate(environ: Mapping[str, str] | None = None) -> str:
+    """Where our state goes by the rule, trusted or not (for a message that names it)."""
+    env = os.environ if environ is None else environ
+    for name in ("STATE_DIRECTORY", "RUNTIME_DIRECTORY"):
+        first = env.get(name, "").split(":")[0]
+        if first:
+            return first
+    if os.geteuid() == 0:
+        return "/run/vllmwatch"
+    runtime = env.get("XDG_RUNTIME_DIR", "")
+    return (os.path.join(runtime, "vllmwatch") if runtime else
+            os.path.join(env.get("HOME") or str(Path.home()), ".local", "state", "vllmwatch"))

@@ -7,6 +7,7 @@ import json
 import os
 import signal
 import subprocess
+import threading
 import time
 from collections.abc import Mapping
 from dataclasses import dataclass, field
@@ -18,6 +19,7 @@ from vllmwatch.config.redact import REDACT
 from vllmwatch.prewarm import backend
 
 MARKER = "VLLMWATCH_KERNELS "
+CANCEL_POLL = 0.2  # s between two looks at a cancel (a stop of the daemon) while it runs
 
 # Runs in the vLLM venv. argv[1] is a JSON spec; prints one MARKER line of JSON.
 SCRIPT = r'''
@@ -210,8 +212,9 @@ if _o.getppid() != {parent}:
 
 
 def run_script(python: str, spec: Mapping[str, Any], env: Mapping[str, str], timeout: float,
-               script: str = SCRIPT) -> KernelOutcome:
-    """Run the warm script in its own session; kill the whole group at the time limit."""
+               script: str = SCRIPT, cancel: threading.Event | None = None) -> KernelOutcome:
+    """Run the warm script in its own session; kill the whole group at the time limit, or
+    once `cancel` is set (the daemon stops: its exit must not wait for the script)."""
     start = time.monotonic()
     try:
         proc = subprocess.Popen([python, "-c", _PRELUDE.format(parent=os.getpid()) + script,
@@ -220,12 +223,22 @@ def run_script(python: str, spec: Mapping[str, Any], env: Mapping[str, str], tim
                                 stderr=subprocess.PIPE, text=True, start_new_session=True)
     except OSError as exc:
         return KernelOutcome("warn", f"cannot run {python}: {exc.strerror or exc}")
+    end = start + max(0.1, timeout)
     try:
-        stdout, stderr = proc.communicate(timeout=max(0.1, timeout))
-    except subprocess.TimeoutExpired:
-        _kill_group(proc)
-        return KernelOutcome("warn", f"timed out after {time.monotonic() - start:.1f}s; killed",
-                             {"timeout_s": round(timeout, 3)})
+        while True:  # (communicate again after its timeout loses no output: Python's docs)
+            try:
+                stdout, stderr = proc.communicate(timeout=max(0.01, min(
+                    CANCEL_POLL, end - time.monotonic())))
+                break
+            except subprocess.TimeoutExpired:
+                if cancel is not None and cancel.is_set():
+                    _kill_group(proc)
+                    return KernelOutcome("warn", "asked to stop; killed")
+                if time.monotonic() >= end:
+                    _kill_group(proc)
+                    return KernelOutcome("warn", f"timed out after "
+                                         f"{time.monotonic() - start:.1f}s; killed",
+                                         {"timeout_s": round(timeout, 3)})
     except BaseException:  # Ctrl-C at `vllmwatch prewarm`: its session got no SIGINT
         _kill_group(proc)
         raise

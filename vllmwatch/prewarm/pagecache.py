@@ -23,6 +23,7 @@ WEIGHT_SUFFIXES = (".safetensors", ".bin", ".pt", ".gguf")
 PAGE = mmap.PAGESIZE
 READ_CHUNK = 8 << 20  # one read call; large enough for sequential throughput
 ITEM_SIZE = 256 << 20  # one unit of work, so that one big file still spreads over threads
+CANCEL_POLL = 0.2  # s between two looks at a cancel (a stop of the daemon) while reading
 _MAX_SAMPLED_PAGES = 1 << 18  # pages per file handed to mincore (1 GiB of 4 KiB pages)
 _WINDOW_PAGES = 256  # a sampled window of a large file (1 MiB)
 
@@ -183,6 +184,7 @@ class WarmResult:
     seconds: float
     finished: bool
     errors: tuple[str, ...]
+    cancelled: bool = False  # ended by its cancel (the daemon stops), not the deadline
 
 
 Reader = Callable[[int, bytearray, int], int]  # (fd, buffer, offset) -> bytes read
@@ -260,8 +262,10 @@ def _items(paths: Iterable[Path]) -> tuple[list[tuple[Path, int, int]], int]:
 
 
 def warm(paths: Sequence[Path], workers: int, deadline: float, log: LogFn,
-         progress_every: float = 5.0, reader: Reader = _pread) -> WarmResult:
-    """Read the files with `workers` threads until done or `deadline` (monotonic); never hangs.
+         progress_every: float = 5.0, reader: Reader = _pread,
+         cancel: threading.Event | None = None) -> WarmResult:
+    """Read the files with `workers` threads until done, `deadline` (monotonic) or `cancel`
+    (the daemon stops: within CANCEL_POLL, not at the deadline); never hangs.
 
     Threads are daemons: a read stuck in the kernel (a dead network disk) cannot hold us
     past the deadline; it is abandoned.
@@ -274,17 +278,20 @@ def warm(paths: Sequence[Path], workers: int, deadline: float, log: LogFn,
     state.running = len(threads)
     for t in threads:
         t.start()
-    while not state.done.is_set():
-        remaining = deadline - time.monotonic()
-        if remaining <= 0:
+    told = start
+    while not state.done.wait(min(CANCEL_POLL, max(0.0, deadline - time.monotonic()))):
+        now = time.monotonic()
+        if now >= deadline or (cancel is not None and cancel.is_set()):
             state.stop.set()
             break
-        if not state.done.wait(min(progress_every, remaining)):
-            _progress(log, state.read_bytes, total, time.monotonic() - start)
+        if now - told >= progress_every:
+            told = now
+            _progress(log, state.read_bytes, total, now - start)
     state.done.wait(0.5)  # let readers finish their current chunk; never wait longer
     seconds = time.monotonic() - start
     finished = state.read_bytes >= total and not state.errors
-    return WarmResult(state.read_bytes, total, seconds, finished, tuple(state.errors))
+    return WarmResult(state.read_bytes, total, seconds, finished, tuple(state.errors),
+                      cancel is not None and cancel.is_set() and not finished)
 
 
 def _progress(log: LogFn, done: int, total: int, seconds: float) -> None:

@@ -6,6 +6,7 @@ import json
 import os
 import re
 import sys
+import threading
 import time
 from collections.abc import Callable, Mapping
 from dataclasses import asdict, dataclass, field
@@ -20,7 +21,6 @@ from vllmwatch.config.redact import REDACT
 from vllmwatch.config.schema import Config
 from vllmwatch.logfn import LogFn
 from vllmwatch.prewarm import evict, kernels, pagecache
-from vllmwatch.shell import groupfile
 
 # Variable -> subdirectory of the cache root. FlashInfer keeps its JIT cache under
 # $FLASHINFER_WORKSPACE_BASE/.cache/flashinfer (flashinfer/jit/env.py).
@@ -74,6 +74,7 @@ class Hooks:
     kernel_script: str = kernels.SCRIPT
     progress_every: float = 5.0
     unified: Callable[[Config], bool] | None = None  # None: discrete memory
+    cancel: threading.Event | None = None  # set: the daemon stops; the step under way ends
 
 
 def cache_root(config: Config, environ: Mapping[str, str]) -> str:
@@ -130,7 +131,7 @@ def make_cache_dirs(config: Config, environ: Mapping[str, str]
         if why is None:
             usable[var] = path
         elif why != "not writable" and var != "HF_HOME" and (  # a new HF_HOME: a new download
-                private := groupfile.private_cache(environ, CACHE_VARS[var])):
+                private := safefile.private_cache(environ, CACHE_VARS[var])):
             usable[var] = private  # vLLM's default may be the refused root itself (the unit's
             # XDG_CACHE_HOME): its compiled code goes where only we can write, meanwhile
             problems.append((var, path, f"{why}; using {private} (this service's own) until "
@@ -199,8 +200,7 @@ def _step_caches(config: Config, environ: Mapping[str, str], deadline: float
         return "warn", (f"cannot create cache dirs under prewarm.cache_dir "
                         f"{cache_root(config, environ)!r}: " + "; ".join(problems)), data
     placed = ", ".join(ours) if ours else "none (all set by the user)"
-    return "ok", (f"placed {placed}; caches {_mib(total)}, "
-                  f"compile cache {_mib(compiled)}"), data
+    return "ok", f"placed {placed}; caches {_mib(total)}, compile cache {_mib(compiled)}", data
 
 
 def _mib(n: int) -> str:
@@ -241,15 +241,15 @@ def _step_page_cache(config: Config, environ: Mapping[str, str], deadline: float
                            f"({_mib(int(budget))})"), data
     extra = {"reader": hooks.reader} if hooks.reader else {}
     res = pagecache.warm(files, config.prewarm.page_cache_workers, deadline, log,
-                         progress_every=hooks.progress_every, **extra)
+                         progress_every=hooks.progress_every, cancel=hooks.cancel, **extra)
     rate = res.read_bytes / 2**20 / res.seconds if res.seconds > 0 else 0.0
     data.update(read_bytes=res.read_bytes, mib_per_s=round(rate, 1), errors=list(res.errors),
                 resident_after=pagecache.residency(files))
     if res.errors:
         return "warn", f"read errors: {'; '.join(res.errors[:3])}", data
     if not res.finished:
-        return "warn", (f"prewarm.timeout reached after {_mib(res.read_bytes)} of "
-                        f"{_mib(total)}; stopped reading"), data
+        return "warn", (f"{'asked to stop' if res.cancelled else 'prewarm.timeout reached'} "
+                        f"after {_mib(res.read_bytes)} of {_mib(total)}; stopped reading"), data
     return "ok", f"read {_mib(total)} in {len(files)} files at {rate:.0f} MiB/s", data
 
 
@@ -271,7 +271,7 @@ def _step_kernels(config: Config, environ: Mapping[str, str], deadline: float,
     spec = kernels.plan(spec, env, config.vllm.args, vllminfo.version(config.vllm.command),
                         kernels.gpu_capability(gpu))
     out = kernels.run_script(python, spec, env, deadline - time.monotonic(),
-                             script=hooks.kernel_script)
+                             script=hooks.kernel_script, cancel=hooks.cancel)
     return out.status, out.detail, {**out.data, "spec": spec}
 
 

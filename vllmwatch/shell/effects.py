@@ -4,6 +4,7 @@ tolerance), so nothing here keeps a copy of the config that a SIGHUP could leave
 
 from __future__ import annotations
 
+import threading
 import time
 from collections.abc import Callable, Mapping
 from dataclasses import replace
@@ -74,7 +75,7 @@ class Effects(Protocol):
     def sample_memory(self, action: SampleMemory, minute_of_day: int) -> MemorySampled: ...
     def sweep(self, action: Sweep) -> SweepDone: ...
     def check_release(self, action: CheckRelease) -> ReleaseChecked: ...
-    def prewarm(self, config: Config) -> PrewarmDone: ...
+    def prewarm(self, config: Config, cancel: threading.Event | None = None) -> PrewarmDone: ...
     def record_incident(self, action: RecordIncident) -> IncidentRecorded: ...
     def vllm_version(self) -> str | None: ...
     def tend_standby(self, state: State, child_pid: int | None, config: Config) -> None: ...
@@ -281,11 +282,11 @@ class RealEffects:
                                    dict(action.before_launch), action.tolerance_mib)
         return ReleaseChecked(ok, detail)
 
-    def prewarm(self, config: Config) -> PrewarmDone:
+    def prewarm(self, config: Config, cancel: threading.Event | None = None) -> PrewarmDone:
         """Run the pre-warm steps (worker thread)."""
         unified = self.platform.unified  # decided once; prewarm evicts instead of warming
         report = prewarm.run(config, self.log, self._environ,
-                             prewarm.Hooks(unified=lambda _c: unified))
+                             prewarm.Hooks(unified=lambda _c: unified, cancel=cancel))
         failed = [s.name + ": " + s.detail for s in report.steps if s.status == "failed"]
         return PrewarmDone(report.ok, "; ".join(failed))
 

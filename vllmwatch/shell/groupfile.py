@@ -22,11 +22,12 @@ import socket
 import stat
 from collections.abc import Mapping
 from dataclasses import dataclass
-from pathlib import Path
 
 import psutil
 
 from vllmwatch.config import safefile
+from vllmwatch.config.safefile import state_dir as state_dir  # the rule lives there (prewarm/)
+from vllmwatch.config.safefile import state_dir_candidate as state_dir_candidate
 from vllmwatch.logfn import LogFn
 from vllmwatch.shell import kin
 
@@ -55,33 +56,6 @@ class Remembered:
             return psutil.Process(pid).create_time(), self.started
         except psutil.Error:
             return None
-
-
-def state_dir(environ: Mapping[str, str] | None = None) -> str | None:
-    """The trusted directory for our state; None when none can be had."""
-    return safefile.private_dir(state_dir_candidate(environ))
-
-
-def private_cache(environ: Mapping[str, str], name: str) -> str | None:
-    """A cache folder under our private state directory (0700, ours): where vLLM's compiled
-    code goes when its cache folder is one other users can write into; None: no such place."""
-    state = state_dir(environ)
-    base = safefile.closed_dir(os.path.join(state, "private-cache")) if state else None
-    return safefile.closed_dir(os.path.join(base, name)) if base else None
-
-
-def state_dir_candidate(environ: Mapping[str, str] | None = None) -> str:
-    """Where our state goes by the rule, trusted or not (for a message that names it)."""
-    env = os.environ if environ is None else environ
-    for name in ("STATE_DIRECTORY", "RUNTIME_DIRECTORY"):
-        first = env.get(name, "").split(":")[0]
-        if first:
-            return first
-    if os.geteuid() == 0:
-        return "/run/vllmwatch"
-    runtime = env.get("XDG_RUNTIME_DIR", "")
-    return (os.path.join(runtime, "vllmwatch") if runtime else
-            os.path.join(env.get("HOME") or str(Path.home()), ".local", "state", "vllmwatch"))
 
 
 def path_of(marker: str, environ: Mapping[str, str] | None = None) -> str | None:

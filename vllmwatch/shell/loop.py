@@ -8,6 +8,7 @@ import os
 import queue
 import select
 import signal
+import threading
 import traceback
 import weakref
 from collections.abc import Callable
@@ -108,6 +109,9 @@ class Loop:
                             Snapshot(config_path=config.path, config_sha256=config.sha256),
                             down)  # (STATUS=: the gate down, daemon.py)
         self._pending_signals: list[int] = []
+        # Set at close(): a pre-warm under way ends now (its worker thread would hold the
+        # daemon's exit, which waits for worker threads, until its step ended on its own).
+        self._leaving = threading.Event()
         self.exit_code: int | None = None
         self._repeats = Repeats(lambda *a, **kw: self.fx.log(*a, **kw), clock.monotonic)
         self._reloads = Reloads(reload_config, clock.monotonic, self._pool_submit,
@@ -318,7 +322,7 @@ class Loop:
         elif isinstance(action, CheckRelease):
             self._submit(action, lambda: fx.check_release(action))
         elif isinstance(action, DoPrewarm):
-            self._submit(action, lambda: fx.prewarm(action.config))
+            self._submit(action, lambda: fx.prewarm(action.config, self._leaving))
         elif isinstance(action, RecordIncident):
             self._submit(action, lambda: fx.record_incident(action))
         elif isinstance(action, Smoke):
@@ -333,6 +337,7 @@ class Loop:
 
     def close(self) -> None:
         """Restore signals, stop the workers, and never leave a child behind."""
+        self._leaving.set()
         if self._install:
             signal.set_wakeup_fd(-1)
         self._pool.shutdown(wait=False, cancel_futures=True)

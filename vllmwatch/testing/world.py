@@ -3,6 +3,7 @@ World's fields, and the Effects seam that turns actions into flips of those fiel
 
 from __future__ import annotations
 
+import threading
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
@@ -274,7 +275,7 @@ class WorldEffects:
         self._maybe_raise("check_release")
         return ReleaseChecked(self.world.released, "fake")
 
-    def prewarm(self, config: Config) -> PrewarmDone:
+    def prewarm(self, config: Config, cancel: threading.Event | None = None) -> PrewarmDone:
         """Pre-warm as the World says."""
         self._maybe_raise("prewarm")
         ok = self.world.prewarm_ok
