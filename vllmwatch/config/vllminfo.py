@@ -2,11 +2,13 @@
 
 from __future__ import annotations
 
+import contextlib
 import functools
 import json
 import os
 import shutil
 import subprocess
+import threading
 from collections.abc import Callable, Iterator, Mapping
 from contextlib import contextmanager
 from contextvars import ContextVar
@@ -100,14 +102,43 @@ def interpreter(command: tuple[str, ...] | list[str]) -> str | None:
 
 # The version probe's own bound (an interpreter on a cold page cache is slow to start)
 PROBE_TIMEOUT = 15.0
+_RUNNING: set[subprocess.Popen[str]] = set()  # the probes under way (stop_probes)
+_RUNNING_LOCK = threading.Lock()
+
+
+def stop_probes() -> None:
+    """The daemon leaves: kill the version probes under way (a SIGHUP's read on a worker
+    thread), so that the exit waits for none; else the exit waited for its thread (up to
+    5 s, a false daemon.threads_stuck) and the probe outlived the daemon."""
+    with _RUNNING_LOCK:
+        running = list(_RUNNING)
+    for proc in running:
+        with contextlib.suppress(OSError):
+            proc.kill()
+
+
+def _probe_output(python: str) -> str:
+    # Not in a session or group of its own: the sweep takes a child of ours outside our
+    # session for an adopted orphan of vLLM's tree (shell/kin.adopted).
+    proc = subprocess.Popen([python, "-I", "-c", _PROBE], stdin=subprocess.DEVNULL,
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    with _RUNNING_LOCK:
+        _RUNNING.add(proc)
+    try:
+        return proc.communicate(timeout=PROBE_TIMEOUT)[0]
+    except subprocess.TimeoutExpired:
+        proc.kill()
+        proc.communicate()
+        raise
+    finally:
+        with _RUNNING_LOCK:
+            _RUNNING.discard(proc)
 
 
 @functools.lru_cache(maxsize=8)
 def _info_of(python: str) -> VllmInfo:
     try:
-        out = subprocess.run([python, "-I", "-c", _PROBE], capture_output=True, text=True,
-                             timeout=PROBE_TIMEOUT, check=False)
-        data = json.loads(out.stdout.strip().splitlines()[-1])
+        data = json.loads(_probe_output(python).strip().splitlines()[-1])
     except (OSError, subprocess.TimeoutExpired, ValueError, IndexError):
         return VllmInfo()
     if not isinstance(data, dict):

@@ -16,6 +16,7 @@ from concurrent.futures import Executor, Future, ThreadPoolExecutor
 from typing import TYPE_CHECKING, Any
 
 import vllmwatch
+from vllmwatch.config import vllminfo
 from vllmwatch.config.schema import Config
 from vllmwatch.core import machine
 from vllmwatch.core.actions import (
@@ -110,7 +111,8 @@ class Loop:
                             down)  # (STATUS=: the gate down, daemon.py)
         self._pending_signals: list[int] = []
         # Set at close(): a pre-warm under way ends now (its worker thread would hold the
-        # daemon's exit, which waits for worker threads, until its step ended on its own).
+        # daemon's exit, which waits for worker threads, until its step ended on its own);
+        # a version probe of a reload's read likewise (vllminfo.stop_probes).
         self._leaving = threading.Event()
         self.exit_code: int | None = None
         self._repeats = Repeats(lambda *a, **kw: self.fx.log(*a, **kw), clock.monotonic)
@@ -338,6 +340,7 @@ class Loop:
     def close(self) -> None:
         """Restore signals, stop the workers, and never leave a child behind."""
         self._leaving.set()
+        vllminfo.stop_probes()  # a reload's version probe under way: its thread ends now
         if self._install:
             signal.set_wakeup_fd(-1)
         self._pool.shutdown(wait=False, cancel_futures=True)
