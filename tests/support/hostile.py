@@ -15,7 +15,8 @@ SEPARATORS = ("", "=", ": ", " ", " => ", "%3D", "', ", "\\\":\\\"", "='")
 # Each repeated to the line's length: what one rule scans for, with nothing that ends it
 PIECES = ("\\", "\\\"", "\\'", "'", '"', "key=", "token=[,", "token=(,", "token={,", "%5C",
           "%5F", " ", "\t", "'key': ", "\\\"key\\\": \\\"", "eyJ-", "a://:", "token%3D",
-          "--api-key ", "bearer ", "=>", "key=\\\"", "key=\\\\\"", "token: bearer ",
+          "--api-key ", "hf_token ", "HF_TOKEN a ", "bearer ", "=>", "key=\\\"", "key=\\\\\"",
+          "token: bearer ",
           "'token', ", "x\\\\'", "sk-", "%20", "['", "[\\'", "token=\\\\")
 MIXES = ("key=\\\"" + "\\" * 64, "token='" + "\\'" * 8, "a " * 8 + "\\" * 16,
          "password=%5C%5C" + "\\" * 8)

@@ -26,6 +26,8 @@ NAMES = ("api_key", "API_KEY", "apiKey", "hf_token", "HF_TOKEN", "password", "DB
 url_values = st.text(_ALPHABET + "/:#?@", min_size=8, max_size=40).filter(
     lambda v: any(c.isdigit() for c in v) and any(c.isalpha() for c in v)
     and not v[0].isdigit())
+SPACED_NAMES = ("api_key", "API_KEY", "apiKey", "hf_token", "HF_TOKEN", "DB_PASSWORD",
+                "client_secret", "access_token", "AWS_SECRET_ACCESS_KEY", "privateKey")
 names = st.sampled_from(NAMES)
 schemes = st.sampled_from(("https", "http", "postgres", "postgresql+psycopg", "redis", "amqp",
                            "s3", "grpc", "mongodb+srv", "ftp"))
@@ -67,6 +69,8 @@ def leaks(draw: st.DrawFn) -> tuple[str, str]:
         f"curl -H 'Authorization: Bearer {v}' http://h/v1/models",
         f"poller {name}={v}",
         f"GET /cb?code=1&{name}={v}&x=2",
+        # NAME value: a name spelt as an identifier ending with its credential's word
+        f"DEBUG {draw(st.sampled_from(SPACED_NAMES))} {v}",
     ]
     text = draw(st.sampled_from(forms))
     shaped = draw(st.sampled_from((f"sk-{v}", f"sk-proj-{v}")))

@@ -3,7 +3,8 @@ log events, /status, STATUS=, `incidents show` pass through `Redactor`. What is 
 - every secret value the daemon knows (`learn`: the API key, secret variables, the flags
   of vllm.env_file), wherever it appears, with the rest of a token it is part of;
 - the value after a secret-looking name in every form vLLM, Python and shells print
-  (`--api-key X`, `HF_TOKEN=X`, `'api_key': ['X']`, `('authorization', 'Bearer X')`), an
+  (`--api-key X`, `HF_TOKEN=X`, `HF_TOKEN X`, `'api_key': ['X']`, `('authorization',
+  'Bearer X')`), an
   `Authorization:` header's scheme and credentials;
 - URL userinfo, any scheme (`https://user:X@host` keeps the user; `scheme://X@host` and
   GitHub's `https://X:x-oauth-basic@host` hide X); `Bearer X`; PEM private keys; tokens of

@@ -133,6 +133,35 @@ _VALUE = re.compile(_QUOTED + "|" + _BARE)
 _VALUE_I = re.compile("(?i)" + _QUOTED + "|" + _BARE)
 _ENV_VALUE_I = re.compile("(?i)" + _QUOTED + "|" + _ENV_BARE)
 _LIST_ENDS = {"[": "]", "(": ")", "{": "}"}
+# After `NAME `, a bracket begins a remark (`VLLM_API_KEY (environment)`), not a value.
+_SPACED_VALUE = re.compile("(?i)" + _QUOTED + r"|(?![(\[{])" + _BARE)
+# A name is an identifier when it joins words by `_` (`hf_token`, `HF_TOKEN`) or by case
+# (`apiKey`); not a word of prose: hyphenated (`one-token request`), capitalised (`TokenSpeed
+# MLA`), or one word (`a single KEY vector`, `the key vLLM is started with`).
+_IDENTIFIER = re.compile(r"[A-Za-z0-9]_+[A-Za-z0-9]|^[a-z][a-z0-9]*[A-Z]")
+# `_SPACED_WORDS`: a switch's or an unset value's words; an operator is code (`x_key = %s`).
+_OPERATOR = re.compile(r"[-=+*/%<>!|&:^~]{1,3}")
+_SPACED_WORDS = frozenset({"true", "false", "none", "null", "yes", "no", "on", "off", "unset"})
+_LOWER_WORD = re.compile(r"[a-z]+")
+_NEXT_WORD = re.compile(r"[ \t]+[a-z]+\b(?![_.-]?\w)")
+
+
+def _spaced_name(name: str) -> bool:
+    """`NAME value` only for a name written as an identifier whose last word is the
+    credential (`hf_token`, `apiKey`, `S3_SECRET_ACCESS_KEY`): `token_indices width`,
+    `time_per_output_token_seconds per` are prose about a secret-named thing."""
+    words = [w.lower() for w in _SPLIT.split(name.rstrip(".").rsplit(".", 1)[-1]) if w]
+    return bool(words) and _IDENTIFIER.search(name.strip("_.-")) is not None and (
+        words[-1] in _WORDS or words[-1].endswith(_ENDINGS) or words[-1] in _PLURALS
+        or words[-1].endswith(_PLURAL_ENDINGS))
+
+
+def _spaced_prose(value: str, text: str, end: int) -> bool:
+    """A word of a sentence after `NAME `: a switch (`None`), or a lower-case word that
+    another lower-case word follows (`VLLM_API_KEY stays the key`, `start_token onwards
+    for`); a value at the line's end, or before the next name, is hidden."""
+    return value.lower() in _SPACED_WORDS or _OPERATOR.fullmatch(value) is not None or (
+        _LOWER_WORD.fullmatch(value) is not None and _NEXT_WORD.match(text, end) is not None)
 # Words of a sentence, not a value, after `name: ` or `--flag ` (`password: not set`,
 # `--api-key is given twice`); never after `=`, where a value is what follows.
 _ENGLISH = frozenset({"not", "is", "was", "are", "were", "none", "empty", "missing", "given",
@@ -149,6 +178,7 @@ class Rule(NamedTuple):
     keyed: bool = False  # the name in quotes, escaped as often on both sides (rule 0)
     encoded: bool = False  # percent-encoded: judged decoded, only with a % before the value
     env: bool = False  # NAME=value, at a word's start: _ENV_BARE
+    spaced: bool = False  # NAME value: only a name written as an identifier (_SPACED)
 
 
 RULES = (
@@ -166,6 +196,11 @@ RULES = (
     Rule(re.compile(r"(?i)(?<![\w.-])(?P<dash>--)?(?P<name>" + _NAME + r")"
                     r"(?:\s*(?P<sep>=>|[=:])\s*|(?(dash)\s+(?!--[A-Za-z])|(?!)))"
                     r"(?P<scheme>" + AUTH + ")?"), _VALUE_I, env=True),
+    # NAME value, no separator: `HF_TOKEN abcd` (print(name, value), a Dockerfile's `ENV`,
+    # an env listing), `hf_token abcd`, `apiKey abcd`: a name spelt as an identifier only, as
+    # a lone English word (`the key vLLM ...`, `token budget`) begins prose, not a value
+    Rule(re.compile(r"(?<![\w.-])(?P<name>" + _NAME + r")(?P<sp>[ \t]+)"
+                    r"(?P<scheme>" + AUTH + ")?"), _SPACED_VALUE, lists=False, spaced=True),
 )
 # percent-encoded: api%5Fkey=x, token%3Dx, %22api_key%22%3A%22x%22 (a query or a form
 # body in an access log); the name is judged decoded, whole: it starts after a %XX that is
@@ -213,6 +248,8 @@ def sub_named(rule: Rule, text: str) -> str:
             secret = False  # a plain rule's
         else:
             secret = is_secret_name(urllib.parse.unquote(name) if rule.encoded else name)
+        if secret and rule.spaced:
+            secret = _spaced_name(name)
         if not secret:
             pos = m.end("name")
             continue
@@ -254,6 +291,9 @@ def _hide(rule: Rule, m: re.Match[str], start: int, text: str,
         if found.get("bare") is not None and found["bare"].lower() in _ENGLISH and \
                 "=" not in sep and sep[-1:].isspace():
             return None  # a sentence (`password: not set`), not a value
+        if rule.spaced and found.get("bare") is not None and _spaced_prose(found["bare"], text,
+                                                                           v.end()):
+            return None  # `api_key None`, `VLLM_API_KEY stays the key`: not a value
         if found.get("eqv") is not None:
             return v.end(), f"{pre}{v['esc']}{v['evq']}{REDACTED}{v['esc']}{v['evq']}"
         if found.get("qv") is not None:

@@ -1,0 +1,87 @@
+"""A secret written as its name, a space and its value (config/secretnames.py, the `NAME
+value` rule): `hf_token abcd12345`, `HF_TOKEN abcd`, `apiKey x` in a line a wrapper, a
+script or a library prints into vLLM's output (print(name, value), an env listing, a
+Dockerfile's `ENV NAME value`) reached the incident record, `incidents show` and the journal
+in clear: only `--flag value`, `NAME=value` and `name: value` had a rule. The name must read
+as an identifier (`_` or camelCase) that ends with the credential's word, so prose stays."""
+
+from __future__ import annotations
+
+import string
+
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from vllmwatch.config.redact import REDACTED, Redactor
+from vllmwatch.config.secretnames import is_secret_name
+
+R = Redactor(known=False)  # the rules alone: no learnt value helps
+NAMES = ("hf_token", "HF_TOKEN", "api_key", "API_KEY", "VLLM_API_KEY", "apiKey", "hfToken",
+         "db_password", "DB_PASSWORD", "client_secret", "AWS_SECRET_ACCESS_KEY", "access_token",
+         "privateKey", "s3_secret_key", "HUGGING_FACE_HUB_TOKEN", "api_keys")
+# Any shape a bare value may take: letters, digits, a leading dash, `=`, `:`, `@`, `/`, `%`.
+_ALPHABET = string.ascii_letters + string.digits + "-_./+=~!$%*:@?#^|"
+# Words that say there is no value, or prose/code after a name (not secrets, by design).
+_NOT_VALUES = {"true", "false", "none", "null", "yes", "no", "on", "off", "unset", "not",
+               "is", "was", "are", "were", "empty", "missing", "given", "gives", "has", "have",
+               "had", "required", "set", "provided", "needed", "must", "should", "and", "or",
+               "of", "for", "from", "with", "the", "a", "an", "to", "in", "at", "by"}
+values = st.text(_ALPHABET, min_size=1, max_size=30).filter(
+    lambda v: v.lower() not in _NOT_VALUES and not all(c in "-=+*/%<>!|&:^~" for c in v)
+    and not v.lower().startswith(("bearer", "basic", "token", "digest", "apikey")))
+PREFIXES = ("", "DEBUG ", "(APIServer pid=7) INFO 12-06 05:00:00 [x.py:1] loaded ", "\t",
+            "export ", "ENV ", "+ ")
+SUFFIXES = ("", "\n", " --port 8000", ", retry 2", "; next", " HF_TOKEN_FILE=/x", ")")
+
+
+@settings(max_examples=400, deadline=None)
+@given(name=st.sampled_from(NAMES), value=values, gap=st.sampled_from((" ", "  ", "\t")),
+       pre=st.sampled_from(PREFIXES), post=st.sampled_from(SUFFIXES))
+def test_a_value_after_an_identifier_name_and_a_space_is_hidden_whole(
+        name: str, value: str, gap: str, pre: str, post: str) -> None:
+    line = f"{pre}{name}{gap}{value}{post}"
+    assert R.text(line) == f"{pre}{name}{gap}{REDACTED}{post}", line
+
+
+@settings(max_examples=200, deadline=None)
+@given(name=st.sampled_from(NAMES), value=values, quote=st.sampled_from("'\""),
+       inner=st.text(_ALPHABET + " ,;&)]}>", max_size=20))
+def test_a_quoted_value_after_a_name_and_a_space_is_hidden_whole(
+        name: str, value: str, quote: str, inner: str) -> None:
+    line = f"{name} {quote}{value}{inner}{quote} ok"
+    assert R.text(line) == f"{name} {quote}{REDACTED}{quote} ok", line
+
+
+@settings(max_examples=200, deadline=None)
+@given(name=st.sampled_from(NAMES), words=st.lists(
+    st.text(string.ascii_lowercase, min_size=1, max_size=9), min_size=2, max_size=6))
+def test_a_sentence_after_a_name_stays(name: str, words: list[str]) -> None:
+    """A lower-case word another one follows is prose (`VLLM_API_KEY stays the key`)."""
+    line = f"the {name} {' '.join(words)}."
+    assert R.text(line) == line
+
+
+def test_vllm_and_vllmwatch_prose_about_secret_names_stays() -> None:
+    for line in (
+            "; the environment's VLLM_API_KEY stays the key, as in vLLM",
+            "where the API key goes (default: api-key next to the config)",
+            "a one-token request; proves the engine answers",
+            "Histogram of time_per_output_token_seconds per request.",
+            "token_indices width must be at least topk_tokens",
+            "INT4_PER_TOKEN_HEAD only supports causal attention",
+            "Minimum KV splits for TokenSpeed MLA decode.",
+            "Packed bytes for a single KEY vector.",
+            "timestamp_tokens + vision_start_token + x",
+            "hf_token None", "api_key True", "if api_key is None:", "return api_key or x",
+            "the key vLLM is started with", "token budget 8192", "password reset link"):
+        assert R.text(line) == line
+
+
+def test_the_forms_of_the_review() -> None:
+    for line, want in (("hf_token abcd12345", f"hf_token {REDACTED}"),
+                       ("HF_TOKEN abcd", f"HF_TOKEN {REDACTED}"),
+                       ("api_key abcd hf_token xyz", f"api_key {REDACTED} hf_token {REDACTED}"),
+                       ("apiKey --abc, retry", f"apiKey {REDACTED}, retry"),
+                       ("ENV HF_TOKEN hf-abc", f"ENV HF_TOKEN {REDACTED}")):
+        assert R.text(line) == want
+    assert all(is_secret_name(n) for n in NAMES)
