@@ -272,3 +272,21 @@ def test_a_dotted_flag_keeps_its_keys_as_vllm_reads_them(key: str, flag: str) ->
     assert args_to_argv({key: True}, "x") == [flag]
     assert not is_secret_name(key)
     assert is_secret_name("hf-overrides.api_key") and is_secret_name("db.password")
+
+
+@pytest.mark.parametrize("extra", [["--api-key", "--Zq7dashKey9"],
+                                   ["--api-key", "--Zq7dashKey9", "--max-model-len", "64"],
+                                   ["--max-model-len", "64", "--api-key"]])
+def test_an_api_key_flag_without_its_value_is_refused_without_the_next_word(
+        tmp_path: Path, extra: list[str]) -> None:
+    """`--api-key --Zq7...` (a key that starts with --, as token_urlsafe() may give) passed
+    `check`; vllmwatch read the flag as bare, left it and the key on vLLM's command line
+    (print-command, child.started, `ps` showed the key) and vLLM refused every start. Now
+    the config is refused, and the message names the place, never the word after it."""
+    with pytest.raises(ConfigError) as err:
+        build(cfg(extra_args=extra), {})
+    said = str(err.value)
+    assert "vllm.extra_args" in said and "--api-key has no value" in said
+    assert "Zq7dashKey9" not in said
+    assert build(cfg(extra_args=["--api-key=--Zq7dashKey9"]), {}).env["VLLM_API_KEY"] == \
+        "--Zq7dashKey9"

@@ -99,6 +99,11 @@ def flag_problem(name: str, value: object, key: str, version: str | None = None,
             f"vLLM's environment, off its command line)"
         return Problem(key, f"--{name} is --{whole} abbreviated (vLLM's parser takes "
                        f"prefixes); use {use}")
+    if name == "api-key" and value is True:  # vLLM's --api-key always takes a word
+        return Problem(key, "--api-key has no value (the word after it starts with --, or "
+                       "there is none): vLLM refuses the line, and a key that starts with "
+                       "-- would stay on its command line in clear; put the key in "
+                       "vllm.api_key_file (or join the flag and the key with = in one word)")
     if name in OFF_THE_PROBES and value is not False:
         return Problem(key, f"--{name} {OFF_THE_PROBES[name]}: no probe would reach it and "
                        "the start would never be READY; remove it (for TLS, put a TLS proxy "
