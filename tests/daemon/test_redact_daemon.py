@@ -9,7 +9,7 @@ import os
 import signal
 from pathlib import Path
 
-from tests.support import Daemon, base_config, free_port, merge
+from tests.support import FAKE, Daemon, base_config, free_port, merge
 from tests.support.secrets import KNOWN_KEY
 
 SECRETS = {"DATABASE_URL": "postgres://bob:Db5ecretPw9@db.internal:5432/app",
@@ -88,4 +88,38 @@ def test_a_smoke_checks_failed_answer_leaves_no_secret(tmp_path: Path) -> None:
                **files}
     leaked = [(where, s[:6]) for where, text in written.items() for s in PLANTED
               if s[:6] in text]
+    assert not leaked, leaked
+
+
+def test_a_value_of_the_env_file_never_leaves_whatever_its_name(tmp_path: Path) -> None:
+    """vllm.env_file holds "other secrets" (configure.md), and print-command shows each of
+    its variables as <redacted>; but the daemon learnt only those whose names say secret, so
+    `GH_PAT=...` echoed by vLLM (or a wrapper) reached the journal's child.line and the
+    incident record in clear."""
+    pat, endpoint = "Gp5ZpatValue", "Oa6ZargValue"
+    env_file = tmp_path / "env"
+    env_file.write_text(f"GH_PAT={pat}\n"
+                        f"VLLMWATCH_ARG_OTLP_TRACES_ENDPOINT=https://otel/v1?k={endpoint}\n")
+    env_file.chmod(0o600)
+    wrapper = tmp_path / "vllm.sh"  # as vLLM logs what it was given, at its start
+    wrapper.write_text("#!/bin/sh\necho \"INFO using the hub with $GH_PAT\"\n"
+                       "echo \"INFO args: $*\"\nexec " + " ".join(FAKE) + " \"$@\"\n")
+    wrapper.chmod(0o755)
+    cfg = merge(base_config(free_port(), free_port()),
+                {"vllm": {"command": [str(wrapper)], "env_file": str(env_file)}})
+    (tmp_path / "d").mkdir()
+    d = Daemon(tmp_path / "d", cfg)
+    d.start()
+    try:
+        started = d.wait_ready(30.0)
+        d.wait_event("child.line", 10.0, text="INFO using the hub with <redacted>")
+        since = d.mark()
+        os.kill(int(started["pid"]), signal.SIGKILL)
+        event = d.wait_event("incident.recorded", 30.0, since)
+        files = {p.name: p.read_text() for p in Path(event["incident_path"]).iterdir()}
+    finally:
+        d.close()
+    written = {"events": json.dumps(d.events), "raw": "\n".join(d.raw), **files}
+    leaked = [(where, s) for where, text in written.items() for s in (pat, endpoint)
+              if s in text]
     assert not leaked, leaked

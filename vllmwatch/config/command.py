@@ -41,7 +41,9 @@ class ChildCommand:
     argv: tuple[str, ...]
     env: Mapping[str, str]
     shown_env: Mapping[str, str] = field(default_factory=dict)
-    hidden: frozenset[str] = frozenset()  # argv values from vllm.env_file: never shown
+    # Values never shown: vllm.env_file's flags and variables and the secret flags' values
+    # (whatever their names: `GH_PAT=...` shows as <redacted>, so vLLM echoing it must too)
+    hidden: frozenset[str] = frozenset()
 
     def display(self) -> str:
         """The command line for humans and logs, with secrets redacted (config/redact.py:
@@ -286,7 +288,7 @@ def build(config: Config, base_env: Mapping[str, str], api_key: str | None = Non
         shown["VLLM_API_KEY"] = REDACTED
     shown = {k: (REDACTED if is_secret_name(k) else val) for k, val in shown.items()}
     return ChildCommand(argv=tuple(argv), env=env, shown_env=shown,
-                        hidden=frozenset(file_args[1::2]))
+                        hidden=frozenset([*file_args[1::2], *secret_env.values()]))
 
 
 def model_words(command: list[str] | tuple[str, ...], model: str) -> list[str]:

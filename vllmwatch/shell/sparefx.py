@@ -184,7 +184,7 @@ class Planner:
         env = {**cmd.env, **plan.spare_env}
         # Its events, /status and output (vLLM prints its non-default args) hide these
         # values from the start: the spare is built before the first launch learns them.
-        redact.learn(secretnames.secrets_of(env, api_key))
+        redact.learn([*secretnames.secrets_of(env, api_key), *cmd.hidden])
         return SpareCommand(argv, env, self.base.uds_path, config.vllm.model_name, api_key,
                             own_tmpdir="TMPDIR" not in config.vllm.env)
 
