@@ -37,3 +37,14 @@ def test_a_refused_command_lines_colour_codes_stay_off_the_status_line() -> None
     quoted = [line for line in lines if "unrecognized arguments" in line]
     assert quoted, lines  # vLLM's words are on it (exiting 78: config (...))
     assert not any(c in line for line in lines for c in RAW), quoted
+
+
+def test_a_status_line_is_redacted_as_its_lines_were_written() -> None:
+    """STATUS= made its text one line before redacting it: a value at a line's end
+    (`HF_TOKEN zkabc` then `starting server` on the next line) read as a word of a sentence
+    (`NAME value value`) and `systemctl status` showed it to every local user."""
+    for text in ("vLLM exited: HF_TOKEN zkabcd\nstarting server",
+                 "vLLM exited: api_key zkabcd\r\nthe end"):
+        line = status_line(text)
+        assert "zkabcd" not in line and "<redacted>" in line, line
+        assert line.endswith(text.split()[-1]) and "\n" not in line

@@ -85,8 +85,11 @@ def watchdog_interval(environ: Mapping[str, str], pid: int) -> float | None:
 
 def status_line(text: str) -> str:
     """A STATUS= message: one line, bounded, no raw control character."""
-    one = " ".join(text.split())  # redacted whole or cut: systemctl status shows it to all
-    shown = REDACT.head(one, 200) + "..." if len(one) > 200 else REDACT.text(one)
+    # Redacted as its lines were written, then made one line: joined first, a value at a
+    # line's end (`HF_TOKEN abcd` then `starting`) read as a word of a sentence and stayed.
+    # (Then redacted whole or cut: systemctl status shows it to all.)
+    one = " ".join(REDACT.text(text).split())
+    shown = REDACT.head(one, 200) + "..." if len(one) > 200 else one
     # vLLM's words reach it (the line it refused its arguments with): an ANSI code, a bell or
     # a bidi override would act on the terminal of whoever runs `systemctl status`
     return "STATUS=" + printable(shown, False)
