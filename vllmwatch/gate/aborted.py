@@ -23,9 +23,9 @@ down." that the gate used to look for was only ever sent by the fake vLLM).
 Such an answer is vLLM's engine stopping, not an answer: the gate replays it like a dropped
 connection when nothing of it reached the client (a whole answer not streamed; a stream that
 has sent no token), and passes it on as it came when it may not be replayed.
-May import: the stdlib, aiohttp, gate/replay.py and gate/exchange.py (Failed). Imported at
-the first completion's answer (gate/exchange.py), not at start: the import count of `vllmwatch
-run`.
+May import: the stdlib, aiohttp and gate/replay.py (never gate/exchange.py, which imports it:
+its Failed is handed in). Imported at the first completion's answer (gate/exchange.py), not at
+start: the import count of `vllmwatch run`.
 """
 
 from __future__ import annotations
@@ -33,13 +33,13 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import json
+from collections.abc import Callable
 from typing import Any
 
 import aiohttp
 from aiohttp import web
 from multidict import CIMultiDict
 
-from vllmwatch.gate.exchange import Failed
 from vllmwatch.gate.replay import ENGINE_DEAD, GENERATE
 
 ABORT = "abort"
@@ -77,13 +77,13 @@ async def _rest(up: aiohttp.ClientResponse) -> bytes:
     return bytes(got)
 
 
-def failed(up: aiohttp.ClientResponse, body: bytes, headers: CIMultiDict[str],
-           said: str = "aborted") -> Failed:
+def failed(make: Callable[[str], Any], up: aiohttp.ClientResponse, body: bytes,
+           headers: CIMultiDict[str], said: str = "aborted") -> Any:
     """The failure "aborted", with vLLM's answer whole, passed on should it not be replayed;
     "dead": vLLM's engine-dead event (after the role event), as gate/exchange.py's own."""
     if said == "dead":
-        return Failed("engine_dead")
-    out = Failed("aborted")
+        return make("engine_dead")  # (make: gate/exchange.py's Failed)
+    out = make("aborted")
     out.answer = web.Response(body=body, status=up.status, reason=up.reason, headers=headers)
     return out
 

@@ -145,7 +145,7 @@ async def run(session: aiohttp.ClientSession, request: web.Request, url: str, bo
                 if gone is not None:
                     return Failed(gone)
                 if request.path in replay.GENERATE and _ab().answer(request.path, up.status, data):
-                    return cast(Failed, _ab().failed(up, data, headers))
+                    return cast(Failed, _ab().failed(Failed, up, data, headers))
                 return web.Response(body=data, status=up.status, reason=up.reason,
                                     headers=headers)
             first = await up.content.readany()  # the head waits for it: not begun before
@@ -159,7 +159,7 @@ async def run(session: aiohttp.ClientSession, request: web.Request, url: str, bo
             if request.path in replay.GENERATE:  # aborted before its first token?
                 first, said = await _ab().hold(up, request.path, first, FIRST_EVENT)
                 if said != "begun":  # its engine stopped or died first (gate/aborted.py)
-                    return cast(Failed, _ab().failed(up, first, headers, said))
+                    return cast(Failed, _ab().failed(Failed, up, first, headers, said))
             response = web.StreamResponse(status=up.status, reason=up.reason, headers=headers)
             if up.content_length is not None:
                 response.content_length = up.content_length
