@@ -13,7 +13,7 @@ from tests.core.test_truthful_signals import Core
 from vllmwatch.config.schema import from_dict
 from vllmwatch.core import reuse
 from vllmwatch.core.actions import Log, Spawn
-from vllmwatch.core.events import ChildExited, ChildOutput, Event, Spawned, SweepDone, Tick
+from vllmwatch.core.events import ChildExited, ChildOutput, Event, Spawned, Tick
 from vllmwatch.core.state import S
 from vllmwatch.shell import childrun
 
@@ -48,7 +48,7 @@ def _crash(core: LaunchCore) -> None:
     for _ in range(40):
         if core.s.state == S.STARTING:
             return
-        core.step(SweepDone((), (), None) if core.s.state == S.CLEANUP else Tick(), 5.0)
+        core.step(core.cleanup_answer() if core.s.state == S.CLEANUP else Tick(), 5.0)
 
 
 def _misses(first: tuple[tuple[str, str], ...], second: tuple[tuple[str, str], ...]
