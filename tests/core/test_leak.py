@@ -234,3 +234,43 @@ def test_series_stays_bounded(monkeypatch: pytest.MonkeyPatch) -> None:
         state, _ = observe(state, cfg, i * 0.5, 1000.0 + i, None)
         assert len(state.gpu.points) <= 32 + 1
     assert state.gpu.points[-1][0] - state.gpu.points[0][0] <= 100
+
+
+@pytest.mark.parametrize("interval", [1.0, 10.0, 30.0])
+@pytest.mark.parametrize("sustain", [1, 3, 5])
+def test_rate_rule_holds_for_sustain_fits_of_the_slope_at_any_sample_interval(
+        interval: float, sustain: int) -> None:
+    # A sample closer than window/MAX_POINTS to the last point adds no point, so the slope is
+    # the one already judged: at the defaults (10 s samples, 21 s points) three samples were
+    # one fit, and `sustain = 3` meant one fit at 10 s but three at 30 s.
+    cfg = MemoryConfig(baseline_delay=0, gpu_growth_rate=100.0, sustain=sustain)
+    state, fits = new_state(0.0), 0
+    for i in range(int(2 * cfg.slope_window / interval)):
+        now = i * interval
+        last = state.gpu.points[-1][0] if state.gpu.points else None
+        value = 1000.0 + max(0.0, now - cfg.slope_window) / H * 2000.0
+        state, verdict = observe(state, cfg, now, value, None)
+        refit = state.gpu.points[-1][0] != last
+        if state.gpu.rate_streak and refit:
+            fits += 1
+        if verdict is not None:
+            assert verdict.rule == "gpu_growth_rate"
+            assert fits == sustain, f"fired after {fits} fits of the slope, not {sustain}"
+            assert f"for {sustain} fits of the slope" in verdict.detail
+            return
+    pytest.fail("the rate rule never fired on a 2000 MiB/h leak")
+
+
+def test_a_rate_rule_turned_off_between_two_fits_gives_no_verdict() -> None:
+    # A streak kept between fits must still hold for the rule as it is now: a reload that
+    # turns the rate rule off (or raises it) ends a waiting verdict at the next sample.
+    cfg = MemoryConfig(baseline_delay=0, gpu_growth_rate=100.0, sustain=1)
+    state, now, verdict = new_state(0.0), 0.0, None
+    while verdict is None:
+        now += 10.0
+        state, verdict = observe(state, cfg, now, 1000.0 + max(0.0, now - 21600.0), None)
+    assert verdict.rule == "gpu_growth_rate"
+    off = MemoryConfig(baseline_delay=0, gpu_growth_rate=0.0, sustain=1)
+    state, verdict = observe(state, off, now + 1.0, 1000.0 + now + 1.0 - 21600.0, None)
+    assert state.gpu.points[-1][0] == now  # no fit at this sample
+    assert verdict is None and state.gpu.rate_streak == 0

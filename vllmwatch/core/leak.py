@@ -2,7 +2,10 @@
 
 No I/O and no clock reads: the loop passes `now` (monotonic seconds) and the figures (MiB).
 Each rule is off at 0 and fires only after it has held for `memory.sustain` consecutive
-samples. Why the growth rate is spike- and step-resistant:
+samples; the rate rule after `sustain` consecutive refits of its slope (a sample closer than
+window/MAX_POINTS to the last point adds none and moves no streak: at the defaults, 10 s
+samples and 21 s points, three samples were one slope). Why the growth rate is spike- and
+step-resistant:
 - it is a least-squares slope over a median-filtered series (width 2*sustain+1), so a spike
   shorter than `sustain` points cannot move it;
 - it needs the window at least half full and points after the baseline only, so the start-up
@@ -170,15 +173,18 @@ def _observe_one(s: SeriesState, rules: _Rules, cfg: MemoryConfig, ready_at: flo
         return s, []
     if s.baseline is None and now >= ready_at + cfg.baseline_delay:
         s = replace(s, baseline=value)
+    points = s.points
     if s.baseline is not None:
         s = _add_point(s, cfg, now, value)
+    refit = s.points is not points  # no new point: the slope is the one already judged
     growth = None if s.baseline is None else value - s.baseline
+    rate = rules.rate > 0 and _rate_holds(s, rules.rate)  # (a reload may change the rule)
     s = replace(
         s,
         limit_streak=_streak(s.limit_streak, rules.limit > 0 and value > rules.limit),
         growth_streak=_streak(s.growth_streak, rules.growth_limit > 0 and growth is not None
                               and growth > rules.growth_limit),
-        rate_streak=_streak(s.rate_streak, rules.rate > 0 and _rate_holds(s, rules.rate)),
+        rate_streak=_streak(s.rate_streak, rate) if refit or not rate else s.rate_streak,
     )
     return s, _verdicts(s, rules, cfg.sustain, value, growth)
 
@@ -239,7 +245,7 @@ def _verdicts(s: SeriesState, rules: _Rules, sustain: int, value: float,
             reason, f"{k}_growth_rate", s.slope, rules.rate, True,
             f"{what} grows {s.slope:.3g} MiB/h over the last {span_h:.2f} h (halves "
             f"{s.half_slopes[0]:.3g}, {s.half_slopes[1]:.3g} MiB/h) > {k}_growth_rate "
-            f"{rules.rate:g} MiB/h {held}"))
+            f"{rules.rate:g} MiB/h for {sustain} fits of the slope"))
     return out
 
 
