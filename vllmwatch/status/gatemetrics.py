@@ -23,6 +23,9 @@ GATE_COUNTERS = {
     "cut_midstream": "Answers that had begun when vLLM failed: ended with an error event",
     "stop_orders": "vLLM engines the gate was told to stop sending to",
     "forwarded_after_stop": "Requests sent to vLLM after it was told to stop (a defect: 0)",
+    "quarantined": "Requests that took an engine down alone: answered 502, then refused",
+    "quarantine_refused": "Quarantined requests sent again: answered 422, never sent to vLLM",
+    "clients_left": "Clients that left before their answer (closed mid-upload): not errors",
 }
 
 # The gate's bounds (gate/guard.py); the reason label is the GateStats field.
