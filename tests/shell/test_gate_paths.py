@@ -166,3 +166,34 @@ def test_a_refused_paths_echo_is_redacted_before_it_is_cut(
     key = known_key(monkeypatch)
     why = refusal("POST", "/" + "a" * 190 + key + "/more")
     assert why is not None and "<redacte" in why and key[:4] not in why
+
+
+def test_a_request_no_route_takes_gets_the_gates_json_404_and_a_connect_is_closed() -> None:
+    """CONNECT host:port and OPTIONS * have no path the router takes: aiohttp answered them
+    its plain-text 404, uncounted, and the guard cut the CONNECT's connection only at its
+    header deadline (counted as a slow head). Every request the gate does not forward gets
+    its JSON 404, counted (path_refused); after a CONNECT the bytes are a tunnel's, so the
+    connection is closed, while one after OPTIONS * is still served."""
+    unrouted = [b"CONNECT example.com:443 HTTP/1.1\r\nHost: example.com:443\r\n\r\n",
+                b"OPTIONS * HTTP/1.1\r\nHost: x\r\n\r\n"
+                b"GET /v1/models HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n"]
+    with gate_over_recorder() as (g, seen):
+        answers = []
+        for request in unrouted:
+            with socket.create_connection(("127.0.0.1", g.port), timeout=20) as sock:
+                sock.sendall(request)
+                data = b""
+                while chunk := sock.recv(65536):  # the gate closes: no timeout reached
+                    data += chunk
+            answers.append(data)
+        for data, line in zip(answers, ("CONNECT example.com:443", "OPTIONS *"), strict=True):
+            head, _, rest = data.partition(b"\r\n\r\n")
+            assert head.split()[1] == b"404" and b"application/json" in head, data
+            body = rest if line.startswith("CONNECT") else rest[:int(
+                dict(h.split(b": ", 1) for h in head.split(b"\r\n")[1:])[b"Content-Length"])]
+            answer = json.loads(body)
+            assert answer["type"] == "NotFoundError" and "client API" in answer["message"]
+            assert answer["message"].startswith(line.split()[0]), answer
+        assert answers[1].count(b"HTTP/1.1 200") == 1  # the request after OPTIONS * served
+        assert seen == ["/v1/models"]
+        assert g.stats.path_refused == 2 and g.stats.header_timeouts == 0

@@ -18,6 +18,7 @@ from collections.abc import Callable, Coroutine
 from typing import Any
 
 from aiohttp import web
+from aiohttp.typedefs import Handler
 
 from vllmwatch.config.hosts import connect_host, parse_address, url_host
 from vllmwatch.config.schema import Config
@@ -144,13 +145,10 @@ class Gate:
         first = not self.forwarder.fence.stopped(gen)  # a hang: at the verdict, then the kill
         with contextlib.suppress(RuntimeError):  # the loop closed in between
             loop.call_soon_threadsafe(self._stopped, gen, cut, first)
-        if not first:
-            return
-        if not self.forwarder.fence.order(gen):
+        if first and not self.forwarder.fence.order(gen):  # the first order waits
             self._log("warning", "gate.fence_timeout", engine_pid=gen,
-                      detail="requests being sent to vLLM were still not written when it "
-                             "was told to stop; they may fail and are counted in "
-                             "forwarded_after_stop")
+                      detail="requests being sent to vLLM were still not written when it was "
+                             "told to stop; they may fail and are counted in forwarded_after_stop")
 
     def _stopped(self, gen: int, cut: bool, first: bool) -> None:
         """On the gate's loop: count the order, hold the door, cut a stuck engine's."""
@@ -158,8 +156,8 @@ class Gate:
         self.door.refresh()
         if cut and (n := self.forwarder.cut(gen)):
             self._log("warning", "gate.cut", engine_pid=gen, requests=n,
-                      detail="vLLM's engine is stuck: its requests in flight were ended "
-                             "now; those with no answer begun wait for the next engine")
+                      detail="vLLM's engine is stuck: its requests in flight were ended now; "
+                             "those with no answer begun wait for the next engine")
 
     def figures(self, gen: int | None, settle: float = FIGURES_SETTLE) -> dict[str, int] | None:
         """What became of the requests in flight to engine generation `gen` (its pid), for
@@ -233,9 +231,9 @@ class Gate:
                 self._on_error(error)
 
     async def _main(self) -> None:
-        self._loop = asyncio.get_running_loop()
-        self._stop, loop = asyncio.Event(), asyncio.get_running_loop()
-        app = web.Application(client_max_size=guardmod.MAX_BODY)
+        self._stop, self._loop = asyncio.Event(), (loop := asyncio.get_running_loop())
+        # CONNECT host:port, OPTIONS * (no route): the forwarder's JSON 404 too (_unrouted)
+        app = web.Application(client_max_size=guardmod.MAX_BODY, middlewares=[self._unrouted])
         app.router.add_route("*", "/{tail:.*}", self.forwarder.handle,
                              expect_handler=guardmod.expect_continue)
         # On stop, in-flight and held requests get SHUTDOWN_GRACE s, then are cut. Idle
@@ -244,8 +242,7 @@ class Gate:
         runner = web.AppRunner(app, access_log=None, handler_cancellation=True,
                                shutdown_timeout=SHUTDOWN_GRACE, auto_decompress=False,
                                keepalive_timeout=guardmod.IDLE_TIMEOUT + 5.0,  # ours first
-                               max_headers=guardmod.MAX_HEADERS,
-                               max_field_size=guardmod.MAX_FIELD)
+                               max_headers=guardmod.MAX_HEADERS, max_field_size=guardmod.MAX_FIELD)
         await runner.setup()
         assert runner.server is not None
         guard = self.guard = guardmod.Guard(runner.server, self._count, self.max_connections)
@@ -256,17 +253,15 @@ class Gate:
         listener: asyncio.base_events.Server | None = None
         try:
             try:
-                listener = await loop.create_server(
-                    guard.factory, self.host or None, self.port, reuse_address=True,
-                    backlog=1024)
+                listener = await loop.create_server(guard.factory, self.host or None, self.port,
+                                                    reuse_address=True, backlog=1024)
             except OSError as exc:
                 self.error = (f"gate.listen {self.listen}: cannot listen ({exc.strerror}); "
                               "choose a free port or stop what holds it")
                 return
             self._started.set()
             stopping = asyncio.create_task(self._stop.wait())
-            await asyncio.wait({stopping, watcher, sweeper},
-                               return_when=asyncio.FIRST_COMPLETED)
+            await asyncio.wait({stopping, watcher, sweeper}, return_when=asyncio.FIRST_COMPLETED)
             for task in (watcher, sweeper):
                 if task.done():
                     task.result()  # the readiness watcher or the sweeper died: raise it
@@ -280,6 +275,15 @@ class Gate:
             await runner.cleanup()
             await self.forwarder.close()
             self.refusals.flush(loop.time(), force=True)
+
+    @web.middleware
+    async def _unrouted(self, request: web.Request, handler: Handler) -> web.StreamResponse:
+        if request.match_info.http_exception is None:
+            return await handler(request)
+        answer = await self.forwarder.handle(request)  # a 404
+        if request.method == "CONNECT":  # what follows it is a tunnel's bytes, not a request
+            answer.force_close()
+        return answer
 
     def _count(self, reason: str) -> None:
         """One more shed connection or refused request, or a client that left (on the loop)."""
@@ -343,7 +347,4 @@ def start_gate(config: Config, log: LogFn, get_snapshot: Callable[[], Snapshot],
 
 def with_gate(snap: Snapshot, gate: Gate | None) -> Snapshot:
     """The snapshot with the gate's live counters (for /status and the metrics)."""
-    if gate is None:
-        return snap
-    info: dict[str, Any] = gate.snapshot()
-    return dataclasses.replace(snap, gate=info)
+    return snap if gate is None else dataclasses.replace(snap, gate=gate.snapshot())
