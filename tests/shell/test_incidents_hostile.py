@@ -228,3 +228,32 @@ def test_status_says_the_newest_record_is_unreadable(tmp_path: Path) -> None:
     shown = latest.newest([str(tmp_path)])
     assert shown is not None and shown["reason"] == "unreadable", shown
     assert "not JSON" in shown["detail"]
+
+
+
+def test_records_behind_a_folder_closed_to_the_user_are_not_called_absent(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
+        capsys: pytest.CaptureFixture[str]) -> None:
+    """A state directory closed to the caller (0700: StateDirectoryMode=0700, or one
+    vllmwatch made) hides its incidents folder from `os.path.isdir` as if there were none:
+    a non-root `vllmwatch incidents` said "no incident records" and exited 0. It says it
+    cannot read the folder, and how to, and exits 1, for the list and for `show`."""
+    state = tmp_path / "state"
+    root = state / store.SUBDIR
+    (root / RID).mkdir(parents=True)
+    (root / RID / store.RECORD).write_text(json.dumps({"reason": "hang"}))
+    real_stat = os.stat
+
+    def stat(path: Any, *args: Any, **kwargs: Any) -> os.stat_result:
+        # What the kernel answers a user without search permission on `state` (the test
+        # may run as root, who is never refused)
+        if str(path).startswith(str(state) + os.sep):
+            raise PermissionError(13, "Permission denied", str(path))
+        return real_stat(path, *args, **kwargs)
+
+    monkeypatch.setattr(os, "stat", stat)
+    for action, rid in ((None, None), ("show", RID)):
+        assert cli.main(action, rid, False, [str(tmp_path / "absent"), str(root)]) == 1
+        err = capsys.readouterr().err
+        assert f"cannot read {root}: permission denied" in err, err
+        assert "no incident" not in err

@@ -35,13 +35,16 @@ def main(action: str | None, rid: str | None, as_json: bool, roots: Sequence[str
     """List (no action) or show one record; roots are the incidents folders to look in (for
     `show`, then the template instances' under `instances`; None: only `roots`)."""
     root = next((r for r in roots if os.path.isdir(r)), None)
-    if root is None:
+    # A folder above the records closed to this user (a state directory 0700) hides them:
+    # isdir says False as for none at all, and "no incident records" (exit 0) was a lie.
+    hidden = next((r for r in roots if _denied(r)), None) if root is None else None
+    if root is None and hidden is None:
         print("vllmwatch: no incident records (looked in " + ", ".join(roots) + ")",
               file=sys.stderr)
         return 0 if action is None else 1
-    if not os.access(root, os.R_OK | os.X_OK):
-        print(f"vllmwatch: cannot read {root}: permission denied (records are 0700: run "
-              "as root or as the service user)", file=sys.stderr)
+    if root is None or not os.access(root, os.R_OK | os.X_OK):
+        print(f"vllmwatch: cannot read {root or hidden}: permission denied (records are 0700: "
+              "run as root or as the service user)", file=sys.stderr)
         return 1
     if action is None:
         return _list(root, as_json)
@@ -58,6 +61,17 @@ def main(action: str | None, rid: str | None, as_json: bool, roots: Sequence[str
             root = other
             break
     return _show(root, rid, as_json)
+
+
+def _denied(path: str) -> bool:
+    """Whether `path` cannot be looked at for want of permission (not: it is absent)."""
+    try:
+        os.stat(path)
+    except PermissionError:
+        return True
+    except OSError:
+        return False
+    return False
 
 
 def _show(root: str, rid: str, as_json: bool) -> int:
