@@ -452,3 +452,39 @@ def test_a_relative_api_key_file_is_written_absolute(tmp_path: Path,
     assert runner.main(req, os.environ, out=io.StringIO(), err=io.StringIO()) == 0
     assert tomllib.loads((tmp_path / "v.toml").read_text())["vllm"]["api_key_file"] == \
         str(tmp_path / "mykey")
+
+
+def _fake_dpkg_query(tmp_path: Path, listed: Path, md5: str) -> str:
+    """A PATH whose dpkg-query lists `listed` as the vllmwatch package's conffile."""
+    bin_dir = tmp_path / "bin"
+    bin_dir.mkdir()
+    tool = bin_dir / "dpkg-query"
+    tool.write_text(f"#!/bin/sh\n[ \"$3\" = vllmwatch ] && echo ' {listed} {md5}'\n")
+    tool.chmod(0o755)
+    return f"{bin_dir}:{os.environ.get('PATH', '/usr/bin:/bin')}"
+
+
+@pytest.mark.parametrize("edited", [False, True])
+def test_init_replaces_the_packages_unedited_example_but_never_an_edited_config(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch, edited: bool) -> None:
+    """`apt install ./vllmwatch.deb` puts the example at /etc/vllmwatch/vllmwatch.toml (a
+    conffile); install.md's next command, `sudo vllmwatch init --from-pid ...`, was refused
+    there ("exists; not replaced") on every fresh install. The package's file as dpkg
+    installed it (its conffile checksum) is replaced; one with any edit still needs --force."""
+    import hashlib
+
+    path = tmp_path / "vllmwatch.toml"
+    shipped = (Path(__file__).resolve().parents[2] / "etc" / "vllmwatch.toml").read_bytes()
+    path.write_bytes(shipped + (b"# mine\n" if edited else b""))
+    monkeypatch.setenv("PATH", _fake_dpkg_query(tmp_path, path,
+                                                hashlib.md5(shipped).hexdigest()))
+    err = io.StringIO()
+    req = runner.Request(["vllm serve /srv/other --port 8124"], None, str(path), fast=True)
+    rc = runner.main(req, os.environ, out=io.StringIO(), err=err)
+    if edited:
+        assert rc == 2 and "exists; not replaced" in err.getvalue()
+        assert path.read_bytes().endswith(b"# mine\n")
+    else:
+        assert rc == 0, err.getvalue()
+        assert "package's example config" in err.getvalue()
+        assert tomllib.loads(path.read_text())["vllm"]["model"] == "/srv/other"

@@ -8,15 +8,17 @@ from __future__ import annotations
 
 import contextlib
 import grp
+import hashlib
 import os
 import pwd
 import shlex
+import subprocess
 import tempfile
 from dataclasses import dataclass
 from typing import TextIO
 
 from vllmwatch.check.fights import MEMORY_RULES
-from vllmwatch.config import flags
+from vllmwatch.config import flags, safefile
 from vllmwatch.config.convert import printable
 from vllmwatch.config.redact import REDACT
 from vllmwatch.config.schema import ConfigError, load
@@ -131,6 +133,29 @@ def _write_all(how: Out, text: str, draft: Draft, facts: Facts) -> None:
         for tmp, _ in staged:
             with contextlib.suppress(OSError):
                 os.unlink(tmp)
+
+
+def package_default(path: str) -> bool:
+    """The file is the config the vllmwatch package installed, as dpkg installed it (its
+    conffile checksum): the example shipped at the unit's path, which `apt install` puts there
+    before the first `init` (install.md's next command). Replacing it loses no edit of anyone's;
+    dpkg still sees it changed at the next upgrade and asks. False on any doubt: no dpkg, not
+    installed from the package, edited, unreadable."""
+    try:
+        listed = subprocess.run(["dpkg-query", "-W", "-f=${Conffiles}\\n", "vllmwatch"],
+                                capture_output=True, text=True, timeout=5, check=False,
+                                stdin=subprocess.DEVNULL).stdout
+    except (OSError, subprocess.SubprocessError):
+        return False
+    target = os.path.abspath(path)
+    sums = {w[0]: w[1] for w in (line.split() for line in listed.splitlines()) if len(w) >= 2}
+    if target not in sums:
+        return False
+    try:
+        body = safefile.read_bounded(target, nofollow=True)
+    except safefile.FileProblem:
+        return False
+    return hashlib.md5(body, usedforsecurity=False).hexdigest() == sums[target]
 
 
 def _same(path: str) -> str:

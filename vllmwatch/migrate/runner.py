@@ -44,9 +44,12 @@ def main(req: Request, environ: Mapping[str, str], out: TextIO | None = None,
     """Run init; 0 when the config was written (or printed), 2 when nothing was."""
     out, err = out or sys.stdout, err or sys.stderr
     if not req.stdout and os.path.lexists(req.output) and not req.force:
-        print(f"vllmwatch init: {req.output} exists; not replaced (--force replaces it, "
-              "--stdout prints the new config instead)", file=err)
-        return CONFIG
+        if not deliver.package_default(req.output):
+            print(f"vllmwatch init: {req.output} exists; not replaced (--force replaces it, "
+                  "--stdout prints the new config instead)", file=err)
+            return CONFIG
+        print(f"note: {req.output} is the package's example config, unedited: replaced",
+              file=err)
     try:
         line, source, facts, notes = _read(req, environ, err)
     except (serveline.LineError, proc.ProcError) as exc:
