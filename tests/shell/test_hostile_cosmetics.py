@@ -4,14 +4,20 @@ not the script missing (the launch and `check`)."""
 
 from __future__ import annotations
 
+import json
+import os
 import re
+import shutil
 import sys
+import tempfile
+from collections.abc import Callable
 from pathlib import Path
 
 import pytest
 
 from vllmwatch.check.base import FAIL, Context
 from vllmwatch.check.vllm import check_vllm
+from vllmwatch.config import vllminfo
 from vllmwatch.config.schema import from_dict
 from vllmwatch.core.actions import RecordIncident
 from vllmwatch.core.names import Reason
@@ -85,3 +91,71 @@ def test_a_command_no_process_can_have_is_a_refused_launch_not_a_crash(
                                        False, None, lambda e: None, LogCapture(), {})
     assert handle is None and getattr(event, "fatal", False), event
     assert "cannot be started" in getattr(event, "error", ""), event
+
+
+def _as_a_stranger(work: Callable[[], list[str]]) -> list[str]:
+    """work() as a user the test's folders are closed to: as root, in a forked child that
+    became nobody (root enters any folder); else in process, the folders being mode 0."""
+    if os.geteuid() != 0:
+        return work()
+    read, write = os.pipe()
+    pid = os.fork()
+    if pid == 0:  # the child: nobody, runs work, sends its answer, leaves without cleanup
+        code = 1
+        try:
+            os.close(read)
+            os.setgroups([])
+            os.setresgid(65534, 65534, 65534)
+            os.setresuid(65534, 65534, 65534)
+            os.write(write, json.dumps(work()).encode())
+            code = 0
+        finally:
+            os._exit(code)
+    os.close(write)
+    with os.fdopen(read, "rb") as fh:
+        got = fh.read()
+    _, status = os.waitpid(pid, 0)
+    assert os.waitstatus_to_exitcode(status) == 0
+    return list(json.loads(got))
+
+
+@pytest.mark.parametrize("where", ["interpreter", "script"])
+def test_a_vllm_the_service_user_cannot_reach_is_said_so_not_missing(where: str) -> None:
+    """The vLLM venv's python links into /root/.pyenv (or a 0700 home): the service user gets
+    EACCES, and `check`, a reload and the launch said the interpreter "does not" exist and to
+    reinstall the venv (or "not found on PATH; install vLLM"), which is true only for root.
+    Each names the folder closed to this user and what to do."""
+    top = tempfile.mkdtemp(prefix="vw-reach-", dir="/tmp")
+    try:
+        os.chmod(top, 0o755)
+        closed = Path(top) / "home"
+        (closed / "bin").mkdir(parents=True)
+        (closed / "bin" / "python3").symlink_to(sys.executable)
+        (Path(top) / "bin").mkdir()
+        script = (Path(top) if where == "interpreter" else closed) / "bin" / "vllm"
+        script.write_text(f"#!{closed}/bin/python3\nprint('never')\n")
+        script.chmod(0o755)
+        closed.chmod(0o700 if os.geteuid() == 0 else 0)
+        config = from_dict({"vllm": {"model": "/m", "command": [str(script), "serve"]},
+                            "prewarm": {"enabled": False}})
+
+        def work() -> list[str]:
+            said = [check_vllm(Context(config, fast=True)).detail]
+            said += [p.problem for p in vllminfo.launch_problems(config, {})]
+            prepared = childrun.prepare(config, {"PATH": "/usr/bin:/bin"}, "m", None, {},
+                                        LogCapture())
+            assert isinstance(prepared, childrun.Prepared)
+            handle, event = ChildHandle.launch(childrun.PopenLauncher("m"), prepared, config,
+                                               "m", False, None, lambda e: None, LogCapture(),
+                                               {})
+            assert handle is None
+            return [*said, getattr(event, "error", "")]
+
+        said = _as_a_stranger(work)
+    finally:
+        closed.chmod(0o700)
+        shutil.rmtree(top)
+    assert len(said) == 3
+    for text in said:
+        assert f"{closed} is closed to it (permission denied)" in text, said
+        assert "does not" not in text and "not found" not in text, said

@@ -27,6 +27,9 @@ def check_vllm(ctx: Context) -> CheckResult:
     """The vLLM program is on PATH; its version from package metadata unless --fast."""
     cmd = ctx.config.vllm.command
     exe = vllminfo.executable(cmd)
+    closed = vllminfo.unreachable(cmd[0]) if exe is None and "/" in cmd[0] else None
+    if closed is not None:
+        return CheckResult("vllm", FAIL, f"{cmd[0]}: {closed}")
     if exe is None:
         return CheckResult("vllm", FAIL, f"{cmd[0]!r} not found on PATH; install vLLM "
                            "(pip install vllm) or set vllm.command to its full path")

@@ -6,6 +6,7 @@ import contextlib
 import functools
 import json
 import os
+import pwd
 import shutil
 import subprocess
 import threading
@@ -55,6 +56,34 @@ def executable(command: tuple[str, ...] | list[str]) -> str | None:
     return shutil.which(command[0])
 
 
+def unreachable(path: str) -> str | None:
+    """Why this user cannot reach path although it may well be there: a folder on its way
+    (through its links) that it may not enter, as /root or a home of mode 0700 where pyenv,
+    conda or a venv's python link lives. os.path.exists and shutil.which say False for it,
+    which read as "missing, reinstall" to the service user (install.md: it must read the vLLM
+    install). None when it is reachable or simply not there."""
+    try:
+        os.stat(path)
+        return None
+    except PermissionError:
+        pass
+    except (OSError, ValueError):
+        return None
+    blocked, walked = os.path.realpath(path), "/"
+    for part in blocked.strip("/").split("/")[:-1]:
+        walked = os.path.join(walked, part)
+        if not os.access(walked, os.X_OK):
+            blocked = walked
+            break
+    try:
+        user = pwd.getpwuid(os.geteuid()).pw_name
+    except KeyError:
+        user = f"uid {os.geteuid()}"
+    return (f"user {user} cannot reach it: {blocked} is closed to it (permission denied); "
+            "vLLM runs as the service's user: install it where that user can read it (e.g. "
+            f"/opt/vllm; not under /root or a private home), or open {blocked} to it")
+
+
 def cannot_run(path: str) -> str | None:
     """Why the kernel cannot run the script at path although it exists, from its #! line:
     the interpreter is missing, or the line ends in a carriage return (saved with Windows
@@ -73,6 +102,9 @@ def cannot_run(path: str) -> str | None:
                 f"Windows line endings), so the kernel looks for an interpreter named "
                 f"{named!r}; convert the file (dos2unix {path})")
     parts = line.split()
+    closed = unreachable(parts[0]) if parts and parts[0].startswith("/") else None
+    if closed is not None:
+        return f"{path} exists, but its interpreter {parts[0]} (its #! line): {closed}"
     if parts and parts[0].startswith("/") and not os.path.exists(parts[0]):
         return (f"{path} exists, but its interpreter {parts[0]} (its #! line) does not; "
                 "reinstall the virtual environment or set vllm.command to a working one")
@@ -179,6 +211,9 @@ def launch_problems(config: Config, environ: Mapping[str, str]) -> list[Problem]
     program = config.vllm.command[0] if config.vllm.command else ""
     if "/" in program:
         found = shutil.which(program)
+        closed = unreachable(program) if found is None else None
+        if closed is not None:
+            return [Problem("vllm.command", f"{program!r}: {closed}")]
         if found is None:
             why = (f"{program!r}: not found or not executable; install vLLM there or point "
                    "vllm.command at the one that is" if not os.path.exists(program) else

@@ -178,7 +178,9 @@ class ChildHandle:
             # ENOENT for a script that exists means its interpreter is missing (or its #!
             # line ends in \r): say that, not that the script is missing.
             found = vllminfo.executable([argv0])
-            why = vllminfo.cannot_run(found) if found else None
+            # A path this user may not reach (/root/venv: the service user) says so too.
+            closed = None if found else vllminfo.unreachable(argv0)
+            why = vllminfo.cannot_run(found) if found else closed and f"{argv0}: {closed}"
             return None, SpawnFailed(why or f"{argv0}: {exc.strerror or exc}; check "
                                      "vllm.command", fatal=True)
         except OSError as exc:
