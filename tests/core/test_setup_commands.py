@@ -50,3 +50,22 @@ def test_the_vllm_install_is_honest_about_time_and_not_silent() -> None:
     assert "--quiet" not in script.split("pip_install()", 1)[1].split("\n}", 1)[0]
     assert "still installing" in script
     assert "SETUP_REV=2 " in script  # the existing installs' stamps stay valid
+
+
+def test_the_man_page_lists_every_command_and_check_option() -> None:
+    """`man vllmwatch` (the package's reference, packaging/vllmwatch.8) lacked `init`, the
+    first command install.md gives after the package, and check's --config-only (the units'
+    ExecReload=): every sub-command of the CLI, and each of check's options, is there."""
+    import argparse
+
+    from vllmwatch import cli
+
+    parser = cli._parser()
+    sub = next(a for a in parser._actions if isinstance(a, argparse._SubParsersAction))
+    page = (REPO / "packaging" / "vllmwatch.8").read_text()
+    commands = page.split(".SH COMMANDS", 1)[1].split(".SH ", 1)[0].replace("\\-", "-")
+    missing = [name for name in sub.choices if f".B {name}\n" not in commands]
+    options = [o for a in sub.choices["check"]._actions for o in a.option_strings
+               if o.startswith("--") and o not in ("--help", "--config")]
+    missing += [o for o in options if o not in commands]
+    assert missing == []
