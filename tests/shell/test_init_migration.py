@@ -528,3 +528,24 @@ def test_a_relative_path_in_a_flag_is_made_absolute_as_the_model_is(
     if want.startswith("/home/"):
         note = next(e.note for e in draft.args if e.key == key)
         assert "relative to /home/me" in note and "starts elsewhere" in note
+
+
+@pytest.mark.parametrize(("output", "unit", "status"), [
+    ("/etc/vllmwatch/gpu1.toml", "vllmwatch@gpu1", "vllmwatch status -c /etc/vllmwatch/gpu1.toml"),
+    ("/etc/vllmwatch/vllmwatch.toml", "vllmwatch", "vllmwatch status"),
+    ("/srv/vw.toml", "vllmwatch", "vllmwatch status"),
+])
+def test_init_names_the_instance_unit_that_reads_the_config_it_wrote(
+        output: str, unit: str, status: str) -> None:
+    """`init -c /etc/vllmwatch/gpu1.toml` (install.md: the template's config of vllmwatch@gpu1)
+    told the operator to copy it over the main unit's config or to point vllmwatch.service at
+    it with a drop-in, and to enable vllmwatch: two instances' worth of GPUs on one unit. The
+    steps name vllmwatch@gpu1, and `status` with that config (its own status.listen)."""
+    from vllmwatch.migrate import deliver
+    from vllmwatch.migrate.draft import Draft
+
+    out = io.StringIO()
+    deliver.next_steps(output, False, Draft(), out)
+    text = out.getvalue()
+    assert f"sudo systemctl enable --now {unit}    # then: {status}\n" in text
+    assert ("the unit reads" in text) is output.startswith("/srv")

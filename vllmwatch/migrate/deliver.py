@@ -11,6 +11,7 @@ import grp
 import hashlib
 import os
 import pwd
+import re
 import shlex
 import subprocess
 import tempfile
@@ -27,6 +28,7 @@ from vllmwatch.migrate.envwords import key_file_todo
 
 CONFIG, OK = 2, 0
 UNIT_CONFIG = "/etc/vllmwatch/vllmwatch.toml"  # the unit's VLLMWATCH_CONFIG
+_UNIT_NAME = re.compile(r"[A-Za-z0-9:_.-]+")  # an instance name systemd takes as written
 
 
 class WriteError(Exception):
@@ -232,14 +234,21 @@ def next_steps(output: str, stdout: bool, draft: Draft, out: TextIO) -> None:
     lines = ["", "next steps:"]
     if stdout:
         lines.append(f"  0. save the config above as {config} (or run init without --stdout)")
-    if output != UNIT_CONFIG:
+    # /etc/vllmwatch/NAME.toml is the config of the template's instance vllmwatch@NAME (one
+    # per GPU or model): its unit, not "copy it over the main unit's config"
+    folder, name = os.path.split(os.path.abspath(output))
+    instance = name[:-5] if folder == os.path.dirname(UNIT_CONFIG) and name.endswith(
+        ".toml") and output != UNIT_CONFIG and _UNIT_NAME.fullmatch(name[:-5]) else ""
+    unit, status = ((f"vllmwatch@{instance}", f"vllmwatch status -c {config}") if instance
+                    else ("vllmwatch", "vllmwatch status"))
+    if output != UNIT_CONFIG and not instance:
         lines.append(f"  - the unit reads {UNIT_CONFIG}: copy the config there, or set "
                      "VLLMWATCH_CONFIG in a drop-in (sudo systemctl edit vllmwatch)")
     lines += ["  1. stop the hand-run vLLM, and delete the cron lines or units `check` names "
               "under `fights`",
               f"  2. sudo -u {SERVICE_USER} vllmwatch check --config {config}"
               "    # as the service will run it",
-              "  3. sudo systemctl enable --now vllmwatch    # then: vllmwatch status"]
+              f"  3. sudo systemctl enable --now {unit}    # then: {status}"]
     print("\n".join(lines), file=out)
 
 
