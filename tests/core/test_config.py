@@ -230,3 +230,22 @@ def test_a_config_saved_with_a_byte_order_mark_loads(tmp_path: Path) -> None:
     path = tmp_path / "v.toml"
     path.write_bytes(b"\xef\xbb\xbf" + b'[vllm]\nmodel = "/m"\n')
     assert load(str(path)).vllm.model == "/m"
+
+
+def test_the_shipped_example_shows_every_key_of_every_section() -> None:
+    """etc/vllmwatch.toml (the package's /etc/vllmwatch/vllmwatch.toml) says "Every key is
+    shown with its default" and the README sends readers there for every key; probe.canary_path
+    and probe.canary_body, the keys canary = "custom" needs, were in no line. Each key of each
+    section has its line in its own section, set or (an example) commented out."""
+    import dataclasses
+    import re
+
+    from vllmwatch.config.schema import SECTIONS
+
+    text = (REPO / "etc" / "vllmwatch.toml").read_text()
+    bodies = dict(re.findall(r"^\[([a-z.]+)\]\n(.*?)(?=^\[|\Z)", text, re.S | re.M))
+    missing = [f"{name}.{f.name}" for name, cls in SECTIONS.items()
+               for f in dataclasses.fields(cls)
+               if f.name not in ("args", "env") and not re.search(
+                   rf"^(# )?{f.name} = ", bodies.get(name, ""), re.M)]
+    assert missing == []
