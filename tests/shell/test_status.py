@@ -576,3 +576,48 @@ def test_cli_shows_the_standby_and_how_the_child_was_launched() -> None:
                              "standby_reason": "CPU config (vllm.gpus = [])"})
     assert "standby   off: CPU config (vllm.gpus = [])" in off
     assert "standby" not in status_cli.render({"state": "init"})  # an older daemon: no row
+
+
+def test_a_config_this_user_may_not_read_says_sudo_not_fix_it() -> None:
+    """After `sudo vllmwatch init` the config is 0640 root:vllmwatch; README's and init's
+    `vllmwatch status` by an operator of neither said "cannot load the config ... (fix the
+    config, or pass --url)": a good file, and advice to change it. It says to read it as
+    root (or pass --url)."""
+    import os
+    import shutil
+    import tempfile
+
+    top = tempfile.mkdtemp(prefix="vw-status-", dir="/tmp")
+    try:
+        os.chmod(top, 0o755)
+        path = os.path.join(top, "vllmwatch.toml")
+        with open(path, "w", encoding="utf-8") as fh:
+            fh.write('[vllm]\nmodel = "/m"\n')
+        os.chmod(path, 0o640 if os.geteuid() == 0 else 0)
+        read, write = os.pipe()
+        pid = os.fork()
+        if pid == 0:  # the child: an operator neither root nor in the file's group
+            code = 1
+            try:
+                os.close(read)
+                if os.geteuid() == 0:
+                    os.setgroups([])
+                    os.setresgid(65534, 65534, 65534)
+                    os.setresuid(65534, 65534, 65534)
+                try:
+                    status_cli.url_from_config(path)
+                    said = "no error"
+                except status_cli.StatusError as exc:
+                    said = str(exc)
+                os.write(write, json.dumps(said).encode())
+                code = 0
+            finally:
+                os._exit(code)
+        os.close(write)
+        with os.fdopen(read, "rb") as fh:
+            said = json.loads(fh.read())
+        assert os.waitstatus_to_exitcode(os.waitpid(pid, 0)[1]) == 0
+    finally:
+        shutil.rmtree(top)
+    assert "sudo vllmwatch status" in said and "--url" in said, said
+    assert "fix the config" not in said, said

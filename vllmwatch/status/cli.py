@@ -90,6 +90,12 @@ def url_from_config(config_arg: str | None) -> str:
     try:
         config = load(path)
     except ConfigError as exc:
+        if os.path.isfile(path) and not os.access(path, os.R_OK):
+            # `init` as root writes it 0640 root:vllmwatch: a good file, not one to fix
+            raise StatusError(f"cannot read {path} as this user (permission denied; the "
+                              "config `vllmwatch init` writes is for root and the vllmwatch "
+                              "group), so the status address is unknown: run `sudo vllmwatch "
+                              "status`, or pass --url http://HOST:PORT", EXIT_USAGE) from None
         raise StatusError(f"cannot load the config, so the status address is unknown: {exc}"
                           "\n(fix the config, or pass --url http://HOST:PORT)", EXIT_USAGE
                           ) from None
