@@ -70,7 +70,11 @@ cross_install() {
     chmod 0755 "$VENV/bin/vllmwatch"
 }
 
-VERSION=$("$PYTHON" -c 'import sys, tomllib; print(tomllib.load(open(sys.argv[1], "rb"))["project"]["version"])' "$REPO/pyproject.toml")
+# [project]'s version, read as text: tomllib is Python 3.11's, and the build Python is the
+# target's (Ubuntu 22.04: 3.10, which vllmwatch supports)
+VERSION=$("$PYTHON" -c 'import re, sys
+project = re.split(r"(?m)^\[", open(sys.argv[1], encoding="utf-8").read().split("\n[project]\n", 1)[1])[0]
+print(re.search(r"(?m)^version\s*=\s*\"([^\"]+)\"", project).group(1))' "$REPO/pyproject.toml")
 HOST_ARCH=$(dpkg --print-architecture)
 ARCH=${VLLMWATCH_DEB_ARCH:-$HOST_ARCH}
 case $ARCH in

@@ -69,3 +69,30 @@ def test_the_man_page_lists_every_command_and_check_option() -> None:
                if o.startswith("--") and o not in ("--help", "--config")]
     missing += [o for o in options if o not in commands]
     assert missing == []
+
+
+def test_build_deb_reads_the_version_with_a_python_without_tomllib(tmp_path: Path) -> None:
+    """install.md: build on the release you deploy to, with its /usr/bin/python3. Ubuntu
+    22.04's is 3.10 (requires-python >= 3.10), which has no tomllib: build-deb.sh stopped at
+    its first Python line with a traceback. Its version line runs here with tomllib hidden,
+    as on 3.10, and gives pyproject's version."""
+    import subprocess
+    import sys
+
+    if sys.version_info >= (3, 11):
+        import tomllib
+    else:  # pragma: no cover
+        import tomli as tomllib
+    shadow = tmp_path / "shadow"
+    shadow.mkdir()
+    (shadow / "tomllib.py").write_text("raise ImportError('Python 3.10 has no tomllib')\n")
+    script = (REPO / "packaging" / "build-deb.sh").read_text()
+    start = script.index("VERSION=$(")
+    line = script[start:script.index('"$REPO/pyproject.toml")', start)]
+    line += '"$REPO/pyproject.toml")'
+    proc = subprocess.run(["bash", "-c", f'{line}\necho "$VERSION"'], capture_output=True,
+                          text=True, timeout=60, check=False,
+                          env={"PATH": "/usr/bin:/bin", "PYTHONPATH": str(shadow),
+                               "REPO": str(REPO), "PYTHON": sys.executable})
+    want = tomllib.loads((REPO / "pyproject.toml").read_text())["project"]["version"]
+    assert (proc.returncode, proc.stdout.strip()) == (0, want), proc.stderr
