@@ -68,3 +68,27 @@ def test_a_value_in_quotes_in_a_secret_file_is_refused_naming_it_not_its_value(
 def test_a_quote_inside_a_value_is_the_values_own(tmp_path: Path, text: bytes) -> None:
     config = load(_config(tmp_path, "env_file", text))
     command.build(config, {}, api_key=None)
+
+
+def test_only_the_env_files_credential_like_values_are_hidden_in_every_line(
+        tmp_path: Path) -> None:
+    """Every value of vllm.env_file was learnt (554186c), and a learnt value is cut out of
+    every line: `VLLM_LOGGING_LEVEL=INFO` there turned each of vLLM's lines into
+    `<redacted> 12-06 ...` in the journal and the records, `HF_HOME=/var/cache/hf` every path
+    under it, and `VLLM_RPC_TIMEOUT=100000` print-command's `--max-model-len 100000`. A value
+    under a name that says nothing is hidden only when it reads as a credential."""
+    from vllmwatch.config.redact import Redactor
+
+    path = _config(tmp_path, "env_file", b"HF_TOKEN=hf_a1\nGH_PAT=Gp5ZpatValue\n"
+                   b"OTHER=correcthorsebatterystaple\nVLLM_LOGGING_LEVEL=INFO\n"
+                   b"HF_HOME=/var/cache/hf\nVLLM_RPC_TIMEOUT=100000\nHOST_IP=10.0.0.5\n"
+                   b"NCCL_SOCKET_IFNAME=eth0\nVLLM_ATTENTION_BACKEND=FLASH_ATTN\n")
+    with open(path, "a") as f:
+        f.write('[vllm.args]\nmax-model-len = 100000\n')
+    cmd = command.build(load(path), {})
+    assert cmd.hidden == {"hf_a1", "Gp5ZpatValue", "correcthorsebatterystaple"}
+    line = ("INFO 12-06 06:00:00 [api_server.py:1] weights from /var/cache/hf/hub on 10.0.0.5 "
+            "with eth0, FLASH_ATTN, max_model_len=100000; GH_PAT is Gp5ZpatValue")
+    assert Redactor(cmd.hidden, known=False).text(line) == line.replace(
+        "Gp5ZpatValue", "<redacted>")
+    assert "--max-model-len 100000" in cmd.display()

@@ -21,6 +21,7 @@ from vllmwatch.config.redact import REDACTED as REDACTED
 from vllmwatch.config.redact import is_secret_name as is_secret_name
 from vllmwatch.config.redact import redact_argv as redact_argv
 from vllmwatch.config.schema import Config, ConfigError, load
+from vllmwatch.config.secretnames import env_file_secrets
 
 # Variables that belong to our own unit and must never reach the child: a child that could
 # notify systemd or ping our watchdog would let a dead vllmwatch look alive.
@@ -41,8 +42,7 @@ class ChildCommand:
     argv: tuple[str, ...]
     env: Mapping[str, str]
     shown_env: Mapping[str, str] = field(default_factory=dict)
-    # Values never shown: vllm.env_file's flags and variables and the secret flags' values
-    # (whatever their names: `GH_PAT=...` shows as <redacted>, so vLLM echoing it must too)
+    # Never shown: vllm.env_file's flags, secret flags' values, its credential-like variables
     hidden: frozenset[str] = frozenset()
 
     def display(self) -> str:
@@ -288,7 +288,7 @@ def build(config: Config, base_env: Mapping[str, str], api_key: str | None = Non
         shown["VLLM_API_KEY"] = REDACTED
     shown = {k: (REDACTED if is_secret_name(k) else val) for k, val in shown.items()}
     return ChildCommand(argv=tuple(argv), env=env, shown_env=shown,
-                        hidden=frozenset([*file_args[1::2], *secret_env.values()]))
+                        hidden=frozenset([*file_args[1::2], *env_file_secrets(secret_env)]))
 
 
 def model_words(command: list[str] | tuple[str, ...], model: str) -> list[str]:

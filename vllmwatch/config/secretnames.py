@@ -96,6 +96,21 @@ def secrets_of(env: Mapping[str, str], api_key: str | None) -> list[str]:
     return [*found, api_key] if api_key else found
 
 
+# A vllm.env_file value under a name that says nothing (`GH_PAT=ghp_...`) is a secret only by
+# its shape: every value learnt is cut out of every line vLLM writes, so a log level (INFO),
+# a number (100000), a path (/var/cache/hf) or a word in one case (spawn, PCI_BUS_ID) would
+# eat the journal's text. A credential is long and mixes cases, digits or signs.
+_PLAIN = re.compile(r"[\d\s.,:;+_-]*|[/~].*|[A-Z][A-Z_-]{0,14}|[a-z][a-z_-]{0,14}")
+
+
+def env_file_secrets(env: Mapping[str, str]) -> list[str]:
+    """The values of vllm.env_file's variables that are hidden wherever they appear: a
+    secret-named one's, and any other that reads as a credential (at least 8 characters, not
+    a number, a path or a short word in one case)."""
+    return [v for k, v in env.items() if is_secret_name(k)
+            or (len(v.strip()) >= 8 and not _PLAIN.fullmatch(v.strip()))]
+
+
 # --- the rules that hide the value after a secret-looking name ----------------------------
 
 REDACTED = "<redacted>"
