@@ -11,11 +11,13 @@ import io
 import time
 from typing import Any
 
-from tests.loop.test_startmem import TAIL, driver, fail_start
+from tests.loop.test_startmem import CONFIG, TAIL, driver, fail_start
 from vllmwatch.config.schema import from_dict
 from vllmwatch.core import reuse
-from vllmwatch.core.events import ChildOutput
+from vllmwatch.core.events import ChildExited, ChildOutput, Tick
+from vllmwatch.core.state import S
 from vllmwatch.shell.childlog import ChildLog
+from vllmwatch.testing.driver import Driver, World
 
 # verbatim from vLLM 0.32 (CPU) with VLLM_CACHE_ROOT on a full 256 KiB tmpfs
 LD = ("(EngineCore pid=32479) ERROR 12-06 05:43:05 [core.py:1510] /usr/bin/ld: final link "
@@ -60,3 +62,29 @@ def test_the_child_log_keeps_the_full_disk_line_past_a_long_traceback() -> None:
         cl.join(0.1)
     assert not cl._reader.is_alive() and LD not in cl.last_lines
     assert list(cl.memory_lines) == [LD]
+
+
+# an adapter's download that failed hours before, on a disk freed since; vLLM served on
+OLD = ("(APIServer pid=7) ERROR 12-06 01:02:03 [serving.py:210] loading LoRA adapter sql: "
+       "OSError: [Errno 28] No space left on device")
+CUDA = "(EngineCore pid=9) RuntimeError: CUDA error: an illegal memory access was encountered"
+
+
+def test_a_serving_vllms_crash_is_not_named_a_full_disk_for_a_line_of_hours_before() -> None:
+    """The child log keeps full-disk lines of the whole run, and a crash of a vLLM that had
+    served for hours (a CUDA error) was logged as child.disk_full, an error naming the disk,
+    for a line long past: a serving vLLM's crash is judged by its last lines only."""
+    assert not _crash_after_ready((CUDA,))
+    assert _crash_after_ready((LD, CUDA))  # its own last lines still name it
+
+
+def _crash_after_ready(last: tuple[str, ...]) -> list[dict[str, object]]:
+    d = Driver(CONFIG, world=World())
+    assert d.run_until(lambda: d.state.state == S.READY, 120)
+    pid = d.state.pid
+    assert pid is not None
+    d.world.child_alive = False
+    d.fx.exited = ChildExited(pid, 1, None, last_lines=last, memory_lines=(OLD,))
+    d.send(Tick())
+    assert d.run_until(lambda: bool(d.events("restart.begin")), 60)
+    return d.events("child.disk_full")

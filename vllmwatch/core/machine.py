@@ -214,7 +214,7 @@ def _child_exited(s: WatchState, ev: ChildExited, now: float) -> Result:
         s, more = lora.start_refused(s, ev.last_lines)
         acts += more
     reason, detail = Reason.CRASH, ("during start: " if s.state == S.STARTING else "") + why
-    acts += disk_full(s.config, (*ev.memory_lines, *ev.last_lines))  # its cause, named
+    acts += disk_full(s.config, ev.last_lines, ev.memory_lines, s.state == S.STARTING)
     mem = unified.start_failed(s, ev) if s.state == S.STARTING else None
     if mem is not None:  # vLLM said it ran out of memory: name it, stop if it repeats
         s, logs, detail, stop = mem

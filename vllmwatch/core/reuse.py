@@ -311,10 +311,14 @@ def disk_full_line(line: str) -> bool:
         _DISK_FULL.search(line) is not None
 
 
-def disk_full(config: Config, lines: tuple[str, ...]) -> list[Log]:
+def disk_full(config: Config, lines: tuple[str, ...], kept: tuple[str, ...] = (),
+              start: bool = True) -> list[Log]:
     """child.disk_full (error) when the exited child's output says a write failed for a full
-    disk: what to free, before the restarts (and the crash-loop guard) that would follow."""
-    line = next((ln for ln in lines if disk_full_line(ln)), None)
+    disk: what to free, before the restarts (and the crash-loop guard) that would follow.
+    `lines`: its last lines; `kept`: the run's full-disk lines, far above them, judged for a
+    start only: a serving vLLM's may be hours old (an adapter's download that failed on a disk
+    freed since, a request's text), and its crash now for another cause was named a full disk."""
+    line = next((ln for ln in (*(kept if start else ()), *lines) if disk_full_line(ln)), None)
     if line is None:
         return []
     where = config.vllm.env.get("VLLM_CACHE_ROOT") or (
