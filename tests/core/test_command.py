@@ -290,3 +290,24 @@ def test_an_api_key_flag_without_its_value_is_refused_without_the_next_word(
     assert "Zq7dashKey9" not in said
     assert build(cfg(extra_args=["--api-key=--Zq7dashKey9"]), {}).env["VLLM_API_KEY"] == \
         "--Zq7dashKey9"
+
+
+@pytest.mark.parametrize(("line", "variable"), [
+    ("VLLMWATCH_ARG_API_KEY=--Zq7dashKey9", "VLLM_API_KEY"),
+    ("VLLMWATCH_ARG_HF_TOKEN=--hf7dashTok9", "HF_TOKEN"),
+])
+def test_a_secret_flag_of_the_env_file_whose_value_starts_with_dashes_moves_whole(
+        tmp_path: Path, line: str, variable: str) -> None:
+    """vllm.env_file's value is the rest of its line, so `VLLMWATCH_ARG_API_KEY=--Zq7...`
+    (token_urlsafe() may start a key with --) is the key; but its flag and value were read
+    as two argv words, the flag bare: the key stayed on vLLM's command line in clear (`ps`),
+    vLLM refused every start (argparse: expected one argument), and the probes sent no key.
+    It moves to the variable as any other value does."""
+    value = line.partition("=")[2]
+    env_file = tmp_path / "env"
+    env_file.write_text(line + "\n")
+    env_file.chmod(0o600)
+    cmd = build(cfg(env_file=str(env_file)), {})
+    assert cmd.env[variable] == value
+    assert not any(value in word for word in cmd.argv), cmd.argv
+    assert variable != "VLLM_API_KEY" or cmd.api_key == value

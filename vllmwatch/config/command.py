@@ -249,7 +249,7 @@ def build(config: Config, base_env: Mapping[str, str], api_key: str | None = Non
 
         _raise(config.path, env_file_problems(config, file_env, file_args, vllm_version))
     user, secret_env = split_secrets([*args_to_argv(v.args, config.path), *v.extra_args,
-                                      *file_args])
+                                      *flags.pair_words(file_args)])
     secret_env = {**file_env, **secret_env}
     argv += user
     lora_env: dict[str, str] = {}
