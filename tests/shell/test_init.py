@@ -278,6 +278,19 @@ def test_a_shell_operator_inside_a_word_ends_the_command_as_sh_reads_it(
     assert serveline.parse(serveline.split_text(text)).rest == rest
 
 
+@pytest.mark.parametrize("text", ["export HF_HOME=/x; vllm serve /m --port 8001",
+                                  "export HF_HOME=/x && vllm serve /m --port 8001",
+                                  "HF_HOME=/x;vllm serve /m --port 8001; echo up"])
+def test_an_export_before_the_command_on_its_line_is_kept_as_on_a_line_of_its_own(
+        text: str) -> None:
+    """`export HF_HOME=/x; vllm serve ...` (one line of a runbook) gave HF_HOME '/x;' before
+    5dfbfa4 and, once an unquoted ; ended the command, 'no `vllm serve` in the command
+    line', which it holds: what follows ;, && after assignments is the next command, as the
+    same words on two lines are read."""
+    line = serveline.parse(serveline.split_text(text))
+    assert line.env == {"HF_HOME": "/x"} and line.rest == ["/m", "--port", "8001"]
+
+
 def test_an_appending_flag_given_twice_keeps_each_value() -> None:
     """vLLM appends --middleware (action="append"): init kept the last only."""
     vllm, _, draft = init("vllm serve /m --middleware pkg.a --max-num-seqs 8 "

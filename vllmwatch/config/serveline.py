@@ -52,13 +52,17 @@ class ServeLine:
     wrappers: list[list[str]] = field(default_factory=list)
 
 
+_ASSIGNMENT = re.compile(r"[A-Za-z_][A-Za-z0-9_]*=")
+
+
 def split_text(text: str) -> list[str]:
     """Shell words of a pasted command: `\\` continuations joined, comments and prompts
     dropped, `export X=y` lines kept as X=y words in front."""
     words: list[str] = []
     joined = re.sub(r"\\[ \t]*\r?\n", " ", text)
-    for raw in joined.splitlines():
-        line = raw.strip()
+    lines = joined.splitlines()
+    while lines:
+        line, after = lines.pop(0).strip(), ""
         if not line or line.startswith("#"):
             continue
         line = re.sub(r"^[$#>] ", "", line)
@@ -69,7 +73,10 @@ def split_text(text: str) -> list[str]:
                             "values written out, or run `vllmwatch init --from-pid PID` on the "
                             "running vLLM")
         line = line[:scan.comment].rstrip() if scan.comment is not None else line
-        line = line[:scan.end] if scan.end is not None else line
+        if scan.end is not None:  # after ; && || &: the next command, as on its own line
+            after = "" if line[scan.end] == "|" != line[scan.end + 1:scan.end + 2] else \
+                line[scan.end:].lstrip(";&|")
+            line = line[:scan.end]
         try:
             got = shlex.split(line)
         except ValueError as exc:
@@ -80,6 +87,9 @@ def split_text(text: str) -> list[str]:
                 if (w != "\\" or i in quoted) and (i or w != "export")]
         words += strip_shell([got[i] for i in keep],
                              {n for n, i in enumerate(keep) if i in quoted})
+        if after and all(_ASSIGNMENT.match(w) for w in (got[1:] if got[:1] == ["export"]
+                                                         else got)):
+            lines.insert(0, after)  # `export HF_HOME=/x; vllm serve ...`: the command is next
     return words
 
 
