@@ -104,11 +104,15 @@ _PLAIN = re.compile(r"[\d\s.,:;+_-]*|[/~].*|[A-Z][A-Z_-]{0,14}|[a-z][a-z_-]{0,14
 
 
 def env_file_secrets(env: Mapping[str, str]) -> list[str]:
-    """The values of vllm.env_file's variables that are hidden wherever they appear: a
-    secret-named one's, and any other that reads as a credential (at least 8 characters, not
-    a number, a path or a short word in one case)."""
-    return [v for k, v in env.items() if is_secret_name(k)
-            or (len(v.strip()) >= 8 and not _PLAIN.fullmatch(v.strip()))]
+    """The values of vllm.env_file's variables that are hidden wherever they appear."""
+    return [v for k, v in env.items() if env_file_secret(k, v)]
+
+
+def env_file_secret(name: str, value: str) -> bool:
+    """A secret-named variable, or any other whose value reads as a credential (at least 8
+    characters, not a number, a path or a short word in one case)."""
+    return is_secret_name(name) or (len(value.strip()) >= 8
+                                    and not _PLAIN.fullmatch(value.strip()))
 
 
 # --- the rules that hide the value after a secret-looking name ----------------------------

@@ -34,6 +34,7 @@ import re
 from collections.abc import Mapping
 
 from vllmwatch.config.redact import REDACT, is_secret_name
+from vllmwatch.config.secretnames import env_file_secret
 from vllmwatch.config.sections import Config
 from vllmwatch.core.actions import Log
 
@@ -177,9 +178,10 @@ LAUNCH = {VLLM: "vLLM", TORCH: "torch", ENV_FILE: "vllm.env_file's variables"}
 def launch_inputs(version: str | None, torch: str | None,
                   env_file: Mapping[str, str]) -> tuple[tuple[str, str], ...]:
     """The launch's LAUNCH parts: its vLLM and torch versions (where known), and a digest of
-    vllm.env_file's variables without the secret-named ones (a rotated token keys no cache;
+    vllm.env_file's variables without the secret ones (a rotated token keys no cache;
     the file's flags are its secret channel: left out too)."""
-    keyed = json.dumps(sorted((k, v) for k, v in env_file.items() if not is_secret_name(k)))
+    keyed = json.dumps(sorted((k, v) for k, v in env_file.items()  # (GH_PAT=ghp_... too:
+                              if not env_file_secret(k, v)))  # the redactor's own judgement)
     known = tuple((part, value) for part, value in ((VLLM, version), (TORCH, torch)) if value)
     return (*known, (ENV_FILE, hashlib.sha256(keyed.encode()).hexdigest()[:16]))
 
