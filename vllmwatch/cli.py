@@ -226,7 +226,8 @@ def _cache_env(config: Config, info: startcaches.VllmInfo) -> dict[str, str]:
         if why is None:
             ours[name] = path
         else:
-            print(REDACT.text(f"vllmwatch: note: {name}={path} left out ({why}), as `run` "
-                              "would: vLLM keeps its default location; set prewarm.cache_dir "
-                              "to a directory you can write"), file=sys.stderr)
+            print(REDACT.text(f"vllmwatch: note: {name}={path} left out ({why}); `run` "
+                              "would use a private folder of its state directory for it (or "
+                              "vLLM's default); set prewarm.cache_dir to a directory only you "
+                              "can write"), file=sys.stderr)
     return {**ours, **startcaches.decide(config, os.environ, info, unified).env}
