@@ -34,6 +34,11 @@ wait_for() {
     done
 }
 install_deb() {
+    # The container's root is the host's under an overlay: a vllmwatch the host runs (its
+    # /etc/vllmwatch, the package's dpkg record) would make this a conffile prompt or an
+    # upgrade, not the fresh install each test asserts on. Gone here, in the overlay only.
+    rm -rf /etc/vllmwatch
+    dpkg --purge vllmwatch > /dev/null 2>&1 || true
     if ! DEBIAN_FRONTEND=noninteractive dpkg -i /vwdeb/vllmwatch.deb > dpkg.log 2>&1; then
         cat dpkg.log; exit 90
     fi
