@@ -37,7 +37,7 @@ def test_page_cache_reading_ends_at_a_cancel_not_at_its_deadline(tmp_path: Path)
 
     def slow_reader(fd: int, buf: bytearray, offset: int) -> int:
         cancel.set()  # the daemon stops while the weights are read
-        time.sleep(0.01)
+        time.sleep(0.01)  # pacing: a slow disk, so the cancel lands mid-read (not a wait)
         return os.preadv(fd, [memoryview(buf)[:MIB // 16]], offset)
 
     start = time.monotonic()
