@@ -9,11 +9,12 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
+from tests.core.test_startcaches import _crash_to_relaunch
 from tests.core.test_truthful_signals import Core
 from vllmwatch.config.schema import from_dict
 from vllmwatch.core import reuse
 from vllmwatch.core.actions import Log, Spawn
-from vllmwatch.core.events import ChildExited, ChildOutput, Event, Spawned, Tick
+from vllmwatch.core.events import ChildOutput, Event, Spawned
 from vllmwatch.core.state import S
 from vllmwatch.shell import childrun
 
@@ -43,14 +44,6 @@ def _launch_ready(core: LaunchCore, hit: bool) -> None:
     core.become_ready()
 
 
-def _crash(core: LaunchCore) -> None:
-    core.step(ChildExited(core.pid, 1, None))
-    for _ in range(40):
-        if core.s.state == S.STARTING:
-            return
-        core.step(core.cleanup_answer() if core.s.state == S.CLEANUP else Tick(), 5.0)
-
-
 def _misses(first: tuple[tuple[str, str], ...], second: tuple[tuple[str, str], ...]
             ) -> list[Log]:
     core = LaunchCore()
@@ -59,7 +52,7 @@ def _misses(first: tuple[tuple[str, str], ...], second: tuple[tuple[str, str], .
     assert core.s.last_hits == {"compile_cache": True, "aot_artifact": True,
                                 "startup_plan": True}
     core.inputs = second  # what the shell reads at the relaunch (Spawned.inputs)
-    _crash(core)
+    _crash_to_relaunch(core)
     _launch_ready(core, hit=False)
     return [a for a in core.acts if isinstance(a, Log) and a.event == "startup.cache_missed"]
 
