@@ -197,3 +197,27 @@ def test_root_s_own_group_writable_folder_is_fine_and_a_memberless_group_is_not(
     memberless = [g.gr_gid for g in grp.getgrall() if not g.gr_mem and g.gr_gid not in primary]
     if memberless:  # (most boxes have one: tty, disk, ...)
         assert "no members" in str(safefile.group_others(memberless[0]))
+
+
+def test_a_refused_cache_goes_to_disk_not_the_runtime_tmpfs(tmp_path: Path,
+                                                           monkeypatch: pytest.MonkeyPatch) -> None:
+    """Outside systemd, root's state rule falls back to /run/vllmwatch (a tmpfs, like a
+    user's $XDG_RUNTIME_DIR): compiled code there takes RAM and is gone at each reboot."""
+    root = tmp_path / "cache"
+    (root / "triton").mkdir(parents=True)
+    (root / "triton").chmod(0o777)
+    lasting = tmp_path / "lib"
+    monkeypatch.setattr(safefile, "LASTING_ROOT_STATE", str(lasting))
+    monkeypatch.setattr(safefile.os, "geteuid", lambda: 0)  # as root by hand, no unit
+    environ = {"RUNTIME_DIRECTORY": str(tmp_path / "run"), "HOME": str(tmp_path / "home")}
+    assert safefile.lasting_state_candidate(environ) == str(lasting)
+    monkeypatch.undo()
+    monkeypatch.setattr(safefile, "LASTING_ROOT_STATE", str(lasting))
+    if os.geteuid() == 0:
+        usable, _ = prewarm.make_cache_dirs(make_config(tmp_path, cache_dir=str(root)), environ)
+        assert usable["TRITON_CACHE_DIR"] == str(lasting / "private-cache" / "triton")
+    monkeypatch.setattr(safefile.os, "geteuid", lambda: 1000)  # a user: its state, not runtime
+    got = safefile.lasting_state_candidate({"XDG_RUNTIME_DIR": str(tmp_path / "run"),
+                                            "HOME": str(tmp_path / "home")})
+    assert got == str(tmp_path / "home" / ".local" / "state" / "vllmwatch")
+    assert safefile.lasting_state_candidate({"STATE_DIRECTORY": "/var/lib/x:/y"}) == "/var/lib/x"

@@ -300,11 +300,29 @@ def state_dir(environ: Mapping[str, str] | None = None) -> str | None:
 
 
 def private_cache(environ: Mapping[str, str], name: str) -> str | None:
-    """A cache folder under our private state directory (0700, ours): where vLLM's compiled
-    code goes when its cache folder is one other users can write into; None: no such place."""
-    state = state_dir(environ)
+    """A cache folder under our lasting private state directory (0700, ours): where vLLM's
+    compiled code goes when its cache folder is one other users can write into; None: no
+    such place."""
+    state = private_dir(lasting_state_candidate(environ))
     base = closed_dir(os.path.join(state, "private-cache")) if state else None
     return closed_dir(os.path.join(base, name)) if base else None
+
+
+LASTING_ROOT_STATE = "/var/lib/vllmwatch"  # the shipped unit's StateDirectory=
+
+
+def lasting_state_candidate(environ: Mapping[str, str]) -> str:
+    """state_dir_candidate on a disk, never a tmpfs: compiled code is hundreds of MiB that
+    would sit in RAM (on a Spark, in the GPU's own memory) and go at every reboot, and
+    outside systemd the rule's root fallback is /run and a user's is $XDG_RUNTIME_DIR."""
+    first = environ.get("STATE_DIRECTORY", "").split(":")[0]
+    if first:
+        return first
+    if os.geteuid() == 0:
+        return LASTING_ROOT_STATE
+    home = environ.get("XDG_STATE_HOME") or os.path.join(
+        environ.get("HOME") or str(Path.home()), ".local", "state")
+    return os.path.join(home, "vllmwatch")
 
 
 def state_dir_candidate(environ: Mapping[str, str] | None = None) -> str:
