@@ -23,7 +23,9 @@ fails the run: a leaked fake engine slows or breaks the tests that come after it
 from __future__ import annotations
 
 import os
+import shutil
 import signal
+import tempfile
 import threading
 import time
 import uuid
@@ -66,6 +68,20 @@ def pytest_configure(config: pytest.Config) -> None:
     if hasattr(config, "workerinput") and SESSION_VAR in os.environ:
         return
     os.environ[SESSION_VAR] = uuid.uuid4().hex
+    _own_runtime_dir(config)
+
+
+def _own_runtime_dir(config: pytest.Config) -> None:
+    """The daemons and CLIs the tests start keep their group records, locks and stacks in a
+    folder of this session's, not the host's: as root, the rule's fallback is /run/vllmwatch,
+    where every daemon a test SIGKILLs left a record (dozens a day on a developer's box, beside
+    a real service's). Tests of the fallback itself unset the variable (test_groupfile, the
+    demo)."""
+    if "RUNTIME_DIRECTORY" in os.environ or "STATE_DIRECTORY" in os.environ:
+        return  # the caller chose (a pytest run by a test: its parent's folder)
+    path = tempfile.mkdtemp(prefix="vllmwatch-tests-run-")
+    os.environ["RUNTIME_DIRECTORY"] = path
+    config.add_cleanup(lambda: shutil.rmtree(path, ignore_errors=True))
 
 
 def _sigterm_runs_teardowns() -> None:

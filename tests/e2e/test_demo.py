@@ -58,6 +58,7 @@ def test_demo_reaches_ready_serves_and_ctrl_c_leaves_nothing(tmp_path: Path) -> 
     env.update(HOME=str(home), TMPDIR=str(tmp))
     env.pop("XDG_CACHE_HOME", None)
     env.pop("CACHE_DIRECTORY", None)
+    env.pop("RUNTIME_DIRECTORY", None)  # the demo as a user runs it: the rule's own fallback
     out_path = tmp_path / "demo.out"
     with out_path.open("wb") as out:
         demo = subprocess.Popen(["bash", "scripts/demo.sh"], cwd=REPO, env=env,
