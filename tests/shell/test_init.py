@@ -278,6 +278,47 @@ def test_a_shell_operator_inside_a_word_ends_the_command_as_sh_reads_it(
     assert serveline.parse(serveline.split_text(text)).rest == rest
 
 
+@pytest.mark.parametrize("text", ["vllm serve /m --chat-template <(curl -s http://x/t)",
+                                  "vllm serve /m --port 8001 > >(tee log)"])
+def test_a_process_substitution_is_refused_as_an_expansion(text: str) -> None:
+    """bash's <(...) gives vLLM a /dev/fd/N path init cannot know: `--chat-template
+    <(curl ...)` became the value 'http://x/t)'."""
+    with pytest.raises(serveline.LineError, match=r"uses the shell's [<>]\("):
+        serveline.split_text(text)
+
+
+@pytest.mark.parametrize(("text", "rest"), [
+    # sh ends a word at an unquoted < or > too: init wrote model = "/m>log" (check: "does not
+    # exist"), served_model_name = "a>b" (clients' calls 404), a cron line's last value with
+    # its log file
+    ("vllm serve /m>log", ["/m"]),
+    ("vllm serve /m>>/var/log/vllm.log 2>&1", ["/m"]),
+    ("vllm serve /m<in --port 8001", ["/m", "--port", "8001"]),
+    ("vllm serve /m&>log", ["/m"]),
+    ("vllm serve /m>|log", ["/m"]),
+    ("vllm serve /m --port 8001 --served-model-name a>b", ["/m", "--port", "8001",
+                                                           "--served-model-name", "a"]),
+    ("vllm serve /m --max-model-len=4096>/dev/null 2>&1 &", ["/m", "--max-model-len=4096"]),
+    ("vllm serve /m>log; echo started", ["/m"]),
+    # a word of digits before it is the descriptor sh redirects (`8001>log`: not a port)
+    ("vllm serve /m --port 8001>log", ["/m", "--port"]),
+    # here-strings, here-documents, <>: the word after <<< was kept as vLLM's
+    ("vllm serve /m <<< x --port 8001", ["/m", "--port", "8001"]),
+    ("vllm serve /m <<'EOF' --port 8001", ["/m", "--port", "8001"]),
+    ("vllm serve /m <>rw --port 8001", ["/m", "--port", "8001"]),
+    # quoted or escaped, vLLM's
+    ("vllm serve /m --x 'a>b' --y a\\>b --z \"a<b\" --w a'>'b", ["/m", "--x", "a>b", "--y",
+                                                                "a>b", "--z", "a<b", "--w",
+                                                                "a>b"]),
+])
+def test_a_redirection_glued_to_a_word_ends_the_word_as_sh_reads_it(
+        text: str, rest: list[str]) -> None:
+    assert serveline.parse(serveline.split_text(text)).rest == rest
+    if rest[-1] == "--port":  # the port sh took for a descriptor: refused, never written
+        draft = translate.translate(serveline.parse(serveline.split_text(text)), Facts())
+        assert any("`--port` has no value" in f for f in draft.fatal), draft.fatal
+
+
 @pytest.mark.parametrize("text", ["export HF_HOME=/x; vllm serve /m --port 8001",
                                   "export HF_HOME=/x && vllm serve /m --port 8001",
                                   "HF_HOME=/x;vllm serve /m --port 8001; echo up"])

@@ -14,7 +14,8 @@ from dataclasses import dataclass, field
 from vllmwatch.config.redact import REDACT
 
 _ASSIGN = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*=")
-_REDIRECT = re.compile(r"^(\d*|&)(>\||>>?|<)(&\d+)?", re.ASCII)  # 2>&1, bash's &> log, >| log
+# 2>&1, bash's &> log, >| log, <> rw, here-documents (<<EOF, <<-EOF) and here-strings (<<< x)
+_REDIRECT = re.compile(r"^(\d*|&)(>\||>>?|<<<|<<-?|<>|<)(&\d+)?", re.ASCII)
 # Programs a line runs vLLM under, with their options that take the next word as a value
 # (`sudo -u vllm`, `nice -n 10`, `numactl -N 0`) and how many words come before the command
 # (`taskset 0x3`, `taskset -c 0-7`, `chrt -f 99`).
@@ -72,6 +73,10 @@ def split_text(text: str) -> list[str]:
                             ": init cannot know what vLLM got from it; paste the line with the "
                             "values written out, or run `vllmwatch init --from-pid PID` on the "
                             "running vLLM")
+        if scan.glued:  # `/m>log`, `a2>&1`: sh splits the word there; so do we, and read again
+            for at in reversed(scan.glued):
+                line = f"{line[:at]} {line[at:]}"
+            scan = _scan(line)
         line = line[:scan.comment].rstrip() if scan.comment is not None else line
         if scan.end is not None:  # after ; && || &: the next command, as on its own line
             after = "" if line[scan.end] == "|" != line[scan.end + 1:scan.end + 2] else \
@@ -100,21 +105,25 @@ class _Scan:
     redirection or the command's end), where a comment begins, where the command ends (an
     unquoted `;`, `|`, `&&`, `&`, also inside a word: `--port 8001;`, `/m&`), and the
     expansions it would have made (`$KEY`, `${HF_TOKEN}`, `$(hostname)`, a backtick, a
-    leading `~`)."""
+    leading `~`), and where an unquoted redirection begins inside a word (`/m>log`,
+    `4096>>x.log`, `/m<in`, `/m&>log`: sh ends the word there, so vLLM never got `/m>log`;
+    not after a word of digits alone, `2>&1`, which sh reads as the file descriptor)."""
 
     quoted: set[int] = field(default_factory=set)
     words: int = 0
     comment: int | None = None
     end: int | None = None
     expansions: list[str] = field(default_factory=list)
+    glued: list[int] = field(default_factory=list)
 
 
-_EXPANSION = re.compile(r"\$(?:[A-Za-z_][A-Za-z0-9_]*|\{[^}]*\}?|\([^)]*\)?)|`[^`]*`?|~[\w.-]*")
+_EXPANSION = re.compile(r"\$(?:[A-Za-z_][A-Za-z0-9_]*|\{[^}]*\}?|\([^)]*\)?)|`[^`]*`?|~[\w.-]*"
+                        r"|[<>]\([^)]*\)?")  # bash's process substitution: a /dev/fd/N path
 
 
 def _scan(line: str) -> _Scan:
     out = _Scan()
-    in_word, quote, i = False, "", 0
+    in_word, quote, i, start = False, "", 0, 0
     while i < len(line):
         c = line[i]
         if quote == "'":
@@ -132,9 +141,14 @@ def _scan(line: str) -> _Scan:
             out.end = i
             break
         else:
+            if not quote and in_word and _redirection_inside(line, i, start):
+                out.glued.append(i)
+            if not in_word:
+                start = i
             if not quote and not in_word and c in "'\"\\":
                 out.quoted.add(out.words)
-            if c in "$`" or (c == "~" and not in_word and not quote):
+            if c in "$`" or (c == "~" and not in_word and not quote) or (
+                    c in "<>" and not quote and line[i + 1:i + 2] == "("):
                 m = _EXPANSION.match(line, i)  # (None for a lone $ or $5: sh keeps those)
                 if m:
                     out.expansions.append(m.group(0))
@@ -146,6 +160,17 @@ def _scan(line: str) -> _Scan:
         i += 1
     out.words += in_word
     return out
+
+
+def _redirection_inside(line: str, i: int, start: int) -> bool:
+    """Whether an unquoted <, > or &> at line[i], inside the word begun at `start`, begins a
+    redirection: not the second character of one (`>>`, `<&`, `&>`), nor after digits alone."""
+    c, before = line[i], line[i - 1]
+    if c == "&":
+        return line[i + 1:i + 2] == ">" and before not in "<>"
+    if c not in "<>" or before in "<>&":
+        return False
+    return not re.fullmatch(r"[0-9]+", line[start:i])
 
 
 def _ends_command(line: str, i: int) -> bool:
