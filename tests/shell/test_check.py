@@ -596,6 +596,14 @@ def test_a_model_under_a_tilde_is_refused_as_vllm_expands_none(tmp_path: Path) -
 @pytest.mark.parametrize(("args", "extra", "key"), [
     ('chat-template = "./t.jinja"', "", "vllm.args.chat-template"),
     ("", 'extra_args = ["--lora-modules", "a=../adapters/a"]', "vllm.extra_args[1]"),
+    # inside a JSON value, a table or JSON text: passed with no word, and vLLM compiled into
+    # (or looked for its draft model in) a folder under its WorkingDirectory=
+    ('compilation-config = { cache_dir = "./t.jinja" }', "",
+     "vllm.args.compilation-config.cache_dir"),
+    ('speculative-config = { model = "../adapters/d", num_speculative_tokens = 3 }', "",
+     "vllm.args.speculative-config.model"),
+    ("", """extra_args = ["--hf-overrides", '{"a": ["/x", "./t.jinja"]}']""",
+     "vllm.extra_args[1].a[1]"),
 ])
 def test_a_relative_path_for_vllm_is_a_warning_naming_its_key(
         tmp_path: Path, args: str, extra: str, key: str) -> None:
@@ -608,6 +616,6 @@ def test_a_relative_path_for_vllm_is_a_warning_naming_its_key(
 
 
 def test_no_relative_path_no_row(tmp_path: Path) -> None:
-    res = results(write_config(tmp_path, tmp_path / "m", args='chat-template = "/t.jinja"'),
-                  fast=True)
+    res = results(write_config(tmp_path, tmp_path / "m", args='chat-template = "/t.jinja"\n'
+                               'speculative-config = { model = "org/draft" }'), fast=True)
     assert "relative paths" not in res

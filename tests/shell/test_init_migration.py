@@ -530,6 +530,52 @@ def test_a_relative_path_in_a_flag_is_made_absolute_as_the_model_is(
         assert "relative to /home/me" in note and "starts elsewhere" in note
 
 
+@pytest.mark.parametrize(("line", "key", "want"), [
+    # the same inside a JSON value: written as the line had it, vLLM looked for its draft
+    # model, compiled, read its overrides under the service's WorkingDirectory
+    ("""vllm serve /m --speculative-config '{"model": "./d", "num_speculative_tokens": 3}'""",
+     "speculative-config", {"model": "/home/me/d", "num_speculative_tokens": 3}),
+    ("""vllm serve /m --compilation-config '{"cache_dir": "../c", "level": 3}'""",
+     "compilation-config", {"cache_dir": "/home/c", "level": 3}),
+    ("vllm serve /m --hf-overrides \"{'files': ['tok/x', 'org/name', '/abs']}\"",
+     "hf-overrides", {"files": ["/home/me/tok/x", "org/name", "/abs"]}),
+])
+def test_a_relative_path_inside_a_json_flag_is_made_absolute(line: str, key: str,
+                                                             want: object) -> None:
+    data, draft = toml_of(line, Facts(known=known(), cwd="/home/me",
+                                      exists={"/home/me/tok/x"}.__contains__))
+    assert data["vllm"]["args"][key] == want
+    note = next(e.note for e in draft.args if e.key == key)
+    assert "relative to /home/me" in note and "starts elsewhere" in note, note
+
+
+def test_a_relative_path_after_a_name_in_json_text_or_the_environment_is_made_absolute(
+        ) -> None:
+    """`--lora-modules a=./a` (vLLM loaded the adapter from its WorkingDirectory and failed its
+    start), each word of `--lora-modules a=./a b=../b`, JSON text of a text flag, and
+    `HF_HOME=./hf` (another hub cache) were copied as written; check warned of each."""
+    facts = Facts(known=known(), cwd="/home/me")
+    data, _ = toml_of("HF_HOME=./hf vllm serve /m --enable-lora --lora-modules a=./a", facts)
+    assert data["vllm"]["env"]["HF_HOME"] == "/home/me/hf"
+    assert data["vllm"]["args"]["lora-modules"] == "a=/home/me/a"
+    data, _ = toml_of("vllm serve /m --enable-lora --lora-modules "
+                      """'{"name": "c", "path": "../c"}'""", facts)
+    assert data["vllm"]["args"]["lora-modules"] == '{"name": "c", "path": "/home/c"}'
+    data, draft = toml_of("vllm serve /m --enable-lora --lora-modules a=./a b=../b x=y",
+                          Facts(known=known(), cwd="/home/me"))
+    assert data["vllm"]["extra_args"] == ["--lora-modules", "a=/home/me/a", "b=/home/b", "x=y"]
+    assert any("'b=../b' was relative to /home/me" in said for said in draft.said), draft.said
+
+
+def test_a_relative_path_in_a_json_flag_kept_as_json_is_made_absolute_and_said() -> None:
+    """A JSON null keeps the value as JSON text in extra_args: its paths too."""
+    data, draft = toml_of("""vllm serve /m --speculative-config '{"model": "./d", "x": null}'""",
+                          Facts(known=known(), cwd="/home/me"))
+    assert data["vllm"]["extra_args"] == ["--speculative-config",
+                                          '{"model":"/home/me/d","x":null}']
+    assert any("speculative-config.model './d' was relative" in s for s in draft.said)
+
+
 @pytest.mark.parametrize(("output", "unit", "status"), [
     ("/etc/vllmwatch/gpu1.toml", "vllmwatch@gpu1", "vllmwatch status -c /etc/vllmwatch/gpu1.toml"),
     ("/etc/vllmwatch/vllmwatch.toml", "vllmwatch", "vllmwatch status"),

@@ -3,6 +3,8 @@ installed, [vllm.args] holds only flags that this vLLM accepts, status.listen is
 
 from __future__ import annotations
 
+import contextlib
+import json
 import shlex
 import socket
 
@@ -92,19 +94,32 @@ def check_vllm_args(ctx: Context) -> CheckResult:
 
 def check_relative_paths(ctx: Context) -> list[CheckResult]:
     """Values of [vllm.args], extra_args and [vllm.env] that are relative paths (./x, ../x,
-    also after a flag's =): vLLM opens them from the unit's WorkingDirectory=, not from the
+    also after a flag's =, and inside a JSON value: a table's `cache_dir = "./c"`, extra_args'
+    '{"model": "./draft"}'): vLLM opens them from the unit's WorkingDirectory=, not from the
     folder the config was written in (`chat-template = "./t.jinja"` stopped each start)."""
     v = ctx.config.vllm
     values = [*((f"vllm.args.{k}", x) for k, x in v.args.items()),
               *((f"vllm.extra_args[{i}]", x) for i, x in enumerate(v.extra_args)),
               *((f"vllm.env.{k}", x) for k, x in v.env.items())]
-    found = [key for key, x in values if isinstance(x, str) and (
-        x.startswith(("./", "../")) or "=./" in x or "=../" in x)]
+    found = [found for key, x in values for found in _relative(key, x)]
     if not found:
         return []
     return [CheckResult("relative paths", WARN, f"{', '.join(found)}: a path relative to the "
                         "folder vLLM starts in, the unit's WorkingDirectory= (/var/lib/vllmwatch "
                         "as shipped), not this one; write it from /")]
+
+
+def _relative(key: str, value: object) -> list[str]:
+    """The keys under `key` whose value is a relative path; a JSON text is read as JSON."""
+    if isinstance(value, str) and value.lstrip()[:1] in ("{", "["):
+        with contextlib.suppress(ValueError):  # (not JSON: a plain word to judge)
+            value = json.loads(value)
+    if isinstance(value, dict):
+        return [f for k, x in value.items() for f in _relative(f"{key}.{k}", x)]
+    if isinstance(value, list):
+        return [f for i, x in enumerate(value) for f in _relative(f"{key}[{i}]", x)]
+    return [key] if isinstance(value, str) and (
+        value.startswith(("./", "../")) or "=./" in value or "=../" in value) else []
 
 
 def check_status_listen(ctx: Context) -> CheckResult:

@@ -5,6 +5,7 @@ by init with mode 0600 and named by the TOML (issue 37.1)."""
 
 from __future__ import annotations
 
+import os
 import re
 import shlex
 
@@ -154,6 +155,11 @@ def apply(env: dict[str, str], draft: Draft, facts: Facts) -> None:
             if value != {"CUDA_DEVICE_ORDER": "PCI_BUS_ID"}.get(name, value):
                 draft.errors.append(f"{name}={value}: vllmwatch sets {name}=PCI_BUS_ID so that "
                                     "GPU numbers are nvidia-smi's; check vllm.gpus")
+        elif facts.cwd and value.startswith(("./", "../")):  # (HF_HOME=./hf: a hub cache
+            # under the service's WorkingDirectory, not the one the line used)
+            draft.env[name] = os.path.normpath(os.path.join(facts.cwd, value))
+            draft.said.append(f"{name}={value} was relative to {facts.cwd}; the service starts "
+                              f"elsewhere: written as {draft.env[name]}")
         else:
             draft.env[name] = value
 

@@ -5,9 +5,10 @@ rope flags turned into the hf-overrides that replaces them."""
 from __future__ import annotations
 
 import json
+import os
 import re
 
-from vllmwatch.migrate.draft import Draft, Entry
+from vllmwatch.migrate.draft import Draft, Entry, Facts
 from vllmwatch.migrate.flagwords import Given
 
 _BARE = re.compile(r"(?<=[{\[,:])\s*([A-Za-z_][A-Za-z0-9_.\-]*)\s*(?=[:,}\]])")
@@ -64,7 +65,7 @@ def parse(given: Given, value: object) -> tuple[object | None, str]:
     return got, f"{text!r} is not JSON{split}; written as the table it means"
 
 
-def json_flag(given: Given, value: object, draft: Draft, note: str) -> None:
+def json_flag(given: Given, value: object, draft: Draft, facts: Facts, note: str) -> None:
     """A flag that takes JSON: written as a TOML table (vllmwatch passes it as JSON)."""
     got, why = parse(given, value)
     if got is None:
@@ -72,13 +73,56 @@ def json_flag(given: Given, value: object, draft: Draft, note: str) -> None:
         draft.arg(Entry(given.name, _text_of(value), f"{note}the line had `{given.raw}`: "
                         f"{why}; fix it and uncomment", False))
         return
+    moved: list[str] = []
+    got = absolute_within(got, facts, given.name, moved)
+    where = (f"{', '.join(moved)} relative to {facts.cwd}; the service starts elsewhere"
+             if moved else "")  # (as translate._absolute says it of a flag's own value)
     if _has_null(got):  # TOML has no null: a table would change it (to ""); kept as JSON
         draft.extra_args += [f"--{given.name}", json.dumps(got, separators=(",", ":"))]
         draft.said.append(f"--{given.name} holds a JSON null, which TOML cannot write: "
-                          "kept in vllm.extra_args as JSON")
+                          "kept in vllm.extra_args as JSON" + (f"; {where}" if where else ""))
         return
-    draft.arg(Entry(given.name, got, f"{note}the line had `{given.raw}`: {why}" if why
-                    else note))
+    told = [t for t in (where, why and f"the line had `{given.raw}`: {why}") if t]
+    draft.arg(Entry(given.name, got, note + "; ".join(told)))
+
+
+def absolute_within(value: object, facts: Facts, key: str, moved: list[str]) -> object:
+    """A JSON value with each path in it relative to the line's folder made absolute, as
+    translate._absolute does for a flag's own value: vLLM opens `--speculative-config
+    '{"model": "./draft"}'`, a compilation cache_dir, from the service's WorkingDirectory.
+    A string is a path when it begins ./ or ../, or names with a / what is there (a hub id,
+    `org/name`, is not); `moved` gets "KEY 'was'" for each."""
+    if isinstance(value, dict):
+        return {k: absolute_within(v, facts, f"{key}.{k}", moved) for k, v in value.items()}
+    if isinstance(value, list):
+        return [absolute_within(v, facts, f"{key}[{i}]", moved) for i, v in enumerate(value)]
+    if not isinstance(value, str) or not facts.cwd or value.startswith("/") or not (
+            value.startswith(("./", "../")) or ("/" in value and facts.exists(
+                os.path.join(facts.cwd, value)))):
+        return value
+    moved.append(f"{key} {value!r} was")
+    return os.path.normpath(os.path.join(facts.cwd, value))
+
+
+def absolute_text(value: str, facts: Facts, key: str, moved: list[str]) -> str:
+    """A flag's text with the paths in it made absolute: JSON text (`--lora-modules '{"name":
+    "a", "path": "./a"}'`) walked by absolute_within, the path of `NAME=./path` (`--lora-modules
+    a=./a`: vLLM loaded the adapter from its WorkingDirectory, and failed its start)."""
+    if not facts.cwd:
+        return value
+    if value.lstrip()[:1] in ("{", "["):
+        try:
+            got = json.loads(value)
+        except ValueError:
+            return value
+        before = len(moved)
+        got = absolute_within(got, facts, key, moved)
+        return json.dumps(got) if len(moved) > before else value
+    name, eq, path = value.partition("=")
+    if not eq or not name or "/" in name or not path.startswith(("./", "../")):
+        return value
+    moved.append(f"{key} {value!r} was")
+    return f"{name}={os.path.normpath(os.path.join(facts.cwd, path))}"
 
 
 def _has_null(value: object) -> bool:

@@ -256,10 +256,15 @@ def _typed(given: Given, value: object, draft: Draft, facts: Facts, note: str) -
     if kind == "bool":
         _switch(given, value, draft, facts, note)
     elif kind == "json" and "." not in name:
-        relaxed.json_flag(given, value, draft, note)
-    elif isinstance(value, list):
-        draft.extra_args += [f"--{name}", *value]
+        relaxed.json_flag(given, value, draft, facts, note)
+    elif isinstance(value, list):  # (`--lora-modules a=./x b=./y`: each word's path too)
+        moved: list[str] = []
+        draft.extra_args += [f"--{name}", *(relaxed.absolute_text(w, facts, name, moved)
+                                             for w in value)]
         draft.changed += bool(note)
+        if moved:
+            draft.said.append(f"{', '.join(moved)} relative to {facts.cwd}; the service "
+                              "starts elsewhere")
     else:
         _text(given, value if kind == "text" else _number(value, facts.known is None), draft,
               facts, note)
@@ -300,6 +305,11 @@ def _absolute(name: str, value: object, facts: Facts, note: str) -> tuple[object
     `--download-dir d` filled another folder). A word with no / or . is a path only to a
     flag's value by chance (`--dtype auto` beside a file named auto), unless the flag names a
     folder (`--tokenizer tok`: vLLM looks there before the hub): kept as written."""
+    moved: list[str] = []  # JSON text, `NAME=./path` (--lora-modules): the paths in it
+    if isinstance(value, str) and (got := relaxed.absolute_text(value, facts, name, moved)
+                                   ) != value:
+        return got, f"{note}{', '.join(moved)} relative to {facts.cwd}; the service starts " \
+            "elsewhere"
     if not isinstance(value, str) or not facts.cwd or value.startswith("/") or not (
             value.startswith(("./", "../")) or (("/" in value or "." in value or name in _DIRS)
                                                 and facts.exists(f"{facts.cwd}/{value}"))):
