@@ -108,6 +108,9 @@ def test_ready_only_after_health_and_canary_with_status_lines(daemon: Factory) -
     before = [v.split("=", 1)[1].split(" ")[0] for v in told[:told.index("READY=1")]
               if v.startswith("STATUS=")]
     assert "starting" in before and before[-1] == "ready", told
+    # the first start's sweep and launch are no restart: they read "restart launching"
+    assert not any("restart " in v for v in told[:told.index("READY=1")]), told
+    assert any("first start launching" in v for v in told), told
     # The canary (a real completion) succeeded during the start, before READY.
     assert 0 < ready["phases"]["canary"] <= ready["phases"]["ready"]
     starting = d.named("state.changed", to="starting")[0]

@@ -168,6 +168,17 @@ def test_readyz_flips_with_ready_and_draining() -> None:
         assert b"state=draining draining=true" in body
 
 
+@pytest.mark.parametrize(("reason", "said"), [(None, b" start=launching\n"),
+                                               ("crash", b" restart=launching\n")])
+def test_readyz_names_the_first_starts_rung_as_no_restart(reason: str | None,
+                                                          said: bytes) -> None:
+    """The first start read `not ready: state=starting draining=false restart=launching`."""
+    with running(make_snapshot(state="starting", ready=False, restart_phase="launching",
+                               restart_reason=reason)) as h:
+        code, _, body = h.request("/readyz")
+        assert code == 503 and body.endswith(said), body
+
+
 def test_status_is_the_snapshot_plus_state_for_s() -> None:
     with running() as h:
         h.clock = T0 + 10

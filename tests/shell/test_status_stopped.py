@@ -76,6 +76,31 @@ def test_status_and_systemctl_status_name_memory_the_same_way() -> None:
     assert "host rss 64MiB" in rss_only and "pss" not in rss_only
 
 
+@pytest.mark.parametrize(("state", "phase", "reason", "exit_reason", "words", "row"), [
+    # the first start's own rungs are no restart: STATUS= and `status` said "restart
+    # launching" with restarts 0 (a crash loop it read as, at 3 a.m.)
+    ("cleanup", "sweeping", None, None, "first start sweeping for 1s", "start"),
+    ("starting", "launching", None, None, "first start launching for 1s", "start"),
+    ("starting", "launching", "crash", None, "restart launching for 1s", "restart"),
+    ("stopping", "terminating", None, "stop", "exit terminating for 1s", "exit"),
+    ("stopping", "terminating", "hang", "gave_up", "exit terminating for 1s", "exit"),
+])
+def test_the_rung_is_said_as_what_the_climb_is(state: str, phase: str, reason: str | None,
+                                               exit_reason: str | None, words: str,
+                                               row: str) -> None:
+    snap = Snapshot(state=state, restart_phase=phase, restart_phase_for_s=1.0,
+                    restart_reason=reason, exit_reason=exit_reason)
+    line = summary(snap)
+    assert f"| {words} |" in line, line
+    assert ("restart " in line) == (words.startswith("restart")), line
+    rows = _rows(status_cli.render(snap.to_json(), now=NOW))
+    assert rows[row].split(None, 1)[1].startswith(f"{phase} for 1s"), rows
+    assert row == "restart" or "restart" not in rows
+    doc = snap.to_json()
+    del doc["restart_reason"]  # an older daemon's answer: its rung, as it was said
+    assert "restart" in _rows(status_cli.render(doc, now=NOW)) or exit_reason
+
+
 # --- not running ---------------------------------------------------------------------------
 
 @pytest.mark.parametrize("path,unit", [

@@ -34,7 +34,7 @@ from vllmwatch.status.http_guard import (
     raw_response,
     send_and_close,
 )
-from vllmwatch.status.snapshot import Snapshot
+from vllmwatch.status.snapshot import Snapshot, ladder_word
 
 __all__ = ["StatusListenError", "StatusServer", "parse_listen"]
 Response = tuple[int, str, bytes]
@@ -175,8 +175,10 @@ class StatusServer:
             if snap.ready and not snap.draining:
                 return 200, TEXT, b"ready\n"
             why = f"not ready: state={snap.state} draining={str(snap.draining).lower()}"
-            if snap.restart_phase != "idle":  # (state=ready said nothing of why not)
-                why += f" restart={snap.restart_phase}"
+            if snap.restart_phase != "idle":  # (state=ready said nothing of why not; the
+                # first start's rungs are no restart: start=launching)
+                word = ladder_word(snap.restart_phase, snap.restart_reason, snap.exit_reason)
+                why += f" {word.split()[-1]}={snap.restart_phase}"
             why += "\n"
             return 503, TEXT, why.encode()
         if path == "/status":

@@ -38,6 +38,16 @@ class MemoryFigures:
     held_detail: str | None = None
 
 
+def ladder_word(phase: str, reason: object, exit_reason: object) -> str:
+    """What the restart ladder's climb is, for the words beside its rung: "exit" once
+    vllmwatch leaves, "restart" for a restart, "first start" for the start after the
+    daemon's own (its sweep, prewarm, launch: STATUS= said "restart launching" before any
+    restart); "" with no climb under way."""
+    if not phase or phase == "idle":
+        return ""
+    return "exit" if exit_reason else "restart" if reason else "first start"
+
+
 @dataclass(frozen=True)
 class Snapshot:
     """Everything /status, /metrics and STATUS= show; replaced wholesale by the loop."""
@@ -52,6 +62,9 @@ class Snapshot:
     restart_phase: str = "idle"
     restart_phase_since_monotonic: float | None = None
     restart_phase_for_s: float | None = None  # at the snapshot (STATUS=, /metrics)
+    # The reason of the restart the rungs belong to; None on the first start and on an exit
+    # with no restart under way: neither is a restart (ladder_word)
+    restart_reason: str | None = None
     child_pid: int | None = None
     child_started: float | None = None  # wall clock
     child_uptime_s: float | None = None

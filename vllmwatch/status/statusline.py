@@ -16,7 +16,7 @@ from vllmwatch.core.names import Reason
 from vllmwatch.core.restart import Phase
 from vllmwatch.core.samples import gpu_figure
 from vllmwatch.core.state import ChildRun, S, WatchState
-from vllmwatch.status.snapshot import MemoryFigures, Snapshot
+from vllmwatch.status.snapshot import MemoryFigures, Snapshot, ladder_word
 
 
 def _limit(mib: float) -> float | None:
@@ -91,6 +91,7 @@ def snapshot_of(s: WatchState, now: float, wall: float, prev: Snapshot,
         draining=s.state == S.DRAINING, child_pid=s.pid,
         restart_phase=str(s.restart.phase), restart_phase_since_monotonic=s.restart.since,
         restart_phase_for_s=round(max(0.0, now - s.restart.since), 3),
+        restart_reason=None if s.restart.reason is None else str(s.restart.reason),
         child_started=to_wall(c.started) if c is not None and alive else None,
         child_uptime_s=round(now - c.started, 3) if c is not None and alive else None,
         restarts_by_reason={str(k): n for k, n in s.restarts_by_reason.items()},
@@ -174,7 +175,8 @@ def summary(snap: Snapshot, down: tuple[str, ...] = ()) -> str:
         parts.append("degraded: spare serving")
     if snap.restart_phase != "idle" and snap.state not in ("stopped", "failed"):  # the rung
         # of the restart (or exit) under way; none once the daemon is done
-        parts.append(f"restart {snap.restart_phase} for "
+        word = ladder_word(snap.restart_phase, snap.restart_reason, snap.exit_reason)
+        parts.append(f"{word} {snap.restart_phase} for "
                      f"{format_duration(snap.restart_phase_for_s or 0.0)}")
     if snap.child_uptime_s is not None:
         parts.append(f"up {format_duration(snap.child_uptime_s)}")

@@ -13,6 +13,7 @@ from typing import Any
 from vllmwatch.config.convert import printable
 from vllmwatch.config.units import format_duration, format_mib
 from vllmwatch.core.reuse import one_line
+from vllmwatch.status.snapshot import ladder_word
 
 _COLOURS = {"green": "32", "yellow": "33", "red": "31"}
 _STATE_COLOUR = {"ready": "green", "failed": "red"}
@@ -112,9 +113,10 @@ def render(data: Mapping[str, Any], colour: bool = False, now: float | None = No
              else "no")]
     phase = data.get("restart_phase")
     if phase and phase != "idle":  # a daemon older than the ladder's phases sends none
-        took = data.get("restart_phase_for_s")
-        rows.append(("restart", str(phase) + (f" for {format_duration(took)}"
-                                              if took is not None else "")))
+        took = data.get("restart_phase_for_s")  # (one without restart_reason: "restart")
+        word = ladder_word(str(phase), data.get("restart_reason", "?"), data.get("exit_reason"))
+        rows.append((word.split()[-1], str(phase) + (f" for {format_duration(took)}"
+                                                     if took is not None else "")))
     why = data.get("exit_reason")
     if why and why != "stop":  # leaving for a cause (statusline.summary says it the same way)
         rows.append(("exiting", f"{data.get('exit_code')}: {why}"
