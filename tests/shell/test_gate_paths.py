@@ -168,6 +168,14 @@ def test_a_refused_paths_echo_is_redacted_before_it_is_cut(
     assert why is not None and "<redacte" in why and key[:4] not in why
 
 
+@pytest.mark.parametrize(("path", "target", "named"), [
+    ("", "example.com:443", "CONNECT example.com:443 is"), ("", "", "CONNECT '' is"),
+    ("/admin", "http://x/admin", "CONNECT /admin is")])
+def test_a_refusal_names_what_was_asked_once(path: str, target: str, named: str) -> None:
+    why = refusal("CONNECT", path, target)
+    assert why is not None and why.startswith(named) and "  " not in why, why
+
+
 def test_a_request_no_route_takes_gets_the_gates_json_404_and_a_connect_is_closed() -> None:
     """CONNECT host:port and OPTIONS * have no path the router takes: aiohttp answered them
     its plain-text 404, uncounted, and the guard cut the CONNECT's connection only at its
@@ -193,7 +201,8 @@ def test_a_request_no_route_takes_gets_the_gates_json_404_and_a_connect_is_close
                 dict(h.split(b": ", 1) for h in head.split(b"\r\n")[1:])[b"Content-Length"])]
             answer = json.loads(body)
             assert answer["type"] == "NotFoundError" and "client API" in answer["message"]
-            assert answer["message"].startswith(line.split()[0]), answer
+            # named as the request line had it: CONNECT's read "CONNECT  is not ..." (no path)
+            assert answer["message"].startswith(f"{line} is not a client API path"), answer
         assert answers[1].count(b"HTTP/1.1 200") == 1  # the request after OPTIONS * served
         assert seen == ["/v1/models"]
         assert g.stats.path_refused == 2 and g.stats.header_timeouts == 0

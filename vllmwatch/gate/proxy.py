@@ -114,7 +114,7 @@ class Forwarder:
         if guard is not None:  # its head is complete: the header deadline is over, refused
             guard.begin(request.protocol)  # or not (a refused one left it running: cut at
         try:  # HEADER_TIMEOUT while the client idled, counted as a slow head)
-            why = replay.refusal(request.method, request.path)
+            why = replay.refusal(request.method, request.path, request.raw_path)
             if why is not None:
                 return self._refuse_path(request.path, why)
             if guard is None:

@@ -171,11 +171,11 @@ def allowed(path: str) -> bool:
     return path in CLIENT_PATHS or any(p.fullmatch(path) for p in CLIENT_PATTERNS)
 
 
-def refusal(method: str, path: str) -> str | None:
-    """Why the gate answers this request 404 itself; None when it forwards it."""
+def refusal(method: str, path: str, target: str = "") -> str | None:
+    """Why the gate answers this 404 itself, naming `target` if no path (CONNECT); else None."""
     if allowed(path):
         return None
-    shown = REDACT.head(path, 200) + ("..." if len(path) > 200 else "")  # redacted, then cut
+    shown = REDACT.head(said := path or target or "''", 200) + ("..." if len(said) > 200 else "")
     shown = shown.encode("ascii", "backslashreplace").decode()
     return (f"{method} {shown} is not a client API path: the vllmwatch gate forwards only "
             "vLLM's client APIs (OpenAI and Anthropic, pooling, tokenize, /health, "
