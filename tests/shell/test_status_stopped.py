@@ -6,9 +6,11 @@ from __future__ import annotations
 
 import json
 import os
+import shutil
 import socket
 import subprocess
 import sys
+import tempfile
 from pathlib import Path
 from typing import Any
 
@@ -197,6 +199,38 @@ def test_without_systemd_or_records_it_still_says_how_to_start(tmp_path: Path) -
     assert text.splitlines() == ["vllmwatch is not running (no answer at "
                                  "http://127.0.0.1:1/status)",
                                  "next      start it with `systemctl start vllmwatch@gpu1`"]
+
+
+@pytest.mark.parametrize("closed", ["incidents", "state"])
+def test_a_records_folder_closed_to_the_caller_is_said_not_left_out(closed: str) -> None:
+    """`vllmwatch status` as an operator who is not root nor the service user, the daemon
+    down: the records (0700, in a state directory 0700) could not be listed, and the
+    "incident last" line was left out as if there were none. It names the folder and what to
+    do; as root the record itself is shown."""
+    from tests.shell.test_hostile_cosmetics import _as_a_stranger
+
+    top = Path(tempfile.mkdtemp(prefix="vw-records-", dir="/tmp"))  # (not tmp_path: 0700)
+    try:
+        top.chmod(0o755)
+        state = top / "state"
+        rid = _record(state / "incidents", "crash", "EngineCore died", NOW)
+        state.chmod(0o755)
+        (state if closed == "state" else state / "incidents").chmod(
+            0o700 if os.geteuid() == 0 else 0)
+        roots = [str(state / "incidents"), str(top / "other" / "incidents")]
+
+        def said() -> list[str]:
+            return stopped.explain("http://127.0.0.1:1/status", "/etc/vllmwatch/vllmwatch.toml",
+                                   None, latest.newest(roots)).splitlines()
+        lines = _as_a_stranger(said)
+        if os.geteuid() == 0:
+            assert any(rid in line for line in said()), said()  # root reads it
+    finally:
+        for folder in (state, state / "incidents"):
+            folder.chmod(0o700)
+        shutil.rmtree(top)
+    row = next((line for line in lines if line.startswith("incident")), "")
+    assert f"cannot read {roots[0]} as this user" in row and "sudo vllmwatch status" in row, lines
 
 
 def test_a_starting_unit_is_not_called_stopped() -> None:

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import os
+import stat
 from collections.abc import Sequence
 from typing import Any
 
@@ -12,8 +14,12 @@ from vllmwatch.incident import store
 
 def newest(roots: Sequence[str]) -> dict[str, Any] | None:
     """The newest record's id, time, reason and detail in the first folder that has one;
-    None when none is readable (no folder, no record, or no permission: records are 0700)."""
+    None when there is none (no folder, no record). A folder this user may not read (records
+    are 0700, in a state directory 0700) before any record gives {"denied": the folder}:
+    its records may be the newest, and saying nothing read as "no incident"."""
     for root in roots:
+        if _denied(root):
+            return {"denied": root}
         rid = store.newest(root)
         if rid is None:
             continue
@@ -27,6 +33,18 @@ def newest(roots: Sequence[str]) -> dict[str, Any] | None:
                 # redacted, then cut: a secret across the cut would keep its first part
                 "detail": printable(REDACT.head(str(data.get("detail", "")), 160), False)}
     return None
+
+
+def _denied(path: str) -> bool:
+    """Whether `path` is there but closed to this user, or a folder above it is (isdir then
+    says False, as for no folder at all)."""
+    try:
+        st = os.stat(path)
+    except PermissionError:
+        return True
+    except OSError:
+        return False
+    return stat.S_ISDIR(st.st_mode) and not os.access(path, os.R_OK | os.X_OK)
 
 
 def instance_roots(unit: str, roots: Sequence[str], base: str = "/var/lib/vllmwatch"

@@ -103,7 +103,11 @@ def explain(url: str, config_path: str, view: Mapping[str, str] | None,
         if state in ("activating", "reloading", "active"):
             lines.append(f"note      systemd says it is {state}: the status listener may not "
                          "be up yet, or listens elsewhere (--url)")
-    if incident is not None:
+    if incident is not None and incident.get("denied"):
+        lines.append(f"incident  cannot read {incident['denied']} as this user (permission "
+                     "denied: incident records are for root and the service user): run `sudo "
+                     "vllmwatch status` to see the last one")
+    elif incident is not None:
         lines.append(f"incident  last: {incident['id']} ({incident['reason']}"
                      + (f": {incident['detail']}" if incident["detail"] else "") + ")")
         lines.append(f"          read it: vllmwatch incidents show {incident['id']}")
