@@ -39,7 +39,8 @@ def known() -> vllmflags.FlagSet:
     return vllmflags.FlagSet(data["version"], frozenset(data["flags"]),
                              frozenset(data["switches"]), data["kinds"], data["aliases"],
                              frozenset(data["lists"]), frozenset(data["integers"]),
-                             {k: tuple(v) for k, v in data["choices"].items()})
+                             {k: tuple(v) for k, v in data["choices"].items()},
+                             data["parsers"])
 
 
 def init(text: str, facts: Facts | None = None) -> tuple[dict[str, Any], str, translate.Draft]:

@@ -83,13 +83,16 @@ def check_vllm_args(ctx: Context) -> CheckResult:
         return CheckResult("vllm.args", FAIL, "; ".join(f"{p.key}: {p.problem}"
                                                         for p in problems))
     given = len(c.vllm.args) + sum(t.startswith("--") for t in c.vllm.extra_args)
+    loose = "" if known.parsers is not None else (
+        " (their values only loosely: this cached list, an older vllmwatch's, does not say how "
+        "vLLM reads each; run `vllmwatch check` without --fast to renew it)")
     if str(vllm_flags(ctx).get("disable-log-stats", False)).lower() not in ("false", "0"):
         return CheckResult("vllm.args", WARN, f"{given} flag(s) accepted by vLLM {version}; "
                            "but --disable-log-stats leaves /metrics without vLLM's progress "
                            "series: vllmwatch cannot tell a busy engine from a hung one (a "
                            "canary that times out twice under load is a hang restart) and "
                            "the stall rule is off; remove it unless the engine runs idle")
-    return CheckResult("vllm.args", PASS, f"{given} flag(s) accepted by vLLM {version}")
+    return CheckResult("vllm.args", PASS, f"{given} flag(s) accepted by vLLM {version}{loose}")
 
 
 def check_relative_paths(ctx: Context) -> list[CheckResult]:

@@ -1,6 +1,6 @@
 """Parse and format the durations, sizes, rates and quiet-hours windows that the config
 accepts (a window is a local-time span in which slow-leak restarts are allowed, spread per
-host)."""
+host), and read a vLLM flag's number as vLLM's own readers do (vllm_read)."""
 
 from __future__ import annotations
 
@@ -173,3 +173,65 @@ def spread(text: str, key: str, fraction: float) -> str:
         return text
     new_start = (start + host_offset(key, span)) % 1440
     return f"{_clock(new_start)}-{_clock(end)}"
+
+
+# --- vLLM's readers of a flag's word ------------------------------------------------------
+#
+# vLLM 0.32's argparse reads each flag with one reader (vllmflags' probe records which): int()
+# (--max-num-seqs: no `1k`, no `auto`), float() (--gpu-memory-utilization: no `32k`), its
+# human_readable_int (--max-num-batched-tokens: `32k`, `25.6k`, `2K`, no `auto`), its
+# human_readable_int_or_auto (--max-model-len only: also `auto`, `-1`), str, or a reader that
+# lowers the word and turns - into _ (--moe-backend CUTLASS); "?" marks one wrapped in its
+# optional_type, where "" and "None" (that case only) mean no value.
+
+VLLM_READS = {"int": "a whole number read by int() (8192, -1; no suffix such as 32k, no auto)",
+              "float": "a number read by float() (0.9, 1e-3; no suffix such as 32k, no auto)",
+              "hr_int": "a whole number, or one with a suffix (8192, 32k = 32000, 32K = 32768, "
+                        "25.6k; no auto, no decimal before K, M, G, T)",
+              "hr_int_auto": "a whole number, or one with a suffix (8192, 32k = 32000, 32K = "
+                             "32768, 25.6k; no decimal before K, M, G, T), or auto or -1",
+              # an older vllmwatch's cache names no reader: what one of vLLM's takes
+              "number": "a number (8192, 0.9, 32k)", "whole": "a whole number (8192, 32k)"}
+# vLLM's pattern has no re.ASCII, and int() and float() take any digit too
+_VLLM_SUFFIXED = re.compile(r"(\d+(?:\.\d+)?)([kKmMgGtT])")
+
+
+def vllm_read(spec: str, word: str) -> object:
+    """The value vLLM's reader `spec` (vllmflags' probe: int, float, hr_int, hr_int_auto, str,
+    fold; "?" for optional_type) makes of one word; ValueError where vLLM stops. A float
+    that is nan or inf is refused too: no setting of vLLM's is that."""
+    base = spec.removesuffix("?")
+    if spec.endswith("?") and word in ("", "None"):
+        return None
+    if base == "int":
+        return int(word)
+    if base == "float":
+        number = float(word)
+        if not math.isfinite(number):
+            raise ValueError(word)
+        return number
+    text = word.strip()
+    if base in ("number", "whole"):
+        return _loose(text, base == "whole")
+    if base == "hr_int_auto" and (text == "-1" or text.lower() == "auto"):
+        return -1
+    if base in ("hr_int", "hr_int_auto"):
+        suffixed = _VLLM_SUFFIXED.fullmatch(text)
+        if suffixed is None:
+            return int(text)
+        digits, suffix = suffixed.groups()
+        if suffix.islower():  # a decimal multiplier takes a decimal (25.6k)
+            return int(float(digits) * 1000 ** " kmgt".index(suffix))
+        return int(digits) * 1024 ** " KMGT".index(suffix)  # int("1.5"): vLLM refuses 1.5K
+    return word.lower().replace("-", "_") if base == "fold" else word
+
+
+def _loose(text: str, whole: bool) -> object:
+    """What one of vLLM's number readers takes (int, float unless whole, human_readable_int,
+    its _or_auto, optional_type's "no value"): for a flag whose reader is not known."""
+    if text.lower() in ("", "auto", "none"):
+        return None
+    suffixed = _VLLM_SUFFIXED.fullmatch(text)
+    if suffixed is None or (whole and suffixed.group(2).isupper() and "." in suffixed.group(1)):
+        return int(text) if whole else vllm_read("float", text)  # int("1.5K") refuses
+    return text

@@ -47,6 +47,45 @@ def whole(a):
     return f is int or getattr(f, "__name__", "").startswith("human_readable_int")
 
 
+def chain(a):
+    # The readers a flag's word goes through, outermost first (optional_type(parse_type(int))
+    # is _optional_type, _parse_type, int)
+    out, f = [], a.type
+    for _ in range(6):
+        if f is None:
+            break
+        out.append(f)
+        cells = [c.cell_contents for c in (getattr(f, "__closure__", None) or ())]
+        f = next((c for c in cells if callable(c)), None)
+    return out
+
+
+def reader_spec(a):
+    # Which of vLLM's readers turns the word into the value: int, float, hr_int (vLLM's
+    # human_readable_int), hr_int_auto (its _or_auto), str, or fold (a reader that lowers the
+    # word and turns - into _, as --moe-backend's); "?" after one wrapped in optional_type
+    # ("" and "None" are no value). None for a reader not known here: its values are not
+    # judged (vllmflags says so rather than guess)
+    if a.nargs == 0:
+        return None
+    readers = chain(a)
+    names = [getattr(f, "__name__", "") for f in readers]
+    last = readers[-1] if readers else str
+    opt = "?" if "_optional_type" in names else ""
+    spec = {int: "int", float: "float", str: "str"}.get(last) or {
+        "human_readable_int": "hr_int", "human_readable_int_or_auto": "hr_int_auto"}.get(
+            getattr(last, "__name__", ""))
+    if spec is None and a.choices and len(readers) == 1:
+        words = [c for c in a.choices if isinstance(c, str)]
+        try:
+            if words and len(words) == len(a.choices) and a.type("A-b") == "a_b" and all(
+                    a.type(c.upper().replace("_", "-")) == c for c in words):
+                spec = "fold"
+        except Exception:  # a reader of another kind: not judged
+            spec = None
+    return None if spec is None else spec + opt
+
+
 for mod, cls in (("vllm.entrypoints.launchers.cli_args", "vllm.utils.argparse_utils"),
                  ("vllm.entrypoints.openai.cli_args", "vllm.utils.argparse_utils"),
                  ("vllm.entrypoints.openai.cli_args", "vllm.utils")):
@@ -56,17 +95,21 @@ for mod, cls in (("vllm.entrypoints.launchers.cli_args", "vllm.utils.argparse_ut
     except (ImportError, AttributeError):
         continue
     parser = make(parser_cls(prog="vllm serve"))
-    kinds, aliases, lists, ints, choices = {}, {}, [], [], {}
+    kinds, aliases, lists, ints, choices, parsers = {}, {}, [], [], {}, {}
     for a in parser._actions:
         longs = [s[2:] for s in a.option_strings if s.startswith("--")]
         kinds.update((s, kind(a)) for s in longs)
         if kinds.get(longs[0] if longs else "") == "number" and whole(a):
             ints += longs
-        if a.choices and a.type in (None, str) and all(isinstance(c, str) for c in a.choices):
-            choices.update((s, sorted(a.choices)) for s in longs)
+        spec = reader_spec(a)
+        if spec is not None:
+            parsers.update((s, spec) for s in longs)
+        if a.choices and spec is not None:  # as words; None (optional_type's) is "None", ""
+            choices.update((s, [str(c) for c in a.choices if c is not None]) for s in longs)
         aliases.update((s, longs[0]) for s in a.option_strings if longs and s[1] != "-")
         if a.nargs in ("+", "*") or (isinstance(a.nargs, int) and a.nargs > 1):
             lists += longs
     print(MARK + json.dumps({"kinds": kinds, "aliases": aliases, "lists": lists,
-                               "integers": ints, "choices": choices}), flush=True)
+                               "integers": ints, "choices": choices,
+                               "parsers": parsers}), flush=True)
     break

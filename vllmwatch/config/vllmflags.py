@@ -11,15 +11,13 @@ from __future__ import annotations
 import difflib
 import hashlib
 import json
-import math
 import os
-import re
 import subprocess
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from vllmwatch.config import flags, safefile, vllminfo
+from vllmwatch.config import flags, safefile, units, vllminfo
 from vllmwatch.config.convert import show
 from vllmwatch.config.errors import Problem
 from vllmwatch.config.schema import Config
@@ -51,6 +49,14 @@ class FlagSet:
     # and the words a flag accepts (argparse choices); None when cached by an older vllmwatch
     integers: frozenset[str] | None = None
     choices: Mapping[str, tuple[str, ...]] | None = None
+    # The reader of each flag's word (units.vllm_read: int, float, hr_int, ...; a flag with a
+    # reader the probe does not know is absent); None when cached by an older vllmwatch
+    parsers: Mapping[str, str] | None = None
+
+    @property
+    def complete(self) -> bool:
+        """Whether this is a whole answer of this vllmwatch's probe (else ask vLLM again)."""
+        return bool(self.kinds) and None not in (self.lists, self.choices, self.parsers)
 
     @property
     def short_aliases(self) -> dict[str, str]:
@@ -104,21 +110,17 @@ def known_flags(command: list[str] | tuple[str, ...], version: str | None,
     cached = _read(path, version) if path else None
     # An entry of an older vllmwatch has no kinds or lists: usable (the built-in JSON list
     # stands in; lists unknown), and replaced by a full answer whenever vLLM may be asked.
-    if (cached is not None and cached.kinds and cached.lists is not None
-            and cached.choices is not None) or not ask:
+    if (cached is not None and cached.complete) or not ask:
         return cached
     got = _ask(python, version, timeout)
     if got is not None and path is not None:
-        safefile.write_private(path, json.dumps({"version": version, "flags": sorted(got.flags),
-                                             "switches": sorted(got.switches),
-                                             "kinds": dict(sorted(got.kinds.items())),
-                                             "aliases": dict(got.aliases),
-                                             **({"lists": sorted(got.lists)}
-                                                if got.lists is not None else {}),
-                                             **({"integers": sorted(got.integers)}
-                                                if got.integers is not None else {}),
-                                             **({"choices": dict(got.choices)}
-                                                if got.choices is not None else {})}))
+        fields = {"lists": got.lists, "integers": got.integers}  # (None: not given)
+        safefile.write_private(path, json.dumps({
+            "version": version, "flags": sorted(got.flags), "switches": sorted(got.switches),
+            "kinds": dict(sorted(got.kinds.items())), "aliases": dict(got.aliases),
+            **{k: sorted(v) for k, v in fields.items() if v is not None},
+            **{k: dict(v) for k, v in (("choices", got.choices), ("parsers", got.parsers))
+               if v is not None}}))
     return got or cached
 
 
@@ -181,13 +183,15 @@ def _from_probe(version: str, table: object) -> FlagSet | None:
                    *_integers_choices(table))
 
 
-def _integers_choices(table: Mapping[str, object]
-                      ) -> tuple[frozenset[str] | None, dict[str, tuple[str, ...]] | None]:
-    """The probe's (or the cache's) whole-number flags and choices; None where absent."""
-    ints, choices = table.get("integers"), table.get("choices")
+def _integers_choices(table: Mapping[str, object]) -> tuple[
+        frozenset[str] | None, dict[str, tuple[str, ...]] | None, dict[str, str] | None]:
+    """The probe's (or the cache's) whole-number flags, choices and readers; None where
+    absent."""
+    ints, choices, readers = table.get("integers"), table.get("choices"), table.get("parsers")
     return (frozenset(map(str, ints)) if isinstance(ints, list) else None,
             {str(k): tuple(map(str, v)) for k, v in choices.items() if isinstance(v, list)}
-            if isinstance(choices, dict) else None)
+            if isinstance(choices, dict) else None,
+            {str(k): str(v) for k, v in readers.items()} if isinstance(readers, dict) else None)
 
 
 def validate_args(config: Config, known: FlagSet) -> list[Problem]:
@@ -222,7 +226,7 @@ def _named(words: Sequence[str], known: FlagSet, where: str, offset: int
             if more and known.lists is not None and base not in known.lists and \
                     base in known.flags and base not in known.switches:
                 out.append(("", more, key))
-        elif token.startswith("-") and not _number(token, False) and known.aliases and \
+        elif token.startswith("-") and not _number(token) and known.aliases and \
                 not flags.is_value_of_flag(extra, i):  # a short flag this vLLM lacks (known
             # only where the flag list has its aliases: a cache of an older vllmwatch has none)
             out.append((token.partition("=")[0], None, f"{where}[{i + offset}]"))
@@ -233,7 +237,7 @@ def _words_after(extra: list[str], i: int) -> list[str]:
     """The words after extra[i] up to the next flag (`-1` is a number, not a flag)."""
     out: list[str] = []
     for word in extra[i + 1:]:
-        if word.startswith("-") and not _number(word, False):
+        if word.startswith("-") and not _number(word):
             break
         out.append(word)
     return out
@@ -281,49 +285,45 @@ def flag_problem(name: str, value: object, key: str, known: FlagSet) -> Problem 
         return Problem(key, f"--{base} does not read JSON in vLLM {known.version}, and a list "
                        f"is written as one JSON word ({show(value)}); give its values as "
                        f'words in vllm.extra_args: ["--{base}", {words}]')
-    if known.kind(base) == "number" and "." not in name and not _number(value, False):
-        return Problem(key, f"--{base} takes a number in vLLM {known.version} (8192, 0.9, "
-                       f"32k); {show(value)} is not one, and vLLM would stop")
-    if known.integers is not None and base in known.integers and "." not in name and \
-            not _number(value, True):
-        return Problem(key, f"--{base} takes a whole number in vLLM {known.version} (8192, "
-                       f"32k, 1.5k); {show(value)} is not one, and vLLM would stop")
+    return None if "." in name else _read_problem(base, value, key, known)
+
+
+def _read_problem(base: str, value: object, key: str, known: FlagSet) -> Problem | None:
+    """Why vLLM's reader of --base (and its choices) refuses the word that value becomes."""
+    spec = known.parsers.get(base) if known.parsers is not None else _loose(known, base)
+    if spec is None:  # a reader the probe does not know: not judged
+        return None
+    try:
+        got = units.vllm_read(spec, str(value))
+    except ValueError:
+        none = ", or None for vLLM's default" if spec.endswith("?") else ""
+        return Problem(key, f"--{base} takes {units.VLLM_READS[spec.removesuffix('?')]}{none} "
+                       f"in vLLM {known.version}; {show(value)} is not one, and vLLM would stop")
     allowed = (known.choices or {}).get(base)
-    if allowed and "." not in name and isinstance(value, str) and value not in allowed:
-        close = difflib.get_close_matches(value, allowed, n=1, cutoff=0.6)
-        return Problem(key, f"--{base} {value!r} is not accepted by vLLM {known.version}; "
+    if allowed and got is not None and str(got) not in allowed:
+        close = difflib.get_close_matches(str(got), allowed, n=1, cutoff=0.6)
+        return Problem(key, f"--{base} {show(value)} is not accepted by vLLM {known.version}; "
                        f"choose one of {', '.join(allowed)}"
+                       + (" (or None for vLLM's default)" if spec.endswith("?") else "")
                        + (f" (did you mean {close[0]!r}?)" if close else ""))
     return None
 
 
-# vLLM's human_readable_int: a decimal before a decimal suffix (25.6k), a whole number before
-# a binary one (2K). Its pattern has no re.ASCII, as int() and float() take any digit.
-_SUFFIXED = re.compile(r"(\d+(?:\.\d+)?)([kKmMgGtT])")
+def _loose(known: FlagSet, base: str) -> str | None:
+    """A reader for a flag of an older vllmwatch's cache, which has none: a word one of
+    vLLM's number readers takes (units.vllm_read's loose number and whole), a choice."""
+    if known.kind(base) == "number":
+        return "whole" if known.integers is not None and base in known.integers else "number"
+    return "str" if base in (known.choices or {}) else None
 
 
-def _number(value: object, whole: bool) -> bool:
-    """One word vLLM's int (whole), float or human_readable_int(_or_auto) reads as they do:
-    int() and float() take `.9`, `1.`, `+5`, `1_000` (a pattern of ours refused them: `run`
-    refused a line that served); -1/auto (_or_auto), None or empty (optional_type's "no
-    value"); never nan or inf (no setting of vLLM's is that)."""
-    if isinstance(value, (int, float)):  # a TOML value: bool is an int to Python
-        return not isinstance(value, bool) and not (whole and isinstance(value, float))
-    if not isinstance(value, str):
+def _number(word: str) -> bool:
+    """A word that one of vLLM's number readers takes (`-1` is a value, not a flag)."""
+    try:
+        units.vllm_read("number", word)
+    except ValueError:
         return False
-    text = value.strip()
-    if text.lower() in ("", "auto", "none"):
-        return True
-    suffixed = _SUFFIXED.fullmatch(text)
-    if suffixed:  # a binary suffix takes int() of its number: no decimal
-        return not whole or suffixed.group(2).islower() or "." not in suffixed.group(1)
-    for parse in (int,) if whole else (int, float):
-        try:
-            number = parse(text)
-        except ValueError:
-            continue
-        return math.isfinite(number) if isinstance(number, float) else True
-    return False
+    return True
 
 
 def refusal_text(config: Config, known: FlagSet) -> str | None:

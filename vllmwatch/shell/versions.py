@@ -145,22 +145,23 @@ def refusal(config: Config, environ: Mapping[str, str], version: str | None,
     """
     cache = vllmflags.default_cache_dir(config, environ)
     known = vllmflags.known_flags(config.vllm.command, version, cache, ask=False)
-    if known is None:
-        if version is not None:
-            _learn(config, version, cache, log)
-        return None
-    return vllmflags.refusal_text(config, known)
+    if (known is None or not known.complete) and version is not None:
+        # (an older vllmwatch's answer lacks each flag's reader: judged loosely till renewed)
+        _learn(config, version, cache, log, "this vLLM's flags are not cached yet" if known
+               is None else "the cached flag list (an older vllmwatch's) does not say how "
+               "vLLM reads each value: values are judged loosely")
+    return None if known is None else vllmflags.refusal_text(config, known)
 
 
-def _learn(config: Config, version: str, cache: str, log: LogFn) -> None:
+def _learn(config: Config, version: str, cache: str, log: LogFn, why: str) -> None:
     key = (version, *config.vllm.command)
     with _lock:
         if key in _asking:
             return
         _asking.add(key)
     log("info", "vllm.flags_unchecked", version=version,
-        detail="this vLLM's flags are not cached yet; asking it in the background, the next "
-               "launch checks [vllm.args] (or run `vllmwatch check` now)")
+        detail=f"{why}; asking it in the background, the next launch checks [vllm.args] "
+               "(or run `vllmwatch check` now)")
 
     def ask() -> None:
         try:

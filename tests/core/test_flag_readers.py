@@ -1,0 +1,222 @@
+"""A flag's value is judged by the reader vLLM itself reads it with (its probe records each:
+int, float, human_readable_int, its _or_auto, str, a folding reader; optional_type's "None"),
+and by its choices whatever their type: `check` and `run` refuse exactly the words vLLM 0.32's
+parser refuses. Before, one loose rule stood for every number flag (`max-num-seqs = "1k"`,
+`gpu-memory-utilization = "auto"` passed `check` and stopped vLLM at each start), and choices
+were read only for plain-text flags (`spec-method = "eagel"`, `max-lora-rank = 48` passed)."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+import threading
+import time
+import types
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from vllmwatch.config import units, vllmflags
+from vllmwatch.config.schema import from_dict
+from vllmwatch.shell import versions
+
+FIXTURES = Path(__file__).resolve().parent.parent / "shell" / "fixtures"
+
+
+def _known(parsers: bool = True) -> vllmflags.FlagSet:
+    """vLLM 0.32.0's flags as the probe reports them (the cache's format)."""
+    data = json.loads((FIXTURES / "vllm-0.32.0-flags.json").read_text())
+    return vllmflags.FlagSet(data["version"], frozenset(data["flags"]),
+                             frozenset(data["switches"]), data["kinds"], data["aliases"],
+                             frozenset(data["lists"]), frozenset(data["integers"]),
+                             {k: tuple(v) for k, v in data["choices"].items()},
+                             data["parsers"] if parsers else None)
+
+
+# vLLM 0.32.0's own parser (make_arg_parser(FlexibleArgumentParser).parse_args(["/m", flag,
+# word])) on each word: True where it read it, False where it stopped ("invalid int value",
+# "invalid choice", ...).
+VLLM_0_32 = [
+    ("max-num-seqs", "1k", False), ("max-num-seqs", "auto", False),
+    ("max-num-seqs", "None", False), ("max-num-seqs", "2.5k", False),
+    ("max-num-seqs", "+5", True), ("max-num-seqs", "1_000", True),
+    ("gpu-memory-utilization", "auto", False), ("gpu-memory-utilization", "32k", False),
+    ("gpu-memory-utilization", "none", False), ("gpu-memory-utilization", ".9", True),
+    ("max-num-batched-tokens", "auto", False), ("max-num-batched-tokens", "None", False),
+    ("max-num-batched-tokens", "25.6k", True), ("max-num-batched-tokens", "-1", True),
+    ("max-model-len", "auto", True), ("max-model-len", "AUTO", True),
+    ("max-model-len", "32k", True), ("max-model-len", "1.5K", False),
+    ("max-model-len", "none", False),
+    ("seed", "none", False), ("seed", "", False), ("seed", "-1e3", False),
+    ("kv-cache-memory-bytes", "None", True), ("kv-cache-memory-bytes", "8G", True),
+    ("max-cpu-loras", "none", False), ("video-pruning-rate", "None", True),
+    ("max-lora-rank", "48", False), ("max-lora-rank", "64", True),
+    ("safetensors-load-strategy", "lazzy", False), ("safetensors-load-strategy", "lazy", True),
+    ("safetensors-load-strategy", "None", True), ("spec-method", "eagel", False),
+    ("moe-backend", "CUTLASS", True), ("moe-backend", "cutlas", False),
+    ("dtype", "BFloat16", False), ("log-level", "info", False),
+]
+
+
+@pytest.mark.parametrize(("flag", "word", "reads"), VLLM_0_32)
+@pytest.mark.parametrize("where", ["args", "extra_args"])
+def test_check_refuses_exactly_what_vllms_parser_refuses(flag: str, word: str, reads: bool,
+                                                         where: str) -> None:
+    vllm: dict[str, Any] = {"model": "/m"}
+    if where == "args":
+        vllm["args"] = {flag: word}
+    else:
+        vllm["extra_args"] = [f"--{flag}", word]
+    problems = vllmflags.validate_args(from_dict({"vllm": vllm}), _known())
+    assert (not problems) == reads, problems
+    if problems:  # the key, the value and what is accepted
+        text = problems[0].problem
+        assert f"--{flag}" in text and repr(word) in text, text
+        assert "choose one of" in text or "takes " in text, text
+
+
+@pytest.mark.parametrize(("args", "says"), [
+    ({"max-num-seqs": "1k"}, "read by int()"),
+    ({"gpu-memory-utilization": "32k"}, "read by float()"),
+    ({"max-num-batched-tokens": "auto"}, "no auto"),
+    ({"max-cpu-loras": "none"}, "or None for vLLM's default"),
+    ({"max-lora-rank": 48}, "choose one of 1, 8, 16, 32, 64"),  # a TOML number: its word
+    ({"max-num-seqs": 8192.0}, "read by int()"),  # a TOML float is `8192.0` on vLLM's argv
+])
+def test_the_refusal_says_what_vllm_accepts(args: dict[str, object], says: str) -> None:
+    problems = vllmflags.validate_args(from_dict({"vllm": {"model": "/m", "args": args}}),
+                                       _known())
+    assert problems and says in problems[0].problem, problems
+
+
+@pytest.mark.parametrize(("spec", "word", "value"), [
+    ("hr_int", "25.6k", 25600), ("hr_int", "2K", 2048), ("hr_int", " 3m ", 3_000_000),
+    ("hr_int_auto", "Auto", -1), ("hr_int?", "None", None), ("int?", "", None),
+    ("fold", "Deep-Gemm", "deep_gemm"), ("float", "1e-3", 0.001),
+])
+def test_vllms_readers(spec: str, word: str, value: object) -> None:
+    assert units.vllm_read(spec, word) == value
+
+
+@pytest.mark.parametrize(("spec", "word"), [("hr_int", "1.5K"), ("hr_int", "auto"),
+                                            ("int", "None"), ("float", "nan"),
+                                            ("hr_int_auto", "none"), ("int?", "none")])
+def test_vllms_readers_refuse(spec: str, word: str) -> None:
+    with pytest.raises(ValueError):
+        units.vllm_read(spec, word)
+
+
+def test_an_older_cache_is_judged_loosely_and_is_not_complete() -> None:
+    # an older vllmwatch's answer names no reader: a word any of vLLM's number readers takes
+    # passes (not a guess that refuses); the daemon and `check` ask vLLM again
+    known = _known(parsers=False)
+    assert not known.complete and _known().complete
+    config = from_dict({"vllm": {"model": "/m", "args": {"max-num-seqs": "1k"}}})
+    assert vllmflags.validate_args(config, known) == []
+    config = from_dict({"vllm": {"model": "/m", "args": {"max-num-seqs": "1.5K"}}})
+    assert vllmflags.validate_args(config, known)
+
+
+def test_the_cache_keeps_the_readers(tmp_path: Path) -> None:
+    import hashlib
+
+    cache = tmp_path / "cache"
+    cache.mkdir(mode=0o700)
+    key = hashlib.sha256(f"0.32.0\0{sys.executable}".encode()).hexdigest()[:16]
+    table = json.loads((FIXTURES / "vllm-0.32.0-flags.json").read_text())
+    (cache / f"{key}.json").write_text(json.dumps(table))
+    got = vllmflags.known_flags([sys.executable], "0.32.0", str(cache), ask=False)
+    assert got is not None and got.complete and got.parsers == table["parsers"]
+
+
+def test_the_daemon_renews_an_older_cache_in_the_background(tmp_path: Path) -> None:
+    # its launches used an older vllmwatch's answer (loose values) for ever: only `check`
+    # without --fast asked vLLM again
+    import hashlib
+
+    key = hashlib.sha256(f"0.99.0\0{sys.executable}".encode()).hexdigest()[:16]
+    old = {k: v for k, v in json.loads((FIXTURES / "vllm-0.32.0-flags.json").read_text()
+                                       ).items() if k != "parsers"}
+    config = from_dict({"vllm": {"model": "/m", "command": [sys.executable],
+                                 "args": {"max-num-seqs": "1k"}},
+                        "prewarm": {"cache_dir": str(tmp_path)}})
+    logged: list[tuple[str, str, dict[str, Any]]] = []
+    lock = threading.Lock()
+
+    def log(level: str, event: str, **fields: Any) -> None:
+        with lock:
+            logged.append((level, event, fields))
+
+    env = {"CACHE_DIRECTORY": "", "XDG_CACHE_HOME": str(tmp_path / "xdg")}
+    cache_dir = vllmflags.default_cache_dir(config, env)
+    Path(cache_dir).mkdir(mode=0o700, exist_ok=True)
+    (Path(cache_dir) / f"{key}.json").write_text(json.dumps({**old, "version": "0.99.0"}))
+    assert versions.refusal(config, env, "0.99.0", log) is None  # loose: 1k passes
+    deadline = time.monotonic() + 60  # the ask runs this interpreter, which has no vLLM
+    while time.monotonic() < deadline:
+        with versions._lock:
+            if not versions._asking:
+                break
+        time.sleep(0.05)
+    with lock:
+        asked = [f for _, e, f in logged if e == "vllm.flags_unchecked"]
+    assert asked and "older vllmwatch" in asked[0]["detail"], logged
+
+
+def _vllm_like_parser() -> argparse.ArgumentParser:
+    """Flags read as vLLM 0.32 reads them (engine/arg_utils.py: optional_type(parse_type(
+    int)), human_readable_int, Literal choices with None appended, a lowering lambda)."""
+    def parse_type(f: Any) -> Any:
+        def _parse_type(val: str) -> Any:
+            return f(val)
+        return _parse_type
+
+    def optional_type(f: Any) -> Any:
+        def _optional_type(val: str) -> Any:
+            return None if val in ("", "None") else parse_type(f)(val)
+        return _optional_type
+
+    def human_readable_int(value: str) -> int:
+        return int(value)
+
+    def human_readable_int_or_auto(value: str) -> int:
+        return int(value)
+
+    p = argparse.ArgumentParser()
+    p.add_argument("--seqs", type=int)
+    p.add_argument("--cpu-loras", type=optional_type(int))
+    p.add_argument("--util", type=float)
+    p.add_argument("--tokens", type=human_readable_int)
+    p.add_argument("--bytes", type=optional_type(human_readable_int))
+    p.add_argument("--len", type=human_readable_int_or_auto)
+    p.add_argument("--rank", type=int, choices=[1, 8, 16])
+    p.add_argument("--strategy", type=optional_type(str), choices=["eager", "lazy", None])
+    p.add_argument("--moe", type=lambda s: s.lower().replace("-", "_"), choices=["deep_gemm"])
+    p.add_argument("--ids", type=lambda s: s.split(","))
+    p.add_argument("--name")
+    p.add_argument("--eager", action=argparse.BooleanOptionalAction)
+    return p
+
+
+def test_the_probe_records_each_flags_reader(monkeypatch: pytest.MonkeyPatch,
+                                             capsys: pytest.CaptureFixture[str]) -> None:
+    cli = types.ModuleType("vllm.entrypoints.launchers.cli_args")
+    cli.make_arg_parser = lambda parser: _vllm_like_parser()  # type: ignore[attr-defined]
+    utils = types.ModuleType("vllm.utils.argparse_utils")
+    utils.FlexibleArgumentParser = argparse.ArgumentParser  # type: ignore[attr-defined]
+    for name in ("vllm", "vllm.entrypoints", "vllm.entrypoints.launchers", "vllm.utils"):
+        monkeypatch.setitem(sys.modules, name, types.ModuleType(name))
+    monkeypatch.setitem(sys.modules, cli.__name__, cli)
+    monkeypatch.setitem(sys.modules, utils.__name__, utils)
+    monkeypatch.setattr(sys, "argv", ["-c", "MARK "])
+    exec(compile(vllmflags._PROBE_FILE.read_text(), "probe", "exec"), {"__name__": "__main__"})
+    line = next(x for x in capsys.readouterr().out.splitlines() if x.startswith("MARK "))
+    got = vllmflags._from_probe("0.99.0", json.loads(line[5:]))
+    assert got is not None and got.parsers == {
+        "seqs": "int", "cpu-loras": "int?", "util": "float", "tokens": "hr_int",
+        "bytes": "hr_int?", "len": "hr_int_auto", "rank": "int", "strategy": "str?",
+        "moe": "fold", "name": "str"}, got
+    assert got.choices == {"rank": ("1", "8", "16"), "strategy": ("eager", "lazy"),
+                           "moe": ("deep_gemm",)}
