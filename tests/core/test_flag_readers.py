@@ -18,7 +18,7 @@ from typing import Any
 
 import pytest
 
-from vllmwatch.config import units, vllmflags
+from vllmwatch.config import flags, units, vllmflags
 from vllmwatch.config.schema import from_dict
 from vllmwatch.shell import versions
 
@@ -220,3 +220,23 @@ def test_the_probe_records_each_flags_reader(monkeypatch: pytest.MonkeyPatch,
         "moe": "fold", "name": "str"}, got
     assert got.choices == {"rank": ("1", "8", "16"), "strategy": ("eager", "lazy"),
                            "moe": ("deep_gemm",)}
+
+
+@pytest.mark.parametrize("where", ["args", "extra_args"])
+def test_a_kv_cache_dtype_vllm_takes_is_not_refused_by_the_built_in_list(where: str) -> None:
+    # vLLM 0.32 takes `--kv-cache-dtype float16`; the built-in list (judging with or without
+    # vLLM's own flag list, at load) refused it as "fp16 is not a choice", and init rewrote it
+    # to auto
+    from tests.shell.test_init import init
+
+    def refused(word: str) -> list[str]:
+        args, extra = ({"kv-cache-dtype": word}, []) if where == "args" else (
+            {}, ["--kv-cache-dtype", word])
+        config = from_dict({"vllm": {"model": "/m", "args": args, "extra_args": extra}})
+        return [p.problem for p in (*flags.args_problems(args, extra),  # at load
+                                    *vllmflags.validate_args(config, _known()))]
+
+    assert refused("float16") == []
+    assert any("fp16 is not a choice" in p for p in refused("fp16"))
+    assert init("vllm serve /m --kv-cache-dtype float16")[0]["args"]["kv-cache-dtype"] == \
+        "float16"

@@ -33,7 +33,10 @@ ARG_PREFIX = "VLLMWATCH_ARG_"  # in vllm.env_file: a flag's value, not a variabl
 # A dash a web page typeset (an em or en dash before api-key): vLLM takes the word for a
 # positional and refuses the line (init reads it as the -- that was meant, saying so).
 DASHES = ("\u2014", "\u2013", "\u2212", "\u2012", "\u2010", "\u2011", "\ufe63", "\uff0d")
-KV_CACHE_DTYPES = ("auto", "bfloat16", "fp8", "fp8_e4m3", "fp8_e5m2", "fp8_inc", "fp8_ds_mla")
+# Every word some vLLM takes for --kv-cache-dtype (0.32 takes float16 too): this list judges only
+# where vLLM's own flag list is not cached, which then judges its own choices exactly.
+KV_CACHE_DTYPES = ("auto", "bfloat16", "float16", "fp8", "fp8_e4m3", "fp8_e5m2", "fp8_inc",
+                   "fp8_ds_mla")
 # Flags removed from vLLM, with what to do instead.
 REMOVED = {
     "rope-scaling": "use hf-overrides = { rope_parameters = { rope_type = \"yarn\", factor = "
@@ -121,7 +124,7 @@ def flag_problem(name: str, value: object, key: str, version: str | None = None,
         return Problem(key, f"--{name} was removed from {where}; {REMOVED[name]}")
     if name == "kv-cache-dtype" and isinstance(value, str) and value not in KV_CACHE_DTYPES:
         hint = " (fp16 is not a choice: \"auto\" keeps the model's dtype)" if value in (
-            "fp16", "float16", "half") else ""
+            "fp16", "half") else ""
         return Problem(key, f"--kv-cache-dtype {value!r} is not accepted{hint}; "
                        f"choose one of {', '.join(KV_CACHE_DTYPES)}")
     if isinstance(value, str) and value.strip().lower() in ("true", "false"):
