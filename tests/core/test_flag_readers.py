@@ -240,3 +240,34 @@ def test_a_kv_cache_dtype_vllm_takes_is_not_refused_by_the_built_in_list(where: 
     assert any("fp16 is not a choice" in p for p in refused("fp16"))
     assert init("vllm serve /m --kv-cache-dtype float16")[0]["args"]["kv-cache-dtype"] == \
         "float16"
+
+
+# vLLM 0.32's parser on these words: `--cpu-offload-gb -0.5 --enforce-eager` stopped with
+# `unrecognized arguments: {"5": "--enforce-eager"}` (its FlexibleArgumentParser reads a word
+# that starts with - and has a dot as a JSON key, and takes the next word for its value),
+# `--cpu-offload-gb -0.5` last raised IndexError, `--cpu-offload-gb -1e3` stopped with
+# `expected one argument`; `--cpu-offload-gb=-0.5`, `--seed -5` were read.
+@pytest.mark.parametrize(("extra", "refused"), [
+    (["--cpu-offload-gb", "-0.5", "--enforce-eager"], True),
+    (["--cpu-offload-gb", "-0.5"], True), (["--cpu-offload-gb", "-1e3"], True),
+    (["--cpu-offload-gb", "-1."], True),
+    (["--cpu-offload-gb=-0.5"], False), (["--seed", "-5"], False),
+    (["--max-model-len", "-1"], False),
+])
+def test_a_negative_number_vllm_reads_as_a_flag_is_refused(extra: list[str],
+                                                          refused: bool) -> None:
+    problems = flags.args_problems({}, extra)
+    assert bool(problems) == refused, problems
+    if refused:
+        assert f"join it to its flag with =: --cpu-offload-gb={extra[1]}" in \
+            problems[0].problem, problems
+
+
+def test_a_negative_number_of_the_table_or_env_file_reaches_vllm_joined_to_its_flag() -> None:
+    # [vllm.args] wrote `--cpu-offload-gb -0.5`, two words vLLM cannot read
+    from vllmwatch.config.command import args_to_argv
+
+    assert args_to_argv({"cpu-offload-gb": -0.5, "seed": -5, "dtype": "half"}) == [
+        "--cpu-offload-gb=-0.5", "--seed=-5", "--dtype", "half"]
+    assert flags.pair_words(["--cpu-offload-gb", "-0.5", "--seed", "7"]) == [
+        "--cpu-offload-gb=-0.5", "--seed", "7"]

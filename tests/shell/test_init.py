@@ -223,8 +223,15 @@ def test_a_number_like_text_reaches_vllm_as_the_line_had_it(text: str) -> None:
     """Typed by its looks (no flag list): a number only where TOML writes it back the same."""
     vllm, _, _ = init(f"vllm serve m --revision {text} --seed {text}", Facts())
     argv = _argv_of(vllm)
-    assert argv[argv.index("--revision") + 1] == text, (vllm, argv)
-    assert argv[argv.index("--seed") + 1] == text, (vllm, argv)
+    assert _value(argv, "--revision") == text, (vllm, argv)
+    assert _value(argv, "--seed") == text, (vllm, argv)
+
+
+def _value(argv: list[str], flag: str) -> str:
+    """A flag's value in argv: the next word, or after = (a word that starts with - is
+    joined to its flag: vLLM reads -1.5 alone as a flag, flags.loose_negative)."""
+    i = next(i for i, w in enumerate(argv) if w == flag or w.startswith(f"{flag}="))
+    return argv[i + 1] if argv[i] == flag else argv[i].partition("=")[2]
 
 
 @pytest.mark.parametrize("flag,json_text", [

@@ -81,8 +81,8 @@ def args_to_argv(args: Mapping[str, object], path: str = "<config>") -> list[str
             out.append(f"--no-{name}")
         elif isinstance(value, (dict, list)):
             out += [f"--{name}", json.dumps(value, separators=(",", ":"))]
-        else:
-            out += [f"--{name}", str(value)]
+        else:  # -0.5 joined: vLLM takes it alone for a flag or JSON key (flags.loose_negative)
+            out += [f"--{name}={value}"] if f"{value}"[:1] == "-" else [f"--{name}", f"{value}"]
     return out
 
 

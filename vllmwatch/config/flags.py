@@ -7,6 +7,7 @@ whole set of bad flags is refused once, with all of them listed.
 from __future__ import annotations
 
 import json
+import re
 from collections.abc import Mapping, Sequence
 
 from vllmwatch.config.errors import Problem
@@ -175,6 +176,11 @@ def args_problems(args: Mapping[str, object], extra: Sequence[str],
             else:
                 value = inline if eq else next_value(extra, i)
             out.append(flag_problem(flag_name(name), value, key, version))
+        elif loose_negative(token):
+            flag = extra[i - 1] if is_value_of_flag(extra, i) else "--FLAG"
+            out.append(Problem(key, f"{token!r} is not read as a value by vLLM, which takes a word "
+                               "that starts with - for a flag (or, with a dot, a JSON key) and "
+                               f"stops; join it to its flag with =: {flag}={token}"))
         elif i == 0 and not token.startswith("-") and where == "vllm.extra_args":
             out.append(Problem(key, f"{token!r} comes before any flag: vLLM takes it for a "
                                "second model and refuses to start (extra_args hold flags "
@@ -203,6 +209,18 @@ def _twice(args: Mapping[str, object], extra: Sequence[str]) -> list[Problem]:
             out.append(Problem(f"vllm.extra_args[{i}]", f"--{name} is set by {first[name]} "
                                "too (vLLM would take the last one); keep one"))
     return out
+
+
+def loose_negative(word: str) -> bool:
+    """A negative number vLLM 0.32 cannot take as a word of its own: argparse reads -1e3 as a
+    flag ("expected one argument"), vLLM's parser -0.5 as a JSON key (it stops, or eats a word)."""
+    if not word.startswith("-") or word.startswith("--") or re.fullmatch(r"-\d+", word):
+        return False
+    try:
+        float(word)
+    except ValueError:
+        return False
+    return True
 
 
 def is_value_of_flag(extra: Sequence[str], i: int) -> bool:
@@ -267,10 +285,11 @@ def pair_words(pairs: Sequence[str]) -> list[str]:
     """vllm.env_file's (flag, value) pairs as argv words. Its value is the rest of its line,
     whatever it starts with; a word of its own that starts with "--" (a key from
     secrets.token_urlsafe() may) was read as the next flag (next_value, vLLM's argparse): the
-    key stayed on vLLM's command line in clear, and vLLM stopped at each start. Joined to
-    its flag (`--api-key=--Zq...`), it is the flag's value for both."""
+    key stayed on vLLM's command line in clear, and vLLM stopped at each start (so did a -0.5:
+    loose_negative). Joined to its flag (`--api-key=--Zq...`), it is the flag's value for
+    both."""
     return [word for flag, value in zip(pairs[::2], pairs[1::2], strict=True)
-            for word in ((f"{flag}={value}",) if value.startswith("--") else (flag, value))]
+            for word in ((f"{flag}={value}",) if value.startswith("-") else (flag, value))]
 
 
 # --- vLLM's own words inside vllm.command -------------------------------------------------
