@@ -271,3 +271,22 @@ def test_a_negative_number_of_the_table_or_env_file_reaches_vllm_joined_to_its_f
         "--cpu-offload-gb=-0.5", "--seed=-5", "--dtype", "half"]
     assert flags.pair_words(["--cpu-offload-gb", "-0.5", "--seed", "7"]) == [
         "--cpu-offload-gb=-0.5", "--seed", "7"]
+
+
+# vLLM 0.32.0's parser: `--cudagraph-capture-sizes 1 2 x` stopped (`invalid int value: 'x'`),
+# `--collect-detailed-traces all bogus` too (`invalid choice: 'bogus'`): each word of a flag
+# of several words (nargs "+") goes through the flag's reader and choices; only the first
+# was judged.
+@pytest.mark.parametrize(("extra", "key"), [
+    (["--cudagraph-capture-sizes", "1", "2", "x"], "vllm.extra_args[3]"),
+    (["--enforce-eager", "--collect-detailed-traces", "all", "bogus"], "vllm.extra_args[3]"),
+    (["--cudagraph-capture-sizes", "1", "2", "4"], None),
+    (["--collect-detailed-traces", "model", "worker"], None),
+])
+def test_each_word_of_a_flag_of_several_words_is_judged(extra: list[str],
+                                                       key: str | None) -> None:
+    problems = vllmflags.validate_args(from_dict({"vllm": {"model": "/m", "extra_args": extra}}),
+                                       _known())
+    assert [p.key for p in problems] == ([key] if key else []), problems
+    if key:
+        assert repr(extra[-1]) in problems[0].problem, problems

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import difflib
 import hashlib
+import itertools
 import json
 import os
 import subprocess
@@ -226,6 +227,9 @@ def _named(words: Sequence[str], known: FlagSet, where: str, offset: int
             if more and known.lists is not None and base not in known.lists and \
                     base in known.flags and base not in known.switches:
                 out.append(("", more, key))
+            elif not eq and base in (known.lists or ()):  # vLLM reads each word as the first
+                out += [(flags.flag_name(name), w, f"{where}[{i + offset + j}]")
+                        for j, w in enumerate(more, 2)]
         elif token.startswith("-") and not _number(token) and known.aliases and \
                 not flags.is_value_of_flag(extra, i):  # a short flag this vLLM lacks (known
             # only where the flag list has its aliases: a cache of an older vllmwatch has none)
@@ -235,12 +239,8 @@ def _named(words: Sequence[str], known: FlagSet, where: str, offset: int
 
 def _words_after(extra: list[str], i: int) -> list[str]:
     """The words after extra[i] up to the next flag (`-1` is a number, not a flag)."""
-    out: list[str] = []
-    for word in extra[i + 1:]:
-        if word.startswith("-") and not _number(word):
-            break
-        out.append(word)
-    return out
+    return list(itertools.takewhile(lambda w: not w.startswith("-") or _number(w),
+                                    extra[i + 1:]))
 
 
 def flag_problem(name: str, value: object, key: str, known: FlagSet) -> Problem | None:
