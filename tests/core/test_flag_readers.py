@@ -196,6 +196,7 @@ def _vllm_like_parser() -> argparse.ArgumentParser:
     p.add_argument("--moe", type=lambda s: s.lower().replace("-", "_"), choices=["deep_gemm"])
     p.add_argument("--ids", type=lambda s: s.split(","))
     p.add_argument("--name")
+    p.add_argument("--token", nargs="?", const=True)  # may go without its value: not judged
     p.add_argument("--eager", action=argparse.BooleanOptionalAction)
     return p
 
@@ -290,3 +291,21 @@ def test_each_word_of_a_flag_of_several_words_is_judged(extra: list[str],
     assert [p.key for p in problems] == ([key] if key else []), problems
     if key:
         assert repr(extra[-1]) in problems[0].problem, problems
+
+
+# vLLM 0.32.0's parser: `--enforce-eager --tool-call-parser`, `--tokenizer --enforce-eager`,
+# `--chat-template` and `--cudagraph-capture-sizes` alone stopped it (`expected one argument`,
+# `expected at least one argument`); `--hf-token --enforce-eager` was read (--hf-token may go
+# without its value). check passed all four: a flag without its word was never judged.
+@pytest.mark.parametrize(("vllm", "key"), [
+    ({"extra_args": ["--enforce-eager", "--tool-call-parser"]}, "vllm.extra_args[1]"),
+    ({"extra_args": ["--tokenizer", "--enforce-eager"]}, "vllm.extra_args[0]"),
+    ({"args": {"chat-template": True}}, "vllm.args.chat-template"),
+    ({"extra_args": ["--cudagraph-capture-sizes"]}, "vllm.extra_args[0]"),
+    ({"extra_args": ["--hf-token", "--enforce-eager"]}, None),
+])
+def test_a_flag_given_no_value_is_refused(vllm: dict[str, Any], key: str | None) -> None:
+    problems = vllmflags.validate_args(from_dict({"vllm": {"model": "/m", **vllm}}), _known())
+    assert [p.key for p in problems] == ([key] if key else []), problems
+    if key:
+        assert "takes a value" in problems[0].problem and "none" in problems[0].problem

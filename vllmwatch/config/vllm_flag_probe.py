@@ -66,7 +66,7 @@ def reader_spec(a):
     # word and turns - into _, as --moe-backend's); "?" after one wrapped in optional_type
     # ("" and "None" are no value). None for a reader not known here: its values are not
     # judged (vllmflags says so rather than guess)
-    if a.nargs == 0:
+    if a.nargs in (0, "?"):  # no value, or one it may go without (--hf-token alone)
         return None
     readers = chain(a)
     names = [getattr(f, "__name__", "") for f in readers]

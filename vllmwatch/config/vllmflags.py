@@ -55,8 +55,7 @@ class FlagSet:
     parsers: Mapping[str, str] | None = None
 
     @property
-    def complete(self) -> bool:
-        """Whether this is a whole answer of this vllmwatch's probe (else ask vLLM again)."""
+    def complete(self) -> bool:  # a whole answer of this vllmwatch's probe (else ask again)
         return bool(self.kinds) and None not in (self.lists, self.choices, self.parsers)
 
     @property
@@ -186,8 +185,7 @@ def _from_probe(version: str, table: object) -> FlagSet | None:
 
 def _integers_choices(table: Mapping[str, object]) -> tuple[
         frozenset[str] | None, dict[str, tuple[str, ...]] | None, dict[str, str] | None]:
-    """The probe's (or the cache's) whole-number flags, choices and readers; None where
-    absent."""
+    """The probe's (or the cache's) whole-number flags, choices and readers (None: absent)."""
     ints, choices, readers = table.get("integers"), table.get("choices"), table.get("parsers")
     return (frozenset(map(str, ints)) if isinstance(ints, list) else None,
             {str(k): tuple(map(str, v)) for k, v in choices.items() if isinstance(v, list)}
@@ -291,8 +289,12 @@ def flag_problem(name: str, value: object, key: str, known: FlagSet) -> Problem 
 def _read_problem(base: str, value: object, key: str, known: FlagSet) -> Problem | None:
     """Why vLLM's reader of --base (and its choices) refuses the word that value becomes."""
     spec = known.parsers.get(base) if known.parsers is not None else _loose(known, base)
-    if spec is None:  # a reader the probe does not know: not judged
+    if spec is None:  # a reader the probe does not know (or an optional value): not judged
         return None
+    if value is True:  # `--tokenizer` last, or before another flag: argparse stops
+        return Problem(key, f"--{base} takes a value in vLLM {known.version} and is given none "
+                       "(true, or no word after it before the next --flag): vLLM would stop "
+                       "with `expected one argument`; give it its value")
     try:
         got = units.vllm_read(spec, str(value))
     except ValueError:
@@ -310,8 +312,7 @@ def _read_problem(base: str, value: object, key: str, known: FlagSet) -> Problem
 
 
 def _loose(known: FlagSet, base: str) -> str | None:
-    """A reader for a flag of an older vllmwatch's cache, which has none: a word one of
-    vLLM's number readers takes (units.vllm_read's loose number and whole), a choice."""
+    """A reader for an older vllmwatch's cache, which has none: loosely a number, a choice."""
     if known.kind(base) == "number":
         return "whole" if known.integers is not None and base in known.integers else "number"
     return "str" if base in (known.choices or {}) else None
