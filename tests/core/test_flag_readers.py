@@ -309,3 +309,15 @@ def test_a_flag_given_no_value_is_refused(vllm: dict[str, Any], key: str | None)
     assert [p.key for p in problems] == ([key] if key else []), problems
     if key:
         assert "takes a value" in problems[0].problem and "none" in problems[0].problem
+
+
+def test_words_after_a_list_flag_joined_to_its_value_are_refused() -> None:
+    # vLLM 0.32.0: `--cudagraph-capture-sizes=1 2 4` stopped with `unrecognized arguments:
+    # 2 4` (a value after = is the flag's one word); check passed it, a flag of several words
+    problems = vllmflags.validate_args(from_dict({"vllm": {
+        "model": "/m", "extra_args": ["--cudagraph-capture-sizes=1", "2", "4"]}}), _known())
+    assert [p.key for p in problems] == ["vllm.extra_args[0]"], problems
+    assert "'2' '4' follow" in problems[0].problem, problems
+    assert vllmflags.validate_args(from_dict({"vllm": {
+        "model": "/m", "extra_args": ["--cudagraph-capture-sizes=1", "--enforce-eager"]}}),
+        _known()) == []

@@ -97,10 +97,8 @@ def default_cache_dir(config: Config, environ: Mapping[str, str]) -> str:
 def known_flags(command: list[str] | tuple[str, ...], version: str | None,
                 cache_dir: str | None, *, ask: bool = True,
                 timeout: float = ASK_TIMEOUT_S) -> FlagSet | None:
-    """The flags of the vLLM that `command` runs; None when they cannot be learnt.
-
-    With ask=False only the cache is consulted (for fast checks).
-    """
+    """The flags of the vLLM that `command` runs; None when they cannot be learnt. With
+    ask=False only the cache is consulted (for fast checks)."""
     python = vllminfo.interpreter(command)
     if version is None or python is None:
         return None
@@ -108,8 +106,8 @@ def known_flags(command: list[str] | tuple[str, ...], version: str | None,
     directory = safefile.private_dir(cache_dir) if cache_dir else None
     path = os.path.join(directory, f"{key}.json") if directory else None
     cached = _read(path, version) if path else None
-    # An entry of an older vllmwatch has no kinds or lists: usable (the built-in JSON list
-    # stands in; lists unknown), and replaced by a full answer whenever vLLM may be asked.
+    # An entry of an older vllmwatch lacks kinds, lists or readers: usable (the built-in JSON
+    # list stands in, values judged loosely), replaced by a full answer whenever vLLM may be asked.
     if (cached is not None and cached.complete) or not ask:
         return cached
     got = _ask(python, version, timeout)
@@ -222,8 +220,8 @@ def _named(words: Sequence[str], known: FlagSet, where: str, offset: int
             out.append((flags.flag_name(name), value, key))
             more = _words_after(extra, i + (0 if eq else 1))
             base = flags.flag_name(name).split(".")[0]
-            if more and known.lists is not None and base not in known.lists and \
-                    base in known.flags and base not in known.switches:
+            if more and known.lists is not None and (eq or base not in known.lists) and \
+                    base in known.flags and base not in known.switches:  # (--x=1 is one word)
                 out.append(("", more, key))
             elif not eq and base in (known.lists or ()):  # vLLM reads each word as the first
                 out += [(flags.flag_name(name), w, f"{where}[{i + offset + j}]")
@@ -246,9 +244,10 @@ def flag_problem(name: str, value: object, key: str, known: FlagSet) -> Problem 
     if name.startswith("-"):  # a short flag none of this vLLM's aliases names (_named)
         return Problem(key, f"{name} is not a flag of vLLM {known.version}: vLLM would stop "
                        "with `unrecognized arguments`; write flags in full (--max-model-len)")
-    if not name:  # words after a flag of one value (validate_args)
-        return Problem(key, f"{show(value)} follow a flag that takes one value in vLLM "
-                       f"{known.version}: vLLM would stop with `unrecognized arguments`")
+    if not name:  # words after a flag of one value, or one joined to its value (_named)
+        return Problem(key, f"{' '.join(map(show, value)) if isinstance(value, list) else ''} "
+                       f"follow a flag that takes one value in vLLM {known.version} (or with its "
+                       "value after =): vLLM would stop with `unrecognized arguments`")
     base = name.split(".")[0]  # --compilation-config.level=3 sets one field of a JSON flag
     legacy = flags.flag_problem(base, value, key, known.version, known.json_flags)
     if legacy is not None and (base in flags.REMOVED or base in known.json_flags):
