@@ -321,3 +321,22 @@ def test_words_after_a_list_flag_joined_to_its_value_are_refused() -> None:
     assert vllmflags.validate_args(from_dict({"vllm": {
         "model": "/m", "extra_args": ["--cudagraph-capture-sizes=1", "--enforce-eager"]}}),
         _known()) == []
+
+
+def test_the_env_files_flags_are_judged_by_vllms_list_their_values_unshown(
+        tmp_path: Path) -> None:
+    # `check` said "0 flag(s) accepted" of this file, and vLLM stopped at every launch
+    # (`unrecognized arguments: --max-model-length`, `invalid int value`)
+    env = tmp_path / "vllm.env"
+    env.write_text("VLLMWATCH_ARG_MAX_MODEL_LENGTH=8192\nVLLMWATCH_ARG_MAX_NUM_SEQS=s3cr3t-v4lue\n"
+                   "VLLMWATCH_ARG_MAX_MODEL_LEN=32k\nVLLMWATCH_ARG_OTLP_TRACES_ENDPOINT=x\n")
+    env.chmod(0o600)
+    config = from_dict({"vllm": {"model": "/m", "env_file": str(env)}})
+    problems = vllmflags.validate_args(config, _known())
+    assert [p.key for p in problems] == ["vllm.env_file: VLLMWATCH_ARG_MAX_MODEL_LENGTH",
+                                         "vllm.env_file: VLLMWATCH_ARG_MAX_NUM_SEQS"], problems
+    assert "did you mean max-model-len" in problems[0].problem
+    assert "read by int()" in problems[1].problem and "<value>" in problems[1].problem
+    assert all("s3cr3t" not in p.problem for p in problems), problems
+    env.unlink()  # a file that cannot be read: the launch's own reading says why
+    assert vllmflags.validate_args(config, _known()) == []

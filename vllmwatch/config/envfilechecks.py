@@ -5,6 +5,7 @@ problem names the variable (or the flag), never the value."""
 from __future__ import annotations
 
 from collections.abc import Mapping
+from typing import TYPE_CHECKING
 
 from vllmwatch.config import flags, startcaches
 from vllmwatch.config.crosschecks import INT_VARIABLES, owned_env_problem, secret_twice
@@ -12,6 +13,9 @@ from vllmwatch.config.errors import Problem
 from vllmwatch.config.flags import ARG_PREFIX, flag_name
 from vllmwatch.config.launch import FORK_VARIABLE
 from vllmwatch.config.sections import Config
+
+if TYPE_CHECKING:
+    from vllmwatch.config.vllmflags import FlagSet
 
 WHERE = "vllm.env_file: "
 
@@ -91,4 +95,24 @@ def _flag_twice(config: Config, file_args: list[str]) -> list[Problem]:
             seen.add(name)
             out.append(Problem(arg_key(flag), f"--{name} is set by {by[name]} too (vLLM "
                                "would take the env file's, the last one); keep one"))
+    return out
+
+
+def known_flag_problems(config: Config, known: FlagSet) -> list[Problem]:
+    """vllm.env_file's flags judged by this vLLM's flag list as [vllm.args]' are (vllmflags:
+    an unknown flag, a value its reader refuses), the value never shown. `check` said
+    `VLLMWATCH_ARG_MAX_MODEL_LENGTH=8192` was fine and vLLM stopped at every launch."""
+    from vllmwatch.config import command, vllmflags
+
+    try:
+        _, args = command.read_env_file(config)
+    except command.KeyFileError:  # (command.build says why the file cannot be read)
+        return []
+    out = []
+    for flag, value in zip(args[::2], args[1::2], strict=True):
+        p = vllmflags.flag_problem(flag_name(flag[2:]), value, arg_key(flag), known)
+        if p is not None:  # the value (a secret: quoted or not) as <value>; one or two
+            # characters are no secret, and replacing them would garble the text
+            text = p.problem.replace(repr(value), "<value>") if value else p.problem
+            out.append(Problem(p.key, text.replace(value, "<value>") if len(value) > 2 else text))
     return out

@@ -235,3 +235,12 @@ def _loose(text: str, whole: bool) -> object:
     if suffixed is None or (whole and suffixed.group(2).isupper() and "." in suffixed.group(1)):
         return int(text) if whole else vllm_read("float", text)  # int("1.5K") refuses
     return text
+
+
+def is_number_word(word: str) -> bool:
+    """A word that one of vLLM's number readers takes (`-1` is a value, not a flag)."""
+    try:
+        vllm_read("number", word)
+    except ValueError:
+        return False
+    return True

@@ -198,11 +198,10 @@ def validate_args(config: Config, known: FlagSet) -> list[Problem]:
     start = flags.command_tail(config.vllm.command)  # vLLM's flags written in the command
     if start is not None:
         names += _named(config.vllm.command[start:], known, "vllm.command", start)
-    out = []
-    for name, value, key in names:
-        problem = flag_problem(name, value, key, known)
-        if problem is not None:
-            out.append(problem)
+    out = [p for n, v, k in names if (p := flag_problem(n, v, k, known)) is not None]
+    if config.vllm.env_file:  # its flags alike, their values never shown (only then loaded)
+        from vllmwatch.config.envfilechecks import known_flag_problems
+        out += known_flag_problems(config, known)
     return out
 
 
@@ -226,7 +225,7 @@ def _named(words: Sequence[str], known: FlagSet, where: str, offset: int
             elif not eq and base in (known.lists or ()):  # vLLM reads each word as the first
                 out += [(flags.flag_name(name), w, f"{where}[{i + offset + j}]")
                         for j, w in enumerate(more, 2)]
-        elif token.startswith("-") and not _number(token) and known.aliases and \
+        elif token.startswith("-") and not units.is_number_word(token) and known.aliases and \
                 not flags.is_value_of_flag(extra, i):  # a short flag this vLLM lacks (known
             # only where the flag list has its aliases: a cache of an older vllmwatch has none)
             out.append((token.partition("=")[0], None, f"{where}[{i + offset}]"))
@@ -235,7 +234,7 @@ def _named(words: Sequence[str], known: FlagSet, where: str, offset: int
 
 def _words_after(extra: list[str], i: int) -> list[str]:
     """The words after extra[i] up to the next flag (`-1` is a number, not a flag)."""
-    return list(itertools.takewhile(lambda w: not w.startswith("-") or _number(w),
+    return list(itertools.takewhile(lambda w: not w.startswith("-") or units.is_number_word(w),
                                     extra[i + 1:]))
 
 
@@ -315,15 +314,6 @@ def _loose(known: FlagSet, base: str) -> str | None:
     if known.kind(base) == "number":
         return "whole" if known.integers is not None and base in known.integers else "number"
     return "str" if base in (known.choices or {}) else None
-
-
-def _number(word: str) -> bool:
-    """A word that one of vLLM's number readers takes (`-1` is a value, not a flag)."""
-    try:
-        units.vllm_read("number", word)
-    except ValueError:
-        return False
-    return True
 
 
 def refusal_text(config: Config, known: FlagSet) -> str | None:
