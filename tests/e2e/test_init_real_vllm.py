@@ -218,3 +218,23 @@ def test_vllms_own_flag_list_says_which_flags_take_several_words(vllm_venv: Path
     assert got is not None and got.lists is not None, "the flag list was not cached"
     assert {"cudagraph-capture-sizes", "served-model-name"} <= got.lists
     assert not {"max-model-len", "tokenizer", "enforce-eager"} & got.lists
+
+
+def test_vllms_own_flag_list_says_how_each_value_is_read(vllm_venv: Path,
+                                                         vllm_flags: Path) -> None:
+    """The probe records the reader of each flag of the real vLLM (int, float, its
+    human_readable_int, ...): `max-num-seqs = "1k"` is refused before a launch, `32k` for
+    --max-model-len passes (config/vllmflags.py, units.vllm_read)."""
+    from vllmwatch.config import vllmflags, vllminfo
+
+    command = [str(vllm_venv / "bin" / "vllm"), "serve"]
+    got = vllmflags.known_flags(command, vllminfo.version(command), str(vllm_flags),
+                                ask=False)
+    assert got is not None and got.parsers is not None, "the flag list was not cached"
+    assert {k: got.parsers.get(k) for k in ("max-num-seqs", "gpu-memory-utilization",
+                                            "max-num-batched-tokens", "max-model-len",
+                                            "moe-backend", "hf-token")} == {
+        "max-num-seqs": "int", "gpu-memory-utilization": "float",
+        "max-num-batched-tokens": "hr_int", "max-model-len": "hr_int_auto",
+        "moe-backend": "fold", "hf-token": None}
+    assert "48" not in (got.choices or {})["max-lora-rank"]
