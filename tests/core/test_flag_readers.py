@@ -340,3 +340,24 @@ def test_the_env_files_flags_are_judged_by_vllms_list_their_values_unshown(
     assert all("s3cr3t" not in p.problem for p in problems), problems
     env.unlink()  # a file that cannot be read: the launch's own reading says why
     assert vllmflags.validate_args(config, _known()) == []
+
+
+def test_check_says_when_it_judges_values_only_loosely(tmp_path: Path,
+                                                       monkeypatch: pytest.MonkeyPatch) -> None:
+    # an older vllmwatch's cache names no reader: check must not claim what it cannot know
+    import hashlib
+
+    from vllmwatch.check import vllm as check_vllm
+    from vllmwatch.check.base import PASS, Context
+
+    key = hashlib.sha256(f"0.99.0\0{sys.executable}".encode()).hexdigest()[:16]
+    old = {k: v for k, v in json.loads((FIXTURES / "vllm-0.32.0-flags.json").read_text()
+                                       ).items() if k != "parsers"}
+    (tmp_path / f"{key}.json").write_text(json.dumps({**old, "version": "0.99.0"}))
+    (tmp_path / f"{key}.json").chmod(0o600)
+    tmp_path.chmod(0o700)
+    monkeypatch.setattr(check_vllm.vllminfo, "version", lambda command: "0.99.0")
+    config = from_dict({"vllm": {"model": "/m", "command": [sys.executable],
+                                 "args": {"max-num-seqs": 8}}})
+    r = check_vllm.check_vllm_args(Context(config, fast=True, flags_cache=str(tmp_path)))
+    assert r.status == PASS and "only loosely" in r.detail, r
