@@ -361,3 +361,18 @@ def test_check_says_when_it_judges_values_only_loosely(tmp_path: Path,
                                  "args": {"max-num-seqs": 8}}})
     r = check_vllm.check_vllm_args(Context(config, fast=True, flags_cache=str(tmp_path)))
     assert r.status == PASS and "only loosely" in r.detail, r
+
+
+# vLLM 0.32.0's parser (argparse's allow_abbrev): `--max-num-seq 4`, `--gpu-memory-util 0.5`
+# were read as --max-num-seqs, --gpu-memory-utilization; `--max-num 4` stopped it
+# (`ambiguous option`). vllmwatch refuses them all (its own readers take full names), but
+# said "--gpu-memory-util is not a flag of vLLM", which vLLM's own run contradicts.
+@pytest.mark.parametrize(("flag", "says"), [
+    ("--max-num-seq", "--max-num-seq is --max-num-seqs abbreviated: vLLM 0.32.0 takes a unique"),
+    ("--gpu-memory-util", "write --gpu-memory-utilization"),
+    ("--max-num", "`ambiguous option`"),
+])
+def test_an_abbreviated_flag_is_refused_for_what_it_is(flag: str, says: str) -> None:
+    problems = vllmflags.validate_args(from_dict({"vllm": {"model": "/m",
+                                                           "extra_args": [flag, "4"]}}), _known())
+    assert len(problems) == 1 and says in problems[0].problem, problems

@@ -258,9 +258,17 @@ def flag_problem(name: str, value: object, key: str, known: FlagSet) -> Problem 
         return Problem(key, f"--compilation-config {value} (a bare level) stops vLLM "
                        f"{known.version}, which takes the level as --optimization-level; "
                        f"write optimization-level = {value}")
+    whole = [f for f in known.flags if f.startswith(base)] if base not in known.flags else []
+    if len(whole) == 1:  # argparse's allow_abbrev: vLLM reads a unique prefix, we would not
+        return Problem(key, f"--{base} is --{whole[0]} abbreviated: vLLM {known.version} takes "
+                       "a unique prefix, but vllmwatch reads flags by their full name (the "
+                       "spare's plan, the GPU memory checks, a flag set twice would miss it); "
+                       f"write --{whole[0]}")
     if base not in known.flags:
         close = difflib.get_close_matches(base, sorted(known.flags), n=2, cutoff=0.75)
         hint = ("; did you mean " + " or ".join(close) + "?") if close else (
+            f" (a prefix of {', '.join(sorted(whole)[:4])}{', ...' if len(whole) > 4 else ''}: "
+            "vLLM stops, `ambiguous option`)" if whole else
             "; see `vllm serve --help=all` for the flags it accepts")
         return Problem(key, f"--{base} is not a flag of vLLM {known.version}{hint}")
     if value is False and f"no-{base}" not in known.flags and "." not in name:
