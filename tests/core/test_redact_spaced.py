@@ -85,3 +85,58 @@ def test_the_forms_of_the_review() -> None:
                        ("ENV HF_TOKEN hf-abc", f"ENV HF_TOKEN {REDACTED}")):
         assert R.text(line) == want
     assert all(is_secret_name(n) for n in NAMES)
+
+
+# A name written as a word, not an identifier: `password hunter22` as a script, a shell
+# or a library says it. Only a value shaped as a credential is taken (secretnames._credential).
+WORD_NAMES = ("password", "PASSWORD", "token", "Token", "secret", "key", "passphrase",
+              "api-key", "X-Api-Key", "client-secret", "hf-token", "credentials", "PGPASSWORD")
+_WORD_VALUE = string.ascii_letters + string.digits + "-_+/!@#$%^"
+
+
+@settings(max_examples=400, deadline=None)
+@given(name=st.sampled_from(WORD_NAMES), pre=st.sampled_from(PREFIXES),
+       post=st.sampled_from(SUFFIXES), quote=st.sampled_from(("", "'", '"')),
+       value=st.text(_WORD_VALUE, min_size=6, max_size=30).filter(
+           lambda v: v[0] != "/" and any(c.isalpha() for c in v)
+           and any(c.isdigit() or c in "!@#$%^" for c in v)))
+def test_a_credential_after_a_word_name_and_a_space_is_hidden(
+        name: str, pre: str, post: str, quote: str, value: str) -> None:
+    line = f"{pre}{name} {quote}{value}{quote}{post}"
+    assert R.text(line) == f"{pre}{name} {quote}{REDACTED}{quote}{post}", line
+
+
+@settings(max_examples=200, deadline=None)
+@given(name=st.sampled_from(WORD_NAMES), words=st.lists(
+    st.text(string.ascii_letters, min_size=1, max_size=12), min_size=1, max_size=4),
+       end=st.sampled_from(("", ".", " 8192", " 128011 has id 5", " model.layers.0.w")))
+def test_words_and_numbers_after_a_word_name_stay(name: str, words: list[str],
+                                                   end: str) -> None:
+    """Prose after a word name: letters alone, a number, a dotted name (`token budget`)."""
+    line = f"the {name} {' '.join(words)}{end}"
+    assert R.text(line) == line
+
+
+def test_the_word_forms_of_the_review() -> None:
+    for line, want in (("password hunter22", f"password {REDACTED}"),
+                       ("PASSWORD hunter22", f"PASSWORD {REDACTED}"),
+                       ("api-key X9sdkfj", f"api-key {REDACTED}"),
+                       ("token abcdef123456", f"token {REDACTED}"),
+                       ("x-api-key abc123456 rejected", f"x-api-key {REDACTED} rejected"),
+                       ("wrong api key abc12345, retry", f"wrong api key {REDACTED}, retry"),
+                       # a sentence's full stop is not part of a name (`v0.32`)
+                       ("machine h login u password p4ssw0rd.", f"machine h login u password "
+                                                                f"{REDACTED}")):
+        assert R.text(line) == want
+
+
+def test_prose_and_names_after_a_word_name_stay() -> None:
+    """A word, a number, a dotted name, a path, code: what vLLM says after `key`/`token`."""
+    for line in ("the token budget 8192", "Image sentinel token 128011 has id 5",
+                 "password reset link", "Failed to convert token Ġx86 to id",
+                 "missing weight key model.layers.0.mlp.w13_weight",
+                 "QuantizedActivation key QuantKey(fp8e4m3,scale(fp32,static,per_tensor))",
+                 "pass backend=FLASH_ATTN to upgrade", "per-token SplitMix64 noise",
+                 "The attention key ``k_fp8`` and", "token /models/qwen3-8b", "token v0.32.0",
+                 "pass nccl_unique_id_b64 OR master_address", "key https://h/x1"):
+        assert R.text(line) == line

@@ -28,6 +28,10 @@ url_values = st.text(_ALPHABET + "/:#?@", min_size=8, max_size=40).filter(
     and not v[0].isdigit())
 SPACED_NAMES = ("api_key", "API_KEY", "apiKey", "hf_token", "HF_TOKEN", "DB_PASSWORD",
                 "client_secret", "access_token", "AWS_SECRET_ACCESS_KEY", "privateKey")
+# A name written as a word, and a value shaped as a credential after it (one word with a
+# letter and a digit, no `.`, `=`, `*` or a leading `~`: what a name or code would have).
+WORD_NAMES = ("password", "PASSWORD", "Password", "token", "Token", "secret", "key", "api-key",
+              "X-Api-Key", "x-api-key", "client-secret", "hf-token", "passphrase", "PGPASSWORD")
 names = st.sampled_from(NAMES)
 schemes = st.sampled_from(("https", "http", "postgres", "postgresql+psycopg", "redis", "amqp",
                            "s3", "grpc", "mongodb+srv", "ftp"))
@@ -72,6 +76,10 @@ def leaks(draw: st.DrawFn) -> tuple[str, str]:
         # NAME value: a name spelt as an identifier ending with its credential's word
         f"DEBUG {draw(st.sampled_from(SPACED_NAMES))} {v}",
     ]
+    word = v.replace(".", "").replace("=", "").replace("*", "").lstrip("~")
+    if len(word) >= 6 and draw(st.integers(0, 3)) == 0:  # NAME value, the name a word
+        said = draw(st.sampled_from(("{} {}", "wrong {} {}, retry", "{} '{}'", "{}\t{}")))
+        return said.format(draw(st.sampled_from(WORD_NAMES)), word), word
     text = draw(st.sampled_from(forms))
     shaped = draw(st.sampled_from((f"sk-{v}", f"sk-proj-{v}")))
     if draw(st.booleans()) and v.replace("-", "").replace("_", "").isalnum():

@@ -154,9 +154,8 @@ _ENV_VALUE_I = re.compile("(?i)" + _QUOTED + "|" + _ENV_BARE)
 _LIST_ENDS = {"[": "]", "(": ")", "{": "}"}
 # After `NAME `, a bracket begins a remark (`VLLM_API_KEY (environment)`), not a value.
 _SPACED_VALUE = re.compile("(?i)" + _QUOTED + r"|(?![(\[{])" + _BARE)
-# A name is an identifier when it joins words by `_` (`hf_token`, `HF_TOKEN`) or by case
-# (`apiKey`); not a word of prose: hyphenated (`one-token request`), capitalised (`TokenSpeed
-# MLA`), or one word (`a single KEY vector`, `the key vLLM is started with`).
+# An identifier joins words by `_` (`hf_token`) or case (`apiKey`); a word of prose is
+# hyphenated (`one-token`), capitalised (`TokenSpeed MLA`) or one word (`the key vLLM`).
 _IDENTIFIER = re.compile(r"[A-Za-z0-9]_+[A-Za-z0-9]|^[a-z][a-z0-9]*[A-Z]")
 # `_SPACED_WORDS`: a switch's or an unset value's words; an operator is code (`x_key = %s`).
 _OPERATOR = re.compile(r"[-=+*/%<>!|&:^~]{1,3}")
@@ -166,13 +165,26 @@ _NEXT_WORD = re.compile(r"[ \t]+[a-z]+\b(?![_.-]?\w)")
 
 
 def _spaced_name(name: str) -> bool:
-    """`NAME value` only for a name written as an identifier whose last word is the
-    credential (`hf_token`, `apiKey`, `S3_SECRET_ACCESS_KEY`): `token_indices width`,
-    `time_per_output_token_seconds per` are prose about a secret-named thing."""
+    """`NAME value` for a name ending in the credential (`hf_token`; `token_indices width` is
+    prose); a word of prose, not an identifier, only with a credential's shape (_credential)."""
     words = [w.lower() for w in _SPLIT.split(name.rstrip(".").rsplit(".", 1)[-1]) if w]
-    return bool(words) and _IDENTIFIER.search(name.strip("_.-")) is not None and (
+    return bool(words) and (
         words[-1] in _WORDS or words[-1].endswith(_ENDINGS) or words[-1] in _PLURALS
         or words[-1].endswith(_PLURAL_ENDINGS))
+
+
+# A word name (`password X9`, `x-api-key X9`, `PGPASSWORD X9`; not `pass`, a verb): a value with
+# a letter, a digit or sign, no `.` (but a full stop) `(` `=` (`model.layers.0`, `a=1`), `/` first.
+_WORD_NAMES = frozenset({"key", "passphrase", "credential", "credentials"})  # and ending in:
+_WORD_ENDS = tuple(e for e in _ENDINGS if e not in ("pass", "webhook"))  # `bypass`, a URL
+_CREDENTIAL = re.compile(r"(?=[^.(]*[A-Za-z])(?=[^.(]*[\d!@#$%^&])[^\s./(~`*=][^\s.(`*=]{5,}=*\.?")
+
+
+def _credential(name: str, value: str) -> bool:
+    words = [w.lower() for w in _SPLIT.split(name.rstrip(".").rsplit(".", 1)[-1]) if w]
+    shaped = _CREDENTIAL.fullmatch(value) is not None and "://" not in value  # (a URL)
+    return (words[-1] in _WORD_NAMES or words[-1].endswith(_WORD_ENDS)) and (
+        shaped or REDACTED in value) and (_QUALIFIERS | {"x"}).issuperset(words[:-1])
 
 
 def _spaced_prose(value: str, text: str, end: int) -> bool:
@@ -310,8 +322,11 @@ def _hide(rule: Rule, m: re.Match[str], start: int, text: str,
         if found.get("bare") is not None and found["bare"].lower() in _ENGLISH and \
                 "=" not in sep and sep[-1:].isspace():
             return None  # a sentence (`password: not set`), not a value
-        if rule.spaced and found.get("bare") is not None and _spaced_prose(found["bare"], text,
-                                                                           v.end()):
+        if rule.spaced and _IDENTIFIER.search(m["name"].strip("_.-")) is None:
+            if not _credential(m["name"], found.get("bare") or found.get("qv") or ""):
+                return None  # `the token budget 8192`, `a single KEY vector`: prose
+        elif rule.spaced and found.get("bare") is not None and _spaced_prose(
+                found["bare"], text, v.end()):
             return None  # `api_key None`, `VLLM_API_KEY stays the key`: not a value
         if found.get("eqv") is not None:
             return v.end(), f"{pre}{v['esc']}{v['evq']}{REDACTED}{v['esc']}{v['evq']}"
