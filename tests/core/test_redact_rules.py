@@ -87,6 +87,9 @@ def test_a_known_part_of_a_secret_hides_all_of_it(leak: tuple[str, str],
     (r"b'GET / HTTP/1.1\nAuthorization: Basic dXNlcjpw\nX-Api-Key: Zq9XkLmP\n'",
      r"b'GET / HTTP/1.1\nAuthorization: Basic <redacted>\nX-Api-Key: <redacted>\n'"),
     (r"token=Zq9XkLmP\r\nHost: h", r"token=<redacted>\r\nHost: h"),
+    # a subscript assigned: a traceback quotes the source line of a wrapper that set it
+    ("    os.environ['DB_PASSWORD'] = 'Zq9XkLmP'", "    os.environ['DB_PASSWORD'] = '<redacted>'"),
+    ('cfg["api_key"]="Zq9XkLmP"; n = 1', 'cfg["api_key"]="<redacted>"; n = 1'),
 ])
 def test_each_form(text: str, want: str) -> None:
     assert R.text(text) == want

@@ -75,6 +75,9 @@ def leaks(draw: st.DrawFn) -> tuple[str, str]:
         f"GET /cb?code=1&{name}={v}&x=2",
         # NAME value: a name spelt as an identifier ending with its credential's word
         f"DEBUG {draw(st.sampled_from(SPACED_NAMES))} {v}",
+        # a subscript assigned, as a traceback quotes a wrapper's source line
+        f"    os.environ['{name.upper().replace('-', '_')}'] = '{v}'",
+        f'cfg["{name}"]="{v}"',
     ]
     word = v.replace(".", "").replace("=", "").replace("*", "").lstrip("~")
     if len(word) >= 6 and draw(st.integers(0, 3)) == 0:  # NAME value, the name a word

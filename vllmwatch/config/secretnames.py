@@ -214,11 +214,11 @@ class Rule(NamedTuple):
 
 RULES = (
     # 'name': 'value' / "name": "value" / 'name': ['v1', 'v2'] / "name": 123 / \"name\": ..
-    # 'name' => 'value' (Perl, PHP, Ruby). A start only at a backslash run's first character
-    # (tried at each, `\\*['"]` rescanned the run: quadratic); the closing run says how many
-    # of them open the name.
+    # 'name' => 'value' (Perl, PHP, Ruby); x['name'] = 'v' (a traceback's source line). A start
+    # only at a backslash run's first character (tried at each, `\\*['"]` rescanned the run:
+    # quadratic); the closing run says how many of them open the name.
     Rule(re.compile(r"""(?<!\\)(?P<obs>\\*)(?P<oq>['"])(?P<name>""" + _NAME
-                    + r""")(?P<cbs>\\*)(?P=oq)\s*(?P<sep>=>|[:=])\s*"""), _VALUE, keyed=True),
+                    + r""")(?P<cbs>\\*)(?P=oq)\]?\s*(?P<sep>=>|[:=])\s*"""), _VALUE, keyed=True),
     # ('authorization', 'Bearer x'): a header as a tuple; ['--api-key', 'x']: an argv list
     Rule(re.compile(r"""(?:\(\s*b?(?P<kq>['"])|(?P<fq>['"])--)(?P<name>""" + _NAME
                     + r""")(?:(?P=kq)|(?P=fq))\s*,\s*"""), _QUOTED_ONLY, lists=False),
