@@ -116,6 +116,15 @@ def test_each_form(text: str, want: str) -> None:
     # a secret flag without its value: the next flag is not its key (init's comment of a
     # line showed `--api-key <redacted> 9000`, the port's flag gone)
     "vllm serve /m --api-key --port 9000", "--hf-token --max-model-len 8192",
+    # a request's sampling parameters (every --enable-log-requests line) and the quantisation
+    # keys a startup error names as its cause (were `<redacted>`)
+    "Received request cmpl-1: params: SamplingParams(n=1, thinking_token_budget=2048, "
+    "max_tokens=16)",
+    "ValueError: No Int8 MoE backend supports the deployment configuration (weight_key="
+    "QuantKey(int8,scale(f32,static,per_channel),symmetric), activation_key=None).",
+    "ValueError: Unsupported quant_key: QuantKey(fp8e4m3,scale(f32,static,per_tensor))",
+    "RequestOutput(request_id=1, prompt_token_ids=[1], prompt_token_id_logprobs=None)",
+    "Got max_num_batched_tokens=8 and scheduled_token_delta=3.", "compile_key=(16, 2)",
 ])
 def test_useful_non_secrets_stay(text: str) -> None:
     assert R.text(text) == text
@@ -149,6 +158,13 @@ def test_useful_non_secrets_stay(text: str) -> None:
     ("CONTENT_TYPE_HEADER", False), ("HEADER", False), ("headers", False),
     ("API_KEY_HEADER_NAME", False), ("allowed-headers", False),
     ("enable-request-id-headers", False), ("h11-max-header-count", False),
+    # a number or a place about tokens; a key a word says is a quantisation's, a cache's or a
+    # lookup's: names, not credentials; a key of a service's own kind stays one
+    ("thinking_token_budget", False), ("scheduled_token_delta", False),
+    ("key_quant_bits", False), ("token_suffix", False), ("prompt_token_id_logprobs", False),
+    ("weight_key", False), ("activation_quant_key", False), ("cache_key", False),
+    ("config_key", False), ("routing_key", True), ("hash_key", True), ("query_key", True),
+    ("QUERY_KEY", True), ("API_KEY", True), ("session_key", True),
 ])
 def test_secret_names_by_their_words(name: str, secret: bool) -> None:
     assert is_secret_name(name) is secret

@@ -1,10 +1,9 @@
 """Which names say that their value is a secret, and the rules that hide such a value.
 
 The names: a variable, a flag, a JSON or TOML key, judged by its words, so counts and paths
-stay readable (`prompt_tokens`, `prompt_token_ids`, `--ssl-keyfile`, `KEY_PATH`) while
-`HF_TOKEN`, `--api-key`, `dbPassword`, `hf_tokens` are hidden. The redactor (config/redact.py)
-and every writer that drops a value by its name (init, migrate, the environment shown in
-records) ask here.
+stay readable (`prompt_tokens`, `prompt_token_ids`, `--ssl-keyfile`, `KEY_PATH`) while `HF_TOKEN`,
+`--api-key`, `dbPassword`, `hf_tokens` are hidden. The redactor (config/redact.py) and every
+writer that drops a value by its name (init, migrate, records' environment) ask here.
 
 The rules (below; config/redact.py runs them): `--api-key X`, `HF_TOKEN=X`,
 `'api_key': ['X']`, `('authorization', 'Bearer X')`, `api%5Fkey=X`. Every forwarded vLLM line
@@ -43,16 +42,18 @@ _ENDINGS = ("token", "apikey", "secret", "password", "passwd", "pass", "webhook"
 _WEBHOOK_URLS = frozenset({"url", "uri", "urls", "endpoint"})
 # ... unless its last word says the value is about the secret, not the secret itself: an
 # `_id`/`_ids` is an identifier (`prompt_token_ids`, `stop_token_ids`, `key_id`), never the
-# credential (an AWS key id's AKIA... shape is hidden as a token anyway).
+# credential (an AWS key id's AKIA... shape is hidden as a token anyway); a number or a place
+# (`thinking_token_budget`); an exception class names what failed (`KeyError: 'model.l..'`).
 _ABOUT = frozenset({"file", "path", "dir", "size", "len", "length", "count", "type", "mode",
-                    "name", "format", "url", "env", "var", "ttl", "timeout",
-                    "expiry", "prefix", "id", "ids",
-                    # an exception class names what failed: `KeyError: 'model.layers.0...'`
-                    # hid the missing weight's name, the cause of the crash
-                    "error", "exception", "warning", "config"})
-# A tokenizer's special tokens are text, not credentials (`eos_token: '</s>'`).
+                    "name", "format", "url", "env", "var", "ttl", "timeout", "expiry", "prefix",
+                    "id", "ids", "suffix", "budget", "delta", "bits", "factor", "logprobs",
+                    "lens", "indices", "offsets", "error", "exception", "warning", "config"})
+# A tokenizer's special tokens are text, not credentials (`eos_token: '</s>'`); a key that a
+# word says is a lookup's, a cache's or a quantisation's is a name (`weight_key=QuantKey(..`).
 _SPECIAL = frozenset({"eos", "bos", "pad", "unk", "sep", "cls", "mask", "special", "stop",
                       "additional", "image", "audio", "video", "chat"})
+_KINDS = {"token": _SPECIAL, "tokens": _SPECIAL, "key": frozenset({"quant", "weight", "cache",
+          "activation", "compile", "config", "lookup", "sort", "dict"})}  # not routing: PagerDuty's
 # A plural `keys`/`tokens` is a list of names or a count (`restart_keys`, `prompt_tokens`)
 # unless a word before it says which credential (`api_keys`, `hf_tokens`, `accessTokens`).
 _PLURALS = frozenset({"keys", "tokens"})
@@ -60,10 +61,9 @@ _QUALIFIERS = frozenset({"api", "access", "auth", "secret", "private", "hf", "be
                          "refresh", "session", "client", "ssh", "signing", "encryption"})
 _PLURAL_ENDINGS = tuple(q + p for q in _QUALIFIERS for p in _PLURALS)
 # A header's value is what the server checks, so `AUTHORIZATION_HEADER`, `API_KEY_HEADER` are
-# judged by their other words (a `*_HEADER_NAME` stays readable); a list of headers
-# (`OTEL_EXPORTER_OTLP_HEADERS="x-honeycomb-team=..."`) carries credentials under names no rule
-# knows, so it is hidden whole, unless a word before says it lists header names or switches
-# them (`--allowed-headers`, `--enable-request-id-headers`).
+# judged by their other words (a `*_HEADER_NAME` stays readable); a list of headers (`OTEL_
+# EXPORTER_OTLP_HEADERS="x-honeycomb-team=..."`) carries credentials under names no rule knows,
+# so it is hidden whole, unless a word says it lists names or switches (`--allowed-headers`).
 _HEADER_LISTS = frozenset({"allowed", "allow", "expose", "exposed", "enable", "disable"})
 # A name with one of these words is a number about tokens or keys (`max_token`, `num_keys`).
 _COUNTS = frozenset({"num", "max", "min", "total", "count", "counts"})
@@ -79,7 +79,7 @@ def is_secret_name(name: str) -> bool:
         return True
     if not words or words[-1] in _ABOUT or _COUNTS.intersection(words):
         return False
-    if words[-1] in ("token", "tokens") and len(words) > 1 and words[-2] in _SPECIAL:
+    if len(words) > 1 and words[-2] in _KINDS.get(words[-1], ()):
         return False
     if words[-1] == "headers" and len(words) > 1:
         return not _HEADER_LISTS.intersection(words)
