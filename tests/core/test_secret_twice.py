@@ -42,6 +42,8 @@ def test_a_key_set_in_two_places_is_refused_naming_both(tmp_path: Path, vllm: di
         from_dict(_config(tmp_path, vllm))
     problem = next(p for p in got.value.problems if "a second time" in p.problem)
     assert problem.key == second and f"(also {first})" in problem.problem
+    said = str(got.value)  # what check, print-command and the journal show
+    assert REDACT.text(said) == said and f"{second}` sets " in said.replace(":", "`"), said
 
 
 @pytest.mark.parametrize("value", [["k1", "k2"], True, 7])
@@ -71,6 +73,10 @@ def test_the_env_file_setting_the_key_again_is_refused_at_the_launch(tmp_path: P
 @pytest.mark.parametrize("key", ["vllm.env.HF_TOKEN", "vllm.args.api-key",
                                  "vllm.env_file: VLLM_API_KEY", "vllm.env.DB_PASSWORD"])
 def test_a_problem_about_a_secret_named_key_reads_whole_after_the_redactor(key: str) -> None:
-    """`vllm.env.HF_TOKEN: sets ...` came out `vllm.env.HF_TOKEN: <redacted> ...`."""
-    text = Problem(key, "sets it a second time; keep one", 3).render("/etc/v.toml")
-    assert REDACT.text(text) == text and "sets it a second time" in text
+    """`vllm.env.HF_TOKEN: sets ...` came out `vllm.env.HF_TOKEN: <redacted> ...`, and
+    `vllm.env.HF_TOKEN sets HF_TOKEN a second time` as `vllm.env.HF_TOKEN <redacted> HF_TOKEN`
+    (a lower-case word before a name read as the name's value)."""
+    for problem in ("sets it a second time; keep one", "sets HF_TOKEN a second time",
+                    "takes one key as text", "must be text, not 7", "overrides VLLM_API_KEY"):
+        text = Problem(key, problem, 3).render("/etc/v.toml")
+        assert REDACT.text(text) == text and problem in text, text

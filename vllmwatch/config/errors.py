@@ -18,12 +18,13 @@ class Problem:
     line: int | None = None
 
     def render(self, path: str) -> str:
-        """'path:line: key: problem', the form editors jump to. After a secret's name no
-        colon ('vllm.env.HF_TOKEN is set twice'): every writer passes the redactor, which
-        reads `HF_TOKEN: word` as a secret and its value, and would hide the problem's word."""
+        """'path:line: key: problem', the form editors jump to. A secret's name in backticks
+        ('`vllm.env.HF_TOKEN` sets HF_TOKEN a second time'): every writer passes the redactor,
+        which reads `HF_TOKEN: word` and `HF_TOKEN word` as a secret and its value, and hid
+        the problem's first word (`vllm.env.HF_TOKEN <redacted> HF_TOKEN a second time`)."""
         place = f"{path}:{self.line}" if self.line else path
-        sep = " " if is_secret_name(self.key) else ": "
-        return f"{place}: {self.key}{sep}{self.problem}" if self.key else f"{place}: {self.problem}"
+        key = f"`{self.key}` " if is_secret_name(self.key) else f"{self.key}: "
+        return f"{place}: {key}{self.problem}" if self.key else f"{place}: {self.problem}"
 
 
 class ConfigError(Exception):

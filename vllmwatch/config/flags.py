@@ -200,13 +200,14 @@ def _twice(args: Mapping[str, object], extra: Sequence[str]) -> list[Problem]:
     for k in args:
         key = f"vllm.args.{k}"
         if flag_name(k) in first:
-            out.append(Problem(key, f"--{flag_name(k)} is set by {first[flag_name(k)]} too "
-                                    "(vLLM would take the last one); keep one"))
+            # the key in backticks: the redactor read `vllm.args.api_key too` as a name, a value
+            out.append(Problem(key, f"--{flag_name(k)} is set by `{first[flag_name(k)]}` "
+                                    "too (vLLM would take the last one); keep one"))
         first.setdefault(flag_name(k), key)
     for i, token in enumerate(extra):
         name = flag_name(token.partition("=")[0]) if token.startswith("--") else ""
         if name in first:
-            out.append(Problem(f"vllm.extra_args[{i}]", f"--{name} is set by {first[name]} "
+            out.append(Problem(f"vllm.extra_args[{i}]", f"--{name} is set by `{first[name]}` "
                                "too (vLLM would take the last one); keep one"))
     return out
 
