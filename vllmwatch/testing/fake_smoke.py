@@ -10,7 +10,9 @@ without a chat template. Shapes and error texts are vLLM 0.32's:
 - no chat template (`--fake-no-chat-template`, unless `--chat-template`): 400 with
   transformers' "As of transformers v4.44, default chat template is no longer allowed ...";
 - /v1/messages: AnthropicMessagesResponse (content blocks, stop_reason), errors as
-  `{"type": "error", "error": {"type", "message"}}` (entrypoints/anthropic/api_router.py).
+  `{"type": "error", "error": {"type", "message"}}` (entrypoints/anthropic/api_router.py);
+  streamed as its converter sends it (message_start, one text block, message_delta,
+  message_stop); aborted (the engine told to stop), with no stop_reason (gate/aborted.py).
 """
 
 from __future__ import annotations
@@ -45,7 +47,7 @@ def _error(message: str, code: int = 400, kind: str = "BadRequestError") -> dict
 
 
 def answer(a: argparse.Namespace, path: str, body: dict[str, Any], complete: Complete
-           ) -> tuple[int, dict[str, Any]] | None:
+           ) -> tuple[int, dict[str, Any] | list[bytes]] | None:
     """(status, reply) for a request the smoke answers own; None: the plain fake answers."""
     if path == "/v1/messages":
         return _messages(a, body, complete)
@@ -87,7 +89,7 @@ def _chat_refused(a: argparse.Namespace, body: dict[str, Any]) -> str | None:
 
 
 def _messages(a: argparse.Namespace, body: dict[str, Any], complete: Complete
-              ) -> tuple[int, dict[str, Any]]:
+              ) -> tuple[int, dict[str, Any] | list[bytes]]:
     failing = a.fake_messages_fail_while
     if failing and os.path.exists(failing):
         with open(failing, encoding="utf-8") as f:
@@ -106,12 +108,34 @@ def _messages(a: argparse.Namespace, body: dict[str, Any], complete: Complete
         return code, _anthropic(str(reply.get("type", "InternalServerError")), str(message))
     choice, usage = reply["choices"][0], reply["usage"]
     text = choice["message"]["content"] or ""
-    stop = "max_tokens" if choice["finish_reason"] == "length" else "end_turn"
-    return 200, {"id": "msg_" + reply["id"], "type": "message", "role": "assistant",
-                 "content": [{"type": "text", "text": text}], "model": reply["model"],
-                 "stop_reason": stop,
-                 "usage": {"input_tokens": usage["prompt_tokens"],
-                           "output_tokens": usage["completion_tokens"]}}
+    # "abort" maps to no stop_reason, and vLLM drops the null (model_dump(exclude_none))
+    stop = {"length": "max_tokens", "abort": None}.get(choice["finish_reason"], "end_turn")
+    used = {"input_tokens": usage["prompt_tokens"], "output_tokens": usage["completion_tokens"]}
+    message = {"id": "msg_" + reply["id"], "type": "message", "role": "assistant",
+               "content": [{"type": "text", "text": text}], "model": reply["model"],
+               **({"stop_reason": stop} if stop else {}), "usage": used}
+    return 200, (_events(message, text, stop) if body.get("stream") else message)
+
+
+def _events(message: dict[str, Any], text: str, stop: str | None) -> list[bytes]:
+    """The message as vLLM 0.32's converter streams it (anthropic/serving.py :987-1061):
+    message_start, a text block (none with no token), message_delta, message_stop."""
+    start = {**message, "content": [], "stop_reason": None, "stop_sequence": None,
+             "usage": {**message["usage"], "output_tokens": 0}}
+    out: list[tuple[str, dict[str, Any]]] = [
+        ("message_start", {"type": "message_start", "message": start})]
+    if text:
+        out += [("content_block_start", {"type": "content_block_start", "index": 0,
+                                         "content_block": {"type": "text", "text": ""}})]
+        out += [("content_block_delta", {"type": "content_block_delta", "index": 0, "delta":
+                                         {"type": "text_delta", "text": t + " "}})
+                for t in text.split(" ")]
+        out += [("content_block_stop", {"type": "content_block_stop", "index": 0})]
+    out += [("message_delta", {"type": "message_delta", "delta": {
+        "stop_reason": stop, "stop_sequence": None}, "usage": message["usage"]}),
+            ("message_stop", {"type": "message_stop"})]
+    return [b"event: %s\ndata: %s\n\n" % (e.encode(), json.dumps(d, separators=(",", ":"))
+                                            .encode()) for e, d in out]
 
 
 def _anthropic(kind: str, message: str) -> dict[str, Any]:

@@ -183,8 +183,9 @@ class _Handler(BaseHTTPRequestHandler):
         if not isinstance(body, dict):
             return self._send(400, error("Invalid JSON body", "BadRequestError", 400))
         smoke = fake_smoke.answer(api.args, path, body, api.complete)
-        if smoke is not None:  # tools, /v1/messages, a missing chat template
-            return self._send(*smoke)
+        if smoke is not None:  # tools, /v1/messages (streamed: its events), no chat template
+            return self._send(*smoke) if isinstance(smoke[1], dict) else write_stream(
+                self, smoke[1], api.args.stream_interval, api.args.cut_stream_after)
         if path not in GENERATE:
             return self._send(*api.pool(body, path))
         code, reply = api.complete(body, chat=path.endswith("chat/completions"))
