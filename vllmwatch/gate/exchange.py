@@ -144,7 +144,9 @@ async def run(session: aiohttp.ClientSession, request: web.Request, url: str, bo
                 gone = replay.engine_gone_answer(up.status, data)
                 if gone is not None:
                     return Failed(gone)
-                if request.path in replay.READ and _ab().answer(request.path, up.status, data):
+                stopped = ex.fence.stopped(ex.gen)  # (a pooling answer of vLLM told to stop)
+                if (request.path in replay.READ or stopped) and _ab().answer(
+                        request.path, up.status, data, stopped):
                     return cast(Failed, _ab().failed(Failed, up, data, headers))
                 return web.Response(body=data, status=up.status, reason=up.reason,
                                     headers=headers)

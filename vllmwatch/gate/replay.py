@@ -27,7 +27,7 @@ A request is replayed only when all of these hold (gate/proxy.py):
   byte, which vLLM sends only with the first token or an error);
 - the failure says the engine is gone: the connection reset or closed by vLLM, an answer
   of vLLM's engine-dead handlers (ENGINE_DEAD), vLLM refusing it as it stops (SHUT_DOWN: never
-  started), an answer vLLM aborted as it stops (gate/aborted.py: a 200 that says so),
+  started), an answer vLLM aborted as it stops (gate/aborted.py: 200s, a pooling 500),
   or an exchange the gate cut itself once vllmwatch declared the engine stuck. A 4xx, or
   another 5xx, is vLLM's answer and is passed on.
 

