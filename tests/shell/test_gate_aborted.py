@@ -21,6 +21,7 @@ from tests.shell.test_gate_replay import BODY, OK, in_thread, post, relaunch_whe
 from tests.support import TIMEOUT_SCALE, wait_until
 from vllmwatch.gate import aborted, replay
 from vllmwatch.testing.fake_api import ENGINE_DEAD_EVENT, SHUT_DOWN_ERROR
+from vllmwatch.testing.fake_smoke import ANTHROPIC_DEAD_EVENT
 
 
 def _done(choices: list[dict[str, Any]], chat: bool = False) -> bytes:
@@ -93,9 +94,12 @@ MSG_BODY = {"model": "m", "max_tokens": 3, "messages": [{"role": "user", "conten
     ("/v1/messages", (200, MSG_CUT)),
     ("/v1/messages", ("stream", [MSG_START, MSG_ABORT, MSG_STOP], "end")),
     ("/v1/messages", ("stream", [MSG_START + MSG_ABORT + MSG_STOP], "end")),
+    ("/v1/messages", ("stream", [ANTHROPIC_DEAD_EVENT], "end")),  # its engine died (measured)
+    ("/v1/messages", ("stream", [MSG_START, ANTHROPIC_DEAD_EVENT], "end")),
 ], ids=["rejected", "cut-n2", "chat-cut", "stream-done-only", "chat-stream", "chat-one-read",
         "dead-after-role", "reset-after-role", "shut-down-500", "shut-down-500-pooling",
-        "messages-rejected", "messages-cut", "messages-stream", "messages-one-read"])
+        "messages-rejected", "messages-cut", "messages-stream", "messages-one-read",
+        "messages-dead", "messages-dead-after-start"])
 def test_a_completion_vllm_aborted_as_it_stopped_goes_to_the_next_engine(
         path: str, failure: Any) -> None:
     with scripted.setup(failure, (200, OK)) as (g, script, d):
@@ -109,7 +113,8 @@ def test_a_completion_vllm_aborted_as_it_stopped_goes_to_the_next_engine(
         s = g.stats
         assert (s.replayed, s.replay_answered, s.cut_midstream) == (1, 1, 0)
         event = dict(g.events)["gate.replayed"]  # type: ignore[attr-defined]
-        dead = failure[1][-1] == ENGINE_DEAD_EVENT or failure[-1] == "reset"
+        dead = failure[1][-1] in (ENGINE_DEAD_EVENT, ANTHROPIC_DEAD_EVENT) or \
+            failure[-1] == "reset"
         assert event["failure"] == ("connection" if failure[-1] == "reset" else
                                     "engine_dead" if dead else "shutting_down"
                                     if failure[0] == 500 else "aborted")
@@ -194,7 +199,29 @@ def test_what_a_held_stream_says(held: bytes, said: str) -> None:
     assert aborted.stream("/v1/chat/completions", held) == said
 
 
+# Another error of vLLM's converter (a GenerationError: its message 'Internal server error')
+MSG_OTHER_ERROR = ANTHROPIC_DEAD_EVENT.replace(b"'En...am'", b"'In...am'")
+
+
+def test_an_anthropic_stream_error_that_is_not_the_engines_death_is_passed_on() -> None:
+    with scripted.setup(("stream", [MSG_OTHER_ERROR], "end"), (200, OK)) as (g, script, _d):
+        assert post(g.port, "/v1/messages", {**MSG_BODY, "stream": True}) == \
+            (200, MSG_OTHER_ERROR)
+        settle(g)
+        assert g.stats.replayed == 0 and len(script.seen) == 1
+
+
+def test_an_anthropic_stream_whose_engine_died_after_a_token_is_never_replayed() -> None:
+    events = [MSG_START, MSG_TOKEN, ANTHROPIC_DEAD_EVENT]  # measured: 2 of 12 streams so
+    with scripted.setup(("stream", events, "end"), (200, OK)) as (g, script, _d):
+        assert post(g.port, "/v1/messages", {**MSG_BODY, "stream": True}) == \
+            (200, b"".join(events))
+        settle(g)
+        assert g.stats.replayed == 0 and len(script.seen) == 1
+
+
 @pytest.mark.parametrize(("held", "said"), [
+    (MSG_START + ANTHROPIC_DEAD_EVENT, "dead"), (MSG_START + MSG_OTHER_ERROR, "begun"),
     (MSG_START, "more"), (MSG_START[:-1], "more"), (MSG_START + MSG_ABORT, "aborted"),
     (MSG_START + MSG_STOP, "aborted"), (MSG_START + MSG_TOKEN, "begun"),
     (MSG_START + MSG_END_TURN, "begun"), (ROLE, "begun"),

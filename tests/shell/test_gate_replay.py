@@ -459,8 +459,12 @@ def test_a_killed_fake_vllm_then_a_relaunched_one_answers_the_replay() -> None:
         g.stop()
 
 
-@pytest.mark.parametrize("stream", [False, True], ids=["completion", "stream"])
-def test_the_fake_vllms_engine_dead_answer_is_replayed(tmp_path: Any, stream: bool) -> None:
+@pytest.mark.parametrize(("stream", "path"), [
+    (False, "/v1/completions"), (True, "/v1/chat/completions"), (False, "/v1/messages"),
+    (True, "/v1/messages"),  # its converter's pydantic error (fake_smoke.ANTHROPIC_DEAD_EVENT)
+], ids=["completion", "stream", "messages", "messages-stream"])
+def test_the_fake_vllms_engine_dead_answer_is_replayed(tmp_path: Any, stream: bool,
+                                                       path: str) -> None:
     """The fake vLLM's engine dies under a running request; its API server answers as vLLM
     does (a 500, or a stream's head then the error event: fake_api.ENGINE_DEAD_*) and the
     gate sends the request to the next engine: the client sees one clean answer."""
@@ -473,10 +477,9 @@ def test_the_fake_vllms_engine_dead_answer_is_replayed(tmp_path: Any, stream: bo
              retry_after=3, generation=d.generation,
              log=lambda level, event, **kw: events.append((event, kw)))
     g.start()
-    path = "/v1/chat/completions" if stream else "/v1/completions"
     body = {"model": "fake", "max_tokens": 3, "stream": stream,
-            **({"messages": [{"role": "user", "content": "hi"}]} if stream else
-               {"prompt": "hello"})}
+            **({"prompt": "hello"} if path == "/v1/completions" else
+               {"messages": [{"role": "user", "content": "hi"}]})}
     try:
         with fake_vllm(port, "--slow-completion", "30", "--engine-crash-after", "0",
                        "--arm-file", str(arm)):
@@ -491,7 +494,7 @@ def test_the_fake_vllms_engine_dead_answer_is_replayed(tmp_path: Any, stream: bo
             t.join(30 * TIMEOUT_SCALE)
         settle(g)
         assert out[0][0] == 200 and b"EngineCore" not in out[0][1], out
-        assert (b"data: [DONE]" in out[0][1]) if stream else json.loads(out[0][1])["choices"]
+        assert b"error" not in out[0][1] and b"fake" in out[0][1], out
         assert [kw["failure"] for e, kw in events if e == "gate.replayed"] == ["engine_dead"]
         assert g.stats.replay_answered == 1 and g.stats.cut_midstream == 0
     finally:

