@@ -109,13 +109,14 @@ MSG_BODY = {"model": "m", "max_tokens": 3, "messages": [{"role": "user", "conten
     ("/v1/messages", ("stream", [MSG_START, MSG_ABORT, MSG_STOP], "end")),
     ("/v1/messages", ("stream", [MSG_START + MSG_ABORT + MSG_STOP], "end")),
     ("/inference/v1/generate", (200, GEN_ABORTED)),
+    ("/v1/chat/completions/batch", (200, CHAT_CUT)),  # one choice a conversation, not streamed
     ("/inference/v1/generate", ("stream", [GEN_ABORT, DONE], "end")),
     ("/v1/messages", ("stream", [ANTHROPIC_DEAD_EVENT], "end")),  # its engine died (measured)
     ("/v1/messages", ("stream", [MSG_START, ANTHROPIC_DEAD_EVENT], "end")),
 ], ids=["rejected", "cut-n2", "chat-cut", "stream-done-only", "chat-stream", "chat-one-read",
         "dead-after-role", "reset-after-role", "shut-down-500", "shut-down-500-pooling",
         "messages-rejected", "messages-cut", "messages-stream", "messages-one-read",
-        "generate", "generate-stream", "messages-dead", "messages-dead-after-start"])
+        "generate", "chat-batch", "generate-stream", "messages-dead", "messages-dead-after-start"])
 def test_a_completion_vllm_aborted_as_it_stopped_goes_to_the_next_engine(
         path: str, failure: Any) -> None:
     with scripted.setup(failure, (200, OK)) as (g, script, d):

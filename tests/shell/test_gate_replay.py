@@ -25,6 +25,7 @@ import pytest
 from tests.support import TIMEOUT_SCALE, free_port, wait_until
 from vllmwatch.gate import replay
 from vllmwatch.gate.door import Fence, Readiness
+from vllmwatch.gate.replay import CLIENT_PATHS, REPLAYABLE
 from vllmwatch.gate.runner import Gate
 from vllmwatch.testing.fake_api import ENGINE_DEAD_BODY, ENGINE_DEAD_EVENT
 
@@ -423,9 +424,26 @@ def test_the_fence_waits_for_sends_under_way() -> None:
     assert fence.late == 1  # written after its stop order went on: counted
 
 
+@pytest.mark.parametrize("path", ["/v2/embed", "/v1/chat/completions/batch",
+                                  "/v1/messages/count_tokens"])
+def test_every_pure_inference_path_vllm_never_answered_goes_to_the_next_engine(
+        path: str) -> None:
+    with setup("reset", (200, OK)) as (g, script, d):
+        out, t = in_thread(lambda: post(g.port, path))
+        relaunch_when_tried(g, script, d)
+        t.join(30 * TIMEOUT_SCALE)
+        settle(g)
+        assert out == [(200, OK)] and [gen for _, gen in script.seen] == [1, 2]
+
+
 def test_the_replay_list() -> None:
     assert replay.replayable_path("POST", "/v1/chat/completions")
     assert replay.replayable_path("POST", "/v1/messages")
+    # Every client path the gate forwards is pure inference, so replayed, but the Responses
+    # API (it stores objects) and the GETs; /v2/embed, /v1/chat/completions/batch and
+    # /v1/messages/count_tokens were left off: their clients got a 502 at each engine death.
+    assert {"/v1/responses", "/v1/models", "/health", "/metrics",
+                                         "/version"} == CLIENT_PATHS - REPLAYABLE
     assert not replay.replayable_path("GET", "/v1/models")
     for path in ("/v1/responses", "/v1/load_lora_adapter", "/sleep", "/collective_rpc",
                  "/reset_prefix_cache", "/v1/responses/abc/cancel"):

@@ -55,12 +55,12 @@ from typing import Any
 from vllmwatch.config.redact import REDACT
 
 REPLAYABLE = frozenset({
-    "/v1/completions", "/v1/chat/completions", "/v1/embeddings", "/v1/messages",
-    "/v1/score", "/score", "/v1/rerank", "/v2/rerank", "/rerank", "/pooling", "/classify",
-    "/v1/classify", "/tokenize", "/detokenize", "/v1/audio/transcriptions",
-    "/v1/audio/translations", "/inference/v1/generate"})
-READ = frozenset({"/v1/completions", "/v1/chat/completions", "/v1/messages",  # aborts read:
-                  "/inference/v1/generate"})  # gate/aborted.py
+    "/v1/completions", "/v1/chat/completions", "/v1/chat/completions/batch", "/v1/messages",
+    "/v1/embeddings", "/v2/embed", "/v1/score", "/score", "/v1/rerank", "/v2/rerank", "/rerank",
+    "/pooling", "/classify", "/v1/classify", "/tokenize", "/detokenize", "/inference/v1/generate",
+    "/v1/messages/count_tokens", "/v1/audio/transcriptions", "/v1/audio/translations"})
+READ = frozenset({"/v1/completions", "/v1/chat/completions", "/v1/chat/completions/batch",
+                  "/v1/messages", "/inference/v1/generate"})  # aborts read: gate/aborted.py
 # vLLM's EngineDeadError message (vllm/v1/engine/exceptions.py:13 in 0.26.0, :16 in 0.32.0);
 # both answer it as a 500 {"error": {"message": ...}} or, in a stream, as its first event
 # after the 200 head (read in both sources: vllmwatch/testing/fake_api.py cites the lines).
