@@ -140,3 +140,87 @@ def test_an_exempt_pid_survives_the_sweep_and_a_setsid_orphan_does_not(tmp_path:
     assert got["standby_alive"]
     assert any(w.startswith(f"pid {got['orphan']} ") for w in got["what"])
     assert got["standby"] in got["second"]  # without the exempt pid the marker takes it
+
+
+def _members(tmp_path: Path, marker: str) -> set[int]:
+    """The pids the daemon's group file records as seen in its tree (shell/groupfile.py)."""
+    try:
+        text = (tmp_path / "state" / f"vllmwatch-{marker}.pgid").read_text()
+    except FileNotFoundError:
+        return set()
+    return {int(pid) for pid, _ in json.loads(text).get("members", ())}
+
+
+def test_a_setsid_descendant_left_by_a_killed_daemon_is_killed_at_the_next_start(
+        tmp_path: Path) -> None:
+    """Outside systemd (no cgroup to kill) a vllmwatch SIGKILLed mid-restart, its vLLM's
+    group already stopped, leaves the setsid'd descendant holding vllm.port, reparented to
+    init: out of the group, the session and the marker. The next daemon knows it by the
+    record of its tree's members (pid and start time since boot) and kills it, saying why
+    it is provably ours; it used to exit 69 (port.busy) and leave it to the operator."""
+    cfg = base_config(free_port(), free_port(), ORPHAN_FLAGS)
+    cfg["memory"] = {"sample_interval": "0.5s"}
+    first, second = Daemon(tmp_path, cfg), Daemon(tmp_path, cfg)
+    orphan: psutil.Process | None = None
+    try:
+        first.start()
+        first.wait_ready(30)
+        child = int(first.named("child.started")[-1]["pid"])
+        orphan = _the_orphan(first, child)
+        wait_for(lambda: orphan is not None and orphan.pid in _members(tmp_path, first.marker),
+                 20, "a memory sample to record the descendant")
+        first.signal(signal.SIGKILL)
+        first.wait_exit(10)
+        os.killpg(child, signal.SIGKILL)  # what the restart had done when it was killed
+        wait_for(lambda: dead(child), 10, "the old vLLM's group to be gone")
+        assert not dead(orphan)
+        second.start()
+        second.wait_ready(30)
+        [said] = second.named("leftovers.recognised")
+        assert said["process"].startswith(f"pid {orphan.pid} ") and "start" in said["why"]
+        assert orphan.pid in second.named("leftovers.killed")[0]["pids"]
+        assert not second.named("port.busy") and dead(orphan)
+    finally:
+        try:
+            if orphan is not None and not dead(orphan):  # first: close() asserts a free port
+                orphan.kill()
+        finally:
+            second.close()
+            first.close(check=False)
+
+
+def test_a_recorded_pid_now_another_process_is_left_alone(tmp_path: Path,
+                                                           monkeypatch: pytest.MonkeyPatch
+                                                           ) -> None:
+    """The record proves a process ours only while it is the very process seen: the same
+    pid with another start time (a reused pid), or a record of another boot, takes nothing."""
+    from vllmwatch.shell import groupfile, kin
+
+    monkeypatch.setenv("STATE_DIRECTORY", str(tmp_path))
+    os.chmod(tmp_path, 0o700)
+    marker = f"test{os.getpid()}"
+    sleeper = [PYTHON, "-c", "import time; time.sleep(60)"]
+    leader = subprocess.Popen(sleeper, start_new_session=True)
+    other = subprocess.Popen(sleeper, start_new_session=True)
+    try:
+        groupfile.remember(marker, leader.pid)
+        groupfile.remember_members(marker, leader.pid, [leader.pid, other.pid])
+        assert set(groupfile.recorded_members(marker)) == {other.pid}
+        got = groupfile.read(marker)
+        assert got is not None
+        path = groupfile.path_of(marker)
+        assert path is not None
+        at = kin.started(other.pid)
+        assert at is not None
+        for members, boot in (([[other.pid, at - 1.0]], got.boot_id), ([[other.pid, at]], "x")):
+            data = json.loads(Path(path).read_text())
+            Path(path).write_text(json.dumps({**data, "members": members, "boot_id": boot}))
+            assert groupfile.recorded_members(marker) == {}
+        # A record whose group is another tree's is not added to (a sample of an old run).
+        groupfile.remember(marker, leader.pid)
+        groupfile.remember_members(marker, other.pid, [other.pid])
+        assert groupfile.recorded_members(marker) == {}
+    finally:
+        for proc in (leader, other):
+            proc.kill()
+            proc.wait(10)
