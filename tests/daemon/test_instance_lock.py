@@ -132,3 +132,4 @@ def test_a_spare_left_by_a_killed_daemon_is_swept_at_the_next_start(
     finally:
         d.close()
         old.stop("test ends")
+        old.stops.wait()  # its waits run on a thread: wait for the end

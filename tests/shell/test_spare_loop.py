@@ -13,6 +13,7 @@ tests/shell/test_gate_spare_route.
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import os
 import signal
@@ -50,12 +51,14 @@ def _model(tmp: Path) -> str:
     return sparse_8b(tmp, WEIGHTS_MIB)
 
 
-def _config(tmp: Path, hold: bool = False) -> Config:
-    """`hold`: every engine's start (the spare's too) lasts until the file `go` exists."""
+def _config(tmp: Path, hold: bool = False, stubborn: bool = False) -> Config:
+    """`hold`: every engine's start (the spare's too) lasts until the file `go` exists;
+    `stubborn`: every engine ignores SIGTERM (the serving one is SIGKILLed after 1 s)."""
     script = tmp / "vllm"
     script.write_text(SCRIPT.format(python=PYTHON))
     script.chmod(0o755)
     held = ["--hold-start-until", str(tmp / "go")] if hold else []
+    held += ["--ignore-sigterm"] if stubborn else []
     return from_dict({
         "vllm": {"command": [str(script), "--startup-seconds", "0.3", "--fake-weights-mib",
                              str(WEIGHTS_MIB), "--wake-fail-if", str(tmp / "wake-fails"),
@@ -64,7 +67,7 @@ def _config(tmp: Path, hold: bool = False) -> Config:
                  "port": free_port(), "gpus": [0], "args": {"max-model-len": 4096}},
         "gate": {"enabled": True, "listen": f"127.0.0.1:{free_port()}"},
         "spare": {"enabled": "true"},
-        "restart": {"standby": "false"},
+        "restart": {"standby": "false", **({"stop_timeout": "1s"} if stubborn else {})},
         "prewarm": {"enabled": False, "cache_dir": str(tmp / "cache")},
     }, path=str(tmp / "vllmwatch.toml"))
 
@@ -73,13 +76,15 @@ def _config(tmp: Path, hold: bool = False) -> Config:
 def world(tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
           request: pytest.FixtureRequest) -> Iterator[dict[str, Any]]:
     """`request.param` (indirect): {"hold": True} holds every engine's start until the file
-    `go` exists; {"figures": False} is an NVML that lists processes without their memory."""
+    `go` exists; {"stubborn": True}: every engine ignores SIGTERM; {"figures": False} is an
+    NVML that lists processes without their memory."""
     opts: dict[str, bool] = getattr(request, "param", {})
     ledger = fake_gpu.create(str(tmp_path / "gpu"))
     env = {**os.environ, "PYTHONPATH": str(REPO), fake_gpu.ENV: ledger,
            "STATE_DIRECTORY": str(tmp_path / "state")}
     monkeypatch.setenv("STATE_DIRECTORY", env["STATE_DIRECTORY"])
-    config = _config(tmp_path, hold=opts.get("hold", False))
+    config = _config(tmp_path, hold=opts.get("hold", False),
+                     stubborn=opts.get("stubborn", False))
     log = LogCapture()
     sampler = make_sampler([0], log, nvml=FakeNvml([FakeGpu(
         used_mib=0.0, ledger=ledger, figures=opts.get("figures", True))]))
@@ -357,4 +362,42 @@ def test_a_spare_nvml_cannot_measure_is_turned_off_and_the_full_engine_serves(
     assert loop.state.config.spare.retries > 1 and len(failed) == 1, failed
     assert failed[0]["detail"] == sparetree.UNMEASURED and not log.named("spare.ready")
     assert loop.state.spare is not None and sparetree.UNMEASURED in loop.state.spare.why
+    _stop_and_nothing_left(world)
+
+
+
+@pytest.mark.parametrize("world", [{"stubborn": True}], indirect=True)
+def test_the_loop_answers_while_the_spare_goes_down(world: dict[str, Any],
+                                                    monkeypatch: pytest.MonkeyPatch) -> None:
+    """A stop of the spare waited on the loop's thread for its API server (STOP_GRACE after
+    the SIGTERM, as long after the SIGKILL, as long for its group: up to 15 s; a sleeping vLLM
+    takes seconds to exit): no WATCHDOG=1, no stop request, no SIGHUP or SIGUSR1 was answered
+    meanwhile. Here vLLM ignores SIGTERM and the stop's grace outlasts the test: SIGUSR1 comes
+    while the spare goes down, and the restart begins; then the test SIGKILLs the spare (what
+    the grace's end does) and nothing of it stays."""
+    monkeypatch.setattr(sparetree, "STOP_GRACE", WAIT)  # only the test ends the stop
+    loop: Loop = world["loop"]
+    log: LogCapture = world["log"]
+    spare: sparerun.SpareFx = world["spare"]
+    _ready(world)
+    api = spare.tree.pid
+    assert api is not None
+    try:
+        off = dataclasses.replace(loop.state.config, spare=dataclasses.replace(
+            loop.state.config.spare, enabled="false"))
+        loop.post(ReloadRequested(off))  # StopSpare: SIGTERM to the spare's group
+        wait_until(lambda: spare.tree.pid is None, WAIT, "the spare's stop under way")
+        mark = len(log.got)
+        loop.post(RestartRequested())
+        wait_until(lambda: any(e == "restart.begin" and f["reason"] == "manual"
+                               for e, f in log.got[mark:]), WAIT / 2,
+                   "the loop to answer SIGUSR1 while the spare goes down")
+        assert not log.named("spare.stopped") and psutil.Process(api).is_running()
+    finally:
+        with contextlib.suppress(ProcessLookupError):
+            os.kill(api, signal.SIGKILL)  # the stop goes on: its group, then the clean-up
+    wait_until(lambda: log.named("spare.stopped"), WAIT, "the spare's stop to end")
+    [stopped] = log.named("spare.stopped")
+    assert stopped["pid"] == api and not stopped["remaining"], stopped
+    wait_until(lambda: _state(loop)[:2] == ("ready", "idle"), WAIT, "READY after the restart")
     _stop_and_nothing_left(world)

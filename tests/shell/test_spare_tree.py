@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import os
 import select
+import signal
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -39,6 +40,7 @@ def tree(tmp_path: Path) -> Iterator[tuple[SpareTree, LogCapture]]:
         yield t, log
     finally:
         t.stop("test ends")
+        t.stops.wait()  # its waits run on a thread: wait for the end
 
 
 def test_the_loop_waits_on_the_spares_pidfd_and_a_dead_spare_is_reaped_at_once(
@@ -153,6 +155,7 @@ def test_a_build_after_a_reload_runs_the_new_command_in_a_tmpdir_of_its_own(
     assert os.path.isdir(tmp) and tmp == t.tmpdir
     wait_for(lambda: bool(posted), 30.0, "the build's answer")
     t.stop("rebuilt")
+    t.stops.wait()  # (the stop's waits run on a thread of their own: shell/sparestop.py)
     assert not os.path.exists(tmp), "the stopped spare's TMPDIR is left"
     posted.clear()
     spare.do(BuildSpare(0.2), posted.append, new)
@@ -186,6 +189,7 @@ def test_a_spare_that_cannot_start_is_a_failed_build_not_the_daemons_crash(
     assert not posted[0].ok and posted[0].build == 3
     assert "its start:" in posted[0].detail
     assert t.pid is None and t.tmpdir is None, "nothing of the attempt stays"
+    t.stops.wait()
     assert log.named("spare.stopped")
 
 
@@ -216,6 +220,7 @@ def test_an_engine_that_outlived_the_spares_api_server_goes_at_the_stop(
         assert gone.pid == api and t.pid is None
         assert engine.is_running()
         t.stop("died: signal SIGKILL")
+        t.stops.wait()
         assert engine.wait(10.0) is not None or not engine.is_running()
         stopped = log.named("spare.stopped")[-1]
         assert engine.pid in stopped["leftovers_killed"], stopped
@@ -223,6 +228,7 @@ def test_an_engine_that_outlived_the_spares_api_server_goes_at_the_stop(
         if engine is not None and engine.is_running():
             engine.kill()
         t.stop("test ends")
+        t.stops.wait()  # its waits run on a thread: wait for the end
 
 
 @pytest.mark.parametrize("kill_stale", [True, False])
@@ -259,6 +265,7 @@ def test_a_spare_left_by_a_killed_vllmwatch_is_swept_at_the_next_start(
         assert childmod.sweep_spare_leftovers("f" * 16, log, True) == ()
     finally:
         old.stop("test ends")
+        old.stops.wait()  # its waits run on a thread: wait for the end
 
 
 def test_a_stopped_builds_worker_never_touches_the_tree_built_after_it(
@@ -317,6 +324,7 @@ def test_a_spare_killed_by_a_signal_python_does_not_name_is_an_exit_not_a_crash(
         assert getattr(got[-1], "detail", None) == "signal SIG40", got[-1]
     finally:
         tree.stop("test")
+        tree.stops.wait()  # its waits run on a thread: wait for the end
 
 
 def test_a_sleep_that_ends_past_its_deadline_is_still_asked_once(
@@ -349,3 +357,51 @@ def test_a_sleep_that_ends_past_its_deadline_is_still_asked_once(
         assert slept.ok and asleep[0], slept
     finally:
         tree.stop("test")
+        tree.stops.wait()  # its waits run on a thread: wait for the end
+
+
+STUBBORN = ("import signal, time\nsignal.signal(signal.SIGTERM, signal.SIG_IGN)\n"
+            "print('INFO spare', flush=True)\ntime.sleep(600)\n")
+
+
+def _ignores_sigterm(pid: int) -> bool:
+    with open(f"/proc/{pid}/status", encoding="ascii") as fh:
+        mask = next(line.split(":")[1] for line in fh if line.startswith("SigIgn"))
+    return bool(int(mask, 16) & (1 << (signal.SIGTERM - 1)))
+
+
+def test_a_rebuild_right_after_a_stop_waits_for_it_off_the_loop_and_a_stop_supersedes_it(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """StopSpare returns once its SIGTERM is sent (the waits run beside the loop); the
+    BuildSpare that follows (a dead spare's rebuild) returns at once too and starts its tree
+    only once the last one is down (same socket, group file, GPU memory); a stop that comes
+    meanwhile supersedes it: one answer, and no tree started that nobody wants."""
+    from vllmwatch.core.failover import StopSpare
+    from vllmwatch.shell import sparetree
+    monkeypatch.setattr(sparetree, "STOP_GRACE", 30.0)  # the stop lasts until the test ends it
+    cmd = SpareCommand([PYTHON, "-c", STUBBORN], {}, str(tmp_path / "s.sock"), "m")
+    t = SpareTree(cmd, "0123456789abcdef", LogCapture(), lambda _: None, lambda: None)
+    config = from_dict({"vllm": {"command": ["vllm", "serve"], "model": "m", "gpus": []}},
+                       path=str(tmp_path / "vllmwatch.toml"))
+    fx = SpareFx(config, SparePlan(on=True, reason="test"), t, LogCapture())
+    posted: list[Event] = []
+    first = None
+    try:
+        t.start()
+        first = t.pid
+        assert first is not None
+        wait_for(lambda: _ignores_sigterm(first), 30.0, "the spare to ignore SIGTERM")
+        fx.do(StopSpare("rebuilt"), posted.append)
+        assert t.stops.busy() and psutil.Process(first).is_running() and first in fx.exempt()
+        fx.do(BuildSpare(5.0, 2), posted.append)
+        assert t.pid is None and not posted, "started beside the tree going down"
+        fx.do(StopSpare("turned off"), posted.append)
+        [answer] = wait_for(lambda: posted, 60.0, "the build's answer")
+        assert isinstance(answer, SpareBuilt) and not answer.ok and answer.build == 2
+        assert answer.detail == sparetree.SUPERSEDED
+        t.stops.wait()
+        assert t.pid is None and dead(first)
+    finally:
+        if first is not None and not dead(first):
+            os.kill(first, signal.SIGKILL)
+        fx.close()

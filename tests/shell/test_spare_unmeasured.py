@@ -48,6 +48,7 @@ def _build(tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
         wait_for(lambda: bool(posted), 30.0, "the build's answer")
     finally:
         t.stop("test ends")
+        t.stops.wait()  # its waits run on a thread: wait for the end
     assert len(posted) == 1 and isinstance(posted[0], SpareBuilt), posted
     assert not posted[0].ok and posted[0].build == 3, posted[0]
     return posted[0]

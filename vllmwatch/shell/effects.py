@@ -271,8 +271,8 @@ class RealEffects:
     def _exempt(self) -> frozenset[int]:
         """Ours and no child's: the standby, and the spare engine's API server (its own
         session: a subreaper's sweep would take it for an adopted orphan)."""
-        spare = self.spare.tree.pid if self.spare is not None else None
-        return self.launcher.exempt() | ({spare} if spare is not None else set())
+        spare = self.spare.tree.leaders() if self.spare is not None else frozenset()
+        return self.launcher.exempt() | spare
 
     def check_release(self, action: CheckRelease) -> ReleaseChecked:
         """Has the GPU given back the old tree's memory?"""

@@ -5,8 +5,6 @@ tree's release gate must not count. Imported only when the spare's plan is on.
 
 from __future__ import annotations
 
-import hashlib
-import json
 import subprocess
 import threading
 import time
@@ -36,7 +34,8 @@ from vllmwatch.core.failover import (
 from vllmwatch.core.restart import released
 from vllmwatch.logfn import LogFn
 from vllmwatch.shell.memory import MemorySampler
-from vllmwatch.shell.sparetree import SpareCommand, SpareTree
+from vllmwatch.shell.sparedigest import digest as digest  # (its old home: tests name it here)
+from vllmwatch.shell.sparetree import SUPERSEDED, SpareCommand, SpareTree
 
 
 class Planner(Protocol):
@@ -56,8 +55,8 @@ class SpareFx:
     """The spare's tree and plan for the daemon's lifetime: the core's spare actions done.
 
     Each of BuildSpare, WakeSpare and SleepSpare runs on a thread of its own and posts
-    exactly one answer (a raising one posts a failed answer); StopSpare and Route run on the
-    loop's thread (a stop is bounded: STOP_GRACE twice, then the marker's sweep)."""
+    exactly one answer (a raising one posts a failed answer); Route and StopSpare's signal
+    run on the loop's thread, the stop's waits beside it (shell/sparestop.py)."""
 
     def __init__(self, config: Config, plan: SparePlan, tree: SpareTree, log: LogFn,
                  post: Callable[[Event], None] | None = None,
@@ -141,8 +140,9 @@ class SpareFx:
             return ()
 
     def exempt(self) -> frozenset[int]:
-        """The spare's pids: never counted in the serving tree, its rules or release gate."""
-        return frozenset(self.tree.pids())
+        """The spare's pids (a tree going down too): never counted in the serving tree, its
+        rules or release gate."""
+        return frozenset(self.tree.pids()) | self.tree.stops.pids()
 
     def info(self) -> dict[str, Any]:
         """The spare's live figures for /status: its GPU memory (read at most every
@@ -162,6 +162,10 @@ class SpareFx:
     def device_used(self, sampler: MemorySampler) -> dict[int, float]:
         """Device memory without the spare's tree: a release gate and its baseline compare
         the serving trees only, whether the spare sleeps or serves (TP x PP = 1: one GPU)."""
+        # A spare tree going down still holds its memory, which no figure may count as the
+        # serving tree's nor a launch meet: it is gone first (a release gate waits on its
+        # worker; the loop waits only at a launch no sweep came before: the first start's)
+        self.tree.stops.wait()
         used = sampler.device_used_mib()
         gpu = spare_gpu(self._config.vllm.gpus, used)
         if gpu is None or gpu not in used:
@@ -193,26 +197,39 @@ class SpareFx:
         elif isinstance(action, BuildSpare):
             if not self._prepare(config, post, action.build):
                 return
-            self.tree.build_no = action.build
-            try:
-                self.tree.start()
-            except (OSError, ValueError, subprocess.SubprocessError) as exc:
-                # No executable, no memory for a fork, a bad env value: a failed build like
-                # any other (counted against spare.retries), never the daemon's crash
-                self.tree.stop(f"its start failed: {type(exc).__name__}")
-                post(SpareBuilt(False, f"its start: {type(exc).__name__}: {exc}",
-                                build=action.build))
-                return
-            ran, n, cfg = digest(self.tree.cmd), action.build, self._config
-            self._run(lambda: self._measured(cfg, replace(
-                self.tree.build(action.timeout), inputs=ran, build=n)),
-                post, lambda e: SpareBuilt(False, e, build=n))
+            self.tree.build_no = n = action.build
+            # A tree still going down (a StopSpare just before: a rebuild) holds the socket
+            # and the GPU memory: this one starts after it, on the worker, not on the loop.
+            late, asked = self.tree.stops.busy(), self.tree.stops.asked
+            if not late and (failed := self._start(n)) is not None:
+                return post(failed)
+            ran, cfg = digest(self.tree.cmd), self._config
+
+            def work() -> Event:
+                if late and (failed := self._start(n, asked)) is not None:
+                    return failed
+                return self._measured(cfg, replace(self.tree.build(action.timeout), inputs=ran,
+                                                   build=n))
+            self._run(work, post, lambda e: SpareBuilt(False, e, build=n))
         elif isinstance(action, WakeSpare):
             self._run(lambda: self.tree.wake(action.timeout), post,
                       lambda e: SpareWoken(False, e))
         elif isinstance(action, SleepSpare):
             self._run(lambda: self.tree.sleep(action.drain, action.timeout, self.in_flight),
                       post, lambda e: SpareSlept(False, e))
+
+    def _start(self, build: int, asked: int | None = None) -> SpareBuilt | None:
+        """Start the tree; a failed build's answer, else None. `asked` (a start after a tree
+        still going down): superseded when another stop came meanwhile."""
+        try:
+            if not self.tree.start(asked):
+                return SpareBuilt(False, SUPERSEDED, build=build)
+        except (OSError, ValueError, subprocess.SubprocessError) as exc:
+            # No executable, no memory for a fork, a bad env value: a failed build like
+            # any other (counted against spare.retries), never the daemon's crash
+            self.tree.stop(f"its start failed: {type(exc).__name__}")
+            return SpareBuilt(False, f"its start: {type(exc).__name__}: {exc}", build=build)
+        return None
 
     def _prepare(self, config: Config | None, post: Callable[[Event], None],
                  build: int = 0) -> bool:
@@ -305,45 +322,10 @@ class SpareFx:
         """Nothing of the spare stays after the daemon: its tree goes, then its workers."""
         self._unwatch.set()
         self.tree.stop("vllmwatch exits")
+        self.tree.stops.wait()  # bounded (STOP_GRACE three times): it is the exit's to wait
         for t in self._threads:
             t.join(5.0)
 
 
 def _flags(flags: dict[str, str]) -> str:
     return ", ".join(f"--{k} {v}" for k, v in sorted(flags.items())) or "the operator's setting"
-
-
-def _sha(value: object) -> str:
-    return hashlib.sha256(json.dumps(value, sort_keys=True).encode()).hexdigest()[:16]
-
-
-def digest(cmd: SpareCommand) -> failover.Inputs:
-    """The parts of a spare's command that a reload may change, each digested (the core
-    compares them and names the part that changed; the key itself never leaves here)."""
-    env = {k: v for k, v in cmd.env.items() if k not in ("VLLM_API_KEY", "CUDA_VISIBLE_DEVICES")}
-    argv, modules = _without_adapters(list(cmd.argv))
-    return ((failover.COMMAND, _sha(argv)), (failover.ADAPTERS, _sha(modules)),
-            ("the environment", _sha(env)),
-            ("the API key", _sha(cmd.api_key or "")),
-            ("the GPU list", _sha(cmd.env.get("CUDA_VISIBLE_DEVICES", ""))))
-
-
-# What [[adapters]] and [lora] add (config/adapters.launch_args) is a part of its own: a change
-# the reload applies live (an adapter less also moves the automatic --max-loras) relaunches no
-# serving engine; one that needs a launch is core/lora.py's decision, not this digest's.
-_ADAPTER_FLAGS = {"--enable-lora": 0, "--max-loras": 1, "--max-lora-rank": 1}
-
-
-def _without_adapters(argv: list[str]) -> tuple[list[str], list[str]]:
-    """(the command without the adapters' flags, those flags)."""
-    rest, ours, i = [], [], 0
-    while i < len(argv):
-        end = i + 1 + _ADAPTER_FLAGS.get(argv[i], -1) if argv[i] != "--lora-modules" else next(
-            (j for j in range(i + 1, len(argv)) if argv[j].startswith("--")), len(argv))
-        if end == i:  # not one of them
-            rest.append(argv[i])
-            end = i + 1
-        else:
-            ours += argv[i:end]
-        i = end
-    return rest, ours

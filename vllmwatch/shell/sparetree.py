@@ -17,6 +17,7 @@ import json
 import os
 import shutil
 import subprocess
+import threading
 import time
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
@@ -28,6 +29,7 @@ from vllmwatch.core.failover import SpareBuilt, SpareExited, SpareSlept, SpareWo
 from vllmwatch.core.policy import signal_name
 from vllmwatch.logfn import LogFn
 from vllmwatch.shell import child as childmod
+from vllmwatch.shell import sparestop
 from vllmwatch.shell.childlog import ChildLog
 from vllmwatch.shell.groupfile import MARKER
 from vllmwatch.shell.probes import parse_metrics
@@ -92,6 +94,8 @@ class SpareTree:
         self.asleep_mib: float | None = None
         self.tmpdir: str | None = None
         self.build_no = 0  # the core's BuildSpare.build of the tree now: named in its events
+        self.stops = sparestop.Stops()  # trees going down (stop() returns before they are)
+        self._life = threading.Lock()  # a start on a worker against a stop on the loop
 
     @property
     def pid(self) -> int | None:
@@ -124,8 +128,19 @@ class SpareTree:
 
     # ---- the loop's thread ----
 
-    def start(self) -> None:
-        """Popen in a new session; the socket's old file goes first (vLLM binds it anew)."""
+    def start(self, asked: int | None = None) -> bool:
+        """Popen in a new session, once the last tree is down (its socket, group file and GPU
+        memory); False, nothing started, when `asked` (the stops begun when the build was
+        asked) is behind: a stop came since, and this build is superseded."""
+        self.stops.wait()  # (SpareFx never waits here on the loop's thread)
+        with self._life:  # a stop (the loop's thread) comes before it or after, never within
+            if asked is not None and self.stops.asked != asked:
+                return False
+            self._start()
+        return True
+
+    def _start(self) -> None:
+        """The socket's old file goes first (vLLM binds it anew)."""
         with contextlib.suppress(FileNotFoundError):
             os.unlink(self.cmd.socket_path)
         env = {**self.cmd.env, MARKER: self.marker, "VLLM_SERVER_DEV_MODE": "1",
@@ -165,32 +180,24 @@ class SpareTree:
         return SpareExited(pid, what)
 
     def stop(self, why: str) -> None:
-        """SIGTERM the group, SIGKILL after STOP_GRACE, then sweep anything with its marker
-        (an engine that left the group): nothing of the spare stays."""
-        proc, self.proc = self.proc, None
-        group, self._group = self._group, None
-        self._close_fd()
-        if proc is not None:
-            childmod.signal_group(proc.pid, "SIGTERM")
-            try:
-                proc.wait(STOP_GRACE)
-            except subprocess.TimeoutExpired:
-                childmod.signal_group(proc.pid, "SIGKILL")
-                with contextlib.suppress(subprocess.TimeoutExpired):
-                    proc.wait(STOP_GRACE)
-        left, _ = childmod.find_tree(proc.pid if proc is not None else group, self.marker)
-        for p in left:
-            with contextlib.suppress(psutil.Error):
-                p.kill()
-        _, alive = psutil.wait_procs(left, timeout=STOP_GRACE)
-        with contextlib.suppress(FileNotFoundError):
-            os.unlink(self.cmd.socket_path)
-        if not alive:
-            self._remove_tmpdir()
-            childmod.remember_group(self.marker, None)
-        self.log("info" if not alive else "error", "spare.stopped", build=self.build_no, why=why,
-                 pid=proc.pid if proc else None, leftovers_killed=[p.pid for p in left],
-                 remaining=[p.pid for p in alive])
+        """SIGTERM the group now; the waits (SIGKILL after STOP_GRACE), the sweep of anything
+        with its marker (an engine that left the group) and the clean-up on a thread of their
+        own (shell/sparestop.py): nothing of the spare stays, and the loop goes on meanwhile."""
+        with self._life:
+            pids, build = frozenset(self.pids()), self.build_no
+            proc, self.proc = self.proc, None
+            group, self._group = self._group, None
+            tmpdir, self.tmpdir = self.tmpdir, None  # this tree's: a next start makes its own
+            self._close_fd()
+            if proc is not None:
+                childmod.signal_group(proc.pid, "SIGTERM")
+            self.stops.begin(pids, lambda: sparestop.logged(
+                self.log, build, why, proc.pid if proc else None, sparestop.finish(
+                    proc, group, self.marker, self.cmd.socket_path, tmpdir, STOP_GRACE)))
+
+    def leaders(self) -> frozenset[int]:
+        """The spare's API server, and every pid of a spare tree still going down."""
+        return self.stops.pids() | ({self.proc.pid} if self.proc is not None else set())
 
     def _remove_tmpdir(self) -> None:
         path, self.tmpdir = self.tmpdir, None
