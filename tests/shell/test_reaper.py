@@ -37,11 +37,16 @@ assert reaper.become_subreaper()
 events = []
 r = reaper.Reaper(lambda level, event, **kw: events.append(event), grace=60.0)
 # An orphan in another session (like EngineCore after its API server was killed): the
-# middle process starts it in its own session, then exits.
+# middle process starts it in its own session, then exits. The orphan ends once it is one
+# (its parent is no longer the middle process), not after a time: had it ended first, the
+# middle process would have reaped it at its exit (a loaded box, a slow exit).
+ORPHAN = ("import os, sys\n"
+          "from vllmwatch.testing.waiting import wait_until\n"
+          "wait_until(lambda: os.getppid() != int(sys.argv[1]), 20, 'its parent gone')\n")
 mid = subprocess.Popen([sys.executable, "-c",
     "import os, subprocess, sys; os.setsid(); "
-    "p = subprocess.Popen([sys.executable, '-c', 'import time; time.sleep(0.3)']); "
-    "print(p.pid, flush=True)"], stdout=subprocess.PIPE, text=True)
+    "p = subprocess.Popen([sys.executable, '-c', sys.argv[1], str(os.getpid())]); "
+    "print(p.pid, flush=True)", ORPHAN], stdout=subprocess.PIPE, text=True)
 orphan = int(mid.stdout.readline())
 mid.wait()
 kept = subprocess.Popen([sys.executable, "-c", "raise SystemExit(5)"], start_new_session=True)
