@@ -10,7 +10,6 @@ import socket
 import subprocess
 import sys
 import textwrap
-import threading
 from pathlib import Path
 
 import psutil
@@ -76,10 +75,19 @@ def test_a_foreign_vllm_is_named_as_it_was_seen(tmp_path: Path,
         try:
             wait_for(lambda: "vllm serve" in " ".join(psutil.Process(foreign.pid).cmdline()),
                      10, "the foreign vLLM started")
-            timer = threading.Timer(0.5, go.touch)  # it ends while the sweep waits on the port
-            timer.start()
+            real_holder = child.port_holder
+
+            def holder_once_foreign_gone(host: str, port: int, ignore: set[int]) -> str | None:
+                # It ends while the sweep waits on the port: at the wait's first look, not
+                # after a time (a scan slower than the old 0.5 s timer, as on a loaded box,
+                # found it already gone).
+                go.touch()
+                foreign.wait(30)
+                return real_holder(host, port, ignore)
+
+            monkeypatch.setattr(child, "port_holder", holder_once_foreign_gone)
             done = child.sweep(None, f"foreign{os.getpid()}", "127.0.0.1", port, grace=3.0)
-            timer.join()
+            assert foreign.returncode == 0, "the foreign vLLM ended before the sweep returned"
         finally:
             foreign.kill()
             foreign.wait()
