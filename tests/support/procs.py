@@ -91,18 +91,26 @@ def describe(proc: psutil.Process) -> str:
         return f"{proc.pid}: (gone)"
 
 
+def _laid_out(pid: int) -> bool:
+    """exec has laid out pid's program: its data segment's end is set (/proc/PID/stat's 46th
+    field, end_data; 0 in the fresh mm until load_elf_binary sets it, after create_elf_tables
+    wrote the arguments and the environment)."""
+    with open(f"/proc/{pid}/stat") as stat:
+        fields = stat.read().rsplit(")", 1)[1].split()  # fields from the 3rd (state) on
+    return int(fields[46 - 3]) != 0
+
+
 def environ(pid: int, timeout: float = 30.0) -> dict[str, str]:
     """A just-started process's environment. Popen returns when exec closes its error pipe,
     which the kernel does before it lays out the new program's environment: read too soon (a
-    loaded box), /proc/PID/environ is still empty. So read until it is not."""
-    import time
+    loaded box), /proc/PID/environ is still empty. So read until it is not, or until exec is
+    seen done: a process started with env={} (a setsid'd orphan) has none, and each read of
+    it waited the whole timeout (30 s) for one."""
+    from vllmwatch.testing.waiting import wait_until
 
-    deadline = time.monotonic() + timeout
-    while True:
-        env = psutil.Process(pid).environ()
-        if env or time.monotonic() >= deadline:
-            return env
-        time.sleep(0.02)  # a poll of a condition, bounded by the deadline
+    wait_until(lambda: psutil.Process(pid).environ() or _laid_out(pid), timeout,
+               f"pid {pid}'s environment laid out")
+    return psutil.Process(pid).environ()
 
 
 # --- a pid reused on purpose (root only: /proc/sys/kernel/ns_last_pid) ----------------------
