@@ -27,7 +27,6 @@ import shutil
 import signal
 import tempfile
 import threading
-import time
 import uuid
 from pathlib import Path
 
@@ -35,6 +34,7 @@ import psutil
 import pytest
 
 from tests.support.procs import SESSION_VAR, describe, session_leftovers
+from vllmwatch.testing.leftovers import wait_for_gone
 
 HERE = Path(__file__).resolve().parent
 # scripts/test.sh's switch (README): no system tier and none of its apt-get installs. CI keeps
@@ -131,11 +131,9 @@ def pytest_runtest_protocol(item: pytest.Item, nextitem: pytest.Item | None) -> 
 
 
 def _still_there(session: str, grace: float) -> list[psutil.Process]:
-    """Leftovers that outlive a short grace (a process killed a moment ago is not one)."""
-    deadline = time.monotonic() + grace
-    while (left := session_leftovers(session)) and time.monotonic() < deadline:
-        time.sleep(0.2)  # a poll of a condition, bounded by the grace
-    return left
+    """Leftovers that outlive a short grace (a process killed a moment ago is not one; the
+    grace is scaled as every test deadline is: a loaded box takes longer to reap)."""
+    return wait_for_gone(lambda: session_leftovers(session), grace)
 
 
 @pytest.hookimpl(trylast=True)
