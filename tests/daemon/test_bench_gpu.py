@@ -202,6 +202,7 @@ def test_fork_or_spawn_is_told_by_the_memory_layout(method: str) -> None:
     from bench.gpu.standbys import memory_layout
 
     if method == "spawn":
+        # a lifetime, not a wait: its owner kills it
         with owned([sys.executable, "-c", "import time; time.sleep(60)"]) as proc:
             mine, theirs = memory_layout(proc.pid), memory_layout(os.getpid())
             assert mine is not None and theirs is not None and mine != theirs
@@ -243,6 +244,7 @@ def test_the_benchs_process_identity_is_the_start_since_boot(
     from bench.gpu import procs, standbys
 
     script = ("import subprocess, sys, time\n"
+              # a lifetime, not a wait: its owner kills it
               "subprocess.Popen([sys.executable, '-c', 'import time; time.sleep(60)']).wait()\n"
               "time.sleep(60)\n")  # it reaps its child: a kill leaves no zombie
     with owned([sys.executable, "-c", script]) as proc:

@@ -115,6 +115,7 @@ def test_a_spare_left_by_a_killed_daemon_is_swept_at_the_next_start(
 
     d = Daemon(tmp_path, _config())
     monkeypatch.setenv("STATE_DIRECTORY", str(tmp_path / "state"))  # the daemon's own
+    # a lifetime, not a wait: its owner kills it
     script = "import time\nprint('INFO spare', flush=True)\ntime.sleep(600)\n"
     old = SpareTree(SpareCommand([PYTHON, "-c", script], {}, str(tmp_path / "s.sock"), "m"),
                     d.marker, LogCapture(), lambda _: None, lambda: None)

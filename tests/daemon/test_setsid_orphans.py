@@ -101,6 +101,7 @@ _SUBREAPER = textwrap.dedent("""
     from vllmwatch.testing.waiting import wait_until
     assert reaper.become_subreaper()
     marker, port = sys.argv[1], int(sys.argv[2])
+    # a lifetime, not a wait: its owner kills it
     sleeper = [sys.executable, "-c", "import time; time.sleep(60)"]
     standby = subprocess.Popen(sleeper + ["standby"], env={**os.environ, child.MARKER: marker},
                                start_new_session=True, stdout=subprocess.DEVNULL)

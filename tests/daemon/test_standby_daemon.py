@@ -211,6 +211,7 @@ def test_the_sweep_leaves_the_standby_and_kills_a_setsid_orphan(daemons: list[Da
     pid = int(ready_with_standby(d)["pid"])
     # An orphan of the tree that called setsid: the same shape as the standby (our marker,
     # a session of its own), but no exempt pid.
+    # a lifetime, not a wait: its owner kills it
     orphan = subprocess.Popen([PYTHON, "-c", "import time; time.sleep(120)"],
                               env={**os.environ, MARKER: d.marker}, start_new_session=True)
     try:

@@ -216,7 +216,7 @@ def test_it_dies_with_its_parent(tmp_path: Path, world: dict[str, object]) -> No
                            env={{"PATH": "/usr/bin:/bin", "PYTHONPATH": {str(world['lib'])!r}}})
         s = sb.start(resolve(cmd.argv, "/usr/bin"), cmd, (), (), "", "p" * 16)
         print(s.pid, flush=True)
-        time.sleep(120)
+        time.sleep(120)  # a lifetime, not a wait: its owner kills it
         """)
     proc = subprocess.Popen([PYTHON, "-c", parent], stdout=subprocess.PIPE,
                             start_new_session=True)

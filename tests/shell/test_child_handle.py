@@ -69,6 +69,7 @@ def test_real_effects_keeps_no_per_child_field(tmp_path: Path,
 TREE = """
 import http.server, subprocess, sys
 port = int(sys.argv[sys.argv.index("--port") + 1])
+# a lifetime, not a wait: its owner kills it
 subprocess.Popen([sys.executable, "-c", "import time; time.sleep(300)", "VLLM::EngineCore"])
 class H(http.server.BaseHTTPRequestHandler):
     def do_GET(self):

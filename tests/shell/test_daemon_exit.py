@@ -16,6 +16,7 @@ import threading, time
 from vllmwatch import daemon
 def log(level, event, **fields):
     print(level, event, fields["threads"], fields["code"], flush=True)
+# work that ends well within join_s
 work = threading.Event().wait if {stuck} else (lambda: time.sleep(0.05))
 threading.Thread(target=work, name="sample-worker").start()
 daemon.leave_past_stuck_threads(74, log, join_s=3.0)

@@ -18,10 +18,11 @@ from vllmwatch.shell.engines import EngineWatch
 # setproctitle leaves in /proc/PID/cmdline), and one that carries none.
 PARENT = """
 import subprocess, sys, time
+# a lifetime, not a wait: its owner kills it
 kids = [subprocess.Popen([sys.executable, "-c", "import time; time.sleep(120)", title])
         for title in sys.argv[1:]]
 print(" ".join(str(k.pid) for k in kids), flush=True)
-time.sleep(120)
+time.sleep(120)  # a lifetime, not a wait: its owner kills it
 """
 TITLES = ["VLLM::EngineCore", "VLLM::Worker_TP1", "VLLM::APIServer_1", "tokenizer-helper"]
 
@@ -87,11 +88,12 @@ def test_a_wall_clock_step_kills_no_engine(tree: tuple[int, dict[str, int]],
 # vLLM's API server: waits on the engine's sentinel, logs, then reaps it at once.
 REAPER = """
 import multiprocessing as mp, multiprocessing.connection as mc, sys, time
-def run(): time.sleep(120)
+def run(): time.sleep(120)  # a lifetime, not a wait: its owner kills it
 if __name__ == "__main__":
     sys.argv[0] = "VLLM::APIServer"
     p = mp.get_context("spawn").Process(target=run, name="VLLM::EngineCore"); p.start()
     print(p.pid, flush=True)
+    # a lifetime, not a wait: its owner kills it
     mc.wait([p.sentinel]); print("died unexpectedly", flush=True); p.join(); time.sleep(120)
 """
 

@@ -19,16 +19,17 @@ ENGINE = """
 import os, time
 pid = os.fork()
 if pid == 0:
-    time.sleep(120)
+    time.sleep(120)  # a lifetime, not a wait: its owner kills it
     os._exit(0)
 os.waitpid(pid, 0)
-time.sleep(120)
+time.sleep(120)  # a lifetime, not a wait: its owner kills it
 """
 
 
 def test_a_forked_helper_of_the_engine_is_not_an_engine_process() -> None:
     root = subprocess.Popen([sys.executable, "-c", "import subprocess, sys, time; "
                              f"p = subprocess.Popen([sys.executable, '-c', {ENGINE!r}, "
+                             # a lifetime, not a wait: its owner kills it
                              "'VLLM::EngineCore']); time.sleep(120)"],
                             start_new_session=True)
     try:

@@ -91,6 +91,7 @@ def test_the_tree_listed_again_ends_the_fallback() -> None:
 def test_another_process_of_ours_listed_is_no_blind_spot() -> None:
     # NVML lists a process under vllmwatch (the spare's engine) and not the tree yet: NVML
     # sees our PID namespace, the memory above is that process's, the tree holds nothing
+    # a lifetime, not a wait: its owner kills it
     sleep = [sys.executable, "-c", "import time; time.sleep(60)"]
     with subprocess.Popen(sleep) as tree, subprocess.Popen(sleep) as spare:
         try:

@@ -18,12 +18,14 @@ import pytest
 from tests.support import REPO, wait_for
 from vllmwatch.shell import child
 
+# a lifetime, not a wait: its owner kills it
 SLEEP = [sys.executable, "-c", "import time; time.sleep(60)"]
 
 
 def test_a_setsid_grandchild_of_ours_is_found(tmp_path: Path) -> None:
     marker = f"kin{os.getpid()}"
     spawner = ("import subprocess, sys, time; p = subprocess.Popen(sys.argv[1:], env={}, "
+               # a lifetime, not a wait: its owner kills it
                "start_new_session=True); print(p.pid, flush=True); time.sleep(60)")
     parent = subprocess.Popen([sys.executable, "-c", spawner, *SLEEP],
                               env={**os.environ, child.MARKER: marker}, stdout=subprocess.PIPE,
@@ -65,6 +67,7 @@ def test_a_foreign_vllm_is_named_as_it_was_seen(tmp_path: Path,
     still named by its command line, read when it was found (not 'pid N' alone)."""
     monkeypatch.setenv("STATE_DIRECTORY", str(tmp_path))
     go = tmp_path / "go"
+    # it lives until the go-file (the test's finally kills it)
     script = ("import os, sys, time\nwhile not os.path.exists(sys.argv[1]): time.sleep(0.05)")
     foreign = subprocess.Popen([sys.executable, "-c", script, str(go), "vllm serve", "tiny"],
                                start_new_session=True)

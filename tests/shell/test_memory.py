@@ -34,7 +34,7 @@ _GRANDCHILD = (
     "block = b'\\x01' * (100 * 1024 * 1024)\n"
     "open(sys.argv[1], 'w').write('ready')\n"
     "while True:\n"
-    "    time.sleep(3600)\n"
+    "    time.sleep(3600)\n"  # a lifetime, not a wait: its owner kills it
 )
 _CHILD = (
     "import subprocess, sys\n"

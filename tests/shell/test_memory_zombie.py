@@ -19,7 +19,7 @@ from vllmwatch.testing.fake_nvml import FakeGpu, FakeNvml
 _ENGINE = ("import sys, time\n"
            "open(sys.argv[1], 'w').write('ready')\n"
            "while True:\n"
-           "    time.sleep(3600)\n")
+           "    time.sleep(3600)\n")  # a lifetime, not a wait: its owner kills it
 _ROOT = ("import subprocess, sys\n"
          "subprocess.Popen([sys.executable, '-c', sys.argv[1], sys.argv[2]])\n")
 

@@ -79,6 +79,7 @@ def test_check_recognises_this_instances_own_child(tmp_path: Path) -> None:
     path = str(tmp_path / "c.toml")
     port = free_port()
     code = (f"import socket,time; s=socket.socket(); s.bind(('127.0.0.1', {port})); "
+            # a lifetime, not a wait: its owner kills it
             "s.listen(); print('up', flush=True); time.sleep(300)")
     env = {**os.environ, child.MARKER: child.instance_id(path)}
     proc = subprocess.Popen([sys.executable, "-c", code], env=env, stdout=subprocess.PIPE,
@@ -294,6 +295,7 @@ def test_check_says_who_holds_our_own_listeners(tmp_path: Path, key: str) -> Non
         assert taken.status == FAIL and f"pid {os.getpid()}" in taken.detail, taken
         assert f"change {key}" in taken.detail
     code = (f"import socket,time; s=socket.socket(); s.bind(('127.0.0.1', {port})); "
+            # a lifetime, not a wait: its owner kills it
             "s.listen(); print('up', flush=True); time.sleep(300)")
     daemon = subprocess.Popen(["bash", "-c", f'exec -a vllmwatch {sys.executable} -c "$0" run',
                                code], stdout=subprocess.PIPE, start_new_session=True)

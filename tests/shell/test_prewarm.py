@@ -345,9 +345,10 @@ def test_kernel_script_failure_is_a_warning(tmp_path: Path) -> None:
 def test_kernel_time_out_kills_the_process_group(tmp_path: Path) -> None:
     pidfile = tmp_path / "grandchild.pid"
     script = ("import subprocess, sys, time\n"
+              # a lifetime, not a wait: its owner kills it
               "p = subprocess.Popen([sys.executable, '-c', 'import time; time.sleep(600)'])\n"
               f"open({str(pidfile)!r}, 'w').write(str(p.pid))\n"
-              "time.sleep(600)\n")
+              "time.sleep(600)\n")  # a lifetime, not a wait: its owner kills it
     config = make_config(tmp_path, cache_dir=str(tmp_path / "cache"), page_cache=False,
                          timeout=3, required=True, kernels=True)
     hooks = prewarm.Hooks(gpu_count=lambda: 1, python=sys.executable, kernel_script=script)

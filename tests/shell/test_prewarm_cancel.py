@@ -51,7 +51,7 @@ def test_the_kernel_warm_script_is_killed_at_a_cancel(tmp_path: Path) -> None:
     pidfile = tmp_path / "script.pid"
     script = ("import os, time\n"
               f"open({str(pidfile)!r}, 'w').write(str(os.getpid()))\n"
-              "time.sleep(600)\n")
+              "time.sleep(600)\n")  # a lifetime, not a wait: its owner kills it
     cancel = threading.Event()
 
     def stop_once_started() -> None:

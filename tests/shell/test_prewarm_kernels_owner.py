@@ -20,7 +20,7 @@ from tests.support.procs import owned
 
 SLEEPER = ("import os, sys, time\n"
            "open(os.environ['PIDFILE'], 'w').write(str(os.getpid()))\n"
-           "time.sleep(600)\n")
+           "time.sleep(600)\n")  # a lifetime, not a wait: its owner kills it
 
 
 @pytest.mark.parametrize("how", [signal.SIGINT, signal.SIGKILL])

@@ -28,6 +28,7 @@ from vllmwatch.shell.sparerun import SpareFx
 from vllmwatch.shell.sparetree import SpareCommand, SpareTree
 from vllmwatch.testing.driver import FakeClock, FakeNotifier, LogCapture, World, WorldEffects
 
+# a lifetime, not a wait: its owner kills it
 SPARE = "import time\nprint('INFO hello from the spare', flush=True)\ntime.sleep(600)\n"
 
 
@@ -194,10 +195,11 @@ def test_a_spare_that_cannot_start_is_a_failed_build_not_the_daemons_crash(
 
 
 ORPHANING = ("import subprocess, sys, time\n"
+             # a lifetime, not a wait: its owner kills it
              "kid = subprocess.Popen([sys.executable, '-c', 'import time; time.sleep(600)'],"
              " env={})\n"
              "print('INFO engine', kid.pid, flush=True)\n"
-             "time.sleep(600)\n")
+             "time.sleep(600)\n")  # a lifetime, not a wait: its owner kills it
 
 
 def test_an_engine_that_outlived_the_spares_api_server_goes_at_the_stop(
@@ -312,6 +314,7 @@ def test_a_spare_killed_by_a_signal_python_does_not_name_is_an_exit_not_a_crash(
         tmp_path: Path) -> None:
     """A realtime signal (40): signal.Signals(40) raised ValueError on the loop's thread
     (daemon.crashed, exit 70, the serving engine taken down with it)."""
+    # a lifetime, not a wait: its owner kills it
     cmd = SpareCommand([PYTHON, "-c", "import time; time.sleep(600)"], {},
                        str(tmp_path / "s.sock"), "m")
     tree = SpareTree(cmd, "0123456789abcdef", LogCapture(), lambda _: None, lambda: None)
@@ -348,6 +351,7 @@ def test_a_sleep_that_ends_past_its_deadline_is_still_asked_once(
         return 200, json.dumps({"is_sleeping": asleep[0]}).encode()
 
     monkeypatch.setattr(sparetree, "call", call)
+    # a lifetime, not a wait: its owner kills it
     cmd = SpareCommand([PYTHON, "-c", "import time; time.sleep(600)"], {},
                        str(tmp_path / "s.sock"), "m")
     tree = SpareTree(cmd, "0123456789abcdef", LogCapture(), lambda _: 1.0, lambda: 1e6)

@@ -21,6 +21,7 @@ from vllmwatch.shell.sparerun import SpareFx
 from vllmwatch.shell.sparetree import NVML_FAILED, UNMEASURED, SpareCommand, SpareTree
 from vllmwatch.testing.driver import LogCapture
 
+# a lifetime, not a wait: its owner kills it
 SPARE = "import time\nprint('INFO hello from the spare', flush=True)\ntime.sleep(600)\n"
 
 

@@ -19,6 +19,7 @@ from vllmwatch.testing.waiting import wait_for
 def test_a_key_across_the_title_cut_is_hidden(monkeypatch: pytest.MonkeyPatch,
                                               before_cut: int) -> None:
     key = known_key(monkeypatch)
+    # a lifetime, not a wait: its owner kills it
     head = [sys.executable, "-c", "import time; time.sleep(120)"]
     pad = "p" * (400 - len(" ".join(head)) - len(" --api-key ") - before_cut)
     proc = subprocess.Popen([*head, pad, "--api-key", key + "tail"], start_new_session=True)
