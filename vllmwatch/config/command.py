@@ -15,6 +15,13 @@ from vllmwatch.config.errors import Problem
 from vllmwatch.config.flags import flag_name as flag_name  # re-exported for callers
 from vllmwatch.config.launch import FORK_VARIABLE, engine_start_method
 
+# vllm.env_file's reader lives apart (launch.py: vllmflags judges the flags in it, and
+# command imports vllmflags); re-exported for callers
+from vllmwatch.config.launch import KEY_READ_TIMEOUT as KEY_READ_TIMEOUT
+from vllmwatch.config.launch import MAX_KEY as MAX_KEY
+from vllmwatch.config.launch import KeyFileError as KeyFileError
+from vllmwatch.config.launch import read_env_file as read_env_file
+
 # The rules live in config/redact.py; re-exported for the callers that know them here.
 from vllmwatch.config.redact import REDACT
 from vllmwatch.config.redact import REDACTED as REDACTED
@@ -27,8 +34,6 @@ from vllmwatch.config.secretnames import env_file_secrets
 # notify systemd or ping our watchdog would let a dead vllmwatch look alive.
 _STRIP_ENV = ("NOTIFY_SOCKET", "WATCHDOG_USEC", "WATCHDOG_PID", "LISTEN_FDS", "LISTEN_PID",
               "LISTEN_FDNAMES", "VLLMWATCH_CONFIG")
-MAX_KEY = 64 * 1024  # an API key is tens of bytes; a larger file is not a key file
-KEY_READ_TIMEOUT = 5.0  # a launch waits this long for the key file, then retries with backoff
 
 
 class CommandError(ConfigError):
@@ -164,43 +169,6 @@ def effective_api_key(config: Config, base_env: Mapping[str, str]) -> str | None
     return build(config, base_env, api_key=read_api_key(config)).api_key
 
 
-def read_env_file(config: Config) -> tuple[dict[str, str], list[str]]:
-    """vllm.env_file: (secret variables for vLLM's environment, flags whose values are
-    secret). ({}, []) when none is set. Lines are NAME=value (no quoting: the value is the
-    rest of the line), blank and # lines skipped; bounded and with a deadline, as the key."""
-    path = config.vllm.env_file
-    if not path:
-        return {}, []
-    try:
-        text = safefile.read_within(path, MAX_KEY, KEY_READ_TIMEOUT).decode("utf-8")
-    except safefile.FileProblem as exc:
-        raise KeyFileError(config.path, "vllm.env_file", f"{exc}; check the path and that "
-                           "the service user may read it", transient=exc.transient) from None
-    except UnicodeDecodeError as exc:
-        raise KeyFileError(config.path, "vllm.env_file", f"{path!r} is not UTF-8 text "
-                           f"({exc.reason} at byte {exc.start})", transient=False) from None
-    env: dict[str, str] = {}
-    args: list[str] = []
-    for number, raw in enumerate(text.splitlines(), 1):
-        line = raw.strip()
-        if not line or line.startswith("#"):
-            continue
-        name, eq, value = line.partition("=")
-        if not eq or not re.fullmatch(r"[A-Za-z_][A-Za-z0-9_]*", name):
-            raise KeyFileError(config.path, "vllm.env_file", f"{path!r} line {number}: "
-                               "expected NAME=value (the value itself is not shown)",
-                               transient=False)
-        if "\0" in value:  # as in the key file: Popen would refuse it at the launch
-            raise KeyFileError(config.path, "vllm.env_file", f"{path!r} line {number}: "
-                               "a NUL byte in the value, which cannot reach vLLM",
-                               transient=False)
-        if name.startswith(flags.ARG_PREFIX) and len(name) > len(flags.ARG_PREFIX):
-            args += [f"--{flag_name(name[len(flags.ARG_PREFIX):].lower())}", value]
-        else:
-            env[name] = value
-    return env, args
-
-
 def file_inputs(config: Config, api_key: str | None) -> tuple[tuple[str, str], ...]:
     """What a launch reads from files the config only names, as (part, sha256): a key
     rotation rewrites them in place, so a reload compares these, not the config's text.
@@ -209,18 +177,6 @@ def file_inputs(config: Config, api_key: str | None) -> tuple[tuple[str, str], .
     return (("the API key", hashlib.sha256((api_key or "").encode()).hexdigest()),
             ("vllm.env_file's contents", hashlib.sha256(json.dumps(
                 [sorted(env.items()), args]).encode()).hexdigest()))
-
-
-class KeyFileError(ConfigError):
-    """vllm.api_key_file cannot be used now; `transient` when a moment later it may be.
-
-    A key rotation replaces the file (empty or missing for a moment): the daemon retries that
-    with backoff instead of exiting 2; a path that is a FIFO, device or directory is wrong.
-    """
-
-    def __init__(self, path: str, key: str, problem: str, transient: bool) -> None:
-        super().__init__(path, key, problem)
-        self.transient = transient
 
 
 def accepts_shutdown_timeout(version: str | None) -> bool:

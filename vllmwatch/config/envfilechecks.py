@@ -4,18 +4,19 @@ problem names the variable (or the flag), never the value."""
 
 from __future__ import annotations
 
-from collections.abc import Mapping
-from typing import TYPE_CHECKING
+from collections.abc import Callable, Mapping
+from typing import TypeVar
 
 from vllmwatch.config import flags, startcaches
 from vllmwatch.config.crosschecks import INT_VARIABLES, owned_env_problem, secret_twice
 from vllmwatch.config.errors import Problem
 from vllmwatch.config.flags import ARG_PREFIX, flag_name
-from vllmwatch.config.launch import FORK_VARIABLE
+from vllmwatch.config.launch import FORK_VARIABLE, KeyFileError, read_env_file
 from vllmwatch.config.sections import Config
 
-if TYPE_CHECKING:
-    from vllmwatch.config.vllmflags import FlagSet
+# vllmflags.flag_problem and its FlagSet, passed in: vllmflags calls known_flag_problems, and
+# an import of it here (even for a type) is a circle
+Known = TypeVar("Known")
 
 WHERE = "vllm.env_file: "
 
@@ -98,19 +99,19 @@ def _flag_twice(config: Config, file_args: list[str]) -> list[Problem]:
     return out
 
 
-def known_flag_problems(config: Config, known: FlagSet) -> list[Problem]:
+def known_flag_problems(config: Config, known: Known,
+                        judge: Callable[[str, object, str, Known], Problem | None]
+                        ) -> list[Problem]:
     """vllm.env_file's flags judged by this vLLM's flag list as [vllm.args]' are (vllmflags:
     an unknown flag, a value its reader refuses), the value never shown. `check` said
     `VLLMWATCH_ARG_MAX_MODEL_LENGTH=8192` was fine and vLLM stopped at every launch."""
-    from vllmwatch.config import command, vllmflags
-
     try:
-        _, args = command.read_env_file(config)
-    except command.KeyFileError:  # (command.build says why the file cannot be read)
+        _, args = read_env_file(config)
+    except KeyFileError:  # (command.build says why the file cannot be read)
         return []
     out = []
     for flag, value in zip(args[::2], args[1::2], strict=True):
-        p = vllmflags.flag_problem(flag_name(flag[2:]), value, arg_key(flag), known)
+        p = judge(flag_name(flag[2:]), value, arg_key(flag), known)
         if p is not None:  # the value (a secret: quoted or not) as <value>; one or two
             # characters are no secret, and replacing them would garble the text
             text = p.problem.replace(repr(value), "<value>") if value else p.problem

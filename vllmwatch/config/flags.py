@@ -286,9 +286,8 @@ def pair_words(pairs: Sequence[str]) -> list[str]:
     """vllm.env_file's (flag, value) pairs as argv words. Its value is the rest of its line,
     whatever it starts with; a word of its own that starts with "--" (a key from
     secrets.token_urlsafe() may) was read as the next flag (next_value, vLLM's argparse): the
-    key stayed on vLLM's command line in clear, and vLLM stopped at each start (so did a -0.5:
-    loose_negative). Joined to its flag (`--api-key=--Zq...`), it is the flag's value for
-    both."""
+    key stayed on vLLM's command line in clear, and vLLM stopped at each start (a -0.5 too:
+    loose_negative). Joined to its flag (`--api-key=--Zq...`), it is its value for both."""
     return [word for flag, value in zip(pairs[::2], pairs[1::2], strict=True)
             for word in ((f"{flag}={value}",) if value.startswith("-") else (flag, value))]
 

@@ -1,11 +1,20 @@
-"""Pure: how vLLM's EngineCore is started (VLLM_WORKER_MULTIPROC_METHOD), from the config, and
-whether a standby interpreter is wanted for the next launch (standby_wanted)."""
+"""How vLLM's EngineCore is started (VLLM_WORKER_MULTIPROC_METHOD), from the config, whether
+a standby interpreter is wanted for the next launch (standby_wanted), and what a launch reads
+from vllm.env_file (read_env_file: here, not in command.py, as vllmflags judges the flags in
+it and command imports vllmflags)."""
 
 from __future__ import annotations
 
+import re
 from collections.abc import Mapping, Sequence
+from typing import TYPE_CHECKING
 
+from vllmwatch.config import flags, safefile
+from vllmwatch.config.errors import ConfigError
 from vllmwatch.config.flags import flag_name, long_forms
+
+if TYPE_CHECKING:
+    from vllmwatch.config.sections import Config
 
 FORK_VARIABLE = "VLLM_WORKER_MULTIPROC_METHOD"
 _SIZE_FLAGS = {"tensor-parallel-size": "tp", "pipeline-parallel-size": "pp",
@@ -95,3 +104,56 @@ def standby_wanted(setting: str, uses_gpu: bool, unified: bool,
         return False, (f"MemAvailable {mem_available_mib:.0f} MiB leaves no room "
                        f"(auto wants {STANDBY_ROOM_MIB:.0f} MiB)")
     return True, "auto: a discrete GPU with room in host memory"
+
+
+MAX_KEY = 64 * 1024  # an API key is tens of bytes; a larger file is not a key file
+KEY_READ_TIMEOUT = 5.0  # a launch waits this long for the key file, then retries with backoff
+
+
+class KeyFileError(ConfigError):
+    """vllm.api_key_file cannot be used now; `transient` when a moment later it may be.
+
+    A key rotation replaces the file (empty or missing for a moment): the daemon retries that
+    with backoff instead of exiting 2; a path that is a FIFO, device or directory is wrong.
+    """
+
+    def __init__(self, path: str, key: str, problem: str, transient: bool) -> None:
+        super().__init__(path, key, problem)
+        self.transient = transient
+
+
+def read_env_file(config: Config) -> tuple[dict[str, str], list[str]]:
+    """vllm.env_file: (secret variables for vLLM's environment, flags whose values are
+    secret). ({}, []) when none is set. Lines are NAME=value (no quoting: the value is the
+    rest of the line), blank and # lines skipped; bounded and with a deadline, as the key."""
+    path = config.vllm.env_file
+    if not path:
+        return {}, []
+    try:
+        text = safefile.read_within(path, MAX_KEY, KEY_READ_TIMEOUT).decode("utf-8")
+    except safefile.FileProblem as exc:
+        raise KeyFileError(config.path, "vllm.env_file", f"{exc}; check the path and that "
+                           "the service user may read it", transient=exc.transient) from None
+    except UnicodeDecodeError as exc:
+        raise KeyFileError(config.path, "vllm.env_file", f"{path!r} is not UTF-8 text "
+                           f"({exc.reason} at byte {exc.start})", transient=False) from None
+    env: dict[str, str] = {}
+    args: list[str] = []
+    for number, raw in enumerate(text.splitlines(), 1):
+        line = raw.strip()
+        if not line or line.startswith("#"):
+            continue
+        name, eq, value = line.partition("=")
+        if not eq or not re.fullmatch(r"[A-Za-z_][A-Za-z0-9_]*", name):
+            raise KeyFileError(config.path, "vllm.env_file", f"{path!r} line {number}: "
+                               "expected NAME=value (the value itself is not shown)",
+                               transient=False)
+        if "\0" in value:  # as in the key file: Popen would refuse it at the launch
+            raise KeyFileError(config.path, "vllm.env_file", f"{path!r} line {number}: "
+                               "a NUL byte in the value, which cannot reach vLLM",
+                               transient=False)
+        if name.startswith(flags.ARG_PREFIX) and len(name) > len(flags.ARG_PREFIX):
+            args += [f"--{flag_name(name[len(flags.ARG_PREFIX):].lower())}", value]
+        else:
+            env[name] = value
+    return env, args

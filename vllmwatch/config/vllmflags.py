@@ -201,7 +201,7 @@ def validate_args(config: Config, known: FlagSet) -> list[Problem]:
     out = [p for n, v, k in names if (p := flag_problem(n, v, k, known)) is not None]
     if config.vllm.env_file:  # its flags alike, their values never shown (only then loaded)
         from vllmwatch.config.envfilechecks import known_flag_problems
-        out += known_flag_problems(config, known)
+        out += known_flag_problems(config, known, flag_problem)
     return out
 
 
