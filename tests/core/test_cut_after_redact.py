@@ -40,6 +40,8 @@ NOT_EXCERPTS = {
     "r['detail'][:100]": "a stored record: redacted whole when written",
     'f"{type(exc).__name__}: {exc}"[:300]': "the standby interpreter imports only the "
     "stdlib; the daemon redacts its pipe's text before it leaves",
+    "tuple(sorted(kept.items()))[:MEMBERS_MAX]": "the group file's tree members: (pid, start) "
+    "pairs, numbers, no text",
 }
 
 
