@@ -244,9 +244,10 @@ def test_the_benchs_process_identity_is_the_start_since_boot(
     from bench.gpu import procs, standbys
 
     script = ("import subprocess, sys, time\n"
-              # a lifetime, not a wait: its owner kills it
-              "subprocess.Popen([sys.executable, '-c', 'import time; time.sleep(60)']).wait()\n"
-              "time.sleep(60)\n")  # it reaps its child: a kill leaves no zombie
+              # a lifetime, not a wait: its owner kills it; longer than wait_for's 60 s
+              # scaled (x3), so a slow box never sees it end before the test looks
+              "subprocess.Popen([sys.executable, '-c', 'import time; time.sleep(600)']).wait()\n"
+              "time.sleep(600)\n")  # it reaps its child: a kill leaves no zombie
     with owned([sys.executable, "-c", script]) as proc:
         wait_for(lambda: bool(procs.tree(proc.pid)), 60, "the grandchild")
         old = procs.tree(proc.pid)

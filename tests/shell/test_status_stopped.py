@@ -201,7 +201,7 @@ def test_without_systemd_or_records_it_still_says_how_to_start(tmp_path: Path) -
                                  "next      start it with `systemctl start vllmwatch@gpu1`"]
 
 
-@pytest.mark.parametrize("closed", ["incidents", "state"])
+@pytest.mark.parametrize("closed", ["incidents", "state", "record"])
 def test_a_records_folder_closed_to_the_caller_is_said_not_left_out(closed: str) -> None:
     """`vllmwatch status` as an operator who is not root nor the service user, the daemon
     down: the records (0700, in a state directory 0700) could not be listed, and the
@@ -214,9 +214,11 @@ def test_a_records_folder_closed_to_the_caller_is_said_not_left_out(closed: str)
         top.chmod(0o755)
         state = top / "state"
         rid = _record(state / "incidents", "crash", "EngineCore died", NOW)
-        state.chmod(0o755)
-        (state if closed == "state" else state / "incidents").chmod(
-            0o700 if os.geteuid() == 0 else 0)
+        for folder in (state, state / "incidents"):
+            folder.chmod(0o755)  # as a umask 022 leaves them; then one is shut
+        shut = {"state": state, "incidents": state / "incidents"}.get(
+            closed, state / "incidents" / rid)  # "record": its own folder alone (0700)
+        shut.chmod(0o700 if os.geteuid() == 0 else 0)
         roots = [str(state / "incidents"), str(top / "other" / "incidents")]
 
         def said() -> list[str]:
@@ -226,11 +228,12 @@ def test_a_records_folder_closed_to_the_caller_is_said_not_left_out(closed: str)
         if os.geteuid() == 0:
             assert any(rid in line for line in said()), said()  # root reads it
     finally:
-        for folder in (state, state / "incidents"):
+        for folder in (state, state / "incidents", state / "incidents" / rid):
             folder.chmod(0o700)
         shutil.rmtree(top)
     row = next((line for line in lines if line.startswith("incident")), "")
-    assert f"cannot read {roots[0]} as this user" in row and "sudo vllmwatch status" in row, lines
+    where = str(shut) if closed == "record" else roots[0]
+    assert f"cannot read {where} as this user" in row and "sudo vllmwatch status" in row, lines
 
 
 def test_a_starting_unit_is_not_called_stopped() -> None:

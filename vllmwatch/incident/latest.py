@@ -24,6 +24,8 @@ def newest(roots: Sequence[str]) -> dict[str, Any] | None:
         if rid is None:
             continue
         got = store.read(root, rid)
+        if isinstance(got, str) and _denied(folder := os.path.join(root, rid)):
+            return {"denied": folder}  # the record's own folder closed: sudo, as for the rest
         if isinstance(got, str):  # ("(?)" said nothing of why)
             return {"id": rid, "time": "", "reason": "unreadable",
                     "detail": printable(REDACT.head(got, 160), False)}
