@@ -20,6 +20,16 @@ _ONE_WORD = frozenset({"model", "host", "tokenizer", "revision", "dtype", "devic
 # vLLM's flags that take several numbers (nargs="+"): without a flag list, every other flag
 # whose first word is a number takes that word alone (`--max-model-len 4096 /m` serves /m)
 _NUMBER_LISTS = frozenset({"cudagraph-capture-sizes", "numa-bind-nodes", "numa-bind-cpus"})
+# Flags that take a value in every vLLM we know (0.6 to 0.32): without a flag list, one bare
+# on the line (`--max-model-len` last, or before `4096>>x.log`, where sh takes 4096 for a
+# descriptor) is the line's mistake, never a switch (`max-model-len = true`: vLLM refuses it)
+VALUE_FLAGS = frozenset({
+    "max-model-len", "tensor-parallel-size", "pipeline-parallel-size", "data-parallel-size",
+    "gpu-memory-utilization", "max-num-seqs", "max-num-batched-tokens", "quantization",
+    "kv-cache-dtype", "tokenizer-revision", "download-dir", "load-format", "chat-template",
+    "seed", "block-size", "max-lora-rank", "max-loras", "max-cpu-loras", "lora-modules",
+    "tool-call-parser", "reasoning-parser", "cpu-offload-gb", "uvicorn-log-level",
+    "distributed-executor-backend", "root-path", "response-role", *_ONE_WORD, *_NUMBER_LISTS})
 
 
 @dataclass(frozen=True)

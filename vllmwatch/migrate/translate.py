@@ -18,7 +18,7 @@ from vllmwatch.config.serveline import ServeLine, is_number
 from vllmwatch.config.vllmflags import flag_problem as known_problem
 from vllmwatch.migrate import addresses, envwords, relaxed, smokeplan, wrapwords
 from vllmwatch.migrate.draft import Draft, Entry, Facts
-from vllmwatch.migrate.flagwords import Given, read
+from vllmwatch.migrate.flagwords import VALUE_FLAGS, Given, read
 
 OWNED = {"model": "model", "port": "port", "host": "host",
          "served-model-name": "served_model_name"}
@@ -253,7 +253,14 @@ def _typed(given: Given, value: object, draft: Draft, facts: Facts, note: str) -
         draft.arg(Entry(name, _number(_plain(value)), f"{note}the line had `{given.raw}`: {why} "
                         "(`run` would refuse it)", False))
         return
-    if kind == "bool":
+    if value is True and facts.known is None and (base in VALUE_FLAGS or
+                                                   base in flags.BUILTIN_JSON):
+        draft.errors.append(f"{given.raw}: the flag takes a value and the line gives none "
+                            "(vLLM would refuse it; a number right before > or >> is a file "
+                            f"descriptor to sh): write `{name} = VALUE` in [vllm.args]")
+        draft.arg(Entry(name, None, f"{note}the line had `{given.raw}` with no value; "
+                        f"--{name} takes one, and vLLM refuses it bare", False))
+    elif kind == "bool":
         _switch(given, value, draft, facts, note)
     elif kind == "json" and "." not in name:
         relaxed.json_flag(given, value, draft, facts, note)
