@@ -20,6 +20,11 @@ from vllmwatch.prewarm import backend
 
 MARKER = "VLLMWATCH_KERNELS "
 CANCEL_POLL = 0.2  # s between two looks at a cancel (a stop of the daemon) while it runs
+# The pids of the warm scripts running now: children of ours in a session of their own, which
+# a subreaper's sweep takes for adopted orphans (killed at a stop during the pre-warm and
+# logged as an earlier vLLM's leftover). Their owner ends them (time limit, cancel): the
+# sweep and the reaper leave them out (shell/effects.py _exempt).
+RUNNING: set[int] = set()
 
 # Runs in the vLLM venv. argv[1] is a JSON spec; prints one MARKER line of JSON.
 SCRIPT = r'''
@@ -223,6 +228,7 @@ def run_script(python: str, spec: Mapping[str, Any], env: Mapping[str, str], tim
                                 stderr=subprocess.PIPE, text=True, start_new_session=True)
     except OSError as exc:
         return KernelOutcome("warn", f"cannot run {python}: {exc.strerror or exc}")
+    RUNNING.add(proc.pid)
     end = start + max(0.1, timeout)
     try:
         while True:  # (communicate again after its timeout loses no output: Python's docs)
@@ -242,6 +248,8 @@ def run_script(python: str, spec: Mapping[str, Any], env: Mapping[str, str], tim
     except BaseException:  # Ctrl-C at `vllmwatch prewarm`: its session got no SIGINT
         _kill_group(proc)
         raise
+    finally:  # (after the wait: the script is reaped, its pid free for another process)
+        RUNNING.discard(proc.pid)
     return _parse(stdout, stderr, proc.returncode)
 
 

@@ -36,6 +36,7 @@ from vllmwatch.core.events import (
 )
 from vllmwatch.core.state import State
 from vllmwatch.core.unified import Platform
+from vllmwatch.prewarm import kernels
 from vllmwatch.prewarm import runner as prewarm
 from vllmwatch.shell import child as childmod
 from vllmwatch.shell import childrun, groupfile, startguard, versions
@@ -265,14 +266,13 @@ class RealEffects:
 
     def sweep(self, action: Sweep) -> SweepDone:
         """Kill leftovers of our tree and check the port; at start honour kill_stale."""
-        return childmod.sweep_or_look(action, self.marker, self.log, self._exempt(),
-                                      self.reaper)
+        return childmod.sweep_or_look(action, self.marker, self.log, self._exempt(), self.reaper)
 
     def _exempt(self) -> frozenset[int]:
-        """Ours and no child's: the standby, and the spare engine's API server (its own
-        session: a subreaper's sweep would take it for an adopted orphan)."""
+        """Ours and no child's: the standby, the spare engine's API server and the pre-warm's
+        kernel script (own sessions: a subreaper's sweep would take them for orphans)."""
         spare = self.spare.tree.leaders() if self.spare is not None else frozenset()
-        return self.launcher.exempt() | spare
+        return self.launcher.exempt() | spare | frozenset(kernels.RUNNING)
 
     def check_release(self, action: CheckRelease) -> ReleaseChecked:
         """Has the GPU given back the old tree's memory?"""
