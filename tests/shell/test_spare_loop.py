@@ -94,6 +94,7 @@ def world(tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
                      platform=Platform(unified=False, reason="test"))
     fx.spare = spare
     loop = Loop(config, fx, SystemClock(), environ=env, install_signals=False, spare=spare)
+    fx.versions.give_up = loop.stop_asked  # as daemon.py: a launch gives up for a stop
     codes: list[int] = []
     runner = threading.Thread(target=lambda: codes.append(loop.run()), daemon=True)
     runner.start()
@@ -401,3 +402,45 @@ def test_the_loop_answers_while_the_spare_goes_down(world: dict[str, Any],
     assert stopped["pid"] == api and not stopped["remaining"], stopped
     wait_until(lambda: _state(loop)[:2] == ("ready", "idle"), WAIT, "READY after the restart")
     _stop_and_nothing_left(world)
+
+
+@pytest.mark.parametrize("world", [{"hold": True, "stubborn": True}], indirect=True)
+def test_a_stop_is_answered_while_a_launch_waits_for_the_spare_to_go_down(
+        world: dict[str, Any], monkeypatch: pytest.MonkeyPatch) -> None:
+    """A launch no release gate came before (here: the first start, after a reload turned the
+    spare off during its build) waits for the spare's tree to be gone, on the loop's thread:
+    no engine starts beside its memory. A SIGTERM meanwhile waited for the spare's whole stop
+    (up to 15 s; here the grace outlasts the test). It now calls the launch off and the stop
+    goes on at once: nothing launched; the daemon's exit still waits for the spare's tree,
+    and nothing of it stays."""
+    monkeypatch.setattr(sparetree, "STOP_GRACE", WAIT)  # only the test ends the spare's stop
+    loop: Loop = world["loop"]
+    log: LogCapture = world["log"]
+    spare: sparerun.SpareFx = world["spare"]
+    # (its socket: bound after it set SIGTERM aside, which it would die of before that)
+    wait_until(lambda: _state(loop) == ("prewarming", "spare_build", "building")
+               and spare.tree.pid is not None and os.path.exists(spare.tree.cmd.socket_path),
+               WAIT, "the first build under way")
+    api = spare.tree.pid
+    assert api is not None
+    try:
+        off = dataclasses.replace(loop.state.config, spare=dataclasses.replace(
+            loop.state.config.spare, enabled="false"))
+        loop.post(ReloadRequested(off))  # StopSpare (SIGTERM, ignored), then the launch
+        wait_until(lambda: str(loop.state.state) == "starting" and spare.tree.stops.busy(),
+                   WAIT, "the launch waiting for the spare's stop")
+        loop.deliver_signal(signal.SIGTERM)
+        wait_until(lambda: log.named("child.launch_called_off"), WAIT / 2,
+                   "the stop answered while the spare goes down")
+        assert psutil.Process(api).is_running() and not log.named("spare.stopped")
+        assert not log.named("child.started"), "no engine beside the dying spare"
+    finally:
+        with contextlib.suppress(ProcessLookupError):
+            os.kill(api, signal.SIGKILL)  # the stop goes on: its group, then the clean-up
+    sock, marker = spare.tree.cmd.socket_path, spare.tree.marker.split(":")[0]
+    world["runner"].join(WAIT)
+    assert world["codes"] == [0]
+    [stopped] = [f for f in log.named("spare.stopped") if f["pid"] == api]
+    assert not stopped["remaining"] and not log.named("child.started"), stopped
+    wait_until(lambda: not _ours(marker), 20, "no process of either tree left")
+    assert not os.path.exists(sock)

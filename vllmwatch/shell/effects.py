@@ -102,8 +102,7 @@ class RealEffects:
         self.marker = childmod.instance_id(config.path)
         # Unified memory (DGX Spark): decided and logged once (platform.detected).
         self.platform = platform or platformmod.detect(config, log)
-        self.sampler = sampler or make_sampler(config.vllm.gpus, log,
-                                               unified=self.platform.unified)
+        self.sampler = sampler or make_sampler(config.vllm.gpus, log, unified=self.platform.unified)
         self._sampler_gpus = config.vllm.gpus  # the GPUs self.sampler was made for
         self._fixed_sampler = sampler is not None
         self.reads = LoopReads(lambda: self.sampler, log)  # NVML on the loop's thread, bounded
@@ -135,6 +134,8 @@ class RealEffects:
 
     def spawn(self, config: Config, post: Callable[[Event], None]) -> Event:
         """Build the command (refusing known-broken flags) and start the child."""
+        if self.spare is not None and (off := self.spare.gone(self.versions.give_up)):
+            return off  # a stop came while a spare went down (its memory): nothing launched
         if self._adapters is not None:  # which adapters this launch carries
             self._adapters.launched(config)
         version = versions.for_launch(self.versions, config, self._environ)
@@ -185,8 +186,7 @@ class RealEffects:
         return self.incidents.standby_command(cmd, config)
 
     def reconfigure(self, config: Config) -> None:
-        """A SIGHUP loaded `config` and the core took it: a standby built for another command
-        or environment goes."""
+        """A reload the core took: a standby built for another command or environment goes."""
         self._watch_adapters(config)
         self.versions.prefetch(config.vllm.command)
         if self.standby is not None:

@@ -16,6 +16,7 @@ import os
 import shutil
 import subprocess
 import threading
+import time
 from collections.abc import Callable
 
 import psutil
@@ -49,12 +50,15 @@ class Stops:
         with self._lock:
             return frozenset().union(*(p for p, t in self._going if t.is_alive()))
 
-    def wait(self) -> None:
-        """Until every stop begun has ended (each is bounded: STOP_GRACE three times)."""
+    def wait(self, timeout: float | None = None) -> bool:
+        """Until every stop begun has ended (each is bounded: STOP_GRACE three times), or at
+        most `timeout` seconds; whether none is under way any more."""
         with self._lock:
             going = [t for _, t in self._going]
+        end = None if timeout is None else time.monotonic() + timeout
         for t in going:
-            t.join()
+            t.join(None if end is None else max(0.0, end - time.monotonic()))
+        return not any(t.is_alive() for t in going)
 
 
 def finish(proc: subprocess.Popen[bytes] | None, group: int | None, marker: str,
