@@ -11,7 +11,6 @@ import argparse
 import json
 import sys
 import threading
-import time
 import types
 from pathlib import Path
 from typing import Any
@@ -21,6 +20,7 @@ import pytest
 from vllmwatch.config import flags, units, vllmflags
 from vllmwatch.config.schema import from_dict
 from vllmwatch.shell import versions
+from vllmwatch.testing.waiting import wait_until
 
 FIXTURES = Path(__file__).resolve().parent.parent / "shell" / "fixtures"
 
@@ -154,12 +154,11 @@ def test_the_daemon_renews_an_older_cache_in_the_background(tmp_path: Path) -> N
     Path(cache_dir).mkdir(mode=0o700, exist_ok=True)
     (Path(cache_dir) / f"{key}.json").write_text(json.dumps({**old, "version": "0.99.0"}))
     assert versions.refusal(config, env, "0.99.0", log) is None  # loose: 1k passes
-    deadline = time.monotonic() + 60  # the ask runs this interpreter, which has no vLLM
-    while time.monotonic() < deadline:
+    def asked_done() -> bool:  # the ask runs this interpreter, which has no vLLM
         with versions._lock:
-            if not versions._asking:
-                break
-        time.sleep(0.05)
+            return not versions._asking
+
+    wait_until(asked_done, 60, "the background ask of vLLM's flags to end")
     with lock:
         asked = [f for _, e, f in logged if e == "vllm.flags_unchecked"]
     assert asked and "older vllmwatch" in asked[0]["detail"], logged

@@ -200,7 +200,7 @@ def test_a_recorded_pid_now_another_process_is_left_alone(tmp_path: Path,
     monkeypatch.setenv("STATE_DIRECTORY", str(tmp_path))
     os.chmod(tmp_path, 0o700)
     marker = f"test{os.getpid()}"
-    sleeper = [PYTHON, "-c", "import time; time.sleep(60)"]
+    sleeper = [PYTHON, "-c", "import time; time.sleep(60)"]  # a lifetime: its owner kills it
     leader = subprocess.Popen(sleeper, start_new_session=True)
     other = subprocess.Popen(sleeper, start_new_session=True)
     try:

@@ -364,6 +364,7 @@ def test_a_sleep_that_ends_past_its_deadline_is_still_asked_once(
         tree.stops.wait()  # its waits run on a thread: wait for the end
 
 
+# a spare that ignores SIGTERM; its sleep is a lifetime, not a wait: its owner kills it
 STUBBORN = ("import signal, time\nsignal.signal(signal.SIGTERM, signal.SIG_IGN)\n"
             "print('INFO spare', flush=True)\ntime.sleep(600)\n")
 
