@@ -168,7 +168,9 @@ def remove_tmpdirs(marker: str) -> None:
             shutil.rmtree(path, ignore_errors=True)
 
 
-remember_group = groupfile.remember  # record (or with None, forget) the child's group
+def remember_group(marker: str, pgid: int | None) -> None:
+    """Record (or with None, forget) the child's process group; best effort."""
+    groupfile.remember(marker, pgid)
 
 
 def remembered_group(marker: str, log: LogFn | None = None) -> int | None:
@@ -221,18 +223,12 @@ def find_tree(pgid: int | None, marker: str, log: LogFn | None = None,
         groups.add(old)
     gone = groupfile.leaderless(marker) if pgid is None and old is None else None
     took = kin.adopted(((p, sid) for p, _, sid in procs), me, os.getsid(0)) if adopt else set()
-    seen = groupfile.recorded_members(marker)  # what no rule above may reach (setsid'd)
     ours: list[psutil.Process] = []
     foreign: list[psutil.Process] = []
     for proc, group, session in procs:
         mine = group in groups or session in groups or proc.pid in marked or proc.pid in took \
             or (gone is not None and _looks_like_vllm(proc)
                 and groupfile.orphan_of(gone, proc, group, session))
-        if not mine and proc.pid in seen and kin.owning_daemon(proc, me) is None:
-            mine = True
-            if log is not None:  # the one rule that reaches past group, session and marker
-                log("warning", "leftovers.recognised", process=describe(proc),
-                    why=seen[proc.pid])
         if mine and (proc.pid in took or kin.owning_daemon(proc, me) is None):
             ours.append(proc)
         elif _looks_like_vllm(proc):
