@@ -4,6 +4,7 @@ that is no child's (the standby) is exempt by its pid."""
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import signal
@@ -141,3 +142,128 @@ def test_an_exempt_pid_survives_the_sweep_and_a_setsid_orphan_does_not(tmp_path:
     assert got["standby_alive"]
     assert any(w.startswith(f"pid {got['orphan']} ") for w in got["what"])
     assert got["standby"] in got["second"]  # without the exempt pid the marker takes it
+
+
+def _members(tmp_path: Path, marker: str) -> set[int]:
+    """The pids the daemon's group file records as seen in its tree (shell/groupfile.py)."""
+    try:
+        text = (tmp_path / "state" / f"vllmwatch-{marker}.pgid").read_text()
+    except FileNotFoundError:
+        return set()
+    return {int(pid) for pid, _ in json.loads(text).get("members", ())}
+
+
+def test_a_setsid_descendant_left_by_a_killed_daemon_is_killed_at_the_next_start(
+        tmp_path: Path) -> None:
+    """Outside systemd (no cgroup to kill) a vllmwatch SIGKILLed mid-restart, its vLLM's
+    group already stopped, leaves the setsid'd descendant holding vllm.port, reparented to
+    init: out of the group, the session and the marker. The next daemon knows it by the
+    record of its tree's members (pid and start time since boot) and kills it, saying why
+    it is provably ours; it used to exit 69 (port.busy) and leave it to the operator."""
+    cfg = base_config(free_port(), free_port(), ORPHAN_FLAGS)
+    cfg["memory"] = {"sample_interval": "0.5s"}
+    first, second = Daemon(tmp_path, cfg), Daemon(tmp_path, cfg)
+    orphan: psutil.Process | None = None
+    try:
+        first.start()
+        first.wait_ready(30)
+        child = int(first.named("child.started")[-1]["pid"])
+        orphan = _the_orphan(first, child)
+        wait_for(lambda: orphan is not None and orphan.pid in _members(tmp_path, first.marker),
+                 20, "a memory sample to record the descendant")
+        first.signal(signal.SIGKILL)
+        first.wait_exit(10)
+        os.killpg(child, signal.SIGKILL)  # what the restart had done when it was killed
+        wait_for(lambda: dead(child), 10, "the old vLLM's group to be gone")
+        assert not dead(orphan)
+        second.start()
+        second.wait_ready(30)
+        [said] = second.named("leftovers.recognised")
+        assert said["process"].startswith(f"pid {orphan.pid} ") and "start" in said["why"]
+        assert orphan.pid in second.named("leftovers.killed")[0]["pids"]
+        assert not second.named("port.busy") and dead(orphan)
+    finally:
+        try:
+            if orphan is not None and not dead(orphan):  # first: close() asserts a free port
+                orphan.kill()
+        finally:
+            second.close()
+            first.close(check=False)
+
+
+def test_a_recorded_pid_now_another_process_is_left_alone(tmp_path: Path,
+                                                           monkeypatch: pytest.MonkeyPatch
+                                                           ) -> None:
+    """The record proves a process ours only while it is the very process seen: the same
+    pid with another start time (a reused pid), or a record of another boot, takes nothing."""
+    from vllmwatch.shell import groupfile, kin
+
+    monkeypatch.setenv("STATE_DIRECTORY", str(tmp_path))
+    os.chmod(tmp_path, 0o700)
+    marker = f"test{os.getpid()}"
+    sleeper = [PYTHON, "-c", "import time; time.sleep(60)"]
+    leader = subprocess.Popen(sleeper, start_new_session=True)
+    other = subprocess.Popen(sleeper, start_new_session=True)
+    try:
+        groupfile.remember(marker, leader.pid)
+        groupfile.remember_members(marker, leader.pid, [leader.pid, other.pid])
+        assert set(groupfile.recorded_members(marker)) == {other.pid}
+        got = groupfile.read(marker)
+        assert got is not None
+        path = groupfile.path_of(marker)
+        assert path is not None
+        at = kin.started(other.pid)
+        assert at is not None
+        for members, boot in (([[other.pid, at - 1.0]], got.boot_id), ([[other.pid, at]], "x")):
+            data = json.loads(Path(path).read_text())
+            Path(path).write_text(json.dumps({**data, "members": members, "boot_id": boot}))
+            assert groupfile.recorded_members(marker) == {}
+        # A record whose group is another tree's is not added to (a sample of an old run).
+        groupfile.remember(marker, leader.pid)
+        groupfile.remember_members(marker, other.pid, [other.pid])
+        assert groupfile.recorded_members(marker) == {}
+    finally:
+        for proc in (leader, other):
+            proc.kill()
+            proc.wait(10)
+
+
+def test_the_record_names_only_what_no_other_rule_took(tmp_path: Path,
+                                                        monkeypatch: pytest.MonkeyPatch) -> None:
+    """The record is the last rule: a setsid'd descendant whose parent still runs in the tree
+    is taken by descent, and a sweep of that live tree never calls it a leftover recognised
+    (a false lead in a plain restart's log); a recorded process nothing else reaches is
+    named, and its own descendants go with it."""
+    from vllmwatch.shell import child, groupfile
+
+    monkeypatch.setenv("STATE_DIRECTORY", str(tmp_path))
+    os.chmod(tmp_path, 0o700)
+    marker = f"test{os.getpid()}"
+    # lifetimes, not waits: the finally kills their groups
+    sleeper = [PYTHON, "-c", "import time; time.sleep(60)"]
+    spawn = ("import subprocess, sys, time; subprocess.Popen(sys.argv[1:], env={}, "
+             "start_new_session=True); time.sleep(60)")
+    leader = subprocess.Popen([PYTHON, "-c", spawn, *sleeper], start_new_session=True)
+    detached = subprocess.Popen([PYTHON, "-c", spawn, *sleeper], env={},
+                                start_new_session=True)
+    groups = [leader.pid, detached.pid]
+    try:
+        inner = wait_for(lambda: psutil.Process(leader.pid).children(), 10,
+                         "the leader's setsid'd child")[0]
+        below = wait_for(lambda: psutil.Process(detached.pid).children(), 10,
+                         "the detached process's child")[0]
+        groups += [inner.pid, below.pid]
+        groupfile.remember(marker, leader.pid)
+        groupfile.remember_members(marker, leader.pid, [inner.pid, detached.pid])
+        said: list[dict[str, Any]] = []
+        ours, _ = child.find_tree(leader.pid, marker,
+                                  lambda level, event, **kv: said.append({"event": event, **kv}))
+        assert {p.pid for p in ours} >= {leader.pid, inner.pid, detached.pid, below.pid}
+        named = [s["process"] for s in said if s["event"] == "leftovers.recognised"]
+        assert len(named) == 1 and named[0].startswith(f"pid {detached.pid} "), said
+    finally:
+        for pid in groups:
+            with contextlib.suppress(ProcessLookupError):
+                os.killpg(pid, signal.SIGKILL)
+        for proc in (leader, detached):
+            proc.wait(10)

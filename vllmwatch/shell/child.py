@@ -168,9 +168,7 @@ def remove_tmpdirs(marker: str) -> None:
             shutil.rmtree(path, ignore_errors=True)
 
 
-def remember_group(marker: str, pgid: int | None) -> None:
-    """Record (or with None, forget) the child's process group; best effort."""
-    groupfile.remember(marker, pgid)
+remember_group = groupfile.remember  # record (or with None, forget) the child's group
 
 
 def remembered_group(marker: str, log: LogFn | None = None) -> int | None:
@@ -224,16 +222,19 @@ def find_tree(pgid: int | None, marker: str, log: LogFn | None = None,
     gone = groupfile.leaderless(marker) if pgid is None and old is None else None
     took = kin.adopted(((p, sid) for p, _, sid in procs), me, os.getsid(0)) if adopt else set()
     ours: list[psutil.Process] = []
-    foreign: list[psutil.Process] = []
+    rest: list[psutil.Process] = []
     for proc, group, session in procs:
         mine = group in groups or session in groups or proc.pid in marked or proc.pid in took \
             or (gone is not None and _looks_like_vllm(proc)
                 and groupfile.orphan_of(gone, proc, group, session))
-        if mine and (proc.pid in took or kin.owning_daemon(proc, me) is None):
-            ours.append(proc)
-        elif _looks_like_vllm(proc):
-            foreign.append(proc)
-    return kin.with_descendants(ours, skip), foreign
+        ours_now = mine and (proc.pid in took or kin.owning_daemon(proc, me) is None)
+        (ours if ours_now else rest).append(proc)
+    ours = kin.with_descendants(ours, skip)
+    # Last: the record reaches past group, session, marker and descent (a setsid'd process
+    # reparented to init), and names only what no other rule took.
+    known = groupfile.recognised(rest, {p.pid for p in ours}, marker, me, log)
+    foreign = [p for p in rest if p not in known and _looks_like_vllm(p)]
+    return kin.with_descendants(ours + known, skip), foreign
 
 
 def port_holder(host: str, port: int, ignore: set[int]) -> str | None:

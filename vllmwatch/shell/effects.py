@@ -39,7 +39,7 @@ from vllmwatch.core.unified import Platform
 from vllmwatch.prewarm import kernels
 from vllmwatch.prewarm import runner as prewarm
 from vllmwatch.shell import child as childmod
-from vllmwatch.shell import childrun, startguard, versions
+from vllmwatch.shell import childrun, groupfile, startguard, versions
 from vllmwatch.shell import platform as platformmod
 from vllmwatch.shell.childrun import ChildHandle, Launcher
 from vllmwatch.shell.incidents import IncidentShell
@@ -139,10 +139,9 @@ class RealEffects:
         if self._adapters is not None:  # which adapters this launch carries
             self._adapters.launched(config)
         version = versions.for_launch(self.versions, config, self._environ)
-        if isinstance(version, SpawnFailed):
-            return version
-        prepared = childrun.prepare(config, self._environ, self.marker, version,
-                                    self._caches.env(config), self.log, self.versions.info.torch)
+        prepared = version if isinstance(version, SpawnFailed) else childrun.prepare(
+            config, self._environ, self.marker, version, self._caches.env(config), self.log,
+            self.versions.info.torch)
         if isinstance(prepared, SpawnFailed):
             return prepared
         prepared = replace(prepared, cmd=self.incidents.child_command(prepared.cmd, config))
@@ -211,8 +210,7 @@ class RealEffects:
                 self._run = None  # the run is over: nothing of it stays here
         if self.reaper is not None:
             keep = set(self._exempt())  # the launcher (and the spare) wait for their own
-            if self._run is not None:
-                keep.add(self._run.pid)
+            keep.update((self._run.pid,) if self._run is not None else ())
             self.reaper.reap(keep=keep)
         return exited
 
@@ -262,6 +260,8 @@ class RealEffects:
         pid = self._run.pid if self._run is not None else None
         spare = self.spare.exempt() if self.spare is not None else frozenset()
         got = self.sampler.sample(pid, action.with_pss, True, dict(action.before_launch), spare)
+        if pid is not None:  # who is in it: found after a SIGKILL of ours (shell/groupfile.py)
+            groupfile.remember_members(self.marker, pid, got.tree_pids)
         return MemorySampled(got, minute_of_day, action.gen)
 
     def sweep(self, action: Sweep) -> SweepDone:

@@ -9,6 +9,11 @@ It steers what we kill at the next start, so it is trusted only when provably ou
 - the recorded leader still runs with the recorded start time (pids recycle), or it still
   carries this instance's environment marker. vLLM's process titles erase the environment
   of EngineCore/Worker, but not of the leader we spawned, which is the one asked.
+- the tree's members the daemon saw (each memory sample), each by its pid and its start time
+  since boot: a process that runs now with that pid, that start and our user is the one we
+  saw in our tree (a pid is reused only by a process that starts later). It is how a
+  descendant that left the group, the session and the marker (setsid, a cleared environment)
+  is known after the daemon was SIGKILLed with the leader gone: nothing else ties it to us.
 Anything else is logged by the caller and left alone.
 """
 
@@ -20,8 +25,9 @@ import json
 import os
 import socket
 import stat
-from collections.abc import Mapping
-from dataclasses import dataclass
+import threading
+from collections.abc import Collection, Mapping
+from dataclasses import dataclass, replace
 
 import psutil
 
@@ -33,6 +39,8 @@ from vllmwatch.shell import kin
 
 MARKER = "VLLMWATCH_INSTANCE"
 _START_SLACK_S = 0.05  # create_time is boot time + jiffies: equal when it is the same process
+MEMBERS_MAX = 256  # members remembered per tree (a tree of vLLM is a few dozen processes)
+_WRITE = threading.Lock()  # the launch (loop) and the memory sample (a worker) write the file
 
 
 @dataclass(frozen=True)
@@ -46,6 +54,7 @@ class Remembered:
     marker: str
     since_boot: float | None = None
     boot_id: str = ""
+    members: tuple[tuple[int, float], ...] = ()  # (pid, its start since boot) seen in the tree
 
     def start_of(self, pid: int) -> tuple[float, float] | None:
         """(pid's start, the leader's) in the best clock both have; None if pid is gone."""
@@ -69,20 +78,84 @@ def remember(marker: str, pgid: int | None) -> None:
     path = path_of(marker)
     if path is None:
         return
-    if pgid is None:
-        with contextlib.suppress(OSError):
-            os.unlink(path)
+    with _WRITE:
+        if pgid is None:
+            with contextlib.suppress(OSError):
+                os.unlink(path)
+            return
+        since_boot = kin.started(pgid)
+        try:
+            started = psutil.Process(pgid).create_time()
+        except psutil.Error:
+            return
+        if since_boot is not None:
+            _write(path, Remembered(pgid, started, marker, since_boot, kin.boot_id()))
+
+
+def _write(path: str, got: Remembered) -> None:
+    safefile.write_private(path, json.dumps({
+        "pgid": got.pgid, "started": got.started, "marker": got.marker,
+        "since_boot": got.since_boot, "boot_id": got.boot_id,
+        "members": [list(m) for m in got.members]}))
+
+
+def remember_members(marker: str, root: int, pids: Collection[int]) -> None:
+    """Add the tree's processes seen now to the record of the tree `root` leads (the file's
+    group; nothing when it names another). Members still alive stay: a descendant that left
+    the tree (its parent died: it was reparented) is the one a later start must find."""
+    path = path_of(marker)
+    if path is None:
         return
-    since_boot = kin.started(pgid)
-    try:
-        started = psutil.Process(pgid).create_time()
-    except psutil.Error:
-        return
-    if since_boot is None:
-        return
-    safefile.write_private(path, json.dumps({"pgid": pgid, "started": started, "marker": marker,
-                                             "since_boot": since_boot,
-                                             "boot_id": kin.boot_id()}))
+    with _WRITE:
+        got = read(marker)
+        if got is None or got.pgid != root or got.boot_id != kin.boot_id():
+            return
+        kept = {pid: at for pid, at in got.members if _same(pid, at)}
+        for pid in pids:
+            at = kin.started(pid)
+            if pid != root and at is not None:
+                kept.setdefault(pid, at)
+        members = tuple(sorted(kept.items()))[:MEMBERS_MAX]
+        if set(members) != set(got.members):
+            _write(path, replace(got, members=members))
+
+
+def _same(pid: int, since_boot: float) -> bool:
+    """`pid` is still the process that started at `since_boot` (this boot). Exact: both are
+    the kernel's tick count over the same divisor (no slack in which a reused pid could hide)."""
+    return kin.started(pid) == since_boot
+
+
+def recorded_members(marker: str) -> dict[int, str]:
+    """The remembered tree's members that still run as the processes seen, of our user:
+    pid -> why that proves it ours (for the log). Empty for a file of another boot."""
+    got = read(marker)
+    if got is None or not got.members or got.boot_id != kin.boot_id():
+        return {}
+    out = {}
+    for pid, at in got.members:
+        with contextlib.suppress(psutil.Error, OSError):
+            if _same(pid, at) and psutil.Process(pid).uids().real == os.geteuid():
+                out[pid] = (f"seen in the vLLM tree of pid {got.pgid} by a vllmwatch of this "
+                            f"config (a memory sample), and still the process that started "
+                            f"then ({at:.2f} s after boot, user {os.geteuid()})")
+    return out
+
+
+def recognised(procs: list[psutil.Process], taken: Collection[int], marker: str, me: int,
+               log: LogFn | None) -> list[psutil.Process]:
+    """Of `procs`, none of which another rule of child.find_tree made ours, those the record
+    proves ours (recorded_members) and no other live vllmwatch's, each logged: the one rule
+    that names what nothing else ties to us any more, so it is asked last. `taken`: pids
+    the other rules took (never named here)."""
+    seen = recorded_members(marker)
+    out = [p for p in procs if p.pid in seen and p.pid not in taken
+           and kin.owning_daemon(p, me) is None]
+    for proc in out:
+        if log is not None:
+            log("warning", "leftovers.recognised", process=kin.describe_all([proc])[0],
+                why=seen[proc.pid])
+    return out
 
 
 def read(marker: str) -> Remembered | None:
@@ -95,7 +168,8 @@ def read(marker: str) -> Remembered | None:
         data = json.loads(text)
         since = data.get("since_boot")
         got = Remembered(int(data["pgid"]), float(data["started"]), str(data["marker"]),
-                         None if since is None else float(since), str(data.get("boot_id", "")))
+                         None if since is None else float(since), str(data.get("boot_id", "")),
+                         tuple((int(p), float(t)) for p, t in data.get("members", ())))
     except (ValueError, KeyError, TypeError):
         return None
     return got if got.marker == marker and got.pgid > 1 else None
