@@ -189,7 +189,8 @@ def test_the_report_shows_control_characters_as_escapes() -> None:
     ({"failed": 3, "replayed": 3, "cut": 1, "in_flight": 4},
      "gate: 4 requests in flight: 3 replayed, 1 cut"),
     ({"failed": 2, "not_replayed": 2, "in_flight": 2},
-     "gate: 2 requests in flight: 0 replayed, 0 cut; 2 answered 502 (not replayable)"),
+     "gate: 2 requests in flight: 0 replayed, 0 cut; 2 not replayed (answered 502 or 504, "
+     "or vLLM's own aborted answer passed on)"),
     ({"failed": 1, "replayed": 1, "answered": 2, "open": 1, "in_flight": 4},
      "gate: 4 requests in flight: 1 replayed, 0 cut; 2 answered, 1 still open when recorded"),
 ])

@@ -261,6 +261,11 @@ def test_with_replay_off_a_death_that_only_in_flight_requests_meet_fails_them(
         gate = record["gate"]
         failed = sum(1 for o in outcomes if o != "ok")
         assert gate["failed"] >= 1 and failed == gate["failed"], (outcomes, gate)
+        # What the clients got, said as it was: the record used to say "answered 502" of
+        # the aborted answers passed on as they came (200s)
+        report = (Path(recorded["incident_path"]) / "report.txt").read_text()
+        assert f"{gate['not_replayed']} not replayed (answered 502 or 504, or vLLM's own " \
+               "aborted answer passed on)" in report, report
 
 
 def test_a_reload_that_moves_vllms_port_moves_the_gate_with_it(tmp_path: Path) -> None:

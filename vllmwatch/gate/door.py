@@ -243,7 +243,9 @@ class GenFigures:
 
     failed: int = 0  # ended with nothing of the answer sent (reset, engine-dead, cut)
     replayed: int = 0  # ... and sent back to the door for the next engine
-    not_replayed: int = 0  # ... and answered 502 (replay off, not on the list, replay_max)
+    # ... and not sent again (replay off, not on the list, replay_max): answered 502, 504
+    # (its deadline), or vLLM's own answer as it came (an aborted completion: a 200)
+    not_replayed: int = 0
     cut: int = 0  # the answer had begun: ended with an error event, or cut
     answered: int = 0  # answered after the generation's stop order (e.g. within its grace)
     open: int = 0  # still under way when the figures were read

@@ -103,7 +103,8 @@ def gate_line(g: Mapping[str, Any]) -> str:
     line = (f"{g.get('in_flight', 0)} requests in flight: {g.get('replayed', 0)} replayed, "
             f"{g.get('cut', 0)} cut")
     rest = [f"{g[k]} {what}" for k, what in (
-        ("not_replayed", "answered 502 (not replayable)"), ("answered", "answered"),
+        ("not_replayed", "not replayed (answered 502 or 504, or vLLM's own aborted answer "
+                         "passed on)"), ("answered", "answered"),
         ("open", "still open when recorded")) if g.get(k)]
     return line + ("; " + ", ".join(rest) if rest else "")
 
