@@ -20,6 +20,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from vllmwatch.config.schema import from_dict
+from vllmwatch.config.units import format_duration
 from vllmwatch.core.events import CanaryResult
 from vllmwatch.core.state import S
 from vllmwatch.testing.driver import ClockedExecutor, Driver, FakeClock, World
@@ -219,3 +220,31 @@ def test_busy_for_ever_is_a_hang_at_the_busy_bound() -> None:
     verdicts = d.world.incidents[-1].facts["canary_verdicts"]
     assert any("busy (4 running" in what for _, what in verdicts), verdicts
     assert verdicts[-1][1].endswith(": hang") and all(t <= 0 for t, _ in verdicts)
+
+
+def test_status_says_how_long_the_canary_has_gone_unanswered_while_busy_excuses_it() -> None:
+    """A wedged API server (no client answered, the engine's counters moving) is excused for
+    probe.busy_timeout, 10 min shipped, while the journal logs probe.canary_timeout warnings:
+    `vllmwatch status` said "ready yes", the canary "last done 1s ago" and no failure, and
+    STATUS= only "ready"; both now say how long no canary has answered and the bound."""
+    from vllmwatch.status import cli as status_cli
+    from vllmwatch.status.snapshot import Snapshot
+    from vllmwatch.status.statusline import snapshot_of, summary
+
+    d = up(running=4, waiting=0, tokens_per_scrape=500)
+    healthy = snapshot_of(d.state, d.clock.now, 1.7e9, Snapshot(), None)
+    assert healthy.canary_unanswered_s is None
+    assert "canary" not in summary(healthy)
+    d.world.canary_timeout = True
+    assert detect(d, 120.0) == float("inf")  # excused as busy, no restart yet
+    busy = d.events("probe.canary_busy")[-1]["busy_for_s"]
+    snap = snapshot_of(d.state, d.clock.now, 1.7e9, Snapshot(), None)
+    assert snap.canary_unanswered_s is not None and snap.canary_unanswered_s >= busy >= 60
+    assert f"canary unanswered {format_duration(snap.canary_unanswered_s)}" in summary(snap)
+    text = status_cli.render(snap.to_json(), now=1.7e9)
+    assert (f"canary    UNANSWERED for {format_duration(snap.canary_unanswered_s)}: excused "
+            "while vLLM's counters move; a hang restart at probe.busy_timeout 10m") in text
+    d.world.canary_timeout = False  # one answer ends it
+    d.tick(10)
+    assert snapshot_of(d.state, d.clock.now, 1.7e9, Snapshot(), None).canary_unanswered_s \
+        is None

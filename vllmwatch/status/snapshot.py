@@ -91,6 +91,11 @@ class Snapshot:
     model: str = ""  # the name clients use for the served model
     serving_url: str = ""  # where clients reach the model: the gate's listen, else vLLM's
     stale_probes: tuple[str, ...] = ()  # probe kinds with no result within their bound
+    # Seconds since the first canary that went unanswered and was excused because vLLM's
+    # counters moved (issue 37.8; None: the last one answered), and probe.busy_timeout, its
+    # bound: no restart, and no probe failure counted, until then; clients may get nothing.
+    canary_unanswered_s: float | None = None
+    busy_timeout_s: float | None = None
     config_path: str = ""
     config_sha256: str = ""
     vllmwatch_version: str = __version__

@@ -107,6 +107,9 @@ def snapshot_of(s: WatchState, now: float, wall: float, prev: Snapshot,
         vllm_waiting=c.engine.waiting if c else None,
         vllm_kv_cache_usage=c.engine.kv_cache_usage if c else None,
         stale_probes=tuple(str(k) for k in c.probes.stale) if c is not None else (),
+        canary_unanswered_s=round(now - c.canary.busy_since, 1)
+        if c is not None and alive and c.canary.busy_since is not None else None,
+        busy_timeout_s=s.config.probe.busy_timeout,
         probe_seconds={str(k): v for k, v in s.probe_seconds.items()},
         probe_failures={str(k): n for k, n in s.probe_failures.items()},
         config_path=s.config.path, config_sha256=s.config.sha256,
@@ -181,6 +184,8 @@ def summary(snap: Snapshot, down: tuple[str, ...] = ()) -> str:
     if snap.child_uptime_s is not None:
         parts.append(f"up {format_duration(snap.child_uptime_s)}")
     parts.append(f"restarts {snap.restarts_total}")
+    if snap.canary_unanswered_s is not None:  # "ready" alone hid a wedged API server
+        parts.append(f"canary unanswered {format_duration(snap.canary_unanswered_s)}")
     held = [c["name"] for c in snap.smoke_checks if c.get("result") == "failed"
             and c.get("required") and snap.state == "starting"]
     if held:  # the start waits for startup.timeout: say why it is not READY

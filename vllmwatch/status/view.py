@@ -16,14 +16,13 @@ from vllmwatch.core.reuse import one_line
 from vllmwatch.status.snapshot import ladder_word
 
 _COLOURS = {"green": "32", "yellow": "33", "red": "31"}
-_STATE_COLOUR = {"ready": "green", "failed": "red"}
-for _state in ("prewarming", "starting", "draining", "stopping", "backoff"):
-    _STATE_COLOUR[_state] = "yellow"
+_STATE_COLOUR = {"ready": "green", "failed": "red", **dict.fromkeys(
+    ("prewarming", "starting", "draining", "stopping", "backoff"), "yellow")}
 
 
 _NUMBERS = ("state_for_s", "restart_phase_for_s", "child_pid", "child_uptime_s",
             "last_restart_at", "vllm_running", "vllm_waiting", "vllm_kv_cache_usage",
-            "standby_pid", "standby_rss_mib")
+            "standby_pid", "standby_rss_mib", "canary_unanswered_s", "busy_timeout_s")
 _TABLES = ("restarts_by_reason", "start_phases_s", "probe_last_completed", "probe_failures")
 # What a start is doing after its last milestone (shell/childlog.py MILESTONES, in order).
 _NEXT_PHASE = {
@@ -291,7 +290,13 @@ def _probe_rows(data: Mapping[str, Any], now: float) -> list[tuple[str, str]]:
         line += f"; failed: {fails}"
     if stale:
         line += f"; STALE (no result in time): {', '.join(stale)}"
-    return [("probes", line)]
+    rows = [("probes", line)]
+    if (unanswered := data.get("canary_unanswered_s")) is not None:  # "ready yes" alone
+        limit = data.get("busy_timeout_s")  # hid an API server that answers nobody (37.8)
+        rows.append(("canary", f"UNANSWERED for {format_duration(unanswered)}: excused while "
+                     "vLLM's counters move; a hang restart at probe.busy_timeout"
+                     + (f" {format_duration(limit)}" if limit is not None else "")))
+    return rows
 
 
 def _memory_rows(mem: Mapping[str, Any]) -> list[tuple[str, str]]:
@@ -330,12 +335,9 @@ def _vllm_line(data: Mapping[str, Any]) -> str:
     kv = data.get("vllm_kv_cache_usage")
     if running is None and waiting is None and kv is None:
         return "no scrape yet"
-    return ", ".join([f"running {_count(running)}", f"waiting {_count(waiting)}",
-                      "KV cache " + ("?" if kv is None else f"{kv * 100:.0f}%")])
-
-
-def _count(value: float | None) -> str:
-    return "?" if value is None else f"{value:.0f}"
+    count = ["?" if v is None else f"{v:.0f}" for v in (running, waiting)]
+    return (f"running {count[0]}, waiting {count[1]}, KV cache "
+            + ("?" if kv is None else f"{kv * 100:.0f}%"))
 
 
 def _rate(mib_per_h: float) -> str:
