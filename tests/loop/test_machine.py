@@ -95,6 +95,34 @@ def test_crash_with_exit_code_zero_is_a_crash_and_recovers() -> None:
     assert [f["reason"] for f in done] == ["crash"] and done[0]["downtime_s"] > 0
 
 
+def test_restart_done_counts_the_downtime_from_the_restart_that_began_the_outage() -> None:
+    """A health restart whose relaunch crashed during its start: restart.done said
+    `reason=crash downtime_s=` the second restart's share alone (4 min of an 8-min outage
+    with a real vLLM's start), the health restart that took the service down unnamed. It
+    counts from the first restart.begin, says how many restarts the outage took and the
+    one it began with; a lone restart reads as before."""
+    d = up()
+    d.world.health_ok = False
+    assert d.run_until(lambda: restarts(d) == ["health"], 60)
+    down_at = d.clock.now
+    d.world.health_ok = True
+    assert d.run_until(lambda: d.state.state == S.STARTING and d.world.child_alive, 120)
+    d.kill_child(code=1)  # the relaunch dies before READY
+    assert d.events("restart.done") == []
+    assert restarts(d) == ["health", "crash"]
+    assert d.run_until(lambda: ready(d), 300)
+    [done] = d.events("restart.done")
+    assert done["reason"] == "crash" and done["began_with"] == "health"
+    assert done["restarts"] == 2
+    assert done["downtime_s"] == pytest.approx(d.clock.now - down_at, abs=0.01)
+    d.kill_child(code=0)  # a lone restart after READY: its own downtime, no began_with
+    t0 = d.clock.now
+    assert d.run_until(lambda: len(d.events("restart.done")) == 2, 300)
+    last = d.events("restart.done")[-1]
+    assert last["restarts"] == 1 and "began_with" not in last
+    assert last["downtime_s"] == pytest.approx(d.clock.now - t0, abs=0.01)
+
+
 def test_health_failures_restart_only_at_the_threshold() -> None:
     d = up()
     d.world.health_ok = False

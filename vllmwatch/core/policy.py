@@ -22,6 +22,17 @@ def backoff_delay(cfg: RestartConfig, failures: int, rand: float) -> float:
     return max(0.0, min(cfg.backoff_max, base + jitter))
 
 
+def outage_done(outage: tuple[float, str, int], last: str | None, now: float
+                ) -> dict[str, object]:
+    """restart.done's fields: the downtime from the restart that began the outage, not the
+    last one's share (a relaunch that died before READY restarted again: "reason=crash
+    downtime_s=" the crash's minutes alone hid the health restart and the minutes before),
+    with the restarts it took and, when several, the reason it began with."""
+    since, first, restarts = outage
+    return {"reason": last, "downtime_s": round(now - since, 2), "restarts": restarts,
+            **({"began_with": first} if restarts > 1 else {})}
+
+
 def prune_window(times: Sequence[float], now: float, window: float) -> tuple[float, ...]:
     """The restart times that still fall inside the crash-loop window."""
     return tuple(t for t in times if now - t < window)

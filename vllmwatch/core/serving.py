@@ -199,7 +199,9 @@ def become_ready(s: WatchState, now: float, acts: list[Action]) -> Result:
     took = now - c.started
     phases = {**st.phases, "ready": round(took, 3)}
     s, more = goto(s, S.READY, now, "health 200 and a real completion succeeded")
-    s = replace(s, ever_ready=True)
+    done = [Log("info", "restart.done", policy.outage_done(s.outage, s.last_reason, now))
+            ] if s.restart.reason is not None and s.outage is not None else []
+    s = replace(s, ever_ready=True, outage=None)
     s = probing.serving(_start(s, replace(st, ready_at=now, phases=phases)), now)
     s = _mem(s, replace(c.mem, leak=leak.new_state(now)))
     s = _engine(s, replace(c.engine, health_failures=0, canary_failures=0))
@@ -212,12 +214,9 @@ def become_ready(s: WatchState, now: float, acts: list[Action]) -> Result:
     acts = [*acts, *more, log, *reuse.missed_logs(s.last_hits, s.last_inputs, now_hits,
                                                   st.reuse, now_inputs, awake)]
     s = replace(s, last_hits=reuse.kept(s.last_hits, now_hits, awake), last_inputs=now_inputs)
-    if s.restart.reason is not None and s.last_restart_at is not None:
-        acts.append(Log("info", "restart.done", {
-            "reason": s.last_reason, "downtime_s": round(now - s.last_restart_at, 2)}))
     s, more = rung(s, Phase.IDLE, now, "ready")
     s, back = spare_ready(s, now)  # the gate routes back to the full engine first
-    return s, [*acts, *more, *back, Notify(ready=True)]
+    return s, [*acts, *done, *more, *back, Notify(ready=True)]
 
 
 def metrics(s: WatchState, ev: MetricsResult, now: float) -> Result:

@@ -241,6 +241,9 @@ class WatchState:
     last_reason: Reason | None = None
     last_detail: str | None = None
     last_restart_at: float | None = None
+    # The outage under way: (when its first restart began, that restart's reason, restarts
+    # so far); a relaunch that fails before READY is part of it (core/policy.outage_done).
+    outage: tuple[float, Reason, int] | None = None
     probe_seconds: dict[ProbeKind, float] = field(default_factory=dict)
     probe_failures: dict[ProbeKind, int] = field(default_factory=dict)
     last_drain: dict[str, float] = field(default_factory=dict)  # phase -> s, last drain
