@@ -7,6 +7,7 @@ memory.events file, canary verdicts in the timeline), then rendered.
 from __future__ import annotations
 
 import json
+import re
 from pathlib import Path
 from typing import Any
 
@@ -282,6 +283,34 @@ def test_a_record_of_an_exit_says_what_the_code_means_and_what_to_do(
     nxt = next(line for line in text.splitlines() if line.startswith("next: "))
     assert ("stays down" in nxt and "reset-failed" in nxt) is stays, nxt
     assert ("systemd starts vllmwatch again" in nxt) is not stays, nxt
+
+
+@pytest.mark.parametrize("code", [75, 71, 74, 78])
+@pytest.mark.parametrize("cgroup,unit", [
+    ("/system.slice/system-vllmwatch.slice/vllmwatch@gpu1.service", "vllmwatch@gpu1"),
+    ("/system.slice/vllmwatch.service", "vllmwatch"),
+    ("/system.slice/llm-a.service", "llm-a"),
+])
+def test_the_next_steps_commands_name_the_unit_that_ran(code: int, cgroup: str,
+                                                        unit: str) -> None:
+    """An instance's crash-loop record said `systemctl stop vllmwatch` and `journalctl -u
+    vllmwatch` (another unit, or none: "-- No entries --"); its commands now name the unit
+    of the record's cgroup, every one of them."""
+    text = report.render(_record(reason="x", detail="x", exit_code=code,
+                                 oom={"cgroup": cgroup, "memory_events": None}))
+    nxt = next(line for line in text.splitlines() if line.startswith("next: "))
+    named = re.findall(r"`(?:systemctl [\w-]+|journalctl -u) ([^`& ]+)", nxt)
+    assert named and set(named) == {unit}, nxt
+    assert "vllmwatch@NAME" not in nxt, nxt
+
+
+def test_without_a_service_cgroup_the_next_step_says_the_instances_form_too() -> None:
+    from vllmwatch.core import exitcodes
+
+    for cgroup in (None, "/user.slice/user-1000.slice/session-3.scope", "/", "/a/b c.service"):
+        assert exitcodes.unit_of(cgroup) is None, cgroup
+    for code in (75, 78):
+        assert "(for an instance: vllmwatch@NAME)" in exitcodes.after_exit(code)
 
 
 @pytest.mark.parametrize("key,error,calm", [

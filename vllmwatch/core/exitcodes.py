@@ -36,18 +36,31 @@ MEANING = {
 FINAL = frozenset({CONFIG, GPU_FAULT, ALREADY_RUNNING})
 
 
-def after_exit(code: int) -> str:
+def unit_of(cgroup: object) -> str | None:
+    """The systemd unit vllmwatch ran as, without `.service` ("vllmwatch@gpu1"), from its
+    cgroup (an incident record's oom.cgroup: /system.slice/system-vllmwatch.slice/
+    vllmwatch@gpu1.service); None when it ran as no service (or the path is not one)."""
+    last = str(cgroup or "").rstrip("/").rpartition("/")[2]
+    name = last.removesuffix(".service")
+    ok = last.endswith(".service") and name and all(c.isalnum() or c in "@:_.-" for c in name)
+    return name if ok else None
+
+
+def after_exit(code: int, unit: str | None = None) -> str:
     """What becomes of the service after vllmwatch exits with `code` under the shipped units,
-    and what a person does next (an incident record's head)."""
+    and what a person does next (an incident record's head). The commands name `unit`, the
+    one it ran as (an instance's `systemctl stop vllmwatch` stopped another unit, or none);
+    unknown, the shipped vllmwatch with the instance's form beside it."""
+    name = unit or "vllmwatch"
+    instance = "" if unit else " (for an instance: vllmwatch@NAME)"
     if code == OK:
         return "stopped on request; nothing to do"
     if code in FINAL:
         return ("the service stays down (its unit never restarts this code): fix the cause, "
-                "then `systemctl reset-failed vllmwatch && systemctl start vllmwatch` (for an "
-                "instance: vllmwatch@NAME)")
-    return ("systemd starts vllmwatch again in RestartSec (10 s) until the unit's start limit; "
-            "a cause left in place fails it the same way: fix it, or `systemctl stop "
-            "vllmwatch` to keep it down (`journalctl -u vllmwatch` says why each start ended)")
+                f"then `systemctl reset-failed {name} && systemctl start {name}`{instance}")
+    return (f"systemd starts {name} again in RestartSec (10 s) until the unit's start limit; "
+            f"a cause left in place fails it the same way: fix it, or `systemctl stop {name}` "
+            f"to keep it down{instance} (`journalctl -u {name}` says why each start ended)")
 
 
 # The codes of earlier builds (issue 36.10): what scripts and alerts written for them change.

@@ -71,7 +71,9 @@ def _head(r: Mapping[str, Any]) -> str:
     if isinstance(code, int) and not isinstance(code, bool):
         lines.append(f"vllmwatch exited with code {code} after this: "
                      f"{exitcodes.MEANING.get(code, 'a code this version does not know')}")
-        lines.append(f"next: {exitcodes.after_exit(code)}")
+        oom = r.get("oom")  # its cgroup names the unit the commands are for
+        unit = exitcodes.unit_of(oom.get("cgroup") if isinstance(oom, Mapping) else None)
+        lines.append(f"next: {exitcodes.after_exit(code, unit)}")
     elif code is not None:
         lines.append(f"vllmwatch exited with code {code!r} after this")
     gate = r.get("gate")
