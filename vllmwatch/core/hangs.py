@@ -14,9 +14,10 @@ CPU use (`stall_hint`), and an engine asleep on purpose, never hung (`judge_cana
 from __future__ import annotations
 
 import math
-from collections.abc import Iterable, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from enum import Enum
+from typing import Protocol
 
 from vllmwatch.config.schema import ProbeConfig
 
@@ -165,6 +166,36 @@ def stall_hint(marks: tuple[Mark, Mark] | None, last_progress: float) -> str:
                        "slow here, raise startup.stall_timeout")
     return used + (": waiting or starved (a download, a lock, a hung collective, or another "
                    "process spinning on the CPUs it is bound to)")
+
+
+class _Phases(Protocol):
+    @property
+    def phases(self) -> Mapping[str, float]: ...
+
+
+class Launched(Protocol):
+    """What got_to reads of core/state.ChildRun (a protocol: importing core/state here
+    would close an import circle)."""
+
+    @property
+    def started(self) -> float: ...
+
+    @property
+    def start(self) -> _Phases: ...
+
+
+def got_to(child: Launched | None, now: float) -> str:
+    """A timed-out start's tail: the last milestone vLLM's output showed (weights, compile,
+    kv_cache, graphs_start: shell/childlog.py) and when, so the restart names where the
+    start stuck, not only that startup.timeout ran out ('' without a child)."""
+    if child is None:
+        return ""
+    phases = child.start.phases  # seconds since the launch
+    if not phases:
+        return "; no start milestone in vLLM's output (still importing, or its log hides them)"
+    last = max(phases, key=lambda k: phases[k])
+    return (f"; its last start milestone: {last} at +{phases[last]:.0f}s, none in the "
+            f"{max(0.0, now - child.started - phases[last]):.0f}s after")
 
 
 # --- vLLM's sleep mode: asleep on purpose is not hung (was core/sleep.py) --------------------

@@ -275,8 +275,8 @@ def _deadline(s: WatchState, now: float) -> Result:
         return ladder.begin_restart(s, now, Reason.START_TIMEOUT, "not ready after "
                                     f"{s.config.startup.timeout:.0f}s (startup.timeout)"
                                     + (f": {held}" if held else "")
-                                    + (f"; the last canary: {said}" if said else ""),
-                                    drain=False)
+                                    + (f"; the last canary: {said}" if said else "")
+                                    + hangs.got_to(s.child, now), drain=False)
     if s.state == S.DRAINING:
         s, acts = stopping.stop_child(s, now)
         c = s.child
