@@ -426,3 +426,28 @@ def test_manual_restart_is_not_a_failure() -> None:
     assert d.events("restart.backoff") == []
 
 
+
+
+def test_status_says_when_a_backoff_launches_again() -> None:
+    """In a crash loop's backoff (up to restart.backoff_max, 5 min shipped) `vllmwatch
+    status` said "restart   backoff for 2s" and `child none`, STATUS= the same: nothing of
+    when it tries again, which only restart.backoff's delay_s in the journal told. Both say
+    the time left; outside a backoff, nothing."""
+    from vllmwatch.status import cli as status_cli
+    from vllmwatch.status.snapshot import Snapshot
+    from vllmwatch.status.statusline import snapshot_of, summary
+
+    d = up()
+    assert snapshot_of(d.state, d.clock.now, 1.7e9, Snapshot(), None).next_launch_in_s is None
+    d.kill_child()
+    assert d.run_until(lambda: ready(d), 120)
+    d.kill_child()  # the second failure in a row: a 5 s backoff
+    assert d.state.state == S.BACKOFF
+    d.clock.advance(2.0)
+    snap = snapshot_of(d.state, d.clock.now, 1.7e9, Snapshot(), None)
+    assert snap.next_launch_in_s == pytest.approx(3.0, abs=0.05)
+    assert "restart backoff for 2s, next launch in 3s" in summary(snap), summary(snap)
+    text = status_cli.render(snap.to_json(), now=1.7e9)
+    assert "backoff for 2s, next launch in 3s" in text, text
+    assert d.run_until(lambda: ready(d), 120)
+    assert snapshot_of(d.state, d.clock.now, 1.7e9, Snapshot(), None).next_launch_in_s is None

@@ -95,6 +95,7 @@ class Snapshot:
     # counters moved (issue 37.8; None: the last one answered), and probe.busy_timeout, its
     # bound: no restart, and no probe failure counted, until then; clients may get nothing.
     canary_unanswered_s: float | None = None
+    next_launch_in_s: float | None = None  # in a backoff: seconds until the next launch
     busy_timeout_s: float | None = None
     config_path: str = ""
     config_sha256: str = ""

@@ -110,6 +110,8 @@ def snapshot_of(s: WatchState, now: float, wall: float, prev: Snapshot,
         canary_unanswered_s=round(now - c.canary.busy_since, 1)
         if c is not None and alive and c.canary.busy_since is not None else None,
         busy_timeout_s=s.config.probe.busy_timeout,
+        next_launch_in_s=round(max(0.0, s.deadline - now), 1)
+        if s.state == S.BACKOFF and s.deadline is not None else None,
         probe_seconds={str(k): v for k, v in s.probe_seconds.items()},
         probe_failures={str(k): n for k, n in s.probe_failures.items()},
         config_path=s.config.path, config_sha256=s.config.sha256,
@@ -180,7 +182,9 @@ def summary(snap: Snapshot, down: tuple[str, ...] = ()) -> str:
         # of the restart (or exit) under way; none once the daemon is done
         word = ladder_word(snap.restart_phase, snap.restart_reason, snap.exit_reason)
         parts.append(f"{word} {snap.restart_phase} for "
-                     f"{format_duration(snap.restart_phase_for_s or 0.0)}")
+                     f"{format_duration(snap.restart_phase_for_s or 0.0)}"
+                     + (f", next launch in {format_duration(snap.next_launch_in_s)}"
+                        if snap.next_launch_in_s is not None else ""))
     if snap.child_uptime_s is not None:
         parts.append(f"up {format_duration(snap.child_uptime_s)}")
     parts.append(f"restarts {snap.restarts_total}")

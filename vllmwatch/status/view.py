@@ -20,9 +20,9 @@ _STATE_COLOUR = {"ready": "green", "failed": "red", **dict.fromkeys(
     ("prewarming", "starting", "draining", "stopping", "backoff"), "yellow")}
 
 
-_NUMBERS = ("state_for_s", "restart_phase_for_s", "child_pid", "child_uptime_s",
-            "last_restart_at", "vllm_running", "vllm_waiting", "vllm_kv_cache_usage",
-            "standby_pid", "standby_rss_mib", "canary_unanswered_s", "busy_timeout_s")
+_NUMBERS = ("state_for_s", "restart_phase_for_s", "child_pid", "child_uptime_s", "last_restart_at",
+            "vllm_running", "vllm_waiting", "vllm_kv_cache_usage", "standby_pid", "standby_rss_mib",
+            "canary_unanswered_s", "busy_timeout_s", "next_launch_in_s")
 _TABLES = ("restarts_by_reason", "start_phases_s", "probe_last_completed", "probe_failures")
 # What a start is doing after its last milestone (shell/childlog.py MILESTONES, in order).
 _NEXT_PHASE = {
@@ -114,8 +114,10 @@ def render(data: Mapping[str, Any], colour: bool = False, now: float | None = No
     if phase and phase != "idle":  # a daemon older than the ladder's phases sends none
         took = data.get("restart_phase_for_s")  # (one without restart_reason: "restart")
         word = ladder_word(str(phase), data.get("restart_reason", "?"), data.get("exit_reason"))
+        left = data.get("next_launch_in_s")  # a backoff: when it tries again (up to 5 min)
         rows.append((word.split()[-1], str(phase) + (f" for {format_duration(took)}"
-                                                     if took is not None else "")))
+                                                     if took is not None else "")
+                     + (f", next launch in {format_duration(left)}" if left is not None else "")))
     why = data.get("exit_reason")
     if why and why != "stop":  # leaving for a cause (statusline.summary says it the same way)
         rows.append(("exiting", f"{data.get('exit_code')}: {why}"
@@ -224,9 +226,7 @@ def _restart_rows(data: Mapping[str, Any], now: float) -> list[tuple[str, str]]:
     rows = [("restarts", f"{total:.0f}" + (f" ({detail})" if detail else ""))]
     reason = data.get("last_reason")
     if reason:
-        line = str(reason)
-        if data.get("last_reason_detail"):
-            line += f": {data['last_reason_detail']}"
+        line = str(reason) + (f": {said}" if (said := data.get("last_reason_detail")) else "")
         at = data.get("last_restart_at")
         if at:
             line += f" ({format_duration(max(0.0, now - at))} ago)"
