@@ -115,6 +115,10 @@ def test_restart_done_counts_the_downtime_from_the_restart_that_began_the_outage
     assert done["reason"] == "crash" and done["began_with"] == "health"
     assert done["restarts"] == 2
     assert done["downtime_s"] == pytest.approx(d.clock.now - down_at, abs=0.01)
+    # The relaunch's record says whose outage it is (the first restart's own says nothing)
+    first, second = (i.facts for i in d.world.incidents[-2:])
+    assert "outage" not in first
+    assert second["outage"]["began_with"] == "health" and second["outage"]["restarts"] == 2
     d.kill_child(code=0)  # a lone restart after READY: its own downtime, no began_with
     t0 = d.clock.now
     assert d.run_until(lambda: len(d.events("restart.done")) == 2, 300)

@@ -285,6 +285,20 @@ def test_a_record_of_an_exit_says_what_the_code_means_and_what_to_do(
     assert ("systemd starts vllmwatch again" in nxt) is not stays, nxt
 
 
+def test_a_failed_relaunchs_record_says_whose_outage_it_is() -> None:
+    """A health (or leak) restart whose relaunch crashed during its start: that crash's
+    record read as a lone crash of a serving vLLM; its head says which restart of whose
+    outage it is. A lone restart's record has no such line, nor one with an odd field."""
+    out = {"began_with": "host_memory", "began_s_ago": 312.4, "restarts": 2}
+    text = report.render(_record(reason="crash", detail="during start: exited with code 1",
+                                 core={"outage": out}))
+    assert "outage: restart 2 since the host_memory restart 5m12s before; no launch since " \
+        "served" in text, text
+    assert text.index("outage: ") < text.index("timeline (s before"), text
+    for core in ({}, {"outage": {**out, "began_s_ago": "x"}}, {"outage": "x"}):
+        assert "outage: " not in report.render(_record(reason="crash", detail="x", core=core))
+
+
 @pytest.mark.parametrize("code", [75, 71, 74, 78])
 @pytest.mark.parametrize("cgroup,unit", [
     ("/system.slice/system-vllmwatch.slice/vllmwatch@gpu1.service", "vllmwatch@gpu1"),

@@ -88,6 +88,9 @@ def facts(s: WatchState, now: float, reason: Reason) -> dict[str, Any]:
         "restarts_by_reason": dict(s.restarts_by_reason), "failures_in_row": s.failures,
         "config_path": s.config.path, "config_sha256": s.config.sha256,
     }
+    if s.outage is not None and s.outage[2] > 1:  # a relaunch failed: whose outage this is
+        out["outage"] = {"began_with": str(s.outage[1]), "began_s_ago": round(now - s.outage[0], 3),
+                         "restarts": s.outage[2]}
     t = s.spare
     if t is not None:  # issue 34: the failover as the take-down begins (the record follows
         # the wake; failover.served and failover.returned in the journal give its seconds)

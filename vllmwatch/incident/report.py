@@ -12,6 +12,7 @@ from collections.abc import Mapping, Sequence
 from typing import Any
 
 from vllmwatch.config.convert import printable
+from vllmwatch.config.units import format_duration
 from vllmwatch.core import exitcodes
 from vllmwatch.core.reuse import one_line
 from vllmwatch.incident.cause import first_error, telling
@@ -67,6 +68,10 @@ def _cause(r: Mapping[str, Any]) -> list[str]:
 
 def _head(r: Mapping[str, Any]) -> str:
     lines = _reason(r) + _cause(r)
+    out = (r.get("core") or {}).get("outage")  # a relaunch that failed: not a lone restart
+    if isinstance(out, Mapping) and isinstance(ago := out.get("began_s_ago"), int | float):
+        lines.append(f"outage: restart {out.get('restarts')} since the {out.get('began_with')} "
+                     f"restart {format_duration(max(0.0, ago))} before; no launch since served")
     code = r.get("exit_code")
     if isinstance(code, int) and not isinstance(code, bool):
         lines.append(f"vllmwatch exited with code {code} after this: "
