@@ -83,6 +83,8 @@ def world(tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
     env = {**os.environ, "PYTHONPATH": str(REPO), fake_gpu.ENV: ledger,
            "STATE_DIRECTORY": str(tmp_path / "state")}
     monkeypatch.setenv("STATE_DIRECTORY", env["STATE_DIRECTORY"])
+    if opts.get("watchdog"):  # WATCHDOG=1 every 0.5 s (WatchdogSec=1)
+        env.update(WATCHDOG_USEC="1000000", WATCHDOG_PID=str(os.getpid()))
     config = _config(tmp_path, hold=opts.get("hold", False),
                      stubborn=opts.get("stubborn", False))
     log = LogCapture()
@@ -90,7 +92,8 @@ def world(tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
         used_mib=0.0, ledger=ledger, figures=opts.get("figures", True))]))
     spare = sparefx.make(config, env, sampler, False, log)
     assert spare is not None, log.named("spare.plan")
-    fx = RealEffects(config, log, FakeNotifier(), env, sampler=sampler,
+    notifier = FakeNotifier()
+    fx = RealEffects(config, log, notifier, env, sampler=sampler,
                      platform=Platform(unified=False, reason="test"))
     fx.spare = spare
     loop = Loop(config, fx, SystemClock(), environ=env, install_signals=False, spare=spare)
@@ -100,7 +103,7 @@ def world(tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
     runner.start()
     try:
         yield {"loop": loop, "log": log, "spare": spare, "fx": fx, "ledger": ledger,
-               "codes": codes, "runner": runner, "tmp": tmp_path}
+               "codes": codes, "runner": runner, "tmp": tmp_path, "notifier": notifier}
     finally:
         if runner.is_alive():
             loop.post(StopRequested("SIGTERM"))
@@ -408,9 +411,9 @@ def test_the_loop_answers_while_the_spare_goes_down(world: dict[str, Any],
 def test_a_stop_is_answered_while_a_launch_waits_for_the_spare_to_go_down(
         world: dict[str, Any], monkeypatch: pytest.MonkeyPatch) -> None:
     """A launch no release gate came before (here: the first start, after a reload turned the
-    spare off during its build) waits for the spare's tree to be gone, on the loop's thread:
-    no engine starts beside its memory. A SIGTERM meanwhile waited for the spare's whole stop
-    (up to 15 s; here the grace outlasts the test). It now calls the launch off and the stop
+    spare off during its build) waits for the spare's tree to be gone: no engine starts
+    beside its memory. A SIGTERM meanwhile waited for the spare's whole stop (up to 15 s; here
+    the grace outlasts the test). The wait is the core's rung (spare_down) now, and the stop
     goes on at once: nothing launched; the daemon's exit still waits for the spare's tree,
     and nothing of it stays."""
     monkeypatch.setattr(sparetree, "STOP_GRACE", WAIT)  # only the test ends the spare's stop
@@ -427,10 +430,10 @@ def test_a_stop_is_answered_while_a_launch_waits_for_the_spare_to_go_down(
         off = dataclasses.replace(loop.state.config, spare=dataclasses.replace(
             loop.state.config.spare, enabled="false"))
         loop.post(ReloadRequested(off))  # StopSpare (SIGTERM, ignored), then the launch
-        wait_until(lambda: str(loop.state.state) == "starting" and spare.tree.stops.busy(),
+        wait_until(lambda: _state(loop)[1] == "spare_down" and spare.tree.stops.busy(),
                    WAIT, "the launch waiting for the spare's stop")
         loop.deliver_signal(signal.SIGTERM)
-        wait_until(lambda: log.named("child.launch_called_off"), WAIT / 2,
+        wait_until(lambda: log.named("daemon.exiting"), WAIT / 2,
                    "the stop answered while the spare goes down")
         assert psutil.Process(api).is_running() and not log.named("spare.stopped")
         assert not log.named("child.started"), "no engine beside the dying spare"
@@ -444,3 +447,55 @@ def test_a_stop_is_answered_while_a_launch_waits_for_the_spare_to_go_down(
     assert not stopped["remaining"] and not log.named("child.started"), stopped
     wait_until(lambda: not _ours(marker), 20, "no process of either tree left")
     assert not os.path.exists(sock)
+
+
+@pytest.mark.parametrize("world", [{"hold": True, "stubborn": True, "watchdog": True}],
+                         indirect=True)
+@pytest.mark.parametrize("asked", ["SIGHUP", "SIGUSR1", "WATCHDOG=1"])
+def test_the_loop_answers_while_a_launch_waits_for_the_spare_to_go_down(
+        world: dict[str, Any], monkeypatch: pytest.MonkeyPatch, asked: str) -> None:
+    """A launch waits for the spare's tree to be gone (no engine beside its memory). It
+    waited on the loop's thread, which answered only a stop meanwhile: a SIGHUP, a SIGUSR1
+    and the WATCHDOG=1 keep-alive waited up to 15 s (here the spare's grace outlasts the
+    test). The wait is now the core's (Phase.SPARE_DOWN, ended by SpareGone): each is
+    answered while it lasts, and the launch follows once the spare is gone."""
+    monkeypatch.setattr(sparetree, "STOP_GRACE", WAIT)  # only the test ends the spare's stop
+    loop: Loop = world["loop"]
+    log: LogCapture = world["log"]
+    spare: sparerun.SpareFx = world["spare"]
+    notifier: FakeNotifier = world["notifier"]
+    wait_until(lambda: _state(loop) == ("prewarming", "spare_build", "building")
+               and spare.tree.pid is not None and os.path.exists(spare.tree.cmd.socket_path),
+               WAIT, "the first build under way")
+    api = spare.tree.pid
+    assert api is not None
+    try:
+        off = dataclasses.replace(loop.state.config, spare=dataclasses.replace(
+            loop.state.config.spare, enabled="false"))
+        loop.post(ReloadRequested(off))  # StopSpare (SIGTERM, ignored), then the launch
+        wait_until(lambda: _state(loop)[1] in ("launching", "spare_down")
+                   and spare.tree.stops.busy(), WAIT, "the launch waiting for the spare")
+        mark, pings = len(log.got), len(notifier.sent("WATCHDOG=1"))
+        if asked == "SIGHUP":
+            loop.post(ReloadRequested(off))
+            answered = ["config.reloaded"]
+        elif asked == "SIGUSR1":
+            loop.deliver_signal(signal.SIGUSR1)
+            answered = ["launch.waits_for_spare", "restart.ignored", "restart.begin"]
+        if asked == "WATCHDOG=1":
+            wait_until(lambda: len(notifier.sent("WATCHDOG=1")) >= pings + 2, WAIT / 2,
+                       "WATCHDOG=1 while the spare goes down")
+        else:
+            wait_until(lambda: any(e in answered for e, _ in log.got[mark:]), WAIT / 2,
+                       f"the loop to answer {asked} while the spare goes down")
+        assert psutil.Process(api).is_running() and not log.named("spare.stopped")
+        assert not log.named("child.started"), "no engine beside the dying spare"
+    finally:
+        with contextlib.suppress(ProcessLookupError):
+            os.kill(api, signal.SIGKILL)  # the stop goes on: its group, then the clean-up
+    wait_until(lambda: log.named("child.started"), WAIT, "the launch once the spare is gone")
+    events = _events(log)
+    assert events.index("spare.stopped") < events.index("child.started"), events
+    (world["tmp"] / "go").touch()
+    wait_until(lambda: _state(loop) == ("ready", "idle", "off"), WAIT, "READY, spare off")
+    _stop_and_nothing_left(world)

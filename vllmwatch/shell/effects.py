@@ -134,8 +134,8 @@ class RealEffects:
 
     def spawn(self, config: Config, post: Callable[[Event], None]) -> Event:
         """Build the command (refusing known-broken flags) and start the child."""
-        if self.spare is not None and (off := self.spare.gone(self.versions.give_up)):
-            return off  # a stop came while a spare went down (its memory): nothing launched
+        if self.spare is not None and (wait := self.spare.going(post)):
+            return wait  # a spare goes down (its memory): nothing launched, the core waits
         if self._adapters is not None:  # which adapters this launch carries
             self._adapters.launched(config)
         version = versions.for_launch(self.versions, config, self._environ)

@@ -18,7 +18,7 @@ from vllmwatch.config.spare import Footprint, SparePlan, serving_utilization, sp
 from vllmwatch.config.spare import with_flags as _with_flags
 from vllmwatch.core import failover
 from vllmwatch.core.actions import CheckRelease, SpareAction
-from vllmwatch.core.events import Event, ReleaseChecked, SpawnFailed
+from vllmwatch.core.events import Event, ReleaseChecked
 from vllmwatch.core.failover import (
     BuildSpare,
     Route,
@@ -32,6 +32,7 @@ from vllmwatch.core.failover import (
     WakeSpare,
 )
 from vllmwatch.core.restart import released
+from vllmwatch.core.sparewait import SpareGoing, SpareGone
 from vllmwatch.logfn import LogFn
 from vllmwatch.shell.memory import MemorySampler
 from vllmwatch.shell.sparedigest import digest as digest  # (its old home: tests name it here)
@@ -49,7 +50,6 @@ class Planner(Protocol):
     def measure(self, config: Config, footprint: Footprint) -> bool: ...
 
 INFO_EVERY = 2.0  # the spare's memory for /status, read at most this often
-GONE_SLICE = 0.1  # how often a launch waiting for a spare to go down looks for a stop
 
 
 class SpareFx:
@@ -165,7 +165,7 @@ class SpareFx:
         the serving trees only, whether the spare sleeps or serves (TP x PP = 1: one GPU)."""
         # A spare tree going down still holds its memory, which no figure may count as the
         # serving tree's nor a launch meet: it is gone first (a release gate waits on its
-        # worker; a launch waited in gone() already, a stop of the daemon calling it off)
+        # worker; a launch waited as the core's Phase.SPARE_DOWN already: going())
         self.tree.stops.wait()
         used = sampler.device_used_mib()
         gpu = spare_gpu(self._config.vllm.gpus, used)
@@ -173,16 +173,22 @@ class SpareFx:
             return used
         return {**used, gpu: used[gpu] - (self.tree.memory_mib() or 0.0)}
 
-    def gone(self, give_up: Callable[[], bool]) -> SpawnFailed | None:
-        """Before a launch, on the loop's thread: until no spare tree is going down (up to
-        15 s: STOP_GRACE three times; a launch no release gate came before, e.g. the first
-        start's). A stop of the daemon meanwhile (`give_up`) calls the launch off, so the stop
-        is answered now, not after the spare's grace: its answer, or None to launch."""
-        while not self.tree.stops.wait(GONE_SLICE):
-            if give_up():
-                return SpawnFailed("vllmwatch is stopping: the launch was called off while "
-                                   "the spare went down", called_off=True)
-        return None
+    def going(self, post: Callable[[Event], None]) -> SpareGoing | None:
+        """Before a launch, on the loop's thread: None when no spare tree is going down. Else
+        the launch waits for it (up to 15 s: STOP_GRACE three times; a launch no release gate
+        came before, e.g. the first start's after a reload turned the spare off) as the
+        core's wait, not the loop's: SpareGoing now, SpareGone posted once every tree is gone,
+        so a stop, SIGHUP, SIGUSR1 and WATCHDOG=1 are answered meanwhile."""
+        if not self.tree.stops.busy():
+            return None
+        pids = ", ".join(str(p) for p in sorted(self.tree.stops.pids()))
+
+        def gone() -> None:
+            self.tree.stops.wait()  # (a second wait's SpareGone finds no wait: ignored)
+            post(SpareGone())
+
+        threading.Thread(target=gone, name="vllmwatch-spare-gone", daemon=True).start()
+        return SpareGoing(f"the spare's tree (pids {pids}) is still going down")
 
     def release_check(self, sampler: MemorySampler, action: CheckRelease) -> ReleaseChecked:
         """The GPU release gate's look (shell/memory.release_check) without the spare."""
