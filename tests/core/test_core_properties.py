@@ -56,6 +56,8 @@ from vllmwatch.core.events import (
     Event,
     HealthResult,
     IncidentRecorded,
+    LaunchMayGo,
+    LaunchWaits,
     MemorySampled,
     MetricsResult,
     PrewarmDone,
@@ -180,6 +182,7 @@ class CoreMachine(RuleBasedStateMachine):
         self.exited = False
         self.history: list[Action] = []  # every action of this run, in order
         self.ready_vllm: object = None  # the [vllm] of the last READY seen (an oracle)
+        self.launch_waiting = False  # the shell answers a Spawn LaunchWaits (nothing launched)
         self._step(Tick())
 
     # ---- plumbing ----
@@ -210,6 +213,9 @@ class CoreMachine(RuleBasedStateMachine):
     def _effect(self, a: Action) -> None:
         if isinstance(a, Spawn):
             assert not self.alive, f"Spawn while children {self.alive} may be alive"
+            if self.launch_waiting:  # a stopped spare's tree, the version read: not yet
+                self.answers.append(LaunchWaits("test"))
+                return
             answer = self._launch()
             self.answers.append(answer)
             if isinstance(answer, SpawnFailed) and answer.called_off:
@@ -248,6 +254,14 @@ class CoreMachine(RuleBasedStateMachine):
         self.spawn_ok = how == "ok"
         self.spawn_fatal = how == "fatal"
         self.spawn_called_off = how == "called_off"
+
+    @rule(waiting=st.booleans())
+    def launch_waits(self, waiting: bool) -> None:
+        """What a launch must wait for is under way (a Spawn is answered LaunchWaits), or has
+        come (LaunchMayGo, as the shell posts it; also when no launch waited)."""
+        self.launch_waiting = waiting
+        if not waiting:
+            self._step(LaunchMayGo())
 
     @precondition(lambda self: bool(self.alive))
     @rule(code=st.sampled_from([0, 1, 2, None]), oom=st.booleans())

@@ -115,12 +115,12 @@ def test_a_move_outside_the_table_is_a_bug() -> None:
 
 def _seen() -> dict[Phase, tuple[WatchState, float]]:
     """The climb's rungs, the first start's SPARE_BUILD from the spare's climb, and
-    SPARE_DOWN from a launch that waits for a stopped spare's tree."""
+    LAUNCH_WAIT from a launch that waits for a stopped spare's tree."""
     from tests.core.test_spare_failover import launch_waits, spare_climb
 
     spare = {p: v for p, v in spare_climb().seen.items() if isinstance(p, Phase)}
     waits = launch_waits()[0]
-    return {**spare, P.SPARE_DOWN: (waits.s, waits.now), **_climb().seen}
+    return {**spare, P.LAUNCH_WAIT: (waits.s, waits.now), **_climb().seen}
 
 
 def test_every_rung_is_reached_and_a_stop_is_honoured_on_each() -> None:

@@ -29,6 +29,7 @@ from vllmwatch.core.actions import Action, Log, RecordIncident, SignalGroup, Spa
 from vllmwatch.core.events import (
     ChildExited,
     Event,
+    LaunchMayGo,
     ReloadRequested,
     RestartRequested,
     Spawned,
@@ -51,8 +52,8 @@ from vllmwatch.core.failover import (
 from vllmwatch.core.failover import Rung as R
 from vllmwatch.core.names import REASONS, Reason
 from vllmwatch.core.restart import Phase
-from vllmwatch.core.sparewait import WAIT_S, SpareGoing, SpareGone
 from vllmwatch.core.state import FINAL, S, WatchState
+from vllmwatch.core.stopping import LAUNCH_WAIT
 
 SPARE_ACTIONS = (BuildSpare, WakeSpare, SleepSpare)
 SPARE_OFF = dataclasses.replace(CONFIG, spare=dataclasses.replace(CONFIG.spare, enabled="false"))
@@ -68,7 +69,6 @@ class SpareWorld(CoreMachine):
         self.seen: dict[object, tuple[WatchState, float]] = {}
         self.spare_out: list[object] = []  # the spare's actions not yet answered
         self.changed_at = -1  # history's length at the last reload that changed the command
-        self.spare_going = False  # a stopped spare's tree goes down: a launch waits for it
         super().__init__()
 
     def first_build_out(self, config: Config) -> None:
@@ -100,9 +100,6 @@ class SpareWorld(CoreMachine):
     def _effect(self, a: Action) -> None:
         if isinstance(a, SPARE_ACTIONS):
             self.spare_out.append(a)
-            return
-        if isinstance(a, Spawn) and self.spare_going:  # the shell's answer: nothing launched
-            self.answers.append(SpareGoing("test"))
             return
         super()._effect(a)
 
@@ -141,14 +138,6 @@ class SpareWorld(CoreMachine):
                 False, "boom"), SleepSpare: SpareSlept(False, "boom")}[type(a)])
         elif how == "no_room" and isinstance(a, WakeSpare):
             self._step(SpareWoken(False, "no room", no_room=True))
-
-    @rule(going=st.booleans())
-    def spare_tree_goes_down(self, going: bool) -> None:
-        """A stopped spare's tree is still going down (a launch is answered SpareGoing), or
-        is gone now (SpareGone, as the shell posts it; also when no launch waited)."""
-        self.spare_going = going
-        if not going:
-            self._step(SpareGone())
 
     @precondition(lambda self: self.s.spare is not None and self.s.spare.pid is not None)
     @rule()
@@ -735,13 +724,13 @@ def test_a_relaunch_ready_before_the_spare_sleeps_leaves_it_asleep() -> None:
     assert not [a for a in m.history[mark:] if isinstance(a, Route)]
 
 
-# ---- a launch that waits for a stopped spare's tree to be gone (core/sparewait.py) ----
+# ---- a launch that waits for a stopped spare's tree to be gone (stopping.launch_waits) ----
 
 def launch_waits() -> tuple[SpareWorld, int]:
     """The first start after a reload turned the spare off during its build: the launch
     finds the stopped build's tree still going down."""
     m = _first_build_out()
-    m.spare_going = True
+    m.launch_waiting = True
     mark = len(m.history)
     m._step(ReloadRequested(SPARE_OFF))
     return m, mark
@@ -752,27 +741,27 @@ def test_a_launch_beside_a_spare_going_down_waits_as_a_rung_and_goes_once_it_is_
     up to 15 s): the wait is the core's now, a rung with a deadline, every event answered."""
     m, mark = launch_waits()
     acts = m.history[mark:]
-    assert m.s.state == S.BACKOFF and m.s.restart.phase == Phase.SPARE_DOWN, m.s.state
-    assert m.s.deadline is not None and _logs(acts, "launch.waits_for_spare")
+    assert m.s.state == S.BACKOFF and m.s.restart.phase == Phase.LAUNCH_WAIT, m.s.state
+    assert m.s.deadline is not None and _logs(acts, "launch.waits")
     assert m.s.gen == 0 and not m.alive, "nothing launched, no generation spent"
     mark = len(m.history)
     m._step(ReloadRequested(SPARE_OFF))  # SIGHUP: answered now
     assert _logs(m.history[mark:], "config.reloaded")
     mark = len(m.history)
     m._step(RestartRequested())  # SIGUSR1: the launch is asked again, and waits again
-    assert _logs(m.history[mark:], "launch.waits_for_spare")
-    m.time_passes(WAIT_S)  # no SpareGone came by the rung's deadline: asked again
-    assert m.s.restart.phase == Phase.SPARE_DOWN and m.s.gen == 0
-    m.spare_tree_goes_down(False)  # SpareGone: the launch goes
+    assert _logs(m.history[mark:], "launch.waits")
+    m.time_passes(LAUNCH_WAIT)  # no LaunchMayGo came by the rung's deadline: asked again
+    assert m.s.restart.phase == Phase.LAUNCH_WAIT and m.s.gen == 0
+    m.launch_waits(False)  # LaunchMayGo: the launch goes
     assert m.s.state == S.STARTING and m.s.gen == 1 and m.alive
-    m._step(SpareGone())  # a second watcher's: nothing more
+    m._step(LaunchMayGo())  # a second watcher's: nothing more
     assert sum(isinstance(a, Spawned) for a in m.answers) == 0 and len(m.alive) == 1
     _ready(m)
 
 
 def test_a_stop_while_a_launch_waits_for_the_spare_leaves_at_once_and_launches_nothing() -> None:
     m, _ = launch_waits()
-    assert m.s.restart.phase == Phase.SPARE_DOWN
+    assert m.s.restart.phase == Phase.LAUNCH_WAIT
     s, now, history = m.s, m.now, []
     s, acts = machine.step(s, StopRequested("SIGTERM"), now)
     history += acts
@@ -780,5 +769,5 @@ def test_a_stop_while_a_launch_waits_for_the_spare_leaves_at_once_and_launches_n
     assert s.state in FINAL and t - now <= STOP_BOUND
     assert not [a for a in history if isinstance(a, Spawn)]
     check_one_way_out(history)
-    s, acts = machine.step(s, SpareGone(), t)  # the spare's end after the exit: nothing
+    s, acts = machine.step(s, LaunchMayGo(), t)  # the spare's end after the exit: nothing
     assert not acts

@@ -155,11 +155,16 @@ def test_reloading_comes_with_the_monotonic_clock_systemd_asks_for(daemon: Daemo
     assert d.stop(30)[0] == 0, d.dump()
 
 
-def test_a_stop_while_the_launch_waits_for_the_vllm_version_calls_the_launch_off(
-        tmp_path: Path) -> None:
-    """The launch runs on the loop's thread and waited up to 20 s for the version read (the
-    command's interpreter, slow on a cold page cache), then launched vLLM after the stop was
-    asked. Now the stop ends the wait: nothing is launched, exit 0."""
+@pytest.mark.parametrize("asked", ["SIGTERM", "SIGUSR1", "WATCHDOG=1"])
+def test_every_signal_is_answered_while_the_launch_waits_for_the_vllm_version(
+        tmp_path: Path, asked: str) -> None:
+    """The launch ran on the loop's thread and waited up to 20 s for the version read (the
+    command's interpreter, slow on a cold page cache): a stop called it off, but a SIGHUP, a
+    SIGUSR1 and WATCHDOG=1 waited for the read. The wait is the core's rung launch_wait now
+    (`launch.waits`): a stop leaves at once, nothing launched, exit 0; a SIGUSR1 asks for the
+    launch again, WATCHDOG=1 goes on; the launch follows the read. (A SIGHUP's own read asks
+    the same interpreter for its version, within its own budget: its answer waits for the
+    probe, not for the loop; tests/core walks a reload on the rung.)"""
     release = tmp_path / "release"
     slow = tmp_path / "python3-slow"  # the version read (`python -I -c ...`) waits for release
     slow.write_text(f'#!/bin/sh\nif [ "$1" = "-I" ]; then\n  while [ ! -e {release} ]; do '
@@ -168,14 +173,28 @@ def test_a_stop_while_the_launch_waits_for_the_vllm_version_calls_the_launch_off
     cfg = merge(base_config(free_port(), free_port()), {"vllm": {"command": [
         str(slow), "-m", "vllmwatch.testing.fake_vllm", "--startup-seconds", "0.3"]}})
     (tmp_path / "d").mkdir()
-    d = Daemon(tmp_path / "d", cfg)
+    d = Daemon(tmp_path / "d", cfg, env={"WATCHDOG_USEC": "1000000"})  # a ping every 0.5 s
     try:
         d.start()
-        d.wait_event("restart.phase", FIRST_READY_S, to="launching")
-        d.signal(signal.SIGTERM)
-        assert d.wait_exit(60) == 0, d.dump()
-        assert d.named("child.launch_called_off") and not d.named("child.started"), d.dump()
-        assert d.notify is not None and d.notify.count("STOPPING=1") >= 1
+        d.wait_event("restart.phase", FIRST_READY_S, to="launch_wait")
+        assert d.notify is not None
+        pings = d.notify.count("WATCHDOG=1")
+        if asked == "SIGTERM":
+            d.signal(signal.SIGTERM)
+            assert d.wait_exit(60) == 0, d.dump()
+            assert d.named("launch.waits") and not d.named("child.started"), d.dump()
+            assert d.notify.count("STOPPING=1") >= 1
+            return
+        if asked == "SIGUSR1":
+            d.signal(signal.SIGUSR1)
+            wait_for(lambda: len(d.named("launch.waits")) >= 2, 30, "the launch asked again")
+        else:
+            wait_for(lambda: d.notify is not None and d.notify.count("WATCHDOG=1") >= pings + 2,
+                     30, "WATCHDOG=1 while the version is read")
+        assert not d.named("child.started") and not release.exists(), d.dump()
+        release.touch()
+        d.wait_ready(60)
+        assert d.stop(30)[0] == 0, d.dump()
     finally:
         release.touch()  # the held version read ends (its interpreter exits)
         d.close()

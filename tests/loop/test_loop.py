@@ -8,6 +8,7 @@ import signal
 
 import pytest
 
+from tests.support import launching
 from vllmwatch.config.schema import from_dict
 from vllmwatch.core import exitcodes
 from vllmwatch.core.state import S
@@ -264,12 +265,12 @@ def test_a_changed_vllm_command_rereads_the_vllm_version(monkeypatch: pytest.Mon
     wait_until(lambda: asked == [BASE.vllm.command], 30, "the start's version read")
     old = config_with(BASE, vllm={"command": ["/nonexistent/old-vllm", "serve"]})
     new = config_with(BASE, vllm={"command": ["/nonexistent/new-vllm", "serve"]})
-    fx.spawn(old, lambda _e: None)  # fails to launch (no such file) after reading the version
-    fx.spawn(old, lambda _e: None)
+    launching.spawn(fx, old)  # fails to launch (no such file) after reading the version
+    launching.spawn(fx, old)
     # once for the daemon's own config at its start (off the loop), once per new command
     assert fx.vllm_version() == "0.26.0" and asked == [BASE.vllm.command, old.vllm.command]
-    fx.spawn(new, lambda _e: None)
+    launching.spawn(fx, new)
     assert fx.vllm_version() == "0.32.0" and asked[2:] == [new.vllm.command]
     fx.reconfigure(old)  # a SIGHUP back to the old command reads it again, before a launch
-    assert fx.spawn(old, lambda _e: None) is not None and fx.vllm_version() == "0.26.0"
+    assert launching.spawn(fx, old) is not None and fx.vllm_version() == "0.26.0"
     assert asked[3:] == [old.vllm.command]

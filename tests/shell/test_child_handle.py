@@ -9,7 +9,7 @@ from typing import Any
 import psutil
 import pytest
 
-from tests.support import free_port, wait_until
+from tests.support import free_port, launching, wait_until
 from vllmwatch.config import vllminfo
 from vllmwatch.config.schema import from_dict
 from vllmwatch.core.actions import Probe
@@ -51,7 +51,7 @@ def test_real_effects_keeps_no_per_child_field(tmp_path: Path,
     told: list[int] = []
     fx.new_engine = told.append
     before = dict(vars(fx))
-    got = fx.spawn(config, lambda _e: None)
+    got = launching.spawn(fx, config, lambda _e: None)
     assert isinstance(got, Spawned) and got.pid > 0
     assert told == [got.pid], "the gate was not told of the launch's pid"
     changed = {k for k, v in vars(fx).items() if v is not before[k]}
@@ -97,7 +97,7 @@ def test_while_starting_a_gone_engine_never_keeps_health_unasked(
     fx = RealEffects(config, lambda _lvl, ev, **kw: said.append((ev, kw)), FakeNotifier(),
                      {"PATH": "/usr/bin:/bin"})
     try:
-        assert isinstance(fx.spawn(config, lambda _e: None), Spawned)
+        assert isinstance(launching.spawn(fx, config, lambda _e: None), Spawned)
         probe = Probe(ProbeKind.HEALTH, 1, "127.0.0.1", port, "m", config.probe)
         first = wait_until(lambda: (r := fx.probe(probe)).ok and r, 30, "/health 200")
         assert isinstance(first, HealthResult) and not first.engine_gone

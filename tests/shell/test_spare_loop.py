@@ -413,7 +413,7 @@ def test_a_stop_is_answered_while_a_launch_waits_for_the_spare_to_go_down(
     """A launch no release gate came before (here: the first start, after a reload turned the
     spare off during its build) waits for the spare's tree to be gone: no engine starts
     beside its memory. A SIGTERM meanwhile waited for the spare's whole stop (up to 15 s; here
-    the grace outlasts the test). The wait is the core's rung (spare_down) now, and the stop
+    the grace outlasts the test). The wait is the core's rung (launch_wait) now, and the stop
     goes on at once: nothing launched; the daemon's exit still waits for the spare's tree,
     and nothing of it stays."""
     monkeypatch.setattr(sparetree, "STOP_GRACE", WAIT)  # only the test ends the spare's stop
@@ -430,7 +430,7 @@ def test_a_stop_is_answered_while_a_launch_waits_for_the_spare_to_go_down(
         off = dataclasses.replace(loop.state.config, spare=dataclasses.replace(
             loop.state.config.spare, enabled="false"))
         loop.post(ReloadRequested(off))  # StopSpare (SIGTERM, ignored), then the launch
-        wait_until(lambda: _state(loop)[1] == "spare_down" and spare.tree.stops.busy(),
+        wait_until(lambda: _state(loop)[1] == "launch_wait" and spare.tree.stops.busy(),
                    WAIT, "the launch waiting for the spare's stop")
         loop.deliver_signal(signal.SIGTERM)
         wait_until(lambda: log.named("daemon.exiting"), WAIT / 2,
@@ -457,7 +457,7 @@ def test_the_loop_answers_while_a_launch_waits_for_the_spare_to_go_down(
     """A launch waits for the spare's tree to be gone (no engine beside its memory). It
     waited on the loop's thread, which answered only a stop meanwhile: a SIGHUP, a SIGUSR1
     and the WATCHDOG=1 keep-alive waited up to 15 s (here the spare's grace outlasts the
-    test). The wait is now the core's (Phase.SPARE_DOWN, ended by SpareGone): each is
+    test). The wait is now the core's (Phase.LAUNCH_WAIT, ended by LaunchMayGo): each is
     answered while it lasts, and the launch follows once the spare is gone."""
     monkeypatch.setattr(sparetree, "STOP_GRACE", WAIT)  # only the test ends the spare's stop
     loop: Loop = world["loop"]
@@ -473,7 +473,7 @@ def test_the_loop_answers_while_a_launch_waits_for_the_spare_to_go_down(
         off = dataclasses.replace(loop.state.config, spare=dataclasses.replace(
             loop.state.config.spare, enabled="false"))
         loop.post(ReloadRequested(off))  # StopSpare (SIGTERM, ignored), then the launch
-        wait_until(lambda: _state(loop)[1] in ("launching", "spare_down")
+        wait_until(lambda: _state(loop)[1] in ("launching", "launch_wait")
                    and spare.tree.stops.busy(), WAIT, "the launch waiting for the spare")
         mark, pings = len(log.got), len(notifier.sent("WATCHDOG=1"))
         if asked == "SIGHUP":
@@ -481,7 +481,7 @@ def test_the_loop_answers_while_a_launch_waits_for_the_spare_to_go_down(
             answered = ["config.reloaded"]
         elif asked == "SIGUSR1":
             loop.deliver_signal(signal.SIGUSR1)
-            answered = ["launch.waits_for_spare", "restart.ignored", "restart.begin"]
+            answered = ["launch.waits", "restart.ignored", "restart.begin"]
         if asked == "WATCHDOG=1":
             wait_until(lambda: len(notifier.sent("WATCHDOG=1")) >= pings + 2, WAIT / 2,
                        "WATCHDOG=1 while the spare goes down")

@@ -14,7 +14,7 @@ from typing import Any
 import psutil
 import pytest
 
-from tests.support import PYTHON, REPO, dead, free_port, wait_for
+from tests.support import PYTHON, REPO, dead, free_port, launching, wait_for
 from tests.support.procs import environ
 from vllmwatch.config.launch import FORK_VARIABLE
 from vllmwatch.config.schema import Config, from_dict
@@ -66,7 +66,7 @@ def two_gpus(tmp_path: Path) -> Iterator[dict[str, Any]]:
 
 def _spawn(fx: RealEffects, config: Config) -> Spawned:
     events: list[Event] = []
-    got = fx.spawn(config, events.append)
+    got = launching.spawn(fx, config, events.append)
     assert isinstance(got, Spawned), got
     return got
 

@@ -10,7 +10,7 @@ from typing import Any
 
 import pytest
 
-from tests.support import wait_until
+from tests.support import launching, wait_until
 from vllmwatch.config import vllminfo
 from vllmwatch.config.schema import from_dict
 from vllmwatch.config.startcaches import MEGA, PLAN, STANDALONE, VllmInfo
@@ -40,7 +40,7 @@ def launch(tmp_path: Path, monkeypatch: pytest.MonkeyPatch, info: VllmInfo,
     fx = RealEffects(config, lambda lvl, ev, **kw: logged.append((lvl, ev, kw)), FakeNotifier(),
                      {"PATH": "/usr/bin:/bin", **(environ or {})})
     try:
-        got = fx.spawn(config, lambda _e: None)
+        got = launching.spawn(fx, config, lambda _e: None)
         if isinstance(got, SpawnFailed):
             return "refused: " + got.error, logged
         assert isinstance(got, Spawned)

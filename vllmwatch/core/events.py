@@ -48,6 +48,21 @@ class SpawnFailed:
 
 
 @dataclass(frozen=True)
+class LaunchWaits:
+    """The shell's answer to a Spawn that must first wait for something bounded: a stopped
+    spare's tree gone (its GPU memory), the vLLM version read. Nothing was launched; the core
+    waits on the rung launch_wait (core/stopping.launch_waits), answering every signal, and
+    LaunchMayGo follows."""
+
+    detail: str = ""
+
+
+@dataclass(frozen=True)
+class LaunchMayGo:
+    """What a launch waited for is there (LaunchWaits): it may go."""
+
+
+@dataclass(frozen=True)
 class ChildExited:
     """The child (the API server) exited and was reaped."""
 
@@ -211,7 +226,7 @@ class SpareEvent:
     """What the spare engine did: core/failover.py's (imported only when it is on)."""
 
 
-Event = (Tick | PrewarmDone | Spawned | SpawnFailed | ChildExited | ChildOutput | HealthResult
-         | CanaryResult | MetricsResult | MemorySampled | SweepDone | ReleaseChecked
-         | StopRequested | RestartRequested | ReloadRequested | ReadyzPolled | IncidentRecorded
-         | SmokeResult | SpareEvent)
+Event = (Tick | PrewarmDone | Spawned | SpawnFailed | LaunchWaits | LaunchMayGo | ChildExited
+         | ChildOutput | HealthResult | CanaryResult | MetricsResult | MemorySampled | SweepDone
+         | ReleaseChecked | StopRequested | RestartRequested | ReloadRequested | ReadyzPolled
+         | IncidentRecorded | SmokeResult | SpareEvent)

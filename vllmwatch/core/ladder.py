@@ -65,7 +65,7 @@ def launch(s: WatchState, now: float) -> Result:
 
 def spare_event(s: WatchState, ev: Event, now: float) -> Result:
     """One of the spare's events (core/failover.SPARE_EVENTS): the spare moves, and the full
-    engine launches when the first start's build is answered or a stopped spare is gone."""
+    engine launches when the first start's build is answered."""
     from vllmwatch.core import spare
 
     s, acts, go = spare.event(s, ev, now)
@@ -86,7 +86,7 @@ def _build_given_up(s: WatchState) -> bool:
 
 
 def _first_launch(s: WatchState, acts: list[Action], now: float) -> Result:
-    if (on(s, Phase.SPARE_BUILD) or on(s, Phase.SPARE_DOWN)) and s.exit_code is None:
+    if on(s, Phase.SPARE_BUILD) and s.exit_code is None:
         s, more = spawn(s, now)
         return s, acts + more
     return s, acts

@@ -15,6 +15,8 @@ from vllmwatch.core.events import (
     Event,
     HealthResult,
     IncidentRecorded,
+    LaunchMayGo,
+    LaunchWaits,
     MemorySampled,
     MetricsResult,
     PrewarmDone,
@@ -72,6 +74,10 @@ def _apply(s: WatchState, ev: Event, now: float) -> Result:
         return _spawned(s, ev)
     if isinstance(ev, SpawnFailed):
         return _spawn_failed(s, ev, now)
+    if isinstance(ev, LaunchWaits):  # the rung launch_wait until LaunchMayGo (or its deadline)
+        return stopping.launch_waits(s, ev.detail, now)
+    if isinstance(ev, LaunchMayGo):
+        return ladder.spawn(s, now) if stopping.launch_waiting(s) else (s, [])
     if isinstance(ev, ChildExited):
         return _child_exited(s, ev, now)
     if isinstance(ev, SweepDone):
@@ -108,16 +114,6 @@ def _apply(s: WatchState, ev: Event, now: float) -> Result:
     return s, []
 
 
-def _kind(ev: HealthResult | CanaryResult | MetricsResult | MemorySampled) -> K:
-    if isinstance(ev, MemorySampled):
-        return K.MEMORY
-    if isinstance(ev, MetricsResult):
-        return K.METRICS
-    if isinstance(ev, HealthResult):
-        return K.HEALTH
-    return K.WARMUP if ev.warmup else K.CANARY
-
-
 def _result(s: WatchState, ev: HealthResult | CanaryResult | MetricsResult | MemorySampled,
             now: float) -> Result:
     stale = s.child is None or ev.gen != s.child.gen
@@ -128,7 +124,7 @@ def _result(s: WatchState, ev: HealthResult | CanaryResult | MetricsResult | Mem
         return gpufault.react(s, ev.sample.gpu_faults, now)[0]
     if stale:
         return s, []  # about an older child: its run is over
-    s = probing.landed(s, _kind(ev), ev.gen, now)
+    s = probing.landed(s, probing.kind(ev), ev.gen, now)
     if on(s, Phase.RECORDING):
         return s, []  # the run is being recorded before it is taken down: nothing to judge
     if isinstance(ev, HealthResult):

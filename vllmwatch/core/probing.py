@@ -11,6 +11,7 @@ from __future__ import annotations
 from dataclasses import replace
 
 from vllmwatch.core.actions import Action, Log, Probe, SampleMemory
+from vllmwatch.core.events import CanaryResult, HealthResult, MemorySampled, MetricsResult
 from vllmwatch.core.names import PROBES, ProbeKind
 from vllmwatch.core.samples import MemorySample
 from vllmwatch.core.state import Probes, Result, S, WatchState
@@ -160,3 +161,14 @@ def next_due(s: WatchState) -> float | None:
         times += [c.done_at.get(k, s.since) + b + 0.001 for k, b in bounds(s).items()
                   if k not in c.stale]
     return min(times) if times else None
+
+
+def kind(ev: HealthResult | CanaryResult | MetricsResult | MemorySampled) -> ProbeKind:
+    """Which probe a result answers."""
+    if isinstance(ev, MemorySampled):
+        return ProbeKind.MEMORY
+    if isinstance(ev, MetricsResult):
+        return ProbeKind.METRICS
+    if isinstance(ev, HealthResult):
+        return ProbeKind.HEALTH
+    return ProbeKind.WARMUP if ev.warmup else ProbeKind.CANARY

@@ -56,7 +56,7 @@ class Phase(str, Enum):
     SPARE_BUILD = "spare_build"  # the spare is built on the empty GPU before the first launch
     BACKOFF = "backoff"  # the crash-loop backoff before the next launch
     LAUNCHING = "launching"  # the new child starts; READY ends the restart (IDLE)
-    SPARE_DOWN = "spare_down"  # a stopped spare's tree holds the GPU: the launch waits for it
+    LAUNCH_WAIT = "launch_wait"  # the launch waits (a stopped spare's tree, the version read)
 
     def __str__(self) -> str:
         return self.value
@@ -76,8 +76,8 @@ TABLE: dict[Phase, frozenset[Phase]] = {
     P.PREWARMING: frozenset({P.LAUNCHING, P.SPARE_BUILD, P.SWEEPING}),
     P.SPARE_BUILD: frozenset({P.LAUNCHING, P.SWEEPING}),
     P.BACKOFF: frozenset({P.LAUNCHING, P.SWEEPING}),
-    P.LAUNCHING: _TAKE_DOWN | {P.IDLE, P.SPARE_DOWN},
-    P.SPARE_DOWN: frozenset({P.LAUNCHING, P.SWEEPING}),
+    P.LAUNCHING: _TAKE_DOWN | {P.IDLE, P.LAUNCH_WAIT},
+    P.LAUNCH_WAIT: frozenset({P.LAUNCHING, P.SWEEPING}),
 }
 
 # How long a rung can last: "deadline" the state's own deadline is set on it; "gate" the
@@ -89,7 +89,7 @@ BOUND: dict[Phase, str] = {
     P.IDLE: "", P.RECORDING: "deadline", P.DRAINING: "deadline", P.TERMINATING: "deadline",
     P.KILLING: "deadline", P.SWEEPING: "answer", P.RELEASE_WAIT: "gate",
     P.PREWARMING: "answer", P.SPARE_BUILD: "answer", P.BACKOFF: "deadline", P.LAUNCHING: "deadline",
-    P.SPARE_DOWN: "deadline",
+    P.LAUNCH_WAIT: "deadline",
 }
 
 # A rung that waits on a worker's one answer ("answer", "gate") is bounded by that worker's
@@ -123,7 +123,7 @@ COARSE: dict[Phase, frozenset[str]] = {
     P.SPARE_BUILD: frozenset({"prewarming"}),
     P.BACKOFF: frozenset({"backoff"}),
     P.LAUNCHING: frozenset({"starting"}),
-    P.SPARE_DOWN: frozenset({"backoff"}),  # (a wait before the launch, as a backoff is)
+    P.LAUNCH_WAIT: frozenset({"backoff"}),  # (a wait before the launch, as a backoff is)
 }
 
 

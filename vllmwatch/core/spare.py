@@ -192,10 +192,6 @@ def event(s: WatchState, ev: Event, now: float) -> Moved:
         return (*_exited(s, ev, now), False)
     if isinstance(ev, SpareChecked):
         return (*_checked(s, ev, now), False)
-    from vllmwatch.core import sparewait  # a launch's wait for a stopped spare: only then
-
-    if isinstance(ev, (sparewait.SpareGoing, sparewait.SpareGone)):
-        return sparewait.event(s, ev, now)
     return s, [], False
 
 

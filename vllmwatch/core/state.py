@@ -43,7 +43,7 @@ TRANSITIONS: dict[State, frozenset[State]] = {
     S.INIT: frozenset({S.CLEANUP}),
     S.CLEANUP: frozenset({S.PREWARMING, S.STARTING, S.BACKOFF, S.STOPPED, S.FAILED}),
     S.PREWARMING: frozenset({S.STARTING, S.CLEANUP, S.FAILED}),
-    S.STARTING: frozenset({S.READY, S.STOPPING, S.CLEANUP, S.BACKOFF}),  # (BACKOFF: sparewait)
+    S.STARTING: frozenset({S.READY, S.STOPPING, S.CLEANUP, S.BACKOFF}),  # (stopping.launch_waits)
     S.READY: frozenset({S.DRAINING, S.STOPPING, S.CLEANUP}),
     S.DRAINING: frozenset({S.STOPPING, S.CLEANUP}),
     S.STOPPING: frozenset({S.CLEANUP}),

@@ -24,6 +24,7 @@ STUCK_GRACE = 5.0  # SIGTERM -> SIGKILL where nothing can drain
 # A stuck engine, or a GPU fault: nothing in flight can finish. A failing /health alone keeps
 # the full grace: a busy server may still finish what it holds.
 NOTHING_TO_DRAIN = STUCK_REASONS | {Reason.GPU_FAULT}
+LAUNCH_WAIT = 20.0  # past the waits' own bounds (a spare's stop 15 s, the version read 20 s)
 
 
 def _has_child(s: WatchState) -> bool:
@@ -193,6 +194,30 @@ def launch_failed(s: WatchState) -> WatchState:
     if s.child is None:
         return s
     return replace(s, child=replace(s.run, proc=replace(s.run.proc, spawned=True)))
+
+
+def launch_waits(s: WatchState, detail: str, now: float) -> Result:
+    """The launch must first wait (events.LaunchWaits: a stopped spare's tree still holds its
+    GPU memory, the vLLM version is still being read, each bounded by 20 s). The shell waited
+    on the loop's thread, where only a stop was answered: no SIGHUP, SIGUSR1 nor WATCHDOG=1.
+    The core waits on the rung launch_wait now, shown as a backoff and answering what a
+    backoff does (a stop leaves, nothing launched; a reload is taken for the launch; SIGUSR1
+    asks for the launch again); LaunchMayGo launches, and the rung's deadline asks again."""
+    c = s.child
+    if s.state != S.STARTING or c is None or c.proc.spawned:
+        return s, []  # the answer is stepped right after its Spawn: never so, but no guess
+    # Nothing ran: the launch that follows takes this generation (the memory rules count
+    # failed starts of consecutive generations: core/unified.py).
+    s = replace(launch_failed(s), gen=s.gen - 1)
+    s, acts = goto(s, S.BACKOFF, now, f"the launch waits: {detail}", deadline=now + LAUNCH_WAIT)
+    s, more = rung(s, Phase.LAUNCH_WAIT, now, detail)
+    return s, [*acts, *more, Log("info", "launch.waits", {"detail": detail,
+                                                         "wait_s": LAUNCH_WAIT})]
+
+
+def launch_waiting(s: WatchState) -> bool:
+    """Whether a launch waits for LaunchMayGo (launch_waits); else that comes late: ignored."""
+    return s.state == S.BACKOFF and on(s, Phase.LAUNCH_WAIT) and s.exit_code is None
 
 
 def exited(s: WatchState) -> WatchState:

@@ -136,12 +136,13 @@ class RealEffects:
         """Build the command (refusing known-broken flags) and start the child."""
         if self.spare is not None and (wait := self.spare.going(post)):
             return wait  # a spare goes down (its memory): nothing launched, the core waits
+        version = versions.for_launch(self.versions, config, self._environ, post)
+        if version is not None and not isinstance(version, str):  # no launch now: why
+            return version  # (LaunchWaits: the version read goes on; the core waits for it)
         if self._adapters is not None:  # which adapters this launch carries
             self._adapters.launched(config)
-        version = versions.for_launch(self.versions, config, self._environ)
-        prepared = version if isinstance(version, SpawnFailed) else childrun.prepare(
-            config, self._environ, self.marker, version, self._caches.env(config), self.log,
-            self.versions.info.torch)
+        prepared = childrun.prepare(config, self._environ, self.marker, version,
+                                    self._caches.env(config), self.log, self.versions.info.torch)
         if isinstance(prepared, SpawnFailed):
             return prepared
         prepared = replace(prepared, cmd=self.incidents.child_command(prepared.cmd, config))

@@ -18,7 +18,7 @@ from vllmwatch.config.spare import Footprint, SparePlan, serving_utilization, sp
 from vllmwatch.config.spare import with_flags as _with_flags
 from vllmwatch.core import failover
 from vllmwatch.core.actions import CheckRelease, SpareAction
-from vllmwatch.core.events import Event, ReleaseChecked
+from vllmwatch.core.events import Event, LaunchMayGo, LaunchWaits, ReleaseChecked
 from vllmwatch.core.failover import (
     BuildSpare,
     Route,
@@ -32,7 +32,6 @@ from vllmwatch.core.failover import (
     WakeSpare,
 )
 from vllmwatch.core.restart import released
-from vllmwatch.core.sparewait import SpareGoing, SpareGone
 from vllmwatch.logfn import LogFn
 from vllmwatch.shell.memory import MemorySampler
 from vllmwatch.shell.sparedigest import digest as digest  # (its old home: tests name it here)
@@ -165,7 +164,7 @@ class SpareFx:
         the serving trees only, whether the spare sleeps or serves (TP x PP = 1: one GPU)."""
         # A spare tree going down still holds its memory, which no figure may count as the
         # serving tree's nor a launch meet: it is gone first (a release gate waits on its
-        # worker; a launch waited as the core's Phase.SPARE_DOWN already: going())
+        # worker; a launch waited as the core's Phase.LAUNCH_WAIT already: going())
         self.tree.stops.wait()
         used = sampler.device_used_mib()
         gpu = spare_gpu(self._config.vllm.gpus, used)
@@ -173,22 +172,22 @@ class SpareFx:
             return used
         return {**used, gpu: used[gpu] - (self.tree.memory_mib() or 0.0)}
 
-    def going(self, post: Callable[[Event], None]) -> SpareGoing | None:
+    def going(self, post: Callable[[Event], None]) -> LaunchWaits | None:
         """Before a launch, on the loop's thread: None when no spare tree is going down. Else
         the launch waits for it (up to 15 s: STOP_GRACE three times; a launch no release gate
         came before, e.g. the first start's after a reload turned the spare off) as the
-        core's wait, not the loop's: SpareGoing now, SpareGone posted once every tree is gone,
+        core's wait, not the loop's: LaunchWaits now, LaunchMayGo once every tree is gone,
         so a stop, SIGHUP, SIGUSR1 and WATCHDOG=1 are answered meanwhile."""
         if not self.tree.stops.busy():
             return None
         pids = ", ".join(str(p) for p in sorted(self.tree.stops.pids()))
 
         def gone() -> None:
-            self.tree.stops.wait()  # (a second wait's SpareGone finds no wait: ignored)
-            post(SpareGone())
+            self.tree.stops.wait()  # (a second wait's LaunchMayGo finds none waiting: ignored)
+            post(LaunchMayGo())
 
         threading.Thread(target=gone, name="vllmwatch-spare-gone", daemon=True).start()
-        return SpareGoing(f"the spare's tree (pids {pids}) is still going down")
+        return LaunchWaits(f"a stopped spare's tree (pids {pids}) still holds its GPU memory")
 
     def release_check(self, sampler: MemorySampler, action: CheckRelease) -> ReleaseChecked:
         """The GPU release gate's look (shell/memory.release_check) without the spare."""

@@ -13,18 +13,22 @@ from __future__ import annotations
 
 import os
 import threading
+import time
 from collections.abc import Callable, Mapping
 from dataclasses import replace
 
 from vllmwatch.config import startcaches, vllmflags, vllminfo
 from vllmwatch.config.schema import Config
 from vllmwatch.config.startcaches import VllmInfo
-from vllmwatch.core.events import SpawnFailed
+from vllmwatch.core.events import Event, LaunchMayGo, LaunchWaits, SpawnFailed
 from vllmwatch.logfn import LogFn
 from vllmwatch.prewarm import runner as prewarm
 
 WAIT = 20.0  # the probe's own subprocess timeout is 15 s; the rest is the thread's start
 SLICE = 0.1  # how often a launch waiting for the read looks for a stop
+# A read this close to its end is waited for on the loop's thread: a warm interpreter answers
+# in a fraction of a second, and a launch_wait rung (two state changes) for it is only noise.
+QUICK = 0.5
 
 
 class CalledOff(Exception):
@@ -42,6 +46,7 @@ class VersionCache:
         # loop's thread, so a stop must end its wait, not come 20 s later after a launch
         self.give_up: Callable[[], bool] = lambda: False
         self._stamp: tuple[int, int] | None = None  # the read vLLM's package file then
+        self._began = 0.0  # when the latest read began (monotonic): a launch waits WAIT at most
 
     def _reinstalled(self) -> bool:
         box = self._box
@@ -70,7 +75,7 @@ class VersionCache:
         self._cmd = list(cmd)
         box: list[VllmInfo] = []
         done = threading.Event()
-        self._box, self._done = box, done
+        self._box, self._done, self._began = box, done, time.monotonic()
         argv = list(cmd)
 
         def work() -> None:
@@ -87,11 +92,32 @@ class VersionCache:
 
         threading.Thread(target=work, name="vllmwatch-version", daemon=True).start()
 
+    def waits(self, cmd: list[str], post: Callable[[Event], None]) -> LaunchWaits | None:
+        """For a launch, on the loop's thread: None once cmd's version is read (or its read
+        ran WAIT: the launch goes without it). Else the launch waits as the core's rung, not
+        on the loop's thread (where no SIGHUP, SIGUSR1 nor WATCHDOG=1 was answered for up to
+        20 s): LaunchWaits now, LaunchMayGo posted once the read ends or WAIT is up."""
+        self.prefetch(cmd)
+        done, left = self._done, WAIT - (time.monotonic() - self._began)
+        if left <= 0 or done.wait(min(QUICK, left)):
+            return None
+        left = WAIT - (time.monotonic() - self._began)
+
+        def ready() -> None:
+            done.wait(left)
+            post(LaunchMayGo())
+
+        threading.Thread(target=ready, name="vllmwatch-version-wait", daemon=True).start()
+        return LaunchWaits("the vLLM version is still being read (the command's interpreter "
+                           f"is slow to start; at most {WAIT:.0f} s)")
+
     def of(self, cmd: list[str]) -> str | None:
         """The version of this command, for a launch: read now unless already read or under
-        way (then wait for it, at most WAIT); CalledOff when a stop comes meanwhile."""
+        way (then wait for it, at most WAIT from the read's start); CalledOff when a stop
+        comes meanwhile."""
         self.prefetch(cmd)
-        done, slices = self._done, int(WAIT / SLICE)
+        left = WAIT - (time.monotonic() - self._began)
+        done, slices = self._done, int(max(0.0, left) / SLICE)
         while not done.wait(SLICE) and slices > 0:
             slices -= 1
             if self.give_up():
@@ -108,10 +134,14 @@ def _stamp(path: str | None) -> tuple[int, int] | None:
     return (st.st_mtime_ns, st.st_ino) if st is not None else None
 
 
-def for_launch(cache: VersionCache, config: Config, environ: Mapping[str, str]
-               ) -> str | SpawnFailed | None:
-    """The launch's vLLM version, or why no launch: a stop came while it was read, or the
-    start-up cache variables vLLM would fail its start on (fatal)."""
+def for_launch(cache: VersionCache, config: Config, environ: Mapping[str, str],
+               post: Callable[[Event], None] | None = None
+               ) -> str | SpawnFailed | LaunchWaits | None:
+    """The launch's vLLM version, or why no launch now: its read is under way (`post` given:
+    LaunchWaits), a stop came while it was read, or the start-up cache variables vLLM would
+    fail its start on (fatal)."""
+    if post is not None and (wait := cache.waits(config.vllm.command, post)):
+        return wait
     try:
         version = cache.of(config.vllm.command)
     except CalledOff as exc:
