@@ -210,9 +210,8 @@ class RealEffects:
             if exited is not None:
                 self._run = None  # the run is over: nothing of it stays here
         if self.reaper is not None:
-            keep = set(self._exempt())  # the launcher (and the spare) wait for their own
-            keep.update((self._run.pid,) if self._run is not None else ())
-            self.reaper.reap(keep=keep)
+            run = (self._run.pid,) if self._run is not None else ()  # the launcher and the
+            self.reaper.reap(keep={*self._exempt(), *run})  # spare wait for their own
         return exited
 
     def signal_group(self, signame: str) -> None:
