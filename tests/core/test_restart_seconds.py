@@ -33,7 +33,7 @@ def test_an_idle_child_is_stopped_on_the_first_look_when_nothing_deregisters_us(
     # The look is due now, not a DRAIN_POLL later: the step that began the drain scrapes.
     assert any(isinstance(a, Probe) and a.kind == ProbeKind.METRICS for a in acts)
     acts = core.step(MetricsResult(True, 0.01, running=0, waiting=0, gen=core.s.gen), 0.05)
-    assert SignalGroup("SIGTERM") in acts
+    assert SignalGroup("SIGTERM", leader=True) in acts  # the API server drains, then stops
     assert core.events("drain.done")[-1]["after_s"] == pytest.approx(0.05, abs=0.01)
 
 
@@ -47,7 +47,7 @@ def test_a_busy_child_is_looked_at_again_every_poll_until_idle() -> None:
     assert timers[ProbeKind.METRICS] == pytest.approx(core.now + probing.DRAIN_POLL)
     core.step(Tick(), probing.DRAIN_POLL)
     acts = core.step(MetricsResult(True, 0.01, running=0, waiting=0, gen=gen), 0.05)
-    assert SignalGroup("SIGTERM") in acts
+    assert SignalGroup("SIGTERM", leader=True) in acts  # the API server drains, then stops
 
 
 def test_with_a_balancer_watching_the_first_look_waits_for_the_deregistration() -> None:

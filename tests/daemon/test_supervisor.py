@@ -36,6 +36,7 @@ from tests.support import (
     TIMEOUT_SCALE,
     Daemon,
     base_config,
+    completion,
     dead,
     free_port,
     merge,
@@ -406,6 +407,35 @@ def test_stop_signal_exits_0_and_reaps(daemon: Factory, sig: int) -> None:
     assert f"TMPDIR={tempfile.gettempdir()}/vllmwatch-{marker}-" in \
         d.named("child.started")[0]["command"]
     assert glob.glob(f"{tempfile.gettempdir()}/vllmwatch-{marker}-*") == []
+
+
+
+def test_stop_lets_the_request_in_flight_finish(daemon: Factory) -> None:
+    """A stop SIGTERMs vLLM's API server alone, which drains (--shutdown-timeout) and then
+    stops its engine. A SIGTERM to the whole group reached the engine (and vLLM's workers)
+    at once, and the request in flight failed: real vLLM 0.32 answered HTTP 500."""
+    d = daemon(["--slow-completion", "2", "--shutdown-timeout", "20"],
+               {"probe": {"canary_timeout": "5s", "canary_interval": "60s"}})
+    ready = d.wait_ready()
+    result: list[tuple[int, bytes]] = []
+    client = threading.Thread(target=lambda: result.append(completion(
+        d.port, 15.0, model="tiny", max_tokens=4)), daemon=True)
+    client.start()
+    wait_for(lambda: _running(d.port) > 0, 5.0, "the client's request to be running")
+    since = d.mark()
+    d.signal(signal.SIGTERM)
+    client.join(15.0)
+    assert result and result[0][0] == 200, d.dump()
+    # Its whole answer, not an abort (the fake's engine, SIGTERMed with the group, stopped
+    # at once; real vLLM's workers did, and the answer was HTTP 500).
+    answer = json.loads(result[0][1])
+    assert answer["choices"][0]["finish_reason"] == "length", answer
+    assert answer["usage"]["completion_tokens"] == 4, answer
+    assert d.wait_exit(15.0) == 0
+    stopping = d.wait_event("child.stopping", 1.0, since)
+    assert stopping["signal"] == "SIGTERM" and stopping["to"] == "the API server"
+    assert d.named("child.exited")[-1]["signal"] is None and not d.named("child.kill")
+    assert dead(ready["pid"])
 
 
 # ---- leftovers and the port ----

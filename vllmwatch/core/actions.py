@@ -68,9 +68,11 @@ class Spawn:
 
 @dataclass(frozen=True)
 class SignalGroup:
-    """Send a signal to the child's whole process group."""
+    """Send a signal to the child's whole process group, or with `leader` to its leader alone
+    (the API server, which passes a SIGTERM on to its engine once it has drained it)."""
 
     signal: str  # "SIGTERM" | "SIGKILL"
+    leader: bool = False
 
 
 @dataclass(frozen=True)

@@ -194,7 +194,7 @@ def stop_requested(s: WatchState, signal: str, now: float) -> Result:
     if s.exit_code is None:
         return halt(s, now, Reason.STOP, f"{signal} received", {"signal": signal})
     if s.state == S.STOPPING and s.child is not None and not on(s, Phase.KILLING):
-        return stopping_deadline(s, now)  # a second signal: no more patience
+        return stopping_deadline(s, now, hurry=True)  # a second signal: no more patience
     return leave(s, now)  # already leaving: make sure the way out is under way
 
 

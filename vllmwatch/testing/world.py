@@ -179,8 +179,9 @@ class WorldEffects:
         exited, self.exited = self.exited, None
         return exited
 
-    def signal_group(self, signame: str) -> None:
-        """The child obeys SIGKILL always, SIGTERM unless told to ignore it."""
+    def signal_group(self, signame: str, leader: bool = False) -> None:
+        """The child obeys SIGKILL always, SIGTERM unless told to ignore it (its API server
+        passes a SIGTERM on: `leader` makes no difference here)."""
         w = self.world
         w.signals.append(signame)
         if w.child_alive and (signame == "SIGKILL" or not w.ignore_sigterm):
