@@ -151,6 +151,8 @@ def _start(config: Config, log_format: str | None, env: dict[str, str], log: Swi
     # As PID 1 of a container (or with VLLMWATCH_SUBREAPER=1): orphans come to us; reap them.
     fx = RealEffects(config, log, notifier, env, publish=publish,
                      reaper=reaper.start(env, log))
+    # After the loop's close (it stops vLLM's tree): no <pid>.stacks of a gone process stays.
+    started.callback(_quietly, fx.incidents.forget_stacks)
     until_loop = started.enter_context(contextlib.ExitStack())  # the loop's close, once it runs
     until_loop.callback(_quietly, fx.close)
     if live.gate is not None:

@@ -392,8 +392,13 @@ def test_ignored_sigterm_escalates_to_sigkill(daemon: Factory) -> None:
 def test_stop_signal_exits_0_and_reaps(daemon: Factory, sig: int) -> None:
     d = daemon()
     ready = d.wait_ready()
+    # Each Python process of the tree opened its faulthandler file (the incident hook) ...
+    stacks = d.workdir / "state" / "incidents" / ".stacks"
+    wait_for(lambda: (stacks / f"{ready['pid']}.stacks").exists(), 10.0, "the stacks file")
     sent = d.signal(sig)
     assert d.wait_exit(10.0) == 0
+    # ... and a clean stop leaves none of them behind (they stayed until the next launch).
+    assert sorted(p.name for p in stacks.iterdir()) == []
     exited = d.named("child.exited")
     assert exited and exited[-1]["pid"] == ready["pid"] and exited[-1]["expected"] is True
     assert exited[-1]["signal"] is None  # a graceful exit, no SIGKILL needed

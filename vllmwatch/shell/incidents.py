@@ -144,15 +144,20 @@ class IncidentShell:
             self._hook = folder
         return with_hook(cmd, stacks_dir, self._hook)
 
+    def forget_stacks(self) -> None:
+        """On the way out, once vLLM's tree is stopped: the stacks files of processes that
+        are gone (each vLLM process made one; they were removed only at the next launch)."""
+        if self.root is not None:
+            with contextlib.suppress(OSError):
+                _forget_dead(Path(self.root, STACKS))
+
     def _fresh_stacks_dir(self) -> str | None:
         if self.root is None:
             return None
         path = Path(self.root, STACKS)
         try:
             path.mkdir(mode=0o700, exist_ok=True)
-            for old in path.glob("*.stacks"):  # the last child's processes are gone ...
-                if not _alive(old.stem):  # ... but the standby (the next child) keeps its file
-                    old.unlink()
+            _forget_dead(path)
         except OSError as exc:
             self.log("warning", "incident.stacks_dir_unusable", path=str(path),
                      error=exc.strerror, detail="no faulthandler stacks in incident records")
@@ -238,6 +243,15 @@ def _alive(stem: str) -> bool:
     except PermissionError:
         return True
     return True
+
+
+def _forget_dead(path: Path) -> None:
+    """Remove the stacks files whose process is gone; a live one's (the standby, the next
+    child, or a process that outlived its stop) stays."""
+    for old in path.glob("*.stacks"):
+        if not _alive(old.stem):
+            with contextlib.suppress(FileNotFoundError):
+                old.unlink()
 
 
 def with_hook(cmd: ChildCommand, stacks_dir: str, hook_dir: str = dumpers.HOOK_DIR
