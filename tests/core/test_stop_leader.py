@@ -16,7 +16,7 @@ from vllmwatch.core.actions import Action, KillEngines, SignalGroup
 from vllmwatch.core.events import ChildExited, RestartRequested, StopRequested
 from vllmwatch.core.names import Reason
 from vllmwatch.core.state import S
-from vllmwatch.core.stopping import SETTLE
+from vllmwatch.core.stopping import NOTHING_TO_DRAIN, SETTLE, STUCK_GRACE
 
 
 def _signals(acts: list[Action]) -> list[Action]:
@@ -46,6 +46,16 @@ def test_a_stop_that_can_drain_sigterms_the_api_server_alone(reason: Reason) -> 
     s, acts = ladder.begin_restart(core.s, core.now, reason, "test", drain=False)
     assert s.state == S.STOPPING
     assert _signals(acts) == [SignalGroup("SIGTERM", leader=True)]
+
+
+@pytest.mark.parametrize("reason", sorted(NOTHING_TO_DRAIN))
+def test_a_stuck_engine_is_not_left_to_drain(reason: Reason) -> None:
+    """Also with no incident record first: the engine is killed, with the short grace (it
+    got restart.stop_timeout and a SIGTERM it cannot answer)."""
+    core = _ready()
+    s, acts = ladder.begin_restart(core.s, core.now, reason, "test", drain=False)
+    assert _signals(acts) == [KillEngines()]
+    assert s.deadline == pytest.approx(core.now + STUCK_GRACE)
 
 
 def test_a_start_is_stopped_by_its_group() -> None:

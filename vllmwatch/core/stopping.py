@@ -81,7 +81,10 @@ def stop_child(s: WatchState, now: float) -> Result:
     if s.child is not None and s.child.drain is not None:
         s = replace(s, child=replace(s.run, drain=drains.stopping(s.child.drain, now)))
     grace = s.config.restart.stop_timeout
-    stuck = pending(s) in NOTHING_TO_DRAIN
+    # On IDLE the reason is the restart that begins with this rung (restart.begin), with no
+    # incident record before it ([incidents] enabled = false): pending() is None there, and a
+    # stuck engine got the full grace and a SIGTERM it cannot answer.
+    stuck = (s.restart.reason if on(s, Phase.IDLE) else pending(s)) in NOTHING_TO_DRAIN
     gone = s.child is not None and s.child.engine.engine_gone
     if stuck or s.state == S.STARTING or gone:
         # Measured: the API server of a hung engine waits on it and ignores SIGTERM, and with
