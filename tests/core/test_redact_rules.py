@@ -90,6 +90,12 @@ def test_a_known_part_of_a_secret_hides_all_of_it(leak: tuple[str, str],
     # a subscript assigned: a traceback quotes the source line of a wrapper that set it
     ("    os.environ['DB_PASSWORD'] = 'Zq9XkLmP'", "    os.environ['DB_PASSWORD'] = '<redacted>'"),
     ('cfg["api_key"]="Zq9XkLmP"; n = 1', 'cfg["api_key"]="<redacted>"; n = 1'),
+    # a Cookie header hides all its cookies (the second one showed), a sentence stays
+    ("Cookie: lang=en; session=Zq9XkLmP", "Cookie: <redacted>"),
+    (r"b'GET / HTTP/1.1\r\nCookie: a=1; sid=Zq9XkLmP\r\nHost: h\r\n'",
+     r"b'GET / HTTP/1.1\r\nCookie: <redacted>\r\nHost: h\r\n'"),
+    ("Set-Cookie: sid=Zq9XkLmP; Path=/; HttpOnly", "Set-Cookie: <redacted>"),
+    ("the cookie: not set", "the cookie: not set"),
 ])
 def test_each_form(text: str, want: str) -> None:
     assert R.text(text) == want

@@ -70,6 +70,9 @@ def leaks(draw: st.DrawFn) -> tuple[str, str]:
         f"--{flag} {v}",
         f"--{flag}={v}",
         f"Authorization: Bearer {v}",
+        # every cookie of a Cookie header, not only the first (`a=1; session=X` showed X)
+        f"Cookie: lang=en; session={v}",
+        f"b'GET / HTTP/1.1\\r\\nCookie: theme=dark; sid={v}; x=1\\r\\nHost: h\\r\\n'",
         f"curl -H 'Authorization: Bearer {v}' http://h/v1/models",
         f"poller {name}={v}",
         f"GET /cb?code=1&{name}={v}&x=2",

@@ -46,6 +46,13 @@ _SHAPES = (
                r"(?P<secret>(?!" + _DONE + r")(?:<redacted>|(?!\\[nrt])[^\s'\",;)}\]>])+)"),
     re.compile(r"(?i)(?P<pre>\bbearer\s+)(?P<secret>(?!" + _DONE
                + r")(?:<redacted>|(?!\\[nrt])[^\s'\",;)}\]>])+)"),
+    # Cookie: a=1; session=X: every cookie of the header is a credential (the named rule
+    # stopped at the first `;`, so `session=X` showed); to the line's end, a quote or a `,`
+    # (no cookie value holds `"`, `,`, or a backslash: RFC 6265's cookie-octet); only a
+    # `name=` first, as every cookie header starts (`cookie: not set` is a sentence)
+    # (after an escaped line break too: a request quoted as a repr, `\r\nCookie: ...`)
+    re.compile(r"(?i)(?P<pre>(?:\b|(?<=\\[nr]))(?:set-)?cookie2?[ \t]*:[ \t]*)(?P<secret>(?!"
+               + _DONE + r"|[ \t])(?=[^\s;,'\"\\=]*=)(?:<redacted>|(?!\\[nrt])[^\r\n'\",\\])+)"),
 )
 _USERINFO = re.compile(r"(?i)\b[a-z][a-z0-9+.-]{0,31}://[^\s/?#@:'\"]*:")
 _WORD_END = re.compile(r"[\s'\"]")
@@ -88,7 +95,7 @@ _HINTS = tuple(HINT_WORDS.split("|"))
 _PERCENT = re.compile(r"%[0-9A-Fa-f]{2}")
 _SHAPE_HINTS = ("://", "earer", "EARER", "uthorization", "UTHORIZATION", "PRIVATE KEY", "sk-",
                 "hf_", "ghp_", "gho_", "ghu_", "ghs_", "ghr_", "github_pat_", "glpat-", "AKIA",
-                "xox", "eyJ")
+                "xox", "eyJ", "ookie", "OOKIE")
 _WORD_CHARS = frozenset("abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZ0123456789_.-")
 
 
@@ -157,7 +164,7 @@ class Redactor:
         """One string, redacted."""
         shaped = any(hint in text for hint in _SHAPE_HINTS)
         text = self._known_and_tokens(text, shaped)
-        if shaped or "bearer" in text.lower():
+        if shaped or "bearer" in text.lower() or "cookie" in text.lower():
             url = "://" in text  # (the URL rules only then: "sk-" in "task-" shapes a text)
             for i, shape in enumerate(_SHAPES):
                 if url or i >= 2:
