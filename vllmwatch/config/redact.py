@@ -8,7 +8,8 @@ log events, /status, STATUS=, `incidents show` pass through `Redactor`. What is 
   `Authorization:` header's scheme and credentials;
 - URL userinfo, any scheme (`https://user:X@host` keeps the user; `scheme://X@host` and
   GitHub's `https://X:x-oauth-basic@host` hide X); `Bearer X`; PEM private keys; tokens of
-  known shapes (`sk-...`, `hf_...`, `ghp_...`, `AKIA...`, `xox?-...`, JWTs).
+  known shapes (`sk-...`, `hf_...`, `ghp_...`, `AKIA...`/`ASIA...`, `AIza...`, `ya29.`,
+  `nvapi-...`, `xox?-...`, JWTs).
 Names are judged by their words, so counts and paths stay readable (`prompt_tokens=5`,
 `--ssl-keyfile /etc/k.pem`, `KEY_PATH=/x`). Pure: stdlib and config only.
 """
@@ -84,7 +85,10 @@ _TOKENS = (
                r"(?:-----END [A-Z ]*PRIVATE KEY-----|\Z))", re.S),
     re.compile(r"(?P<pre>)(?P<secret>\b(?:sk-[A-Za-z0-9_-]{8,}|hf_[A-Za-z0-9]{20,}|"
                r"gh[pousr]_[A-Za-z0-9]{20,}|github_pat_\w{20,}|glpat-[\w-]{20,}|"
-               r"AKIA[0-9A-Z]{16}|xox[abposr]-[\w-]{10,}|"
+               # AWS key ids, long-lived and STS (ASIA: with a session token); Google's API
+               # keys and OAuth access tokens; NVIDIA's NGC/build.nvidia.com keys (NIM images)
+               r"(?:AKIA|ASIA)[0-9A-Z]{16}|AIza[\w-]{35}|ya29\.[\w-]{20,}|nvapi-[\w-]{20,}|"
+               r"xox[abposr]-[\w-]{10,}|"
                # a JWT's first part stops before a `-eyJ`, where the next try starts: tried at
                # each `eyJ` of `eyJ-eyJ-...`, it ran to the word's end (quadratic)
                r"eyJ(?:(?!-eyJ)[\w-]){8,}\.eyJ[\w-]{8,}\.[\w-]+))"),
@@ -95,6 +99,7 @@ _HINTS = tuple(HINT_WORDS.split("|"))
 _PERCENT = re.compile(r"%[0-9A-Fa-f]{2}")
 _SHAPE_HINTS = ("://", "earer", "EARER", "uthorization", "UTHORIZATION", "PRIVATE KEY", "sk-",
                 "hf_", "ghp_", "gho_", "ghu_", "ghs_", "ghr_", "github_pat_", "glpat-", "AKIA",
+                "ASIA", "AIza", "ya29.", "nvapi-",
                 "xox", "eyJ", "ookie", "OOKIE")
 _WORD_CHARS = frozenset("abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZ0123456789_.-")
 
