@@ -3,6 +3,7 @@ what is useful and not secret (a model path, a port, counts of tokens) stays."""
 
 from __future__ import annotations
 
+import json
 import re
 
 import pytest
@@ -280,3 +281,26 @@ def test_more_forms(text: str, want: str) -> None:
 def test_a_line_made_to_backtrack_is_redacted_whole(text: str) -> None:
     out = R.text(text)
     assert out.endswith("'<redacted>'") and "k39" not in out and "\\\\" not in out
+
+
+@pytest.mark.parametrize("value", [
+    {"token": 918273645501}, {"api_key": 8.5e10}, {"password": b"Zq9XkLmP"},
+    [("password", "Zq9XkLmP")], (b"authorization", b"Bearer Zq9XkLmP"),
+    {"headers": [("Cookie", "a=1; sid=Zq9XkLmP")]}, ["vllm", "--api-key", "Zq9XkLmP", 8000],
+    ["--api-key", 918273645501, "--port", "8000"], {"secrets": {"primary": "Zq9XkLmP"}},
+    {"password": [{"v": "Zq9XkLmP"}]}, {"raw": b"GET /?token=Zq9XkLmP HTTP/1.1"},
+])
+def test_a_structure_hides_what_its_text_hides(value: object) -> None:
+    """Redactor.deep (the log's fields, records, /status) hides what text() hides in the
+    value's repr: a number under a secret key, a (name, value) pair, an argv holding a number,
+    a mapping under a secret key, bytes passed in clear through deep."""
+    secret = next(s for s in ("918273645501", "8.5e10", "85000000000.0", "Zq9XkLmP")
+                  if s in repr(value))
+    out = json.dumps(R.deep(value), default=str)
+    assert secret not in out and REDACTED in out, out
+
+
+def test_a_structure_keeps_what_says_nothing_secret() -> None:
+    kept = {"restart_required": ("vllm.env.HF_TOKEN", "gate.listen"), "max_tokens": 16,
+            "api_key_set": True, "hf_token": None, "argv": ["vllm", "--port", 8000]}
+    assert R.deep(kept) == {**kept, "restart_required": ["vllm.env.HF_TOKEN", "gate.listen"]}

@@ -229,29 +229,53 @@ class Redactor:
         return {k: REDACTED if is_secret_name(k) else self.text(v) for k, v in env.items()}
 
     def deep(self, value: Any) -> Any:
-        """Any JSON-ready value: strings redacted, the values of secret-named keys hidden."""
+        """Any JSON-ready value: strings redacted, the values of secret-named keys hidden. It
+        hides what text() hides in the value's repr or JSON: a number or a mapping under a
+        secret key, a (name, value) pair, a flag's value beside other types, bytes."""
         if isinstance(value, str):
             return self.text(value)
+        if isinstance(value, (bytes, bytearray)):  # (a writer's default=str would print it)
+            return self.text(bytes(value).decode("utf-8", "replace"))
         if isinstance(value, Mapping):
             # A key is a name; one that could carry a credential (a URL, `a=b`) is redacted.
             return {self.text(k) if isinstance(k, str) and ("@" in k or "=" in k) else k:
                     self._hidden(v) if isinstance(k, str) and is_secret_name(k)
                     else self.deep(v) for k, v in value.items()}
+        if isinstance(value, tuple) and len(value) == 2 and _pair_name(value[0]):
+            return [self.deep(value[0]), self._hidden(value[1])]  # ('authorization', 'x')
         if isinstance(value, (list, tuple)):
-            if value and all(isinstance(v, str) for v in value):  # an argv: --api-key X
-                return [self.text(v) for v in redact_argv(list(value))]
-            return [self.deep(v) for v in value]
+            # an argv (--api-key X), its value a string or not: each item as redact_argv
+            # reads it (a number as its text, a structure as no flag nor value)
+            shown = [v if isinstance(v, str) else str(v) if _number(v) else "" for v in value]
+            argv = redact_argv(shown)
+            return [self.deep(v) if a == s else self.text(a) if isinstance(v, str) else REDACTED
+                    for v, s, a in zip(value, shown, argv, strict=True)]
         return value
 
     def _hidden(self, value: Any) -> Any:
-        # A secret key's scalar is hidden whole; True/None/a count say nothing secret.
-        if isinstance(value, str):
-            return REDACTED if value else value
+        # A secret key's value is hidden whole: a number too (a numeric PIN or password; a
+        # count's name says so, `max_tokens`, and is no secret name); True/None say nothing.
+        if isinstance(value, (str, bytes, bytearray)):
+            return REDACTED if value else self.deep(value)
+        if _number(value):
+            return REDACTED
         if isinstance(value, (list, tuple)):
             return [self._hidden(v) for v in value]
-        if isinstance(value, Mapping):
-            return self.deep(value)
+        if isinstance(value, Mapping):  # {'primary': 'X'}: text() hides `key={...}` whole
+            return {k: self._hidden(v) for k, v in value.items()}
         return value
+
+
+def _number(value: Any) -> bool:
+    return isinstance(value, (int, float)) and not isinstance(value, bool)
+
+
+def _pair_name(name: Any) -> bool:
+    """A (name, value) pair's name, as headers and environments are listed: a secret name,
+    not a dotted config key (`('vllm.env.HF_TOKEN', 'gate.listen')` lists two keys)."""
+    if isinstance(name, (bytes, bytearray)):
+        name = bytes(name).decode("utf-8", "replace")
+    return isinstance(name, str) and "." not in name and is_secret_name(name)
 
 
 def redact_argv(argv: tuple[str, ...] | list[str]) -> list[str]:
