@@ -92,3 +92,28 @@ def test_only_the_env_files_credential_like_values_are_hidden_in_every_line(
     assert Redactor(cmd.hidden, known=False).text(line) == line.replace(
         "Gp5ZpatValue", "<redacted>")
     assert "--max-model-len 100000" in cmd.display()
+
+
+def test_settings_of_short_words_joined_stay_readable_and_credentials_do_not(
+        tmp_path: Path) -> None:
+    """An EnvironmentFile moved over as vllm.env_file holds settings beside its secrets: a
+    hub mirror, NCCL's interfaces, a locale, a CUDA arch list, a usage tag. Each was learnt
+    as a credential (8 characters or more, mixed), so vLLM's lines read `404 Client Error for
+    url: <redacted>/api/models/...` and `NCCL INFO NET/IB : Using [0]<redacted>`."""
+    from vllmwatch.config.redact import Redactor
+
+    settings = {"HF_ENDPOINT": "https://hf-mirror.com", "NCCL_IB_HCA": "mlx5_0,mlx5_1",
+                "LANG": "en_US.UTF-8", "TORCH_CUDA_ARCH_LIST": "8.0 9.0+PTX",
+                "VLLM_USAGE_SOURCE": "production-docker-image", "TZ": "Europe/Berlin",
+                "NCCL_SOCKET_IFNAME": "^docker0,lo", "SERVED": "meta-llama/Llama-3.1-8B-Instruct",
+                "PYTORCH_CUDA_ALLOC_CONF": "expandable_segments:True"}
+    credentials = {"GH_PAT": "Gp5ZpatValue", "OTHER": "correcthorsebatterystaple",
+                   "HOOK": "https://hooks.slack.com/services/T0AB/B0CD/Xk29dLq0pZaB7cD8eF9g",
+                   "DB": "postgres://u:pw1234@db/x", "AWS": "wJalrXUtnFEMI/K7MDENG/bPxRfiCY",
+                   "HEX": "0123456789abcdef0123456789abcdef", "GPU": "GPU-8f3a2b1c-1234-5678"}
+    lines = "".join(f"{k}={v}\n" for k, v in {**settings, **credentials}.items())
+    cmd = command.build(load(_config(tmp_path, "env_file", lines.encode())), {})
+    assert cmd.hidden == set(credentials.values())
+    line = ("HfHubHTTPError: 404 Client Error for url: https://hf-mirror.com/api/models/x; "
+            "NCCL INFO NET/IB : Using [0]mlx5_0,mlx5_1; TZ Europe/Berlin")
+    assert Redactor(cmd.hidden, known=False).text(line) == line

@@ -15,8 +15,7 @@ character is consumed in one way and a failed value never scans further than the
 one could start (tests/core/test_redact_linear.py). A value found is skipped whole; a name
 that is not secret skips only itself (its value may hold the next name: `failed:
 API_KEY=x`). One module with the names: the daemon imports no more modules than it did.
-Pure: stdlib only.
-"""
+Pure: stdlib only."""
 
 from __future__ import annotations
 
@@ -28,12 +27,10 @@ from typing import NamedTuple
 # A name is secret when one of its words is one of these ...
 _WORDS = frozenset({"key", "token", "secret", "secrets", "password", "passwords",
                     "passwd", "pass", "pwd", "pw", "passphrase", "credential", "credentials",
-                    "cred", "creds",
-                    "auth", "authorization", "apikey", "cookie", "privatekey",
+                    "cred", "creds", "auth", "authorization", "apikey", "cookie", "privatekey",
                     "sig", "signature"})  # a signed URL's proof: Azure SAS `sig=`, S3's
 # ... or ends in one of these (`hftoken`, `accesskey`, `dbpassword`, `pgpass`, MinIO's
-# `secretkey`) ... A `...key` ending only with a word that says which credential: a bare one
-# reads `hotkey`, `monkey`, `turkey` as secrets.
+# `secretkey`) ... A `...key` ending only with a word that says which credential (`hotkey`).
 _ENDINGS = ("token", "apikey", "secret", "password", "passwd", "pass", "webhook",
             *(q + "key" for q in ("access", "private", "secret", "signing", "master",
                                   "encryption", "session", "account", "auth", "license")))
@@ -98,19 +95,22 @@ def secrets_of(env: Mapping[str, str], api_key: str | None) -> list[str]:
 
 # A vllm.env_file value under a name that says nothing (`GH_PAT=ghp_...`) is a secret only by
 # its shape: every value learnt is cut out of every line vLLM writes, so a log level (INFO),
-# a number (100000), a path (/var/cache/hf) or a word in one case (spawn, PCI_BUS_ID) would
-# eat the journal's text. A credential is long and mixes cases, digits or signs.
-_PLAIN = re.compile(r"[\d\s.,:;+_-]*|[/~].*|[A-Z][A-Z_-]{0,14}|[a-z][a-z_-]{0,14}")
+# a number (100000), a path (/var/cache/hf), a word in one case (spawn, PCI_BUS_ID) or short
+# words, numbers, acronyms joined by signs (`https://hf-mirror.com`, `en_US.UTF-8`, `mlx5_0,
+# mlx5_1`, `meta-llama/Llama-3.1-8B-Instruct`) would eat the journal's text. A credential is
+# long and mixes cases, digits or signs in one random run (`Gp5ZpatValue`).
+_PLAIN = re.compile(r"[\d\s.,:;+_-]*|[/~].*|[A-Z][A-Z_-]{0,14}|[a-z][a-z_-]{0,14}|\^?(?:(?:"
+                    r"[A-Z]?[a-z]{1,11}|[A-Z]{1,8}|\d{1,8}|[A-Za-z]{1,8}\d{1,3}[A-Za-z]?|"
+                    r"\d{1,3}[A-Za-z]{1,3})(?:[\s.,:;+_/^=-]+|$)){2,}")
 
 
 def env_file_secrets(env: Mapping[str, str]) -> list[str]:
-    """The values of vllm.env_file's variables that are hidden wherever they appear."""
-    return [v for k, v in env.items() if env_file_secret(k, v)]
+    return [v for k, v in env.items() if env_file_secret(k, v)]  # hidden wherever they appear
 
 
 def env_file_secret(name: str, value: str) -> bool:
-    """A secret-named variable, or any other whose value reads as a credential (at least 8
-    characters, not a number, a path or a short word in one case)."""
+    """A secret-named variable, or any other whose value reads as a credential (8 characters
+    or more, not a number, a path, a short word in one case or short words joined)."""
     return is_secret_name(name) or (len(value.strip()) >= 8
                                     and not _PLAIN.fullmatch(value.strip()))
 
