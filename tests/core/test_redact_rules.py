@@ -102,6 +102,12 @@ def test_a_known_part_of_a_secret_hides_all_of_it(leak: tuple[str, str],
     ("creds AIzaSyA1234567890abcdefghijklmnopqrstuv ok", "creds <redacted> ok"),
     ("oauth ya29.a0AfH6SMBx1234567890abcdefgh end", "oauth <redacted> end"),
     ("NIM nvapi-Ab12Cd34Ef56Gh78Ij90KlMn-op end", "NIM <redacted> end"),
+    # `Bearer` before a secret's name: the name was taken for the credential, the value shown
+    ("bearer token: Zq9XkLmP", "bearer token: <redacted>"),
+    ("Using bearer token Zq9XkLmP", "Using bearer token <redacted>"),
+    ('Bearer Token "Zq9XkLmP"', 'Bearer Token "<redacted>"'),
+    ("bearer api_key=Zq9XkLmP", "bearer api_key=<redacted>"),
+    ("Invalid bearer token", "Invalid bearer token"),
 ])
 def test_each_form(text: str, want: str) -> None:
     assert R.text(text) == want

@@ -55,9 +55,22 @@ _SHAPES = (
     re.compile(r"(?i)(?P<pre>(?:\b|(?<=\\[nr]))(?:set-)?cookie2?[ \t]*:[ \t]*)(?P<secret>(?!"
                + _DONE + r"|[ \t])(?=[^\s;,'\"\\=]*=)(?:<redacted>|(?!\\[nrt])[^\r\n'\",\\])+)"),
 )
+_BEARER = _SHAPES[3]
 _USERINFO = re.compile(r"(?i)\b[a-z][a-z0-9+.-]{0,31}://[^\s/?#@:'\"]*:")
 _WORD_END = re.compile(r"[\s'\"]")
 _HOST_PORT = re.compile(r"\d+(?:[/?#]|$)")
+
+
+def _shape_hidden(m: re.Match[str]) -> str:
+    return m["pre"] + (REDACTED if m["secret"] else "")
+
+
+def _bearer_hidden(m: re.Match[str]) -> str:
+    """After `Bearer`, a secret's name is no credential: `bearer token: X`, `using bearer
+    token X` hid `token` and showed X (left, the named rules find X after its name)."""
+    if is_secret_name(re.split(r"[:=]", m["secret"], maxsplit=1)[0]):
+        return m.group(0)
+    return _shape_hidden(m)
 
 
 def _to_last_at(text: str) -> str:
@@ -173,7 +186,7 @@ class Redactor:
             url = "://" in text  # (the URL rules only then: "sk-" in "task-" shapes a text)
             for i, shape in enumerate(_SHAPES):
                 if url or i >= 2:
-                    text = shape.sub(lambda m: m["pre"] + (REDACTED if m["secret"] else ""),
+                    text = shape.sub(_bearer_hidden if shape is _BEARER else _shape_hidden,
                                      text)
                 text = _to_last_at(text) if i == 1 and url else text  # after plain userinfo
         if _has_secret_name(text):
