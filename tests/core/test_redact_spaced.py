@@ -29,7 +29,8 @@ _NOT_VALUES = {"true", "false", "none", "null", "yes", "no", "on", "off", "unset
                "of", "for", "from", "with", "the", "a", "an", "to", "in", "at", "by"}
 values = st.text(_ALPHABET, min_size=1, max_size=30).filter(
     lambda v: v.lower() not in _NOT_VALUES and not all(c in "-=+*/%<>!|&:^~" for c in v)
-    and not v.lower().startswith(("bearer", "basic", "token", "digest", "apikey")))
+    and not v.lower().startswith(("bearer", "basic", "token", "digest", "apikey"))
+    and not secretnames.path_value(v))  # a file's path (`/etc/gcp/sa.json`) is no secret
 PREFIXES = ("", "DEBUG ", "(APIServer pid=7) INFO 12-06 05:00:00 [x.py:1] loaded ", "\t",
             "export ", "ENV ", "+ ")
 SUFFIXES = ("", "\n", " --port 8000", ", retry 2", "; next", " HF_TOKEN_FILE=/x", ")")

@@ -23,12 +23,12 @@ from vllmwatch.config.launch import KeyFileError as KeyFileError
 from vllmwatch.config.launch import read_env_file as read_env_file
 
 # The rules live in config/redact.py; re-exported for the callers that know them here.
-from vllmwatch.config.redact import REDACT
+from vllmwatch.config.redact import REDACT, env_file_secrets
 from vllmwatch.config.redact import REDACTED as REDACTED
 from vllmwatch.config.redact import is_secret_name as is_secret_name
 from vllmwatch.config.redact import redact_argv as redact_argv
 from vllmwatch.config.schema import Config, ConfigError, load
-from vllmwatch.config.secretnames import env_file_secrets
+from vllmwatch.config.secretnames import path_value
 
 # Variables that belong to our own unit and must never reach the child: a child that could
 # notify systemd or ping our watchdog would let a dead vllmwatch look alive.
@@ -242,7 +242,8 @@ def build(config: Config, base_env: Mapping[str, str], api_key: str | None = Non
     if api_key is not None:
         env["VLLM_API_KEY"] = api_key
         shown["VLLM_API_KEY"] = REDACTED
-    shown = {k: (REDACTED if is_secret_name(k) else val) for k, val in shown.items()}
+    shown = {k: (REDACTED if is_secret_name(k) and not path_value(val) else val)
+             for k, val in shown.items()}  # (GOOGLE_APPLICATION_CREDENTIALS=/etc/gcp/sa.json)
     return ChildCommand(argv=tuple(argv), env=env, shown_env=shown,
                         hidden=frozenset([*file_args[1::2], *env_file_secrets(secret_env)]))
 

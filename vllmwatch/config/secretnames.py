@@ -13,9 +13,7 @@ log). Hence: a rule's regex finds only a name and its separator (bounded), is_se
 judges it, and only then is the value matched, once, at that place, by patterns where each
 character is consumed in one way and a failed value never scans further than the next place
 one could start (tests/core/test_redact_linear.py). A value found is skipped whole; a name
-that is not secret skips only itself (its value may hold the next name: `failed:
-API_KEY=x`). One module with the names: the daemon imports no more modules than it did.
-Pure: stdlib only."""
+that is not secret skips only itself (`failed: API_KEY=x`). Pure: stdlib only."""
 
 from __future__ import annotations
 
@@ -87,32 +85,21 @@ def is_secret_name(name: str) -> bool:
                for i, w in enumerate(words))
 
 
+# A secret name's value that is a file's path (GOOGLE_APPLICATION_CREDENTIALS=/etc/gcp/sa.json,
+# SSH_AUTH_SOCK=/run/user/0/ssh) is no credential, and the reader needs it (google-auth's `File
+# /etc/gcp/sa.json was not found`): two parts at least, path characters only, the first a
+# lower-case directory's name (/etc, /run, ~/.config), which a password's first part rarely is.
+_PATH_VALUE = re.compile(r"~?/\.?[a-z][a-z0-9_-]*(?:/[\w.@+-]+)+/?")
+
+
+def path_value(value: str) -> bool:
+    return _PATH_VALUE.fullmatch(value.strip()) is not None
+
+
 def secrets_of(env: Mapping[str, str], api_key: str | None) -> list[str]:
     """The secret values of a child's environment (by name), and its API key."""
-    found = [v for k, v in env.items() if is_secret_name(k)]
+    found = [v for k, v in env.items() if is_secret_name(k) and not path_value(v)]
     return [*found, api_key] if api_key else found
-
-
-# A vllm.env_file value under a name that says nothing (`GH_PAT=ghp_...`) is a secret only by
-# its shape: every value learnt is cut out of every line vLLM writes, so a log level (INFO),
-# a number (100000), a path (/var/cache/hf), a word in one case (spawn, PCI_BUS_ID) or short
-# words, numbers, acronyms joined by signs (`https://hf-mirror.com`, `en_US.UTF-8`, `mlx5_0,
-# mlx5_1`, `meta-llama/Llama-3.1-8B-Instruct`) would eat the journal's text. A credential is
-# long and mixes cases, digits or signs in one random run (`Gp5ZpatValue`).
-_PLAIN = re.compile(r"[\d\s.,:;+_-]*|[/~].*|[A-Z][A-Z_-]{0,14}|[a-z][a-z_-]{0,14}|\^?(?:(?:"
-                    r"[A-Z]?[a-z]{1,11}|[A-Z]{1,8}|\d{1,8}|[A-Za-z]{1,8}\d{1,3}[A-Za-z]?|"
-                    r"\d{1,3}[A-Za-z]{1,3})(?:[\s.,:;+_/^=-]+|$)){2,}")
-
-
-def env_file_secrets(env: Mapping[str, str]) -> list[str]:
-    return [v for k, v in env.items() if env_file_secret(k, v)]  # hidden wherever they appear
-
-
-def env_file_secret(name: str, value: str) -> bool:
-    """A secret-named variable, or any other whose value reads as a credential (8 characters
-    or more, not a number, a path, a short word in one case or short words joined)."""
-    return is_secret_name(name) or (len(value.strip()) >= 8
-                                    and not _PLAIN.fullmatch(value.strip()))
 
 
 # --- the rules that hide the value after a secret-looking name ----------------------------
@@ -318,6 +305,8 @@ def _hide(rule: Rule, m: re.Match[str], start: int, text: str,
         if v is None:
             continue
         found = v.groupdict()
+        if path_value(found.get("bare") or found.get("qv") or found.get("eqv") or ""):
+            return None  # a file's path, not the secret (GOOGLE_APPLICATION_CREDENTIALS=/x/y)
         sep = text[m.end("name"):where]
         if found.get("bare") is not None and found["bare"].lower() in _ENGLISH and \
                 "=" not in sep and sep[-1:].isspace():
