@@ -143,6 +143,12 @@ def test_each_form(text: str, want: str) -> None:
     "ValueError: Unsupported quant_key: QuantKey(fp8e4m3,scale(f32,static,per_tensor))",
     "RequestOutput(request_id=1, prompt_token_ids=[1], prompt_token_id_logprobs=None)",
     "Got max_num_batched_tokens=8 and scheduled_token_delta=3.", "compile_key=(16, 2)",
+    # no value (`<redacted>` said a key was set), a switch; a tuple under `key` is a lookup's
+    # (a Triton autotune failure's shape, the cause of an engine crash)
+    "Namespace(api_key=None, hf_token=None)", '{"api_key": null}', "use_auth_token=True",
+    "context_attention_fwd with cached K/V (key=None) is not supported with ALiBi slopes.",
+    "RuntimeError: No valid config for kernel fused_moe_kernel key=(128, 64, 'torch.bfloat16')"
+    " (tried 4 configs)",
 ])
 def test_useful_non_secrets_stay(text: str) -> None:
     assert R.text(text) == text

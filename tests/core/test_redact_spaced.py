@@ -24,7 +24,7 @@ NAMES = ("hf_token", "HF_TOKEN", "api_key", "API_KEY", "VLLM_API_KEY", "apiKey",
 # Any shape a bare value may take: letters, digits, a leading dash, `=`, `:`, `@`, `/`, `%`.
 _ALPHABET = string.ascii_letters + string.digits + "-_./+=~!$%*:@?#^|"
 # Words that say there is no value, or prose/code after a name (not secrets, by design).
-_NOT_VALUES = {"true", "false", "none", "null", "yes", "no", "on", "off", "unset", "not",
+_NOT_VALUES = {"true", "false", "none", "null", "nil", "yes", "no", "on", "off", "unset", "not",
                "is", "was", "are", "were", "empty", "missing", "given", "gives", "has", "have",
                "had", "required", "set", "provided", "needed", "must", "should", "and", "or",
                "of", "for", "from", "with", "the", "a", "an", "to", "in", "at", "by"}

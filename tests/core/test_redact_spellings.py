@@ -47,7 +47,7 @@ def test_secret_names_by_more_spellings(name: str, secret: bool) -> None:
     # but a query's `;`/`&` still ends it, and a closing bracket stays
     ("GET /?token=abc;def HTTP", "GET /?token=<redacted>;def HTTP"),
     ("GET /?a=1&token=abc&b=2 HTTP", "GET /?a=1&token=<redacted>&b=2 HTTP"),
-    ("Namespace(x=1, api_key=None, y=2)", "Namespace(x=1, api_key=<redacted>, y=2)"),
+    ("Namespace(x=1, api_key=abc, y=2)", "Namespace(x=1, api_key=<redacted>, y=2)"),
     ("f(a, token=abc)", "f(a, token=<redacted>)"),
     # Perl's, PHP's, Ruby's `=>`
     ("password => abcd12345", "password => <redacted>"),

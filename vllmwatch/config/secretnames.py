@@ -147,6 +147,7 @@ _IDENTIFIER = re.compile(r"[A-Za-z0-9]_+[A-Za-z0-9]|^[a-z][a-z0-9]*[A-Z]")
 # `_SPACED_WORDS`: a switch's or an unset value's words; an operator is code (`x_key = %s`).
 _OPERATOR = re.compile(r"[-=+*/%<>!|&:^~]{1,3}")
 _SPACED_WORDS = frozenset({"true", "false", "none", "null", "yes", "no", "on", "off", "unset"})
+_UNSET = frozenset({"none", "null", "nil", "true", "false"})  # no value, or a switch, after any
 _LOWER_WORD = re.compile(r"[a-z]+")
 _NEXT_WORD = re.compile(r"[ \t]+[a-z]+\b(?![_.-]?\w)")
 
@@ -298,6 +299,8 @@ def _hide(rule: Rule, m: re.Match[str], start: int, text: str,
             continue
         pre = text[start:where]
         if rule.lists and text[where:where + 1] in _LIST_ENDS:
+            if text[where] == "(" and m["name"].lower() == "key":
+                return None  # a tuple, a lookup's key (Triton's `key=(128, 64, ..)`), no secret
             close = closers.find(_LIST_ENDS[text[where]], where + 1)
             if close >= 0:
                 return close + 1, pre + _hide_list(text[where:close + 1])
@@ -305,6 +308,8 @@ def _hide(rule: Rule, m: re.Match[str], start: int, text: str,
         if v is None:
             continue
         found = v.groupdict()
+        if (found.get("bare") or "").lower() in _UNSET:
+            return None  # `api_key=None`: no key is set, as `<redacted>` would say one was
         if path_value(found.get("bare") or found.get("qv") or found.get("eqv") or ""):
             return None  # a file's path, not the secret (GOOGLE_APPLICATION_CREDENTIALS=/x/y)
         sep = text[m.end("name"):where]
