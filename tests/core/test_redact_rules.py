@@ -19,6 +19,7 @@ from vllmwatch.config.redact import (
     learn,
     redact_argv,
 )
+from vllmwatch.incident import metrics
 
 R = Redactor(known=False)
 
@@ -316,3 +317,8 @@ def test_a_structure_keeps_what_says_nothing_secret() -> None:
     kept = {"restart_required": ("vllm.env.HF_TOKEN", "gate.listen"), "max_tokens": 16,
             "api_key_set": True, "hf_token": None, "argv": ["vllm", "--port", 8000]}
     assert R.deep(kept) == {**kept, "restart_required": ["vllm.env.HF_TOKEN", "gate.listen"]}
+    # a record's metrics: figures about tokens, named by what they measure, stay
+    scrape = ('vllm:time_to_first_token_seconds_sum{model_name="m"} 1.5\n'
+              'vllm:inter_token_latency_seconds_count{model_name="m"} 7\n')
+    section = metrics.section([(0.0, scrape), (60.0, scrape.replace("1.5", "2.5"))], 61.0)
+    assert R.deep(section) == section

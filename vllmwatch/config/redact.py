@@ -26,6 +26,7 @@ from vllmwatch.config import flags
 from vllmwatch.config.secretnames import DONE as _DONE
 from vllmwatch.config.secretnames import ENCODED, HINT_WORDS, RULES, path_value, sub_named
 from vllmwatch.config.secretnames import REDACTED as REDACTED
+from vllmwatch.config.secretnames import _spaced_name as _names_the_credential
 from vllmwatch.config.secretnames import is_secret_name as is_secret_name
 
 MIN_SECRET = 4  # a shorter known "secret" would redact ordinary words
@@ -275,10 +276,11 @@ class Redactor:
         if isinstance(value, Mapping):
             # A key is a name; one that could carry a credential (a URL, `a=b`) is redacted.
             return {self.text(k) if isinstance(k, str) and ("@" in k or "=" in k) else k:
-                    self._hidden(v) if isinstance(k, str) and is_secret_name(k)
+                    self._hidden(v, k) if isinstance(k, str) and is_secret_name(k)
                     else self.deep(v) for k, v in value.items()}
         if isinstance(value, tuple) and len(value) == 2 and _pair_name(value[0]):
-            return [self.deep(value[0]), self._hidden(value[1])]  # ('authorization', 'x')
+            name = value[0] if isinstance(value[0], str) else ""  # ('authorization', 'x')
+            return [self.deep(value[0]), self._hidden(value[1], name)]
         if isinstance(value, (list, tuple)):
             # an argv (--api-key X), its value a string or not: each item as redact_argv
             # reads it (a number as its text, a structure as no flag nor value)
@@ -288,17 +290,19 @@ class Redactor:
                     for v, s, a in zip(value, shown, argv, strict=True)]
         return value
 
-    def _hidden(self, value: Any) -> Any:
-        # A secret key's value is hidden whole: a number too (a numeric PIN or password; a
-        # count's name says so, `max_tokens`, and is no secret name); True/None say nothing.
+    def _hidden(self, value: Any, name: str) -> Any:
+        # A secret key's value is hidden whole; a number only under a name that ends in the
+        # credential (`{'token': 918273645501}`, a numeric PIN): a figure about tokens is
+        # named by what it measures (`vllm:time_to_first_token_seconds`, a record's metric).
+        # True/None say nothing.
         if isinstance(value, (str, bytes, bytearray)):  # (a file's path is no secret)
             return self.deep(value) if not value or path_value(str(value)) else REDACTED
         if _number(value):
-            return REDACTED
+            return REDACTED if _names_the_credential(name) else value
         if isinstance(value, (list, tuple)):
-            return [self._hidden(v) for v in value]
+            return [self._hidden(v, name) for v in value]
         if isinstance(value, Mapping):  # {'primary': 'X'}: text() hides `key={...}` whole
-            return {k: self._hidden(v) for k, v in value.items()}
+            return {k: self._hidden(v, str(k)) for k, v in value.items()}
         return value
 
 
