@@ -322,3 +322,18 @@ def test_a_structure_keeps_what_says_nothing_secret() -> None:
               'vllm:inter_token_latency_seconds_count{model_name="m"} 7\n')
     section = metrics.section([(0.0, scrape), (60.0, scrape.replace("1.5", "2.5"))], 61.0)
     assert R.deep(section) == section
+
+
+@pytest.mark.parametrize(("argv", "want"), [
+    # vLLM's --api-key takes several keys (nargs "+"): a hand-started vLLM that `check`'s
+    # fights item and a port's holder name showed `--api-key <redacted> K2`
+    (["vllm", "serve", "/m", "--api-key", "Zq9K1", "Zq9K2", "--port", "8000"],
+     ["vllm", "serve", "/m", "--api-key", REDACTED, REDACTED, "--port", "8000"]),
+    (["--api_key", "Zq9K1", "Zq9K2"], ["--api_key", REDACTED, REDACTED]),
+    (["--api-key=Zq9K1", "/m"], [f"--api-key={REDACTED}", "/m"]),  # `=`: one word only
+    (["--hf-token", "Zq9K1", "/m"], ["--hf-token", REDACTED, "/m"]),  # one value
+])
+def test_every_key_of_api_key_is_hidden(argv: list[str], want: list[str]) -> None:
+    assert R.argv(argv) == want
+    line = R.text(" ".join(argv))  # the same line as text (a holder's command line)
+    assert "Zq9K" not in line and line.split(REDACTED)[-1] == " ".join(want).split(REDACTED)[-1]

@@ -319,18 +319,22 @@ def _pair_name(name: Any) -> bool:
 
 
 def redact_argv(argv: tuple[str, ...] | list[str]) -> list[str]:
-    """Replace the values of secret-looking flags (--api-key, --hf-token) with <redacted>."""
+    """Replace the values of secret-looking flags (--api-key, --hf-token) with <redacted>.
+    vLLM's `--api-key` takes several keys (nargs "+": `--api-key K1 K2`, a hand-started
+    vLLM that `check` finds): every word up to the next flag is one of them."""
     out: list[str] = []
-    hide_next = False
+    hide, many = False, False
     for i, token in enumerate(argv):
-        if hide_next:
+        if hide or (many and not token.startswith("-")):
             out.append(REDACTED)
-            hide_next = False
+            hide = False
             continue
+        many = False
         if token.startswith("--") and _secret_flag(token.partition("=")[0][2:]):
             name, eq, _ = token.partition("=")
             out.append(f"{name}={REDACTED}" if eq else token)
-            hide_next = not eq and flags.next_value(list(argv), i) is not True
+            hide = not eq and flags.next_value(list(argv), i) is not True
+            many = hide and len(name) > 2 and "api-key".startswith(name[2:].replace("_", "-"))
             continue
         out.append(token)
     return out

@@ -147,6 +147,8 @@ _IDENTIFIER = re.compile(r"[A-Za-z0-9]_+[A-Za-z0-9]|^[a-z][a-z0-9]*[A-Z]")
 # `_SPACED_WORDS`: a switch's or an unset value's words; an operator is code (`x_key = %s`).
 _OPERATOR = re.compile(r"[-=+*/%<>!|&:^~]{1,3}")
 _SPACED_WORDS = frozenset({"true", "false", "none", "null", "yes", "no", "on", "off", "unset"})
+_MORE_WORDS = re.compile(  # (not a word of prose: `--api-key value to VLLM_API_KEY`)
+    r"""(?:[ \t]+(?!-|[a-z]+(?:[\s'",;)}\]>]|$))[^\s'",;)}\]>]+)*""")
 _UNSET = frozenset({"none", "null", "nil", "true", "false"})  # no value, or a switch, after any
 _LOWER_WORD = re.compile(r"[a-z]+")
 _NEXT_WORD = re.compile(r"[ \t]+[a-z]+\b(?![_.-]?\w)")
@@ -327,7 +329,11 @@ def _hide(rule: Rule, m: re.Match[str], start: int, text: str,
         if found.get("qv") is not None:
             lead = "b" if v.group(0).startswith("b") else ""
             return v.end(), f"{pre}{lead}{v['vq']}{REDACTED}{v['vq']}"
-        return v.end(), pre + REDACTED
+        end = v.end()  # vLLM's `--api-key K1 K2` (nargs "+"): each word to the next flag
+        if m["name"] and groups.get("dash") and "api-key".startswith(
+                m["name"].lower().replace("_", "-")) and "=" not in sep:
+            end = (_MORE_WORDS.match(text, end) or v).end()
+        return end, pre + REDACTED
     return None
 
 
