@@ -98,6 +98,7 @@ def test_a_known_part_of_a_secret_hides_all_of_it(leak: tuple[str, str],
      r"b'GET / HTTP/1.1\r\nCookie: <redacted>\r\nHost: h\r\n'"),
     ("Set-Cookie: sid=Zq9XkLmP; Path=/; HttpOnly", "Set-Cookie: <redacted>"),
     ("the cookie: not set", "the cookie: not set"),
+    ("HTTP_COOKIE=a=1; sid=Zq9XkLmP", "HTTP_COOKIE=<redacted>"),
     # tokens of known shapes with no name before them (an error's text, a prompt logged)
     ("provided token has expired: ASIAY34FZKBOKMUTVV7A", "provided token has expired: <redacted>"),
     ("creds AIzaSyA1234567890abcdefghijklmnopqrstuv ok", "creds <redacted> ok"),

@@ -48,13 +48,13 @@ _SHAPES = (
                r"(?P<secret>(?!" + _DONE + r")(?:<redacted>|(?!\\[nrt])[^\s'\",;)}\]>])+)"),
     re.compile(r"(?i)(?P<pre>\bbearer\s+)(?P<secret>(?!" + _DONE
                + r")(?:<redacted>|(?!\\[nrt])[^\s'\",;)}\]>])+)"),
-    # Cookie: a=1; session=X: every cookie of the header is a credential (the named rule
-    # stopped at the first `;`, so `session=X` showed); to the line's end, a quote or a `,`
-    # (no cookie value holds `"`, `,`, or a backslash: RFC 6265's cookie-octet); only a
-    # `name=` first, as every cookie header starts (`cookie: not set` is a sentence)
-    # (after an escaped line break too: a request quoted as a repr, `\r\nCookie: ...`)
-    re.compile(r"(?i)(?P<pre>(?:\b|(?<=\\[nr]))(?:set-)?cookie2?[ \t]*:[ \t]*)(?P<secret>(?!"
-               + _DONE + r"|[ \t])(?=[^\s;,'\"\\=]*=)(?:<redacted>|(?!\\[nrt])[^\r\n'\",\\])+)"),
+    # Cookie: a=1; session=X (also after an escaped `\r\n`, and CGI's HTTP_COOKIE=): every
+    # cookie is a credential (the named rule stopped at the first `;`); to the line's end, a
+    # quote or a `,` (none is in a cookie: RFC 6265's cookie-octet); only with a `name=` first,
+    # as every cookie header starts (`cookie: not set` is a sentence)
+    re.compile(r"(?i)(?P<pre>(?:\b|(?<=\\[nr])|(?<=_))(?:set-)?cookie2?[ \t]*[:=][ \t]*)"
+               r"(?P<secret>(?!" + _DONE + r"|[ \t])(?=[^\s;,'\"\\=]*=)"
+               r"(?:<redacted>|(?!\\[nrt])[^\r\n'\",\\])+)"),
 )
 _BEARER = _SHAPES[3]
 _USERINFO = re.compile(r"(?i)\b[a-z][a-z0-9+.-]{0,31}://[^\s/?#@:'\"]*:")
