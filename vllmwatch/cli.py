@@ -73,7 +73,8 @@ def _add_init(init: argparse.ArgumentParser) -> None:
     init.add_argument("--fast", action="store_true",
                       help="do not ask vLLM for its flags (only a cached list is used)")
     init.add_argument("--api-key-file", default="", metavar="PATH",
-                      help="where the API key goes (default: api-key next to the config)")
+                      help="where the API key goes (default: next to the config, api-key for "
+                      "vllmwatch.toml, NAME.api-key for NAME.toml)")
     init.add_argument("--gate", action="store_true",
                       help="put vllmwatch's front door on the line's address (vLLM moves to "
                            "loopback) so that requests wait during restarts")

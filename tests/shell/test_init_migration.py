@@ -273,8 +273,9 @@ def test_inits_own_options_after_the_line_are_refused_not_passed_to_vllm(
 @pytest.mark.parametrize(("config", "key_file", "line"), [
     ("k", "k", "vllm serve /m --api-key sk-abc123x"),  # the same path
     ("k", "./sub/../k", "vllm serve /m --api-key sk-abc123x"),  # the same file, spelt twice
-    ("secrets.env", "", "vllm serve /m --hf-token hf_abcdefgh1234"),  # init's own name
-    ("c.toml", "secrets.env", "HF_TOKEN=hf_abcdefgh1234 vllm serve /m --api-key sk-abc1x"),
+    # the key file on init's own name for the secrets (the unit's config's, an instance's)
+    ("vllmwatch.toml", "secrets.env", "HF_TOKEN=hf_abcdefgh1234 vllm serve /m --api-key sk-x1"),
+    ("c.toml", "c.secrets.env", "HF_TOKEN=hf_abcdefgh1234 vllm serve /m --api-key sk-abc1x"),
 ])
 def test_a_secret_file_on_the_configs_path_is_refused_before_anything_is_written(
         tmp_path: Path, monkeypatch: pytest.MonkeyPatch, config: str, key_file: str,
@@ -302,7 +303,7 @@ def test_an_empty_api_key_is_no_key_as_in_vllm(tmp_path: Path, line: str,
     assert rc == 0, err
     config = load(str(tmp_path / "c.toml"))
     assert command.read_api_key(config) == key
-    assert (tmp_path / "api-key").exists() is (key is not None)
+    assert (tmp_path / "c.api-key").exists() is (key is not None)
     if key is None:
         assert "served without one" in err, err
 
@@ -415,12 +416,34 @@ def test_what_the_redactor_hides_never_sits_in_the_toml_and_each_value_still_rea
 
 def test_existing_secret_files_are_not_replaced_without_force(tmp_path: Path) -> None:
     output = tmp_path / "vw.toml"
-    (tmp_path / "api-key").write_text("old\n")
+    (tmp_path / "vw.api-key").write_text("old\n")
     rc, _, err = run_init([f"vllm serve /m --api-key {KEY}"], output)
-    assert rc == 2 and "api-key exists" in err and not output.exists()
-    assert (tmp_path / "api-key").read_text() == "old\n"
+    assert rc == 2 and "vw.api-key exists" in err and not output.exists()
+    assert (tmp_path / "vw.api-key").read_text() == "old\n"
     rc, _, err = run_init([f"vllm serve /m --api-key {KEY}"], output, force=True)
-    assert rc == 0 and (tmp_path / "api-key").read_text() == KEY + "\n", err
+    assert rc == 0 and (tmp_path / "vw.api-key").read_text() == KEY + "\n", err
+
+
+@pytest.mark.parametrize("force", [False, True])
+def test_each_template_instance_gets_its_own_secret_files(tmp_path: Path, force: bool) -> None:
+    """vllmwatch@a and vllmwatch@b read a.toml and b.toml of one folder. init put every
+    config's key in that folder's `api-key` (and its other secrets in `secrets.env`): b's init
+    found a's files, said "--force replaces it", and with --force b's key went over a's, whose
+    clients got 401 from a's next launch on. Each config now has its own; the unit's
+    vllmwatch.toml keeps `api-key` and `secrets.env`."""
+    keys = {"a": "sk-instance-aaaa1", "b": "sk-instance-bbbb2", "vllmwatch": "sk-unit-cccc3"}
+    for name, key in keys.items():
+        rc, _, err = run_init([f"HF_TOKEN=hf_{name}tok12345678 vllm serve /m --api-key {key}"],
+                              tmp_path / f"{name}.toml", force=force)
+        assert rc == 0, err
+    files = {"a": ("a.api-key", "a.secrets.env"), "b": ("b.api-key", "b.secrets.env"),
+             "vllmwatch": ("api-key", "secrets.env")}
+    for name, (key_file, env_file) in files.items():
+        config = load(str(tmp_path / f"{name}.toml"))
+        assert config.vllm.api_key_file == str(tmp_path / key_file)
+        assert config.vllm.env_file == str(tmp_path / env_file)
+        assert command.read_api_key(config) == keys[name]
+        assert f"HF_TOKEN=hf_{name}tok12345678" in (tmp_path / env_file).read_text()
 
 
 # ---- 36.7: what replaces the cron job, and what comes next ----

@@ -47,8 +47,10 @@ prop vllmwatch.service ActiveState > active.txt
 /opt/vllmwatch/bin/vllmwatch --version > version.txt
 find /opt/vllmwatch -name '*.pyc' | wc -l > pyc.txt
 # what `vllmwatch init` writes beside the config: a purge leaves no secret behind
+# (an instance's, gpu0.toml's, are NAME.api-key and NAME.secrets.env)
 (umask 077; echo sk-init-made > /etc/vllmwatch/api-key
- echo HF_TOKEN=x > /etc/vllmwatch/secrets.env)
+ echo HF_TOKEN=x > /etc/vllmwatch/secrets.env
+ echo sk-init-made > /etc/vllmwatch/gpu0.api-key; echo HF_TOKEN=x > /etc/vllmwatch/gpu0.secrets.env)
 dpkg --purge vllmwatch > purge.log 2>&1; echo $? > purge.rc
 test -e /opt/vllmwatch/venv/bin/python; echo $? > opt-after-purge.txt
 test -e /etc/vllmwatch; echo $? > etc-after-purge.txt

@@ -146,15 +146,32 @@ def _read(req: Request, environ: Mapping[str, str], err: TextIO
     command = list(line.command)
     full = proc.which(command[0], path, cwd) if not command[0].startswith("/") else None
     known = _known([full or command[0], *command[1:]], req.fast, err)
-    here = os.path.dirname(os.path.abspath(req.output))
+    default_key, env_file = secret_paths(req.output)
     key_file = os.path.abspath(req.api_key_file) if req.api_key_file else ""  # (the service
-    facts = Facts(known=known, api_key_file=key_file or os.path.join(here, "api-key"),  # not here)
-                  env_file=os.path.join(here, "secrets.env"),
+    facts = Facts(known=known, api_key_file=key_file or default_key,  # runs elsewhere, not here)
+                  env_file=env_file,
                   supervised=supervised, gate=req.gate, searched=True,
                   has_gpu=os.path.exists("/dev/nvidiactl"), cwd=cwd,
                   gpu_index=_gpu_index(), resolve=lambda w: full if w == command[0] else None,
                   exists=os.path.exists)
     return line, source, facts, notes
+
+
+UNIT_CONFIG = "vllmwatch.toml"  # vllmwatch.service's; vllmwatch@NAME.service reads NAME.toml
+
+
+def secret_paths(output: str) -> tuple[str, str]:
+    """Where init puts the API key and the other secrets of the config at `output`: beside it,
+    `api-key` and `secrets.env` for the unit's vllmwatch.toml, `NAME.api-key` and
+    `NAME.secrets.env` for any other NAME.toml. One pair for every config of a folder made
+    each template instance's init name the same files: the second instance's init found them
+    there, said "--force replaces it", and the --force put its key over the first
+    instance's, whose clients got 401 from its next launch on."""
+    here, name = os.path.split(os.path.abspath(output))
+    if name == UNIT_CONFIG:
+        return os.path.join(here, "api-key"), os.path.join(here, "secrets.env")
+    stem = name.removesuffix(".toml") or name
+    return os.path.join(here, f"{stem}.api-key"), os.path.join(here, f"{stem}.secrets.env")
 
 
 def _known(command: list[str], fast: bool, err: TextIO) -> vllmflags.FlagSet | None:
