@@ -136,11 +136,11 @@ def _dispatch(args: argparse.Namespace) -> int:
         return check.main(config_path(args.config), as_json=args.json, fast=args.fast)
     if args.command == "incidents":
         from vllmwatch.incident import cli as incident_cli
-        from vllmwatch.shell.incidents import roots
 
         if args.dir:  # that folder only
             return incident_cli.main(args.action, args.id, args.json, [args.dir], None)
-        return incident_cli.main(args.action, args.id, args.json, roots(os.environ))
+        return incident_cli.main(args.action, args.id, args.json,
+                                 _incident_roots(getattr(args, "config", None)))
     if args.command == "init":
         from vllmwatch.migrate import runner as init
 
@@ -160,6 +160,18 @@ def _dispatch(args: argparse.Namespace) -> int:
     from vllmwatch import daemon
 
     return daemon.main(config, log_format=args.log_format, prewarm=not args.no_prewarm)
+
+
+def _incident_roots(config_arg: str | None) -> list[str]:
+    """Where the unit that runs this config keeps its records: -c /etc/vllmwatch/NAME.toml is
+    vllmwatch@NAME's own folder (StateDirectory=vllmwatch/NAME), which the list never read:
+    it said "no incident records" (exit 0) beside that instance's records."""
+    from vllmwatch.incident import latest
+    from vllmwatch.shell.incidents import roots
+    from vllmwatch.status import stopped
+
+    unit = stopped.unit_name(os.path.abspath(config_path(config_arg)))
+    return latest.instance_roots(unit, roots(os.environ))
 
 
 def _newest_incident(unit: str) -> dict[str, object] | None:

@@ -320,6 +320,38 @@ def test_the_cli_lists_shows_and_speaks_json(tmp_path: Path,
     assert "no incident 'nope'" in capsys.readouterr().err
 
 
+def test_a_template_instances_records_are_listed_for_its_config(
+        tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    """vllmwatch@a keeps its records in /var/lib/vllmwatch/a/incidents (StateDirectory=
+    vllmwatch/%i); `vllmwatch incidents -c /etc/vllmwatch/a.toml` looked only in the plain
+    unit's folder and said "no incident records" (exit 0) beside a's record that a's journal
+    named. The config picks the instance's folder; without it the answer names the instances
+    that keep records of their own."""
+    from vllmwatch import cli as main_cli
+    from vllmwatch.incident import cli
+    from vllmwatch.shell.incidents import roots
+
+    if not os.path.lexists("/var/lib/vllmwatch/gpu1"):  # (never on a test box: read only)
+        assert main_cli.main(["incidents", "-c", "/etc/vllmwatch/gpu1.toml"]) == 0
+        said = capsys.readouterr().err
+        assert "(looked in /var/lib/vllmwatch/gpu1/incidents)" in said, said
+    assert main_cli._incident_roots("/etc/vllmwatch/vllmwatch.toml") == roots(os.environ)
+    base = tmp_path / "lib"
+    (base / "a").mkdir(parents=True)
+    root = store.root_of(str(base / "a"))
+    assert root is not None
+    rid = store.write(root, store.record_id(1.7e9, "crash"), {store.RECORD: json.dumps(
+        {"id": "x", "reason": "crash", "detail": "exited with code 1", "time_utc": "T"})})
+    assert cli.main(None, None, False, latest.instance_roots("vllmwatch@a.service", [],
+                                                            str(base)), str(base)) == 0
+    assert rid in capsys.readouterr().out
+    plain = [str(base / store.SUBDIR)]
+    assert cli.main(None, None, False, plain, str(base)) == 0
+    said = capsys.readouterr().err
+    assert "no incident records" in said and "vllmwatch@a" in said, said
+    assert "vllmwatch incidents -c /etc/vllmwatch/NAME.toml" in said
+
+
 class _SteppedClock:
     """time for vllmwatch.shell.incidents: monotonic `mono`, the wall clock `step` off."""
 

@@ -249,6 +249,27 @@ vllm_pids > after.txt
     assert r.read("after.txt").strip() == ""
 
 
+def test_an_instances_incidents_are_listed_for_its_config(boot: Boot) -> None:
+    """vllmwatch@a writes its records under /var/lib/vllmwatch/a; `vllmwatch incidents -c
+    /etc/vllmwatch/a.toml` said "no incident records" there (it read the plain unit's)."""
+    r = boot(write("/etc/vllmwatch/a.toml", fake_config(18001, 19201, extra_args=ARMED_EXIT))
+             + """
+systemctl start vllmwatch@a
+wait_for 60 sh -c 'journalctl -u vllmwatch@a VLLMWATCH_EVENT=child.ready -o cat | grep -q .'
+touch /run/vllmwatch-faults.arm  # --exit-after counts from here: after READY, on any box
+wait_for 60 sh -c 'journalctl -u vllmwatch@a | grep -q incident.recorded'
+journalctl -u vllmwatch@a VLLMWATCH_EVENT=incident.recorded -o cat > recorded.txt
+vllmwatch incidents -c /etc/vllmwatch/a.toml > listed.txt 2>&1; echo $? > listed.rc
+vllmwatch incidents > plain.txt 2>&1; echo $? > plain.rc
+systemctl stop vllmwatch@a
+""")
+    ok(r)
+    rid = r.read("recorded.txt").split("incident=")[1].split()[0]
+    assert r.read("listed.rc").strip() == "0" and rid in r.read("listed.txt"), r.read("listed.txt")
+    plain = r.read("plain.txt")  # the plain unit has none: the answer points at the instance
+    assert "no incident records" in plain and "vllmwatch@a" in plain, plain
+
+
 def test_config_error_fails_without_restart(boot: Boot) -> None:
     """The config exit (78, CONFIG) is final (RestartPreventExitStatus=); ExecStartPre's
     checklist is advisory; systemd names the code by its meaning."""

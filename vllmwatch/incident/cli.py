@@ -39,8 +39,8 @@ def main(action: str | None, rid: str | None, as_json: bool, roots: Sequence[str
     # isdir says False as for none at all, and "no incident records" (exit 0) was a lie.
     hidden = next((r for r in roots if _denied(r)), None) if root is None else None
     if root is None and hidden is None:
-        print("vllmwatch: no incident records (looked in " + ", ".join(roots) + ")",
-              file=sys.stderr)
+        print("vllmwatch: no incident records (looked in " + ", ".join(roots) + ")"
+              + _instances_hint(instances), file=sys.stderr)
         return 0 if action is None else 1
     if root is None or not os.access(root, os.R_OK | os.X_OK):
         print(f"vllmwatch: cannot read {root or hidden}: permission denied (records are 0700: "
@@ -61,6 +61,20 @@ def main(action: str | None, rid: str | None, as_json: bool, roots: Sequence[str
             root = other
             break
     return _show(root, rid, as_json)
+
+
+def _instances_hint(instances: str | None) -> str:
+    """The template instances that keep records of their own (vllmwatch@NAME, in
+    INSTANCES/NAME/incidents): "no incident records" alone sent the reader of an instance's
+    journal away from the records it named."""
+    names = [os.path.basename(os.path.dirname(d)) for d in
+             sorted(glob.glob(os.path.join(instances, "*", store.SUBDIR)))] if instances else []
+    if not names:
+        return ""
+    return ("; template instances keep their own: " + ", ".join(
+        f"vllmwatch@{printable(n, False)}" for n in names[:8])
+        + (f" and {len(names) - 8} more" if len(names) > 8 else "")
+        + " (vllmwatch incidents -c /etc/vllmwatch/NAME.toml)")
 
 
 def _denied(path: str) -> bool:
