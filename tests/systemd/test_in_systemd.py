@@ -70,6 +70,26 @@ test -e /etc/vllmwatch; echo $? > etc-after-purge.txt
     assert r.read("etc-after-purge.txt").strip() == "1", r.read("purge.log")
 
 
+def test_an_upgrade_names_a_config_the_new_version_refuses(boot: Boot) -> None:
+    """The package does not restart a running vllmwatch; its unit's next start (systemd's
+    own after a crash, hours later) ran the new code, which refused a config the old one ran:
+    exit 78, down for good, and nothing had said so at the upgrade."""
+    r = boot("""
+cp dpkg.log first.log
+""" + write("/etc/vllmwatch/a.toml", fake_config(18001, 19201)) + write(
+        "/etc/vllmwatch/b.toml", fake_config(18002, 19202).replace(
+            "[vllm.env]\n", '[vllm.env]\nNOTIFY_SOCKET = "x"\n'))
+        + """
+DEBIAN_FRONTEND=noninteractive dpkg -i /vwdeb/vllmwatch.deb > upgrade.log 2>&1; echo $? > upgrade.rc
+""")
+    ok(r)
+    assert "WARNING" not in r.read("first.log"), r.read("first.log")  # the shipped example
+    said = r.read("upgrade.log")
+    assert r.read("upgrade.rc").strip() == "0", said
+    assert "this version refuses /etc/vllmwatch/b.toml" in said, said
+    assert "NOTIFY_SOCKET" in said and "a.toml" not in said, said
+
+
 def _samples(r: SystemdResult) -> list[tuple[float, str, str, str]]:
     rows = []
     for line in r.read("samples.txt").splitlines():
