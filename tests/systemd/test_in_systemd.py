@@ -290,6 +290,27 @@ systemctl stop vllmwatch@a
     assert "no incident records" in plain and "vllmwatch@a" in plain, plain
 
 
+def test_sigusr1_to_the_whole_unit_is_a_drained_restart(boot: Boot) -> None:
+    """`systemctl kill -s SIGUSR1 vllmwatch` (systemctl's default: every process of the unit,
+    as spare.md and the spare's hint say it) killed vLLM outright, Python's default action;
+    only vllmwatch's own process is to act on it: the restart is drained, vLLM stops on
+    vllmwatch's SIGTERM."""
+    r = boot(write(CONF, fake_config(PORT, STATUS)) + f"""
+systemctl start vllmwatch
+wait_for 60 test "$(readyz {STATUS})" = 200
+systemctl kill -s SIGUSR1 vllmwatch
+ready() {{ journalctl -u vllmwatch VLLMWATCH_EVENT=child.ready -o cat | grep -c .; }}
+wait_for 60 test "$(ready)" = 2
+journalctl -u vllmwatch VLLMWATCH_EVENT=child.exited -o cat > exited.txt
+journalctl -u vllmwatch VLLMWATCH_EVENT=restart.begin -o cat > begin.txt
+systemctl stop vllmwatch
+""")
+    ok(r)
+    assert "reason=manual" in r.read("begin.txt"), r.read("begin.txt")
+    exited = r.read("exited.txt")
+    assert "SIGUSR1" not in exited and "expected=true" in exited, exited
+
+
 def test_config_error_fails_without_restart(boot: Boot) -> None:
     """The config exit (78, CONFIG) is final (RestartPreventExitStatus=); ExecStartPre's
     checklist is advisory; systemd names the code by its meaning."""

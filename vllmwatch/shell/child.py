@@ -67,9 +67,10 @@ def spawn(cmd: ChildCommand, marker: str) -> Child:
     """Start the child in a new session (its own process group) with our marker in its env."""
     env = dict(cmd.env)
     env[MARKER] = marker
-    proc = subprocess.Popen(
-        list(cmd.argv), env=env, stdin=subprocess.DEVNULL, stdout=subprocess.PIPE,
-        stderr=subprocess.STDOUT, start_new_session=True, close_fds=True)
+    with kin.control_signals_held():  # systemctl kill -s SIGUSR1: the daemon's, not vLLM's
+        proc = subprocess.Popen(
+            list(cmd.argv), env=env, stdin=subprocess.DEVNULL, stdout=subprocess.PIPE,
+            stderr=subprocess.STDOUT, start_new_session=True, close_fds=True)
     pidfd = None
     with contextlib.suppress(OSError, AttributeError):
         pidfd = os.pidfd_open(proc.pid)

@@ -8,7 +8,8 @@ gone it is reparented to us (vllmwatch is the child subreaper, shell/reaper.py).
 start ourselves for our own use are told apart: helpers run in our session (subprocess.run)
 and the standby is exempt by pid (the launcher's `exempt()`), never by shape.
 
-Also here: when a process started, in ticks since boot (its identity beside the pid).
+Also here: when a process started, in ticks since boot (its identity beside the pid); and
+the daemon's control signals held back from the trees it starts (control_signals_held).
 """
 
 from __future__ import annotations
@@ -210,3 +211,23 @@ def signal_same(pid: int, created: float, sig: int) -> bool:
         except OSError:
             return False
         return True
+
+
+# SIGHUP (reload) and SIGUSR1 (graceful restart) are the daemon's. `systemctl kill -s SIGUSR1
+# vllmwatch` (every process of the unit, systemctl's default) also reached vLLM, whose Python
+# dies of it: vLLM killed outright, its requests failed, instead of the drained restart asked
+# for (measured under systemd 252). A blocked signal stays blocked across fork and exec, in
+# every process and thread the child starts (vLLM's spawned EngineCore and workers), and is
+# never delivered there; vLLM itself handles neither. SIGTERM stays: a stop.
+CONTROL_SIGNALS = frozenset({signal.SIGHUP, signal.SIGUSR1})
+
+
+@contextlib.contextmanager
+def control_signals_held() -> Iterator[None]:
+    """Around a Popen of a vLLM tree: its processes start with CONTROL_SIGNALS blocked. Only
+    this thread's mask changes meanwhile; the daemon's own signals reach another thread."""
+    old = signal.pthread_sigmask(signal.SIG_BLOCK, CONTROL_SIGNALS)
+    try:
+        yield
+    finally:
+        signal.pthread_sigmask(signal.SIG_SETMASK, old)

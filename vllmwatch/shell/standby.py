@@ -31,6 +31,7 @@ import psutil
 
 import vllmwatch
 from vllmwatch.config.command import ChildCommand, is_secret_name
+from vllmwatch.shell import kin
 from vllmwatch.shell.child import MARKER, Child, short_tmpdir
 
 SCRIPT = os.path.join(os.path.dirname(os.path.abspath(__file__)), "standby_main.py")
@@ -224,10 +225,11 @@ def start(entry: Entry, cmd: ChildCommand, key: tuple[Any, ...], modules: tuple[
         # The script as this daemon started with it (vllmwatch.pin): an upgrade since must
         # not put a newer one across the old daemon's side of the handover.
         script = vllmwatch.pinned_copy(SCRIPT, tmpdir) or SCRIPT
-        proc = subprocess.Popen(
-            [entry.interpreter, script, json.dumps(spec)], env=env, stdin=subprocess.PIPE,
-            stdout=subprocess.PIPE, stderr=subprocess.STDOUT, start_new_session=True,
-            close_fds=True, pass_fds=(write_fd,), cwd=os.getcwd())
+        with kin.control_signals_held():  # it becomes vLLM's API server (child.spawn's)
+            proc = subprocess.Popen(
+                [entry.interpreter, script, json.dumps(spec)], env=env, stdin=subprocess.PIPE,
+                stdout=subprocess.PIPE, stderr=subprocess.STDOUT, start_new_session=True,
+                close_fds=True, pass_fds=(write_fd,), cwd=os.getcwd())
     except OSError:
         os.close(read_fd)
         shutil.rmtree(tmpdir, ignore_errors=True)
