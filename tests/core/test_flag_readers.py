@@ -32,7 +32,8 @@ def _known(parsers: bool = True) -> vllmflags.FlagSet:
                              frozenset(data["switches"]), data["kinds"], data["aliases"],
                              frozenset(data["lists"]), frozenset(data["integers"]),
                              {k: tuple(v) for k, v in data["choices"].items()},
-                             data["parsers"] if parsers else None)
+                             data["parsers"] if parsers else None,
+                             {k: tuple(v) for k, v in data["fields"].items()})
 
 
 # vLLM 0.32.0's own parser (make_arg_parser(FlexibleArgumentParser).parse_args(["/m", flag,

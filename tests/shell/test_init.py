@@ -40,7 +40,7 @@ def known() -> vllmflags.FlagSet:
                              frozenset(data["switches"]), data["kinds"], data["aliases"],
                              frozenset(data["lists"]), frozenset(data["integers"]),
                              {k: tuple(v) for k, v in data["choices"].items()},
-                             data["parsers"])
+                             data["parsers"], {k: tuple(v) for k, v in data["fields"].items()})
 
 
 def init(text: str, facts: Facts | None = None) -> tuple[dict[str, Any], str, translate.Draft]:

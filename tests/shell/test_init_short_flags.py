@@ -17,12 +17,15 @@ from vllmwatch.migrate.draft import Facts
 
 
 def old_vllm() -> vllmflags.FlagSet:
-    """A vLLM before --optimization-level: -O was --compilation-config's level."""
+    """A vLLM before --optimization-level: -O was --compilation-config's level (read by its
+    CompilationConfig.from_cli, a reader the probe leaves unjudged)."""
     k = known()
     return dataclasses.replace(
         k, flags=k.flags - {"optimization-level"},
         kinds={n: v for n, v in k.kinds.items() if n != "optimization-level"},
-        aliases={a: n for a, n in k.aliases.items() if n != "optimization-level"})
+        aliases={a: n for a, n in k.aliases.items() if n != "optimization-level"},
+        parsers={n: v for n, v in (k.parsers or {}).items() if n != "compilation-config"},
+        fields={n: v for n, v in (k.fields or {}).items() if n != "compilation-config"})
 
 
 WORDS = [*(s if n in known().switches else f"{s} 2" for s, n in flags.SHORT_FLAGS.items()

@@ -5,6 +5,7 @@ host), and read a vLLM flag's number as vLLM's own readers do (vllm_read)."""
 from __future__ import annotations
 
 import hashlib
+import json
 import math
 import re
 
@@ -191,9 +192,25 @@ VLLM_READS = {"int": "a whole number read by int() (8192, -1; no suffix such as 
               "hr_int_auto": "a whole number, or one with a suffix (8192, 32k = 32000, 32K = "
                              "32768, 25.6k; no decimal before K, M, G, T), or auto or -1",
               # an older vllmwatch's cache names no reader: what one of vLLM's takes
-              "number": "a number (8192, 0.9, 32k)", "whole": "a whole number (8192, 32k)"}
+              "number": "a number (8192, 0.9, 32k)", "whole": "a whole number (8192, 32k)",
+              # JSON readers: json.loads, a config class (parse_dataclass: an object whose
+              # bare numbers may carry a suffix), a dict or a word (union_dict_and_str)
+              "json": "JSON (a table in [vllm.args]; in a line '{\"key\": 1}', [1, 2], 5)",
+              "object": "a JSON object (a table in [vllm.args]; in a line '{\"key\": 1}'; "
+                        "bare numbers may carry a suffix: 80m, 4G)",
+              "dict_or_str": "a word, or a JSON object ('{\"key\": 1}')",
+              "lora": "NAME=PATH (no comma), or a JSON object with name and path "
+                      "('{\"name\": \"sql\", \"path\": \"/srv/lora/sql\"}')"}
 # vLLM's pattern has no re.ASCII, and int() and float() take any digit too
 _VLLM_SUFFIXED = re.compile(r"(\d+(?:\.\d+)?)([kKmMgGtT])")
+# What vLLM's parse_dataclass expands before its JSON is read: a bare suffixed number outside
+# the quoted strings (engine/arg_utils.py _expand_json_human_readable_numbers)
+_JSON_STRING = re.compile(r'("(?:[^"\\]|\\.)*")')
+_JSON_SUFFIXED = re.compile(r"\b\d+(?:\.\d+)?[kKmMgGtT]\b")
+
+
+class NotFinite(ValueError):
+    """A float vLLM's float() reads (nan, inf) that no setting of vLLM's is."""
 
 
 def vllm_read(spec: str, word: str) -> object:
@@ -208,8 +225,10 @@ def vllm_read(spec: str, word: str) -> object:
     if base == "float":
         number = float(word)
         if not math.isfinite(number):
-            raise ValueError(word)
+            raise NotFinite(word)
         return number
+    if base in ("json", "object", "dict_or_str", "lora"):
+        return _json_read(base, word)
     text = word.strip()
     if base in ("number", "whole"):
         return _loose(text, base == "whole")
@@ -224,6 +243,24 @@ def vllm_read(spec: str, word: str) -> object:
             return int(float(digits) * 1000 ** " kmgt".index(suffix))
         return int(digits) * 1024 ** " KMGT".index(suffix)  # int("1.5"): vLLM refuses 1.5K
     return word.lower().replace("-", "_") if base == "fold" else word
+
+
+def _json_read(base: str, word: str) -> object:
+    """What vLLM's JSON readers make of one word (vllm_read); ValueError where vLLM stops."""
+    if base == "dict_or_str" and not re.match(r"(?s)^\s*{.*}\s*$", word):
+        return word  # a word that is not an object stays a word
+    if base == "lora" and "=" in word and "," not in word:
+        return word  # the old form NAME=PATH (LoRAParserAction)
+    if base == "object":  # a suffix vLLM cannot expand (1.5K) stops it too: ValueError
+        word = "".join(part if i % 2 else _JSON_SUFFIXED.sub(
+            lambda m: str(vllm_read("hr_int", m.group())), part)
+            for i, part in enumerate(_JSON_STRING.split(word)))
+    value = json.loads(word)
+    if base in ("object", "lora") and not isinstance(value, dict):
+        raise ValueError(word)
+    if base == "lora" and not {"name", "path"} <= set(value):
+        raise ValueError(word)  # LoRAModulePath(**value) needs both
+    return value
 
 
 def _loose(text: str, whole: bool) -> object:

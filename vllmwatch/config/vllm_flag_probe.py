@@ -72,9 +72,17 @@ def reader_spec(a):
     names = [getattr(f, "__name__", "") for f in readers]
     last = readers[-1] if readers else str
     opt = "?" if "_optional_type" in names else ""
-    spec = {int: "int", float: "float", str: "str"}.get(last) or {
-        "human_readable_int": "hr_int", "human_readable_int_or_auto": "hr_int_auto"}.get(
-            getattr(last, "__name__", ""))
+    if type(a).__name__ == "LoRAParserAction":  # NAME=PATH or JSON, read by the action
+        return "lora" + opt
+    if getattr(last, "__name__", "") == "parse_dataclass" and hasattr(
+            (getattr(last, "__defaults__", None) or (None,))[0], "from_cli"):
+        return None  # a class that reads its own words (vLLM < 0.11's CompilationConfig
+        # took a bare level, `-O3`): not judged here
+    # JSON: json.loads (any JSON), a config class (an object), a dict or a word
+    spec = {int: "int", float: "float", str: "str", json.loads: "json"}.get(last) or {
+        "human_readable_int": "hr_int", "human_readable_int_or_auto": "hr_int_auto",
+        "parse_dataclass": "object"}.get(getattr(last, "__name__", "")) or (
+            "dict_or_str" if "union_dict_and_str" in names else None)
     if spec is None and a.choices and len(readers) == 1:
         words = [c for c in a.choices if isinstance(c, str)]
         try:
@@ -86,6 +94,30 @@ def reader_spec(a):
     return None if spec is None else spec + opt
 
 
+def keys(a, spec):
+    # The keys a config class or --lora-modules' JSON takes, where vLLM refuses any other
+    # ("unexpected keyword argument"); None where that is not known. A class is judged only
+    # where vLLM itself takes {} and refuses a key no class has.
+    if spec.startswith("lora"):
+        cls = getattr(sys.modules.get(type(a).__module__), "LoRAModulePath", None)
+    else:
+        cls = (getattr(chain(a)[-1], "__defaults__", None) or (None,))[0]  # parse_dataclass'
+        try:
+            a.type("{}")
+        except Exception:
+            return None
+        try:
+            a.type('{"vllmwatch_no_such_key": 0}')
+            return None  # taken: this class takes any key
+        except Exception:
+            pass
+    names = set(getattr(cls, "__dataclass_fields__", None) or ())  # InitVars too
+    for info in (getattr(cls, "__pydantic_fields__", None) or {}).values():
+        names.update(n for n in (getattr(info, "alias", None),
+                                 getattr(info, "validation_alias", None)) if isinstance(n, str))
+    return sorted(names) or None
+
+
 for mod, cls in (("vllm.entrypoints.launchers.cli_args", "vllm.utils.argparse_utils"),
                  ("vllm.entrypoints.openai.cli_args", "vllm.utils.argparse_utils"),
                  ("vllm.entrypoints.openai.cli_args", "vllm.utils")):
@@ -95,7 +127,7 @@ for mod, cls in (("vllm.entrypoints.launchers.cli_args", "vllm.utils.argparse_ut
     except (ImportError, AttributeError):
         continue
     parser = make(parser_cls(prog="vllm serve"))
-    kinds, aliases, lists, ints, choices, parsers = {}, {}, [], [], {}, {}
+    kinds, aliases, lists, ints, choices, parsers, fields = {}, {}, [], [], {}, {}, {}
     for a in parser._actions:
         longs = [s[2:] for s in a.option_strings if s.startswith("--")]
         kinds.update((s, kind(a)) for s in longs)
@@ -104,6 +136,10 @@ for mod, cls in (("vllm.entrypoints.launchers.cli_args", "vllm.utils.argparse_ut
         spec = reader_spec(a)
         if spec is not None:
             parsers.update((s, spec) for s in longs)
+        if spec is not None and spec.startswith(("object", "lora")):
+            names = keys(a, spec)
+            if names is not None:
+                fields.update((s, names) for s in longs)
         if a.choices and spec is not None:  # as words; None (optional_type's) is "None", ""
             choices.update((s, [str(c) for c in a.choices if c is not None]) for s in longs)
         aliases.update((s, longs[0]) for s in a.option_strings if longs and s[1] != "-")
@@ -111,5 +147,5 @@ for mod, cls in (("vllm.entrypoints.launchers.cli_args", "vllm.utils.argparse_ut
             lists += longs
     print(MARK + json.dumps({"kinds": kinds, "aliases": aliases, "lists": lists,
                                "integers": ints, "choices": choices,
-                               "parsers": parsers}), flush=True)
+                               "parsers": parsers, "fields": fields}), flush=True)
     break

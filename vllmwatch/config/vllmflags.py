@@ -53,10 +53,15 @@ class FlagSet:
     # The reader of each flag's word (units.vllm_read: int, float, hr_int, ...; a flag with a
     # reader the probe does not know is absent); None when cached by an older vllmwatch
     parsers: Mapping[str, str] | None = None
+    # The keys each JSON flag of a config class (and --lora-modules' JSON) takes, where vLLM
+    # refuses any other; None when cached by an older vllmwatch (whose answer had no JSON
+    # readers either: asked again)
+    fields: Mapping[str, tuple[str, ...]] | None = None
 
     @property
     def complete(self) -> bool:  # a whole answer of this vllmwatch's probe (else ask again)
-        return bool(self.kinds) and None not in (self.lists, self.choices, self.parsers)
+        return bool(self.kinds) and None not in (self.lists, self.choices, self.parsers,
+                                                 self.fields)
 
     @property
     def short_aliases(self) -> dict[str, str]:
@@ -117,8 +122,8 @@ def known_flags(command: list[str] | tuple[str, ...], version: str | None,
             "version": version, "flags": sorted(got.flags), "switches": sorted(got.switches),
             "kinds": dict(sorted(got.kinds.items())), "aliases": dict(got.aliases),
             **{k: sorted(v) for k, v in fields.items() if v is not None},
-            **{k: dict(v) for k, v in (("choices", got.choices), ("parsers", got.parsers))
-               if v is not None}}))
+            **{k: dict(v) for k, v in (("choices", got.choices), ("parsers", got.parsers),
+                                       ("fields", got.fields)) if v is not None}}))
     return got or cached
 
 
@@ -182,13 +187,18 @@ def _from_probe(version: str, table: object) -> FlagSet | None:
 
 
 def _integers_choices(table: Mapping[str, object]) -> tuple[
-        frozenset[str] | None, dict[str, tuple[str, ...]] | None, dict[str, str] | None]:
-    """The probe's (or the cache's) whole-number flags, choices and readers (None: absent)."""
+        frozenset[str] | None, dict[str, tuple[str, ...]] | None, dict[str, str] | None,
+        dict[str, tuple[str, ...]] | None]:
+    """The probe's (or the cache's) whole-number flags, choices, readers and JSON keys (None:
+    absent)."""
     ints, choices, readers = table.get("integers"), table.get("choices"), table.get("parsers")
+    keys = table.get("fields")
     return (frozenset(map(str, ints)) if isinstance(ints, list) else None,
             {str(k): tuple(map(str, v)) for k, v in choices.items() if isinstance(v, list)}
             if isinstance(choices, dict) else None,
-            {str(k): str(v) for k, v in readers.items()} if isinstance(readers, dict) else None)
+            {str(k): str(v) for k, v in readers.items()} if isinstance(readers, dict) else None,
+            {str(k): tuple(map(str, v)) for k, v in keys.items() if isinstance(v, list)}
+            if isinstance(keys, dict) else None)
 
 
 def validate_args(config: Config, known: FlagSet) -> list[Problem]:
@@ -247,8 +257,14 @@ def flag_problem(name: str, value: object, key: str, known: FlagSet) -> Problem 
         return Problem(key, f"{' '.join(map(show, value)) if isinstance(value, list) else ''} "
                        f"follow a flag that takes one value in vLLM {known.version} (or with its "
                        "value after =): vLLM would stop with `unrecognized arguments`")
+    from vllmwatch.config import flagvalues  # (the daemon's launch judges values only when
+    # this vLLM's flags are cached: imported then)
+
     base = name.split(".")[0]  # --compilation-config.level=3 sets one field of a JSON flag
-    legacy = flags.flag_problem(base, value, key, known.version, known.json_flags)
+    # (a JSON flag whose reader vLLM named is judged by it below, not by the built-in rule)
+    json_flags = known.json_flags - {f for f in known.json_flags
+                                     if flagvalues.json_reader(known, f)}
+    legacy = flags.flag_problem(base, value, key, known.version, json_flags)
     if legacy is not None and (base in flags.REMOVED or base in known.json_flags):
         return legacy
     if base == "compilation-config" and "optimization-level" in known.flags and \
@@ -289,39 +305,7 @@ def flag_problem(name: str, value: object, key: str, known: FlagSet) -> Problem 
         return Problem(key, f"--{base} does not read JSON in vLLM {known.version}, and a list "
                        f"is written as one JSON word ({show(value)}); give its values as "
                        f'words in vllm.extra_args: ["--{base}", {words}]')
-    return None if "." in name else _read_problem(base, value, key, known)
-
-
-def _read_problem(base: str, value: object, key: str, known: FlagSet) -> Problem | None:
-    """Why vLLM's reader of --base (and its choices) refuses the word that value becomes."""
-    spec = known.parsers.get(base) if known.parsers is not None else _loose(known, base)
-    if spec is None:  # a reader the probe does not know (or an optional value): not judged
-        return None
-    if value is True:  # `--tokenizer` last, or before another flag: argparse stops
-        return Problem(key, f"--{base} takes a value in vLLM {known.version} and is given none "
-                       "(true, or no word after it before the next --flag): vLLM would stop "
-                       "with `expected one argument`; give it its value")
-    try:
-        got = units.vllm_read(spec, str(value))
-    except ValueError:
-        none = ", or None for vLLM's default" if spec.endswith("?") else ""
-        return Problem(key, f"--{base} takes {units.VLLM_READS[spec.removesuffix('?')]}{none} "
-                       f"in vLLM {known.version}; {show(value)} is not one, and vLLM would stop")
-    allowed = (known.choices or {}).get(base)
-    if allowed and got is not None and str(got) not in allowed:
-        close = difflib.get_close_matches(str(got), allowed, n=1, cutoff=0.6)
-        return Problem(key, f"--{base} {show(value)} is not accepted by vLLM {known.version}; "
-                       f"choose one of {', '.join(allowed)}"
-                       + (" (or None for vLLM's default)" if spec.endswith("?") else "")
-                       + (f" (did you mean {close[0]!r}?)" if close else ""))
-    return None
-
-
-def _loose(known: FlagSet, base: str) -> str | None:
-    """A reader for an older vllmwatch's cache, which has none: loosely a number, a choice."""
-    if known.kind(base) == "number":
-        return "whole" if known.integers is not None and base in known.integers else "number"
-    return "str" if base in (known.choices or {}) else None
+    return None if "." in name else flagvalues.read_problem(base, value, key, known)
 
 
 def refusal_text(config: Config, known: FlagSet) -> str | None:
