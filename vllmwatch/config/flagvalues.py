@@ -1,19 +1,23 @@
-"""Why vLLM's reader of one flag refuses the word it is given: the reader its probe names
-(config/vllm_flag_probe.py: int, float, human_readable_int, a JSON reader, --lora-modules'
-action, ...), the flag's choices and the keys a JSON flag's config class takes. Apart from
-vllmflags (which asks vLLM and caches the answer) and imported by it only when a flag list
-is known."""
+"""Why this vLLM refuses a config's flags, judged by its flag list (config/vllmflags.py asks
+vLLM for it and caches it; this module is imported by it only when a list is known): an
+unknown or abbreviated flag, words after a flag of one value, and a value vLLM's own reader
+of that flag refuses (the reader its probe names: int, float, human_readable_int, a JSON
+reader, --lora-modules' action, ...), outside its choices, or a JSON key its class has not."""
 
 from __future__ import annotations
 
 import difflib
+import itertools
 import json
-from collections.abc import Mapping
-from typing import Protocol
+from collections.abc import Mapping, Sequence
+from typing import TYPE_CHECKING, Protocol
 
-from vllmwatch.config import units
+from vllmwatch.config import flags, units
 from vllmwatch.config.convert import show
 from vllmwatch.config.errors import Problem
+
+if TYPE_CHECKING:
+    from vllmwatch.config.schema import Config
 
 
 class FlagSet(Protocol):
@@ -45,6 +49,110 @@ class FlagSet(Protocol):
     @property
     def short_aliases(self) -> dict[str, str]: ...
     def kind(self, name: str) -> str | None: ...
+
+
+def validate_args(config: Config, known: FlagSet) -> list[Problem]:
+    """Every [vllm.args] key and extra_args flag that this vLLM does not accept."""
+    names = [(flags.flag_name(k), v, f"vllm.args.{k}") for k, v in config.vllm.args.items()]
+    names += _named(config.vllm.extra_args, known, "vllm.extra_args", 0)
+    start = flags.command_tail(config.vllm.command)  # vLLM's flags written in the command
+    if start is not None:
+        names += _named(config.vllm.command[start:], known, "vllm.command", start)
+    out = [p for n, v, k in names if (p := flag_problem(n, v, k, known)) is not None]
+    if config.vllm.env_file:  # its flags alike, their values never shown (only then loaded)
+        from vllmwatch.config.envfilechecks import known_flag_problems
+        out += known_flag_problems(config, known, flag_problem)
+    return out
+
+
+def _named(words: Sequence[str], known: FlagSet, where: str, offset: int
+           ) -> list[tuple[str, object, str]]:
+    """(flag name, value, key) of each flag in an argv list, and ("", the extra words, key)
+    after a flag of one value (the words vLLM refuses)."""
+    out: list[tuple[str, object, str]] = []
+    extra = flags.long_forms(words, known.short_aliases)
+    for i, token in enumerate(extra):
+        if token.startswith("--"):
+            name, eq, inline = token[2:].partition("=")
+            value = inline if eq else flags.next_value(extra, i)
+            key = f"{where}[{i + offset}]"
+            out.append((flags.flag_name(name), value, key))
+            more = _words_after(extra, i + (0 if eq else 1))
+            base = flags.flag_name(name).split(".")[0]
+            if more and known.lists is not None and (eq or base not in known.lists) and \
+                    base in known.flags and base not in known.switches:  # (--x=1 is one word)
+                out.append(("", more, key))
+            elif not eq and base in (known.lists or ()):  # vLLM reads each word as the first
+                out += [(flags.flag_name(name), w, f"{where}[{i + offset + j}]")
+                        for j, w in enumerate(more, 2)]
+        elif token.startswith("-") and not units.is_number_word(token) and known.aliases and \
+                not flags.is_value_of_flag(extra, i):  # a short flag this vLLM lacks (known
+            # only where the flag list has its aliases: a cache of an older vllmwatch has none)
+            out.append((token.partition("=")[0], None, f"{where}[{i + offset}]"))
+    return out
+
+
+def _words_after(extra: list[str], i: int) -> list[str]:
+    """The words after extra[i] up to the next flag (`-1` is a number, not a flag)."""
+    return list(itertools.takewhile(lambda w: not w.startswith("-") or units.is_number_word(w),
+                                    extra[i + 1:]))
+
+
+def flag_problem(name: str, value: object, key: str, known: FlagSet) -> Problem | None:
+    """Why this vLLM refuses one flag and value (unknown, with a did-you-mean), or None."""
+    if name.startswith("-"):  # a short flag none of this vLLM's aliases names (_named)
+        return Problem(key, f"{name} is not a flag of vLLM {known.version}: vLLM would stop "
+                       "with `unrecognized arguments`; write flags in full (--max-model-len)")
+    if not name:  # words after a flag of one value, or one joined to its value (_named)
+        return Problem(key, f"{' '.join(map(show, value)) if isinstance(value, list) else ''} "
+                       f"follow a flag that takes one value in vLLM {known.version} (or with its "
+                       "value after =): vLLM would stop with `unrecognized arguments`")
+    base = name.split(".")[0]  # --compilation-config.level=3 sets one field of a JSON flag
+    # (a JSON flag whose reader vLLM named is judged by it below, not by the built-in rule)
+    json_flags = known.json_flags - {f for f in known.json_flags
+                                     if json_reader(known, f)}
+    legacy = flags.flag_problem(base, value, key, known.version, json_flags)
+    if legacy is not None and (base in flags.REMOVED or base in known.json_flags):
+        return legacy
+    if base == "compilation-config" and "optimization-level" in known.flags and \
+            "." not in name and str(value).strip().isdigit() and not isinstance(value, bool):
+        # -O3 meant --compilation-config 3 before --optimization-level; now a bare level
+        # there stops vLLM (its JSON is a CompilationConfig)
+        return Problem(key, f"--compilation-config {value} (a bare level) stops vLLM "
+                       f"{known.version}, which takes the level as --optimization-level; "
+                       f"write optimization-level = {value}")
+    whole = [f for f in known.flags if f.startswith(base)] if base not in known.flags else []
+    if len(whole) == 1:  # argparse's allow_abbrev: vLLM reads a unique prefix, we would not
+        return Problem(key, f"--{base} is --{whole[0]} abbreviated: vLLM {known.version} takes "
+                       "a unique prefix, but vllmwatch reads flags by their full name (the "
+                       "spare's plan, the GPU memory checks, a flag set twice would miss it); "
+                       f"write --{whole[0]}")
+    if base not in known.flags:
+        close = difflib.get_close_matches(base, sorted(known.flags), n=2, cutoff=0.75)
+        hint = ("; did you mean " + " or ".join(close) + "?") if close else (
+            f" (a prefix of {', '.join(sorted(whole)[:4])}{', ...' if len(whole) > 4 else ''}: "
+            "vLLM stops, `ambiguous option`)" if whole else
+            "; see `vllm serve --help=all` for the flags it accepts")
+        return Problem(key, f"--{base} is not a flag of vLLM {known.version}{hint}")
+    if value is False and f"no-{base}" not in known.flags and "." not in name:
+        return Problem(key, f"--{base} has no --no-{base} form in vLLM {known.version}; "
+                       "delete the key (off is the default)")
+    if base in known.switches and not isinstance(value, bool) and "." not in name:
+        return Problem(key, f"--{base} takes no value in vLLM {known.version}; write "
+                       f"{base} = true")
+    if isinstance(value, list) and "." not in name and known.kinds and known.kind(base) in (
+            "number", "text"):
+        # [vllm.args] writes a list as one JSON word: `--cudagraph-capture-sizes [1,2,4]`
+        # stops vLLM (int("[1,2,4]")), `--numa-bind-nodes ["0","1"]` is one odd word
+        if known.lists is not None and base not in known.lists:
+            return Problem(key, f"--{base} takes one value in vLLM {known.version}; "
+                           f"{show(value)} is a list")
+        words = ", ".join(json.dumps(str(v)) for v in value[:3]) + (
+            ", ..." if len(value) > 3 else "")
+        return Problem(key, f"--{base} does not read JSON in vLLM {known.version}, and a list "
+                       f"is written as one JSON word ({show(value)}); give its values as "
+                       f'words in vllm.extra_args: ["--{base}", {words}]')
+    return None if "." in name else read_problem(base, value, key, known)
 
 
 def read_problem(base: str, value: object, key: str, known: FlagSet) -> Problem | None:

@@ -8,22 +8,24 @@ too slow, an unknown layout), callers warn and carry on: this check never blocks
 
 from __future__ import annotations
 
-import difflib
+import contextlib
 import hashlib
-import itertools
 import json
 import os
 import subprocess
-from collections.abc import Mapping, Sequence
+import time
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from vllmwatch.config import flags, safefile, units, vllminfo
-from vllmwatch.config.convert import show
+from vllmwatch.config import flags, safefile, vllminfo
 from vllmwatch.config.errors import Problem
 from vllmwatch.config.schema import Config
 
 ASK_TIMEOUT_S = 120.0  # importing torch on a loaded 2-core box took 38 s
+# How long a failed ask stands for the daemon's launches (known_flags' retry_after): each ask
+# imports torch for up to ASK_TIMEOUT_S beside the vLLM being started; `check` asks anyway
+RETRY_FAILED_S = 3600.0
 _MARK = "VLLMWATCH_FLAGS "
 # What vLLM's parser says of each flag: a script run by vLLM's interpreter (`-c`: its folder
 # never joins sys.path), never imported by vllmwatch.
@@ -99,24 +101,57 @@ def default_cache_dir(config: Config, environ: Mapping[str, str]) -> str:
     return os.path.join(xdg, "vllmwatch", name)
 
 
-def known_flags(command: list[str] | tuple[str, ...], version: str | None,
-                cache_dir: str | None, *, ask: bool = True,
-                timeout: float = ASK_TIMEOUT_S) -> FlagSet | None:
-    """The flags of the vLLM that `command` runs; None when they cannot be learnt. With
-    ask=False only the cache is consulted (for fast checks)."""
+def _cache_path(command: list[str] | tuple[str, ...], version: str | None,
+                cache_dir: str | None) -> tuple[str | None, str | None]:
+    """(this vLLM's interpreter, its cache file without .json) per version and interpreter."""
     python = vllminfo.interpreter(command)
     if version is None or python is None:
-        return None
+        return python, None
     key = hashlib.sha256(f"{version}\0{python}".encode()).hexdigest()[:16]
     directory = safefile.private_dir(cache_dir) if cache_dir else None
-    path = os.path.join(directory, f"{key}.json") if directory else None
+    return python, os.path.join(directory, key) if directory else None
+
+
+def failed_ask(command: list[str] | tuple[str, ...], version: str | None,
+               cache_dir: str | None, within: float = RETRY_FAILED_S) -> tuple[float, str] | None:
+    """(when, why) of the last ask of this vLLM that failed, if less than `within` s ago."""
+    base = _cache_path(command, version, cache_dir)[1]
+    text = safefile.read_private(base + ".failed") if base else None
+    try:
+        got = json.loads(text or "null")
+        at, why, of = float(got["at"]), str(got["why"]), got["version"]
+    except (ValueError, KeyError, TypeError):
+        return None
+    return (at, why) if of == version and 0 <= time.time() - at < within else None
+
+
+def known_flags(command: list[str] | tuple[str, ...], version: str | None,
+                cache_dir: str | None, *, ask: bool = True, timeout: float = ASK_TIMEOUT_S,
+                retry_after: float | None = None) -> FlagSet | None:
+    """The flags of the vLLM that `command` runs; None when they cannot be learnt. With
+    ask=False only the cache is consulted (for fast checks); with retry_after, vLLM is not
+    asked again within that many seconds of an ask that failed (the daemon's launches)."""
+    python, base = _cache_path(command, version, cache_dir)
+    if version is None or python is None:
+        return None
+    path = base + ".json" if base else None
     cached = _read(path, version) if path else None
     # An entry of an older vllmwatch lacks kinds, lists or readers: usable (the built-in JSON
     # list stands in, values judged loosely), replaced by a full answer whenever vLLM may be asked.
-    if (cached is not None and cached.complete) or not ask:
+    if (cached is not None and cached.complete) or not ask or (
+            retry_after is not None and failed_ask(command, version, cache_dir, retry_after)):
         return cached
     got = _ask(python, version, timeout)
-    if got is not None and path is not None:
+    if base is not None:  # a failure is remembered (its why), an answer forgets it
+        if isinstance(got, str):
+            safefile.write_private(base + ".failed", json.dumps(
+                {"version": version, "at": time.time(), "why": got}))
+        else:
+            with contextlib.suppress(OSError):
+                os.unlink(base + ".failed")
+    if isinstance(got, str):
+        return cached
+    if path is not None:
         fields = {"lists": got.lists, "integers": got.integers}  # (None: not given)
         safefile.write_private(path, json.dumps({
             "version": version, "flags": sorted(got.flags), "switches": sorted(got.switches),
@@ -124,7 +159,7 @@ def known_flags(command: list[str] | tuple[str, ...], version: str | None,
             **{k: sorted(v) for k, v in fields.items() if v is not None},
             **{k: dict(v) for k, v in (("choices", got.choices), ("parsers", got.parsers),
                                        ("fields", got.fields)) if v is not None}}))
-    return got or cached
+    return got
 
 
 def spare_support(known: FlagSet | None) -> tuple[bool | None, bool | None]:
@@ -156,22 +191,26 @@ def _read(path: str, version: str) -> FlagSet | None:
         return None
 
 
-def _ask(python: str, version: str, timeout: float) -> FlagSet | None:
+def _ask(python: str, version: str, timeout: float) -> FlagSet | str:
+    """vLLM's answer, or why there is none (a few words, never vLLM's output)."""
     env = {k: v for k, v in os.environ.items() if not k.startswith(("NOTIFY_", "WATCHDOG_"))}
     try:
         out = subprocess.run([python, "-I", "-c", _PROBE_FILE.read_text(), _MARK],
                              capture_output=True, text=True,
                              timeout=timeout, check=False, env=env, stdin=subprocess.DEVNULL)
-    except (OSError, subprocess.SubprocessError):
-        return None
+    except subprocess.TimeoutExpired:
+        return f"no answer within {timeout:g} s"
+    except (OSError, subprocess.SubprocessError) as exc:
+        return f"{python} could not run ({type(exc).__name__})"
     for line in out.stdout.splitlines():
         if line.startswith(_MARK):
-            try:
-                table = json.loads(line[len(_MARK):])
-            except ValueError:
-                return None
-            return _from_probe(version, table)
-    return None
+            with contextlib.suppress(ValueError):
+                got = _from_probe(version, json.loads(line[len(_MARK):]))
+                if got is not None:
+                    return got
+            return "an answer it could not read"
+    return f"no answer (exit {out.returncode}: not installed for {python}, or a layout this " \
+        "vllmwatch does not know)"
 
 
 def _from_probe(version: str, table: object) -> FlagSet | None:
@@ -203,109 +242,14 @@ def _integers_choices(table: Mapping[str, object]) -> tuple[
 
 def validate_args(config: Config, known: FlagSet) -> list[Problem]:
     """Every [vllm.args] key and extra_args flag that this vLLM does not accept."""
-    names = [(flags.flag_name(k), v, f"vllm.args.{k}") for k, v in config.vllm.args.items()]
-    names += _named(config.vllm.extra_args, known, "vllm.extra_args", 0)
-    start = flags.command_tail(config.vllm.command)  # vLLM's flags written in the command
-    if start is not None:
-        names += _named(config.vllm.command[start:], known, "vllm.command", start)
-    out = [p for n, v, k in names if (p := flag_problem(n, v, k, known)) is not None]
-    if config.vllm.env_file:  # its flags alike, their values never shown (only then loaded)
-        from vllmwatch.config.envfilechecks import known_flag_problems
-        out += known_flag_problems(config, known, flag_problem)
-    return out
-
-
-def _named(words: Sequence[str], known: FlagSet, where: str, offset: int
-           ) -> list[tuple[str, object, str]]:
-    """(flag name, value, key) of each flag in an argv list, and ("", the extra words, key)
-    after a flag of one value (the words vLLM refuses)."""
-    out: list[tuple[str, object, str]] = []
-    extra = flags.long_forms(words, known.short_aliases)
-    for i, token in enumerate(extra):
-        if token.startswith("--"):
-            name, eq, inline = token[2:].partition("=")
-            value = inline if eq else flags.next_value(extra, i)
-            key = f"{where}[{i + offset}]"
-            out.append((flags.flag_name(name), value, key))
-            more = _words_after(extra, i + (0 if eq else 1))
-            base = flags.flag_name(name).split(".")[0]
-            if more and known.lists is not None and (eq or base not in known.lists) and \
-                    base in known.flags and base not in known.switches:  # (--x=1 is one word)
-                out.append(("", more, key))
-            elif not eq and base in (known.lists or ()):  # vLLM reads each word as the first
-                out += [(flags.flag_name(name), w, f"{where}[{i + offset + j}]")
-                        for j, w in enumerate(more, 2)]
-        elif token.startswith("-") and not units.is_number_word(token) and known.aliases and \
-                not flags.is_value_of_flag(extra, i):  # a short flag this vLLM lacks (known
-            # only where the flag list has its aliases: a cache of an older vllmwatch has none)
-            out.append((token.partition("=")[0], None, f"{where}[{i + offset}]"))
-    return out
-
-
-def _words_after(extra: list[str], i: int) -> list[str]:
-    """The words after extra[i] up to the next flag (`-1` is a number, not a flag)."""
-    return list(itertools.takewhile(lambda w: not w.startswith("-") or units.is_number_word(w),
-                                    extra[i + 1:]))
+    from vllmwatch.config import flagvalues  # (judged only where a flag list is known)
+    return flagvalues.validate_args(config, known)
 
 
 def flag_problem(name: str, value: object, key: str, known: FlagSet) -> Problem | None:
     """Why this vLLM refuses one flag and value (unknown, with a did-you-mean), or None."""
-    if name.startswith("-"):  # a short flag none of this vLLM's aliases names (_named)
-        return Problem(key, f"{name} is not a flag of vLLM {known.version}: vLLM would stop "
-                       "with `unrecognized arguments`; write flags in full (--max-model-len)")
-    if not name:  # words after a flag of one value, or one joined to its value (_named)
-        return Problem(key, f"{' '.join(map(show, value)) if isinstance(value, list) else ''} "
-                       f"follow a flag that takes one value in vLLM {known.version} (or with its "
-                       "value after =): vLLM would stop with `unrecognized arguments`")
-    from vllmwatch.config import flagvalues  # (the daemon's launch judges values only when
-    # this vLLM's flags are cached: imported then)
-
-    base = name.split(".")[0]  # --compilation-config.level=3 sets one field of a JSON flag
-    # (a JSON flag whose reader vLLM named is judged by it below, not by the built-in rule)
-    json_flags = known.json_flags - {f for f in known.json_flags
-                                     if flagvalues.json_reader(known, f)}
-    legacy = flags.flag_problem(base, value, key, known.version, json_flags)
-    if legacy is not None and (base in flags.REMOVED or base in known.json_flags):
-        return legacy
-    if base == "compilation-config" and "optimization-level" in known.flags and \
-            "." not in name and str(value).strip().isdigit() and not isinstance(value, bool):
-        # -O3 meant --compilation-config 3 before --optimization-level; now a bare level
-        # there stops vLLM (its JSON is a CompilationConfig)
-        return Problem(key, f"--compilation-config {value} (a bare level) stops vLLM "
-                       f"{known.version}, which takes the level as --optimization-level; "
-                       f"write optimization-level = {value}")
-    whole = [f for f in known.flags if f.startswith(base)] if base not in known.flags else []
-    if len(whole) == 1:  # argparse's allow_abbrev: vLLM reads a unique prefix, we would not
-        return Problem(key, f"--{base} is --{whole[0]} abbreviated: vLLM {known.version} takes "
-                       "a unique prefix, but vllmwatch reads flags by their full name (the "
-                       "spare's plan, the GPU memory checks, a flag set twice would miss it); "
-                       f"write --{whole[0]}")
-    if base not in known.flags:
-        close = difflib.get_close_matches(base, sorted(known.flags), n=2, cutoff=0.75)
-        hint = ("; did you mean " + " or ".join(close) + "?") if close else (
-            f" (a prefix of {', '.join(sorted(whole)[:4])}{', ...' if len(whole) > 4 else ''}: "
-            "vLLM stops, `ambiguous option`)" if whole else
-            "; see `vllm serve --help=all` for the flags it accepts")
-        return Problem(key, f"--{base} is not a flag of vLLM {known.version}{hint}")
-    if value is False and f"no-{base}" not in known.flags and "." not in name:
-        return Problem(key, f"--{base} has no --no-{base} form in vLLM {known.version}; "
-                       "delete the key (off is the default)")
-    if base in known.switches and not isinstance(value, bool) and "." not in name:
-        return Problem(key, f"--{base} takes no value in vLLM {known.version}; write "
-                       f"{base} = true")
-    if isinstance(value, list) and "." not in name and known.kinds and known.kind(base) in (
-            "number", "text"):
-        # [vllm.args] writes a list as one JSON word: `--cudagraph-capture-sizes [1,2,4]`
-        # stops vLLM (int("[1,2,4]")), `--numa-bind-nodes ["0","1"]` is one odd word
-        if known.lists is not None and base not in known.lists:
-            return Problem(key, f"--{base} takes one value in vLLM {known.version}; "
-                           f"{show(value)} is a list")
-        words = ", ".join(json.dumps(str(v)) for v in value[:3]) + (
-            ", ..." if len(value) > 3 else "")
-        return Problem(key, f"--{base} does not read JSON in vLLM {known.version}, and a list "
-                       f"is written as one JSON word ({show(value)}); give its values as "
-                       f'words in vllm.extra_args: ["--{base}", {words}]')
-    return None if "." in name else flagvalues.read_problem(base, value, key, known)
+    from vllmwatch.config import flagvalues
+    return flagvalues.flag_problem(name, value, key, known)
 
 
 def refusal_text(config: Config, known: FlagSet) -> str | None:

@@ -175,7 +175,16 @@ def refusal(config: Config, environ: Mapping[str, str], version: str | None,
     """
     cache = vllmflags.default_cache_dir(config, environ)
     known = vllmflags.known_flags(config.vllm.command, version, cache, ask=False)
-    if (known is None or not known.complete) and version is not None:
+    failed = vllmflags.failed_ask(config.vllm.command, version, cache)
+    if failed is not None and (known is None or not known.complete):
+        # not asked again for a while: each ask imports torch beside the vLLM being started
+        at, why = failed
+        log("warning", "vllm.flags_unknown", version=version, detail=(
+            f"vLLM could not be asked for its flags {(time.time() - at) / 60:.0f} min ago "
+            f"({why}); [vllm.args] is {'unchecked' if known is None else 'judged loosely'}, "
+            f"and vLLM is asked again after {vllmflags.RETRY_FAILED_S / 60:.0f} min or by "
+            "`vllmwatch check`"))
+    elif (known is None or not known.complete) and version is not None:
         # (an older vllmwatch's answer lacks each flag's reader: judged loosely till renewed)
         _learn(config, version, cache, log, "this vLLM's flags are not cached yet" if known
                is None else "the cached flag list (an older vllmwatch's) does not say how "
@@ -195,10 +204,14 @@ def _learn(config: Config, version: str, cache: str, log: LogFn, why: str) -> No
 
     def ask() -> None:
         try:
-            got = vllmflags.known_flags(config.vllm.command, version, cache)
-            if got is None:
-                log("warning", "vllm.flags_unknown", version=version,
-                    detail="cannot ask vLLM for its flags; [vllm.args] stays unchecked")
+            got = vllmflags.known_flags(config.vllm.command, version, cache,
+                                        retry_after=vllmflags.RETRY_FAILED_S)
+            failed = vllmflags.failed_ask(config.vllm.command, version, cache)
+            if got is None or failed is not None:
+                log("warning", "vllm.flags_unknown", version=version, detail=(
+                    f"cannot ask vLLM for its flags ({failed[1] if failed else 'no answer'}); "
+                    "[vllm.args] stays unchecked; asked again after "
+                    f"{vllmflags.RETRY_FAILED_S / 60:.0f} min, or run `vllmwatch check`"))
         finally:
             with _lock:
                 _asking.discard(key)

@@ -1,0 +1,86 @@
+"""A failed ask of vLLM's flags is remembered per vLLM version and interpreter: the daemon's
+launches do not ask again for vllmflags.RETRY_FAILED_S, and say why [vllm.args] is unchecked.
+Before, every launch started a background ask (an import of torch, up to 120 s, beside the
+vLLM being started) that failed the same way, at every restart. `check` asks anyway, and an
+answer forgets the failure."""
+
+from __future__ import annotations
+
+import json
+import sys
+import threading
+import time
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from vllmwatch.config import vllmflags
+from vllmwatch.config.schema import Config, from_dict
+from vllmwatch.shell import versions
+from vllmwatch.testing.waiting import wait_until
+
+
+def _setup(tmp_path: Path) -> tuple[Config, dict[str, str], str]:
+    # this interpreter has no vLLM: the probe answers nothing (exit 0, no line)
+    config = from_dict({"vllm": {"model": "/m", "command": [sys.executable]},
+                        "prewarm": {"cache_dir": str(tmp_path)}})
+    env = {"CACHE_DIRECTORY": "", "XDG_CACHE_HOME": str(tmp_path / "xdg")}
+    return config, env, vllmflags.default_cache_dir(config, env)
+
+
+def _launches(config: Config, env: dict[str, str], n: int
+              ) -> list[tuple[str, str, dict[str, Any]]]:
+    logged: list[tuple[str, str, dict[str, Any]]] = []
+    lock = threading.Lock()
+
+    def log(level: str, event: str, **fields: Any) -> None:
+        with lock:
+            logged.append((level, event, fields))
+
+    def asked_done() -> bool:
+        with versions._lock:
+            return not versions._asking
+
+    for _ in range(n):
+        assert versions.refusal(config, env, "0.99.0", log) is None
+        wait_until(asked_done, 60, "the background ask of vLLM's flags to end")
+    with lock:
+        return list(logged)
+
+
+def test_a_failed_ask_is_not_repeated_at_every_launch(tmp_path: Path,
+                                                      monkeypatch: pytest.MonkeyPatch) -> None:
+    config, env, cache = _setup(tmp_path)
+    asks: list[str] = []
+    real = vllmflags._ask
+    monkeypatch.setattr(vllmflags, "_ask", lambda *a: asks.append(a[0]) or real(*a))
+    logged = _launches(config, env, 3)
+    assert len(asks) == 1, logged
+    unknown = [f["detail"] for level, e, f in logged if e == "vllm.flags_unknown"]
+    assert len(unknown) == 3 and all("no answer (exit 0" in d for d in unknown), logged
+    assert "asked again after 60 min" in unknown[-1] and "vllmwatch check" in unknown[-1]
+    # `check` (no retry_after) asks anyway
+    assert vllmflags.known_flags(config.vllm.command, "0.99.0", cache) is None
+    assert len(asks) == 2
+
+
+def test_after_its_time_and_after_an_answer_vllm_is_asked_again(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    config, env, cache = _setup(tmp_path)
+    asks: list[str] = []
+    real = vllmflags._ask
+    monkeypatch.setattr(vllmflags, "_ask", lambda *a: asks.append(a[0]) or real(*a))
+    _launches(config, env, 1)
+    failed = next(Path(cache).glob("*.failed"))
+    record = json.loads(failed.read_text())
+    failed.write_text(json.dumps({**record, "at": time.time() - vllmflags.RETRY_FAILED_S - 1}))
+    _launches(config, env, 1)
+    assert len(asks) == 2
+    # an answer forgets the failure
+    fixture = Path(__file__).parent / "fixtures" / "vllm-0.32.0-flags.json"
+    got = vllmflags._from_probe("0.99.0", json.loads(fixture.read_text()))
+    monkeypatch.setattr(vllmflags, "_ask", lambda *a: got)
+    assert vllmflags.known_flags(config.vllm.command, "0.99.0", cache) is got
+    assert not list(Path(cache).glob("*.failed"))
+    assert vllmflags.failed_ask(config.vllm.command, "0.99.0", cache) is None
