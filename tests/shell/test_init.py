@@ -114,9 +114,9 @@ ROWS: list[tuple[str, str, dict[str, Any]]] = [
                                                     "optimization-level": "3"}),
     ("a JSON flag as the shell's brace expansion split it",
      "vllm serve m --hf-overrides a:1 b:2", {"hf-overrides": {"a": 1, "b": 2}}),
-    ("JSON-ish with single quotes and True",
-     "vllm serve m --compilation-config \"{'level': 3, 'cudagraph': True}\"",
-     {"compilation-config": {"level": 3, "cudagraph": True}}),
+    ("JSON-ish with single quotes and True",  # (keys of vLLM 0.32's CompilationConfig)
+     "vllm serve m --compilation-config \"{'mode': 3, 'cudagraph_copy_inputs': True}\"",
+     {"compilation-config": {"mode": 3, "cudagraph_copy_inputs": True}}),
     ("a dotted JSON field", "vllm serve m --compilation-config.level 3",
      {"compilation-config.level": 3}),
     ("a bare switch", "vllm serve m --enable-prefix-caching", {"enable-prefix-caching": True}),

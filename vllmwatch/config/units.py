@@ -245,16 +245,22 @@ def vllm_read(spec: str, word: str) -> object:
     return word.lower().replace("-", "_") if base == "fold" else word
 
 
+def expand_suffixes(text: str) -> str:
+    """JSON text with each bare suffixed number outside its strings made whole, as vLLM's
+    parse_dataclass does (80m -> 80000000); ValueError for one vLLM cannot expand (1.5K)."""
+    return "".join(part if i % 2 else _JSON_SUFFIXED.sub(
+        lambda m: str(vllm_read("hr_int", m.group())), part)
+        for i, part in enumerate(_JSON_STRING.split(text)))
+
+
 def _json_read(base: str, word: str) -> object:
     """What vLLM's JSON readers make of one word (vllm_read); ValueError where vLLM stops."""
     if base == "dict_or_str" and not re.match(r"(?s)^\s*{.*}\s*$", word):
         return word  # a word that is not an object stays a word
     if base == "lora" and "=" in word and "," not in word:
         return word  # the old form NAME=PATH (LoRAParserAction)
-    if base == "object":  # a suffix vLLM cannot expand (1.5K) stops it too: ValueError
-        word = "".join(part if i % 2 else _JSON_SUFFIXED.sub(
-            lambda m: str(vllm_read("hr_int", m.group())), part)
-            for i, part in enumerate(_JSON_STRING.split(word)))
+    if base == "object":
+        word = expand_suffixes(word)
     value = json.loads(word)
     if base in ("object", "lora") and not isinstance(value, dict):
         raise ValueError(word)

@@ -87,3 +87,9 @@ class Draft:
         self.args = [e for e in self.args if e.key != entry.key]
         self.args.append(entry)
         self.changed += bool(entry.note)
+
+    def refuse(self, raw: str, key: str, value: object, why: str, note: str = "") -> None:
+        """A flag of the line that vLLM would refuse: an error, and its line commented out."""
+        self.errors.append(f"{raw}: {why}")
+        self.arg(Entry(key, value, f"{note}the line had `{raw}`: {why} (`run` would refuse "
+                       "it)", False))

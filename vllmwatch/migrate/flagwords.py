@@ -8,6 +8,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from vllmwatch.config import vllmflags
 from vllmwatch.config.flags import DASHES, SECRET_FLAGS, flag_name, long_form
 from vllmwatch.config.serveline import is_number
 from vllmwatch.config.vllmflags import FlagSet
@@ -157,3 +158,17 @@ def _values(rest: list[str], i: int, kind: str | None) -> list[str]:
         if kind in ("bool", "number", "one") or (kind == "number?" and is_number(taken[0])):
             break
     return taken
+
+
+def refused_value(name: str, value: object, known: FlagSet | None) -> str | None:
+    """Why vLLM refuses this value of a number or text flag (its reader, by the flag list;
+    without one, an empty value of a flag that takes one), or None."""
+    if known is not None:  # (kv-cache-dtype fp16 is made auto, with a note: translate._text)
+        problem = None if name == "kv-cache-dtype" else vllmflags.flag_problem(
+            name, value, f"vllm.args.{name}", known)
+        return problem.problem if problem else None
+    if value == "" and name in VALUE_FLAGS:  # `--max-model-len=` ($LEN unset)
+        return ("an empty value: vLLM stops on it for a number (vLLM 0.32: `invalid "
+                "human_readable_int_or_auto value: ''`) and reads none for an optional "
+                f"flag; write `{name} = VALUE` in [vllm.args], or leave the flag out")
+    return None

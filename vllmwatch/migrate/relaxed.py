@@ -4,12 +4,14 @@ rope flags turned into the hf-overrides that replaces them."""
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import re
 
+from vllmwatch.config import units
 from vllmwatch.migrate.draft import Draft, Entry, Facts
-from vllmwatch.migrate.flagwords import Given
+from vllmwatch.migrate.flagwords import Given, refused_value
 
 _BARE = re.compile(r"(?<=[{\[,:])\s*([A-Za-z_][A-Za-z0-9_.\-]*)\s*(?=[:,}\]])")
 _LITERALS = {"true", "false", "null"}
@@ -67,11 +69,17 @@ def parse(given: Given, value: object) -> tuple[object | None, str]:
 
 def json_flag(given: Given, value: object, draft: Draft, facts: Facts, note: str) -> None:
     """A flag that takes JSON: written as a TOML table (vllmwatch passes it as JSON)."""
+    if (facts.known and (facts.known.parsers or {}).get(given.name, "").startswith("object")):
+        with contextlib.suppress(ValueError):  # (1.5K: left for the refusal below to name)
+            value = units.expand_suffixes(_text_of(value))  # vLLM expands 80m in its JSON
     got, why = parse(given, value)
     if got is None:
         draft.errors.append(f"{given.raw}: {why}")
         draft.arg(Entry(given.name, _text_of(value), f"{note}the line had `{given.raw}`: "
                         f"{why}; fix it and uncomment", False))
+        return
+    if (refused := refused_value(given.name, got, facts.known)) is not None:
+        draft.refuse(given.raw, given.name, got, refused, note)  # (a key its class lacks)
         return
     moved: list[str] = []
     got = absolute_within(got, facts, given.name, moved)

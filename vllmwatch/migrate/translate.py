@@ -18,7 +18,7 @@ from vllmwatch.config.serveline import ServeLine, is_number
 from vllmwatch.config.vllmflags import flag_problem as known_problem
 from vllmwatch.migrate import addresses, envwords, relaxed, smokeplan, wrapwords
 from vllmwatch.migrate.draft import Draft, Entry, Facts
-from vllmwatch.migrate.flagwords import VALUE_FLAGS, Given, read
+from vllmwatch.migrate.flagwords import VALUE_FLAGS, Given, read, refused_value
 
 OWNED = {"model": "model", "port": "port", "host": "host",
          "served-model-name": "served_model_name"}
@@ -248,18 +248,14 @@ def _typed(given: Given, value: object, draft: Draft, facts: Facts, note: str) -
     kind = _kind(base, value, facts) if "." not in name else "json"
     if kind is None and facts.known is not None:
         problem = known_problem(name, value, f"vllm.args.{name}", facts.known)
-        why = problem.problem if problem else "unknown flag"
-        draft.errors.append(f"{given.raw}: {why}")
-        draft.arg(Entry(name, _number(_plain(value)), f"{note}the line had `{given.raw}`: {why} "
-                        "(`run` would refuse it)", False))
+        draft.refuse(given.raw, name, _number(_plain(value)),
+                     problem.problem if problem else "unknown flag", note)
         return
     if value is True and facts.known is None and (base in VALUE_FLAGS or
                                                    base in flags.BUILTIN_JSON):
-        draft.errors.append(f"{given.raw}: the flag takes a value and the line gives none "
-                            "(vLLM would refuse it; a number right before > or >> is a file "
-                            f"descriptor to sh): write `{name} = VALUE` in [vllm.args]")
-        draft.arg(Entry(name, None, f"{note}the line had `{given.raw}` with no value; "
-                        f"--{name} takes one, and vLLM refuses it bare", False))
+        draft.refuse(given.raw, name, None, "the flag takes a value and the line gives none "
+                     "(vLLM would refuse it; a number right before > or >> is a file "
+                     f"descriptor to sh): write `{name} = VALUE` in [vllm.args]", note)
     elif kind == "bool":
         _switch(given, value, draft, facts, note)
     elif kind == "json" and "." not in name:
@@ -272,9 +268,12 @@ def _typed(given: Given, value: object, draft: Draft, facts: Facts, note: str) -
         if moved:
             draft.said.append(f"{', '.join(moved)} relative to {facts.cwd}; the service "
                               "starts elsewhere")
-    else:
-        _text(given, value if kind == "text" else _number(value, facts.known is None), draft,
-              facts, note)
+    else:  # a value vLLM's reader refuses is commented out, as the file's header says
+        written = value if kind == "text" else _number(value, facts.known is None)
+        if (why := refused_value(name, written, facts.known)) is not None:
+            draft.refuse(given.raw, name, written, why, note)
+        else:
+            _text(given, written, draft, facts, note)
 
 
 def _plain(value: object) -> object:
