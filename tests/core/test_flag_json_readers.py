@@ -83,6 +83,20 @@ def test_an_unknown_key_is_named_with_the_keys_vllm_takes() -> None:
     assert "_attention_ops" not in text, text  # the class's own fields are not offered
 
 
+@pytest.mark.parametrize(("vllm", "reads"), [
+    ({"args": {"compilation-config.level": 3}}, False),
+    ({"args": {"compilation-config.mode": 3}}, True),
+    ({"extra_args": ["--compilation-config.level", "3"]}, False),
+    ({"extra_args": ["--compilation-config.cudagraph_capture_sizes+", "1,2"]}, True),
+    ({"extra_args": ["--kv-transfer-config.bogus", "1"]}, False),
+    ({"extra_args": ["--hf-overrides.anything", "1"]}, True)])  # (a dict: any key)
+def test_a_dotted_key_is_one_of_the_classs(vllm: dict[str, Any], reads: bool) -> None:
+    # vLLM's parser makes {"level": 3} of --compilation-config.level 3, which 0.32's
+    # CompilationConfig refuses (unexpected keyword argument), as vLLM 0.32 itself does
+    problems = vllmflags.validate_args(from_dict({"vllm": {"model": "/m", **vllm}}), _known())
+    assert (not problems) == reads, problems
+
+
 @pytest.mark.parametrize(("flag", "word"), [
     ("gpu-memory-utilization", "nan"), ("gpu-memory-utilization", "-inf"),
     ("cpu-offload-gb", "inf"), ("dp-supervisor-probe-timeout-s", "inf")])

@@ -117,8 +117,8 @@ ROWS: list[tuple[str, str, dict[str, Any]]] = [
     ("JSON-ish with single quotes and True",  # (keys of vLLM 0.32's CompilationConfig)
      "vllm serve m --compilation-config \"{'mode': 3, 'cudagraph_copy_inputs': True}\"",
      {"compilation-config": {"mode": 3, "cudagraph_copy_inputs": True}}),
-    ("a dotted JSON field", "vllm serve m --compilation-config.level 3",
-     {"compilation-config.level": 3}),
+    ("a dotted JSON field", "vllm serve m --compilation-config.mode 3",
+     {"compilation-config.mode": 3}),
     ("a bare switch", "vllm serve m --enable-prefix-caching", {"enable-prefix-caching": True}),
     ("a switch turned off", "vllm serve m --enable-prefix-caching False",
      {"enable-prefix-caching": False}),

@@ -152,7 +152,11 @@ def flag_problem(name: str, value: object, key: str, known: FlagSet) -> Problem 
         return Problem(key, f"--{base} does not read JSON in vLLM {known.version}, and a list "
                        f"is written as one JSON word ({show(value)}); give its values as "
                        f'words in vllm.extra_args: ["--{base}", {words}]')
-    return None if "." in name else read_problem(base, value, key, known)
+    if "." in name:  # vLLM makes {"level": 3} of --compilation-config.level 3: its class's keys
+        first = name.split(".")[1].removesuffix("+")  # (`.key+ a,b` is a list)
+        return _key_problem(base, {first: value}, key, known) if base in (known.fields or {}) \
+            else None
+    return read_problem(base, value, key, known)
 
 
 def read_problem(base: str, value: object, key: str, known: FlagSet) -> Problem | None:
