@@ -342,9 +342,11 @@ def test_the_env_files_flags_are_judged_by_vllms_list_their_values_unshown(
     assert vllmflags.validate_args(config, _known()) == []
 
 
-def test_check_says_when_it_judges_values_only_loosely(tmp_path: Path,
+@pytest.mark.parametrize("dropped", ["parsers", "fields"])
+def test_check_says_when_it_judges_values_only_loosely(tmp_path: Path, dropped: str,
                                                        monkeypatch: pytest.MonkeyPatch) -> None:
-    # an older vllmwatch's cache names no reader: check must not claim what it cannot know
+    # an older vllmwatch's cache names no reader (or no JSON reader, no class's keys): check
+    # must not claim what it cannot know
     import hashlib
 
     from vllmwatch.check import vllm as check_vllm
@@ -352,7 +354,7 @@ def test_check_says_when_it_judges_values_only_loosely(tmp_path: Path,
 
     key = hashlib.sha256(f"0.99.0\0{sys.executable}".encode()).hexdigest()[:16]
     old = {k: v for k, v in json.loads((FIXTURES / "vllm-0.32.0-flags.json").read_text()
-                                       ).items() if k != "parsers"}
+                                       ).items() if k != dropped}
     (tmp_path / f"{key}.json").write_text(json.dumps({**old, "version": "0.99.0"}))
     (tmp_path / f"{key}.json").chmod(0o600)
     tmp_path.chmod(0o700)

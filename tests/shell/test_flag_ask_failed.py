@@ -84,3 +84,15 @@ def test_after_its_time_and_after_an_answer_vllm_is_asked_again(
     assert vllmflags.known_flags(config.vllm.command, "0.99.0", cache) is got
     assert not list(Path(cache).glob("*.failed"))
     assert vllmflags.failed_ask(config.vllm.command, "0.99.0", cache) is None
+
+
+def test_check_says_why_vllm_could_not_be_asked(tmp_path: Path,
+                                                monkeypatch: pytest.MonkeyPatch) -> None:
+    from vllmwatch.check import vllm as check_vllm
+    from vllmwatch.check.base import WARN, Context
+
+    config, _env, cache = _setup(tmp_path)
+    monkeypatch.setattr(check_vllm.vllminfo, "version", lambda command: "0.99.0")
+    r = check_vllm.check_vllm_args(Context(config, flags_cache=cache))
+    assert r.status == WARN and "no answer (exit 0: not installed for" in r.detail, r
+

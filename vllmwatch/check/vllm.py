@@ -76,14 +76,16 @@ def check_vllm_args(ctx: Context) -> CheckResult:
         return CheckResult("vllm.args", SKIP, "vLLM's flag list is not cached yet; run "
                            "`vllmwatch check` without --fast once")
     if known is None:
+        failed = vllmflags.failed_ask(c.vllm.command, version, cache)
         return CheckResult("vllm.args", WARN, f"cannot ask vLLM {version} for its flags "
-                           "(import failed or took too long); [vllm.args] is not checked")
+                           f"({failed[1] if failed else 'import failed or took too long'}); "
+                           "[vllm.args] is not checked")
     problems = vllmflags.validate_args(c, known)
     if problems:
         return CheckResult("vllm.args", FAIL, "; ".join(f"{p.key}: {p.problem}"
                                                         for p in problems))
     given = len(c.vllm.args) + sum(t.startswith("--") for t in c.vllm.extra_args)
-    loose = "" if known.parsers is not None else (
+    loose = "" if known.complete else (
         " (their values only loosely: this cached list, an older vllmwatch's, does not say how "
         "vLLM reads each; run `vllmwatch check` without --fast to renew it)")
     if str(vllm_flags(ctx).get("disable-log-stats", False)).lower() not in ("false", "0"):
