@@ -96,3 +96,44 @@ def test_check_says_why_vllm_could_not_be_asked(tmp_path: Path,
     r = check_vllm.check_vllm_args(Context(config, flags_cache=cache))
     assert r.status == WARN and "no answer (exit 0: not installed for" in r.detail, r
 
+
+
+def test_an_ask_dies_with_the_vllmwatch_that_asked(tmp_path: Path) -> None:
+    # The ask imports torch for up to 120 s; a vllmwatch that exits meanwhile (a stop, a
+    # crash, `check` interrupted) left it running: the probe now dies with the asking thread
+    import os
+    import signal
+    import subprocess
+
+    env = tmp_path / "venv"  # an interpreter whose `import vllm` hangs, as torch's can
+    subprocess.run([sys.executable, "-m", "venv", "--without-pip", str(env)], check=True)
+    site = next((env / "lib").glob("python*/site-packages"))
+    pid_file = tmp_path / "probe.pid"
+    (site / "vllm").mkdir()
+    (site / "vllm" / "__init__.py").write_text(
+        f"import os, time\nopen({str(pid_file)!r}, 'w').write(str(os.getpid()))\n"
+        "time.sleep(60)  # the import that does not end\n")
+    asker = (  # a vllmwatch that asks in a thread, then exits once the probe runs
+        "import sys, threading, time, os\n"
+        "from vllmwatch.config import vllmflags\n"
+        f"threading.Thread(target=vllmflags.known_flags, args=([{str(env / 'bin' / 'python')!r}],"
+        f" '0.99.0', {str(tmp_path / 'cache')!r}), daemon=True).start()\n"
+        f"while not os.path.exists({str(pid_file)!r}): time.sleep(0.02)\n")
+    parent = subprocess.Popen([sys.executable, "-c", asker], start_new_session=True,
+                              cwd=Path(__file__).resolve().parents[2])
+    try:
+        assert parent.wait(60) == 0
+        probe = int(wait_until(lambda: pid_file.read_text().strip(), 10, "the probe's pid"))
+
+        def gone() -> bool:
+            try:
+                os.kill(probe, 0)
+            except ProcessLookupError:
+                return True
+            return Path(f"/proc/{probe}/stat").read_text().split(")")[-1].split()[0] == "Z"
+
+        wait_until(gone, 10, "the probe to die with the vllmwatch that asked")
+    finally:
+        with __import__("contextlib").suppress(ProcessLookupError):
+            os.killpg(parent.pid, signal.SIGKILL)
+        parent.wait()

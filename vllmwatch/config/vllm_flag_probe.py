@@ -12,6 +12,17 @@ import json
 import sys
 
 MARK = sys.argv[1]  # the caller's marker: the line it reads among vLLM's own output
+if len(sys.argv) > 2:  # the asking vllmwatch's pid: die with the thread that asked
+    # (PR_SET_PDEATHSIG, SIGKILL), and leave at once if it is gone already: an ask imports
+    # torch for up to 120 s, and a vllmwatch that stops meanwhile must leave nothing running
+    import contextlib
+    import ctypes
+    import os
+    import signal
+    with contextlib.suppress(OSError, AttributeError):  # (not Linux: no such guard)
+        ctypes.CDLL(None, use_errno=True).prctl(1, int(signal.SIGKILL), 0, 0, 0)
+    if os.getppid() != int(sys.argv[2]):
+        os._exit(0)
 
 
 def worker(a):

@@ -195,7 +195,8 @@ def _ask(python: str, version: str, timeout: float) -> FlagSet | str:
     """vLLM's answer, or why there is none (a few words, never vLLM's output)."""
     env = {k: v for k, v in os.environ.items() if not k.startswith(("NOTIFY_", "WATCHDOG_"))}
     try:
-        out = subprocess.run([python, "-I", "-c", _PROBE_FILE.read_text(), _MARK],
+        out = subprocess.run([python, "-I", "-c", _PROBE_FILE.read_text(), _MARK,
+                              str(os.getpid())],  # (it dies with us: vllm_flag_probe.py)
                              capture_output=True, text=True,
                              timeout=timeout, check=False, env=env, stdin=subprocess.DEVNULL)
     except subprocess.TimeoutExpired:
