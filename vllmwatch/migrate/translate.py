@@ -260,6 +260,9 @@ def _typed(given: Given, value: object, draft: Draft, facts: Facts, note: str) -
         _switch(given, value, draft, facts, note)
     elif kind == "json" and "." not in name:
         relaxed.json_flag(given, value, draft, facts, note)
+    elif isinstance(value, list) and (why := next(filter(None, (
+            refused_value(name, w, facts.known) for w in value)), None)) is not None:
+        draft.refuse(given.raw, name, _plain(value), why, note)  # (each word, as vLLM reads)
     elif isinstance(value, list):  # (`--lora-modules a=./x b=./y`: each word's path too)
         moved: list[str] = []
         draft.extra_args += [f"--{name}", *(relaxed.absolute_text(w, facts, name, moved)
