@@ -238,3 +238,24 @@ def test_vllms_own_flag_list_says_how_each_value_is_read(vllm_venv: Path,
         "max-num-batched-tokens": "hr_int", "max-model-len": "hr_int_auto",
         "moe-backend": "fold", "hf-token": None}
     assert "48" not in (got.choices or {})["max-lora-rank"]
+
+
+def test_vllms_own_flag_list_says_how_each_json_value_is_read(vllm_venv: Path,
+                                                              vllm_flags: Path) -> None:
+    """The probe records the real vLLM's JSON readers and a config class's keys: `--lora-modules
+    foo`, `--compilation-config abc` and `{"level": 3}` are refused before a launch, as vLLM
+    0.32's parser refuses them (config/flagvalues.py, units.vllm_read)."""
+    from vllmwatch.config import vllmflags, vllminfo
+
+    command = [str(vllm_venv / "bin" / "vllm"), "serve"]
+    got = vllmflags.known_flags(command, vllminfo.version(command), str(vllm_flags),
+                                ask=False)
+    assert got is not None and got.complete and got.parsers is not None and got.fields
+    assert {k: got.parsers.get(k) for k in ("compilation-config", "kv-transfer-config",
+                                            "speculative-config", "hf-overrides",
+                                            "lora-modules")} == {
+        "compilation-config": "object", "kv-transfer-config": "object?",
+        "speculative-config": "json?", "hf-overrides": "dict_or_str", "lora-modules": "lora?"}
+    assert "mode" in got.fields["compilation-config"]
+    assert "level" not in got.fields["compilation-config"]
+    assert {"name", "path"} <= set(got.fields["lora-modules"])
