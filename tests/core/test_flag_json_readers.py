@@ -12,13 +12,12 @@ from __future__ import annotations
 import argparse
 import dataclasses
 import json
-import sys
-import types
 from typing import Any
 
 import pytest
 
 from tests.core.test_flag_readers import _known
+from tests.support.flagprobe import probe_with
 from vllmwatch.config import vllmflags
 from vllmwatch.config.schema import from_dict
 
@@ -156,18 +155,7 @@ def _json_parser() -> argparse.ArgumentParser:
 
 def test_the_probe_records_each_json_reader_and_a_classs_keys(
         monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]) -> None:
-    cli = types.ModuleType("vllm.entrypoints.launchers.cli_args")
-    cli.make_arg_parser = lambda parser: _json_parser()  # type: ignore[attr-defined]
-    utils = types.ModuleType("vllm.utils.argparse_utils")
-    utils.FlexibleArgumentParser = argparse.ArgumentParser  # type: ignore[attr-defined]
-    for name in ("vllm", "vllm.entrypoints", "vllm.entrypoints.launchers", "vllm.utils"):
-        monkeypatch.setitem(sys.modules, name, types.ModuleType(name))
-    monkeypatch.setitem(sys.modules, cli.__name__, cli)
-    monkeypatch.setitem(sys.modules, utils.__name__, utils)
-    monkeypatch.setattr(sys, "argv", ["-c", "MARK "])
-    exec(compile(vllmflags._PROBE_FILE.read_text(), "probe", "exec"), {"__name__": "__main__"})
-    line = next(x for x in capsys.readouterr().out.splitlines() if x.startswith("MARK "))
-    got = vllmflags._from_probe("0.99.0", json.loads(line[5:]))
+    got = probe_with(_json_parser, monkeypatch, capsys)
     assert got is not None and got.parsers == {
         "strict": "object", "either": "dict_or_str", "kwargs": "json", "loras": "lora"}, got
     assert got.fields == {"strict": ("mode",)} and got.complete, got

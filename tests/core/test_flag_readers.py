@@ -11,12 +11,12 @@ import argparse
 import json
 import sys
 import threading
-import types
 from pathlib import Path
 from typing import Any
 
 import pytest
 
+from tests.support.flagprobe import probe_with
 from vllmwatch.config import flags, units, vllmflags
 from vllmwatch.config.schema import from_dict
 from vllmwatch.shell import versions
@@ -203,18 +203,7 @@ def _vllm_like_parser() -> argparse.ArgumentParser:
 
 def test_the_probe_records_each_flags_reader(monkeypatch: pytest.MonkeyPatch,
                                              capsys: pytest.CaptureFixture[str]) -> None:
-    cli = types.ModuleType("vllm.entrypoints.launchers.cli_args")
-    cli.make_arg_parser = lambda parser: _vllm_like_parser()  # type: ignore[attr-defined]
-    utils = types.ModuleType("vllm.utils.argparse_utils")
-    utils.FlexibleArgumentParser = argparse.ArgumentParser  # type: ignore[attr-defined]
-    for name in ("vllm", "vllm.entrypoints", "vllm.entrypoints.launchers", "vllm.utils"):
-        monkeypatch.setitem(sys.modules, name, types.ModuleType(name))
-    monkeypatch.setitem(sys.modules, cli.__name__, cli)
-    monkeypatch.setitem(sys.modules, utils.__name__, utils)
-    monkeypatch.setattr(sys, "argv", ["-c", "MARK "])
-    exec(compile(vllmflags._PROBE_FILE.read_text(), "probe", "exec"), {"__name__": "__main__"})
-    line = next(x for x in capsys.readouterr().out.splitlines() if x.startswith("MARK "))
-    got = vllmflags._from_probe("0.99.0", json.loads(line[5:]))
+    got = probe_with(_vllm_like_parser, monkeypatch, capsys)
     assert got is not None and got.parsers == {
         "seqs": "int", "cpu-loras": "int?", "util": "float", "tokens": "hr_int",
         "bytes": "hr_int?", "len": "hr_int_auto", "rank": "int", "strategy": "str?",

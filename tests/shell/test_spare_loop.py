@@ -420,16 +420,9 @@ def test_a_stop_is_answered_while_a_launch_waits_for_the_spare_to_go_down(
     loop: Loop = world["loop"]
     log: LogCapture = world["log"]
     spare: sparerun.SpareFx = world["spare"]
-    # (its socket: bound after it set SIGTERM aside, which it would die of before that)
-    wait_until(lambda: _state(loop) == ("prewarming", "spare_build", "building")
-               and spare.tree.pid is not None and os.path.exists(spare.tree.cmd.socket_path),
-               WAIT, "the first build under way")
-    api = spare.tree.pid
-    assert api is not None
+    api = _first_build(loop, spare)
     try:
-        off = dataclasses.replace(loop.state.config, spare=dataclasses.replace(
-            loop.state.config.spare, enabled="false"))
-        loop.post(ReloadRequested(off))  # StopSpare (SIGTERM, ignored), then the launch
+        _reload_with_the_spare_off(loop)  # StopSpare (SIGTERM, ignored), then the launch
         wait_until(lambda: _state(loop)[1] == "launch_wait" and spare.tree.stops.busy(),
                    WAIT, "the launch waiting for the spare's stop")
         loop.deliver_signal(signal.SIGTERM)
@@ -464,15 +457,9 @@ def test_the_loop_answers_while_a_launch_waits_for_the_spare_to_go_down(
     log: LogCapture = world["log"]
     spare: sparerun.SpareFx = world["spare"]
     notifier: FakeNotifier = world["notifier"]
-    wait_until(lambda: _state(loop) == ("prewarming", "spare_build", "building")
-               and spare.tree.pid is not None and os.path.exists(spare.tree.cmd.socket_path),
-               WAIT, "the first build under way")
-    api = spare.tree.pid
-    assert api is not None
+    api = _first_build(loop, spare)
     try:
-        off = dataclasses.replace(loop.state.config, spare=dataclasses.replace(
-            loop.state.config.spare, enabled="false"))
-        loop.post(ReloadRequested(off))  # StopSpare (SIGTERM, ignored), then the launch
+        off = _reload_with_the_spare_off(loop)  # StopSpare (SIGTERM, ignored), then the launch
         wait_until(lambda: _state(loop)[1] in ("launching", "launch_wait")
                    and spare.tree.stops.busy(), WAIT, "the launch waiting for the spare")
         mark, pings = len(log.got), len(notifier.sent("WATCHDOG=1"))
@@ -499,3 +486,22 @@ def test_the_loop_answers_while_a_launch_waits_for_the_spare_to_go_down(
     (world["tmp"] / "go").touch()
     wait_until(lambda: _state(loop) == ("ready", "idle", "off"), WAIT, "READY, spare off")
     _stop_and_nothing_left(world)
+
+
+def _first_build(loop: Loop, spare: sparerun.SpareFx) -> int:
+    """The spare's API server pid once its first build is under way (its socket bound: after
+    it set SIGTERM aside, which it would die of before that)."""
+    wait_until(lambda: _state(loop) == ("prewarming", "spare_build", "building")
+               and spare.tree.pid is not None and os.path.exists(spare.tree.cmd.socket_path),
+               WAIT, "the first build under way")
+    api = spare.tree.pid
+    assert api is not None
+    return api
+
+
+def _reload_with_the_spare_off(loop: Loop) -> Config:
+    """Post a reload that turns the spare off; the config it carries."""
+    off = dataclasses.replace(loop.state.config, spare=dataclasses.replace(
+        loop.state.config.spare, enabled="false"))
+    loop.post(ReloadRequested(off))
+    return off
