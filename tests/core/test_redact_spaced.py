@@ -10,7 +10,7 @@ from __future__ import annotations
 import re
 import string
 
-from hypothesis import given, settings
+from hypothesis import assume, given, settings
 from hypothesis import strategies as st
 
 from vllmwatch.config import secretnames
@@ -51,6 +51,9 @@ def test_a_value_after_an_identifier_name_and_a_space_is_hidden_whole(
        inner=st.text(_ALPHABET + " ,;&)]}>", max_size=20))
 def test_a_quoted_value_after_a_name_and_a_space_is_hidden_whole(
         name: str, value: str, quote: str, inner: str) -> None:
+    # The quoted value is value + inner: together they may be a file's path (`'/a' + '/0'`),
+    # which stays by design (test_redact_paths), as `value` alone is filtered above.
+    assume(not secretnames.path_value(value + inner))
     line = f"{name} {quote}{value}{inner}{quote} ok"
     assert R.text(line) == f"{name} {quote}{REDACTED}{quote} ok", line
 
