@@ -41,7 +41,7 @@ from vllmwatch.core.events import (
 from vllmwatch.core.names import ProbeKind
 from vllmwatch.logfn import LogFn
 from vllmwatch.shell import child as childmod
-from vllmwatch.shell import versions
+from vllmwatch.shell import ports, versions
 from vllmwatch.shell.childlog import ChildLog
 from vllmwatch.shell.engines import EngineWatch
 from vllmwatch.shell.probes import Endpoint, HttpProber, sample_host_cpu
@@ -160,6 +160,7 @@ class ChildHandle:
         self._engines = EngineWatch()
         self._starting = True  # until StartOver (or the exit): see _health
         self._said_gone: frozenset[str] = frozenset()
+        self._said_port = self._port_judged = False  # startup.port_taken: said once a start
         self.last_metrics_text: str | None = None  # the last /metrics body, for incidents
 
     @classmethod
@@ -284,7 +285,7 @@ class ChildHandle:
         """Run one probe (in a worker thread)."""
         prober = self.prober(action)
         if action.kind == ProbeKind.HEALTH:
-            return self._health(prober)
+            return self._owned(self._health(prober), action)
         if action.kind == ProbeKind.METRICS:  # with the host's CPU pressure: slow is not dead
             result = replace(prober.metrics(), host_cpu=sample_host_cpu())
             self.last_metrics_text = prober.last_metrics_text
@@ -310,6 +311,19 @@ class ChildHandle:
             health = replace(health, ok=False, engine_gone=True,
                              error=f"engine process died: {', '.join(gone)}{said}")
         return health
+
+    def _owned(self, health: HealthResult, action: Probe) -> HealthResult:
+        """While starting, a 200 from outside our tree is not our vLLM's (shell/ports.py)."""
+        said = ports.taken(self.pid, action.host, action.port, childmod.describe_pid) \
+            if health.ok and self._starting and not self._port_judged else None
+        if said is None:  # judged once a start: while ours holds the port, no other can bind
+            self._port_judged = self._port_judged or health.ok
+            return health
+        if not self._said_port:
+            self._said_port = True
+            self._log("error", "startup.port_taken", pid=self.pid, **said)
+        return replace(health, ok=False, error=f"{said['port']} answered by {said['holder']}, "
+                       "not this vLLM")
 
     def _health_starting(self, prober: HttpProber, gone: list[str]) -> HealthResult:
         """While starting, /health decides: the engine watch only says what it saw, once.

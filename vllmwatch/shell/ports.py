@@ -5,6 +5,19 @@ address, or a wildcard of the family (Linux's `::` also takes IPv4 unless v6only
 on ::1 does not block vLLM on 127.0.0.1, and the other way round. What psutil cannot see
 (another network namespace, no permission) a bind attempt with SO_REUSEADDR, as uvicorn
 binds, still catches.
+
+A listener that comes after the launch is the other question (`stranger`, `taken`): the
+port is checked free before each launch, but vLLM binds it only after its imports (15-30 s;
+minutes from a cold disk). A server started in between (a second
+`vllm serve` by hand, another daemon's child, a test lane's server on a port the kernel gave
+out twice) answered /health and the canary, and vllmwatch said READY on its answers while its
+own vLLM failed its bind (`[Errno 98] Address already in use`) and exited. So while starting,
+a /health 200 counts only when the listener is in the child's process tree.
+
+Not judged (the answer counts, as before): a listener this user cannot see (another user's
+process, another network namespace: psutil gives no pid), and a child that only asks a
+container runtime for vLLM (`docker run -p`, `podman run`: the listener is the runtime's
+proxy or the container's process, outside our tree by design).
 """
 
 from __future__ import annotations
@@ -13,6 +26,7 @@ import contextlib
 import errno
 import ipaddress
 import socket
+from collections.abc import Callable
 from dataclasses import dataclass
 
 import psutil
@@ -92,3 +106,49 @@ def bind_error(host: str, port: int) -> OSError | None:
 def _bind_refused(host: str, port: int) -> bool:
     err = bind_error(host, port)
     return err is not None and err.errno == errno.EADDRINUSE
+
+
+# --- while vLLM starts: is the server answering on its port ours? ---------------------------
+
+# A process of these names in the tree hands vLLM to a container runtime's daemon.
+CONTAINER_CLIS = frozenset({"docker", "podman", "nerdctl", "ctr", "crictl", "kubectl"})
+
+
+def _tree(root_pid: int) -> list[psutil.Process]:
+    with contextlib.suppress(psutil.Error):
+        root = psutil.Process(root_pid)
+        return [root, *root.children(recursive=True)]
+    return []
+
+
+def _name(proc: psutil.Process) -> str:
+    with contextlib.suppress(psutil.Error):
+        return proc.name()
+    return ""
+
+
+def stranger(root_pid: int, host: str, port: int) -> int | None:
+    """The pid of a listener on host:port outside the child's tree, or None: the listener is
+    ours, not seen, or not ours to judge (see the module's doc)."""
+    tree = _tree(root_pid)
+    if not tree or any(_name(p) in CONTAINER_CLIS for p in tree):
+        return None
+    found = holders(host, port)
+    ours = {p.pid for p in tree}
+    if not found or any(h.pid is None or h.pid in ours for h in found):
+        return None
+    return found[0].pid
+
+
+def taken(root_pid: int, host: str, port: int, describe: Callable[[int], str]
+          ) -> dict[str, str] | None:
+    """startup.port_taken's fields (port, holder, detail) when a stranger answers, else None;
+    `describe` names a pid with its command line (redacted: shell/child.py describe_pid)."""
+    pid = stranger(root_pid, host, port)
+    if pid is None:
+        return None
+    who, where = describe(pid), f"{host or '*'}:{port}"
+    return {"port": where, "holder": who, "detail": (
+        f"{where} answers from {who}, outside this vLLM's process tree: not READY on another "
+        "server's answers. vLLM cannot bind the port and will exit; stop that process or "
+        "change vllm.port")}

@@ -62,12 +62,11 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
     p.add_argument("--served-model-name", nargs="+")
     p.add_argument("--api-key", default=os.environ.get("VLLM_API_KEY"))
     p.add_argument("--leak-in", choices=("api", "engine"), default="api")
-    # The *-after delays count from the touch of this file, not from ready (FaultClock).
-    p.add_argument("--arm-file")
-    p.add_argument("--hold-start-until", help="the engine's start ends when this file exists")
-    # A request whose prompt holds this text crashes the engine at its first step (a request
-    # that takes vLLM down: the gate's quarantine, gate/replay.py Suspects)
-    p.add_argument("--crash-on-prompt")
+    # --arm-file: the *-after delays count from its touch (FaultClock); --hold-start-until,
+    # --hold-bind-until: the engine's start, the port's bind (vLLM's: after its imports) wait
+    # for the file; --crash-on-prompt: a prompt holding it crashes the engine (gate quarantine)
+    for name in ("arm-file", "hold-start-until", "hold-bind-until", "crash-on-prompt"):
+        p.add_argument(f"--{name}")
     p.add_argument("--workers", type=int, help="TP workers (default: TP size if > 1, else 0)")
     for name, number in (("port", 8000), ("tensor-parallel-size", 1), ("max-num-seqs", 256),
                          ("exit-code", 0), ("fd", -1), ("rank", 0),
@@ -293,6 +292,8 @@ def api_main(a: argparse.Namespace, flags: list[str]) -> int:
     try:
         server: _Server | fake_sleep.UnixServer = _Server((a.host, a.port), _Handler,
             False) if not a.uds else fake_sleep.UnixServer(a.uds, _Handler, False)
+        while a.hold_bind_until and not os.path.exists(a.hold_bind_until):
+            time.sleep(0.05)  # pacing: a file poll (the imports vLLM does before its bind)
         try:
             server.server_bind()  # like vLLM: take the port before the engine starts
         except OSError as exc:
