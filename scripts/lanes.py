@@ -18,6 +18,7 @@ Exit status: 0 only when both lanes pass; else the first lane's non-zero status.
 from __future__ import annotations
 
 import ctypes
+import os
 import shutil
 import signal
 import subprocess
@@ -33,6 +34,10 @@ LANES = (
     ("real vLLM", ["-m", "e2e", "-o", "cache_dir=.pytest_cache/e2e"]),
     ("the rest", ["-m", "not e2e"]),
 )
+# Each lane's own ports (vllmwatch/testing/ports.py), below the kernel's ephemeral range: a
+# port one lane was given free could be given again to the other, or to a connection, in the
+# seconds before a real vLLM binds it (CI, 2026-12-06: another lane's server answered there).
+PORTS_ENV, PORTS = "VLLMWATCH_TEST_PORTS", ("10000-14999", "15000-32767")
 
 
 def _tied() -> None:
@@ -54,9 +59,11 @@ def main(argv: list[str]) -> int:
     with log.open("wb") as out:
         procs = [
             subprocess.Popen([python, "-m", "pytest", "-ra", *LANES[0][1]], stdout=out,
-                             stderr=subprocess.STDOUT, start_new_session=True, preexec_fn=_tied),
+                             stderr=subprocess.STDOUT, start_new_session=True, preexec_fn=_tied,
+                             env={**os.environ, PORTS_ENV: PORTS[0]}),
             subprocess.Popen([python, "-m", "pytest", "-ra", *LANES[1][1]],
-                             start_new_session=True, preexec_fn=_tied),
+                             start_new_session=True, preexec_fn=_tied,
+                             env={**os.environ, PORTS_ENV: PORTS[1]}),
         ]
 
         def forward(signum: int, _frame: FrameType | None) -> None:

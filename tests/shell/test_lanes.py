@@ -15,10 +15,20 @@ REPO = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(REPO / "scripts"))
 import lanes  # noqa: E402
 
+from vllmwatch.testing import ports  # noqa: E402
+
 
 def test_the_lanes_select_complementary_markers() -> None:
     (_, real), (_, rest) = lanes.LANES
     assert real[:2] == ["-m", "e2e"] and rest == ["-m", "not e2e"]
+
+
+def test_each_lane_has_its_own_ports_below_the_ephemeral_range() -> None:
+    """A port free_port gave one lane is never another lane's (testing/ports.py)."""
+    real, rest = (ports.band(b) for b in lanes.PORTS)
+    assert lanes.PORTS_ENV == ports.PORTS_ENV and real is not None and rest is not None
+    assert not set(real) & set(rest)
+    assert max(real[-1], rest[-1]) < 32768  # Linux's ephemeral range starts there by default
 
 
 @pytest.mark.parametrize(("fail", "status"), [("", 0), ("e2e", 3), ("not e2e", 4)])
@@ -27,7 +37,7 @@ def test_each_lane_runs_and_its_failure_fails_the_whole(tmp_path: Path, fail: st
     fake = tmp_path / "python"
     # A stand-in interpreter: says which lane it is, fails where told (3 or 4).
     fake.write_text("#!/bin/sh\n"
-                    'lane="$5"; echo "ran: $lane"\n'
+                    'lane="$5"; echo "ran: $lane ports $VLLMWATCH_TEST_PORTS"\n'
                     f'if [ "$lane" = "{fail}" ]; then '
                     'if [ "$lane" = e2e ]; then exit 3; else exit 4; fi; fi\n')
     fake.chmod(0o755)
@@ -36,6 +46,8 @@ def test_each_lane_runs_and_its_failure_fails_the_whole(tmp_path: Path, fail: st
     assert run.returncode == status, run
     out = run.stdout
     assert out.index("ran: not e2e") < out.index("lane: real vLLM") < out.index("ran: e2e")
+    assert f"ran: e2e ports {lanes.PORTS[0]}" in out, out
+    assert f"ran: not e2e ports {lanes.PORTS[1]}" in out, out
     assert "[test] lane 'real vLLM': exit" in out and "[test] lane 'the rest': exit" in out
 
 
