@@ -29,6 +29,7 @@ from tests.e2e.e2e_harness import (
     after,
     base_url,
     cmdline,
+    describe,
     find_in_tree,
     group_leftovers,
     http,
@@ -180,7 +181,9 @@ def test_engine_sigstop_is_hang(start_daemon: StartDaemon) -> None:
     """SIGSTOP of the engine (Worker, else EngineCore): /health stays 200 -> reason hang."""
     d = start_daemon()
     pid = _ready(d)["pid"]
-    target = (find_in_tree(pid, "VLLM::Worker") or find_in_tree(pid, "VLLM::EngineCore"))[0]
+    found = find_in_tree(pid, "VLLM::Worker") or find_in_tree(pid, "VLLM::EngineCore")
+    assert found, f"no engine under the READY child {pid}:\n{describe(tree(pid))}\n{d.dump()}"
+    target = found[0]
     title = cmdline(target).strip()
     mark, fault_at = d.mark(), time.time()
     sigstop(target.pid)  # SIGSTOP; the fixture's teardown SIGCONTs and kills what is left
