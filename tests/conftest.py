@@ -65,6 +65,7 @@ def pytest_configure(config: pytest.Config) -> None:
     A fresh mark per session (a pytest run by a test must not take its parent's processes
     for its own), except in an xdist worker, whose children its controller checks."""
     _sigterm_runs_teardowns()
+    _sigint_not_ignored()
     if hasattr(config, "workerinput") and SESSION_VAR in os.environ:
         return
     os.environ[SESSION_VAR] = uuid.uuid4().hex
@@ -98,6 +99,18 @@ def _sigterm_runs_teardowns() -> None:
         raise KeyboardInterrupt(f"signal {signum} (SIGTERM): running the teardowns")
 
     signal.signal(signal.SIGTERM, interrupt)
+
+
+def _sigint_not_ignored() -> None:
+    """A run started in the background (`pytest &` from a script, nohup) inherits SIGINT
+    ignored, and an ignore survives exec: every process a test starts ignored it too, and a
+    test that Ctrl-Cs a child (`vllmwatch prewarm`, the demo) waited out its deadline (a plain
+    background pytest, 2026-12-06). Python's own handler instead: a handler is reset to the
+    default at exec, so children start as they would from a terminal (scripts/lanes.py does
+    the same for its lanes)."""
+    if threading.current_thread() is threading.main_thread() and \
+            signal.getsignal(signal.SIGINT) is signal.SIG_IGN:
+        signal.signal(signal.SIGINT, signal.default_int_handler)
 
 
 # pid -> the test after whose teardown it was still our child (names the culprit at the end)
