@@ -18,6 +18,7 @@ import pytest
 
 from vllmwatch.config.schema import from_dict
 from vllmwatch.core import exitcodes
+from vllmwatch.incident import cli as incident_cli
 from vllmwatch.incident import latest, store
 from vllmwatch.status import cli as status_cli
 from vllmwatch.status import stopped
@@ -307,3 +308,23 @@ def test_a_records_detail_is_redacted_before_it_is_cut(
     assert shown is not None and "hf_AbC" not in shown["detail"], shown
     (summary,) = store.summaries(str(root))
     assert "hf_AbC" not in summary.detail and len(summary.detail) <= 160, summary
+
+
+def test_a_long_detail_keeps_its_cause_in_status_and_in_the_list(
+        tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    """A crash loop's detail says the guard's numbers first and the failure that ended it
+    last: the list's 100 characters and status's 160 cut its end ("...; the last: crash:
+    during st"), the cause a person reads both for. Each keeps its start and its end."""
+    cause = "crash: during start: exited with code 1 (CUDA error: an illegal memory access)"
+    detail = ("3 failure restarts within 1h00m (restart.window; restart.max_restarts 2); "
+              "the last: " + "x" * 40 + " " + cause)
+    root = tmp_path / "incidents"
+    rid = _record(root, "crashloop", detail, NOW)
+    shown = latest.newest([str(root)])
+    assert shown is not None and shown["detail"].endswith(cause), shown
+    assert shown["detail"].startswith("3 failure restarts within 1h00m") and \
+        len(shown["detail"]) <= 160, shown
+    assert incident_cli.main(None, None, False, [str(root)], None) == 0
+    line = next(ln for ln in capsys.readouterr().out.splitlines() if ln.startswith(rid))
+    assert line.endswith("illegal memory access)") and "3 failure restarts" in line, line
+    assert len(line[line.index("3 failure"):]) <= incident_cli.LIST_DETAIL, line

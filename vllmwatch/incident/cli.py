@@ -26,6 +26,7 @@ _SHAPE: dict[str, tuple[type, ...]] = {
     "timeline": (list,), "versions": (dict,), "capture": (dict,), "stacks": (dict,),
     "metrics": (dict,), "memory": (dict,), "output": (list,), "status": (dict,),
     "core": (dict,)}
+LIST_DETAIL = 100  # characters of a detail on a line of the list (JSON: store.summaries')
 _JSON = {dict: "an object", list: "a list", str: "a string", int: "a whole number",
          float: "a number", bool: "true or false", type(None): "null"}
 
@@ -149,7 +150,9 @@ def shaped(data: Mapping[str, Any]) -> tuple[dict[str, Any], list[str]]:
 
 
 def _list(root: str, as_json: bool) -> int:
-    rows = [REDACT.deep(r.__dict__) for r in store.summaries(root)]
+    # a line each: a detail past LIST_DETAIL keeps its start and its end (store.brief)
+    rows = [REDACT.deep(r.__dict__) for r in store.summaries(
+        root, *(() if as_json else (LIST_DETAIL,)))]
     if as_json:
         print(json.dumps({"dir": root, "incidents": rows}, indent=1))
         return 0
@@ -158,7 +161,7 @@ def _list(root: str, as_json: bool) -> int:
         return 0
     for r in rows:
         when = r["time"] or "(no time)"  # never today's time for a record without one
-        print(printable(f"{r['id']:<34} {when:<21} {r['reason']:<14} {r['detail'][:100]}",
+        print(printable(f"{r['id']:<34} {when:<21} {r['reason']:<14} {r['detail']}",
                         False))
     print(f"{len(rows)} records in {root}; `vllmwatch incidents show ID` reads one")
     return 0

@@ -32,8 +32,9 @@ def newest(roots: Sequence[str]) -> dict[str, Any] | None:
         data = got
         return {"id": rid, "time": str(data.get("time_utc", "")),
                 "reason": printable(REDACT.head(str(data.get("reason", "?")), 40), False),
-                # redacted, then cut: a secret across the cut would keep its first part
-                "detail": printable(REDACT.head(str(data.get("detail", "")), 160), False)}
+                # redacted, then cut (a secret across the cut would keep its first part);
+                # its start and its end: the cause of a crash loop is its last failure
+                "detail": printable(store.brief(str(data.get("detail", "")), 160), False)}
     return None
 
 

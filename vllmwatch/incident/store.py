@@ -23,13 +23,15 @@ from pathlib import Path
 from typing import Any
 
 from vllmwatch.config import safefile
-from vllmwatch.config.redact import REDACT
+from vllmwatch.config.redact import EXCERPT_MARGIN, REDACT
 
 SUBDIR = "incidents"
 RECORD = "record.json"
 ORDER = "ORDER"  # the record ids in the order they were written, one a line (written())
 ORDER_MAX = 1 << 20  # bytes of ORDER read; a prune rewrites it with the records kept
 MAX_RECORD = 64 << 20  # bytes of record.json read by `vllmwatch incidents`; ours are < 1 MiB
+CUT = " ... "  # where brief() took the middle of a detail out
+WORD = 16  # characters brief() gives up to cut at a space rather than within a word
 READ_TIMEOUT = 5.0  # s for one record.json (a hung mount); then "unreadable"
 _NAME = re.compile(r"^\d{8}T\d{6}Z-[a-z_]+(?:-\d+)?\Z", re.ASCII)  # (\d: 0-9 only)
 # The hidden folders this process is writing now. A record can outlive its wait (a slow
@@ -258,8 +260,24 @@ def load(root: str, rid: str) -> dict[str, Any] | None:
     return got if isinstance(got, dict) else None
 
 
-def summaries(root: str) -> list[Summary]:
-    """Every record, oldest written first, as one line each: one listing, one read each."""
+def brief(text: str, limit: int) -> str:
+    """A record's detail in at most `limit` characters, redacted: its start and its end.
+    A detail says what happened first and why last (a crash loop's numbers, then its last
+    failure; a memory rule's figures, then the rule's name): a cut of the end alone dropped
+    the cause ("...; the last: crash: during st")."""
+    if len(text) <= limit + EXCERPT_MARGIN and len(whole := REDACT.text(text)) <= limit:
+        return whole
+    tail = (limit - len(CUT)) * 3 // 5  # the end the more: the cause is said last
+    head, end = REDACT.head(text, limit - len(CUT) - tail), REDACT.tail(text, tail)
+    # at a word's edge where one is near: "ms 2); the last: ..." read as a typo
+    head = head[:head.rindex(" ")] if " " in head[-WORD:] else head
+    end = end[end.index(" ") + 1:] if " " in end[:WORD] else end
+    return head.rstrip() + CUT + end.lstrip()
+
+
+def summaries(root: str, width: int = 160) -> list[Summary]:
+    """Every record, oldest written first, as one line each: one listing, one read each;
+    a detail longer than `width` keeps its start and its end (brief)."""
     out = []
     for rid in written(root):
         data = read(root, rid)
@@ -268,7 +286,7 @@ def summaries(root: str) -> list[Summary]:
                                error=data))
             continue
         out.append(Summary(rid, _text(data.get("time_utc")), _text(data.get("reason"), "?"),
-                           REDACT.head(_text(data.get("detail")), 160), _size(Path(root, rid))))
+                           brief(_text(data.get("detail")), width), _size(Path(root, rid))))
     return out
 
 
