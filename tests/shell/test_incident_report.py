@@ -446,3 +446,23 @@ def test_a_memory_restarts_cause_is_not_an_error_vllm_logged_normally_after(
                                      f"normally after it (so likely not the {reason}'s cause)")
     text = report.render(r)
     assert "cause: first error in vLLM's output" not in text
+
+
+def test_memory_samples_and_the_timeline_read_in_tenths_of_a_second_and_whole_mib() -> None:
+    """A host_memory record (the figures of a real one: PSS in fractions of a MiB, samples
+    0.5 s apart) printed `host 27.3037 MiB`, two samples at `-1s` and the newest at `-0s`; a
+    timeline entry 0.04 s before the incident read `-0.0`. Each sample and entry now reads
+    in the timeline's tenths, never a negative zero, and MiB whole as the rest of the page."""
+    recent = [{"s_ago": ago, "gpu_rule_mib": None, "host_rule_mib": mib} for ago, mib in
+              ((1.503, 27.3037), (1.002, 58.2402), (0.501, 82.5049), (0.0, 107.263))]
+    shown = report.render({
+        "id": "20261206T155828Z-host_memory", "reason": "host_memory", "detail": "d",
+        "timeline": [[-2.2, "child started"], [-0.04, "start phase weights"], [0.0, "x"]],
+        "memory": {"samples": {"sustain": 2, "recent": recent}}})
+    lines = shown.splitlines()
+    at = lines.index(next(ln for ln in lines if ln.startswith("samples the memory rules")))
+    assert [ln.split() for ln in lines[at + 1:at + 5]] == [
+        ["-1.5", "GPU", "-", "host", "27", "MiB"], ["-1.0", "GPU", "-", "host", "58", "MiB"],
+        ["-0.5", "GPU", "-", "host", "83", "MiB"], ["0.0", "GPU", "-", "host", "107", "MiB"]]
+    assert "-0.0" not in shown and "-0s" not in shown, shown
+    assert any(ln.split() == ["0.0", "start", "phase", "weights"] for ln in lines), shown

@@ -99,7 +99,7 @@ def _head(r: Mapping[str, Any]) -> str:
     lines.append("timeline (s before the incident):")
     for entry in r.get("timeline") or []:  # one odd entry costs its line, not the page
         t, what = entry if isinstance(entry, list | tuple) and len(entry) == 2 else (None, entry)
-        lines.append(f"  {t:>10.1f}  {what}" if isinstance(t, int | float) and
+        lines.append(f"  {_before(t)}  {what}" if isinstance(t, int | float) and
                      not isinstance(t, bool) else f"  {'?':>10}  {what}")
     return "== reason and timeline ==\n" + "\n".join(lines)
 
@@ -231,10 +231,12 @@ def _memory(r: Mapping[str, Any]) -> str:
     samples = mem.get("samples") or {}
     recent = samples.get("recent") or []
     if recent:
-        lines.append(f"samples the memory rules judged (newest last; sustain "
-                     f"{samples.get('sustain')}):")
-        lines += [f"  -{s['s_ago']:.0f}s  GPU {_num(s['gpu_rule_mib'])} MiB  host "
-                  f"{_num(s['host_rule_mib'])} MiB" for s in recent[-12:]]
+        lines.append(f"samples the memory rules judged (s before the incident, newest last; "
+                     f"sustain {samples.get('sustain')}):")
+        # in the timeline's tenths and the record's MiB: two samples 0.5 s apart both read
+        # "-1s", the newest "-0s", and a PSS "host 27.3037 MiB"
+        lines += [f"  {_before(-s['s_ago'])}  GPU {_mib(s['gpu_rule_mib'], '-')}  host "
+                  f"{_mib(s['host_rule_mib'], '-')}" for s in recent[-12:]]
     return "== memory and GPU ==\n" + "\n".join(lines)
 
 
@@ -295,13 +297,19 @@ def _per_gpu(values: object, totals: Mapping[str, Any] | None) -> str:
         for g, v in sorted(values.items(), key=lambda kv: str(kv[0]))) + ")"
 
 
-def _mib(v: Any) -> str:
+def _mib(v: Any, missing: str = "?") -> str:
     """A MiB figure as a person reads it: whole MiB, or '?' where it was not measured.
     Not units.format_mib: that rounds to a tenth of a GiB, and a record is read to compare
     the tree's figure with NVML's to the MiB."""
     if isinstance(v, bool) or not isinstance(v, (int, float)):
-        return "?"
+        return missing
     return f"{v:.0f} MiB" if abs(v) >= 10 else f"{v:.1f} MiB"
+
+
+def _before(t: float) -> str:
+    """Seconds relative to the incident in tenths, right-aligned: never "-0.0" (an event
+    0.04 s before it, rounded), a sign that read as a time after the incident."""
+    return f"{round(t, 1) + 0.0:>10.1f}"  # (+ 0.0 turns -0.0 into 0.0)
 
 
 def _output(r: Mapping[str, Any]) -> str:
