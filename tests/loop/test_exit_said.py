@@ -29,8 +29,9 @@ def test_the_crash_loop_give_up_says_how_many_restarts_in_what_window() -> None:
     assert d.exit_code == exitcodes.GAVE_UP
     last = d.world.incidents[-1]
     assert last.reason == "crashloop"
-    # the numbers first (6 failure restarts in the 1h window, 5 allowed), then the last one
-    assert last.detail.startswith("6 failure restarts within 1h00m (restart.window; "
+    # the numbers first (6 failures in the 1h window, 5 restarts allowed and begun), then
+    # the last one; "6 failure restarts" counted a restart the journal never had
+    assert last.detail.startswith("6 failures within 1h00m, 5 restarted (restart.window; "
                                   "restart.max_restarts 5)"), last.detail
     assert last.detail.endswith("the last: crash: exited with code 1"), last.detail
     [exiting] = d.events("daemon.exiting")
@@ -41,7 +42,19 @@ def test_the_crash_loop_give_up_says_how_many_restarts_in_what_window() -> None:
     doc = d.fx.snapshot.to_json()
     assert doc["exit_reason"] == "crashloop"
     shown = [row for row in render(doc, now=0.0).splitlines() if row.startswith("exiting")]
-    assert shown and "75: crashloop (6 failure restarts" in shown[0], shown
+    assert shown and "75: crashloop (6 failures within 1h00m, 5 restarted" in shown[0], shown
+
+
+def test_the_crash_loop_give_up_counts_the_restarts_the_journal_has() -> None:
+    """restart.max_restarts 5: five restart.begin lines, then crashloop.gave_up restarts=6
+    (the failures the guard counts, the last of them never restarted), read at 3 a.m. as a
+    sixth restart. The event names both: restarts_begun 5, failures 6 (`restarts` kept)."""
+    d = up()
+    crash_until_given_up(d)
+    [gave_up] = d.events("crashloop.gave_up")
+    begun = d.events("restart.begin")
+    assert gave_up["restarts_begun"] == len(begun) == gave_up["max_restarts"] == 5, gave_up
+    assert gave_up["failures"] == gave_up["restarts"] == 6, gave_up
 
 
 def test_a_gpu_fault_exit_is_said_on_the_status_line() -> None:

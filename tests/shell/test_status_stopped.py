@@ -316,15 +316,15 @@ def test_a_long_detail_keeps_its_cause_in_status_and_in_the_list(
     last: the list's 100 characters and status's 160 cut its end ("...; the last: crash:
     during st"), the cause a person reads both for. Each keeps its start and its end."""
     cause = "crash: during start: exited with code 1 (CUDA error: an illegal memory access)"
-    detail = ("3 failure restarts within 1h00m (restart.window; restart.max_restarts 2); "
+    detail = ("3 failures within 1h00m, 2 restarted (restart.window; restart.max_restarts 2); "
               "the last: " + "x" * 40 + " " + cause)
     root = tmp_path / "incidents"
     rid = _record(root, "crashloop", detail, NOW)
     shown = latest.newest([str(root)])
     assert shown is not None and shown["detail"].endswith(cause), shown
-    assert shown["detail"].startswith("3 failure restarts within 1h00m") and \
+    assert shown["detail"].startswith("3 failures within 1h00m, 2 restarted") and \
         len(shown["detail"]) <= 160, shown
     assert incident_cli.main(None, None, False, [str(root)], None) == 0
     line = next(ln for ln in capsys.readouterr().out.splitlines() if ln.startswith(rid))
-    assert line.endswith("illegal memory access)") and "3 failure restarts" in line, line
-    assert len(line[line.index("3 failure"):]) <= incident_cli.LIST_DETAIL, line
+    assert line.endswith("illegal memory access)") and "3 failures within" in line, line
+    assert len(line[line.index("3 failures"):]) <= incident_cli.LIST_DETAIL, line

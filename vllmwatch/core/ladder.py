@@ -164,16 +164,17 @@ def begin_restart(s: WatchState, now: float, reason: Reason, detail: str, drain:
     cut: list[Action] = [StopSending()] if reason in STUCK_REASONS and s.pid is not None \
         else []
     if failure and policy.crash_loop(s.restart_times, s.config.restart):
-        r = s.config.restart
+        r, n = s.config.restart, len(s.restart_times)
+        # `restarts` (kept for filters) counts failures; this last one began no restart
         log = Log("error", "crashloop.gave_up", {
-            "reason": reason, "restarts": len(s.restart_times), "window_s": r.window,
-            "max_restarts": r.max_restarts,
+            "reason": reason, "restarts": n, "failures": n, "restarts_begun": n - 1,
+            "window_s": r.window, "max_restarts": r.max_restarts,
             "hint": "vLLM keeps failing: read its last lines above and the incident record; "
                     + exitcodes.after_exit(exitcodes.GAVE_UP)})  # as the record's next line
         # The guard's numbers first (the record's and daemon.exiting's head), then the last
         # restart: "crash: exited with code 1" alone said nothing of the loop.
-        s, acts = halt(s, now, Reason.CRASHLOOP, f"{len(s.restart_times)} failure restarts "
-                       f"within {format_duration(r.window)} (restart.window; "
+        s, acts = halt(s, now, Reason.CRASHLOOP, f"{n} failures within "
+                       f"{format_duration(r.window)}, {n - 1} restarted (restart.window; "
                        f"restart.max_restarts {r.max_restarts}); the last: {reason}: {detail}")
         return s, [log, *cut, *acts]
     extra: dict[str, object] = {}
