@@ -12,6 +12,7 @@ from tests.loop.test_incident_loop import crash_until_given_up, up
 from vllmwatch.core import exitcodes
 from vllmwatch.core.events import MemorySampled
 from vllmwatch.core.samples import GpuFault, MemorySample
+from vllmwatch.core.state import S
 from vllmwatch.status.view import render
 from vllmwatch.testing.driver import Driver
 
@@ -55,6 +56,22 @@ def test_the_crash_loop_give_up_counts_the_restarts_the_journal_has() -> None:
     begun = d.events("restart.begin")
     assert gave_up["restarts_begun"] == len(begun) == gave_up["max_restarts"] == 5, gave_up
     assert gave_up["failures"] == gave_up["restarts"] == 6, gave_up
+
+
+def test_the_crash_loops_record_counts_the_restarts_of_its_outage() -> None:
+    """A crash after READY, then each relaunch dies in its start: with restart.max_restarts 5
+    the guard gives up at the sixth failure, and the loop's record said "outage: restart 6
+    since the crash restart ..." after five restarts (the give-up counted as one)."""
+    d = up()
+    while d.exit_code is None and len(d.events("restart.begin")) < 10:
+        d.kill_child(code=1)  # the first after READY; each next one before it
+        d.run_until(lambda: d.exit_code is not None or (
+            d.state.state == S.STARTING and d.world.child_alive), 600)
+    assert d.exit_code == exitcodes.GAVE_UP and d.events("restart.done") == []
+    begun = len(d.events("restart.begin"))
+    record = d.world.incidents[-1]
+    assert record.reason == "crashloop" and begun == 5, (record, begun)
+    assert record.facts["outage"]["restarts"] == begun, record.facts["outage"]
 
 
 def test_a_gpu_fault_exit_is_said_on_the_status_line() -> None:

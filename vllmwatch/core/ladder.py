@@ -157,8 +157,7 @@ def begin_restart(s: WatchState, now: float, reason: Reason, detail: str, drain:
     counts = dict(s.restarts_by_reason)
     counts[reason] = counts.get(reason, 0) + 1
     s = replace(begin_rung(s, reason, detail), restarts_by_reason=counts, last_reason=reason,
-                last_detail=detail, last_restart_at=now, outage=(now, reason, 1) if s.outage
-                is None else (*s.outage[:2], s.outage[2] + 1))
+                last_detail=detail, last_restart_at=now)
     # A stuck engine finishes nothing: the gate ends its requests now, at the verdict, not
     # once the record is written and the engine killed (those not begun are replayed).
     cut: list[Action] = [StopSending()] if reason in STUCK_REASONS and s.pid is not None \
@@ -177,6 +176,7 @@ def begin_restart(s: WatchState, now: float, reason: Reason, detail: str, drain:
                        f"{format_duration(r.window)}, {n - 1} restarted (restart.window; "
                        f"restart.max_restarts {r.max_restarts}); the last: {reason}: {detail}")
         return s, [log, *cut, *acts]
+    s = replace(s, outage=policy.outage_counted(s.outage, reason, now))  # (after the guard)
     extra: dict[str, object] = {}
     wake: list[Action] = []
     if s.spare is not None:  # the spare wakes before the record and the take-down

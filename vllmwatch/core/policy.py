@@ -7,6 +7,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 
 from vllmwatch.config.schema import RestartConfig
+from vllmwatch.core.names import Reason
 
 
 def backoff_delay(cfg: RestartConfig, failures: int, rand: float) -> float:
@@ -31,6 +32,14 @@ def outage_done(outage: tuple[float, str, int], last: str | None, now: float
     since, first, restarts = outage
     return {"reason": last, "downtime_s": round(now - since, 2), "restarts": restarts,
             **({"began_with": first} if restarts > 1 else {})}
+
+
+def outage_counted(outage: tuple[float, Reason, int] | None, reason: Reason, now: float
+                   ) -> tuple[float, Reason, int]:
+    """The outage with one more restart begun (the first begins it). Counted once the guard
+    let the restart go: its give-up begins none, and the crash loop's record said "outage:
+    restart 3" after two restarts (restart.max_restarts 2)."""
+    return (now, reason, 1) if outage is None else (outage[0], outage[1], outage[2] + 1)
 
 
 def prune_window(times: Sequence[float], now: float, window: float) -> tuple[float, ...]:
