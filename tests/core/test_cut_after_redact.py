@@ -39,6 +39,8 @@ NOT_EXCERPTS = {
     "stdlib; the daemon redacts its pipe's text before it leaves",
     "head[-WORD:]": "incident/store.brief looks for a space in text redacted; nothing leaves",
     "end[:WORD]": "incident/store.brief looks for a space in text redacted; nothing leaves",
+    "end[:WORD + 1]": "incident/store.brief looks for a space in text redacted",
+    "end[WORD:]": "incident/store.brief: the end of text redacted (REDACT.tail), at a word",
     "tuple(sorted(kept.items()))[:MEMBERS_MAX]": "the group file's tree members: (pid, start) "
     "pairs, numbers, no text",
 }

@@ -39,6 +39,9 @@ def test_the_crash_loop_give_up_says_how_many_restarts_in_what_window() -> None:
     assert exiting["detail"] == last.detail
     said = _after_stopping(d)
     assert said and all("exiting 75: crashloop" in line for line in said), said
+    # the detail cut to its start and its end: "...; the last: crash: exited wi" lost why
+    assert all("restart.max_restarts 5); the last: crash: exited with code 1)" in line
+               for line in said), said
     assert d.fx.snapshot.exit_code == exitcodes.GAVE_UP
     doc = d.fx.snapshot.to_json()
     assert doc["exit_reason"] == "crashloop"

@@ -267,11 +267,16 @@ def brief(text: str, limit: int) -> str:
     the cause ("...; the last: crash: during st")."""
     if len(text) <= limit + EXCERPT_MARGIN and len(whole := REDACT.text(text)) <= limit:
         return whole
-    tail = (limit - len(CUT)) * 3 // 5  # the end the more: the cause is said last
-    head, end = REDACT.head(text, limit - len(CUT) - tail), REDACT.tail(text, tail)
-    # at a word's edge where one is near: "ms 2); the last: ..." read as a typo
+    room = limit - len(CUT)
+    tail = room * 3 // 5  # the end the more: the cause is said last
+    # At a word's edge ("tart.max_restarts 5)" read as a typo): the end from the start of
+    # the word it cuts, taken from the head's share, or after that word where it is long.
+    end = REDACT.tail(text, tail + WORD)
+    edge = end[:WORD + 1]
+    end = end[edge.rindex(" ") + 1:] if " " in edge else end[WORD:]
+    end = end[end.index(" ") + 1:] if " " not in edge and " " in end[:WORD] else end
+    head = REDACT.head(text, room - len(end))
     head = head[:head.rindex(" ")] if " " in head[-WORD:] else head
-    end = end[end.index(" ") + 1:] if " " in end[:WORD] else end
     return head.rstrip() + CUT + end.lstrip()
 
 

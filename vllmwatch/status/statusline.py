@@ -16,6 +16,7 @@ from vllmwatch.core.names import Reason
 from vllmwatch.core.restart import Phase
 from vllmwatch.core.samples import gpu_figure
 from vllmwatch.core.state import ChildRun, S, WatchState
+from vllmwatch.incident.store import brief
 from vllmwatch.status.snapshot import MemoryFigures, Snapshot, ladder_word
 
 
@@ -175,7 +176,8 @@ def summary(snap: Snapshot, down: tuple[str, ...] = ()) -> str:
         # read "stopping | ... | last crash", a crash restart it seemed; the exit code and
         # why were in the journal alone). A requested stop is "stopping" already.
         parts.append(f"exiting {snap.exit_code}: {snap.exit_reason}"
-                     + (f" ({REDACT.head(snap.exit_detail, 100)})" if snap.exit_detail else ""))
+                     # its start and its end: a crash loop's cause, its last failure, is last
+                     + (f" ({brief(snap.exit_detail, 100)})" if snap.exit_detail else ""))
     if snap.serving == "spare":  # issue 34: clients are answered, by the smaller engine
         parts.append("degraded: spare serving")
     if snap.restart_phase != "idle" and snap.state not in ("stopped", "failed"):  # the rung
