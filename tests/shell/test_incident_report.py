@@ -466,3 +466,12 @@ def test_memory_samples_and_the_timeline_read_in_tenths_of_a_second_and_whole_mi
         ["-0.5", "GPU", "-", "host", "83", "MiB"], ["0.0", "GPU", "-", "host", "107", "MiB"]]
     assert "-0.0" not in shown and "-0s" not in shown, shown
     assert any(ln.split() == ["0.0", "start", "phase", "weights"] for ln in lines), shown
+
+
+def test_a_tree_already_gone_has_no_host_rss_figure() -> None:
+    """A crash's record (the tree gone before it was taken) said `host RSS of the tree: 0.0
+    MiB` under `tree: ... already gone`: the sum of no process, read as a vLLM using none."""
+    shown = report.render({"id": "20261206T160415Z-crash", "reason": "crash", "detail": "d",
+                           "tree": {"alive": False, "processes": [], "host_rss_mib": 0.0}})
+    assert "host RSS of the tree: - (no process of it was left)" in shown, shown
+    assert "0.0 MiB" not in shown, shown

@@ -219,7 +219,10 @@ def _num(v: Any) -> str:
 def _memory(r: Mapping[str, Any]) -> str:
     mem = r.get("memory") or {}
     tree = r.get("tree") or {}
-    lines = [f"host RSS of the tree: {_mib(tree.get('host_rss_mib'))}"]
+    # a tree already gone measured nothing: its sum of no process read as a 0 MiB vLLM
+    gone = tree.get("alive") is False and not tree.get("processes")
+    lines = ["host RSS of the tree: " + ("- (no process of it was left)" if gone
+                                          else _mib(tree.get("host_rss_mib")))]
     lines += [f"  {p['role']} pid {p['pid']} state {p['state']}: {_mib(p['rss_mib'])} RSS, "
               f"{p['threads']} threads" for p in tree.get("processes", [])]
     last = mem.get("last_sample") or {}
