@@ -274,3 +274,18 @@ def test_a_rate_rule_turned_off_between_two_fits_gives_no_verdict() -> None:
     state, verdict = observe(state, off, now + 1.0, 1000.0 + now + 1.0 - 21600.0, None)
     assert state.gpu.points[-1][0] == now  # no fit at this sample
     assert verdict is None and state.gpu.rate_streak == 0
+
+
+def test_a_rules_figures_read_as_numbers_not_exponents() -> None:
+    """restart.begin, the record and `memory.rule_fired` said "grows 3.6e+03 MiB/h (halves
+    3.6e+03, 3.6e+03 MiB/h)" for a leak of 3600 MiB/h (`:.3g`), and a 1 TiB limit read
+    "gpu_limit 1.04858e+06 MiB" (`:g`): whole from 100 MiB up, 3 digits below."""
+    got = run(cfg_of(SMALL, gpu_growth_rate=1000.0), linear(60000, 3600), 1, 10)
+    assert got is not None and got[1].rule == "gpu_growth_rate", got
+    assert "e+" not in got[1].detail and "grows 3600 MiB/h" in got[1].detail, got[1].detail
+    assert "> gpu_growth_rate 1000 MiB/h" in got[1].detail, got[1].detail
+    got = run(cfg_of(REALISTIC, gpu_limit=1048576), flat(1049000), 1, 60)
+    assert got is not None, got
+    assert "1049000 MiB > gpu_limit 1048576 MiB for 3 samples" in got[1].detail, got[1].detail
+    slow = run(cfg_of(SMALL, gpu_growth_rate=0.05), linear(60000, 0.1), 12, 10)
+    assert slow is not None and "grows 0.1 MiB/h" in slow[1].detail, slow

@@ -233,20 +233,27 @@ def _verdicts(s: SeriesState, rules: _Rules, sustain: int, value: float,
     out = []
     if s.limit_streak >= sustain:
         out.append(LeakVerdict(reason, f"{k}_limit", value, rules.limit, False,
-                               f"{what} {value:.0f} MiB > {k}_limit {rules.limit:g} MiB {held}"))
+                               f"{what} {value:.0f} MiB > {k}_limit {_fig(rules.limit)} MiB "
+                               f"{held}"))
     if s.growth_streak >= sustain and growth is not None:
         out.append(LeakVerdict(
             reason, f"{k}_growth_limit", growth, rules.growth_limit, True,
             f"{what} {value:.0f} MiB is {growth:.0f} MiB above its baseline "
-            f"{s.baseline:.0f} MiB > {k}_growth_limit {rules.growth_limit:g} MiB {held}"))
+            f"{s.baseline:.0f} MiB > {k}_growth_limit {_fig(rules.growth_limit)} MiB {held}"))
     if s.rate_streak >= sustain and s.slope is not None and s.half_slopes is not None:
         span_h = (s.points[-1][0] - s.points[0][0]) / 3600
         out.append(LeakVerdict(
             reason, f"{k}_growth_rate", s.slope, rules.rate, True,
-            f"{what} grows {s.slope:.3g} MiB/h over the last {span_h:.2f} h (halves "
-            f"{s.half_slopes[0]:.3g}, {s.half_slopes[1]:.3g} MiB/h) > {k}_growth_rate "
-            f"{rules.rate:g} MiB/h for {sustain} fits of the slope"))
+            f"{what} grows {_fig(s.slope)} MiB/h over the last {span_h:.2f} h (halves "
+            f"{_fig(s.half_slopes[0])}, {_fig(s.half_slopes[1])} MiB/h) > {k}_growth_rate "
+            f"{_fig(rules.rate)} MiB/h for {sustain} fits of the slope"))
     return out
+
+
+def _fig(v: float) -> str:
+    """A rule's figure as a person reads it: whole from 100 up, else 3 digits. `:.3g` wrote
+    a 3600 MiB/h leak "3.6e+03 MiB/h" and `:g` a 1 TiB host_limit "1.04858e+06 MiB"."""
+    return f"{v:.0f}" if abs(v) >= 100 else f"{v:.3g}"
 
 
 # ---- a growth restart waiting for restart.quiet_hours ----------------------------------------
