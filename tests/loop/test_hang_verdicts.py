@@ -248,3 +248,16 @@ def test_status_says_how_long_the_canary_has_gone_unanswered_while_busy_excuses_
     d.tick(10)
     assert snapshot_of(d.state, d.clock.now, 1.7e9, Snapshot(), None).canary_unanswered_s \
         is None
+
+
+def test_a_timeout_derived_from_the_latencies_reads_in_tenths() -> None:
+    """Latencies of 1.2345678 s: the timeout p99 x 4 and its retry x 2 read "last after
+    9.87654s" in restart.begin's detail and "timed out after 4.93827s" in the timeline."""
+    d = up(canary_seconds=1.2345678)
+    d.world.canary_timeout = True
+    assert detect(d) < 60.0
+    [begin] = restarts(d)
+    assert "(last after 9.9s)" in begin["detail"], begin
+    [record] = d.world.incidents
+    said = [what for _, what in record.facts["canary_verdicts"]]
+    assert "canary timed out after 4.9s: nothing moved, retry with 9.9s" in said, said

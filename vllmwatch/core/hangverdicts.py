@@ -99,17 +99,17 @@ def on_canary_timeout(s: WatchState, moved: bool, cpu: hangs.HostCpu | None, now
                       "its engine works (wedged)")
         else:
             tries = "twice in a row" if c.is_retry else "once"
-            detail = (f"canary timed out {tries} (last after {timed_out_after:g}s) while "
+            detail = (f"canary timed out {tries} (last after {_secs(timed_out_after)}s) while "
                       f"/health said 200, and {why}")
-        s = _note(s, now, f"canary timed out after {timed_out_after:g}s: hang")
+        s = _note(s, now, f"canary timed out after {_secs(timed_out_after)}s: hang")
         return begin_restart(s, now, Reason.HANG, detail, drain=False)
     starved = hangs.saturated(cpu)
     retry = hangs.retry_timeout(p, timed_out_after, starved)
     busy = verdict == hangs.Verdict.BUSY
     s = _with(s, replace(s.run.canary, busy_since=busy_start if busy else c.busy_since))
-    s = _note(s, now, f"canary timed out after {timed_out_after:g}s: " + (
+    s = _note(s, now, f"canary timed out after {_secs(timed_out_after)}s: " + (
         f"busy ({_num(e.running)} running, counters moved; excused {busy_for:.0f}s of "
-        f"{p.busy_timeout:g}s)" if busy else f"nothing moved, retry with {retry:g}s"))
+        f"{p.busy_timeout:g}s)" if busy else f"nothing moved, retry with {_secs(retry)}s"))
     log = Log("info" if busy else "warning", "probe.canary_busy" if busy else
               "probe.canary_retry", {
                   "running": e.running, "waiting": e.waiting, "timeout_s": timed_out_after,
@@ -157,3 +157,9 @@ def frozen(s: WatchState, prev: policy.Progress | None, cur: policy.Progress, no
                          f"waiting, but no token counter or gauge moved for {now - since:.1f}s "
                          f"(limit {limit:g}s) and the canary is unanswered after {waited:.1f}s",
                          drain=False)
+
+
+def _secs(v: float) -> str:
+    """A canary's timeout in tenths: one derived from the latencies (p99 x margin, then x2
+    for the retry) read "last after 9.87654s" in restart.begin and the record's timeline."""
+    return f"{round(v, 1):g}"
