@@ -6,9 +6,9 @@ from typing import Any
 
 import pytest
 
+from vllmwatch.config.launch import secrets_of
 from vllmwatch.config.redact import Redactor
 from vllmwatch.config.schema import from_dict
-from vllmwatch.config.secretnames import secrets_of
 from vllmwatch.core import incidents, machine
 from vllmwatch.core.names import Reason
 from vllmwatch.incident import dumpers, metrics, record, report

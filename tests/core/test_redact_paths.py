@@ -10,8 +10,9 @@ from pathlib import Path
 
 import pytest
 
-from vllmwatch.config import command, secretnames
-from vllmwatch.config.redact import REDACTED, Redactor, env_file_secrets
+from vllmwatch.config import command, launch
+from vllmwatch.config.launch import env_file_secrets
+from vllmwatch.config.redact import REDACTED, Redactor
 from vllmwatch.config.schema import load
 
 GCP = "/etc/gcp/sa.json"
@@ -33,7 +34,7 @@ def test_a_credentials_files_path_is_shown_and_the_secrets_beside_it_are_not(
     cmd = command.build(load(_config(tmp_path, "HF_TOKEN=hf_Zq9XkLmP\n"
                                      "SSH_AUTH_SOCK=/run/user/0/ssh-agent\n")), {},
                         api_key="/etc/vllm/key")  # a key that looks like a path is a key
-    learnt = [*secretnames.secrets_of(cmd.env, "/etc/vllm/key"), *cmd.hidden]
+    learnt = [*launch.secrets_of(cmd.env, "/etc/vllm/key"), *cmd.hidden]
     assert sorted(set(learnt)) == ["/etc/vllm/key", "hf_Zq9XkLmP"]
     red = Redactor(learnt, known=False)
     assert red.text(ERROR) == ERROR

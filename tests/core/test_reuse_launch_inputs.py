@@ -88,7 +88,7 @@ def test_a_rotated_secret_in_the_env_file_or_an_unknown_version_explains_nothing
             (reuse.launch_inputs("0.32.0", None, {"HF_TOKEN": "hf_old"}),
              reuse.launch_inputs("0.32.0", None, {"HF_TOKEN": "hf_new"})),
             # a token under a name that says nothing (GH_PAT): the redactor hides it as a
-            # secret (redact.env_file_secret), and its rotation keys no cache either
+            # secret (launch.env_file_secret), and its rotation keys no cache either
             (reuse.launch_inputs("0.32.0", None, {"GH_PAT": "ghp_Old7TokenValue"}),
              reuse.launch_inputs("0.32.0", None, {"GH_PAT": "ghp_New7TokenValue"})),
             (reuse.launch_inputs("0.32.0", "2.11.0", {}),

@@ -13,7 +13,7 @@ from dataclasses import dataclass, field
 from vllmwatch.config import flags, safefile, serveline
 from vllmwatch.config.errors import Problem
 from vllmwatch.config.flags import flag_name as flag_name  # re-exported for callers
-from vllmwatch.config.launch import FORK_VARIABLE, engine_start_method
+from vllmwatch.config.launch import FORK_VARIABLE, engine_start_method, env_file_secrets
 
 # vllm.env_file's reader lives apart (launch.py: vllmflags judges the flags in it, and
 # command imports vllmflags); re-exported for callers
@@ -23,7 +23,7 @@ from vllmwatch.config.launch import KeyFileError as KeyFileError
 from vllmwatch.config.launch import read_env_file as read_env_file
 
 # The rules live in config/redact.py; re-exported for the callers that know them here.
-from vllmwatch.config.redact import REDACT, env_file_secrets
+from vllmwatch.config.redact import REDACT
 from vllmwatch.config.redact import REDACTED as REDACTED
 from vllmwatch.config.redact import is_secret_name as is_secret_name
 from vllmwatch.config.redact import redact_argv as redact_argv

@@ -1,7 +1,8 @@
 """How vLLM's EngineCore is started (VLLM_WORKER_MULTIPROC_METHOD), from the config, whether
 a standby interpreter is wanted for the next launch (standby_wanted), and what a launch reads
 from vllm.env_file (read_env_file: here, not in command.py, as vllmflags judges the flags in
-it and command imports vllmflags)."""
+it and command imports vllmflags), and which of its inputs are secrets, the values every writer
+then hides (secrets_of, env_file_secret: redact.learn)."""
 
 from __future__ import annotations
 
@@ -12,6 +13,7 @@ from typing import TYPE_CHECKING
 from vllmwatch.config import flags, safefile
 from vllmwatch.config.errors import ConfigError
 from vllmwatch.config.flags import flag_name, long_forms
+from vllmwatch.config.secretnames import is_secret_name, path_value
 
 if TYPE_CHECKING:
     from vllmwatch.config.sections import Config
@@ -157,3 +159,33 @@ def read_env_file(config: Config) -> tuple[dict[str, str], list[str]]:
         else:
             env[name] = value
     return env, args
+
+
+# --- which of a launch's inputs are secrets: the values it learns (config/redact.learn) ---
+
+def secrets_of(env: Mapping[str, str], api_key: str | None) -> list[str]:
+    """The secret values of a child's environment (by name), and its API key."""
+    found = [v for k, v in env.items() if is_secret_name(k) and not path_value(v)]
+    return [*found, api_key] if api_key else found
+
+
+# A vllm.env_file value under a name that says nothing (`GH_PAT=ghp_...`) is a secret only by
+# its shape: every value learnt is cut out of every line vLLM writes, so a log level (INFO),
+# a number (100000), a path (/var/cache/hf), a word in one case (spawn, PCI_BUS_ID) or short
+# words, numbers, acronyms joined by signs (`https://hf-mirror.com`, `en_US.UTF-8`, `mlx5_0,
+# mlx5_1`, `meta-llama/Llama-3.1-8B-Instruct`) would eat the journal's text. A credential is
+# long and mixes cases, digits or signs in one random run (`Gp5ZpatValue`).
+_PLAIN = re.compile(r"[\d\s.,:;+_-]*|[/~].*|[A-Z][A-Z_-]{0,14}|[a-z][a-z_-]{0,14}|\^?(?:(?:"
+                    r"[A-Z]?[a-z]{1,11}|[A-Z]{1,8}|\d{1,8}|[A-Za-z]{1,8}\d{1,3}[A-Za-z]?|"
+                    r"\d{1,3}[A-Za-z]{1,3})(?:[\s.,:;+_/^=-]+|$)){2,}")
+
+
+def env_file_secrets(env: Mapping[str, str]) -> list[str]:
+    return [v for k, v in env.items() if env_file_secret(k, v)]  # hidden wherever they appear
+
+
+def env_file_secret(name: str, value: str) -> bool:
+    """A secret-named variable, or any other whose value reads as a credential (8 characters
+    or more, not a number, a path, a short word in one case or short words joined)."""
+    return (is_secret_name(name) and not path_value(value)) or (
+        len(value.strip()) >= 8 and not _PLAIN.fullmatch(value.strip()))

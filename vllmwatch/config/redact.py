@@ -136,28 +136,6 @@ def _has_secret_name(text: str) -> bool:
     return False
 
 
-# A vllm.env_file value under a name that says nothing (`GH_PAT=ghp_...`) is a secret only by
-# its shape: every value learnt is cut out of every line vLLM writes, so a log level (INFO),
-# a number (100000), a path (/var/cache/hf), a word in one case (spawn, PCI_BUS_ID) or short
-# words, numbers, acronyms joined by signs (`https://hf-mirror.com`, `en_US.UTF-8`, `mlx5_0,
-# mlx5_1`, `meta-llama/Llama-3.1-8B-Instruct`) would eat the journal's text. A credential is
-# long and mixes cases, digits or signs in one random run (`Gp5ZpatValue`).
-_PLAIN = re.compile(r"[\d\s.,:;+_-]*|[/~].*|[A-Z][A-Z_-]{0,14}|[a-z][a-z_-]{0,14}|\^?(?:(?:"
-                    r"[A-Z]?[a-z]{1,11}|[A-Z]{1,8}|\d{1,8}|[A-Za-z]{1,8}\d{1,3}[A-Za-z]?|"
-                    r"\d{1,3}[A-Za-z]{1,3})(?:[\s.,:;+_/^=-]+|$)){2,}")
-
-
-def env_file_secrets(env: Mapping[str, str]) -> list[str]:
-    return [v for k, v in env.items() if env_file_secret(k, v)]  # hidden wherever they appear
-
-
-def env_file_secret(name: str, value: str) -> bool:
-    """A secret-named variable, or any other whose value reads as a credential (8 characters
-    or more, not a number, a path, a short word in one case or short words joined)."""
-    return (is_secret_name(name) and not path_value(value)) or (
-        len(value.strip()) >= 8 and not _PLAIN.fullmatch(value.strip()))
-
-
 class _Known:
     """The secret values this process knows (API key, secret variables): a set for all."""
 

@@ -19,7 +19,6 @@ from __future__ import annotations
 
 import re
 import urllib.parse
-from collections.abc import Mapping
 from typing import NamedTuple
 
 # A name is secret when one of its words is one of these ...
@@ -94,12 +93,6 @@ _PATH_VALUE = re.compile(r"~?/\.?[a-z][a-z0-9_-]*(?:/[\w.@+-]+)+/?")
 
 def path_value(value: str) -> bool:
     return _PATH_VALUE.fullmatch(value.strip()) is not None
-
-
-def secrets_of(env: Mapping[str, str], api_key: str | None) -> list[str]:
-    """The secret values of a child's environment (by name), and its API key."""
-    found = [v for k, v in env.items() if is_secret_name(k) and not path_value(v)]
-    return [*found, api_key] if api_key else found
 
 
 # --- the rules that hide the value after a secret-looking name ----------------------------

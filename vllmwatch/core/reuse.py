@@ -33,7 +33,8 @@ import json
 import re
 from collections.abc import Mapping
 
-from vllmwatch.config.redact import REDACT, env_file_secret, is_secret_name
+from vllmwatch.config.launch import env_file_secret
+from vllmwatch.config.redact import REDACT, is_secret_name
 from vllmwatch.config.sections import Config
 from vllmwatch.core.actions import Log
 

@@ -24,7 +24,7 @@ from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, replace
 from typing import Protocol
 
-from vllmwatch.config import command, redact, secretnames, vllminfo
+from vllmwatch.config import command, launch, redact, vllminfo
 from vllmwatch.config.schema import Config, ConfigError
 from vllmwatch.core import canary as kinds
 from vllmwatch.core import reuse
@@ -115,7 +115,7 @@ def prepare(config: Config, environ: Mapping[str, str], marker: str, version: st
         # The key vLLM enforces, from any source (not only the key file): the clients' key
         api_key = cmd.api_key
         # Every writer (log, /status, records) hides these values from now on.
-        redact.learn([*secretnames.secrets_of(cmd.env, api_key), *cmd.hidden])  # (env_file: all)
+        redact.learn([*launch.secrets_of(cmd.env, api_key), *cmd.hidden])  # (env_file: all)
         inputs = (*command.file_inputs(config, file_key), *reuse.launch_inputs(
             version, torch, command.read_env_file(config)[0]))  # (what vLLM's caches key on)
     except command.KeyFileError as exc:

@@ -24,8 +24,8 @@ from typing import Any
 import vllmwatch
 from vllmwatch import __version__
 from vllmwatch.config.command import ChildCommand
+from vllmwatch.config.launch import secrets_of
 from vllmwatch.config.schema import Config
-from vllmwatch.config.secretnames import secrets_of
 from vllmwatch.core.actions import RecordIncident
 from vllmwatch.core.events import IncidentRecorded
 from vllmwatch.incident import cause, dumpers, metrics, store

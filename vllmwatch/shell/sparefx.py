@@ -12,7 +12,7 @@ from collections.abc import Callable, Mapping
 from dataclasses import replace
 from typing import TYPE_CHECKING, Any, TypeVar
 
-from vllmwatch.config import command, flags, redact, safefile, secretnames, vllmflags, vllminfo
+from vllmwatch.config import command, flags, launch, redact, safefile, vllmflags, vllminfo
 from vllmwatch.config.errors import ConfigError
 from vllmwatch.config.launch import parallel_sizes
 from vllmwatch.config.modellen import BadModelValue, model_max_len
@@ -184,7 +184,7 @@ class Planner:
         env = {**cmd.env, **plan.spare_env}
         # Its events, /status and output (vLLM prints its non-default args) hide these
         # values from the start: the spare is built before the first launch learns them.
-        redact.learn([*secretnames.secrets_of(env, api_key), *cmd.hidden])
+        redact.learn([*launch.secrets_of(env, api_key), *cmd.hidden])
         return SpareCommand(argv, env, self.base.uds_path, config.vllm.model_name, api_key,
                             own_tmpdir="TMPDIR" not in config.vllm.env)
 
