@@ -16,7 +16,7 @@ SEPARATORS = ("", "=", ": ", " ", " => ", "%3D", "', ", "\\\":\\\"", "='")
 PIECES = ("\\", "\\\"", "\\'", "'", '"', "key=", "token=[,", "token=(,", "token={,", "%5C",
           "%5F", " ", "\t", "'key': ", "\\\"key\\\": \\\"", "eyJ-", "a://:", "token%3D",
           "--api-key ", "hf_token ", "HF_TOKEN a ", "bearer ", "=>", "key=\\\"", "key=\\\\\"",
-          "token: bearer ",
+          "token: bearer ", "'--api-key', 'a', '", "\"--api-key\", \"a\", \"",
           "'token', ", "x\\\\'", "sk-", "%20", "['", "[\\'", "token=\\\\")
 MIXES = ("key=\\\"" + "\\" * 64, "token='" + "\\'" * 8, "a " * 8 + "\\" * 16,
          "password=%5C%5C" + "\\" * 8)

@@ -319,12 +319,14 @@ def _hide(rule: Rule, m: re.Match[str], start: int, text: str,
             return None  # `api_key None`, `VLLM_API_KEY stays the key`: not a value
         if found.get("eqv") is not None:
             return v.end(), f"{pre}{v['esc']}{v['evq']}{REDACTED}{v['esc']}{v['evq']}"
-        if found.get("qv") is not None:
+        many = "api-key".startswith(m["name"].lower().replace("_", "-"))  # nargs "+"
+        if found.get("qv") is not None:  # ['--api-key', 'K1', 'K2']: each item to the next flag
+            more = _MORE_ITEMS.match(text, v.end()) if many and groups.get("fq") else None
+            rest = _IN_LIST.sub(lambda q: f"{q[1]}{REDACTED}{q[1]}", more[0]) if more else ""
             lead = "b" if v.group(0).startswith("b") else ""
-            return v.end(), f"{pre}{lead}{v['vq']}{REDACTED}{v['vq']}"
+            return (more or v).end(), f"{pre}{lead}{v['vq']}{REDACTED}{v['vq']}{rest}"
         end = v.end()  # vLLM's `--api-key K1 K2` (nargs "+"): each word to the next flag
-        if m["name"] and groups.get("dash") and "api-key".startswith(
-                m["name"].lower().replace("_", "-")) and "=" not in sep:
+        if many and groups.get("dash") and "=" not in sep:
             end = (_MORE_WORDS.match(text, end) or v).end()
         return end, pre + REDACTED
     return None
@@ -334,6 +336,8 @@ def _hide(rule: Rule, m: re.Match[str], start: int, text: str,
 # closed ran to the end at each quote after it: quadratic); a backslash takes the next
 # character with it, so each is consumed one way.
 _IN_LIST = re.compile(r"""(['"])(?:\\[\s\S]|(?!\1)[^\\])*(?:\1|\\?\Z)""")
+# The quoted items after an argv list's first key, each closed on its line, none a flag
+_MORE_ITEMS = re.compile(r"""(?:\s*,\s*b?(['"])(?!-)(?:\\.|(?!\1)[^\\\n])*\1)*""")
 
 
 def _hide_list(listed: str) -> str:

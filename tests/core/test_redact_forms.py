@@ -1,0 +1,45 @@
+"""Secrets in forms the rules missed (config/redact.py, config/secretnames.py): each form
+through the rules alone (`Redactor(known=False)`) and through REDACT, which every writer
+uses (records, the journal, `check`, `status`)."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+from hypothesis import assume, given, settings
+
+from tests.support.secrets import values
+from vllmwatch.config.redact import REDACT, REDACTED, Redactor
+
+R = Redactor(known=False)
+
+
+def _hidden(text: str, *secrets: str) -> str:
+    for red in (R, REDACT):
+        out = red.text(text)
+        assert REDACTED in out and not [s for s in secrets if s in out], (text, out)
+    return R.text(text)
+
+
+@pytest.mark.parametrize("argv", [
+    ["vllm", "serve", "/m", "--api-key", "Zq9K1a", "Zq9K2b", "--port", "8000"],
+    ["vllm", "serve", "--api-key", "Zq9K1a", "Zq9K2b", "Zq9K3c"],
+    ["vllm", "serve", "--api_key", "Zq9K1a", "Zq9K2b", "-p", "8000"],
+])
+def test_every_key_of_an_argv_list_is_hidden(argv: list[str]) -> None:
+    """vLLM 0.32's --api-key takes several keys (nargs "+"); its argv as a Python list's
+    repr or a JSON list (a holder's command line, a record's launch) showed the second."""
+    keys = [a for a in argv if a.startswith("Zq9")]
+    for text in (repr(argv), json.dumps(argv), repr(tuple(argv))):
+        assert _hidden(text, *keys).count(REDACTED) == len(keys)
+    assert R.text("['--hf-token', 'Zq9K1a', '/m']") == f"['--hf-token', '{REDACTED}', '/m']"
+
+
+@settings(max_examples=300, deadline=None)
+@given(values)
+def test_any_second_key_of_an_argv_list_is_hidden(key: str) -> None:
+    assume(not key.startswith("-"))  # a word that starts with `-` is a flag to argparse
+    for text in (repr(["vllm", "--api-key", "Zq9K1a", key, "--port", "8000"]),
+                 json.dumps(["vllm", "--api-key", "Zq9K1a", key])):
+        _hidden(text, key)
