@@ -43,3 +43,30 @@ def test_any_second_key_of_an_argv_list_is_hidden(key: str) -> None:
     for text in (repr(["vllm", "--api-key", "Zq9K1a", key, "--port", "8000"]),
                  json.dumps(["vllm", "--api-key", "Zq9K1a", key])):
         _hidden(text, key)
+
+
+@pytest.mark.parametrize(("text", "want"), [
+    # a colon or `=` after Bearer, as scripts and SDKs print it
+    ("Bearer: Zq7Xy9Wv4Lm", f"Bearer: {REDACTED}"), ("bearer:Zq7Xy9Wv4Lm", f"bearer:{REDACTED}"),
+    ("BEARER=Zq7Xy9Wv4Lm x", f"BEARER={REDACTED} x"),
+    ("Authorization: Bearer: Zq7Xy9Wv4Lm", f"Authorization: Bearer: {REDACTED}"),
+    # auth-params: Rails' `Token token="X"`, Digest's quoted fields (the quote ended the value)
+    ('Authorization: Token token="Zq7Xy9Wv4Lm"', f"Authorization: Token {REDACTED}"),
+    ('Authorization: Token token="Zq7Xy9Wv4Lm", nonce="n1" next',
+     f"Authorization: Token {REDACTED} next"),
+    ('Authorization: Digest username="bob", realm="r", response="Zq7Xy9Wv4Lm"',
+     f"Authorization: Digest {REDACTED}"),
+    ('"Authorization": "Token token=\\"Zq7Xy9Wv4Lm\\""', f'"Authorization": "{REDACTED}"'),
+    # odd spacing, every scheme
+    ("Authorization :  Basic   Zq7Xy9Wv4Lm", f"Authorization :  Basic   {REDACTED}"),
+    ("authorization:\tToken Zq7Xy9Wv4Lm", f"authorization:\tToken {REDACTED}"),
+    ("Authorization: Basic dXNlcjpw==, next", f"Authorization: Basic {REDACTED}, next"),
+])
+def test_every_spelling_of_an_authorization_is_hidden(text: str, want: str) -> None:
+    assert _hidden(text, "Zq7Xy9Wv4Lm", "dXNlcjpw") == want
+
+
+@pytest.mark.parametrize("text", ["bearer: none", "The bearer: a person", "Invalid bearer token",
+                                  "Bearer: not set", "bearer token: <redacted>"])
+def test_a_sentence_about_a_bearer_stays(text: str) -> None:
+    assert R.text(text) == text

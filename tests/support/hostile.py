@@ -17,6 +17,7 @@ PIECES = ("\\", "\\\"", "\\'", "'", '"', "key=", "token=[,", "token=(,", "token=
           "%5F", " ", "\t", "'key': ", "\\\"key\\\": \\\"", "eyJ-", "a://:", "token%3D",
           "--api-key ", "hf_token ", "HF_TOKEN a ", "bearer ", "=>", "key=\\\"", "key=\\\\\"",
           "token: bearer ", "'--api-key', 'a', '", "\"--api-key\", \"a\", \"",
+          "Authorization: X a=\"", "Authorization: X a=b, ", "bearer:", "a=\"b\", ",
           "'token', ", "x\\\\'", "sk-", "%20", "['", "[\\'", "token=\\\\")
 MIXES = ("key=\\\"" + "\\" * 64, "token='" + "\\'" * 8, "a " * 8 + "\\" * 16,
          "password=%5C%5C" + "\\" * 8)

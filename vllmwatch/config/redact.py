@@ -23,8 +23,8 @@ from collections.abc import Iterable, Mapping
 from typing import Any
 
 from vllmwatch.config import flags
+from vllmwatch.config.secretnames import _ENGLISH, ENCODED, HINT_WORDS, RULES, path_value, sub_named
 from vllmwatch.config.secretnames import DONE as _DONE
-from vllmwatch.config.secretnames import ENCODED, HINT_WORDS, RULES, path_value, sub_named
 from vllmwatch.config.secretnames import REDACTED as REDACTED
 from vllmwatch.config.secretnames import _spaced_name as _names_the_credential
 from vllmwatch.config.secretnames import is_secret_name as is_secret_name
@@ -36,6 +36,10 @@ EXCERPT_MARGIN = 4096
 # Values of secret-named variables that are switches, not secrets (VLLM_USE_AUTH=true).
 _NOT_VALUES = frozenset({"true", "false", "none", "null", "yes", "no", "auto", "on", "off",
                          "enabled", "disabled", "required", "optional", "default"})
+_CRED = r"(?:<redacted>|(?!\\[nrt])[^\s'\",;)}\]>])+"
+# name=value, a quoted value closed within a bound (unclosed, after each of many headers, it
+# would rescan the line to its end)
+_PARAM = r"[\w-]+=(?:\"[^\"\\\n]{0,256}\"|\\\"[^\"\\\n]{0,256}\\\"|" + _CRED + ")"
 _SHAPES = (
     # a token as the user: https://TOKEN@host, https://TOKEN:x-oauth-basic@host (GitHub)
     re.compile(r"(?i)(?P<pre>\b[a-z][a-z0-9+.-]{0,31}://)(?P<secret>[^\s/?#@:'\"]+)"
@@ -43,11 +47,12 @@ _SHAPES = (
     # URL userinfo, any scheme: keep the user when there is a password
     re.compile(r"(?i)(?P<pre>\b[a-z][a-z0-9+.-]{0,31}://[^\s/?#@:'\"]*:)"
                r"(?P<secret>[^\s/?#@\"]+)(?=@)"),  # (an apostrophe is legal in a password)
-    # Authorization: SCHEME CREDENTIALS, any scheme (Negotiate, SharedKey a:b, Splunk x)
-    re.compile(r"(?i)(?P<pre>\b(?:proxy-)?authorization\s*:\s*[A-Za-z][\w-]*\s+)"
-               r"(?P<secret>(?!" + _DONE + r")(?:<redacted>|(?!\\[nrt])[^\s'\",;)}\]>])+)"),
-    re.compile(r"(?i)(?P<pre>\bbearer\s+)(?P<secret>(?!" + _DONE
-               + r")(?:<redacted>|(?!\\[nrt])[^\s'\",;)}\]>])+)"),
+    # Authorization: SCHEME CREDENTIALS, any scheme (Negotiate, SharedKey a:b, Splunk x, a
+    # `Bearer:`), or its auth-params (Rails' `Token token="X"`, Digest's `username="u", ..`)
+    re.compile(r"(?i)(?P<pre>\b(?:proxy-)?authorization\s*:\s*[A-Za-z][\w-]*:?\s+)(?P<secret>(?!"
+               + _DONE + ")(?:" + _PARAM + r"(?:[ \t]*,[ \t]*" + _PARAM + ")*|" + _CRED + "))"),
+    re.compile(r"(?i)(?P<pre>\bbearer(?:[ \t]*[:=][ \t]*|\s+))(?P<secret>(?!" + _DONE + ")"
+               + _CRED + ")"),  # `Bearer: X`, `bearer=X` as scripts and SDKs print it
     # Cookie: a=1; session=X (also after an escaped `\r\n`, and CGI's HTTP_COOKIE=): every
     # cookie is a credential (the named rule stopped at the first `;`); to the line's end, a
     # quote or a `,` (none is in a cookie: RFC 6265's cookie-octet); only with a `name=` first,
@@ -69,7 +74,8 @@ def _shape_hidden(m: re.Match[str]) -> str:
 def _bearer_hidden(m: re.Match[str]) -> str:
     """After `Bearer`, a secret's name is no credential: `bearer token: X`, `using bearer
     token X` hid `token` and showed X (left, the named rules find X after its name)."""
-    if is_secret_name(re.split(r"[:=]", m["secret"], maxsplit=1)[0]):
+    if is_secret_name(re.split(r"[:=]", m["secret"], maxsplit=1)[0]) or \
+            m["secret"].lower() in _NOT_VALUES | _ENGLISH:  # `bearer: none`, `bearer: a ..`
         return m.group(0)
     return _shape_hidden(m)
 

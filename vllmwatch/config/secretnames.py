@@ -116,7 +116,7 @@ _QUOTED = (r"""(?:b?(?P<vq>['"])(?P<qv>(?:\\(?:.|(?!.))|(?!(?P=vq))[^\\\n])*)"""
            r"""|(?P<esc>\\+)(?P<evq>['"])(?P<eqv>(?:[^\\\n]|\\+(?![\\]|(?P=evq)))*)"""
            r"""(?P=esc)(?P=evq))""")
 AUTH = (r"(?:bearer|basic|token|digest|apikey|negotiate|ntlm|splunk|sharedkey|hmac|"
-        r"aws4-hmac-sha256)\s+")
+        r"aws4-hmac-sha256):?\s+")  # (`Bearer: X`)
 # A value already hidden is left, not one a known value only began (`PASSWORD=<redacted>2024`);
 # a value ends at an escaped line break too (a repr'd request: `Authorization: x\nX-Api-Key:`)
 DONE = r"""<redacted>(?![^\s'",;&)}\]>])"""
