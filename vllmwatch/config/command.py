@@ -21,12 +21,12 @@ from vllmwatch.config.launch import KEY_READ_TIMEOUT as KEY_READ_TIMEOUT
 from vllmwatch.config.launch import MAX_KEY as MAX_KEY
 from vllmwatch.config.launch import KeyFileError as KeyFileError
 from vllmwatch.config.launch import read_env_file as read_env_file
+from vllmwatch.config.launch import redact_argv as redact_argv
 
 # The rules live in config/redact.py; re-exported for the callers that know them here.
 from vllmwatch.config.redact import REDACT
 from vllmwatch.config.redact import REDACTED as REDACTED
 from vllmwatch.config.redact import is_secret_name as is_secret_name
-from vllmwatch.config.redact import redact_argv as redact_argv
 from vllmwatch.config.schema import Config, ConfigError, load
 from vllmwatch.config.secretnames import path_value
 

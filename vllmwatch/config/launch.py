@@ -2,7 +2,8 @@
 a standby interpreter is wanted for the next launch (standby_wanted), and what a launch reads
 from vllm.env_file (read_env_file: here, not in command.py, as vllmflags judges the flags in
 it and command imports vllmflags), and which of its inputs are secrets, the values every writer
-then hides (secrets_of, env_file_secret: redact.learn)."""
+then hides (secrets_of, env_file_secret: redact.learn), and a command line's secret flags'
+values (redact_argv)."""
 
 from __future__ import annotations
 
@@ -13,7 +14,7 @@ from typing import TYPE_CHECKING
 from vllmwatch.config import flags, safefile
 from vllmwatch.config.errors import ConfigError
 from vllmwatch.config.flags import flag_name, long_forms
-from vllmwatch.config.secretnames import is_secret_name, path_value
+from vllmwatch.config.secretnames import REDACTED, is_secret_name, path_value
 
 if TYPE_CHECKING:
     from vllmwatch.config.sections import Config
@@ -189,3 +190,32 @@ def env_file_secret(name: str, value: str) -> bool:
     or more, not a number, a path, a short word in one case or short words joined)."""
     return (is_secret_name(name) and not path_value(value)) or (
         len(value.strip()) >= 8 and not _PLAIN.fullmatch(value.strip()))
+
+
+def redact_argv(argv: tuple[str, ...] | list[str]) -> list[str]:
+    """Replace the values of secret-looking flags (--api-key, --hf-token) with <redacted>.
+    vLLM's `--api-key` takes several keys (nargs "+": `--api-key K1 K2`, a hand-started
+    vLLM that `check` finds): every word up to the next flag is one of them."""
+    out: list[str] = []
+    hide, many = False, False
+    for i, token in enumerate(argv):
+        if hide or (many and not token.startswith("-")):
+            out.append(REDACTED)
+            hide = False
+            continue
+        many = False
+        if token.startswith("--") and _secret_flag(token.partition("=")[0][2:]):
+            name, eq, _ = token.partition("=")
+            out.append(f"{name}={REDACTED}" if eq else token)
+            hide = not eq and flags.next_value(list(argv), i) is not True
+            many = hide and len(name) > 2 and "api-key".startswith(name[2:].replace("_", "-"))
+            continue
+        out.append(token)
+    return out
+
+
+def _secret_flag(name: str) -> bool:
+    """A secret by its name, or a secret flag abbreviated: vLLM's parser takes a prefix of a
+    flag (`--api-ke X` is `--api-key X`; one that is not unique is refused)."""
+    return is_secret_name(name) or (bool(name) and any(f.startswith(name)
+                                                      for f in flags.SECRET_FLAGS))

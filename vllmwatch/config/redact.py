@@ -22,7 +22,7 @@ import urllib.parse
 from collections.abc import Iterable, Mapping
 from typing import Any
 
-from vllmwatch.config import flags
+from vllmwatch.config.launch import redact_argv as redact_argv
 from vllmwatch.config.secretnames import _ENGLISH, ENCODED, HINT_WORDS, RULES, path_value, sub_named
 from vllmwatch.config.secretnames import DONE as _DONE
 from vllmwatch.config.secretnames import REDACTED as REDACTED
@@ -300,35 +300,6 @@ def _pair_name(name: Any) -> bool:
     if isinstance(name, (bytes, bytearray)):
         name = bytes(name).decode("utf-8", "replace")
     return isinstance(name, str) and "." not in name and is_secret_name(name)
-
-
-def redact_argv(argv: tuple[str, ...] | list[str]) -> list[str]:
-    """Replace the values of secret-looking flags (--api-key, --hf-token) with <redacted>.
-    vLLM's `--api-key` takes several keys (nargs "+": `--api-key K1 K2`, a hand-started
-    vLLM that `check` finds): every word up to the next flag is one of them."""
-    out: list[str] = []
-    hide, many = False, False
-    for i, token in enumerate(argv):
-        if hide or (many and not token.startswith("-")):
-            out.append(REDACTED)
-            hide = False
-            continue
-        many = False
-        if token.startswith("--") and _secret_flag(token.partition("=")[0][2:]):
-            name, eq, _ = token.partition("=")
-            out.append(f"{name}={REDACTED}" if eq else token)
-            hide = not eq and flags.next_value(list(argv), i) is not True
-            many = hide and len(name) > 2 and "api-key".startswith(name[2:].replace("_", "-"))
-            continue
-        out.append(token)
-    return out
-
-
-def _secret_flag(name: str) -> bool:
-    """A secret by its name, or a secret flag abbreviated: vLLM's parser takes a prefix of a
-    flag (`--api-ke X` is `--api-key X`; one that is not unique is refused)."""
-    return is_secret_name(name) or (bool(name) and any(f.startswith(name)
-                                                      for f in flags.SECRET_FLAGS))
 
 
 REDACT = Redactor()  # the rules and every learnt value: for writers with no secrets of their own
