@@ -70,3 +70,33 @@ def test_every_spelling_of_an_authorization_is_hidden(text: str, want: str) -> N
                                   "Bearer: not set", "bearer token: <redacted>"])
 def test_a_sentence_about_a_bearer_stays(text: str) -> None:
     assert R.text(text) == text
+
+
+@pytest.mark.parametrize(("text", "want"), [
+    ("curl -u admin:S3cretPw9 http://h/", f"curl -u admin:{REDACTED} http://h/"),
+    ("+ curl -sSf -u admin:S3cretPw9 http://h/", f"+ curl -sSf -u admin:{REDACTED} http://h/"),
+    ("curl --user admin:S3cretPw9 -o /tmp/x", f"curl --user admin:{REDACTED} -o /tmp/x"),
+    ("curl --user=admin:S3cretPw9 http://h", f"curl --user=admin:{REDACTED} http://h"),
+    ("curl -uadmin:S3cretPw9 http://h", f"curl -uadmin:{REDACTED} http://h"),
+    ("curl -sSfu admin:S3cretPw9 http://h", f"curl -sSfu admin:{REDACTED} http://h"),
+    ("+ curl -u 'admin:S3cret Pw9' http://h", f"+ curl -u 'admin:{REDACTED}' http://h"),
+    ("curl --proxy-user bob:S3cretPw9 -U eve:S3cretPw9 http://h",
+     f"curl --proxy-user bob:{REDACTED} -U eve:{REDACTED} http://h"),
+    # a key as the user, no password (an API's way): the key hidden
+    ("curl -u S3cretPw9: https://api/v1", f"curl -u {REDACTED}: https://api/v1"),
+    # wget's own flags (hidden by their names already: kept so)
+    ("wget --password S3cretPw9 --http-password=S3cretPw9 --proxy-password S3cretPw9 x",
+     f"wget --password {REDACTED} --http-password={REDACTED} --proxy-password {REDACTED} x"),
+    ("line 1\n+ curl -u admin:S3cretPw9 http://h\nline 3",
+     f"line 1\n+ curl -u admin:{REDACTED} http://h\nline 3"),
+])
+def test_a_password_on_a_curl_line_is_hidden(text: str, want: str) -> None:
+    assert _hidden(text, "S3cretPw9", "S3cret Pw9") == want
+
+
+@pytest.mark.parametrize("text", [
+    "docker run -u 1000:1000 vllm/vllm-openai", "sudo -u vllmwatch vllmwatch status",
+    "curl --user-agent a:b http://h", "curl -u admin http://h",
+    "podman run --user 1000:1000 image", "ps -u root -o pid:8,cmd"])
+def test_a_user_flag_that_is_no_curl_password_stays(text: str) -> None:
+    assert R.text(text) == text

@@ -62,6 +62,19 @@ _SHAPES = (
                r"(?:<redacted>|(?!\\[nrt])[^\r\n'\",\\])+)"),
 )
 _BEARER = _SHAPES[3]
+# curl's -u/--user USER:PASSWORD, -U/--proxy-user (a shell trace `+ curl -u admin:X`, a probe
+# script's line): the password hidden, the user kept, as in a URL; `-u KEY:` (a key as the
+# user, no password) hides the key. Only on a line that runs curl: elsewhere `-u 1000:1000`
+# is docker's uid:gid. A short flag may end a run (`-sSu`) or hold its value (`-uadmin:X`).
+_CURL_USER = re.compile(r"(?P<pre>(?<![\w-])(?:--(?:proxy-)?user(?:=|[ \t]+)|-[a-zA-Z]{0,8}[uU]"
+                        r"[ \t]*)(?P<q>['\"])?(?P<user>[^\s:'\"]{0,256}):)"
+                        r"(?P<secret>(?(q)[^'\"\n]*|[^\s'\"]*))")
+
+
+def _curl_hidden(m: re.Match[str]) -> str:
+    if not m["secret"]:
+        return m["pre"][:m.start("user") - m.start()] + REDACTED + ":"
+    return m["pre"] + REDACTED
 _USERINFO = re.compile(r"(?i)\b[a-z][a-z0-9+.-]{0,31}://[^\s/?#@:'\"]*:")
 _WORD_END = re.compile(r"[\s'\"]")
 _HOST_PORT = re.compile(r"\d+(?:[/?#]|$)")
@@ -196,6 +209,9 @@ class Redactor:
                     text = shape.sub(_bearer_hidden if shape is _BEARER else _shape_hidden,
                                      text)
                 text = _to_last_at(text) if i == 1 and url else text  # after plain userinfo
+        if "curl" in text:
+            text = "\n".join(_CURL_USER.sub(_curl_hidden, line) if "curl" in line else line
+                              for line in text.split("\n"))
         if _has_secret_name(text):
             for rule in RULES:
                 text = sub_named(rule, text)
