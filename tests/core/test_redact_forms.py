@@ -100,3 +100,43 @@ def test_a_password_on_a_curl_line_is_hidden(text: str, want: str) -> None:
     "podman run --user 1000:1000 image", "ps -u root -o pid:8,cmd"])
 def test_a_user_flag_that_is_no_curl_password_stays(text: str) -> None:
     assert R.text(text) == text
+
+
+# A variable as Kubernetes lists it, in each form a text carries it
+_ENTRIES = ("{{'name': '{n}', 'value': '{v}'}}", '{{"name":"{n}","value":"{v}"}}',
+            '[{{"name": "{n}", "value": "{v}"}}, {{"name": "X", "value": "1"}}]',
+            "env:\n- name: {n}\n  value: {v}\n- name: PORT\n  value: '8000'",
+            '  - name: "{n}"\n    value: "{v}"', "name={n}, value={v}")
+
+
+@pytest.mark.parametrize("form", _ENTRIES)
+@pytest.mark.parametrize("name", ["HF_TOKEN", "VLLM_API_KEY", "DB_PASSWORD"])
+def test_a_secret_variable_listed_as_name_and_value_is_hidden(form: str, name: str) -> None:
+    """A pod's env (a Python client's dict, kubectl's JSON, a manifest's YAML) in a record's
+    output tail or an error showed the secret's value: the name is a `name` field's value."""
+    text = form.format(n=name, v="Zq7Xy9Wv4Lm")
+    out = _hidden(text, "Zq7Xy9Wv4Lm")
+    assert name in out and ("8000" in out or "PORT" not in text)
+
+
+@settings(max_examples=200, deadline=None)
+@given(values)
+def test_any_value_of_a_listed_secret_variable_is_hidden(value: str) -> None:
+    for form in _ENTRIES:
+        text = form.format(n="HF_TOKEN", v=value)
+        _hidden(text, value)
+
+
+def test_a_listed_variable_in_a_structure_is_hidden_as_in_its_text() -> None:
+    env = [{"name": "HF_TOKEN", "value": "Zq7Xy9Wv4Lm"}, {"name": "PORT", "value": "8000"},
+           {"name": b"API_KEY", "value": 918273645501}]
+    for red in (R, REDACT):
+        out = json.dumps(red.deep(env), default=str)
+        assert "Zq7Xy9Wv4Lm" not in out and "918273645501" not in out and "8000" in out, out
+
+
+@pytest.mark.parametrize("text", [
+    "{'name': 'model', 'value': 'llama'}", "- name: HF_TOKEN\n  valueFrom:\n    secretKeyRef:",
+    "- name: HF_TOKEN\n  value: none", "name: HF_TOKEN_PATH\n  value: /run/secrets/hf/token"])
+def test_a_listed_variable_that_holds_no_secret_stays(text: str) -> None:
+    assert R.text(text) == text

@@ -22,9 +22,10 @@ import urllib.parse
 from collections.abc import Iterable, Mapping
 from typing import Any
 
+from vllmwatch.config import secretnames as names
 from vllmwatch.config.launch import redact_argv as redact_argv
-from vllmwatch.config.secretnames import _ENGLISH, ENCODED, HINT_WORDS, RULES, path_value, sub_named
 from vllmwatch.config.secretnames import DONE as _DONE
+from vllmwatch.config.secretnames import ENCODED, HINT_WORDS, RULES, path_value, sub_named
 from vllmwatch.config.secretnames import REDACTED as REDACTED
 from vllmwatch.config.secretnames import _spaced_name as _names_the_credential
 from vllmwatch.config.secretnames import is_secret_name as is_secret_name
@@ -88,7 +89,7 @@ def _bearer_hidden(m: re.Match[str]) -> str:
     """After `Bearer`, a secret's name is no credential: `bearer token: X`, `using bearer
     token X` hid `token` and showed X (left, the named rules find X after its name)."""
     if is_secret_name(re.split(r"[:=]", m["secret"], maxsplit=1)[0]) or \
-            m["secret"].lower() in _NOT_VALUES | _ENGLISH:  # `bearer: none`, `bearer: a ..`
+            m["secret"].lower() in _NOT_VALUES | names._ENGLISH:  # `bearer: none`, `bearer: a ..`
         return m.group(0)
     return _shape_hidden(m)
 
@@ -126,6 +127,13 @@ _TOKENS = (
                # each `eyJ` of `eyJ-eyJ-...`, it ran to the word's end (quadratic)
                r"eyJ(?:(?!-eyJ)[\w-]){8,}\.eyJ[\w-]{8,}\.[\w-]+))"),
 )
+# A variable as Kubernetes lists it: {'name': 'HF_TOKEN', 'value': 'X'} (a Python client's
+# dict, JSON), or YAML's `- name: HF_TOKEN` with `value: X` on the next line: in one text (a
+# record's output tail, a traceback, an error quoting a manifest), not across two log lines
+_ENV_ENTRY = names.Rule(re.compile(
+    r"""(?<![\w.-])(?P<nq>['"]?)name(?P=nq)[ \t]*[:=][ \t]*(?P<q>['"]?)(?P<name>""" + names._NAME
+    + r""")(?P=q)[ \t]*(?:,[ \t]*|\r?\n[ \t]*)(?P<vq>['"]?)value(?P=vq)[ \t]*[:=][ \t]*"""),
+    names._VALUE_I, lists=False)
 # Cheap tests first (every forwarded vLLM line passes here): a rule runs only on a text
 # that holds what it needs. Every secret name holds one of these words (see _WORDS).
 _HINTS = tuple(HINT_WORDS.split("|"))
@@ -213,7 +221,7 @@ class Redactor:
             text = "\n".join(_CURL_USER.sub(_curl_hidden, line) if "curl" in line else line
                               for line in text.split("\n"))
         if _has_secret_name(text):
-            for rule in RULES:
+            for rule in (_ENV_ENTRY, *RULES):
                 text = sub_named(rule, text)
         if "%" in text and _PERCENT.search(text) and _has_secret_name(urllib.parse.unquote(text)):
             text = sub_named(ENCODED, text)
@@ -275,8 +283,11 @@ class Redactor:
             return self.text(bytes(value).decode("utf-8", "replace"))
         if isinstance(value, Mapping):
             # A key is a name; one that could carry a credential (a URL, `a=b`) is redacted.
+            # {'name': 'HF_TOKEN', 'value': X}: the value is the named secret's (Kubernetes)
+            entry = str(value["name"]) if _pair_name(value.get("name")) else ""
             return {self.text(k) if isinstance(k, str) and ("@" in k or "=" in k) else k:
                     self._hidden(v, k) if isinstance(k, str) and is_secret_name(k)
+                    else self._hidden(v, entry) if entry and k == "value"
                     else self.deep(v) for k, v in value.items()}
         if isinstance(value, tuple) and len(value) == 2 and _pair_name(value[0]):
             name = value[0] if isinstance(value[0], str) else ""  # ('authorization', 'x')
