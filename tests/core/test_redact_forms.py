@@ -140,3 +140,27 @@ def test_a_listed_variable_in_a_structure_is_hidden_as_in_its_text() -> None:
     "- name: HF_TOKEN\n  value: none", "name: HF_TOKEN_PATH\n  value: /run/secrets/hf/token"])
 def test_a_listed_variable_that_holds_no_secret_stays(text: str) -> None:
     assert R.text(text) == text
+
+
+@pytest.mark.parametrize(("text", "want"), [
+    ("GET /v1/models;jsessionid=ABC123DEF456 HTTP/1.1",
+     f"GET /v1/models;jsessionid={REDACTED} HTTP/1.1"),
+    ("GET /v1/models;sid=ABC123DEF456 HTTP/1.1", f"GET /v1/models;sid={REDACTED} HTTP/1.1"),
+    ("GET /a;JSESSIONID=ABC123DEF456?x=1 HTTP/1.1", f"GET /a;JSESSIONID={REDACTED}?x=1 HTTP/1.1"),
+    ("https://h/app;jsessionid=ABC123DEF456/x", f"https://h/app;jsessionid={REDACTED}/x"),
+    ("GET /x?PHPSESSID=ABC123DEF456&y=1", f"GET /x?PHPSESSID={REDACTED}&y=1"),
+    ("GET /a;ASPSESSIONIDQQGGQGPG=ABC123DEF456 HTTP/1.1",
+     f"GET /a;ASPSESSIONIDQQGGQGPG={REDACTED} HTTP/1.1"),
+    ("GET /socket.io/?EIO=4&transport=polling&sid=ABC123DEF456 HTTP/1.1",
+     f"GET /socket.io/?EIO=4&transport=polling&sid={REDACTED} HTTP/1.1"),
+])
+def test_a_session_id_in_a_url_is_hidden(text: str, want: str) -> None:
+    """A session id in a request line's path parameters (`;jsessionid=`) or query: whoever
+    holds it is logged in as its user."""
+    assert _hidden(text, "ABC123DEF456") == want
+
+
+@pytest.mark.parametrize("text", ["x?AccountSid=AC123&y=1", "ps -o pid,sid=", "sid=5 pgid=5",
+                                  "session_id=7 sessions=2", "GET /v1/models;v=2 HTTP/1.1"])
+def test_what_names_no_session_id_stays(text: str) -> None:
+    assert R.text(text) == text

@@ -20,6 +20,7 @@ PIECES = ("\\", "\\\"", "\\'", "'", '"', "key=", "token=[,", "token=(,", "token=
           "Authorization: X a=\"", "Authorization: X a=b, ", "bearer:", "a=\"b\", ",
           "curl -u a:", "curl -u 'a", "curl -uuuuuuuuuu", "curl --user ",
           "'name': 'HF_TOKEN', 'value': '", "name: HF_TOKEN\n value: \\", "name: key\n",
+          ";jsessionid=", "&sid=a", "?sid=;",
           "'token', ", "x\\\\'", "sk-", "%20", "['", "[\\'", "token=\\\\")
 MIXES = ("key=\\\"" + "\\" * 64, "token='" + "\\'" * 8, "a " * 8 + "\\" * 16,
          "password=%5C%5C" + "\\" * 8)

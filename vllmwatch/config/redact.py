@@ -71,6 +71,11 @@ _CURL_USER = re.compile(r"(?P<pre>(?<![\w-])(?:--(?:proxy-)?user(?:=|[ \t]+)|-[a
                         r"[ \t]*)(?P<q>['\"])?(?P<user>[^\s:'\"]{0,256}):)"
                         r"(?P<secret>(?(q)[^'\"\n]*|[^\s'\"]*))")
 
+# A session id in a URL's path parameters or query (Java's `/app;jsessionid=X`, PHP's, ASP's,
+# socket.io's `?sid=X`, in a request line): whoever holds it is logged in as its user
+_SESSION = re.compile(r"(?i)(?P<pre>[;?&](?:jsessionid|phpsessid|aspsessionid[a-z]{0,16}|"
+                      r"sessionid|sessid|sid)=)(?P<secret>[^\s;?&#/'\"]+)")
+
 
 def _curl_hidden(m: re.Match[str]) -> str:
     if not m["secret"]:
@@ -217,6 +222,8 @@ class Redactor:
                     text = shape.sub(_bearer_hidden if shape is _BEARER else _shape_hidden,
                                      text)
                 text = _to_last_at(text) if i == 1 and url else text  # after plain userinfo
+        if "sid=" in text.lower() or "sessionid" in text.lower():
+            text = _SESSION.sub(_shape_hidden, text)
         if "curl" in text:
             text = "\n".join(_CURL_USER.sub(_curl_hidden, line) if "curl" in line else line
                               for line in text.split("\n"))
