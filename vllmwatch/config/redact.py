@@ -4,11 +4,12 @@ log events, /status, STATUS=, `incidents show` pass through `Redactor`. What is 
   of vllm.env_file), wherever it appears, with the rest of a token it is part of;
 - the value after a secret-looking name in every form vLLM, Python and shells print
   (`--api-key X`, `HF_TOKEN=X`, `HF_TOKEN X`, `'api_key': ['X']`, `('authorization',
-  'Bearer X')`), an
-  `Authorization:` header's scheme and credentials;
+  'Bearer X')`, `{'name': 'HF_TOKEN', 'value': 'X'}`), an `Authorization:` header's
+  credentials (its params too: `Token token="X"`); every key of an argv's `--api-key K1 K2`;
+- curl's `-u user:X`; a URL's session id (`;jsessionid=X`, `?sid=X`);
 - URL userinfo, any scheme (`https://user:X@host` keeps the user; `scheme://X@host` and
-  GitHub's `https://X:x-oauth-basic@host` hide X); `Bearer X`; PEM private keys; tokens of
-  known shapes (`sk-...`, `hf_...`, `ghp_...`, `AKIA...`/`ASIA...`, `AIza...`, `ya29.`,
+  GitHub's `https://X:x-oauth-basic@host` hide X); `Bearer X`, `Bearer: X`; PEM private keys;
+  tokens of known shapes (`sk-...`, `hf_...`, `ghp_...`, `AKIA...`/`ASIA...`, `AIza...`, `ya29.`,
   `nvapi-...`, `xox?-...`, JWTs).
 Names are judged by their words, so counts and paths stay readable (`prompt_tokens=5`,
 `--ssl-keyfile /etc/k.pem`, `KEY_PATH=/x`). Pure: stdlib and config only.
