@@ -164,3 +164,26 @@ def test_a_session_id_in_a_url_is_hidden(text: str, want: str) -> None:
                                   "session_id=7 sessions=2", "GET /v1/models;v=2 HTTP/1.1"])
 def test_what_names_no_session_id_stays(text: str) -> None:
     assert R.text(text) == text
+
+
+@pytest.mark.parametrize(("text", "want"), [
+    ("+ mysql -u root -pS3cretPw9 vllm", f"+ mysql -u root -p{REDACTED} vllm"),
+    ("mysqldump -uroot -pS3cretPw9 --all", f"mysqldump -uroot -p{REDACTED} --all"),
+    ("mariadb -pS3cretPw9 -e 'select 1'", f"mariadb -p{REDACTED} -e 'select 1'"),
+    ("sshpass -p S3cretPw9 ssh -p 22 gpu1", f"sshpass -p {REDACTED} ssh -p 22 gpu1"),
+    ("sshpass -v -pS3cretPw9 scp a b", f"sshpass -v -p{REDACTED} scp a b"),
+    ("+ docker login -u bob -p S3cretPw9 nvcr.io", f"+ docker login -u bob -p {REDACTED} nvcr.io"),
+    ("redis-cli -h r -p 6379 -a S3cretPw9 ping", f"redis-cli -h r -p 6379 -a {REDACTED} ping"),
+])
+def test_a_password_by_a_client_s_short_flag_is_hidden(text: str, want: str) -> None:
+    """The class of curl's -u: a client that takes its password by a flag with no secret name,
+    in a wrapper's shell trace (`set -x`) that reaches a record's output tail or the journal."""
+    assert _hidden(text, "S3cretPw9") == want
+
+
+@pytest.mark.parametrize("text", [
+    "mysql -u root -p vllm", "mysql -P 3306 -h db", "docker run -p 8000:8000 vllm/vllm-openai",
+    "ssh -p 22 gpu1", "sshpass -f /etc/pw ssh -p 22 gpu1", "podman run -p 8000:8000 -a stdout x",
+    "vllm serve /m -a x"])
+def test_a_short_flag_that_is_no_password_stays(text: str) -> None:
+    assert R.text(text) == text

@@ -6,7 +6,8 @@ log events, /status, STATUS=, `incidents show` pass through `Redactor`. What is 
   (`--api-key X`, `HF_TOKEN=X`, `HF_TOKEN X`, `'api_key': ['X']`, `('authorization',
   'Bearer X')`, `{'name': 'HF_TOKEN', 'value': 'X'}`), an `Authorization:` header's
   credentials (its params too: `Token token="X"`); every key of an argv's `--api-key K1 K2`;
-- curl's `-u user:X`; a URL's session id (`;jsessionid=X`, `?sid=X`);
+- a client's password on its line (`curl -u user:X`, `mysql -pX`, `sshpass -p X`, `docker login
+  -p X`, `redis-cli -a X`); a URL's session id (`;jsessionid=X`, `?sid=X`);
 - URL userinfo, any scheme (`https://user:X@host` keeps the user; `scheme://X@host` and
   GitHub's `https://X:x-oauth-basic@host` hide X); `Bearer X`, `Bearer: X`; PEM private keys;
   tokens of known shapes (`sk-...`, `hf_...`, `ghp_...`, `AKIA...`/`ASIA...`, `AIza...`, `ya29.`,
@@ -64,13 +65,19 @@ _SHAPES = (
                r"(?:<redacted>|(?!\\[nrt])[^\r\n'\",\\])+)"),
 )
 _BEARER = _SHAPES[3]
-# curl's -u/--user USER:PASSWORD, -U/--proxy-user (a shell trace `+ curl -u admin:X`, a probe
-# script's line): the password hidden, the user kept, as in a URL; `-u KEY:` (a key as the
-# user, no password) hides the key. Only on a line that runs curl: elsewhere `-u 1000:1000`
-# is docker's uid:gid. A short flag may end a run (`-sSu`) or hold its value (`-uadmin:X`).
+# A client's password on its command line by a flag with no secret name (a wrapper's shell
+# trace, a probe script's line): curl's -u/--user/-U/--proxy-user USER:X (the user kept, as in
+# a URL; `-u KEY:`, a key as the user, hides the key), `mysql -pX`, `sshpass -p X`, `docker
+# login -p X`, `redis-cli -a X`. Only on a line that runs the client: elsewhere `-u 1000:1000`
+# is docker's uid:gid, `-p 8000` a port. A flag may end a run (`-sSu`) or hold its value.
 _CURL_USER = re.compile(r"(?P<pre>(?<![\w-])(?:--(?:proxy-)?user(?:=|[ \t]+)|-[a-zA-Z]{0,8}[uU]"
                         r"[ \t]*)(?P<q>['\"])?(?P<user>[^\s:'\"]{0,256}):)"
                         r"(?P<secret>(?(q)[^'\"\n]*|[^\s'\"]*))")
+_FLAG = r"(?P<pre>(?<![\w-])%s)(?P<secret>(?!-)[^\s'\"]+)"  # (mysql's -p: glued, or a prompt)
+_CLIENTS = (("curl", _CURL_USER), ("mysql", re.compile(_FLAG % "-p")),
+            ("mariadb", re.compile(_FLAG % "-p")), ("redis-cli", re.compile(_FLAG % "-a[ \t]*")),
+            ("sshpass", re.compile(_FLAG % r"sshpass(?:[ \t]+-[a-oq-zA-Z]\S*)*[ \t]+-p[ \t]*")),
+            (" login ", re.compile(_FLAG % "-p[ \t]*")))  # docker, podman, az login
 
 # A session id in a URL's path parameters or query (Java's `/app;jsessionid=X`, PHP's, ASP's,
 # socket.io's `?sid=X`, in a request line): whoever holds it is logged in as its user
@@ -78,8 +85,8 @@ _SESSION = re.compile(r"(?i)(?P<pre>[;?&](?:jsessionid|phpsessid|aspsessionid[a-
                       r"sessionid|sessid|sid)=)(?P<secret>[^\s;?&#/'\"]+)")
 
 
-def _curl_hidden(m: re.Match[str]) -> str:
-    if not m["secret"]:
+def _client_hidden(m: re.Match[str]) -> str:
+    if m.groupdict().get("user") is not None and not m["secret"]:
         return m["pre"][:m.start("user") - m.start()] + REDACTED + ":"
     return m["pre"] + REDACTED
 _USERINFO = re.compile(r"(?i)\b[a-z][a-z0-9+.-]{0,31}://[^\s/?#@:'\"]*:")
@@ -225,9 +232,10 @@ class Redactor:
                 text = _to_last_at(text) if i == 1 and url else text  # after plain userinfo
         if "sid=" in text.lower() or "sessionid" in text.lower():
             text = _SESSION.sub(_shape_hidden, text)
-        if "curl" in text:
-            text = "\n".join(_CURL_USER.sub(_curl_hidden, line) if "curl" in line else line
-                              for line in text.split("\n"))
+        for word, flag in _CLIENTS:
+            if word in text:
+                text = "\n".join(flag.sub(_client_hidden, line) if word in line else line
+                                  for line in text.split("\n"))
         if _has_secret_name(text):
             for rule in (_ENV_ENTRY, *RULES):
                 text = sub_named(rule, text)
