@@ -187,3 +187,20 @@ def test_a_password_by_a_client_s_short_flag_is_hidden(text: str, want: str) -> 
     "vllm serve /m -a x"])
 def test_a_short_flag_that_is_no_password_stays(text: str) -> None:
     assert R.text(text) == text
+
+
+@pytest.mark.parametrize("text", [
+    "+ vllm serve /m --api-key 'Zq9K1a+/=' 'Zq9K2b+/=' --port 8000",
+    'vllm serve /m --api-key "Zq9K1a" "Zq9K2b" --port 8000',
+    "vllm serve /m --api-key Zq9K1a 'Zq9K2b x' --port 8000"])
+def test_every_shell_quoted_key_of_api_key_is_hidden(text: str) -> None:
+    """A shell's trace quotes a word with a sign in it (`set -x`, shlex.join): the second key
+    of `--api-key 'K1' 'K2'` showed, as the rule for more keys read bare words only."""
+    assert _hidden(text, "Zq9K1a", "Zq9K2b").endswith(f"--api-key {REDACTED} --port 8000")
+
+
+@settings(max_examples=300, deadline=None)
+@given(values, values)
+def test_any_shell_quoted_second_key_is_hidden(first: str, second: str) -> None:
+    assume(not second.startswith("-") and second not in first)
+    _hidden(f"+ vllm serve --api-key '{first}' '{second}' --port 8000", first, second)

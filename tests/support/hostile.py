@@ -19,7 +19,7 @@ PIECES = ("\\", "\\\"", "\\'", "'", '"', "key=", "token=[,", "token=(,", "token=
           "token: bearer ", "'--api-key', 'a', '", "\"--api-key\", \"a\", \"",
           "Authorization: X a=\"", "Authorization: X a=b, ", "bearer:", "a=\"b\", ",
           "curl -u a:", "curl -u 'a", "curl -uuuuuuuuuu", "curl --user ",
-          "mysql -p", "sshpass -v", " login -p", "redis-cli -a",
+          "mysql -p", "sshpass -v", " login -p", "redis-cli -a", "--api-key 'a' '", '--api-key a "',
           "'name': 'HF_TOKEN', 'value': '", "name: HF_TOKEN\n value: \\", "name: key\n",
           ";jsessionid=", "&sid=a", "?sid=;",
           "'token', ", "x\\\\'", "sk-", "%20", "['", "[\\'", "token=\\\\")

@@ -141,7 +141,7 @@ _IDENTIFIER = re.compile(r"[A-Za-z0-9]_+[A-Za-z0-9]|^[a-z][a-z0-9]*[A-Z]")
 _OPERATOR = re.compile(r"[-=+*/%<>!|&:^~]{1,3}")
 _SPACED_WORDS = frozenset({"true", "false", "none", "null", "yes", "no", "on", "off", "unset"})
 _MORE_WORDS = re.compile(  # (not a word of prose: `--api-key value to VLLM_API_KEY`)
-    r"""(?:[ \t]+(?!-|[a-z]+(?:[\s'",;)}\]>]|$))[^\s'",;)}\]>]+)*""")
+    r"""(?:[ \t]+(?:'[^'\n]*'|"[^"\n]*"|(?!-|[a-z]+(?:[\s'",;)}\]>]|$))[^\s'",;)}\]>]+))*""")
 _UNSET = frozenset({"none", "null", "nil", "true", "false"})  # no value, or a switch, after any
 _LOWER_WORD = re.compile(r"[a-z]+")
 _NEXT_WORD = re.compile(r"[ \t]+[a-z]+\b(?![_.-]?\w)")
@@ -320,15 +320,14 @@ def _hide(rule: Rule, m: re.Match[str], start: int, text: str,
         if found.get("eqv") is not None:
             return v.end(), f"{pre}{v['esc']}{v['evq']}{REDACTED}{v['esc']}{v['evq']}"
         many = "api-key".startswith(m["name"].lower().replace("_", "-"))  # nargs "+"
-        if found.get("qv") is not None:  # ['--api-key', 'K1', 'K2']: each item to the next flag
+        words = _MORE_WORDS.match(text, v.end()) if many and groups.get("dash") and \
+            "=" not in sep else None  # vLLM's `--api-key K1 'K2'`: each word to the next flag
+        if found.get("qv") is not None and not (words and words[0]):  # ['--api-key', 'K1', ..]
             more = _MORE_ITEMS.match(text, v.end()) if many and groups.get("fq") else None
             rest = _IN_LIST.sub(lambda q: f"{q[1]}{REDACTED}{q[1]}", more[0]) if more else ""
             lead = "b" if v.group(0).startswith("b") else ""
             return (more or v).end(), f"{pre}{lead}{v['vq']}{REDACTED}{v['vq']}{rest}"
-        end = v.end()  # vLLM's `--api-key K1 K2` (nargs "+"): each word to the next flag
-        if many and groups.get("dash") and "=" not in sep:
-            end = (_MORE_WORDS.match(text, end) or v).end()
-        return end, pre + REDACTED
+        return (words or v).end(), pre + REDACTED
     return None
 
 
