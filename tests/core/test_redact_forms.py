@@ -204,3 +204,14 @@ def test_every_shell_quoted_key_of_api_key_is_hidden(text: str) -> None:
 def test_any_shell_quoted_second_key_is_hidden(first: str, second: str) -> None:
     assume(not second.startswith("-") and second not in first)
     _hidden(f"+ vllm serve --api-key '{first}' '{second}' --port 8000", first, second)
+
+
+def test_a_listed_variable_across_two_lines_of_a_stream_is_hidden() -> None:
+    """The YAML form across two lines of a stream (a record's output, vLLM's stdout): each
+    line was redacted alone, and `  value: X` alone names nothing."""
+    lines = ["env:", "- name: HF_TOKEN", "  value: Zq7Xy9Wv4Lm", "- name: PORT", "  value: 8000"]
+    for red in (R, REDACT):
+        out = red.lines(lines)
+        assert out == [*lines[:2], f"  value: {REDACTED}", *lines[3:]], out
+        assert red.after(lines[1], lines[2]) == f"  value: {REDACTED}"
+        assert red.after("- name: PORT", "  value: 8000") == "  value: 8000"

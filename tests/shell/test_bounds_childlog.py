@@ -112,3 +112,14 @@ def test_a_reader_that_raises_is_said_once_and_the_reading_goes_on(
     assert log.failed == 2 and list(log.tail) == lines
     assert [kw["text"] for event, kw in events if event == "child.line"] == lines
     assert any(p.milestone == "server_start" for p in posted)
+
+
+def test_a_secret_variable_listed_over_two_lines_is_hidden() -> None:
+    """A wrapper that prints its pod's env as YAML (`- name: HF_TOKEN`, then `  value: X`):
+    each line is forwarded alone, so the value line is redacted with the line before it."""
+    data = b"- name: HF_TOKEN\n  value: Zq7Xy9Wv4Lm\n- name: PORT\n  value: 8000\nINFO after\n"
+    log, events, _ = _run(data)
+    texts = [kw["text"] for event, kw in events if event == "child.line"]
+    assert texts == ["- name: HF_TOKEN", "  value: <redacted>", "- name: PORT", "  value: 8000",
+                     "INFO after"]
+    assert not [line for line in log.tail if "Zq7Xy9Wv4Lm" in line]

@@ -6,8 +6,7 @@ log events, /status, STATUS=, `incidents show` pass through `Redactor`. What is 
   (`--api-key X`, `HF_TOKEN=X`, `HF_TOKEN X`, `'api_key': ['X']`, `('authorization',
   'Bearer X')`, `{'name': 'HF_TOKEN', 'value': 'X'}`), an `Authorization:` header's
   credentials (its params too: `Token token="X"`); every key of an argv's `--api-key K1 K2`;
-- a client's password on its line (`curl -u user:X`, `mysql -pX`, `sshpass -p X`, `docker login
-  -p X`, `redis-cli -a X`); a URL's session id (`;jsessionid=X`, `?sid=X`);
+- a client's password (`curl -u user:X`, `mysql -pX`, ...); a URL's session id (`;sid=X`);
 - URL userinfo, any scheme (`https://user:X@host` keeps the user; `scheme://X@host` and
   GitHub's `https://X:x-oauth-basic@host` hide X); `Bearer X`, `Bearer: X`; PEM private keys;
   tokens of known shapes (`sk-...`, `hf_...`, `ghp_...`, `AKIA...`/`ASIA...`, `AIza...`, `ya29.`,
@@ -65,11 +64,10 @@ _SHAPES = (
                r"(?:<redacted>|(?!\\[nrt])[^\r\n'\",\\])+)"),
 )
 _BEARER = _SHAPES[3]
-# A client's password on its command line by a flag with no secret name (a wrapper's shell
-# trace, a probe script's line): curl's -u/--user/-U/--proxy-user USER:X (the user kept, as in
-# a URL; `-u KEY:`, a key as the user, hides the key), `mysql -pX`, `sshpass -p X`, `docker
-# login -p X`, `redis-cli -a X`. Only on a line that runs the client: elsewhere `-u 1000:1000`
-# is docker's uid:gid, `-p 8000` a port. A flag may end a run (`-sSu`) or hold its value.
+# A client's password by a flag with no secret name (a wrapper's shell trace): curl's -u/--user/
+# -U/--proxy-user USER:X (the user kept, as in a URL; `-u KEY:` hides the key), `mysql -pX`,
+# `sshpass -p X`, `docker login -p X`, `redis-cli -a X`; only on a line that runs the client
+# (elsewhere `-u 1000:1000` is docker's uid:gid, `-p 8000` a port; `-sSu`, `-uX` are read).
 _CURL_USER = re.compile(r"(?P<pre>(?<![\w-])(?:--(?:proxy-)?user(?:=|[ \t]+)|-[a-zA-Z]{0,8}[uU]"
                         r"[ \t]*)(?P<q>['\"])?(?P<user>[^\s:'\"]{0,256}):)"
                         r"(?P<secret>(?(q)[^'\"\n]*|[^\s'\"]*))")
@@ -78,20 +76,18 @@ _CLIENTS = (("curl", _CURL_USER), ("mysql", re.compile(_FLAG % "-p")),
             ("mariadb", re.compile(_FLAG % "-p")), ("redis-cli", re.compile(_FLAG % "-a[ \t]*")),
             ("sshpass", re.compile(_FLAG % r"sshpass(?:[ \t]+-[a-oq-zA-Z]\S*)*[ \t]+-p[ \t]*")),
             (" login ", re.compile(_FLAG % "-p[ \t]*")))  # docker, podman, az login
-
-# A session id in a URL's path parameters or query (Java's `/app;jsessionid=X`, PHP's, ASP's,
-# socket.io's `?sid=X`, in a request line): whoever holds it is logged in as its user
+# A URL's session id (`/app;jsessionid=X`, PHP's, ASP's, `?sid=X`): whoever holds it is its user
 _SESSION = re.compile(r"(?i)(?P<pre>[;?&](?:jsessionid|phpsessid|aspsessionid[a-z]{0,16}|"
                       r"sessionid|sessid|sid)=)(?P<secret>[^\s;?&#/'\"]+)")
+_USERINFO = re.compile(r"(?i)\b[a-z][a-z0-9+.-]{0,31}://[^\s/?#@:'\"]*:")
+_WORD_END = re.compile(r"[\s'\"]")
+_HOST_PORT = re.compile(r"\d+(?:[/?#]|$)")
 
 
 def _client_hidden(m: re.Match[str]) -> str:
     if m.groupdict().get("user") is not None and not m["secret"]:
         return m["pre"][:m.start("user") - m.start()] + REDACTED + ":"
     return m["pre"] + REDACTED
-_USERINFO = re.compile(r"(?i)\b[a-z][a-z0-9+.-]{0,31}://[^\s/?#@:'\"]*:")
-_WORD_END = re.compile(r"[\s'\"]")
-_HOST_PORT = re.compile(r"\d+(?:[/?#]|$)")
 
 
 def _shape_hidden(m: re.Match[str]) -> str:
@@ -140,9 +136,8 @@ _TOKENS = (
                # each `eyJ` of `eyJ-eyJ-...`, it ran to the word's end (quadratic)
                r"eyJ(?:(?!-eyJ)[\w-]){8,}\.eyJ[\w-]{8,}\.[\w-]+))"),
 )
-# A variable as Kubernetes lists it: {'name': 'HF_TOKEN', 'value': 'X'} (a Python client's
-# dict, JSON), or YAML's `- name: HF_TOKEN` with `value: X` on the next line: in one text (a
-# record's output tail, a traceback, an error quoting a manifest), not across two log lines
+# A variable as Kubernetes lists it: {'name': 'HF_TOKEN', 'value': 'X'} (a client's dict, JSON),
+# YAML's `- name: HF_TOKEN` and `value: X` on the next line (in one text, or Redactor.after)
 _ENV_ENTRY = names.Rule(re.compile(
     r"""(?<![\w.-])(?P<nq>['"]?)name(?P=nq)[ \t]*[:=][ \t]*(?P<q>['"]?)(?P<name>""" + names._NAME
     + r""")(?P=q)[ \t]*(?:,[ \t]*|\r?\n[ \t]*)(?P<vq>['"]?)value(?P=vq)[ \t]*[:=][ \t]*"""),
@@ -277,8 +272,15 @@ class Redactor:
         return cleaned[-limit:] if limit else ""
 
     def lines(self, lines: Iterable[str]) -> list[str]:
-        """Many lines, redacted."""
-        return [self.text(line) for line in lines]
+        """Many lines, redacted, each with the one before it (after())."""
+        listed = list(lines)
+        return [self.after(listed[i - 1] if i else "", line) for i, line in enumerate(listed)]
+
+    def after(self, before: str, line: str) -> str:
+        """A line redacted with the line before (YAML's `- name: HF_TOKEN` / `  value: X`)."""
+        if "name" in before and "value" in line:
+            return self.text(f"{before}\n{line}").partition("\n")[2]
+        return self.text(line)
 
     def argv(self, argv: Iterable[str]) -> list[str]:
         """A command line: secret flags' values, then every other rule."""

@@ -127,6 +127,7 @@ class ChildLog:
         self.limited = 0  # lines not forwarded: over the rate
         self.cut = 0  # lines longer than MAX_LINE, cut there
         self.failed = 0  # lines our readers raised on (kept in the tail, not read for facts)
+        self._before = ""  # the line before, for the redactor's two-line forms (REDACT.after)
         self._clock = clock
         self._bucket = Bucket(rate, burst, clock())
         self._reported = (0, 0, 0)
@@ -204,6 +205,9 @@ class ChildLog:
             self._queue.put(None)
 
     def _take(self, line: str, level: str, last_post: float) -> tuple[str, float]:
+        before, self._before = self._before, line
+        if "value" in line and "name" in before:  # `- name: HF_TOKEN` / `  value: X` (YAML):
+            line = REDACT.after(before, line)  # no writer sees the two lines together
         self.last_lines.append(line)  # before any limit: the diagnosis sees all
         self.tail.append(line)  # ... and so does an incident record
         level, now = level_of(line, level), self._clock()
