@@ -37,10 +37,10 @@ NOT_EXCERPTS = {
     'str(data.get("reason", "?"))[:40]': "a stored record: redacted whole when written",
     'f"{type(exc).__name__}: {exc}"[:300]': "the standby interpreter imports only the "
     "stdlib; the daemon redacts its pipe's text before it leaves",
-    "head[-WORD:]": "incident/store.brief looks for a space in text redacted; nothing leaves",
-    "end[:WORD]": "incident/store.brief looks for a space in text redacted; nothing leaves",
-    "end[:WORD + 1]": "incident/store.brief looks for a space in text redacted",
-    "end[WORD:]": "incident/store.brief: the end of text redacted (REDACT.tail), at a word",
+    "head[-WORD:]": "config/units.brief looks for a space in text redacted; nothing leaves",
+    "end[:WORD]": "config/units.brief looks for a space in text redacted; nothing leaves",
+    "end[:WORD + 1]": "config/units.brief looks for a space in text redacted",
+    "end[WORD:]": "config/units.brief: the end of text redacted (REDACT.tail), at a word",
     "tuple(sorted(kept.items()))[:MEMBERS_MAX]": "the group file's tree members: (pid, start) "
     "pairs, numbers, no text",
 }

@@ -9,15 +9,27 @@ from __future__ import annotations
 
 import re
 from collections.abc import Mapping, Sequence
-from typing import TYPE_CHECKING
+from typing import Protocol
 
 from vllmwatch.config import flags, safefile
 from vllmwatch.config.errors import ConfigError
 from vllmwatch.config.flags import flag_name, long_forms
 from vllmwatch.config.secretnames import REDACTED, is_secret_name, path_value
 
-if TYPE_CHECKING:
-    from vllmwatch.config.sections import Config
+
+# What read_env_file reads of a Config, as protocols: no import of config/sections.py, even
+# for the type checker (redact.py imports this module for redact_argv, and sections' import
+# of smoke, which imports redact, would close a circle: tests/core/test_architecture.py).
+class _EnvFileSetting(Protocol):
+    @property
+    def env_file(self) -> str: ...
+
+
+class _Configured(Protocol):
+    @property
+    def path(self) -> str: ...
+    @property
+    def vllm(self) -> _EnvFileSetting: ...
 
 FORK_VARIABLE = "VLLM_WORKER_MULTIPROC_METHOD"
 _SIZE_FLAGS = {"tensor-parallel-size": "tp", "pipeline-parallel-size": "pp",
@@ -125,7 +137,7 @@ class KeyFileError(ConfigError):
         self.transient = transient
 
 
-def read_env_file(config: Config) -> tuple[dict[str, str], list[str]]:
+def read_env_file(config: _Configured) -> tuple[dict[str, str], list[str]]:
     """vllm.env_file: (secret variables for vLLM's environment, flags whose values are
     secret). ({}, []) when none is set. Lines are NAME=value (no quoting: the value is the
     rest of the line), blank and # lines skipped; bounded and with a deadline, as the key."""

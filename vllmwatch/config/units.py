@@ -287,3 +287,31 @@ def is_number_word(word: str) -> bool:
     except ValueError:
         return False
     return True
+
+
+# --- a long text cut to a width, its start and its end kept -----------------------------------
+
+CUT = " ... "  # where brief() took the middle of a detail out
+WORD = 16  # characters brief() gives up to cut at a space rather than within a word
+
+
+def brief(text: str, limit: int) -> str:
+    """A record's detail in at most `limit` characters, redacted: its start and its end.
+    A detail says what happened first and why last (a crash loop's numbers, then its last
+    failure; a memory rule's figures, then the rule's name): a cut of the end alone dropped
+    the cause ("...; the last: crash: during st")."""
+    from vllmwatch.config.redact import EXCERPT_MARGIN, REDACT  # (units itself stays light)
+
+    if len(text) <= limit + EXCERPT_MARGIN and len(whole := REDACT.text(text)) <= limit:
+        return whole
+    room = limit - len(CUT)
+    tail = room * 3 // 5  # the end the more: the cause is said last
+    # At a word's edge ("tart.max_restarts 5)" read as a typo): the end from the start of
+    # the word it cuts, taken from the head's share, or after that word where it is long.
+    end = REDACT.tail(text, tail + WORD)
+    edge = end[:WORD + 1]
+    end = end[edge.rindex(" ") + 1:] if " " in edge else end[WORD:]
+    end = end[end.index(" ") + 1:] if " " not in edge and " " in end[:WORD] else end
+    head = REDACT.head(text, room - len(end))
+    head = head[:head.rindex(" ")] if " " in head[-WORD:] else head
+    return head.rstrip() + CUT + end.lstrip()

@@ -150,7 +150,7 @@ def shaped(data: Mapping[str, Any]) -> tuple[dict[str, Any], list[str]]:
 
 
 def _list(root: str, as_json: bool) -> int:
-    # a line each: a detail past LIST_DETAIL keeps its start and its end (store.brief)
+    # a line each: a detail past LIST_DETAIL keeps its start and its end (config/units.brief)
     rows = [REDACT.deep(r.__dict__) for r in store.summaries(
         root, *(() if as_json else (LIST_DETAIL,)))]
     if as_json:

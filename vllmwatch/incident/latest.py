@@ -9,6 +9,7 @@ from typing import Any
 
 from vllmwatch.config.convert import printable
 from vllmwatch.config.redact import REDACT
+from vllmwatch.config.units import brief
 from vllmwatch.incident import store
 
 
@@ -34,7 +35,7 @@ def newest(roots: Sequence[str]) -> dict[str, Any] | None:
                 "reason": printable(REDACT.head(str(data.get("reason", "?")), 40), False),
                 # redacted, then cut (a secret across the cut would keep its first part);
                 # its start and its end: the cause of a crash loop is its last failure
-                "detail": printable(store.brief(str(data.get("detail", "")), 160), False)}
+                "detail": printable(brief(str(data.get("detail", "")), 160), False)}
     return None
 
 

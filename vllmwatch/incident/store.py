@@ -23,15 +23,13 @@ from pathlib import Path
 from typing import Any
 
 from vllmwatch.config import safefile
-from vllmwatch.config.redact import EXCERPT_MARGIN, REDACT
+from vllmwatch.config.units import brief
 
 SUBDIR = "incidents"
 RECORD = "record.json"
 ORDER = "ORDER"  # the record ids in the order they were written, one a line (written())
 ORDER_MAX = 1 << 20  # bytes of ORDER read; a prune rewrites it with the records kept
 MAX_RECORD = 64 << 20  # bytes of record.json read by `vllmwatch incidents`; ours are < 1 MiB
-CUT = " ... "  # where brief() took the middle of a detail out
-WORD = 16  # characters brief() gives up to cut at a space rather than within a word
 READ_TIMEOUT = 5.0  # s for one record.json (a hung mount); then "unreadable"
 _NAME = re.compile(r"^\d{8}T\d{6}Z-[a-z_]+(?:-\d+)?\Z", re.ASCII)  # (\d: 0-9 only)
 # The hidden folders this process is writing now. A record can outlive its wait (a slow
@@ -258,26 +256,6 @@ def load(root: str, rid: str) -> dict[str, Any] | None:
     name = find(root, rid)
     got = read(root, name) if name is not None else None
     return got if isinstance(got, dict) else None
-
-
-def brief(text: str, limit: int) -> str:
-    """A record's detail in at most `limit` characters, redacted: its start and its end.
-    A detail says what happened first and why last (a crash loop's numbers, then its last
-    failure; a memory rule's figures, then the rule's name): a cut of the end alone dropped
-    the cause ("...; the last: crash: during st")."""
-    if len(text) <= limit + EXCERPT_MARGIN and len(whole := REDACT.text(text)) <= limit:
-        return whole
-    room = limit - len(CUT)
-    tail = room * 3 // 5  # the end the more: the cause is said last
-    # At a word's edge ("tart.max_restarts 5)" read as a typo): the end from the start of
-    # the word it cuts, taken from the head's share, or after that word where it is long.
-    end = REDACT.tail(text, tail + WORD)
-    edge = end[:WORD + 1]
-    end = end[edge.rindex(" ") + 1:] if " " in edge else end[WORD:]
-    end = end[end.index(" ") + 1:] if " " not in edge and " " in end[:WORD] else end
-    head = REDACT.head(text, room - len(end))
-    head = head[:head.rindex(" ")] if " " in head[-WORD:] else head
-    return head.rstrip() + CUT + end.lstrip()
 
 
 def summaries(root: str, width: int = 160) -> list[Summary]:

@@ -9,14 +9,13 @@ from typing import Any
 from vllmwatch.config.hosts import parse_listen, url_host
 from vllmwatch.config.redact import REDACT
 from vllmwatch.config.schema import Config, VllmConfig
-from vllmwatch.config.units import format_duration, format_mib
+from vllmwatch.config.units import brief, format_duration, format_mib
 from vllmwatch.core import drain as drains
 from vllmwatch.core import leak
 from vllmwatch.core.names import Reason
 from vllmwatch.core.restart import Phase
 from vllmwatch.core.samples import gpu_figure
 from vllmwatch.core.state import ChildRun, S, WatchState
-from vllmwatch.incident.store import brief
 from vllmwatch.status.snapshot import MemoryFigures, Snapshot, ladder_word
 
 
