@@ -145,6 +145,9 @@ class Sweep:
     port: int
     kill_stale: bool = True  # with no pgid: kill leftovers of ours found by marker/session
     settle: float = 0.0  # seconds to let a tree we asked to stop finish exiting by itself
+    # The leader alone got the SIGTERM and exited: what is left of its group gets it (the tops
+    # of it: a wrapper's vLLM) and this many seconds to drain before the SIGKILL
+    pass_on: float = 0.0
 
 
 @dataclass(frozen=True)

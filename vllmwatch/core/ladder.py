@@ -196,7 +196,7 @@ def stop_requested(s: WatchState, signal: str, now: float) -> Result:
         return halt(s, now, Reason.STOP, f"{signal} received", {"signal": signal})
     if s.state == S.STOPPING and s.child is not None and not on(s, Phase.KILLING):
         return stopping_deadline(s, now, hurry=True)  # a second signal: no more patience
-    return leave(s, now)  # already leaving: make sure the way out is under way
+    return leave(s, now, hurry=True)  # already leaving: make sure the way out is under way
 
 
 def manual_restart(s: WatchState, now: float) -> Result:

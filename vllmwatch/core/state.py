@@ -107,6 +107,8 @@ class Proc:
     gpu_before_mib: tuple[tuple[int, float], ...] = ()  # GPU use before launch (release gate)
     inputs: tuple[tuple[str, str], ...] = ()  # what it read beyond the config (Spawned.inputs)
     group_term_at: float | None = None  # a drained stop SIGTERMs its whole group then (stopping)
+    drain_until: float | None = None  # a drained stop's window, while the SIGTERM went to the
+    # leader alone: what outlives the leader (a wrapper's vLLM) gets it and this long (stopping)
 
 
 @dataclass(frozen=True)

@@ -104,7 +104,9 @@ def stop_child(s: WatchState, now: float) -> Result:
         group_at = None
     s, acts = goto(s, S.STOPPING, now, "stop child",
                    deadline=group_at if group_at is not None else now + grace)
-    s = replace(s, child=replace(s.run, proc=replace(s.run.proc, group_term_at=group_at)))
+    until = now + min(s.config.restart.drain_timeout + SETTLE, grace) if drains_itself else None
+    s = replace(s, child=replace(s.run, proc=replace(s.run.proc, group_term_at=group_at,
+                                                     drain_until=until)))
     s, more = rung(s, Phase.TERMINATING, now, "stop child")
     acts += more
     if drains_itself:
@@ -134,8 +136,10 @@ def stopping_deadline(s: WatchState, now: float, hurry: bool = False) -> Result:
     """The drain window ran out (the group's SIGTERM), or the grace did (or `hurry`: a second
     stop signal): SIGKILL; after that, sweep whatever is left."""
     c = s.child
+    if c is not None:  # the group is signalled now: nothing is left to pass on
+        s = replace(s, child=replace(c, proc=replace(c.proc, drain_until=None)))
     if c is not None and c.proc.group_term_at is not None and not hurry:
-        s = replace(s, child=replace(c, proc=replace(c.proc, group_term_at=None)))
+        s = replace(s, child=replace(s.run, proc=replace(s.run.proc, group_term_at=None)))
         return replace(s, deadline=s.since + s.config.restart.stop_timeout), [
             SignalGroup("SIGTERM"), Log("info", "child.stopping", {
                 "pid": s.pid, "signal": "SIGTERM", "to": "the process group",
@@ -165,7 +169,14 @@ def sweep(s: WatchState, now: float, reason: str) -> Result:
     sample = c.probes.memory if c is not None else None
     old = {*(sample.tree_pids if sample is not None else ()),
            *((p for p in (c.proc.pid, c.proc.exited_pid) if p is not None) if c else ())}
-    deadline = now + SWEEP_WAIT if s.exit_code is not None else None
+    # The SIGTERM went to the leader alone and it is gone, but not what it started: a wrapper
+    # that died at the SIGTERM without passing it on (`sh -c 'vllm serve ...; :'`) left vLLM
+    # running, never told to drain, and the sweep SIGKILLed it 3 s later, cutting every
+    # request in flight. The tops of what is left get that SIGTERM (shell/passon.py) and the
+    # rest of the drain window, never past restart.stop_timeout.
+    until = c.proc.drain_until if c is not None and s.state == S.STOPPING else None
+    pass_on = max(0.0, until - now) if until is not None else 0.0
+    deadline = now + pass_on + SWEEP_WAIT if s.exit_code is not None else None
     s, acts = goto(s, S.CLEANUP, now, reason, deadline=deadline)
     s, more = rung(s, Phase.SWEEPING, now, reason)
     acts += more
@@ -179,13 +190,30 @@ def sweep(s: WatchState, now: float, reason: str) -> Result:
                                                                           pgid=None))))
     s = replace(s, old_pids=tuple(sorted(old)))
     v = c.vllm if c is not None else s.config.vllm
-    acts.append(Sweep(old_pgid, v.host, v.port, s.config.restart.kill_stale, settle))
+    acts.append(Sweep(old_pgid, v.host, v.port, s.config.restart.kill_stale, settle,
+                      pass_on=pass_on))
     return s, acts
 
 
-def leave(s: WatchState, now: float) -> Result:
+def _passing_on(s: WatchState) -> float | None:
+    """When the sweep that passes a SIGTERM on (sweep) gives up waiting; None: no such sweep."""
+    c = s.child
+    return c.proc.drain_until if s.state == S.CLEANUP and c is not None and on(
+        s, Phase.SWEEPING) else None
+
+
+def leave(s: WatchState, now: float, hurry: bool = False) -> Result:
     """On the way out (s.exit_code set): take down whatever runs, from any state; the last
-    step (sweep, then finish) sees exit_code and ends in Exit."""
+    step (sweep, then finish) sees exit_code and ends in Exit. `hurry`: a second stop signal,
+    which SIGKILLs what a sweep still lets drain (as stopping_deadline does in STOPPING)."""
+    until = _passing_on(s)
+    if until is not None and hurry:
+        s = replace(s, child=replace(s.run, proc=replace(s.run.proc, drain_until=None)))
+        return s, [SignalGroup("SIGKILL"), Log("warning", "child.kill", {
+            "after_s": round(now - s.since, 1), "detail": "a second stop signal: SIGKILL to "
+            "what was left draining after the vLLM command's process exited"})]
+    if until is not None and s.deadline is None:  # (a restart's sweep, which has none)
+        return replace(s, deadline=max(until, now) + SWEEP_WAIT), []
     if s.state in (S.STARTING, S.READY, S.DRAINING):
         return take_down(s, now, drain=False)
     if s.state in (S.BACKOFF, S.PREWARMING):

@@ -81,9 +81,7 @@ def signal_group(pgid: int, signame: str) -> bool:
     """Signal a whole process group; False when nothing was there."""
     try:
         os.killpg(pgid, getattr(signal, signame))
-    except ProcessLookupError:
-        return False
-    except PermissionError:
+    except (ProcessLookupError, PermissionError):
         return False
     return True
 
@@ -108,10 +106,6 @@ def _alive(proc: psutil.Process) -> bool:
         return False
     except psutil.Error:
         return True
-
-
-def _is_ours(proc: psutil.Process, marker: str) -> bool:
-    return groupfile.carries_marker(proc, marker)
 
 
 def _looks_like_vllm(proc: psutil.Process) -> bool:
@@ -213,7 +207,7 @@ def find_tree(pgid: int | None, marker: str, log: LogFn | None = None,
     skip = exempt | kin.me_and_ancestors(me)  # never our own line (a shell with the marker)
     procs = [(p, *_ids(p.pid)) for p in processes_now()  # (not process_iter: its cache)
              if p.pid not in skip and _alive(p)]
-    marked = {p.pid for p, _, _ in procs if _is_ours(p, marker)}
+    marked = {p.pid for p, _, _ in procs if groupfile.carries_marker(p, marker)}
     groups = {g for p, g, _ in procs if p.pid in marked and g > 0}
     if pgid is not None:
         groups.add(pgid)
@@ -261,18 +255,24 @@ def _wait_gone(procs: list[psutil.Process], seconds: float) -> list[psutil.Proce
 
 
 def sweep(pgid: int | None, marker: str, host: str, port: int, grace: float = 5.0,
-          settle: float = 0.0, log: LogFn | None = None,
-          exempt: frozenset[int] = frozenset(), adopt: bool = False) -> SweepDone:
+          settle: float = 0.0, log: LogFn | None = None, exempt: frozenset[int] = frozenset(),
+          adopt: bool = False, pass_on: float = 0.0) -> SweepDone:
     """Kill everything left of our tree and check the port; bounded by a few seconds.
 
     `settle`: after a stop we asked for, vLLM's engine and workers are still exiting on
     their own when the API server is gone; give them that long before calling them leftovers.
+    `pass_on`: the leader alone got the stop's SIGTERM; what outlived it in its group gets it
+    and this long (passon.py).
     """
     ours, foreign = find_tree(pgid, marker, log, exempt, adopt)
     # Read now: the port wait below can take `grace` seconds, and a process that ends in
     # between would be named by its pid alone.
     foreign_what = tuple(describe(p) for p in foreign)
-    stragglers = _wait_gone(ours, settle) if settle > 0 else ours
+    group = [p for p in ours if _ids(p.pid)[0] == pgid] if pass_on > 0 else []
+    if group:  # the leader's group outlived it: a wrapper's vLLM (passon.py, imported then);
+        from vllmwatch.shell import passon  # what is left past its window: no more settle
+        settle = 0.0 if passon.wait(group, pass_on, log, _alive) else settle  # (stop_timeout)
+    stragglers = _wait_gone(ours, settle)
     what = dict(zip(stragglers, kin.describe_all(stragglers), strict=True))  # while alive
     for proc in stragglers:
         with contextlib.suppress(psutil.Error):
@@ -336,7 +336,7 @@ def sweep_or_look(action: Sweep, marker: str, log: LogFn, exempt: frozenset[int]
     if action.pgid is not None or action.kill_stale:
         # As subreaper every orphan of the tree comes to us: what we adopted is ours.
         done = sweep(action.pgid, marker, action.host, action.port, settle=action.settle,
-                     log=log, exempt=exempt, adopt=reaper is not None)
+                     log=log, exempt=exempt, adopt=reaper is not None, pass_on=action.pass_on)
         if reaper is not None:
             reaper.killed(done.killed)
         if not done.remaining:

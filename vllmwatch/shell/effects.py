@@ -118,8 +118,7 @@ class RealEffects:
         self.spare: SpareFx | None = None  # the sleeping spare engine, when its plan is on
         self.versions = VersionCache()
         # The cache variables of a launch (the start-up cache decision said once per change).
-        self._caches = CacheEnv(log, self._environ, self.versions,
-                                lambda: self.platform.unified)
+        self._caches = CacheEnv(log, self._environ, self.versions, lambda: self.platform.unified)
         self.versions.prefetch(config.vllm.command)  # off the loop, before the first launch
         self._run: ChildHandle | None = None
         # The launcher lives as long as the daemon; the standby one keeps a pre-imported
@@ -165,8 +164,7 @@ class RealEffects:
         guard = startguard.make_guard(config, self.platform.unified, self.log,
                                       self._environ, time.monotonic)
         self._run, result = ChildHandle.launch(self.launcher, prepared, config, self.marker,
-                                               self.platform.unified, guard, post, self.log,
-                                               before)
+                                               self.platform.unified, guard, post, self.log, before)
         if isinstance(result, Spawned) and self.standby is not None:
             result = replace(result, launch=self.standby.last_launch)
         if self._run is not None:
@@ -219,6 +217,9 @@ class RealEffects:
         if self._run is not None:
             self.stop_order(self._run.pid, False)
             self._run.signal(signame, leader)
+        elif signame == "SIGKILL":  # reaped: it ends a sweep's wait (passon.py; imported then)
+            from vllmwatch.shell import passon
+            passon.hurry()
 
     def kill_engines(self) -> None:
         """SIGKILL the child's engine processes (a stuck engine; events.KillEngines)."""
@@ -296,8 +297,7 @@ class RealEffects:
         gen = action.facts.get("pid") or action.facts.get("exited_pid")  # (reaped or not)
         figures = self.gate_figures(gen if isinstance(gen, int) else pid) \
             if self.gate_figures is not None else None
-        return self.incidents.record(action, pid, self.versions.current, self.sampler,
-                                     figures)
+        return self.incidents.record(action, pid, self.versions.current, self.sampler, figures)
 
     def vllm_version(self) -> str | None:
         """The launched vLLM's version (read at launch, again after vllm.command changed)."""
