@@ -270,8 +270,8 @@ def sweep(pgid: int | None, marker: str, host: str, port: int, grace: float = 5.
     foreign_what = tuple(describe(p) for p in foreign)
     group = [p for p in ours if _ids(p.pid)[0] == pgid] if pass_on > 0 else []
     if group:  # the leader's group outlived it: a wrapper's vLLM (passon.py, imported then);
-        from vllmwatch.shell import passon  # what is left past its window: no more settle
-        settle = 0.0 if passon.wait(group, pass_on, log, _alive) else settle  # (stop_timeout)
+        from vllmwatch.shell import passon  # past its window (stop_timeout): no more settle
+        settle = 0.0 if passon.wait(group, pass_on, log, _alive, settle) else settle
     stragglers = _wait_gone(ours, settle)
     what = dict(zip(stragglers, kin.describe_all(stragglers), strict=True))  # while alive
     for proc in stragglers:

@@ -51,16 +51,21 @@ def tops(alive: list[psutil.Process]) -> list[psutil.Process]:
 
 
 def wait(ours: list[psutil.Process], settle: float, log: LogFn | None,
-         alive_now: Callable[[psutil.Process], bool]) -> list[psutil.Process]:
+         alive_now: Callable[[psutil.Process], bool], quiet: float = 0.0
+         ) -> list[psutil.Process]:
     """SIGTERM each top of `ours` (the leader's group) once, wait up to `settle` s (less after
     a hurry()) for all of them to be gone (`alive_now`: the sweep's test, a zombie is gone);
-    the ones still alive, for the sweep's SIGKILL."""
+    the ones still alive, for the sweep's SIGKILL. For its first `quiet` s nothing is sent:
+    vLLM's own engine and workers follow their API server within it (the sweep's settle), and
+    a SIGTERM then, with child.passed_on's hint of a wrapper, would tell a person of a wrapper
+    at every stop of a vLLM that is the command itself."""
     begun = time.monotonic()
-    deadline = begun + settle
+    deadline, speak = begun + settle, begun + min(quiet, settle)
     told: set[int] = set()
     alive = [p for p in ours if alive_now(p)]
     while alive and _hurried_at[0] < begun - HURRY_WINDOW_S:
-        new = [p for p in tops(alive) if p.pid not in told]
+        new = [p for p in tops(alive) if p.pid not in told] if time.monotonic() >= speak \
+            else []
         if new:
             what = kin.describe_all(new)  # before the signal: a dead one has no cmdline
             for proc in new:
