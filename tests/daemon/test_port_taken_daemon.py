@@ -99,6 +99,7 @@ def test_only_a_tree_that_runs_vllm_itself_is_judged(tmp_path: Path, name: str,
 
 
 def test_a_listener_in_a_child_of_the_tree_is_ours(tmp_path: Path) -> None:
+    # a listener two levels down; its sleep is its lifetime (the finally kills its group)
     code = ("import socket,sys,time; s=socket.socket(); s.bind(('127.0.0.1',0)); s.listen(1);"
             "print(s.getsockname()[1], flush=True); time.sleep(60)")
     outer = subprocess.Popen(["sh", "-c", f'{sys.executable} -c "{code}"; :'],
