@@ -31,6 +31,8 @@ from dataclasses import dataclass
 
 import psutil
 
+from vllmwatch.shell import kin
+
 
 @dataclass(frozen=True)
 class Holder:
@@ -114,27 +116,19 @@ def _bind_refused(host: str, port: int) -> bool:
 CONTAINER_CLIS = frozenset({"docker", "podman", "nerdctl", "ctr", "crictl", "kubectl"})
 
 
-def _tree(root_pid: int) -> list[psutil.Process]:
+def _name(pid: int) -> str:
     with contextlib.suppress(psutil.Error):
-        root = psutil.Process(root_pid)
-        return [root, *root.children(recursive=True)]
-    return []
-
-
-def _name(proc: psutil.Process) -> str:
-    with contextlib.suppress(psutil.Error):
-        return proc.name()
+        return psutil.Process(pid).name()
     return ""
 
 
 def stranger(root_pid: int, host: str, port: int) -> int | None:
     """The pid of a listener on host:port outside the child's tree, or None: the listener is
     ours, not seen, or not ours to judge (see the module's doc)."""
-    tree = _tree(root_pid)
-    if not tree or any(_name(p) in CONTAINER_CLIS for p in tree):
+    ours = set(kin.tree_pids(root_pid))
+    if not ours or any(_name(pid) in CONTAINER_CLIS for pid in ours):
         return None
     found = holders(host, port)
-    ours = {p.pid for p in tree}
     if not found or any(h.pid is None or h.pid in ours for h in found):
         return None
     return found[0].pid
