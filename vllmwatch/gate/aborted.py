@@ -1,6 +1,6 @@
-"""Whether vLLM's answer to a completion (OpenAI or Anthropic) is its engine stopping it
-unfinished: the request was aborted (finish_reason "abort"), with nothing of the answer sent
-to the client yet.
+"""Whether vLLM's answer to a completion (OpenAI or Anthropic) or a transcription is its
+engine stopping it unfinished: the request was aborted (finish_reason "abort"), with nothing
+of the answer sent to the client yet.
 
 What real vLLM sends when it is told to stop (SIGTERM; read in vLLM 0.32.0's source; the same
 code is in an upstream snapshot of unknown version, and came with vLLM PR 36666, the
@@ -28,7 +28,13 @@ API server answers it as a finished completion:
   chat completion's 200 `"finish_reason":"abort"`, the message's 200 with no stop_reason;
 - /inference/v1/generate (token in, token out: `scale_out/token_in_token_out/serving.py`)
   answers a completion's shape: choices with `"finish_reason":"abort"` (:452), or streamed
-  a terminal event with no token ids and that finish_reason (:584-589), then `data: [DONE]`.
+  a terminal event with no token ids and that finish_reason (:584-589), then `data: [DONE]`;
+- /v1/audio/transcriptions and /translations (`speech_to_text/base/serving.py`) join the
+  text of each audio chunk's output, the abort's as any other's: not streamed, a 200
+  `{"text": "", ...}` with no finish_reason anywhere (:624-690), so read as an abort only
+  from an engine told to stop and with no text at all (a cut text cannot be told from a
+  whole one); streamed, an event with an empty delta and `"finish_reason":"abort"` (:774-
+  790: an event with no text is sent only with its finish_reason), then `data: [DONE]`.
 There is no "shutting down" error answer in 0.32 (the 503 "The server is shutting
 down." that the gate used to look for was only ever sent by the fake vLLM).
 
@@ -52,7 +58,7 @@ import aiohttp
 from aiohttp import web
 from multidict import CIMultiDict
 
-from vllmwatch.gate.replay import ANTHROPIC, ANTHROPIC_DEAD, ENGINE_DEAD, READ
+from vllmwatch.gate.replay import ANTHROPIC, ANTHROPIC_DEAD, AUDIO, ENGINE_DEAD, READ
 
 ABORT = "abort"
 # What a pooling request (embeddings, score, rerank, classify, pooling) aborted as its engine
@@ -114,9 +120,13 @@ def answer(path: str, status: int, body: bytes, stopped: bool = False) -> bool:
     """A whole answer (not streamed) that vLLM aborted: a completion with any choice aborted
     (n > 1: vLLM aborts every choice of a request it stops); an Anthropic message with no
     stop_reason (vLLM maps "abort" to none, and drops the null: model_dump(exclude_none));
-    on any path of an engine told to stop (`stopped`), vLLM's empty EngineGenerateError."""
+    on any path of an engine told to stop (`stopped`), vLLM's empty EngineGenerateError, and
+    on an audio path its transcription with no text."""
     if stopped and status == 500 and len(body) < 256 and _json(body) == GENERATE_ERROR:
         return True
+    if path in AUDIO:  # no finish_reason: only an engine told to stop, and no text at all
+        data = _json(body) if stopped and status == 200 and len(body) < 4096 else None
+        return isinstance(data, dict) and data.get("text") == ""
     if status != 200 or path not in READ or (path != ANTHROPIC and b'"abort"' not in body):
         return False
     data = _json(body)

@@ -59,8 +59,9 @@ REPLAYABLE = frozenset({
     "/v1/embeddings", "/v2/embed", "/v1/score", "/score", "/v1/rerank", "/v2/rerank", "/rerank",
     "/pooling", "/classify", "/v1/classify", "/tokenize", "/detokenize", "/inference/v1/generate",
     "/v1/messages/count_tokens", "/v1/audio/transcriptions", "/v1/audio/translations"})
+AUDIO = frozenset({"/v1/audio/transcriptions", "/v1/audio/translations"})  # aborted: no text
 READ = frozenset({"/v1/completions", "/v1/chat/completions", "/v1/chat/completions/batch",
-                  "/v1/messages", "/inference/v1/generate"})  # aborts read: gate/aborted.py
+                  "/v1/messages", "/inference/v1/generate", *AUDIO})  # aborts read: aborted.py
 # vLLM's EngineDeadError message (vllm/v1/engine/exceptions.py:13 in 0.26.0, :16 in 0.32.0);
 # both answer it as a 500 {"error": {"message": ...}} or, in a stream, as its first event
 # after the 200 head (read in both sources: vllmwatch/testing/fake_api.py cites the lines).
@@ -214,7 +215,6 @@ class Turn:
     def __init__(self, suspects: Suspects, probation: bool) -> None:
         self._suspects, self._probation = suspects, probation
         self.sent_at = 0.0  # when its turn came (the loop's clock)
-
         self.alone = probation  # until freeze(): on probation, with no other beside it
 
     def freeze(self) -> None:
