@@ -30,12 +30,15 @@ class Readiness(str, Enum):
 
 
 def readiness_of(state: str, ready: bool, draining: bool,
-                 restart_phase: str = "idle") -> Readiness:
+                 restart_phase: str = "idle", exiting: bool = False) -> Readiness:
     """Map the daemon's snapshot fields to what the gate does with a new request. Once
     restart.begin is published (a rung other than idle) nothing new goes to the engine that
     is going, whatever the coarse state says: a crash's RECORDING rung keeps "ready" while
-    its engine is dead (on the H200 a replay sent there failed again and was answered 502)."""
-    if state in ("stopped", "failed"):
+    its engine is dead (on the H200 a replay sent there failed again and was answered 502).
+    `exiting`: vllmwatch decided its exit (the snapshot's exit_code), and its stop (vLLM's
+    own drain, the sweep) runs in states a restart has too: no engine comes back, so a
+    request is refused at once, never held until gate.hold_timeout for none."""
+    if exiting or state in ("stopped", "failed"):
         return Readiness.CLOSED
     if restart_phase != "idle":
         return Readiness.HOLD

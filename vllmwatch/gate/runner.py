@@ -311,10 +311,10 @@ def start_gate(config: Config, log: LogFn, get_snapshot: Callable[[], Snapshot],
     upstream = upstream_of(config)
 
     def readiness() -> Readiness:
-        snap = get_snapshot()
-        if snap.serving == "spare":  # proven awake (issue 34): new and held requests go
-            return Readiness.OPEN
-        return readiness_of(snap.state, snap.ready, snap.draining, snap.restart_phase)
+        snap = get_snapshot()  # the spare proven awake (issue 34): new and held requests go
+        return Readiness.OPEN if snap.serving == "spare" and snap.exit_code is None else \
+            readiness_of(snap.state, snap.ready, snap.draining, snap.restart_phase,
+                         exiting=snap.exit_code is not None)
 
     def failed(error: str) -> None:
         log("error", "gate.failed", error=error, listen=g.listen,
