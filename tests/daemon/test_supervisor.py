@@ -354,7 +354,9 @@ def test_crash_loop_gives_up_with_its_exit_code(daemon: Factory) -> None:
     code = d.wait_exit(30.0)
     assert code == exitcodes.GAVE_UP
     gave_up = d.named("crashloop.gave_up")
-    assert gave_up and gave_up[0]["restarts"] == 3
+    # three failures, the last of them restarted nothing: restarts as restart.begin counts
+    assert gave_up and (gave_up[0]["failures"], gave_up[0]["restarts"]) == (3, 2)
+    assert len(d.named("restart.begin")) == 2
     assert len(d.named("child.started")) == 3
     assert d.named("daemon.exit", code=exitcodes.GAVE_UP)
     report("crash loop (3 failed starts) -> exit", ts_of(d.named("daemon.exit")[0])

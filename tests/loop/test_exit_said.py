@@ -13,6 +13,7 @@ from vllmwatch.core import exitcodes
 from vllmwatch.core.events import MemorySampled
 from vllmwatch.core.samples import GpuFault, MemorySample
 from vllmwatch.core.state import S
+from vllmwatch.status import metrics
 from vllmwatch.status.view import render
 from vllmwatch.testing.driver import Driver
 
@@ -58,7 +59,32 @@ def test_the_crash_loop_give_up_counts_the_restarts_the_journal_has() -> None:
     [gave_up] = d.events("crashloop.gave_up")
     begun = d.events("restart.begin")
     assert gave_up["restarts_begun"] == len(begun) == gave_up["max_restarts"] == 5, gave_up
-    assert gave_up["failures"] == gave_up["restarts"] == 6, gave_up
+    assert gave_up["restarts"] == 5 and gave_up["failures"] == 6, gave_up
+
+
+def test_every_restarts_figure_counts_the_restarts_begun() -> None:
+    """After the give-up, status said `restarts 6 (crash 6)`, /metrics
+    vllmwatch_restarts_total{reason="crash"} 6, the record restarts_by_reason crash 6 and
+    crashloop.gave_up restarts=6, beside five restart.begin lines: the give-up was counted
+    as a restart of its reason. Every figure named restarts is the restart.begin lines."""
+    d = up()
+    crash_until_given_up(d)
+    begun = d.events("restart.begin")
+    assert d.exit_code == exitcodes.GAVE_UP and len(begun) == 5
+    assert begun[-1]["restarts"] == len(begun)
+    [gave_up] = d.events("crashloop.gave_up")
+    assert gave_up["restarts"] == len(begun), gave_up
+    snap = d.fx.snapshot
+    assert snap.restarts_by_reason == {"crash": len(begun)}, snap.restarts_by_reason
+    assert snap.restarts_total == len(begun)
+    text = metrics.render(metrics.build_registry(lambda: snap))[0].decode()
+    assert f'vllmwatch_restarts_total{{reason="crash"}} {len(begun)}.0' in text
+    shown = [row for row in render(snap.to_json(), now=0.0).splitlines()
+             if row.startswith("restarts")]
+    assert shown and shown[0].split()[1:3] == [str(len(begun)), "(crash"], shown
+    record = d.world.incidents[-1]
+    assert record.reason == "crashloop"
+    assert sum(record.facts["restarts_by_reason"].values()) == len(begun), record.facts
 
 
 def test_the_crash_loops_record_counts_the_restarts_of_its_outage() -> None:

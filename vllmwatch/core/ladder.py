@@ -154,19 +154,17 @@ def begin_restart(s: WatchState, now: float, reason: Reason, detail: str, drain:
         s = replace(s, restart_times=times, failures=1 if stable else s.failures + 1)
     elif stable:  # a planned restart ends a stable run too: the next failure is a first
         s = replace(s, failures=0)
-    counts = dict(s.restarts_by_reason)
-    counts[reason] = counts.get(reason, 0) + 1
-    s = replace(begin_rung(s, reason, detail), restarts_by_reason=counts, last_reason=reason,
-                last_detail=detail, last_restart_at=now)
+    s = replace(begin_rung(s, reason, detail), last_reason=reason, last_detail=detail,
+                last_restart_at=now)
     # A stuck engine finishes nothing: the gate ends its requests now, at the verdict, not
     # once the record is written and the engine killed (those not begun are replayed).
     cut: list[Action] = [StopSending()] if reason in STUCK_REASONS and s.pid is not None \
         else []
     if failure and policy.crash_loop(s.restart_times, s.config.restart):
         r, n = s.config.restart, len(s.restart_times)
-        # `restarts` (kept for filters) counts failures; this last one began no restart
+        # the last failure begins no restart: `restarts` counts restart.begin, as everywhere
         log = Log("error", "crashloop.gave_up", {
-            "reason": reason, "restarts": n, "failures": n, "restarts_begun": n - 1,
+            "reason": reason, "restarts": n - 1, "failures": n, "restarts_begun": n - 1,
             "window_s": r.window, "max_restarts": r.max_restarts,
             "hint": "vLLM keeps failing: read its last lines above and the incident record; "
                     + exitcodes.after_exit(exitcodes.GAVE_UP)})  # as the record's next line
@@ -176,7 +174,9 @@ def begin_restart(s: WatchState, now: float, reason: Reason, detail: str, drain:
                        f"{format_duration(r.window)}, {n - 1} restarted (restart.window; "
                        f"restart.max_restarts {r.max_restarts}); the last: {reason}: {detail}")
         return s, [log, *cut, *acts]
-    s = replace(s, outage=policy.outage_counted(s.outage, reason, now))  # (after the guard)
+    # after the guard (its give-up begins none): one per restart.begin, status and /metrics too
+    counts = {**s.restarts_by_reason, reason: s.restarts_by_reason.get(reason, 0) + 1}
+    s = replace(s, outage=policy.outage_counted(s.outage, reason, now), restarts_by_reason=counts)
     extra: dict[str, object] = {}
     wake: list[Action] = []
     if s.spare is not None:  # the spare wakes before the record and the take-down
