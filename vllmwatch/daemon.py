@@ -195,6 +195,7 @@ def _start(config: Config, log_format: str | None, env: dict[str, str], log: Swi
     # on_reloaded: on the loop's thread, once the core took the new config (shell/loop.py)
     loop = Loop(config, fx, SystemClock(), reload_config=reload, environ=env,
                 on_reloaded=live.apply, spare=fx.spare, down=lambda: _gate_down(live))
+    loop.state = replace(loop.state, unit=own_unit())  # for the hints' commands
     until_loop.pop_all()
     until_loop.callback(_quietly, loop.close)  # the effects and the spare are the loop's now
     fx.versions.give_up = loop.stop_asked
@@ -202,6 +203,17 @@ def _start(config: Config, log_format: str | None, env: dict[str, str], log: Swi
         readyz.watch(loop)
     until_loop.pop_all()  # Loop.run closes itself, crash or not
     return loop.run()
+
+
+def own_unit(path: str = "/proc/self/cgroup") -> str | None:
+    """The service unit this daemon runs as ("vllmwatch@gpu1"), from its cgroup: the innermost
+    component only (a shell in user@1000.service/app.slice runs as no unit); None outside one."""
+    try:
+        with open(path, encoding="utf-8") as f:
+            lines = f.read().splitlines()
+    except OSError:
+        return None
+    return next((u for line in lines if (u := exitcodes.unit_of(line.rpartition(":")[2]))), None)
 
 
 def _gate_down(live: Live) -> tuple[str, ...]:

@@ -8,11 +8,16 @@ them because each set last_reason by hand."""
 
 from __future__ import annotations
 
+import re
+from dataclasses import replace
+from pathlib import Path
+
 from tests.loop.test_incident_loop import crash_until_given_up, up
 from vllmwatch.core import exitcodes
 from vllmwatch.core.events import MemorySampled
 from vllmwatch.core.samples import GpuFault, MemorySample
 from vllmwatch.core.state import S
+from vllmwatch.daemon import own_unit
 from vllmwatch.status import metrics
 from vllmwatch.status.view import render
 from vllmwatch.testing.driver import Driver
@@ -175,3 +180,26 @@ def test_a_crash_on_the_way_out_of_a_stop_still_exits_0() -> None:
     assert d.loop.run() == exitcodes.OK
     last = [ln for m in d.notifier.messages for ln in m.splitlines() if ln.startswith("STATUS=")]
     assert last[-1].startswith("STATUS=stopped | vllmwatch crashed on the way out"), last
+
+
+def test_the_crash_loop_hint_names_the_unit_the_daemon_runs_as(tmp_path: Path) -> None:
+    """vllmwatch@gpu1's crashloop.gave_up said `systemctl stop vllmwatch` and `journalctl -u
+    vllmwatch` "(for an instance: vllmwatch@NAME)": another unit, or none, though the daemon
+    can read its own cgroup; and not how to start it again past systemd's start limit. Its
+    commands name the unit it runs as (daemon.own_unit), every one of them."""
+    cgroup = tmp_path / "cgroup"
+    cgroup.write_text("0::/system.slice/system-vllmwatch.slice/vllmwatch@gpu1.service\n")
+    assert own_unit(str(cgroup)) == "vllmwatch@gpu1"
+    cgroup.write_text("0::/user.slice/user-1000.slice/user@1000.service/app.slice/a.scope\n")
+    assert own_unit(str(cgroup)) is None
+    assert own_unit(str(tmp_path / "none")) is None
+    for unit in ("vllmwatch@gpu1", None):
+        d = up()
+        d.loop.state = replace(d.loop.state, unit=unit)
+        crash_until_given_up(d)
+        [gave_up] = d.events("crashloop.gave_up")
+        hint = str(gave_up["hint"])
+        named = re.findall(r"`(?:systemctl [\w-]+|journalctl -u) ([^`& ]+)", hint)
+        assert set(named) == {unit or "vllmwatch"}, hint
+        assert f"`systemctl reset-failed {unit or 'vllmwatch'} && systemctl start" in hint, hint
+        assert ("vllmwatch@NAME" in hint) == (unit is None), hint

@@ -60,7 +60,17 @@ def after_exit(code: int, unit: str | None = None) -> str:
                 f"then `systemctl reset-failed {name} && systemctl start {name}`{instance}")
     return (f"systemd starts {name} again in RestartSec (10 s) until the unit's start limit; "
             f"a cause left in place fails it the same way: fix it, or `systemctl stop {name}` "
-            f"to keep it down{instance} (`journalctl -u {name}` says why each start ended)")
+            f"to keep it down{instance} (`journalctl -u {name}` says why each start ended); "
+            f"past the start limit it stays failed until `systemctl reset-failed {name} && "
+            f"systemctl start {name}`")
+
+
+def crashloop_hint(unit: str | None) -> str:
+    """crashloop.gave_up's hint: where the failures are told, then after_exit's next step,
+    every command naming the unit the daemon runs as (WatchState.unit) when it knows it."""
+    name = unit or "vllmwatch"
+    return (f"vLLM keeps failing: read its last lines (`journalctl -u {name} -t vllm`) and the "
+            "incident record (incident.recorded names it); " + after_exit(GAVE_UP, unit))
 
 
 # The codes of earlier builds (issue 36.10): what scripts and alerts written for them change.

@@ -262,6 +262,9 @@ class WatchState:
     incidents_total: int = 0  # incident records written
     last_incident: str | None = None  # the id of the last one written
     spare: Track | None = None  # the spare engine's track (core/failover.py); None: no spare
+    # The systemd unit the daemon runs as ("vllmwatch@gpu1"; the shell reads its cgroup), so
+    # that a hint's commands name it; None: no service (the hint says the instance's form)
+    unit: str | None = None
 
     @property
     def run(self) -> ChildRun:
