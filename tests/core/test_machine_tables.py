@@ -4,6 +4,8 @@ rules, and the transition table."""
 from __future__ import annotations
 
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from vllmwatch.config.schema import RestartConfig, from_dict
 from vllmwatch.core import policy
@@ -29,6 +31,24 @@ def test_backoff_jitter_stays_within_its_fraction() -> None:
     values = [policy.backoff_delay(cfg, 1, r / 10) for r in range(10)]
     assert min(values) == pytest.approx(8.0) and max(values) <= 12.0
     assert len(set(values)) == 10
+
+
+@settings(deadline=None)
+@given(initial=st.floats(0.0, 86400.0), most=st.floats(0.0, 86400.0),
+       multiplier=st.floats(1e-6, 1e6), jitter=st.floats(0.0, 1.0),
+       failures=st.integers(-1, 10**6), rand=st.floats(0.0, 1.0, exclude_max=True))
+def test_backoff_is_never_negative_nor_past_its_max(initial: float, most: float,
+                                                     multiplier: float, jitter: float,
+                                                     failures: int, rand: float) -> None:
+    """Every count of failures in a row: they never reset while no run is stable, and a
+    flapping engine under a short restart.window never trips the guard; at the 1025th
+    (the 311th with backoff_multiplier 10) the power overflowed and the core raised."""
+    cfg = RestartConfig(backoff_initial=initial, backoff_max=max(initial, most),
+                        backoff_multiplier=multiplier, backoff_jitter=jitter)
+    delay = policy.backoff_delay(cfg, failures, rand)
+    assert 0.0 <= delay <= cfg.backoff_max
+    if failures <= 0:
+        assert delay == 0.0
 
 
 def test_transition_table_refuses_what_it_does_not_list() -> None:

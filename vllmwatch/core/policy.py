@@ -18,7 +18,12 @@ def backoff_delay(cfg: RestartConfig, failures: int, rand: float) -> float:
     """
     if failures <= 0:
         return 0.0
-    base = min(cfg.backoff_max, cfg.backoff_initial * cfg.backoff_multiplier ** (failures - 1))
+    try:
+        grown = cfg.backoff_initial * cfg.backoff_multiplier ** (failures - 1)
+    except OverflowError:  # failures in a row never reset (a flapping engine, a short
+        # restart.window: no give-up) reached ~1000 (310 at x10): the core raised, exit 70
+        grown = cfg.backoff_max
+    base = min(cfg.backoff_max, grown)
     jitter = base * cfg.backoff_jitter * (2.0 * rand - 1.0)
     return max(0.0, min(cfg.backoff_max, base + jitter))
 
