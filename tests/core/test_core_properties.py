@@ -15,6 +15,8 @@ jumps are fed to `step`; after every step these must hold:
   holder 4, repeated start memory failures 5, a fatal GPU fault 6, a failed required
   prewarm 1), logs `daemon.exiting` exactly once, with the code Exit carries, and sends
   STOPPING=1 before Exit; no exit logs `restart.begin` after its `daemon.exiting`;
+- the restarts counted by reason (status, /metrics, the record) are the `restart.begin`
+  lines, by reason (a crash-loop give-up begins no restart and counts in none);
 - the config exit (78) for a launch that cannot exec or exits 2 at start is only ever the
   verdict on a [vllm] section that never reached READY: once one did, the same failure is
   a restart the crash-loop guard counts (an upgrade under way, core/launchfail.py).
@@ -23,6 +25,7 @@ jumps are fed to `step`; after every step these must hold:
 from __future__ import annotations
 
 import dataclasses
+from collections import Counter
 from collections.abc import Callable
 
 import pytest
@@ -321,6 +324,13 @@ class CoreMachine(RuleBasedStateMachine):
         assert s.state in FINAL, f"stop from {self.s.state} did not exit"
         assert t - t0 <= STOP_BOUND, f"stop from {self.s.state} took {t - t0:.1f}s"
         check_one_way_out(history)
+        # leaving nothing: a child that may be alive gets the group's SIGKILL or the sweep
+        # (which kills what is left of the tree) before Exit, even if no worker answers
+        if self.alive:
+            ends = history[len(self.history):]
+            assert any(isinstance(a, Sweep) or (isinstance(a, SignalGroup) and a.signal ==
+                       "SIGKILL" and not a.leader) for a in ends), \
+                f"stop from {self.s.state} left child {self.alive}"
 
     @invariant()
     def every_exit_goes_through_halt(self) -> None:
@@ -334,6 +344,15 @@ class CoreMachine(RuleBasedStateMachine):
             s, _ = run_to_exit(s, self.now, history)
             assert s.state in FINAL, f"an exit from {self.s.state} never reached Exit"
             check_one_way_out(history)
+
+    @invariant()
+    def restarts_count_the_restart_begin_lines(self) -> None:
+        # What status, /metrics and the record call restarts (restarts_by_reason) is the
+        # restart.begin lines of the journal, by reason: a crash-loop give-up begins none
+        begun = Counter(str(a.fields["reason"]) for a in self.history
+                        if isinstance(a, Log) and a.event == "restart.begin")
+        counted = {str(k): n for k, n in self.s.restarts_by_reason.items() if n}
+        assert counted == dict(begun), (counted, begun)
 
     @invariant()
     def config_exit_only_for_a_command_never_ready(self) -> None:
@@ -506,6 +525,7 @@ def test_every_exit_goes_through_halt(provoke: Callable[[CoreMachine], None], co
     assert [(a.fields["code"], a.fields["reason"]) for a in exiting] == [(code, reason)]
     assert [a.code for a in m.history if isinstance(a, Exit)] == [code]
     assert not m.alive  # the child was taken down on every way out
+    m.restarts_count_the_restart_begin_lines()  # the give-up too: no restart counted for it
 
 
 def test_a_launch_called_off_is_no_failure_and_the_stop_takes_over() -> None:
