@@ -237,6 +237,18 @@ def test_a_records_folder_closed_to_the_caller_is_said_not_left_out(closed: str)
     assert f"cannot read {where} as this user" in row and "sudo vllmwatch status" in row, lines
 
 
+def test_systemds_restarts_of_the_unit_are_not_called_vllms_restarts() -> None:
+    """A crash-looped instance read `restarts  systemd restarted vllmwatch 4 times` stopped
+    and `restarts 0` running: one word, two counts (vLLM's restarts, the unit's), and
+    another unit's name. The unit's are its respawns, named by the instance."""
+    view = stopped.systemd_view("vllmwatch@gpu1.service", _shown(FAILED), booted=True)
+    text = stopped.explain("http://x:1/status", "/etc/vllmwatch/gpu1.toml", view, None)
+    rows = {line.split()[0]: line for line in text.splitlines()}
+    assert "restarts" not in rows, text
+    assert "systemd restarted vllmwatch@gpu1 itself 4 times" in rows["respawns"], text
+    assert "`journalctl -u vllmwatch@gpu1 -g daemon.exiting`" in rows["respawns"], text
+
+
 def test_a_starting_unit_is_not_called_stopped() -> None:
     view = {"LoadState": "loaded", "ActiveState": "activating", "SubState": "start"}
     text = stopped.explain("http://x:1/status", "/etc/vllmwatch/vllmwatch.toml", view, None)

@@ -98,8 +98,10 @@ def explain(url: str, config_path: str, view: Mapping[str, str] | None,
         ended, when = last_exit(view), view.get("ExecMainExitTimestamp", "")
         if ended or when:
             lines.append("stopped   " + ", ".join(filter(None, (when and f"at {when}", ended))))
-        if view.get("NRestarts", "0") not in ("", "0"):
-            lines.append(f"restarts  systemd restarted vllmwatch {view['NRestarts']} times")
+        if view.get("NRestarts", "0") not in ("", "0"):  # not vLLM's restarts: the row
+            # of that name (a running daemon's) counts restart.begin lines
+            lines.append(f"respawns  systemd restarted {short} itself {view['NRestarts']} "
+                         f"times (`journalctl -u {short} -g daemon.exiting` says why)")
         if state in ("activating", "reloading", "active"):
             lines.append(f"note      systemd says it is {state}: the status listener may not "
                          "be up yet, or listens elsewhere (--url)")
