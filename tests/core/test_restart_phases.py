@@ -284,3 +284,22 @@ def test_the_first_restart_phase_counts_from_the_daemons_start_not_the_boot() ->
 def test_every_clock_of_the_initial_state_starts_now() -> None:
     s = machine.initial(CONFIG, UPTIME)
     assert s.since == s.restart.since == UPTIME
+
+
+def test_a_restart_asked_on_a_rung_that_ignores_it_says_truly_why() -> None:
+    """A SIGUSR1 during the first start's pre-warm (minutes) or its first sweep logged
+    restart.ignored "a restart is already under way": none was, vLLM had never run."""
+    said: dict[Phase, str] = {}
+    for phase, (s, now) in _seen().items():
+        _, acts = machine.step(s, RestartRequested(), now)
+        ignored = [a for a in acts if isinstance(a, Log) and a.event == "restart.ignored"]
+        if not ignored:
+            continue
+        said[phase] = detail = str(ignored[0].fields["detail"])
+        if s.exit_code is not None:
+            assert detail == "vllmwatch is stopping", (phase, detail)
+        elif restart.pending(s) is not None:
+            assert detail == "a restart is already under way", (phase, detail)
+        else:
+            assert detail == "vLLM's first start is under way", (phase, detail)
+    assert said.get(P.PREWARMING) == "vLLM's first start is under way", said

@@ -200,14 +200,12 @@ def stop_requested(s: WatchState, signal: str, now: float) -> Result:
 
 def manual_restart(s: WatchState, now: float) -> Result:
     """SIGUSR1: a drained restart from READY or STARTING; in BACKOFF, launch now."""
-    if s.exit_code is not None:
-        return s, [Log("info", "restart.ignored", {"state": str(s.state),
-                                                    "detail": "vllmwatch is stopping"})]
-    if s.state == S.BACKOFF:
+    if s.state == S.BACKOFF and s.exit_code is None:
         return spawn(s, now)
-    if s.state not in (S.READY, S.STARTING) or pending(s) is not None:
-        return s, [Log("info", "restart.ignored", {"state": str(s.state),
-                                                    "detail": "a restart is already under way"})]
+    if s.exit_code is not None or s.state not in (S.READY, S.STARTING) or pending(s) is not None:
+        why = ("vllmwatch is stopping" if s.exit_code is not None else "a restart is already "
+               "under way" if pending(s) is not None else "vLLM's first start is under way")
+        return s, [Log("info", "restart.ignored", {"state": str(s.state), "detail": why})]
     return begin_restart(s, now, Reason.MANUAL, "SIGUSR1", drain=True)
 
 
