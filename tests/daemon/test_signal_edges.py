@@ -155,7 +155,8 @@ def test_reloading_comes_with_the_monotonic_clock_systemd_asks_for(daemon: Daemo
     assert d.stop(30)[0] == 0, d.dump()
 
 
-@pytest.mark.parametrize("asked", ["SIGTERM", "SIGUSR1", "WATCHDOG=1"])
+@pytest.mark.parametrize("asked", ["SIGTERM", "SIGUSR1", "WATCHDOG=1", "SIGHUP",
+                                   "SIGHUP+SIGTERM"])
 def test_every_signal_is_answered_while_the_launch_waits_for_the_vllm_version(
         tmp_path: Path, asked: str) -> None:
     """The launch ran on the loop's thread and waited up to 20 s for the version read (the
@@ -164,7 +165,8 @@ def test_every_signal_is_answered_while_the_launch_waits_for_the_vllm_version(
     (`launch.waits`): a stop leaves at once, nothing launched, exit 0; a SIGUSR1 asks for the
     launch again, WATCHDOG=1 goes on; the launch follows the read. (A SIGHUP's own read asks
     the same interpreter for its version, within its own budget: its answer waits for the
-    probe, not for the loop; tests/core walks a reload on the rung.)"""
+    probe, not for the loop: WATCHDOG=1 goes on while both reads are held, the reload is
+    taken once they answer, and a stop with both held leaves within restart.stop_timeout.)"""
     release = tmp_path / "release"
     slow = tmp_path / "python3-slow"  # the version read (`python -I -c ...`) waits for release
     slow.write_text(f'#!/bin/sh\nif [ "$1" = "-I" ]; then\n  while [ ! -e {release} ]; do '
@@ -179,21 +181,30 @@ def test_every_signal_is_answered_while_the_launch_waits_for_the_vllm_version(
         d.wait_event("restart.phase", FIRST_READY_S, to="launch_wait")
         assert d.notify is not None
         pings = d.notify.count("WATCHDOG=1")
-        if asked == "SIGTERM":
+        if asked.startswith("SIGHUP"):  # its read waits on the same held interpreter
+            d.signal(signal.SIGHUP)
+            wait_for(lambda: d.notify is not None and d.notify.count("WATCHDOG=1") >= pings + 2,
+                     30, "WATCHDOG=1 while the launch and the reload read the version")
+        if asked.endswith("SIGTERM"):  # a stop is honoured with both reads held: at once
+            t = time.monotonic()
             d.signal(signal.SIGTERM)
             assert d.wait_exit(60) == 0, d.dump()
+            took = time.monotonic() - t
+            assert took < float(cfg["restart"]["stop_timeout"].rstrip("s")), d.dump()
             assert d.named("launch.waits") and not d.named("child.started"), d.dump()
             assert d.notify.count("STOPPING=1") >= 1
             return
         if asked == "SIGUSR1":
             d.signal(signal.SIGUSR1)
             wait_for(lambda: len(d.named("launch.waits")) >= 2, 30, "the launch asked again")
-        else:
+        elif asked == "WATCHDOG=1":
             wait_for(lambda: d.notify is not None and d.notify.count("WATCHDOG=1") >= pings + 2,
                      30, "WATCHDOG=1 while the version is read")
         assert not d.named("child.started") and not release.exists(), d.dump()
         release.touch()
         d.wait_ready(60)
+        if asked == "SIGHUP":  # the reload's read answered once released: taken, not lost
+            d.wait_event("config.reloaded", 30)
         assert d.stop(30)[0] == 0, d.dump()
     finally:
         release.touch()  # the held version read ends (its interpreter exits)
