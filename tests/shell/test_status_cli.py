@@ -200,3 +200,38 @@ def test_ready_is_yes_only_for_true(ready: object, draining: object, shown: str)
 def test_the_status_url_asks_for_status(given: str, url: str) -> None:
     from vllmwatch.status.cli import status_url
     assert status_url(given) == url
+
+
+def test_a_record_from_before_this_vllmwatch_is_shown_beside_its_zero_restarts(
+        capsys: pytest.CaptureFixture[str]) -> None:
+    """systemd restarted vllmwatch 10 s after its crash-loop give-up (exit 75): status read
+    `restarts  0` and no incident row, as if nothing had happened; the give-up's record was
+    in the unit's folder. A vllmwatch that wrote no record of its own shows the unit's newest,
+    said to be from before it started; its own record is its incident row, as before."""
+    rec = {"id": "20261206T190649Z-crashloop", "time": "2026-12-06T19:06:49Z",
+           "reason": "crashloop", "detail": "3 failures within 1h00m, 2 restarted"}
+    asked: list[str] = []
+
+    def finder(unit: str) -> dict[str, Any]:
+        asked.append(unit)
+        return rec
+    with serving(json.dumps(GOOD).encode()) as url:
+        assert status_cli.main(None, url, False, finder) == 0
+    out = capsys.readouterr().out
+    assert asked == ["vllmwatch.service"], asked
+    rows = [line for line in out.splitlines() if line.startswith("before")]
+    assert rows and rec["id"] in rows[0] and "crashloop: 3 failures" in rows[0], out
+    assert f"read it: vllmwatch incidents show {rec['id']}" in out, out
+    own = {**GOOD, "last_incident": "20261206T200000Z-hang", "incidents_total": 1}
+
+    def fails(unit: str) -> dict[str, Any]:
+        raise PermissionError(13, "denied")
+    for doc, find in ((own, finder), (GOOD, fails), (GOOD, lambda u: {"denied": "/x"}),
+                      (GOOD, lambda u: None)):
+        with serving(json.dumps(doc).encode()) as url:
+            assert status_cli.main(None, url, False, find) == 0
+        got = capsys.readouterr()
+        assert "before" not in got.out and "Traceback" not in got.err, got
+    with serving(json.dumps(GOOD).encode()) as url:  # --json: the document as it came
+        assert status_cli.main(None, url, True, finder) == 0
+    assert json.loads(capsys.readouterr().out) == json.loads(json.dumps(GOOD))

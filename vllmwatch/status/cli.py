@@ -15,6 +15,7 @@ from typing import Any, TextIO
 from urllib.parse import urlsplit, urlunsplit
 
 from vllmwatch import bounded_http
+from vllmwatch.config.convert import printable
 from vllmwatch.config.hosts import connect_host, parse_listen, url_host
 from vllmwatch.config.redact import REDACT
 from vllmwatch.config.schema import ConfigError, config_path, load
@@ -49,7 +50,7 @@ def main(config_arg: str | None, url: str | None, as_json: bool,
         # The answer as it came, unless the redactor changed it (an older vllmwatch may
         # answer unredacted): then the redacted document
         text = (body if json.loads(body) == data else json.dumps(data, indent=2)) \
-            if as_json else _shown(data, target)
+            if as_json else _shown(data, target) + _earlier(data, config_arg, find_incident)
     except StatusError as exc:
         if exc.code == EXIT_NOT_RUNNING:
             print(REDACT.text(_not_running(str(exc), config_arg, find_incident)),
@@ -68,6 +69,27 @@ def main(config_arg: str | None, url: str | None, as_json: bool,
     except BrokenPipeError:  # `vllmwatch status | head`: the reader left
         pass
     return EXIT_OK
+
+
+def _earlier(data: dict[str, Any], config_arg: str | None,
+             find_incident: IncidentFinder | None) -> str:
+    """The unit's newest incident record when this vllmwatch wrote none: systemd restarted
+    it 10 s after a crash-loop give-up (exit 75), and status read "restarts 0" with no
+    incident row, as if nothing had happened (each figure counts this vllmwatch's life)."""
+    if find_incident is None or data.get("last_incident") or data.get("incidents_total"):
+        return ""  # its own last record is the document's incident row
+    try:
+        found = find_incident(stopped.unit_name(os.path.abspath(config_path(config_arg))))
+    except Exception:  # a folder that cannot be read: the status itself was answered
+        return ""
+    if not found or found.get("denied") or not found.get("id"):
+        return ""
+    rid = printable(str(found["id"]), False)
+    at = f" at {printable(str(found['time']), False)}" if found.get("time") else ""
+    return REDACT.text(f"\nbefore    incident {rid}{at}, before this vllmwatch started (the "
+                       f"restarts above count from its start): {found.get('reason')}"
+                       + (f": {found['detail']}" if found.get("detail") else "")
+                       + f"\n          read it: vllmwatch incidents show {rid}")
 
 
 def _not_running(url: str, config_arg: str | None, find_incident: IncidentFinder | None
