@@ -174,6 +174,12 @@ def test_what_names_no_session_id_stays(text: str) -> None:
     ("sshpass -v -pS3cretPw9 scp a b", f"sshpass -v -p{REDACTED} scp a b"),
     ("+ docker login -u bob -p S3cretPw9 nvcr.io", f"+ docker login -u bob -p {REDACTED} nvcr.io"),
     ("redis-cli -h r -p 6379 -a S3cretPw9 ping", f"redis-cli -h r -p 6379 -a {REDACTED} ping"),
+    # htpasswd's batch mode: the password is the word after FILE USER, or USER with -n
+    ("+ htpasswd -b /etc/nginx/.htpasswd admin S3cretPw9",
+     f"+ htpasswd -b /etc/nginx/.htpasswd admin {REDACTED}"),
+    ("htpasswd -cbB -C 12 /etc/h admin 'S3cretPw9'",
+     f"htpasswd -cbB -C 12 /etc/h admin {REDACTED}"),
+    ("htpasswd -nb admin S3cretPw9 > /etc/h", f"htpasswd -nb admin {REDACTED} > /etc/h"),
 ])
 def test_a_password_by_a_client_s_short_flag_is_hidden(text: str, want: str) -> None:
     """The class of curl's -u: a client that takes its password by a flag with no secret name,
@@ -184,7 +190,7 @@ def test_a_password_by_a_client_s_short_flag_is_hidden(text: str, want: str) -> 
 @pytest.mark.parametrize("text", [
     "mysql -u root -p vllm", "mysql -P 3306 -h db", "docker run -p 8000:8000 vllm/vllm-openai",
     "ssh -p 22 gpu1", "sshpass -f /etc/pw ssh -p 22 gpu1", "podman run -p 8000:8000 -a stdout x",
-    "vllm serve /m -a x"])
+    "vllm serve /m -a x", "htpasswd -c /etc/nginx/.htpasswd admin", "htpasswd -D /etc/h admin"])
 def test_a_short_flag_that_is_no_password_stays(text: str) -> None:
     assert R.text(text) == text
 

@@ -3,7 +3,7 @@ a standby interpreter is wanted for the next launch (standby_wanted), and what a
 from vllm.env_file (read_env_file: here, not in command.py, as vllmflags judges the flags in
 it and command imports vllmflags), and which of its inputs are secrets, the values every writer
 then hides (secrets_of, env_file_secret: redact.learn), and a command line's secret flags'
-values (redact_argv)."""
+values (redact_argv), and a client's password on its command line (CLIENTS)."""
 
 from __future__ import annotations
 
@@ -231,3 +231,33 @@ def _secret_flag(name: str) -> bool:
     flag (`--api-ke X` is `--api-key X`; one that is not unique is refused)."""
     return is_secret_name(name) or (bool(name) and any(f.startswith(name)
                                                       for f in flags.SECRET_FLAGS))
+
+
+# A client's password by a flag with no secret name (a wrapper's shell trace): curl's -u/--user/
+# -U/--proxy-user USER:X (the user kept, as in a URL; `-u KEY:` hides the key), `mysql -pX`,
+# `sshpass -p X`, `docker login -p X`, `redis-cli -a X`, `htpasswd -b FILE USER X` (`-nb USER
+# X`); only on a line that runs the client (elsewhere `-u 1000:1000` is docker's uid:gid,
+# `-p 8000` a port; `-sSu`, `-uX` are read). Redact.text runs them (here: redact.py is full).
+_CURL_USER = re.compile(r"(?P<pre>(?<![\w-])(?:--(?:proxy-)?user(?:=|[ \t]+)|-[a-zA-Z]{0,8}[uU]"
+                        r"[ \t]*)(?P<q>['\"])?(?P<user>[^\s:'\"]{0,256}):)"
+                        r"(?P<secret>(?(q)[^'\"\n]*|[^\s'\"]*))")
+_FLAG = r"(?P<pre>(?<![\w-])%s)(?P<secret>(?!-)[^\s'\"]+)"  # (mysql's -p: glued, or a prompt)
+_WORD = r"(?:'[^'\n]*'|\"[^\"\n]*\"|[^\s'\"<>|;&]+)"  # a shell word, quoted or not
+# htpasswd's batch mode (-b) takes the password as its last word: FILE USER X, or USER X with
+# -n (no file; a FILE read first fails on the word after X, or on none); its flags come first,
+# one holding the b (`-b`, `-cb`, `-nbB`), -C and -r with a number
+_OPT = r"(?:[ \t]+-[A-Za-z]{1,8}(?:[ \t]+\d{1,9})?){0,8}"
+_HTPASSWD = re.compile(r"(?P<pre>(?<![\w-])htpasswd" + _OPT + r"[ \t]+-[A-Za-z]{0,8}b[A-Za-z]"
+                       r"{0,8}" + _OPT + r"(?:[ \t]+" + _WORD + r")?[ \t]+" + _WORD + r"[ \t]+)"
+                       r"(?P<secret>" + _WORD + ")")
+CLIENTS = (("curl", _CURL_USER), ("mysql", re.compile(_FLAG % "-p")),
+           ("mariadb", re.compile(_FLAG % "-p")), ("redis-cli", re.compile(_FLAG % "-a[ \t]*")),
+           ("sshpass", re.compile(_FLAG % r"sshpass(?:[ \t]+-[a-oq-zA-Z]\S*)*[ \t]+-p[ \t]*")),
+           (" login ", re.compile(_FLAG % "-p[ \t]*")),  # docker, podman, az login
+           ("htpasswd", _HTPASSWD))
+
+
+def client_hidden(m: re.Match[str]) -> str:
+    if m.groupdict().get("user") is not None and not m["secret"]:
+        return m["pre"][:m.start("user") - m.start()] + REDACTED + ":"
+    return m["pre"] + REDACTED

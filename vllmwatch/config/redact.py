@@ -24,6 +24,7 @@ from collections.abc import Iterable, Mapping
 from typing import Any
 
 from vllmwatch.config import secretnames as names
+from vllmwatch.config.launch import CLIENTS, client_hidden
 from vllmwatch.config.launch import redact_argv as redact_argv
 from vllmwatch.config.secretnames import DONE as _DONE
 from vllmwatch.config.secretnames import ENCODED, HINT_WORDS, RULES, path_value, sub_named
@@ -64,30 +65,12 @@ _SHAPES = (
                r"(?:<redacted>|(?!\\[nrt])[^\r\n'\",\\])+)"),
 )
 _BEARER = _SHAPES[3]
-# A client's password by a flag with no secret name (a wrapper's shell trace): curl's -u/--user/
-# -U/--proxy-user USER:X (the user kept, as in a URL; `-u KEY:` hides the key), `mysql -pX`,
-# `sshpass -p X`, `docker login -p X`, `redis-cli -a X`; only on a line that runs the client
-# (elsewhere `-u 1000:1000` is docker's uid:gid, `-p 8000` a port; `-sSu`, `-uX` are read).
-_CURL_USER = re.compile(r"(?P<pre>(?<![\w-])(?:--(?:proxy-)?user(?:=|[ \t]+)|-[a-zA-Z]{0,8}[uU]"
-                        r"[ \t]*)(?P<q>['\"])?(?P<user>[^\s:'\"]{0,256}):)"
-                        r"(?P<secret>(?(q)[^'\"\n]*|[^\s'\"]*))")
-_FLAG = r"(?P<pre>(?<![\w-])%s)(?P<secret>(?!-)[^\s'\"]+)"  # (mysql's -p: glued, or a prompt)
-_CLIENTS = (("curl", _CURL_USER), ("mysql", re.compile(_FLAG % "-p")),
-            ("mariadb", re.compile(_FLAG % "-p")), ("redis-cli", re.compile(_FLAG % "-a[ \t]*")),
-            ("sshpass", re.compile(_FLAG % r"sshpass(?:[ \t]+-[a-oq-zA-Z]\S*)*[ \t]+-p[ \t]*")),
-            (" login ", re.compile(_FLAG % "-p[ \t]*")))  # docker, podman, az login
 # A URL's session id (`/app;jsessionid=X`, PHP's, ASP's, `?sid=X`): whoever holds it is its user
 _SESSION = re.compile(r"(?i)(?P<pre>[;?&](?:jsessionid|phpsessid|aspsessionid[a-z]{0,16}|"
                       r"sessionid|sessid|sid)=)(?P<secret>[^\s;?&#/'\"]+)")
 _USERINFO = re.compile(r"(?i)\b[a-z][a-z0-9+.-]{0,31}://[^\s/?#@:'\"]*:")
 _WORD_END = re.compile(r"[\s'\"]")
 _HOST_PORT = re.compile(r"\d+(?:[/?#]|$)")
-
-
-def _client_hidden(m: re.Match[str]) -> str:
-    if m.groupdict().get("user") is not None and not m["secret"]:
-        return m["pre"][:m.start("user") - m.start()] + REDACTED + ":"
-    return m["pre"] + REDACTED
 
 
 def _shape_hidden(m: re.Match[str]) -> str:
@@ -227,9 +210,9 @@ class Redactor:
                 text = _to_last_at(text) if i == 1 and url else text  # after plain userinfo
         if "sid=" in text.lower() or "sessionid" in text.lower():
             text = _SESSION.sub(_shape_hidden, text)
-        for word, flag in _CLIENTS:
+        for word, flag in CLIENTS:
             if word in text:
-                text = "\n".join(flag.sub(_client_hidden, line) if word in line else line
+                text = "\n".join(flag.sub(client_hidden, line) if word in line else line
                                   for line in text.split("\n"))
         if _has_secret_name(text):
             for rule in (_ENV_ENTRY, *RULES):
