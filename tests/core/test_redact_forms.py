@@ -61,6 +61,13 @@ def test_any_second_key_of_an_argv_list_is_hidden(key: str) -> None:
     ("Authorization :  Basic   Zq7Xy9Wv4Lm", f"Authorization :  Basic   {REDACTED}"),
     ("authorization:\tToken Zq7Xy9Wv4Lm", f"authorization:\tToken {REDACTED}"),
     ("Authorization: Basic dXNlcjpw==, next", f"Authorization: Basic {REDACTED}, next"),
+    # the space after the scheme JSON-escaped (two characters: `\t`, `\n`; `\\n` twice)
+    (r'{"h": "Authorization: Bearer\tZq7Xy9Wv4Lm"}',
+     r'{"h": "Authorization: Bearer\t' + REDACTED + '"}'),
+    (r'{"msg": "Bearer\nZq7Xy9Wv4Lm"}', r'{"msg": "Bearer\n' + REDACTED + '"}'),
+    (r'"x-token: Basic\\r\\nZq7Xy9Wv4Lm"', r'"x-token: Basic\\r\\n' + REDACTED + '"'),
+    (r"curl -H 'Authorization: Token\tZq7Xy9Wv4Lm'",
+     r"curl -H 'Authorization: Token\t" + REDACTED + "'"),
 ])
 def test_every_spelling_of_an_authorization_is_hidden(text: str, want: str) -> None:
     assert _hidden(text, "Zq7Xy9Wv4Lm", "dXNlcjpw") == want

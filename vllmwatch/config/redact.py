@@ -27,7 +27,7 @@ from vllmwatch.config import secretnames as names
 from vllmwatch.config.launch import CLIENTS, client_hidden
 from vllmwatch.config.launch import redact_argv as redact_argv
 from vllmwatch.config.secretnames import DONE as _DONE
-from vllmwatch.config.secretnames import ENCODED, HINT_WORDS, RULES, path_value, sub_named
+from vllmwatch.config.secretnames import ENCODED, HINT_WORDS, RULES, SPACE, path_value, sub_named
 from vllmwatch.config.secretnames import REDACTED as REDACTED
 from vllmwatch.config.secretnames import _spaced_name as _names_the_credential
 from vllmwatch.config.secretnames import is_secret_name as is_secret_name
@@ -52,10 +52,11 @@ _SHAPES = (
                r"(?P<secret>[^\s/?#@\"]+)(?=@)"),  # (an apostrophe is legal in a password)
     # Authorization: SCHEME CREDENTIALS, any scheme (Negotiate, SharedKey a:b, Splunk x, a
     # `Bearer:`), or its auth-params (Rails' `Token token="X"`, Digest's `username="u", ..`)
-    re.compile(r"(?i)(?P<pre>\b(?:proxy-)?authorization\s*:\s*[A-Za-z][\w-]*:?\s+)(?P<secret>(?!"
-               + _DONE + ")(?:" + _PARAM + r"(?:[ \t]*,[ \t]*" + _PARAM + ")*|" + _CRED + "))"),
-    re.compile(r"(?i)(?P<pre>\bbearer(?:[ \t]*[:=][ \t]*|\s+))(?P<secret>(?!" + _DONE + ")"
-               + _CRED + ")"),  # `Bearer: X`, `bearer=X` as scripts and SDKs print it
+    re.compile(r"(?i)(?P<pre>\b(?:proxy-)?authorization\s*:\s*[A-Za-z][\w-]*:?" + SPACE
+               + r")(?P<secret>(?!" + _DONE + ")(?:" + _PARAM + r"(?:[ \t]*,[ \t]*" + _PARAM
+               + ")*|" + _CRED + "))"),
+    re.compile(r"(?i)(?P<pre>\bbearer(?:[ \t]*[:=][ \t]*|" + SPACE + r"))(?P<secret>(?!"
+               + _DONE + ")" + _CRED + ")"),  # `Bearer: X`, `bearer=X` as SDKs print it
     # Cookie: a=1; session=X (also after an escaped `\r\n`, and CGI's HTTP_COOKIE=): every
     # cookie is a credential (the named rule stopped at the first `;`); to the line's end, a
     # quote or a `,` (none is in a cookie: RFC 6265's cookie-octet); only with a `name=` first,

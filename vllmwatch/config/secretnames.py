@@ -115,8 +115,10 @@ _QUOTED = (r"""(?:b?(?P<vq>['"])(?P<qv>(?:\\(?:.|(?!.))|(?!(?P=vq))[^\\\n])*)"""
            r"""(?:(?P=vq)|(?=\n)|\Z)"""
            r"""|(?P<esc>\\+)(?P<evq>['"])(?P<eqv>(?:[^\\\n]|\\+(?![\\]|(?P=evq)))*)"""
            r"""(?P=esc)(?P=evq))""")
+# Space between a scheme and its credential, or its escape (`Bearer\\tX` in JSON-escaped text)
+SPACE = r"(?:\s|\\+[tnr])+"
 AUTH = (r"(?:bearer|basic|token|digest|apikey|negotiate|ntlm|splunk|sharedkey|hmac|"
-        r"aws4-hmac-sha256):?\s+")  # (`Bearer: X`)
+        r"aws4-hmac-sha256):?" + SPACE)  # (`Bearer: X`)
 # A value already hidden is left, not one a known value only began (`PASSWORD=<redacted>2024`);
 # a value ends at an escaped line break too (a repr'd request: `Authorization: x\nX-Api-Key:`)
 DONE = r"""<redacted>(?![^\s'",;&)}\]>])"""
