@@ -160,6 +160,14 @@ def test_a_listed_variable_that_holds_no_secret_stays(text: str) -> None:
      f"GET /a;ASPSESSIONIDQQGGQGPG={REDACTED} HTTP/1.1"),
     ("GET /socket.io/?EIO=4&transport=polling&sid=ABC123DEF456 HTTP/1.1",
      f"GET /socket.io/?EIO=4&transport=polling&sid={REDACTED} HTTP/1.1"),
+    # a one-time code a redirect carries (OAuth's authorization code, CAS' service ticket)
+    ("GET /oauth/callback?code=ABC123DEF456&state=xyz HTTP/1.1",
+     f"GET /oauth/callback?code={REDACTED}&state=xyz HTTP/1.1"),
+    ("302 to https://app/cb?state=xyz&code=ABC123DEF456",
+     f"302 to https://app/cb?state=xyz&code={REDACTED}"),
+    ("https://app/cb#code=ABC123DEF456", f"https://app/cb#code={REDACTED}"),
+    ("GET /app?ticket=ABC123DEF456 HTTP/1.1", f"GET /app?ticket={REDACTED} HTTP/1.1"),
+    ("`--x https://o/cb?code=ABC123DEF456` moves", f"`--x https://o/cb?code={REDACTED}` moves"),
 ])
 def test_a_session_id_in_a_url_is_hidden(text: str, want: str) -> None:
     """A session id in a request line's path parameters (`;jsessionid=`) or query: whoever
@@ -168,7 +176,9 @@ def test_a_session_id_in_a_url_is_hidden(text: str, want: str) -> None:
 
 
 @pytest.mark.parametrize("text", ["x?AccountSid=AC123&y=1", "ps -o pid,sid=", "sid=5 pgid=5",
-                                  "session_id=7 sessions=2", "GET /v1/models;v=2 HTTP/1.1"])
+                                  "session_id=7 sessions=2", "GET /v1/models;v=2 HTTP/1.1",
+                                  "GET /status?code=404 HTTP/1.1", "exit code=1 signal=9",
+                                  "GET /errors?code=503&x=1", "zip_code=12345 ticket_count=2"])
 def test_what_names_no_session_id_stays(text: str) -> None:
     assert R.text(text) == text
 

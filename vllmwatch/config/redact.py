@@ -6,7 +6,8 @@ log events, /status, STATUS=, `incidents show` pass through `Redactor`. What is 
   (`--api-key X`, `HF_TOKEN=X`, `HF_TOKEN X`, `'api_key': ['X']`, `('authorization',
   'Bearer X')`, `{'name': 'HF_TOKEN', 'value': 'X'}`), an `Authorization:` header's
   credentials (its params too: `Token token="X"`); every key of an argv's `--api-key K1 K2`;
-- a client's password (`curl -u user:X`, `mysql -pX`, ...); a URL's session id (`;sid=X`);
+- a client's password (`curl -u user:X`, `mysql -pX`, `htpasswd -b f u X`); a URL's session id
+  (`;sid=X`) or one-time code (`?code=X`);
 - URL userinfo, any scheme (`https://user:X@host` keeps the user; `scheme://X@host` and
   GitHub's `https://X:x-oauth-basic@host` hide X); `Bearer X`, `Bearer: X`; PEM private keys;
   tokens of known shapes (`sk-...`, `hf_...`, `ghp_...`, `AKIA...`/`ASIA...`, `AIza...`, `ya29.`,
@@ -66,9 +67,12 @@ _SHAPES = (
                r"(?:<redacted>|(?!\\[nrt])[^\r\n'\",\\])+)"),
 )
 _BEARER = _SHAPES[3]
-# A URL's session id (`/app;jsessionid=X`, PHP's, ASP's, `?sid=X`): whoever holds it is its user
+# A URL's session id (`/app;jsessionid=X`, PHP's, ASP's, `?sid=X`): whoever holds it is its
+# user; a one-time code in a query (OAuth's `?code=X` redirect, CAS' `ticket=`): it is changed
+# for a token. A status code's number (`?code=404`) is none.
 _SESSION = re.compile(r"(?i)(?P<pre>[;?&](?:jsessionid|phpsessid|aspsessionid[a-z]{0,16}|"
-                      r"sessionid|sessid|sid)=)(?P<secret>[^\s;?&#/'\"]+)")
+                      r"sessionid|sessid|sid)=|[?&#](?:code|ticket)=(?!\d{1,3}(?:[\s&#'\"]|$)))"
+                      r"(?P<secret>[^\s;?&#/'\"`]+)")
 _USERINFO = re.compile(r"(?i)\b[a-z][a-z0-9+.-]{0,31}://[^\s/?#@:'\"]*:")
 _WORD_END = re.compile(r"[\s'\"]")
 _HOST_PORT = re.compile(r"\d+(?:[/?#]|$)")
@@ -209,7 +213,7 @@ class Redactor:
                     text = shape.sub(_bearer_hidden if shape is _BEARER else _shape_hidden,
                                      text)
                 text = _to_last_at(text) if i == 1 and url else text  # after plain userinfo
-        if "sid=" in text.lower() or "sessionid" in text.lower():
+        if any(w in text.lower() for w in ("sid=", "sessionid", "code=", "ticket=")):
             text = _SESSION.sub(_shape_hidden, text)
         for word, flag in CLIENTS:
             if word in text:
