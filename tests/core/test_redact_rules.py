@@ -56,6 +56,10 @@ def test_a_known_part_of_a_secret_hides_all_of_it(leak: tuple[str, str],
     ("--otlp-traces-endpoint https://user:sk-abc123456789@collector",
      "--otlp-traces-endpoint https://user:<redacted>@collector"),
     ("https://ghp_tok3n@github.com/x.git", "https://<redacted>@github.com/x.git"),
+    ("https://0a1B2c3D4e5F6a7B8c9D@git.corp/x.git", "https://<redacted>@git.corp/x.git"),
+    ("https://abc123def456abc789@h/x", "https://<redacted>@h/x"),
+    ("https://alice2@h/x", "https://<redacted>@h/x"),
+    ("https://alice:x-oauth-basic@github.com/o", "https://<redacted>:<redacted>@github.com/o"),
     ("{'authorization': 'Bearer abc.def'}", "{'authorization': '<redacted>'}"),
     ('{"api_key": "zz9", "n": 1}', '{"api_key": "<redacted>", "n": 1}'),
     ('{"token": 12345}', '{"token": <redacted>}'),
@@ -151,6 +155,10 @@ def test_each_form(text: str, want: str) -> None:
     "context_attention_fwd with cached K/V (key=None) is not supported with ALiBi slopes.",
     "RuntimeError: No valid config for kernel fused_moe_kernel key=(128, 64, 'torch.bfloat16')"
     " (tried 4 configs)",
+    # a login name with no password: which account a pip index, a git remote, an SSH URL used
+    "Looking in indexes: https://__token__@pypi.corp.example/simple",
+    "pip install --index-url https://alice@pypi.corp.example/simple vllm",
+    "git clone ssh://git@github.com/org/repo.git", "https://deploy-bot@git.corp/x.git",
 ])
 def test_useful_non_secrets_stay(text: str) -> None:
     assert R.text(text) == text

@@ -9,7 +9,8 @@ log events, /status, STATUS=, `incidents show` pass through `Redactor`. What is 
 - a client's password (`curl -u user:X`, `mysql -pX`, `htpasswd -b f u X`); a URL's session id
   (`;sid=X`) or one-time code (`?code=X`);
 - URL userinfo, any scheme (`https://user:X@host` keeps the user; `scheme://X@host` and
-  GitHub's `https://X:x-oauth-basic@host` hide X); `Bearer X`, `Bearer: X`; PEM private keys;
+  GitHub's `https://X:x-oauth-basic@host` hide X, unless X is a login name: `ssh://git@h`);
+  `Bearer X`, `Bearer: X`; PEM private keys;
   tokens of known shapes (`sk-...`, `hf_...`, `ghp_...`, `AKIA...`/`ASIA...`, `AIza...`, `ya29.`,
   `nvapi-...`, `xox?-...`, JWTs).
 Names are judged by their words, so counts and paths stay readable (`prompt_tokens=5`,
@@ -66,7 +67,6 @@ _SHAPES = (
                r"(?P<secret>(?!" + _DONE + r"|[ \t])(?=[^\s;,'\"\\=]*=)"
                r"(?:<redacted>|(?!\\[nrt])[^\r\n'\",\\])+)"),
 )
-_BEARER = _SHAPES[3]
 # A URL's session id (`/app;jsessionid=X`, PHP's, ASP's, `?sid=X`): whoever holds it is its
 # user; a one-time code in a query (OAuth's `?code=X` redirect, CAS' `ticket=`): it is changed
 # for a token. A status code's number (`?code=404`) is none.
@@ -82,6 +82,20 @@ def _shape_hidden(m: re.Match[str]) -> str:
     return m["pre"] + (REDACTED if m["secret"] else "")
 
 
+# A login name, not a token: lower-case letters and `._-` (`alice`, `git`, `__token__`,
+# `deploy-bot`); a token has a digit or a capital (one with a digit is hidden, whatever else).
+_LOGIN = re.compile(r"[a-z_][a-z._-]{0,23}")
+
+
+def _user_hidden(m: re.Match[str]) -> str:
+    """`scheme://X@host`: X is the credential when it reads as a token (GitHub's `https://
+    TOKEN@github.com`); a login name is what a person reads to know which account a pip index,
+    a git remote or an SSH URL used (`https://alice@pypi.corp/simple`, `ssh://git@host`)."""
+    if _LOGIN.fullmatch(m["secret"]) and not m.string.startswith(":x-oauth-basic", m.end()):
+        return m.group(0)
+    return _shape_hidden(m)
+
+
 def _bearer_hidden(m: re.Match[str]) -> str:
     """After `Bearer`, a secret's name is no credential: `bearer token: X`, `using bearer
     token X` hid `token` and showed X (left, the named rules find X after its name)."""
@@ -89,6 +103,9 @@ def _bearer_hidden(m: re.Match[str]) -> str:
             m["secret"].lower() in _NOT_VALUES | names._ENGLISH:  # `bearer: none`, `bearer: a ..`
         return m.group(0)
     return _shape_hidden(m)
+
+
+_HIDDEN = {0: _user_hidden, 3: _bearer_hidden}  # a shape's own judgement of what it found
 
 
 def _to_last_at(text: str) -> str:
@@ -210,8 +227,7 @@ class Redactor:
             url = "://" in text  # (the URL rules only then: "sk-" in "task-" shapes a text)
             for i, shape in enumerate(_SHAPES):
                 if url or i >= 2:
-                    text = shape.sub(_bearer_hidden if shape is _BEARER else _shape_hidden,
-                                     text)
+                    text = shape.sub(_HIDDEN.get(i, _shape_hidden), text)
                 text = _to_last_at(text) if i == 1 and url else text  # after plain userinfo
         if any(w in text.lower() for w in ("sid=", "sessionid", "code=", "ticket=")):
             text = _SESSION.sub(_shape_hidden, text)
