@@ -73,8 +73,13 @@ def test_every_spelling_of_an_authorization_is_hidden(text: str, want: str) -> N
     assert _hidden(text, "Zq7Xy9Wv4Lm", "dXNlcjpw") == want
 
 
-@pytest.mark.parametrize("text", ["bearer: none", "The bearer: a person", "Invalid bearer token",
-                                  "Bearer: not set", "bearer token: <redacted>"])
+@pytest.mark.parametrize("text", [
+    "bearer: none", "The bearer: a person", "Invalid bearer token", "Bearer: not set",
+    "bearer token: <redacted>",
+    # a server's challenge: where to get a token and why one was refused (a 401's headers)
+    'WWW-Authenticate: Bearer realm="https://auth.docker.io/token",service="registry.docker.io"',
+    'www-authenticate: Bearer error="invalid_token", error_description="The token expired"',
+    "{'www-authenticate': 'Bearer realm=hf, scope=\"repo:read\"'}"])
 def test_a_sentence_about_a_bearer_stays(text: str) -> None:
     assert R.text(text) == text
 

@@ -96,11 +96,17 @@ def _user_hidden(m: re.Match[str]) -> str:
     return _shape_hidden(m)
 
 
+# A server's challenge (`WWW-Authenticate: Bearer realm="..", error="invalid_token"`, RFC 6750
+# 3): its params say where to get a token and why one was refused, and hold none
+_CHALLENGE = re.compile(r"(?i)(?:realm|scope|error|error_description|error_uri|service)=")
+
+
 def _bearer_hidden(m: re.Match[str]) -> str:
     """After `Bearer`, a secret's name is no credential: `bearer token: X`, `using bearer
     token X` hid `token` and showed X (left, the named rules find X after its name)."""
     if is_secret_name(re.split(r"[:=]", m["secret"], maxsplit=1)[0]) or \
-            m["secret"].lower() in _NOT_VALUES | names._ENGLISH:  # `bearer: none`, `bearer: a ..`
+            m["secret"].lower() in _NOT_VALUES | names._ENGLISH or \
+            _CHALLENGE.match(m["secret"]):  # `bearer: none`, `bearer: a ..`, a challenge
         return m.group(0)
     return _shape_hidden(m)
 
