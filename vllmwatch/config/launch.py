@@ -3,7 +3,9 @@ a standby interpreter is wanted for the next launch (standby_wanted), and what a
 from vllm.env_file (read_env_file: here, not in command.py, as vllmflags judges the flags in
 it and command imports vllmflags), and which of its inputs are secrets, the values every writer
 then hides (secrets_of, env_file_secret: redact.learn), and a command line's secret flags'
-values (redact_argv), and a client's password on its command line (CLIENTS)."""
+values (redact_argv). And three rule sets that config/redact.py runs (it and secretnames.py,
+each at the 350-line cap, import this module already): a client's password on its command
+line (CLIENTS), tokens by their shape (TOKENS), a secret name's value percent-encoded (ENCODED)."""
 
 from __future__ import annotations
 
@@ -14,7 +16,7 @@ from typing import Protocol
 from vllmwatch.config import flags, safefile
 from vllmwatch.config.errors import ConfigError
 from vllmwatch.config.flags import flag_name, long_forms
-from vllmwatch.config.secretnames import REDACTED, is_secret_name, path_value
+from vllmwatch.config.secretnames import HINT_WORDS, REDACTED, Rule, is_secret_name, path_value
 
 
 # What read_env_file reads of a Config, as protocols: no import of config/sections.py, even
@@ -261,3 +263,31 @@ def client_hidden(m: re.Match[str]) -> str:
     if m.groupdict().get("user") is not None and not m["secret"]:
         return m["pre"][:m.start("user") - m.start()] + REDACTED + ":"
     return m["pre"] + REDACTED
+
+
+# Whole tokens by their shape: hidden with the known values (redact.Redactor._known_and_tokens).
+TOKENS = (
+    re.compile(r"(?P<pre>)(?P<secret>-----BEGIN [A-Z ]*PRIVATE KEY-----.*?"
+               r"(?:-----END [A-Z ]*PRIVATE KEY-----|\Z))", re.S),
+    re.compile(r"(?P<pre>)(?P<secret>\b(?:sk-[A-Za-z0-9_-]{8,}|hf_[A-Za-z0-9]{20,}|"
+               r"gh[pousr]_[A-Za-z0-9]{20,}|github_pat_\w{20,}|glpat-[\w-]{20,}|"
+               # AWS key ids, long-lived and STS (ASIA: with a session token); Google's API
+               # keys and OAuth access tokens; NVIDIA's NGC/build.nvidia.com keys (NIM images)
+               r"(?:AKIA|ASIA)[0-9A-Z]{16}|AIza[\w-]{35}|ya29\.[\w-]{20,}|nvapi-[\w-]{20,}|"
+               r"xox[abposr]-[\w-]{10,}|"
+               # a JWT's first part stops before a `-eyJ`, where the next try starts: tried at
+               # each `eyJ` of `eyJ-eyJ-...`, it ran to the word's end (quadratic)
+               r"eyJ(?:(?!-eyJ)[\w-]){8,}\.eyJ[\w-]{8,}\.[\w-]+))"),
+)
+_PCT = r"(?:[\w.-]|%(?:5[Ff]|2[DdEe]))"  # a name's own characters, encoded: _ - .
+_PCT_NAME = _PCT + r"{0,80}?(?i:" + HINT_WORDS + r")" + _PCT + "{0,80}"
+# percent-encoded: api%5Fkey=x, token%3Dx, %22api_key%22%3A%22x%22 (a query or a form
+# body in an access log); the name is judged decoded, whole: it starts after a %XX that is
+# not one of its own characters (_ - .), as a plain name starts at a word's start (tried
+# after each %5F of a long run, the bounded name cost 100x a plain line's time)
+ENCODED = Rule(re.compile(
+    r"(?:(?<![\w.-])|(?<=%[0-9A-Fa-f]{2})(?<!%5[Ff])(?<!%2[DdEe]))(?:%2[27])?"
+    r"(?P<name>(?=[A-Za-z_%])" + _PCT_NAME + r")(?:%2[27])?(?:%3[DdAa]|=)(?:%20|\+)*(?:%2[27])?"
+    r"(?P<scheme>(?i:bearer|basic|token|digest|apikey)(?:%20|\+)+)?"),  # Authorization%3A%20..
+    re.compile(r"(?P<bare>(?:(?!%2[027Cc]|%26|%7[Dd]|%5[Dd]|%0[9AaDd])"
+               r"(?:%[0-9A-Fa-f]{2}|[^\s&'\",;%)}\]>]))+)"), lists=False, encoded=True)

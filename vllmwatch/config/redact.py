@@ -26,10 +26,10 @@ from collections.abc import Iterable, Mapping
 from typing import Any
 
 from vllmwatch.config import secretnames as names
-from vllmwatch.config.launch import CLIENTS, client_hidden
+from vllmwatch.config.launch import CLIENTS, ENCODED, TOKENS, client_hidden
 from vllmwatch.config.launch import redact_argv as redact_argv
 from vllmwatch.config.secretnames import DONE as _DONE
-from vllmwatch.config.secretnames import ENCODED, HINT_WORDS, RULES, SPACE, path_value, sub_named
+from vllmwatch.config.secretnames import HINT_WORDS, RULES, SPACE, path_value, sub_named
 from vllmwatch.config.secretnames import REDACTED as REDACTED
 from vllmwatch.config.secretnames import _spaced_name as _names_the_credential
 from vllmwatch.config.secretnames import is_secret_name as is_secret_name
@@ -133,20 +133,6 @@ def _to_last_at(text: str) -> str:
     return "".join(out) + text[pos:]
 
 
-# Whole tokens by their shape: hidden with the known values (Redactor._known_and_tokens).
-_TOKENS = (
-    re.compile(r"(?P<pre>)(?P<secret>-----BEGIN [A-Z ]*PRIVATE KEY-----.*?"
-               r"(?:-----END [A-Z ]*PRIVATE KEY-----|\Z))", re.S),
-    re.compile(r"(?P<pre>)(?P<secret>\b(?:sk-[A-Za-z0-9_-]{8,}|hf_[A-Za-z0-9]{20,}|"
-               r"gh[pousr]_[A-Za-z0-9]{20,}|github_pat_\w{20,}|glpat-[\w-]{20,}|"
-               # AWS key ids, long-lived and STS (ASIA: with a session token); Google's API
-               # keys and OAuth access tokens; NVIDIA's NGC/build.nvidia.com keys (NIM images)
-               r"(?:AKIA|ASIA)[0-9A-Z]{16}|AIza[\w-]{35}|ya29\.[\w-]{20,}|nvapi-[\w-]{20,}|"
-               r"xox[abposr]-[\w-]{10,}|"
-               # a JWT's first part stops before a `-eyJ`, where the next try starts: tried at
-               # each `eyJ` of `eyJ-eyJ-...`, it ran to the word's end (quadratic)
-               r"eyJ(?:(?!-eyJ)[\w-]){8,}\.eyJ[\w-]{8,}\.[\w-]+))"),
-)
 # A variable as Kubernetes lists it: {'name': 'HF_TOKEN', 'value': 'X'} (a client's dict, JSON),
 # YAML's `- name: HF_TOKEN` and `value: X` on the next line (in one text, or Redactor.after)
 _ENV_ENTRY = names.Rule(re.compile(
@@ -255,7 +241,7 @@ class Redactor:
         spans = [m.span() for v in self._values() if v in text
                  for m in re.finditer(re.escape(v), text)]
         if shaped:
-            spans.extend(m.span("secret") for token in _TOKENS for m in token.finditer(text))
+            spans.extend(m.span("secret") for token in TOKENS for m in token.finditer(text))
         merged: list[list[int]] = []
         for start, end in sorted(spans):
             if merged and start <= merged[-1][1]:

@@ -103,8 +103,6 @@ REDACTED = "<redacted>"
 HINT_WORDS = r"key|token|secret|pass|pw|cred|auth|cookie|sig|webhook"
 # Bounded: a name is short, and an unbounded lazy scan is quadratic in a long word's length
 _NAME = r"(?=[A-Za-z_])[\w.-]{0,80}?(?i:" + HINT_WORDS + r")[\w.-]{0,80}"
-_PCT = r"(?:[\w.-]|%(?:5[Ff]|2[DdEe]))"  # a name's own characters, encoded: _ - .
-_PCT_NAME = _PCT + r"{0,80}?(?i:" + HINT_WORDS + r")" + _PCT + "{0,80}"
 # 'value' / "value", or \"value\" (\\\"value\\\"): JSON inside a string, once or twice (a
 # request body in an error message). A backslash is consumed with the character after it (or
 # alone before a line's end), so an unclosed quote runs to the line's end in one pass (that
@@ -218,16 +216,6 @@ RULES = (
     Rule(re.compile(r"(?<![\w.-])(?P<name>" + _NAME + r")(?P<sp>[ \t]+)"
                     r"(?P<scheme>" + AUTH + ")?"), _SPACED_VALUE, lists=False, spaced=True),
 )
-# percent-encoded: api%5Fkey=x, token%3Dx, %22api_key%22%3A%22x%22 (a query or a form
-# body in an access log); the name is judged decoded, whole: it starts after a %XX that is
-# not one of its own characters (_ - .), as a plain name starts at a word's start (tried
-# after each %5F of a long run, the bounded name cost 100x a plain line's time)
-ENCODED = Rule(re.compile(
-    r"(?:(?<![\w.-])|(?<=%[0-9A-Fa-f]{2})(?<!%5[Ff])(?<!%2[DdEe]))(?:%2[27])?"
-    r"(?P<name>(?=[A-Za-z_%])" + _PCT_NAME + r")(?:%2[27])?(?:%3[DdAa]|=)(?:%20|\+)*(?:%2[27])?"
-    r"(?P<scheme>(?i:bearer|basic|token|digest|apikey)(?:%20|\+)+)?"),  # Authorization%3A%20..
-    re.compile(r"(?P<bare>(?:(?!%2[027Cc]|%26|%7[Dd]|%5[Dd]|%0[9AaDd])"
-               r"(?:%[0-9A-Fa-f]{2}|[^\s&'\",;%)}\]>]))+)"), lists=False, encoded=True)
 
 
 class _Closers:
