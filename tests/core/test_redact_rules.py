@@ -11,6 +11,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from tests.support.secrets import KNOWN_KEY, leaks
+from vllmwatch.config import flags
 from vllmwatch.config.redact import (
     REDACTED,
     Redactor,
@@ -159,6 +160,11 @@ def test_each_form(text: str, want: str) -> None:
     "Looking in indexes: https://__token__@pypi.corp.example/simple",
     "pip install --index-url https://alice@pypi.corp.example/simple vllm",
     "git clone ssh://git@github.com/org/repo.git", "https://deploy-bot@git.corp/x.git",
+    # an error's words after a secret flag: argparse's, vllmwatch's own, a quoted sentence
+    "vllm serve: error: argument --api-key: expected at least one argument",
+    "argument --api-key: invalid choice", "ValueError: --api-key 'the key given here' is empty",
+    "vllm.args.a: --a is --api-key abbreviated (vLLM's parser takes prefixes); use api-key",
+    'error: --hf-token "must be set when --download-dir is" given',
 ])
 def test_useful_non_secrets_stay(text: str) -> None:
     assert R.text(text) == text
@@ -346,3 +352,14 @@ def test_every_key_of_api_key_is_hidden(argv: list[str], want: list[str]) -> Non
     assert R.argv(argv) == want
     line = R.text(" ".join(argv))  # the same line as text (a holder's command line)
     assert "Zq9K" not in line and line.split(REDACTED)[-1] == " ".join(want).split(REDACTED)[-1]
+
+
+@pytest.mark.parametrize("name", ["a", "api", "api-k", "hf-tok"])
+def test_a_config_problem_about_a_secret_flag_reads_whole(name: str) -> None:
+    """vllmwatch's own advice about a secret flag passes the redactor on its way to the
+    terminal and the journal: it must come out as written (`--api-key abbreviated (vLLM's`
+    was `--api-key <redacted>'s parser`, the advice unreadable)."""
+    problem = flags.flag_problem(name, 1, f"vllm.args.{name}")
+    assert problem is not None
+    shown = problem.render("/etc/vllmwatch/vllmwatch.toml")
+    assert R.text(shown) == shown

@@ -144,6 +144,10 @@ _MORE_WORDS = re.compile(  # (not a word of prose: `--api-key value to VLLM_API_
     r"""(?:[ \t]+(?:'[^'\n]*'|"[^"\n]*"|(?!-|[a-z]+(?:[\s'",;)}\]>]|$))[^\s'",;)}\]>]+))*""")
 _UNSET = frozenset({"none", "null", "nil", "true", "false"})  # no value, or a switch, after any
 _LOWER_WORD = re.compile(r"[a-z]+")
+# After `--flag ` (no `=`), an error's words, not a key: a remark, a word then a remark or two
+# more words, a quoted sentence (`--api-key abbreviated (vLLM's ..`, `--api-key 'the key ..'`)
+_FLAG_PROSE = re.compile(r"""\(|[a-z]+[ \t]+(?:\(|[a-z]+[ \t]+[a-z]+\b(?![_.-]?\w))"""
+                         r"""|(['"])[a-z]+(?:[ \t]+-{0,2}[a-z][\w-]*){2,}[.!?]?\1""")
 _NEXT_WORD = re.compile(r"[ \t]+[a-z]+\b(?![_.-]?\w)")
 
 
@@ -181,7 +185,7 @@ def _spaced_prose(value: str, text: str, end: int) -> bool:
 _ENGLISH = frozenset({"not", "is", "was", "are", "were", "none", "empty", "missing", "given",
                       "gives", "has", "have", "had", "required", "set", "unset", "provided",
                       "needed", "must", "should", "and", "or", "of", "for", "from", "with",
-                      "the", "a", "an", "to", "in", "on", "at", "by"})
+                      "the", "a", "an", "to", "in", "on", "at", "by", "expected", "invalid"})
 
 
 class Rule(NamedTuple):
@@ -279,6 +283,9 @@ def _hide(rule: Rule, m: re.Match[str], start: int, text: str,
             scheme_at if scheme_at >= 0 else m.end()) and (
             start == 0 or text[start - 1] in " \t\n'\"`"):
         value = _ENV_VALUE_I
+    if groups.get("dash") and m["sep"] is None and scheme_at < 0 and \
+            _FLAG_PROSE.match(text, m.end()):
+        return None
     for where in (m.end(), scheme_at):
         if where < 0:
             continue
