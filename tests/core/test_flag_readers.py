@@ -17,7 +17,8 @@ from typing import Any
 import pytest
 
 from tests.support.flagprobe import probe_with
-from vllmwatch.config import flags, units, vllmflags
+from vllmwatch.config import flags, flagvalues, units, vllmflags
+from vllmwatch.config.redact import REDACT
 from vllmwatch.config.schema import from_dict
 from vllmwatch.shell import versions
 from vllmwatch.testing.waiting import wait_until
@@ -367,3 +368,55 @@ def test_an_abbreviated_flag_is_refused_for_what_it_is(flag: str, says: str) -> 
     problems = vllmflags.validate_args(from_dict({"vllm": {"model": "/m",
                                                            "extra_args": [flag, "4"]}}), _known())
     assert len(problems) == 1 and says in problems[0].problem, problems
+
+
+@pytest.mark.parametrize(("flag", "value", "refused"), [
+    ("speculative-config", 5, True), ("speculative-config", "[1, 2]", True),
+    ("speculative-config", '"ngram"', True), ("limit-mm-per-prompt", "4", True),
+    ("speculative-config", {"method": "ngram", "num_speculative_tokens": 3}, False),
+    ("speculative-config", '{"method": "ngram"}', False), ("speculative-config", "None", False),
+    ("speculative-config", "null", False), ("limit-mm-per-prompt", {"image": 2}, False),
+    ("allowed-origins", '["*"]', False)])
+def test_a_dict_field_s_json_flag_takes_only_an_object(flag: str, value: object,
+                                                      refused: bool) -> None:
+    """`speculative-config = 5` passed `check` (json.loads reads any JSON) and vLLM stopped at
+    each start (`5.items()`: its field is a dict): the probe says which json.loads flags fill
+    a dict (`jsonobj`), and anything but an object (or null) is refused for them."""
+    problem = flagvalues.flag_problem(flag, value, f"vllm.args.{flag}", _known())
+    assert (problem is not None) == refused, problem
+    if refused:  # (its example passes the redactor whole: `{"key": 1}` came out `<redacted>`)
+        assert problem is not None and "a JSON object" in problem.problem
+        assert REDACT.text(problem.problem) == problem.problem
+
+
+def test_the_probe_says_which_json_flags_fill_a_dict(monkeypatch: pytest.MonkeyPatch,
+                                                     capsys: pytest.CaptureFixture[str]) -> None:
+    """By the field of vLLM's argument class a flag fills (EngineArgs', FrontendArgs'), not by
+    another class's field of the same name (VllmConfig's speculative_config is a class)."""
+    import dataclasses
+    import types
+
+    @dataclasses.dataclass
+    class EngineArgs:
+        speculative_config: dict[str, Any] | None = None
+        allowed_origins: list[str] | None = None
+        mixed: dict[str, int] | str | None = None
+
+    @dataclasses.dataclass
+    class AVllmConfig:  # (sorted first: a name not ending in Args is never read)
+        allowed_origins: dict[str, Any] | None = None
+
+    arg_utils = types.ModuleType("vllm.engine.arg_utils")
+    arg_utils.AVllmConfig, arg_utils.EngineArgs = AVllmConfig, EngineArgs  # type: ignore[attr-defined]
+    monkeypatch.setitem(sys.modules, "vllm.engine", types.ModuleType("vllm.engine"))
+    monkeypatch.setitem(sys.modules, arg_utils.__name__, arg_utils)
+
+    def parser() -> argparse.ArgumentParser:
+        p = argparse.ArgumentParser()
+        for flag in ("--speculative-config", "--allowed-origins", "--mixed"):
+            p.add_argument(flag, type=json.loads)
+        return p
+
+    got = probe_with(parser, monkeypatch, capsys)
+    assert got is not None and got.parsers == {
+        "speculative-config": "jsonobj", "allowed-origins": "json", "mixed": "json"}, got

@@ -195,8 +195,7 @@ def read_problem(base: str, value: object, key: str, known: FlagSet) -> Problem 
 
 def json_reader(known: FlagSet, base: str) -> bool:
     """Whether vLLM's probe named the JSON reader of --base (then it judges the word)."""
-    return (known.parsers or {}).get(base, "").removesuffix("?") in (
-        "json", "object", "dict_or_str", "lora")
+    return (known.parsers or {}).get(base, "").removesuffix("?") in units.JSON_READERS
 
 
 def _key_problem(base: str, got: dict[str, object], key: str, known: FlagSet

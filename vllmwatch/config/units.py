@@ -195,10 +195,11 @@ VLLM_READS = {"int": "a whole number read by int() (8192, -1; no suffix such as 
               "number": "a number (8192, 0.9, 32k)", "whole": "a whole number (8192, 32k)",
               # JSON readers: json.loads, a config class (parse_dataclass: an object whose
               # bare numbers may carry a suffix), a dict or a word (union_dict_and_str)
-              "json": "JSON (a table in [vllm.args]; in a line '{\"key\": 1}', [1, 2], 5)",
-              "object": "a JSON object (a table in [vllm.args]; in a line '{\"key\": 1}'; "
+              "json": "JSON (a table in [vllm.args]; in a line '{\"field\": 1}', [1, 2], 5)",
+              "object": "a JSON object (a table in [vllm.args]; in a line '{\"field\": 1}'; "
                         "bare numbers may carry a suffix: 80m, 4G)",
-              "dict_or_str": "a word, or a JSON object ('{\"key\": 1}')",
+              "dict_or_str": "a word, or a JSON object ('{\"field\": 1}')",
+              "jsonobj": "a JSON object (a table in [vllm.args]; in a line '{\"field\": 1}')",
               "lora": "NAME=PATH (no comma), or a JSON object with name and path "
                       "('{\"name\": \"sql\", \"path\": \"/srv/lora/sql\"}')"}
 # vLLM's pattern has no re.ASCII, and int() and float() take any digit too
@@ -207,6 +208,9 @@ _VLLM_SUFFIXED = re.compile(r"(\d+(?:\.\d+)?)([kKmMgGtT])")
 # the quoted strings (engine/arg_utils.py _expand_json_human_readable_numbers)
 _JSON_STRING = re.compile(r'("(?:[^"\\]|\\.)*")')
 _JSON_SUFFIXED = re.compile(r"\b\d+(?:\.\d+)?[kKmMgGtT]\b")
+
+
+JSON_READERS = ("json", "jsonobj", "object", "dict_or_str", "lora")
 
 
 class NotFinite(ValueError):
@@ -227,7 +231,7 @@ def vllm_read(spec: str, word: str) -> object:
         if not math.isfinite(number):
             raise NotFinite(word)
         return number
-    if base in ("json", "object", "dict_or_str", "lora"):
+    if base in JSON_READERS:
         return _json_read(base, word)
     text = word.strip()
     if base in ("number", "whole"):
@@ -262,7 +266,8 @@ def _json_read(base: str, word: str) -> object:
     if base == "object":
         word = expand_suffixes(word)
     value = json.loads(word)
-    if base in ("object", "lora") and not isinstance(value, dict):
+    if base in ("object", "lora", "jsonobj") and not isinstance(value, dict) and not (
+            base == "jsonobj" and value is None):  # (null: no setting, as vLLM's None)
         raise ValueError(word)
     if base == "lora" and not {"name", "path"} <= set(value):
         raise ValueError(word)  # LoRAModulePath(**value) needs both

@@ -102,7 +102,18 @@ def reader_spec(a):
                 spec = "fold"
         except Exception:  # a reader of another kind: not judged
             spec = None
+    if spec == "json" and dict_only(a.dest):
+        spec = "jsonobj"
     return None if spec is None else spec + opt
+
+
+def dict_only(dest):
+    # A json.loads flag whose field is a dict and nothing else (`speculative_config: dict[str,
+    # Any] | None`): vLLM's parser takes any JSON, then its start calls the dict's methods
+    # (`--speculative-config 5`: 5.items(), a traceback at each start)
+    kind = FIELD_TYPES.get(dest, "")
+    parts = [p.strip() for p in kind.split("|") if p.strip() not in ("None", "NoneType")]
+    return bool(parts) and all(p.startswith(("dict[", "Dict[", "typing.Dict[")) for p in parts)
 
 
 def keys(a, spec):
@@ -138,6 +149,17 @@ for mod, cls in (("vllm.entrypoints.launchers.cli_args", "vllm.utils.argparse_ut
     except (ImportError, AttributeError):
         continue
     parser = make(parser_cls(prog="vllm serve"))
+    FIELD_TYPES = {}  # the fields of the argument classes, by name: what a dest is typed as
+    for home in ("vllm.engine.arg_utils", mod):
+        try:
+            names = list(vars(importlib.import_module(home)).items())
+        except ImportError:  # (a vLLM that keeps its EngineArgs elsewhere: no dict is known)
+            continue
+        for cls_name, obj in names:
+            if not cls_name.endswith("Args"):  # (VllmConfig's speculative_config is a class)
+                continue
+            for name, f in (getattr(obj, "__dataclass_fields__", None) or {}).items():
+                FIELD_TYPES.setdefault(name, str(f.type))
     kinds, aliases, lists, ints, choices, parsers, fields = {}, {}, [], [], {}, {}, {}
     for a in parser._actions:
         longs = [s[2:] for s in a.option_strings if s.startswith("--")]

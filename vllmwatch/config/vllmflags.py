@@ -30,6 +30,9 @@ _MARK = "VLLMWATCH_FLAGS "
 # What vLLM's parser says of each flag: a script run by vLLM's interpreter (`-c`: its folder
 # never joins sys.path), never imported by vllmwatch.
 _PROBE_FILE = Path(__file__).with_name("vllm_flag_probe.py")
+# What the probe's answer holds, raised when it learns more (2: `jsonobj`, a json.loads flag
+# whose field is a dict): a cache of another format is used until vLLM is asked again
+PROBE_FORMAT = 2
 
 
 KINDS = ("bool", "number", "json", "text")
@@ -154,7 +157,8 @@ def known_flags(command: list[str] | tuple[str, ...], version: str | None,
     if path is not None:
         fields = {"lists": got.lists, "integers": got.integers}  # (None: not given)
         safefile.write_private(path, json.dumps({
-            "version": version, "flags": sorted(got.flags), "switches": sorted(got.switches),
+            "version": version, "probe": PROBE_FORMAT, "flags": sorted(got.flags),
+            "switches": sorted(got.switches),
             "kinds": dict(sorted(got.kinds.items())), "aliases": dict(got.aliases),
             **{k: sorted(v) for k, v in fields.items() if v is not None},
             **{k: dict(v) for k, v in (("choices", got.choices), ("parsers", got.parsers),
@@ -182,6 +186,8 @@ def _read(path: str, version: str) -> FlagSet | None:
         if not isinstance(kinds, dict) or not all(v in KINDS for v in kinds.values()):
             kinds = {}
         lists = data.get("lists")
+        if data.get("probe") != PROBE_FORMAT:  # another probe's: its JSON flags took any JSON
+            data.pop("fields", None)  # where a dict's field takes an object: asked again
         return FlagSet(version, frozenset(data["flags"]), frozenset(data["switches"]),
                        {str(k): str(v) for k, v in kinds.items()},
                        {str(k): str(v) for k, v in dict(aliases).items()},
