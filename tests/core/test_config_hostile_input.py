@@ -214,3 +214,22 @@ def test_a_toml_date_or_time_is_named_as_written_not_as_pythons_repr(
         load(str(path))
     assert f"v.toml:4: startup.timeout: {shown}; expected seconds" in str(got.value)
     assert "datetime." not in str(got.value)
+
+
+@pytest.mark.parametrize(("text", "name"), [
+    ('[vllm]\nmodel = "/m"\ncommand = ["vllm", "serve"]\ncommand = ["vllm", "serve"]', "command"),
+    ('[vllm]\nmodel = "/m"\n[vllm.env]\nHF_HOME = "/a"\nHF_HOME = "/b"\n\n', "HF_HOME"),
+    ('[vllm]\nmodel = "/m"\n[probe]\ninterval = 5\n[vllm]\nport = 8001\n', "[vllm]"),
+    ('[vllm]\nmodel = "/m"\nenv = { HF_HOME = "/a" }\n[vllm.env]\nX = "1"\n', "[vllm.env]"),
+    ('[vllm]\nmodel = "/m"\nargs.max-model-len = 8192\n[vllm.args]\nseed = 1\n', "[vllm.args]"),
+])
+def test_a_key_set_twice_is_named(tmp_path: Path, text: str, name: str,
+                                  capsys: pytest.CaptureFixture[str]) -> None:
+    """tomllib says only `Cannot overwrite a value (at end of document)` or `Cannot declare
+    ('vllm',) twice`: the key or table on that line is named, with what to do."""
+    path = tmp_path / "vllmwatch.toml"
+    path.write_text(text)
+    assert cli.main(["print-command", "--config", str(path)]) == exitcodes.CONFIG
+    err = capsys.readouterr().err
+    assert str(path) in err and f"{name!r} on that line is set twice" in err, err
+    assert "keep one" in err and "Traceback" not in err

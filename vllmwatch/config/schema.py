@@ -7,6 +7,7 @@ import dataclasses
 import difflib
 import hashlib
 import os
+import re
 import sys
 from collections.abc import Mapping
 from typing import Any
@@ -85,7 +86,7 @@ def load(path: str) -> Config:
     except UnicodeDecodeError as exc:
         raise ConfigError(path, "", f"not UTF-8 text ({exc.reason} at byte {exc.start})") from None
     except tomllib.TOMLDecodeError as exc:
-        raise ConfigError(path, "", f"invalid TOML: {exc}") from None
+        raise ConfigError(path, "", f"invalid TOML: {_twice(str(exc), text)}") from None
     except ValueError:  # Python's cap on int digits (4300): tomllib lets it through
         raise ConfigError(path, "", "invalid TOML: a number of more than 4300 digits (no "
                           "setting takes such a number)") from None
@@ -97,6 +98,22 @@ def load(path: str) -> Config:
     except ConfigError as exc:
         raise exc.with_lines(text) from None
     return dataclasses.replace(config, sha256=hashlib.sha256(raw).hexdigest())
+
+
+def _twice(message: str, text: str) -> str:
+    """tomllib's message, and for a key or table set twice (`Cannot overwrite a value`, `Cannot
+    declare ('vllm',) twice`, `.. immutable namespace`) the line's key or header: its place
+    alone (often `at end of document`) named neither, and a person looked for a typo."""
+    if not any(w in message for w in ("Cannot overwrite", "twice", "immutable namespace")):
+        return message
+    at = re.search(r"\(at line (\d+), column \d+\)", message)
+    lines = [line for line in text.splitlines()[:int(at[1]) if at else None] if line.strip()]
+    if not lines:
+        return message
+    line = lines[-1].strip()  # (`a = 1` twice on the last lines: the place is the document's end)
+    name = line if line.startswith("[") else line.partition("=")[0].strip()
+    return (f"{message}: {name!r} on that line is set twice in this file (as a key, a "
+            "table, or a dotted key or inline table of one); keep one of them")
 
 
 def from_dict(data: Mapping[str, object], path: str = "<config>") -> Config:
