@@ -233,3 +233,20 @@ def test_a_key_set_twice_is_named(tmp_path: Path, text: str, name: str,
     err = capsys.readouterr().err
     assert str(path) in err and f"{name!r} on that line is set twice" in err, err
     assert "keep one" in err and "Traceback" not in err
+
+
+@pytest.mark.parametrize(("section", "name", "table"), [
+    ("vllm", "smoke", "[[smoke]]"), ("vllm", "gate", "[gate]"), ("probe", "memory", "[memory]"),
+    ("restart", "adapters", "[[adapters]]")])
+def test_a_section_written_below_another_header_is_named_as_such(section: str, name: str,
+                                                                  table: str) -> None:
+    """`smoke = [{..}]` below [vllm] is vllm.smoke in TOML: the guess was `did you mean
+    vllm.model?`, which sent the person to the wrong key."""
+    from vllmwatch.config.redact import REDACT
+
+    data: dict[str, Any] = {"vllm": {"model": "/m"}}
+    data.setdefault(section, {})[name] = [{"endpoint": "chat"}] if table.startswith("[[") \
+        else {"enabled": True}
+    problem = _problems(data)[f"{section}.{name}"]
+    assert f"{name} is a section of its own" in problem and table in problem, problem
+    assert "did you mean" not in problem and REDACT.text(problem) == problem

@@ -170,7 +170,14 @@ def _section(cls: type, table: dict[str, object], section: str, problems: list[P
 def _unknown(got: Any, known: Any, prefix: str, what: str) -> list[Problem]:
     out = []
     for name in got:
-        if name not in known:
+        if name not in known and prefix and name in (*SECTIONS, *ARRAYS):
+            # TOML's trap: `smoke = [..]` below [vllm] is vllm.smoke (the guess was vllm.model)
+            table = f"[[{name}]] tables" if name in ARRAYS else f"a [{name}] table"
+            out.append(Problem(prefix + name, f"{name} is a section of its own, not one of "
+                               f"[{prefix[:-1]}]'s keys (a line below the [{prefix[:-1]}] "
+                               f"header belongs to it); write it as {table}, or above the "
+                               "first header"))
+        elif name not in known:
             close = difflib.get_close_matches(name, list(known), n=1, cutoff=0.6)
             hint = f"; did you mean {prefix}{close[0]}?" if close else (
                 f"; known: {', '.join(sorted(known))}")
