@@ -250,3 +250,19 @@ def test_a_section_written_below_another_header_is_named_as_such(section: str, n
     problem = _problems(data)[f"{section}.{name}"]
     assert f"{name} is a section of its own" in problem and table in problem, problem
     assert "did you mean" not in problem and REDACT.text(problem) == problem
+
+
+@pytest.mark.parametrize(("raw", "line", "key"), [
+    (b'[vllm]\nmodel = "/m"\n[vllm.env]\nNAME = "caf\xe9"\n', 4, ", key NAME"),
+    (b'[vllm]\nmodel = "/m"\n# caf\xe9\n', 3, ""),
+    (b'[vllm]\nmodel = "/m"\n[vllm.env]\nX = """\nS3cr\xe9t\n"""\n', 5, "")])  # (no text shown)
+def test_a_byte_that_is_not_utf8_is_placed_by_line(tmp_path: Path, raw: bytes, line: int,
+                                                   key: str) -> None:
+    """A Latin-1 file (an editor's `café`) said only `at byte 42`, which no editor goes to."""
+    path = tmp_path / "vllmwatch.toml"
+    path.write_bytes(raw)
+    with pytest.raises(ConfigError) as exc:
+        load(str(path))
+    said = str(exc.value)
+    assert f"{path}:{line}:" in said and f"line {line}{key});" in said and "UTF-8" in said, said
+    assert "S3cr" not in said

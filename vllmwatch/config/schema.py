@@ -84,7 +84,13 @@ def load(path: str) -> Config:
         text = raw.decode("utf-8-sig")
         data = tomllib.loads(text)
     except UnicodeDecodeError as exc:
-        raise ConfigError(path, "", f"not UTF-8 text ({exc.reason} at byte {exc.start})") from None
+        # the line, which an editor goes to (a byte offset it does not), and that line's key
+        # (its key only when the line starts with one: a line of a multi-line string is text)
+        line = raw[:exc.start].count(b"\n") + 1
+        key = re.match(rb"\s*([\w.-]{1,64})\s*=", raw.splitlines()[line - 1])
+        said = f", key {key[1].decode()}" if key else ""
+        raise ConfigError(path, "", f"not UTF-8 text ({exc.reason} at byte {exc.start}, line "
+                          f"{line}{said}); save the file as UTF-8", line) from None
     except tomllib.TOMLDecodeError as exc:
         raise ConfigError(path, "", f"invalid TOML: {_twice(str(exc), text)}") from None
     except ValueError:  # Python's cap on int digits (4300): tomllib lets it through
