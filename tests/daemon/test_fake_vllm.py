@@ -72,8 +72,9 @@ def engine_pid(pid: int) -> int:
 
 def test_serves_like_vllm(tmp_path: Path) -> None:
     with fake(tmp_path, "--api-key", "k", "--workers", "2") as f:
-        assert http(f.port, "/v1/models")[0] == 200
-        assert json.loads(http(f.port, "/v1/models")[1])["data"][0]["id"] == "fake"
+        # vLLM's key guards every /v1 path, GET /v1/models too; /health stays open
+        assert http(f.port, "/v1/models")[0] == 401 and http(f.port, "/health")[0] == 200
+        assert json.loads(http(f.port, "/v1/models", key="k")[1])["data"][0]["id"] == "fake"
         assert completion(f.port)[0] == 401
         assert http(f.port, "/v1/completions", {"model": "nope"}, key="k")[0] == 404
         status, body = http(f.port, "/v1/completions", {"model": "fake", "prompt": "a b",

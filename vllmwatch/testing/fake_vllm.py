@@ -36,6 +36,7 @@ from vllmwatch.testing.fake_api import (
     error,
     routes,
     sse_events,
+    unauthorized,
     write_stream,
 )
 from vllmwatch.testing.fake_engine import (
@@ -133,7 +134,9 @@ class _Handler(BaseHTTPRequestHandler):
         """Serve /health, /v1/models and /metrics."""
         api, path = self.server.api, self.path.split("?")[0]
         dev = api.sleep.get(path)
-        if dev is not None:
+        if unauthorized("GET", path, self.headers.get("Authorization"), api.args.api_key):
+            self._send(401, {"error": "Unauthorized"})  # vLLM's middleware (fake_api)
+        elif dev is not None:
             self._send(*dev)
         elif path == "/health":
             stall = api.args.health_stall_after_engine_death
@@ -159,13 +162,12 @@ class _Handler(BaseHTTPRequestHandler):
 
     def _post(self, api: Api) -> None:
         path, _, query = self.path.partition("?")
+        if unauthorized("POST", path, self.headers.get("Authorization"), api.args.api_key):
+            return self._send(401, {"error": "Unauthorized"})  # vLLM's middleware, before any route
         dev = api.sleep.post(path, query)  # dev mode: not guarded by the API key, as vLLM's
         if dev is not None:
             return self._send(*dev)
-        key = api.args.api_key
         if path in fake_lora.ROUTES and api.loras.runtime:
-            if key and self.headers.get("Authorization") != f"Bearer {key}":
-                return self._send(401, {"error": "Unauthorized"})
             body = json.loads(self.rfile.read(int(self.headers.get("Content-Length") or 0)))
             code, answer = api.loras.post(path, body, api.names) or (404, {})
             ctype = "text/plain; charset=utf-8" if isinstance(answer, bytes) else \
@@ -173,8 +175,6 @@ class _Handler(BaseHTTPRequestHandler):
             return self._send(code, answer, ctype)
         if path not in routes(api.args):
             return self._send(404, {"detail": "Not Found"})
-        if key and self.headers.get("Authorization") != f"Bearer {key}":
-            return self._send(401, {"error": "Unauthorized"})
         try:
             body = json.loads(self.rfile.read(int(self.headers.get("Content-Length") or 0)))
         except ValueError:
