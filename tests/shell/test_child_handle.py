@@ -49,7 +49,7 @@ def test_real_effects_keeps_no_per_child_field(tmp_path: Path,
     before = dict(vars(fx))
     assert set(before) == DAEMON_FIELDS and fx._run is None
     told: list[int] = []
-    fx.new_engine = told.append
+    fx.new_engine = lambda gen, _key: told.append(gen)
     before = dict(vars(fx))
     got = launching.spawn(fx, config, lambda _e: None)
     assert isinstance(got, Spawned) and got.pid > 0

@@ -1,6 +1,6 @@
 """The door: whether a new request may go to vLLM now, and the queue of those that wait;
-the fence: which engine generations no request may be sent to any more (below); and the gate's
-figures of what went through it (GateStats, GenFigures).
+the fence: which engine generations no request may be sent to any more (below); the API key
+on the paths vLLM leaves open (key_refused); and the gate's figures (GateStats, GenFigures).
 
 Readiness comes from the daemon (a thread-safe getter over its latest snapshot) and is polled
 on the gate's own event loop; requests that arrive while vLLM is starting, restarting or
@@ -11,6 +11,9 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import dataclasses
+import hashlib
+import hmac
 import threading
 from collections import deque
 from collections.abc import Callable
@@ -200,6 +203,36 @@ class Fence:
             return done
 
 
+# ---- the API key on the paths vLLM leaves open ---------------------------------------
+# vLLM 0.32's key middleware (entrypoints/serve/middleware/authenticate.py, added for
+# `--api-key` or VLLM_API_KEY by register.py:33-36) guards only paths starting with these
+# prefixes (:11, :59); /pooling, /score, /rerank, /classify, /tokenize and /detokenize run
+# the model (or its tokenizer) for anyone who reaches the port. Clients see one address, the
+# gate's, and an operator who set a key expects every inference path there to need it, so the
+# gate asks for it where vLLM does not, the way vLLM does (key_refused). Under the prefixes
+# vLLM's own check answers, against the key of the engine that got the request: the gate does
+# not repeat it (a second check could only disagree with vLLM's while a rotation relaunches).
+VLLM_GUARDED = ("/v1", "/v2", "/inference", "/cohere")
+# Open in vLLM, and kept open here: liveness and monitoring (load balancers, Prometheus) read
+# them without a key in vLLM, and they run nothing of the model.
+KEYLESS = frozenset({"/health", "/metrics", "/version"})
+UNAUTHORIZED = {"error": "Unauthorized"}  # vLLM's own 401 body (authenticate.py:60)
+
+
+def key_refused(method: str, path: str, authorization: str | None, key: str | None) -> bool:
+    """Whether the gate answers this allow-listed request 401 itself: a key is set, the path
+    is one vLLM leaves open and not KEYLESS, and the request is not OPTIONS (vLLM lets CORS
+    preflights through: :50) nor carries `Authorization: Bearer <key>` (:30-45: the scheme in
+    any case, everything after the first space the token). Compared as vLLM does, SHA-256
+    digests in constant time: how long a refusal takes says nothing of the key."""
+    if not key or method == "OPTIONS" or path.startswith(VLLM_GUARDED) or path in KEYLESS:
+        return False
+    scheme, _, token = (authorization or "").partition(" ")
+    given = hashlib.sha256(token.encode("utf-8", "surrogateescape")).digest()
+    same = hmac.compare_digest(given, hashlib.sha256(key.encode("utf-8")).digest())
+    return not (same and scheme.lower() == "bearer")
+
+
 # ---- the gate's figures ----------------------------------------------------------------
 
 @dataclass
@@ -235,6 +268,7 @@ class GateStats:
     clients_left: int = 0  # clients that left before their answer (mid-upload): not errors
     quarantined: int = 0  # requests that killed an engine alone (gate/replay.py Suspects)
     quarantine_refused: int = 0  # ... sent again while quarantined: 422
+    unauthorized: int = 0  # no or a wrong API key on a path vLLM leaves open (key_refused): 401
     connections: int = 0  # client connections open now
     held_bytes: int = 0  # request bodies in memory now
 
@@ -257,3 +291,23 @@ class GenFigures:
     def in_flight(self) -> int:
         """Every request that was under way at this generation when it went."""
         return self.failed + self.cut + self.answered + self.open
+
+
+GENS_KEPT = 16  # generations whose figures are kept (a few per restart)
+
+
+class GenBook(dict[int | None, GenFigures]):
+    """The figures of the newest GENS_KEPT engine generations; the gate's loop's."""
+
+    def of(self, gen: int | None) -> GenFigures:
+        """The figures of generation `gen`, made on first use (the oldest is dropped)."""
+        got = self.get(gen)
+        if got is None:
+            got = self[gen] = GenFigures()
+            while len(self) > GENS_KEPT:
+                del self[next(iter(self))]
+        return got
+
+    def settled(self, gen: int | None, still_open: int) -> GenFigures:
+        """A copy of `gen`'s figures, with the exchanges still open counted now."""
+        return dataclasses.replace(self.get(gen) or GenFigures(), open=still_open)

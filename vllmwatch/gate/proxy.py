@@ -13,19 +13,18 @@ A connection that vLLM refused (nothing was sent) is tried again after waiting a
 from __future__ import annotations
 
 import asyncio
-import dataclasses
 from collections.abc import Callable
 
 from aiohttp import web
 
 from vllmwatch.gate import exchange, replay
-from vllmwatch.gate.door import Door, Fence, GenFigures, Readiness
+from vllmwatch.gate.door import UNAUTHORIZED, Door, Fence, GenBook, Readiness, key_refused
 from vllmwatch.gate.door import GateStats as GateStats
+from vllmwatch.gate.door import GenFigures as GenFigures
 from vllmwatch.gate.guard import MAX_BODY, Guard
 from vllmwatch.gate.guard import error_response as _error
 from vllmwatch.gate.replay import STOPPED, upstream_target
 
-HOP_BY_HOP = exchange.HOP_BY_HOP
 REFUSED_HOLD = 0.5  # after vLLM refused a connection, hold this long before trying again
 # Idle upstream connections are dropped before vLLM's uvicorn drops them (exchange.Upstreams):
 # a reused one it was closing looked like the engine's death; a healthy engine's client got 503.
@@ -35,7 +34,6 @@ STOPPING = "vllmwatch is stopping; vLLM will not come back on this instance"
 # ... or this long for the failed one's restart to begin: vLLM that dropped a connection and
 # serves on (vllmwatch saw no death past its engine-death and health checks) gets it again.
 SAME_ENGINE_GRACE = 10.0
-GENS_KEPT = 16  # generations whose figures are kept (a few per restart)
 
 
 class Forwarder:
@@ -53,7 +51,7 @@ class Forwarder:
         self._generation = generation or (lambda: -door.epoch)  # no daemon: the door's epoch
         self._log = log or (lambda *a, **k: None)
         self.live: set[exchange.Exchange] = set()  # exchanges under way, for cut()
-        self.gens: dict[int | None, GenFigures] = {}  # newest GENS_KEPT generations
+        self.gens = GenBook()  # the figures of the newest generations
         self.upstreams = exchange.Upstreams()  # the sessions to vLLM and to the spare
         self.upstreams.keepalive = min(KEEPALIVE, self.upstreams.keepalive)
         self.guard: Guard | None = None  # set by the runner once its server exists
@@ -65,6 +63,7 @@ class Forwarder:
         self.route: Callable[[], tuple[int | None, bool]] = lambda: (
             self._generation(), self.to_spare())
         self.spare_in_flight = 0
+        self.api_key: str | None = None  # the key of the engine launched last (new_engine)
 
     async def open(self) -> None:
         """Create the client sessions (on the gate's loop)."""
@@ -86,26 +85,17 @@ class Forwarder:
                 cut += 1
         return cut
 
-    def new_engine(self, gen: int) -> None:
+    def new_engine(self, gen: int, api_key: str | None = None) -> None:
         """vllmwatch launched engine `gen` (its pid), not READY yet: a pid the kernel reused is
-        a new engine, not fenced (the door would hold for good) nor given the old figures."""
+        a new engine, not fenced (the door would hold for good) nor given the old figures.
+        `api_key`: the key it enforces (a rotated key file relaunches): the gate's from now."""
         self.fence.forget(gen)
+        self.api_key = api_key
         self.gens.pop(gen, None)  # (one dict operation: atomic beside the gate's thread)
-
-    def figures_of(self, gen: int | None) -> GenFigures:
-        """The figures of generation `gen`, made on first use (the oldest is dropped)."""
-        got = self.gens.get(gen)
-        if got is None:
-            got = self.gens[gen] = GenFigures()
-            while len(self.gens) > GENS_KEPT:
-                del self.gens[next(iter(self.gens))]
-        return got
 
     def settled(self, gen: int | None) -> GenFigures:
         """A copy of `gen`'s figures, with the exchanges still open counted now."""
-        fig = dataclasses.replace(self.gens.get(gen) or GenFigures())
-        fig.open = sum(1 for ex in self.live if ex.gen == gen)
-        return fig
+        return self.gens.settled(gen, sum(1 for ex in self.live if ex.gen == gen))
 
     async def handle(self, request: web.Request) -> web.StreamResponse:
         """Refuse a path not on the allow-list; read the body within the guard's bounds, hold
@@ -149,7 +139,7 @@ class Forwarder:
             if not held and (self.door.state != Readiness.OPEN or self.door.waiting):
                 held = True
                 self.stats.held += 1
-            verdict = await self._wait_at_door(request.path, deadline - loop.time(), tries > 1)
+            verdict = await self._wait_at_door(request, deadline - loop.time(), tries > 1)
             if verdict is not None:
                 self.stats.replay_gave_up += 1 if failures else 0
                 return verdict
@@ -190,7 +180,7 @@ class Forwarder:
                 return answer  # (a replay's answer is counted in _forward)
             tried[gen], failures = loop.time(), failures + 1
             why_not = self._why_not(request, body, failures, fp)
-            fig = self.figures_of(gen)
+            fig = self.gens.of(gen)
             if why_not is not None:
                 fig.not_replayed += 1
                 if answer.answer is not None:  # vLLM's own (aborted) answer, as it came
@@ -232,11 +222,15 @@ class Forwarder:
 
     def _refuse_path(self, path: str, why: str) -> web.Response:
         """404 from the gate itself, counted (and logged at a bounded rate by the runner)."""
-        if self.guard is not None:
-            self.guard.count("path_refused")
-        else:
-            self.stats.path_refused += 1
+        self._count("path_refused")
         return _error(path, 404, why, kind="NotFoundError")
+
+    def _count(self, reason: str) -> None:
+        """A refusal of the gate's own: counted by the guard (and logged by the runner)."""
+        if self.guard is not None:
+            self.guard.count(reason)
+        else:
+            setattr(self.stats, reason, getattr(self.stats, reason) + 1)
 
     def _why_not(self, request: web.Request, body: bytes, failures: int, fp: bytes
                  ) -> str | None:
@@ -259,9 +253,11 @@ class Forwarder:
             return f"it was replayed {self.replay_max} time(s) already (gate.replay_max)"
         return None
 
-    async def _wait_at_door(self, path: str, timeout: float, again: bool
+    async def _wait_at_door(self, request: web.Request, timeout: float, again: bool
                             ) -> web.Response | None:
-        """None: send it now; else its answer (`again`: a retry, ended by its spent hold)."""
+        """None: send it now; else its answer (`again`: a retry, ended by its spent hold). The
+        key is checked once the door opens, as the engine it opens for would (door.py)."""
+        path = request.path
         self.stats.holding += 1
         try:
             passed = None if again and timeout <= 0 else await self.door.enter(max(0.0, timeout))
@@ -274,6 +270,9 @@ class Forwarder:
         if not passed:
             self.stats.refused_closed += 1
             return _error(path, 503, STOPPING, self.retry_after)
+        if key_refused(request.method, path, request.headers.get("Authorization"), self.api_key):
+            self._count("unauthorized")  # (counted, logged at a bounded rate: gate.refused)
+            return web.json_response(UNAUTHORIZED, status=401)
         return None
 
     def _route(self) -> tuple[int | None, bool]:
@@ -317,7 +316,7 @@ class Forwarder:
                 answer = exchange.Failed("engine_stuck")
             if isinstance(answer, exchange.Failed):
                 self.stats.failed_midrequest += 1
-                self.figures_of(gen).failed += 1
+                self.gens.of(gen).failed += 1
             else:
                 answered[0] = True
             return answer
@@ -327,7 +326,7 @@ class Forwarder:
         except asyncio.TimeoutError:
             self.stats.failed_midrequest += 1
             self.stats.upstream_timeouts += 1
-            fig = self.figures_of(gen)
+            fig = self.gens.of(gen)
             fig.failed, fig.not_replayed = fig.failed + 1, fig.not_replayed + 1
             return _error(request.path, 504, "vLLM's answer was not complete within its "
                           "deadline; it was not retried: send it again if it is safe to repeat")
@@ -338,11 +337,11 @@ class Forwarder:
                 # (here: closing the client's connection may cancel this handler)
                 self.stats.failed_midrequest += 1
                 self.stats.cut_midstream += 1
-                self.figures_of(gen).cut += 1
+                self.gens.of(gen).cut += 1
                 if broke is not None:
                     broke.append(True)
             elif answered[0] and self.fence.stopped(gen):
-                self.figures_of(gen).answered += 1
+                self.gens.of(gen).answered += 1
             ex.mark_written()  # once: a task cut before its first step never told the fence
             self.stats.in_flight -= 1
             self.spare_in_flight -= spare

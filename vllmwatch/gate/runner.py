@@ -37,13 +37,13 @@ START_TIMEOUT = 10.0
 FIGURES_SETTLE, FIGURES_POLL = 1.0, 0.02
 SHUTDOWN_GRACE = 3.0
 GUARD_REASONS = ("shed_connections", "idle_timeouts", "header_timeouts", "body_timeouts",
-                 "too_large", "held_full", "path_refused", "bad_encoding")
+                 "too_large", "held_full", "path_refused", "bad_encoding", "unauthorized")
 _REFUSED = ("gate clients were cut or refused (shed_connections: over the connection cap; "
             "idle/header/body_timeouts: too slow; too_large: body over the cap; held_full: "
-            "too many bodies held at once; path_refused: a path that is not a client API, "
-            "answered 404: gate/replay.py; bad_encoding: not plain or chunked); vLLM and the "
-            "watchdog are not affected. Look for clients that connect and stay idle or send "
-            "slowly, or that call admin endpoints through the gate.")
+            "too many bodies held at once; path_refused: not a client API, 404: gate/replay.py; "
+            "bad_encoding: not plain or chunked; unauthorized: no or a wrong API key, 401); vLLM "
+            "and the watchdog are not affected. Look for clients that connect and stay idle, "
+            "send slowly, call admin endpoints through the gate, or lack vLLM's API key.")
 
 
 def loop_factory() -> Callable[[], asyncio.AbstractEventLoop] | None:

@@ -30,7 +30,8 @@ GATE_COUNTERS = {
 
 # The gate's bounds (gate/guard.py); the reason label is the GateStats field.
 GATE_REFUSALS = ("shed_connections", "idle_timeouts", "header_timeouts", "body_timeouts",
-                 "too_large", "held_full", "upstream_timeouts", "path_refused", "bad_encoding")
+                 "too_large", "held_full", "upstream_timeouts", "path_refused", "bad_encoding",
+                 "unauthorized")
 
 
 def collect(g: Mapping[str, Any]) -> Iterator[Metric]:
