@@ -88,8 +88,12 @@ def finish(proc: subprocess.Popen[bytes] | None, group: int | None, marker: str,
 
 
 def logged(log: LogFn, build: int, why: str, pid: int | None,
-           done: tuple[list[int], list[int]]) -> None:
-    """spare.stopped: info when nothing is left, else an error naming what is."""
+           done: tuple[list[int], list[int]], quiet: bool = False) -> None:
+    """spare.stopped: info when nothing is left, else an error naming what is. `quiet`: nothing
+    of a tree was left to stop (a second stop: the exit's after the core's), said only if
+    the sweep found something; before, every stop logged a second one, pid=None."""
     killed, alive = done
+    if quiet and not killed and not alive:
+        return
     log("info" if not alive else "error", "spare.stopped", build=build, why=why, pid=pid,
         leftovers_killed=killed, remaining=alive)

@@ -193,7 +193,8 @@ class SpareTree:
                 childmod.signal_group(proc.pid, "SIGTERM")
             self.stops.begin(pids, lambda: sparestop.logged(
                 self.log, build, why, proc.pid if proc else None, sparestop.finish(
-                    proc, group, self.marker, self.cmd.socket_path, tmpdir, STOP_GRACE)))
+                    proc, group, self.marker, self.cmd.socket_path, tmpdir, STOP_GRACE),
+                quiet=proc is None and group is None and tmpdir is None))
 
     def leaders(self) -> frozenset[int]:
         """The spare's API server, and every pid of a spare tree still going down."""
