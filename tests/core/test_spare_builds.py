@@ -118,7 +118,7 @@ def _off_for_good(m: SpareWorld) -> None:
     t = m.s.spare
     assert t is not None and t.rung == R.OFF and not t.wanted, t
     assert UNMEASURED in t.why and "spare.retries" not in t.why, t.why
-    assert UNMEASURED in str((status_spare(m.s) or {})["why"])  # what /status says
+    assert UNMEASURED in str((status_spare(m.s, m.now, 0.0) or {})["why"])  # what /status says
     [off] = _named(m, "spare.off")
     assert off["last_error"] == UNMEASURED and UNMEASURED in str(off["why"]), off
 

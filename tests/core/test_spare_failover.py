@@ -626,11 +626,11 @@ def test_status_says_why_a_spare_is_down_not_why_it_was_planned_on() -> None:
     _crash(m)
     m.spare_answers(WakeSpare, SpareWoken(False, "/wake_up answered 500 CUDA out of memory"))
     assert _rung(m) == R.DOWN
-    [_, (_, line)] = _spare_rows({"spare": status_spare(m.s), "serving": "nobody"})
+    [_, (_, line)] = _spare_rows({"spare": status_spare(m.s, m.now, 0.0), "serving": "nobody"})
     assert line.startswith("down") and "wake failed: /wake_up answered 500" in line, line
     _ready(m)  # rebuilt and asleep again: the plan's words are back
     assert m.s.spare is not None and _rung(m) == R.ASLEEP
-    assert (status_spare(m.s) or {})["why"] == m.s.spare.why
+    assert (status_spare(m.s, m.now, 0.0) or {})["why"] == m.s.spare.why
 
 
 # ---- a fault while the spare goes back to sleep (RETURNING) ----

@@ -44,7 +44,7 @@ def test_status_names_no_pid_for_a_spare_turned_off_by_a_reload() -> None:
     assert _rung(m) == R.ASLEEP and m.s.spare is not None and m.s.spare.pid is not None
     m._step(ReloadRequested(SPARE_OFF))
     assert _rung(m) == R.OFF
-    shown = status_spare(m.s)
+    shown = status_spare(m.s, m.now, 0.0)
     assert shown is not None and shown["pid"] is None, f"/status spare: {shown}"
 
 

@@ -47,7 +47,7 @@ def test_every_surface_says_who_serves_through_a_failover() -> None:
     assert doc["serving"] == "spare" and doc["spare"]["state"] == "serving"
     assert doc["spare"]["failovers"] == 1 and doc["spare"]["last_failover_s"] == 0.7
     text = status_cli.render(doc)
-    assert "degraded: spare serving" in text and "serving, pid" in text
+    assert "degraded: spare serving" in text and "serving for 0s, pid" in text
     # the build that serves, as its spare.* and failover.* events name it (leftover 3)
     assert doc["spare"]["build"] == 1 and ", build 1" in text
     got = _metrics(snap)
@@ -66,3 +66,24 @@ def test_no_spare_no_spare_surfaces() -> None:
     assert not [k for k in _metrics(snap) if k[0].startswith(("vllmwatch_spare",
                                                               "vllmwatch_failover"))]
     assert "spare" not in status_cli.render(json.loads(json.dumps(snap.to_json())))
+
+
+def test_status_says_since_when_the_spare_serves_and_that_the_full_engine_relaunches(
+        ) -> None:
+    """A person at 3 a.m. reads how long clients have had the smaller engine, and that the
+    full one is on its way: STATUS=, `vllmwatch status` and /status (its wall clock since)."""
+    m = SpareWorld()
+    _ready(m)
+    _crash(m)
+    m.now += 0.7
+    m.spare_answers(WakeSpare, SpareWoken(True, "", 0.7))
+    served_at = m.now
+    m.now += 95.0
+    snap = snapshot_of(m.s, m.now, 1.7e9, Snapshot(), "0.26.0")
+    assert "degraded: spare serving for 1m35s" in summary(snap), summary(snap)
+    doc = json.loads(json.dumps(snap.to_json()))
+    assert doc["spare"]["for_s"] == 95.0
+    assert doc["spare"]["since"] == 1.7e9 - (m.now - served_at)
+    text = status_cli.render(doc)
+    assert "serving for 1m35s, pid" in text, text
+    assert "spare (degraded: spare serving, the full engine relaunching)" in text, text

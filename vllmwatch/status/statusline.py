@@ -123,7 +123,7 @@ def snapshot_of(s: WatchState, now: float, wall: float, prev: Snapshot,
         drain_phases_s=drains.durations(c.drain, now) if c and c.drain else dict(s.last_drain),
         vllm_asleep=c.engine.asleep if c else None,
         last_incident=s.last_incident, incidents_total=s.incidents_total,
-        serving=_serving(s), spare=_spare(s), smoke_checks=_smoke(c))
+        serving=_serving(s), spare=_spare(s, now, wall), smoke_checks=_smoke(c))
 
 
 def _ready(s: WatchState) -> bool:
@@ -143,12 +143,15 @@ def _serving(s: WatchState) -> str:
     return "full" if _ready(s) else "nobody"
 
 
-def _spare(s: WatchState) -> dict[str, object] | None:
+def _spare(s: WatchState, now: float, wall: float) -> dict[str, object] | None:
+    """The spare's part of /status; `since` (wall clock) and `for_s`: when it came to its
+    state and how long it is there (serving: how long clients have had the smaller engine)."""
     t = s.spare
     if t is None:
         return None
     why = t.down_why if t.rung == "down" and t.down_why else t.why  # down: why, not the plan
-    return {"state": str(t.rung), "build": t.build, "why": why, "pid": t.pid,
+    return {"state": str(t.rung), "since": round(wall - (now - t.since), 3),
+            "for_s": round(max(0.0, now - t.since), 3), "build": t.build, "why": why, "pid": t.pid,
             "awake_mib": t.awake_mib,
             "asleep_mib": t.asleep_mib, "failed_builds": t.failed_builds,
             "failovers": t.failovers, "last_failover_s": t.last_seconds}
@@ -178,7 +181,9 @@ def summary(snap: Snapshot, down: tuple[str, ...] = ()) -> str:
                      # its start and its end: a crash loop's cause, its last failure, is last
                      + (f" ({brief(snap.exit_detail, 100)})" if snap.exit_detail else ""))
     if snap.serving == "spare":  # issue 34: clients are answered, by the smaller engine
-        parts.append("degraded: spare serving")
+        took = (snap.spare or {}).get("for_s")
+        parts.append("degraded: spare serving" + (f" for {format_duration(took)}" if
+                                                  isinstance(took, (int, float)) else ""))
     if snap.restart_phase != "idle" and snap.state not in ("stopped", "failed"):  # the rung
         # of the restart (or exit) under way; none once the daemon is done
         word = ladder_word(snap.restart_phase, snap.restart_reason, snap.exit_reason)

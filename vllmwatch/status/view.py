@@ -169,13 +169,13 @@ def _spare_rows(data: Mapping[str, Any]) -> list[tuple[str, str]]:
     spare = data.get("spare")
     if not isinstance(spare, Mapping):
         return []
-    line = str(spare.get("state"))
-    if isinstance(spare.get("pid"), int):
-        line += f", pid {spare['pid']}"
+    took = spare.get("for_s")  # serving: how long clients have had the smaller engine
+    line = str(spare.get("state")) + (f" for {format_duration(took)}" if isinstance(
+        took, (int, float)) and spare.get("state") != "off" else "") + (
+        f", pid {spare['pid']}" if isinstance(spare.get("pid"), int) else "")
     if isinstance(spare.get("build"), int) and spare["build"]:  # pairs with spare.* events
         line += f", build {spare['build']}"
-    mib = _num(spare.get("memory_mib"))
-    if mib is not None:
+    if (mib := _num(spare.get("memory_mib"))) is not None:
         line += f", gpu {format_mib(mib)}"
     if isinstance(spare.get("failovers"), int) and spare["failovers"]:
         line += f", {spare['failovers']} failovers"
@@ -184,9 +184,9 @@ def _spare_rows(data: Mapping[str, Any]) -> list[tuple[str, str]]:
             line += f" (last served {took:.2f}s after restart.begin)"
     if spare.get("state") in ("off", "down") and spare.get("why"):
         line += f": {spare['why']}"
-    who = str(data.get("serving") or "nobody")
-    return [("answering", who + (" (degraded: spare serving)" if who == "spare" else "")),
-            ("spare", line)]
+    who = str(data.get("serving") or "nobody")  # (the restart row: where the full one is)
+    return [("answering", who + (" (degraded: spare serving, the full engine relaunching)"
+                                 if who == "spare" else "")), ("spare", line)]
 
 
 def _adapters_clean(data: object) -> dict[str, Any] | None:
