@@ -323,6 +323,11 @@ def _exited(s: WatchState, ev: SpareExited, now: float) -> Result:
     else:
         acts = [Log("warning", "spare.died", {"build": t.build, "rung": str(t.rung),
                                               "detail": ev.detail})]
+        if t.began is not None:  # a failover under way (waking, or its wake deferred) ends
+            # here: its failover.begin is answered, as a failed wake's is
+            acts.append(Log("warning", "failover.failed", {
+                "build": t.build, "detail": f"the spare died ({t.rung}): {ev.detail}",
+                "then": "the restart proceeds without the spare"}))
     early = t.built_at is not None and now - t.built_at < STEADY
     t = replace(t, began=None, served_at=None, late=False, lost=t.lost + 1 if early else 0)
     if t.lost < t.retries:
