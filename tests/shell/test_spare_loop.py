@@ -505,3 +505,22 @@ def _reload_with_the_spare_off(loop: Loop) -> Config:
         loop.state.config.spare, enabled="false"))
     loop.post(ReloadRequested(off))
     return off
+
+
+def test_the_sweep_at_a_failover_names_no_process_of_the_spare_foreign(
+        world: dict[str, Any]) -> None:
+    """The serving tree's sweep left the spare's API server alone by pid but looked at its
+    EngineCore (vLLM-looking, the spare's marker, not the serving one's) and logged it as
+    leftovers.foreign ("vLLM processes not started by this vllmwatch") at every failover: a
+    person hunting a stranger's vLLM found our own spare. RealEffects._exempt: its tree."""
+    log: LogCapture = world["log"]
+    spare: sparerun.SpareFx = world["spare"]
+    _ready(world)
+    tree = spare.tree.pids()
+    assert len(tree) >= 2, tree  # the fake's API server and its EngineCore
+    world["loop"].post(RestartRequested())
+    wait_until(lambda: log.named("spare.rearmed"), WAIT, "the failover and the re-arm")
+    # (other sessions' vLLMs on this box may be named: only the spare's are asserted on)
+    named = " ".join(str(e["processes"]) for e in log.named("leftovers.foreign"))
+    assert not [p for p in tree if f"pid {p} " in named], (tree, named)
+    _stop_and_nothing_left(world)

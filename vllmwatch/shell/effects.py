@@ -270,9 +270,9 @@ class RealEffects:
         return childmod.sweep_or_look(action, self.marker, self.log, self._exempt(), self.reaper)
 
     def _exempt(self) -> frozenset[int]:
-        """Ours and no child's: the standby, the spare engine's API server and the pre-warm's
-        kernel script (own sessions: a subreaper's sweep would take them for orphans)."""
-        spare = self.spare.tree.leaders() if self.spare is not None else frozenset()
+        """Ours and no child's (own sessions): the standby, the spare's tree (its engine too:
+        else leftovers.foreign at each failover) and the pre-warm's kernel script."""
+        spare = self.spare.exempt() if self.spare is not None else frozenset()
         return self.launcher.exempt() | spare | frozenset(kernels.RUNNING)
 
     def check_release(self, action: CheckRelease) -> ReleaseChecked:

@@ -196,10 +196,6 @@ class SpareTree:
                     proc, group, self.marker, self.cmd.socket_path, tmpdir, STOP_GRACE),
                 quiet=proc is None and group is None and tmpdir is None))
 
-    def leaders(self) -> frozenset[int]:
-        """The spare's API server, and every pid of a spare tree still going down."""
-        return self.stops.pids() | ({self.proc.pid} if self.proc is not None else set())
-
     def _remove_tmpdir(self) -> None:
         path, self.tmpdir = self.tmpdir, None
         if path is not None:
