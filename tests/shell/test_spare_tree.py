@@ -410,3 +410,39 @@ def test_a_rebuild_right_after_a_stop_waits_for_it_off_the_loop_and_a_stop_super
         if first is not None and not dead(first):
             os.kill(first, signal.SIGKILL)
         fx.close()
+
+
+@pytest.mark.parametrize("step", ["wake", "sleep"])
+def test_a_spare_that_dies_during_its_wake_or_sleep_is_said_dead_not_slow(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch, step: str) -> None:
+    """The spare died right after /wake_up (or /sleep) answered: the wait on /is_sleeping
+    ended at once and the answer said "/is_sleeping did not turn false in time" (or "never
+    said true"), which failover.failed and the spare's down row then showed: a timeout to
+    look into, for a spare that had died. It says it exited, with its last line."""
+    from vllmwatch.shell import sparetree
+
+    tree: SpareTree | None = None
+
+    def call(path: str, method: str, url: str, body: object = None, timeout: float = 5.0,
+             api_key: str | None = None) -> tuple[int, bytes]:
+        assert tree is not None and tree.proc is not None
+        if url.startswith(("/wake_up", "/sleep")):
+            tree.proc.kill()  # it dies as it answers
+            tree.proc.wait(30.0)
+            return 200, b""
+        raise ConnectionRefusedError(111, "Connection refused")
+
+    monkeypatch.setattr(sparetree, "call", call)
+    # a lifetime, not a wait: its owner kills it
+    cmd = SpareCommand([PYTHON, "-c", "print('INFO last words', flush=True)\n"
+                        "import time; time.sleep(600)"], {}, str(tmp_path / "s.sock"), "m")
+    tree = SpareTree(cmd, "0123456789abcdef", LogCapture(), lambda _: 1.0, lambda: 1e6)
+    tree.awake_mib, tree.asleep_mib = 100.0, 10.0
+    tree.start()
+    try:
+        got = tree.wake(30.0) if step == "wake" else tree.sleep(0.0, 30.0, lambda: 0)
+        assert not got.ok and got.detail.startswith("exited"), got
+        assert "in time" not in got.detail and "never said" not in got.detail, got
+    finally:
+        tree.stop("test")
+        tree.stops.wait()  # its waits run on a thread: wait for the end

@@ -238,6 +238,10 @@ class SpareTree:
         # An excerpt, redacted before the cut: it goes to the log, /status and the core.
         return f"{why}; its last line: {REDACT.tail(last, 300)}" if last else why
 
+    def _gone(self) -> str:
+        """Why a wait on it ended early: it exited (not "in time": it had no time), or ""."""
+        return self._said("exited") if self.proc is None or self.proc.poll() is not None else ""
+
     def canary(self, timeout: float) -> str:
         """One greedy token; "" when it answered."""
         try:
@@ -321,7 +325,7 @@ class SpareTree:
         if status != 200:
             return SpareWoken(False, f"/wake_up answered {status} {REDACT.head(body, 200)!r}")
         if not self._until(deadline, lambda: self._sleeping() is False):
-            return SpareWoken(False, "/is_sleeping did not turn false in time")
+            return SpareWoken(False, self._gone() or "/is_sleeping did not turn false in time")
         err = self.canary(max(0.5, deadline - time.monotonic()))
         if err:
             return SpareWoken(False, err)
@@ -342,5 +346,5 @@ class SpareTree:
         if status != 200:
             return SpareSlept(False, f"/sleep answered {status} {REDACT.head(body, 200)!r}")
         if not self._until(t0 + timeout, lambda: self._sleeping() is True):
-            return SpareSlept(False, "/is_sleeping never said true")
+            return SpareSlept(False, self._gone() or "/is_sleeping never said true")
         return SpareSlept(True, "", time.monotonic() - t0)
