@@ -26,6 +26,7 @@ from vllmwatch.core.failover import (
     SpareSlept,
     SpareWoken,
     StopSpare,
+    Track,
     WakeSpare,
     changed,
     checked,
@@ -156,7 +157,8 @@ def reloaded(s: WatchState, now: float, changed: str = "", inputs: Inputs = (),
             return put(s, replace(t, wanted=False, why=why, stale=""), [StopSpare(why)])
         t, acts = move(replace(t, wanted=False, why=why, stale="", began=None, late=False,
                                pid=None), R.OFF, now, why)  # its tree is stopped: no pid
-        back: list[Action] = [Route("full")] if track(s).rung == R.SERVING else []
+        back: list[Action] = [Route("full")] if track(s).rung == R.SERVING else \
+            _ended(track(s), f"turned off while {track(s).rung}: {why}")
         return put(s, t, [*back, *acts, StopSpare(why)])
     if not t.wanted and t.rung == R.OFF:
         t, acts = move(replace(t, wanted=True, failed_builds=0, lost=0, stale="", why=""),
@@ -305,8 +307,9 @@ def _slept(s: WatchState, ev: SpareSlept, now: float) -> Result:
             s, more = released(replace(s, spare=t), now)
             return put(s, replace(track(s), late=False), acts + more)
         return put(s, replace(t, late=False, began=None), acts)
-    return down(s, replace(t, late=False, began=None), now,
-                 f"could not sleep again: {ev.detail}")
+    why = f"could not sleep again: {ev.detail}"  # (a deferred failover ends with it)
+    s, acts = down(s, replace(t, late=False, began=None), now, why)
+    return s, _ended(t, why) + acts
 
 
 def _exited(s: WatchState, ev: SpareExited, now: float) -> Result:
@@ -323,11 +326,7 @@ def _exited(s: WatchState, ev: SpareExited, now: float) -> Result:
     else:
         acts = [Log("warning", "spare.died", {"build": t.build, "rung": str(t.rung),
                                               "detail": ev.detail})]
-        if t.began is not None:  # a failover under way (waking, or its wake deferred) ends
-            # here: its failover.begin is answered, as a failed wake's is
-            acts.append(Log("warning", "failover.failed", {
-                "build": t.build, "detail": f"the spare died ({t.rung}): {ev.detail}",
-                "then": "the restart proceeds without the spare"}))
+        acts += _ended(t, f"the spare died ({t.rung}): {ev.detail}")
     early = t.built_at is not None and now - t.built_at < STEADY
     t = replace(t, began=None, served_at=None, late=False, lost=t.lost + 1 if early else 0)
     if t.lost < t.retries:
@@ -340,3 +339,11 @@ def _exited(s: WatchState, ev: SpareExited, now: float) -> Result:
         "build": t.build, "why": why, "last_error": ev.detail,
         "hint": "read the spare's lines above (the host's OOM killer: journalctl -k), fix "
                 "the cause, then reload (SIGHUP)"})])
+
+
+def _ended(t: Track, detail: str) -> list[Action]:
+    """failover.failed for a failover under way (waking, or its wake deferred: `began` set,
+    not serving) that ends without the spare: every failover.begin is answered, as a failed
+    wake's is; [] when none is under way."""
+    return [] if t.began is None or t.rung == R.SERVING else [Log("warning", "failover.failed", {
+        "build": t.build, "detail": detail, "then": "the restart proceeds without the spare"})]
