@@ -9,6 +9,7 @@ from __future__ import annotations
 import os
 import stat
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -58,3 +59,32 @@ def test_a_link_in_its_place_is_not_followed(tmp_path: Path) -> None:
     assert _mode(elsewhere) == 0o777  # never changed through the link
     if path is not None:
         assert _mode(os.path.dirname(path)) & 0o077 == 0
+
+
+def test_no_place_for_the_socket_names_each_place_why_and_what_to_change(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A state directory too deep for a Unix socket's path (107 bytes) and a /tmp fallback
+    that is not ours alone: the spare is off, and the warning said only "no private
+    directory": not which paths, not why, not what to change."""
+    from vllmwatch.config import safefile
+    from vllmwatch.config.schema import from_dict
+    from vllmwatch.shell import sparefx
+    from vllmwatch.testing.driver import LogCapture
+
+    deep = tmp_path / ("d" * 120)
+    deep.mkdir()
+    real = safefile.private_dir
+    monkeypatch.setattr(safefile, "private_dir", lambda p: None if p.startswith(
+        "/tmp/vllmwatch-") else real(p))  # another user's, in this test
+    config = from_dict({"vllm": {"command": ["vllm", "serve"], "model": "m", "gpus": [0]},
+                        "spare": {"enabled": "true"},
+                        "gate": {"enabled": True, "listen": "127.0.0.1:9"}},
+                       path=str(tmp_path / "vllmwatch.toml"))
+    log = LogCapture()
+    sampler: Any = None  # never reached: the socket's place is decided first
+    assert sparefx.make(config, {"STATE_DIRECTORY": str(deep)}, sampler, False, log) is None
+    [said] = log.named("spare.plan")
+    assert said["level"] == "warning" and not said["on"], said
+    assert f"{deep}/spare/spare-" in said["detail"] and "over the 107" in said["detail"], said
+    assert f"/tmp/vllmwatch-{os.geteuid()}" in said["detail"], said
+    assert "state directory of at most 77 characters" in said["todo"], said

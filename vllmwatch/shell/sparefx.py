@@ -57,6 +57,21 @@ def socket_path(environ: Mapping[str, str], instance: str) -> str | None:
     return None
 
 
+def socket_problem(environ: Mapping[str, str], instance: str) -> tuple[str, str]:
+    """Why socket_path found no place, each place it tried named; and what to change."""
+    name, tmp = groupfile.spare_socket_name(instance), f"/tmp/vllmwatch-{os.geteuid()}"
+    said = []
+    for where in (groupfile.state_dir_candidate(environ), tmp):
+        path = os.path.join(where, "spare", name)
+        said.append(f"{path}: {len(path)} characters, over the {SUN_PATH_MAX} a Unix socket's "
+                    "path may have" if len(path) > SUN_PATH_MAX else f"{os.path.dirname(path)}: "
+                    "not a directory of this user's alone (its owner, its mode or a link)")
+    return "; ".join(said), (
+        f"give vllmwatch a state directory of at most {SUN_PATH_MAX - len(name) - 7} "
+        f"characters (StateDirectory= in its unit, or STATE_DIRECTORY), or make {tmp} a "
+        "directory of this user's alone (mode 0700), then restart vllmwatch")
+
+
 def facts(config: Config, sample: MemorySample, unified: bool, uds_path: str,
           environ: Mapping[str, str]) -> SpareFacts:
     """What the plan needs of this machine and model; None where it cannot be read. Whether
@@ -209,8 +224,10 @@ def make(config: Config, environ: Mapping[str, str], sampler: MemorySampler, uni
     instance = instance_id(config.path)
     path = socket_path(environ, instance)
     if path is None:
+        detail, todo = socket_problem(environ, instance)  # (named, never a traceback)
         log("warning", "spare.plan", on=False, reason="no private directory for the spare's "
-            "Unix socket (its dev-mode endpoints must not be reachable by other users)")
+            "Unix socket (its dev-mode endpoints must not be reachable by other users)",
+            detail=detail, todo=todo)
         return None
     sample = sampler.sample(None, False, faults=False)  # the core's first sample reads them
     planner = Planner(facts(config, sample, unified, path, environ), environ, log,
