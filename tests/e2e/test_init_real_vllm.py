@@ -244,7 +244,9 @@ def test_vllms_own_flag_list_says_how_each_json_value_is_read(vllm_venv: Path,
                                                               vllm_flags: Path) -> None:
     """The probe records the real vLLM's JSON readers and a config class's keys: `--lora-modules
     foo`, `--compilation-config abc` and `{"level": 3}` are refused before a launch, as vLLM
-    0.32's parser refuses them (config/flagvalues.py, units.vllm_read)."""
+    0.32's parser refuses them (config/flagvalues.py, units.vllm_read); `--speculative-config`,
+    whose parser takes any JSON but whose field is a dict (`5` crashed each start), is read as
+    a JSON object (jsonobj)."""
     from vllmwatch.config import vllmflags, vllminfo
 
     command = [str(vllm_venv / "bin" / "vllm"), "serve"]
@@ -255,7 +257,12 @@ def test_vllms_own_flag_list_says_how_each_json_value_is_read(vllm_venv: Path,
                                             "speculative-config", "hf-overrides",
                                             "lora-modules")} == {
         "compilation-config": "object", "kv-transfer-config": "object?",
-        "speculative-config": "json?", "hf-overrides": "dict_or_str", "lora-modules": "lora?"}
+        "speculative-config": "jsonobj?", "hf-overrides": "dict_or_str", "lora-modules": "lora?"}
     assert "mode" in got.fields["compilation-config"]
     assert "level" not in got.fields["compilation-config"]
     assert {"name", "path"} <= set(got.fields["lora-modules"])
+    from vllmwatch.config.flagvalues import read_problem
+    refused = read_problem("speculative-config", 5, "vllm.args.speculative-config", got)
+    assert refused is not None and "JSON object" in str(refused)
+    assert read_problem("speculative-config", '{"method": "ngram"}',
+                        "vllm.args.speculative-config", got) is None
