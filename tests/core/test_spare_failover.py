@@ -202,6 +202,18 @@ class SpareWorld(CoreMachine):
                 f"the spare builds while the full engine is on {self.s.restart.phase}"
 
     @invariant()
+    def every_failover_begun_is_answered(self) -> None:
+        """`journalctl -g failover` at 3 a.m.: each failover.begin is answered once, by
+        failover.served, .failed or .overtaken (the full engine READY first); one is open only
+        while a failover is under way (begun, not serving yet)."""
+        t = self.s.spare
+        said = [a.event for a in self.history if isinstance(a, Log)]
+        ended = sum(said.count(e) for e in ("failover.served", "failover.failed",
+                                            "failover.overtaken"))
+        under_way = t is not None and t.began is not None and t.rung != R.SERVING
+        assert said.count("failover.begin") - ended == under_way, (said, t)
+
+    @invariant()
     def the_spare_rung_is_in_its_table(self) -> None:
         t = self.s.spare
         assert t is not None and t.rung in TABLE

@@ -26,7 +26,6 @@ from vllmwatch.core.failover import (
     SpareSlept,
     SpareWoken,
     StopSpare,
-    Track,
     WakeSpare,
     changed,
     checked,
@@ -39,7 +38,7 @@ from vllmwatch.core.failover import Rung as R
 from vllmwatch.core.names import FAILURE_REASONS, Reason
 from vllmwatch.core.restart import Phase, on
 from vllmwatch.core.restart import goto as rung
-from vllmwatch.core.sparetrack import down, put, rebuild, serving_idle, track
+from vllmwatch.core.sparetrack import answered, down, ended, put, rebuild, serving_idle, track
 from vllmwatch.core.state import Result, S, WatchState, goto
 
 Moved = tuple[WatchState, list[Action], bool]  # ..., whether the full engine launches now
@@ -64,6 +63,7 @@ def build_first(s: WatchState, now: float) -> Result | None:
     return put(s, t, [*acts, *more, *logs, BuildSpare(BUILD_TIMEOUT, t.build)])
 
 
+@answered
 def restart_begins(s: WatchState, now: float, reason: Reason) -> tuple[WatchState, list[Action],
                                                                         str]:
     """A restart begins: wake the spare at once (before the record and the take-down) when
@@ -94,6 +94,7 @@ def restart_begins(s: WatchState, now: float, reason: Reason) -> tuple[WatchStat
     return (*put(s, t, acts), words)
 
 
+@answered
 def released(s: WatchState, now: float) -> Result:
     """The old tree's GPU memory is back: a wake that found no room beside it goes now."""
     t = track(s)
@@ -103,6 +104,7 @@ def released(s: WatchState, now: float) -> Result:
     return put(s, t, [*acts, WakeSpare(s.config.spare.wake_timeout)])
 
 
+@answered
 def full_ready(s: WatchState, now: float) -> Result:
     """The full engine is READY: route back and re-arm the spare, or rebuild a dead one."""
     t = track(s)
@@ -121,6 +123,7 @@ def full_ready(s: WatchState, now: float) -> Result:
     return s, []
 
 
+@answered
 def halted(s: WatchState, now: float) -> Result:
     """vllmwatch is leaving: the spare's tree goes down with the rest, from any rung."""
     t = track(s)
@@ -128,10 +131,12 @@ def halted(s: WatchState, now: float) -> Result:
         return s, [StopSpare("vllmwatch is stopping")]  # a build answer may be out
     back: list[Action] = [Route("full")] if t.rung == R.SERVING else []  # never routed to
     t, acts = move(t, R.OFF, now, "vllmwatch is stopping")  # a tree that is stopped
-    return put(s, replace(t, why="vllmwatch is stopping", pid=None), [*back, *acts, StopSpare(
-        "vllmwatch is stopping")])
+    why = "vllmwatch is stopping"  # (a failover under way ends: failover.failed, answered)
+    return put(s, replace(t, why=why, pid=None, began=None, late=False),
+               [*back, *acts, StopSpare(why)])
 
 
+@answered
 def reloaded(s: WatchState, now: float, changed: str = "", inputs: Inputs = (),
              relaunch: bool = True) -> Result:
     """A reload (s.config is the new one). `changed`: why the spare's command changed ("":
@@ -158,7 +163,7 @@ def reloaded(s: WatchState, now: float, changed: str = "", inputs: Inputs = (),
         t, acts = move(replace(t, wanted=False, why=why, stale="", began=None, late=False,
                                pid=None), R.OFF, now, why)  # its tree is stopped: no pid
         back: list[Action] = [Route("full")] if track(s).rung == R.SERVING else \
-            _ended(track(s), f"turned off while {track(s).rung}: {why}")
+            ended(track(s), f"turned off while {track(s).rung}: {why}")
         return put(s, t, [*back, *acts, StopSpare(why)])
     if not t.wanted and t.rung == R.OFF:
         t, acts = move(replace(t, wanted=True, failed_builds=0, lost=0, stale="", why=""),
@@ -182,6 +187,7 @@ def reloaded(s: WatchState, now: float, changed: str = "", inputs: Inputs = (),
     return put(s, replace(t, stale=why), [log])
 
 
+@answered
 def event(s: WatchState, ev: Event, now: float) -> Moved:
     """One of the spare's events (failover.SPARE_EVENTS)."""
     if isinstance(ev, SpareBuilt):
@@ -309,7 +315,7 @@ def _slept(s: WatchState, ev: SpareSlept, now: float) -> Result:
         return put(s, replace(t, late=False, began=None), acts)
     why = f"could not sleep again: {ev.detail}"  # (a deferred failover ends with it)
     s, acts = down(s, replace(t, late=False, began=None), now, why)
-    return s, _ended(t, why) + acts
+    return s, ended(t, why) + acts
 
 
 def _exited(s: WatchState, ev: SpareExited, now: float) -> Result:
@@ -326,7 +332,7 @@ def _exited(s: WatchState, ev: SpareExited, now: float) -> Result:
     else:
         acts = [Log("warning", "spare.died", {"build": t.build, "rung": str(t.rung),
                                               "detail": ev.detail})]
-        acts += _ended(t, f"the spare died ({t.rung}): {ev.detail}")
+        acts += ended(t, f"the spare died ({t.rung}): {ev.detail}")
     early = t.built_at is not None and now - t.built_at < STEADY
     t = replace(t, began=None, served_at=None, late=False, lost=t.lost + 1 if early else 0)
     if t.lost < t.retries:
@@ -340,10 +346,3 @@ def _exited(s: WatchState, ev: SpareExited, now: float) -> Result:
         "hint": "read the spare's lines above (the host's OOM killer: journalctl -k), fix "
                 "the cause, then reload (SIGHUP)"})])
 
-
-def _ended(t: Track, detail: str) -> list[Action]:
-    """failover.failed for a failover under way (waking, or its wake deferred: `began` set,
-    not serving) that ends without the spare: every failover.begin is answered, as a failed
-    wake's is; [] when none is under way."""
-    return [] if t.began is None or t.rung == R.SERVING else [Log("warning", "failover.failed", {
-        "build": t.build, "detail": detail, "then": "the restart proceeds without the spare"})]
