@@ -33,6 +33,7 @@ from vllmwatch.shell.notify import (
     report_crash,
     thread_crash_hook,
 )
+from vllmwatch.status import metrics
 from vllmwatch.status.server import StatusListenError, StatusServer
 from vllmwatch.status.snapshot import Snapshot
 
@@ -206,14 +207,14 @@ def _start(config: Config, log_format: str | None, env: dict[str, str], log: Swi
 
 
 def own_unit(path: str = "/proc/self/cgroup") -> str | None:
-    """The service unit this daemon runs as ("vllmwatch@gpu1"), from its cgroup: the innermost
-    component only (a shell in user@1000.service/app.slice runs as no unit); None outside one."""
+    """The service unit this daemon runs as ("vllmwatch@gpu1"), read as /metrics' identity
+    reads it (metrics.systemd_unit: the innermost component; a shell in user@1000.service/
+    app.slice runs as no unit), without `.service`; None outside one."""
     try:
         with open(path, encoding="utf-8") as f:
-            lines = f.read().splitlines()
+            return exitcodes.unit_of(metrics.systemd_unit(f.read()))
     except OSError:
         return None
-    return next((u for line in lines if (u := exitcodes.unit_of(line.rpartition(":")[2]))), None)
 
 
 def _gate_down(live: Live) -> tuple[str, ...]:

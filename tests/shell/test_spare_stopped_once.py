@@ -15,10 +15,15 @@ from vllmwatch.testing.driver import LogCapture
 SPARE = "import time\nprint('INFO spare', flush=True)\ntime.sleep(600)\n"
 
 
-def test_a_second_stop_with_no_tree_says_nothing(tmp_path: Path) -> None:
+def _tree(tmp_path: Path) -> tuple[LogCapture, SpareTree]:
+    """A spare tree of a stand-in that sleeps its lifetime (the test stops it), and its log."""
     log = LogCapture()
     cmd = SpareCommand([PYTHON, "-c", SPARE], {}, str(tmp_path / "spare.sock"), "m")
-    t = SpareTree(cmd, "0123456789abcdef", log, lambda _: None, lambda: None)
+    return log, SpareTree(cmd, "0123456789abcdef", log, lambda _: None, lambda: None)
+
+
+def test_a_second_stop_with_no_tree_says_nothing(tmp_path: Path) -> None:
+    log, t = _tree(tmp_path)
     try:
         t.start()
         pid = t.pid
@@ -35,9 +40,7 @@ def test_a_second_stop_with_no_tree_says_nothing(tmp_path: Path) -> None:
 def test_a_stop_with_no_tree_still_says_what_its_sweep_found(tmp_path: Path) -> None:
     """No tree known, but a process with the spare's marker alive (a leftover): the sweep
     kills it and says so."""
-    log = LogCapture()
-    cmd = SpareCommand([PYTHON, "-c", SPARE], {}, str(tmp_path / "spare.sock"), "m")
-    t = SpareTree(cmd, "0123456789abcdef", log, lambda _: None, lambda: None)
+    log, t = _tree(tmp_path)
     try:
         t.start()
         pid = t.pid
