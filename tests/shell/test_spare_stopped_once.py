@@ -7,26 +7,37 @@ from __future__ import annotations
 
 from pathlib import Path
 
+import pytest
+
 from tests.support import PYTHON
 from vllmwatch.shell.sparetree import SpareCommand, SpareTree
 from vllmwatch.testing.driver import LogCapture
+from vllmwatch.testing.waiting import wait_for
 
 # a lifetime, not a wait: its owner (the stop below) kills it
 SPARE = "import time\nprint('INFO spare', flush=True)\ntime.sleep(600)\n"
+# one that ignores SIGTERM (a sleeping vLLM takes seconds to exit): the first stop's SIGKILL
+# after STOP_GRACE takes it down, the second stop comes while it is still alive
+STUBBORN = "import signal\nsignal.signal(signal.SIGTERM, signal.SIG_IGN)\n" + SPARE
 
 
-def _tree(tmp_path: Path) -> tuple[LogCapture, SpareTree]:
+def _tree(tmp_path: Path, code: str = SPARE) -> tuple[LogCapture, SpareTree]:
     """A spare tree of a stand-in that sleeps its lifetime (the test stops it), and its log."""
     log = LogCapture()
-    cmd = SpareCommand([PYTHON, "-c", SPARE], {}, str(tmp_path / "spare.sock"), "m")
+    cmd = SpareCommand([PYTHON, "-c", code], {}, str(tmp_path / "spare.sock"), "m")
     return log, SpareTree(cmd, "0123456789abcdef", log, lambda _: None, lambda: None)
 
 
-def test_a_second_stop_with_no_tree_says_nothing(tmp_path: Path) -> None:
-    log, t = _tree(tmp_path)
+@pytest.mark.parametrize("code", [SPARE, STUBBORN], ids=["exits", "ignores-sigterm"])
+def test_a_second_stop_with_no_tree_says_nothing(tmp_path: Path, code: str) -> None:
+    """The second stop's sweep waits for the first stop's end: the tree still dying is the
+    first stop's, not a leftover the second found."""
+    log, t = _tree(tmp_path, code)
     try:
         t.start()
         pid = t.pid
+        # its first line comes after its SIGTERM handler is set
+        wait_for(lambda: log.named("child.line"), 60, "the spare's first line")
         t.stop("vllmwatch is stopping")  # the core's StopSpare
         t.stop("vllmwatch exits")  # SpareFx.close(): the exit's final sweep
         t.stops.wait()

@@ -35,9 +35,19 @@ class Stops:
         self.asked = 0  # stops begun: a start that waited for them sees a newer one
 
     def begin(self, pids: frozenset[int], body: Callable[[], None]) -> None:
-        """Run `body` (the stop's waits and clean-up) on a thread of its own."""
-        t = threading.Thread(target=body, name="vllmwatch-spare-stop", daemon=True)
+        """Run `body` (the stop's waits and clean-up) on a thread of its own, once the stops
+        begun before it have ended: its sweep by the marker would otherwise find their trees
+        still dying and call them leftovers of this one (a second stop, the exit's, said
+        spare.stopped pid=None beside the first's). Each is bounded, so this one is too."""
         with self._lock:
+            earlier = [x for _, x in self._going if x.is_alive()]
+
+            def after() -> None:
+                for x in earlier:
+                    x.join()
+                body()
+
+            t = threading.Thread(target=after, name="vllmwatch-spare-stop", daemon=True)
             self._going = [(p, x) for p, x in self._going if x.is_alive()] + [(pids, t)]
             self.asked += 1
         t.start()
