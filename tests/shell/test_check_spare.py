@@ -139,3 +139,46 @@ def test_the_check_and_the_daemon_read_the_same_model_figures(tmp_path: Path, wh
     daemon = sparefx.model_facts(SpareFacts(), conf, env)
     assert checked == (daemon.weights_mib, daemon.kv_bytes_per_token, daemon.model_max_len)
     assert checked == (16282.0, 36 * 2 * 8 * 128 * 2, 131072)
+
+
+@pytest.mark.parametrize(("enabled", "status"), [(True, check.FAIL), ("auto", check.WARN)])
+def test_no_place_for_the_spare_socket_is_said_as_the_daemon_will_say_it(
+        model: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch, enabled: Any,
+        status: str) -> None:
+    """A state directory too deep for a socket's 107-byte path and a /tmp fallback that
+    others may write into: the daemon starts with the spare off (spare.plan on=false, before
+    any plan), where `check` passed the plan it would never make. Nothing is made or changed
+    by the check."""
+    from vllmwatch.shell import sparefx
+
+    deep, loose = tmp_path / ("d" * 120), tmp_path / "loose"
+    deep.mkdir()
+    loose.mkdir()
+    loose.chmod(0o777)  # not ours alone, as another user's /tmp/vllmwatch-<uid> would be
+    monkeypatch.setattr(sparefx, "TMP_PLACE", str(loose), raising=False)
+    path = str(tmp_path / "vllmwatch.toml")
+    ctx = check.Context(from_dict(config(model, {"enabled": enabled}), path=path), fast=True,
+                        env={"STATE_DIRECTORY": str(deep)}, nvml=lambda: FakeNvml([FakeGpu()]))
+    [row] = cs.check_spare(ctx, meminfo=lambda: HOST, serving=lambda _c: False)
+    assert row.status == status, row
+    assert row.detail.startswith(f"off when vllmwatch starts (spare.enabled = {enabled}".lower())
+    assert f"{deep}/spare/spare-" in row.detail and "over the 107" in row.detail, row
+    assert f"{loose}/spare: not a directory of this user's alone" in row.detail, row
+    assert "state directory of at most 77 characters" in row.detail, row
+    assert not (deep / "spare").exists() and (loose.stat().st_mode & 0o777) == 0o777
+
+
+def test_a_place_the_daemon_would_make_passes(model: Path, tmp_path: Path,
+                                              monkeypatch: pytest.MonkeyPatch) -> None:
+    """A state directory not made yet, below one we may create in: the daemon makes it."""
+    from vllmwatch.shell import sparefx
+
+    monkeypatch.setattr(sparefx, "TMP_PLACE", str(tmp_path / "nope" / "x"))
+    (tmp_path / "nope").write_text("")  # the fallback cannot be had: the state dir must do
+    ctx = check.Context(from_dict(config(model, {"enabled": True}),
+                                  path=str(tmp_path / "v.toml")), fast=True,
+                        env={"STATE_DIRECTORY": str(tmp_path / "state" / "a")},
+                        nvml=lambda: FakeNvml([FakeGpu()]))
+    got = cs.check_spare(ctx, meminfo=lambda: HOST, serving=lambda _c: False)
+    assert [r.status for r in got] == [check.PASS] * 3, got
+    assert not (tmp_path / "state").exists()

@@ -17,6 +17,8 @@ from vllmwatch.check.host import serving_now
 from vllmwatch.check.unified import platform_of
 from vllmwatch.config import spare, vllmflags, vllminfo
 from vllmwatch.shell import platform as plat
+from vllmwatch.shell import sparefx
+from vllmwatch.shell.child import instance_id
 from vllmwatch.shell.sparefx import flags_of, model_figures
 
 NAME = "spare"
@@ -27,8 +29,17 @@ def check_spare(ctx: Context, meminfo: Callable[[], Any] = plat.read_meminfo,
                 serving: Callable[[Context], bool] | None = None) -> list[CheckResult]:
     """One row with the decision and the spare's footprint; with a spare, one row each for
     the serving engine's setting and the host memory. FAIL where spare.enabled = true cannot
-    be honoured; WARN where a figure needed is unknown; auto's "off" is a PASS (by design)."""
+    be honoured; WARN where a figure needed is unknown; auto's "off" is a PASS (by design),
+    but for want of a place for its socket a WARN, as the daemon's spare.plan is."""
     c = ctx.config
+    instance = instance_id(c.path)
+    if c.spare.considered(c.gate.enabled) and not sparefx.socket_place_known(ctx.env, instance):
+        # The daemon decides this before any plan (sparefx.make): the spare is off, warned.
+        detail, todo = sparefx.socket_problem(ctx.env, instance)
+        return [CheckResult(NAME, FAIL if c.spare.enabled == "true" else WARN,
+                            f"off when vllmwatch starts (spare.enabled = {c.spare.enabled}): "
+                            "no private directory for the spare's Unix socket: "
+                            f"{detail}; {todo}")]
     flags = flags_of(c)  # the daemon's own reading: the check says the plan it will make
     plan = spare.plan_spare(c.spare, c.gate.enabled, flags, _facts(ctx, flags, meminfo,
                                                                    serving))

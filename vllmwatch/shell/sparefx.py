@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import json
 import os
+import stat
 from collections.abc import Callable, Mapping
 from dataclasses import replace
 from typing import TYPE_CHECKING, Any, TypeVar
@@ -43,13 +44,21 @@ T = TypeVar("T")
 SUN_PATH_MAX = 107  # a Unix socket's path (sun_path)
 
 
+def _places(environ: Mapping[str, str]) -> tuple[str, str]:
+    """Where the spare's socket folder may go, in order: the state directory by the rule,
+    then one under /tmp (for a state directory too deep for a socket's path)."""
+    return groupfile.state_dir_candidate(environ), TMP_PLACE.format(uid=os.geteuid())
+
+
+TMP_PLACE = "/tmp/vllmwatch-{uid}"
+
+
 def socket_path(environ: Mapping[str, str], instance: str) -> str | None:
     """Where the spare listens: a directory of vllmwatch's private one that no other user may
     enter (the state directory may be 0755: systemd's StateDirectoryMode default), or one
     under /tmp when that path is too long for a socket; None: no such place."""
     name = groupfile.spare_socket_name(instance)
-    for where in (groupfile.state_dir(environ),
-                  safefile.private_dir(f"/tmp/vllmwatch-{os.geteuid()}")):
+    for where in map(safefile.private_dir, _places(environ)):
         room = where is not None and len(os.path.join(where, "spare", name)) <= SUN_PATH_MAX
         closed = safefile.closed_dir(os.path.join(where, "spare")) if room and where else None
         if closed is not None:
@@ -57,11 +66,36 @@ def socket_path(environ: Mapping[str, str], instance: str) -> str | None:
     return None
 
 
+def socket_place_known(environ: Mapping[str, str], instance: str) -> bool:
+    """Whether socket_path would find a place, judged without making or changing anything
+    (`vllmwatch check` runs before the daemon, as another user at times): a place is one
+    short enough whose folders are ours and writable by nobody else, or do not exist yet
+    below a directory we may create in (closed_dir closes a looser mode of ours itself)."""
+    name = groupfile.spare_socket_name(instance)
+    return any(len(os.path.join(where, "spare", name)) <= SUN_PATH_MAX and _could_be_ours(
+        where) and _could_be_ours(os.path.join(where, "spare")) for where in _places(environ))
+
+
+def _could_be_ours(path: str) -> bool:
+    """safefile.private_dir(path) would give path: a trusted directory, not a link; or none
+    yet, under a directory we may create in."""
+    try:
+        st = os.lstat(path)
+    except FileNotFoundError:
+        above = os.path.dirname(path.rstrip("/")) or "/"
+        while not os.path.lexists(above):
+            above = os.path.dirname(above)
+        return os.path.isdir(above) and os.access(above, os.W_OK | os.X_OK)
+    except OSError:
+        return False
+    return stat.S_ISDIR(st.st_mode) and safefile.trusted(st)
+
+
 def socket_problem(environ: Mapping[str, str], instance: str) -> tuple[str, str]:
     """Why socket_path found no place, each place it tried named; and what to change."""
-    name, tmp = groupfile.spare_socket_name(instance), f"/tmp/vllmwatch-{os.geteuid()}"
+    name, (state, tmp) = groupfile.spare_socket_name(instance), _places(environ)
     said = []
-    for where in (groupfile.state_dir_candidate(environ), tmp):
+    for where in (state, tmp):
         path = os.path.join(where, "spare", name)
         said.append(f"{path}: {len(path)} characters, over the {SUN_PATH_MAX} a Unix socket's "
                     "path may have" if len(path) > SUN_PATH_MAX else f"{os.path.dirname(path)}: "
