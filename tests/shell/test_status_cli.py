@@ -235,3 +235,25 @@ def test_a_record_from_before_this_vllmwatch_is_shown_beside_its_zero_restarts(
     with serving(json.dumps(GOOD).encode()) as url:  # --json: the document as it came
         assert status_cli.main(None, url, True, finder) == 0
     assert json.loads(capsys.readouterr().out) == json.loads(json.dumps(GOOD))
+
+
+def test_the_record_shown_says_how_old_it_is(capsys: pytest.CaptureFixture[str]) -> None:
+    """The unit's newest record may be last month's: the `before` row (and the not-running
+    `incident last:` row) showed it as if it were the cause of today's start. Each says its
+    age; a time that is not UTC ISO is shown as it is, with no age."""
+    import time
+
+    from vllmwatch.status import stopped
+
+    month = time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime(time.time() - 30 * 86400 - 7200))
+    rec = {"id": "old-crashloop", "time": month, "reason": "crashloop", "detail": ""}
+    with serving(json.dumps(GOOD).encode()) as url:
+        assert status_cli.main(None, url, False, lambda u: rec) == 0
+    [row] = [r for r in capsys.readouterr().out.splitlines() if r.startswith("before")]
+    assert f"old-crashloop at {month} (30d02h ago), before this vllmwatch" in row, row
+    text = stopped.explain("http://x", "/x.toml", None, rec)
+    assert f"incident  last: old-crashloop (crashloop) at {month} (30d02h ago)" in text, text
+    assert stopped.written({"time": "yesterday"}) == " at yesterday"
+    assert stopped.written({"time": "2026-12-06T19:06:49Z"}, now=1796584009.0 + 95) == \
+        " at 2026-12-06T19:06:49Z (1m35s ago)"
+    assert stopped.written({"time": ""}) == ""

@@ -75,7 +75,8 @@ def _earlier(data: dict[str, Any], config_arg: str | None,
              find_incident: IncidentFinder | None) -> str:
     """The unit's newest incident record when this vllmwatch wrote none: systemd restarted
     it 10 s after a crash-loop give-up (exit 75), and status read "restarts 0" with no
-    incident row, as if nothing had happened (each figure counts this vllmwatch's life)."""
+    incident row, as if nothing had happened (each figure counts this vllmwatch's life).
+    Its age is said: the newest record may be last month's, no cause of today's start."""
     if find_incident is None or data.get("last_incident") or data.get("incidents_total"):
         return ""  # its own last record is the document's incident row
     try:
@@ -85,9 +86,9 @@ def _earlier(data: dict[str, Any], config_arg: str | None,
     if not found or found.get("denied") or not found.get("id"):
         return ""
     rid = printable(str(found["id"]), False)
-    at = f" at {printable(str(found['time']), False)}" if found.get("time") else ""
-    return REDACT.text(f"\nbefore    incident {rid}{at}, before this vllmwatch started (the "
-                       f"restarts above count from its start): {found.get('reason')}"
+    return REDACT.text(f"\nbefore    incident {rid}{stopped.written(found)}, before this "
+                       "vllmwatch started (the restarts above count from its start): "
+                       f"{found.get('reason')}"
                        + (f": {found['detail']}" if found.get("detail") else "")
                        + f"\n          read it: vllmwatch incidents show {rid}")
 

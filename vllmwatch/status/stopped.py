@@ -9,16 +9,19 @@ vllmwatch incidents show ID" instead of only "not running".
 
 from __future__ import annotations
 
+import calendar
 import os
 import shutil
 import signal
 import subprocess
+import time
 from collections.abc import Callable, Mapping
 from pathlib import Path
 from typing import Any
 
 from vllmwatch.config.convert import printable
 from vllmwatch.config.redact import REDACT
+from vllmwatch.config.units import format_duration
 from vllmwatch.core import exitcodes
 
 SHOW_TIMEOUT_S = 3.0
@@ -37,6 +40,21 @@ def unit_name(config_path: str) -> str:
             and path.stem != "vllmwatch":
         return f"vllmwatch@{path.stem}.service"
     return "vllmwatch.service"
+
+
+def written(record: Mapping[str, Any], now: float | None = None) -> str:
+    """" at 2026-11-06T19:06:49Z (30d02h ago)": when a record shown by status was written,
+    its age said plainly (a record of last month read as the cause of today's restart);
+    "" without a time, the age left out when the time is not UTC ISO or in the future."""
+    at = printable(str(record.get("time") or ""), False)
+    if not at:
+        return ""
+    try:
+        age = (time.time() if now is None else now) - calendar.timegm(
+            time.strptime(at, "%Y-%m-%dT%H:%M:%SZ"))
+    except (ValueError, OverflowError):
+        return f" at {at}"
+    return f" at {at}" + (f" ({format_duration(age)} ago)" if age >= 0 else "")
 
 
 def systemd_view(unit: str, run: Run = subprocess.run, booted: bool | None = None
@@ -111,7 +129,8 @@ def explain(url: str, config_path: str, view: Mapping[str, str] | None,
                      "vllmwatch status` to see the last one")
     elif incident is not None:
         lines.append(f"incident  last: {incident['id']} ({incident['reason']}"
-                     + (f": {incident['detail']}" if incident["detail"] else "") + ")")
+                     + (f": {incident['detail']}" if incident["detail"] else "") + ")"
+                     + written(incident))
         lines.append(f"          read it: vllmwatch incidents show {incident['id']}")
     if view is not None and view.get("ActiveState") == "failed":
         lines.append(f"next      journalctl -xeu {short}; once fixed: systemctl reset-failed "
