@@ -33,7 +33,7 @@ from vllmwatch.shell.notify import (
     report_crash,
     thread_crash_hook,
 )
-from vllmwatch.status import metrics
+from vllmwatch.status import statusline
 from vllmwatch.status.server import StatusListenError, StatusServer
 from vllmwatch.status.snapshot import Snapshot
 
@@ -206,15 +206,11 @@ def _start(config: Config, log_format: str | None, env: dict[str, str], log: Swi
     return loop.run()
 
 
-def own_unit(path: str = "/proc/self/cgroup") -> str | None:
-    """The service unit this daemon runs as ("vllmwatch@gpu1"), read as /metrics' identity
-    reads it (metrics.systemd_unit: the innermost component; a shell in user@1000.service/
-    app.slice runs as no unit), without `.service`; None outside one."""
-    try:
-        with open(path, encoding="utf-8") as f:
-            return exitcodes.unit_of(metrics.systemd_unit(f.read()))
-    except OSError:
-        return None
+def own_unit(path: str = "/proc/self/cgroup") -> exitcodes.Unit | None:
+    """The service unit this daemon runs as ("vllmwatch@gpu1", and whether a user manager
+    runs it), read as /metrics' identity reads it (the innermost component; a shell in
+    user@1000.service/app.slice runs as no unit); None outside one."""
+    return statusline.own_unit(path)
 
 
 def _gate_down(live: Live) -> tuple[str, ...]:
@@ -265,8 +261,9 @@ def _lock_instance(config: Config, env: Mapping[str, str], log: LogFn
         log("error", "daemon.exiting", code=code, reason=str(Reason.ALREADY_RUNNING),
             detail=f"another vllmwatch (pid {exc.pid}) runs {config.path}; nothing touched",
             holder_pid=exc.pid, lock=exc.path, meaning=exitcodes.MEANING[code],
-            hint="one vllmwatch per config: stop the other one first (systemctl stop "
-                 "vllmwatch, or kill that pid), or give this one its own config file")
+            hint="one vllmwatch per config: stop the other one first "
+                 f"({statusline.systemctl('stop')}, or kill that pid), or give this one its "
+                 "own config file")
         return code
     if isinstance(got, str):
         log("warning", "daemon.unlocked", reason=got,

@@ -24,6 +24,7 @@ from vllmwatch.gate.exchange import keepalive_of
 from vllmwatch.logfn import LogFn
 from vllmwatch.status.server import StatusListenError, StatusServer
 from vllmwatch.status.snapshot import Snapshot
+from vllmwatch.status.statusline import systemctl
 
 # Changes that only a restart of vllmwatch applies.
 RESTART_KEYS: tuple[tuple[str, Callable[[Config], object]], ...] = (
@@ -96,7 +97,7 @@ class Live:
         if needed != self.restart_required and needed:
             self.log("warning", "config.restart_required", keys=list(needed),
                      detail="these keys take effect when vllmwatch restarts "
-                            "(systemctl restart vllmwatch); the rest of the file is applied")
+                            f"({systemctl('restart')}); the rest of the file is applied")
         self.restart_required = needed
         # The restart-only keys keep their started value; the rest is the new file's.
         self.config = dataclasses.replace(new, gate=dataclasses.replace(

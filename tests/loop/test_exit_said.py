@@ -189,17 +189,38 @@ def test_the_crash_loop_hint_names_the_unit_the_daemon_runs_as(tmp_path: Path) -
     commands name the unit it runs as (daemon.own_unit), every one of them."""
     cgroup = tmp_path / "cgroup"
     cgroup.write_text("0::/system.slice/system-vllmwatch.slice/vllmwatch@gpu1.service\n")
-    assert own_unit(str(cgroup)) == "vllmwatch@gpu1"
+    assert own_unit(str(cgroup)) == exitcodes.Unit("vllmwatch@gpu1")
     cgroup.write_text("0::/user.slice/user-1000.slice/user@1000.service/app.slice/a.scope\n")
     assert own_unit(str(cgroup)) is None
     assert own_unit(str(tmp_path / "none")) is None
-    for unit in ("vllmwatch@gpu1", None):
+    for name in ("vllmwatch@gpu1", None):
+        unit = exitcodes.Unit(name) if name else None
         d = up()
         d.loop.state = replace(d.loop.state, unit=unit)
         crash_until_given_up(d)
         [gave_up] = d.events("crashloop.gave_up")
         hint = str(gave_up["hint"])
         named = re.findall(r"`(?:systemctl [\w-]+|journalctl -u) ([^`& ]+)", hint)
-        assert set(named) == {unit or "vllmwatch"}, hint
-        assert f"`systemctl reset-failed {unit or 'vllmwatch'} && systemctl start" in hint, hint
+        assert set(named) == {name or "vllmwatch"}, hint
+        assert f"`systemctl reset-failed {name or 'vllmwatch'} && systemctl start" in hint, hint
         assert ("vllmwatch@NAME" in hint) == (unit is None), hint
+
+
+def test_under_a_user_manager_every_command_of_the_give_up_says_user(tmp_path: Path) -> None:
+    """vllmwatch under `systemctl --user`: crashloop.gave_up said `systemctl stop vllmwatch`
+    and `journalctl -u vllmwatch`, which the system's manager answers with "Unit not found"
+    and "-- No entries --". The daemon reads its manager from its cgroup (user@UID.service/)
+    and every command it gives says --user."""
+    cgroup = tmp_path / "cgroup"
+    cgroup.write_text("0::/user.slice/user-1000.slice/user@1000.service/app.slice/"
+                      "vllmwatch@gpu1.service\n")
+    unit = own_unit(str(cgroup))
+    assert unit == exitcodes.Unit("vllmwatch@gpu1", user=True), unit
+    d = up()
+    d.loop.state = replace(d.loop.state, unit=unit)
+    crash_until_given_up(d)
+    [gave_up] = d.events("crashloop.gave_up")
+    hint = str(gave_up["hint"])
+    commands = re.findall(r"\b(?:systemctl|journalctl) [^`&]*", hint)
+    assert len(commands) >= 5 and all(" --user " in c for c in commands), commands
+    assert "`journalctl --user -u vllmwatch@gpu1 -t vllm`" in hint, hint

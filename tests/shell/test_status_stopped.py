@@ -118,7 +118,8 @@ def test_the_unit_follows_the_config(path: str, unit: str) -> None:
 
 def _shown(stdout: str, code: int = 0) -> Any:
     def run(cmd: list[str], **kwargs: Any) -> subprocess.CompletedProcess[str]:
-        assert kwargs["timeout"] <= stopped.SHOW_TIMEOUT_S and cmd[:2] == ["systemctl", "show"]
+        assert kwargs["timeout"] <= stopped.SHOW_TIMEOUT_S
+        assert cmd[:2] == ["systemctl", "show"] or cmd[:3] == ["systemctl", "--user", "show"]
         return subprocess.CompletedProcess(cmd, code, stdout, "")
     return run
 
@@ -340,3 +341,29 @@ def test_a_long_detail_keeps_its_cause_in_status_and_in_the_list(
     line = next(ln for ln in capsys.readouterr().out.splitlines() if ln.startswith(rid))
     assert line.endswith("illegal memory access)") and "3 failures within" in line, line
     assert len(line[line.index("3 failures"):]) <= incident_cli.LIST_DETAIL, line
+
+
+def test_a_unit_of_a_users_manager_is_found_and_its_commands_say_user() -> None:
+    """vllmwatch under `systemctl --user`, stopped: `vllmwatch status` asked the system's
+    manager alone (no such unit: no unit row, no exit) and said `systemctl start vllmwatch`,
+    which answers "Unit vllmwatch.service not found". The user's manager is asked next, and
+    every command then says --user."""
+    asked: list[list[str]] = []
+
+    def run(cmd: list[str], **kwargs: Any) -> subprocess.CompletedProcess[str]:
+        asked.append(cmd)
+        user = "--user" in cmd
+        return subprocess.CompletedProcess(cmd, 0, FAILED if user else "LoadState=not-found\n",
+                                           "")
+    view = stopped.systemd_view("vllmwatch.service", run, booted=True)
+    assert view is not None and view["Manager"] == "user", view
+    assert [c[:2] for c in asked] == [["systemctl", "show"], ["systemctl", "--user"]], asked
+    text = stopped.explain("http://127.0.0.1:9101", "/x/vllmwatch.toml", view, None)
+    commands = [c for c in text.replace("`", " ").split(";") if "ctl " in c]
+    assert commands and all("--user" in c for c in commands), text
+    assert "journalctl --user -xeu vllmwatch" in text and \
+        "systemctl --user reset-failed vllmwatch && systemctl --user start vllmwatch" in text
+    assert "a user manager" in text.splitlines()[1], text
+    system = stopped.explain("http://x", "/x/vllmwatch.toml", {**view, "Manager": "system"},
+                             None)
+    assert "--user" not in system and "systemctl reset-failed vllmwatch" in system, system

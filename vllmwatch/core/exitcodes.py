@@ -10,6 +10,8 @@ names: the crash-loop give-up used to read `status=3/NOTIMPLEMENTED` and "anothe
 
 from __future__ import annotations
 
+from dataclasses import dataclass
+
 OK = 0  # stopped on request; `check` all passed
 FAILURE = 1  # a check failed, a required pre-warm step failed, or an internal error
 CONFIG = 78  # EX_CONFIG (was 2): bad config or vLLM refused its arguments: restarting won't help
@@ -36,41 +38,80 @@ MEANING = {
 FINAL = frozenset({CONFIG, GPU_FAULT, ALREADY_RUNNING})
 
 
-def unit_of(cgroup: object) -> str | None:
-    """The systemd unit vllmwatch ran as, without `.service` ("vllmwatch@gpu1"), from its
-    cgroup (an incident record's oom.cgroup: /system.slice/system-vllmwatch.slice/
-    vllmwatch@gpu1.service); None when it ran as no service (or the path is not one)."""
-    last = str(cgroup or "").rstrip("/").rpartition("/")[2]
-    name = last.removesuffix(".service")
-    ok = last.endswith(".service") and name and all(c.isalnum() or c in "@:_.-" for c in name)
-    return name if ok else None
+@dataclass(frozen=True)
+class Unit:
+    """The systemd unit vllmwatch runs as: its name without `.service` ("vllmwatch@gpu1"),
+    and whether a user's manager runs it (`systemctl --user`): the system's systemctl and
+    `journalctl -u` do not know a user manager's units (a copied command did nothing)."""
+
+    name: str = "vllmwatch"
+    user: bool = False
+
+    def __str__(self) -> str:
+        return self.name
 
 
-def after_exit(code: int, unit: str | None = None) -> str:
+def unit_of(cgroup: object) -> Unit | None:
+    """The systemd unit vllmwatch ran as, from its cgroup path (an incident record's
+    oom.cgroup: /system.slice/system-vllmwatch.slice/vllmwatch@gpu1.service; a user
+    manager's lies under user@UID.service/); None when it ran as no service (or the path is
+    not one)."""
+    parts = str(cgroup or "").rstrip("/").split("/")
+    name = parts[-1].removesuffix(".service")
+    ok = parts[-1].endswith(".service") and name and all(c.isalnum() or c in "@:_.-"
+                                                        for c in name)
+    user = any(p.startswith("user@") and p.endswith(".service") for p in parts[:-1])
+    return Unit(name, user) if ok else None
+
+
+def unit_in(cgroup_text: str) -> Unit | None:
+    """unit_of for /proc/PID/cgroup text: the first line whose innermost component is a
+    service (as status/metrics.systemd_unit reads it: a shell in user@1000.service/app.slice/
+    runs as no unit)."""
+    for line in cgroup_text.splitlines():
+        path = line.split(":", 2)[-1]
+        if path.rstrip("/").endswith(".service"):
+            return unit_of(path)
+    return None
+
+
+def systemctl(unit: Unit | None, verb: str) -> str:
+    """`systemctl VERB UNIT` as a person copies it, for the manager that runs the unit (the
+    shipped vllmwatch.service when not known): the one place a hint's command is made."""
+    u = unit or Unit()
+    return f"systemctl {'--user ' if u.user else ''}{verb} {u.name}"
+
+
+def journalctl(unit: Unit | None, flags: str = "-u", more: str = "") -> str:
+    """`journalctl FLAGS UNIT MORE` (flags ending in u: -u, -xeu) for the unit's manager."""
+    u = unit or Unit()
+    return f"journalctl {'--user ' if u.user else ''}{flags} {u.name}{more and ' ' + more}"
+
+
+def after_exit(code: int, unit: Unit | None = None) -> str:
     """What becomes of the service after vllmwatch exits with `code` under the shipped units,
     and what a person does next (an incident record's head). The commands name `unit`, the
-    one it ran as (an instance's `systemctl stop vllmwatch` stopped another unit, or none);
-    unknown, the shipped vllmwatch with the instance's form beside it."""
-    name = unit or "vllmwatch"
+    one it ran as (an instance's `systemctl stop vllmwatch` stopped another unit, or none),
+    under its manager; unknown, the shipped vllmwatch with the instance's form beside it."""
+    name = (unit or Unit()).name
     instance = "" if unit else " (for an instance: vllmwatch@NAME)"
+    again = f"`{systemctl(unit, 'reset-failed')} && {systemctl(unit, 'start')}`"
     if code == OK:
         return "stopped on request; nothing to do"
     if code in FINAL:
         return ("the service stays down (its unit never restarts this code): fix the cause, "
-                f"then `systemctl reset-failed {name} && systemctl start {name}`{instance}")
+                f"then {again}{instance}")
     return (f"systemd starts {name} again in RestartSec (10 s) until the unit's start limit; "
-            f"a cause left in place fails it the same way: fix it, or `systemctl stop {name}` "
-            f"to keep it down{instance} (`journalctl -u {name}` says why each start ended); "
-            f"past the start limit it stays failed until `systemctl reset-failed {name} && "
-            f"systemctl start {name}`")
+            f"a cause left in place fails it the same way: fix it, or `{systemctl(unit, 'stop')}` "
+            f"to keep it down{instance} (`{journalctl(unit)}` says why each start ended); "
+            f"past the start limit it stays failed until {again}")
 
 
-def crashloop_hint(unit: str | None) -> str:
+def crashloop_hint(unit: Unit | None) -> str:
     """crashloop.gave_up's hint: where the failures are told, then after_exit's next step,
     every command naming the unit the daemon runs as (WatchState.unit) when it knows it."""
-    name = unit or "vllmwatch"
-    return (f"vLLM keeps failing: read its last lines (`journalctl -u {name} -t vllm`) and the "
-            "incident record (incident.recorded names it); " + after_exit(GAVE_UP, unit))
+    return (f"vLLM keeps failing: read its last lines (`{journalctl(unit, more='-t vllm')}`) "
+            "and the incident record (incident.recorded names it); " + after_exit(GAVE_UP, unit))
 
 
 # The codes of earlier builds (issue 36.10): what scripts and alerts written for them change.

@@ -19,6 +19,7 @@ from dataclasses import dataclass, replace
 from vllmwatch.config import adapters as adaptercfg
 from vllmwatch.config.redact import REDACT
 from vllmwatch.config.sections import AdapterConfig, Config
+from vllmwatch.core import exitcodes
 from vllmwatch.core.actions import Action, Log
 from vllmwatch.core.state import WatchState
 
@@ -105,10 +106,10 @@ def start_refused(s: WatchState, lines: tuple[str, ...]) -> tuple[WatchState, li
                                  "left_out": list(optional)}
     if not optional:
         fields["detail"] = ("every adapter is required: the start fails; fix the adapter or set "
-                            "required = false, then systemctl reload vllmwatch")
+                            f"required = false, then {exitcodes.systemctl(s.unit, 'reload')}")
         return s, [Log("error", "lora.start_refused", fields)]
     fields["detail"] = ("vLLM refused an adapter at start; the next launch leaves out the "
-                        "adapters with required = false; fix it, then systemctl reload "
-                        "vllmwatch to bring them back")
+                        "adapters with required = false; fix it, then "
+                        f"{exitcodes.systemctl(s.unit, 'reload')} to bring them back")
     s = replace(s, config=replace(s.config, adapters=kept))
     return s, [Log("error", "lora.start_refused", fields)]

@@ -85,8 +85,8 @@ REASONS: dict[Reason, ReasonInfo] = {
     _R.START_MEMORY: ReasonInfo(True, True, False, _X.START_MEMORY, "the start died for "
                                 "memory; after memory.start_memory_retries in a row the "
                                 "daemon exits"),
-    _R.MANUAL: ReasonInfo(True, False, False, None, "SIGUSR1 (`systemctl kill -s SIGUSR1 "
-                          "vllmwatch`)"),
+    _R.MANUAL: ReasonInfo(True, False, False, None, "SIGUSR1: a person asked for a graceful "
+                          "restart"),
     _R.RELOAD: ReasonInfo(True, False, False, None, "SIGHUP changed the vLLM command or "
                           "environment"),
     _R.GPU_FAULT: ReasonInfo(False, False, False, _X.GPU_FAULT, "a GPU hardware fault a "

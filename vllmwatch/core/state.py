@@ -17,6 +17,7 @@ from vllmwatch.core.samples import HostFigure, MemorySample
 
 if TYPE_CHECKING:
     from vllmwatch.config.smoke import SmokeCheck  # only when a config has [[smoke]]
+    from vllmwatch.core.exitcodes import Unit
     from vllmwatch.core.failover import Track  # imported by a run only when the spare is on
 
 
@@ -262,9 +263,9 @@ class WatchState:
     incidents_total: int = 0  # incident records written
     last_incident: str | None = None  # the id of the last one written
     spare: Track | None = None  # the spare engine's track (core/failover.py); None: no spare
-    # The systemd unit the daemon runs as ("vllmwatch@gpu1"; the shell reads its cgroup), so
-    # that a hint's commands name it; None: no service (the hint says the instance's form)
-    unit: str | None = None
+    # The systemd unit the daemon runs as ("vllmwatch@gpu1", its manager's: the shell reads
+    # its cgroup), so that a hint's commands name it; None: no service (the instance's form)
+    unit: Unit | None = None
 
     @property
     def run(self) -> ChildRun:

@@ -30,6 +30,7 @@ from vllmwatch.gate.proxy import Forwarder, GateStats
 from vllmwatch.logfn import LogFn
 from vllmwatch.status.http_guard import Rejections
 from vllmwatch.status.snapshot import Snapshot
+from vllmwatch.status.statusline import systemctl
 
 START_TIMEOUT = 10.0
 # An incident record waits this long for the failed engine's requests to be settled (replayed,
@@ -317,9 +318,8 @@ def start_gate(config: Config, log: LogFn, get_snapshot: Callable[[], Snapshot],
                          exiting=snap.exit_code is not None)
 
     def failed(error: str) -> None:
-        log("error", "gate.failed", error=error, listen=g.listen,
-            hint="clients on gate.listen get connection errors now; vLLM itself still runs "
-                 "on vllm.port; restart vllmwatch (systemctl restart vllmwatch)")
+        log("error", "gate.failed", error=error, listen=g.listen, hint="clients on gate.listen"
+            f" get connection errors; vLLM still runs on vllm.port: {systemctl('restart')}")
 
     def generation() -> int | None:  # the engine the door is open for: the child's pid
         snap = get_snapshot()

@@ -28,6 +28,7 @@ from vllmwatch.config.redact import REDACT
 from vllmwatch.config.sections import AdapterConfig, Config
 from vllmwatch.logfn import LogFn
 from vllmwatch.shell.probes import probe_host
+from vllmwatch.status.statusline import systemctl
 
 LOAD_PATH, UNLOAD_PATH, MODELS_PATH = ("/v1/load_lora_adapter", "/v1/unload_lora_adapter",
                                        "/v1/models")
@@ -243,7 +244,7 @@ class AdapterWatch:
         self._log("error", "lora.load_failed", adapter=adapter.name, path=adapter.path,
                   required=adapter.required, error=answer,
                   detail="vLLM refused the adapter: fix it and send SIGHUP again "
-                         "(systemctl reload vllmwatch); the base model and the other "
+                         f"({systemctl('reload')}); the base model and the other "
                          "adapters still serve")
 
     def refresh(self) -> None:

@@ -17,6 +17,7 @@ from vllmwatch.config.redact import REDACT
 from vllmwatch.core import exitcodes
 from vllmwatch.core.names import Reason, exit_code
 from vllmwatch.logfn import LogFn
+from vllmwatch.status.statusline import systemctl
 
 
 class Notifier(Protocol):
@@ -144,10 +145,12 @@ def report_crash(log: LogFn, notifier: Notifier, exc: BaseException, state: str,
 # guard.failed, the spare's watch in shell/sparerun.py). Exit 70 would stop vLLM, serving
 # fine, for what a side thread failed to read.
 
-THREAD_HINT = ("a bug in vllmwatch: that thread's job stopped until it next starts (most "
-               "start anew at their next occasion); the loop, its probes and vLLM go on. "
-               "Please report it with this traceback; if that job is not back, restart "
-               "vllmwatch (systemctl restart vllmwatch)")
+def thread_hint() -> str:
+    """thread.crashed's hint; its restart command for the unit (and manager) we run as."""
+    return ("a bug in vllmwatch: that thread's job stopped until it next starts (most start "
+            "anew at their next occasion); the loop, its probes and vLLM go on. Please report "
+            f"it with this traceback; if that job is not back, restart vllmwatch "
+            f"({systemctl('restart')})")
 
 
 def thread_crash_hook(log: LogFn) -> Callable[[threading.ExceptHookArgs], None]:
@@ -161,5 +164,5 @@ def thread_crash_hook(log: LogFn) -> Callable[[threading.ExceptHookArgs], None]:
             log("error", "daemon.thread_crashed",
                 thread=args.thread.name if args.thread is not None else "?", error=error,
                 traceback="".join(traceback.format_exception(
-                    args.exc_type, exc, args.exc_traceback)), hint=THREAD_HINT)
+                    args.exc_type, exc, args.exc_traceback)), hint=thread_hint())
     return hook

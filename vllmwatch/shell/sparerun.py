@@ -36,6 +36,7 @@ from vllmwatch.logfn import LogFn
 from vllmwatch.shell.memory import MemorySampler
 from vllmwatch.shell.sparedigest import digest as digest  # (its old home: tests name it here)
 from vllmwatch.shell.sparetree import SUPERSEDED, SpareCommand, SpareTree
+from vllmwatch.status.statusline import systemctl
 
 
 class Planner(Protocol):
@@ -264,7 +265,7 @@ class SpareFx:
             has, needs = _flags(self.launched), _flags(wants)
             post(SpareBuilt(False, f"the serving engine was launched with {has}; beside it "
                             f"this spare needs {needs}: built after the engine's next launch "
-                            "(one now, without failover: systemctl kill -s SIGUSR1 vllmwatch)",
+                            f"(one now, without failover: {systemctl('kill -s SIGUSR1')})",
                             build=build, deferred=True))
             return False
         try:

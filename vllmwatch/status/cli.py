@@ -19,6 +19,7 @@ from vllmwatch.config.convert import printable
 from vllmwatch.config.hosts import connect_host, parse_listen, url_host
 from vllmwatch.config.redact import REDACT
 from vllmwatch.config.schema import ConfigError, config_path, load
+from vllmwatch.core import exitcodes
 from vllmwatch.status import stopped
 from vllmwatch.status.stopped import IncidentFinder
 from vllmwatch.status.view import render as render  # the human summary (tests use it here)
@@ -103,8 +104,10 @@ def _not_running(url: str, config_arg: str | None, find_incident: IncidentFinder
         return stopped.explain(url, path, stopped.systemd_view(unit),
                                find_incident(unit) if find_incident else None)
     except Exception as exc:  # the diagnosis must never hide the one line that matters
+        user = exitcodes.Unit(user=True)  # the manager is not known either: both said
         return (f"vllmwatch is not running (no answer at {url}); start it with "
-                f"`systemctl start vllmwatch` (no more detail: {type(exc).__name__}: {exc})")
+                f"`{exitcodes.systemctl(None, 'start')}` (`{exitcodes.systemctl(user, 'start')}` "
+                f"under a user's manager) (no more detail: {type(exc).__name__}: {exc})")
 
 
 def url_from_config(config_arg: str | None) -> str:

@@ -11,7 +11,7 @@ from vllmwatch.config.redact import REDACT
 from vllmwatch.config.schema import Config, VllmConfig
 from vllmwatch.config.units import brief, format_duration, format_mib
 from vllmwatch.core import drain as drains
-from vllmwatch.core import leak
+from vllmwatch.core import exitcodes, leak
 from vllmwatch.core.names import Reason
 from vllmwatch.core.restart import Phase
 from vllmwatch.core.samples import gpu_figure
@@ -222,3 +222,19 @@ def memory_words(mem: MemoryFigures) -> list[str]:
     if mem.held_rule is not None:
         out.append(f"memory restart waits for quiet hours ({mem.held_rule})")
     return out
+
+
+def own_unit(path: str = "/proc/self/cgroup") -> exitcodes.Unit | None:
+    """The service unit this process runs as ("vllmwatch@gpu1", a user manager's or the
+    system's), from its cgroup: what every hint's systemctl/journalctl command names
+    (exitcodes.systemctl); None outside one (a shell: the shipped unit is named)."""
+    try:
+        with open(path, encoding="utf-8") as f:
+            return exitcodes.unit_in(f.read())
+    except OSError:
+        return None
+
+
+def systemctl(verb: str) -> str:
+    """exitcodes.systemctl for the unit this process runs as."""
+    return exitcodes.systemctl(own_unit(), verb)

@@ -59,13 +59,24 @@ def written(record: Mapping[str, Any], now: float | None = None) -> str:
 
 def systemd_view(unit: str, run: Run = subprocess.run, booted: bool | None = None
                  ) -> dict[str, str] | None:
-    """The unit's state and last exit from `systemctl show`; None where systemd cannot say
-    (not booted with systemd, no systemctl, no such unit, no answer in time)."""
+    """The unit's state and last exit from `systemctl show`, asked of the system's manager,
+    then of this user's (`systemctl --user`: a unit there is unknown to the system's), with
+    Manager= saying which knew it; None where systemd cannot say (not booted with systemd,
+    no systemctl, no such unit in either, no answer in time)."""
     if booted is None:
         booted = os.path.isdir("/run/systemd/system") and shutil.which("systemctl") is not None
     if not booted:
         return None
-    cmd = ["systemctl", "show", "--no-pager", *(f"--property={p}" for p in PROPERTIES), unit]
+    for manager in ("system", "user"):
+        view = _show(unit, run, ["--user"] if manager == "user" else [])
+        if view is not None:
+            return {**view, "Manager": manager}
+    return None
+
+
+def _show(unit: str, run: Run, flags: list[str]) -> dict[str, str] | None:
+    cmd = ["systemctl", *flags, "show", "--no-pager", *(f"--property={p}" for p in PROPERTIES),
+           unit]
     try:
         proc = run(cmd, capture_output=True, text=True, timeout=SHOW_TIMEOUT_S, check=False,
                    stdin=subprocess.DEVNULL)
@@ -107,10 +118,13 @@ def explain(url: str, config_path: str, view: Mapping[str, str] | None,
     """The lines `vllmwatch status` prints when nothing answers at url."""
     unit = unit_name(config_path)
     short = unit.removesuffix(".service")
+    # The commands for the manager that knows the unit (a user's: `systemctl --user`)
+    runs = exitcodes.Unit(short, view is not None and view.get("Manager") == "user")
     lines = [f"vllmwatch is not running (no answer at {url})"]
     if view is not None:
         state = view.get("ActiveState", "?")
-        lines.append(f"unit      {unit}: {state}"
+        lines.append(f"unit      {unit}{' (a user manager: --user)' if runs.user else ''}: "
+                     f"{state}"
                      + (f" ({view['SubState']})" if view.get("SubState") else "")
                      + (f", result {view['Result']}" if view.get("Result") else ""))
         ended, when = last_exit(view), view.get("ExecMainExitTimestamp", "")
@@ -119,7 +133,8 @@ def explain(url: str, config_path: str, view: Mapping[str, str] | None,
         if view.get("NRestarts", "0") not in ("", "0"):  # not vLLM's restarts: the row
             # of that name (a running daemon's) counts restart.begin lines
             lines.append(f"respawns  systemd restarted {short} itself {view['NRestarts']} "
-                         f"times (`journalctl -u {short} -g daemon.exiting` says why)")
+                         f"times (`{exitcodes.journalctl(runs, more='-g daemon.exiting')}` "
+                         "says why)")
         if state in ("activating", "reloading", "active"):
             lines.append(f"note      systemd says it is {state}: the status listener may not "
                          "be up yet, or listens elsewhere (--url)")
@@ -133,8 +148,9 @@ def explain(url: str, config_path: str, view: Mapping[str, str] | None,
                      + written(incident))
         lines.append(f"          read it: vllmwatch incidents show {incident['id']}")
     if view is not None and view.get("ActiveState") == "failed":
-        lines.append(f"next      journalctl -xeu {short}; once fixed: systemctl reset-failed "
-                     f"{short} && systemctl start {short}")
+        lines.append(f"next      {exitcodes.journalctl(runs, '-xeu')}; once fixed: "
+                     f"{exitcodes.systemctl(runs, 'reset-failed')} && "
+                     f"{exitcodes.systemctl(runs, 'start')}")
     elif view is None or view.get("ActiveState") in ("inactive", "failed"):
-        lines.append(f"next      start it with `systemctl start {short}`")
+        lines.append(f"next      start it with `{exitcodes.systemctl(runs, 'start')}`")
     return "\n".join(lines)
