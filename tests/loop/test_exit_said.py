@@ -191,7 +191,7 @@ def test_the_crash_loop_hint_names_the_unit_the_daemon_runs_as(tmp_path: Path) -
     cgroup.write_text("0::/system.slice/system-vllmwatch.slice/vllmwatch@gpu1.service\n")
     assert own_unit(str(cgroup)) == exitcodes.Unit("vllmwatch@gpu1")
     cgroup.write_text("0::/user.slice/user-1000.slice/user@1000.service/app.slice/a.scope\n")
-    assert own_unit(str(cgroup)) is None
+    assert own_unit(str(cgroup)) == exitcodes.NO_SERVICE
     assert own_unit(str(tmp_path / "none")) is None
     for name in ("vllmwatch@gpu1", None):
         unit = exitcodes.Unit(name) if name else None
@@ -224,3 +224,20 @@ def test_under_a_user_manager_every_command_of_the_give_up_says_user(tmp_path: P
     commands = re.findall(r"\b(?:systemctl|journalctl) [^`&]*", hint)
     assert len(commands) >= 5 and all(" --user " in c for c in commands), commands
     assert "`journalctl --user -u vllmwatch@gpu1 -t vllm`" in hint, hint
+
+
+def test_a_give_up_of_a_vllmwatch_in_a_container_names_no_systemd(tmp_path: Path) -> None:
+    """vllmwatch in a Kubernetes pod (cgroup "0::/"): crashloop.gave_up said systemd starts it
+    again in 10 s and to run `journalctl -u vllmwatch -t vllm`; nothing of systemd runs
+    there. It says whatever started it decides, and where its lines are."""
+    cgroup = tmp_path / "cgroup"
+    cgroup.write_text("0::/\n")
+    unit = own_unit(str(cgroup))
+    assert unit == exitcodes.NO_SERVICE
+    d = up()
+    d.loop.state = replace(d.loop.state, unit=unit)
+    crash_until_given_up(d)
+    [gave_up] = d.events("crashloop.gave_up")
+    hint = str(gave_up["hint"])
+    assert "systemctl" not in hint and "journalctl" not in hint and "RestartSec" not in hint
+    assert "kubectl logs" in hint and "whatever started it decides" in hint, hint

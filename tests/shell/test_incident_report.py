@@ -475,3 +475,19 @@ def test_a_tree_already_gone_has_no_host_rss_figure() -> None:
                            "tree": {"alive": False, "processes": [], "host_rss_mib": 0.0}})
     assert "host RSS of the tree: - (no process of it was left)" in shown, shown
     assert "0.0 MiB" not in shown, shown
+
+
+@pytest.mark.parametrize("cgroup", ["/", "/system.slice/docker-0123abcd.scope",
+                                    "/user.slice/user-1000.slice/session-3.scope"])
+@pytest.mark.parametrize("code", [75, 78])
+def test_a_record_of_a_vllmwatch_that_ran_as_no_service_names_no_systemd(
+        cgroup: str, code: int) -> None:
+    """In a Kubernetes pod (contrib/kubernetes) or a terminal, a give-up's record said
+    "systemd starts vllmwatch again in RestartSec (10 s)" and gave `systemctl` and
+    `journalctl -u vllmwatch` commands: no systemd ran it. A record whose cgroup was read and
+    is no service says that whatever started it decides, and gives no systemd command."""
+    text = report.render(_record(reason="x", detail="x", exit_code=code,
+                                 oom={"cgroup": cgroup, "memory_events": None}))
+    nxt = next(line for line in text.splitlines() if line.startswith("next: "))
+    assert "ran as no systemd service" in nxt and "whatever started it decides" in nxt, nxt
+    assert "systemctl" not in nxt and "journalctl" not in nxt and "RestartSec" not in nxt, nxt

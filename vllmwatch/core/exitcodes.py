@@ -51,6 +51,11 @@ class Unit:
         return self.name
 
 
+# vllmwatch ran as no systemd service (its cgroup read, none of it a .service: a container,
+# a terminal): no systemd restarts it, and no systemctl or journalctl -u command is its.
+NO_SERVICE = Unit("")
+
+
 def unit_of(cgroup: object) -> Unit | None:
     """The systemd unit vllmwatch ran as, from its cgroup path (an incident record's
     oom.cgroup: /system.slice/system-vllmwatch.slice/vllmwatch@gpu1.service; a user
@@ -78,13 +83,13 @@ def unit_in(cgroup_text: str) -> Unit | None:
 def systemctl(unit: Unit | None, verb: str) -> str:
     """`systemctl VERB UNIT` as a person copies it, for the manager that runs the unit (the
     shipped vllmwatch.service when not known): the one place a hint's command is made."""
-    u = unit or Unit()
+    u = unit if unit and unit.name else Unit()
     return f"systemctl {'--user ' if u.user else ''}{verb} {u.name}"
 
 
 def journalctl(unit: Unit | None, flags: str = "-u", more: str = "") -> str:
     """`journalctl FLAGS UNIT MORE` (flags ending in u: -u, -xeu) for the unit's manager."""
-    u = unit or Unit()
+    u = unit if unit and unit.name else Unit()
     return f"journalctl {'--user ' if u.user else ''}{flags} {u.name}{more and ' ' + more}"
 
 
@@ -98,6 +103,12 @@ def after_exit(code: int, unit: Unit | None = None) -> str:
     again = f"`{systemctl(unit, 'reset-failed')} && {systemctl(unit, 'start')}`"
     if code == OK:
         return "stopped on request; nothing to do"
+    if unit == NO_SERVICE:
+        return ("it ran as no systemd service (a container, a terminal): whatever started it "
+                "decides whether it starts again (Kubernetes restarts the container, with a "
+                "back-off); " + ("fix the cause first: a start with it in place ends the same "
+                                 "way" if code in FINAL else "a cause left in place fails it "
+                                 "the same way: fix it first"))
     if code in FINAL:
         return ("the service stays down (its unit never restarts this code): fix the cause, "
                 f"then {again}{instance}")
@@ -110,6 +121,10 @@ def after_exit(code: int, unit: Unit | None = None) -> str:
 def crashloop_hint(unit: Unit | None) -> str:
     """crashloop.gave_up's hint: where the failures are told, then after_exit's next step,
     every command naming the unit the daemon runs as (WatchState.unit) when it knows it."""
+    if unit == NO_SERVICE:  # its output is where whatever started it keeps it
+        return ("vLLM keeps failing: read its last lines (vllmwatch's output: `kubectl logs` "
+                "in Kubernetes) and the incident record (incident.recorded names it); "
+                + after_exit(GAVE_UP, unit))
     return (f"vLLM keeps failing: read its last lines (`{journalctl(unit, more='-t vllm')}`) "
             "and the incident record (incident.recorded names it); " + after_exit(GAVE_UP, unit))
 

@@ -77,7 +77,9 @@ def _head(r: Mapping[str, Any]) -> str:
         lines.append(f"vllmwatch exited with code {code} after this: "
                      f"{exitcodes.MEANING.get(code, 'a code this version does not know')}")
         oom = r.get("oom")  # its cgroup names the unit the commands are for
-        unit = exitcodes.unit_of(oom.get("cgroup") if isinstance(oom, Mapping) else None)
+        cgroup = oom.get("cgroup") if isinstance(oom, Mapping) else None
+        unit = exitcodes.unit_of(cgroup) or (exitcodes.NO_SERVICE if isinstance(cgroup, str)
+                                             else None)  # read, not a service: none of systemd
         lines.append(f"next: {exitcodes.after_exit(code, unit)}")
     elif code is not None:
         lines.append(f"vllmwatch exited with code {code!r} after this")

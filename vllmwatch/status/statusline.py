@@ -227,10 +227,11 @@ def memory_words(mem: MemoryFigures) -> list[str]:
 def own_unit(path: str = "/proc/self/cgroup") -> exitcodes.Unit | None:
     """The service unit this process runs as ("vllmwatch@gpu1", a user manager's or the
     system's), from its cgroup: what every hint's systemctl/journalctl command names
-    (exitcodes.systemctl); None outside one (a shell: the shipped unit is named)."""
+    (exitcodes.systemctl); NO_SERVICE when the cgroup names none (a container, a terminal);
+    None when it cannot be read."""
     try:
         with open(path, encoding="utf-8") as f:
-            return exitcodes.unit_in(f.read())
+            return exitcodes.unit_in(f.read()) or exitcodes.NO_SERVICE
     except OSError:
         return None
 
