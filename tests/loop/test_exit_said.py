@@ -8,6 +8,7 @@ them because each set last_reason by hand."""
 
 from __future__ import annotations
 
+import dataclasses
 import re
 from dataclasses import replace
 from pathlib import Path
@@ -241,3 +242,20 @@ def test_a_give_up_of_a_vllmwatch_in_a_container_names_no_systemd(tmp_path: Path
     hint = str(gave_up["hint"])
     assert "systemctl" not in hint and "journalctl" not in hint and "RestartSec" not in hint
     assert "kubectl logs" in hint and "whatever started it decides" in hint, hint
+
+
+def test_a_give_up_with_records_off_sends_no_one_to_a_record() -> None:
+    """[incidents] enabled = false: crashloop.gave_up still said "read ... the incident
+    record (incident.recorded names it)", a record never written and an event never logged.
+    It says there is none, and why; with records on, the words stay."""
+    from tests.loop.test_incident_loop import BASE
+
+    for enabled in (False, True):
+        d = up(dataclasses.replace(BASE, incidents=dataclasses.replace(BASE.incidents,
+                                                                       enabled=enabled)))
+        crash_until_given_up(d)
+        [gave_up] = d.events("crashloop.gave_up")
+        hint = str(gave_up["hint"])
+        assert ("incident.recorded names it" in hint) is enabled, hint
+        assert ("no incident record: [incidents] enabled = false" in hint) is not enabled, hint
+        assert bool(d.events("incident.recorded")) is enabled

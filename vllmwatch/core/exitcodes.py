@@ -118,15 +118,16 @@ def after_exit(code: int, unit: Unit | None = None) -> str:
             f"past the start limit it stays failed until {again}")
 
 
-def crashloop_hint(unit: Unit | None) -> str:
+def crashloop_hint(unit: Unit | None, records: bool = True) -> str:
     """crashloop.gave_up's hint: where the failures are told, then after_exit's next step,
-    every command naming the unit the daemon runs as (WatchState.unit) when it knows it."""
-    if unit == NO_SERVICE:  # its output is where whatever started it keeps it
-        return ("vLLM keeps failing: read its last lines (vllmwatch's output: `kubectl logs` "
-                "in Kubernetes) and the incident record (incident.recorded names it); "
-                + after_exit(GAVE_UP, unit))
-    return (f"vLLM keeps failing: read its last lines (`{journalctl(unit, more='-t vllm')}`) "
-            "and the incident record (incident.recorded names it); " + after_exit(GAVE_UP, unit))
+    every command naming the unit the daemon runs as (WatchState.unit) when it knows it.
+    `records`: incidents.enabled (off, no record is written to read)."""
+    where = ("vllmwatch's output: `kubectl logs` in Kubernetes" if unit == NO_SERVICE
+             else f"`{journalctl(unit, more='-t vllm')}`")  # (no service: its own output)
+    record = (" and the incident record (incident.recorded names it)" if records else
+              " (no incident record: [incidents] enabled = false)")
+    return (f"vLLM keeps failing: read its last lines ({where}){record}; "
+            + after_exit(GAVE_UP, unit))
 
 
 # The codes of earlier builds (issue 36.10): what scripts and alerts written for them change.

@@ -166,7 +166,7 @@ def begin_restart(s: WatchState, now: float, reason: Reason, detail: str, drain:
         log = Log("error", "crashloop.gave_up", {
             "reason": reason, "restarts": n - 1, "failures": n, "restarts_begun": n - 1,
             "window_s": r.window, "max_restarts": r.max_restarts,
-            "hint": exitcodes.crashloop_hint(s.unit)})  # as the record's next line
+            "hint": exitcodes.crashloop_hint(s.unit, s.config.incidents.enabled)})
         # The guard's numbers first (the record's and daemon.exiting's head), then the last
         # restart: "crash: exited with code 1" alone said nothing of the loop.
         s, acts = halt(s, now, Reason.CRASHLOOP, f"{n} failures within "
