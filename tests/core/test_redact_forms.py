@@ -8,6 +8,7 @@ import json
 
 import pytest
 from hypothesis import assume, given, settings
+from hypothesis import strategies as st
 
 from tests.support.secrets import values
 from vllmwatch.config.redact import REDACT, REDACTED, Redactor
@@ -202,6 +203,10 @@ def test_what_names_no_session_id_stays(text: str) -> None:
     ("htpasswd -cbB -C 12 /etc/h admin 'S3cretPw9'",
      f"htpasswd -cbB -C 12 /etc/h admin {REDACTED}"),
     ("htpasswd -nb admin S3cretPw9 > /etc/h", f"htpasswd -nb admin {REDACTED} > /etc/h"),
+    # bcrypt's cost glued to -b (`-bBC 12`, `-C12`): the cost was read as FILE, the user hidden
+    ("htpasswd -bBC 12 /etc/h admin S3cretPw9", f"htpasswd -bBC 12 /etc/h admin {REDACTED}"),
+    ("htpasswd -b -C12 /etc/h admin S3cretPw9", f"htpasswd -b -C12 /etc/h admin {REDACTED}"),
+    ("htpasswd -b -- /etc/h admin S3cretPw9", f"htpasswd -b -- /etc/h admin {REDACTED}"),
 ])
 def test_a_password_by_a_client_s_short_flag_is_hidden(text: str, want: str) -> None:
     """The class of curl's -u: a client that takes its password by a flag with no secret name,
@@ -212,9 +217,34 @@ def test_a_password_by_a_client_s_short_flag_is_hidden(text: str, want: str) -> 
 @pytest.mark.parametrize("text", [
     "mysql -u root -p vllm", "mysql -P 3306 -h db", "docker run -p 8000:8000 vllm/vllm-openai",
     "ssh -p 22 gpu1", "sshpass -f /etc/pw ssh -p 22 gpu1", "podman run -p 8000:8000 -a stdout x",
-    "vllm serve /m -a x", "htpasswd -c /etc/nginx/.htpasswd admin", "htpasswd -D /etc/h admin"])
+    "vllm serve /m -a x", "htpasswd -c /etc/nginx/.htpasswd admin", "htpasswd -D /etc/h admin",
+    "htpasswd -bi /etc/h admin", "htpasswd -Bbi -C 12 /etc/h admin"])
 def test_a_short_flag_that_is_no_password_stays(text: str) -> None:
     assert R.text(text) == text
+
+
+_HT_FLAGS = st.lists(st.sampled_from(["c", "m", "B", "d", "p", "s", "D", "v", "C 12", "C7"]),
+                     max_size=4)
+
+
+@settings(max_examples=300, deadline=None)
+@given(_HT_FLAGS, _HT_FLAGS, st.booleans(), st.booleans(), values)
+def test_htpasswd_s_password_is_hidden_and_its_user_shown(
+        before: list[str], after: list[str], no_file: bool, glued: bool, password: str) -> None:
+    """htpasswd's words as its getopt reads them ("cnmspdBbDiC:v"): -b takes the password as
+    the word after FILE USER (USER with -n), whatever flags and bcrypt cost come with it."""
+    assume(not password.startswith("-"))
+    letters = "".join(f.split()[0] for f in before) + "b" + ("n" if no_file else "")
+    cost = [f for f in (*before, *after) if f.startswith("C")][-1:]
+    if glued:  # one group of letters, its -C cost last (`-bBC 12`)
+        flags_ = f"-{letters.replace('C', '')}{cost[0] if cost else ''}"
+    else:
+        flags_ = " ".join([f"-{f}" for f in before] + ["-b"] + (["-n"] if no_file else [])
+                          + [f"-{f}" for f in after])
+    head = f"+ htpasswd {flags_} {'' if no_file else '/etc/nginx/.htpasswd '}admin"
+    text = f"{head} {password}"
+    assert R.text(text) == f"{head} {REDACTED}", text
+    assert REDACT.text(text) == f"{head} {REDACTED}", text
 
 
 @pytest.mark.parametrize("text", [

@@ -246,12 +246,36 @@ _CURL_USER = re.compile(r"(?P<pre>(?<![\w-])(?:--(?:proxy-)?user(?:=|[ \t]+)|-[a
 _FLAG = r"(?P<pre>(?<![\w-])%s)(?P<secret>(?!-)[^\s'\"]+)"  # (mysql's -p: glued, or a prompt)
 _WORD = r"(?:'[^'\n]*'|\"[^\"\n]*\"|[^\s'\"<>|;&]+)"  # a shell word, quoted or not
 # htpasswd's batch mode (-b) takes the password as its last word: FILE USER X, or USER X with
-# -n (no file; a FILE read first fails on the word after X, or on none); its flags come first,
-# one holding the b (`-b`, `-cb`, `-nbB`), -C and -r with a number
-_OPT = r"(?:[ \t]+-[A-Za-z]{1,8}(?:[ \t]+\d{1,9})?){0,8}"
-_HTPASSWD = re.compile(r"(?P<pre>(?<![\w-])htpasswd" + _OPT + r"[ \t]+-[A-Za-z]{0,8}b[A-Za-z]"
-                       r"{0,8}" + _OPT + r"(?:[ \t]+" + _WORD + r")?[ \t]+" + _WORD + r"[ \t]+)"
-                       r"(?P<secret>" + _WORD + ")")
+# -n. Its words are read as its own getopt reads them ("cnmspdBbDiC:v"): options up to the first
+# other word or `--`, -C taking the next word or the rest of its own (`-bBC 12`, `-C12`: a
+# pattern of flag words took the cost 12 for FILE and hid the user, showing the password); -i
+# after -b reads the password from stdin, so no word is one (`-D`, `-v` with -b still take X).
+# (64 words at most, read once: htpasswd's flags are a dozen, its other words three)
+_HTPASSWD = re.compile(r"(?P<pre>(?<![\w-])htpasswd)(?P<words>(?:[ \t]+" + _WORD + "){1,64})")
+_HTPASSWD_WORD = re.compile(r"[ \t]+(" + _WORD + ")")
+
+
+def _htpasswd_hidden(m: re.Match[str]) -> str:
+    words = [(w.start(1), w.end(1), w[1]) for w in _HTPASSWD_WORD.finditer(m["words"])]
+    batch = no_file = False
+    i = 0
+    while i < len(words) and words[i][2].startswith("-") and len(words[i][2]) > 1:
+        i += 1
+        if words[i - 1][2] == "--":
+            break
+        for at, letter in enumerate(words[i - 1][2][1:], 2):
+            batch = (batch or letter == "b") and letter != "i"  # the last of -b, -i wins
+            no_file = no_file or letter == "n"
+            if letter == "C":  # its cost: the rest of this word, or the next word
+                i += len(words[i - 1][2]) == at
+                break
+    at = i + (1 if no_file else 2)
+    if not batch or at >= len(words):
+        return m.group(0)
+    start, end, _ = words[at]
+    return f"{m['pre']}{m['words'][:start]}{REDACTED}{m['words'][end:]}"
+
+
 CLIENTS = (("curl", _CURL_USER), ("mysql", re.compile(_FLAG % "-p")),
            ("mariadb", re.compile(_FLAG % "-p")), ("redis-cli", re.compile(_FLAG % "-a[ \t]*")),
            ("sshpass", re.compile(_FLAG % r"sshpass(?:[ \t]+-[a-oq-zA-Z]\S*)*[ \t]+-p[ \t]*")),
@@ -260,6 +284,8 @@ CLIENTS = (("curl", _CURL_USER), ("mysql", re.compile(_FLAG % "-p")),
 
 
 def client_hidden(m: re.Match[str]) -> str:
+    if m.groupdict().get("words") is not None:
+        return _htpasswd_hidden(m)
     if m.groupdict().get("user") is not None and not m["secret"]:
         return m["pre"][:m.start("user") - m.start()] + REDACTED + ":"
     return m["pre"] + REDACTED

@@ -171,7 +171,8 @@ def _credential(name: str, value: str) -> bool:
     words = [w.lower() for w in _SPLIT.split(name.rstrip(".").rsplit(".", 1)[-1]) if w]
     shaped = _CREDENTIAL.fullmatch(value) is not None and "://" not in value  # (a URL)
     return (words[-1] in _WORD_NAMES or words[-1].endswith(_WORD_ENDS)) and (
-        shaped or REDACTED in value) and (_QUALIFIERS | {"x"}).issuperset(words[:-1])
+        shaped or REDACTED in value) and (_QUALIFIERS | {"x"}).issuperset(words[:-1]) and \
+        words != ["htpasswd"]  # the client, its flags next (`-bBC12`): launch.CLIENTS reads it
 
 
 def _spaced_prose(value: str, text: str, end: int) -> bool:
