@@ -266,3 +266,28 @@ def test_a_byte_that_is_not_utf8_is_placed_by_line(tmp_path: Path, raw: bytes, l
     said = str(exc.value)
     assert f"{path}:{line}:" in said and f"line {line}{key});" in said and "UTF-8" in said, said
     assert "S3cr" not in said
+
+
+@pytest.mark.parametrize(("key", "says"), [
+    # vLLM's parser reads `--NAME.k V` as --NAME '{"k": V}' and takes a prefix of a flag:
+    # `"a.b" = 1` stopped vLLM at each launch (`ambiguous option: --a`), `"api-key.k"` put the
+    # key on vLLM's argv in clear (its API key the JSON object), `"por.k"` stopped vLLM
+    ("a.b", "--a is --api-key abbreviated"),
+    ("api-key.k", "--api-key set to a JSON object"),
+    ("api_k.k", "--api-k is --api-key abbreviated"),
+    ("hf-token.k", "--hf-token set to a JSON object"),
+    ("por.k", "use vllm.port"),
+    ("port.k", "use vllm.port"),
+    ("served-model-name.k", "use vllm.served_model_name"),
+])
+def test_a_dotted_key_is_judged_by_the_flag_vllm_reads_before_its_dot(key: str, says: str
+                                                                     ) -> None:
+    from vllmwatch.config import command
+    config = from_dict({"vllm": {"model": "/m", "args": {key: "Zq9SecretK1"}}})
+    with pytest.raises(ConfigError) as exc:  # the launch's own judgement: no vLLM started
+        command.build(config, {})
+    problems = {p.key: p.problem for p in exc.value.problems}
+    assert says in problems[f"vllm.args.{key}"], problems
+    assert "Zq9SecretK1" not in str(problems)
+    config = from_dict({"vllm": {"model": "/m", "args": {"hf-overrides.rope_theta": 1e6}}})
+    assert config.vllm.args == {"hf-overrides.rope_theta": 1e6}  # a JSON flag's key: read

@@ -266,6 +266,12 @@ def test_the_password_scan_hides_what_the_quadratic_regex_hid(text: str) -> None
     (["--hf", "Zq9XkLmP"], ["--hf", REDACTED]),  # not unique in vLLM: refused, hidden anyway
     (["--", "--api-ke"], ["--", "--api-ke"]),  # `--` alone ends the flags: nothing follows
     (["--host", "h", "--api-server-count", "2"], ["--host", "h", "--api-server-count", "2"]),
+    # vLLM reads `--NAME.k V` as --NAME '{"k": V}': the key is V's JSON object, on its argv
+    (["--api-key.k", "Zq9XkLmP", "--port", "8000"], ["--api-key.k", REDACTED, "--port", "8000"]),
+    (["--api_k.k=Zq9XkLmP"], [f"--api_k.k={REDACTED}"]),
+    (["--hf-tok.k", "Zq9XkLmP"], ["--hf-tok.k", REDACTED]),
+    (["--api_ke", "Zq9XkLmP"], ["--api_ke", REDACTED]),  # `_` is `-` to vLLM's parser
+    (["--hf-overrides.rope_theta", "1e6"], ["--hf-overrides.rope_theta", "1e6"]),
 ])
 def test_an_abbreviated_secret_flag_hides_its_value(argv: list[str], want: list[str]) -> None:
     """vLLM's parser takes a flag's prefix (`--api-ke X` is `--api-key X`)."""
@@ -354,7 +360,8 @@ def test_every_key_of_api_key_is_hidden(argv: list[str], want: list[str]) -> Non
     assert "Zq9K" not in line and line.split(REDACTED)[-1] == " ".join(want).split(REDACTED)[-1]
 
 
-@pytest.mark.parametrize("name", ["a", "api", "api-k", "hf-tok"])
+@pytest.mark.parametrize("name", ["a", "api", "api-k", "hf-tok", "a.b", "api-key.k",
+                                  "hf-token.k", "api-k.k"])
 def test_a_config_problem_about_a_secret_flag_reads_whole(name: str) -> None:
     """vllmwatch's own advice about a secret flag passes the redactor on its way to the
     terminal and the journal: it must come out as written (`--api-key abbreviated (vLLM's`
@@ -363,3 +370,24 @@ def test_a_config_problem_about_a_secret_flag_reads_whole(name: str) -> None:
     assert problem is not None
     shown = problem.render("/etc/vllmwatch/vllmwatch.toml")
     assert R.text(shown) == shown
+
+
+_KEYS = st.text("abcdefghijklmnopqrstuvwxyz_", min_size=1, max_size=12)
+
+
+@settings(max_examples=200, deadline=None)
+@given(st.sampled_from(["api-key", "api_key", "hf-token", "hf_token"]), _KEYS,
+       st.sampled_from(["=", " "]), st.sampled_from(["{} {}", "{!r}, {!r}", "{}={}"]))
+def test_a_secret_flag_with_a_dotted_key_hides_its_value(flag: str, key: str, sep: str,
+                                                          form: str) -> None:
+    """vLLM's parser reads `--api-key.k X` as --api-key '{"k": X}': X is in the key, judged
+    by the flag before the dot (the last key, `k`, names nothing secret)."""
+    value = "Zq9XkLmP42"
+    word = f"--{flag}.{key}"
+    joined = form.replace("{!r}, {!r}", repr(word)[:-1] + "', " + repr(value)) if "!r" in form \
+        else form.format(word, value)
+    text = f"vllm serve /m {joined} --port 8000"
+    shown = R.text(text)
+    assert value not in shown and "--port 8000" in shown, (text, shown)
+    words = [f"{word}{sep}{value}"] if sep == "=" else [word, value]
+    assert value not in " ".join(redact_argv(["vllm", "serve", *words, "--port", "8000"]))

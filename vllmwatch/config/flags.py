@@ -53,10 +53,9 @@ REMOVED["rope-theta"] = REMOVED["rope-scaling"]
 # with "{" (a single-line Jinja chat-template) stays text.
 BUILTIN_JSON = frozenset({  # vLLM 0.32.0's JSON flags (its argparse types), common ones first
     "hf-overrides", "compilation-config", "speculative-config", "kv-transfer-config",
-    "kv-events-config", "ec-transfer-config", "override-generation-config",
-    "limit-mm-per-prompt", "mm-processor-kwargs", "media-io-kwargs",
-    "model-loader-extra-config", "additional-config", "pooler-config",
-    "structured-outputs-config", "attention-config", "default-mm-loras",
+    "kv-events-config", "ec-transfer-config", "override-generation-config", "limit-mm-per-prompt",
+    "mm-processor-kwargs", "media-io-kwargs", "model-loader-extra-config", "additional-config",
+    "pooler-config", "structured-outputs-config", "attention-config", "default-mm-loras",
     "model-class-overrides", "eplb-config", "kernel-config", "quantization-config",
     "watermark-config", "custom-histogram-buckets", "default-chat-template-kwargs",
     "allowed-origins", "allowed-methods", "allowed-headers", "pt-load-map-location",
@@ -93,16 +92,18 @@ def json_problem(text: str, key: str) -> Problem | None:
 def flag_problem(name: str, value: object, key: str, version: str | None = None,
                  json_flags: frozenset[str] = BUILTIN_JSON) -> Problem | None:
     """The flags a widely copied guide gets wrong, each with its modern replacement."""
-    if name in OWNED_FLAGS:
-        return Problem(key, f"--{name} is set by vllmwatch; use {OWNED_FLAGS[name]}")
-    # vLLM's parser takes a unique prefix for the flag (argparse's allow_abbrev): --por 9000
-    # would move vLLM off the port vllmwatch probes, --api-k would put the key on argv
-    whole = next((f for f in (*OWNED_FLAGS, *SECRET_FLAGS) if f.startswith(name)), None)
-    if whole is not None and name != whole:
-        use = OWNED_FLAGS.get(whole) or f"{whole} written in full (vllmwatch moves it to " \
-            f"vLLM's environment, off its command line)"
-        return Problem(key, f"--{name} is --{whole} abbreviated (vLLM's parser takes "
-                       f"prefixes); use {use}")
+    # vLLM's parser takes a unique prefix for a flag (allow_abbrev), and `--NAME.k V` as --NAME
+    # '{"k": V}': --por 9000 moves vLLM off the probed port, --api-k or --api-key.k puts the key
+    # on argv in clear, --a.b stops vLLM (`ambiguous option`): judged by NAME alike
+    base = name.partition(".")[0]
+    whole = next((f for f in (*OWNED_FLAGS, *SECRET_FLAGS) if f.startswith(base)), None)
+    if whole is not None and (name != whole or whole in OWNED_FLAGS):
+        use = OWNED_FLAGS.get(whole) or f"{whole} written in full (vllmwatch moves it to vLLM's " \
+            "environment, off its command line)"
+        said = [f"--{name} is read by vLLM as --{base} set to a JSON object"] * (base != name) + \
+            [f"--{base} is --{whole} abbreviated (vLLM's parser takes prefixes, or stops where "
+             "two flags start so)"] * (base != whole) or [f"--{name} is set by vllmwatch"]
+        return Problem(key, f"{', and '.join(said)}; use {use}")
     if name == "api-key" and value is True:  # vLLM's --api-key always takes a word
         return Problem(key, "--api-key has no value (the word after it starts with --, or "
                        "there is none): vLLM refuses the line, and a key that starts with "
@@ -233,15 +234,14 @@ def is_value_of_flag(extra: Sequence[str], i: int) -> bool:
 # -O: `-tp 2` in extra_args is --tensor-parallel-size to vLLM, so to every check and reader.
 SHORT_FLAGS = {"-tp": "tensor-parallel-size", "-pp": "pipeline-parallel-size",
                "-dp": "data-parallel-size", "-q": "quantization", "-O": "optimization-level",
-               "-sc": "speculative-config", "-cc": "compilation-config",
-               "-ac": "attention-config", "-dc": "diffusion-config", "-n": "nnodes",
-               "-r": "node-rank", "-ep": "enable-expert-parallel",
-               "-asc": "api-server-count", "-dcp": "decode-context-parallel-size",
-               "-pcp": "prefill-context-parallel-size", "-dpn": "data-parallel-rank",
-               "-dpr": "data-parallel-start-rank", "-dpl": "data-parallel-size-local",
-               "-dpa": "data-parallel-address", "-dpp": "data-parallel-rpc-port",
-               "-dpb": "data-parallel-backend", "-dph": "data-parallel-hybrid-lb",
-               "-dpe": "data-parallel-external-lb",
+               "-sc": "speculative-config", "-cc": "compilation-config", "-ac": "attention-config",
+               "-dc": "diffusion-config", "-n": "nnodes", "-r": "node-rank",
+               "-ep": "enable-expert-parallel", "-asc": "api-server-count",
+               "-dcp": "decode-context-parallel-size", "-pcp": "prefill-context-parallel-size",
+               "-dpn": "data-parallel-rank", "-dpr": "data-parallel-start-rank",
+               "-dpl": "data-parallel-size-local", "-dpa": "data-parallel-address",
+               "-dpp": "data-parallel-rpc-port", "-dpb": "data-parallel-backend",
+               "-dph": "data-parallel-hybrid-lb", "-dpe": "data-parallel-external-lb",
                "-dpm": "data-parallel-multi-port-external-lb"}
 
 

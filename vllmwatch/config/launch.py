@@ -230,9 +230,11 @@ def redact_argv(argv: tuple[str, ...] | list[str]) -> list[str]:
 
 def _secret_flag(name: str) -> bool:
     """A secret by its name, or a secret flag abbreviated: vLLM's parser takes a prefix of a
-    flag (`--api-ke X` is `--api-key X`; one that is not unique is refused)."""
-    return is_secret_name(name) or (bool(name) and any(f.startswith(name)
-                                                      for f in flags.SECRET_FLAGS))
+    flag (`--api-ke X` is `--api-key X`; one that is not unique is refused), and the flag
+    before a dot (`--api-key.k X`, `--api-k.k X` set the key to the JSON object {"k": X})."""
+    base = name.partition(".")[0]
+    return is_secret_name(name) or is_secret_name(base) or (
+        bool(base) and any(f.startswith(base.replace("_", "-")) for f in flags.SECRET_FLAGS))
 
 
 # A client's password by a flag with no secret name (a wrapper's shell trace): curl's -u/--user/

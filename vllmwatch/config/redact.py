@@ -162,7 +162,8 @@ def _has_secret_name(text: str) -> bool:
                 start -= 1
             while end < len(text) and text[end] in _WORD_CHARS:
                 end += 1
-            if is_secret_name(text[start:end]):
+            word = text[start:end]  # (a flag before its dot too: `--api-key.k X`)
+            if is_secret_name(word) or is_secret_name(word.partition(".")[0]):
                 return True
             at = low.find(hint, end)
     return False

@@ -259,6 +259,9 @@ def sub_named(rule: Rule, text: str) -> str:
             secret = is_secret_name(urllib.parse.unquote(name) if rule.encoded else name)
         if secret and rule.spaced:
             secret = _spaced_name(name)
+        if not secret and (m.groupdict().get("dash") or m.groupdict().get("fq")):  # a flag by
+            secret = is_secret_name(name.partition(".")[0])  # its name before a dot: vLLM's
+            # `--api-key.k X` sets the key to {"k": X}
         if not secret:
             pos = m.end("name")
             continue
