@@ -273,3 +273,20 @@ def test_a_listed_variable_across_two_lines_of_a_stream_is_hidden() -> None:
         assert out == [*lines[:2], f"  value: {REDACTED}", *lines[3:]], out
         assert red.after(lines[1], lines[2]) == f"  value: {REDACTED}"
         assert red.after("- name: PORT", "  value: 8000") == "  value: 8000"
+
+
+@settings(max_examples=300, deadline=None)
+@given(values, values, st.sampled_from(['"', '\\"', '\\', "'"]), st.integers(2, 3),
+       st.sampled_from(["api_key", "password", "hf_token"]))
+def test_a_quote_in_a_secret_of_json_in_a_string_is_hidden(
+        head: str, tail: str, sign: str, levels: int, name: str) -> None:
+    """JSON inside a JSON string (a request body in an error message, once or twice): a `"` in
+    the value is escaped once more than the quotes around it (`\\"K1\\\\\\"K2\\"`); the value
+    ended at that quote, the rest of the secret in clear."""
+    secret = f"{head}{sign}{tail}"
+    text = json.dumps({name: secret, "model": "/m"})
+    for _ in range(levels - 1):
+        text = json.dumps(text)
+    for red in (R, REDACT):
+        out = red.text(text)
+        assert head not in out and tail not in out and "/m" in out, (text, out)

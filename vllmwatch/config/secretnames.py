@@ -108,10 +108,12 @@ _NAME = r"(?=[A-Za-z_])[\w.-]{0,80}?(?i:" + HINT_WORDS + r")[\w.-]{0,80}"
 # alone before a line's end), so an unclosed quote runs to the line's end in one pass (that
 # prompt's secret is hidden too) and never backtracks: `(?:\\.|(?!q).)*` was exponential.
 # An escaped value's backslash run is consumed whole, once: `(?!\\+q).` rescanned the run at
-# each of its characters (quadratic: 4 s for 16 K backslashes).
+# each of its characters (quadratic: 4 s for 16 K backslashes). A quote escaped once more than
+# the value's own (`\"K1\\\"K2\"`, a `"` in the secret) is part of the value, not its end.
 _QUOTED = (r"""(?:b?(?P<vq>['"])(?P<qv>(?:\\(?:.|(?!.))|(?!(?P=vq))[^\\\n])*)"""
            r"""(?:(?P=vq)|(?=\n)|\Z)"""
-           r"""|(?P<esc>\\+)(?P<evq>['"])(?P<eqv>(?:[^\\\n]|\\+(?![\\]|(?P=evq)))*)"""
+           r"""|(?P<esc>\\+)(?P<evq>['"])(?P<eqv>(?:[^\\\n]|\\+(?![\\]|(?P=evq))"""
+           r"""|(?P=esc)\\+(?P=evq))*)"""
            r"""(?P=esc)(?P=evq))""")
 # Space between a scheme and its credential, or its escape (`Bearer\\tX` in JSON-escaped text)
 SPACE = r"(?:\s|\\+[tnr])+"
