@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import json
 import signal
+import threading
 import urllib.error
 import urllib.request
 from collections.abc import Iterator
@@ -37,7 +38,7 @@ def daemon(tmp_path: Path) -> Iterator[Daemon]:
         d.close()
 
 
-def _code(port: int, method: str, path: str, key: str | None) -> int:
+def _code(port: int, method: str, path: str, key: str | None, timeout: float = 20.0) -> int:
     headers = {"Content-Type": "application/json"}
     if key is not None:
         headers["Authorization"] = f"Bearer {key}"
@@ -45,7 +46,7 @@ def _code(port: int, method: str, path: str, key: str | None) -> int:
     req = urllib.request.Request(f"http://127.0.0.1:{port}{path}", method=method, data=data,
                                  headers=headers)
     try:
-        with urllib.request.urlopen(req, timeout=20) as resp:
+        with urllib.request.urlopen(req, timeout=timeout) as resp:
             return int(resp.status)
     except urllib.error.HTTPError as exc:
         if exc.code == 401:  # vLLM's own shape, from whichever of the two refused it
@@ -80,3 +81,40 @@ def test_the_gate_asks_for_the_key_where_vllm_does_not(daemon: Daemon, tmp_path:
     assert _code(gate, "POST", "/pooling", OLD) == 401
     said = json.dumps(d.events) + "\n".join(d.raw)
     assert OLD not in said and NEW not in said
+
+
+def test_a_held_request_with_the_old_key_is_refused_at_the_relaunch_not_at_its_ready(
+        tmp_path: Path) -> None:
+    """The relaunch for a rotated key starts and stays starting (the fake's start waits for a
+    file): a request with the old key gets its 401 at the launch, not when vLLM is READY (it
+    waited until then, or until gate.hold_timeout's 503); the new key waits, and is served."""
+    go = tmp_path / "start.go"
+    go.touch()
+    (tmp_path / "key").write_text(OLD + "\n")
+    (tmp_path / "key").chmod(0o600)
+    cfg = merge(base_config(free_port(), free_port(), ["--hold-start-until", str(go)]), {
+        "vllm": {"api_key_file": str(tmp_path / "key"), "args": {"runner": "pooling"}},
+        "gate": {"enabled": True, "listen": f"127.0.0.1:{free_port()}"}})
+    (tmp_path / "d").mkdir()
+    d = Daemon(tmp_path / "d", cfg)
+    try:
+        d.start()
+        d.wait_ready(60.0)
+        gate = int(cfg["gate"]["listen"].rsplit(":", 1)[1])
+        go.unlink()  # the relaunch's start waits from now on
+        (tmp_path / "key").write_text(NEW + "\n")
+        since = d.mark()
+        d.signal(signal.SIGHUP)
+        d.wait_event("child.started", 30.0, since)
+        served: list[int] = []
+        new = threading.Thread(target=lambda: served.append(
+            _code(gate, "POST", "/v1/embeddings", NEW, timeout=120.0)), daemon=True)
+        new.start()
+        assert _code(gate, "POST", "/v1/embeddings", OLD) == 401  # (old code: a timeout)
+        assert _code(gate, "POST", "/pooling", None) == 401
+        assert not served, "the new key was answered before its engine was READY"
+        go.touch()
+        new.join(130.0)
+        assert served == [200]
+    finally:
+        d.close()

@@ -1,4 +1,4 @@
-"""The gate's API key check (gate/door.py key_refused) against real vLLM 0.32's own middleware
+"""The gate's API key check (gate/apikey.py key_refused) against real vLLM 0.32's own middleware
 (vllm/entrypoints/serve/middleware/authenticate.py), run in the real vLLM's venv: for every
 allow-listed path, method and Authorization header below, vLLM refuses it or the gate does
 (never both, never neither) unless the path is keyless in both, and each decides a header the
@@ -15,7 +15,7 @@ from tests.support import REPO
 CHECK = r'''
 import asyncio
 from vllm.entrypoints.serve.middleware.authenticate import AuthenticationMiddleware
-from vllmwatch.gate import door, replay
+from vllmwatch.gate import apikey, replay
 from vllmwatch.testing import fake_api
 
 KEY = "sk-Parity123"
@@ -51,11 +51,11 @@ async def main():
         for method in ("POST", "GET", "OPTIONS"):
             for auth in AUTHS:
                 by_vllm = await refuses(method, path, auth)
-                by_gate = door.key_refused(method, path, auth, KEY)
+                by_gate = apikey.key_refused(method, path, auth, KEY)
                 as_vllm = await refuses(method, "/v1/models", auth)
                 fake = fake_api.unauthorized(method, path, auth, KEY)
-                ok = fake == by_vllm and (not by_gate if path in door.KEYLESS or
-                                          path.startswith(door.VLLM_GUARDED)
+                ok = fake == by_vllm and (not by_gate if path in apikey.KEYLESS or
+                                          path.startswith(apikey.VLLM_GUARDED)
                                           else not by_vllm and by_gate == as_vllm)
                 if not ok:
                     wrong.append((method, path, auth, by_vllm, by_gate, fake))

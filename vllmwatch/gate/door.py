@@ -1,6 +1,6 @@
 """The door: whether a new request may go to vLLM now, and the queue of those that wait;
-the fence: which engine generations no request may be sent to any more (below); the API key
-on the paths vLLM leaves open (key_refused); and the gate's figures (GateStats, GenFigures).
+the fence: which engine generations no request may be sent to any more (below); and the
+gate's figures (GateStats, GenFigures). The API key is gate/apikey.py's.
 
 Readiness comes from the daemon (a thread-safe getter over its latest snapshot) and is polled
 on the gate's own event loop; requests that arrive while vLLM is starting, restarting or
@@ -12,8 +12,6 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import dataclasses
-import hashlib
-import hmac
 import threading
 from collections import deque
 from collections.abc import Callable
@@ -201,36 +199,6 @@ class Fence:
             if gen not in self._signalled:
                 self._signalled.append(gen)
             return done
-
-
-# ---- the API key on the paths vLLM leaves open ---------------------------------------
-# vLLM 0.32's key middleware (entrypoints/serve/middleware/authenticate.py, added for
-# `--api-key` or VLLM_API_KEY by register.py:33-36) guards only paths starting with these
-# prefixes (:11, :59); /pooling, /score, /rerank, /classify, /tokenize and /detokenize run
-# the model (or its tokenizer) for anyone who reaches the port. Clients see one address, the
-# gate's, and an operator who set a key expects every inference path there to need it, so the
-# gate asks for it where vLLM does not, the way vLLM does (key_refused). Under the prefixes
-# vLLM's own check answers, against the key of the engine that got the request: the gate does
-# not repeat it (a second check could only disagree with vLLM's while a rotation relaunches).
-VLLM_GUARDED = ("/v1", "/v2", "/inference", "/cohere")
-# Open in vLLM, and kept open here: liveness and monitoring (load balancers, Prometheus) read
-# them without a key in vLLM, and they run nothing of the model.
-KEYLESS = frozenset({"/health", "/metrics", "/version"})
-UNAUTHORIZED = {"error": "Unauthorized"}  # vLLM's own 401 body (authenticate.py:60)
-
-
-def key_refused(method: str, path: str, authorization: str | None, key: str | None) -> bool:
-    """Whether the gate answers this allow-listed request 401 itself: a key is set, the path
-    is one vLLM leaves open and not KEYLESS, and the request is not OPTIONS (vLLM lets CORS
-    preflights through: :50) nor carries `Authorization: Bearer <key>` (:30-45: the scheme in
-    any case, everything after the first space the token). Compared as vLLM does, SHA-256
-    digests in constant time: how long a refusal takes says nothing of the key."""
-    if not key or method == "OPTIONS" or path.startswith(VLLM_GUARDED) or path in KEYLESS:
-        return False
-    scheme, _, token = (authorization or "").partition(" ")
-    given = hashlib.sha256(token.encode("utf-8", "surrogateescape")).digest()
-    same = hmac.compare_digest(given, hashlib.sha256(key.encode("utf-8")).digest())
-    return not (same and scheme.lower() == "bearer")
 
 
 # ---- the gate's figures ----------------------------------------------------------------

@@ -3,27 +3,30 @@
 A request is sent to one engine generation (the child's pid) at most once (unless that
 engine serves on, no restart of it begun, SAME_ENGINE_GRACE after it failed). When that engine
 dies, hangs or is stopped before anything of the answer reached the client, a request to a
-pure-inference path (gate/replay.py) waits at the door again and is sent to the next engine
-that serves, at most gate.replay_max times and within gate.hold_timeout from its arrival;
-otherwise it is answered 502 as before, saying why it was not sent again. An answer that had
-begun is never replayed: a stream ends with an error event its client parses, and is counted.
-A connection that vLLM refused (nothing was sent) is tried again after waiting at the door.
+pure-inference path (gate/replay.py) waits at the door again for the next engine, at most
+gate.replay_max times and within gate.hold_timeout from its arrival; else it is answered 502
+saying why. An answer begun is never replayed (a stream ends with an error event its client
+parses, counted). A connection vLLM refused (nothing sent) is tried again after the door.
 """
 
 from __future__ import annotations
 
 import asyncio
 from collections.abc import Callable
+from typing import TYPE_CHECKING
 
 from aiohttp import web
 
 from vllmwatch.gate import exchange, replay
-from vllmwatch.gate.door import UNAUTHORIZED, Door, Fence, GenBook, Readiness, key_refused
+from vllmwatch.gate.door import Door, Fence, GenBook, Readiness
 from vllmwatch.gate.door import GateStats as GateStats
 from vllmwatch.gate.door import GenFigures as GenFigures
 from vllmwatch.gate.guard import MAX_BODY, Guard
 from vllmwatch.gate.guard import error_response as _error
 from vllmwatch.gate.replay import STOPPED, upstream_target
+
+if TYPE_CHECKING:
+    from vllmwatch.gate.apikey import HeldKey
 
 REFUSED_HOLD = 0.5  # after vLLM refused a connection, hold this long before trying again
 # Idle upstream connections are dropped before vLLM's uvicorn drops them (exchange.Upstreams):
@@ -63,7 +66,7 @@ class Forwarder:
         self.route: Callable[[], tuple[int | None, bool]] = lambda: (
             self._generation(), self.to_spare())
         self.spare_in_flight = 0
-        self.api_key: str | None = None  # the key of the engine launched last (new_engine)
+        self.key: HeldKey | None = None  # the key of the engine launched last (new_engine)
 
     async def open(self) -> None:
         """Create the client sessions (on the gate's loop)."""
@@ -80,9 +83,8 @@ class Forwarder:
         cut = 0
         for ex in list(self.live):
             if ex.gen == gen and ex.task is not None and not ex.task.done():
-                ex.cut = True
+                ex.cut, cut = True, cut + 1
                 ex.task.cancel()
-                cut += 1
         return cut
 
     def new_engine(self, gen: int, api_key: str | None = None) -> None:
@@ -90,7 +92,9 @@ class Forwarder:
         a new engine, not fenced (the door would hold for good) nor given the old figures.
         `api_key`: the key it enforces (a rotated key file relaunches): the gate's from now."""
         self.fence.forget(gen)
-        self.api_key = api_key
+        if api_key is not None or self.key is not None:  # (gate/apikey.py: only with a key)
+            from vllmwatch.gate.apikey import HeldKey
+            self.key = (self.key or HeldKey(self.fence)).launched(gen, api_key)
         self.gens.pop(gen, None)  # (one dict operation: atomic beside the gate's thread)
 
     def settled(self, gen: int | None) -> GenFigures:
@@ -98,15 +102,15 @@ class Forwarder:
         return self.gens.settled(gen, sum(1 for ex in self.live if ex.gen == gen))
 
     async def handle(self, request: web.Request) -> web.StreamResponse:
-        """Refuse a path not on the allow-list; read the body within the guard's bounds, hold
-        while vLLM is not ready, forward."""
+        """Refuse a path off the list; read the body within the guard's bounds; hold; forward."""
         guard = self.guard
         if guard is not None:  # its head is complete: the header deadline is over, refused
             guard.begin(request.protocol)  # or not (a refused one left it running: cut at
         try:  # HEADER_TIMEOUT while the client idled, counted as a slow head)
             why = replay.refusal(request.method, request.path, request.raw_path)
-            if why is not None:
-                return self._refuse_path(request.path, why)
+            if why is not None:  # 404 from the gate itself, counted (logged at a bounded rate)
+                self._count("path_refused")
+                return _error(request.path, 404, why, kind="NotFoundError")
             if guard is None:
                 return await self._handle(request, await request.read())
             got = await guard.read_body(request)
@@ -202,8 +206,8 @@ class Forwarder:
         the answer began and vLLM failed."""
         loop = asyncio.get_running_loop()
         gen, spare = self._route()
-        # Open for an engine it was sent to already (its failure not published yet), or one
-        # told to stop: never sent there; wait for the next one.
+        # Never to an engine it was sent to already (its failure not published yet) or told
+        # to stop: it waits for the next one.
         if gen in tried and loop.time() - tried[gen] >= SAME_ENGINE_GRACE:
             del tried[gen]  # no restart of it began: it lives, and gets it once more
         if gen in tried or not self.fence.begin(gen):
@@ -219,11 +223,6 @@ class Forwarder:
             self.stats.quarantined += 1
             self._log("error", "gate.quarantined", **replay.quarantined_fields(
                 fp, request.path, len(body), gen, deaths))
-
-    def _refuse_path(self, path: str, why: str) -> web.Response:
-        """404 from the gate itself, counted (and logged at a bounded rate by the runner)."""
-        self._count("path_refused")
-        return _error(path, 404, why, kind="NotFoundError")
 
     def _count(self, reason: str) -> None:
         """A refusal of the gate's own: counted by the guard (and logged by the runner)."""
@@ -256,11 +255,12 @@ class Forwarder:
     async def _wait_at_door(self, request: web.Request, timeout: float, again: bool
                             ) -> web.Response | None:
         """None: send it now; else its answer (`again`: a retry, ended by its spent hold). The
-        key is checked once the door opens, as the engine it opens for would (door.py)."""
-        path = request.path
+        key: of a held request at once, else once the door opens (gate/apikey.py)."""
+        path, wait = request.path, max(0.0, timeout)
         self.stats.holding += 1
         try:
-            passed = None if again and timeout <= 0 else await self.door.enter(max(0.0, timeout))
+            passed = None if again and timeout <= 0 else await (self.door.enter(wait) if (
+                self.key is None) else self.key.enter(self.door, wait, request))
         finally:
             self.stats.holding -= 1
         if passed is None:
@@ -270,18 +270,16 @@ class Forwarder:
         if not passed:
             self.stats.refused_closed += 1
             return _error(path, 503, STOPPING, self.retry_after)
-        if key_refused(request.method, path, request.headers.get("Authorization"), self.api_key):
-            self._count("unauthorized")  # (counted, logged at a bounded rate: gate.refused)
-            return web.json_response(UNAUTHORIZED, status=401)
-        return None
+        if passed != "unauthorized":
+            return None
+        self._count("unauthorized")  # (counted, logged at a bounded rate: gate.refused)
+        return web.json_response({"error": "Unauthorized"}, status=401)  # vLLM's own 401
 
     def _route(self) -> tuple[int | None, bool]:
-        """(the engine generation, whether it is the spare) from one look at the daemon's
-        snapshot: read apart, a route that moved between the reads sent a request to one
-        engine counted under the other's generation (a stop order of the one it reached
-        would not wait for it). Counted in the spare's in-flight before the look (issue 34):
-        a spare's drain that sees none in flight after the route went back knows none will
-        reach the spare any more; the caller takes a request not sent there off again."""
+        """(the engine generation, whether it is the spare) from one look at the daemon's snapshot
+        (read apart, a route that moved between them counted a request under the other's
+        generation). Counted in the spare's in-flight before the look (issue 34): a drain of the
+        spare that sees none knows none will reach it; the caller takes off one not sent there."""
         self.spare_in_flight += 1
         gen, spare = self.route()
         spare = spare and self.upstreams.spare is not None
@@ -292,8 +290,7 @@ class Forwarder:
                        spare: bool, replay: bool = False, broke: list[bool] | None = None
                        ) -> web.StreamResponse | exchange.Failed:
         """One exchange with engine `gen` (the fence counted its send in _handle), the spare
-        when `spare` (counted in its in-flight by _route); replay: it was sent to another
-        engine before."""
+        when `spare` (counted in its in-flight by _route); replay: sent to another before."""
         main, spare_session = self.upstreams.main, self.upstreams.spare
         assert main is not None
         ex = exchange.Exchange(gen, self.fence, request.path, bool(body))
