@@ -48,12 +48,13 @@ def test_real_effects_keeps_no_per_child_field(tmp_path: Path,
     fx = RealEffects(config, _quiet, FakeNotifier(), {"PATH": "/usr/bin:/bin"})
     before = dict(vars(fx))
     assert set(before) == DAEMON_FIELDS and fx._run is None
-    told: list[int] = []
-    fx.new_engine = lambda gen, _key: told.append(gen)
+    told: list[tuple[int, int]] = []  # (pid, the largest body with audio it takes)
+    fx.new_engine = lambda gen, _key, audio: told.append((gen, audio))
     before = dict(vars(fx))
     got = launching.spawn(fx, config, lambda _e: None)
     assert isinstance(got, Spawned) and got.pid > 0
-    assert told == [got.pid], "the gate was not told of the launch's pid"
+    assert told == [(got.pid, 4 * ((25 * 2**20 + 2) // 3) + 2**20)], \
+        "the gate was not told of the launch's pid and body cap (vLLM's 25 MiB of audio)"
     changed = {k for k, v in vars(fx).items() if v is not before[k]}
     assert changed == {"_run"}  # the launch is all in the handle
     wait_until(fx.child_exit_pending, 20, "the child exits")

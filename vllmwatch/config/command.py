@@ -66,6 +66,20 @@ class ChildCommand:
         adapters, the spare); an empty value is no key, as in vLLM."""
         return self.env.get("VLLM_API_KEY") or None
 
+    @property
+    def audio_body(self) -> int:
+        """The largest request body with audio this vLLM takes, in bytes: its cap of an audio
+        file, VLLM_MAX_AUDIO_CLIP_FILESIZE_MB (MiB, read with int(), 25 by default: vLLM 0.32
+        envs.py) from whichever source set it, sent as base64 in a chat's input_audio (4/3 of
+        it: multimodal/media/audio.py load_base64) or a transcription's upload, with 1 MiB
+        beside (Starlette's cap of a form field). The gate reads bodies up to it (new_engine);
+        a value int() refuses fails vLLM's first audio request: its default's then."""
+        try:
+            mib = max(0, int(self.env.get("VLLM_MAX_AUDIO_CLIP_FILESIZE_MB", "25")))
+        except ValueError:
+            mib = 25
+        return 4 * ((mib * 2**20 + 2) // 3) + 2**20
+
     def shown_argv(self) -> list[str]:
         """argv with secrets redacted (config/redact.py's rules; values from vllm.env_file)."""
         return REDACT.argv([REDACTED if a in self.hidden else a for a in self.argv])

@@ -3,19 +3,19 @@
 aiohttp caps header sizes but not how many connections are open, how long one may stay idle
 before its first request, how slowly a head may trickle, or how many request bodies are held
 in memory while vLLM is not ready. Here:
-- at most `max_connections` client connections; at the cap the longest idle one is closed
-  for a new one, and with none idle the new one gets 503 and is closed (gate/shed.py; so the
+- at most `max_connections` client connections; at the cap the longest idle one is closed for
+  a new one, and with none idle the new one gets 503 and is closed (gate/shed.py; so the
   descriptors of probes, spawns and the status endpoint stay free);
-- a connection with no request in progress is closed after IDLE_TIMEOUT (HEADER_TIMEOUT
-  before its first byte); a request head that has begun must be complete within
-  HEADER_TIMEOUT; aiohttp's page for a request it cannot parse never echoes its bytes;
-- a body is read within BODY_TIMEOUT (else 408) and up to MAX_BODY (else 413); all bodies
-  held at once are at most MAX_HELD (else 503); `Expect: 100-continue` is met only for a
-  body the gate will read (expect_continue);
+- a connection with no request in progress is closed after IDLE_TIMEOUT (HEADER_TIMEOUT before
+  its first byte); a request head begun must be complete within HEADER_TIMEOUT; aiohttp's page
+  for a request it cannot parse never echoes its bytes;
+- a body is read within BODY_TIMEOUT (else 408) and up to what vLLM takes (max_body, else
+  413); all bodies held at once are at most MAX_HELD (else 503); `Expect: 100-continue` is met
+  only for a body the gate will read (expect_continue);
 - a client that takes no byte of its answer for WRITE_STALL is cut (ClientGone), and a
-  connection the gate closes is aborted if its last bytes are not taken (`close`); once its
-  handler returned, an answer still going out keeps its connection from the idle deadline
-  and the cap's pick for as long as the client takes bytes of it (none for IDLE_TIMEOUT: cut).
+  connection the gate closes is aborted if its last bytes are not taken (`close`); an answer
+  still going out after its handler returned keeps its connection from the idle deadline and
+  the cap's pick while the client takes bytes of it (none for IDLE_TIMEOUT: cut).
 Every shed connection and refusal is counted (GateStats) and logged at a bounded rate; a
 client that left mid-request is counted, never an error. Runs on the gate's event loop only.
 """
@@ -60,8 +60,9 @@ BODY_TIMEOUT = 60.0  # the whole request body
 # A request head's fields, and the bytes of one: aiohttp's default 128 fields let each
 # connection hold ~1 MiB of unfinished head for HEADER_TIMEOUT, 1 GiB at the connection cap.
 MAX_HEADERS, MAX_FIELD = 64, 8190
-MAX_BODY = 16 * 2**20  # one request body (prompts with images); aiohttp's default is 1 MiB
+MAX_BODY = 16 * 2**20  # one request body at least (prompts with images); aiohttp's: 1 MiB
 MAX_HELD = 256 * 2**20  # all request bodies in memory at once
+TOO_LARGE = "(16 MiB, or more as the audio cap VLLM_MAX_AUDIO_CLIP_FILESIZE_MB of vLLM asks)"
 SWEEP_EVERY = 1.0
 
 
@@ -139,6 +140,7 @@ class Guard:
         self.server, self.count, self.max_connections = server, count, max_connections
         self.conns: dict[Any, _Conn] = {}  # RequestHandler -> its clocks
         self.held = 0  # bytes of request bodies in memory now
+        self.max_body = MAX_BODY  # one body's; more for the audio vLLM takes (new_engine)
 
     def factory(self) -> asyncio.BaseProtocol:
         """The protocol factory for the listening socket: the handler, or a shed. At the cap
@@ -221,7 +223,7 @@ class Guard:
     async def read_body(self, request: web.Request) -> bytes | web.Response:
         """The request body within the caps and BODY_TIMEOUT, or the error to answer; a
         body returned stays counted in `held` until release(len(body))."""
-        if (refused := body_refusal(request)) is not None:
+        if (refused := body_refusal(request, self.max_body)) is not None:
             if refused[0]:
                 self.count(refused[0])
             return refused[1]
@@ -257,9 +259,9 @@ class Guard:
         self.held -= size
 
     def _over(self, path: str, size: int) -> web.Response | None:
-        if size > MAX_BODY:
+        if size > (cap := self.max_body):
             self.count("too_large")
-            return _refuse(path, 413, f"request body over the gate's cap of {MAX_BODY} bytes")
+            return _refuse(path, 413, f"a body over the gate's cap of {cap} bytes {TOO_LARGE}")
         if self.held > MAX_HELD:
             self.count("held_full")
             return _refuse(path, 503, f"the gate holds {self.held} bytes of request bodies "
@@ -268,18 +270,18 @@ class Guard:
         return None
 
 
-def body_refusal(request: web.Request) -> tuple[str, web.Response] | None:
+def body_refusal(request: web.Request, cap: int) -> tuple[str, web.Response] | None:
     """What the head alone says of the body: (the counter, the refusal) when the gate will
-    not read it ("" counts none); None when it will."""
+    not read it ("" counts none; over `cap` bytes: 413); None when it will."""
     coding = request.headers.get("Transfer-Encoding", "")
     if coding and coding.replace(" ", "").lower() != "chunked":  # gzip, chunked: vLLM
         return "bad_encoding", _refuse(  # would get the compressed bytes as if plain
             request.path, 501, f"Transfer-Encoding {REDACT.head(coding, 40)!r} is not "
             "supported; send the body plain or chunked")
     length = request.content_length
-    if length is not None and length > MAX_BODY:
+    if length is not None and length > cap:
         return "too_large", _refuse(request.path, 413, f"request body of {length} bytes is "
-                                    f"over the gate's cap of {MAX_BODY} bytes")
+                                    f"over the gate's cap of {cap} bytes {TOO_LARGE}")
     expect = request.headers.get("Expect", "100-continue").lower()
     if expect != "100-continue" and request.version >= (1, 1):  # never quoted (aiohttp's
         return "", _refuse(request.path, 417, "the only expectation the gate meets is "
@@ -287,13 +289,13 @@ def body_refusal(request: web.Request) -> tuple[str, web.Response] | None:
     return None
 
 
-async def expect_continue(request: web.Request) -> None:
+async def expect_continue(request: web.Request, cap: int) -> None:
     """Expect: 100-continue met only for a body the gate will read (aiohttp's default met
     all: a client uploaded what the gate discarded with its 404 or 413); else no 100, and
     the handler answers (Forwarder.handle, read_body)."""
     if request.version >= (1, 1) and request.headers.get("Expect", "").lower() == \
             "100-continue" and replay.refusal(request.method, request.path) is None and \
-            body_refusal(request) is None:
+            body_refusal(request, cap) is None:
         await request.writer.write(b"HTTP/1.1 100 Continue\r\n\r\n")
         request.writer.output_size = 0  # (as aiohttp's: the answer's size starts after it)
 

@@ -21,7 +21,7 @@ from vllmwatch.gate import exchange, replay
 from vllmwatch.gate.door import Door, Fence, GenBook, Readiness
 from vllmwatch.gate.door import GateStats as GateStats
 from vllmwatch.gate.door import GenFigures as GenFigures
-from vllmwatch.gate.guard import MAX_BODY, Guard
+from vllmwatch.gate.guard import MAX_BODY, MAX_HELD, Guard
 from vllmwatch.gate.guard import error_response as _error
 from vllmwatch.gate.replay import STOPPED, upstream_target
 
@@ -87,14 +87,18 @@ class Forwarder:
                 ex.task.cancel()
         return cut
 
-    def new_engine(self, gen: int, api_key: str | None = None) -> None:
+    def new_engine(self, gen: int, api_key: str | None = None, audio: int | None = None
+                   ) -> None:
         """vllmwatch launched engine `gen` (its pid), not READY yet: a pid the kernel reused is
         a new engine, not fenced (the door would hold for good) nor given the old figures.
-        `api_key`: the key it enforces (a rotated key file relaunches): the gate's from now."""
+        `api_key`: the key it enforces (a rotated key file relaunches), `audio` its largest body
+        with audio (ChildCommand.audio_body, at most half of MAX_HELD): the gate's from now."""
         self.fence.forget(gen)
         if api_key is not None or self.key is not None:  # (gate/apikey.py: only with a key)
             from vllmwatch.gate.apikey import HeldKey
             self.key = (self.key or HeldKey(self.fence)).launched(gen, api_key)
+        if audio is not None and self.guard is not None:  # (ints: atomic beside the gate's loop)
+            self.replay_body = self.guard.max_body = min(max(MAX_BODY, audio), MAX_HELD // 2)
         self.gens.pop(gen, None)  # (one dict operation: atomic beside the gate's thread)
 
     def settled(self, gen: int | None) -> GenFigures:

@@ -1,9 +1,5 @@
 """The gate's thread: its own asyncio event loop, so client traffic never blocks the watchdog.
-
-The daemon starts it, hands it a readiness getter over its latest snapshot, and reads its
-counters and error (if the gate dies, the daemon says so loudly; /status shows it):
-`start_gate` and `with_gate` at the end.
-"""
+The daemon starts it over its snapshots (`start_gate`), reads its counters (`with_gate`)."""
 
 from __future__ import annotations
 
@@ -236,7 +232,7 @@ class Gate:
         # CONNECT host:port, OPTIONS * (no route): the forwarder's JSON 404 too (_unrouted)
         app = web.Application(client_max_size=guardmod.MAX_BODY, middlewares=[self._unrouted])
         app.router.add_route("*", "/{tail:.*}", self.forwarder.handle,
-                             expect_handler=guardmod.expect_continue)
+                             expect_handler=self._expect)
         # On stop, in-flight and held requests get SHUTDOWN_GRACE s, then are cut. Idle
         # keep-alive connections close at the guard's idle deadline (counted there).
         # auto_decompress off: vLLM gets the client's body byte for byte (not decoded gzip)
@@ -276,6 +272,10 @@ class Gate:
             await runner.cleanup()
             await self.forwarder.close()
             self.refusals.flush(loop.time(), force=True)
+
+    async def _expect(self, request: web.Request) -> None:
+        guard = self.guard  # (the body cap of the engine launched last: Forwarder.new_engine)
+        await guardmod.expect_continue(request, guard.max_body if guard else guardmod.MAX_BODY)
 
     @web.middleware
     async def _unrouted(self, request: web.Request, handler: Handler) -> web.StreamResponse:

@@ -107,11 +107,11 @@ class RealEffects:
         self._fixed_sampler = sampler is not None
         self.reads = LoopReads(lambda: self.sampler, log)  # NVML on the loop's thread, bounded
         self._publish = publish
-        # The gate's fence (gate/runner.Gate.stop_order): told before any signal to a child,
-        # so that no request reaches an engine after vllmwatch told it to stop (issue 37.9);
-        # told of each launch's pid and key (Gate.new_engine): a reused pid is a new engine
+        # The gate's fence (gate/runner.Gate.stop_order): told before any signal to a child, so
+        # that no request reaches an engine after vllmwatch told it to stop (issue 37.9); told
+        # of each launch's pid (a reused pid is a new engine), key and body cap (new_engine)
         self.stop_order: Callable[[int | None, bool], None] = lambda _gen, _cut: None
-        self.new_engine: Callable[[int, str | None], None] = lambda _gen, _key: None
+        self.new_engine: Callable[[int, str | None, int], None] = lambda *_: None
         # ... and what became of a failed engine's requests in flight (Gate.figures): handed
         # over as a copy made on the gate's thread, for the incident record (issue 35).
         self.gate_figures: Callable[[int | None], Mapping[str, int] | None] | None = None
@@ -169,7 +169,7 @@ class RealEffects:
             result = replace(result, launch=self.standby.last_launch)
         if self._run is not None:
             self.incidents.launched(self._run.output_tail, prepared.cmd.env, prepared.api_key)
-            self.new_engine(self._run.pid, self._run.api_key)  # the key vLLM enforces
+            self.new_engine(self._run.pid, self._run.api_key, prepared.cmd.audio_body)
         return result
 
     def _next_command(self, config: Config) -> command.ChildCommand | None:
