@@ -13,7 +13,7 @@ from dataclasses import replace
 
 import vllmwatch
 from vllmwatch import __version__
-from vllmwatch.config.command import load_for_reload
+from vllmwatch.config.command import ChildCommand, load_for_reload
 from vllmwatch.config.schema import Config
 from vllmwatch.core import exitcodes
 from vllmwatch.core.events import ReadyzPolled
@@ -159,6 +159,9 @@ def _start(config: Config, log_format: str | None, env: dict[str, str], log: Swi
     if live.gate is not None:
         fx.stop_order, fx.new_engine = live.gate.stop_order, live.gate.forwarder.new_engine
         fx.gate_figures = live.gate.figures
+        # Its body cap until the first launch says it (the version read before it may take
+        # seconds): of [vllm.env] and our environment (pid 0: no engine's, nothing fenced)
+        fx.new_engine(0, None, ChildCommand((), {**env, **config.vllm.env}).audio_body)
     if considered:  # the plan, from this machine's facts; on or off and why
         # Every GPU at the start for the planner (a reload may move vLLM to one that
         # vllm.gpus does not name now); the launch's own sampler for the wake's figures.

@@ -9,10 +9,12 @@ failed through the gate, and so did one within a cap the operator raised in [vll
 from __future__ import annotations
 
 import socket
+from pathlib import Path
 
 import pytest
 
 from tests.shell.test_gate_http import WAIT, _answer, _gate
+from tests.support import Daemon, base_config, free_port, merge
 from vllmwatch.config import command
 from vllmwatch.config.schema import from_dict
 from vllmwatch.gate import guard
@@ -42,7 +44,7 @@ def _post(port: int, size: int, expect: bool = False, body: bool = True) -> byte
         sock.sendall((head + ("Expect: 100-continue\r\n" if expect else "") + "\r\n").encode())
         if expect:  # the client uploads only after the gate's 100 Continue (curl's way)
             first = sock.recv(65536)
-            if not first.startswith(b"HTTP/1.1 100"):
+            if not first.startswith(b"HTTP/1.1 100") or not body:
                 return first
         if body:
             sock.sendall(b"\0" * size)
@@ -75,3 +77,23 @@ def test_the_cap_never_passes_half_of_what_the_gate_holds_at_once() -> None:
     with _gate(_answer()) as (gate, _srv):
         gate.forwarder.new_engine(7, None, cmd.audio_body)
         assert gate.guard is not None and gate.guard.max_body == guard.MAX_HELD // 2
+
+
+def test_the_daemons_gate_takes_the_audio_cap_of_vllm_env(tmp_path: Path) -> None:
+    """Through the daemon: [vllm.env] raises vLLM's audio cap to 40 MiB; a 40 MiB upload is
+    met with 100 Continue (read, not refused), whether vLLM was launched yet or not (the
+    fake's start waits for a file that never comes: the request would be held)."""
+    cfg = merge(base_config(free_port(), free_port(),
+                            ["--hold-start-until", str(tmp_path / "never")]), {
+        "vllm": {"env": {"VLLM_MAX_AUDIO_CLIP_FILESIZE_MB": "40"}},
+        "gate": {"enabled": True, "listen": f"127.0.0.1:{free_port()}"}})
+    d = Daemon(tmp_path, cfg)
+    try:
+        d.start()
+        d.wait_event("gate.listening", 30.0)
+        port = int(cfg["gate"]["listen"].rsplit(":", 1)[1])
+        assert _post(port, 40 * MIB, expect=True, body=False).startswith(b"HTTP/1.1 100"), "refused"
+        d.wait_event("child.started", 30.0)
+        assert _post(port, 40 * MIB, expect=True, body=False).startswith(b"HTTP/1.1 100"), "refused"
+    finally:
+        d.close()
