@@ -181,3 +181,30 @@ def test_032_aot_load_failure_is_the_reason() -> None:
 def test_a_miss_without_vllms_reason_gives_the_likely_cause() -> None:
     missed = causes(reuse.misses({"startup_plan": True}, {"startup_plan": False}, {}))
     assert "plan file was removed" in missed["startup_plan"]
+
+
+# Tensor parallel: each worker loads its own artifact (rank_0_0, rank_1_0); vLLM 0.32's format
+# strings (compilation/decorators.py), one rank's file corrupted.
+TP_LOADED = ("(Worker_TP0 pid=10) INFO 12-02 06:40:00 [decorators.py:320] Directly load AOT "
+             "compilation from path /c/vllm/torch_compile_cache/torch_aot_compile/ab/rank_0_0/"
+             "model")
+TP_FAILED = ("(Worker_TP1 pid=11) WARNING 12-02 06:40:00 [decorators.py:333] Compiling model "
+             "again due to a load failure from /c/vllm/torch_compile_cache/torch_aot_compile/ab/"
+             "rank_1_0/model, reason: Compile cache file corrupted.")
+
+
+@pytest.mark.parametrize("lines", [[TP_LOADED, TP_FAILED], [TP_FAILED, TP_LOADED]])
+def test_one_worker_that_compiled_again_is_an_aot_miss(lines: list[str]) -> None:
+    # The launch compiled again on that worker (its torch.compile seconds): "AOT artifact
+    # loaded" and no cache_missed warning hid it, in either order of the workers' lines.
+    facts, hit = read([TP_LOADED, TP_LOADED.replace("rank_0_0", "rank_1_0")])
+    before = reuse.hits(facts, hit)
+    assert before["aot_artifact"] and "AOT artifact loaded;" in reuse.one_line(facts, hit) + ";"
+    facts, hit = read(lines)
+    now = reuse.hits(facts, hit)
+    assert not now["aot_artifact"]
+    assert "AOT artifact partly loaded (the rest compiled again)" in reuse.one_line(facts, hit)
+    logs = reuse.missed_logs(before, {}, now, facts, {}, awake=False)
+    assert [(g.level, g.event, g.fields["cache"], g.fields["likely_cause"]) for g in logs] == [
+        ("warning", "startup.cache_missed", "aot_artifact",
+         "vLLM said: Compile cache file corrupted.")]

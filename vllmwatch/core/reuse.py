@@ -102,9 +102,16 @@ def merge(old: Mapping[str, object], new: Facts) -> dict[str, object]:
 
 
 def hits(facts: Mapping[str, object], compile_cache_hit: bool) -> dict[str, bool]:
-    """Which cache this launch read: compile cache, AOT artifact, startup plan."""
-    return {"compile_cache": compile_cache_hit, "aot_artifact": facts.get("aot_loaded") is True,
+    """Which cache this launch read: compile cache, AOT artifact, startup plan. With several
+    workers (TP) or compiled parts, each loads its own artifact: one that failed compiled
+    again (its torch.compile seconds), so the launch did not reuse the artifact."""
+    return {"compile_cache": compile_cache_hit, "aot_artifact": aot_loaded(facts),
             "startup_plan": facts.get("startup_plan") == "applied"}
+
+
+def aot_loaded(facts: Mapping[str, object]) -> bool:
+    """Every worker's AOT artifact loaded: one said it did, and none failed to."""
+    return facts.get("aot_loaded") is True and "aot_error" not in facts
 
 
 # Why a cache that hit last time missed now, where vLLM did not say (issue 33).
@@ -280,8 +287,10 @@ def one_line(facts: Mapping[str, object], compile_cache_hit: bool | None,
     if compile_cache_hit is not None:
         parts.append("compile cache " + ("hit" if compile_cache_hit else
                                          "miss" if reached else "not reached"))
-    if facts.get("aot_loaded") is True:
+    if aot_loaded(facts):
         parts.append("AOT artifact loaded")
+    elif facts.get("aot_loaded") is True:
+        parts.append("AOT artifact partly loaded (the rest compiled again)")
     elif facts.get("aot_saved") is True:
         parts.append("AOT artifact written")
     plan = facts.get("startup_plan")
