@@ -208,3 +208,27 @@ def test_one_worker_that_compiled_again_is_an_aot_miss(lines: list[str]) -> None
     assert [(g.level, g.event, g.fields["cache"], g.fields["likely_cause"]) for g in logs] == [
         ("warning", "startup.cache_missed", "aot_artifact",
          "vLLM said: Compile cache file corrupted.")]
+
+
+# vLLM 0.32's format strings (compilation/monitor.py, v1/engine/core.py): with speculative
+# decoding each worker compiles two parts, and the engine line says their sum (the slowest
+# worker's); a multimodal model adds its encoder's.
+SPEC = [P + "[monitor.py:63] [backbone] torch.compile took 20.00 s in total",
+        P + "[monitor.py:63] [eagle_head] torch.compile took 3.00 s in total",
+        P + "[core.py:396] init engine (profile, create kv cache, warmup model) took 40.00 s "
+        "(compilation: 23.00 s)"]
+ENCODER = [P + "[monitor.py:63] torch.compile took 10.00 s in total",
+           P + "[monitor.py:63] [SiglipVisionModel] torch.compile took 2.50 s in total",
+           P + "[core.py:386] init engine (profile, create kv cache, warmup model) took 30.00 s "
+           "(compilation: 12.50 s \u2014 language_model: 10.00 s, encoder: 2.50 s)"]
+
+
+@pytest.mark.parametrize(("lines", "total"), [(SPEC, 23.0), (ENCODER, 12.5)])
+def test_torch_compile_seconds_are_the_launchs_not_one_parts(lines: list[str],
+                                                             total: float) -> None:
+    # The largest part's seconds were reported as the launch's torch.compile (20 s of 23 s).
+    facts = read(lines)[0]
+    assert facts["compile_s"] == total and facts["engine_init_s"] in (40.0, 30.0)
+    assert f"torch.compile {total:g} s" in reuse.one_line(facts, False)
+    # the engine line seen before a part's (lines of two processes): still the total
+    assert read([lines[-1], *lines[:-1]])[0]["compile_s"] == total

@@ -49,6 +49,9 @@ _SECONDS: tuple[tuple[str, re.Pattern[str]], ...] = (
     ("engine_init_s", re.compile(r"init engine \(profile, create kv cache, warmup model\) "
                                  r"took " + _FLOAT + r" s")),
 )
+# The engine line's compile total (vLLM's: each worker's parts, [backbone] + [eagle_head] or an
+# encoder, summed; the slowest worker's): one part's "torch.compile took" is not the launch's.
+_COMPILATION = re.compile(r" took [\d.]+ s \(compilation: " + _FLOAT + r" s\b")
 _PLAN_APPLIED = re.compile(r"Applying persisted startup plan \(fingerprint [0-9a-f]+\): "
                            r"kv_cache_memory_bytes=(\d{1,20})\b")  # (int(): 4300 digits max)
 _PLAN_NOT = re.compile(r"(Startup plan not applied: .*|Ignoring unreadable startup plan .*)$")
@@ -65,7 +68,9 @@ def facts_of(line: str) -> Facts:
         for key, pattern in _SECONDS:
             match = pattern.search(line)
             if match:
-                return ((key, float(match.group(1))),)
+                total = _COMPILATION.search(line) if key == "engine_init_s" else None
+                return ((key, float(match.group(1))),
+                        *((("compile_s", float(total.group(1))),) if total else ()))
     if "startup plan" in line.lower():
         match = _PLAN_APPLIED.search(line)
         if match:
@@ -89,7 +94,7 @@ def facts_of(line: str) -> Facts:
 
 def merge(old: Mapping[str, object], new: Facts) -> dict[str, object]:
     """One launch's facts so far plus one line's. With several workers (TP), a plan that any
-    rank did not apply is not applied, and the slowest rank's seconds count."""
+    rank did not apply is not applied; the largest seconds count (slowest rank, compile total)."""
     out = dict(old)
     for key, value in new:
         if key == "startup_plan" and out.get(key) == "not_applied":
