@@ -619,3 +619,24 @@ def test_init_names_the_instance_unit_that_reads_the_config_it_wrote(
     text = out.getvalue()
     assert f"sudo systemctl enable --now {unit}    # then: {status}\n" in text
     assert ("the unit reads" in text) is output.startswith("/srv")
+
+
+@pytest.mark.parametrize("supervised", [False, True])
+@pytest.mark.parametrize("seconds", [0, 120])
+def test_the_lines_shutdown_timeout_becomes_the_drain_vllmwatch_passes(
+        supervised: bool, seconds: int) -> None:
+    # A hand-run vLLM drained its requests in flight for --shutdown-timeout on SIGTERM. Kept in
+    # [vllm.args], vllmwatch's SIGKILL came after restart.stop_timeout (30 s) all the same;
+    # read from a vLLM an earlier vllmwatch supervised, it was dropped and the new one
+    # drained the default 30 s, not the old config's figure.
+    facts = Facts(known=known(), supervised=supervised)
+    data, _ = toml_of(f"vllm serve /m --shutdown-timeout {seconds}", facts)
+    assert data["restart"]["drain_timeout"] == seconds
+    assert "shutdown-timeout" not in data["vllm"].get("args", {})
+    config = from_dict(data)
+    argv = command.build(config, {}, vllm_version=known().version).argv
+    assert argv.count("--shutdown-timeout") == 1
+    assert argv[argv.index("--shutdown-timeout") + 1] == str(seconds)
+    # vLLM's int() would refuse a word: left where `run` and `check` name it, as before
+    data, _ = toml_of("vllm serve /m --shutdown-timeout=1h", Facts(known=known()))
+    assert "restart" not in data

@@ -1,6 +1,7 @@
 """Pure: the JSON-ish values guides print (`{type:dynamic,factor:4.0}`, single quotes, a
 value the shell's brace expansion split in two) read as the JSON they mean, and the removed
-rope flags turned into the hf-overrides that replaces them."""
+rope flags turned into the hf-overrides that replaces them, and --shutdown-timeout into
+restart.drain_timeout."""
 
 from __future__ import annotations
 
@@ -10,6 +11,7 @@ import os
 import re
 
 from vllmwatch.config import units
+from vllmwatch.config.bounds import DAY  # restart.drain_timeout's bound
 from vllmwatch.migrate.draft import Draft, Entry, Facts
 from vllmwatch.migrate.flagwords import Given, refused_value
 
@@ -165,3 +167,25 @@ def rope(given: Given, value: object, draft: Draft) -> None:
     if current and current.note:
         note = current.note + "; " + note
     draft.arg(Entry("hf-overrides", overrides, note))
+
+
+def injected(given: Given, value: object, draft: Draft, supervised: bool) -> bool:
+    """A flag vllmwatch passes itself (config/launch.INJECTED_FLAGS). --shutdown-timeout N ->
+    restart.drain_timeout = N, the figure vllmwatch passes it from and drains by, so that the
+    service lets requests in flight finish as long as the line's vLLM did (kept as a flag, a
+    drain past restart.stop_timeout was cut by its SIGKILL; dropped from a vLLM that an
+    earlier vllmwatch supervised, the new one drained 30 s whatever the old figure). False:
+    a word vLLM's int() refuses on a hand-run line, left to the flag's usual path."""
+    text = str(value).strip()
+    if given.name != "shutdown-timeout" or not (text.isascii() and text.isdigit()
+                                                and int(text) <= DAY):
+        if supervised:  # the old vllmwatch's own word: dropped, as before
+            draft.arg(Entry(given.name, None, f"the line had `{given.raw}`: dropped: a "
+                            "vllmwatch added it; the new one adds it itself", False))
+        return supervised
+    who = "the vllmwatch that supervised this vLLM passed" if supervised else "the line gave"
+    draft.put("restart", "drain_timeout", int(text), f"`{given.raw}`, which {who} vLLM: "
+              "vllmwatch passes it as --shutdown-timeout and drains that long before a restart")
+    draft.arg(Entry(given.name, None, f"the line had `{given.raw}`: moved to "
+                    "restart.drain_timeout (vllmwatch passes --shutdown-timeout itself)", False))
+    return True

@@ -114,9 +114,8 @@ def _flag(given: Given, draft: Draft, facts: Facts, earlier: list[Given]) -> Non
         _device(given, value, draft)
     elif base in ("rope-scaling", "rope-theta"):
         relaxed.rope(given, value, draft)
-    elif facts.supervised and base in INJECTED_FLAGS:
-        _drop(given, draft, "a vllmwatch added it to the vLLM read here; the new one adds it "
-              "again (--shutdown-timeout is restart.drain_timeout)")
+    elif base in INJECTED_FLAGS and relaxed.injected(given, value, draft, facts.supervised):
+        pass  # (--shutdown-timeout N: restart.drain_timeout = N)
     elif base in flags.REMOVED:
         _drop(given, draft, _why(base, value, facts))
     elif base in flags.OFF_THE_PROBES and value is not False:
