@@ -40,8 +40,9 @@ def supervised(tmp_path: Path) -> Iterator[tuple[subprocess.Popen[bytes], Path, 
     yield from _run(tmp_path, {"VLLMWATCH_INSTANCE": "abc123", "VLLM_CACHE_ROOT": "/old/vllm",
                                "TRITON_CACHE_DIR": "/old/triton", "HF_HOME": "/old/hf",
                                "VLLM_WORKER_MULTIPROC_METHOD": "fork",
-                               "VLLM_ENABLE_STARTUP_PLAN": "1", "TMPDIR": "/tmp/vllmwatch-x"},
-                    ["--shutdown-timeout", "30"])
+                               "VLLM_ENABLE_STARTUP_PLAN": "1", "TMPDIR": "/tmp/vllmwatch-x",
+                               "VLLM_USE_MEGA_AOT_ARTIFACT": "0"},
+                    ["--shutdown-timeout", "120"])
 
 
 def _run(tmp_path: Path, more_env: dict[str, str], more_argv: list[str]
@@ -112,13 +113,19 @@ def test_what_a_supervising_vllmwatch_injected_is_not_copied(
     req = runner.Request([], child.pid, str(tmp_path / "etc" / "vllmwatch.toml"), stdout=True,
                          fast=True)
     assert runner.main(req, os.environ, out=out, err=err) == 0, err.getvalue()
-    vllm = tomllib.loads(out.getvalue())["vllm"]
+    data = tomllib.loads(out.getvalue())
+    vllm = data["vllm"]
     # What vllmwatch adds (config/launch.py INJECTED_*) stays out; the rest is the user's.
     assert vllm["env"] == {"CUDA_VISIBLE_DEVICES": "MIG-4f1c2a", "VLLM_LOGGING_LEVEL": "DEBUG"}
     assert "shutdown-timeout" not in vllm["args"]
     assert vllm["args"] == {"max-num-seqs": 4, "enforce-eager": True}
     assert "already supervised by a vllmwatch" in err.getvalue()
     assert "VLLM_CACHE_ROOT" in err.getvalue()  # said, not silently dropped
+    # ... but what it set from the old config's keys is those keys again: the new config
+    # drains and compiles as the old one did (dropped, its defaults drained 30 s and let
+    # vLLM turn the mega AOT artifact on)
+    assert data["restart"] == {"drain_timeout": 120}
+    assert data["prewarm"] == {"mega_aot_artifact": False}
 
 
 def test_a_pid_that_is_not_vllm_is_refused(tmp_path: Path) -> None:

@@ -32,6 +32,7 @@ class Facts:
     searched: bool = False  # resolve looked on a real PATH (None from it: not found)
     exists: Callable[[str], bool] = _no_file
     supervised: bool = False  # read from a vLLM that a vllmwatch launched (its marker set)
+    injected: Mapping[str, str] = field(default_factory=dict)  # what that vllmwatch set
     gate: bool = False  # `init --gate`: vllmwatch's front door takes the line's address
 
 

@@ -8,8 +8,10 @@ from __future__ import annotations
 import os
 import re
 import shlex
+from collections.abc import Mapping
 
 from vllmwatch.config.redact import Redactor, is_secret_name
+from vllmwatch.config.startcaches import MEGA, is_off, is_on
 from vllmwatch.migrate.draft import Draft, Entry, Facts
 from vllmwatch.migrate.flagwords import Given
 
@@ -162,8 +164,20 @@ def apply(env: dict[str, str], draft: Draft, facts: Facts) -> None:
                               f"elsewhere: written as {draft.env[name]}")
         else:
             draft.env[name] = value
+    _switches(facts.injected, draft)
 
 
+def _switches(injected: Mapping[str, str], draft: Draft) -> None:
+    """prewarm.mega_aot_artifact as the vllmwatch that supervised this vLLM had it. It sets
+    the variable for true (1) or false (0), never for auto; dropped with the rest of what it
+    set, the new config's auto turned the artifact on (torch >= 2.12) where the old config
+    had it off (the 0.32 CPU build fails to load its own: every start compiled again), or off
+    where it was on: the compile cache's key changes with it (one cold compile)."""
+    value = injected.get(MEGA)
+    word = True if is_on(value) else False if is_off(value) else None
+    if word is not None:
+        draft.put("prewarm", "mega_aot_artifact", word, f"{MEGA}={value}, which the vllmwatch "
+                  "that supervised this vLLM set from its prewarm.mega_aot_artifact")
 def _gpus(value: str, draft: Draft, facts: Facts) -> None:
     parts = [p.strip() for p in value.split(",") if p.strip()]
     if all(p.isascii() and p.isdigit() for p in parts):

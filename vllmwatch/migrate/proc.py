@@ -34,6 +34,7 @@ class Running:
     path: str = ""  # its PATH, to find a program named without a directory
     supervised: bool = False  # already the child of a vllmwatch (its marker is set)
     notes: list[str] = field(default_factory=list)
+    injected: dict[str, str] = field(default_factory=dict)  # what its vllmwatch set (not kept)
 
 
 def argv_of(pid: int, proc: str = "/proc") -> list[str] | None:
@@ -110,13 +111,14 @@ def read(pid: int, proc: str = "/proc", marker: str = "VLLMWATCH_INSTANCE") -> R
     kept = {k: v for k, v in env.items()
             if k.startswith(MATTERS) and not k.startswith(_NOT_OURS_TO_COPY)}
     ours = sorted(k for k in kept if k in INJECTED_ENV)
+    injected = {k: kept[k] for k in ours} if supervised else {}  # (a prewarm switch: envwords)
     if supervised and ours:
         # A supervising vllmwatch set these (its cache directory, its fork choice): the new
         # config's vllmwatch sets them again; copied, they would pin the old values.
         kept = {k: v for k, v in kept.items() if k not in INJECTED_ENV}
         notes.append(f"not copied, vllmwatch sets them itself: {', '.join(ours)} (a value "
                      "you had in the old config's [vllm.env] is in that file)")
-    return Running(root, argv, cwd, kept, env.get("PATH", ""), supervised, notes)
+    return Running(root, argv, cwd, kept, env.get("PATH", ""), supervised, notes, injected)
 
 
 def which(word: str, path: str, cwd: str | None) -> str | None:

@@ -112,10 +112,10 @@ def _read(req: Request, environ: Mapping[str, str], err: TextIO
     notes: list[str] = []
     cwd: str | None = os.getcwd()
     path = environ.get("PATH", "")
-    supervised = False
+    supervised, injected = False, {}
     if req.from_pid is not None:
         running = proc.read(req.from_pid, marker=child.MARKER)
-        supervised = running.supervised
+        supervised, injected = running.supervised, running.injected
         if running.supervised:
             notes.append(f"pid {running.pid} is already supervised by a vllmwatch")
         line = serveline.parse(running.argv)
@@ -150,7 +150,7 @@ def _read(req: Request, environ: Mapping[str, str], err: TextIO
     key_file = os.path.abspath(req.api_key_file) if req.api_key_file else ""  # (the service
     facts = Facts(known=known, api_key_file=key_file or default_key,  # runs elsewhere, not here)
                   env_file=env_file,
-                  supervised=supervised, gate=req.gate, searched=True,
+                  supervised=supervised, injected=injected, gate=req.gate, searched=True,
                   has_gpu=os.path.exists("/dev/nvidiactl"), cwd=cwd,
                   gpu_index=_gpu_index(), resolve=lambda w: full if w == command[0] else None,
                   exists=os.path.exists)
