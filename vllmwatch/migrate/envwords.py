@@ -178,6 +178,8 @@ def _switches(injected: Mapping[str, str], draft: Draft) -> None:
     if word is not None:
         draft.put("prewarm", "mega_aot_artifact", word, f"{MEGA}={value}, which the vllmwatch "
                   "that supervised this vLLM set from its prewarm.mega_aot_artifact")
+
+
 def _gpus(value: str, draft: Draft, facts: Facts) -> None:
     parts = [p.strip() for p in value.split(",") if p.strip()]
     if all(p.isascii() and p.isdigit() for p in parts):
