@@ -455,3 +455,26 @@ def test_status_says_when_a_backoff_launches_again() -> None:
     assert "backoff for 2s, next launch in 3s" in text, text
     assert d.run_until(lambda: ready(d), 120)
     assert snapshot_of(d.state, d.clock.now, 1.7e9, Snapshot(), None).next_launch_in_s is None
+
+
+@pytest.mark.parametrize(("memory", "unit"), [
+    ({"gpu_limit": 70000}, "mib"), ({"gpu_growth_limit": 1000}, "mib"),
+    ({"gpu_growth_rate": 100}, "mib_per_h")])
+def test_a_rule_fired_names_its_figures_in_their_unit(memory: dict[str, float], unit: str
+                                                      ) -> None:
+    """memory.rule_fired gave a slope rule's MiB/h as value_mib/limit_mib: an alert on
+    value_mib > 70000 read a rate of 3600 MiB/h as a size. Each figure is named in its unit."""
+    c = config_with(BASE, vllm={"gpus": [0]}, memory={
+        **memory, "baseline_delay": 0, "sustain": 2, "sample_interval": 10})
+    d = up(c, World(gpu_mib=60000))
+
+    def grow() -> bool:  # 10 MiB a step of the fake clock: a leak the rules see
+        d.world.gpu_mib += 10
+        return bool(d.events("memory.rule_fired"))
+
+    assert d.run_until(grow, 6 * 3600)
+    fired = d.events("memory.rule_fired")[0]
+    other = "mib" if unit == "mib_per_h" else "mib_per_h"
+    assert f"value_{unit}" in fired and f"limit_{unit}" in fired, fired
+    assert f"value_{other}" not in fired and f"limit_{other}" not in fired, fired
+    assert fired[f"value_{unit}"] > fired[f"limit_{unit}"], fired

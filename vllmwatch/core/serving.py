@@ -341,9 +341,10 @@ def memory(s: WatchState, ev: MemorySampled, now: float) -> Result:
     s = _mem(s, replace(s.run.mem, waiting=waiting))
     if verdict is None or not fires:
         return s, acts
+    unit = "mib_per_h" if verdict.rule.endswith("_rate") else "mib"  # (a slope: not a size)
     acts.append(Log("warning", "memory.rule_fired", {
-        "rule": verdict.rule, "value_mib": round(verdict.value, 1),
-        "limit_mib": round(verdict.limit, 1), "source": sample.source,
+        "rule": verdict.rule, f"value_{unit}": round(verdict.value, 1),
+        f"limit_{unit}": round(verdict.limit, 1), "source": sample.source,
         "detail": verdict.detail}))
     s, more = begin_restart(s, now, verdict.reason, verdict.detail, drain=True)
     return s, acts + more
