@@ -5,6 +5,7 @@ uses (records, the journal, `check`, `status`)."""
 from __future__ import annotations
 
 import json
+import re
 
 import pytest
 from hypothesis import assume, given, settings
@@ -12,6 +13,7 @@ from hypothesis import strategies as st
 
 from tests.support.secrets import values
 from vllmwatch.config.redact import REDACT, REDACTED, Redactor
+from vllmwatch.config.secretnames import _ENGLISH as ENGLISH
 
 R = Redactor(known=False)
 
@@ -290,3 +292,26 @@ def test_a_quote_in_a_secret_of_json_in_a_string_is_hidden(
     for red in (R, REDACT):
         out = red.text(text)
         assert head not in out and tail not in out and "/m" in out, (text, out)
+
+
+# vLLM's parser takes a unique prefix of a flag, `_` for `-`, and `--NAME.k V`: a wrapper's
+# shell trace of `vllm serve ... --api-k X` showed X in clear (no secret word in `api-k`)
+ABBREVIATED = ["--api-k", "--api-ke", "--api_ke", "--api-k.x", "--hf-t", "--hf-tok", "--hf_toke"]
+
+
+@pytest.mark.parametrize("flag", ABBREVIATED)
+@pytest.mark.parametrize("sep", [" ", "=", "\t"])
+@given(secret=st.from_regex(r"[A-Za-z0-9_./+]{6,40}", fullmatch=True))
+def test_a_secret_flag_abbreviated_hides_its_value(flag: str, sep: str, secret: str) -> None:
+    # a sentence's word after a space is prose, not a value (`--api-k is ...`)
+    assume(sep == "=" or re.split(r"\W", secret.lower())[0] not in ENGLISH)
+    text = f"+ exec vllm serve /m {flag}{sep}{secret} --port 8000"
+    assert REDACT.text(text) == f"+ exec vllm serve /m {flag}{sep}{REDACTED} --port 8000"
+
+
+@pytest.mark.parametrize("text", [
+    "--api-server-count 2", "--hf-config-path /models/cfg", "--api-k --port 8000",
+    "argparse: --api-k expected one argument", "--api-k is --api-key abbreviated (vLLM's "
+    "parser takes prefixes); use api-key written in full"])
+def test_what_no_abbreviated_secret_flag_holds_stays(text: str) -> None:
+    assert REDACT.text(text) == text

@@ -16,6 +16,7 @@ from typing import Protocol
 from vllmwatch.config import flags, safefile
 from vllmwatch.config.errors import ConfigError
 from vllmwatch.config.flags import flag_name, long_forms
+from vllmwatch.config.secretnames import _ENGLISH as ENGLISH
 from vllmwatch.config.secretnames import HINT_WORDS, REDACTED, Rule, is_secret_name, path_value
 
 
@@ -282,7 +283,13 @@ CLIENTS = (("curl", _CURL_USER), ("mysql", re.compile(_FLAG % "-p")),
            ("mariadb", re.compile(_FLAG % "-p")), ("redis-cli", re.compile(_FLAG % "-a[ \t]*")),
            ("sshpass", re.compile(_FLAG % r"sshpass(?:[ \t]+-[a-oq-zA-Z]\S*)*[ \t]+-p[ \t]*")),
            (" login ", re.compile(_FLAG % "-p[ \t]*")),  # docker, podman, az login
-           ("htpasswd", _HTPASSWD))
+           ("htpasswd", _HTPASSWD),
+           # vLLM's secret flags abbreviated (its parser takes a unique prefix, `_` for `-`, and
+           # `--NAME.k V`): `--api-k X` in a wrapper's shell trace has no secret word in its name;
+           # a sentence's word after a space is prose (`--api-k is --api-key abbreviated`)
+           ("--", re.compile(r"(?P<pre>(?<![\w-])--(?:api[-_]ke?|hf[-_]t(?:ok?e?)?)(?:\.[\w.-]*)?"
+                             r"(?:=|[ \t]+(?!(?i:" + "|".join(sorted(ENGLISH)) + r")\b))"
+                             r")(?P<secret>(?!-)" + _WORD + ")")))
 
 
 def client_hidden(m: re.Match[str]) -> str:
