@@ -10,7 +10,7 @@ from typing import Any
 from vllmwatch.config.schema import Config, from_dict
 from vllmwatch.core.events import ReloadRequested
 from vllmwatch.core.state import S
-from vllmwatch.testing.driver import Driver, World
+from vllmwatch.testing.driver import ClockedExecutor, Driver, FakeClock, World
 
 RAW: dict[str, Any] = {
     "vllm": {"model": "/m", "gpus": []},
@@ -122,3 +122,19 @@ def test_a_smoke_worker_that_raises_is_a_failed_check() -> None:
     failed = d.events("smoke.failed")
     assert failed and "injected failure" in failed[0]["error"]
     assert d.state.state == S.STARTING
+
+
+def test_a_start_whose_checks_take_longer_than_the_stall_rule_is_not_a_stall() -> None:
+    """vLLM is quiet while the checks run (`disable-uvicorn-access-log = true`, as
+    BENCHMARKS.md suggests, and no stats line): checks that answer, one after the other,
+    for longer than startup.stall_timeout in all were a `start_stall` restart ("no output
+    and no progress") of a start that was passing them. Each check has its own deadline and
+    startup.timeout bounds them all: the stall rule is for a start that does not get there."""
+    clock = FakeClock()
+    raw = {**RAW, "startup": {"timeout": 600, "stall_timeout": 30},
+           "smoke": [{"endpoint": "chat", "name": f"c{i}", "timeout": 60} for i in range(3)]}
+    d = Driver(from_dict(raw), clock=clock, world=World(smoke_seconds=20.0),
+               executor=ClockedExecutor(clock))
+    d.tick(150, step=0.5)
+    assert not d.events("restart.begin"), d.events("restart.begin")
+    assert ready(d) and [f["check"] for f in d.events("smoke.passed")] == ["c0", "c1", "c2"]

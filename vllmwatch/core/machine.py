@@ -293,9 +293,10 @@ def _fire(s: WatchState, kind: K, now: float) -> Result:
     c = s.child
     assert c is not None
     st = c.start
-    # A start held by a failed smoke check is not stalled: startup.timeout ends it, naming
-    # the check (_deadline), however quiet vLLM is meanwhile.
-    stalled = now - st.last_progress >= s.config.startup.stall_timeout and not _smoke_held(s)
+    # A start at its smoke checks is not stalled: its canary answered, each check has its own
+    # deadline and startup.timeout ends a held one, naming the check (_deadline), however
+    # quiet vLLM is meanwhile (checks passing one after the other were a start_stall).
+    stalled = now - st.last_progress >= s.config.startup.stall_timeout and c.smoke is None
     if kind == K.HEALTH and s.state == S.STARTING and stalled:
         return ladder.begin_restart(s, now, Reason.START_STALL, "no output and no progress for "
                                     f"{now - st.last_progress:.0f}s (startup.stall_timeout)"

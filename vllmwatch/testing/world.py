@@ -136,6 +136,7 @@ class World:
     # fake reports; absent: passes), and the names sent, in order.
     smoke_errors: dict[str, str] = field(default_factory=dict)
     smoke_sent: list[str] = field(default_factory=list)
+    smoke_seconds: float = 0.01  # how long a check takes to answer (ClockedExecutor waits)
 
 
 class WorldEffects:
@@ -249,7 +250,7 @@ class WorldEffects:
         if not w.child_alive:
             return SmokeResult(action.index, False, 0.0, "connection refused", gen=action.gen)
         error = w.smoke_errors.get(action.check.name, "")
-        return SmokeResult(action.index, not error, 0.01, error,
+        return SmokeResult(action.index, not error, w.smoke_seconds, error,
                            '{"error": {"message": "x"}}' if error else "", gen=action.gen)
 
     def sample_memory(self, action: SampleMemory, minute_of_day: int) -> MemorySampled:
