@@ -5,6 +5,8 @@ from __future__ import annotations
 
 import json
 import os
+import threading
+import time
 from pathlib import Path
 from typing import Any
 
@@ -222,3 +224,35 @@ def test_a_missing_key_is_said_missing(tmp_path: Path, missing: str) -> None:
         cfg([entry])
     assert f"adapters[1].{missing}: missing; expected" in str(got.value), got.value
     assert "None" not in str(got.value)
+
+
+def test_adapters_on_a_hung_mount_cost_one_read_timeout_in_all(
+        monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
+    """Each adapter_config.json was read after the one before: N adapters on one hung
+    network mount took N x READ_TIMEOUT (24 of them, systemd's TimeoutStartSec=120 killed
+    the start before the config error was said). They are read at once now."""
+    from vllmwatch.config import safefile
+
+    hung, real = threading.Event(), safefile.read_bounded
+
+    def read(path: str, *args: Any, **kwargs: Any) -> bytes:
+        if "/hung/" in path:  # a read blocked in the kernel, as on a dead NFS server
+            hung.wait(30)
+        return real(path, *args, **kwargs)
+
+    monkeypatch.setattr(safefile, "read_bounded", read)
+    monkeypatch.setattr(adapters, "READ_TIMEOUT", 0.5)
+    good = adapter_dir(tmp_path, "g")
+    n = 16
+    entries = [{"name": f"a{i}", "path": f"/hung/a{i}"} for i in range(n)]
+    began = time.monotonic()
+    try:
+        p = refused([*entries, {"name": "g", "path": good}])
+    finally:
+        hung.set()
+    took = time.monotonic() - began
+    # one after the other: n x 0.5 s = 8 s at least; at once, 0.5 s and the threads' start
+    assert took < n * adapters.READ_TIMEOUT / 2, took
+    assert set(p) == {f"adapters[{i}].path" for i in range(1, n + 1)}
+    assert "'/hung/a3/adapter_config.json': the read did not answer within 0.5s" in \
+        p["adapters[4].path"]

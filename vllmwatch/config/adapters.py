@@ -4,9 +4,10 @@ restart comes back with them.
 An adapter is `name`, `path` (a local directory holding adapter_config.json) and `required`
 (default true: READY waits for it). Its files are read for their config only: the rank `r`
 (and rank_pattern's largest) from adapter_config.json, at most MAX_ADAPTER_CONFIG bytes and
-within READ_TIMEOUT (a hung mount fails the check, it never hangs the reload worker); the
-weights are vLLM's to read. The launch adds --enable-lora, --lora-modules, --max-loras and
---max-lora-rank (the largest r rounded up to a rank vLLM accepts). Imported only when a
+within READ_TIMEOUT for all of them, read at once (a hung mount fails the check, it never
+hangs the reload worker or the daemon's start); the weights are vLLM's to read. The launch
+adds --enable-lora, --lora-modules, --max-loras and --max-lora-rank (the largest r rounded up
+to a rank vLLM accepts). Imported only when a
 config has [[adapters]] (config/schema.py from_dict): a config without them costs nothing.
 """
 
@@ -15,6 +16,8 @@ from __future__ import annotations
 import json
 import os
 import re
+import threading
+import time
 from collections.abc import Mapping
 from dataclasses import dataclass
 
@@ -54,8 +57,9 @@ def parse(value: object, config: Config) -> tuple[tuple[AdapterConfig, ...], lis
                                 f"{MAX_ADAPTERS}"))
     placed: list[tuple[int, AdapterConfig]] = []  # N counts the [[adapters]] from 1
     seen: dict[str, int] = {}
+    ranks = read_ranks([t.get("path") for t in value[:MAX_ADAPTERS]])
     for i, table in enumerate(value[:MAX_ADAPTERS], 1):
-        adapter = _entry(i, table, config, problems)
+        adapter = _entry(i, table, config, problems, ranks)
         if adapter is None:
             continue
         if adapter.name in seen:
@@ -67,8 +71,8 @@ def parse(value: object, config: Config) -> tuple[tuple[AdapterConfig, ...], lis
     return tuple(a for _, a in placed), problems + _lora_checks(config, placed)
 
 
-def _entry(i: int, table: Mapping[str, object], config: Config,
-           problems: list[Problem]) -> AdapterConfig | None:
+def _entry(i: int, table: Mapping[str, object], config: Config, problems: list[Problem],
+           ranks: Mapping[str, int | AdapterProblem]) -> AdapterConfig | None:
     key = f"adapters[{i}]"
     before = len(problems)
     for unknown in table:
@@ -95,15 +99,42 @@ def _entry(i: int, table: Mapping[str, object], config: Config,
         problems.append(Problem(f"{key}.path", f"{said}; expected the absolute path of a "
                                 "directory holding adapter_config.json"))
     else:
-        try:
-            rank = read_rank(path)
-        except AdapterProblem as exc:
-            problems.append(Problem(f"{key}.path", f"{exc}; expected a PEFT LoRA adapter "
+        read = ranks.get(path, AdapterProblem(f"{path!r}: not read"))
+        if isinstance(read, AdapterProblem):
+            problems.append(Problem(f"{key}.path", f"{read}; expected a PEFT LoRA adapter "
                                     "directory (adapter_config.json and its weights)"))
+        else:
+            rank = read
     if len(problems) > before:
         return None
     assert isinstance(name, str) and isinstance(path, str) and isinstance(required, bool)
     return AdapterConfig(name=name, path=path, required=required, rank=rank)
+
+
+def read_ranks(paths: list[object]) -> dict[str, int | AdapterProblem]:
+    """read_rank of every absolute path, all at once: the adapters on one hung mount cost
+    READ_TIMEOUT in all. One after the other they cost it each (64 of them, 320 s: the
+    daemon's start met systemd's TimeoutStartSec=120 before it said why; a SIGTERM during
+    a reload's read waited for the reload worker)."""
+    out: dict[str, int | AdapterProblem] = {}
+
+    def one(path: str) -> None:
+        try:
+            out[path] = read_rank(path)
+        except AdapterProblem as exc:
+            out[path] = exc
+
+    todo = {p for p in paths if isinstance(p, str) and p.startswith("/")}
+    threads = [threading.Thread(target=one, args=(p,), name="vllmwatch-read", daemon=True)
+               for p in sorted(todo)]
+    for t in threads:
+        t.start()
+    deadline = time.monotonic() + READ_TIMEOUT + 1.0  # each read_rank ends by READ_TIMEOUT
+    for t in threads:
+        t.join(max(0.0, deadline - time.monotonic()))
+    return {p: out.get(p, AdapterProblem(
+        f"{os.path.join(p, 'adapter_config.json')!r}: the read did not answer within "
+        f"{READ_TIMEOUT:g}s (a hung network mount?)")) for p in todo}
 
 
 def read_rank(path: str) -> int:
