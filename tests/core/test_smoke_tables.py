@@ -156,3 +156,21 @@ def test_not_json_and_not_an_object() -> None:
     assert "not a JSON object" in answers.problem(c, 200, b"[1]")
     assert answers.problem(c, 502, b"<html>bad gateway</html>") == \
         "HTTP 502 from /v1/chat/completions"
+
+
+@pytest.mark.parametrize(("kind", "path", "keys"), [
+    (None, "/v1/completions", {"model", "prompt", "max_tokens", "temperature"}),
+    ("chat", "/v1/completions", {"model", "prompt", "max_tokens", "temperature"}),
+    ("embeddings", "/v1/embeddings", {"model", "input"}),
+    ("classify", "/classify", {"model", "input"}),
+    ("score", "/v1/score", {"model", "text_1", "text_2"}),
+])
+def test_an_adapters_check_asks_the_route_the_model_answers(kind: str | None, path: str,
+                                                            keys: set[str]) -> None:
+    """A pooling model has no /v1/completions: its adapters' checks ask the canary's route."""
+    a = adapter_check("sql", required=True, kind=kind)
+    got, body = answers.request(a, "sql")
+    assert (got, a.path, set(body), body["model"]) == (path, path, keys, "sql")
+    if kind in ("classify", "score"):
+        assert answers.problem(a, 200, json.dumps({"data": [{"index": 0}]}).encode()) == ""
+        assert "no 'data' list" in answers.problem(a, 200, b'{"data": []}')

@@ -92,3 +92,25 @@ def test_a_left_out_adapter_fixed_in_place_comes_back_live_with_one_load(
     finally:
         d.stop()
         d.close()
+
+
+def test_an_embedding_models_adapters_are_checked_on_its_own_route(tmp_path: Path) -> None:
+    """An adapter's check before READY was a completion under its name whatever the model:
+    a pooling model (`--runner pooling`, an embedding model with LoRA adapters, which vLLM
+    0.32 serves) has no /v1/completions, so every adapter's check answered 404 Not Found and
+    each start ended at startup.timeout, READY never came. The check asks the route the
+    canary found the model answers (here /v1/embeddings)."""
+    port = free_port()
+    cfg = merge(base_config(port, free_port()), {
+        "startup": {"timeout": "60s"}, "adapters": [{"name": "emb", "path": str(
+            make(tmp_path / "emb"))}]})
+    cfg["vllm"]["args"] = {"runner": "pooling"}
+    d = Daemon(tmp_path, cfg).start()
+    try:
+        d.wait_ready(60)
+        [passed] = d.named("smoke.passed")
+        assert (passed["check"], passed["path"], passed["model"]) == \
+            ("adapter:emb", "/v1/embeddings", "emb")
+        assert not d.named("smoke.failed") and not d.named("restart.begin")
+    finally:
+        d.close()

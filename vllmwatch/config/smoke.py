@@ -24,6 +24,11 @@ ENDPOINTS = ("chat", "tools", "messages", "embeddings", "completions")
 PATHS = {"chat": "/v1/chat/completions", "tools": "/v1/chat/completions",
          "messages": "/v1/messages", "embeddings": "/v1/embeddings",
          "completions": "/v1/completions"}
+# The routes of a pooling model's canary kinds (core/canary.py) an adapter's check asks when
+# the canary found the model answers one of them: adapter_check's only, no [[smoke]] endpoint.
+POOLED = {"score": "/v1/score", "rerank": "/v1/rerank", "classify": "/classify",
+          "pooling": "/pooling"}
+PATHS.update(POOLED)
 EXPECTS = ("tool_calls", "any")  # tools: a tool call, or a tool call or a plain answer
 MAX_CHECKS = 64  # each runs once per start, one after the other, before READY
 MAX_TEXT = 16 * 1024  # a prompt or a message: a smoke check is a small request
@@ -77,11 +82,17 @@ class SmokeCheck:
         return PATHS[self.endpoint]
 
 
-def adapter_check(adapter: str, required: bool, timeout: float | None = None) -> SmokeCheck:
-    """An adapter's check before READY: one 1-token completion under its name (issue 38.1)."""
-    return SmokeCheck(name=f"adapter:{adapter}", endpoint="completions", model=adapter,
-                      prompt=DEFAULT_PROMPT["completions"], max_tokens=1, timeout=timeout,
-                      required=required)
+def adapter_check(adapter: str, required: bool, timeout: float | None = None,
+                  kind: str | None = None) -> SmokeCheck:
+    """An adapter's check before READY: one request under its name (issue 38.1), on the
+    route of the canary's `kind` (what the model answers): a 1-token completion for a
+    generating model, an embedding or the pooling route for a pooling one (it has no
+    /v1/completions: every adapter's check was a 404 and no start reached READY)."""
+    endpoint = kind if kind == "embeddings" or kind in POOLED else "completions"
+    generate = endpoint == "completions"
+    return SmokeCheck(name=f"adapter:{adapter}", endpoint=endpoint, model=adapter,
+                      prompt=DEFAULT_PROMPT["completions" if generate else "embeddings"],
+                      max_tokens=1 if generate else 0, timeout=timeout, required=required)
 
 
 def parse(value: object, config: object = None

@@ -32,19 +32,21 @@ ANSWER_BYTES = 300  # of a failed check's answer, in the log, the record and /st
 Step = tuple[WatchState, list[Action], bool]
 
 
-def checks(config: Config) -> tuple[SmokeCheck, ...]:
-    """The checks a start runs before READY: one 1-token completion under each [[adapters]]
-    name (its `required` is the check's, issue 38.1), then the config's [[smoke]] tables."""
+def checks(config: Config, kind: str | None = None) -> tuple[SmokeCheck, ...]:
+    """The checks a start runs before READY: one request under each [[adapters]] name on
+    the route of the canary's `kind` (its `required` is the check's, issue 38.1), then the
+    config's [[smoke]] tables."""
     if not config.adapters:
         return config.smoke
     from vllmwatch.config.smoke import adapter_check
 
-    return (*(adapter_check(a.name, a.required) for a in config.adapters), *config.smoke)
+    return (*(adapter_check(a.name, a.required, kind=kind) for a in config.adapters),
+            *config.smoke)
 
 
 def begin(s: WatchState, acts: list[Action]) -> Step:
     """The canary passed: send the first check (READY at once when there is none)."""
-    todo = checks(s.config)
+    todo = checks(s.config, s.run.canary.kind or s.config.probe.canary)  # (auto: what it found)
     if not todo:
         return s, acts, True
     s = replace(s, child=replace(s.run, smoke=SmokeRun(todo)))

@@ -12,12 +12,11 @@ or, on /v1/messages, Anthropic's `{"type": "error", "error": {"message": ...}}`.
 from __future__ import annotations
 
 import json
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 from vllmwatch.config.redact import REDACT
-
-if TYPE_CHECKING:
-    from vllmwatch.config.smoke import SmokeCheck
+from vllmwatch.config.smoke import POOLED, SmokeCheck
+from vllmwatch.core import canary
 
 STOP_REASONS = ("end_turn", "max_tokens", "stop_sequence", "tool_use")
 # vLLM's 400 for tool_choice "auto" without the parser (renderers/online_renderer.py, 0.32):
@@ -33,6 +32,8 @@ def request(check: SmokeCheck, model: str) -> tuple[str, dict[str, Any]]:
     """(path, JSON payload) of the check's one request."""
     if check.endpoint == "embeddings":
         return check.path, {"model": model, "input": check.prompt}
+    if check.endpoint in POOLED:  # an adapter's check on a pooling model: the canary's request
+        return canary.request(check.endpoint, model, check.prompt)
     if check.endpoint == "completions":
         return check.path, {"model": model, "prompt": check.prompt,
                             "max_tokens": check.max_tokens, "temperature": 0}
@@ -68,6 +69,9 @@ def problem(check: SmokeCheck, status: int, body: bytes) -> str:
         said = vllm_error(body)
         return f"HTTP {status} from {check.path}" + (f": {said}" if said else "") \
             + _hint(check, status, said)
+    if check.endpoint in POOLED:  # the canary's judgement of that route's answer
+        why = canary.answer_problem(check.endpoint, body)
+        return f"HTTP 200 from {check.path} but {why}" if why else ""
     try:
         parsed = json.loads(body)
     except (ValueError, RecursionError):  # (RecursionError: [[[[...]]]] past the stack)
