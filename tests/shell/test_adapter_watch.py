@@ -296,3 +296,36 @@ def test_live_changes_reach_vllm_in_the_order_of_the_reloads(tmp_path: Path) -> 
     for s in sent:
         s.join(30)
     assert order == ["load b", "unload b", "load b2"], order
+
+
+def test_a_load_that_answered_late_shows_loaded_once_vllm_lists_it(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A load past LOAD_TIMEOUT is a failed load, but vLLM goes on loading it: once its
+    /v1/models lists the adapter with the configured path, /status said `failed` (and
+    "fix it and send SIGHUP") for an adapter vLLM served, until the next reload. What vLLM
+    lists with the path we asked for is loaded; one listed with another path (a repoint
+    it refused) is not."""
+    a, b = str(make(tmp_path / "a")), str(make(tmp_path / "b"))
+    port = free_port()
+    monkeypatch.setattr(watchmod, "LOAD_TIMEOUT", 0.5)
+    with fake_vllm(port, "--lora-modules", f"a={a}", "--fake-lora-load-seconds", "2"):
+        log = LogCapture()
+        cfg = config(port, {"a": a, "b": b})
+        watch = AdapterWatch(config(port, {"a": a}), log)
+        up(watch)
+        watch.reconfigure(cfg)
+        watch.update(cfg.adapters[1:], (), ()).join(30)
+        assert log.named("lora.load_failed") and served(watch)["b"] == "failed"
+        wait_until(lambda: served(watch)["b"] == "loaded", 20 * TIMEOUT_SCALE,
+                   "b shown loaded once vLLM lists it")
+        [late] = log.named("lora.loaded")
+        assert late["adapter"] == "b" and "late" in late["how"]
+        assert watch.view(True)["managed"][1]["error"] is None
+        # a repoint vLLM refused: it lists the old path under the name, still failed
+        moved = str(refused(tmp_path / "b2")[0])
+        repointed = config(port, {"a": a, "b": moved})
+        watch.reconfigure(repointed)
+        monkeypatch.setattr(watchmod, "LOAD_TIMEOUT", 60.0)
+        watch.update(repointed.adapters[1:], (), ("b",)).join(90)
+        assert "bias" in log.named("lora.load_failed")[-1]["error"]
+        assert served(watch)["b"] == "failed"

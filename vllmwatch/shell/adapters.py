@@ -260,8 +260,8 @@ class AdapterWatch:
         if status != 200:
             return  # unknown stays unknown: the probes say whether vLLM is there
         try:
-            served = {str(m["id"]) for m in json.loads(raw)["data"]}
-        except (ValueError, KeyError, TypeError, RecursionError) as exc:
+            roots = {str(m["id"]): str(m.get("root")) for m in json.loads(raw)["data"]}
+        except (ValueError, KeyError, TypeError, AttributeError, RecursionError) as exc:
             # (RecursionError: nesting deeper than Python's stack, no ValueError.) A failed
             # refresh: unknown stays unknown, said once per kind of answer, not per refresh
             why = f"{type(exc).__name__}: {REDACT.head(str(exc), ERROR_BYTES)}"
@@ -271,8 +271,20 @@ class AdapterWatch:
                           detail="vLLM's model list is not the JSON it serves: the adapters "
                                  "show state unknown until it is")
             return
+        late = []
         with self._lock:
-            self._served, self._unreadable = served, ""
+            self._served, self._unreadable = set(roots), ""
+            # A load that failed by its deadline (or was cut) goes on in vLLM: listed under
+            # its name with the path we asked for, it is loaded (/status said `failed` while
+            # vLLM served it). Listed with another path, a refused repoint: still failed.
+            for a in self._config.adapters:
+                if a.name in self._errors and roots.get(a.name) == a.path:
+                    del self._errors[a.name]
+                    self._ours[a.name] = a.path
+                    late.append(a)
+        for a in late:
+            self._log("info", "lora.loaded", adapter=a.name, path=a.path,
+                      how="live, late: vLLM lists it with this path after its load failed")
 
     def _post(self, config: Config, path: str, body: dict[str, object], timeout: float
               ) -> tuple[int, str]:
