@@ -138,3 +138,19 @@ def test_a_start_whose_checks_take_longer_than_the_stall_rule_is_not_a_stall() -
     d.tick(150, step=0.5)
     assert not d.events("restart.begin"), d.events("restart.begin")
     assert ready(d) and [f["check"] for f in d.events("smoke.passed")] == ["c0", "c1", "c2"]
+
+
+def test_a_check_unanswered_at_startup_timeout_is_named_by_the_start_failure() -> None:
+    """A check whose own timeout outlasts startup.timeout (a tools check given 10 minutes)
+    never answered in that start: the start_timeout's detail named no check, and no
+    smoke.passed or smoke.failed said it, so `journalctl -g smoke` showed nothing of it."""
+    clock = FakeClock()
+    raw = {**RAW, "smoke": [{"endpoint": "chat", "timeout": "2m"},
+                            {"endpoint": "tools", "timeout": "10m"}]}
+    d = Driver(from_dict(raw), clock=clock, world=World(smoke_seconds=70.0),
+               executor=ClockedExecutor(clock))
+    d.tick(130, step=0.5)  # chat answers at ~72 s; tools, sent then, not by 120 s
+    begin = d.events("restart.begin")[0]
+    assert begin["reason"] == "start_timeout"
+    assert "smoke check 'tools' (tools, /v1/chat/completions) was sent and had not " \
+        "answered" in begin["detail"], begin

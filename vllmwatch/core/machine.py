@@ -266,7 +266,7 @@ def _deadline(s: WatchState, now: float) -> Result:
     if on(s, Phase.RECORDING) and s.state in CHILD_STATES:
         return ladder.incident_timed_out(s, now)
     if s.state == S.STARTING:
-        held = _smoke_held(s)  # a failed required smoke check: named, with its answer
+        held = _smoke_held(s)  # a failed required check (its answer), or one unanswered
         said = s.child.start.canary_said if s.child is not None and not held else ""
         return ladder.begin_restart(s, now, Reason.START_TIMEOUT, "not ready after "
                                     f"{s.config.startup.timeout:.0f}s (startup.timeout)"
@@ -315,9 +315,12 @@ def _health_said(st: Start) -> str:
 
 
 def _smoke_held(s: WatchState) -> str:
-    """Why a failed required smoke check holds READY ('' when none does: core/smoke.py)."""
+    """Why the smoke checks hold READY ('' when they do not: core/smoke.unanswered)."""
     c = s.child
-    return c.smoke.held if c is not None and c.smoke is not None else ""
+    if c is None or c.smoke is None:
+        return ""
+    from vllmwatch.core import smoke  # (loaded already: this start sent its checks)
+    return smoke.unanswered(c.smoke)
 
 
 def next_wakeup(s: WatchState) -> float | None:

@@ -103,6 +103,17 @@ def landed(s: WatchState, ev: SmokeResult) -> Step:
     return s, acts, True
 
 
+def unanswered(run: SmokeRun) -> str:
+    """Why the checks hold READY: the failed required check, or the one sent that has not
+    answered (a check whose timeout outlasts startup.timeout: the start_timeout named no
+    check, and no smoke.passed or smoke.failed ever said it)."""
+    if run.held or run.next is None:
+        return run.held
+    check = run.checks[run.next]
+    return (f"smoke check {check.name!r} ({check.endpoint}, {check.path}) was sent and had "
+            "not answered")
+
+
 def view(run: SmokeRun | None) -> list[dict[str, Any]]:
     """The checks of a start as /status shows them: every check, answered or not."""
     if run is None:
