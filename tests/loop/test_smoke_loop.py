@@ -5,8 +5,10 @@ held start ends (a start failure that names the check)."""
 from __future__ import annotations
 
 import dataclasses
+from pathlib import Path
 from typing import Any
 
+from tests.support.tinylora import make
 from vllmwatch.config.schema import Config, from_dict
 from vllmwatch.core.events import ReloadRequested
 from vllmwatch.core.state import S
@@ -154,3 +156,17 @@ def test_a_check_unanswered_at_startup_timeout_is_named_by_the_start_failure() -
     assert begin["reason"] == "start_timeout"
     assert "smoke check 'tools' (tools, /v1/chat/completions) was sent and had not " \
         "answered" in begin["detail"], begin
+
+
+def test_an_adapters_check_asks_the_route_of_the_canary_custom_or_fixed(tmp_path: Path) -> None:
+    """A pooling model's adapters are checked on its route (not /v1/completions, which it
+    has not): the route of probe.canary, fixed or custom with a known path."""
+    for probe in ({"canary": "embeddings"},
+                  {"canary": "custom", "canary_path": "/v1/embeddings",
+                   "canary_body": '{"input": "x"}'}):
+        raw = {**RAW, "probe": {**RAW["probe"], **probe}, "smoke": [],
+               "adapters": [{"name": "emb", "path": str(make(tmp_path / "emb"))}]}
+        d = Driver(from_dict(raw))
+        assert d.run_until(lambda d=d: ready(d), 60)
+        [passed] = d.events("smoke.passed")
+        assert (passed["check"], passed["path"]) == ("adapter:emb", "/v1/embeddings"), probe

@@ -17,6 +17,7 @@ from dataclasses import replace
 from typing import TYPE_CHECKING, Any
 
 from vllmwatch.config.redact import REDACT
+from vllmwatch.core import canary
 from vllmwatch.core.actions import Action, Log, Smoke
 from vllmwatch.core.events import SmokeResult
 from vllmwatch.core.restart import Phase
@@ -46,7 +47,11 @@ def checks(config: Config, kind: str | None = None) -> tuple[SmokeCheck, ...]:
 
 def begin(s: WatchState, acts: list[Action]) -> Step:
     """The canary passed: send the first check (READY at once when there is none)."""
-    todo = checks(s.config, s.run.canary.kind or s.config.probe.canary)  # (auto: what it found)
+    p = s.config.probe
+    kind = s.run.canary.kind or p.canary  # (auto: what it found)
+    if kind == "custom":  # the route the operator's canary asks, when it is a known one
+        kind = next((k for k, path in canary.PATHS.items() if path == p.canary_path), kind)
+    todo = checks(s.config, kind)
     if not todo:
         return s, acts, True
     s = replace(s, child=replace(s.run, smoke=SmokeRun(todo)))
