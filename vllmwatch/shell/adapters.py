@@ -241,10 +241,14 @@ class AdapterWatch:
         with self._lock:
             self._errors[adapter.name] = answer
             self.loads_failed += 1
+        # No answer (status 0) is no refusal: vLLM may still be reading the weights, or was
+        # restarted under the request; "fix it" sent the operator after a sound adapter.
+        said = ("vLLM did not answer the load: it may still be loading it (it shows loaded "
+                "once vLLM lists it) or vLLM restarted; else send SIGHUP again"
+                if status == 0 else "vLLM refused the adapter: fix it and send SIGHUP again")
         self._log("error", "lora.load_failed", adapter=adapter.name, path=adapter.path,
                   required=adapter.required, error=answer,
-                  detail="vLLM refused the adapter: fix it and send SIGHUP again "
-                         f"({systemctl('reload')}); the base model and the other "
+                  detail=f"{said} ({systemctl('reload')}); the base model and the other "
                          "adapters still serve")
 
     def refresh(self) -> None:
