@@ -152,6 +152,7 @@ CHECKS: tuple[tuple[str, Check], ...] = (
     ("gate", host.check_gate_beside),
     ("gate.listen", host.check_gate_listen),
     ("status.listen", vllm.check_status_listen),
+    ("lora.live", vllm.check_lora_live),
     ("gpu", _check_gpus),
     ("start memory", _check_start_memory),
     ("platform", unified.check_platform),

@@ -151,3 +151,14 @@ def check_status_listen(ctx: Context) -> CheckResult:
                            f"a loopback address; use 127.0.0.1:{port} or set "
                            "status.allow_remote = true")
     return host_checks.listener(ctx, "status.listen", host, port)
+
+
+def check_lora_live(ctx: Context) -> list[CheckResult]:
+    """[[adapters]] with lora.live: what it opens on vLLM's port, said before the start (no
+    row otherwise)."""
+    c = ctx.config
+    if not (c.adapters and c.lora.live):
+        return []
+    from vllmwatch.config.adapters import LIVE_OPEN  # (a config with adapters loaded it)
+
+    return [CheckResult("lora.live", WARN, LIVE_OPEN)]

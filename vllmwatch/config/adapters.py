@@ -36,6 +36,14 @@ RANKS = (1, 8, 16, 32, 64, 128, 256, 320, 512)
 NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9._:/@+-]{0,127}")
 KEYS = ("name", "path", "required")
 RUNTIME_VARIABLE = "VLLM_ALLOW_RUNTIME_LORA_UPDATING"
+# What RUNTIME_VARIABLE opens (vLLM 0.32 serve/lora/api_router.py), said at each launch and by
+# `check`: vLLM's key middleware guards only /v1, /v2, /inference and /cohere.
+LIVE_OPEN = ("lora.live = true: vLLM serves adapter load and unload on vllm.port (POST "
+             "/v1/load_lora_adapter, and POST /adapters and DELETE /adapters/NAME, which "
+             "vLLM's API key does not guard): any local user (any host that reaches vllm.host) "
+             "can load an adapter from a path vLLM reads, or unload one; the gate never forwards "
+             "them. Where others share this host, set lora.live = false (an adapter change "
+             "then restarts vLLM, drained)")
 # Flags vllmwatch sets when [[adapters]] is configured, and where the operator sets them
 # instead: one source for each, so that every restart comes back the same.
 OWNED_FLAGS = {"lora-modules": "[[adapters]]", "max-loras": "lora.max_loras",

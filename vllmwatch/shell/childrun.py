@@ -143,9 +143,10 @@ def _say_adapters(config: Config, log: LogFn) -> None:
                          f"accepts ({', '.join(map(str, adapters.RANKS))}): rounded up to "
                          f"{plan.max_lora_rank}"} if plan.rounded and \
         not config.lora.max_lora_rank else {}
-    log("info", "lora.launch", adapters=[a.name for a in config.adapters],
-        max_loras=plan.max_loras, max_lora_rank=plan.max_lora_rank, largest_r=plan.largest_r,
-        live=plan.live, **rounded)
+    opened = {"exposed": adapters.LIVE_OPEN} if plan.live else {}
+    log("warning" if plan.live else "info", "lora.launch", adapters=[a.name for a in
+        config.adapters], max_loras=plan.max_loras, max_lora_rank=plan.max_lora_rank,
+        largest_r=plan.largest_r, live=plan.live, **rounded, **opened)
 
 
 class ChildHandle:
