@@ -12,8 +12,9 @@ import dataclasses
 import re
 from dataclasses import replace
 from pathlib import Path
+from typing import Any
 
-from tests.loop.test_incident_loop import crash_until_given_up, up
+from tests.loop.test_incident_loop import BASE, crash_until_given_up, up
 from vllmwatch.core import exitcodes
 from vllmwatch.core.events import MemorySampled
 from vllmwatch.core.samples import GpuFault, MemorySample
@@ -22,6 +23,16 @@ from vllmwatch.daemon import own_unit
 from vllmwatch.status import metrics
 from vllmwatch.status.view import render
 from vllmwatch.testing.driver import Driver
+
+
+def give_up(unit: exitcodes.Unit | None = None, config: Any = BASE) -> tuple[Driver, str]:
+    """A daemon that runs as `unit` (None: no service known), crashed until it gave up, and
+    its crashloop.gave_up's hint."""
+    d = up(config)
+    d.loop.state = replace(d.loop.state, unit=unit)
+    crash_until_given_up(d)
+    [gave_up] = d.events("crashloop.gave_up")
+    return d, str(gave_up["hint"])
 
 
 def _after_stopping(d: Driver) -> list[str]:
@@ -196,11 +207,7 @@ def test_the_crash_loop_hint_names_the_unit_the_daemon_runs_as(tmp_path: Path) -
     assert own_unit(str(tmp_path / "none")) is None
     for name in ("vllmwatch@gpu1", None):
         unit = exitcodes.Unit(name) if name else None
-        d = up()
-        d.loop.state = replace(d.loop.state, unit=unit)
-        crash_until_given_up(d)
-        [gave_up] = d.events("crashloop.gave_up")
-        hint = str(gave_up["hint"])
+        _, hint = give_up(unit)
         named = re.findall(r"`(?:systemctl [\w-]+|journalctl -u) ([^`& ]+)", hint)
         assert set(named) == {name or "vllmwatch"}, hint
         assert f"`systemctl reset-failed {name or 'vllmwatch'} && systemctl start" in hint, hint
@@ -217,11 +224,7 @@ def test_under_a_user_manager_every_command_of_the_give_up_says_user(tmp_path: P
                       "vllmwatch@gpu1.service\n")
     unit = own_unit(str(cgroup))
     assert unit == exitcodes.Unit("vllmwatch@gpu1", user=True), unit
-    d = up()
-    d.loop.state = replace(d.loop.state, unit=unit)
-    crash_until_given_up(d)
-    [gave_up] = d.events("crashloop.gave_up")
-    hint = str(gave_up["hint"])
+    _, hint = give_up(unit)
     commands = re.findall(r"\b(?:systemctl|journalctl) [^`&]*", hint)
     assert len(commands) >= 5 and all(" --user " in c for c in commands), commands
     assert "`journalctl --user -u vllmwatch@gpu1 -t vllm`" in hint, hint
@@ -235,11 +238,7 @@ def test_a_give_up_of_a_vllmwatch_in_a_container_names_no_systemd(tmp_path: Path
     cgroup.write_text("0::/\n")
     unit = own_unit(str(cgroup))
     assert unit == exitcodes.NO_SERVICE
-    d = up()
-    d.loop.state = replace(d.loop.state, unit=unit)
-    crash_until_given_up(d)
-    [gave_up] = d.events("crashloop.gave_up")
-    hint = str(gave_up["hint"])
+    _, hint = give_up(unit)
     assert "systemctl" not in hint and "journalctl" not in hint and "RestartSec" not in hint
     assert "kubectl logs" in hint and "whatever started it decides" in hint, hint
 
@@ -248,14 +247,9 @@ def test_a_give_up_with_records_off_sends_no_one_to_a_record() -> None:
     """[incidents] enabled = false: crashloop.gave_up still said "read ... the incident
     record (incident.recorded names it)", a record never written and an event never logged.
     It says there is none, and why; with records on, the words stay."""
-    from tests.loop.test_incident_loop import BASE
-
     for enabled in (False, True):
-        d = up(dataclasses.replace(BASE, incidents=dataclasses.replace(BASE.incidents,
-                                                                       enabled=enabled)))
-        crash_until_given_up(d)
-        [gave_up] = d.events("crashloop.gave_up")
-        hint = str(gave_up["hint"])
+        d, hint = give_up(config=dataclasses.replace(BASE, incidents=dataclasses.replace(
+            BASE.incidents, enabled=enabled)))
         assert ("incident.recorded names it" in hint) is enabled, hint
         assert ("no incident record: [incidents] enabled = false" in hint) is not enabled, hint
         assert bool(d.events("incident.recorded")) is enabled

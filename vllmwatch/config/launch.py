@@ -279,17 +279,19 @@ def _htpasswd_hidden(m: re.Match[str]) -> str:
     return f"{m['pre']}{m['words'][:start]}{REDACTED}{m['words'][end:]}"
 
 
+# vLLM's secret flags abbreviated (its parser takes a unique prefix, `_` for `-`, and `--NAME.k
+# V`): `--api-k X` in a wrapper's shell trace has no secret word in its name; a sentence's word
+# after a space is prose (`--api-k is --api-key abbreviated`)
+_ABBREVIATED = re.compile(r"(?P<pre>(?<![\w-])--(?:api[-_]ke?|hf[-_]t(?:ok?e?)?)(?:\.[\w.-]*)?"
+                          r"(?:=|[ \t]+(?!(?i:" + "|".join(sorted(ENGLISH)) + r")\b))"
+                          r")(?P<secret>(?!-)" + _WORD + ")")
 CLIENTS = (("curl", _CURL_USER), ("mysql", re.compile(_FLAG % "-p")),
            ("mariadb", re.compile(_FLAG % "-p")), ("redis-cli", re.compile(_FLAG % "-a[ \t]*")),
            ("sshpass", re.compile(_FLAG % r"sshpass(?:[ \t]+-[a-oq-zA-Z]\S*)*[ \t]+-p[ \t]*")),
            (" login ", re.compile(_FLAG % "-p[ \t]*")),  # docker, podman, az login
            ("htpasswd", _HTPASSWD),
-           # vLLM's secret flags abbreviated (its parser takes a unique prefix, `_` for `-`, and
-           # `--NAME.k V`): `--api-k X` in a wrapper's shell trace has no secret word in its name;
-           # a sentence's word after a space is prose (`--api-k is --api-key abbreviated`)
-           ("--", re.compile(r"(?P<pre>(?<![\w-])--(?:api[-_]ke?|hf[-_]t(?:ok?e?)?)(?:\.[\w.-]*)?"
-                             r"(?:=|[ \t]+(?!(?i:" + "|".join(sorted(ENGLISH)) + r")\b))"
-                             r")(?P<secret>(?!-)" + _WORD + ")")))
+           # (each looked for only in a line with its word: one per flag, not every `--`)
+           *((f"--{word}", _ABBREVIATED) for word in ("api", "hf")))
 
 
 def client_hidden(m: re.Match[str]) -> str:
