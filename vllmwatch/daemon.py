@@ -137,8 +137,11 @@ def _start(config: Config, log_format: str | None, env: dict[str, str], log: Swi
     if config.gate.enabled:  # aiohttp is imported only when the front door is on
         from vllmwatch.gate.runner import start_gate, with_gate
 
+        # Its body cap until the first launch says it (the version read before it may take
+        # seconds): of [vllm.env] and our environment, set before its first byte is read
         live.gate = start_gate(config, log, lambda: holder["snap"],
-                               fdbudget.current().gate_connections, spare_socket)
+                               fdbudget.current().gate_connections, spare_socket,
+                               ChildCommand((), {**env, **config.vllm.env}).audio_body)
         get = lambda: with_gate(live.decorate(holder["snap"]), live.gate)  # noqa: E731
     try:
         live.status = _status_server(config, log, get, no_watchdog, readyz)
@@ -159,9 +162,6 @@ def _start(config: Config, log_format: str | None, env: dict[str, str], log: Swi
     if live.gate is not None:
         fx.stop_order, fx.new_engine = live.gate.stop_order, live.gate.forwarder.new_engine
         fx.gate_figures = live.gate.figures
-        # Its body cap until the first launch says it (the version read before it may take
-        # seconds): of [vllm.env] and our environment (pid 0: no engine's, nothing fenced)
-        fx.new_engine(0, None, ChildCommand((), {**env, **config.vllm.env}).audio_body)
     if considered:  # the plan, from this machine's facts; on or off and why
         # Every GPU at the start for the planner (a reload may move vLLM to one that
         # vllm.gpus does not name now); the launch's own sampler for the wake's figures.

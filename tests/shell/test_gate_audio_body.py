@@ -18,6 +18,8 @@ from tests.support import Daemon, base_config, free_port, merge
 from vllmwatch.config import command
 from vllmwatch.config.schema import from_dict
 from vllmwatch.gate import guard
+from vllmwatch.gate.runner import start_gate
+from vllmwatch.status.snapshot import Snapshot
 
 MIB = 2**20
 
@@ -97,3 +99,19 @@ def test_the_daemons_gate_takes_the_audio_cap_of_vllm_env(tmp_path: Path) -> Non
         assert _post(port, 40 * MIB, expect=True, body=False).startswith(b"HTTP/1.1 100"), "refused"
     finally:
         d.close()
+
+
+def test_the_gate_reads_its_first_byte_under_the_cap_it_starts_with() -> None:
+    """start_gate's `audio` is the body cap before the gate listens: the daemon set it after
+    gate.listening, and a 40 MiB upload that came first got 413 (a loaded CI run)."""
+    config = from_dict({"vllm": {"model": "m", "port": free_port()},
+                        "gate": {"enabled": True, "listen": f"127.0.0.1:{free_port()}"}})
+    audio = command.build(config, {"VLLM_MAX_AUDIO_CLIP_FILESIZE_MB": "40"}).audio_body
+    gate = start_gate(config, lambda *_a, **_k: None, lambda: Snapshot(state="starting"),
+                      audio=audio)
+    assert gate is not None and gate.running
+    try:
+        assert gate.guard is not None and gate.guard.max_body == gate.forwarder.replay_body == audio
+        assert _post(gate.port, 40 * MIB, expect=True, body=False).startswith(b"HTTP/1.1 100")
+    finally:
+        gate.stop()

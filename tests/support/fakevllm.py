@@ -52,7 +52,9 @@ class Fake:
         self.proc, self.port, self.log, self.arm_file = proc, port, log, arm_file
 
     def health(self) -> int:
-        return http(self.port, "/health", timeout=0.5)[0]
+        # ANSWER, scaled: a loaded box took the fake past 0.5 s to answer, and an assert on
+        # its /health just after it was ready read 0 (a timeout), not 200.
+        return http(self.port, "/health", timeout=ANSWER)[0]
 
     def wait_ready(self, status: int = 200) -> None:
         # A start takes seconds on a loaded machine: the deadline scales (TIMEOUT_SCALE). 20 s

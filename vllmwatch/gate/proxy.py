@@ -18,9 +18,7 @@ from typing import TYPE_CHECKING
 from aiohttp import web
 
 from vllmwatch.gate import exchange, replay
-from vllmwatch.gate.door import Door, Fence, GenBook, Readiness
-from vllmwatch.gate.door import GateStats as GateStats
-from vllmwatch.gate.door import GenFigures as GenFigures
+from vllmwatch.gate.door import Door, Fence, GateStats, GenBook, GenFigures, Readiness
 from vllmwatch.gate.guard import MAX_BODY, MAX_HELD, Guard
 from vllmwatch.gate.guard import error_response as _error
 from vllmwatch.gate.replay import STOPPED, upstream_target
@@ -97,8 +95,10 @@ class Forwarder:
         if api_key is not None or self.key is not None:  # (gate/apikey.py: only with a key)
             from vllmwatch.gate.apikey import HeldKey
             self.key = (self.key or HeldKey(self.fence)).launched(gen, api_key)
-        if audio is not None and self.guard is not None:  # (ints: atomic beside the gate's loop)
-            self.replay_body = self.guard.max_body = min(max(MAX_BODY, audio), MAX_HELD // 2)
+        if audio is not None:  # (ints: atomic beside the gate's loop; a guard made later takes it)
+            self.replay_body = cap = min(max(MAX_BODY, audio), MAX_HELD // 2)
+            if (guard := self.guard) is not None:
+                guard.max_body = cap
         self.gens.pop(gen, None)  # (one dict operation: atomic beside the gate's thread)
 
     def settled(self, gen: int | None) -> GenFigures:

@@ -19,10 +19,10 @@ from aiohttp.typedefs import Handler
 from vllmwatch.config.hosts import connect_host, parse_address, url_host
 from vllmwatch.config.schema import Config
 from vllmwatch.gate import guard as guardmod
-from vllmwatch.gate.door import Door, Readiness, readiness_of
+from vllmwatch.gate.door import Door, GateStats, Readiness, readiness_of
 from vllmwatch.gate.exchange import keepalive_of
 from vllmwatch.gate.guard import MAX_CONNECTIONS
-from vllmwatch.gate.proxy import Forwarder, GateStats
+from vllmwatch.gate.proxy import Forwarder
 from vllmwatch.logfn import LogFn
 from vllmwatch.status.http_guard import Rejections
 from vllmwatch.status.snapshot import Snapshot
@@ -85,8 +85,7 @@ class Gate:
                  generation: Callable[[], int | None] | None = None) -> None:
         self.host, self.port = parse_address(listen)
         self.listen = listen
-        self.stats = GateStats()
-        self.max_connections = max_connections
+        self.stats, self.max_connections = GateStats(), max_connections
         self.guard: guardmod.Guard | None = None
         self.refusals = Rejections(log or (lambda *a, **k: None), event="gate.refused",
                                    detail=_REFUSED, reasons=GUARD_REASONS)
@@ -243,7 +242,7 @@ class Gate:
         await runner.setup()
         assert runner.server is not None
         guard = self.guard = guardmod.Guard(runner.server, self._count, self.max_connections)
-        self.forwarder.guard = guard
+        self.forwarder.guard, guard.max_body = guard, self.forwarder.replay_body  # (start_gate's)
         await self.forwarder.open()
         watcher = asyncio.create_task(self.door.watch())
         sweeper = asyncio.create_task(guard.sweep())
@@ -303,8 +302,8 @@ def upstream_of(config: Config) -> str:
 
 
 def start_gate(config: Config, log: LogFn, get_snapshot: Callable[[], Snapshot],
-               max_connections: int = MAX_CONNECTIONS, spare_socket: str | None = None
-               ) -> Gate | None:
+               max_connections: int = MAX_CONNECTIONS, spare_socket: str | None = None,
+               audio: int | None = None) -> Gate | None:
     """Start the [gate] front door if enabled; None when off or when it could not start."""
     g = config.gate
     if not g.enabled:
@@ -330,6 +329,7 @@ def start_gate(config: Config, log: LogFn, get_snapshot: Callable[[], Snapshot],
     gate = Gate(g.listen, upstream, readiness, g.hold_timeout, g.retry_after, failed, log=log,
                 max_connections=max_connections, generation=generation)
     gate.forwarder.replay, gate.forwarder.replay_max = g.replay, g.replay_max
+    gate.forwarder.new_engine(0, None, audio)  # its body cap until a launch's (pid 0: none)
     gate.forwarder.upstreams.keepalive = keepalive_of(config)
     if spare_socket is not None:  # the spare's plan is on: a second upstream
         gate.forwarder.spare_socket = spare_socket
