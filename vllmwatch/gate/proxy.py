@@ -18,8 +18,8 @@ from typing import TYPE_CHECKING
 from aiohttp import web
 
 from vllmwatch.gate import exchange, replay
+from vllmwatch.gate import guard as guardmod
 from vllmwatch.gate.door import Door, Fence, GateStats, GenBook, GenFigures, Readiness
-from vllmwatch.gate.guard import MAX_BODY, MAX_HELD, Guard
 from vllmwatch.gate.guard import error_response as _error
 from vllmwatch.gate.replay import STOPPED, upstream_target
 
@@ -46,7 +46,7 @@ class Forwarder:
         self.door, self.upstream, self.stats = door, upstream.rstrip("/"), stats
         self.hold_timeout, self.retry_after = hold_timeout, retry_after
         self.replay, self.replay_max = True, 1  # [gate] replay, replay_max (SIGHUP sets them)
-        self.replay_body = MAX_BODY  # a held body over this is not replayed
+        self.replay_body = guardmod.MAX_BODY  # the body cap (read now); none over it is replayed
         self.fence = Fence()
         self.suspects = replay.Suspects()  # requests in flight at engine deaths
         self._generation = generation or (lambda: -door.epoch)  # no daemon: the door's epoch
@@ -55,7 +55,7 @@ class Forwarder:
         self.gens = GenBook()  # the figures of the newest generations
         self.upstreams = exchange.Upstreams()  # the sessions to vLLM and to the spare
         self.upstreams.keepalive = min(KEEPALIVE, self.upstreams.keepalive)
-        self.guard: Guard | None = None  # set by the runner once its server exists
+        self.guard: guardmod.Guard | None = None  # set by the runner once its server exists
         # The sleeping spare engine (issue 34): its Unix socket, whether it serves now (the
         # daemon's snapshot says so only once it is proven awake), and what it has in flight
         self.spare_socket: str | None = None
@@ -96,7 +96,7 @@ class Forwarder:
             from vllmwatch.gate.apikey import HeldKey
             self.key = (self.key or HeldKey(self.fence)).launched(gen, api_key)
         if audio is not None:  # (ints: atomic beside the gate's loop; a guard made later takes it)
-            self.replay_body = cap = min(max(MAX_BODY, audio), MAX_HELD // 2)
+            self.replay_body = cap = min(max(guardmod.MAX_BODY, audio), guardmod.MAX_HELD // 2)
             if (guard := self.guard) is not None:
                 guard.max_body = cap
         self.gens.pop(gen, None)  # (one dict operation: atomic beside the gate's thread)
