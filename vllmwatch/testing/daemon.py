@@ -42,7 +42,7 @@ from vllmwatch.testing.leftovers import leftovers, wait_for_gone, wait_for_value
 from vllmwatch.testing.notify import NotifyListener
 from vllmwatch.testing.ports import port_free
 from vllmwatch.testing.tomlfile import merge, to_toml
-from vllmwatch.testing.waiting import FIRST_READY_S, wait_for
+from vllmwatch.testing.waiting import FIRST_READY_S, TIMEOUT_SCALE, wait_for
 
 PYTHON = sys.executable
 Event = dict[str, Any]
@@ -172,7 +172,7 @@ class Daemon:
             raise AssertionError(f"daemon still running after {timeout:.1f}s\n"
                                  + self.dump()) from None
         if self._reader is not None:
-            self._reader.join(5.0)
+            self._reader.join(5.0 * TIMEOUT_SCALE)
         return code
 
     def stop(self, timeout: float = 20.0) -> tuple[int | None, float | None]:
@@ -190,7 +190,7 @@ class Daemon:
                 self._kill()
             took = round(time.monotonic() - t, 2)
         if self._reader is not None:
-            self._reader.join(5.0)
+            self._reader.join(5.0 * TIMEOUT_SCALE)
         return self.proc.returncode, took
 
     def _kill(self) -> None:
@@ -320,8 +320,10 @@ class Daemon:
 
     # ---- the status endpoint ----
 
-    def http_get(self, path: str, timeout: float = 2.0) -> tuple[int, bytes]:
-        """GET from the status endpoint: (status, body)."""
+    def http_get(self, path: str, timeout: float = 2.0 * TIMEOUT_SCALE) -> tuple[int, bytes]:
+        """GET from the status endpoint: (status, body). The default deadline scales
+        (TIMEOUT_SCALE): callers assert on the answer, and a loaded box can keep a daemon
+        past 2 s from giving it (a timeout raises, failing the test)."""
         url = f"http://{self.status_listen}{path}"
         try:
             with urllib.request.urlopen(url, timeout=timeout) as resp:
