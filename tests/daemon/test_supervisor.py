@@ -44,6 +44,7 @@ from tests.support import (
     wait_for,
     wait_for_value,
 )
+from tests.support.fakevllm import ANSWER
 from vllmwatch.core import exitcodes
 from vllmwatch.shell.child import MARKER, instance_id
 
@@ -627,7 +628,13 @@ def test_status_endpoint_and_cli(daemon: Factory) -> None:
     since = d.mark()
     d.signal(signal.SIGUSR1)
     d.wait_event("state.changed", 5.0, since, to="draining")
-    code, body = d.http_get("/readyz")
+    # /readyz reads the snapshot the loop publishes at the end of its turn, a moment after
+    # the event: wait for it (the drain holds for the deregister delay), do not race it
+    def draining() -> tuple[int, bytes] | None:
+        code, body = d.http_get("/readyz")
+        return (code, body) if b"draining=true" in body else None
+
+    code, body = wait_for(draining, 5.0, "/readyz to say draining")
     assert code == 503 and b"draining=true" in body
     client.join(10.0)
     assert result == [200]  # the drain let the in-flight request finish
@@ -644,9 +651,11 @@ def _get(d: Daemon, path: str) -> int | None:
 
 
 def _health(port: int) -> int | None:
-    """The (fake) vLLM's own /health status, or None when it does not answer."""
+    """The (fake) vLLM's own /health status, or None when it does not answer (scaled: an
+    assert expects 200, and a loaded box can take the fake past 1 s)."""
     try:
-        with urllib.request.urlopen(f"http://127.0.0.1:{port}/health", timeout=1) as resp:
+        with urllib.request.urlopen(f"http://127.0.0.1:{port}/health",
+                                    timeout=ANSWER) as resp:
             return int(resp.status)
     except urllib.error.HTTPError as exc:
         return int(exc.code)
@@ -655,8 +664,9 @@ def _health(port: int) -> int | None:
 
 
 def _running(port: int) -> float:
-    """vllm:num_requests_running, read straight from the (fake) vLLM."""
-    with urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=2) as resp:
+    """vllm:num_requests_running, read straight from the (fake) vLLM (a timeout raises out
+    of the wait_for that polls this: scaled)."""
+    with urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=ANSWER) as resp:
         text = resp.read().decode()
     return sum(float(ln.rsplit(" ", 1)[1]) for ln in text.splitlines()
                if ln.startswith("vllm:num_requests_running{"))
