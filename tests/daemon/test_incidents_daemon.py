@@ -109,7 +109,10 @@ def test_a_deadlocked_engine_thread_shows_the_deadlocked_frame(daemon: Factory) 
     assert oct(os.stat(incidents_dir(d)).st_mode & 0o777) == "0o700"
     assert oct(os.stat(event["incident_path"]).st_mode & 0o777) == "0o700"
     # (every child of this fake deadlocks: no second READY is waited for)
-    status = json.loads(d.http_get("/status")[1])
+    # /status shows the snapshot the loop publishes at the end of the turn that logged
+    # incident.recorded (and child.stopping): wait for it, do not race it
+    status = wait_for(lambda: (doc := json.loads(d.http_get("/status")[1]))["last_incident"]
+                      is not None and doc, 10.0, "the incident in /status")
     assert status["last_incident"] is not None and status["incidents_total"] >= 1
     metrics = d.http_get("/metrics")[1].decode()
     assert "\nvllmwatch_incidents_total " in metrics

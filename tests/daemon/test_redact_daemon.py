@@ -9,7 +9,7 @@ import os
 import signal
 from pathlib import Path
 
-from tests.support import FAKE, Daemon, base_config, free_port, merge
+from tests.support import FAKE, Daemon, base_config, free_port, merge, wait_for
 from tests.support.secrets import KNOWN_KEY
 
 SECRETS = {"DATABASE_URL": "postgres://bob:Db5ecretPw9@db.internal:5432/app",
@@ -77,7 +77,14 @@ def test_a_smoke_checks_failed_answer_leaves_no_secret(tmp_path: Path) -> None:
         failed = d.wait_event("smoke.failed", 60.0)
         # the key stood across the cut: hidden whole, then cut inside "<redacted>"
         assert said in failed["error"] and failed["answer"].endswith("<redacted")
-        status = d.http_get("/status")[1].decode()
+        # /status shows the snapshot the loop publishes at the end of its turn, a moment
+        # after smoke.failed: wait for the check's answer there, do not race it
+        def answered() -> str:
+            text = d.http_get("/status")[1].decode()
+            checks = json.loads(text)["smoke_checks"]
+            return text if any(c["result"] == "failed" for c in checks) else ""
+
+        status = wait_for(answered, 10.0, "the failed check in /status")
         assert "<redacted>" in status
         event = d.wait_event("incident.recorded", 60.0)
         files = {p.name: p.read_text() for p in Path(event["incident_path"]).iterdir()}
