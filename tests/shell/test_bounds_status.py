@@ -13,7 +13,7 @@ import threading
 from collections.abc import Iterator
 from contextlib import contextmanager
 
-from tests.support import wait_until
+from tests.support import TIMEOUT_SCALE, wait_until
 from vllmwatch.status.server import StatusServer
 from vllmwatch.status.snapshot import Snapshot
 
@@ -31,7 +31,7 @@ class Box:
                                    lambda level, event, **kw: self.events.append((event, kw)),
                                    now=lambda: self.now, **kwargs)  # type: ignore[arg-type]
 
-    def get(self, path: str, timeout: float = 5.0) -> tuple[int, bytes]:
+    def get(self, path: str, timeout: float = 5.0 * TIMEOUT_SCALE) -> tuple[int, bytes]:
         conn = http.client.HTTPConnection(*self.server.address, timeout=timeout)
         try:
             conn.request("GET", path)
@@ -110,7 +110,7 @@ def test_a_stale_probe_fails_livez_only_without_systemds_watchdog() -> None:
 def test_status_json_reports_what_needs_a_restart() -> None:
     with box() as b:
         b.snap = dataclasses.replace(b.snap, restart_required=("gate.listen",))
-        conn = http.client.HTTPConnection(*b.server.address, timeout=5)
+        conn = http.client.HTTPConnection(*b.server.address, timeout=5 * TIMEOUT_SCALE)
         with contextlib.closing(conn):
             conn.request("GET", "/status")
             assert b'"restart_required": ["gate.listen"]' in conn.getresponse().read()

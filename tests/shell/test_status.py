@@ -17,7 +17,7 @@ from typing import Any
 import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
-from tests.support import TIMEOUT_SCALE, wait_until
+from tests.support import TIMEOUT_SCALE, wait_for, wait_until
 from vllmwatch.status import cli as status_cli
 from vllmwatch.status import metrics
 from vllmwatch.status.server import StatusListenError, StatusServer, parse_listen
@@ -70,7 +70,7 @@ class Harness:
     def request(self, path: str, method: str = "GET",
                 headers: dict[str, str] | None = None) -> tuple[int, dict[str, str], bytes]:
         host, port = self.server.address
-        conn = http.client.HTTPConnection(host, port, timeout=5)
+        conn = http.client.HTTPConnection(host, port, timeout=5 * TIMEOUT_SCALE)
         try:
             conn.request(method, path, headers=headers or {})
             resp = conn.getresponse()
@@ -367,7 +367,7 @@ def test_a_slow_client_is_cut_off_at_the_deadline() -> None:
         # Cut at the 0.5 s deadline, not at the client's own 8 s: the margin is for a loaded box.
         assert (_slowloris(port, idle=False, limit_s=8) or 99) < 4.0
         assert (_slowloris(port, idle=True, limit_s=8) or 99) < 4.0
-        wait_until(lambda: h.server.slots.active == 0, 5, "handler slots to be free")
+        wait_for(lambda: h.server.slots.active == 0, 5, "handler slots to be free")
         assert h.request("/livez")[0] == 200
 
 
@@ -439,7 +439,7 @@ def test_stress_never_stalls_the_loop() -> None:
         stop.set()
         threads[0].join(timeout=10)
         assert not any(t.is_alive() for t in threads)
-        wait_until(lambda: h.server.slots.active == 0, 3, "handler slots to be free")
+        wait_for(lambda: h.server.slots.active == 0, 3, "handler slots to be free")
     assert failures == []
     assert len(latencies) == 400
     assert max(latencies) < 2.5 * TIMEOUT_SCALE < deadline, \

@@ -17,7 +17,7 @@ from typing import Any
 import pytest
 
 from tests.shell.test_status_guard import Gated, gated
-from tests.support import wait_until
+from tests.support import TIMEOUT_SCALE, wait_for
 from vllmwatch.status import server as status_server
 from vllmwatch.status.front import MAX_HEAD, Front
 
@@ -40,6 +40,11 @@ def _front(g: Gated) -> Front:
     httpd = g.server._httpd
     assert httpd is not None
     return httpd.front
+
+
+# How long a read waits for a reply the server should give (a timeout raises: no answer),
+# scaled for a loaded box.
+REPLY = 5.0 * TIMEOUT_SCALE
 
 
 def _reply(sock: socket.socket) -> bytes:
@@ -65,7 +70,7 @@ def _held_turn(g: Gated) -> Iterator[threading.Event]:
 
     g.server.tick = holding  # type: ignore[method-assign]  # the front calls app.tick
     _front(g)._wake()  # a turn now, not at the idle second's end
-    wait_until(held.is_set, 5, "the front thread to reach its tick")
+    wait_for(held.is_set, 5, "the front thread to reach its tick")
     try:
         yield release
     finally:
@@ -75,11 +80,11 @@ def _held_turn(g: Gated) -> Iterator[threading.Event]:
 def _queued_behind(g: Gated, first: bytes, stack: ExitStack) -> tuple[bytes, bytes]:
     """(the reply to `first`, the reply to a probe queued right behind it in one turn)."""
     with _held_turn(g) as release:
-        bad = stack.enter_context(socket.create_connection(g.server.address, timeout=3))
+        bad = stack.enter_context(socket.create_connection(g.server.address, timeout=REPLY))
         bad.sendall(first + b"\r\n\r\n")
-        good = stack.enter_context(socket.create_connection(g.server.address, timeout=3))
+        good = stack.enter_context(socket.create_connection(g.server.address, timeout=REPLY))
         good.sendall(PROBE)
-        wait_until(lambda: _front(g)._incoming.qsize() == 2, 5, "both to be queued")
+        wait_for(lambda: _front(g)._incoming.qsize() == 2, 5, "both to be queued")
         release.set()
         return _reply(bad), _reply(good)
 
@@ -105,12 +110,12 @@ def test_a_flood_of_bad_lines_logs_a_bounded_number_of_events_and_every_probe_an
         bad: list[socket.socket] = []
         good: list[socket.socket] = []
         for i in range(200):  # all open at once: bad and good share the front's turns
-            sock = stack.enter_context(socket.create_connection(g.server.address, timeout=5))
+            sock = stack.enter_context(socket.create_connection(g.server.address, timeout=REPLY))
             sock.sendall(b"GET //[x HTTP/1.0\r\n\r\n")
             bad.append(sock)
             if i % 10 == 0:
                 sock = stack.enter_context(socket.create_connection(g.server.address,
-                                                                    timeout=5))
+                                                                    timeout=REPLY))
                 sock.sendall(PROBE)
                 good.append(sock)
         assert all(_reply(s).startswith(b"HTTP/1.0 200 OK\r\n") for s in good)
@@ -131,8 +136,8 @@ def test_malformed_request_lines_are_each_answered_and_never_disturb_a_probe() -
             assert good.startswith(b"HTTP/1.0 200 OK\r\n"), (line[:40], good)
             assert bad[:9] == b"HTTP/1.0 " and bad[9:10] == b"4", (line[:40], bad)
             answers.append(int(bad[9:12]))
-        wait_until(lambda: g.server.slots.active == 0 and g.server.waiting == 0, 5,
-                   "every connection to be done with")
+        wait_for(lambda: g.server.slots.active == 0 and g.server.waiting == 0, 5,
+                 "every connection to be done with")
     assert answers == [400, 400, 404, 404, 404, 404, 404, 431, 400, 400]
     assert _failures(g) == []
 
@@ -149,7 +154,7 @@ def test_an_exception_in_the_front_turn_is_logged_at_a_bounded_rate() -> None:
             assert g.request("/livez")[0] == 200
         # the answer leaves before its turn ends: a stop right after the 20th could beat
         # that turn's raise on a loaded box (counted 19 once)
-        wait_until(lambda: len(turns) >= 20, 10, "the 20th turn to end")
+        wait_for(lambda: len(turns) >= 20, 10, "the 20th turn to end")
     failed = [kw for ev, kw in g.events if ev == "status.front_failed"]
     assert 1 <= len(failed) <= 2, failed  # the first at once, the count at stop
     assert failed[0]["error"] == "RuntimeError('tick')"
@@ -165,11 +170,11 @@ def test_a_handler_that_raises_is_logged_at_a_bounded_rate(
     with gated() as g:
         g.gate.set()
         for _ in range(20):
-            with socket.create_connection(g.server.address, timeout=5) as sock:
+            with socket.create_connection(g.server.address, timeout=REPLY) as sock:
                 sock.sendall(b"GET /status HTTP/1.0\r\n\r\n")
                 assert _reply(sock) == b""  # closed unanswered: the handler raised
         assert g.request("/livez")[0] == 200
-        wait_until(lambda: g.server.slots.active == 0, 5, "the handlers to finish")
+        wait_for(lambda: g.server.slots.active == 0, 5, "the handlers to finish")
     failed = [kw for ev, kw in g.events if ev == "status.request_failed"]
     assert 1 <= len(failed) <= 2, failed
     assert failed[0]["error"] == "ValueError('handler')"

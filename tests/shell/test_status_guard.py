@@ -22,7 +22,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from prometheus_client.parser import text_string_to_metric_families
 
-from tests.support import wait_until
+from tests.support import TIMEOUT_SCALE, wait_for, wait_until
 from vllmwatch.status.http_guard import Rejections
 from vllmwatch.status.server import StatusServer
 from vllmwatch.status.snapshot import Snapshot
@@ -47,7 +47,7 @@ class Gated:
             self.gate.wait(20)
         return self.snap
 
-    def request(self, path: str, timeout: float = 5.0) -> tuple[int, bytes, float]:
+    def request(self, path: str, timeout: float = 5.0 * TIMEOUT_SCALE) -> tuple[int, bytes, float]:
         """(status, body, seconds taken)."""
         began = time.monotonic()
         conn = http.client.HTTPConnection(*self.server.address, timeout=timeout)
@@ -60,7 +60,7 @@ class Gated:
 
     def rejected(self) -> dict[str, float]:
         self.gate.set()
-        wait_until(lambda: self.server.slots.active == 0, 5, "the held handlers to finish")
+        wait_for(lambda: self.server.slots.active == 0, 5, "the held handlers to finish")
         body = self.request("/metrics")[1].decode()
         return {s.labels["reason"]: s.value for f in text_string_to_metric_families(body)
                 if f.name == "vllmwatch_status_rejected" for s in f.samples}
@@ -100,7 +100,7 @@ def test_probes_answer_while_every_slot_and_many_idle_clients_are_held(slots: in
                    for _ in range(slots)]
         for t in holders:
             t.start()
-        wait_until(lambda: g.server.slots.active == slots, 5, "every slot to be held")
+        wait_for(lambda: g.server.slots.active == slots, 5, "every slot to be held")
         _idle(g.server.address, slots * 10 + 5, stack)
         took = [_assert_probes(g, ready=True)]
         g.snap = dataclasses.replace(g.snap, ready=False, state="starting")
@@ -112,8 +112,8 @@ def test_probes_answer_while_every_slot_and_many_idle_clients_are_held(slots: in
         code, body, took = g.request("/status")  # no slot: refused at once, not queued
         assert (code, body) == (503, b"busy\n") and took < PROBE_DEADLINE_S
         # The idle clients are cut at their deadline, each counted once.
-        wait_until(lambda: g.server.rejections.snapshot()["timeout"] >= slots * 10 + 5, 5,
-                   "the idle clients to be cut at their deadline")
+        wait_for(lambda: g.server.rejections.snapshot()["timeout"] >= slots * 10 + 5, 5,
+                 "the idle clients to be cut at their deadline")
         g.snap = dataclasses.replace(g.snap, ready=True, draining=False, state="ready")
         _assert_probes(g, ready=True)
         counts = g.rejected()  # sets the gate: the held handlers finish
@@ -129,8 +129,8 @@ def test_probes_answer_while_every_slot_and_many_idle_clients_are_held(slots: in
 def test_a_flood_of_idle_clients_overflows_oldest_first_and_probes_still_answer() -> None:
     with gated(max_clients=2, client_timeout=10.0, max_pending=8) as g, ExitStack() as stack:
         _idle(g.server.address, 30, stack)
-        wait_until(lambda: g.server.rejections.snapshot()["overflow"] >= 22, 5,
-                   "the oldest idle clients to be dropped")
+        wait_for(lambda: g.server.rejections.snapshot()["overflow"] >= 22, 5,
+                 "the oldest idle clients to be dropped")
         _assert_probes(g, ready=True)
         assert g.rejected()["overflow"] >= 22
 
@@ -172,7 +172,7 @@ def test_probes_answer_through_a_storm_of_new_connections() -> None:
 
 def test_a_trickled_probe_is_still_answered() -> None:
     with gated(max_clients=1, client_timeout=3.0) as g, \
-            socket.create_connection(g.server.address, timeout=5) as sock:
+            socket.create_connection(g.server.address, timeout=5 * TIMEOUT_SCALE) as sock:
         for byte in b"GET /readyz HTTP/1.0\r\n\r\n":
             sock.send(bytes([byte]))
             time.sleep(0.01)  # the trickle itself, not a wait for a condition
@@ -181,14 +181,15 @@ def test_a_trickled_probe_is_still_answered() -> None:
 
 def test_an_oversized_head_is_refused_and_counted() -> None:
     with gated() as g:
-        with socket.create_connection(g.server.address, timeout=5) as sock:
+        with socket.create_connection(g.server.address, timeout=5 * TIMEOUT_SCALE) as sock:
             sock.sendall(b"GET /status HTTP/1.0\r\nX: " + b"a" * 20000)
             assert sock.recv(4096).startswith(b"HTTP/1.0 431 ")
         assert g.rejected()["too_large"] == 1
 
 
 def test_head_requests_to_probes_have_no_body() -> None:
-    with gated() as g, socket.create_connection(g.server.address, timeout=5) as sock:
+    with gated() as g, socket.create_connection(g.server.address,
+                                                timeout=5 * TIMEOUT_SCALE) as sock:
         sock.sendall(b"HEAD /livez HTTP/1.0\r\n\r\n")
         reply = b""
         while chunk := sock.recv(4096):
@@ -300,10 +301,10 @@ def test_probes_answer_whatever_the_crowd_does(crowd: list[str], chunks: int,
         _assert_probes(g, ready=ready and not draining)
         # Every crowd member is answered or cut within its deadline; nothing stays held.
         open_ones = [s for s in members if s is not None]
-        wait_until(lambda: all(_closed_by_server(s) for s in open_ones), 3,
-                   "the server to close every crowd connection")
-        wait_until(lambda: g.server.slots.active == 0 and g.server.waiting == 0, 3,
-                   "slots and pending connections to drain")
+        wait_for(lambda: all(_closed_by_server(s) for s in open_ones), 3,
+                 "the server to close every crowd connection")
+        wait_for(lambda: g.server.slots.active == 0 and g.server.waiting == 0, 3,
+                 "slots and pending connections to drain")
     refused = sum(g.server.rejections.snapshot().values())
     assert refused <= len(crowd)
     assert [kw for ev, kw in g.events if ev == "status.front_failed"] == []
