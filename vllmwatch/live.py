@@ -72,11 +72,14 @@ class Live:
         """Apply what can be applied live; report the rest (called on the loop's thread)."""
         old = self.config
         if new.log.level != old.log.level:
-            # Said at the old level, before the switch: "error" would hide an info event.
-            self.log("warning", "log.level_changed", to=new.log.level,
-                     detail="the child's forwarded lines follow the new level too")
-            self.log.target = self._make_log(dataclasses.replace(
+            # The new target is made and switched to first, and the change said through the
+            # old one after (at the old level: "error" would hide it). Said first, an info line
+            # that another thread (a forwarded child line) logged while the new target was
+            # being made came after log.level_changed at level error.
+            said, self.log.target = self.log.target, self._make_log(dataclasses.replace(
                 new, log=dataclasses.replace(new.log, format=old.log.format)))
+            said("warning", "log.level_changed", to=new.log.level,
+                 detail="the child's forwarded lines follow the new level too")
         if new.status != old.status:
             self._rebind_status(new)
         if self.gate is not None:

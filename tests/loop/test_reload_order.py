@@ -164,3 +164,23 @@ def test_a_restart_key_stays_said_across_later_reloads(key: str,
     assert key in live.restart_required
     live.apply(config_with(BASE, probe={"timeout": 4}))
     assert key not in live.restart_required
+
+
+def test_nothing_at_the_old_level_follows_the_log_level_changed_event() -> None:
+    """A SIGHUP to level error: the change is said at the old level, and no line at the old
+    level comes after it. Said before the new target was made, an info line that another
+    thread (a forwarded child line) logged meanwhile came after log.level_changed, at level
+    error (a race test_bounds_daemon's level test could lose on a loaded box)."""
+    old: list[str] = []
+    new: list[str] = []
+    log = SwitchableLog(lambda level, event, **kw: old.append(event))
+
+    def make_log(c: Config) -> Any:
+        log("info", "child.line")  # another thread's line while the new target is made
+        return lambda level, event, **kw: new.append(event)
+
+    live = Live(BASE, log, make_log, lambda c: None)
+    live.apply(config_with(BASE, log={"level": "error"}))
+    assert old[-1] == "log.level_changed", old  # the last said at the old level
+    log("info", "child.line")
+    assert new == ["child.line"]  # the new target's (it filters by its own level)
