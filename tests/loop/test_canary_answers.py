@@ -16,6 +16,7 @@ import pytest
 
 from vllmwatch.config.schema import ProbeConfig
 from vllmwatch.shell.probes import Endpoint, HttpProber
+from vllmwatch.testing.waiting import TIMEOUT_SCALE
 
 
 class Stub:
@@ -73,8 +74,10 @@ NOT_ANSWERS = {"html": b"<!doctype html><h1>Welcome to nginx!</h1>", "empty": b"
 
 
 def _prober(port: int, kind: str) -> HttpProber:
-    return HttpProber(Endpoint("127.0.0.1", port, "m"), ProbeConfig(timeout=2.0,
-                                                                    canary_timeout=2.0,
+    # An answer is expected (got.ok, or not timed_out): a loaded box's deadline, scaled
+    wait = 2.0 * TIMEOUT_SCALE
+    return HttpProber(Endpoint("127.0.0.1", port, "m"), ProbeConfig(timeout=wait,
+                                                                    canary_timeout=wait,
                                                                     canary=kind))
 
 

@@ -20,6 +20,7 @@ from vllmwatch.core.actions import Smoke
 from vllmwatch.core.smoke import ANSWER_BYTES
 from vllmwatch.shell import smoke
 from vllmwatch.testing.ports import free_port
+from vllmwatch.testing.waiting import TIMEOUT_SCALE
 
 Reply = Callable[[BaseHTTPRequestHandler, dict[str, Any]], None]
 SEEN: list[dict[str, Any]] = []
@@ -62,7 +63,9 @@ def server() -> Iterator[tuple[int, list[Reply]]]:
         srv.server_close()
 
 
-def _action(port: int, timeout: float = 5.0, **check: Any) -> Smoke:
+def _action(port: int, timeout: float = 5.0 * TIMEOUT_SCALE, **check: Any) -> Smoke:
+    """The check against the stub; the default deadline scales (a loaded box), a test that
+    wants it to expire passes its own."""
     checks, problems = parse([check])
     assert not problems
     return Smoke(0, checks[0], 7, "127.0.0.1", port, "served", timeout)
