@@ -219,7 +219,8 @@ def test_hold_timeout_is_503_with_retry_after() -> None:
 def test_closed_refuses_at_once() -> None:
     port = free_port()
     with fake_vllm(port), gate(port, Switch(Readiness.CLOSED), hold=30) as g:
-        status, headers, _ = post(g.port, BODY, timeout=5)
+        # at once, not at the 30 s hold: a client's 5 s, scaled for a loaded box, below it
+        status, headers, _ = post(g.port, BODY, timeout=min(5 * TIMEOUT_SCALE, 20.0))
         assert status == 503 and "Retry-After" in headers
         assert g.stats.refused_closed == 1
 
