@@ -19,7 +19,7 @@ from pathlib import Path
 import psutil
 import pytest
 
-from tests.support import sigstop, wait_until
+from tests.support import sigstop, wait_for, wait_until
 from tests.support.procs import environ
 from vllmwatch.config.command import ChildCommand
 from vllmwatch.shell import standby as sb
@@ -226,7 +226,7 @@ def test_it_dies_with_its_parent(tmp_path: Path, world: dict[str, object]) -> No
         assert psutil.pid_exists(pid)
         proc.kill()
         proc.wait(10)
-        wait_until(lambda: not _alive(pid), 10, "the standby to die with its parent")
+        wait_for(lambda: not _alive(pid), 10, "the standby to die with its parent")
     finally:
         with contextlib.suppress(ProcessLookupError):
             os.killpg(proc.pid, signal.SIGKILL)

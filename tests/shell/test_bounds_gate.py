@@ -12,7 +12,7 @@ from contextlib import ExitStack, contextmanager
 
 import pytest
 
-from tests.support import free_port, wait_until
+from tests.support import free_port, wait_for, wait_until
 from vllmwatch.gate import exchange, guard
 from vllmwatch.gate.door import Readiness
 from vllmwatch.gate.runner import Gate
@@ -68,13 +68,13 @@ def test_connections_past_the_cap_are_shed_with_503_and_counted() -> None:
                 for _ in range(8)]
         for sock in idle:
             sock.sendall(b"GET /v1/models HTTP/1.1\r\n")  # a head begun, not complete
-        wait_until(lambda: g.snapshot()["connections"] == 8, 10, "8 connections tracked")
+        wait_for(lambda: g.snapshot()["connections"] == 8, 10, "8 connections tracked")
         code, body = _post(g, b"{}")
         assert code == 503 and b"too many clients" in body
         assert g.snapshot()["shed_connections"] == 1
         for sock in idle:
             sock.close()
-        wait_until(lambda: g.snapshot()["connections"] == 0, 10, "the idle ones to go")
+        wait_for(lambda: g.snapshot()["connections"] == 0, 10, "the idle ones to go")
         code, body = _post(g, b"{}")
         assert code == 503 and b"stopping" in body  # through the door again: not shed
     assert [e for e, _ in events].count("gate.refused") >= 1

@@ -9,7 +9,7 @@ from typing import Any
 import psutil
 import pytest
 
-from tests.support import free_port, launching, wait_until
+from tests.support import free_port, launching, wait_for, wait_until
 from vllmwatch.config import vllminfo
 from vllmwatch.config.schema import from_dict
 from vllmwatch.core.actions import Probe
@@ -106,7 +106,7 @@ def test_while_starting_a_gone_engine_never_keeps_health_unasked(
         [engine] = [p for p in psutil.Process(fx._run.pid).children()
                     if "VLLM::EngineCore" in " ".join(p.cmdline())]
         engine.kill()  # left a zombie: the server never reaps it
-        wait_until(lambda: engine.status() == psutil.STATUS_ZOMBIE, 10, "the engine dead")
+        wait_for(lambda: engine.status() == psutil.STATUS_ZOMBIE, 10, "the engine dead")
         for _ in range(2):
             got = fx.probe(probe)
             assert isinstance(got, HealthResult) and got.ok and got.status == 200, got

@@ -9,7 +9,7 @@ import sys
 
 import psutil
 
-from tests.support import wait_until
+from tests.support import wait_for
 from vllmwatch.config.command import ChildCommand
 from vllmwatch.shell import child
 
@@ -43,8 +43,8 @@ def test_sighup_and_sigusr1_to_the_whole_unit_leave_the_vllm_tree_running() -> N
             os.killpg(c.pid, sig)
         want = (1 << (signal.SIGUSR1 - 1)) | (1 << (signal.SIGHUP - 1))
         # Held back, not delivered: pending in every process of the tree, which still runs.
-        wait_until(lambda: all(_pending(p) & want == want for p in tree), 10,
-                   "SIGUSR1 and SIGHUP held pending in the child and its engine")
+        wait_for(lambda: all(_pending(p) & want == want for p in tree), 10,
+                 "SIGUSR1 and SIGHUP held pending in the child and its engine")
         assert all(psutil.Process(p).status() != psutil.STATUS_ZOMBIE for p in tree)
         assert c.proc.poll() is None
     finally:

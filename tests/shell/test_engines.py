@@ -10,7 +10,7 @@ from pathlib import Path
 import psutil
 import pytest
 
-from tests.support import owned, wait_until
+from tests.support import owned, wait_for
 from vllmwatch.shell import kin
 from vllmwatch.shell.engines import EngineWatch
 
@@ -40,24 +40,24 @@ def test_engine_worker_and_api_server_processes_are_watched(
         tree: tuple[int, dict[str, int]]) -> None:
     root, pids = tree
     watch = EngineWatch()
-    wait_until(lambda: len(watch.look(root) or watch.seen) == 3, 10, "three titled processes")
+    wait_for(lambda: len(watch.look(root) or watch.seen) == 3, 10, "three titled processes")
     assert sorted(t for _, t in watch.seen.values()) == [
         "VLLM::APIServer", "VLLM::EngineCore", "VLLM::Worker"]
     assert watch.look(root) == []
 
     helper = psutil.Process(pids["tokenizer-helper"])
     helper.kill()  # not one of vLLM's serving processes (left a zombie: the parent sleeps)
-    wait_until(lambda: helper.status() == psutil.STATUS_ZOMBIE, 10, "the helper dead")
+    wait_for(lambda: helper.status() == psutil.STATUS_ZOMBIE, 10, "the helper dead")
     assert watch.look(root) == []
 
     psutil.Process(pids["VLLM::APIServer_1"]).kill()
-    gone = wait_until(lambda: watch.look(root), 10, "the API server noticed gone")
+    gone = wait_for(lambda: watch.look(root), 10, "the API server noticed gone")
     assert gone == [f"pid {pids['VLLM::APIServer_1']} (VLLM::APIServer) killed by SIGKILL "
                     "(the OOM killer? see the incident record)"]
 
     engine = psutil.Process(pids["VLLM::EngineCore"])
     engine.send_signal(15)  # how it died is said once, from the zombie (issue 36.15)
-    gone = wait_until(lambda: len(watch.look(root)) == 2 and watch.look(root), 10, "engine")
+    gone = wait_for(lambda: len(watch.look(root)) == 2 and watch.look(root), 10, "engine")
     assert f"pid {engine.pid} (VLLM::EngineCore) killed by SIGTERM" in gone, gone
 
     watch.reset()  # a new child: the old tree's processes are forgotten
@@ -73,14 +73,14 @@ def test_a_wall_clock_step_kills_no_engine(tree: tuple[int, dict[str, int]],
     looked dead, and its start skipped /health until startup.stall_timeout restarted it."""
     root, pids = tree
     watch = EngineWatch()
-    wait_until(lambda: len(watch.look(root) or watch.seen) == 3, 10, "three titled processes")
+    wait_for(lambda: len(watch.look(root) or watch.seen) == 3, 10, "three titled processes")
     real = psutil._psplatform.boot_time  # type: ignore[attr-defined]
     monkeypatch.setattr(psutil._psplatform, "boot_time", lambda: real() + step)
     assert watch.look(root) == []
     assert sorted(watch.engines()) == sorted([pids["VLLM::EngineCore"],
                                               pids["VLLM::Worker_TP1"]])
     psutil.Process(pids["VLLM::Worker_TP1"]).kill()  # a real death is still seen
-    gone = wait_until(lambda: watch.look(root), 10, "the worker noticed gone")
+    gone = wait_for(lambda: watch.look(root), 10, "the worker noticed gone")
     assert gone and gone[0].startswith(f"pid {pids['VLLM::Worker_TP1']} (VLLM::Worker)"), gone
     watch.close()
 
@@ -115,7 +115,7 @@ def test_an_engine_reaped_by_its_parent_at_once_still_says_how_it_died(tmp_path:
         watch._exits.watch(pid)
         psutil.Process(pid).kill()
         assert root.stdout.readline().strip() == "died unexpectedly"
-        gone = wait_until(lambda: watch.look(root.pid), 10, "the engine noticed gone")
+        gone = wait_for(lambda: watch.look(root.pid), 10, "the engine noticed gone")
         assert gone[0].startswith(f"pid {pid} (VLLM::EngineCore) "), gone
         assert gone[0].endswith(("killed by SIGKILL (the OOM killer? see the incident record)",
                                  "exit status not seen (its parent reaped it first)")), gone

@@ -12,7 +12,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.support import owned, wait_until
+from tests.support import owned, wait_for
 from vllmwatch.check import fights
 from vllmwatch.check.base import PASS, SKIP, WARN, Context
 from vllmwatch.config.schema import from_dict
@@ -123,8 +123,8 @@ def hand_vllm(tmp_path: Path) -> object:
     script.chmod(0o755)
     env = {"PATH": os.environ["PATH"], "CUDA_VISIBLE_DEVICES": "1"}
     with owned([str(script), "serve", "/data/m", "--port", "8000"], env=env) as proc:
-        wait_until(lambda: "serve" in Path(f"/proc/{proc.pid}/cmdline").read_text(), 10,
-                   "the hand-started vLLM's argv")
+        wait_for(lambda: "serve" in Path(f"/proc/{proc.pid}/cmdline").read_text(), 10,
+                 "the hand-started vLLM's argv")
         yield proc
 
 

@@ -18,7 +18,7 @@ import pytest
 from vllmwatch.config import vllmflags
 from vllmwatch.config.schema import Config, from_dict
 from vllmwatch.shell import versions
-from vllmwatch.testing.waiting import wait_until
+from vllmwatch.testing.waiting import wait_for, wait_until
 
 
 def _setup(tmp_path: Path) -> tuple[Config, dict[str, str], str]:
@@ -123,7 +123,7 @@ def test_an_ask_dies_with_the_vllmwatch_that_asked(tmp_path: Path) -> None:
                               cwd=Path(__file__).resolve().parents[2])
     try:
         assert parent.wait(60) == 0
-        probe = int(wait_until(lambda: pid_file.read_text().strip(), 10, "the probe's pid"))
+        probe = int(wait_for(lambda: pid_file.read_text().strip(), 10, "the probe's pid"))
 
         def gone() -> bool:
             try:
@@ -132,7 +132,7 @@ def test_an_ask_dies_with_the_vllmwatch_that_asked(tmp_path: Path) -> None:
                 return True
             return Path(f"/proc/{probe}/stat").read_text().split(")")[-1].split()[0] == "Z"
 
-        wait_until(gone, 10, "the probe to die with the vllmwatch that asked")
+        wait_for(gone, 10, "the probe to die with the vllmwatch that asked")
     finally:
         with __import__("contextlib").suppress(ProcessLookupError):
             os.killpg(parent.pid, signal.SIGKILL)

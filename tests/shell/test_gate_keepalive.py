@@ -16,7 +16,7 @@ from hypothesis import strategies as st
 
 from tests.shell.test_gate_replay import OK
 from tests.shell.test_gate_review import ClosingUpstream, post
-from tests.support import free_port, wait_until
+from tests.support import free_port, wait_for
 from vllmwatch.config.schema import from_dict
 from vllmwatch.gate import exchange
 from vllmwatch.gate.door import Readiness
@@ -80,8 +80,8 @@ def test_a_short_vllm_keepalive_is_never_met_by_a_reuse(vllm_keepalive: int) -> 
         try:
             assert post(g.port) == (200, OK)
             mark = time.monotonic()
-            wait_until(lambda: time.monotonic() - mark > vllm_keepalive + 0.2, 10,
-                       "the connection to idle past vLLM's keep-alive")
+            wait_for(lambda: time.monotonic() - mark > vllm_keepalive + 0.2, 10,
+                     "the connection to idle past vLLM's keep-alive")
             assert post(g.port) == (200, OK)
             assert up.closed == 0, "the gate reused a connection vLLM closes"
             assert (g.stats.failed_midrequest, g.stats.replayed) == (0, 0)
@@ -114,13 +114,13 @@ def test_a_reload_shortens_the_keepalive_and_never_lengthens_it() -> None:
             assert post(g.port) == (200, OK)
             g.reconfigure(5.0, 1, True, 1, upstream_keepalive({VAR: "1"}))
             ups = g.forwarder.upstreams
-            wait_until(lambda: ups.keepalive == pytest.approx(0.4), 10,
-                       "the reload's keep-alive to be taken on the gate's loop")
+            wait_for(lambda: ups.keepalive == pytest.approx(0.4), 10,
+                     "the reload's keep-alive to be taken on the gate's loop")
             g.reconfigure(5.0, 1, True, 1, upstream_keepalive({VAR: "600"}))
             assert post(g.port) == (200, OK)  # after the second reload: its apply ran first
             assert ups.keepalive == pytest.approx(0.4)
             mark = time.monotonic()
-            wait_until(lambda: time.monotonic() - mark > 1.2, 10, "an idle past vLLM's 1 s")
+            wait_for(lambda: time.monotonic() - mark > 1.2, 10, "an idle past vLLM's 1 s")
             assert post(g.port) == (200, OK)
             assert up.closed == 0, "the gate reused a connection vLLM closes"
             assert len(ups.retired) == 1  # the old session, kept for exchanges under way

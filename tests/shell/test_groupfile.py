@@ -13,7 +13,7 @@ from pathlib import Path
 import psutil
 import pytest
 
-from tests.support import dead, free_port, owned, wait_until
+from tests.support import dead, free_port, owned, wait_for
 from vllmwatch.shell import child, groupfile, kin
 
 
@@ -23,7 +23,7 @@ def foreign() -> Iterator[psutil.Process]:
     with owned(["bash", "-c", 'exec -a "vllm serve forged" sleep 300'],
                env={"PATH": os.environ["PATH"]}) as proc:
         ps = psutil.Process(proc.pid)
-        wait_until(lambda: "vllm serve" in " ".join(ps.cmdline()), 10, "the forged title")
+        wait_for(lambda: "vllm serve" in " ".join(ps.cmdline()), 10, "the forged title")
         yield ps
 
 
@@ -196,7 +196,7 @@ def test_a_marker_set_by_another_user_does_not_make_a_process_ours(marker: str) 
                             env={"PATH": os.environ["PATH"], child.MARKER: marker})
     try:
         ps = psutil.Process(proc.pid)
-        wait_until(lambda: ps.environ().get(child.MARKER) == marker, 10, "the marker")
+        wait_for(lambda: ps.environ().get(child.MARKER) == marker, 10, "the marker")
         assert not groupfile.carries_marker(ps, marker)
         assert proc.pid not in [p.pid for p in child.find_tree(None, marker)[0]]
     finally:
@@ -254,7 +254,7 @@ def test_an_engine_orphaned_by_its_dead_api_server_is_swept_at_the_next_start(
         engine = psutil.Process(int(leader.stdout.readline()))
         # its title as argv[0], after the last exec: before it, `env` still carried our
         # marker, and a loaded CI run swept that `env` as ours
-        wait_until(lambda: engine.cmdline()[:1] == [title], 10, "the engine's title")
+        wait_for(lambda: engine.cmdline()[:1] == [title], 10, "the engine's title")
         child.remember_group(marker, leader.pid)  # what the killed vllmwatch had written
         clock_step(monkeypatch, step)  # "younger than the leader" in a clock no step moves
         leader.stdin.close()  # the API server exits; the engine lives on, orphaned

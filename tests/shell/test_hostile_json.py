@@ -12,7 +12,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.support import free_port, wait_until
+from tests.support import free_port, wait_for
 from tests.support.tinylora import make
 from vllmwatch.config import smoke
 from vllmwatch.config.schema import from_dict
@@ -89,7 +89,7 @@ def test_a_model_list_nested_past_the_stack_is_a_failed_refresh(crashes: list[st
         watch.refresh()  # the same answer again: said once
         assert len(log.named("lora.models_unreadable")) == 1
         watch.observe(True, 1)  # ... and on the thread observe starts for it
-        wait_until(lambda: not [t for t in threading.enumerate()
+        wait_for(lambda: not [t for t in threading.enumerate()
                                 if t.name == "vllmwatch-adapters"], 10, "the refresh thread")
     assert crashes == []
 

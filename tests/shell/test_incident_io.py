@@ -17,7 +17,7 @@ from pathlib import Path
 import psutil
 import pytest
 
-from tests.support import sigstop, wait_until
+from tests.support import sigstop, wait_for
 from vllmwatch.incident import dumpers, latest, record, store
 
 # "started" is printed only once both threads stand at `b.acquire()` (the deadlock is
@@ -55,7 +55,7 @@ def _start(tmp_path: Path, hook: bool, extra_path: str = "") -> subprocess.Popen
                             text=True, start_new_session=True)
     assert proc.stdout is not None and proc.stdout.readline().strip() == "started"
     # only the two deadlocked threads are left once the announcing one has ended
-    wait_until(lambda: len(os.listdir(f"/proc/{proc.pid}/task")) == 2, 10.0, "announcer gone")
+    wait_for(lambda: len(os.listdir(f"/proc/{proc.pid}/task")) == 2, 10.0, "announcer gone")
     return proc
 
 

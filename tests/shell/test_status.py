@@ -17,7 +17,7 @@ from typing import Any
 import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
-from tests.support import TIMEOUT_SCALE, wait_for, wait_until
+from tests.support import TIMEOUT_SCALE, wait_for
 from vllmwatch.status import cli as status_cli
 from vllmwatch.status import metrics
 from vllmwatch.status.server import StatusListenError, StatusServer, parse_listen
@@ -425,13 +425,13 @@ def test_stress_never_stalls_the_loop() -> None:
         # first 50 ms left the harness's initial snapshot, whose heartbeat reads stale.
         h.snap = dataclasses.replace(h.snap, loop_heartbeat=time.monotonic())
         threads[0].start()
-        wait_until(lambda: gaps, 10, "the loop's first turn")
+        wait_for(lambda: gaps, 10, "the loop's first turn")
         for t in threads[1:11]:
             t.start()
         # The slow ones are in first: all ten held by the server (heads not complete), or
         # already cut at the deadline on a box slow enough to take that long to start them.
-        wait_until(lambda: h.server.waiting + sum(h.server.rejections.totals.values()) >= 10,
-                   10, "the slow clients to be held")
+        wait_for(lambda: h.server.waiting + sum(h.server.rejections.totals.values()) >= 10,
+                 10, "the slow clients to be held")
         for t in threads[11:]:
             t.start()
         for t in threads[1:]:

@@ -22,7 +22,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from prometheus_client.parser import text_string_to_metric_families
 
-from tests.support import TIMEOUT_SCALE, wait_for, wait_until
+from tests.support import TIMEOUT_SCALE, wait_for
 from vllmwatch.status.http_guard import Rejections
 from vllmwatch.status.server import StatusServer
 from vllmwatch.status.snapshot import Snapshot
@@ -156,7 +156,7 @@ def test_probes_answer_through_a_storm_of_new_connections() -> None:
         flood = threading.Thread(target=storm, daemon=True)
         flood.start()
         try:
-            wait_until(lambda: opened[0] > 200, 10, "the storm to start")
+            wait_for(lambda: opened[0] > 200, 10, "the storm to start")
             before, took = opened[0], []
             end = time.monotonic() + 30
             while opened[0] - before < 300:  # probe all along 300 new connections

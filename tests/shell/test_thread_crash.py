@@ -11,7 +11,7 @@ from typing import Any
 
 import pytest
 
-from tests.support import wait_until
+from tests.support import wait_for
 from vllmwatch import daemon
 from vllmwatch.config.schema import from_dict
 from vllmwatch.core.failover import SpareChecked
@@ -87,7 +87,7 @@ def test_the_spares_watch_goes_on_past_a_canary_that_raised() -> None:
     got: list[SpareChecked] = []
     probe = SimpleNamespace(canary_interval=0.001, canary_timeout=1.0, canary_timeout_min=1.0)
     fx._watch(got.append, SimpleNamespace(probe=probe))
-    wait_until(lambda: len(got) >= 2, 10, "two checks of the spare")
+    wait_for(lambda: len(got) >= 2, 10, "two checks of the spare")
     fx._unwatch.set()
     assert not got[0].ok and "ValueError: Invalid header value" in got[0].detail
     assert got[1].ok and got[0].pid == 7
