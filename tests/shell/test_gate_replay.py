@@ -416,7 +416,7 @@ def test_the_fence_waits_for_sends_under_way() -> None:
     wait_until(lambda: fence.stopped(7), 10 * TIMEOUT_SCALE, "the stop order to be placed")
     assert done == [] and t.is_alive() and not fence.begin(7)  # no new send to 7
     fence.sent(7)
-    t.join(5)
+    t.join(5 * TIMEOUT_SCALE)  # (its order waits up to 10 s: a loaded box's join, scaled)
     assert done == [True] and fence.late == 0
     assert fence.begin(8)  # another generation is not fenced
     assert not fence.order(8, wait=0.05) and fence.timeouts == 1
