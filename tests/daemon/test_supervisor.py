@@ -602,15 +602,18 @@ def test_sigusr1_manual_restart(daemon: Factory) -> None:
 # ---- the status endpoint and `vllmwatch status` ----
 
 
-def test_status_endpoint_and_cli(daemon: Factory) -> None:
+def test_status_endpoint_and_cli(daemon: Factory, tmp_path: Path) -> None:
     # drain_timeout is a bound, not a pace: the drain ends when the 1.5 s request is done,
-    # however slow a loaded box makes it.
-    d = daemon(["--slow-completion", "1.5"],
+    # however slow a loaded box makes it. The fake's start waits for `go`: READY cannot
+    # come before the first /readyz, however long a loaded box keeps the test from asking.
+    go = tmp_path / "start.go"
+    d = daemon(["--slow-completion", "1.5", "--hold-start-until", str(go)],
                {"probe": {"canary_timeout": "5s", "canary_interval": "60s"},
                 "restart": {"drain_timeout": "120s"}})
     wait_for(lambda: _get(d, "/livez") == 200, 5.0, "/livez")
     code, body = d.http_get("/readyz")
     assert code == 503 and b"state=" in body  # not ready yet: cleanup or starting
+    go.touch()
     d.wait_ready()
     assert d.http_get("/readyz")[0] == 200
     status = json.loads(d.http_get("/status")[1])
