@@ -17,7 +17,7 @@ from pathlib import Path
 import psutil
 import pytest
 
-from tests.support import sigstop, wait_for
+from tests.support import TIMEOUT_SCALE, sigstop, wait_for
 from vllmwatch.incident import dumpers, latest, record, store
 
 # "started" is printed only once both threads stand at `b.acquire()` (the deadlock is
@@ -282,12 +282,16 @@ def test_a_capture_of_a_live_group(tmp_path: Path, procs: list[subprocess.Popen[
     procs.append(p)
     root = store.root_of(str(tmp_path / "state"))
     assert root is not None
-    inp = record.Inputs(seq=1, reason="hang", detail="test", exit_code=None, timeout=3.0,
+    # The record's deadline, not its length: every dumper must finish inside it (faulthandler
+    # "ran for all"), and a loaded box's dumps take longer (the daemon tier's incident test
+    # gives its record 20 s for that): 3 s, scaled.
+    inp = record.Inputs(seq=1, reason="hang", detail="test", exit_code=None,
+                        timeout=3.0 * TIMEOUT_SCALE,
                         pgid=p.pid, child_pid=p.pid, facts={"uptime_s": 5.0},
                         output=["a", "b"], stacks_dir=str(tmp_path / "stacks"),
                         secrets=["hunter22"], status={"note": "pw hunter22"})
     done = record.capture(inp, root)
-    assert not done.error and done.seconds < 3.0 + 1.0
+    assert not done.error and done.seconds < inp.timeout + 1.0
     rec = store.load(root, done.incident_id)
     assert rec is not None and rec["tree"]["api_server_alive"] is True
     assert rec["status"] == {"note": "pw <redacted>"}
