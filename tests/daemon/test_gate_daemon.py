@@ -15,6 +15,7 @@ from typing import Any
 import pytest
 
 from tests.support import PYTHON, Daemon, base_config, free_port, merge, wait_for
+from tests.support.daemon import RECORD
 
 
 @pytest.fixture
@@ -170,7 +171,7 @@ def _in_flight(tmp_path: Path, fault: str, replay: bool, slow: float = 1.0) -> I
         "gate": {"enabled": True, "listen": f"127.0.0.1:{gate_port}", "hold_timeout": "60s",
                  "replay": replay},
         "probe": {"canary_timeout": f"{4 * slow:g}s"},  # the canary is slow too: above it
-    })
+    }, RECORD)
     d = Daemon(tmp_path, cfg, armed=True).start()
     outcomes: list[str] = []
     stop = threading.Event()

@@ -31,6 +31,7 @@ from tests.support import (
     sigstop,
     wait_for,
 )
+from tests.support.daemon import RECORD
 from vllmwatch.incident import store
 
 Factory = Callable[..., Daemon]
@@ -133,7 +134,7 @@ def test_a_deadlocked_engine_thread_shows_the_deadlocked_frame(daemon: Factory) 
 def test_a_memory_restart_holds_the_samples_that_fired_the_rule(daemon: Factory) -> None:
     d = daemon(["--leak-mib-per-s", "50"], {"memory": {
         "host_growth_limit": "40MiB", "sample_interval": "0.5s", "pss_interval": "0.5s",
-        "sustain": 2, "baseline_delay": "0s"}})
+        "sustain": 2, "baseline_delay": "0s"}, **RECORD})
     d.wait_ready()
     since = d.mark()
     fired = d.wait_event("memory.rule_fired", 15.0, since)
@@ -287,7 +288,7 @@ def test_an_engine_sigkill_and_a_sigstop_hang_name_their_cause_in_five_lines(
 
 
 def test_records_turned_on_by_a_reload_are_written_at_the_next_fault(daemon: Factory) -> None:
-    d = daemon([], {"incidents": {"enabled": False}})
+    d = daemon([], merge(RECORD, {"incidents": {"enabled": False}}))
     ready = d.wait_ready()
     d.write_config(merge(d.config, {"incidents": {"enabled": True}}))
     since = d.mark()

@@ -10,6 +10,7 @@ import signal
 from pathlib import Path
 
 from tests.support import FAKE, Daemon, base_config, free_port, merge, wait_for
+from tests.support.daemon import RECORD
 from tests.support.secrets import KNOWN_KEY
 
 SECRETS = {"DATABASE_URL": "postgres://bob:Db5ecretPw9@db.internal:5432/app",
@@ -23,7 +24,7 @@ def test_no_secret_leaves_the_daemon(tmp_path: Path) -> None:
     key.write_text(LEAKS[3] + "\n")
     key.chmod(0o600)
     cfg = merge(base_config(free_port(), free_port()),
-                {"vllm": {"env": SECRETS, "api_key_file": str(key)}})
+                {"vllm": {"env": SECRETS, "api_key_file": str(key)}}, RECORD)
     (tmp_path / "d").mkdir()
     d = Daemon(tmp_path / "d", cfg)
     d.start()
@@ -68,7 +69,7 @@ def test_a_smoke_checks_failed_answer_leaves_no_secret(tmp_path: Path) -> None:
                  # the failed check holds READY until startup.timeout ends the start: long
                  # enough for the fake's start and its check on a loaded box (5 s was not:
                  # every start timed out before the check ran), short enough for one test
-                 "startup": {"timeout": "25s"}})
+                 "startup": {"timeout": "25s"}}, RECORD)
     cfg["smoke"] = [{"endpoint": "messages"}]
     (tmp_path / "d").mkdir()
     d = Daemon(tmp_path / "d", cfg)
@@ -113,7 +114,7 @@ def test_a_value_of_the_env_file_never_leaves_whatever_its_name(tmp_path: Path) 
                        "echo \"INFO args: $*\"\nexec " + " ".join(FAKE) + " \"$@\"\n")
     wrapper.chmod(0o755)
     cfg = merge(base_config(free_port(), free_port()),
-                {"vllm": {"command": [str(wrapper)], "env_file": str(env_file)}})
+                {"vllm": {"command": [str(wrapper)], "env_file": str(env_file)}}, RECORD)
     (tmp_path / "d").mkdir()
     d = Daemon(tmp_path / "d", cfg)
     d.start()

@@ -11,6 +11,7 @@ from pathlib import Path
 from typing import Any
 
 from tests.support import Daemon, base_config, free_port, merge
+from tests.support.daemon import RECORD
 from vllmwatch.testing.daemon import PYTHON
 from vllmwatch.testing.waiting import wait_for
 
@@ -20,7 +21,7 @@ TOOLS = {"enable-auto-tool-choice": True, "tool-call-parser": "hermes"}
 def _daemon(tmp_path: Path, smoke: list[dict[str, Any]], args: dict[str, Any] | None = None,
             fake: list[str] | None = None, startup: str = "60s") -> Daemon:
     cfg: dict[str, Any] = merge(base_config(free_port(), free_port(), fake),
-                                {"startup": {"timeout": startup}})
+                                {"startup": {"timeout": startup}}, RECORD)
     cfg["vllm"]["args"] = args or {}
     cfg["smoke"] = smoke
     return Daemon(tmp_path, cfg).start()

@@ -9,6 +9,12 @@ from typing import Any
 
 from vllmwatch.testing.daemon import PYTHON
 
+# The incident record's deadline for a test that waits for incident.recorded: a deadline,
+# not its length (the record ends when its dumpers are done). The shipped 3 s is passed on a
+# loaded 2-core box by a live tree's dumps (a run timed out at 5 s: incident.timeout, and
+# the record waited for never came).
+RECORD = {"incidents": {"timeout": "20s"}}
+
 # The fake vLLM as the daemon's command, quick to start.
 FAKE = [PYTHON, "-m", "vllmwatch.testing.fake_vllm", "--startup-seconds", "0.3"]
 
