@@ -90,7 +90,7 @@ def test_a_model_list_nested_past_the_stack_is_a_failed_refresh(crashes: list[st
         assert len(log.named("lora.models_unreadable")) == 1
         watch.observe(True, 1)  # ... and on the thread observe starts for it
         wait_for(lambda: not [t for t in threading.enumerate()
-                                if t.name == "vllmwatch-adapters"], 10, "the refresh thread")
+                              if t.name == "vllmwatch-adapters"], 10, "the refresh thread")
     assert crashes == []
 
 
