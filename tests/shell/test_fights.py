@@ -46,11 +46,12 @@ def snapshot(root: Path) -> dict[str, tuple[bytes, float]]:
     return {str(p): (p.read_bytes(), p.stat().st_mtime) for p in root.rglob("*") if p.is_file()}
 
 
-def run(root: Path, proc: Path, gpus: object = None) -> list[fights.CheckResult]:
+def run(root: Path, proc: Path, gpus: object = None, path: str = "<config>"
+        ) -> list[fights.CheckResult]:
     vllm: dict[str, object] = {"model": "/m"}
     if gpus is not None:
         vllm["gpus"] = gpus
-    ctx = Context(from_dict({"vllm": vllm}), scan_root=str(root), proc_root=str(proc))
+    ctx = Context(from_dict({"vllm": vllm}, path), scan_root=str(root), proc_root=str(proc))
     return fights.check_fights(ctx)
 
 
@@ -137,6 +138,18 @@ def test_a_hand_started_vllm_on_our_gpus_warns(hand_vllm: subprocess.Popen[bytes
     assert bool(got) == warns, got
     if warns:
         assert f"kill {hand_vllm.pid}" in got[0].detail and "vllm serve" in got[0].detail
+
+
+@pytest.mark.parametrize(("path", "unit"), [
+    ("/etc/vllmwatch/gpu1.toml", "vllmwatch@gpu1"), ("/etc/vllmwatch//qa.toml", "vllmwatch@qa"),
+    ("/etc/vllmwatch/vllmwatch.toml", "vllmwatch"), ("/srv/vllmwatch.toml", "vllmwatch")])
+def test_the_hand_started_vllm_is_stopped_before_the_configs_own_unit_starts(
+        hand_vllm: subprocess.Popen[bytes], tmp_path: Path, path: str, unit: str) -> None:
+    """The way out names the unit that runs this config (an instance's, by the template's
+    rule): `systemctl start vllmwatch` started another unit, or none."""
+    got = [r for r in run(tmp_path / "empty", Path("/proc"), [1], path)
+           if r.status == WARN and f"pid {hand_vllm.pid}" in r.name]
+    assert len(got) == 1 and f"before `systemctl start {unit}`," in got[0].detail, got
 
 
 def test_check_lists_fights(tmp_path: Path) -> None:

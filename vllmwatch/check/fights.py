@@ -29,6 +29,7 @@ from vllmwatch.check.base import PASS, SKIP, WARN, CheckResult, Context
 from vllmwatch.config import safefile
 from vllmwatch.config.redact import REDACT
 from vllmwatch.config.serveline import is_vllm_serve, shown
+from vllmwatch.core import exitcodes
 
 MAX_SCANNED = 1 << 20  # bytes of one unit, crontab or script (real ones are a few KiB)
 READ_TIMEOUT = 2.0  # s for one file (a hung network mount blocks a read in the kernel)
@@ -219,8 +220,10 @@ def supervisors(root: str, scan: Scan) -> list[Finding]:
     return out
 
 
-def processes(proc: str, gpus: list[int] | None, marker: str) -> tuple[list[Finding], bool]:
-    """`vllm serve` processes not started by a vllmwatch, on our GPUs; (found, all visible)."""
+def processes(proc: str, gpus: list[int] | None, marker: str,
+              start: str = "systemctl start vllmwatch") -> tuple[list[Finding], bool]:
+    """`vllm serve` processes not started by a vllmwatch, on our GPUs; (found, all visible).
+    `start`: the command that starts the vllmwatch the config is for."""
     out = []
     for entry in sorted(glob.glob(os.path.join(proc, "[0-9]*")), key=lambda p: len(p)):
         pid = int(os.path.basename(entry))
@@ -234,7 +237,7 @@ def processes(proc: str, gpus: list[int] | None, marker: str) -> tuple[list[Find
         if shared:
             out.append(Finding(f"pid {pid}", f"a vLLM not started by vllmwatch runs on "
                                f"{shared}: {shown(REDACT.argv(argv))}",
-                               f"stop it (kill {pid}) before `systemctl start vllmwatch`, "
+                               f"stop it (kill {pid}) before `{start}`, "
                                "and remove what starts it"))
     visible = os.geteuid() == 0 or os.path.exists(os.path.join(proc, "1", "cmdline"))
     return out, visible
@@ -272,7 +275,8 @@ def check_fights(ctx: Context) -> list[CheckResult]:
     root = ctx.scan_root
     scan = Scan(root)
     found = crontabs(root, scan) + units(root, scan) + supervisors(root, scan)
-    running, visible = processes(ctx.proc_root, ctx.config.vllm.gpus, MARKER)
+    start = exitcodes.systemctl(exitcodes.unit_for(ctx.config.path), "start")  # an instance's
+    running, visible = processes(ctx.proc_root, ctx.config.vllm.gpus, MARKER, start)
     found += running
     out = [CheckResult(f"fights {f.where}", WARN, f"{f.what}; it fights vllmwatch: {f.todo}")
            for f in found]

@@ -80,6 +80,18 @@ def unit_in(cgroup_text: str) -> Unit | None:
     return None
 
 
+def unit_for(config_path: str) -> Unit:
+    """The unit the shipped units run `config_path` as: vllmwatch@NAME for
+    /etc/vllmwatch/NAME.toml (the template's rule), else vllmwatch (for a command said by a
+    process that runs as no unit: `check`, `status`)."""
+    parts = [p for p in config_path.split("/") if p not in ("", ".")]  # (core: no os.path)
+    stem = parts[-1].removesuffix(".toml") if parts else ""
+    if config_path.startswith("/") and parts[:-1] == ["etc", "vllmwatch"] \
+            and parts[-1] == f"{stem}.toml" and stem not in ("", "vllmwatch"):
+        return Unit(f"vllmwatch@{stem}")
+    return Unit()
+
+
 def systemctl(unit: Unit | None, verb: str) -> str:
     """`systemctl VERB UNIT` as a person copies it, for the manager that runs the unit (the
     shipped vllmwatch.service when not known): the one place a hint's command is made."""

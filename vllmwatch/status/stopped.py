@@ -16,7 +16,6 @@ import signal
 import subprocess
 import time
 from collections.abc import Callable, Mapping
-from pathlib import Path
 from typing import Any
 
 from vllmwatch.config.convert import printable
@@ -33,13 +32,9 @@ Run = Callable[..., "subprocess.CompletedProcess[str]"]
 
 
 def unit_name(config_path: str) -> str:
-    """The unit that runs this config: vllmwatch@NAME for /etc/vllmwatch/NAME.toml (the
-    template's rule), else vllmwatch.service."""
-    path = Path(config_path)
-    if path.parent == Path("/etc/vllmwatch") and path.suffix == ".toml" \
-            and path.stem != "vllmwatch":
-        return f"vllmwatch@{path.stem}.service"
-    return "vllmwatch.service"
+    """The unit that runs this config: vllmwatch@NAME.service for /etc/vllmwatch/NAME.toml
+    (the template's rule), else vllmwatch.service."""
+    return f"{exitcodes.unit_for(config_path).name}.service"
 
 
 def written(record: Mapping[str, Any], now: float | None = None) -> str:
