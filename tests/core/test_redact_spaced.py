@@ -28,6 +28,9 @@ _NOT_VALUES = {"true", "false", "none", "null", "nil", "yes", "no", "on", "off",
                "is", "was", "are", "were", "empty", "missing", "given", "gives", "has", "have",
                "had", "required", "set", "provided", "needed", "must", "should", "and", "or",
                "of", "for", "from", "with", "the", "a", "an", "to", "in", "at", "by"}
+# ... and every word the redactor reads as a sentence after a name (secretnames._ENGLISH: it
+# grew "expected" and "invalid", and `hf_token INVALID` was generated and rightly kept)
+_NOT_VALUES |= secretnames._ENGLISH | secretnames._UNSET
 values = st.text(_ALPHABET, min_size=1, max_size=30).filter(
     lambda v: v.lower() not in _NOT_VALUES and not all(c in "-=+*/%<>!|&:^~" for c in v)
     and not v.lower().startswith(("bearer", "basic", "token", "digest", "apikey"))
