@@ -32,9 +32,16 @@ from pathlib import Path
 
 import psutil
 import pytest
+from hypothesis import settings
 
 from tests.support.procs import SESSION_VAR, describe, session_leftovers
 from vllmwatch.testing.leftovers import wait_for_gone
+
+# Hypothesis's 200 ms deadline per example is a speed test, and a loaded 2-core box runs an
+# example past it with nothing wrong (test_reload_files' property took 233 ms beside a loaded
+# run): no test here asserts speed (bench/ does). Examples and shrinking stay Hypothesis's.
+settings.register_profile("vllmwatch", deadline=None)
+settings.load_profile("vllmwatch")
 
 HERE = Path(__file__).resolve().parent
 # scripts/test.sh's switch (README): no system tier and none of its apt-get installs. CI keeps
