@@ -19,7 +19,7 @@ from prometheus_client.parser import text_string_to_metric_families
 
 from tests.support import TIMEOUT_SCALE, wait_for
 from vllmwatch.status import cli as status_cli
-from vllmwatch.status import metrics
+from vllmwatch.status import metrics, stopped
 from vllmwatch.status.server import StatusListenError, StatusServer, parse_listen
 from vllmwatch.status.snapshot import MemoryFigures, Snapshot
 
@@ -481,7 +481,13 @@ def test_cli_json_round_trips(capsys: pytest.CaptureFixture[str]) -> None:
     assert capsys.readouterr().out == raw
 
 
-def test_cli_when_not_running(capsys: pytest.CaptureFixture[str]) -> None:
+@pytest.mark.parametrize("booted", [True, False])
+def test_cli_when_not_running(capsys: pytest.CaptureFixture[str],
+                              monkeypatch: pytest.MonkeyPatch, booted: bool) -> None:
+    """Where systemd runs, the systemctl command; in a container without it (where a
+    systemctl command starts nothing), the foreground command for the same config."""
+    monkeypatch.setattr(stopped, "systemd_booted", lambda: booted)
+    monkeypatch.setattr(stopped, "systemd_view", lambda unit, booted=None: None)
     with socket.socket() as probe:
         probe.bind(("127.0.0.1", 0))
         port = probe.getsockname()[1]
@@ -489,7 +495,8 @@ def test_cli_when_not_running(capsys: pytest.CaptureFixture[str]) -> None:
     err = capsys.readouterr().err
     assert err.startswith(f"vllmwatch is not running (no answer at http://127.0.0.1:{port}/"
                           "status)")
-    assert "systemctl start vllmwatch" in err
+    assert ("systemctl start vllmwatch" in err) is booted
+    assert ("`vllmwatch run --config /etc/vllmwatch/vllmwatch.toml`" in err) is not booted
 
 
 def test_cli_http_error_exits_1(capsys: pytest.CaptureFixture[str]) -> None:

@@ -171,8 +171,9 @@ def test_a_crash_loop_give_up_says_when_why_and_where_to_read(
     _record(root, "crash", "old one", NOW - 3600)
     rid = _record(root, "crash", "EngineCore died (SIGKILL)", NOW)
     real = stopped.systemd_view
-    monkeypatch.setattr(stopped, "systemd_view", lambda unit: real(unit, _shown(FAILED),
-                                                                   booted=True))
+    monkeypatch.setattr(stopped, "systemd_booted", lambda: True)
+    monkeypatch.setattr(stopped, "systemd_view",
+                        lambda unit, booted=None: real(unit, _shown(FAILED), booted=booted))
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         port = s.getsockname()[1]
@@ -201,6 +202,17 @@ def test_without_systemd_or_records_it_still_says_how_to_start(tmp_path: Path) -
     assert text.splitlines() == ["vllmwatch is not running (no answer at "
                                  "http://127.0.0.1:1/status)",
                                  "next      start it with `systemctl start vllmwatch@gpu1`"]
+
+
+def test_where_no_systemd_runs_it_says_the_foreground_command(tmp_path: Path) -> None:
+    """A container without systemd: `systemctl start` would start nothing there."""
+    for path, shown in (("/etc/vllmwatch/gpu1.toml", "/etc/vllmwatch/gpu1.toml"),
+                        ("/srv/my conf.toml", "'/srv/my conf.toml'")):
+        text = stopped.explain("http://127.0.0.1:1/status", path, None, None, systemd=False)
+        assert text.splitlines()[-1] == (
+            "next      no systemd runs here: start it in the foreground with "
+            f"`vllmwatch run --config {shown}` (or your container's entrypoint)")
+        assert "systemctl" not in text
 
 
 @pytest.mark.parametrize("closed", ["incidents", "state", "record"])

@@ -101,8 +101,9 @@ def _not_running(url: str, config_arg: str | None, find_incident: IncidentFinder
     try:
         path = config_path(config_arg)
         unit = stopped.unit_name(path)
-        return stopped.explain(url, path, stopped.systemd_view(unit),
-                               find_incident(unit) if find_incident else None)
+        booted = stopped.systemd_booted()
+        return stopped.explain(url, path, stopped.systemd_view(unit, booted=booted),
+                               find_incident(unit) if find_incident else None, booted)
     except Exception as exc:  # the diagnosis must never hide the one line that matters
         user = exitcodes.Unit(user=True)  # the manager is not known either: both said
         return (f"vllmwatch is not running (no answer at {url}); start it with "

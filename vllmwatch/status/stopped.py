@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import calendar
 import os
+import shlex
 import shutil
 import signal
 import subprocess
@@ -58,15 +59,18 @@ def systemd_view(unit: str, run: Run = subprocess.run, booted: bool | None = Non
     then of this user's (`systemctl --user`: a unit there is unknown to the system's), with
     Manager= saying which knew it; None where systemd cannot say (not booted with systemd,
     no systemctl, no such unit in either, no answer in time)."""
-    if booted is None:
-        booted = os.path.isdir("/run/systemd/system") and shutil.which("systemctl") is not None
-    if not booted:
+    if not (systemd_booted() if booted is None else booted):
         return None
     for manager in ("system", "user"):
         view = _show(unit, run, ["--user"] if manager == "user" else [])
         if view is not None:
             return {**view, "Manager": manager}
     return None
+
+
+def systemd_booted() -> bool:
+    """Whether this host's init is systemd with a systemctl to ask (sd_booted(3)'s test)."""
+    return os.path.isdir("/run/systemd/system") and shutil.which("systemctl") is not None
 
 
 def _show(unit: str, run: Run, flags: list[str]) -> dict[str, str] | None:
@@ -109,8 +113,9 @@ IncidentFinder = Callable[[str], Mapping[str, Any] | None]  # unit -> the newest
 
 
 def explain(url: str, config_path: str, view: Mapping[str, str] | None,
-            incident: Mapping[str, Any] | None) -> str:
-    """The lines `vllmwatch status` prints when nothing answers at url."""
+            incident: Mapping[str, Any] | None, systemd: bool = True) -> str:
+    """The lines `vllmwatch status` prints when nothing answers at url; systemd False: this
+    host was not booted with systemd (a container), where no systemctl command can start it."""
     unit = unit_name(config_path)
     short = unit.removesuffix(".service")
     # The commands for the manager that knows the unit (a user's: `systemctl --user`)
@@ -146,6 +151,10 @@ def explain(url: str, config_path: str, view: Mapping[str, str] | None,
         lines.append(f"next      {exitcodes.journalctl(runs, '-xeu')}; once fixed: "
                      f"{exitcodes.systemctl(runs, 'reset-failed')} && "
                      f"{exitcodes.systemctl(runs, 'start')}")
+    elif not systemd:
+        lines.append("next      no systemd runs here: start it in the foreground with "
+                     f"`vllmwatch run --config {shlex.quote(config_path)}` (or your container's"
+                     " entrypoint)")
     elif view is None or view.get("ActiveState") in ("inactive", "failed"):
         lines.append(f"next      start it with `{exitcodes.systemctl(runs, 'start')}`")
     return "\n".join(lines)
