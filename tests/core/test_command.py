@@ -269,7 +269,7 @@ def test_a_dotted_flag_keeps_its_keys_as_vllm_reads_them(key: str, flag: str) ->
     from vllmwatch.config.redact import is_secret_name
 
     assert flag_name(key) == flag[2:]
-    assert args_to_argv({key: True}, "x") == [flag]
+    assert args_to_argv({key: 7}, "x") == [flag, "7"]
     assert not is_secret_name(key)
     assert is_secret_name("hf-overrides.api_key") and is_secret_name("db.password")
 

@@ -10,12 +10,12 @@ import json
 import re
 from collections.abc import Mapping, Sequence
 
+from vllmwatch.config import flagnames
 from vllmwatch.config.errors import Problem
+from vllmwatch.config.flagnames import flag_name as flag_name
 
 OWNED_FLAGS = {
-    "model": "vllm.model",
-    "port": "vllm.port",
-    "host": "vllm.host",
+    "model": "vllm.model", "port": "vllm.port", "host": "vllm.host",
     "served-model-name": "vllm.served_model_name",
 }
 # Flags that take vLLM's API off the plain HTTP on vllm.host:vllm.port that every probe (and
@@ -68,14 +68,6 @@ BUILTIN_JSON = frozenset({  # vLLM 0.32.0's JSON flags (its argparse types), com
 # Flags vLLM appends to when given again (action="append"; vllm/entrypoints/launchers/
 # cli_args.py, 0.26-0.32): every other flag keeps its last value.
 APPEND_FLAGS = frozenset({"middleware"})
-
-
-def flag_name(key: str) -> str:
-    """Normalise a flag name as vLLM's parser does: no dashes in front, dashes instead of
-    underscores before the first dot only (`hf_overrides.rope_scaling` is the flag
-    `hf-overrides` and the key `rope_scaling` of its JSON, which keeps its underscore)."""
-    head, dot, tail = key.lstrip("-").partition(".")
-    return head.replace("_", "-") + dot + tail
 
 
 def json_problem(text: str, key: str) -> Problem | None:
@@ -135,7 +127,7 @@ def flag_problem(name: str, value: object, key: str, version: str | None = None,
                        f"(--no-{name})")
     if isinstance(value, str) and value.lstrip().startswith(("{", "[")) and name in json_flags:
         return json_problem(value, key)
-    return None
+    return flagnames.shape_problem(name, value, key, json_flags, SHORT_FLAGS)
 
 
 def args_problems(args: Mapping[str, object], extra: Sequence[str],
@@ -176,7 +168,8 @@ def args_problems(args: Mapping[str, object], extra: Sequence[str],
                 name, value = name.split()[0], " ".join(name.split()[1:])
             else:
                 value = inline if eq else next_value(extra, i)
-            out.append(flag_problem(flag_name(name), value, key, version))
+            if not flagnames.after_secret(extra, i, SECRET_FLAGS):  # (a key: never said)
+                out.append(flag_problem(flag_name(name), value, key, version))
         elif loose_negative(token):
             flag = extra[i - 1] if is_value_of_flag(extra, i) else "--FLAG"
             out.append(Problem(key, f"{token!r} is not read as a value by vLLM, which takes a word "
@@ -225,8 +218,7 @@ def loose_negative(word: str) -> bool:
     return True
 
 
-def is_value_of_flag(extra: Sequence[str], i: int) -> bool:
-    # The value after a flag was already judged with the flag.
+def is_value_of_flag(extra: Sequence[str], i: int) -> bool:  # (judged with its flag)
     return i > 0 and extra[i - 1].startswith("--") and "=" not in extra[i - 1]
 
 

@@ -9,28 +9,15 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from vllmwatch.config import vllmflags
+from vllmwatch.config.flagnames import NUMBER_LISTS as _NUMBER_LISTS
+from vllmwatch.config.flagnames import ONE_WORD as _ONE_WORD
+from vllmwatch.config.flagnames import VALUE_FLAGS as VALUE_FLAGS
 from vllmwatch.config.flags import DASHES, SECRET_FLAGS, flag_name, long_form
 from vllmwatch.config.serveline import is_number
 from vllmwatch.config.vllmflags import FlagSet
 
 # vLLM's short flags, for when its flag list is not known (the list's aliases win).
 _BOOL_WORDS = ("true", "false")
-# Text flags of vLLM that take one word (argparse's nargs=None; the flag list does not say
-# nargs): a word after their value is the positional MODEL, as argparse reads it.
-_ONE_WORD = frozenset({"model", "host", "tokenizer", "revision", "dtype", "device"})
-# vLLM's flags that take several numbers (nargs="+"): without a flag list, every other flag
-# whose first word is a number takes that word alone (`--max-model-len 4096 /m` serves /m)
-_NUMBER_LISTS = frozenset({"cudagraph-capture-sizes", "numa-bind-nodes", "numa-bind-cpus"})
-# Flags that take a value in every vLLM we know (0.6 to 0.32): without a flag list, one bare
-# on the line (`--max-model-len` last, or before `4096>>x.log`, where sh takes 4096 for a
-# descriptor) is the line's mistake, never a switch (`max-model-len = true`: vLLM refuses it)
-VALUE_FLAGS = frozenset({
-    "max-model-len", "tensor-parallel-size", "pipeline-parallel-size", "data-parallel-size",
-    "gpu-memory-utilization", "max-num-seqs", "max-num-batched-tokens", "quantization",
-    "kv-cache-dtype", "tokenizer-revision", "download-dir", "load-format", "chat-template",
-    "seed", "block-size", "max-lora-rank", "max-loras", "max-cpu-loras", "lora-modules",
-    "tool-call-parser", "reasoning-parser", "cpu-offload-gb", "uvicorn-log-level",
-    "distributed-executor-backend", "root-path", "response-role", *_ONE_WORD, *_NUMBER_LISTS})
 
 
 @dataclass(frozen=True)

@@ -11,6 +11,7 @@ import json
 import os
 
 from vllmwatch.config import flags
+from vllmwatch.config.flagnames import VALUE_FLAGS
 from vllmwatch.config.flags import ARG_PREFIX, DASHES, flag_name
 from vllmwatch.config.launch import INJECTED_FLAGS
 from vllmwatch.config.redact import REDACT
@@ -18,7 +19,7 @@ from vllmwatch.config.serveline import ServeLine, is_number
 from vllmwatch.config.vllmflags import flag_problem as known_problem
 from vllmwatch.migrate import addresses, envwords, relaxed, smokeplan, wrapwords
 from vllmwatch.migrate.draft import Draft, Entry, Facts
-from vllmwatch.migrate.flagwords import VALUE_FLAGS, Given, read, refused_value
+from vllmwatch.migrate.flagwords import Given, read, refused_value
 
 OWNED = {"model": "model", "port": "port", "host": "host",
          "served-model-name": "served_model_name"}
