@@ -14,15 +14,18 @@ from typing import Any, ClassVar
 
 import pytest
 
-from tests.support import free_port, wait_until
+from tests.support import TIMEOUT_SCALE, free_port, wait_until
 from vllmwatch.config.schema import from_dict
 from vllmwatch.gate import exchange
 from vllmwatch.gate.runner import start_gate
 from vllmwatch.status.snapshot import Snapshot
 
-IDLE = 3.0  # the bound, for the test (3600 s shipped)
-TOKENS = 25  # one each TICK: 5 s in all, well past IDLE, never TICK near it
-TICK = 0.2
+# The bound, for the test (3600 s shipped). It scales (TIMEOUT_SCALE): the healthy stream
+# must never go IDLE without a byte, and the gate's thread and the stream's share this
+# process, so a loaded box stalling them for a few seconds read as vLLM silent.
+IDLE = 3.0 * TIMEOUT_SCALE
+TICK = IDLE / 15  # one token each TICK, never near IDLE (the margin: 14/15 of IDLE)
+TOKENS = 25  # 25 TICKs: 5/3 of IDLE in all, well past it
 
 
 class _Stream(http.server.BaseHTTPRequestHandler):
