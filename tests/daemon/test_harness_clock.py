@@ -35,7 +35,7 @@ log("child.ready", time.time() + 27.0, pid=2)  # stamped, then the clock stepped
 sock.sendto(b"READY=1", os.environ["NOTIFY_SOCKET"])
 wait("quiet")
 log("child.ready", time.time() + 27.0, pid=3)  # and no READY=1 for this one
-time.sleep(60)  # a lifetime: the harness kills it
+time.sleep(600)  # a lifetime (past the last, scaled wait_ready): the harness kills it
 """
 
 

@@ -16,7 +16,16 @@ from typing import Any
 import psutil
 import pytest
 
-from tests.support import PYTHON, REPO, Daemon, base_config, dead, free_port, wait_for
+from tests.support import (
+    PYTHON,
+    REPO,
+    TIMEOUT_SCALE,
+    Daemon,
+    base_config,
+    dead,
+    free_port,
+    wait_for,
+)
 from tests.support.procs import environ
 from vllmwatch.shell import reaper
 from vllmwatch.shell.child import MARKER
@@ -99,11 +108,12 @@ def test_a_setsid_descendant_is_killed_at_the_stop(daemon: Daemon) -> None:
 _SUBREAPER = textwrap.dedent("""
     import json, os, subprocess, sys
     from vllmwatch.shell import child, reaper
-    from vllmwatch.testing.waiting import wait_until
+    from vllmwatch.testing.waiting import wait_for
     assert reaper.become_subreaper()
     marker, port = sys.argv[1], int(sys.argv[2])
-    # a lifetime, not a wait: its owner kills it
-    sleeper = [sys.executable, "-c", "import time; time.sleep(60)"]
+    # a lifetime, not a wait: its owner kills it (past every wait here: the standby must
+    # still be alive after the first sweep)
+    sleeper = [sys.executable, "-c", "import time; time.sleep(600)"]
     standby = subprocess.Popen(sleeper + ["standby"], env={**os.environ, child.MARKER: marker},
                                start_new_session=True, stdout=subprocess.DEVNULL)
     parent = subprocess.Popen([sys.executable, "-c",
@@ -112,8 +122,8 @@ _SUBREAPER = textwrap.dedent("""
         + sleeper + ["orphan"],
         stdout=subprocess.PIPE, text=True)
     orphan = int(parent.communicate()[0])
-    wait_until(lambda: reaper.parse_stat(open(f"/proc/{orphan}/stat").read())[3]
-               == os.getpid(), 10, "the orphan to be adopted")
+    wait_for(lambda: reaper.parse_stat(open(f"/proc/{orphan}/stat").read())[3]
+             == os.getpid(), 10, "the orphan to be adopted")
     first = child.sweep(None, marker, "127.0.0.1", port, grace=3,
                         exempt=frozenset({standby.pid}), adopt=True)
     standby_alive = standby.poll() is None
@@ -131,7 +141,7 @@ def test_an_exempt_pid_survives_the_sweep_and_a_setsid_orphan_does_not(tmp_path:
     proc = subprocess.Popen([PYTHON, "-c", _SUBREAPER, marker, str(free_port())], env=env,
                             stdout=subprocess.PIPE, text=True, start_new_session=True)
     try:
-        out, _ = proc.communicate(timeout=60)
+        out, _ = proc.communicate(timeout=60 * TIMEOUT_SCALE)  # three fresh interpreters
     finally:
         if proc.poll() is None:
             os.killpg(proc.pid, signal.SIGKILL)
@@ -239,10 +249,11 @@ def test_the_record_names_only_what_no_other_rule_took(tmp_path: Path,
     monkeypatch.setenv("STATE_DIRECTORY", str(tmp_path))
     os.chmod(tmp_path, 0o700)
     marker = f"test{os.getpid()}"
-    # lifetimes, not waits: the finally kills their groups
-    sleeper = [PYTHON, "-c", "import time; time.sleep(60)"]
+    # lifetimes, not waits: the finally kills their groups (past the scaled waits below: the
+    # tree must be whole when it is found)
+    sleeper = [PYTHON, "-c", "import time; time.sleep(600)"]
     spawn = ("import subprocess, sys, time; subprocess.Popen(sys.argv[1:], env={}, "
-             "start_new_session=True); time.sleep(60)")
+             "start_new_session=True); time.sleep(600)")
     leader = subprocess.Popen([PYTHON, "-c", spawn, *sleeper], start_new_session=True)
     detached = subprocess.Popen([PYTHON, "-c", spawn, *sleeper], env={},
                                 start_new_session=True)

@@ -20,7 +20,17 @@ from typing import Any
 import psutil
 import pytest
 
-from tests.support import FIRST_READY_S, PYTHON, REPO, Daemon, free_port, merge, sigstop, wait_for
+from tests.support import (
+    FIRST_READY_S,
+    PYTHON,
+    REPO,
+    TIMEOUT_SCALE,
+    Daemon,
+    free_port,
+    merge,
+    sigstop,
+    wait_for,
+)
 from vllmwatch.shell.child import MARKER
 
 SCRIPT = """\
@@ -257,9 +267,11 @@ def test_a_restart_while_the_standby_imports_waits_for_it(daemons: list[Daemon],
     lib = tmp_path / "lib"
     lib.mkdir()
     gate = tmp_path / "go"
+    # Its bound only ends a leftover: it must outlast the test's waits up to the SIGUSR1 (the
+    # restart must find it importing), which a loaded box stretches by TIMEOUT_SCALE.
     (lib / "slowmod.py").write_text(textwrap.dedent(f"""\
         import os, time
-        deadline = time.monotonic() + 60
+        deadline = time.monotonic() + {60 * TIMEOUT_SCALE}
         while not os.path.exists({str(gate)!r}) and time.monotonic() < deadline:
             time.sleep(0.02)  # a slow import: it polls the test's go-file, bounded
         """))

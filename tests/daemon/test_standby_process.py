@@ -19,7 +19,7 @@ from pathlib import Path
 import psutil
 import pytest
 
-from tests.support import sigstop, wait_for, wait_until
+from tests.support import TIMEOUT_SCALE, sigstop, wait_for, wait_until
 from tests.support.procs import environ
 from vllmwatch.config.command import ChildCommand
 from vllmwatch.shell import standby as sb
@@ -45,9 +45,11 @@ def world(tmp_path: Path) -> Iterator[dict[str, object]]:
     """An entry script importing module `slowmod` (which waits for a file), and cleanup."""
     lib = tmp_path / "lib"
     lib.mkdir()
+    # Its bound only ends a leftover: it must outlast every wait of a test that wants the
+    # import still running (a loaded box stretches those by TIMEOUT_SCALE), so it scales too.
     (lib / "slowmod.py").write_text(textwrap.dedent(f"""\
         import os, time
-        deadline = time.monotonic() + 60
+        deadline = time.monotonic() + {60 * TIMEOUT_SCALE}
         while not os.path.exists({str(tmp_path / "go")!r}) and time.monotonic() < deadline:
             time.sleep(0.02)  # a slow import: it polls the test's go-file, bounded
         """))
@@ -106,16 +108,20 @@ def test_it_proves_it_is_alive_on_its_pipe_and_a_stopped_one_cannot(
     never while it is stopped; and a late answer to an old ping proves nothing new."""
     tmp = Path(str(world["tmp"]))
     standby, launch = _start(world)
-    assert standby.answers(sb.PROOF_WAIT)  # still importing slowmod: the reader answers
+    # What is told apart is alive from stopped, not a speed: a live standby's answer waits
+    # the launcher's bound scaled (TIMEOUT_SCALE), since the first comes from an interpreter
+    # just started, which a loaded box can keep past 2 s. The stopped one never answers.
+    proof = sb.PROOF_WAIT * TIMEOUT_SCALE
+    assert standby.answers(proof)  # still importing slowmod: the reader answers
     (tmp / "go").touch()
     wait_until(lambda: _waiting(standby), 30, "the standby to report waiting")
-    assert standby.answers(sb.PROOF_WAIT)
+    assert standby.answers(proof)
     sigstop(standby.pid)
     try:
         assert not standby.answers(0.3)
     finally:
         os.kill(standby.pid, signal.SIGCONT)
-    assert standby.answers(sb.PROOF_WAIT)  # alive again: the newest ping is answered
+    assert standby.answers(proof)  # alive again: the newest ping is answered
     child = standby.hand_over(launch, str(tmp), "m" * 16)  # the pings left it usable
     assert child.proc.wait(30) == 0
 
@@ -200,7 +206,7 @@ def test_an_eof_without_handover_ends_it(world: dict[str, object]) -> None:
     wait_until(lambda: _waiting(standby), 30, "the standby to report waiting")
     assert standby.proc.stdin is not None
     standby.proc.stdin.close()
-    assert standby.proc.wait(10) == 0
+    assert standby.proc.wait(10 * TIMEOUT_SCALE) == 0
 
 
 def test_it_dies_with_its_parent(tmp_path: Path, world: dict[str, object]) -> None:

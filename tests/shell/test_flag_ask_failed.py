@@ -18,7 +18,7 @@ import pytest
 from vllmwatch.config import vllmflags
 from vllmwatch.config.schema import Config, from_dict
 from vllmwatch.shell import versions
-from vllmwatch.testing.waiting import wait_for, wait_until
+from vllmwatch.testing.waiting import TIMEOUT_SCALE, wait_for, wait_until
 
 
 def _setup(tmp_path: Path) -> tuple[Config, dict[str, str], str]:
@@ -112,7 +112,7 @@ def test_an_ask_dies_with_the_vllmwatch_that_asked(tmp_path: Path) -> None:
     (site / "vllm").mkdir()
     (site / "vllm" / "__init__.py").write_text(
         f"import os, time\nopen({str(pid_file)!r}, 'w').write(str(os.getpid()))\n"
-        "time.sleep(60)  # the import that does not end\n")
+        "time.sleep(600)  # the import that does not end (a lifetime: it outlasts every wait)\n")
     asker = (  # a vllmwatch that asks in a thread, then exits once the probe runs
         "import sys, threading, time, os\n"
         "from vllmwatch.config import vllmflags\n"
@@ -122,7 +122,7 @@ def test_an_ask_dies_with_the_vllmwatch_that_asked(tmp_path: Path) -> None:
     parent = subprocess.Popen([sys.executable, "-c", asker], start_new_session=True,
                               cwd=Path(__file__).resolve().parents[2])
     try:
-        assert parent.wait(60) == 0
+        assert parent.wait(60 * TIMEOUT_SCALE) == 0  # two fresh interpreters: it scales
         probe = int(wait_for(lambda: pid_file.read_text().strip(), 10, "the probe's pid"))
 
         def gone() -> bool:
