@@ -42,7 +42,7 @@ def test_optional_adapter_vllm_refuses_at_start_is_left_out_and_reported(
         assert [x["adapters"] for x in launches] == [["sql", "chat"], ["sql"]]
         assert completion(port, model="sql")[0] == 200
         assert completion(port, model="chat")[0] == 404
-        code, raw = d.http_get("/status", timeout=5)
+        code, raw = d.http_get("/status", timeout=5 * TIMEOUT_SCALE)
         assert code == 200
         doc = json.loads(raw)
         rows = {r["name"]: r for r in doc["adapters"]["managed"]}
@@ -82,7 +82,7 @@ def test_a_left_out_adapter_fixed_in_place_comes_back_live_with_one_load(
         assert completion(port, model="chat")[0] == 200
 
         def rows() -> dict[str, Any] | None:
-            doc = json.loads(d.http_get("/status", timeout=5)[1])["adapters"]
+            doc = json.loads(d.http_get("/status", timeout=5 * TIMEOUT_SCALE)[1])["adapters"]
             states = {r["name"]: r["state"] for r in doc["managed"]}
             return doc if states["chat"] == "loaded" else None
 

@@ -13,7 +13,7 @@ from typing import Any
 
 import pytest
 
-from tests.support import PYTHON, Daemon, free_port, wait_for
+from tests.support import PYTHON, TIMEOUT_SCALE, Daemon, free_port, wait_for
 from vllmwatch.core import exitcodes
 
 FAKE = [PYTHON, "-m", "vllmwatch.testing.fake_vllm", "--startup-seconds", "0.3"]
@@ -59,9 +59,10 @@ def test_guard_runs_from_launch_to_ready(tmp_path: Path, made: list[Daemon]) -> 
     stopped = d.wait_event("guard.stopped", 5.0)
     assert stopped["why"] == "ready"
     status = json.loads(urllib.request.urlopen(
-        f"http://{d.status_listen}/status", timeout=5).read())
+        f"http://{d.status_listen}/status", timeout=5 * TIMEOUT_SCALE).read())
     assert status["unified_memory"] is True and status["platform_reason"] == "config"
-    metrics = urllib.request.urlopen(f"http://{d.status_listen}/metrics", timeout=5).read()
+    metrics = urllib.request.urlopen(f"http://{d.status_listen}/metrics",
+                                     timeout=5 * TIMEOUT_SCALE).read()
     assert b"\nvllmwatch_unified_memory 1.0\n" in metrics
     # said at the first memory sample, on its own timer: READY may come first (a loaded box)
     d.wait_event("memory.source", 30.0, source="unified")

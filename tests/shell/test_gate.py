@@ -166,8 +166,8 @@ def test_door_releases_in_arrival_order() -> None:
         door = Door(switch, poll=0.01)
         order: list[int] = []
 
-        async def one(i: int) -> None:
-            assert await door.enter(5.0) is True
+        async def one(i: int) -> None:  # the hold outlasts the waits below (scaled)
+            assert await door.enter(60.0 * TIMEOUT_SCALE) is True
             order.append(i)
 
         tasks = []
@@ -184,7 +184,7 @@ def test_door_releases_in_arrival_order() -> None:
         await asyncio.wait_for(polled(), 10 * TIMEOUT_SCALE)
         assert order == [] and door.waiting == 20
         switch.state = Readiness.OPEN
-        await asyncio.wait_for(asyncio.gather(*tasks), 5)
+        await asyncio.wait_for(asyncio.gather(*tasks), 5 * TIMEOUT_SCALE)
         watcher.cancel()
         return order
 

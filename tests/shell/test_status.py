@@ -404,7 +404,7 @@ def test_stress_never_stalls_the_loop() -> None:
 
         def client(i: int) -> None:
             paths = ("/status", "/metrics", "/livez", "/readyz")
-            start.wait(5)
+            start.wait(5 * TIMEOUT_SCALE)  # 50 threads started on a loaded box: it scales
             for n in range(8):
                 began = time.monotonic()
                 try:
@@ -437,7 +437,7 @@ def test_stress_never_stalls_the_loop() -> None:
         for t in threads[1:]:
             t.join(timeout=6 * deadline)
         stop.set()
-        threads[0].join(timeout=10)
+        threads[0].join(timeout=10 * TIMEOUT_SCALE)
         assert not any(t.is_alive() for t in threads)
         wait_for(lambda: h.server.slots.active == 0, 3, "handler slots to be free")
     assert failures == []

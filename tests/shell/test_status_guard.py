@@ -80,7 +80,8 @@ def gated(**kwargs: Any) -> Iterator[Gated]:
 
 def _idle(address: tuple[str, int], n: int, stack: ExitStack) -> list[socket.socket]:
     """n connections that connect and say nothing."""
-    return [stack.enter_context(socket.create_connection(address, timeout=5)) for _ in range(n)]
+    return [stack.enter_context(socket.create_connection(address, timeout=5 * TIMEOUT_SCALE))
+            for _ in range(n)]
 
 
 def _assert_probes(g: Gated, ready: bool) -> float:
@@ -118,7 +119,7 @@ def test_probes_answer_while_every_slot_and_many_idle_clients_are_held(slots: in
         _assert_probes(g, ready=True)
         counts = g.rejected()  # sets the gate: the held handlers finish
         for t in holders:
-            t.join(5)
+            t.join(5 * TIMEOUT_SCALE)
         assert not any(t.is_alive() for t in holders)
     assert counts["busy"] >= 1 and counts["timeout"] >= slots * 10 + 5
     logged = [kw for event, kw in g.events if event == "status.rejected"]
@@ -145,7 +146,8 @@ def test_probes_answer_through_a_storm_of_new_connections() -> None:
         def storm() -> None:
             held: list[socket.socket] = []
             while not stop.is_set():
-                held.append(socket.create_connection(g.server.address, timeout=5))
+                held.append(socket.create_connection(g.server.address,
+                                                     timeout=5 * TIMEOUT_SCALE))
                 opened[0] += 1
                 time.sleep(0.001)  # pacing (~1000/s): one process shares its GIL with the server
                 if len(held) > 300:
@@ -158,20 +160,21 @@ def test_probes_answer_through_a_storm_of_new_connections() -> None:
         try:
             wait_for(lambda: opened[0] > 200, 10, "the storm to start")
             before, took = opened[0], []
-            end = time.monotonic() + 30
+            end = time.monotonic() + 30 * TIMEOUT_SCALE  # a hang's bound, not a speed target
             while opened[0] - before < 300:  # probe all along 300 new connections
                 took.append(_assert_probes(g, ready=True))
                 assert time.monotonic() < end, "the storm stalled"
             during, slowest = opened[0] - before, max(took)
         finally:
             stop.set()
-            flood.join(10)
+            flood.join(10 * TIMEOUT_SCALE)
         print(f"\n[timing] {len(took)} probe pairs during a storm ({during} connections "
               f"opened meanwhile): slowest {slowest * 1000:.1f} ms")
 
 
 def test_a_trickled_probe_is_still_answered() -> None:
-    with gated(max_clients=1, client_timeout=3.0) as g, \
+    # The trickle (0.24 s) well within the client deadline on a loaded box too: it scales.
+    with gated(max_clients=1, client_timeout=3.0 * TIMEOUT_SCALE) as g, \
             socket.create_connection(g.server.address, timeout=5 * TIMEOUT_SCALE) as sock:
         for byte in b"GET /readyz HTTP/1.0\r\n\r\n":
             sock.send(bytes([byte]))
@@ -252,7 +255,7 @@ _CROWD = st.lists(st.sampled_from(["idle", "partial", "hangup", "garbage", "over
 
 
 def _crowd_member(address: tuple[str, int], kind: str, stack: ExitStack) -> socket.socket | None:
-    sock = socket.create_connection(address, timeout=5)
+    sock = socket.create_connection(address, timeout=5 * TIMEOUT_SCALE)
     if kind == "hangup":
         sock.close()
         return None
@@ -289,7 +292,7 @@ def test_probes_answer_whatever_the_crowd_does(crowd: list[str], chunks: int,
         g.snap = dataclasses.replace(g.snap, ready=ready, draining=draining)
         members = [_crowd_member(g.server.address, kind, stack) for kind in crowd]
         request = b"GET /readyz HTTP/1.0\r\n\r\n"
-        with socket.create_connection(g.server.address, timeout=5) as probe:
+        with socket.create_connection(g.server.address, timeout=5 * TIMEOUT_SCALE) as probe:
             began = time.monotonic()
             step = -(-len(request) // chunks)
             for i in range(0, len(request), step):  # the probe itself arrives in pieces
