@@ -79,6 +79,8 @@ def test_a_value_flag_has_no_false_and_no_bare_form(name: str) -> None:
     if name in flags.OWNED_FLAGS or name in flags.REMOVED or name == "api-key":
         return  # (refused by their own words: set by vllmwatch, gone, one key as text)
     assert f"--no-{name}, which vLLM refuses" in refusal({name: False})
+    assert f"--no-{name} is not a vLLM flag" in refusal({f"no-{name}": True})
+    assert f"--no-{name} is not a vLLM flag" in refusal(extra=[f"--no-{name}"])
     if name in flagnames.BARE_OK:
         load({name: True})  # --hf-token alone: the token huggingface_hub stored
     else:

@@ -73,6 +73,10 @@ def shape_problem(name: str, value: object, key: str, json_flags: frozenset[str]
     if head != name:
         return None
     value_flags = TAKES_VALUE | json_flags
+    if name.startswith("no-") and name[3:] in value_flags and value is not False:
+        return Problem(key, f"--{name} is not a vLLM flag: --{name[3:]} takes a value and only "
+                       f"switches have a --no- form; delete it to leave --{name[3:]} at "
+                       "vLLM's default")
     if value is False and name in value_flags:
         return Problem(key, f"{name} = false would pass --no-{name}, which vLLM refuses: "
                        f"--{name} takes a value and only switches have a --no- form; delete "
