@@ -112,7 +112,8 @@ def test_a_trickling_header_is_cut_at_the_header_deadline() -> None:
 
 @pytest.mark.usefixtures("fast")
 def test_a_body_over_the_cap_is_413_announced_or_chunked() -> None:
-    with gate() as (g, _):
+    # (held, not CLOSED: a stopping gate answers 503 from the head, its body never read)
+    with gate(Readiness.HOLD) as (g, _):
         code, body = _post(g, b"x" * ((1 << 20) + 1))
         assert code == 413 and b"over the gate's cap" in body
         conn = http.client.HTTPConnection("127.0.0.1", g.port, timeout=20)
@@ -125,7 +126,7 @@ def test_a_body_over_the_cap_is_413_announced_or_chunked() -> None:
 
 @pytest.mark.usefixtures("fast")
 def test_a_slow_body_is_408_at_the_body_deadline() -> None:
-    with gate() as (g, _), socket.create_connection(("127.0.0.1", g.port)) as sock:
+    with gate(Readiness.HOLD) as (g, _), socket.create_connection(("127.0.0.1", g.port)) as sock:
         sock.sendall(b"POST /v1/completions HTTP/1.1\r\nHost: x\r\nContent-Length: 1000\r\n\r\nab")
         sock.settimeout(20)
         assert sock.recv(65536).startswith(b"HTTP/1.1 408")

@@ -75,6 +75,17 @@ class HeldKey:
         return not self.fence.stopped(self.gen) and key_refused(
             method, path, authorization, self.key, held=True)
 
+    def refuses_now(self, door: Door, method: str, path: str, authorization: str | None
+                    ) -> bool:
+        """Whether enter() would answer "unauthorized" at once to a request arriving now: told
+        from its head alone, before its 100 Continue or body (gate/head.py). A door that lets
+        it pass: the key_refused paths; one that holds it: the engine it waits for (refuses)."""
+        door.refresh()
+        if not door.waiting and door.state != Readiness.HOLD:
+            return door.state == Readiness.OPEN and key_refused(
+                method, path, authorization, self.key)
+        return self.refuses(method, path, authorization)
+
     async def enter(self, door: Door, timeout: float, request: web.Request
                     ) -> bool | str | None:
         """door.enter(timeout), or "unauthorized": at once while it is held and its engine's

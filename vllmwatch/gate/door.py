@@ -18,6 +18,8 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from enum import Enum
 
+STOPPING = "vllmwatch is stopping; vLLM will not come back on this instance"  # CLOSED's 503
+
 
 class Readiness(str, Enum):
     """What the daemon says about new requests."""

@@ -11,7 +11,7 @@ in memory while vLLM is not ready. Here:
   for a request it cannot parse never echoes its bytes;
 - a body is read within BODY_TIMEOUT (else 408) and up to what vLLM takes (max_body, else
   413); all bodies held at once are at most MAX_HELD (else 503); `Expect: 100-continue` is met
-  only for a body the gate will read (expect_continue);
+  only for a body the gate will read (gate/head.py);
 - a client that takes no byte of its answer for WRITE_STALL is cut (ClientGone), and a
   connection the gate closes is aborted if its last bytes are not taken (`close`); an answer
   still going out after its handler returned keeps its connection from the idle deadline and
@@ -221,12 +221,9 @@ class Guard:
         self.conns.pop(handler, None)
 
     async def read_body(self, request: web.Request) -> bytes | web.Response:
-        """The request body within the caps and BODY_TIMEOUT, or the error to answer; a
-        body returned stays counted in `held` until release(len(body))."""
-        if (refused := body_refusal(request, self.max_body)) is not None:
-            if refused[0]:
-                self.count(refused[0])
-            return refused[1]
+        """The request body within the caps and BODY_TIMEOUT, or the error to answer (what
+        its head refuses was answered before: gate/head.py); a body returned stays counted
+        in `held` until release(len(body))."""
         chunks: list[bytes] = []
         got = [0]
 
@@ -268,36 +265,6 @@ class Guard:
                            f"(at most {MAX_HELD}: of requests held or under way); try again "
                            "shortly", retry_after=1)
         return None
-
-
-def body_refusal(request: web.Request, cap: int) -> tuple[str, web.Response] | None:
-    """What the head alone says of the body: (the counter, the refusal) when the gate will
-    not read it ("" counts none; over `cap` bytes: 413); None when it will."""
-    coding = request.headers.get("Transfer-Encoding", "")
-    if coding and coding.replace(" ", "").lower() != "chunked":  # gzip, chunked: vLLM
-        return "bad_encoding", _refuse(  # would get the compressed bytes as if plain
-            request.path, 501, f"Transfer-Encoding {REDACT.head(coding, 40)!r} is not "
-            "supported; send the body plain or chunked")
-    length = request.content_length
-    if length is not None and length > cap:
-        return "too_large", _refuse(request.path, 413, f"request body of {length} bytes is "
-                                    f"over the gate's cap of {cap} bytes {TOO_LARGE}")
-    expect = request.headers.get("Expect", "100-continue").lower()
-    if expect != "100-continue" and request.version >= (1, 1):  # never quoted (aiohttp's
-        return "", _refuse(request.path, 417, "the only expectation the gate meets is "
-                           "Expect: 100-continue")  # 417 echoed it, as text)
-    return None
-
-
-async def expect_continue(request: web.Request, cap: int) -> None:
-    """Expect: 100-continue met only for a body the gate will read (aiohttp's default met
-    all: a client uploaded what the gate discarded with its 404 or 413); else no 100, and
-    the handler answers (Forwarder.handle, read_body)."""
-    if request.version >= (1, 1) and request.headers.get("Expect", "").lower() == \
-            "100-continue" and replay.refusal(request.method, request.path) is None and \
-            body_refusal(request, cap) is None:
-        await request.writer.write(b"HTTP/1.1 100 Continue\r\n\r\n")
-        request.writer.output_size = 0  # (as aiohttp's: the answer's size starts after it)
 
 
 def _refuse(path: str, status: int, message: str, retry_after: int | None = None

@@ -17,9 +17,9 @@ from typing import TYPE_CHECKING
 
 from aiohttp import web
 
-from vllmwatch.gate import exchange, replay
+from vllmwatch.gate import exchange, head, replay
 from vllmwatch.gate import guard as guardmod
-from vllmwatch.gate.door import Door, Fence, GateStats, GenBook, GenFigures, Readiness
+from vllmwatch.gate.door import STOPPING, Door, Fence, GateStats, GenBook, GenFigures, Readiness
 from vllmwatch.gate.guard import error_response as _error
 from vllmwatch.gate.replay import STOPPED, upstream_target
 
@@ -31,7 +31,6 @@ REFUSED_HOLD = 0.5  # after vLLM refused a connection, hold this long before try
 # a reused one it was closing looked like the engine's death; a healthy engine's client got 503.
 KEEPALIVE = exchange.KEEPALIVE  # the ceiling of Forwarder.upstreams.keepalive
 NEXT_ENGINE_POLL = 0.05  # a replay waits for an engine it was not sent to yet
-STOPPING = "vllmwatch is stopping; vLLM will not come back on this instance"
 # ... or this long for the failed one's restart to begin: vLLM that dropped a connection and
 # serves on (vllmwatch saw no death past its engine-death and health checks) gets it again.
 SAME_ENGINE_GRACE = 10.0
@@ -106,15 +105,14 @@ class Forwarder:
         return self.gens.settled(gen, sum(1 for ex in self.live if ex.gen == gen))
 
     async def handle(self, request: web.Request) -> web.StreamResponse:
-        """Refuse a path off the list; read the body within the guard's bounds; hold; forward."""
+        """Answer what its head refuses (gate/head.py), before any 100 Continue; read the
+        body within the guard's bounds; hold; forward."""
         guard = self.guard
         if guard is not None:  # its head is complete: the header deadline is over, refused
             guard.begin(request.protocol)  # or not (a refused one left it running: cut at
         try:  # HEADER_TIMEOUT while the client idled, counted as a slow head)
-            why = replay.refusal(request.method, request.path, request.raw_path)
-            if why is not None:  # 404 from the gate itself, counted (logged at a bounded rate)
-                self._count("path_refused")
-                return _error(request.path, 404, why, kind="NotFoundError")
+            if (refused := await head.admit(request, self)) is not None:
+                return refused
             if guard is None:
                 return await self._handle(request, await request.read())
             got = await guard.read_body(request)
@@ -228,7 +226,7 @@ class Forwarder:
             self._log("error", "gate.quarantined", **replay.quarantined_fields(
                 fp, request.path, len(body), gen, deaths))
 
-    def _count(self, reason: str) -> None:
+    def count(self, reason: str) -> None:
         """A refusal of the gate's own: counted by the guard (and logged by the runner)."""
         if self.guard is not None:
             self.guard.count(reason)
@@ -276,7 +274,7 @@ class Forwarder:
             return _error(path, 503, STOPPING, self.retry_after)
         if passed != "unauthorized":
             return None
-        self._count("unauthorized")  # (counted, logged at a bounded rate: gate.refused)
+        self.count("unauthorized")  # (counted, logged at a bounded rate: gate.refused)
         return web.json_response({"error": "Unauthorized"}, status=401)  # vLLM's own 401
 
     def _route(self) -> tuple[int | None, bool]:

@@ -14,7 +14,6 @@ from collections.abc import Callable, Coroutine
 from typing import Any
 
 from aiohttp import web
-from aiohttp.typedefs import Handler
 
 from vllmwatch.config.hosts import connect_host, parse_address, url_host
 from vllmwatch.config.schema import Config
@@ -228,10 +227,8 @@ class Gate:
 
     async def _main(self) -> None:
         self._stop, self._loop = asyncio.Event(), (loop := asyncio.get_running_loop())
-        # CONNECT host:port, OPTIONS * (no route): the forwarder's JSON 404 too (_unrouted)
-        app = web.Application(client_max_size=guardmod.MAX_BODY, middlewares=[self._unrouted])
-        app.router.add_route("*", "/{tail:.*}", self.forwarder.handle,
-                             expect_handler=self._expect)
+        # No route: every request is _front's (set below; CONNECT, OPTIONS * too)
+        app = web.Application(client_max_size=guardmod.MAX_BODY)
         # On stop, in-flight and held requests get SHUTDOWN_GRACE s, then are cut. Idle
         # keep-alive connections close at the guard's idle deadline (counted there).
         # auto_decompress off: vLLM gets the client's body byte for byte (not decoded gzip)
@@ -241,6 +238,7 @@ class Gate:
                                max_headers=guardmod.MAX_HEADERS, max_field_size=guardmod.MAX_FIELD)
         await runner.setup()
         assert runner.server is not None
+        runner.server.request_handler = self._front  # (each connection's handler reads it)
         guard = self.guard = guardmod.Guard(runner.server, self._count, self.max_connections)
         self.forwarder.guard, guard.max_body = guard, self.forwarder.replay_body  # (start_gate's)
         await self.forwarder.open()
@@ -272,15 +270,12 @@ class Gate:
             await self.forwarder.close()
             self.refusals.flush(loop.time(), force=True)
 
-    async def _expect(self, request: web.Request) -> None:
-        guard = self.guard  # (the body cap of the engine launched last: Forwarder.new_engine)
-        await guardmod.expect_continue(request, guard.max_body if guard else guardmod.MAX_BODY)
-
-    @web.middleware
-    async def _unrouted(self, request: web.Request, handler: Handler) -> web.StreamResponse:
-        if request.match_info.http_exception is None:
-            return await handler(request)
-        answer = await self.forwarder.handle(request)  # a 404
+    async def _front(self, request: web.BaseRequest) -> web.StreamResponse:
+        """Every request, past aiohttp's router: its expect handler ran before any route or
+        middleware, and sent `100 Continue` to CONNECT and OPTIONS * (no route) before their
+        404, and a 417 quoting the header; the forwarder tells 100 after the head's refusals."""
+        assert isinstance(request, web.Request)  # (the application's request factory)
+        answer = await self.forwarder.handle(request)  # (CONNECT, OPTIONS *: its JSON 404)
         if request.method == "CONNECT":  # what follows it is a tunnel's bytes, not a request
             answer.force_close()
         return answer
