@@ -33,6 +33,7 @@ from vllmwatch.config.secretnames import HINT_WORDS, RULES, SPACE, path_value, s
 from vllmwatch.config.secretnames import REDACTED as REDACTED
 from vllmwatch.config.secretnames import _spaced_name as _names_the_credential
 from vllmwatch.config.secretnames import is_secret_name as is_secret_name
+from vllmwatch.config.secretvalues import VALUE_I
 
 MIN_SECRET = 4  # a shorter known "secret" would redact ordinary words
 # An excerpt (head, tail) is redacted over this much more than it keeps: a secret that starts
@@ -138,7 +139,7 @@ def _to_last_at(text: str) -> str:
 _ENV_ENTRY = names.Rule(re.compile(
     r"""(?<![\w.-])(?P<nq>['"]?)name(?P=nq)[ \t]*[:=][ \t]*(?P<q>['"]?)(?P<name>""" + names._NAME
     + r""")(?P=q)[ \t]*(?:,[ \t]*|\r?\n[ \t]*)(?P<vq>['"]?)value(?P=vq)[ \t]*[:=][ \t]*"""),
-    names._VALUE_I, lists=False)
+    VALUE_I, lists=False)
 # Cheap tests first (every forwarded vLLM line passes here): a rule runs only on a text
 # that holds what it needs. Every secret name holds one of these words (see _WORDS).
 _HINTS = tuple(HINT_WORDS.split("|"))

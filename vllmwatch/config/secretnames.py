@@ -12,14 +12,28 @@ rule is linear in the line's length for any input (a stall there blocks vLLM wri
 log). Hence: a rule's regex finds only a name and its separator (bounded), is_secret_name
 judges it, and only then is the value matched, once, at that place, by patterns where each
 character is consumed in one way and a failed value never scans further than the next place
-one could start (tests/core/test_redact_linear.py). A value found is skipped whole; a name
-that is not secret skips only itself (`failed: API_KEY=x`). Pure: stdlib only."""
+one could start (config/secretvalues.py; tests/core/test_redact_linear.py). A value found is
+skipped whole; a name that is not secret skips only itself (`failed: API_KEY=x`). Pure:
+stdlib only."""
 
 from __future__ import annotations
 
 import re
 import urllib.parse
 from typing import NamedTuple
+
+from vllmwatch.config.secretvalues import AUTH as AUTH
+from vllmwatch.config.secretvalues import DONE as DONE
+from vllmwatch.config.secretvalues import (
+    ENV_VALUE_I,
+    IN_LIST,
+    MORE_ITEMS,
+    QUOTED_ONLY,
+    SPACED_VALUE,
+    VALUE,
+    VALUE_I,
+)
+from vllmwatch.config.secretvalues import SPACE as SPACE
 
 # A name is secret when one of its words is one of these ...
 _WORDS = frozenset({"key", "token", "secret", "secrets", "password", "passwords",
@@ -103,39 +117,7 @@ REDACTED = "<redacted>"
 HINT_WORDS = r"key|token|secret|pass|pw|cred|auth|cookie|sig|webhook"
 # Bounded: a name is short, and an unbounded lazy scan is quadratic in a long word's length
 _NAME = r"(?=[A-Za-z_])[\w.-]{0,80}?(?i:" + HINT_WORDS + r")[\w.-]{0,80}"
-# 'value' / "value", or \"value\" (\\\"value\\\"): JSON inside a string, once or twice (a
-# request body in an error message). A backslash is consumed with the character after it (or
-# alone before a line's end), so an unclosed quote runs to the line's end in one pass (that
-# prompt's secret is hidden too) and never backtracks: `(?:\\.|(?!q).)*` was exponential.
-# An escaped value's backslash run is consumed whole, once: `(?!\\+q).` rescanned the run at
-# each of its characters (quadratic: 4 s for 16 K backslashes). A quote escaped once more than
-# the value's own (`\"K1\\\"K2\"`, a `"` in the secret) is part of the value, not its end.
-_QUOTED = (r"""(?:b?(?P<vq>['"])(?P<qv>(?:\\(?:.|(?!.))|(?!(?P=vq))[^\\\n])*)"""
-           r"""(?:(?P=vq)|(?=\n)|\Z)"""
-           r"""|(?P<esc>\\+)(?P<evq>['"])(?P<eqv>(?:[^\\\n]|\\+(?![\\]|(?P=evq))"""
-           r"""|(?P=esc)\\+(?P=evq))*)"""
-           r"""(?P=esc)(?P=evq))""")
-# Space between a scheme and its credential, or its escape (`Bearer\\tX` in JSON-escaped text)
-SPACE = r"(?:\s|\\+[tnr])+"
-AUTH = (r"(?:bearer|basic|token|digest|apikey|negotiate|ntlm|splunk|sharedkey|hmac|"
-        r"aws4-hmac-sha256):?" + SPACE)  # (`Bearer: X`)
-# A value already hidden is left, not one a known value only began (`PASSWORD=<redacted>2024`);
-# a value ends at an escaped line break too (a repr'd request: `Authorization: x\nX-Api-Key:`)
-DONE = r"""<redacted>(?![^\s'",;&)}\]>])"""
-_BARE = (r"""(?P<bare>(?!""" + DONE + "|" + AUTH
-         + r""")(?:<redacted>|(?!\\[nrt])[^\s'",;&)}\]>])+)""")
-# NAME=value as a shell or an env file writes it (at a line's or a word's start, not after
-# `?`/`&` of a query): the value runs to the next space, `;` and `&` included (`DB_PASSWORD=
-# abc;def` kept `;def`), but not a closing `,)}]>` before a space (`Namespace(api_key=x, n=1)`).
-_ENV_BARE = (r"""(?P<bare>(?!<redacted>(?![^\s'",)}\]>])|""" + AUTH
-             + r""")(?:<redacted>|(?!\\[nrt])[^\s'",)}\]>]|[,)}\]>]+(?=[^\s'",)}\]>]))+)""")
-_QUOTED_ONLY = re.compile(_QUOTED)
-_VALUE = re.compile(_QUOTED + "|" + _BARE)
-_VALUE_I = re.compile("(?i)" + _QUOTED + "|" + _BARE)
-_ENV_VALUE_I = re.compile("(?i)" + _QUOTED + "|" + _ENV_BARE)
 _LIST_ENDS = {"[": "]", "(": ")", "{": "}"}
-# After `NAME `, a bracket begins a remark (`VLLM_API_KEY (environment)`), not a value.
-_SPACED_VALUE = re.compile("(?i)" + _QUOTED + r"|(?![(\[{])" + _BARE)
 # An identifier joins words by `_` (`hf_token`) or case (`apiKey`); a word of prose is
 # hyphenated (`one-token`), capitalised (`TokenSpeed MLA`) or one word (`the key vLLM`).
 _IDENTIFIER = re.compile(r"[A-Za-z0-9]_+[A-Za-z0-9]|^[a-z][a-z0-9]*[A-Z]")
@@ -198,7 +180,7 @@ class Rule(NamedTuple):
     lists: bool = True  # ['v1'], ('u', 'p'), {'k': 'v'}: each quoted string inside hidden
     keyed: bool = False  # the name in quotes, escaped as often on both sides (rule 0)
     encoded: bool = False  # percent-encoded: judged decoded, only with a % before the value
-    env: bool = False  # NAME=value, at a word's start: _ENV_BARE
+    env: bool = False  # NAME=value, at a word's start: ENV_VALUE_I
     spaced: bool = False  # NAME value: only a name written as an identifier (_SPACED)
 
 
@@ -208,20 +190,20 @@ RULES = (
     # only at a backslash run's first character (tried at each, `\\*['"]` rescanned the run:
     # quadratic); the closing run says how many of them open the name.
     Rule(re.compile(r"""(?<!\\)(?P<obs>\\*)(?P<oq>['"])(?P<name>""" + _NAME
-                    + r""")(?P<cbs>\\*)(?P=oq)\]?\s*(?P<sep>=>|[:=])\s*"""), _VALUE, keyed=True),
+                    + r""")(?P<cbs>\\*)(?P=oq)\]?\s*(?P<sep>=>|[:=])\s*"""), VALUE, keyed=True),
     # ('authorization', 'Bearer x'): a header as a tuple; ['--api-key', 'x']: an argv list
     Rule(re.compile(r"""(?:\(\s*b?(?P<kq>['"])|(?P<fq>['"])--)(?P<name>""" + _NAME
-                    + r""")(?:(?P=kq)|(?P=fq))\s*,\s*"""), _QUOTED_ONLY, lists=False),
+                    + r""")(?:(?P=kq)|(?P=fq))\s*,\s*"""), QUOTED_ONLY, lists=False),
     # --name value / --name=value / NAME=value / name: value / name => value /
     # Authorization: Bearer x / name=['v1', 'v2']
     Rule(re.compile(r"(?i)(?<![\w.-])(?P<dash>--)?(?P<name>" + _NAME + r")"
                     r"(?:\s*(?P<sep>=>|[=:])\s*|(?(dash)\s+(?!--[A-Za-z])|(?!)))"
-                    r"(?P<scheme>" + AUTH + ")?"), _VALUE_I, env=True),
+                    r"(?P<scheme>" + AUTH + ")?"), VALUE_I, env=True),
     # NAME value, no separator: `HF_TOKEN abcd` (print(name, value), a Dockerfile's `ENV`,
     # an env listing), `hf_token abcd`, `apiKey abcd`: a name spelt as an identifier only, as
     # a lone English word (`the key vLLM ...`, `token budget`) begins prose, not a value
     Rule(re.compile(r"(?<![\w.-])(?P<name>" + _NAME + r")(?P<sp>[ \t]+)"
-                    r"(?P<scheme>" + AUTH + ")?"), _SPACED_VALUE, lists=False, spaced=True),
+                    r"(?P<scheme>" + AUTH + ")?"), SPACED_VALUE, lists=False, spaced=True),
 )
 
 
@@ -288,7 +270,7 @@ def _hide(rule: Rule, m: re.Match[str], start: int, text: str,
     if rule.env and m["sep"] == "=" and m.start("sep") == m.end("name") and m.end("sep") == (
             scheme_at if scheme_at >= 0 else m.end()) and (
             start == 0 or text[start - 1] in " \t\n'\"`"):
-        value = _ENV_VALUE_I
+        value = ENV_VALUE_I
     if groups.get("dash") and m["sep"] is None and scheme_at < 0 and \
             _FLAG_PROSE.match(text, m.end()):
         return None
@@ -326,24 +308,16 @@ def _hide(rule: Rule, m: re.Match[str], start: int, text: str,
         words = _MORE_WORDS.match(text, v.end()) if many and groups.get("dash") and \
             "=" not in sep else None  # vLLM's `--api-key K1 'K2'`: each word to the next flag
         if found.get("qv") is not None and not (words and words[0]):  # ['--api-key', 'K1', ..]
-            more = _MORE_ITEMS.match(text, v.end()) if many and groups.get("fq") else None
-            rest = _IN_LIST.sub(lambda q: f"{q[1]}{REDACTED}{q[1]}", more[0]) if more else ""
+            more = MORE_ITEMS.match(text, v.end()) if many and groups.get("fq") else None
+            rest = IN_LIST.sub(lambda q: f"{q[1]}{REDACTED}{q[1]}", more[0]) if more else ""
             lead = "b" if v.group(0).startswith("b") else ""
             return (more or v).end(), f"{pre}{lead}{v['vq']}{REDACTED}{v['vq']}{rest}"
         return (words or v).end(), pre + REDACTED
     return None
 
 
-# A quoted string inside a list, to its closing quote or the list's end (a quote never
-# closed ran to the end at each quote after it: quadratic); a backslash takes the next
-# character with it, so each is consumed one way.
-_IN_LIST = re.compile(r"""(['"])(?:\\[\s\S]|(?!\1)[^\\])*(?:\1|\\?\Z)""")
-# The quoted items after an argv list's first key, each closed on its line, none a flag
-_MORE_ITEMS = re.compile(r"""(?:\s*,\s*b?(['"])(?!-)(?:\\.|(?!\1)[^\\\n])*\1)*""")
-
-
 def _hide_list(listed: str) -> str:
     if not re.search(r"['\"]", listed):
         return f"{listed[0]}{REDACTED}{listed[-1]}"
-    inner = _IN_LIST.sub(lambda q: f"{q[1]}{REDACTED}{q[1]}", listed[1:-1])
+    inner = IN_LIST.sub(lambda q: f"{q[1]}{REDACTED}{q[1]}", listed[1:-1])
     return listed[0] + inner + listed[-1]
