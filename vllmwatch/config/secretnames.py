@@ -11,8 +11,8 @@ passes them in the reader of vLLM's stdout, and a client's prompt is in those li
 rule is linear in the line's length for any input (a stall there blocks vLLM writing its
 log). Hence: a rule's regex finds only a name and its separator (bounded), is_secret_name
 judges it, and only then is the value matched, once, at that place, by patterns where each
-character is consumed in one way and a failed value never scans further than the next place
-one could start (config/secretvalues.py; tests/core/test_redact_linear.py). A value found is
+character is consumed in one way and a value never fails once begun (config/secretvalues.py:
+where a value ends, in each quoting; tests/core/test_redact_linear.py). A value found is
 skipped whole; a name that is not secret skips only itself (`failed: API_KEY=x`). Pure:
 stdlib only."""
 
@@ -180,7 +180,7 @@ class Rule(NamedTuple):
     lists: bool = True  # ['v1'], ('u', 'p'), {'k': 'v'}: each quoted string inside hidden
     keyed: bool = False  # the name in quotes, escaped as often on both sides (rule 0)
     encoded: bool = False  # percent-encoded: judged decoded, only with a % before the value
-    env: bool = False  # NAME=value, at a word's start: ENV_VALUE_I
+    env: bool = False  # NAME=value at a word's start, `--name value`: ENV_VALUE_I
     spaced: bool = False  # NAME value: only a name written as an identifier (_SPACED)
 
 
@@ -195,9 +195,10 @@ RULES = (
     Rule(re.compile(r"""(?:\(\s*b?(?P<kq>['"])|(?P<fq>['"])--)(?P<name>""" + _NAME
                     + r""")(?:(?P=kq)|(?P=fq))\s*,\s*"""), QUOTED_ONLY, lists=False),
     # --name value / --name=value / NAME=value / name: value / name => value /
-    # Authorization: Bearer x / name=['v1', 'v2']
+    # Authorization: Bearer x / name=['v1', 'v2']; `=>` before a space, a quote or a bracket
+    # only: `api_key=>;K` is a value that begins with `>` (it was `;K`, no value, in clear)
     Rule(re.compile(r"(?i)(?<![\w.-])(?P<dash>--)?(?P<name>" + _NAME + r")"
-                    r"(?:\s*(?P<sep>=>|[=:])\s*|(?(dash)\s+(?!--[A-Za-z])|(?!)))"
+                    r"(?:\s*(?P<sep>=>(?=[\s'\"\\\[{(])|[=:])\s*|(?(dash)\s+(?!--[A-Za-z])|(?!)))"
                     r"(?P<scheme>" + AUTH + ")?"), VALUE_I, env=True),
     # NAME value, no separator: `HF_TOKEN abcd` (print(name, value), a Dockerfile's `ENV`,
     # an env listing), `hf_token abcd`, `apiKey abcd`: a name spelt as an identifier only, as
@@ -267,10 +268,11 @@ def _hide(rule: Rule, m: re.Match[str], start: int, text: str,
     groups = m.groupdict()
     scheme_at = m.start("scheme") if groups.get("scheme") else -1
     value = rule.value
-    if rule.env and m["sep"] == "=" and m.start("sep") == m.end("name") and m.end("sep") == (
-            scheme_at if scheme_at >= 0 else m.end()) and (
-            start == 0 or text[start - 1] in " \t\n'\"`"):
-        value = ENV_VALUE_I
+    env = rule.env and m["sep"] == "=" and m.start("sep") == m.end("name") and m.end("sep") == (
+        scheme_at if scheme_at >= 0 else m.end()) and (
+        start == 0 or text[start - 1] in " \t\n'\"`")
+    if env or (groups.get("dash") and m["sep"] is None):  # an argv's word ends as NAME=value's
+        value = ENV_VALUE_I  # (`--api-key K1,K2` showed `,K2`)
     if groups.get("dash") and m["sep"] is None and scheme_at < 0 and \
             _FLAG_PROSE.match(text, m.end()):
         return None

@@ -1,24 +1,18 @@
 """Where a secret's value ends, after its name (config/secretnames.py's rules find the name and
-judge it; config/redact.py runs them): quoted, escaped once or more (JSON in a string), or
-bare. Each pattern consumes a character one way, so a line costs one pass whatever it holds
-(tests/core/test_redact_linear.py). Pure: stdlib only."""
+judge it; config/redact.py runs them): quoted, escaped once or more (JSON in a string, a
+repr of JSON, of a shell's line), or bare.
+
+At each level of JSON-encoding or repr() a quote inside the value is escaped once more than
+the quotes around it, so a quoted value ends only at its own quote escaped as often as the one
+that opened it; every other quote, whatever its backslashes, is part of the value. Each
+pattern consumes a character one way and a value never fails once it began (an unclosed quote
+runs to the line's end, that prompt's secret hidden too), so a line costs one pass whatever
+it holds (tests/core/test_redact_linear.py). Pure: stdlib only."""
 
 from __future__ import annotations
 
 import re
 
-# 'value' / "value", or \"value\" (\\\"value\\\"): JSON inside a string, once or twice (a
-# request body in an error message). A backslash is consumed with the character after it (or
-# alone before a line's end), so an unclosed quote runs to the line's end in one pass (that
-# prompt's secret is hidden too) and never backtracks: `(?:\\.|(?!q).)*` was exponential.
-# An escaped value's backslash run is consumed whole, once: `(?!\\+q).` rescanned the run at
-# each of its characters (quadratic: 4 s for 16 K backslashes). A quote escaped once more than
-# the value's own (`\"K1\\\"K2\"`, a `"` in the secret) is part of the value, not its end.
-QUOTED = (r"""(?:b?(?P<vq>['"])(?P<qv>(?:\\(?:.|(?!.))|(?!(?P=vq))[^\\\n])*)"""
-          r"""(?:(?P=vq)|(?=\n)|\Z)"""
-          r"""|(?P<esc>\\+)(?P<evq>['"])(?P<eqv>(?:[^\\\n]|\\+(?![\\]|(?P=evq))"""
-          r"""|(?P=esc)\\+(?P=evq))*)"""
-          r"""(?P=esc)(?P=evq))""")
 # Space between a scheme and its credential, or its escape (`Bearer\\tX` in JSON-escaped text)
 SPACE = r"(?:\s|\\+[tnr])+"
 AUTH = (r"(?:bearer|basic|token|digest|apikey|negotiate|ntlm|splunk|sharedkey|hmac|"
@@ -26,22 +20,54 @@ AUTH = (r"(?:bearer|basic|token|digest|apikey|negotiate|ntlm|splunk|sharedkey|hm
 # A value already hidden is left, not one a known value only began (`PASSWORD=<redacted>2024`);
 # a value ends at an escaped line break too (a repr'd request: `Authorization: x\nX-Api-Key:`)
 DONE = r"""<redacted>(?![^\s'",;&)}\]>])"""
-_BARE = (r"""(?P<bare>(?!""" + DONE + "|" + AUTH
-         + r""")(?:<redacted>|(?!\\[nrt])[^\s'",;&)}\]>])+)""")
+# 'value' / "value", or \"value\" (\\\"value\\\"): JSON inside a string, once or twice (a
+# request body in an error message).
+# Unescaped (`"K"`), a backslash run is taken whole with the character after it, a quote too:
+# repr() of JSON doubles the backslash of `"K1\"K2"` (`'{"k": "K1\\"K2"}'`), and `\\` then
+# `"` read as an escaped backslash and the value's end left K2 in clear. The cost: a value
+# ending in a backslash (`"C:\\"`) runs on to the next quote, hiding a little more.
+# Escaped (`\"K\"`), the run is consumed whole, once: `(?!\\+q).` rescanned the run at each
+# of its characters (quadratic: 4 s for 16 K backslashes); a quote escaped more than the
+# value's own (`\"K1\\\"K2\"`) is part of the value, so one whose secret ends in a backslash
+# runs on: ended by nothing, the value is hidden to the line's end (it failed, and the bare
+# rule hid a backslash and showed the secret).
+# Either way, a shell's `'"'"'` (shlex.quote's `'` inside '..', as `set -x` and shlex.join
+# print it), escaped as the value's quotes are, continues the value: it is no end. A backslash
+# run before it is the secret's own (in '..' a backslash is no escape), not the idiom's.
+_IDIOM = r"""(?=')(?P=vq)\\*"(?P=vq)\\*"(?P=vq)"""
+_ESC_IDIOM = r"""(?P=esc)(?=')(?P=evq)\\*"(?P=esc)(?P=evq)\\*"(?P=esc)(?P=evq)"""
+QUOTED = (r"""(?:b?(?P<vq>['"])(?P<qv>(?:\\+(?=""" + _IDIOM + ")|" + _IDIOM
+          + r"""|\\+(?:[^\\\n]|(?!.))|(?!(?P=vq))[^\\\n])*)"""
+          r"""(?:(?P=vq)|(?=\n)|\Z)"""
+          r"""|(?P<esc>\\+)(?P<evq>['"])(?P<eqv>(?:[^\\\n]|\\+(?![\\]|(?P=evq))"""
+          r"""|\\+(?=""" + _ESC_IDIOM + ")|" + _ESC_IDIOM + r"""|(?P=esc)\\+(?P=evq))*)"""
+          r"""(?:(?P=esc)(?P=evq))?)""")  # (unclosed: ended by nothing)
+# A bare value, to a space or a sign. A quote inside its word is part of it (`api_key: K1"K2`,
+# escaped or not once the line is JSON-encoded: `K1\"K2`; it ended there and showed `"K2`);
+# one before a space or a sign closes the string the value sat in (`'api_key: K'`), and
+# stays. Not after `NAME ` (SPACED_VALUE), where such a word is prose's (`Token token="X"`).
+_BARE_WORD = r"""(?:<redacted>|(?!\\[nrt])[^\s'",;&)}\]>]"""
+_BARE = (r"""(?P<bare>(?!""" + DONE + "|" + AUTH + ")" + _BARE_WORD
+         + r"""|['"](?=[^\s'",;&)}\]>]))+)""")
+_SPACED_BARE = r"""(?P<bare>(?!""" + DONE + "|" + AUTH + ")" + _BARE_WORD + ")+)"
 # NAME=value as a shell or an env file writes it (at a line's or a word's start, not after
-# `?`/`&` of a query): the value runs to the next space, `;` and `&` included (`DB_PASSWORD=
-# abc;def` kept `;def`), but not a closing `,)}]>` before a space (`Namespace(api_key=x, n=1)`).
+# `?`/`&` of a query), and an argv's `--flag value`: the value runs to the next space, `;` and
+# `&` included (`DB_PASSWORD=abc;def` kept `;def`), but not a closing `,)}]>` before a space,
+# a quote or an escaped one (`Namespace(api_key=x, n=1)`, `\"api_key=x\",\"n\"`); a quote
+# inside the word is part of it, as in a bare value above (`api_key=K1"K2`).
+_IN_WORD = (r"""(?!\\[nrt])[^\s'",)}\]>]|[,)}\]>]+(?=[^\s'",)}\]>\\]|\\+[^\\'"])"""
+            r"""|['"](?=[^\s'",)}\]>])""")
 _ENV_BARE = (r"""(?P<bare>(?!<redacted>(?![^\s'",)}\]>])|""" + AUTH
-             + r""")(?:<redacted>|(?!\\[nrt])[^\s'",)}\]>]|[,)}\]>]+(?=[^\s'",)}\]>]))+)""")
+             + r""")(?:<redacted>|""" + _IN_WORD + ")+)")
 QUOTED_ONLY = re.compile(QUOTED)
 VALUE = re.compile(QUOTED + "|" + _BARE)
 VALUE_I = re.compile("(?i)" + QUOTED + "|" + _BARE)
 ENV_VALUE_I = re.compile("(?i)" + QUOTED + "|" + _ENV_BARE)
 # After `NAME `, a bracket begins a remark (`VLLM_API_KEY (environment)`), not a value.
-SPACED_VALUE = re.compile("(?i)" + QUOTED + r"|(?![(\[{])" + _BARE)
+SPACED_VALUE = re.compile("(?i)" + QUOTED + r"|(?![(\[{])" + _SPACED_BARE)
 # A quoted string inside a list, to its closing quote or the list's end (a quote never
-# closed ran to the end at each quote after it: quadratic); a backslash takes the next
-# character with it, so each is consumed one way.
-IN_LIST = re.compile(r"""(['"])(?:\\[\s\S]|(?!\1)[^\\])*(?:\1|\\?\Z)""")
+# closed ran to the end at each quote after it: quadratic); a backslash run takes the next
+# character with it (as QUOTED's), so each is consumed one way.
+IN_LIST = re.compile(r"""(['"])(?:\\+(?:[^\\]|\Z)|(?!\1)[^\\])*(?:\1|\Z)""")
 # The quoted items after an argv list's first key, each closed on its line, none a flag
-MORE_ITEMS = re.compile(r"""(?:\s*,\s*b?(['"])(?!-)(?:\\.|(?!\1)[^\\\n])*\1)*""")
+MORE_ITEMS = re.compile(r"""(?:\s*,\s*b?(['"])(?!-)(?:\\+[^\\\n]|(?!\1)[^\\\n])*\1)*""")
