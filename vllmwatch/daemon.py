@@ -3,18 +3,21 @@
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import faulthandler
 import os
+import socket
 import sys
 import threading
 import time
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import replace
 
 import vllmwatch
 from vllmwatch import __version__
 from vllmwatch.config.command import ChildCommand, load_for_reload
 from vllmwatch.config.schema import Config
+from vllmwatch.config.units import spread
 from vllmwatch.core import exitcodes
 from vllmwatch.core.events import ReadyzPolled
 from vllmwatch.core.names import Reason, exit_code
@@ -23,7 +26,6 @@ from vllmwatch.shell import fdbudget, groupfile, reaper
 from vllmwatch.shell.child import instance_id, sweep_spare_leftovers
 from vllmwatch.shell.clock import SystemClock
 from vllmwatch.shell.effects import RealEffects
-from vllmwatch.shell.fleet import spread_config
 from vllmwatch.shell.logs import LogFn, setup
 from vllmwatch.shell.loop import Loop
 from vllmwatch.shell.memory import make_sampler
@@ -286,3 +288,38 @@ def _status_server(config: Config, log: LogFn, get: Callable[[], Snapshot],
     server.on_readyz = readyz.polled
     server.start()
     return server
+
+
+# Fleet-safe settings: the per-host key that spreads quiet-hours restarts across a fleet,
+# applied once at the start (folded from shell/fleet.py: the import count of `run`).
+MACHINE_ID_PATHS = ("/etc/machine-id", "/var/lib/dbus/machine-id")
+
+
+def host_key(instance: str, paths: Sequence[str] = MACHINE_ID_PATHS) -> str:
+    """machine-id (else the hostname) plus the instance: stable, and distinct per instance.
+
+    Containers often share an empty or baked-in machine-id; the hostname (the pod name)
+    differs there, so it is part of the key too.
+    """
+    machine = ""
+    for path in paths:
+        try:
+            with open(path) as f:
+                machine = f.read().strip()
+        except OSError:
+            continue
+        if machine:
+            break
+    return f"{machine}:{socket.gethostname()}:{instance}"
+
+
+def spread_config(config: Config, log: Callable[..., None], key: str | None = None) -> Config:
+    """The config with restart.quiet_hours moved to this host's slot inside the window."""
+    r = config.restart
+    if not r.quiet_hours or r.quiet_hours_spread <= 0:
+        return config
+    key = host_key(f"{config.vllm.port}") if key is None else key
+    window = spread(r.quiet_hours, key, r.quiet_hours_spread)
+    log("info", "quiet_hours.spread", configured=r.quiet_hours, this_host=window,
+        spread=r.quiet_hours_spread)
+    return dataclasses.replace(config, restart=dataclasses.replace(r, quiet_hours=window))

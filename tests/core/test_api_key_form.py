@@ -104,3 +104,16 @@ def test_the_judgement_is_exactly_what_a_client_can_send(key: str) -> None:
     assert (why is None) == usable
     if why is not None and len(key.strip()) >= 4:
         assert key.strip() not in why
+
+
+@given(st.text(min_size=0, max_size=16).filter(lambda k: "\0" not in k))
+def test_the_launch_refuses_exactly_the_keys_judged_unusable(key: str) -> None:
+    """build() loads the judgement only for a key its quick test doubts (the daemon's import
+    count): the quick test and the judgement agree on every key."""
+    config = from_dict({"vllm": {"model": "/m", "env": {"VLLM_API_KEY": key}}})
+    try:
+        build(config, {})
+        refused = False
+    except ConfigError:
+        refused = True
+    assert refused == (keyform.why_unusable(key) is not None)

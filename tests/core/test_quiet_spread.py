@@ -11,7 +11,7 @@ from hypothesis import strategies as st
 
 from vllmwatch.config.schema import from_dict
 from vllmwatch.config.units import host_offset, in_window, parse_window, spread
-from vllmwatch.shell.fleet import host_key, spread_config
+from vllmwatch.daemon import host_key, spread_config
 
 
 @pytest.mark.parametrize("window,fraction,starts_between", [

@@ -10,7 +10,7 @@ import shlex
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 
-from vllmwatch.config import flags, keyform, safefile, serveline
+from vllmwatch.config import flags, safefile, serveline
 from vllmwatch.config.errors import Problem
 from vllmwatch.config.flags import flag_name as flag_name  # re-exported for callers
 from vllmwatch.config.launch import FORK_VARIABLE, engine_start_method, env_file_secrets
@@ -256,8 +256,11 @@ def build(config: Config, base_env: Mapping[str, str], api_key: str | None = Non
     if api_key is not None:
         env["VLLM_API_KEY"] = api_key
         shown["VLLM_API_KEY"] = REDACTED
-    _raise(config.path, keyform.problems(env, keyform.source(
-        v.args, v.extra_args, file_env, file_args, v.env, v.api_key_file)))
+    if (key := env.get("VLLM_API_KEY")) is not None and not (  # a key no client can use:
+            key.isascii() and key.isprintable() and key == key.strip() != ""):  # (only then)
+        from vllmwatch.config import keyform
+        _raise(config.path, keyform.problems(env, keyform.source(
+            v.args, v.extra_args, file_env, file_args, v.env, v.api_key_file)))
     shown = {k: (REDACTED if is_secret_name(k) and not path_value(val) else val)
              for k, val in shown.items()}  # (GOOGLE_APPLICATION_CREDENTIALS=/etc/gcp/sa.json)
     return ChildCommand(argv=tuple(argv), env=env, shown_env=shown,

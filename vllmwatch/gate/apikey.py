@@ -25,7 +25,6 @@ VLLM_GUARDED = ("/v1", "/v2", "/inference", "/cohere")
 # Open in vLLM, and kept open here: liveness and monitoring (load balancers, Prometheus) read
 # them without a key in vLLM, and they run nothing of the model.
 KEYLESS = frozenset({"/health", "/metrics", "/version"})
-UNAUTHORIZED = {"error": "Unauthorized"}  # vLLM's own 401 body (authenticate.py:60)
 
 
 def key_refused(method: str, path: str, authorization: str | None, key: str | None,

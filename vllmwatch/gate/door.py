@@ -19,6 +19,7 @@ from dataclasses import dataclass
 from enum import Enum
 
 STOPPING = "vllmwatch is stopping; vLLM will not come back on this instance"  # CLOSED's 503
+UNAUTHORIZED = {"error": "Unauthorized"}  # vLLM's own 401 body (authenticate.py:60)
 
 
 class Readiness(str, Enum):

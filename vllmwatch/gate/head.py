@@ -15,15 +15,17 @@ taken as that body (aiohttp's lingering read) and the bytes after it as a reques
 
 from __future__ import annotations
 
-from typing import Protocol
+from typing import TYPE_CHECKING, Protocol
 
 from aiohttp import web
 
 from vllmwatch.config.redact import REDACT
 from vllmwatch.gate import replay
-from vllmwatch.gate.apikey import UNAUTHORIZED, HeldKey
-from vllmwatch.gate.door import STOPPING, Door, GateStats, Readiness
+from vllmwatch.gate.door import STOPPING, UNAUTHORIZED, Door, GateStats, Readiness
 from vllmwatch.gate.guard import MAX_BODY, TOO_LARGE, Guard, error_response
+
+if TYPE_CHECKING:  # (loaded by a gate that has a key: gate/proxy.py)
+    from vllmwatch.gate.apikey import HeldKey
 
 
 class Forwarder(Protocol):

@@ -18,7 +18,7 @@ from typing import Any
 import psutil
 
 from vllmwatch.config.redact import REDACT, Redactor
-from vllmwatch.incident import cause, dumpers, metrics, report, store
+from vllmwatch.incident import cause, dumpers, metrics, store
 
 FORMAT = 1
 _WRITE_RESERVE_S = 0.3  # of the deadline, kept for writing the files
@@ -87,7 +87,9 @@ def files_of(record: Mapping[str, Any], stacks: StackDumps, red: Redactor) -> di
     """The files of one record, every one through the redactor: one pass over the whole
     record (thread names, frames, titles, /status, versions) that report.txt and output.log
     are then made from, and the raw stack dumps."""
-    clean = red.deep(dict(record))
+    from vllmwatch.incident import report  # (only when a record is written: the daemon's
+
+    clean = red.deep(dict(record))  # import count, tests/daemon/test_import_count.py)
     files = {store.RECORD: store.dumps(clean),
              "report.txt": report.render(clean),
              "output.log": "\n".join(str(line) for line in clean.get("output") or []) + "\n"}

@@ -7,10 +7,9 @@ it, so nothing of one run can leak into the next. What must outlive the child (t
 before the launch, for the release gate; the canary kind `auto` found) goes back to the core
 in the results, which keeps it in its `ChildRun`.
 
-`Launcher` is the one seam that turns argv and environment into a running process. Today's is
-a plain Popen in a new session; a launcher that keeps a pre-imported standby interpreter
-hands it the argv instead, and names the pids it keeps for itself in `exempt()` (ours, but
-no child's: the leftover sweep leaves them alone).
+`Launcher` is the one seam that turns argv and environment into a running process: a Popen in
+a new session, or a pre-imported standby interpreter handed the argv, which names the pids it
+keeps for itself in `exempt()` (ours, no child's: the leftover sweep leaves them alone).
 """
 
 from __future__ import annotations
@@ -22,7 +21,7 @@ import signal
 import subprocess
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, replace
-from typing import Protocol
+from typing import TYPE_CHECKING, Protocol
 
 from vllmwatch.config import command, launch, redact, vllminfo
 from vllmwatch.config.schema import Config, ConfigError
@@ -45,7 +44,9 @@ from vllmwatch.shell import ports, versions
 from vllmwatch.shell.childlog import ChildLog
 from vllmwatch.shell.engines import EngineWatch
 from vllmwatch.shell.probes import Endpoint, HttpProber, sample_host_cpu
-from vllmwatch.shell.startguard import StartGuard
+
+if TYPE_CHECKING:  # (unified memory's alone: effects imports it only there)
+    from vllmwatch.shell.startguard import StartGuard
 
 
 class Launcher(Protocol):
@@ -265,8 +266,7 @@ class ChildHandle:
             self.signal("SIGTERM")
 
     def end_start(self, why: str) -> None:
-        """The start is over (StartOver from the core, the exit, or the daemon's): the start
-        guard stops."""
+        """The start is over (the core's StartOver, the exit, the daemon's): its guard stops."""
         self._starting = False
         if self._guard is not None:
             self._guard.stop(why)

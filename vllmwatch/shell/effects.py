@@ -39,7 +39,7 @@ from vllmwatch.core.unified import Platform
 from vllmwatch.prewarm import kernels
 from vllmwatch.prewarm import runner as prewarm
 from vllmwatch.shell import child as childmod
-from vllmwatch.shell import childrun, groupfile, startguard, versions
+from vllmwatch.shell import childrun, groupfile, versions
 from vllmwatch.shell import platform as platformmod
 from vllmwatch.shell.childrun import ChildHandle, Launcher
 from vllmwatch.shell.incidents import IncidentShell
@@ -86,11 +86,9 @@ class Effects(Protocol):
 
 
 class RealEffects:
-    """Real processes, HTTP, NVML, psutil and sd_notify.
-
-    Only what lives as long as the daemon is kept here; everything of one child run is in its
-    ChildHandle (`_run`), made at the launch and dropped at the reap.
-    """
+    """Real processes, HTTP, NVML, psutil and sd_notify. Only what lives as long as the
+    daemon is kept here; everything of one child run is in its ChildHandle (`_run`), made at
+    the launch and dropped at the reap."""
 
     def __init__(self, config: Config, log: LogFn, notifier: Notifier,
                  environ: Mapping[str, str], sampler: MemorySampler | None = None,
@@ -161,8 +159,10 @@ class RealEffects:
             prepared = replace(prepared, cmd=replace(
                 prepared.cmd, argv=tuple(self.spare.serving_argv(prepared.cmd.argv, config,
                                                               launch=True))))
-        guard = startguard.make_guard(config, self.platform.unified, self.log,
-                                      self._environ, time.monotonic)
+        guard = None
+        if self.platform.unified and config.memory.guard:  # (a discrete GPU never loads it)
+            from vllmwatch.shell import startguard
+            guard = startguard.make_guard(config, True, self.log, self._environ, time.monotonic)
         self._run, result = ChildHandle.launch(self.launcher, prepared, config, self.marker,
                                                self.platform.unified, guard, post, self.log, before)
         if isinstance(result, Spawned) and self.standby is not None:
