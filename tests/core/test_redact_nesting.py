@@ -111,3 +111,75 @@ def test_no_part_of_a_secret_survives_any_nesting(form: str, name: str, flag: st
 def test_each_nesting_hides_the_whole_value_and_keeps_what_closes_it(text: str,
                                                                      want: str) -> None:
     assert R.text(text) == want
+
+
+# A secret LIST (vLLM's `--api-key K1 K2` kept as a list: `'api_key': ['K1', 'K2']`, a
+# config's `api_keys=[..]`): a list was taken to end at its first closer, so a `]` inside a
+# key (`['Zq9]K2']`) showed the rest of it. Its values as the property above makes them, a
+# closer or a comma put inside some (a quote, a backslash, `', '` are among _SIGNS already).
+_CLOSERS = st.sampled_from(["]", ")", "}", ",", "],", "']", '"]', "')", "'}", "\\]"])
+_LIST_VALUES = st.one_of(_VALUES, st.tuples(_VALUES, _CLOSERS, st.integers(0, 24)).map(
+    lambda t: t[0][:t[2]] + t[1] + t[0][t[2]:]))
+
+
+def _listed(form: str, name: str, values: list[str], tuple_: bool) -> str:
+    """The first level: the values as a list (a tuple in a repr) under the name."""
+    held: list[str] | tuple[str, ...] = tuple(values) if tuple_ and form != "json" else values
+    if form == "plain":  # a Python f-string's `{name}={keys!r}`
+        return f"request failed: {name}={held!r} (retrying)"
+    if form == "json":
+        return json.dumps({"model": "/m", name: held, "port": 8000})
+    return repr({"model": "/m", name: held, "port": 8000})
+
+
+# No filter: each form is a repr or JSON, so every value is quoted and its inside escaped (a
+# line break, a quote, a backslash), and no list item is judged as a file's path. The text
+# around the values has no run of _MARK's capitals, so any run found in the output is a value's.
+@settings(max_examples=500, deadline=None)
+@given(st.sampled_from(["plain", "json", "dict"]), _NAMES,
+       st.lists(_LIST_VALUES, min_size=1, max_size=3), st.booleans(),
+       st.lists(st.sampled_from(sorted(_ENCODERS)), max_size=2))
+@example("dict", "api_key", ["Zq9]KXYZWQ2x"], False, [])  # the reported leaks
+@example("json", "api_key", ["Zq9]KXYZWQ2x"], False, [])
+@example("json", "api_key", ["GJQV]WXYZ", 'QV,"]WXYZ'], False, ["repr", "json"])
+@example("dict", "api_key", ["GJQV', 'WXYZ", "QV\\"], True, ["json"])
+def test_no_part_of_any_item_of_a_secret_list_survives_any_nesting(
+        form: str, name: str, values: list[str], tuple_: bool, encoders: list[str]) -> None:
+    text = _listed(form, name, values, tuple_)
+    for encoder in encoders:
+        text = _ENCODERS[encoder](text)
+    line = f"ERROR 01-01 00:00:00 [server.py:1] {text} next"
+    marks = [m for v in values for m in _MARKED.findall(v)]
+    out = R.text(line)
+    assert REDACTED in out and not [m for m in marks if m in out], (line, out)
+    if not re.search(r"""['"\\]""", "".join(values)):  # the list's closer and the rest stay:
+        # with no quote and no backslash in a value, no nesting escapes one inside an item, and
+        # each item is written back in its own quotes. (A backslash run before an item's quote
+        # may be where a nesting ended it: such a list is hidden to the line's end, by design.)
+        want = _listed(form, name, [REDACTED] * len(values), tuple_)
+        for encoder in encoders:
+            want = _ENCODERS[encoder](want)
+        assert out == f"ERROR 01-01 00:00:00 [server.py:1] {want} next", (line, out)
+
+
+@pytest.mark.parametrize(("text", "want"), [
+    # a closer, a comma inside an item: the item whole, the list's closer and the rest stay
+    ("{'api_key': ['Zq9]K2x'], 'n': 1}", "{'api_key': ['<redacted>'], 'n': 1}"),
+    ('{"api_key": ["Zq9]K2x", "a,b)"], "n": 1}',
+     '{"api_key": ["<redacted>", "<redacted>"], "n": 1}'),
+    ("api_keys=('Zq9)K2',) n=1", "api_keys=('<redacted>',) n=1"),
+    # nested: repr() of JSON, json.dumps of a dict's repr (a quote escaped) and of JSON
+    (repr(json.dumps({"api_key": ["Zq9]K2"]})), """'{"api_key": ["<redacted>"]}'"""),
+    (json.dumps(repr({"api_key": ["Zq9'}K2"], "n": 1})),
+     '"{\'api_key\': [\\"<redacted>\\"], \'n\': 1}"'),
+    (json.dumps(json.dumps({"api_key": ["Zq9\\]K2"]})), '"{\\"api_key\\": [\\"<redacted>\\"]}"'),
+    # bare items are hidden too; a list of them whole; a bare value that opened with a bracket
+    ("{'api_key': ['Zq9K2', 7], 'n': 1}", "{'api_key': ['<redacted>', <redacted>], 'n': 1}"),
+    ("api_keys=[1, 2] n", "api_keys=[<redacted>] n"),
+    ("api_key=[Zq9]K2 n", "api_key=[<redacted>]<redacted> n"),
+    # an item whose end a nesting may have moved (`\\"`: JSON's `K\` closed, or repr() of
+    # JSON's `K"` going on): hidden to the line's end, as a guess could show the next item
+    ('{"api_key": ["Zq9\\\\", "K2]x"], "n": 1}\nnext', '{"api_key": ["<redacted>"\nnext'),
+])
+def test_a_secret_list_hides_each_item_whole_and_keeps_its_closer(text: str, want: str) -> None:
+    assert R.text(text) == want

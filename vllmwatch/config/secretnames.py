@@ -12,9 +12,9 @@ rule is linear in the line's length for any input (a stall there blocks vLLM wri
 log). Hence: a rule's regex finds only a name and its separator (bounded), is_secret_name
 judges it, and only then is the value matched, once, at that place, by patterns where each
 character is consumed in one way and a value never fails once begun (config/secretvalues.py:
-where a value ends, in each quoting; tests/core/test_redact_linear.py). A value found is
-skipped whole; a name that is not secret skips only itself (`failed: API_KEY=x`). Pure:
-stdlib only."""
+where a value ends, in each quoting; config/secretlists.py: where a list of them ends;
+tests/core/test_redact_linear.py). A value found is skipped whole; a name that is not secret
+skips only itself (`failed: API_KEY=x`). Pure: stdlib only."""
 
 from __future__ import annotations
 
@@ -22,6 +22,7 @@ import re
 import urllib.parse
 from typing import NamedTuple
 
+from vllmwatch.config.secretlists import OPENERS, hide_list
 from vllmwatch.config.secretvalues import AUTH as AUTH
 from vllmwatch.config.secretvalues import DONE as DONE
 from vllmwatch.config.secretvalues import (
@@ -33,6 +34,7 @@ from vllmwatch.config.secretvalues import (
     VALUE,
     VALUE_I,
 )
+from vllmwatch.config.secretvalues import REDACTED as REDACTED
 from vllmwatch.config.secretvalues import SPACE as SPACE
 
 # A name is secret when one of its words is one of these ...
@@ -111,13 +113,11 @@ def path_value(value: str) -> bool:
 
 # --- the rules that hide the value after a secret-looking name ----------------------------
 
-REDACTED = "<redacted>"
 # A name holding one of the words every secret name holds (is_secret_name judges it whole):
 # the search stops only at candidates, not at every `word:` of a vLLM line.
 HINT_WORDS = r"key|token|secret|pass|pw|cred|auth|cookie|sig|webhook"
 # Bounded: a name is short, and an unbounded lazy scan is quadratic in a long word's length
 _NAME = r"(?=[A-Za-z_])[\w.-]{0,80}?(?i:" + HINT_WORDS + r")[\w.-]{0,80}"
-_LIST_ENDS = {"[": "]", "(": ")", "{": "}"}
 # An identifier joins words by `_` (`hf_token`) or case (`apiKey`); a word of prose is
 # hyphenated (`one-token`), capitalised (`TokenSpeed MLA`) or one word (`the key vLLM`).
 _IDENTIFIER = re.compile(r"[A-Za-z0-9]_+[A-Za-z0-9]|^[a-z][a-z0-9]*[A-Z]")
@@ -208,27 +208,10 @@ RULES = (
 )
 
 
-class _Closers:
-    """The next `]`/`)`/`}` at or after a point, each found once per run of a rule: a list
-    never closed, after each of many names (`key=[,key=[,...`), was scanned to the end for
-    each of them (quadratic). The points asked about only grow within one run."""
-
-    def __init__(self, text: str) -> None:
-        self.text = text
-        self.found: dict[str, int] = {}
-
-    def find(self, closer: str, start: int) -> int:
-        hit = self.found.get(closer)
-        if hit is None or 0 <= hit < start:
-            hit = self.found[closer] = self.text.find(closer, start)
-        return hit
-
-
 def sub_named(rule: Rule, text: str) -> str:
     """Each secret name's value in `text` hidden by `rule`."""
     out: list[str] = []
     pos = copied = 0
-    closers = _Closers(text)
     while (m := rule.pre.search(text, pos)) is not None:
         start = m.start()
         if rule.keyed:  # `\\"name\"`: the match opens with as many backslashes as close it
@@ -250,7 +233,7 @@ def sub_named(rule: Rule, text: str) -> str:
         if not secret:
             pos = m.end("name")
             continue
-        hidden = _hide(rule, m, start, text, closers)
+        hidden = _hide(rule, m, start, text)
         if hidden is None:
             pos = start + 1
             continue
@@ -261,8 +244,7 @@ def sub_named(rule: Rule, text: str) -> str:
     return "".join(out)
 
 
-def _hide(rule: Rule, m: re.Match[str], start: int, text: str,
-          closers: _Closers) -> tuple[int, str] | None:
+def _hide(rule: Rule, m: re.Match[str], start: int, text: str) -> tuple[int, str] | None:
     """Where the value after a secret name ends, and the name with it hidden; None when no
     value follows. With a scheme word (`token: Bearer x`), the value may be that word."""
     groups = m.groupdict()
@@ -280,12 +262,11 @@ def _hide(rule: Rule, m: re.Match[str], start: int, text: str,
         if where < 0:
             continue
         pre = text[start:where]
-        if rule.lists and text[where:where + 1] in _LIST_ENDS:
+        if rule.lists and text[where:where + 1] in OPENERS:
             if text[where] == "(" and m["name"].lower() == "key":
                 return None  # a tuple, a lookup's key (Triton's `key=(128, 64, ..)`), no secret
-            close = closers.find(_LIST_ENDS[text[where]], where + 1)
-            if close >= 0:
-                return close + 1, pre + _hide_list(text[where:close + 1])
+            end, shown = hide_list(text, where)  # each item whole, whatever it holds
+            return end, pre + shown
         v = value.match(text, where)
         if v is None:
             continue
@@ -317,9 +298,3 @@ def _hide(rule: Rule, m: re.Match[str], start: int, text: str,
         return (words or v).end(), pre + REDACTED
     return None
 
-
-def _hide_list(listed: str) -> str:
-    if not re.search(r"['\"]", listed):
-        return f"{listed[0]}{REDACTED}{listed[-1]}"
-    inner = IN_LIST.sub(lambda q: f"{q[1]}{REDACTED}{q[1]}", listed[1:-1])
-    return listed[0] + inner + listed[-1]

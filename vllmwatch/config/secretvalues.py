@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import re
 
+REDACTED = "<redacted>"
 # Space between a scheme and its credential, or its escape (`Bearer\\tX` in JSON-escaped text)
 SPACE = r"(?:\s|\\+[tnr])+"
 AUTH = (r"(?:bearer|basic|token|digest|apikey|negotiate|ntlm|splunk|sharedkey|hmac|"
@@ -65,9 +66,10 @@ VALUE_I = re.compile("(?i)" + QUOTED + "|" + _BARE)
 ENV_VALUE_I = re.compile("(?i)" + QUOTED + "|" + _ENV_BARE)
 # After `NAME `, a bracket begins a remark (`VLLM_API_KEY (environment)`), not a value.
 SPACED_VALUE = re.compile("(?i)" + QUOTED + r"|(?![(\[{])" + _SPACED_BARE)
-# A quoted string inside a list, to its closing quote or the list's end (a quote never
-# closed ran to the end at each quote after it: quadratic); a backslash run takes the next
-# character with it (as QUOTED's), so each is consumed one way.
+# A quoted string among an argv list's MORE_ITEMS, to its closing quote or their end (a
+# quote never closed ran to the end at each quote after it: quadratic); a backslash run takes
+# the next character with it (as QUOTED's), so each is consumed one way. (A secret name's own
+# list is read item by item by QUOTED: config/secretlists.py.)
 IN_LIST = re.compile(r"""(['"])(?:\\+(?:[^\\]|\Z)|(?!\1)[^\\])*(?:\1|\Z)""")
 # The quoted items after an argv list's first key, each closed on its line, none a flag
 MORE_ITEMS = re.compile(r"""(?:\s*,\s*b?(['"])(?!-)(?:\\+[^\\\n]|(?!\1)[^\\\n])*\1)*""")
