@@ -22,7 +22,6 @@ import re
 import urllib.parse
 from typing import NamedTuple
 
-from vllmwatch.config.secretlists import OPENERS, hide_list
 from vllmwatch.config.secretvalues import AUTH as AUTH
 from vllmwatch.config.secretvalues import DONE as DONE
 from vllmwatch.config.secretvalues import (
@@ -262,9 +261,10 @@ def _hide(rule: Rule, m: re.Match[str], start: int, text: str) -> tuple[int, str
         if where < 0:
             continue
         pre = text[start:where]
-        if rule.lists and text[where:where + 1] in OPENERS:
+        if rule.lists and text[where:where + 1] in ("[", "(", "{"):  # (secretlists.OPENERS)
             if text[where] == "(" and m["name"].lower() == "key":
                 return None  # a tuple, a lookup's key (Triton's `key=(128, 64, ..)`), no secret
+            from vllmwatch.config.secretlists import hide_list  # (only when met: `run`'s count)
             end, shown = hide_list(text, where)  # each item whole, whatever it holds
             return end, pre + shown
         v = value.match(text, where)
