@@ -259,8 +259,7 @@ def build(config: Config, base_env: Mapping[str, str], api_key: str | None = Non
     if (key := env.get("VLLM_API_KEY")) is not None and not (  # a key no client can use:
             key.isascii() and key.isprintable() and key == key.strip() != ""):  # (only then)
         from vllmwatch.config import keyform
-        _raise(config.path, keyform.problems(env, keyform.source(
-            v.args, v.extra_args, file_env, file_args, v.env, v.api_key_file)))
+        _raise(config.path, keyform.problems(env, keyform.source(config, file_env, file_args)))
     shown = {k: (REDACTED if is_secret_name(k) and not path_value(val) else val)
              for k, val in shown.items()}  # (GOOGLE_APPLICATION_CREDENTIALS=/etc/gcp/sa.json)
     return ChildCommand(argv=tuple(argv), env=env, shown_env=shown,

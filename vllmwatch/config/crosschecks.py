@@ -4,7 +4,7 @@ key was converted on its own; each problem names the key to change."""
 from __future__ import annotations
 
 import json
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 
 from vllmwatch.config import flags
 from vllmwatch.config.convert import show
@@ -44,17 +44,10 @@ def secret_twice(config: Config, file_env: Mapping[str, str],
     """The API key or hub token given in two places (vllm.api_key_file, [vllm.args],
     [vllm.env], vllm.extra_args, vllm.env_file): one silently won over the other, and a
     client holding the other key got 401. Also an api-key that is not one key as text."""
-    v, out = config.vllm, []
-    args = {flag_name(k): val for k, val in v.args.items()}
-    given = [a.partition("=")[0][2:] for a in v.extra_args if a.startswith("--")]
+    out = []
+    args = {flag_name(k): val for k, val in config.vllm.args.items()}
     for flag, variable in flags.SECRET_FLAGS.items():
-        where = [key for key, present in [
-            ("vllm.api_key_file", flag == "api-key" and bool(v.api_key_file)),
-            (f"vllm.args.{flag}", args.get(flag, True) is not True),
-            (f"vllm.env.{variable}", variable in v.env),
-            ("vllm.extra_args", flag in map(flag_name, given)),
-            (f"vllm.env_file: {variable}", variable in file_env),
-            ("vllm.env_file: --" + flag, f"--{flag}" in file_args[::2])] if present]
+        where = secret_sources(config, flag, file_env, file_args)
         if len(where) > 1:
             out.append(Problem(where[1], f"sets {variable} a second time (also {where[0]}); "
                                "keep one: vllm.api_key_file or vllm.env_file keeps it out "
@@ -63,6 +56,22 @@ def secret_twice(config: Config, file_env: Mapping[str, str],
             out.append(Problem("vllm.args.api-key", "takes one key as text; vllmwatch hands "
                                "vLLM one key (VLLM_API_KEY): put it in vllm.api_key_file"))
     return out
+
+
+def secret_sources(config: Config, flag: str, file_env: Mapping[str, str],
+                   file_args: Sequence[str]) -> list[str]:
+    """The config keys that give the value of a secret flag (api-key, hf-token): where the
+    key or token comes from (secret_twice refuses two; config/keyform.py names the one)."""
+    v, variable = config.vllm, flags.SECRET_FLAGS[flag]
+    given = [a.partition("=")[0][2:] for a in v.extra_args if a.startswith("--")]
+    return [key for key, present in [
+        ("vllm.api_key_file", flag == "api-key" and bool(v.api_key_file)),
+        (f"vllm.args.{flag}", {flag_name(k): val for k, val in v.args.items()}.get(
+            flag, True) is not True),
+        (f"vllm.env.{variable}", variable in v.env),
+        ("vllm.extra_args", flag in map(flag_name, given)),
+        (f"vllm.env_file: {variable}", variable in file_env),
+        ("vllm.env_file: --" + flag, f"--{flag}" in file_args[::2])] if present]
 
 
 # Keys of [vllm] that no vLLM has as a flag: under [vllm.args] (TOML gives every key after a

@@ -18,8 +18,9 @@ from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
 
+from vllmwatch.config.crosschecks import secret_sources
 from vllmwatch.config.errors import Problem
-from vllmwatch.config.flagnames import flag_name
+from vllmwatch.config.sections import Config
 
 VARIABLE = "VLLM_API_KEY"
 
@@ -43,23 +44,11 @@ def why_unusable(key: str) -> str | None:
     return None
 
 
-def source(args: Mapping[str, object], extra_args: Sequence[str], file_env: Mapping[str, str],
-           file_args: Sequence[str], env: Mapping[str, str], key_file: str | None) -> str:
-    """The config key that gave the launch its API key (config/crosschecks.secret_twice
-    refuses two of them), in the order build() lets them win."""
-    if key_file:
-        return "vllm.api_key_file"
-    if "api-key" in {flag_name(k) for k in args}:
-        return "vllm.args.api-key"
-    if "api-key" in {flag_name(a.partition("=")[0]) for a in extra_args if a[:2] == "--"}:
-        return "vllm.extra_args"
-    if "--api-key" in file_args[::2]:
-        return "vllm.env_file: --api-key"
-    if VARIABLE in file_env:
-        return f"vllm.env_file: {VARIABLE}"
-    if VARIABLE in env:
-        return f"vllm.env.{VARIABLE}"
-    return f"{VARIABLE} in vllmwatch's own environment"
+def source(config: Config, file_env: Mapping[str, str], file_args: Sequence[str]) -> str:
+    """The config key that gave the launch its API key (crosschecks.secret_sources; two are
+    refused by secret_twice), else vllmwatch's own environment."""
+    given = secret_sources(config, "api-key", file_env, file_args)
+    return given[0] if given else f"{VARIABLE} in vllmwatch's own environment"
 
 
 def problems(child_env: Mapping[str, str], where: str) -> list[Problem]:
