@@ -73,18 +73,21 @@ def main(config: Config, log_format: str | None = None, prewarm: bool = True,
             # what it had started is stopped by now (_run's own finally); the documented
             # exit 70, not a bare traceback and exit 1 that systemd restarts unsaid.
             code = report_crash(log, notifier, exc, "starting", START_HINT)
-        leave_past_stuck_threads(code, log)
+        leave_past_stuck_threads(code, log, log.farewell)
         return code
     finally:
+        log.farewell()  # (said already, unless a BaseException is on its way out)
         threading.excepthook = hook
 
 
-def leave_past_stuck_threads(code: int, log: LogFn, join_s: float = STUCK_JOIN_S) -> None:
+def leave_past_stuck_threads(code: int, log: LogFn, farewell: Callable[[], None] = lambda: None,
+                             join_s: float = STUCK_JOIN_S) -> None:
     """Python joins every worker thread at exit (concurrent.futures' own hook): one stuck for
     good (NVML wedged on a faulted GPU, /proc/PID/smaps of a process in D state) would keep a
     daemon that has finished alive until systemd's TimeoutStopSec kills it, and turn its exit
     code (74, 75: no restart) into a kill that systemd restarts. Wait a bounded time, then
-    leave without them; nothing of vLLM is left by then (the loop has stopped it)."""
+    leave without them; nothing of vLLM is left by then (the loop has stopped it). The last
+    line (`farewell`: the held daemon.exit) comes after what this says, either way."""
     deadline = time.monotonic() + join_s
     for thread in _others():
         thread.join(max(0.0, deadline - time.monotonic()))
@@ -93,9 +96,11 @@ def leave_past_stuck_threads(code: int, log: LogFn, join_s: float = STUCK_JOIN_S
         log("warning", "daemon.threads_stuck", threads=stuck, code=code,
             detail=f"exiting without {len(stuck)} worker thread(s) still blocked after "
             f"{join_s:g}s (a stuck NVML or /proc read)")
+        farewell()
         sys.stdout.flush()
         sys.stderr.flush()
         os._exit(code)
+    farewell()
 
 
 def _others() -> list[threading.Thread]:

@@ -37,14 +37,33 @@ RESTART_KEYS: tuple[tuple[str, Callable[[Config], object]], ...] = (
 )
 
 
+LAST_EVENT = "daemon.exit"
+
+
 class SwitchableLog:
-    """One log function for the whole daemon whose target a reload swaps (any thread)."""
+    """One log function for the whole daemon whose target a reload swaps (any thread).
+
+    `daemon.exit` is the daemon's last line (docs/operations/logs.md), but the core says it
+    when the loop leaves, before the gate, the status server and the loop's workers are
+    stopped, and they have their own last words (the gate's refusal tally, `status.stopped`,
+    a spare's stop). So it is held here and written by `farewell`, once all of that is done.
+    """
 
     def __init__(self, target: LogFn) -> None:
         self.target = target
+        self._last: tuple[str, dict[str, Any]] | None = None
 
     def __call__(self, level: str, event: str, **fields: Any) -> None:
+        if event == LAST_EVENT:
+            self._last = (level, fields)
+            return
         self.target(level, event, **fields)
+
+    def farewell(self) -> None:
+        """Write the held `daemon.exit`, if the core said one (once)."""
+        last, self._last = self._last, None
+        if last is not None:
+            self.target(last[0], LAST_EVENT, **last[1])
 
 
 class Live:
