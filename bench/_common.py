@@ -230,7 +230,6 @@ def completion(port: int, timeout: float = 2.0, max_tokens: int = 1,
         conn.close()
 
 
-
 def wait_completion(port: int, timeout: float, every: float = 0.5) -> float | None:
     """Poll a 1-token completion until one succeeds; monotonic time of success or None."""
     deadline = time.monotonic() + timeout

@@ -59,7 +59,6 @@ def test_engine_start_method(args: dict[str, object], env: dict[str, str], metho
     assert got == method and words in why
 
 
-
 def _cmd_env(vllm: dict[str, object], base: dict[str, str] | None = None) -> dict[str, str]:
     config = from_dict({"vllm": {"model": "/m", "gpus": [0], **vllm}})
     return dict(build(config, base or {"PATH": "/usr/bin"}).env)

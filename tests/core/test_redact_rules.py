@@ -225,8 +225,6 @@ def test_learnt_values_are_hidden_by_every_redactor_but_switches_are_not() -> No
     assert Redactor().text("a learnt-V4lue-xyz b true") == "a <redacted> b true"
 
 
-
-
 @pytest.mark.parametrize("cut", range(1, len(KNOWN_KEY)))
 def test_an_excerpt_never_keeps_part_of_a_secret_across_its_cut(cut: int) -> None:
     """head()/tail() redact before they cut: a secret across the cut is hidden whole, not
@@ -283,7 +281,6 @@ def test_credentials_by_any_spelling_are_secret(name: str) -> None:
     """`S3_CREDS` in [vllm.env] was printed in clear by print-command."""
     assert is_secret_name(name)
     assert R.text(f"{name}=Zq9XkLmP42") == f"{name}={REDACTED}"
-
 
 
 @pytest.mark.parametrize(("text", "want"), [

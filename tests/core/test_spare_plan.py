@@ -216,7 +216,6 @@ def test_plan_invariants(spare: SpareConfig, gate: bool, flags: dict[str, object
     assert plan.spare_env == {"VLLM_SERVER_DEV_MODE": "1"}
 
 
-
 @settings(max_examples=1500, deadline=None)
 @given(SPARES, FLAGS, FACTS, st.builds(Footprint, st.floats(500, 150_000), st.floats(0, 5_000)))
 def test_a_measurement_never_moves_the_spares_command_nor_loosens_the_room(
@@ -238,6 +237,7 @@ def test_a_measurement_never_moves_the_spares_command_nor_loosens_the_room(
     assert (measured.awake_mib, measured.asleep_mib) == (got.awake_mib, got.asleep_mib)
 
 # ---- the spare's GPU (issue 34 leftover 2: a reload may change vllm.gpus) ----
+
 
 @given(st.one_of(st.none(), st.lists(st.integers(0, 7), max_size=3)),
        st.sets(st.integers(0, 7), max_size=4))

@@ -48,8 +48,6 @@ def test_status_names_no_pid_for_a_spare_turned_off_by_a_reload() -> None:
     assert shown is not None and shown["pid"] is None, f"/status spare: {shown}"
 
 
-
-
 def test_status_names_no_pid_for_a_spare_stopped_with_vllmwatch() -> None:
     from vllmwatch.core.spare import halted
     m = SpareWorld()

@@ -37,8 +37,6 @@ def _ready(drain: float = 30.0, stop: float = 30.0) -> Core:
     return core
 
 
-
-
 @pytest.mark.parametrize("reason", [Reason.STOP, Reason.MANUAL, Reason.RELOAD,
                                     Reason.GPU_MEMORY, Reason.HOST_MEMORY, Reason.HEALTH])
 def test_a_stop_that_can_drain_sigterms_the_api_server_alone(reason: Reason) -> None:

@@ -130,7 +130,6 @@ def test_a_deadlocked_engine_thread_shows_the_deadlocked_frame(daemon: Factory) 
         or "(blocked on a lock): in take (" in shown, shown
 
 
-
 def test_a_memory_restart_holds_the_samples_that_fired_the_rule(daemon: Factory) -> None:
     d = daemon(["--leak-mib-per-s", "50"], {"memory": {
         "host_growth_limit": "40MiB", "sample_interval": "0.5s", "pss_interval": "0.5s",

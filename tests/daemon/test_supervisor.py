@@ -417,7 +417,6 @@ def test_stop_signal_exits_0_and_reaps(daemon: Factory, sig: int) -> None:
     assert glob.glob(f"{tempfile.gettempdir()}/vllmwatch-{marker}-*") == []
 
 
-
 def test_stop_lets_the_request_in_flight_finish(daemon: Factory) -> None:
     """A stop SIGTERMs vLLM's API server alone, which drains (--shutdown-timeout) and then
     stops its engine. A SIGTERM to the whole group reached the engine (and vLLM's workers)

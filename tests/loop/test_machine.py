@@ -430,8 +430,6 @@ def test_manual_restart_is_not_a_failure() -> None:
     assert d.events("restart.backoff") == []
 
 
-
-
 def test_status_says_when_a_backoff_launches_again() -> None:
     """In a crash loop's backoff (up to restart.backoff_max, 5 min shipped) `vllmwatch
     status` said "restart   backoff for 2s" and `child none`, STATUS= the same: nothing of

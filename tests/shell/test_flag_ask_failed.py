@@ -97,7 +97,6 @@ def test_check_says_why_vllm_could_not_be_asked(tmp_path: Path,
     assert r.status == WARN and "no answer (exit 0: not installed for" in r.detail, r
 
 
-
 def test_an_ask_dies_with_the_vllmwatch_that_asked(tmp_path: Path) -> None:
     # The ask imports torch for up to 120 s; a vllmwatch that exits meanwhile (a stop, a
     # crash, `check` interrupted) left it running: the probe now dies with the asking thread

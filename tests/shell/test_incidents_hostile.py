@@ -201,7 +201,6 @@ def test_a_source_line_named_by_a_stack_is_never_read_from_a_fifo(tmp_path: Path
     assert out.stdout.strip() == "''"
 
 
-
 def test_a_record_without_an_id_is_named_by_its_folder(
         tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     """It read `incident None` and advised `vllmwatch incidents show None --json`."""
@@ -228,7 +227,6 @@ def test_status_says_the_newest_record_is_unreadable(tmp_path: Path) -> None:
     shown = latest.newest([str(tmp_path)])
     assert shown is not None and shown["reason"] == "unreadable", shown
     assert "not JSON" in shown["detail"]
-
 
 
 def test_records_behind_a_folder_closed_to_the_user_are_not_called_absent(

@@ -148,7 +148,6 @@ def test_the_log_still_says_what_is_not_secret() -> None:
     assert event["command"] == "vllm serve /models/x --port 8000" and event["pid"] == 3
 
 
-
 @pytest.mark.parametrize("cut", [5, 15])
 def test_the_spares_canary_detail_is_redacted_before_it_is_cut(
         monkeypatch: pytest.MonkeyPatch, cut: int) -> None:

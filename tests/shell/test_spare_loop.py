@@ -369,7 +369,6 @@ def test_a_spare_nvml_cannot_measure_is_turned_off_and_the_full_engine_serves(
     _stop_and_nothing_left(world)
 
 
-
 @pytest.mark.parametrize("world", [{"stubborn": True}], indirect=True)
 def test_the_loop_answers_while_the_spare_goes_down(world: dict[str, Any],
                                                     monkeypatch: pytest.MonkeyPatch) -> None:

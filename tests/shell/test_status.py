@@ -89,7 +89,6 @@ def running(snap: Snapshot | None = None, **kwargs: Any) -> Iterator[Harness]:
         harness.server.stop()
 
 
-
 # --- parse_listen and binding ---------------------------------------------------------------
 
 @pytest.mark.parametrize(("text", "expected"), [

@@ -77,7 +77,6 @@ def gated(**kwargs: Any) -> Iterator[Gated]:
         g.server.stop()
 
 
-
 def _idle(address: tuple[str, int], n: int, stack: ExitStack) -> list[socket.socket]:
     """n connections that connect and say nothing."""
     return [stack.enter_context(socket.create_connection(address, timeout=5 * TIMEOUT_SCALE))

@@ -16,7 +16,6 @@ _GIB = 1024.0
 VLLM_DEFAULT_UTILIZATION = 0.9  # vLLM's --gpu-memory-utilization default (0.26, 0.32)
 
 
-
 def platform_of(ctx: Context) -> tuple[Platform, str | None]:
     """The platform decision for this config, and NVML's error when it was not reachable."""
     c = ctx.config

@@ -34,6 +34,7 @@ class _Configured(Protocol):
     @property
     def vllm(self) -> _EnvFileSetting: ...
 
+
 FORK_VARIABLE = "VLLM_WORKER_MULTIPROC_METHOD"
 _SIZE_FLAGS = {"tensor-parallel-size": "tp", "pipeline-parallel-size": "pp",
                "data-parallel-size": "dp"}

@@ -164,6 +164,8 @@ def _spaced_prose(value: str, text: str, end: int) -> bool:
     for`); a value at the line's end, or before the next name, is hidden."""
     return value.lower() in _SPACED_WORDS or _OPERATOR.fullmatch(value) is not None or (
         _LOWER_WORD.fullmatch(value) is not None and _NEXT_WORD.match(text, end) is not None)
+
+
 # Words of a sentence, not a value, after `name: ` or `--flag ` (`password: not set`,
 # `--api-key is given twice`); never after `=`, where a value is what follows.
 _ENGLISH = frozenset({"not", "is", "was", "are", "were", "none", "empty", "missing", "given",

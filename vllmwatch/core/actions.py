@@ -29,6 +29,7 @@ if TYPE_CHECKING:  # [[smoke]]'s module is imported only when a config has check
 
 # ---- actions: what to do (the shell executes them) ----
 
+
 @dataclass(frozen=True)
 class Log:
     """Emit an event to the log."""

@@ -56,7 +56,6 @@ FINAL = frozenset({S.STOPPED, S.FAILED})
 CHILD_STATES = frozenset({S.STARTING, S.READY, S.DRAINING, S.STOPPING})
 
 
-
 class TransitionError(RuntimeError):
     """A bug: the core asked for a transition the table does not allow."""
 

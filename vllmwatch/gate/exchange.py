@@ -30,26 +30,17 @@ from vllmwatch.gate.door import Fence
 from vllmwatch.gate.guard import STALLED, ClientGone, error_response
 from vllmwatch.gate.guard import to_client as _to_client
 
-# RFC 9110 7.6.1: meaningful for one connection only, never forwarded.
 # What aiohttp's client adds to a request that lacks it: vLLM gets what the client sent, so
 # its access log and its answers are the ones the client would get without the gate (a
 # User-Agent naming aiohttp; Accept-Encoding: gzip, deflate asking a vLLM behind compression
 # for what the client never asked, passed through undecoded; an octet-stream Content-Type).
 NOT_ADDED = ("User-Agent", "Accept-Encoding", "Accept", "Content-Type")
-# Also: Proxy-Connection (the old name), and Expect: the gate read the whole body already
-# (aiohttp answered the client's 100-continue); forwarded, aiohttp's client waited for vLLM's
-# 100 before sending the body, for good where a hop does not answer it.
+# RFC 9110 7.6.1: for one connection only, never forwarded; also Proxy-Connection (the old
+# name) and Expect (gate/head.py told the client 100 Continue and read the body; sent on,
+# aiohttp's client would wait for vLLM's 100, for good where a hop does not answer it).
 HOP_BY_HOP = frozenset({"connection", "keep-alive", "proxy-authenticate", "proxy-authorization",
                         "te", "trailer", "transfer-encoding", "upgrade", "host",
                         "content-length", "proxy-connection", "expect"})
-
-
-def end_to_end(headers: MultiMapping[str]) -> CIMultiDict[str]:
-    """The headers without the hop-by-hop ones: the fixed set, and every header the
-    Connection header names (RFC 9110 7.6.1), in either direction."""
-    named = {t.strip().lower() for v in headers.getall("Connection", ()) for t in v.split(",")}
-    return CIMultiDict((k, v) for k, v in headers.items()
-                       if k.lower() not in HOP_BY_HOP and k.lower() not in named)
 WHOLE_BODY = 4 * 2**20  # sized answers up to this are read whole, larger ones streamed
 FIRST_EVENT = 64 * 2**10  # a stream's first event is read whole, up to this, before it begins
 TAIL = 256  # bytes of a stream kept from one read to the next: its markers may span two
@@ -59,6 +50,14 @@ WHOLE_BODY_TIMEOUT = 60.0  # reading such an answer once its head has come
 # timeout was answered 504 "not retried" like an answer that never came.
 NOT_SENT = (aiohttp.ClientConnectorError, aiohttp.ConnectionTimeoutError)
 CONNECT_TIMEOUT = 5.0
+
+
+def end_to_end(headers: MultiMapping[str]) -> CIMultiDict[str]:
+    """The headers without the hop-by-hop ones: the fixed set, and every header the
+    Connection header names (RFC 9110 7.6.1), in either direction."""
+    named = {t.strip().lower() for v in headers.getall("Connection", ()) for t in v.split(",")}
+    return CIMultiDict((k, v) for k, v in headers.items()
+                       if k.lower() not in HOP_BY_HOP and k.lower() not in named)
 
 
 @dataclass(eq=False)

@@ -39,6 +39,7 @@ class Forwarder(Protocol):
 
     def count(self, reason: str) -> None: ...
 
+
 async def admit(request: web.Request, fwd: Forwarder) -> web.Response | None:
     """None: the gate reads the body now (told `100 Continue` first when it asked); else the
     refusal to answer, the body unread (its connection closed after it when a body is to

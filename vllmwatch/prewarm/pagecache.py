@@ -28,7 +28,6 @@ _MAX_SAMPLED_PAGES = 1 << 18  # pages per file handed to mincore (1 GiB of 4 KiB
 _WINDOW_PAGES = 256  # a sampled window of a large file (1 MiB)
 
 
-
 def weight_files(model_dir: Path) -> list[Path]:
     """The weight files vLLM would read from a local model directory or single file."""
     if model_dir.is_file():

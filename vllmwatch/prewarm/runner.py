@@ -146,7 +146,6 @@ def make_cache_dirs(config: Config, environ: Mapping[str, str]
     return usable, problems
 
 
-
 def _shared(root: str, path: str, var: str) -> str | None:  # vLLM loads what its caches
     paths = (root, path, *(os.path.join(path, sub) for sub in LOADED.get(var, ())))  # hold
     why = next(filter(None, map(safefile.shared_dir, paths)), None)  # as code (Python)

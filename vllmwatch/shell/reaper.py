@@ -23,7 +23,6 @@ PR_SET_CHILD_SUBREAPER = 36  # <linux/prctl.h>
 GRACE_S = 30.0  # how long a child we may have started keeps its zombie for its own waiter
 
 
-
 @dataclass(frozen=True)
 class Zombie:
     """A zombie child of ours as /proc shows it."""

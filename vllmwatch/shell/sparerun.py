@@ -49,6 +49,7 @@ class Planner(Protocol):
 
     def measure(self, config: Config, footprint: Footprint) -> bool: ...
 
+
 INFO_EVERY = 2.0  # the spare's memory for /status, read at most this often
 
 

@@ -129,6 +129,8 @@ def write_stream(h: BaseHTTPRequestHandler, events: list[bytes], interval: float
         if interval and event != events[-1]:
             time.sleep(interval)
     h.wfile.write(b"0\r\n\r\n")
+
+
 _POOLED = {  # one data item of each pooling route's answer, shaped as vLLM's
     "/v1/embeddings": {"index": 0, "object": "embedding", "embedding": [0.6, 0.8]},
     "/v1/score": {"index": 0, "object": "score", "score": 0.5},

@@ -55,6 +55,8 @@ VERSION = "0.0.0+fake"  # what `--version` and the start-up log say
 # How children run this module again: -m when we were run so, as a script this file's folder
 # would shadow stdlib modules; else by file path.
 _ENTRY = ["-m", __spec__.name] if __spec__ else [os.path.abspath(__file__)]
+
+
 def parse_args(argv: list[str]) -> argparse.Namespace:
     """Parse the flags the fake knows (times in s from ready); other flags are ignored."""
     p = argparse.ArgumentParser(prog="vllm serve", allow_abbrev=False)
@@ -188,8 +190,9 @@ class _Handler(BaseHTTPRequestHandler):
         if path not in GENERATE:
             return self._send(*api.pool(body, path))
         code, reply = api.complete(body, chat=path.endswith("chat/completions"))
-        if reply is ENGINE_DEAD_ERROR and body.get("stream"):
-            return self._stream_dead()
+        if reply is ENGINE_DEAD_ERROR and body.get("stream"):  # the engine died before the
+            # first token: as vLLM sends it, the 200 head, the error event, [DONE] (fake_api)
+            return write_stream(self, [ENGINE_DEAD_EVENT], 0.0, -1)
         if code == 200 and body.get("stream"):
             return self._stream(reply)
         self._send(code, reply)
@@ -198,11 +201,6 @@ class _Handler(BaseHTTPRequestHandler):
         """Send the finished reply as SSE, one token a chunk, like vLLM with stream=true."""
         a = self.server.api.args
         write_stream(self, sse_events(reply), a.stream_interval, a.cut_stream_after)
-
-    def _stream_dead(self) -> None:
-        """A stream whose engine died before its first token, as vLLM sends it: the 200
-        head, the error event, [DONE] (fake_api.ENGINE_DEAD_EVENT)."""
-        write_stream(self, [ENGINE_DEAD_EVENT], 0.0, -1)
 
     def log_request(self, code: int | str = "-", size: int | str = "-") -> None:
         """Log accesses like uvicorn does, unless --disable-uvicorn-access-log."""

@@ -46,6 +46,8 @@ DRY_STABLE_AFTER_S = 2.0  # the suite's dry run over the fake vLLM: the same rul
 
 def stable_after(run: Run) -> float:
     return DRY_STABLE_AFTER_S if run.dry else STABLE_AFTER_S
+
+
 FAULTS = ("engine_kill9", "api_server_sigkill", "gpu_leak", "sigusr1")
 
 
