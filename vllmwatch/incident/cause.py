@@ -74,6 +74,27 @@ def body(line: str) -> str:
     return line[PREFIX.match(line).end():]  # type: ignore[union-attr]  # (always matches)
 
 
+# What a Python process prints on its way out whatever ended it: nanobind's leak report
+# (triton's bindings: ~35 lines at every exit of vLLM 0.32), multiprocessing's
+# resource_tracker warning, uvicorn's shutdown lines, torch's destroy_process_group() warning.
+# It pushed vLLM's own last words (`EngineDeadError: EngineCore encountered an issue`) out of
+# child.exited's last lines: those lines are kept from it (the incident record's tail keeps all).
+EXIT_NOISE = re.compile(
+    r"nanobind: (?:leaked \d+ \w+!|this is likely caused by a reference counting issue)|"
+    r" - (?:leaked (?:instance|type|function) |\.\.\. skipped remainder$)|"
+    r"See https://nanobind\.readthedocs\.io/|"
+    r"\S*resource_tracker\.py:\d+: UserWarning: resource_tracker: There appear to be |"
+    r"\s+warnings\.warn\('resource_tracker: |"
+    r"INFO:\s+(?:Shutting down$|Waiting for application shutdown\.$|"
+    r"Application shutdown complete\.$|Finished server process \[\d+\]$)|"
+    r".*Warning: WARNING: destroy_process_group\(\) was not called before program exit")
+
+
+def is_exit_noise(line: str) -> bool:
+    """Whether `line` (after vLLM's process and rank prefixes) is one of EXIT_NOISE's."""
+    return EXIT_NOISE.match(body(line)) is not None
+
+
 def is_error(line: str) -> bool:
     """vLLM's ERROR/CRITICAL, a traceback's start, an exception line, a death below Python
     (the journal's priority and the cause line read the same); or a JSON line at ERROR,

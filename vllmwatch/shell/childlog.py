@@ -208,7 +208,8 @@ class ChildLog:
         before, self._before = self._before, line
         if "value" in line and "name" in before:  # `- name: HF_TOKEN` / `  value: X` (YAML):
             line = REDACT.after(before, line)  # no writer sees the two lines together
-        self.last_lines.append(line)  # before any limit: the diagnosis sees all
+        if not cause.is_exit_noise(line):  # before any limit: the diagnosis sees all but
+            self.last_lines.append(line)  # what every exit prints (child.exited's lines)
         self.tail.append(line)  # ... and so does an incident record
         level, now = level_of(line, level), self._clock()
         if self._forward and not _OWN_PROBE.search(line):
