@@ -77,6 +77,10 @@ class ChildExited:
     memory_lines: tuple[str, ...] = ()
     page_cache_gib: float | None = None
     unified: bool = False
+    # The engine processes (EngineCore, TP workers) seen under it known to have failed by the
+    # reap (shell/engines.py EngineWatch.failed), as it says it: `pid 812 (VLLM::EngineCore)
+    # killed by SIGKILL (the OOM killer? see the incident record)`.
+    engines_gone: tuple[str, ...] = ()
 
 
 @dataclass(frozen=True)

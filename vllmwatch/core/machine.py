@@ -33,7 +33,7 @@ from vllmwatch.core.events import (
 )
 from vllmwatch.core.names import PROBES, Reason
 from vllmwatch.core.names import ProbeKind as K
-from vllmwatch.core.policy import explain_exit
+from vllmwatch.core.policy import exit_cause, explain_exit
 from vllmwatch.core.restart import Phase, Restart, on, pending
 from vllmwatch.core.reuse import disk_full
 from vllmwatch.core.state import CHILD_STATES, FINAL, Result, S, Start, WatchState, goto, seeded
@@ -186,7 +186,7 @@ def _child_exited(s: WatchState, ev: ChildExited, now: float) -> Result:
     asked = s.state == S.STOPPING
     uptime = round(now - c.started, 2)
     why = explain_exit(ev.code, ev.signal, asked, killed_by_us=asked and on(s, Phase.KILLING),
-                       starting=s.state == S.STARTING)
+                       starting=s.state == S.STARTING, engines=ev.engines_gone)
     acts: list[Action] = [Log("info" if asked else "warning", "child.exited", {
         "pid": ev.pid, "code": ev.code, "signal": ev.signal, "uptime_s": uptime,
         "expected": asked, "detail": why, "last_lines": list(ev.last_lines[-5:])})]
@@ -209,7 +209,7 @@ def _child_exited(s: WatchState, ev: ChildExited, now: float) -> Result:
 
         s, more = lora.start_refused(s, ev.last_lines)
         acts += more
-    reason, detail = Reason.CRASH, ("during start: " if s.state == S.STARTING else "") + why
+    reason, detail = exit_cause(why, ev.code, asked, ev.engines_gone, s.state == S.STARTING)
     acts += disk_full(s.config, ev.last_lines, ev.memory_lines, s.state == S.STARTING)
     mem = unified.start_failed(s, ev) if s.state == S.STARTING else None
     if mem is not None:  # vLLM said it ran out of memory: name it, stop if it repeats

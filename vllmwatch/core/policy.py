@@ -137,9 +137,13 @@ def stalled_since(last_advance: float | None, prev: Progress | None, cur: Progre
 
 
 def explain_exit(code: int | None, signame: str | None, requested: bool,
-                 killed_by_us: bool = False, starting: bool = True) -> str:
+                 killed_by_us: bool = False, starting: bool = True,
+                 engines: Sequence[str] = ()) -> str:
     """A human reason for a child exit, with the likely cause; `starting`: before READY
-    (vLLM's argparse exits 2 only then)."""
+    (vLLM's argparse exits 2 only then); `engines`: its engine processes seen gone."""
+    if code == 0 and not requested and engines:  # vLLM's own way out after its engine died
+        return (f"engine process died: {', '.join(engines)}; then the API server exited with "
+                "code 0 without being asked")
     if signame == "SIGKILL" and killed_by_us:
         return "killed by SIGKILL from vllmwatch (it did not exit within the grace)"
     if signame is not None:
@@ -157,6 +161,16 @@ def explain_exit(code: int | None, signame: str | None, requested: bool,
         return ("exited with code 2 (what vLLM does when it rejected its arguments, and "
                 "Python when its script is missing)")
     return f"exited with code {code}"
+
+
+def exit_cause(why: str, code: int | None, requested: bool, engines: Sequence[str],
+               starting: bool) -> tuple[Reason, str]:
+    """The restart's reason and detail for an exit explain_exit put as `why`: engine_died for
+    vLLM's exit 0 after an engine process of its died, as when the health probe's look saw
+    the engine gone first (one fault, one reason, whichever sees it first); else crash."""
+    died = code == 0 and not requested and bool(engines)
+    return (Reason.ENGINE_DIED if died else Reason.CRASH), ("during start: " if starting
+                                                            else "") + why
 
 
 def signal_name(signum: int) -> str:

@@ -237,9 +237,9 @@ class ChildHandle:
         self.end_start("exited")
         if exited is None:
             return None
-        return replace(exited, memory_lines=tuple(self._childlog.memory_lines),
-                       unified=unified, page_cache_gib=self._guard.summary.page_cache_gib()
-                       if self._guard is not None else None)
+        return replace(exited, memory_lines=tuple(self._childlog.memory_lines), unified=unified,
+                       engines_gone=tuple(self._engines.failed(self.pid)), page_cache_gib=None
+                       if self._guard is None else self._guard.summary.page_cache_gib())
 
     @property
     def output_tail(self) -> Sequence[str]:

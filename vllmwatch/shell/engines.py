@@ -176,6 +176,15 @@ class EngineWatch:
         return [pid for pid, (created, title) in sorted(self.seen.items())
                 if "APIServer" not in title and kin.signal_same(pid, created, signal.SIGKILL)]
 
+    def failed(self, root_pid: int) -> list[str]:
+        """Those of look() known to have failed: a failing exit code, or a signal other than
+        the SIGTERM or SIGINT an API server's own orderly stop sends them (one told to stop by
+        someone else, the fake's --exit-after); never one whose status its parent reaped first
+        (child.exited names only what is certain)."""
+        return [said for said in self.look(root_pid) if not said.endswith(
+            (" exited with code 0", " killed by SIGTERM", " killed by SIGINT")) and (
+            " killed by " in said or " exited with code " in said)]
+
     def look(self, root_pid: int) -> list[str]:
         """Learn the engine processes now under root_pid; describe those seen before and gone."""
         try:
