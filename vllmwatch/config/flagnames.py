@@ -54,6 +54,11 @@ def after_secret(words: Sequence[str], i: int, secret_flags: Iterable[str]) -> b
         f.startswith(name) for f in secret_flags)
 
 
+def is_lowercase(name: str) -> bool:
+    """Whether vLLM's parser could know this long flag: lowercase words joined by `-`."""
+    return _NAME.fullmatch(name) is not None
+
+
 def spelled(name: str) -> str:
     """The flag a misspelt name most likely meant: lowercase, runs of anything else one `-`."""
     return re.sub(r"[^a-z0-9]+", "-", name.lower()).strip("-")
@@ -65,7 +70,7 @@ def shape_problem(name: str, value: object, key: str, json_flags: frozenset[str]
     rules above; None when they allow it. json_flags: the flags known to take JSON; short:
     vLLM's short flags and their long names (`O = 3` meant -O, --optimization-level)."""
     head = name.partition(".")[0]  # (after a dot: a key of the flag's JSON, any spelling)
-    if not _NAME.fullmatch(head):
+    if not is_lowercase(head):
         mean = (short or {}).get(f"-{head}") or spelled(head)
         return Problem(key, f"--{head} is not a vLLM flag: vLLM's flags are lowercase words "
                        "joined by - and its parser matches them exactly"

@@ -68,6 +68,7 @@ class Draft:
     # each (VLLMWATCH_ARG_<FLAG>=value), in the line's order
     secret_args: list[tuple[str, str]] = field(default_factory=list)
     todo: list[str] = field(default_factory=list)
+    dropped: list[str] = field(default_factory=list)  # words of the line dropped: comments
     changed: int = 0  # flags changed or dropped (each has a comment)
     positional_model: bool = False  # the line named its model positionally (vLLM's choice)
     # [[smoke]] checks proposed (migrate/smokeplan.py): (table, why, written active)

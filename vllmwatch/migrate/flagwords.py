@@ -12,6 +12,7 @@ from vllmwatch.config import vllmflags
 from vllmwatch.config.flagnames import NUMBER_LISTS as _NUMBER_LISTS
 from vllmwatch.config.flagnames import ONE_WORD as _ONE_WORD
 from vllmwatch.config.flagnames import VALUE_FLAGS as VALUE_FLAGS
+from vllmwatch.config.flagnames import spelled
 from vllmwatch.config.flags import DASHES, SECRET_FLAGS, flag_name, long_form
 from vllmwatch.config.serveline import is_number
 from vllmwatch.config.vllmflags import FlagSet
@@ -94,16 +95,21 @@ def read(rest: list[str], known: FlagSet | None) -> Words:
             else:
                 stray.append(repr(word))
             continue
+        # right after a secret flag that took no word, it may be the secret itself (a key
+        # that starts with a dash: argparse takes it for a flag): never shown. After the API
+        # key by any spelling (`--API-KEY --Zq7`) even a long flag's word is (a bare
+        # --hf-token is the cached login, and a flag after it is a flag).
+        after = out[-1].name if out and not out[-1].values and out[-1].raw == rest[i - 2] \
+            and whole(spelled(out[-1].name), known) in SECRET_FLAGS else None
         if word.startswith("--") or word[:1] in DASHES:
+            if after is not None and whole(spelled(after), known) == "api-key":
+                hidden.append(after)
+                continue
             name, eq, inline = word[1 if word[:1] in DASHES else 2:].partition("=")
             value: str | None = inline if eq else None
         else:
             long, value = _short(word, known)
             if long is None:
-                # right after a secret flag that took no word, it may be the secret itself
-                # (a key that starts with a dash: argparse takes it for a flag): never shown
-                after = out[-1].name if out and not out[-1].values and \
-                    out[-1].raw == rest[i - 2] and out[-1].name in SECRET_FLAGS else None
                 (hidden if after else stray).append(after or repr(word))
                 continue
             name, eq = long, "=" if value is not None else ""
@@ -151,8 +157,8 @@ def refused_value(name: str, value: object, known: FlagSet | None) -> str | None
     """Why vLLM refuses this value of a number or text flag (its reader, by the flag list;
     without one, an empty value of a flag that takes one), or None."""
     if known is not None:  # (kv-cache-dtype fp16 is made auto, with a note: translate._text)
-        problem = None if name == "kv-cache-dtype" else vllmflags.flag_problem(
-            name, value, f"vllm.args.{name}", known)
+        problem = None if name == "kv-cache-dtype" and isinstance(value, str) else \
+            vllmflags.flag_problem(name, value, f"vllm.args.{name}", known)
         return problem.problem if problem else None
     if value == "" and name in VALUE_FLAGS:  # `--max-model-len=` ($LEN unset)
         return ("an empty value: vLLM stops on it for a number (vLLM 0.32: `invalid "

@@ -76,6 +76,8 @@ def render(draft: Draft, source: str) -> str:
             lines += comment(draft.env_notes.get(name, ""))
             lines.append(f"{key(name)} = {value(v)}")
     lines += ["", "[vllm.args]"]
+    for note in draft.dropped:  # words that belong to no flag: no line to comment out
+        lines += comment(note)
     for entry in draft.args:
         lines += _entry(entry)
     for section, table in draft.sections.items():

@@ -7,22 +7,18 @@ what is broken, so init and the daemon never disagree about a flag.
 
 from __future__ import annotations
 
-import json
 import os
 
 from vllmwatch.config import flags
-from vllmwatch.config.flagnames import VALUE_FLAGS
 from vllmwatch.config.flags import ARG_PREFIX, DASHES, flag_name
 from vllmwatch.config.launch import INJECTED_FLAGS
 from vllmwatch.config.redact import REDACT
 from vllmwatch.config.serveline import ServeLine, is_number
 from vllmwatch.config.vllmflags import flag_problem as known_problem
-from vllmwatch.migrate import addresses, envwords, relaxed, smokeplan, wrapwords
+from vllmwatch.migrate import addresses, envwords, refusals, relaxed, smokeplan, wrapwords
 from vllmwatch.migrate.draft import Draft, Entry, Facts
 from vllmwatch.migrate.flagwords import Given, read, refused_value
-
-OWNED = {"model": "model", "port": "port", "host": "host",
-         "served-model-name": "served_model_name"}
+from vllmwatch.migrate.refusals import OWNED
 
 
 def translate(line: ServeLine, facts: Facts) -> Draft:
@@ -33,12 +29,17 @@ def translate(line: ServeLine, facts: Facts) -> Draft:
     if words.model is not None:
         _model(words.model, draft, facts, "the positional MODEL")
         draft.positional_model = True
-    for word in words.stray:
-        draft.errors.append(f"{word} follows no flag (vLLM would refuse it); not written")
-    for name in words.hidden:  # the line never ran, and its secret has no place here
+    for word in words.stray:  # (a word the redactor would hide is not shown: a secret)
+        shown = word if not envwords.holds_secret("", word) else "a word (not shown: it may " \
+            "be a secret)"
+        draft.errors.append(f"{shown} follows no flag (vLLM would refuse it); not written")
+        draft.dropped.append(f"the line's {shown} follows no flag (after a switch, or a second "
+                             "model): vLLM refused the line; dropped")
+    for name in words.hidden:  # a secret init cannot carry: the rule's exception (refusals)
         draft.fatal.append(f"the word after `--{name}` (not shown: it may be the secret) "
                            "follows no flag: vLLM refuses the line (a value that starts with "
-                           f"a dash is a flag to it: write `--{name}=VALUE`)")
+                           f"a dash is a flag to it: join `--{name}` and its value with = in "
+                           "one word)")
     counts: dict[str, list[Given]] = {}
     for given in words.flags:
         counts.setdefault(given.name, []).append(given)
@@ -94,13 +95,8 @@ def _flag(given: Given, draft: Draft, facts: Facts, earlier: list[Given]) -> Non
     name, base = given.name, given.name.split(".")[0]
     value: object = _joined(given.values)
     _spelling(given, draft)
-    if not given.values and "=" not in given.raw and (base in OWNED or (
-            facts.known is not None and facts.known.kind(base) in ("number", "json"))):
-        # `--port $PORT` with PORT unset: the next word is a flag, and argparse refuses the
-        # line (a flag that may go bare, `bool | str` in vLLM, is "text" here: not judged)
-        draft.fatal.append(f"`{given.raw}` has no value on the line: vLLM refuses it (expected "
-                           "one argument), so this line never served; give its value (is the "
-                           "variable that held it set?), then run init again")
+    if (refused := refusals.judge(given, facts.known)) is not None:
+        refusals.apply(given, refused, draft, facts.known, note)  # (migrate/refusals.py)
         return
     if base in OWNED:
         _owned(given, value, draft, facts)
@@ -248,21 +244,16 @@ def _typed(given: Given, value: object, draft: Draft, facts: Facts, note: str) -
     kind = _kind(base, value, facts) if "." not in name else "json"
     if kind is None and facts.known is not None:
         problem = known_problem(name, value, f"vllm.args.{name}", facts.known)
-        draft.refuse(given.raw, name, _number(_plain(value)),
-                     problem.problem if problem else "unknown flag", note)
+        refusals.refuse(given, _number(_plain(value)), problem.problem if problem else
+                        "unknown flag", draft, facts.known, note)
         return
-    if value is True and facts.known is None and (base in VALUE_FLAGS or
-                                                   base in flags.BUILTIN_JSON):
-        draft.refuse(given.raw, name, None, "the flag takes a value and the line gives none "
-                     "(vLLM would refuse it; a number right before > or >> is a file "
-                     f"descriptor to sh): write `{name} = VALUE` in [vllm.args]", note)
-    elif kind == "bool":
+    if kind == "bool":
         _switch(given, value, draft, facts, note)
     elif kind == "json" and "." not in name:
         relaxed.json_flag(given, value, draft, facts, note)
     elif isinstance(value, list) and (why := next(filter(None, (
             refused_value(name, w, facts.known) for w in value)), None)) is not None:
-        draft.refuse(given.raw, name, _plain(value), why, note)  # (each word, as vLLM reads)
+        refusals.refuse(given, _plain(value), why, draft, facts.known, note)  # (each word)
     elif isinstance(value, list):  # (`--lora-modules a=./x b=./y`: each word's path too)
         moved: list[str] = []
         draft.extra_args += [f"--{name}", *(relaxed.absolute_text(w, facts, name, moved)
@@ -274,7 +265,7 @@ def _typed(given: Given, value: object, draft: Draft, facts: Facts, note: str) -
     else:  # a value vLLM's reader refuses is commented out, as the file's header says
         written = value if kind == "text" else _number(value, facts.known is None)
         if (why := refused_value(name, written, facts.known)) is not None:
-            draft.refuse(given.raw, name, written, why, note)
+            refusals.refuse(given, written, why, draft, facts.known, note)
         else:
             _text(given, written, draft, facts, note)
 
@@ -298,7 +289,8 @@ def _number(value: object, guessed: bool = False) -> object:
 
 def _text(given: Given, value: object, draft: Draft, facts: Facts, note: str) -> None:
     name = given.name
-    if name == "kv-cache-dtype" and value not in flags.KV_CACHE_DTYPES:
+    if name == "kv-cache-dtype" and isinstance(value, str) and value not in \
+            flags.KV_CACHE_DTYPES:  # (bare: vLLM refuses it; dropped, as the rule says)
         draft.arg(Entry(name, "auto", f"{note}the line had `{given.raw}`: "
                         f"{_why(name, value, facts)}"))
         return
@@ -343,8 +335,10 @@ def _switch(given: Given, value: object, draft: Draft, facts: Facts, note: str) 
               f"default (this vLLM has no --no-{name})" if facts.known else
               f"a switch takes no value and {given.values[0]} means off, the default; "
               f"write {name} = false (--no-{name}) if off is not the default")
-    else:
-        draft.errors.append(f"{given.raw}: --{name} takes no value (vLLM would refuse "
-                            f"{given.values[0]!r})")
-        draft.arg(Entry(name, True, f"{note}the line had `{given.raw}`; --{name} takes no "
-                        f"value: {json.dumps(given.values[0])} is not passed", True))
+    else:  # vLLM refused the line (`ignored explicit argument`): dropped, as the rule says
+        shown = refusals.shown(given, facts.known)
+        draft.errors.append(f"{shown}: `--{name}` is a switch and takes no value (vLLM refused "
+                            f"this line); dropped: write {name} = true if you meant it on")
+        draft.arg(Entry(name, True, f"{note}the line had {shown}: `--{name}` is a switch and "
+                        "takes no value (vLLM refused this line); dropped: uncomment this "
+                        "line if you meant it on", False))
