@@ -19,7 +19,7 @@ from pathlib import Path
 import psutil
 import pytest
 
-from tests.support import TIMEOUT_SCALE, sigstop, wait_for, wait_until
+from tests.support import TIMEOUT_SCALE, sigstop, wait_for
 from tests.support.procs import environ
 from vllmwatch.config.command import ChildCommand
 from vllmwatch.shell import standby as sb
@@ -89,13 +89,13 @@ def test_handover_runs_the_entry_as_main_with_the_launchs_env_and_cwd(
     tmp = Path(str(world["tmp"]))
     (tmp / "go").touch()
     standby, launch = _start(world)
-    wait_until(lambda: _waiting(standby), 30, "the standby to report waiting")
+    wait_for(lambda: _waiting(standby), 30, "the standby to report waiting")
     assert "slowmod" in standby.report["imported"] and standby.report["cuda"] is False
     assert psutil.Process(standby.pid).name().startswith("VLLMWATCH::")
     assert os.getpgid(standby.pid) == standby.pid  # its own session: pid = group after all
     (tmp / "cwd").mkdir()
     child = standby.hand_over(launch, str(tmp / "cwd"), "m" * 16)
-    assert child.proc.wait(30) == 0
+    assert child.proc.wait(30 * TIMEOUT_SCALE) == 0
     out = __import__("json").loads((tmp / "out.json").read_text())
     assert out == {"pid": standby.pid, "argv": ["--flag", "1"], "cwd": str(tmp / "cwd"),
                    "x": "launch", "tmpdir": str(tmp), "preimported": True, "name": "__main__"}
@@ -114,7 +114,7 @@ def test_it_proves_it_is_alive_on_its_pipe_and_a_stopped_one_cannot(
     proof = sb.PROOF_WAIT * TIMEOUT_SCALE
     assert standby.answers(proof)  # still importing slowmod: the reader answers
     (tmp / "go").touch()
-    wait_until(lambda: _waiting(standby), 30, "the standby to report waiting")
+    wait_for(lambda: _waiting(standby), 30, "the standby to report waiting")
     assert standby.answers(proof)
     sigstop(standby.pid)
     try:
@@ -123,7 +123,7 @@ def test_it_proves_it_is_alive_on_its_pipe_and_a_stopped_one_cannot(
         os.kill(standby.pid, signal.SIGCONT)
     assert standby.answers(proof)  # alive again: the newest ping is answered
     child = standby.hand_over(launch, str(tmp), "m" * 16)  # the pings left it usable
-    assert child.proc.wait(30) == 0
+    assert child.proc.wait(30 * TIMEOUT_SCALE) == 0
 
 
 def test_a_handover_while_still_importing_waits_then_starts_fresh(
@@ -138,10 +138,10 @@ def test_a_handover_while_still_importing_waits_then_starts_fresh(
     tmp = Path(str(world["tmp"]))
     out_path = tmp / "out.json"
     # The fresh interpreter imports slowmod again and waits for the file: let it through.
-    wait_until(lambda: psutil.Process(standby.pid).name() == "fakeserve", 30,
+    wait_for(lambda: psutil.Process(standby.pid).name() == "fakeserve", 30,
                "the exec of the plain command")
     (tmp / "go").touch()
-    assert child.proc.wait(30) == 0
+    assert child.proc.wait(30 * TIMEOUT_SCALE) == 0
     out = __import__("json").loads(out_path.read_text())
     assert out["pid"] == standby.pid and out["x"] == "launch" and out["name"] == "__main__"
     output = child.stdout.read().decode()
@@ -157,10 +157,10 @@ def test_cuda_initialized_is_reported_and_the_handover_starts_fresh(
     (fake / "__init__.py").write_text("class cuda:\n    is_initialized = staticmethod("
                                       "lambda: True)\n")
     standby, launch = _start(world, modules=("torch",))
-    wait_until(lambda: _waiting(standby), 30, "the standby to report waiting")
+    wait_for(lambda: _waiting(standby), 30, "the standby to report waiting")
     assert standby.poll() == "CUDA was initialized by its imports"
     child = standby.hand_over(launch, str(tmp), "m" * 16)  # defence in depth: it refuses
-    assert child.proc.wait(30) == 0
+    assert child.proc.wait(30 * TIMEOUT_SCALE) == 0
     assert "CUDA was initialized" in child.stdout.read().decode()
 
 
@@ -187,14 +187,14 @@ def test_a_driver_initialized_by_an_import_is_reported_though_torch_says_no(
     (tmp / "cuda.c").write_text(FAKE_LIBCUDA)
     so = tmp / "libcuda.so.1"
     subprocess.run([cc, "-shared", "-fPIC", "-Wl,-soname,libcuda.so.1", "-o", str(so),
-                    str(tmp / "cuda.c")], check=True, timeout=120)
+                    str(tmp / "cuda.c")], check=True, timeout=120 * TIMEOUT_SCALE)
     (lib / "torch").mkdir()  # torch's own flag: never initialized
     (lib / "torch" / "__init__.py").write_text(
         "class cuda:\n    is_initialized = staticmethod(lambda: False)\n")
     (lib / "drvlib.py").write_text(f"import ctypes\n_d = ctypes.CDLL({str(so)!r})\n"
                                    + ("_d.cuInit(0)\n" if calls_cuinit else ""))
     standby, _ = _start(world, modules=("torch", "drvlib"))
-    wait_until(lambda: _waiting(standby), 30, "the standby to report waiting")
+    wait_for(lambda: _waiting(standby), 30, "the standby to report waiting")
     assert "drvlib" in standby.report["imported"]
     assert standby.report["cuda"] is calls_cuinit
     assert standby.poll() == ("CUDA was initialized by its imports" if calls_cuinit else None)
@@ -203,7 +203,7 @@ def test_a_driver_initialized_by_an_import_is_reported_though_torch_says_no(
 def test_an_eof_without_handover_ends_it(world: dict[str, object]) -> None:
     (Path(str(world["tmp"])) / "go").touch()
     standby, _ = _start(world)
-    wait_until(lambda: _waiting(standby), 30, "the standby to report waiting")
+    wait_for(lambda: _waiting(standby), 30, "the standby to report waiting")
     assert standby.proc.stdin is not None
     standby.proc.stdin.close()
     assert standby.proc.wait(10 * TIMEOUT_SCALE) == 0
@@ -231,7 +231,7 @@ def test_it_dies_with_its_parent(tmp_path: Path, world: dict[str, object]) -> No
         pid = int(proc.stdout.readline())
         assert psutil.pid_exists(pid)
         proc.kill()
-        proc.wait(10)
+        proc.wait(10 * TIMEOUT_SCALE)
         wait_for(lambda: not _alive(pid), 10, "the standby to die with its parent")
     finally:
         with contextlib.suppress(ProcessLookupError):

@@ -18,7 +18,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.support import wait_until
+from tests.support import TIMEOUT_SCALE, wait_for
 from vllmwatch.config.command import ChildCommand
 from vllmwatch.shell import standby as sb
 from vllmwatch.shell.standby import Entry, resolve
@@ -68,7 +68,7 @@ def _waiting(standby: sb.Standby) -> bool:
 def test_a_module_reinstalled_after_the_imports_makes_the_handover_start_fresh(
         tmp_path: Path, made: list[sb.Standby]) -> None:
     standby, launch = _start(tmp_path, made)
-    wait_until(lambda: _waiting(standby), 30, "the standby to report waiting")
+    wait_for(lambda: _waiting(standby), 30, "the standby to report waiting")
     assert "dep" in standby.report["imported"]
     # What pip does: the old file removed, a new one written (a new inode, a new size).
     dep = tmp_path / "lib" / "dep.py"
@@ -77,7 +77,7 @@ def test_a_module_reinstalled_after_the_imports_makes_the_handover_start_fresh(
         VERSION = 'new'  # the upgraded package
         """))
     child = standby.hand_over(launch, str(tmp_path), "m" * 16)
-    assert child.proc.wait(30) == 0
+    assert child.proc.wait(30 * TIMEOUT_SCALE) == 0
     out = json.loads((tmp_path / "out.json").read_text())
     assert out["version"] == "new"  # not the copy imported before the upgrade
     assert "changed on disk since the imports" in child.stdout.read().decode()
@@ -88,8 +88,8 @@ def test_an_unchanged_install_is_handed_over_as_imported(
     """The stamps do not discard a good standby: its own script's pinned copy (removed with
     its TMPDIR at the handover) is no imported module that changed."""
     standby, launch = _start(tmp_path, made)
-    wait_until(lambda: _waiting(standby), 30, "the standby to report waiting")
+    wait_for(lambda: _waiting(standby), 30, "the standby to report waiting")
     child = standby.hand_over(launch, str(tmp_path), "m" * 16)
-    assert child.proc.wait(30) == 0
+    assert child.proc.wait(30 * TIMEOUT_SCALE) == 0
     assert json.loads((tmp_path / "out.json").read_text())["version"] == "old"
     assert "fresh" not in child.stdout.read().decode()

@@ -88,7 +88,7 @@ def test_live_loads_refusals_missing_files_unmanaged_and_unloads(tmp_path: Path)
     with watching(port, a) as (watch, log):
         c1 = config(port, {"a": a, "b": b, "bad": str(bad), "gone": gone})
         shutil.rmtree(gone)  # validated, then removed before the load
-        watch.update(c1.adapters[1:], (), ()).join(30)
+        watch.update(c1.adapters[1:], (), ()).join(30 * TIMEOUT_SCALE)
         watch.reconfigure(c1)
         assert [f["adapter"] for f in log.named("lora.loaded")] == ["b"]
         errors = {f["adapter"]: f["error"] for f in log.named("lora.load_failed")}
@@ -103,12 +103,12 @@ def test_live_loads_refusals_missing_files_unmanaged_and_unloads(tmp_path: Path)
         # loaded by hand, past vllmwatch: reported, and it is not ours to restore
         body = json.dumps({"lora_name": "byhand", "lora_path": b}).encode()
         assert bounded_http.request("127.0.0.1", port, "POST", "/v1/load_lora_adapter",
-                                    timeout=10, max_body=4096, body=body,
+                                    timeout=10 * TIMEOUT_SCALE, max_body=4096, body=body,
                                     headers={"Content-Type": "application/json"})[0] == 200
         assert served(watch)["byhand"] == "unmanaged"
         # removed from the config: unloaded
         c2 = config(port, {"a": a})
-        watch.update((), ("b",), ()).join(30)
+        watch.update((), ("b",), ()).join(30 * TIMEOUT_SCALE)
         watch.reconfigure(c2)
         assert [f["adapter"] for f in log.named("lora.unloaded")] == ["b"]
         assert "b" not in served(watch)
@@ -122,13 +122,13 @@ def test_a_reload_with_the_same_adapters_retries_the_one_vllm_refused(tmp_path: 
     with watching(port, a) as (watch, log):
         c1 = config(port, {"a": a, "bad": str(bad)})
         watch.reconfigure(c1)  # a change: the core sends it as UpdateAdapters
-        watch.update(c1.adapters[1:], (), ()).join(30)
+        watch.update(c1.adapters[1:], (), ()).join(30 * TIMEOUT_SCALE)
         assert served(watch)["bad"] == "failed"
         (bad / "adapter_config.json").write_text(good)  # fixed in place, then SIGHUP
         worker = watch.reconfigure(c1)
         assert worker is not None and [f["adapters"] for f in log.named("lora.retry")] == [
             ["bad"]]
-        worker.join(30)
+        worker.join(30 * TIMEOUT_SCALE)
         assert served(watch)["bad"] == "loaded" and log.named("lora.loaded")[-1]["adapter"] \
             == "bad"
         assert watch.reconfigure(c1) is None  # nothing left to retry
@@ -156,7 +156,7 @@ def test_a_reload_that_brings_back_a_left_out_adapter_loads_it_once(
             retry = watch.reconfigure(c1)
         assert retry is not None
         for sent in (retry, change):
-            sent.join(30)
+            sent.join(30 * TIMEOUT_SCALE)
         assert served(watch)["bad"] == "loaded" and watch.view(True)["loads_failed"] == 0
         assert log.named("lora.load_failed") == []
         assert [f["adapter"] for f in log.named("lora.loaded")] == ["bad"]
@@ -170,10 +170,10 @@ def test_an_adapter_loaded_by_hand_under_a_configured_name_is_replaced(tmp_path:
     with watching(port, a) as (watch, log):
         body = json.dumps({"lora_name": "b", "lora_path": other}).encode()
         assert bounded_http.request("127.0.0.1", port, "POST", "/v1/load_lora_adapter",
-                                    timeout=10, max_body=4096, body=body,
+                                    timeout=10 * TIMEOUT_SCALE, max_body=4096, body=body,
                                     headers={"Content-Type": "application/json"})[0] == 200
         c1 = config(port, {"a": a, "b": b})
-        watch.update(c1.adapters[1:], (), ()).join(30)
+        watch.update(c1.adapters[1:], (), ()).join(30 * TIMEOUT_SCALE)
         watch.reconfigure(c1)
         [loaded] = log.named("lora.loaded")
         assert loaded["adapter"] == "b" and "in place" in loaded["how"]
@@ -190,7 +190,7 @@ def test_an_unload_without_vllms_endpoint_is_not_called_done(tmp_path: Path) -> 
         log = LogCapture()
         watch = AdapterWatch(config(port, {"a": a}), log)
         up(watch)
-        watch.update((), ("a",), ()).join(30)
+        watch.update((), ("a",), ()).join(30 * TIMEOUT_SCALE)
         assert not log.named("lora.unloaded") and log.named("lora.unload_failed")
         assert served(watch)["a"] == "loaded"
 
@@ -204,7 +204,7 @@ def test_a_load_that_does_not_answer_in_time_is_a_failed_load(
         log = LogCapture()
         watch = AdapterWatch(config(port, {"a": a}), log)
         up(watch)
-        watch.update(config(port, {"a": a, "b": b}).adapters[1:], (), ()).join(30)
+        watch.update(config(port, {"a": a, "b": b}).adapters[1:], (), ()).join(30 * TIMEOUT_SCALE)
         [failed] = log.named("lora.load_failed")
         assert failed["adapter"] == "b" and failed["error"] == "no answer within 0.5s"
         # no answer is no refusal: "fix it" sent the operator after a sound adapter
@@ -224,7 +224,7 @@ def test_one_change_at_a_time(tmp_path: Path) -> None:
         first = watch.update(c.adapters[1:], (), ())
         second = watch.update((), ("b",), ())
         for t in (first, second):
-            t.join(30)
+            t.join(30 * TIMEOUT_SCALE)
         order = [(e, f.get("adapter")) for e, f in log.got if e.startswith("lora.")]
         assert order == [("lora.loaded", "b"), ("lora.unloaded", "b")]
         assert threading.active_count() < 50
@@ -296,7 +296,7 @@ def test_live_changes_reach_vllm_in_the_order_of_the_reloads(tmp_path: Path) -> 
         s.join(1)  # in order, they wait behind the slow first; out of order, they are done
     first.set()
     for s in sent:
-        s.join(30)
+        s.join(30 * TIMEOUT_SCALE)
     assert order == ["load b", "unload b", "load b2"], order
 
 
@@ -316,7 +316,7 @@ def test_a_load_that_answered_late_shows_loaded_once_vllm_lists_it(
         watch = AdapterWatch(config(port, {"a": a}), log)
         up(watch)
         watch.reconfigure(cfg)
-        watch.update(cfg.adapters[1:], (), ()).join(30)
+        watch.update(cfg.adapters[1:], (), ()).join(30 * TIMEOUT_SCALE)
         assert log.named("lora.load_failed") and served(watch)["b"] == "failed"
         wait_until(lambda: served(watch)["b"] == "loaded", 20 * TIMEOUT_SCALE,
                    "b shown loaded once vLLM lists it")
@@ -328,6 +328,6 @@ def test_a_load_that_answered_late_shows_loaded_once_vllm_lists_it(
         repointed = config(port, {"a": a, "b": moved})
         watch.reconfigure(repointed)
         monkeypatch.setattr(watchmod, "LOAD_TIMEOUT", 60.0)
-        watch.update(repointed.adapters[1:], (), ("b",)).join(90)
+        watch.update(repointed.adapters[1:], (), ("b",)).join(90 * TIMEOUT_SCALE)
         assert "bias" in log.named("lora.load_failed")[-1]["error"]
         assert served(watch)["b"] == "failed"

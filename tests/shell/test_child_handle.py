@@ -9,7 +9,7 @@ from typing import Any
 import psutil
 import pytest
 
-from tests.support import free_port, launching, wait_for, wait_until
+from tests.support import free_port, launching, wait_for
 from vllmwatch.config import vllminfo
 from vllmwatch.config.schema import from_dict
 from vllmwatch.core.actions import Probe
@@ -57,7 +57,7 @@ def test_real_effects_keeps_no_per_child_field(tmp_path: Path,
         "the gate was not told of the launch's pid and body cap (vLLM's 25 MiB of audio)"
     changed = {k for k, v in vars(fx).items() if v is not before[k]}
     assert changed == {"_run"}  # the launch is all in the handle
-    wait_until(fx.child_exit_pending, 20, "the child exits")
+    wait_for(fx.child_exit_pending, 20, "the child exits")
     exited = fx.poll_child()
     assert isinstance(exited, ChildExited) and exited.code == 3 and "bye" in exited.last_lines
     after = vars(fx)
@@ -100,7 +100,7 @@ def test_while_starting_a_gone_engine_never_keeps_health_unasked(
     try:
         assert isinstance(launching.spawn(fx, config, lambda _e: None), Spawned)
         probe = Probe(ProbeKind.HEALTH, 1, "127.0.0.1", port, "m", config.probe)
-        first = wait_until(lambda: (r := fx.probe(probe)).ok and r, 30, "/health 200")
+        first = wait_for(lambda: (r := fx.probe(probe)).ok and r, 30, "/health 200")
         assert isinstance(first, HealthResult) and not first.engine_gone
         assert fx._run is not None
         [engine] = [p for p in psutil.Process(fx._run.pid).children()

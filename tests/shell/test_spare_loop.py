@@ -25,7 +25,7 @@ from typing import Any
 import psutil
 import pytest
 
-from tests.support import PYTHON, REPO, free_port, wait_until
+from tests.support import PYTHON, REPO, TIMEOUT_SCALE, free_port, wait_for, wait_until
 from tests.support.models import sparse_8b
 from vllmwatch.config.schema import Config, from_dict
 from vllmwatch.core.events import ReloadRequested, RestartRequested, StopRequested
@@ -43,7 +43,7 @@ from vllmwatch.testing.world import LogCapture
 
 SCRIPT = "#!{python}\nimport sys\nfrom vllmwatch.testing.fake_vllm import main\n" \
          "if __name__ == '__main__':\n    sys.exit(main())\n"
-WAIT = 60.0
+WAIT = 60.0 * TIMEOUT_SCALE  # waits on expected events: a loaded box is slow
 WEIGHTS_MIB = 4096
 
 
@@ -162,7 +162,7 @@ def test_a_crash_fails_over_to_the_spare_and_back_and_a_stop_leaves_nothing(
     assert after.index("failover.begin") < after.index("failover.served")
     status, body = sparetree.call(spare.tree.cmd.socket_path, "POST", "/v1/completions",
                                   {"model": spare.tree.cmd.model, "prompt": "hi",
-                                   "max_tokens": 1}, 10.0)
+                                   "max_tokens": 1}, 10.0 * TIMEOUT_SCALE)
     assert status == 200, body
     # the full engine comes back: routed back, the spare drains and sleeps again
     wait_until(lambda: log.named("spare.rearmed"), WAIT, "the spare re-armed")
@@ -176,7 +176,7 @@ def test_a_crash_fails_over_to_the_spare_and_back_and_a_stop_leaves_nothing(
     loop.post(StopRequested("SIGTERM"))
     world["runner"].join(WAIT)
     assert world["codes"] == [0]
-    wait_until(lambda: not _ours(marker), 20, "no process of either tree left")
+    wait_for(lambda: not _ours(marker), 20, "no process of either tree left")
     assert not os.path.exists(sock)
 
 
@@ -195,7 +195,7 @@ def _stop_and_nothing_left(world: dict[str, Any]) -> None:
     world["loop"].post(StopRequested("SIGTERM"))
     world["runner"].join(WAIT)
     assert world["codes"] == [0]
-    wait_until(lambda: not _ours(marker), 20, "no process of either tree left")
+    wait_for(lambda: not _ours(marker), 20, "no process of either tree left")
     assert not os.path.exists(sock)
 
 
@@ -437,7 +437,7 @@ def test_a_stop_is_answered_while_a_launch_waits_for_the_spare_to_go_down(
     assert world["codes"] == [0]
     [stopped] = [f for f in log.named("spare.stopped") if f["pid"] == api]
     assert not stopped["remaining"] and not log.named("child.started"), stopped
-    wait_until(lambda: not _ours(marker), 20, "no process of either tree left")
+    wait_for(lambda: not _ours(marker), 20, "no process of either tree left")
     assert not os.path.exists(sock)
 
 

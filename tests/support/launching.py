@@ -8,8 +8,11 @@ from collections.abc import Callable
 from vllmwatch.config.schema import Config
 from vllmwatch.core.events import Event, LaunchMayGo, LaunchWaits
 from vllmwatch.shell.effects import RealEffects
+from vllmwatch.testing.waiting import TIMEOUT_SCALE
 
-WAIT = 60.0  # a launch's waits are bounded by 20 s each (the version read, a spare's stop)
+# A launch's waits are bounded by 20 s each (the version read, a spare's stop); a loaded box
+# stretches what comes around them, so the test's bound scales (TIMEOUT_SCALE).
+WAIT = 60.0 * TIMEOUT_SCALE
 
 
 def spawn(fx: RealEffects, config: Config, post: Callable[[Event], None] = lambda _e: None
