@@ -18,7 +18,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.support import Daemon, base_config, free_port, merge
+from tests.support import TIMEOUT_SCALE, Daemon, base_config, free_port, merge
 
 OLD, NEW = "sk-GateKeyOld13579abc", "sk-GateKeyNew24680xyz"
 
@@ -38,7 +38,8 @@ def daemon(tmp_path: Path) -> Iterator[Daemon]:
         d.close()
 
 
-def _code(port: int, method: str, path: str, key: str | None, timeout: float = 20.0) -> int:
+def _code(port: int, method: str, path: str, key: str | None,
+          timeout: float = 20.0 * TIMEOUT_SCALE) -> int:
     headers = {"Content-Type": "application/json"}
     if key is not None:
         headers["Authorization"] = f"Bearer {key}"
@@ -108,13 +109,13 @@ def test_a_held_request_with_the_old_key_is_refused_at_the_relaunch_not_at_its_r
         d.wait_event("child.started", 30.0, since)
         served: list[int] = []
         new = threading.Thread(target=lambda: served.append(
-            _code(gate, "POST", "/v1/embeddings", NEW, timeout=120.0)), daemon=True)
+            _code(gate, "POST", "/v1/embeddings", NEW, timeout=120.0 * TIMEOUT_SCALE)), daemon=True)
         new.start()
         assert _code(gate, "POST", "/v1/embeddings", OLD) == 401  # (old code: a timeout)
         assert _code(gate, "POST", "/pooling", None) == 401
         assert not served, "the new key was answered before its engine was READY"
         go.touch()
-        new.join(130.0)
+        new.join(130.0 * TIMEOUT_SCALE)
         assert served == [200]
     finally:
         d.close()

@@ -14,7 +14,7 @@ from typing import Any
 
 import pytest
 
-from tests.support import PYTHON, Daemon, base_config, free_port, merge, wait_for
+from tests.support import PYTHON, TIMEOUT_SCALE, Daemon, base_config, free_port, merge, wait_for
 from tests.support.daemon import RECORD
 
 
@@ -34,7 +34,7 @@ def gated(tmp_path: Path) -> Iterator[tuple[Daemon, int]]:
 
 def complete(port: int) -> str:
     body = json.dumps({"model": "tiny", "prompt": "hi", "max_tokens": 2})
-    conn = http.client.HTTPConnection("127.0.0.1", port, timeout=40)
+    conn = http.client.HTTPConnection("127.0.0.1", port, timeout=40 * TIMEOUT_SCALE)
     try:
         conn.request("POST", "/v1/completions", body, {"Content-Type": "application/json"})
         resp = conn.getresponse()
@@ -72,7 +72,7 @@ def test_a_planned_restart_behind_the_gate_fails_no_request(gated: tuple[Daemon,
             t.start()
             threads.append(t)
         for t in threads:
-            t.join(45)
+            t.join(45 * TIMEOUT_SCALE)
 
     runner = threading.Thread(target=client)
     runner.start()
@@ -85,7 +85,7 @@ def test_a_planned_restart_behind_the_gate_fails_no_request(gated: tuple[Daemon,
     back = len(outcomes)  # requests keep flowing after it is back: ten more answers
     wait_for(lambda: len(outcomes) >= back + 10, 20, "requests after READY")
     stop.set()
-    runner.join(60)
+    runner.join(60 * TIMEOUT_SCALE)
     assert outcomes and set(outcomes) == {"ok"}, sorted(set(outcomes))
     status = json.loads(d.http_get("/status")[1])
     g = status["gate"]
@@ -149,7 +149,7 @@ def test_no_request_reaches_a_vllm_after_its_stop_order(tmp_path: Path, launch: 
         wait_for(more_than(outcomes, 20), 20, "requests after the last restart")
         stop.set()
         for t in clients:
-            t.join(60)
+            t.join(60 * TIMEOUT_SCALE)
         g = json.loads(d.http_get("/status")[1])["gate"]
         assert outcomes and set(outcomes) == {"ok"}, sorted(set(outcomes))
         assert g["stop_orders"] >= 3 and g["forwarded_after_stop"] == 0, g
@@ -207,7 +207,7 @@ def test_a_hung_engines_requests_are_cut_at_the_verdict(tmp_path: Path) -> None:
         wait_for(more_than(outcomes, 4), 30, "answers from the relaunched engine")
         stop.set()
         for t in clients:
-            t.join(60)
+            t.join(60 * TIMEOUT_SCALE)
         cut = d.wait_event("gate.cut", 1, since)
         at = d.events.index
         assert at(begin) < at(cut) < at(recorded) < at(stopping), (begin, cut, stopping)
@@ -235,7 +235,7 @@ def test_with_replay_off_the_record_counts_the_requests_the_death_failed(tmp_pat
         recorded = d.wait_event("incident.recorded", 60, since)
         stop.set()
         for t in clients:
-            t.join(60)
+            t.join(60 * TIMEOUT_SCALE)
         failed = sum(1 for o in outcomes if o != "ok")
         record = json.loads((Path(recorded["incident_path"]) / "record.json").read_text())
         gate = record["gate"]
@@ -257,7 +257,7 @@ def test_with_replay_off_a_death_that_only_in_flight_requests_meet_fails_them(
         since, _ = d.arm()  # the engine dies from now, with them in flight
         recorded = d.wait_event("incident.recorded", 60, since)
         for t in clients:
-            t.join(60)
+            t.join(60 * TIMEOUT_SCALE)
         record = json.loads((Path(recorded["incident_path"]) / "record.json").read_text())
         gate = record["gate"]
         failed = sum(1 for o in outcomes if o != "ok")

@@ -12,7 +12,7 @@ import json
 import threading
 from pathlib import Path
 
-from tests.support import Daemon, base_config, free_port, merge, wait_for
+from tests.support import TIMEOUT_SCALE, Daemon, base_config, free_port, merge, wait_for
 
 POISON = "POISON"
 
@@ -23,7 +23,7 @@ def openai_like(port: int, prompt: str) -> list[int]:
     got: list[int] = []
     body = json.dumps({"model": "tiny", "prompt": prompt, "max_tokens": 2})
     for _ in range(3):
-        conn = http.client.HTTPConnection("127.0.0.1", port, timeout=120)
+        conn = http.client.HTTPConnection("127.0.0.1", port, timeout=120 * TIMEOUT_SCALE)
         try:
             conn.request("POST", "/v1/completions", body, {"Content-Type": "application/json"})
             resp = conn.getresponse()
@@ -59,7 +59,7 @@ def test_a_prompt_that_crashes_the_engine_is_quarantined_and_vllm_serves_on(
                  "the innocents in flight at the engine")
         poison = openai_like(gate_port, POISON)
         for t in runs:
-            t.join(300)
+            t.join(300 * TIMEOUT_SCALE)
         assert poison[-1] == 422, poison  # quarantined: its client stops retrying
         assert [s[-1] for s in innocents] == [200] * 3, innocents
         quarantined = d.wait_event("gate.quarantined", 10, since)

@@ -40,7 +40,7 @@ def wait_for(check: Callable[[], T], timeout: float = 10.0, what: str = "conditi
     return wait_until(check, timeout * TIMEOUT_SCALE, what)  # a loaded box is slow
 
 
-def post(port: int, body: dict[str, Any], timeout: float = 20.0
+def post(port: int, body: dict[str, Any], timeout: float = 20.0 * TIMEOUT_SCALE
          ) -> tuple[int, dict[str, str], bytes]:
     """(status, headers, body); status 0 when the connection fails."""
     conn = http.client.HTTPConnection("127.0.0.1", port, timeout=timeout)
@@ -95,7 +95,7 @@ def fake_vllm(port: int, *flags: str) -> Iterator[subprocess.Popen[bytes]]:
     finally:
         with suppress(ProcessLookupError):
             os.killpg(proc.pid, signal.SIGKILL)
-        proc.wait(10)
+        proc.wait(10 * TIMEOUT_SCALE)
 
 
 class Switch:
@@ -200,7 +200,7 @@ def test_hold_then_release_when_ready() -> None:
         assert out == [] and g.stats.forwarded == 0
         switch.state = Readiness.OPEN
         for t in threads:
-            t.join(20)
+            t.join(20 * TIMEOUT_SCALE)
         assert [r[0] for r in out] == [200] * 4
         assert g.stats.held == 4 and g.stats.forwarded == 4 and g.stats.hold_timeouts == 0
 
@@ -231,7 +231,7 @@ def test_streaming_passes_chunk_by_chunk() -> None:
     all of them (a buffering gate delivers all at once), with 2 s between vLLM's chunks."""
     port = free_port()
     with fake_vllm(port, "--stream-interval", "2.0"), gate(port, Switch(Readiness.OPEN)) as g:
-        conn = http.client.HTTPConnection("127.0.0.1", g.port, timeout=60)
+        conn = http.client.HTTPConnection("127.0.0.1", g.port, timeout=60 * TIMEOUT_SCALE)
         conn.request("POST", "/v1/completions", json.dumps({**BODY, "max_tokens": 3,
                                                              "stream": True}))
         resp = conn.getresponse()
@@ -259,7 +259,7 @@ def test_failure_mid_request_is_counted_not_retried_with_replay_off() -> None:
         # the request is a refused connection (held and tried again), not a mid-request loss
         wait_for(lambda: running(port) >= 1, what="the request running in the fake vLLM")
         os.killpg(fake.pid, signal.SIGKILL)
-        threads[0].join(20)
+        threads[0].join(20 * TIMEOUT_SCALE)
         status, _, body = out[0]
         assert status == 502 and "replay is off" in json.loads(body)["message"]
         assert g.stats.failed_midrequest == 1 and g.stats.forwarded == 1
@@ -269,10 +269,10 @@ def test_failure_mid_request_is_counted_not_retried_with_replay_off() -> None:
 def test_refused_connection_waits_for_vllm_to_come_up() -> None:
     port = free_port()
     with gate(port, Switch(Readiness.OPEN), hold=30) as g:  # "ready" but nothing listens yet
-        out, threads = in_threads(1, lambda: post(g.port, BODY, timeout=40))
+        out, threads = in_threads(1, lambda: post(g.port, BODY, timeout=40 * TIMEOUT_SCALE))
         wait_for(lambda: g.stats.connect_retries >= 1, what="a refused connection")
         with fake_vllm(port):
-            threads[0].join(30)
+            threads[0].join(30 * TIMEOUT_SCALE)
         assert out[0][0] == 200
         assert g.stats.failed_midrequest == 0 and g.stats.forwarded == 1
 
@@ -350,13 +350,13 @@ def test_gate_config_accepted_and_off_by_default() -> None:
 def test_stop_with_requests_held_is_bounded() -> None:
     g = Gate(f"127.0.0.1:{free_port()}", "http://127.0.0.1:1", Switch(Readiness.HOLD), 300, 1)
     g.start()
-    out, threads = in_threads(2, lambda: post(g.port, BODY, timeout=30))
+    out, threads = in_threads(2, lambda: post(g.port, BODY, timeout=30 * TIMEOUT_SCALE))
     wait_for(lambda: g.stats.holding == 2, what="2 requests held")
     t0 = time.monotonic()
     g.stop()
     assert time.monotonic() - t0 < 9 and not g._thread.is_alive()
     for t in threads:
-        t.join(10)
+        t.join(10 * TIMEOUT_SCALE)
     assert sorted(r[0] for r in out) != [200, 200]  # cut, never forwarded
     assert g.stats.forwarded == 0
 

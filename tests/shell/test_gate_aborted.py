@@ -328,7 +328,7 @@ def test_the_fake_vllm_answers_a_request_sent_during_its_stop_as_vllm_does(
         assert replay.engine_gone_answer(status, raw) == "shutting_down"
     finally:
         os.killpg(fake.pid, signal.SIGKILL)
-        fake.wait(10)
+        fake.wait(10 * TIMEOUT_SCALE)
     t.join(30 * TIMEOUT_SCALE)
 
 

@@ -18,7 +18,7 @@ from contextlib import contextmanager
 import pytest
 
 from tests.shell.test_gate_http import WAIT, _answer, _Upstream
-from tests.support import free_port, wait_until
+from tests.support import TIMEOUT_SCALE, free_port, wait_until
 from vllmwatch.config.schema import from_dict
 from vllmwatch.gate import apikey, replay
 from vllmwatch.gate.runner import Gate, start_gate
@@ -112,7 +112,7 @@ def _held_gate() -> Iterator[tuple[Gate, dict[str, Snapshot]]]:
         gate.stop()
         srv.shutdown()
         srv.server_close()
-        thread.join(10)
+        thread.join(10 * TIMEOUT_SCALE)
 
 
 class _Asking(threading.Thread):

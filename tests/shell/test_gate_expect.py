@@ -19,7 +19,7 @@ import pytest
 
 from tests.shell.test_gate_api_key import KEY, _held_gate
 from tests.shell.test_gate_http import WAIT
-from tests.support import wait_for
+from tests.support import wait_until
 from vllmwatch.gate.guard import MAX_BODY
 from vllmwatch.gate.runner import Gate
 from vllmwatch.status.snapshot import Snapshot
@@ -90,7 +90,7 @@ def _no_leak(gate: Gate) -> None:
     """Every connection the gate held is gone, with no body nor request left held."""
     guard = gate.guard
     assert guard is not None
-    wait_for(lambda: not guard.conns, WAIT, "the gate's connections closed")
+    wait_until(lambda: not guard.conns, WAIT, "the gate's connections closed")
     assert guard.held == 0 and gate.stats.holding == 0 and gate.stats.in_flight == 0
 
 
@@ -149,7 +149,7 @@ def test_the_right_key_asking_100_continue_is_told_to_go_on_and_answered(state: 
             assert got.startswith(b"HTTP/1.1 100 Continue\r\n\r\n"), got[:300]
             sock.sendall(b"{}")
             if state == "starting":
-                wait_for(lambda: gate.stats.holding == 1, WAIT, "the request held")
+                wait_until(lambda: gate.stats.holding == 1, WAIT, "the request held")
                 snap["now"] = SERVING
             got += _to_eof(sock)
         answer = got.partition(b"\r\n\r\n")[2]

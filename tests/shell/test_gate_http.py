@@ -17,13 +17,13 @@ from typing import Any
 
 import pytest
 
-from tests.support import free_port
+from tests.support import TIMEOUT_SCALE, free_port
 from tests.support.rawhttp import read_request
 from vllmwatch.config.schema import from_dict
 from vllmwatch.gate.runner import Gate, start_gate
 from vllmwatch.status.snapshot import Snapshot
 
-WAIT = 30.0
+WAIT = 30.0 * TIMEOUT_SCALE  # each wait is on an expected event: a loaded box is slow
 
 
 class _Upstream(socketserver.ThreadingTCPServer):
@@ -74,7 +74,7 @@ def _gate(answer: bytes) -> Iterator[tuple[Gate, _Upstream]]:
         gate.stop()
         srv.shutdown()
         srv.server_close()
-        thread.join(10)
+        thread.join(10 * TIMEOUT_SCALE)
 
 
 def _send(gate: Gate, request: bytes) -> bytes:

@@ -14,7 +14,7 @@ from typing import Any, ClassVar
 
 import pytest
 
-from tests.support import TIMEOUT_SCALE, free_port, wait_until
+from tests.support import TIMEOUT_SCALE, free_port, wait_for
 from vllmwatch.config.schema import from_dict
 from vllmwatch.gate import exchange
 from vllmwatch.gate.runner import start_gate
@@ -41,7 +41,7 @@ class _Stream(http.server.BaseHTTPRequestHandler):
         self.end_headers()
         for i in range(TOKENS):
             if i == self.silent_after:
-                self.quiet.wait(60)  # (the gate cut it; the test's end releases it)
+                self.quiet.wait(60 * TIMEOUT_SCALE)  # (the gate cut it; the test's end releases it)
                 return
             self._chunk(b'data: {"tok": %d}\n\n' % i)
             time.sleep(TICK)  # the stream's own pace, not a wait for a condition
@@ -77,11 +77,11 @@ def _gate(monkeypatch: pytest.MonkeyPatch, silent_after: int | None) -> Iterator
         _Stream.quiet.set()
         srv.shutdown()
         srv.server_close()
-        thread.join(10)
+        thread.join(10 * TIMEOUT_SCALE)
 
 
 def _stream(port: int) -> bytes:
-    conn = http.client.HTTPConnection("127.0.0.1", port, timeout=60)
+    conn = http.client.HTTPConnection("127.0.0.1", port, timeout=60 * TIMEOUT_SCALE)
     try:
         conn.request("POST", "/v1/completions", b'{"prompt": "x", "stream": true}',
                      {"Content-Type": "application/json"})
@@ -98,7 +98,7 @@ def test_a_healthy_stream_longer_than_the_bound_reaches_its_client_whole(
         t0 = time.monotonic()
         body = _stream(gate.port)
         took = time.monotonic() - t0
-        wait_until(lambda: gate.snapshot()["in_flight"] == 0, 30, "the exchange ended")
+        wait_for(lambda: gate.snapshot()["in_flight"] == 0, 30, "the exchange ended")
         stats = gate.snapshot()
     assert took > IDLE, f"the stream took {took:.1f} s: not past the bound, nothing proven"
     assert body.count(b"data: {") == TOKENS and body.endswith(b"data: [DONE]\n\n"), body[-300:]
@@ -111,6 +111,6 @@ def test_a_vllm_silent_past_the_bound_mid_stream_is_cut_saying_so(
     with _gate(monkeypatch, 3) as gate:
         body = _stream(gate.port)
         # counted as the exchange ends, which may be after its client read the close
-        wait_until(lambda: gate.snapshot()["cut_midstream"] == 1, 30, "the cut counted")
+        wait_for(lambda: gate.snapshot()["cut_midstream"] == 1, 30, "the cut counted")
     assert body.count(b"data: {\"tok\"") == 3, body
     assert f"no byte from vLLM for {IDLE:g} s".encode() in body, body[-400:]

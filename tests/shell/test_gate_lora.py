@@ -12,14 +12,14 @@ from pathlib import Path
 import pytest
 
 from tests.shell.test_gate import Switch, fake_vllm, gate
-from tests.support import free_port
+from tests.support import TIMEOUT_SCALE, free_port
 from tests.support.tinylora import make
 from vllmwatch.gate.door import Readiness
 from vllmwatch.gate.replay import allowed
 
 
 def send(port: int, method: str, path: str, body: object = None) -> tuple[int, bytes]:
-    conn = http.client.HTTPConnection("127.0.0.1", port, timeout=20)
+    conn = http.client.HTTPConnection("127.0.0.1", port, timeout=20 * TIMEOUT_SCALE)
     try:
         conn.request(method, path, None if body is None else json.dumps(body),
                      {"Content-Type": "application/json"})

@@ -11,7 +11,7 @@ import contextlib
 import socket
 import threading
 
-from tests.support import free_port, wait_for
+from tests.support import TIMEOUT_SCALE, free_port, wait_for
 from tests.support.rawhttp import raw_upstream
 from vllmwatch.gate.door import Readiness
 from vllmwatch.gate.runner import Gate
@@ -22,7 +22,7 @@ OK = (b"HTTP/1.1 200 OK\r\nContent-Type: application/json\r\nContent-Length: 2\r
 
 def _exchange(port: int, request: bytes) -> bytes:
     out = b""
-    with socket.create_connection(("127.0.0.1", port), timeout=30) as s:
+    with socket.create_connection(("127.0.0.1", port), timeout=30 * TIMEOUT_SCALE) as s:
         s.sendall(request)
         while chunk := s.recv(65536):
             out += chunk
@@ -93,7 +93,7 @@ def test_a_request_that_never_connected_is_not_counted_sent_after_a_stop_order()
         client.start()
         wait_for(lambda: g.snapshot()["in_flight"] == 1, 30, "the send under way")
         g.stop_order(7)  # its wait for the pending send runs out; then "SIGTERM"
-        client.join(60)
+        client.join(60 * TIMEOUT_SCALE)
         snap = g.snapshot()
     finally:
         g.stop()

@@ -16,7 +16,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from tests.support import free_port
+from tests.support import TIMEOUT_SCALE, free_port
 from tests.support.secrets import known_key
 from vllmwatch.gate.door import Readiness
 from vllmwatch.gate.replay import CLIENT_PATHS, REPLAYABLE, allowed, refusal, upstream_target
@@ -115,7 +115,7 @@ def gate_over_recorder() -> Iterator[tuple[Gate, list[str]]]:
 
 def raw(port: int, method: str, target: str) -> tuple[int, bytes]:
     """Send the request line exactly as written (no client normalises it)."""
-    with socket.create_connection(("127.0.0.1", port), timeout=20) as sock:
+    with socket.create_connection(("127.0.0.1", port), timeout=20 * TIMEOUT_SCALE) as sock:
         body = b"{}" if method == "POST" else b""
         sock.sendall(f"{method} {target} HTTP/1.1\r\nHost: x\r\nConnection: close\r\n"
                      f"Content-Type: application/json\r\nContent-Length: {len(body)}\r\n\r\n"
@@ -188,7 +188,8 @@ def test_a_request_no_route_takes_gets_the_gates_json_404_and_a_connect_is_close
     with gate_over_recorder() as (g, seen):
         answers = []
         for request in unrouted:
-            with socket.create_connection(("127.0.0.1", g.port), timeout=20) as sock:
+            with socket.create_connection(("127.0.0.1", g.port),
+                                          timeout=20 * TIMEOUT_SCALE) as sock:
                 sock.sendall(request)
                 data = b""
                 while chunk := sock.recv(65536):  # the gate closes: no timeout reached

@@ -65,9 +65,9 @@ class _Handler(BaseHTTPRequestHandler):
             self._head()
             self._reset()
         elif answer == ("stream-hang",):  # a stuck engine: no answer, ever (until cut)
-            self.server.script.hung.wait(30)  # released at the test's end (setup)
+            self.server.script.hung.wait(30 * TIMEOUT_SCALE)  # released at the test's end (setup)
         elif isinstance(answer, tuple) and answer[0] == "later":  # answered once hung is set
-            self.server.script.hung.wait(30)
+            self.server.script.hung.wait(30 * TIMEOUT_SCALE)
             self._answer(*answer[1])
         elif isinstance(answer, tuple) and answer[0] == "stream":  # chunks, then reset or end
             self._head()

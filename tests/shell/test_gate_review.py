@@ -79,13 +79,13 @@ class ClosingUpstream:
 
     def __enter__(self) -> ClosingUpstream:
         self._thread.start()
-        assert self._ready.wait(10)
+        assert self._ready.wait(10 * TIMEOUT_SCALE)
         return self
 
     def __exit__(self, *_a: object) -> None:
         assert self._loop is not None
         self._loop.call_soon_threadsafe(self._stop.set)
-        self._thread.join(10)
+        self._thread.join(10 * TIMEOUT_SCALE)
 
 
 def test_the_gate_drops_idle_upstream_connections_before_vllm_does(

@@ -11,7 +11,7 @@ from typing import Any
 
 import pytest
 
-from tests.support import free_port, wait_until
+from tests.support import TIMEOUT_SCALE, free_port, wait_for
 from tests.support.rawhttp import raw_upstream
 from vllmwatch.config.schema import from_dict
 from vllmwatch.gate import proxy
@@ -33,7 +33,7 @@ def _drops(first: int) -> Callable[[socket.socket, int], None]:
 
 
 def _ask(port: int) -> tuple[int, bytes]:
-    conn = http.client.HTTPConnection("127.0.0.1", port, timeout=60)
+    conn = http.client.HTTPConnection("127.0.0.1", port, timeout=60 * TIMEOUT_SCALE)
     try:
         conn.request("POST", "/v1/completions", b'{"prompt": "x"}',
                      {"Content-Type": "application/json"})
@@ -57,7 +57,7 @@ def test_a_dropped_connection_of_a_vllm_that_serves_on_is_sent_again_to_it(
         assert gate is not None
         try:
             status, body = _ask(gate.port)
-            wait_until(lambda: gate.snapshot()["in_flight"] == 0, 30, "the exchange ended")
+            wait_for(lambda: gate.snapshot()["in_flight"] == 0, 30, "the exchange ended")
             stats = gate.snapshot()
         finally:
             gate.stop()

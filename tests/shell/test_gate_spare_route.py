@@ -15,7 +15,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.support import free_port, wait_until
+from tests.support import TIMEOUT_SCALE, free_port, wait_for
 from vllmwatch.gate.door import Readiness
 from vllmwatch.gate.runner import Gate
 
@@ -25,7 +25,7 @@ def _handler(name: str, release: threading.Event | None = None) -> type[BaseHTTP
         def do_POST(self) -> None:
             self.rfile.read(int(self.headers.get("Content-Length") or 0))
             if release is not None:
-                release.wait(20)
+                release.wait(60 * TIMEOUT_SCALE)  # held until released: outlives the waits
             body = json.dumps({"engine": name}).encode()
             self.send_response(200)
             self.send_header("Content-Type", "application/json")
@@ -67,7 +67,7 @@ def engines(tmp_path: Path) -> Iterator[tuple[int, str, threading.Event]]:
 
 
 def _ask(port: int) -> str:
-    conn = http.client.HTTPConnection("127.0.0.1", port, timeout=30)
+    conn = http.client.HTTPConnection("127.0.0.1", port, timeout=30 * TIMEOUT_SCALE)
     try:
         conn.request("POST", "/v1/completions", json.dumps({"prompt": "x"}),
                      {"Content-Type": "application/json"})
@@ -98,12 +98,12 @@ def test_the_gate_routes_to_the_spare_while_it_serves_and_back(
         held = threading.Thread(target=lambda: got.append(_ask(listen)))
         held.start()
         try:
-            wait_until(lambda: gate.forwarder.spare_in_flight == 1, 20, "spare in flight")
+            wait_for(lambda: gate.forwarder.spare_in_flight == 1, 20, "spare in flight")
             serving[0] = "full"
             assert _ask(listen) == "full"  # new requests go back; the spare finishes its own
         finally:
             release.set()
-            held.join(30)
+            held.join(30 * TIMEOUT_SCALE)
         assert got == ["spare"] and gate.forwarder.spare_in_flight == 0
     finally:
         gate.stop()

@@ -13,7 +13,7 @@ from contextlib import contextmanager, suppress
 
 import pytest
 
-from tests.support import free_port, wait_until
+from tests.support import TIMEOUT_SCALE, free_port, wait_for
 from tests.support.rawhttp import raw_upstream
 from vllmwatch.config.schema import from_dict
 from vllmwatch.gate import proxy
@@ -54,7 +54,7 @@ def _gate(answers: list[Answer]) -> Iterator[tuple[int, list[bytes], Gate]]:
 
 
 def _stream(port: int) -> tuple[int, bytes]:
-    conn = http.client.HTTPConnection("127.0.0.1", port, timeout=60)
+    conn = http.client.HTTPConnection("127.0.0.1", port, timeout=60 * TIMEOUT_SCALE)
     try:
         conn.request("POST", "/v1/completions", b'{"prompt": "x", "stream": true}',
                      {"Content-Type": "application/json"})
@@ -74,7 +74,7 @@ def test_an_end_of_stream_split_across_reads_is_still_the_end(cut: bytes) -> Non
     with _gate([lambda c: _pieces(c, HEAD + _chunk(b'data: {"tok": 1}\n\n'), _chunk(cut),
                                   _chunk(rest))]) as (port, _seen, gate):  # no 0-chunk: lost
         status, body = _stream(port)
-        wait_until(lambda: gate.snapshot()["in_flight"] == 0, 30, "the exchange ended")
+        wait_for(lambda: gate.snapshot()["in_flight"] == 0, 30, "the exchange ended")
         stats = gate.snapshot()
     assert status == 200 and body.endswith(done) and b'"error"' not in body, body
     assert stats["cut_midstream"] == 0 and stats["failed_midrequest"] == 0, stats
@@ -89,7 +89,7 @@ def test_a_dead_engines_first_event_split_across_reads_is_replayed(
         HEAD + _chunk(b'data: {"tok": "ok"}\n\n') + _chunk(b"data: [DONE]\n\n") + b"0\r\n\r\n")
     with _gate([dead, fine]) as (port, seen, gate):
         status, body = _stream(port)
-        wait_until(lambda: gate.snapshot()["in_flight"] == 0, 30, "the exchange ended")
+        wait_for(lambda: gate.snapshot()["in_flight"] == 0, 30, "the exchange ended")
         stats = gate.snapshot()
     assert status == 200 and b'"tok": "ok"' in body and b"EngineCore" not in body, body
     assert len(seen) == 2 and stats["replayed"] == 1, stats
@@ -107,7 +107,7 @@ def test_a_first_event_vllm_never_finished_is_no_begun_answer(
         HEAD + _chunk(b'data: {"tok": "ok"}\n\n') + _chunk(b"data: [DONE]\n\n") + b"0\r\n\r\n")
     with _gate([half, fine]) as (port, seen, gate):
         status, body = _stream(port)
-        wait_until(lambda: gate.snapshot()["in_flight"] == 0, 30, "the exchange ended")
+        wait_for(lambda: gate.snapshot()["in_flight"] == 0, 30, "the exchange ended")
         stats = gate.snapshot()
     assert status == 200 and b'"tok": "ok"' in body and b'"hel' not in body, body
     assert len(seen) == 2 and stats["replayed"] == 1 and stats["cut_midstream"] == 0, stats

@@ -20,12 +20,13 @@ from typing import Any, ClassVar
 import psutil
 import pytest
 
-from tests.support import free_port, wait_until
+from tests.support import TIMEOUT_SCALE, free_port, wait_for
 from vllmwatch.gate import guard
 from vllmwatch.gate.door import Readiness
 from vllmwatch.gate.runner import Gate
 from vllmwatch.shell import logs
 
+READ = 20.0 * TIMEOUT_SCALE  # a socket's bound on an expected answer or close
 REQUEST = (b"POST /v1/chat/completions HTTP/1.1\r\nHost: x\r\nContent-Type: application/json"
            b"\r\nContent-Length: 2\r\n\r\n{}")
 
@@ -83,7 +84,7 @@ def _gate(max_connections: int = 4, big: bytes = b"") -> Iterator[Gate]:
         g.stop()
         srv.shutdown()
         srv.server_close()
-        thread.join(10)
+        thread.join(10 * TIMEOUT_SCALE)
 
 
 def _reader(port: int) -> socket.socket:
@@ -95,7 +96,7 @@ def _reader(port: int) -> socket.socket:
     return s
 
 
-def _get(port: int, timeout: float = 20.0) -> bytes:
+def _get(port: int, timeout: float = READ) -> bytes:
     with socket.create_connection(("127.0.0.1", port), timeout=timeout) as s:
         s.sendall(b"GET /v1/models HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n")
         out = b""
@@ -110,9 +111,9 @@ def test_clients_that_stop_reading_a_stream_are_cut_and_others_get_in(
     with _gate(max_connections=4) as g, ExitStack() as stack:
         for _ in range(4):  # as many as the cap, each with its stream in flight
             stack.callback(_reader(g.port).close)
-        wait_until(lambda: g.snapshot()["in_flight"] == 4, 30, "4 streams in flight")
+        wait_for(lambda: g.snapshot()["in_flight"] == 4, 30, "4 streams in flight")
         # the writes stall (nobody reads): the gate cuts them, the slots come back
-        wait_until(lambda: g.snapshot()["connections"] == 0, 60, "the stalled ones cut")
+        wait_for(lambda: g.snapshot()["connections"] == 0, 60, "the stalled ones cut")
         assert _get(g.port).startswith(b"HTTP/1.1 200"), "a new client is served"
         assert g.snapshot()["in_flight"] == 0
 
@@ -133,15 +134,15 @@ def test_an_unread_whole_answer_leaves_no_socket_after_the_idle_deadline(
     with _gate(max_connections=4, big=big) as g, ExitStack() as stack:
         for _ in range(4):
             stack.callback(_reader(g.port).close)  # open, never read
-        wait_until(lambda: len(_Vllm.seen) == 4, 30, "vLLM answered all 4")
-        wait_until(lambda: g.snapshot()["idle_timeouts"] >= 4, 30, "the idle sweep")
+        wait_for(lambda: len(_Vllm.seen) == 4, 30, "vLLM answered all 4")
+        wait_for(lambda: g.snapshot()["idle_timeouts"] >= 4, 30, "the idle sweep")
         # the sweep let go of them: their sockets and unsent bytes go too (close() kept both
         # while the client did not read, uncounted, past max_connections)
-        wait_until(lambda: not _gate_sockets(g.port), 30, "no gate socket left")
+        wait_for(lambda: not _gate_sockets(g.port), 30, "no gate socket left")
 
 
 def test_a_refused_body_closes_the_connection_it_said_it_would() -> None:
-    with _gate() as g, socket.create_connection(("127.0.0.1", g.port), timeout=20) as s:
+    with _gate() as g, socket.create_connection(("127.0.0.1", g.port), timeout=READ) as s:
         huge = guard.MAX_BODY + 1
         # the body whole, then a pipelined request (the gate may close while it comes)
         with contextlib.suppress(BrokenPipeError, ConnectionResetError):
@@ -160,7 +161,7 @@ def test_a_refused_body_closes_the_connection_it_said_it_would() -> None:
 
 
 def test_a_request_head_of_too_many_fields_is_refused() -> None:
-    with _gate() as g, socket.create_connection(("127.0.0.1", g.port), timeout=20) as s:
+    with _gate() as g, socket.create_connection(("127.0.0.1", g.port), timeout=READ) as s:
         fields = b"".join(b"X-F%d: v\r\n" % i for i in range(guard.MAX_HEADERS + 1))
         s.sendall(b"GET /v1/models HTTP/1.1\r\nHost: x\r\n" + fields + b"\r\n")
         out = s.recv(65536)
@@ -179,11 +180,11 @@ def test_a_request_aiohttp_cannot_parse_is_logged_without_its_bytes(header: byte
     old = logging.root.handlers[:]
     logs.setup(fmt="json", stream=buf, environ={})
     try:
-        with _gate() as g, socket.create_connection(("127.0.0.1", g.port), timeout=20) as s:
+        with _gate() as g, socket.create_connection(("127.0.0.1", g.port), timeout=READ) as s:
             s.sendall(b"POST /v1/completions HTTP/1.1\r\nHost: x\r\n" + header +
                       b"\r\nContent-Length: 2\r\n\r\n{}")
             assert s.recv(65536).startswith((b"HTTP/1.1 400", b"HTTP/1.0 400"))
-            wait_until(lambda: "library.message" in buf.getvalue(), 20, "the parse error")
+            wait_for(lambda: "library.message" in buf.getvalue(), 20, "the parse error")
     finally:
         logging.root.handlers[:] = old
     said = [json.loads(line) for line in buf.getvalue().splitlines()

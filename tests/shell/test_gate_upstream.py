@@ -13,7 +13,7 @@ from typing import Any, ClassVar
 
 import pytest
 
-from tests.support import free_port, wait_until
+from tests.support import TIMEOUT_SCALE, free_port, wait_for
 from vllmwatch.config.schema import from_dict
 from vllmwatch.core.restart import Phase
 from vllmwatch.gate.runner import start_gate, upstream_of
@@ -55,7 +55,7 @@ def _ipv6_only_upstream() -> Iterator[int]:
     finally:
         srv.shutdown()
         srv.server_close()
-        thread.join(10)
+        thread.join(10 * TIMEOUT_SCALE)
 
 
 @pytest.mark.parametrize("host,expected", [
@@ -82,7 +82,7 @@ def test_the_gate_reaches_an_ipv6_only_vllm_on_the_wildcard() -> None:
         gate = start_gate(config, log, lambda: Snapshot(state="ready", ready=True))
         assert gate is not None and not errors, errors
         try:
-            conn = http.client.HTTPConnection("127.0.0.1", gate.port, timeout=20)
+            conn = http.client.HTTPConnection("127.0.0.1", gate.port, timeout=20 * TIMEOUT_SCALE)
             conn.request("POST", "/v1/completions", b'{"prompt": "x"}',
                          {"Content-Type": "application/json"})
             resp = conn.getresponse()
@@ -124,7 +124,7 @@ def test_nothing_new_goes_to_an_engine_once_its_restart_has_begun(phase: str) ->
     answer: dict[str, Any] = {}
 
     def client() -> None:
-        conn = http.client.HTTPConnection("127.0.0.1", gate.port, timeout=60)
+        conn = http.client.HTTPConnection("127.0.0.1", gate.port, timeout=60 * TIMEOUT_SCALE)
         conn.request("POST", "/v1/completions", b'{"prompt": "x"}',
                      {"Content-Type": "application/json"})
         resp = conn.getresponse()
@@ -134,19 +134,19 @@ def test_nothing_new_goes_to_an_engine_once_its_restart_has_begun(phase: str) ->
     sender = threading.Thread(target=client, daemon=True)
     try:
         sender.start()
-        wait_until(lambda: gate.forwarder.stats.held == 1, 30, "the request held at the door")
+        wait_for(lambda: gate.forwarder.stats.held == 1, 30, "the request held at the door")
         seen = reads[0]
-        wait_until(lambda: reads[0] >= seen + 4, 30, "the door looked again, twice or more")
+        wait_for(lambda: reads[0] >= seen + 4, 30, "the door looked again, twice or more")
         assert _Counting.seen == [] and "got" not in answer
         snap["now"] = Snapshot(state="ready", ready=True, child_pid=101)  # the next engine
-        sender.join(30)
+        sender.join(30 * TIMEOUT_SCALE)
         assert answer.get("got") == (200, b'{"choices": [{"text": "v6"}]}')
         assert _Counting.seen == ["/v1/completions"]
     finally:
         gate.stop()
         srv.shutdown()
         srv.server_close()
-        thread.join(10)
+        thread.join(10 * TIMEOUT_SCALE)
 
 
 class _Headers(_Answer):
@@ -178,7 +178,7 @@ def test_the_gate_adds_no_header_the_client_did_not_send(sent: dict[str, str]) -
                       lambda: Snapshot(state="ready", ready=True))
     assert gate is not None
     try:
-        with socket.create_connection(("127.0.0.1", gate.port), timeout=30) as sock:
+        with socket.create_connection(("127.0.0.1", gate.port), timeout=30 * TIMEOUT_SCALE) as sock:
             body = b'{"prompt": "x"}'
             head = "".join(f"{k}: {v}\r\n" for k, v in sent.items())
             sock.sendall(f"POST /v1/completions HTTP/1.1\r\nHost: vllm\r\nContent-Length: "
@@ -196,4 +196,4 @@ def test_the_gate_adds_no_header_the_client_did_not_send(sent: dict[str, str]) -
         gate.stop()
         srv.shutdown()
         srv.server_close()
-        thread.join(10)
+        thread.join(10 * TIMEOUT_SCALE)

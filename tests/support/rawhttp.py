@@ -8,6 +8,8 @@ import threading
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager, suppress
 
+from vllmwatch.testing.waiting import TIMEOUT_SCALE
+
 
 def read_request(sock: socket.socket) -> tuple[bytes, bytes] | None:
     """(head, body) of the next request; None when the peer closed before a whole head."""
@@ -41,7 +43,7 @@ def raw_upstream(answer: Callable[[socket.socket, int], None]
             except OSError:
                 return
             with conn:
-                conn.settimeout(30)
+                conn.settimeout(30 * TIMEOUT_SCALE)
                 got = read_request(conn)
                 if got is not None:
                     seen.append(got[0])
@@ -55,5 +57,5 @@ def raw_upstream(answer: Callable[[socket.socket, int], None]
         with suppress(OSError):
             srv.shutdown(socket.SHUT_RDWR)  # wakes its accept(); close() alone does not
         srv.close()
-        thread.join(10)
+        thread.join(10 * TIMEOUT_SCALE)
         assert not thread.is_alive()

@@ -175,9 +175,11 @@ class Daemon:
             self._reader.join(5.0 * TIMEOUT_SCALE)
         return code
 
-    def stop(self, timeout: float = 20.0) -> tuple[int | None, float | None]:
+    def stop(self, timeout: float = 20.0 * TIMEOUT_SCALE) -> tuple[int | None, float | None]:
         """SIGTERM, wait up to timeout, then SIGKILL (its group with own_session): the exit
-        code and the seconds it took to exit (None when it had exited already)."""
+        code and the seconds it took to exit (None when it had exited already). The default
+        scales (TIMEOUT_SCALE): callers assert on the exit code, which a SIGKILL that a loaded
+        box's slow exit drew would turn into a failure."""
         if self.proc is None:
             return None, None
         took = None
