@@ -21,7 +21,7 @@ from vllmwatch.config import flags, flagvalues, units, vllmflags
 from vllmwatch.config.redact import REDACT
 from vllmwatch.config.schema import from_dict
 from vllmwatch.shell import versions
-from vllmwatch.testing.waiting import wait_until
+from vllmwatch.testing.waiting import wait_for
 
 FIXTURES = Path(__file__).resolve().parent.parent / "shell" / "fixtures"
 
@@ -160,7 +160,7 @@ def test_the_daemon_renews_an_older_cache_in_the_background(tmp_path: Path) -> N
         with versions._lock:
             return not versions._asking
 
-    wait_until(asked_done, 60, "the background ask of vLLM's flags to end")
+    wait_for(asked_done, 60, "the background ask of vLLM's flags to end")
     with lock:
         asked = [f for _, e, f in logged if e == "vllm.flags_unchecked"]
     assert asked and "older vllmwatch" in asked[0]["detail"], logged

@@ -7,6 +7,8 @@ from __future__ import annotations
 import re
 from pathlib import Path
 
+from vllmwatch.testing.waiting import TIMEOUT_SCALE
+
 REPO = Path(__file__).resolve().parents[2]
 SWITCH = "VLLMWATCH_SKIP_SYSTEM_TIER"
 
@@ -91,7 +93,7 @@ def test_build_deb_reads_the_version_with_a_python_without_tomllib(tmp_path: Pat
     line = script[start:script.index('"$REPO/pyproject.toml")', start)]
     line += '"$REPO/pyproject.toml")'
     proc = subprocess.run(["bash", "-c", f'{line}\necho "$VERSION"'], capture_output=True,
-                          text=True, timeout=60, check=False,
+                          text=True, timeout=60 * TIMEOUT_SCALE, check=False,
                           env={"PATH": "/usr/bin:/bin", "PYTHONPATH": str(shadow),
                                "REPO": str(REPO), "PYTHON": sys.executable})
     want = tomllib.loads((REPO / "pyproject.toml").read_text())["project"]["version"]

@@ -50,7 +50,7 @@ def test_optional_adapter_vllm_refuses_at_start_is_left_out_and_reported(
             "failed" and "lora.start_refused" in rows["chat"]["error"], rows
         shown = subprocess.run([PYTHON, "-m", "vllmwatch", "status", "--url",
                                 f"http://127.0.0.1:{status_port}"], capture_output=True,
-                               text=True, timeout=30)
+                               text=True, timeout=30 * TIMEOUT_SCALE)
         assert "adapter sql" in shown.stdout and "adapter chat" in shown.stdout and \
             "failed (not required): left out" in shown.stdout, shown.stdout + shown.stderr
     finally:

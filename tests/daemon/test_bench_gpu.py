@@ -27,7 +27,7 @@ from bench.gpu.phases import PHASES
 from bench.gpu.phases.caches import STEPS
 from bench.gpu.phases.hangs import DRY_RUNS
 from bench.gpu.run import Run
-from tests.support import FAKE, REPO, wait_for
+from tests.support import FAKE, REPO, TIMEOUT_SCALE, wait_for
 from tests.support.procs import owned
 from vllmwatch.testing.fake_nvml import FakeGpu, FakeNvml
 
@@ -181,7 +181,7 @@ def test_vllm_h200_drive_runs_from_an_export(tmp_path: Path) -> None:
            f"{os.environ.get('PATH', '')}"}
     r = subprocess.run(["bash", str(export / "bench/gpu/vllm_h200.sh"), "drive", "probe0",
                         "--budget", "120"], cwd=tmp_path, env=env, capture_output=True,
-                       text=True, timeout=300)
+                       text=True, timeout=300 * TIMEOUT_SCALE)
     assert r.returncode == 0, r.stdout[-2000:] + r.stderr[-2000:]
     got = [json.loads(ln) for ln in (tmp_path / "out" / "summary.jsonl").read_text().splitlines()]
     assert [ln["status"] for ln in got if ln["what"] == "end"] == ["ok"]
@@ -215,7 +215,7 @@ def test_fork_or_spawn_is_told_by_the_memory_layout(method: str) -> None:
         assert mine is not None and theirs is not None and mine == theirs
     finally:
         child.kill()
-        child.join(10)
+        child.join(10 * TIMEOUT_SCALE)
 
 
 def test_the_spare_phase_takes_its_faults_and_the_spare_off_from_the_environment() -> None:

@@ -15,7 +15,7 @@ from typing import Any
 
 import pytest
 
-from tests.support import Daemon, base_config, free_port, merge, to_toml, wait_for
+from tests.support import TIMEOUT_SCALE, Daemon, base_config, free_port, merge, to_toml, wait_for
 from vllmwatch.core import exitcodes
 from vllmwatch.testing.daemon import run_argv
 
@@ -64,7 +64,7 @@ def test_a_config_replaced_by_a_fifo_or_device_is_a_clear_failed_reload(
     wait_for(lambda: d.http_get("/readyz")[0] == 200, 10, "/readyz after the failed reload")
     assert d.http_get("/livez")[0] == 200
     d.signal(signal.SIGTERM)
-    assert d.wait_exit(30) == 0
+    assert d.wait_exit(30 * TIMEOUT_SCALE) == 0
 
 
 def test_an_empty_api_key_file_at_start_is_retried_not_exit_2(daemon: Factory,
@@ -88,7 +88,7 @@ def test_a_fifo_api_key_file_is_a_config_error(daemon: Factory, tmp_path: Path) 
     d = daemon({"vllm": {"api_key_file": str(key)}})
     failed = d.wait_event("child.spawn_failed", 30)
     assert str(key) in failed["error"] and "FIFO" in failed["error"]
-    assert d.wait_exit(30) == exitcodes.CONFIG
+    assert d.wait_exit(30 * TIMEOUT_SCALE) == exitcodes.CONFIG
 
 
 @pytest.mark.skipif(shutil.which("prlimit") is None, reason="needs prlimit (util-linux)")
@@ -108,7 +108,7 @@ def test_a_command_line_and_environment_past_the_kernel_s_limit_is_a_config_erro
         failed = d.wait_event("child.spawn_failed", 30)
         assert "Argument list too long" in failed["error"] and "[vllm.env]" in failed["error"]
         assert len(failed["error"]) < 1000, "a value was echoed"
-        assert d.wait_exit(30) == exitcodes.CONFIG
+        assert d.wait_exit(30 * TIMEOUT_SCALE) == exitcodes.CONFIG
         assert d.named("restart.begin") == []
     finally:
         d.close()
@@ -168,7 +168,7 @@ def test_sighup_rebinds_status_listen_and_reports_gate_keys_needing_a_restart(
              d.http_get("/status")[1], 10, "restart_required in /status")
     host, port = old.rsplit(":", 1)
     with pytest.raises(ConnectionRefusedError):  # the old address is closed
-        socket.create_connection((host, int(port)), timeout=5).close()
+        socket.create_connection((host, int(port)), timeout=5 * TIMEOUT_SCALE).close()
 
 
 def test_a_sighup_to_a_fifo_api_key_file_is_refused_and_the_running_config_kept(
@@ -224,7 +224,8 @@ def test_idle_gate_clients_past_the_budget_are_shed_and_the_watchdog_goes_on(
         budget = d.wait_event("fd.budget", 5)
         assert budget["nofile"] == limit and budget["gate_connections"] < limit // 2
         for _ in range(1100):
-            socks.append(socket.create_connection(("127.0.0.1", gate_port), timeout=10))
+            socks.append(socket.create_connection(("127.0.0.1", gate_port),
+                                                  timeout=10 * TIMEOUT_SCALE))
         refused = d.wait_event("gate.refused", 20)
         # past the gate's share: each newcomer closes the longest idle one (all are idle
         # here), or is shed when none is idle; either way the share is never passed

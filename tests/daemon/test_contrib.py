@@ -161,13 +161,13 @@ def _tool(name: str) -> str:
 
 def test_promtool_check_rules() -> None:
     out = subprocess.run([_tool("promtool"), "check", "rules", str(RULES)],
-                         capture_output=True, text=True, timeout=60, check=False)
+                         capture_output=True, text=True, timeout=60 * TIMEOUT_SCALE, check=False)
     assert out.returncode == 0, out.stdout + out.stderr
 
 
 def test_promtool_test_rules_covers_every_alert() -> None:
     out = subprocess.run([_tool("promtool"), "test", "rules", str(RULE_TESTS)],
-                         capture_output=True, text=True, timeout=60, check=False)
+                         capture_output=True, text=True, timeout=60 * TIMEOUT_SCALE, check=False)
     assert out.returncode == 0, out.stdout + out.stderr
     alerts = {r["alert"] for g in yaml.safe_load(RULES.read_text())["groups"] for r in g["rules"]}
     tests = yaml.safe_load(RULE_TESTS.read_text())["tests"]
@@ -179,7 +179,7 @@ def test_promtool_test_rules_covers_every_alert() -> None:
 def _query(port: int, expr: str) -> dict[str, Any]:
     url = f"http://127.0.0.1:{port}/api/v1/query?" + urllib.parse.urlencode({"query": expr})
     try:
-        with urllib.request.urlopen(url, timeout=10) as resp:
+        with urllib.request.urlopen(url, timeout=10 * TIMEOUT_SCALE) as resp:
             return dict(json.load(resp))
     except urllib.error.HTTPError as exc:  # 400 carries the parse error
         return dict(json.load(exc))
@@ -242,7 +242,7 @@ def test_dashboard_queries_run_in_prometheus(daemon: Daemon, tmp_path: Path) -> 
             proc.wait(10)
         except subprocess.TimeoutExpired:
             proc.kill()
-            proc.wait(5)
+            proc.wait(5 * TIMEOUT_SCALE)
 
 
 def test_operations_doc_names_every_metric_and_alert(exposed: set[str]) -> None:
@@ -273,7 +273,8 @@ def test_the_real_daemon_answers_probes_past_a_crowd_of_idle_clients(daemon: Dae
     """Wired as in production: probes in time, the idle clients cut, counted and logged once."""
     host, port = daemon.status_listen.rsplit(":", 1)
     since, before = daemon.mark(), _rejected(daemon, "timeout")
-    crowd = [socket.create_connection((host, int(port)), timeout=5) for _ in range(100)]
+    crowd = [socket.create_connection((host, int(port)), timeout=5 * TIMEOUT_SCALE)
+             for _ in range(100)]
     try:
         for path, expected in (("/livez", 200), ("/readyz", 200)):
             began = time.monotonic()
@@ -294,7 +295,7 @@ def test_exposition_passes_promtools_naming_lint(daemon: Daemon) -> None:
     code, body = daemon.http_get("/metrics")
     assert code == 200
     out = subprocess.run([_tool("promtool"), "check", "metrics"], input=body,
-                         capture_output=True, timeout=60, check=False)
+                         capture_output=True, timeout=60 * TIMEOUT_SCALE, check=False)
     assert out.returncode == 0 and not out.stdout.strip(), (out.stdout + out.stderr).decode()
 
 

@@ -83,7 +83,7 @@ def test_sleep_queues_requests_drops_memory_and_wake_restores_both(tmp_path: Pat
         assert FakeNvml([FakeGpu(ledger=ledger)]).nvmlDeviceGetComputeRunningProcesses(0)[
             0].pid == pid
         out, t = in_thread(lambda: http(f.port, "/v1/completions", {
-            "model": "fake", "prompt": "a", "max_tokens": 2}, key="k", timeout=60))
+            "model": "fake", "prompt": "a", "max_tokens": 2}, key="k", timeout=60 * TIMEOUT_SCALE))
         t.join(0.5)
         assert t.is_alive() and out == []  # queued, not refused, while asleep
         assert http(f.port, "/wake_up", {})[0] == 200
@@ -98,7 +98,7 @@ def test_sleep_queues_requests_drops_memory_and_wake_restores_both(tmp_path: Pat
 
 def test_sleep_aborts_requests_in_flight_by_default(tmp_path: Path, ledger: str) -> None:
     with fake(tmp_path, *SPARE, "--slow-completion", "60", "--sleep-api", "0.32") as f:
-        out, t = in_thread(lambda: completion(f.port, timeout=60))
+        out, t = in_thread(lambda: completion(f.port, timeout=60 * TIMEOUT_SCALE))
         wait_for(lambda: f.metrics().get("vllm:num_requests_running", 0) >= 1, 10,
                  "the request running")
         status, body = http(f.port, "/sleep", {})
@@ -135,7 +135,7 @@ def test_a_wake_fails_or_hangs_on_demand(tmp_path: Path, ledger: str) -> None:
         assert nvml_used(ledger) == pytest.approx(ASLEEP, abs=1)
         fail.unlink()
         hang.touch()
-        out, t = in_thread(lambda: http(f.port, "/wake_up", {}, timeout=60))
+        out, t = in_thread(lambda: http(f.port, "/wake_up", {}, timeout=60 * TIMEOUT_SCALE))
         t.join(0.5)
         assert t.is_alive() and out == []  # hangs while the file is there
         hang.unlink()
@@ -184,7 +184,7 @@ def test_sleep_mode_exits_on_cpu(tmp_path: Path) -> None:
 
 class _UnixConnection(httpclient.HTTPConnection):
     def __init__(self, path: str) -> None:
-        super().__init__("localhost", timeout=5)
+        super().__init__("localhost", timeout=5 * TIMEOUT_SCALE)
         self.path = path
 
     def connect(self) -> None:

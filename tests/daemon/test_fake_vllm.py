@@ -250,7 +250,7 @@ def _raw_stream(port: int) -> bytes:
     import socket
 
     body = json.dumps({"model": "fake", "prompt": "a b", "max_tokens": 3, "stream": True})
-    with socket.create_connection(("127.0.0.1", port), timeout=30) as sock:
+    with socket.create_connection(("127.0.0.1", port), timeout=30 * TIMEOUT_SCALE) as sock:
         sock.sendall(f"POST /v1/completions HTTP/1.1\r\nHost: x\r\nContent-Type: "
                      f"application/json\r\nContent-Length: {len(body)}\r\n\r\n{body}".encode())
         out = b""
@@ -271,7 +271,7 @@ def test_a_stream_ends_as_vllms_does_chunked_with_done_and_the_last_chunk(
         head, _, body = raw.partition(b"\r\n\r\n")
         assert b"Transfer-Encoding: chunked" in head and head.startswith(b"HTTP/1.1 200")
         assert body.endswith(b"data: [DONE]\n\n\r\n0\r\n\r\n"), body[-80:]
-        conn = http.client.HTTPConnection("127.0.0.1", f.port, timeout=30)
+        conn = http.client.HTTPConnection("127.0.0.1", f.port, timeout=30 * TIMEOUT_SCALE)
         conn.request("POST", "/v1/completions", json.dumps(
             {"model": "fake", "prompt": "a", "max_tokens": 2, "stream": True}))
         data = conn.getresponse().read()  # raises IncompleteRead on a cut body
@@ -286,7 +286,7 @@ def test_a_cut_stream_is_an_injected_fault_and_reads_as_cut(tmp_path: Path) -> N
         wait_for(lambda: f.health() == 200, 20, "ready")
         raw = _raw_stream(f.port)
         assert raw.count(b"data: ") == 1 and not raw.endswith(b"0\r\n\r\n"), raw[-80:]
-        conn = http.client.HTTPConnection("127.0.0.1", f.port, timeout=30)
+        conn = http.client.HTTPConnection("127.0.0.1", f.port, timeout=30 * TIMEOUT_SCALE)
         conn.request("POST", "/v1/completions", json.dumps(
             {"model": "fake", "prompt": "a b", "max_tokens": 3, "stream": True}))
         with pytest.raises(http.client.IncompleteRead):

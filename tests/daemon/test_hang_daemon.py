@@ -16,7 +16,7 @@ from typing import Any
 
 import pytest
 
-from tests.support import FAKE, Daemon, free_port, ts_of, wait_for
+from tests.support import FAKE, TIMEOUT_SCALE, Daemon, free_port, ts_of, wait_for
 
 
 def shipped(port: int, status_port: int, fake_args: list[str]) -> dict[str, dict[str, Any]]:
@@ -51,7 +51,7 @@ class Clients:
     def _run(self) -> None:
         body = json.dumps({"model": "tiny", "prompt": "a b c d", "max_tokens": self.max_tokens})
         while not self.stop.is_set():
-            conn = http.client.HTTPConnection("127.0.0.1", self.port, timeout=60)
+            conn = http.client.HTTPConnection("127.0.0.1", self.port, timeout=60 * TIMEOUT_SCALE)
             try:
                 conn.request("POST", "/v1/completions", body,
                              {"Content-Type": "application/json"})
@@ -65,7 +65,7 @@ class Clients:
     def close(self) -> None:
         self.stop.set()
         for t in self.threads:
-            t.join(70)
+            t.join(70 * TIMEOUT_SCALE)
 
 
 def start(d: Daemon, fake_args: list[str]) -> None:

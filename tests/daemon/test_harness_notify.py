@@ -9,7 +9,7 @@ import socket
 import subprocess
 import sys
 
-from tests.support import NotifyListener, wait_for
+from tests.support import TIMEOUT_SCALE, NotifyListener, wait_for
 
 SCRIPT = """
 import json, sys
@@ -23,7 +23,7 @@ print(json.dumps(n.path))
 
 def _path_after_exit(how: str) -> str:
     out = subprocess.run([sys.executable, "-c", SCRIPT, how], capture_output=True, text=True,
-                         timeout=60, check=True).stdout
+                         timeout=60 * TIMEOUT_SCALE, check=True).stdout
     return str(json.loads(out))
 
 

@@ -15,7 +15,7 @@ from pathlib import Path
 import psutil
 import pytest
 
-from tests.support import free_port, wait_until
+from tests.support import free_port, wait_for
 from vllmwatch.migrate import proc, runner
 
 if sys.version_info >= (3, 11):
@@ -80,7 +80,7 @@ def engine_of(pid: int) -> int:
 def test_from_the_engine_pid_to_a_config(
         running: tuple[subprocess.Popen[bytes], Path, int], tmp_path: Path) -> None:
     child, work, port = running
-    engine = wait_until(lambda: engine_of(child.pid), 30, "the fake vLLM's EngineCore")
+    engine = wait_for(lambda: engine_of(child.pid), 30, "the fake vLLM's EngineCore")
     assert proc.vllm_root(engine)[0] == child.pid
     out, err = io.StringIO(), io.StringIO()
     req = runner.Request([], engine, str(tmp_path / "etc" / "vllmwatch.toml"), stdout=True,
@@ -108,7 +108,7 @@ def test_from_the_engine_pid_to_a_config(
 def test_what_a_supervising_vllmwatch_injected_is_not_copied(
         supervised: tuple[subprocess.Popen[bytes], Path, int], tmp_path: Path) -> None:
     child, _, _ = supervised
-    wait_until(lambda: engine_of(child.pid), 30, "the fake vLLM's EngineCore")
+    wait_for(lambda: engine_of(child.pid), 30, "the fake vLLM's EngineCore")
     out, err = io.StringIO(), io.StringIO()
     req = runner.Request([], child.pid, str(tmp_path / "etc" / "vllmwatch.toml"), stdout=True,
                          fast=True)

@@ -12,7 +12,16 @@ from pathlib import Path
 import psutil
 import pytest
 
-from tests.support import FIRST_READY_S, Daemon, base_config, free_port, http, merge, wait_for
+from tests.support import (
+    FIRST_READY_S,
+    TIMEOUT_SCALE,
+    Daemon,
+    base_config,
+    free_port,
+    http,
+    merge,
+    wait_for,
+)
 from vllmwatch.core import exitcodes
 
 # These tests assert that the first daemon's vLLM is never touched, so its probes must not
@@ -39,7 +48,7 @@ def test_a_second_daemon_on_the_same_config_exits_at_once_touching_nothing(
         child = _child_pid(first)
         mark = first.mark()
         second.start()
-        assert second.wait_exit(30) == exitcodes.ALREADY_RUNNING
+        assert second.wait_exit(30 * TIMEOUT_SCALE) == exitcodes.ALREADY_RUNNING
         [said] = second.named("daemon.exiting")
         assert said["reason"] == "already_running" and said["holder_pid"] == first.pid
         assert said["lock"].endswith(".lock") and str(first.pid) in said["detail"]
@@ -62,7 +71,7 @@ def test_a_killed_daemon_leaves_no_stale_lock(tmp_path: Path) -> None:
         first.wait_ready(30)
         old_child = _child_pid(first)
         first.signal(signal.SIGKILL)  # its vLLM tree lives on; the kernel drops the flock
-        first.wait_exit(10)
+        first.wait_exit(10 * TIMEOUT_SCALE)
         second.start()
         second.wait_ready(30)
         killed = second.wait_event("leftovers.killed", 10)
@@ -89,7 +98,7 @@ def test_without_a_lock_a_live_daemons_tree_is_not_a_leftover(tmp_path: Path) ->
         assert first.named("daemon.unlocked")
         mark = first.mark()
         second.start()
-        assert second.wait_exit(30) == exitcodes.START  # vllm.port is the first's
+        assert second.wait_exit(30 * TIMEOUT_SCALE) == exitcodes.START  # vllm.port is the first's
         assert not second.named("leftovers.killed")
         foreign = second.wait_event("leftovers.foreign", 5)
         engines = {p.pid for p in psutil.Process(child).children(recursive=True)}
@@ -127,7 +136,7 @@ def test_a_spare_left_by_a_killed_daemon_is_swept_at_the_next_start(
         d.wait_ready(30)
         [said] = d.named("spare.leftovers")
         assert said["pids"] == [pid] and said["killed"] is True and not said["remaining"]
-        assert old.proc is not None and old.proc.wait(10) == -signal.SIGKILL
+        assert old.proc is not None and old.proc.wait(10 * TIMEOUT_SCALE) == -signal.SIGKILL
         names = [e["event"] for e in d.events]
         assert names.index("spare.leftovers") < names.index("child.started")
     finally:

@@ -16,7 +16,7 @@ from types import ModuleType
 
 import pytest
 
-from tests.support import TIMEOUT_SCALE, free_port, owned, wait_until
+from tests.support import TIMEOUT_SCALE, free_port, owned, wait_for
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -47,7 +47,7 @@ def backends() -> Iterator[tuple[list[int], list[subprocess.Popen[bytes]]]]:
              "--served-model-name", "tiny", "--port", str(p), "--startup-seconds", "0",
              "--stream-interval", "0.02", "--disable-uvicorn-access-log"],
             stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)) for p in ports]
-        wait_until(lambda: all(answers(p) for p in ports), 30, "fake vLLMs listening")
+        wait_for(lambda: all(answers(p) for p in ports), 30, "fake vLLMs listening")
         yield ports, procs
 
 
@@ -56,10 +56,10 @@ def test_round_robin_then_redispatch_when_one_backend_dies(
     ports, procs = backends
     load = LG.Load(ports, "tiny", concurrency=6, max_tokens=10).start()
     t0 = time.monotonic()
-    wait_until(lambda: sum(r.ok for r in load.recs) >= 40, 30, "40 completions")
+    wait_for(lambda: sum(r.ok for r in load.recs) >= 40, 30, "40 completions")
     t_kill = time.monotonic()
     procs[0].kill()  # mid-stream for some clients (its orphaned engine dies at teardown)
-    wait_until(lambda: sum(r.ok and r.end > t_kill + 1 for r in load.recs) >= 40, 30,
+    wait_for(lambda: sum(r.ok and r.end > t_kill + 1 for r in load.recs) >= 40, 30,
                "40 completions after the kill")
     t_end = time.monotonic()
     recs = load.stop()

@@ -16,7 +16,7 @@ from pathlib import Path
 import psutil
 import pytest
 
-from tests.support import Daemon, base_config, free_port, wait_for, zombie
+from tests.support import TIMEOUT_SCALE, Daemon, base_config, free_port, wait_for, zombie
 
 
 def _unavailable() -> str | None:
@@ -25,7 +25,7 @@ def _unavailable() -> str | None:
     if shutil.which("unshare") is None:
         return "unshare (util-linux) is not installed"
     probe = subprocess.run(["unshare", "--pid", "--fork", "--mount-proc", "true"],
-                           capture_output=True, text=True, timeout=30)
+                           capture_output=True, text=True, timeout=30 * TIMEOUT_SCALE)
     if probe.returncode != 0:
         return f"unshare --pid fails here: {probe.stderr.strip()[:200]}"
     return None
@@ -82,6 +82,6 @@ def test_pid1_reaps_orphaned_engines_and_restarts(tmp_path: Path) -> None:
         d.wait_event("reaper.reaped", 15)  # (its line may be read after the zombie is gone)
         assert not d.named("notify.failed")  # sd_notify absent is normal in a container
         daemon.send_signal(signal.SIGTERM)
-        assert d.wait_exit(60) == 0, d.dump()
+        assert d.wait_exit(60 * TIMEOUT_SCALE) == 0, d.dump()
     finally:
         d.close()

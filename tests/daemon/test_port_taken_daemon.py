@@ -18,7 +18,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.support import Daemon, base_config, fake, free_port, http, merge, wait_for
+from tests.support import TIMEOUT_SCALE, Daemon, base_config, fake, free_port, http, merge, wait_for
 from vllmwatch.shell import ports
 
 
@@ -52,7 +52,7 @@ def test_a_stranger_on_the_port_during_the_start_gives_no_ready(tmp_path: Path,
             assert len(d.named("startup.port_taken", mark)) == 1, d.dump()
             if stranger_stays:  # our vLLM's bind fails, it exits; the relaunch meets the holder
                 bind.touch()
-                assert d.wait_exit(60) == 69, d.dump()
+                assert d.wait_exit(60 * TIMEOUT_SCALE) == 69, d.dump()
                 busy = d.named("port.busy", mark)
                 assert busy and f"pid {stranger.proc.pid}" in str(busy[-1]), d.dump()
                 assert not d.named("child.ready", mark), d.dump()
@@ -95,7 +95,7 @@ def test_only_a_tree_that_runs_vllm_itself_is_judged(tmp_path: Path, name: str,
         assert ports.stranger(proc.pid, "127.0.0.1", free_port()) is None  # no listener
     finally:
         proc.kill()
-        proc.wait(10)
+        proc.wait(10 * TIMEOUT_SCALE)
 
 
 def test_a_listener_in_a_child_of_the_tree_is_ours(tmp_path: Path) -> None:
@@ -111,4 +111,4 @@ def test_a_listener_in_a_child_of_the_tree_is_ours(tmp_path: Path) -> None:
         assert ports.stranger(outer.pid, "", port) is None  # the wildcard overlaps too
     finally:
         os.killpg(outer.pid, 9)
-        outer.wait(10)
+        outer.wait(10 * TIMEOUT_SCALE)

@@ -12,7 +12,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.support import Daemon, base_config, free_port, merge
+from tests.support import TIMEOUT_SCALE, Daemon, base_config, free_port, merge
 
 
 @pytest.fixture
@@ -49,4 +49,4 @@ def test_a_balancer_polling_readyz_gets_the_delay(daemon: Daemon) -> None:
         assert _deregister_of_a_sigusr1(daemon) == 10.0
     finally:
         stop.set()
-        poller.join(5)
+        poller.join(5 * TIMEOUT_SCALE)

@@ -13,14 +13,14 @@ import subprocess
 import sys
 from pathlib import Path
 
-from tests.support import Daemon, base_config, free_port, merge
+from tests.support import TIMEOUT_SCALE, Daemon, base_config, free_port, merge
 
 
 def _config_only(path: Path) -> subprocess.CompletedProcess[str]:
     env = {k: v for k, v in os.environ.items() if k != "STATE_DIRECTORY"}
     return subprocess.run([sys.executable, "-m", "vllmwatch", "check", "--config-only",
                            "--config", str(path)], capture_output=True, text=True, env=env,
-                          timeout=120)
+                          timeout=120 * TIMEOUT_SCALE)
 
 
 def test_a_reload_onto_a_held_port_keeps_the_running_config(tmp_path: Path) -> None:

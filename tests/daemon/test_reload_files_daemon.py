@@ -16,7 +16,7 @@ from pathlib import Path
 import psutil
 import pytest
 
-from tests.support import Daemon, base_config, free_port, merge
+from tests.support import TIMEOUT_SCALE, Daemon, base_config, free_port, merge
 
 OLD, NEW = "sk-RotateOldKey13579x", "sk-RotateNewKey24680y"
 
@@ -41,7 +41,7 @@ def _status(port: int, key: str) -> int:
         data=json.dumps({"model": "tiny", "prompt": "hi", "max_tokens": 1}).encode(),
         headers={"Content-Type": "application/json", "Authorization": f"Bearer {key}"})
     try:
-        with urllib.request.urlopen(req, timeout=20) as resp:
+        with urllib.request.urlopen(req, timeout=20 * TIMEOUT_SCALE) as resp:
             return int(resp.status)
     except urllib.error.HTTPError as exc:
         return int(exc.code)

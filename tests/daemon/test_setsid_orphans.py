@@ -96,7 +96,7 @@ def test_a_setsid_descendant_is_killed_at_the_stop(daemon: Daemon) -> None:
     orphan = _the_orphan(d, int(d.named("child.started")[-1]["pid"]))
     mark = d.mark()
     d.signal(signal.SIGTERM)
-    assert d.wait_exit(30) == 0
+    assert d.wait_exit(30 * TIMEOUT_SCALE) == 0
     assert orphan.pid in d.wait_event("leftovers.killed", 5, mark)["pids"]
     assert dead(orphan)
 
@@ -145,7 +145,7 @@ def test_an_exempt_pid_survives_the_sweep_and_a_setsid_orphan_does_not(tmp_path:
     finally:
         if proc.poll() is None:
             os.killpg(proc.pid, signal.SIGKILL)
-            proc.wait(10)
+            proc.wait(10 * TIMEOUT_SCALE)
     assert proc.returncode == 0, out
     got = json.loads(out.strip().splitlines()[-1])
     assert got["orphan"] in got["first"] and got["standby"] not in got["first"]
@@ -182,7 +182,7 @@ def test_a_setsid_descendant_left_by_a_killed_daemon_is_killed_at_the_next_start
         wait_for(lambda: orphan is not None and orphan.pid in _members(tmp_path, first.marker),
                  20, "a memory sample to record the descendant")
         first.signal(signal.SIGKILL)
-        first.wait_exit(10)
+        first.wait_exit(10 * TIMEOUT_SCALE)
         os.killpg(child, signal.SIGKILL)  # what the restart had done when it was killed
         wait_for(lambda: dead(child), 10, "the old vLLM's group to be gone")
         assert not dead(orphan)
@@ -235,7 +235,7 @@ def test_a_recorded_pid_now_another_process_is_left_alone(tmp_path: Path,
     finally:
         for proc in (leader, other):
             proc.kill()
-            proc.wait(10)
+            proc.wait(10 * TIMEOUT_SCALE)
 
 
 def test_the_record_names_only_what_no_other_rule_took(tmp_path: Path,
@@ -277,4 +277,4 @@ def test_the_record_names_only_what_no_other_rule_took(tmp_path: Path,
             with contextlib.suppress(ProcessLookupError):
                 os.killpg(pid, signal.SIGKILL)
         for proc in (leader, detached):
-            proc.wait(10)
+            proc.wait(10 * TIMEOUT_SCALE)

@@ -20,7 +20,16 @@ from pathlib import Path
 
 import pytest
 
-from tests.support import FIRST_READY_S, PYTHON, Daemon, base_config, free_port, merge, wait_for
+from tests.support import (
+    FIRST_READY_S,
+    PYTHON,
+    TIMEOUT_SCALE,
+    Daemon,
+    base_config,
+    free_port,
+    merge,
+    wait_for,
+)
 
 
 @pytest.fixture
@@ -40,7 +49,7 @@ def test_a_signal_held_before_the_loop_is_recorded_then_handed_over(sig: int) ->
             f"os.kill(os.getpid(), {int(sig)})\n"
             "print(vllmwatch.early_signals(), vllmwatch.early_signals(), flush=True)\n")
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
-                         timeout=60, check=False)
+                         timeout=60 * TIMEOUT_SCALE, check=False)
     assert out.returncode == 0 and out.stdout.split() == [f"[{int(sig)}]", "[]"], out
 
 
@@ -52,7 +61,7 @@ def _twice(sig: int) -> subprocess.CompletedProcess[str]:
             f"os.kill(os.getpid(), {int(sig)})\n"
             "print('survived', vllmwatch.early_signals(), flush=True)\n")
     return subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
-                          timeout=60, check=False)
+                          timeout=60 * TIMEOUT_SCALE, check=False)
 
 
 @pytest.mark.parametrize("sig", [signal.SIGTERM, signal.SIGINT])
@@ -87,7 +96,7 @@ def test_two_reloads_or_restarts_at_the_first_line_leave_the_daemon_serving(
         d.start()
         d.wait_ready(60)
         assert sent and d.running(), d.dump()
-        assert d.stop(30)[0] == 0, d.dump()
+        assert d.stop(30 * TIMEOUT_SCALE)[0] == 0, d.dump()
     finally:
         d.close()
 
@@ -102,14 +111,14 @@ def test_a_reload_or_restart_signal_at_the_start_does_not_end_the_daemon(
     d.signal(sig)
     d.wait_ready(60)
     assert d.running(), d.dump()
-    assert d.stop(30)[0] == 0, d.dump()
+    assert d.stop(30 * TIMEOUT_SCALE)[0] == 0, d.dump()
 
 
 def test_a_stop_at_the_start_exits_0_with_stopping_said(daemon: Daemon) -> None:
     d = daemon
     d.wait_event("daemon.version", 60)
     d.signal(signal.SIGTERM)
-    assert d.wait_exit(60) == 0, d.dump()
+    assert d.wait_exit(60 * TIMEOUT_SCALE) == 0, d.dump()
     assert d.notify is not None and d.notify.count("STOPPING=1") >= 1
 
 
@@ -127,14 +136,14 @@ def test_signals_repeated_while_the_daemon_exits_keep_its_exit_code(
             break
         time.sleep(0.005)  # the storm's pace, not a wait for a condition
     wait_for(lambda: not d.running(), 60, "the daemon's exit")
-    assert d.wait_exit(5) == 0, d.dump()
+    assert d.wait_exit(5 * TIMEOUT_SCALE) == 0, d.dump()
 
 
 def test_the_last_status_line_of_a_stopped_daemon_names_no_restart_rung(daemon: Daemon) -> None:
     """It read `stopped | restart sweeping for 3.1s` (the exit's own rung, never cleared)."""
     d = daemon
     d.wait_ready(60)
-    assert d.stop(30)[0] == 0, d.dump()
+    assert d.stop(30 * TIMEOUT_SCALE)[0] == 0, d.dump()
     assert d.notify is not None
     last = d.notify.with_prefix("STATUS=")[-1][1]
     assert last.startswith("STATUS=stopped") and "| restart " not in last, last
@@ -152,7 +161,7 @@ def test_reloading_comes_with_the_monotonic_clock_systemd_asks_for(daemon: Daemo
     message = next(m for _, m in d.notify.messages if "RELOADING=1" in m)
     usec = int(message.split("MONOTONIC_USEC=")[1].split()[0])
     assert before <= usec <= time.clock_gettime_ns(time.CLOCK_MONOTONIC) // 1000, message
-    assert d.stop(30)[0] == 0, d.dump()
+    assert d.stop(30 * TIMEOUT_SCALE)[0] == 0, d.dump()
 
 
 @pytest.mark.parametrize("asked", ["SIGTERM", "SIGUSR1", "WATCHDOG=1", "SIGHUP",
@@ -188,7 +197,7 @@ def test_every_signal_is_answered_while_the_launch_waits_for_the_vllm_version(
         if asked.endswith("SIGTERM"):  # a stop is honoured with both reads held: at once
             t = time.monotonic()
             d.signal(signal.SIGTERM)
-            assert d.wait_exit(60) == 0, d.dump()
+            assert d.wait_exit(60 * TIMEOUT_SCALE) == 0, d.dump()
             took = time.monotonic() - t
             assert took < float(cfg["restart"]["stop_timeout"].rstrip("s")), d.dump()
             assert d.named("launch.waits") and not d.named("child.started"), d.dump()
@@ -205,7 +214,7 @@ def test_every_signal_is_answered_while_the_launch_waits_for_the_vllm_version(
         d.wait_ready(60)
         if asked == "SIGHUP":  # the reload's read answered once released: taken, not lost
             d.wait_event("config.reloaded", 30)
-        assert d.stop(30)[0] == 0, d.dump()
+        assert d.stop(30 * TIMEOUT_SCALE)[0] == 0, d.dump()
     finally:
         release.touch()  # the held version read ends (its interpreter exits)
         d.close()

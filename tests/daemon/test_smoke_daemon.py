@@ -10,7 +10,7 @@ import subprocess
 from pathlib import Path
 from typing import Any
 
-from tests.support import Daemon, base_config, free_port, merge
+from tests.support import TIMEOUT_SCALE, Daemon, base_config, free_port, merge
 from tests.support.daemon import RECORD
 from vllmwatch.testing.daemon import PYTHON
 from vllmwatch.testing.waiting import wait_for
@@ -118,7 +118,7 @@ def test_an_optional_check_is_reported_and_does_not_hold_ready(tmp_path: Path) -
                'required="true"} 1.0' in text
         shown = subprocess.run([PYTHON, "-m", "vllmwatch", "status", "--config",
                                 str(d.config_path)], capture_output=True, text=True,
-                               timeout=30, env=d._env)
+                               timeout=30 * TIMEOUT_SCALE, env=d._env)
         assert "smoke" in shown.stdout and "ide-tools (tools, optional" in shown.stdout, \
             shown.stdout + shown.stderr
         assert "--enable-auto-tool-choice" in shown.stdout

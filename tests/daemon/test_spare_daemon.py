@@ -34,6 +34,7 @@ import pytest
 
 from tests.support import (
     PYTHON,
+    TIMEOUT_SCALE,
     Daemon,
     base_config,
     dead,
@@ -131,7 +132,8 @@ class Spared:
         body = json.dumps({"model": self.model, "prompt": "a b c", "max_tokens": 4,
                            "stream": stream})
         while not self._stop.is_set():
-            conn = http.client.HTTPConnection("127.0.0.1", self.gate_port, timeout=60)
+            conn = http.client.HTTPConnection("127.0.0.1", self.gate_port,
+                                              timeout=60 * TIMEOUT_SCALE)
             began = time.time()
             try:
                 conn.request("POST", "/v1/completions", body,
@@ -163,7 +165,7 @@ class Spared:
     def end_clients(self) -> list[str]:
         self._stop.set()
         for t in self._clients:
-            t.join(70)
+            t.join(70 * TIMEOUT_SCALE)
         return [o for o in self.outcomes if o != "ok"]
 
     # ---- the end ----
@@ -368,7 +370,7 @@ def test_a_killed_daemons_spare_is_swept_socket_and_all(tmp_path: Path) -> None:
         assert os.path.exists(sock)
         assert s.d.proc is not None
         s.d.proc.send_signal(signal.SIGKILL)
-        s.d.proc.wait(10)
+        s.d.proc.wait(10 * TIMEOUT_SCALE)
         argv = run_argv(tmp_path / "vllmwatch.toml", (PYTHON, "-m", "vllmwatch.testing.gpu_run",
                                                       s.ledger))
         d2 = Daemon(tmp_path, merge(s.cfg, {"spare": {"enabled": "false"}}), argv=argv,

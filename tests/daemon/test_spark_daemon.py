@@ -76,7 +76,7 @@ def test_memory_failed_starts_stop_with_the_start_memory_exit(tmp_path: Path,
     d = Daemon(tmp_path, config(tmp_path, [PYTHON, "-c", script], start_memory_retries=1))
     made.append(d)
     d.start()
-    assert d.wait_exit(60.0) == exitcodes.START_MEMORY
+    assert d.wait_exit(60.0 * TIMEOUT_SCALE) == exitcodes.START_MEMORY
     failures = d.named("start.memory_failure")
     assert [f["failures_in_row"] for f in failures] == [1, 2]
     assert "page cache held" in failures[0]["detail"]

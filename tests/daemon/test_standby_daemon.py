@@ -236,14 +236,14 @@ def test_the_sweep_leaves_the_standby_and_kills_a_setsid_orphan(daemons: list[Da
     finally:
         with contextlib.suppress(ProcessLookupError):
             orphan.kill()
-        orphan.wait(5)
+        orphan.wait(5 * TIMEOUT_SCALE)
 
 
 def test_a_stop_takes_the_standby_down(daemons: list[Daemon], tmp_path: Path) -> None:
     d = start(daemons, tmp_path, config(tmp_path))
     pid = int(ready_with_standby(d)["pid"])
     d.signal(signal.SIGTERM)
-    assert d.wait_exit(20) == 0
+    assert d.wait_exit(20 * TIMEOUT_SCALE) == 0
     assert not _alive(pid)
     assert d.named("standby.stopped", pid=pid)
 
@@ -256,7 +256,7 @@ def test_sigkill_of_vllmwatch_takes_the_standby_down(daemons: list[Daemon],
     pid = int(ready_with_standby(d)["pid"])
     api = int(d.named("child.started")[-1]["pid"])
     d.signal(signal.SIGKILL)
-    d.wait_exit(10)
+    d.wait_exit(10 * TIMEOUT_SCALE)
     wait_for(lambda: not _alive(pid), 10, "the standby to die with vllmwatch")
     with contextlib.suppress(ProcessLookupError):
         os.killpg(api, signal.SIGKILL)

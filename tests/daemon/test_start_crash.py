@@ -8,7 +8,16 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from tests.support import FIRST_READY_S, PYTHON, Daemon, base_config, free_port, merge, wait_for
+from tests.support import (
+    FIRST_READY_S,
+    PYTHON,
+    TIMEOUT_SCALE,
+    Daemon,
+    base_config,
+    free_port,
+    merge,
+    wait_for,
+)
 from vllmwatch.core import exitcodes
 from vllmwatch.testing.daemon import run_argv
 from vllmwatch.testing.ports import port_free
@@ -34,7 +43,7 @@ def test_a_start_up_exception_exits_70_with_one_crash_event_and_nothing_left(
     argv = [PYTHON, "-c", FAULTY, *run_argv(tmp_path / "vllmwatch.toml", ())]
     d = Daemon(tmp_path, cfg, argv=argv).start()
     try:
-        assert d.wait_exit(60) == exitcodes.INTERNAL, d.dump()
+        assert d.wait_exit(60 * TIMEOUT_SCALE) == exitcodes.INTERNAL, d.dump()
         wait_for(lambda: d.named("daemon.exiting"), 5.0, "daemon.exiting")
         [crashed] = d.named("daemon.crashed")
         assert crashed["error"] == "RuntimeError: injected start-up fault"

@@ -14,7 +14,7 @@ from pathlib import Path
 
 import psutil
 
-from tests.support import Daemon, base_config, free_port, merge, wait_for
+from tests.support import TIMEOUT_SCALE, Daemon, base_config, free_port, merge, wait_for
 from tests.support.daemon import FAKE
 from vllmwatch.config import vllminfo
 from vllmwatch.config.startcaches import VllmInfo
@@ -53,7 +53,7 @@ def test_a_stop_during_a_reloads_version_probe_ends_the_probe(tmp_path: Path) ->
         d.signal(signal.SIGHUP)
         wait_for(lambda: _probes(slow), 30, "the version probe of the reload's read")
         d.signal(signal.SIGTERM)
-        assert d.wait_exit(60) == 0
+        assert d.wait_exit(60 * TIMEOUT_SCALE) == 0
         assert not d.named("daemon.threads_stuck"), d.dump()
         assert not _probes(slow), "the version probe outlived the daemon"
     finally:
@@ -71,7 +71,7 @@ def test_stop_probes_ends_a_probe_under_way(tmp_path: Path) -> None:
     try:
         wait_for(lambda: _probes(slow), 30, "the version probe")
         vllminfo.stop_probes()
-        reader.join(30)
+        reader.join(30 * TIMEOUT_SCALE)
         assert not reader.is_alive() and got and got[0].version is None
     finally:
         vllminfo.forget()

@@ -18,7 +18,16 @@ from typing import Any
 import pytest
 
 from tests.daemon.test_supervisor import _running
-from tests.support import PYTHON, Daemon, base_config, completion, free_port, merge, wait_for
+from tests.support import (
+    PYTHON,
+    TIMEOUT_SCALE,
+    Daemon,
+    base_config,
+    completion,
+    free_port,
+    merge,
+    wait_for,
+)
 
 _FAKE = f'{PYTHON} -m vllmwatch.testing.fake_vllm --startup-seconds 0.3 "$@"'
 # The trailing `; :` keeps the shell from exec'ing its last command, as a script would.
@@ -65,12 +74,12 @@ def test_a_wrapper_that_dies_at_the_stop_lets_vllm_drain(tmp_path: Path, wrapper
         since = d.mark()
         d.signal(signal.SIGTERM)
         for client in clients:
-            client.join(40.0)
+            client.join(40.0 * TIMEOUT_SCALE)
         assert len(got) == 2 and all(isinstance(g, tuple) and g[0] == 200 for g in got), \
             f"{got}\n{d.dump()}"
         for _, body in got:  # whole answers, not aborts
             assert json.loads(body)["usage"]["completion_tokens"] == 4, body
-        assert d.wait_exit(30.0) == 0, d.dump()
+        assert d.wait_exit(30.0 * TIMEOUT_SCALE) == 0, d.dump()
         exited = d.wait_event("child.exited", 1.0, since)
         assert exited["signal"] == "SIGTERM" and exited["expected"], exited  # the wrapper
         passed = d.wait_event("child.passed_on", 1.0, since)

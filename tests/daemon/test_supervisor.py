@@ -352,7 +352,7 @@ def test_host_memory_leak_drains_then_restarts(daemon: Factory) -> None:
 def test_crash_loop_gives_up_with_its_exit_code(daemon: Factory) -> None:
     d = daemon(["--crash-during-start", "0.1"],
                {"restart": {"max_restarts": 2, "window": "1h"}})
-    code = d.wait_exit(30.0)
+    code = d.wait_exit(30.0 * TIMEOUT_SCALE)
     assert code == exitcodes.GAVE_UP
     gave_up = d.named("crashloop.gave_up")
     # three failures, the last of them restarted nothing: restarts as restart.begin counts
@@ -366,7 +366,7 @@ def test_crash_loop_gives_up_with_its_exit_code(daemon: Factory) -> None:
 
 def test_rejected_arguments_exit_config_at_once(daemon: Factory) -> None:
     d = daemon(["--fail-start"])
-    code = d.wait_exit(10.0)
+    code = d.wait_exit(10.0 * TIMEOUT_SCALE)
     assert code == exitcodes.CONFIG
     rejected = d.named("child.rejected_arguments")
     assert rejected and "vllm: error" in rejected[0]["error"]
@@ -382,7 +382,7 @@ def test_ignored_sigterm_escalates_to_sigkill(daemon: Factory) -> None:
     d = daemon(["--ignore-sigterm"], {"restart": {"stop_timeout": "1s"}})
     d.wait_ready()
     sent = d.signal(signal.SIGTERM)
-    assert d.wait_exit(15.0) == 0
+    assert d.wait_exit(15.0 * TIMEOUT_SCALE) == 0
     kill = d.named("child.kill")
     assert kill, d.dump()
     # stop_timeout 1s: never sooner; later only by how slow the machine is
@@ -399,7 +399,7 @@ def test_stop_signal_exits_0_and_reaps(daemon: Factory, sig: int) -> None:
     stacks = d.workdir / "state" / "incidents" / ".stacks"
     wait_for(lambda: (stacks / f"{ready['pid']}.stacks").exists(), 10.0, "the stacks file")
     sent = d.signal(sig)
-    assert d.wait_exit(10.0) == 0
+    assert d.wait_exit(10.0 * TIMEOUT_SCALE) == 0
     # ... and a clean stop leaves none of them behind (they stayed until the next launch).
     assert sorted(p.name for p in stacks.iterdir()) == []
     exited = d.named("child.exited")
@@ -431,14 +431,14 @@ def test_stop_lets_the_request_in_flight_finish(daemon: Factory) -> None:
     wait_for(lambda: _running(d.port) > 0, 5.0, "the client's request to be running")
     since = d.mark()
     d.signal(signal.SIGTERM)
-    client.join(15.0)
+    client.join(15.0 * TIMEOUT_SCALE)
     assert result and result[0][0] == 200, d.dump()
     # Its whole answer, not an abort (the fake's engine, SIGTERMed with the group, stopped
     # at once; real vLLM's workers did, and the answer was HTTP 500).
     answer = json.loads(result[0][1])
     assert answer["choices"][0]["finish_reason"] == "length", answer
     assert answer["usage"]["completion_tokens"] == 4, answer
-    assert d.wait_exit(15.0) == 0
+    assert d.wait_exit(15.0 * TIMEOUT_SCALE) == 0
     stopping = d.wait_event("child.stopping", 1.0, since)
     assert stopping["signal"] == "SIGTERM" and stopping["to"] == "the API server"
     assert d.named("child.exited")[-1]["signal"] is None and not d.named("child.kill")
@@ -485,7 +485,7 @@ def test_stale_tree_without_kill_stale_exits_4(daemon: Factory) -> None:
     stale = _stale_tree(d)
     try:
         d.start()
-        assert d.wait_exit(15.0) == exitcodes.START
+        assert d.wait_exit(15.0 * TIMEOUT_SCALE) == exitcodes.START
         remaining = d.named("leftovers.remaining")
         assert remaining and stale.pid in remaining[0]["pids"]
         assert d.named("port.busy")
@@ -503,7 +503,7 @@ def test_foreign_listener_on_port_exits_4_untouched(daemon: Factory) -> None:
     foreign.listen(8)
     try:
         d.start()
-        assert d.wait_exit(15.0) == exitcodes.START
+        assert d.wait_exit(15.0 * TIMEOUT_SCALE) == exitcodes.START
         busy = d.named("port.busy")
         assert busy and busy[0]["port"] == d.port
         assert not d.named("child.started")
@@ -619,7 +619,8 @@ def test_status_endpoint_and_cli(daemon: Factory, tmp_path: Path) -> None:
     assert status["state"] == "ready"
     out = subprocess.run([PYTHON, "-m", "vllmwatch", "status", "--url",
                           f"http://{d.status_listen}"], capture_output=True, text=True,
-                         timeout=20, check=False, env={**os.environ, "NO_COLOR": "1"})
+                         timeout=20 * TIMEOUT_SCALE, check=False,
+                         env={**os.environ, "NO_COLOR": "1"})
     assert out.returncode == 0, out.stderr
     assert "ready" in out.stdout
     # A client request in flight, then SIGUSR1: draining waits for it, /readyz says 503.
@@ -638,7 +639,7 @@ def test_status_endpoint_and_cli(daemon: Factory, tmp_path: Path) -> None:
 
     code, body = wait_for(draining, 5.0, "/readyz to say draining")
     assert code == 503 and b"draining=true" in body
-    client.join(10.0)
+    client.join(10.0 * TIMEOUT_SCALE)
     assert result == [200]  # the drain let the in-flight request finish
     d.wait_event("drain.done", 5.0, since)
     d.wait_ready(10.0, since=since)
@@ -679,7 +680,7 @@ def _complete(port: int) -> int:
     req = urllib.request.Request(f"http://127.0.0.1:{port}/v1/completions", data=body,
                                  headers={"Content-Type": "application/json"})
     try:
-        with urllib.request.urlopen(req, timeout=10) as resp:
+        with urllib.request.urlopen(req, timeout=10 * TIMEOUT_SCALE) as resp:
             return int(resp.status)
     except urllib.error.HTTPError as exc:
         return int(exc.code)

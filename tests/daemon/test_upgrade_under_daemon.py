@@ -18,7 +18,7 @@ import subprocess
 from pathlib import Path
 
 from tests.daemon.test_standby_daemon import config, daemons, ready_with_standby, sigusr1
-from tests.support import PYTHON, REPO, Daemon, merge
+from tests.support import PYTHON, REPO, TIMEOUT_SCALE, Daemon, merge
 
 __all__ = ["daemons"]  # the fixture, imported for this module's tests
 
@@ -42,7 +42,7 @@ def _fake_vllms_files(site: Path) -> set[Path]:
          "print('\\n'.join(m.__file__ for m in list(sys.modules.values())\n"
          "                 if (getattr(m, '__file__', '') or '').startswith(sys.argv[1])))",
          str(site)], cwd=site, env={**os.environ, "PYTHONPATH": str(site)},
-        capture_output=True, text=True, timeout=60, check=True)
+        capture_output=True, text=True, timeout=60 * TIMEOUT_SCALE, check=True)
     return {Path(line) for line in done.stdout.splitlines() if line}
 
 
@@ -112,7 +112,7 @@ def test_an_upgrade_under_a_running_daemon_changes_nothing_it_runs(
 
     code_at = d.mark()
     d.signal(signal.SIGTERM)
-    assert d.wait_exit(30) == 0
+    assert d.wait_exit(30 * TIMEOUT_SCALE) == 0
     assert not d.named("daemon.crashed") and not d.named("standby.discarded")
     assert not [r for r in d.raw if "0.2.0 was imported" in r], d.dump()
     assert code_at <= len(d.events)

@@ -12,6 +12,7 @@ import time
 from typing import Any
 
 from tests.loop.test_startmem import CONFIG, TAIL, driver, fail_start
+from tests.support import TIMEOUT_SCALE
 from vllmwatch.config.schema import from_dict
 from vllmwatch.core import reuse
 from vllmwatch.core.events import ChildExited, ChildOutput, Tick
@@ -57,7 +58,7 @@ def test_the_child_log_keeps_the_full_disk_line_past_a_long_traceback() -> None:
 
     cl = ChildLog(io.BytesIO(text.encode()), 4242, posted.append, log, forward=False)
     cl.start()
-    deadline = time.monotonic() + 60
+    deadline = time.monotonic() + 60 * TIMEOUT_SCALE
     while cl._reader.is_alive() and time.monotonic() < deadline:
         cl.join(0.1)
     assert not cl._reader.is_alive() and LD not in cl.last_lines

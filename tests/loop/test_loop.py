@@ -8,7 +8,7 @@ import signal
 
 import pytest
 
-from tests.support import launching
+from tests.support import launching, wait_for
 from vllmwatch.config.schema import from_dict
 from vllmwatch.core import exitcodes
 from vllmwatch.core.state import S
@@ -24,7 +24,6 @@ from vllmwatch.testing.driver import (
     config_with,
     no_wait,
 )
-from vllmwatch.testing.waiting import wait_until
 
 BASE = from_dict({
     "vllm": {"model": "/m", "gpus": []},
@@ -262,7 +261,7 @@ def test_a_changed_vllm_command_rereads_the_vllm_version(monkeypatch: pytest.Mon
     fx = effects.RealEffects(BASE, lambda *a, **k: None, FakeNotifier(), {})
     # The start's read runs on a thread of its own: let it land before the next command's
     # (on a loaded box it came after it, and the order below is what is asserted).
-    wait_until(lambda: asked == [BASE.vllm.command], 30, "the start's version read")
+    wait_for(lambda: asked == [BASE.vllm.command], 30, "the start's version read")
     old = config_with(BASE, vllm={"command": ["/nonexistent/old-vllm", "serve"]})
     new = config_with(BASE, vllm={"command": ["/nonexistent/new-vllm", "serve"]})
     launching.spawn(fx, old)  # fails to launch (no such file) after reading the version

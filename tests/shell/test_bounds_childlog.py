@@ -8,6 +8,7 @@ from typing import Any
 
 import pytest
 
+from tests.support import TIMEOUT_SCALE
 from tests.support.secrets import known_key
 from vllmwatch.core.events import ChildOutput
 from vllmwatch.shell.childlog import MAX_LINE, ChildLog
@@ -21,7 +22,7 @@ def _run(data: bytes, **kwargs: Any) -> tuple[ChildLog, list[tuple[str, dict[str
                    lambda level, event, **kw: events.append((event, kw)),
                    clock=lambda: 100.0, **kwargs)  # time stands still: no refill
     log.start()
-    log.join(30)
+    log.join(30 * TIMEOUT_SCALE)
     return log, events, posted
 
 

@@ -12,7 +12,7 @@ from contextlib import ExitStack, contextmanager
 
 import pytest
 
-from tests.support import free_port, wait_for, wait_until
+from tests.support import TIMEOUT_SCALE, free_port, wait_for
 from vllmwatch.gate import exchange, guard
 from vllmwatch.gate.door import Readiness
 from vllmwatch.gate.runner import Gate
@@ -43,7 +43,7 @@ def _post(g: Gate, body: bytes, timeout: float = 20.0) -> tuple[int, bytes]:
 
 
 def _closed_by_peer(sock: socket.socket) -> bool:
-    sock.settimeout(20)
+    sock.settimeout(20 * TIMEOUT_SCALE)
     try:
         while True:
             if not sock.recv(65536):
@@ -116,7 +116,7 @@ def test_a_body_over_the_cap_is_413_announced_or_chunked() -> None:
     with gate(Readiness.HOLD) as (g, _):
         code, body = _post(g, b"x" * ((1 << 20) + 1))
         assert code == 413 and b"over the gate's cap" in body
-        conn = http.client.HTTPConnection("127.0.0.1", g.port, timeout=20)
+        conn = http.client.HTTPConnection("127.0.0.1", g.port, timeout=20 * TIMEOUT_SCALE)
         conn.request("POST", "/v1/completions", iter([b"y" * 65536] * 20),
                      {"Content-Type": "application/json"}, encode_chunked=True)
         assert conn.getresponse().status == 413
@@ -128,7 +128,7 @@ def test_a_body_over_the_cap_is_413_announced_or_chunked() -> None:
 def test_a_slow_body_is_408_at_the_body_deadline() -> None:
     with gate(Readiness.HOLD) as (g, _), socket.create_connection(("127.0.0.1", g.port)) as sock:
         sock.sendall(b"POST /v1/completions HTTP/1.1\r\nHost: x\r\nContent-Length: 1000\r\n\r\nab")
-        sock.settimeout(20)
+        sock.settimeout(20 * TIMEOUT_SCALE)
         assert sock.recv(65536).startswith(b"HTTP/1.1 408")
         assert g.snapshot()["body_timeouts"] == 1
 
@@ -148,14 +148,14 @@ def test_bodies_held_while_vllm_starts_are_capped_in_all() -> None:
         holders = [threading.Thread(target=hold, daemon=True) for _ in range(2)]
         for t in holders:
             t.start()
-        wait_until(lambda: g.snapshot()["holding"] == 2, 20, "two bodies held at the door")
+        wait_for(lambda: g.snapshot()["holding"] == 2, 20, "two bodies held at the door")
         code, text = _post(g, body)
         assert code == 503 and b"holds" in text
         snap = g.snapshot()
         assert snap["held_full"] == 1 and snap["held_bytes"] <= 2 << 20
         g.stop()
         for t in holders:
-            t.join(20)
+            t.join(20 * TIMEOUT_SCALE)
         assert len(answers) == 2
 
 

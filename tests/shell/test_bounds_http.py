@@ -10,6 +10,7 @@ from contextlib import contextmanager
 
 import pytest
 
+from tests.support import TIMEOUT_SCALE
 from vllmwatch import bounded_http
 from vllmwatch.config.schema import ProbeConfig
 from vllmwatch.shell.probes import Endpoint, HttpProber
@@ -35,7 +36,7 @@ def peer(serve: Serve) -> Iterator[tuple[int, dict[str, int]]]:
                 return
             seen["connections"] += 1
             with conn:
-                conn.settimeout(10)
+                conn.settimeout(10 * TIMEOUT_SCALE)
                 try:
                     conn.recv(65536)
                     serve(conn, stop)
@@ -99,13 +100,14 @@ def test_a_trickling_peer_fails_at_the_total_deadline(serve: Serve) -> None:
                          ids=["announced", "sent", "chunked"])
 def test_a_body_over_the_cap_is_refused_not_loaded(serve: Serve) -> None:
     with peer(serve) as (port, _), pytest.raises(bounded_http.BodyTooLarge):
-        bounded_http.request("127.0.0.1", port, "GET", "/", timeout=30, max_body=1 << 20)
+        bounded_http.request("127.0.0.1", port, "GET", "/", timeout=30 * TIMEOUT_SCALE,
+                             max_body=1 << 20)
 
 
 def test_a_body_at_the_cap_is_read() -> None:
     with peer(sized(1 << 20, 1 << 20)) as (port, _):
-        status, body = bounded_http.request("127.0.0.1", port, "GET", "/", timeout=30,
-                                            max_body=1 << 20)
+        status, body = bounded_http.request("127.0.0.1", port, "GET", "/",
+                                            timeout=30 * TIMEOUT_SCALE, max_body=1 << 20)
     assert status == 200 and len(body) == 1 << 20
 
 
@@ -127,7 +129,7 @@ def test_probes_fail_at_their_timeout_against_a_trickling_vllm() -> None:
 
 def test_a_huge_metrics_body_is_a_failed_scrape() -> None:
     with peer(sized(1 << 30, 1 << 20)) as (port, _):
-        result = _prober(port, timeout=30).metrics()
+        result = _prober(port, timeout=30 * TIMEOUT_SCALE).metrics()
     assert not result.ok and "BodyTooLarge" in result.error and str(16 * 2**20) in result.error
 
 

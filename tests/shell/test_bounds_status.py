@@ -13,7 +13,7 @@ import threading
 from collections.abc import Iterator
 from contextlib import contextmanager
 
-from tests.support import TIMEOUT_SCALE, wait_until
+from tests.support import TIMEOUT_SCALE, wait_for
 from vllmwatch.status.server import StatusServer
 from vllmwatch.status.snapshot import Snapshot
 
@@ -78,7 +78,7 @@ def test_probes_answer_with_more_reconnecting_idle_clients_than_the_pending_cap(
         for t in crowd:
             t.start()
         try:
-            wait_until(lambda: dropped[0] > 100, 30, "the crowd to churn past the cap")
+            wait_for(lambda: dropped[0] > 100, 30, "the crowd to churn past the cap")
             answers = [b.get(path) for _ in range(20) for path in ("/readyz", "/livez")]
         finally:
             stop.set()

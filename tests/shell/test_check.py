@@ -17,7 +17,7 @@ from typing import Any
 
 import pytest
 
-from tests.support import free_port
+from tests.support import TIMEOUT_SCALE, free_port
 from vllmwatch.check import gpu as checks_gpu
 from vllmwatch.check import maxlen as checks_maxlen
 from vllmwatch.check import model as checks_model
@@ -107,7 +107,7 @@ def tiny_model(tmp_path_factory: pytest.TempPathFactory) -> Path:
         pytest.skip(f"needs {VLLM_VENV_PY} and {MAKE_TINY} (run scripts/setup_vllm.sh)")
     out = tmp_path_factory.mktemp("tiny") / "model"
     proc = subprocess.run([str(VLLM_VENV_PY), str(MAKE_TINY), str(out)], capture_output=True,
-                          text=True, timeout=300, check=False)
+                          text=True, timeout=300 * TIMEOUT_SCALE, check=False)
     assert proc.returncode == 0, proc.stderr
     return out
 
@@ -415,8 +415,8 @@ def test_a_fifo_in_the_model_dir_is_one_finding_never_a_hang(
     path = write_config(tmp_path, model)
     # a subprocess with a generous timeout: a regression fails here, never hangs the suite
     proc = subprocess.run([sys.executable, "-m", "vllmwatch", "--config", path, "check",
-                           "--json"], capture_output=True, text=True, cwd=REPO, timeout=120,
-                          check=False)
+                           "--json"], capture_output=True, text=True, cwd=REPO,
+                          timeout=120 * TIMEOUT_SCALE, check=False)
     assert "Traceback" not in proc.stdout + proc.stderr, proc.stderr
     assert proc.returncode != 0, proc.stdout
     res = {r["name"]: r for r in json.loads(proc.stdout)}
@@ -430,7 +430,8 @@ def test_cli_never_prints_a_traceback_for_broken_toml(tmp_path: Path) -> None:
     path = tmp_path / "broken.toml"
     path.write_text('[vllm]\nmodel = "x\n')
     proc = subprocess.run([sys.executable, "-m", "vllmwatch", "--config", str(path), "check"],
-                          capture_output=True, text=True, cwd=REPO, timeout=60, check=False)
+                          capture_output=True, text=True, cwd=REPO, timeout=60 * TIMEOUT_SCALE,
+                          check=False)
     assert proc.returncode == exitcodes.CONFIG  # exit-codes.md: 78, as `run` exits
     assert "Traceback" not in proc.stdout + proc.stderr
     assert "FAIL" in proc.stdout and "config" in proc.stdout

@@ -7,6 +7,7 @@ import io
 import time
 from typing import Any
 
+from tests.support import TIMEOUT_SCALE
 from vllmwatch.core.events import ChildOutput
 from vllmwatch.shell.childlog import ChildLog
 
@@ -25,9 +26,10 @@ def test_memory_line_survives_a_long_traceback() -> None:
 
     cl = ChildLog(io.BytesIO(text.encode()), 4242, posted.append, log, forward=False)
     cl.start()
-    deadline = time.monotonic() + 10
+    deadline = time.monotonic() + 10 * TIMEOUT_SCALE
     while len(cl.last_lines) < 30 and time.monotonic() < deadline:
         cl.join(0.1)
-    cl.join(60)  # the reader ends at the text's end: every line read, however loaded the box
+    # the reader ends at the text's end: every line read, however loaded the box
+    cl.join(60 * TIMEOUT_SCALE)
     assert not cl._reader.is_alive() and FREE not in cl.last_lines
     assert list(cl.memory_lines) == [FREE]

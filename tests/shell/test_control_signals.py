@@ -9,7 +9,7 @@ import sys
 
 import psutil
 
-from tests.support import wait_for
+from tests.support import TIMEOUT_SCALE, wait_for
 from vllmwatch.config.command import ChildCommand
 from vllmwatch.shell import child
 
@@ -49,5 +49,5 @@ def test_sighup_and_sigusr1_to_the_whole_unit_leave_the_vllm_tree_running() -> N
         assert c.proc.poll() is None
     finally:
         os.killpg(c.pid, signal.SIGKILL)
-        c.proc.wait(10)
+        c.proc.wait(10 * TIMEOUT_SCALE)
         c.close()

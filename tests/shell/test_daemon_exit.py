@@ -34,7 +34,7 @@ def test_a_stuck_worker_never_keeps_a_finished_daemon(stuck: bool) -> None:
     # with the thread).
     join_s = 3.0 if stuck else 3.0 * TIMEOUT_SCALE
     done = subprocess.run([sys.executable, "-c", SCRIPT.format(stuck=stuck, join_s=join_s)],
-                          capture_output=True, text=True, timeout=120)
+                          capture_output=True, text=True, timeout=120 * TIMEOUT_SCALE)
     if stuck:
         assert done.returncode == 74, done
         assert done.stdout.splitlines() == [

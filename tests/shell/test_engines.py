@@ -10,19 +10,20 @@ from pathlib import Path
 import psutil
 import pytest
 
-from tests.support import owned, wait_for
+from tests.support import TIMEOUT_SCALE, owned, wait_for
 from vllmwatch.shell import kin
 from vllmwatch.shell.engines import EngineWatch
 
+# A lifetime, not a wait: its owner kills it. It outlives the test's scaled waits.
+LIFETIME = 120 * TIMEOUT_SCALE
 # A parent that starts children whose command lines carry vLLM's process titles (what
 # setproctitle leaves in /proc/PID/cmdline), and one that carries none.
-PARENT = """
+PARENT = f"""
 import subprocess, sys, time
-# a lifetime, not a wait: its owner kills it
-kids = [subprocess.Popen([sys.executable, "-c", "import time; time.sleep(120)", title])
+kids = [subprocess.Popen([sys.executable, "-c", "import time; time.sleep({LIFETIME})", title])
         for title in sys.argv[1:]]
 print(" ".join(str(k.pid) for k in kids), flush=True)
-time.sleep(120)  # a lifetime, not a wait: its owner kills it
+time.sleep({LIFETIME})
 """
 TITLES = ["VLLM::EngineCore", "VLLM::Worker_TP1", "VLLM::APIServer_1", "tokenizer-helper"]
 
@@ -86,15 +87,14 @@ def test_a_wall_clock_step_kills_no_engine(tree: tuple[int, dict[str, int]],
 
 
 # vLLM's API server: waits on the engine's sentinel, logs, then reaps it at once.
-REAPER = """
+REAPER = f"""
 import multiprocessing as mp, multiprocessing.connection as mc, sys, time
-def run(): time.sleep(120)  # a lifetime, not a wait: its owner kills it
+def run(): time.sleep({LIFETIME})
 if __name__ == "__main__":
     sys.argv[0] = "VLLM::APIServer"
     p = mp.get_context("spawn").Process(target=run, name="VLLM::EngineCore"); p.start()
     print(p.pid, flush=True)
-    # a lifetime, not a wait: its owner kills it
-    mc.wait([p.sentinel]); print("died unexpectedly", flush=True); p.join(); time.sleep(120)
+    mc.wait([p.sentinel]); print("died unexpectedly", flush=True); p.join(); time.sleep({LIFETIME})
 """
 
 

@@ -18,7 +18,7 @@ import pytest
 from vllmwatch.config import vllmflags
 from vllmwatch.config.schema import Config, from_dict
 from vllmwatch.shell import versions
-from vllmwatch.testing.waiting import TIMEOUT_SCALE, wait_for, wait_until
+from vllmwatch.testing.waiting import TIMEOUT_SCALE, wait_for
 
 
 def _setup(tmp_path: Path) -> tuple[Config, dict[str, str], str]:
@@ -44,7 +44,7 @@ def _launches(config: Config, env: dict[str, str], n: int
 
     for _ in range(n):
         assert versions.refusal(config, env, "0.99.0", log) is None
-        wait_until(asked_done, 60, "the background ask of vLLM's flags to end")
+        wait_for(asked_done, 60, "the background ask of vLLM's flags to end")
     with lock:
         return list(logged)
 

@@ -13,7 +13,7 @@ from pathlib import Path
 import psutil
 import pytest
 
-from tests.support import dead, free_port, owned, wait_for
+from tests.support import TIMEOUT_SCALE, dead, free_port, owned, wait_for
 from vllmwatch.shell import child, groupfile, kin
 
 
@@ -201,7 +201,7 @@ def test_a_marker_set_by_another_user_does_not_make_a_process_ours(marker: str) 
         assert proc.pid not in [p.pid for p in child.find_tree(None, marker)[0]]
     finally:
         proc.kill()
-        proc.wait(timeout=10)
+        proc.wait(timeout=10 * TIMEOUT_SCALE)
 
 
 def test_forged_file_of_another_user_in_the_default_place_is_ignored(
@@ -258,7 +258,7 @@ def test_an_engine_orphaned_by_its_dead_api_server_is_swept_at_the_next_start(
         child.remember_group(marker, leader.pid)  # what the killed vllmwatch had written
         clock_step(monkeypatch, step)  # "younger than the leader" in a clock no step moves
         leader.stdin.close()  # the API server exits; the engine lives on, orphaned
-        leader.wait(60)
+        leader.wait(60 * TIMEOUT_SCALE)
         events: list[str] = []
         done = child.sweep(None, marker, "127.0.0.1", free_port(), grace=0.5,
                            log=lambda lvl, ev, **kw: events.append(ev))

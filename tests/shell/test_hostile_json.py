@@ -12,7 +12,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.support import free_port, wait_for
+from tests.support import TIMEOUT_SCALE, free_port, wait_for
 from tests.support.tinylora import make
 from vllmwatch.config import smoke
 from vllmwatch.config.schema import from_dict
@@ -111,8 +111,8 @@ def test_a_refusal_nested_past_the_stack_is_a_failed_load(crashes: list[str],
         watch = AdapterWatch(config(port, tmp_path), log)
         first = watch.update(config(port, tmp_path).adapters, (), ())
         second = watch.update(config(port, tmp_path).adapters, (), ())  # queued behind it
-        first.join(10)
-        second.join(10)
+        first.join(10 * TIMEOUT_SCALE)
+        second.join(10 * TIMEOUT_SCALE)
         assert first.done.is_set() and second.done.is_set()
         failed = log.named("lora.load_failed")
         assert len(failed) == 2 and failed[0]["error"].startswith("HTTP 400: [[[")

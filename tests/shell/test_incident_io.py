@@ -81,7 +81,8 @@ def test_the_hook_dumps_a_deadlocked_process_and_chains_an_existing_sitecustomiz
     p = _start(tmp_path, hook=True, extra_path=str(theirs))
     procs.append(p)
     assert (tmp_path / "chained").read_text() == "yes"  # their sitecustomize still ran
-    got = dumpers.faulthandler_dumps([p.pid], str(tmp_path / "stacks"), time.monotonic() + 5)
+    got = dumpers.faulthandler_dumps([p.pid], str(tmp_path / "stacks"),
+                                     time.monotonic() + 5 * TIMEOUT_SCALE)
     dump = got[p.pid]
     assert dump.ok, dump.error
     assert len(dump.threads) == 2 and "hold_forever" in _functions(dump)
@@ -146,7 +147,7 @@ def test_a_stopped_process_is_read_by_py_spy_only(
     assert not fh[p.pid].ok and "stopped" in fh[p.pid].error
     exe = dumpers.find_pyspy()
     assert exe is not None
-    spy = dumpers.pyspy_dump(exe, p.pid, time.monotonic() + 20)
+    spy = dumpers.pyspy_dump(exe, p.pid, time.monotonic() + 20 * TIMEOUT_SCALE)
     if not spy.ok and "ptrace" in spy.error:
         pytest.skip(f"no ptrace rights here: {spy.error}")
     assert spy.ok, spy.error

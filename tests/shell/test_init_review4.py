@@ -20,6 +20,7 @@ import pytest
 
 from tests.shell.test_check import write_config
 from tests.shell.test_init_migration import run_init
+from tests.support import TIMEOUT_SCALE
 from vllmwatch.config.command import load_for_reload
 from vllmwatch.config.schema import ConfigError
 
@@ -82,8 +83,8 @@ def test_a_file_no_retry_can_read_fails_the_reload(tmp_path: Path, key: str, how
 def _print_command(tmp_path: Path, stdout: object) -> subprocess.CompletedProcess[str]:
     path = write_config(tmp_path, "some/model")
     return subprocess.run([sys.executable, "-m", "vllmwatch", "print-command", "-c", path],
-                          stdout=stdout, stderr=subprocess.PIPE, text=True, timeout=120,
-                          check=False)
+                          stdout=stdout, stderr=subprocess.PIPE, text=True,
+                          timeout=120 * TIMEOUT_SCALE, check=False)
 
 
 def test_a_full_disk_under_stdout_is_a_line_not_a_traceback(tmp_path: Path) -> None:
@@ -101,7 +102,7 @@ def test_a_reader_that_left_is_no_traceback(tmp_path: Path) -> None:
                             stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
     assert proc.stdout is not None
     proc.stdout.close()  # the reader is gone before anything is written (`| true`)
-    _, err = proc.communicate(timeout=120)
+    _, err = proc.communicate(timeout=120 * TIMEOUT_SCALE)
     assert proc.returncode == 1 and "Traceback" not in err and "Exception" not in err, err
 
 

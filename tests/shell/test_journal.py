@@ -14,6 +14,7 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
+from tests.support import TIMEOUT_SCALE
 from vllmwatch.shell import journal, logs
 
 
@@ -160,7 +161,7 @@ def fake_journald(tmp_path: Path) -> Iterator[tuple[str, socket.socket]]:
     path = str(tmp_path / "journal.sock")
     sock = socket.socket(socket.AF_UNIX, socket.SOCK_DGRAM)
     sock.bind(path)
-    sock.settimeout(5)
+    sock.settimeout(5 * TIMEOUT_SCALE)
     yield path, sock
     sock.close()
 

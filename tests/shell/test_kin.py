@@ -15,7 +15,7 @@ from pathlib import Path
 import psutil
 import pytest
 
-from tests.support import REPO, wait_for
+from tests.support import REPO, TIMEOUT_SCALE, wait_for
 from vllmwatch.shell import child
 
 # a lifetime, not a wait: its owner kills it
@@ -56,7 +56,7 @@ def test_a_sweep_never_takes_its_own_line(tmp_path: Path) -> None:
     # The shell (our parent) carries the marker, as a debugging shell with the env copied would.
     out = subprocess.run(["sh", "-c", f'"{sys.executable}" -c "$0"; true', probe],
                          env={**os.environ, child.MARKER: marker, "PYTHONPATH": str(REPO)},
-                         capture_output=True, text=True, timeout=60)
+                         capture_output=True, text=True, timeout=60 * TIMEOUT_SCALE)
     assert out.returncode == 0, out.stderr
     assert out.stdout.strip() == "False"
 
@@ -85,7 +85,7 @@ def test_a_foreign_vllm_is_named_as_it_was_seen(tmp_path: Path,
                 # after a time (a scan slower than the old 0.5 s timer, as on a loaded box,
                 # found it already gone).
                 go.touch()
-                foreign.wait(30)
+                foreign.wait(30 * TIMEOUT_SCALE)
                 return real_holder(host, port, ignore)
 
             monkeypatch.setattr(child, "port_holder", holder_once_foreign_gone)

@@ -15,6 +15,7 @@ REPO = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(REPO / "scripts"))
 import lanes  # noqa: E402
 
+from tests.support import TIMEOUT_SCALE  # noqa: E402
 from vllmwatch.testing import ports  # noqa: E402
 
 
@@ -42,7 +43,7 @@ def test_each_lane_runs_and_its_failure_fails_the_whole(tmp_path: Path, fail: st
                     'if [ "$lane" = e2e ]; then exit 3; else exit 4; fi; fi\n')
     fake.chmod(0o755)
     run = subprocess.run([sys.executable, str(REPO / "scripts" / "lanes.py"), str(fake)],
-                         capture_output=True, text=True, timeout=60)
+                         capture_output=True, text=True, timeout=60 * TIMEOUT_SCALE)
     assert run.returncode == status, run
     out = run.stdout
     assert out.index("ran: not e2e") < out.index("lane: real vLLM") < out.index("ran: e2e")
@@ -64,7 +65,8 @@ def test_a_lane_takes_ctrl_c_even_when_the_runner_was_started_with_it_ignored(
         signal.signal(signal.SIGINT, signal.SIG_IGN)
 
     run = subprocess.run([sys.executable, str(REPO / "scripts" / "lanes.py"), str(fake)],
-                         capture_output=True, text=True, timeout=60, preexec_fn=background)
+                         capture_output=True, text=True, timeout=60 * TIMEOUT_SCALE,
+                         preexec_fn=background)
     masks = [line.split("SigIgn:")[1].strip() for line in run.stdout.splitlines()
              if line.startswith("lane ")]
     assert len(masks) == 2, run.stdout

@@ -61,7 +61,7 @@ def test_a_request_aiohttp_cannot_parse_is_logged_redacted_once_and_without_a_tr
     finally:
         if proc.poll() is None:
             proc.kill()
-            proc.wait(10)
+            proc.wait(10 * TIMEOUT_SCALE)
     text = err.decode(errors="replace")
     assert SECRET not in text, text
     assert "Traceback" not in text, text

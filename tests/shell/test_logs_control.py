@@ -16,6 +16,7 @@ from typing import Any
 
 import pytest
 
+from tests.support import TIMEOUT_SCALE
 from vllmwatch.shell import journal, logs
 from vllmwatch.shell.childlog import ChildLog
 
@@ -45,7 +46,7 @@ def _lines(out: io.StringIO) -> list[str]:
 def _forward(data: bytes, log: logs.LogFn) -> None:
     child = ChildLog(io.BytesIO(data), 7, [].append, log)
     child.start()
-    child.join(10)  # both threads end at the stream's end
+    child.join(10 * TIMEOUT_SCALE)  # both threads end at the stream's end
 
 
 def test_a_forged_entry_in_a_vllm_line_stays_one_escaped_line_in_the_journal_fallback() -> None:

@@ -93,7 +93,7 @@ def test_real_tree_without_pss_and_without_root(tree: tuple[int, int]) -> None:
     empty = sampler.sample(None, with_pss=True)
     assert (empty.tree_pids, empty.host_rss_mib, empty.host_pss_mib) == ((), 0.0, 0.0)
     dead = subprocess.Popen([sys.executable, "-c", "pass"])
-    dead.wait(timeout=30)
+    dead.wait(timeout=30 * TIMEOUT_SCALE)
     assert tree_pids(dead.pid) == ()
 
 

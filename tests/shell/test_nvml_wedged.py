@@ -20,7 +20,7 @@ from typing import Any
 import psutil
 import pytest
 
-from tests.support import PYTHON, REPO, free_port, wait_until
+from tests.support import PYTHON, REPO, TIMEOUT_SCALE, free_port, wait_for
 from vllmwatch.config.schema import Config, from_dict
 from vllmwatch.core.events import StopRequested
 from vllmwatch.core.unified import Platform
@@ -34,6 +34,8 @@ from vllmwatch.testing.world import LogCapture
 
 SCRIPT = "#!{python}\nimport sys\nfrom vllmwatch.testing.fake_vllm import main\n" \
          "if __name__ == '__main__':\n    sys.exit(main())\n"
+# The waits on expected events scale it (wait_for, TIMEOUT_SCALE); the stuck read's `< WAIT`
+# (ended by its deadline, never by the wedged driver) does not.
 WAIT = 60.0
 
 
@@ -85,7 +87,7 @@ def test_a_stuck_read_answers_unknown_by_its_deadline_and_only_one_thread_sticks
         assert "hint" in stuck and "stops are still honoured" in stuck["effect"]
     finally:
         nvml.unwedged.set()
-    wait_until(lambda: reads.device_used_mib() == {0: 1234.0}, WAIT, "NVML answering again")
+    wait_for(lambda: reads.device_used_mib() == {0: 1234.0}, WAIT, "NVML answering again")
     assert [f["read"] for f in log.named("nvml.answering")] == ["device_used_mib"]
     assert len(log.named("nvml.stuck")) == 1
 
@@ -131,15 +133,15 @@ def wedge(tmp_path: Path) -> Iterator[dict[str, Any]]:
         for loop, runner in made:
             if runner.is_alive():
                 loop.post(StopRequested("SIGTERM"))
-                runner.join(WAIT)
+                runner.join(WAIT * TIMEOUT_SCALE)
 
 
 def _stopped(loop: Loop, codes: list[int], child: int | None) -> None:
     loop.post(StopRequested("SIGTERM"))
-    wait_until(lambda: codes, WAIT, "the loop to honour the stop with NVML wedged")
+    wait_for(lambda: codes, WAIT, "the loop to honour the stop with NVML wedged")
     assert codes == [0]
     if child is not None:
-        wait_until(lambda: not psutil.pid_exists(child), WAIT, "the child to be gone")
+        wait_for(lambda: not psutil.pid_exists(child), WAIT, "the child to be gone")
 
 
 def test_a_launch_with_nvml_wedged_goes_on_and_a_stop_is_honoured(
@@ -148,7 +150,7 @@ def test_a_launch_with_nvml_wedged_goes_on_and_a_stop_is_honoured(
     log: LogCapture = wedge["log"]
     nvml.wedged.set()  # from the start: the launch reads the device's use first
     loop, _fx, codes = wedge["start"]("false")
-    wait_until(lambda: log.named("child.started"), WAIT, "the launch past the stuck read")
+    wait_for(lambda: log.named("child.started"), WAIT, "the launch past the stuck read")
     assert [f["read"] for f in log.named("nvml.stuck")] == ["device_used_mib"]
     child = log.named("child.started")[0]["pid"]
     _stopped(loop, codes, child)
@@ -159,12 +161,12 @@ def test_the_standbys_gpu_check_with_nvml_wedged_lets_a_stop_through(
     nvml: WedgedNvml = wedge["nvml"]
     log: LogCapture = wedge["log"]
     loop, fx, codes = wedge["start"]("true")
-    wait_until(lambda: fx.launcher.info().get("standby_state") == "waiting", WAIT,
+    wait_for(lambda: fx.launcher.info().get("standby_state") == "waiting", WAIT,
                "READY and the standby built")
     child = loop.state.pid
     nvml.wedged.set()
     fx.launcher._next_watch = 0.0  # its next look is due now (it looks every few seconds)
-    wait_until(lambda: nvml.stuck, WAIT, "the standby's look at NVML to stick")
+    wait_for(lambda: nvml.stuck, WAIT, "the standby's look at NVML to stick")
     _stopped(loop, codes, child)
     assert log.named("nvml.stuck")[0]["read"] == "gpu_processes"
     assert not log.named("standby.discarded")  # unknown is not "on a GPU"

@@ -14,6 +14,7 @@ from typing import Any
 
 import psutil
 
+from tests.support import TIMEOUT_SCALE
 from tests.support.procs import owned
 from vllmwatch.shell import passon
 from vllmwatch.shell.child import _alive
@@ -37,7 +38,7 @@ def _run(tmp_path: Path, lifetime: float, quiet: float) -> tuple[list[Any], Path
         up = Path(f"{mark}.up")
         while not up.exists() and proc.poll() is None:
             time.sleep(0.02)  # pacing: a poll for the child's start, ended by its exit
-        left = passon.wait([psutil.Process(proc.pid)], 120.0,
+        left = passon.wait([psutil.Process(proc.pid)], 120.0 * TIMEOUT_SCALE,
                            lambda *a, **k: logs.append((a, k)), _alive, quiet)
         return logs, mark, not left
 

@@ -17,6 +17,7 @@ from pathlib import Path
 
 import pytest
 
+from tests.support import TIMEOUT_SCALE
 from vllmwatch.testing.daemonenv import REPO
 
 BROKEN = b'raise RuntimeError("the new version was imported")\n'
@@ -43,7 +44,7 @@ def _run(site: Path, body: str) -> dict[str, object]:
             "        with open(path, 'r+b') as f: f.write(data); f.truncate()\n"
             + body)
     done = subprocess.run([sys.executable, "-s", "-c", code], cwd=site, capture_output=True,
-                          text=True, timeout=60, env={"PYTHONPATH": str(site),
+                          text=True, timeout=60 * TIMEOUT_SCALE, env={"PYTHONPATH": str(site),
                                                       "PYTHONDONTWRITEBYTECODE": "1"})
     assert done.returncode == 0, done.stderr
     out: dict[str, object] = json.loads(done.stdout.strip().splitlines()[-1])

@@ -16,7 +16,7 @@ from typing import Any
 
 import pytest
 
-from tests.support import free_port, wait_until
+from tests.support import TIMEOUT_SCALE, free_port, wait_for
 from vllmwatch.check import host as check_host
 from vllmwatch.check import vllm as check_vllm
 from vllmwatch.check.base import FAIL, PASS, WARN, Context
@@ -93,7 +93,7 @@ def test_check_recognises_this_instances_own_child(tmp_path: Path) -> None:
         assert check_host.check_port(Context(other)).status == FAIL
     finally:
         proc.kill()
-        proc.wait(timeout=10)
+        proc.wait(timeout=10 * TIMEOUT_SCALE)
 
 
 def test_check_modules_import_base_not_the_runner_and_no_function_level_imports() -> None:
@@ -109,7 +109,8 @@ def test_check_modules_import_base_not_the_runner_and_no_function_level_imports(
                     pytest.fail(f"{path.name}:{node.lineno} imports a check inside {fn.name}")
     for first in ("gpu", "model", "maxlen", "host", "vllm", "runner", "base"):
         out = subprocess.run([sys.executable, "-c", f"import vllmwatch.check.{first}"],
-                             capture_output=True, text=True, timeout=60, check=False)
+                             capture_output=True, text=True, timeout=60 * TIMEOUT_SCALE,
+                             check=False)
         assert out.returncode == 0, out.stderr
 
 
@@ -205,7 +206,7 @@ def test_daemon_refusal_uses_the_cache_only_and_never_blocks(tmp_path: Path) -> 
     assert versions.refusal(config, {}, "0.99.0", lambda lvl, ev, **kw: events.append(ev)) \
         is None
     assert time.monotonic() - started < 1.0
-    wait_until(lambda: "vllm.flags_unknown" in events, 60, "the background question")
+    wait_for(lambda: "vllm.flags_unknown" in events, 60, "the background question")
     cache = vllmflags.default_cache_dir(config, {})
     python = vllminfo.interpreter(command)
     import hashlib
@@ -312,4 +313,4 @@ def test_check_says_who_holds_our_own_listeners(tmp_path: Path, key: str) -> Non
         assert other.status == WARN and "two instances share it" in other.detail, other
     finally:
         daemon.kill()
-        daemon.wait(timeout=10)
+        daemon.wait(timeout=10 * TIMEOUT_SCALE)

@@ -14,7 +14,7 @@ from typing import Any
 
 import pytest
 
-from tests.support import dead, wait_for
+from tests.support import TIMEOUT_SCALE, dead, wait_for
 from vllmwatch.config.schema import Config, from_dict
 from vllmwatch.prewarm import kernels, pagecache
 from vllmwatch.prewarm import runner as prewarm
@@ -366,7 +366,7 @@ def test_kernel_time_out_kills_the_process_group(tmp_path: Path) -> None:
 def test_kernel_script_falls_back_to_sdpa_in_the_real_vllm_venv() -> None:
     spec = {"backend": "auto", "head_dim": 64, "num_heads": 2, "num_kv_heads": 1,
             "dtype": "bfloat16", "device": "cpu"}
-    out = kernels.run_script(str(VLLM_PYTHON), spec, dict(os.environ), timeout=120)
+    out = kernels.run_script(str(VLLM_PYTHON), spec, dict(os.environ), timeout=120 * TIMEOUT_SCALE)
     assert out.status == "ok", out.detail
     assert out.data["backend"] == "sdpa"
     assert "flash_attn" in out.data["tried"]

@@ -15,7 +15,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.support import dead, wait_for
+from tests.support import TIMEOUT_SCALE, dead, wait_for
 from tests.support.procs import owned
 
 SLEEPER = ("import os, sys, time\n"
@@ -40,7 +40,7 @@ def test_the_warm_script_does_not_outlive_an_interrupted_or_dead_prewarm(
                      "the warm script to start")
             script_pid = int(pidfile.read_text())
             proc.send_signal(how)  # Ctrl-C at `vllmwatch prewarm`; the daemon killed
-            proc.wait(30)
+            proc.wait(30 * TIMEOUT_SCALE)
             wait_for(lambda: dead(script_pid), 10, f"the warm script {script_pid} to die")
     finally:
         if script_pid and not dead(script_pid):

@@ -16,7 +16,7 @@ from typing import Any
 
 import pytest
 
-from tests.support import dead, free_port, wait_for
+from tests.support import TIMEOUT_SCALE, dead, free_port, wait_for
 from vllmwatch.config import vllminfo
 from vllmwatch.config.schema import from_dict
 from vllmwatch.core.actions import Sweep
@@ -57,7 +57,7 @@ def test_the_stops_sweep_leaves_the_warm_script_to_the_prewarms_cancel(
         assert script_pid not in done.killed, done
         assert not dead(script_pid), "the sweep killed the pre-warm's own warm script"
         cancel.set()  # the loop's close(): the pre-warm's owner ends it
-        worker.join(30)
+        worker.join(30 * TIMEOUT_SCALE)
         assert got and "asked to stop" in got[0].detail, got
         wait_for(lambda: dead(script_pid), 10, f"the warm script {script_pid} to die")
         assert script_pid not in kernels.RUNNING

@@ -11,6 +11,7 @@ from pathlib import Path
 
 import pytest
 
+from tests.support import TIMEOUT_SCALE
 from vllmwatch import cli
 from vllmwatch.config import vllminfo
 from vllmwatch.core import exitcodes
@@ -164,7 +165,7 @@ def test_a_cache_dir_under_a_folder_nobody_may_search_is_a_reason_never_a_traceb
         code = ("import os, sys\nfrom vllmwatch.prewarm.runner import cannot_make\n"
                 "os.setgid(65534); os.setuid(65534)\nprint(cannot_make(sys.argv[1]))\n")
         done = subprocess.run([sys.executable, "-c", code, os.path.join(home, "cache", "vllm")],
-                              capture_output=True, text=True, timeout=60)
+                              capture_output=True, text=True, timeout=60 * TIMEOUT_SCALE)
         assert done.returncode == 0, done.stderr
         assert done.stdout.strip() == f"{home} is not writable"
     finally:

@@ -8,6 +8,7 @@ import sys
 
 import pytest
 
+from tests.support import TIMEOUT_SCALE
 from vllmwatch.shell import reaper
 
 
@@ -32,7 +33,7 @@ def test_wanted(env: dict[str, str], pid: int, want: bool) -> None:
 _SCENARIO = r"""
 import json, os, subprocess, sys
 from vllmwatch.shell import reaper
-from vllmwatch.testing.waiting import wait_until
+from vllmwatch.testing.waiting import wait_for
 assert reaper.become_subreaper()
 events = []
 r = reaper.Reaper(lambda level, event, **kw: events.append(event), grace=60.0)
@@ -41,8 +42,8 @@ r = reaper.Reaper(lambda level, event, **kw: events.append(event), grace=60.0)
 # (its parent is no longer the middle process), not after a time: had it ended first, the
 # middle process would have reaped it at its exit (a loaded box, a slow exit).
 ORPHAN = ("import os, sys\n"
-          "from vllmwatch.testing.waiting import wait_until\n"
-          "wait_until(lambda: os.getppid() != int(sys.argv[1]), 20, 'its parent gone')\n")
+          "from vllmwatch.testing.waiting import wait_for\n"
+          "wait_for(lambda: os.getppid() != int(sys.argv[1]), 20, 'its parent gone')\n")
 mid = subprocess.Popen([sys.executable, "-c",
     "import os, subprocess, sys; os.setsid(); "
     "p = subprocess.Popen([sys.executable, '-c', sys.argv[1], str(os.getpid())]); "
@@ -56,14 +57,14 @@ def orphan_reaped_children_kept():
     reaped.extend(r.reap(keep={kept.pid}))
     zombies = {z.pid for z in reaper.zombie_children(os.getpid())}
     return orphan in {p for p, _ in reaped} and {kept.pid, mine.pid} <= zombies
-wait_until(orphan_reaped_children_kept, 20, "the orphan reaped, both children left as zombies")
+wait_for(orphan_reaped_children_kept, 20, "the orphan reaped, both children left as zombies")
 zombies = {z.pid for z in reaper.zombie_children(os.getpid())}  # nobody has waited for them
 kept_code, mine_code = kept.wait(), mine.wait()
 # A helper whose owner never waits for it: reaped once its grace has passed.
 abandoned = subprocess.Popen([sys.executable, "-c", "raise SystemExit(3)"])
 late = reaper.Reaper(lambda level, event, **kw: None, grace=0.0)
 late_reaped = []
-wait_until(lambda: late_reaped.extend(late.reap()) or late_reaped, 20, "the abandoned reaped")
+wait_for(lambda: late_reaped.extend(late.reap()) or late_reaped, 20, "the abandoned reaped")
 print(json.dumps({"orphan": orphan, "reaped": reaped, "events": events,
                   "zombies": sorted(zombies), "kept": kept.pid, "mine": mine.pid,
                   "kept_code": kept_code, "mine_code": mine_code,
@@ -74,7 +75,7 @@ print(json.dumps({"orphan": orphan, "reaped": reaped, "events": events,
 
 def test_reaps_orphans_but_never_a_child_someone_waits_for() -> None:
     out = subprocess.run([sys.executable, "-c", _SCENARIO], capture_output=True, text=True,
-                         timeout=60)
+                         timeout=60 * TIMEOUT_SCALE)
     assert out.returncode == 0, out.stderr
     got = json.loads(out.stdout)
     assert [got["orphan"], 0] in got["reaped"], got

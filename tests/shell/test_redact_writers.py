@@ -15,6 +15,7 @@ from pathlib import Path
 import pytest
 from hypothesis import HealthCheck, given, settings
 
+from tests.support import TIMEOUT_SCALE
 from tests.support.secrets import known_key, leaks
 from vllmwatch.config.command import ChildCommand
 from vllmwatch.config.redact import Redactor
@@ -35,7 +36,7 @@ def journald(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[str, so
     path = str(tmp_path_factory.mktemp("j") / "socket")
     sock = socket.socket(socket.AF_UNIX, socket.SOCK_DGRAM)
     sock.bind(path)
-    sock.settimeout(10)
+    sock.settimeout(10 * TIMEOUT_SCALE)
     yield path, sock
     sock.close()
 

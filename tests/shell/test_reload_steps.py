@@ -16,6 +16,7 @@ from pathlib import Path
 import pytest
 
 from tests.shell.test_check import write_config
+from tests.support import TIMEOUT_SCALE
 from vllmwatch.config import command, vllminfo
 from vllmwatch.config import vllminfo as steps
 from vllmwatch.config.schema import Config, from_dict
@@ -58,12 +59,12 @@ def test_a_version_probe_slower_than_a_file_read_is_applied() -> None:
     w = Worker(_probing(entered, go))
     try:
         assert w.reloads.request() is None
-        assert entered.wait(30)
+        assert entered.wait(30 * TIMEOUT_SCALE)
         w.now = 7.0  # the interpreter takes 7 s to start: past the file read's 5 s
         assert w.reloads.overdue() is None
         go.set()
         assert w.fut is not None
-        ev = w.reloads.answer(w.fut.result(30))
+        ev = w.reloads.answer(w.fut.result(30 * TIMEOUT_SCALE))
         assert isinstance(ev, ReloadRequested) and ev.config is NEW, ev
     finally:
         go.set()
@@ -75,7 +76,7 @@ def test_a_version_probe_that_never_answers_fails_naming_the_probe() -> None:
     w = Worker(_probing(entered, go))
     try:
         w.reloads.request()
-        assert entered.wait(30)
+        assert entered.wait(30 * TIMEOUT_SCALE)
         w.now = vllminfo.PROBE_TIMEOUT + RELOAD_TIMEOUT - 0.5
         assert w.reloads.overdue() is None
         w.now += 1
@@ -84,7 +85,8 @@ def test_a_version_probe_that_never_answers_fails_naming_the_probe() -> None:
         assert "version probe" in ev.error and "longer than 20s" in ev.error, ev.error
         assert "network mount" not in ev.error
         go.set()
-        assert w.fut is not None and w.reloads.answer(w.fut.result(30)) is None  # dropped
+        assert w.fut is not None
+        assert w.reloads.answer(w.fut.result(30 * TIMEOUT_SCALE)) is None  # dropped
     finally:
         go.set()
         w.close()

@@ -16,7 +16,7 @@ from typing import Any, cast
 
 import pytest
 
-from tests.support import dead
+from tests.support import TIMEOUT_SCALE, dead
 from tests.support.procs import REUSE_TRIES, can_reuse_pids, kill_tree, reuse
 from vllmwatch.incident import dumpers
 from vllmwatch.shell import engines, kin
@@ -138,7 +138,7 @@ def test_the_engine_kill_kills_the_engine_it_saw(reuser: Callable[[], Reuser]) -
     assert created is not None
     watch.seen[r.first.pid] = (created, "VLLM::EngineCore")
     assert watch.kill() == [r.first.pid]
-    assert r.first.wait(10) == -signal.SIGKILL
+    assert r.first.wait(10 * TIMEOUT_SCALE) == -signal.SIGKILL
     watch.close()
 
 

@@ -14,7 +14,7 @@ from pathlib import Path
 import psutil
 import pytest
 
-from tests.support import PYTHON, dead, merge, wait_for
+from tests.support import PYTHON, TIMEOUT_SCALE, dead, merge, wait_for
 from tests.support.procs import environ
 from vllmwatch.config.schema import Config, from_dict
 from vllmwatch.config.spare import SpareFacts, SparePlan
@@ -60,7 +60,8 @@ def test_the_loop_waits_on_the_spares_pidfd_and_a_dead_spare_is_reaped_at_once(
     loop.turn()
     assert fd in waited[-1], "the loop waits on the spare's pidfd"
     childmod.signal_group(pid, "SIGKILL")
-    readable, _, _ = select.select([fd], [], [], 30.0)  # what the loop's select() sees
+    # what the loop's select() sees
+    readable, _, _ = select.select([fd], [], [], 30.0 * TIMEOUT_SCALE)
     assert readable == [fd]
     gone = t.poll()
     assert gone is not None and gone.pid == pid and gone.detail == "signal SIGKILL"
@@ -223,7 +224,7 @@ def test_an_engine_that_outlived_the_spares_api_server_goes_at_the_stop(
         assert engine.is_running()
         t.stop("died: signal SIGKILL")
         t.stops.wait()
-        assert engine.wait(10.0) is not None or not engine.is_running()
+        assert engine.wait(10.0 * TIMEOUT_SCALE) is not None or not engine.is_running()
         stopped = log.named("spare.stopped")[-1]
         assert engine.pid in stopped["leftovers_killed"], stopped
     finally:
@@ -258,7 +259,7 @@ def test_a_spare_left_by_a_killed_vllmwatch_is_swept_at_the_next_start(
         assert got[0]["killed"] is kill_stale
         if kill_stale:
             assert set(killed) == {api, engine.pid}
-            assert old.proc is not None and old.proc.wait(10.0) == -9
+            assert old.proc is not None and old.proc.wait(10.0 * TIMEOUT_SCALE) == -9
             assert dead(engine)
         else:
             assert killed == () and engine.is_running() and old.proc is not None \
@@ -293,7 +294,8 @@ def test_a_stopped_builds_worker_never_touches_the_tree_built_after_it(
 
     def fake_get(url: str, timeout: float = 2.0) -> tuple[int, bytes]:
         polled.set()  # its /health answers only once the newer tree is up: the worker is
-        up.wait(30.0)  # inside that call while the loop stops its tree and starts the next
+        # inside that call while the loop stops its tree and starts the next
+        up.wait(30.0 * TIMEOUT_SCALE)
         return 200, b'{"is_sleeping": false}'
     monkeypatch.setattr(t, "_get", fake_get)
     monkeypatch.setattr(t, "memory_mib", lambda: 27202.0)
@@ -301,11 +303,11 @@ def test_a_stopped_builds_worker_never_touches_the_tree_built_after_it(
     got: list[SpareBuilt] = []
     worker = threading.Thread(target=lambda: got.append(t.build(60.0)), daemon=True)
     worker.start()
-    assert polled.wait(30.0)
+    assert polled.wait(30.0 * TIMEOUT_SCALE)
     t.stop("a restart during its rebuild")
     t.start()  # the next build's tree, on the same socket
     up.set()
-    worker.join(30.0)
+    worker.join(30.0 * TIMEOUT_SCALE)
     assert got and not got[0].ok and "stopped" in got[0].detail, got
     assert not asked, f"the stale worker called {asked} on the new tree"
 
@@ -428,7 +430,7 @@ def test_a_spare_that_dies_during_its_wake_or_sleep_is_said_dead_not_slow(
         assert tree is not None and tree.proc is not None
         if url.startswith(("/wake_up", "/sleep")):
             tree.proc.kill()  # it dies as it answers
-            tree.proc.wait(30.0)
+            tree.proc.wait(30.0 * TIMEOUT_SCALE)
             return 200, b""
         raise ConnectionRefusedError(111, "Connection refused")
 

@@ -11,7 +11,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.support import PYTHON, wait_for
+from tests.support import PYTHON, TIMEOUT_SCALE, wait_for
 from vllmwatch.config.schema import from_dict
 from vllmwatch.config.spare import SparePlan
 from vllmwatch.core.events import Event
@@ -70,7 +70,7 @@ def test_a_tree_that_died_before_its_figure_is_an_ordinary_failed_build(
     def dies(t: SpareTree) -> float | None:
         assert t.proc is not None
         t.proc.kill()
-        t.proc.wait(10.0)
+        t.proc.wait(10.0 * TIMEOUT_SCALE)
         return None
     got = _build(tmp_path, monkeypatch, dies)
     assert not got.permanent and "exited during its build" in got.detail, got

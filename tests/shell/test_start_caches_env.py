@@ -10,7 +10,7 @@ from typing import Any
 
 import pytest
 
-from tests.support import launching, wait_until
+from tests.support import launching, wait_for
 from vllmwatch.config import vllminfo
 from vllmwatch.config.schema import from_dict
 from vllmwatch.config.startcaches import MEGA, PLAN, STANDALONE, VllmInfo
@@ -44,7 +44,7 @@ def launch(tmp_path: Path, monkeypatch: pytest.MonkeyPatch, info: VllmInfo,
         if isinstance(got, SpawnFailed):
             return "refused: " + got.error, logged
         assert isinstance(got, Spawned)
-        wait_until(fx.child_exit_pending, 20, "the child exits")
+        wait_for(fx.child_exit_pending, 20, "the child exits")
         exited = fx.poll_child()
         assert isinstance(exited, ChildExited)
         return " ".join(ln for ln in exited.last_lines if ln.startswith("got")), logged

@@ -434,7 +434,7 @@ def test_stress_never_stalls_the_loop() -> None:
         for t in threads[11:]:
             t.start()
         for t in threads[1:]:
-            t.join(timeout=6 * deadline)
+            t.join(timeout=6 * deadline * TIMEOUT_SCALE)
         stop.set()
         threads[0].join(timeout=10 * TIMEOUT_SCALE)
         assert not any(t.is_alive() for t in threads)

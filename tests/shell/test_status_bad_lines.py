@@ -65,7 +65,7 @@ def _held_turn(g: Gated) -> Iterator[threading.Event]:
     def holding(now: float) -> None:
         if not held.is_set():
             held.set()
-            release.wait(10)
+            release.wait(10 * TIMEOUT_SCALE)
         tick(now)
 
     g.server.tick = holding  # type: ignore[method-assign]  # the front calls app.tick

@@ -18,6 +18,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from tests.support import TIMEOUT_SCALE
 from vllmwatch.status import cli as status_cli
 from vllmwatch.status.snapshot import Snapshot
 
@@ -155,7 +156,7 @@ def test_url_wins_over_a_broken_config(capsys: pytest.CaptureFixture[str],
 
 def test_the_command_line_never_prints_a_traceback(tmp_path: Path) -> None:
     out = subprocess.run([sys.executable, "-m", "vllmwatch", "status", "--url", "http://[::1"],
-                         capture_output=True, text=True, timeout=60, check=False)
+                         capture_output=True, text=True, timeout=60 * TIMEOUT_SCALE, check=False)
     assert out.returncode == 2 and "Traceback" not in out.stderr and "bad --url" in out.stderr
 
 

@@ -44,7 +44,7 @@ class Gated:
 
     def _get(self) -> Snapshot:
         if threading.current_thread().name == "vllmwatch-status-handler":
-            self.gate.wait(20)
+            self.gate.wait(20 * TIMEOUT_SCALE)
         return self.snap
 
     def request(self, path: str, timeout: float = 5.0 * TIMEOUT_SCALE) -> tuple[int, bytes, float]:

@@ -16,6 +16,7 @@ from typing import Any
 
 import pytest
 
+from tests.support import TIMEOUT_SCALE
 from vllmwatch.config.schema import from_dict
 from vllmwatch.core import exitcodes
 from vllmwatch.incident import cli as incident_cli
@@ -302,13 +303,13 @@ def test_show_finds_a_template_instances_record_by_its_id(
 def test_the_command_line_wires_the_incident_lookup(tmp_path: Path) -> None:
     proc = subprocess.run([sys.executable, "-m", "vllmwatch", "status", "--url",
                            f"127.0.0.1:{_free_port()}", "--config", str(tmp_path / "x.toml")],
-                          capture_output=True, text=True, timeout=60, check=False,
+                          capture_output=True, text=True, timeout=60 * TIMEOUT_SCALE, check=False,
                           env={**os.environ, "STATE_DIRECTORY": str(tmp_path)})
     assert proc.returncode == status_cli.EXIT_NOT_RUNNING and "Traceback" not in proc.stderr
     rid = _record(tmp_path / "incidents", "hang", "canary timed out", NOW)
     proc = subprocess.run([sys.executable, "-m", "vllmwatch", "status", "--url",
                            f"127.0.0.1:{_free_port()}", "--config", str(tmp_path / "x.toml")],
-                          capture_output=True, text=True, timeout=60, check=False,
+                          capture_output=True, text=True, timeout=60 * TIMEOUT_SCALE, check=False,
                           env={**os.environ, "STATE_DIRECTORY": str(tmp_path)})
     assert f"vllmwatch incidents show {rid}" in proc.stderr, proc.stderr
 

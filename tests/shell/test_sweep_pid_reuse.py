@@ -14,7 +14,7 @@ from pathlib import Path
 import psutil
 import pytest
 
-from tests.support import free_port
+from tests.support import TIMEOUT_SCALE, free_port
 from tests.support.procs import REUSE_TRIES, can_reuse_pids, kill_tree, reuse
 from vllmwatch.incident import record
 from vllmwatch.shell import child
@@ -49,7 +49,7 @@ def test_the_sweep_kills_a_leftover_on_a_reused_pid(
     proc, marker = reused
     done = child.sweep(None, marker, "127.0.0.1", free_port(), grace=5.0)
     assert proc.pid in done.killed and proc.pid not in done.remaining, done
-    assert proc.wait(10) == -9
+    assert proc.wait(10 * TIMEOUT_SCALE) == -9
 
 
 @pytest.mark.skipif(not can_reuse_pids(), reason="reusing a pid needs root and ns_last_pid")

@@ -12,7 +12,7 @@ import pytest
 
 from tests.support.secrets import known_key
 from vllmwatch.incident import record
-from vllmwatch.testing.waiting import wait_for
+from vllmwatch.testing.waiting import TIMEOUT_SCALE, wait_for
 
 
 @pytest.mark.parametrize("before_cut", [3, 10])
@@ -30,4 +30,4 @@ def test_a_key_across_the_title_cut_is_hidden(monkeypatch: pytest.MonkeyPatch,
         assert not any(key[i:i + 6] in title for i in range(len(key) - 5)), title[-60:]
     finally:
         os.killpg(proc.pid, signal.SIGKILL)
-        proc.wait(10)
+        proc.wait(10 * TIMEOUT_SCALE)

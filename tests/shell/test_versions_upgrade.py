@@ -12,6 +12,7 @@ import subprocess
 import sys
 from pathlib import Path
 
+from tests.support import TIMEOUT_SCALE
 from vllmwatch.config import vllminfo
 from vllmwatch.shell.versions import VersionCache
 
@@ -36,12 +37,12 @@ def test_a_vllm_reinstalled_under_the_daemon_is_read_again_at_the_next_launch(
         tmp_path: Path) -> None:
     venv = tmp_path / "venv"
     subprocess.run([sys.executable, "-m", "venv", "--without-pip", str(venv)], check=True,
-                   timeout=120)
+                   timeout=120 * TIMEOUT_SCALE)
     python = venv / "bin" / "python"
     site = Path(subprocess.run([str(python), "-I", "-c",
                                 "import sysconfig; print(sysconfig.get_paths()['purelib'])"],
                                capture_output=True, text=True, check=True,
-                               timeout=60).stdout.strip())
+                               timeout=60 * TIMEOUT_SCALE).stdout.strip())
     _install(site, "0.26.0")
     cmd = [str(python), "-m", "vllm.entrypoints.openai.api_server"]
     vllminfo.forget()

@@ -106,10 +106,10 @@ def environ(pid: int, timeout: float = 30.0) -> dict[str, str]:
     loaded box), /proc/PID/environ is still empty. So read until it is not, or until exec is
     seen done: a process started with env={} (a setsid'd orphan) has none, and each read of
     it waited the whole timeout (30 s) for one."""
-    from vllmwatch.testing.waiting import wait_until
+    from vllmwatch.testing.waiting import wait_for
 
-    wait_until(lambda: psutil.Process(pid).environ() or _laid_out(pid), timeout,
-               f"pid {pid}'s environment laid out")
+    wait_for(lambda: psutil.Process(pid).environ() or _laid_out(pid), timeout,
+             f"pid {pid}'s environment laid out")
     return psutil.Process(pid).environ()
 
 

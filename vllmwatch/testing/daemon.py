@@ -202,7 +202,7 @@ class Daemon:
                 os.killpg(self.proc.pid, signal.SIGKILL)
             else:
                 self.proc.kill()
-        self.proc.wait(5)
+        self.proc.wait(5 * TIMEOUT_SCALE)  # the reap after a SIGKILL: a loaded box is slow
 
     def close(self, check: bool = True) -> None:
         """stop(); then assert nothing of ours is left and the port is free."""
