@@ -39,7 +39,7 @@ def test_a_sigusr1_restart_is_taken_by_the_standby(start_daemon: StartDaemon) ->
     assert doc["launch"] == "standby" and doc["launches"] == {"fresh": 1, "standby": 1}
     nxt = d.wait_event("standby.waiting", 300 / TIMEOUT_SCALE, mark)  # the next one
     t0 = d.signal(signal.SIGTERM)
-    assert d.wait_exit(60)  # (wait_exit does not scale: real seconds) == 0
+    assert d.wait_exit(60) == 0  # (wait_exit does not scale: real seconds)
     assert not d.leftovers() and not group_leftovers(d) and port_free(d.port)
     assert dead(int(nxt["pid"]))
     record_times("standby_sigusr1", {
