@@ -13,6 +13,7 @@ import threading
 from pathlib import Path
 
 import psutil
+import pytest
 
 from tests.support import TIMEOUT_SCALE, Daemon, base_config, free_port, merge, wait_for
 from tests.support.daemon import FAKE
@@ -62,7 +63,10 @@ def test_a_stop_during_a_reloads_version_probe_ends_the_probe(tmp_path: Path) ->
             proc.kill()
 
 
-def test_stop_probes_ends_a_probe_under_way(tmp_path: Path) -> None:
+def test_stop_probes_ends_a_probe_under_way(tmp_path: Path,
+                                            monkeypatch: pytest.MonkeyPatch) -> None:
+    # the probe's own deadline out of reach: only stop_probes can end it within the join
+    monkeypatch.setattr(vllminfo, "PROBE_TIMEOUT", 3600.0)
     slow = _slow_python(tmp_path)
     got: list[VllmInfo] = []
     reader = threading.Thread(target=lambda: got.append(vllminfo._info_of(str(slow))),
