@@ -23,7 +23,7 @@ from dataclasses import dataclass
 
 from vllmwatch.config import safefile
 from vllmwatch.config.convert import show
-from vllmwatch.config.errors import Problem
+from vllmwatch.config.errors import Problem, unknown
 from vllmwatch.config.flags import flag_name
 from vllmwatch.config.sections import AdapterConfig, Config
 
@@ -83,10 +83,7 @@ def _entry(i: int, table: Mapping[str, object], config: Config, problems: list[P
            ranks: Mapping[str, int | AdapterProblem]) -> AdapterConfig | None:
     key = f"adapters[{i}]"
     before = len(problems)
-    for unknown in table:
-        if unknown not in KEYS:
-            problems.append(Problem(f"{key}.{unknown}", f"unknown key; known: "
-                                    f"{', '.join(KEYS)}"))
+    problems += [unknown(f"{key}.", name, KEYS) for name in table if name not in KEYS]
     name, path, required = table.get("name"), table.get("path"), table.get("required", True)
     if name is None:
         problems.append(Problem(f"{key}.name", "missing; expected the name clients send as "

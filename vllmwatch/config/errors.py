@@ -2,8 +2,9 @@
 
 from __future__ import annotations
 
+import difflib
 import re
-from collections.abc import Sequence
+from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 
 from vllmwatch.config.secretnames import is_secret_name
@@ -63,6 +64,30 @@ def raise_all(path: str, problems: Sequence[Problem]) -> None:
     """Raise one ConfigError listing all problems; do nothing when there are none."""
     if problems:
         raise ConfigError.of(path, problems)
+
+
+def nearest(name: str, known: Iterable[str]) -> str | None:
+    """The known name a misspelt one most likely meant: the same but for case, `-` or `_`
+    (`MAX_RESTARTS`, `[VLLM]`, `Endpoint`: difflib alone, which tells case apart, found none
+    for the first two), else difflib's closest; None when nothing is close."""
+    by = {_fold(k): k for k in known}
+    if _fold(name) in by:
+        return by[_fold(name)]
+    close = difflib.get_close_matches(_fold(name), list(by), n=1, cutoff=0.6)
+    return by[close[0]] if close else None
+
+
+def _fold(name: str) -> str:
+    return name.lower().replace("-", "_")
+
+
+def unknown(prefix: str, name: str, known: Sequence[str], what: str = "key") -> Problem:
+    """An unknown key (or section) of a table: the known one it most likely meant, else the
+    known ones, in the order given. Every table of the config says it so ([vllm], [[smoke]],
+    [[adapters]])."""
+    close = nearest(name, known)
+    hint = f"did you mean {prefix}{close}?" if close else f"known: {', '.join(known)}"
+    return Problem(prefix + name, f"unknown {what}; {hint}")
 
 
 def _nearest_line(text: str, key: str) -> int | None:

@@ -4,7 +4,6 @@ sections.py (where every default lives), with one error that lists every problem
 from __future__ import annotations
 
 import dataclasses
-import difflib
 import hashlib
 import os
 import re
@@ -16,7 +15,7 @@ from vllmwatch.config import flags, safefile
 from vllmwatch.config.bounds import bounds_of
 from vllmwatch.config.convert import CONVERTERS, choice, show, valid_args
 from vllmwatch.config.crosschecks import cross_checks
-from vllmwatch.config.errors import ConfigError, Problem, line_of, raise_all
+from vllmwatch.config.errors import ConfigError, Problem, line_of, nearest, raise_all, unknown
 from vllmwatch.config.sections import (
     SECTIONS,
     Config,
@@ -184,10 +183,12 @@ def _unknown(got: Any, known: Any, prefix: str, what: str) -> list[Problem]:
                                f"header belongs to it); write it as {table}, or above the "
                                "first header"))
         elif name not in known:
-            close = difflib.get_close_matches(name, list(known), n=1, cutoff=0.6)
-            hint = f"; did you mean {prefix}{close[0]}?" if close else (
-                f"; known: {', '.join(sorted(known))}")
-            out.append(Problem(prefix + name, f"unknown {what}{hint}"))
+            problem = unknown(prefix, name, sorted(known), what)
+            if prefix == "vllm." and (nearest(name, known) or "").lower() != name.lower():
+                # `max-model-len = 4096` right below [vllm]: a flag of vLLM's, one table up
+                problem = Problem(problem.key, f"{problem.problem} (a vLLM flag goes under "
+                                  f"[vllm.args]: {name} = ... below that header)")
+            out.append(problem)
     return out
 
 

@@ -17,7 +17,7 @@ from dataclasses import dataclass
 
 from vllmwatch.config import units
 from vllmwatch.config.convert import show
-from vllmwatch.config.errors import Problem
+from vllmwatch.config.errors import Problem, unknown
 from vllmwatch.config.redact import REDACT
 
 ENDPOINTS = ("chat", "tools", "messages", "embeddings", "completions")
@@ -122,9 +122,7 @@ def parse(value: object, config: object = None
 
 def _check(t: Mapping[str, object], at: str, problems: list[Problem]) -> SmokeCheck | None:
     before = len(problems)
-    for key in t:
-        if key not in KEYS:
-            problems.append(Problem(f"{at}.{key}", f"unknown key; known: {', '.join(KEYS)}"))
+    problems += [unknown(f"{at}.", key, KEYS) for key in t if key not in KEYS]
     endpoint = t.get("endpoint")
     if not isinstance(endpoint, str) or endpoint not in ENDPOINTS:
         problems.append(Problem(f"{at}.endpoint", (f"bad value {show(endpoint)}" if endpoint
