@@ -3,17 +3,23 @@
 
 - an unknown key of any table ([SECTION], [[smoke]], [[adapters]]) names the key it most
   likely meant, whatever its case or its `-`/`_` (`MAX_RESTARTS`, `[VLLM]`, `Endpoint`), and
-  a vLLM flag written right below [vllm] says it goes under [vllm.args]."""
+  a vLLM flag written right below [vllm] says it goes under [vllm.args];
+- a config path that is not UTF-8 is a config error at the load, not exit 70 at `run`'s
+  instance lock (nor `check`'s "cannot load: UnicodeEncodeError") after the load passed."""
 
 from __future__ import annotations
 
 import dataclasses
+import os
+from pathlib import Path
 from typing import Any
 
 import pytest
 
+from vllmwatch import cli
 from vllmwatch.config import adapters, smoke
-from vllmwatch.config.schema import SECTIONS, ConfigError, from_dict
+from vllmwatch.config.schema import SECTIONS, ConfigError, from_dict, load
+from vllmwatch.core import exitcodes
 
 
 def _spellings(key: str) -> list[str]:
@@ -71,3 +77,33 @@ def test_a_vllm_flag_right_below_vllm_says_it_goes_under_vllm_args(flag: str) ->
 def test_a_key_of_vllm_in_another_case_is_no_flag() -> None:
     problem = _problems({"vllm": {"model": "/m", "PORT": 1}})["vllm.PORT"]
     assert problem == "unknown key; did you mean vllm.port?", problem
+
+
+def _not_utf8(tmp_path: Path, where: str) -> str:
+    base = os.fsencode(tmp_path)
+    path = base + (b"/caf\xe9.toml" if where == "file" else b"/\xff\xfe/vllmwatch.toml")
+    os.makedirs(os.path.dirname(path), exist_ok=True)
+    with open(path, "wb") as fh:
+        fh.write(b'[vllm]\nmodel = "/m"\n')
+    return os.fsdecode(path)  # as argv and the environment give it: surrogate escapes
+
+
+@pytest.mark.parametrize("where", ["file", "folder"])
+@pytest.mark.parametrize("given", ["--config", "VLLMWATCH_CONFIG"])
+@pytest.mark.parametrize("sub", [["print-command"], ["check", "--config-only"],
+                                 ["check", "--fast"], ["prewarm"]])
+def test_a_config_path_that_is_not_utf8_is_a_config_error(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str],
+        where: str, given: str, sub: list[str]) -> None:
+    path = _not_utf8(tmp_path, where)
+    with pytest.raises(ConfigError, match="is not UTF-8 text; rename the file"):
+        load(path)
+    if given == "--config":
+        argv = [*sub, "--config", path]
+    else:
+        monkeypatch.setenv("VLLMWATCH_CONFIG", path)
+        argv = sub
+    assert cli.main(argv) == exitcodes.CONFIG
+    out = capsys.readouterr()
+    said = out.out + out.err
+    assert "not UTF-8 text" in said and "Error" not in said and "Traceback" not in said, said

@@ -74,6 +74,14 @@ def config_path(cli_value: str | None) -> str:
 def load(path: str) -> Config:
     """Read, parse and validate a config file; raise ConfigError listing every problem."""
     try:
+        path.encode("utf-8")
+    except UnicodeEncodeError:
+        # Its name is text everywhere after this (the instance's id and lock, the unit's
+        # name, logs): a byte that is not UTF-8 crashed `run` (exit 70) and `check` after
+        # the load had passed
+        raise ConfigError(path, "", f"the path {os.fsencode(path)!r} is not UTF-8 text; "
+                          "rename the file (or its folder) with a UTF-8 name") from None
+    try:
         raw = safefile.read_bounded(path)
     except safefile.FileProblem as exc:
         hint = " (pass --config PATH or set VLLMWATCH_CONFIG)" if exc.transient else ""
