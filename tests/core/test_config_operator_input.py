@@ -5,7 +5,10 @@
   likely meant, whatever its case or its `-`/`_` (`MAX_RESTARTS`, `[VLLM]`, `Endpoint`), and
   a vLLM flag written right below [vllm] says it goes under [vllm.args];
 - a config path that is not UTF-8 is a config error at the load, not exit 70 at `run`'s
-  instance lock (nor `check`'s "cannot load: UnicodeEncodeError") after the load passed."""
+  instance lock (nor `check`'s "cannot load: UnicodeEncodeError") after the load passed;
+- vllm.env_file's lines end at a line feed, as an editor's do (str.splitlines() also ended
+  one inside a value), and a byte-order mark at the start of it or of the key file is
+  skipped, as in the config, not read as part of the first name or the key."""
 
 from __future__ import annotations
 
@@ -17,7 +20,7 @@ from typing import Any
 import pytest
 
 from vllmwatch import cli
-from vllmwatch.config import adapters, smoke
+from vllmwatch.config import adapters, command, smoke
 from vllmwatch.config.schema import SECTIONS, ConfigError, from_dict, load
 from vllmwatch.core import exitcodes
 
@@ -107,3 +110,53 @@ def test_a_config_path_that_is_not_utf8_is_a_config_error(
     out = capsys.readouterr()
     said = out.out + out.err
     assert "not UTF-8 text" in said and "Error" not in said and "Traceback" not in said, said
+
+
+_BREAKS = ["\v", "\f", "\x1c", "\x1d", "\x1e", "\x85", "\u2028", "\u2029"]
+
+
+def _with_file(tmp_path: Path, key: str, data: bytes) -> str:
+    secret = tmp_path / "secret"
+    secret.write_bytes(data)
+    os.chmod(secret, 0o600)
+    path = tmp_path / "v.toml"
+    path.write_text(f'[vllm]\nmodel = "/m"\ncommand = ["vllm", "serve"]\n{key} = "{secret}"\n')
+    return str(path)
+
+
+def _env(path: str) -> dict[str, str]:
+    config = load(path)
+    return dict(command.build(config, {}, api_key=command.read_api_key(config)).env)
+
+
+@pytest.mark.parametrize("mark", _BREAKS)
+def test_an_env_file_line_ends_at_a_line_feed_only(tmp_path: Path, mark: str) -> None:
+    text = f"HF_TOKEN=hf_a{mark}VLLM_API_KEY=sk-b\nOTHER=1\n"
+    env = _env(_with_file(tmp_path, "env_file", text.encode()))
+    assert env["HF_TOKEN"] == f"hf_a{mark}VLLM_API_KEY=sk-b" and env["OTHER"] == "1"
+    assert "VLLM_API_KEY" not in env  # no variable made of a value's text
+
+
+@pytest.mark.parametrize("mark", _BREAKS)
+def test_an_env_file_s_bad_line_is_the_line_an_editor_shows(tmp_path: Path,
+                                                            mark: str) -> None:
+    path = _with_file(tmp_path, "env_file", f"A=1{mark}2\nB=3\nnot a line\n".encode())
+    with pytest.raises(command.KeyFileError, match="line 3: expected NAME=value") as got:
+        _env(path)
+    assert not got.value.transient
+
+
+@pytest.mark.parametrize(("key", "data"), [
+    ("env_file", b"\xef\xbb\xbfHF_TOKEN=hf_abc\n"),
+    ("env_file", b"\xef\xbb\xbf# Notepad\r\nHF_TOKEN=hf_abc\r\n"),
+    ("api_key_file", b"\xef\xbb\xbfsk-abc\r\n"),
+])
+def test_a_byte_order_mark_is_no_part_of_a_secret_file_s_first_line(
+        tmp_path: Path, key: str, data: bytes) -> None:
+    path = _with_file(tmp_path, key, data)
+    env = _env(path)
+    if key == "env_file":
+        assert env["HF_TOKEN"] == "hf_abc"
+    else:
+        assert command.read_api_key(load(path)) == "sk-abc" == env["VLLM_API_KEY"]
+    command.load_for_reload(path)  # and a reload takes it

@@ -154,7 +154,8 @@ def read_api_key(config: Config) -> str | None:
     if not path:
         return None
     try:
-        key = safefile.read_within(path, MAX_KEY, KEY_READ_TIMEOUT).decode("utf-8").strip()
+        # (a byte-order mark is no part of the key: Notepad's UTF-8, refused as non-ASCII)
+        key = safefile.read_within(path, MAX_KEY, KEY_READ_TIMEOUT).decode("utf-8-sig").strip()
     except safefile.FileProblem as exc:
         raise KeyFileError(config.path, "vllm.api_key_file", f"{exc}; check the path and "
                            "that the service user may read it", transient=exc.transient) \

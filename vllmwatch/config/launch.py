@@ -144,12 +144,15 @@ class KeyFileError(ConfigError):
 def read_env_file(config: _Configured) -> tuple[dict[str, str], list[str]]:
     """vllm.env_file: (secret variables for vLLM's environment, flags whose values are
     secret). ({}, []) when none is set. Lines are NAME=value (no quoting: the value is the
-    rest of the line), blank and # lines skipped; bounded and with a deadline, as the key."""
+    rest of the line), blank and # lines skipped; bounded and with a deadline, as the key.
+    A line ends at a line feed only (an editor's lines: str.splitlines() also ended one at a
+    \v, \f, \x1c-\x1e, \x85 or U+2028 inside a value, and named the wrong line); a UTF-8
+    byte-order mark (Notepad's) is skipped, as in the config."""
     path = config.vllm.env_file
     if not path:
         return {}, []
     try:
-        text = safefile.read_within(path, MAX_KEY, KEY_READ_TIMEOUT).decode("utf-8")
+        text = safefile.read_within(path, MAX_KEY, KEY_READ_TIMEOUT).decode("utf-8-sig")
     except safefile.FileProblem as exc:
         raise KeyFileError(config.path, "vllm.env_file", f"{exc}; check the path and that "
                            "the service user may read it", transient=exc.transient) from None
@@ -158,7 +161,7 @@ def read_env_file(config: _Configured) -> tuple[dict[str, str], list[str]]:
                            f"({exc.reason} at byte {exc.start})", transient=False) from None
     env: dict[str, str] = {}
     args: list[str] = []
-    for number, raw in enumerate(text.splitlines(), 1):
+    for number, raw in enumerate(text.split("\n"), 1):
         line = raw.strip()
         if not line or line.startswith("#"):
             continue
