@@ -7,6 +7,7 @@ import contextlib
 import errno
 import os
 import signal
+import stat
 import sys
 from collections.abc import Sequence
 
@@ -137,6 +138,12 @@ def _dispatch(args: argparse.Namespace) -> int:
     if args.command == "incidents":
         from vllmwatch.incident import cli as incident_cli
 
+        if args.dir and _no_folder(args.dir):
+            # a file (the config, a record), a FIFO, a link loop: "no incident records" and
+            # exit 0 said the folder was empty
+            print(f"vllmwatch: --dir {args.dir!r} is not a folder; give the incidents folder "
+                  "(e.g. /var/lib/vllmwatch/incidents)", file=sys.stderr)
+            return 2
         if args.dir:  # that folder only
             return incident_cli.main(args.action, args.id, args.json, [args.dir], None)
         return incident_cli.main(args.action, args.id, args.json,
@@ -160,6 +167,17 @@ def _dispatch(args: argparse.Namespace) -> int:
     from vllmwatch import daemon
 
     return daemon.main(config, log_format=args.log_format, prewarm=not args.no_prewarm)
+
+
+def _no_folder(path: str) -> bool:
+    """Whether `path` is something that is no folder: not when it is not there (not made
+    yet, or a link to what is not made yet) or closed to this user (incidents says so)."""
+    try:
+        return not stat.S_ISDIR(os.stat(path).st_mode)
+    except (FileNotFoundError, PermissionError):
+        return False
+    except OSError:  # a link loop; a file where a folder of the path should be
+        return True
 
 
 def _incident_roots(config_arg: str | None) -> list[str]:

@@ -8,7 +8,9 @@
   instance lock (nor `check`'s "cannot load: UnicodeEncodeError") after the load passed;
 - vllm.env_file's lines end at a line feed, as an editor's do (str.splitlines() also ended
   one inside a value), and a byte-order mark at the start of it or of the key file is
-  skipped, as in the config, not read as part of the first name or the key."""
+  skipped, as in the config, not read as part of the first name or the key;
+- `incidents --dir` given something that is no folder (the config, a FIFO, a link loop)
+  is a usage error, not "no incident records" and exit 0."""
 
 from __future__ import annotations
 
@@ -160,3 +162,37 @@ def test_a_byte_order_mark_is_no_part_of_a_secret_file_s_first_line(
     else:
         assert command.read_api_key(load(path)) == "sk-abc" == env["VLLM_API_KEY"]
     command.load_for_reload(path)  # and a reload takes it
+
+
+def _not_a_folder(tmp_path: Path, kind: str) -> str:
+    path = tmp_path / "incidents"
+    if kind == "file":
+        path.write_text('[vllm]\nmodel = "/m"\n')  # the config, given by mistake
+    elif kind == "fifo":
+        os.mkfifo(path)
+    elif kind == "under a file":
+        path.write_text("")
+        path = path / "incidents"
+    else:
+        path.symlink_to(path)
+    return str(path)
+
+
+@pytest.mark.parametrize("kind", ["file", "fifo", "loop", "under a file"])
+@pytest.mark.parametrize("more", [[], ["--json"], ["show", "20260101T000000Z-crash"]])
+def test_incidents_dir_that_is_no_folder_is_a_usage_error(
+        tmp_path: Path, capsys: pytest.CaptureFixture[str], kind: str, more: list[str]) -> None:
+    path = _not_a_folder(tmp_path, kind)
+    assert cli.main(["incidents", "--dir", path, *more]) == 2
+    err = capsys.readouterr().err
+    assert f"--dir {path!r} is not a folder" in err and "no incident records" not in err, err
+
+
+@pytest.mark.parametrize("link", [False, True])
+def test_incidents_dir_not_made_yet_has_no_records(
+        tmp_path: Path, capsys: pytest.CaptureFixture[str], link: bool) -> None:
+    path = tmp_path / "incidents"
+    if link:  # (a link to a state directory not made yet)
+        path.symlink_to(tmp_path / "state" / "incidents")
+    assert cli.main(["incidents", "--dir", str(path)]) == 0
+    assert "no incident records" in capsys.readouterr().err
