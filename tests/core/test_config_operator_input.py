@@ -10,7 +10,9 @@
   one inside a value), and a byte-order mark at the start of it or of the key file is
   skipped, as in the config, not read as part of the first name or the key;
 - `incidents --dir` given something that is no folder (the config, a FIFO, a link loop)
-  is a usage error, not "no incident records" and exit 0."""
+  is a usage error, not "no incident records" and exit 0;
+- a section written as an array of tables (`[[probe]]`) is named at its header, with the
+  one pair of brackets it takes, and none of its keys is also called missing."""
 
 from __future__ import annotations
 
@@ -196,3 +198,18 @@ def test_incidents_dir_not_made_yet_has_no_records(
         path.symlink_to(tmp_path / "state" / "incidents")
     assert cli.main(["incidents", "--dir", str(path)]) == 0
     assert "no incident records" in capsys.readouterr().err
+
+
+@pytest.mark.parametrize("section", sorted(SECTIONS))
+def test_a_section_written_as_an_array_of_tables_is_named_at_its_header(
+        tmp_path: Path, section: str) -> None:
+    first = "" if section == "vllm" else '[vllm]\nmodel = "/m"\n\n'
+    path = tmp_path / "v.toml"
+    path.write_text(f"{first}[[{section}]]\n[[{section}]]\n")
+    with pytest.raises(ConfigError) as exc:
+        load(str(path))
+    problems = exc.value.problems
+    assert [(p.key, p.line) for p in problems] == [(section, first.count("\n") + 1)], problems
+    assert problems[0].problem == (
+        f"expected a table [{section}], got [[{section}]], an array of tables; write "
+        f"[{section}] with one pair of brackets: the section is one table")

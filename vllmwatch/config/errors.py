@@ -118,8 +118,8 @@ def line_of(text: str, key: str) -> int | None:
         if array:
             arrays[array.group(1)] = arrays.get(array.group(1), 0) + 1
             current = f"{array.group(1)}[{arrays[array.group(1)]}]"
-            if current == key:
-                return number
+            if current == key or (array.group(1) == key and arrays[key] == 1):
+                return number  # (`[[probe]]` for the table [probe]: its first header)
             continue
         header = re.match(r"^\[\s*([\w.-]+)\s*\]", stripped)
         if header:

@@ -136,7 +136,11 @@ def from_dict(data: Mapping[str, object], path: str = "<config>") -> Config:
     for name, cls in SECTIONS.items():
         table = data.get(name, {})
         if not isinstance(table, dict):
-            problems.append(Problem(name, f"expected a table [{name}], got {show(table)}"))
+            tables = isinstance(table, list) and table and all(isinstance(t, dict) for t in table)
+            got = f"[[{name}]], an array of tables" if tables else show(table)
+            problems.append(Problem(name, f"expected a table [{name}], got {got}" + (
+                f"; write [{name}] with one pair of brackets: the section is one table"
+                if tables else "")))
             table = {}
         sections[name] = _section(cls, table, name, problems)
     arrays: dict[str, object] = {}
@@ -152,7 +156,8 @@ def from_dict(data: Mapping[str, object], path: str = "<config>") -> Config:
         problems += more
     # A key already refused keeps its default: never also "missing" (vllm.model = "/m\0").
     refused = {p.key for p in problems}
-    problems += [p for p in cross_checks(config) if p.key not in refused]
+    problems += [p for p in cross_checks(config)  # (nor a key of a section refused whole)
+                 if p.key not in refused and p.key.partition(".")[0] not in refused]
     if problems:
         # Report the refused flags too, so that one edit cycle fixes the whole file.
         vllm = data.get("vllm")
