@@ -12,7 +12,10 @@
 - `incidents --dir` given something that is no folder (the config, a FIFO, a link loop)
   is a usage error, not "no incident records" and exit 0;
 - a section written as an array of tables (`[[probe]]`) is named at its header, with the
-  one pair of brackets it takes, and none of its keys is also called missing."""
+  one pair of brackets it takes, and none of its keys is also called missing;
+- vllm.command's program is what the service can exec: a name on PATH or a path from /
+  (a relative one passed `check` in its folder and failed the service: spawn_failed, 78),
+  with no shell's `~` or `$VAR`, no program and its words in one item."""
 
 from __future__ import annotations
 
@@ -213,3 +216,32 @@ def test_a_section_written_as_an_array_of_tables_is_named_at_its_header(
     assert problems[0].problem == (
         f"expected a table [{section}], got [[{section}]], an array of tables; write "
         f"[{section}] with one pair of brackets: the section is one table")
+
+
+@pytest.mark.parametrize(("program", "says"), [
+    ("./venv/bin/vllm", "a relative path; write it from /"),
+    ("venv/bin/python", "a relative path; write it from /"),
+    ("../vllm/bin/vllm", "a relative path; write it from /"),
+    ("~/venv/bin/vllm", "a shell expands ~"),
+    ("~vllm/bin/vllm", "a shell expands ~"),
+    ("$HOME/venv/bin/vllm", "a shell expands $"),
+    ("${VENV}/bin/vllm", "a shell expands $"),
+    ("vllm serve", "a program and its words in one item"),
+    ("vllm ", "a space at an end"),
+    (" /opt/vllm/bin/vllm", "a space at an end"),
+    ("vllm\n", "a control character"),
+    ("/opt/vllm/bin/vllm\x1b", "a control character"),
+])
+def test_a_program_the_service_cannot_exec_is_refused_at_the_load(program: str,
+                                                                  says: str) -> None:
+    problem = _problems({"vllm": {"model": "/m", "command": [program, "serve"]}})[
+        "vllm.command"]
+    assert f"item 0 {program!r}: {says}" in problem, problem
+
+
+@pytest.mark.parametrize("command", [
+    ["vllm", "serve"], ["/opt/vllm/bin/vllm", "serve"], ["/opt/my venv/bin/vllm", "serve"],
+    ["python3", "-m", "vllm.entrypoints.openai.api_server"], ["/usr/bin/env", "vllm", "serve"],
+])
+def test_a_program_on_path_or_from_the_root_passes(command: list[str]) -> None:
+    assert from_dict({"vllm": {"model": "/m", "command": command}}).vllm.command == command

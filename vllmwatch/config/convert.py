@@ -143,7 +143,26 @@ def _command(value: object) -> list[str]:
     empty = [i for i, w in enumerate(words) if not w.strip()]
     if empty:
         raise ValueError(f"item {empty[0]} is empty or blank")
+    _program(words[0])
     return words
+
+
+def _program(word: str) -> None:
+    """What vllmwatch can exec as the service: a name on PATH or a path from /. A relative
+    path passed `check` in its folder and failed the service (spawn_failed, exit 78) from
+    WorkingDirectory=; `~` and `$VAR` are a shell's, and exec expands neither."""
+    if _CONTROL.search(word) or word != word.strip():
+        what = "a space at an end" if word.isprintable() else "a control character"
+        raise ValueError(f"item 0 {word!r}: {what}, which no program's name has")
+    if word.startswith(("~", "$")):
+        raise ValueError(f"item 0 {word!r}: a shell expands {word[0]}, and vllmwatch runs "
+                         "the program itself, with no shell; write the path from /")
+    if "/" in word and not word.startswith("/"):
+        raise ValueError(f"item 0 {word!r}: a relative path; write it from / (the service "
+                         "starts elsewhere), or give a name on PATH")
+    if "/" not in word and " " in word:
+        raise ValueError(f"item 0 {word!r}: a program and its words in one item; write "
+                         'each word as an item, e.g. ["vllm", "serve"]')
 
 
 def _str_table(value: object) -> dict[str, str]:
