@@ -15,7 +15,9 @@
   one pair of brackets it takes, and none of its keys is also called missing;
 - vllm.command's program is what the service can exec: a name on PATH or a path from /
   (a relative one passed `check` in its folder and failed the service: spawn_failed, 78),
-  with no shell's `~` or `$VAR`, no program and its words in one item."""
+  with no shell's `~` or `$VAR`, no program and its words in one item;
+- a file of thousands of problems is judged in one pass over its text (it took minutes) and
+  said in bounds: the first 50 problems, 10 bad entries of a table, a long name cut."""
 
 from __future__ import annotations
 
@@ -245,3 +247,44 @@ def test_a_program_the_service_cannot_exec_is_refused_at_the_load(program: str,
 ])
 def test_a_program_on_path_or_from_the_root_passes(command: list[str]) -> None:
     assert from_dict({"vllm": {"model": "/m", "command": command}}).vllm.command == command
+
+
+_MANY = {
+    "probe": lambda i: f"k{i} = 1",
+    "vllm.env": lambda i: f"K{i} = [1]",
+    "vllm.args": lambda i: f'"k {i}" = 1',
+}
+
+
+@pytest.mark.parametrize("table", sorted(_MANY))
+def test_a_file_of_thousands_of_problems_is_judged_at_once_and_said_in_bounds(
+        tmp_path: Path, table: str) -> None:
+    """4000 unknown keys took minutes (each problem's line was searched for through the
+    whole text: 16 million lines read), and every problem was said: megabytes of message."""
+    import time
+
+    lines = [_MANY[table](i) for i in range(4000)]
+    path = tmp_path / "v.toml"
+    path.write_text('[vllm]\nmodel = "/m"\n' + f"[{table}]\n" + "\n".join(lines) + "\n")
+    began = time.monotonic()
+    with pytest.raises(ConfigError) as exc:
+        load(str(path))
+    assert time.monotonic() - began < 10
+    text = str(exc.value)
+    assert len(text) < 20_000 and ("more (fix these first)" in text or "and 3990 more" in text)
+    if table == "probe":  # each still placed at its own line
+        assert [p.line for p in exc.value.problems] == list(range(4, 4004))
+
+
+@pytest.mark.parametrize("where", ["[probe]\n{k} = 1", "[vllm.env]\n{k}_ = 1",
+                                   '[vllm.env]\n"{k}-" = 1', '[vllm.args]\n"{k}!" = 1',
+                                   "[vllm.args]\n{k} = 1", "[{k}]",
+                                   '[[smoke]]\nendpoint = "chat"\n{k} = 1',
+                                   '[[adapters]]\nname = "a"\npath = "/a"\n{k} = 1'])
+def test_a_long_name_is_said_cut_with_its_length(tmp_path: Path, where: str) -> None:
+    path = tmp_path / "v.toml"
+    path.write_text('[vllm]\nmodel = "/m"\n' + where.format(k="x" * 300_000) + "\n")
+    with pytest.raises(ConfigError) as exc:
+        load(str(path))
+    text = str(exc.value)
+    assert len(text) < 3000 and "characters)" in text, text[:3000]

@@ -171,17 +171,19 @@ def _str_table(value: object) -> dict[str, str]:
         raise TypeError("")
     out, bad = {}, []  # every bad entry named at once: one edit fixes the table
     for k, v in value.items():
+        name = _name_shown(str(k))
         try:
             if not re.fullmatch(r"[A-Za-z_][A-Za-z0-9_]*", str(k)):
-                raise ValueError(f"{str(k)!r}: an environment variable's name has only "
+                raise ValueError(f"{name!r}: an environment variable's name has only "
                                  "letters, digits and _, and does not start with a digit")
             if isinstance(v, bool) or not isinstance(v, (str, int, float)):
-                raise ValueError(f"{k} = {show(v)} must be a string or number")
-            out[str(k)] = _no_nul(str(v), f"{k}: ")
+                raise ValueError(f"{name} = {show(v)} must be a string or number")
+            _no_nul(f"{k}={v}", f"{name}: ")  # (NAME=value is one string to the kernel)
+            out[str(k)] = str(v)
         except ValueError as exc:
             bad.append(str(exc))
     if bad:
-        raise ValueError("; ".join(bad))
+        raise ValueError(_joined(bad))
     return out
 
 
@@ -190,18 +192,37 @@ def _args_table(value: object) -> dict[str, object]:
         raise TypeError("")
     bad = []  # every bad entry named at once: one edit fixes the table
     for k, v in value.items():
+        name = _name_shown(str(k))
         try:
             if str(k).startswith("-"):
-                raise ValueError(f"write flag names without dashes: {str(k).lstrip('-')!r}")
+                raise ValueError(f"write flag names without dashes: {name.lstrip('-')!r}")
             if not re.fullmatch(r"[A-Za-z0-9][A-Za-z0-9_.-]*", str(k)):
-                raise ValueError(f"{str(k)!r}: a flag's name has only letters, digits, - "
+                raise ValueError(f"{name!r}: a flag's name has only letters, digits, - "
                                  "and _")
+            if len(str(k)) > MAX_NAME:
+                raise ValueError(f"{name!r}: no vLLM flag's name is so long")
             _flag_value(v, str(k))
         except ValueError as exc:
             bad.append(str(exc))
     if bad:
-        raise ValueError("; ".join(bad))
+        raise ValueError(_joined(bad))
     return dict(value)
+
+
+MAX_NAME = 200  # characters of a flag's name (vLLM's longest is under 50)
+MAX_BAD = 10  # bad entries of one table a message names; the count says how many more
+
+
+def _name_shown(name: str) -> str:
+    """A table's key as a message shows it: a long one cut, its length said (a 300 kB name
+    was echoed whole, as a long value is not: show)."""
+    return name if len(name) <= SHOW_CHARS else \
+        f"{REDACT.head(name, SHOW_CHARS)}... ({len(name)} characters)"
+
+
+def _joined(bad: list[str]) -> str:
+    more = len(bad) - MAX_BAD
+    return "; ".join(bad[:MAX_BAD]) + (f"; and {more} more" if more > 0 else "")
 
 
 def valid_args(value: object) -> dict[str, object]:

@@ -24,7 +24,9 @@ class Problem:
         which reads `HF_TOKEN: word` and `HF_TOKEN word` as a secret and its value, and hid
         the problem's first word (`vllm.env.HF_TOKEN <redacted> HF_TOKEN a second time`)."""
         place = f"{path}:{self.line}" if self.line else path
-        key = f"`{self.key}` " if is_secret_name(self.key) else f"{self.key}: "
+        name = self.key if len(self.key) <= MAX_KEY_SHOWN else \
+            f"{self.key[:MAX_KEY_SHOWN]}... ({len(self.key)} characters)"  # (a 300 kB typo)
+        key = f"`{name}` " if is_secret_name(self.key) else f"{name}: "
         return f"{place}: {key}{self.problem}" if self.key else f"{place}: {self.problem}"
 
 
@@ -40,9 +42,11 @@ class ConfigError(Exception):
         self.problems: tuple[Problem, ...] = (Problem(key, problem, line), *more)
         if len(self.problems) == 1:
             text = self.problems[0].render(path)
-        else:
+        else:  # the first MAX_SHOWN: a file of 60000 unknown keys said each (megabytes)
+            left = len(self.problems) - MAX_SHOWN
             text = f"{path}: {len(self.problems)} problems:\n" + "\n".join(
-                "  " + p.render(path) for p in self.problems)
+                "  " + p.render(path) for p in self.problems[:MAX_SHOWN]) + (
+                f"\n  ... and {left} more (fix these first)" if left > 0 else "")
         super().__init__(text)
 
     @classmethod
@@ -53,11 +57,16 @@ class ConfigError(Exception):
 
     def with_lines(self, text: str) -> ConfigError:
         """The same problems, each placed at the line of the file text that sets its key."""
+        lines = _Lines(text)  # read once: a search of the text per problem took minutes
         placed = [p if p.line is not None or not p.key else Problem(p.key, p.problem,
-                                                                    _nearest_line(text, p.key))
+                                                                    lines.nearest(p.key))
                   for p in self.problems]
         placed.sort(key=lambda p: p.line if p.line is not None else 1 << 30)  # file order
         return type(self).of(self.path, placed)
+
+
+MAX_SHOWN = 50  # problems a message lists; the count says how many more
+MAX_KEY_SHOWN = 120  # characters of a key's name (convert.SHOW_CHARS of a value)
 
 
 def raise_all(path: str, problems: Sequence[Problem]) -> None:
@@ -90,46 +99,57 @@ def unknown(prefix: str, name: str, known: Sequence[str], what: str = "key") -> 
     return Problem(prefix + name, f"unknown {what}; {hint}")
 
 
-def _nearest_line(text: str, key: str) -> int | None:
-    """The line of the key, else of the table that holds it (an inline table, say)."""
-    while key:
-        line = line_of(text, key)
-        if line is not None:
-            return line
-        key = key.rpartition(".")[0]
-    return None
-
-
 def line_of(text: str, key: str) -> int | None:
     """The line that sets a dotted key ("memory.gpu_limit") or opens a table ("memory").
 
     Also finds keys inside sub-tables such as "vllm.args.max-model-len", and in the Nth table
     of an array of tables: "smoke[2].endpoint" (N counts the `[[smoke]]` headers from 1).
     """
-    parts = re.split(r"\.(?![^\[]*\])", key)
-    name = re.split(r"\[", parts[-1])[0] if len(parts) > 1 else ""
-    table = ".".join(parts[:-1]) if len(parts) > 1 else parts[0]
-    section = parts[0]
-    current = ""
-    arrays: dict[str, int] = {}
-    for number, line in enumerate(text.splitlines(), 1):
-        stripped = line.strip()
-        array = re.match(r"^\[\[\s*([\w.-]+)\s*\]\]", stripped)
-        if array:
-            arrays[array.group(1)] = arrays.get(array.group(1), 0) + 1
-            current = f"{array.group(1)}[{arrays[array.group(1)]}]"
-            if current == key or (array.group(1) == key and arrays[key] == 1):
-                return number  # (`[[probe]]` for the table [probe]: its first header)
-            continue
-        header = re.match(r"^\[\s*([\w.-]+)\s*\]", stripped)
-        if header:
-            current = header.group(1)
-            if current == key:
-                return number
-            continue
-        if name and current in (table, section) and re.match(
-                rf"^[\"']?{re.escape(name)}[\"']?\s*=", stripped):
-            return number
-        if not current and re.match(rf"^{re.escape(section)}\s*=", stripped):
-            return number
-    return None
+    return _Lines(text).line(key)
+
+
+class _Lines:
+    """Where a text's headers and keys are, read in one pass: the first line of each header
+    (`[[smoke]]`'s Nth as smoke[N], its first as smoke too), of each key under each header
+    (quoted or not), and of each key above the first header."""
+
+    def __init__(self, text: str) -> None:
+        self.headers: dict[str, int] = {}
+        self.keys: dict[tuple[str, str], int] = {}
+        current = ""
+        arrays: dict[str, int] = {}
+        for number, line in enumerate(text.splitlines(), 1):
+            stripped = line.strip()
+            array = re.match(r"^\[\[\s*([\w.-]+)\s*\]\]", stripped)
+            header = None if array else re.match(r"^\[\s*([\w.-]+)\s*\]", stripped)
+            if array:
+                arrays[array[1]] = arrays.get(array[1], 0) + 1
+                current = f"{array[1]}[{arrays[array[1]]}]"
+                self.headers.setdefault(array[1], number)
+            elif header:
+                current = header[1]
+            if array or header:
+                self.headers.setdefault(current, number)
+                continue
+            key = re.match(r"^[\"']?(.+?)[\"']?\s*=", stripped)
+            if key:
+                self.keys.setdefault((current, key[1]), number)
+
+    def line(self, key: str) -> int | None:
+        parts = re.split(r"\.(?![^\[]*\])", key)
+        name = re.split(r"\[", parts[-1])[0] if len(parts) > 1 else ""
+        table = ".".join(parts[:-1]) if len(parts) > 1 else parts[0]
+        section = parts[0]
+        found = [self.headers.get(key), self.keys.get(("", section))]
+        if name:
+            found += [self.keys.get((table, name)), self.keys.get((section, name))]
+        return min((n for n in found if n is not None), default=None)
+
+    def nearest(self, key: str) -> int | None:
+        """The line of the key, else of the table that holds it (an inline table, say)."""
+        while key:
+            line = self.line(key)
+            if line is not None:
+                return line
+            key = key.rpartition(".")[0]
+        return None
