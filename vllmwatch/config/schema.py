@@ -66,8 +66,17 @@ __all__ = [
 ]
 
 
+COMMAND_LINE = "(command line)"  # a ConfigError's path when the command line itself is wrong
+
+
 def config_path(cli_value: str | None) -> str:
-    """The config file to read: --config, then $VLLMWATCH_CONFIG, then the default."""
+    """The config file to read: --config, then $VLLMWATCH_CONFIG, then the default. An empty
+    --config is refused, not read as none: the units pass `--config ${VLLMWATCH_CONFIG}`, and
+    an instance whose drop-in set it to nothing ran (and reloaded) the default config."""
+    if cli_value is not None and not cli_value.strip():
+        raise ConfigError(COMMAND_LINE, "--config", f"an empty path ({cli_value!r}): give the "
+                          "config file's path (a unit's Environment=VLLMWATCH_CONFIG= set to "
+                          "nothing?)")
     return cli_value or os.environ.get("VLLMWATCH_CONFIG") or DEFAULT_PATH
 
 

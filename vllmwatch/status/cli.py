@@ -18,7 +18,7 @@ from vllmwatch import bounded_http
 from vllmwatch.config.convert import printable
 from vllmwatch.config.hosts import connect_host, parse_listen, url_host
 from vllmwatch.config.redact import REDACT
-from vllmwatch.config.schema import ConfigError, config_path, load
+from vllmwatch.config.schema import COMMAND_LINE, ConfigError, config_path, load
 from vllmwatch.core import exitcodes
 from vllmwatch.status import stopped
 from vllmwatch.status.stopped import IncidentFinder
@@ -113,11 +113,11 @@ def _not_running(url: str, config_arg: str | None, find_incident: IncidentFinder
 
 def url_from_config(config_arg: str | None) -> str:
     """The base URL from the config's status.listen; StatusError when it cannot be had."""
-    path = config_path(config_arg)
     try:
+        path = config_path(config_arg)
         config = load(path)
     except ConfigError as exc:
-        if os.path.isfile(path) and not os.access(path, os.R_OK):
+        if exc.path != COMMAND_LINE and os.path.isfile(path) and not os.access(path, os.R_OK):
             # `init` as root writes it 0640 root:vllmwatch: a good file, not one to fix
             raise StatusError(f"cannot read {path} as this user (permission denied; the "
                               "config `vllmwatch init` writes is for root and the vllmwatch "
