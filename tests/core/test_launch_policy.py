@@ -66,7 +66,7 @@ def _cmd_env(vllm: dict[str, object], base: dict[str, str] | None = None) -> dic
 
 def test_the_launch_gets_fork_for_tp1_and_leaves_tp2_and_the_operator_alone() -> None:
     assert _cmd_env({})[FORK_VARIABLE] == "fork"
-    assert FORK_VARIABLE not in _cmd_env({"args": {"tensor-parallel-size": 2}})
+    assert FORK_VARIABLE not in _cmd_env({"args": {"tensor-parallel-size": 2}, "gpus": [0, 1]})
     assert _cmd_env({"env": {FORK_VARIABLE: "spawn"}})[FORK_VARIABLE] == "spawn"
     assert _cmd_env({}, {"PATH": "/usr/bin", FORK_VARIABLE: "spawn"})[FORK_VARIABLE] == "spawn"
 

@@ -172,6 +172,7 @@ def test_the_plan_reads_the_flags_wherever_the_config_gives_them(
     env.write_text("VLLMWATCH_ARG_TENSOR_PARALLEL_SIZE=2\nVLLMWATCH_ARG_HF_TOKEN=hf_x\n")
     env.chmod(0o600)
     vllm: dict[str, object] = {
+        "gpus": [0, 1],  # (one GPU per tensor-parallel rank: config/crosschecks._gpu_count)
         "args": {"max-model-len": 4096, **({"tensor-parallel-size": 2,
                                            "gpu-memory-utilization": 0.8}
                                           if where == "args" else {})},

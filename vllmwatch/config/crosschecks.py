@@ -35,8 +35,28 @@ def cross_checks(config: Config) -> list[Problem]:
         out.append(Problem("status.listen", f"bad value {config.status.listen!r}: {why}"))
     return out + _canary_checks(config) + _gate_checks(config) + _address_checks(config) \
         + startcache_problems(config, {}) + _spare_checks(config) + _env_checks(config) \
-        + _misplaced(config) + secret_twice(config, {}, []) \
+        + _misplaced(config) + secret_twice(config, {}, []) + _gpu_count(config) \
         + flags.command_problems(config.vllm.command, config.vllm.model)
+
+
+def _gpu_count(config: Config) -> list[Problem]:
+    """vllm.gpus that cannot hold one engine: vLLM puts each tensor- and pipeline-parallel rank
+    on a GPU of its own (CUDA_VISIBLE_DEVICES is vllm.gpus), and with fewer every start failed
+    (a crash loop) while the load passed. Only where the list is given: `None` is every GPU
+    (`check`'s gpu row counts them); [] is a CPU config."""
+    if not config.vllm.gpus:
+        return []
+    from vllmwatch.config.launch import parallel_sizes
+
+    sizes = parallel_sizes(config.vllm.args, config.vllm.extra_args)
+    need, have = sizes["tp"] * sizes["pp"], len(config.vllm.gpus)
+    if need <= have:
+        return []
+    listed = ", ".join(str(g) for g in config.vllm.gpus)
+    return [Problem("vllm.gpus", f"{have} GPU(s) ({listed}) for "
+                    f"tensor-parallel-size {sizes['tp']} x pipeline-parallel-size "
+                    f"{sizes['pp']} = {need} ranks, one GPU each: vLLM would fail every "
+                    f"start; list {need} GPUs, or lower the sizes")]
 
 
 def secret_twice(config: Config, file_env: Mapping[str, str],
