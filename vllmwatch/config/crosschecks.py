@@ -40,23 +40,36 @@ def cross_checks(config: Config) -> list[Problem]:
 
 
 def _gpu_count(config: Config) -> list[Problem]:
-    """vllm.gpus that cannot hold one engine: vLLM puts each tensor- and pipeline-parallel rank
-    on a GPU of its own (CUDA_VISIBLE_DEVICES is vllm.gpus), and with fewer every start failed
-    (a crash loop) while the load passed. Only where the list is given: `None` is every GPU
-    (`check`'s gpu row counts them); [] is a CPU config."""
+    """vllm.gpus that cannot hold the engines of one node: vLLM puts each tensor-, pipeline-
+    and data-parallel rank on a GPU of its own (CUDA_VISIBLE_DEVICES is vllm.gpus), and with
+    fewer every start failed (a crash loop) while the load passed. Only where the list is
+    given (`None` is every GPU, `check`'s gpu row counts them; [] is a CPU config), and only
+    for one node: with another node, Ray or a data-parallel rank of its own, the ranks here
+    are fewer than the sizes say, and vLLM itself judges them."""
     if not config.vllm.gpus:
         return []
     from vllmwatch.config.launch import parallel_sizes
 
+    given = flags.table(config.vllm.args, config.vllm.extra_args)
+    if any(name in given for name in _MANY_NODES) or str(given.get("nnodes", 1)) != "1" or \
+            given.get("distributed-executor-backend") not in (None, "mp", "uni"):
+        return []
     sizes = parallel_sizes(config.vllm.args, config.vllm.extra_args)
-    need, have = sizes["tp"] * sizes["pp"], len(config.vllm.gpus)
+    need, have = sizes["tp"] * sizes["pp"] * sizes["dp"], len(config.vllm.gpus)
     if need <= have:
         return []
     listed = ", ".join(str(g) for g in config.vllm.gpus)
-    return [Problem("vllm.gpus", f"{have} GPU(s) ({listed}) for "
-                    f"tensor-parallel-size {sizes['tp']} x pipeline-parallel-size "
-                    f"{sizes['pp']} = {need} ranks, one GPU each: vLLM would fail every "
-                    f"start; list {need} GPUs, or lower the sizes")]
+    return [Problem("vllm.gpus", f"{have} GPU(s) ({listed}) for tensor-parallel-size "
+                    f"{sizes['tp']} x pipeline-parallel-size {sizes['pp']} x "
+                    f"data-parallel-size {sizes['dp']} = {need} ranks, one GPU each: vLLM "
+                    f"would fail every start; list {need} GPUs, or lower the sizes")]
+
+
+# Flags of a deployment over more than this machine (or ranks placed by another launcher):
+# the sizes then count other nodes' GPUs too.
+_MANY_NODES = ("node-rank", "data-parallel-size-local",
+               "data-parallel-rank", "data-parallel-address", "data-parallel-start-rank",
+               "data-parallel-external-lb", "data-parallel-hybrid-lb", "headless")
 
 
 def secret_twice(config: Config, file_env: Mapping[str, str],
