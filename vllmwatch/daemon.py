@@ -73,7 +73,7 @@ def main(config: Config, log_format: str | None = None, prewarm: bool = True,
             # what it had started is stopped by now (_run's own finally); the documented
             # exit 70, not a bare traceback and exit 1 that systemd restarts unsaid.
             code = report_crash(log, notifier, exc, "starting", START_HINT)
-        leave_past_stuck_threads(code, log, log.farewell)
+        leave_past_stuck_threads(code, log, lambda: log.farewell(code))
         return code
     finally:
         log.farewell()  # (said already, unless a BaseException is on its way out)

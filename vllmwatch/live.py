@@ -20,6 +20,7 @@ from collections.abc import Callable
 from typing import Any
 
 from vllmwatch.config.schema import Config
+from vllmwatch.core import exitcodes
 from vllmwatch.gate.exchange import keepalive_of
 from vllmwatch.logfn import LogFn
 from vllmwatch.status.server import StatusListenError, StatusServer
@@ -59,11 +60,19 @@ class SwitchableLog:
             return
         self.target(level, event, **fields)
 
-    def farewell(self) -> None:
-        """Write the held `daemon.exit`, if the core said one (once)."""
+    def farewell(self, code: int | None = None) -> None:
+        """Write the held `daemon.exit`, if the core said one (once), with the code the
+        daemon exits with (`code`): a crash on the way out (the loop's close, the lock's
+        release) turned the decided 0 into 70, and the held line said 0 after it."""
         last, self._last = self._last, None
-        if last is not None:
-            self.target(last[0], LAST_EVENT, **last[1])
+        if last is None:
+            return
+        level, fields = last
+        if code is not None and fields.get("code") != code:
+            level, fields = "error" if code else "info", {
+                **fields, "code": code, "meaning": exitcodes.MEANING.get(code, ""),
+                "decided": fields.get("code")}
+        self.target(level, LAST_EVENT, **fields)
 
 
 class Live:

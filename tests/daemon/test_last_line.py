@@ -96,3 +96,18 @@ def test_no_exit_said_no_farewell() -> None:
     log.farewell()
     log("info", "daemon.exiting", code=0)
     assert said == [("info", "daemon.exiting", {"code": 0})]
+
+
+def test_a_crash_on_the_way_out_rewrites_the_held_code() -> None:
+    """The core decided 0, then the loop's close raised (exit 70): the last line says 70,
+    and which code was decided, never the 0 after daemon.crashed's 70."""
+    said, target = _recorder()
+    log = SwitchableLog(target)
+    log("info", "daemon.exit", code=0, meaning="stopped on request")
+    log.farewell(exitcodes.INTERNAL)
+    assert said == [("error", "daemon.exit", {
+        "code": exitcodes.INTERNAL, "meaning": exitcodes.MEANING[exitcodes.INTERNAL],
+        "decided": 0})]
+    log("info", "daemon.exit", code=0, meaning="stopped on request")
+    log.farewell(0)  # the same code: as held
+    assert said[-1] == ("info", "daemon.exit", {"code": 0, "meaning": "stopped on request"})
