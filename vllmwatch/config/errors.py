@@ -24,8 +24,7 @@ class Problem:
         which reads `HF_TOKEN: word` and `HF_TOKEN word` as a secret and its value, and hid
         the problem's first word (`vllm.env.HF_TOKEN <redacted> HF_TOKEN a second time`)."""
         place = f"{path}:{self.line}" if self.line else path
-        name = self.key if len(self.key) <= MAX_KEY_SHOWN else \
-            f"{self.key[:MAX_KEY_SHOWN]}... ({len(self.key)} characters)"  # (a 300 kB typo)
+        name = self.key if len(self.key) <= MAX_KEY_SHOWN else _cut(self.key)  # a 300 kB typo
         key = f"`{name}` " if is_secret_name(self.key) else f"{name}: "
         return f"{place}: {key}{self.problem}" if self.key else f"{place}: {self.problem}"
 
@@ -66,6 +65,21 @@ class ConfigError(Exception):
 
 
 MAX_SHOWN = 50  # problems a message lists; the count says how many more
+
+
+def cut_name(name: str) -> str:
+    """A key's name as a message shows it: a long one cut, its length said."""
+    return name if len(name) <= MAX_KEY_SHOWN else _cut(name)
+
+
+def _cut(name: str) -> str:
+    # the redactor's own cut: a secret pasted as a key that crosses the cut would lose the
+    # length its pattern needs, and show (the redactor loads only for such a name)
+    from vllmwatch.config.redact import REDACT
+
+    return f"{REDACT.head(name, MAX_KEY_SHOWN)}... ({len(name)} characters)"
+
+
 MAX_KEY_SHOWN = 120  # characters of a key's name (convert.SHOW_CHARS of a value)
 
 
@@ -88,6 +102,11 @@ def nearest(name: str, known: Iterable[str]) -> str | None:
 
 def _fold(name: str) -> str:
     return name.lower().replace("-", "_")
+
+
+def same_key(a: str, b: str) -> bool:
+    """The same name but for case, `-` or `_` (`env-file` is env_file)."""
+    return _fold(a) == _fold(b)
 
 
 def unknown(prefix: str, name: str, known: Sequence[str], what: str = "key") -> Problem:

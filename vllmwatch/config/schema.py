@@ -15,7 +15,16 @@ from vllmwatch.config import flags, safefile
 from vllmwatch.config.bounds import bounds_of
 from vllmwatch.config.convert import CONVERTERS, choice, show, valid_args
 from vllmwatch.config.crosschecks import cross_checks
-from vllmwatch.config.errors import ConfigError, Problem, line_of, nearest, raise_all, unknown
+from vllmwatch.config.errors import (
+    ConfigError,
+    Problem,
+    cut_name,
+    line_of,
+    nearest,
+    raise_all,
+    same_key,
+    unknown,
+)
 from vllmwatch.config.sections import (
     SECTIONS,
     Config,
@@ -206,10 +215,11 @@ def _unknown(got: Any, known: Any, prefix: str, what: str) -> list[Problem]:
                                "first header"))
         elif name not in known:
             problem = unknown(prefix, name, sorted(known), what)
-            if prefix == "vllm." and (nearest(name, known) or "").lower() != name.lower():
+            if prefix == "vllm." and not same_key(nearest(name, known) or "", name):
                 # `max-model-len = 4096` right below [vllm]: a flag of vLLM's, one table up
+                # (not `env-file`: [vllm]'s env_file by another spelling, said just before)
                 problem = Problem(problem.key, f"{problem.problem} (a vLLM flag goes under "
-                                  f"[vllm.args]: {name} = ... below that header)")
+                                  f"[vllm.args]: {cut_name(name)} = ... below that header)")
             out.append(problem)
     return out
 
