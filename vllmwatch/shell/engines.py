@@ -155,6 +155,7 @@ class EngineWatch:
         self.seen: dict[int, tuple[float, str]] = {}  # pid -> (start since boot, title)
         self.died: dict[int, str] = {}  # pid -> how it died, once seen gone
         self._exits = _Exits()
+        self._looking = threading.Lock()
 
     def reset(self) -> None:
         """A new child: forget the old tree's engines."""
@@ -167,13 +168,17 @@ class EngineWatch:
 
     def engines(self) -> list[int]:
         """The engine processes (EngineCore, workers; not API servers) seen and alive."""
-        return [pid for pid, (created, title) in sorted(self.seen.items())
+        with self._looking:
+            seen = sorted(self.seen.items())
+        return [pid for pid, (created, title) in seen
                 if "APIServer" not in title and not _gone(pid, created)]
 
     def kill(self) -> list[int]:
         """SIGKILL the engine processes seen and alive (not the API servers), each only if
         its pid still names the process seen (kin.signal_same); the pids killed."""
-        return [pid for pid, (created, title) in sorted(self.seen.items())
+        with self._looking:
+            seen = sorted(self.seen.items())
+        return [pid for pid, (created, title) in seen
                 if "APIServer" not in title and kin.signal_same(pid, created, signal.SIGKILL)]
 
     def failed(self, root_pid: int) -> list[str]:
@@ -186,7 +191,13 @@ class EngineWatch:
             " killed by " in said or " exited with code " in said)]
 
     def look(self, root_pid: int) -> list[str]:
-        """Learn the engine processes now under root_pid; describe those seen before and gone."""
+        """Learn the engine processes now under root_pid; describe those seen before and gone.
+        One look at a time: a health probe's (a worker thread) and the reap's (the loop's)
+        may meet, and `seen` grew under the other's walk of it."""
+        with self._looking:
+            return self._look(root_pid)
+
+    def _look(self, root_pid: int) -> list[str]:
         try:
             kids = psutil.Process(root_pid).children(recursive=True)
         except psutil.Error:
