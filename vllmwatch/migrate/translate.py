@@ -12,7 +12,7 @@ import os
 from vllmwatch.config import flags
 from vllmwatch.config.flags import ARG_PREFIX, DASHES, flag_name
 from vllmwatch.config.launch import INJECTED_FLAGS
-from vllmwatch.config.redact import REDACT
+from vllmwatch.config.redact import REDACT, is_secret_name
 from vllmwatch.config.serveline import ServeLine, is_number
 from vllmwatch.config.vllmflags import flag_problem as known_problem
 from vllmwatch.migrate import addresses, envwords, refusals, relaxed, smokeplan, wrapwords
@@ -102,9 +102,12 @@ def _flag(given: Given, draft: Draft, facts: Facts, earlier: list[Given]) -> Non
         _owned(given, value, draft, facts)
     elif base in flags.SECRET_FLAGS:
         envwords.secret_flag(given, draft, facts)
-    elif isinstance(value, str) and "." not in name and envwords.holds_secret("", value):
-        # A password in the value (--otlp-traces-endpoint https://user:pw@collector): the
-        # flag is passed from vllm.env_file, so the TOML holds no secret and still works.
+    elif isinstance(value, str) and "." not in name and _kind(base, value, facts) and (
+            (is_secret_name(name) and not is_number(value)) or envwords.holds_secret("", value)):
+        # A password in the value (--otlp-traces-endpoint https://user:pw@collector), or a
+        # flag the redactor hides the value of (--ssl-keyfile-password: it sat in clear in
+        # the TOML and init's output; a number is none): passed from vllm.env_file, so the
+        # TOML holds no secret and still works. A flag this vLLM lacks is dropped (_typed).
         envwords.to_env_file(ARG_PREFIX + name.upper().replace("-", "_"), value,
                              f"the line's `--{name} {REDACT.text(value)}`", draft, facts)
     elif base == "device":
