@@ -73,11 +73,17 @@ def cut_name(name: str) -> str:
 
 
 def _cut(name: str) -> str:
-    # the redactor's own cut: a secret pasted as a key that crosses the cut would lose the
-    # length its pattern needs, and show (the redactor loads only for such a name)
-    from vllmwatch.config.redact import REDACT
+    # Never inside a word: a secret pasted as a key that crosses the cut would lose the
+    # length the redactor's patterns need (every message passes it when printed), and its
+    # first part would show. The word the cut falls in goes whole.
+    head = name[:MAX_KEY_SHOWN]
+    if _WORD.match(name, MAX_KEY_SHOWN):
+        head = _WORD_END.sub("", head)
+    return f"{head}... ({len(name)} characters)"
 
-    return f"{REDACT.head(name, MAX_KEY_SHOWN)}... ({len(name)} characters)"
+
+_WORD = re.compile(r"[^\s\"'`,;:()\[\]{}<>]")  # what a token may hold: all but these
+_WORD_END = re.compile(r"[^\s\"'`,;:()\[\]{}<>]+$")
 
 
 MAX_KEY_SHOWN = 120  # characters of a key's name (convert.SHOW_CHARS of a value)
