@@ -29,8 +29,9 @@ NOT_EXCERPTS = {
     "value[:MAX_ADAPTERS]": "a list of adapters",
     "self.problems[:MAX_SHOWN]": "a list of a config's problems",
     "bad[:MAX_BAD]": "a list of a table's bad entries",
-    "self.key[:MAX_KEY_SHOWN]": "a config key's name past 120 characters (a token is "
-                                "shorter: never cut); every writer redacts the message whole",
+    "name[:MAX_KEY_SHOWN]": "a config key's name past 120 characters, cut before the word "
+                            "the cut falls in (errors._cut: a secret there goes whole); "
+                            "every writer redacts the message whole",
     "proc.stdout.splitlines()[:len(PROPERTIES) * 2]": "a list of lines",
     "recent[-12:]": "a list of samples",
     "line[:80]": "childlog.level_of looks for the level word; nothing leaves",
