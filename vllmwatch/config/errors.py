@@ -82,8 +82,8 @@ def _cut(name: str) -> str:
     return f"{head}... ({len(name)} characters)"
 
 
-_WORD = re.compile(r"[^\s\"'`,;:()\[\]{}<>]")  # what a token may hold: all but these
-_WORD_END = re.compile(r"[^\s\"'`,;:()\[\]{}<>]+$")
+_TOKEN_CHAR = r"[^\s\"'`,;:()\[\]{}<>]"  # what a token may hold: all but these
+_WORD, _WORD_END = re.compile(_TOKEN_CHAR), re.compile(_TOKEN_CHAR + "+$")
 
 
 MAX_KEY_SHOWN = 120  # characters of a key's name (convert.SHOW_CHARS of a value)
