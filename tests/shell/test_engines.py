@@ -120,3 +120,49 @@ def test_an_engine_reaped_by_its_parent_at_once_still_says_how_it_died(tmp_path:
         assert gone[0].endswith(("killed by SIGKILL (the OOM killer? see the incident record)",
                                  "exit status not seen (its parent reaped it first)")), gone
         watch.close()
+
+
+def test_one_look_at_a_time_walks_the_table(tree: tuple[int, dict[str, int]],
+                                            monkeypatch: pytest.MonkeyPatch) -> None:
+    """A health probe's look (a worker thread) and the reap's (the loop) may meet: the second
+    waits for the first, so `seen` never grows under a walk of it. The first look is held
+    inside its walk until the second enters (it never should) or a bounded wait ends."""
+    import threading
+    import types
+
+    from vllmwatch.shell import engines
+
+    root, _ = tree
+    watch = EngineWatch()
+    order: list[str] = []
+    second_in = threading.Event()
+    first_inside = threading.Event()
+    real_title = engines._title
+    real_process = psutil.Process
+
+    def title(proc: psutil.Process) -> str | None:
+        if threading.current_thread().name == "first" and not first_inside.is_set():
+            first_inside.set()
+            second_in.wait(3 * TIMEOUT_SCALE)  # the second look enters here only unlocked
+        return real_title(proc)
+
+    def process(pid: int) -> psutil.Process:
+        name = threading.current_thread().name
+        order.append(f"{name} in")
+        if name == "second":
+            second_in.set()
+        return real_process(pid)
+
+    monkeypatch.setattr(engines, "_title", title)
+    monkeypatch.setattr(engines, "psutil", types.SimpleNamespace(Process=process,
+                                                                 Error=psutil.Error))
+    first = threading.Thread(target=lambda: order.append(f"first saw {watch.look(root)}"),
+                             name="first")
+    second = threading.Thread(target=lambda: order.append(f"second saw {watch.look(root)}"),
+                              name="second")
+    first.start()
+    assert first_inside.wait(10 * TIMEOUT_SCALE), "the first look never reached a title"
+    second.start()
+    first.join(20 * TIMEOUT_SCALE)
+    second.join(20 * TIMEOUT_SCALE)
+    assert order == ["first in", "first saw []", "second in", "second saw []"]
