@@ -10,13 +10,17 @@ process and its signal. The exit now names the engine processes known to have fa
 
 from __future__ import annotations
 
+import os
+import signal as signals
 from pathlib import Path
 
+import psutil
 import pytest
 
-from tests.support import Daemon, base_config, free_port, merge
+from tests.support import Daemon, base_config, free_port, merge, sigstop, wait_for
 from vllmwatch.core.names import Reason
 from vllmwatch.core.policy import exit_cause, explain_exit
+from vllmwatch.incident import cause
 from vllmwatch.shell.engines import EngineWatch
 
 SLOW_PROBES = {"probe": {"interval": "60s", "metrics_interval": "60s", "canary_interval": "60s"}}
@@ -40,6 +44,44 @@ def test_the_exit_after_an_engine_death_names_the_engine(tmp_path: Path) -> None
         assert "(VLLM::EngineCore) exited with code 1" in begin["detail"], begin
         assert "then the API server exited with code 0" in begin["detail"], begin
         assert exited["detail"] == begin["detail"]
+        d.wait_ready(60, since=d.index(begin))
+    finally:
+        d.close()
+
+
+def _engine(d: Daemon, since: int = 0) -> psutil.Process:
+    root = psutil.Process(d.wait_ready(60, since=since)["pid"])
+    return wait_for(lambda: [p for p in root.children(recursive=True)
+                             if "--role engine" in " ".join(p.cmdline())], 10, "EngineCore")[0]
+
+
+@pytest.mark.parametrize("stuck", [True, False])
+def test_a_sigterm_from_outside_is_no_engine_death(tmp_path: Path, stuck: bool) -> None:
+    """Someone else's SIGTERM to the API server: vLLM's own shutdown SIGKILLs an engine that
+    does not stop in time (a SIGSTOPped one here). That SIGKILL is no engine fault: the exit
+    is a crash that says a signal vllmwatch did not send stopped vLLM, and what its shutdown
+    did to the engine."""
+    d = _daemon(tmp_path, [])
+    try:
+        engine = _engine(d)
+        since = d.mark()
+        if stuck:
+            sigstop(engine.pid)
+        os.kill(d.wait_ready(1)["pid"], signals.SIGTERM)
+        begin = d.wait_event("restart.begin", 30, since)
+        exited = d.named("child.exited", since)[0]
+        assert begin["reason"] == "crash", d.dump()
+        assert exited["detail"] == begin["detail"]
+        assert begin["detail"].startswith("stopped by a SIGTERM or SIGINT vllmwatch did not "
+                                          'send (vLLM said "[shutdown] API server: shutdown '
+                                          'triggered")'), begin
+        # the SIGKILL is named when its wait status was read before the parent reaped it
+        # (a race vLLM's API server often wins: EngineWatch.failed never guesses)
+        ended = f"; its shutdown ended pid {engine.pid} (VLLM::EngineCore) killed by SIGKILL;"
+        detail = begin["detail"]
+        assert ended in detail or "shutdown ended" not in detail, detail
+        assert stuck or "shutdown ended" not in detail, detail
+        assert "exited with code 0" in begin["detail"], begin
         d.wait_ready(60, since=d.index(begin))
     finally:
         d.close()
@@ -78,6 +120,48 @@ def test_the_reason_follows_the_engines_known_to_have_failed(
     assert exit_cause(why, code, asked, engines, starting=True)[1] == "during start: " + detail
 
 
+TOLD = "[shutdown] API server: shutdown triggered"
+
+
+@pytest.mark.parametrize("engines", [(), (KILLED,), (KILLED, KILLED.replace("812", "813"))])
+@pytest.mark.parametrize("code", [0, 1, None])
+def test_after_vllm_said_a_signal_stopped_it_no_exit_is_an_engine_death(
+        engines: tuple[str, ...], code: int | None) -> None:
+    signame = None if code is not None else "SIGKILL"
+    for asked in (False, True):
+        why = explain_exit(code, signame, asked, engines=engines, told=TOLD)
+        reason, detail = exit_cause(why, code, asked, engines, starting=False, told=TOLD)
+        assert reason == Reason.CRASH
+        outside = not asked and signame is None  # (killed by a signal: that signal is said)
+        assert detail.startswith("stopped by a SIGTERM or SIGINT vllmwatch did not send") \
+            == outside, detail
+        assert all(e in detail for e in engines) or not outside, detail
+        # without vLLM's words the same exit reads as before
+        assert explain_exit(code, signame, asked, engines=engines) in (
+            exit_cause(explain_exit(code, signame, asked, engines=engines), code, asked,
+                       engines, starting=False)[1],)
+
+
+@pytest.mark.parametrize(("line", "told"), [
+    ("(APIServer pid=19225) INFO 12-07 08:58:36 [launcher.py:254] " + TOLD, TOLD),
+    ("INFO 12-02 06:00:01 [launcher.py:80] Shutting down FastAPI HTTP server.",
+     "Shutting down FastAPI HTTP server."),  # older launchers: the handler cancelled the task
+    ("INFO:     Shutting down", ""),  # uvicorn's: also after an engine's death
+    ("(APIServer pid=19225) WARNING 12-07 08:58:36 [core_client.py:817] [shutdown] MPClient: "
+     "engine core exited unexpectedly; starting cleanup", ""),
+    ('INFO:     127.0.0.1:1 - "POST /v1/completions HTTP/1.1" 200 OK ' + TOLD + " x", ""),
+])
+def test_only_vllms_signal_shutdown_line_says_a_signal_stopped_it(line: str, told: str) -> None:
+    assert cause.told_to_stop(line) == told
+
+
+def test_vllms_own_engine_death_says_no_signal_stopped_it() -> None:
+    """The demo's verbatim tail (vLLM 0.32, EngineCore SIGKILLed) has no such line."""
+    tail = Path(__file__).parents[1] / "shell" / "fixtures" / "vllm-0.32.0-engine-death-tail.txt"
+    assert [cause.told_to_stop(x) for x in tail.read_text().splitlines()] == [""] * len(
+        tail.read_text().splitlines())
+
+
 @pytest.mark.parametrize(("died", "failed"), [
     ("killed by SIGKILL (the OOM killer? see the incident record)", True),
     ("killed by SIGSEGV", True),
@@ -98,3 +182,26 @@ def test_only_engines_known_to_have_failed_are_named(died: str, failed: bool) ->
     finally:
         watch.close()
 
+
+@pytest.mark.parametrize("told", ["", TOLD])
+def test_a_health_probe_after_vllm_said_a_signal_stopped_it_is_no_engine_death(
+        told: str) -> None:
+    """The probe's look at the engines, between vLLM's own shutdown killing its engine and
+    the API server's exit: no engine_died then (the exit that follows says why); before vLLM
+    said so, a gone engine is one at once."""
+    import types
+
+    from vllmwatch.core.events import HealthResult
+    from vllmwatch.shell.childrun import ChildHandle
+
+    handle = object.__new__(ChildHandle)
+    looks: list[int] = []
+    handle.child = types.SimpleNamespace(pid=4242)  # type: ignore[assignment]
+    handle._childlog = types.SimpleNamespace(told_to_stop=told)  # type: ignore[assignment]
+    handle._engines = types.SimpleNamespace(  # type: ignore[assignment]
+        look=lambda pid: looks.append(pid) or [KILLED])
+    handle._starting = False
+    prober = types.SimpleNamespace(health=lambda: HealthResult(ok=True, status=200, seconds=0.1))
+    got = handle._health(prober)  # type: ignore[arg-type]
+    assert got.engine_gone == (not told) and got.ok == bool(told), got
+    assert (KILLED in got.error) == (not told) and looks == ([] if told else [4242]), got

@@ -178,7 +178,8 @@ def _check_engine_died_record(d: Daemon, mark: int, engine: int) -> None:
 
 
 def test_engine_sigstop_is_hang(start_daemon: StartDaemon) -> None:
-    """SIGSTOP of the engine (Worker, else EngineCore): /health stays 200 -> reason hang."""
+    """SIGSTOP of the engine (Worker, else EngineCore): /health stays 200 -> reason hang. Then
+    an outside SIGTERM to the API server, its EngineCore stopped -> crash, not engine_died."""
     d = start_daemon()
     pid = _ready(d)["pid"]
     found = find_in_tree(pid, "VLLM::Worker") or find_in_tree(pid, "VLLM::EngineCore")
@@ -191,6 +192,17 @@ def test_engine_sigstop_is_hang(start_daemon: StartDaemon) -> None:
     assert d.named("probe.canary_timeout", mark)
     assert dead(target), f"the stopped {title} (pid {target.pid}) survived the restart"
     assert got["ready"]["pid"] != pid
+    # Someone else's SIGTERM to the API server while its engine is stuck: vLLM's own shutdown
+    # SIGKILLs the engine, and that is no engine death: a crash naming the outside signal.
+    pid = got["ready"]["pid"]
+    engine = find_in_tree(pid, "VLLM::EngineCore")[0]
+    mark, fault_at = d.mark(), time.time()
+    sigstop(engine.pid)
+    os.kill(pid, signal.SIGTERM)
+    got = _recover(d, "outside_sigterm_stuck_engine", fault_at, mark, {"crash"})
+    assert got["detail"].startswith("stopped by a SIGTERM or SIGINT vllmwatch did not send "
+                                    '(vLLM said "[shutdown] API server: shutdown triggered")'), got
+    assert dead(engine), f"the stopped EngineCore (pid {engine.pid}) survived the restart"
 
 
 def test_api_server_sigkill_reaps_orphans(start_daemon: StartDaemon) -> None:

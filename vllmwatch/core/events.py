@@ -81,6 +81,10 @@ class ChildExited:
     # reap (shell/engines.py EngineWatch.failed), as it says it: `pid 812 (VLLM::EngineCore)
     # killed by SIGKILL (the OOM killer? see the incident record)`.
     engines_gone: tuple[str, ...] = ()
+    # What vLLM said when a SIGTERM or SIGINT started its shutdown (incident/cause.py
+    # TOLD_TO_STOP), "" when it did not: vLLM logs it on a signal only, never on an engine's
+    # death, so an unasked exit after it was someone else's stop, whatever its engines did.
+    told_to_stop: str = ""
 
 
 @dataclass(frozen=True)

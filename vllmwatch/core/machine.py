@@ -184,17 +184,16 @@ def _child_exited(s: WatchState, ev: ChildExited, now: float) -> Result:
     if c is None or c.pid is None or ev.pid != c.pid:
         return s, [Log("debug", "child.exit_ignored", {"pid": ev.pid})]
     asked = s.state == S.STOPPING
-    uptime = round(now - c.started, 2)
     why = explain_exit(ev.code, ev.signal, asked, killed_by_us=asked and on(s, Phase.KILLING),
-                       starting=s.state == S.STARTING, engines=ev.engines_gone)
+                       starting=s.state == S.STARTING, engines=ev.engines_gone,
+                       told=ev.told_to_stop)
     acts: list[Action] = [Log("info" if asked else "warning", "child.exited", {
-        "pid": ev.pid, "code": ev.code, "signal": ev.signal, "uptime_s": uptime,
+        "pid": ev.pid, "code": ev.code, "signal": ev.signal, "uptime_s": round(now - c.started, 2),
         "expected": asked, "detail": why, "last_lines": list(ev.last_lines[-5:])})]
     s = stopping.exited(s)
-    if s.state not in CHILD_STATES:
+    # while recording, the record of the restart goes on; the take-down sweeps after it
+    if s.state not in CHILD_STATES or on(s, Phase.RECORDING):
         return s, acts
-    if on(s, Phase.RECORDING):
-        return s, acts  # the record of the restart goes on; the take-down sweeps after it
     if asked or pending(s) is not None or s.exit_code is not None:
         s, more = stopping.sweep(s, now, "child exited")
         return s, acts + more
@@ -209,7 +208,8 @@ def _child_exited(s: WatchState, ev: ChildExited, now: float) -> Result:
 
         s, more = lora.start_refused(s, ev.last_lines)
         acts += more
-    reason, detail = exit_cause(why, ev.code, asked, ev.engines_gone, s.state == S.STARTING)
+    reason, detail = exit_cause(why, ev.code, asked, ev.engines_gone, s.state == S.STARTING,
+                                ev.told_to_stop)
     acts += disk_full(s.config, ev.last_lines, ev.memory_lines, s.state == S.STARTING)
     mem = unified.start_failed(s, ev) if s.state == S.STARTING else None
     if mem is not None:  # vLLM said it ran out of memory: name it, stop if it repeats

@@ -136,11 +136,23 @@ def stalled_since(last_advance: float | None, prev: Progress | None, cur: Progre
     return last_advance if last_advance is not None else prev.at
 
 
+# What an engine's SIGKILL is said with (shell/engines.py how_it_died); not where vLLM's own
+# shutdown sent the SIGKILL (explain_exit's `told`).
+OOM_HINT = " (the OOM killer? see the incident record)"
+
+
 def explain_exit(code: int | None, signame: str | None, requested: bool,
                  killed_by_us: bool = False, starting: bool = True,
-                 engines: Sequence[str] = ()) -> str:
+                 engines: Sequence[str] = (), told: str = "") -> str:
     """A human reason for a child exit, with the likely cause; `starting`: before READY
-    (vLLM's argparse exits 2 only then); `engines`: its engine processes seen gone."""
+    (vLLM's argparse exits 2 only then); `engines`: its engine processes seen gone; `told`:
+    what vLLM said when a signal started its shutdown (ChildExited.told_to_stop)."""
+    if told and not requested and signame is None:  # someone else's SIGTERM: vLLM's own
+        # shutdown SIGKILLs an engine that does not stop in time, so that is no engine fault
+        ended = f"; its shutdown ended {', '.join(engines).replace(OOM_HINT, '')}" * bool(engines)
+        return (f"stopped by a SIGTERM or SIGINT vllmwatch did not send (vLLM said "
+                f"\"{told}\"): a person, a script or another supervisor stopped it{ended}; "
+                f"exited with code {code} (`vllmwatch check` lists other supervisors)")
     if code == 0 and not requested and engines:  # vLLM's own way out after its engine died
         return (f"engine process died: {', '.join(engines)}; then the API server exited with "
                 "code 0 without being asked")
@@ -164,11 +176,12 @@ def explain_exit(code: int | None, signame: str | None, requested: bool,
 
 
 def exit_cause(why: str, code: int | None, requested: bool, engines: Sequence[str],
-               starting: bool) -> tuple[Reason, str]:
+               starting: bool, told: str = "") -> tuple[Reason, str]:
     """The restart's reason and detail for an exit explain_exit put as `why`: engine_died for
     vLLM's exit 0 after an engine process of its died, as when the health probe's look saw
-    the engine gone first (one fault, one reason, whichever sees it first); else crash."""
-    died = code == 0 and not requested and bool(engines)
+    the engine gone first (one fault, one reason, whichever sees it first), unless a signal
+    vllmwatch did not send started vLLM's shutdown (`told`); else crash."""
+    died = code == 0 and not requested and bool(engines) and not told
     return (Reason.ENGINE_DIED if died else Reason.CRASH), ("during start: " if starting
                                                             else "") + why
 

@@ -90,6 +90,20 @@ EXIT_NOISE = re.compile(
     r".*Warning: WARNING: destroy_process_group\(\) was not called before program exit")
 
 
+# What vLLM's API server logs when a SIGTERM or SIGINT starts its shutdown, and only then:
+# 0.32's signal handler, and older launchers' `except asyncio.CancelledError` (the handler
+# cancelled the server task). An engine's death ends the server another way (uvicorn's
+# should_exit), without either line: after one, an unasked exit was someone else's stop.
+TOLD_TO_STOP = re.compile(r"\[shutdown\] API server: shutdown triggered$|"
+                          r"Shutting down FastAPI HTTP server\.$")
+
+
+def told_to_stop(line: str) -> str:
+    """The words of TOLD_TO_STOP in `line`, or ""."""
+    found = TOLD_TO_STOP.search(line)
+    return found.group() if found else ""
+
+
 def is_exit_noise(line: str) -> bool:
     """Whether `line` (after vLLM's process and rank prefixes) is one of EXIT_NOISE's."""
     return EXIT_NOISE.match(body(line)) is not None

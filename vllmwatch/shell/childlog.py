@@ -127,6 +127,7 @@ class ChildLog:
         self.limited = 0  # lines not forwarded: over the rate
         self.cut = 0  # lines longer than MAX_LINE, cut there
         self.failed = 0  # lines our readers raised on (kept in the tail, not read for facts)
+        self.told_to_stop = ""  # vLLM's words when a signal started its shutdown (cause.py)
         self._before = ""  # the line before, for the redactor's two-line forms (REDACT.after)
         self._clock = clock
         self._bucket = Bucket(rate, burst, clock())
@@ -211,6 +212,7 @@ class ChildLog:
         if not cause.is_exit_noise(line):  # before any limit: the diagnosis sees all but
             self.last_lines.append(line)  # what every exit prints (child.exited's lines)
         self.tail.append(line)  # ... and so does an incident record
+        self.told_to_stop = self.told_to_stop or cause.told_to_stop(line)
         level, now = level_of(line, level), self._clock()
         if self._forward and not _OWN_PROBE.search(line):
             self._offer(level, line, now)

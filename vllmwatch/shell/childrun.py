@@ -1,11 +1,10 @@
 """One child run in the shell, and the launcher that starts children for the daemon's lifetime.
 
 `ChildHandle` is made when a launch succeeds and dropped when the child is reaped: everything
-that belongs to one vLLM child (its process and pidfd, its log reader, the API key it was
-started with, the engine processes seen under it, the start guard) lives in it and dies with
-it, so nothing of one run can leak into the next. What must outlive the child (the GPU use
-before the launch, for the release gate; the canary kind `auto` found) goes back to the core
-in the results, which keeps it in its `ChildRun`.
+of one vLLM child (process, pidfd, log reader, API key, engine processes, start guard) lives
+in it and dies with it, so nothing of one run can leak into the next. What must outlive the
+child (the GPU use before the launch, for the release gate; the canary kind `auto` found) goes
+back to the core in the results, which keeps it in its `ChildRun`.
 
 `Launcher` is the one seam that turns argv and environment into a running process: a Popen in
 a new session, or a pre-imported standby interpreter handed the argv, which names the pids it
@@ -232,19 +231,19 @@ class ChildHandle:
         """Collect the exit (after draining the output, so the last lines are known)."""
         if self.child.proc.poll() is None:
             return None
-        self._childlog.join(0.3)
-        exited = childmod.reap(self.child, tuple(self._childlog.last_lines))
+        (out := self._childlog).join(0.3)
+        exited = childmod.reap(self.child, tuple(out.last_lines))
         self.end_start("exited")
         if exited is None:
             return None
-        return replace(exited, memory_lines=tuple(self._childlog.memory_lines), unified=unified,
-                       engines_gone=tuple(self._engines.failed(self.pid)), page_cache_gib=None
+        return replace(exited, memory_lines=tuple(out.memory_lines), unified=unified,
+                       engines_gone=tuple(self._engines.failed(self.pid)),
+                       told_to_stop=out.told_to_stop, page_cache_gib=None
                        if self._guard is None else self._guard.summary.page_cache_gib())
 
     @property
     def output_tail(self) -> Sequence[str]:
-        """The child's last output lines ([incidents] output_lines), still filled after the
-        reap while orphans print."""
+        """The child's last lines ([incidents] output_lines), filled on while orphans print."""
         return self._childlog.tail
 
     def signal(self, signame: str, leader: bool = False) -> None:
@@ -294,17 +293,18 @@ class ChildHandle:
         return prober.canary(warmup=action.kind == ProbeKind.WARMUP)
 
     def _health(self, prober: HttpProber) -> HealthResult:
-        # Engine processes are looked at before /health too: with --api-server-count 2 a
-        # dead EngineCore left /health unanswered until the probe timed out (5.5 s on the
-        # H200, against 0.1-0.5 s with one API server). A gone engine is fatal for vLLM
-        # whatever /health says, so it is not asked then.
-        gone = self._engines.look(self.pid)
+        # Engine processes are looked at before /health too: with --api-server-count 2 a dead
+        # EngineCore left /health unanswered until the probe timed out (5.5 s on the H200;
+        # 0.1-0.5 s with one API server). A gone engine is fatal whatever /health says, so it
+        # is not asked then; once vLLM said a signal not ours stopped it, its shutdown ends them.
+        told = self._childlog.told_to_stop
+        gone = [] if told else self._engines.look(self.pid)
         if gone and self._starting:
             return self._health_starting(prober, gone)
         asked = not gone
         health = (HealthResult(ok=False, status=None, seconds=0.0) if gone
                   else prober.health())
-        if not gone:
+        if not gone and not told:
             gone = self._engines.look(self.pid)
         if gone:  # the core names this reason engine_died with this text as its detail
             said = (f"; /health said {health.error or f'HTTP {health.status}'}"

@@ -17,6 +17,7 @@ import threading
 
 import psutil
 
+from vllmwatch.core.policy import OOM_HINT
 from vllmwatch.shell import kin
 
 # vLLM titles its processes VLLM::EngineCore and VLLM::Worker_TP<n> (setproctitle; /proc's comm
@@ -85,8 +86,7 @@ def how_it_died(status: int | None) -> str:
         name = signal.Signals(-code).name
     except ValueError:
         name = f"signal {-code}"
-    return f"killed by {name}" + (" (the OOM killer? see the incident record)"
-                                  if -code == signal.SIGKILL else "")
+    return f"killed by {name}" + (OOM_HINT if -code == signal.SIGKILL else "")
 
 
 class _Exits:

@@ -222,13 +222,15 @@ def _raise_stop(signum: int, frame: FrameType | None) -> None:
 
 
 def _shutdown(engine: subprocess.Popen[bytes] | None, api: Api | None, code: int,
-              drain: float = 0.0) -> NoReturn:
-    """Drain if asked (--shutdown-timeout), stop the engine and its workers, exit ``code``."""
+              drain: float | None = None) -> NoReturn:
+    """Drain if asked (--shutdown-timeout), stop the engine and its workers, exit ``code``;
+    `drain` None: not stopped by a signal (vLLM's handler line is for signals only)."""
     for sig in (signal.SIGTERM, signal.SIGINT):
         signal.signal(sig, signal.SIG_IGN)
     if api is not None:
-        api.stopping, deadline = True, time.monotonic() + drain
-        log("INFO", "[shutdown] API server: shutdown triggered", "launcher.py:254")  # 0.32's
+        api.stopping, deadline = True, time.monotonic() + (drain or 0.0)
+        if drain is not None:  # 0.32's signal handler
+            log("INFO", "[shutdown] API server: shutdown triggered", "launcher.py:254")
         while api.pending and api.dead_at is None and time.monotonic() < deadline:
             time.sleep(0.02)
     log("INFO", "Shutting down", "launcher.py:1")
