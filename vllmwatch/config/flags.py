@@ -10,7 +10,7 @@ import json
 import re
 from collections.abc import Mapping, Sequence
 
-from vllmwatch.config import flagnames
+from vllmwatch.config import flagkinds, flagnames
 from vllmwatch.config.errors import Problem
 from vllmwatch.config.flagnames import flag_name as flag_name
 
@@ -127,7 +127,8 @@ def flag_problem(name: str, value: object, key: str, version: str | None = None,
                        f"(--no-{name})")
     if isinstance(value, str) and value.lstrip().startswith(("{", "[")) and name in json_flags:
         return json_problem(value, key)
-    return flagnames.shape_problem(name, value, key, json_flags, SHORT_FLAGS)
+    return flagnames.shape_problem(name, value, key, json_flags, SHORT_FLAGS) or \
+        flagkinds.value_problem(name, value, key)  # (what no vLLM takes: its reader's words)
 
 
 def args_problems(args: Mapping[str, object], extra: Sequence[str],
@@ -181,6 +182,8 @@ def args_problems(args: Mapping[str, object], extra: Sequence[str],
                                "and their values)"))
         elif token.lstrip().startswith(("{", "[")) and not is_value_of_flag(extra, i):
             out.append(json_problem(token, key))
+    said = {p.key for p in out if p is not None}  # (a word one rule above named already)
+    out += [p for p in flagkinds.stray_problems(extra, where, offset) if p.key not in said]
     return [p for p in out if p is not None] + _twice(args, extra)
 
 
@@ -338,5 +341,6 @@ def command_problems(command: Sequence[str], model: str) -> list[Problem]:
             out.append(Problem(key, f"{token!r} after the server's name is a model to vLLM, "
                                "which serves it instead of vllm.model (and vllmwatch checks, "
                                "warms and probes the other); set vllm.model and remove it"))
+    said = {p.key for p in out}  # (a word it names as a second model: named once)
     return out + [p for p in args_problems({}, words, where="vllm.command", offset=start)
-                  if not p.problem.startswith("an empty word")]
+                  if not p.problem.startswith("an empty word") and p.key not in said]

@@ -8,7 +8,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from vllmwatch.config import vllmflags
+from vllmwatch.config import flagkinds, vllmflags
+from vllmwatch.config.flagkinds import SWITCHES
 from vllmwatch.config.flagnames import NUMBER_LISTS as _NUMBER_LISTS
 from vllmwatch.config.flagnames import ONE_WORD as _ONE_WORD
 from vllmwatch.config.flagnames import VALUE_FLAGS as VALUE_FLAGS
@@ -134,6 +135,8 @@ def _takes(name: str, known: FlagSet | None) -> str | None:
         if base in known.lists:
             return "many"
         return "one" if kind == "text" else kind
+    if known is None and name in SWITCHES:  # (`vllm serve --enforce-eager /m` serves /m)
+        return "bool"
     if known is None and base not in _NUMBER_LISTS and name not in _ONE_WORD:
         return "number?"  # no flag list: a number is one flag's whole value (below)
     return "one" if name in _ONE_WORD and kind != "bool" else kind
@@ -164,4 +167,5 @@ def refused_value(name: str, value: object, known: FlagSet | None) -> str | None
         return ("an empty value: vLLM stops on it for a number (vLLM 0.32: `invalid "
                 "human_readable_int_or_auto value: ''`) and reads none for an optional "
                 f"flag; write `{name} = VALUE` in [vllm.args], or leave the flag out")
-    return None
+    problem = flagkinds.value_problem(name, value, f"vllm.args.{name}")  # (as the load judges)
+    return problem.problem if problem else None

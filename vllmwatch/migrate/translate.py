@@ -10,6 +10,7 @@ from __future__ import annotations
 import os
 
 from vllmwatch.config import flags
+from vllmwatch.config.flagkinds import SWITCHES
 from vllmwatch.config.flags import ARG_PREFIX, DASHES, flag_name
 from vllmwatch.config.launch import INJECTED_FLAGS
 from vllmwatch.config.redact import REDACT, is_secret_name
@@ -235,7 +236,8 @@ def _kind(name: str, value: object, facts: Facts) -> str | None:
     """bool, number, json or text; None for a flag this vLLM lacks."""
     if facts.known is not None:
         return facts.known.kind(name)
-    if value is True or (isinstance(value, str) and value.lower() in ("true", "false")):
+    if value is True or name in SWITCHES or (isinstance(value, str) and value.lower() in (
+            "true", "false")):  # (a switch in every vLLM: `--enforce-eager=foo` is one too)
         return "bool"
     if name in flags.BUILTIN_JSON:
         return "json"
