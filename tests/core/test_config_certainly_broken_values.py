@@ -147,3 +147,12 @@ def test_init_without_the_flag_list_writes_no_value_the_load_refuses(
     assert vllm["model"] in ("m", "/m")
     if value is None:
         assert any(f"--{flag}" in e for e in draft.errors), draft.errors
+
+
+def test_no_kv_cache_dtype_of_vllm_0_32_is_refused_without_the_list() -> None:
+    """The built-in choices held 0.31's: `kv-cache-dtype = "nvfp4"`, which 0.32 takes, was
+    refused by the load wherever 0.32's own list was not cached."""
+    data = json.loads((Path(__file__).resolve().parent.parent / "shell" / "fixtures"
+                       / "vllm-0.32.0-flags.json").read_text())
+    for word in data["choices"]["kv-cache-dtype"]:
+        assert flags.flag_problem("kv-cache-dtype", word, "k") is None, word

@@ -37,7 +37,10 @@ DASHES = ("\u2014", "\u2013", "\u2212", "\u2012", "\u2010", "\u2011", "\ufe63", 
 # Every word some vLLM takes for --kv-cache-dtype (0.32 takes float16 too): this list judges only
 # where vLLM's own flag list is not cached, which then judges its own choices exactly.
 KV_CACHE_DTYPES = ("auto", "bfloat16", "float16", "fp8", "fp8_e4m3", "fp8_e5m2", "fp8_inc",
-                   "fp8_ds_mla")
+                   "fp8_ds_mla", "fp8_per_token_head", "int4_per_token_head",
+                   "int8_per_token_head", "nvfp4", "nvfp4_4over6", "nvfp4_ds_mla",
+                   "turboquant_3bit_nc", "turboquant_4bit_nc", "turboquant_k3v4_nc",
+                   "turboquant_k8v4", "ultraquant_4bit")
 # Flags removed from vLLM, with what to do instead.
 REMOVED = {
     "rope-scaling": "use hf-overrides = { rope_parameters = { rope_type = \"yarn\", factor = "
