@@ -152,6 +152,12 @@ def status_url(base: str) -> str:
                           "http://127.0.0.1:9101", EXIT_USAGE)
     if port == 0:
         raise StatusError(f"bad --url {base!r}: port 0", EXIT_USAGE)
+    try:  # what the resolver does with it: else "cannot read" and 1, as if it were down
+        parts.hostname.encode("idna")
+    except UnicodeError as exc:
+        raise StatusError(f"bad --url {base!r}: {parts.hostname!r} is no host name "
+                          f"({exc.__cause__ or exc}); expected e.g. http://127.0.0.1:9101",
+                          EXIT_USAGE) from None
     # (rebuilt from its parts: "http://h:1#x" + "/status" was a fragment, and GET asked /)
     path = "/status" if parts.path in ("", "/") else parts.path
     return urlunsplit((parts.scheme, parts.netloc, path, parts.query, ""))
