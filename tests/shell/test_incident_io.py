@@ -321,8 +321,10 @@ def test_the_cli_lists_shows_and_speaks_json(tmp_path: Path,
     assert json.loads(capsys.readouterr().out)["reason"] == "hang"
     assert cli.main("show", rid, False, [root]) == 0
     assert capsys.readouterr().out.startswith("== reason and timeline ==")
-    assert cli.main("show", "nope", False, [root]) == 1
-    assert "no incident 'nope'" in capsys.readouterr().err
+    assert cli.main("show", "20991231T000000Z-nope", False, [root]) == 1
+    assert "no incident '20991231T000000Z-nope'" in capsys.readouterr().err
+    assert cli.main("show", "nope", False, [root]) == 2  # no id's shape: a usage error
+    assert "an incident id looks like" in capsys.readouterr().err
 
 
 def test_a_template_instances_records_are_listed_for_its_config(

@@ -26,6 +26,7 @@ _SHAPE: dict[str, tuple[type, ...]] = {
     "timeline": (list,), "versions": (dict,), "capture": (dict,), "stacks": (dict,),
     "metrics": (dict,), "memory": (dict,), "output": (list,), "status": (dict,),
     "core": (dict,)}
+SHOWN_ID = 60  # characters of an id that is none, said back
 LIST_DETAIL = 100  # characters of a detail on a line of the list (JSON: store.summaries')
 _JSON = {dict: "an object", list: "a list", str: "a string", int: "a whole number",
          float: "a number", bool: "true or false", type(None): "null"}
@@ -35,6 +36,12 @@ def main(action: str | None, rid: str | None, as_json: bool, roots: Sequence[str
          instances: str | None = "/var/lib/vllmwatch") -> int:
     """List (no action) or show one record; roots are the incidents folders to look in (for
     `show`, then the template instances' under `instances`; None: only `roots`)."""
+    if action == "show" and rid and not store.could_be(rid):
+        # `..`, a path, a glob, 10 kB: a usage error said before any folder is looked at
+        shown = REDACT.head(rid, SHOWN_ID) + ("..." if len(rid) > SHOWN_ID else "")
+        print(printable(f"vllmwatch: {shown!r} is no incident id: {store.ID_SHAPE}; "
+                        "`vllmwatch incidents` lists them", False), file=sys.stderr)
+        return 2
     root = next((r for r in roots if os.path.isdir(r)), None)
     # A folder above the records closed to this user (a state directory 0700) hides them:
     # isdir says False as for none at all, and "no incident records" (exit 0) was a lie.
@@ -50,7 +57,8 @@ def main(action: str | None, rid: str | None, as_json: bool, roots: Sequence[str
     if action is None:
         return _list(root, as_json)
     if action != "show" or not rid:
-        print("vllmwatch: usage: vllmwatch incidents [show ID] [--json]", file=sys.stderr)
+        print(f"vllmwatch: usage: vllmwatch incidents [show ID] [--json] ({store.ID_SHAPE})",
+              file=sys.stderr)
         return 2
     # The id a log line or `status` named may be another folder's: a template instance's
     # (vllmwatch@NAME keeps its own), read here without its unit's STATE_DIRECTORY.

@@ -32,6 +32,11 @@ ORDER_MAX = 1 << 20  # bytes of ORDER read; a prune rewrites it with the records
 MAX_RECORD = 64 << 20  # bytes of record.json read by `vllmwatch incidents`; ours are < 1 MiB
 READ_TIMEOUT = 5.0  # s for one record.json (a hung mount); then "unreadable"
 _NAME = re.compile(r"^\d{8}T\d{6}Z-[a-z_]+(?:-\d+)?\Z", re.ASCII)  # (\d: 0-9 only)
+# What can begin a record's name (`incidents show` takes a unique start of one)
+_START = re.compile(r"\d{0,8}\Z|\d{8}T\d{0,6}\Z|\d{8}T\d{6}Z(?:-[a-z_]*(?:-\d*)?)?\Z",
+                    re.ASCII)
+ID_SHAPE = ("an incident id looks like 20261201T093000Z-hang (when it was recorded, UTC, and "
+            "the reason; a -2 after it for a second one that second), or a unique start of one")
 # The hidden folders this process is writing now. A record can outlive its wait (a slow
 # disk) while the next one prunes, and the age by mtime is no proof: a wall-clock step
 # forward made a folder being written look a minute old, and the prune deleted it.
@@ -217,6 +222,11 @@ def prune(root: str, max_records: int, max_bytes: int, keep: str | None = None) 
                     else:  # ORDER's rewrite, killed before its rename
                         os.unlink(path)
     return gone
+
+
+def could_be(rid: str) -> bool:
+    """Whether rid is a record's name or the start of one: nothing else is looked for."""
+    return bool(rid) and _START.match(rid) is not None
 
 
 def find(root: str, rid: str, names: list[str] | None = None) -> str | None:
