@@ -10,6 +10,7 @@ import signal
 import stat
 import sys
 from collections.abc import Sequence
+from typing import TYPE_CHECKING
 
 from vllmwatch import __version__
 from vllmwatch.config import command, startcaches, vllmflags, vllminfo
@@ -17,22 +18,37 @@ from vllmwatch.config.redact import REDACT
 from vllmwatch.config.schema import Config, ConfigError, config_path, load
 from vllmwatch.core import exitcodes
 from vllmwatch.prewarm import runner as prewarm
-from vllmwatch.shell import platform
+from vllmwatch.shell import platform, stdstreams
+
+if TYPE_CHECKING:
+    from _typeshed import SupportsWrite
 
 # The sub-commands' own modules are imported when chosen: `status` and `check` should not pay
 # for the daemon's imports (prometheus_client, structlog, the thread pool) on every call.
 
 
+class _Parser(argparse.ArgumentParser):
+    """argparse that lets a failed write of its help, version or usage raise (it dropped the
+    error: `vllmwatch --help > /dev/full` exited 0 having printed nothing); main says it."""
+
+    def _print_message(self, message: str, file: SupportsWrite[str] | None = None) -> None:
+        if message:
+            (file or sys.stderr).write(message)
+
+
 def _parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(
+    parser = _Parser(
         prog="vllmwatch", description="Keep one vLLM server healthy under systemd.")
     parser.add_argument("--version", action="version", version=f"vllmwatch {__version__}")
-    parser.add_argument("--config", "-c", help="config file (default: $VLLMWATCH_CONFIG or "
+    parser.add_argument("--config", "-c", action="append", dest="configs", metavar="CONFIG",
+                        help="config file (default: $VLLMWATCH_CONFIG or "
                         "/etc/vllmwatch/vllmwatch.toml)")
-    # --config is accepted before or after the sub-command; SUPPRESS keeps an absent one
-    # after it from overriding one given before it.
-    common = argparse.ArgumentParser(add_help=False)
-    common.add_argument("--config", "-c", default=argparse.SUPPRESS, help="config file")
+    # --config is accepted before or after the sub-command. Each side's are kept apart
+    # (the sub-command's namespace replaces a dest both share): two configs is a usage error,
+    # where the last one was taken and the other was never looked at (_one_config).
+    common = _Parser(add_help=False)
+    common.add_argument("--config", "-c", action="append", dest="sub_configs",
+                        metavar="CONFIG", default=argparse.SUPPRESS, help="config file")
     sub = parser.add_subparsers(dest="command", metavar="COMMAND")
 
     def add(name: str, help: str) -> argparse.ArgumentParser:
@@ -90,35 +106,65 @@ def load_config(path: str | None) -> Config:
 
 def main(argv: Sequence[str] | None = None) -> int:
     """Entry point of the `vllmwatch` console script."""
+    if stdstreams.take_closed():  # before any file is opened onto the free descriptor
+        print("vllmwatch: standard output is closed (`>&-`): nothing could be printed; give "
+              "it a file, or /dev/null to discard it", file=sys.stderr)
+        return exitcodes.FAILURE
     for stream in (sys.stdout, sys.stderr):  # a lone surrogate in a record, a status
         # answer or a log line is printed escaped, never a UnicodeEncodeError's traceback
         reconfigure = getattr(stream, "reconfigure", None)
         if reconfigure is not None:
             reconfigure(errors="backslashreplace")
-    args = _parser().parse_args(argv)
-    if args.command == "run":  # until the loop takes them (vllmwatch/__init__.py)
-        import vllmwatch
-        vllmwatch.hold_signals((signal.SIGTERM, signal.SIGINT, signal.SIGHUP, signal.SIGUSR1))
-    if args.command is None:
-        _parser().print_help()
-        return exitcodes.CONFIG
+    command = None
     try:
-        code = _dispatch(args)
+        parser = _parser()
+        try:
+            args = parser.parse_args(argv)
+            command = args.command
+            args.config = _one_config(parser, args)
+            if command is None:
+                parser.error("a command is required: one of " + ", ".join(_commands(parser)))
+        except SystemExit as exc:  # --help, --version or a usage error, said by argparse;
+            # what it could not write it drops: the flush below finds a full disk
+            code = exc.code if isinstance(exc.code, int) else exitcodes.FAILURE
+        else:
+            if command == "run":  # until the loop takes them (vllmwatch/__init__.py)
+                import vllmwatch
+                vllmwatch.hold_signals((signal.SIGTERM, signal.SIGINT, signal.SIGHUP,
+                                        signal.SIGUSR1))
+            code = _dispatch(args)
         sys.stdout.flush()  # a full disk or a reader gone is met here, not at the exit
         return code
     except ConfigError as exc:
         print(f"vllmwatch: config error: {REDACT.text(str(exc))}", file=sys.stderr)
         return exitcodes.CONFIG
-    except KeyboardInterrupt:
+    except KeyboardInterrupt:  # Ctrl-C: the shell's code, a line, no traceback
+        with contextlib.suppress(OSError):
+            print("vllmwatch: interrupted", file=sys.stderr)
         return 130
     except OSError as exc:  # `... | head` (the reader left), `> /dev/full`: a line, no traceback
-        if exc.errno not in _OUTPUT_ERRORS or args.command == "run":
+        if exc.errno not in _OUTPUT_ERRORS or command == "run":
             raise
         with contextlib.suppress(OSError):  # what is still buffered goes nowhere at the exit
             os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
         if exc.errno != errno.EPIPE:  # (a reader that left needs no word)
-            print(f"vllmwatch: cannot write: {exc.strerror or exc}", file=sys.stderr)
+            with contextlib.suppress(OSError):  # (stderr full too: the code says it)
+                print(f"vllmwatch: cannot write: {exc.strerror or exc}", file=sys.stderr)
         return exitcodes.FAILURE
+
+
+def _commands(parser: argparse.ArgumentParser) -> list[str]:
+    sub = next(a for a in parser._actions if isinstance(a, argparse._SubParsersAction))
+    return list(sub.choices)
+
+
+def _one_config(parser: argparse.ArgumentParser, args: argparse.Namespace) -> str | None:
+    """The one --config given (None: none); two different ones are a usage error."""
+    given = list(dict.fromkeys([*(args.configs or ()), *getattr(args, "sub_configs", ())]))
+    if len(given) > 1:
+        parser.error(f"--config names {len(given)} files ({', '.join(map(repr, given))}): "
+                     "give one")
+    return given[0] if given else None
 
 
 _OUTPUT_ERRORS = (errno.EPIPE, errno.ENOSPC, errno.EIO, errno.EDQUOT)
@@ -147,7 +193,7 @@ def _dispatch(args: argparse.Namespace) -> int:
         if args.dir:  # that folder only
             return incident_cli.main(args.action, args.id, args.json, [args.dir], None)
         return incident_cli.main(args.action, args.id, args.json,
-                                 _incident_roots(getattr(args, "config", None)))
+                                 _incident_roots(args.config))
     if args.command == "init":
         from vllmwatch.migrate import runner as init
 
