@@ -106,7 +106,8 @@ def load_config(path: str | None) -> Config:
 
 def main(argv: Sequence[str] | None = None) -> int:
     """Entry point of the `vllmwatch` console script."""
-    if stdstreams.take_closed():  # before any file is opened onto the free descriptor
+    # before any file is opened onto the free descriptor; `run` prints nothing there (it logs)
+    if stdstreams.take_closed() and not _runs(sys.argv[1:] if argv is None else argv):
         print("vllmwatch: standard output is closed (`>&-`): nothing could be printed; give "
               "it a file, or /dev/null to discard it", file=sys.stderr)
         return exitcodes.FAILURE
@@ -151,6 +152,17 @@ def main(argv: Sequence[str] | None = None) -> int:
             with contextlib.suppress(OSError):  # (stderr full too: the code says it)
                 print(f"vllmwatch: cannot write: {exc.strerror or exc}", file=sys.stderr)
         return exitcodes.FAILURE
+
+
+def _runs(argv: Sequence[str]) -> bool:
+    """Whether the command named is `run` (its first word that is no option or --config's)."""
+    words = iter(argv)
+    for word in words:
+        if word in ("-c", "--config"):
+            next(words, None)
+        elif not word.startswith("-"):
+            return word == "run"
+    return False
 
 
 def _commands(parser: argparse.ArgumentParser) -> list[str]:

@@ -152,3 +152,17 @@ def test_a_closed_stderr_keeps_stdout_to_what_it_is_for(
     assert out.returncode == code
     lines = out.stdout.splitlines()
     assert (lines == [] if not stdout else len(lines) == 1 and stdout in lines[0]), out.stdout
+
+
+@pytest.mark.parametrize("where", ["before", "after"])
+def test_the_daemon_runs_with_a_closed_stdout(place: dict[str, str], where: str,
+                                              tmp_path: Path) -> None:
+    """`run` writes nothing to stdout (it logs): a closed one is no reason to stay down. A
+    config it refuses shows it got past the streams: its config error (78), not the line."""
+    bad = tmp_path / "bad.toml"
+    bad.write_text("[vllm]\nmodel = 1\n")
+    words = ["-c", str(bad), "run"] if where == "before" else ["run", "--config", str(bad)]
+    out = _run(place, words, "closed")
+    _no_traceback(out)
+    assert out.returncode == 78, out.stderr
+    assert "standard output is closed" not in out.stderr and "config error" in out.stderr
