@@ -121,8 +121,41 @@ def test_malformed_toml_names_its_line(tmp_path: Path) -> None:
 
 
 def test_missing_file(tmp_path: Path) -> None:
-    with pytest.raises(ConfigError, match="file not found"):
+    with pytest.raises(ConfigError, match="file not found") as err:
         load(str(tmp_path / "nope.toml"))
+    assert "pass --config PATH or set VLLMWATCH_CONFIG" in str(err.value)
+
+
+@pytest.mark.parametrize(("errno_", "hint"), [
+    (13, "the unit runs as the user vllmwatch, which must read it"),  # EACCES
+    (2, "pass --config PATH"),  # (ENOENT, as open() said it, also under a race)
+    (40, ""), (5, ""),  # ELOOP, EIO: neither hint is the way out
+])
+def test_a_file_that_cannot_be_opened_gets_the_hint_of_its_cause(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch, errno_: int, hint: str) -> None:
+    """The --config hint was said for every open failure, a file this user may not read too
+    (root reads past the mode bits, so the refusal is made here, not by chmod)."""
+    import os
+
+    from vllmwatch.config import safefile
+
+    path = tmp_path / "vllmwatch.toml"
+    path.write_text("[vllm]\nmodel = 'm'\n")
+    real = os.open
+
+    def refuse(name: str | os.PathLike[str], *args: int, **kw: int) -> int:
+        if str(name) == str(path):
+            raise OSError(errno_, os.strerror(errno_))
+        return real(name, *args, **kw)
+
+    monkeypatch.setattr(safefile.os, "open", refuse)
+    with pytest.raises(ConfigError) as err:
+        load(str(path))
+    said = str(err.value)
+    assert (os.strerror(errno_) if errno_ != 2 else "file not found") in said, said
+    assert (hint in said) if hint else ("(pass --config" not in said and "vllmwatch, which"
+                                        not in said), said
+    assert ("pass --config" in said) == (errno_ == 2), said
 
 
 def test_config_path_precedence(monkeypatch: pytest.MonkeyPatch) -> None:

@@ -28,9 +28,10 @@ class FileProblem(Exception):
     an editor truncates then writes). Not transient: not a regular file, too large.
     """
 
-    def __init__(self, message: str, transient: bool) -> None:
+    def __init__(self, message: str, transient: bool, errno_: int | None = None) -> None:
         super().__init__(message)
         self.transient = transient
+        self.errno = errno_  # why open() failed, where it did (ENOENT: not there)
 
 
 def _kind(mode: int) -> str:
@@ -52,7 +53,8 @@ def read_bounded(path: str, limit: int = MAX_FILE, nofollow: bool = False) -> by
     try:
         fd = os.open(path, flags | (os.O_NOFOLLOW if nofollow else 0))
     except FileNotFoundError:
-        raise FileProblem(f"{path!r}: file not found", transient=True) from None
+        raise FileProblem(f"{path!r}: file not found", transient=True,
+                          errno_=errno.ENOENT) from None
     except IsADirectoryError:
         raise FileProblem(f"{path!r} is a directory; a regular file is needed",
                           transient=False) from None
@@ -63,7 +65,8 @@ def read_bounded(path: str, limit: int = MAX_FILE, nofollow: bool = False) -> by
         # a path no retry opens (a symlink loop, a file where a folder should be, a name
         # too long) is no rotation in progress: a reload refuses it
         raise FileProblem(f"{path!r}: cannot open: {exc.strerror or exc}", transient=exc.errno
-                          not in (errno.ELOOP, errno.ENOTDIR, errno.ENAMETOOLONG)) from None
+                          not in (errno.ELOOP, errno.ENOTDIR, errno.ENAMETOOLONG),
+                          errno_=exc.errno) from None
     try:
         st = os.fstat(fd)
         if not stat.S_ISREG(st.st_mode):

@@ -4,6 +4,7 @@ sections.py (where every default lives), with one error that lists every problem
 from __future__ import annotations
 
 import dataclasses
+import errno
 import hashlib
 import os
 import re
@@ -102,7 +103,11 @@ def load(path: str) -> Config:
     try:
         raw = safefile.read_bounded(path)
     except safefile.FileProblem as exc:
-        hint = " (pass --config PATH or set VLLMWATCH_CONFIG)" if exc.transient else ""
+        # (where to point, for a file not there; who may read it, for one this user may not)
+        hint = {errno.ENOENT: " (pass --config PATH or set VLLMWATCH_CONFIG)",
+                errno.EACCES: f" (running as uid {os.geteuid()}: the unit runs as the user "
+                "vllmwatch, which must read it; `sudo -u vllmwatch vllmwatch check` reads it as "
+                "the daemon does)"}.get(exc.errno or 0, "")
         raise ConfigError(path, "", f"{exc}{hint}") from None
     try:
         # A byte-order mark (Notepad's UTF-8) is not TOML, but is no reason to refuse it
