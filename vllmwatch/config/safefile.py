@@ -58,6 +58,10 @@ def read_bounded(path: str, limit: int = MAX_FILE, nofollow: bool = False) -> by
     except IsADirectoryError:
         raise FileProblem(f"{path!r} is a directory; a regular file is needed",
                           transient=False) from None
+    except ValueError as exc:  # a name the file system cannot be given: an embedded NUL, or
+        # a character the locale cannot encode (LC_ALL=C, PYTHONUTF8=0: a non-ASCII model)
+        raise FileProblem(f"{path!r}: cannot be opened by that name: {exc}",
+                          transient=False) from None
     except OSError as exc:
         if nofollow and exc.errno == errno.ELOOP:
             raise FileProblem(f"{path!r} is a symbolic link; only a regular file is read",
@@ -129,6 +133,9 @@ def _within(read: Callable[[], bytes], path: str, timeout: float) -> bytes:
             box.append(read())
         except FileProblem as exc:
             box.append(exc)
+        except Exception as exc:  # never a thread's traceback on stderr: the caller's problem
+            box.append(FileProblem(f"{path!r}: cannot be read: {type(exc).__name__}: {exc}",
+                                   transient=False))
         finally:
             done.set()
 
