@@ -211,6 +211,14 @@ def env_file_secret(name: str, value: str) -> bool:
         len(value.strip()) >= 8 and not _PLAIN.fullmatch(value.strip()))
 
 
+# A word that begins with dashes is a flag only when a letter follows them (`--port`, `-tp`),
+# or it is `--`: a key from secrets.token_urlsafe() may begin `--00000A`, `-_x9Y`, and was
+# taken for the next flag (its `--`) and shown. After the flag, a word of one dash is its
+# value, as it always was (`-9aB3kx`; `-tp` too: hiding a flag beats showing a key).
+_LONG_FLAG = re.compile(r"--(?:[A-Za-z]|$)")
+_FLAG_WORD = re.compile(r"-+(?:[A-Za-z]|$)")
+
+
 def redact_argv(argv: tuple[str, ...] | list[str]) -> list[str]:
     """Replace the values of secret-looking flags (--api-key, --hf-token) with <redacted>.
     vLLM's `--api-key` takes several keys (nargs "+": `--api-key K1 K2`, a hand-started
@@ -218,7 +226,7 @@ def redact_argv(argv: tuple[str, ...] | list[str]) -> list[str]:
     out: list[str] = []
     hide, many = False, False
     for i, token in enumerate(argv):
-        if hide or (many and not token.startswith("-")):
+        if hide or (many and not _FLAG_WORD.match(token)):
             out.append(REDACTED)
             hide = False
             continue
@@ -226,7 +234,7 @@ def redact_argv(argv: tuple[str, ...] | list[str]) -> list[str]:
         if token.startswith("--") and _secret_flag(token.partition("=")[0][2:]):
             name, eq, _ = token.partition("=")
             out.append(f"{name}={REDACTED}" if eq else token)
-            hide = not eq and flags.next_value(list(argv), i) is not True
+            hide = not eq and i + 1 < len(argv) and not _LONG_FLAG.match(argv[i + 1])
             many = hide and len(name) > 2 and "api-key".startswith(name[2:].replace("_", "-"))
             continue
         out.append(token)

@@ -124,7 +124,8 @@ _IDENTIFIER = re.compile(r"[A-Za-z0-9]_+[A-Za-z0-9]|^[a-z][a-z0-9]*[A-Z]")
 _OPERATOR = re.compile(r"[-=+*/%<>!|&:^~]{1,3}")
 _SPACED_WORDS = frozenset({"true", "false", "none", "null", "yes", "no", "on", "off", "unset"})
 _MORE_WORDS = re.compile(  # (not a word of prose: `--api-key value to VLLM_API_KEY`)
-    r"""(?:[ \t]+(?:'[^'\n]*'|"[^"\n]*"|(?!-|[a-z]+(?:[\s'",;)}\]>]|$))[^\s'",;)}\]>]+))*""")
+    r"""(?:[ \t]+(?:'[^'\n]*'|"[^"\n]*"|(?!-+(?:[A-Za-z\s'",;)}\]>]|$)|[a-z]+(?:[\s'",;)}\]>]"""
+    r"""|$))[^\s'",;)}\]>]+))*""")  # (a word of dashes then a digit or `_` is a key: `-_x9`)
 _UNSET = frozenset({"none", "null", "nil", "true", "false"})  # no value, or a switch, after any
 _LOWER_WORD = re.compile(r"[a-z]+")
 # After `--flag ` (no `=`), an error's words, not a key: a remark, a word then a remark or two

@@ -1,0 +1,95 @@
+"""A secret that begins with dashes: `--00000A`, `-9aB3kx`, `--_x9Y..` (secrets.token_urlsafe()
+makes such keys) is a value, not a flag, after a secret's name in every form. A flag is a dash
+run, then a letter (`--port`, `-tp`), or `--`: it stays, as the next flag after a secret flag
+with no value (`--api-key --port 8000`). Hypothesis found `--00000A` leaking through the log's
+`args` (child.started's argv, config/launch.redact_argv): a word that began with `--` was taken
+for the next flag, whatever followed the dashes, and stayed in clear."""
+
+from __future__ import annotations
+
+import io
+import json
+
+import pytest
+
+from vllmwatch.config.redact import REDACT, Redactor, redact_argv
+from vllmwatch.shell import logs
+
+R = Redactor(known=False)
+DASHED = ("--00000A", "-9aB3kx", "--_x9Yab3", "---9abcD", "-_9abcdE", "--9", "-1234567a")
+FLAGS = ("api-key", "hf-token", "x-api-key", "password", "client-secret")
+NAMES = ("api_key", "API_KEY", "apiKey", "hf_token", "password", "DB_PASSWORD", "client_secret",
+         "access_token", "x-api-key", "AWS_SECRET_ACCESS_KEY", "credentials", "privateKey")
+WORD_NAMES = ("password", "PASSWORD", "token", "secret", "key", "api-key", "X-Api-Key",
+              "client-secret", "hf-token", "passphrase", "PGPASSWORD")
+
+
+def _argvs(v: str) -> list[list[str]]:
+    return [["vllm", "serve", "/m", f"--{flag}", v, "--port", "8000"] for flag in FLAGS] + [
+        ["vllm", "serve", "--api-key", "K1x9abcd", v, "--port", "8000"],  # nargs "+": K2
+        ["vllm", "serve", "--api-key", v, v + "2", "--port", "8000"]]
+
+
+@pytest.mark.parametrize("v", DASHED)
+def test_a_dashed_value_after_a_secret_flag_in_an_argv_is_hidden(v: str) -> None:
+    for argv in _argvs(v):
+        for shown in (redact_argv(argv), R.argv(argv), REDACT.deep(argv)):
+            assert v not in shown and shown[-2:] == ["--port", "8000"], (argv, shown)
+
+
+@pytest.mark.parametrize("v", DASHED)
+def test_a_dashed_value_never_leaves_through_the_log(v: str) -> None:
+    for fmt in ("json", "console"):
+        stream = io.StringIO()
+        logs.setup(fmt, "info", stream=stream, environ={})(
+            "info", "child.started", pid=7, args=["vllm", "serve", "--api-key", v, "--port", "1"],
+            argv=["vllm", "serve", "--api-key", "K1x9abcd", v], command=f"vllm --api-key {v}")
+        assert v not in stream.getvalue() and "--port" in stream.getvalue(), stream.getvalue()
+
+
+def _texts(v: str) -> list[str]:
+    """Each form of tests/support/secrets.leaks() that a value of one word can take."""
+    out = [f"wrong {w} {v}, retry" for w in WORD_NAMES] + \
+        [f"{w} {v}" for w in WORD_NAMES] + [f"{w}\t'{v}'" for w in WORD_NAMES]
+    for name in NAMES:
+        flag, env = name.lower().replace("_", "-"), name.upper().replace("-", "_")
+        out += [f"{env}={v}", f'{env}="{v}"', f"{name}: {v}", f"--{flag} {v}", f"--{flag}={v}",
+                f"--{flag} {v} --port 8000", f"poller {name}={v}", f"GET /cb?code=1&{name}={v}&x=2",
+                json.dumps({name: v, "model": "/m"}), f"args: {{'model': '/m', '{name}': '{v}'}}",
+                f"args: {{'{name}': ['{v}']}}", f"    os.environ['{env}'] = '{v}'",
+                f'cfg["{name}"]="{v}"', f"DEBUG {name} {v}"]
+    for flag in FLAGS:
+        out += [f"['vllm', 'serve', '/m', '--{flag}', '{v}', '--port', '8000']",
+                json.dumps(["vllm", "serve", f"--{flag}", v])]
+    return [*out, f"Authorization: Bearer {v}", f"[('authorization', 'Bearer {v}')]",
+            f"Cookie: lang=en; session={v}", f"https://u:{v}@host", f"https://{v}@host",
+            f"--api-key K1x9abcd {v} --port 8000", f"--api-key {v} {v}2 --port 8000"]
+
+
+@pytest.mark.parametrize("v", [v for v in DASHED if len(v) >= 6])  # (a word name's value: 6)
+def test_a_dashed_value_is_hidden_in_every_form_of_text(v: str) -> None:
+    leaked = [(text, shown) for text in _texts(v) if v in (shown := R.text(text))]
+    assert not leaked, leaked
+
+
+@pytest.mark.parametrize("argv,want", [
+    (["vllm", "serve", "--api-key", "--port", "8000"], ["vllm", "serve", "--api-key", "--port",
+                                                         "8000"]),
+    (["vllm", "--api-key", "--", "/m"], ["vllm", "--api-key", "--", "/m"]),
+    (["vllm", "--api-key", "K1x9abcd", "-tp", "2"], ["vllm", "--api-key", "<redacted>", "-tp",
+                                                      "2"]),
+    (["vllm", "--api-key", "K1x9abcd", "--port", "8000"], ["vllm", "--api-key", "<redacted>",
+                                                            "--port", "8000"]),
+    (["vllm", "--hf-token", "--max-model-len", "8192"], ["vllm", "--hf-token",
+                                                         "--max-model-len", "8192"]),
+])
+def test_a_flag_after_a_secret_flag_stays(argv: list[str], want: list[str]) -> None:
+    assert redact_argv(argv) == want and R.argv(argv) == want
+
+
+@pytest.mark.parametrize("text", [
+    "password --ssl-keyfile-password", "api-key --port 8000", "vllm serve /m --api-key --port 9000",
+    "--hf-token --max-model-len 8192", "htpasswd -bBC12 /etc/h admin",
+])
+def test_a_flag_after_a_secret_name_in_text_stays(text: str) -> None:
+    assert R.text(text) == text
