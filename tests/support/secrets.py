@@ -7,6 +7,7 @@ feed the text through every writer and assert the secret never comes out.
 from __future__ import annotations
 
 import json
+import re
 import string
 
 import pytest
@@ -14,10 +15,18 @@ from hypothesis import strategies as st
 
 from vllmwatch.config import redact
 
-# Secret values: long enough, and with a digit, never a piece of the text around them.
+# Secret values: long enough, and with a digit, never a piece of the text around them. None
+# has a flag's shape (dashes, then a letter: `--api-key --port` is a flag with no value, for
+# vLLM's parser and the redactor), but one in four begins with dashes and then a digit or `_`,
+# as a key from secrets.token_urlsafe() may (`--00000A` after `--api-key` was taken for a
+# flag and shown): a value, hidden in every form.
 _ALPHABET = string.ascii_letters + string.digits + "-_.~+=!$%*"
-values = st.text(_ALPHABET, min_size=8, max_size=40).filter(
-    lambda v: any(c.isdigit() for c in v) and any(c.isalpha() for c in v))
+_plain = st.text(_ALPHABET, min_size=8, max_size=40).filter(
+    lambda v: any(c.isdigit() for c in v) and any(c.isalpha() for c in v)
+    and not re.match(r"-+[A-Za-z]", v))
+_dashed = st.builds("{}{}{}".format, st.sampled_from(("-", "--", "---")),
+                    st.sampled_from(string.digits + "_"), _plain)
+values = st.one_of(_plain, _plain, _plain, _dashed)
 NAMES = ("api_key", "API_KEY", "apiKey", "hf_token", "HF_TOKEN", "password", "DB_PASSWORD",
          "secret", "client_secret", "token", "access_token", "x-api-key", "auth",
          "AWS_SECRET_ACCESS_KEY", "PGPASS", "credentials", "privateKey", "authorization",
