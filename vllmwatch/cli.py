@@ -155,10 +155,11 @@ def main(argv: Sequence[str] | None = None) -> int:
 
 
 def _runs(argv: Sequence[str]) -> bool:
-    """Whether the command named is `run` (its first word that is no option or --config's)."""
+    """Whether the command named is `run` (its first word that is no option or --config's).
+    argparse takes a unique start of a long option for it: `--conf PATH` is --config too."""
     words = iter(argv)
     for word in words:
-        if word in ("-c", "--config"):
+        if word == "-c" or (len(word) > 2 and "--config".startswith(word)):
             next(words, None)
         elif not word.startswith("-"):
             return word == "run"

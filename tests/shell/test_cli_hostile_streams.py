@@ -154,14 +154,17 @@ def test_a_closed_stderr_keeps_stdout_to_what_it_is_for(
     assert (lines == [] if not stdout else len(lines) == 1 and stdout in lines[0]), out.stdout
 
 
-@pytest.mark.parametrize("where", ["before", "after"])
+@pytest.mark.parametrize("where", ["before", "after", "--conf", "--co", "--config="])
 def test_the_daemon_runs_with_a_closed_stdout(place: dict[str, str], where: str,
                                               tmp_path: Path) -> None:
     """`run` writes nothing to stdout (it logs): a closed one is no reason to stay down. A
-    config it refuses shows it got past the streams: its config error (78), not the line."""
+    config it refuses shows it got past the streams: its config error (78), not the line.
+    argparse takes a unique start of --config for it (`--conf PATH run`): PATH was taken for
+    the command, and the daemon refused to start."""
     bad = tmp_path / "bad.toml"
     bad.write_text("[vllm]\nmodel = 1\n")
-    words = ["-c", str(bad), "run"] if where == "before" else ["run", "--config", str(bad)]
+    words = {"before": ["-c", str(bad), "run"], "after": ["run", "--config", str(bad)],
+             "--config=": [f"--config={bad}", "run"]}.get(where, [where, str(bad), "run"])
     out = _run(place, words, "closed")
     _no_traceback(out)
     assert out.returncode == 78, out.stderr
