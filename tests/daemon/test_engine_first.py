@@ -19,7 +19,7 @@ import pytest
 
 from tests.support import Daemon, base_config, free_port, merge, sigstop, wait_for
 from vllmwatch.core.names import Reason
-from vllmwatch.core.policy import exit_cause, explain_exit
+from vllmwatch.core.policy import OOM_HINT, exit_cause, explain_exit
 from vllmwatch.incident import cause
 from vllmwatch.shell.engines import EngineWatch
 
@@ -135,7 +135,9 @@ def test_after_vllm_said_a_signal_stopped_it_no_exit_is_an_engine_death(
         outside = not asked and signame is None  # (killed by a signal: that signal is said)
         assert detail.startswith("stopped by a SIGTERM or SIGINT vllmwatch did not send") \
             == outside, detail
-        assert all(e in detail for e in engines) or not outside, detail
+        # each engine named, without the OOM killer's hint: vLLM's shutdown sent that SIGKILL
+        assert all(e.replace(OOM_HINT, "") in detail for e in engines) or not outside, detail
+        assert "OOM killer" not in detail or not outside, detail
         # without vLLM's words the same exit reads as before
         assert explain_exit(code, signame, asked, engines=engines) in (
             exit_cause(explain_exit(code, signame, asked, engines=engines), code, asked,
@@ -150,15 +152,20 @@ def test_after_vllm_said_a_signal_stopped_it_no_exit_is_an_engine_death(
     ("(APIServer pid=19225) WARNING 12-07 08:58:36 [core_client.py:817] [shutdown] MPClient: "
      "engine core exited unexpectedly; starting cleanup", ""),
     ('INFO:     127.0.0.1:1 - "POST /v1/completions HTTP/1.1" 200 OK ' + TOLD + " x", ""),
+    # --api-server-count 2: the launcher (the child, pid 19225) SIGTERMs its API server
+    # processes itself once an engine died; their line is theirs, no outside stop
+    ("(APIServer pid=19301) INFO 12-07 08:58:36 [launcher.py:254] " + TOLD, ""),
+    ("(APIServer_1 pid=19302) INFO 12-07 08:58:36 [launcher.py:80] Shutting down FastAPI HTTP "
+     "server.", ""),
 ])
 def test_only_vllms_signal_shutdown_line_says_a_signal_stopped_it(line: str, told: str) -> None:
-    assert cause.told_to_stop(line) == told
+    assert cause.told_to_stop(line, 19225) == told
 
 
 def test_vllms_own_engine_death_says_no_signal_stopped_it() -> None:
     """The demo's verbatim tail (vLLM 0.32, EngineCore SIGKILLed) has no such line."""
     tail = Path(__file__).parents[1] / "shell" / "fixtures" / "vllm-0.32.0-engine-death-tail.txt"
-    assert [cause.told_to_stop(x) for x in tail.read_text().splitlines()] == [""] * len(
+    assert [cause.told_to_stop(x, 19225) for x in tail.read_text().splitlines()] == [""] * len(
         tail.read_text().splitlines())
 
 

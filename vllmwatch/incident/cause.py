@@ -96,12 +96,19 @@ EXIT_NOISE = re.compile(
 # should_exit), without either line: after one, an unasked exit was someone else's stop.
 TOLD_TO_STOP = re.compile(r"\[shutdown\] API server: shutdown triggered$|"
                           r"Shutting down FastAPI HTTP server\.$")
+_PID = re.compile(r"\([A-Za-z_][\w.-]*\s+pid=(\d+)\)\s")
 
 
-def told_to_stop(line: str) -> str:
-    """The words of TOLD_TO_STOP in `line`, or ""."""
+def told_to_stop(line: str, pid: int) -> str:
+    """The words of TOLD_TO_STOP in `line` when process `pid` (the child vllmwatch started)
+    said them, or a line without vLLM's process prefix did; else "". With --api-server-count
+    2 the launcher SIGTERMs its API server processes itself after an engine died: their
+    lines carry their own pids, and that death stays an engine's."""
     found = TOLD_TO_STOP.search(line)
-    return found.group() if found else ""
+    if found is None:
+        return ""
+    said_by = _PID.match(line)
+    return found.group() if said_by is None or said_by.group(1) == str(pid) else ""
 
 
 def is_exit_noise(line: str) -> bool:
