@@ -62,7 +62,10 @@ def show(value: object) -> str:
 
 def value_problem(name: str, value: object, key: str) -> Problem | None:
     """Why every vLLM refuses this value of one of the flags above (name normalised by
-    flag_name, value as in [vllm.args] or the word of a command line), or None."""
+    flag_name, value as in [vllm.args] or the word of a command line), or None; a value
+    None is one not seen (vllm.env_file's, never read into a message): not judged."""
+    if value is None:
+        return None
     if name in SWITCHES and not isinstance(value, bool):
         return Problem(key, f"--{name} is a switch in every vLLM and takes no value, and "
                        f"{show(value)} is one: vLLM stops at every start (a word of its "
