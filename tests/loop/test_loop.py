@@ -258,7 +258,8 @@ def test_a_changed_vllm_command_rereads_the_vllm_version(monkeypatch: pytest.Mon
         return "0.26.0" if "old" in command[0] else "0.32.0"
 
     monkeypatch.setattr(vllminfo, "version", fake_version)
-    fx = effects.RealEffects(BASE, lambda *a, **k: None, FakeNotifier(), {})
+    fx = effects.RealEffects(BASE, lambda *a, **k: None, FakeNotifier(),
+                             {"STATE_DIRECTORY": os.path.join(str(tmp_path), "state")})
     # The start's read runs on a thread of its own: let it land before the next command's
     # (on a loaded box it came after it, and the order below is what is asserted).
     wait_for(lambda: asked == [BASE.vllm.command], 30, "the start's version read")

@@ -4,6 +4,7 @@ shows it and starts nothing."""
 
 from __future__ import annotations
 
+from pathlib import Path
 from typing import Any
 
 from tests.loop.test_loop import BASE
@@ -29,21 +30,23 @@ class Recorder:
         return {}
 
 
-def _fx() -> tuple[effects.RealEffects, Recorder]:
-    fx = effects.RealEffects(BASE, lambda *a, **k: None, FakeNotifier(), {})
+def _fx(tmp_path: Path) -> tuple[effects.RealEffects, Recorder]:
+    # (its state directory: without one the incidents shell takes /run/vllmwatch, the box's)
+    fx = effects.RealEffects(BASE, lambda *a, **k: None, FakeNotifier(),
+                             {"STATE_DIRECTORY": str(tmp_path / "state")})
     rec = Recorder()
     fx.standby = rec  # type: ignore[assignment]
     return fx, rec
 
 
-def test_publishing_a_ready_snapshot_starts_nothing() -> None:
-    fx, rec = _fx()
+def test_publishing_a_ready_snapshot_starts_nothing(tmp_path: Path) -> None:
+    fx, rec = _fx(tmp_path)
     fx.publish(Snapshot(state="ready", child_pid=123))
     assert rec.calls == []
 
 
-def test_the_step_builds_only_when_ready_and_watches_always() -> None:
-    fx, rec = _fx()
+def test_the_step_builds_only_when_ready_and_watches_always(tmp_path: Path) -> None:
+    fx, rec = _fx(tmp_path)
     fx.tend_standby(S.READY, 123, BASE)
     assert rec.calls == ["watch", "prepare"]
     for state in (S.STARTING, S.DRAINING, S.STOPPING, S.CLEANUP, S.BACKOFF):

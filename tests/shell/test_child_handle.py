@@ -45,7 +45,8 @@ def test_real_effects_keeps_no_per_child_field(tmp_path: Path,
     monkeypatch.setattr(vllminfo, "version", lambda _command: None)
     config = from_dict({"vllm": {"command": CHILD, "model": "m", "gpus": []},
                         "prewarm": {"enabled": False}})
-    fx = RealEffects(config, _quiet, FakeNotifier(), {"PATH": "/usr/bin:/bin"})
+    fx = RealEffects(config, _quiet, FakeNotifier(),
+                     {"PATH": "/usr/bin:/bin", "STATE_DIRECTORY": str(tmp_path / "state")})
     before = dict(vars(fx))
     assert set(before) == DAEMON_FIELDS and fx._run is None
     told: list[tuple[int, int]] = []  # (pid, the largest body with audio it takes)
@@ -96,7 +97,7 @@ def test_while_starting_a_gone_engine_never_keeps_health_unasked(
                         "prewarm": {"enabled": False}})
     said: list[tuple[str, dict[str, Any]]] = []
     fx = RealEffects(config, lambda _lvl, ev, **kw: said.append((ev, kw)), FakeNotifier(),
-                     {"PATH": "/usr/bin:/bin"})
+                     {"PATH": "/usr/bin:/bin", "STATE_DIRECTORY": str(tmp_path / "state")})
     try:
         assert isinstance(launching.spawn(fx, config, lambda _e: None), Spawned)
         probe = Probe(ProbeKind.HEALTH, 1, "127.0.0.1", port, "m", config.probe)

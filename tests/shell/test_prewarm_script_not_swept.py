@@ -33,6 +33,8 @@ SLEEPER = ("import os, time\n"
 def test_the_stops_sweep_leaves_the_warm_script_to_the_prewarms_cancel(
         tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setenv("STATE_DIRECTORY", str(tmp_path / "state"))  # the group file
+    # ... and the incidents folder (read from the environ given: else /run/vllmwatch)
+    state = {"STATE_DIRECTORY": str(tmp_path / "state")}
     monkeypatch.setattr(vllminfo, "version", lambda _command: None)
     config = from_dict({"vllm": {"command": [sys.executable], "model": "m", "gpus": []}})
     said: list[tuple[str, dict[str, Any]]] = []
@@ -40,7 +42,7 @@ def test_the_stops_sweep_leaves_the_warm_script_to_the_prewarms_cancel(
     def log(_level: str, event: str, **kw: Any) -> None:
         said.append((event, kw))
 
-    fx = RealEffects(config, log, FakeNotifier(), {"PATH": "/usr/bin:/bin"},
+    fx = RealEffects(config, log, FakeNotifier(), {"PATH": "/usr/bin:/bin", **state},
                      reaper=Reaper(log))
     pidfile = tmp_path / "script.pid"
     cancel = threading.Event()

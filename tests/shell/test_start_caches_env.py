@@ -38,7 +38,8 @@ def launch(tmp_path: Path, monkeypatch: pytest.MonkeyPatch, info: VllmInfo,
                                     **prewarm}})
     logged: Logged = []
     fx = RealEffects(config, lambda lvl, ev, **kw: logged.append((lvl, ev, kw)), FakeNotifier(),
-                     {"PATH": "/usr/bin:/bin", **(environ or {})})
+                     {"PATH": "/usr/bin:/bin", "STATE_DIRECTORY": str(tmp_path / "state"),
+                      **(environ or {})})
     try:
         got = launching.spawn(fx, config, lambda _e: None)
         if isinstance(got, SpawnFailed):
