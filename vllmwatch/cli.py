@@ -12,13 +12,13 @@ import sys
 from collections.abc import Sequence
 from typing import TYPE_CHECKING
 
-from vllmwatch import __version__
+from vllmwatch import __version__, take_closed_streams
 from vllmwatch.config import command, startcaches, vllmflags, vllminfo
 from vllmwatch.config.redact import REDACT
 from vllmwatch.config.schema import Config, ConfigError, config_path, load
 from vllmwatch.core import exitcodes
 from vllmwatch.prewarm import runner as prewarm
-from vllmwatch.shell import platform, stdstreams
+from vllmwatch.shell import platform
 
 if TYPE_CHECKING:
     from _typeshed import SupportsWrite
@@ -107,7 +107,7 @@ def load_config(path: str | None) -> Config:
 def main(argv: Sequence[str] | None = None) -> int:
     """Entry point of the `vllmwatch` console script."""
     # before any file is opened onto the free descriptor; `run` prints nothing there (it logs)
-    if stdstreams.take_closed() and not _runs(sys.argv[1:] if argv is None else argv):
+    if take_closed_streams() and not _runs(sys.argv[1:] if argv is None else argv):
         print("vllmwatch: standard output is closed (`>&-`): nothing could be printed; give "
               "it a file, or /dev/null to discard it", file=sys.stderr)
         return exitcodes.FAILURE

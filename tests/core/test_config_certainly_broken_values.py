@@ -1,5 +1,5 @@
 """A value of a vLLM flag that no vLLM takes is a config error even where vLLM's own flag list
-is not known (config/flagkinds.py: its best-known switches, numbers and choices, and the
+is not known (config/flagnames.py: its best-known switches, numbers and choices, and the
 words that follow no flag). Before, with no flag list, `print-command` exited 0 and printed a
 command vLLM refused at every start (`extra_args = ["-"]`, `["--max-model-len", ""]`,
 `max-model-len = {a=1}`, `enforce-eager = "yes"`, ...), and `init` wrote `--enforce-eager=foo`
@@ -17,7 +17,7 @@ import tomllib
 
 from tests.shell.test_init import init, known
 from vllmwatch import cli
-from vllmwatch.config import flagkinds, flags, units, vllmflags
+from vllmwatch.config import flagnames, flags, units, vllmflags
 from vllmwatch.config.schema import from_dict
 from vllmwatch.core import exitcodes
 from vllmwatch.migrate.draft import Facts
@@ -115,12 +115,12 @@ def test_the_built_in_kinds_are_vllm_0_32_s() -> None:
     aside), so that the load without the list never refuses what 0.32 takes."""
     data = json.loads((Path(__file__).resolve().parent.parent / "shell" / "fixtures"
                        / "vllm-0.32.0-flags.json").read_text())
-    assert set(data["switches"]) >= flagkinds.SWITCHES
-    for name in flagkinds.NUMBERS:
+    assert set(data["switches"]) >= flagnames.SWITCHES
+    for name in flagnames.NUMBERS:
         assert name not in data["flags"] or data["kinds"][name] == "number", name
-    for name, choices in flagkinds.CHOICES.items():
+    for name, choices in flagnames.CHOICES.items():
         assert set(choices) == set(data["choices"][name]), name
-    for name in flagkinds.NUMBERS:  # (each word 0.32 reads, read here too)
+    for name in flagnames.NUMBERS:  # (each word 0.32 reads, read here too)
         for word in ("8192", "-1", "32k", "25.6k", "auto", "0.9", "1e3", "+5", "1_000"):
             spec = data["parsers"].get(name)
             if spec is None:
@@ -129,7 +129,7 @@ def test_the_built_in_kinds_are_vllm_0_32_s() -> None:
                 units.vllm_read(spec, word)
             except ValueError:
                 continue
-            assert flagkinds.value_problem(name, word, "k") is None, (name, word)
+            assert flagnames.value_problem(name, word, "k") is None, (name, word)
 
 
 @pytest.mark.parametrize(("line", "flag", "value"), [

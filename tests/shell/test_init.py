@@ -221,7 +221,7 @@ def _argv_of(vllm: dict[str, Any]) -> list[str]:
                      fullmatch=True))
 def test_a_number_like_text_reaches_vllm_as_the_line_had_it(text: str) -> None:
     """Typed by its looks (no flag list): a number only where TOML writes it back the same.
-    (A flag of config/flagkinds' tables, --seed, is judged by every vLLM's reader: 1.5 is
+    (A flag of config/flagnames' tables, --seed, is judged by every vLLM's reader: 1.5 is
     no seed; --some-number is one no table names.)"""
     vllm, _, _ = init(f"vllm serve m --revision {text} --some-number {text}", Facts())
     argv = _argv_of(vllm)

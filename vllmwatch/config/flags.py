@@ -10,7 +10,7 @@ import json
 import re
 from collections.abc import Mapping, Sequence
 
-from vllmwatch.config import flagkinds, flagnames
+from vllmwatch.config import flagnames
 from vllmwatch.config.errors import Problem
 from vllmwatch.config.flagnames import flag_name as flag_name
 
@@ -131,7 +131,7 @@ def flag_problem(name: str, value: object, key: str, version: str | None = None,
     if isinstance(value, str) and value.lstrip().startswith(("{", "[")) and name in json_flags:
         return json_problem(value, key)
     return flagnames.shape_problem(name, value, key, json_flags, SHORT_FLAGS) or \
-        flagkinds.value_problem(name, value, key)  # (what no vLLM takes: its reader's words)
+        flagnames.value_problem(name, value, key)  # (what no vLLM takes: its reader's words)
 
 
 def args_problems(args: Mapping[str, object], extra: Sequence[str],
@@ -186,7 +186,7 @@ def args_problems(args: Mapping[str, object], extra: Sequence[str],
         elif token.lstrip().startswith(("{", "[")) and not is_value_of_flag(extra, i):
             out.append(json_problem(token, key))
     said = {p.key for p in out if p is not None}  # (a word one rule above named already)
-    out += [p for p in flagkinds.stray_problems(extra, where, offset) if p.key not in said]
+    out += [p for p in flagnames.stray_problems(extra, where, offset) if p.key not in said]
     return [p for p in out if p is not None] + _twice(args, extra)
 
 

@@ -8,12 +8,11 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from vllmwatch.config import flagkinds, vllmflags
-from vllmwatch.config.flagkinds import SWITCHES
+from vllmwatch.config import flagnames, vllmflags
 from vllmwatch.config.flagnames import NUMBER_LISTS as _NUMBER_LISTS
 from vllmwatch.config.flagnames import ONE_WORD as _ONE_WORD
+from vllmwatch.config.flagnames import SWITCHES, spelled
 from vllmwatch.config.flagnames import VALUE_FLAGS as VALUE_FLAGS
-from vllmwatch.config.flagnames import spelled
 from vllmwatch.config.flags import DASHES, SECRET_FLAGS, flag_name, long_form
 from vllmwatch.config.serveline import is_number
 from vllmwatch.config.vllmflags import FlagSet
@@ -167,5 +166,5 @@ def refused_value(name: str, value: object, known: FlagSet | None) -> str | None
         return ("an empty value: vLLM stops on it for a number (vLLM 0.32: `invalid "
                 "human_readable_int_or_auto value: ''`) and reads none for an optional "
                 f"flag; write `{name} = VALUE` in [vllm.args], or leave the flag out")
-    problem = flagkinds.value_problem(name, value, f"vllm.args.{name}")  # (as the load judges)
+    problem = flagnames.value_problem(name, value, f"vllm.args.{name}")  # (as the load judges)
     return problem.problem if problem else None

@@ -10,7 +10,7 @@ from __future__ import annotations
 import os
 
 from vllmwatch.config import flags
-from vllmwatch.config.flagkinds import SWITCHES
+from vllmwatch.config.flagnames import SWITCHES
 from vllmwatch.config.flags import ARG_PREFIX, DASHES, flag_name
 from vllmwatch.config.launch import INJECTED_FLAGS
 from vllmwatch.config.redact import REDACT, is_secret_name
