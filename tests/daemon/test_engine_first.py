@@ -186,6 +186,10 @@ def test_only_engines_known_to_have_failed_are_named(died: str, failed: bool) ->
         watch.died = {2**22 + 7: died}
         assert watch.failed(2**22 + 9) == ([f"pid {2**22 + 7} (VLLM::EngineCore) {died}"]
                                            if failed else [])
+        # the health probe's look: an engine its API server stopped in order is no death
+        # (the exit that follows says why); one whose status was not seen is
+        orderly = died in ("exited with code 0", "killed by SIGTERM", "killed by SIGINT")
+        assert bool(watch.lost(2**22 + 9)) == (not orderly), died
     finally:
         watch.close()
 
@@ -206,7 +210,7 @@ def test_a_health_probe_after_vllm_said_a_signal_stopped_it_is_no_engine_death(
     handle.child = types.SimpleNamespace(pid=4242)  # type: ignore[assignment]
     handle._childlog = types.SimpleNamespace(told_to_stop=told)  # type: ignore[assignment]
     handle._engines = types.SimpleNamespace(  # type: ignore[assignment]
-        look=lambda pid: looks.append(pid) or [KILLED])
+        lost=lambda pid: looks.append(pid) or [KILLED])
     handle._starting = False
     prober = types.SimpleNamespace(health=lambda: HealthResult(ok=True, status=200, seconds=0.1))
     got = handle._health(prober)  # type: ignore[arg-type]

@@ -298,14 +298,14 @@ class ChildHandle:
         # 0.1-0.5 s with one API server). A gone engine is fatal whatever /health says, so it
         # is not asked then; once vLLM said a signal not ours stopped it, its shutdown ends them.
         told = self._childlog.told_to_stop
-        gone = [] if told else self._engines.look(self.pid)
+        gone = [] if told else self._engines.lost(self.pid)
         if gone and self._starting:
             return self._health_starting(prober, gone)
         asked = not gone
         health = (HealthResult(ok=False, status=None, seconds=0.0) if gone
                   else prober.health())
         if not gone and not told:
-            gone = self._engines.look(self.pid)
+            gone = self._engines.lost(self.pid)
         if gone:  # the core names this reason engine_died with this text as its detail
             said = (f"; /health said {health.error or f'HTTP {health.status}'}"
                     if asked and not health.ok else "")

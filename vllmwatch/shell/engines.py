@@ -186,9 +186,14 @@ class EngineWatch:
         the SIGTERM or SIGINT an API server's own orderly stop sends them (one told to stop by
         someone else, the fake's --exit-after); never one whose status its parent reaped first
         (child.exited names only what is certain)."""
+        return [said for said in self.lost(root_pid) if " killed by " in said
+                or " exited with code " in said]
+
+    def lost(self, root_pid: int) -> list[str]:
+        """Those of look() not stopped in order (exit 0, SIGTERM, SIGINT: their API server
+        stopped them on its way out, and its exit says why); a status not seen counts."""
         return [said for said in self.look(root_pid) if not said.endswith(
-            (" exited with code 0", " killed by SIGTERM", " killed by SIGINT")) and (
-            " killed by " in said or " exited with code " in said)]
+            (" exited with code 0", " killed by SIGTERM", " killed by SIGINT"))]
 
     def look(self, root_pid: int) -> list[str]:
         """Learn the engine processes now under root_pid; describe those seen before and gone.
