@@ -9,18 +9,17 @@ and note to stdout, where print-command's one line to copy is."""
 
 from __future__ import annotations
 
-import http.server
 import json
 import os
 import subprocess
 import sys
-import threading
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
 import pytest
 
+from tests.shell.test_status_cli import serving
 from tests.support import TIMEOUT_SCALE
 from vllmwatch.status.snapshot import Snapshot
 
@@ -41,27 +40,9 @@ def place(tmp_path_factory: pytest.TempPathFactory) -> Iterator[dict[str, str]]:
                                                     "detail": "d", "time_utc": "2026-12-01"}))
     body = json.dumps(Snapshot(state="ready", ready=True).to_json()).encode()
 
-    class Handler(http.server.BaseHTTPRequestHandler):
-        def do_GET(self) -> None:
-            self.send_response(200)
-            self.send_header("Content-Type", "application/json")
-            self.send_header("Content-Length", str(len(body)))
-            self.end_headers()
-            self.wfile.write(body)
-
-        def log_message(self, *args: Any) -> None:
-            pass
-
-    server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), Handler)
-    thread = threading.Thread(target=server.serve_forever, daemon=True)
-    thread.start()
-    try:
+    with serving(body) as url:  # (test_status_cli's one-purpose /status)
         yield {"config": str(config), "state": str(root / "state"), "cache": str(root / "c"),
-               "url": f"http://127.0.0.1:{server.server_address[1]}"}
-    finally:
-        server.shutdown()
-        server.server_close()
-        thread.join(timeout=5)
+               "url": url}
 
 
 # (words, the code when the reader left): check and status keep their verdict's code (a
