@@ -22,6 +22,7 @@ fails the run: a leaked fake engine slows or breaks the tests that come after it
 
 from __future__ import annotations
 
+import contextlib
 import os
 import shutil
 import signal
@@ -47,6 +48,7 @@ HERE = Path(__file__).resolve().parent
 # scripts/test.sh's switch (README): no system tier and none of its apt-get installs. CI keeps
 # it on: .ci/run never sets it (tests/core/test_scripts.py holds that).
 SKIP_SYSTEM_TIER = "VLLMWATCH_SKIP_SYSTEM_TIER"
+ROOT_FALLBACK = "/run/vllmwatch"  # root's place for state without a unit (config/safefile)
 TIERS = {name: getattr(pytest.mark, name)
          for name in ("core", "loop", "shell", "daemon", "e2e", "systemd")}
 
@@ -90,6 +92,15 @@ def _own_runtime_dir(config: pytest.Config) -> None:
     path = tempfile.mkdtemp(prefix="vllmwatch-tests-run-")
     os.environ["RUNTIME_DIRECTORY"] = path
     config.add_cleanup(lambda: shutil.rmtree(path, ignore_errors=True))
+    if not os.path.lexists(ROOT_FALLBACK):  # the fallback's own tests and the demo make it;
+        # each removes its files, and the folder they made goes too (only if empty: a file
+        # left there is a defect that test_demo and test_groupfile name)
+        config.add_cleanup(_remove_root_fallback)
+
+
+def _remove_root_fallback() -> None:
+    with contextlib.suppress(OSError):
+        os.rmdir(ROOT_FALLBACK)
 
 
 def _sigterm_runs_teardowns() -> None:
