@@ -157,6 +157,14 @@ def test_after_vllm_said_a_signal_stopped_it_no_exit_is_an_engine_death(
     ("(APIServer pid=19301) INFO 12-07 08:58:36 [launcher.py:254] " + TOLD, ""),
     ("(APIServer_1 pid=19302) INFO 12-07 08:58:36 [launcher.py:80] Shutting down FastAPI HTTP "
      "server.", ""),
+    # ... and SIGTERMed itself, the launcher says so before it stops them (vLLM 0.32's
+    # cli/serve.py, only when its signal handler ran); the line has no process prefix
+    ("INFO 12-07 08:58:36 [serve.py:396] Waiting up to 30 seconds for processes to exit",
+     "Waiting up to 30 seconds for processes to exit"),
+    ("(APIServer pid=19225) INFO 12-07 08:58:36 [serve.py:264] Waiting up to 0 seconds for "
+     "processes to exit", "Waiting up to 0 seconds for processes to exit"),
+    ("INFO 12-07 08:58:36 [ipc_loader.py:381] Waiting up to 5.0s for the weight cache daemon "
+     "to start", ""),
 ])
 def test_only_vllms_signal_shutdown_line_says_a_signal_stopped_it(line: str, told: str) -> None:
     assert cause.told_to_stop(line, 19225) == told

@@ -205,6 +205,33 @@ def test_engine_sigstop_is_hang(start_daemon: StartDaemon) -> None:
     assert dead(engine), f"the stopped EngineCore (pid {engine.pid}) survived the restart"
 
 
+def test_two_api_servers_engine_death_and_outside_sigterm(start_daemon: StartDaemon) -> None:
+    """--api-server-count 2: the child is vLLM's launcher, and its API servers are processes
+    of their own that the launcher SIGTERMs itself once an engine died (their shutdown lines
+    carry their pids). An EngineCore SIGKILL stays engine_died; an outside SIGTERM to the
+    launcher while its engine is stuck is a crash naming the launcher's own words."""
+    d = start_daemon({"vllm": {"args": {"api-server-count": 2}}})
+    pid = _ready(d)["pid"]
+    servers = find_in_tree(pid, "VLLM::APIServer")
+    assert len(servers) == 2, f"two API servers under {pid}:\n{describe(tree(pid))}"
+    engine = find_in_tree(pid, "VLLM::EngineCore")[0]
+    mark, fault_at = d.mark(), time.time()
+    os.kill(engine.pid, signal.SIGKILL)
+    got = _recover(d, "two_api_servers_engine_sigkill", fault_at, mark, {"engine_died"})
+    # (the launcher may reap it before vllmwatch's look: "exit status not seen" then)
+    assert f"pid {engine.pid} (VLLM::EngineCore) " in got["detail"], got
+    pid = got["ready"]["pid"]
+    engine = find_in_tree(pid, "VLLM::EngineCore")[0]
+    mark, fault_at = d.mark(), time.time()
+    sigstop(engine.pid)
+    os.kill(pid, signal.SIGTERM)
+    got = _recover(d, "two_api_servers_outside_sigterm", fault_at, mark, {"crash"})
+    assert got["detail"].startswith("stopped by a SIGTERM or SIGINT vllmwatch did not send "
+                                    '(vLLM said "Waiting up to '), got
+    assert "OOM killer" not in got["detail"], got
+    assert dead(engine), f"the stopped EngineCore (pid {engine.pid}) survived the restart"
+
+
 def test_api_server_sigkill_reaps_orphans(start_daemon: StartDaemon) -> None:
     """SIGKILL of the API server: EngineCore and Worker are orphans; they are killed. The
     crash's incident record says the API server was already gone and still holds vLLM's

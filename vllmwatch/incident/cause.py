@@ -90,12 +90,15 @@ EXIT_NOISE = re.compile(
     r".*Warning: WARNING: destroy_process_group\(\) was not called before program exit")
 
 
-# What vLLM's API server logs when a SIGTERM or SIGINT starts its shutdown, and only then:
-# 0.32's signal handler, and older launchers' `except asyncio.CancelledError` (the handler
-# cancelled the server task). An engine's death ends the server another way (uvicorn's
-# should_exit), without either line: after one, an unasked exit was someone else's stop.
+# What vLLM logs when a SIGTERM or SIGINT starts its shutdown, and only then: 0.32's API
+# server signal handler, older launchers' `except asyncio.CancelledError` (the handler
+# cancelled the server task), and with --api-server-count > 1 (or --headless) the launcher's
+# `if shutdown_requested:` (cli/serve.py; its API servers' own lines then carry their pids).
+# An engine's death ends the server another way (uvicorn's should_exit, the launcher's
+# wait_for_completion_or_failure), without any: after one, an unasked exit was someone else's.
 TOLD_TO_STOP = re.compile(r"\[shutdown\] API server: shutdown triggered$|"
-                          r"Shutting down FastAPI HTTP server\.$")
+                          r"Shutting down FastAPI HTTP server\.$|"
+                          r"Waiting up to \d+ seconds for processes to exit$")
 _PID = re.compile(r"\([A-Za-z_][\w.-]*\s+pid=(\d+)\)\s")
 
 
