@@ -274,9 +274,15 @@ class CoreMachine(RuleBasedStateMachine):
         self._step(ChildExited(pid, code, None if code is not None else "SIGKILL",
                                memory_lines=(OOM,) if oom else ()))
 
-    @rule(milestone=st.sampled_from([None, "weights", "graphs"]))
-    def child_prints(self, milestone: str | None) -> None:
-        self._step(ChildOutput(milestone))
+    @rule(milestone=st.sampled_from([None, "weights", "graphs"]),
+          told=st.sampled_from(["", "", "[shutdown] API server: shutdown triggered"]),
+          older=st.booleans())
+    def child_prints(self, milestone: str | None, told: str, older: bool) -> None:
+        # told: vLLM says an outside signal started its shutdown (core/serving.py _told), by
+        # the live child or an older one's late line
+        pid = max(self.alive, default=0) - older
+        self._step(ChildOutput(milestone, told_to_stop=told, pid=pid) if told
+                   else ChildOutput(milestone))
 
     @precondition(lambda self: bool(self.outstanding))
     @rule(data=st.data(), how=st.sampled_from(["ok", "fail", "lost", "hostile"]))

@@ -94,6 +94,8 @@ class ChildOutput:
     milestone: str | None = None
     compile_cache_hit: bool = False
     reuse: tuple[tuple[str, object], ...] = ()  # start-up cache facts (core/reuse.py)
+    told_to_stop: str = ""  # vLLM's words: a signal started its shutdown (incident/cause.py)
+    pid: int = 0  # the child that printed it (told_to_stop's only: a late line of an old one)
 
 
 @dataclass(frozen=True)

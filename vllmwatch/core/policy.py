@@ -141,6 +141,12 @@ def stalled_since(last_advance: float | None, prev: Progress | None, cur: Progre
 OOM_HINT = " (the OOM killer? see the incident record)"
 
 
+def outside_stop(told: str) -> str:
+    """How a stop by a signal vllmwatch did not send is said; `told`: vLLM's words for it."""
+    return (f"stopped by a SIGTERM or SIGINT vllmwatch did not send (vLLM said \"{told}\"): "
+            "a person, a script or another supervisor stopped it")
+
+
 def explain_exit(code: int | None, signame: str | None, requested: bool,
                  killed_by_us: bool = False, starting: bool = True,
                  engines: Sequence[str] = (), told: str = "") -> str:
@@ -150,9 +156,8 @@ def explain_exit(code: int | None, signame: str | None, requested: bool,
     if told and not requested and signame is None:  # someone else's SIGTERM: vLLM's own
         # shutdown SIGKILLs an engine that does not stop in time, so that is no engine fault
         ended = f"; its shutdown ended {', '.join(engines).replace(OOM_HINT, '')}" * bool(engines)
-        return (f"stopped by a SIGTERM or SIGINT vllmwatch did not send (vLLM said "
-                f"\"{told}\"): a person, a script or another supervisor stopped it{ended}; "
-                f"exited with code {code} (`vllmwatch check` lists other supervisors)")
+        return (f"{outside_stop(told)}{ended}; exited with code {code} (`vllmwatch check` "
+                "lists other supervisors)")
     if code == 0 and not requested and engines:  # vLLM's own way out after its engine died
         return (f"engine process died: {', '.join(engines)}; then the API server exited with "
                 "code 0 without being asked")

@@ -7,7 +7,6 @@ from __future__ import annotations
 
 from dataclasses import replace
 
-from vllmwatch.core import drain as drains
 from vllmwatch.core import gpufault, hangs, leak, policy, probing, reuse
 from vllmwatch.core import hangverdicts as verdicts
 from vllmwatch.core.actions import Action, Log, Notify
@@ -25,7 +24,7 @@ from vllmwatch.core.restart import Phase, pending
 from vllmwatch.core.restart import goto as rung
 from vllmwatch.core.samples import gpu_figure, gpu_kind, host_figure
 from vllmwatch.core.state import ChildRun, Engine, Memory, Result, S, Start, WatchState, goto
-from vllmwatch.core.stopping import stop_child
+from vllmwatch.core.stopping import drain_look
 
 MEM_RECENT = 32  # memory samples kept for an incident record (core/incidents.py)
 # Start phases (shell/childlog.py) after which the API server listens: /health is asked at
@@ -54,7 +53,7 @@ def _mem(s: WatchState, mem: Memory) -> WatchState:
 def child_output(s: WatchState, ev: ChildOutput, now: float) -> Result:
     """Any line is progress while starting; milestones are start phases with durations."""
     if s.state == S.READY and s.child is not None:
-        return _late_milestone(s, ev, now)
+        return _told(s, ev, now) if ev.told_to_stop else _late_milestone(s, ev, now)
     if s.state != S.STARTING or s.child is None:
         return s, []
     c, st = s.child, s.child.start
@@ -72,6 +71,18 @@ def child_output(s: WatchState, ev: ChildOutput, now: float) -> Result:
     if ev.milestone in ASK_HEALTH_AT:  # it says it serves: ask now, not at the next poll
         s = probing.set_timer(s, K.HEALTH, now)
     return s, [log]
+
+
+def _told(s: WatchState, ev: ChildOutput, now: float) -> Result:
+    """vLLM said a SIGTERM or SIGINT started its shutdown while it served, and vllmwatch sent
+    none (while it stops its child the state is not READY): the server goes away now, and
+    the /health refusals before its exit read as `health` (--api-server-count 2: its launcher
+    waits up to vLLM's shutdown timeout). The restart begins at once, as its exit would say."""
+    if ev.pid != _run(s).pid:
+        return s, []  # (a line of an older child's, read late)
+    return begin_restart(s, now, Reason.CRASH, policy.outside_stop(ev.told_to_stop) + "; "
+                         "restarted without waiting for its exit (`vllmwatch check` lists "
+                         "other supervisors)", drain=False)
 
 
 def _late_milestone(s: WatchState, ev: ChildOutput, now: float) -> Result:
@@ -230,7 +241,7 @@ def metrics(s: WatchState, ev: MetricsResult, now: float) -> Result:
             return verdicts.on_canary_timeout(s, False, ev.host_cpu, now,
                                               "/metrics failed: " + ev.error)
         if s.state == S.DRAINING:
-            return _drain_look(s, now, None, None)
+            return drain_look(s, now, None, None)
         return s, [Log("debug", "probe.metrics_failed", {"error": ev.error})]
     acts: list[Action] = []
     e = c.engine
@@ -244,7 +255,7 @@ def metrics(s: WatchState, ev: MetricsResult, now: float) -> Result:
                              ev.generation_tokens, ev.kv_cache_usage)
     prev = e.progress
     if s.state == S.DRAINING:
-        s, more = _drain_look(s, now, ev.running, ev.waiting)
+        s, more = drain_look(s, now, ev.running, ev.waiting)
     elif s.state == S.READY and cur is None and c.canary.suspect:
         # A timed-out canary needs a verdict from this scrape: without the series (vLLM run
         # with --disable-log-stats) nothing can be seen to move. Waiting for a series that
@@ -259,19 +270,6 @@ def metrics(s: WatchState, ev: MetricsResult, now: float) -> Result:
         s, more = _judge_progress(_engine(s, replace(s.run.engine, progress=cur)), prev, cur,
                                   now, ev.host_cpu)
     return s, acts + more
-
-
-def _drain_look(s: WatchState, now: float, running: float | None,
-                waiting: float | None) -> Result:
-    """While DRAINING: stop once deregistered and idle, else look again (core/drain.py)."""
-    c = _run(s)
-    d = c.drain if c.drain is not None else drains.begin(s.since, 0.0, 0.0)
-    if drains.decide(d, now, running, waiting) == drains.Verdict.WAIT:
-        return probing.set_timer(s, K.METRICS, drains.next_check(d, now, probing.DRAIN_POLL)), []
-    phases = drains.durations(d, now)
-    s, acts = stop_child(s, now)
-    return s, [Log("info", "drain.done", {"after_s": round(now - d.started, 2),
-                                          "phases_s": phases}), *acts]
 
 
 def _judge_progress(s: WatchState, prev: policy.Progress | None, cur: policy.Progress,

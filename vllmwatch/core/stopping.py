@@ -282,3 +282,17 @@ def exited(s: WatchState) -> WatchState:
     """The child (the API server) exited and was reaped: no pid to signal any more."""
     proc = s.run.proc
     return replace(s, child=replace(s.run, proc=replace(proc, pid=None, exited_pid=proc.pid)))
+
+
+def drain_look(s: WatchState, now: float, running: float | None,
+               waiting: float | None) -> Result:
+    """While DRAINING: stop once deregistered and idle, else look again (core/drain.py)."""
+    c = s.run
+    d = c.drain if c.drain is not None else drains.begin(s.since, 0.0, 0.0)
+    if drains.decide(d, now, running, waiting) == drains.Verdict.WAIT:
+        at = drains.next_check(d, now, probing.DRAIN_POLL)
+        return probing.set_timer(s, ProbeKind.METRICS, at), []
+    phases = drains.durations(d, now)
+    s, acts = stop_child(s, now)
+    return s, [Log("info", "drain.done", {"after_s": round(now - d.started, 2),
+                                          "phases_s": phases}), *acts]

@@ -212,7 +212,10 @@ class ChildLog:
         if not cause.is_exit_noise(line):  # before any limit: the diagnosis sees all but
             self.last_lines.append(line)  # what every exit prints (child.exited's lines)
         self.tail.append(line)  # ... and so does an incident record
-        self.told_to_stop = self.told_to_stop or cause.told_to_stop(line, self._pid)
+        if not self.told_to_stop:
+            self.told_to_stop = cause.told_to_stop(line, self._pid)
+            if self.told_to_stop:  # the core ends a serving run at once (core/serving.py)
+                self._post(ChildOutput(told_to_stop=self.told_to_stop, pid=self._pid))
         level, now = level_of(line, level), self._clock()
         if self._forward and not _OWN_PROBE.search(line):
             self._offer(level, line, now)
