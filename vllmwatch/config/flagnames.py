@@ -188,12 +188,16 @@ def _reads(word: str, whole: bool, empty: bool) -> bool:
     if text.lower() in ("auto", "none") or (empty and not text):
         return True
     suffixed = _SUFFIXED.fullmatch(text)
-    if suffixed is not None:  # (int("1.5") in vLLM: no decimal before K, M, G, T)
-        return not (whole and suffixed.group(2).isupper() and "." in suffixed.group(1))
+    if suffixed is not None:  # (int("1.5") in vLLM: no decimal before K, M, G, T; and
+        # int(float(digits) * 1000) past a float's range is vLLM's OverflowError)
+        digits, suffix = suffixed.groups()
+        return not (whole and suffix.isupper() and "." in digits) and (suffix.isupper() or (
+            math.isfinite(float(digits) * 1000 ** " kmgt".index(suffix))))
     try:
-        return math.isfinite(int(text) if whole else float(text))
+        number = int(text) if whole else float(text)
     except ValueError:
         return False
+    return whole or math.isfinite(number)  # (isfinite of a 400-digit int: OverflowError)
 
 
 def stray_problems(words: Sequence[str], where: str, offset: int = 0) -> list[Problem]:

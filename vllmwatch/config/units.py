@@ -244,7 +244,10 @@ def vllm_read(spec: str, word: str) -> object:
             return int(text)
         digits, suffix = suffixed.groups()
         if suffix.islower():  # a decimal multiplier takes a decimal (25.6k)
-            return int(float(digits) * 1000 ** " kmgt".index(suffix))
+            number = float(digits) * 1000 ** " kmgt".index(suffix)
+            if not math.isfinite(number):  # int() of it: vLLM's OverflowError, no value
+                raise ValueError(f"{word!r} is past a float's range")
+            return int(number)
         return int(digits) * 1024 ** " KMGT".index(suffix)  # int("1.5"): vLLM refuses 1.5K
     return word.lower().replace("-", "_") if base == "fold" else word
 
@@ -282,7 +285,7 @@ def _loose(text: str, whole: bool) -> object:
     suffixed = _VLLM_SUFFIXED.fullmatch(text)
     if suffixed is None or (whole and suffixed.group(2).isupper() and "." in suffixed.group(1)):
         return int(text) if whole else vllm_read("float", text)  # int("1.5K") refuses
-    return text
+    return vllm_read("hr_int", text) if suffixed.group(2).islower() else text  # (1e400k)
 
 
 def is_number_word(word: str) -> bool:
