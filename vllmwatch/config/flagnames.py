@@ -200,6 +200,16 @@ def _reads(word: str, whole: bool, empty: bool) -> bool:
     return whole or math.isfinite(number)  # (isfinite of a 400-digit int: OverflowError)
 
 
+def positional(words: Sequence[str], i: int, switch: bool = False) -> bool:
+    """Whether vLLM's parser reads words[i] as a positional (a model), not a flag's value:
+    no long flag without `=` before it, or one of SWITCHES, which take no word in any vLLM
+    (`vllm serve --enforce-eager /m` serves /m). `switch`: only the second case."""
+    before = words[i - 1] if i > 0 else ""
+    bare = before.startswith("--") and "=" not in before
+    after_switch = bare and flag_name(before).partition(".")[0] in SWITCHES
+    return after_switch if switch else (not bare or after_switch)
+
+
 def stray_problems(words: Sequence[str], where: str, offset: int = 0) -> list[Problem]:
     """The words of an argv list (vllm.extra_args, in long form) that follow no flag, as
     vLLM's parser reads them: a lone `-` (argparse's word for stdin, never a flag) or a word

@@ -327,7 +327,7 @@ def command_problems(command: Sequence[str], model: str) -> list[Problem]:
             words[i] = ""
         elif word == model and i > 0 and words[i - 1] == "--model":
             words[i - 1] = words[i] = ""
-        elif word == model and not is_value_of_flag(words, i):
+        elif word == model and flagnames.positional(words, i):
             words[i] = ""
     tail = long_forms(words)
     out: list[Problem] = []
@@ -335,15 +335,16 @@ def command_problems(command: Sequence[str], model: str) -> list[Problem]:
         key = f"vllm.command[{start + i}]"
         name = flag_name(token[2:].partition("=")[0]) if token.startswith("--") else ""
         if name in SECRET_FLAGS:
-            out.append(Problem(key, f"the {name} flag written in vllm.command stays on "
-                               "vLLM's command line in clear (any local user's `ps` shows "
-                               "it); "
+            out.append(Problem(key, f"the {name} flag written in vllm.command stays on vLLM's "
+                               "command line in clear (any local user's `ps` shows it); "
                                + ("use vllm.api_key_file" if name == "api-key" else
                                   f"set {SECRET_FLAGS[name]} in [vllm.env]")))
-        elif token.strip() and not token.startswith("-") and not is_value_of_flag(tail, i):
+        elif token.strip() and not token.startswith("-") and flagnames.positional(tail, i):
             out.append(Problem(key, f"{token!r} after the server's name is a model to vLLM, "
                                "which serves it instead of vllm.model (and vllmwatch checks, "
                                "warms and probes the other); set vllm.model and remove it"))
-    said = {p.key for p in out}  # (a word it names as a second model: named once)
+    said = {p.key for p in out}  # (a word named as a second model, once; and a switch before
+    said |= {f"vllm.command[{start + i - 1}]" for i, w in enumerate(tail) if flagnames.positional(
+        tail, i, switch=True) and (not w or f"vllm.command[{start + i}]" in said)}  # it/model)
     return out + [p for p in args_problems({}, words, where="vllm.command", offset=start)
                   if not p.problem.startswith("an empty word") and p.key not in said]
