@@ -7,12 +7,15 @@ named as one, once."""
 
 from __future__ import annotations
 
+import dataclasses
 from pathlib import Path
 
 import pytest
 
+from tests.shell.test_init import known
 from vllmwatch import cli
-from vllmwatch.config import flags
+from vllmwatch.config import flags, vllmflags
+from vllmwatch.config.schema import from_dict
 from vllmwatch.core import exitcodes
 
 SERVED = [
@@ -47,3 +50,24 @@ def test_a_switch_joined_to_a_value_is_still_refused(tmp_path: Path,
                     'command = ["/nonexistent/bin/vllm", "serve", "--enforce-eager=1", "/m"]\n')
     assert cli.main(["print-command", "-c", str(path)]) == exitcodes.CONFIG
     assert "vllm.command[2]" in capsys.readouterr().err
+
+
+# Where vLLM's flag list is known, the same: it read the model after a flag's value as a word
+# more for that flag ("'/m' follow a flag that takes one value"), and after a switch as the
+# switch's value, so `run` refused to start what vLLM 0.32 serves.
+@pytest.mark.parametrize("command", [*SERVED, ["vllm", "serve", "--max-model-len", "4096", "/m"],
+                                     ["vllm", "serve", "--dtype", "half", "/m", "--seed", "1"]])
+def test_the_flag_list_passes_it_too(command: list[str]) -> None:
+    config = from_dict({"vllm": {"model": "/m", "command": command}})
+    assert vllmflags.validate_args(config, known()) == []
+
+
+@pytest.mark.parametrize(("command", "key"), [
+    (["vllm", "serve", "--max-model-len", "4096", "x", "/m"], "vllm.command[2]"),
+    (["vllm", "serve", "/m", "--max-model-len", "4k", "x"], "vllm.command[3]"),
+    (["vllm", "serve", "--max-model-len", "/m"], "vllm.command[2]")])
+def test_the_flag_list_still_refuses_the_words_around_it(command: list[str], key: str) -> None:
+    config = from_dict({"vllm": {"model": "/m"}})
+    config = dataclasses.replace(config, vllm=dataclasses.replace(config.vllm,
+                                                                  command=tuple(command)))
+    assert [p.key for p in vllmflags.validate_args(config, known())] == [key]

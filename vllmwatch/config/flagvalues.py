@@ -56,8 +56,13 @@ def validate_args(config: Config, known: FlagSet) -> list[Problem]:
     names = [(flags.flag_name(k), v, f"vllm.args.{k}") for k, v in config.vllm.args.items()]
     names += _named(config.vllm.extra_args, known, "vllm.extra_args", 0)
     start = flags.command_tail(config.vllm.command)  # vLLM's flags written in the command
-    if start is not None:
-        names += _named(config.vllm.command[start:], known, "vllm.command", start)
+    if start is not None:  # (on either side of vllm.model as vLLM's positional, judged apart:
+        # `vllm serve --max-model-len 4096 /m` and `--enforce-eager /m` serve /m)
+        words = config.vllm.command[start:]
+        cut = next((i for i, word in enumerate(words) if word == config.vllm.model
+                    and _positional(words, i, known)), len(words))
+        names += _named(words[:cut], known, "vllm.command", start)
+        names += _named(words[cut + 1:], known, "vllm.command", start + cut + 1)
     out = [p for n, v, k in names if (p := flag_problem(n, v, k, known)) is not None]
     if config.vllm.env_file:  # its flags alike, their values never shown (only then loaded)
         from vllmwatch.config.envfilechecks import known_flag_problems
@@ -90,6 +95,14 @@ def _named(words: Sequence[str], known: FlagSet, where: str, offset: int
             # only where the flag list has its aliases: a cache of an older vllmwatch has none)
             out.append((token.partition("=")[0], None, f"{where}[{i + offset}]"))
     return out
+
+
+def _positional(words: Sequence[str], i: int, known: FlagSet) -> bool:
+    """Whether vLLM reads words[i] as a positional: no long flag without = before it (its
+    value), or one of this vLLM's switches, which take no word."""
+    before = words[i - 1] if i > 0 else ""
+    return not (before.startswith("--") and "=" not in before) or \
+        flags.flag_name(before[2:]).split(".")[0] in known.switches
 
 
 def _words_after(extra: list[str], i: int) -> list[str]:
