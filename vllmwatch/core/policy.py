@@ -158,6 +158,12 @@ def explain_exit(code: int | None, signame: str | None, requested: bool,
         ended = f"; its shutdown ended {', '.join(engines).replace(OOM_HINT, '')}" * bool(engines)
         return (f"{outside_stop(told)}{ended}; exited with code {code} (`vllmwatch check` "
                 "lists other supervisors)")
+    if told and not requested and signame is not None:  # the stopper's second signal (kill
+        # -9 after a grace, `timeout -k`) more likely than the OOM killer within a shutdown
+        oom = " (or the OOM killer: `journalctl -k | grep -i oom`)" * (signame == "SIGKILL")
+        return (f"killed by {signame} after a SIGTERM or SIGINT vllmwatch did not send started "
+                f"vLLM's shutdown (vLLM said \"{told}\"): whoever stopped it sent it when it "
+                f"did not exit in time{oom}; `vllmwatch check` lists other supervisors")
     if code == 0 and not requested and engines:  # vLLM's own way out after its engine died
         return (f"engine process died: {', '.join(engines)}; then the API server exited with "
                 "code 0 without being asked")
