@@ -30,8 +30,13 @@ def reloaded(s: WatchState, ev: ReloadRequested, now: float) -> Result:
     pair = s.ever_ready
     acts: list[Action] = [Notify(reloading=True)] if pair else []
     if ev.config is None:
+        # the file named in every refusal (a read past its deadline, a worker's error, said
+        # without it), as in the STATUS= line that repeats it
+        path, why = s.config.path, ev.error or "the read failed"
+        error = why if not path or why.startswith(path) else f"{path}: {why}"
         acts.append(Log("error", "config.reload_failed", {
-            "error": ev.error, "detail": "keeping the running config"}))
+            "error": error, "detail": "keeping the running config"}))
+        s = replace(s, reload_refused=error)
         return s, acts + ([Notify(ready=True)] if pair else [])
     old = s.config
     relaunch = old.vllm != ev.config.vllm or old.prewarm.cache_dir != ev.config.prewarm.cache_dir
@@ -63,7 +68,7 @@ def reloaded(s: WatchState, ev: ReloadRequested, now: float) -> Result:
         fields["at_next_launch"] = ", ".join(
             f"prewarm.{f.name}" for f in fields_of(old.prewarm)
             if getattr(old.prewarm, f.name) != getattr(ev.config.prewarm, f.name))
-    s = replace(s, config=ev.config)
+    s = replace(s, config=ev.config, reload_refused="")
     acts.append(Log("info", "config.reloaded", {"path": ev.config.path,
                                                 "sha256": ev.config.sha256[:12],
                                                 "restart_needed": relaunch, **fields}))

@@ -236,6 +236,9 @@ class WatchState:
     prewarmed: bool = False
     exit_reason: Reason | None = None  # set when vllmwatch is leaving: only ladder.halt
     exit_detail: str = ""
+    # Why the last SIGHUP's file was refused ("": the last was taken, or none came): systemd
+    # hears READY=1 after RELOADING=1 either way, so STATUS= and /status must say it
+    reload_refused: str = ""
     restart: Restart = field(default_factory=Restart)  # the restart ladder's rung (core/restart.py)
     old_pids: tuple[int, ...] = ()  # the old tree's pids, from the sweep to the release gate
     failures: int = 0  # consecutive failures, for backoff

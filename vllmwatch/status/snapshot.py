@@ -110,6 +110,8 @@ class Snapshot:
     platform_reason: str = ""  # why (core/unified.py decide_platform)
     # Config keys a SIGHUP changed that only a restart of vllmwatch applies (e.g. gate.*).
     restart_required: tuple[str, ...] = ()
+    # Why the last SIGHUP's file was refused (the running config kept); None: it was taken
+    reload_refused: str | None = None
     # How the current child was launched, and the standby for the next one (shell/launcher).
     launch: str = ""  # standby | fresh
     launches: dict[str, int] = field(default_factory=dict)

@@ -115,6 +115,7 @@ def snapshot_of(s: WatchState, now: float, wall: float, prev: Snapshot,
         probe_seconds={str(k): v for k, v in s.probe_seconds.items()},
         probe_failures={str(k): n for k, n in s.probe_failures.items()},
         config_path=s.config.path, config_sha256=s.config.sha256,
+        reload_refused=s.reload_refused or None,
         vllm_version=vllm_version, loop_heartbeat=now,
         probe_last_completed=completions(c, prev, at_wall),
         model=(c.vllm if c else s.config.vllm).model_name,
@@ -173,6 +174,10 @@ def summary(snap: Snapshot, down: tuple[str, ...] = ()) -> str:
     # (the incident record of a crash) began the line "ready" beside "restart recording"
     parts = ["not ready" if snap.state == "ready" and not snap.ready else snap.state]
     parts += [REDACT.head(words, 120) for words in down]  # (before the 200-character cut)
+    if snap.reload_refused:  # systemd heard READY=1 (the reload over): what was not taken.
+        # Its start: the file, line, key and value come first (the journal has the rest)
+        cut = REDACT.head(snap.reload_refused, 120)
+        parts.append(f"reload refused: {cut}" + ("..." if len(cut) == 120 else ""))
     if snap.exit_reason is not None and snap.exit_reason != Reason.STOP:
         # Leaving for a cause: said first, until the process is gone (a crash-loop give-up
         # read "stopping | ... | last crash", a crash restart it seemed; the exit code and
