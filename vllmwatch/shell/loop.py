@@ -47,7 +47,7 @@ from vllmwatch.shell.clock import Clock
 from vllmwatch.shell.effects import Effects
 from vllmwatch.shell.notify import LOOP_HINT, report_crash, watchdog_interval
 from vllmwatch.shell.outputs import Outputs
-from vllmwatch.shell.reload import ReloadRead, Reloads
+from vllmwatch.shell.reload import STUCK_MAX, ReloadRead, Reloads
 from vllmwatch.status.snapshot import Snapshot
 
 if TYPE_CHECKING:  # imported by a run only when the spare's plan is considered
@@ -96,8 +96,8 @@ class Loop:
         os.set_blocking(self._wake_r, False)
         os.set_blocking(self._wake_w, False)
         weakref.finalize(self, _close_fds, self._wake_r, self._wake_w)
-        self._pool = executor or ThreadPoolExecutor(max_workers=8,
-                                                    thread_name_prefix="vllmwatch-io")
+        self._pool = executor or ThreadPoolExecutor(max_workers=8 + STUCK_MAX,  # (+ hung
+                                                    thread_name_prefix="vllmwatch-io")  # reloads)
         self._wait_fn = waiter or select_waiter
         self._install = install_signals
         rng = seed if seed is not None else int.from_bytes(os.urandom(8), "little")

@@ -7,6 +7,9 @@ version probe (an interpreter: seconds on a cold page cache) the probe's own bou
 RELOAD_TIMEOUT more. A read past its step's deadline is a failed reload naming the step (the
 running config is kept) and its late answer is dropped; SIGHUPs that come while a read is out
 make one more read once it is answered or timed out, so the last edit always counts.
+A read timed out whose worker still hangs (a hung mount) keeps that worker: STUCK_MAX such reads
+at most (the loop's pool has that many workers more than the probes need), then SIGHUPs are
+refused, saying so, until one returns.
 """
 
 from __future__ import annotations
@@ -21,6 +24,10 @@ from vllmwatch.config.vllminfo import PROBE_TIMEOUT
 from vllmwatch.core.events import Event, ReloadRequested
 
 RELOAD_TIMEOUT = 5.0
+# Reads refused past their deadline whose worker has not returned, at most: each holds a worker
+# of the loop's pool, which the probes share. Two: a hung read, then the read of the fix the
+# operator made meanwhile (the path moved to another mount) still runs.
+STUCK_MAX = 2
 # What a step may take; a read past it fails with the step's name and a hint (file reads:
 # the first; a slow interpreter: `vllmwatch check` times it outside the daemon)
 BUDGETS = {vllminfo.VERSION: PROBE_TIMEOUT + RELOAD_TIMEOUT}
@@ -55,6 +62,10 @@ class Reloads:
         self.due: float | None = None  # when the read in flight times out
         self._step = vllminfo.READ  # the step the read in flight is in
         self._again = False  # a SIGHUP came while a read was out
+        # Reads refused past their deadline whose worker has not returned (token -> since):
+        # each SIGHUP to a hung mount hung one more worker of the loop's pool, the probes'
+        # too, until none was left and the watchdog went unfed
+        self._stuck: dict[int, float] = {}
         self._lock = threading.Lock()  # due and _step: the worker moves them (stepped)
 
     def request(self) -> Event | None:
@@ -65,6 +76,12 @@ class Reloads:
         if self.due is not None:
             self._again = True
             return None
+        if len(self._stuck) >= STUCK_MAX:
+            return ReloadRequested(None, f"the last {len(self._stuck)} reads of the config, "
+                                   "refused past their deadline, have still not returned (the "
+                                   f"first {self._clock() - min(self._stuck.values()):.0f}s "
+                                   "ago: a hung network mount?); send SIGHUP again once one "
+                                   "has (config.reload_failed: no longer this error)")
         with self._lock:
             self._token += 1
             token = self._token
@@ -98,6 +115,7 @@ class Reloads:
         if not isinstance(ev, ReloadRead):
             return ev
         with self._lock:
+            self._stuck.pop(ev.token, None)  # its worker is back
             if ev.token != self._token or self.due is None:
                 return None  # answered already by its deadline
             self.due = None
@@ -112,6 +130,7 @@ class Reloads:
             if self.due is None or self._clock() < self.due:
                 return None
             self.due, step = None, self._step
+            self._stuck[self._token] = self._clock()
         if self._again:  # a SIGHUP sent during the hung read (the edit that fixes it?):
             self._again = False  # a read of its own, with its own deadline, never dropped
             self._again_fn()
