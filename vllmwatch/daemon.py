@@ -205,7 +205,7 @@ def _start(config: Config, log_format: str | None, env: dict[str, str], log: Swi
     live.effects = fx
     # on_reloaded: on the loop's thread, once the core took the new config (shell/loop.py)
     loop = Loop(config, fx, SystemClock(), reload_config=reload, environ=env,
-                on_reloaded=live.apply, spare=fx.spare, down=lambda: _gate_down(live))
+                on_reloaded=live.apply, spare=fx.spare, down=live.down)
     loop.state = replace(loop.state, unit=own_unit())  # for the hints' commands
     until_loop.pop_all()
     until_loop.callback(_quietly, loop.close)  # the effects and the spare are the loop's now
@@ -221,15 +221,6 @@ def own_unit(path: str = "/proc/self/cgroup") -> exitcodes.Unit | None:
     runs it), read as /metrics' identity reads it (the innermost component; a shell in
     user@1000.service/app.slice runs as no unit); None outside one."""
     return statusline.own_unit(path)
-
-
-def _gate_down(live: Live) -> tuple[str, ...]:
-    """The STATUS= words for a [gate] that could not listen or died (gate.failed): its
-    clients get connection errors while vLLM itself may be ready."""
-    gate = live.gate
-    if gate is None or gate.running:
-        return ()
-    return (f"gate down: {gate.error or 'its thread ended'}",)
 
 
 def _quietly(stop: Callable[[], None]) -> None:

@@ -96,6 +96,19 @@ class Live:
             return snap
         return dataclasses.replace(snap, restart_required=self.restart_required)
 
+    def down(self) -> tuple[str, ...]:
+        """The STATUS= words for what of vllmwatch's own is not as the config says: a [gate]
+        that could not listen or died (gate.failed: its clients get connection errors while
+        vLLM itself may be ready), and keys a reload changed that wait for a restart (the
+        reload was taken: systemd heard READY=1, and "ready" alone read as all applied)."""
+        words = []
+        gate = self.gate
+        if gate is not None and not gate.running:
+            words.append(f"gate down: {gate.error or 'its thread ended'}")
+        if self.restart_required:
+            words.append("restart vllmwatch to apply " + ", ".join(self.restart_required))
+        return tuple(words)
+
     def apply(self, new: Config) -> None:
         """Apply what can be applied live; report the rest (called on the loop's thread)."""
         old = self.config

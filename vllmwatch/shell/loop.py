@@ -108,7 +108,7 @@ class Loop:
         env = environ if environ is not None else dict(os.environ)
         self._out = Outputs(fx, clock, watchdog_interval(env, os.getpid()),
                             Snapshot(config_path=config.path, config_sha256=config.sha256),
-                            down)  # (STATUS=: the gate down, daemon.py)
+                            down)  # (STATUS=: the gate down, live.py)
         self._pending_signals: list[int] = []
         # Set at close(): a pre-warm under way ends now (its worker thread would hold the
         # daemon's exit, which waits for worker threads, until its step ended on its own);
