@@ -8,8 +8,10 @@ so and stops vouching for itself to systemd's watchdog.
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import replace
 
+from vllmwatch.config.schema import Config
 from vllmwatch.core.actions import Action, Log, Probe, SampleMemory
 from vllmwatch.core.events import CanaryResult, HealthResult, MemorySampled, MetricsResult
 from vllmwatch.core.names import PROBES, ProbeKind
@@ -70,6 +72,31 @@ def serving(s: WatchState, now: float) -> WatchState:
               K.METRICS: now, K.MEMORY: now}
     return _with(s, replace(s.run.probes, timers=timers, done_at={k: now for k in bounds(s)},
                             stale=()))
+
+
+# Each timer's cadence in the config (a reload may shorten it: recadenced)
+CADENCE: dict[ProbeKind, Callable[[Config], float]] = {
+    K.HEALTH: lambda c: c.probe.interval, K.CANARY: lambda c: c.probe.canary_interval,
+    K.METRICS: lambda c: c.probe.metrics_interval, K.MEMORY: lambda c: c.memory.sample_interval,
+    K.PSS: lambda c: c.memory.pss_interval}
+
+
+def recadenced(s: WatchState, old: Config, now: float) -> WatchState:
+    """A reload took s.config over `old`: a timer the old cadence set comes no later than the
+    new cadence from now, and a freshness bound that shrank counts from now (a kind already
+    stale stays so). The bounds follow the config at once: probe.interval 10m -> 1s read the
+    health probe stale until its old timer fired, and systemd's watchdog killed us."""
+    c = s.child
+    if c is None:
+        return s
+    pr = c.probes
+    timers = {kind: min(at, now + CADENCE[kind](s.config))
+              if kind in CADENCE and CADENCE[kind](s.config) < CADENCE[kind](old) else at
+              for kind, at in pr.timers.items()}
+    was, bound = bounds(replace(s, config=old)), bounds(s)
+    done_at = {kind: max(at, now) if kind in bound and bound[kind] < was[kind]
+               and kind not in pr.stale else at for kind, at in pr.done_at.items()}
+    return _with(s, replace(pr, timers=timers, done_at=done_at))
 
 
 def sampled(s: WatchState, sample: MemorySample) -> WatchState:

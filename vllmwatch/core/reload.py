@@ -10,7 +10,7 @@ from __future__ import annotations
 from dataclasses import fields as fields_of
 from dataclasses import replace
 
-from vllmwatch.core import ladder
+from vllmwatch.core import ladder, probing
 from vllmwatch.core.actions import Action, Log, Notify, UpdateAdapters
 from vllmwatch.core.events import ReloadRequested
 from vllmwatch.core.names import Reason
@@ -69,6 +69,8 @@ def reloaded(s: WatchState, ev: ReloadRequested, now: float) -> Result:
             f"prewarm.{f.name}" for f in fields_of(old.prewarm)
             if getattr(old.prewarm, f.name) != getattr(ev.config.prewarm, f.name))
     s = replace(s, config=ev.config, reload_refused="")
+    if old.probe != ev.config.probe or old.memory != ev.config.memory:  # from now on
+        s = probing.recadenced(s, old, now)
     acts.append(Log("info", "config.reloaded", {"path": ev.config.path,
                                                 "sha256": ev.config.sha256[:12],
                                                 "restart_needed": relaunch, **fields}))
