@@ -268,7 +268,8 @@ def swept(s: WatchState, now: float, killed: tuple[int, ...], remaining: tuple[i
         gate = ReleaseGate(s.old_pids, now + s.config.restart.gpu_release_timeout, look_at=now,
                            opened=now)
         s, more = rung(replace(s, old_pids=()), Phase.RELEASE_WAIT, now,
-                       "the old tree's GPU memory", gate=gate)
+                       "the old tree's GPU memory", gate=gate,
+                       bound=s.config.restart.gpu_release_timeout)
         return s, acts + more
     s, more = after_cleanup(s, now)
     return s, acts + more
@@ -326,7 +327,7 @@ def after_cleanup(s: WatchState, now: float) -> Result:
 def _after_cleanup(s: WatchState, now: float) -> Result:
     if not s.prewarmed and s.config.prewarm.enabled:
         s, acts = goto(s, S.PREWARMING, now, "first start")
-        s, more = rung(s, Phase.PREWARMING, now, "first start")
+        s, more = rung(s, Phase.PREWARMING, now, "first start", bound=s.config.prewarm.timeout)
         return replace(s, prewarmed=True), [*acts, *more, DoPrewarm(s.config)]
     why = pending(s)
     planned = why is not None and why not in FAILURE_REASONS

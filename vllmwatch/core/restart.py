@@ -105,8 +105,9 @@ SPARE_BUILD_S = 600.0  # core/failover.BUILD_TIMEOUT (not imported: a spare's ru
 def stuck(s: _Configured, now: float) -> bool:
     """Whether the rung under way has waited OVERDUE_S past its worker's own bound."""
     c, r = s.config, s.restart
-    bound = {P.SWEEPING: SWEEP_S, P.RELEASE_WAIT: c.restart.gpu_release_timeout,
-             P.PREWARMING: c.prewarm.timeout, P.SPARE_BUILD: SPARE_BUILD_S}.get(r.phase)
+    bound = r.bound if r.bound is not None else {
+        P.SWEEPING: SWEEP_S, P.RELEASE_WAIT: c.restart.gpu_release_timeout,
+        P.PREWARMING: c.prewarm.timeout, P.SPARE_BUILD: SPARE_BUILD_S}.get(r.phase)
     return bound is not None and now - r.since > bound + OVERDUE_S
 
 
@@ -208,6 +209,9 @@ class Restart:
     detail: str = ""
     wait: IncidentWait | None = None  # RECORDING only
     gate: ReleaseGate | None = None  # RELEASE_WAIT only
+    # The worker's own bound as in force when the rung began (stuck() judges by it): a
+    # reload changes the config, not the wait under way, whose worker keeps its bound
+    bound: float | None = None
 
 
 class _Climbing(Protocol):
@@ -229,7 +233,8 @@ _S = TypeVar("_S", bound=_Climbing)
 
 
 def goto(s: _S, to: Phase, now: float, why: str, *, wait: IncidentWait | None = None,
-         gate: ReleaseGate | None = None) -> tuple[_S, list[Action]]:
+         gate: ReleaseGate | None = None, bound: float | None = None
+         ) -> tuple[_S, list[Action]]:
     """The one place that moves the ladder: validates against TABLE and logs `restart.phase`.
     The reason stays with the restart until READY (IDLE)."""
     r = s.restart
@@ -239,7 +244,7 @@ def goto(s: _S, to: Phase, now: float, why: str, *, wait: IncidentWait | None = 
         "from": str(r.phase), "to": str(to), "why": why, "after_s": round(now - r.since, 3),
         "reason": "" if r.reason is None else str(r.reason)})
     nxt = Restart(to, now, None, "") if to == P.IDLE else Restart(to, now, r.reason, r.detail)
-    return replace(s, restart=replace(nxt, wait=wait, gate=gate)), [log]
+    return replace(s, restart=replace(nxt, wait=wait, gate=gate, bound=bound)), [log]
 
 
 def begin(s: _S, reason: Reason, detail: str) -> _S:
