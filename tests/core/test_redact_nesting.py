@@ -73,6 +73,7 @@ def _writable(form: str, value: str) -> bool:
 @given(st.sampled_from(["plain", "shell", "json", "dict"]), _NAMES, _FLAGS, _VALUES,
        st.lists(st.sampled_from(sorted(_ENCODERS)), max_size=2))
 @example("json", "api_key", "api-key", 'QVWX"YZGJ\\QVWX', ["repr"])  # the reported leak
+@example("plain", "api_key", "api-key", "[}GGGGGGGG", [])  # a list broken off in its word
 @example("json", "password", "api-key", 'QVWX"YZGJ', ["json", "repr"])
 @example("shell", "api_key", "api-key", "QVWX'YZGJ QVWX", ["json"])
 @example("plain", "api_key", "api-key", 'QVWX"YZGJ', ["repr"])

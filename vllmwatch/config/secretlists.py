@@ -28,6 +28,8 @@ _TOKEN = re.compile(r"""(?P<skip>(?:\s|\\+[nrt]|[,:])+)|(?P<open>[\[({])|(?P<clo
 
 # What a bare value holds (secretvalues' _BARE_WORD), glued to a list's closer
 _GLUED = re.compile(r"""(?:<redacted>|(?!\\[nrt])[^\s'",;&)}\]>])+""")
+# The rest of a word after another bracket's closer broke a list off (`api_key=[}K1`)
+_WORD_REST = re.compile(r"""\S+""")
 
 
 def hide_list(text: str, where: int) -> tuple[int, str]:
@@ -38,7 +40,7 @@ def hide_list(text: str, where: int) -> tuple[int, str]:
     parts = [text[where]]
     ends = [OPENERS[text[where]]]
     pos = where + 1
-    quoted = False
+    quoted = broken = False
     while ends and pos < len(text):
         item = QUOTED_ONLY.match(text, pos)
         if item is not None:
@@ -55,7 +57,9 @@ def hide_list(text: str, where: int) -> tuple[int, str]:
             continue
         token = _TOKEN.match(text, pos)
         if token is None or (token["close"] and token["close"] != ends[-1]):
-            break  # no list's: it ends here (a backslash of prose, another bracket's closer)
+            # no list's: it ends here (a backslash of prose, another bracket's closer)
+            broken = token is not None
+            break
         if token["open"]:
             ends.append(OPENERS[token["open"]])
         elif token["close"]:
@@ -63,9 +67,13 @@ def hide_list(text: str, where: int) -> tuple[int, str]:
         parts.append(REDACTED if token["bare"] else token[0])
         pos = token.end()
     closer = "" if ends else parts[-1]
-    glued = None if ends else _GLUED.match(text, pos)
-    if glued is not None:  # `api_key=[K1]K2`: a bare value that opened with a bracket (its
-        pos = glued.end()  # rest was shown), no list: a space, a quote or a sign follows one
+    # `api_key=[K1]K2`: a bare value that opened with a bracket (its rest was shown), no list:
+    # a space, a quote or a sign follows one; `api_key=[}K1`: another bracket's closer broke
+    # the reading off inside the word, whose rest is the value's (it was shown)
+    glued = _GLUED.match(text, pos) if not ends else _WORD_REST.match(text, pos) if broken \
+        else None
+    if glued is not None:
+        pos = glued.end()
         parts.append(REDACTED)
     if not quoted:  # nothing but bare items and brackets
         return pos, f"{text[where]}{REDACTED}{closer}{REDACTED if glued else ''}"
