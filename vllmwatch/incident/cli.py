@@ -123,8 +123,9 @@ def _show(root: str, rid: str, as_json: bool) -> int:
         print(store.dumps(data))
         return 0
     kept, problems = shaped(data)
-    if not isinstance(kept.get("id"), str) or not kept.get("id"):
-        kept = {**kept, "id": name}  # (the folder's name is the id: "incident None" was shown)
+    # The folder's name is the id asked for and listed: a record's own may be none ("incident
+    # None"), or another's (an older version wrote ID into the folder ID-2; a copy)
+    kept = {**kept, "id": name}
     for problem in problems:
         print(printable(f"vllmwatch: incident {name}: {problem}", False), file=sys.stderr)
     try:

@@ -73,7 +73,7 @@ def capture(inp: Inputs, root: str, wall: float | None = None) -> Written:
     rid = store.record_id(wall, inp.reason)
     record = build(inp, rid, wall, procs, stacks, methods, red)
     record["capture"] = {"seconds": round(time.monotonic() - t0, 3), "timeout_s": inp.timeout}
-    final = store.write(root, rid, files_of(record, stacks, red))
+    final = store.write(root, rid, lambda name: files_of({**record, "id": name}, stacks, red))
     pruned = store.prune(root, inp.max_records, inp.max_bytes, keep=final)
     summary = ", ".join(f"{k}: {v}" for k, v in methods.items())
     return Written(final, os.path.join(root, final), seconds=time.monotonic() - t0,

@@ -17,7 +17,7 @@ import os
 import re
 import shutil
 import time
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -82,8 +82,11 @@ def record_id(wall: float, reason: str) -> str:
     return f"{stamp}-{re.sub(r'[^a-z_]', '_', reason.lower())}"
 
 
-def write(root: str, rid: str, files: Mapping[str, str]) -> str:
-    """Write the files of one record under root/<id> (unique), whole; return the id."""
+def write(root: str, rid: str,
+          files: Mapping[str, str] | Callable[[str], Mapping[str, str]]) -> str:
+    """Write the files of one record under root/<id> (unique), whole; return the id. Files
+    that name their record are made by `files(id)` once the id is chosen: the second record
+    of a second is ID-2, and one made beforehand named ID, the other record."""
     final = rid
     n = 1
     while os.path.lexists(os.path.join(root, final)):
@@ -93,7 +96,7 @@ def write(root: str, rid: str, files: Mapping[str, str]) -> str:
     os.mkdir(tmp, 0o700)
     _WRITING.add(os.path.basename(tmp))
     try:
-        for name, text in files.items():
+        for name, text in (files(final) if callable(files) else files).items():
             fd = os.open(os.path.join(tmp, name), os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
             with os.fdopen(fd, "w", encoding="utf-8") as fh:
                 fh.write(text)

@@ -1,0 +1,45 @@
+"""A record says the name it is found by: its folder's.
+
+Two records of one reason in one second (a crash loop's fast failures, or the wall clock
+stepped back onto an older run's second) are `ID` and `ID-2`. The record was built and its
+report.txt rendered with ID before store.write chose ID-2, so `vllmwatch incidents show ID-2`
+and the report.txt in that folder began "incident ID", the other record, and told the reader
+to run `vllmwatch incidents show ID --json` for it."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+
+from vllmwatch.incident import cli, record, store
+
+
+def _capture(root: str) -> record.Written:
+    inp = record.Inputs(seq=1, reason="crash", detail="exited with code 1", exit_code=None,
+                        timeout=5.0, pgid=None, child_pid=None, facts={"uptime_s": 3.0},
+                        output=["RuntimeError: CUDA error"])
+    return record.capture(inp, root, wall=1.8e9)
+
+
+def test_a_second_record_in_one_second_names_itself_by_its_folder(tmp_path: Path) -> None:
+    root = str(tmp_path)
+    first, second = _capture(root), _capture(root)
+    assert second.incident_id == first.incident_id + "-2"
+    folder = tmp_path / second.incident_id
+    assert json.loads((folder / store.RECORD).read_text())["id"] == second.incident_id
+    head = (folder / "report.txt").read_text().splitlines()[1]
+    assert head.startswith(f"incident {second.incident_id} ")
+
+
+def test_the_report_names_the_record_asked_for_whatever_its_json_says(
+        tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    """A record written by an older version (the id without its -2), or copied aside."""
+    rid = "20261201T000000Z-crash"
+    store.write(str(tmp_path), rid, {store.RECORD: json.dumps({"id": rid, "reason": "crash"})})
+    again = store.write(str(tmp_path), rid, {store.RECORD: json.dumps({"id": rid,
+                                                                      "reason": "crash"})})
+    assert cli.main("show", again, False, [str(tmp_path)]) == 0
+    out = capsys.readouterr().out
+    assert f"incident {again} " in out and f"show {rid} " not in out
