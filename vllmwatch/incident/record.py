@@ -9,6 +9,7 @@ says what went wrong, and the restart goes on regardless.
 from __future__ import annotations
 
 import os
+import threading
 import time
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from concurrent.futures import ThreadPoolExecutor
@@ -71,7 +72,7 @@ def capture(inp: Inputs, root: str, wall: float | None = None) -> Written:
     stacks, methods = _stacks(procs, inp.stacks_dir, deadline)
     red = Redactor(inp.secrets)
     rid = store.record_id(wall, inp.reason)
-    record = build(inp, rid, wall, procs, stacks, methods, red)
+    record = build(inp, rid, wall, procs, stacks, methods, red, deadline)
     record["capture"] = {"seconds": round(time.monotonic() - t0, 3), "timeout_s": inp.timeout}
     final = store.write(root, rid, lambda name: files_of({**record, "id": name}, stacks, red))
     pruned = store.prune(root, inp.max_records, inp.max_bytes, keep=final)
@@ -138,9 +139,12 @@ def _verdict(dumps: Sequence[dumpers.Dump], missing: str) -> str:
 
 
 def build(inp: Inputs, rid: str, wall: float, procs: Sequence[Proc],
-          stacks: StackDumps, methods: Mapping[str, str], red: Redactor) -> dict[str, Any]:
-    """The record as JSON-ready data (sections in the order the report shows them)."""
+          stacks: StackDumps, methods: Mapping[str, str], red: Redactor,
+          deadline: float | None = None) -> dict[str, Any]:
+    """The record as JSON-ready data (sections in the order the report shows them); NVML
+    is waited for until `deadline` (monotonic; None: a moment)."""
     by_pid = {p.pid: p for p in procs}
+    gpu = _gpu(inp.gpu, time.monotonic() if deadline is None else deadline)
     child_alive = inp.child_pid in by_pid and by_pid[inp.child_pid].state != "Z" \
         if inp.child_pid is not None else False
     facts = dict(inp.facts)
@@ -160,11 +164,12 @@ def build(inp: Inputs, rid: str, wall: float, procs: Sequence[Proc],
         "metrics": metrics.section(inp.scrapes, wall),
         "memory": {"last_sample": facts.pop("last_sample", None),
                    "samples": facts.pop("memory_samples", None),
-                   "gpu_now": _gpu(inp.gpu)},
+                   "gpu_now": gpu},
         "output": red.lines(inp.output),
         "status": red.deep(dict(inp.status)),
         "core": red.deep(facts),
-        "versions": dict(inp.versions),
+        "versions": {**inp.versions, **({"driver": gpu["driver"]} if gpu.get("driver")
+                                        else {})},  # (NVML's, read with the rest of it)
         "config_sha256": facts.get("config_sha256", ""),
         "oom": cause.oom_section(inp.cgroup, inp.oom_at_launch, cause.oom_counts(inp.cgroup)),
         "gate": dict(inp.gate) if inp.gate is not None else None,
@@ -190,13 +195,36 @@ def _dump_json(d: dumpers.Dump, red: Redactor) -> dict[str, Any]:
         ({} if d.ok else {"output": red.tail(d.raw, 2000)})
 
 
-def _gpu(read: Callable[[], dict[str, Any]] | None) -> dict[str, Any]:
+# NVML's read of an earlier record that never answered. A wedged driver (a GPU off the bus)
+# blocks NVML's calls for good: the record waited with it, never came, and each restart
+# left one more of the loop's I/O workers blocked. While it is stuck no other is started.
+_NVML_STUCK: list[threading.Thread] = []
+_WEDGED = "(a wedged driver? see nvidia-smi and the kernel log for Xid)"
+
+
+def _gpu(read: Callable[[], dict[str, Any]] | None, deadline: float) -> dict[str, Any]:
+    """NVML's view, read on a thread of its own and waited for until `deadline` (at least
+    0.2 s); what went wrong instead, as the section's `error`."""
     if read is None:
         return {}
-    try:
-        return read()
-    except Exception as exc:  # NVML can fail in many ways; the record goes on without it
-        return {"error": f"{type(exc).__name__}: {exc}"}
+    if any(t.is_alive() for t in _NVML_STUCK):
+        return {"error": f"not read: NVML has not answered since an earlier record {_WEDGED}"}
+    box: list[dict[str, Any]] = []
+
+    def run() -> None:
+        try:
+            box.append(read())
+        except Exception as exc:  # NVML can fail in many ways; the record goes on without it
+            box.append({"error": f"{type(exc).__name__}: {exc}"})
+
+    worker = threading.Thread(target=run, name="vllmwatch-incident-nvml", daemon=True)
+    worker.start()
+    wait = max(0.2, deadline - time.monotonic())
+    worker.join(wait)
+    if worker.is_alive() or not box:
+        _NVML_STUCK[:] = [worker]
+        return {"error": f"not read: NVML did not answer within {wait:.1f}s {_WEDGED}"}
+    return box[0]
 
 
 def timeline(facts: Mapping[str, Any]) -> list[list[Any]]:

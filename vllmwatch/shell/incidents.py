@@ -183,16 +183,17 @@ class IncidentShell:
         with self._lock:
             now, wall = time.monotonic(), time.time()
             scrapes = [(wall - (now - at), text) for at, text in self._scrapes]
-        info = _describe(sampler)
-        versions = {"vllmwatch": __version__, "vllm": vllm_version,
-                    "driver": info.get("driver"), "python": platform.python_version()}
+        # the driver's version is NVML's, read with its view in the record's worker, bounded
+        versions = {"vllmwatch": __version__, "vllm": vllm_version, "driver": None,
+                    "python": platform.python_version()}
         inp = Inputs(seq=action.seq, reason=action.reason, detail=action.detail,
                      exit_code=action.exit_code, timeout=action.timeout, pgid=action.pgid,
                      child_pid=child_pid, facts=action.facts,
                      output=_copy(self._tail)[-cfg.output_lines:], scrapes=scrapes,
                      status=self.snapshot.to_json() if self.snapshot is not None else {},
                      versions=versions, secrets=secrets_of(self._env, self._api_key),
-                     stacks_dir=self.stacks_dir, gpu=lambda: _gpu_now(sampler, info),
+                     stacks_dir=self.stacks_dir,
+                     gpu=lambda: _gpu_now(sampler, _describe(sampler)),
                      max_records=cfg.max_records,
                      max_bytes=int(cfg.max_size * 1024 * 1024) or 1 << 62,
                      cgroup=self.cgroup, oom_at_launch=self._oom_at_launch, gate=gate)
