@@ -138,13 +138,14 @@ def stalled_since(last_advance: float | None, prev: Progress | None, cur: Progre
 
 # What an engine's SIGKILL is said with (shell/engines.py how_it_died); not where vLLM's own
 # shutdown sent the SIGKILL (explain_exit's `told`).
+STOPPED_FROM_OUTSIDE = "stopped by a SIGTERM or SIGINT vllmwatch did not send"  # (cause.py)
 OOM_HINT = " (the OOM killer? see the incident record)"
 
 
 def outside_stop(told: str) -> str:
     """How a stop by a signal vllmwatch did not send is said; `told`: vLLM's words for it."""
-    return (f"stopped by a SIGTERM or SIGINT vllmwatch did not send (vLLM said \"{told}\"): "
-            "a person, a script or another supervisor stopped it")
+    return (f"{STOPPED_FROM_OUTSIDE} (vLLM said \"{told}\"): a person, a script or another "
+            "supervisor stopped it")
 
 
 def explain_exit(code: int | None, signame: str | None, requested: bool,

@@ -16,6 +16,7 @@ from collections.abc import Mapping, Sequence
 from typing import Any
 
 from vllmwatch.config.redact import REDACT
+from vllmwatch.core.policy import STOPPED_FROM_OUTSIDE
 
 EVENTS_MAX = 4096  # memory.events is a few short lines; never read more
 # Restarts of an engine that was still running, decided by vllmwatch's own measure (a canary
@@ -250,7 +251,14 @@ def lines(r: Mapping[str, Any]) -> list[str]:
     """The cause lines of a record, most telling first (the report's head shows them)."""
     out: list[str] = []
     detail = str(r.get("detail") or "")
-    if "SIGKILL" in detail or "exit status not seen" in detail:
+    if STOPPED_FROM_OUTSIDE in detail:
+        # a SIGKILL in the detail is vLLM's own shutdown's (an engine that did not stop in
+        # time), not the OOM killer's: the detail leaves that hint out, and so does this
+        out.append("stopped from outside vllmwatch: a SIGTERM or SIGINT it did not send began "
+                   "vLLM's shutdown (a person, a script or another supervisor; `vllmwatch "
+                   "check` lists others)" + ("; the SIGKILL in it was vLLM's shutdown's own"
+                                            if "SIGKILL" in detail else ""))
+    elif "SIGKILL" in detail or "exit status not seen" in detail:
         pids = re.findall(r"pid (\d+) \([^)]*\) (?:killed by SIGKILL|exit status not seen)",
                           detail)
         out.append(_oom_line(r.get("oom") or {}, pids))
