@@ -10,6 +10,7 @@ error, which the core logs as a warning and goes on.
 from __future__ import annotations
 
 import contextlib
+import errno
 import hashlib
 import os
 import platform
@@ -200,13 +201,28 @@ class IncidentShell:
         try:
             done = capture(inp, self.root, wall)
         except OSError as exc:
-            return IncidentRecorded(action.seq, error=f"{exc.filename or self.root}: "
-                                    f"{exc.strerror or exc}", seconds=time.monotonic() - t0)
+            return IncidentRecorded(action.seq, error=write_failed(self.root, exc),
+                                    seconds=time.monotonic() - t0)
         if done.pruned:
             self.log("info", "incident.pruned", removed=list(done.pruned),
                      max_records=cfg.max_records, max_size_mib=cfg.max_size)
         return IncidentRecorded(action.seq, done.incident_id, done.path, seconds=done.seconds,
                                 stacks=done.stacks)
+
+
+_NEXT = {errno.ENOSPC: "free space on its file system",
+         errno.EDQUOT: "free space on its file system (the user's quota is full)",
+         errno.EROFS: "a read-only file system: give the unit a writable StateDirectory=",
+         errno.EACCES: "make it writable by the user vllmwatch runs as",
+         errno.EPERM: "make it writable by the user vllmwatch runs as"}
+
+
+def write_failed(root: str, exc: OSError) -> str:
+    """incident.failed's error for a write that failed: the incidents folder (the file in it
+    was the hidden one being written, removed again) and the next step where one is known."""
+    step = _NEXT.get(exc.errno or 0)
+    return (f"cannot write an incident record in {root}: {exc.strerror or exc}"
+            + (f"; {step}" if step else ""))
 
 
 def _describe(sampler: MemorySampler) -> dict[str, Any]:

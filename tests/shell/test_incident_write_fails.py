@@ -1,0 +1,50 @@
+"""A record that cannot be written says where and what to do, in one line.
+
+The error named the hidden folder the record was being written in (`.../incidents/.tmp-
+20261201T000000Z-hang-812`), which the failure had just removed, and said no more: the
+reader of `incident.failed` at 3 a.m. was given a path that is not there and no next step."""
+
+from __future__ import annotations
+
+import errno
+import os
+from pathlib import Path
+
+import pytest
+
+from vllmwatch.config.schema import from_dict
+from vllmwatch.core.actions import RecordIncident
+from vllmwatch.core.names import Reason
+from vllmwatch.incident import store
+from vllmwatch.shell.incidents import IncidentShell
+from vllmwatch.testing.world import LogCapture
+
+
+class _NoGpu:
+    def gpu_processes(self) -> None:
+        return None
+
+    def device_used_mib(self) -> dict[int, float]:
+        return {}
+
+
+@pytest.mark.parametrize("code,words", [
+    (errno.ENOSPC, "free space"), (errno.EDQUOT, "free space"),
+    (errno.EROFS, "writable"), (errno.EACCES, "writable")])
+def test_a_failed_write_names_the_folder_and_the_next_step(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch, code: int, words: str) -> None:
+    (tmp_path / "state").mkdir(mode=0o700)
+    shell = IncidentShell(from_dict({"vllm": {"model": "/m"}}), LogCapture(),
+                          {"STATE_DIRECTORY": str(tmp_path / "state")})
+    assert shell.root is not None
+
+    def refuse(path: str, *_: object) -> None:
+        raise OSError(code, os.strerror(code), path)
+
+    monkeypatch.setattr(store.os, "mkdir", refuse)
+    got = shell.record(RecordIncident(1, Reason.HANG, "x", 3.0, None), None, None,
+                       _NoGpu())  # type: ignore[arg-type]  # only the calls record makes
+    assert got.error.startswith(f"cannot write an incident record in {shell.root}: "
+                                f"{os.strerror(code)}"), got.error
+    assert ".tmp-" not in got.error and words in got.error and "\n" not in got.error, got.error
+    assert os.listdir(shell.root) == [], os.listdir(shell.root)
