@@ -8,16 +8,25 @@ from __future__ import annotations
 
 import errno
 import os
+import shutil
+import stat
 from pathlib import Path
 
 import pytest
 
+from vllmwatch.config.command import ChildCommand
 from vllmwatch.config.schema import from_dict
 from vllmwatch.core.actions import RecordIncident
 from vllmwatch.core.names import Reason
-from vllmwatch.incident import store
-from vllmwatch.shell.incidents import IncidentShell
+from vllmwatch.incident import dumpers, store
+from vllmwatch.shell.incidents import STACKS, IncidentShell
 from vllmwatch.testing.world import LogCapture
+
+CONFIG = from_dict({"vllm": {"model": "/m"}})
+
+
+def _command() -> ChildCommand:
+    return ChildCommand(argv=("vllm", "serve", "/m"), env={})
 
 
 class _NoGpu:
@@ -34,7 +43,7 @@ class _NoGpu:
 def test_a_failed_write_names_the_folder_and_the_next_step(
         tmp_path: Path, monkeypatch: pytest.MonkeyPatch, code: int, words: str) -> None:
     (tmp_path / "state").mkdir(mode=0o700)
-    shell = IncidentShell(from_dict({"vllm": {"model": "/m"}}), LogCapture(),
+    shell = IncidentShell(CONFIG, LogCapture(),
                           {"STATE_DIRECTORY": str(tmp_path / "state")})
     assert shell.root is not None
 
@@ -48,3 +57,21 @@ def test_a_failed_write_names_the_folder_and_the_next_step(
                                 f"{os.strerror(code)}"), got.error
     assert ".tmp-" not in got.error and words in got.error and "\n" not in got.error, got.error
     assert os.listdir(shell.root) == [], os.listdir(shell.root)
+
+
+def test_an_incidents_folder_removed_by_hand_is_made_again(tmp_path: Path) -> None:
+    """`rm -rf /var/lib/vllmwatch/incidents` to clear old records while the unit runs: every
+    later record failed ("No such file or directory") until vllmwatch was restarted."""
+    (tmp_path / "state").mkdir(mode=0o700)
+    shell = IncidentShell(CONFIG, LogCapture(),
+                          {"STATE_DIRECTORY": str(tmp_path / "state")})
+    assert shell.root is not None
+    shutil.rmtree(shell.root)
+    got = shell.record(RecordIncident(1, Reason.HANG, "x", 3.0, None), None, None,
+                       _NoGpu())  # type: ignore[arg-type]  # only the calls record makes
+    assert not got.error, got.error
+    assert store.load(shell.root, got.incident_id) is not None
+    assert stat.S_IMODE(os.stat(shell.root).st_mode) == 0o700
+    shutil.rmtree(shell.root)  # and the next launch's faulthandler folder with it
+    assert shell.child_command(_command(), CONFIG).env.get(dumpers.STACKS_ENV) == str(
+        Path(shell.root, STACKS))

@@ -152,10 +152,19 @@ class IncidentShell:
             with contextlib.suppress(OSError):
                 _forget_dead(Path(self.root, STACKS))
 
+    def _root_now(self) -> str | None:
+        """The incidents folder, made again (0700, trusted) when it was removed while we run
+        (`rm -rf .../incidents` to clear old records): every later record failed until a
+        restart of vllmwatch, and every launch lost its faulthandler folder."""
+        if self.root is not None and not os.path.lexists(self.root):
+            store.root_of(os.path.dirname(self.root))
+        return self.root
+
     def _fresh_stacks_dir(self) -> str | None:
-        if self.root is None:
+        root = self._root_now()
+        if root is None:
             return None
-        path = Path(self.root, STACKS)
+        path = Path(root, STACKS)
         try:
             path.mkdir(mode=0o700, exist_ok=True)
             _forget_dead(path)
@@ -179,7 +188,8 @@ class IncidentShell:
                ) -> IncidentRecorded:
         """Write the record (worker thread); every problem comes back as the error."""
         t0, cfg = time.monotonic(), action.config  # the core's [incidents], not a copy here
-        if self.root is None:
+        root = self._root_now()
+        if root is None:
             return IncidentRecorded(action.seq, error=no_record_because(self._why_none))
         with self._lock:
             now, wall = time.monotonic(), time.time()
@@ -199,9 +209,9 @@ class IncidentShell:
                      max_bytes=int(cfg.max_size * 1024 * 1024) or 1 << 62,
                      cgroup=self.cgroup, oom_at_launch=self._oom_at_launch, gate=gate)
         try:
-            done = capture(inp, self.root, wall)
+            done = capture(inp, root, wall)
         except OSError as exc:
-            return IncidentRecorded(action.seq, error=write_failed(self.root, exc),
+            return IncidentRecorded(action.seq, error=write_failed(root, exc),
                                     seconds=time.monotonic() - t0)
         if done.pruned:
             self.log("info", "incident.pruned", removed=list(done.pruned),
