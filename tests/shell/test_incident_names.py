@@ -43,3 +43,18 @@ def test_the_report_names_the_record_asked_for_whatever_its_json_says(
     assert cli.main("show", again, False, [str(tmp_path)]) == 0
     out = capsys.readouterr().out
     assert f"incident {again} " in out and f"show {rid} " not in out
+
+
+def test_an_id_written_again_is_ordered_where_it_was_written_last(tmp_path: Path) -> None:
+    """ORDER keeps a pruned id when the prune's rewrite of it failed (a full disk); after the
+    clock stepped back the same id is written again and appended. It was ordered where it
+    was first written: `status` named another record as the newest, and the next prune
+    took the newest record as the oldest."""
+    root = str(tmp_path)
+    rid, other = "20261201T000000Z-crash", "20261201T000100Z-crash"
+    for name in (rid, other):
+        store.write(root, name, {store.RECORD: "{}"})
+    (tmp_path / store.ORDER).write_text(f"{rid}\n{other}\n{rid}\n")  # rid again, last
+    assert store.written(root) == [other, rid]
+    assert store.newest(root) == rid
+    assert store.prune(root, 1, 1 << 30) == [other]

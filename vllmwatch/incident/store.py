@@ -149,8 +149,10 @@ def written(root: str, names: list[str] | None = None) -> list[str]:
     except safefile.FileProblem:
         raw = b""
     present = set(names)
-    order = list(dict.fromkeys(line for line in raw.decode("ascii", "replace").splitlines()
-                               if line in present))
+    # an id listed twice was written again (pruned, its line left by a rewrite that failed,
+    # then the same second and reason after the clock stepped back): its last line counts
+    lines = [line for line in raw.decode("ascii", "replace").splitlines() if line in present]
+    order = list(reversed(dict.fromkeys(reversed(lines))))
     listed = set(order)
     return [n for n in names if n not in listed] + order
 
