@@ -75,3 +75,23 @@ def test_an_incidents_folder_removed_by_hand_is_made_again(tmp_path: Path) -> No
     shutil.rmtree(shell.root)  # and the next launch's faulthandler folder with it
     assert shell.child_command(_command(), CONFIG).env.get(dumpers.STACKS_ENV) == str(
         Path(shell.root, STACKS))
+
+
+@pytest.mark.parametrize("linked", ["state", "incidents"])
+def test_a_linked_folder_is_said_to_be_a_link_not_a_mode(tmp_path: Path, linked: str) -> None:
+    """The records moved to a bigger disk through a symbolic link: refused (only a real
+    directory is trusted), and the event said "not a private directory (mode 777)", the
+    link's own mode, which no chmod changes."""
+    elsewhere = tmp_path / "bigdisk"
+    elsewhere.mkdir(mode=0o700)
+    state = tmp_path / "state"
+    if linked == "state":
+        state.symlink_to(elsewhere)
+    else:
+        state.mkdir(mode=0o700)
+        (state / "incidents").symlink_to(elsewhere)
+    log = LogCapture()
+    shell = IncidentShell(CONFIG, log, {"STATE_DIRECTORY": str(state)})
+    assert shell.root is None
+    [said] = [fields for _event, fields in log.got]
+    assert "symbolic link" in said["detail"] and "mode" not in said["detail"], said

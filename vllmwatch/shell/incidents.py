@@ -15,6 +15,7 @@ import hashlib
 import os
 import platform
 import shutil
+import stat
 import threading
 import time
 from collections.abc import Mapping, Sequence
@@ -87,9 +88,21 @@ def _why(path: str) -> str:
         return "it does not exist and could not be created"
     except OSError as exc:
         return exc.strerror or str(exc)
+    if stat.S_ISLNK(st.st_mode):  # (its own mode, 777, is no reason: no chmod changes it)
+        return (f"a symbolic link (to {_target(path)}): only a real directory is trusted; "
+                "bind-mount the other folder there, or point StateDirectory= at it")
+    if not stat.S_ISDIR(st.st_mode):
+        return "not a directory"
     if st.st_uid != os.geteuid():
         return f"owned by uid {st.st_uid}, not by us (uid {os.geteuid()})"
     return f"not a private directory (mode {st.st_mode & 0o7777:o})"
+
+
+def _target(path: str) -> str:
+    try:
+        return os.readlink(path)
+    except OSError:
+        return "?"
 
 
 class IncidentShell:
