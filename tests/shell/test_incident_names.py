@@ -58,3 +58,16 @@ def test_an_id_written_again_is_ordered_where_it_was_written_last(tmp_path: Path
     assert store.written(root) == [other, rid]
     assert store.newest(root) == rid
     assert store.prune(root, 1, 1 << 30) == [other]
+
+
+def test_the_cause_stays_in_the_head_whatever_the_detail_holds() -> None:
+    """A detail or a cause line with a newline in it (a record edited, or an error's text
+    carried whole) added lines to the head and pushed the cause below the first lines."""
+    from vllmwatch.incident import report
+
+    r = {"id": "20261201T000000Z-crash", "reason": "crash",
+         "detail": "could not start:\n" + "usage: vllm serve ...\n" * 20,
+         "cause": ["first error in vLLM's output: a\nb"]}
+    head = report.render(r).splitlines()
+    assert head[2].startswith("reason: crash: could not start:\\n"), head[:4]
+    assert head[3] == "cause: first error in vLLM's output: a\\nb", head[:4]

@@ -53,17 +53,18 @@ def render(r: Mapping[str, Any]) -> str:
 
 def _reason(r: Mapping[str, Any]) -> list[str]:
     # one line each, whatever a record holds: a newline in a field added lines to the report
-    one = {k: printable(str(r.get(k) or ""), False) for k in ("id", "time_utc", "reason")}
+    one = {k: printable(str(r.get(k) or ""), False) for k in ("id", "time_utc", "reason",
+                                                            "detail")}
     return [f"incident {one['id']}  {one['time_utc'] or 'time unknown'}",
-            f"reason: {one['reason'] or '?'}: {r.get('detail') or ''}"]
+            f"reason: {one['reason'] or '?'}: {one['detail']}"]
 
 
 def _cause(r: Mapping[str, Any]) -> list[str]:
     """The cause lines, whatever the rest of the head holds (a bad field elsewhere in it
     dropped them with it)."""
-    cause = r.get("cause")
-    return [f"cause: {c}" for c in cause] if isinstance(cause, list) else \
-        [f"cause: {cause}"] if cause else []
+    cause = r.get("cause")  # (one line each too: the head's first lines name the cause)
+    return [f"cause: {printable(str(c), False)}" for c in cause] if isinstance(cause, list) \
+        else [f"cause: {printable(str(cause), False)}"] if cause else []
 
 
 def _head(r: Mapping[str, Any]) -> str:
