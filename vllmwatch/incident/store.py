@@ -11,6 +11,7 @@ one; the oldest go first when there are more than max_records or more than max_s
 from __future__ import annotations
 
 import contextlib
+import errno
 import json
 import math
 import os
@@ -254,7 +255,9 @@ def read(root: str, rid: str) -> dict[str, Any] | str:
     try:
         raw = safefile.read_within(path, MAX_RECORD, READ_TIMEOUT, nofollow=True)
     except safefile.FileProblem as exc:
-        return str(exc).replace(repr(path), RECORD)
+        closed = exc.errno in (errno.EACCES, errno.EPERM)  # (the folder's refusal says it too)
+        return str(exc).replace(repr(path), RECORD) + (
+            " (records are 0600: run as root or as the service user)" if closed else "")
     try:
         data = json.loads(raw)
     except ValueError as exc:

@@ -1,0 +1,36 @@
+"""A record closed to the reader says what to do, as a closed folder of records does.
+
+Records are 0600 in folders 0700 of the service user: `vllmwatch incidents` as another user
+(the operator without sudo) said "record.json: cannot open: Permission denied" for a record,
+the one line without the next step the folder's own refusal gives."""
+
+from __future__ import annotations
+
+import errno
+import os
+from pathlib import Path
+
+import pytest
+
+from vllmwatch.incident import cli, store
+
+RID = "20261201T000000Z-hang"
+
+
+def test_a_record_closed_to_this_user_says_who_may_read_it(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
+        capsys: pytest.CaptureFixture[str]) -> None:
+    store.write(str(tmp_path), RID, {store.RECORD: '{"reason": "hang"}'})
+    real = os.open
+
+    def closed(path: str, *args: object, **kwargs: object) -> int:
+        if str(path).endswith(store.RECORD):  # as for a user other than the service's
+            raise PermissionError(errno.EACCES, os.strerror(errno.EACCES), path)
+        return real(path, *args, **kwargs)  # type: ignore[arg-type]
+
+    monkeypatch.setattr(os, "open", closed)
+    assert cli.main("show", RID, False, [str(tmp_path)]) == 1
+    assert cli.main(None, None, False, [str(tmp_path)]) == 0
+    got = capsys.readouterr()
+    for said in (got.err, got.out):
+        assert "Permission denied" in said and "run as root or as the service user" in said, said
