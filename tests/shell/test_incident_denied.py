@@ -34,3 +34,13 @@ def test_a_record_closed_to_this_user_says_who_may_read_it(
     got = capsys.readouterr()
     for said in (got.err, got.out):
         assert "Permission denied" in said and "run as root or as the service user" in said, said
+
+
+def test_json_without_any_records_folder_is_still_json(
+        tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    """`vllmwatch incidents --json | jq` on a box that has had no record yet: exit 0 with
+    nothing on stdout, which no JSON reader takes for "none"."""
+    import json
+
+    assert cli.main(None, None, True, [str(tmp_path / "none")], None) == 0
+    assert json.loads(capsys.readouterr().out) == {"dir": None, "incidents": []}

@@ -49,6 +49,8 @@ def main(action: str | None, rid: str | None, as_json: bool, roots: Sequence[str
     if root is None and hidden is None:
         print("vllmwatch: no incident records (looked in " + ", ".join(roots) + ")"
               + _instances_hint(instances), file=sys.stderr)
+        if action is None and as_json:  # an empty list, as for an empty folder: never no JSON
+            print(json.dumps({"dir": None, "incidents": []}, indent=1))
         return 0 if action is None else 1
     if root is None or not os.access(root, os.R_OK | os.X_OK):
         print(f"vllmwatch: cannot read {root or hidden}: permission denied (records are 0700: "
