@@ -44,3 +44,19 @@ def test_json_without_any_records_folder_is_still_json(
 
     assert cli.main(None, None, True, [str(tmp_path / "none")], None) == 0
     assert json.loads(capsys.readouterr().out) == {"dir": None, "incidents": []}
+
+
+@pytest.mark.parametrize("body", ["{not json", None])
+def test_an_unreadable_record_points_at_its_report_written_beside_it(
+        tmp_path: Path, capsys: pytest.CaptureFixture[str], body: str | None) -> None:
+    """record.json too large for the reader (an [incidents] output_lines of 100000 lines of
+    16 KiB), or damaged: "unreadable" was all, while report.txt beside it, the same page
+    written with it, could be read."""
+    folder = tmp_path / RID
+    folder.mkdir()
+    (folder / "report.txt").write_text("== reason and timeline ==\n")
+    with open(folder / store.RECORD, "w") as fh:
+        fh.write(body) if body is not None else fh.truncate(store.MAX_RECORD + 1)
+    assert cli.main("show", RID, False, [str(tmp_path)]) == 1
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and f"less {folder / 'report.txt'}" in err, err

@@ -112,8 +112,11 @@ def _show(root: str, rid: str, as_json: bool) -> int:
         return 1
     data = store.read(root, name)
     if isinstance(data, str):
-        print(printable(f"vllmwatch: incident {name} in {root} is unreadable: {data}", False),
-              file=sys.stderr)
+        # the page written with it is plain text beside it (record.json too large, damaged)
+        page = os.path.join(root, name, "report.txt")
+        also = f"; its report, written with it: less {page}" if os.path.isfile(page) else ""
+        print(printable(f"vllmwatch: incident {name} in {root} is unreadable: {data}{also}",
+                        False), file=sys.stderr)
         return 1
     try:
         data = REDACT.deep(data)
