@@ -157,10 +157,17 @@ def test_after_vllm_said_a_signal_stopped_it_no_exit_is_an_engine_death(
      "engine core exited unexpectedly; starting cleanup", ""),
     ('INFO:     127.0.0.1:1 - "POST /v1/completions HTTP/1.1" 200 OK ' + TOLD + " x", ""),
     # --api-server-count 2: the launcher (the child, pid 19225) SIGTERMs its API server
-    # processes itself once an engine died; their line is theirs, no outside stop
-    ("(APIServer pid=19301) INFO 12-07 08:58:36 [launcher.py:254] " + TOLD, ""),
-    ("(APIServer_1 pid=19302) INFO 12-07 08:58:36 [launcher.py:80] Shutting down FastAPI HTTP "
+    # processes itself once an engine died; their line is theirs, no outside stop (their
+    # prefix as real vLLM 0.32 writes it: multiprocessing's names)
+    ("(ApiServer_0 pid=19301) INFO 12-07 08:58:36 [launcher.py:254] " + TOLD, ""),
+    ("(ApiServer_1 pid=19302) INFO 12-07 08:58:36 [launcher.py:80] Shutting down FastAPI HTTP "
      "server.", ""),
+    ("(EngineCore_DP0 pid=19303) INFO 12-07 08:58:36 [launcher.py:254] " + TOLD, ""),
+    # vLLM's main process behind a wrapper (`uv run vllm serve`, `sh -c` without exec): not
+    # the child's pid, but its name says it is the one API server, or the launcher of several
+    ("(APIServer pid=19226) INFO 12-07 08:58:36 [launcher.py:254] " + TOLD, TOLD),
+    ("(MainProcess pid=19226) INFO 12-07 15:56:02 [serve.py:396] Waiting up to 2 seconds for "
+     "processes to exit", "Waiting up to 2 seconds for processes to exit"),
     # ... and SIGTERMed itself, the launcher says so before it stops them (vLLM 0.32's
     # cli/serve.py, only when its signal handler ran); the line has no process prefix
     ("INFO 12-07 08:58:36 [serve.py:396] Waiting up to 30 seconds for processes to exit",

@@ -100,19 +100,26 @@ EXIT_NOISE = re.compile(
 TOLD_TO_STOP = re.compile(r"\[shutdown\] API server: shutdown triggered$|"
                           r"Shutting down FastAPI HTTP server\.$|"
                           r"Waiting up to \d+ seconds for processes to exit$")
-_PID = re.compile(r"\([A-Za-z_][\w.-]*\s+pid=(\d+)\)\s")
+_PID = re.compile(r"\(([A-Za-z_][\w.-]*)\s+pid=(\d+)\)\s")
+# vLLM's main process by the name its lines carry: the one API server (`APIServer`), or the
+# launcher of several (`MainProcess`); its own API servers are `ApiServer_0`, `ApiServer_1`
+# (multiprocessing's names: real vLLM 0.32, --api-server-count 2)
+_MAIN = frozenset({"APIServer", "MainProcess"})
 
 
 def told_to_stop(line: str, pid: int) -> str:
-    """The words of TOLD_TO_STOP in `line` when process `pid` (the child vllmwatch started)
-    said them, or a line without vLLM's process prefix did; else "". With --api-server-count
-    2 the launcher SIGTERMs its API server processes itself after an engine died: their
-    lines carry their own pids, and that death stays an engine's."""
+    """The words of TOLD_TO_STOP in `line` when vLLM's main process said them: the child
+    vllmwatch started (`pid`), a line without vLLM's process prefix, or one named as the
+    main process (behind a wrapper vllm.command starts, `uv run` or `sh -c` without exec, its
+    pid is not the child's); else "". With --api-server-count 2 the launcher SIGTERMs its API
+    server processes itself after an engine died: their lines are theirs, and that death
+    stays an engine's."""
     found = TOLD_TO_STOP.search(line)
     if found is None:
         return ""
     said_by = _PID.match(line)
-    return found.group() if said_by is None or said_by.group(1) == str(pid) else ""
+    main = said_by is None or said_by.group(1) in _MAIN or said_by.group(2) == str(pid)
+    return found.group() if main else ""
 
 
 def is_exit_noise(line: str) -> bool:
