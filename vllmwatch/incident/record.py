@@ -184,7 +184,7 @@ def _tree_note(inp: Inputs, child_alive: bool, procs: Sequence[Proc]) -> str:
     if not child_alive:
         roles = ", ".join(sorted({p.role for p in procs}))
         return f"the API server had already exited; still running in its group: {roles}"
-    return "the vLLM tree was alive when the record was taken (before SIGTERM)"
+    return "the vLLM tree was alive when the record was taken (before vllmwatch stopped it)"
 
 
 def _dump_json(d: dumpers.Dump, red: Redactor) -> dict[str, Any]:
