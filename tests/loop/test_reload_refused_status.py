@@ -14,6 +14,7 @@ from dataclasses import replace
 
 from tests.loop.test_loop import BASE, up
 from vllmwatch.config.schema import Config
+from vllmwatch.status import view
 from vllmwatch.testing.driver import Driver, config_with
 
 PATH = "/etc/vllmwatch/vllmwatch.toml"
@@ -56,6 +57,9 @@ def test_a_refused_reload_is_said_by_status_until_one_is_taken() -> None:
         assert "'-3s'" in line and f"{PATH}:9" in line, line
     assert d.loop.snapshot.reload_refused == ERROR
     assert d.loop.snapshot.to_json()["reload_refused"] == ERROR
+    # ... and so does `vllmwatch status`, from the same document
+    assert f"refused, the running config kept: {ERROR}" in view.render(
+        d.loop.snapshot.to_json())
     assert d.state.config is running  # the running config is kept
     d.run_for(30)  # STATUS= is repeated: it still says so
     assert "reload refused" in _status(d)
@@ -63,6 +67,7 @@ def test_a_refused_reload_is_said_by_status_until_one_is_taken() -> None:
     d.signal(signal.SIGHUP)
     assert "reload refused" not in _status(d)
     assert d.loop.snapshot.reload_refused is None
+    assert "reload" not in view.render(d.loop.snapshot.to_json()).split("\nconfig")[1]
 
 
 def test_a_refusal_during_the_start_is_said_too() -> None:
@@ -81,3 +86,16 @@ def test_every_refusal_names_the_file() -> None:
         said = d.events("config.reload_failed")[-1]["error"]
         assert said.startswith(f"{path}: ") and said == d.loop.snapshot.reload_refused, said
     assert d.events("config.reload_failed")[-1]["error"] == f"{path}: ValueError"
+
+
+def test_status_view_says_a_refused_reload_and_keys_waiting_for_a_restart() -> None:
+    """`vllmwatch status` showed neither: the STATUS= line said it, the summary did not."""
+    doc = {"state": "ready", "ready": True, "config_path": PATH, "reload_refused": ERROR,
+           "restart_required": ["gate.listen", "log.format"]}
+    rows = {line.split()[0]: line for line in view.render(doc).splitlines()}
+    assert rows["reload"].endswith(f"refused, the running config kept: {ERROR}"), rows
+    assert rows["pending"].endswith("restart vllmwatch to apply gate.listen, log.format"), rows
+    for odd in ({"reload_refused": None, "restart_required": "gate.listen"},
+                {"reload_refused": "", "restart_required": 3}, {}):  # none said, no crash
+        rows = {line.split()[0] for line in view.render({"state": "ready", **odd}).splitlines()}
+        assert "reload" not in rows and "pending" not in rows, odd

@@ -76,9 +76,9 @@ def clean(data: Mapping[str, Any]) -> dict[str, Any]:
     out["smoke_checks"] = [{str(k): printable(str(v), False) if isinstance(v, str) else v
                             for k, v in c.items()} for c in checks if isinstance(c, dict)
                            ] if isinstance(checks, list) else []
-    stale = data.get("stale_probes")
-    out["stale_probes"] = [printable(str(k), False) for k in stale] if isinstance(
-        stale, (list, tuple)) else []
+    for key in ("stale_probes", "restart_required"):  # lists of words
+        got = data.get(key)
+        out[key] = [printable(str(k), False) for k in got] if isinstance(got, (list, tuple)) else []
     spare = data.get("spare")  # flat, like start_reuse (issue 34)
     out["spare"] = {printable(str(k), False): v if v is None or isinstance(v, (bool, int, float))
                     else printable(str(v), False) for k, v in spare.items()} \
@@ -142,6 +142,9 @@ def render(data: Mapping[str, Any], colour: bool = False, now: float | None = No
     sha = str(data.get("config_sha256") or "")
     rows.append(("config", f"{data.get('config_path') or '?'}"
                  + (f" (sha256 {sha[:12]})" if sha else "")))
+    refused, keys = data.get("reload_refused"), data["restart_required"]  # (as STATUS= says)
+    rows += [("reload", f"refused, the running config kept: {refused}")] * bool(refused) + [
+        ("pending", "restart vllmwatch to apply " + ", ".join(keys))] * bool(keys)
     rows.append(("versions", f"vllmwatch {data.get('vllmwatch_version', '?')}, "
                  f"vLLM {data.get('vllm_version') or '?'}"))
     width = max(len(label) for label, _ in rows) + 2
@@ -213,10 +216,8 @@ def _adapter_rows(data: object) -> list[tuple[str, str]]:
         if row.get("error"):
             line += f": {row['error']}"
         rows.append((f"adapter {row.get('name')}", line))
-    for name in data.get("unmanaged", []):
-        rows.append((f"adapter {name}", "unmanaged: loaded by hand, lost at the next "
-                     "restart (add it to [[adapters]] to keep it)"))
-    return rows
+    return rows + [(f"adapter {name}", "unmanaged: loaded by hand, lost at the next restart "
+                    "(add it to [[adapters]] to keep it)") for name in data.get("unmanaged", [])]
 
 
 def _restart_rows(data: Mapping[str, Any], now: float) -> list[tuple[str, str]]:
@@ -227,8 +228,7 @@ def _restart_rows(data: Mapping[str, Any], now: float) -> list[tuple[str, str]]:
     reason = data.get("last_reason")
     if reason:
         line = str(reason) + (f": {said}" if (said := data.get("last_reason_detail")) else "")
-        at = data.get("last_restart_at")
-        if at:
+        if at := data.get("last_restart_at"):
             line += f" ({format_duration(max(0.0, now - at))} ago)"
         rows.append(("last", line))
     if data.get("last_incident"):
