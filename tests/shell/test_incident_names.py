@@ -71,3 +71,17 @@ def test_the_cause_stays_in_the_head_whatever_the_detail_holds() -> None:
     head = report.render(r).splitlines()
     assert head[2].startswith("reason: crash: could not start:\\n"), head[:4]
     assert head[3] == "cause: first error in vLLM's output: a\\nb", head[:4]
+
+
+def test_text_that_is_no_utf_8_is_written_not_the_record_lost(tmp_path: Path) -> None:
+    """A stray surrogate (a non-UTF-8 model path in a command line psutil read, decoded with
+    surrogateescape) in the detail, the output or a report line raised UnicodeEncodeError in
+    the write, and no record was kept at all."""
+    odd = "/models/caf\udce9"
+    inp = record.Inputs(seq=1, reason="crash", detail=f"exited with code 1 ({odd})",
+                        exit_code=None, timeout=5.0, pgid=None, child_pid=None,
+                        facts={"uptime_s": 3.0}, output=[f"OSError: {odd} not found"])
+    done = record.capture(inp, str(tmp_path), wall=1.8e9)
+    folder = tmp_path / done.incident_id
+    assert json.loads((folder / store.RECORD).read_text())["detail"].endswith(f"({odd})")
+    assert "caf\\udce9" in (folder / "report.txt").read_text(encoding="utf-8")

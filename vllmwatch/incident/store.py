@@ -99,7 +99,9 @@ def write(root: str, rid: str,
     try:
         for name, text in (files(final) if callable(files) else files).items():
             fd = os.open(os.path.join(tmp, name), os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
-            with os.fdopen(fd, "w", encoding="utf-8") as fh:
+            # (a stray surrogate, a non-UTF-8 path psutil read from a cmdline, is written as
+            # \udcXX: the whole record was lost with a UnicodeEncodeError)
+            with os.fdopen(fd, "w", encoding="utf-8", errors="backslashreplace") as fh:
                 fh.write(text)
                 fh.flush()
                 os.fsync(fh.fileno())  # the data before the name that publishes it
