@@ -15,6 +15,7 @@ import socket
 import struct
 import termios
 import threading
+import time
 from collections.abc import Iterator
 from contextlib import contextmanager
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
@@ -63,6 +64,9 @@ class _Handler(BaseHTTPRequestHandler):
             self._reset()
         elif answer == "head-then-reset":  # vLLM sent a stream's head, then died
             self._head()
+            self._reset()
+        elif answer == ("reset-later",):  # the engine dies once the test says so
+            self.server.script.hung.wait(30 * TIMEOUT_SCALE)
             self._reset()
         elif answer == ("stream-hang",):  # a stuck engine: no answer, ever (until cut)
             self.server.script.hung.wait(30 * TIMEOUT_SCALE)  # released at the test's end (setup)
@@ -278,6 +282,30 @@ def test_no_other_engine_within_hold_timeout_is_503() -> None:
         status, body = post(g.port)
         assert status == 503 and b"gate.hold_timeout" in body
         assert g.stats.replay_gave_up == 1 and len(script.seen) == 1
+
+
+def test_a_request_whose_hold_was_spent_when_vllm_failed_is_not_counted_replayed() -> None:
+    """A request that ran past gate.hold_timeout (a long answer) when its engine died can only
+    wait for nothing: it was logged gate.replayed ("sent once more"), counted replayed (the
+    incident record's too), then answered the 503 of a request vLLM was never ready for: the
+    503 stays (with Retry-After), saying what happened."""
+    hold = 1.0
+    with setup(("reset-later",), hold=hold) as (g, script, _d):
+        start = time.monotonic()
+        out, t = in_thread(lambda: post(g.port))
+        wait_until(lambda: len(script.seen) == 1, 10 * TIMEOUT_SCALE, "the request to vLLM")
+        wait_until(lambda: time.monotonic() > start + hold + 0.3, 10 * TIMEOUT_SCALE,
+                   "its hold to pass: the request is a long one")
+        script.hung.set()
+        t.join(30 * TIMEOUT_SCALE)
+        settle(g)
+        status, body = out[0]
+        assert status == 503 and b"was not sent again" in body and b"hold_timeout" in body
+        s, fig = g.stats, g.forwarder.gens.of(1)
+        assert (s.replayed, s.replay_gave_up, s.hold_timeouts) == (0, 1, 0), s
+        assert (fig.replayed, fig.not_replayed) == (0, 1)
+        assert "gate.replayed" not in dict(g.events)  # type: ignore[attr-defined]
+        assert len(script.seen) == 1
 
 
 @pytest.mark.parametrize("replay_max", [1, 2])

@@ -34,6 +34,7 @@ NEXT_ENGINE_POLL = 0.05  # a replay waits for an engine it was not sent to yet
 # ... or this long for the failed one's restart to begin: vLLM that dropped a connection and
 # serves on (vllmwatch saw no death past its engine-death and health checks) gets it again.
 SAME_ENGINE_GRACE = 10.0
+SPENT = "it arrived over {:g}s (gate.hold_timeout) ago"  # a 503, never logged as replayed
 
 
 class Forwarder:
@@ -185,15 +186,16 @@ class Forwarder:
                     self.suspects.answered(fp, gen)
                 return answer  # (a replay's answer is counted in _forward)
             tried[gen], failures = loop.time(), failures + 1
-            why_not = self._why_not(request, body, failures, fp)
+            why_not = self._why_not(request, body, failures, fp, deadline - loop.time())
             fig = self.gens.of(gen)
             if why_not is not None:
                 fig.not_replayed += 1
                 if answer.answer is not None:  # vLLM's own (aborted) answer, as it came
                     return answer.answer
-                return _error(request.path, 502, f"vLLM failed before answering ({answer}); "
-                              f"it was not sent again: {why_not}; send it again if it is "
-                              "safe to repeat")
+                late = why_not == SPENT.format(self.hold_timeout)  # as a held request's
+                return _error(request.path, 503 if late else 502, f"vLLM failed before answering "
+                              f"({answer}); it was not sent again: {why_not}; send it again if "
+                              "it is safe to repeat", self.retry_after if late else None)
             self.stats.replayed, fig.replayed = self.stats.replayed + 1, fig.replayed + 1
             self._log("warning", "gate.replayed", path=request.path, size=len(body),
                       engine_pid=gen, failure=str(answer), replay=failures,
@@ -233,9 +235,9 @@ class Forwarder:
         else:
             setattr(self.stats, reason, getattr(self.stats, reason) + 1)
 
-    def _why_not(self, request: web.Request, body: bytes, failures: int, fp: bytes
-                 ) -> str | None:
-        """None when the request may be replayed once more; else why not (counted)."""
+    def _why_not(self, request: web.Request, body: bytes, failures: int, fp: bytes,
+                 left: float) -> str | None:
+        """None when it may be replayed once more; else why not (counted). `left`: of its hold."""
         why = None
         if self.suspects.refusal(fp, asyncio.get_running_loop().time()) is not None:
             why = "it is quarantined (gate.quarantined)"
@@ -249,10 +251,10 @@ class Forwarder:
         if why is not None:
             self.stats.not_replayed += 1
             return why
+        self.stats.replay_gave_up += failures > self.replay_max or left <= 0
         if failures > self.replay_max:
-            self.stats.replay_gave_up += 1
             return f"it was replayed {self.replay_max} time(s) already (gate.replay_max)"
-        return None
+        return SPENT.format(self.hold_timeout) if left <= 0 else None
 
     async def _wait_at_door(self, request: web.Request, timeout: float, again: bool
                             ) -> web.Response | None:
