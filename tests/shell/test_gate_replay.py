@@ -308,6 +308,31 @@ def test_a_request_whose_hold_was_spent_when_vllm_failed_is_not_counted_replayed
         assert len(script.seen) == 1
 
 
+@pytest.mark.parametrize("restart", [True, False], ids=["door-holds", "not-published-yet"])
+def test_a_client_that_leaves_while_its_replay_waits_is_counted_and_never_sent(
+        restart: bool) -> None:
+    """Its client left while the request waited for the next engine (at the door, or before
+    the daemon published the restart): it was counted replayed and then nothing, neither
+    answered nor given up, nor its client's leaving (clients_left), so the counters could not
+    say what became of it."""
+    with setup("reset", (200, OK)) as (g, script, d):
+        body = json.dumps(BODY).encode()
+        with socket.create_connection(("127.0.0.1", g.port)) as client:
+            client.sendall(b"POST /v1/completions HTTP/1.1\r\nHost: gate\r\nContent-Length: "
+                           b"%d\r\nContent-Type: application/json\r\n\r\n%s" % (len(body), body))
+            wait_until(lambda: g.stats.replayed == 1, 10 * TIMEOUT_SCALE, "the replay")
+            if restart:  # the engine's restart began: it waits at the door
+                d.state = Readiness.HOLD
+        wait_until(lambda: g.stats.clients_left == 1, 10 * TIMEOUT_SCALE, "the gate to see it")
+        d.relaunch(script)
+        d.state = Readiness.OPEN
+        status, _body = post(g.port)  # the next engine serves: the one that left is not sent
+        settle(g)
+        assert status == 200 and [gen for _p, gen in script.seen] == [1, 2]
+        s = g.stats
+        assert (s.replayed, s.replay_answered, s.replay_gave_up, s.clients_left) == (1, 0, 1, 1)
+
+
 @pytest.mark.parametrize("replay_max", [1, 2])
 def test_replay_max(replay_max: int) -> None:
     with setup("reset", "reset", (200, OK)) as (g, script, d):

@@ -47,8 +47,7 @@ class Forwarder:
         self.hold_timeout, self.retry_after = hold_timeout, retry_after
         self.replay, self.replay_max = True, 1  # [gate] replay, replay_max (SIGHUP sets them)
         self.replay_body = guardmod.MAX_BODY  # the body cap (read now); none over it is replayed
-        self.fence = Fence()
-        self.suspects = replay.Suspects()  # requests in flight at engine deaths
+        self.fence, self.suspects = Fence(), replay.Suspects()  # (requests at engine deaths)
         self._generation = generation or (lambda: -door.epoch)  # no daemon: the door's epoch
         self._log = log or (lambda *a, **k: None)
         self.live: set[exchange.Exchange] = set()  # exchanges under way, for cut()
@@ -133,22 +132,19 @@ class Forwarder:
         # Hashed only while a request is suspect, else at a death (16 MiB: ~30 ms of SHA-256)
         fp = b"" if self.suspects.idle() else self.suspects.fingerprint(
             request.method, request.path, body)
-        jailed = self.suspects.refusal(fp, loop.time())
-        if jailed is not None:
+        if (jailed := self.suspects.refusal(fp, loop.time())) is not None:
             self.stats.quarantine_refused += 1
             return _error(request.path, 422, jailed, kind="UnprocessableEntityError")
         held = False  # counted once per request, however often it waits
         tried: dict[int | None, float] = {}  # engines it failed on, and when
-        failures = tries = 0
+        failures, tries, pause = 0, 0, 0.0
         while True:
             tries += 1
             self.door.refresh()
             if not held and (self.door.state != Readiness.OPEN or self.door.waiting):
-                held = True
-                self.stats.held += 1
-            verdict = await self._wait_at_door(request, deadline - loop.time(), tries > 1)
-            if verdict is not None:
-                self.stats.replay_gave_up += 1 if failures else 0
+                held, self.stats.held = True, self.stats.held + 1
+            if verdict := await self._wait_at_door(request, deadline - loop.time(), tries > 1,
+                                                   failures > 0, pause):
                 return verdict
             probation = self.suspects.on_probation(fp, loop.time())
             broke: list[bool] = []
@@ -171,7 +167,7 @@ class Forwarder:
                 self.door.suspect(REFUSED_HOLD)
                 continue
             if sent is None:  # an engine it was sent to already, or told to stop: the next
-                await asyncio.sleep(NEXT_ENGINE_POLL)  # one, until its hold is spent (above)
+                pause = NEXT_ENGINE_POLL  # one, until its hold is spent (above)
                 continue
             gen, answer = sent
             # A death counts against the request (begun or not); a stop vllmwatch ordered does
@@ -185,7 +181,7 @@ class Forwarder:
                 if not died:
                     self.suspects.answered(fp, gen)
                 return answer  # (a replay's answer is counted in _forward)
-            tried[gen], failures = loop.time(), failures + 1
+            tried[gen], failures, pause = loop.time(), failures + 1, 0.0
             why_not = self._why_not(request, body, failures, fp, deadline - loop.time())
             fig = self.gens.of(gen)
             if why_not is not None:
@@ -205,13 +201,11 @@ class Forwarder:
     async def _send(self, request: web.Request, body: bytes, tried: dict[int | None, float],
                     replayed: bool, broke: list[bool]
                     ) -> tuple[int | None, web.StreamResponse | exchange.Failed] | None:
-        """One try: (engine, its answer or why it failed before answering); None when not
-        sent (an engine it was sent to already, or one told to stop). `broke` gets True when
-        the answer began and vLLM failed."""
+        """One try: (engine, its answer or why it failed unanswered); None when not sent (an
+        engine it was sent to already, or told to stop). `broke`: True once begun, then failed."""
         loop = asyncio.get_running_loop()
         gen, spare = self._route()
-        # Never to an engine it was sent to already (its failure not published yet) or told
-        # to stop: it waits for the next one.
+        # Never to an engine it was sent to already (failure not published yet) or told to stop
         if gen in tried and loop.time() - tried[gen] >= SAME_ENGINE_GRACE:
             del tried[gen]  # no restart of it began: it lives, and gets it once more
         if gen in tried or not self.fence.begin(gen):
@@ -246,8 +240,7 @@ class Forwarder:
         elif not replay.replayable_path(request.method, request.path):
             why = f"{request.method} {request.path} is not on the gate's replay list"
         elif len(body) > self.replay_body:
-            why = (f"its body of {len(body)} bytes is over the {self.replay_body} bytes the "
-                   "gate replays")
+            why = f"its {len(body)}-byte body is over the {self.replay_body} bytes the gate replays"
         if why is not None:
             self.stats.not_replayed += 1
             return why
@@ -256,17 +249,24 @@ class Forwarder:
             return f"it was replayed {self.replay_max} time(s) already (gate.replay_max)"
         return SPENT.format(self.hold_timeout) if left <= 0 else None
 
-    async def _wait_at_door(self, request: web.Request, timeout: float, again: bool
-                            ) -> web.Response | None:
-        """None: send it now; else its answer (`again`: a retry, ended by its spent hold). The
-        key: of a held request at once, else once the door opens (gate/apikey.py)."""
-        path, wait = request.path, max(0.0, timeout)
+    async def _wait_at_door(self, request: web.Request, timeout: float, again: bool,
+                            replay: bool, pause: float) -> web.Response | None:
+        """None: send it now, after `pause`; else its answer (`again`: a retry, ended by its spent
+        hold; `replay` not sent: given up). Key: held, at once; else once the door opens."""
+        path, wait = request.path, timeout - pause
         self.stats.holding += 1
         try:
-            passed = None if again and timeout <= 0 else await (self.door.enter(wait) if (
-                self.key is None) else self.key.enter(self.door, wait, request))
+            if pause:  # (none: no turn of the loop more for every request)
+                await asyncio.sleep(pause)
+            passed = None if again and wait <= 0 else await (self.door.enter(max(0.0, wait)) if (
+                self.key is None) else self.key.enter(self.door, max(0.0, wait), request))
+        except asyncio.CancelledError:  # its client left (aiohttp cancels the handler): its
+            self.stats.replay_gave_up += replay  # doing, but a replay counted was never sent
+            self.count("clients_left")
+            raise
         finally:
             self.stats.holding -= 1
+        self.stats.replay_gave_up += replay and passed is not True  # answered by the gate
         if passed is None:
             self.stats.hold_timeouts += 1
             return _error(path, 503, f"vLLM is not ready after {self.hold_timeout:g}s "
