@@ -181,6 +181,19 @@ def test_only_vllms_signal_shutdown_line_says_a_signal_stopped_it(line: str, tol
     assert cause.told_to_stop(line, 19225) == told
 
 
+@pytest.mark.parametrize("head", ["[node-a] ", "vllm | ", "\x1b[0;36m", ""])
+@pytest.mark.parametrize(("name", "told"), [("ApiServer_0", ""), ("EngineCore_DP0", ""),
+                                            ("APIServer", TOLD), ("MainProcess", TOLD)])
+def test_the_process_prefix_is_read_behind_vllms_logging_prefix_and_colour(
+        head: str, name: str, told: str) -> None:
+    """vLLM writes VLLM_LOGGING_PREFIX before its process prefix, and colours that prefix
+    (VLLM_LOGGING_COLOR=1): an API server the launcher stopped after its engine died is still
+    its own, never an outside stop of the main process (a wrong restart reason)."""
+    reset = "\x1b[0;0m" if head.startswith("\x1b") else ""
+    line = f"{head}({name} pid=19301){reset} INFO 12-07 08:58:36 [launcher.py:254] {TOLD}"
+    assert cause.told_to_stop(line, 19225) == told
+
+
 def test_vllms_own_engine_death_says_no_signal_stopped_it() -> None:
     """The demo's verbatim tail (vLLM 0.32, EngineCore SIGKILLed) has no such line."""
     tail = Path(__file__).parents[1] / "shell" / "fixtures" / "vllm-0.32.0-engine-death-tail.txt"

@@ -101,6 +101,8 @@ TOLD_TO_STOP = re.compile(r"\[shutdown\] API server: shutdown triggered$|"
                           r"Shutting down FastAPI HTTP server\.$|"
                           r"Waiting up to \d+ seconds for processes to exit$")
 _PID = re.compile(r"\(([A-Za-z_][\w.-]*)\s+pid=(\d+)\)\s")
+# vLLM's colour codes (VLLM_LOGGING_COLOR=1 colours the process prefix even into a pipe)
+_SGR = re.compile(r"\x1b\[[0-9;]*m")
 # vLLM's main process by the name its lines carry: the one API server (`APIServer`), or the
 # launcher of several (`MainProcess`); its own API servers are `ApiServer_0`, `ApiServer_1`
 # (multiprocessing's names: real vLLM 0.32, --api-server-count 2)
@@ -117,7 +119,9 @@ def told_to_stop(line: str, pid: int) -> str:
     found = TOLD_TO_STOP.search(line)
     if found is None:
         return ""
-    said_by = _PID.match(line)
+    # the prefix is searched before the words, not at the line's start: VLLM_LOGGING_PREFIX
+    # and a colour code come first, and a line read as unprefixed is the main process's
+    said_by = _PID.search(_SGR.sub("", line[:found.start()]))
     main = said_by is None or said_by.group(1) in _MAIN or said_by.group(2) == str(pid)
     return found.group() if main else ""
 
