@@ -29,6 +29,10 @@ _STOPPED = {"T": "stopped (state T: SIGSTOP, or a debugger holds it)",
 # What a vLLM line says before its text: its process `(EngineCore_DP0 pid=812) `, a torch
 # rank `[rank0]: `, as many as it has.
 PREFIX = re.compile(r"(?:\([A-Za-z_][\w.-]*\s+pid=\d+\)\s|\[rank\d+\]:\s?)*")
+_PID = re.compile(r"\(([A-Za-z_][\w.-]*)\s+pid=(\d+)\)\s")
+_HEAD = 80  # how far into a line its process prefix is looked for (VLLM_LOGGING_PREFIX first)
+# vLLM's colour codes (VLLM_LOGGING_COLOR=1 colours the process prefix even into a pipe)
+_SGR = re.compile(r"\x1b\[[0-9;]*m")
 # An exception line: `torch.OutOfMemoryError: CUDA out of memory`, `KeyboardInterrupt`
 EXCEPTION = re.compile(r"[A-Za-z_][\w.]*(?:Error|Exception|Interrupt|Exit)\b(?::|\s*$)")
 # An error line, after its prefix: vLLM's ERROR/CRITICAL level, a traceback's start, an
@@ -71,8 +75,12 @@ def _json_level(line: str) -> str:
 
 
 def body(line: str) -> str:
-    """The line without vLLM's process and rank prefixes."""
-    return line[PREFIX.match(line).end():]  # type: ignore[union-attr]  # (always matches)
+    """The line without vLLM's process and rank prefixes, and what vLLM writes before them
+    (VLLM_LOGGING_PREFIX's words, colour codes: VLLM_LOGGING_COLOR=1 colours into a pipe)."""
+    line = _SGR.sub("", line) if "\x1b" in line else line
+    said_by = _PID.search(line, 0, _HEAD)
+    start = said_by.start() if said_by is not None else 0
+    return line[PREFIX.match(line, start).end():]  # type: ignore[union-attr]  # (always)
 
 
 # What a Python process prints on its way out whatever ended it: nanobind's leak report
@@ -100,9 +108,6 @@ EXIT_NOISE = re.compile(
 TOLD_TO_STOP = re.compile(r"\[shutdown\] API server: shutdown triggered$|"
                           r"Shutting down FastAPI HTTP server\.$|"
                           r"Waiting up to \d+ seconds for processes to exit$")
-_PID = re.compile(r"\(([A-Za-z_][\w.-]*)\s+pid=(\d+)\)\s")
-# vLLM's colour codes (VLLM_LOGGING_COLOR=1 colours the process prefix even into a pipe)
-_SGR = re.compile(r"\x1b\[[0-9;]*m")
 # vLLM's main process by the name its lines carry: the one API server (`APIServer`), or the
 # launcher of several (`MainProcess`); its own API servers are `ApiServer_0`, `ApiServer_1`
 # (multiprocessing's names: real vLLM 0.32, --api-server-count 2)
