@@ -124,6 +124,9 @@ def test_an_event_key_named_like_our_own_fields_is_kept(key: str) -> None:
     ("(APIServer pid=7) INFO Starting vLLM server", "APIServer", "7"),
     ("(Worker_TP1 pid=99) WARNING x", "Worker_TP1", "99"),
     ("Traceback (most recent call last):", None, None),
+    # behind VLLM_LOGGING_PREFIX's words and VLLM_LOGGING_COLOR's codes (vLLM 0.32 logger.py)
+    ("[node-a] (EngineCore_DP0 pid=8) INFO 12-07 x", "EngineCore_DP0", "8"),
+    ("INFO 12-07 [x.py:1] " + "x" * 80 + " a tuple (Name pid=3) in a message", None, None),
 ])
 def test_vllm_lines_carry_their_process(text: str, proc: str | None, pid: str | None) -> None:
     entry = journal.entry_fields("info", "child.line", "vllm| " + text, {"pid": 1, "text": text})
@@ -262,3 +265,11 @@ def test_auto_under_journald_sends_native_entries(fake_journald: tuple[str, sock
     assert (tmp_path / "stderr").read_text() == ""
     # Another stderr (the variable inherited by a child process): not journald.
     assert logs.choose_format("auto", {"JOURNAL_STREAM": "1:2"}, _Pipe()) == "json"
+
+
+def test_a_coloured_vllm_line_carries_its_process() -> None:
+    """VLLM_LOGGING_COLOR=1 colours the prefix even into a pipe: the codes are no part of it."""
+    text = "\x1b[36m(ApiServer_1 pid=9)\x1b[0m INFO 12-07 x"
+    fields = dict(journal.entry_fields("info", "child.line", "vllm| " + text,
+                                       {"pid": 1, "text": text}))
+    assert (fields.get("VLLM_PROCESS"), fields.get("VLLM_PID")) == ("ApiServer_1", "9")

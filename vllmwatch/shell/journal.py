@@ -50,8 +50,11 @@ MESSAGE_IDS = {
     "daemon.exiting": "845aec2b3a894ac0b0e895ebf2dbf4b8",
 }
 
-# vLLM prefixes its lines with the process that wrote them: "(EngineCore pid=123) ...".
-_VLLM_PREFIX = re.compile(r"^\s*\((?P<proc>[A-Za-z_][\w.-]*) pid=(?P<pid>\d+)\)")
+# vLLM prefixes its lines with the process that wrote them: "(EngineCore pid=123) ...",
+# behind VLLM_LOGGING_PREFIX's words and colour codes when set (incident/cause.py body)
+_VLLM_PREFIX = re.compile(r"\((?P<proc>[A-Za-z_][\w.-]*) pid=(?P<pid>\d+)\)")
+_SGR = re.compile(r"\x1b\[[0-9;]*m")
+_HEAD = 80  # where the prefix may be
 _BAD = re.compile(r"[^A-Z0-9_]")
 
 
@@ -116,7 +119,7 @@ def _vllm_line(level: str, fields: Mapping[str, Any]) -> list[tuple[str, str]]:
         out.append(("VLLM_ENGINE", text_of(fields["engine"])))
     if fields.get("build"):  # the spare's build (its events' build=)
         out.append(("VLLM_SPARE_BUILD", text_of(fields["build"])))
-    match = _VLLM_PREFIX.match(text)
+    match = _VLLM_PREFIX.search(_SGR.sub("", text[:_HEAD * 2]), 0, _HEAD)
     if match:
         out += [("VLLM_PROCESS", match["proc"]), ("VLLM_PID", match["pid"])]
     return out
