@@ -119,7 +119,7 @@ def _vllm_line(level: str, fields: Mapping[str, Any]) -> list[tuple[str, str]]:
         out.append(("VLLM_ENGINE", text_of(fields["engine"])))
     if fields.get("build"):  # the spare's build (its events' build=)
         out.append(("VLLM_SPARE_BUILD", text_of(fields["build"])))
-    match = _VLLM_PREFIX.search(_SGR.sub("", text[:_HEAD * 2]), 0, _HEAD)
+    match = _VLLM_PREFIX.search(_SGR.sub("", text) if "\x1b" in text else text, 0, _HEAD)
     if match:
         out += [("VLLM_PROCESS", match["proc"]), ("VLLM_PID", match["pid"])]
     return out
