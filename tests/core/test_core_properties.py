@@ -75,7 +75,7 @@ from vllmwatch.core.events import (
     Tick,
 )
 from vllmwatch.core.names import Reason
-from vllmwatch.core.restart import BOUND, COARSE
+from vllmwatch.core.restart import BOUND, COARSE, Phase
 from vllmwatch.core.samples import GpuFault, MemorySample
 from vllmwatch.core.state import FINAL, S, WatchState
 from vllmwatch.core.stopping import KILL_WAIT, SWEEP_WAIT
@@ -386,7 +386,10 @@ class CoreMachine(RuleBasedStateMachine):
     @invariant()
     def ready_probes_are_fresh_or_flagged(self) -> None:
         c = self.s.child
-        if self.s.state != S.READY or c is None:
+        # A restart's record written from READY judges nothing (machine._due): the restart
+        # is decided and the record's deadline bounds the wait (every_rung_shows_and_is_
+        # bounded); flagging a dying child's probes stale then would be a false alarm.
+        if self.s.state != S.READY or c is None or self.s.restart.phase == Phase.RECORDING:
             return
         for kind, bound in probing.bounds(self.s).items():
             last = c.probes.done_at.get(kind, self.s.since)
@@ -620,3 +623,31 @@ def test_a_smoke_answer_after_its_start_was_taken_down_is_not_judged(ended_by: s
     assert wait is not None  # the take-down goes on once the record is written
     s, _ = machine.step(s, IncidentRecorded(wait.seq, "i-1", "/i/1"), now + 0.1)
     assert s.state in (S.STOPPING, S.CLEANUP), s.state
+
+
+def test_a_record_written_from_ready_raises_no_stale_alarm_and_ends_by_its_deadline() -> None:
+    """The falsifying walk of CI's run on bbfcd95: a restart begun from READY (vLLM's told
+    line) while the metrics probe had gone unanswered; its result came due during the record.
+    The record's wait judges nothing: no watchdog.probe_stale for a child being restarted,
+    and the ladder goes on at the record's deadline even if the record never comes back."""
+    m = CoreMachine()
+    for _ in range(40):
+        if m.s.state == S.READY:
+            break
+        m.world_is_kind(1) if m.outstanding else m.time_passes(1.0)
+    assert m.s.state == S.READY
+    bound = probing.bounds(m.s)[probing.K.METRICS]
+    t0 = m.now
+    while m.now - t0 < bound - 2:  # no probe answered: the metrics result nears its bound
+        m.time_passes(1.0)
+    m.child_prints(None, "[shutdown] API server: shutdown triggered", False)
+    assert m.s.restart.phase == Phase.RECORDING and m.s.deadline is not None
+    until, stale, said = m.s.deadline, m.s.child.probes.stale, len(m.history)
+    assert until - m.now < 60  # incidents.timeout + WAIT_MARGIN: bounded
+    while m.s.restart.phase == Phase.RECORDING:
+        assert m.now <= until, "the record's wait outlived its deadline"
+        m.time_passes(1.0)
+        assert m.s.child is None or m.s.child.probes.stale == stale
+    assert m.now - t0 > bound  # the metrics result came due during the wait
+    assert not [a for a in m.history[said:]
+                if isinstance(a, Log) and a.event == "watchdog.probe_stale"]
