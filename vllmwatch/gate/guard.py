@@ -36,12 +36,17 @@ from vllmwatch.config.redact import REDACT
 from vllmwatch.gate import replay
 
 _KINDS = {503: "ServiceUnavailableError", 504: "GatewayTimeoutError"}
+RETRY_SOON = 1  # seconds: a 5xx of the gate's own whose caller names no figure
 
 
 def error_response(path: str, status: int, message: str, retry_after: float | None = None,
                    kind: str | None = None, close: bool = False) -> web.Response:
     """The gate's own error answer, in the shape of the path's API (replay.error_body); its
-    message redacted. close: the connection closes after it (a refused body)."""
+    message redacted. close: the connection closes after it (a refused body). A 502, 503 or
+    504 always says when to try again (a client's retry policy reads it): RETRY_SOON unless
+    the caller knows better (gate.retry_after)."""
+    if retry_after is None and status in (502, 503, 504):
+        retry_after = RETRY_SOON
     headers = {"Retry-After": str(math.ceil(retry_after))} if retry_after is not None else {}
     if close:
         headers["Connection"] = "close"

@@ -191,7 +191,7 @@ class Forwarder:
                 late = why_not == SPENT.format(self.hold_timeout)  # as a held request's
                 return _error(request.path, 503 if late else 502, f"vLLM failed before answering "
                               f"({answer}); it was not sent again: {why_not}; send it again if "
-                              "it is safe to repeat", self.retry_after if late else None)
+                              "it is safe to repeat", self.retry_after)
             self.stats.replayed, fig.replayed = self.stats.replayed + 1, fig.replayed + 1
             self._log("warning", "gate.replayed", path=request.path, size=len(body),
                       engine_pid=gen, failure=str(answer), replay=failures,
@@ -329,8 +329,8 @@ class Forwarder:
             self.stats.upstream_timeouts += 1
             fig = self.gens.of(gen)
             fig.failed, fig.not_replayed = fig.failed + 1, fig.not_replayed + 1
-            return _error(request.path, 504, "vLLM's answer was not complete within its "
-                          "deadline; it was not retried: send it again if it is safe to repeat")
+            return _error(request.path, 504, "vLLM's answer was not complete within its deadline; "
+                          "not retried: send it again if it is safe to repeat", self.retry_after)
         finally:
             if replay and (ex.begun or answered[0]):
                 self.stats.replay_answered += 1  # the next engine answered (maybe cut later)
