@@ -1,5 +1,6 @@
 """A sixth review of the gate (2026-12-07): its own 502 and 504 carried no Retry-After (its
-503s did)."""
+503s did); a stream vLLM ended before any event, or with token-free events only, reached the
+client as an empty success."""
 
 from __future__ import annotations
 
@@ -11,8 +12,9 @@ from typing import Any
 import pytest
 
 from tests.shell.test_gate_replay import BODY, relaunch_when_tried, settle, setup
-from tests.support import TIMEOUT_SCALE
-from vllmwatch.gate import exchange
+from tests.shell.test_gate_split_events import HEAD, _chunk, _gate
+from tests.support import TIMEOUT_SCALE, wait_for
+from vllmwatch.gate import exchange, proxy
 
 
 def _ask(port: int, path: str = "/v1/completions", body: dict[str, Any] | None = None
@@ -49,4 +51,39 @@ def test_every_5xx_the_gate_makes_for_a_failure_a_retry_can_cure_says_when(
         settle(g)
     assert status == (504 if case == "timeout" else 502)
     assert headers.get("Retry-After") == "3", headers  # setup's retry_after
+
+
+def _events(*events: bytes, end: bool = True) -> Any:
+    return lambda c: c.sendall(HEAD + b"".join(_chunk(e) for e in events)
+                               + (b"0\r\n\r\n" if end else b""))
+
+
+FINE = _events(b'data: {"choices":[{"index":0,"text":"ok"}]}\n\n', b"data: [DONE]\n\n")
+ROLE = (b'data: {"choices":[{"index":0,"delta":{"role":"assistant","content":""},'
+        b'"finish_reason":null}]}\n\n')
+
+
+@pytest.mark.parametrize(("path", "dying"), [
+    ("/v1/completions", _events()),  # the head, then the chunked body's end at once
+    ("/v1/completions", lambda c: c.sendall(  # no length, no chunks: ended by the close
+        b"HTTP/1.1 200 OK\r\nContent-Type: text/event-stream\r\nConnection: close\r\n\r\n")),
+    ("/v1/chat/completions", _events(ROLE)),  # the role event, then its end: no token
+    ("/v1/responses", _events()),  # a path the gate does not read for aborts
+], ids=["empty-chunked", "empty-close", "role-then-end", "not-read-path"])
+def test_a_stream_that_ends_before_any_token_is_vllm_never_answering(
+        path: str, dying: Any, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A dying engine's API server may send a stream's 200 head and end its body with no event
+    (or only token-free ones): the client got a 200 with nothing in it, a success. It is what
+    a dropped connection is: replayed (here to the same engine, which serves on), else a 502."""
+    monkeypatch.setattr(proxy, "SAME_ENGINE_GRACE", 0.5)
+    with _gate([dying, FINE]) as (port, seen, gate):
+        status, headers, body = _ask(port, path, {"prompt": "x", "stream": True})
+        wait_for(lambda: gate.snapshot()["in_flight"] == 0, 30, "the exchange ended")
+        stats = gate.snapshot()
+    if path == "/v1/responses":  # not replayable: a 502 that says so, and when to retry
+        assert status == 502 and b"failed before answering" in body, body
+        assert "Retry-After" in headers and len(seen) == 1
+        return
+    assert status == 200 and b'"text":"ok"' in body, body
+    assert len(seen) == 2 and stats["replayed"] == 1, stats
 

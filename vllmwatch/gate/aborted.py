@@ -81,12 +81,15 @@ async def hold(up: aiohttp.ClientResponse, path: str, first: bytes, bound: int
     """A completion stream is held (its head too) while its events carry no token, up to
     `bound` bytes: vLLM sends the role event at the first token, so the time to the first
     token is unchanged. (What was read, what it says: "aborted" (then with its rest, passed
-    on whole should it not be replayed), "dead" (vLLM's engine-dead event before any token)
-    or "begun".)"""
+    on whole should it not be replayed), "dead" (vLLM's engine-dead event before any token),
+    "ended" (it ended with no token and no end: a dying engine's, vLLM never answered) or
+    "begun".)"""
     said = stream(path, first) if up.status == 200 else "begun"
     while said == "more" and len(first) < bound and (more := await up.content.readany()):
         first += more
         said = stream(path, first)
+    if said == "more" and up.content.at_eof():
+        return first, "ended"
     if said == "aborted":
         first += await _rest(up)
     return first, said if said in ("aborted", "dead") else "begun"
@@ -108,9 +111,10 @@ async def _rest(up: aiohttp.ClientResponse) -> bytes:
 def failed(make: Callable[[str], Any], up: aiohttp.ClientResponse, body: bytes,
            headers: CIMultiDict[str], said: str = "aborted") -> Any:
     """The failure "aborted", with vLLM's answer whole, passed on should it not be replayed;
-    "dead": vLLM's engine-dead event (after the role event), as gate/exchange.py's own."""
-    if said == "dead":
-        return make("engine_dead")  # (make: gate/exchange.py's Failed)
+    "dead": vLLM's engine-dead event (after the role event), as gate/exchange.py's own;
+    "ended": a connection closed before any token (its 200 is no answer to pass on)."""
+    if said in ("dead", "ended"):  # (make: gate/exchange.py's Failed)
+        return make("engine_dead" if said == "dead" else "connection")
     out = make("aborted")
     out.answer = web.Response(body=body, status=up.status, reason=up.reason, headers=headers)
     return out

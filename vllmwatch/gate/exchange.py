@@ -154,6 +154,8 @@ async def run(session: aiohttp.ClientSession, request: web.Request, url: str, bo
                    and up.content_type == "text/event-stream"  # event: a marker may span
                    and (more := await up.content.readany())):  # two reads of the socket
                 first += more
+            if not first and up.content_type == "text/event-stream":  # its head, then its
+                return Failed("connection")  # end, no event: a dying engine, never an answer
             if replay.engine_dead_event(first) or \
                     replay.engine_gone_answer(up.status, first) is not None:
                 return Failed("engine_dead")
