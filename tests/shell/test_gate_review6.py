@@ -1,6 +1,7 @@
 """A sixth review of the gate (2026-12-07): its own 502 and 504 carried no Retry-After (its
 503s did); a stream vLLM ended before any event, or with token-free events only, reached the
-client as an empty success."""
+client as an empty success; a request carrying a disaggregated prefill's KV handle
+(kv_transfer_params) was replayed, though the handle is single-use."""
 
 from __future__ import annotations
 
@@ -11,7 +12,7 @@ from typing import Any
 
 import pytest
 
-from tests.shell.test_gate_replay import BODY, relaunch_when_tried, settle, setup
+from tests.shell.test_gate_replay import BODY, OK, relaunch_when_tried, settle, setup
 from tests.shell.test_gate_split_events import HEAD, _chunk, _gate
 from tests.support import TIMEOUT_SCALE, wait_for
 from vllmwatch.gate import exchange, proxy
@@ -86,4 +87,30 @@ def test_a_stream_that_ends_before_any_token_is_vllm_never_answering(
         return
     assert status == 200 and b'"text":"ok"' in body, body
     assert len(seen) == 2 and stats["replayed"] == 1, stats
+
+
+KV = {"do_remote_prefill": True, "remote_block_ids": [1, 2, 3], "remote_engine_id": "p0",
+      "remote_host": "10.0.0.2", "remote_port": 5600}
+
+
+@pytest.mark.parametrize("params", [KV, {"do_remote_decode": True}, None])
+def test_a_request_with_a_kv_transfer_handle_is_never_replayed(params: Any) -> None:
+    """A disaggregated decode request names KV blocks its prefill engine holds only until they
+    are read once (then freed for other requests): sent again, it may read another request's
+    cache and answer from it. Whether it was read cannot be told from the gate, so no request
+    carrying kv_transfer_params is replayed (null is none)."""
+    body = {**BODY, "kv_transfer_params": params}
+    with setup("reset", (200, OK)) as (g, script, d):
+        if params is None:
+            got: list[Any] = []
+            t = threading.Thread(target=lambda: got.append(_ask(g.port, body=body)))
+            t.start()
+            relaunch_when_tried(g, script, d)
+            t.join(30 * TIMEOUT_SCALE)
+            assert got[0][0] == 200 and len(script.seen) == 2
+            return
+        status, _headers, answer = _ask(g.port, body=body)
+        settle(g)
+        assert status == 502 and b"kv_transfer_params" in answer, answer
+        assert len(script.seen) == 1 and g.stats.replayed == 0 and g.stats.not_replayed == 1
 

@@ -232,15 +232,14 @@ class Forwarder:
     def _why_not(self, request: web.Request, body: bytes, failures: int, fp: bytes,
                  left: float) -> str | None:
         """None when it may be replayed once more; else why not (counted). `left`: of its hold."""
-        why = None
         if self.suspects.refusal(fp, asyncio.get_running_loop().time()) is not None:
-            why = "it is quarantined (gate.quarantined)"
+            why: str | None = "it is quarantined (gate.quarantined)"
         elif not self.replay:
             why = "gate.replay is off"
-        elif not replay.replayable_path(request.method, request.path):
-            why = f"{request.method} {request.path} is not on the gate's replay list"
         elif len(body) > self.replay_body:
             why = f"its {len(body)}-byte body is over the {self.replay_body} bytes the gate replays"
+        else:  # its path, or what it carries
+            why = replay.not_replayable(request.method, request.path, body)
         if why is not None:
             self.stats.not_replayed += 1
             return why

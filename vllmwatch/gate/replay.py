@@ -18,6 +18,7 @@ raw form, so `//sleep`, `/v1/../sleep`, `/%73leep` or `/v1%2fmodels` cannot reac
 other than the one checked. A query string never selects a route.
 
 A request is replayed only when all of these hold (gate/proxy.py):
+- it carries no disaggregated prefill's KV handle (gate/kvhandle.py: read once);
 - its path is on REPLAYABLE: pure inference (completions, chat, embeddings and the other
   pooling tasks, tokenizing, Anthropic's /v1/messages), POST only. These leave nothing behind
   in vLLM: sending one again costs compute, never a second effect. Sampling makes the second
@@ -90,6 +91,16 @@ def replayable_path(method: str, path: str) -> bool:
     return method == "POST" and path.rstrip("/") in REPLAYABLE
 
 
+def not_replayable(method: str, path: str, body: bytes) -> str | None:
+    """Why this request is never sent again, whatever failed (None: it may be)."""
+    if not replayable_path(method, path):
+        return f"{method} {path} is not on the gate's replay list"
+    if b"kv_transfer_params" not in body:  # (read only then: at a failure, and rarely)
+        return None
+    from vllmwatch.gate import kvhandle
+    return kvhandle.why_not(body)
+
+
 def engine_gone_answer(status: int, body: bytes) -> str | None:
     """Why this answer of vLLM means the request never ran to an answer on a live engine:
     "engine_dead" or "shutting_down" (never started); None for an answer to pass on (an
@@ -139,21 +150,9 @@ def error_event(path: str, message: str) -> bytes:
 
 # ---- the allow-list of client API paths (issue 34); REPLAYABLE is a subset ----
 
-CLIENT_PATHS = frozenset({
-    # OpenAI-compatible
-    "/v1/completions", "/v1/chat/completions", "/v1/chat/completions/batch",
-    "/v1/embeddings", "/v1/models", "/v1/responses", "/v1/audio/transcriptions",
-    "/v1/audio/translations",
-    # Anthropic-compatible
-    "/v1/messages", "/v1/messages/count_tokens",
-    # vLLM's pooling and scoring APIs (Jina/Cohere-compatible rerank and embed)
-    "/v1/score", "/score", "/v1/rerank", "/v2/rerank", "/rerank", "/pooling", "/classify",
-    "/v1/classify", "/v2/embed",
-    # tokens
-    "/tokenize", "/detokenize", "/inference/v1/generate",
-    # read-only
-    "/health", "/metrics", "/version",
-})
+# OpenAI's and Anthropic's, vLLM's pooling and scoring (Jina/Cohere rerank, embed), tokens;
+# every path on REPLAYABLE, and the read-only ones and the Responses API that are not.
+CLIENT_PATHS = REPLAYABLE | {"/v1/models", "/v1/responses", "/health", "/metrics", "/version"}
 # The Responses API's stored objects: GET /v1/responses/{id}, POST /v1/responses/{id}/cancel.
 CLIENT_PATTERNS = (re.compile(r"/v1/responses/[A-Za-z0-9_-]{1,200}(?:/cancel)?"),)
 _CANONICAL = re.compile(r"(?:/[A-Za-z0-9_.-]+)+")
