@@ -1,7 +1,8 @@
 """A sixth review of the gate (2026-12-07): its own 502 and 504 carried no Retry-After (its
 503s did); a stream vLLM ended before any event, or with token-free events only, reached the
 client as an empty success; a request carrying a disaggregated prefill's KV handle
-(kv_transfer_params) was replayed, though the handle is single-use."""
+(kv_transfer_params) was replayed, though the handle is single-use; a live engine's aborted
+completion goes to that engine again after SAME_ENGINE_GRACE, which its page did not say."""
 
 from __future__ import annotations
 
@@ -114,3 +115,16 @@ def test_a_request_with_a_kv_transfer_handle_is_never_replayed(params: Any) -> N
         assert status == 502 and b"kv_transfer_params" in answer, answer
         assert len(script.seen) == 1 and g.stats.replayed == 0 and g.stats.not_replayed == 1
 
+
+def test_a_live_engines_aborted_completion_goes_to_it_again_after_the_grace(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    """(docs/operations/gate.md says so) vLLM aborts a completion without being told to stop
+    (its dev-mode /pause in abort mode): replayed like a dropped connection, and with no
+    restart of that engine begun within SAME_ENGINE_GRACE, sent to it once more."""
+    monkeypatch.setattr(proxy, "SAME_ENGINE_GRACE", 0.5)
+    aborted = json.dumps({"choices": [{"index": 0, "text": "", "finish_reason": "abort"}]})
+    with setup((200, aborted.encode()), (200, OK)) as (g, script, _d):
+        status, _headers, body = _ask(g.port)
+        settle(g)
+    assert (status, body) == (200, OK)
+    assert [gen for _, gen in script.seen] == [1, 1] and g.stats.replayed == 1
