@@ -14,7 +14,7 @@ from typing import Any
 import pytest
 
 from tests.support.secrets import known_key
-from vllmwatch.incident import cause, dumpers, metrics, record, report
+from vllmwatch.incident import cause, dumpers, metrics, report
 
 ENGINE = "VLLM::EngineCore"
 
@@ -78,7 +78,7 @@ def test_a_sigstop_hang_names_the_stopped_process_and_the_verdicts_in_the_timeli
                      "threads": 9},
                     {"pid": 812, "role": "engine_core", "state": "T", "rss_mib": 2000.0,
                      "threads": 6}]},
-                timeline=record.timeline(facts))
+                timeline=cause.timeline(facts))
     head = _head(r)
     assert head[2].startswith("reason: hang: canary timed out twice"), head
     assert "engine_core pid 812 is stopped (state T: SIGSTOP" in "\n".join(head), head

@@ -305,3 +305,23 @@ def lines(r: Mapping[str, Any]) -> list[str]:
         else:
             out.append(f"first error in vLLM's output: {line}")
     return out
+
+
+def timeline(facts: Mapping[str, Any]) -> list[list[Any]]:
+    """(seconds relative to the incident, what happened), oldest first."""
+    out: list[list[Any]] = []
+    up = facts.get("uptime_s")
+    if isinstance(up, (int, float)):
+        out.append([-up, "child started"])
+        phases = facts.get("start_phases_s") or {}
+        for name, at in sorted(phases.items(), key=lambda kv: kv[1]):
+            out.append([round(at - up, 3), f"start phase {name}"])
+    ready = facts.get("ready_for_s")
+    if isinstance(ready, (int, float)):
+        out.append([-ready, "ready (serving)"])
+    # The canary timeouts, retries and busy excuses that made a hang verdict (issue 36.19)
+    for entry in facts.get("canary_verdicts") or []:
+        if isinstance(entry, (list, tuple)) and len(entry) == 2:
+            out.append([entry[0], str(entry[1])])
+    out.append([0.0, "incident: restart decided"])
+    return sorted(out, key=lambda e: e[0])

@@ -90,11 +90,17 @@ def pyspy_dump(exe: str, pid: int, deadline: float) -> Dump:
     try:
         # Full file names: the source line of the innermost frame says whether a thread
         # waits for a lock (blocked_on_lock); they are shortened again for the record.
-        done = subprocess.run([exe, "dump", "--nonblocking", "--full-filenames", "--pid",
-                               str(pid)],
-                              capture_output=True, text=True, timeout=budget, check=False,
-                              stdin=subprocess.DEVNULL)
+        spy = subprocess.Popen([exe, "dump", "--nonblocking", "--full-filenames", "--pid",
+                                str(pid)], stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                               text=True, stdin=subprocess.DEVNULL)
+        done = subprocess.CompletedProcess(spy.args, 0, *spy.communicate(timeout=budget))
+        done.returncode = spy.returncode
     except subprocess.TimeoutExpired:
+        # Not subprocess.run: it waits for the killed py-spy without a limit, and one that
+        # reads a process in D state is in D state too, where SIGKILL waits with it
+        spy.kill()
+        with contextlib.suppress(subprocess.TimeoutExpired):
+            spy.communicate(timeout=0.2)
         return Dump("py-spy", False, error=f"killed at the deadline ({budget:.1f}s)",
                     seconds=time.monotonic() - t0)
     except OSError as exc:

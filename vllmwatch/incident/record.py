@@ -68,11 +68,15 @@ def capture(inp: Inputs, root: str, wall: float | None = None) -> Written:
     t0 = time.monotonic()
     wall = time.time() if wall is None else wall
     deadline = t0 + max(0.2, inp.timeout - _WRITE_RESERVE_S)
-    procs = processes(inp.pgid)
+    # a third of the time for /proc: the stacks and NVML have the rest
+    procs, skipped = tree(inp.pgid, t0 + (deadline - t0) / 3)
     stacks, methods = _stacks(procs, inp.stacks_dir, deadline)
     red = Redactor(inp.secrets)
     rid = store.record_id(wall, inp.reason)
     record = build(inp, rid, wall, procs, stacks, methods, red, deadline)
+    if skipped:  # (said with the tree: its list and stacks lack these processes)
+        record["tree"]["skipped"] = skipped
+        record["tree"]["note"] += f"; {len(skipped)} left out: /proc did not answer"
     record["capture"] = {"seconds": round(time.monotonic() - t0, 3), "timeout_s": inp.timeout}
     final = store.write(root, rid, lambda name: files_of({**record, "id": name}, stacks, red))
     pruned = store.prune(root, inp.max_records, inp.max_bytes, keep=final)
@@ -152,7 +156,7 @@ def build(inp: Inputs, rid: str, wall: float, procs: Sequence[Proc],
         "format": FORMAT, "id": rid, "reason": inp.reason, "detail": red.text(inp.detail),
         "exit_code": inp.exit_code,
         "time_utc": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime(wall)), "time": wall,
-        "timeline": timeline(facts),
+        "timeline": cause.timeline(facts),
         "tree": {"api_server_alive": child_alive, "alive": bool(procs),
                  "note": _tree_note(inp, child_alive, procs),
                  "processes": [red.deep(asdict(p)) for p in procs],
@@ -227,26 +231,6 @@ def _gpu(read: Callable[[], dict[str, Any]] | None, deadline: float) -> dict[str
     return box[0]
 
 
-def timeline(facts: Mapping[str, Any]) -> list[list[Any]]:
-    """(seconds relative to the incident, what happened), oldest first."""
-    out: list[list[Any]] = []
-    up = facts.get("uptime_s")
-    if isinstance(up, (int, float)):
-        out.append([-up, "child started"])
-        phases = facts.get("start_phases_s") or {}
-        for name, at in sorted(phases.items(), key=lambda kv: kv[1]):
-            out.append([round(at - up, 3), f"start phase {name}"])
-    ready = facts.get("ready_for_s")
-    if isinstance(ready, (int, float)):
-        out.append([-ready, "ready (serving)"])
-    # The canary timeouts, retries and busy excuses that made a hang verdict (issue 36.19)
-    for entry in facts.get("canary_verdicts") or []:
-        if isinstance(entry, (list, tuple)) and len(entry) == 2:
-            out.append([entry[0], str(entry[1])])
-    out.append([0.0, "incident: restart decided"])
-    return sorted(out, key=lambda e: e[0])
-
-
 # --- the processes of the child's tree as a record shows them (was incident/tree.py) ---------
 # The processes of the child's tree as a record shows them: pid, role, state, memory.
 #
@@ -296,19 +280,59 @@ def processes_now() -> Iterator[psutil.Process]:
 
 def processes(pgid: int | None) -> list[Proc]:
     """The live processes in the child's group or session, leader first."""
+    return tree(pgid, time.monotonic() + 3600)[0]
+
+
+# Reads of /proc that never answered. A process in D state (a driver call that hangs) holds
+# its memory map's lock, and a read of its /proc/PID/cmdline waits for that lock for good:
+# the record's thread stayed blocked and the next record queued behind it. Each process is
+# read on a thread of its own until the deadline; while one is stuck, no other is started.
+_PROC_STUCK: dict[int, threading.Thread] = {}
+
+
+def tree(pgid: int | None, deadline: float) -> tuple[list[Proc], list[str]]:
+    """The live processes in the child's group or session, leader first, each read within
+    `deadline` (monotonic); a line for each process left out."""
     if pgid is None:
-        return []
-    out = []
+        return [], []
+    out: list[Proc] = []
+    skipped: list[str] = []
+    readers: dict[int, threading.Thread] = {}
     for proc in processes_now():
-        try:
+        try:  # (getpgid and getsid are syscalls that do not wait for the process)
             if os.getpgid(proc.pid) != pgid and os.getsid(proc.pid) != pgid:
                 continue
-            with proc.oneshot():
-                title = " ".join(proc.cmdline()) or proc.name()
-                state = dumpers.process_state(proc.pid)
-                out.append(Proc(proc.pid, proc.ppid(), role_of(title, proc.pid == pgid),
-                                REDACT.head(title, 400), state,
-                                round(proc.memory_info().rss / _MIB, 1), proc.num_threads()))
-        except (psutil.Error, OSError):
+        except OSError:
             continue
-    return sorted(out, key=lambda p: (p.pid != pgid, p.pid))
+        stuck = _PROC_STUCK.get(proc.pid)
+        if stuck is not None and stuck.is_alive():
+            skipped.append(f"pid {proc.pid}: not read: its /proc files have not answered "
+                           f"since an earlier record {_D_STATE}")
+            continue
+        readers[proc.pid] = threading.Thread(target=_read_one, args=(proc, pgid, out),
+                                             name="vllmwatch-incident-proc", daemon=True)
+        readers[proc.pid].start()
+    for pid, reader in readers.items():
+        reader.join(max(0.0, deadline - time.monotonic()))
+        if reader.is_alive():
+            _PROC_STUCK[pid] = reader
+            skipped.append(f"pid {pid}: its /proc files did not answer in time {_D_STATE}")
+    for pid in [p for p, t in _PROC_STUCK.items() if not t.is_alive()]:
+        del _PROC_STUCK[pid]
+    done = [p for p in list(out) if p.pid not in _PROC_STUCK]  # (a late one: left out)
+    return sorted(done, key=lambda p: (p.pid != pgid, p.pid)), skipped
+
+
+_D_STATE = "(a process in D state: a hung driver call? see the kernel log); left out"
+
+
+def _read_one(proc: psutil.Process, pgid: int, out: list[Proc]) -> None:
+    try:
+        with proc.oneshot():
+            title = " ".join(proc.cmdline()) or proc.name()
+            state = dumpers.process_state(proc.pid)
+            out.append(Proc(proc.pid, proc.ppid(), role_of(title, proc.pid == pgid),
+                            REDACT.head(title, 400), state,
+                            round(proc.memory_info().rss / _MIB, 1), proc.num_threads()))
+    except (psutil.Error, OSError):
+        return
