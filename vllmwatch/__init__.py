@@ -167,6 +167,31 @@ def code_changed() -> str | None:
 # the loop. A reload or a restart asked twice is one (the loop would coalesce them too): its
 # default action would end the daemon, the very death this hold is for.
 
+# Ctrl-C before cli.main's handling (its imports take a tenth of a second, more on a loaded
+# box) ended in Python's traceback of whatever import it met. In the command's own process
+# (the console script, python -m vllmwatch) an uncaught KeyboardInterrupt is one line, as
+# main says it; Python still exits by SIGINT (130 to the shell), as for any uncaught one.
+_HOOK = sys.excepthook
+
+
+def _interrupted(kind: type[BaseException], value: BaseException, tb: Any) -> None:
+    if not issubclass(kind, KeyboardInterrupt):
+        _HOOK(kind, value, tb)
+        return
+    with contextlib.suppress(Exception):  # (stderr closed or full: the exit status says it)
+        print("vllmwatch: interrupted", file=sys.stderr)
+
+
+def _is_command() -> bool:
+    argv = getattr(sys, "orig_argv", [])
+    by_m = "-m" in argv and argv[argv.index("-m") + 1:][:1] == [__name__]
+    return by_m or (bool(sys.argv) and os.path.basename(sys.argv[0]) == __name__)
+
+
+if _is_command():
+    sys.excepthook = _interrupted
+
+
 _EARLY: list[int] = []
 _INSIST = (signal.SIGTERM, signal.SIGINT)
 

@@ -147,6 +147,21 @@ def test_interrupted_by_any_command_is_130_and_a_line(
         assert code == 130 and out == "" and err == "vllmwatch: interrupted\n", (command, err)
 
 
+@pytest.mark.parametrize("started_as", [
+    "sys.argv[0] = '/usr/bin/vllmwatch'",  # the console script
+    "sys.orig_argv = [sys.executable, '-m', 'vllmwatch', 'incidents']"])  # python -m vllmwatch
+def test_sigint_before_main_handles_it_is_a_line_not_a_traceback(started_as: str) -> None:
+    """Ctrl-C while the command still imports its modules (before main's handling)."""
+    script = (f"import os, signal, sys\n{started_as}\n"
+              "import vllmwatch\n"  # the package first, as the entry points import it
+              "os.kill(os.getpid(), signal.SIGINT)\n"  # Ctrl-C while the rest imports
+              "from vllmwatch.cli import main\n")
+    out = subprocess.run([sys.executable, "-c", script], cwd=REPO, capture_output=True,
+                         text=True, timeout=60 * TIMEOUT_SCALE, check=False)
+    assert out.stderr == "vllmwatch: interrupted\n" and out.stdout == "", out.stderr
+    assert out.returncode in (130, -signal.SIGINT), out.returncode
+
+
 def test_sigint_while_status_waits_for_an_answer(tmp_path: Path) -> None:
     """A listener that takes the connection and never answers: Ctrl-C in the 3 s wait."""
     server = socket.socket()
