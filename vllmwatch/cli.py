@@ -172,8 +172,13 @@ def _commands(parser: argparse.ArgumentParser) -> list[str]:
 
 
 def _one_config(parser: argparse.ArgumentParser, args: argparse.Namespace) -> str | None:
-    """The one --config given (None: none); two different ones are a usage error."""
-    given = list(dict.fromkeys([*(args.configs or ()), *getattr(args, "sub_configs", ())]))
+    """The one --config given (None: none); two different files are a usage error. One
+    file named two ways (`-c a -c ./a`, a link to it) is one: the first spelling is used."""
+    named = [*(args.configs or ()), *getattr(args, "sub_configs", ())]
+    files: dict[str, str] = {}
+    for name in named:
+        files.setdefault(os.path.realpath(name), name)
+    given = list(files.values())
     if len(given) > 1:
         parser.error(f"--config names {len(given)} files ({', '.join(map(repr, given))}): "
                      "give one")

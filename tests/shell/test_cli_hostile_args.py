@@ -112,7 +112,7 @@ def test_words_that_are_not_utf8_are_a_line_and_a_documented_code(
 
 
 @pytest.mark.parametrize("rid", ["..", "../x", "/etc/passwd", "x" * 10_000, ODD, "2026*",
-                                 f"{RID}/../{RID}", f"{RID}/", f"{RID}/record.json",
+                                 f"{RID}/../{RID}", f"{RID}/record.json",  # (ID/: its own)
                                  "-", " ", f"{RID}\n", "?"])
 def test_a_hostile_incident_id_reads_nothing_outside_and_says_what_ids_look_like(
         tmp_path: Path, capsys: pytest.CaptureFixture[str], rid: str) -> None:

@@ -41,4 +41,4 @@ def test_a_record_is_on_disk_before_its_name_and_its_name_after(
     tmp = [p for what, p in seen[:at] if what == "fsync" and Path(p).name.startswith(".tmp-")]
     assert tmp, seen  # the folder's own entries (its files' names)
     assert ("fsync", os.path.realpath(root)) in seen[at:], seen  # the new name itself
-    assert store.read(root, rid) == {"reason": "hang"}
+    assert store.read(root, rid) == {"reason": "hang", "id": rid}  # (its folder's name)

@@ -180,7 +180,7 @@ def test_the_store_prunes_the_oldest_to_its_bounds_and_keeps_the_newest(tmp_path
     again = _write(Path(root), store.record_id(1.7e9 + 9, "crash"), 1)  # same second
     assert again == big + "-2"
     assert store.load(root, big[:12]) is None  # ambiguous prefix
-    assert store.load(root, again) == {"reason": "hang"}
+    assert store.load(root, again) == {"reason": "hang", "id": again}  # (the folder's name)
 
 
 def test_the_record_just_written_survives_its_prune_after_the_clock_stepped_back(

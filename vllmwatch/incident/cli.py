@@ -36,6 +36,8 @@ def main(action: str | None, rid: str | None, as_json: bool, roots: Sequence[str
          instances: str | None = "/var/lib/vllmwatch") -> int:
     """List (no action) or show one record; roots are the incidents folders to look in (for
     `show`, then the template instances' under `instances`; None: only `roots`)."""
+    if rid:  # (a shell's completion of the record's folder adds a slash)
+        rid = rid.rstrip("/") or rid
     if action == "show" and rid and not store.could_be(rid):
         # `..`, a path, a glob, 10 kB: a usage error said before any folder is looked at
         shown = REDACT.head(rid, SHOWN_ID) + ("..." if len(rid) > SHOWN_ID else "")
@@ -65,9 +67,11 @@ def main(action: str | None, rid: str | None, as_json: bool, roots: Sequence[str
     # The id a log line or `status` named may be another folder's: a template instance's
     # (vllmwatch@NAME keeps its own), read here without its unit's STATE_DIRECTORY.
     more = sorted(glob.glob(os.path.join(instances, "*", store.SUBDIR))) if instances else []
+    # Only an id the first folder has nothing for: one that begins two of its ids is "give
+    # more of it" there, not another folder's record that it begins alone.
+    here = [n for n in store.ids(root) if n.startswith(rid)]
     for other in [*roots, *more]:
-        if other != root and os.access(other, os.R_OK | os.X_OK) and \
-                store.find(root, rid, store.ids(root)) is None and \
+        if other != root and not here and os.access(other, os.R_OK | os.X_OK) and \
                 store.find(other, rid, store.ids(other)) is not None:
             root = other
             break
@@ -127,10 +131,7 @@ def _show(root: str, rid: str, as_json: bool) -> int:
     if as_json:
         print(store.dumps(data))
         return 0
-    kept, problems = shaped(data)
-    # The folder's name is the id asked for and listed: a record's own may be none ("incident
-    # None"), or another's (an older version wrote ID into the folder ID-2; a copy)
-    kept = {**kept, "id": name}
+    kept, problems = shaped(data)  # (its id is the folder's name: store.read)
     for problem in problems:
         print(printable(f"vllmwatch: incident {name}: {problem}", False), file=sys.stderr)
     try:

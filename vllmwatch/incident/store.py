@@ -268,7 +268,11 @@ def read(root: str, rid: str) -> dict[str, Any] | str:
         return "record.json is nested too deeply to read"
     if not isinstance(data, dict):
         return f"record.json holds a JSON {type(data).__name__}, not an object"
-    return data
+    # The folder's name is the id: the one asked for, listed and named by `status`. The
+    # record's own may be another's (written as ID, published as ID-2: `show ID-2 --json`
+    # said ID), none, or not a string; kept as stored_id where it differs.
+    return {**data, "id": rid} | ({"stored_id": data["id"]} if data.get("id", rid) != rid
+                                   else {})
 
 
 def load(root: str, rid: str) -> dict[str, Any] | None:
