@@ -112,6 +112,8 @@ def _show(root: str, rid: str, as_json: bool) -> int:
                f"{', ...' if len(many) > 3 else ''}): give more of it") if len(many) > 1 else (
             f"no incident {rid!r} in {root} (there are {len(names)}; `vllmwatch incidents` "
             "lists them)")
+        why = next((f"{os.path.join(root, n)} is {w}" for n, w in store.scan(root)[1]
+                    if n == rid), why)
         print(printable(f"vllmwatch: {why}", False), file=sys.stderr)
         return 1
     data = store.read(root, name)
@@ -166,10 +168,16 @@ def shaped(data: Mapping[str, Any]) -> tuple[dict[str, Any], list[str]]:
 
 def _list(root: str, as_json: bool) -> int:
     # a line each: a detail past LIST_DETAIL keeps its start and its end (config/units.brief)
-    rows = [REDACT.deep(r.__dict__) for r in store.summaries(
-        root, *(() if as_json else (LIST_DETAIL,)))]
+    names, others = store.scan(root)
+    got = store.summaries(root, names=names) if as_json else \
+        store.summaries(root, LIST_DETAIL, names)
+    rows = [REDACT.deep(r.__dict__) for r in got]
+    for name, why in others:
+        print(printable(f"vllmwatch: {os.path.join(root, name)} left out: {why}", False),
+              file=sys.stderr)
     if as_json:
-        print(json.dumps({"dir": root, "incidents": rows}, indent=1))
+        print(json.dumps({"dir": root, "incidents": rows, "left_out": [
+            {"id": name, "why": why} for name, why in others]}, indent=1))
         return 0
     if not rows:
         print(f"no incident records in {root}")

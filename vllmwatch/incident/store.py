@@ -187,12 +187,40 @@ def _size(path: Path) -> int:
 def ids(root: str) -> list[str]:
     """The record ids, oldest first: one directory listing (no stat per entry where the
     file system gives the entry's type), so 10,000 records cost one pass."""
+    return scan(root)[0]
+
+
+def scan(root: str) -> tuple[list[str], list[tuple[str, str]]]:
+    """The record ids, oldest first, and the entries named as records that are no record's
+    folder, with why: a symbolic link (to a record moved to another disk) or a file. The
+    list left them out without a word: a record seemed lost. One listing for both."""
+    names, others = [], []
     try:
         with os.scandir(root) as entries:
-            names = [e.name for e in entries if _NAME.match(e.name) and _is_dir(e)]
+            for e in entries:
+                if not _NAME.match(e.name):
+                    continue
+                if _is_dir(e):
+                    names.append(e.name)
+                else:
+                    others.append((e.name, _not_record(e)))
     except OSError:
-        return []
-    return sorted(names)
+        return [], []
+    return sorted(names), sorted(others)
+
+
+def _not_record(e: os.DirEntry[str]) -> str:
+    if e.is_symlink():
+        return (f"a symbolic link (to {_link(e.path)}): only a real folder is read as a "
+                "record; move the folder back here, or give the folder it is in with --dir")
+    return "not a folder: a record is a folder with record.json in it"
+
+
+def _link(path: str) -> str:
+    try:
+        return os.readlink(path)
+    except OSError:
+        return "?"
 
 
 def _is_dir(entry: os.DirEntry[str]) -> bool:
@@ -282,11 +310,11 @@ def load(root: str, rid: str) -> dict[str, Any] | None:
     return got if isinstance(got, dict) else None
 
 
-def summaries(root: str, width: int = 160) -> list[Summary]:
-    """Every record, oldest written first, as one line each: one listing, one read each;
-    a detail longer than `width` keeps its start and its end (brief)."""
+def summaries(root: str, width: int = 160, names: list[str] | None = None) -> list[Summary]:
+    """Every record (of `names`, ids() of one listing), oldest written first, as one line
+    each: one read each; a detail longer than `width` keeps its start and its end (brief)."""
     out = []
-    for rid in written(root):
+    for rid in written(root, names):
         data = read(root, rid)
         if isinstance(data, str):
             out.append(Summary(rid, "", "?", f"unreadable: {data}", _size(Path(root, rid)),
