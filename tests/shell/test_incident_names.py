@@ -85,3 +85,19 @@ def test_text_that_is_no_utf_8_is_written_not_the_record_lost(tmp_path: Path) ->
     folder = tmp_path / done.incident_id
     assert json.loads((folder / store.RECORD).read_text())["detail"].endswith(f"({odd})")
     assert "caf\\udce9" in (folder / "report.txt").read_text(encoding="utf-8")
+
+
+def test_records_that_overlap_are_ordered_by_when_their_capture_began(
+        tmp_path: Path) -> None:
+    """One record's write outlived the core's wait (a slow disk) and the next incident's
+    was written first: ORDER named the older incident the newest (`status`), the prune took
+    the newer first, and two of one second and reason chose one name (a record lost)."""
+    root, rid = str(tmp_path), "20261201T093000Z-crash"
+    first = store.reserve(root, rid)  # its capture begins; its write comes last
+    second = store.reserve(root, rid)  # the next incident, that second
+    assert (first, second) == (rid, rid + "-2")
+    assert store.write(root, second, {store.RECORD: "{}"}) == second
+    assert store.write(root, first, {store.RECORD: "{}"}) == first
+    assert store.written(root) == [first, second] and store.newest(root) == second
+    assert store.write(root, rid, {store.RECORD: "{}"}) == rid + "-3"  # none reserved
+    assert store.newest(root) == rid + "-3"

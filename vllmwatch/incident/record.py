@@ -67,12 +67,19 @@ def capture(inp: Inputs, root: str, wall: float | None = None) -> Written:
     """Read the tree, build the record, write it under root; bounded by inp.timeout."""
     t0 = time.monotonic()
     wall = time.time() if wall is None else wall
+    rid = store.reserve(root, store.record_id(wall, inp.reason))  # its place: now
+    try:
+        return _capture(inp, root, wall, rid, t0)
+    finally:
+        store.release(rid)
+
+
+def _capture(inp: Inputs, root: str, wall: float, rid: str, t0: float) -> Written:
     deadline = t0 + max(0.2, inp.timeout - _WRITE_RESERVE_S)
     # a third of the time for /proc: the stacks and NVML have the rest
     procs, skipped = tree(inp.pgid, t0 + (deadline - t0) / 3)
     stacks, methods = _stacks(procs, inp.stacks_dir, deadline)
     red = Redactor(inp.secrets)
-    rid = store.record_id(wall, inp.reason)
     record = build(inp, rid, wall, procs, stacks, methods, red, deadline)
     if skipped:  # (said with the tree: its list and stacks lack these processes)
         record["tree"]["skipped"] = skipped

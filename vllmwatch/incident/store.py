@@ -17,6 +17,7 @@ import math
 import os
 import re
 import shutil
+import threading
 import time
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
@@ -39,8 +40,7 @@ _START = re.compile(r"\d{0,8}\Z|\d{8}T\d{0,6}\Z|\d{8}T\d{6}Z(?:-[a-z_]*(?:-\d*)?
 ID_SHAPE = ("an incident id looks like 20261201T093000Z-hang (when it was recorded, UTC, and "
             "the reason; a -2 after it for a second one that second), or a unique start of one")
 # The hidden folders this process is writing now. A record can outlive its wait (a slow
-# disk) while the next one prunes, and the age by mtime is no proof: a wall-clock step
-# forward made a folder being written look a minute old, and the prune deleted it.
+# disk) while the next one prunes, and the age by mtime is no proof (a wall-clock step).
 _WRITING: set[str] = set()
 
 
@@ -83,16 +83,44 @@ def record_id(wall: float, reason: str) -> str:
     return f"{stamp}-{re.sub(r'[^a-z_]', '_', reason.lower())}"
 
 
+# The ids of records being captured now (worker threads). Two can overlap (one's write
+# outlives the core's wait): ORDER had the one written first first (`status` named the older
+# the newest, the prune took the newer), and both chose one free name: a record lost.
+_RESERVED: set[str] = set()
+_RESERVING = threading.Lock()
+
+
+def reserve(root: str, rid: str) -> str:
+    """A record's unique id, chosen and put in ORDER when its capture begins."""
+    with _RESERVING:
+        final, n = rid, 1
+        while final in _RESERVED or os.path.lexists(os.path.join(root, final)):
+            n += 1
+            final = f"{rid}-{n}"
+        _RESERVED.add(final)
+        _append_order(root, final)
+    return final
+
+
+def release(rid: str) -> None:
+    """The record reserved as rid is written, or failed."""
+    _RESERVED.discard(rid)
+
+
 def write(root: str, rid: str,
           files: Mapping[str, str] | Callable[[str], Mapping[str, str]]) -> str:
-    """Write the files of one record under root/<id> (unique), whole; return the id. Files
-    that name their record are made by `files(id)` once the id is chosen: the second record
-    of a second is ID-2, and one made beforehand named ID, the other record."""
-    final = rid
-    n = 1
-    while os.path.lexists(os.path.join(root, final)):
-        n += 1
-        final = f"{rid}-{n}"
+    """Write the files of one record under root/<id> (unique; one from reserve() as it is),
+    whole; return the id. Files that name their record are made by `files(id)` once the id
+    is chosen: the second record of a second is ID-2, and one made beforehand named ID."""
+    final = rid if rid in _RESERVED else reserve(root, rid)
+    try:
+        return _write(root, final, files)
+    finally:
+        release(final)
+
+
+def _write(root: str, final: str,
+           files: Mapping[str, str] | Callable[[str], Mapping[str, str]]) -> str:
     tmp = os.path.join(root, f".tmp-{final}-{os.getpid()}")
     os.mkdir(tmp, 0o700)
     _WRITING.add(os.path.basename(tmp))
@@ -113,7 +141,6 @@ def write(root: str, rid: str,
     finally:
         _WRITING.discard(os.path.basename(tmp))
     _sync_dir(root)
-    _append_order(root, final)
     return final
 
 
@@ -131,10 +158,9 @@ def _sync_dir(path: str) -> None:
 
 
 def _append_order(root: str, rid: str) -> None:
-    """ORDER lists the records in the order they were written. Ids sort by the wall clock,
-    which can step back (a box without an RTC before NTP sets it: a crash loop at boot
-    writes records dated earlier than the last run's): then the order by name is not the
-    order of writing, and the newest by name is an older run's."""
+    """ORDER lists the records in the order of their incidents. Ids sort by the wall clock,
+    which can step back (a box without an RTC before NTP sets it): then the newest by name
+    is an older run's."""
     with contextlib.suppress(OSError):  # only an order: written() falls back to the names
         fd = os.open(os.path.join(root, ORDER), os.O_WRONLY | os.O_CREAT | os.O_APPEND |
                      os.O_NOFOLLOW, 0o600)
@@ -197,9 +223,7 @@ def scan(root: str) -> tuple[list[str], list[tuple[str, str]]]:
     names, others = [], []
     try:
         with os.scandir(root) as entries:
-            for e in entries:
-                if not _NAME.match(e.name):
-                    continue
+            for e in (e for e in entries if _NAME.match(e.name)):
                 if _is_dir(e):
                     names.append(e.name)
                 else:
@@ -210,17 +234,13 @@ def scan(root: str) -> tuple[list[str], list[tuple[str, str]]]:
 
 
 def _not_record(e: os.DirEntry[str]) -> str:
-    if e.is_symlink():
-        return (f"a symbolic link (to {_link(e.path)}): only a real folder is read as a "
-                "record; move the folder back here, or give the folder it is in with --dir")
-    return "not a folder: a record is a folder with record.json in it"
-
-
-def _link(path: str) -> str:
-    try:
-        return os.readlink(path)
-    except OSError:
-        return "?"
+    if not e.is_symlink():
+        return "not a folder: a record is a folder with record.json in it"
+    to = "?"
+    with contextlib.suppress(OSError):
+        to = os.readlink(e.path)
+    return (f"a symbolic link (to {to}): only a real folder is read as a record; move the "
+            "folder back here, or give the folder it is in with --dir")
 
 
 def _is_dir(entry: os.DirEntry[str]) -> bool:
