@@ -255,3 +255,27 @@ def test_records_behind_a_folder_closed_to_the_user_are_not_called_absent(
         err = capsys.readouterr().err
         assert f"cannot read {root}: permission denied" in err, err
         assert "no incident" not in err
+
+
+def test_a_hung_mount_is_waited_for_once_not_for_each_record(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Each record.json on a hung mount waited READ_TIMEOUT (5 s), then its folder's size
+    was read with no limit: 50 records were minutes, or for ever."""
+    names = [f"20261201T0000{i:02d}Z-hang" for i in range(5)]
+    for name in names:
+        (tmp_path / name).mkdir()
+        (tmp_path / name / store.RECORD).write_text('{"reason": "hang"}')
+    reads: list[str] = []
+
+    def hung(path: str, *_: Any, **__: Any) -> bytes:
+        reads.append(path)
+        raise safefile.FileProblem(f"{path!r}: the read did not answer within 5s (a hung "
+                                   "network mount?)", transient=True)
+
+    monkeypatch.setattr(safefile, "read_within", hung)
+    monkeypatch.setattr(store, "_size", lambda path: pytest.fail(f"size of {path} read"))
+    got = store.summaries(str(tmp_path))
+    records = [r for r in reads if r.endswith(store.RECORD)]  # (and ORDER's, once)
+    assert len(records) == 1 and [s.id for s in got] == names, reads
+    assert "did not answer" in got[0].error
+    assert all("an earlier record's read did not answer" in s.detail for s in got[1:]), got

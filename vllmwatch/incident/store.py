@@ -4,8 +4,7 @@
 file's: $STATE_DIRECTORY under the shipped unit), every folder 0700 and every file 0600 —
 a record can hold prompts from vLLM's output. A record is written in a hidden folder, synced
 and renamed into place, so a reader never sees half of one, nor a crash of the box an empty
-one; the oldest go first when there are more than max_records or more than max_size in all
-(the newest is always kept).
+one; the oldest go first beyond max_records or max_size in all (the newest is kept).
 """
 
 from __future__ import annotations
@@ -325,20 +324,22 @@ def read(root: str, rid: str) -> dict[str, Any] | str:
 
 def load(root: str, rid: str) -> dict[str, Any] | None:
     """The record.json of one record (an id or a unique prefix of one), or None."""
-    name = find(root, rid)
-    got = read(root, name) if name is not None else None
+    got = read(root, name) if (name := find(root, rid)) is not None else None
     return got if isinstance(got, dict) else None
 
 
 def summaries(root: str, width: int = 160, names: list[str] | None = None) -> list[Summary]:
     """Every record (of `names`, ids() of one listing), oldest written first, as one line
     each: one read each; a detail longer than `width` keeps its start and its end (brief)."""
-    out = []
+    out, hung = [], ""
     for rid in written(root, names):
-        data = read(root, rid)
+        # a hung mount: each read waited READ_TIMEOUT, each size for ever; after one, none
+        data = read(root, rid) if not hung else f"not read: {hung}"
         if isinstance(data, str):
-            out.append(Summary(rid, "", "?", f"unreadable: {data}", _size(Path(root, rid)),
-                               error=data))
+            hung = hung or ("an earlier record's read did not answer (a hung mount?)"
+                            if "did not answer within" in data else "")
+            out.append(Summary(rid, "", "?", f"unreadable: {data}",
+                               0 if hung else _size(Path(root, rid)), error=data))
             continue
         out.append(Summary(rid, _text(data.get("time_utc")), _text(data.get("reason"), "?"),
                            brief(_text(data.get("detail")), width), _size(Path(root, rid))))
@@ -346,5 +347,4 @@ def summaries(root: str, width: int = 160, names: list[str] | None = None) -> li
 
 
 def _text(value: object, missing: str = "") -> str:
-    """A summary field: a string as it is, anything else (a wrong type) as missing."""
-    return value if isinstance(value, str) else missing
+    return value if isinstance(value, str) else missing  # (a wrong type: as missing)
