@@ -60,3 +60,16 @@ def test_an_unreadable_record_points_at_its_report_written_beside_it(
     assert cli.main("show", RID, False, [str(tmp_path)]) == 1
     err = capsys.readouterr().err
     assert err.count("\n") == 1 and f"less {folder / 'report.txt'}" in err, err
+
+
+@pytest.mark.parametrize("content", [None, b'{"reason": "hang", "det', b'{"reason": "\xff"}'])
+def test_an_unreadable_record_without_its_report_names_its_folder(
+        tmp_path: Path, capsys: pytest.CaptureFixture[str], content: bytes | None) -> None:
+    """record.json gone, cut short or not UTF-8, no report.txt beside it: the line named
+    record.json and no place and no next step."""
+    (tmp_path / RID).mkdir()
+    if content is not None:
+        (tmp_path / RID / "record.json").write_bytes(content)
+    assert cli.main("show", RID, False, [str(tmp_path)], None) == 1
+    err = capsys.readouterr().err
+    assert f"ls -la {tmp_path / RID}" in err and len(err.splitlines()) == 1, err

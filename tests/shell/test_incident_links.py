@@ -50,3 +50,4 @@ def test_show_of_a_link_says_it_is_one(root: Path,
     assert incident_cli.main("show", MOVED, False, [str(root)], None) == 1
     err = capsys.readouterr().err
     assert f"{root / MOVED} is a symbolic link" in err and "no incident" not in err, err
+

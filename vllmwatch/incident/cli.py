@@ -120,7 +120,9 @@ def _show(root: str, rid: str, as_json: bool) -> int:
     if isinstance(data, str):
         # the page written with it is plain text beside it (record.json too large, damaged)
         page = os.path.join(root, name, "report.txt")
-        also = f"; its report, written with it: less {page}" if os.path.isfile(page) else ""
+        # else what is left of it, and its --json too said nothing more: the folder to look in
+        also = f"; its report, written with it: less {page}" if os.path.isfile(page) else (
+            f"; what the folder holds: ls -la {os.path.join(root, name)}")
         print(printable(f"vllmwatch: incident {name} in {root} is unreadable: {data}{also}",
                         False), file=sys.stderr)
         return 1
