@@ -101,3 +101,19 @@ def test_records_that_overlap_are_ordered_by_when_their_capture_began(
     assert store.written(root) == [first, second] and store.newest(root) == second
     assert store.write(root, rid, {store.RECORD: "{}"}) == rid + "-3"  # none reserved
     assert store.newest(root) == rid + "-3"
+
+
+def test_a_prune_during_a_capture_keeps_its_place_in_order(tmp_path: Path) -> None:
+    """A record still being captured has its ORDER line but no folder yet: a prune by the
+    next record rewrote ORDER from the folders alone and dropped the line, so the record, once
+    written, read as the oldest of all and the next prune took it before older ones."""
+    root = str(tmp_path)
+    old = [store.write(root, f"2026120{d}T093000Z-crash", {store.RECORD: "{}"}) for d in (1, 2)]
+    capturing = store.reserve(root, "20261203T093000Z-hang")  # its write comes last
+    try:
+        later = store.write(root, "20261203T093001Z-crash", {store.RECORD: "{}"})
+        assert store.prune(root, max_records=2, max_bytes=1 << 30, keep=later) == [old[0]]
+        assert store.write(root, capturing, {store.RECORD: "{}"}) == capturing
+    finally:
+        store.release(capturing)
+    assert store.written(root) == [old[1], capturing, later]

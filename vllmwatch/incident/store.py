@@ -38,8 +38,7 @@ _START = re.compile(r"\d{0,8}\Z|\d{8}T\d{0,6}\Z|\d{8}T\d{6}Z(?:-[a-z_]*(?:-\d*)?
                     re.ASCII)
 ID_SHAPE = ("an incident id looks like 20261201T093000Z-hang (when it was recorded, UTC, and "
             "the reason; a -2 after it for a second one that second), or a unique start of one")
-# The hidden folders this process is writing now. A record can outlive its wait (a slow
-# disk) while the next one prunes, and the age by mtime is no proof (a wall-clock step).
+# The hidden folders being written now (one can outlive its wait; mtime is no age proof)
 _WRITING: set[str] = set()
 
 
@@ -82,9 +81,8 @@ def record_id(wall: float, reason: str) -> str:
     return f"{stamp}-{re.sub(r'[^a-z_]', '_', reason.lower())}"
 
 
-# The ids of records being captured now (worker threads). Two can overlap (one's write
-# outlives the core's wait): ORDER had the one written first first (`status` named the older
-# the newest, the prune took the newer), and both chose one free name: a record lost.
+# The ids of records being captured (one can outlive the core's wait): in ORDER from their
+# start, else the one written first was older (`status`, the prune) and two took one name.
 _RESERVED: set[str] = set()
 _RESERVING = threading.Lock()
 
@@ -167,16 +165,17 @@ def _append_order(root: str, rid: str) -> None:
             fh.write(rid + "\n")
 
 
-def written(root: str, names: list[str] | None = None) -> list[str]:
+def written(root: str, names: list[str] | None = None, also: frozenset[str] = frozenset()
+            ) -> list[str]:
     """The record ids, oldest written first: those ORDER lists, in its order, after any it
-    does not (by name: written before ORDER was kept, or it was lost)."""
+    does not (by name: written before ORDER was kept, or it was lost), and `also`'s."""
     names = ids(root) if names is None else names
     try:
         raw = safefile.read_within(os.path.join(root, ORDER), ORDER_MAX, READ_TIMEOUT,
                                    nofollow=True)
     except safefile.FileProblem:
         raw = b""
-    present = set(names)
+    present = set(names) | also
     # an id listed twice was written again (pruned, its line left by a rewrite that failed,
     # then the same second and reason after the clock stepped back): its last line counts
     lines = [line for line in raw.decode("ascii", "replace").splitlines() if line in present]
@@ -265,8 +264,9 @@ def prune(root: str, max_records: int, max_bytes: int, keep: str | None = None) 
         shutil.rmtree(os.path.join(root, oldest), ignore_errors=True)
         total -= sizes[oldest]
         gone.append(oldest)
-    if gone:
-        _rewrite_order(root, [n for n in order if n not in gone])
+    if gone:  # (a record being captured, with no folder yet, keeps its line: reserve())
+        kept = written(root, order, frozenset(_RESERVED))
+        _rewrite_order(root, [n for n in kept if n not in gone])
     for leftover in os.listdir(root) if os.path.isdir(root) else []:
         if leftover.startswith(".tmp-") and leftover not in _WRITING:  # killed half-way
             with contextlib.suppress(OSError):
