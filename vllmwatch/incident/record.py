@@ -293,7 +293,7 @@ def processes(pgid: int | None) -> list[Proc]:
 # Reads of /proc that never answered. A process in D state (a driver call that hangs) holds
 # its memory map's lock, and a read of its /proc/PID/cmdline waits for that lock for good:
 # the record's thread stayed blocked and the next record queued behind it. Each process is
-# read on a thread of its own until the deadline; while one is stuck, no other is started.
+# read on a thread of its own until the deadline; one still stuck is not read again.
 _PROC_STUCK: dict[int, threading.Thread] = {}
 
 
