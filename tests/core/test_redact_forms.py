@@ -310,7 +310,7 @@ def test_a_secret_flag_abbreviated_hides_its_value(flag: str, sep: str, secret: 
 
 
 @pytest.mark.parametrize("text", [
-    "--api-server-count 2", "--hf-config-path /models/cfg", "--api-k --port 8000",
+    "--api-server-count 2", "--hf-config-path /models/cfg", "--hf-t --port 8000",
     "argparse: --api-k expected one argument", "--api-k is --api-key abbreviated (vLLM's "
     "parser takes prefixes); use api-key written in full"])
 def test_what_no_abbreviated_secret_flag_holds_stays(text: str) -> None:

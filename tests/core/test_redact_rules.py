@@ -140,7 +140,7 @@ def test_each_form(text: str, want: str) -> None:
     "'pass_config': {'enable_fusion': True}",
     # a secret flag without its value: the next flag is not its key (init's comment of a
     # line showed `--api-key <redacted> 9000`, the port's flag gone)
-    "vllm serve /m --api-key --port 9000", "--hf-token --max-model-len 8192",
+    "vllm serve /m --hf-token --port 9000", "--hf-token --max-model-len 8192",
     # a request's sampling parameters (every --enable-log-requests line) and the quantisation
     # keys a startup error names as its cause (were `<redacted>`)
     "Received request cmpl-1: params: SamplingParams(n=1, thinking_token_budget=2048, "

@@ -1,9 +1,11 @@
 """A secret that begins with dashes: `--00000A`, `-9aB3kx`, `--_x9Y..` (secrets.token_urlsafe()
-makes such keys) is a value, not a flag, after a secret's name in every form. A flag is a dash
-run, then a letter (`--port`, `-tp`), or `--`: it stays, as the next flag after a secret flag
-with no value (`--api-key --port 8000`). Hypothesis found `--00000A` leaking through the log's
-`args` (child.started's argv, config/launch.redact_argv): a word that began with `--` was taken
-for the next flag, whatever followed the dashes, and stayed in clear."""
+makes such keys) is a value, not a flag, after a secret's name in every form. So is one of
+dashes then a letter (`--abc123`, `--Zq7..`) right after a secret flag given bare: vLLM's parser
+refuses `--api-key --abc123`, and the refusal, the unit's line and `check` showed the key. Only
+`--`, another secret flag, and any flag after `--hf-token` (it may stand bare; an HF token
+begins `hf_`) stay: `--api-key --port 8000` hides `--port`. Hypothesis found `--00000A`
+leaking through the log's `args` (child.started's argv, config/launch.redact_argv): a word that
+began with `--` was taken for the next flag, whatever followed the dashes, and stayed in clear."""
 
 from __future__ import annotations
 
@@ -73,8 +75,9 @@ def test_a_dashed_value_is_hidden_in_every_form_of_text(v: str) -> None:
 
 
 @pytest.mark.parametrize("argv,want", [
-    (["vllm", "serve", "--api-key", "--port", "8000"], ["vllm", "serve", "--api-key", "--port",
-                                                         "8000"]),
+    (["vllm", "serve", "--hf-token", "--port", "8000"], ["vllm", "serve", "--hf-token", "--port",
+                                                          "8000"]),
+    (["vllm", "--api-key", "--hf-token", "--port"], ["vllm", "--api-key", "--hf-token", "--port"]),
     (["vllm", "--api-key", "--", "/m"], ["vllm", "--api-key", "--", "/m"]),
     (["vllm", "--api-key", "K1x9abcd", "-tp", "2"], ["vllm", "--api-key", "<redacted>", "-tp",
                                                       "2"]),
@@ -88,8 +91,42 @@ def test_a_flag_after_a_secret_flag_stays(argv: list[str], want: list[str]) -> N
 
 
 @pytest.mark.parametrize("text", [
-    "password --ssl-keyfile-password", "api-key --port 8000", "vllm serve /m --api-key --port 9000",
+    "password --ssl-keyfile-password", "api-key --port 8000",
+    "vllm serve /m --hf-token --port 9000",
     "--hf-token --max-model-len 8192", "htpasswd -bBC12 /etc/h admin",
 ])
 def test_a_flag_after_a_secret_name_in_text_stays(text: str) -> None:
     assert R.text(text) == text
+
+
+# Dashes, then a letter: a flag's shape, but the value of the secret flag given bare before it
+LETTERED = ("--abc123", "--Zq7xYb9kLm", "-abc123X", "--api-keyX9z")
+
+
+@pytest.mark.parametrize("v", LETTERED)
+@pytest.mark.parametrize("flag", ["--api-key", "--api-k", "--api-key.k", "--x-api-key",
+                                  "--password"])
+def test_a_lettered_value_right_after_a_secret_flag_is_hidden(flag: str, v: str) -> None:
+    argv = ["vllm", "serve", "/m", flag, v]
+    for shown in (redact_argv(argv), R.argv(argv), REDACT.deep(argv)):
+        assert v not in shown and shown[:4] == argv[:4], (argv, shown)
+    for text in (f"vllm serve /m {flag} {v}", f"vllm serve /m {flag}={v}",
+                 f"vllm serve /m {flag} {v} --served-model-name m", f"$ {flag}\t{v}"):
+        assert v not in (shown := R.text(text)) and flag in shown, (text, shown)
+
+
+@pytest.mark.parametrize("text", [
+    "mysql -u root -p--Zq7xYb9k db", "sshpass -p --Zq7xYb9k ssh host", "sshpass -p -Zq7xYb9k ssh h",
+    "redis-cli -a --Zq7xYb9k ping", "docker login -u me -p --Zq7xYb9k reg.io",
+    "--api-k=--Zq7xYb9k", "--hf-t=--Zq7xYb9k"])
+def test_a_clients_password_that_begins_with_dashes_is_hidden(text: str) -> None:
+    assert "Zq7xYb9k" not in (shown := R.text(text)), shown
+
+
+def test_a_secret_flag_after_a_bare_one_keeps_its_own_value_hidden() -> None:
+    # the word after `--api-key` is hidden whatever it is, but a secret flag there is a flag:
+    # hidden in its place, the value after it was shown
+    for text in ("--api-key --hf-token hf_secretXYZ9", "--hf-token --api-key K9secretXYZ",
+                 "--api-k --hf-token hf_secretXYZ9", "--hf-token --api-key=K9secretXYZ"):
+        assert "secretXYZ" not in (shown := R.text(text)), (text, shown)
+        assert "secretXYZ" not in " ".join(R.argv(text.split())), text

@@ -13,11 +13,12 @@ import re
 from collections.abc import Mapping, Sequence
 from typing import Protocol
 
-from vllmwatch.config import flags, safefile
+from vllmwatch.config import flagnames, flags, safefile
 from vllmwatch.config.errors import ConfigError
 from vllmwatch.config.flags import flag_name, long_forms
 from vllmwatch.config.secretnames import _ENGLISH as ENGLISH
 from vllmwatch.config.secretnames import HINT_WORDS, REDACTED, Rule, is_secret_name, path_value
+from vllmwatch.config.secretnames import _secret_flag_next as _flag_next
 
 
 # What read_env_file reads of a Config, as protocols: no import of config/sections.py, even
@@ -211,12 +212,13 @@ def env_file_secret(name: str, value: str) -> bool:
         len(value.strip()) >= 8 and not _PLAIN.fullmatch(value.strip()))
 
 
-# A word that begins with dashes is a flag only when a letter follows them (`--port`, `-tp`),
-# or it is `--`: a key from secrets.token_urlsafe() may begin `--00000A`, `-_x9Y`, and was
-# taken for the next flag (its `--`) and shown. After the flag, a word of one dash is its
-# value, as it always was (`-9aB3kx`; `-tp` too: hiding a flag beats showing a key).
-_LONG_FLAG = re.compile(r"--(?:[A-Za-z]|$)")
-_FLAG_WORD = re.compile(r"-+(?:[A-Za-z]|$)")
+# After a secret flag given bare, the next word is its value whatever its shape (a token_urlsafe()
+# key may begin `--abc`, `-_x9`; taken for a flag, it was shown): vLLM refuses `--api-key --abc`,
+# but the refusal, the unit's line and `check` show it (so flagnames.after_secret). `--` and a
+# secret flag spelt as one stay, and any flag after one that may stand bare (`--hf-token --port
+# 1`: an HF token begins `hf_`); hiding a flag (`--api-key --port 1`) beats showing a key.
+_FLAG_WORD = re.compile(r"-+(?:[A-Za-z]|$)")  # (after a key: the next flag, `-tp` too)
+_FLAG_SPELT = re.compile(r"--[a-z][a-z0-9_-]*(?=[.=]|$)")
 
 
 def redact_argv(argv: tuple[str, ...] | list[str]) -> list[str]:
@@ -224,17 +226,20 @@ def redact_argv(argv: tuple[str, ...] | list[str]) -> list[str]:
     vLLM's `--api-key` takes several keys (nargs "+": `--api-key K1 K2`, a hand-started
     vLLM that `check` finds): every word up to the next flag is one of them."""
     out: list[str] = []
-    hide, many = False, False
-    for i, token in enumerate(argv):
-        if hide or (many and not _FLAG_WORD.match(token)):
+    hide = many = bare = False
+    for token in argv:
+        flag = token.startswith("--") and _secret_flag(token.partition("=")[0][2:])
+        if (hide and token != "--" and not ((flag or bare) and _FLAG_SPELT.match(token))) or (
+                many and not hide and not _FLAG_WORD.match(token)):
             out.append(REDACTED)
             hide = False
             continue
-        many = False
-        if token.startswith("--") and _secret_flag(token.partition("=")[0][2:]):
+        hide = many = False
+        if flag:
             name, eq, _ = token.partition("=")
             out.append(f"{name}={REDACTED}" if eq else token)
-            hide = not eq and i + 1 < len(argv) and not _LONG_FLAG.match(argv[i + 1])
+            hide = not eq
+            bare = any(f.startswith(flag_name(name).partition(".")[0]) for f in flagnames.BARE_OK)
             many = hide and len(name) > 2 and "api-key".startswith(name[2:].replace("_", "-"))
             continue
         out.append(token)
@@ -258,7 +263,7 @@ def _secret_flag(name: str) -> bool:
 _CURL_USER = re.compile(r"(?P<pre>(?<![\w-])(?:--(?:proxy-)?user(?:=|[ \t]+)|-[a-zA-Z]{0,8}[uU]"
                         r"[ \t]*)(?P<q>['\"])?(?P<user>[^\s:'\"]{0,256}):)"
                         r"(?P<secret>(?(q)[^'\"\n]*|[^\s'\"]*))")
-_FLAG = r"(?P<pre>(?<![\w-])%s)(?P<secret>(?!-)[^\s'\"]+)"  # (mysql's -p: glued, or a prompt)
+_FLAG = r"(?P<pre>(?<![\w-])%s)(?P<secret>(?!--(?:\s|$))[^\s'\"]+)"  # (`-p --Zq7`: getopt's)
 _WORD = r"(?:'[^'\n]*'|\"[^\"\n]*\"|[^\s'\"<>|;&]+)"  # a shell word, quoted or not
 # htpasswd's batch mode (-b) takes the password as its last word: FILE USER X, or USER X with
 # -n. Its words are read as its own getopt reads them ("cnmspdBbDiC:v"): options up to the first
@@ -296,7 +301,7 @@ def _htpasswd_hidden(m: re.Match[str]) -> str:
 # after a space is prose (`--api-k is --api-key abbreviated`)
 _ABBREVIATED = re.compile(r"(?P<pre>(?<![\w-])--(?:api[-_]ke?|hf[-_]t(?:ok?e?)?)(?:\.[\w.-]*)?"
                           r"(?:=|[ \t]+(?!(?i:" + "|".join(sorted(ENGLISH)) + r")\b))"
-                          r")(?P<secret>(?!-)" + _WORD + ")")
+                          r")(?P<secret>(?!--(?:\s|$))" + _WORD + ")")
 CLIENTS = (("curl", _CURL_USER), ("mysql", re.compile(_FLAG % "-p")),
            ("mariadb", re.compile(_FLAG % "-p")), ("redis-cli", re.compile(_FLAG % "-a[ \t]*")),
            ("sshpass", re.compile(_FLAG % r"sshpass(?:[ \t]+-[a-oq-zA-Z]\S*)*[ \t]+-p[ \t]*")),
@@ -309,6 +314,9 @@ CLIENTS = (("curl", _CURL_USER), ("mysql", re.compile(_FLAG % "-p")),
 def client_hidden(m: re.Match[str]) -> str:
     if m.groupdict().get("words") is not None:
         return _htpasswd_hidden(m)
+    if m.re is _ABBREVIATED and m["pre"][-1] != "=" and _flag_next(
+            m["secret"], 0, m["pre"].strip(" \t-").partition(".")[0]):
+        return m.group(0)  # `--api-k --hf-token X`: a flag, whose value the named rules hide
     if m.groupdict().get("user") is not None and not m["secret"]:
         return m["pre"][:m.start("user") - m.start()] + REDACTED + ":"
     return m["pre"] + REDACTED

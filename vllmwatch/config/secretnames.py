@@ -200,7 +200,7 @@ RULES = (
     # Authorization: Bearer x / name=['v1', 'v2']; `=>` before a space, a quote or a bracket
     # only: `api_key=>;K` is a value that begins with `>` (it was `;K`, no value, in clear)
     Rule(re.compile(r"(?i)(?<![\w.-])(?P<dash>--)?(?P<name>" + _NAME + r")"
-                    r"(?:\s*(?P<sep>=>(?=[\s'\"\\\[{(])|[=:])\s*|(?(dash)\s+(?!--[A-Za-z])|(?!)))"
+                    r"(?:\s*(?P<sep>=>(?=[\s'\"\\\[{(])|[=:])\s*|(?(dash)\s+(?!--(?:\s|$))|(?!)))"
                     r"(?P<scheme>" + AUTH + ")?"), VALUE_I, env=True),
     # NAME value, no separator: `HF_TOKEN abcd` (print(name, value), a Dockerfile's `ENV`,
     # an env listing), `hf_token abcd`, `apiKey abcd`: a name spelt as an identifier only, as
@@ -246,6 +246,19 @@ def sub_named(rule: Rule, text: str) -> str:
     return "".join(out)
 
 
+# After `--flag ` the next word is the value whatever its shape (`--api-key --Zq7..`, a key
+# from token_urlsafe(); launch.redact_argv reads an argv so), unless it is another secret flag
+# spelt as one (lowercase): its own value is found after it (`--hf-token --api-key K`); or any
+# flag after vLLM's one secret flag that may stand bare (flagnames.BARE_OK: an HF token is `hf_`)
+_SPELT_FLAG = re.compile(r"--([a-z][a-z0-9_-]*)(?=[.=\s]|$)")
+
+
+def _secret_flag_next(text: str, at: int, name: str = "") -> bool:
+    flag = _SPELT_FLAG.match(text, at)
+    bare = len(name) > 1 and "hf-token".startswith(name.lower().replace("_", "-"))
+    return flag is not None and (bare or is_secret_name(flag[1]))
+
+
 def _hide(rule: Rule, m: re.Match[str], start: int, text: str) -> tuple[int, str] | None:
     """Where the value after a secret name ends, and the name with it hidden; None when no
     value follows. With a scheme word (`token: Bearer x`), the value may be that word."""
@@ -257,8 +270,8 @@ def _hide(rule: Rule, m: re.Match[str], start: int, text: str) -> tuple[int, str
         start == 0 or text[start - 1] in " \t\n'\"`")
     if env or (groups.get("dash") and m["sep"] is None):  # an argv's word ends as NAME=value's
         value = ENV_VALUE_I  # (`--api-key K1,K2` showed `,K2`)
-    if groups.get("dash") and m["sep"] is None and scheme_at < 0 and \
-            _FLAG_PROSE.match(text, m.end()):
+    if groups.get("dash") and m["sep"] is None and scheme_at < 0 and (
+            _FLAG_PROSE.match(text, m.end()) or _secret_flag_next(text, m.end(), m["name"])):
         return None
     for where in (m.end(), scheme_at):
         if where < 0:
