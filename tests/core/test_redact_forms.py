@@ -209,6 +209,15 @@ def test_what_names_no_session_id_stays(text: str) -> None:
     ("htpasswd -bBC 12 /etc/h admin S3cretPw9", f"htpasswd -bBC 12 /etc/h admin {REDACTED}"),
     ("htpasswd -b -C12 /etc/h admin S3cretPw9", f"htpasswd -b -C12 /etc/h admin {REDACTED}"),
     ("htpasswd -b -- /etc/h admin S3cretPw9", f"htpasswd -b -- /etc/h admin {REDACTED}"),
+    # a shell's quotes around the password, or in it (set -x quotes a word that needs it)
+    ("+ mysql -u root '-pS3cretPw9' -h 'db'", f"+ mysql -u root '-p{REDACTED}' -h 'db'"),
+    ("mysql -p'S3cretPw9' vllm", f"mysql -p{REDACTED} vllm"),
+    ('mysql -p"S3cretPw9 x" vllm', f"mysql -p{REDACTED} vllm"),
+    ("mysql -pS3cret'Pw9 x'", f"mysql -p{REDACTED}"),
+    ("sshpass -p 'S3cretPw9' ssh gpu1", f"sshpass -p {REDACTED} ssh gpu1"),
+    ("+ docker login -p 'S3cretPw9' nvcr.io", f"+ docker login -p {REDACTED} nvcr.io"),
+    ('redis-cli -a "S3cretPw9" ping', f"redis-cli -a {REDACTED} ping"),
+    ("redis-cli -a 'S3cretPw9", f"redis-cli -a {REDACTED}"),
 ])
 def test_a_password_by_a_client_s_short_flag_is_hidden(text: str, want: str) -> None:
     """The class of curl's -u: a client that takes its password by a flag with no secret name,

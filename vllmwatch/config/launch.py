@@ -212,11 +212,10 @@ def env_file_secret(name: str, value: str) -> bool:
         len(value.strip()) >= 8 and not _PLAIN.fullmatch(value.strip()))
 
 
-# After a secret flag given bare, the next word is its value whatever its shape (a token_urlsafe()
-# key may begin `--abc`, `-_x9`; taken for a flag, it was shown): vLLM refuses `--api-key --abc`,
-# but the refusal, the unit's line and `check` show it (so flagnames.after_secret). `--` and a
-# secret flag spelt as one stay, and any flag after one that may stand bare (`--hf-token --port
-# 1`: an HF token begins `hf_`); hiding a flag (`--api-key --port 1`) beats showing a key.
+# After a secret flag given bare, the next word is its value whatever its shape (token_urlsafe()
+# may begin a key `--abc`): vLLM refuses `--api-key --abc`, but its refusal, the unit's line and
+# `check` show it (so flagnames.after_secret). `--`, a secret flag spelt as one, and a flag after
+# one that may stand bare stay (`--hf-token --port 1`: an HF token begins `hf_`).
 _FLAG_WORD = re.compile(r"-+(?:[A-Za-z]|$)")  # (after a key: the next flag, `-tp` too)
 _FLAG_SPELT = re.compile(r"--[a-z][a-z0-9_-]*(?=[.=]|$)")
 
@@ -255,15 +254,16 @@ def _secret_flag(name: str) -> bool:
         bool(base) and any(f.startswith(base.replace("_", "-")) for f in flags.SECRET_FLAGS))
 
 
-# A client's password by a flag with no secret name (a wrapper's shell trace): curl's -u/--user/
-# -U/--proxy-user USER:X (the user kept, as in a URL; `-u KEY:` hides the key), `mysql -pX`,
-# `sshpass -p X`, `docker login -p X`, `redis-cli -a X`, `htpasswd -b FILE USER X` (`-nb USER
-# X`); only on a line that runs the client (elsewhere `-u 1000:1000` is docker's uid:gid,
-# `-p 8000` a port; `-sSu`, `-uX` are read). Redact.text runs them (here: redact.py is full).
+# A client's password by a flag with no secret name (a shell trace): curl's -u/--user/-U/--proxy-
+# user USER:X (the user kept, as in a URL; `-u KEY:` hides the key), `mysql -pX`, `sshpass -p X`,
+# `docker login -p X`, `redis-cli -a X`, `htpasswd -b FILE USER X` (`-nb USER X`); only on a line
+# running the client (else `-u 1:1` is a uid:gid, `-p 80` a port). Redact.text runs them.
 _CURL_USER = re.compile(r"(?P<pre>(?<![\w-])(?:--(?:proxy-)?user(?:=|[ \t]+)|-[a-zA-Z]{0,8}[uU]"
                         r"[ \t]*)(?P<q>['\"])?(?P<user>[^\s:'\"]{0,256}):)"
                         r"(?P<secret>(?(q)[^'\"\n]*|[^\s'\"]*))")
-_FLAG = r"(?P<pre>(?<![\w-])%s)(?P<secret>(?!--(?:\s|$))[^\s'\"]+)"  # (`-p --Zq7`: getopt's)
+# A shell word, quoted or not (`-p'X'`: set -x's), to a quote closing it; `-p --Zq7`: getopt's
+_FLAG = (r"(?P<pre>(?<![\w-])%s)(?P<secret>(?!--(?:\s|$))(?:(?!['\"](?:\s|$))(?:'[^'\n]*'?|"
+         r"\"[^\"\n]*\"?)|[^\s'\"])+)")
 _WORD = r"(?:'[^'\n]*'|\"[^\"\n]*\"|[^\s'\"<>|;&]+)"  # a shell word, quoted or not
 # htpasswd's batch mode (-b) takes the password as its last word: FILE USER X, or USER X with
 # -n. Its words are read as its own getopt reads them ("cnmspdBbDiC:v"): options up to the first
