@@ -489,6 +489,19 @@ def test_a_word_that_is_not_utf8_is_refused_naming_it(tmp_path: Path,
         assert "is not UTF-8" in err and "Traceback" not in err, err
 
 
+@pytest.mark.parametrize("words", [
+    ["--api-key", "Zq7xYb9kK3y\udcff"], ["--api-key", "\udcffZq7xYb9kK3y"],
+    ["--api_key", "K1x9abcd", "Zq7xYb9kK3y\udcff"], ["--hf-token", "hf_Zq7xYb9kK3y\udcff"],
+    ["--api-k", "--Zq7xYb9kK3y\udcff"], ["--api-key", "--Zq7xYb9kK3y\udcff"]])
+def test_a_secret_flags_value_that_is_not_utf8_is_refused_unshown(tmp_path: Path,
+                                                                  words: list[str]) -> None:
+    """The refusal named the word as it was: judged alone, a key is only a word (the flag
+    before it says it is one), so a key with a byte that is not UTF-8 was printed whole."""
+    rc, _out, err = run_init(["--", "vllm", "serve", "/m", *words], tmp_path / "vw.toml",
+                            stdout=True)
+    assert rc == 2 and "is not UTF-8" in err and "Zq7xYb9kK3y" not in err, err
+
+
 def test_proc_words_are_read_losslessly(tmp_path: Path) -> None:
     """/proc's bytes decode so that a byte that is not UTF-8 stays itself (then refused by
     the check above), not a stand-in character written into the config."""

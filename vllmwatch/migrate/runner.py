@@ -75,10 +75,12 @@ def _utf8_only(line: serveline.ServeLine) -> None:
             return True
         return False
 
-    for i, word in enumerate([*line.command, *line.rest]):
+    words = [*line.command, *line.rest]
+    shown = REDACT.argv(words)  # each word read after its flag: alone, a key was only a word
+    for i, word in enumerate(words):
         if bad(word):
             raise serveline.LineError(f"word {i + 1} of the command line, "
-                                      f"{REDACT.text(ascii(word))}, is not UTF-8 text: a "
+                                      f"{REDACT.text(ascii(shown[i]))}, is not UTF-8 text: a "
                                       "config could not pass it to vLLM unchanged; rename "
                                       "what it names, then run init again")
     for name, value in line.env.items():
