@@ -43,6 +43,21 @@ def test_check_rows_never_show_a_secret_the_config_holds(tmp_path: Path, as_json
         assert all(PW not in r["detail"] for r in json.loads(text))
 
 
+@pytest.mark.parametrize("fast", [False, True])
+def test_checks_header_line_passes_the_redactor(tmp_path: Path, fast: bool) -> None:
+    """Its rows did, the line naming the config did not: a path that carries a credential
+    (a folder named as a variable) came out whole above the same path redacted in a row."""
+    folder = tmp_path / f"token={PW}"
+    folder.mkdir()
+    path = str(folder / "vw.toml")
+    out = io.StringIO()
+    if fast:
+        runner.config_only(path, False, out=out)
+    else:
+        runner.main(path, False, True, out=out, err=io.StringIO())
+    assert "vllmwatch check: " in out.getvalue() and PW not in out.getvalue(), out.getvalue()
+
+
 def test_the_clis_config_error_never_shows_a_secret(tmp_path: Path,
                                                     capsys: pytest.CaptureFixture[str]) -> None:
     assert cli.main(["print-command", "--config", _bad(tmp_path)]) != 0

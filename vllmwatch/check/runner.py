@@ -114,7 +114,7 @@ def run_one(name: str, check: Check, ctx: Context) -> list[CheckResult]:
 def render_text(results: Sequence[CheckResult], path: str = "") -> str:
     """One line per result, aligned, then a count line."""
     width = max((len(r.name) for r in results), default=0)
-    lines = [f"vllmwatch check: {path}"] if path else []
+    lines = [f"vllmwatch check: {REDACT.text(path)}"] if path else []  # (a row quotes it too)
     # Details quote the operator's values (a bad JSON flag, a URL): one redactor for all
     lines += [f"{r.status}  {r.name:<{width}}  {REDACT.text(r.detail)}" for r in results]
     counts = {s: sum(r.status == s for r in results) for s in (PASS, WARN, FAIL, SKIP)}
