@@ -638,3 +638,17 @@ def test_a_config_this_user_may_not_read_says_sudo_not_fix_it() -> None:
         shutil.rmtree(top)
     assert "sudo vllmwatch status" in said and "--url" in said, said
     assert "fix the config" not in said, said
+
+
+def test_a_lone_surrogate_in_the_gates_error_is_answered_escaped_never_a_500() -> None:
+    """The gate's error (an OSError's path, read from argv or /proc with surrogateescape) was
+    encoded strictly after redaction: /readyz raised, and answered 500 'internal error'
+    instead of its 503 and its reason; the secret beside it stays hidden."""
+    snap = Snapshot(loop_heartbeat=T0, gate={"running": False,
+                                             "error": "bind /run/g\udcff: api_key=K3yS3cret9"})
+    server = StatusServer("127.0.0.1:0", False, lambda: snap, lambda *_a, **_k: None,
+                          now=lambda: T0)  # respond() only: never bound
+    for path in ("/readyz", "/status", "/livez", "/metrics"):
+        code, _, body = server.respond(path)
+        assert code != 500 and b"K3yS3cret9" not in body, (path, body)
+    assert server.respond("/readyz")[2].startswith(b"not ready: gate down: bind /run/g\\udcff")

@@ -171,7 +171,9 @@ class StatusServer:
             gate = snap.gate
             if gate is not None and not gate.get("running"):  # clients' address: refused
                 why = REDACT.head(printable(f"{gate.get('error') or 'its thread ended'}"), 300)
-                return 503, TEXT, f"not ready: gate down: {why}\n".encode()
+                # (an OSError's path may hold a lone surrogate: shown escaped, never a 500)
+                said = f"not ready: gate down: {why}\n"
+                return 503, TEXT, said.encode("utf-8", "backslashreplace")
             if snap.ready and not snap.draining:
                 return 200, TEXT, b"ready\n"
             why = f"not ready: state={snap.state} draining={str(snap.draining).lower()}"
