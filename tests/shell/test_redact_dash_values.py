@@ -130,3 +130,14 @@ def test_a_secret_flag_after_a_bare_one_keeps_its_own_value_hidden() -> None:
                  "--api-k --hf-token hf_secretXYZ9", "--hf-token --api-key=K9secretXYZ"):
         assert "secretXYZ" not in (shown := R.text(text)), (text, shown)
         assert "secretXYZ" not in " ".join(R.argv(text.split())), text
+
+
+@pytest.mark.parametrize("v", ["--Zq7xYb9kLm", "-Zq7xYb9kLm", "--api-keyX9z", "-abc123X"])
+def test_a_later_key_of_api_key_in_no_flags_shape_is_hidden(v: str) -> None:
+    # vLLM's `--api-key K1 K2`: a word of dashes that no vLLM flag is spelt as (a capital, a
+    # digit inside a short one) is the next key, not the next flag: it was shown
+    argv = ["vllm", "--api-key", "K1x9abcd", v, "-tp", "2", "-O3", "--port", "8000"]
+    for shown in (redact_argv(argv), R.argv(argv), REDACT.deep(argv)):
+        assert v not in shown and shown[-5:] == argv[-5:], shown
+    text = " ".join(argv)
+    assert v not in (said := R.text(text)) and said.endswith(" -tp 2 -O3 --port 8000"), said

@@ -17,6 +17,7 @@ from vllmwatch.config import flagnames, flags, safefile
 from vllmwatch.config.errors import ConfigError
 from vllmwatch.config.flags import flag_name, long_forms
 from vllmwatch.config.secretnames import _ENGLISH as ENGLISH
+from vllmwatch.config.secretnames import FLAG_WORD as _FLAG_WORD  # (after a key, the next flag)
 from vllmwatch.config.secretnames import HINT_WORDS, REDACTED, Rule, is_secret_name, path_value
 from vllmwatch.config.secretnames import _secret_flag_next as _flag_next
 
@@ -216,7 +217,6 @@ def env_file_secret(name: str, value: str) -> bool:
 # may begin a key `--abc`): vLLM refuses `--api-key --abc`, but its refusal, the unit's line and
 # `check` show it (so flagnames.after_secret). `--`, a secret flag spelt as one, and a flag after
 # one that may stand bare stay (`--hf-token --port 1`: an HF token begins `hf_`).
-_FLAG_WORD = re.compile(r"-+(?:[A-Za-z]|$)")  # (after a key: the next flag, `-tp` too)
 _FLAG_SPELT = re.compile(r"--[a-z][a-z0-9_-]*(?=[.=]|$)")
 
 

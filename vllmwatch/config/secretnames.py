@@ -123,9 +123,14 @@ _IDENTIFIER = re.compile(r"[A-Za-z0-9]_+[A-Za-z0-9]|^[a-z][a-z0-9]*[A-Z]")
 # `_SPACED_WORDS`: a switch's or an unset value's words; an operator is code (`x_key = %s`).
 _OPERATOR = re.compile(r"[-=+*/%<>!|&:^~]{1,3}")
 _SPACED_WORDS = frozenset({"true", "false", "none", "null", "yes", "no", "on", "off", "unset"})
+# A flag as vLLM spells one (FLAG_SHAPE): `--` and lowercase words, or a short one (`-tp`, `-O3`).
+# After a key, a word of dashes in any other shape (`--Zq7..`, `-_x9`) is the next key.
+_END = r"""(?:[.=\s'",;)}\]>]|$)"""
+FLAG_SHAPE = r"--[a-z][a-z0-9_-]*" + _END + r"|-[A-Za-z]{1,4}\d*" + _END + "|-+" + _END
+FLAG_WORD = re.compile(FLAG_SHAPE)  # (launch.redact_argv's, for an argv's words)
 _MORE_WORDS = re.compile(  # (not a word of prose: `--api-key value to VLLM_API_KEY`)
-    r"""(?:[ \t]+(?:'[^'\n]*'|"[^"\n]*"|(?!-+(?:[A-Za-z\s'",;)}\]>]|$)|[a-z]+(?:[\s'",;)}\]>]"""
-    r"""|$))[^\s'",;)}\]>]+))*""")  # (a word of dashes then a digit or `_` is a key: `-_x9`)
+    r"""(?:[ \t]+(?:'[^'\n]*'|"[^"\n]*"|(?!""" + FLAG_SHAPE + r"""|[a-z]+(?:[\s'",;)}\]>]"""
+    r"""|$))[^\s'",;)}\]>]+))*""")
 _UNSET = frozenset({"none", "null", "nil", "true", "false"})  # no value, or a switch, after any
 _LOWER_WORD = re.compile(r"[a-z]+")
 # After `--flag ` (no `=`), an error's words, not a key: a remark, a word then a remark or two
