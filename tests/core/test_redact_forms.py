@@ -324,3 +324,24 @@ def test_a_secret_flag_abbreviated_hides_its_value(flag: str, sep: str, secret: 
     "parser takes prefixes); use api-key written in full"])
 def test_what_no_abbreviated_secret_flag_holds_stays(text: str) -> None:
     assert REDACT.text(text) == text
+
+
+_SGR = ["\x1b[31m", "\x1b[0m", "\x1b[1;32m", "\\x1b[31m", "\\u001b[0m", "\\\\u001b[36m", "\\033[2m"]
+
+
+@pytest.mark.parametrize("code", _SGR)
+@pytest.mark.parametrize("form", ["{c}--api-key S3cretPw9", "{c}HF_TOKEN=S3cretPw9{c}",
+                                  "{c}api_key:{c} S3cretPw9", "API key:{c} S3cretPw9",
+                                  "{c}https://u:S3cretPw9@h{c}", "{c}X-Api-Key{c}: S3cretPw9",
+                                  "api_key={c}S3cretPw9{c}", "{c}password{c}={c}S3cretPw9"])
+def test_a_terminal_colour_code_glued_to_a_name_or_value_hides_nothing(form: str,
+                                                                      code: str) -> None:
+    """`\\x1b[31m--api-key X`: the code's `m` was a word character before the name, so no rule
+    saw a name there; after `key:`, the code was taken for the value and X shown."""
+    assert "S3cretPw9" not in (shown := R.text(form.format(c=code))), shown
+
+
+def test_colours_stay_where_they_hid_nothing() -> None:
+    for text in ("\x1b[32mINFO\x1b[0m plain line",
+                 "\x1b[32mINFO\x1b[0m args: {'api_key': ['S3cretPw9']}"):
+        assert "\x1b[32mINFO\x1b[0m" in R.text(text) and "S3cretPw9" not in R.text(text)

@@ -1,21 +1,17 @@
-"""The one set of redaction rules for everything vllmwatch writes (issue 37 §1-2): records,
-log events, /status, STATUS=, `incidents show` pass through `Redactor`. What is hidden:
-- every secret value the daemon knows (`learn`: the API key, secret variables, the flags
-  of vllm.env_file), wherever it appears, with the rest of a token it is part of;
-- the value after a secret-looking name in every form vLLM, Python and shells print
-  (`--api-key X`, `HF_TOKEN=X`, `HF_TOKEN X`, `'api_key': ['X']`, `('authorization',
-  'Bearer X')`, `{'name': 'HF_TOKEN', 'value': 'X'}`), an `Authorization:` header's
-  credentials (its params too: `Token token="X"`); every key of an argv's `--api-key K1 K2`;
+"""The one set of redaction rules for everything vllmwatch writes (issue 37 §1-2): records, log
+events, /status, STATUS=, `incidents show` pass through `Redactor`. What is hidden: every secret
+value the daemon knows (`learn`: the API key, secret variables, the flags of vllm.env_file),
+wherever it appears, with the rest of a token it is part of; the value after a secret-looking
+name in every form vLLM, Python and shells print (`--api-key X`, `HF_TOKEN=X`, `HF_TOKEN X`,
+`'api_key': ['X']`, `('authorization', 'Bearer X')`, `{'name': 'HF_TOKEN', 'value': 'X'}`), an
+`Authorization:` header's credentials (`Token token="X"` too); each key of `--api-key K1 K2`;
 - a client's password (`curl -u user:X`, `mysql -pX`, `htpasswd -b f u X`); a URL's session id
-  (`;sid=X`) or one-time code (`?code=X`);
-- URL userinfo, any scheme (`https://user:X@host` keeps the user; `scheme://X@host` and
-  GitHub's `https://X:x-oauth-basic@host` hide X, unless X is a login name: `ssh://git@h`);
-  `Bearer X`, `Bearer: X`; PEM private keys;
-  tokens of known shapes (`sk-...`, `hf_...`, `ghp_...`, `AKIA...`/`ASIA...`, `AIza...`, `ya29.`,
-  `nvapi-...`, `xox?-...`, JWTs).
+  (`;sid=X`) or one-time code (`?code=X`); URL userinfo, any scheme (`https://user:X@host`
+  keeps the user; `scheme://X@host`, `https://X:x-oauth-basic@host` hide X, unless X is a login
+  name: `ssh://git@h`); `Bearer X`, `Bearer: X`; PEM private keys; tokens of known shapes
+  (`sk-...`, `hf_...`, `ghp_...`, `AKIA...`, `AIza...`, `ya29.`, `nvapi-...`, `xox?-...`, JWTs).
 Names are judged by their words, so counts and paths stay readable (`prompt_tokens=5`,
-`--ssl-keyfile /etc/k.pem`, `KEY_PATH=/x`). Pure: stdlib and config only.
-"""
+`--ssl-keyfile /etc/k.pem`, `KEY_PATH=/x`). Pure: stdlib and config only."""
 
 from __future__ import annotations
 
@@ -33,7 +29,7 @@ from vllmwatch.config.secretnames import HINT_WORDS, RULES, SPACE, path_value, s
 from vllmwatch.config.secretnames import REDACTED as REDACTED
 from vllmwatch.config.secretnames import _spaced_name as _names_the_credential
 from vllmwatch.config.secretnames import is_secret_name as is_secret_name
-from vllmwatch.config.secretvalues import VALUE_I
+from vllmwatch.config.secretvalues import COLOURS, VALUE_I
 
 MIN_SECRET = 4  # a shorter known "secret" would redact ordinary words
 # An excerpt (head, tail) is redacted over this much more than it keeps: a secret that starts
@@ -43,8 +39,7 @@ EXCERPT_MARGIN = 4096
 _NOT_VALUES = frozenset({"true", "false", "none", "null", "yes", "no", "auto", "on", "off",
                          "enabled", "disabled", "required", "optional", "default"})
 _CRED = r"(?:<redacted>|(?!\\[nrt])[^\s'\",;)}\]>])+"
-# name=value, a quoted value closed within a bound (unclosed, after each of many headers, it
-# would rescan the line to its end)
+# name=value, a quoted value closed within a bound (unclosed, it would rescan the line's end)
 _PARAM = r"[\w-]+=(?:\"[^\"\\\n]{0,256}\"|\\\"[^\"\\\n]{0,256}\\\"|" + _CRED + ")"
 _SHAPES = (
     # a token as the user: https://TOKEN@host, https://TOKEN:x-oauth-basic@host (GitHub)
@@ -68,9 +63,8 @@ _SHAPES = (
                r"(?P<secret>(?!" + _DONE + r"|[ \t])(?=[^\s;,'\"\\=]*=)"
                r"(?:<redacted>|(?!\\[nrt])[^\r\n'\",\\])+)"),
 )
-# A URL's session id (`/app;jsessionid=X`, PHP's, ASP's, `?sid=X`): whoever holds it is its
-# user; a one-time code in a query (OAuth's `?code=X` redirect, CAS' `ticket=`): it is changed
-# for a token. A status code's number (`?code=404`) is none.
+# A URL's session id (`/app;jsessionid=X`, PHP's, ASP's, `?sid=X`): whoever holds it is its user;
+# a query's one-time code (OAuth's `?code=X`, CAS' `ticket=`) buys a token; `?code=404` is none.
 _SESSION = re.compile(r"(?i)(?P<pre>[;?&](?:jsessionid|phpsessid|aspsessionid[a-z]{0,16}|"
                       r"sessionid|sessid|sid)=|[?&#](?:code|ticket)=(?!\d{1,3}(?:[\s&#'\"]|$)))"
                       r"(?P<secret>[^\s;?&#/'\"`]+)")
@@ -214,7 +208,15 @@ class Redactor:
         return self._merged[1]
 
     def text(self, text: str) -> str:
-        """One string, redacted."""
+        """One string, redacted. A terminal's colour code glued to a name or a value hid it
+        (`\x1b[31mHF_TOKEN=X`, `key:\x1b[0m X`): a text where they hid one is shown without."""
+        out = self._text(text)
+        if ("\x1b" in text or "\\" in text) and (plain := COLOURS.sub("", text)) != text and \
+                (hidden := self._text(plain)) != COLOURS.sub("", out):
+            return hidden
+        return out
+
+    def _text(self, text: str) -> str:
         shaped = any(hint in text for hint in _SHAPE_HINTS)
         text = self._known_and_tokens(text, shaped)
         if shaped or "bearer" in text.lower() or "cookie" in text.lower():

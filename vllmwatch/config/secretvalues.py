@@ -14,6 +14,9 @@ from __future__ import annotations
 import re
 
 REDACTED = "<redacted>"
+# A terminal's colour (SGR) code, raw or escaped once or more as a log or JSON writes it (from
+# a backslash run's first only: tried at each, a long run was rescanned, quadratic)
+COLOURS = re.compile(r"(?:\x1b|(?<!\\)\\+(?:x1b|u001b|033|e))\[[0-9;]{0,32}m")
 # Space between a scheme and its credential, or its escape (`Bearer\\tX` in JSON-escaped text)
 SPACE = r"(?:\s|\\+[tnr])+"
 AUTH = (r"(?:bearer|basic|token|digest|apikey|negotiate|ntlm|splunk|sharedkey|hmac|"
