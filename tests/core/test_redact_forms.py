@@ -345,3 +345,13 @@ def test_colours_stay_where_they_hid_nothing() -> None:
     for text in ("\x1b[32mINFO\x1b[0m plain line",
                  "\x1b[32mINFO\x1b[0m args: {'api_key': ['S3cretPw9']}"):
         assert "\x1b[32mINFO\x1b[0m" in R.text(text) and "S3cretPw9" not in R.text(text)
+
+
+@pytest.mark.parametrize("escape", ["\\n", "\\t", "\\r", "\\\\n", "\\\\\\n"])
+@pytest.mark.parametrize("flag", ["--api-key", "--hf-token", "--api-k", "--password",
+                                  "--x-api-key"])
+def test_a_flag_after_an_escaped_line_break_hides_its_value(escape: str, flag: str) -> None:
+    """A multi-line text JSON-encoded or repr'd (`"out\\n--api-key X"`): the escape's letter
+    was a word character before the flag, so no rule saw a flag begin there."""
+    text = f'"vllm serve /m{escape}{flag} S3cretPw9{escape}--port 8000"'
+    assert "S3cretPw9" not in (shown := R.text(text)) and "--port 8000" in shown, shown

@@ -264,7 +264,7 @@ _CURL_USER = re.compile(r"(?P<pre>(?<![\w-])(?:--(?:proxy-)?user(?:=|[ \t]+)|-[a
 # A shell word, quoted or not (`-p'X'`: set -x's), to a quote closing it; `-p --Zq7`: getopt's
 _FLAG = (r"(?P<pre>(?<![\w-])%s)(?P<secret>(?!--(?:\s|$))(?:(?!['\"](?:\s|$))(?:'[^'\n]*'?|"
          r"\"[^\"\n]*\"?)|[^\s'\"])+)")
-_WORD = r"(?:'[^'\n]*'|\"[^\"\n]*\"|[^\s'\"<>|;&]+)"  # a shell word, quoted or not
+_WORD = r"(?:'[^'\n]*'|\"[^\"\n]*\"|(?:(?!\\[nrt])[^\s'\"<>|;&])+)"  # a shell word (not `\n`)
 # htpasswd's batch mode (-b) takes the password as its last word: FILE USER X, or USER X with
 # -n. Its words are read as its own getopt reads them ("cnmspdBbDiC:v"): options up to the first
 # other word or `--`, -C taking the next word or the rest of its own (`-bBC 12`, `-C12`: a
@@ -296,10 +296,10 @@ def _htpasswd_hidden(m: re.Match[str]) -> str:
     return f"{m['pre']}{m['words'][:start]}{REDACTED}{m['words'][end:]}"
 
 
-# vLLM's secret flags abbreviated (its parser takes a unique prefix, `_` for `-`, and `--NAME.k
-# V`): `--api-k X` in a wrapper's shell trace has no secret word in its name; a sentence's word
-# after a space is prose (`--api-k is --api-key abbreviated`)
-_ABBREVIATED = re.compile(r"(?P<pre>(?<![\w-])--(?:api[-_]ke?|hf[-_]t(?:ok?e?)?)(?:\.[\w.-]*)?"
+# vLLM's secret flags abbreviated (its parser takes a unique prefix, `_` for `-`, `--NAME.k V`):
+# `--api-k X` has no secret word in its name; after a space, prose (`--api-k is abbreviated`)
+_ABBREVIATED = re.compile(r"(?P<pre>(?:(?<![\w-])|(?<=\\[nrt]))--(?:api[-_]ke?|hf[-_]t(?:ok?e?)?)"
+                          r"(?:\.[\w.-]*)?"
                           r"(?:=|[ \t]+(?!(?i:" + "|".join(sorted(ENGLISH)) + r")\b))"
                           r")(?P<secret>(?!--(?:\s|$))" + _WORD + ")")
 CLIENTS = (("curl", _CURL_USER), ("mysql", re.compile(_FLAG % "-p")),
