@@ -9,6 +9,7 @@ to run `vllmwatch incidents show ID --json` for it."""
 from __future__ import annotations
 
 import json
+import threading
 from pathlib import Path
 
 import pytest
@@ -117,3 +118,32 @@ def test_a_prune_during_a_capture_keeps_its_place_in_order(tmp_path: Path) -> No
     finally:
         store.release(capturing)
     assert store.written(root) == [old[1], capturing, later]
+
+
+def test_a_capture_that_begins_during_a_prune_keeps_its_place_in_order(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Captures run in worker threads: one that began (reserve() put its line in ORDER)
+    between the prune's read of ORDER and its rewrite lost its line, and once written read
+    as the oldest record of all (the next prune took it first, `status` named another)."""
+    root = str(tmp_path)
+    old = [store.write(root, f"2026120{d}T093000Z-crash", {store.RECORD: "{}"}) for d in (1, 2)]
+    began: list[str] = []
+    rewrite = store._rewrite_order
+
+    def meanwhile(root_: str, order: list[str]) -> None:
+        other = threading.Thread(
+            target=lambda: began.append(store.reserve(root, "20261203T093000Z-hang")))
+        other.start()
+        other.join(0.3)  # (held back by the prune, if it is made to wait)
+        rewrite(root_, order)
+        threads.append(other)
+
+    threads: list[threading.Thread] = []
+    monkeypatch.setattr(store, "_rewrite_order", meanwhile)
+    assert store.prune(root, max_records=1, max_bytes=1 << 30) == [old[0]]
+    threads[0].join(5)
+    try:
+        assert store.write(root, began[0], {store.RECORD: "{}"}) == began[0]
+    finally:
+        store.release(began[0])
+    assert store.written(root) == [old[1], began[0]]

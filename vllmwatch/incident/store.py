@@ -252,8 +252,7 @@ def prune(root: str, max_records: int, max_bytes: int, keep: str | None = None) 
     """Remove the oldest written records beyond the bounds (never the newest, nor `keep`: the
     one just written); return what went. Oldest by writing, not by name: after the wall
     clock stepped back, the records written since sort first and went first."""
-    names = written(root)
-    order = list(names)
+    order = list(names := written(root))
     sizes = {n: _size(Path(root, n)) for n in names}
     total = sum(sizes.values())
     gone = []
@@ -264,9 +263,10 @@ def prune(root: str, max_records: int, max_bytes: int, keep: str | None = None) 
         shutil.rmtree(os.path.join(root, oldest), ignore_errors=True)
         total -= sizes[oldest]
         gone.append(oldest)
-    if gone:  # (a record being captured, with no folder yet, keeps its line: reserve())
-        kept = written(root, order, frozenset(_RESERVED))
-        _rewrite_order(root, [n for n in kept if n not in gone])
+    if gone:
+        with _RESERVING:  # a capture's line (no folder yet) is kept; one begun now waits
+            kept = written(root, order, frozenset(_RESERVED))
+            _rewrite_order(root, [n for n in kept if n not in gone])
     for leftover in os.listdir(root) if os.path.isdir(root) else []:
         if leftover.startswith(".tmp-") and leftover not in _WRITING:  # killed half-way
             with contextlib.suppress(OSError):
