@@ -27,6 +27,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from tests.shell.test_gate_replay import Daemonish, in_thread, post, settle
+from tests.shell.test_gate_review6 import _ask
 from tests.support import TIMEOUT_SCALE, free_port, wait_until
 from vllmwatch.gate import replay
 from vllmwatch.gate.runner import Gate
@@ -159,12 +160,16 @@ def test_a_request_that_kills_every_engine_is_quarantined_and_the_innocents_are_
         # alone now; the poison kills engine 3 alone and is quarantined, the rest answered.
         engine.beside = 0
         engine.let_go()
-        again = [in_thread(lambda p=p: post(g.port, body=_body(p))) for p in [*names, POISON]]
+        again = [in_thread(lambda p=p: post(g.port, body=_body(p))) for p in names]
+        again.append(in_thread(lambda: _ask(g.port, body=_body(POISON))))
         retried = _answers(again)
         settle(g)
         assert retried[:innocents] == [(200, OK)] * innocents, retried
-        status, body = retried[-1]
+        status, headers, body = retried[-1]  # type: ignore[misc]
         assert status == 502 and b"quarantined" in body, retried[-1]
+        # its 502 names no time to send it again (it would be refused 422), and tells the
+        # openai package's retry not to
+        assert "Retry-After" not in headers and headers.get("X-Should-Retry") == "false"
         assert engine.deaths == [1, 2, 3], "one more death, the poison's alone"
         assert g.stats.quarantined == 1
         (event,) = [kw for e, kw in g.events if e == "gate.quarantined"]  # type: ignore[attr-defined]

@@ -110,9 +110,11 @@ def test_a_request_with_a_kv_transfer_handle_is_never_replayed(params: Any) -> N
             t.join(30 * TIMEOUT_SCALE)
             assert got[0][0] == 200 and len(script.seen) == 2
             return
-        status, _headers, answer = _ask(g.port, body=body)
+        status, headers, answer = _ask(g.port, body=body)
         settle(g)
         assert status == 502 and b"kv_transfer_params" in answer, answer
+        # no "try again in N s" for it, and the openai package's retry (any 502) told not to
+        assert "Retry-After" not in headers and headers.get("X-Should-Retry") == "false"
         assert len(script.seen) == 1 and g.stats.replayed == 0 and g.stats.not_replayed == 1
 
 

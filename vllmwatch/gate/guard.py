@@ -40,14 +40,18 @@ RETRY_SOON = 1  # seconds: a 5xx of the gate's own whose caller names no figure
 
 
 def error_response(path: str, status: int, message: str, retry_after: float | None = None,
-                   kind: str | None = None, close: bool = False) -> web.Response:
+                   kind: str | None = None, close: bool = False, final: bool = False
+                   ) -> web.Response:
     """The gate's own error answer, in the shape of the path's API (replay.error_body); its
     message redacted. close: the connection closes after it (a refused body). A 502, 503 or
     504 always says when to try again (a client's retry policy reads it): RETRY_SOON unless
-    the caller knows better (gate.retry_after)."""
-    if retry_after is None and status in (502, 503, 504):
+    the caller knows better (gate.retry_after); `final`: never, the same request sent again
+    fails again or does harm (NOT_AGAIN)."""
+    if retry_after is None and status in (502, 503, 504) and not final:
         retry_after = RETRY_SOON
     headers = {"Retry-After": str(math.ceil(retry_after))} if retry_after is not None else {}
+    if final:  # (the openai and anthropic packages resend a 5xx unless this says not to)
+        headers = {"X-Should-Retry": "false"}
     if close:
         headers["Connection"] = "close"
     kind = kind or _KINDS.get(status, "BadGatewayError")
@@ -56,6 +60,22 @@ def error_response(path: str, status: int, message: str, retry_after: float | No
     if close:  # the header alone kept it open: aiohttp served the next pipelined request
         response.force_close()
     return response
+
+
+# Why a request is not sent again that its client's sending it again cannot cure either: a
+# quarantined one is refused 422 for 10 minutes, and a KV handle (gate/kvhandle.py) read
+# twice may be answered from another request's cache. Its 502 names no Retry-After.
+NOT_AGAIN = ("it is quarantined", "it carries kv_transfer_params")
+
+
+def not_sent(path: str, status: int, failure: str, why: str, retry_after: float
+             ) -> web.Response:
+    """The answer to a request vLLM failed before answering, not sent again for `why`."""
+    told = f"vLLM failed before answering ({failure}); it was not sent again: {why}; "
+    if why.startswith(NOT_AGAIN):
+        return error_response(path, status, told + "do not send it again as it is", final=True)
+    return error_response(path, status, told + "send it again if it is safe to repeat",
+                          retry_after)
 
 
 MAX_CONNECTIONS = 1024

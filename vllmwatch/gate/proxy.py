@@ -189,9 +189,8 @@ class Forwarder:
                 if answer.answer is not None:  # vLLM's own (aborted) answer, as it came
                     return answer.answer
                 late = why_not == SPENT.format(self.hold_timeout)  # as a held request's
-                return _error(request.path, 503 if late else 502, f"vLLM failed before answering "
-                              f"({answer}); it was not sent again: {why_not}; send it again if "
-                              "it is safe to repeat", self.retry_after)
+                return guardmod.not_sent(request.path, 503 if late else 502, str(answer),
+                                         why_not, self.retry_after)
             self.stats.replayed, fig.replayed = self.stats.replayed + 1, fig.replayed + 1
             self._log("warning", "gate.replayed", path=request.path, size=len(body),
                       engine_pid=gen, failure=str(answer), replay=failures,
