@@ -72,3 +72,24 @@ def test_a_process_whose_proc_files_hang_is_left_out_and_said(
     assert "since an earlier record" in second["tree"]["skipped"][0]
     assert "left out: /proc did not answer" in first["tree"]["note"]
     assert pid not in [p["pid"] for p in first["tree"]["processes"]]
+
+
+def test_a_read_that_ends_after_its_deadline_stays_left_out(
+        monkeypatch: pytest.MonkeyPatch, stuck: tuple[int, threading.Event]) -> None:
+    """A read that missed the deadline and ended just before the stuck list was cleaned
+    was both said to be left out and listed (with its stacks): the record contradicted
+    itself. Here the stuck read ends right at that clean-up."""
+    pid, release = stuck
+
+    class EndsAtCleanUp(dict[int, threading.Thread]):
+        def items(self):  # type: ignore[no-untyped-def]
+            release.set()
+            for t in threading.enumerate():
+                if t.name == "vllmwatch-incident-proc":
+                    t.join(10 * TIMEOUT_SCALE)
+            return super().items()
+
+    monkeypatch.setattr(record, "_PROC_STUCK", EndsAtCleanUp())
+    procs, skipped = record.tree(pid, time.monotonic() + 0.2)
+    assert [s for s in skipped if s.startswith(f"pid {pid}:")], skipped
+    assert pid not in [p.pid for p in procs]

@@ -319,14 +319,18 @@ def tree(pgid: int | None, deadline: float) -> tuple[list[Proc], list[str]]:
         readers[proc.pid] = threading.Thread(target=_read_one, args=(proc, pgid, out),
                                              name="vllmwatch-incident-proc", daemon=True)
         readers[proc.pid].start()
+    late: set[int] = set()
     for pid, reader in readers.items():
         reader.join(max(0.0, deadline - time.monotonic()))
         if reader.is_alive():
+            late.add(pid)
             _PROC_STUCK[pid] = reader
             skipped.append(f"pid {pid}: its /proc files did not answer in time {_D_STATE}")
-    for pid in [p for p, t in _PROC_STUCK.items() if not t.is_alive()]:
-        del _PROC_STUCK[pid]
-    done = [p for p in list(out) if p.pid not in _PROC_STUCK]  # (a late one: left out)
+    # (a copy: two captures can overlap, each in its worker thread, and change the dict)
+    for pid in [p for p, t in list(_PROC_STUCK.items()) if not t.is_alive()]:
+        _PROC_STUCK.pop(pid, None)
+    # one said to be left out stays out, even if its read ended since: the note says so
+    done = [p for p in list(out) if p.pid not in late]
     return sorted(done, key=lambda p: (p.pid != pgid, p.pid)), skipped
 
 
