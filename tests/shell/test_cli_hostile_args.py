@@ -162,6 +162,17 @@ def test_sigint_before_main_handles_it_is_a_line_not_a_traceback(started_as: str
     assert out.returncode in (130, -signal.SIGINT), out.returncode
 
 
+def test_a_program_that_imports_vllmwatch_keeps_python_s_own_interrupt() -> None:
+    """The hook is the command's only: a program or a test run importing the package keeps
+    Python's traceback of a KeyboardInterrupt (its own code's, not vllmwatch's to hide)."""
+    script = ("import os, signal, vllmwatch\n"
+              "os.kill(os.getpid(), signal.SIGINT)\n")  # (raised as os.kill returns)
+    out = subprocess.run([sys.executable, "-c", script], cwd=REPO, capture_output=True,
+                         text=True, timeout=60 * TIMEOUT_SCALE, check=False)
+    assert "Traceback" in out.stderr and "KeyboardInterrupt" in out.stderr, out.stderr
+    assert "vllmwatch: interrupted" not in out.stderr
+
+
 def test_sigint_while_status_waits_for_an_answer(tmp_path: Path) -> None:
     """A listener that takes the connection and never answers: Ctrl-C in the 3 s wait."""
     server = socket.socket()
