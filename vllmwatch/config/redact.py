@@ -29,7 +29,7 @@ from vllmwatch.config.secretnames import HINT_WORDS, RULES, SPACE, path_value, s
 from vllmwatch.config.secretnames import REDACTED as REDACTED
 from vllmwatch.config.secretnames import _spaced_name as _names_the_credential
 from vllmwatch.config.secretnames import is_secret_name as is_secret_name
-from vllmwatch.config.secretvalues import COLOURS, VALUE_I
+from vllmwatch.config.secretvalues import COLOURS, VALUE_I, tail_window
 
 MIN_SECRET = 4  # a shorter known "secret" would redact ordinary words
 # An excerpt (head, tail) is redacted over this much more than it keeps: a secret that starts
@@ -267,8 +267,8 @@ class Redactor:
 
     def tail(self, text: str, limit: int) -> str:
         """The last `limit` characters of the redacted text (a process's last output); the
-        same window as head(), from the end."""
-        cleaned = self.text(text[-(limit + EXCERPT_MARGIN):])
+        same window as head(), from the end, back to its line's start (tail_window)."""
+        cleaned = self.text(tail_window(text, limit + EXCERPT_MARGIN))
         return cleaned[-limit:] if limit else ""
 
     def lines(self, lines: Iterable[str]) -> list[str]:

@@ -76,3 +76,25 @@ SPACED_VALUE = re.compile("(?i)" + QUOTED + r"|(?![(\[{])" + _SPACED_BARE)
 IN_LIST = re.compile(r"""(['"])(?:\\+(?:[^\\]|\Z)|(?!\1)[^\\])*(?:\1|\Z)""")
 # The quoted items after an argv list's first key, each closed on its line, none a flag
 MORE_ITEMS = re.compile(r"""(?:\s*,\s*b?(['"])(?!-)(?:\\+[^\\\n]|(?!\1)[^\\\n])*\1)*""")
+
+# How far back an excerpt's end (Redactor.tail) looks for the start of the line, or the BEGIN
+# of the private key, that its first character is in
+LINE_CAP = 1 << 16
+_PEM_END = re.compile(r"-----END [A-Z ]{0,40}PRIVATE KEY-----")
+
+
+def tail_window(text: str, size: int) -> str:
+    """What Redactor.tail redacts to keep the last characters of `text`: the last `size`, from
+    the start of the line they begin in, or from the BEGIN of a private key whose END they hold
+    (a value whose name or BEGIN was cut off matched no rule: its end was shown), LINE_CAP
+    back at most; a key's END with no BEGIN so near hides all before it."""
+    start = len(text) - size
+    if start <= 0:
+        return text
+    floor = max(0, start - LINE_CAP)
+    end = _PEM_END.search(text, start)
+    if end is not None and "-----BEGIN" not in text[start:end.start()]:
+        begin = text.rfind("-----BEGIN", floor, start)
+        return text[begin:] if begin >= 0 else REDACTED + text[end.start():]
+    line = text.rfind("\n", floor, start)
+    return text[line + 1 if line >= 0 else floor:]
