@@ -30,8 +30,10 @@ def test_every_hostile_line_costs_what_a_plain_line_of_its_length_costs() -> Non
     bound = min(RATIO * best(lambda: R.text(plain), 5), CAP_S)
     for name, line in shapes(SIZE).items():
         took = best(lambda: R.text(line), 1)  # noqa: B023 (timed here, in this iteration)
-        if took > bound:  # once may be the box: the least of three more says
-            took = best(lambda: R.text(line), 3)  # noqa: B023
+        if took > bound:  # once may be the box: the least of three more says, beside a plain
+            took = best(lambda: R.text(line), 3)  # noqa: B023 line's cost taken again (a
+            # loaded box slowed the hostile line, not the plain one timed before it)
+            bound = max(bound, min(RATIO * best(lambda: R.text(plain), 3), CAP_S))
         assert took <= bound, f"{name}: {took:.3f} s, over {bound:.3f} s"
 
 
