@@ -686,6 +686,42 @@ def test_a_crash_while_the_spare_returns_fails_over_once_it_sleeps() -> None:
     assert _rung(m) == R.ASLEEP
 
 
+def _begins_open(m: SpareWorld) -> int:
+    said = [a.event for a in m.history if isinstance(a, Log)]
+    return said.count("failover.begin") - sum(said.count(e) for e in (
+        "failover.served", "failover.failed", "failover.overtaken"))
+
+
+@pytest.mark.parametrize("answer", ["sleeps", "no_room"])
+def test_a_restart_while_a_failover_is_under_way_joins_it(answer: str) -> None:
+    """The relaunch dies again while a failover waits (deferred until the spare sleeps, or
+    asleep until the dying tree's GPU release): that restart joins the failover under way.
+    One failover.begin, answered once, one wake at a time. CI's walk (stop of 2026-12-07):
+    each such restart said failover.begin again and `journalctl -g failover` showed begins
+    that no line ever answered."""
+    m, mark = _returning()
+    if answer == "no_room":  # asleep, its wake deferred to the release of the old tree
+        m.spare_answers(SleepSpare, SpareSlept(True, "", 0.36))
+        m.spare_answers(WakeSpare, SpareWoken(False, "no room", no_room=True))
+        assert _rung(m) == R.ASLEEP and m.s.spare is not None and m.s.spare.late
+    began = m.s.spare.began if m.s.spare is not None else None
+    assert began is not None and _begins_open(m) == 1
+    for _ in range(80):  # the relaunch is spawned, and dies before it is READY
+        if m.s.child is not None and m.s.child.pid in m.alive and m.s.state == S.STARTING:
+            break
+        CoreMachine.world_is_kind(m, 1) if m.outstanding else m.time_passes(5.0)
+    assert _rung(m) in (R.RETURNING, R.ASLEEP, R.WAKING), _rung(m)
+    again = _crash(m)
+    acts = m.history[again:]
+    assert not _logs(acts, "failover.begin") and _begins_open(m) == 1
+    assert "goes on" in str(_logs(acts, "restart.begin")[0].fields["failover"])
+    assert m.s.spare is not None and m.s.spare.began == began  # clients' wait since the first
+    _ready(m)
+    assert _begins_open(m) == 0
+    wakes = [i for i, a in enumerate(m.history[mark:]) if isinstance(a, WakeSpare)]
+    assert len(wakes) <= 2, "woken more than once per failover and its one deferral"
+
+
 def test_no_room_for_the_wake_after_the_return_waits_for_the_release() -> None:
     """The relaunched engine dies while the spare drains back to sleep; woken once asleep,
     NVML shows no room beside the dying tree (a leak restart's case). That wake is a first

@@ -262,6 +262,10 @@ def fails_over(t: Track, reason: Reason) -> tuple[bool, str]:
     """Whether a restart for `reason` wakes the spare, and the words restart.begin says."""
     if reason in NO_FAILOVER:
         return False, f"none: a {reason} leaves no usable GPU"
+    if t.began is not None and t.rung != R.SERVING:
+        # A restart while a failover waits (waking, deferred to its sleep or to the dying
+        # tree's release) joins it: one failover.begin, answered once, one wake at a time.
+        return False, "the failover under way goes on: the spare serves once it is awake"
     if t.stale and t.rung == R.ASLEEP:
         return False, f"none: the spare runs the command before the reload ({t.stale})"
     if t.rung == R.ASLEEP:
