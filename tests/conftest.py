@@ -41,8 +41,14 @@ from vllmwatch.testing.leftovers import wait_for_gone
 # Hypothesis's 200 ms deadline per example is a speed test, and a loaded 2-core box runs an
 # example past it with nothing wrong (test_reload_files' property took 233 ms beside a loaded
 # run): no test here asserts speed (bench/ does). Examples and shrinking stay Hypothesis's.
-settings.register_profile("vllmwatch", deadline=None)
-settings.load_profile("vllmwatch")
+# Every run walks the same examples (derandomize): CI's verdict is the code's, not a seed's
+# drawn that day. Twice a random seed found a walk once and refused a landing whose next run
+# would have passed; each walk is now an example test. New walks are searched on purpose:
+# `bash scripts/hunt.sh [ROUNDS]` sets VLLMWATCH_HYPOTHESIS=search (fresh seeds each round).
+HUNT = "VLLMWATCH_HYPOTHESIS"
+settings.register_profile("vllmwatch", deadline=None, derandomize=True)
+settings.register_profile("search", deadline=None)
+settings.load_profile("search" if os.environ.get(HUNT) == "search" else "vllmwatch")
 
 HERE = Path(__file__).resolve().parent
 # scripts/test.sh's switch (README): no system tier and none of its apt-get installs. CI keeps
