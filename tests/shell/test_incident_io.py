@@ -18,7 +18,7 @@ import psutil
 import pytest
 
 from tests.support import TIMEOUT_SCALE, sigstop, wait_for
-from vllmwatch.incident import dumpers, latest, record, store
+from vllmwatch.incident import cli, dumpers, latest, record, store
 
 # "started" is printed only once both threads stand at `b.acquire()` (the deadlock is
 # reached): printed any earlier, a dump on a loaded box caught a thread still in the
@@ -235,7 +235,7 @@ def test_after_a_clock_step_back_the_prune_removes_the_oldest_written(tmp_path: 
         store.prune(root, 4, 1 << 30, keep=rid)
     assert sorted(store.ids(root)) == sorted([before[2], *after])
     assert store.written(root) == [before[2], *after]
-    assert [s.id for s in store.summaries(root)] == [before[2], *after]
+    assert [s.id for s in cli.summaries(root)] == [before[2], *after]
     assert store.newest(root) == after[-1]
     assert Path(root, store.ORDER).read_text().split() == [before[2], *after]  # compacted
 

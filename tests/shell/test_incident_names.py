@@ -99,6 +99,8 @@ def test_records_that_overlap_are_ordered_by_when_their_capture_began(
     assert (first, second) == (rid, rid + "-2")
     assert store.write(root, second, {store.RECORD: "{}"}) == second
     assert store.write(root, first, {store.RECORD: "{}"}) == first
+    store.release(second, root)  # (a reservation is its reserver's to release: capture's)
+    store.release(first, root)
     assert store.written(root) == [first, second] and store.newest(root) == second
     assert store.write(root, rid, {store.RECORD: "{}"}) == rid + "-3"  # none reserved
     assert store.newest(root) == rid + "-3"
@@ -116,7 +118,7 @@ def test_a_prune_during_a_capture_keeps_its_place_in_order(tmp_path: Path) -> No
         assert store.prune(root, max_records=2, max_bytes=1 << 30, keep=later) == [old[0]]
         assert store.write(root, capturing, {store.RECORD: "{}"}) == capturing
     finally:
-        store.release(capturing)
+        store.release(capturing, root)
     assert store.written(root) == [old[1], capturing, later]
 
 
@@ -145,5 +147,5 @@ def test_a_capture_that_begins_during_a_prune_keeps_its_place_in_order(
     try:
         assert store.write(root, began[0], {store.RECORD: "{}"}) == began[0]
     finally:
-        store.release(began[0])
+        store.release(began[0], root)
     assert store.written(root) == [old[1], began[0]]

@@ -18,7 +18,7 @@ from vllmwatch.config.command import ChildCommand
 from vllmwatch.config.schema import from_dict
 from vllmwatch.core.actions import RecordIncident
 from vllmwatch.core.names import Reason
-from vllmwatch.incident import dumpers, store
+from vllmwatch.incident import dumpers, record, store
 from vllmwatch.shell.incidents import STACKS, IncidentShell
 from vllmwatch.testing.world import LogCapture
 
@@ -56,9 +56,84 @@ def test_a_failed_write_names_the_folder_and_the_next_step(
     assert got.error.startswith(f"cannot write an incident record in {shell.root}: "
                                 f"{os.strerror(code)}"), got.error
     assert ".tmp-" not in got.error and words in got.error and "\n" not in got.error, got.error
-    # (ORDER's line, put when the capture began, names no folder: no record for a reader)
+    # ORDER's line, put when the capture began, goes with the failed write: none is left
+    # naming no record (a reader skipped it, but it stayed for good)
     assert [n for n in os.listdir(shell.root) if n != store.ORDER] == [], os.listdir(shell.root)
-    assert store.written(shell.root) == []
+    assert _order(shell.root) == [] and store.written(shell.root) == []
+
+
+def _order(root: str) -> list[str]:
+    path = Path(root, store.ORDER)
+    return path.read_text().split() if path.exists() else []
+
+
+def _record(shell: IncidentShell) -> str:
+    got = shell.record(RecordIncident(1, Reason.HANG, "x", 3.0, None), None, None,
+                       _NoGpu())  # type: ignore[arg-type]  # only the calls record makes
+    return got.error
+
+
+@pytest.mark.parametrize("fails", ["fsync", "rename", "files", "build"])
+def test_a_write_that_fails_half_way_leaves_no_trace_and_says_so_once(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch, fails: str) -> None:
+    """A full disk at the sync, a rename refused, a bug while the files are made or before
+    the write: the reservation's line in ORDER stayed (an id with no record, for good), and
+    an exception that is no OSError came back as io.failed with a traceback and then a bare
+    incident.failed. Now: no hidden folder, ORDER as it was, one error naming the folder."""
+    (tmp_path / "state").mkdir(mode=0o700)
+    shell = IncidentShell(CONFIG, LogCapture(), {"STATE_DIRECTORY": str(tmp_path / "state")})
+    assert shell.root is not None and _record(shell) == ""
+    before = _order(shell.root)
+    assert len(before) == 1
+
+    def full(*_: object) -> None:
+        raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC))
+
+    def bug(*_: object, **__: object) -> None:
+        raise KeyError("oops")
+
+    target = {"fsync": (store.os, "fsync", full), "rename": (store.os, "rename", full),
+              "files": (record, "files_of", bug), "build": (record, "build", bug)}[fails]
+    monkeypatch.setattr(*target)
+    error = _record(shell)
+    assert error.startswith(f"cannot write an incident record in {shell.root}: "), error
+    assert ("free space" if fails in ("fsync", "rename") else "KeyError: 'oops' at ") in error
+    assert "\n" not in error and ".tmp-" not in error, error
+    assert sorted(os.listdir(shell.root)) == sorted([*before, store.ORDER]), os.listdir(
+        shell.root)
+    assert _order(shell.root) == before and store.written(shell.root) == before
+
+
+def test_a_failed_reservation_between_others_leaves_theirs(tmp_path: Path) -> None:
+    """Two captures overlap and the first one's write fails: its line goes, the second's
+    (its folder not there yet) and the records' stay, in their order."""
+    root = str(tmp_path)
+    old = store.write(root, "20261201T000000Z-hang", {store.RECORD: "{}"})
+    first = store.reserve(root, "20261201T000001Z-hang")
+    second = store.reserve(root, "20261201T000002Z-crash")
+    store.release(first, root)
+    assert _order(root) == [old, second]
+    store.write(root, second, {store.RECORD: "{}"})
+    store.release(second, root)
+    assert _order(root) == [old, second] == store.written(root)
+
+
+def test_a_prune_that_fails_after_the_write_is_no_failed_record(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """The record was written; then the prune raised (its folder listed while it was being
+    removed): incident.failed said no record was written, and status paired none."""
+    (tmp_path / "state").mkdir(mode=0o700)
+    shell = IncidentShell(CONFIG, LogCapture(), {"STATE_DIRECTORY": str(tmp_path / "state")})
+    assert shell.root is not None
+
+    def gone(*_: object, **__: object) -> None:
+        raise FileNotFoundError(errno.ENOENT, "No such file or directory")
+
+    monkeypatch.setattr(store, "prune", gone)
+    got = shell.record(RecordIncident(1, Reason.HANG, "x", 3.0, None), None, None,
+                       _NoGpu())  # type: ignore[arg-type]  # only the calls record makes
+    assert got.error == "" and store.load(shell.root, got.incident_id) is not None
+    assert _order(shell.root) == [got.incident_id]
 
 
 def test_an_incidents_folder_removed_by_hand_is_made_again(tmp_path: Path) -> None:

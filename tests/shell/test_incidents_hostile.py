@@ -273,8 +273,8 @@ def test_a_hung_mount_is_waited_for_once_not_for_each_record(
                                    "network mount?)", transient=True)
 
     monkeypatch.setattr(safefile, "read_within", hung)
-    monkeypatch.setattr(store, "_size", lambda path: pytest.fail(f"size of {path} read"))
-    got = store.summaries(str(tmp_path))
+    monkeypatch.setattr(store, "size", lambda path: pytest.fail(f"size of {path} read"))
+    got = cli.summaries(str(tmp_path))
     records = [r for r in reads if r.endswith(store.RECORD)]  # (and ORDER's, once)
     assert len(records) == 1 and [s.id for s in got] == names, reads
     assert "did not answer" in got[0].error

@@ -332,7 +332,7 @@ def test_a_records_detail_is_redacted_before_it_is_cut(
     _record(root, "crash", detail, NOW)
     shown = latest.newest([str(root)])
     assert shown is not None and "hf_AbC" not in shown["detail"], shown
-    (summary,) = store.summaries(str(root))
+    (summary,) = incident_cli.summaries(str(root))
     assert "hf_AbC" not in summary.detail and len(summary.detail) <= 160, summary
 
 

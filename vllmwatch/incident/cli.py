@@ -11,13 +11,23 @@ from __future__ import annotations
 import glob
 import json
 import os
+import re
 import sys
 from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from pathlib import Path
 from typing import Any
 
 from vllmwatch.config.convert import printable
 from vllmwatch.config.redact import REDACT
+from vllmwatch.config.units import brief
 from vllmwatch.incident import report, store
+
+# What can begin a record's name (`incidents show` takes a unique start of one)
+_START = re.compile(r"\d{0,8}\Z|\d{8}T\d{0,6}\Z|\d{8}T\d{6}Z(?:-[a-z_]*(?:-\d*)?)?\Z",
+                    re.ASCII)
+ID_SHAPE = ("an incident id looks like 20261201T093000Z-hang (when it was recorded, UTC, and "
+            "the reason; a -2 after it for a second one that second), or a unique start of one")
 
 # The sections the report reads, and the JSON type each must have.
 _SHAPE: dict[str, tuple[type, ...]] = {
@@ -27,7 +37,7 @@ _SHAPE: dict[str, tuple[type, ...]] = {
     "metrics": (dict,), "memory": (dict,), "output": (list,), "status": (dict,),
     "core": (dict,)}
 SHOWN_ID = 60  # characters of an id that is none, said back
-LIST_DETAIL = 100  # characters of a detail on a line of the list (JSON: store.summaries')
+LIST_DETAIL = 100  # characters of a detail on a line of the list (JSON: summaries()')
 _JSON = {dict: "an object", list: "a list", str: "a string", int: "a whole number",
          float: "a number", bool: "true or false", type(None): "null"}
 
@@ -38,10 +48,10 @@ def main(action: str | None, rid: str | None, as_json: bool, roots: Sequence[str
     `show`, then the template instances' under `instances`; None: only `roots`)."""
     if rid:  # (a shell's completion of the record's folder adds a slash)
         rid = rid.rstrip("/") or rid
-    if action == "show" and rid and not store.could_be(rid):
+    if action == "show" and rid and not could_be(rid):
         # `..`, a path, a glob, 10 kB: a usage error said before any folder is looked at
         shown = REDACT.head(rid, SHOWN_ID) + ("..." if len(rid) > SHOWN_ID else "")
-        print(printable(f"vllmwatch: {shown!r} is no incident id: {store.ID_SHAPE}; "
+        print(printable(f"vllmwatch: {shown!r} is no incident id: {ID_SHAPE}; "
                         "`vllmwatch incidents` lists them", False), file=sys.stderr)
         return 2
     root = next((r for r in roots if os.path.isdir(r)), None)
@@ -61,7 +71,7 @@ def main(action: str | None, rid: str | None, as_json: bool, roots: Sequence[str
     if action is None:
         return _list(root, as_json)
     if action != "show" or not rid:
-        print(f"vllmwatch: usage: vllmwatch incidents [show ID] [--json] ({store.ID_SHAPE})",
+        print(f"vllmwatch: usage: vllmwatch incidents [show ID] [--json] ({ID_SHAPE})",
               file=sys.stderr)
         return 2
     # The id a log line or `status` named may be another folder's: a template instance's
@@ -171,8 +181,8 @@ def shaped(data: Mapping[str, Any]) -> tuple[dict[str, Any], list[str]]:
 def _list(root: str, as_json: bool) -> int:
     # a line each: a detail past LIST_DETAIL keeps its start and its end (config/units.brief)
     names, others = store.scan(root)
-    got = store.summaries(root, names=names) if as_json else \
-        store.summaries(root, LIST_DETAIL, names)
+    got = summaries(root, names=names) if as_json else \
+        summaries(root, LIST_DETAIL, names)
     rows = [REDACT.deep(r.__dict__) for r in got]
     for name, why in others:
         print(printable(f"vllmwatch: {os.path.join(root, name)} left out: {why}", False),
@@ -190,3 +200,42 @@ def _list(root: str, as_json: bool) -> int:
                         False))
     print(f"{len(rows)} records in {root}; `vllmwatch incidents show ID` reads one")
     return 0
+
+
+def could_be(rid: str) -> bool:
+    """Whether rid is a record's name or the start of one: nothing else is looked for."""
+    return bool(rid) and _START.match(rid) is not None
+
+
+@dataclass(frozen=True)
+class Summary:
+    """One line of `vllmwatch incidents`."""
+
+    id: str
+    time: str
+    reason: str
+    detail: str
+    size_bytes: int
+    error: str = ""  # why record.json could not be read ("" when it was)
+
+
+def summaries(root: str, width: int = 160, names: list[str] | None = None) -> list[Summary]:
+    """Every record (of `names`, ids() of one listing), oldest written first, as one line
+    each: one read each; a detail longer than `width` keeps its start and its end (brief)."""
+    out, hung = [], ""
+    for rid in store.written(root, names):
+        # a hung mount: each read waited READ_TIMEOUT, each size for ever; after one, none
+        data = store.read(root, rid) if not hung else f"not read: {hung}"
+        if isinstance(data, str):
+            hung = hung or ("an earlier record's read did not answer (a hung mount?)"
+                            if "did not answer within" in data else "")
+            out.append(Summary(rid, "", "?", f"unreadable: {data}",
+                               0 if hung else store.size(Path(root, rid)), error=data))
+            continue
+        out.append(Summary(rid, _text(data.get("time_utc")), _text(data.get("reason"), "?"),
+                           brief(_text(data.get("detail")), width), store.size(Path(root, rid))))
+    return out
+
+
+def _text(value: object, missing: str = "") -> str:
+    return value if isinstance(value, str) else missing  # (a wrong type: as missing)

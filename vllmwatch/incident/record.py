@@ -68,10 +68,10 @@ def capture(inp: Inputs, root: str, wall: float | None = None) -> Written:
     t0 = time.monotonic()
     wall = time.time() if wall is None else wall
     rid = store.reserve(root, store.record_id(wall, inp.reason))  # its place: now
-    try:
+    try:  # (what raises is a record not written: its line in ORDER goes with the reservation)
         return _capture(inp, root, wall, rid, t0)
     finally:
-        store.release(rid)
+        store.release(rid, root)
 
 
 def _capture(inp: Inputs, root: str, wall: float, rid: str, t0: float) -> Written:
@@ -86,7 +86,10 @@ def _capture(inp: Inputs, root: str, wall: float, rid: str, t0: float) -> Writte
         record["tree"]["note"] += f"; {len(skipped)} left out: /proc did not answer"
     record["capture"] = {"seconds": round(time.monotonic() - t0, 3), "timeout_s": inp.timeout}
     final = store.write(root, rid, lambda name: files_of({**record, "id": name}, stacks, red))
-    pruned = store.prune(root, inp.max_records, inp.max_bytes, keep=final)
+    try:  # (the record is written: a prune that failed does not make it a failed write)
+        pruned = store.prune(root, inp.max_records, inp.max_bytes, keep=final)
+    except OSError:
+        pruned = []
     summary = ", ".join(f"{k}: {v}" for k, v in methods.items())
     return Written(final, os.path.join(root, final), seconds=time.monotonic() - t0,
                    stacks=summary, pruned=tuple(pruned))
@@ -238,9 +241,7 @@ def _gpu(read: Callable[[], dict[str, Any]] | None, deadline: float) -> dict[str
     return box[0]
 
 
-# --- the processes of the child's tree as a record shows them (was incident/tree.py) ---------
-# The processes of the child's tree as a record shows them: pid, role, state, memory.
-#
+# --- the processes of the child's tree as a record shows them: pid, role, state, memory ----
 # vLLM never leaves the session we start it in (setsid) and keeps the API server's process
 # group, so the group (or session) finds every process, even ones orphaned by an API server
 # that was killed.

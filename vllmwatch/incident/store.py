@@ -19,12 +19,10 @@ import shutil
 import threading
 import time
 from collections.abc import Callable, Mapping
-from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 from vllmwatch.config import safefile
-from vllmwatch.config.units import brief
 
 SUBDIR = "incidents"
 RECORD = "record.json"
@@ -33,25 +31,8 @@ ORDER_MAX = 1 << 20  # bytes of ORDER read; a prune rewrites it with the records
 MAX_RECORD = 64 << 20  # bytes of record.json read by `vllmwatch incidents`; ours are < 1 MiB
 READ_TIMEOUT = 5.0  # s for one record.json (a hung mount); then "unreadable"
 _NAME = re.compile(r"^\d{8}T\d{6}Z-[a-z_]+(?:-\d+)?\Z", re.ASCII)  # (\d: 0-9 only)
-# What can begin a record's name (`incidents show` takes a unique start of one)
-_START = re.compile(r"\d{0,8}\Z|\d{8}T\d{0,6}\Z|\d{8}T\d{6}Z(?:-[a-z_]*(?:-\d*)?)?\Z",
-                    re.ASCII)
-ID_SHAPE = ("an incident id looks like 20261201T093000Z-hang (when it was recorded, UTC, and "
-            "the reason; a -2 after it for a second one that second), or a unique start of one")
 # The hidden folders being written now (one can outlive its wait; mtime is no age proof)
 _WRITING: set[str] = set()
-
-
-@dataclass(frozen=True)
-class Summary:
-    """One line of `vllmwatch incidents`."""
-
-    id: str
-    time: str
-    reason: str
-    detail: str
-    size_bytes: int
-    error: str = ""  # why record.json could not be read ("" when it was)
 
 
 def dumps(value: Any) -> str:
@@ -99,21 +80,44 @@ def reserve(root: str, rid: str) -> str:
     return final
 
 
-def release(rid: str) -> None:
-    """The record reserved as rid is written, or failed."""
-    _RESERVED.discard(rid)
+def release(rid: str, root: str) -> None:
+    """The record reserved as rid is written, or failed: then its line in ORDER goes again
+    (an id naming no record was kept, read past by each reader, until a prune rewrote it)."""
+    with _RESERVING:
+        _RESERVED.discard(rid)
+        if not os.path.lexists(os.path.join(root, rid)):
+            _unlist(root, rid)
+
+
+def _unlist(root: str, rid: str) -> None:
+    """ORDER without rid's lines: cut off when it is the last (no block is needed on a full
+    disk, the usual reason a write failed), else rewritten."""
+    with contextlib.suppress(OSError, safefile.FileProblem):
+        path, line = os.path.join(root, ORDER), f"{rid}\n".encode()
+        raw = safefile.read_within(path, ORDER_MAX, READ_TIMEOUT, nofollow=True)
+        if raw.endswith(b"\n" + line) or raw == line:
+            fd = os.open(path, os.O_WRONLY | os.O_NOFOLLOW)
+            try:
+                os.ftruncate(fd, len(raw) - len(line))
+            finally:
+                os.close(fd)
+        elif line in raw:
+            _rewrite_order(root, [n for n in raw.decode("ascii", "replace").splitlines()
+                                  if n != rid and _NAME.match(n)])
 
 
 def write(root: str, rid: str,
           files: Mapping[str, str] | Callable[[str], Mapping[str, str]]) -> str:
-    """Write the files of one record under root/<id> (unique; one from reserve() as it is),
-    whole; return the id. Files that name their record are made by `files(id)` once the id
-    is chosen: the second record of a second is ID-2, and one made beforehand named ID."""
-    final = rid if rid in _RESERVED else reserve(root, rid)
+    """Write the files of one record under root/<id> (unique; one from reserve() as it is,
+    released by its reserver), whole; return the id. Files that name their record are made
+    by `files(id)` once the id is chosen: a second record of a second is ID-2, not ID."""
+    if rid in _RESERVED:
+        return _write(root, rid, files)
+    final = reserve(root, rid)
     try:
         return _write(root, final, files)
     finally:
-        release(final)
+        release(final, root)
 
 
 def _write(root: str, final: str,
@@ -192,14 +196,18 @@ def newest(root: str, names: list[str] | None = None) -> str | None:
 
 def _rewrite_order(root: str, order: list[str]) -> None:
     tmp = os.path.join(root, f".tmp-order-{os.getpid()}")
-    with contextlib.suppress(OSError):
+    try:
         fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_NOFOLLOW, 0o600)
         with os.fdopen(fd, "w", encoding="ascii") as fh:
             fh.write("".join(f"{rid}\n" for rid in order))
         os.replace(tmp, os.path.join(root, ORDER))
+    except OSError:  # (a full disk: the half-written copy goes, not left for a prune)
+        with contextlib.suppress(OSError):
+            os.unlink(tmp)
 
 
-def _size(path: Path) -> int:
+def size(path: Path) -> int:
+    """The bytes of the files under path (links not followed)."""
     total = 0
     for entry in path.rglob("*"):
         with contextlib.suppress(OSError):
@@ -253,7 +261,7 @@ def prune(root: str, max_records: int, max_bytes: int, keep: str | None = None) 
     one just written); return what went. Oldest by writing, not by name: after the wall
     clock stepped back, the records written since sort first and went first."""
     order = list(names := written(root))
-    sizes = {n: _size(Path(root, n)) for n in names}
+    sizes = {n: size(Path(root, n)) for n in names}
     total = sum(sizes.values())
     gone = []
     if keep in names:  # counted in the bounds, never removed
@@ -277,11 +285,6 @@ def prune(root: str, max_records: int, max_bytes: int, keep: str | None = None) 
                     else:  # ORDER's rewrite, killed before its rename
                         os.unlink(path)
     return gone
-
-
-def could_be(rid: str) -> bool:
-    """Whether rid is a record's name or the start of one: nothing else is looked for."""
-    return bool(rid) and _START.match(rid) is not None
 
 
 def find(root: str, rid: str, names: list[str] | None = None) -> str | None:
@@ -326,25 +329,3 @@ def load(root: str, rid: str) -> dict[str, Any] | None:
     """The record.json of one record (an id or a unique prefix of one), or None."""
     got = read(root, name) if (name := find(root, rid)) is not None else None
     return got if isinstance(got, dict) else None
-
-
-def summaries(root: str, width: int = 160, names: list[str] | None = None) -> list[Summary]:
-    """Every record (of `names`, ids() of one listing), oldest written first, as one line
-    each: one read each; a detail longer than `width` keeps its start and its end (brief)."""
-    out, hung = [], ""
-    for rid in written(root, names):
-        # a hung mount: each read waited READ_TIMEOUT, each size for ever; after one, none
-        data = read(root, rid) if not hung else f"not read: {hung}"
-        if isinstance(data, str):
-            hung = hung or ("an earlier record's read did not answer (a hung mount?)"
-                            if "did not answer within" in data else "")
-            out.append(Summary(rid, "", "?", f"unreadable: {data}",
-                               0 if hung else _size(Path(root, rid)), error=data))
-            continue
-        out.append(Summary(rid, _text(data.get("time_utc")), _text(data.get("reason"), "?"),
-                           brief(_text(data.get("detail")), width), _size(Path(root, rid))))
-    return out
-
-
-def _text(value: object, missing: str = "") -> str:
-    return value if isinstance(value, str) else missing  # (a wrong type: as missing)

@@ -18,6 +18,7 @@ import shutil
 import stat
 import threading
 import time
+import traceback
 from collections.abc import Mapping, Sequence
 from dataclasses import asdict, replace
 from pathlib import Path
@@ -223,7 +224,7 @@ class IncidentShell:
                      cgroup=self.cgroup, oom_at_launch=self._oom_at_launch, gate=gate)
         try:
             done = capture(inp, root, wall)
-        except OSError as exc:
+        except Exception as exc:  # (not only OSError: one incident.failed, no io.failed too)
             return IncidentRecorded(action.seq, error=write_failed(root, exc),
                                     seconds=time.monotonic() - t0)
         if done.pruned:
@@ -240,9 +241,15 @@ _NEXT = {errno.ENOSPC: "free space on its file system",
          errno.EPERM: "make it writable by the user vllmwatch runs as"}
 
 
-def write_failed(root: str, exc: OSError) -> str:
+def write_failed(root: str, exc: Exception) -> str:
     """incident.failed's error for a write that failed: the incidents folder (the file in it
-    was the hidden one being written, removed again) and the next step where one is known."""
+    was the hidden one being written, removed again) and the next step where one is known;
+    for what is no OSError (a bug of ours), where it was raised, to report."""
+    if not isinstance(exc, OSError):
+        at = traceback.extract_tb(exc.__traceback__)[-1:]
+        where = "".join(f" at {os.path.basename(f.filename)}:{f.lineno}" for f in at)
+        return (f"cannot write an incident record in {root}: {type(exc).__name__}: {exc}"
+                f"{where} (a vllmwatch bug: please report it with this line)")
     step = _NEXT.get(exc.errno or 0)
     return (f"cannot write an incident record in {root}: {exc.strerror or exc}"
             + (f"; {step}" if step else ""))
