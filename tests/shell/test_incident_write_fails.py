@@ -10,15 +10,20 @@ import errno
 import os
 import shutil
 import stat
+import threading
+import time
 from pathlib import Path
+from typing import Any
 
 import pytest
 
 from vllmwatch.config.command import ChildCommand
 from vllmwatch.config.schema import from_dict
 from vllmwatch.core.actions import RecordIncident
+from vllmwatch.core.events import IncidentRecorded
 from vllmwatch.core.names import Reason
 from vllmwatch.incident import dumpers, record, store
+from vllmwatch.shell import incidents
 from vllmwatch.shell.incidents import STACKS, IncidentShell
 from vllmwatch.testing.world import LogCapture
 
@@ -172,3 +177,50 @@ def test_a_linked_folder_is_said_to_be_a_link_not_a_mode(tmp_path: Path, linked:
     assert shell.root is None
     [said] = [fields for _event, fields in log.got]
     assert "symbolic link" in said["detail"] and "mode" not in said["detail"], said
+
+
+def test_a_capture_that_hangs_keeps_one_worker_not_one_per_restart(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A hung network mount under the state directory: no I/O of the store is bounded, so a
+    capture blocks for good. The restart waits only until the core's deadline
+    (tests/loop/test_incident_loop.py: ..._holds_the_restart_for_its_deadline_only), but its
+    worker stayed blocked: each restart took one more of the loop's ten, until no probe,
+    sweep or memory sample had one. Past its deadline, no other capture is begun (an answer
+    at once, naming the folder) until the hung one returns; then records are written again."""
+    (tmp_path / "state").mkdir(mode=0o700)
+    shell = IncidentShell(CONFIG, LogCapture(), {"STATE_DIRECTORY": str(tmp_path / "state")})
+    assert shell.root is not None
+    monkeypatch.setattr(incidents, "WAIT_MARGIN", 0.0)
+    hung, entered = threading.Event(), threading.Event()
+    write = store._write
+
+    def hangs(*args: Any) -> str:
+        entered.set()
+        assert hung.wait(30)
+        return write(*args)
+
+    monkeypatch.setattr(store, "_write", hangs)
+
+    def ask(seq: int) -> IncidentRecorded:
+        return shell.record(RecordIncident(seq, Reason.HANG, "x", 0.05, None), None, None,
+                            _NoGpu())  # type: ignore[arg-type]  # only the calls record makes
+    first: list[IncidentRecorded] = []
+    worker = threading.Thread(target=lambda: first.append(ask(1)), daemon=True)
+    worker.start()
+    try:
+        assert entered.wait(10)
+        time.sleep(0.1)  # past the first one's deadline (timeout 0.05 s, no margin)
+        t0 = time.monotonic()
+        refused = ask(2)
+        assert time.monotonic() - t0 < 1.0  # (not blocked behind the hung one)
+        assert refused.error.startswith(f"not begun: an earlier record's capture in "
+                                        f"{shell.root} has not returned"), refused.error
+        assert "hung mount" in refused.error and store.written(shell.root) == []
+    finally:
+        hung.set()
+        worker.join(10)
+    assert first and first[0].error == "", first
+    monkeypatch.setattr(store, "_write", write)
+    again = ask(3)
+    assert again.error == "" and store.written(shell.root) == [first[0].incident_id,
+                                                                again.incident_id]

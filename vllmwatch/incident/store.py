@@ -5,6 +5,11 @@ file's: $STATE_DIRECTORY under the shipped unit), every folder 0700 and every fi
 a record can hold prompts from vLLM's output. A record is written in a hidden folder, synced
 and renamed into place, so a reader never sees half of one, nor a crash of the box an empty
 one; the oldest go first beyond max_records or max_size in all (the newest is kept).
+
+Only reads have a deadline here (record.json, ORDER: safefile.read_within). The writer's I/O
+has none, deliberately: it runs in a worker thread that the core waits for only until its
+deadline (core/incidents.py), and while one is stuck past it the shell begins no other
+(shell/incidents.py), so a hung mount holds one thread, never the daemon, and needs no more.
 """
 
 from __future__ import annotations

@@ -31,6 +31,7 @@ from vllmwatch.config.launch import secrets_of
 from vllmwatch.config.schema import Config
 from vllmwatch.core.actions import RecordIncident
 from vllmwatch.core.events import IncidentRecorded
+from vllmwatch.core.incidents import WAIT_MARGIN
 from vllmwatch.incident import cause, dumpers, metrics, store
 from vllmwatch.incident.record import Inputs, capture
 from vllmwatch.shell import groupfile
@@ -90,20 +91,16 @@ def _why(path: str) -> str:
     except OSError as exc:
         return exc.strerror or str(exc)
     if stat.S_ISLNK(st.st_mode):  # (its own mode, 777, is no reason: no chmod changes it)
-        return (f"a symbolic link (to {_target(path)}): only a real directory is trusted; "
+        to = "?"
+        with contextlib.suppress(OSError):
+            to = os.readlink(path)
+        return (f"a symbolic link (to {to}): only a real directory is trusted; "
                 "bind-mount the other folder there, or point StateDirectory= at it")
     if not stat.S_ISDIR(st.st_mode):
         return "not a directory"
     if st.st_uid != os.geteuid():
         return f"owned by uid {st.st_uid}, not by us (uid {os.geteuid()})"
     return f"not a private directory (mode {st.st_mode & 0o7777:o})"
-
-
-def _target(path: str) -> str:
-    try:
-        return os.readlink(path)
-    except OSError:
-        return "?"
 
 
 class IncidentShell:
@@ -129,6 +126,7 @@ class IncidentShell:
         self.cgroup = cause.unit_cgroup()
         self._oom_at_launch: dict[str, int] | None = None
         self._hook: str | None = None  # the hook's folder (pinned_hook_dir), from the first use
+        self._due: dict[int, float] = {}  # seq: when the core stops waiting, of each capture
 
     def launched(self, tail: Sequence[str], env: Mapping[str, str], api_key: str | None
                  ) -> None:
@@ -222,11 +220,21 @@ class IncidentShell:
                      max_records=cfg.max_records,
                      max_bytes=int(cfg.max_size * 1024 * 1024) or 1 << 62,
                      cgroup=self.cgroup, oom_at_launch=self._oom_at_launch, gate=gate)
+        # A capture that hangs (a hung mount: the store's I/O is not bounded) holds the restart
+        # only until the core's deadline (core/incidents.py) but keeps its worker: one more
+        # each restart, until the loop had none for a probe or a sweep. Past it: no other.
+        if any(due < t0 for due in list(self._due.values())):  # (list: a copy, at once)
+            return IncidentRecorded(action.seq, error=f"not begun: an earlier record's capture"
+                                    f" in {root} has not returned since its deadline (a hung "
+                                    "mount? see the kernel log); none is begun until it has")
+        self._due[action.seq] = t0 + action.timeout + WAIT_MARGIN
         try:
             done = capture(inp, root, wall)
         except Exception as exc:  # (not only OSError: one incident.failed, no io.failed too)
             return IncidentRecorded(action.seq, error=write_failed(root, exc),
                                     seconds=time.monotonic() - t0)
+        finally:
+            self._due.pop(action.seq, None)
         if done.pruned:
             self.log("info", "incident.pruned", removed=list(done.pruned),
                      max_records=cfg.max_records, max_size_mib=cfg.max_size)
@@ -242,14 +250,13 @@ _NEXT = {errno.ENOSPC: "free space on its file system",
 
 
 def write_failed(root: str, exc: Exception) -> str:
-    """incident.failed's error for a write that failed: the incidents folder (the file in it
-    was the hidden one being written, removed again) and the next step where one is known;
-    for what is no OSError (a bug of ours), where it was raised, to report."""
+    """incident.failed's error for a write that failed: the incidents folder (not the hidden
+    one being written, removed again) and the next step; for a bug, where it was raised."""
     if not isinstance(exc, OSError):
-        at = traceback.extract_tb(exc.__traceback__)[-1:]
-        where = "".join(f" at {os.path.basename(f.filename)}:{f.lineno}" for f in at)
-        return (f"cannot write an incident record in {root}: {type(exc).__name__}: {exc}"
-                f"{where} (a vllmwatch bug: please report it with this line)")
+        at = "".join(f" at {os.path.basename(f.filename)}:{f.lineno}"
+                     for f in traceback.extract_tb(exc.__traceback__)[-1:])
+        return (f"cannot write an incident record in {root}: {type(exc).__name__}: {exc}{at}"
+                " (a vllmwatch bug: please report it with this line)")
     step = _NEXT.get(exc.errno or 0)
     return (f"cannot write an incident record in {root}: {exc.strerror or exc}"
             + (f"; {step}" if step else ""))
@@ -274,10 +281,8 @@ def _gpu_now(sampler: MemorySampler, info: Mapping[str, Any]) -> dict[str, Any]:
 def _copy(lines: Sequence[str]) -> list[str]:
     """The reader thread may append meanwhile (a deque then refuses to be iterated): retry."""
     for _ in range(5):
-        try:
+        with contextlib.suppress(RuntimeError):
             return list(lines)
-        except RuntimeError:
-            continue
     return []
 
 
