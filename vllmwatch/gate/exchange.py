@@ -13,6 +13,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import os
+import re
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from types import SimpleNamespace
@@ -45,9 +46,12 @@ WHOLE_BODY = 4 * 2**20  # sized answers up to this are read whole, larger ones s
 FIRST_EVENT = 64 * 2**10  # a stream's first event is read whole, up to this, before it begins
 TAIL = 256  # bytes of a stream kept from one read to the next: its markers may span two
 WHOLE_BODY_TIMEOUT = 60.0  # reading such an answer once its head has come
+# Streams whose protocol has a last event (replay.END_OF_STREAM; gate/aborted.py cites vLLM):
+# one ended without it or an error event of vLLM's own (SAID) is unfinished: vLLM's failure.
+MARKED = replay.READ - {"/v1/chat/completions/batch"}
+SAID = re.compile(rb'(?:^|\n)(?:data: \{"error"|event: error\n)')
 # Nothing of the request reached vLLM: refused, or no connection within CONNECT_TIMEOUT (vLLM's
-# listen queue full, SYNs dropped). The gate waits and tries the same request again; a connect
-# timeout was answered 504 "not retried" like an answer that never came.
+# listen queue full, SYNs dropped): the gate waits and tries the same request again.
 NOT_SENT = (aiohttp.ClientConnectorError, aiohttp.ConnectionTimeoutError)
 CONNECT_TIMEOUT = 5.0
 
@@ -72,6 +76,7 @@ class Exchange:
     begun: bool = False  # something of the answer reached the client
     cut: bool = False  # the gate cut it: vllmwatch declared the engine stuck
     vllm_error: bool = False  # vLLM itself ended the begun stream with an error event
+    said: bool = False  # an error event of vLLM's own (any) passed: the client was told
     broken: bool = False  # begun, then failed: ended by the gate (error event or cut)
     ended: bool = False  # the stream's last event passed: the client has the whole answer
     tail: bytes = b""  # the last TAIL bytes passed on: an SSE event left unfinished, a marker
@@ -90,33 +95,29 @@ def trace_config() -> aiohttp.TraceConfig:
     (headers and body go out in one write), or the head of a request without a body."""
     tc = aiohttp.TraceConfig()
 
-    async def chunk_sent(_s: Any, ctx: SimpleNamespace, _p: Any) -> None:
-        ex = ctx.trace_request_ctx
-        if isinstance(ex, Exchange) and ex.has_body:
-            asyncio.get_running_loop().call_soon(ex.mark_written)
+    def last_write(body: bool) -> Any:  # the body's chunk (body), else the head's
+        async def sent(_s: Any, ctx: SimpleNamespace, _p: Any) -> None:
+            ex = ctx.trace_request_ctx
+            if isinstance(ex, Exchange) and ex.has_body == body:
+                asyncio.get_running_loop().call_soon(ex.mark_written)
+        return sent
 
-    async def headers_sent(_s: Any, ctx: SimpleNamespace, _p: Any) -> None:
-        ex = ctx.trace_request_ctx
-        if isinstance(ex, Exchange) and not ex.has_body:
-            asyncio.get_running_loop().call_soon(ex.mark_written)
-
-    tc.on_request_chunk_sent.append(chunk_sent)
-    tc.on_request_headers_sent.append(headers_sent)
+    tc.on_request_chunk_sent.append(last_write(True))
+    tc.on_request_headers_sent.append(last_write(False))
     return tc
 
 
 class Failed(str):
-    """Why an exchange failed with nothing sent to the client (a replayable failure):
-    connection | engine_dead | aborted | engine_stuck. `answer`: vLLM's own answer, passed
-    on when it is not replayed (an aborted completion, gate/aborted.py)."""
+    """Why an exchange failed with nothing sent to the client (replayable): connection |
+    engine_dead | aborted | engine_stuck; `answer`: vLLM's own, passed on if not replayed."""
 
     answer: web.Response | None = None
 
 
 async def run(session: aiohttp.ClientSession, request: web.Request, url: str, body: bytes,
               ex: Exchange) -> web.StreamResponse | Failed:
-    """Send, and pass the answer on; Failed when it failed before anything reached the
-    client. A begun answer that fails is ended (error event or cut) and returned."""
+    """Send, and pass the answer on; Failed when it failed before anything reached the client.
+    A begun answer that fails or ends unfinished is ended (error event, or cut) and returned."""
     headers = end_to_end(request.headers)
     # vLLM's uvicorn believes X-Forwarded-* from 127.0.0.1, the gate's address: a client's
     # own would name any address in vLLM's log; the gate says who it forwards for instead
@@ -173,11 +174,15 @@ async def run(session: aiohttp.ClientSession, request: web.Request, url: str, bo
                 seen = ex.tail + chunk  # a marker may span two reads of the socket
                 if replay.DEAD_EVENT.search(seen):
                     ex.vllm_error = True  # vLLM's own error event: the stream is ended
+                ex.said = ex.said or SAID.search(seen) is not None
                 if replay.END_OF_STREAM.search(seen):
                     ex.ended = True  # vLLM may fail after it (measured): nothing is lost
                 await _to_client(response.write(chunk))
                 ex.tail = seen[-TAIL:]
                 chunk = await up.content.readany()
+            if not (ex.ended or ex.said) and request.path in MARKED and \
+                    up.content_type == "text/event-stream":  # a clean end, but unfinished
+                return await _failed(request, response, ex, "its engine stopped mid-answer")
             await _to_client(response.write_eof())
             return response
     except ClientGone as gone:
@@ -227,24 +232,22 @@ async def _failed(request: web.Request, response: web.StreamResponse | None, ex:
         return response
     ex.broken = True
     if response.content_type == "text/event-stream":
-        message = (f"vLLM failed during this answer ({why}); the answer had begun, so it "
-                   "was not sent again: send the request again")
+        message = (f"vLLM failed during this answer ({why}): this answer is incomplete, and "
+                   "it had begun, so it was not sent again: send the request again")
         with contextlib.suppress(ConnectionError, RuntimeError, asyncio.TimeoutError):
-            # A well-formed end after the event (the client may be gone already).
-            # An event cut mid-line is ended first, else the error event would be glued
-            # onto it and neither would parse.
+            # A well-formed end (the client may be gone already); no event after vLLM's own.
+            # An event cut mid-line is ended first, or the error event glued onto it is lost.
             end = b"" if not ex.tail or ex.tail.endswith(b"\n\n") else \
                 b"\n" if ex.tail.endswith(b"\n") else b"\n\n"
-            await asyncio.wait_for(response.write(end + replay.error_event(ex.path, message)),
-                                   1.0)
+            if not ex.said:
+                await asyncio.wait_for(response.write(end + replay.error_event(
+                    ex.path, message)), 1.0)
             await asyncio.wait_for(response.write_eof(), 1.0)
     guard.close(request.transport)  # its last bytes go out; unread, it is aborted
     return response
 
 
-# ---- keep-alive: the sessions to vLLM ----------------------------------------------------
-# The gate's client sessions to vLLM, whose idle connections it drops before vLLM does.
-#
+# ---- keep-alive: the sessions to vLLM, whose idle connections the gate drops first ---------
 # vLLM's uvicorn closes a connection idle `VLLM_HTTP_TIMEOUT_KEEP_ALIVE` seconds (its own
 # `envs.py`: `int(os.getenv(..., "5"))`, vLLM 0.26 and 0.32). A request the gate writes on a
 # connection uvicorn is closing meets a disconnect before any answer: the gate cannot tell that
@@ -265,13 +268,10 @@ UPSTREAM_IDLE = 3600.0
 def upstream_keepalive(env: Mapping[str, str], ceiling: float = KEEPALIVE) -> float:
     """Seconds an idle upstream connection is kept for reuse; 0 = never reused."""
     raw = env.get(VLLM_VAR)
-    if raw is None:
-        seconds = VLLM_DEFAULT
-    else:
-        try:
-            seconds = int(raw.strip())
-        except ValueError:  # vLLM itself will not start with it; never reuse meanwhile
-            return 0.0
+    try:
+        seconds = VLLM_DEFAULT if raw is None else int(raw.strip())
+    except ValueError:  # vLLM itself will not start with it; never reuse meanwhile
+        return 0.0
     return max(0.0, min(ceiling, SHARE * seconds))
 
 

@@ -1,0 +1,135 @@
+"""A begun stream whose upstream ends without its protocol's last event (`data: [DONE]`,
+Anthropic's `message_stop`) and without vLLM's own error event is an unfinished answer: vLLM's
+engine stopped mid-answer. The client gets one error event in its protocol's form before the
+end, so it cannot take the truncated answer for a whole one; it is counted as a cut. A whole
+stream, or one vLLM itself ended with its error event, gets nothing added."""
+
+from __future__ import annotations
+
+import http.client
+import json
+import re
+import socket
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager, suppress
+
+import pytest
+
+from tests.support import TIMEOUT_SCALE, free_port, wait_for
+from tests.support.rawhttp import raw_upstream
+from vllmwatch.config.schema import from_dict
+from vllmwatch.gate.runner import Gate, start_gate
+from vllmwatch.status.snapshot import Snapshot
+
+CHUNKED = (b"HTTP/1.1 200 OK\r\nContent-Type: text/event-stream\r\n"
+           b"Transfer-Encoding: chunked\r\n\r\n")
+UNTIL_CLOSE = b"HTTP/1.1 200 OK\r\nContent-Type: text/event-stream\r\nConnection: close\r\n\r\n"
+TOKEN = b'data: {"id": "c1", "choices": [{"index": 0, "delta": {"content": "hel"}}]}\n\n'
+MESSAGE = (b'event: message_start\ndata: {"type": "message_start"}\n\n'
+           b'event: content_block_delta\ndata: {"type": "content_block_delta", '
+           b'"delta": {"type": "text_delta", "text": "hel"}}\n\n')
+ERROR_EVENT = re.compile(rb'(?:^|\n)(?:data: \{"error"|event: error\ndata: \{)')
+END = b"0\r\n\r\n"  # a chunked body's clean end: vLLM's server ended it, no error on the wire
+
+
+def _chunk(data: bytes) -> bytes:
+    return b"%x\r\n%s\r\n" % (len(data), data)
+
+
+@contextmanager
+def _gate(answer: Callable[[socket.socket], None]) -> Iterator[tuple[int, Gate]]:
+    with raw_upstream(lambda conn, _n: answer(conn)) as (port, _seen):
+        config = from_dict({"vllm": {"model": "m", "host": "127.0.0.1", "port": port},
+                            "gate": {"enabled": True, "listen": f"127.0.0.1:{free_port()}"}})
+        gate = start_gate(config, lambda *_a, **_k: None,
+                          lambda: Snapshot(state="ready", ready=True, child_pid=7))
+        assert gate is not None
+        try:
+            yield gate.port, gate
+        finally:
+            gate.stop()
+
+
+def _post(port: int, path: str) -> tuple[int, bytes]:
+    conn = http.client.HTTPConnection("127.0.0.1", port, timeout=60 * TIMEOUT_SCALE)
+    try:
+        conn.request("POST", path, b'{"prompt": "x", "stream": true}',
+                     {"Content-Type": "application/json"})
+        resp = conn.getresponse()
+        body = b""
+        with suppress(http.client.IncompleteRead):
+            body = resp.read()
+        return resp.status, body
+    finally:
+        conn.close()
+
+
+def _run(path: str, wire: bytes) -> tuple[int, bytes, dict[str, object]]:
+    with _gate(lambda c: c.sendall(wire)) as (port, gate):
+        status, body = _post(port, path)
+        wait_for(lambda: gate.snapshot()["in_flight"] == 0, 30, "the exchange ended")
+        return status, body, gate.snapshot()
+
+
+def _last_event(body: bytes) -> bytes:
+    events = [e for e in body.split(b"\n\n") if e.strip()]
+    return events[-1]
+
+
+UNFINISHED = {
+    "chat, chunked end": ("/v1/chat/completions", CHUNKED + _chunk(TOKEN) + END),
+    "completion, read until close": ("/v1/completions", UNTIL_CLOSE + TOKEN),
+    "chat, connection cut mid-body": ("/v1/chat/completions", CHUNKED + _chunk(TOKEN)),
+    "chat, cut mid-event": ("/v1/chat/completions", CHUNKED + _chunk(TOKEN + b"data: {\"id")),
+    "messages, chunked end": ("/v1/messages", CHUNKED + _chunk(MESSAGE) + END),
+    "messages, connection cut": ("/v1/messages", CHUNKED + _chunk(MESSAGE)),
+}
+
+
+@pytest.mark.parametrize(("path", "wire"), list(UNFINISHED.values()), ids=list(UNFINISHED))
+def test_a_stream_ended_without_its_last_event_ends_with_an_error_event(
+        path: str, wire: bytes) -> None:
+    status, body, stats = _run(path, wire)
+    assert status == 200 and body.startswith(TOKEN if path != "/v1/messages" else MESSAGE)
+    last = _last_event(body)
+    if path == "/v1/messages":
+        assert last.startswith(b"event: error\ndata: "), body
+        err = json.loads(last.split(b"data: ", 1)[1])
+        assert err["type"] == "error" and err["error"]["type"] == "api_error", err
+        message = err["error"]["message"]
+    else:
+        assert last.startswith(b"data: "), body
+        err = json.loads(last[len(b"data: "):])["error"]  # vLLM's own mid-stream shape
+        assert set(err) == {"message", "type", "param", "code"}, err
+        message = err["message"]
+    assert "incomplete" in message, message
+    assert len(ERROR_EVENT.findall(body)) == 1, body  # one, never glued onto a cut event
+    assert stats["cut_midstream"] == 1 and stats["failed_midrequest"] == 1, stats
+
+
+WHOLE = {
+    "chat with [DONE]": ("/v1/chat/completions", TOKEN + b"data: [DONE]\n\n"),
+    "messages with message_stop": ("/v1/messages", MESSAGE + b'event: message_stop\n'
+                                   b'data: {"type": "message_stop"}\n\n'),
+    "vLLM's own error event, no [DONE]": ("/v1/chat/completions", TOKEN + (
+        b'data: {"error": {"message": "bad", "type": "BadRequestError", "param": null, '
+        b'"code": 400}}\n\n')),
+    "vLLM's own Anthropic error event": ("/v1/messages", MESSAGE + (
+        b'event: error\ndata: {"type": "error", "error": {"type": "api_error", '
+        b'"message": "bad"}}\n\n')),
+}
+
+
+@pytest.mark.parametrize(("path", "events"), list(WHOLE.values()), ids=list(WHOLE))
+def test_a_whole_stream_or_vllms_own_error_gets_nothing_added(path: str, events: bytes
+                                                              ) -> None:
+    status, body, stats = _run(path, CHUNKED + _chunk(events) + END)
+    assert status == 200 and body == events, body
+    assert stats["cut_midstream"] == 0, stats
+
+
+def test_vllms_own_error_event_then_a_dropped_connection_gets_no_second_event() -> None:
+    said = TOKEN + WHOLE["vLLM's own error event, no [DONE]"][1][len(TOKEN):]
+    status, body, stats = _run("/v1/chat/completions", CHUNKED + _chunk(said))
+    assert status == 200 and body == said, body
+    assert stats["cut_midstream"] == 1, stats  # (the connection broke: counted as before)
