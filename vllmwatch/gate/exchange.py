@@ -202,8 +202,8 @@ async def run(session: aiohttp.ClientSession, request: web.Request, url: str, bo
             return await _failed(request, response, ex, "connection")
         # vLLM answered, but its head cannot be read (a header over aiohttp's 8190 bytes):
         # its answer, not its engine's death; neither replayed nor counted against it
-        return error_response(request.path, 502, f"vLLM's answer could not be read: "
-                              f"{exc.message}; it was not sent again")
+        return error_response(request.path, 502, f"vLLM's answer could not be read: {exc.message}"
+                              "; not sent again: the same request gets the same", final=True)
     except (aiohttp.ClientError, asyncio.TimeoutError) as exc:
         if isinstance(exc, asyncio.TimeoutError) and response is None:
             raise  # not a failure of the engine that vllmwatch confirmed: 504, as before

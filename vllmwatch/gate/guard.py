@@ -37,6 +37,9 @@ from vllmwatch.gate import replay
 
 _KINDS = {503: "ServiceUnavailableError", 504: "GatewayTimeoutError"}
 RETRY_SOON = 1  # seconds: a 5xx of the gate's own whose caller names no figure
+# The gate's own answers with these say when to retry, or that a retry cannot help: every one
+# is made by error_response (aiohttp's own 504 too: _Quiet), but the shed's raw 503 (shed.py).
+RETRYABLE = frozenset({502, 503, 504})
 
 
 def error_response(path: str, status: int, message: str, retry_after: float | None = None,
@@ -47,7 +50,7 @@ def error_response(path: str, status: int, message: str, retry_after: float | No
     504 always says when to try again (a client's retry policy reads it): RETRY_SOON unless
     the caller knows better (gate.retry_after); `final`: never, the same request sent again
     fails again or does harm (NOT_AGAIN)."""
-    if retry_after is None and status in (502, 503, 504) and not final:
+    if retry_after is None and status in RETRYABLE and not final:
         retry_after = RETRY_SOON
     headers = {"Retry-After": str(math.ceil(retry_after))} if retry_after is not None else {}
     if final:  # (the openai and anthropic packages resend a 5xx unless this says not to)
@@ -122,8 +125,12 @@ class _Quiet(RequestHandler):
             gone = web.Response(status=status)
             gone.force_close()
             return gone
-        return super().handle_error(request, status, exc, None if status == 500 else
-                                    f"{status}: the gate could not parse the request\n")
+        answer = super().handle_error(request, status, exc, None if status == 500 else
+                                      f"{status}: the gate could not parse the request\n")
+        if status in RETRYABLE:  # aiohttp's 504 for a handler that timed out: the one rule
+            return error_response(request.path, status, "the gate did not answer in time; "
+                                  "send it again if it is safe to repeat", close=True)
+        return answer
 
 
 class _Tracked(asyncio.Protocol):
@@ -288,7 +295,7 @@ class Guard:
             self.count("held_full")
             return _refuse(path, 503, f"the gate holds {self.held} bytes of request bodies "
                            f"(at most {MAX_HELD}: of requests held or under way); try again "
-                           "shortly", retry_after=1)
+                           "shortly")
         return None
 
 

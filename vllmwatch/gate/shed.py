@@ -13,6 +13,8 @@ import contextlib
 from typing import Any
 
 SHED_WAIT, SHED_LINGER = 1.0, 64  # a shed connection waits this long for its request, so many
+# Its Retry-After is guard.RETRY_SOON (the gate's one rule, which this module cannot import:
+# guard imports it; tests/shell/test_gate_retry_rule.py holds them equal).
 _SHED = (b"HTTP/1.1 503 Service Unavailable\r\nContent-Type: text/plain\r\nRetry-After: 1\r\n"
          b"Content-Length: 33\r\nConnection: close\r\n\r\nvllmwatch gate: too many clients\n")
 
