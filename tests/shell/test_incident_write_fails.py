@@ -210,9 +210,7 @@ def test_a_capture_that_hangs_keeps_one_worker_not_one_per_restart(
     try:
         assert entered.wait(10)
         time.sleep(0.1)  # past the first one's deadline (timeout 0.05 s, no margin)
-        t0 = time.monotonic()
-        refused = ask(2)
-        assert time.monotonic() - t0 < 1.0  # (not blocked behind the hung one)
+        refused = ask(2)  # (begun, it would wait for the hung write: no figure of speed)
         assert refused.error.startswith(f"not begun: an earlier record's capture in "
                                         f"{shell.root} has not returned"), refused.error
         assert "hung mount" in refused.error and store.written(shell.root) == []
