@@ -91,3 +91,38 @@ def test_the_configs_message_on_two_keys_reads_whole() -> None:
     problems = flags.args_problems({}, ["--api-key", "sk-one-word", "sk-two"])
     text = " ".join(p.problem for p in problems)
     assert "more than one key" in text and REDACT.text(text) == text, text
+
+
+@pytest.mark.parametrize(("argv", "want"), [
+    # `--` between a secret flag and its word (getopt's way to pass a key that starts with
+    # `-`): vLLM's argparse ends its options there and refuses the line, but K is the key
+    # the person typed, and the refusal, the unit's line and `check` print it
+    (["serve", "m", "--api-key", "--", "Zq9XkLmP42"], ["serve", "m", "--api-key", "--", REDACTED]),
+    (["--hf-token", "--", "Zq9XkLmP42", "--port", "8000"],
+     ["--hf-token", "--", REDACTED, "--port", "8000"]),
+    (["--api-key", "--", "K1zq9XkLmP", "K2zq9XkLmP"], ["--api-key", "--", REDACTED, REDACTED]),
+    # one dash (Go's flag package, many CLIs), any case or `_` (`--API-KEY`, `--Api_Key`)
+    (["-api-key", "Zq9XkLmP42", "-port", "8000"], ["-api-key", REDACTED, "-port", "8000"]),
+    (["-hf_token=Zq9XkLmP42"], [f"-hf_token={REDACTED}"]),
+    (["--API-KEY", "Zq9XkLmP42"], ["--API-KEY", REDACTED]),
+    (["--Api_Key", "Zq9XkLmP42"], ["--Api_Key", REDACTED]),
+    # a short flag is no prefix of a secret one (`-a` is not `--api-key`)
+    (["-a", "8000", "-tp", "2", "-p", "80"], ["-a", "8000", "-tp", "2", "-p", "80"]),
+])
+def test_a_secret_flag_with_a_dash_run_or_one_dash_hides_its_word(argv: list[str],
+                                                                    want: list[str]) -> None:
+    """`--api-key -- K` and `-api-key K` showed K, in an argv and in a line of text."""
+    assert R.argv(argv) == want
+    line = " ".join(argv)  # (a text hides `K1 K2` as one)
+    assert "q9XkLmP" not in R.text(line) and (REDACTED in " ".join(want) or R.text(line) == line)
+
+
+@pytest.mark.parametrize("text", [
+    "INFO 12-07 10:00:00 [api_server.py:123] Started server process [1234]",
+    "vllm serve m --port 8000 -tp 2 --max-model-len 8192 -- extra",
+    "see https://example.com/docs?x=1#token and ssh://git@github.com/a/b",
+    "- token budget 8192 per step; a-key value; pre-token count 5",
+    "INFO 12-07 [loader.py:9] Loading weights took 3.1 s\r\n",
+])
+def test_ordinary_lines_are_left_whole(text: str) -> None:
+    assert R.text(text) == text

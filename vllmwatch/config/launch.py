@@ -221,36 +221,36 @@ _FLAG_SPELT = re.compile(r"--[a-z][a-z0-9_-]*(?=[.=]|$)")
 
 
 def redact_argv(argv: tuple[str, ...] | list[str]) -> list[str]:
-    """Replace the values of secret-looking flags (--api-key, --hf-token) with <redacted>.
-    vLLM's `--api-key` takes several keys (nargs "+": `--api-key K1 K2`, a hand-started
-    vLLM that `check` finds): every word up to the next flag is one of them."""
+    """The values of secret-looking flags (--api-key, --hf-token) as <redacted>, after a `--`
+    too (`--api-key -- K`, getopt's way to pass `-K`: vLLM refuses it, its refusal shows K).
+    vLLM's `--api-key` takes several keys (nargs "+"): every word to the next flag is one."""
     out: list[str] = []
     hide = many = bare = False
     for token in argv:
-        flag = token.startswith("--") and _secret_flag(token.partition("=")[0][2:])
+        flag = token.startswith("-") and _secret_flag(token.partition("=")[0])
         if (hide and token != "--" and not ((flag or bare) and _FLAG_SPELT.match(token))) or (
                 many and not hide and not _FLAG_WORD.match(token)):
             out.append(REDACTED)
             hide = False
             continue
-        hide = many = False
+        hide, many = (hide and token == "--"), (many and hide and token == "--")
         if flag:
             name, eq, _ = token.partition("=")
             out.append(f"{name}={REDACTED}" if eq else token)
             hide = not eq
             bare = any(f.startswith(flag_name(name).partition(".")[0]) for f in flagnames.BARE_OK)
-            many = hide and len(name) > 2 and "api-key".startswith(name[2:].replace("_", "-"))
+            many = hide and "api-key".startswith(flag_name(name) or "-")
             continue
         out.append(token)
     return out
 
 
-def _secret_flag(name: str) -> bool:
-    """A secret by its name, or a secret flag abbreviated: vLLM's parser takes a prefix of a
-    flag (`--api-ke X` is `--api-key X`; one that is not unique is refused), and the flag
-    before a dot (`--api-key.k X`, `--api-k.k X` set the key to the JSON object {"k": X})."""
-    base = name.partition(".")[0]
-    return is_secret_name(name) or is_secret_name(base) or (
+def _secret_flag(word: str) -> bool:
+    """A secret by its name (with one dash, Go's `-api-key`, by its name only), or a secret
+    flag abbreviated: vLLM's parser takes a flag's prefix (`--api-ke X`; one not unique is
+    refused), and the flag before a dot (`--api-key.k X`, `--api-k.k X` set the key to {"k": X})."""
+    base = word[2:].partition(".")[0] if word.startswith("--") else ""
+    return is_secret_name(word.lstrip("-")) or is_secret_name(base) or (
         bool(base) and any(f.startswith(base.replace("_", "-")) for f in flags.SECRET_FLAGS))
 
 

@@ -205,8 +205,9 @@ RULES = (
     # Authorization: Bearer x / name=['v1', 'v2']; `=>` before a space, a quote or a bracket
     # only: `api_key=>;K` is a value that begins with `>` (it was `;K`, no value, in clear)
     # (a flag also after an escaped line break or tab: a multi-line text JSON-encoded, `a\\n--x`)
-    Rule(re.compile(r"(?i)(?:(?<![\w.-])|(?<=\\[nrt])(?=--))(?P<dash>--)?(?P<name>" + _NAME + r")"
-                    r"(?:\s*(?P<sep>=>(?=[\s'\"\\\[{(])|[=:])\s*|(?(dash)\s+(?!--(?:\s|$))|(?!)))"
+    Rule(re.compile(r"(?i)(?:(?<![\w.-])|(?<=\\[nrt])(?=-))(?P<dash>--?)?(?P<name>" + _NAME + r")"
+                    r"(?:\s*(?P<sep>=>(?=[\s'\"\\\[{(])|[=:])\s*"
+                    r"|(?(dash)\s+(?:--[ \t]+)?(?!--(?:\s|$))|(?!)))"
                     r"(?P<scheme>" + AUTH + ")?"), VALUE_I, env=True),
     # NAME value, no separator: `HF_TOKEN abcd` (print(name, value), a Dockerfile's `ENV`,
     # an env listing), `hf_token abcd`, `apiKey abcd`: a name spelt as an identifier only, as
