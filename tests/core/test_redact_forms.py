@@ -355,3 +355,20 @@ def test_a_flag_after_an_escaped_line_break_hides_its_value(escape: str, flag: s
     was a word character before the flag, so no rule saw a flag begin there."""
     text = f'"vllm serve /m{escape}{flag} S3cretPw9{escape}--port 8000"'
     assert "S3cretPw9" not in (shown := R.text(text)) and "--port 8000" in shown, shown
+
+
+@pytest.mark.parametrize(("text", "want"), [
+    # a password quoted inside the URL, as a shell or a config writer leaves it: the quote
+    # ended the password's class, so nothing was hidden and the whole password showed
+    ('--otlp-traces-endpoint https://u:"Zq9XkLmP"@h/x',
+     "--otlp-traces-endpoint https://u:<redacted>@h/x"),
+    ('https://u:"Zq9@kLmP"@h', "https://u:<redacted>@h"),
+    ('curl "https://u:"Zq9XkLmP@h/x', 'curl "https://u:<redacted>@h/x'),
+    ("https://u:'Zq9XkLmP'@h", "https://u:<redacted>@h"),
+    ("https://u:p%40ssZq9@h/x", "https://u:<redacted>@h/x"),  # percent-encoded `@`
+    # a quote that closes the URL before a later `@` is no password's
+    ('["https://h:8000","user@host"]', '["https://h:8000","user@host"]'),
+    ('see "https://h:8000" or "a@b"', 'see "https://h:8000" or "a@b"'),
+])
+def test_a_quoted_url_password_is_hidden(text: str, want: str) -> None:
+    assert R.text(text) == want

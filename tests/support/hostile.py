@@ -17,7 +17,7 @@ PIECES = ("\\", "\\\"", "\\'", "'", '"', "key=", "token=[,", "token=(,", "token=
           "%5F", " ", "\t", "'key': ", "\\\"key\\\": \\\"", "eyJ-", "a://:", "token%3D",
           "--api-key ", "hf_token ", "HF_TOKEN a ", "bearer ", "=>", "key=\\\"", "key=\\\\\"",
           "token: bearer ", "'--api-key', 'a', '", "\"--api-key\", \"a\", \"",
-          "--api-key -- ", "-api-key ", "-hf-token -- -",
+          "--api-key -- ", "-api-key ", "-hf-token -- -", "a://u:\"", "a://:\"@",
           "Authorization: X a=\"", "Authorization: X a=b, ", "bearer:", "a=\"b\", ",
           "curl -u a:", "curl -u 'a", "curl -uuuuuuuuuu", "curl --user ",
           "mysql -p", "sshpass -v", " login -p", "redis-cli -a", "--api-key 'a' '", '--api-key a "',

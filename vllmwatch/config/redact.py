@@ -45,9 +45,9 @@ _SHAPES = (
     # a token as the user: https://TOKEN@host, https://TOKEN:x-oauth-basic@host (GitHub)
     re.compile(r"(?i)(?P<pre>\b[a-z][a-z0-9+.-]{0,31}://)(?P<secret>[^\s/?#@:'\"]+)"
                r"(?=(?::x-oauth-basic)?@)"),
-    # URL userinfo, any scheme: keep the user when there is a password
+    # URL userinfo, any scheme: keep the user when there is a password (quoted: `u:"X"@h`)
     re.compile(r"(?i)(?P<pre>\b[a-z][a-z0-9+.-]{0,31}://[^\s/?#@:'\"]*:)"
-               r"(?P<secret>[^\s/?#@\"]+)(?=@)"),  # (an apostrophe is legal in a password)
+               r"(?P<secret>\"[^\s\"]*\"(?=@)|\"?[^\s/?#@\"]+)(?=@)"),  # (`'` is a password's)
     # Authorization: SCHEME CREDENTIALS, any scheme (Negotiate, SharedKey a:b, Splunk x, a
     # `Bearer:`), or its auth-params (Rails' `Token token="X"`, Digest's `username="u", ..`)
     re.compile(r"(?i)(?P<pre>\b(?:proxy-)?authorization\s*:\s*[A-Za-z][\w-]*:?" + SPACE
