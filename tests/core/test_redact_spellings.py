@@ -5,6 +5,7 @@ own messages left whole: a secret's name with a word after it read as a secret a
 from __future__ import annotations
 
 import io
+import json
 import os
 
 import pytest
@@ -126,3 +127,33 @@ def test_a_secret_flag_with_a_dash_run_or_one_dash_hides_its_word(argv: list[str
 ])
 def test_ordinary_lines_are_left_whole(text: str) -> None:
     assert R.text(text) == text
+
+
+_CONTINUED = [
+    # a pasted `vllm serve` or a unit's ExecStart= over lines: the shell (and systemd) join
+    # `\` and the line break, so the key is the next line's word; the redactor hid the `\`
+    # and showed the key, and showed a second key of `--api-key K1 \` too
+    ("vllm serve m --api-key \\\n    Zq9XkLmP42 --port 1", "vllm serve m --api-key \\\n    "
+     f"{REDACTED} --port 1"),
+    ("--api-key \\\r\n Zq9XkLmP42", f"--api-key \\\r\n {REDACTED}"),
+    ("--api-key K1zq9XkLmP \\\n  K2zq9XkLmP \\\n  --port 1",
+     f"--api-key {REDACTED} \\\n  --port 1"),
+    ("--hf-token \\\n --api-key \\\n Zq9XkLmP42", f"--hf-token \\\n --api-key \\\n {REDACTED}"),
+    ("export HF_TOKEN=\\\nZq9XkLmP42", f"export HF_TOKEN=\\\n{REDACTED}"),
+    ("api_key: \\\n  Zq9XkLmP42", f"api_key: \\\n  {REDACTED}"),
+    # the continuation after the last key stays, and so does the next line's flag
+    ("--api-key Zq9XkLmP42 \\\n  --port 1", f"--api-key {REDACTED} \\\n  --port 1"),
+]
+
+
+@pytest.mark.parametrize(("text", "want"), _CONTINUED)
+def test_a_value_after_a_shell_line_continuation_is_hidden(text: str, want: str) -> None:
+    assert R.text(text) == want
+
+
+@pytest.mark.parametrize(("text", "want"), _CONTINUED)
+def test_a_value_after_an_escaped_continuation_is_hidden(text: str, want: str) -> None:
+    """The same lines JSON-encoded (a record, an error quoting the pasted line), or repr'd."""
+    for encode in (json.dumps, repr, lambda t: json.dumps(json.dumps(t))):
+        out = R.text(encode(text))
+        assert "q9XkLmP" not in out and REDACTED in out, (encode(text), out)

@@ -23,8 +23,8 @@ import urllib.parse
 from typing import NamedTuple
 
 from vllmwatch.config.secretvalues import AUTH as AUTH
-from vllmwatch.config.secretvalues import DONE as DONE
 from vllmwatch.config.secretvalues import (
+    CONTINUED,
     ENV_VALUE_I,
     IN_LIST,
     MORE_ITEMS,
@@ -33,6 +33,7 @@ from vllmwatch.config.secretvalues import (
     VALUE,
     VALUE_I,
 )
+from vllmwatch.config.secretvalues import DONE as DONE
 from vllmwatch.config.secretvalues import REDACTED as REDACTED
 from vllmwatch.config.secretvalues import SPACE as SPACE
 
@@ -128,9 +129,11 @@ _SPACED_WORDS = frozenset({"true", "false", "none", "null", "yes", "no", "on", "
 _END = r"""(?:[.=\s'",;)}\]>]|$)"""
 FLAG_SHAPE = r"--[a-z][a-z0-9_-]*" + _END + r"|-[A-Za-z]{1,4}\d*" + _END + "|-+" + _END
 FLAG_WORD = re.compile(FLAG_SHAPE)  # (launch.redact_argv's, for an argv's words)
+# Between a name and its value, a shell's continuation too; between keys, only it ends no line
+_GAP = r"(?:\s|" + CONTINUED + ")"
 _MORE_WORDS = re.compile(  # (not a word of prose: `--api-key value to VLLM_API_KEY`)
-    r"""(?:[ \t]+(?:'[^'\n]*'|"[^"\n]*"|(?!""" + FLAG_SHAPE + r"""|[a-z]+(?:[\s'",;)}\]>]"""
-    r"""|$))[^\s'",;)}\]>]+))*""")
+    r"(?:(?:[ \t]|" + CONTINUED + r""")+(?:'[^'\n]*'|"[^"\n]*"|(?!""" + FLAG_SHAPE
+    + r"""|[a-z]+(?:[\s'",;)}\]>]|$)|""" + CONTINUED + r""")[^\s'",;)}\]>]+))*""")
 _UNSET = frozenset({"none", "null", "nil", "true", "false"})  # no value, or a switch, after any
 _LOWER_WORD = re.compile(r"[a-z]+")
 # After `--flag ` (no `=`), an error's words, not a key: a remark, a word then a remark or two
@@ -206,8 +209,8 @@ RULES = (
     # only: `api_key=>;K` is a value that begins with `>` (it was `;K`, no value, in clear)
     # (a flag also after an escaped line break or tab: a multi-line text JSON-encoded, `a\\n--x`)
     Rule(re.compile(r"(?i)(?:(?<![\w.-])|(?<=\\[nrt])(?=-))(?P<dash>--?)?(?P<name>" + _NAME + r")"
-                    r"(?:\s*(?P<sep>=>(?=[\s'\"\\\[{(])|[=:])\s*"
-                    r"|(?(dash)\s+(?:--[ \t]+)?(?!--(?:\s|$))|(?!)))"
+                    r"(?:" + _GAP + r"*(?P<sep>=>(?=[\s'\"\\\[{(])|[=:])" + _GAP + "*"
+                    r"|(?(dash)" + _GAP + r"+(?:--[ \t]+)?(?!--(?:\s|$))|(?!)))"
                     r"(?P<scheme>" + AUTH + ")?"), VALUE_I, env=True),
     # NAME value, no separator: `HF_TOKEN abcd` (print(name, value), a Dockerfile's `ENV`,
     # an env listing), `hf_token abcd`, `apiKey abcd`: a name spelt as an identifier only, as

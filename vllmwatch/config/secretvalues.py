@@ -19,6 +19,9 @@ REDACTED = "<redacted>"
 COLOURS = re.compile(r"(?:\x1b|(?<!\\)\\+(?:x1b|u001b|033|e))\[[0-9;]{0,32}m")
 # Space between a scheme and its credential, or its escape (`Bearer\\tX` in JSON-escaped text)
 SPACE = r"(?:\s|\\+[tnr])+"
+# A shell's line continuation (`\` and a line break, raw or JSON-escaped, `\\\n`): the shell
+# joins the lines, so what follows is the same word list (`--api-key \` then the key, shown)
+CONTINUED = r"(?:\\\r?\n|\\{3,}(?:r\\+)?n)"
 AUTH = (r"(?:bearer|basic|token|digest|apikey|negotiate|ntlm|splunk|sharedkey|hmac|"
         r"aws4-hmac-sha256):?" + SPACE)  # (`Bearer: X`)
 # A value already hidden is left, not one a known value only began (`PASSWORD=<redacted>2024`);
