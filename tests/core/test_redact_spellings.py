@@ -7,6 +7,7 @@ from __future__ import annotations
 import io
 import json
 import os
+import re
 
 import pytest
 
@@ -157,3 +158,31 @@ def test_a_value_after_an_escaped_continuation_is_hidden(text: str, want: str) -
     for encode in (json.dumps, repr, lambda t: json.dumps(json.dumps(t))):
         out = R.text(encode(text))
         assert "q9XkLmP" not in out and REDACTED in out, (encode(text), out)
+
+
+_JOINERS = ["\r", "\x0b", "\x0c", "\x1c", "\x85", "\u2028", "\u2029", "\xa0"]
+
+
+@pytest.mark.parametrize("sep", _JOINERS)
+@pytest.mark.parametrize("line", [
+    "vllm serve m --api-key Zq9X{}kLmP42 --port 1", "api_key=Zq9X{}kLmP42 n=1",
+    "HF_TOKEN=Zq9X{}kLmP42 x", "export HF_TOKEN=Zq9X{}kLmP42", "Authorization: Bearer Zq9X{}kLmP42",
+    "{{'api_key': Zq9X{}kLmP42}}", "--api-key K1zq9XkLmP K2zq9X{}kLmP --port 1",
+])
+def test_a_space_no_shell_splits_at_is_part_of_the_value(line: str, sep: str) -> None:
+    """`\\r`, `\\x0b`, `\\u2028`, NBSP inside a word are the word's to a shell and to argv (a
+    key read from a CRLF file): the value ended there and the rest showed, which a terminal
+    even moves to the line's start (`\\r`)."""
+    out = R.text(line.format(sep))
+    assert "kLmP42" not in out and "Zq9X" not in out and REDACTED in out, out
+    assert out.endswith((" --port 1", " n=1", " x", REDACTED, "}")), out
+
+
+@pytest.mark.parametrize("text", [
+    "token=Zq9XkLmP42\r\nHost: h", "api_key=Zq9XkLmP42\r", "token=Zq9XkLmP42\x85 next",
+    "--api-key Zq9XkLmP42\u2028 --port 1",
+])
+def test_a_space_no_shell_splits_at_still_ends_a_value_before_a_space(text: str) -> None:
+    """Before a space or at a line's end (CRLF), such a character ends the value as before."""
+    out = R.text(text)
+    assert out == re.sub("Zq9XkLmP42", REDACTED, text), out

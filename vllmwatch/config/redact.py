@@ -29,7 +29,7 @@ from vllmwatch.config.secretnames import HINT_WORDS, RULES, SPACE, path_value, s
 from vllmwatch.config.secretnames import REDACTED as REDACTED
 from vllmwatch.config.secretnames import _spaced_name as _names_the_credential
 from vllmwatch.config.secretnames import is_secret_name as is_secret_name
-from vllmwatch.config.secretvalues import COLOURS, VALUE_I, tail_window
+from vllmwatch.config.secretvalues import COLOURS, JOINED, VALUE_I, tail_window
 
 MIN_SECRET = 4  # a shorter known "secret" would redact ordinary words
 # An excerpt (head, tail) is redacted over this much more than it keeps: a secret that starts
@@ -38,7 +38,7 @@ EXCERPT_MARGIN = 4096
 # Values of secret-named variables that are switches, not secrets (VLLM_USE_AUTH=true).
 _NOT_VALUES = frozenset({"true", "false", "none", "null", "yes", "no", "auto", "on", "off",
                          "enabled", "disabled", "required", "optional", "default"})
-_CRED = r"(?:<redacted>|(?!\\[nrt])[^\s'\",;)}\]>])+"
+_CRED = r"(?:<redacted>|(?!\\[nrt])[^\s'\",;)}\]>]|" + JOINED + ")+"
 # name=value, a quoted value closed within a bound (unclosed, it would rescan the line's end)
 _PARAM = r"[\w-]+=(?:\"[^\"\\\n]{0,256}\"|\\\"[^\"\\\n]{0,256}\\\"|" + _CRED + ")"
 _SHAPES = (

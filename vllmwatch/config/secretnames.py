@@ -27,6 +27,7 @@ from vllmwatch.config.secretvalues import (
     CONTINUED,
     ENV_VALUE_I,
     IN_LIST,
+    JOINED,
     MORE_ITEMS,
     QUOTED_ONLY,
     SPACED_VALUE,
@@ -133,7 +134,8 @@ FLAG_WORD = re.compile(FLAG_SHAPE)  # (launch.redact_argv's, for an argv's words
 _GAP = r"(?:\s|" + CONTINUED + ")"
 _MORE_WORDS = re.compile(  # (not a word of prose: `--api-key value to VLLM_API_KEY`)
     r"(?:(?:[ \t]|" + CONTINUED + r""")+(?:'[^'\n]*'|"[^"\n]*"|(?!""" + FLAG_SHAPE
-    + r"""|[a-z]+(?:[\s'",;)}\]>]|$)|""" + CONTINUED + r""")[^\s'",;)}\]>]+))*""")
+    + r"""|[a-z]+(?:[\s'",;)}\]>]|$)|""" + CONTINUED + r""")(?:[^\s'",;)}\]>]|""" + JOINED
+    + ")+))*")
 _UNSET = frozenset({"none", "null", "nil", "true", "false"})  # no value, or a switch, after any
 _LOWER_WORD = re.compile(r"[a-z]+")
 # After `--flag ` (no `=`), an error's words, not a key: a remark, a word then a remark or two

@@ -53,7 +53,11 @@ QUOTED = (r"""(?:b?(?P<vq>['"])(?P<qv>(?:\\+(?=""" + _IDIOM + ")|" + _IDIOM
 # escaped or not once the line is JSON-encoded: `K1\"K2`; it ended there and showed `"K2`);
 # one before a space or a sign closes the string the value sat in (`'api_key: K'`), and
 # stays. Not after `NAME ` (SPACED_VALUE), where such a word is prose's (`Token token="X"`).
-_BARE_WORD = r"""(?:<redacted>|(?!\\[nrt])[^\s'",;&)}\]>]"""
+# A space no shell splits a word at (`\r`, `\x0b`, `\x0c`, `\x85`, `\u2028`, NBSP): inside a
+# word it is the value's (`--api-key K1\rK2` is one key, and a terminal shows K2 at the line's
+# start, in clear); before a space or a line's end (`K\r\n`) it ends the value, as \s did
+JOINED = r"""[^\S \t\n](?=[^\s'",;&)}\]>])"""
+_BARE_WORD = r"""(?:<redacted>|(?!\\[nrt])[^\s'",;&)}\]>]|""" + JOINED
 _BARE = (r"""(?P<bare>(?!""" + DONE + "|" + AUTH + ")" + _BARE_WORD
          + r"""|['"](?=[^\s'",;&)}\]>]))+)""")
 _SPACED_BARE = r"""(?P<bare>(?!""" + DONE + "|" + AUTH + ")" + _BARE_WORD + ")+)"
@@ -63,7 +67,7 @@ _SPACED_BARE = r"""(?P<bare>(?!""" + DONE + "|" + AUTH + ")" + _BARE_WORD + ")+)
 # a quote or an escaped one (`Namespace(api_key=x, n=1)`, `\"api_key=x\",\"n\"`); a quote
 # inside the word is part of it, as in a bare value above (`api_key=K1"K2`).
 _IN_WORD = (r"""(?!\\[nrt])[^\s'",)}\]>]|[,)}\]>]+(?=[^\s'",)}\]>\\]|\\+[^\\'"])"""
-            r"""|['"](?=[^\s'",)}\]>])""")
+            r"""|['"](?=[^\s'",)}\]>])|""" + JOINED)
 _ENV_BARE = (r"""(?P<bare>(?!<redacted>(?![^\s'",)}\]>])|""" + AUTH
              + r""")(?:<redacted>|""" + _IN_WORD + ")+)")
 QUOTED_ONLY = re.compile(QUOTED)
