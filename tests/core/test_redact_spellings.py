@@ -186,3 +186,16 @@ def test_a_space_no_shell_splits_at_still_ends_a_value_before_a_space(text: str)
     """Before a space or at a line's end (CRLF), such a character ends the value as before."""
     out = R.text(text)
     assert out == re.sub("Zq9XkLmP42", REDACTED, text), out
+
+
+@pytest.mark.parametrize("sep", ["\n", "\r", "\t", "\r\n", " \n  "])
+@pytest.mark.parametrize("line", ["--api-key{}Zq9XkLmP42", "x api_key={}Zq9XkLmP42",
+                                  "password:{}Zq9XkLmP42", "--hf-token{}Zq9XkLmP42 --port 1"])
+def test_an_escaped_space_after_a_name_hides_what_the_raw_one_hides(line: str, sep: str) -> None:
+    """`--api-key\\rK` hid K, JSON-encoded (a record, a request body in an error) it showed
+    K: the escape was no separator, and a value may not begin with one."""
+    raw = line.format(sep)
+    for text in (raw, json.dumps(raw), repr(raw), json.dumps(json.dumps(raw))):
+        out = R.text(text)
+        assert "kLmP42" not in out and REDACTED in out, (text, out)
+    assert R.text(json.dumps("password:\nnot set")) == json.dumps("password:\nnot set")

@@ -130,8 +130,10 @@ _SPACED_WORDS = frozenset({"true", "false", "none", "null", "yes", "no", "on", "
 _END = r"""(?:[.=\s'",;)}\]>]|$)"""
 FLAG_SHAPE = r"--[a-z][a-z0-9_-]*" + _END + r"|-[A-Za-z]{1,4}\d*" + _END + "|-+" + _END
 FLAG_WORD = re.compile(FLAG_SHAPE)  # (launch.redact_argv's, for an argv's words)
-# Between a name and its value, a shell's continuation too; between keys, only it ends no line
-_GAP = r"(?:\s|" + CONTINUED + ")"
+# Between a name and its value: a space, an escaped one (`--api-key\\nK` JSON-encoded, as \s
+# reads `--api-key\nK`), a shell's continuation, each a backslash run read once; between keys,
+# only a continuation ends no line
+_GAP = r"(?:\s|\\+(?:\r?\n|[nrt]))"
 _MORE_WORDS = re.compile(  # (not a word of prose: `--api-key value to VLLM_API_KEY`)
     r"(?:(?:[ \t]|" + CONTINUED + r""")+(?:'[^'\n]*'|"[^"\n]*"|(?!""" + FLAG_SHAPE
     + r"""|[a-z]+(?:[\s'",;)}\]>]|$)|""" + CONTINUED + r""")(?:[^\s'",;)}\]>]|""" + JOINED
@@ -305,7 +307,7 @@ def _hide(rule: Rule, m: re.Match[str], start: int, text: str) -> tuple[int, str
             return None  # a file's path, not the secret (GOOGLE_APPLICATION_CREDENTIALS=/x/y)
         sep = text[m.end("name"):where]
         if found.get("bare") is not None and found["bare"].lower() in _ENGLISH and \
-                "=" not in sep and sep[-1:].isspace():
+                "=" not in sep and (sep[-1:].isspace() or re.search(r"\\[nrt]$", sep)):
             return None  # a sentence (`password: not set`), not a value
         if rule.spaced and _IDENTIFIER.search(m["name"].strip("_.-")) is None:
             if not _credential(m["name"], found.get("bare") or found.get("qv") or ""):
