@@ -199,3 +199,14 @@ def test_an_escaped_space_after_a_name_hides_what_the_raw_one_hides(line: str, s
         out = R.text(text)
         assert "kLmP42" not in out and REDACTED in out, (text, out)
     assert R.text(json.dumps("password:\nnot set")) == json.dumps("password:\nnot set")
+
+
+@pytest.mark.parametrize("flag", ["--api-key", "--API-KEY", "--Api_Key", "-api-key", "--api_k",
+                                  "--api-ke"])
+def test_every_key_of_a_spelling_of_api_key_is_hidden_in_an_argv_as_in_a_line(flag: str) -> None:
+    """`--API-KEY K1 K2`: a line hid both keys (the text rule reads the name in any case), an
+    argv showed K2 (redact_argv compared the name as spelt with `api-key`); `--api-ke K1 K2`,
+    vLLM's parser's prefix, showed K2 in a line (the abbreviation's rule took one word)."""
+    argv = [flag, "K1zq9XkLmP", "K2zq9XkLmP", "--port", "1"]
+    assert R.argv(argv) == [flag, REDACTED, REDACTED, "--port", "1"]
+    assert R.text(" ".join(argv)) == f"{flag} {REDACTED} --port 1"

@@ -19,7 +19,7 @@ PIECES = ("\\", "\\\"", "\\'", "'", '"', "key=", "token=[,", "token=(,", "token=
           "token: bearer ", "'--api-key', 'a', '", "\"--api-key\", \"a\", \"",
           "--api-key -- ", "-api-key ", "-hf-token -- -", "a://u:\"", "a://:\"@",
           "--api-key \\\n", "token: \\\\\\n", "token=a\r", "--api-key a\x0b", "a\u2028",
-          "token:\\\\r\\t",
+          "token:\\\\r\\t", "--api-k a ",
           "Authorization: X a=\"", "Authorization: X a=b, ", "bearer:", "a=\"b\", ",
           "curl -u a:", "curl -u 'a", "curl -uuuuuuuuuu", "curl --user ",
           "mysql -p", "sshpass -v", " login -p", "redis-cli -a", "--api-key 'a' '", '--api-key a "',

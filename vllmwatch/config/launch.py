@@ -17,6 +17,7 @@ from vllmwatch.config import flagnames, flags, safefile
 from vllmwatch.config.errors import ConfigError
 from vllmwatch.config.flags import flag_name, long_forms
 from vllmwatch.config.secretnames import _ENGLISH as ENGLISH
+from vllmwatch.config.secretnames import _MORE_WORDS as _MORE
 from vllmwatch.config.secretnames import FLAG_WORD as _FLAG_WORD  # (after a key, the next flag)
 from vllmwatch.config.secretnames import HINT_WORDS, REDACTED, Rule, is_secret_name, path_value
 from vllmwatch.config.secretnames import _secret_flag_next as _flag_next
@@ -135,8 +136,7 @@ class KeyFileError(ConfigError):
     """vllm.api_key_file cannot be used now; `transient` when a moment later it may be.
 
     A key rotation replaces the file (empty or missing for a moment): the daemon retries that
-    with backoff instead of exiting 2; a path that is a FIFO, device or directory is wrong.
-    """
+    with backoff instead of exiting 2; a path that is a FIFO, device or directory is wrong."""
 
     def __init__(self, path: str, key: str, problem: str, transient: bool) -> None:
         super().__init__(path, key, problem)
@@ -239,7 +239,7 @@ def redact_argv(argv: tuple[str, ...] | list[str]) -> list[str]:
             out.append(f"{name}={REDACTED}" if eq else token)
             hide = not eq
             bare = any(f.startswith(flag_name(name).partition(".")[0]) for f in flagnames.BARE_OK)
-            many = hide and "api-key".startswith(flag_name(name) or "-")
+            many = hide and "api-key".startswith(flag_name(name).lower() or "-")
             continue
         out.append(token)
     return out
@@ -298,10 +298,10 @@ def _htpasswd_hidden(m: re.Match[str]) -> str:
 
 # vLLM's secret flags abbreviated (its parser takes a unique prefix, `_` for `-`, `--NAME.k V`):
 # `--api-k X` has no secret word in its name; after a space, prose (`--api-k is abbreviated`)
-_ABBREVIATED = re.compile(r"(?P<pre>(?:(?<![\w-])|(?<=\\[nrt]))--(?:api[-_]ke?|hf[-_]t(?:ok?e?)?)"
-                          r"(?:\.[\w.-]*)?"
-                          r"(?:=|[ \t]+(?!(?i:" + "|".join(sorted(ENGLISH)) + r")\b))"
-                          r")(?P<secret>(?!--(?:\s|$))" + _WORD + ")")
+_ABBREVIATED = re.compile(r"(?P<pre>(?:(?<![\w-])|(?<=\\[nrt]))--(?:(?P<api>api[-_]ke?)|hf[-_]t"
+                          r"(?:ok?e?)?)(?P<dot>\.[\w.-]*)?(?:=|(?P<sp>[ \t]+)(?!(?i:"
+                          + "|".join(sorted(ENGLISH)) + r")\b)))(?P<secret>(?!--(?:\s|$))" + _WORD
+                          + "(?(api)(?(dot)|(?(sp)" + _MORE.pattern + "))))")  # `--api-k K1 K2`
 CLIENTS = (("curl", _CURL_USER), ("mysql", re.compile(_FLAG % "-p")),
            ("mariadb", re.compile(_FLAG % "-p")), ("redis-cli", re.compile(_FLAG % "-a[ \t]*")),
            ("sshpass", re.compile(_FLAG % r"sshpass(?:[ \t]+-[a-oq-zA-Z]\S*)*[ \t]+-p[ \t]*")),
