@@ -222,3 +222,51 @@ def test_a_capture_that_hangs_keeps_one_worker_not_one_per_restart(
     again = ask(3)
     assert again.error == "" and store.written(shell.root) == [first[0].incident_id,
                                                                 again.incident_id]
+
+
+@pytest.mark.parametrize("hangs_at", ["the store's write", "the first look at the folder"])
+def test_a_hung_mount_refuses_the_next_capture_before_it_touches_the_mount(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch, hangs_at: str) -> None:
+    """A hung mount blocks every call under it, not only the store's writes: record() looked
+    at the incidents folder (`_root_now`, an lstat under the state directory) before it asked
+    whether an earlier capture was hung, and counted a capture as begun only after that look:
+    each restart's worker blocked there, one more per restart, the very thing the guard is
+    for. A capture counts from its first I/O, and one refused touches nothing under it."""
+    (tmp_path / "state").mkdir(mode=0o700)
+    shell = IncidentShell(CONFIG, LogCapture(), {"STATE_DIRECTORY": str(tmp_path / "state")})
+    root = shell.root
+    assert root is not None
+    monkeypatch.setattr(incidents, "WAIT_MARGIN", 0.0)
+    hung, entered = threading.Event(), threading.Event()
+    write, lexists = store._write, os.path.lexists
+
+    def hangs(*args: Any) -> str:
+        entered.set()
+        assert hung.wait(30)
+        return write(*args)
+
+    def blocks_under_root(path: Any) -> bool:  # the mount: every lookup under it hangs now
+        if str(path).startswith(root) and (entered.is_set() or hangs_at != "the store's write"):
+            entered.set()
+            assert hung.wait(30)
+        return lexists(path)
+
+    monkeypatch.setattr(store, "_write", hangs)
+    monkeypatch.setattr(os.path, "lexists", blocks_under_root)
+
+    def ask(seq: int) -> IncidentRecorded:
+        return shell.record(RecordIncident(seq, Reason.HANG, "x", 0.05, None), None, None,
+                            _NoGpu())  # type: ignore[arg-type]  # only the calls record makes
+    first = threading.Thread(target=lambda: ask(1), daemon=True)
+    first.start()
+    second: list[IncidentRecorded] = []
+    try:
+        assert entered.wait(10)
+        time.sleep(0.1)  # past the first one's deadline (timeout 0.05 s, no margin)
+        worker = threading.Thread(target=lambda: second.append(ask(2)), daemon=True)
+        worker.start()
+        worker.join(10)  # (it does no I/O: blocked, it waits for the hung one, 30 s)
+        assert second and second[0].error.startswith("not begun"), second
+    finally:
+        hung.set()
+        first.join(10)

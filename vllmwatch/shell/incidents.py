@@ -200,38 +200,37 @@ class IncidentShell:
                ) -> IncidentRecorded:
         """Write the record (worker thread); every problem comes back as the error."""
         t0, cfg = time.monotonic(), action.config  # the core's [incidents], not a copy here
-        root = self._root_now()
-        if root is None:
-            return IncidentRecorded(action.seq, error=no_record_because(self._why_none))
-        with self._lock:
-            now, wall = time.monotonic(), time.time()
-            scrapes = [(wall - (now - at), text) for at, text in self._scrapes]
-        # the driver's version is NVML's, read with its view in the record's worker, bounded
-        versions = {"vllmwatch": __version__, "vllm": vllm_version, "driver": None,
-                    "python": platform.python_version()}
-        inp = Inputs(seq=action.seq, reason=action.reason, detail=action.detail,
-                     exit_code=action.exit_code, timeout=action.timeout, pgid=action.pgid,
-                     child_pid=child_pid, facts=action.facts,
-                     output=_copy(self._tail)[-cfg.output_lines:], scrapes=scrapes,
-                     status=self.snapshot.to_json() if self.snapshot is not None else {},
-                     versions=versions, secrets=secrets_of(self._env, self._api_key),
-                     stacks_dir=self.stacks_dir,
-                     gpu=lambda: _gpu_now(sampler, _describe(sampler)),
-                     max_records=cfg.max_records,
-                     max_bytes=int(cfg.max_size * 1024 * 1024) or 1 << 62,
-                     cgroup=self.cgroup, oom_at_launch=self._oom_at_launch, gate=gate)
-        # A capture that hangs (a hung mount: the store's I/O is not bounded) holds the restart
-        # only until the core's deadline (core/incidents.py) but keeps its worker: one more
-        # each restart, until the loop had none for a probe or a sweep. Past it: no other.
+        # A capture that hangs (a hung mount: no I/O under it is bounded, a look at the folder
+        # neither) holds the restart only until the core's deadline (core/incidents.py) but
+        # keeps its worker. Past it, no other is begun: it would block on the mount too.
         if any(due < t0 for due in list(self._due.values())):  # (list: a copy, at once)
             return IncidentRecorded(action.seq, error=f"not begun: an earlier record's capture"
-                                    f" in {root} has not returned since its deadline (a hung "
-                                    "mount? see the kernel log); none is begun until it has")
-        self._due[action.seq] = t0 + action.timeout + WAIT_MARGIN
+                                    f" in {self.root} has not returned since its deadline (a "
+                                    "hung mount? see the kernel log); none is begun until it has")
+        self._due[action.seq] = t0 + action.timeout + WAIT_MARGIN  # before its first I/O
         try:
+            if (root := self._root_now()) is None:
+                return IncidentRecorded(action.seq, error=no_record_because(self._why_none))
+            with self._lock:
+                now, wall = time.monotonic(), time.time()
+                scrapes = [(wall - (now - at), text) for at, text in self._scrapes]
+            # the driver's version is NVML's, read with its view in the record's worker
+            versions = {"vllmwatch": __version__, "vllm": vllm_version, "driver": None,
+                        "python": platform.python_version()}
+            inp = Inputs(seq=action.seq, reason=action.reason, detail=action.detail,
+                         exit_code=action.exit_code, timeout=action.timeout, pgid=action.pgid,
+                         child_pid=child_pid, facts=action.facts,
+                         output=_copy(self._tail)[-cfg.output_lines:], scrapes=scrapes,
+                         status=self.snapshot.to_json() if self.snapshot is not None else {},
+                         versions=versions, secrets=secrets_of(self._env, self._api_key),
+                         stacks_dir=self.stacks_dir,
+                         gpu=lambda: _gpu_now(sampler, _describe(sampler)),
+                         max_records=cfg.max_records,
+                         max_bytes=int(cfg.max_size * 1024 * 1024) or 1 << 62,
+                         cgroup=self.cgroup, oom_at_launch=self._oom_at_launch, gate=gate)
             done = capture(inp, root, wall)
         except Exception as exc:  # (not only OSError: one incident.failed, no io.failed too)
-            return IncidentRecorded(action.seq, error=write_failed(root, exc),
+            return IncidentRecorded(action.seq, error=write_failed(self.root or "?", exc),
                                     seconds=time.monotonic() - t0)
         finally:
             self._due.pop(action.seq, None)
