@@ -10,6 +10,7 @@ import http.client
 import json
 import re
 import socket
+import time
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager, suppress
 
@@ -133,3 +134,40 @@ def test_vllms_own_error_event_then_a_dropped_connection_gets_no_second_event() 
     status, body, stats = _run("/v1/chat/completions", CHUNKED + _chunk(said))
     assert status == 200 and body == said, body
     assert stats["cut_midstream"] == 1, stats  # (the connection broke: counted as before)
+
+
+LONG = (b'data: {"id": "c1", "choices": [{"index": 0, "delta": {"content": "' + b"x" * 600
+        + b'"}}]}\n\n')  # longer than exchange.TAIL: a marker split after it spans two reads
+SPLIT = {
+    "[DONE] split mid-word after a long event": ("/v1/chat/completions", [
+        TOKEN + LONG + b"data: [DO", b"NE]\n\n"]),
+    "[DONE] then its blank line in the next read": ("/v1/completions", [
+        TOKEN + LONG + b"data: [DONE]\n", b"\n"]),
+    "[DONE] alone after a long event": ("/v1/chat/completions", [
+        TOKEN + LONG, b"data: [DONE]\n\n"]),
+    "[DONE] with CRLF and trailing spaces": ("/v1/chat/completions", [
+        TOKEN, b"data: [DONE]  \r\n\r\n"]),
+    "message_stop split after a long event": ("/v1/messages", [
+        MESSAGE + LONG.replace(b"data: ", b"event: ping\ndata: ") + b"event: message_st",
+        b'op\ndata: {"type": "message_stop"}\n\n']),
+}
+
+
+@pytest.mark.parametrize(("path", "reads"), list(SPLIT.values()), ids=list(SPLIT))
+def test_a_whole_stream_whose_last_event_spans_reads_gets_nothing_added(
+        path: str, reads: list[bytes]) -> None:
+    """The end marker is looked for in what passed, TAIL bytes of the last read kept: one
+    split across reads of the socket (each sent after a pause) is still the stream's end."""
+    def answer(conn: socket.socket) -> None:
+        conn.sendall(CHUNKED)
+        for part in reads:
+            conn.sendall(_chunk(part))
+            time.sleep(0.2)  # (a read of its own: aiohttp passes what has come)
+        conn.sendall(END)
+
+    with _gate(answer) as (port, gate):
+        status, body = _post(port, path)
+        wait_for(lambda: gate.snapshot()["in_flight"] == 0, 30, "the exchange ended")
+        stats = gate.snapshot()
+    assert status == 200 and body == b"".join(reads), body
+    assert stats["cut_midstream"] == 0, stats
