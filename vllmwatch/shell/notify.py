@@ -17,7 +17,7 @@ from vllmwatch.config.redact import REDACT
 from vllmwatch.core import exitcodes
 from vllmwatch.core.names import Reason, exit_code
 from vllmwatch.logfn import LogFn
-from vllmwatch.status.statusline import systemctl
+from vllmwatch.status.statusline import STATUS_WIDTH, systemctl
 
 
 class Notifier(Protocol):
@@ -90,7 +90,7 @@ def status_line(text: str) -> str:
     # line's end (`HF_TOKEN abcd` then `starting`) read as a word of a sentence and stayed.
     # (Then redacted whole or cut: systemctl status shows it to all.)
     one = " ".join(REDACT.text(text).split())
-    shown = REDACT.head(one, 200) + "..." if len(one) > 200 else one
+    shown = REDACT.head(one, STATUS_WIDTH) + "..." if len(one) > STATUS_WIDTH else one
     # vLLM's words reach it (the line it refused its arguments with): an ANSI code, a bell or
     # a bidi override would act on the terminal of whoever runs `systemctl status`
     return "STATUS=" + printable(shown, False)

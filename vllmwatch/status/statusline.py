@@ -9,7 +9,7 @@ from typing import Any
 from vllmwatch.config.hosts import parse_listen, url_host
 from vllmwatch.config.redact import REDACT
 from vllmwatch.config.schema import Config, VllmConfig
-from vllmwatch.config.units import brief, format_duration, format_mib
+from vllmwatch.config.units import CUT, brief, format_duration, format_mib
 from vllmwatch.core import drain as drains
 from vllmwatch.core import exitcodes, leak
 from vllmwatch.core.names import Reason
@@ -167,51 +167,97 @@ def _smoke(c: ChildRun | None) -> tuple[dict[str, Any], ...]:
     return tuple(smoke.view(c.smoke))
 
 
+STATUS_WIDTH = 200  # the STATUS= line's most characters (shell/notify.status_line cuts there)
+_FREE_MIN = 16  # what a shortened free-text part keeps: its start names it ("gate down: [Errn")
+
+# A part of the line: its fixed words, its free text (a message of another's: shortened first
+# when the line is too long, "" for none), and its fixed end.
+_Part = tuple[str, str, str]
+
+
 def summary(snap: Snapshot, down: tuple[str, ...] = ()) -> str:
     """One line for systemctl status: state, uptime, restarts, last reason, memory; `down`:
-    parts of vllmwatch itself that are down (the gate), said right after the state."""
+    parts of vllmwatch itself that are down (the gate), said right after the state. At most
+    STATUS_WIDTH characters: the free text (a gate's error, a refused reload's, an exit's
+    detail) is shortened before any fixed word goes."""
     # "ready" only while it is (_ready): a restart's rung that leaves the coarse state READY
     # (the incident record of a crash) began the line "ready" beside "restart recording"
-    parts = ["not ready" if snap.state == "ready" and not snap.ready else snap.state]
-    parts += [REDACT.head(words, 120) for words in down]  # (before the 200-character cut)
+    parts: list[_Part] = [("not ready" if snap.state == "ready" and not snap.ready
+                           else snap.state, "", "")]
+    parts += [("", REDACT.head(words, 120), "") for words in down]
     if snap.reload_refused:  # systemd heard READY=1 (the reload over): what was not taken.
         # Its start: the file, line, key and value come first (the journal has the rest)
-        cut = REDACT.head(snap.reload_refused, 120)
-        parts.append(f"reload refused: {cut}" + ("..." if len(cut) == 120 else ""))
+        head = REDACT.head(snap.reload_refused, 120)
+        parts.append(("reload refused: ", head + ("..." if len(head) == 120 else ""), ""))
     if snap.exit_reason is not None and snap.exit_reason != Reason.STOP:
         # Leaving for a cause: said first, until the process is gone (a crash-loop give-up
         # read "stopping | ... | last crash", a crash restart it seemed; the exit code and
         # why were in the journal alone). A requested stop is "stopping" already.
-        parts.append(f"exiting {snap.exit_code}: {snap.exit_reason}"
-                     # its start and its end: a crash loop's cause, its last failure, is last
-                     + (f" ({brief(snap.exit_detail, 100)})" if snap.exit_detail else ""))
+        detail = brief(snap.exit_detail, 100) if snap.exit_detail else ""
+        parts.append((f"exiting {snap.exit_code}: {snap.exit_reason}" + (" (" if detail else ""),
+                      detail, ")" if detail else ""))  # its cause, its last failure, is last
     if snap.serving == "spare":  # issue 34: clients are answered, by the smaller engine
         took = (snap.spare or {}).get("for_s")
-        parts.append("degraded: spare serving" + (f" for {format_duration(took)}" if
-                                                  isinstance(took, (int, float)) else ""))
+        parts.append(("degraded: spare serving" + (f" for {format_duration(took)}" if
+                                                   isinstance(took, (int, float)) else ""),
+                      "", ""))
     if snap.restart_phase != "idle" and snap.state not in ("stopped", "failed"):  # the rung
         # of the restart (or exit) under way; none once the daemon is done
         word = ladder_word(snap.restart_phase, snap.restart_reason, snap.exit_reason)
-        parts.append(f"{word} {snap.restart_phase} for "
-                     f"{format_duration(snap.restart_phase_for_s or 0.0)}"
-                     + (f", next launch in {format_duration(snap.next_launch_in_s)}"
-                        if snap.next_launch_in_s is not None else ""))
+        parts.append((f"{word} {snap.restart_phase} for "
+                      f"{format_duration(snap.restart_phase_for_s or 0.0)}"
+                      + (f", next launch in {format_duration(snap.next_launch_in_s)}"
+                         if snap.next_launch_in_s is not None else ""), "", ""))
     if snap.child_uptime_s is not None:
-        parts.append(f"up {format_duration(snap.child_uptime_s)}")
-    parts.append(f"restarts {snap.restarts_total}")
+        parts.append((f"up {format_duration(snap.child_uptime_s)}", "", ""))
+    parts.append((f"restarts {snap.restarts_total}", "", ""))
     if snap.canary_unanswered_s is not None:  # "ready" alone hid a wedged API server
-        parts.append(f"canary unanswered {format_duration(snap.canary_unanswered_s)}")
+        parts.append((f"canary unanswered {format_duration(snap.canary_unanswered_s)}", "", ""))
     held = [c["name"] for c in snap.smoke_checks if c.get("result") == "failed"
             and c.get("required") and snap.state == "starting"]
     if held:  # the start waits for startup.timeout: say why it is not READY
-        parts.append(f"READY held: smoke check {held[0]} failed")
+        parts.append(("READY held: smoke check ", str(held[0]), " failed"))
     if snap.last_reason == Reason.START_MEMORY and snap.last_reason_detail:
         # The operator's next step depends on the numbers ("page cache held N GiB at start").
-        parts.append(f"last start_memory: {snap.last_reason_detail}")
+        parts.append(("last start_memory: ", snap.last_reason_detail, ""))
     elif snap.last_reason:
-        parts.append(f"last {snap.last_reason}")
-    parts += memory_words(snap.memory)
-    return " | ".join(parts)
+        parts.append((f"last {snap.last_reason}", "", ""))
+    parts += [(words, "", "") for words in memory_words(snap.memory)]
+    return _fit(parts, STATUS_WIDTH)
+
+
+def _fit(parts: list[_Part], width: int) -> str:
+    """The parts joined by " | " in at most `width` characters where the fixed words allow:
+    the longest free text is shortened first, none below _FREE_MIN. Cut at the end alone
+    (status_line's cut), a long gate error or refused reload took the exit, the spare
+    serving and the restart's rung that follow it off the line."""
+    free = [p[1] for p in parts]
+
+    def line() -> str:
+        return " | ".join(head + body + end for (head, _, end), body in zip(parts, free,
+                                                                            strict=True))
+
+    while (over := len(line()) - width) > 0:
+        longest = sorted(range(len(free)), key=lambda i: len(free[i]), reverse=True)
+        i = longest[0]
+        if len(free[i]) <= _FREE_MIN:
+            break  # the fixed words alone are too long: status_line's cut ends it
+        runner_up = len(free[longest[1]]) if len(longest) > 1 else 0
+        keep = min(len(free[i]) - 1,  # (a tie with the runner-up: one character at a time)
+                   max(_FREE_MIN, runner_up, len(free[i]) - over))
+        free[i] = _shorten(parts[i][1], keep)
+    return line()
+
+
+def _shorten(text: str, keep: int) -> str:
+    """`text` (redacted already) in at most `keep` characters: its start and its end where
+    there is room for both (a start-memory detail's cause, "page cache held N GiB", is said
+    last), else its start."""
+    if keep >= 2 * _FREE_MIN + len(CUT):
+        cut = brief(text, keep)
+        if len(cut) <= keep:
+            return cut
+    return text[:keep - 3].rstrip() + "..."
 
 
 def memory_words(mem: MemoryFigures) -> list[str]:
