@@ -33,6 +33,7 @@ from vllmwatch.shell.notify import (
     START_HINT,
     SystemdNotifier,
     report_crash,
+    status_line,
     thread_crash_hook,
 )
 from vllmwatch.status import statusline
@@ -60,7 +61,7 @@ def main(config: Config, log_format: str | None = None, prewarm: bool = True,
     try:
         notifier = SystemdNotifier(log, env)
         try:
-            lock = _lock_instance(config, env, log)  # before anything is bound or launched
+            lock = _lock_instance(config, env, log, notifier)  # before anything is bound
             if isinstance(lock, int):
                 return lock
             try:
@@ -251,9 +252,10 @@ class ReadyzWatch:
             self._loop.post(ReadyzPolled())
 
 
-def _lock_instance(config: Config, env: Mapping[str, str], log: LogFn
+def _lock_instance(config: Config, env: Mapping[str, str], log: LogFn, notifier: SystemdNotifier
                    ) -> groupfile.InstanceLock | int | None:
-    """This config's instance lock; an exit code when another live daemon holds it; None
+    """This config's instance lock; an exit code when another live daemon holds it (said
+    as every other exit is: daemon.exiting, STOPPING=1 and the last STATUS= line); None
     (logged) when no private directory can hold one."""
     try:
         got = groupfile.acquire_lock(instance_id(config.path), env)
@@ -265,6 +267,11 @@ def _lock_instance(config: Config, env: Mapping[str, str], log: LogFn
             hint="one vllmwatch per config: stop the other one first "
                  f"({statusline.systemctl('stop')}, or kill that pid), or give this one its "
                  "own config file")
+        # systemd shows the last STATUS= after the process is gone: without one this start's
+        # `systemctl status` said only status=73/CANTCREAT, not who holds the config
+        notifier.send("STOPPING=1\n" + status_line(
+            f"failed | exiting {code}: {Reason.ALREADY_RUNNING} (another vllmwatch, pid "
+            f"{exc.pid}, runs {config.path}; nothing touched)"))
         return code
     if isinstance(got, str):
         log("warning", "daemon.unlocked", reason=got,

@@ -54,6 +54,16 @@ def test_a_second_daemon_on_the_same_config_exits_at_once_touching_nothing(
         assert said["lock"].endswith(".lock") and str(first.pid) in said["detail"]
         names = {e["event"] for e in second.events}
         assert names == {"daemon.version", "daemon.exiting"}, names  # bound, swept nothing
+        # ... and said to systemd as every other exit is: STOPPING=1 and the last STATUS=,
+        # which `systemctl status` keeps showing after the process is gone
+        listener = second.notify
+        assert listener is not None
+        wait_for(lambda: listener.count("STATUS=") > 0, 5.0, "the exit's STATUS= line")
+        said_to = [text for _, text in listener.lines()]
+        assert any("STOPPING=1" in text for text in said_to), said_to
+        status = [text for text in said_to if text.startswith("STATUS=")]
+        assert status and "exiting 73: already_running" in status[-1] \
+            and f"pid {first.pid}" in status[-1], status
         # The first daemon and its vLLM never noticed.
         assert psutil.Process(child).is_running()
         assert http(first.port, "/health")[0] == 200
