@@ -331,3 +331,27 @@ def test_a_load_that_answered_late_shows_loaded_once_vllm_lists_it(
         watch.update(repointed.adapters[1:], (), ("b",)).join(90 * TIMEOUT_SCALE)
         assert "bias" in log.named("lora.load_failed")[-1]["error"]
         assert served(watch)["b"] == "failed"
+
+
+def test_an_adapter_loaded_live_then_lost_is_loaded_again_by_the_retry(tmp_path: Path) -> None:
+    """An adapter this child loaded live, then unloaded past vllmwatch (vLLM's unguarded
+    unload endpoint): /status said `missing` and the SIGHUP logged `lora.retry` for it, but
+    the worker skipped it as loaded already (it remembered its own load, not what vLLM
+    serves), so it stayed missing until a restart."""
+    a, b = str(make(tmp_path / "a")), str(make(tmp_path / "b"))
+    port = free_port()
+    with watching(port, a) as (watch, log):
+        c1 = config(port, {"a": a, "b": b})
+        watch.reconfigure(c1)
+        watch.update(c1.adapters[1:], (), ()).join(30 * TIMEOUT_SCALE)
+        assert served(watch)["b"] == "loaded"
+        body = json.dumps({"lora_name": "b"}).encode()
+        assert bounded_http.request("127.0.0.1", port, "POST", "/v1/unload_lora_adapter",
+                                    timeout=10 * TIMEOUT_SCALE, max_body=4096, body=body,
+                                    headers={"Content-Type": "application/json"})[0] == 200
+        assert served(watch)["b"] == "missing"
+        retry = watch.reconfigure(c1)  # SIGHUP, the same config
+        assert retry is not None
+        retry.join(30 * TIMEOUT_SCALE)
+        assert served(watch)["b"] == "loaded"
+        assert [f["adapter"] for f in log.named("lora.loaded")] == ["b", "b"]

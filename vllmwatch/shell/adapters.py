@@ -278,6 +278,9 @@ class AdapterWatch:
         late = []
         with self._lock:
             self._served, self._unreadable = set(roots), ""
+            # Our own loads stand only while vLLM lists them: one unloaded past us (its
+            # unguarded endpoint) was skipped by the retry as "loaded already", for good
+            self._ours = {n: p for n, p in self._ours.items() if roots.get(n) == p}
             # A load that failed by its deadline (or was cut) goes on in vLLM: listed under
             # its name with the path we asked for, it is loaded (/status said `failed` while
             # vLLM served it). Listed with another path, a refused repoint: still failed.
