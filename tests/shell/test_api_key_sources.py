@@ -107,3 +107,28 @@ def test_the_spares_digest_sees_a_new_key(tmp_path: Path, monkeypatch: pytest.Mo
         config = from_dict({"vllm": {"model": "/m", "gpus": [], **keys}})
         parts.append(dict(digest(planner.command(config, SparePlan(on=True, reason="t")))))
     assert parts[0]["the API key"] != parts[1]["the API key"]
+
+
+def test_the_adapters_requests_send_the_running_engines_key(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """The adapters' requests read the key file at each request (the next launch's key),
+    while the probes send the running engine's: a key file rewritten for a rotation (before
+    its SIGHUP relaunches) made every /v1/models read a 401 (the states froze) and the
+    SIGHUP's retry of a failed adapter a 401 from the old engine, logged as vLLM refusing the
+    adapter ("fix it")."""
+    from vllmwatch.shell.effects import RealEffects
+
+    key_file = _secret_file(tmp_path, "old-key-123456\n")
+    config = from_dict({"vllm": {"model": "/m", "gpus": [], "api_key_file": key_file},
+                        "adapters": [], "lora": {"live": True}})
+    fx = SimpleNamespace(_adapters=None, log=LogCapture(), _environ=BASE_ENV,
+                         _run=SimpleNamespace(api_key="old-key-123456"))
+    RealEffects._watch_adapters(cast(Any, fx), config)
+    Path(key_file).write_text("new-key-654321\n")  # rotated; the SIGHUP has not come yet
+    sent: list[dict[str, str]] = []
+    monkeypatch.setattr(watchmod.bounded_http, "request", lambda *a, headers, **k: (
+        sent.append(headers), (200, b"{}"))[1])
+    fx._adapters._get(config, "/v1/models")
+    fx._run = None  # between a reap and the next launch: no engine, no key to send
+    fx._adapters._get(config, "/v1/models")
+    assert sent == [{"Authorization": "Bearer old-key-123456"}, {}]

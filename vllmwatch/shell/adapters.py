@@ -19,7 +19,7 @@ import os
 import threading
 import time
 from collections.abc import Callable, Mapping
-from typing import Any
+from typing import Any, Protocol
 
 from vllmwatch import bounded_http
 from vllmwatch.config import command
@@ -66,6 +66,14 @@ def vllm_error(status: int, raw: bytes) -> str:
     return f"HTTP {status}: {text}" if text else f"HTTP {status}"
 
 
+class Engine(Protocol):
+    """The running engine, as the watch needs it (shell/childrun.ChildHandle)."""
+
+    @property
+    def api_key(self) -> str | None:
+        """The key its /v1 routes want (None: none)."""
+
+
 class Sent:
     """A live change handed to the worker: `done` once vLLM answered it (or failed to)."""
 
@@ -82,9 +90,14 @@ class AdapterWatch:
 
     def __init__(self, config: Config, log: LogFn,
                  clock: Callable[[], float] = time.monotonic,
-                 environ: Mapping[str, str] | None = None) -> None:
+                 environ: Mapping[str, str] | None = None,
+                 engine: Callable[[], Engine | None] | None = None) -> None:
         self._log, self._clock = log, clock
         self._environ = os.environ if environ is None else environ  # vLLM's, for the key
+        # The running engine (the daemon's: its key is its launch's, as the probes send);
+        # without it the next launch's key, read now: after a key file's rotation, before its
+        # SIGHUP relaunched, the old engine answered that one 401 ("vLLM refused the adapter")
+        self._engine = engine
         self._lock = threading.Lock()
         self._config = config
         self._errors: dict[str, str] = {}  # adapter -> vLLM's refusal of its last load
@@ -315,7 +328,10 @@ class AdapterWatch:
                  timeout: float) -> tuple[int, bytes]:
         headers = {"Content-Type": "application/json"} if body is not None else {}
         try:
-            key = command.effective_api_key(config, self._environ)  # as the launch gives it
+            if self._engine is None:
+                key = command.effective_api_key(config, self._environ)  # as a launch gives it
+            else:  # None: no engine runs now
+                key = run.api_key if (run := self._engine()) is not None else None
         except ConfigError:
             key = None
         if key:

@@ -336,7 +336,7 @@ class RealEffects:
         """The adapters' watch, made the first time a config has [[adapters]] or live."""
         if self._adapters is None and (config.adapters or config.lora.live):
             from vllmwatch.shell.adapters import AdapterWatch  # only with adapters (issue 38)
-            self._adapters = AdapterWatch(config, self.log, environ=self._environ)
+            self._adapters = AdapterWatch(config, self.log, engine=lambda: self._run)
         elif self._adapters is not None:
             self._adapters.reconfigure(config)
 
