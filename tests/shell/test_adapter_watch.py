@@ -355,3 +355,26 @@ def test_an_adapter_loaded_live_then_lost_is_loaded_again_by_the_retry(tmp_path:
         retry.join(30 * TIMEOUT_SCALE)
         assert served(watch)["b"] == "loaded"
         assert [f["adapter"] for f in log.named("lora.loaded")] == ["b", "b"]
+
+
+def test_a_configured_name_serving_another_path_is_not_loaded(tmp_path: Path) -> None:
+    """vLLM serves a configured adapter's name from another path (replaced in place past
+    vllmwatch: load_inplace on vLLM's unguarded endpoint): /status said `loaded`, by name
+    alone, while clients got other weights, and a SIGHUP's retry left it so. It is
+    `missing` with the path vLLM serves, and the retry puts the configured path back."""
+    a, other = str(make(tmp_path / "a")), str(make(tmp_path / "other"))
+    port = free_port()
+    with watching(port, a) as (watch, log):
+        body = json.dumps({"lora_name": "a", "lora_path": other, "load_inplace": True})
+        assert bounded_http.request("127.0.0.1", port, "POST", "/v1/load_lora_adapter",
+                                    timeout=10 * TIMEOUT_SCALE, max_body=4096,
+                                    body=body.encode(),
+                                    headers={"Content-Type": "application/json"})[0] == 200
+        assert served(watch)["a"] == "missing"
+        [row] = watch.view(True)["managed"]
+        assert other in row["error"]
+        retry = watch.reconfigure(config(port, {"a": a}))  # SIGHUP, the same config
+        assert retry is not None
+        retry.join(30 * TIMEOUT_SCALE)
+        assert served(watch)["a"] == "loaded" and watch.view(True)["managed"][0]["error"] is None
+        assert log.named("lora.load_failed") == []

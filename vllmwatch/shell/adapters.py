@@ -66,6 +66,12 @@ def vllm_error(status: int, raw: bytes) -> str:
     return f"HTTP {status}: {text}" if text else f"HTTP {status}"
 
 
+def serves(roots: Mapping[str, str | None], name: str, path: str) -> bool:
+    """vLLM's model list (name -> root) serves adapter `name` from `path`: a configured name
+    served from another path (replaced past us) is not the adapter (a root None: by name)."""
+    return name in roots and roots[name] in (None, path)
+
+
 class Engine(Protocol):
     """The running engine, as the watch needs it (shell/childrun.ChildHandle)."""
 
@@ -101,7 +107,7 @@ class AdapterWatch:
         self._lock = threading.Lock()
         self._config = config
         self._errors: dict[str, str] = {}  # adapter -> vLLM's refusal of its last load
-        self._served: set[str] | None = None  # the names /v1/models lists (None: not read)
+        self._served: dict[str, str | None] | None = None  # /v1/models' name -> root
         self._pid: int | None = None
         self._left_out: set[str] = set()  # configured, not on the last launch's command line
         # adapter -> the path this child loaded live (200): a second load of the same (the
@@ -128,7 +134,7 @@ class AdapterWatch:
             self._errors = {k: v for k, v in self._errors.items() if k in names}
             self._left_out &= names
             retry = tuple(a for a in config.adapters if a.name in self._errors or (
-                self._served is not None and a.name not in self._served)) \
+                self._served is not None and not serves(self._served, a.name, a.path))) \
                 if same and config.lora.live and self._served is not None else ()
         if not retry:
             return None
@@ -199,11 +205,14 @@ class AdapterWatch:
             elif served is None or not ready:
                 state = "unknown"
             else:
-                state = "loaded" if a.name in served else "missing"
+                state = "loaded" if serves(served, a.name, a.path) else "missing"
+                if a.name in served and state == "missing":
+                    errors[a.name] = (f"vLLM serves it from {served[a.name]!r}; a reload (lora"
+                                      ".live = true) or the next launch loads the configured one")
             rows.append({"name": a.name, "path": a.path, "required": a.required,
                          "rank": a.rank, "state": state, "error": errors.get(a.name)})
         names = {a.name for a in config.adapters}
-        unmanaged = sorted(served - names - {config.vllm.model_name}) if served else []
+        unmanaged = sorted(set(served or ()) - names - {config.vllm.model_name})
         return {"live": config.lora.live, "managed": rows, "unmanaged": unmanaged,
                 "loads_failed": self.loads_failed}
 
@@ -277,7 +286,8 @@ class AdapterWatch:
         if status != 200:
             return  # unknown stays unknown: the probes say whether vLLM is there
         try:
-            roots = {str(m["id"]): str(m.get("root")) for m in json.loads(raw)["data"]}
+            roots = {str(m["id"]): m["root"] if isinstance(m.get("root"), str) else None
+                     for m in json.loads(raw)["data"]}
         except (ValueError, KeyError, TypeError, AttributeError, RecursionError) as exc:
             # (RecursionError: nesting deeper than Python's stack, no ValueError.) A failed
             # refresh: unknown stays unknown, said once per kind of answer, not per refresh
@@ -290,10 +300,9 @@ class AdapterWatch:
             return
         late = []
         with self._lock:
-            self._served, self._unreadable = set(roots), ""
-            # Our own loads stand only while vLLM lists them: one unloaded past us (its
-            # unguarded endpoint) was skipped by the retry as "loaded already", for good
-            self._ours = {n: p for n, p in self._ours.items() if roots.get(n) == p}
+            self._served, self._unreadable = roots, ""
+            # ours only while listed: the retry skipped one unloaded past us as loaded
+            self._ours = {n: p for n, p in self._ours.items() if serves(roots, n, p)}
             # A load that failed by its deadline (or was cut) goes on in vLLM: listed under
             # its name with the path we asked for, it is loaded (/status said `failed` while
             # vLLM served it). Listed with another path, a refused repoint: still failed.
