@@ -8,7 +8,6 @@ follow it too. The openai and anthropic packages resend any 5xx unless told not 
 from __future__ import annotations
 
 import asyncio
-import http.client
 import json
 from collections.abc import Callable
 from typing import Any
@@ -16,24 +15,12 @@ from typing import Any
 import pytest
 
 from tests.shell.test_gate_replay import BODY, settle, setup
+from tests.shell.test_gate_review6 import _ask
 from tests.shell.test_gate_split_events import _gate
-from tests.support import TIMEOUT_SCALE
 from vllmwatch.gate import exchange, guard, head, shed
 from vllmwatch.gate.door import Readiness
 
 Answer = tuple[int, dict[str, str], bytes]
-
-
-def _ask(port: int, path: str = "/v1/completions", body: dict[str, Any] | None = None,
-         ) -> Answer:
-    conn = http.client.HTTPConnection("127.0.0.1", port, timeout=60 * TIMEOUT_SCALE)
-    try:
-        conn.request("POST", path, json.dumps(body or BODY),
-                     {"Content-Type": "application/json"})
-        resp = conn.getresponse()
-        return resp.status, dict(resp.getheaders()), resp.read()
-    finally:
-        conn.close()
 
 
 def _scripted(*answers: Any, path: str = "/v1/completions", body: dict[str, Any] | None = None,

@@ -16,11 +16,9 @@ from contextlib import contextmanager, suppress
 
 import pytest
 
-from tests.support import TIMEOUT_SCALE, free_port, wait_for
-from tests.support.rawhttp import raw_upstream
-from vllmwatch.config.schema import from_dict
-from vllmwatch.gate.runner import Gate, start_gate
-from vllmwatch.status.snapshot import Snapshot
+from tests.shell.test_gate_split_events import _gate as split_gate
+from tests.support import TIMEOUT_SCALE, wait_for
+from vllmwatch.gate.runner import Gate
 
 CHUNKED = (b"HTTP/1.1 200 OK\r\nContent-Type: text/event-stream\r\n"
            b"Transfer-Encoding: chunked\r\n\r\n")
@@ -39,16 +37,9 @@ def _chunk(data: bytes) -> bytes:
 
 @contextmanager
 def _gate(answer: Callable[[socket.socket], None]) -> Iterator[tuple[int, Gate]]:
-    with raw_upstream(lambda conn, _n: answer(conn)) as (port, _seen):
-        config = from_dict({"vllm": {"model": "m", "host": "127.0.0.1", "port": port},
-                            "gate": {"enabled": True, "listen": f"127.0.0.1:{free_port()}"}})
-        gate = start_gate(config, lambda *_a, **_k: None,
-                          lambda: Snapshot(state="ready", ready=True, child_pid=7))
-        assert gate is not None
-        try:
-            yield gate.port, gate
-        finally:
-            gate.stop()
+    """The gate before a raw vLLM stand-in that answers every request with `answer`."""
+    with split_gate([answer]) as (port, _seen, gate):
+        yield port, gate
 
 
 def _post(port: int, path: str) -> tuple[int, bytes]:
