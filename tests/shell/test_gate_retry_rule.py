@@ -1,13 +1,15 @@
-"""Every 502, 503 and 504 the gate makes itself tells its client when to retry: Retry-After
+"""Every 5xx the gate makes itself tells its client when to retry: Retry-After
 where the same request sent again can succeed (vLLM not ready, stopping, a failure before
 any answer, a timeout), X-Should-Retry: false where it cannot (quarantined, a KV handle, an
 answer of vLLM's whose head cannot be read: the same request gets the same head). One rule,
-in guard.error_response; aiohttp's own 504 (a handler that timed out) and the shed's raw 503
-follow it too. The openai and anthropic packages resend any 5xx unless told not to."""
+in guard.error_response; aiohttp's own 500 (a handler that raised) and 504 (one that timed
+out) and the shed's raw 503 follow it too, and no error page of aiohttp's reaches a client.
+The openai and anthropic packages resend any 5xx unless told not to."""
 
 from __future__ import annotations
 
 import asyncio
+import http.client
 import json
 from collections.abc import Callable
 from typing import Any
@@ -17,6 +19,7 @@ import pytest
 from tests.shell.test_gate_replay import BODY, settle, setup
 from tests.shell.test_gate_review6 import _ask
 from tests.shell.test_gate_split_events import _gate
+from tests.support import TIMEOUT_SCALE
 from vllmwatch.gate import exchange, guard, head, shed
 from vllmwatch.gate.door import Readiness
 
@@ -47,6 +50,12 @@ def _handler_timeout(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setattr(head, "admit", late)
 
 
+def _handler_crash(monkeypatch: pytest.MonkeyPatch) -> None:
+    async def crash(*_a: Any) -> None:
+        raise RuntimeError("a bug of the gate's")  # (aiohttp answers it 500 itself)
+    monkeypatch.setattr(head, "admit", crash)
+
+
 BIG_HEAD = (b"HTTP/1.1 200 OK\r\nContent-Type: application/json\r\nX-Big: " + b"x" * 9000
             + b"\r\nContent-Length: 2\r\n\r\n{}")
 OK = (200, json.dumps({"choices": [{"index": 0, "text": "ok", "finish_reason": "stop"}]}
@@ -66,6 +75,7 @@ CASES: dict[str, tuple[Callable[[], Answer], int, bool, Callable[..., None] | No
         mp.setattr(guard, "MAX_HELD", 16))),
     "vLLM's head unreadable": (_raw(BIG_HEAD), 502, True, None),
     "aiohttp's handler timeout": (_scripted(OK), 504, False, _handler_timeout),
+    "a handler that raised": (_scripted(OK), 500, False, _handler_crash),
 }
 
 
@@ -78,7 +88,7 @@ def test_every_5xx_of_the_gates_own_says_when_to_retry_or_never(
         patch(monkeypatch)
     got, headers, body = ask()
     assert got == status, body
-    assert status in (502, 503, 504)
+    assert status in (500, 502, 503, 504)
     if final:
         assert headers.get("X-Should-Retry") == "false" and "Retry-After" not in headers, headers
     else:
@@ -92,3 +102,29 @@ def test_the_shed_503_says_when_to_retry_by_the_same_rule() -> None:
     head_, _, _ = shed._SHED.partition(b"\r\n\r\n")
     assert head_.startswith(b"HTTP/1.1 503 ")
     assert b"\r\nRetry-After: %d" % guard.RETRY_SOON in head_
+
+
+@pytest.mark.parametrize("path", ["/v1/chat/completions", "/v1/messages"])
+def test_a_crashed_handler_answers_the_apis_json_error_never_aiohttps_page(
+        path: str, monkeypatch: pytest.MonkeyPatch) -> None:
+    """aiohttp's own 500 was a text page (HTML for a browser's Accept) with no retry header:
+    an SDK could neither parse it nor tell when to retry. Now the path's API error shape."""
+    _handler_crash(monkeypatch)
+    with setup(OK) as (g, _script, _d):
+        conn = http.client.HTTPConnection("127.0.0.1", g.port, timeout=60 * TIMEOUT_SCALE)
+        try:
+            conn.request("POST", path, json.dumps(BODY), {"Content-Type": "application/json",
+                                                          "Accept": "text/html, */*"})
+            resp = conn.getresponse()
+            status, headers, body = resp.status, dict(resp.getheaders()), resp.read()
+        finally:
+            conn.close()
+        settle(g)
+    assert status == 500 and headers["Content-Type"].startswith("application/json"), body
+    assert int(headers["Retry-After"]) >= 1, headers
+    err = json.loads(body)
+    if path == "/v1/messages":
+        assert err["type"] == "error" and err["error"]["type"] == "api_error", err
+    else:
+        assert err["object"] == "error" and err["type"] == "InternalServerError", err
+    assert b"a bug of the gate's" not in body  # (the log has it; the client gets no trace)

@@ -48,6 +48,9 @@ def test_a_request_aiohttp_cannot_parse_is_answered_without_its_bytes(
     assert out.startswith((b"HTTP/1.1 400", b"HTTP/1.0 400")), out[:300]
     assert SECRET not in out and b"tok_live" not in out, out
     assert b"could not parse" in out and _Vllm.seen == []
+    head, _, body = out.partition(b"\r\n\r\n")  # the API's JSON error, never a retry
+    assert b"application/json" in head and b"X-Should-Retry: false" in head, head
+    assert b'"code": 400' in body, body
 
 
 def test_connections_that_never_send_a_byte_are_closed_at_the_header_deadline(

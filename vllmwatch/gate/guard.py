@@ -35,21 +35,22 @@ from aiohttp.web_protocol import RequestHandler
 from vllmwatch.config.redact import REDACT
 from vllmwatch.gate import replay
 
-_KINDS = {503: "ServiceUnavailableError", 504: "GatewayTimeoutError"}
+_KINDS = {400: "BadRequestError", 500: "InternalServerError", 503: "ServiceUnavailableError",
+          504: "GatewayTimeoutError"}
 RETRY_SOON = 1  # seconds: a 5xx of the gate's own whose caller names no figure
 # The gate's own answers with these say when to retry, or that a retry cannot help: every one
-# is made by error_response (aiohttp's own 504 too: _Quiet), but the shed's raw 503 (shed.py).
-RETRYABLE = frozenset({502, 503, 504})
+# is made by error_response (aiohttp's own 500 and 504 too: _Quiet), but the shed's raw 503.
+RETRYABLE = frozenset({500, 502, 503, 504})
 
 
 def error_response(path: str, status: int, message: str, retry_after: float | None = None,
                    kind: str | None = None, close: bool = False, final: bool = False
                    ) -> web.Response:
     """The gate's own error answer, in the shape of the path's API (replay.error_body); its
-    message redacted. close: the connection closes after it (a refused body). A 502, 503 or
-    504 always says when to try again (a client's retry policy reads it): RETRY_SOON unless
-    the caller knows better (gate.retry_after); `final`: never, the same request sent again
-    fails again or does harm (NOT_AGAIN)."""
+    message redacted. close: the connection closes after it (a refused body). A 5xx always
+    says when to try again (a client's retry policy reads it): RETRY_SOON unless the caller
+    knows better (gate.retry_after); `final`: never, the same request sent again fails again
+    or does harm (NOT_AGAIN)."""
     if retry_after is None and status in RETRYABLE and not final:
         retry_after = RETRY_SOON
     headers = {"Retry-After": str(math.ceil(retry_after))} if retry_after is not None else {}
@@ -107,10 +108,10 @@ class _Conn:
 
 
 class _Quiet(RequestHandler):
-    """aiohttp's handler, whose own error page for a request it cannot parse quoted the
-    offending bytes (a header with the client's key, a query's api_key) back unredacted:
-    a fixed text instead (the log's copy passes the redactor, shell/logs.py). A client that
-    left is counted (`count`, clients_left), never logged as the library's error."""
+    """aiohttp's handler, whose own error pages were no API's error (text; HTML for a browser;
+    no retry header) and quoted an unparsable request's bytes back (a client's key): the
+    gate's JSON error instead, fixed text (the log's copy passes the redactor, shell/logs.py).
+    A client that left is counted (`count`, clients_left), never logged as the library's."""
 
     __slots__ = ("count",)
     count: Callable[[str], None]
@@ -125,12 +126,12 @@ class _Quiet(RequestHandler):
             gone = web.Response(status=status)
             gone.force_close()
             return gone
-        answer = super().handle_error(request, status, exc, None if status == 500 else
-                                      f"{status}: the gate could not parse the request\n")
-        if status in RETRYABLE:  # aiohttp's 504 for a handler that timed out: the one rule
-            return error_response(request.path, status, "the gate did not answer in time; "
-                                  "send it again if it is safe to repeat", close=True)
-        return answer
+        super().handle_error(request, status, exc, "")  # logs it; raises if the answer began
+        # A crashed handler's 500, a timed-out one's 504 say when to retry; a 4xx, that it can't
+        why = "the gate " + ("did not answer in time" if status == 504 else "failed on this "
+                             "request (its log says why)") + "; send it again if safe to repeat"
+        return error_response(request.path, status, why if status >= 500 else f"{status}: the "
+                              "gate could not parse the request", close=True, final=status < 500)
 
 
 class _Tracked(asyncio.Protocol):
