@@ -1,8 +1,9 @@
 """A begun stream whose upstream ends without its protocol's last event (`data: [DONE]`,
-Anthropic's `message_stop`) and without vLLM's own error event is an unfinished answer: vLLM's
-engine stopped mid-answer. The client gets one error event in its protocol's form before the
-end, so it cannot take the truncated answer for a whole one; it is counted as a cut. A whole
-stream, or one vLLM itself ended with its error event, gets nothing added."""
+Anthropic's `message_stop`, the Responses API's `response.completed`; on any path) and without
+vLLM's own error event is an unfinished answer: vLLM's engine stopped mid-answer. The client
+gets one error event in its protocol's form before the end, so it cannot take the truncated
+answer for a whole one; it is counted as a cut. A whole stream, or one vLLM itself ended with
+its error event, gets nothing added."""
 
 from __future__ import annotations
 
@@ -27,6 +28,11 @@ TOKEN = b'data: {"id": "c1", "choices": [{"index": 0, "delta": {"content": "hel"
 MESSAGE = (b'event: message_start\ndata: {"type": "message_start"}\n\n'
            b'event: content_block_delta\ndata: {"type": "content_block_delta", '
            b'"delta": {"type": "text_delta", "text": "hel"}}\n\n')
+RESPONSE = (b'event: response.created\ndata: {"response":{"id":"resp_1","status":"in_progress"},'
+            b'"sequence_number":0,"type":"response.created"}\n\n'
+            b'event: response.output_text.delta\ndata: {"content_index":0,"delta":"hel",'
+            b'"item_id":"msg_1","output_index":0,"sequence_number":4,'
+            b'"type":"response.output_text.delta"}\n\n')  # vLLM's: `event: <type>`, no [DONE]
 ERROR_EVENT = re.compile(rb'(?:^|\n)(?:data: \{"error"|event: error\ndata: \{)')
 END = b"0\r\n\r\n"  # a chunked body's clean end: vLLM's server ended it, no error on the wire
 
@@ -75,16 +81,27 @@ UNFINISHED = {
     "chat, cut mid-event": ("/v1/chat/completions", CHUNKED + _chunk(TOKEN + b"data: {\"id")),
     "messages, chunked end": ("/v1/messages", CHUNKED + _chunk(MESSAGE) + END),
     "messages, connection cut": ("/v1/messages", CHUNKED + _chunk(MESSAGE)),
+    "responses, chunked end": ("/v1/responses", CHUNKED + _chunk(RESPONSE) + END),
+    "responses, read until close": ("/v1/responses", UNTIL_CLOSE + RESPONSE),
+    "a stored response's stream, cut": ("/v1/responses/resp_1", CHUNKED + _chunk(RESPONSE)),
+    "a path that never streamed": ("/v1/chat/completions/batch", CHUNKED + _chunk(TOKEN) + END),
 }
+FIRST = {"/v1/messages": MESSAGE, "/v1/responses": RESPONSE, "/v1/responses/resp_1": RESPONSE}
 
 
 @pytest.mark.parametrize(("path", "wire"), list(UNFINISHED.values()), ids=list(UNFINISHED))
 def test_a_stream_ended_without_its_last_event_ends_with_an_error_event(
         path: str, wire: bytes) -> None:
     status, body, stats = _run(path, wire)
-    assert status == 200 and body.startswith(TOKEN if path != "/v1/messages" else MESSAGE)
+    assert status == 200 and body.startswith(FIRST.get(path, TOKEN)), body
     last = _last_event(body)
-    if path == "/v1/messages":
+    if path.startswith("/v1/responses"):  # its error event; `error` too: the openai package
+        assert last.startswith(b"event: error\ndata: "), body  # raises on it
+        err = json.loads(last.split(b"data: ", 1)[1])
+        assert err["type"] == "error" and err["sequence_number"] == 5, err  # after the last
+        assert err["message"] == err["error"]["message"], err
+        message = err["message"]
+    elif path == "/v1/messages":
         assert last.startswith(b"event: error\ndata: "), body
         err = json.loads(last.split(b"data: ", 1)[1])
         assert err["type"] == "error" and err["error"]["type"] == "api_error", err
@@ -109,6 +126,15 @@ WHOLE = {
     "vLLM's own Anthropic error event": ("/v1/messages", MESSAGE + (
         b'event: error\ndata: {"type": "error", "error": {"type": "api_error", '
         b'"message": "bad"}}\n\n')),
+    "responses with response.completed": ("/v1/responses", RESPONSE + (
+        b'event: response.completed\ndata: {"response":{"id":"resp_1","status":"completed"},'
+        b'"sequence_number":9,"type":"response.completed"}\n\n')),
+    "responses with response.incomplete": ("/v1/responses", RESPONSE + (
+        b'event: response.incomplete\ndata: {"response":{"id":"resp_1"},'
+        b'"sequence_number":9,"type":"response.incomplete"}\n\n')),
+    "vLLM's own Responses error event": ("/v1/responses", RESPONSE + (
+        b'event: error\ndata: {"code":"500","message":"bad","param":null,'
+        b'"sequence_number":5,"type":"error"}\n\n')),
 }
 
 

@@ -40,7 +40,8 @@ down." that the gate used to look for was only ever sent by the fake vLLM).
 
 Such an answer is vLLM's engine stopping, not an answer: the gate replays it like a dropped
 connection when nothing of it reached the client (a whole answer not streamed; a stream that
-has sent no token), and passes it on as it came when it may not be replayed.
+has sent no token), and passes it on as it came when it may not be replayed. A stream that
+had begun and then failed, or ended without its last event, is ended with `error_event`.
 May import: the stdlib, aiohttp and gate/replay.py (never gate/exchange.py, which imports it:
 its Failed is handed in). Imported at the first completion's answer (gate/exchange.py), not at
 start: the import count of `vllmwatch run`.
@@ -51,6 +52,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import json
+import re
 from collections.abc import Callable
 from typing import Any
 
@@ -58,7 +60,7 @@ import aiohttp
 from aiohttp import web
 from multidict import CIMultiDict
 
-from vllmwatch.gate.replay import ANTHROPIC, ANTHROPIC_DEAD, AUDIO, ENGINE_DEAD, READ
+from vllmwatch.gate.replay import ANTHROPIC, ANTHROPIC_DEAD, AUDIO, ENGINE_DEAD, READ, anthropic
 
 ABORT = "abort"
 # What a pooling request (embeddings, score, rerank, classify, pooling) aborted as its engine
@@ -207,3 +209,26 @@ def _json(raw: bytes) -> Any:
         return json.loads(raw)
     except ValueError:
         return None
+
+
+RESPONSES = "/v1/responses"  # (and a stored response's stream, /v1/responses/{id})
+_SEQUENCE = re.compile(rb'"sequence_number": ?(\d+)')
+
+
+def error_event(path: str, message: str, before: bytes = b"") -> bytes:
+    """The event ending a begun stream so that its client's parser raises, in its API's form:
+    OpenAI's `data: {"error": ...}` (vLLM's shape; the openai package raises APIError on it),
+    Anthropic's `event: error`, the Responses API's `event: error` (its error event, numbered
+    after the last one in `before`, what passed last; with OpenAI's `error` too, on which the
+    openai package raises: a Responses stream has no [DONE] whose absence a client notices)."""
+    err = {"message": message, "type": "BadGatewayError", "param": None, "code": 502}
+    if anthropic(path):
+        data: dict[str, object] = {"type": "error",
+                                   "error": {"type": "api_error", "message": message}}
+    elif path == RESPONSES or path.startswith(RESPONSES + "/"):
+        seen = _SEQUENCE.findall(before)
+        data = {"type": "error", "code": "BadGatewayError", "message": message, "param": None,
+                "sequence_number": int(seen[-1]) + 1 if seen else 0, "error": err}
+    else:
+        return b"data: " + json.dumps({"error": err}).encode() + b"\n\n"
+    return b"event: error\ndata: " + json.dumps(data).encode() + b"\n\n"

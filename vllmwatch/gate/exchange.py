@@ -46,9 +46,8 @@ WHOLE_BODY = 4 * 2**20  # sized answers up to this are read whole, larger ones s
 FIRST_EVENT = 64 * 2**10  # a stream's first event is read whole, up to this, before it begins
 TAIL = 256  # bytes of a stream kept from one read to the next: its markers may span two
 WHOLE_BODY_TIMEOUT = 60.0  # reading such an answer once its head has come
-# Streams whose protocol has a last event (replay.END_OF_STREAM; gate/aborted.py cites vLLM):
-# one ended without it or an error event of vLLM's own (SAID) is unfinished: vLLM's failure.
-MARKED = replay.READ - {"/v1/chat/completions/batch"}
+# Every stream has a last event (replay.END_OF_STREAM, for each streaming API): one ended
+# without it or an error event of vLLM's own (SAID) is unfinished: vLLM's failure.
 SAID = re.compile(rb'(?:^|\n)(?:data: \{"error"|event: error\n)')
 # Nothing of the request reached vLLM: refused, or no connection within CONNECT_TIMEOUT (vLLM's
 # listen queue full, SYNs dropped): the gate waits and tries the same request again.
@@ -180,8 +179,8 @@ async def run(session: aiohttp.ClientSession, request: web.Request, url: str, bo
                 await _to_client(response.write(chunk))
                 ex.tail = seen[-TAIL:]
                 chunk = await up.content.readany()
-            if not (ex.ended or ex.said) and request.path in MARKED and \
-                    up.content_type == "text/event-stream":  # a clean end, but unfinished
+            if not (ex.ended or ex.said) and up.content_type == "text/event-stream":
+                # a clean end, but unfinished (whatever the path: no stream is left out)
                 return await _failed(request, response, ex, "its engine stopped mid-answer")
             await _to_client(response.write_eof())
             return response
@@ -240,8 +239,8 @@ async def _failed(request: web.Request, response: web.StreamResponse | None, ex:
             end = b"" if not ex.tail or ex.tail.endswith(b"\n\n") else \
                 b"\n" if ex.tail.endswith(b"\n") else b"\n\n"
             if not ex.said:
-                await asyncio.wait_for(response.write(end + replay.error_event(
-                    ex.path, message)), 1.0)
+                await asyncio.wait_for(response.write(end + _ab().error_event(
+                    ex.path, message, ex.tail)), 1.0)
             await asyncio.wait_for(response.write_eof(), 1.0)
     guard.close(request.transport)  # its last bytes go out; unread, it is aborted
     return response

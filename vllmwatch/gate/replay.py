@@ -47,7 +47,6 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import hashlib
-import json
 import re
 from collections import OrderedDict
 from collections.abc import AsyncIterator, Callable
@@ -80,10 +79,16 @@ DEAD_EVENT = re.compile(rb'(?:^|\n)(?:data: \{"error"|event: error\ndata: )[^\n]
 SHUT_DOWN = b"cannot schedule new futures after shutdown"
 STOPPED = frozenset({"shutting_down", "aborted"})  # an engine told to stop: no death (proxy)
 ANTHROPIC = "/v1/messages"
-# The last event of a stream: OpenAI's `data: [DONE]`, Anthropic's `message_stop`. A failure
-# after it (the API server of a stuck or dying engine may not finish the chunked body) has
-# cost the client nothing: not a cut. Measured: 2 of 10 "cut" streams had it (issue 35 e2e).
-END_OF_STREAM = re.compile(rb"(?:^|\n)(?:data: \[DONE\]|event: message_stop)\s*(?:\n|$)")
+# The last event of a stream, for every streaming API the gate passes: OpenAI's `data: [DONE]`
+# (completions, chat, audio, generate), Anthropic's `message_stop`, and the Responses API's
+# (`/v1/responses`, a stored one's `?stream=true`: no [DONE]; each event `event: <its type>`,
+# vLLM's responses/api_router.py), which vLLM ends with `response.completed` (responses/
+# serving.py, responses_stream_generator) and OpenAI's protocol also with `response.failed` or
+# `response.incomplete`. A failure after it (the API server of a stuck or dying engine may not
+# finish the chunked body) cost the client nothing: not a cut. Measured: 2 of 10 "cut" streams
+# had it (issue 35 e2e). A stream ended without it or an error event is unfinished (exchange).
+END_OF_STREAM = re.compile(rb"(?:^|\n)(?:data: \[DONE\]|event: (?:message_stop|response\."
+                           rb"(?:completed|failed|incomplete)))\s*(?:\n|$)")
 
 
 def replayable_path(method: str, path: str) -> bool:
@@ -135,17 +140,6 @@ def error_body(path: str, status: int, message: str, kind: str) -> dict[str, obj
                                            "message": message}}
     return {"object": "error", "message": message, "type": kind, "param": None,
             "code": status}
-
-
-def error_event(path: str, message: str) -> bytes:
-    """The event ending a begun stream so that its client's parser raises: OpenAI's `data:
-    {"error": ...}` (the openai package raises APIError on it), Anthropic's `event: error`."""
-    if anthropic(path):
-        data = {"type": "error", "error": {"type": "api_error", "message": message}}
-        return b"event: error\ndata: " + json.dumps(data).encode() + b"\n\n"
-    err = {"error": {"message": message, "type": "BadGatewayError", "param": None,
-                     "code": 502}}
-    return b"data: " + json.dumps(err).encode() + b"\n\n"
 
 
 # ---- the allow-list of client API paths (issue 34); REPLAYABLE is a subset ----
