@@ -85,6 +85,15 @@ UNFINISHED = {
     "responses, read until close": ("/v1/responses", UNTIL_CLOSE + RESPONSE),
     "a stored response's stream, cut": ("/v1/responses/resp_1", CHUNKED + _chunk(RESPONSE)),
     "a path that never streamed": ("/v1/chat/completions/batch", CHUNKED + _chunk(TOKEN) + END),
+    # the last event's marker passed, but not the event: its data (a Responses answer's whole
+    # text is in response.completed's) never came whole
+    "responses, cut inside response.completed": ("/v1/responses", CHUNKED + _chunk(
+        RESPONSE + b'event: response.completed\ndata: {"response":{"id":"resp_1","output":'
+        + b'"' + b"x" * 100) + END),
+    "responses, cut after response.completed's name": ("/v1/responses", CHUNKED + _chunk(
+        RESPONSE + b"event: response.completed\n")),
+    "messages, cut after message_stop's name": ("/v1/messages", CHUNKED + _chunk(
+        MESSAGE + b"event: message_stop\n") + END),
 }
 FIRST = {"/v1/messages": MESSAGE, "/v1/responses": RESPONSE, "/v1/responses/resp_1": RESPONSE}
 
@@ -132,6 +141,9 @@ WHOLE = {
     "responses with response.incomplete": ("/v1/responses", RESPONSE + (
         b'event: response.incomplete\ndata: {"response":{"id":"resp_1"},'
         b'"sequence_number":9,"type":"response.incomplete"}\n\n')),
+    "responses with a response.completed longer than the tail kept": ("/v1/responses", RESPONSE
+        + b'event: response.completed\ndata: {"response":{"id":"resp_1","output":"' + b"x" * 600
+        + b'"},"sequence_number":9,"type":"response.completed"}\n\n'),
     "vLLM's own Responses error event": ("/v1/responses", RESPONSE + (
         b'event: error\ndata: {"code":"500","message":"bad","param":null,'
         b'"sequence_number":5,"type":"error"}\n\n')),
@@ -164,6 +176,9 @@ SPLIT = {
         TOKEN + LONG, b"data: [DONE]\n\n"]),
     "[DONE] with CRLF and trailing spaces": ("/v1/chat/completions", [
         TOKEN, b"data: [DONE]  \r\n\r\n"]),
+    "response.completed's data in reads of its own": ("/v1/responses", [
+        RESPONSE + b'event: response.completed\ndata: {"response":{"output":"' + b"x" * 600,
+        b"y" * 600, b'"},"sequence_number":9,"type":"response.completed"}\n', b"\n"]),
     "message_stop split after a long event": ("/v1/messages", [
         MESSAGE + LONG.replace(b"data: ", b"event: ping\ndata: ") + b"event: message_st",
         b'op\ndata: {"type": "message_stop"}\n\n']),

@@ -77,7 +77,7 @@ class Exchange:
     vllm_error: bool = False  # vLLM itself ended the begun stream with an error event
     said: bool = False  # an error event of vLLM's own (any) passed: the client was told
     broken: bool = False  # begun, then failed: ended by the gate (error event or cut)
-    ended: bool = False  # the stream's last event passed: the client has the whole answer
+    ended: bool = False  # its last event's marker passed (whole once replay.whole says so)
     tail: bytes = b""  # the last TAIL bytes passed on: an SSE event left unfinished, a marker
     task: asyncio.Task[Any] | None = field(default=None, repr=False)
 
@@ -179,7 +179,8 @@ async def run(session: aiohttp.ClientSession, request: web.Request, url: str, bo
                 await _to_client(response.write(chunk))
                 ex.tail = seen[-TAIL:]
                 chunk = await up.content.readany()
-            if not (ex.ended or ex.said) and up.content_type == "text/event-stream":
+            if not (replay.whole(ex.ended, ex.tail) or ex.said) and \
+                    up.content_type == "text/event-stream":
                 # a clean end, but unfinished (whatever the path: no stream is left out)
                 return await _failed(request, response, ex, "its engine stopped mid-answer")
             await _to_client(response.write_eof())
@@ -225,7 +226,7 @@ async def _failed(request: web.Request, response: web.StreamResponse | None, ex:
     incomplete)."""
     if response is None or not response.prepared:
         return Failed(why)
-    if ex.ended:  # only the end of the chunked body was missing: end it, as vLLM would
+    if replay.whole(ex.ended, ex.tail):  # only the chunked body's end was missing: end it
         with contextlib.suppress(ConnectionError, RuntimeError, asyncio.TimeoutError):
             await asyncio.wait_for(response.write_eof(), 1.0)
         return response

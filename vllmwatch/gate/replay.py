@@ -79,16 +79,23 @@ DEAD_EVENT = re.compile(rb'(?:^|\n)(?:data: \{"error"|event: error\ndata: )[^\n]
 SHUT_DOWN = b"cannot schedule new futures after shutdown"
 STOPPED = frozenset({"shutting_down", "aborted"})  # an engine told to stop: no death (proxy)
 ANTHROPIC = "/v1/messages"
-# The last event of a stream, for every streaming API the gate passes: OpenAI's `data: [DONE]`
-# (completions, chat, audio, generate), Anthropic's `message_stop`, and the Responses API's
-# (`/v1/responses`, a stored one's `?stream=true`: no [DONE]; each event `event: <its type>`,
-# vLLM's responses/api_router.py), which vLLM ends with `response.completed` (responses/
-# serving.py, responses_stream_generator) and OpenAI's protocol also with `response.failed` or
-# `response.incomplete`. A failure after it (the API server of a stuck or dying engine may not
-# finish the chunked body) cost the client nothing: not a cut. Measured: 2 of 10 "cut" streams
-# had it (issue 35 e2e). A stream ended without it or an error event is unfinished (exchange).
+# A stream's last event, for every streaming API of vLLM 0.32: `data: [DONE]` (completions,
+# chat, audio, generate, Cohere), Anthropic's `message_stop`, the Responses API's (no [DONE];
+# `event: <type>`, responses/api_router.py) `response.completed` (responses_stream_generator),
+# or OpenAI's `response.failed`/`.incomplete`. A failure after it whole (a stuck engine's API
+# server may not end the chunked body) cost nothing: no cut (2 of 10 "cut" streams had it,
+# issue 35 e2e). A stream ended without it or an error event is unfinished (exchange).
 END_OF_STREAM = re.compile(rb"(?:^|\n)(?:data: \[DONE\]|event: (?:message_stop|response\."
                            rb"(?:completed|failed|incomplete)))\s*(?:\n|$)")
+
+
+def whole(ended: bool, tail: bytes) -> bool:
+    """A stream whose last event (`ended`: END_OF_STREAM passed) came whole, by the TAIL
+    bytes passed last: `[DONE]`, or an event marker's data line ended too (a Responses
+    stream's whole answer is in response.completed's data, which a cut can split)."""
+    last = [x for x in re.split(rb"\r\n|\r|\n", tail) if x.strip()][-1:] or [b""]
+    closed = tail.rstrip(b" \t").endswith((b"\n", b"\r")) and not last[0].startswith(b"event:")
+    return ended and (last[0].rstrip() == b"data: [DONE]" or closed)
 
 
 def replayable_path(method: str, path: str) -> bool:
