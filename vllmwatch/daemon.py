@@ -16,14 +16,15 @@ from dataclasses import replace
 import vllmwatch
 from vllmwatch import __version__
 from vllmwatch.config.command import ChildCommand, load_for_reload
+from vllmwatch.config.hosts import parse_listen
 from vllmwatch.config.schema import Config
 from vllmwatch.config.units import spread
 from vllmwatch.core import exitcodes
 from vllmwatch.core.events import ReadyzPolled
-from vllmwatch.core.names import Reason, exit_code
+from vllmwatch.core.names import Reason
 from vllmwatch.live import Live, SwitchableLog
 from vllmwatch.shell import fdbudget, groupfile, reaper
-from vllmwatch.shell.child import instance_id, sweep_spare_leftovers
+from vllmwatch.shell.child import instance_id, port_holder, sweep_spare_leftovers
 from vllmwatch.shell.clock import SystemClock
 from vllmwatch.shell.effects import RealEffects
 from vllmwatch.shell.logs import LogFn, setup
@@ -32,8 +33,8 @@ from vllmwatch.shell.memory import make_sampler
 from vllmwatch.shell.notify import (
     START_HINT,
     SystemdNotifier,
+    refuse_start,
     report_crash,
-    status_line,
     thread_crash_hook,
 )
 from vllmwatch.status import statusline
@@ -151,6 +152,8 @@ def _start(config: Config, log_format: str | None, env: dict[str, str], log: Swi
                                fdbudget.current().gate_connections, spare_socket,
                                ChildCommand((), {**env, **config.vllm.env}).audio_body)
         get = lambda: with_gate(live.decorate(holder["snap"]), live.gate)  # noqa: E731
+        if not live.gate.running:  # READY=1 means the clients' address answers: never so
+            return _gate_refused(config, live.gate.error, log, notifier)
     try:
         live.status = _status_server(config, log, get, no_watchdog, readyz)
     except StatusListenError as exc:
@@ -260,24 +263,30 @@ def _lock_instance(config: Config, env: Mapping[str, str], log: LogFn, notifier:
     try:
         got = groupfile.acquire_lock(instance_id(config.path), env)
     except groupfile.AlreadyRunning as exc:
-        code = exit_code(Reason.ALREADY_RUNNING)
-        log("error", "daemon.exiting", code=code, reason=str(Reason.ALREADY_RUNNING),
-            detail=f"another vllmwatch (pid {exc.pid}) runs {config.path}; nothing touched",
-            holder_pid=exc.pid, lock=exc.path, meaning=exitcodes.MEANING[code],
-            hint="one vllmwatch per config: stop the other one first "
-                 f"({statusline.systemctl('stop')}, or kill that pid), or give this one its "
-                 "own config file")
-        # systemd shows the last STATUS= after the process is gone: without one this start's
-        # `systemctl status` said only status=73/CANTCREAT, not who holds the config
-        notifier.send("STOPPING=1\n" + status_line(
-            f"failed | exiting {code}: {Reason.ALREADY_RUNNING} (another vllmwatch, pid "
-            f"{exc.pid}, runs {config.path}; nothing touched)"))
-        return code
+        return refuse_start(
+            log, notifier, Reason.ALREADY_RUNNING, f"another vllmwatch, pid {exc.pid}, runs "
+            f"{config.path}; nothing touched", "one vllmwatch per config: stop the other one "
+            f"first ({statusline.systemctl('stop')}, or kill that pid), or give this one its "
+            "own config file", holder_pid=exc.pid, lock=exc.path)
     if isinstance(got, str):
         log("warning", "daemon.unlocked", reason=got,
             detail="a second vllmwatch on this config cannot be refused")
         return None
     return got
+
+
+def _gate_refused(config: Config, error: str | None, log: LogFn, notifier: SystemdNotifier
+                  ) -> int:
+    """The start ends, before vLLM is launched, when [gate] cannot listen: its clients would
+    get connection errors while systemd (and the units ordered After= us) heard READY=1. Exit
+    69, as for a busy vllm.port: systemd's Restart= tries again, the holder named."""
+    host, port = parse_listen(config.gate.listen) or ("", 0)
+    who = port_holder(host, port, ignore=set())
+    return refuse_start(
+        log, notifier, Reason.PORT_BUSY, f"gate.listen {config.gate.listen} cannot be bound"
+        + (f": held by {who}" if who else f" ({error or 'the gate did not start'})"),
+        "stop what holds it or set another gate.listen, then "
+        f"{statusline.systemctl('restart')}", port=config.gate.listen, holder=who, error=error)
 
 
 def _status_server(config: Config, log: LogFn, get: Callable[[], Snapshot],

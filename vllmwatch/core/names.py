@@ -98,7 +98,7 @@ REASONS: dict[Reason, ReasonInfo] = {
                           "start, or cannot be launched at all (a [vllm] that never reached "
                           "READY in this daemon's life: core/launchfail.py)"),
     _R.PORT_BUSY: ReasonInfo(False, False, False, _X.START, "a foreign process holds "
-                             "vllm.port"),
+                             "vllm.port, or [gate] cannot bind gate.listen"),
     _R.PREWARM_FAILED: ReasonInfo(False, False, False, _X.FAILURE, "a required pre-warm step "
                                   "failed"),
     _R.INTERNAL: ReasonInfo(False, False, False, _X.INTERNAL, "an unexpected error inside "

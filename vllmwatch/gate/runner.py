@@ -105,8 +105,8 @@ class Gate:
     def start(self) -> None:
         """Bind and serve; raise GateError if it cannot."""
         self._thread.start()
-        if not self._started.wait(START_TIMEOUT):
-            raise GateError(f"gate.listen {self.listen}: not serving after {START_TIMEOUT:g}s")
+        if not self._started.wait(START_TIMEOUT):  # not `running`: the start ends on it
+            self._fail(f"gate.listen {self.listen}: not serving after {START_TIMEOUT:g}s")
         if self.error is not None:
             raise GateError(self.error)
 
@@ -331,9 +331,10 @@ def start_gate(config: Config, log: LogFn, get_snapshot: Callable[[], Snapshot],
         gate.forwarder.to_spare = lambda: get_snapshot().serving == "spare"
     try:
         gate.start()
-    except GateError as exc:
-        failed(str(exc))
-        return gate  # kept, so /status and the metrics show the error
+    except GateError as exc:  # the daemon's start ends on it (daemon._gate_refused)
+        log("error", "gate.failed", error=str(exc), listen=g.listen,
+            hint="vllmwatch exits 69 before launching vLLM (its clients could not connect)")
+        return gate
     log("info", "gate.listening", listen=g.listen, upstream=upstream,
         hold_timeout_s=g.hold_timeout, replay=g.replay, replay_max=g.replay_max,
         loop=gate.loop, upstream_keepalive_s=gate.forwarder.upstreams.keepalive)

@@ -96,6 +96,19 @@ def status_line(text: str) -> str:
     return "STATUS=" + printable(shown, False)
 
 
+def refuse_start(log: LogFn, notifier: Notifier, reason: Reason, detail: str, hint: str,
+                 **fields: Any) -> int:
+    """A start refused before vLLM is launched (another daemon holds the config, the [gate]
+    cannot listen): `daemon.exiting` and STOPPING=1 with a last STATUS= line, as every other
+    exit; return its code. systemd shows that line after the process is gone: without it
+    `systemctl status` said only the code, not who holds what."""
+    code = exit_code(reason)
+    log("error", "daemon.exiting", code=code, reason=str(reason), detail=detail,
+        meaning=exitcodes.MEANING[code], hint=hint, **fields)
+    notifier.send("STOPPING=1\n" + status_line(f"failed | exiting {code}: {reason} ({detail})"))
+    return code
+
+
 # ---- the one way vllmwatch reports a crash of its own (was shell/crash.py): in the loop
 # (shell/loop.py) and in the daemon's start before it (daemon.py) alike, exit 70 comes with
 # one `daemon.crashed` event carrying the traceback (through the logger: the redactor runs),

@@ -34,7 +34,7 @@ DAEMON, TREE = "daemon", "tree"  # vllmwatch itself; the vLLM it runs (and its s
 OURS = {VLLM: (TREE,), STATUS: (DAEMON,), GATE: (DAEMON, TREE)}
 THEN = {VLLM: "vLLM would be stopped and could not start again (exit 69, port_busy)",
         STATUS: "the status endpoint could not move there",
-        GATE: "the gate could not bind it when vllmwatch restarts (gate.listen applies then)"}
+        GATE: "vllmwatch could not start again (gate.listen applies then: exit 69, port_busy)"}
 
 Whose = Callable[[int], set[str]]  # a listener's pid -> which of DAEMON, TREE it is
 
