@@ -9,7 +9,6 @@ from __future__ import annotations
 from collections.abc import Mapping
 from dataclasses import replace
 
-from vllmwatch.config.units import format_duration
 from vllmwatch.core import exitcodes, incidents, policy, reuse
 from vllmwatch.core.actions import Action, CheckRelease, DoPrewarm, Log, Notify, Spawn, StopSending
 from vllmwatch.core.events import Event, IncidentRecorded
@@ -150,7 +149,8 @@ def begin_restart(s: WatchState, now: float, reason: Reason, detail: str, drain:
     ready_at = s.child.start.ready_at if s.child is not None else None
     stable = ready_at is not None and now - ready_at >= s.config.restart.stable_after
     if failure:
-        times = (*policy.prune_window(s.restart_times, now, s.config.restart.window), now)
+        times = (*policy.counted(s.restart_times, now, s.config.restart.window, s.ever_ready),
+                 now)  # (before the first READY: every failed start, whatever the window)
         s = replace(s, restart_times=times, failures=1 if stable else s.failures + 1)
     elif stable:  # a planned restart ends a stable run too: the next failure is a first
         s = replace(s, failures=0)
@@ -169,9 +169,8 @@ def begin_restart(s: WatchState, now: float, reason: Reason, detail: str, drain:
             "hint": exitcodes.crashloop_hint(s.unit, s.config.incidents.enabled)})
         # The guard's numbers first (the record's and daemon.exiting's head), then the last
         # restart: "crash: exited with code 1" alone said nothing of the loop.
-        s, acts = halt(s, now, Reason.CRASHLOOP, f"{n} failures within "
-                       f"{format_duration(r.window)}, {n - 1} restarted (restart.window; "
-                       f"restart.max_restarts {r.max_restarts}); the last: {reason}: {detail}")
+        s, acts = halt(s, now, Reason.CRASHLOOP, f"{policy.loop_said(r, n, s.ever_ready)}; "
+                       f"the last: {reason}: {detail}")
         return s, [log, *cut, *acts]
     # after the guard (its give-up begins none): one per restart.begin, status and /metrics too
     counts = {**s.restarts_by_reason, reason: s.restarts_by_reason.get(reason, 0) + 1}

@@ -7,6 +7,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 
 from vllmwatch.config.schema import RestartConfig
+from vllmwatch.config.units import format_duration
 from vllmwatch.core.names import Reason
 
 
@@ -47,9 +48,22 @@ def outage_counted(outage: tuple[float, Reason, int] | None, reason: Reason, now
     return (now, reason, 1) if outage is None else (outage[0], outage[1], outage[2] + 1)
 
 
-def prune_window(times: Sequence[float], now: float, window: float) -> tuple[float, ...]:
-    """The restart times that still fall inside the crash-loop window."""
-    return tuple(t for t in times if now - t < window)
+def counted(times: Sequence[float], now: float, window: float, served: bool
+            ) -> tuple[float, ...]:
+    """The failure times the crash-loop guard counts: once vLLM has served (`served`: the
+    first READY came), those inside restart.window; before it, every one, whatever the
+    window. systemd's start waits on us until then (the core extends its timeout while the
+    start goes on): a window shorter than one failed start (startup.timeout, the stop, the
+    backoff) saw no two failures, and `systemctl start` waited for good. Now it ends, at the
+    latest, with the guard's exit 75 at the (restart.max_restarts + 1)-th failed start."""
+    return tuple(t for t in times if now - t < window) if served else tuple(times)
+
+
+def loop_said(cfg: RestartConfig, failures: int, served: bool) -> str:
+    """The crash-loop give-up's head: how many failures, in what span, how many restarted."""
+    span = f"within {format_duration(cfg.window)}" if served else "before the first READY"
+    return (f"{failures} failures {span}, {failures - 1} restarted (restart.window; "
+            f"restart.max_restarts {cfg.max_restarts})")
 
 
 def crash_loop(times: Sequence[float], cfg: RestartConfig) -> bool:
