@@ -54,6 +54,8 @@ from vllmwatch.core.names import REASONS, Reason
 from vllmwatch.core.restart import Phase
 from vllmwatch.core.state import FINAL, S, WatchState
 from vllmwatch.core.stopping import LAUNCH_WAIT
+from vllmwatch.status.snapshot import Snapshot
+from vllmwatch.status.statusline import snapshot_of, summary
 
 SPARE_ACTIONS = (BuildSpare, WakeSpare, SleepSpare)
 SPARE_OFF = dataclasses.replace(CONFIG, spare=dataclasses.replace(CONFIG.spare, enabled="false"))
@@ -212,6 +214,16 @@ class SpareWorld(CoreMachine):
                                             "failover.overtaken"))
         under_way = t is not None and t.began is not None and t.rung != R.SERVING
         assert said.count("failover.begin") - ended == under_way, (said, t)
+
+    @invariant()
+    def the_status_line_says_every_failover(self) -> None:
+        """`systemctl status` at 3 a.m.: STATUS= says a failover under way (waking, or its
+        wake deferred) as well as one served; it said only the one served."""
+        t = self.s.spare
+        line = summary(snapshot_of(self.s, self.now, 1.7e9, Snapshot(), None))
+        under_way = t is not None and t.began is not None and t.rung != R.SERVING
+        assert ("failover: spare" in line) == under_way, (line, t)
+        assert ("degraded: spare serving" in line) == (t is not None and t.rung == R.SERVING)
 
     @invariant()
     def the_spare_rung_is_in_its_table(self) -> None:

@@ -87,3 +87,20 @@ def test_status_says_since_when_the_spare_serves_and_that_the_full_engine_relaun
     text = status_cli.render(doc)
     assert "serving for 1m35s, pid" in text, text
     assert "spare (degraded: spare serving, the full engine relaunching)" in text, text
+
+
+def test_status_says_a_failover_while_the_spare_wakes_and_while_its_wake_waits() -> None:
+    """STATUS= said nothing of a failover until the spare served: while it woke (clients
+    held by the gate) and while its wake waited for room, `systemctl status` read as a plain
+    restart, and a wake that never came looked the same as none begun."""
+    m = SpareWorld()
+    _ready(m)
+    _crash(m)
+    m.now += 3.0
+    line = summary(_snap(m))
+    assert "failover: spare waking for 3s" in line, line
+    m.spare_answers(WakeSpare, SpareWoken(False, "3 GiB free", no_room=True))  # deferred
+    line = summary(_snap(m))
+    assert "failover: spare wake deferred to the old tree's GPU release for 3s" in line, line
+    doc = json.loads(json.dumps(_snap(m).to_json()))
+    assert doc["spare"]["state"] == "asleep" and doc["spare"]["failover_for_s"] == 3.0

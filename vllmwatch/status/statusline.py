@@ -151,8 +151,11 @@ def _spare(s: WatchState, now: float, wall: float) -> dict[str, object] | None:
     if t is None:
         return None
     why = t.down_why if t.rung == "down" and t.down_why else t.why  # down: why, not the plan
+    # A failover under way (core/sparetrack.under_way, not imported): begun, not serving yet
+    began = t.began if t.rung != "serving" else None
     return {"state": str(t.rung), "since": round(wall - (now - t.since), 3),
             "for_s": round(max(0.0, now - t.since), 3), "build": t.build, "why": why, "pid": t.pid,
+            "failover_for_s": None if began is None else round(max(0.0, now - began), 3),
             "awake_mib": t.awake_mib,
             "asleep_mib": t.asleep_mib, "failed_builds": t.failed_builds,
             "failovers": t.failovers, "last_failover_s": t.last_seconds}
@@ -167,6 +170,9 @@ def _smoke(c: ChildRun | None) -> tuple[dict[str, Any], ...]:
     return tuple(smoke.view(c.smoke))
 
 
+# What a failover under way waits on, by the spare's rung (any other: its name)
+_FAILOVER = {"waking": "waking", "asleep": "wake deferred to the old tree's GPU release",
+             "returning": "wake deferred until it sleeps again"}
 STATUS_WIDTH = 200  # the STATUS= line's most characters (shell/notify.status_line cuts there)
 _FREE_MIN = 16  # what a shortened free-text part keeps: its start names it ("gate down: [Errn")
 
@@ -201,6 +207,12 @@ def summary(snap: Snapshot, down: tuple[str, ...] = ()) -> str:
         parts.append(("degraded: spare serving" + (f" for {format_duration(took)}" if
                                                    isinstance(took, (int, float)) else ""),
                       "", ""))
+    elif isinstance(going := (snap.spare or {}).get("failover_for_s"), (int, float)):
+        # Begun, not serving yet: the gate holds its clients while the spare wakes (or waits
+        # for room); "restart recording" alone hid that a failover was on its way, or stuck
+        state = (snap.spare or {}).get("state")
+        parts.append((f"failover: spare {_FAILOVER.get(str(state), str(state))} for "
+                      f"{format_duration(going)}", "", ""))
     if snap.restart_phase != "idle" and snap.state not in ("stopped", "failed"):  # the rung
         # of the restart (or exit) under way; none once the daemon is done
         word = ladder_word(snap.restart_phase, snap.restart_reason, snap.exit_reason)
