@@ -120,7 +120,7 @@ def test_a_request_with_a_kv_transfer_handle_is_never_replayed(params: Any) -> N
 
 def test_a_live_engines_aborted_completion_goes_to_it_again_after_the_grace(
         monkeypatch: pytest.MonkeyPatch) -> None:
-    """(docs/operations/gate.md says so) vLLM aborts a completion without being told to stop
+    """(docs/operations/replay.md says so) vLLM aborts a completion without being told to stop
     (its dev-mode /pause in abort mode): replayed like a dropped connection, and with no
     restart of that engine begun within SAME_ENGINE_GRACE, sent to it once more."""
     monkeypatch.setattr(proxy, "SAME_ENGINE_GRACE", 0.5)
