@@ -101,3 +101,66 @@ def _ambiguous(item: re.Match[str]) -> bool:
         if inside[run.end()] == quote and ((len(run[0]) - e) % (2 * step) != step):
             return True
     return False
+
+
+# A YAML value on the lines after `name:`: a block sequence (`api_key:` then `  - K1`, `  - K2`)
+# or a block scalar (`api_key: |` then `  K1`); the line break before them, raw or escaped as
+# the text's nesting escapes it (YAML in a JSON string)
+_BREAK = re.compile(r"\n|\\+n")
+_CR = re.compile(r"(?:\r|\\+r)$")  # (`\r\n`: the `\r` is the line break's, kept)
+_INDENT = re.compile(r"(?:[ \t]|\\+t)*")  # (escaped as the break is)
+_ITEM = re.compile(r"-(?:[ \t]|(?:\r|\\+r)?$)")
+# What opens such a value, read before any scan for the line's end (a hostile line of many
+# `key: |x` would scan to its end once each): an item's `- `, or `-`, `|`, `>-` and its line's
+# end, a bounded comment before it
+_HEAD = re.compile(r"-[ \t]|(?P<scalar>[|>][-+0-9]{0,3}(?:[ \t]+#[^\n\\]{0,64}+)?)?"
+                   r"(?(scalar)|-)[ \t]*(?:\r|\\+r)?(?:\n|\\+n|$)")
+
+
+def hide_block(text: str, where: int, gap: str) -> tuple[int, str] | None:
+    """The end of the YAML block value at `where` and its text with every line of it hidden: a
+    sequence's items (each later line at the first `-`'s column that opens with `-`) or a
+    scalar's text, and each line deeper than the items or the key (an item's nested map, a
+    scalar's lines), blank lines between too. Read as one value, it was its first `-` or `|`,
+    and every line after it was shown. Each line is read once; the line breaks, the indents,
+    the dashes and `|` are kept. None: no such value (`-5`, `-----BEGIN`, `|x`)."""
+    if (head := _HEAD.match(text, where)) is None:
+        return None
+    broke = list(_BREAK.finditer(gap))  # the break as the text writes one: raw or escaped
+    after = _BREAK.search(text, where) if not broke else None
+    nl = broke[-1][0] if broke else after[0] if after else "\n"
+    end = text.find(nl, where)
+    end = len(text) if end < 0 else end
+    line_start = text.rfind(nl, 0, where)
+    line_start = line_start + len(nl) if line_start >= 0 else 0
+    key = _INDENT.match(text, line_start).end() - line_start  # type: ignore[union-attr]
+    if head["scalar"]:  # a scalar's lines: deeper than the key
+        column, deeper, shown = -1, key, [text[where:end]]
+    else:  # items at the first one's column; deeper: than the key when it shares the key's
+        column = where - line_start  # line (`key: - K1`, which YAML refuses; a log may not)
+        deeper = column if broke else key
+        shown = [f"- {REDACTED}{_suffix(text[where:end])}"]
+    kept, pos = 1, end + len(nl)
+    while end < len(text):
+        line_end = text.find(nl, pos)
+        line_end = len(text) if line_end < 0 else line_end
+        indent = _INDENT.match(text, pos).end() - pos  # type: ignore[union-attr]
+        rest = text[pos + indent:line_end]
+        body = _CR.sub("", rest)
+        item = indent == column and _ITEM.match(rest) is not None
+        if not item and not (indent > deeper and body.strip()):
+            if body.strip() or line_end == len(text):  # a key, a shallower line: the end
+                break
+            shown.append(text[pos:line_end])  # a blank line: the next one says
+        else:
+            value = body[1:] if item else body
+            shown.append(text[pos:pos + indent] + ("-" if item else "") + (
+                (" " if item else "") + REDACTED if value.strip() else "") + _suffix(rest))
+            kept, end = len(shown), line_end
+        pos = line_end + len(nl)
+    return end, nl.join(shown[:kept])
+
+
+def _suffix(line: str) -> str:
+    cr = _CR.search(line)
+    return cr[0] if cr else ""

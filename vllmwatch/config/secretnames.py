@@ -291,6 +291,10 @@ def _hide(rule: Rule, m: re.Match[str], start: int, text: str) -> tuple[int, str
         if where < 0:
             continue
         pre = text[start:where]
+        if groups.get("sep") == ":" and text[where:where + 1] in ("-", "|", ">"):  # YAML's
+            from vllmwatch.config.secretlists import hide_block  # `key:\n  - K1`, `key: |`
+            if (block := hide_block(text, where, text[m.end("sep"):where])) is not None:
+                return block[0], pre + block[1]
         if rule.lists and text[where:where + 1] in ("[", "(", "{"):  # (secretlists.OPENERS)
             if text[where] == "(" and m["name"].lower() == "key":
                 return None  # a tuple, a lookup's key (Triton's `key=(128, 64, ..)`), no secret
