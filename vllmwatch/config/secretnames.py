@@ -25,7 +25,9 @@ from typing import NamedTuple
 from vllmwatch.config.secretvalues import AUTH as AUTH
 from vllmwatch.config.secretvalues import (
     CONTINUED,
+    CONTROL,
     ENV_VALUE_I,
+    ESCAPED,
     IN_LIST,
     JOINED,
     MORE_ITEMS,
@@ -133,7 +135,10 @@ FLAG_WORD = re.compile(FLAG_SHAPE)  # (launch.redact_argv's, for an argv's words
 # Between a name and its value: a space, an escaped one (`--api-key\\nK` JSON-encoded, as \s
 # reads `--api-key\nK`), a shell's continuation, each a backslash run read once; between keys,
 # only a continuation ends no line
-_GAP = r"(?:\s|\\+(?:\r?\n|[nrt]))"
+_GAP = r"(?:" + CONTROL + r"|\\+\r?\n|" + ESCAPED + ")"
+# ... and after `NAME ` (no sign), any but a line break: a name ending a line is no value's
+_SPACED_GAP = r"(?:(?!\n|\\+(?:n|x0a|u000a))" + _GAP + ")+"
+_GAP_END = re.compile("(?:" + _GAP + ")$")
 _MORE_WORDS = re.compile(  # (not a word of prose: `--api-key value to VLLM_API_KEY`)
     r"(?:(?:[ \t]|" + CONTINUED + r""")+(?:'[^'\n]*'|"[^"\n]*"|(?!""" + FLAG_SHAPE
     + r"""|[a-z]+(?:[\s'",;)}\]>]|$)|""" + CONTINUED + r""")(?:[^\s'",;)}\]>]|""" + JOINED
@@ -204,7 +209,8 @@ RULES = (
     # only at a backslash run's first character (tried at each, `\\*['"]` rescanned the run:
     # quadratic); the closing run says how many of them open the name.
     Rule(re.compile(r"""(?<!\\)(?P<obs>\\*)(?P<oq>['"])(?P<name>""" + _NAME
-                    + r""")(?P<cbs>\\*)(?P=oq)\]?\s*(?P<sep>=>|[:=])\s*"""), VALUE, keyed=True),
+                    + r""")(?P<cbs>\\*)(?P=oq)\]?""" + _GAP + "*(?P<sep>=>|[:=])" + _GAP
+                    + "*"), VALUE, keyed=True),
     # ('authorization', 'Bearer x'): a header as a tuple; ['--api-key', 'x']: an argv list
     Rule(re.compile(r"""(?:\(\s*b?(?P<kq>['"])|(?P<fq>['"])--)(?P<name>""" + _NAME
                     + r""")(?:(?P=kq)|(?P=fq))\s*,\s*"""), QUOTED_ONLY, lists=False),
@@ -219,7 +225,7 @@ RULES = (
     # NAME value, no separator: `HF_TOKEN abcd` (print(name, value), a Dockerfile's `ENV`,
     # an env listing), `hf_token abcd`, `apiKey abcd`: a name spelt as an identifier only, as
     # a lone English word (`the key vLLM ...`, `token budget`) begins prose, not a value
-    Rule(re.compile(r"(?<![\w.-])(?P<name>" + _NAME + r")(?P<sp>[ \t]+)"
+    Rule(re.compile(r"(?<![\w.-])(?P<name>" + _NAME + r")(?P<sp>" + _SPACED_GAP + ")"
                     r"(?P<scheme>" + AUTH + ")?"), SPACED_VALUE, lists=False, spaced=True),
 )
 
@@ -311,7 +317,7 @@ def _hide(rule: Rule, m: re.Match[str], start: int, text: str) -> tuple[int, str
             return None  # a file's path, not the secret (GOOGLE_APPLICATION_CREDENTIALS=/x/y)
         sep = text[m.end("name"):where]
         if found.get("bare") is not None and found["bare"].lower() in _ENGLISH and \
-                "=" not in sep and (sep[-1:].isspace() or re.search(r"\\[nrt]$", sep)):
+                "=" not in sep and _GAP_END.search(sep):
             return None  # a sentence (`password: not set`), not a value
         if rule.spaced and _IDENTIFIER.search(m["name"].strip("_.-")) is None:
             if not _credential(m["name"], found.get("bare") or found.get("qv") or ""):

@@ -17,8 +17,13 @@ REDACTED = "<redacted>"
 # A terminal's colour (SGR) code, raw or escaped once or more as a log or JSON writes it (from
 # a backslash run's first only: tried at each, a long run was rescanned, quadratic)
 COLOURS = re.compile(r"(?:\x1b|(?<!\\)\\+(?:x1b|u001b|033|e))\[[0-9;]{0,32}m")
-# Space between a scheme and its credential, or its escape (`Bearer\\tX` in JSON-escaped text)
-SPACE = r"(?:\s|\\+[tnr])+"
+# A space or a control character, raw or as an escape sequence writes it (`\\f`, `\\x0b`,
+# `\\u2028`, once or more), between a name or a scheme and the value (`HF_TOKEN\rK`: a terminal
+# shows K alone; `Bearer\\tX` JSON-escaped): any of them separates, none is part of the value
+CONTROL = r"[\s\x00-\x08\x0e-\x1f\x7f]"
+ESCAPED = (r"\\+(?:[nrtfv]|x(?:[01][0-9a-fA-F]|20|7[fF]|85|[aA]0)|u(?:00(?:[01][0-9a-fA-F]|20|"
+           r"7[fF]|85|[aA]0)|1680|20[0-2][0-9a-fA-F]|205[fF]|3000))")
+SPACE = r"(?:" + CONTROL + "|" + ESCAPED + ")+"
 # A shell's line continuation (`\` and a line break, raw or JSON-escaped, `\\\n`): the shell
 # joins the lines, so what follows is the same word list (`--api-key \` then the key, shown)
 CONTINUED = r"(?:\\\r?\n|\\{3,}(?:r\\+)?n)"
