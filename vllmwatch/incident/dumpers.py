@@ -106,9 +106,9 @@ def pyspy_dump(exe: str, pid: int, deadline: float) -> Dump:
     except OSError as exc:
         return Dump("py-spy", False, error=f"{exe}: {exc.strerror or exc}")
     took = time.monotonic() - t0
-    if done.returncode != 0:
-        return Dump("py-spy", False, error=_pyspy_error(
-            error_line(done.stderr or done.stdout) or f"exit {done.returncode}"),
+    if done.returncode != 0:  # (redacted before error_line splits it: kernels._parse says why)
+        return Dump("py-spy", False, error=_pyspy_error(error_line(REDACT.tail(
+            done.stderr or done.stdout, 1 << 16)) or f"exit {done.returncode}"),
                     seconds=took, raw=REDACT.tail(done.stderr, 4000))
     threads = tuple(_shortened(mark_blocked(t)) for t in parse_pyspy(done.stdout))
     return Dump("py-spy", True, threads, seconds=took, raw=done.stdout)

@@ -274,7 +274,10 @@ def _parse(stdout: str, stderr: str, code: int) -> KernelOutcome:
                                      f"{data.get('head_dim')} {data.get('dtype')} first call "
                                      f"{data.get('first_call_s')}s", data)
             return KernelOutcome("warn", str(data.get("error")) + _tried(data), data)
-    tail = REDACT.head((stderr.strip().splitlines() or ["no output"])[-1], 300)
+    # Redacted whole, then split: splitlines() also splits at `\r`, `\x85`, `\u2028`, and a
+    # secret's value parted from its name (`HF_TOKEN\rK`) passed the redactor alone, in clear
+    cleaned = REDACT.tail(stderr.strip(), 1 << 16)
+    tail = REDACT.head((cleaned.splitlines() or ["no output"])[-1], 300)
     return KernelOutcome("warn", f"warm script exited {code}: {tail}", {"exit_code": code})
 
 
