@@ -150,6 +150,10 @@ _LOWER_WORD = re.compile(r"[a-z]+")
 _FLAG_PROSE = re.compile(r"""\(|[a-z]+[ \t]+(?:\(|[a-z]+[ \t]+[a-z]+\b(?![_.-]?\w))"""
                          r"""|(['"])[a-z]+(?:[ \t]+-{0,2}[a-z][\w-]*){2,}[.!?]?\1""")
 _NEXT_WORD = re.compile(r"[ \t]+[a-z]+\b(?![_.-]?\w)")
+# After `-flag ` (one dash), the value's type in a Go program's help (`-token string`, then
+# its usage on the next line or after a column's spaces), not a value: no credential is a type
+_GO_TYPE = re.compile(r"(?:strings?|u?int(?:8|16|32|64)?|float(?:32|64)|bool|duration|value|"
+                      r"file|path|dir|name)(?=[ \t]*(?:\r?\n|\\+n|$)|[ \t]{2}|\t|\\+t)")
 
 
 def _spaced_name(name: str) -> bool:
@@ -291,7 +295,8 @@ def _hide(rule: Rule, m: re.Match[str], start: int, text: str) -> tuple[int, str
     if env or (groups.get("dash") and m["sep"] is None):  # an argv's word ends as NAME=value's
         value = ENV_VALUE_I  # (`--api-key K1,K2` showed `,K2`)
     if groups.get("dash") and m["sep"] is None and scheme_at < 0 and (
-            _FLAG_PROSE.match(text, m.end()) or _secret_flag_next(text, m.end(), m["name"])):
+            _FLAG_PROSE.match(text, m.end()) or _secret_flag_next(text, m.end(), m["name"])
+            or (m["dash"] == "-" and _GO_TYPE.match(text, m.end()))):
         return None
     for where in (m.end(), scheme_at):
         if where < 0:
