@@ -39,3 +39,19 @@ def test_a_name_at_a_line_end_keeps_the_next_line() -> None:
     for text in ("HF_TOKEN\nDownloading", "HF_TOKEN\r\nDownloading", "HF_TOKEN\\nDownloading",
                  "HF_TOKEN\\u000aDownloading"):
         assert R.text(text) == text
+
+
+@settings(max_examples=300, deadline=None)
+@given(name=st.sampled_from(SPACED_NAMES), value=values, glued=st.text(",;&)}]>", min_size=1,
+                                                                       max_size=3),
+       form=st.sampled_from(("{n}: {g}{v}", "{n}:{g}{v}", "{n} => {g}{v}", "'{n}': {g}{v}",
+                             "{n}={g}{v}", "--{n}={g}{v}")),
+       post=st.sampled_from(("", "\n", ", n=1", " # note")))
+def test_a_value_that_begins_with_a_closing_sign_is_hidden(
+        name: str, value: str, glued: str, form: str, post: str) -> None:
+    """`password: >x9`, `)x9`, `]x9`, `,x9`, `&anchor`: as a value's first characters a closing
+    sign closes nothing; the value after it was shown in clear."""
+    text = form.format(n=name, g=glued, v=value) + post
+    for red in (R, REDACT):
+        out = red.text(text)
+        assert value not in out and REDACTED in out, (text, out)

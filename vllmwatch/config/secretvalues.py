@@ -63,8 +63,10 @@ QUOTED = (r"""(?:b?(?P<vq>['"])(?P<qv>(?:\\+(?=""" + _IDIOM + ")|" + _IDIOM
 # start, in clear); before a space or a line's end (`K\r\n`) it ends the value, as \s did
 JOINED = r"""[^\S \t\n](?=[^\s'",;&)}\]>])"""
 _BARE_WORD = r"""(?:<redacted>|(?!\\[nrt])[^\s'",;&)}\]>]|""" + JOINED
-_BARE = (r"""(?P<bare>(?!""" + DONE + "|" + AUTH + ")" + _BARE_WORD
-         + r"""|['"](?=[^\s'",;&)}\]>]))+)""")
+# A value may begin with a closing sign glued to it (`password: >x9`, `)x9`, `&anchor`): as
+# a value's first character it closes nothing, and the rest was shown in clear
+_BARE = (r"""(?P<bare>(?:[,;&)}\]>]+(?=[^\s'",;&)}\]>]))?(?!""" + DONE + "|" + AUTH + ")"
+         + _BARE_WORD + r"""|['"](?=[^\s'",;&)}\]>]))+)""")
 _SPACED_BARE = r"""(?P<bare>(?!""" + DONE + "|" + AUTH + ")" + _BARE_WORD + ")+)"
 # NAME=value as a shell or an env file writes it (at a line's or a word's start, not after
 # `?`/`&` of a query), and an argv's `--flag value`: the value runs to the next space, `;` and
